@@ -1,0 +1,421 @@
+/*
+ * ctxstore — a persistent, memory-mapped KV cache for transformer inference.
+ *
+ * A session is one conversation's KV cache in one file, laid out as
+ * [layers][2][kv_heads][capacity][head_dim] (2 = K, V), mapped MAP_SHARED.
+ * The engine writes new keys and values straight into the mapping and its
+ * attention kernel reads straight from it; saving a turn is a checksum of the
+ * new tokens plus a 128-byte commit record, resuming is a map and a header
+ * check.
+ *
+ * Usage:
+ *
+ *     ctxs_model model = { .geometry = { 36, 8, 128, CTXS_DTYPE_F16 } };
+ *     memcpy(model.model_hash, weights_hash, 16);
+ *     ctxs_session *s;
+ *     int rc = ctxs_session_create(&s, "chat.ctxs", &model, NULL);
+ *     if (rc < 0) fprintf(stderr, "%s\n", ctxs_strerror(rc));
+ *
+ *     ctxs_reservation r;
+ *     ctxs_session_reserve(s, n_new, &r);        // slots for n_new tokens
+ *     for (uint32_t i = 0; i < n_new; i++)       // or write through
+ *         ctxs_session_write_token(s, &r, i, k[i], v[i]);  // ctxs_session_kv
+ *     ctxs_session_commit(s, token_ids, n_new);  // durable per the level
+ *     ctxs_session_close(s);
+ *
+ *     // later, in another process, after a crash or a reboot:
+ *     ctxs_session_open(&s, "chat.ctxs", &model, 0, NULL);
+ *
+ * Caveats:
+ *
+ * - A session handle is used by one thread at a time. Different handles may
+ *   be used from different threads; ctxs_pressure_set() and the pressure
+ *   watcher may run on any thread.
+ * - Pointers into the mapping (ctxs_session_kv(), ctxs_session_layout())
+ *   are valid until ctxs_session_close(). A slot's bytes are stable while its
+ *   token is committed; a reader in another process may see a slot rewritten
+ *   after the writer rolls back or the ring wraps over it: call
+ *   ctxs_session_refresh() and check the token count before trusting a slot.
+ * - Writes to the mapping outside a reservation are not supported: they are
+ *   caught by the checksums after a crash, never silently accepted.
+ * - Files are little-endian; ctxstore builds only on little-endian hosts.
+ * - The library never installs signal handlers. Disk space for reserved slots
+ *   is allocated by ctxs_session_reserve(), so a full disk is an error there
+ *   and not a SIGBUS during a write; a file truncated by someone else while
+ *   mapped can still raise SIGBUS, as with any mapping.
+ */
+#ifndef CTXSTORE_H
+#define CTXSTORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(CTXS_BUILDING_LIBRARY) && defined(__GNUC__)
+#define CTXS_API __attribute__((visibility("default")))
+#else
+#define CTXS_API
+#endif
+
+#define CTXS_VERSION_MAJOR 0
+#define CTXS_VERSION_MINOR 1
+#define CTXS_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------------------
+ * Errors
+ *
+ * Every call returns 0 on success or a negative code: -errno for system
+ * errors (-ENOENT, -EACCES, -EIO, ...), or one of the codes below, which sit
+ * in a band far from errno values.
+ */
+#define CTXS_ERRNO_MAP(XX)                                                     \
+    XX(CORRUPT, -32001, "session file is corrupt")                             \
+    XX(FOREIGN, -32002, "not a ctxstore session file")                         \
+    XX(VERSION, -32003, "session file format version is not supported")       \
+    XX(MODEL, -32004, "session belongs to another model")                      \
+    XX(BUSY, -32005, "session is open by another writer")                      \
+    XX(FULL, -32006, "no space: disk full or capacity reached without ring")  \
+    XX(NOTFOUND, -32007, "not found")                                          \
+    XX(INVAL, -32008, "invalid argument")                                      \
+    XX(READONLY, -32009, "session is open read-only")                          \
+    XX(FAILED, -32010, "session failed after an I/O error; reopen it")         \
+    XX(EVICTED, -32011, "tokens were overwritten by the ring")                 \
+    XX(NOMEM, -32012, "out of memory")
+
+typedef enum ctxs_error {
+#define CTXS_ERR_ENUM_(name, value, text) CTXS_E##name = (value),
+    CTXS_ERRNO_MAP(CTXS_ERR_ENUM_)
+#undef CTXS_ERR_ENUM_
+} ctxs_error;
+
+/* A static, human-readable message for any return code (strerror() for
+ * -errno). Thread-safe. */
+CTXS_API const char *ctxs_strerror(int rc);
+
+/* The code's name ("CTXS_EBUSY", "ENOENT", "OK"), for logs. Thread-safe. */
+CTXS_API const char *ctxs_err_name(int rc);
+
+/* ---------------------------------------------------------------------------
+ * Models
+ */
+typedef enum ctxs_dtype {
+    CTXS_DTYPE_F16 = 1, /* IEEE binary16; bf16 and 8-bit are reserved */
+} ctxs_dtype;
+
+typedef struct ctxs_geometry {
+    uint32_t n_layers;   /* transformer layers, 1..4096 */
+    uint32_t n_kv_heads; /* KV heads per layer (after GQA), 1..4096 */
+    uint32_t head_dim;   /* elements per head, 1..4096 */
+    uint32_t dtype;      /* ctxs_dtype */
+} ctxs_geometry;
+
+/* What a session's KV belongs to. Opening a session with a model whose
+ * geometry or hashes differ fails with CTXS_EMODEL. */
+typedef struct ctxs_model {
+    ctxs_geometry geometry;
+    uint8_t model_hash[16];     /* XXH3-128 of the weights, or the app's own */
+    uint8_t tokenizer_hash[16];
+} ctxs_model;
+
+/* ---------------------------------------------------------------------------
+ * Sessions
+ */
+typedef struct ctxs_session ctxs_session;
+
+/* How much a commit waits for the disk. */
+typedef enum ctxs_durability {
+    CTXS_SYNC_NONE = 0,  /* nothing: survives a process crash */
+    CTXS_SYNC_ASYNC = 1, /* start writeback, do not wait (default) */
+    CTXS_SYNC_FULL = 2,  /* data durable, then the record, then the record
+                            durable: survives power loss */
+} ctxs_durability;
+
+/* What ctxs_session_open() checks before trusting the newest commit record. */
+typedef enum ctxs_recovery {
+    /* Verify the tokens written since the last durable point when the file
+     * was last written under another boot of the machine (a power loss or a
+     * reboot may have dropped pages); after a process crash the page cache
+     * holds everything and no KV page is read. */
+    CTXS_RECOVER_AUTO = 0,
+    /* Verify them always, as after a power loss. */
+    CTXS_RECOVER_VERIFY = 1,
+} ctxs_recovery;
+
+#define CTXS_SESSION_OPTIONS_VERSION 1
+
+typedef struct ctxs_session_options {
+    uint32_t version;        /* CTXS_SESSION_OPTIONS_VERSION */
+    uint32_t capacity;       /* create: slots in the file (default 2048) */
+    uint32_t n_sink;         /* create: slots never overwritten (default 4) */
+    uint32_t ring;           /* create: 1 = once full, overwrite the oldest
+                                tokens after the sinks (default);
+                                0 = reserve fails with CTXS_EFULL */
+    uint32_t window;         /* recent tokens attention reads beside the
+                                sinks (default 2048) */
+    uint32_t pressure_window;/* the window under memory pressure (1024) */
+    uint32_t durability;     /* ctxs_durability (default CTXS_SYNC_ASYNC) */
+    uint32_t recovery;       /* open: ctxs_recovery (default AUTO) */
+    uint8_t reserved[32];    /* must be zero */
+} ctxs_session_options;
+
+/* Fills *opts with the defaults. Returns 0, or CTXS_EINVAL for NULL. */
+CTXS_API int ctxs_session_options_init(ctxs_session_options *opts);
+
+/* Creates a session file at path for model and opens it read-write.
+ * The file appears complete or not at all (written aside, then linked into
+ * place); it is sparse: only the first page and the token tables take disk
+ * space until slots are reserved. Files are created 0600.
+ *
+ * opts may be NULL for the defaults. capacity must be at least n_sink + 1 and
+ * at most 16 Mi slots; the KV region must fit in a size_t.
+ *
+ * Errors: CTXS_EINVAL (bad geometry, options or NULL argument), -EEXIST,
+ * CTXS_EFULL (no disk space for the header), CTXS_ENOMEM, -errno.
+ * *out is NULL on failure. Thread-safe. */
+CTXS_API int ctxs_session_create(ctxs_session **out, const char *path,
+                                 const ctxs_model *model,
+                                 const ctxs_session_options *opts);
+
+#define CTXS_OPEN_RDONLY 0x1u /* read-only: shared lock, no writes */
+
+/* Opens an existing session file. Read-write opens take the writer lock
+ * (one writer per file, across processes) and need model; read-only opens
+ * take a reader lock, coexist with a writer, and accept model == NULL to
+ * inspect a file of any model.
+ *
+ * The newest commit record whose CRC holds is taken; see ctxs_recovery for
+ * when its tokens are verified. A state that does not verify is rolled back
+ * to its longest verifying prefix, and info.flags says so
+ * (CTXS_INFO_RECOVERED). A read-write open writes the recovered state back.
+ * A symbolic link in place of the file is refused (-ELOOP).
+ *
+ * opts may be NULL; of the options, window, pressure_window, durability and
+ * recovery are read, and capacity, n_sink and ring are ignored.
+ *
+ * Errors: -ENOENT, -ELOOP, -EACCES, CTXS_EFOREIGN (not a session file),
+ * CTXS_EVERSION (newer major version), CTXS_ECORRUPT (header or both
+ * records damaged, or sizes that do not add up), CTXS_EMODEL, CTXS_EBUSY
+ * (another writer holds it), CTXS_EINVAL, CTXS_ENOMEM, -errno.
+ * *out is NULL on failure. Thread-safe. */
+CTXS_API int ctxs_session_open(ctxs_session **out, const char *path,
+                               const ctxs_model *model, unsigned flags,
+                               const ctxs_session_options *opts);
+
+/* Unmaps and closes. Uncommitted reservations are dropped. At ASYNC the
+ * writeback started by commits continues; nothing is waited for. Accepts
+ * NULL. */
+CTXS_API void ctxs_session_close(ctxs_session *s);
+
+/* --- Layout and zero-copy access ---------------------------------------- */
+
+enum { CTXS_K = 0, CTXS_V = 1 };
+
+typedef struct ctxs_layout {
+    void *kv;              /* the KV region; 16 KiB aligned, whole pages */
+    size_t kv_bytes;
+    size_t slot_bytes;     /* one slot of one head: head_dim * element size */
+    size_t head_stride;    /* bytes from head h to h + 1: capacity*slot_bytes */
+    size_t kv_stride;      /* bytes from K to V of a layer */
+    size_t layer_stride;   /* bytes from layer l to l + 1 */
+    const uint32_t *token_ids; /* capacity entries, slot order */
+    uint32_t capacity;
+    uint32_t n_sink;
+} ctxs_layout;
+
+/* The mapping's layout. Pointers are valid until ctxs_session_close(). The
+ * KV of (layer, kind, head, slot) lives at
+ *     kv + layer*layer_stride + kind*kv_stride + head*head_stride
+ *        + slot*slot_bytes.
+ * Errors: CTXS_EINVAL. */
+CTXS_API int ctxs_session_layout(const ctxs_session *s, ctxs_layout *out);
+
+/* The [capacity][head_dim] run of one (layer, CTXS_K|CTXS_V, head), writable
+ * for a read-write session (write only into reserved slots).
+ * Errors: CTXS_EINVAL (index out of range). */
+CTXS_API int ctxs_session_kv(ctxs_session *s, uint32_t layer, uint32_t kind,
+                             uint32_t head, void **out);
+
+/* --- Write path ----------------------------------------------------------- */
+
+/* Slots handed out by ctxs_session_reserve(): tokens first_pos ..
+ * first_pos + n_tokens - 1, in at most two slot spans (the ring wraps from
+ * the last slot back to the first slot after the sinks). */
+typedef struct ctxs_reservation {
+    uint64_t first_pos;
+    uint32_t n_tokens;
+    uint32_t n_spans;
+    struct {
+        uint32_t slot;
+        uint32_t count;
+    } spans[2];
+} ctxs_reservation;
+
+/* Reserves slots for n more tokens after the committed ones (and after any
+ * earlier reservation not yet committed) and allocates their disk blocks.
+ * In a full ring the oldest tokens after the sinks are evicted first, and the
+ * eviction is committed before this returns, so the engine may overwrite
+ * their slots at once.
+ *
+ * Errors: CTXS_EINVAL (n == 0, or more than the ring holds),
+ * CTXS_EFULL (no disk space, or the capacity is reached and the session has
+ * no ring), CTXS_EREADONLY, CTXS_EFAILED, -errno. Nothing is reserved on
+ * failure. */
+CTXS_API int ctxs_session_reserve(ctxs_session *s, uint32_t n,
+                                  ctxs_reservation *out);
+
+/* Copies token i of reservation r from the layout engines commonly keep:
+ * k and v are [n_layers][n_kv_heads][head_dim] arrays of the session's
+ * dtype. Errors: CTXS_EINVAL (i out of range, NULL). */
+CTXS_API int ctxs_session_write_token(ctxs_session *s,
+                                      const ctxs_reservation *r, uint32_t i,
+                                      const void *k, const void *v);
+
+/* Copies the K and V of committed token pos into k and v (same layout as
+ * ctxs_session_write_token()). Errors: CTXS_EINVAL, CTXS_EEVICTED (pos is
+ * no longer held), CTXS_ENOTFOUND (pos is not committed). */
+CTXS_API int ctxs_session_read_token(const ctxs_session *s, uint64_t pos,
+                                     void *k, void *v);
+
+/* Commits the first n reserved tokens with their token ids: checksums them
+ * (cost O(n)), writes the inactive commit record and syncs by the session's
+ * durability. Any reserved tokens past n are released.
+ *
+ * Errors: CTXS_EINVAL (n == 0 or more than reserved, NULL ids),
+ * CTXS_EREADONLY, CTXS_EFAILED (a sync failed; the session is unusable
+ * until reopened, and the commit must be assumed lost), -errno.
+ * On failure the previous state stays committed. */
+CTXS_API int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids,
+                                 uint32_t n);
+
+/* Makes everything committed durable (as a FULL commit does), so a later
+ * recovery after a power loss verifies nothing before this point.
+ * Errors: CTXS_EREADONLY, CTXS_EFAILED, -errno. */
+CTXS_API int ctxs_session_sync(ctxs_session *s);
+
+/* Rolls the committed token count back to n_tokens (O(1): no KV is touched).
+ * Errors: CTXS_EINVAL (n_tokens beyond the committed count),
+ * CTXS_EEVICTED (the ring has overwritten tokens below n_tokens that the
+ * rolled-back state would need), CTXS_EREADONLY, CTXS_EFAILED, -errno. */
+CTXS_API int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens);
+
+/* Re-reads the newest commit record, for a reader following a writer.
+ * Errors: CTXS_ECORRUPT (both records damaged), CTXS_EINVAL. */
+CTXS_API int ctxs_session_refresh(ctxs_session *s);
+
+/* Verifies the checksum of every held token. On a mismatch returns
+ * CTXS_ECORRUPT and, if bad_pos is not NULL, the first bad position.
+ * Reads the whole KV region. */
+CTXS_API int ctxs_session_verify(const ctxs_session *s, uint64_t *bad_pos);
+
+/* The slot that holds position pos. Errors: CTXS_EINVAL (NULL),
+ * CTXS_EEVICTED, CTXS_ENOTFOUND (pos not committed). */
+CTXS_API int ctxs_session_slot(const ctxs_session *s, uint64_t pos,
+                               uint32_t *out);
+
+/* --- Info ----------------------------------------------------------------- */
+
+#define CTXS_INFO_READONLY 0x01u  /* opened read-only */
+#define CTXS_INFO_WRAPPED 0x02u   /* the ring has evicted tokens */
+#define CTXS_INFO_RECOVERED 0x04u /* the last open fell back to an older or
+                                     shorter state than the newest record */
+#define CTXS_INFO_VERIFIED 0x08u  /* the last open verified tokens */
+#define CTXS_INFO_FAILED 0x10u    /* a sync failed; reopen */
+#define CTXS_INFO_PRESSURE 0x20u  /* the pressure window is in force */
+#define CTXS_INFO_RING 0x40u      /* the session has a ring */
+
+typedef struct ctxs_session_info {
+    ctxs_model model;
+    uint32_t format_major, format_minor;
+    uint32_t capacity;
+    uint32_t n_sink;
+    uint64_t n_tokens;   /* tokens committed since the start (positions) */
+    uint64_t ring_start; /* oldest position after the sinks still held */
+    uint32_t n_held;     /* tokens held in slots */
+    uint32_t n_reserved; /* reserved, not yet committed */
+    uint32_t window;     /* recent tokens in the attention window now */
+    uint32_t durability;
+    uint64_t seq;        /* sequence number of the current commit record */
+    uint64_t verified_from; /* positions below were durable at last sync */
+    uint64_t lost_tokens;/* tokens the last open's recovery dropped */
+    uint64_t file_bytes; /* the file's logical size */
+    uint64_t created_unix_ms;
+    uint32_t flags;      /* CTXS_INFO_* */
+    uint32_t reserved_;
+} ctxs_session_info;
+
+/* Fills *out. Errors: CTXS_EINVAL. */
+CTXS_API int ctxs_session_info_get(const ctxs_session *s,
+                                   ctxs_session_info *out);
+
+/* --- Attention window ------------------------------------------------------
+ *
+ * Attention reads the sinks plus the last `window` tokens held, as at most
+ * two contiguous slot spans; the spans are the same for every (layer, head).
+ */
+typedef struct ctxs_window {
+    uint32_t n_spans; /* 0, 1 or 2 */
+    uint32_t n_tokens;/* slots in all spans */
+    struct {
+        uint32_t slot;
+        uint32_t count;
+    } spans[2];
+} ctxs_window;
+
+/* The current window. Errors: CTXS_EINVAL. */
+CTXS_API int ctxs_session_window(const ctxs_session *s, ctxs_window *out);
+
+/* Sets the window (recent tokens beside the sinks) outside memory pressure;
+ * 0 means the default (2048). Errors: CTXS_EINVAL. */
+CTXS_API int ctxs_session_set_window(ctxs_session *s, uint32_t window);
+
+/* --- Memory pressure -------------------------------------------------------
+ *
+ * Under pressure every open session uses its pressure window (1024 by
+ * default) and the KV pages outside it are released from memory with
+ * madvise; they stay in the file and come back on the next access. When the
+ * pressure is gone the windows grow back. New sessions opened under pressure
+ * start with the small window. Nothing is deleted.
+ */
+
+/* Tells the library that the platform is (on != 0) or is no longer (on ==
+ * 0) under memory pressure: Android's onTrimMemory, an iOS memory warning.
+ * Returns 0. Thread-safe. */
+CTXS_API int ctxs_pressure_set(int on);
+
+/* 1 when pressure is in force, else 0. Thread-safe. */
+CTXS_API int ctxs_pressure_get(void);
+
+#define CTXS_WATCH_OPTIONS_VERSION 1
+
+typedef struct ctxs_watch_options {
+    uint32_t version;          /* CTXS_WATCH_OPTIONS_VERSION */
+    uint32_t poll_ms;          /* how often to look (default 1000) */
+    uint64_t min_available;    /* pressure while MemAvailable is below
+                                  (default 512 MiB); released above 1.25x */
+    uint32_t psi_some_avg10;   /* pressure while PSI memory "some avg10" is at
+                                  or above this percent; 0 = ignore PSI
+                                  (default 20) */
+    uint8_t reserved[28];      /* must be zero */
+} ctxs_watch_options;
+
+/* Fills *opts with the defaults. Returns 0, or CTXS_EINVAL for NULL. */
+CTXS_API int ctxs_watch_options_init(ctxs_watch_options *opts);
+
+/* Starts a thread that watches available memory (Linux: /proc/meminfo and
+ * /proc/pressure/memory) and calls ctxs_pressure_set() on changes. One
+ * watcher per process; opts may be NULL. Errors: -EALREADY, -ENOTSUP where
+ * the platform has no source, CTXS_EINVAL, -errno. Thread-safe. */
+CTXS_API int ctxs_pressure_watch_start(const ctxs_watch_options *opts);
+
+/* Stops the watcher and waits for its thread; the pressure state it set
+ * stays until ctxs_pressure_set(). Safe to call when none runs. */
+CTXS_API void ctxs_pressure_watch_stop(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CTXSTORE_H */

@@ -1,0 +1,285 @@
+/*
+ * The write path: reserve, write in place, commit; rollback and sync.
+ *
+ * The one invariant everything here keeps (see verified_from in format.h):
+ * a slot whose position some surviving record may still claim below its
+ * watermark is never rewritten until a durable record stops claiming it.
+ * Within one boot the page cache makes every record consistent with the
+ * data written before it; across a power loss, positions at or above the
+ * watermark are verified and positions below it were durable and untouched.
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "sys.h"
+
+/* Disk blocks are allocated ahead in steps of at least this many bytes of
+ * each (layer, K|V, head) run, to keep the fallocate calls per token low. */
+#define ALLOC_STEP_BYTES 65536u
+
+void ctxs__record_write(ctxs_session *s, const ctxs_state *next)
+{
+    uint32_t index = s->cur_record ^ 1u;
+    ctxs_disk_record r;
+    memset(&r, 0, sizeof(r));
+    r.seq = s->st.seq + 1;
+    r.n_tokens = next->n_tokens;
+    r.ring_start = next->ring_start;
+    r.verified_from = next->verified_from;
+    ctxs__boot_id(r.boot_id);
+    r.written_unix_ms = ctxs__now_ms();
+    ctxs__record_seal(&r, index);
+
+    /* Everything written before (K/V, token ids, checksums) must reach the
+     * page cache, and other processes, before the record that claims it. */
+    atomic_thread_fence(memory_order_release);
+    memcpy(s->map + (index == 0 ? CTXS_RECORD0_OFF : CTXS_RECORD1_OFF), &r, sizeof(r));
+
+    s->st = *next;
+    s->st.seq = r.seq;
+    s->cur_record = index;
+}
+
+/* Makes the current record durable, and nothing else. */
+static int sync_record(ctxs_session *s)
+{
+#ifdef __APPLE__
+    return ctxs__sync_data(s->fd);
+#else
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t off = s->cur_record == 0 ? CTXS_RECORD0_OFF : CTXS_RECORD1_OFF;
+    off &= ~(page - 1);
+    return msync(s->map + off, page, MS_SYNC) == 0 ? 0 : -errno;
+#endif
+}
+
+int ctxs__fail(ctxs_session *s, int rc)
+{
+    (void)rc;
+    s->failed = 1;
+    /* After a failed writeback Linux may have dropped the dirty pages and
+     * marked them clean: the page cache no longer vouches for the records.
+     * Clearing their boot id makes any later open verify, as after a power
+     * loss. The non-current record first, so one stays valid throughout. */
+    for (uint32_t k = 0; k < 2; k++) {
+        uint32_t index = k == 0 ? s->cur_record ^ 1u : s->cur_record;
+        uint8_t *at = s->map + (index == 0 ? CTXS_RECORD0_OFF : CTXS_RECORD1_OFF);
+        ctxs_disk_record r;
+        memcpy(&r, at, sizeof(r));
+        if (!ctxs__record_valid(&r, index, &s->lay, s->ring))
+            continue;
+        memset(r.boot_id, 0, sizeof(r.boot_id));
+        ctxs__record_seal(&r, index);
+        memcpy(at, &r, sizeof(r));
+    }
+    return CTXS_EFAILED;
+}
+
+static int writable(ctxs_session *s)
+{
+    if (s->readonly)
+        return CTXS_EREADONLY;
+    if (s->failed)
+        return CTXS_EFAILED;
+    int rc = atomic_exchange(&s->writeback_error, 0);
+    if (rc < 0)
+        return ctxs__fail(s, rc);
+    return 0;
+}
+
+/* Allocates disk blocks so that slots [0, end_slot) are all backed. */
+static int allocate_slots(ctxs_session *s, uint32_t end_slot)
+{
+    if (end_slot <= s->alloc_end)
+        return 0;
+    const ctxs_file_layout *lay = &s->lay;
+    uint64_t step = (ALLOC_STEP_BYTES + lay->slot_bytes - 1) / lay->slot_bytes;
+    uint64_t to = ((uint64_t)end_slot + step - 1) / step * step;
+    if (to > lay->capacity)
+        to = lay->capacity;
+    uint64_t from = s->alloc_end;
+    uint64_t len = (to - from) * lay->slot_bytes;
+    for (uint32_t run = 0; run < 2 * lay->n_layers * lay->n_kv_heads; run++) {
+        uint64_t off = lay->kv_off + (uint64_t)run * lay->head_stride + from * lay->slot_bytes;
+        int rc = ctxs__allocate(s->fd, off, len);
+        if (rc < 0)
+            return rc;
+    }
+    s->alloc_end = (uint32_t)to;
+    return 0;
+}
+
+int ctxs_session_reserve(ctxs_session *s, uint32_t n, ctxs_reservation *out)
+{
+    CTXS_CHECK(out);
+    memset(out, 0, sizeof(*out));
+    CTXS_CHECK(s && n > 0);
+    int rc = writable(s);
+    if (rc < 0)
+        return rc;
+
+    const uint64_t cap = s->lay.capacity, ns = s->lay.n_sink;
+    const uint64_t committed = s->st.n_tokens;
+    const uint64_t start = committed + s->n_reserved, end = start + n;
+    if (!s->ring) {
+        if (end > cap)
+            return CTXS_EFULL;
+    } else if (end > ns && end - (committed > ns ? committed : ns) > ctxs__ring_len(s)) {
+        return CTXS_EINVAL; /* the reservation would overwrite itself */
+    }
+
+    /* Slot spans: positions below the capacity sit in their own slot; past
+     * it the ring continues after the sinks. */
+    uint64_t pos = start;
+    uint32_t left = n;
+    while (left) {
+        uint32_t slot = ctxs__slot(s, pos);
+        uint32_t count = (uint32_t)(cap - slot < left ? cap - slot : left);
+        out->spans[out->n_spans].slot = slot;
+        out->spans[out->n_spans].count = count;
+        out->n_spans++;
+        pos += count;
+        left -= count;
+    }
+    if ((rc = allocate_slots(s, out->spans[0].slot + out->spans[0].count)) < 0) {
+        memset(out, 0, sizeof(*out));
+        return rc;
+    }
+
+    /* Evict, and commit the eviction, before the engine may overwrite. */
+    uint64_t first = ctxs__first_recent(s, &s->st);
+    if (s->ring && end > cap && end - ctxs__ring_len(s) > first) {
+        ctxs_state next = s->st;
+        next.ring_start = end - ctxs__ring_len(s);
+        int durable = first < s->st.verified_from;
+        if (durable)
+            next.verified_from = first;
+        ctxs__record_write(s, &next);
+        if (durable && (rc = sync_record(s)) < 0) {
+            memset(out, 0, sizeof(*out));
+            return ctxs__fail(s, rc);
+        }
+    }
+
+    out->first_pos = start;
+    out->n_tokens = n;
+    s->n_reserved += n;
+    return 0;
+}
+
+int ctxs_session_write_token(ctxs_session *s, const ctxs_reservation *r, uint32_t i,
+                             const void *k, const void *v)
+{
+    CTXS_CHECK(s && r && k && v && i < r->n_tokens);
+    uint64_t pos = r->first_pos + i;
+    CTXS_CHECK(pos >= s->st.n_tokens && pos < s->st.n_tokens + s->n_reserved);
+    int rc = writable(s);
+    if (rc < 0)
+        return rc;
+    const ctxs_file_layout *lay = &s->lay;
+    size_t in_run = (size_t)ctxs__slot(s, pos) * lay->slot_bytes;
+    const uint8_t *kb = k, *vb = v;
+    for (uint32_t l = 0; l < lay->n_layers; l++) {
+        for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
+            size_t at = ((size_t)l * lay->n_kv_heads + h) * lay->slot_bytes;
+            memcpy(ctxs__run(s, l, CTXS_K, h) + in_run, kb + at, lay->slot_bytes);
+            memcpy(ctxs__run(s, l, CTXS_V, h) + in_run, vb + at, lay->slot_bytes);
+        }
+    }
+    return 0;
+}
+
+int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
+{
+    CTXS_CHECK(s && token_ids && n > 0);
+    int rc = writable(s);
+    if (rc < 0)
+        return rc;
+    CTXS_CHECK(n <= s->n_reserved);
+
+    const uint64_t first = s->st.n_tokens;
+    uint32_t *tokens = ctxs__token_table(s);
+    uint64_t *table = ctxs__sum_table(s);
+    uint64_t sums[CTXS_SUM_BATCH];
+    for (uint32_t done = 0; done < n; done += CTXS_SUM_BATCH) {
+        uint32_t batch = n - done < CTXS_SUM_BATCH ? n - done : CTXS_SUM_BATCH;
+        for (uint32_t i = 0; i < batch; i++)
+            tokens[ctxs__slot(s, first + done + i)] = token_ids[done + i];
+        ctxs__token_sums(s, first + done, batch, sums);
+        for (uint32_t i = 0; i < batch; i++)
+            table[ctxs__slot(s, first + done + i)] = sums[i];
+    }
+    s->n_reserved = 0;
+
+    ctxs_state next = s->st;
+    next.n_tokens = first + n;
+    switch (s->durability) {
+    case CTXS_SYNC_FULL:
+        if ((rc = ctxs__sync_data(s->fd)) < 0)
+            return ctxs__fail(s, rc);
+        next.verified_from = next.n_tokens;
+        ctxs__record_write(s, &next);
+        if ((rc = ctxs__sync_data(s->fd)) < 0)
+            return ctxs__fail(s, rc);
+        break;
+    case CTXS_SYNC_ASYNC:
+        ctxs__record_write(s, &next);
+        ctxs__writeback_request(s);
+        break;
+    default:
+        ctxs__record_write(s, &next);
+        break;
+    }
+    return 0;
+}
+
+int ctxs_session_sync(ctxs_session *s)
+{
+    CTXS_CHECK(s);
+    int rc = writable(s);
+    if (rc < 0)
+        return rc;
+    if (s->st.verified_from == s->st.n_tokens)
+        return 0;
+    if ((rc = ctxs__sync_data(s->fd)) < 0)
+        return ctxs__fail(s, rc);
+    ctxs_state next = s->st;
+    next.verified_from = next.n_tokens;
+    ctxs__record_write(s, &next);
+    if ((rc = ctxs__sync_data(s->fd)) < 0)
+        return ctxs__fail(s, rc);
+    return 0;
+}
+
+int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
+{
+    CTXS_CHECK(s);
+    int rc = writable(s);
+    if (rc < 0)
+        return rc;
+    CTXS_CHECK(n_tokens <= s->st.n_tokens);
+    const uint64_t ns = s->lay.n_sink;
+    if (n_tokens >= ns && n_tokens < ctxs__first_recent(s, &s->st))
+        return CTXS_EEVICTED;
+    s->n_reserved = 0;
+    if (n_tokens == s->st.n_tokens)
+        return 0;
+
+    ctxs_state next = s->st;
+    next.n_tokens = n_tokens;
+    if (n_tokens <= ns)
+        next.ring_start = 0;
+    /* The slots of the dropped tokens will be rewritten: if the watermark
+     * vouches for any of them, the record that stops claiming them must be
+     * durable first. */
+    int durable = n_tokens < s->st.verified_from || s->durability == CTXS_SYNC_FULL;
+    if (next.verified_from > n_tokens)
+        next.verified_from = n_tokens;
+    ctxs__record_write(s, &next);
+    if (durable && (rc = sync_record(s)) < 0)
+        return ctxs__fail(s, rc);
+    return 0;
+}

@@ -1,0 +1,189 @@
+/*
+ * Header and commit-record encoding and checking. Everything read from a file
+ * passes through here before any size derived from it is used.
+ */
+#include "format.h"
+
+#include <string.h>
+#include <zlib.h>
+
+static uint32_t crc_of(const void *p, size_t n)
+{
+    return (uint32_t)crc32(0L, (const Bytef *)p, (uInt)n);
+}
+
+uint32_t ctxs__dtype_bytes(uint32_t dtype)
+{
+    switch (dtype) {
+    case CTXS_DTYPE_F16:
+        return 2;
+    default:
+        return 0;
+    }
+}
+
+static int mul_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+
+static int add_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return __builtin_add_overflow(a, b, out) ? -1 : 0;
+}
+
+static int round_page(uint64_t a, uint64_t *out)
+{
+    if (add_u64(a, CTXS_PAGE - 1, out))
+        return -1;
+    *out &= ~(uint64_t)(CTXS_PAGE - 1);
+    return 0;
+}
+
+int ctxs__layout_compute(ctxs_file_layout *out, const ctxs_geometry *g,
+                         uint32_t capacity, uint32_t n_sink)
+{
+    memset(out, 0, sizeof(*out));
+    uint32_t elem = ctxs__dtype_bytes(g->dtype);
+    if (!elem || g->n_layers == 0 || g->n_layers > CTXS_MAX_DIM ||
+        g->n_kv_heads == 0 || g->n_kv_heads > CTXS_MAX_DIM ||
+        g->head_dim == 0 || g->head_dim > CTXS_MAX_DIM ||
+        capacity < 2 || capacity > CTXS_MAX_CAPACITY || n_sink >= capacity)
+        return CTXS_EINVAL;
+
+    uint64_t slot_bytes = (uint64_t)g->head_dim * elem;
+    uint64_t head_stride, kv_stride, layer_stride, kv_exact, kv_bytes;
+    uint64_t tokens_bytes, sums_bytes, off, file_bytes;
+    if (mul_u64(slot_bytes, capacity, &head_stride) ||
+        mul_u64(head_stride, g->n_kv_heads, &kv_stride) ||
+        mul_u64(kv_stride, 2, &layer_stride) ||
+        mul_u64(layer_stride, g->n_layers, &kv_exact) ||
+        round_page(kv_exact, &kv_bytes) ||
+        round_page((uint64_t)capacity * 4, &tokens_bytes) ||
+        round_page((uint64_t)capacity * 8, &sums_bytes))
+        return CTXS_EINVAL;
+
+    off = CTXS_PAGE;
+    out->tokens_off = off;
+    out->tokens_bytes = tokens_bytes;
+    off += tokens_bytes;
+    out->sums_off = off;
+    out->sums_bytes = sums_bytes;
+    if (add_u64(off, sums_bytes, &off))
+        return CTXS_EINVAL;
+    out->kv_off = off;
+    out->kv_bytes = kv_bytes;
+    /* The whole file is mapped: it must fit in the address space and leave
+     * room for off_t arithmetic. */
+    if (add_u64(off, kv_bytes, &file_bytes) || file_bytes > (uint64_t)INT64_MAX ||
+        file_bytes > (uint64_t)SIZE_MAX)
+        return CTXS_EINVAL;
+    out->file_bytes = file_bytes;
+
+    out->n_layers = g->n_layers;
+    out->n_kv_heads = g->n_kv_heads;
+    out->head_dim = g->head_dim;
+    out->elem_bytes = elem;
+    out->capacity = capacity;
+    out->n_sink = n_sink;
+    out->slot_bytes = (size_t)slot_bytes;
+    out->head_stride = (size_t)head_stride;
+    out->kv_stride = (size_t)kv_stride;
+    out->layer_stride = (size_t)layer_stride;
+    return 0;
+}
+
+void ctxs__header_init(ctxs_disk_header *h, const ctxs_file_layout *lay,
+                       const ctxs_model *model, uint32_t flags,
+                       uint64_t created_unix_ms)
+{
+    memset(h, 0, sizeof(*h));
+    memcpy(h->magic, CTXS_FILE_MAGIC, 8);
+    h->version_major = CTXS_FORMAT_MAJOR;
+    h->version_minor = CTXS_FORMAT_MINOR;
+    h->header_bytes = CTXS_HEADER_BYTES;
+    h->page_bytes = CTXS_PAGE;
+    h->flags = flags;
+    h->dtype = model->geometry.dtype;
+    h->elem_bytes = lay->elem_bytes;
+    h->n_layers = lay->n_layers;
+    h->n_kv_heads = lay->n_kv_heads;
+    h->head_dim = lay->head_dim;
+    h->capacity = lay->capacity;
+    h->n_sink = lay->n_sink;
+    h->record_bytes = CTXS_RECORD_BYTES;
+    h->record_off[0] = CTXS_RECORD0_OFF;
+    h->record_off[1] = CTXS_RECORD1_OFF;
+    h->tokens_off = lay->tokens_off;
+    h->tokens_bytes = lay->tokens_bytes;
+    h->sums_off = lay->sums_off;
+    h->sums_bytes = lay->sums_bytes;
+    h->kv_off = lay->kv_off;
+    h->kv_bytes = lay->kv_bytes;
+    h->file_bytes = lay->file_bytes;
+    memcpy(h->model_hash, model->model_hash, 16);
+    memcpy(h->tokenizer_hash, model->tokenizer_hash, 16);
+    h->created_unix_ms = created_unix_ms;
+    h->crc32 = crc_of(h, offsetof(ctxs_disk_header, crc32));
+}
+
+int ctxs__header_check(const ctxs_disk_header *h, uint64_t file_size,
+                       ctxs_file_layout *out)
+{
+    if (memcmp(h->magic, CTXS_FILE_MAGIC, 8) != 0)
+        return CTXS_EFOREIGN;
+    /* The version is read before the CRC: a future major version may have
+     * moved or resized the CRC itself. */
+    if (h->version_major > CTXS_FORMAT_MAJOR)
+        return CTXS_EVERSION;
+    if (h->version_major == 0)
+        return CTXS_ECORRUPT;
+    if (h->crc32 != crc_of(h, offsetof(ctxs_disk_header, crc32)))
+        return CTXS_ECORRUPT;
+    if (h->header_bytes != CTXS_HEADER_BYTES || h->page_bytes != CTXS_PAGE ||
+        h->record_bytes != CTXS_RECORD_BYTES ||
+        h->record_off[0] != CTXS_RECORD0_OFF ||
+        h->record_off[1] != CTXS_RECORD1_OFF ||
+        (h->flags & ~CTXS_FLAG_RING) != 0 ||
+        h->elem_bytes != ctxs__dtype_bytes(h->dtype))
+        return CTXS_ECORRUPT;
+
+    ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
+    if (ctxs__layout_compute(out, &g, h->capacity, h->n_sink) != 0)
+        return CTXS_ECORRUPT;
+    if (h->tokens_off != out->tokens_off || h->tokens_bytes != out->tokens_bytes ||
+        h->sums_off != out->sums_off || h->sums_bytes != out->sums_bytes ||
+        h->kv_off != out->kv_off || h->kv_bytes != out->kv_bytes ||
+        h->file_bytes != out->file_bytes)
+        return CTXS_ECORRUPT;
+    if (file_size < out->file_bytes)
+        return CTXS_ECORRUPT; /* truncated */
+    return 0;
+}
+
+void ctxs__record_seal(ctxs_disk_record *r, uint32_t index)
+{
+    memcpy(r->magic, CTXS_RECORD_MAGIC, 4);
+    r->index = index;
+    r->crc32 = crc_of(r, offsetof(ctxs_disk_record, crc32));
+}
+
+int ctxs__record_valid(const ctxs_disk_record *r, uint32_t index,
+                       const ctxs_file_layout *lay, int ring)
+{
+    if (memcmp(r->magic, CTXS_RECORD_MAGIC, 4) != 0 || r->index != index ||
+        r->crc32 != crc_of(r, offsetof(ctxs_disk_record, crc32)))
+        return 0;
+    uint64_t n = r->n_tokens, rs = r->ring_start, ns = lay->n_sink;
+    uint64_t ring_len = lay->capacity - lay->n_sink;
+    if (rs > n || r->verified_from > n)
+        return 0;
+    if (!ring && (n > lay->capacity || rs > ns))
+        return 0;
+    if (n > ns) {
+        uint64_t first = rs > ns ? rs : ns;
+        if (n - first > ring_len)
+            return 0;
+    }
+    return 1;
+}

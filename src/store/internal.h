@@ -1,0 +1,150 @@
+/*
+ * The session handle and the helpers its files share.
+ */
+#ifndef CTXS_STORE_INTERNAL_H
+#define CTXS_STORE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ctxstore.h"
+#include "format.h"
+
+/* The committed state a commit record describes. */
+typedef struct ctxs_state {
+    uint64_t seq;
+    uint64_t n_tokens;
+    uint64_t ring_start;
+    uint64_t verified_from;
+} ctxs_state;
+
+struct ctxs_session {
+    int fd;
+    int readonly;
+    int ring;
+    int failed;           /* a sync failed: every write call refuses */
+    uint8_t *map;         /* the whole file, MAP_SHARED */
+    size_t map_bytes;
+    ctxs_file_layout lay;
+    ctxs_model model;
+    uint32_t format_minor;
+    uint64_t created_unix_ms;
+
+    ctxs_state st;        /* what the current record says */
+    uint32_t cur_record;  /* 0 or 1: the current record; commits write the other */
+
+    uint32_t n_reserved;  /* positions st.n_tokens .. + n_reserved are reserved */
+    uint32_t alloc_end;   /* slots [0, alloc_end) have disk blocks */
+
+    uint32_t window;
+    uint32_t pressure_window;
+    uint32_t durability;
+    uint32_t open_flags;  /* CTXS_INFO_RECOVERED | CTXS_INFO_VERIFIED */
+    uint64_t lost_tokens;
+
+    /* ASYNC writeback, started by the registry's thread (registry.c). */
+    atomic_int writeback_wanted;
+    atomic_int writeback_error;   /* -errno the thread met, for the owner */
+
+    /* The registry of open sessions (registry.c). */
+    struct ctxs_session *prev, *next;
+};
+
+/* Argument checks at the API boundary, once (dav1d's validate.h). */
+#define CTXS_CHECK(cond)                                                       \
+    do {                                                                       \
+        if (!(cond))                                                           \
+            return CTXS_EINVAL;                                                \
+    } while (0)
+
+static inline uint64_t ctxs__ring_len(const ctxs_session *s)
+{
+    return (uint64_t)s->lay.capacity - s->lay.n_sink;
+}
+
+/* First position after the sinks that st holds. */
+static inline uint64_t ctxs__first_recent(const ctxs_session *s,
+                                          const ctxs_state *st)
+{
+    uint64_t ns = s->lay.n_sink;
+    return st->ring_start > ns ? st->ring_start : ns;
+}
+
+/* 1 if st holds position p. */
+static inline int ctxs__holds(const ctxs_session *s, const ctxs_state *st,
+                              uint64_t p)
+{
+    if (p >= st->n_tokens)
+        return 0;
+    return p < s->lay.n_sink || p >= ctxs__first_recent(s, st);
+}
+
+static inline uint32_t ctxs__slot(const ctxs_session *s, uint64_t p)
+{
+    return ctxs__slot_of(p, s->lay.capacity, s->lay.n_sink);
+}
+
+static inline uint8_t *ctxs__run(const ctxs_session *s, uint32_t layer,
+                                 uint32_t kind, uint32_t head)
+{
+    return s->map + s->lay.kv_off + (size_t)layer * s->lay.layer_stride +
+           (size_t)kind * s->lay.kv_stride + (size_t)head * s->lay.head_stride;
+}
+
+static inline uint32_t *ctxs__token_table(const ctxs_session *s)
+{
+    return (uint32_t *)(void *)(s->map + s->lay.tokens_off);
+}
+
+static inline uint64_t *ctxs__sum_table(const ctxs_session *s)
+{
+    return (uint64_t *)(void *)(s->map + s->lay.sums_off);
+}
+
+/* The checksum of position pos in its slot with its token id: XXH3-64 of
+ * (pos, token id), then chained over the slot's bytes in every (layer,
+ * K|V, head) run, in file order. Computes n consecutive positions at once,
+ * run by run, so that memory is read in long sequential stretches.
+ * n <= CTXS_SUM_BATCH. */
+#define CTXS_SUM_BATCH 256u
+void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
+                      uint64_t *out);
+
+/* Verifies held positions [from, to); returns the first that fails, or to. */
+uint64_t ctxs__first_bad(const ctxs_session *s, uint64_t from, uint64_t to);
+
+/* Reads both records and returns the valid one with the higher seq in *st
+ * and its index in *index. Returns 0, or CTXS_ECORRUPT when neither holds.
+ * *other_valid says whether the other record was valid too. */
+int ctxs__records_read(const ctxs_session *s, ctxs_state *st, uint32_t *index,
+                       int *other_valid, uint8_t boot_id[16]);
+
+/* Recovery at open: verifies held tokens at or above st->verified_from and
+ * shortens *st to its longest verifying prefix. Returns the number of
+ * positions dropped. */
+uint64_t ctxs__recover(const ctxs_session *s, ctxs_state *st);
+
+/* Writes st as the next record (the one that is not current) and makes it
+ * current. Does not sync. */
+void ctxs__record_write(ctxs_session *s, const ctxs_state *st);
+
+/* A sync failed: mark the session failed and make sure a later open in this
+ * boot still verifies (the page cache can no longer be trusted). */
+int ctxs__fail(ctxs_session *s, int rc);
+
+/* The open sessions of this process (registry.c). Memory pressure walks
+ * them under the mutex. */
+extern pthread_mutex_t ctxs__registry_mutex;
+extern ctxs_session *ctxs__registry_head;
+void ctxs__registry_add(ctxs_session *s);
+void ctxs__registry_remove(ctxs_session *s);
+
+/* Asks the writeback thread to start writeback of s's dirty pages. */
+void ctxs__writeback_request(ctxs_session *s);
+
+/* The window in force for s now. */
+uint32_t ctxs__effective_window(const ctxs_session *s);
+
+#endif

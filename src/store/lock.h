@@ -1,0 +1,24 @@
+/*
+ * Session locks. flock() cannot express "one writer beside any number of
+ * readers" on one file (an exclusive flock excludes shared ones), so the
+ * store uses open-file-description byte-range locks on two bytes that are
+ * never written (locks beyond or inside the file do not touch its data):
+ *   byte 0: the writer lock, exclusive;
+ *   byte 1: the reader lock, shared by readers.
+ * Maintenance that must exclude everyone (delete, compact) takes both
+ * exclusively. Locks live with the descriptor: a crashed process's locks
+ * vanish with it.
+ */
+#ifndef CTXS_STORE_LOCK_H
+#define CTXS_STORE_LOCK_H
+
+enum ctxs_lock_kind {
+    CTXS_LOCK_WRITER,     /* byte 0 exclusive */
+    CTXS_LOCK_READER,     /* byte 1 shared */
+    CTXS_LOCK_EXCLUSIVE,  /* bytes 0-1 exclusive */
+};
+
+/* Takes the lock without waiting. Returns 0, CTXS_EBUSY, or -errno. */
+int ctxs__lock(int fd, enum ctxs_lock_kind kind);
+
+#endif

@@ -1,0 +1,101 @@
+/*
+ * Reading commit records and verifying tokens: what open trusts, and why.
+ */
+#include <stdatomic.h>
+#include <xxhash.h>
+
+#include "internal.h"
+
+void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
+                      uint64_t *out)
+{
+    const ctxs_file_layout *lay = &s->lay;
+    const uint32_t *tokens = ctxs__token_table(s);
+    size_t at[CTXS_SUM_BATCH]; /* byte offset of each position's slot in a run */
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t pos = first_pos + i;
+        uint32_t slot = ctxs__slot(s, pos);
+        uint8_t head[12];
+        memcpy(head, &pos, 8);
+        memcpy(head + 8, &tokens[slot], 4);
+        out[i] = XXH3_64bits_withSeed(head, sizeof(head), CTXS_TOKEN_SEED);
+        at[i] = (size_t)slot * lay->slot_bytes;
+    }
+    /* Run by run: a run's slots for consecutive positions are contiguous
+     * (two stretches where the ring wraps), so the KV is read sequentially. */
+    for (uint32_t l = 0; l < lay->n_layers; l++)
+        for (uint32_t kind = 0; kind < 2; kind++)
+            for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
+                const uint8_t *run = ctxs__run(s, l, kind, h);
+                for (uint32_t i = 0; i < n; i++)
+                    out[i] = XXH3_64bits_withSeed(run + at[i], lay->slot_bytes, out[i]);
+            }
+}
+
+int ctxs__records_read(const ctxs_session *s, ctxs_state *st, uint32_t *index,
+                       int *other_valid, uint8_t boot_id[16])
+{
+    ctxs_disk_record r[2];
+    int valid[2];
+    for (uint32_t i = 0; i < 2; i++) {
+        /* Copy first: another process may be writing the record. */
+        memcpy(&r[i], s->map + (i == 0 ? CTXS_RECORD0_OFF : CTXS_RECORD1_OFF),
+               sizeof(r[i]));
+        valid[i] = ctxs__record_valid(&r[i], i, &s->lay, s->ring);
+    }
+    if (!valid[0] && !valid[1])
+        return CTXS_ECORRUPT;
+    uint32_t pick = !valid[0] || (valid[1] && r[1].seq > r[0].seq);
+    *index = pick;
+    *other_valid = valid[!pick];
+    st->seq = r[pick].seq;
+    st->n_tokens = r[pick].n_tokens;
+    st->ring_start = r[pick].ring_start;
+    st->verified_from = r[pick].verified_from;
+    memcpy(boot_id, r[pick].boot_id, 16);
+    return 0;
+}
+
+uint64_t ctxs__first_bad(const ctxs_session *s, uint64_t from, uint64_t to)
+{
+    enum { BATCH = CTXS_SUM_BATCH };
+    uint64_t sums[BATCH];
+    const uint64_t *table = ctxs__sum_table(s);
+    for (uint64_t p = from; p < to; p += BATCH) {
+        uint32_t n = (uint32_t)(to - p < BATCH ? to - p : BATCH);
+        ctxs__token_sums(s, p, n, sums);
+        for (uint32_t i = 0; i < n; i++)
+            if (sums[i] != table[ctxs__slot(s, p + i)])
+                return p + i;
+    }
+    return to;
+}
+
+uint64_t ctxs__recover(const ctxs_session *s, ctxs_state *st)
+{
+    uint64_t ns = s->lay.n_sink, vf = st->verified_from, n = st->n_tokens;
+    uint64_t sink_end = n < ns ? n : ns;
+    uint64_t bad = n;
+
+    /* Held positions at or above the watermark, in increasing order: the
+     * sinks first, then the recent run. */
+    if (vf < sink_end && (bad = ctxs__first_bad(s, vf, sink_end)) == sink_end)
+        bad = n;
+    if (bad == n) {
+        uint64_t first = ctxs__first_recent(s, st);
+        uint64_t from = vf > first ? vf : first;
+        if (from < n)
+            bad = ctxs__first_bad(s, from, n);
+    }
+    if (bad == n)
+        return 0;
+
+    /* The longest prefix that verifies: everything before `bad` is held and
+     * checked (or durable below the watermark). */
+    st->n_tokens = bad;
+    if (bad <= ns)
+        st->ring_start = 0;
+    if (st->verified_from > bad)
+        st->verified_from = bad;
+    return n - bad;
+}

@@ -1,0 +1,516 @@
+/*
+ * Creating, opening and closing session files, and the read-side calls.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "lock.h"
+#include "sys.h"
+
+#define DEFAULT_CAPACITY 2048u
+#define DEFAULT_SINKS 4u
+#define DEFAULT_WINDOW 2048u
+#define DEFAULT_PRESSURE_WINDOW 1024u
+
+int ctxs_session_options_init(ctxs_session_options *opts)
+{
+    CTXS_CHECK(opts);
+    memset(opts, 0, sizeof(*opts));
+    opts->version = CTXS_SESSION_OPTIONS_VERSION;
+    opts->capacity = DEFAULT_CAPACITY;
+    opts->n_sink = DEFAULT_SINKS;
+    opts->ring = 1;
+    opts->window = DEFAULT_WINDOW;
+    opts->pressure_window = DEFAULT_PRESSURE_WINDOW;
+    opts->durability = CTXS_SYNC_ASYNC;
+    opts->recovery = CTXS_RECOVER_AUTO;
+    return 0;
+}
+
+static int options_valid(const ctxs_session_options *o)
+{
+    for (size_t i = 0; i < sizeof(o->reserved); i++)
+        if (o->reserved[i])
+            return 0;
+    return o->version == CTXS_SESSION_OPTIONS_VERSION && o->ring <= 1 &&
+           o->durability <= CTXS_SYNC_FULL && o->recovery <= CTXS_RECOVER_VERIFY &&
+           o->window > 0 && o->pressure_window > 0;
+}
+
+static int same_model(const ctxs_model *m, const ctxs_disk_header *h)
+{
+    return m->geometry.n_layers == h->n_layers &&
+           m->geometry.n_kv_heads == h->n_kv_heads &&
+           m->geometry.head_dim == h->head_dim && m->geometry.dtype == h->dtype &&
+           memcmp(m->model_hash, h->model_hash, 16) == 0 &&
+           memcmp(m->tokenizer_hash, h->tokenizer_hash, 16) == 0;
+}
+
+static int read_exact(int fd, void *buf, size_t len, off_t off)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t r = pread(fd, p, len, off);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (r == 0)
+            return CTXS_ECORRUPT;
+        p += r;
+        len -= (size_t)r;
+        off += r;
+    }
+    return 0;
+}
+
+static int write_exact(int fd, const void *buf, size_t len, off_t off)
+{
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t w = pwrite(fd, p, len, off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return (errno == ENOSPC || errno == EDQUOT) ? CTXS_EFULL : -errno;
+        }
+        p += w;
+        len -= (size_t)w;
+        off += w;
+    }
+    return 0;
+}
+
+/* Maps the file at an address aligned to 2 MiB: the 16 KiB-aligned regions
+ * of the file are then 16 KiB aligned in memory too (Metal's no-copy buffers,
+ * one layout everywhere), and the page cache's large folios line up with
+ * the mapping. A merely 16 KiB-aligned shared mapping of a file with large
+ * folios was measured 35x slower to fill on Linux 6.18 ext4: every write
+ * fault re-ran page_mkwrite over the whole folio. */
+#define MAP_ALIGN (2u << 20)
+
+static void *map_aligned(int fd, size_t len, int prot)
+{
+    size_t span = len + MAP_ALIGN;
+    uint8_t *area = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                         -1, 0);
+    if (area == MAP_FAILED)
+        return MAP_FAILED;
+    uint8_t *at = (uint8_t *)(((uintptr_t)area + MAP_ALIGN - 1) & ~(uintptr_t)(MAP_ALIGN - 1));
+    if (mmap(at, len, prot, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        int e = errno;
+        munmap(area, span);
+        errno = e;
+        return MAP_FAILED;
+    }
+    if (at > area)
+        munmap(area, (size_t)(at - area));
+    if (area + span > at + len)
+        munmap(at + len, (size_t)(area + span - (at + len)));
+    return at;
+}
+
+static void session_free(ctxs_session *s)
+{
+    if (s->map)
+        munmap(s->map, s->map_bytes);
+    if (s->fd >= 0)
+        close(s->fd);
+    free(s);
+}
+
+/*
+ * Maps an open, locked session file and brings it to a committed state it
+ * can vouch for. Takes ownership of fd (closed on failure).
+ */
+static int session_attach(ctxs_session **out, int fd, int readonly,
+                          const ctxs_model *model,
+                          const ctxs_session_options *opts)
+{
+    ctxs_session *s = calloc(1, sizeof(*s));
+    if (!s) {
+        close(fd);
+        return CTXS_ENOMEM;
+    }
+    s->fd = fd;
+    s->readonly = readonly;
+
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int rc = -errno;
+        session_free(s);
+        return rc;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        session_free(s);
+        return S_ISDIR(st.st_mode) ? -EISDIR : CTXS_EFOREIGN;
+    }
+
+    ctxs_disk_header h;
+    int rc;
+    if ((uint64_t)st.st_size < sizeof(h)) {
+        /* Too short for a header: a stub of ours is corrupt, anything else
+         * is foreign. */
+        char magic[8] = {0};
+        size_t have = (size_t)st.st_size < 8 ? (size_t)st.st_size : 8;
+        rc = read_exact(fd, magic, have, 0);
+        session_free(s);
+        if (rc < 0 && rc != CTXS_ECORRUPT)
+            return rc;
+        return have == 8 && memcmp(magic, CTXS_FILE_MAGIC, 8) == 0 ? CTXS_ECORRUPT
+                                                                  : CTXS_EFOREIGN;
+    }
+    if ((rc = read_exact(fd, &h, sizeof(h), 0)) < 0 ||
+        (rc = ctxs__header_check(&h, (uint64_t)st.st_size, &s->lay)) < 0) {
+        session_free(s);
+        return rc;
+    }
+    if (model && !same_model(model, &h)) {
+        session_free(s);
+        return CTXS_EMODEL;
+    }
+    s->model.geometry = (ctxs_geometry){h.n_layers, h.n_kv_heads, h.head_dim, h.dtype};
+    memcpy(s->model.model_hash, h.model_hash, 16);
+    memcpy(s->model.tokenizer_hash, h.tokenizer_hash, 16);
+    s->format_minor = h.version_minor;
+    s->created_unix_ms = h.created_unix_ms;
+    s->ring = (h.flags & CTXS_FLAG_RING) != 0;
+
+    s->map_bytes = (size_t)s->lay.file_bytes;
+    void *map = map_aligned(fd, s->map_bytes, PROT_READ | (readonly ? 0 : PROT_WRITE));
+    if (map == MAP_FAILED) {
+        rc = errno == ENOMEM ? CTXS_ENOMEM : -errno;
+        session_free(s);
+        return rc;
+    }
+    s->map = map;
+
+    int other_valid;
+    uint8_t record_boot[16], this_boot[16];
+    /* A reader may copy a record while the writer rewrites it; the CRC
+     * catches that and the other record is the previous commit. Both torn
+     * takes two commits during one copy: look again. */
+    for (int attempt = 0; attempt < (readonly ? 100 : 1); attempt++)
+        if ((rc = ctxs__records_read(s, &s->st, &s->cur_record, &other_valid,
+                                     record_boot)) == 0)
+            break;
+    if (rc < 0) {
+        session_free(s);
+        return rc;
+    }
+    if (!other_valid)
+        s->open_flags |= CTXS_INFO_RECOVERED;
+
+    /* The same boot means the page cache still holds every write the record
+     * was ordered after, whatever happened to the process: nothing to
+     * verify. Another boot (or an unknown one) may have lost pages. */
+    static const uint8_t unknown_boot[16];
+    ctxs__boot_id(this_boot);
+    int same_boot = memcmp(record_boot, this_boot, 16) == 0 &&
+                    memcmp(this_boot, unknown_boot, 16) != 0;
+    if (opts->recovery == CTXS_RECOVER_VERIFY || !same_boot) {
+        s->open_flags |= CTXS_INFO_VERIFIED;
+        s->lost_tokens = ctxs__recover(s, &s->st);
+        if (s->lost_tokens)
+            s->open_flags |= CTXS_INFO_RECOVERED;
+    }
+
+    s->durability = opts->durability;
+    s->window = opts->window;
+    s->pressure_window = opts->pressure_window;
+    s->alloc_end = s->st.n_tokens < s->lay.capacity ? (uint32_t)s->st.n_tokens
+                                                    : s->lay.capacity;
+
+    /* A writer persists what recovery settled on, durably, so that the
+     * slots it rewrites next are never claimed by a record that survives. */
+    if (!readonly && (s->open_flags & (CTXS_INFO_RECOVERED | CTXS_INFO_VERIFIED))) {
+        ctxs_state next = s->st;
+        if ((rc = ctxs__sync_data(fd)) == 0) {
+            next.verified_from = next.n_tokens;
+            ctxs__record_write(s, &next);
+            rc = ctxs__sync_data(fd);
+        }
+        if (rc < 0) {
+            session_free(s);
+            return rc;
+        }
+    }
+
+    ctxs__registry_add(s);
+    *out = s;
+    return 0;
+}
+
+static int open_options(const ctxs_session_options *in, ctxs_session_options *out)
+{
+    if (!in)
+        return ctxs_session_options_init(out);
+    if (!options_valid(in))
+        return CTXS_EINVAL;
+    *out = *in;
+    return 0;
+}
+
+/* Writes a complete new file at tmp_path. */
+static int write_new_file(int fd, const ctxs_file_layout *lay,
+                          const ctxs_disk_header *h)
+{
+    int rc;
+    if (ftruncate(fd, (off_t)lay->file_bytes) != 0)
+        return (errno == EFBIG || errno == ENOSPC) ? CTXS_EFULL : -errno;
+    /* The first page and the two tables take disk space now; the KV region
+     * is allocated as slots are reserved. */
+    if ((rc = ctxs__allocate(fd, 0, lay->kv_off)) < 0)
+        return rc;
+    if ((rc = write_exact(fd, h, sizeof(*h), 0)) < 0)
+        return rc;
+
+    /* Both records valid from the start (seq 0 and 1, no tokens), so that a
+     * damaged record is always news. */
+    uint8_t boot[16];
+    ctxs__boot_id(boot);
+    for (uint32_t i = 0; i < 2; i++) {
+        ctxs_disk_record r;
+        memset(&r, 0, sizeof(r));
+        r.seq = i == 0 ? 1 : 0;
+        memcpy(r.boot_id, boot, 16);
+        r.written_unix_ms = h->created_unix_ms;
+        ctxs__record_seal(&r, i);
+        if ((rc = write_exact(fd, &r, sizeof(r), (off_t)h->record_off[i])) < 0)
+            return rc;
+    }
+    return ctxs__sync_data(fd);
+}
+
+static int sync_parent_dir(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy)
+        return CTXS_ENOMEM;
+    int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(copy);
+    if (dfd < 0)
+        return -errno;
+    int rc = fsync(dfd) == 0 ? 0 : -errno;
+    close(dfd);
+    return rc;
+}
+
+int ctxs_session_create(ctxs_session **out, const char *path,
+                        const ctxs_model *model, const ctxs_session_options *opts)
+{
+    CTXS_CHECK(out);
+    *out = NULL;
+    CTXS_CHECK(path && *path && model);
+    ctxs_session_options o;
+    int rc = open_options(opts, &o);
+    if (rc < 0)
+        return rc;
+
+    ctxs_file_layout lay;
+    if ((rc = ctxs__layout_compute(&lay, &model->geometry, o.capacity, o.n_sink)) < 0)
+        return rc;
+    ctxs_disk_header h;
+    ctxs__header_init(&h, &lay, model, o.ring ? CTXS_FLAG_RING : 0, ctxs__now_ms());
+
+    /* Written aside and linked into place: the name appears only with a
+     * complete file behind it, and link() refuses to replace anything. */
+    size_t len = strlen(path);
+    char *tmp = malloc(len + 32);
+    if (!tmp)
+        return CTXS_ENOMEM;
+    static atomic_uint tmp_counter;
+    snprintf(tmp, len + 32, "%s.tmp-%ld-%u", path, (long)getpid(),
+             atomic_fetch_add(&tmp_counter, 1));
+    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        rc = -errno;
+        free(tmp);
+        return rc;
+    }
+    if ((rc = ctxs__lock(fd, CTXS_LOCK_WRITER)) == 0 &&
+        (rc = write_new_file(fd, &lay, &h)) == 0) {
+        if (link(tmp, path) != 0)
+            rc = -errno;
+    }
+    unlink(tmp);
+    free(tmp);
+    if (rc == 0)
+        rc = sync_parent_dir(path);
+    if (rc < 0) {
+        close(fd);
+        return rc;
+    }
+    return session_attach(out, fd, 0, model, &o);
+}
+
+int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *model,
+                      unsigned flags, const ctxs_session_options *opts)
+{
+    CTXS_CHECK(out);
+    *out = NULL;
+    CTXS_CHECK(path && *path && (flags & ~CTXS_OPEN_RDONLY) == 0);
+    int readonly = (flags & CTXS_OPEN_RDONLY) != 0;
+    CTXS_CHECK(model || readonly);
+    ctxs_session_options o;
+    int rc = open_options(opts, &o);
+    if (rc < 0)
+        return rc;
+
+    int fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -errno;
+    if ((rc = ctxs__lock(fd, readonly ? CTXS_LOCK_READER : CTXS_LOCK_WRITER)) < 0) {
+        close(fd);
+        return rc;
+    }
+    return session_attach(out, fd, readonly, model, &o);
+}
+
+void ctxs_session_close(ctxs_session *s)
+{
+    if (!s)
+        return;
+    ctxs__registry_remove(s);
+    session_free(s);
+}
+
+int ctxs_session_layout(const ctxs_session *s, ctxs_layout *out)
+{
+    CTXS_CHECK(s && out);
+    out->kv = s->map + s->lay.kv_off;
+    out->kv_bytes = (size_t)s->lay.kv_bytes;
+    out->slot_bytes = s->lay.slot_bytes;
+    out->head_stride = s->lay.head_stride;
+    out->kv_stride = s->lay.kv_stride;
+    out->layer_stride = s->lay.layer_stride;
+    out->token_ids = ctxs__token_table(s);
+    out->capacity = s->lay.capacity;
+    out->n_sink = s->lay.n_sink;
+    return 0;
+}
+
+int ctxs_session_kv(ctxs_session *s, uint32_t layer, uint32_t kind, uint32_t head,
+                    void **out)
+{
+    CTXS_CHECK(out);
+    *out = NULL;
+    CTXS_CHECK(s && layer < s->lay.n_layers && kind <= CTXS_V &&
+               head < s->lay.n_kv_heads);
+    *out = ctxs__run(s, layer, kind, head);
+    return 0;
+}
+
+int ctxs_session_slot(const ctxs_session *s, uint64_t pos, uint32_t *out)
+{
+    CTXS_CHECK(s && out);
+    if (pos >= s->st.n_tokens)
+        return CTXS_ENOTFOUND;
+    if (!ctxs__holds(s, &s->st, pos))
+        return CTXS_EEVICTED;
+    *out = ctxs__slot(s, pos);
+    return 0;
+}
+
+int ctxs_session_read_token(const ctxs_session *s, uint64_t pos, void *k, void *v)
+{
+    CTXS_CHECK(s && k && v);
+    uint32_t slot;
+    int rc = ctxs_session_slot(s, pos, &slot);
+    if (rc < 0)
+        return rc;
+    const ctxs_file_layout *lay = &s->lay;
+    uint8_t *kb = k, *vb = v;
+    for (uint32_t l = 0; l < lay->n_layers; l++) {
+        for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
+            size_t at = ((size_t)l * lay->n_kv_heads + h) * lay->slot_bytes;
+            size_t in_run = (size_t)slot * lay->slot_bytes;
+            memcpy(kb + at, ctxs__run(s, l, CTXS_K, h) + in_run, lay->slot_bytes);
+            memcpy(vb + at, ctxs__run(s, l, CTXS_V, h) + in_run, lay->slot_bytes);
+        }
+    }
+    return 0;
+}
+
+int ctxs_session_info_get(const ctxs_session *s, ctxs_session_info *out)
+{
+    CTXS_CHECK(s && out);
+    memset(out, 0, sizeof(*out));
+    out->model = s->model;
+    out->format_major = CTXS_FORMAT_MAJOR;
+    out->format_minor = s->format_minor;
+    out->capacity = s->lay.capacity;
+    out->n_sink = s->lay.n_sink;
+    out->n_tokens = s->st.n_tokens;
+    out->ring_start = s->st.ring_start;
+    uint64_t sinks = s->st.n_tokens < s->lay.n_sink ? s->st.n_tokens : s->lay.n_sink;
+    uint64_t first = ctxs__first_recent(s, &s->st);
+    out->n_held = (uint32_t)(sinks + (s->st.n_tokens > first ? s->st.n_tokens - first : 0));
+    out->n_reserved = s->n_reserved;
+    out->window = ctxs__effective_window(s);
+    out->durability = s->durability;
+    out->seq = s->st.seq;
+    out->verified_from = s->st.verified_from;
+    out->lost_tokens = s->lost_tokens;
+    out->file_bytes = s->lay.file_bytes;
+    out->created_unix_ms = s->created_unix_ms;
+    out->flags = s->open_flags;
+    if (s->readonly)
+        out->flags |= CTXS_INFO_READONLY;
+    if (s->st.ring_start > s->lay.n_sink)
+        out->flags |= CTXS_INFO_WRAPPED;
+    if (s->failed)
+        out->flags |= CTXS_INFO_FAILED;
+    if (ctxs_pressure_get())
+        out->flags |= CTXS_INFO_PRESSURE;
+    if (s->ring)
+        out->flags |= CTXS_INFO_RING;
+    return 0;
+}
+
+int ctxs_session_refresh(ctxs_session *s)
+{
+    CTXS_CHECK(s);
+    if (!s->readonly)
+        return 0; /* a writer's state is always current */
+    ctxs_state st;
+    uint32_t index;
+    int other_valid;
+    uint8_t boot[16];
+    /* As at open: a torn copy of both records means look again. */
+    for (int attempt = 0; attempt < 100; attempt++) {
+        if (ctxs__records_read(s, &st, &index, &other_valid, boot) == 0) {
+            atomic_thread_fence(memory_order_acquire);
+            s->st = st;
+            s->cur_record = index;
+            return 0;
+        }
+    }
+    return CTXS_ECORRUPT;
+}
+
+int ctxs_session_verify(const ctxs_session *s, uint64_t *bad_pos)
+{
+    CTXS_CHECK(s);
+    uint64_t n = s->st.n_tokens;
+    uint64_t sink_end = n < s->lay.n_sink ? n : s->lay.n_sink;
+    uint64_t first = ctxs__first_recent(s, &s->st);
+    uint64_t bad = ctxs__first_bad(s, 0, sink_end);
+    if (bad == sink_end) {
+        if (first >= n || (bad = ctxs__first_bad(s, first, n)) == n)
+            return 0;
+    }
+    if (bad_pos)
+        *bad_pos = bad;
+    return CTXS_ECORRUPT;
+}

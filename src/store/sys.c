@@ -1,0 +1,137 @@
+#include "sys.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctxstore.h"
+
+static uint8_t boot_id[16];
+static pthread_once_t boot_once = PTHREAD_ONCE_INIT;
+
+static int hex_value(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static void read_boot_id(void)
+{
+#ifdef __linux__
+    char text[64] = {0};
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (!f)
+        return;
+    size_t len = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    uint8_t id[16];
+    int nibbles = 0;
+    for (size_t i = 0; i < len && nibbles < 32; i++) {
+        int v = hex_value(text[i]);
+        if (v < 0)
+            continue;
+        if (nibbles % 2 == 0)
+            id[nibbles / 2] = (uint8_t)(v << 4);
+        else
+            id[nibbles / 2] |= (uint8_t)v;
+        nibbles++;
+    }
+    if (nibbles == 32)
+        memcpy(boot_id, id, 16);
+#endif
+}
+
+void ctxs__boot_id(uint8_t out[16])
+{
+    pthread_once(&boot_once, read_boot_id);
+    memcpy(out, boot_id, 16);
+}
+
+uint64_t ctxs__now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static int space_error(int e)
+{
+    return (e == ENOSPC || e == EDQUOT || e == EFBIG) ? CTXS_EFULL : -e;
+}
+
+/* Where the filesystem cannot allocate without writing, write zeros: the
+ * range is reserved and not yet written by the engine, so nothing is lost. */
+static int allocate_by_writing(int fd, uint64_t off, uint64_t len)
+{
+    static const uint8_t zeros[16384];
+    while (len) {
+        size_t n = len < sizeof(zeros) ? (size_t)len : sizeof(zeros);
+        ssize_t w = pwrite(fd, zeros, n, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return space_error(errno);
+        }
+        off += (uint64_t)w;
+        len -= (uint64_t)w;
+    }
+    return 0;
+}
+
+int ctxs__allocate(int fd, uint64_t off, uint64_t len)
+{
+#ifdef __linux__
+    for (;;) {
+        if (fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) == 0)
+            return 0;
+        if (errno == EINTR)
+            continue;
+        if (errno == EOPNOTSUPP || errno == ENOSYS)
+            return allocate_by_writing(fd, off, len);
+        return space_error(errno);
+    }
+#else
+    return allocate_by_writing(fd, off, len);
+#endif
+}
+
+int ctxs__sync_data(int fd)
+{
+#if defined(__APPLE__) && defined(F_FULLFSYNC)
+    /* fsync on Apple leaves data in the drive's cache. */
+    if (fcntl(fd, F_FULLFSYNC) == 0)
+        return 0;
+#endif
+#if defined(_POSIX_SYNCHRONIZED_IO) && _POSIX_SYNCHRONIZED_IO > 0 && !defined(__APPLE__)
+    int rc = fdatasync(fd);
+#else
+    int rc = fsync(fd);
+#endif
+    return rc == 0 ? 0 : -errno;
+}
+
+int ctxs__start_writeback(int fd, void *map, size_t len)
+{
+#ifdef __linux__
+    (void)map;
+    (void)len;
+    /* Pages written through a shared mapping are tagged dirty at the write
+     * fault, so a whole-file range costs what the dirty pages cost. */
+    if (sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0)
+        return 0;
+    return errno == ENOSYS ? 0 : -errno;
+#else
+    (void)fd;
+    return msync(map, len, MS_ASYNC) == 0 ? 0 : -errno;
+#endif
+}

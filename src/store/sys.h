@@ -1,0 +1,30 @@
+/*
+ * The system calls the store depends on for durability and space, in one
+ * place: allocation, syncs, writeback hints, the boot identity.
+ */
+#ifndef CTXS_STORE_SYS_H
+#define CTXS_STORE_SYS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+/* The running boot's identity (Linux: /proc/sys/kernel/random/boot_id);
+ * all zero when unknown. Thread-safe. */
+void ctxs__boot_id(uint8_t out[16]);
+
+/* Wall-clock milliseconds since the epoch. */
+uint64_t ctxs__now_ms(void);
+
+/* Allocates disk blocks for [off, off + len) of fd without changing its
+ * size. Returns 0, CTXS_EFULL (no space, quota, file size limit) or -errno. */
+int ctxs__allocate(int fd, uint64_t off, uint64_t len);
+
+/* Makes the file's data durable (fdatasync; F_FULLFSYNC on Apple).
+ * Returns 0 or -errno. */
+int ctxs__sync_data(int fd);
+
+/* Starts writeback of the file's dirty pages without waiting (Linux:
+ * sync_file_range, since msync(MS_ASYNC) does nothing there). */
+int ctxs__start_writeback(int fd, void *map, size_t len);
+
+#endif

@@ -1,0 +1,136 @@
+/*
+ * The attention window and memory pressure.
+ *
+ * Attention reads the sinks plus the last W held tokens. In slot terms that
+ * is at most two contiguous spans for every (layer, head): sinks and recent
+ * tokens merge wherever they touch, and a wrapped ring splits the recent
+ * tokens at the end of the capacity.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static atomic_int pressure;
+
+uint32_t ctxs__effective_window(const ctxs_session *s)
+{
+    if (atomic_load(&pressure) && s->pressure_window < s->window)
+        return s->pressure_window;
+    return s->window;
+}
+
+/* The window of st for a given W. */
+static void window_spans(const ctxs_session *s, const ctxs_state *st, uint32_t w,
+                         ctxs_window *out)
+{
+    const uint64_t n = st->n_tokens, ns = s->lay.n_sink, cap = s->lay.capacity;
+    memset(out, 0, sizeof(*out));
+    uint64_t sink_end = n < ns ? n : ns;
+    uint64_t lo = ctxs__first_recent(s, st);
+    if (n > w && n - w > lo)
+        lo = n - w;
+
+    /* Candidate spans in slot order: [0, sink_end), then the recent run,
+     * which wraps into [ns, b) and [a, cap) when its slots pass the end. */
+    uint64_t spans[3][2];
+    int k = 0;
+    if (sink_end)
+        spans[k][0] = 0, spans[k][1] = sink_end, k++;
+    if (lo < n) {
+        uint64_t a = ctxs__slot(s, lo), b = (uint64_t)ctxs__slot(s, n - 1) + 1;
+        if (a < b) {
+            spans[k][0] = a, spans[k][1] = b, k++;
+        } else {
+            spans[k][0] = ns, spans[k][1] = b, k++;
+            spans[k][0] = a, spans[k][1] = cap, k++;
+        }
+    }
+    for (int i = 0; i < k; i++) {
+        if (out->n_spans && out->spans[out->n_spans - 1].slot +
+                                    out->spans[out->n_spans - 1].count == spans[i][0]) {
+            out->spans[out->n_spans - 1].count += (uint32_t)(spans[i][1] - spans[i][0]);
+        } else {
+            out->spans[out->n_spans].slot = (uint32_t)spans[i][0];
+            out->spans[out->n_spans].count = (uint32_t)(spans[i][1] - spans[i][0]);
+            out->n_spans++;
+        }
+        out->n_tokens += (uint32_t)(spans[i][1] - spans[i][0]);
+    }
+}
+
+int ctxs_session_window(const ctxs_session *s, ctxs_window *out)
+{
+    CTXS_CHECK(s && out);
+    window_spans(s, &s->st, ctxs__effective_window(s), out);
+    return 0;
+}
+
+int ctxs_session_set_window(ctxs_session *s, uint32_t window)
+{
+    CTXS_CHECK(s);
+    s->window = window ? window : 2048u;
+    return 0;
+}
+
+/* Applies advice to the pages of [lo, hi) slots in every run, rounded inward
+ * to whole pages so that no byte of a neighbouring slot is affected. */
+static void advise_slots(const ctxs_session *s, uint32_t lo, uint32_t hi, int advice)
+{
+    const ctxs_file_layout *lay = &s->lay;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (uint32_t run = 0; run < 2 * lay->n_layers * lay->n_kv_heads; run++) {
+        uintptr_t base = (uintptr_t)(s->map + lay->kv_off + (size_t)run * lay->head_stride);
+        uintptr_t a = base + (uintptr_t)lo * lay->slot_bytes;
+        uintptr_t b = base + (uintptr_t)hi * lay->slot_bytes;
+        if (advice == MADV_WILLNEED) {
+            a &= ~(page - 1);  /* outward: prefetching a neighbour is harmless */
+        } else {
+            a = (a + page - 1) & ~(page - 1);
+            b &= ~(page - 1);
+        }
+        if (a < b)
+            madvise((void *)a, b - a, advice);
+    }
+}
+
+/* Releases the KV pages outside the current window, or (when the pressure
+ * is gone) asks for the window's pages to be read back ahead of use. Pages
+ * of a shared file mapping keep their data: MADV_DONTNEED only unmaps them,
+ * and dirty pages stay in the page cache until written back. */
+static void apply_pressure(const ctxs_session *s, int on)
+{
+    ctxs_window w;
+    window_spans(s, &s->st, ctxs__effective_window(s), &w);
+    if (!on) {
+        for (uint32_t i = 0; i < w.n_spans; i++)
+            advise_slots(s, w.spans[i].slot, w.spans[i].slot + w.spans[i].count,
+                         MADV_WILLNEED);
+        return;
+    }
+    uint32_t at = 0;
+    for (uint32_t i = 0; i < w.n_spans; i++) {
+        advise_slots(s, at, w.spans[i].slot, MADV_DONTNEED);
+        at = w.spans[i].slot + w.spans[i].count;
+    }
+    advise_slots(s, at, s->lay.capacity, MADV_DONTNEED);
+}
+
+int ctxs_pressure_set(int on)
+{
+    on = on != 0;
+    if (atomic_exchange(&pressure, on) == on)
+        return 0;
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    for (ctxs_session *s = ctxs__registry_head; s; s = s->next)
+        apply_pressure(s, on);
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+    return 0;
+}
+
+int ctxs_pressure_get(void)
+{
+    return atomic_load(&pressure);
+}

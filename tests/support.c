@@ -1,0 +1,173 @@
+#include "support.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+char *ts_mkdtemp(void)
+{
+    const char *base = getenv("TMPDIR");
+    char tmpl[4096];
+    snprintf(tmpl, sizeof(tmpl), "%s/ctxs-test-XXXXXX", base && *base ? base : "/tmp");
+    char *dir = strdup(tmpl);
+    cr_assert_not_null(dir);
+    cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    return dir;
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+void ts_rmtree(const char *dir)
+{
+    if (dir)
+        nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+const char *ts_path(const char *dir, const char *name)
+{
+    static char bufs[8][4096];
+    static unsigned next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof(bufs[0]), "%s/%s", dir, name);
+    return b;
+}
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+ctxs_model ts_model(uint32_t seed)
+{
+    ctxs_model m;
+    memset(&m, 0, sizeof(m));
+    m.geometry.n_layers = 2;
+    m.geometry.n_kv_heads = 2;
+    m.geometry.head_dim = 8;
+    m.geometry.dtype = CTXS_DTYPE_F16;
+    for (int i = 0; i < 16; i++) {
+        m.model_hash[i] = (uint8_t)mix(seed * 32u + (uint32_t)i);
+        m.tokenizer_hash[i] = (uint8_t)mix(seed * 32u + 16u + (uint32_t)i);
+    }
+    return m;
+}
+
+uint32_t ts_token(uint64_t pos)
+{
+    return (uint32_t)(mix(pos + 7) % 50000u);
+}
+
+void ts_fill_kv(const ctxs_geometry *g, uint64_t pos, uint16_t *k, uint16_t *v)
+{
+    size_t n = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = mix(pos * 0x9e3779b97f4a7c15ull + i);
+        k[i] = (uint16_t)(0x3c00u | (h & 0x3ffu));
+        v[i] = (uint16_t)(0x3c00u | ((h >> 10) & 0x3ffu));
+    }
+}
+
+int ts_append(ctxs_session *s, uint32_t n)
+{
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    const ctxs_geometry *g = &info.model.geometry;
+    size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
+    uint16_t *k = malloc(per * 2), *v = malloc(per * 2);
+    uint32_t *ids = malloc((size_t)n * 4);
+    cr_assert(k && v && ids);
+    ctxs_reservation r;
+    int rc = ctxs_session_reserve(s, n, &r);
+    if (rc == 0) {
+        for (uint32_t i = 0; i < n; i++) {
+            ts_fill_kv(g, r.first_pos + i, k, v);
+            ids[i] = ts_token(r.first_pos + i);
+            cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v), 0);
+        }
+        rc = ctxs_session_commit(s, ids, n);
+    }
+    free(k);
+    free(v);
+    free(ids);
+    return rc;
+}
+
+uint64_t ts_check_all(const ctxs_session *s)
+{
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    const ctxs_geometry *g = &info.model.geometry;
+    size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
+    uint16_t *k = malloc(per * 2), *v = malloc(per * 2);
+    uint16_t *ek = malloc(per * 2), *ev = malloc(per * 2);
+    ctxs_layout lay;
+    cr_assert_eq(ctxs_session_layout(s, &lay), 0);
+    uint64_t bad = 0;
+    for (uint64_t p = 0; p < info.n_tokens; p++) {
+        int rc = ctxs_session_read_token(s, p, k, v);
+        if (rc == CTXS_EEVICTED)
+            continue;
+        cr_assert_eq(rc, 0, "read_token(%llu): %s", (unsigned long long)p, ctxs_strerror(rc));
+        uint32_t slot;
+        cr_assert_eq(ctxs_session_slot(s, p, &slot), 0);
+        ts_fill_kv(g, p, ek, ev);
+        if (memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2) || lay.token_ids[slot] != ts_token(p))
+            bad++;
+    }
+    free(k);
+    free(v);
+    free(ek);
+    free(ev);
+    return bad;
+}
+
+uint8_t *ts_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "open %s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = malloc(size > 0 ? (size_t)size : 1);
+    cr_assert_not_null(buf);
+    cr_assert_eq(fread(buf, 1, (size_t)size, f), (size_t)size);
+    fclose(f);
+    *len = (size_t)size;
+    return buf;
+}
+
+int ts_write_file(const char *path, const void *data, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    const uint8_t *p = data;
+    while (len) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0) {
+            int e = errno;
+            close(fd);
+            return -e;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    close(fd);
+    return 0;
+}

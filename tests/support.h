@@ -1,0 +1,45 @@
+/*
+ * Shared helpers for the Criterion suites: scratch directories, a small model
+ * and deterministic K/V contents that tell every (position, token) apart.
+ */
+#ifndef CTXS_TESTS_SUPPORT_H
+#define CTXS_TESTS_SUPPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctxstore.h"
+
+/* A fresh directory under $TMPDIR (or /tmp), removed by ts_rmdir(). The
+ * returned string is static storage per call site: copy it if needed. */
+char *ts_mkdtemp(void);
+void ts_rmtree(const char *dir);
+
+/* "dir/name" in a static buffer that rotates over 8 entries. */
+const char *ts_path(const char *dir, const char *name);
+
+/* A small model: 2 layers, 2 KV heads, head_dim 8, fp16; hashes from seed. */
+ctxs_model ts_model(uint32_t seed);
+
+/* The token id written at position pos in tests. */
+uint32_t ts_token(uint64_t pos);
+
+/* Fills the [layers][heads][head_dim] K and V arrays of position pos
+ * (valid fp16 values in [1, 2) that depend on pos, layer, head, element). */
+void ts_fill_kv(const ctxs_geometry *g, uint64_t pos, uint16_t *k,
+                uint16_t *v);
+
+/* Reserves, writes and commits positions n_tokens .. n_tokens+n-1 with
+ * ts_fill_kv contents and ts_token ids. Returns the commit's result. */
+int ts_append(ctxs_session *s, uint32_t n);
+
+/* Checks that every held position reads back as ts_fill_kv wrote it.
+ * Returns the number of wrong positions. */
+uint64_t ts_check_all(const ctxs_session *s);
+
+/* Reads a whole file into malloc'ed memory; *len gets its size. */
+uint8_t *ts_read_file(const char *path, size_t *len);
+/* Writes len bytes to path (created or truncated). Returns 0 or -errno. */
+int ts_write_file(const char *path, const void *data, size_t len);
+
+#endif

@@ -1,0 +1,380 @@
+/*
+ * Sessions: round trips through close, reopen and other processes; the ring;
+ * rollback; reservations; the write path's argument checks.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "support.h"
+
+static char *dir;
+
+static void setup(void)
+{
+    dir = ts_mkdtemp();
+}
+
+static void teardown(void)
+{
+    ts_rmtree(dir);
+    free(dir);
+}
+
+TestSuite(session, .init = setup, .fini = teardown);
+
+static ctxs_session *create(const char *name, uint32_t capacity, uint32_t n_sink,
+                            uint32_t ring, uint32_t durability)
+{
+    ctxs_model m = ts_model(1);
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.capacity = capacity;
+    o.n_sink = n_sink;
+    o.ring = ring;
+    o.durability = durability;
+    ctxs_session *s = NULL;
+    int rc = ctxs_session_create(&s, ts_path(dir, name), &m, &o);
+    cr_assert_eq(rc, 0, "create: %s", ctxs_strerror(rc));
+    return s;
+}
+
+static ctxs_session *reopen(const char *name, unsigned flags)
+{
+    ctxs_model m = ts_model(1);
+    ctxs_session *s = NULL;
+    int rc = ctxs_session_open(&s, ts_path(dir, name), &m, flags, NULL);
+    cr_assert_eq(rc, 0, "open: %s", ctxs_strerror(rc));
+    return s;
+}
+
+static ctxs_session_info info_of(const ctxs_session *s)
+{
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    return info;
+}
+
+Test(session, a_new_session_is_empty_sparse_and_private)
+{
+    ctxs_session *s = create("a", 2048, 4, 1, CTXS_SYNC_ASYNC);
+    ctxs_session_info info = info_of(s);
+    cr_expect_eq(info.n_tokens, 0);
+    cr_expect_eq(info.n_held, 0);
+    cr_expect_eq(info.capacity, 2048);
+    cr_expect_eq(info.window, 2048);
+    cr_expect_eq(info.durability, CTXS_SYNC_ASYNC);
+    cr_expect(info.flags & CTXS_INFO_RING);
+    cr_expect_eq(info.flags & (CTXS_INFO_RECOVERED | CTXS_INFO_WRAPPED), 0);
+    ctxs_session_close(s);
+
+    struct stat st;
+    cr_assert_eq(stat(ts_path(dir, "a"), &st), 0);
+    cr_expect_eq(st.st_mode & 0777, 0600);
+    cr_expect_eq((uint64_t)st.st_size, info.file_bytes);
+    /* Only the first page and the two tables take space before a reserve. */
+    cr_expect_lt((uint64_t)st.st_blocks * 512, info.file_bytes);
+}
+
+Test(session, tokens_survive_close_and_reopen)
+{
+    ctxs_session *s = create("a", 512, 4, 1, CTXS_SYNC_ASYNC);
+    for (int turn = 0; turn < 5; turn++)
+        cr_assert_eq(ts_append(s, 37), 0);
+    ctxs_session_close(s);
+
+    s = reopen("a", 0);
+    ctxs_session_info info = info_of(s);
+    cr_expect_eq(info.n_tokens, 185);
+    cr_expect_eq(info.flags & (CTXS_INFO_RECOVERED | CTXS_INFO_VERIFIED), 0,
+                 "a clean reopen in the same boot verifies nothing");
+    cr_expect_eq(ts_check_all(s), 0);
+    cr_expect_eq(ctxs_session_verify(s, NULL), 0);
+    cr_assert_eq(ts_append(s, 10), 0);
+    ctxs_session_close(s);
+
+    s = reopen("a", CTXS_OPEN_RDONLY);
+    cr_expect_eq(info_of(s).n_tokens, 195);
+    cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+}
+
+Test(session, every_durability_level_round_trips)
+{
+    const uint32_t levels[] = {CTXS_SYNC_NONE, CTXS_SYNC_ASYNC, CTXS_SYNC_FULL};
+    for (int i = 0; i < 3; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "s%d", i);
+        ctxs_session *s = create(name, 256, 4, 1, levels[i]);
+        cr_assert_eq(ts_append(s, 20), 0);
+        cr_assert_eq(ts_append(s, 1), 0);
+        ctxs_session_info info = info_of(s);
+        if (levels[i] == CTXS_SYNC_FULL)
+            cr_expect_eq(info.verified_from, 21, "FULL moves the watermark");
+        else
+            cr_expect_eq(info.verified_from, 0, "only FULL and sync move it");
+        ctxs_session_close(s);
+        s = reopen(name, 0);
+        cr_expect_eq(info_of(s).n_tokens, 21);
+        cr_expect_eq(ts_check_all(s), 0);
+        cr_expect_eq(ctxs_session_sync(s), 0);
+        cr_expect_eq(info_of(s).verified_from, 21);
+        ctxs_session_close(s);
+    }
+}
+
+Test(session, another_process_reads_what_was_committed)
+{
+    ctxs_session *s = create("a", 256, 4, 1, CTXS_SYNC_NONE);
+    cr_assert_eq(ts_append(s, 100), 0);
+    ctxs_session_close(s);
+
+    pid_t child = fork();
+    cr_assert_neq(child, -1);
+    if (child == 0) {
+        ctxs_model m = ts_model(1);
+        ctxs_session *c;
+        if (ctxs_session_open(&c, ts_path(dir, "a"), &m, 0, NULL) != 0)
+            _exit(2);
+        ctxs_session_info info;
+        ctxs_session_info_get(c, &info);
+        if (info.n_tokens != 100 || ts_check_all(c) != 0)
+            _exit(3);
+        if (ts_append(c, 50) != 0)
+            _exit(4);
+        ctxs_session_close(c);
+        _exit(0);
+    }
+    int status;
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+
+    s = reopen("a", 0);
+    cr_expect_eq(info_of(s).n_tokens, 150);
+    cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+}
+
+Test(session, the_ring_keeps_sinks_and_the_newest_tokens)
+{
+    ctxs_session *s = create("a", 64, 4, 1, CTXS_SYNC_ASYNC);
+    for (int turn = 0; turn < 20; turn++)
+        cr_assert_eq(ts_append(s, 7), 0);
+    ctxs_session_info info = info_of(s);
+    cr_expect_eq(info.n_tokens, 140);
+    cr_expect_eq(info.n_held, 64);
+    cr_expect_eq(info.ring_start, 140 - 60);
+    cr_expect(info.flags & CTXS_INFO_WRAPPED);
+
+    uint32_t slot;
+    for (uint64_t p = 0; p < 4; p++) {
+        cr_expect_eq(ctxs_session_slot(s, p, &slot), 0, "sink %llu is kept", (unsigned long long)p);
+        cr_expect_eq(slot, p);
+    }
+    cr_expect_eq(ctxs_session_slot(s, 79, &slot), CTXS_EEVICTED);
+    cr_expect_eq(ctxs_session_slot(s, 80, &slot), 0);
+    cr_expect_eq(ctxs_session_slot(s, 140, &slot), CTXS_ENOTFOUND);
+    cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+
+    s = reopen("a", 0);
+    cr_expect_eq(info_of(s).ring_start, 80);
+    cr_expect_eq(ts_check_all(s), 0);
+    cr_expect_eq(ctxs_session_verify(s, NULL), 0);
+    ctxs_session_close(s);
+}
+
+Test(session, a_reservation_wraps_in_two_spans)
+{
+    ctxs_session *s = create("a", 32, 2, 1, CTXS_SYNC_NONE);
+    cr_assert_eq(ts_append(s, 28), 0);
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(s, 10, &r), 0);
+    cr_expect_eq(r.first_pos, 28);
+    cr_expect_eq(r.n_spans, 2);
+    cr_expect_eq(r.spans[0].slot, 28);
+    cr_expect_eq(r.spans[0].count, 4);
+    cr_expect_eq(r.spans[1].slot, 2);
+    cr_expect_eq(r.spans[1].count, 6);
+    /* The eviction is committed before the slots are handed out. */
+    ctxs_session_info info = info_of(s);
+    cr_expect_eq(info.ring_start, 8);
+    cr_expect_eq(info.n_reserved, 10);
+    cr_expect_eq(ctxs_session_commit(s, (uint32_t[10]){0}, 11), CTXS_EINVAL,
+                 "more than reserved");
+    ctxs_session_close(s);
+}
+
+Test(session, a_reservation_larger_than_the_ring_is_refused)
+{
+    ctxs_session *s = create("a", 32, 4, 1, CTXS_SYNC_NONE);
+    ctxs_reservation r;
+    cr_expect_eq(ctxs_session_reserve(s, 33, &r), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_reserve(s, 0, &r), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_reserve(s, 32, &r), 0, "a fresh session fills all slots");
+    cr_expect_eq(ctxs_session_reserve(s, 1, &r), CTXS_EINVAL, "and no more at once");
+    cr_assert_eq(ctxs_session_commit(s, (uint32_t[32]){0}, 32), 0);
+    cr_expect_eq(ctxs_session_reserve(s, 28, &r), 0, "then a whole ring");
+    ctxs_session_close(s);
+}
+
+Test(session, without_a_ring_a_full_session_says_full)
+{
+    ctxs_session *s = create("a", 40, 4, 0, CTXS_SYNC_NONE);
+    cr_assert_eq(ts_append(s, 40), 0);
+    ctxs_reservation r;
+    cr_expect_eq(ctxs_session_reserve(s, 1, &r), CTXS_EFULL);
+    cr_expect_eq(info_of(s).n_tokens, 40);
+    cr_expect_eq(ts_check_all(s), 0);
+    cr_assert_eq(ctxs_session_rollback(s, 30), 0);
+    cr_expect_eq(ts_append(s, 10), 0);
+    ctxs_session_close(s);
+}
+
+Test(session, rollback_returns_to_an_earlier_count)
+{
+    ctxs_session *s = create("a", 128, 4, 1, CTXS_SYNC_ASYNC);
+    cr_assert_eq(ts_append(s, 50), 0);
+    cr_assert_eq(ctxs_session_rollback(s, 20), 0);
+    cr_expect_eq(info_of(s).n_tokens, 20);
+    cr_expect_eq(ctxs_session_rollback(s, 21), CTXS_EINVAL);
+    cr_assert_eq(ts_append(s, 5), 0);
+    ctxs_session_close(s);
+
+    s = reopen("a", 0);
+    cr_expect_eq(info_of(s).n_tokens, 25);
+    cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+}
+
+Test(session, rollback_respects_the_ring)
+{
+    ctxs_session *s = create("a", 32, 4, 1, CTXS_SYNC_NONE);
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(ts_append(s, 10), 0);
+    ctxs_session_info info = info_of(s);
+    cr_assert_eq(info.ring_start, 22);
+    cr_expect_eq(ctxs_session_rollback(s, 21), CTXS_EEVICTED);
+    cr_expect_eq(ctxs_session_rollback(s, 30), 0);
+    cr_expect_eq(ts_check_all(s), 0);
+    cr_expect_eq(ctxs_session_rollback(s, 3), 0, "back into the sinks");
+    info = info_of(s);
+    cr_expect_eq(info.n_tokens, 3);
+    cr_expect_eq(info.n_held, 3);
+    cr_expect_eq(ts_append(s, 40), CTXS_EINVAL, "more than the ring holds");
+    cr_assert_eq(ts_append(s, 29), 0);
+    cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+}
+
+Test(session, write_token_and_read_token_use_the_engine_layout)
+{
+    ctxs_session *s = create("a", 64, 4, 1, CTXS_SYNC_NONE);
+    ctxs_session_info info = info_of(s);
+    const ctxs_geometry *g = &info.model.geometry;
+    enum { PER = 2 * 2 * 8 }; /* ts_model: layers * heads * head_dim */
+    cr_assert_eq((size_t)g->n_layers * g->n_kv_heads * g->head_dim, PER);
+    uint16_t k[PER], v[PER], k2[PER], v2[PER];
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(s, 3, &r), 0);
+    ts_fill_kv(g, 1, k, v);
+    cr_assert_eq(ctxs_session_write_token(s, &r, 1, k, v), 0);
+    cr_expect_eq(ctxs_session_write_token(s, &r, 3, k, v), CTXS_EINVAL);
+
+    /* The same bytes are where the layout says. */
+    ctxs_layout lay;
+    cr_assert_eq(ctxs_session_layout(s, &lay), 0);
+    uint16_t *run;
+    cr_assert_eq(ctxs_session_kv(s, 1, CTXS_V, 1, (void **)&run), 0);
+    cr_expect_eq((uint8_t *)run, (uint8_t *)lay.kv + lay.layer_stride + lay.kv_stride + lay.head_stride);
+    cr_expect_eq(memcmp(run + 1 * g->head_dim, v + (1 * g->n_kv_heads + 1) * g->head_dim,
+                        g->head_dim * 2), 0);
+    cr_expect_eq(((uintptr_t)lay.kv) % 16384, 0, "the KV region is page aligned");
+    cr_expect_eq(ctxs_session_kv(s, 2, CTXS_K, 0, (void **)&run), CTXS_EINVAL);
+
+    cr_expect_eq(ctxs_session_read_token(s, 1, k2, v2), CTXS_ENOTFOUND, "not committed");
+    cr_assert_eq(ctxs_session_commit(s, (uint32_t[]){7, 8, 9}, 3), 0);
+    cr_assert_eq(ctxs_session_read_token(s, 1, k2, v2), 0);
+    cr_expect_eq(memcmp(k, k2, sizeof(k)), 0);
+    cr_expect_eq(memcmp(v, v2, sizeof(v)), 0);
+    cr_expect_eq(lay.token_ids[1], 8);
+    ctxs_session_close(s);
+}
+
+Test(session, a_bad_byte_in_the_kv_is_found_by_verify)
+{
+    ctxs_session *s = create("a", 64, 4, 1, CTXS_SYNC_NONE);
+    cr_assert_eq(ts_append(s, 30), 0);
+    ctxs_session_close(s);
+
+    ctxs_model m = ts_model(1);
+    cr_assert_eq(ctxs_session_open(&s, ts_path(dir, "a"), &m, 0, NULL), 0);
+    uint8_t *run;
+    cr_assert_eq(ctxs_session_kv(s, 1, CTXS_K, 1, (void **)&run), 0);
+    run[17 * 16 + 3] ^= 0x40; /* position 17, head_dim 8 fp16 = 16 bytes a slot */
+    uint64_t bad = 0;
+    cr_expect_eq(ctxs_session_verify(s, &bad), CTXS_ECORRUPT);
+    cr_expect_eq(bad, 17);
+    ctxs_session_close(s);
+
+    /* After a reboot (forced here) recovery keeps the tokens before it. */
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.recovery = CTXS_RECOVER_VERIFY;
+    cr_assert_eq(ctxs_session_open(&s, ts_path(dir, "a"), &m, 0, &o), 0);
+    ctxs_session_info info = info_of(s);
+    cr_expect_eq(info.n_tokens, 17, "n_tokens %llu", (unsigned long long)info.n_tokens);
+    cr_expect_eq(info.lost_tokens, 13, "lost %llu", (unsigned long long)info.lost_tokens);
+    cr_expect(info.flags & CTXS_INFO_RECOVERED);
+    cr_expect(info.flags & CTXS_INFO_VERIFIED);
+    cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+
+    /* The recovered state was written back: the next open is clean. */
+    s = reopen("a", 0);
+    info = info_of(s);
+    cr_expect_eq(info.n_tokens, 17);
+    cr_expect_eq(info.flags & CTXS_INFO_RECOVERED, 0);
+    ctxs_session_close(s);
+}
+
+Test(session, read_only_sessions_refuse_writes)
+{
+    ctxs_session *s = create("a", 64, 4, 1, CTXS_SYNC_NONE);
+    cr_assert_eq(ts_append(s, 5), 0);
+    ctxs_session_close(s);
+    ctxs_session *r;
+    cr_assert_eq(ctxs_session_open(&r, ts_path(dir, "a"), NULL, CTXS_OPEN_RDONLY, NULL), 0);
+    ctxs_reservation res;
+    cr_expect_eq(ctxs_session_reserve(r, 1, &res), CTXS_EREADONLY);
+    cr_expect_eq(ctxs_session_commit(r, (uint32_t[]){1}, 1), CTXS_EREADONLY);
+    cr_expect_eq(ctxs_session_rollback(r, 1), CTXS_EREADONLY);
+    cr_expect_eq(ctxs_session_sync(r), CTXS_EREADONLY);
+    cr_expect(info_of(r).flags & CTXS_INFO_READONLY);
+    ctxs_session_close(r);
+}
+
+Test(session, null_and_bad_arguments_are_invalid)
+{
+    ctxs_session *s = (ctxs_session *)1;
+    ctxs_model m = ts_model(1);
+    cr_expect_eq(ctxs_session_create(&s, NULL, &m, NULL), CTXS_EINVAL);
+    cr_expect_null(s);
+    cr_expect_eq(ctxs_session_open(&s, ts_path(dir, "a"), NULL, 0, NULL), CTXS_EINVAL,
+                 "a writer must name its model");
+    cr_expect_eq(ctxs_session_open(&s, ts_path(dir, "none"), &m, 0, NULL), -ENOENT);
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.version = 99;
+    cr_expect_eq(ctxs_session_create(&s, ts_path(dir, "b"), &m, &o), CTXS_EINVAL);
+    ctxs_session_options_init(&o);
+    o.reserved[3] = 1;
+    cr_expect_eq(ctxs_session_create(&s, ts_path(dir, "b"), &m, &o), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_info_get(NULL, NULL), CTXS_EINVAL);
+    ctxs_session_close(NULL);
+}

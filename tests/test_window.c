@@ -1,0 +1,208 @@
+/*
+ * The attention window: spans for sinks plus the last W tokens, through a
+ * wrapping ring, and memory pressure that shrinks and restores it.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "support.h"
+
+static char *dir;
+
+static void setup(void)
+{
+    dir = ts_mkdtemp();
+    ctxs_pressure_set(0);
+}
+
+static void teardown(void)
+{
+    ctxs_pressure_set(0);
+    ts_rmtree(dir);
+    free(dir);
+}
+
+TestSuite(window, .init = setup, .fini = teardown);
+
+static ctxs_session *create(const char *name, uint32_t capacity, uint32_t n_sink,
+                            uint32_t window, uint32_t pressure_window)
+{
+    ctxs_model m = ts_model(3);
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.capacity = capacity;
+    o.n_sink = n_sink;
+    o.window = window;
+    o.pressure_window = pressure_window;
+    o.durability = CTXS_SYNC_NONE;
+    ctxs_session *s = NULL;
+    int rc = ctxs_session_create(&s, ts_path(dir, name), &m, &o);
+    cr_assert_eq(rc, 0, "create: %s", ctxs_strerror(rc));
+    return s;
+}
+
+static ctxs_window window_of(const ctxs_session *s)
+{
+    ctxs_window w;
+    cr_assert_eq(ctxs_session_window(s, &w), 0);
+    return w;
+}
+
+#define expect_spans(w, n, s0, c0, s1, c1)                                     \
+    do {                                                                       \
+        cr_expect_eq((w).n_spans, (n), "spans %u", (w).n_spans);               \
+        if ((n) > 0) {                                                         \
+            cr_expect_eq((w).spans[0].slot, (s0));                             \
+            cr_expect_eq((w).spans[0].count, (c0));                            \
+        }                                                                      \
+        if ((n) > 1) {                                                         \
+            cr_expect_eq((w).spans[1].slot, (s1));                             \
+            cr_expect_eq((w).spans[1].count, (c1));                            \
+        }                                                                      \
+    } while (0)
+
+Test(window, an_empty_session_has_no_spans)
+{
+    ctxs_session *s = create("a", 64, 4, 16, 8);
+    ctxs_window w = window_of(s);
+    expect_spans(w, 0, 0, 0, 0, 0);
+    cr_expect_eq(w.n_tokens, 0);
+    ctxs_session_close(s);
+}
+
+Test(window, short_contexts_are_one_span)
+{
+    ctxs_session *s = create("a", 64, 4, 16, 8);
+    cr_assert_eq(ts_append(s, 3), 0);
+    expect_spans(window_of(s), 1, 0, 3, 0, 0);
+    cr_assert_eq(ts_append(s, 17), 0); /* 20 tokens: 4 sinks + 16 recent */
+    ctxs_window w = window_of(s);
+    expect_spans(w, 1, 0, 20, 0, 0);
+    cr_expect_eq(w.n_tokens, 20);
+    ctxs_session_close(s);
+}
+
+Test(window, sinks_and_recent_tokens_are_two_spans)
+{
+    ctxs_session *s = create("a", 64, 4, 16, 8);
+    cr_assert_eq(ts_append(s, 40), 0);
+    ctxs_window w = window_of(s);
+    expect_spans(w, 2, 0, 4, 24, 16);
+    cr_expect_eq(w.n_tokens, 20);
+    ctxs_session_close(s);
+}
+
+Test(window, a_wrapped_ring_merges_its_head_with_the_sinks)
+{
+    ctxs_session *s = create("a", 64, 4, 16, 8);
+    cr_assert_eq(ts_append(s, 60), 0);
+    cr_assert_eq(ts_append(s, 10), 0); /* positions 64..69 in slots 4..9 */
+    ctxs_window w = window_of(s);
+    /* last 16: positions 54..69 = slots 54..63 and 4..9 */
+    expect_spans(w, 2, 0, 10, 54, 10);
+    cr_expect_eq(w.n_tokens, 20);
+    ctxs_session_close(s);
+}
+
+Test(window, a_window_wider_than_the_ring_holds_everything)
+{
+    ctxs_session *s = create("a", 64, 4, 2048, 1024);
+    for (int i = 0; i < 7; i++)
+        cr_assert_eq(ts_append(s, 13), 0); /* 91 tokens, wrapped */
+    ctxs_window w = window_of(s);
+    cr_expect_eq(w.n_tokens, 64);
+    uint32_t covered = 0;
+    for (uint32_t i = 0; i < w.n_spans; i++)
+        covered += w.spans[i].count;
+    cr_expect_eq(covered, 64);
+    ctxs_session_close(s);
+}
+
+Test(window, set_window_changes_the_recent_part)
+{
+    ctxs_session *s = create("a", 64, 4, 16, 8);
+    cr_assert_eq(ts_append(s, 40), 0);
+    cr_assert_eq(ctxs_session_set_window(s, 4), 0);
+    expect_spans(window_of(s), 2, 0, 4, 36, 4);
+    ctxs_session_close(s);
+}
+
+/* Pages of a run that are mapped in this process (mincore counts page-cache
+ * residency for file mappings, so that is no use here); a read through the
+ * mapping is what tells whether the data survived. */
+Test(window, pressure_shrinks_windows_and_loses_nothing)
+{
+    ctxs_session *s = create("a", 4096, 4, 2048, 1024);
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(ts_append(s, 500), 0);
+    ctxs_window w = window_of(s);
+    expect_spans(w, 2, 0, 4, 3000 - 2048, 2048);
+
+    cr_assert_eq(ctxs_pressure_set(1), 0);
+    cr_expect_eq(ctxs_pressure_get(), 1);
+    w = window_of(s);
+    expect_spans(w, 2, 0, 4, 3000 - 1024, 1024);
+    ctxs_session_info info;
+    ctxs_session_info_get(s, &info);
+    cr_expect_eq(info.window, 1024);
+    cr_expect(info.flags & CTXS_INFO_PRESSURE);
+    /* Every token is still there, including those whose pages were let go. */
+    cr_expect_eq(ts_check_all(s), 0);
+    cr_expect_eq(ctxs_session_verify(s, NULL), 0);
+
+    /* A session opened under pressure starts small. */
+    ctxs_session *t = create("b", 4096, 4, 2048, 1024);
+    cr_assert_eq(ts_append(t, 3000), 0);
+    expect_spans(window_of(t), 2, 0, 4, 3000 - 1024, 1024);
+
+    cr_assert_eq(ctxs_pressure_set(0), 0);
+    expect_spans(window_of(s), 2, 0, 4, 3000 - 2048, 2048);
+    expect_spans(window_of(t), 2, 0, 4, 3000 - 2048, 2048);
+    cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(t);
+    ctxs_session_close(s);
+
+    s = NULL;
+    ctxs_model m = ts_model(3);
+    cr_assert_eq(ctxs_session_open(&s, ts_path(dir, "a"), &m, 0, NULL), 0);
+    cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+}
+
+Test(window, the_watcher_applies_pressure_from_meminfo)
+{
+    ctxs_session *s = create("a", 4096, 4, 2048, 1024);
+    cr_assert_eq(ts_append(s, 3000), 0);
+
+    /* A threshold above any machine's memory: the watcher must see pressure. */
+    ctxs_watch_options o;
+    ctxs_watch_options_init(&o);
+    o.poll_ms = 10;
+    o.min_available = 1ull << 60;
+    int rc = ctxs_pressure_watch_start(&o);
+    if (rc == -ENOTSUP)
+        cr_skip_test("no /proc/meminfo or PSI on this system");
+    cr_assert_eq(rc, 0, "%s", ctxs_strerror(rc));
+    cr_expect_eq(ctxs_pressure_watch_start(&o), -EALREADY);
+    for (int i = 0; i < 500 && !ctxs_pressure_get(); i++)
+        usleep(2000);
+    cr_expect_eq(ctxs_pressure_get(), 1);
+    expect_spans(window_of(s), 2, 0, 4, 3000 - 1024, 1024);
+    ctxs_pressure_watch_stop();
+
+    /* A threshold of zero bytes (and PSI off): the pressure goes away. */
+    o.min_available = 0;
+    o.psi_some_avg10 = 0;
+    cr_assert_eq(ctxs_pressure_watch_start(&o), 0);
+    for (int i = 0; i < 500 && ctxs_pressure_get(); i++)
+        usleep(2000);
+    cr_expect_eq(ctxs_pressure_get(), 0);
+    expect_spans(window_of(s), 2, 0, 4, 3000 - 2048, 2048);
+    ctxs_pressure_watch_stop();
+    ctxs_pressure_watch_stop(); /* harmless when none runs */
+    cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+}

@@ -90,17 +90,9 @@ static int writable(ctxs_session *s)
     return 0;
 }
 
-/* Allocates disk blocks so that slots [0, end_slot) are all backed. */
-static int allocate_slots(ctxs_session *s, uint32_t end_slot)
+static int allocate_range(ctxs_session *s, uint64_t from, uint64_t to)
 {
-    if (end_slot <= s->alloc_end)
-        return 0;
     const ctxs_file_layout *lay = &s->lay;
-    uint64_t step = (ALLOC_STEP_BYTES + lay->slot_bytes - 1) / lay->slot_bytes;
-    uint64_t to = ((uint64_t)end_slot + step - 1) / step * step;
-    if (to > lay->capacity)
-        to = lay->capacity;
-    uint64_t from = s->alloc_end;
     uint64_t len = (to - from) * lay->slot_bytes;
     for (uint32_t run = 0; run < 2 * lay->n_layers * lay->n_kv_heads; run++) {
         uint64_t off = lay->kv_off + (uint64_t)run * lay->head_stride + from * lay->slot_bytes;
@@ -108,7 +100,29 @@ static int allocate_slots(ctxs_session *s, uint32_t end_slot)
         if (rc < 0)
             return rc;
     }
-    s->alloc_end = (uint32_t)to;
+    return 0;
+}
+
+/* Allocates disk blocks so that slots [0, end_slot) are all backed: a step
+ * ahead when there is room, exactly what is needed when the disk is nearly
+ * full. */
+static int allocate_slots(ctxs_session *s, uint32_t end_slot)
+{
+    if (end_slot <= s->alloc_end)
+        return 0;
+    const ctxs_file_layout *lay = &s->lay;
+    uint64_t step = (ALLOC_STEP_BYTES + lay->slot_bytes - 1) / lay->slot_bytes;
+    uint64_t ahead = ((uint64_t)end_slot + step - 1) / step * step;
+    if (ahead > lay->capacity)
+        ahead = lay->capacity;
+    int rc = allocate_range(s, s->alloc_end, ahead);
+    if (rc == CTXS_EFULL && ahead > end_slot) {
+        ahead = end_slot;
+        rc = allocate_range(s, s->alloc_end, ahead);
+    }
+    if (rc < 0)
+        return rc;
+    s->alloc_end = (uint32_t)ahead;
     return 0;
 }
 

@@ -174,6 +174,9 @@ int ctxs__record_valid(const ctxs_disk_record *r, uint32_t index,
     if (memcmp(r->magic, CTXS_RECORD_MAGIC, 4) != 0 || r->index != index ||
         r->crc32 != crc_of(r, offsetof(ctxs_disk_record, crc32)))
         return 0;
+    /* The next seq must exist: a record at the limit would win forever. */
+    if (r->seq == UINT64_MAX)
+        return 0;
     uint64_t n = r->n_tokens, rs = r->ring_start, ns = lay->n_sink;
     uint64_t ring_len = lay->capacity - lay->n_sink;
     if (rs > n || r->verified_from > n)

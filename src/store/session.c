@@ -367,7 +367,9 @@ int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *mo
     if (rc < 0)
         return rc;
 
-    int fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NOFOLLOW);
+    /* O_NONBLOCK: a FIFO in place of the file must not hang the open; the
+     * flag means nothing for the regular file that attach insists on. */
+    int fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return -errno;
     if ((rc = ctxs__lock(fd, readonly ? CTXS_LOCK_READER : CTXS_LOCK_WRITER)) < 0) {

@@ -1,0 +1,664 @@
+/*
+ * A full disk is an error from ctxs_session_reserve() (CTXS_EFULL), never a
+ * SIGBUS, and leaves the session open and consistent.
+ *
+ * The full disk is a small tmpfs mounted in a private user + mount namespace
+ * (no root needed where unprivileged user namespaces are allowed; the test
+ * is skipped, loudly, where they are not). The session file is sparse and
+ * larger than the tmpfs, so create succeeds and reserve runs out.
+ *
+ * The namespace work happens in a forked child, which uses only the public
+ * API (no Criterion assertions), writes its log to a pipe and exits 0 (pass),
+ * 1 (fail) or 77 (skip). A child killed by a signal fails the test.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <dirent.h>
+#include <unistd.h>
+
+#include "support.h"
+
+static char *scratch;
+
+static void setup(void)
+{
+    scratch = ts_mkdtemp();
+}
+
+static void teardown(void)
+{
+    ts_rmtree(scratch);
+    free(scratch);
+    scratch = NULL;
+}
+
+TestSuite(disk_full, .init = setup, .fini = teardown, .timeout = 180);
+
+/* --- the child's side ------------------------------------------------- */
+
+static int log_fd = -1;
+
+__attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof(buf) - 1)
+        n = (int)sizeof(buf) - 1;
+    if (n > 0) {
+        ssize_t w = write(log_fd, buf, (size_t)n);
+        (void)w;
+    }
+}
+
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        say("FAIL at line %d: ", __LINE__);                                                        \
+        say(__VA_ARGS__);                                                                          \
+        say("\n");                                                                                 \
+        _exit(1);                                                                                  \
+    } while (0)
+
+/* A failure that lets the rest of the scenario run; the child still fails. */
+static int soft_failed;
+#define SOFT_CHECK(cond, ...)                                                                      \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            say("FAIL at line %d: ", __LINE__);                                                    \
+            say(__VA_ARGS__);                                                                      \
+            say("\n");                                                                             \
+            soft_failed = 1;                                                                       \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            FAIL(__VA_ARGS__);                                                                     \
+    } while (0)
+
+static int write_str(const char *path, const char *s)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = write(fd, s, strlen(s));
+    int e = errno;
+    close(fd);
+    errno = e;
+    return n == (ssize_t)strlen(s) ? 0 : -1;
+}
+
+/* Enters a private user + mount namespace and mounts a tmpfs of `size` on
+ * mnt. On failure, says why and exits 77 (skip). */
+static void enter_small_disk(const char *mnt, const char *size)
+{
+    uid_t uid = getuid();
+    gid_t gid = getgid();
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
+        say("unshare(CLONE_NEWUSER|CLONE_NEWNS): %s", strerror(errno));
+        _exit(77);
+    }
+    char map[64];
+    if (write_str("/proc/self/setgroups", "deny") != 0 && errno != ENOENT) {
+        say("write /proc/self/setgroups: %s", strerror(errno));
+        _exit(77);
+    }
+    snprintf(map, sizeof(map), "0 %u 1\n", (unsigned)uid);
+    if (write_str("/proc/self/uid_map", map) != 0) {
+        say("write /proc/self/uid_map: %s", strerror(errno));
+        _exit(77);
+    }
+    snprintf(map, sizeof(map), "0 %u 1\n", (unsigned)gid);
+    if (write_str("/proc/self/gid_map", map) != 0) {
+        say("write /proc/self/gid_map: %s", strerror(errno));
+        _exit(77);
+    }
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+        say("make / private: %s", strerror(errno));
+        _exit(77);
+    }
+    char opts[64];
+    snprintf(opts, sizeof(opts), "size=%s,mode=0700", size);
+    if (mount("ctxs-test", mnt, "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) {
+        say("mount tmpfs (%s) on %s: %s", opts, mnt, strerror(errno));
+        _exit(77);
+    }
+}
+
+enum { AT_RESERVE = 1, AT_WRITE, AT_COMMIT };
+static const char *const stage_name[] = { "?", "reserve", "write_token", "commit" };
+
+/* ts_append without Criterion: *stage says which call failed. */
+static int append_n(ctxs_session *s, uint32_t n, int *stage)
+{
+    ctxs_session_info info;
+    *stage = 0;
+    int rc = ctxs_session_info_get(s, &info);
+    if (rc)
+        return rc;
+    const ctxs_geometry *g = &info.model.geometry;
+    size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
+    uint16_t *k = malloc(per * 2), *v = malloc(per * 2);
+    uint32_t *ids = malloc((size_t)n * 4);
+    if (!k || !v || !ids)
+        return CTXS_ENOMEM;
+    ctxs_reservation r;
+    *stage = AT_RESERVE;
+    rc = ctxs_session_reserve(s, n, &r);
+    if (rc == 0) {
+        *stage = AT_WRITE;
+        for (uint32_t i = 0; rc == 0 && i < n; i++) {
+            ts_fill_kv(g, r.first_pos + i, k, v);
+            ids[i] = ts_token(r.first_pos + i);
+            rc = ctxs_session_write_token(s, &r, i, k, v);
+        }
+    }
+    if (rc == 0) {
+        *stage = AT_COMMIT;
+        rc = ctxs_session_commit(s, ids, n);
+    }
+    free(k);
+    free(v);
+    free(ids);
+    return rc;
+}
+
+/* Appends steps of n until the disk is full, which must show as CTXS_EFULL
+ * from reserve (blocks the library allocated ahead may take a few more
+ * steps first). Adds the tokens committed to *committed. */
+static void append_until_full(ctxs_session *s, uint32_t n, uint64_t *committed, const char *when)
+{
+    int stage = 0, rc = 0;
+    int i;
+    for (i = 0; i < 100000; i++) {
+        rc = append_n(s, n, &stage);
+        if (rc)
+            break;
+        *committed += n;
+    }
+    CHECK(rc != 0, "%s: committed %llu tokens and never ran out of space", when,
+          (unsigned long long)*committed);
+    CHECK(stage == AT_RESERVE, "%s: the full disk surfaced in %s (%s), want reserve", when,
+          stage_name[stage], ctxs_err_name(rc));
+    CHECK(rc == CTXS_EFULL, "%s: reserve on a full disk returned %d (%s), want CTXS_EFULL", when,
+          rc, ctxs_err_name(rc));
+    say("%s: EFULL from reserve after %d more appends of %u (%llu tokens)\n", when, i, n,
+        (unsigned long long)*committed);
+}
+
+/* ts_check_all without Criterion: wrong positions, or a negative error. */
+static int64_t check_all(const ctxs_session *s)
+{
+    ctxs_session_info info;
+    int rc = ctxs_session_info_get(s, &info);
+    if (rc)
+        return rc;
+    const ctxs_geometry *g = &info.model.geometry;
+    size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
+    uint16_t k[2 * 2 * 8], v[2 * 2 * 8], ek[2 * 2 * 8], ev[2 * 2 * 8];
+    if (per > 2 * 2 * 8)
+        return CTXS_EINVAL;
+    ctxs_layout lay;
+    if ((rc = ctxs_session_layout(s, &lay)) != 0)
+        return rc;
+    int64_t bad = 0;
+    for (uint64_t p = 0; p < info.n_tokens; p++) {
+        rc = ctxs_session_read_token(s, p, k, v);
+        if (rc == CTXS_EEVICTED)
+            continue;
+        if (rc)
+            return rc;
+        uint32_t slot;
+        if ((rc = ctxs_session_slot(s, p, &slot)) != 0)
+            return rc;
+        ts_fill_kv(g, p, ek, ev);
+        if (memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2) || lay.token_ids[slot] != ts_token(p))
+            bad++;
+    }
+    return bad;
+}
+
+static ctxs_session *create_in(const char *path, uint32_t capacity, uint32_t ring)
+{
+    ctxs_model m = ts_model(1);
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.capacity = capacity;
+    o.ring = ring;
+    ctxs_session *s = NULL;
+    int rc = ctxs_session_create(&s, path, &m, &o);
+    CHECK(rc == 0, "create %s: %s", path, ctxs_strerror(rc));
+    return s;
+}
+
+static ctxs_session *reopen(const char *path, unsigned flags)
+{
+    ctxs_model m = ts_model(1);
+    ctxs_session *s = NULL;
+    int rc = ctxs_session_open(&s, path, &m, flags, NULL);
+    CHECK(rc == 0, "reopen %s (%s): %s", path, flags ? "read-only" : "read-write", ctxs_strerror(rc));
+    return s;
+}
+
+static void expect_state(ctxs_session *s, uint64_t n_tokens, const char *when)
+{
+    ctxs_session_info info;
+    CHECK(ctxs_session_info_get(s, &info) == 0, "info_get");
+    CHECK(info.n_tokens == n_tokens, "%s: n_tokens %llu, want %llu", when,
+          (unsigned long long)info.n_tokens, (unsigned long long)n_tokens);
+    CHECK(info.n_reserved == 0, "%s: %u slots still reserved", when, info.n_reserved);
+    CHECK(!(info.flags & CTXS_INFO_FAILED), "%s: session marked failed", when);
+    int64_t bad = check_all(s);
+    CHECK(bad == 0, "%s: %lld positions read back wrong (or error %lld: %s)", when,
+          (long long)(bad > 0 ? bad : 0), (long long)(bad < 0 ? bad : 0),
+          bad < 0 ? ctxs_strerror((int)bad) : "");
+    uint64_t bad_pos = 0;
+    int rc = ctxs_session_verify(s, &bad_pos);
+    CHECK(rc == 0, "%s: verify: %s at %llu", when, ctxs_strerror(rc), (unsigned long long)bad_pos);
+}
+
+/* Writes a file in dir until the disk is full. Returns bytes written. */
+static uint64_t fill_disk(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    CHECK(fd >= 0, "open filler: %s", strerror(errno));
+    static uint8_t buf[4096];
+    memset(buf, 0x77, sizeof(buf));
+    uint64_t total = 0;
+    size_t chunk = sizeof(buf);
+    for (;;) {
+        ssize_t w = write(fd, buf, chunk);
+        if (w > 0) {
+            total += (uint64_t)w;
+            continue;
+        }
+        CHECK(w < 0 && (errno == ENOSPC || errno == EINTR), "filler write: %s", strerror(errno));
+        if (errno == ENOSPC && chunk == 1)
+            break;
+        if (errno == ENOSPC)
+            chunk = 1;
+    }
+    close(fd);
+    return total;
+}
+
+static int dir_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    CHECK(d != NULL, "opendir %s: %s", dir, strerror(errno));
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            n++;
+    closedir(d);
+    return n;
+}
+
+/* The main scenario: fill a 2 MiB disk through the session. */
+static void body_fill_through_reserve(const char *mnt)
+{
+    enter_small_disk(mnt, "2m");
+    char path[4096], filler[4096], other[4096];
+    snprintf(path, sizeof(path), "%s/s.ctxs", mnt);
+    snprintf(filler, sizeof(filler), "%s/filler", mnt);
+    snprintf(other, sizeof(other), "%s/other.ctxs", mnt);
+
+    /* 64 Ki slots of 128 bytes: 8 MiB of KV on a 2 MiB disk. */
+    ctxs_session *s = create_in(path, 65536, 1);
+    struct stat st;
+    CHECK(stat(path, &st) == 0, "stat");
+    CHECK((uint64_t)st.st_size > (4u << 20), "the session (%lld bytes) is not larger than the disk",
+          (long long)st.st_size);
+    say("session file: %lld bytes logical, %lld allocated\n", (long long)st.st_size,
+        (long long)st.st_blocks * 512);
+
+    uint64_t committed = 0;
+    int stage = 0, rc = 0;
+    const uint32_t step = 64;
+    append_until_full(s, step, &committed, "filling the disk");
+    CHECK(committed >= 1024, "only %llu tokens fit in 2 MiB", (unsigned long long)committed);
+
+    /* Not full yet if one more token fits: it needs one 4 KiB page in each
+     * of the 8 (layer, K|V, head) runs. */
+    struct statvfs vfs;
+    CHECK(statvfs(mnt, &vfs) == 0, "statvfs");
+    uint64_t free_bytes = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+    say("%llu bytes free after EFULL\n", (unsigned long long)free_bytes);
+    if (free_bytes >= 8 * 4096) {
+        rc = append_n(s, 1, &stage);
+        SOFT_CHECK(rc == 0,
+                   "reserve(1) gave %s although %llu bytes are free and one token needs 8 pages "
+                   "of 4 KiB: reserve allocates whole steps ahead and does not fall back to what "
+                   "the reservation needs",
+                   ctxs_err_name(rc), (unsigned long long)free_bytes);
+        if (rc == 0)
+            committed++;
+    }
+    expect_state(s, committed, "after EFULL");
+
+    /* EFULL again, and no leak of reserved slots across failures. */
+    for (int i = 0; i < 3; i++) {
+        rc = append_n(s, step, &stage);
+        CHECK(rc == CTXS_EFULL && stage == AT_RESERVE, "retry %d: %s in %s", i, ctxs_err_name(rc),
+              stage_name[stage]);
+    }
+
+    /* A smaller reserve: fits in what is left or is EFULL too. */
+    for (uint32_t n = 16; n >= 1; n /= 2) {
+        rc = append_n(s, n, &stage);
+        if (rc == 0) {
+            committed += n;
+            say("a later reserve of %u fitted\n", n);
+        } else {
+            CHECK(rc == CTXS_EFULL && stage == AT_RESERVE, "reserve(%u) after EFULL: %s in %s", n,
+                  ctxs_err_name(rc), stage_name[stage]);
+        }
+    }
+    expect_state(s, committed, "after smaller reserves");
+
+    /* Roll back 4 steps: those slots keep their blocks, so reserving them
+     * again needs no new space. */
+    uint64_t back = committed - 4 * step;
+    rc = ctxs_session_rollback(s, back);
+    CHECK(rc == 0, "rollback to %llu on a full disk: %s", (unsigned long long)back, ctxs_strerror(rc));
+    committed = back;
+    expect_state(s, committed, "after rollback");
+    for (int i = 0; i < 3; i++) {
+        rc = append_n(s, step, &stage);
+        CHECK(rc == 0, "re-reserving rolled-back slots (%d of 3) on a full disk: %s in %s", i + 1,
+              ctxs_err_name(rc), stage_name[stage]);
+        committed += step;
+    }
+    expect_state(s, committed, "after re-reserving");
+    rc = ctxs_session_sync(s);
+    CHECK(rc == 0, "sync on a full disk: %s", ctxs_strerror(rc));
+
+    /* Take the last bytes, then close and reopen on the full disk. */
+    uint64_t filled = fill_disk(filler);
+    say("filler took the last %llu bytes\n", (unsigned long long)filled);
+    append_until_full(s, step, &committed, "after the filler");
+    ctxs_session_close(s);
+    s = reopen(path, 0);
+    expect_state(s, committed, "reopened read-write on a full disk");
+    append_until_full(s, step, &committed, "after reopen");
+    ctxs_session_close(s);
+    s = reopen(path, CTXS_OPEN_RDONLY);
+    expect_state(s, committed, "reopened read-only");
+    ctxs_session_close(s);
+
+    /* A new session on the full disk: EFULL, nothing left behind. */
+    ctxs_model m = ts_model(1);
+    s = (ctxs_session *)(uintptr_t)0x1;
+    rc = ctxs_session_create(&s, other, &m, NULL);
+    CHECK(rc == CTXS_EFULL, "create on a full disk: %d (%s), want CTXS_EFULL", rc, ctxs_err_name(rc));
+    CHECK(s == NULL, "create failed but *out is set");
+    CHECK(dir_entries(mnt) == 2, "a failed create left %d files (want the session and the filler)",
+          dir_entries(mnt));
+    say("%s: %llu tokens committed, all read back\n", soft_failed ? "done" : "ok",
+        (unsigned long long)committed);
+    _exit(soft_failed);
+}
+
+/* Blocks are allocated by reserve: a commit after the disk filled up (by
+ * another file) between reserve and commit still succeeds. The reservation
+ * crosses 4 KiB pages of the token-id and checksum tables (slot 1024), so a
+ * table that was left sparse would show here as a SIGBUS. */
+static void body_commit_after_disk_fills(const char *mnt)
+{
+    enter_small_disk(mnt, "4m");
+    char path[4096], filler[4096];
+    snprintf(path, sizeof(path), "%s/s.ctxs", mnt);
+    snprintf(filler, sizeof(filler), "%s/filler", mnt);
+    ctxs_session *s = create_in(path, 131072, 1);
+
+    int stage = 0;
+    int rc = append_n(s, 1000, &stage);
+    CHECK(rc == 0, "append 1000: %s in %s", ctxs_err_name(rc), stage_name[stage]);
+
+    ctxs_session_info info;
+    ctxs_session_info_get(s, &info);
+    const ctxs_geometry *g = &info.model.geometry;
+    uint16_t k[2 * 2 * 8], v[2 * 2 * 8];
+    uint32_t ids[600];
+    ctxs_reservation r;
+    rc = ctxs_session_reserve(s, 600, &r);
+    CHECK(rc == 0, "reserve 600: %s", ctxs_strerror(rc));
+    CHECK(r.first_pos == 1000, "first_pos %llu", (unsigned long long)r.first_pos);
+
+    uint64_t filled = fill_disk(filler);
+    say("filler took %llu bytes\n", (unsigned long long)filled);
+    struct statvfs vfs;
+    CHECK(statvfs(mnt, &vfs) == 0, "statvfs");
+    CHECK(vfs.f_bavail == 0, "disk not full: %llu blocks free", (unsigned long long)vfs.f_bavail);
+
+    for (uint32_t i = 0; i < 600; i++) {
+        ts_fill_kv(g, 1000 + i, k, v);
+        ids[i] = ts_token(1000 + i);
+        rc = ctxs_session_write_token(s, &r, i, k, v);
+        CHECK(rc == 0, "write_token %u: %s", i, ctxs_strerror(rc));
+    }
+    /* Writing straight into the mapping too, as an engine does (the same
+     * bytes again: V of layer 1, head 1). */
+    void *kv;
+    rc = ctxs_session_kv(s, 1, CTXS_V, 1, &kv);
+    CHECK(rc == 0, "ctxs_session_kv: %s", ctxs_strerror(rc));
+    for (uint32_t i = 0; i < 600; i++) {
+        ts_fill_kv(g, 1000 + i, k, v);
+        memcpy((uint8_t *)kv + (size_t)(1000 + i) * 16, v + (1 * 2 + 1) * 8, 16);
+    }
+    rc = ctxs_session_commit(s, ids, 600);
+    CHECK(rc == 0, "commit of reserved slots after the disk filled: %s", ctxs_strerror(rc));
+    expect_state(s, 1600, "after commit on a full disk");
+
+    uint64_t committed = 1600;
+    append_until_full(s, 600, &committed, "after the commit");
+    ctxs_session_close(s);
+    s = reopen(path, 0);
+    expect_state(s, committed, "reopened");
+    ctxs_session_close(s);
+    say("ok\n");
+    _exit(0);
+}
+
+/* --- the parent's side -------------------------------------------------- */
+
+static void run_child(void (*body)(const char *mnt), const char *what)
+{
+    const char *mnt = ts_path(scratch, "mnt");
+    cr_assert_eq(mkdir(mnt, 0700), 0);
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        log_fd = fds[1];
+        body(mnt);
+        _exit(1);
+    }
+    close(fds[1]);
+    static char msg[16384];
+    size_t len = 0;
+    for (;;) {
+        ssize_t r = read(fds[0], msg + len, sizeof(msg) - 1 - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+        if (len == sizeof(msg) - 1)
+            break;
+    }
+    msg[len] = '\0';
+    close(fds[0]);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st))
+        cr_assert_fail("%s: the child died of signal %d (%s); a full disk must be an error, "
+                       "never a crash. Its log:\n%s",
+                       what, WTERMSIG(st), strsignal(WTERMSIG(st)), msg);
+    cr_assert(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 77) {
+        cr_log_warn("SKIPPED %s: no private user+mount namespace with a tmpfs here: %s", what, msg);
+        cr_skip_test("SKIPPED %s: cannot mount a small tmpfs in a user namespace (%s)", what, msg);
+    }
+    cr_assert_eq(WEXITSTATUS(st), 0, "%s: %s", what, msg);
+    cr_log_info("%s: %s", what, msg);
+}
+
+Test(disk_full, full_disk_is_efull_from_reserve_and_the_session_survives)
+{
+    run_child(body_fill_through_reserve, "full disk");
+}
+
+Test(disk_full, commit_after_the_disk_fills_up_uses_the_reserved_blocks)
+{
+    run_child(body_commit_after_disk_fills, "commit on a full disk");
+}
+
+/* Capacity reached without a ring: CTXS_EFULL, tokens kept. */
+Test(disk_full, capacity_reached_without_ring_is_efull)
+{
+    const char *p = ts_path(scratch, "noring.ctxs");
+    ctxs_model m = ts_model(1);
+    ctxs_session_options o;
+    cr_assert_eq(ctxs_session_options_init(&o), 0);
+    o.capacity = 64;
+    o.n_sink = 4;
+    o.ring = 0;
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_create(&s, p, &m, &o), 0);
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(info.flags & CTXS_INFO_RING, 0);
+
+    cr_assert_eq(ts_append(s, 60), 0);
+    ctxs_reservation r;
+    memset(&r, 0, sizeof(r));
+    cr_assert_eq(ctxs_session_reserve(s, 5, &r), CTXS_EFULL, "reserve past the capacity");
+    cr_assert_eq(ctxs_session_reserve(s, 0, &r), CTXS_EINVAL);
+    int rc = ctxs_session_reserve(s, 1000, &r);
+    cr_assert(rc == CTXS_EFULL || rc == CTXS_EINVAL, "reserve(1000): %s", ctxs_err_name(rc));
+    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(info.n_reserved, 0, "a failed reserve reserved %u", info.n_reserved);
+    cr_assert_eq(info.n_tokens, 60);
+
+    cr_assert_eq(ts_append(s, 4), 0, "the last 4 slots");
+    cr_assert_eq(ctxs_session_reserve(s, 1, &r), CTXS_EFULL, "reserve in a full session");
+    cr_assert_eq(ts_append(s, 1), CTXS_EFULL);
+    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(info.n_tokens, 64);
+    cr_assert_eq(info.n_held, 64);
+    cr_assert_eq(info.n_reserved, 0);
+    cr_assert_eq(info.flags & CTXS_INFO_WRAPPED, 0);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+
+    cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
+    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(info.n_tokens, 64);
+    cr_assert_eq(ts_check_all(s), 0);
+    cr_assert_eq(ctxs_session_reserve(s, 1, &r), CTXS_EFULL, "still full after reopen");
+
+    /* A rollback frees slots again. */
+    cr_assert_eq(ctxs_session_rollback(s, 50), 0);
+    cr_assert_eq(ctxs_session_reserve(s, 15, &r), CTXS_EFULL);
+    cr_assert_eq(ts_append(s, 14), 0);
+    cr_assert_eq(ctxs_session_reserve(s, 1, &r), CTXS_EFULL);
+    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(info.n_tokens, 64);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+
+    /* Two reservations in a row count together against the capacity. */
+    cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
+    cr_assert_eq(ctxs_session_rollback(s, 60), 0);
+    cr_assert_eq(ctxs_session_reserve(s, 3, &r), 0);
+    ctxs_reservation r2;
+    cr_assert_eq(ctxs_session_reserve(s, 2, &r2), CTXS_EFULL, "3 + 2 reserved past 64 slots");
+    cr_assert_eq(ctxs_session_reserve(s, 1, &r2), 0);
+    cr_assert_eq(r2.first_pos, 63);
+    ctxs_session_close(s); /* drops both */
+    cr_assert_eq(ctxs_session_open(&s, p, &m, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(info.n_tokens, 60);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+}
+
+/* A file size limit (RLIMIT_FSIZE) below the session's size: create fails
+ * cleanly (with SIGXFSZ ignored, as the caller must), leaving nothing. */
+Test(disk_full, create_beyond_the_file_size_limit_fails_cleanly)
+{
+    const char *d = ts_path(scratch, "fsize");
+    cr_assert_eq(mkdir(d, 0700), 0);
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        log_fd = fds[1];
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = { 1u << 20, 1u << 20 };
+        CHECK(setrlimit(RLIMIT_FSIZE, &rl) == 0, "setrlimit: %s", strerror(errno));
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/big.ctxs", d);
+        ctxs_model m = ts_model(1);
+        ctxs_session_options o;
+        ctxs_session_options_init(&o);
+        o.capacity = 65536; /* 8 MiB of KV */
+        ctxs_session *s = (ctxs_session *)(uintptr_t)0x1;
+        int rc = ctxs_session_create(&s, path, &m, &o);
+        CHECK(rc < 0, "create of an 8 MiB file under a 1 MiB RLIMIT_FSIZE succeeded");
+        CHECK(s == NULL, "*out set on failure");
+        say("create: %s\n", ctxs_err_name(rc));
+        CHECK(rc == -EFBIG || rc == CTXS_EFULL, "create returned %d (%s), want -EFBIG or CTXS_EFULL",
+              rc, ctxs_err_name(rc));
+        CHECK(dir_entries(d) == 0, "the failed create left %d files", dir_entries(d));
+        /* A session that fits still works under the limit. */
+        o.capacity = 1024;
+        rc = ctxs_session_create(&s, path, &m, &o);
+        CHECK(rc == 0, "create of a small session: %s", ctxs_strerror(rc));
+        int stage;
+        rc = append_n(s, 500, &stage);
+        CHECK(rc == 0, "append: %s in %s", ctxs_err_name(rc), stage_name[stage]);
+        expect_state(s, 500, "small session under RLIMIT_FSIZE");
+        ctxs_session_close(s);
+        _exit(0);
+    }
+    close(fds[1]);
+    char msg[4096];
+    size_t len = 0;
+    for (;;) {
+        ssize_t r = read(fds[0], msg + len, sizeof(msg) - 1 - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0 || (len += (size_t)r) == sizeof(msg) - 1)
+            break;
+    }
+    msg[len] = '\0';
+    close(fds[0]);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(!WIFSIGNALED(st), "child died of signal %d (%s): %s", WIFSIGNALED(st) ? WTERMSIG(st) : 0,
+              WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "", msg);
+    cr_assert_eq(WEXITSTATUS(st), 0, "%s", msg);
+}

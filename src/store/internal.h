@@ -112,6 +112,9 @@ static inline uint64_t *ctxs__sum_table(const ctxs_session *s)
 void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
                       uint64_t *out);
 
+/* Tokens st holds in slots. */
+uint64_t ctxs__held(const ctxs_session *s, const ctxs_state *st);
+
 /* Verifies held positions [from, to); returns the first that fails, or to. */
 uint64_t ctxs__first_bad(const ctxs_session *s, uint64_t from, uint64_t to);
 
@@ -121,14 +124,23 @@ uint64_t ctxs__first_bad(const ctxs_session *s, uint64_t from, uint64_t to);
 int ctxs__records_read(const ctxs_session *s, ctxs_state *st, uint32_t *index,
                        int *other_valid, uint8_t boot_id[16]);
 
-/* Recovery at open: verifies held tokens at or above st->verified_from and
- * shortens *st to its longest verifying prefix. Returns the number of
- * positions dropped. */
+/* Recovery at open: verifies held tokens at or above st->verified_from;
+ * evicts failing tokens at the front of a wrapped ring, then cuts *st at
+ * the first failing token. Returns the number of held tokens dropped. */
 uint64_t ctxs__recover(const ctxs_session *s, ctxs_state *st);
 
 /* Writes st as the next record (the one that is not current) and makes it
  * current. Does not sync. */
 void ctxs__record_write(ctxs_session *s, const ctxs_state *st);
+
+/* Makes everything before the KV region durable (records, tables). */
+int ctxs__sync_meta(ctxs_session *s);
+
+/* Zeroes the checksums of the slots the state does not hold: a commit
+ * attempt that died before its record leaves checksums that match their
+ * bytes, and a later record claiming those positions must never find them.
+ * Returns whether any was set. */
+int ctxs__forget_unheld(ctxs_session *s);
 
 /* A sync failed: mark the session failed and make sure a later open in this
  * boot still verifies (the page cache can no longer be trusted). */

@@ -56,24 +56,37 @@ int ctxs__records_read(const ctxs_session *s, ctxs_state *st, uint32_t *index,
     return 0;
 }
 
-uint64_t ctxs__first_bad(const ctxs_session *s, uint64_t from, uint64_t to)
+/* The first position in [from, to) whose checksum holds (want_good) or
+ * fails (!want_good), or to. */
+static uint64_t scan(const ctxs_session *s, uint64_t from, uint64_t to, int want_good)
 {
-    enum { BATCH = CTXS_SUM_BATCH };
-    uint64_t sums[BATCH];
+    uint64_t sums[CTXS_SUM_BATCH];
     const uint64_t *table = ctxs__sum_table(s);
-    for (uint64_t p = from; p < to; p += BATCH) {
-        uint32_t n = (uint32_t)(to - p < BATCH ? to - p : BATCH);
+    for (uint64_t p = from; p < to; p += CTXS_SUM_BATCH) {
+        uint32_t n = (uint32_t)(to - p < CTXS_SUM_BATCH ? to - p : CTXS_SUM_BATCH);
         ctxs__token_sums(s, p, n, sums);
         for (uint32_t i = 0; i < n; i++)
-            if (sums[i] != table[ctxs__slot(s, p + i)])
+            if ((sums[i] == table[ctxs__slot(s, p + i)]) == want_good)
                 return p + i;
     }
     return to;
 }
 
+uint64_t ctxs__first_bad(const ctxs_session *s, uint64_t from, uint64_t to)
+{
+    return scan(s, from, to, 0);
+}
+
+uint64_t ctxs__held(const ctxs_session *s, const ctxs_state *st)
+{
+    uint64_t n = st->n_tokens, ns = s->lay.n_sink, first = ctxs__first_recent(s, st);
+    return (n < ns ? n : ns) + (n > first ? n - first : 0);
+}
+
 uint64_t ctxs__recover(const ctxs_session *s, ctxs_state *st)
 {
-    uint64_t ns = s->lay.n_sink, vf = st->verified_from, n = st->n_tokens;
+    const uint64_t ns = s->lay.n_sink, vf = st->verified_from, n = st->n_tokens;
+    const uint64_t held_before = ctxs__held(s, st);
     uint64_t sink_end = n < ns ? n : ns;
     uint64_t bad = n;
 
@@ -84,18 +97,35 @@ uint64_t ctxs__recover(const ctxs_session *s, ctxs_state *st)
     if (bad == n) {
         uint64_t first = ctxs__first_recent(s, st);
         uint64_t from = vf > first ? vf : first;
-        if (from < n)
+        /* In a ring that has wrapped, reserve may have reused slots at the
+         * front under eviction records that never reached the disk (at NONE
+         * and ASYNC they are not synced once the watermark is below the
+         * front), and a torn page can leave that front a mix of old and new
+         * tokens. Those tokens were being evicted: keep the longest run that
+         * verifies, evicting what lies before it as the ring would have. */
+        if (s->ring && st->ring_start > ns && from == first && from < n) {
+            uint64_t best_lo = from, best_hi = from;
+            for (uint64_t lo = from; lo < n;) {
+                uint64_t hi = ctxs__first_bad(s, lo, n);
+                if (hi - lo >= best_hi - best_lo)
+                    best_lo = lo, best_hi = hi;
+                lo = hi < n ? scan(s, hi + 1, n, 1) : n;
+            }
+            st->ring_start = best_lo;
+            bad = best_hi;
+        } else if (from < n) {
             bad = ctxs__first_bad(s, from, n);
+        }
     }
-    if (bad == n)
-        return 0;
 
     /* The longest prefix that verifies: everything before `bad` is held and
      * checked (or durable below the watermark). */
     st->n_tokens = bad;
     if (bad <= ns)
         st->ring_start = 0;
+    else if (st->ring_start > bad)
+        st->ring_start = bad;
     if (st->verified_from > bad)
         st->verified_from = bad;
-    return n - bad;
+    return held_before - ctxs__held(s, st);
 }

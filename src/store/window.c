@@ -75,47 +75,36 @@ int ctxs_session_set_window(ctxs_session *s, uint32_t window)
     return 0;
 }
 
-/* Applies advice to the pages of [lo, hi) slots in every run, rounded inward
- * to whole pages so that no byte of a neighbouring slot is affected. */
-static void advise_slots(const ctxs_session *s, uint32_t lo, uint32_t hi, int advice)
+/* Releases the pages of [lo, hi) slots in every run, rounded inward to
+ * whole pages so that no byte of a neighbouring slot is affected. */
+static void advise_slots(const ctxs_session *s, uint32_t lo, uint32_t hi)
 {
     const ctxs_file_layout *lay = &s->lay;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (uint32_t run = 0; run < 2 * lay->n_layers * lay->n_kv_heads; run++) {
         uintptr_t base = (uintptr_t)(s->map + lay->kv_off + (size_t)run * lay->head_stride);
-        uintptr_t a = base + (uintptr_t)lo * lay->slot_bytes;
-        uintptr_t b = base + (uintptr_t)hi * lay->slot_bytes;
-        if (advice == MADV_WILLNEED) {
-            a &= ~(page - 1);  /* outward: prefetching a neighbour is harmless */
-        } else {
-            a = (a + page - 1) & ~(page - 1);
-            b &= ~(page - 1);
-        }
+        uintptr_t a = (base + (uintptr_t)lo * lay->slot_bytes + page - 1) & ~(page - 1);
+        uintptr_t b = (base + (uintptr_t)hi * lay->slot_bytes) & ~(page - 1);
         if (a < b)
-            madvise((void *)a, b - a, advice);
+            madvise((void *)a, b - a, MADV_DONTNEED);
     }
 }
 
-/* Releases the KV pages outside the current window, or (when the pressure
- * is gone) asks for the window's pages to be read back ahead of use. Pages
- * of a shared file mapping keep their data: MADV_DONTNEED only unmaps them,
- * and dirty pages stay in the page cache until written back. */
-static void apply_pressure(const ctxs_session *s, int on)
+/* Releases the KV pages outside the current window. Pages of a shared file
+ * mapping keep their data: MADV_DONTNEED only unmaps them, and dirty pages
+ * stay in the page cache until written back; they come back on access.
+ * (No MADV_WILLNEED when the pressure ends: its readahead would bring back
+ * the large folios that session.c keeps out.) */
+static void release_outside_window(const ctxs_session *s)
 {
     ctxs_window w;
     window_spans(s, &s->st, ctxs__effective_window(s), &w);
-    if (!on) {
-        for (uint32_t i = 0; i < w.n_spans; i++)
-            advise_slots(s, w.spans[i].slot, w.spans[i].slot + w.spans[i].count,
-                         MADV_WILLNEED);
-        return;
-    }
     uint32_t at = 0;
     for (uint32_t i = 0; i < w.n_spans; i++) {
-        advise_slots(s, at, w.spans[i].slot, MADV_DONTNEED);
+        advise_slots(s, at, w.spans[i].slot);
         at = w.spans[i].slot + w.spans[i].count;
     }
-    advise_slots(s, at, s->lay.capacity, MADV_DONTNEED);
+    advise_slots(s, at, s->lay.capacity);
 }
 
 int ctxs_pressure_set(int on)
@@ -124,8 +113,9 @@ int ctxs_pressure_set(int on)
     if (atomic_exchange(&pressure, on) == on)
         return 0;
     pthread_mutex_lock(&ctxs__registry_mutex);
-    for (ctxs_session *s = ctxs__registry_head; s; s = s->next)
-        apply_pressure(s, on);
+    if (on)
+        for (ctxs_session *s = ctxs__registry_head; s; s = s->next)
+            release_outside_window(s);
     pthread_mutex_unlock(&ctxs__registry_mutex);
     return 0;
 }

@@ -103,7 +103,7 @@ static result g_results[256];
 static int g_n_results;
 
 /* Skipped measurements, printed under the table. */
-static char g_notes[8][256];
+static char g_notes[16][256];
 static int g_n_notes;
 
 /* --- Files ----------------------------------------------------------------- */
@@ -213,28 +213,38 @@ typedef struct options {
     uint32_t only_tokens; /* 0 = the default list */
     const char *dir;      /* parent of our temporary directory */
     int progress;         /* stderr is a terminal */
+    unsigned gap_ms;      /* untimed pause before each timed save */
 } options;
 
 static void usage(FILE *f)
 {
-    fputs("usage: bench_session [--quick] [--tokens N] [--dir DIR] [--json]\n"
+    fputs("usage: bench_session [--quick] [--tokens N] [--dir DIR] [--gap-ms N] [--json]\n"
           "  --quick     contexts 512 and 2048 only, fewer iterations\n"
           "  --tokens N  one context of N tokens (64..32768)\n"
           "  --dir DIR   put the files in a new directory under DIR (a real\n"
           "              disk, not tmpfs; default $TMPDIR, else /var/tmp)\n"
+          "  --gap-ms N  untimed pause before each timed save, standing for\n"
+          "              the time a turn takes to generate (default 50; 0 runs\n"
+          "              saves back to back, each meeting the last one's writeback)\n"
           "  --json      one JSON object per measurement on stdout\n",
           f);
 }
 
 static options parse_options(int argc, char **argv)
 {
-    options o = { 0 };
+    options o = { .gap_ms = 50 };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--json")) {
             o.json = 1;
         } else if (!strcmp(a, "--quick")) {
             o.quick = 1;
+        } else if (!strcmp(a, "--gap-ms") && i + 1 < argc) {
+            char *end;
+            unsigned long v = strtoul(argv[++i], &end, 10);
+            if (*end || v > 10000)
+                die("--gap-ms wants a number from 0 to 10000");
+            o.gap_ms = (unsigned)v;
         } else if (!strcmp(a, "--dir") && i + 1 < argc) {
             o.dir = argv[++i];
         } else if (!strcmp(a, "--tokens") && i + 1 < argc) {
@@ -322,6 +332,18 @@ static void settle_disk(void)
 }
 
 /* --- Timing and statistics ------------------------------------------------- */
+
+static unsigned g_gap_ms;
+
+/* A chat app saves a turn after generating it, which takes far longer than
+ * the pause here: writeback started by one save has had time to run before
+ * the next. Every save method gets the same pause. */
+static void think(void)
+{
+    struct timespec ts = { g_gap_ms / 1000, (long)(g_gap_ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
 
 static double now_us(void)
 {
@@ -638,6 +660,7 @@ static void measure_save_turn_ctxstore(const bench *b, uint32_t durability)
     settle_disk();
     samples sm = { .n = 0 };
     for (int i = 0; i < b->iters; i++) {
+        think();
         double t0 = now_us();
         write_turn(s, &lay, b);
         commit_turn(s, b);
@@ -660,6 +683,7 @@ static void measure_commit_ctxstore(const bench *b, uint32_t durability)
     samples sm = { .n = 0 };
     for (int i = 0; i < b->iters; i++) {
         write_turn(s, &lay, b);
+        think();
         double t0 = now_us();
         commit_turn(s, b);
         samples_add(&sm, now_us() - t0);
@@ -673,10 +697,14 @@ static void measure_commit_ctxstore(const bench *b, uint32_t durability)
  * each iteration gets its own region). No sync. Its blocks are allocated
  * beforehand, untimed, so that it is a lower bound (ctxstore allocates its
  * blocks in reserve, timed); in a sparse file, writes into holes also pay
- * ext4's delayed allocation, in irregular stalls. */
-static void measure_floor(const bench *b)
+ * ext4's delayed allocation, in irregular stalls.
+ *
+ * With small_pages the mapping is MADV_RANDOM, as ctxstore maps its KV: no
+ * readahead, so no large folios, one fault per 4 KiB page. With readahead's
+ * large folios a write dirties a whole folio and writeback of scattered
+ * turns rewrites far more than the turn, which a store cannot afford. */
+static samples floor_samples(const bench *b, int small_pages)
 {
-    progress(b, "save_turn", "floor");
     size_t bytes = (size_t)(b->iters + 1) * TURN_BYTES;
     int fd = open(g_paths[F_FLOOR], O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC,
                   0600);
@@ -689,10 +717,14 @@ static void measure_floor(const bench *b)
     uint8_t *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED)
         die("mmap floor file failed: %s", strerror(errno));
+    if (small_pages)
+        check_sys(madvise(map, bytes, MADV_RANDOM), "madvise floor file");
     const size_t run_bytes = (size_t)TURN_TOKENS * SLOT_BYTES;
     samples sm = { .n = 0 };
     for (int i = 0; i <= b->iters; i++) {
         uint8_t *dst = map + (size_t)i * TURN_BYTES;
+        if (i > 0)
+            think();
         double t0 = now_us();
         for (uint32_t run = 0; run < N_RUNS; run++)
             memcpy(dst + run * run_bytes, b->turn + run * run_bytes,
@@ -706,7 +738,18 @@ static void measure_floor(const bench *b)
     check_sys(munmap(map, bytes), "munmap floor file");
     check_sys(close(fd), "close floor file");
     check_sys(unlink(g_paths[F_FLOOR]), "unlink floor file");
+    return sm;
+}
+
+static void measure_floor(const bench *b)
+{
+    progress(b, "save_turn", "floor");
+    samples sm = floor_samples(b, 0);
     record("save_turn", "floor", b->tokens, &sm);
+    samples small = floor_samples(b, 1);
+    qsort(small.us, (size_t)small.n, sizeof(small.us[0]), cmp_double);
+    add_note("floor with 4 KiB pages (MADV_RANDOM, as ctxstore maps its KV) at %u"
+             " tokens: median %.1f us", b->tokens, small.us[small.n / 2]);
 }
 
 static void write_all(int fd, const uint8_t *p, size_t n, const char *what)
@@ -741,6 +784,7 @@ static void measure_rewrite(const bench *b)
     settle_disk();
     samples sm = { .n = 0 };
     for (int i = 0; i < iters; i++) {
+        think();
         double t0 = now_us();
         rewrite_file(g_paths[F_REWRITE], b->state, b->state_bytes);
         samples_add(&sm, now_us() - t0);
@@ -846,6 +890,7 @@ static void measure_sqlite_blob(const bench *b)
     settle_disk();
     samples sm = { .n = 0 };
     for (int i = 0; i < iters; i++) {
+        think();
         double t0 = now_us();
         upsert_blob(db, st, b->state, b->state_bytes);
         samples_add(&sm, now_us() - t0);
@@ -1188,7 +1233,8 @@ static void print_header(FILE *f, const char *dir)
         " rollback, so the context grows by %d per turn from the listed"
         " size. floor: the same %d memcpys into a fresh contiguous region"
         " of a mapped file (ftruncate + fallocate untimed, MAP_SHARED), no"
-        " sync.\n"
+        " sync. Every save (all methods) follows an untimed pause of %u ms,"
+        " standing for the turn's generation (--gap-ms).\n"
         "  rewrite_fdatasync: open(O_TRUNC) + write() + fdatasync of the"
         " whole context+turn state, as llama.cpp state files. sqlite_blob:"
         " INSERT OR REPLACE of that state as one BLOB row, prepared"
@@ -1207,7 +1253,7 @@ static void print_header(FILE *f, const char *dir)
         "ratio: save_turn and commit vs floor; resume_* vs ctxstore_async;"
         " scan vs anonymous.\n\n",
         N_LAYERS, N_KV_HEADS, HEAD_DIM, TOKEN_BYTES, TURN_TOKENS, TURN_BYTES,
-        dir, TURN_TOKENS, ROOM_TOKENS, N_SINK, TURN_TOKENS, N_RUNS,
+        dir, TURN_TOKENS, ROOM_TOKENS, N_SINK, TURN_TOKENS, N_RUNS, g_gap_ms,
         sqlite3_libversion(), N_RUNS);
 }
 
@@ -1288,6 +1334,7 @@ static void print_headlines(const uint32_t *contexts, int n)
 int main(int argc, char **argv)
 {
     options o = parse_options(argc, argv);
+    g_gap_ms = o.gap_ms;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);

@@ -257,7 +257,8 @@ typedef struct ctxs_reservation {
  * earlier reservation not yet committed) and allocates their disk blocks.
  * In a full ring the oldest tokens after the sinks are evicted first, and the
  * eviction is committed before this returns, so the engine may overwrite
- * their slots at once.
+ * their slots at once. The reserved pages are mapped writable here, so the
+ * engine's writes take no page faults.
  *
  * Errors: CTXS_EINVAL (n == 0, or more than the ring holds),
  * CTXS_EFULL (no disk space, or the capacity is reached and the session has
@@ -295,7 +296,10 @@ CTXS_API int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids,
  * Errors: CTXS_EREADONLY, CTXS_EFAILED, -errno. */
 CTXS_API int ctxs_session_sync(ctxs_session *s);
 
-/* Rolls the committed token count back to n_tokens (O(1): no KV is touched).
+/* Rolls the committed token count back to n_tokens. No KV is touched, but
+ * the record, then the zeroed checksums of the dropped tokens, are made
+ * durable before it returns (two small metadata syncs, at every level), so
+ * that no power loss can mix the dropped tokens with those written next.
  * Errors: CTXS_EINVAL (n_tokens beyond the committed count),
  * CTXS_EEVICTED (the ring has overwritten tokens below n_tokens that the
  * rolled-back state would need), CTXS_EREADONLY, CTXS_EFAILED, -errno. */
@@ -339,7 +343,9 @@ typedef struct ctxs_session_info {
     uint32_t durability;
     uint64_t seq;        /* sequence number of the current commit record */
     uint64_t verified_from; /* positions below were durable at last sync */
-    uint64_t lost_tokens;/* tokens the last open's recovery dropped */
+    uint64_t lost_tokens;/* held tokens the last open's recovery dropped:
+                            cut from the end, or evicted from the front of
+                            a wrapped ring */
     uint64_t file_bytes; /* the file's logical size */
     uint64_t created_unix_ms;
     uint32_t flags;      /* CTXS_INFO_* */

@@ -36,8 +36,10 @@
  *   token is committed; a reader in another process may see a slot rewritten
  *   after the writer rolls back or the ring wraps over it: call
  *   ctxs_session_refresh() and check the token count before trusting a slot.
- * - Writes to the mapping outside a reservation are not supported: they are
- *   caught by the checksums after a crash, never silently accepted.
+ * - Writes to the mapping outside a reservation are not supported. The
+ *   checksums catch them after a power loss or with ctxs_session_verify();
+ *   after a process crash the page cache is trusted and they are not looked
+ *   for.
  * - Files are little-endian; ctxstore builds only on little-endian hosts.
  * - The library never installs signal handlers. Disk space for reserved slots
  *   is allocated by ctxs_session_reserve(), so a full disk is an error there
@@ -169,7 +171,8 @@ CTXS_API int ctxs_session_options_init(ctxs_session_options *opts);
  * place); it is sparse: only the first page and the token tables take disk
  * space until slots are reserved. Files are created 0600.
  *
- * opts may be NULL for the defaults. capacity must be at least n_sink + 1 and
+ * opts may be NULL for the defaults. capacity must be at least 2 and more
+ * than n_sink, and
  * at most 16 Mi slots; the KV region must fit in a size_t.
  *
  * Errors: CTXS_EINVAL (bad geometry, options or NULL argument), -EEXIST,
@@ -269,7 +272,8 @@ CTXS_API int ctxs_session_reserve(ctxs_session *s, uint32_t n,
 
 /* Copies token i of reservation r from the layout engines commonly keep:
  * k and v are [n_layers][n_kv_heads][head_dim] arrays of the session's
- * dtype. Errors: CTXS_EINVAL (i out of range, NULL). */
+ * dtype. Errors: CTXS_EINVAL (i out of range, NULL), CTXS_EREADONLY,
+ * CTXS_EFAILED (including a writeback error met since the last call). */
 CTXS_API int ctxs_session_write_token(ctxs_session *s,
                                       const ctxs_reservation *r, uint32_t i,
                                       const void *k, const void *v);
@@ -285,15 +289,17 @@ CTXS_API int ctxs_session_read_token(const ctxs_session *s, uint64_t pos,
  * durability. Any reserved tokens past n are released.
  *
  * Errors: CTXS_EINVAL (n == 0 or more than reserved, NULL ids),
- * CTXS_EREADONLY, CTXS_EFAILED (a sync failed; the session is unusable
- * until reopened, and the commit must be assumed lost), -errno.
- * On failure the previous state stays committed. */
+ * CTXS_EREADONLY, CTXS_EFAILED (a sync or a write failed; the session is
+ * unusable until reopened).
+ * On CTXS_EINVAL or CTXS_EREADONLY nothing changed. On CTXS_EFAILED the
+ * commit must be assumed lost, though it may be found committed on reopen
+ * (a FULL commit whose last sync failed). */
 CTXS_API int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids,
                                  uint32_t n);
 
 /* Makes everything committed durable (as a FULL commit does), so a later
  * recovery after a power loss verifies nothing before this point.
- * Errors: CTXS_EREADONLY, CTXS_EFAILED, -errno. */
+ * Errors: CTXS_EINVAL, CTXS_EREADONLY, CTXS_EFAILED. */
 CTXS_API int ctxs_session_sync(ctxs_session *s);
 
 /* Rolls the committed token count back to n_tokens. No KV is touched, but
@@ -305,13 +311,14 @@ CTXS_API int ctxs_session_sync(ctxs_session *s);
  * rolled-back state would need), CTXS_EREADONLY, CTXS_EFAILED, -errno. */
 CTXS_API int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens);
 
-/* Re-reads the newest commit record, for a reader following a writer.
+/* Re-reads the newest commit record, for a reader following a writer. A
+ * record that no writer of this boot wrote is verified as at open.
  * Errors: CTXS_ECORRUPT (both records damaged), CTXS_EINVAL. */
 CTXS_API int ctxs_session_refresh(ctxs_session *s);
 
 /* Verifies the checksum of every held token. On a mismatch returns
  * CTXS_ECORRUPT and, if bad_pos is not NULL, the first bad position.
- * Reads the whole KV region. */
+ * Reads the whole KV region. Errors: CTXS_EINVAL, CTXS_ECORRUPT. */
 CTXS_API int ctxs_session_verify(const ctxs_session *s, uint64_t *bad_pos);
 
 /* The slot that holds position pos. Errors: CTXS_EINVAL (NULL),
@@ -411,8 +418,9 @@ typedef struct ctxs_watch_options {
 CTXS_API int ctxs_watch_options_init(ctxs_watch_options *opts);
 
 /* Starts a thread that watches available memory (Linux: /proc/meminfo and
- * /proc/pressure/memory) and calls ctxs_pressure_set() on changes. One
- * watcher per process; opts may be NULL. Errors: -EALREADY, -ENOTSUP where
+ * /proc/pressure/memory) and calls ctxs_pressure_set() on changes; while it
+ * runs, its reading decides (it sets the state once at start). One watcher
+ * per process, not inherited across fork(); opts may be NULL. Errors: -EALREADY, -ENOTSUP where
  * the platform has no source, CTXS_EINVAL, -errno. Thread-safe. */
 CTXS_API int ctxs_pressure_watch_start(const ctxs_watch_options *opts);
 

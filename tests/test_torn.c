@@ -1258,3 +1258,116 @@ Test(torn, a_commit_that_died_before_its_record_leaves_nothing_to_splice)
     ts_rmtree(dir);
     free(dir);
 }
+
+/* --- Recovery beyond open ------------------------------------------------- */
+
+/* Overwrites the K/V bytes of a slot in every run, as a page that never
+ * reached the disk would leave them. */
+static void lose_slot(const char *path, uint32_t slot)
+{
+    int fd = open(path, O_RDWR);
+    cr_assert_geq(fd, 0);
+    ctxs_disk_header h;
+    cr_assert_eq(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+    uint8_t junk[4096];
+    memset(junk, 0x55, sizeof(junk));
+    size_t sb = (size_t)h.head_dim * h.elem_bytes;
+    for (uint64_t run = 0; run < 2ull * h.n_layers * h.n_kv_heads; run++)
+        cr_assert_eq(pwrite(fd, junk, sb, (off_t)(h.kv_off + (run * h.capacity + slot) * sb)),
+                     (ssize_t)sb);
+    close(fd);
+}
+
+static ctxs_session_info info_now(const ctxs_session *s)
+{
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    return info;
+}
+
+/* A reader that verified at open must not take back, at refresh, the tokens
+ * its recovery dropped: a new record that no writer of this boot wrote is
+ * verified like one found at open. */
+Test(torn, a_reader_refresh_verifies_like_its_open)
+{
+    char *dir = ts_mkdtemp();
+    const char *path = ts_path(dir, "reader.ctxs");
+    ctxs_model m = ts_model(1);
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.capacity = 256;
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
+    cr_assert_eq(ts_append(s, 100), 0);
+    ctxs_session_close(s);
+    for (uint32_t slot = 60; slot < 64; slot++)
+        lose_slot(path, slot);
+
+    ctxs_session_options_init(&o);
+    o.recovery = CTXS_RECOVER_VERIFY;
+    cr_assert_eq(ctxs_session_open(&s, path, NULL, CTXS_OPEN_RDONLY, &o), 0);
+    cr_expect_eq(info_now(s).n_tokens, 60);
+    cr_assert_eq(ctxs_session_refresh(s), 0);
+    cr_expect_eq(info_now(s).n_tokens, 60, "refresh of the same record");
+
+    /* A newer record (as a writer of another boot would leave). */
+    int fd = open(path, O_RDWR);
+    ctxs_disk_record r[2];
+    cr_assert_eq(pread(fd, &r[0], sizeof(r[0]), CTXS_RECORD0_OFF), (ssize_t)sizeof(r[0]));
+    cr_assert_eq(pread(fd, &r[1], sizeof(r[1]), CTXS_RECORD1_OFF), (ssize_t)sizeof(r[1]));
+    int newer = r[1].seq > r[0].seq;
+    ctxs_disk_record next = r[newer];
+    next.seq++;
+    memset(next.boot_id, 0xb0, sizeof(next.boot_id));
+    ctxs__record_seal(&next, (uint32_t)!newer);
+    cr_assert_eq(pwrite(fd, &next, sizeof(next), !newer ? CTXS_RECORD1_OFF : CTXS_RECORD0_OFF),
+                 (ssize_t)sizeof(next));
+    close(fd);
+
+    cr_assert_eq(ctxs_session_refresh(s), 0);
+    ctxs_session_info info = info_now(s);
+    cr_expect_eq(info.n_tokens, 60, "refresh took back %llu unverified tokens",
+                 (unsigned long long)info.n_tokens);
+    cr_expect(info.flags & CTXS_INFO_RECOVERED);
+    cr_expect_eq(ts_check_all(s), 0);
+    cr_expect_eq(ctxs_session_verify(s, NULL), 0);
+    ctxs_session_close(s);
+    ts_rmtree(dir);
+    free(dir);
+}
+
+/* Tokens a sync made durable survive a power loss that loses later ones,
+ * even after the ring has evicted past them: the eviction keeps the
+ * watermark, and recovery cuts at the first lost token after it. */
+Test(torn, tokens_a_sync_made_durable_survive_a_later_loss_in_a_ring)
+{
+    char *dir = ts_mkdtemp();
+    const char *path = ts_path(dir, "ring.ctxs");
+    ctxs_model m = ts_model(1);
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.capacity = 64;
+    o.n_sink = N_SINK;
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
+    for (int i = 0; i < 25; i++)
+        cr_assert_eq(ts_append(s, 4), 0);
+    cr_assert_eq(ctxs_session_sync(s), 0); /* n 100, held 40..99 durable */
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(ts_append(s, 4), 0);
+    ctxs_session_close(s);
+    for (uint64_t p = 104; p < 108; p++)
+        lose_slot(path, ctxs__slot_of(p, 64, N_SINK));
+
+    ctxs_session_options_init(&o);
+    o.recovery = CTXS_RECOVER_VERIFY;
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &o), 0);
+    ctxs_session_info info = info_now(s);
+    cr_expect_eq(info.n_tokens, 104, "recovered %llu", (unsigned long long)info.n_tokens);
+    uint32_t slot;
+    cr_expect_eq(ctxs_session_slot(s, 99, &slot), 0, "a synced token was dropped");
+    cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+    ts_rmtree(dir);
+    free(dir);
+}

@@ -20,7 +20,7 @@
  * each (layer, K|V, head) run, to keep the fallocate calls per token low. */
 #define ALLOC_STEP_BYTES 65536u
 
-void ctxs__record_write(ctxs_session *s, const ctxs_state *next)
+int ctxs__record_write(ctxs_session *s, const ctxs_state *next)
 {
     uint32_t index = s->cur_record ^ 1u;
     ctxs_disk_record r;
@@ -34,13 +34,28 @@ void ctxs__record_write(ctxs_session *s, const ctxs_state *next)
     ctxs__record_seal(&r, index);
 
     /* Everything written before (K/V, token ids, checksums) must reach the
-     * page cache, and other processes, before the record that claims it. */
+     * page cache, and other processes, before the record that claims it.
+     * One pwrite rather than a copy into the mapping: a process killed while
+     * copying could leave a torn record in the page cache, to be written
+     * back; a system call is not interrupted halfway. */
     atomic_thread_fence(memory_order_release);
-    memcpy(s->map + (index == 0 ? CTXS_RECORD0_OFF : CTXS_RECORD1_OFF), &r, sizeof(r));
+    off_t off = index == 0 ? CTXS_RECORD0_OFF : CTXS_RECORD1_OFF;
+    ssize_t w;
+    while ((w = pwrite(s->fd, &r, sizeof(r), off)) < 0 && errno == EINTR)
+        ;
+    if (w != (ssize_t)sizeof(r))
+        return w < 0 ? -errno : -EIO;
 
     s->st = *next;
     s->st.seq = r.seq;
     s->cur_record = index;
+    return 0;
+}
+
+int ctxs__record_write_both(ctxs_session *s, const ctxs_state *next)
+{
+    int rc = ctxs__record_write(s, next);
+    return rc < 0 ? rc : ctxs__record_write(s, next);
 }
 
 /* Makes the metadata durable (header page, records, token and checksum
@@ -68,6 +83,17 @@ static int forget_sums(ctxs_session *s, uint64_t from, uint64_t to)
         }
     }
     return changed;
+}
+
+/* Zeroes the checksums of the positions at or above `from` that st holds
+ * (at most the capacity, however far the ring has run). */
+static int forget_held_from(ctxs_session *s, const ctxs_state *st, uint64_t from)
+{
+    uint64_t ns = s->lay.n_sink, n = st->n_tokens, first = ctxs__first_recent(s, st);
+    int changed = 0;
+    if (from < ns)
+        changed |= forget_sums(s, from, n < ns ? n : ns);
+    return forget_sums(s, from > first ? from : first, n) | changed;
 }
 
 int ctxs__forget_unheld(ctxs_session *s)
@@ -221,11 +247,17 @@ int ctxs_session_reserve(ctxs_session *s, uint32_t n, ctxs_reservation *out)
     if (s->ring && end > cap && end - ctxs__ring_len(s) > first) {
         ctxs_state next = s->st;
         next.ring_start = end - ctxs__ring_len(s);
-        int durable = first < s->st.verified_from;
-        if (durable)
-            next.verified_from = first;
-        ctxs__record_write(s, &next);
-        if (durable && (rc = ctxs__sync_meta(s)) < 0) {
+        /* Evicting positions below the watermark: no surviving record may
+         * claim them once their slots are rewritten, so both records take
+         * the new state and are made durable. The watermark stays: the held
+         * positions below it are still durable and untouched. */
+        if (first < s->st.verified_from) {
+            if ((rc = ctxs__record_write_both(s, &next)) == 0)
+                rc = ctxs__sync_meta(s);
+        } else {
+            rc = ctxs__record_write(s, &next);
+        }
+        if (rc < 0) {
             memset(out, 0, sizeof(*out));
             return ctxs__fail(s, rc);
         }
@@ -288,16 +320,17 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
         if ((rc = ctxs__sync_data(s->fd)) < 0)
             return ctxs__fail(s, rc);
         next.verified_from = next.n_tokens;
-        ctxs__record_write(s, &next);
-        if ((rc = ctxs__sync_data(s->fd)) < 0)
+        if ((rc = ctxs__record_write(s, &next)) < 0 || (rc = ctxs__sync_data(s->fd)) < 0)
             return ctxs__fail(s, rc);
         break;
     case CTXS_SYNC_ASYNC:
-        ctxs__record_write(s, &next);
+        if ((rc = ctxs__record_write(s, &next)) < 0)
+            return ctxs__fail(s, rc);
         ctxs__writeback_request(s);
         break;
     default:
-        ctxs__record_write(s, &next);
+        if ((rc = ctxs__record_write(s, &next)) < 0)
+            return ctxs__fail(s, rc);
         break;
     }
     return 0;
@@ -315,8 +348,7 @@ int ctxs_session_sync(ctxs_session *s)
         return ctxs__fail(s, rc);
     ctxs_state next = s->st;
     next.verified_from = next.n_tokens;
-    ctxs__record_write(s, &next);
-    if ((rc = ctxs__sync_data(s->fd)) < 0)
+    if ((rc = ctxs__record_write(s, &next)) < 0 || (rc = ctxs__sync_data(s->fd)) < 0)
         return ctxs__fail(s, rc);
     return 0;
 }
@@ -342,19 +374,19 @@ int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
     if (next.verified_from > n_tokens)
         next.verified_from = n_tokens;
     /* The dropped positions will be written again with other tokens, and
-     * their old checksums still match their old bytes. Were the old record
-     * to survive a power loss, or a newer one to claim those positions while
-     * their pages still held the old bytes, recovery would splice two
-     * histories that both verify. So the record that stops claiming them is
-     * made durable, then their checksums are zeroed and made durable, all
-     * before the slots can be rewritten. In that order: zeroed checksums
-     * under a surviving old record would fail tokens its watermark vouches
-     * for. Two syncs of the few metadata pages; rollbacks are rare. */
-    uint64_t dropped_to = s->st.n_tokens;
-    ctxs__record_write(s, &next);
-    if ((rc = ctxs__sync_meta(s)) < 0)
+     * their old checksums still match their old bytes. Were a record that
+     * claims them to survive a power loss, or a newer one to claim those
+     * positions while their pages still held the old bytes, recovery would
+     * splice two histories that both verify. So both records take the new
+     * state and are made durable, then the dropped checksums are zeroed and
+     * made durable, all before the slots can be rewritten. In that order:
+     * zeroed checksums under a surviving old record would fail tokens its
+     * watermark vouches for. Two syncs of the few metadata pages; rollbacks
+     * are rare. */
+    ctxs_state dropped = s->st;
+    if ((rc = ctxs__record_write_both(s, &next)) < 0 || (rc = ctxs__sync_meta(s)) < 0)
         return ctxs__fail(s, rc);
-    if (forget_sums(s, n_tokens, dropped_to) && (rc = ctxs__sync_meta(s)) < 0)
+    if (forget_held_from(s, &dropped, n_tokens) && (rc = ctxs__sync_meta(s)) < 0)
         return ctxs__fail(s, rc);
     return 0;
 }

@@ -76,7 +76,7 @@ int ctxs__layout_compute(ctxs_file_layout *out, const ctxs_geometry *g,
     /* The whole file is mapped: it must fit in the address space and leave
      * room for off_t arithmetic. */
     if (add_u64(off, kv_bytes, &file_bytes) || file_bytes > (uint64_t)INT64_MAX ||
-        file_bytes > (uint64_t)SIZE_MAX)
+        file_bytes > (uint64_t)SIZE_MAX - CTXS_MAP_ALIGN)
         return CTXS_EINVAL;
     out->file_bytes = file_bytes;
 
@@ -176,6 +176,9 @@ int ctxs__record_valid(const ctxs_disk_record *r, uint32_t index,
         return 0;
     /* The next seq must exist: a record at the limit would win forever. */
     if (r->seq == UINT64_MAX)
+        return 0;
+    /* Positions are counted in 64 bits; leave room for any arithmetic. */
+    if (r->n_tokens >= CTXS_MAX_POSITION)
         return 0;
     uint64_t n = r->n_tokens, rs = r->ring_start, ns = lay->n_sink;
     uint64_t ring_len = lay->capacity - lay->n_sink;

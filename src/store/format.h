@@ -11,6 +11,7 @@
 #include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "ctxstore.h"
 
@@ -34,6 +35,12 @@
 #define CTXS_MAX_CAPACITY (1u << 24)  /* slots */
 
 #define CTXS_FLAG_RING 0x1u           /* header.flags */
+#define CTXS_MAX_POSITION (1ull << 62) /* n_tokens stays below */
+
+/* The mapping's alignment (session.c); files leave room for it. */
+#define CTXS_MAP_ALIGN (2u << 20)
+
+static_assert(sizeof(off_t) == 8, "large-file offsets");
 
 #define CTXS_RECORD_MAGIC "CREC"
 #define CTXS_TOKEN_SEED 0x637478732d6b7631ull /* "ctxs-kv1" */

@@ -24,6 +24,7 @@ struct ctxs_session {
     int fd;
     int readonly;
     int ring;
+    int verify_always;    /* opened with CTXS_RECOVER_VERIFY */
     int failed;           /* a sync failed: every write call refuses */
     uint8_t *map;         /* the whole file, MAP_SHARED */
     size_t map_bytes;
@@ -130,8 +131,12 @@ int ctxs__records_read(const ctxs_session *s, ctxs_state *st, uint32_t *index,
 uint64_t ctxs__recover(const ctxs_session *s, ctxs_state *st);
 
 /* Writes st as the next record (the one that is not current) and makes it
- * current. Does not sync. */
-void ctxs__record_write(ctxs_session *s, const ctxs_state *st);
+ * current. Does not sync. Returns 0 or -errno. */
+int ctxs__record_write(ctxs_session *s, const ctxs_state *st);
+
+/* Writes st into both records (seq + 1 and seq + 2), so that once synced no
+ * record of an earlier state survives, even if a later one is torn. */
+int ctxs__record_write_both(ctxs_session *s, const ctxs_state *st);
 
 /* Makes everything before the KV region durable (records, tables). */
 int ctxs__sync_meta(ctxs_session *s);

@@ -97,7 +97,7 @@ static int write_exact(int fd, const void *buf, size_t len, off_t off)
  * the mapping. A merely 16 KiB-aligned shared mapping of a file with large
  * folios was measured 35x slower to fill on Linux 6.18 ext4: every write
  * fault re-ran page_mkwrite over the whole folio. */
-#define MAP_ALIGN (2u << 20)
+#define MAP_ALIGN CTXS_MAP_ALIGN
 
 static void *map_aligned(int fd, size_t len, int prot)
 {
@@ -127,6 +127,18 @@ static void session_free(ctxs_session *s)
     if (s->fd >= 0)
         close(s->fd);
     free(s);
+}
+
+/* The same boot means the page cache still holds every write the record
+ * was ordered after, whatever happened to the process: nothing to verify.
+ * Another boot (or an unknown one) may have lost pages. */
+static int needs_verify(const ctxs_session *s, const uint8_t record_boot[16])
+{
+    static const uint8_t unknown_boot[16];
+    uint8_t this_boot[16];
+    ctxs__boot_id(this_boot);
+    return s->verify_always || memcmp(record_boot, this_boot, 16) != 0 ||
+           memcmp(this_boot, unknown_boot, 16) == 0;
 }
 
 /*
@@ -202,7 +214,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
     madvise(s->map + s->lay.kv_off, (size_t)s->lay.kv_bytes, MADV_RANDOM);
 
     int other_valid;
-    uint8_t record_boot[16], this_boot[16];
+    uint8_t record_boot[16];
     /* A reader may copy a record while the writer rewrites it; the CRC
      * catches that and the other record is the previous commit. Both torn
      * takes two commits during one copy: look again. */
@@ -214,17 +226,12 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
         session_free(s);
         return rc;
     }
+    atomic_thread_fence(memory_order_acquire); /* the record, then the data */
     if (!other_valid)
         s->open_flags |= CTXS_INFO_RECOVERED;
 
-    /* The same boot means the page cache still holds every write the record
-     * was ordered after, whatever happened to the process: nothing to
-     * verify. Another boot (or an unknown one) may have lost pages. */
-    static const uint8_t unknown_boot[16];
-    ctxs__boot_id(this_boot);
-    int same_boot = memcmp(record_boot, this_boot, 16) == 0 &&
-                    memcmp(this_boot, unknown_boot, 16) != 0;
-    if (opts->recovery == CTXS_RECOVER_VERIFY || !same_boot) {
+    s->verify_always = opts->recovery == CTXS_RECOVER_VERIFY;
+    if (needs_verify(s, record_boot)) {
         s->open_flags |= CTXS_INFO_VERIFIED;
         s->lost_tokens = ctxs__recover(s, &s->st);
         if (s->lost_tokens)
@@ -246,13 +253,14 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
             ctxs_state next = s->st;
             if ((rc = ctxs__sync_data(fd)) == 0) {
                 next.verified_from = next.n_tokens;
-                ctxs__record_write(s, &next);
-                rc = ctxs__sync_data(fd);
+                if ((rc = ctxs__record_write_both(s, &next)) == 0)
+                    rc = ctxs__sync_data(fd);
             }
         } else if (stale) {
             rc = ctxs__sync_meta(s);
         }
         if (rc < 0) {
+            ctxs__fail(s, rc); /* this boot's id must not vouch for it */
             session_free(s);
             return rc;
         }
@@ -497,18 +505,28 @@ int ctxs_session_refresh(ctxs_session *s)
         return 0; /* a writer's state is always current */
     ctxs_state st;
     uint32_t index;
-    int other_valid;
+    int other_valid, rc = CTXS_ECORRUPT;
     uint8_t boot[16];
     /* As at open: a torn copy of both records means look again. */
-    for (int attempt = 0; attempt < 100; attempt++) {
-        if (ctxs__records_read(s, &st, &index, &other_valid, boot) == 0) {
-            atomic_thread_fence(memory_order_acquire);
-            s->st = st;
-            s->cur_record = index;
-            return 0;
+    for (int attempt = 0; attempt < 100 && rc < 0; attempt++)
+        rc = ctxs__records_read(s, &st, &index, &other_valid, boot);
+    if (rc < 0)
+        return rc;
+    atomic_thread_fence(memory_order_acquire);
+    if (st.seq == s->st.seq)
+        return 0;
+    /* A record no writer of this boot wrote is trusted no more than at
+     * open: a power loss may have kept it and lost the pages it claims. */
+    if (needs_verify(s, boot)) {
+        uint64_t lost = ctxs__recover(s, &st);
+        if (lost) {
+            s->lost_tokens = lost;
+            s->open_flags |= CTXS_INFO_RECOVERED;
         }
     }
-    return CTXS_ECORRUPT;
+    s->st = st;
+    s->cur_record = index;
+    return 0;
 }
 
 int ctxs_session_verify(const ctxs_session *s, uint64_t *bad_pos)

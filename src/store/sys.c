@@ -126,8 +126,10 @@ int ctxs__start_writeback(int fd, void *map, size_t len)
     (void)map;
     (void)len;
     /* Pages written through a shared mapping are tagged dirty at the write
-     * fault, so a whole-file range costs what the dirty pages cost. */
-    if (sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0)
+     * fault, so a whole-file range costs what the dirty pages cost. Waiting
+     * for the writeback started last time first is what reports its I/O
+     * errors; the writeback thread does the waiting, not the commit. */
+    if (sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE) == 0)
         return 0;
     return errno == ENOSYS ? 0 : -errno;
 #else

@@ -77,7 +77,7 @@ int ctxs_session_set_window(ctxs_session *s, uint32_t window)
 
 /* Releases the pages of [lo, hi) slots in every run, rounded inward to
  * whole pages so that no byte of a neighbouring slot is affected. */
-static void advise_slots(const ctxs_session *s, uint32_t lo, uint32_t hi)
+static void release_slots(const ctxs_session *s, uint32_t lo, uint32_t hi)
 {
     const ctxs_file_layout *lay = &s->lay;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
@@ -101,10 +101,10 @@ static void release_outside_window(const ctxs_session *s)
     window_spans(s, &s->st, ctxs__effective_window(s), &w);
     uint32_t at = 0;
     for (uint32_t i = 0; i < w.n_spans; i++) {
-        advise_slots(s, at, w.spans[i].slot);
+        release_slots(s, at, w.spans[i].slot);
         at = w.spans[i].slot + w.spans[i].count;
     }
-    advise_slots(s, at, s->lay.capacity);
+    release_slots(s, at, s->lay.capacity);
 }
 
 int ctxs_pressure_set(int on)

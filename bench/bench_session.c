@@ -547,7 +547,7 @@ static uint8_t *run_base(const ctxs_layout *lay, uint32_t run)
 
 static void get_layout(ctxs_session *s, ctxs_layout *lay)
 {
-    check_ctxs(ctxs_session_layout(s, lay), "ctxs_session_layout");
+    check_ctxs(ctxs_session_layout(lay, s), "ctxs_session_layout");
     if (lay->slot_bytes != SLOT_BYTES)
         die("ctxs_session_layout: slot_bytes %zu, expected %d",
             lay->slot_bytes, SLOT_BYTES);
@@ -588,7 +588,7 @@ static void write_turn(ctxs_session *s, const ctxs_layout *lay,
                        const bench *b)
 {
     ctxs_reservation r;
-    check_ctxs(ctxs_session_reserve(s, TURN_TOKENS, &r),
+    check_ctxs(ctxs_session_reserve(&r, s, TURN_TOKENS),
                "ctxs_session_reserve");
     if (r.n_tokens != TURN_TOKENS)
         die("ctxs_session_reserve: %u tokens reserved, asked %d", r.n_tokens,
@@ -621,7 +621,7 @@ static void prefill_session(const bench *b)
     ctxs_layout lay;
     get_layout(s, &lay);
     ctxs_reservation r;
-    check_ctxs(ctxs_session_reserve(s, b->tokens, &r), "ctxs_session_reserve");
+    check_ctxs(ctxs_session_reserve(&r, s, b->tokens), "ctxs_session_reserve");
     copy_into_reservation(&lay, &r, b->state, b->state_run_stride, 0);
     check_ctxs(ctxs_session_commit(s, b->ids, b->tokens),
                "ctxs_session_commit");
@@ -927,7 +927,7 @@ static uint8_t *select_blob(size_t *n)
 static void check_info(ctxs_session *s, const bench *b)
 {
     ctxs_session_info info;
-    check_ctxs(ctxs_session_info_get(s, &info), "ctxs_session_info_get");
+    check_ctxs(ctxs_session_info_get(&info, s), "ctxs_session_info_get");
     if (info.n_tokens != b->tokens)
         die("resumed session holds %" PRIu64 " tokens, expected %u",
             info.n_tokens, b->tokens);
@@ -954,7 +954,7 @@ static uint64_t touch_window(ctxs_session *s, const bench *b)
 {
     ctxs_window w;
     ctxs_layout lay;
-    check_ctxs(ctxs_session_window(s, &w), "ctxs_session_window");
+    check_ctxs(ctxs_session_window(&w, s), "ctxs_session_window");
     get_layout(s, &lay);
     uint64_t acc = 0;
     for (uint32_t run = 0; run < N_RUNS; run++) {

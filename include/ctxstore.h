@@ -17,7 +17,7 @@
  *     if (rc < 0) fprintf(stderr, "%s\n", ctxs_strerror(rc));
  *
  *     ctxs_reservation r;
- *     ctxs_session_reserve(s, n_new, &r);        // slots for n_new tokens
+ *     ctxs_session_reserve(&r, s, n_new);        // slots for n_new tokens
  *     for (uint32_t i = 0; i < n_new; i++)       // or write through
  *         ctxs_session_write_token(s, &r, i, k[i], v[i]);  // ctxs_session_kv
  *     ctxs_session_commit(s, token_ids, n_new);  // durable per the level
@@ -233,13 +233,13 @@ typedef struct ctxs_layout {
  *     kv + layer*layer_stride + kind*kv_stride + head*head_stride
  *        + slot*slot_bytes.
  * Errors: CTXS_EINVAL. */
-CTXS_API int ctxs_session_layout(const ctxs_session *s, ctxs_layout *out);
+CTXS_API int ctxs_session_layout(ctxs_layout *out, const ctxs_session *s);
 
 /* The [capacity][head_dim] run of one (layer, CTXS_K|CTXS_V, head), writable
  * for a read-write session (write only into reserved slots).
  * Errors: CTXS_EINVAL (index out of range). */
-CTXS_API int ctxs_session_kv(ctxs_session *s, uint32_t layer, uint32_t kind,
-                             uint32_t head, void **out);
+CTXS_API int ctxs_session_kv(void **out, ctxs_session *s, uint32_t layer,
+                             uint32_t kind, uint32_t head);
 
 /* --- Write path ----------------------------------------------------------- */
 
@@ -267,8 +267,8 @@ typedef struct ctxs_reservation {
  * CTXS_EFULL (no disk space, or the capacity is reached and the session has
  * no ring), CTXS_EREADONLY, CTXS_EFAILED, -errno. Nothing is reserved on
  * failure. */
-CTXS_API int ctxs_session_reserve(ctxs_session *s, uint32_t n,
-                                  ctxs_reservation *out);
+CTXS_API int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s,
+                                  uint32_t n);
 
 /* Copies token i of reservation r from the layout engines commonly keep:
  * k and v are [n_layers][n_kv_heads][head_dim] arrays of the session's
@@ -323,8 +323,8 @@ CTXS_API int ctxs_session_verify(const ctxs_session *s, uint64_t *bad_pos);
 
 /* The slot that holds position pos. Errors: CTXS_EINVAL (NULL),
  * CTXS_EEVICTED, CTXS_ENOTFOUND (pos not committed). */
-CTXS_API int ctxs_session_slot(const ctxs_session *s, uint64_t pos,
-                               uint32_t *out);
+CTXS_API int ctxs_session_slot(uint32_t *out, const ctxs_session *s,
+                               uint64_t pos);
 
 /* --- Info ----------------------------------------------------------------- */
 
@@ -360,8 +360,8 @@ typedef struct ctxs_session_info {
 } ctxs_session_info;
 
 /* Fills *out. Errors: CTXS_EINVAL. */
-CTXS_API int ctxs_session_info_get(const ctxs_session *s,
-                                   ctxs_session_info *out);
+CTXS_API int ctxs_session_info_get(ctxs_session_info *out,
+                                   const ctxs_session *s);
 
 /* --- Attention window ------------------------------------------------------
  *
@@ -378,7 +378,7 @@ typedef struct ctxs_window {
 } ctxs_window;
 
 /* The current window. Errors: CTXS_EINVAL. */
-CTXS_API int ctxs_session_window(const ctxs_session *s, ctxs_window *out);
+CTXS_API int ctxs_session_window(ctxs_window *out, const ctxs_session *s);
 
 /* Sets the window (recent tokens beside the sinks) outside memory pressure;
  * 0 means the default (2048). Errors: CTXS_EINVAL. */
@@ -420,8 +420,9 @@ CTXS_API int ctxs_watch_options_init(ctxs_watch_options *opts);
 /* Starts a thread that watches available memory (Linux: /proc/meminfo and
  * /proc/pressure/memory) and calls ctxs_pressure_set() on changes; while it
  * runs, its reading decides (it sets the state once at start). One watcher
- * per process, not inherited across fork(); opts may be NULL. Errors: -EALREADY, -ENOTSUP where
- * the platform has no source, CTXS_EINVAL, -errno. Thread-safe. */
+ * per process, not inherited across fork(); opts may be NULL.
+ * Errors: -EALREADY, -ENOTSUP where the platform has no source,
+ * CTXS_EINVAL, -errno. Thread-safe. */
 CTXS_API int ctxs_pressure_watch_start(const ctxs_watch_options *opts);
 
 /* Stops the watcher and waits for its thread; the pressure state it set

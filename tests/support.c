@@ -86,14 +86,14 @@ void ts_fill_kv(const ctxs_geometry *g, uint64_t pos, uint16_t *k, uint16_t *v)
 int ts_append(ctxs_session *s, uint32_t n)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     const ctxs_geometry *g = &info.model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     uint16_t *k = malloc(per * 2), *v = malloc(per * 2);
     uint32_t *ids = malloc((size_t)n * 4);
     cr_assert(k && v && ids);
     ctxs_reservation r;
-    int rc = ctxs_session_reserve(s, n, &r);
+    int rc = ctxs_session_reserve(&r, s, n);
     if (rc == 0) {
         for (uint32_t i = 0; i < n; i++) {
             ts_fill_kv(g, r.first_pos + i, k, v);
@@ -111,13 +111,13 @@ int ts_append(ctxs_session *s, uint32_t n)
 uint64_t ts_check_all(const ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     const ctxs_geometry *g = &info.model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     uint16_t *k = malloc(per * 2), *v = malloc(per * 2);
     uint16_t *ek = malloc(per * 2), *ev = malloc(per * 2);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(s, &lay), 0);
+    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
     uint64_t bad = 0;
     for (uint64_t p = 0; p < info.n_tokens; p++) {
         int rc = ctxs_session_read_token(s, p, k, v);
@@ -125,7 +125,7 @@ uint64_t ts_check_all(const ctxs_session *s)
             continue;
         cr_assert_eq(rc, 0, "read_token(%llu): %s", (unsigned long long)p, ctxs_strerror(rc));
         uint32_t slot;
-        cr_assert_eq(ctxs_session_slot(s, p, &slot), 0);
+        cr_assert_eq(ctxs_session_slot(&slot, s, p), 0);
         ts_fill_kv(g, p, ek, ev);
         if (memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2) || lay.token_ids[slot] != ts_token(p))
             bad++;

@@ -148,7 +148,7 @@ static int reserve_write(ctxs_session *s, const ctxs_geometry *g, uint32_t n, ui
                          ctxs_reservation *r, uint32_t *ids)
 {
     uint16_t k[KV_MAX], v[KV_MAX];
-    int rc = ctxs_session_reserve(s, n, r);
+    int rc = ctxs_session_reserve(r, s, n);
     if (rc != 0)
         return rc;
     for (uint32_t i = 0; i < n; i++) {
@@ -200,7 +200,7 @@ static void child_dangle(ctxs_session *s, const child_args *a, const ctxs_geomet
         if (rc != 0)
             child_fail(CHILD_EAPPEND, rc, n, k);
     } else {
-        rc = ctxs_session_reserve(s, k, &r);
+        rc = ctxs_session_reserve(&r, s, k);
         if (rc != 0)
             child_fail(CHILD_EAPPEND, rc, n, k);
     }
@@ -210,13 +210,13 @@ static void child_dangle(ctxs_session *s, const child_args *a, const ctxs_geomet
         /* Noise straight into the reserved slots of every (layer, K/V, head):
          * not committed, so it must never show up as a token. */
         ctxs_layout lay;
-        if (ctxs_session_layout(s, &lay) != 0)
+        if (ctxs_session_layout(&lay, s) != 0)
             child_fail(CHILD_EKV, -1, 0, 0);
         for (uint32_t l = 0; l < g->n_layers; l++)
             for (uint32_t kind = 0; kind < 2; kind++)
                 for (uint32_t h = 0; h < g->n_kv_heads; h++) {
                     void *base;
-                    rc = ctxs_session_kv(s, l, kind, h, &base);
+                    rc = ctxs_session_kv(&base, s, l, kind, h);
                     if (rc != 0)
                         child_fail(CHILD_EKV, rc, l, h);
                     for (uint32_t sp = 0; sp < r.n_spans; sp++) {
@@ -243,7 +243,7 @@ static _Noreturn void child_main(const child_args *a)
     if (rc != 0)
         child_fail(CHILD_EOPEN, rc, 0, 0);
     ctxs_session_info info;
-    if ((rc = ctxs_session_info_get(s, &info)) != 0)
+    if ((rc = ctxs_session_info_get(&info, s)) != 0)
         child_fail(CHILD_EINFO, rc, 0, 0);
     const ctxs_geometry g = m.geometry;
     uint64_t n = info.n_tokens;
@@ -260,7 +260,7 @@ static _Noreturn void child_main(const child_args *a)
             uint64_t rs = info.ring_start;
             send_msg(a->fd, MSG_ROLLBACK, gen, target, n);
             rc = ctxs_session_rollback(s, target);
-            if ((rc = rc == 0 ? ctxs_session_info_get(s, &info) : rc) == 0) {
+            if ((rc = rc == 0 ? ctxs_session_info_get(&info, s) : rc) == 0) {
                 if (info.n_tokens != target)
                     child_fail(CHILD_ECOUNT, 0, info.n_tokens, target);
                 n = target;
@@ -274,7 +274,7 @@ static _Noreturn void child_main(const child_args *a)
             send_msg(a->fd, MSG_SYNC, gen, n, n);
             if ((rc = ctxs_session_sync(s)) != 0)
                 child_fail(CHILD_ESYNC, rc, n, 0);
-            if ((rc = ctxs_session_info_get(s, &info)) != 0)
+            if ((rc = ctxs_session_info_get(&info, s)) != 0)
                 child_fail(CHILD_EINFO, rc, 0, 0);
             if (info.n_tokens != n)
                 child_fail(CHILD_ECOUNT, 0, info.n_tokens, n);
@@ -287,7 +287,7 @@ static _Noreturn void child_main(const child_args *a)
             send_msg(a->fd, MSG_APPEND, gen, n, n + k);
             if ((rc = append_gen(s, &g, k, gen, &first)) != 0)
                 child_fail(CHILD_EAPPEND, rc, n, k);
-            if ((rc = ctxs_session_info_get(s, &info)) != 0)
+            if ((rc = ctxs_session_info_get(&info, s)) != 0)
                 child_fail(CHILD_EINFO, rc, 0, 0);
             if (first != n || info.n_tokens != n + k)
                 child_fail(CHILD_ECOUNT, 0, info.n_tokens, n + k);
@@ -335,8 +335,8 @@ static uint64_t check_held(const ctxs_session *s, const gens *gs, const char *wh
 {
     ctxs_session_info info;
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
-    cr_assert_eq(ctxs_session_layout(s, &lay), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
     const ctxs_geometry *g = &info.model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     cr_assert(per <= KV_MAX);
@@ -357,7 +357,7 @@ static uint64_t check_held(const ctxs_session *s, const gens *gs, const char *wh
         cr_assert_eq(rc, 0, "%s: read_token(%llu) of %llu: %s", what, (unsigned long long)p,
                      (unsigned long long)n, ctxs_err_name(rc));
         uint32_t slot;
-        cr_assert_eq(ctxs_session_slot(s, p, &slot), 0);
+        cr_assert_eq(ctxs_session_slot(&slot, s, p), 0);
         cr_assert_eq(slot, ctxs__slot_of(p, info.capacity, ns), "%s: position %llu in slot %u",
                      what, (unsigned long long)p, slot);
         uint32_t gen = gs && p < gs->cap ? gs->v[p] : 0;
@@ -385,7 +385,7 @@ static ctxs_session *open_checked(const char *path, unsigned flags, uint32_t rec
     int rc = ctxs_session_open(&s, path, &m, flags, &o);
     cr_assert_eq(rc, 0, "%s: open(%s, %s): %s", what, flags & CTXS_OPEN_RDONLY ? "ro" : "rw",
                  recovery == CTXS_RECOVER_VERIFY ? "VERIFY" : "AUTO", ctxs_err_name(rc));
-    cr_assert_eq(ctxs_session_info_get(s, info), 0);
+    cr_assert_eq(ctxs_session_info_get(info, s), 0);
     return s;
 }
 
@@ -704,7 +704,7 @@ Test(crash, killed_between_reserve_and_commit_keeps_the_previous_state, .timeout
         int rc = ts_append(s, 3);
         cr_assert_eq(rc, 0, "%s: append after the kill: %s", what, ctxs_err_name(rc));
         gens_set(&gs, n, n + 3, 0);
-        cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+        cr_assert_eq(ctxs_session_info_get(&info, s), 0);
         cr_assert_eq(info.n_tokens, n + 3);
         cr_assert_eq(check_held(s, &gs, what), 0);
         ctxs_session_close(s);

@@ -149,7 +149,7 @@ static int append_n(ctxs_session *s, uint32_t n, int *stage)
 {
     ctxs_session_info info;
     *stage = 0;
-    int rc = ctxs_session_info_get(s, &info);
+    int rc = ctxs_session_info_get(&info, s);
     if (rc)
         return rc;
     const ctxs_geometry *g = &info.model.geometry;
@@ -160,7 +160,7 @@ static int append_n(ctxs_session *s, uint32_t n, int *stage)
         return CTXS_ENOMEM;
     ctxs_reservation r;
     *stage = AT_RESERVE;
-    rc = ctxs_session_reserve(s, n, &r);
+    rc = ctxs_session_reserve(&r, s, n);
     if (rc == 0) {
         *stage = AT_WRITE;
         for (uint32_t i = 0; rc == 0 && i < n; i++) {
@@ -206,7 +206,7 @@ static void append_until_full(ctxs_session *s, uint32_t n, uint64_t *committed, 
 static int64_t check_all(const ctxs_session *s)
 {
     ctxs_session_info info;
-    int rc = ctxs_session_info_get(s, &info);
+    int rc = ctxs_session_info_get(&info, s);
     if (rc)
         return rc;
     const ctxs_geometry *g = &info.model.geometry;
@@ -215,7 +215,7 @@ static int64_t check_all(const ctxs_session *s)
     if (per > 2 * 2 * 8)
         return CTXS_EINVAL;
     ctxs_layout lay;
-    if ((rc = ctxs_session_layout(s, &lay)) != 0)
+    if ((rc = ctxs_session_layout(&lay, s)) != 0)
         return rc;
     int64_t bad = 0;
     for (uint64_t p = 0; p < info.n_tokens; p++) {
@@ -225,7 +225,7 @@ static int64_t check_all(const ctxs_session *s)
         if (rc)
             return rc;
         uint32_t slot;
-        if ((rc = ctxs_session_slot(s, p, &slot)) != 0)
+        if ((rc = ctxs_session_slot(&slot, s, p)) != 0)
             return rc;
         ts_fill_kv(g, p, ek, ev);
         if (memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2) || lay.token_ids[slot] != ts_token(p))
@@ -259,7 +259,7 @@ static ctxs_session *reopen(const char *path, unsigned flags)
 static void expect_state(ctxs_session *s, uint64_t n_tokens, const char *when)
 {
     ctxs_session_info info;
-    CHECK(ctxs_session_info_get(s, &info) == 0, "info_get");
+    CHECK(ctxs_session_info_get(&info, s) == 0, "info_get");
     CHECK(info.n_tokens == n_tokens, "%s: n_tokens %llu, want %llu", when,
           (unsigned long long)info.n_tokens, (unsigned long long)n_tokens);
     CHECK(info.n_reserved == 0, "%s: %u slots still reserved", when, info.n_reserved);
@@ -433,12 +433,12 @@ static void body_commit_after_disk_fills(const char *mnt)
     CHECK(rc == 0, "append 1000: %s in %s", ctxs_err_name(rc), stage_name[stage]);
 
     ctxs_session_info info;
-    ctxs_session_info_get(s, &info);
+    ctxs_session_info_get(&info, s);
     const ctxs_geometry *g = &info.model.geometry;
     uint16_t k[2 * 2 * 8], v[2 * 2 * 8];
     uint32_t ids[600];
     ctxs_reservation r;
-    rc = ctxs_session_reserve(s, 600, &r);
+    rc = ctxs_session_reserve(&r, s, 600);
     CHECK(rc == 0, "reserve 600: %s", ctxs_strerror(rc));
     CHECK(r.first_pos == 1000, "first_pos %llu", (unsigned long long)r.first_pos);
 
@@ -457,7 +457,7 @@ static void body_commit_after_disk_fills(const char *mnt)
     /* Writing straight into the mapping too, as an engine does (the same
      * bytes again: V of layer 1, head 1). */
     void *kv;
-    rc = ctxs_session_kv(s, 1, CTXS_V, 1, &kv);
+    rc = ctxs_session_kv(&kv, s, 1, CTXS_V, 1);
     CHECK(rc == 0, "ctxs_session_kv: %s", ctxs_strerror(rc));
     for (uint32_t i = 0; i < 600; i++) {
         ts_fill_kv(g, 1000 + i, k, v);
@@ -546,24 +546,24 @@ Test(disk_full, capacity_reached_without_ring_is_efull)
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_session_create(&s, p, &m, &o), 0);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_assert_eq(info.flags & CTXS_INFO_RING, 0);
 
     cr_assert_eq(ts_append(s, 60), 0);
     ctxs_reservation r;
     memset(&r, 0, sizeof(r));
-    cr_assert_eq(ctxs_session_reserve(s, 5, &r), CTXS_EFULL, "reserve past the capacity");
-    cr_assert_eq(ctxs_session_reserve(s, 0, &r), CTXS_EINVAL);
-    int rc = ctxs_session_reserve(s, 1000, &r);
+    cr_assert_eq(ctxs_session_reserve(&r, s, 5), CTXS_EFULL, "reserve past the capacity");
+    cr_assert_eq(ctxs_session_reserve(&r, s, 0), CTXS_EINVAL);
+    int rc = ctxs_session_reserve(&r, s, 1000);
     cr_assert(rc == CTXS_EFULL || rc == CTXS_EINVAL, "reserve(1000): %s", ctxs_err_name(rc));
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_assert_eq(info.n_reserved, 0, "a failed reserve reserved %u", info.n_reserved);
     cr_assert_eq(info.n_tokens, 60);
 
     cr_assert_eq(ts_append(s, 4), 0, "the last 4 slots");
-    cr_assert_eq(ctxs_session_reserve(s, 1, &r), CTXS_EFULL, "reserve in a full session");
+    cr_assert_eq(ctxs_session_reserve(&r, s, 1), CTXS_EFULL, "reserve in a full session");
     cr_assert_eq(ts_append(s, 1), CTXS_EFULL);
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_assert_eq(info.n_tokens, 64);
     cr_assert_eq(info.n_held, 64);
     cr_assert_eq(info.n_reserved, 0);
@@ -572,17 +572,17 @@ Test(disk_full, capacity_reached_without_ring_is_efull)
     ctxs_session_close(s);
 
     cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_assert_eq(info.n_tokens, 64);
     cr_assert_eq(ts_check_all(s), 0);
-    cr_assert_eq(ctxs_session_reserve(s, 1, &r), CTXS_EFULL, "still full after reopen");
+    cr_assert_eq(ctxs_session_reserve(&r, s, 1), CTXS_EFULL, "still full after reopen");
 
     /* A rollback frees slots again. */
     cr_assert_eq(ctxs_session_rollback(s, 50), 0);
-    cr_assert_eq(ctxs_session_reserve(s, 15, &r), CTXS_EFULL);
+    cr_assert_eq(ctxs_session_reserve(&r, s, 15), CTXS_EFULL);
     cr_assert_eq(ts_append(s, 14), 0);
-    cr_assert_eq(ctxs_session_reserve(s, 1, &r), CTXS_EFULL);
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_reserve(&r, s, 1), CTXS_EFULL);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_assert_eq(info.n_tokens, 64);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
@@ -590,14 +590,14 @@ Test(disk_full, capacity_reached_without_ring_is_efull)
     /* Two reservations in a row count together against the capacity. */
     cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
     cr_assert_eq(ctxs_session_rollback(s, 60), 0);
-    cr_assert_eq(ctxs_session_reserve(s, 3, &r), 0);
+    cr_assert_eq(ctxs_session_reserve(&r, s, 3), 0);
     ctxs_reservation r2;
-    cr_assert_eq(ctxs_session_reserve(s, 2, &r2), CTXS_EFULL, "3 + 2 reserved past 64 slots");
-    cr_assert_eq(ctxs_session_reserve(s, 1, &r2), 0);
+    cr_assert_eq(ctxs_session_reserve(&r2, s, 2), CTXS_EFULL, "3 + 2 reserved past 64 slots");
+    cr_assert_eq(ctxs_session_reserve(&r2, s, 1), 0);
     cr_assert_eq(r2.first_pos, 63);
     ctxs_session_close(s); /* drops both */
     cr_assert_eq(ctxs_session_open(&s, p, &m, CTXS_OPEN_RDONLY, NULL), 0);
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_assert_eq(info.n_tokens, 60);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);

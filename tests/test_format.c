@@ -46,12 +46,12 @@ TestSuite(format, .init = setup, .fini = teardown, .timeout = 120);
 #define PRISTINE_CAP 1024u
 #define PRISTINE_SINK 4u
 
-static uint32_t header_crc(const ctxs_disk_header *h)
+static uint32_t header_crc(const ctxs__disk_header *h)
 {
     return (uint32_t)crc32(0L, (const Bytef *)h, 252);
 }
 
-static uint32_t record_crc(const ctxs_disk_record *r)
+static uint32_t record_crc(const ctxs__disk_record *r)
 {
     return (uint32_t)crc32(0L, (const Bytef *)r, 124);
 }
@@ -72,29 +72,29 @@ static void raw_write(const char *path, uint64_t off, const void *buf, size_t n)
     close(fd);
 }
 
-static void hdr_read(const char *path, ctxs_disk_header *h)
+static void hdr_read(const char *path, ctxs__disk_header *h)
 {
     raw_read(path, 0, h, sizeof(*h));
 }
 
 /* Writes h at offset 0; with fix_crc, after recomputing its CRC. */
-static void hdr_write(const char *path, ctxs_disk_header *h, int fix_crc)
+static void hdr_write(const char *path, ctxs__disk_header *h, int fix_crc)
 {
     if (fix_crc)
         h->crc32 = header_crc(h);
     raw_write(path, 0, h, sizeof(*h));
 }
 
-static void rec_read(const char *path, int i, ctxs_disk_record *r)
+static void rec_read(const char *path, int i, ctxs__disk_record *r)
 {
-    raw_read(path, i ? CTXS_RECORD1_OFF : CTXS_RECORD0_OFF, r, sizeof(*r));
+    raw_read(path, i ? CTXS__RECORD1_OFF : CTXS__RECORD0_OFF, r, sizeof(*r));
 }
 
-static void rec_write(const char *path, int i, ctxs_disk_record *r, int fix_crc)
+static void rec_write(const char *path, int i, ctxs__disk_record *r, int fix_crc)
 {
     if (fix_crc)
         r->crc32 = record_crc(r);
-    raw_write(path, i ? CTXS_RECORD1_OFF : CTXS_RECORD0_OFF, r, sizeof(*r));
+    raw_write(path, i ? CTXS__RECORD1_OFF : CTXS__RECORD0_OFF, r, sizeof(*r));
 }
 
 static uint64_t file_size(const char *path)
@@ -230,7 +230,7 @@ static void expect_opens(const char *path, const char *what, uint64_t n_tokens)
         cr_assert_eq(rc, 0, "%s (%s): open: %s", what, i ? "read-write" : "read-only",
                      ctxs_strerror(rc));
         ctxs_session_info info;
-        cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+        cr_assert_eq(ctxs_session_info_get(&info, s), 0);
         cr_assert_eq(info.n_tokens, n_tokens, "%s: n_tokens %llu, want %llu", what,
                      (unsigned long long)info.n_tokens, (unsigned long long)n_tokens);
         cr_assert_eq(ts_check_all(s), 0, "%s: tokens do not read back", what);
@@ -241,7 +241,7 @@ static void expect_opens(const char *path, const char *what, uint64_t n_tokens)
 static uint64_t n_tokens_of(ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     return info.n_tokens;
 }
 
@@ -251,19 +251,19 @@ Test(format, created_file_matches_the_documented_layout)
 {
     const char *p = make_pristine("ok.ctxs");
     ctxs_model m = ts_model(1);
-    ctxs_disk_header h;
+    ctxs__disk_header h;
     hdr_read(p, &h);
 
-    cr_assert(memcmp(h.magic, CTXS_FILE_MAGIC, 8) == 0, "magic");
-    cr_assert_eq(h.version_major, CTXS_FORMAT_MAJOR);
-    cr_assert_eq(h.version_minor, CTXS_FORMAT_MINOR);
-    cr_assert_eq(h.header_bytes, CTXS_HEADER_BYTES);
-    cr_assert_eq(h.page_bytes, CTXS_PAGE);
-    cr_assert_eq(h.record_bytes, CTXS_RECORD_BYTES);
-    cr_assert_eq(h.record_off[0], CTXS_RECORD0_OFF);
-    cr_assert_eq(h.record_off[1], CTXS_RECORD1_OFF);
+    cr_assert(memcmp(h.magic, CTXS__FILE_MAGIC, 8) == 0, "magic");
+    cr_assert_eq(h.version_major, CTXS__FORMAT_MAJOR);
+    cr_assert_eq(h.version_minor, CTXS__FORMAT_MINOR);
+    cr_assert_eq(h.header_bytes, CTXS__HEADER_BYTES);
+    cr_assert_eq(h.page_bytes, CTXS__PAGE);
+    cr_assert_eq(h.record_bytes, CTXS__RECORD_BYTES);
+    cr_assert_eq(h.record_off[0], CTXS__RECORD0_OFF);
+    cr_assert_eq(h.record_off[1], CTXS__RECORD1_OFF);
     cr_assert_eq(h.crc32, header_crc(&h), "header CRC is not zlib crc32 of bytes 0..251");
-    cr_assert(h.flags & CTXS_FLAG_RING);
+    cr_assert(h.flags & CTXS__FLAG_RING);
     cr_assert_eq(h.dtype, CTXS_DTYPE_F16);
     cr_assert_eq(h.elem_bytes, 2);
     cr_assert_eq(h.n_layers, m.geometry.n_layers);
@@ -277,7 +277,7 @@ Test(format, created_file_matches_the_documented_layout)
     for (size_t i = 0; i < sizeof(h.reserved); i++)
         cr_assert_eq(h.reserved[i], 0, "reserved byte %zu not zero", i);
 
-    ctxs_file_layout lay;
+    ctxs__file_layout lay;
     cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK), 0);
     cr_assert_eq(h.tokens_off, lay.tokens_off);
     cr_assert_eq(h.tokens_bytes, lay.tokens_bytes);
@@ -289,16 +289,16 @@ Test(format, created_file_matches_the_documented_layout)
     cr_assert_eq(file_size(p), h.file_bytes, "file size %llu != header.file_bytes %llu",
                  (unsigned long long)file_size(p), (unsigned long long)h.file_bytes);
 
-    ctxs_file_layout chk;
+    ctxs__file_layout chk;
     cr_assert_eq(ctxs__header_check(&h, h.file_bytes, &chk), 0);
     cr_assert(memcmp(&chk, &lay, sizeof(lay)) == 0, "header_check layout != layout_compute");
 
     /* Commits of 10, 7, 20: three records written alternately; the newer
      * one holds 37 tokens, the older 17. */
-    ctxs_disk_record r[2];
+    ctxs__disk_record r[2];
     for (int i = 0; i < 2; i++) {
         rec_read(p, i, &r[i]);
-        cr_assert(memcmp(r[i].magic, CTXS_RECORD_MAGIC, 4) == 0, "record %d magic", i);
+        cr_assert(memcmp(r[i].magic, CTXS__RECORD_MAGIC, 4) == 0, "record %d magic", i);
         cr_assert_eq(r[i].index, (uint32_t)i);
         cr_assert_eq(r[i].crc32, record_crc(&r[i]), "record %d CRC", i);
         cr_assert(ctxs__record_valid(&r[i], (uint32_t)i, &lay, 1), "record %d invalid", i);
@@ -359,8 +359,8 @@ Test(format, file_shorter_than_the_first_page_is_refused)
 {
     const char *p = make_pristine("short.ctxs");
     /* Header intact, records or their page cut: clearly a damaged session. */
-    uint64_t sizes[] = { CTXS_PAGE - 1, CTXS_RECORD1_OFF + 64, CTXS_RECORD1_OFF, CTXS_RECORD0_OFF + 1,
-                         CTXS_HEADER_BYTES };
+    uint64_t sizes[] = { CTXS__PAGE - 1, CTXS__RECORD1_OFF + 64, CTXS__RECORD1_OFF, CTXS__RECORD0_OFF + 1,
+                         CTXS__HEADER_BYTES };
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         set_size(p, sizes[i]);
         char what[64];
@@ -369,7 +369,7 @@ Test(format, file_shorter_than_the_first_page_is_refused)
     }
     /* Less than a header, but with the magic: corrupt or foreign. */
     int allowed[] = { CTXS_ECORRUPT, CTXS_EFOREIGN };
-    uint64_t tiny[] = { CTXS_HEADER_BYTES - 1, 100, 9, 8, 3, 1 };
+    uint64_t tiny[] = { CTXS__HEADER_BYTES - 1, 100, 9, 8, 3, 1 };
     for (size_t i = 0; i < sizeof(tiny) / sizeof(tiny[0]); i++) {
         set_size(p, tiny[i]);
         char what[64];
@@ -381,10 +381,10 @@ Test(format, file_shorter_than_the_first_page_is_refused)
 Test(format, truncated_file_is_corrupt)
 {
     const char *pristine = make_pristine("pristine.ctxs");
-    ctxs_disk_header h;
+    ctxs__disk_header h;
     hdr_read(pristine, &h);
-    uint64_t sizes[] = { h.file_bytes - 1, h.file_bytes - CTXS_PAGE, h.kv_off + 1, h.kv_off,
-                         h.sums_off, h.tokens_off + 100, CTXS_PAGE };
+    uint64_t sizes[] = { h.file_bytes - 1, h.file_bytes - CTXS__PAGE, h.kv_off + 1, h.kv_off,
+                         h.sums_off, h.tokens_off + 100, CTXS__PAGE };
     const char *p = ts_path(scratch, "trunc.ctxs");
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         copy_file(pristine, p);
@@ -404,7 +404,7 @@ Test(format, wrong_magic_is_foreign)
     const char *magics[] = { "CTXSSESX", "ctxssess", "\0\0\0\0\0\0\0\0", "SQLite f" };
     for (size_t i = 0; i < sizeof(magics) / sizeof(magics[0]); i++) {
         copy_file(pristine, p);
-        ctxs_disk_header h;
+        ctxs__disk_header h;
         hdr_read(p, &h);
         memcpy(h.magic, magics[i], 8);
         hdr_write(p, &h, 1);
@@ -417,7 +417,7 @@ Test(format, text_and_random_files_are_foreign)
     const char *p = ts_path(scratch, "foreign.ctxs");
 
     /* A text file of several pages. */
-    size_t n = 5 * CTXS_PAGE;
+    size_t n = 5 * CTXS__PAGE;
     char *text = malloc(n);
     for (size_t i = 0; i < n; i++)
         text[i] = "The quick brown fox jumps over the lazy dog.\n"[i % 45];
@@ -429,7 +429,7 @@ Test(format, text_and_random_files_are_foreign)
 
     /* Random bytes, a few sizes. */
     srand(1234);
-    size_t sizes[] = { 256, CTXS_PAGE, 4 * CTXS_PAGE, 1u << 20 };
+    size_t sizes[] = { 256, CTXS__PAGE, 4 * CTXS__PAGE, 1u << 20 };
     for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
         uint8_t *b = malloc(sizes[s]);
         for (size_t i = 0; i < sizes[s]; i++)
@@ -440,8 +440,8 @@ Test(format, text_and_random_files_are_foreign)
     }
 
     /* All zeros. */
-    uint8_t *z = calloc(1, 4 * CTXS_PAGE);
-    cr_assert_eq(ts_write_file(p, z, 4 * CTXS_PAGE), 0);
+    uint8_t *z = calloc(1, 4 * CTXS__PAGE);
+    cr_assert_eq(ts_write_file(p, z, 4 * CTXS__PAGE), 0);
     expect_refused(p, "zeros", CTXS_EFOREIGN);
     free(z);
 
@@ -456,13 +456,13 @@ Test(format, text_and_random_files_are_foreign)
 Test(format, magic_followed_by_garbage_is_corrupt)
 {
     const char *p = ts_path(scratch, "garbage.ctxs");
-    size_t n = 12 * CTXS_PAGE;
+    size_t n = 12 * CTXS__PAGE;
     uint8_t *b = malloc(n);
     srand(99);
     for (size_t i = 0; i < n; i++)
         b[i] = (uint8_t)(rand() >> 5);
-    memcpy(b, CTXS_FILE_MAGIC, 8);
-    b[8] = CTXS_FORMAT_MAJOR; /* a version this reader knows: the CRC decides */
+    memcpy(b, CTXS__FILE_MAGIC, 8);
+    b[8] = CTXS__FORMAT_MAJOR; /* a version this reader knows: the CRC decides */
     b[9] = 0;
     cr_assert_eq(ts_write_file(p, b, n), 0);
     expect_refused(p, "magic + random bytes", CTXS_ECORRUPT);
@@ -475,10 +475,10 @@ Test(format, future_major_version_is_refused)
 {
     const char *pristine = make_pristine("pristine.ctxs");
     const char *p = ts_path(scratch, "future.ctxs");
-    uint16_t majors[] = { CTXS_FORMAT_MAJOR + 1, 0x7fff, 0xffff };
+    uint16_t majors[] = { CTXS__FORMAT_MAJOR + 1, 0x7fff, 0xffff };
     for (size_t i = 0; i < sizeof(majors) / sizeof(majors[0]); i++) {
         copy_file(pristine, p);
-        ctxs_disk_header h;
+        ctxs__disk_header h;
         hdr_read(p, &h);
         h.version_major = majors[i];
         hdr_write(p, &h, 1);
@@ -486,7 +486,7 @@ Test(format, future_major_version_is_refused)
     }
     /* Version 0 was never written: refused one way or another. */
     copy_file(pristine, p);
-    ctxs_disk_header h;
+    ctxs__disk_header h;
     hdr_read(p, &h);
     h.version_major = 0;
     hdr_write(p, &h, 1);
@@ -497,9 +497,9 @@ Test(format, future_major_version_is_refused)
 Test(format, newer_minor_version_is_read)
 {
     const char *p = make_pristine("minor.ctxs");
-    ctxs_disk_header h;
+    ctxs__disk_header h;
     hdr_read(p, &h);
-    h.version_minor = CTXS_FORMAT_MINOR + 7;
+    h.version_minor = CTXS__FORMAT_MINOR + 7;
     h.reserved[0] = 0xab; /* "additions that old readers may ignore" */
     hdr_write(p, &h, 1);
     expect_opens(p, "newer minor version", 37);
@@ -511,7 +511,7 @@ Test(format, bad_header_crc_is_corrupt)
     const char *p = ts_path(scratch, "crc.ctxs");
     for (int which = 0; which < 6; which++) {
         copy_file(pristine, p);
-        ctxs_disk_header h;
+        ctxs__disk_header h;
         hdr_read(p, &h);
         switch (which) {
         case 0: h.crc32 ^= 1; break;
@@ -533,25 +533,25 @@ Test(format, bad_header_crc_is_corrupt)
 /* Applies edit number `which` to a copy of a valid header of file_size
  * bytes; returns its name, or NULL past the last. Every edit makes a header
  * that must be refused with CTXS_ECORRUPT even with a correct CRC. */
-static const char *bad_edit(ctxs_disk_header *h, int which)
+static const char *bad_edit(ctxs__disk_header *h, int which)
 {
-    const uint64_t P = CTXS_PAGE;
+    const uint64_t P = CTXS__PAGE;
     switch (which) {
     case 0: h->n_layers = 0; return "n_layers 0";
-    case 1: h->n_layers = CTXS_MAX_DIM + 1; return "n_layers 4097";
+    case 1: h->n_layers = CTXS__MAX_DIM + 1; return "n_layers 4097";
     case 2: h->n_kv_heads = 0; return "n_kv_heads 0";
-    case 3: h->n_kv_heads = CTXS_MAX_DIM + 1; return "n_kv_heads 4097";
+    case 3: h->n_kv_heads = CTXS__MAX_DIM + 1; return "n_kv_heads 4097";
     case 4: h->head_dim = 0; return "head_dim 0";
-    case 5: h->head_dim = CTXS_MAX_DIM + 1; return "head_dim 4097";
+    case 5: h->head_dim = CTXS__MAX_DIM + 1; return "head_dim 4097";
     case 6: h->n_layers = UINT32_MAX; return "n_layers 0xffffffff";
     case 7: {
         /* The largest geometry in range: 2^62 bytes of KV; the offsets agree
          * with it, the file does not. */
-        ctxs_geometry g = { CTXS_MAX_DIM, CTXS_MAX_DIM, CTXS_MAX_DIM, CTXS_DTYPE_F16 };
-        ctxs_file_layout lay;
-        h->n_layers = h->n_kv_heads = h->head_dim = CTXS_MAX_DIM;
-        h->capacity = CTXS_MAX_CAPACITY;
-        if (ctxs__layout_compute(&lay, &g, CTXS_MAX_CAPACITY, h->n_sink) == 0) {
+        ctxs_geometry g = { CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS_DTYPE_F16 };
+        ctxs__file_layout lay;
+        h->n_layers = h->n_kv_heads = h->head_dim = CTXS__MAX_DIM;
+        h->capacity = CTXS__MAX_CAPACITY;
+        if (ctxs__layout_compute(&lay, &g, CTXS__MAX_CAPACITY, h->n_sink) == 0) {
             h->tokens_off = lay.tokens_off;
             h->tokens_bytes = lay.tokens_bytes;
             h->sums_off = lay.sums_off;
@@ -570,7 +570,7 @@ static const char *bad_edit(ctxs_disk_header *h, int which)
         h->capacity = 1u << 30;
         return "dimensions whose product overflows 64 bits";
     case 10: h->capacity = 0; return "capacity 0";
-    case 11: h->capacity = CTXS_MAX_CAPACITY + 1; return "capacity over 16 Mi";
+    case 11: h->capacity = CTXS__MAX_CAPACITY + 1; return "capacity over 16 Mi";
     case 12: h->capacity *= 2; return "capacity doubled, offsets stale";
     case 13: h->n_sink = h->capacity; return "n_sink == capacity";
     case 14: h->n_sink = h->capacity + 1; return "n_sink > capacity";
@@ -635,11 +635,11 @@ Test(format, header_fields_that_do_not_add_up_are_corrupt)
 {
     const char *pristine = make_pristine("pristine.ctxs");
     const char *p = ts_path(scratch, "edit.ctxs");
-    ctxs_disk_header h0;
+    ctxs__disk_header h0;
     hdr_read(pristine, &h0);
     int n = 0;
     for (int which = 0;; which++) {
-        ctxs_disk_header h = h0;
+        ctxs__disk_header h = h0;
         const char *what = bad_edit(&h, which);
         if (!what)
             break;
@@ -656,11 +656,11 @@ Test(format, header_fields_that_do_not_add_up_are_corrupt)
 Test(format, header_check_refuses_crafted_headers)
 {
     ctxs_model m = ts_model(1);
-    ctxs_file_layout lay, out;
+    ctxs__file_layout lay, out;
     cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK), 0);
-    ctxs_disk_header h0;
+    ctxs__disk_header h0;
     memset(&h0, 0x5a, sizeof(h0));
-    ctxs__header_init(&h0, &lay, &m, CTXS_FLAG_RING, 1700000000000ull);
+    ctxs__header_init(&h0, &lay, &m, CTXS__FLAG_RING, 1700000000000ull);
     h0.crc32 = header_crc(&h0);
     cr_assert_eq(ctxs__header_check(&h0, lay.file_bytes, &out), 0);
     cr_assert(memcmp(&out, &lay, sizeof(lay)) == 0);
@@ -668,7 +668,7 @@ Test(format, header_check_refuses_crafted_headers)
         cr_assert_eq(h0.reserved[i], 0, "header_init left reserved byte %zu", i);
 
     for (int which = 0;; which++) {
-        ctxs_disk_header h = h0;
+        ctxs__disk_header h = h0;
         const char *what = bad_edit(&h, which);
         if (!what)
             break;
@@ -678,8 +678,8 @@ Test(format, header_check_refuses_crafted_headers)
                      ctxs_err_name(rc));
     }
 
-    ctxs_disk_header h = h0;
-    h.version_major = CTXS_FORMAT_MAJOR + 1;
+    ctxs__disk_header h = h0;
+    h.version_major = CTXS__FORMAT_MAJOR + 1;
     h.crc32 = header_crc(&h);
     cr_assert_eq(ctxs__header_check(&h, lay.file_bytes, &out), CTXS_EVERSION);
     h = h0;
@@ -690,9 +690,9 @@ Test(format, header_check_refuses_crafted_headers)
     h.crc32 ^= 0x10000;
     cr_assert_eq(ctxs__header_check(&h, lay.file_bytes, &out), CTXS_ECORRUPT);
     cr_assert_eq(ctxs__header_check(&h0, lay.file_bytes - 1, &out), CTXS_ECORRUPT);
-    cr_assert_eq(ctxs__header_check(&h0, lay.file_bytes - CTXS_PAGE, &out), CTXS_ECORRUPT);
+    cr_assert_eq(ctxs__header_check(&h0, lay.file_bytes - CTXS__PAGE, &out), CTXS_ECORRUPT);
     cr_assert_eq(ctxs__header_check(&h0, 0, &out), CTXS_ECORRUPT);
-    cr_assert_eq(ctxs__header_check(&h0, CTXS_PAGE, &out), CTXS_ECORRUPT);
+    cr_assert_eq(ctxs__header_check(&h0, CTXS__PAGE, &out), CTXS_ECORRUPT);
 }
 
 /* Random edits with the CRC recomputed: never a crash, and a header whose
@@ -700,10 +700,10 @@ Test(format, header_check_refuses_crafted_headers)
 Test(format, header_check_survives_random_edits)
 {
     ctxs_model m = ts_model(1);
-    ctxs_file_layout lay, out;
+    ctxs__file_layout lay, out;
     cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK), 0);
-    ctxs_disk_header h0;
-    ctxs__header_init(&h0, &lay, &m, CTXS_FLAG_RING, 1700000000000ull);
+    ctxs__disk_header h0;
+    ctxs__header_init(&h0, &lay, &m, CTXS__FLAG_RING, 1700000000000ull);
     h0.crc32 = header_crc(&h0);
     cr_assert_eq(ctxs__header_check(&h0, lay.file_bytes, &out), 0);
 
@@ -712,15 +712,15 @@ Test(format, header_check_survives_random_edits)
     uint8_t must[252] = { 0 };
     for (size_t i = 0; i < 10; i++)
         must[i] = 1;
-    for (size_t i = offsetof(ctxs_disk_header, dtype); i < offsetof(ctxs_disk_header, n_sink); i++)
+    for (size_t i = offsetof(ctxs__disk_header, dtype); i < offsetof(ctxs__disk_header, n_sink); i++)
         must[i] = 1;
-    for (size_t i = offsetof(ctxs_disk_header, tokens_off);
-         i < offsetof(ctxs_disk_header, model_hash); i++)
+    for (size_t i = offsetof(ctxs__disk_header, tokens_off);
+         i < offsetof(ctxs__disk_header, model_hash); i++)
         must[i] = 1;
 
     uint64_t seed = 0x1234567;
     for (int iter = 0; iter < 200000; iter++) {
-        ctxs_disk_header h = h0;
+        ctxs__disk_header h = h0;
         int touched_must = 0;
         size_t where[3] = { 0, 0, 0 };
         int n_edits = 1 + iter % 3;
@@ -749,7 +749,7 @@ Test(format, header_check_survives_random_edits)
                       "accepted",
                       iter, where[0], where[1], where[2], n_edits);
             cr_assert_leq(out.file_bytes, fsize, "iteration %d: layout past the file", iter);
-            cr_assert_eq(out.kv_off % CTXS_PAGE, 0);
+            cr_assert_eq(out.kv_off % CTXS__PAGE, 0);
             cr_assert_eq(out.kv_off + out.kv_bytes, out.file_bytes);
             cr_assert_lt(out.n_sink, out.capacity);
         }
@@ -765,7 +765,7 @@ Test(format, both_records_invalid_is_corrupt)
     for (int which = 0; which < 4; which++) {
         copy_file(pristine, p);
         for (int i = 0; i < 2; i++) {
-            ctxs_disk_record r;
+            ctxs__disk_record r;
             rec_read(p, i, &r);
             switch (which) {
             case 0: r.crc32 ^= 0xffu; rec_write(p, i, &r, 0); break;
@@ -786,7 +786,7 @@ Test(format, damaged_newer_record_falls_back_to_the_older)
 {
     const char *pristine = make_pristine("pristine.ctxs");
     const char *p = ts_path(scratch, "fallback.ctxs");
-    ctxs_disk_record r[2];
+    ctxs__disk_record r[2];
     rec_read(pristine, 0, &r[0]);
     rec_read(pristine, 1, &r[1]);
     int newer = r[1].seq > r[0].seq;
@@ -794,7 +794,7 @@ Test(format, damaged_newer_record_falls_back_to_the_older)
 
     for (int which = 0; which < 7; which++) {
         copy_file(pristine, p);
-        ctxs_disk_record x = r[newer];
+        ctxs__disk_record x = r[newer];
         const char *what = NULL;
         int fix = 1;
         switch (which) {
@@ -813,7 +813,7 @@ Test(format, damaged_newer_record_falls_back_to_the_older)
         int rc = ctxs_session_open(&s, p, &m, CTXS_OPEN_RDONLY, NULL);
         cr_assert_eq(rc, 0, "newer record: %s: open: %s", what, ctxs_strerror(rc));
         ctxs_session_info info;
-        cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+        cr_assert_eq(ctxs_session_info_get(&info, s), 0);
         cr_assert_eq(info.n_tokens, 17, "newer record: %s: n_tokens %llu, want 17", what,
                      (unsigned long long)info.n_tokens);
         cr_assert_eq(ts_check_all(s), 0);
@@ -835,7 +835,7 @@ Test(format, forged_record_is_rolled_back_by_verification)
 {
     const char *pristine = make_pristine("pristine.ctxs");
     const char *p = ts_path(scratch, "forged.ctxs");
-    ctxs_disk_record r[2];
+    ctxs__disk_record r[2];
     rec_read(pristine, 0, &r[0]);
     rec_read(pristine, 1, &r[1]);
     int newer = r[1].seq > r[0].seq;
@@ -845,7 +845,7 @@ Test(format, forged_record_is_rolled_back_by_verification)
 
     for (int which = 0; which < 3; which++) {
         copy_file(pristine, p);
-        ctxs_disk_record x = r[newer];
+        ctxs__disk_record x = r[newer];
         x.n_tokens = 500;
         x.verified_from = 0;
         o.recovery = CTXS_RECOVER_VERIFY;
@@ -860,7 +860,7 @@ Test(format, forged_record_is_rolled_back_by_verification)
         int rc = ctxs_session_open(&s, p, &m, flags, &o);
         cr_assert_eq(rc, 0, "case %d: open: %s", which, ctxs_strerror(rc));
         ctxs_session_info info;
-        cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+        cr_assert_eq(ctxs_session_info_get(&info, s), 0);
         cr_assert_eq(info.n_tokens, 37, "case %d: forged record kept %llu tokens", which,
                      (unsigned long long)info.n_tokens);
         cr_assert(info.flags & CTXS_INFO_RECOVERED, "case %d: RECOVERED not set", which);
@@ -881,7 +881,7 @@ Test(format, forged_record_is_rolled_back_by_verification)
 Test(format, record_seq_at_the_limit_does_not_lose_commits)
 {
     const char *p = make_pristine("seq.ctxs");
-    ctxs_disk_record r[2];
+    ctxs__disk_record r[2];
     rec_read(p, 0, &r[0]);
     rec_read(p, 1, &r[1]);
     int newer = r[1].seq > r[0].seq;
@@ -894,7 +894,7 @@ Test(format, record_seq_at_the_limit_does_not_lose_commits)
     int rc = ctxs_session_open(&s, p, &m, 0, NULL);
     cr_assert_eq(rc, 0, "open: %s", ctxs_strerror(rc));
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_expect_eq(info.n_tokens, older_tokens);
     cr_expect(info.flags & CTXS_INFO_RECOVERED);
     cr_assert_eq(ts_append(s, 5), 0);
@@ -907,7 +907,7 @@ Test(format, record_seq_at_the_limit_does_not_lose_commits)
 Test(format, refresh_with_both_records_damaged_is_corrupt)
 {
     const char *p = make_pristine("refresh.ctxs");
-    ctxs_disk_record r[2], bad[2];
+    ctxs__disk_record r[2], bad[2];
     rec_read(p, 0, &r[0]);
     rec_read(p, 1, &r[1]);
     ctxs_session *s = NULL;
@@ -930,14 +930,14 @@ Test(format, refresh_with_both_records_damaged_is_corrupt)
 Test(format, records_helpers_check_counters)
 {
     ctxs_model m = ts_model(1);
-    ctxs_file_layout lay;
+    ctxs__file_layout lay;
     cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK), 0);
-    ctxs_disk_record r;
+    ctxs__disk_record r;
 
     memset(&r, 0, sizeof(r));
     ctxs__record_seal(&r, 0);
     cr_assert(ctxs__record_valid(&r, 0, &lay, 1), "a fresh zero record is valid");
-    cr_assert(memcmp(r.magic, CTXS_RECORD_MAGIC, 4) == 0);
+    cr_assert(memcmp(r.magic, CTXS__RECORD_MAGIC, 4) == 0);
     cr_assert_eq(r.crc32, record_crc(&r), "record CRC is not zlib crc32 of bytes 0..123");
 
     memset(&r, 0, sizeof(r));
@@ -950,7 +950,7 @@ Test(format, records_helpers_check_counters)
     cr_assert(ctxs__record_valid(&r, 1, &lay, 1));
     cr_assert(ctxs__record_valid(&r, 1, &lay, 0));
     cr_assert_eq(ctxs__record_valid(&r, 0, &lay, 1), 0, "valid in the other place");
-    ctxs_disk_record bad = r;
+    ctxs__disk_record bad = r;
     bad.n_tokens++;
     cr_assert_eq(ctxs__record_valid(&bad, 1, &lay, 1), 0, "edited without CRC");
     bad = r;
@@ -1111,11 +1111,11 @@ Test(format, wrong_model_is_refused)
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_session_open(&s, p, NULL, CTXS_OPEN_RDONLY, NULL), 0);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_assert(memcmp(&info.model, &good, sizeof(good)) == 0, "info.model is not the file's model");
     cr_assert_eq(info.n_tokens, 37);
     cr_assert(info.flags & CTXS_INFO_READONLY);
-    cr_assert_eq(info.format_major, CTXS_FORMAT_MAJOR);
+    cr_assert_eq(info.format_major, CTXS__FORMAT_MAJOR);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
 
@@ -1182,14 +1182,14 @@ Test(format, create_rejects_bad_arguments)
         case 0: m.geometry.n_layers = 0; what = "zero layers"; break;
         case 1: m.geometry.n_kv_heads = 0; what = "zero heads"; break;
         case 2: m.geometry.head_dim = 0; what = "zero head_dim"; break;
-        case 3: m.geometry.head_dim = CTXS_MAX_DIM + 1; what = "head_dim 4097"; break;
+        case 3: m.geometry.head_dim = CTXS__MAX_DIM + 1; what = "head_dim 4097"; break;
         case 4: m.geometry.n_layers = UINT32_MAX; what = "layers 0xffffffff"; break;
         case 5: m.geometry.dtype = 0; what = "dtype 0"; break;
         case 6: m.geometry.dtype = 2; what = "dtype 2"; break;
         case 7: m.geometry.dtype = UINT32_MAX; what = "dtype 0xffffffff"; break;
         case 8: o.capacity = 4; what = "capacity == n_sink"; break;
         case 9: o.capacity = 3; what = "capacity < n_sink"; break;
-        case 10: o.capacity = CTXS_MAX_CAPACITY + 1; what = "capacity 16 Mi + 1"; break;
+        case 10: o.capacity = CTXS__MAX_CAPACITY + 1; what = "capacity 16 Mi + 1"; break;
         case 11: o.capacity = UINT32_MAX; o.n_sink = UINT32_MAX - 1; what = "capacity 2^32-1"; break;
         case 12: path = NULL; what = "NULL path"; break;
         case 13: mp = NULL; what = "NULL model"; break;
@@ -1227,7 +1227,7 @@ Test(format, create_rejects_bad_arguments)
     ctxs_session_close(s);
     cr_assert_eq(ctxs_session_create(&s, ts_path(scratch, "defaults.ctxs"), &m, NULL), 0);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_assert_eq(info.capacity, 2048);
     cr_assert_eq(info.n_sink, 4);
     cr_assert(info.flags & CTXS_INFO_RING);
@@ -1302,7 +1302,7 @@ Test(format, error_strings_cover_every_code)
 Test(format, layout_compute_matches_the_format)
 {
     ctxs_geometry g = { 2, 2, 8, CTXS_DTYPE_F16 };
-    ctxs_file_layout lay;
+    ctxs__file_layout lay;
     cr_assert_eq(ctxs__dtype_bytes(CTXS_DTYPE_F16), 2);
     cr_assert_eq(ctxs__dtype_bytes(0), 0);
     cr_assert_eq(ctxs__dtype_bytes(2), 0);
@@ -1313,13 +1313,13 @@ Test(format, layout_compute_matches_the_format)
     cr_assert_eq(lay.head_stride, 16000);
     cr_assert_eq(lay.kv_stride, 32000);
     cr_assert_eq(lay.layer_stride, 64000);
-    cr_assert_eq(lay.tokens_off % CTXS_PAGE, 0);
-    cr_assert_geq(lay.tokens_off, CTXS_PAGE);
-    cr_assert_eq(lay.tokens_bytes, CTXS_PAGE);       /* 4000 rounded up */
+    cr_assert_eq(lay.tokens_off % CTXS__PAGE, 0);
+    cr_assert_geq(lay.tokens_off, CTXS__PAGE);
+    cr_assert_eq(lay.tokens_bytes, CTXS__PAGE);       /* 4000 rounded up */
     cr_assert_eq(lay.sums_off, lay.tokens_off + lay.tokens_bytes);
-    cr_assert_eq(lay.sums_bytes, CTXS_PAGE);         /* 8000 rounded up */
+    cr_assert_eq(lay.sums_bytes, CTXS__PAGE);         /* 8000 rounded up */
     cr_assert_eq(lay.kv_off, lay.sums_off + lay.sums_bytes);
-    cr_assert_eq(lay.kv_bytes, 128000 + (CTXS_PAGE - 128000 % CTXS_PAGE));
+    cr_assert_eq(lay.kv_bytes, 128000 + (CTXS__PAGE - 128000 % CTXS__PAGE));
     cr_assert_eq(lay.file_bytes, lay.kv_off + lay.kv_bytes);
     cr_assert_eq(lay.capacity, 1000);
     cr_assert_eq(lay.n_sink, 4);
@@ -1327,14 +1327,14 @@ Test(format, layout_compute_matches_the_format)
 
     /* Page-exact sizes are not rounded up a page further. */
     cr_assert_eq(ctxs__layout_compute(&lay, &g, 4096, 4), 0);
-    cr_assert_eq(lay.tokens_bytes, CTXS_PAGE);
-    cr_assert_eq(lay.sums_bytes, 2 * CTXS_PAGE);
+    cr_assert_eq(lay.tokens_bytes, CTXS__PAGE);
+    cr_assert_eq(lay.sums_bytes, 2 * CTXS__PAGE);
     cr_assert_eq(lay.kv_bytes, 8 * 4096 * 16);
 }
 
 Test(format, layout_compute_rejects_out_of_range_and_overflow)
 {
-    ctxs_file_layout lay;
+    ctxs__file_layout lay;
     const struct {
         ctxs_geometry g;
         uint32_t cap, sink;
@@ -1351,7 +1351,7 @@ Test(format, layout_compute_rejects_out_of_range_and_overflow)
         { { 2, 2, 8, 1 }, 0, 0, "capacity 0" },
         { { 2, 2, 8, 1 }, 4, 4, "capacity == n_sink" },
         { { 2, 2, 8, 1 }, 3, 4, "capacity < n_sink" },
-        { { 2, 2, 8, 1 }, CTXS_MAX_CAPACITY + 1, 4, "capacity 16 Mi + 1" },
+        { { 2, 2, 8, 1 }, CTXS__MAX_CAPACITY + 1, 4, "capacity 16 Mi + 1" },
         { { UINT32_MAX, UINT32_MAX, UINT32_MAX, 1 }, UINT32_MAX, 0, "everything 2^32-1" },
         { { 1u << 16, 1u << 16, 1u << 16, 1 }, 1u << 30, 0, "products past 2^64" },
         { { 1u << 31, 1, 1u << 31, 1 }, 1u << 31, 0, "slot bytes past 2^32" },
@@ -1363,8 +1363,8 @@ Test(format, layout_compute_rejects_out_of_range_and_overflow)
 
     /* The largest geometry in range: 2^62 bytes of KV, which fits a 64-bit
      * size_t and must be computed exactly, and must not fit a 32-bit one. */
-    ctxs_geometry big = { CTXS_MAX_DIM, CTXS_MAX_DIM, CTXS_MAX_DIM, CTXS_DTYPE_F16 };
-    int rc = ctxs__layout_compute(&lay, &big, CTXS_MAX_CAPACITY, 4);
+    ctxs_geometry big = { CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS_DTYPE_F16 };
+    int rc = ctxs__layout_compute(&lay, &big, CTXS__MAX_CAPACITY, 4);
     if (SIZE_MAX >= UINT64_MAX) {
         cr_assert_eq(rc, 0, "max geometry: %d", rc);
         cr_assert_eq(lay.slot_bytes, 8192);
@@ -1382,7 +1382,7 @@ Test(format, layout_compute_rejects_out_of_range_and_overflow)
      * must fail cleanly, never crash). */
     ctxs_model m = ts_model(1);
     m.geometry = big;
-    ctxs_session_options o = opts_for(CTXS_MAX_CAPACITY, 4, 1);
+    ctxs_session_options o = opts_for(CTXS__MAX_CAPACITY, 4, 1);
     ctxs_session *s = (ctxs_session *)(uintptr_t)0x1;
     rc = ctxs_session_create(&s, ts_path(scratch, "huge.ctxs"), &m, &o);
     if (rc == 0) {

@@ -86,7 +86,7 @@ static int open_rc(unsigned flags)
 static uint64_t n_tokens(ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     return info.n_tokens;
 }
 
@@ -94,7 +94,7 @@ static uint64_t n_tokens(ctxs_session *s)
 static int child_append(ctxs_session *s, uint32_t n)
 {
     ctxs_session_info info;
-    int rc = ctxs_session_info_get(s, &info);
+    int rc = ctxs_session_info_get(&info, s);
     if (rc)
         return rc;
     const ctxs_geometry *g = &info.model.geometry;
@@ -104,7 +104,7 @@ static int child_append(ctxs_session *s, uint32_t n)
     if (!k || !v || !ids)
         return CTXS_ENOMEM;
     ctxs_reservation r;
-    rc = ctxs_session_reserve(s, n, &r);
+    rc = ctxs_session_reserve(&r, s, n);
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
         ts_fill_kv(g, r.first_pos + i, k, v);
         ids[i] = ts_token(r.first_pos + i);
@@ -204,7 +204,7 @@ static int child_reader_count(void *arg)
     if (rc)
         return rc;
     ctxs_session_info info;
-    rc = ctxs_session_info_get(s, &info);
+    rc = ctxs_session_info_get(&info, s);
     ctxs_session_close(s);
     return rc ? rc : (int)info.n_tokens;
 }
@@ -276,7 +276,7 @@ Test(lock, writer_lock_is_released_when_its_process_dies)
             rc = child_append(s, 6);
         ctxs_reservation r;
         if (rc == 0)
-            rc = ctxs_session_reserve(s, 9, &r);
+            rc = ctxs_session_reserve(&r, s, 9);
         write_int(ready[1], rc);
         for (;;)
             pause();
@@ -304,7 +304,7 @@ Test(lock, writer_lock_is_released_when_its_process_dies)
     ctxs_session *w = open_or_die(RW);
     cr_assert_eq(n_tokens(w), 11);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(w, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, w), 0);
     cr_assert_eq(info.n_reserved, 0, "the dead writer's reservation survived");
     cr_assert_eq(ts_check_all(w), 0);
     cr_assert_eq(ts_append(w, 2), 0);
@@ -341,7 +341,7 @@ Test(lock, readers_coexist_with_the_writer_and_each_other)
 
     /* A reservation is invisible to readers. */
     ctxs_reservation res;
-    cr_assert_eq(ctxs_session_reserve(w, 4, &res), 0);
+    cr_assert_eq(ctxs_session_reserve(&res, w, 4), 0);
     cr_assert_eq(ctxs_session_refresh(r1), 0);
     cr_assert_eq(n_tokens(r1), 20);
     cr_assert_eq(in_child(child_reader_count, NULL), 20);
@@ -384,7 +384,7 @@ Test(lock, reader_in_a_child_does_not_block_a_writer)
         if (rc == 0)
             rc = ctxs_session_refresh(s);
         if (rc == 0)
-            rc = ctxs_session_info_get(s, &info);
+            rc = ctxs_session_info_get(&info, s);
         write_int(ready[1], rc ? rc : (int)info.n_tokens);
         ctxs_session_close(s);
         _exit(0);
@@ -461,12 +461,12 @@ Test(lock, reader_in_another_process_sees_only_committed_tokens, .timeout = 300)
 
     ctxs_session *r = open_or_die(RO);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(r, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, r), 0);
     const ctxs_geometry *g = &info.model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     uint16_t *k = malloc(per * 2), *v = malloc(per * 2), *ek = malloc(per * 2), *ev = malloc(per * 2);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(r, &lay), 0);
+    cr_assert_eq(ctxs_session_layout(&lay, r), 0);
 
     int acked = 0, done = 0, j = 0;
     uint64_t last = 0, checked = 0, refreshes = 0, seen_mid = 0;
@@ -476,7 +476,7 @@ Test(lock, reader_in_another_process_sees_only_committed_tokens, .timeout = 300)
         int rc = ctxs_session_refresh(r);
         cr_assert_eq(rc, 0, "refresh: %s", ctxs_strerror(rc));
         refreshes++;
-        cr_assert_eq(ctxs_session_info_get(r, &info), 0);
+        cr_assert_eq(ctxs_session_info_get(&info, r), 0);
         uint64_t n = info.n_tokens;
 
         for (;;) {
@@ -520,7 +520,7 @@ Test(lock, reader_in_another_process_sees_only_committed_tokens, .timeout = 300)
             cr_assert_eq(rc, 0, "read_token(%llu) of %llu: %s", (unsigned long long)p,
                          (unsigned long long)n, ctxs_strerror(rc));
             uint32_t slot;
-            cr_assert_eq(ctxs_session_slot(r, p, &slot), 0);
+            cr_assert_eq(ctxs_session_slot(&slot, r, p), 0);
             cr_assert_eq(slot, (uint32_t)p);
             ts_fill_kv(g, p, ek, ev);
             cr_assert(memcmp(k, ek, per * 2) == 0 && memcmp(v, ev, per * 2) == 0,
@@ -566,18 +566,18 @@ Test(lock, read_only_session_refuses_writes)
 
     ctxs_session *r = open_or_die(RO);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(r, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, r), 0);
     cr_assert(info.flags & CTXS_INFO_READONLY);
     ctxs_reservation res;
     memset(&res, 0, sizeof(res));
-    cr_assert_eq(ctxs_session_reserve(r, 1, &res), CTXS_EREADONLY);
-    cr_assert_eq(ctxs_session_reserve(r, 100, &res), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_session_reserve(&res, r, 1), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_session_reserve(&res, r, 100), CTXS_EREADONLY);
     uint32_t ids[1] = { 5 };
     cr_assert_eq(ctxs_session_commit(r, ids, 1), CTXS_EREADONLY);
     cr_assert_eq(ctxs_session_rollback(r, 0), CTXS_EREADONLY);
     cr_assert_eq(ctxs_session_rollback(r, 12), CTXS_EREADONLY);
     cr_assert_eq(ctxs_session_sync(r), CTXS_EREADONLY);
-    cr_assert_eq(ctxs_session_info_get(r, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, r), 0);
     cr_assert_eq(info.n_tokens, 12);
     cr_assert_eq(info.n_reserved, 0);
     cr_assert_eq(ts_check_all(r), 0);
@@ -594,7 +594,7 @@ Test(lock, read_only_session_refuses_writes)
     /* The same beside a writer: the refusals do not disturb it. */
     ctxs_session *w = open_or_die(RW);
     r = open_or_die(RO);
-    cr_assert_eq(ctxs_session_reserve(r, 1, &res), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_session_reserve(&res, r, 1), CTXS_EREADONLY);
     cr_assert_eq(ctxs_session_rollback(r, 0), CTXS_EREADONLY);
     cr_assert_eq(ts_append(w, 3), 0);
     cr_assert_eq(ctxs_session_refresh(r), 0);

@@ -56,7 +56,7 @@ static ctxs_session *reopen(const char *name, unsigned flags)
 static ctxs_session_info info_of(const ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     return info;
 }
 
@@ -142,7 +142,7 @@ Test(session, another_process_reads_what_was_committed)
         if (ctxs_session_open(&c, ts_path(dir, "a"), &m, 0, NULL) != 0)
             _exit(2);
         ctxs_session_info info;
-        ctxs_session_info_get(c, &info);
+        ctxs_session_info_get(&info, c);
         if (info.n_tokens != 100 || ts_check_all(c) != 0)
             _exit(3);
         if (ts_append(c, 50) != 0)
@@ -173,12 +173,12 @@ Test(session, the_ring_keeps_sinks_and_the_newest_tokens)
 
     uint32_t slot;
     for (uint64_t p = 0; p < 4; p++) {
-        cr_expect_eq(ctxs_session_slot(s, p, &slot), 0, "sink %llu is kept", (unsigned long long)p);
+        cr_expect_eq(ctxs_session_slot(&slot, s, p), 0, "sink %llu is kept", (unsigned long long)p);
         cr_expect_eq(slot, p);
     }
-    cr_expect_eq(ctxs_session_slot(s, 79, &slot), CTXS_EEVICTED);
-    cr_expect_eq(ctxs_session_slot(s, 80, &slot), 0);
-    cr_expect_eq(ctxs_session_slot(s, 140, &slot), CTXS_ENOTFOUND);
+    cr_expect_eq(ctxs_session_slot(&slot, s, 79), CTXS_EEVICTED);
+    cr_expect_eq(ctxs_session_slot(&slot, s, 80), 0);
+    cr_expect_eq(ctxs_session_slot(&slot, s, 140), CTXS_ENOTFOUND);
     cr_expect_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
 
@@ -194,7 +194,7 @@ Test(session, a_reservation_wraps_in_two_spans)
     ctxs_session *s = create("a", 32, 2, 1, CTXS_SYNC_NONE);
     cr_assert_eq(ts_append(s, 28), 0);
     ctxs_reservation r;
-    cr_assert_eq(ctxs_session_reserve(s, 10, &r), 0);
+    cr_assert_eq(ctxs_session_reserve(&r, s, 10), 0);
     cr_expect_eq(r.first_pos, 28);
     cr_expect_eq(r.n_spans, 2);
     cr_expect_eq(r.spans[0].slot, 28);
@@ -214,12 +214,12 @@ Test(session, a_reservation_larger_than_the_ring_is_refused)
 {
     ctxs_session *s = create("a", 32, 4, 1, CTXS_SYNC_NONE);
     ctxs_reservation r;
-    cr_expect_eq(ctxs_session_reserve(s, 33, &r), CTXS_EINVAL);
-    cr_expect_eq(ctxs_session_reserve(s, 0, &r), CTXS_EINVAL);
-    cr_expect_eq(ctxs_session_reserve(s, 32, &r), 0, "a fresh session fills all slots");
-    cr_expect_eq(ctxs_session_reserve(s, 1, &r), CTXS_EINVAL, "and no more at once");
+    cr_expect_eq(ctxs_session_reserve(&r, s, 33), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_reserve(&r, s, 0), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_reserve(&r, s, 32), 0, "a fresh session fills all slots");
+    cr_expect_eq(ctxs_session_reserve(&r, s, 1), CTXS_EINVAL, "and no more at once");
     cr_assert_eq(ctxs_session_commit(s, (uint32_t[32]){0}, 32), 0);
-    cr_expect_eq(ctxs_session_reserve(s, 28, &r), 0, "then a whole ring");
+    cr_expect_eq(ctxs_session_reserve(&r, s, 28), 0, "then a whole ring");
     ctxs_session_close(s);
 }
 
@@ -228,7 +228,7 @@ Test(session, without_a_ring_a_full_session_says_full)
     ctxs_session *s = create("a", 40, 4, 0, CTXS_SYNC_NONE);
     cr_assert_eq(ts_append(s, 40), 0);
     ctxs_reservation r;
-    cr_expect_eq(ctxs_session_reserve(s, 1, &r), CTXS_EFULL);
+    cr_expect_eq(ctxs_session_reserve(&r, s, 1), CTXS_EFULL);
     cr_expect_eq(info_of(s).n_tokens, 40);
     cr_expect_eq(ts_check_all(s), 0);
     cr_assert_eq(ctxs_session_rollback(s, 30), 0);
@@ -281,21 +281,21 @@ Test(session, write_token_and_read_token_use_the_engine_layout)
     cr_assert_eq((size_t)g->n_layers * g->n_kv_heads * g->head_dim, PER);
     uint16_t k[PER], v[PER], k2[PER], v2[PER];
     ctxs_reservation r;
-    cr_assert_eq(ctxs_session_reserve(s, 3, &r), 0);
+    cr_assert_eq(ctxs_session_reserve(&r, s, 3), 0);
     ts_fill_kv(g, 1, k, v);
     cr_assert_eq(ctxs_session_write_token(s, &r, 1, k, v), 0);
     cr_expect_eq(ctxs_session_write_token(s, &r, 3, k, v), CTXS_EINVAL);
 
     /* The same bytes are where the layout says. */
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(s, &lay), 0);
+    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
     uint16_t *run;
-    cr_assert_eq(ctxs_session_kv(s, 1, CTXS_V, 1, (void **)&run), 0);
+    cr_assert_eq(ctxs_session_kv((void **)&run, s, 1, CTXS_V, 1), 0);
     cr_expect_eq((uint8_t *)run, (uint8_t *)lay.kv + lay.layer_stride + lay.kv_stride + lay.head_stride);
     cr_expect_eq(memcmp(run + 1 * g->head_dim, v + (1 * g->n_kv_heads + 1) * g->head_dim,
                         g->head_dim * 2), 0);
     cr_expect_eq(((uintptr_t)lay.kv) % 16384, 0, "the KV region is page aligned");
-    cr_expect_eq(ctxs_session_kv(s, 2, CTXS_K, 0, (void **)&run), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_kv((void **)&run, s, 2, CTXS_K, 0), CTXS_EINVAL);
 
     cr_expect_eq(ctxs_session_read_token(s, 1, k2, v2), CTXS_ENOTFOUND, "not committed");
     cr_assert_eq(ctxs_session_commit(s, (uint32_t[]){7, 8, 9}, 3), 0);
@@ -315,7 +315,7 @@ Test(session, a_bad_byte_in_the_kv_is_found_by_verify)
     ctxs_model m = ts_model(1);
     cr_assert_eq(ctxs_session_open(&s, ts_path(dir, "a"), &m, 0, NULL), 0);
     uint8_t *run;
-    cr_assert_eq(ctxs_session_kv(s, 1, CTXS_K, 1, (void **)&run), 0);
+    cr_assert_eq(ctxs_session_kv((void **)&run, s, 1, CTXS_K, 1), 0);
     run[17 * 16 + 3] ^= 0x40; /* position 17, head_dim 8 fp16 = 16 bytes a slot */
     uint64_t bad = 0;
     cr_expect_eq(ctxs_session_verify(s, &bad), CTXS_ECORRUPT);
@@ -351,7 +351,7 @@ Test(session, read_only_sessions_refuse_writes)
     ctxs_session *r;
     cr_assert_eq(ctxs_session_open(&r, ts_path(dir, "a"), NULL, CTXS_OPEN_RDONLY, NULL), 0);
     ctxs_reservation res;
-    cr_expect_eq(ctxs_session_reserve(r, 1, &res), CTXS_EREADONLY);
+    cr_expect_eq(ctxs_session_reserve(&res, r, 1), CTXS_EREADONLY);
     cr_expect_eq(ctxs_session_commit(r, (uint32_t[]){1}, 1), CTXS_EREADONLY);
     cr_expect_eq(ctxs_session_rollback(r, 1), CTXS_EREADONLY);
     cr_expect_eq(ctxs_session_sync(r), CTXS_EREADONLY);

@@ -96,17 +96,17 @@ static uint64_t max_u64(uint64_t a, uint64_t b)
 
 /* --- Records as they lie on disk ---------------------------------------- */
 
-static int record_at(const uint8_t *img, uint32_t i, ctxs_disk_record *r)
+static int record_at(const uint8_t *img, uint32_t i, ctxs__disk_record *r)
 {
-    memcpy(r, img + (i ? CTXS_RECORD1_OFF : CTXS_RECORD0_OFF), sizeof(*r));
-    return memcmp(r->magic, CTXS_RECORD_MAGIC, 4) == 0 && r->index == i &&
-           (uint32_t)crc32(0, (const Bytef *)r, offsetof(ctxs_disk_record, crc32)) == r->crc32;
+    memcpy(r, img + (i ? CTXS__RECORD1_OFF : CTXS__RECORD0_OFF), sizeof(*r));
+    return memcmp(r->magic, CTXS__RECORD_MAGIC, 4) == 0 && r->index == i &&
+           (uint32_t)crc32(0, (const Bytef *)r, offsetof(ctxs__disk_record, crc32)) == r->crc32;
 }
 
 /* The index of the newest valid record, or -1. */
-static int newest_record(const uint8_t *img, ctxs_disk_record *out)
+static int newest_record(const uint8_t *img, ctxs__disk_record *out)
 {
-    ctxs_disk_record r[2];
+    ctxs__disk_record r[2];
     int v0 = record_at(img, 0, &r[0]), v1 = record_at(img, 1, &r[1]);
     if (!v0 && !v1)
         return -1;
@@ -199,7 +199,7 @@ static void gen_set(scen *sc, uint64_t p, uint32_t g)
 static void note_state(scen *sc, const char *what, int durable_all, int need_durable_record)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(sc->s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, sc->s), 0);
     size_t len;
     uint8_t *img = ts_read_file(sc->path, &len);
     cr_assert_eq(len, sc->file_len, "%s: after %s the file is %zu bytes, was %zu", sc->name, what,
@@ -207,7 +207,7 @@ static void note_state(scen *sc, const char *what, int durable_all, int need_dur
     cr_assert(memcmp(img, sc->first_page, PG) == 0,
               "%s: after %s the header page changed; it is immutable", sc->name, what);
 
-    ctxs_disk_record r;
+    ctxs__disk_record r;
     int idx = newest_record(img, &r);
     cr_assert_geq(idx, 0, "%s: after %s no record in the file is valid", sc->name, what);
     cr_assert(r.seq == info.seq && r.n_tokens == info.n_tokens &&
@@ -252,9 +252,9 @@ static void note_state(scen *sc, const char *what, int durable_all, int need_dur
 static void op_append(scen *sc, uint32_t k)
 {
     ctxs_session_info before, cur, after;
-    cr_assert_eq(ctxs_session_info_get(sc->s, &before), 0);
+    cr_assert_eq(ctxs_session_info_get(&before, sc->s), 0);
     ctxs_reservation r;
-    int rc = ctxs_session_reserve(sc->s, k, &r);
+    int rc = ctxs_session_reserve(&r, sc->s, k);
     cr_assert_eq(rc, 0, "%s: reserve(%u) at %llu: %s", sc->name, k,
                  (unsigned long long)before.n_tokens, ctxs_err_name(rc));
     cr_assert_eq(r.first_pos, before.n_tokens);
@@ -272,7 +272,7 @@ static void op_append(scen *sc, uint32_t k)
      * is committed before reserve returns). If a durable record still claims
      * one below its watermark, the format requires a record that does not
      * to be made durable first: from here on that record page is durable. */
-    cr_assert_eq(ctxs_session_info_get(sc->s, &cur), 0);
+    cr_assert_eq(ctxs_session_info_get(&cur, sc->s), 0);
     state cs = {cur.n_tokens, cur.ring_start, cur.verified_from};
     int need = 0;
     for (uint32_t i = 0; i < k; i++) {
@@ -305,7 +305,7 @@ static void op_append(scen *sc, uint32_t k)
 
     rc = ctxs_session_commit(sc->s, ids, k);
     cr_assert_eq(rc, 0, "%s: commit(%u): %s", sc->name, k, ctxs_err_name(rc));
-    cr_assert_eq(ctxs_session_info_get(sc->s, &after), 0);
+    cr_assert_eq(ctxs_session_info_get(&after, sc->s), 0);
     cr_assert_eq(after.n_tokens, before.n_tokens + k);
     if (sc->level == CTXS_SYNC_FULL)
         cr_assert_eq(after.verified_from, after.n_tokens,
@@ -323,9 +323,9 @@ static void op_append(scen *sc, uint32_t k)
 static void op_rollback(scen *sc, uint64_t target)
 {
     ctxs_session_info before, after;
-    cr_assert_eq(ctxs_session_info_get(sc->s, &before), 0);
+    cr_assert_eq(ctxs_session_info_get(&before, sc->s), 0);
     int rc = ctxs_session_rollback(sc->s, target);
-    cr_assert_eq(ctxs_session_info_get(sc->s, &after), 0);
+    cr_assert_eq(ctxs_session_info_get(&after, sc->s), 0);
     if (rc == CTXS_EEVICTED) {
         cr_assert_gt(before.ring_start, N_SINK, "%s: rollback to %llu refused in a ring that never "
                      "evicted", sc->name, (unsigned long long)target);
@@ -346,7 +346,7 @@ static void op_sync(scen *sc)
     int rc = ctxs_session_sync(sc->s);
     cr_assert_eq(rc, 0, "%s: sync: %s", sc->name, ctxs_err_name(rc));
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(sc->s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, sc->s), 0);
     cr_assert_eq(info.verified_from, info.n_tokens, "%s: after sync verified_from is %llu of %llu",
                  sc->name, (unsigned long long)info.verified_from,
                  (unsigned long long)info.n_tokens);
@@ -376,7 +376,7 @@ static void scen_init(scen *sc, const char *name, uint32_t level, uint32_t capac
     uint8_t *img = ts_read_file(sc->path, &sc->file_len);
     cr_assert_eq(sc->file_len % PG, 0);
     memcpy(sc->first_page, img, PG);
-    sc->kv_off = (size_t)((const ctxs_disk_header *)(const void *)img)->kv_off;
+    sc->kv_off = (size_t)((const ctxs__disk_header *)(const void *)img)->kv_off;
     free(img);
 }
 
@@ -459,7 +459,7 @@ static void copy_sectors(uint8_t *out, const uint8_t *from, size_t first, size_t
 static void make_image(scen *sc, const window *w, uint8_t *out)
 {
     for (size_t off = 0; off < sc->file_len; off += PG) {
-        int kind = off == CTXS_RECORD0_OFF ? 1 : off == CTXS_RECORD1_OFF ? 2 : off < sc->kv_off ? 3 : 0;
+        int kind = off == CTXS__RECORD0_OFF ? 1 : off == CTXS__RECORD1_OFF ? 2 : off < sc->kv_off ? 3 : 0;
         size_t lo = w->page_lo[kind], hi = w->page_hi[kind];
         int dirty = 0;
         for (size_t j = lo + 1; j <= hi && !dirty; j++)
@@ -529,7 +529,7 @@ static uint32_t actual_gen(const scen *sc, const window *w, const ctxs_session *
     }
     cr_assert_eq(rc, 0, "%s: read_token(%llu): %s", tag, (unsigned long long)p, ctxs_err_name(rc));
     uint32_t slot;
-    cr_assert_eq(ctxs_session_slot(s, p, &slot), 0);
+    cr_assert_eq(ctxs_session_slot(&slot, s, p), 0);
     cr_assert_eq(slot, ctxs__slot_of(p, sc->capacity, N_SINK));
     uint32_t tried[8];
     unsigned n_tried = 0;
@@ -559,8 +559,8 @@ static size_t check_prefix(const scen *sc, const window *w, const ctxs_session *
 {
     ctxs_session_info info;
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
-    cr_assert_eq(ctxs_session_layout(s, &lay), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
     uint64_t n = info.n_tokens;
     uint32_t *act = malloc((n ? n : 1) * sizeof(*act));
     cr_assert_not_null(act);
@@ -625,8 +625,8 @@ static void check_exact(const scen *sc, const ctxs_session *s, const uint32_t *e
 {
     ctxs_session_info info;
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
-    cr_assert_eq(ctxs_session_layout(s, &lay), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
     const ctxs_geometry *g = &sc->model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     uint16_t k[KV_MAX], v[KV_MAX], ek[KV_MAX], ev[KV_MAX];
@@ -640,7 +640,7 @@ static void check_exact(const scen *sc, const ctxs_session *s, const uint32_t *e
         cr_assert_eq(rc, 0, "%s: read_token(%llu): %s", tag, (unsigned long long)p,
                      ctxs_err_name(rc));
         uint32_t slot;
-        cr_assert_eq(ctxs_session_slot(s, p, &slot), 0);
+        cr_assert_eq(ctxs_session_slot(&slot, s, p), 0);
         ts_fill_kv(g, vpos(p, exp[p]), ek, ev);
         cr_assert(!memcmp(k, ek, per * 2) && !memcmp(v, ev, per * 2) &&
                       lay.token_ids[slot] == ts_token(vpos(p, exp[p])),
@@ -663,7 +663,7 @@ static void check_read_write(scen *sc, const window *w, const uint8_t *img,
     ctxs_session *s = open_image(sc->rw_path, &sc->model, 0, CTXS_RECOVER_VERIFY, sc->level, &rc);
     cr_assert_eq(rc, 0, "%s: read-write open: %s", tag, ctxs_err_name(rc));
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_assert(info.n_tokens == ro->n_tokens && info.ring_start == ro->ring_start &&
                   info.lost_tokens == ro->lost_tokens,
               "%s: read-write recovery (n %llu, rs %llu, lost %llu) differs from read-only "
@@ -682,7 +682,7 @@ static void check_read_write(scen *sc, const window *w, const uint8_t *img,
     ctxs_reservation r;
     uint16_t kk[KV_MAX], vv[KV_MAX];
     uint32_t ids[MAX_TURN];
-    rc = ctxs_session_reserve(s, more, &r);
+    rc = ctxs_session_reserve(&r, s, more);
     cr_assert_eq(rc, 0, "%s: reserve after recovery: %s", tag, ctxs_err_name(rc));
     cr_assert_eq(r.first_pos, n0);
     for (uint32_t i = 0; i < more; i++) {
@@ -697,7 +697,7 @@ static void check_read_write(scen *sc, const window *w, const uint8_t *img,
 
     s = open_image(sc->rw_path, &sc->model, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, sc->level, &rc);
     cr_assert_eq(rc, 0, "%s: reopen after recovery and commit: %s", tag, ctxs_err_name(rc));
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_assert(info.n_tokens == n0 + more && info.lost_tokens == 0,
               "%s: after recovery to %llu and a commit of %u, reopen holds %llu (lost %llu)", tag,
               (unsigned long long)n0, more, (unsigned long long)info.n_tokens,
@@ -714,13 +714,13 @@ static void check_foreign_boot(scen *sc, const window *w, uint8_t *img,
                                const ctxs_session_info *ro, const char *tag)
 {
     for (uint32_t i = 0; i < 2; i++) {
-        ctxs_disk_record r;
+        ctxs__disk_record r;
         if (!record_at(img, i, &r))
             continue;
         for (int b = 0; b < 16; b++)
             r.boot_id[b] ^= (uint8_t)(0xa5 + b);
-        r.crc32 = (uint32_t)crc32(0, (const Bytef *)&r, offsetof(ctxs_disk_record, crc32));
-        memcpy(img + (i ? CTXS_RECORD1_OFF : CTXS_RECORD0_OFF), &r, sizeof(r));
+        r.crc32 = (uint32_t)crc32(0, (const Bytef *)&r, offsetof(ctxs__disk_record, crc32));
+        memcpy(img + (i ? CTXS__RECORD1_OFF : CTXS__RECORD0_OFF), &r, sizeof(r));
     }
     cr_assert_eq(ts_write_file(sc->img_path, img, sc->file_len), 0);
     int rc;
@@ -728,7 +728,7 @@ static void check_foreign_boot(scen *sc, const window *w, uint8_t *img,
                                  sc->level, &rc);
     cr_assert_eq(rc, 0, "%s: AUTO open of another boot's file: %s", tag, ctxs_err_name(rc));
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_assert(info.n_tokens == ro->n_tokens && info.ring_start == ro->ring_start,
               "%s: AUTO on a file from another boot recovered n %llu (rs %llu), VERIFY n %llu "
               "(rs %llu)",
@@ -748,7 +748,7 @@ static void check_image(scen *sc, const window *w, uint8_t *img, unsigned c)
              "image in %.200s)",
              sc->name, c, w->hi, sc->snaps[w->hi].what, w->phase, w->lo, sc->img_path);
 
-    ctxs_disk_record R;
+    ctxs__disk_record R;
     int ridx = newest_record(img, &R);
     cr_assert_geq(ridx, 0, "%s: the model made an image without a valid record", tag);
     /* The fewest tokens a state since the durable point held bounds what
@@ -773,7 +773,7 @@ static void check_image(scen *sc, const window *w, uint8_t *img, unsigned c)
                                  sc->level, &rc);
     cr_assert_eq(rc, 0, "%s: open: %s", tag, ctxs_err_name(rc));
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     uint64_t n = info.n_tokens;
     cr_assert(n <= R.n_tokens && n >= (R.verified_from < R.n_tokens ? R.verified_from : R.n_tokens),
               "%s: recovered %llu tokens from the newest valid record (seq %llu, n %llu, "
@@ -842,7 +842,7 @@ static void run_script(const char *name, const script *d, uint64_t seed, totals 
     scen_init(&sc, name, d->level, d->capacity, seed);
     ctxs_session_info info;
     for (;;) {
-        cr_assert_eq(ctxs_session_info_get(sc.s, &info), 0);
+        cr_assert_eq(ctxs_session_info_get(&info, sc.s), 0);
         if (info.n_tokens >= d->initial)
             break;
         uint64_t left = d->initial - info.n_tokens;
@@ -852,7 +852,7 @@ static void run_script(const char *name, const script *d, uint64_t seed, totals 
     op_sync(&sc); /* snapshot 0: the durable point */
 
     for (unsigned i = 0; i < d->ops; i++) {
-        cr_assert_eq(ctxs_session_info_get(sc.s, &info), 0);
+        cr_assert_eq(ctxs_session_info_get(&info, sc.s), 0);
         unsigned r = (unsigned)(rng_next(&sc.rng) % 100);
         if ((i == 0 && d->rollback_first) || (r < d->pct_rollback && info.n_tokens > 1)) {
             uint64_t back = 1 + rng_next(&sc.rng) % d->max_back;
@@ -863,7 +863,7 @@ static void run_script(const char *name, const script *d, uint64_t seed, totals 
             op_append(&sc, 1 + (uint32_t)(rng_next(&sc.rng) % MAX_TURN));
         }
     }
-    cr_assert_eq(ctxs_session_info_get(sc.s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, sc.s), 0);
     if (d->must_wrap)
         cr_assert_gt(info.ring_start, N_SINK, "%s: the ring never wrapped", name);
 
@@ -990,7 +990,7 @@ Test(torn, a_record_from_before_a_rollback_never_splices_two_histories, .timeout
          * model allows it (not made durable since). */
         int used = 0;
         for (int i = 0; i < 2; i++) {
-            size_t off = i ? CTXS_RECORD1_OFF : CTXS_RECORD0_OFF;
+            size_t off = i ? CTXS__RECORD1_OFF : CTXS__RECORD0_OFF;
             if (w.page_lo[1 + i] <= before) {
                 memcpy(img + off, sc.snaps[before].img + off, PG);
                 used = 1;
@@ -1044,7 +1044,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
 
     size_t len;
     uint8_t *img = ts_read_file(path, &len);
-    ctxs_disk_record rec[2];
+    ctxs__disk_record rec[2];
     cr_assert(record_at(img, 0, &rec[0]) && record_at(img, 1, &rec[1]),
               "after two commits both records should be valid");
     cr_assert_neq(rec[0].seq, rec[1].seq);
@@ -1058,7 +1058,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
     int rc;
     unsigned opens = 0;
 
-    for (size_t bit = 0; bit < CTXS_HEADER_BYTES * 8; bit++) {
+    for (size_t bit = 0; bit < CTXS__HEADER_BYTES * 8; bit++) {
         flip_bit(fd, bit);
         s = open_image(path, NULL, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, CTXS_SYNC_ASYNC, &rc);
         cr_assert(rc == CTXS_ECORRUPT || rc == CTXS_EFOREIGN || rc == CTXS_EVERSION,
@@ -1071,15 +1071,15 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
 
     unsigned rw_checks = 0;
     for (uint32_t i = 0; i < 2; i++) {
-        const ctxs_disk_record *other = &rec[!i];
-        size_t base = (size_t)(i ? CTXS_RECORD1_OFF : CTXS_RECORD0_OFF) * 8;
-        for (size_t b = 0; b < CTXS_RECORD_BYTES * 8; b++) {
+        const ctxs__disk_record *other = &rec[!i];
+        size_t base = (size_t)(i ? CTXS__RECORD1_OFF : CTXS__RECORD0_OFF) * 8;
+        for (size_t b = 0; b < CTXS__RECORD_BYTES * 8; b++) {
             flip_bit(fd, base + b);
             s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, CTXS_SYNC_ASYNC, &rc);
             cr_assert_eq(rc, 0, "record %u byte %zu bit %zu flipped: open gives %s", i, b / 8,
                          b % 8, ctxs_err_name(rc));
             ctxs_session_info info;
-            cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+            cr_assert_eq(ctxs_session_info_get(&info, s), 0);
             cr_assert(info.n_tokens == other->n_tokens && info.seq == other->seq,
                       "record %u byte %zu bit %zu flipped: state n %llu seq %llu, the other "
                       "record says n %llu seq %llu",
@@ -1106,7 +1106,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
                 ctxs_session_close(s);
                 free(copy);
                 copy = ts_read_file(rw_path, &len);
-                ctxs_disk_record a, c;
+                ctxs__disk_record a, c;
                 int ia = newest_record(copy, &a);
                 cr_assert_geq(ia, 0);
                 cr_assert(record_at(copy, (uint32_t)!ia, &c),
@@ -1119,7 +1119,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
                 s = open_image(rw_path, &m, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY,
                                CTXS_SYNC_ASYNC, &rc);
                 cr_assert_eq(rc, 0);
-                cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+                cr_assert_eq(ctxs_session_info_get(&info, s), 0);
                 cr_assert_eq(info.n_tokens, other->n_tokens + 5);
                 cr_assert_eq(ts_check_all(s), 0);
                 ctxs_session_close(s);
@@ -1130,8 +1130,8 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
 
     unsigned both = 0;
     for (; both < 128; both++) {
-        size_t b0 = (size_t)CTXS_RECORD0_OFF * 8 + rng_next(&rng) % (CTXS_RECORD_BYTES * 8);
-        size_t b1 = (size_t)CTXS_RECORD1_OFF * 8 + rng_next(&rng) % (CTXS_RECORD_BYTES * 8);
+        size_t b0 = (size_t)CTXS__RECORD0_OFF * 8 + rng_next(&rng) % (CTXS__RECORD_BYTES * 8);
+        size_t b1 = (size_t)CTXS__RECORD1_OFF * 8 + rng_next(&rng) % (CTXS__RECORD_BYTES * 8);
         flip_bit(fd, b0);
         flip_bit(fd, b1);
         s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, CTXS_SYNC_ASYNC, &rc);
@@ -1144,9 +1144,9 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
 
     /* The unused bytes of the first page. */
     static const size_t gaps[3][2] = {
-        {CTXS_HEADER_BYTES, CTXS_RECORD0_OFF},
-        {CTXS_RECORD0_OFF + CTXS_RECORD_BYTES, CTXS_RECORD1_OFF},
-        {CTXS_RECORD1_OFF + CTXS_RECORD_BYTES, CTXS_PAGE},
+        {CTXS__HEADER_BYTES, CTXS__RECORD0_OFF},
+        {CTXS__RECORD0_OFF + CTXS__RECORD_BYTES, CTXS__RECORD1_OFF},
+        {CTXS__RECORD1_OFF + CTXS__RECORD_BYTES, CTXS__PAGE},
     };
     unsigned gap_flips = 0;
     for (; gap_flips < 384; gap_flips++) {
@@ -1158,7 +1158,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
                   bit / 8, ctxs_err_name(rc));
         if (rc == 0) {
             ctxs_session_info info;
-            cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+            cr_assert_eq(ctxs_session_info_get(&info, s), 0);
             cr_assert_eq(info.n_tokens, rec[newer].n_tokens,
                          "unused byte %zu flipped: the state changed", bit / 8);
             cr_assert_eq(ts_check_all(s), 0);
@@ -1173,13 +1173,13 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
     s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, CTXS_SYNC_ASYNC, &rc);
     cr_assert_eq(rc, 0);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_assert_eq(info.n_tokens, rec[newer].n_tokens);
     ctxs_session_close(s);
 
     say("bit flips: %u opens (%u header bits, %u record bits, %u read-write, %u with both "
                 "records flipped, %u in unused bytes)",
-                opens, CTXS_HEADER_BYTES * 8, 2 * CTXS_RECORD_BYTES * 8, rw_checks, both,
+                opens, CTXS__HEADER_BYTES * 8, 2 * CTXS__RECORD_BYTES * 8, rw_checks, both,
                 gap_flips);
     free(img);
     ts_rmtree(dir);
@@ -1212,7 +1212,7 @@ Test(torn, a_commit_that_died_before_its_record_leaves_nothing_to_splice)
      * 1100.., so that they cannot pass for what is appended later. */
     enum { DEAD = 10, PER = 2 * 2 * 8 };
     ctxs_reservation r;
-    cr_assert_eq(ctxs_session_reserve(s, DEAD, &r), 0);
+    cr_assert_eq(ctxs_session_reserve(&r, s, DEAD), 0);
     uint16_t k[PER], v[PER];
     for (uint32_t i = 0; i < DEAD; i++) {
         ts_fill_kv(&m.geometry, 1100 + i, k, v);
@@ -1248,7 +1248,7 @@ Test(torn, a_commit_that_died_before_its_record_leaves_nothing_to_splice)
     o.recovery = CTXS_RECOVER_VERIFY;
     cr_assert_eq(ctxs_session_open(&s, image, &m, CTXS_OPEN_RDONLY, &o), 0);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_expect_eq(info.n_tokens, 100, "recovered %llu tokens", (unsigned long long)info.n_tokens);
     cr_expect_eq(ts_check_all(s), 0, "a wrong state was accepted");
     ctxs_session_close(s);
@@ -1267,7 +1267,7 @@ static void lose_slot(const char *path, uint32_t slot)
 {
     int fd = open(path, O_RDWR);
     cr_assert_geq(fd, 0);
-    ctxs_disk_header h;
+    ctxs__disk_header h;
     cr_assert_eq(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
     uint8_t junk[4096];
     memset(junk, 0x55, sizeof(junk));
@@ -1281,7 +1281,7 @@ static void lose_slot(const char *path, uint32_t slot)
 static ctxs_session_info info_now(const ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(s, &info), 0);
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     return info;
 }
 
@@ -1312,15 +1312,15 @@ Test(torn, a_reader_refresh_verifies_like_its_open)
 
     /* A newer record (as a writer of another boot would leave). */
     int fd = open(path, O_RDWR);
-    ctxs_disk_record r[2];
-    cr_assert_eq(pread(fd, &r[0], sizeof(r[0]), CTXS_RECORD0_OFF), (ssize_t)sizeof(r[0]));
-    cr_assert_eq(pread(fd, &r[1], sizeof(r[1]), CTXS_RECORD1_OFF), (ssize_t)sizeof(r[1]));
+    ctxs__disk_record r[2];
+    cr_assert_eq(pread(fd, &r[0], sizeof(r[0]), CTXS__RECORD0_OFF), (ssize_t)sizeof(r[0]));
+    cr_assert_eq(pread(fd, &r[1], sizeof(r[1]), CTXS__RECORD1_OFF), (ssize_t)sizeof(r[1]));
     int newer = r[1].seq > r[0].seq;
-    ctxs_disk_record next = r[newer];
+    ctxs__disk_record next = r[newer];
     next.seq++;
     memset(next.boot_id, 0xb0, sizeof(next.boot_id));
     ctxs__record_seal(&next, (uint32_t)!newer);
-    cr_assert_eq(pwrite(fd, &next, sizeof(next), !newer ? CTXS_RECORD1_OFF : CTXS_RECORD0_OFF),
+    cr_assert_eq(pwrite(fd, &next, sizeof(next), !newer ? CTXS__RECORD1_OFF : CTXS__RECORD0_OFF),
                  (ssize_t)sizeof(next));
     close(fd);
 
@@ -1365,7 +1365,7 @@ Test(torn, tokens_a_sync_made_durable_survive_a_later_loss_in_a_ring)
     ctxs_session_info info = info_now(s);
     cr_expect_eq(info.n_tokens, 104, "recovered %llu", (unsigned long long)info.n_tokens);
     uint32_t slot;
-    cr_expect_eq(ctxs_session_slot(s, 99, &slot), 0, "a synced token was dropped");
+    cr_expect_eq(ctxs_session_slot(&slot, s, 99), 0, "a synced token was dropped");
     cr_expect_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
     ts_rmtree(dir);

@@ -47,7 +47,7 @@ static ctxs_session *create(const char *name, uint32_t capacity, uint32_t n_sink
 static ctxs_window window_of(const ctxs_session *s)
 {
     ctxs_window w;
-    cr_assert_eq(ctxs_session_window(s, &w), 0);
+    cr_assert_eq(ctxs_session_window(&w, s), 0);
     return w;
 }
 
@@ -146,7 +146,7 @@ Test(window, pressure_shrinks_windows_and_loses_nothing)
     w = window_of(s);
     expect_spans(w, 2, 0, 4, 3000 - 1024, 1024);
     ctxs_session_info info;
-    ctxs_session_info_get(s, &info);
+    ctxs_session_info_get(&info, s);
     cr_expect_eq(info.window, 1024);
     cr_expect(info.flags & CTXS_INFO_PRESSURE);
     /* Every token is still there, including those whose pages were let go. */

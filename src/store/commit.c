@@ -20,10 +20,10 @@
  * each (layer, K|V, head) run, to keep the fallocate calls per token low. */
 #define ALLOC_STEP_BYTES 65536u
 
-int ctxs__record_write(ctxs_session *s, const ctxs_state *next)
+int ctxs__record_write(ctxs_session *s, const ctxs__state *next)
 {
     uint32_t index = s->cur_record ^ 1u;
-    ctxs_disk_record r;
+    ctxs__disk_record r;
     memset(&r, 0, sizeof(r));
     r.seq = s->st.seq + 1;
     r.n_tokens = next->n_tokens;
@@ -39,7 +39,7 @@ int ctxs__record_write(ctxs_session *s, const ctxs_state *next)
      * copying could leave a torn record in the page cache, to be written
      * back; a system call is not interrupted halfway. */
     atomic_thread_fence(memory_order_release);
-    off_t off = index == 0 ? CTXS_RECORD0_OFF : CTXS_RECORD1_OFF;
+    off_t off = index == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF;
     ssize_t w;
     while ((w = pwrite(s->fd, &r, sizeof(r), off)) < 0 && errno == EINTR)
         ;
@@ -52,7 +52,7 @@ int ctxs__record_write(ctxs_session *s, const ctxs_state *next)
     return 0;
 }
 
-int ctxs__record_write_both(ctxs_session *s, const ctxs_state *next)
+int ctxs__record_write_both(ctxs_session *s, const ctxs__state *next)
 {
     int rc = ctxs__record_write(s, next);
     return rc < 0 ? rc : ctxs__record_write(s, next);
@@ -87,7 +87,7 @@ static int forget_sums(ctxs_session *s, uint64_t from, uint64_t to)
 
 /* Zeroes the checksums of the positions at or above `from` that st holds
  * (at most the capacity, however far the ring has run). */
-static int forget_held_from(ctxs_session *s, const ctxs_state *st, uint64_t from)
+static int forget_held_from(ctxs_session *s, const ctxs__state *st, uint64_t from)
 {
     uint64_t ns = s->lay.n_sink, n = st->n_tokens, first = ctxs__first_recent(s, st);
     int changed = 0;
@@ -99,7 +99,7 @@ static int forget_held_from(ctxs_session *s, const ctxs_state *st, uint64_t from
 int ctxs__forget_unheld(ctxs_session *s)
 {
     /* The slots that the next positions will take, up to a full ring. */
-    const ctxs_state *st = &s->st;
+    const ctxs__state *st = &s->st;
     uint64_t n = st->n_tokens, ns = s->lay.n_sink;
     uint64_t free_slots = s->lay.capacity - ctxs__held(s, st);
     uint64_t from = n;
@@ -120,8 +120,8 @@ int ctxs__fail(ctxs_session *s, int rc)
      * loss. The non-current record first, so one stays valid throughout. */
     for (uint32_t k = 0; k < 2; k++) {
         uint32_t index = k == 0 ? s->cur_record ^ 1u : s->cur_record;
-        uint8_t *at = s->map + (index == 0 ? CTXS_RECORD0_OFF : CTXS_RECORD1_OFF);
-        ctxs_disk_record r;
+        uint8_t *at = s->map + (index == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF);
+        ctxs__disk_record r;
         memcpy(&r, at, sizeof(r));
         if (!ctxs__record_valid(&r, index, &s->lay, s->ring))
             continue;
@@ -146,7 +146,7 @@ static int writable(ctxs_session *s)
 
 static int allocate_range(ctxs_session *s, uint64_t from, uint64_t to)
 {
-    const ctxs_file_layout *lay = &s->lay;
+    const ctxs__file_layout *lay = &s->lay;
     uint64_t len = (to - from) * lay->slot_bytes;
     for (uint32_t run = 0; run < 2 * lay->n_layers * lay->n_kv_heads; run++) {
         uint64_t off = lay->kv_off + (uint64_t)run * lay->head_stride + from * lay->slot_bytes;
@@ -164,7 +164,7 @@ static int allocate_slots(ctxs_session *s, uint32_t end_slot)
 {
     if (end_slot <= s->alloc_end)
         return 0;
-    const ctxs_file_layout *lay = &s->lay;
+    const ctxs__file_layout *lay = &s->lay;
     uint64_t step = (ALLOC_STEP_BYTES + lay->slot_bytes - 1) / lay->slot_bytes;
     uint64_t ahead = ((uint64_t)end_slot + step - 1) / step * step;
     if (ahead > lay->capacity)
@@ -186,7 +186,7 @@ static int allocate_slots(ctxs_session *s, uint32_t end_slot)
 static void prefault_spans(const ctxs_session *s, const ctxs_reservation *r)
 {
 #ifdef MADV_POPULATE_WRITE
-    const ctxs_file_layout *lay = &s->lay;
+    const ctxs__file_layout *lay = &s->lay;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (uint32_t run = 0; run < 2 * lay->n_layers * lay->n_kv_heads; run++) {
         uintptr_t base = (uintptr_t)(s->map + lay->kv_off + (size_t)run * lay->head_stride);
@@ -203,11 +203,11 @@ static void prefault_spans(const ctxs_session *s, const ctxs_reservation *r)
 #endif
 }
 
-int ctxs_session_reserve(ctxs_session *s, uint32_t n, ctxs_reservation *out)
+int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
 {
-    CTXS_CHECK(out);
+    CTXS__CHECK(out);
     memset(out, 0, sizeof(*out));
-    CTXS_CHECK(s && n > 0);
+    CTXS__CHECK(s && n > 0);
     int rc = writable(s);
     if (rc < 0)
         return rc;
@@ -245,7 +245,7 @@ int ctxs_session_reserve(ctxs_session *s, uint32_t n, ctxs_reservation *out)
     /* Evict, and commit the eviction, before the engine may overwrite. */
     uint64_t first = ctxs__first_recent(s, &s->st);
     if (s->ring && end > cap && end - ctxs__ring_len(s) > first) {
-        ctxs_state next = s->st;
+        ctxs__state next = s->st;
         next.ring_start = end - ctxs__ring_len(s);
         /* Evicting positions below the watermark: no surviving record may
          * claim them once their slots are rewritten, so both records take
@@ -272,13 +272,13 @@ int ctxs_session_reserve(ctxs_session *s, uint32_t n, ctxs_reservation *out)
 int ctxs_session_write_token(ctxs_session *s, const ctxs_reservation *r, uint32_t i,
                              const void *k, const void *v)
 {
-    CTXS_CHECK(s && r && k && v && i < r->n_tokens);
+    CTXS__CHECK(s && r && k && v && i < r->n_tokens);
     uint64_t pos = r->first_pos + i;
-    CTXS_CHECK(pos >= s->st.n_tokens && pos < s->st.n_tokens + s->n_reserved);
+    CTXS__CHECK(pos >= s->st.n_tokens && pos < s->st.n_tokens + s->n_reserved);
     int rc = writable(s);
     if (rc < 0)
         return rc;
-    const ctxs_file_layout *lay = &s->lay;
+    const ctxs__file_layout *lay = &s->lay;
     size_t in_run = (size_t)ctxs__slot(s, pos) * lay->slot_bytes;
     const uint8_t *kb = k, *vb = v;
     for (uint32_t l = 0; l < lay->n_layers; l++) {
@@ -293,18 +293,18 @@ int ctxs_session_write_token(ctxs_session *s, const ctxs_reservation *r, uint32_
 
 int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
 {
-    CTXS_CHECK(s && token_ids && n > 0);
+    CTXS__CHECK(s && token_ids && n > 0);
     int rc = writable(s);
     if (rc < 0)
         return rc;
-    CTXS_CHECK(n <= s->n_reserved);
+    CTXS__CHECK(n <= s->n_reserved);
 
     const uint64_t first = s->st.n_tokens;
     uint32_t *tokens = ctxs__token_table(s);
     uint64_t *table = ctxs__sum_table(s);
-    uint64_t sums[CTXS_SUM_BATCH];
-    for (uint32_t done = 0; done < n; done += CTXS_SUM_BATCH) {
-        uint32_t batch = n - done < CTXS_SUM_BATCH ? n - done : CTXS_SUM_BATCH;
+    uint64_t sums[CTXS__SUM_BATCH];
+    for (uint32_t done = 0; done < n; done += CTXS__SUM_BATCH) {
+        uint32_t batch = n - done < CTXS__SUM_BATCH ? n - done : CTXS__SUM_BATCH;
         for (uint32_t i = 0; i < batch; i++)
             tokens[ctxs__slot(s, first + done + i)] = token_ids[done + i];
         ctxs__token_sums(s, first + done, batch, sums);
@@ -313,7 +313,7 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
     }
     s->n_reserved = 0;
 
-    ctxs_state next = s->st;
+    ctxs__state next = s->st;
     next.n_tokens = first + n;
     switch (s->durability) {
     case CTXS_SYNC_FULL:
@@ -338,7 +338,7 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
 
 int ctxs_session_sync(ctxs_session *s)
 {
-    CTXS_CHECK(s);
+    CTXS__CHECK(s);
     int rc = writable(s);
     if (rc < 0)
         return rc;
@@ -346,7 +346,7 @@ int ctxs_session_sync(ctxs_session *s)
         return 0;
     if ((rc = ctxs__sync_data(s->fd)) < 0)
         return ctxs__fail(s, rc);
-    ctxs_state next = s->st;
+    ctxs__state next = s->st;
     next.verified_from = next.n_tokens;
     if ((rc = ctxs__record_write(s, &next)) < 0 || (rc = ctxs__sync_data(s->fd)) < 0)
         return ctxs__fail(s, rc);
@@ -355,11 +355,11 @@ int ctxs_session_sync(ctxs_session *s)
 
 int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
 {
-    CTXS_CHECK(s);
+    CTXS__CHECK(s);
     int rc = writable(s);
     if (rc < 0)
         return rc;
-    CTXS_CHECK(n_tokens <= s->st.n_tokens);
+    CTXS__CHECK(n_tokens <= s->st.n_tokens);
     const uint64_t ns = s->lay.n_sink;
     if (n_tokens >= ns && n_tokens < ctxs__first_recent(s, &s->st))
         return CTXS_EEVICTED;
@@ -367,7 +367,7 @@ int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
     if (n_tokens == s->st.n_tokens)
         return 0;
 
-    ctxs_state next = s->st;
+    ctxs__state next = s->st;
     next.n_tokens = n_tokens;
     if (n_tokens <= ns)
         next.ring_start = 0;
@@ -383,7 +383,7 @@ int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
      * zeroed checksums under a surviving old record would fail tokens its
      * watermark vouches for. Two syncs of the few metadata pages; rollbacks
      * are rare. */
-    ctxs_state dropped = s->st;
+    ctxs__state dropped = s->st;
     if ((rc = ctxs__record_write_both(s, &next)) < 0 || (rc = ctxs__sync_meta(s)) < 0)
         return ctxs__fail(s, rc);
     if (forget_held_from(s, &dropped, n_tokens) && (rc = ctxs__sync_meta(s)) < 0)

@@ -34,21 +34,21 @@ static int add_u64(uint64_t a, uint64_t b, uint64_t *out)
 
 static int round_page(uint64_t a, uint64_t *out)
 {
-    if (add_u64(a, CTXS_PAGE - 1, out))
+    if (add_u64(a, CTXS__PAGE - 1, out))
         return -1;
-    *out &= ~(uint64_t)(CTXS_PAGE - 1);
+    *out &= ~(uint64_t)(CTXS__PAGE - 1);
     return 0;
 }
 
-int ctxs__layout_compute(ctxs_file_layout *out, const ctxs_geometry *g,
+int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
                          uint32_t capacity, uint32_t n_sink)
 {
     memset(out, 0, sizeof(*out));
     uint32_t elem = ctxs__dtype_bytes(g->dtype);
-    if (!elem || g->n_layers == 0 || g->n_layers > CTXS_MAX_DIM ||
-        g->n_kv_heads == 0 || g->n_kv_heads > CTXS_MAX_DIM ||
-        g->head_dim == 0 || g->head_dim > CTXS_MAX_DIM ||
-        capacity < 2 || capacity > CTXS_MAX_CAPACITY || n_sink >= capacity)
+    if (!elem || g->n_layers == 0 || g->n_layers > CTXS__MAX_DIM ||
+        g->n_kv_heads == 0 || g->n_kv_heads > CTXS__MAX_DIM ||
+        g->head_dim == 0 || g->head_dim > CTXS__MAX_DIM ||
+        capacity < 2 || capacity > CTXS__MAX_CAPACITY || n_sink >= capacity)
         return CTXS_EINVAL;
 
     uint64_t slot_bytes = (uint64_t)g->head_dim * elem;
@@ -63,7 +63,7 @@ int ctxs__layout_compute(ctxs_file_layout *out, const ctxs_geometry *g,
         round_page((uint64_t)capacity * 8, &sums_bytes))
         return CTXS_EINVAL;
 
-    off = CTXS_PAGE;
+    off = CTXS__PAGE;
     out->tokens_off = off;
     out->tokens_bytes = tokens_bytes;
     off += tokens_bytes;
@@ -76,7 +76,7 @@ int ctxs__layout_compute(ctxs_file_layout *out, const ctxs_geometry *g,
     /* The whole file is mapped: it must fit in the address space and leave
      * room for off_t arithmetic. */
     if (add_u64(off, kv_bytes, &file_bytes) || file_bytes > (uint64_t)INT64_MAX ||
-        file_bytes > (uint64_t)SIZE_MAX - CTXS_MAP_ALIGN)
+        file_bytes > (uint64_t)SIZE_MAX - CTXS__MAP_ALIGN)
         return CTXS_EINVAL;
     out->file_bytes = file_bytes;
 
@@ -93,16 +93,16 @@ int ctxs__layout_compute(ctxs_file_layout *out, const ctxs_geometry *g,
     return 0;
 }
 
-void ctxs__header_init(ctxs_disk_header *h, const ctxs_file_layout *lay,
+void ctxs__header_init(ctxs__disk_header *h, const ctxs__file_layout *lay,
                        const ctxs_model *model, uint32_t flags,
                        uint64_t created_unix_ms)
 {
     memset(h, 0, sizeof(*h));
-    memcpy(h->magic, CTXS_FILE_MAGIC, 8);
-    h->version_major = CTXS_FORMAT_MAJOR;
-    h->version_minor = CTXS_FORMAT_MINOR;
-    h->header_bytes = CTXS_HEADER_BYTES;
-    h->page_bytes = CTXS_PAGE;
+    memcpy(h->magic, CTXS__FILE_MAGIC, 8);
+    h->version_major = CTXS__FORMAT_MAJOR;
+    h->version_minor = CTXS__FORMAT_MINOR;
+    h->header_bytes = CTXS__HEADER_BYTES;
+    h->page_bytes = CTXS__PAGE;
     h->flags = flags;
     h->dtype = model->geometry.dtype;
     h->elem_bytes = lay->elem_bytes;
@@ -111,9 +111,9 @@ void ctxs__header_init(ctxs_disk_header *h, const ctxs_file_layout *lay,
     h->head_dim = lay->head_dim;
     h->capacity = lay->capacity;
     h->n_sink = lay->n_sink;
-    h->record_bytes = CTXS_RECORD_BYTES;
-    h->record_off[0] = CTXS_RECORD0_OFF;
-    h->record_off[1] = CTXS_RECORD1_OFF;
+    h->record_bytes = CTXS__RECORD_BYTES;
+    h->record_off[0] = CTXS__RECORD0_OFF;
+    h->record_off[1] = CTXS__RECORD1_OFF;
     h->tokens_off = lay->tokens_off;
     h->tokens_bytes = lay->tokens_bytes;
     h->sums_off = lay->sums_off;
@@ -124,27 +124,27 @@ void ctxs__header_init(ctxs_disk_header *h, const ctxs_file_layout *lay,
     memcpy(h->model_hash, model->model_hash, 16);
     memcpy(h->tokenizer_hash, model->tokenizer_hash, 16);
     h->created_unix_ms = created_unix_ms;
-    h->crc32 = crc_of(h, offsetof(ctxs_disk_header, crc32));
+    h->crc32 = crc_of(h, offsetof(ctxs__disk_header, crc32));
 }
 
-int ctxs__header_check(const ctxs_disk_header *h, uint64_t file_size,
-                       ctxs_file_layout *out)
+int ctxs__header_check(const ctxs__disk_header *h, uint64_t file_size,
+                       ctxs__file_layout *out)
 {
-    if (memcmp(h->magic, CTXS_FILE_MAGIC, 8) != 0)
+    if (memcmp(h->magic, CTXS__FILE_MAGIC, 8) != 0)
         return CTXS_EFOREIGN;
     /* The version is read before the CRC: a future major version may have
      * moved or resized the CRC itself. */
-    if (h->version_major > CTXS_FORMAT_MAJOR)
+    if (h->version_major > CTXS__FORMAT_MAJOR)
         return CTXS_EVERSION;
     if (h->version_major == 0)
         return CTXS_ECORRUPT;
-    if (h->crc32 != crc_of(h, offsetof(ctxs_disk_header, crc32)))
+    if (h->crc32 != crc_of(h, offsetof(ctxs__disk_header, crc32)))
         return CTXS_ECORRUPT;
-    if (h->header_bytes != CTXS_HEADER_BYTES || h->page_bytes != CTXS_PAGE ||
-        h->record_bytes != CTXS_RECORD_BYTES ||
-        h->record_off[0] != CTXS_RECORD0_OFF ||
-        h->record_off[1] != CTXS_RECORD1_OFF ||
-        (h->flags & ~CTXS_FLAG_RING) != 0 ||
+    if (h->header_bytes != CTXS__HEADER_BYTES || h->page_bytes != CTXS__PAGE ||
+        h->record_bytes != CTXS__RECORD_BYTES ||
+        h->record_off[0] != CTXS__RECORD0_OFF ||
+        h->record_off[1] != CTXS__RECORD1_OFF ||
+        (h->flags & ~CTXS__FLAG_RING) != 0 ||
         h->elem_bytes != ctxs__dtype_bytes(h->dtype))
         return CTXS_ECORRUPT;
 
@@ -161,24 +161,24 @@ int ctxs__header_check(const ctxs_disk_header *h, uint64_t file_size,
     return 0;
 }
 
-void ctxs__record_seal(ctxs_disk_record *r, uint32_t index)
+void ctxs__record_seal(ctxs__disk_record *r, uint32_t index)
 {
-    memcpy(r->magic, CTXS_RECORD_MAGIC, 4);
+    memcpy(r->magic, CTXS__RECORD_MAGIC, 4);
     r->index = index;
-    r->crc32 = crc_of(r, offsetof(ctxs_disk_record, crc32));
+    r->crc32 = crc_of(r, offsetof(ctxs__disk_record, crc32));
 }
 
-int ctxs__record_valid(const ctxs_disk_record *r, uint32_t index,
-                       const ctxs_file_layout *lay, int ring)
+int ctxs__record_valid(const ctxs__disk_record *r, uint32_t index,
+                       const ctxs__file_layout *lay, int ring)
 {
-    if (memcmp(r->magic, CTXS_RECORD_MAGIC, 4) != 0 || r->index != index ||
-        r->crc32 != crc_of(r, offsetof(ctxs_disk_record, crc32)))
+    if (memcmp(r->magic, CTXS__RECORD_MAGIC, 4) != 0 || r->index != index ||
+        r->crc32 != crc_of(r, offsetof(ctxs__disk_record, crc32)))
         return 0;
     /* The next seq must exist: a record at the limit would win forever. */
     if (r->seq == UINT64_MAX)
         return 0;
     /* Positions are counted in 64 bits; leave room for any arithmetic. */
-    if (r->n_tokens >= CTXS_MAX_POSITION)
+    if (r->n_tokens >= CTXS__MAX_POSITION)
         return 0;
     uint64_t n = r->n_tokens, rs = r->ring_start, ns = lay->n_sink;
     uint64_t ring_len = lay->capacity - lay->n_sink;

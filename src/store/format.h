@@ -15,46 +15,46 @@
 
 #include "ctxstore.h"
 
-#define CTXS_FILE_MAGIC "CTXSSESS"   /* 8 bytes, no terminator on disk */
-#define CTXS_FORMAT_MAJOR 1
-#define CTXS_FORMAT_MINOR 0
+#define CTXS__FILE_MAGIC "CTXSSESS"   /* 8 bytes, no terminator on disk */
+#define CTXS__FORMAT_MAJOR 1
+#define CTXS__FORMAT_MINOR 0
 
 /* Every region starts on a 16 KiB boundary: Apple Silicon's page size, which
  * Metal's no-copy buffers need, and a multiple of the 4 KiB pages elsewhere. */
-#define CTXS_PAGE 16384u
+#define CTXS__PAGE 16384u
 
-#define CTXS_HEADER_BYTES 256u
-#define CTXS_RECORD_BYTES 128u
+#define CTXS__HEADER_BYTES 256u
+#define CTXS__RECORD_BYTES 128u
 /* The two commit records live in separate 4 KiB pages of the first 16 KiB,
  * away from the header, so that writing one can never tear the other or the
  * header, whatever the device's atomic write unit. */
-#define CTXS_RECORD0_OFF 4096u
-#define CTXS_RECORD1_OFF 8192u
+#define CTXS__RECORD0_OFF 4096u
+#define CTXS__RECORD1_OFF 8192u
 
-#define CTXS_MAX_DIM 4096u            /* layers, heads, head_dim: each */
-#define CTXS_MAX_CAPACITY (1u << 24)  /* slots */
+#define CTXS__MAX_DIM 4096u            /* layers, heads, head_dim: each */
+#define CTXS__MAX_CAPACITY (1u << 24)  /* slots */
 
-#define CTXS_FLAG_RING 0x1u           /* header.flags */
-#define CTXS_MAX_POSITION (1ull << 62) /* n_tokens stays below */
+#define CTXS__FLAG_RING 0x1u           /* header.flags */
+#define CTXS__MAX_POSITION (1ull << 62) /* n_tokens stays below */
 
 /* The mapping's alignment (session.c); files leave room for it. */
-#define CTXS_MAP_ALIGN (2u << 20)
+#define CTXS__MAP_ALIGN (2u << 20)
 
 static_assert(sizeof(off_t) == 8, "large-file offsets");
 
-#define CTXS_RECORD_MAGIC "CREC"
-#define CTXS_TOKEN_SEED 0x637478732d6b7631ull /* "ctxs-kv1" */
+#define CTXS__RECORD_MAGIC "CREC"
+#define CTXS__TOKEN_SEED 0x637478732d6b7631ull /* "ctxs-kv1" */
 
 /*
  * The immutable header, at offset 0. Written once by create, CRC-checked by
  * every open.
  */
-typedef struct ctxs_disk_header {
-    char magic[8];            /* CTXS_FILE_MAGIC */
+typedef struct ctxs__disk_header {
+    char magic[8];            /* CTXS__FILE_MAGIC */
     uint16_t version_major;   /* readers refuse a newer major */
     uint16_t version_minor;   /* additions that old readers may ignore */
-    uint32_t header_bytes;    /* CTXS_HEADER_BYTES */
-    uint32_t page_bytes;      /* CTXS_PAGE: region alignment */
+    uint32_t header_bytes;    /* CTXS__HEADER_BYTES */
+    uint32_t page_bytes;      /* CTXS__PAGE: region alignment */
     uint32_t flags;           /* CTXS_FLAG_* */
     uint32_t dtype;           /* ctxs_dtype */
     uint32_t elem_bytes;      /* bytes per element of dtype */
@@ -63,26 +63,26 @@ typedef struct ctxs_disk_header {
     uint32_t head_dim;
     uint32_t capacity;        /* slots */
     uint32_t n_sink;          /* slots 0..n_sink-1 are never overwritten */
-    uint32_t record_bytes;    /* CTXS_RECORD_BYTES */
-    uint64_t record_off[2];   /* CTXS_RECORD0_OFF, CTXS_RECORD1_OFF */
+    uint32_t record_bytes;    /* CTXS__RECORD_BYTES */
+    uint64_t record_off[2];   /* CTXS__RECORD0_OFF, CTXS__RECORD1_OFF */
     uint64_t tokens_off;      /* token-id table: u32 per slot */
-    uint64_t tokens_bytes;    /* capacity * 4, rounded up to CTXS_PAGE */
+    uint64_t tokens_bytes;    /* capacity * 4, rounded up to CTXS__PAGE */
     uint64_t sums_off;        /* checksum table: u64 per slot */
-    uint64_t sums_bytes;      /* capacity * 8, rounded up to CTXS_PAGE */
+    uint64_t sums_bytes;      /* capacity * 8, rounded up to CTXS__PAGE */
     uint64_t kv_off;          /* [layers][2][heads][capacity][head_dim] */
-    uint64_t kv_bytes;        /* exact size, rounded up to CTXS_PAGE */
+    uint64_t kv_bytes;        /* exact size, rounded up to CTXS__PAGE */
     uint64_t file_bytes;      /* kv_off + kv_bytes */
     uint8_t model_hash[16];
     uint8_t tokenizer_hash[16];
     uint64_t created_unix_ms;
     uint8_t reserved[84];     /* zero when written; ignored when read */
     uint32_t crc32;           /* zlib crc32 of bytes 0..251 */
-} ctxs_disk_header;
+} ctxs__disk_header;
 
-static_assert(sizeof(ctxs_disk_header) == CTXS_HEADER_BYTES, "header size");
-static_assert(offsetof(ctxs_disk_header, record_off) == 56, "header layout");
-static_assert(offsetof(ctxs_disk_header, model_hash) == 128, "header layout");
-static_assert(offsetof(ctxs_disk_header, crc32) == 252, "header layout");
+static_assert(sizeof(ctxs__disk_header) == CTXS__HEADER_BYTES, "header size");
+static_assert(offsetof(ctxs__disk_header, record_off) == 56, "header layout");
+static_assert(offsetof(ctxs__disk_header, model_hash) == 128, "header layout");
+static_assert(offsetof(ctxs__disk_header, crc32) == 252, "header layout");
 
 /*
  * A commit record. Two of them, written alternately: a commit writes the one
@@ -101,8 +101,8 @@ static_assert(offsetof(ctxs_disk_header, crc32) == 252, "header layout");
  * held positions at or above it. Any operation that would rewrite the slot
  * of a position below it first lowers it in a record that is made durable.
  */
-typedef struct ctxs_disk_record {
-    char magic[4];            /* CTXS_RECORD_MAGIC */
+typedef struct ctxs__disk_record {
+    char magic[4];            /* CTXS__RECORD_MAGIC */
     uint32_t index;           /* 0 or 1: which of the two places it is in */
     uint64_t seq;             /* 1, 2, 3, ... ; both 0 in a fresh file */
     uint64_t n_tokens;        /* positions committed since the start */
@@ -114,15 +114,15 @@ typedef struct ctxs_disk_record {
     uint64_t written_unix_ms; /* wall clock of the write, for "last used" */
     uint8_t reserved[60];     /* zero when written; ignored when read */
     uint32_t crc32;           /* zlib crc32 of bytes 0..123 */
-} ctxs_disk_record;
+} ctxs__disk_record;
 
-static_assert(sizeof(ctxs_disk_record) == CTXS_RECORD_BYTES, "record size");
-static_assert(offsetof(ctxs_disk_record, boot_id) == 40, "record layout");
-static_assert(offsetof(ctxs_disk_record, crc32) == 124, "record layout");
+static_assert(sizeof(ctxs__disk_record) == CTXS__RECORD_BYTES, "record size");
+static_assert(offsetof(ctxs__disk_record, boot_id) == 40, "record layout");
+static_assert(offsetof(ctxs__disk_record, crc32) == 124, "record layout");
 
 /* The geometry and region offsets of a file, derived from a header whose
  * fields were range-checked; every product here was overflow-checked. */
-typedef struct ctxs_file_layout {
+typedef struct ctxs__file_layout {
     uint32_t n_layers, n_kv_heads, head_dim, elem_bytes;
     uint32_t capacity, n_sink;
     size_t slot_bytes;     /* head_dim * elem_bytes */
@@ -133,33 +133,33 @@ typedef struct ctxs_file_layout {
     uint64_t sums_off, sums_bytes;
     uint64_t kv_off, kv_bytes;
     uint64_t file_bytes;
-} ctxs_file_layout;
+} ctxs__file_layout;
 
 /* Element size of a dtype, 0 if unknown. */
 uint32_t ctxs__dtype_bytes(uint32_t dtype);
 
 /* Computes the layout for a geometry and capacity. Returns 0, or CTXS_EINVAL
  * when a field is out of range or a size overflows. */
-int ctxs__layout_compute(ctxs_file_layout *out, const ctxs_geometry *g,
+int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
                          uint32_t capacity, uint32_t n_sink);
 
 /* Fills a header for a new file. */
-void ctxs__header_init(ctxs_disk_header *h, const ctxs_file_layout *lay,
+void ctxs__header_init(ctxs__disk_header *h, const ctxs__file_layout *lay,
                        const ctxs_model *model, uint32_t flags,
                        uint64_t created_unix_ms);
 
 /* Checks a header read from a file of file_size bytes and derives its
  * layout. Errors: CTXS_EFOREIGN, CTXS_EVERSION, CTXS_ECORRUPT. */
-int ctxs__header_check(const ctxs_disk_header *h, uint64_t file_size,
-                       ctxs_file_layout *out);
+int ctxs__header_check(const ctxs__disk_header *h, uint64_t file_size,
+                       ctxs__file_layout *out);
 
 /* Seals a record (sets magic, index and CRC). */
-void ctxs__record_seal(ctxs_disk_record *r, uint32_t index);
+void ctxs__record_seal(ctxs__disk_record *r, uint32_t index);
 
 /* 1 if the record's magic, index and CRC hold and its counters are
  * consistent with the layout (ring flag from the header), else 0. */
-int ctxs__record_valid(const ctxs_disk_record *r, uint32_t index,
-                       const ctxs_file_layout *lay, int ring);
+int ctxs__record_valid(const ctxs__disk_record *r, uint32_t index,
+                       const ctxs__file_layout *lay, int ring);
 
 /* The slot of position p (p must be held). */
 static inline uint32_t ctxs__slot_of(uint64_t p, uint32_t capacity,

@@ -13,12 +13,12 @@
 #include "format.h"
 
 /* The committed state a commit record describes. */
-typedef struct ctxs_state {
+typedef struct ctxs__state {
     uint64_t seq;
     uint64_t n_tokens;
     uint64_t ring_start;
     uint64_t verified_from;
-} ctxs_state;
+} ctxs__state;
 
 struct ctxs_session {
     int fd;
@@ -28,12 +28,12 @@ struct ctxs_session {
     int failed;           /* a sync failed: every write call refuses */
     uint8_t *map;         /* the whole file, MAP_SHARED */
     size_t map_bytes;
-    ctxs_file_layout lay;
+    ctxs__file_layout lay;
     ctxs_model model;
     uint32_t format_minor;
     uint64_t created_unix_ms;
 
-    ctxs_state st;        /* what the current record says */
+    ctxs__state st;        /* what the current record says */
     uint32_t cur_record;  /* 0 or 1: the current record; commits write the other */
 
     uint32_t n_reserved;  /* positions st.n_tokens .. + n_reserved are reserved */
@@ -53,8 +53,10 @@ struct ctxs_session {
     struct ctxs_session *prev, *next;
 };
 
+#define CTXS__DEFAULT_WINDOW 2048u
+
 /* Argument checks at the API boundary, once (dav1d's validate.h). */
-#define CTXS_CHECK(cond)                                                       \
+#define CTXS__CHECK(cond)                                                       \
     do {                                                                       \
         if (!(cond))                                                           \
             return CTXS_EINVAL;                                                \
@@ -67,14 +69,14 @@ static inline uint64_t ctxs__ring_len(const ctxs_session *s)
 
 /* First position after the sinks that st holds. */
 static inline uint64_t ctxs__first_recent(const ctxs_session *s,
-                                          const ctxs_state *st)
+                                          const ctxs__state *st)
 {
     uint64_t ns = s->lay.n_sink;
     return st->ring_start > ns ? st->ring_start : ns;
 }
 
 /* 1 if st holds position p. */
-static inline int ctxs__holds(const ctxs_session *s, const ctxs_state *st,
+static inline int ctxs__holds(const ctxs_session *s, const ctxs__state *st,
                               uint64_t p)
 {
     if (p >= st->n_tokens)
@@ -108,13 +110,13 @@ static inline uint64_t *ctxs__sum_table(const ctxs_session *s)
  * (pos, token id), then chained over the slot's bytes in every (layer,
  * K|V, head) run, in file order. Computes n consecutive positions at once,
  * run by run, so that memory is read in long sequential stretches.
- * n <= CTXS_SUM_BATCH. */
-#define CTXS_SUM_BATCH 256u
+ * n <= CTXS__SUM_BATCH. */
+#define CTXS__SUM_BATCH 256u
 void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
                       uint64_t *out);
 
 /* Tokens st holds in slots. */
-uint64_t ctxs__held(const ctxs_session *s, const ctxs_state *st);
+uint64_t ctxs__held(const ctxs_session *s, const ctxs__state *st);
 
 /* Verifies held positions [from, to); returns the first that fails, or to. */
 uint64_t ctxs__first_bad(const ctxs_session *s, uint64_t from, uint64_t to);
@@ -122,21 +124,21 @@ uint64_t ctxs__first_bad(const ctxs_session *s, uint64_t from, uint64_t to);
 /* Reads both records and returns the valid one with the higher seq in *st
  * and its index in *index. Returns 0, or CTXS_ECORRUPT when neither holds.
  * *other_valid says whether the other record was valid too. */
-int ctxs__records_read(const ctxs_session *s, ctxs_state *st, uint32_t *index,
+int ctxs__records_read(const ctxs_session *s, ctxs__state *st, uint32_t *index,
                        int *other_valid, uint8_t boot_id[16]);
 
 /* Recovery at open: verifies held tokens at or above st->verified_from;
  * evicts failing tokens at the front of a wrapped ring, then cuts *st at
  * the first failing token. Returns the number of held tokens dropped. */
-uint64_t ctxs__recover(const ctxs_session *s, ctxs_state *st);
+uint64_t ctxs__recover(const ctxs_session *s, ctxs__state *st);
 
 /* Writes st as the next record (the one that is not current) and makes it
  * current. Does not sync. Returns 0 or -errno. */
-int ctxs__record_write(ctxs_session *s, const ctxs_state *st);
+int ctxs__record_write(ctxs_session *s, const ctxs__state *st);
 
 /* Writes st into both records (seq + 1 and seq + 2), so that once synced no
  * record of an earlier state survives, even if a later one is torn. */
-int ctxs__record_write_both(ctxs_session *s, const ctxs_state *st);
+int ctxs__record_write_both(ctxs_session *s, const ctxs__state *st);
 
 /* Makes everything before the KV region durable (records, tables). */
 int ctxs__sync_meta(ctxs_session *s);

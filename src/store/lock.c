@@ -14,26 +14,21 @@
 #define SETLK F_SETLK
 #endif
 
-int ctxs__lock(int fd, enum ctxs_lock_kind kind)
+int ctxs__lock(int fd, enum ctxs__lock_kind kind)
 {
     struct flock fl;
     memset(&fl, 0, sizeof(fl));
     fl.l_whence = SEEK_SET;
     switch (kind) {
-    case CTXS_LOCK_WRITER:
+    case CTXS__LOCK_WRITER:
         fl.l_type = F_WRLCK;
         fl.l_start = 0;
         fl.l_len = 1;
         break;
-    case CTXS_LOCK_READER:
+    case CTXS__LOCK_READER:
         fl.l_type = F_RDLCK;
         fl.l_start = 1;
         fl.l_len = 1;
-        break;
-    case CTXS_LOCK_EXCLUSIVE:
-        fl.l_type = F_WRLCK;
-        fl.l_start = 0;
-        fl.l_len = 2;
         break;
     }
     for (;;) {

@@ -5,20 +5,19 @@
  * never written (locks beyond or inside the file do not touch its data):
  *   byte 0: the writer lock, exclusive;
  *   byte 1: the reader lock, shared by readers.
- * Maintenance that must exclude everyone (delete, compact) takes both
+ * Maintenance that must exclude everyone (delete, compact) will take both
  * exclusively. Locks live with the descriptor: a crashed process's locks
  * vanish with it.
  */
 #ifndef CTXS_STORE_LOCK_H
 #define CTXS_STORE_LOCK_H
 
-enum ctxs_lock_kind {
-    CTXS_LOCK_WRITER,     /* byte 0 exclusive */
-    CTXS_LOCK_READER,     /* byte 1 shared */
-    CTXS_LOCK_EXCLUSIVE,  /* bytes 0-1 exclusive */
+enum ctxs__lock_kind {
+    CTXS__LOCK_WRITER,     /* byte 0 exclusive */
+    CTXS__LOCK_READER,     /* byte 1 shared */
 };
 
 /* Takes the lock without waiting. Returns 0, CTXS_EBUSY, or -errno. */
-int ctxs__lock(int fd, enum ctxs_lock_kind kind);
+int ctxs__lock(int fd, enum ctxs__lock_kind kind);
 
 #endif

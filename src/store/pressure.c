@@ -25,7 +25,7 @@ static ctxs_watch_options watch_opts;
 
 int ctxs_watch_options_init(ctxs_watch_options *opts)
 {
-    CTXS_CHECK(opts);
+    CTXS__CHECK(opts);
     memset(opts, 0, sizeof(*opts));
     opts->version = CTXS_WATCH_OPTIONS_VERSION;
     opts->poll_ms = DEFAULT_POLL_MS;
@@ -113,8 +113,8 @@ int ctxs_pressure_watch_start(const ctxs_watch_options *opts)
     ctxs_watch_options o;
     if (opts) {
         for (size_t i = 0; i < sizeof(opts->reserved); i++)
-            CTXS_CHECK(!opts->reserved[i]);
-        CTXS_CHECK(opts->version == CTXS_WATCH_OPTIONS_VERSION && opts->poll_ms > 0);
+            CTXS__CHECK(!opts->reserved[i]);
+        CTXS__CHECK(opts->version == CTXS_WATCH_OPTIONS_VERSION && opts->poll_ms > 0);
         o = *opts;
     } else {
         ctxs_watch_options_init(&o);

@@ -9,16 +9,16 @@
 void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
                       uint64_t *out)
 {
-    const ctxs_file_layout *lay = &s->lay;
+    const ctxs__file_layout *lay = &s->lay;
     const uint32_t *tokens = ctxs__token_table(s);
-    size_t at[CTXS_SUM_BATCH]; /* byte offset of each position's slot in a run */
+    size_t at[CTXS__SUM_BATCH]; /* byte offset of each position's slot in a run */
     for (uint32_t i = 0; i < n; i++) {
         uint64_t pos = first_pos + i;
         uint32_t slot = ctxs__slot(s, pos);
         uint8_t head[12];
         memcpy(head, &pos, 8);
         memcpy(head + 8, &tokens[slot], 4);
-        out[i] = XXH3_64bits_withSeed(head, sizeof(head), CTXS_TOKEN_SEED);
+        out[i] = XXH3_64bits_withSeed(head, sizeof(head), CTXS__TOKEN_SEED);
         at[i] = (size_t)slot * lay->slot_bytes;
     }
     /* Run by run: a run's slots for consecutive positions are contiguous
@@ -32,14 +32,14 @@ void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
             }
 }
 
-int ctxs__records_read(const ctxs_session *s, ctxs_state *st, uint32_t *index,
+int ctxs__records_read(const ctxs_session *s, ctxs__state *st, uint32_t *index,
                        int *other_valid, uint8_t boot_id[16])
 {
-    ctxs_disk_record r[2];
+    ctxs__disk_record r[2];
     int valid[2];
     for (uint32_t i = 0; i < 2; i++) {
         /* Copy first: another process may be writing the record. */
-        memcpy(&r[i], s->map + (i == 0 ? CTXS_RECORD0_OFF : CTXS_RECORD1_OFF),
+        memcpy(&r[i], s->map + (i == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF),
                sizeof(r[i]));
         valid[i] = ctxs__record_valid(&r[i], i, &s->lay, s->ring);
     }
@@ -60,10 +60,10 @@ int ctxs__records_read(const ctxs_session *s, ctxs_state *st, uint32_t *index,
  * fails (!want_good), or to. */
 static uint64_t scan(const ctxs_session *s, uint64_t from, uint64_t to, int want_good)
 {
-    uint64_t sums[CTXS_SUM_BATCH];
+    uint64_t sums[CTXS__SUM_BATCH];
     const uint64_t *table = ctxs__sum_table(s);
-    for (uint64_t p = from; p < to; p += CTXS_SUM_BATCH) {
-        uint32_t n = (uint32_t)(to - p < CTXS_SUM_BATCH ? to - p : CTXS_SUM_BATCH);
+    for (uint64_t p = from; p < to; p += CTXS__SUM_BATCH) {
+        uint32_t n = (uint32_t)(to - p < CTXS__SUM_BATCH ? to - p : CTXS__SUM_BATCH);
         ctxs__token_sums(s, p, n, sums);
         for (uint32_t i = 0; i < n; i++)
             if ((sums[i] == table[ctxs__slot(s, p + i)]) == want_good)
@@ -77,13 +77,13 @@ uint64_t ctxs__first_bad(const ctxs_session *s, uint64_t from, uint64_t to)
     return scan(s, from, to, 0);
 }
 
-uint64_t ctxs__held(const ctxs_session *s, const ctxs_state *st)
+uint64_t ctxs__held(const ctxs_session *s, const ctxs__state *st)
 {
     uint64_t n = st->n_tokens, ns = s->lay.n_sink, first = ctxs__first_recent(s, st);
     return (n < ns ? n : ns) + (n > first ? n - first : 0);
 }
 
-uint64_t ctxs__recover(const ctxs_session *s, ctxs_state *st)
+uint64_t ctxs__recover(const ctxs_session *s, ctxs__state *st)
 {
     const uint64_t ns = s->lay.n_sink, vf = st->verified_from, n = st->n_tokens;
     const uint64_t held_before = ctxs__held(s, st);

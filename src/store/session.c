@@ -18,18 +18,17 @@
 
 #define DEFAULT_CAPACITY 2048u
 #define DEFAULT_SINKS 4u
-#define DEFAULT_WINDOW 2048u
 #define DEFAULT_PRESSURE_WINDOW 1024u
 
 int ctxs_session_options_init(ctxs_session_options *opts)
 {
-    CTXS_CHECK(opts);
+    CTXS__CHECK(opts);
     memset(opts, 0, sizeof(*opts));
     opts->version = CTXS_SESSION_OPTIONS_VERSION;
     opts->capacity = DEFAULT_CAPACITY;
     opts->n_sink = DEFAULT_SINKS;
     opts->ring = 1;
-    opts->window = DEFAULT_WINDOW;
+    opts->window = CTXS__DEFAULT_WINDOW;
     opts->pressure_window = DEFAULT_PRESSURE_WINDOW;
     opts->durability = CTXS_SYNC_ASYNC;
     opts->recovery = CTXS_RECOVER_AUTO;
@@ -46,7 +45,7 @@ static int options_valid(const ctxs_session_options *o)
            o->window > 0 && o->pressure_window > 0;
 }
 
-static int same_model(const ctxs_model *m, const ctxs_disk_header *h)
+static int same_model(const ctxs_model *m, const ctxs__disk_header *h)
 {
     return m->geometry.n_layers == h->n_layers &&
            m->geometry.n_kv_heads == h->n_kv_heads &&
@@ -97,7 +96,7 @@ static int write_exact(int fd, const void *buf, size_t len, off_t off)
  * the mapping. A merely 16 KiB-aligned shared mapping of a file with large
  * folios was measured 35x slower to fill on Linux 6.18 ext4: every write
  * fault re-ran page_mkwrite over the whole folio. */
-#define MAP_ALIGN CTXS_MAP_ALIGN
+#define MAP_ALIGN CTXS__MAP_ALIGN
 
 static void *map_aligned(int fd, size_t len, int prot)
 {
@@ -168,7 +167,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
         return S_ISDIR(st.st_mode) ? -EISDIR : CTXS_EFOREIGN;
     }
 
-    ctxs_disk_header h;
+    ctxs__disk_header h;
     int rc;
     if ((uint64_t)st.st_size < sizeof(h)) {
         /* Too short for a header: a stub of ours is corrupt, anything else
@@ -179,7 +178,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
         session_free(s);
         if (rc < 0 && rc != CTXS_ECORRUPT)
             return rc;
-        return have == 8 && memcmp(magic, CTXS_FILE_MAGIC, 8) == 0 ? CTXS_ECORRUPT
+        return have == 8 && memcmp(magic, CTXS__FILE_MAGIC, 8) == 0 ? CTXS_ECORRUPT
                                                                   : CTXS_EFOREIGN;
     }
     if ((rc = read_exact(fd, &h, sizeof(h), 0)) < 0 ||
@@ -196,7 +195,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
     memcpy(s->model.tokenizer_hash, h.tokenizer_hash, 16);
     s->format_minor = h.version_minor;
     s->created_unix_ms = h.created_unix_ms;
-    s->ring = (h.flags & CTXS_FLAG_RING) != 0;
+    s->ring = (h.flags & CTXS__FLAG_RING) != 0;
 
     s->map_bytes = (size_t)s->lay.file_bytes;
     void *map = map_aligned(fd, s->map_bytes, PROT_READ | (readonly ? 0 : PROT_WRITE));
@@ -250,7 +249,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
     if (!readonly) {
         int stale = ctxs__forget_unheld(s);
         if (s->open_flags & (CTXS_INFO_RECOVERED | CTXS_INFO_VERIFIED)) {
-            ctxs_state next = s->st;
+            ctxs__state next = s->st;
             if ((rc = ctxs__sync_data(fd)) == 0) {
                 next.verified_from = next.n_tokens;
                 if ((rc = ctxs__record_write_both(s, &next)) == 0)
@@ -282,8 +281,8 @@ static int open_options(const ctxs_session_options *in, ctxs_session_options *ou
 }
 
 /* Writes a complete new file at tmp_path. */
-static int write_new_file(int fd, const ctxs_file_layout *lay,
-                          const ctxs_disk_header *h)
+static int write_new_file(int fd, const ctxs__file_layout *lay,
+                          const ctxs__disk_header *h)
 {
     int rc;
     if (ftruncate(fd, (off_t)lay->file_bytes) != 0)
@@ -300,7 +299,7 @@ static int write_new_file(int fd, const ctxs_file_layout *lay,
     uint8_t boot[16];
     ctxs__boot_id(boot);
     for (uint32_t i = 0; i < 2; i++) {
-        ctxs_disk_record r;
+        ctxs__disk_record r;
         memset(&r, 0, sizeof(r));
         r.seq = i == 0 ? 1 : 0;
         memcpy(r.boot_id, boot, 16);
@@ -329,19 +328,19 @@ static int sync_parent_dir(const char *path)
 int ctxs_session_create(ctxs_session **out, const char *path,
                         const ctxs_model *model, const ctxs_session_options *opts)
 {
-    CTXS_CHECK(out);
+    CTXS__CHECK(out);
     *out = NULL;
-    CTXS_CHECK(path && *path && model);
+    CTXS__CHECK(path && *path && model);
     ctxs_session_options o;
     int rc = open_options(opts, &o);
     if (rc < 0)
         return rc;
 
-    ctxs_file_layout lay;
+    ctxs__file_layout lay;
     if ((rc = ctxs__layout_compute(&lay, &model->geometry, o.capacity, o.n_sink)) < 0)
         return rc;
-    ctxs_disk_header h;
-    ctxs__header_init(&h, &lay, model, o.ring ? CTXS_FLAG_RING : 0, ctxs__now_ms());
+    ctxs__disk_header h;
+    ctxs__header_init(&h, &lay, model, o.ring ? CTXS__FLAG_RING : 0, ctxs__now_ms());
 
     /* Written aside and linked into place: the name appears only with a
      * complete file behind it, and link() refuses to replace anything. */
@@ -358,30 +357,38 @@ int ctxs_session_create(ctxs_session **out, const char *path,
         free(tmp);
         return rc;
     }
-    if ((rc = ctxs__lock(fd, CTXS_LOCK_WRITER)) == 0 &&
+    int linked = 0;
+    if ((rc = ctxs__lock(fd, CTXS__LOCK_WRITER)) == 0 &&
         (rc = write_new_file(fd, &lay, &h)) == 0) {
-        if (link(tmp, path) != 0)
+        if (link(tmp, path) == 0)
+            linked = 1;
+        else
             rc = -errno;
     }
     unlink(tmp);
     free(tmp);
     if (rc == 0)
         rc = sync_parent_dir(path);
-    if (rc < 0) {
+    if (rc == 0)
+        rc = session_attach(out, fd, 0, model, &o); /* closes fd on failure */
+    else
         close(fd);
-        return rc;
-    }
-    return session_attach(out, fd, 0, model, &o);
+    /* A create that fails leaves no file behind: a retry must not meet
+     * -EEXIST. (Between the close and the unlink another process could
+     * open the new, empty session; it then holds an unlinked file.) */
+    if (rc < 0 && linked)
+        unlink(path);
+    return rc;
 }
 
 int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *model,
                       unsigned flags, const ctxs_session_options *opts)
 {
-    CTXS_CHECK(out);
+    CTXS__CHECK(out);
     *out = NULL;
-    CTXS_CHECK(path && *path && (flags & ~CTXS_OPEN_RDONLY) == 0);
+    CTXS__CHECK(path && *path && (flags & ~CTXS_OPEN_RDONLY) == 0);
     int readonly = (flags & CTXS_OPEN_RDONLY) != 0;
-    CTXS_CHECK(model || readonly);
+    CTXS__CHECK(model || readonly);
     ctxs_session_options o;
     int rc = open_options(opts, &o);
     if (rc < 0)
@@ -392,7 +399,7 @@ int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *mo
     int fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return -errno;
-    if ((rc = ctxs__lock(fd, readonly ? CTXS_LOCK_READER : CTXS_LOCK_WRITER)) < 0) {
+    if ((rc = ctxs__lock(fd, readonly ? CTXS__LOCK_READER : CTXS__LOCK_WRITER)) < 0) {
         close(fd);
         return rc;
     }
@@ -407,9 +414,9 @@ void ctxs_session_close(ctxs_session *s)
     session_free(s);
 }
 
-int ctxs_session_layout(const ctxs_session *s, ctxs_layout *out)
+int ctxs_session_layout(ctxs_layout *out, const ctxs_session *s)
 {
-    CTXS_CHECK(s && out);
+    CTXS__CHECK(s && out);
     out->kv = s->map + s->lay.kv_off;
     out->kv_bytes = (size_t)s->lay.kv_bytes;
     out->slot_bytes = s->lay.slot_bytes;
@@ -422,20 +429,19 @@ int ctxs_session_layout(const ctxs_session *s, ctxs_layout *out)
     return 0;
 }
 
-int ctxs_session_kv(ctxs_session *s, uint32_t layer, uint32_t kind, uint32_t head,
-                    void **out)
+int ctxs_session_kv(void **out, ctxs_session *s, uint32_t layer, uint32_t kind, uint32_t head)
 {
-    CTXS_CHECK(out);
+    CTXS__CHECK(out);
     *out = NULL;
-    CTXS_CHECK(s && layer < s->lay.n_layers && kind <= CTXS_V &&
+    CTXS__CHECK(s && layer < s->lay.n_layers && kind <= CTXS_V &&
                head < s->lay.n_kv_heads);
     *out = ctxs__run(s, layer, kind, head);
     return 0;
 }
 
-int ctxs_session_slot(const ctxs_session *s, uint64_t pos, uint32_t *out)
+int ctxs_session_slot(uint32_t *out, const ctxs_session *s, uint64_t pos)
 {
-    CTXS_CHECK(s && out);
+    CTXS__CHECK(s && out);
     if (pos >= s->st.n_tokens)
         return CTXS_ENOTFOUND;
     if (!ctxs__holds(s, &s->st, pos))
@@ -446,12 +452,12 @@ int ctxs_session_slot(const ctxs_session *s, uint64_t pos, uint32_t *out)
 
 int ctxs_session_read_token(const ctxs_session *s, uint64_t pos, void *k, void *v)
 {
-    CTXS_CHECK(s && k && v);
+    CTXS__CHECK(s && k && v);
     uint32_t slot;
-    int rc = ctxs_session_slot(s, pos, &slot);
+    int rc = ctxs_session_slot(&slot, s, pos);
     if (rc < 0)
         return rc;
-    const ctxs_file_layout *lay = &s->lay;
+    const ctxs__file_layout *lay = &s->lay;
     uint8_t *kb = k, *vb = v;
     for (uint32_t l = 0; l < lay->n_layers; l++) {
         for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
@@ -464,12 +470,12 @@ int ctxs_session_read_token(const ctxs_session *s, uint64_t pos, void *k, void *
     return 0;
 }
 
-int ctxs_session_info_get(const ctxs_session *s, ctxs_session_info *out)
+int ctxs_session_info_get(ctxs_session_info *out, const ctxs_session *s)
 {
-    CTXS_CHECK(s && out);
+    CTXS__CHECK(s && out);
     memset(out, 0, sizeof(*out));
     out->model = s->model;
-    out->format_major = CTXS_FORMAT_MAJOR;
+    out->format_major = CTXS__FORMAT_MAJOR;
     out->format_minor = s->format_minor;
     out->capacity = s->lay.capacity;
     out->n_sink = s->lay.n_sink;
@@ -500,10 +506,10 @@ int ctxs_session_info_get(const ctxs_session *s, ctxs_session_info *out)
 
 int ctxs_session_refresh(ctxs_session *s)
 {
-    CTXS_CHECK(s);
+    CTXS__CHECK(s);
     if (!s->readonly)
         return 0; /* a writer's state is always current */
-    ctxs_state st;
+    ctxs__state st;
     uint32_t index;
     int other_valid, rc = CTXS_ECORRUPT;
     uint8_t boot[16];
@@ -531,7 +537,7 @@ int ctxs_session_refresh(ctxs_session *s)
 
 int ctxs_session_verify(const ctxs_session *s, uint64_t *bad_pos)
 {
-    CTXS_CHECK(s);
+    CTXS__CHECK(s);
     uint64_t n = s->st.n_tokens;
     uint64_t sink_end = n < s->lay.n_sink ? n : s->lay.n_sink;
     uint64_t first = ctxs__first_recent(s, &s->st);

@@ -23,7 +23,7 @@ uint32_t ctxs__effective_window(const ctxs_session *s)
 }
 
 /* The window of st for a given W. */
-static void window_spans(const ctxs_session *s, const ctxs_state *st, uint32_t w,
+static void window_spans(const ctxs_session *s, const ctxs__state *st, uint32_t w,
                          ctxs_window *out)
 {
     const uint64_t n = st->n_tokens, ns = s->lay.n_sink, cap = s->lay.capacity;
@@ -61,17 +61,17 @@ static void window_spans(const ctxs_session *s, const ctxs_state *st, uint32_t w
     }
 }
 
-int ctxs_session_window(const ctxs_session *s, ctxs_window *out)
+int ctxs_session_window(ctxs_window *out, const ctxs_session *s)
 {
-    CTXS_CHECK(s && out);
+    CTXS__CHECK(s && out);
     window_spans(s, &s->st, ctxs__effective_window(s), out);
     return 0;
 }
 
 int ctxs_session_set_window(ctxs_session *s, uint32_t window)
 {
-    CTXS_CHECK(s);
-    s->window = window ? window : 2048u;
+    CTXS__CHECK(s);
+    s->window = window ? window : CTXS__DEFAULT_WINDOW;
     return 0;
 }
 
@@ -79,7 +79,7 @@ int ctxs_session_set_window(ctxs_session *s, uint32_t window)
  * whole pages so that no byte of a neighbouring slot is affected. */
 static void release_slots(const ctxs_session *s, uint32_t lo, uint32_t hi)
 {
-    const ctxs_file_layout *lay = &s->lay;
+    const ctxs__file_layout *lay = &s->lay;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (uint32_t run = 0; run < 2 * lay->n_layers * lay->n_kv_heads; run++) {
         uintptr_t base = (uintptr_t)(s->map + lay->kv_off + (size_t)run * lay->head_stride);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 char *ts_mkdtemp(void)
@@ -170,4 +171,29 @@ int ts_write_file(const char *path, const void *data, size_t len)
     }
     close(fd);
     return 0;
+}
+
+uint64_t ts_rng_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint64_t ts_seed(const char *test)
+{
+    const char *e = getenv("CTXS_TEST_SEED");
+    uint64_t seed;
+    if (e && *e) {
+        seed = strtoull(e, NULL, 0);
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 24) ^ ((uint64_t)getpid() << 44);
+    }
+    /* stderr: Criterion shows cr_log_info() only with --verbose. */
+    fprintf(stderr, "%s: seed %llu (CTXS_TEST_SEED=%llu replays it)\n", test,
+            (unsigned long long)seed, (unsigned long long)seed);
+    return seed;
 }

@@ -37,6 +37,14 @@ int ts_append(ctxs_session *s, uint32_t n);
  * Returns the number of wrong positions. */
 uint64_t ts_check_all(const ctxs_session *s);
 
+/* A seed for a randomized test: $CTXS_TEST_SEED if set, else from the
+ * clock; printed to stderr with the test's name, so that a failure can be
+ * replayed. */
+uint64_t ts_seed(const char *test);
+
+/* The next number of a splitmix64 sequence. */
+uint64_t ts_rng_next(uint64_t *state);
+
 /* Reads a whole file into malloc'ed memory; *len gets its size. */
 uint8_t *ts_read_file(const char *path, size_t *len);
 /* Writes len bytes to path (created or truncated). Returns 0 or -errno. */

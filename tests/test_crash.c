@@ -47,29 +47,6 @@ static uint64_t vpos(uint64_t pos, uint32_t gen)
  * --verbose, and a failure's seed must reach the default test log. */
 #define say(...) (fprintf(stderr, __VA_ARGS__), fputc('\n', stderr))
 
-static uint64_t rng_next(uint64_t *st)
-{
-    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t test_seed(const char *test)
-{
-    const char *e = getenv("CTXS_TEST_SEED");
-    uint64_t seed;
-    if (e && *e) {
-        seed = strtoull(e, NULL, 0);
-    } else {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 24) ^ ((uint64_t)getpid() << 44);
-    }
-    say("%s: seed %llu (CTXS_TEST_SEED=%llu replays it)", test,
-                (unsigned long long)seed, (unsigned long long)seed);
-    return seed;
-}
 
 static int boot_id_known(void)
 {
@@ -191,7 +168,7 @@ typedef struct child_args {
 static void child_dangle(ctxs_session *s, const child_args *a, const ctxs_geometry *g, uint64_t n,
                          uint32_t gen, uint64_t *rng)
 {
-    uint32_t k = 1 + (uint32_t)(rng_next(rng) % MAX_TURN);
+    uint32_t k = 1 + (uint32_t)(ts_rng_next(rng) % MAX_TURN);
     ctxs_reservation r;
     uint32_t ids[MAX_TURN];
     int rc;
@@ -222,7 +199,7 @@ static void child_dangle(ctxs_session *s, const child_args *a, const ctxs_geomet
                     for (uint32_t sp = 0; sp < r.n_spans; sp++) {
                         uint8_t *p = (uint8_t *)base + (size_t)r.spans[sp].slot * lay.slot_bytes;
                         for (size_t i = 0; i < r.spans[sp].count * lay.slot_bytes; i++)
-                            p[i] = (uint8_t)rng_next(rng);
+                            p[i] = (uint8_t)ts_rng_next(rng);
                     }
                 }
     }
@@ -253,7 +230,7 @@ static _Noreturn void child_main(const child_args *a)
     for (int i = 0;; i++) {
         if (a->dangle_after >= 0 && i == a->dangle_after)
             child_dangle(s, a, &g, n, gen, &rng);
-        uint64_t r = rng_next(&rng);
+        uint64_t r = ts_rng_next(&rng);
         if (a->rollbacks && r % 6 == 0 && n > 1) {
             uint64_t back = 1 + (r >> 8) % 12;
             uint64_t target = n > back ? n - back : 0;
@@ -566,7 +543,7 @@ typedef struct loop_stats {
 static loop_stats kill_loop(const char *test, const uint32_t *levels, unsigned n_levels,
                             unsigned kills, const unsigned *max_delay_us, int rollbacks)
 {
-    uint64_t rng = test_seed(test);
+    uint64_t rng = ts_seed(test);
     char *dir = ts_mkdtemp();
     const char *path = ts_path(dir, "kill.ctxs");
     char path_copy[4096];
@@ -582,12 +559,12 @@ static loop_stats kill_loop(const char *test, const uint32_t *levels, unsigned n
         child_args a = {
             .path = path_copy,
             .level = level,
-            .seed = rng_next(&rng),
+            .seed = ts_rng_next(&rng),
             .gen = rollbacks ? gs.hi + 1 : 0,
             .rollbacks = rollbacks,
             .dangle_after = -1,
         };
-        uint64_t delay = rng_next(&rng) % max_delay_us[level];
+        uint64_t delay = ts_rng_next(&rng) % max_delay_us[level];
         child_run c = spawn(&a);
         sleep_us(delay);
         kill(c.pid, SIGKILL);
@@ -657,7 +634,7 @@ Test(crash, killed_writers_that_roll_back_and_sync_leave_the_acknowledged_state,
  * evicted), and the slots are handed out again. */
 Test(crash, killed_between_reserve_and_commit_keeps_the_previous_state, .timeout = 300)
 {
-    uint64_t rng = test_seed("dangling");
+    uint64_t rng = ts_seed("dangling");
     char *dir = ts_mkdtemp();
     char path[4096];
     snprintf(path, sizeof(path), "%s", ts_path(dir, "dangle.ctxs"));
@@ -671,8 +648,8 @@ Test(crash, killed_between_reserve_and_commit_keeps_the_previous_state, .timeout
         child_args a = {
             .path = path,
             .level = levels[i % 4],
-            .seed = rng_next(&rng),
-            .dangle_after = (int)(rng_next(&rng) % 4),
+            .seed = ts_rng_next(&rng),
+            .dangle_after = (int)(ts_rng_next(&rng) % 4),
             .dangle_mode = (int)(i % 3),
         };
         child_run c = spawn(&a);

@@ -65,29 +65,6 @@ static uint64_t vpos(uint64_t pos, uint32_t gen)
  * --verbose, and a failure's seed must reach the default test log. */
 #define say(...) (fprintf(stderr, __VA_ARGS__), fputc('\n', stderr))
 
-static uint64_t rng_next(uint64_t *st)
-{
-    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t test_seed(const char *test)
-{
-    const char *e = getenv("CTXS_TEST_SEED");
-    uint64_t seed;
-    if (e && *e) {
-        seed = strtoull(e, NULL, 0);
-    } else {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 24) ^ ((uint64_t)getpid() << 44);
-    }
-    say("%s: seed %llu (CTXS_TEST_SEED=%llu replays it)", test,
-                (unsigned long long)seed, (unsigned long long)seed);
-    return seed;
-}
 
 static uint64_t max_u64(uint64_t a, uint64_t b)
 {
@@ -427,7 +404,7 @@ static window crash_window(scen *sc, size_t t)
          * checksums and makes them durable: the power failed before the
          * record was durable, and the tables are as before the call, or
          * after, and the records are final. */
-        if (rng_next(&sc->rng) & 1) {
+        if (ts_rng_next(&sc->rng) & 1) {
             w.page_hi[3] = t;
             w.phase = " before its record sync";
         } else {
@@ -439,7 +416,7 @@ static window crash_window(scen *sc, size_t t)
          * says so (a sync, a FULL commit): either the power failed before
          * the data was durable, and that record never reached the disk, or
          * after, and every data page holds its final version. */
-        if (rng_next(&sc->rng) & 1) {
+        if (ts_rng_next(&sc->rng) & 1) {
             w.page_hi[1] = w.page_hi[2] = t;
             w.phase = " before its data sync";
         } else {
@@ -471,7 +448,7 @@ static void make_image(scen *sc, const window *w, uint8_t *out)
         }
         sc->dirty_pages++;
         size_t span = hi - lo + 1;
-        switch (rng_next(&sc->rng) % 5) {
+        switch (ts_rng_next(&sc->rng) % 5) {
         case 0: /* never written back */
             memcpy(pg, sc->snaps[lo].img + off, PG);
             break;
@@ -479,12 +456,12 @@ static void make_image(scen *sc, const window *w, uint8_t *out)
             memcpy(pg, sc->snaps[hi].img + off, PG);
             break;
         case 2: /* written back at some point */
-            memcpy(pg, sc->snaps[lo + rng_next(&sc->rng) % span].img + off, PG);
+            memcpy(pg, sc->snaps[lo + ts_rng_next(&sc->rng) % span].img + off, PG);
             break;
         case 3: { /* torn: the first sectors of a newer version reached the disk */
-            size_t vn = lo + 1 + rng_next(&sc->rng) % (span - 1);
-            size_t vo = lo + rng_next(&sc->rng) % (vn - lo);
-            size_t cut = 1 + rng_next(&sc->rng) % (PG / SECTOR - 1);
+            size_t vn = lo + 1 + ts_rng_next(&sc->rng) % (span - 1);
+            size_t vo = lo + ts_rng_next(&sc->rng) % (vn - lo);
+            size_t cut = 1 + ts_rng_next(&sc->rng) % (PG / SECTOR - 1);
             memcpy(pg, sc->snaps[vo].img + off, PG);
             copy_sectors(pg, sc->snaps[vn].img + off, 0, cut);
             sc->torn_pages++;
@@ -492,7 +469,7 @@ static void make_image(scen *sc, const window *w, uint8_t *out)
         }
         default: /* sectors written in any order */
             for (size_t sct = 0; sct < PG / SECTOR; sct++)
-                copy_sectors(pg, sc->snaps[lo + rng_next(&sc->rng) % span].img + off, sct, 1);
+                copy_sectors(pg, sc->snaps[lo + ts_rng_next(&sc->rng) % span].img + off, sct, 1);
             sc->torn_pages++;
             break;
         }
@@ -674,7 +651,7 @@ static void check_read_write(scen *sc, const window *w, const uint8_t *img,
     check_prefix(sc, w, s, tag);
 
     uint64_t n0 = info.n_tokens;
-    uint32_t more = 1 + (uint32_t)(rng_next(&sc->rng) % 12);
+    uint32_t more = 1 + (uint32_t)(ts_rng_next(&sc->rng) % 12);
     uint32_t *exp = malloc((size_t)(n0 + more) * sizeof(*exp));
     cr_assert_not_null(exp);
     for (uint64_t p = 0; p < n0; p++)
@@ -814,7 +791,7 @@ static void crash_images(scen *sc, unsigned count)
     uint8_t *img = malloc(sc->file_len);
     cr_assert_not_null(img);
     for (unsigned c = 0; c < count; c++) {
-        size_t t = (size_t)(rng_next(&sc->rng) % sc->n_snaps);
+        size_t t = (size_t)(ts_rng_next(&sc->rng) % sc->n_snaps);
         window w = crash_window(sc, t);
         make_image(sc, &w, img);
         check_image(sc, &w, img, c);
@@ -853,14 +830,14 @@ static void run_script(const char *name, const script *d, uint64_t seed, totals 
 
     for (unsigned i = 0; i < d->ops; i++) {
         cr_assert_eq(ctxs_session_info_get(&info, sc.s), 0);
-        unsigned r = (unsigned)(rng_next(&sc.rng) % 100);
+        unsigned r = (unsigned)(ts_rng_next(&sc.rng) % 100);
         if ((i == 0 && d->rollback_first) || (r < d->pct_rollback && info.n_tokens > 1)) {
-            uint64_t back = 1 + rng_next(&sc.rng) % d->max_back;
+            uint64_t back = 1 + ts_rng_next(&sc.rng) % d->max_back;
             op_rollback(&sc, info.n_tokens > back ? info.n_tokens - back : 0);
         } else if (r < d->pct_rollback + d->pct_sync) {
             op_sync(&sc);
         } else {
-            op_append(&sc, 1 + (uint32_t)(rng_next(&sc.rng) % MAX_TURN));
+            op_append(&sc, 1 + (uint32_t)(ts_rng_next(&sc.rng) % MAX_TURN));
         }
     }
     cr_assert_eq(ctxs_session_info_get(&info, sc.s), 0);
@@ -905,7 +882,7 @@ Test(torn, power_loss_after_commits_at_none_keeps_a_verified_prefix, .timeout = 
     totals t = {0};
     script d = {.level = CTXS_SYNC_NONE, .capacity = 1024, .initial = 100, .ops = 16,
                 .pct_sync = 10, .images = 400};
-    run_script("torn NONE", &d, test_seed("torn NONE"), &t);
+    run_script("torn NONE", &d, ts_seed("torn NONE"), &t);
     log_totals("none", &t);
 }
 
@@ -914,7 +891,7 @@ Test(torn, power_loss_after_commits_at_async_keeps_a_verified_prefix, .timeout =
     totals t = {0};
     script d = {.level = CTXS_SYNC_ASYNC, .capacity = 1024, .initial = 100, .ops = 16,
                 .pct_sync = 10, .images = 400};
-    run_script("torn ASYNC", &d, test_seed("torn ASYNC"), &t);
+    run_script("torn ASYNC", &d, ts_seed("torn ASYNC"), &t);
     log_totals("async", &t);
 }
 
@@ -923,14 +900,14 @@ Test(torn, power_loss_after_full_commits_loses_no_acknowledged_token, .timeout =
     totals t = {0};
     script d = {.level = CTXS_SYNC_FULL, .capacity = 1024, .initial = 100, .ops = 12,
                 .images = 400};
-    run_script("torn FULL", &d, test_seed("torn FULL"), &t);
+    run_script("torn FULL", &d, ts_seed("torn FULL"), &t);
     log_totals("full", &t);
 }
 
 Test(torn, power_loss_while_the_ring_wraps_keeps_a_verified_prefix, .timeout = 300)
 {
     totals t = {0};
-    uint64_t seed = test_seed("torn ring");
+    uint64_t seed = ts_seed("torn ring");
     for (uint32_t level = CTXS_SYNC_NONE; level <= CTXS_SYNC_FULL; level++) {
         char name[32];
         snprintf(name, sizeof(name), "torn ring %s", level_name(level));
@@ -945,7 +922,7 @@ Test(torn, power_loss_while_the_ring_wraps_keeps_a_verified_prefix, .timeout = 3
 Test(torn, power_loss_around_rollbacks_keeps_a_verified_prefix, .timeout = 300)
 {
     totals t = {0};
-    uint64_t seed = test_seed("torn rollback");
+    uint64_t seed = ts_seed("torn rollback");
     for (uint32_t level = CTXS_SYNC_NONE; level <= CTXS_SYNC_FULL; level++) {
         char name[40];
         snprintf(name, sizeof(name), "torn rollback %s", level_name(level));
@@ -1025,7 +1002,7 @@ static void flip_in(uint8_t *img, size_t bit)
  * nothing or are refused. */
 Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .timeout = 300)
 {
-    uint64_t rng = test_seed("bit flips");
+    uint64_t rng = ts_seed("bit flips");
     char *dir = ts_mkdtemp();
     char path[4096], rw_path[4096];
     snprintf(path, sizeof(path), "%s/flip.ctxs", dir);
@@ -1130,8 +1107,8 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
 
     unsigned both = 0;
     for (; both < 128; both++) {
-        size_t b0 = (size_t)CTXS__RECORD0_OFF * 8 + rng_next(&rng) % (CTXS__RECORD_BYTES * 8);
-        size_t b1 = (size_t)CTXS__RECORD1_OFF * 8 + rng_next(&rng) % (CTXS__RECORD_BYTES * 8);
+        size_t b0 = (size_t)CTXS__RECORD0_OFF * 8 + ts_rng_next(&rng) % (CTXS__RECORD_BYTES * 8);
+        size_t b1 = (size_t)CTXS__RECORD1_OFF * 8 + ts_rng_next(&rng) % (CTXS__RECORD_BYTES * 8);
         flip_bit(fd, b0);
         flip_bit(fd, b1);
         s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, CTXS_SYNC_ASYNC, &rc);
@@ -1151,7 +1128,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
     unsigned gap_flips = 0;
     for (; gap_flips < 384; gap_flips++) {
         const size_t *g = gaps[gap_flips % 3];
-        size_t bit = g[0] * 8 + rng_next(&rng) % ((g[1] - g[0]) * 8);
+        size_t bit = g[0] * 8 + ts_rng_next(&rng) % ((g[1] - g[0]) * 8);
         flip_bit(fd, bit);
         s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, CTXS_SYNC_ASYNC, &rc);
         cr_assert(rc == 0 || rc == CTXS_ECORRUPT, "unused byte %zu flipped: open gives %s",

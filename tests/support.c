@@ -35,6 +35,20 @@ void ts_rmtree(const char *dir)
         nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+char *ts_scratch;
+
+void ts_scratch_init(void)
+{
+    ts_scratch = ts_mkdtemp();
+}
+
+void ts_scratch_fini(void)
+{
+    ts_rmtree(ts_scratch);
+    free(ts_scratch);
+    ts_scratch = NULL;
+}
+
 const char *ts_path(const char *dir, const char *name)
 {
     static char bufs[8][4096];

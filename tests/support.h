@@ -10,10 +10,16 @@
 
 #include "ctxstore.h"
 
-/* A fresh directory under $TMPDIR (or /tmp), removed by ts_rmdir(). The
- * returned string is static storage per call site: copy it if needed. */
+/* A fresh directory under $TMPDIR (or /tmp), malloc'ed; ts_rmtree() removes
+ * the directory and everything in it. */
 char *ts_mkdtemp(void);
 void ts_rmtree(const char *dir);
+
+/* A scratch directory per test, for TestSuite(.init = ts_scratch_init,
+ * .fini = ts_scratch_fini). */
+extern char *ts_scratch;
+void ts_scratch_init(void);
+void ts_scratch_fini(void);
 
 /* "dir/name" in a static buffer that rotates over 8 entries. */
 const char *ts_path(const char *dir, const char *name);

@@ -31,21 +31,8 @@
 
 #include "support.h"
 
-static char *scratch;
 
-static void setup(void)
-{
-    scratch = ts_mkdtemp();
-}
-
-static void teardown(void)
-{
-    ts_rmtree(scratch);
-    free(scratch);
-    scratch = NULL;
-}
-
-TestSuite(disk_full, .init = setup, .fini = teardown, .timeout = 180);
+TestSuite(disk_full, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 180);
 
 /* --- the child's side ------------------------------------------------- */
 
@@ -481,7 +468,7 @@ static void body_commit_after_disk_fills(const char *mnt)
 
 static void run_child(void (*body)(const char *mnt), const char *what)
 {
-    const char *mnt = ts_path(scratch, "mnt");
+    const char *mnt = ts_path(ts_scratch, "mnt");
     cr_assert_eq(mkdir(mnt, 0700), 0);
     int fds[2];
     cr_assert_eq(pipe(fds), 0);
@@ -536,7 +523,7 @@ Test(disk_full, commit_after_the_disk_fills_up_uses_the_reserved_blocks)
 /* Capacity reached without a ring: CTXS_EFULL, tokens kept. */
 Test(disk_full, capacity_reached_without_ring_is_efull)
 {
-    const char *p = ts_path(scratch, "noring.ctxs");
+    const char *p = ts_path(ts_scratch, "noring.ctxs");
     ctxs_model m = ts_model(1);
     ctxs_session_options o;
     cr_assert_eq(ctxs_session_options_init(&o), 0);
@@ -607,7 +594,7 @@ Test(disk_full, capacity_reached_without_ring_is_efull)
  * cleanly (with SIGXFSZ ignored, as the caller must), leaving nothing. */
 Test(disk_full, create_beyond_the_file_size_limit_fails_cleanly)
 {
-    const char *d = ts_path(scratch, "fsize");
+    const char *d = ts_path(ts_scratch, "fsize");
     cr_assert_eq(mkdir(d, 0700), 0);
     int fds[2];
     cr_assert_eq(pipe(fds), 0);

@@ -25,21 +25,8 @@
 #include "format.h"
 #include "support.h"
 
-static char *scratch;
 
-static void setup(void)
-{
-    scratch = ts_mkdtemp();
-}
-
-static void teardown(void)
-{
-    ts_rmtree(scratch);
-    free(scratch);
-    scratch = NULL;
-}
-
-TestSuite(format, .init = setup, .fini = teardown, .timeout = 120);
+TestSuite(format, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 120);
 
 /* --- helpers ---------------------------------------------------------- */
 
@@ -135,7 +122,7 @@ static const char *make_session(const char *name, uint32_t capacity, uint32_t ri
     static char paths[4][4096];
     static unsigned next;
     char *p = paths[next++ % 4];
-    snprintf(p, sizeof(paths[0]), "%s/%s", scratch, name);
+    snprintf(p, sizeof(paths[0]), "%s/%s", ts_scratch, name);
     ctxs_model m = ts_model(1);
     ctxs_session_options o = opts_for(capacity, PRISTINE_SINK, ring);
     ctxs_session *s = NULL;
@@ -328,7 +315,7 @@ Test(format, created_file_matches_the_documented_layout)
 
 Test(format, large_capacity_file_is_sparse)
 {
-    const char *p = ts_path(scratch, "big.ctxs");
+    const char *p = ts_path(ts_scratch, "big.ctxs");
     ctxs_model m = ts_model(2);
     m.geometry = (ctxs_geometry){ 8, 8, 128, CTXS_DTYPE_F16 }; /* 128 MiB of KV */
     ctxs_session_options o = opts_for(4096, 4, 1);
@@ -349,7 +336,7 @@ Test(format, large_capacity_file_is_sparse)
 
 Test(format, empty_file_is_refused)
 {
-    const char *p = ts_path(scratch, "empty.ctxs");
+    const char *p = ts_path(ts_scratch, "empty.ctxs");
     cr_assert_eq(ts_write_file(p, "", 0), 0);
     int allowed[] = { CTXS_EFOREIGN, CTXS_ECORRUPT };
     expect_refused_any(p, "empty file", allowed, 2);
@@ -385,7 +372,7 @@ Test(format, truncated_file_is_corrupt)
     hdr_read(pristine, &h);
     uint64_t sizes[] = { h.file_bytes - 1, h.file_bytes - CTXS__PAGE, h.kv_off + 1, h.kv_off,
                          h.sums_off, h.tokens_off + 100, CTXS__PAGE };
-    const char *p = ts_path(scratch, "trunc.ctxs");
+    const char *p = ts_path(ts_scratch, "trunc.ctxs");
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         copy_file(pristine, p);
         set_size(p, sizes[i]);
@@ -400,7 +387,7 @@ Test(format, truncated_file_is_corrupt)
 Test(format, wrong_magic_is_foreign)
 {
     const char *pristine = make_pristine("pristine.ctxs");
-    const char *p = ts_path(scratch, "magic.ctxs");
+    const char *p = ts_path(ts_scratch, "magic.ctxs");
     const char *magics[] = { "CTXSSESX", "ctxssess", "\0\0\0\0\0\0\0\0", "SQLite f" };
     for (size_t i = 0; i < sizeof(magics) / sizeof(magics[0]); i++) {
         copy_file(pristine, p);
@@ -414,7 +401,7 @@ Test(format, wrong_magic_is_foreign)
 
 Test(format, text_and_random_files_are_foreign)
 {
-    const char *p = ts_path(scratch, "foreign.ctxs");
+    const char *p = ts_path(ts_scratch, "foreign.ctxs");
 
     /* A text file of several pages. */
     size_t n = 5 * CTXS__PAGE;
@@ -455,7 +442,7 @@ Test(format, text_and_random_files_are_foreign)
 
 Test(format, magic_followed_by_garbage_is_corrupt)
 {
-    const char *p = ts_path(scratch, "garbage.ctxs");
+    const char *p = ts_path(ts_scratch, "garbage.ctxs");
     size_t n = 12 * CTXS__PAGE;
     uint8_t *b = malloc(n);
     srand(99);
@@ -474,7 +461,7 @@ Test(format, magic_followed_by_garbage_is_corrupt)
 Test(format, future_major_version_is_refused)
 {
     const char *pristine = make_pristine("pristine.ctxs");
-    const char *p = ts_path(scratch, "future.ctxs");
+    const char *p = ts_path(ts_scratch, "future.ctxs");
     uint16_t majors[] = { CTXS__FORMAT_MAJOR + 1, 0x7fff, 0xffff };
     for (size_t i = 0; i < sizeof(majors) / sizeof(majors[0]); i++) {
         copy_file(pristine, p);
@@ -508,7 +495,7 @@ Test(format, newer_minor_version_is_read)
 Test(format, bad_header_crc_is_corrupt)
 {
     const char *pristine = make_pristine("pristine.ctxs");
-    const char *p = ts_path(scratch, "crc.ctxs");
+    const char *p = ts_path(ts_scratch, "crc.ctxs");
     for (int which = 0; which < 6; which++) {
         copy_file(pristine, p);
         ctxs__disk_header h;
@@ -634,7 +621,7 @@ static const char *bad_edit(ctxs__disk_header *h, int which)
 Test(format, header_fields_that_do_not_add_up_are_corrupt)
 {
     const char *pristine = make_pristine("pristine.ctxs");
-    const char *p = ts_path(scratch, "edit.ctxs");
+    const char *p = ts_path(ts_scratch, "edit.ctxs");
     ctxs__disk_header h0;
     hdr_read(pristine, &h0);
     int n = 0;
@@ -761,7 +748,7 @@ Test(format, header_check_survives_random_edits)
 Test(format, both_records_invalid_is_corrupt)
 {
     const char *pristine = make_pristine("pristine.ctxs");
-    const char *p = ts_path(scratch, "records.ctxs");
+    const char *p = ts_path(ts_scratch, "records.ctxs");
     for (int which = 0; which < 4; which++) {
         copy_file(pristine, p);
         for (int i = 0; i < 2; i++) {
@@ -785,7 +772,7 @@ Test(format, both_records_invalid_is_corrupt)
 Test(format, damaged_newer_record_falls_back_to_the_older)
 {
     const char *pristine = make_pristine("pristine.ctxs");
-    const char *p = ts_path(scratch, "fallback.ctxs");
+    const char *p = ts_path(ts_scratch, "fallback.ctxs");
     ctxs__disk_record r[2];
     rec_read(pristine, 0, &r[0]);
     rec_read(pristine, 1, &r[1]);
@@ -834,7 +821,7 @@ Test(format, damaged_newer_record_falls_back_to_the_older)
 Test(format, forged_record_is_rolled_back_by_verification)
 {
     const char *pristine = make_pristine("pristine.ctxs");
-    const char *p = ts_path(scratch, "forged.ctxs");
+    const char *p = ts_path(ts_scratch, "forged.ctxs");
     ctxs__disk_record r[2];
     rec_read(pristine, 0, &r[0]);
     rec_read(pristine, 1, &r[1]);
@@ -997,11 +984,11 @@ Test(format, records_helpers_check_counters)
 Test(format, symlink_in_place_of_the_file_is_refused)
 {
     const char *target = make_pristine("target.ctxs");
-    const char *link_path = ts_path(scratch, "link.ctxs");
+    const char *link_path = ts_path(ts_scratch, "link.ctxs");
     cr_assert_eq(symlink(target, link_path), 0);
     expect_refused(link_path, "symlink to a session", -ELOOP);
-    const char *dangling = ts_path(scratch, "dangling.ctxs");
-    cr_assert_eq(symlink(ts_path(scratch, "nowhere.ctxs"), dangling), 0);
+    const char *dangling = ts_path(ts_scratch, "dangling.ctxs");
+    cr_assert_eq(symlink(ts_path(ts_scratch, "nowhere.ctxs"), dangling), 0);
     expect_refused(dangling, "dangling symlink", -ELOOP);
     expect_opens(target, "the target", 37);
 }
@@ -1009,8 +996,8 @@ Test(format, symlink_in_place_of_the_file_is_refused)
 Test(format, create_does_not_follow_symlinks)
 {
     ctxs_model m = ts_model(1);
-    const char *nowhere = ts_path(scratch, "nowhere.ctxs");
-    const char *dangling = ts_path(scratch, "dangling.ctxs");
+    const char *nowhere = ts_path(ts_scratch, "nowhere.ctxs");
+    const char *dangling = ts_path(ts_scratch, "dangling.ctxs");
     cr_assert_eq(symlink(nowhere, dangling), 0);
     ctxs_session *s = (ctxs_session *)(uintptr_t)0x1;
     int rc = ctxs_session_create(&s, dangling, &m, NULL);
@@ -1024,7 +1011,7 @@ Test(format, create_does_not_follow_symlinks)
 
 Test(format, directory_is_refused)
 {
-    const char *d = ts_path(scratch, "adir.ctxs");
+    const char *d = ts_path(ts_scratch, "adir.ctxs");
     cr_assert_eq(mkdir(d, 0700), 0);
     ctxs_model m = ts_model(1);
     int rc = try_open(d, NULL, CTXS_OPEN_RDONLY);
@@ -1046,7 +1033,7 @@ Test(format, directory_is_refused)
  * until some writer opens the FIFO (the test times out if it blocks). */
 Test(format, fifo_is_refused_without_blocking, .timeout = 5)
 {
-    const char *p = ts_path(scratch, "fifo.ctxs");
+    const char *p = ts_path(ts_scratch, "fifo.ctxs");
     cr_assert_eq(mkfifo(p, 0600), 0);
     ctxs_model m = ts_model(1);
     int rc = try_open(p, &m, 0);
@@ -1067,10 +1054,10 @@ Test(format, device_file_is_refused)
 Test(format, missing_file_is_enoent)
 {
     ctxs_model m = ts_model(1);
-    const char *p = ts_path(scratch, "missing.ctxs");
+    const char *p = ts_path(ts_scratch, "missing.ctxs");
     cr_assert_eq(try_open(p, &m, 0), -ENOENT);
     cr_assert_eq(try_open(p, NULL, CTXS_OPEN_RDONLY), -ENOENT);
-    cr_assert_eq(try_open(ts_path(scratch, "no/such/dir.ctxs"), &m, 0), -ENOENT);
+    cr_assert_eq(try_open(ts_path(ts_scratch, "no/such/dir.ctxs"), &m, 0), -ENOENT);
     struct stat st;
     cr_assert_neq(stat(p, &st), 0, "open created the file");
 }
@@ -1152,7 +1139,7 @@ Test(format, create_over_an_existing_file_fails_and_keeps_it)
     expect_opens(p, "existing session", 40);
 
     /* And over a file that is not a session. */
-    const char *t = ts_path(scratch, "notes.txt");
+    const char *t = ts_path(ts_scratch, "notes.txt");
     cr_assert_eq(ts_write_file(t, "keep me\n", 8), 0);
     rc = ctxs_session_create(&s, t, &m, NULL);
     cr_assert_eq(rc, -EEXIST, "create over a text file: %d (%s)", rc, ctxs_err_name(rc));
@@ -1162,13 +1149,13 @@ Test(format, create_over_an_existing_file_fails_and_keeps_it)
 
     /* Nothing is left behind in the directory (no temporary files). */
     char cmd[4200];
-    snprintf(cmd, sizeof(cmd), "test $(ls -A '%s' | wc -l) -eq 2", scratch);
-    cr_assert_eq(system(cmd), 0, "create left files behind in %s", scratch);
+    snprintf(cmd, sizeof(cmd), "test $(ls -A '%s' | wc -l) -eq 2", ts_scratch);
+    cr_assert_eq(system(cmd), 0, "create left files behind in %s", ts_scratch);
 }
 
 Test(format, create_rejects_bad_arguments)
 {
-    const char *p = ts_path(scratch, "bad.ctxs");
+    const char *p = ts_path(ts_scratch, "bad.ctxs");
     for (int which = 0;; which++) {
         ctxs_model m = ts_model(1);
         ctxs_session_options o = opts_for(64, 4, 1);
@@ -1215,8 +1202,8 @@ Test(format, create_rejects_bad_arguments)
     }
     /* Directory left empty. */
     char cmd[4200];
-    snprintf(cmd, sizeof(cmd), "test -z \"$(ls -A '%s')\"", scratch);
-    cr_assert_eq(system(cmd), 0, "failed creates left files in %s", scratch);
+    snprintf(cmd, sizeof(cmd), "test -z \"$(ls -A '%s')\"", ts_scratch);
+    cr_assert_eq(system(cmd), 0, "failed creates left files in %s", ts_scratch);
 
     /* The edges that are allowed. */
     ctxs_model m = ts_model(1);
@@ -1225,7 +1212,7 @@ Test(format, create_rejects_bad_arguments)
     int rc = ctxs_session_create(&s, p, &m, &o);
     cr_assert_eq(rc, 0, "capacity n_sink + 1: %s", ctxs_strerror(rc));
     ctxs_session_close(s);
-    cr_assert_eq(ctxs_session_create(&s, ts_path(scratch, "defaults.ctxs"), &m, NULL), 0);
+    cr_assert_eq(ctxs_session_create(&s, ts_path(ts_scratch, "defaults.ctxs"), &m, NULL), 0);
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_info_get(&info, s), 0);
     cr_assert_eq(info.capacity, 2048);
@@ -1384,7 +1371,7 @@ Test(format, layout_compute_rejects_out_of_range_and_overflow)
     m.geometry = big;
     ctxs_session_options o = opts_for(CTXS__MAX_CAPACITY, 4, 1);
     ctxs_session *s = (ctxs_session *)(uintptr_t)0x1;
-    rc = ctxs_session_create(&s, ts_path(scratch, "huge.ctxs"), &m, &o);
+    rc = ctxs_session_create(&s, ts_path(ts_scratch, "huge.ctxs"), &m, &o);
     if (rc == 0) {
         /* A file system with 2^62-byte sparse files: fine, but it works. */
         ctxs_session_close(s);

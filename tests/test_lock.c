@@ -22,27 +22,14 @@
 
 #include "support.h"
 
-static char *scratch;
 
-static void setup(void)
-{
-    scratch = ts_mkdtemp();
-}
-
-static void teardown(void)
-{
-    ts_rmtree(scratch);
-    free(scratch);
-    scratch = NULL;
-}
-
-TestSuite(lock, .init = setup, .fini = teardown, .timeout = 120);
+TestSuite(lock, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 120);
 
 /* --- helpers ---------------------------------------------------------- */
 
 static const char *session_path(void)
 {
-    return ts_path(scratch, "s.ctxs");
+    return ts_path(ts_scratch, "s.ctxs");
 }
 
 static void make_session(uint32_t capacity, uint32_t n_tokens)

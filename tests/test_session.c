@@ -13,20 +13,7 @@
 
 #include "support.h"
 
-static char *dir;
-
-static void setup(void)
-{
-    dir = ts_mkdtemp();
-}
-
-static void teardown(void)
-{
-    ts_rmtree(dir);
-    free(dir);
-}
-
-TestSuite(session, .init = setup, .fini = teardown);
+TestSuite(session, .init = ts_scratch_init, .fini = ts_scratch_fini);
 
 static ctxs_session *create(const char *name, uint32_t capacity, uint32_t n_sink,
                             uint32_t ring, uint32_t durability)
@@ -39,7 +26,7 @@ static ctxs_session *create(const char *name, uint32_t capacity, uint32_t n_sink
     o.ring = ring;
     o.durability = durability;
     ctxs_session *s = NULL;
-    int rc = ctxs_session_create(&s, ts_path(dir, name), &m, &o);
+    int rc = ctxs_session_create(&s, ts_path(ts_scratch, name), &m, &o);
     cr_assert_eq(rc, 0, "create: %s", ctxs_strerror(rc));
     return s;
 }
@@ -48,7 +35,7 @@ static ctxs_session *reopen(const char *name, unsigned flags)
 {
     ctxs_model m = ts_model(1);
     ctxs_session *s = NULL;
-    int rc = ctxs_session_open(&s, ts_path(dir, name), &m, flags, NULL);
+    int rc = ctxs_session_open(&s, ts_path(ts_scratch, name), &m, flags, NULL);
     cr_assert_eq(rc, 0, "open: %s", ctxs_strerror(rc));
     return s;
 }
@@ -74,7 +61,7 @@ Test(session, a_new_session_is_empty_sparse_and_private)
     ctxs_session_close(s);
 
     struct stat st;
-    cr_assert_eq(stat(ts_path(dir, "a"), &st), 0);
+    cr_assert_eq(stat(ts_path(ts_scratch, "a"), &st), 0);
     cr_expect_eq(st.st_mode & 0777, 0600);
     cr_expect_eq((uint64_t)st.st_size, info.file_bytes);
     /* Only the first page and the two tables take space before a reserve. */
@@ -139,7 +126,7 @@ Test(session, another_process_reads_what_was_committed)
     if (child == 0) {
         ctxs_model m = ts_model(1);
         ctxs_session *c;
-        if (ctxs_session_open(&c, ts_path(dir, "a"), &m, 0, NULL) != 0)
+        if (ctxs_session_open(&c, ts_path(ts_scratch, "a"), &m, 0, NULL) != 0)
             _exit(2);
         ctxs_session_info info;
         ctxs_session_info_get(&info, c);
@@ -313,7 +300,7 @@ Test(session, a_bad_byte_in_the_kv_is_found_by_verify)
     ctxs_session_close(s);
 
     ctxs_model m = ts_model(1);
-    cr_assert_eq(ctxs_session_open(&s, ts_path(dir, "a"), &m, 0, NULL), 0);
+    cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "a"), &m, 0, NULL), 0);
     uint8_t *run;
     cr_assert_eq(ctxs_session_kv((void **)&run, s, 1, CTXS_K, 1), 0);
     run[17 * 16 + 3] ^= 0x40; /* position 17, head_dim 8 fp16 = 16 bytes a slot */
@@ -326,7 +313,7 @@ Test(session, a_bad_byte_in_the_kv_is_found_by_verify)
     ctxs_session_options o;
     ctxs_session_options_init(&o);
     o.recovery = CTXS_RECOVER_VERIFY;
-    cr_assert_eq(ctxs_session_open(&s, ts_path(dir, "a"), &m, 0, &o), 0);
+    cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "a"), &m, 0, &o), 0);
     ctxs_session_info info = info_of(s);
     cr_expect_eq(info.n_tokens, 17, "n_tokens %llu", (unsigned long long)info.n_tokens);
     cr_expect_eq(info.lost_tokens, 13, "lost %llu", (unsigned long long)info.lost_tokens);
@@ -349,7 +336,7 @@ Test(session, read_only_sessions_refuse_writes)
     cr_assert_eq(ts_append(s, 5), 0);
     ctxs_session_close(s);
     ctxs_session *r;
-    cr_assert_eq(ctxs_session_open(&r, ts_path(dir, "a"), NULL, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_session_open(&r, ts_path(ts_scratch, "a"), NULL, CTXS_OPEN_RDONLY, NULL), 0);
     ctxs_reservation res;
     cr_expect_eq(ctxs_session_reserve(&res, r, 1), CTXS_EREADONLY);
     cr_expect_eq(ctxs_session_commit(r, (uint32_t[]){1}, 1), CTXS_EREADONLY);
@@ -365,16 +352,16 @@ Test(session, null_and_bad_arguments_are_invalid)
     ctxs_model m = ts_model(1);
     cr_expect_eq(ctxs_session_create(&s, NULL, &m, NULL), CTXS_EINVAL);
     cr_expect_null(s);
-    cr_expect_eq(ctxs_session_open(&s, ts_path(dir, "a"), NULL, 0, NULL), CTXS_EINVAL,
+    cr_expect_eq(ctxs_session_open(&s, ts_path(ts_scratch, "a"), NULL, 0, NULL), CTXS_EINVAL,
                  "a writer must name its model");
-    cr_expect_eq(ctxs_session_open(&s, ts_path(dir, "none"), &m, 0, NULL), -ENOENT);
+    cr_expect_eq(ctxs_session_open(&s, ts_path(ts_scratch, "none"), &m, 0, NULL), -ENOENT);
     ctxs_session_options o;
     ctxs_session_options_init(&o);
     o.version = 99;
-    cr_expect_eq(ctxs_session_create(&s, ts_path(dir, "b"), &m, &o), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_create(&s, ts_path(ts_scratch, "b"), &m, &o), CTXS_EINVAL);
     ctxs_session_options_init(&o);
     o.reserved[3] = 1;
-    cr_expect_eq(ctxs_session_create(&s, ts_path(dir, "b"), &m, &o), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_create(&s, ts_path(ts_scratch, "b"), &m, &o), CTXS_EINVAL);
     cr_expect_eq(ctxs_session_info_get(NULL, NULL), CTXS_EINVAL);
     ctxs_session_close(NULL);
 }

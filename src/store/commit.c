@@ -98,21 +98,15 @@ static int forget_held_from(ctxs_session *s, const ctxs__state *st, uint64_t fro
 
 int ctxs__forget_unheld(ctxs_session *s)
 {
-    /* The slots that the next positions will take, up to a full ring. */
-    const ctxs__state *st = &s->st;
-    uint64_t n = st->n_tokens, ns = s->lay.n_sink;
-    uint64_t free_slots = s->lay.capacity - ctxs__held(s, st);
-    uint64_t from = n;
-    if (n < ns) { /* sinks not yet written, then the ring from ns */
-        int changed = forget_sums(s, n, ns);
-        return forget_sums(s, ns, ns + (free_slots - (ns - n))) | changed;
-    }
-    return forget_sums(s, from, from + free_slots);
+    /* The slots the next positions will take, up to a full ring: as many as
+     * the state leaves free, from the next position on (below the capacity
+     * positions are their own slots, sinks included). */
+    uint64_t n = s->st.n_tokens;
+    return forget_sums(s, n, n + s->lay.capacity - ctxs__held(s, &s->st));
 }
 
-int ctxs__fail(ctxs_session *s, int rc)
+int ctxs__fail(ctxs_session *s)
 {
-    (void)rc;
     s->failed = 1;
     /* After a failed writeback Linux may have dropped the dirty pages and
      * marked them clean: the page cache no longer vouches for the records.
@@ -140,7 +134,7 @@ static int writable(ctxs_session *s)
         return CTXS_EFAILED;
     int rc = atomic_exchange(&s->writeback_error, 0);
     if (rc < 0)
-        return ctxs__fail(s, rc);
+        return ctxs__fail(s);
     return 0;
 }
 
@@ -259,7 +253,7 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
         }
         if (rc < 0) {
             memset(out, 0, sizeof(*out));
-            return ctxs__fail(s, rc);
+            return ctxs__fail(s);
         }
     }
 
@@ -318,19 +312,19 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
     switch (s->durability) {
     case CTXS_SYNC_FULL:
         if ((rc = ctxs__sync_data(s->fd)) < 0)
-            return ctxs__fail(s, rc);
+            return ctxs__fail(s);
         next.verified_from = next.n_tokens;
         if ((rc = ctxs__record_write(s, &next)) < 0 || (rc = ctxs__sync_data(s->fd)) < 0)
-            return ctxs__fail(s, rc);
+            return ctxs__fail(s);
         break;
     case CTXS_SYNC_ASYNC:
         if ((rc = ctxs__record_write(s, &next)) < 0)
-            return ctxs__fail(s, rc);
+            return ctxs__fail(s);
         ctxs__writeback_request(s);
         break;
     default:
         if ((rc = ctxs__record_write(s, &next)) < 0)
-            return ctxs__fail(s, rc);
+            return ctxs__fail(s);
         break;
     }
     return 0;
@@ -345,11 +339,11 @@ int ctxs_session_sync(ctxs_session *s)
     if (s->st.verified_from == s->st.n_tokens)
         return 0;
     if ((rc = ctxs__sync_data(s->fd)) < 0)
-        return ctxs__fail(s, rc);
+        return ctxs__fail(s);
     ctxs__state next = s->st;
     next.verified_from = next.n_tokens;
     if ((rc = ctxs__record_write(s, &next)) < 0 || (rc = ctxs__sync_data(s->fd)) < 0)
-        return ctxs__fail(s, rc);
+        return ctxs__fail(s);
     return 0;
 }
 
@@ -385,8 +379,8 @@ int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
      * are rare. */
     ctxs__state dropped = s->st;
     if ((rc = ctxs__record_write_both(s, &next)) < 0 || (rc = ctxs__sync_meta(s)) < 0)
-        return ctxs__fail(s, rc);
+        return ctxs__fail(s);
     if (forget_held_from(s, &dropped, n_tokens) && (rc = ctxs__sync_meta(s)) < 0)
-        return ctxs__fail(s, rc);
+        return ctxs__fail(s);
     return 0;
 }

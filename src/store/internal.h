@@ -151,7 +151,7 @@ int ctxs__forget_unheld(ctxs_session *s);
 
 /* A sync failed: mark the session failed and make sure a later open in this
  * boot still verifies (the page cache can no longer be trusted). */
-int ctxs__fail(ctxs_session *s, int rc);
+int ctxs__fail(ctxs_session *s);
 
 /* The open sessions of this process (registry.c). Memory pressure walks
  * them under the mutex. */

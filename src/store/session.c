@@ -259,7 +259,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
             rc = ctxs__sync_meta(s);
         }
         if (rc < 0) {
-            ctxs__fail(s, rc); /* this boot's id must not vouch for it */
+            ctxs__fail(s); /* this boot's id must not vouch for it */
             session_free(s);
             return rc;
         }

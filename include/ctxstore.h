@@ -85,7 +85,8 @@ extern "C" {
     XX(READONLY, -32009, "session is open read-only")                          \
     XX(FAILED, -32010, "session failed after an I/O error; reopen it")         \
     XX(EVICTED, -32011, "tokens were overwritten by the ring")                 \
-    XX(NOMEM, -32012, "out of memory")
+    XX(NOMEM, -32012, "out of memory")                                        \
+    XX(STALE, -32013, "the session no longer holds those tokens")
 
 typedef enum ctxs_error {
 #define CTXS_ERR_ENUM_(name, value, text) CTXS_E##name = (value),
@@ -211,6 +212,23 @@ CTXS_API int ctxs_session_open(ctxs_session **out, const char *path,
  * writeback started by commits continues; nothing is waited for. Accepts
  * NULL. */
 CTXS_API void ctxs_session_close(ctxs_session *s);
+
+/* Creates a new session file at path that holds the first n_tokens tokens of
+ * src (UINT64_MAX: all src holds) with src's model, capacity, sinks and
+ * ring, and opens it read-write. The new file shares src's blocks where the
+ * filesystem can (FICLONE: Btrfs, XFS); elsewhere the held slots are copied
+ * from src's mapping, at memory speed. src may be a read-only handle, and
+ * another process may be writing it meanwhile: its committed tokens are
+ * what is copied. Like ctxs_session_create(), the file appears complete or
+ * not at all. opts as for ctxs_session_open().
+ *
+ * Errors: CTXS_EINVAL (n_tokens above src's count, NULL argument),
+ * CTXS_EEVICTED (the ring overwrote tokens the fork needs), CTXS_ESTALE
+ * (src was rolled back below n_tokens during the copy), -EEXIST,
+ * CTXS_EFULL, CTXS_ENOMEM, -errno. *out is NULL on failure. */
+CTXS_API int ctxs_session_fork(ctxs_session **out, ctxs_session *src,
+                               uint64_t n_tokens, const char *path,
+                               const ctxs_session_options *opts);
 
 /* --- Layout and zero-copy access ---------------------------------------- */
 
@@ -428,6 +446,268 @@ CTXS_API int ctxs_pressure_watch_start(const ctxs_watch_options *opts);
 /* Stops the watcher and waits for its thread; the pressure state it set
  * stays until ctxs_pressure_set(). Safe to call when none runs. */
 CTXS_API void ctxs_pressure_watch_stop(void);
+
+/* ---------------------------------------------------------------------------
+ * Stores
+ *
+ * A store is a directory: index/ holds an LMDB environment that knows
+ * sessions by name, models, checkpoints and shared prefixes; sessions/ holds
+ * one file per session, named from its id (never from its name). The files
+ * are the truth for data; the index is derived from them and ctxs_store_reindex()
+ * rebuilds it. Several processes and threads may use one store at once.
+ *
+ * Names (sessions, checkpoints, models' display names) are UTF-8 text of 1
+ * to 255 bytes without NUL, '/', control characters, or the names "." and
+ * "..": CTXS_EINVAL otherwise.
+ *
+ * Caveats:
+ *
+ * - A ctxs_store handle is thread-safe. Opening the same store twice in one
+ *   process shares one LMDB environment.
+ * - After fork(), the child must not use or close a store handle of its
+ *   parent; it opens its own.
+ * - Session handles opened through a store must be closed before the store.
+ */
+typedef struct ctxs_store ctxs_store;
+
+#define CTXS_STORE_OPTIONS_VERSION 1
+
+typedef struct ctxs_store_options {
+    uint32_t version;      /* CTXS_STORE_OPTIONS_VERSION */
+    uint32_t max_readers;  /* concurrent read transactions (default 126) */
+    uint64_t map_bytes;    /* most bytes the index may grow to (default
+                              1 GiB; address space, not disk) */
+    uint8_t reserved[32];  /* must be zero */
+} ctxs_store_options;
+
+/* Fills *opts with the defaults. Returns 0, or CTXS_EINVAL for NULL. */
+CTXS_API int ctxs_store_options_init(ctxs_store_options *opts);
+
+/* Opens the store in directory dir, creating it (0700, files 0600) if it is
+ * missing. Finishes or undoes what a process that crashed left half done: a
+ * session file created but not indexed, or dropped from the index but not
+ * yet deleted.
+ *
+ * Errors: CTXS_EFOREIGN (index/ holds something that is not a ctxstore
+ * index), CTXS_EVERSION (an index written by a newer major version),
+ * CTXS_ECORRUPT, CTXS_EINVAL, CTXS_ENOMEM, -errno. *out is NULL on failure.
+ * Thread-safe. */
+CTXS_API int ctxs_store_open(ctxs_store **out, const char *dir,
+                             const ctxs_store_options *opts);
+
+/* Closes the handle. Accepts NULL. */
+CTXS_API void ctxs_store_close(ctxs_store *st);
+
+/* --- Models ------------------------------------------------------------- */
+
+typedef struct ctxs_model_entry {
+    ctxs_model model;
+    char name[256];              /* display name, NUL-terminated */
+    uint64_t registered_unix_ms;
+} ctxs_model_entry;
+
+/* Registers model under its model hash with a display name (may be NULL).
+ * Registering the same model again updates the display name; the same hash
+ * with another geometry or tokenizer hash is CTXS_EMODEL.
+ * Errors: CTXS_EMODEL, CTXS_EINVAL, CTXS_EFULL (index full), -errno. */
+CTXS_API int ctxs_model_register(ctxs_store *st, const ctxs_model *model,
+                                 const char *name);
+
+/* Looks a model up by its hash. Errors: CTXS_ENOTFOUND, CTXS_EINVAL. */
+CTXS_API int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st,
+                            const uint8_t model_hash[16]);
+
+/* All registered models, in hash order: *out is an array of *n_out entries
+ * to release with ctxs_free() (NULL when there are none).
+ * Errors: CTXS_ENOMEM, CTXS_EINVAL. */
+CTXS_API int ctxs_model_list(ctxs_model_entry **out, size_t *n_out,
+                             ctxs_store *st);
+
+/* XXH3-128 of the file at path, read in a stream. With a store, the result
+ * is cached under the file's device, inode, size and modification time, so
+ * an unchanged file is hashed once; st may be NULL.
+ * Errors: -errno from open or read, CTXS_EINVAL, CTXS_ENOMEM. */
+CTXS_API int ctxs_model_hash_file(uint8_t out[16], ctxs_store *st,
+                                  const char *path);
+
+/* Releases an array returned by a listing function. Accepts NULL. */
+CTXS_API void ctxs_free(void *p);
+
+/* --- Sessions by name ------------------------------------------------------ */
+
+typedef struct ctxs_session_entry {
+    char name[256];            /* NUL-terminated */
+    uint64_t id;               /* the file is sessions/<id as 16 hex digits>.ctxs */
+    uint8_t model_hash[16];
+    uint64_t n_tokens;         /* as of the last close or index update */
+    uint64_t disk_bytes;       /* disk space the file used then */
+    uint64_t created_unix_ms;
+    uint64_t last_used_unix_ms;/* last close through a store */
+    uint64_t parent_id;        /* the session it was forked from, or 0 */
+    uint64_t fork_tokens;      /* tokens taken from the parent */
+} ctxs_session_entry;
+
+/* Creates a session named name for model, which must be registered, and
+ * opens it read-write. The file is created first and indexed second.
+ * Errors: -EEXIST (the name is taken), CTXS_ENOTFOUND (model not
+ * registered), CTXS_EMODEL (registered with another geometry), the errors
+ * of ctxs_session_create(). *out is NULL on failure. Thread-safe. */
+CTXS_API int ctxs_store_session_create(ctxs_session **out, ctxs_store *st,
+                                       const char *name,
+                                       const ctxs_model *model,
+                                       const ctxs_session_options *opts);
+
+/* Opens the session named name, as ctxs_session_open() does (model may be
+ * NULL only with CTXS_OPEN_RDONLY). A read-write open indexes the prefixes
+ * of tokens committed after the last index update (after a crash).
+ * Errors: CTXS_ENOTFOUND (no such name, or its file is gone), CTXS_EMODEL,
+ * the errors of ctxs_session_open(). *out is NULL on failure. */
+CTXS_API int ctxs_store_session_open(ctxs_session **out, ctxs_store *st,
+                                     const char *name, const ctxs_model *model,
+                                     unsigned flags,
+                                     const ctxs_session_options *opts);
+
+/* Fills *out for the session named name. Errors: CTXS_ENOTFOUND, CTXS_EINVAL. */
+CTXS_API int ctxs_store_session_get(ctxs_session_entry *out, ctxs_store *st,
+                                    const char *name);
+
+/* All sessions, in name order: an array to release with ctxs_free().
+ * Errors: CTXS_ENOMEM, CTXS_EINVAL. */
+CTXS_API int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out,
+                                     ctxs_store *st);
+
+/* Renames a session; open handles stay valid. Errors: CTXS_ENOTFOUND,
+ * -EEXIST (to is taken), CTXS_EINVAL, -errno. */
+CTXS_API int ctxs_store_session_rename(ctxs_store *st, const char *from,
+                                       const char *to);
+
+/* Deletes a session, its checkpoints and its prefixes: the index first, then
+ * the file. Errors: CTXS_ENOTFOUND, CTXS_EBUSY (a handle, writer or
+ * reader, in any process has it open), -errno. */
+CTXS_API int ctxs_store_session_delete(ctxs_store *st, const char *name);
+
+/* --- Checkpoints -------------------------------------------------------- */
+
+typedef struct ctxs_checkpoint_entry {
+    char name[256];        /* NUL-terminated */
+    uint64_t n_tokens;
+    uint64_t created_unix_ms;
+    uint32_t stale;        /* 1: the session no longer holds these tokens
+                              (overwritten by the ring, or rolled back and
+                              written again); restore and fork refuse it */
+    uint32_t reserved_;
+} ctxs_checkpoint_entry;
+
+/* Names the current token count of s, which was opened through st. A
+ * checkpoint remembers the checksum of its last token, so that a restore
+ * after the tokens were rolled back and written differently is refused.
+ * Errors: -EEXIST, CTXS_EINVAL (s not opened through st, bad name), -errno. */
+CTXS_API int ctxs_checkpoint_create(ctxs_store *st, ctxs_session *s,
+                                    const char *name);
+
+/* Rolls s (read-write, opened through st) back to the checkpoint, in O(1).
+ * Errors: CTXS_ENOTFOUND, CTXS_EEVICTED (the ring overwrote its tokens),
+ * CTXS_ESTALE (rolled back past it, or its tokens were written again),
+ * CTXS_EREADONLY, the errors of ctxs_session_rollback(). */
+CTXS_API int ctxs_checkpoint_restore(ctxs_store *st, ctxs_session *s,
+                                     const char *name);
+
+/* The checkpoints of the session named session, in name order, each marked
+ * stale or not: an array to release with ctxs_free().
+ * Errors: CTXS_ENOTFOUND, CTXS_ENOMEM, CTXS_EINVAL. */
+CTXS_API int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out,
+                                  ctxs_store *st, const char *session);
+
+/* Errors: CTXS_ENOTFOUND, CTXS_EINVAL. */
+CTXS_API int ctxs_checkpoint_delete(ctxs_store *st, const char *session,
+                                    const char *name);
+
+/* --- Forks ---------------------------------------------------------------- */
+
+/* Creates the session dst holding the first n_tokens tokens of the session
+ * src (UINT64_MAX: all it holds) and opens it read-write (out may be NULL
+ * to leave it closed). See ctxs_session_fork() for how the bytes travel;
+ * src may be open by a writer meanwhile.
+ * Errors: -EEXIST, CTXS_ENOTFOUND, CTXS_EEVICTED, CTXS_ESTALE, the errors
+ * of ctxs_session_fork(). */
+CTXS_API int ctxs_store_fork(ctxs_session **out, ctxs_store *st,
+                             const char *src, uint64_t n_tokens,
+                             const char *dst,
+                             const ctxs_session_options *opts);
+
+/* As ctxs_store_fork(), at a checkpoint of src. Errors: also CTXS_ESTALE
+ * and CTXS_EEVICTED for a stale checkpoint. */
+CTXS_API int ctxs_store_fork_checkpoint(ctxs_session **out, ctxs_store *st,
+                                        const char *src,
+                                        const char *checkpoint,
+                                        const char *dst,
+                                        const ctxs_session_options *opts);
+
+/* --- Shared prefixes -------------------------------------------------------
+ *
+ * Every CTXS_PREFIX_CHUNK committed tokens from the start of a session, a
+ * chained hash of the token ids so far is indexed under the model hash.
+ * Entries are written in batches off the commit path: when a session's first
+ * chunk completes, then every 16 chunks, at close, and at the next
+ * read-write open after a crash. A crash can delay when a prefix is found;
+ * it never makes a wrong one found: every match is checked against the
+ * session file's token ids before it is returned.
+ */
+#define CTXS_PREFIX_CHUNK 64u
+
+typedef struct ctxs_prefix_match {
+    char session[256];     /* the session that holds the prefix */
+    uint64_t n_tokens;     /* how many leading tokens of the prompt it holds */
+} ctxs_prefix_match;
+
+/* Finds the session holding the longest prefix of tokens[0..n) for the model
+ * with hash model_hash: a binary search over chunk boundaries (O(log n)
+ * index reads), then the tokens after the last whole chunk are compared with
+ * the file's. Fork the match (ctxs_store_fork() at out->n_tokens) and
+ * prefill only the rest. At least one whole chunk must match.
+ * Errors: CTXS_ENOTFOUND (no match), CTXS_EINVAL, CTXS_ENOMEM. Thread-safe. */
+CTXS_API int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st,
+                              const uint8_t model_hash[16],
+                              const uint32_t *tokens, uint64_t n);
+
+/* --- Maintenance -------------------------------------------------------- */
+
+typedef struct ctxs_gc_result {
+    uint64_t bytes_before;   /* disk space of the session files */
+    uint64_t bytes_after;
+    uint64_t deleted;        /* sessions deleted */
+    uint64_t skipped_open;   /* sessions kept because a handle had them open */
+} ctxs_gc_result;
+
+/* Deletes sessions, least recently used first, until the session files take
+ * at most budget_bytes of disk, never one that a handle has open.
+ * Errors: -errno. out may be NULL. */
+CTXS_API int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st,
+                           uint64_t budget_bytes);
+
+typedef struct ctxs_repair_result {
+    uint64_t files_removed;    /* session files no index entry named */
+    uint64_t entries_removed;  /* index entries whose file was gone */
+    uint64_t prefixes_updated; /* sessions whose prefix entries were fixed */
+} ctxs_repair_result;
+
+/* Compares the whole index with the session files: removes files no entry
+ * names (and no handle has open) and entries whose file is gone. Opening a
+ * store repairs what crashes leave; this also repairs what a person did to
+ * the files. out may be NULL. Errors: -errno, CTXS_ENOMEM. */
+CTXS_API int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st);
+
+typedef struct ctxs_reindex_result {
+    uint64_t sessions;         /* files indexed */
+    uint64_t skipped;          /* files that are not readable sessions */
+} ctxs_reindex_result;
+
+/* Rebuilds the index from the session files: names (each file keeps its
+ * own), models, token counts and prefixes. Checkpoints of sessions still
+ * present and models' display names are kept; sessions whose name is lost
+ * or taken are named "session-<id>". Files that are not valid sessions
+ * are left alone and counted. out may be NULL. Errors: -errno, CTXS_ENOMEM. */
+CTXS_API int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st);
 
 #ifdef __cplusplus
 }

@@ -327,6 +327,8 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
             return ctxs__fail(s);
         break;
     }
+    if (s->hooks)
+        s->hooks->committed(s, s->hooks_arg);
     return 0;
 }
 

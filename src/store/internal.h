@@ -12,6 +12,15 @@
 #include "ctxstore.h"
 #include "format.h"
 
+/* What the index (src/index) learns from a session opened through a store.
+ * The store layer only calls these; it knows nothing of LMDB. */
+typedef struct ctxs__session_hooks {
+    /* After a commit succeeded, on the thread that committed. */
+    void (*committed)(ctxs_session *s, void *arg);
+    /* At close, before anything is unmapped. */
+    void (*closing)(ctxs_session *s, void *arg);
+} ctxs__session_hooks;
+
 /* The committed state a commit record describes. */
 typedef struct ctxs__state {
     uint64_t seq;
@@ -48,6 +57,9 @@ struct ctxs_session {
     /* ASYNC writeback, started by the registry's thread (registry.c). */
     atomic_int writeback_wanted;
     atomic_int writeback_error;   /* -errno the thread met, for the owner */
+
+    const ctxs__session_hooks *hooks; /* NULL unless opened through a store */
+    void *hooks_arg;
 
     /* The registry of open sessions (registry.c). */
     struct ctxs_session *prev, *next;

@@ -30,6 +30,11 @@ int ctxs__lock(int fd, enum ctxs__lock_kind kind)
         fl.l_start = 1;
         fl.l_len = 1;
         break;
+    case CTXS__LOCK_EXCLUSIVE:
+        fl.l_type = F_WRLCK;
+        fl.l_start = 0;
+        fl.l_len = 2;
+        break;
     }
     for (;;) {
         if (fcntl(fd, SETLK, &fl) == 0)

@@ -5,7 +5,7 @@
  * never written (locks beyond or inside the file do not touch its data):
  *   byte 0: the writer lock, exclusive;
  *   byte 1: the reader lock, shared by readers.
- * Maintenance that must exclude everyone (delete, compact) will take both
+ * Maintenance that must exclude everyone (delete, gc) takes both
  * exclusively. Locks live with the descriptor: a crashed process's locks
  * vanish with it.
  */
@@ -15,6 +15,7 @@
 enum ctxs__lock_kind {
     CTXS__LOCK_WRITER,     /* byte 0 exclusive */
     CTXS__LOCK_READER,     /* byte 1 shared */
+    CTXS__LOCK_EXCLUSIVE,  /* bytes 0 and 1 exclusive: no handle is open */
 };
 
 /* Takes the lock without waiting. Returns 0, CTXS_EBUSY, or -errno. */

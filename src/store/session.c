@@ -54,42 +54,6 @@ static int same_model(const ctxs_model *m, const ctxs__disk_header *h)
            memcmp(m->tokenizer_hash, h->tokenizer_hash, 16) == 0;
 }
 
-static int read_exact(int fd, void *buf, size_t len, off_t off)
-{
-    uint8_t *p = buf;
-    while (len) {
-        ssize_t r = pread(fd, p, len, off);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        if (r == 0)
-            return CTXS_ECORRUPT;
-        p += r;
-        len -= (size_t)r;
-        off += r;
-    }
-    return 0;
-}
-
-static int write_exact(int fd, const void *buf, size_t len, off_t off)
-{
-    const uint8_t *p = buf;
-    while (len) {
-        ssize_t w = pwrite(fd, p, len, off);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return (errno == ENOSPC || errno == EDQUOT) ? CTXS_EFULL : -errno;
-        }
-        p += w;
-        len -= (size_t)w;
-        off += w;
-    }
-    return 0;
-}
-
 /* Maps the file at an address aligned to 2 MiB: the 16 KiB-aligned regions
  * of the file are then 16 KiB aligned in memory too (Metal's no-copy buffers,
  * one layout everywhere), and the page cache's large folios line up with
@@ -174,14 +138,14 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
          * is foreign. */
         char magic[8] = {0};
         size_t have = (size_t)st.st_size < 8 ? (size_t)st.st_size : 8;
-        rc = read_exact(fd, magic, have, 0);
+        rc = ctxs__read_exact(fd, magic, have, 0);
         session_free(s);
         if (rc < 0 && rc != CTXS_ECORRUPT)
             return rc;
         return have == 8 && memcmp(magic, CTXS__FILE_MAGIC, 8) == 0 ? CTXS_ECORRUPT
                                                                   : CTXS_EFOREIGN;
     }
-    if ((rc = read_exact(fd, &h, sizeof(h), 0)) < 0 ||
+    if ((rc = ctxs__read_exact(fd, &h, sizeof(h), 0)) < 0 ||
         (rc = ctxs__header_check(&h, (uint64_t)st.st_size, &s->lay)) < 0) {
         session_free(s);
         return rc;
@@ -291,7 +255,7 @@ static int write_new_file(int fd, const ctxs__file_layout *lay,
      * is allocated as slots are reserved. */
     if ((rc = ctxs__allocate(fd, 0, lay->kv_off)) < 0)
         return rc;
-    if ((rc = write_exact(fd, h, sizeof(*h), 0)) < 0)
+    if ((rc = ctxs__write_exact(fd, h, sizeof(*h), 0)) < 0)
         return rc;
 
     /* Both records valid from the start (seq 0 and 1, no tokens), so that a
@@ -305,7 +269,7 @@ static int write_new_file(int fd, const ctxs__file_layout *lay,
         memcpy(r.boot_id, boot, 16);
         r.written_unix_ms = h->created_unix_ms;
         ctxs__record_seal(&r, i);
-        if ((rc = write_exact(fd, &r, sizeof(r), (off_t)h->record_off[i])) < 0)
+        if ((rc = ctxs__write_exact(fd, &r, sizeof(r), (off_t)h->record_off[i])) < 0)
             return rc;
     }
     return ctxs__sync_data(fd);
@@ -410,6 +374,8 @@ void ctxs_session_close(ctxs_session *s)
 {
     if (!s)
         return;
+    if (s->hooks)
+        s->hooks->closing(s, s->hooks_arg);
     ctxs__registry_remove(s);
     session_free(s);
 }

@@ -137,3 +137,39 @@ int ctxs__start_writeback(int fd, void *map, size_t len)
     return msync(map, len, MS_ASYNC) == 0 ? 0 : -errno;
 #endif
 }
+
+int ctxs__read_exact(int fd, void *buf, size_t len, off_t off)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t r = pread(fd, p, len, off);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (r == 0)
+            return CTXS_ECORRUPT;
+        p += r;
+        len -= (size_t)r;
+        off += r;
+    }
+    return 0;
+}
+
+int ctxs__write_exact(int fd, const void *buf, size_t len, off_t off)
+{
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t w = pwrite(fd, p, len, off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return (errno == ENOSPC || errno == EDQUOT) ? CTXS_EFULL : -errno;
+        }
+        p += w;
+        len -= (size_t)w;
+        off += w;
+    }
+    return 0;
+}

@@ -6,6 +6,7 @@
 #define CTXS_STORE_SYS_H
 
 #include <stdint.h>
+#include <stddef.h>
 #include <sys/types.h>
 
 /* The running boot's identity (Linux: /proc/sys/kernel/random/boot_id);
@@ -26,5 +27,11 @@ int ctxs__sync_data(int fd);
 /* Starts writeback of the file's dirty pages without waiting (Linux:
  * sync_file_range, since msync(MS_ASYNC) does nothing there). */
 int ctxs__start_writeback(int fd, void *map, size_t len);
+
+/* pread/pwrite of exactly len bytes, retried across EINTR and short
+ * transfers. Reading past the end is CTXS_ECORRUPT (the file is shorter
+ * than its header says); writing into a full disk is CTXS_EFULL. */
+int ctxs__read_exact(int fd, void *buf, size_t len, off_t off);
+int ctxs__write_exact(int fd, const void *buf, size_t len, off_t off);
 
 #endif

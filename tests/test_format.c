@@ -23,6 +23,7 @@
 #include <zlib.h>
 
 #include "format.h"
+#include "label.h"
 #include "support.h"
 
 
@@ -1255,7 +1256,7 @@ Test(format, error_strings_cover_every_code)
     int n_codes = 0;
     CTXS_ERRNO_MAP(CHECK_CODE_)
 #undef CHECK_CODE_
-    cr_assert_eq(n_codes, 12);
+    cr_assert_eq(n_codes, 13);
 
     cr_assert_str_eq(ctxs_err_name(0), "OK");
     cr_assert_not_null(ctxs_strerror(0));
@@ -1378,4 +1379,364 @@ Test(format, layout_compute_rejects_out_of_range_and_overflow)
     } else {
         cr_assert_null(s);
     }
+}
+
+/* --- version 1.1: the label ------------------------------------------- */
+
+static uint32_t label_crc(const ctxs__disk_label *l)
+{
+    return (uint32_t)crc32(0L, (const Bytef *)l, 508);
+}
+
+static int open_fd(const char *path, int flags)
+{
+    int fd = open(path, flags | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "open %s: %s", path, strerror(errno));
+    return fd;
+}
+
+/* The label as ctxs__label_read() gives it; returns its result. */
+static int label_of(const char *path, uint64_t *id, char name[256])
+{
+    int fd = open_fd(path, O_RDONLY);
+    int rc = ctxs__label_read(fd, id, name);
+    close(fd);
+    return rc;
+}
+
+Test(format, new_file_says_version_1_1)
+{
+    cr_assert_eq(CTXS__FORMAT_MAJOR, 1);
+    cr_assert_eq(CTXS__FORMAT_MINOR, 1);
+    const char *p = make_pristine("v11.ctxs");
+    ctxs__disk_header h;
+    hdr_read(p, &h);
+    cr_assert_eq(h.version_major, 1);
+    cr_assert_eq(h.version_minor, 1);
+    uint16_t raw[2];
+    raw_read(p, 8, raw, sizeof(raw));
+    cr_assert(raw[0] == 1 && raw[1] == 1, "bytes 8..11 say %u.%u", raw[0], raw[1]);
+
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_open(&s, p, NULL, CTXS_OPEN_RDONLY, NULL), 0);
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(info.format_major, 1);
+    cr_assert_eq(info.format_minor, 1);
+    ctxs_session_close(s);
+}
+
+Test(format, header_check_accepts_every_minor_of_major_1)
+{
+    ctxs_model m = ts_model(1);
+    ctxs__file_layout lay, out;
+    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK), 0);
+    uint16_t minors[] = { 0, 1, 2, 0xffff };
+    for (size_t i = 0; i < sizeof(minors) / sizeof(minors[0]); i++) {
+        ctxs__disk_header h;
+        ctxs__header_init(&h, &lay, &m, CTXS__FLAG_RING, 1700000000000ull);
+        h.version_minor = minors[i];
+        h.crc32 = header_crc(&h);
+        int rc = ctxs__header_check(&h, lay.file_bytes, &out);
+        cr_assert_eq(rc, 0, "minor %u: %s", minors[i], ctxs_err_name(rc));
+    }
+}
+
+Test(format, a_file_without_a_label_is_enotfound)
+{
+    const char *p = make_pristine("nolabel.ctxs");
+    uint64_t id = 99;
+    char name[256] = "junk";
+    cr_assert_eq(label_of(p, &id, name), CTXS_ENOTFOUND);
+    cr_assert_eq(id, 0);
+    cr_assert_str_eq(name, "");
+    uint8_t page[CTXS__PAGE - CTXS__LABEL_OFF];
+    raw_read(p, CTXS__LABEL_OFF, page, sizeof(page));
+    for (size_t i = 0; i < sizeof(page); i++)
+        cr_assert_eq(page[i], 0, "byte %zu of the label page of a new file is not zero", i);
+
+    /* Anything without the magic is no label, whatever else is there. */
+    ctxs__disk_label l;
+    memset(&l, 0xa5, sizeof(l));
+    memcpy(l.magic, "CLBX", 4);
+    l.crc32 = label_crc(&l);
+    raw_write(p, CTXS__LABEL_OFF, &l, sizeof(l));
+    cr_assert_eq(label_of(p, &id, name), CTXS_ENOTFOUND);
+}
+
+Test(format, label_round_trips)
+{
+    const char *p = make_pristine("label.ctxs");
+    const struct {
+        uint64_t id;
+        const char *name;
+    } cases[] = {
+        { 1, "a" },
+        { 0x0123456789abcdefull, "chat with Ada" },
+        { UINT64_MAX, "\xc3\xa9t\xc3\xa9 \xe2\x80\x94 \xf0\x9f\x98\x80" }, /* UTF-8 */
+        { 0, "x" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int fd = open_fd(p, O_RDWR);
+        cr_assert_eq(ctxs__label_write(fd, cases[i].id, cases[i].name, strlen(cases[i].name)), 0);
+        close(fd);
+        uint64_t id;
+        char name[256];
+        cr_assert_eq(label_of(p, &id, name), 0);
+        cr_assert_eq(id, cases[i].id);
+        cr_assert_str_eq(name, cases[i].name);
+    }
+
+    /* The longest name, and the bytes are where format.h says. */
+    char longest[256];
+    memset(longest, 'n', 255);
+    longest[255] = '\0';
+    int fd = open_fd(p, O_RDWR);
+    cr_assert_eq(ctxs__label_write(fd, 42, longest, 255), 0);
+    close(fd);
+    ctxs__disk_label l;
+    raw_read(p, CTXS__LABEL_OFF, &l, sizeof(l));
+    cr_assert(memcmp(l.magic, "CLBL", 4) == 0);
+    cr_assert_eq(l.name_len, 255);
+    cr_assert_eq(l.reserved0, 0);
+    cr_assert_eq(l.store_id, 42);
+    cr_assert(memcmp(l.name, longest, 255) == 0);
+    cr_assert_eq(l.name[255], 0);
+    for (size_t i = 0; i < sizeof(l.reserved); i++)
+        cr_assert_eq(l.reserved[i], 0);
+    cr_assert_eq(l.crc32, label_crc(&l), "label CRC is not zlib crc32 of bytes 0..507");
+    uint64_t id;
+    char name[256];
+    cr_assert_eq(label_of(p, &id, name), 0);
+    cr_assert_eq(strlen(name), 255);
+
+    /* A shorter name leaves no trace of the longer one. */
+    fd = open_fd(p, O_RDWR);
+    cr_assert_eq(ctxs__label_write(fd, 7, "short", 5), 0);
+    close(fd);
+    raw_read(p, CTXS__LABEL_OFF, &l, sizeof(l));
+    for (size_t i = 5; i < sizeof(l.name); i++)
+        cr_assert_eq(l.name[i], 0, "name byte %zu", i);
+
+    /* Readers ignore reserved bytes (the CRC covers them). */
+    l.reserved[17] = 0x5a;
+    l.crc32 = label_crc(&l);
+    raw_write(p, CTXS__LABEL_OFF, &l, sizeof(l));
+    cr_assert_eq(label_of(p, &id, name), 0);
+    cr_assert_str_eq(name, "short");
+}
+
+Test(format, damaged_label_is_corrupt)
+{
+    const char *pristine = make_pristine("pristine.ctxs");
+    int fd = open_fd(pristine, O_RDWR);
+    cr_assert_eq(ctxs__label_write(fd, 5, "label", 5), 0);
+    close(fd);
+    ctxs__disk_label good;
+    raw_read(pristine, CTXS__LABEL_OFF, &good, sizeof(good));
+
+    const char *p = ts_path(ts_scratch, "badlabel.ctxs");
+    for (int which = 0;; which++) {
+        ctxs__disk_label l = good;
+        int fix = 1;
+        const char *what;
+        switch (which) {
+        case 0: l.crc32 ^= 1; fix = 0; what = "CRC"; break;
+        case 1: l.name[2] ^= 0x20; fix = 0; what = "name edited, CRC stale"; break;
+        case 2: l.store_id++; fix = 0; what = "id edited, CRC stale"; break;
+        case 3: l.name_len = 0; what = "name_len 0"; break;
+        case 4: l.name_len = 256; what = "name_len 256"; break;
+        case 5: l.name_len = 0xffff; what = "name_len 0xffff"; break;
+        case 6: l.name[1] = 0; what = "a NUL inside the name"; break;
+        default: what = NULL; break;
+        }
+        if (!what)
+            break;
+        copy_file(pristine, p);
+        if (fix)
+            l.crc32 = label_crc(&l);
+        raw_write(p, CTXS__LABEL_OFF, &l, sizeof(l));
+        uint64_t id;
+        char name[256];
+        int rc = label_of(p, &id, name);
+        cr_assert_eq(rc, CTXS_ECORRUPT, "%s: label_read gave %s", what, ctxs_err_name(rc));
+        cr_assert_str_eq(name, "");
+        /* The session itself does not care. */
+        expect_opens(p, what, 37);
+    }
+
+    /* A file too short to have the label page. */
+    set_size(p, CTXS__LABEL_OFF + 100);
+    uint64_t id;
+    char name[256];
+    cr_assert_eq(label_of(p, &id, name), CTXS_ECORRUPT);
+}
+
+Test(format, label_write_refuses_bad_names)
+{
+    const char *p = make_pristine("names.ctxs");
+    char big[300];
+    memset(big, 'b', sizeof(big));
+    int fd = open_fd(p, O_RDWR);
+    cr_assert_eq(ctxs__label_write(fd, 1, "x", 0), CTXS_EINVAL, "empty name");
+    cr_assert_eq(ctxs__label_write(fd, 1, big, 256), CTXS_EINVAL, "256 bytes");
+    cr_assert_eq(ctxs__label_write(fd, 1, big, sizeof(big)), CTXS_EINVAL, "300 bytes");
+    cr_assert_eq(ctxs__label_write(fd, 1, big, SIZE_MAX), CTXS_EINVAL, "SIZE_MAX");
+    cr_assert_eq(ctxs__label_write(fd, 1, "a\0b", 3), CTXS_EINVAL, "NUL inside");
+    cr_assert_eq(ctxs__label_write(fd, 1, NULL, 3), CTXS_EINVAL, "NULL");
+    close(fd);
+    uint64_t id;
+    char name[256];
+    cr_assert_eq(label_of(p, &id, name), CTXS_ENOTFOUND, "a refused write wrote");
+
+    fd = open_fd(p, O_RDONLY);
+    cr_assert_lt(ctxs__label_write(fd, 1, "ro", 2), 0, "a write through a read-only descriptor");
+    close(fd);
+}
+
+/* The session never touches the label: commits, rollbacks and a verifying
+ * writer's open leave it, and it changes nothing the session reads. */
+Test(format, label_and_session_leave_each_other_alone)
+{
+    const char *p = make_pristine("both.ctxs");
+    ctxs_model m = ts_model(1);
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
+    int fd = open_fd(p, O_RDWR);
+    cr_assert_eq(ctxs__label_write(fd, 77, "while open", 10), 0);
+    close(fd);
+    cr_assert_eq(ts_append(s, 30), 0);
+    cr_assert_eq(ctxs_session_rollback(s, 50), 0);
+    cr_assert_eq(ts_append(s, 10), 0);
+    cr_assert_eq(ctxs_session_sync(s), 0);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+
+    ctxs_session_options o;
+    cr_assert_eq(ctxs_session_options_init(&o), 0);
+    o.recovery = CTXS_RECOVER_VERIFY;
+    cr_assert_eq(ctxs_session_open(&s, p, &m, 0, &o), 0);
+    cr_assert_eq(n_tokens_of(s), 60);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+    uint64_t id;
+    char name[256];
+    cr_assert_eq(label_of(p, &id, name), 0);
+    cr_assert_eq(id, 77);
+    cr_assert_str_eq(name, "while open");
+}
+
+/* --- files written by earlier versions --------------------------------- */
+
+/* tests/data holds files written by the 1.0 code (tests/data/make_v1_0.c
+ * says how); meson passes the folder in CTXS_TEST_DATA. They are copied
+ * before use: a read-write open may write to them. */
+static const char *old_file(const char *name)
+{
+    const char *dir = getenv("CTXS_TEST_DATA");
+    cr_assert(dir && *dir, "CTXS_TEST_DATA is not set: run the suite through meson test");
+    const char *p = ts_path(ts_scratch, name);
+    copy_file(ts_path(dir, name), p);
+    return p;
+}
+
+/* Opens path as the 1.0 file it is and checks what make_v1_0.c wrote. */
+static void expect_v1_0(const char *path, unsigned flags, uint32_t recovery, uint64_t n_tokens,
+                        uint64_t ring_start)
+{
+    ctxs_model m = ts_model(1);
+    ctxs_session_options o;
+    cr_assert_eq(ctxs_session_options_init(&o), 0);
+    o.recovery = recovery;
+    ctxs_session *s = NULL;
+    int rc = ctxs_session_open(&s, path, (flags & CTXS_OPEN_RDONLY) ? NULL : &m, flags, &o);
+    cr_assert_eq(rc, 0, "open a 1.0 file: %s", ctxs_strerror(rc));
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(info.format_major, 1);
+    cr_assert_eq(info.format_minor, 0);
+    cr_assert(memcmp(&info.model, &m, sizeof(m)) == 0, "the model");
+    cr_assert_eq(info.capacity, 64);
+    cr_assert_eq(info.n_sink, 4);
+    cr_assert_eq(info.n_tokens, n_tokens);
+    cr_assert_eq(info.ring_start, ring_start);
+    cr_assert_eq(info.lost_tokens, 0);
+    cr_assert_eq(info.flags & CTXS_INFO_RECOVERED, 0);
+    cr_assert_eq(ts_check_all(s), 0, "tokens of a 1.0 file do not read back");
+    cr_assert_eq(ctxs_session_verify(s, NULL), 0);
+    /* Every held token, one by one, and none of the evicted ones. */
+    uint16_t k[32], v[32], ek[32], ev[32];
+    uint64_t held = 0;
+    for (uint64_t p = 0; p < n_tokens; p++) {
+        rc = ctxs_session_read_token(s, p, k, v);
+        if (p >= 4 && p < ring_start) {
+            cr_assert_eq(rc, CTXS_EEVICTED, "position %llu", (unsigned long long)p);
+            continue;
+        }
+        cr_assert_eq(rc, 0, "position %llu: %s", (unsigned long long)p, ctxs_strerror(rc));
+        ts_fill_kv(&m.geometry, p, ek, ev);
+        cr_assert(memcmp(k, ek, sizeof(k)) == 0 && memcmp(v, ev, sizeof(v)) == 0,
+                  "position %llu", (unsigned long long)p);
+        held++;
+    }
+    cr_assert_eq(info.n_held, held);
+    ctxs_session_close(s);
+}
+
+Test(format, version_1_0_file_opens_and_keeps_its_tokens)
+{
+    const char *p = old_file("v1_0.ctxs");
+    ctxs__disk_header h;
+    hdr_read(p, &h);
+    cr_assert_eq(h.version_major, 1);
+    cr_assert_eq(h.version_minor, 0, "the data file is not a 1.0 file");
+    uint64_t id = 1;
+    char name[256];
+    cr_assert_eq(label_of(p, &id, name), CTXS_ENOTFOUND);
+
+    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_RECOVER_AUTO, 20, 0);
+    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, 20, 0);
+    expect_v1_0(p, 0, CTXS_RECOVER_VERIFY, 20, 0);
+    expect_v1_0(p, 0, CTXS_RECOVER_AUTO, 20, 0);
+
+    /* A writer of this version goes on with it; the header, and so its
+     * version, is never rewritten. */
+    ctxs_model m = ts_model(1);
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
+    cr_assert_eq(ts_append(s, 30), 0);
+    ctxs_session_close(s);
+    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, 50, 0);
+    ctxs__disk_header after;
+    hdr_read(p, &after);
+    cr_assert(memcmp(&h, &after, sizeof(h)) == 0, "the 1.0 header was rewritten");
+
+    /* A store may label a 1.0 file; it stays a 1.0 file that opens. */
+    int fd = open_fd(p, O_RDWR);
+    cr_assert_eq(ctxs__label_write(fd, 3, "old", 3), 0);
+    close(fd);
+    cr_assert_eq(label_of(p, &id, name), 0);
+    cr_assert_str_eq(name, "old");
+    expect_v1_0(p, 0, CTXS_RECOVER_VERIFY, 50, 0);
+}
+
+Test(format, version_1_0_wrapped_ring_opens_and_keeps_its_tokens)
+{
+    const char *p = old_file("v1_0_ring.ctxs");
+    ctxs__disk_header h;
+    hdr_read(p, &h);
+    cr_assert_eq(h.version_minor, 0, "the data file is not a 1.0 file");
+    uint64_t id;
+    char name[256];
+    cr_assert_eq(label_of(p, &id, name), CTXS_ENOTFOUND);
+    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_RECOVER_AUTO, 100, 40);
+    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, 100, 40);
+    expect_v1_0(p, 0, CTXS_RECOVER_VERIFY, 100, 40);
+
+    ctxs_model m = ts_model(1);
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
+    cr_assert_eq(ts_append(s, 10), 0);
+    ctxs_session_close(s);
+    expect_v1_0(p, 0, CTXS_RECOVER_AUTO, 110, 50);
 }

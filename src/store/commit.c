@@ -349,26 +349,36 @@ int ctxs_session_sync(ctxs_session *s)
     return 0;
 }
 
+int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n)
+{
+    const ctxs__state *st = &s->st;
+    const uint64_t ns = s->lay.n_sink;
+    if (n > st->n_tokens)
+        return CTXS_EINVAL;
+    /* n == n_sink needs only the sinks, which the ring never evicts. */
+    if (n > ns && n < ctxs__first_recent(s, st))
+        return CTXS_EEVICTED;
+    *out = *st;
+    out->n_tokens = n;
+    if (n <= ns)
+        out->ring_start = 0;
+    if (out->verified_from > n)
+        out->verified_from = n;
+    return 0;
+}
+
 int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
 {
     CTXS__CHECK(s);
     int rc = writable(s);
     if (rc < 0)
         return rc;
-    CTXS__CHECK(n_tokens <= s->st.n_tokens);
-    const uint64_t ns = s->lay.n_sink;
-    if (n_tokens >= ns && n_tokens < ctxs__first_recent(s, &s->st))
-        return CTXS_EEVICTED;
+    ctxs__state next;
+    if ((rc = ctxs__rollback_state(&next, s, n_tokens)) < 0)
+        return rc;
     s->n_reserved = 0;
     if (n_tokens == s->st.n_tokens)
         return 0;
-
-    ctxs__state next = s->st;
-    next.n_tokens = n_tokens;
-    if (n_tokens <= ns)
-        next.ring_start = 0;
-    if (next.verified_from > n_tokens)
-        next.verified_from = n_tokens;
     /* The dropped positions will be written again with other tokens, and
      * their old checksums still match their old bytes. Were a record that
      * claims them to survive a power loss, or a newer one to claim those

@@ -17,7 +17,7 @@
 
 #define CTXS__FILE_MAGIC "CTXSSESS"   /* 8 bytes, no terminator on disk */
 #define CTXS__FORMAT_MAJOR 1
-#define CTXS__FORMAT_MINOR 0
+#define CTXS__FORMAT_MINOR 1           /* 1.1: the label page */
 
 /* Every region starts on a 16 KiB boundary: Apple Silicon's page size, which
  * Metal's no-copy buffers need, and a multiple of the 4 KiB pages elsewhere. */
@@ -27,9 +27,11 @@
 #define CTXS__RECORD_BYTES 128u
 /* The two commit records live in separate 4 KiB pages of the first 16 KiB,
  * away from the header, so that writing one can never tear the other or the
- * header, whatever the device's atomic write unit. */
+ * header, whatever the device's atomic write unit. The label has the fourth
+ * 4 KiB page to itself for the same reason. */
 #define CTXS__RECORD0_OFF 4096u
 #define CTXS__RECORD1_OFF 8192u
+#define CTXS__LABEL_OFF 12288u
 
 #define CTXS__MAX_DIM 4096u            /* layers, heads, head_dim: each */
 #define CTXS__MAX_CAPACITY (1u << 24)  /* slots */
@@ -120,6 +122,38 @@ static_assert(sizeof(ctxs__disk_record) == CTXS__RECORD_BYTES, "record size");
 static_assert(offsetof(ctxs__disk_record, boot_id) == 40, "record layout");
 static_assert(offsetof(ctxs__disk_record, crc32) == 124, "record layout");
 
+/*
+ * The label (format 1.1): the name a store gave the file and the id it files
+ * it under, so that the store's index can be rebuilt from the files alone.
+ * The store writes it after create or fork, and again on rename; nothing in
+ * src/store reads it, and a session opens whatever this page holds. A file
+ * without one (1.0, or made outside a store) has zeros here.
+ *
+ * Written with one pwrite of the 512 bytes and made durable; a label torn by
+ * a power loss fails its CRC, and the store names such a file by its id.
+ */
+#define CTXS__LABEL_MAGIC "CLBL"
+#define CTXS__LABEL_BYTES 512u
+#define CTXS__LABEL_NAME_MAX 255u
+
+typedef struct ctxs__disk_label {
+    char magic[4];            /* CTXS__LABEL_MAGIC */
+    uint16_t name_len;        /* 1..255 */
+    uint16_t reserved0;       /* zero */
+    uint64_t store_id;        /* the id the store gave this file */
+    uint8_t name[256];        /* name_len bytes of UTF-8 without NUL, then
+                                 zeros */
+    uint8_t reserved[236];    /* zero when written; ignored when read */
+    uint32_t crc32;           /* zlib crc32 of bytes 0..507 */
+} ctxs__disk_label;
+
+static_assert(sizeof(ctxs__disk_label) == CTXS__LABEL_BYTES, "label size");
+static_assert(offsetof(ctxs__disk_label, store_id) == 8, "label layout");
+static_assert(offsetof(ctxs__disk_label, name) == 16, "label layout");
+static_assert(offsetof(ctxs__disk_label, reserved) == 272, "label layout");
+static_assert(offsetof(ctxs__disk_label, crc32) == 508, "label layout");
+static_assert(CTXS__LABEL_OFF + CTXS__LABEL_BYTES <= CTXS__PAGE, "label page");
+
 /* The geometry and region offsets of a file, derived from a header whose
  * fields were range-checked; every product here was overflow-checked. */
 typedef struct ctxs__file_layout {
@@ -168,6 +202,35 @@ static inline uint32_t ctxs__slot_of(uint64_t p, uint32_t capacity,
     if (p < capacity)
         return (uint32_t)p;
     return n_sink + (uint32_t)((p - n_sink) % (capacity - n_sink));
+}
+
+/* A run of consecutive slots. */
+typedef struct ctxs__span {
+    uint32_t slot;
+    uint32_t count;
+} ctxs__span;
+
+/* The slots of positions [first, first + n) as runs of consecutive slots:
+ * positions below the capacity sit in their own slot, and past it the ring
+ * continues after the sinks. At most two runs when the positions fit in the
+ * slots they can take (n <= capacity - first if first < n_sink, else
+ * n <= capacity - n_sink), which callers guarantee. Returns the number of
+ * runs written to out. */
+static inline uint32_t ctxs__slot_spans(ctxs__span out[2], uint64_t first,
+                                        uint64_t n, uint32_t capacity,
+                                        uint32_t n_sink)
+{
+    uint32_t k = 0;
+    while (n && k < 2) {
+        uint32_t slot = ctxs__slot_of(first, capacity, n_sink);
+        uint32_t count = (uint32_t)(capacity - slot < n ? capacity - slot : n);
+        out[k].slot = slot;
+        out[k].count = count;
+        k++;
+        first += count;
+        n -= count;
+    }
+    return k;
 }
 
 #endif

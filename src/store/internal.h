@@ -178,4 +178,42 @@ void ctxs__writeback_request(ctxs_session *s);
 /* The window in force for s now. */
 uint32_t ctxs__effective_window(const ctxs_session *s);
 
+/* --- New files: create and fork (session.c, fork.c) --------------------- */
+
+/* Checks opts as open does and fills *out (the defaults for NULL).
+ * Errors: CTXS_EINVAL. */
+int ctxs__options_resolve(const ctxs_session_options *in, ctxs_session_options *out);
+
+/* Sizes a new file for lay and allocates its first page and tables (the KV
+ * stays sparse). Errors: CTXS_EFULL, -errno. */
+int ctxs__new_file_size(int fd, const ctxs__file_layout *lay);
+
+/* Writes the first page of a new file in one pwrite: h, both records
+ * holding st (record 0 with seq 1, record 1 with seq 0), label (zeros if
+ * NULL), zeros elsewhere. Does not sync. Errors: CTXS_EFULL, CTXS_ENOMEM,
+ * -errno. */
+int ctxs__new_file_first_page(int fd, const ctxs__disk_header *h,
+                              const ctxs__state *st, const ctxs__disk_label *label);
+
+/* Writes a whole new file into fd, durably; returns 0 or an error. */
+typedef int (*ctxs__fill_fn)(int fd, void *arg);
+
+/* Makes the session file path appear complete or not at all: fill writes it
+ * aside, as path.tmp-<pid>-<n> (open read-write, writer lock held), it is
+ * linked into place (-EEXIST if path exists) and its directory synced, then
+ * opened read-write with options o (resolved). Leaves no file behind on
+ * failure. *out is set on success only. */
+int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *model,
+                      const ctxs_session_options *o, ctxs__fill_fn fill, void *arg);
+
+/* The state a rollback of s to n gives (fork.c; ctxs_session_rollback()
+ * should share it). Errors: CTXS_EINVAL (n above the count), CTXS_EEVICTED
+ * (n_sink < n < the first recent position held). */
+int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n);
+
+/* Tests only: called at the named steps of a fork, to change the source
+ * under it. NULL in production. */
+enum { CTXS__FORK_STARTED = 1, CTXS__FORK_TABLES_COPIED, CTXS__FORK_KV_COPIED };
+extern void (*ctxs__fork_hook)(int step);
+
 #endif

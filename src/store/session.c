@@ -234,7 +234,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
     return 0;
 }
 
-static int open_options(const ctxs_session_options *in, ctxs_session_options *out)
+int ctxs__options_resolve(const ctxs_session_options *in, ctxs_session_options *out)
 {
     if (!in)
         return ctxs_session_options_init(out);
@@ -244,34 +244,60 @@ static int open_options(const ctxs_session_options *in, ctxs_session_options *ou
     return 0;
 }
 
-/* Writes a complete new file at tmp_path. */
-static int write_new_file(int fd, const ctxs__file_layout *lay,
-                          const ctxs__disk_header *h)
+int ctxs__new_file_size(int fd, const ctxs__file_layout *lay)
 {
-    int rc;
     if (ftruncate(fd, (off_t)lay->file_bytes) != 0)
         return (errno == EFBIG || errno == ENOSPC) ? CTXS_EFULL : -errno;
-    /* The first page and the two tables take disk space now; the KV region
-     * is allocated as slots are reserved. */
-    if ((rc = ctxs__allocate(fd, 0, lay->kv_off)) < 0)
-        return rc;
-    if ((rc = ctxs__write_exact(fd, h, sizeof(*h), 0)) < 0)
-        return rc;
+    /* The first page and the two tables take disk space now: commits write
+     * the tables through the mapping, where a full disk would be a SIGBUS.
+     * The KV region is allocated as slots are reserved. */
+    return ctxs__allocate(fd, 0, lay->kv_off);
+}
 
-    /* Both records valid from the start (seq 0 and 1, no tokens), so that a
-     * damaged record is always news. */
+int ctxs__new_file_first_page(int fd, const ctxs__disk_header *h,
+                              const ctxs__state *st, const ctxs__disk_label *label)
+{
+    uint8_t *page = calloc(1, CTXS__PAGE);
+    if (!page)
+        return CTXS_ENOMEM;
+    memcpy(page, h, sizeof(*h));
+    /* Both records valid from the start and holding the same state (seq 1
+     * current, seq 0 beside it), so that a damaged record is always news. */
     uint8_t boot[16];
     ctxs__boot_id(boot);
     for (uint32_t i = 0; i < 2; i++) {
         ctxs__disk_record r;
         memset(&r, 0, sizeof(r));
         r.seq = i == 0 ? 1 : 0;
+        r.n_tokens = st->n_tokens;
+        r.ring_start = st->ring_start;
+        r.verified_from = st->verified_from;
         memcpy(r.boot_id, boot, 16);
         r.written_unix_ms = h->created_unix_ms;
         ctxs__record_seal(&r, i);
-        if ((rc = ctxs__write_exact(fd, &r, sizeof(r), (off_t)h->record_off[i])) < 0)
-            return rc;
+        memcpy(page + h->record_off[i], &r, sizeof(r));
     }
+    if (label)
+        memcpy(page + CTXS__LABEL_OFF, label, sizeof(*label));
+    int rc = ctxs__write_exact(fd, page, CTXS__PAGE, 0);
+    free(page);
+    return rc;
+}
+
+typedef struct new_file {
+    const ctxs__file_layout *lay;
+    const ctxs__disk_header *h;
+} new_file;
+
+/* Writes a complete new, empty session file. */
+static int write_new_file(int fd, void *arg)
+{
+    const new_file *nf = arg;
+    static const ctxs__state empty;
+    int rc;
+    if ((rc = ctxs__new_file_size(fd, nf->lay)) < 0 ||
+        (rc = ctxs__new_file_first_page(fd, nf->h, &empty, NULL)) < 0)
+        return rc;
     return ctxs__sync_data(fd);
 }
 
@@ -289,23 +315,9 @@ static int sync_parent_dir(const char *path)
     return rc;
 }
 
-int ctxs_session_create(ctxs_session **out, const char *path,
-                        const ctxs_model *model, const ctxs_session_options *opts)
+int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *model,
+                      const ctxs_session_options *o, ctxs__fill_fn fill, void *arg)
 {
-    CTXS__CHECK(out);
-    *out = NULL;
-    CTXS__CHECK(path && *path && model);
-    ctxs_session_options o;
-    int rc = open_options(opts, &o);
-    if (rc < 0)
-        return rc;
-
-    ctxs__file_layout lay;
-    if ((rc = ctxs__layout_compute(&lay, &model->geometry, o.capacity, o.n_sink)) < 0)
-        return rc;
-    ctxs__disk_header h;
-    ctxs__header_init(&h, &lay, model, o.ring ? CTXS__FLAG_RING : 0, ctxs__now_ms());
-
     /* Written aside and linked into place: the name appears only with a
      * complete file behind it, and link() refuses to replace anything. */
     size_t len = strlen(path);
@@ -317,13 +329,12 @@ int ctxs_session_create(ctxs_session **out, const char *path,
              atomic_fetch_add(&tmp_counter, 1));
     int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
-        rc = -errno;
+        int rc = -errno;
         free(tmp);
         return rc;
     }
-    int linked = 0;
-    if ((rc = ctxs__lock(fd, CTXS__LOCK_WRITER)) == 0 &&
-        (rc = write_new_file(fd, &lay, &h)) == 0) {
+    int rc, linked = 0;
+    if ((rc = ctxs__lock(fd, CTXS__LOCK_WRITER)) == 0 && (rc = fill(fd, arg)) == 0) {
         if (link(tmp, path) == 0)
             linked = 1;
         else
@@ -334,15 +345,35 @@ int ctxs_session_create(ctxs_session **out, const char *path,
     if (rc == 0)
         rc = sync_parent_dir(path);
     if (rc == 0)
-        rc = session_attach(out, fd, 0, model, &o); /* closes fd on failure */
+        rc = session_attach(out, fd, 0, model, o); /* closes fd on failure */
     else
         close(fd);
     /* A create that fails leaves no file behind: a retry must not meet
      * -EEXIST. (Between the close and the unlink another process could
-     * open the new, empty session; it then holds an unlinked file.) */
+     * open the new session; it then holds an unlinked file.) */
     if (rc < 0 && linked)
         unlink(path);
     return rc;
+}
+
+int ctxs_session_create(ctxs_session **out, const char *path,
+                        const ctxs_model *model, const ctxs_session_options *opts)
+{
+    CTXS__CHECK(out);
+    *out = NULL;
+    CTXS__CHECK(path && *path && model);
+    ctxs_session_options o;
+    int rc = ctxs__options_resolve(opts, &o);
+    if (rc < 0)
+        return rc;
+
+    ctxs__file_layout lay;
+    if ((rc = ctxs__layout_compute(&lay, &model->geometry, o.capacity, o.n_sink)) < 0)
+        return rc;
+    ctxs__disk_header h;
+    ctxs__header_init(&h, &lay, model, o.ring ? CTXS__FLAG_RING : 0, ctxs__now_ms());
+    new_file nf = { &lay, &h };
+    return ctxs__create_file(out, path, model, &o, write_new_file, &nf);
 }
 
 int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *model,
@@ -354,7 +385,7 @@ int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *mo
     int readonly = (flags & CTXS_OPEN_RDONLY) != 0;
     CTXS__CHECK(model || readonly);
     ctxs_session_options o;
-    int rc = open_options(opts, &o);
+    int rc = ctxs__options_resolve(opts, &o);
     if (rc < 0)
         return rc;
 

@@ -215,17 +215,35 @@ CTXS_API void ctxs_session_close(ctxs_session *s);
 
 /* Creates a new session file at path that holds the first n_tokens tokens of
  * src (UINT64_MAX: all src holds) with src's model, capacity, sinks and
- * ring, and opens it read-write. The new file shares src's blocks where the
- * filesystem can (FICLONE: Btrfs, XFS); elsewhere the held slots are copied
- * from src's mapping, at memory speed. src may be a read-only handle, and
- * another process may be writing it meanwhile: its committed tokens are
- * what is copied. Like ctxs_session_create(), the file appears complete or
- * not at all. opts as for ctxs_session_open().
+ * ring, and opens it read-write (writer lock held from the start). The new
+ * session holds what ctxs_session_rollback(src, n_tokens) would leave src
+ * holding: in a ring that has wrapped, the sinks and the tokens from the
+ * oldest one still held up to n_tokens. The new file shares src's blocks
+ * where the filesystem can (FICLONE: Btrfs, XFS); elsewhere the held slots
+ * are copied from src's mapping, at memory speed, and a full disk is
+ * CTXS_EFULL here, not later. Like ctxs_session_create(), the file appears
+ * complete or not at all, and nothing is left behind on failure.
  *
- * Errors: CTXS_EINVAL (n_tokens above src's count, NULL argument),
- * CTXS_EEVICTED (the ring overwrote tokens the fork needs), CTXS_ESTALE
- * (src was rolled back below n_tokens during the copy), -EEXIST,
- * CTXS_EFULL, CTXS_ENOMEM, -errno. *out is NULL on failure. */
+ * src may be a read-only handle, and another process may be writing it
+ * meanwhile: its committed tokens are what is copied (a read-only src is
+ * refreshed, as by ctxs_session_refresh(), before and after the copy), and
+ * the copy stands only if src still holds them, unchanged, afterwards. A
+ * writer's uncommitted reservations are not copied.
+ *
+ * The fork's records and tables are durable when this returns, its KV by
+ * its durability: at FULL all of it; at ASYNC writeback has started; at
+ * NONE the page cache holds it. Until its KV is known durable, an open
+ * after a power loss verifies every token and keeps the longest prefix
+ * that verifies. opts as for ctxs_session_open() (window, pressure_window,
+ * durability, recovery), NULL for the defaults.
+ *
+ * Errors: CTXS_EINVAL (n_tokens above src's count, NULL argument, bad
+ * options), CTXS_EEVICTED (the ring overwrote tokens the fork needs),
+ * CTXS_ESTALE (src was rolled back below n_tokens, or its ring overwrote
+ * tokens the fork needs, during the copy), CTXS_EFAILED (src is a writer
+ * that failed), CTXS_ECORRUPT (refreshing src found both its records
+ * damaged), -EEXIST, CTXS_EFULL, CTXS_ENOMEM, -errno. *out is NULL on
+ * failure. src is used as by any other call on it: one thread at a time. */
 CTXS_API int ctxs_session_fork(ctxs_session **out, ctxs_session *src,
                                uint64_t n_tokens, const char *path,
                                const ctxs_session_options *opts);
@@ -486,7 +504,8 @@ CTXS_API int ctxs_store_options_init(ctxs_store_options *opts);
 /* Opens the store in directory dir, creating it (0700, files 0600) if it is
  * missing. Finishes or undoes what a process that crashed left half done: a
  * session file created but not indexed, or dropped from the index but not
- * yet deleted.
+ * yet deleted. A new index beside existing session files (the index was
+ * lost) is rebuilt from them, as ctxs_store_reindex() does.
  *
  * Errors: CTXS_EFOREIGN (index/ holds something that is not a ctxstore
  * index), CTXS_EVERSION (an index written by a newer major version),
@@ -686,15 +705,19 @@ CTXS_API int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st,
                            uint64_t budget_bytes);
 
 typedef struct ctxs_repair_result {
-    uint64_t files_removed;    /* session files no index entry named */
+    uint64_t files_adopted;    /* session files no entry named, now indexed */
+    uint64_t files_removed;    /* leftovers of interrupted creates */
     uint64_t entries_removed;  /* index entries whose file was gone */
     uint64_t prefixes_updated; /* sessions whose prefix entries were fixed */
 } ctxs_repair_result;
 
-/* Compares the whole index with the session files: removes files no entry
- * names (and no handle has open) and entries whose file is gone. Opening a
- * store repairs what crashes leave; this also repairs what a person did to
- * the files. out may be NULL. Errors: -errno, CTXS_ENOMEM. */
+/* Compares the whole index with the session files. A session file that no
+ * entry names is indexed again (under the name in its label, or
+ * "session-<id>"), never deleted; an entry whose file is gone is dropped;
+ * files written aside by creates that died are removed; prefix entries are
+ * brought up to date. Files that are not sessions are left alone. Opening a
+ * store already resolves what crashes leave; this also mends what a person
+ * did to the files. out may be NULL. Errors: -errno, CTXS_ENOMEM. */
 CTXS_API int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st);
 
 typedef struct ctxs_reindex_result {

@@ -1,0 +1,187 @@
+/*
+ * The store's index: an LMDB environment in <store>/index that knows
+ * sessions by name, models, checkpoints and shared prefixes. The records
+ * below are the values on disk (little-endian, the build refuses other
+ * hosts); docs/FORMAT.md, "The index", is their prose version.
+ *
+ * Nothing outside src/index sees an MDB_* type or code.
+ */
+#ifndef CTXS_INDEX_H
+#define CTXS_INDEX_H
+
+#include <assert.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "ctxstore.h"
+#include "label.h"
+
+#define CTXS__INDEX_MAGIC "CTXSINDX"
+#define CTXS__INDEX_MAJOR 1
+#define CTXS__INDEX_MINOR 0
+
+#define CTXS__NAME_MAX 255u
+#define CTXS__DEFAULT_MAP_BYTES (1ull << 30)
+
+/* Sessions whose first chunk completes are indexed at once; after that, every
+ * this many new chunks (and at close). */
+#define CTXS__PREFIX_FLUSH_CHUNKS 16u
+
+/* meta["format"] */
+typedef struct ctxs__index_format {
+    char magic[8];          /* CTXS__INDEX_MAGIC */
+    uint16_t major;         /* readers refuse a newer major */
+    uint16_t minor;
+    uint32_t reserved;
+} ctxs__index_format;
+static_assert(sizeof(ctxs__index_format) == 16, "index format record");
+
+/* sessions[name] */
+typedef struct ctxs__session_rec {
+    uint64_t id;                /* file sessions/<016x id>.ctxs */
+    uint8_t model_hash[16];
+    uint64_t n_tokens;          /* at the last index update */
+    uint64_t disk_bytes;        /* likewise */
+    uint64_t created_unix_ms;
+    uint64_t last_used_unix_ms;
+    uint64_t parent_id;         /* forked from, or 0 */
+    uint64_t fork_tokens;
+    uint64_t prefix_tokens;     /* leading tokens whose chunks are indexed */
+    uint8_t prefix_chain[16];   /* the chain hash at prefix_tokens */
+} ctxs__session_rec;
+static_assert(sizeof(ctxs__session_rec) == 96, "session record");
+
+/* models[model_hash]: this, then name_len bytes of display name. */
+typedef struct ctxs__model_rec {
+    ctxs_geometry geometry;
+    uint8_t tokenizer_hash[16];
+    uint64_t registered_unix_ms;
+    uint16_t name_len;
+    uint8_t reserved[6];
+} ctxs__model_rec;
+static_assert(sizeof(ctxs__model_rec) == 48, "model record");
+
+/* checkpoints[id BE || name] */
+typedef struct ctxs__checkpoint_rec {
+    uint64_t n_tokens;
+    uint64_t last_sum;          /* checksum of position n_tokens - 1, or 0 */
+    uint64_t created_unix_ms;
+} ctxs__checkpoint_rec;
+static_assert(sizeof(ctxs__checkpoint_rec) == 24, "checkpoint record");
+
+/* filehash[key]: the cached XXH3-128 of a weights file. */
+typedef struct ctxs__filehash_key {
+    uint64_t dev, ino, size;
+    int64_t mtime_sec, mtime_nsec;
+} ctxs__filehash_key;
+static_assert(sizeof(ctxs__filehash_key) == 40, "file hash key");
+
+/* pending[id BE]: a file being created or deleted (ctxs__intent). */
+enum ctxs__intent { CTXS__INTENT_CREATE = 'C', CTXS__INTENT_DELETE = 'D' };
+
+struct ctxs_store {
+    MDB_env *env;
+    MDB_dbi meta, sessions, ids, models, filehash, checkpoints, prefixes,
+        chunks, pending;
+    char *dir;                  /* absolute */
+    char *sessions_dir;         /* absolute */
+    int sessions_fd;            /* O_DIRECTORY */
+    dev_t dev;                  /* of the store directory: one handle per */
+    ino_t ino;                  /* store per process (LMDB's rule) */
+    int refs;                   /* ctxs_store_open()s plus open sessions */
+    struct ctxs_store *next;
+};
+
+/* --- store.c ---------------------------------------------------------- */
+
+/* Translates an LMDB or errno code to a ctxstore code. */
+int ctxs__mdb_error(int rc);
+
+/* Transactions with the codes translated. A write transaction is committed
+ * durably (two fdatasyncs of the index). */
+int ctxs__txn_begin(MDB_txn **out, ctxs_store *st, int readonly);
+int ctxs__txn_commit(MDB_txn *txn);
+
+/* Takes or drops a reference on st (open sessions hold one). */
+void ctxs__store_ref(ctxs_store *st);
+void ctxs__store_unref(ctxs_store *st);
+
+/* "<016x id>.ctxs" into buf[32]; and the absolute path, malloc'd. */
+void ctxs__file_name(char buf[32], uint64_t id);
+char *ctxs__file_path(const ctxs_store *st, uint64_t id);
+
+/* An id key: big-endian, so that keys sort by id. */
+void ctxs__id_key(uint8_t out[8], uint64_t id);
+uint64_t ctxs__id_from_key(const void *key);
+
+uint64_t ctxs__now_unix_ms(void);
+
+/* --- names.c ---------------------------------------------------------- */
+
+/* Checks a user-given name: UTF-8, 1..255 bytes, no control character, no
+ * '/', no "..". Sets *len. Returns 0 or CTXS_EINVAL. */
+int ctxs__name_check(const char *name, size_t *len);
+
+/* --- sessions.c -------------------------------------------------------- */
+
+/* Reads sessions[name]. Errors: CTXS_ENOTFOUND, ... */
+int ctxs__session_get(ctxs__session_rec *out, MDB_txn *txn, ctxs_store *st,
+                      const char *name, size_t len);
+
+/* Removes id's entries (name, id, checkpoints, chunks and their prefixes)
+ * in txn. */
+int ctxs__session_unindex(MDB_txn *txn, ctxs_store *st, uint64_t id);
+
+/* The id of a session handle opened through st, or 0. */
+uint64_t ctxs__session_store_id(ctxs_store *st, const ctxs_session *s);
+
+/* Deletes the file of id, whose entries txn-less callers already looked up:
+ * takes the exclusive lock (CTXS_EBUSY when a handle has it), drops the
+ * entries (if expect_name is set, only while it still names id), then the
+ * file. */
+int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name,
+                            size_t expect_len);
+
+/* Removes the file of an interrupted create or delete of id, unless a
+ * handle has it open: a create in progress holds its writer lock. */
+int ctxs__intent_resolve(ctxs_store *st, uint64_t id);
+
+/* --- models.c --------------------------------------------------------- */
+
+/* Checks that model is registered with the same geometry and tokenizer.
+ * Errors: CTXS_ENOTFOUND, CTXS_EMODEL. */
+int ctxs__model_check(MDB_txn *txn, ctxs_store *st, const ctxs_model *model);
+
+/* Registers model if it is not (no display name). */
+int ctxs__model_ensure(MDB_txn *txn, ctxs_store *st, const ctxs_model *model);
+
+/* --- checkpoints.c ---------------------------------------------------- */
+
+/* Reads checkpoints[id || name]. Errors: CTXS_ENOTFOUND, ... */
+int ctxs__checkpoint_get(ctxs__checkpoint_rec *out, MDB_txn *txn, ctxs_store *st,
+                         uint64_t id, const char *name, size_t len);
+
+/* Whether s still holds the checkpoint's tokens: 0, CTXS_EEVICTED (the ring
+ * overwrote them) or CTXS_ESTALE (rolled back past it, or written again). */
+int ctxs__checkpoint_check(const ctxs_session *s, const ctxs__checkpoint_rec *cp);
+
+/* --- prefix.c --------------------------------------------------------- */
+
+/* chain[k] = XXH3-128(chain[k-1] || token ids of chunk k), chain[-1] = 0:
+ * writes the chains of the n_chunks whole chunks of ids. */
+void ctxs__prefix_chains(uint8_t (*chain)[16], const uint32_t *ids,
+                         uint64_t n_chunks);
+
+/* Brings the prefix entries of session id (record rec, updated in place) in
+ * line with its leading held token ids ids[0..n_held). */
+int ctxs__prefix_update(MDB_txn *txn, ctxs_store *st, uint64_t id,
+                        ctxs__session_rec *rec, const uint32_t *ids,
+                        uint64_t n_held);
+
+/* Removes every prefix entry of session id. */
+int ctxs__prefix_drop(MDB_txn *txn, ctxs_store *st, uint64_t id,
+                      const uint8_t model_hash[16]);
+
+#endif

@@ -1,0 +1,525 @@
+/*
+ * Keeping the store in shape: gc to a size budget, repairing what people
+ * and crashes did to files and index, and rebuilding the index from the
+ * files.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "format.h"
+#include "index.h"
+#include "lock.h"
+#include "peek.h"
+
+/* Reads 16 lowercase hex digits; 0 if name does not start with them. */
+static uint64_t hex16(const char *name)
+{
+    uint64_t id = 0;
+    for (int i = 0; i < 16; i++) {
+        char c = name[i];
+        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (v < 0)
+            return 0;
+        id = id << 4 | (uint64_t)v;
+    }
+    return id;
+}
+
+/* The id of a file named exactly "<id as 16 hex digits>.ctxs", or 0. */
+static uint64_t file_id(const char *name)
+{
+    uint64_t id = hex16(name);
+    return id && strcmp(name + 16, ".ctxs") == 0 ? id : 0;
+}
+
+/* 1 if name is a file written aside by a create or fork. */
+static int is_tmp_file(const char *name)
+{
+    return hex16(name) && strncmp(name + 16, ".ctxs.tmp-", 10) == 0;
+}
+
+/* The ids of the session files in the sessions directory, sorted. */
+static int list_files(ctxs_store *st, uint64_t **out, size_t *n_out, int remove_tmp,
+                      uint64_t *removed)
+{
+    *out = NULL;
+    *n_out = 0;
+    int dfd = dup(st->sessions_fd);
+    DIR *dir = dfd >= 0 ? fdopendir(dfd) : NULL;
+    if (!dir) {
+        int rc = -errno;
+        if (dfd >= 0)
+            close(dfd);
+        return rc;
+    }
+    rewinddir(dir);
+    uint64_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (errno = 0, de = readdir(dir))) {
+        uint64_t id = file_id(de->d_name);
+        if (id == 0) {
+            if (remove_tmp && is_tmp_file(de->d_name)) {
+                int fd = openat(st->sessions_fd, de->d_name,
+                                O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+                if (fd >= 0 && ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) == 0 &&
+                    unlinkat(st->sessions_fd, de->d_name, 0) == 0)
+                    (*removed)++;
+                if (fd >= 0)
+                    close(fd);
+            }
+            continue;
+        }
+        if (n == cap) {
+            size_t grown = cap ? cap * 2 : 64;
+            uint64_t *bigger = realloc(ids, grown * sizeof(*ids));
+            if (!bigger) {
+                rc = CTXS_ENOMEM;
+                break;
+            }
+            ids = bigger;
+            cap = grown;
+        }
+        ids[n++] = id;
+    }
+    if (rc == 0 && errno != 0)
+        rc = -errno;
+    closedir(dir);
+    if (rc < 0) {
+        free(ids);
+        return rc;
+    }
+    *out = ids;
+    *n_out = n;
+    return 0;
+}
+
+static int is_indexed(ctxs_store *st, uint64_t id, int *out)
+{
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    uint8_t idk[8];
+    ctxs__id_key(idk, id);
+    MDB_val key = {8, idk}, val;
+    rc = mdb_get(txn, st->ids, &key, &val);
+    mdb_txn_abort(txn);
+    if (rc != 0 && rc != MDB_NOTFOUND)
+        return ctxs__mdb_error(rc);
+    *out = rc == 0;
+    return 0;
+}
+
+/* --- gc ------------------------------------------------------------------ */
+
+typedef struct gc_item {
+    uint64_t id, last_used, bytes;
+    const char *name;
+} gc_item;
+
+static int by_last_use(const void *a, const void *b)
+{
+    const gc_item *x = a, *y = b;
+    if (x->last_used != y->last_used)
+        return x->last_used < y->last_used ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st, uint64_t budget_bytes)
+{
+    ctxs_gc_result res;
+    memset(&res, 0, sizeof(res));
+    if (out)
+        *out = res;
+    if (!st)
+        return CTXS_EINVAL;
+    ctxs_session_entry *list;
+    size_t n;
+    int rc = ctxs_store_session_list(&list, &n, st);
+    if (rc < 0)
+        return rc;
+    gc_item *items = n ? calloc(n, sizeof(*items)) : NULL;
+    if (n && !items) {
+        free(list);
+        return CTXS_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char file[32];
+        struct stat sb;
+        ctxs__file_name(file, list[i].id);
+        items[i] = (gc_item){list[i].id, list[i].last_used_unix_ms, 0, list[i].name};
+        if (fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) == 0)
+            items[i].bytes = (uint64_t)sb.st_blocks * 512u;
+        res.bytes_before += items[i].bytes;
+    }
+    qsort(items, n, sizeof(*items), by_last_use);
+    res.bytes_after = res.bytes_before;
+    for (size_t i = 0; rc == 0 && i < n && res.bytes_after > budget_bytes; i++) {
+        int r = ctxs__session_delete_id(st, items[i].id, items[i].name, strlen(items[i].name));
+        if (r == CTXS_EBUSY) {
+            res.skipped_open++;
+        } else if (r == 0 || r == CTXS_ENOTFOUND) { /* or deleted meanwhile */
+            res.deleted += r == 0;
+            res.bytes_after -= items[i].bytes;
+        } else {
+            rc = r;
+        }
+    }
+    free(items);
+    free(list);
+    if (out)
+        *out = res;
+    return rc;
+}
+
+/* --- repair --------------------------------------------------------------- */
+
+typedef struct file_facts file_facts;
+static int read_facts(ctxs_store *st, uint64_t id, file_facts *f);
+static int reindex_one(MDB_txn *txn, ctxs_store *st, uint64_t id, const file_facts *f);
+
+/* New ids must stay above every file's: a create whose file name is taken
+ * fails. */
+static int raise_next_id(MDB_txn *txn, ctxs_store *st, uint64_t at_least)
+{
+    MDB_val key = {7, (void *)"next_id"}, val;
+    uint64_t have = 0;
+    if (mdb_get(txn, st->meta, &key, &val) == 0 && val.mv_size == 8)
+        memcpy(&have, val.mv_data, 8);
+    if (have >= at_least)
+        return 0;
+    val = (MDB_val){8, &at_least};
+    return ctxs__mdb_error(mdb_put(txn, st->meta, &key, &val, 0));
+}
+
+static int indexed_ids(ctxs_store *st, uint64_t **out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    MDB_stat ms;
+    MDB_cursor *cur = NULL;
+    uint64_t *ids = NULL;
+    size_t n = 0;
+    if ((rc = ctxs__mdb_error(mdb_stat(txn, st->ids, &ms))) == 0 && ms.ms_entries &&
+        !(ids = calloc(ms.ms_entries, sizeof(*ids))))
+        rc = CTXS_ENOMEM;
+    if (rc == 0 && ids && (rc = ctxs__mdb_error(mdb_cursor_open(txn, st->ids, &cur))) == 0) {
+        MDB_val key, val;
+        for (int op = MDB_FIRST; n < ms.ms_entries && mdb_cursor_get(cur, &key, &val, op) == 0;
+             op = MDB_NEXT)
+            if (key.mv_size == 8)
+                ids[n++] = ctxs__id_from_key(key.mv_data);
+        mdb_cursor_close(cur);
+    }
+    mdb_txn_abort(txn);
+    if (rc < 0) {
+        free(ids);
+        return rc;
+    }
+    *out = ids;
+    *n_out = n;
+    return 0;
+}
+
+static int drop_dangling(ctxs_store *st, uint64_t id, uint64_t *removed)
+{
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 0);
+    if (rc < 0)
+        return rc;
+    /* Look again inside the transaction: the file may have been created
+     * between the stat and now only by a create, which indexes after. */
+    char file[32];
+    struct stat sb;
+    ctxs__file_name(file, id);
+    if (fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) {
+        mdb_txn_abort(txn);
+        return 0;
+    }
+    if ((rc = ctxs__session_unindex(txn, st, id)) < 0 && rc != CTXS_ENOTFOUND) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    if ((rc = ctxs__txn_commit(txn)) == 0)
+        (*removed)++;
+    return rc;
+}
+
+/* Reads what the index needs from the file of id: its state, label and
+ * leading token ids (malloc'd into *ids). */
+struct file_facts {
+    ctxs__peek p;
+    char name[256];
+    int named;          /* the label holds a valid name for this id */
+    uint32_t *ids;
+    uint64_t n_ids;
+};
+
+static int read_facts(ctxs_store *st, uint64_t id, file_facts *f)
+{
+    memset(f, 0, sizeof(*f));
+    char file[32];
+    ctxs__file_name(file, id);
+    int fd = openat(st->sessions_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return -errno;
+    int rc = ctxs__peek_fd(&f->p, fd);
+    if (rc == 0) {
+        uint64_t label_id;
+        size_t len;
+        f->named = ctxs__label_read(fd, &label_id, f->name) == 0 && label_id == id &&
+                   ctxs__name_check(f->name, &len) == 0;
+        f->n_ids = ctxs__peek_prefix_held(&f->p);
+        if (!(f->ids = malloc(f->n_ids ? f->n_ids * 4 : 1)))
+            rc = CTXS_ENOMEM;
+        else
+            rc = ctxs__peek_tokens(f->ids, fd, &f->p, 0, f->n_ids);
+    }
+    close(fd);
+    if (rc < 0) {
+        free(f->ids);
+        f->ids = NULL;
+    }
+    return rc;
+}
+
+/* Brings the prefix entries of one session up to its file. */
+static int refresh_prefixes(ctxs_store *st, uint64_t id, uint64_t *updated)
+{
+    file_facts f;
+    if (read_facts(st, id, &f) < 0)
+        return 0; /* not readable as a session: reported by open, not here */
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 0);
+    if (rc < 0) {
+        free(f.ids);
+        return rc;
+    }
+    uint8_t idk[8];
+    ctxs__id_key(idk, id);
+    MDB_val key = {8, idk}, val;
+    ctxs__session_rec rec;
+    int changed = 0;
+    if (mdb_get(txn, st->ids, &key, &val) == 0 && val.mv_size <= CTXS__NAME_MAX &&
+        ctxs__session_get(&rec, txn, st, val.mv_data, val.mv_size) == 0 && rec.id == id) {
+        char name[256];
+        size_t len = val.mv_size;
+        memcpy(name, val.mv_data, len);
+        ctxs__session_rec before = rec;
+        MDB_val skey = {len, name}, sval = {sizeof(rec), &rec};
+        if ((rc = ctxs__prefix_update(txn, st, id, &rec, f.ids, f.n_ids)) == 0 &&
+            memcmp(&before, &rec, sizeof(rec)) != 0) {
+            changed = 1;
+            rc = ctxs__mdb_error(mdb_put(txn, st->sessions, &skey, &sval, 0));
+        }
+    }
+    free(f.ids);
+    if (rc < 0 || !changed) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    if ((rc = ctxs__txn_commit(txn)) == 0)
+        (*updated)++;
+    return rc;
+}
+
+/* Indexes the file of id, which no entry names, unless a handle has it open
+ * (a create in progress holds its lock until its entry is committed). */
+static int adopt_orphan(ctxs_store *st, uint64_t id, uint64_t *adopted)
+{
+    char file[32];
+    ctxs__file_name(file, id);
+    int fd = openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -errno;
+    int rc = ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE);
+    file_facts f;
+    if (rc == 0 && read_facts(st, id, &f) == 0) {
+        MDB_txn *txn;
+        if ((rc = ctxs__txn_begin(&txn, st, 0)) == 0) {
+            uint8_t idk[8];
+            ctxs__id_key(idk, id);
+            MDB_val key = {8, idk}, val;
+            if (mdb_get(txn, st->ids, &key, &val) == 0) {
+                mdb_txn_abort(txn); /* indexed meanwhile */
+            } else if ((rc = reindex_one(txn, st, id, &f)) < 0 ||
+                       (rc = raise_next_id(txn, st, id + 1)) < 0) {
+                mdb_txn_abort(txn);
+            } else if ((rc = ctxs__txn_commit(txn)) == 0) {
+                (*adopted)++;
+            }
+        }
+        free(f.ids);
+    }
+    close(fd);
+    return rc == CTXS_EBUSY ? 0 : rc;
+}
+
+int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
+{
+    ctxs_repair_result res;
+    memset(&res, 0, sizeof(res));
+    if (out)
+        *out = res;
+    if (!st)
+        return CTXS_EINVAL;
+    uint64_t *files = NULL, *ids = NULL;
+    size_t n_files, n_ids;
+    int rc = list_files(st, &files, &n_files, 1, &res.files_removed);
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; rc == 0 && i < n_files; i++) {
+        int indexed = 1;
+        if ((rc = is_indexed(st, files[i], &indexed)) == 0 && !indexed)
+            rc = adopt_orphan(st, files[i], &res.files_adopted);
+    }
+    free(files);
+    if (rc == 0)
+        rc = indexed_ids(st, &ids, &n_ids);
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; rc == 0 && i < n_ids; i++) {
+        char file[32];
+        struct stat sb;
+        ctxs__file_name(file, ids[i]);
+        if (fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT)
+            rc = drop_dangling(st, ids[i], &res.entries_removed);
+        else
+            rc = refresh_prefixes(st, ids[i], &res.prefixes_updated);
+    }
+    free(ids);
+    if (out)
+        *out = res;
+    return rc;
+}
+
+/* --- reindex ------------------------------------------------------------- */
+
+static int drop_checkpoints_of_absent(MDB_txn *txn, ctxs_store *st, const uint64_t *ids,
+                                      size_t n)
+{
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(txn, st->checkpoints, &cur);
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
+    MDB_val key, val;
+    size_t at = 0;
+    for (rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST); rc == 0;) {
+        uint64_t id = key.mv_size > 8 ? ctxs__id_from_key(key.mv_data) : 0;
+        while (at < n && ids[at] < id)
+            at++;
+        if (at < n && ids[at] == id) {
+            rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT);
+        } else if ((rc = mdb_cursor_del(cur, 0)) == 0) {
+            rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT);
+        }
+    }
+    mdb_cursor_close(cur);
+    return rc == MDB_NOTFOUND ? 0 : ctxs__mdb_error(rc);
+}
+
+static int cmp_id(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Indexes the file of id in txn (a rebuild in progress). */
+static int reindex_one(MDB_txn *txn, ctxs_store *st, uint64_t id, const file_facts *f)
+{
+    char fallback[32];
+    const char *name = f->name;
+    size_t len = f->named ? strlen(f->name) : 0;
+    ctxs__session_rec rec;
+    if (!f->named || ctxs__session_get(&rec, txn, st, name, len) != CTXS_ENOTFOUND) {
+        snprintf(fallback, sizeof(fallback), "session-%016llx", (unsigned long long)id);
+        name = fallback;
+        len = strlen(fallback);
+    }
+    memset(&rec, 0, sizeof(rec));
+    rec.id = id;
+    memcpy(rec.model_hash, f->p.model.model_hash, 16);
+    rec.n_tokens = f->p.st.n_tokens;
+    rec.disk_bytes = f->p.disk_bytes;
+    rec.created_unix_ms = f->p.created_unix_ms;
+    rec.last_used_unix_ms = f->p.written_unix_ms;
+    int rc = ctxs__model_ensure(txn, st, &f->p.model);
+    if (rc == CTXS_EMODEL)
+        rc = 0; /* the registration stands; opening with the file's model fails */
+    if (rc == 0)
+        rc = ctxs__prefix_update(txn, st, id, &rec, f->ids, f->n_ids);
+    MDB_val key = {len, (void *)name}, val = {sizeof(rec), &rec};
+    uint8_t idk[8];
+    ctxs__id_key(idk, id);
+    MDB_val ikey = {8, idk}, ival = {len, (void *)name};
+    if (rc == 0 && (rc = mdb_put(txn, st->sessions, &key, &val, 0)) == 0)
+        rc = mdb_put(txn, st->ids, &ikey, &ival, 0);
+    return rc > 0 ? ctxs__mdb_error(rc) : rc;
+}
+
+int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
+{
+    ctxs_reindex_result res;
+    memset(&res, 0, sizeof(res));
+    if (out)
+        *out = res;
+    if (!st)
+        return CTXS_EINVAL;
+    uint64_t *ids, removed = 0;
+    size_t n;
+    int rc = list_files(st, &ids, &n, 0, &removed);
+    if (rc < 0)
+        return rc;
+    qsort(ids, n, sizeof(*ids), cmp_id);
+    file_facts *facts = n ? calloc(n, sizeof(*facts)) : NULL;
+    if (n && !facts) {
+        free(ids);
+        return CTXS_ENOMEM;
+    }
+    /* Read every file before the write transaction, which serializes all
+     * writers of the store. */
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (read_facts(st, ids[i], &facts[kept]) < 0) {
+            res.skipped++;
+            continue;
+        }
+        ids[kept++] = ids[i];
+    }
+    MDB_txn *txn;
+    if ((rc = ctxs__txn_begin(&txn, st, 0)) == 0) {
+        MDB_dbi rebuilt[] = {st->sessions, st->ids, st->prefixes, st->chunks, st->pending};
+        for (size_t i = 0; rc == 0 && i < sizeof(rebuilt) / sizeof(rebuilt[0]); i++)
+            rc = ctxs__mdb_error(mdb_drop(txn, rebuilt[i], 0));
+        if (rc == 0)
+            rc = drop_checkpoints_of_absent(txn, st, ids, kept);
+        for (size_t i = 0; rc == 0 && i < kept; i++)
+            rc = reindex_one(txn, st, ids[i], &facts[i]);
+        if (rc == 0 && kept)
+            rc = raise_next_id(txn, st, ids[kept - 1] + 1);
+        if (rc == 0)
+            rc = ctxs__txn_commit(txn);
+        else
+            mdb_txn_abort(txn);
+    }
+    for (size_t i = 0; i < kept; i++)
+        free(facts[i].ids);
+    free(facts);
+    free(ids);
+    res.sessions = rc == 0 ? kept : 0;
+    if (out)
+        *out = res;
+    return rc;
+}

@@ -1,0 +1,280 @@
+/*
+ * Models: registered once under their model hash; and the weights-file hash,
+ * cached so that a multi-gigabyte file is read once.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "format.h"
+#include "index.h"
+
+static int geometry_valid(const ctxs_geometry *g)
+{
+    ctxs__file_layout lay;
+    return ctxs__layout_compute(&lay, g, 2, 0) == 0;
+}
+
+static int same_model(const ctxs__model_rec *r, const ctxs_model *m)
+{
+    return memcmp(&r->geometry, &m->geometry, sizeof(r->geometry)) == 0 &&
+           memcmp(r->tokenizer_hash, m->tokenizer_hash, 16) == 0;
+}
+
+/* Reads models[hash] into *rec; *name points into the transaction's pages. */
+static int model_read(MDB_txn *txn, ctxs_store *st, const uint8_t hash[16],
+                      ctxs__model_rec *rec, const char **name)
+{
+    MDB_val key = {16, (void *)hash}, val;
+    int rc = mdb_get(txn, st->models, &key, &val);
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
+    if (val.mv_size < sizeof(*rec))
+        return CTXS_ECORRUPT;
+    memcpy(rec, val.mv_data, sizeof(*rec));
+    if (rec->name_len > CTXS__NAME_MAX || val.mv_size != sizeof(*rec) + rec->name_len)
+        return CTXS_ECORRUPT;
+    if (name)
+        *name = (const char *)val.mv_data + sizeof(*rec);
+    return 0;
+}
+
+static int model_write(MDB_txn *txn, ctxs_store *st, const ctxs_model *model,
+                       const char *name, size_t name_len, uint64_t registered)
+{
+    uint8_t buf[sizeof(ctxs__model_rec) + CTXS__NAME_MAX];
+    ctxs__model_rec rec;
+    memset(&rec, 0, sizeof(rec));
+    rec.geometry = model->geometry;
+    memcpy(rec.tokenizer_hash, model->tokenizer_hash, 16);
+    rec.registered_unix_ms = registered;
+    rec.name_len = (uint16_t)name_len;
+    memcpy(buf, &rec, sizeof(rec));
+    memcpy(buf + sizeof(rec), name, name_len);
+    MDB_val key = {16, (void *)model->model_hash}, val = {sizeof(rec) + name_len, buf};
+    return ctxs__mdb_error(mdb_put(txn, st->models, &key, &val, 0));
+}
+
+int ctxs__model_check(MDB_txn *txn, ctxs_store *st, const ctxs_model *model)
+{
+    ctxs__model_rec rec;
+    int rc = model_read(txn, st, model->model_hash, &rec, NULL);
+    if (rc < 0)
+        return rc;
+    return same_model(&rec, model) ? 0 : CTXS_EMODEL;
+}
+
+int ctxs__model_ensure(MDB_txn *txn, ctxs_store *st, const ctxs_model *model)
+{
+    int rc = ctxs__model_check(txn, st, model);
+    if (rc == CTXS_ENOTFOUND)
+        rc = model_write(txn, st, model, "", 0, ctxs__now_unix_ms());
+    return rc;
+}
+
+int ctxs_model_register(ctxs_store *st, const ctxs_model *model, const char *name)
+{
+    if (!st || !model || !geometry_valid(&model->geometry))
+        return CTXS_EINVAL;
+    size_t name_len = 0;
+    if (name && ctxs__name_check(name, &name_len) < 0)
+        return CTXS_EINVAL;
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 0);
+    if (rc < 0)
+        return rc;
+    ctxs__model_rec rec;
+    uint64_t registered = ctxs__now_unix_ms();
+    rc = model_read(txn, st, model->model_hash, &rec, NULL);
+    if (rc == 0) {
+        registered = rec.registered_unix_ms;
+        if (!same_model(&rec, model))
+            rc = CTXS_EMODEL;
+    } else if (rc == CTXS_ENOTFOUND) {
+        rc = 0;
+    }
+    if (rc == 0)
+        rc = model_write(txn, st, model, name ? name : "", name_len, registered);
+    if (rc < 0) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    return ctxs__txn_commit(txn);
+}
+
+static void entry_fill(ctxs_model_entry *out, const uint8_t hash[16],
+                       const ctxs__model_rec *rec, const char *name)
+{
+    memset(out, 0, sizeof(*out));
+    out->model.geometry = rec->geometry;
+    memcpy(out->model.model_hash, hash, 16);
+    memcpy(out->model.tokenizer_hash, rec->tokenizer_hash, 16);
+    memcpy(out->name, name, rec->name_len);
+    out->registered_unix_ms = rec->registered_unix_ms;
+}
+
+int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st, const uint8_t model_hash[16])
+{
+    if (!out || !st || !model_hash)
+        return CTXS_EINVAL;
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    ctxs__model_rec rec = {0};
+    const char *name = "";
+    if ((rc = model_read(txn, st, model_hash, &rec, &name)) == 0)
+        entry_fill(out, model_hash, &rec, name);
+    mdb_txn_abort(txn);
+    return rc;
+}
+
+int ctxs_model_list(ctxs_model_entry **out, size_t *n_out, ctxs_store *st)
+{
+    if (!out || !n_out)
+        return CTXS_EINVAL;
+    *out = NULL;
+    *n_out = 0;
+    if (!st)
+        return CTXS_EINVAL;
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    MDB_stat ms;
+    MDB_cursor *cur = NULL;
+    ctxs_model_entry *list = NULL;
+    size_t n = 0;
+    if ((rc = ctxs__mdb_error(mdb_stat(txn, st->models, &ms))) == 0 && ms.ms_entries &&
+        !(list = calloc(ms.ms_entries, sizeof(*list))))
+        rc = CTXS_ENOMEM;
+    if (rc == 0 && list)
+        rc = ctxs__mdb_error(mdb_cursor_open(txn, st->models, &cur));
+    MDB_val key, val;
+    for (int op = MDB_FIRST; rc == 0 && list && n < ms.ms_entries &&
+                             mdb_cursor_get(cur, &key, &val, op) == 0;
+         op = MDB_NEXT) {
+        ctxs__model_rec rec = {0};
+        const char *name = "";
+        if (key.mv_size != 16 || (rc = model_read(txn, st, key.mv_data, &rec, &name)) < 0)
+            rc = CTXS_ECORRUPT;
+        else
+            entry_fill(&list[n++], key.mv_data, &rec, name);
+    }
+    if (cur)
+        mdb_cursor_close(cur);
+    mdb_txn_abort(txn);
+    if (rc < 0) {
+        free(list);
+        return rc;
+    }
+    *out = list;
+    *n_out = n;
+    return 0;
+}
+
+static int hash_stream(uint8_t out[16], int fd)
+{
+    enum { CHUNK = 1 << 20 };
+    uint8_t *buf = malloc(CHUNK);
+    XXH3_state_t *state = XXH3_createState();
+    int rc = buf && state ? 0 : CTXS_ENOMEM;
+    if (rc == 0)
+        XXH3_128bits_reset(state);
+#ifdef POSIX_FADV_SEQUENTIAL
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+#endif
+    while (rc == 0) {
+        ssize_t got = read(fd, buf, CHUNK);
+        if (got < 0) {
+            if (errno != EINTR)
+                rc = -errno;
+            continue;
+        }
+        if (got == 0)
+            break;
+        XXH3_128bits_update(state, buf, (size_t)got);
+    }
+    if (rc == 0) {
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, XXH3_128bits_digest(state));
+        memcpy(out, c.digest, 16);
+    }
+    XXH3_freeState(state);
+    free(buf);
+    return rc;
+}
+
+static ctxs__filehash_key filehash_key(const struct stat *sb)
+{
+    ctxs__filehash_key k;
+    memset(&k, 0, sizeof(k));
+    k.dev = (uint64_t)sb->st_dev;
+    k.ino = (uint64_t)sb->st_ino;
+    k.size = (uint64_t)sb->st_size;
+    k.mtime_sec = (int64_t)sb->st_mtim.tv_sec;
+    k.mtime_nsec = (int64_t)sb->st_mtim.tv_nsec;
+    return k;
+}
+
+static int cache_get(ctxs_store *st, const ctxs__filehash_key *k, uint8_t out[16])
+{
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    MDB_val key = {sizeof(*k), (void *)k}, val;
+    rc = ctxs__mdb_error(mdb_get(txn, st->filehash, &key, &val));
+    if (rc == 0 && val.mv_size != 16)
+        rc = CTXS_ECORRUPT;
+    if (rc == 0)
+        memcpy(out, val.mv_data, 16);
+    mdb_txn_abort(txn);
+    return rc;
+}
+
+static int cache_put(ctxs_store *st, const ctxs__filehash_key *k, const uint8_t hash[16])
+{
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 0);
+    if (rc < 0)
+        return rc;
+    MDB_val key = {sizeof(*k), (void *)k}, val = {16, (void *)hash};
+    if ((rc = ctxs__mdb_error(mdb_put(txn, st->filehash, &key, &val, 0))) < 0) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    return ctxs__txn_commit(txn);
+}
+
+int ctxs_model_hash_file(uint8_t out[16], ctxs_store *st, const char *path)
+{
+    if (!out || !path)
+        return CTXS_EINVAL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return -errno;
+    struct stat before, after;
+    int rc = fstat(fd, &before) == 0 ? 0 : -errno;
+    if (rc == 0 && !S_ISREG(before.st_mode))
+        rc = S_ISDIR(before.st_mode) ? -EISDIR : CTXS_EINVAL;
+    ctxs__filehash_key k = filehash_key(&before);
+    if (rc == 0 && st && cache_get(st, &k, out) == 0) {
+        close(fd);
+        return 0;
+    }
+    if (rc == 0)
+        rc = hash_stream(out, fd);
+    /* A file that changed while it was read has no single hash to cache. */
+    if (rc == 0 && st && fstat(fd, &after) == 0) {
+        ctxs__filehash_key k2 = filehash_key(&after);
+        if (memcmp(&k, &k2, sizeof(k)) == 0)
+            cache_put(st, &k, out); /* a cache that cannot be written only costs time */
+    }
+    close(fd);
+    return rc;
+}

@@ -1,0 +1,60 @@
+/*
+ * Names are user text, never paths: files are named from ids. A name is still
+ * refused where it could be mistaken for a path by anything that prints or
+ * exports it, or where it is not text at all.
+ */
+#include <string.h>
+
+#include "index.h"
+
+/* Length of the UTF-8 sequence at s (of at most left bytes), or 0 when it is
+ * not well-formed: no overlong forms, no surrogates, nothing past U+10FFFF. */
+static size_t utf8_sequence(const unsigned char *s, size_t left)
+{
+    unsigned c = s[0];
+    size_t n;
+    unsigned min, cp;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf) {
+        n = 2, min = 0x80, cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        n = 3, min = 0x800, cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4, min = 0x10000, cp = c & 0x07;
+    } else {
+        return 0;
+    }
+    if (n > left)
+        return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[i] & 0x3fu);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return n;
+}
+
+int ctxs__name_check(const char *name, size_t *len)
+{
+    if (!name)
+        return CTXS_EINVAL;
+    size_t n = strnlen(name, CTXS__NAME_MAX + 1);
+    if (n == 0 || n > CTXS__NAME_MAX || strchr(name, '/') || strstr(name, ".."))
+        return CTXS_EINVAL;
+    if (strcmp(name, ".") == 0)
+        return CTXS_EINVAL;
+    const unsigned char *s = (const unsigned char *)name;
+    for (size_t i = 0; i < n;) {
+        if (s[i] < 0x20 || s[i] == 0x7f)
+            return CTXS_EINVAL;
+        size_t step = utf8_sequence(s + i, n - i);
+        if (step == 0)
+            return CTXS_EINVAL;
+        i += step;
+    }
+    *len = n;
+    return 0;
+}

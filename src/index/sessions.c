@@ -1,0 +1,740 @@
+/*
+ * Sessions by name: create, open, fork, rename, delete, list; and what the
+ * index learns from the sessions it opened.
+ *
+ * The order of operations keeps files and index reconcilable after a crash
+ * at any point. A create or fork first records its intent (pending[id]), then
+ * writes the file, then indexes it and drops the intent in one transaction.
+ * A delete drops the entries and records its intent in one transaction, then
+ * unlinks the file, then drops the intent. Opening a store resolves what
+ * intents remain (ctxs__intent_resolve): a file with no entry goes.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "index.h"
+#include "internal.h"
+#include "lock.h"
+
+/* What a session handle opened through a store carries (hooks_arg). */
+typedef struct store_link {
+    ctxs_store *st;
+    uint64_t id;
+    uint64_t indexed_chunks; /* prefix chunks as of the last index update */
+} store_link;
+
+static void on_commit(ctxs_session *s, void *arg);
+static void on_close(ctxs_session *s, void *arg);
+static const ctxs__session_hooks store_hooks = {on_commit, on_close};
+
+/* --- Records ------------------------------------------------------------ */
+
+int ctxs__session_get(ctxs__session_rec *out, MDB_txn *txn, ctxs_store *st,
+                      const char *name, size_t len)
+{
+    MDB_val key = {len, (void *)name}, val;
+    int rc = mdb_get(txn, st->sessions, &key, &val);
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
+    if (val.mv_size != sizeof(*out))
+        return CTXS_ECORRUPT;
+    memcpy(out, val.mv_data, sizeof(*out));
+    return 0;
+}
+
+static int session_put(MDB_txn *txn, ctxs_store *st, const char *name, size_t len,
+                       const ctxs__session_rec *rec)
+{
+    MDB_val key = {len, (void *)name}, val = {sizeof(*rec), (void *)rec};
+    int rc = mdb_put(txn, st->sessions, &key, &val, 0);
+    uint8_t idk[8];
+    ctxs__id_key(idk, rec->id);
+    MDB_val ikey = {8, idk}, ival = {len, (void *)name};
+    if (rc == 0)
+        rc = mdb_put(txn, st->ids, &ikey, &ival, 0);
+    return ctxs__mdb_error(rc);
+}
+
+/* The name (into name[256]) and record of session id. */
+static int session_by_id(MDB_txn *txn, ctxs_store *st, uint64_t id, char name[256],
+                         ctxs__session_rec *rec)
+{
+    uint8_t idk[8];
+    ctxs__id_key(idk, id);
+    MDB_val key = {8, idk}, val;
+    int rc = mdb_get(txn, st->ids, &key, &val);
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
+    if (val.mv_size == 0 || val.mv_size > CTXS__NAME_MAX)
+        return CTXS_ECORRUPT;
+    memcpy(name, val.mv_data, val.mv_size);
+    name[val.mv_size] = '\0';
+    if ((rc = ctxs__session_get(rec, txn, st, name, val.mv_size)) == 0 && rec->id != id)
+        rc = CTXS_ECORRUPT;
+    return rc;
+}
+
+static int intent_put(MDB_txn *txn, ctxs_store *st, uint64_t id, enum ctxs__intent what)
+{
+    uint8_t idk[8];
+    ctxs__id_key(idk, id);
+    uint8_t op = (uint8_t)what;
+    MDB_val key = {8, idk}, val = {1, &op};
+    return ctxs__mdb_error(mdb_put(txn, st->pending, &key, &val, 0));
+}
+
+static int intent_drop(MDB_txn *txn, ctxs_store *st, uint64_t id)
+{
+    uint8_t idk[8];
+    ctxs__id_key(idk, id);
+    MDB_val key = {8, idk};
+    int rc = mdb_del(txn, st->pending, &key, NULL);
+    return rc == MDB_NOTFOUND ? 0 : ctxs__mdb_error(rc);
+}
+
+static int next_id(MDB_txn *txn, ctxs_store *st, uint64_t *out)
+{
+    MDB_val key = {7, (void *)"next_id"}, val;
+    uint64_t id = 1;
+    int rc = mdb_get(txn, st->meta, &key, &val);
+    if (rc == 0 && val.mv_size == 8)
+        memcpy(&id, val.mv_data, 8);
+    else if (rc != MDB_NOTFOUND)
+        return rc == 0 ? CTXS_ECORRUPT : ctxs__mdb_error(rc);
+    uint64_t after = id + 1;
+    val = (MDB_val){8, &after};
+    *out = id;
+    return ctxs__mdb_error(mdb_put(txn, st->meta, &key, &val, 0));
+}
+
+int ctxs__session_unindex(MDB_txn *txn, ctxs_store *st, uint64_t id)
+{
+    char name[256];
+    ctxs__session_rec rec;
+    int rc = session_by_id(txn, st, id, name, &rec);
+    if (rc < 0)
+        return rc;
+    MDB_val key = {strlen(name), name};
+    uint8_t idk[8];
+    ctxs__id_key(idk, id);
+    MDB_val ikey = {8, idk};
+    if ((rc = ctxs__mdb_error(mdb_del(txn, st->sessions, &key, NULL))) < 0 ||
+        (rc = ctxs__mdb_error(mdb_del(txn, st->ids, &ikey, NULL))) < 0 ||
+        (rc = ctxs__prefix_drop(txn, st, id, rec.model_hash)) < 0)
+        return rc;
+    /* Its checkpoints: every key that starts with the id. */
+    MDB_cursor *cur;
+    if ((rc = mdb_cursor_open(txn, st->checkpoints, &cur)) != 0)
+        return ctxs__mdb_error(rc);
+    MDB_val k = {8, idk}, v;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0;
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        if (k.mv_size < 8 || memcmp(k.mv_data, idk, 8) != 0)
+            break;
+        if ((rc = mdb_cursor_del(cur, 0)) != 0)
+            break;
+    }
+    mdb_cursor_close(cur);
+    return rc == 0 || rc == MDB_NOTFOUND ? 0 : ctxs__mdb_error(rc);
+}
+
+/* --- What open sessions tell the index ------------------------------------ */
+
+/* Leading positions the session holds from 0, in slots 0.. (token table
+ * order): all until the ring wraps, then the sinks. */
+static uint64_t held_prefix(const ctxs_session *s)
+{
+    if (s->st.ring_start <= s->lay.n_sink)
+        return s->st.n_tokens;
+    return s->st.n_tokens < s->lay.n_sink ? s->st.n_tokens : s->lay.n_sink;
+}
+
+/* Updates the session's prefix entries and, at close, its counters and
+ * last use. A failure here only delays what find_prefix can find: the
+ * next update, open or reindex catches up. */
+static int index_update(store_link *link, ctxs_session *s, int closing)
+{
+    ctxs_store *st = link->st;
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 0);
+    if (rc < 0)
+        return rc;
+    char name[256];
+    ctxs__session_rec rec;
+    if ((rc = session_by_id(txn, st, link->id, name, &rec)) == 0)
+        rc = ctxs__prefix_update(txn, st, link->id, &rec, ctxs__token_table(s),
+                                 held_prefix(s));
+    if (rc == 0 && closing) {
+        struct stat sb;
+        rec.n_tokens = s->st.n_tokens;
+        if (fstat(s->fd, &sb) == 0)
+            rec.disk_bytes = (uint64_t)sb.st_blocks * 512u;
+        rec.last_used_unix_ms = ctxs__now_unix_ms();
+    }
+    if (rc == 0)
+        rc = session_put(txn, st, name, strlen(name), &rec);
+    if (rc < 0) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    if ((rc = ctxs__txn_commit(txn)) == 0)
+        link->indexed_chunks = rec.prefix_tokens / CTXS_PREFIX_CHUNK;
+    return rc;
+}
+
+static void on_commit(ctxs_session *s, void *arg)
+{
+    store_link *link = arg;
+    uint64_t chunks = held_prefix(s) / CTXS_PREFIX_CHUNK;
+    uint64_t had = link->indexed_chunks;
+    /* A new conversation's first chunk (a system prompt) is worth finding at
+     * once; after that the index is brought up to date in batches, so that
+     * an LMDB transaction is not on every commit's path. */
+    if (chunks < had || (chunks > had && (had == 0 || chunks - had >= CTXS__PREFIX_FLUSH_CHUNKS)))
+        index_update(link, s, 0);
+}
+
+static void on_close(ctxs_session *s, void *arg)
+{
+    store_link *link = arg;
+    if (!s->readonly && !s->failed)
+        index_update(link, s, 1);
+    s->hooks = NULL;
+    s->hooks_arg = NULL;
+    ctxs__store_unref(link->st);
+    free(link);
+}
+
+static int link_attach(ctxs_store *st, ctxs_session *s, uint64_t id,
+                       const ctxs__session_rec *rec)
+{
+    store_link *link = calloc(1, sizeof(*link));
+    if (!link)
+        return CTXS_ENOMEM;
+    link->st = st;
+    link->id = id;
+    link->indexed_chunks = rec->prefix_tokens / CTXS_PREFIX_CHUNK;
+    ctxs__store_ref(st);
+    s->hooks = &store_hooks;
+    s->hooks_arg = link;
+    return 0;
+}
+
+uint64_t ctxs__session_store_id(ctxs_store *st, const ctxs_session *s)
+{
+    if (!s || s->hooks != &store_hooks)
+        return 0;
+    const store_link *link = s->hooks_arg;
+    return link->st == st ? link->id : 0;
+}
+
+/* Whether the index's entries for s differ from what s holds (after a
+ * crash, entries written in a batch may be missing). */
+static int prefix_behind(const ctxs_session *s, const ctxs__session_rec *rec)
+{
+    uint64_t chunks = held_prefix(s) / CTXS_PREFIX_CHUNK;
+    uint64_t had = rec->prefix_tokens / CTXS_PREFIX_CHUNK;
+    if (chunks != had)
+        return 1;
+    if (had == 0)
+        return 0;
+    uint8_t (*chain)[16] = malloc(had * 16);
+    if (!chain)
+        return 1;
+    ctxs__prefix_chains(chain, ctxs__token_table(s), had);
+    int behind = memcmp(chain[had - 1], rec->prefix_chain, 16) != 0;
+    free(chain);
+    return behind;
+}
+
+/* --- Create, open, fork -------------------------------------------------- */
+
+/* Step one of a create or fork: the name must be free, and the intent
+ * comes first. */
+static int begin_create(ctxs_store *st, const char *name, size_t len,
+                        const ctxs_model *model, uint64_t *id)
+{
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 0);
+    if (rc < 0)
+        return rc;
+    ctxs__session_rec rec;
+    if (model)
+        rc = ctxs__model_check(txn, st, model);
+    if (rc == 0) {
+        rc = ctxs__session_get(&rec, txn, st, name, len);
+        rc = rc == 0 ? -EEXIST : rc == CTXS_ENOTFOUND ? 0 : rc;
+    }
+    /* A file someone put at the next id (or an index restored from an old
+     * copy) must not make creates fail: such ids are skipped. */
+    for (int tries = 0; rc == 0 && (rc = next_id(txn, st, id)) == 0; tries++) {
+        char file[32];
+        ctxs__file_name(file, *id);
+        if (faccessat(st->sessions_fd, file, F_OK, AT_SYMLINK_NOFOLLOW) != 0 || tries == 1000)
+            break;
+    }
+    if (rc == 0)
+        rc = intent_put(txn, st, *id, CTXS__INTENT_CREATE);
+    if (rc < 0) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    return ctxs__txn_commit(txn);
+}
+
+/* Last step: index the new file under name and drop the intent, in one
+ * transaction. */
+static int finish_create(ctxs_store *st, const char *name, size_t len,
+                         ctxs__session_rec *rec, ctxs_session *s)
+{
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 0);
+    if (rc < 0)
+        return rc;
+    ctxs__session_rec other;
+    rc = ctxs__session_get(&other, txn, st, name, len);
+    rc = rc == 0 ? -EEXIST : rc == CTXS_ENOTFOUND ? 0 : rc;
+    if (rc == 0)
+        rc = ctxs__prefix_update(txn, st, rec->id, rec, ctxs__token_table(s), held_prefix(s));
+    if (rc == 0 && (rc = session_put(txn, st, name, len, rec)) == 0)
+        rc = intent_drop(txn, st, rec->id);
+    if (rc < 0) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    return ctxs__txn_commit(txn);
+}
+
+/* Undoes a create that failed after begin_create(). */
+static void abandon_create(ctxs_store *st, uint64_t id, ctxs_session *s)
+{
+    char file[32];
+    ctxs__file_name(file, id);
+    if (s) {
+        unlinkat(st->sessions_fd, file, 0);
+        ctxs_session_close(s);
+    }
+    MDB_txn *txn;
+    if (ctxs__txn_begin(&txn, st, 0) == 0) {
+        if (intent_drop(txn, st, id) == 0)
+            ctxs__txn_commit(txn);
+        else
+            mdb_txn_abort(txn);
+    }
+}
+
+/* Labels, indexes and links a session file just created as id; on failure
+ * undoes it all. */
+static int adopt_new(ctxs_session **out, ctxs_store *st, const char *name, size_t len,
+                     ctxs__session_rec *rec, ctxs_session *s)
+{
+    int rc = ctxs__label_write(s->fd, rec->id, name, len);
+    if (rc == 0)
+        rc = finish_create(st, name, len, rec, s);
+    if (rc == 0)
+        rc = link_attach(st, s, rec->id, rec);
+    if (rc < 0) {
+        abandon_create(st, rec->id, s);
+        return rc;
+    }
+    if (out)
+        *out = s;
+    else
+        ctxs_session_close(s);
+    return 0;
+}
+
+int ctxs_store_session_create(ctxs_session **out, ctxs_store *st, const char *name,
+                              const ctxs_model *model, const ctxs_session_options *opts)
+{
+    if (!out)
+        return CTXS_EINVAL;
+    *out = NULL;
+    size_t len;
+    if (!st || !model || ctxs__name_check(name, &len) < 0)
+        return CTXS_EINVAL;
+    uint64_t id;
+    int rc = begin_create(st, name, len, model, &id);
+    if (rc < 0)
+        return rc;
+    char *path = ctxs__file_path(st, id);
+    ctxs_session *s = NULL;
+    rc = path ? ctxs_session_create(&s, path, model, opts) : CTXS_ENOMEM;
+    free(path);
+    if (rc < 0) {
+        abandon_create(st, id, NULL);
+        return rc;
+    }
+    uint64_t now = ctxs__now_unix_ms();
+    ctxs__session_rec rec = {.id = id, .created_unix_ms = s->created_unix_ms,
+                             .last_used_unix_ms = now};
+    memcpy(rec.model_hash, model->model_hash, 16);
+    return adopt_new(out, st, name, len, &rec, s);
+}
+
+/* Opens the file of id as ctxs_session_open() does, and makes sure it is
+ * still the indexed one: a delete may have unlinked it meanwhile. */
+static int open_file(ctxs_session **out, ctxs_store *st, uint64_t id,
+                     const ctxs_model *model, unsigned flags,
+                     const ctxs_session_options *opts)
+{
+    char *path = ctxs__file_path(st, id);
+    if (!path)
+        return CTXS_ENOMEM;
+    int rc = ctxs_session_open(out, path, model, flags, opts);
+    free(path);
+    if (rc == -ENOENT)
+        return CTXS_ENOTFOUND;
+    struct stat sb;
+    if (rc == 0 && fstat((*out)->fd, &sb) == 0 && sb.st_nlink == 0) {
+        ctxs_session_close(*out);
+        *out = NULL;
+        rc = CTXS_ENOTFOUND;
+    }
+    return rc;
+}
+
+int ctxs_store_session_open(ctxs_session **out, ctxs_store *st, const char *name,
+                            const ctxs_model *model, unsigned flags,
+                            const ctxs_session_options *opts)
+{
+    if (!out)
+        return CTXS_EINVAL;
+    *out = NULL;
+    size_t len;
+    if (!st || ctxs__name_check(name, &len) < 0)
+        return CTXS_EINVAL;
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    ctxs__session_rec rec;
+    rc = ctxs__session_get(&rec, txn, st, name, len);
+    mdb_txn_abort(txn);
+    if (rc < 0)
+        return rc;
+    if (model && memcmp(model->model_hash, rec.model_hash, 16) != 0)
+        return CTXS_EMODEL;
+    ctxs_session *s;
+    if ((rc = open_file(&s, st, rec.id, model, flags, opts)) < 0)
+        return rc;
+    if ((rc = link_attach(st, s, rec.id, &rec)) < 0) {
+        ctxs_session_close(s);
+        return rc;
+    }
+    if (!s->readonly && prefix_behind(s, &rec))
+        index_update(s->hooks_arg, s, 0);
+    *out = s;
+    return 0;
+}
+
+static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t n_tokens,
+                   const char *checkpoint, const char *dst, const ctxs_session_options *opts)
+{
+    if (out)
+        *out = NULL;
+    size_t src_len, dst_len, cp_len = 0;
+    if (!st || ctxs__name_check(src, &src_len) < 0 || ctxs__name_check(dst, &dst_len) < 0 ||
+        (checkpoint && ctxs__name_check(checkpoint, &cp_len) < 0))
+        return CTXS_EINVAL;
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    ctxs__session_rec src_rec = {0};
+    ctxs__checkpoint_rec cp = {0};
+    if ((rc = ctxs__session_get(&src_rec, txn, st, src, src_len)) == 0 && checkpoint)
+        rc = ctxs__checkpoint_get(&cp, txn, st, src_rec.id, checkpoint, cp_len);
+    mdb_txn_abort(txn);
+    if (rc < 0)
+        return rc;
+    if (checkpoint)
+        n_tokens = cp.n_tokens;
+
+    ctxs_session *from;
+    if ((rc = open_file(&from, st, src_rec.id, NULL, CTXS_OPEN_RDONLY, NULL)) < 0)
+        return rc;
+    if (n_tokens == UINT64_MAX)
+        n_tokens = from->st.n_tokens;
+    if (checkpoint && (rc = ctxs__checkpoint_check(from, &cp)) < 0) {
+        ctxs_session_close(from);
+        return rc;
+    }
+    uint64_t id;
+    if ((rc = begin_create(st, dst, dst_len, NULL, &id)) < 0) {
+        ctxs_session_close(from);
+        return rc;
+    }
+    char *path = ctxs__file_path(st, id);
+    ctxs_session *s = NULL;
+    rc = path ? ctxs_session_fork(&s, from, n_tokens, path, opts) : CTXS_ENOMEM;
+    free(path);
+    ctxs_session_close(from);
+    /* The checkpoint was checked before the copy; the copy is checked
+     * against it too, in case the source moved in between. */
+    if (rc == 0 && checkpoint && ctxs__checkpoint_check(s, &cp) < 0)
+        rc = CTXS_ESTALE;
+    if (rc < 0) {
+        abandon_create(st, id, s);
+        return rc;
+    }
+    uint64_t now = ctxs__now_unix_ms();
+    ctxs__session_rec rec = {.id = id, .n_tokens = n_tokens, .created_unix_ms = s->created_unix_ms,
+                             .last_used_unix_ms = now, .parent_id = src_rec.id,
+                             .fork_tokens = n_tokens};
+    memcpy(rec.model_hash, src_rec.model_hash, 16);
+    return adopt_new(out, st, dst, dst_len, &rec, s);
+}
+
+int ctxs_store_fork(ctxs_session **out, ctxs_store *st, const char *src, uint64_t n_tokens,
+                    const char *dst, const ctxs_session_options *opts)
+{
+    return fork_at(out, st, src, n_tokens, NULL, dst, opts);
+}
+
+int ctxs_store_fork_checkpoint(ctxs_session **out, ctxs_store *st, const char *src,
+                               const char *checkpoint, const char *dst,
+                               const ctxs_session_options *opts)
+{
+    if (!checkpoint)
+        return CTXS_EINVAL;
+    return fork_at(out, st, src, 0, checkpoint, dst, opts);
+}
+
+/* --- Listing, renaming, deleting ----------------------------------------- */
+
+static void entry_fill(ctxs_session_entry *out, const char *name, size_t len,
+                       const ctxs__session_rec *rec)
+{
+    memset(out, 0, sizeof(*out));
+    memcpy(out->name, name, len);
+    out->id = rec->id;
+    memcpy(out->model_hash, rec->model_hash, 16);
+    out->n_tokens = rec->n_tokens;
+    out->disk_bytes = rec->disk_bytes;
+    out->created_unix_ms = rec->created_unix_ms;
+    out->last_used_unix_ms = rec->last_used_unix_ms;
+    out->parent_id = rec->parent_id;
+    out->fork_tokens = rec->fork_tokens;
+}
+
+int ctxs_store_session_get(ctxs_session_entry *out, ctxs_store *st, const char *name)
+{
+    size_t len;
+    if (!out || !st || ctxs__name_check(name, &len) < 0)
+        return CTXS_EINVAL;
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    ctxs__session_rec rec;
+    if ((rc = ctxs__session_get(&rec, txn, st, name, len)) == 0)
+        entry_fill(out, name, len, &rec);
+    mdb_txn_abort(txn);
+    return rc;
+}
+
+int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out, ctxs_store *st)
+{
+    if (!out || !n_out)
+        return CTXS_EINVAL;
+    *out = NULL;
+    *n_out = 0;
+    if (!st)
+        return CTXS_EINVAL;
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    MDB_stat ms;
+    MDB_cursor *cur = NULL;
+    ctxs_session_entry *list = NULL;
+    size_t n = 0;
+    if ((rc = ctxs__mdb_error(mdb_stat(txn, st->sessions, &ms))) == 0 && ms.ms_entries &&
+        !(list = calloc(ms.ms_entries, sizeof(*list))))
+        rc = CTXS_ENOMEM;
+    if (rc == 0 && list)
+        rc = ctxs__mdb_error(mdb_cursor_open(txn, st->sessions, &cur));
+    MDB_val key, val;
+    for (int op = MDB_FIRST; rc == 0 && list && n < ms.ms_entries &&
+                             mdb_cursor_get(cur, &key, &val, op) == 0;
+         op = MDB_NEXT) {
+        ctxs__session_rec rec;
+        if (key.mv_size == 0 || key.mv_size > CTXS__NAME_MAX || val.mv_size != sizeof(rec)) {
+            rc = CTXS_ECORRUPT;
+            break;
+        }
+        memcpy(&rec, val.mv_data, sizeof(rec));
+        entry_fill(&list[n++], key.mv_data, key.mv_size, &rec);
+    }
+    if (cur)
+        mdb_cursor_close(cur);
+    mdb_txn_abort(txn);
+    if (rc < 0) {
+        free(list);
+        return rc;
+    }
+    *out = list;
+    *n_out = n;
+    return 0;
+}
+
+int ctxs_store_session_rename(ctxs_store *st, const char *from, const char *to)
+{
+    size_t from_len, to_len;
+    if (!st || ctxs__name_check(from, &from_len) < 0 || ctxs__name_check(to, &to_len) < 0)
+        return CTXS_EINVAL;
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 0);
+    if (rc < 0)
+        return rc;
+    ctxs__session_rec rec, other;
+    if ((rc = ctxs__session_get(&rec, txn, st, from, from_len)) == 0) {
+        rc = ctxs__session_get(&other, txn, st, to, to_len);
+        rc = rc == 0 ? (other.id == rec.id ? 1 : -EEXIST) : rc == CTXS_ENOTFOUND ? 0 : rc;
+    }
+    /* The file's label first, inside the transaction that serializes
+     * renames: reindex takes names from the labels. */
+    if (rc == 0) {
+        char file[32];
+        ctxs__file_name(file, rec.id);
+        int fd = openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd >= 0) {
+            rc = ctxs__label_write(fd, rec.id, to, to_len);
+            close(fd);
+        } else if (errno != ENOENT) {
+            rc = -errno;
+        }
+    }
+    MDB_val key = {from_len, (void *)from};
+    if (rc == 0 && (rc = ctxs__mdb_error(mdb_del(txn, st->sessions, &key, NULL))) == 0)
+        rc = session_put(txn, st, to, to_len, &rec);
+    if (rc != 0) {
+        mdb_txn_abort(txn);
+        return rc > 0 ? 0 : rc;
+    }
+    return ctxs__txn_commit(txn);
+}
+
+int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name,
+                            size_t expect_len)
+{
+    char file[32];
+    ctxs__file_name(file, id);
+    int fd = openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0 && errno != ENOENT)
+        return -errno;
+    int rc = fd >= 0 ? ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) : 0;
+    MDB_txn *txn = NULL;
+    if (rc == 0)
+        rc = ctxs__txn_begin(&txn, st, 0);
+    if (rc == 0 && expect_name) {
+        ctxs__session_rec rec;
+        if ((rc = ctxs__session_get(&rec, txn, st, expect_name, expect_len)) == 0 &&
+            rec.id != id)
+            rc = CTXS_ENOTFOUND;
+    }
+    if (rc == 0 && (rc = ctxs__session_unindex(txn, st, id)) == 0 && fd >= 0)
+        rc = intent_put(txn, st, id, CTXS__INTENT_DELETE);
+    if (txn) {
+        if (rc == 0)
+            rc = ctxs__txn_commit(txn);
+        else
+            mdb_txn_abort(txn);
+    }
+    if (rc == 0 && fd >= 0) {
+        /* Unlinked before the lock goes with the descriptor: whoever opened
+         * the file meanwhile finds it unlinked (open_file). */
+        unlinkat(st->sessions_fd, file, 0);
+        if (ctxs__txn_begin(&txn, st, 0) == 0) {
+            if (intent_drop(txn, st, id) == 0)
+                ctxs__txn_commit(txn);
+            else
+                mdb_txn_abort(txn);
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+int ctxs_store_session_delete(ctxs_store *st, const char *name)
+{
+    size_t len;
+    if (!st || ctxs__name_check(name, &len) < 0)
+        return CTXS_EINVAL;
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    ctxs__session_rec rec;
+    rc = ctxs__session_get(&rec, txn, st, name, len);
+    mdb_txn_abort(txn);
+    if (rc < 0)
+        return rc;
+    return ctxs__session_delete_id(st, rec.id, name, len);
+}
+
+/* Removes the leftovers of interrupted creates of id: files written aside
+ * (<file>.tmp-<pid>-<n>) that no live process holds. */
+static void remove_tmp_files(ctxs_store *st, const char *file)
+{
+    int dfd = dup(st->sessions_fd);
+    DIR *dir = dfd >= 0 ? fdopendir(dfd) : NULL;
+    if (!dir) {
+        if (dfd >= 0)
+            close(dfd);
+        return;
+    }
+    size_t len = strlen(file);
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        if (strncmp(de->d_name, file, len) != 0 || strncmp(de->d_name + len, ".tmp-", 5) != 0)
+            continue;
+        int fd = openat(st->sessions_fd, de->d_name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0)
+            continue;
+        if (ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) == 0)
+            unlinkat(st->sessions_fd, de->d_name, 0);
+        close(fd);
+    }
+    closedir(dir);
+}
+
+int ctxs__intent_resolve(ctxs_store *st, uint64_t id)
+{
+    char file[32];
+    ctxs__file_name(file, id);
+    int fd = openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0 && errno != ENOENT)
+        return -errno;
+    /* A create in progress holds its file's writer lock from the start. */
+    int rc = fd >= 0 ? ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) : 0;
+    MDB_txn *txn = NULL;
+    if (rc == 0)
+        rc = ctxs__txn_begin(&txn, st, 0);
+    if (rc == 0) {
+        uint8_t idk[8];
+        ctxs__id_key(idk, id);
+        MDB_val key = {8, idk}, val;
+        int indexed = mdb_get(txn, st->ids, &key, &val) == 0;
+        if (!indexed && fd >= 0 && unlinkat(st->sessions_fd, file, 0) != 0)
+            rc = -errno;
+        if (rc == 0)
+            rc = intent_drop(txn, st, id);
+        if (rc == 0)
+            rc = ctxs__txn_commit(txn);
+        else
+            mdb_txn_abort(txn);
+    }
+    if (fd >= 0)
+        close(fd);
+    if (rc == 0)
+        remove_tmp_files(st, file);
+    return rc;
+}

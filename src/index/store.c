@@ -1,0 +1,413 @@
+/*
+ * Opening and closing a store: the directory, the LMDB environment, the
+ * index's format version, and finishing what a crashed process left half
+ * done.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "index.h"
+
+/* LMDB forbids opening one environment twice in a process (closing either
+ * would drop the other's POSIX locks), so handles to the same store share
+ * one. */
+static pthread_mutex_t stores_mutex = PTHREAD_MUTEX_INITIALIZER;
+static ctxs_store *stores_head;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* A child must not use its parent's environments (LMDB's rule); it opens
+ * its own, so it must not find them in the list. They are leaked. */
+static void forget_stores_in_child(void)
+{
+    pthread_mutex_init(&stores_mutex, NULL);
+    stores_head = NULL;
+}
+
+static void install_atfork(void)
+{
+    pthread_atfork(NULL, NULL, forget_stores_in_child);
+}
+
+int ctxs__mdb_error(int rc)
+{
+    switch (rc) {
+    case MDB_SUCCESS:
+        return 0;
+    case MDB_NOTFOUND:
+        return CTXS_ENOTFOUND;
+    case MDB_KEYEXIST:
+        return -EEXIST;
+    case MDB_MAP_FULL:
+    case MDB_TXN_FULL:
+    case MDB_PAGE_FULL:
+    case ENOSPC:
+    case EDQUOT:
+        return CTXS_EFULL;
+    case MDB_INVALID:
+        return CTXS_EFOREIGN;
+    case MDB_VERSION_MISMATCH:
+        return CTXS_EVERSION;
+    case MDB_CORRUPTED:
+    case MDB_PAGE_NOTFOUND:
+    case MDB_PANIC:
+    case MDB_BAD_TXN:
+        return CTXS_ECORRUPT;
+    case MDB_READERS_FULL:
+    case MDB_DBS_FULL:
+        return CTXS_EBUSY;
+    case ENOMEM:
+        return CTXS_ENOMEM;
+    default:
+        return rc > 0 ? -rc : -EIO;
+    }
+}
+
+int ctxs__txn_begin(MDB_txn **out, ctxs_store *st, int readonly)
+{
+    int rc = mdb_txn_begin(st->env, NULL, readonly ? MDB_RDONLY : 0, out);
+    if (rc == MDB_MAP_RESIZED) {
+        /* Another process grew the map; adopt its size. */
+        if ((rc = mdb_env_set_mapsize(st->env, 0)) == 0)
+            rc = mdb_txn_begin(st->env, NULL, readonly ? MDB_RDONLY : 0, out);
+    }
+    if (rc != 0)
+        *out = NULL;
+    return ctxs__mdb_error(rc);
+}
+
+int ctxs__txn_commit(MDB_txn *txn)
+{
+    return ctxs__mdb_error(mdb_txn_commit(txn));
+}
+
+void ctxs__file_name(char buf[32], uint64_t id)
+{
+    snprintf(buf, 32, "%016llx.ctxs", (unsigned long long)id);
+}
+
+char *ctxs__file_path(const ctxs_store *st, uint64_t id)
+{
+    char name[32];
+    ctxs__file_name(name, id);
+    size_t len = strlen(st->sessions_dir) + 1 + strlen(name) + 1;
+    char *path = malloc(len);
+    if (path)
+        snprintf(path, len, "%s/%s", st->sessions_dir, name);
+    return path;
+}
+
+void ctxs__id_key(uint8_t out[8], uint64_t id)
+{
+    for (int i = 0; i < 8; i++)
+        out[i] = (uint8_t)(id >> (56 - 8 * i));
+}
+
+uint64_t ctxs__id_from_key(const void *key)
+{
+    const uint8_t *k = key;
+    uint64_t id = 0;
+    for (int i = 0; i < 8; i++)
+        id = id << 8 | k[i];
+    return id;
+}
+
+uint64_t ctxs__now_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+int ctxs_store_options_init(ctxs_store_options *opts)
+{
+    if (!opts)
+        return CTXS_EINVAL;
+    memset(opts, 0, sizeof(*opts));
+    opts->version = CTXS_STORE_OPTIONS_VERSION;
+    opts->max_readers = 126;
+    opts->map_bytes = CTXS__DEFAULT_MAP_BYTES;
+    return 0;
+}
+
+static int options_valid(const ctxs_store_options *o)
+{
+    static const uint8_t zero[sizeof(o->reserved)];
+    return o->version == CTXS_STORE_OPTIONS_VERSION && o->max_readers > 0 &&
+           o->map_bytes >= (1u << 20) && o->map_bytes <= SIZE_MAX &&
+           memcmp(o->reserved, zero, sizeof(zero)) == 0;
+}
+
+/* mkdir -m 0700 that accepts an existing directory. */
+static int make_dir(const char *path)
+{
+    if (mkdir(path, 0700) == 0 || errno == EEXIST) {
+        struct stat sb;
+        if (lstat(path, &sb) != 0)
+            return -errno;
+        return S_ISDIR(sb.st_mode) ? 0 : -ENOTDIR;
+    }
+    return -errno;
+}
+
+static char *join(const char *a, const char *b)
+{
+    size_t len = strlen(a) + 1 + strlen(b) + 1;
+    char *p = malloc(len);
+    if (p)
+        snprintf(p, len, "%s/%s", a, b);
+    return p;
+}
+
+static void store_free(ctxs_store *st)
+{
+    if (st->env)
+        mdb_env_close(st->env);
+    if (st->sessions_fd >= 0)
+        close(st->sessions_fd);
+    free(st->dir);
+    free(st->sessions_dir);
+    free(st);
+}
+
+static const struct {
+    const char *name;
+    size_t offset;
+    unsigned flags;
+} dbis[] = {
+    {"meta", offsetof(ctxs_store, meta), 0},
+    {"sessions", offsetof(ctxs_store, sessions), 0},
+    {"ids", offsetof(ctxs_store, ids), 0},
+    {"models", offsetof(ctxs_store, models), 0},
+    {"filehash", offsetof(ctxs_store, filehash), 0},
+    {"checkpoints", offsetof(ctxs_store, checkpoints), 0},
+    {"prefixes", offsetof(ctxs_store, prefixes), MDB_DUPSORT | MDB_DUPFIXED},
+    {"chunks", offsetof(ctxs_store, chunks), 0},
+    {"pending", offsetof(ctxs_store, pending), 0},
+};
+
+/* A new index gets its format record; an existing one must be ours and not
+ * newer. An LMDB environment of someone else's is foreign. */
+static int check_format(MDB_txn *txn, ctxs_store *st, int *fresh)
+{
+    MDB_val key = {6, (void *)"format"}, val;
+    int rc = mdb_get(txn, st->meta, &key, &val);
+    if (rc == MDB_NOTFOUND) {
+        MDB_stat ms;
+        if ((rc = mdb_stat(txn, st->sessions, &ms)) != 0)
+            return ctxs__mdb_error(rc);
+        if (ms.ms_entries != 0)
+            return CTXS_ECORRUPT;
+        *fresh = 1;
+        return 0;
+    }
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
+    ctxs__index_format f;
+    if (val.mv_size < sizeof(f))
+        return CTXS_ECORRUPT;
+    memcpy(&f, val.mv_data, sizeof(f));
+    if (memcmp(f.magic, CTXS__INDEX_MAGIC, 8) != 0)
+        return CTXS_EFOREIGN;
+    if (f.major > CTXS__INDEX_MAJOR)
+        return CTXS_EVERSION;
+    return 0;
+}
+
+static int write_format(MDB_txn *txn, ctxs_store *st)
+{
+    ctxs__index_format f = {.major = CTXS__INDEX_MAJOR, .minor = CTXS__INDEX_MINOR};
+    memcpy(f.magic, CTXS__INDEX_MAGIC, 8);
+    MDB_val key = {6, (void *)"format"}, val = {sizeof(f), &f};
+    return ctxs__mdb_error(mdb_put(txn, st->meta, &key, &val, 0));
+}
+
+/* Opens (creating where missing) every table, in one transaction whose
+ * handles then serve every later one. */
+static int open_tables(ctxs_store *st, int *fresh)
+{
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 0);
+    if (rc < 0)
+        return rc;
+    /* Someone else's environment has tables, or data, of its own. */
+    MDB_dbi main_dbi;
+    MDB_stat ms;
+    if ((rc = ctxs__mdb_error(mdb_dbi_open(txn, NULL, 0, &main_dbi))) == 0 &&
+        (rc = ctxs__mdb_error(mdb_stat(txn, main_dbi, &ms))) == 0 && ms.ms_entries > 0) {
+        MDB_val key = {4, (void *)"meta"}, val;
+        if (mdb_get(txn, main_dbi, &key, &val) != 0)
+            rc = CTXS_EFOREIGN;
+    }
+    for (size_t i = 0; rc == 0 && i < sizeof(dbis) / sizeof(dbis[0]); i++) {
+        MDB_dbi *dbi = (MDB_dbi *)(void *)((char *)st + dbis[i].offset);
+        rc = mdb_dbi_open(txn, dbis[i].name, dbis[i].flags | MDB_CREATE, dbi);
+        rc = rc == MDB_INCOMPATIBLE ? CTXS_EFOREIGN : ctxs__mdb_error(rc);
+    }
+    if (rc == 0 && (rc = check_format(txn, st, fresh)) == 0 && *fresh)
+        rc = write_format(txn, st);
+    if (rc < 0) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    return ctxs__txn_commit(txn);
+}
+
+/* Finishes or undoes the creates and deletes that crashed processes left. */
+static int resolve_intents(ctxs_store *st)
+{
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    uint64_t ids[64];
+    size_t n = 0;
+    MDB_cursor *cur;
+    if ((rc = ctxs__mdb_error(mdb_cursor_open(txn, st->pending, &cur))) == 0) {
+        MDB_val key, val;
+        int op = MDB_FIRST;
+        while (n < 64 && mdb_cursor_get(cur, &key, &val, op) == 0) {
+            op = MDB_NEXT;
+            if (key.mv_size == 8)
+                ids[n++] = ctxs__id_from_key(key.mv_data);
+        }
+        mdb_cursor_close(cur);
+    }
+    mdb_txn_abort(txn);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        int r = ctxs__intent_resolve(st, ids[i]);
+        if (r < 0 && r != CTXS_EBUSY)
+            rc = r;
+    }
+    return rc;
+}
+
+static int store_init(ctxs_store *st, const char *dir, const ctxs_store_options *o)
+{
+    int rc;
+    char *index_dir = NULL;
+    if ((rc = make_dir(dir)) < 0)
+        return rc;
+    if (!(st->dir = realpath(dir, NULL)))
+        return -errno;
+    if (!(st->sessions_dir = join(st->dir, "sessions")) ||
+        !(index_dir = join(st->dir, "index")))
+        rc = CTXS_ENOMEM;
+    if (rc == 0 && (rc = make_dir(st->sessions_dir)) == 0 && (rc = make_dir(index_dir)) == 0) {
+        st->sessions_fd = open(st->sessions_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        if (st->sessions_fd < 0)
+            rc = -errno;
+    }
+    if (rc == 0) {
+        if ((rc = mdb_env_create(&st->env)) == 0 &&
+            (rc = mdb_env_set_maxdbs(st->env, 16)) == 0 &&
+            (rc = mdb_env_set_maxreaders(st->env, o->max_readers)) == 0 &&
+            (rc = mdb_env_set_mapsize(st->env, (size_t)o->map_bytes)) == 0)
+            rc = mdb_env_open(st->env, index_dir, MDB_NOTLS, 0600);
+        rc = ctxs__mdb_error(rc);
+    }
+    free(index_dir);
+    /* Reader slots of processes that died would pin old pages forever. */
+    int dead;
+    if (rc == 0)
+        mdb_reader_check(st->env, &dead);
+    int fresh = 0;
+    if (rc == 0)
+        rc = open_tables(st, &fresh);
+    if (rc == 0)
+        rc = resolve_intents(st);
+    /* A new index beside session files: the old one was lost. */
+    if (rc == 0 && fresh)
+        rc = ctxs_store_reindex(NULL, st);
+    return rc;
+}
+
+int ctxs_store_open(ctxs_store **out, const char *dir, const ctxs_store_options *opts)
+{
+    if (!out)
+        return CTXS_EINVAL;
+    *out = NULL;
+    if (!dir || !*dir)
+        return CTXS_EINVAL;
+    ctxs_store_options o;
+    ctxs_store_options_init(&o);
+    if (opts) {
+        if (!options_valid(opts))
+            return CTXS_EINVAL;
+        o = *opts;
+    }
+    pthread_once(&atfork_once, install_atfork);
+
+    pthread_mutex_lock(&stores_mutex);
+    struct stat sb;
+    if (stat(dir, &sb) == 0) {
+        for (ctxs_store *st = stores_head; st; st = st->next)
+            if (st->dev == sb.st_dev && st->ino == sb.st_ino) {
+                st->refs++;
+                pthread_mutex_unlock(&stores_mutex);
+                *out = st;
+                return 0;
+            }
+    }
+    ctxs_store *st = calloc(1, sizeof(*st));
+    int rc = st ? 0 : CTXS_ENOMEM;
+    if (st) {
+        st->sessions_fd = -1;
+        if ((rc = store_init(st, dir, &o)) == 0 && stat(st->dir, &sb) != 0)
+            rc = -errno;
+    }
+    if (rc < 0) {
+        if (st)
+            store_free(st);
+        pthread_mutex_unlock(&stores_mutex);
+        return rc;
+    }
+    st->dev = sb.st_dev;
+    st->ino = sb.st_ino;
+    st->refs = 1;
+    st->next = stores_head;
+    stores_head = st;
+    pthread_mutex_unlock(&stores_mutex);
+    *out = st;
+    return 0;
+}
+
+void ctxs__store_ref(ctxs_store *st)
+{
+    pthread_mutex_lock(&stores_mutex);
+    st->refs++;
+    pthread_mutex_unlock(&stores_mutex);
+}
+
+void ctxs__store_unref(ctxs_store *st)
+{
+    pthread_mutex_lock(&stores_mutex);
+    if (--st->refs > 0) {
+        pthread_mutex_unlock(&stores_mutex);
+        return;
+    }
+    for (ctxs_store **p = &stores_head; *p; p = &(*p)->next)
+        if (*p == st) {
+            *p = st->next;
+            break;
+        }
+    pthread_mutex_unlock(&stores_mutex);
+    store_free(st);
+}
+
+void ctxs_store_close(ctxs_store *st)
+{
+    if (st)
+        ctxs__store_unref(st);
+}
+
+void ctxs_free(void *p)
+{
+    free(p);
+}

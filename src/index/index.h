@@ -10,6 +10,7 @@
 #define CTXS_INDEX_H
 
 #include <assert.h>
+#include <stddef.h>
 #include <lmdb.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -52,6 +53,8 @@ typedef struct ctxs__session_rec {
     uint8_t prefix_chain[16];   /* the chain hash at prefix_tokens */
 } ctxs__session_rec;
 static_assert(sizeof(ctxs__session_rec) == 96, "session record");
+static_assert(offsetof(ctxs__session_rec, n_tokens) == 24, "session record");
+static_assert(offsetof(ctxs__session_rec, prefix_chain) == 80, "session record");
 
 /* models[model_hash]: this, then name_len bytes of display name. */
 typedef struct ctxs__model_rec {

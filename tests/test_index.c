@@ -1,0 +1,2208 @@
+/*
+ * The store's index against real LMDB and real files: names, sessions,
+ * models, the weights-file hash cache, checkpoints, forks, shared prefixes,
+ * gc, repair, interrupted creates and deletes, reindex, and the index's
+ * format record. Everything here runs in one process; the suites that kill
+ * processes are in test_index_crash.c.
+ *
+ * Some tests reach into the index (src/index/index.h) to write what only a
+ * crash or a foreign program could leave: an intent, a newer format, another
+ * program's LMDB environment.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "ctxstore.h"
+#include "format.h"
+#include "index.h"
+#include "support.h"
+
+#define KV_MAX 64u /* elements per token of ts_model: 2 * 2 * 8 = 32 */
+
+TestSuite(index, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 60);
+
+/* --- Helpers ---------------------------------------------------------------- */
+
+/* The store directory of this test (each test runs in its own process). */
+static const char *store_dir(void)
+{
+    static char buf[1024];
+    snprintf(buf, sizeof(buf), "%s/store", ts_scratch);
+    return buf;
+}
+
+static ctxs_store *store_open(void)
+{
+    ctxs_store *st = NULL;
+    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    cr_assert_eq(rc, 0, "ctxs_store_open: %s", ctxs_err_name(rc));
+    cr_assert_not_null(st);
+    return st;
+}
+
+static ctxs_session_options small_opts(uint32_t capacity, uint32_t n_sink)
+{
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.capacity = capacity;
+    o.n_sink = n_sink;
+    o.ring = 1;
+    o.durability = CTXS_SYNC_NONE;
+    return o;
+}
+
+static void model_reg(ctxs_store *st, const ctxs_model *m)
+{
+    int rc = ctxs_model_register(st, m, NULL);
+    cr_assert_eq(rc, 0, "ctxs_model_register: %s", ctxs_err_name(rc));
+}
+
+/* Creates name (capacity, n_sink) with n ts_append tokens; returns it open. */
+static ctxs_session *mk(ctxs_store *st, const char *name, const ctxs_model *m, uint32_t capacity,
+                        uint32_t n_sink, uint32_t n)
+{
+    ctxs_session_options o = small_opts(capacity, n_sink);
+    ctxs_session *s = NULL;
+    int rc = ctxs_store_session_create(&s, st, name, m, &o);
+    cr_assert_eq(rc, 0, "create %s: %s", name, ctxs_err_name(rc));
+    cr_assert_not_null(s);
+    while (n) {
+        uint32_t k = n > 50 ? 50 : n;
+        rc = ts_append(s, k);
+        cr_assert_eq(rc, 0, "append to %s: %s", name, ctxs_err_name(rc));
+        n -= k;
+    }
+    return s;
+}
+
+static ctxs_session *op(ctxs_store *st, const char *name, const ctxs_model *m, unsigned flags)
+{
+    ctxs_session *s = NULL;
+    int rc = ctxs_store_session_open(&s, st, name, m, flags, NULL);
+    cr_assert_eq(rc, 0, "open %s: %s", name, ctxs_err_name(rc));
+    return s;
+}
+
+static ctxs_session_entry entry(ctxs_store *st, const char *name)
+{
+    ctxs_session_entry e;
+    int rc = ctxs_store_session_get(&e, st, name);
+    cr_assert_eq(rc, 0, "get %s: %s", name, ctxs_err_name(rc));
+    return e;
+}
+
+static uint64_t n_tokens(const ctxs_session *s)
+{
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    return info.n_tokens;
+}
+
+/* The file of a session id, as the header documents it; in a static buffer
+ * that rotates over 16 entries. */
+static const char *id_path(uint64_t id)
+{
+    static char bufs[16][1100];
+    static unsigned next;
+    char *b = bufs[next++ % 16];
+    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", store_dir(), (unsigned long long)id);
+    return b;
+}
+
+static int exists(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0;
+}
+
+/* Contents of generation gen at position pos; generation 0 is what
+ * ts_fill_kv()/ts_token() write, so ts_check_all() applies to it. */
+static uint64_t vpos(uint64_t pos, uint32_t gen)
+{
+    return pos + ((uint64_t)gen << 40);
+}
+
+static void append_gen(ctxs_session *s, uint32_t n, uint32_t gen)
+{
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    const ctxs_geometry *g = &info.model.geometry;
+    uint16_t k[KV_MAX], v[KV_MAX];
+    while (n) {
+        uint32_t c = n > 50 ? 50 : n, ids[50];
+        ctxs_reservation r;
+        int rc = ctxs_session_reserve(&r, s, c);
+        cr_assert_eq(rc, 0, "reserve: %s", ctxs_err_name(rc));
+        for (uint32_t i = 0; i < c; i++) {
+            ts_fill_kv(g, vpos(r.first_pos + i, gen), k, v);
+            ids[i] = ts_token(vpos(r.first_pos + i, gen));
+            cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v), 0);
+        }
+        rc = ctxs_session_commit(s, ids, c);
+        cr_assert_eq(rc, 0, "commit: %s", ctxs_err_name(rc));
+        n -= c;
+    }
+}
+
+/* Token ids of positions [0, n) of generation 0, from position `from` on of
+ * generation gen. */
+static uint32_t *prompt(uint64_t n, uint64_t from, uint32_t gen)
+{
+    uint32_t *t = malloc(n * 4 + 4);
+    cr_assert_not_null(t);
+    for (uint64_t p = 0; p < n; p++)
+        t[p] = ts_token(p < from ? p : vpos(p, gen));
+    return t;
+}
+
+/* Checks that positions [0, n) of a and b read back the same, K, V and token
+ * id, and that both hold them. */
+static void same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n)
+{
+    uint16_t ka[KV_MAX] = {0}, va[KV_MAX] = {0}, kb[KV_MAX] = {0}, vb[KV_MAX] = {0};
+    ctxs_layout la, lb;
+    cr_assert_eq(ctxs_session_layout(&la, a), 0);
+    cr_assert_eq(ctxs_session_layout(&lb, b), 0);
+    for (uint64_t p = 0; p < n; p++) {
+        int ra = ctxs_session_read_token(a, p, ka, va);
+        int rb = ctxs_session_read_token(b, p, kb, vb);
+        cr_assert_eq(ra, 0, "source read_token(%llu): %s", (unsigned long long)p, ctxs_err_name(ra));
+        cr_assert_eq(rb, 0, "fork read_token(%llu): %s", (unsigned long long)p, ctxs_err_name(rb));
+        cr_assert(memcmp(ka, kb, sizeof(ka)) == 0 && memcmp(va, vb, sizeof(va)) == 0,
+                  "position %llu differs between source and fork", (unsigned long long)p);
+        uint32_t sa, sb;
+        cr_assert_eq(ctxs_session_slot(&sa, a, p), 0);
+        cr_assert_eq(ctxs_session_slot(&sb, b, p), 0);
+        cr_assert_eq(la.token_ids[sa], lb.token_ids[sb], "token id at %llu", (unsigned long long)p);
+    }
+}
+
+static int find(ctxs_prefix_match *m, ctxs_store *st, const ctxs_model *model,
+                const uint32_t *tokens, uint64_t n)
+{
+    return ctxs_prefix_find(m, st, model->model_hash, tokens, n);
+}
+
+static size_t count_entries(ctxs_store *st)
+{
+    ctxs_session_entry *list;
+    size_t n;
+    int rc = ctxs_store_session_list(&list, &n, st);
+    cr_assert_eq(rc, 0, "list: %s", ctxs_err_name(rc));
+    ctxs_free(list);
+    return n;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static uint64_t file_bytes(const char *path)
+{
+    struct stat sb;
+    cr_assert_eq(stat(path, &sb), 0, "stat %s: %s", path, strerror(errno));
+    return (uint64_t)sb.st_blocks * 512u;
+}
+
+/* Raw LMDB on <store>/index, for what only another program writes. The
+ * store must be closed: LMDB forbids two opens of one environment in one
+ * process. */
+static MDB_env *raw_env(void)
+{
+    MDB_env *env;
+    cr_assert_eq(mdb_env_create(&env), 0);
+    cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
+    cr_assert_eq(mdb_env_set_mapsize(env, (size_t)1 << 30), 0);
+    int rc = mdb_env_open(env, ts_path(store_dir(), "index"), 0, 0600);
+    cr_assert_eq(rc, 0, "mdb_env_open: %s", mdb_strerror(rc));
+    return env;
+}
+
+static void raw_put(MDB_env *env, const char *db, const void *k, size_t kl, const void *v, size_t vl)
+{
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    int rc = mdb_dbi_open(txn, db, MDB_CREATE, &dbi);
+    cr_assert_eq(rc, 0, "mdb_dbi_open(%s): %s", db ? db : "(main)", mdb_strerror(rc));
+    MDB_val key = {kl, (void *)k}, val = {vl, (void *)v};
+    cr_assert_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+}
+
+/* --- The store ------------------------------------------------------------- */
+
+Test(index, store_dir_is_created_0700_and_files_0600)
+{
+    mode_t old = umask(0);
+    ctxs_store *st = store_open();
+    umask(old);
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "chat", &m, 256, 4, 10);
+    ctxs_session_entry e = entry(st, "chat");
+    struct stat sb;
+    const char *dirs[] = {store_dir(), ts_path(store_dir(), "index"), ts_path(store_dir(), "sessions")};
+    for (size_t i = 0; i < 3; i++) {
+        cr_assert_eq(stat(dirs[i], &sb), 0, "%s: %s", dirs[i], strerror(errno));
+        cr_assert(S_ISDIR(sb.st_mode));
+        cr_assert_eq(sb.st_mode & 07777, 0700, "%s has mode %o", dirs[i], sb.st_mode & 07777);
+    }
+    const char *files[] = {ts_path(store_dir(), "index/data.mdb"),
+                           ts_path(store_dir(), "index/lock.mdb"), id_path(e.id)};
+    for (size_t i = 0; i < 3; i++) {
+        cr_assert_eq(stat(files[i], &sb), 0, "%s: %s", files[i], strerror(errno));
+        cr_assert_eq(sb.st_mode & 07777, 0600, "%s has mode %o", files[i], sb.st_mode & 07777);
+    }
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
+Test(index, store_open_refuses_bad_arguments)
+{
+    ctxs_store *st = (ctxs_store *)1;
+    cr_assert_eq(ctxs_store_open(&st, NULL, NULL), CTXS_EINVAL);
+    cr_assert_null(st);
+    cr_assert_eq(ctxs_store_open(&st, "", NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_open(NULL, store_dir(), NULL), CTXS_EINVAL);
+    ctxs_store_options o;
+    ctxs_store_options_init(&o);
+    o.reserved[3] = 1;
+    cr_assert_eq(ctxs_store_open(&st, store_dir(), &o), CTXS_EINVAL);
+    ctxs_store_options_init(&o);
+    o.version = 99;
+    cr_assert_eq(ctxs_store_open(&st, store_dir(), &o), CTXS_EINVAL);
+    /* A regular file where the directory should be. */
+    cr_assert_eq(ts_write_file(store_dir(), "x", 1), 0);
+    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    cr_assert_lt(rc, 0);
+    cr_assert_null(st);
+    ctxs_store_close(NULL);
+}
+
+Test(index, store_open_twice_shares_one_environment)
+{
+    ctxs_store *a = store_open(), *b = store_open();
+    cr_assert_eq(a->env, b->env, "two handles of one store must share one MDB_env");
+    ctxs_model m = ts_model(1);
+    model_reg(a, &m);
+    ctxs_session_close(mk(a, "from-a", &m, 256, 4, 70));
+    ctxs_session_close(mk(b, "from-b", &m, 256, 4, 70));
+    cr_assert_eq(count_entries(a), 2);
+    cr_assert_eq(count_entries(b), 2);
+    ctxs_store_close(a);
+    /* b still works: reads, writes, a session open through it. */
+    cr_assert_eq(count_entries(b), 2);
+    ctxs_session *s = op(b, "from-a", &m, 0);
+    cr_assert_eq(ts_append(s, 5), 0);
+    ctxs_session_close(s);
+    ctxs_session_close(mk(b, "after-close", &m, 256, 4, 3));
+    cr_assert_eq(entry(b, "from-a").n_tokens, 75);
+    cr_assert_eq(count_entries(b), 3);
+    ctxs_store_close(b);
+    /* And a later open finds everything. */
+    ctxs_store *c = store_open();
+    cr_assert_eq(count_entries(c), 3);
+    ctxs_store_close(c);
+}
+
+typedef struct thread_arg {
+    ctxs_store *st;
+    int which;
+    int failures;
+    char why[256];
+} thread_arg;
+
+#define T_FAIL(a, ...)                                                          \
+    do {                                                                       \
+        (a)->failures++;                                                       \
+        snprintf((a)->why, sizeof((a)->why), __VA_ARGS__);                     \
+        return NULL;                                                           \
+    } while (0)
+
+static void *thread_main(void *p)
+{
+    thread_arg *a = p;
+    ctxs_model m = ts_model(1);
+    ctxs_session_options o = small_opts(256, 4);
+    uint32_t *ids = prompt(130, 130, 0);
+    for (int i = 0; i < 12; i++) {
+        char name[64], prev[64];
+        snprintf(name, sizeof(name), "t%d-%d", a->which, i);
+        ctxs_session *s;
+        int rc = ctxs_store_session_create(&s, a->st, name, &m, &o);
+        if (rc != 0)
+            T_FAIL(a, "create %s: %s", name, ctxs_err_name(rc));
+        ctxs_reservation r;
+        uint16_t k[KV_MAX], v[KV_MAX];
+        uint32_t n = 70 + (uint32_t)i;
+        if ((rc = ctxs_session_reserve(&r, s, n)) != 0)
+            T_FAIL(a, "reserve: %s", ctxs_err_name(rc));
+        uint32_t tids[100];
+        for (uint32_t j = 0; j < n; j++) {
+            ts_fill_kv(&m.geometry, j, k, v);
+            tids[j] = ts_token(j);
+            ctxs_session_write_token(s, &r, j, k, v);
+        }
+        if ((rc = ctxs_session_commit(s, tids, n)) != 0)
+            T_FAIL(a, "commit: %s", ctxs_err_name(rc));
+        ctxs_prefix_match pm;
+        rc = ctxs_prefix_find(&pm, a->st, m.model_hash, ids, 130);
+        if (rc != 0 || pm.n_tokens < 70)
+            T_FAIL(a, "prefix_find: %s %llu", ctxs_err_name(rc), (unsigned long long)pm.n_tokens);
+        ctxs_session_close(s);
+        if (i % 3 == 2) {
+            snprintf(prev, sizeof(prev), "t%d-%d", a->which, i - 1);
+            if ((rc = ctxs_store_session_delete(a->st, prev)) != 0)
+                T_FAIL(a, "delete %s: %s", prev, ctxs_err_name(rc));
+        }
+        ctxs_session_entry *list;
+        size_t nl;
+        if ((rc = ctxs_store_session_list(&list, &nl, a->st)) != 0)
+            T_FAIL(a, "list: %s", ctxs_err_name(rc));
+        ctxs_free(list);
+    }
+    free(ids);
+    return NULL;
+}
+
+Test(index, one_store_by_two_paths_is_one_handle_and_two_stores_are_two)
+{
+    ctxs_store *a = store_open();
+    cr_assert_eq(chdir(ts_scratch), 0);
+    ctxs_store *b;
+    cr_assert_eq(ctxs_store_open(&b, "store", NULL), 0);
+    cr_assert_eq(a->env, b->env, "a relative path to the same store must share its environment");
+    char other[1100];
+    snprintf(other, sizeof(other), "%s/other", ts_scratch);
+    ctxs_store *c;
+    cr_assert_eq(ctxs_store_open(&c, other, NULL), 0);
+    cr_assert_neq(c->env, a->env);
+    ctxs_model m = ts_model(1);
+    model_reg(a, &m);
+    ctxs_model_entry me;
+    cr_assert_eq(ctxs_model_get(&me, c, m.model_hash), CTXS_ENOTFOUND, "stores must not mix");
+    model_reg(c, &m);
+    ctxs_session_close(mk(a, "same-name", &m, 256, 4, 10));
+    ctxs_session_close(mk(c, "same-name", &m, 256, 4, 20));
+    cr_assert_eq(entry(b, "same-name").n_tokens, 10);
+    cr_assert_eq(entry(c, "same-name").n_tokens, 20);
+    ctxs_store_close(a);
+    ctxs_store_close(c);
+    cr_assert_eq(count_entries(b), 1);
+    ctxs_store_close(b);
+}
+
+Test(index, two_threads_of_one_process_use_one_store)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    thread_arg args[2] = {{st, 0, 0, ""}, {st, 1, 0, ""}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, thread_main, &args[i]), 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        cr_assert_eq(args[i].failures, 0, "thread %d: %s", i, args[i].why);
+    }
+    /* 12 created, 4 deleted, by each. */
+    ctxs_session_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
+    cr_assert_eq(n, 16);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(exists(id_path(list[i].id)), "%s has no file", list[i].name);
+        for (size_t j = 0; j < i; j++)
+            cr_assert_neq(list[i].id, list[j].id, "two sessions share id %llu",
+                          (unsigned long long)list[i].id);
+    }
+    ctxs_free(list);
+    ctxs_store_close(st);
+}
+
+/* --- Names ------------------------------------------------------------------- */
+
+Test(index, hostile_names_are_einval_everywhere)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "good", &m, 256, 4, 70);
+    char long_name[300];
+    memset(long_name, 'a', 256);
+    long_name[256] = '\0';
+    char long_utf8[300]; /* 254 bytes + a 2-byte character = 256 */
+    memset(long_utf8, 'b', 254);
+    memcpy(long_utf8 + 254, "\xc3\xa9", 3);
+    const char *bad[] = {
+        "",
+        ".",
+        "..",
+        "/",
+        "a/b",
+        "../../etc/passwd",
+        "/etc/passwd",
+        "sessions/../x",
+        "tab\there",
+        "new\nline",
+        "esc\x1b[31m",
+        "del\x7f",
+        "\x01",
+        long_name,
+        long_utf8,
+        "\xff",
+        "bad\xfe",
+        "\xc0\xaf",         /* overlong '/' */
+        "\xe0\x80\xaf",     /* overlong '/' */
+        "\xed\xa0\x80",     /* surrogate */
+        "\xf4\x90\x80\x80", /* past U+10FFFF */
+        "\xe2\x82",         /* truncated */
+        "\x80",             /* lone continuation */
+    };
+    ctxs_session_options o = small_opts(256, 4);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const char *n = bad[i];
+        ctxs_session *x = (ctxs_session *)1;
+        ctxs_session_entry e;
+        cr_assert_eq(ctxs_store_session_create(&x, st, n, &m, &o), CTXS_EINVAL, "create bad[%zu]", i);
+        cr_assert_null(x);
+        cr_assert_eq(ctxs_store_session_open(&x, st, n, &m, 0, NULL), CTXS_EINVAL, "open bad[%zu]", i);
+        cr_assert_eq(ctxs_store_session_get(&e, st, n), CTXS_EINVAL, "get bad[%zu]", i);
+        cr_assert_eq(ctxs_store_session_delete(st, n), CTXS_EINVAL, "delete bad[%zu]", i);
+        cr_assert_eq(ctxs_store_session_rename(st, "good", n), CTXS_EINVAL, "rename to bad[%zu]", i);
+        cr_assert_eq(ctxs_store_session_rename(st, n, "other"), CTXS_EINVAL, "rename from bad[%zu]", i);
+        cr_assert_eq(ctxs_checkpoint_create(st, s, n), CTXS_EINVAL, "checkpoint bad[%zu]", i);
+        cr_assert_eq(ctxs_store_fork(NULL, st, "good", 10, n, NULL), CTXS_EINVAL, "fork to bad[%zu]", i);
+        cr_assert_eq(ctxs_store_fork_checkpoint(NULL, st, "good", n, "f", NULL), CTXS_EINVAL,
+                     "fork at checkpoint bad[%zu]", i);
+        cr_assert_eq(ctxs_model_register(st, &m, n[0] ? n : "\x02"), CTXS_EINVAL,
+                     "model name bad[%zu]", i);
+    }
+    cr_assert_eq(ctxs_store_session_create(NULL, st, "x", &m, &o), CTXS_EINVAL);
+    ctxs_session *x = (ctxs_session *)1;
+    cr_assert_eq(ctxs_store_session_create(&x, st, NULL, &m, &o), CTXS_EINVAL);
+    cr_assert_null(x);
+    /* Nothing was created, renamed or left behind. */
+    cr_assert_eq(count_entries(st), 1);
+    ctxs_session_close(s);
+    cr_assert_eq(entry(st, "good").n_tokens, 70);
+    DIR *d = opendir(ts_path(store_dir(), "sessions"));
+    cr_assert_not_null(d);
+    int files = 0;
+    for (struct dirent *de; (de = readdir(d));)
+        files += de->d_name[0] != '.';
+    closedir(d);
+    cr_assert_eq(files, 1);
+    ctxs_store_close(st);
+}
+
+Test(index, utf8_names_up_to_255_bytes_are_accepted)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    char max_ascii[256], max_utf8[256];
+    memset(max_ascii, 'a', 255);
+    max_ascii[255] = '\0';
+    memset(max_utf8, 'b', 251);
+    memcpy(max_utf8 + 251, "\xf0\x9f\x98\x80", 5); /* U+1F600, 4 bytes: 255 in all */
+    const char *good[] = {
+        max_ascii,
+        max_utf8,
+        "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e", /* 日本語 */
+        "caf\xc3\xa9 au lait",
+        "with spaces and 'quotes' and \"double\"",
+        "-rf",
+        "~",
+        ".hidden",
+        "a.b",
+        "\xef\xbf\xbf", /* U+FFFF */
+        "\xf4\x8f\xbf\xbf", /* U+10FFFF */
+    };
+    ctxs_session_options o = small_opts(256, 4);
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        ctxs_session *s;
+        int rc = ctxs_store_session_create(&s, st, good[i], &m, &o);
+        cr_assert_eq(rc, 0, "create good[%zu]: %s", i, ctxs_err_name(rc));
+        cr_assert_eq(ctxs_checkpoint_create(st, s, good[i]), 0, "checkpoint good[%zu]", i);
+        ctxs_session_close(s);
+        ctxs_session_entry e = entry(st, good[i]);
+        cr_assert_str_eq(e.name, good[i]);
+        cr_assert(exists(id_path(e.id)));
+    }
+    cr_assert_eq(ctxs_model_register(st, &m, max_utf8), 0);
+    ctxs_model_entry me;
+    cr_assert_eq(ctxs_model_get(&me, st, m.model_hash), 0);
+    cr_assert_str_eq(me.name, max_utf8);
+    cr_assert_eq(count_entries(st), sizeof(good) / sizeof(good[0]));
+    ctxs_store_close(st);
+}
+
+Test(index, names_with_two_dots_anywhere_are_einval)
+{
+    /* The rule is "no '..' in a name", not only "not the name ..": tools
+     * print and export names, and none of them should look like a step up
+     * a path. Single dots are fine. */
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    const char *bad[] = {"wait...", "v1..v2", "..hidden", "trailing..", "..."};
+    ctxs_session_options o = small_opts(256, 4);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ctxs_session *s = NULL;
+        int rc = ctxs_store_session_create(&s, st, bad[i], &m, &o);
+        cr_expect_eq(rc, CTXS_EINVAL, "create \"%s\": %s", bad[i], ctxs_err_name(rc));
+        cr_expect_null(s);
+    }
+    const char *good[] = {"v1.2", ".hidden", "a.b.c", "end."};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        ctxs_session *s = NULL;
+        int rc = ctxs_store_session_create(&s, st, good[i], &m, &o);
+        cr_expect_eq(rc, 0, "create \"%s\": %s", good[i], ctxs_err_name(rc));
+        ctxs_session_close(s);
+    }
+    ctxs_session_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
+    cr_expect_eq(n, 4);
+    ctxs_free(list);
+    ctxs_store_close(st);
+}
+
+Test(index, a_name_is_never_a_path)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    /* Names that look like the store's own files. */
+    const char *names[] = {"0000000000000002.ctxs", "0000000000000001.ctxs", "index", "sessions",
+                           "data.mdb", "0000000000000001.ctxs.tmp-1-0"};
+    uint64_t ids[6];
+    for (size_t i = 0; i < 6; i++) {
+        ctxs_session *s = mk(st, names[i], &m, 256, 4, (uint32_t)(10 + i));
+        ids[i] = entry(st, names[i]).id;
+        ctxs_session_close(s);
+    }
+    /* Every session still has its own file, named by its id, with its own
+     * tokens; nothing named after a name appeared anywhere. */
+    for (size_t i = 0; i < 6; i++) {
+        ctxs_session_entry e = entry(st, names[i]);
+        cr_assert_eq(e.id, ids[i]);
+        cr_assert_eq(e.n_tokens, 10 + i, "%s: %llu tokens", names[i], (unsigned long long)e.n_tokens);
+        for (size_t j = 0; j < i; j++)
+            cr_assert_neq(ids[i], ids[j]);
+        ctxs_session *s = op(st, names[i], &m, CTXS_OPEN_RDONLY);
+        cr_assert_eq(n_tokens(s), 10 + i);
+        ctxs_session_close(s);
+    }
+    cr_assert(!exists(ts_path(store_dir(), "0000000000000002.ctxs")));
+    cr_assert(!exists(ts_path(store_dir(), "data.mdb")));
+    cr_assert(!exists(ts_path(store_dir(), "sessions/index")));
+    cr_assert(!exists(ts_path(store_dir(), "sessions/0000000000000001.ctxs.tmp-1-0")));
+    /* A repair must not take those names for leftovers. */
+    ctxs_repair_result rr;
+    cr_assert_eq(ctxs_store_repair(&rr, st), 0);
+    cr_assert_eq(rr.files_removed, 0);
+    cr_assert_eq(rr.files_adopted, 0);
+    cr_assert_eq(rr.entries_removed, 0);
+    cr_assert_eq(count_entries(st), 6);
+    ctxs_store_close(st);
+}
+
+/* --- Sessions ---------------------------------------------------------------- */
+
+Test(index, create_open_list_report_model_tokens_size_and_last_use)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m1 = ts_model(1), m2 = ts_model(2);
+    model_reg(st, &m1);
+    model_reg(st, &m2);
+    uint64_t t0 = (uint64_t)time(NULL) * 1000u - 1000u;
+    ctxs_session *b = mk(st, "bravo", &m1, 256, 4, 120);
+    ctxs_session *a = mk(st, "alpha", &m2, 512, 4, 30);
+    ctxs_session_close(b);
+    sleep_ms(5);
+    ctxs_session_close(a);
+    uint64_t t1 = (uint64_t)time(NULL) * 1000u + 1000u;
+
+    ctxs_session_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
+    cr_assert_eq(n, 2);
+    cr_assert_str_eq(list[0].name, "alpha"); /* name order */
+    cr_assert_str_eq(list[1].name, "bravo");
+    cr_assert_eq(memcmp(list[0].model_hash, m2.model_hash, 16), 0);
+    cr_assert_eq(memcmp(list[1].model_hash, m1.model_hash, 16), 0);
+    cr_assert_eq(list[0].n_tokens, 30);
+    cr_assert_eq(list[1].n_tokens, 120);
+    for (size_t i = 0; i < 2; i++) {
+        cr_assert_eq(list[i].disk_bytes, file_bytes(id_path(list[i].id)), "%s: disk_bytes",
+                     list[i].name);
+        cr_assert_gt(list[i].disk_bytes, 0);
+        cr_assert(list[i].created_unix_ms >= t0 && list[i].created_unix_ms <= t1);
+        cr_assert(list[i].last_used_unix_ms >= list[i].created_unix_ms &&
+                  list[i].last_used_unix_ms <= t1);
+        cr_assert_eq(list[i].parent_id, 0);
+        cr_assert_eq(list[i].fork_tokens, 0);
+    }
+    cr_assert_gt(list[0].last_used_unix_ms, list[1].last_used_unix_ms, "alpha was closed last");
+    cr_assert_neq(list[0].id, list[1].id);
+    ctxs_free(list);
+
+    /* Open by name: read-write needs the model, read-only does not. */
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_store_session_open(&s, st, "bravo", NULL, 0, NULL), CTXS_EINVAL);
+    cr_assert_null(s);
+    s = op(st, "bravo", NULL, CTXS_OPEN_RDONLY);
+    cr_assert_eq(ts_check_all(s), 0);
+    cr_assert_eq(n_tokens(s), 120);
+    ctxs_session_close(s);
+    s = op(st, "bravo", &m1, 0);
+    cr_assert_eq(ts_append(s, 7), 0);
+    ctxs_session_close(s);
+    cr_assert_eq(entry(st, "bravo").n_tokens, 127);
+    /* A model listing knows both. */
+    ctxs_model_entry *models;
+    cr_assert_eq(ctxs_model_list(&models, &n, st), 0);
+    cr_assert_eq(n, 2);
+    ctxs_free(models);
+    ctxs_store_close(st);
+}
+
+Test(index, create_with_a_taken_name_is_eexist)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "taken", &m, 256, 4, 5));
+    ctxs_session_options o = small_opts(256, 4);
+    ctxs_session *s = (ctxs_session *)1;
+    cr_assert_eq(ctxs_store_session_create(&s, st, "taken", &m, &o), -EEXIST);
+    cr_assert_null(s);
+    cr_assert_eq(entry(st, "taken").n_tokens, 5);
+    cr_assert_eq(count_entries(st), 1);
+    /* Invalid options: nothing left behind, the name stays free. */
+    o.capacity = 1;
+    cr_assert_eq(ctxs_store_session_create(&s, st, "free", &m, &o), CTXS_EINVAL);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "free"), CTXS_ENOTFOUND);
+    ctxs_repair_result rr;
+    cr_assert_eq(ctxs_store_repair(&rr, st), 0);
+    cr_assert_eq(rr.files_removed + rr.files_adopted, 0, "a failed create left a file");
+    ctxs_store_close(st);
+}
+
+Test(index, a_second_writer_is_ebusy_and_readers_coexist)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *w = mk(st, "one", &m, 256, 4, 20);
+    ctxs_session *x = (ctxs_session *)1;
+    cr_assert_eq(ctxs_store_session_open(&x, st, "one", &m, 0, NULL), CTXS_EBUSY);
+    cr_assert_null(x);
+    ctxs_session *r1 = op(st, "one", &m, CTXS_OPEN_RDONLY);
+    ctxs_session *r2 = op(st, "one", NULL, CTXS_OPEN_RDONLY);
+    cr_assert_eq(ts_append(w, 10), 0);
+    cr_assert_eq(ctxs_session_refresh(r1), 0);
+    cr_assert_eq(n_tokens(r1), 30);
+    ctxs_session_close(w);
+    w = op(st, "one", &m, 0); /* free again */
+    ctxs_session_close(w);
+    ctxs_session_close(r1);
+    ctxs_session_close(r2);
+    ctxs_store_close(st);
+}
+
+Test(index, delete_of_an_open_session_is_ebusy)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *w = mk(st, "doomed", &m, 256, 4, 70);
+    cr_assert_eq(ctxs_checkpoint_create(st, w, "cp"), 0);
+    uint64_t id = entry(st, "doomed").id;
+    cr_assert_eq(ctxs_store_session_delete(st, "doomed"), CTXS_EBUSY, "open by a writer");
+    ctxs_session_close(w);
+    ctxs_session *r = op(st, "doomed", NULL, CTXS_OPEN_RDONLY);
+    cr_assert_eq(ctxs_store_session_delete(st, "doomed"), CTXS_EBUSY, "open by a reader");
+    /* Still intact after the refusals. */
+    cr_assert_eq(ts_check_all(r), 0);
+    cr_assert_eq(entry(st, "doomed").n_tokens, 70);
+    ctxs_session_close(r);
+    cr_assert_eq(ctxs_store_session_delete(st, "doomed"), 0);
+    cr_assert(!exists(id_path(id)));
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "doomed"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_delete(st, "doomed"), CTXS_ENOTFOUND);
+    ctxs_checkpoint_entry *cps;
+    size_t n;
+    cr_assert_eq(ctxs_checkpoint_list(&cps, &n, st, "doomed"), CTXS_ENOTFOUND);
+    /* The name is free again, and the new session does not inherit the old
+     * one's checkpoints. */
+    ctxs_session *s = mk(st, "doomed", &m, 256, 4, 3);
+    cr_assert_neq(entry(st, "doomed").id, id);
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "cp"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_checkpoint_list(&cps, &n, st, "doomed"), 0);
+    cr_assert_eq(n, 0);
+    ctxs_free(cps);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
+Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "before", &m, 256, 4, 70);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    ctxs_session_close(mk(st, "other", &m, 256, 4, 1));
+    ctxs_session_entry e1 = entry(st, "before");
+    cr_assert_eq(ctxs_store_session_rename(st, "before", "after"), 0);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "before"), CTXS_ENOTFOUND);
+    e = entry(st, "after");
+    cr_assert_eq(e.id, e1.id);
+    cr_assert_eq(e.created_unix_ms, e1.created_unix_ms);
+    /* The open handle keeps working and its close updates the new name. */
+    cr_assert_eq(ts_append(s, 10), 0);
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "cp"), 0);
+    cr_assert_eq(n_tokens(s), 70);
+    cr_assert_eq(ts_append(s, 5), 0);
+    ctxs_session_close(s);
+    cr_assert_eq(entry(st, "after").n_tokens, 75);
+    cr_assert_eq(ctxs_store_session_get(&e, st, "before"), CTXS_ENOTFOUND);
+    /* Checkpoints follow the session. */
+    ctxs_checkpoint_entry *cps;
+    size_t n;
+    cr_assert_eq(ctxs_checkpoint_list(&cps, &n, st, "after"), 0);
+    cr_assert_eq(n, 1);
+    ctxs_free(cps);
+    cr_assert_eq(ctxs_store_session_rename(st, "after", "other"), -EEXIST);
+    cr_assert_eq(ctxs_store_session_rename(st, "missing", "new"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_rename(st, "after", "after"), 0);
+    cr_assert_eq(entry(st, "other").n_tokens, 1);
+    cr_assert_eq(count_entries(st), 2);
+    s = op(st, "after", &m, 0);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
+Test(index, open_of_a_missing_name_or_file_is_enotfound)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = (ctxs_session *)1;
+    cr_assert_eq(ctxs_store_session_open(&s, st, "nobody", &m, 0, NULL), CTXS_ENOTFOUND);
+    cr_assert_null(s);
+    ctxs_session_close(mk(st, "gone", &m, 256, 4, 5));
+    cr_assert_eq(unlink(id_path(entry(st, "gone").id)), 0);
+    cr_assert_eq(ctxs_store_session_open(&s, st, "gone", &m, 0, NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_open(&s, st, "gone", NULL, CTXS_OPEN_RDONLY, NULL),
+                 CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_fork(NULL, st, "gone", 1, "child", NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_fork(NULL, st, "nobody", 1, "child", NULL), CTXS_ENOTFOUND);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "child"), CTXS_ENOTFOUND);
+    ctxs_store_close(st);
+}
+
+/* --- Models ------------------------------------------------------------------ */
+
+Test(index, model_register_same_hash_other_geometry_is_emodel)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    cr_assert_eq(ctxs_model_register(st, &m, "tiny"), 0);
+    ctxs_model other = m;
+    other.geometry.n_layers = 3;
+    cr_assert_eq(ctxs_model_register(st, &other, "tiny-3"), CTXS_EMODEL);
+    other = m;
+    other.tokenizer_hash[0] ^= 1;
+    cr_assert_eq(ctxs_model_register(st, &other, NULL), CTXS_EMODEL);
+    /* Again with the same model: the display name changes, nothing else. */
+    ctxs_model_entry e1, e2;
+    cr_assert_eq(ctxs_model_get(&e1, st, m.model_hash), 0);
+    cr_assert_str_eq(e1.name, "tiny");
+    sleep_ms(2);
+    cr_assert_eq(ctxs_model_register(st, &m, "renamed"), 0);
+    cr_assert_eq(ctxs_model_get(&e2, st, m.model_hash), 0);
+    cr_assert_str_eq(e2.name, "renamed");
+    cr_assert_eq(e2.registered_unix_ms, e1.registered_unix_ms);
+    cr_assert_eq(memcmp(&e2.model, &m, sizeof(m)), 0);
+    /* Bad geometry is refused. */
+    other = ts_model(9);
+    other.geometry.head_dim = 0;
+    cr_assert_eq(ctxs_model_register(st, &other, NULL), CTXS_EINVAL);
+    other = ts_model(9);
+    other.geometry.dtype = 77;
+    cr_assert_eq(ctxs_model_register(st, &other, NULL), CTXS_EINVAL);
+    uint8_t unknown[16] = {1, 2, 3};
+    cr_assert_eq(ctxs_model_get(&e1, st, unknown), CTXS_ENOTFOUND);
+    /* A session with the conflicting geometry is refused too. */
+    other = m;
+    other.geometry.n_kv_heads = 4;
+    ctxs_session_options o = small_opts(256, 4);
+    ctxs_session *s = (ctxs_session *)1;
+    cr_assert_eq(ctxs_store_session_create(&s, st, "s", &other, &o), CTXS_EMODEL);
+    cr_assert_null(s);
+    ctxs_model_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_model_list(&list, &n, st), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(memcmp(list[0].model.model_hash, m.model_hash, 16), 0);
+    ctxs_free(list);
+    ctxs_store_close(st);
+}
+
+Test(index, create_with_an_unregistered_model_is_enotfound)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    ctxs_session_options o = small_opts(256, 4);
+    ctxs_session *s = (ctxs_session *)1;
+    cr_assert_eq(ctxs_store_session_create(&s, st, "s", &m, &o), CTXS_ENOTFOUND);
+    cr_assert_null(s);
+    cr_assert_eq(count_entries(st), 0);
+    ctxs_model_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_model_list(&list, &n, st), 0);
+    cr_assert_eq(n, 0, "a refused create must not register the model");
+    cr_assert_null(list);
+    ctxs_store_close(st);
+}
+
+Test(index, open_with_another_models_hash_is_emodel)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m1 = ts_model(1), m2 = ts_model(2);
+    model_reg(st, &m1);
+    model_reg(st, &m2);
+    ctxs_session_close(mk(st, "s", &m1, 256, 4, 5));
+    ctxs_session *s = (ctxs_session *)1;
+    cr_assert_eq(ctxs_store_session_open(&s, st, "s", &m2, 0, NULL), CTXS_EMODEL);
+    cr_assert_null(s);
+    cr_assert_eq(ctxs_store_session_open(&s, st, "s", &m2, CTXS_OPEN_RDONLY, NULL), CTXS_EMODEL);
+    /* Same hash, other tokenizer: the file refuses it. */
+    ctxs_model m3 = m1;
+    m3.tokenizer_hash[5] ^= 0x40;
+    cr_assert_eq(ctxs_store_session_open(&s, st, "s", &m3, 0, NULL), CTXS_EMODEL);
+    s = op(st, "s", &m1, 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
+static void xxh3_128(uint8_t out[16], const void *data, size_t len)
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(data, len));
+    memcpy(out, c.digest, 16);
+}
+
+static uint8_t *pattern(size_t len, uint64_t seed)
+{
+    uint8_t *b = malloc(len ? len : 1);
+    cr_assert_not_null(b);
+    for (size_t i = 0; i < len; i++)
+        b[i] = (uint8_t)(ts_rng_next(&seed) >> 17);
+    return b;
+}
+
+Test(index, model_hash_file_equals_xxh3_128_of_the_file)
+{
+    ctxs_store *st = store_open();
+    /* Sizes around the library's 1 MiB read. */
+    const size_t sizes[] = {0, 1, 4096, (1u << 20) - 1, 1u << 20, (3u << 20) + 12345};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        const char *path = ts_path(ts_scratch, "weights.bin");
+        uint8_t *data = pattern(sizes[i], i + 1);
+        cr_assert_eq(ts_write_file(path, data, sizes[i]), 0);
+        uint8_t want[16], got[16], got_nostore[16];
+        xxh3_128(want, data, sizes[i]);
+        cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
+        cr_assert_eq(memcmp(got, want, 16), 0, "size %zu: not XXH3-128 of the file", sizes[i]);
+        cr_assert_eq(ctxs_model_hash_file(got_nostore, NULL, path), 0);
+        cr_assert_eq(memcmp(got_nostore, want, 16), 0);
+        cr_assert_eq(unlink(path), 0); /* a new inode for the next size */
+        free(data);
+    }
+    uint8_t out[16];
+    cr_assert_eq(ctxs_model_hash_file(out, st, ts_path(ts_scratch, "missing")), -ENOENT);
+    cr_assert_eq(ctxs_model_hash_file(out, st, ts_scratch), -EISDIR);
+    cr_assert_eq(ctxs_model_hash_file(NULL, st, ts_scratch), CTXS_EINVAL);
+    ctxs_store_close(st);
+}
+
+Test(index, model_hash_file_is_cached_until_size_or_mtime_changes)
+{
+    ctxs_store *st = store_open();
+    const char *path = ts_path(ts_scratch, "weights.bin");
+    const size_t len = (1u << 20) + 777;
+    uint8_t *data = pattern(len, 42);
+    cr_assert_eq(ts_write_file(path, data, len), 0);
+    uint8_t h_old[16], h_new[16], got[16];
+    xxh3_128(h_old, data, len);
+    cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, h_old, 16), 0);
+
+    /* Change a byte in place, same size, and put the mtime back: the cache
+     * cannot tell, so the second call is served from it. */
+    struct stat before;
+    cr_assert_eq(stat(path, &before), 0);
+    data[len / 2] ^= 0xff;
+    xxh3_128(h_new, data, len);
+    cr_assert_neq(memcmp(h_new, h_old, 16), 0);
+    int fd = open(path, O_WRONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(pwrite(fd, data + len / 2, 1, (off_t)(len / 2)), 1);
+    struct timespec times[2] = {before.st_atim, before.st_mtim};
+    cr_assert_eq(futimens(fd, times), 0);
+    close(fd);
+    struct stat after;
+    cr_assert_eq(stat(path, &after), 0);
+    cr_assert_eq(after.st_mtim.tv_sec, before.st_mtim.tv_sec);
+    cr_assert_eq(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
+    cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, h_old, 16), 0, "the second call must come from the cache");
+    /* Without a store there is no cache. */
+    cr_assert_eq(ctxs_model_hash_file(got, NULL, path), 0);
+    cr_assert_eq(memcmp(got, h_new, 16), 0);
+    /* The cache lives in the index: a fresh handle still has it. */
+    ctxs_store_close(st);
+    st = store_open();
+    cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, h_old, 16), 0, "the cache did not survive a reopen");
+
+    /* Another mtime: hashed again. */
+    struct timespec later[2] = {before.st_atim, before.st_mtim};
+    later[1].tv_sec += 7;
+    cr_assert_eq(utimensat(AT_FDCWD, path, later, 0), 0);
+    cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, h_new, 16), 0, "a changed mtime must re-hash");
+    /* Another size: hashed again. */
+    cr_assert_eq(ts_write_file(path, data, len - 1), 0);
+    cr_assert_eq(utimensat(AT_FDCWD, path, later, 0), 0);
+    xxh3_128(h_new, data, len - 1);
+    cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, h_new, 16), 0, "a changed size must re-hash");
+    free(data);
+    ctxs_store_close(st);
+}
+
+/* --- Checkpoints ------------------------------------------------------------- */
+
+static ctxs_checkpoint_entry *cp_find(ctxs_checkpoint_entry *list, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(list[i].name, name) == 0)
+            return &list[i];
+    return NULL;
+}
+
+Test(index, checkpoint_create_list_restore_delete)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "s", &m, 512, 4, 40);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "at40"), 0);
+    cr_assert_eq(ts_append(s, 60), 0);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "at100"), 0);
+    cr_assert_eq(ts_append(s, 50), 0);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "at150"), 0);
+
+    ctxs_checkpoint_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "s"), 0);
+    cr_assert_eq(n, 3);
+    cr_assert_str_eq(list[0].name, "at100"); /* name order */
+    cr_assert_str_eq(list[1].name, "at150");
+    cr_assert_str_eq(list[2].name, "at40");
+    cr_assert_eq(list[0].n_tokens, 100);
+    cr_assert_eq(list[1].n_tokens, 150);
+    cr_assert_eq(list[2].n_tokens, 40);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_eq(list[i].stale, 0, "%s stale", list[i].name);
+        cr_assert_gt(list[i].created_unix_ms, 0);
+    }
+    ctxs_free(list);
+
+    /* Restore is a rollback: the count goes back, the tokens stay. */
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "at100"), 0);
+    cr_assert_eq(n_tokens(s), 100);
+    cr_assert_eq(ts_check_all(s), 0);
+    /* Written again with the same tokens: at150 holds again. */
+    cr_assert_eq(ts_append(s, 50), 0);
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "at150"), 0);
+    cr_assert_eq(n_tokens(s), 150);
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "at40"), 0);
+    cr_assert_eq(n_tokens(s), 40);
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "nope"), CTXS_ENOTFOUND);
+
+    cr_assert_eq(ctxs_checkpoint_delete(st, "s", "at150"), 0);
+    cr_assert_eq(ctxs_checkpoint_delete(st, "s", "at150"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_checkpoint_delete(st, "nobody", "at40"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "at150"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "s"), 0);
+    cr_assert_eq(n, 2);
+    ctxs_free(list);
+    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "nobody"), CTXS_ENOTFOUND);
+
+    /* A read-only handle cannot restore; a handle not from this store cannot
+     * checkpoint. */
+    ctxs_session_close(s);
+    s = op(st, "s", &m, CTXS_OPEN_RDONLY);
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "at40"), CTXS_EREADONLY);
+    ctxs_session_close(s);
+    ctxs_session *plain;
+    ctxs_session_options o = small_opts(256, 4);
+    cr_assert_eq(ctxs_session_create(&plain, ts_path(ts_scratch, "plain.ctxs"), &m, &o), 0);
+    cr_assert_eq(ctxs_checkpoint_create(st, plain, "x"), CTXS_EINVAL);
+    cr_assert_eq(ctxs_checkpoint_restore(st, plain, "at40"), CTXS_EINVAL);
+    ctxs_session_close(plain);
+    /* Checkpoints of two sessions do not mix. */
+    ctxs_session *t = mk(st, "t", &m, 256, 4, 10);
+    cr_assert_eq(ctxs_checkpoint_create(st, t, "at40"), 0); /* same name, other session */
+    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "t"), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(list[0].n_tokens, 10);
+    ctxs_free(list);
+    ctxs_session_close(t);
+    ctxs_store_close(st);
+}
+
+Test(index, checkpoint_with_a_taken_name_is_eexist)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "s", &m, 256, 4, 10);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    cr_assert_eq(ts_append(s, 10), 0);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), -EEXIST);
+    ctxs_checkpoint_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "s"), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(list[0].n_tokens, 10, "the first checkpoint must stand");
+    ctxs_free(list);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
+Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "s", &m, 128, 4, 100);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "early"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "sink"), 0);
+    cr_assert_eq(ctxs_checkpoint_delete(st, "s", "sink"), 0);
+    ctxs_session_close(s);
+    s = op(st, "s", &m, 0);
+    /* 4 sinks: a checkpoint inside them survives the ring. */
+    cr_assert_eq(ctxs_session_rollback(s, 3), 0);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "sink"), 0);
+    cr_assert_eq(ts_append(s, 97), 0);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "late"), 0); /* at 100 again */
+    /* 150 more: the ring (124 slots) now starts at 126. */
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(ts_append(s, 50), 0);
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert(info.flags & CTXS_INFO_WRAPPED);
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "early"), CTXS_EEVICTED);
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "late"), CTXS_EEVICTED);
+    cr_assert_eq(n_tokens(s), 250, "a refused restore must not move the session");
+    ctxs_checkpoint_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "s"), 0);
+    cr_assert_eq(n, 3);
+    cr_assert_eq(cp_find(list, n, "early")->stale, 1);
+    cr_assert_eq(cp_find(list, n, "late")->stale, 1);
+    cr_assert_eq(cp_find(list, n, "sink")->stale, 0);
+    ctxs_free(list);
+    cr_assert_eq(ctxs_store_fork(NULL, st, "s", 100, "f", NULL), CTXS_EEVICTED);
+    cr_assert_eq(ctxs_store_fork_checkpoint(NULL, st, "s", "late", "f", NULL), CTXS_EEVICTED);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "f"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "sink"), 0);
+    cr_assert_eq(n_tokens(s), 3);
+    ctxs_session_close(s);
+    ctxs_repair_result rr;
+    cr_assert_eq(ctxs_store_repair(&rr, st), 0);
+    cr_assert_eq(rr.files_removed + rr.files_adopted, 0, "a refused fork left a file");
+    ctxs_store_close(st);
+}
+
+Test(index, checkpoint_rolled_back_and_rewritten_is_stale_and_listed_stale)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "s", &m, 256, 4, 100);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    ctxs_session_close(s);
+    s = op(st, "s", &m, 0);
+    cr_assert_eq(ctxs_session_rollback(s, 40), 0);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "early"), 0);
+    /* Rolled back past it. */
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "cp"), CTXS_ESTALE);
+    ctxs_checkpoint_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "s"), 0);
+    cr_assert_eq(cp_find(list, n, "cp")->stale, 1);
+    cr_assert_eq(cp_find(list, n, "early")->stale, 0);
+    ctxs_free(list);
+    /* Written again with other tokens, past the checkpoint's count. */
+    append_gen(s, 70, 1);
+    cr_assert_eq(n_tokens(s), 110);
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "cp"), CTXS_ESTALE);
+    cr_assert_eq(n_tokens(s), 110);
+    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "s"), 0);
+    cr_assert_eq(cp_find(list, n, "cp")->stale, 1);
+    cr_assert_eq(cp_find(list, n, "early")->stale, 0);
+    ctxs_free(list);
+    cr_assert_eq(ctxs_store_fork_checkpoint(NULL, st, "s", "cp", "f", NULL), CTXS_ESTALE);
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "early"), 0);
+    cr_assert_eq(n_tokens(s), 40);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
+/* --- Forks ------------------------------------------------------------------- */
+
+Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *src = mk(st, "src", &m, 512, 4, 200);
+    cr_assert_eq(ctxs_checkpoint_create(st, src, "cp"), 0);
+    cr_assert_eq(ts_append(src, 100), 0);
+    ctxs_session_close(src);
+    src = op(st, "src", &m, CTXS_OPEN_RDONLY);
+    uint64_t src_id = entry(st, "src").id;
+
+    struct {
+        const char *name;
+        uint64_t want;
+    } forks[] = {{"at130", 130}, {"at-cp", 200}, {"full", 300}, {"at0", 0}};
+    ctxs_session *f;
+    int rc = ctxs_store_fork(&f, st, "src", 130, "at130", NULL);
+    cr_assert_eq(rc, 0, "fork at 130: %s", ctxs_err_name(rc));
+    ctxs_session_close(f);
+    rc = ctxs_store_fork_checkpoint(&f, st, "src", "cp", "at-cp", NULL);
+    cr_assert_eq(rc, 0, "fork at cp: %s", ctxs_err_name(rc));
+    ctxs_session_close(f);
+    rc = ctxs_store_fork(NULL, st, "src", UINT64_MAX, "full", NULL); /* left closed */
+    cr_assert_eq(rc, 0, "fork in full: %s", ctxs_err_name(rc));
+    rc = ctxs_store_fork(NULL, st, "src", 0, "at0", NULL);
+    cr_assert_eq(rc, 0, "fork at 0: %s", ctxs_err_name(rc));
+
+    ctxs_session_info si;
+    cr_assert_eq(ctxs_session_info_get(&si, src), 0);
+    for (size_t i = 0; i < sizeof(forks) / sizeof(forks[0]); i++) {
+        ctxs_session_entry e = entry(st, forks[i].name);
+        cr_assert_eq(e.parent_id, src_id, "%s: parent_id", forks[i].name);
+        cr_assert_eq(e.fork_tokens, forks[i].want, "%s: fork_tokens %llu", forks[i].name,
+                     (unsigned long long)e.fork_tokens);
+        cr_assert_eq(memcmp(e.model_hash, m.model_hash, 16), 0);
+        cr_assert_neq(e.id, src_id);
+        f = op(st, forks[i].name, &m, 0);
+        ctxs_session_info fi;
+        cr_assert_eq(ctxs_session_info_get(&fi, f), 0);
+        cr_assert_eq(fi.n_tokens, forks[i].want, "%s: %llu tokens", forks[i].name,
+                     (unsigned long long)fi.n_tokens);
+        cr_assert_eq(fi.capacity, si.capacity);
+        cr_assert_eq(fi.n_sink, si.n_sink);
+        cr_assert_eq(fi.flags & CTXS_INFO_RING, si.flags & CTXS_INFO_RING);
+        same_tokens(src, f, forks[i].want);
+        cr_assert_eq(ctxs_session_verify(f, NULL), 0);
+        /* A fork is a session of its own: it grows apart from the source. */
+        append_gen(f, 20, 3);
+        ctxs_session_close(f);
+        cr_assert_eq(entry(st, forks[i].name).n_tokens, forks[i].want + 20);
+    }
+    /* The source did not move. */
+    ctxs_session_close(src);
+    src = op(st, "src", &m, 0);
+    cr_assert_eq(n_tokens(src), 300);
+    cr_assert_eq(ts_check_all(src), 0);
+    ctxs_session_close(src);
+    ctxs_store_close(st);
+}
+
+Test(index, fork_into_a_taken_name_is_eexist)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "src", &m, 256, 4, 80));
+    ctxs_session_close(mk(st, "taken", &m, 256, 4, 7));
+    ctxs_session *f = (ctxs_session *)1;
+    cr_assert_eq(ctxs_store_fork(&f, st, "src", 50, "taken", NULL), -EEXIST);
+    cr_assert_null(f);
+    cr_assert_eq(ctxs_store_fork(&f, st, "src", 50, "src", NULL), -EEXIST);
+    cr_assert_eq(ctxs_store_fork(&f, st, "src", 81, "new", NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_fork_checkpoint(&f, st, "src", "nocp", "new", NULL), CTXS_ENOTFOUND);
+    ctxs_session_entry e = entry(st, "taken");
+    cr_assert_eq(e.n_tokens, 7);
+    cr_assert_eq(e.parent_id, 0);
+    cr_assert_eq(ctxs_store_session_get(&e, st, "new"), CTXS_ENOTFOUND);
+    cr_assert_eq(count_entries(st), 2);
+    ctxs_repair_result rr;
+    cr_assert_eq(ctxs_store_repair(&rr, st), 0);
+    cr_assert_eq(rr.files_removed + rr.files_adopted, 0, "a refused fork left a file");
+    ctxs_store_close(st);
+}
+
+Test(index, fork_from_a_session_open_by_a_writer_here)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *w = mk(st, "live", &m, 512, 4, 100);
+    ctxs_session *f;
+    cr_assert_eq(ctxs_store_fork(&f, st, "live", UINT64_MAX, "snap", NULL), 0);
+    cr_assert_eq(n_tokens(f), 100, "a fork takes what is committed");
+    same_tokens(w, f, 100);
+    cr_assert_eq(ts_append(w, 50), 0);
+    cr_assert_eq(n_tokens(f), 100);
+    ctxs_session_close(f);
+    cr_assert_eq(ctxs_store_fork(&f, st, "live", 150, "snap2", NULL), 0);
+    same_tokens(w, f, 150);
+    ctxs_session_close(f);
+    ctxs_session_close(w);
+    ctxs_store_close(st);
+}
+
+/* --- Shared prefixes --------------------------------------------------------- */
+
+Test(index, prefix_find_returns_whole_chunks_plus_the_matching_tail)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "held", &m, 512, 4, 250));
+    const uint64_t want = 3 * CTXS_PREFIX_CHUNK + 10;
+    uint32_t *t = prompt(300, want, 1); /* diverges at 202 */
+    cr_assert_neq(t[want], ts_token(want));
+    ctxs_prefix_match pm;
+    int rc = find(&pm, st, &m, t, 300);
+    cr_assert_eq(rc, 0, "find: %s", ctxs_err_name(rc));
+    cr_assert_str_eq(pm.session, "held");
+    cr_assert_eq(pm.n_tokens, want, "matched %llu", (unsigned long long)pm.n_tokens);
+    /* The prompt ends inside the session: all of it. */
+    rc = find(&pm, st, &m, t, 150);
+    cr_assert_eq(rc, 0);
+    cr_assert_eq(pm.n_tokens, 150);
+    /* The session ends inside the prompt: all of the session. */
+    free(t);
+    t = prompt(400, 400, 0);
+    cr_assert_eq(find(&pm, st, &m, t, 400), 0);
+    cr_assert_eq(pm.n_tokens, 250);
+    /* Exactly one chunk. */
+    cr_assert_eq(find(&pm, st, &m, t, 64), 0);
+    cr_assert_eq(pm.n_tokens, 64);
+    /* Diverging inside the first chunk: no whole chunk matches. */
+    free(t);
+    t = prompt(300, 63, 1);
+    cr_assert_eq(find(&pm, st, &m, t, 300), CTXS_ENOTFOUND);
+    free(t);
+    /* The fork the match suggests holds exactly those tokens. */
+    t = prompt(300, want, 1);
+    cr_assert_eq(find(&pm, st, &m, t, 300), 0);
+    ctxs_session *f, *src = op(st, "held", &m, CTXS_OPEN_RDONLY);
+    cr_assert_eq(ctxs_store_fork(&f, st, pm.session, pm.n_tokens, "reuse", NULL), 0);
+    same_tokens(src, f, want);
+    ctxs_session_close(f);
+    ctxs_session_close(src);
+    free(t);
+    ctxs_store_close(st);
+}
+
+Test(index, prefix_find_shorter_than_a_chunk_or_of_another_model_is_enotfound)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1), other = ts_model(2);
+    model_reg(st, &m);
+    model_reg(st, &other);
+    ctxs_session_close(mk(st, "held", &m, 512, 4, 250));
+    uint32_t *t = prompt(250, 250, 0);
+    ctxs_prefix_match pm;
+    cr_assert_eq(find(&pm, st, &m, t, 63), CTXS_ENOTFOUND);
+    cr_assert_eq(find(&pm, st, &m, t, 1), CTXS_ENOTFOUND);
+    cr_assert_eq(find(&pm, st, &m, t, 0), CTXS_ENOTFOUND);
+    cr_assert_eq(find(&pm, st, &other, t, 250), CTXS_ENOTFOUND);
+    uint8_t unknown[16] = {0};
+    cr_assert_eq(ctxs_prefix_find(&pm, st, unknown, t, 250), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_prefix_find(NULL, st, m.model_hash, t, 250), CTXS_EINVAL);
+    cr_assert_eq(ctxs_prefix_find(&pm, st, m.model_hash, NULL, 250), CTXS_EINVAL);
+    cr_assert_eq(find(&pm, st, &m, t, 250), 0);
+    cr_assert_eq(pm.n_tokens, 250);
+    /* The same tokens under the other model are another session's. */
+    ctxs_session_close(mk(st, "other", &other, 512, 4, 130));
+    cr_assert_eq(find(&pm, st, &other, t, 250), 0);
+    cr_assert_str_eq(pm.session, "other");
+    cr_assert_eq(pm.n_tokens, 130);
+    cr_assert_eq(find(&pm, st, &m, t, 250), 0);
+    cr_assert_str_eq(pm.session, "held");
+    free(t);
+    ctxs_store_close(st);
+}
+
+Test(index, prefix_find_picks_the_longest_of_several_sessions)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    /* Sessions sharing the first chunk, then going their own ways. */
+    const uint32_t lens[] = {70, 300, 140, 200};
+    for (int i = 0; i < 4; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "s%d", i);
+        ctxs_session_close(mk(st, name, &m, 512, 4, lens[i]));
+    }
+    uint32_t *t = prompt(260, 260, 0);
+    ctxs_prefix_match pm;
+    cr_assert_eq(find(&pm, st, &m, t, 260), 0);
+    cr_assert_str_eq(pm.session, "s1");
+    cr_assert_eq(pm.n_tokens, 260);
+    cr_assert_eq(find(&pm, st, &m, t, 180), 0);
+    cr_assert_eq(pm.n_tokens, 180);
+    cr_assert(strcmp(pm.session, "s1") == 0 || strcmp(pm.session, "s3") == 0);
+    cr_assert_eq(ctxs_store_session_delete(st, "s1"), 0);
+    cr_assert_eq(find(&pm, st, &m, t, 260), 0);
+    cr_assert_str_eq(pm.session, "s3");
+    cr_assert_eq(pm.n_tokens, 200);
+    free(t);
+    ctxs_store_close(st);
+}
+
+Test(index, prefix_find_after_a_rollback_never_returns_the_old_longer_prefix)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "s", &m, 512, 4, 250);
+    ctxs_session_close(s);
+    uint32_t *old = prompt(250, 250, 0), *fresh = prompt(250, 100, 1);
+    ctxs_prefix_match pm;
+    cr_assert_eq(find(&pm, st, &m, old, 250), 0);
+    cr_assert_eq(pm.n_tokens, 250);
+
+    s = op(st, "s", &m, 0);
+    cr_assert_eq(ctxs_session_rollback(s, 100), 0);
+    /* Rolled back, nothing new yet: at most what the file holds. */
+    cr_assert_eq(find(&pm, st, &m, old, 250), 0);
+    cr_assert_eq(pm.n_tokens, 100, "after rollback to 100: %llu", (unsigned long long)pm.n_tokens);
+    /* Other tokens after 100, as many as before (the same chunk count). */
+    append_gen(s, 150, 1);
+    uint64_t same = 100;
+    while (same < 250 && fresh[same] == old[same])
+        same++;
+    cr_assert_eq(find(&pm, st, &m, old, 250), 0);
+    cr_assert_eq(pm.n_tokens, same, "old prompt: %llu", (unsigned long long)pm.n_tokens);
+    cr_assert_eq(find(&pm, st, &m, fresh, 250), 0);
+    cr_assert_eq(pm.n_tokens, 250);
+    ctxs_session_close(s);
+    cr_assert_eq(find(&pm, st, &m, old, 250), 0);
+    cr_assert_eq(pm.n_tokens, same);
+
+    /* Below the first chunk, then other tokens. */
+    s = op(st, "s", &m, 0);
+    cr_assert_eq(ctxs_session_rollback(s, 30), 0);
+    cr_assert_eq(find(&pm, st, &m, old, 250), CTXS_ENOTFOUND);
+    cr_assert_eq(find(&pm, st, &m, fresh, 250), CTXS_ENOTFOUND);
+    append_gen(s, 220, 2);
+    cr_assert_eq(find(&pm, st, &m, old, 250), CTXS_ENOTFOUND);
+    cr_assert_eq(find(&pm, st, &m, fresh, 250), CTXS_ENOTFOUND);
+    ctxs_session_close(s);
+    cr_assert_eq(find(&pm, st, &m, old, 250), CTXS_ENOTFOUND);
+    uint32_t *now = prompt(250, 30, 2);
+    cr_assert_eq(find(&pm, st, &m, now, 250), 0);
+    cr_assert_eq(pm.n_tokens, 250);
+    free(now);
+    free(old);
+    free(fresh);
+    ctxs_store_close(st);
+}
+
+Test(index, prefix_find_after_delete_never_returns_the_session)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "s", &m, 512, 4, 250));
+    uint32_t *t = prompt(250, 250, 0);
+    ctxs_prefix_match pm;
+    cr_assert_eq(find(&pm, st, &m, t, 250), 0);
+    cr_assert_eq(ctxs_store_session_delete(st, "s"), 0);
+    cr_assert_eq(find(&pm, st, &m, t, 250), CTXS_ENOTFOUND);
+    /* A new session under the same name with other tokens: not a match. */
+    ctxs_session *s = mk(st, "s", &m, 512, 4, 0);
+    append_gen(s, 250, 5);
+    ctxs_session_close(s);
+    cr_assert_eq(find(&pm, st, &m, t, 250), CTXS_ENOTFOUND);
+    free(t);
+    ctxs_store_close(st);
+}
+
+Test(index, prefix_find_after_the_ring_wraps_returns_only_what_is_held)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    uint32_t *t = prompt(400, 400, 0);
+    ctxs_prefix_match pm;
+
+    /* 4 sinks: once the ring wraps, no whole chunk from position 0 is held. */
+    ctxs_session *s = mk(st, "small", &m, 256, 4, 200);
+    cr_assert_eq(find(&pm, st, &m, t, 400), 0);
+    cr_assert_eq(pm.n_tokens, 200);
+    cr_assert_eq(ts_append(s, 50), 0);
+    cr_assert_eq(ts_append(s, 50), 0); /* 300 > 256: wrapped */
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert(info.flags & CTXS_INFO_WRAPPED);
+    cr_assert_eq(find(&pm, st, &m, t, 400), CTXS_ENOTFOUND, "wrapped, open: found %llu in %s",
+                 (unsigned long long)pm.n_tokens, pm.session);
+    ctxs_session_close(s);
+    cr_assert_eq(find(&pm, st, &m, t, 400), CTXS_ENOTFOUND, "wrapped, closed: found %llu",
+                 (unsigned long long)pm.n_tokens);
+
+    /* 130 sinks: two whole chunks and two tokens stay held. */
+    s = mk(st, "sinks", &m, 256, 130, 250);
+    cr_assert_eq(find(&pm, st, &m, t, 400), 0);
+    cr_assert_eq(pm.n_tokens, 250);
+    cr_assert_eq(ts_append(s, 50), 0); /* 300: wrapped */
+    cr_assert_eq(find(&pm, st, &m, t, 400), 0);
+    cr_assert_str_eq(pm.session, "sinks");
+    cr_assert_eq(pm.n_tokens, 130, "wrapped with 130 sinks: %llu", (unsigned long long)pm.n_tokens);
+    ctxs_session_close(s);
+    cr_assert_eq(find(&pm, st, &m, t, 400), 0);
+    cr_assert_eq(pm.n_tokens, 130);
+    /* The match can be forked: one token short of it, and all of it (the
+     * header: "Fork the match (ctxs_store_fork() at out->n_tokens)"). */
+    ctxs_session *f;
+    int rc = ctxs_store_fork(&f, st, "sinks", pm.n_tokens - 1, "f-1", NULL);
+    cr_assert_eq(rc, 0, "fork inside the sinks: %s", ctxs_err_name(rc));
+    cr_assert_eq(ts_check_all(f), 0);
+    ctxs_session_close(f);
+    rc = ctxs_store_fork(&f, st, "sinks", pm.n_tokens, "f", NULL);
+    cr_assert_eq(rc, 0, "fork of the held prefix: %s", ctxs_err_name(rc));
+    cr_assert_eq(n_tokens(f), 130);
+    cr_assert_eq(ts_check_all(f), 0);
+    ctxs_session_close(f);
+    free(t);
+    ctxs_store_close(st);
+}
+
+Test(index, prefix_entries_are_written_at_the_first_chunk_while_the_writer_has_it_open)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    uint32_t *t = prompt(2000, 2000, 0);
+    ctxs_prefix_match pm;
+    ctxs_session *s = mk(st, "w", &m, 2048, 4, 63);
+    cr_assert_eq(find(&pm, st, &m, t, 2000), CTXS_ENOTFOUND);
+    cr_assert_eq(ts_append(s, 1), 0); /* 64: the first chunk */
+    cr_assert_eq(find(&pm, st, &m, t, 2000), 0, "the first chunk must be findable at once");
+    cr_assert_str_eq(pm.session, "w");
+    cr_assert_eq(pm.n_tokens, 64);
+    /* Later chunks are indexed in batches; a find still sees every held
+     * token after the indexed chunks. */
+    for (int i = 0; i < 20; i++) {
+        cr_assert_eq(ts_append(s, 50), 0);
+        cr_assert_eq(find(&pm, st, &m, t, 2000), 0);
+        cr_assert_eq(pm.n_tokens, 64 + 50 * (i + 1));
+    }
+    /* A prompt that leaves the session after 1000 tokens, open and closed. */
+    uint32_t *late = prompt(2000, 1000, 3);
+    cr_assert_eq(find(&pm, st, &m, late, 2000), 0);
+    cr_assert_eq(pm.n_tokens, 1000);
+    ctxs_session_close(s);
+    cr_assert_eq(find(&pm, st, &m, late, 2000), 0);
+    cr_assert_eq(pm.n_tokens, 1000);
+    free(late);
+    free(t);
+    ctxs_store_close(st);
+}
+
+/* --- gc ---------------------------------------------------------------------- */
+
+Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    /* Closed in order s0..s4; then s0 used again: s1 s2 s3 s4 s0. */
+    ctxs_session *s[5];
+    char names[5][8];
+    for (int i = 0; i < 5; i++) {
+        snprintf(names[i], sizeof(names[i]), "s%d", i);
+        s[i] = mk(st, names[i], &m, 256, 4, (uint32_t)(100 + 20 * i));
+    }
+    for (int i = 0; i < 5; i++) {
+        sleep_ms(3);
+        ctxs_session_close(s[i]);
+    }
+    sleep_ms(3);
+    ctxs_session_close(op(st, "s0", &m, 0));
+    uint64_t bytes[5], total = 0, id[5];
+    for (int i = 0; i < 5; i++) {
+        ctxs_session_entry e = entry(st, names[i]);
+        id[i] = e.id;
+        bytes[i] = file_bytes(id_path(e.id));
+        total += bytes[i];
+    }
+    for (int i = 1; i < 4; i++)
+        cr_assert_lt(entry(st, names[i]).last_used_unix_ms, entry(st, names[i + 1]).last_used_unix_ms);
+    cr_assert_lt(entry(st, "s4").last_used_unix_ms, entry(st, "s0").last_used_unix_ms);
+
+    /* s1 open by a writer, s2 by a reader: gc passes them over. */
+    ctxs_session *w = op(st, "s1", &m, 0), *r = op(st, "s2", NULL, CTXS_OPEN_RDONLY);
+    ctxs_gc_result g;
+    cr_assert_eq(ctxs_store_gc(&g, st, total - bytes[3]), 0);
+    cr_assert_eq(g.bytes_before, total);
+    cr_assert_eq(g.deleted, 1);
+    cr_assert_eq(g.skipped_open, 2);
+    cr_assert_eq(g.bytes_after, total - bytes[3]);
+    cr_assert(!exists(id_path(id[3])), "s3 was the least recently used closed session");
+    for (int i = 0; i < 5; i++)
+        if (i != 3)
+            cr_assert(exists(id_path(id[i])), "%s must stay", names[i]);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "s3"), CTXS_ENOTFOUND);
+
+    /* Within budget: nothing happens. */
+    cr_assert_eq(ctxs_store_gc(&g, st, total), 0);
+    cr_assert_eq(g.deleted, 0);
+    cr_assert_eq(g.bytes_before, total - bytes[3]);
+    cr_assert_eq(g.bytes_after, g.bytes_before);
+
+    /* Budget 0: everything that is not open goes, s4 before s0. */
+    cr_assert_eq(ctxs_store_gc(&g, st, 0), 0);
+    cr_assert_eq(g.deleted, 2);
+    cr_assert_eq(g.skipped_open, 2);
+    cr_assert_eq(g.bytes_before, total - bytes[3]);
+    cr_assert_eq(g.bytes_after, bytes[1] + bytes[2]);
+    cr_assert(!exists(id_path(id[4])) && !exists(id_path(id[0])));
+    cr_assert(exists(id_path(id[1])) && exists(id_path(id[2])));
+    cr_assert_eq(ts_check_all(w), 0);
+    cr_assert_eq(ts_append(w, 1), 0);
+    ctxs_session_close(w);
+    ctxs_session_close(r);
+    cr_assert_eq(ctxs_store_gc(NULL, st, 0), 0);
+    cr_assert_eq(count_entries(st), 0);
+    ctxs_store_close(st);
+}
+
+Test(index, gc_stops_at_the_budget_in_last_use_order)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    /* Created in one order, last used in another. */
+    const int order[4] = {2, 0, 3, 1};
+    ctxs_session *s[4];
+    char names[4][8];
+    for (int i = 0; i < 4; i++) {
+        snprintf(names[i], sizeof(names[i]), "n%d", i);
+        s[i] = mk(st, names[i], &m, 256, 4, 60);
+    }
+    for (int i = 0; i < 4; i++) {
+        sleep_ms(3);
+        ctxs_session_close(s[order[i]]);
+    }
+    uint64_t b[4], total = 0;
+    for (int i = 0; i < 4; i++)
+        total += b[i] = file_bytes(id_path(entry(st, names[i]).id));
+    ctxs_gc_result g;
+    /* Room for two: the two used first go (n2, then n0). */
+    cr_assert_eq(ctxs_store_gc(&g, st, b[3] + b[1]), 0);
+    cr_assert_eq(g.deleted, 2);
+    cr_assert_eq(g.skipped_open, 0);
+    cr_assert_eq(g.bytes_before, total);
+    cr_assert_eq(g.bytes_after, b[3] + b[1]);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "n2"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_get(&e, st, "n0"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_get(&e, st, "n3"), 0);
+    cr_assert_eq(ctxs_store_session_get(&e, st, "n1"), 0);
+    ctxs_store_close(st);
+}
+
+/* --- repair ------------------------------------------------------------------ */
+
+Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "kept", &m, 256, 4, 70));
+    ctxs_session_close(mk(st, "lost", &m, 256, 4, 70));
+    ctxs_session *open_one = mk(st, "busy", &m, 256, 4, 10);
+    uint64_t kept = entry(st, "kept").id, lost = entry(st, "lost").id;
+
+    /* A session file no entry names (copied in by hand, no label). */
+    ctxs_session *stray;
+    ctxs_session_options o = small_opts(256, 4);
+    char stray_path[1100], stray_open_path[1100], junk_path[1100];
+    snprintf(stray_path, sizeof(stray_path), "%s", id_path(0x7f00));
+    snprintf(stray_open_path, sizeof(stray_open_path), "%s", id_path(0x7f01));
+    snprintf(junk_path, sizeof(junk_path), "%s", id_path(0x7f04));
+    cr_assert_eq(ctxs_session_create(&stray, stray_path, &m, &o), 0);
+    cr_assert_eq(ts_append(stray, 130), 0);
+    ctxs_session_close(stray);
+    /* A stray that someone has open is left for later. */
+    cr_assert_eq(ctxs_session_create(&stray, stray_open_path, &m, &o), 0);
+    /* Named like a session, but not one. */
+    cr_assert_eq(ts_write_file(junk_path, "not a session", 13), 0);
+    /* Leftovers of interrupted creates. */
+    char tmp[1200], tmp2[1200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp-99999-0", id_path(0x7f02));
+    snprintf(tmp2, sizeof(tmp2), "%s.tmp-1-7", id_path(kept));
+    cr_assert_eq(ts_write_file(tmp, "half", 4), 0);
+    cr_assert_eq(ts_write_file(tmp2, "half", 4), 0);
+    /* What is not ours. */
+    char notes[1100], upper[1100], short_id[1100], sub[1100];
+    snprintf(notes, sizeof(notes), "%s/sessions/notes.txt", store_dir());
+    snprintf(upper, sizeof(upper), "%s/sessions/00000000000000AA.ctxs", store_dir());
+    snprintf(short_id, sizeof(short_id), "%s/sessions/abc.ctxs", store_dir());
+    snprintf(sub, sizeof(sub), "%s/sessions/subdir", store_dir());
+    cr_assert_eq(ts_write_file(notes, "mine", 4), 0);
+    cr_assert_eq(ts_write_file(upper, "mine", 4), 0);
+    cr_assert_eq(ts_write_file(short_id, "mine", 4), 0);
+    cr_assert_eq(mkdir(sub, 0700), 0);
+    /* An entry whose file was deleted by hand. */
+    cr_assert_eq(unlink(id_path(lost)), 0);
+
+    ctxs_repair_result rr;
+    cr_assert_eq(ctxs_store_repair(&rr, st), 0);
+    cr_assert_eq(rr.files_adopted, 1, "adopted %llu", (unsigned long long)rr.files_adopted);
+    cr_assert_eq(rr.files_removed, 2, "2 tmp: %llu", (unsigned long long)rr.files_removed);
+    cr_assert_eq(rr.entries_removed, 1);
+    cr_assert(exists(stray_path), "repair never deletes a session file");
+    cr_assert(exists(stray_open_path), "a stray with an open handle must stay");
+    cr_assert(!exists(tmp) && !exists(tmp2));
+    cr_assert(exists(notes) && exists(upper) && exists(short_id) && exists(sub) && exists(junk_path));
+    cr_assert(exists(id_path(kept)));
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "lost"), CTXS_ENOTFOUND);
+    cr_assert_eq(entry(st, "kept").n_tokens, 70);
+    cr_assert(exists(id_path(entry(st, "busy").id)));
+    /* The stray has no label: it is indexed as session-<id>, with its
+     * tokens and prefixes. */
+    e = entry(st, "session-0000000000007f00");
+    cr_assert_eq(e.id, 0x7f00);
+    cr_assert_eq(e.n_tokens, 130);
+    cr_assert_eq(memcmp(e.model_hash, m.model_hash, 16), 0);
+    uint32_t *t = prompt(200, 200, 0);
+    ctxs_prefix_match pm;
+    cr_assert_eq(find(&pm, st, &m, t, 200), 0);
+    cr_assert_str_eq(pm.session, "session-0000000000007f00");
+    cr_assert_eq(pm.n_tokens, 130);
+    free(t);
+    ctxs_session *s = op(st, "session-0000000000007f00", &m, 0);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+    s = op(st, "kept", &m, 0);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+    /* Once closed, the second stray is adopted too; a third repair finds
+     * nothing to do. */
+    ctxs_session_close(stray);
+    cr_assert_eq(ctxs_store_repair(&rr, st), 0);
+    cr_assert_eq(rr.files_adopted, 1);
+    cr_assert_eq(rr.files_removed + rr.entries_removed, 0);
+    cr_assert_eq(entry(st, "session-0000000000007f01").id, 0x7f01);
+    cr_assert_eq(ctxs_store_repair(&rr, st), 0);
+    cr_assert_eq(rr.files_adopted + rr.files_removed + rr.entries_removed, 0);
+    cr_assert_eq(count_entries(st), 4);
+    cr_assert(exists(junk_path));
+    /* New sessions do not take the adopted ids. */
+    ctxs_session_close(mk(st, "new", &m, 256, 4, 1));
+    cr_assert_gt(entry(st, "new").id, 0x7f01);
+    ctxs_session_close(open_one);
+    ctxs_store_close(st);
+}
+
+Test(index, create_is_not_refused_by_a_stray_file_at_the_next_id)
+{
+    /* A session file put into sessions/ by hand (or one repair could not
+     * adopt because it was open) under the id the store would hand out
+     * next: creating an unrelated, free name must still work (-EEXIST
+     * means "the name is taken"), and the stray must stay as it was. */
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "first", &m, 256, 4, 1));
+    uint64_t first = entry(st, "first").id;
+    ctxs_session *stray;
+    ctxs_session_options o = small_opts(256, 4);
+    char stray_path[1100];
+    snprintf(stray_path, sizeof(stray_path), "%s", id_path(first + 1));
+    cr_assert_eq(ctxs_session_create(&stray, stray_path, &m, &o), 0);
+    cr_assert_eq(ts_append(stray, 9), 0);
+    ctxs_session_close(stray);
+    ctxs_session *s = NULL;
+    int rc = ctxs_store_session_create(&s, st, "second", &m, &o);
+    cr_assert_eq(rc, 0, "create of a free name beside a stray file: %s", ctxs_err_name(rc));
+    cr_assert_neq(entry(st, "second").id, first + 1);
+    ctxs_session_close(s);
+    rc = ctxs_store_fork(NULL, st, "first", 1, "third", NULL);
+    cr_assert_eq(rc, 0, "fork to a free name beside a stray file: %s", ctxs_err_name(rc));
+    cr_assert(exists(stray_path));
+    cr_assert_eq(ctxs_session_open(&stray, stray_path, &m, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(n_tokens(stray), 9, "the stray was touched");
+    ctxs_session_close(stray);
+    ctxs_store_close(st);
+}
+
+Test(index, repair_drops_every_entry_of_a_session_whose_file_is_gone)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "lost", &m, 256, 4, 200);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    ctxs_session_close(s);
+    uint64_t id = entry(st, "lost").id;
+    cr_assert_eq(unlink(id_path(id)), 0);
+    ctxs_repair_result rr;
+    cr_assert_eq(ctxs_store_repair(&rr, st), 0);
+    cr_assert_eq(rr.entries_removed, 1);
+    cr_assert_eq(count_entries(st), 0);
+    /* Its prefixes and checkpoints went with it. */
+    MDB_txn *txn;
+    cr_assert_eq(mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn), 0);
+    MDB_stat ms;
+    cr_assert_eq(mdb_stat(txn, st->prefixes, &ms), 0);
+    cr_assert_eq(ms.ms_entries, 0, "prefix entries left: %zu", ms.ms_entries);
+    cr_assert_eq(mdb_stat(txn, st->chunks, &ms), 0);
+    cr_assert_eq(ms.ms_entries, 0, "chunk entries left: %zu", ms.ms_entries);
+    cr_assert_eq(mdb_stat(txn, st->checkpoints, &ms), 0);
+    cr_assert_eq(ms.ms_entries, 0, "checkpoints left: %zu", ms.ms_entries);
+    cr_assert_eq(mdb_stat(txn, st->ids, &ms), 0);
+    cr_assert_eq(ms.ms_entries, 0);
+    mdb_txn_abort(txn);
+    /* The name is free. */
+    ctxs_session_close(mk(st, "lost", &m, 256, 4, 1));
+    ctxs_store_close(st);
+}
+
+/* --- Interrupted creates and deletes ---------------------------------------- */
+
+static void put_intent(ctxs_store *st, uint64_t id, char what)
+{
+    MDB_txn *txn;
+    cr_assert_eq(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
+    uint8_t k[8];
+    ctxs__id_key(k, id);
+    MDB_val key = {8, k}, val = {1, &what};
+    cr_assert_eq(mdb_put(txn, st->pending, &key, &val, 0), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+}
+
+static size_t pending_count(ctxs_store *st)
+{
+    MDB_txn *txn;
+    MDB_stat ms;
+    cr_assert_eq(mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_stat(txn, st->pending, &ms), 0);
+    mdb_txn_abort(txn);
+    return ms.ms_entries;
+}
+
+Test(index, store_open_removes_the_file_of_an_interrupted_create)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "a", &m, 256, 4, 70));
+    uint64_t a = entry(st, "a").id;
+    /* A create that died after its file was linked, before its entry. */
+    const uint64_t dead = a + 1000;
+    put_intent(st, dead, CTXS__INTENT_CREATE);
+    ctxs_session_options o = small_opts(256, 4);
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_create(&s, id_path(dead), &m, &o), 0);
+    ctxs_session_close(s);
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp-99999-3", id_path(dead));
+    cr_assert_eq(ts_write_file(tmp, "x", 1), 0);
+    /* One that died before its file appeared. */
+    put_intent(st, dead + 1, CTXS__INTENT_CREATE);
+    /* And one that is still running: it holds its file's writer lock. */
+    const uint64_t live = dead + 2;
+    put_intent(st, live, CTXS__INTENT_CREATE);
+    ctxs_session *running;
+    cr_assert_eq(ctxs_session_create(&running, id_path(live), &m, &o), 0);
+    ctxs_store_close(st);
+
+    st = store_open();
+    cr_assert(!exists(id_path(dead)), "the half-created file must go");
+    cr_assert(!exists(tmp), "the create's temporary file must go");
+    cr_assert(exists(id_path(live)), "a create in progress must not lose its file");
+    cr_assert(exists(id_path(a)));
+    cr_assert_eq(pending_count(st), 1);
+    cr_assert_eq(count_entries(st), 1);
+    ctxs_store_close(st);
+
+    ctxs_session_close(running);
+    st = store_open();
+    cr_assert(!exists(id_path(live)));
+    cr_assert_eq(pending_count(st), 0);
+    /* Ids are not reused. */
+    ctxs_session_close(mk(st, "b", &m, 256, 4, 1));
+    cr_assert_gt(entry(st, "b").id, a);
+    ctxs_store_close(st);
+}
+
+Test(index, store_open_finishes_an_interrupted_delete)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "d", &m, 256, 4, 130);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    ctxs_session_close(s);
+    ctxs_session_close(mk(st, "keep", &m, 256, 4, 10));
+    uint64_t id = entry(st, "d").id;
+    /* A delete that died after its transaction, before the unlink. */
+    MDB_txn *txn;
+    cr_assert_eq(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
+    cr_assert_eq(ctxs__session_unindex(txn, st, id), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    put_intent(st, id, CTXS__INTENT_DELETE);
+    ctxs_store_close(st);
+    cr_assert(exists(id_path(id)));
+
+    st = store_open();
+    cr_assert(!exists(id_path(id)), "the deleted session's file must go");
+    cr_assert_eq(pending_count(st), 0);
+    cr_assert_eq(count_entries(st), 1);
+    uint32_t *t = prompt(130, 130, 0);
+    ctxs_prefix_match pm;
+    cr_assert_eq(find(&pm, st, &m, t, 130), CTXS_ENOTFOUND);
+    free(t);
+    /* One that died after the unlink: only the intent is left. */
+    put_intent(st, id + 50, CTXS__INTENT_DELETE);
+    ctxs_store_close(st);
+    st = store_open();
+    cr_assert_eq(pending_count(st), 0);
+    ctxs_session *k = op(st, "keep", &m, 0);
+    cr_assert_eq(ts_check_all(k), 0);
+    ctxs_session_close(k);
+    ctxs_store_close(st);
+}
+
+/* --- reindex ------------------------------------------------------------------ */
+
+Test(index, reindex_after_the_index_is_deleted_restores_sessions_from_their_files)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m1 = ts_model(1), m2 = ts_model(2);
+    cr_assert_eq(ctxs_model_register(st, &m1, "one"), 0);
+    model_reg(st, &m2);
+    ctxs_session_close(mk(st, "alpha", &m1, 512, 4, 200));
+    ctxs_session_close(mk(st, "beta", &m2, 256, 4, 70));
+    ctxs_session_close(mk(st, "gamma", &m1, 256, 4, 30));
+    cr_assert_eq(ctxs_store_session_rename(st, "gamma", "delta"), 0);
+    cr_assert_eq(ctxs_store_fork(NULL, st, "alpha", 150, "fork", NULL), 0);
+    ctxs_session_entry before[4];
+    const char *names[4] = {"alpha", "beta", "delta", "fork"};
+    const uint64_t tokens[4] = {200, 70, 30, 150};
+    for (int i = 0; i < 4; i++)
+        before[i] = entry(st, names[i]);
+    ctxs_store_close(st);
+
+    ts_rmtree(ts_path(store_dir(), "index"));
+    /* The open sees a new index beside session files and rebuilds it. */
+    st = store_open();
+    cr_assert_eq(count_entries(st), 4, "a lost index is rebuilt at open");
+    ctxs_store_close(st);
+    /* And an explicit reindex does the same. */
+    ts_rmtree(ts_path(store_dir(), "index"));
+    st = store_open();
+    ctxs_reindex_result rr;
+    int rc = ctxs_store_reindex(&rr, st);
+    cr_assert_eq(rc, 0, "reindex: %s", ctxs_err_name(rc));
+    cr_assert_eq(rr.sessions, 4);
+    cr_assert_eq(rr.skipped, 0);
+    cr_assert_eq(count_entries(st), 4);
+    for (int i = 0; i < 4; i++) {
+        ctxs_session_entry e;
+        rc = ctxs_store_session_get(&e, st, names[i]);
+        cr_assert_eq(rc, 0, "%s not back after reindex: %s", names[i], ctxs_err_name(rc));
+        cr_assert_eq(e.id, before[i].id);
+        cr_assert_eq(e.n_tokens, tokens[i], "%s: %llu tokens", names[i], (unsigned long long)e.n_tokens);
+        cr_assert_eq(memcmp(e.model_hash, before[i].model_hash, 16), 0);
+        cr_assert_eq(e.created_unix_ms, before[i].created_unix_ms);
+        cr_assert_gt(e.disk_bytes, 0);
+    }
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "gamma"), CTXS_ENOTFOUND,
+                 "a renamed session comes back under its new name");
+    /* Models are known again. */
+    ctxs_model_entry me;
+    cr_assert_eq(ctxs_model_get(&me, st, m1.model_hash), 0);
+    cr_assert_eq(memcmp(&me.model, &m1, sizeof(m1)), 0);
+    cr_assert_eq(ctxs_model_get(&me, st, m2.model_hash), 0);
+    cr_assert_eq(memcmp(&me.model, &m2, sizeof(m2)), 0);
+    /* Prefixes work again. */
+    uint32_t *t = prompt(260, 260, 0);
+    ctxs_prefix_match pm;
+    cr_assert_eq(find(&pm, st, &m1, t, 260), 0);
+    cr_assert_str_eq(pm.session, "alpha");
+    cr_assert_eq(pm.n_tokens, 200);
+    cr_assert_eq(find(&pm, st, &m2, t, 260), 0);
+    cr_assert_str_eq(pm.session, "beta");
+    cr_assert_eq(pm.n_tokens, 70);
+    free(t);
+    /* Sessions open and grow; new ones get new ids and files. */
+    ctxs_session *s = op(st, "delta", &m1, 0);
+    cr_assert_eq(ts_check_all(s), 0);
+    cr_assert_eq(ts_append(s, 5), 0);
+    ctxs_session_close(s);
+    cr_assert_eq(entry(st, "delta").n_tokens, 35);
+    s = mk(st, "new", &m1, 256, 4, 3);
+    ctxs_session_close(s);
+    e = entry(st, "new");
+    for (int i = 0; i < 4; i++)
+        cr_assert_neq(e.id, before[i].id, "a new session took the id of %s", names[i]);
+    for (int i = 0; i < 4; i++)
+        cr_assert(exists(id_path(before[i].id)));
+    ctxs_store_close(st);
+}
+
+Test(index, reindex_keeps_checkpoints_and_skips_files_that_are_not_sessions)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    cr_assert_eq(ctxs_model_register(st, &m, "tiny"), 0);
+    ctxs_session *s = mk(st, "a", &m, 256, 4, 100);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    ctxs_session_close(s);
+    ctxs_session_close(mk(st, "b", &m, 256, 4, 10));
+    const char *junk = id_path(0x5000);
+    cr_assert_eq(ts_write_file(junk, "not a session at all", 20), 0);
+    const char *notes = ts_path(store_dir(), "sessions/notes.txt");
+    cr_assert_eq(ts_write_file(notes, "mine", 4), 0);
+    /* b's file deleted by hand: it is not indexed again. */
+    cr_assert_eq(unlink(id_path(entry(st, "b").id)), 0);
+
+    ctxs_reindex_result rr;
+    cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
+    cr_assert_eq(rr.sessions, 1);
+    cr_assert_eq(rr.skipped, 1);
+    cr_assert(exists(junk), "reindex must leave files that are not sessions alone");
+    cr_assert(exists(notes));
+    cr_assert_eq(count_entries(st), 1);
+    ctxs_checkpoint_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "a"), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_str_eq(list[0].name, "cp");
+    cr_assert_eq(list[0].n_tokens, 100);
+    cr_assert_eq(list[0].stale, 0);
+    ctxs_free(list);
+    ctxs_model_entry me;
+    cr_assert_eq(ctxs_model_get(&me, st, m.model_hash), 0);
+    cr_assert_str_eq(me.name, "tiny", "reindex keeps models' display names");
+    s = op(st, "a", &m, 0);
+    cr_assert_eq(ts_append(s, 20), 0);
+    cr_assert_eq(ctxs_checkpoint_restore(st, s, "cp"), 0);
+    cr_assert_eq(n_tokens(s), 100);
+    ctxs_session_close(s);
+    /* Reindexing twice changes nothing. */
+    cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
+    cr_assert_eq(rr.sessions, 1);
+    cr_assert_eq(entry(st, "a").n_tokens, 100);
+    ctxs_store_close(st);
+}
+
+Test(index, reindex_names_a_session_whose_label_is_taken_or_lost_by_its_id)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "p", &m, 256, 4, 10));
+    ctxs_session_close(mk(st, "q", &m, 256, 4, 20));
+    ctxs_session_close(mk(st, "r", &m, 256, 4, 30));
+    uint64_t p = entry(st, "p").id, q = entry(st, "q").id, r = entry(st, "r").id;
+    ctxs_store_close(st);
+    /* q's label says "p" (a rename that died between its label and its
+     * transaction could leave that); r's label is damaged. */
+    int fd = open(id_path(q), O_RDWR);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ctxs__label_write(fd, q, "p", 1), 0);
+    close(fd);
+    fd = open(id_path(r), O_RDWR);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(pwrite(fd, "garbage!", 8, CTXS__LABEL_OFF + 20), 8);
+    close(fd);
+    ts_rmtree(ts_path(store_dir(), "index"));
+    st = store_open();
+    ctxs_reindex_result rr;
+    cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
+    cr_assert_eq(rr.sessions, 3);
+    cr_assert_eq(rr.skipped, 0);
+    cr_assert_eq(count_entries(st), 3);
+    char qname[64], rname[64];
+    snprintf(qname, sizeof(qname), "session-%016llx", (unsigned long long)q);
+    snprintf(rname, sizeof(rname), "session-%016llx", (unsigned long long)r);
+    cr_assert_eq(entry(st, "p").id, p);
+    cr_assert_eq(entry(st, "p").n_tokens, 10);
+    cr_assert_eq(entry(st, qname).n_tokens, 20);
+    cr_assert_eq(entry(st, rname).n_tokens, 30);
+    /* The fallback names are ordinary names: rename them back. */
+    cr_assert_eq(ctxs_store_session_rename(st, qname, "q"), 0);
+    cr_assert_eq(ctxs_store_session_rename(st, rname, "r"), 0);
+    ctxs_store_close(st);
+    ts_rmtree(ts_path(store_dir(), "index"));
+    st = store_open();
+    cr_assert_eq(entry(st, "q").id, q, "a rename rewrites the label");
+    cr_assert_eq(entry(st, "r").id, r, "a rename rewrites a damaged label");
+    ctxs_store_close(st);
+}
+
+/* --- The index's own format --------------------------------------------------- */
+
+Test(index, an_index_of_a_newer_major_version_is_eversion)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_store_close(st);
+    MDB_env *env = raw_env();
+    ctxs__index_format f;
+    memset(&f, 0, sizeof(f));
+    memcpy(f.magic, CTXS__INDEX_MAGIC, 8);
+    f.major = CTXS__INDEX_MAJOR + 1;
+    raw_put(env, "meta", "format", 6, &f, sizeof(f));
+    mdb_env_close(env);
+    st = (ctxs_store *)1;
+    cr_assert_eq(ctxs_store_open(&st, store_dir(), NULL), CTXS_EVERSION);
+    cr_assert_null(st);
+    /* A newer minor is fine. */
+    env = raw_env();
+    f.major = CTXS__INDEX_MAJOR;
+    f.minor = CTXS__INDEX_MINOR + 5;
+    raw_put(env, "meta", "format", 6, &f, sizeof(f));
+    mdb_env_close(env);
+    st = store_open();
+    ctxs_model_entry me;
+    cr_assert_eq(ctxs_model_get(&me, st, m.model_hash), 0);
+    ctxs_store_close(st);
+    /* Someone else's magic in our record. */
+    env = raw_env();
+    memcpy(f.magic, "NOTCTXS!", 8);
+    raw_put(env, "meta", "format", 6, &f, sizeof(f));
+    mdb_env_close(env);
+    cr_assert_eq(ctxs_store_open(&st, store_dir(), NULL), CTXS_EFOREIGN);
+    /* A short record. */
+    env = raw_env();
+    raw_put(env, "meta", "format", 6, "CTXS", 4);
+    mdb_env_close(env);
+    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    cr_assert(rc == CTXS_ECORRUPT || rc == CTXS_EFOREIGN, "short format record: %s", ctxs_err_name(rc));
+}
+
+Test(index, a_foreign_lmdb_environment_is_eforeign)
+{
+    cr_assert_eq(mkdir(store_dir(), 0700), 0);
+    cr_assert_eq(mkdir(ts_path(store_dir(), "index"), 0700), 0);
+    MDB_env *env = raw_env();
+    raw_put(env, "users", "alice", 5, "1", 1);
+    raw_put(env, "orders", "42", 2, "x", 1);
+    mdb_env_close(env);
+    ctxs_store *st = (ctxs_store *)1;
+    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    cr_assert_eq(rc, CTXS_EFOREIGN, "named databases of another program: %s", ctxs_err_name(rc));
+    cr_assert_null(st);
+    /* Its data is untouched. */
+    env = raw_env();
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "meta", 0, &dbi), MDB_NOTFOUND, "a foreign index got our tables");
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+}
+
+Test(index, a_foreign_lmdb_environment_with_plain_keys_is_eforeign)
+{
+    cr_assert_eq(mkdir(store_dir(), 0700), 0);
+    cr_assert_eq(mkdir(ts_path(store_dir(), "index"), 0700), 0);
+    MDB_env *env = raw_env();
+    raw_put(env, NULL, "config", 6, "{}", 2);
+    mdb_env_close(env);
+    ctxs_store *st = (ctxs_store *)1;
+    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    cr_assert_eq(rc, CTXS_EFOREIGN, "plain keys of another program: %s", ctxs_err_name(rc));
+    cr_assert_null(st);
+}
+
+Test(index, a_foreign_lmdb_environment_named_like_ours_is_eforeign)
+{
+    /* Another program's databases that happen to be called "meta" and
+     * "sessions", with data in them but no format record. */
+    cr_assert_eq(mkdir(store_dir(), 0700), 0);
+    cr_assert_eq(mkdir(ts_path(store_dir(), "index"), 0700), 0);
+    MDB_env *env = raw_env();
+    raw_put(env, "meta", "owner", 5, "someone", 7);
+    raw_put(env, "sessions", "x", 1, "y", 1);
+    mdb_env_close(env);
+    ctxs_store *st = (ctxs_store *)1;
+    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "%s", ctxs_err_name(rc));
+    cr_assert_null(st);
+}
+
+Test(index, garbage_data_mdb_is_refused_without_a_crash)
+{
+    cr_assert_eq(mkdir(store_dir(), 0700), 0);
+    cr_assert_eq(mkdir(ts_path(store_dir(), "index"), 0700), 0);
+    const char *data = ts_path(store_dir(), "index/data.mdb");
+    const size_t sizes[] = {1, 100, 4096, 8192, 65536};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        uint8_t *junk = pattern(sizes[i], 1000 + i);
+        cr_assert_eq(ts_write_file(data, junk, sizes[i]), 0);
+        free(junk);
+        unlink(ts_path(store_dir(), "index/lock.mdb"));
+        ctxs_store *st = (ctxs_store *)1;
+        int rc = ctxs_store_open(&st, store_dir(), NULL);
+        cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "%zu bytes of garbage: %s",
+                  sizes[i], ctxs_err_name(rc));
+        cr_assert_null(st);
+    }
+    /* A text file. */
+    const char *text = "this is not an LMDB environment, it is a grocery list\n";
+    cr_assert_eq(ts_write_file(data, text, strlen(text)), 0);
+    ctxs_store *st;
+    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "text: %s", ctxs_err_name(rc));
+}

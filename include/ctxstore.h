@@ -475,8 +475,9 @@ CTXS_API void ctxs_pressure_watch_stop(void);
  * rebuilds it. Several processes and threads may use one store at once.
  *
  * Names (sessions, checkpoints, models' display names) are UTF-8 text of 1
- * to 255 bytes without NUL, '/', control characters, or the names "." and
- * "..": CTXS_EINVAL otherwise.
+ * to 255 bytes without control characters, '/' or ".." anywhere, and not
+ * ".": CTXS_EINVAL otherwise. Names never become paths; the rule keeps them
+ * from looking like one wherever tools print or export them.
  *
  * Caveats:
  *
@@ -558,10 +559,12 @@ typedef struct ctxs_session_entry {
     char name[256];            /* NUL-terminated */
     uint64_t id;               /* the file is sessions/<id as 16 hex digits>.ctxs */
     uint8_t model_hash[16];
-    uint64_t n_tokens;         /* as of the last close or index update */
+    uint64_t n_tokens;         /* as of the last index update: a close, a
+                                  batch of prefixes, a fork */
     uint64_t disk_bytes;       /* disk space the file used then */
     uint64_t created_unix_ms;
-    uint64_t last_used_unix_ms;/* last close through a store */
+    uint64_t last_used_unix_ms;/* create, last close of a read-write handle
+                                  through a store, or last fork from it */
     uint64_t parent_id;        /* the session it was forked from, or 0 */
     uint64_t fork_tokens;      /* tokens taken from the parent */
 } ctxs_session_entry;

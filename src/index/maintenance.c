@@ -160,7 +160,8 @@ int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st, uint64_t budget_bytes)
             items[i].bytes = (uint64_t)sb.st_blocks * 512u;
         res.bytes_before += items[i].bytes;
     }
-    qsort(items, n, sizeof(*items), by_last_use);
+    if (n)
+        qsort(items, n, sizeof(*items), by_last_use);
     res.bytes_after = res.bytes_before;
     for (size_t i = 0; rc == 0 && i < n && res.bytes_after > budget_bytes; i++) {
         int r = ctxs__session_delete_id(st, items[i].id, items[i].name, strlen(items[i].name));
@@ -482,7 +483,8 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
     int rc = list_files(st, &ids, &n, 0, &removed);
     if (rc < 0)
         return rc;
-    qsort(ids, n, sizeof(*ids), cmp_id);
+    if (n)
+        qsort(ids, n, sizeof(*ids), cmp_id);
     file_facts *facts = n ? calloc(n, sizeof(*facts)) : NULL;
     if (n && !facts) {
         free(ids);

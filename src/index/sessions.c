@@ -169,12 +169,13 @@ static int index_update(store_link *link, ctxs_session *s, int closing)
     if ((rc = session_by_id(txn, st, link->id, name, &rec)) == 0)
         rc = ctxs__prefix_update(txn, st, link->id, &rec, ctxs__token_table(s),
                                  held_prefix(s));
-    if (rc == 0 && closing) {
+    if (rc == 0) {
         struct stat sb;
         rec.n_tokens = s->st.n_tokens;
         if (fstat(s->fd, &sb) == 0)
             rec.disk_bytes = (uint64_t)sb.st_blocks * 512u;
-        rec.last_used_unix_ms = ctxs__now_unix_ms();
+        if (closing)
+            rec.last_used_unix_ms = ctxs__now_unix_ms();
     }
     if (rc == 0)
         rc = session_put(txn, st, name, strlen(name), &rec);
@@ -292,6 +293,8 @@ static int begin_create(ctxs_store *st, const char *name, size_t len,
 static int finish_create(ctxs_store *st, const char *name, size_t len,
                          ctxs__session_rec *rec, ctxs_session *s)
 {
+    char parent[256];
+    ctxs__session_rec from;
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 0);
     if (rc < 0)
@@ -303,6 +306,12 @@ static int finish_create(ctxs_store *st, const char *name, size_t len,
         rc = ctxs__prefix_update(txn, st, rec->id, rec, ctxs__token_table(s), held_prefix(s));
     if (rc == 0 && (rc = session_put(txn, st, name, len, rec)) == 0)
         rc = intent_drop(txn, st, rec->id);
+    /* A fork uses its source: gc must not take a prompt that is forked from
+     * often for one nobody wants. (The source may be gone by now.) */
+    if (rc == 0 && rec->parent_id && session_by_id(txn, st, rec->parent_id, parent, &from) == 0) {
+        from.last_used_unix_ms = rec->last_used_unix_ms;
+        rc = session_put(txn, st, parent, strlen(parent), &from);
+    }
     if (rc < 0) {
         mdb_txn_abort(txn);
         return rc;

@@ -176,10 +176,10 @@ static int has_chunks(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[16]
     return mdb_get(txn, st->prefixes, &key, &val) == 0;
 }
 
-/* How many leading tokens of tokens[0..n) the file of id holds, given that
- * at least `whole` of them are claimed; 0 when the file does not hold them. */
+/* How many leading tokens of tokens[0..n) the file of id holds (it should
+ * be at least the `whole` its entry claims, unless the entry is stale). */
 static uint64_t check_candidate(ctxs_store *st, uint64_t id, const uint8_t model_hash[16],
-                                const uint32_t *tokens, uint64_t n, uint64_t whole)
+                                const uint32_t *tokens, uint64_t n)
 {
     char name[32];
     ctxs__file_name(name, id);
@@ -192,20 +192,17 @@ static uint64_t check_candidate(ctxs_store *st, uint64_t id, const uint8_t model
     if (ctxs__peek_fd(&p, fd) == 0 && memcmp(p.model.model_hash, model_hash, 16) == 0) {
         uint64_t held = ctxs__peek_prefix_held(&p);
         uint64_t len = held < n ? held : n;
-        if (len >= whole && (ids = malloc(len ? len * 4 : 1)) &&
-            ctxs__peek_tokens(ids, fd, &p, 0, len) == 0 &&
-            memcmp(ids, tokens, whole * 4) == 0) {
-            matched = whole;
+        if ((ids = malloc(len ? len * 4 : 1)) && ctxs__peek_tokens(ids, fd, &p, 0, len) == 0)
             while (matched < len && ids[matched] == tokens[matched])
                 matched++;
-        }
     }
     free(ids);
     close(fd);
     return matched;
 }
 
-/* The best match among the sessions listed at chunk count k. */
+/* The best match among the sessions listed for the first `whole` tokens;
+ * 0 when none of them holds those tokens any more. */
 static int best_at(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[16],
                    const uint8_t chain[16], const uint32_t *tokens, uint64_t n,
                    uint64_t whole, ctxs_prefix_match *out)
@@ -231,8 +228,8 @@ static int best_at(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[16],
         MDB_val ikey = {8, idk}, name;
         if (mdb_get(txn, st->ids, &ikey, &name) != 0 || name.mv_size > CTXS__NAME_MAX)
             continue;
-        uint64_t got = check_candidate(st, id, model_hash, tokens, n, whole);
-        if (got > best) {
+        uint64_t got = check_candidate(st, id, model_hash, tokens, n);
+        if (got >= whole && got > best) {
             best = got;
             memcpy(out->session, name.mv_data, name.mv_size);
             out->session[name.mv_size] = '\0';
@@ -277,7 +274,9 @@ int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st, const uint8_t model
             hi = mid - 1;
     }
     /* Entries that outlived a rollback or a wrap fail their check; a shorter
-     * prefix of the same sessions may still hold. */
+     * prefix may still be held, by them or by sessions listed only there.
+     * Stale entries live until their session's next index update, so this
+     * walk is short and rare. */
     rc = CTXS_ENOTFOUND;
     for (uint64_t k = lo; k > 0; k--)
         if (best_at(txn, st, model_hash, chain[k - 1], tokens, n,

@@ -337,25 +337,17 @@ static void abandon_create(ctxs_store *st, uint64_t id, ctxs_session *s)
     }
 }
 
-/* Labels, indexes and links a session file just created as id; on failure
- * undoes it all. */
-static int adopt_new(ctxs_session **out, ctxs_store *st, const char *name, size_t len,
-                     ctxs__session_rec *rec, ctxs_session *s)
+/* Indexes and links a session file just created as id (with its label);
+ * on failure undoes it all. */
+static int adopt_new(ctxs_store *st, const char *name, size_t len, ctxs__session_rec *rec,
+                     ctxs_session *s)
 {
-    int rc = ctxs__label_write(s->fd, rec->id, name, len);
-    if (rc == 0)
-        rc = finish_create(st, name, len, rec, s);
+    int rc = finish_create(st, name, len, rec, s);
     if (rc == 0)
         rc = link_attach(st, s, rec->id, rec);
-    if (rc < 0) {
+    if (rc < 0)
         abandon_create(st, rec->id, s);
-        return rc;
-    }
-    if (out)
-        *out = s;
-    else
-        ctxs_session_close(s);
-    return 0;
+    return rc;
 }
 
 int ctxs_store_session_create(ctxs_session **out, ctxs_store *st, const char *name,
@@ -373,7 +365,9 @@ int ctxs_store_session_create(ctxs_session **out, ctxs_store *st, const char *na
         return rc;
     char *path = ctxs__file_path(st, id);
     ctxs_session *s = NULL;
-    rc = path ? ctxs_session_create(&s, path, model, opts) : CTXS_ENOMEM;
+    ctxs__disk_label label;
+    ctxs__label_make(&label, id, name, len);
+    rc = path ? ctxs__session_create_labeled(&s, path, model, opts, &label) : CTXS_ENOMEM;
     free(path);
     if (rc < 0) {
         abandon_create(st, id, NULL);
@@ -383,7 +377,9 @@ int ctxs_store_session_create(ctxs_session **out, ctxs_store *st, const char *na
     ctxs__session_rec rec = {.id = id, .created_unix_ms = s->created_unix_ms,
                              .last_used_unix_ms = now};
     memcpy(rec.model_hash, model->model_hash, 16);
-    return adopt_new(out, st, name, len, &rec, s);
+    if ((rc = adopt_new(st, name, len, &rec, s)) == 0)
+        *out = s;
+    return rc;
 }
 
 /* Opens the file of id as ctxs_session_open() does, and makes sure it is
@@ -481,7 +477,9 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
     }
     char *path = ctxs__file_path(st, id);
     ctxs_session *s = NULL;
-    rc = path ? ctxs_session_fork(&s, from, n_tokens, path, opts) : CTXS_ENOMEM;
+    ctxs__disk_label label;
+    ctxs__label_make(&label, id, dst, dst_len);
+    rc = path ? ctxs__session_fork_labeled(&s, from, n_tokens, path, opts, &label) : CTXS_ENOMEM;
     free(path);
     ctxs_session_close(from);
     /* The checkpoint was checked before the copy; the copy is checked
@@ -497,7 +495,17 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
                              .last_used_unix_ms = now, .parent_id = src_rec.id,
                              .fork_tokens = n_tokens};
     memcpy(rec.model_hash, src_rec.model_hash, 16);
-    return adopt_new(out, st, dst, dst_len, &rec, s);
+    /* The copy's writeback starts once the index is durable: its
+     * transaction does not then wait for 288 MiB of new blocks. */
+    if ((rc = adopt_new(st, dst, dst_len, &rec, s)) < 0)
+        return rc;
+    if (s->durability == CTXS_SYNC_ASYNC)
+        ctxs__writeback_request(s);
+    if (out)
+        *out = s;
+    else
+        ctxs_session_close(s);
+    return 0;
 }
 
 int ctxs_store_fork(ctxs_session **out, ctxs_store *st, const char *src, uint64_t n_tokens,

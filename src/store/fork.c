@@ -47,6 +47,7 @@ static void hook(int step)
 
 typedef struct fork_job {
     ctxs_session *src;
+    const ctxs__disk_label *label; /* the new file's, or NULL for src's */
     ctxs__state before;   /* src's committed state when the copy began */
     ctxs__state st;       /* the new file's state */
     uint32_t durability;
@@ -118,7 +119,7 @@ static int try_clone(int fd, const ctxs_session *src)
 
 /* A fresh header rather than src's: the new file is written by this
  * version and created now (a fork of a 1.0 file is a 1.1 file). The label
- * is src's, byte for byte; the store gives the fork its own. */
+ * is the one asked for, else src's, byte for byte. */
 static int write_first_page(int fd, const fork_job *job)
 {
     const ctxs_session *src = job->src;
@@ -126,7 +127,10 @@ static int write_first_page(int fd, const fork_job *job)
     ctxs__header_init(&h, &src->lay, &src->model, src->ring ? CTXS__FLAG_RING : 0,
                       ctxs__now_ms());
     ctxs__disk_label label;
-    memcpy(&label, src->map + CTXS__LABEL_OFF, sizeof(label));
+    if (job->label)
+        label = *job->label;
+    else
+        memcpy(&label, src->map + CTXS__LABEL_OFF, sizeof(label));
     return ctxs__new_file_first_page(fd, &h, &job->st, &label);
 }
 
@@ -341,6 +345,16 @@ static int fork_fill(int fd, void *arg)
 int ctxs_session_fork(ctxs_session **out, ctxs_session *src, uint64_t n_tokens,
                       const char *path, const ctxs_session_options *opts)
 {
+    int rc = ctxs__session_fork_labeled(out, src, n_tokens, path, opts, NULL);
+    if (rc == 0 && (*out)->durability == CTXS_SYNC_ASYNC)
+        ctxs__writeback_request(*out);
+    return rc;
+}
+
+int ctxs__session_fork_labeled(ctxs_session **out, ctxs_session *src, uint64_t n_tokens,
+                               const char *path, const ctxs_session_options *opts,
+                               const ctxs__disk_label *label)
+{
     CTXS__CHECK(out);
     *out = NULL;
     CTXS__CHECK(src && path && *path);
@@ -355,7 +369,7 @@ int ctxs_session_fork(ctxs_session **out, ctxs_session *src, uint64_t n_tokens,
     if (lstat(path, &sb) == 0)
         return -EEXIST;
 
-    fork_job job = { .src = src, .durability = o.durability };
+    fork_job job = { .src = src, .label = label, .durability = o.durability };
     if ((rc = ctxs_session_refresh(src)) < 0)
         return rc;
     job.before = src->st;
@@ -368,8 +382,6 @@ int ctxs_session_fork(ctxs_session **out, ctxs_session *src, uint64_t n_tokens,
     ctxs_session *s;
     if ((rc = ctxs__create_file(&s, path, &src->model, &o, fork_fill, &job)) < 0)
         return rc;
-    if (s->durability == CTXS_SYNC_ASYNC)
-        ctxs__writeback_request(s);
     *out = s;
     return 0;
 }

@@ -206,8 +206,20 @@ typedef int (*ctxs__fill_fn)(int fd, void *arg);
 int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *model,
                       const ctxs_session_options *o, ctxs__fill_fn fill, void *arg);
 
-/* The state a rollback of s to n gives (fork.c; ctxs_session_rollback()
- * should share it). Errors: CTXS_EINVAL (n above the count), CTXS_EEVICTED
+/* ctxs_session_create() and ctxs_session_fork() with the label the new
+ * file gets in its first page (NULL: none, or the source's), written and
+ * synced with it: a label written later would have to wait for the data
+ * the new file's first sync did not. The fork's ASYNC writeback is left to
+ * the caller, to start after its own syncs (on ext4 a journal commit waits
+ * for every block allocated since the last one: a 288 MiB copy). */
+int ctxs__session_create_labeled(ctxs_session **out, const char *path,
+                                 const ctxs_model *model, const ctxs_session_options *opts,
+                                 const ctxs__disk_label *label);
+int ctxs__session_fork_labeled(ctxs_session **out, ctxs_session *src, uint64_t n_tokens,
+                               const char *path, const ctxs_session_options *opts,
+                               const ctxs__disk_label *label);
+
+/* The state a rollback of s to n gives (commit.c; forks share it). Errors: CTXS_EINVAL (n above the count), CTXS_EEVICTED
  * (n_sink < n < the first recent position held). */
 int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n);
 

@@ -11,6 +11,9 @@
 
 #include "format.h"
 
+/* Fills *out with a sealed label. Errors: CTXS_EINVAL, as below. */
+int ctxs__label_make(ctxs__disk_label *out, uint64_t store_id, const char *name, size_t len);
+
 /* Writes the label (name: len bytes of UTF-8 without NUL) with one pwrite
  * of its 512 bytes, then makes it durable. Replaces any label there.
  * Errors: CTXS_EINVAL (len 0 or above 255, a NUL in name), CTXS_EFULL,

@@ -287,6 +287,7 @@ int ctxs__new_file_first_page(int fd, const ctxs__disk_header *h,
 typedef struct new_file {
     const ctxs__file_layout *lay;
     const ctxs__disk_header *h;
+    const ctxs__disk_label *label; /* or NULL */
 } new_file;
 
 /* Writes a complete new, empty session file. */
@@ -296,7 +297,7 @@ static int write_new_file(int fd, void *arg)
     static const ctxs__state empty;
     int rc;
     if ((rc = ctxs__new_file_size(fd, nf->lay)) < 0 ||
-        (rc = ctxs__new_file_first_page(fd, nf->h, &empty, NULL)) < 0)
+        (rc = ctxs__new_file_first_page(fd, nf->h, &empty, nf->label)) < 0)
         return rc;
     return ctxs__sync_data(fd);
 }
@@ -359,6 +360,13 @@ int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *mo
 int ctxs_session_create(ctxs_session **out, const char *path,
                         const ctxs_model *model, const ctxs_session_options *opts)
 {
+    return ctxs__session_create_labeled(out, path, model, opts, NULL);
+}
+
+int ctxs__session_create_labeled(ctxs_session **out, const char *path,
+                                 const ctxs_model *model, const ctxs_session_options *opts,
+                                 const ctxs__disk_label *label)
+{
     CTXS__CHECK(out);
     *out = NULL;
     CTXS__CHECK(path && *path && model);
@@ -372,7 +380,7 @@ int ctxs_session_create(ctxs_session **out, const char *path,
         return rc;
     ctxs__disk_header h;
     ctxs__header_init(&h, &lay, model, o.ring ? CTXS__FLAG_RING : 0, ctxs__now_ms());
-    new_file nf = { &lay, &h };
+    new_file nf = { &lay, &h, label };
     return ctxs__create_file(out, path, model, &o, write_new_file, &nf);
 }
 

@@ -24,6 +24,12 @@ int ctxs__allocate(int fd, uint64_t off, uint64_t len);
  * Returns 0 or -errno. */
 int ctxs__sync_data(int fd);
 
+/* Makes [off, off + len) of the file durable without waiting for the rest
+ * of its dirty pages (Linux: msync of a temporary mapping of the range,
+ * which syncs that range only; elsewhere the whole file).
+ * Returns 0 or -errno. */
+int ctxs__sync_range(int fd, uint64_t off, uint64_t len);
+
 /* Starts writeback of the file's dirty pages without waiting (Linux:
  * sync_file_range, since msync(MS_ASYNC) does nothing there). */
 int ctxs__start_writeback(int fd, void *map, size_t len);

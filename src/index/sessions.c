@@ -79,6 +79,18 @@ static int session_by_id(MDB_txn *txn, ctxs_store *st, uint64_t id, char name[25
     return rc;
 }
 
+/* sessions[name], in a read transaction of its own. */
+static int session_lookup(ctxs__session_rec *out, ctxs_store *st, const char *name, size_t len)
+{
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    rc = ctxs__session_get(out, txn, st, name, len);
+    mdb_txn_abort(txn);
+    return rc;
+}
+
 static int intent_put(MDB_txn *txn, ctxs_store *st, uint64_t id, enum ctxs__intent what)
 {
     uint8_t idk[8];
@@ -414,13 +426,8 @@ int ctxs_store_session_open(ctxs_session **out, ctxs_store *st, const char *name
     size_t len;
     if (!st || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
-    MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
-    if (rc < 0)
-        return rc;
     ctxs__session_rec rec;
-    rc = ctxs__session_get(&rec, txn, st, name, len);
-    mdb_txn_abort(txn);
+    int rc = session_lookup(&rec, st, name, len);
     if (rc < 0)
         return rc;
     if (model && memcmp(model->model_hash, rec.model_hash, 16) != 0)
@@ -685,13 +692,8 @@ int ctxs_store_session_delete(ctxs_store *st, const char *name)
     size_t len;
     if (!st || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
-    MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
-    if (rc < 0)
-        return rc;
     ctxs__session_rec rec;
-    rc = ctxs__session_get(&rec, txn, st, name, len);
-    mdb_txn_abort(txn);
+    int rc = session_lookup(&rec, st, name, len);
     if (rc < 0)
         return rc;
     return ctxs__session_delete_id(st, rec.id, name, len);

@@ -37,12 +37,24 @@ int ctxs__records_read(const ctxs_session *s, ctxs__state *st, uint32_t *index,
 {
     ctxs__disk_record r[2];
     int valid[2];
-    for (uint32_t i = 0; i < 2; i++) {
-        /* Copy first: another process may be writing the record. */
-        memcpy(&r[i], s->map + (i == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF),
-               sizeof(r[i]));
-        valid[i] = ctxs__record_valid(&r[i], i, &s->lay, s->ring);
+    /* Copy first: another process may be writing the records. The two are
+     * copied one after the other, and a writer can commit twice in between:
+     * the first copy is then two commits old while the second is torn, and
+     * picking the first would take the state back. So the pair is copied
+     * again until both copies agree: then, at the moment between copying
+     * record 0 and record 1, the file held exactly these two (a torn one
+     * that stays the same is a write in progress, and the other is the
+     * newest complete record). */
+    const uint8_t *at[2] = {s->map + CTXS__RECORD0_OFF, s->map + CTXS__RECORD1_OFF};
+    for (int attempt = 0; attempt < 1000; attempt++) {
+        memcpy(&r[0], at[0], sizeof(r[0]));
+        memcpy(&r[1], at[1], sizeof(r[1]));
+        atomic_thread_fence(memory_order_acquire);
+        if (memcmp(&r[0], at[0], sizeof(r[0])) == 0 && memcmp(&r[1], at[1], sizeof(r[1])) == 0)
+            break;
     }
+    for (uint32_t i = 0; i < 2; i++)
+        valid[i] = ctxs__record_valid(&r[i], i, &s->lay, s->ring);
     if (!valid[0] && !valid[1])
         return CTXS_ECORRUPT;
     uint32_t pick = !valid[0] || (valid[1] && r[1].seq > r[0].seq);

@@ -54,8 +54,11 @@
 #include <sys/vfs.h>
 #endif
 
+#include "bench_util.h"
 #include "ctxstore.h"
 #include "peek.h" /* the naive scan reads token ids as the index's check does */
+
+const char *const bench_program = "bench_index";
 
 /* --- Geometry and workload ------------------------------------------------- */
 
@@ -120,32 +123,8 @@ static int g_n_notes;
 
 /* --- Files ----------------------------------------------------------------- */
 
-static char g_dir[PATH_MAX];      /* ours, removed at exit */
 static char g_store_dir[PATH_MAX];
-static int g_dir_fd = -1;
 static volatile sig_atomic_t g_signal;
-
-static int remove_entry(const char *path, const struct stat *st, int type,
-                        struct FTW *ftw)
-{
-    (void)st, (void)type, (void)ftw;
-    remove(path);
-    return 0;
-}
-
-/* Removes the benchmark's directory: the store (thousands of session files
- * and the index) and the loose files. Only ever the directory this program
- * created. */
-static void cleanup(void)
-{
-    if (!g_dir[0])
-        return;
-    if (g_dir_fd >= 0)
-        close(g_dir_fd);
-    g_dir_fd = -1;
-    nftw(g_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-    g_dir[0] = '\0';
-}
 
 /* Thousands of files cannot be removed from a signal handler: the handler
  * only notes the signal, and the next progress point cleans up and exits
@@ -153,22 +132,6 @@ static void cleanup(void)
 static void on_signal(int sig)
 {
     g_signal = sig;
-}
-
-#if defined(__GNUC__)
-__attribute__((noreturn, format(printf, 1, 2)))
-#endif
-static void die(const char *fmt, ...)
-{
-    va_list ap;
-    fflush(stdout);
-    fputs("bench_index: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    cleanup();
-    exit(1);
 }
 
 static void check_signal(void)
@@ -182,26 +145,6 @@ static void check_signal(void)
         raise(sig);
         exit(1);
     }
-}
-
-static void check_ctxs(int rc, const char *what)
-{
-    if (rc < 0)
-        die("%s failed: %s (%s)", what, ctxs_strerror(rc), ctxs_err_name(rc));
-}
-
-static void check_sys(int rc, const char *what)
-{
-    if (rc < 0)
-        die("%s failed: %s", what, strerror(errno));
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p)
-        die("out of memory (%zu bytes)", n);
-    return p;
 }
 
 static void path_in(char *out, const char *name)
@@ -274,22 +217,6 @@ static options parse_options(int argc, char **argv)
 
 /* --- Scratch directory ----------------------------------------------------- */
 
-/* fdatasync on tmpfs returns at once, which would flatter every method that
- * syncs (and the index, whose every write transaction syncs twice). */
-static int is_memory_fs(const char *dir)
-{
-#ifdef __linux__
-    struct statfs sf;
-    if (statfs(dir, &sf) < 0)
-        die("statfs %s failed: %s", dir, strerror(errno));
-    return (unsigned long)sf.f_type == 0x01021994ul    /* TMPFS_MAGIC */
-           || (unsigned long)sf.f_type == 0x858458f6ul; /* RAMFS_MAGIC */
-#else
-    (void)dir;
-    return 0;
-#endif
-}
-
 /* The file system's name, for the header: whether a fork can share blocks
  * (FICLONE) depends on it. */
 static const char *fs_name(const char *dir)
@@ -312,26 +239,9 @@ static const char *fs_name(const char *dir)
     return "unknown file system";
 }
 
-static const char *pick_parent_dir(const options *o)
-{
-    if (o->dir) {
-        if (is_memory_fs(o->dir))
-            die("%s is a memory file system (tmpfs); fdatasync would cost "
-                "nothing there: pass --dir on a real disk", o->dir);
-        return o->dir;
-    }
-    const char *tmp = getenv("TMPDIR");
-    if (tmp && *tmp && !is_memory_fs(tmp))
-        return tmp;
-    if (is_memory_fs("/var/tmp"))
-        die("$TMPDIR and /var/tmp are memory file systems: pass --dir on a "
-            "real disk");
-    return "/var/tmp";
-}
-
 static void make_scratch_dir(const options *o)
 {
-    const char *parent = pick_parent_dir(o);
+    const char *parent = pick_parent_dir(o->dir);
     if (snprintf(g_dir, sizeof g_dir, "%s/ctxstore-bench-index.XXXXXX", parent)
         >= (int)sizeof g_dir)
         die("--dir path too long");
@@ -345,17 +255,6 @@ static void make_scratch_dir(const options *o)
     check_sys(g_dir_fd, "open scratch directory");
 }
 
-/* Writes back everything dirty so that a timed block starts with a clean
- * page cache and pays only for its own writeback. */
-static void settle_disk(void)
-{
-#ifdef __linux__
-    check_sys(syncfs(g_dir_fd), "syncfs");
-#else
-    sync();
-#endif
-}
-
 /* --- Timing and statistics ------------------------------------------------- */
 
 static unsigned g_gap_ms;
@@ -366,13 +265,6 @@ static void think(void)
     struct timespec ts = { g_gap_ms / 1000, (long)(g_gap_ms % 1000) * 1000000L };
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
         ;
-}
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
 static void samples_add(samples *s, double us)
@@ -392,12 +284,6 @@ static void samples_free(samples *s)
 {
     free(s->us);
     *s = (samples){ 0 };
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* The median, and the 99th percentile as the sample below which 99% lie
@@ -485,31 +371,11 @@ static uint64_t splitmix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-static uint64_t xorshift64(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *state = x;
-}
-
 static void random_ids(uint32_t *out, uint32_t n, uint64_t seed)
 {
     uint64_t st = splitmix64(seed) | 1;
     for (uint32_t i = 0; i < n; i++)
         out[i] = (uint32_t)(xorshift64(&st) % VOCAB);
-}
-
-/* Valid fp16 values in [1, 2), four halves per 64-bit draw; n a multiple
- * of 8. */
-static void fill_fp16(uint8_t *p, size_t n, uint64_t *seed)
-{
-    for (size_t i = 0; i + 8 <= n; i += 8) {
-        uint64_t w = (xorshift64(seed) & 0x03ff03ff03ff03ffull)
-                     | 0x3c003c003c003c00ull;
-        memcpy(p + i, &w, 8);
-    }
 }
 
 /* Session i's prompt: system prompt i % N_SYS, then its own continuation. */
@@ -1101,19 +967,6 @@ static const char *const k_fork_syncs[N_FORK_METHODS] = {
     "ASYNC + index txns", "ASYNC", "FULL + index txns", "ASYNC + index txns",
     "ASYNC", "fdatasync", "none",
 };
-
-static void write_all(int fd, const uint8_t *p, size_t n, const char *what)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            die("write %s failed: %s", what, w < 0 ? strerror(errno) : "short");
-        p += w;
-        n -= (size_t)w;
-    }
-}
 
 /* cp's way: the source's data extents only (SEEK_DATA/SEEK_HOLE), each by
  * copy_file_range, which ext4 serves by an in-kernel copy (a reflink on

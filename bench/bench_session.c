@@ -51,7 +51,10 @@
 
 #include <sqlite3.h>
 
+#include "bench_util.h"
 #include "ctxstore.h"
+
+const char *const bench_program = "bench_session";
 
 /* --- Geometry -------------------------------------------------------------- */
 
@@ -121,37 +124,13 @@ static const char *const k_file_names[N_FILES] = {
 
 /* Built once at startup so that the signal handler only calls unlink() and
  * rmdir(), which are async-signal-safe. */
-static char g_dir[PATH_MAX];
 static char g_paths[N_FILES][PATH_MAX];
-static int g_dir_fd = -1;
 
 static void remove_known_files(void)
 {
     for (int i = 0; i < N_FILES; i++)
         if (g_paths[i][0])
             unlink(g_paths[i]);
-}
-
-static int remove_entry(const char *path, const struct stat *st, int type,
-                        struct FTW *ftw)
-{
-    (void)st, (void)type, (void)ftw;
-    remove(path);
-    return 0;
-}
-
-/* Removes the benchmark's directory, including anything the library may
- * have left beside our files (a session written aside before being linked
- * into place). Only ever the directory this program created. */
-static void cleanup(void)
-{
-    if (!g_dir[0])
-        return;
-    if (g_dir_fd >= 0)
-        close(g_dir_fd);
-    g_dir_fd = -1;
-    nftw(g_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-    g_dir[0] = '\0';
 }
 
 static void on_signal(int sig)
@@ -163,46 +142,10 @@ static void on_signal(int sig)
     raise(sig);
 }
 
-#if defined(__GNUC__)
-__attribute__((noreturn, format(printf, 1, 2)))
-#endif
-static void die(const char *fmt, ...)
-{
-    va_list ap;
-    fflush(stdout);
-    fputs("bench_session: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    cleanup();
-    exit(1);
-}
-
-static void check_ctxs(int rc, const char *what)
-{
-    if (rc < 0)
-        die("%s failed: %s (%s)", what, ctxs_strerror(rc), ctxs_err_name(rc));
-}
-
-static void check_sys(int rc, const char *what)
-{
-    if (rc < 0)
-        die("%s failed: %s", what, strerror(errno));
-}
-
 static void check_sqlite(sqlite3 *db, int rc, int want, const char *what)
 {
     if (rc != want)
         die("%s failed: %s", what, db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n);
-    if (!p)
-        die("out of memory (%zu bytes)", n);
-    return p;
 }
 
 /* --- Options --------------------------------------------------------------- */
@@ -268,42 +211,9 @@ static options parse_options(int argc, char **argv)
 
 /* --- Scratch directory ----------------------------------------------------- */
 
-/* fdatasync on tmpfs returns at once, which would flatter every method that
- * syncs: refuse memory file systems. */
-static int is_memory_fs(const char *dir)
-{
-#ifdef __linux__
-    struct statfs sf;
-    if (statfs(dir, &sf) < 0)
-        die("statfs %s failed: %s", dir, strerror(errno));
-    return (unsigned long)sf.f_type == 0x01021994ul    /* TMPFS_MAGIC */
-           || (unsigned long)sf.f_type == 0x858458f6ul; /* RAMFS_MAGIC */
-#else
-    (void)dir;
-    return 0;
-#endif
-}
-
-static const char *pick_parent_dir(const options *o)
-{
-    if (o->dir) {
-        if (is_memory_fs(o->dir))
-            die("%s is a memory file system (tmpfs); fdatasync would cost "
-                "nothing there: pass --dir on a real disk", o->dir);
-        return o->dir;
-    }
-    const char *tmp = getenv("TMPDIR");
-    if (tmp && *tmp && !is_memory_fs(tmp))
-        return tmp;
-    if (is_memory_fs("/var/tmp"))
-        die("$TMPDIR and /var/tmp are memory file systems: pass --dir on a "
-            "real disk");
-    return "/var/tmp";
-}
-
 static void make_scratch_dir(const options *o)
 {
-    const char *parent = pick_parent_dir(o);
+    const char *parent = pick_parent_dir(o->dir);
     if (snprintf(g_dir, sizeof g_dir, "%s/ctxstore-bench.XXXXXX", parent)
         >= (int)sizeof g_dir)
         die("--dir path too long");
@@ -320,17 +230,6 @@ static void make_scratch_dir(const options *o)
     check_sys(g_dir_fd, "open scratch directory");
 }
 
-/* Writes back everything dirty so that a timed block starts with a clean
- * page cache and pays only for its own writeback. */
-static void settle_disk(void)
-{
-#ifdef __linux__
-    check_sys(syncfs(g_dir_fd), "syncfs");
-#else
-    sync();
-#endif
-}
-
 /* --- Timing and statistics ------------------------------------------------- */
 
 static unsigned g_gap_ms;
@@ -345,23 +244,10 @@ static void think(void)
         ;
 }
 
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
 static void samples_add(samples *s, double us)
 {
     if (s->n < MAX_ITERS)
         s->us[s->n++] = us;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 static void record(const char *op, const char *method, uint32_t tokens,
@@ -397,26 +283,6 @@ static void add_note(const char *fmt, ...)
 }
 
 /* --- K/V data -------------------------------------------------------------- */
-
-static uint64_t xorshift64(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *state = x;
-}
-
-/* Valid fp16 values in [1, 2): the exponent of 1.0 with a random mantissa,
- * four halves per 64-bit draw. n is a multiple of 8. */
-static void fill_fp16(uint8_t *p, size_t n, uint64_t *seed)
-{
-    for (size_t i = 0; i + 8 <= n; i += 8) {
-        uint64_t w = (xorshift64(seed) & 0x03ff03ff03ff03ffull)
-                     | 0x3c003c003c003c00ull;
-        memcpy(p + i, &w, 8);
-    }
-}
 
 /* Sums bytes as 64-bit words; the result is kept so that the reads cannot
  * be optimized away. Runs start on slot boundaries, so p is 8-byte aligned. */
@@ -750,19 +616,6 @@ static void measure_floor(const bench *b)
     qsort(small.us, (size_t)small.n, sizeof(small.us[0]), cmp_double);
     add_note("floor with 4 KiB pages (MADV_RANDOM, as ctxstore maps its KV) at %u"
              " tokens: median %.1f us", b->tokens, small.us[small.n / 2]);
-}
-
-static void write_all(int fd, const uint8_t *p, size_t n, const char *what)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            die("write %s failed: %s", what, w < 0 ? strerror(errno) : "short");
-        p += w;
-        n -= (size_t)w;
-    }
 }
 
 /* Replaces a file with n bytes, durably: what llama.cpp's state files do on

@@ -1,12 +1,19 @@
 #include "support.h"
 
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -210,4 +217,115 @@ uint64_t ts_seed(const char *test)
     fprintf(stderr, "%s: seed %llu (CTXS_TEST_SEED=%llu replays it)\n", test,
             (unsigned long long)seed, (unsigned long long)seed);
     return seed;
+}
+
+int ts_dir_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            n++;
+    closedir(d);
+    return n;
+}
+
+/* --- Scenarios in a child process --------------------------------------- */
+
+int ts_child_log_fd = -1;
+
+void ts_say(const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof(buf) - 1)
+        n = (int)sizeof(buf) - 1;
+    if (n > 0 && write(ts_child_log_fd, buf, (size_t)n) < 0)
+        return; /* the log is best effort; the exit status decides */
+}
+
+static int write_str(const char *path, const char *s)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = write(fd, s, strlen(s));
+    int e = errno;
+    close(fd);
+    errno = e;
+    return n == (ssize_t)strlen(s) ? 0 : -1;
+}
+
+void ts_enter_small_disk(const char *mnt, const char *size)
+{
+    char uid_map[64], gid_map[64], opts[64];
+    snprintf(uid_map, sizeof(uid_map), "0 %u 1\n", (unsigned)getuid());
+    snprintf(gid_map, sizeof(gid_map), "0 %u 1\n", (unsigned)getgid());
+    snprintf(opts, sizeof(opts), "size=%s,mode=0700", size);
+    const char *step;
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0)
+        step = "unshare(CLONE_NEWUSER|CLONE_NEWNS)";
+    else if (write_str("/proc/self/setgroups", "deny") != 0 && errno != ENOENT)
+        step = "write /proc/self/setgroups";
+    else if (write_str("/proc/self/uid_map", uid_map) != 0)
+        step = "write /proc/self/uid_map";
+    else if (write_str("/proc/self/gid_map", gid_map) != 0)
+        step = "write /proc/self/gid_map";
+    else if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+        step = "make / private";
+    else if (mount("ctxs-test", mnt, "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0)
+        step = "mount a tmpfs";
+    else
+        return;
+    ts_say("%s: %s", step, strerror(errno));
+    _exit(77);
+}
+
+void ts_run_child(void (*body)(const char *mnt), const char *what)
+{
+    const char *mnt = ts_path(ts_scratch, "mnt");
+    cr_assert_eq(mkdir(mnt, 0700), 0);
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        ts_child_log_fd = fds[1];
+        body(mnt);
+        _exit(1);
+    }
+    close(fds[1]);
+    static char msg[16384];
+    size_t len = 0;
+    for (;;) {
+        ssize_t r = read(fds[0], msg + len, sizeof(msg) - 1 - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+        if (len == sizeof(msg) - 1)
+            break;
+    }
+    msg[len] = '\0';
+    close(fds[0]);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st))
+        cr_assert_fail("%s: the child died of signal %d (%s). Its log:\n%s", what, WTERMSIG(st),
+                       strsignal(WTERMSIG(st)), msg);
+    cr_assert(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 77) {
+        cr_log_warn("SKIPPED %s: no private user+mount namespace with a tmpfs here: %s", what, msg);
+        cr_skip_test("SKIPPED %s: cannot mount a small tmpfs in a user namespace (%s)", what, msg);
+    }
+    cr_assert_eq(WEXITSTATUS(st), 0, "%s: %s", what, msg);
+    cr_log_info("%s: %s", what, msg);
 }

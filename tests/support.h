@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "ctxstore.h"
 
@@ -50,6 +51,43 @@ uint64_t ts_seed(const char *test);
 
 /* The next number of a splitmix64 sequence. */
 uint64_t ts_rng_next(uint64_t *state);
+
+/* The entries of a directory, "." and ".." aside; -1 if it cannot be read. */
+int ts_dir_entries(const char *dir);
+
+/* --- Scenarios in a child process --------------------------------------
+ *
+ * Work that must not touch the test process (a private mount namespace, a
+ * resource limit) runs in a forked child that uses no Criterion assertion:
+ * it reports with ts_say() and exits 0 (pass), 1 (fail) or 77 (skip). */
+
+/* The child's end of the pipe to the parent's log. */
+extern int ts_child_log_fd;
+
+/* Writes to the parent's log (printf-like). */
+__attribute__((format(printf, 1, 2))) void ts_say(const char *fmt, ...);
+
+/* In the child: says where and why, and exits 1, when cond is false. */
+#define TS_CHECK(cond, ...)                                                                        \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            ts_say("FAIL at line %d: ", __LINE__);                                                 \
+            ts_say(__VA_ARGS__);                                                                   \
+            ts_say("\n");                                                                          \
+            _exit(1);                                                                              \
+        }                                                                                          \
+    } while (0)
+
+/* In the child: enters a private user + mount namespace and mounts a tmpfs
+ * of `size` on mnt: a small, full-able disk without root. Exits 77 (skip),
+ * saying why, where the system does not allow it. Call it before the
+ * library starts a thread: a threaded process cannot unshare. */
+void ts_enter_small_disk(const char *mnt, const char *size);
+
+/* Runs body(mnt) in a child (mnt: a new directory in the scratch
+ * directory) and judges its exit: a signal or a 1 fails the test with the
+ * child's log, 77 skips it loudly. */
+void ts_run_child(void (*body)(const char *mnt), const char *what);
 
 /* Reads a whole file into malloc'ed memory; *len gets its size. */
 uint8_t *ts_read_file(const char *path, size_t *len);

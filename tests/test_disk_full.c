@@ -36,97 +36,17 @@ TestSuite(disk_full, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout 
 
 /* --- the child's side ------------------------------------------------- */
 
-static int log_fd = -1;
-
-__attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...)
-{
-    char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    if (n > (int)sizeof(buf) - 1)
-        n = (int)sizeof(buf) - 1;
-    if (n > 0) {
-        ssize_t w = write(log_fd, buf, (size_t)n);
-        (void)w;
-    }
-}
-
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        say("FAIL at line %d: ", __LINE__);                                                        \
-        say(__VA_ARGS__);                                                                          \
-        say("\n");                                                                                 \
-        _exit(1);                                                                                  \
-    } while (0)
-
 /* A failure that lets the rest of the scenario run; the child still fails. */
 static int soft_failed;
 #define SOFT_CHECK(cond, ...)                                                                      \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
-            say("FAIL at line %d: ", __LINE__);                                                    \
-            say(__VA_ARGS__);                                                                      \
-            say("\n");                                                                             \
+            ts_say("FAIL at line %d: ", __LINE__);                                                 \
+            ts_say(__VA_ARGS__);                                                                   \
+            ts_say("\n");                                                                          \
             soft_failed = 1;                                                                       \
         }                                                                                          \
     } while (0)
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond))                                                                               \
-            FAIL(__VA_ARGS__);                                                                     \
-    } while (0)
-
-static int write_str(const char *path, const char *s)
-{
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = write(fd, s, strlen(s));
-    int e = errno;
-    close(fd);
-    errno = e;
-    return n == (ssize_t)strlen(s) ? 0 : -1;
-}
-
-/* Enters a private user + mount namespace and mounts a tmpfs of `size` on
- * mnt. On failure, says why and exits 77 (skip). */
-static void enter_small_disk(const char *mnt, const char *size)
-{
-    uid_t uid = getuid();
-    gid_t gid = getgid();
-    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
-        say("unshare(CLONE_NEWUSER|CLONE_NEWNS): %s", strerror(errno));
-        _exit(77);
-    }
-    char map[64];
-    if (write_str("/proc/self/setgroups", "deny") != 0 && errno != ENOENT) {
-        say("write /proc/self/setgroups: %s", strerror(errno));
-        _exit(77);
-    }
-    snprintf(map, sizeof(map), "0 %u 1\n", (unsigned)uid);
-    if (write_str("/proc/self/uid_map", map) != 0) {
-        say("write /proc/self/uid_map: %s", strerror(errno));
-        _exit(77);
-    }
-    snprintf(map, sizeof(map), "0 %u 1\n", (unsigned)gid);
-    if (write_str("/proc/self/gid_map", map) != 0) {
-        say("write /proc/self/gid_map: %s", strerror(errno));
-        _exit(77);
-    }
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
-        say("make / private: %s", strerror(errno));
-        _exit(77);
-    }
-    char opts[64];
-    snprintf(opts, sizeof(opts), "size=%s,mode=0700", size);
-    if (mount("ctxs-test", mnt, "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) {
-        say("mount tmpfs (%s) on %s: %s", opts, mnt, strerror(errno));
-        _exit(77);
-    }
-}
 
 enum { AT_RESERVE = 1, AT_WRITE, AT_COMMIT };
 static const char *const stage_name[] = { "?", "reserve", "write_token", "commit" };
@@ -179,13 +99,13 @@ static void append_until_full(ctxs_session *s, uint32_t n, uint64_t *committed, 
             break;
         *committed += n;
     }
-    CHECK(rc != 0, "%s: committed %llu tokens and never ran out of space", when,
+    TS_CHECK(rc != 0, "%s: committed %llu tokens and never ran out of space", when,
           (unsigned long long)*committed);
-    CHECK(stage == AT_RESERVE, "%s: the full disk surfaced in %s (%s), want reserve", when,
+    TS_CHECK(stage == AT_RESERVE, "%s: the full disk surfaced in %s (%s), want reserve", when,
           stage_name[stage], ctxs_err_name(rc));
-    CHECK(rc == CTXS_EFULL, "%s: reserve on a full disk returned %d (%s), want CTXS_EFULL", when,
+    TS_CHECK(rc == CTXS_EFULL, "%s: reserve on a full disk returned %d (%s), want CTXS_EFULL", when,
           rc, ctxs_err_name(rc));
-    say("%s: EFULL from reserve after %d more appends of %u (%llu tokens)\n", when, i, n,
+    ts_say("%s: EFULL from reserve after %d more appends of %u (%llu tokens)\n", when, i, n,
         (unsigned long long)*committed);
 }
 
@@ -230,7 +150,7 @@ static ctxs_session *create_in(const char *path, uint32_t capacity, uint32_t rin
     o.ring = ring;
     ctxs_session *s = NULL;
     int rc = ctxs_session_create(&s, path, &m, &o);
-    CHECK(rc == 0, "create %s: %s", path, ctxs_strerror(rc));
+    TS_CHECK(rc == 0, "create %s: %s", path, ctxs_strerror(rc));
     return s;
 }
 
@@ -239,32 +159,32 @@ static ctxs_session *reopen(const char *path, unsigned flags)
     ctxs_model m = ts_model(1);
     ctxs_session *s = NULL;
     int rc = ctxs_session_open(&s, path, &m, flags, NULL);
-    CHECK(rc == 0, "reopen %s (%s): %s", path, flags ? "read-only" : "read-write", ctxs_strerror(rc));
+    TS_CHECK(rc == 0, "reopen %s (%s): %s", path, flags ? "read-only" : "read-write", ctxs_strerror(rc));
     return s;
 }
 
 static void expect_state(ctxs_session *s, uint64_t n_tokens, const char *when)
 {
     ctxs_session_info info;
-    CHECK(ctxs_session_info_get(&info, s) == 0, "info_get");
-    CHECK(info.n_tokens == n_tokens, "%s: n_tokens %llu, want %llu", when,
+    TS_CHECK(ctxs_session_info_get(&info, s) == 0, "info_get");
+    TS_CHECK(info.n_tokens == n_tokens, "%s: n_tokens %llu, want %llu", when,
           (unsigned long long)info.n_tokens, (unsigned long long)n_tokens);
-    CHECK(info.n_reserved == 0, "%s: %u slots still reserved", when, info.n_reserved);
-    CHECK(!(info.flags & CTXS_INFO_FAILED), "%s: session marked failed", when);
+    TS_CHECK(info.n_reserved == 0, "%s: %u slots still reserved", when, info.n_reserved);
+    TS_CHECK(!(info.flags & CTXS_INFO_FAILED), "%s: session marked failed", when);
     int64_t bad = check_all(s);
-    CHECK(bad == 0, "%s: %lld positions read back wrong (or error %lld: %s)", when,
+    TS_CHECK(bad == 0, "%s: %lld positions read back wrong (or error %lld: %s)", when,
           (long long)(bad > 0 ? bad : 0), (long long)(bad < 0 ? bad : 0),
           bad < 0 ? ctxs_strerror((int)bad) : "");
     uint64_t bad_pos = 0;
     int rc = ctxs_session_verify(s, &bad_pos);
-    CHECK(rc == 0, "%s: verify: %s at %llu", when, ctxs_strerror(rc), (unsigned long long)bad_pos);
+    TS_CHECK(rc == 0, "%s: verify: %s at %llu", when, ctxs_strerror(rc), (unsigned long long)bad_pos);
 }
 
 /* Writes a file in dir until the disk is full. Returns bytes written. */
 static uint64_t fill_disk(const char *path)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    CHECK(fd >= 0, "open filler: %s", strerror(errno));
+    TS_CHECK(fd >= 0, "open filler: %s", strerror(errno));
     static uint8_t buf[4096];
     memset(buf, 0x77, sizeof(buf));
     uint64_t total = 0;
@@ -275,7 +195,7 @@ static uint64_t fill_disk(const char *path)
             total += (uint64_t)w;
             continue;
         }
-        CHECK(w < 0 && (errno == ENOSPC || errno == EINTR), "filler write: %s", strerror(errno));
+        TS_CHECK(w < 0 && (errno == ENOSPC || errno == EINTR), "filler write: %s", strerror(errno));
         if (errno == ENOSPC && chunk == 1)
             break;
         if (errno == ENOSPC)
@@ -285,23 +205,10 @@ static uint64_t fill_disk(const char *path)
     return total;
 }
 
-static int dir_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    CHECK(d != NULL, "opendir %s: %s", dir, strerror(errno));
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
-}
-
 /* The main scenario: fill a 2 MiB disk through the session. */
 static void body_fill_through_reserve(const char *mnt)
 {
-    enter_small_disk(mnt, "2m");
+    ts_enter_small_disk(mnt, "2m");
     char path[4096], filler[4096], other[4096];
     snprintf(path, sizeof(path), "%s/s.ctxs", mnt);
     snprintf(filler, sizeof(filler), "%s/filler", mnt);
@@ -310,24 +217,24 @@ static void body_fill_through_reserve(const char *mnt)
     /* 64 Ki slots of 128 bytes: 8 MiB of KV on a 2 MiB disk. */
     ctxs_session *s = create_in(path, 65536, 1);
     struct stat st;
-    CHECK(stat(path, &st) == 0, "stat");
-    CHECK((uint64_t)st.st_size > (4u << 20), "the session (%lld bytes) is not larger than the disk",
+    TS_CHECK(stat(path, &st) == 0, "stat");
+    TS_CHECK((uint64_t)st.st_size > (4u << 20), "the session (%lld bytes) is not larger than the disk",
           (long long)st.st_size);
-    say("session file: %lld bytes logical, %lld allocated\n", (long long)st.st_size,
+    ts_say("session file: %lld bytes logical, %lld allocated\n", (long long)st.st_size,
         (long long)st.st_blocks * 512);
 
     uint64_t committed = 0;
     int stage = 0, rc = 0;
     const uint32_t step = 64;
     append_until_full(s, step, &committed, "filling the disk");
-    CHECK(committed >= 1024, "only %llu tokens fit in 2 MiB", (unsigned long long)committed);
+    TS_CHECK(committed >= 1024, "only %llu tokens fit in 2 MiB", (unsigned long long)committed);
 
     /* Not full yet if one more token fits: it needs one 4 KiB page in each
      * of the 8 (layer, K|V, head) runs. */
     struct statvfs vfs;
-    CHECK(statvfs(mnt, &vfs) == 0, "statvfs");
+    TS_CHECK(statvfs(mnt, &vfs) == 0, "statvfs");
     uint64_t free_bytes = (uint64_t)vfs.f_bavail * vfs.f_frsize;
-    say("%llu bytes free after EFULL\n", (unsigned long long)free_bytes);
+    ts_say("%llu bytes free after EFULL\n", (unsigned long long)free_bytes);
     if (free_bytes >= 8 * 4096) {
         rc = append_n(s, 1, &stage);
         SOFT_CHECK(rc == 0,
@@ -343,7 +250,7 @@ static void body_fill_through_reserve(const char *mnt)
     /* EFULL again, and no leak of reserved slots across failures. */
     for (int i = 0; i < 3; i++) {
         rc = append_n(s, step, &stage);
-        CHECK(rc == CTXS_EFULL && stage == AT_RESERVE, "retry %d: %s in %s", i, ctxs_err_name(rc),
+        TS_CHECK(rc == CTXS_EFULL && stage == AT_RESERVE, "retry %d: %s in %s", i, ctxs_err_name(rc),
               stage_name[stage]);
     }
 
@@ -352,9 +259,9 @@ static void body_fill_through_reserve(const char *mnt)
         rc = append_n(s, n, &stage);
         if (rc == 0) {
             committed += n;
-            say("a later reserve of %u fitted\n", n);
+            ts_say("a later reserve of %u fitted\n", n);
         } else {
-            CHECK(rc == CTXS_EFULL && stage == AT_RESERVE, "reserve(%u) after EFULL: %s in %s", n,
+            TS_CHECK(rc == CTXS_EFULL && stage == AT_RESERVE, "reserve(%u) after EFULL: %s in %s", n,
                   ctxs_err_name(rc), stage_name[stage]);
         }
     }
@@ -364,22 +271,22 @@ static void body_fill_through_reserve(const char *mnt)
      * again needs no new space. */
     uint64_t back = committed - 4 * step;
     rc = ctxs_session_rollback(s, back);
-    CHECK(rc == 0, "rollback to %llu on a full disk: %s", (unsigned long long)back, ctxs_strerror(rc));
+    TS_CHECK(rc == 0, "rollback to %llu on a full disk: %s", (unsigned long long)back, ctxs_strerror(rc));
     committed = back;
     expect_state(s, committed, "after rollback");
     for (int i = 0; i < 3; i++) {
         rc = append_n(s, step, &stage);
-        CHECK(rc == 0, "re-reserving rolled-back slots (%d of 3) on a full disk: %s in %s", i + 1,
+        TS_CHECK(rc == 0, "re-reserving rolled-back slots (%d of 3) on a full disk: %s in %s", i + 1,
               ctxs_err_name(rc), stage_name[stage]);
         committed += step;
     }
     expect_state(s, committed, "after re-reserving");
     rc = ctxs_session_sync(s);
-    CHECK(rc == 0, "sync on a full disk: %s", ctxs_strerror(rc));
+    TS_CHECK(rc == 0, "sync on a full disk: %s", ctxs_strerror(rc));
 
     /* Take the last bytes, then close and reopen on the full disk. */
     uint64_t filled = fill_disk(filler);
-    say("filler took the last %llu bytes\n", (unsigned long long)filled);
+    ts_say("filler took the last %llu bytes\n", (unsigned long long)filled);
     append_until_full(s, step, &committed, "after the filler");
     ctxs_session_close(s);
     s = reopen(path, 0);
@@ -394,11 +301,11 @@ static void body_fill_through_reserve(const char *mnt)
     ctxs_model m = ts_model(1);
     s = (ctxs_session *)(uintptr_t)0x1;
     rc = ctxs_session_create(&s, other, &m, NULL);
-    CHECK(rc == CTXS_EFULL, "create on a full disk: %d (%s), want CTXS_EFULL", rc, ctxs_err_name(rc));
-    CHECK(s == NULL, "create failed but *out is set");
-    CHECK(dir_entries(mnt) == 2, "a failed create left %d files (want the session and the filler)",
-          dir_entries(mnt));
-    say("%s: %llu tokens committed, all read back\n", soft_failed ? "done" : "ok",
+    TS_CHECK(rc == CTXS_EFULL, "create on a full disk: %d (%s), want CTXS_EFULL", rc, ctxs_err_name(rc));
+    TS_CHECK(s == NULL, "create failed but *out is set");
+    TS_CHECK(ts_dir_entries(mnt) == 2, "a failed create left %d files (want the session and the filler)",
+          ts_dir_entries(mnt));
+    ts_say("%s: %llu tokens committed, all read back\n", soft_failed ? "done" : "ok",
         (unsigned long long)committed);
     _exit(soft_failed);
 }
@@ -409,7 +316,7 @@ static void body_fill_through_reserve(const char *mnt)
  * table that was left sparse would show here as a SIGBUS. */
 static void body_commit_after_disk_fills(const char *mnt)
 {
-    enter_small_disk(mnt, "4m");
+    ts_enter_small_disk(mnt, "4m");
     char path[4096], filler[4096];
     snprintf(path, sizeof(path), "%s/s.ctxs", mnt);
     snprintf(filler, sizeof(filler), "%s/filler", mnt);
@@ -417,7 +324,7 @@ static void body_commit_after_disk_fills(const char *mnt)
 
     int stage = 0;
     int rc = append_n(s, 1000, &stage);
-    CHECK(rc == 0, "append 1000: %s in %s", ctxs_err_name(rc), stage_name[stage]);
+    TS_CHECK(rc == 0, "append 1000: %s in %s", ctxs_err_name(rc), stage_name[stage]);
 
     ctxs_session_info info;
     ctxs_session_info_get(&info, s);
@@ -426,32 +333,32 @@ static void body_commit_after_disk_fills(const char *mnt)
     uint32_t ids[600];
     ctxs_reservation r;
     rc = ctxs_session_reserve(&r, s, 600);
-    CHECK(rc == 0, "reserve 600: %s", ctxs_strerror(rc));
-    CHECK(r.first_pos == 1000, "first_pos %llu", (unsigned long long)r.first_pos);
+    TS_CHECK(rc == 0, "reserve 600: %s", ctxs_strerror(rc));
+    TS_CHECK(r.first_pos == 1000, "first_pos %llu", (unsigned long long)r.first_pos);
 
     uint64_t filled = fill_disk(filler);
-    say("filler took %llu bytes\n", (unsigned long long)filled);
+    ts_say("filler took %llu bytes\n", (unsigned long long)filled);
     struct statvfs vfs;
-    CHECK(statvfs(mnt, &vfs) == 0, "statvfs");
-    CHECK(vfs.f_bavail == 0, "disk not full: %llu blocks free", (unsigned long long)vfs.f_bavail);
+    TS_CHECK(statvfs(mnt, &vfs) == 0, "statvfs");
+    TS_CHECK(vfs.f_bavail == 0, "disk not full: %llu blocks free", (unsigned long long)vfs.f_bavail);
 
     for (uint32_t i = 0; i < 600; i++) {
         ts_fill_kv(g, 1000 + i, k, v);
         ids[i] = ts_token(1000 + i);
         rc = ctxs_session_write_token(s, &r, i, k, v);
-        CHECK(rc == 0, "write_token %u: %s", i, ctxs_strerror(rc));
+        TS_CHECK(rc == 0, "write_token %u: %s", i, ctxs_strerror(rc));
     }
     /* Writing straight into the mapping too, as an engine does (the same
      * bytes again: V of layer 1, head 1). */
     void *kv;
     rc = ctxs_session_kv(&kv, s, 1, CTXS_V, 1);
-    CHECK(rc == 0, "ctxs_session_kv: %s", ctxs_strerror(rc));
+    TS_CHECK(rc == 0, "ctxs_session_kv: %s", ctxs_strerror(rc));
     for (uint32_t i = 0; i < 600; i++) {
         ts_fill_kv(g, 1000 + i, k, v);
         memcpy((uint8_t *)kv + (size_t)(1000 + i) * 16, v + (1 * 2 + 1) * 8, 16);
     }
     rc = ctxs_session_commit(s, ids, 600);
-    CHECK(rc == 0, "commit of reserved slots after the disk filled: %s", ctxs_strerror(rc));
+    TS_CHECK(rc == 0, "commit of reserved slots after the disk filled: %s", ctxs_strerror(rc));
     expect_state(s, 1600, "after commit on a full disk");
 
     uint64_t committed = 1600;
@@ -460,64 +367,20 @@ static void body_commit_after_disk_fills(const char *mnt)
     s = reopen(path, 0);
     expect_state(s, committed, "reopened");
     ctxs_session_close(s);
-    say("ok\n");
+    ts_say("ok\n");
     _exit(0);
 }
 
 /* --- the parent's side -------------------------------------------------- */
 
-static void run_child(void (*body)(const char *mnt), const char *what)
-{
-    const char *mnt = ts_path(ts_scratch, "mnt");
-    cr_assert_eq(mkdir(mnt, 0700), 0);
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        close(fds[0]);
-        log_fd = fds[1];
-        body(mnt);
-        _exit(1);
-    }
-    close(fds[1]);
-    static char msg[16384];
-    size_t len = 0;
-    for (;;) {
-        ssize_t r = read(fds[0], msg + len, sizeof(msg) - 1 - len);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-        if (len == sizeof(msg) - 1)
-            break;
-    }
-    msg[len] = '\0';
-    close(fds[0]);
-    int st;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    if (WIFSIGNALED(st))
-        cr_assert_fail("%s: the child died of signal %d (%s); a full disk must be an error, "
-                       "never a crash. Its log:\n%s",
-                       what, WTERMSIG(st), strsignal(WTERMSIG(st)), msg);
-    cr_assert(WIFEXITED(st));
-    if (WEXITSTATUS(st) == 77) {
-        cr_log_warn("SKIPPED %s: no private user+mount namespace with a tmpfs here: %s", what, msg);
-        cr_skip_test("SKIPPED %s: cannot mount a small tmpfs in a user namespace (%s)", what, msg);
-    }
-    cr_assert_eq(WEXITSTATUS(st), 0, "%s: %s", what, msg);
-    cr_log_info("%s: %s", what, msg);
-}
-
 Test(disk_full, full_disk_is_efull_from_reserve_and_the_session_survives)
 {
-    run_child(body_fill_through_reserve, "full disk");
+    ts_run_child(body_fill_through_reserve, "full disk");
 }
 
 Test(disk_full, commit_after_the_disk_fills_up_uses_the_reserved_blocks)
 {
-    run_child(body_commit_after_disk_fills, "commit on a full disk");
+    ts_run_child(body_commit_after_disk_fills, "commit on a full disk");
 }
 
 /* Capacity reached without a ring: CTXS_EFULL, tokens kept. */
@@ -602,10 +465,10 @@ Test(disk_full, create_beyond_the_file_size_limit_fails_cleanly)
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         close(fds[0]);
-        log_fd = fds[1];
+        ts_child_log_fd = fds[1];
         signal(SIGXFSZ, SIG_IGN);
         struct rlimit rl = { 1u << 20, 1u << 20 };
-        CHECK(setrlimit(RLIMIT_FSIZE, &rl) == 0, "setrlimit: %s", strerror(errno));
+        TS_CHECK(setrlimit(RLIMIT_FSIZE, &rl) == 0, "setrlimit: %s", strerror(errno));
         char path[4096];
         snprintf(path, sizeof(path), "%s/big.ctxs", d);
         ctxs_model m = ts_model(1);
@@ -614,19 +477,19 @@ Test(disk_full, create_beyond_the_file_size_limit_fails_cleanly)
         o.capacity = 65536; /* 8 MiB of KV */
         ctxs_session *s = (ctxs_session *)(uintptr_t)0x1;
         int rc = ctxs_session_create(&s, path, &m, &o);
-        CHECK(rc < 0, "create of an 8 MiB file under a 1 MiB RLIMIT_FSIZE succeeded");
-        CHECK(s == NULL, "*out set on failure");
-        say("create: %s\n", ctxs_err_name(rc));
-        CHECK(rc == -EFBIG || rc == CTXS_EFULL, "create returned %d (%s), want -EFBIG or CTXS_EFULL",
+        TS_CHECK(rc < 0, "create of an 8 MiB file under a 1 MiB RLIMIT_FSIZE succeeded");
+        TS_CHECK(s == NULL, "*out set on failure");
+        ts_say("create: %s\n", ctxs_err_name(rc));
+        TS_CHECK(rc == -EFBIG || rc == CTXS_EFULL, "create returned %d (%s), want -EFBIG or CTXS_EFULL",
               rc, ctxs_err_name(rc));
-        CHECK(dir_entries(d) == 0, "the failed create left %d files", dir_entries(d));
+        TS_CHECK(ts_dir_entries(d) == 0, "the failed create left %d files", ts_dir_entries(d));
         /* A session that fits still works under the limit. */
         o.capacity = 1024;
         rc = ctxs_session_create(&s, path, &m, &o);
-        CHECK(rc == 0, "create of a small session: %s", ctxs_strerror(rc));
+        TS_CHECK(rc == 0, "create of a small session: %s", ctxs_strerror(rc));
         int stage;
         rc = append_n(s, 500, &stage);
-        CHECK(rc == 0, "append: %s in %s", ctxs_err_name(rc), stage_name[stage]);
+        TS_CHECK(rc == 0, "append: %s in %s", ctxs_err_name(rc), stage_name[stage]);
         expect_state(s, 500, "small session under RLIMIT_FSIZE");
         ctxs_session_close(s);
         _exit(0);

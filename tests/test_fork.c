@@ -1094,75 +1094,9 @@ Test(fork, a_source_rolled_back_by_another_process_gives_estale_or_an_exact_fork
 
 /* --- a full disk ------------------------------------------------------------
  *
- * As in test_disk_full.c: a small tmpfs in a private user + mount namespace,
- * in a child that uses only the public API and exits 0 (pass), 1 (fail) or
- * 77 (skip); the source stays on the scratch directory, so the fork cannot
- * clone across and copies. */
-
-static int log_fd = -1;
-
-__attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...)
-{
-    char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    if (n > (int)sizeof(buf) - 1)
-        n = (int)sizeof(buf) - 1;
-    if (n > 0 && write(log_fd, buf, (size_t)n) < 0)
-        return;
-}
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            say("FAIL at line %d: ", __LINE__);                                                    \
-            say(__VA_ARGS__);                                                                      \
-            _exit(1);                                                                              \
-        }                                                                                          \
-    } while (0)
-
-static int write_str(const char *path, const char *s)
-{
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = write(fd, s, strlen(s));
-    close(fd);
-    return n == (ssize_t)strlen(s) ? 0 : -1;
-}
-
-static void enter_small_disk(const char *mnt, const char *size)
-{
-    char map[64], o[64];
-    snprintf(map, sizeof(map), "0 %u 1\n", (unsigned)getuid());
-    char gmap[64];
-    snprintf(gmap, sizeof(gmap), "0 %u 1\n", (unsigned)getgid());
-    snprintf(o, sizeof(o), "size=%s,mode=0700", size);
-    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0 ||
-        (write_str("/proc/self/setgroups", "deny") != 0 && errno != ENOENT) ||
-        write_str("/proc/self/uid_map", map) != 0 || write_str("/proc/self/gid_map", gmap) != 0 ||
-        mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
-        mount("ctxs-test", mnt, "tmpfs", MS_NOSUID | MS_NODEV, o) != 0) {
-        say("no private user + mount namespace with a tmpfs: %s", strerror(errno));
-        _exit(77);
-    }
-}
-
-static int entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
-}
+ * A small tmpfs in a private user + mount namespace, in a child
+ * (ts_run_child); the source stays on the scratch directory, so the fork
+ * cannot clone across and copies. */
 
 static void body_full_disk(const char *mnt)
 {
@@ -1172,44 +1106,44 @@ static void body_full_disk(const char *mnt)
     snprintf(ring_path, sizeof(ring_path), "%s/ring", ts_scratch);
     /* First: a process with threads (the writeback thread) cannot unshare
      * its user namespace. */
-    enter_small_disk(mnt, "2m");
+    ts_enter_small_disk(mnt, "2m");
     ctxs_model m = model_of(big_geometry());
     ctxs_session_options o = opts(4096, 4, 1);
     ctxs_session *w, *r;
-    CHECK(ctxs_session_create(&w, src_path, &m, &o) == 0, "create");
+    TS_CHECK(ctxs_session_create(&w, src_path, &m, &o) == 0, "create");
     o.capacity = 1024;
-    CHECK(ctxs_session_create(&r, ring_path, &m, &o) == 0, "create ring");
+    TS_CHECK(ctxs_session_create(&r, ring_path, &m, &o) == 0, "create ring");
     for (int i = 0; i < 40; i++)
-        CHECK(append_gen(w, 50, 0) == 0 && append_gen(r, 50, 0) == 0, "append");
+        TS_CHECK(append_gen(w, 50, 0) == 0 && append_gen(r, 50, 0) == 0, "append");
     snprintf(dst, sizeof(dst), "%s/f", mnt);
     uint64_t counts[] = { UINT64_MAX, 1000, 600 };
     for (int i = 0; i < 3; i++) {
         ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
         int rc = ctxs_session_fork(&f, i == 1 ? r : w, counts[i], dst, NULL);
-        CHECK(rc == CTXS_EFULL, "fork %d on a 2 MiB disk: %s, want CTXS_EFULL", i, ctxs_err_name(rc));
-        CHECK(f == NULL, "*out set on failure");
-        CHECK(entries(mnt) == 0, "a failed fork left %d files", entries(mnt));
+        TS_CHECK(rc == CTXS_EFULL, "fork %d on a 2 MiB disk: %s, want CTXS_EFULL", i, ctxs_err_name(rc));
+        TS_CHECK(f == NULL, "*out set on failure");
+        TS_CHECK(ts_dir_entries(mnt) == 0, "a failed fork left %d files", ts_dir_entries(mnt));
     }
 
     /* What fits, forks; writing to it then fills the disk through
      * reserve, as in any session, never with a SIGBUS. */
     ctxs_session *f;
     int rc = ctxs_session_fork(&f, w, 200, dst, NULL);
-    CHECK(rc == 0, "fork of 800 KiB on a 2 MiB disk: %s", ctxs_err_name(rc));
-    CHECK(wrong_gen(f, 0, 200, 0) == 0, "the fork does not read back");
+    TS_CHECK(rc == 0, "fork of 800 KiB on a 2 MiB disk: %s", ctxs_err_name(rc));
+    TS_CHECK(wrong_gen(f, 0, 200, 0) == 0, "the fork does not read back");
     for (;;) {
         rc = append_gen(f, 16, 0);
         if (rc)
             break;
     }
-    CHECK(rc == CTXS_EFULL, "appending to the fork: %s", ctxs_err_name(rc));
+    TS_CHECK(rc == CTXS_EFULL, "appending to the fork: %s", ctxs_err_name(rc));
     ctxs_session_info info;
-    CHECK(ctxs_session_info_get(&info, f) == 0, "info");
+    TS_CHECK(ctxs_session_info_get(&info, f) == 0, "info");
     uint64_t n = info.n_tokens;
-    CHECK(n > 200, "nothing fitted after the fork");
-    CHECK(wrong_gen(f, 0, n, 0) == 0 && ctxs_session_verify(f, NULL) == 0, "after EFULL");
+    TS_CHECK(n > 200, "nothing fitted after the fork");
+    TS_CHECK(wrong_gen(f, 0, n, 0) == 0 && ctxs_session_verify(f, NULL) == 0, "after EFULL");
     ctxs_session_close(f);
-    say("ok: the fork took %llu tokens before the disk was full\n", (unsigned long long)n);
+    ts_say("ok: the fork took %llu tokens before the disk was full\n", (unsigned long long)n);
     ctxs_session_close(w);
     ctxs_session_close(r);
     _exit(0);
@@ -1220,64 +1154,28 @@ static void body_no_room_for_tables(const char *mnt)
 {
     char src_path[4096], dst[4096];
     snprintf(src_path, sizeof(src_path), "%s/src", ts_scratch);
-    enter_small_disk(mnt, "1m");
+    ts_enter_small_disk(mnt, "1m");
     ctxs_model m = model_of(small_geometry());
     ctxs_session_options o = opts(1u << 20, 4, 1);
     ctxs_session *w;
-    CHECK(ctxs_session_create(&w, src_path, &m, &o) == 0, "create");
-    CHECK(append_gen(w, 10, 0) == 0, "append");
+    TS_CHECK(ctxs_session_create(&w, src_path, &m, &o) == 0, "create");
+    TS_CHECK(append_gen(w, 10, 0) == 0, "append");
     snprintf(dst, sizeof(dst), "%s/f", mnt);
     ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
     int rc = ctxs_session_fork(&f, w, UINT64_MAX, dst, NULL);
-    CHECK(rc == CTXS_EFULL, "fork: %s, want CTXS_EFULL", ctxs_err_name(rc));
-    CHECK(f == NULL && entries(mnt) == 0, "a failed fork left %d files", entries(mnt));
+    TS_CHECK(rc == CTXS_EFULL, "fork: %s, want CTXS_EFULL", ctxs_err_name(rc));
+    TS_CHECK(f == NULL && ts_dir_entries(mnt) == 0, "a failed fork left %d files", ts_dir_entries(mnt));
     ctxs_session_close(w);
-    say("ok\n");
+    ts_say("ok\n");
     _exit(0);
-}
-
-static void run_child(void (*body)(const char *mnt), const char *what)
-{
-    const char *mnt = ts_path(ts_scratch, "mnt");
-    cr_assert_eq(mkdir(mnt, 0700), 0);
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        close(fds[0]);
-        log_fd = fds[1];
-        body(mnt);
-        _exit(1);
-    }
-    close(fds[1]);
-    static char msg[8192];
-    size_t len = 0;
-    ssize_t got;
-    while (len < sizeof(msg) - 1 &&
-           ((got = read(fds[0], msg + len, sizeof(msg) - 1 - len)) > 0 || (got < 0 && errno == EINTR)))
-        len += got > 0 ? (size_t)got : 0;
-    msg[len] = '\0';
-    close(fds[0]);
-    int st;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    cr_assert(!WIFSIGNALED(st), "%s: the child died of signal %d (%s): %s", what,
-              WIFSIGNALED(st) ? WTERMSIG(st) : 0, WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "",
-              msg);
-    if (WEXITSTATUS(st) == 77) {
-        cr_log_warn("SKIPPED %s: %s", what, msg);
-        cr_skip_test("SKIPPED %s: cannot mount a small tmpfs in a user namespace (%s)", what, msg);
-    }
-    cr_assert_eq(WEXITSTATUS(st), 0, "%s: %s", what, msg);
-    cr_log_info("%s: %s", what, msg);
 }
 
 Test(fork, a_full_disk_is_efull_and_leaves_no_file)
 {
-    run_child(body_full_disk, "fork on a full disk");
+    ts_run_child(body_full_disk, "fork on a full disk");
 }
 
 Test(fork, a_disk_without_room_for_the_tables_is_efull)
 {
-    run_child(body_no_room_for_tables, "fork without room for the tables");
+    ts_run_child(body_no_room_for_tables, "fork without room for the tables");
 }

@@ -98,11 +98,8 @@ int ctxs_checkpoint_create(ctxs_store *st, ctxs_session *s, const char *name)
     uint8_t k[8 + CTXS__NAME_MAX];
     checkpoint_key(k, id, name, len);
     MDB_val key = {8 + len, k}, val = {sizeof(cp), &cp};
-    if ((rc = ctxs__mdb_error(mdb_put(txn, st->checkpoints, &key, &val, MDB_NOOVERWRITE))) < 0) {
-        mdb_txn_abort(txn);
-        return rc;
-    }
-    return ctxs__txn_commit(txn);
+    rc = ctxs__mdb_error(mdb_put(txn, st->checkpoints, &key, &val, MDB_NOOVERWRITE));
+    return ctxs__txn_finish(txn, rc);
 }
 
 int ctxs_checkpoint_restore(ctxs_store *st, ctxs_session *s, const char *name)
@@ -143,11 +140,7 @@ int ctxs_checkpoint_delete(ctxs_store *st, const char *session, const char *name
         MDB_val key = {8 + len, k};
         rc = ctxs__mdb_error(mdb_del(txn, st->checkpoints, &key, NULL));
     }
-    if (rc < 0) {
-        mdb_txn_abort(txn);
-        return rc;
-    }
-    return ctxs__txn_commit(txn);
+    return ctxs__txn_finish(txn, rc);
 }
 
 int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, ctxs_store *st,

@@ -106,6 +106,15 @@ int ctxs__mdb_error(int rc);
  * durably (two fdatasyncs of the index). */
 int ctxs__txn_begin(MDB_txn **out, ctxs_store *st, int readonly);
 int ctxs__txn_commit(MDB_txn *txn);
+/* Commits txn if rc is 0, else aborts it. Returns rc or the commit's. */
+int ctxs__txn_finish(MDB_txn *txn, int rc);
+
+/* Every entry of dbi, in key order, as an array of n_out entries of
+ * entry_size bytes (calloc'd, NULL when empty) that fill() makes from each
+ * key and value; fill returns 0 or CTXS_ECORRUPT. */
+typedef int (*ctxs__entry_fill)(void *entry, const MDB_val *key, const MDB_val *val);
+int ctxs__list(void **out, size_t *n_out, ctxs_store *st, MDB_dbi dbi, size_t entry_size,
+               ctxs__entry_fill fill);
 
 /* Takes or drops a reference on st (open sessions hold one). */
 void ctxs__store_ref(ctxs_store *st);

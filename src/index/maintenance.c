@@ -201,37 +201,18 @@ static int raise_next_id(MDB_txn *txn, ctxs_store *st, uint64_t at_least)
     return ctxs__mdb_error(mdb_put(txn, st->meta, &key, &val, 0));
 }
 
+static int id_fill(void *entry, const MDB_val *key, const MDB_val *val)
+{
+    (void)val;
+    if (key->mv_size != 8)
+        return CTXS_ECORRUPT;
+    *(uint64_t *)entry = ctxs__id_from_key(key->mv_data);
+    return 0;
+}
+
 static int indexed_ids(ctxs_store *st, uint64_t **out, size_t *n_out)
 {
-    *out = NULL;
-    *n_out = 0;
-    MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
-    if (rc < 0)
-        return rc;
-    MDB_stat ms;
-    MDB_cursor *cur = NULL;
-    uint64_t *ids = NULL;
-    size_t n = 0;
-    if ((rc = ctxs__mdb_error(mdb_stat(txn, st->ids, &ms))) == 0 && ms.ms_entries &&
-        !(ids = calloc(ms.ms_entries, sizeof(*ids))))
-        rc = CTXS_ENOMEM;
-    if (rc == 0 && ids && (rc = ctxs__mdb_error(mdb_cursor_open(txn, st->ids, &cur))) == 0) {
-        MDB_val key, val;
-        for (int op = MDB_FIRST; n < ms.ms_entries && mdb_cursor_get(cur, &key, &val, op) == 0;
-             op = MDB_NEXT)
-            if (key.mv_size == 8)
-                ids[n++] = ctxs__id_from_key(key.mv_data);
-        mdb_cursor_close(cur);
-    }
-    mdb_txn_abort(txn);
-    if (rc < 0) {
-        free(ids);
-        return rc;
-    }
-    *out = ids;
-    *n_out = n;
-    return 0;
+    return ctxs__list((void **)out, n_out, st, st->ids, sizeof(**out), id_fill);
 }
 
 static int drop_dangling(ctxs_store *st, uint64_t id, uint64_t *removed)
@@ -511,10 +492,7 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
             rc = reindex_one(txn, st, ids[i], &facts[i]);
         if (rc == 0 && kept)
             rc = raise_next_id(txn, st, ids[kept - 1] + 1);
-        if (rc == 0)
-            rc = ctxs__txn_commit(txn);
-        else
-            mdb_txn_abort(txn);
+        rc = ctxs__txn_finish(txn, rc);
     }
     for (size_t i = 0; i < kept; i++)
         free(facts[i].ids);

@@ -26,6 +26,18 @@ static int same_model(const ctxs__model_rec *r, const ctxs_model *m)
 }
 
 /* Reads models[hash] into *rec; *name points into the transaction's pages. */
+static int model_parse(const MDB_val *val, ctxs__model_rec *rec, const char **name)
+{
+    if (val->mv_size < sizeof(*rec))
+        return CTXS_ECORRUPT;
+    memcpy(rec, val->mv_data, sizeof(*rec));
+    if (rec->name_len > CTXS__NAME_MAX || val->mv_size != sizeof(*rec) + rec->name_len)
+        return CTXS_ECORRUPT;
+    if (name)
+        *name = (const char *)val->mv_data + sizeof(*rec);
+    return 0;
+}
+
 static int model_read(MDB_txn *txn, ctxs_store *st, const uint8_t hash[16],
                       ctxs__model_rec *rec, const char **name)
 {
@@ -33,14 +45,7 @@ static int model_read(MDB_txn *txn, ctxs_store *st, const uint8_t hash[16],
     int rc = mdb_get(txn, st->models, &key, &val);
     if (rc != 0)
         return ctxs__mdb_error(rc);
-    if (val.mv_size < sizeof(*rec))
-        return CTXS_ECORRUPT;
-    memcpy(rec, val.mv_data, sizeof(*rec));
-    if (rec->name_len > CTXS__NAME_MAX || val.mv_size != sizeof(*rec) + rec->name_len)
-        return CTXS_ECORRUPT;
-    if (name)
-        *name = (const char *)val.mv_data + sizeof(*rec);
-    return 0;
+    return model_parse(&val, rec, name);
 }
 
 static int model_write(MDB_txn *txn, ctxs_store *st, const ctxs_model *model,
@@ -99,11 +104,7 @@ int ctxs_model_register(ctxs_store *st, const ctxs_model *model, const char *nam
     }
     if (rc == 0)
         rc = model_write(txn, st, model, name ? name : "", name_len, registered);
-    if (rc < 0) {
-        mdb_txn_abort(txn);
-        return rc;
-    }
-    return ctxs__txn_commit(txn);
+    return ctxs__txn_finish(txn, rc);
 }
 
 static void entry_fill(ctxs_model_entry *out, const uint8_t hash[16],
@@ -133,6 +134,16 @@ int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st, const uint8_t model_ha
     return rc;
 }
 
+static int model_entry_fill(void *entry, const MDB_val *key, const MDB_val *val)
+{
+    ctxs__model_rec rec;
+    const char *name;
+    if (key->mv_size != 16 || model_parse(val, &rec, &name) < 0)
+        return CTXS_ECORRUPT;
+    entry_fill(entry, key->mv_data, &rec, name);
+    return 0;
+}
+
 int ctxs_model_list(ctxs_model_entry **out, size_t *n_out, ctxs_store *st)
 {
     if (!out || !n_out)
@@ -141,40 +152,7 @@ int ctxs_model_list(ctxs_model_entry **out, size_t *n_out, ctxs_store *st)
     *n_out = 0;
     if (!st)
         return CTXS_EINVAL;
-    MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
-    if (rc < 0)
-        return rc;
-    MDB_stat ms;
-    MDB_cursor *cur = NULL;
-    ctxs_model_entry *list = NULL;
-    size_t n = 0;
-    if ((rc = ctxs__mdb_error(mdb_stat(txn, st->models, &ms))) == 0 && ms.ms_entries &&
-        !(list = calloc(ms.ms_entries, sizeof(*list))))
-        rc = CTXS_ENOMEM;
-    if (rc == 0 && list)
-        rc = ctxs__mdb_error(mdb_cursor_open(txn, st->models, &cur));
-    MDB_val key, val;
-    for (int op = MDB_FIRST; rc == 0 && list && n < ms.ms_entries &&
-                             mdb_cursor_get(cur, &key, &val, op) == 0;
-         op = MDB_NEXT) {
-        ctxs__model_rec rec = {0};
-        const char *name = "";
-        if (key.mv_size != 16 || (rc = model_read(txn, st, key.mv_data, &rec, &name)) < 0)
-            rc = CTXS_ECORRUPT;
-        else
-            entry_fill(&list[n++], key.mv_data, &rec, name);
-    }
-    if (cur)
-        mdb_cursor_close(cur);
-    mdb_txn_abort(txn);
-    if (rc < 0) {
-        free(list);
-        return rc;
-    }
-    *out = list;
-    *n_out = n;
-    return 0;
+    return ctxs__list((void **)out, n_out, st, st->models, sizeof(**out), model_entry_fill);
 }
 
 static int hash_stream(uint8_t out[16], int fd)
@@ -244,11 +222,7 @@ static int cache_put(ctxs_store *st, const ctxs__filehash_key *k, const uint8_t 
     if (rc < 0)
         return rc;
     MDB_val key = {sizeof(*k), (void *)k}, val = {16, (void *)hash};
-    if ((rc = ctxs__mdb_error(mdb_put(txn, st->filehash, &key, &val, 0))) < 0) {
-        mdb_txn_abort(txn);
-        return rc;
-    }
-    return ctxs__txn_commit(txn);
+    return ctxs__txn_finish(txn, ctxs__mdb_error(mdb_put(txn, st->filehash, &key, &val, 0)));
 }
 
 int ctxs_model_hash_file(uint8_t out[16], ctxs_store *st, const char *path)

@@ -191,11 +191,7 @@ static int index_update(store_link *link, ctxs_session *s, int closing)
     }
     if (rc == 0)
         rc = session_put(txn, st, name, strlen(name), &rec);
-    if (rc < 0) {
-        mdb_txn_abort(txn);
-        return rc;
-    }
-    if ((rc = ctxs__txn_commit(txn)) == 0)
+    if ((rc = ctxs__txn_finish(txn, rc)) == 0)
         link->indexed_chunks = rec.prefix_tokens / CTXS_PREFIX_CHUNK;
     return rc;
 }
@@ -293,11 +289,7 @@ static int begin_create(ctxs_store *st, const char *name, size_t len,
     }
     if (rc == 0)
         rc = intent_put(txn, st, *id, CTXS__INTENT_CREATE);
-    if (rc < 0) {
-        mdb_txn_abort(txn);
-        return rc;
-    }
-    return ctxs__txn_commit(txn);
+    return ctxs__txn_finish(txn, rc);
 }
 
 /* Last step: index the new file under name and drop the intent, in one
@@ -324,11 +316,7 @@ static int finish_create(ctxs_store *st, const char *name, size_t len,
         from.last_used_unix_ms = rec->last_used_unix_ms;
         rc = session_put(txn, st, parent, strlen(parent), &from);
     }
-    if (rc < 0) {
-        mdb_txn_abort(txn);
-        return rc;
-    }
-    return ctxs__txn_commit(txn);
+    return ctxs__txn_finish(txn, rc);
 }
 
 /* Undoes a create that failed after begin_create(). */
@@ -563,6 +551,16 @@ int ctxs_store_session_get(ctxs_session_entry *out, ctxs_store *st, const char *
     return rc;
 }
 
+static int session_entry_fill(void *entry, const MDB_val *key, const MDB_val *val)
+{
+    ctxs__session_rec rec;
+    if (key->mv_size == 0 || key->mv_size > CTXS__NAME_MAX || val->mv_size != sizeof(rec))
+        return CTXS_ECORRUPT;
+    memcpy(&rec, val->mv_data, sizeof(rec));
+    entry_fill(entry, key->mv_data, key->mv_size, &rec);
+    return 0;
+}
+
 int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out, ctxs_store *st)
 {
     if (!out || !n_out)
@@ -571,41 +569,7 @@ int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out, ctxs_store 
     *n_out = 0;
     if (!st)
         return CTXS_EINVAL;
-    MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
-    if (rc < 0)
-        return rc;
-    MDB_stat ms;
-    MDB_cursor *cur = NULL;
-    ctxs_session_entry *list = NULL;
-    size_t n = 0;
-    if ((rc = ctxs__mdb_error(mdb_stat(txn, st->sessions, &ms))) == 0 && ms.ms_entries &&
-        !(list = calloc(ms.ms_entries, sizeof(*list))))
-        rc = CTXS_ENOMEM;
-    if (rc == 0 && list)
-        rc = ctxs__mdb_error(mdb_cursor_open(txn, st->sessions, &cur));
-    MDB_val key, val;
-    for (int op = MDB_FIRST; rc == 0 && list && n < ms.ms_entries &&
-                             mdb_cursor_get(cur, &key, &val, op) == 0;
-         op = MDB_NEXT) {
-        ctxs__session_rec rec;
-        if (key.mv_size == 0 || key.mv_size > CTXS__NAME_MAX || val.mv_size != sizeof(rec)) {
-            rc = CTXS_ECORRUPT;
-            break;
-        }
-        memcpy(&rec, val.mv_data, sizeof(rec));
-        entry_fill(&list[n++], key.mv_data, key.mv_size, &rec);
-    }
-    if (cur)
-        mdb_cursor_close(cur);
-    mdb_txn_abort(txn);
-    if (rc < 0) {
-        free(list);
-        return rc;
-    }
-    *out = list;
-    *n_out = n;
-    return 0;
+    return ctxs__list((void **)out, n_out, st, st->sessions, sizeof(**out), session_entry_fill);
 }
 
 int ctxs_store_session_rename(ctxs_store *st, const char *from, const char *to)
@@ -666,10 +630,7 @@ int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name
     if (rc == 0 && (rc = ctxs__session_unindex(txn, st, id)) == 0 && fd >= 0)
         rc = intent_put(txn, st, id, CTXS__INTENT_DELETE);
     if (txn) {
-        if (rc == 0)
-            rc = ctxs__txn_commit(txn);
-        else
-            mdb_txn_abort(txn);
+        rc = ctxs__txn_finish(txn, rc);
     }
     if (rc == 0 && fd >= 0) {
         /* Unlinked before the lock goes with the descriptor: whoever opened
@@ -746,10 +707,7 @@ int ctxs__intent_resolve(ctxs_store *st, uint64_t id)
             rc = -errno;
         if (rc == 0)
             rc = intent_drop(txn, st, id);
-        if (rc == 0)
-            rc = ctxs__txn_commit(txn);
-        else
-            mdb_txn_abort(txn);
+        rc = ctxs__txn_finish(txn, rc);
     }
     if (fd >= 0)
         close(fd);

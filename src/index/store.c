@@ -87,6 +87,50 @@ int ctxs__txn_commit(MDB_txn *txn)
     return ctxs__mdb_error(mdb_txn_commit(txn));
 }
 
+int ctxs__txn_finish(MDB_txn *txn, int rc)
+{
+    if (rc < 0) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    return ctxs__txn_commit(txn);
+}
+
+int ctxs__list(void **out, size_t *n_out, ctxs_store *st, MDB_dbi dbi, size_t entry_size,
+               ctxs__entry_fill fill)
+{
+    *out = NULL;
+    *n_out = 0;
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    MDB_stat ms;
+    MDB_cursor *cur = NULL;
+    uint8_t *list = NULL;
+    size_t n = 0;
+    if ((rc = ctxs__mdb_error(mdb_stat(txn, dbi, &ms))) == 0 && ms.ms_entries &&
+        !(list = calloc(ms.ms_entries, entry_size)))
+        rc = CTXS_ENOMEM;
+    if (rc == 0 && list)
+        rc = ctxs__mdb_error(mdb_cursor_open(txn, dbi, &cur));
+    MDB_val key, val;
+    for (int op = MDB_FIRST; rc == 0 && list && n < ms.ms_entries &&
+                             mdb_cursor_get(cur, &key, &val, op) == 0;
+         op = MDB_NEXT)
+        rc = fill(list + n++ * entry_size, &key, &val);
+    if (cur)
+        mdb_cursor_close(cur);
+    mdb_txn_abort(txn);
+    if (rc < 0) {
+        free(list);
+        return rc;
+    }
+    *out = list;
+    *n_out = n;
+    return 0;
+}
+
 void ctxs__file_name(char buf[32], uint64_t id)
 {
     snprintf(buf, 32, "%016llx.ctxs", (unsigned long long)id);
@@ -252,11 +296,7 @@ static int open_tables(ctxs_store *st, int *fresh)
     }
     if (rc == 0 && (rc = check_format(txn, st, fresh)) == 0 && *fresh)
         rc = write_format(txn, st);
-    if (rc < 0) {
-        mdb_txn_abort(txn);
-        return rc;
-    }
-    return ctxs__txn_commit(txn);
+    return ctxs__txn_finish(txn, rc);
 }
 
 /* Finishes or undoes the creates and deletes that crashed processes left. */

@@ -1,0 +1,53 @@
+/*
+ * What the benchmarks share: their scratch directory on a real disk, dying
+ * with a message (and the directory removed), timing, and K/V-like data.
+ */
+#ifndef CTXS_BENCH_UTIL_H
+#define CTXS_BENCH_UTIL_H
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Each benchmark defines its name, for messages. */
+extern const char *const bench_program;
+
+/* The directory this run created (empty until then), and a descriptor of
+ * it for syncfs. */
+extern char g_dir[PATH_MAX];
+extern int g_dir_fd;
+
+/* Removes g_dir and everything in it; only ever the directory this program
+ * created. */
+void cleanup(void);
+
+#if defined(__GNUC__)
+__attribute__((noreturn, format(printf, 1, 2)))
+#endif
+void die(const char *fmt, ...);
+
+/* die() unless rc >= 0, naming what failed. */
+void check_ctxs(int rc, const char *what);
+void check_sys(int rc, const char *what);
+
+void *xmalloc(size_t n);
+
+/* Where the scratch directory goes: --dir if given, else $TMPDIR, else
+ * /var/tmp; never a memory file system, where fdatasync costs nothing. */
+const char *pick_parent_dir(const char *dir_option);
+int is_memory_fs(const char *dir);
+
+/* Writes back everything dirty, so that a timed block starts with a clean
+ * page cache and pays only for its own writeback. */
+void settle_disk(void);
+
+void write_all(int fd, const uint8_t *p, size_t n, const char *what);
+
+double now_us(void);
+int cmp_double(const void *a, const void *b);
+
+uint64_t xorshift64(uint64_t *state);
+/* Valid fp16 values in [1, 2), random mantissas; n is a multiple of 8. */
+void fill_fp16(uint8_t *p, size_t n, uint64_t *seed);
+
+#endif

@@ -2206,3 +2206,52 @@ Test(index, garbage_data_mdb_is_refused_without_a_crash)
     int rc = ctxs_store_open(&st, store_dir(), NULL);
     cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "text: %s", ctxs_err_name(rc));
 }
+
+Test(index, a_full_index_is_efull_and_loses_nothing)
+{
+    /* A 1 MiB index fills after some hundreds of sessions with prefixes. */
+    ctxs_store_options so;
+    cr_assert_eq(ctxs_store_options_init(&so), 0);
+    so.map_bytes = 1u << 20;
+    ctxs_store *st = NULL;
+    cr_assert_eq(ctxs_store_open(&st, store_dir(), &so), 0);
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_options o = small_opts(1024, 4);
+    char name[64];
+    int rc = 0, made = 0;
+    for (; made < 5000; made++) {
+        snprintf(name, sizeof(name), "session %d with a longish name to fill pages", made);
+        ctxs_session *s = NULL;
+        if ((rc = ctxs_store_session_create(&s, st, name, &m, &o)) < 0) {
+            cr_assert_null(s);
+            break;
+        }
+        cr_assert_eq(ts_append(s, 640), 0); /* 10 chunks of prefix entries */
+        ctxs_session_close(s);
+    }
+    cr_assert_eq(rc, CTXS_EFULL, "after %d sessions: %s", made, ctxs_err_name(rc));
+    cr_assert_gt(made, 0);
+    ctxs_store_close(st);
+
+    /* Reopened, with a bigger map: every session made is there and whole,
+     * and no file is left without an entry. */
+    so.map_bytes = 64u << 20;
+    cr_assert_eq(ctxs_store_open(&st, store_dir(), &so), 0);
+    ctxs_session_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
+    cr_assert_eq(n, (size_t)made);
+    cr_assert_eq(ts_dir_entries(ts_path(store_dir(), "sessions")), made);
+    for (size_t i = 0; i < n; i++) {
+        ctxs_session *s = NULL;
+        cr_assert_eq(ctxs_store_session_open(&s, st, list[i].name, &m, CTXS_OPEN_RDONLY, NULL), 0);
+        cr_assert_eq(ts_check_all(s), 0);
+        ctxs_session_close(s);
+    }
+    ctxs_free(list);
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_store_session_create(&s, st, "after the map grew", &m, &o), 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}

@@ -357,6 +357,13 @@ CTXS_API int ctxs_session_refresh(ctxs_session *s);
  * Reads the whole KV region. Errors: CTXS_EINVAL, CTXS_ECORRUPT. */
 CTXS_API int ctxs_session_verify(const ctxs_session *s, uint64_t *bad_pos);
 
+/* As ctxs_session_verify(), for the held positions in [from, to) only (to
+ * is capped at the token count), so that a caller can verify in steps,
+ * report progress, and go on past a bad token to find the next.
+ * Errors: CTXS_EINVAL (from > to), CTXS_ECORRUPT (*bad_pos set). */
+CTXS_API int ctxs_session_verify_range(const ctxs_session *s, uint64_t from,
+                                       uint64_t to, uint64_t *bad_pos);
+
 /* The slot that holds position pos. Errors: CTXS_EINVAL (NULL),
  * CTXS_EEVICTED, CTXS_ENOTFOUND (pos not committed). */
 CTXS_API int ctxs_session_slot(uint32_t *out, const ctxs_session *s,
@@ -692,6 +699,63 @@ CTXS_API int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st,
                               const uint8_t model_hash[16],
                               const uint32_t *tokens, uint64_t n);
 
+/* --- Inspecting files ------------------------------------------------------
+ *
+ * For tools: what a session file says about itself, read without opening it
+ * as a session, so that a file that does not open can still be described.
+ */
+typedef struct ctxs_record_report {
+    int32_t status;        /* 0 valid, CTXS_ECORRUPT (magic, index, CRC or
+                              ranges wrong) */
+    uint32_t current;      /* 1 for the record open would take */
+    uint64_t seq;
+    uint64_t n_tokens;
+    uint64_t ring_start;
+    uint64_t verified_from;
+    uint64_t written_unix_ms;
+    uint32_t this_boot;    /* 1 when written under the running boot */
+    uint32_t boot_known;   /* 0: no boot id, as after a failed sync (the
+                              next open verifies, as after a power loss) */
+} ctxs_record_report;
+
+typedef struct ctxs_file_report {
+    int32_t status;        /* 0, or why the file does not open: CTXS_EFOREIGN,
+                              CTXS_EVERSION, CTXS_ECORRUPT, -errno */
+    uint32_t format_major, format_minor;
+    int32_t header_status; /* 0, or what is wrong with the header */
+    uint32_t header_crc_ok;/* 1 when the header's CRC holds */
+    ctxs_model model;      /* valid when header_status == 0 */
+    uint32_t capacity, n_sink;
+    uint32_t ring;         /* 1: the session has a ring */
+    uint32_t reserved0_;
+    uint64_t created_unix_ms;
+    uint64_t file_bytes;   /* the size the header gives */
+    uint64_t size_bytes;   /* the file's size (st_size) */
+    uint64_t disk_bytes;   /* blocks the file takes on disk */
+    ctxs_record_report records[2];
+    int32_t label_status;  /* 0, CTXS_ENOTFOUND (none), CTXS_ECORRUPT */
+    uint32_t reserved1_;
+    uint64_t label_id;     /* the store id in the label */
+    char label_name[256];  /* the name in the label, NUL-terminated */
+    uint32_t writer_open;  /* 1: a writer holds the file now */
+    uint32_t reader_open;  /* 1: a reader holds the file now */
+} ctxs_file_report;
+
+/* Describes the session file at path: its header, both commit records, its
+ * label, and whether a handle in any process has it open. Returns 0 when
+ * the file could be read, even if it is damaged (out->status says whether
+ * it opens); -errno when it cannot be read at all (-ENOENT, -EACCES,
+ * -ELOOP, -EISDIR); CTXS_EINVAL. Takes no lock and changes nothing. */
+CTXS_API int ctxs_file_inspect(ctxs_file_report *out, const char *path);
+
+/* --- Progress ----------------------------------------------------------------
+ *
+ * Long operations call progress (when not NULL) now and then on the calling
+ * thread with the work done so far and the total, in the operation's units
+ * (bytes or tokens), and once with done == total at the end.
+ */
+typedef void (*ctxs_progress_fn)(void *arg, uint64_t done, uint64_t total);
+
 /* --- Maintenance -------------------------------------------------------- */
 
 typedef struct ctxs_gc_result {
@@ -734,6 +798,65 @@ typedef struct ctxs_reindex_result {
  * or taken are named "session-<id>". Files that are not valid sessions
  * are left alone and counted. out may be NULL. Errors: -errno, CTXS_ENOMEM. */
 CTXS_API int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st);
+
+typedef struct ctxs_compact_result {
+    uint64_t sessions;          /* session files compacted */
+    uint64_t skipped_busy;      /* sessions skipped: a handle had them open */
+    uint64_t bytes_before;      /* disk space of those session files */
+    uint64_t bytes_after;
+    uint64_t index_bytes_before;/* the index's data file; equal to after */
+    uint64_t index_bytes_after; /*  when the index was not rewritten */
+    uint32_t index_compacted;   /* 1: the index was rewritten compacted */
+    uint32_t index_busy;        /* 1: another process had the store open,
+                                   so the index was left as it was */
+    uint64_t orphans_removed;   /* index rows and files that nothing owned */
+} ctxs_compact_result;
+
+/* Gives back the disk space a session does not use: the KV blocks of slots
+ * that hold no token (after a rollback, a recovery, or reservations never
+ * committed) are punched out; the file keeps its size and its tokens.
+ * With name == NULL, every session, and then the store itself: orphaned
+ * index rows and leftover files are removed (as ctxs_store_repair() does),
+ * and the index is rewritten compacted when no other process has the store
+ * open. A session that a handle has open is not touched: CTXS_EBUSY for
+ * name, counted in skipped_busy for all. progress counts sessions.
+ * out may be NULL. Errors: CTXS_ENOTFOUND, CTXS_EBUSY, -errno. */
+CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
+                                const char *name, ctxs_progress_fn progress,
+                                void *progress_arg);
+
+/* --- Export and import ------------------------------------------------------
+ *
+ * An export file carries one session to another machine: its model (with
+ * the display name), geometry, state and every held token's id, checksum
+ * and KV, in zlib-compressed blocks that each carry a CRC-32. See
+ * docs/FORMAT.md.
+ */
+
+/* Writes the committed tokens of the session named name to a new file at
+ * path (written aside, then linked into place; -EEXIST if path exists). A
+ * writer may keep appending meanwhile; what it had committed when the
+ * export began is exported, and CTXS_ESTALE if it rolled back or its ring
+ * overwrote those tokens during the export. progress counts tokens.
+ * Errors: CTXS_ENOTFOUND, CTXS_ESTALE, CTXS_EFULL, -EEXIST, -errno. */
+CTXS_API int ctxs_store_export(ctxs_store *st, const char *name,
+                               const char *path, ctxs_progress_fn progress,
+                               void *progress_arg);
+
+/* Reads the export file at path and checks all of it (every block's CRC,
+ * every token's checksum, the model and geometry) before the store is
+ * touched; then creates the session, named name (NULL: the name the file
+ * carries), registering the model if the store does not know it. The
+ * session appears complete or not at all. name_out (256 bytes, may be
+ * NULL) receives the name used. progress counts bytes of the file, over
+ * both passes.
+ * Errors: CTXS_EFOREIGN (not an export file), CTXS_EVERSION (a newer
+ * export format), CTXS_ECORRUPT (damaged or truncated: nothing imported),
+ * CTXS_EMODEL (the store knows the model hash with another geometry),
+ * -EEXIST (the name is taken), CTXS_EINVAL, CTXS_EFULL, -errno. */
+CTXS_API int ctxs_store_import(ctxs_store *st, const char *path,
+                               const char *name, char name_out[256],
+                               ctxs_progress_fn progress, void *progress_arg);
 
 #ifdef __cplusplus
 }

@@ -8,10 +8,12 @@
 
 #ifdef F_OFD_SETLK
 #define SETLK F_OFD_SETLK
+#define GETLK F_OFD_GETLK
 #else
 /* Process-associated locks: correct across processes, but closing any
  * descriptor of the file in this process drops them. */
 #define SETLK F_SETLK
+#define GETLK F_GETLK
 #endif
 
 int ctxs__lock(int fd, enum ctxs__lock_kind kind)
@@ -43,4 +45,20 @@ int ctxs__lock(int fd, enum ctxs__lock_kind kind)
             continue;
         return (errno == EAGAIN || errno == EACCES) ? CTXS_EBUSY : -errno;
     }
+}
+
+int ctxs__lock_probe(int fd, enum ctxs__lock_kind kind)
+{
+    /* Asking for the lock that conflicts with the one looked for: a read
+     * lock on byte 0 meets only a writer, a write lock on byte 1 meets any
+     * reader. */
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_whence = SEEK_SET;
+    fl.l_type = kind == CTXS__LOCK_WRITER ? F_RDLCK : F_WRLCK;
+    fl.l_start = kind == CTXS__LOCK_WRITER ? 0 : 1;
+    fl.l_len = 1;
+    if (fcntl(fd, GETLK, &fl) != 0)
+        return -errno;
+    return fl.l_type != F_UNLCK;
 }

@@ -21,4 +21,9 @@ enum ctxs__lock_kind {
 /* Takes the lock without waiting. Returns 0, CTXS_EBUSY, or -errno. */
 int ctxs__lock(int fd, enum ctxs__lock_kind kind);
 
+/* Whether another open file description holds the writer lock (kind
+ * CTXS__LOCK_WRITER) or a reader lock (CTXS__LOCK_READER), without taking
+ * anything: 1 or 0, or -errno. */
+int ctxs__lock_probe(int fd, enum ctxs__lock_kind kind);
+
 #endif

@@ -542,16 +542,31 @@ int ctxs_session_refresh(ctxs_session *s)
 
 int ctxs_session_verify(const ctxs_session *s, uint64_t *bad_pos)
 {
-    CTXS__CHECK(s);
+    return ctxs_session_verify_range(s, 0, UINT64_MAX, bad_pos);
+}
+
+int ctxs_session_verify_range(const ctxs_session *s, uint64_t from, uint64_t to,
+                              uint64_t *bad_pos)
+{
+    CTXS__CHECK(s && from <= to);
     uint64_t n = s->st.n_tokens;
+    if (to > n)
+        to = n;
+    /* The held positions are two runs: the sinks, then the recent tokens. */
     uint64_t sink_end = n < s->lay.n_sink ? n : s->lay.n_sink;
     uint64_t first = ctxs__first_recent(s, &s->st);
-    uint64_t bad = ctxs__first_bad(s, 0, sink_end);
-    if (bad == sink_end) {
-        if (first >= n || (bad = ctxs__first_bad(s, first, n)) == n)
-            return 0;
+    uint64_t runs[2][2] = { { from, sink_end < to ? sink_end : to },
+                            { from > first ? from : first, to } };
+    for (int i = 0; i < 2; i++) {
+        uint64_t lo = runs[i][0], hi = runs[i][1];
+        if (lo >= hi)
+            continue;
+        uint64_t bad = ctxs__first_bad(s, lo, hi);
+        if (bad < hi) {
+            if (bad_pos)
+                *bad_pos = bad;
+            return CTXS_ECORRUPT;
+        }
     }
-    if (bad_pos)
-        *bad_pos = bad;
-    return CTXS_ECORRUPT;
+    return 0;
 }

@@ -807,20 +807,31 @@ typedef struct ctxs_compact_result {
     uint64_t index_bytes_before;/* the index's data file; equal to after */
     uint64_t index_bytes_after; /*  when the index was not rewritten */
     uint32_t index_compacted;   /* 1: the index was rewritten compacted */
-    uint32_t index_busy;        /* 1: another process had the store open,
-                                   so the index was left as it was */
+    uint32_t index_busy;        /* 1: the store was in use elsewhere (another
+                                   process, another handle of this process,
+                                   or a session opened through st), so the
+                                   index was left as it was */
     uint64_t orphans_removed;   /* index rows and files that nothing owned */
 } ctxs_compact_result;
 
-/* Gives back the disk space a session does not use: the KV blocks of slots
- * that hold no token (after a rollback, a recovery, or reservations never
- * committed) are punched out; the file keeps its size and its tokens.
- * With name == NULL, every session, and then the store itself: orphaned
- * index rows and leftover files are removed (as ctxs_store_repair() does),
- * and the index is rewritten compacted when no other process has the store
- * open. A session that a handle has open is not touched: CTXS_EBUSY for
- * name, counted in skipped_busy for all. progress counts sessions.
- * out may be NULL. Errors: CTXS_ENOTFOUND, CTXS_EBUSY, -errno. */
+/* Gives back the disk space a session does not use: the KV blocks of the
+ * slots from min(n_tokens, capacity) on, which hold no token (after a
+ * rollback, a recovery, or reservations never committed), are punched out;
+ * the file keeps its size and its tokens, and later reservations allocate
+ * them again. A ring that has wrapped keeps all its blocks. Where the
+ * filesystem cannot punch holes, a session is left as it is.
+ * With name == NULL, every session, and then the store itself: index rows
+ * that no session owns are removed, then what ctxs_store_repair() mends,
+ * and the index is rewritten compacted when nothing else uses the store:
+ * no other process has it open, st is this process's only handle to it,
+ * and no session opened through st is open (other processes' opens wait
+ * meanwhile). A session that a handle in any process has open is not
+ * touched: CTXS_EBUSY for name, counted in skipped_busy for all; files that
+ * do not open as sessions are left alone. progress counts sessions. out may
+ * be NULL; it holds what was done, also on failure. With name == NULL no
+ * other thread may use st during the call.
+ * Errors: CTXS_ENOTFOUND, CTXS_EBUSY, CTXS_EINVAL, CTXS_EFULL, CTXS_EFAILED
+ * (the index was rewritten but could not be reopened: close st), -errno. */
 CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
                                 const char *name, ctxs_progress_fn progress,
                                 void *progress_arg);

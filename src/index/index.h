@@ -94,6 +94,8 @@ struct ctxs_store {
     dev_t dev;                  /* of the store directory: one handle per */
     ino_t ino;                  /* store per process (LMDB's rule) */
     int refs;                   /* ctxs_store_open()s plus open sessions */
+    int lock_fd;                /* index/store.lock, read-locked while env
+                                   is open (store.c, "The store lock") */
     struct ctxs_store *next;
 };
 
@@ -129,6 +131,17 @@ void ctxs__id_key(uint8_t out[8], uint64_t id);
 uint64_t ctxs__id_from_key(const void *key);
 
 uint64_t ctxs__now_unix_ms(void);
+
+/* Rewrites the index compacted (mdb_env_copyfd2 with MDB_CP_COMPACT, then
+ * renamed over data.mdb) and reopens st's environment on it, when nothing
+ * else uses it: no other process has the store open, and st is this
+ * process's only handle to it, with no session open through it. The
+ * calling thread must be the only one using st meanwhile. *bytes_before
+ * and *bytes_after get data.mdb's disk space (equal when nothing was
+ * done). Errors: CTXS_EBUSY (the store is in use: the index is left as it
+ * was), -errno; CTXS_EFAILED when the environment could not be reopened
+ * after the swap (st is then unusable). */
+int ctxs__index_compact(ctxs_store *st, uint64_t *bytes_before, uint64_t *bytes_after);
 
 /* --- names.c ---------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /*
  * Opening and closing a store: the directory, the LMDB environment, the
  * index's format version, and finishing what a crashed process left half
- * done.
+ * done; and rewriting the index compacted.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -71,6 +71,10 @@ int ctxs__mdb_error(int rc)
 
 int ctxs__txn_begin(MDB_txn **out, ctxs_store *st, int readonly)
 {
+    if (!st->env) { /* a compaction could not reopen it */
+        *out = NULL;
+        return CTXS_EFAILED;
+    }
     int rc = mdb_txn_begin(st->env, NULL, readonly ? MDB_RDONLY : 0, out);
     if (rc == MDB_MAP_RESIZED) {
         /* Another process grew the map; adopt its size. */
@@ -213,6 +217,8 @@ static void store_free(ctxs_store *st)
 {
     if (st->env)
         mdb_env_close(st->env);
+    if (st->lock_fd >= 0)
+        close(st->lock_fd); /* after the environment: see "The store lock" */
     if (st->sessions_fd >= 0)
         close(st->sessions_fd);
     free(st->dir);
@@ -328,6 +334,107 @@ static int resolve_intents(ctxs_store *st)
     return rc;
 }
 
+/*
+ * The store lock. Compaction replaces data.mdb with a compacted copy; a
+ * process that kept the old environment open would go on reading and
+ * writing the replaced file, and its writes would be lost. So every
+ * process that opens the environment holds a shared lock on byte 0 of
+ * index/store.lock from before mdb_env_open() until after mdb_env_close()
+ * (one per store per process: handles share the environment), taken
+ * waiting, so that an open waits out a compaction; compaction converts it
+ * to an exclusive lock without waiting, and leaves the index alone when
+ * that fails.
+ *
+ * Open-file-description locks: they conflict between descriptions even
+ * within one process, and closing some other descriptor of the file does
+ * not drop them. The lock is on a file of its own, never replaced: one on
+ * data.mdb would stay behind on the old inode after the rename, and LMDB's
+ * POSIX locks on lock.mdb would be dropped by any close() of that file in
+ * this process.
+ */
+#define STORE_LOCK_FILE "store.lock"
+/* The compacted copy being written. LMDB opens only data.mdb and lock.mdb,
+ * so the copy is never taken for the index; one left by a crash is removed
+ * by the next open or compaction (both exclude compactions in progress). */
+#define COMPACT_TMP_FILE "compact.tmp"
+
+#ifdef F_OFD_SETLK
+#define STORE_SETLK F_OFD_SETLK
+#define STORE_SETLKW F_OFD_SETLKW
+#else
+/* Process-associated locks: enough across processes; within one, the
+ * handle count decides (ctxs__index_compact). */
+#define STORE_SETLK F_SETLK
+#define STORE_SETLKW F_SETLKW
+#endif
+
+/* Sets the lock on byte 0 to type (F_RDLCK, F_WRLCK), waiting for it or
+ * not. Returns 0, CTXS_EBUSY (not waiting), or -errno. */
+static int store_lock(int fd, short type, int wait)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 0;
+    fl.l_len = 1;
+    for (;;) {
+        if (fcntl(fd, wait ? STORE_SETLKW : STORE_SETLK, &fl) == 0)
+            return 0;
+        if (errno == EINTR)
+            continue;
+        return (errno == EAGAIN || errno == EACCES) ? CTXS_EBUSY : -errno;
+    }
+}
+
+/* Opens index/store.lock and waits for the shared lock. */
+static int store_lock_take(ctxs_store *st, const char *index_dir)
+{
+    char *path = join(index_dir, STORE_LOCK_FILE);
+    if (!path)
+        return CTXS_ENOMEM;
+    st->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    free(path);
+    if (st->lock_fd < 0)
+        return -errno;
+    return store_lock(st->lock_fd, F_RDLCK, 1);
+}
+
+/* Removes the copy a compaction that died left behind. Holding the shared
+ * lock, no compaction is in progress. */
+static int remove_compact_tmp(const char *index_dir)
+{
+    char *tmp = join(index_dir, COMPACT_TMP_FILE);
+    if (!tmp)
+        return CTXS_ENOMEM;
+    int rc = unlink(tmp) == 0 || errno == ENOENT ? 0 : -errno;
+    free(tmp);
+    return rc;
+}
+
+/* Creates and opens st->env on index_dir; st->env stays NULL on failure. */
+static int env_open(ctxs_store *st, const char *index_dir, unsigned max_readers,
+                    size_t map_bytes)
+{
+    MDB_env *env;
+    int rc = mdb_env_create(&env);
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
+    if ((rc = mdb_env_set_maxdbs(env, 16)) == 0 &&
+        (rc = mdb_env_set_maxreaders(env, max_readers)) == 0 &&
+        (rc = mdb_env_set_mapsize(env, map_bytes)) == 0)
+        rc = mdb_env_open(env, index_dir, MDB_NOTLS, 0600);
+    if (rc != 0) {
+        mdb_env_close(env);
+        return ctxs__mdb_error(rc);
+    }
+    /* Reader slots of processes that died would pin old pages forever. */
+    int dead;
+    mdb_reader_check(env, &dead);
+    st->env = env;
+    return 0;
+}
+
 static int store_init(ctxs_store *st, const char *dir, const ctxs_store_options *o)
 {
     int rc;
@@ -344,22 +451,17 @@ static int store_init(ctxs_store *st, const char *dir, const ctxs_store_options 
         if (st->sessions_fd < 0)
             rc = -errno;
     }
-    if (rc == 0) {
-        if ((rc = mdb_env_create(&st->env)) == 0 &&
-            (rc = mdb_env_set_maxdbs(st->env, 16)) == 0 &&
-            (rc = mdb_env_set_maxreaders(st->env, o->max_readers)) == 0 &&
-            (rc = mdb_env_set_mapsize(st->env, (size_t)o->map_bytes)) == 0)
-            rc = mdb_env_open(st->env, index_dir, MDB_NOTLS, 0600);
-        rc = ctxs__mdb_error(rc);
-    }
-    free(index_dir);
-    /* Reader slots of processes that died would pin old pages forever. */
-    int dead;
     if (rc == 0)
-        mdb_reader_check(st->env, &dead);
+        rc = store_lock_take(st, index_dir);
+    if (rc == 0)
+        rc = env_open(st, index_dir, o->max_readers, (size_t)o->map_bytes);
     int fresh = 0;
     if (rc == 0)
         rc = open_tables(st, &fresh);
+    /* Only once the index is known to be ours: the file is ours too. */
+    if (rc == 0)
+        rc = remove_compact_tmp(index_dir);
+    free(index_dir);
     if (rc == 0)
         rc = resolve_intents(st);
     /* A new index beside session files: the old one was lost. */
@@ -399,6 +501,7 @@ int ctxs_store_open(ctxs_store **out, const char *dir, const ctxs_store_options 
     int rc = st ? 0 : CTXS_ENOMEM;
     if (st) {
         st->sessions_fd = -1;
+        st->lock_fd = -1;
         if ((rc = store_init(st, dir, &o)) == 0 && stat(st->dir, &sb) != 0)
             rc = -errno;
     }
@@ -450,4 +553,144 @@ void ctxs_store_close(ctxs_store *st)
 void ctxs_free(void *p)
 {
     free(p);
+}
+
+/* --- Compaction ----------------------------------------------------------- */
+
+static uint64_t file_disk_bytes(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (uint64_t)sb.st_blocks * 512u : 0;
+}
+
+static int sync_dir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = fsync(fd) == 0 ? 0 : -errno;
+    close(fd);
+    return rc;
+}
+
+/* 0 if the copy at path opens as an environment whose tables hold as many
+ * entries as st's (which nobody changes meanwhile), else -EIO. */
+static int copy_matches(ctxs_store *st, const char *path, size_t map_bytes)
+{
+    MDB_env *env;
+    MDB_txn *copy = NULL, *orig = NULL;
+    if (mdb_env_create(&env) != 0)
+        return -EIO;
+    int rc;
+    if ((rc = mdb_env_set_maxdbs(env, 16)) == 0 &&
+        (rc = mdb_env_set_mapsize(env, map_bytes)) == 0 &&
+        (rc = mdb_env_open(env, path, MDB_NOSUBDIR | MDB_RDONLY | MDB_NOLOCK, 0600)) == 0 &&
+        (rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &copy)) == 0)
+        rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &orig);
+    for (size_t i = 0; rc == 0 && i < sizeof(dbis) / sizeof(dbis[0]); i++) {
+        const MDB_dbi *mine = (const MDB_dbi *)(const void *)((const char *)st + dbis[i].offset);
+        MDB_dbi dbi;
+        MDB_stat a, b;
+        if ((rc = mdb_dbi_open(copy, dbis[i].name, dbis[i].flags, &dbi)) == 0 &&
+            (rc = mdb_stat(copy, dbi, &a)) == 0 && (rc = mdb_stat(orig, *mine, &b)) == 0 &&
+            a.ms_entries != b.ms_entries)
+            rc = EIO;
+    }
+    if (orig)
+        mdb_txn_abort(orig);
+    if (copy)
+        mdb_txn_abort(copy);
+    mdb_env_close(env);
+    return rc == 0 ? 0 : -EIO;
+}
+
+/* Writes the compacted copy, checks it, and puts it in place of data.mdb;
+ * st->env is reopened on whichever file is then in place. Called with the
+ * store lock held exclusively and st the only handle. */
+static int index_swap(ctxs_store *st, const char *index_dir, const char *data,
+                      const char *lock_mdb, const char *tmp)
+{
+    MDB_envinfo info;
+    unsigned readers;
+    int rc;
+    if ((rc = mdb_env_info(st->env, &info)) != 0 ||
+        (rc = mdb_env_get_maxreaders(st->env, &readers)) != 0)
+        return ctxs__mdb_error(rc);
+    /* No other process has the environment open: reader slots still taken
+     * belong to dead ones, and would only pin pages. */
+    int dead;
+    mdb_reader_check(st->env, &dead);
+    if (unlink(tmp) != 0 && errno != ENOENT)
+        return -errno;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        return -errno;
+    rc = ctxs__mdb_error(mdb_env_copyfd2(st->env, fd, MDB_CP_COMPACT));
+    if (rc == 0 && fsync(fd) != 0)
+        rc = errno == ENOSPC || errno == EDQUOT ? CTXS_EFULL : -errno;
+    if (close(fd) != 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0)
+        rc = copy_matches(st, tmp, info.me_mapsize);
+    if (rc < 0) {
+        unlink(tmp);
+        return rc;
+    }
+
+    /* The copy is complete and durable. rename() puts it in place
+     * atomically: a crash leaves either index whole. */
+    mdb_env_close(st->env);
+    st->env = NULL;
+    if (rename(tmp, data) != 0) {
+        rc = -errno;
+        unlink(tmp);
+    } else {
+        /* The lock file describes the old data file (its last transaction
+         * id, its readers). LMDB resets it when it opens it alone, as it
+         * will; a fresh one makes sure of it even if a program that
+         * ignores the store lock (mdb_stat) has the old one open. */
+        unlink(lock_mdb);
+        rc = sync_dir(index_dir);
+    }
+    int fresh = 0, r = env_open(st, index_dir, readers, info.me_mapsize);
+    if (r == 0 && (r = open_tables(st, &fresh)) < 0) {
+        mdb_env_close(st->env);
+        st->env = NULL;
+    }
+    return r < 0 ? CTXS_EFAILED : rc;
+}
+
+int ctxs__index_compact(ctxs_store *st, uint64_t *bytes_before, uint64_t *bytes_after)
+{
+    char *index_dir = join(st->dir, "index");
+    char *data = index_dir ? join(index_dir, "data.mdb") : NULL;
+    char *lock_mdb = index_dir ? join(index_dir, "lock.mdb") : NULL;
+    char *tmp = index_dir ? join(index_dir, COMPACT_TMP_FILE) : NULL;
+    int rc = index_dir && data && lock_mdb && tmp ? 0 : CTXS_ENOMEM;
+    *bytes_before = *bytes_after = rc == 0 ? file_disk_bytes(data) : 0;
+
+    /* Held throughout: no handle of this process opens or takes a
+     * reference on the store meanwhile. Other handles and the sessions
+     * opened through the store share st->env: they count in refs. */
+    pthread_mutex_lock(&stores_mutex);
+    if (rc == 0 && st->refs != 1)
+        rc = CTXS_EBUSY;
+    int locked = 0;
+    if (rc == 0 && (rc = store_lock(st->lock_fd, F_WRLCK, 0)) == 0)
+        locked = 1;
+    if (rc == 0)
+        rc = index_swap(st, index_dir, data, lock_mdb, tmp);
+    /* Back to shared: the same description's lock, so this cannot fail
+     * for a conflict. */
+    if (locked)
+        store_lock(st->lock_fd, F_RDLCK, 0);
+    pthread_mutex_unlock(&stores_mutex);
+
+    if (rc == 0)
+        *bytes_after = file_disk_bytes(data);
+    free(index_dir);
+    free(data);
+    free(lock_mdb);
+    free(tmp);
+    return rc;
 }

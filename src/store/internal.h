@@ -228,4 +228,13 @@ int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n);
 enum { CTXS__FORK_STARTED = 1, CTXS__FORK_TABLES_COPIED, CTXS__FORK_KV_COPIED };
 extern void (*ctxs__fork_hook)(int step);
 
+/* Compacts the session file at path (compact.c): punches out the KV blocks
+ * of the slots from min(n_tokens, capacity) on, which hold no token, after
+ * a writer's open has settled the state; reserve allocates them again.
+ * *bytes_before and *bytes_after get the file's disk space (blocks x 512).
+ * Where the filesystem cannot punch holes, nothing changes and 0 is
+ * returned. Errors: CTXS_EBUSY (a handle in any process has it open),
+ * -ENOENT, -ELOOP, the errors of ctxs_session_open(), CTXS_EFULL, -errno. */
+int ctxs__session_compact(const char *path, uint64_t *bytes_before, uint64_t *bytes_after);
+
 #endif

@@ -849,7 +849,10 @@ CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
  * writer may keep appending meanwhile; what it had committed when the
  * export began is exported, and CTXS_ESTALE if it rolled back or its ring
  * overwrote those tokens during the export. progress counts tokens.
- * Errors: CTXS_ENOTFOUND, CTXS_ESTALE, CTXS_EFULL, -EEXIST, -errno. */
+ * Errors: CTXS_ENOTFOUND, CTXS_ESTALE, CTXS_ECORRUPT (a held token does
+ * not match its checksum, or both records are damaged), CTXS_EFULL,
+ * -EEXIST, CTXS_EINVAL (bad argument, or a geometry whose one token's KV is
+ * above 64 MiB), CTXS_ENOMEM, -errno. */
 CTXS_API int ctxs_store_export(ctxs_store *st, const char *name,
                                const char *path, ctxs_progress_fn progress,
                                void *progress_arg);
@@ -860,11 +863,13 @@ CTXS_API int ctxs_store_export(ctxs_store *st, const char *name,
  * carries), registering the model if the store does not know it. The
  * session appears complete or not at all. name_out (256 bytes, may be
  * NULL) receives the name used. progress counts bytes of the file, over
- * both passes.
- * Errors: CTXS_EFOREIGN (not an export file), CTXS_EVERSION (a newer
+ * both passes (total is twice the file's size).
+ * Errors: CTXS_EFOREIGN (not an export file, or not a regular file),
+ * CTXS_EVERSION (a newer
  * export format), CTXS_ECORRUPT (damaged or truncated: nothing imported),
  * CTXS_EMODEL (the store knows the model hash with another geometry),
- * -EEXIST (the name is taken), CTXS_EINVAL, CTXS_EFULL, -errno. */
+ * -EEXIST (the name is taken), CTXS_EINVAL, CTXS_EFULL, CTXS_ENOMEM,
+ * -errno. */
 CTXS_API int ctxs_store_import(ctxs_store *st, const char *path,
                                const char *name, char name_out[256],
                                ctxs_progress_fn progress, void *progress_arg);

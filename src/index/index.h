@@ -169,6 +169,23 @@ uint64_t ctxs__session_store_id(ctxs_store *st, const ctxs_session *s);
 int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name,
                             size_t expect_len);
 
+/* Writes a whole new session file into fd, durably, with label in its
+ * first page; returns 0 or an error. */
+typedef int (*ctxs__label_fill_fn)(int fd, const ctxs__disk_label *label, void *arg);
+
+/* Creates the session name (len bytes, checked) from a file that fill
+ * writes aside, as a create does: the intent first, then the file, linked
+ * into place and opened read-write, then model registered under
+ * model_name (NULL or "": none) if the store does not know its hash, then
+ * the index entries. The session appears complete or not at all.
+ * Errors: -EEXIST, CTXS_EMODEL (the hash is registered with another
+ * geometry or tokenizer), fill's errors, those of ctxs__create_file().
+ * *out is set on success only. */
+int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const char *name,
+                                      size_t len, const ctxs_model *model,
+                                      const char *model_name, ctxs__label_fill_fn fill,
+                                      void *arg);
+
 /* Removes the file of an interrupted create or delete of id, unless a
  * handle has it open: a create in progress holds its writer lock. */
 int ctxs__intent_resolve(ctxs_store *st, uint64_t id);

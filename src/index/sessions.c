@@ -382,6 +382,59 @@ int ctxs_store_session_create(ctxs_session **out, ctxs_store *st, const char *na
     return rc;
 }
 
+/* ctxs__store_session_create_filled's fill, with the label made for the
+ * id begin_create() took. */
+typedef struct label_fill {
+    ctxs__label_fill_fn fill;
+    void *arg;
+    ctxs__disk_label label;
+} label_fill;
+
+static int fill_labeled(int fd, void *arg)
+{
+    label_fill *lf = arg;
+    return lf->fill(fd, &lf->label, lf->arg);
+}
+
+int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const char *name,
+                                      size_t len, const ctxs_model *model,
+                                      const char *model_name, ctxs__label_fill_fn fill,
+                                      void *arg)
+{
+    *out = NULL;
+    uint64_t id;
+    int rc = begin_create(st, name, len, NULL, &id);
+    if (rc < 0)
+        return rc;
+    char *path = ctxs__file_path(st, id);
+    label_fill lf = {.fill = fill, .arg = arg};
+    ctxs__label_make(&lf.label, id, name, len);
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    ctxs_session *s = NULL;
+    rc = path ? ctxs__create_file(&s, path, model, &o, fill_labeled, &lf) : CTXS_ENOMEM;
+    free(path);
+    /* The model is registered only once the file stands, so that a fill
+     * that fails leaves the store as it was. */
+    ctxs_model_entry known;
+    if (rc == 0 && (rc = ctxs_model_get(&known, st, model->model_hash)) == CTXS_ENOTFOUND)
+        rc = ctxs_model_register(st, model, model_name && *model_name ? model_name : NULL);
+    else if (rc == 0 && (memcmp(&known.model.geometry, &model->geometry, sizeof(model->geometry)) ||
+                         memcmp(known.model.tokenizer_hash, model->tokenizer_hash, 16)))
+        rc = CTXS_EMODEL;
+    if (rc < 0) {
+        abandon_create(st, id, s);
+        return rc;
+    }
+    ctxs__session_rec rec = {.id = id, .n_tokens = s->st.n_tokens,
+                             .created_unix_ms = s->created_unix_ms,
+                             .last_used_unix_ms = ctxs__now_unix_ms()};
+    memcpy(rec.model_hash, model->model_hash, 16);
+    if ((rc = adopt_new(st, name, len, &rec, s)) == 0)
+        *out = s;
+    return rc;
+}
+
 /* Opens the file of id as ctxs_session_open() does, and makes sure it is
  * still the indexed one: a delete may have unlinked it meanwhile. */
 static int open_file(ctxs_session **out, ctxs_store *st, uint64_t id,

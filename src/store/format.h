@@ -195,6 +195,17 @@ void ctxs__record_seal(ctxs__disk_record *r, uint32_t index);
 int ctxs__record_valid(const ctxs__disk_record *r, uint32_t index,
                        const ctxs__file_layout *lay, int ring);
 
+/* The checksum chain of docs/FORMAT.md "Checksums" (recover.c), for n
+ * consecutive positions from first_pos, wherever their bytes are: token i
+ * has id ids[i], and its bytes in run r (r = (layer * 2 + kind) *
+ * n_kv_heads + head, file order, n_runs of them) are the slot_bytes at
+ * kv + r * run_stride + at[i]. A session's mapping has run_stride =
+ * head_stride and at[i] = slot * slot_bytes; an export block packs each
+ * run's tokens one after the other. */
+void ctxs__sums_chain(uint64_t *out, uint64_t first_pos, uint32_t n, const uint32_t *ids,
+                      const uint8_t *kv, size_t run_stride, uint32_t n_runs,
+                      size_t slot_bytes, const size_t *at);
+
 /* The slot of position p (p must be held). */
 static inline uint32_t ctxs__slot_of(uint64_t p, uint32_t capacity,
                                      uint32_t n_sink)

@@ -6,30 +6,42 @@
 
 #include "internal.h"
 
+void ctxs__sums_chain(uint64_t *out, uint64_t first_pos, uint32_t n, const uint32_t *ids,
+                      const uint8_t *kv, size_t run_stride, uint32_t n_runs,
+                      size_t slot_bytes, const size_t *at)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t pos = first_pos + i;
+        uint8_t head[12];
+        memcpy(head, &pos, 8);
+        memcpy(head + 8, &ids[i], 4);
+        out[i] = XXH3_64bits_withSeed(head, sizeof(head), CTXS__TOKEN_SEED);
+    }
+    /* Run by run: a run's slots for consecutive positions are contiguous
+     * (two stretches where the ring wraps), so the KV is read sequentially. */
+    for (uint32_t r = 0; r < n_runs; r++) {
+        const uint8_t *run = kv + (size_t)r * run_stride;
+        for (uint32_t i = 0; i < n; i++)
+            out[i] = XXH3_64bits_withSeed(run + at[i], slot_bytes, out[i]);
+    }
+}
+
 void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
                       uint64_t *out)
 {
     const ctxs__file_layout *lay = &s->lay;
     const uint32_t *tokens = ctxs__token_table(s);
+    uint32_t ids[CTXS__SUM_BATCH];
     size_t at[CTXS__SUM_BATCH]; /* byte offset of each position's slot in a run */
     for (uint32_t i = 0; i < n; i++) {
-        uint64_t pos = first_pos + i;
-        uint32_t slot = ctxs__slot(s, pos);
-        uint8_t head[12];
-        memcpy(head, &pos, 8);
-        memcpy(head + 8, &tokens[slot], 4);
-        out[i] = XXH3_64bits_withSeed(head, sizeof(head), CTXS__TOKEN_SEED);
+        uint32_t slot = ctxs__slot(s, first_pos + i);
+        ids[i] = tokens[slot];
         at[i] = (size_t)slot * lay->slot_bytes;
     }
-    /* Run by run: a run's slots for consecutive positions are contiguous
-     * (two stretches where the ring wraps), so the KV is read sequentially. */
-    for (uint32_t l = 0; l < lay->n_layers; l++)
-        for (uint32_t kind = 0; kind < 2; kind++)
-            for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
-                const uint8_t *run = ctxs__run(s, l, kind, h);
-                for (uint32_t i = 0; i < n; i++)
-                    out[i] = XXH3_64bits_withSeed(run + at[i], lay->slot_bytes, out[i]);
-            }
+    /* Run r of the mapping, (layer, kind, head) in file order, starts
+     * r * head_stride into the KV region. */
+    ctxs__sums_chain(out, first_pos, n, ids, s->map + lay->kv_off, lay->head_stride,
+                     2 * lay->n_layers * lay->n_kv_heads, lay->slot_bytes, at);
 }
 
 int ctxs__records_read(const ctxs_session *s, ctxs__state *st, uint32_t *index,

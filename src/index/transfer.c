@@ -1,0 +1,915 @@
+/*
+ * Export and import: one session in one portable, self-checking file, to
+ * move it to another machine. docs/FORMAT.md, "Export file format", is the
+ * prose version of the structs below; keep the two identical.
+ *
+ * An export file is a header (the model, geometry and committed state),
+ * then the held tokens in position order, in zlib-compressed blocks that
+ * each carry CRC-32s, then a trailer with a CRC-32 of everything before
+ * it. Every token also carries its session checksum (the XXH3-64 chain of
+ * FORMAT.md "Checksums"), which import recomputes from the decompressed
+ * bytes: a file that verifies holds exactly what the source session held.
+ *
+ * Export reads the session through a read-only handle while a writer may
+ * go on appending: it exports the state its handle opened with. A held
+ * slot is never rewritten before a record that stops holding it (rollback,
+ * ring eviction), so the copy is exact if, afterwards, the session still
+ * holds every exported position with the checksums that were exported;
+ * each block is also checked against its checksums as it is copied, so a
+ * token rewritten under the copy never leaves as a mismatched pair.
+ *
+ * Import reads the file twice. Pass 1 checks all of it and touches
+ * nothing. Pass 2 decodes it again, checking everything again (the file
+ * may have changed in between), into a new session file written aside
+ * through the store's create (intent, file, index): a failure or a crash at
+ * any point leaves no session, and the intent is resolved at the next open.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+#include <zlib.h>
+
+#include "index.h"
+#include "internal.h"
+#include "sys.h"
+
+#define XFER_MAGIC "CTXSEXPT"
+#define XFER_MAJOR 1
+#define XFER_MINOR 0
+#define XFER_HEADER_BYTES 1024u
+#define XFER_BLOCK_MAGIC "CXBK"
+#define XFER_TRAILER_MAGIC "CXEN"
+
+/* Tokens per block: at most this many, and at most what fits in
+ * XFER_MAX_RAW bytes uncompressed, so that no block makes a reader
+ * allocate more than about 2 x 64 MiB. */
+#define XFER_MAX_BLOCK_TOKENS 64u
+#define XFER_MAX_RAW (64u << 20)
+
+#define XFER_FLAG_RING 0x1u
+
+/*
+ * The header, at offset 0. Names are UTF-8 without NUL, zero padded.
+ */
+typedef struct xfer_header {
+    char magic[8];              /* XFER_MAGIC */
+    uint16_t version_major;     /* readers refuse a newer major */
+    uint16_t version_minor;     /* additions older readers may ignore */
+    uint32_t header_bytes;      /* XFER_HEADER_BYTES */
+    uint32_t flags;             /* XFER_FLAG_RING; other bits zero */
+    uint32_t dtype;             /* the session's geometry and slots */
+    uint32_t n_layers;
+    uint32_t n_kv_heads;
+    uint32_t head_dim;
+    uint32_t capacity;
+    uint32_t n_sink;
+    uint32_t block_tokens;      /* tokens per full block */
+    uint64_t n_tokens;          /* the committed state exported */
+    uint64_t ring_start;
+    uint64_t n_held;            /* tokens in the blocks */
+    uint64_t n_blocks;
+    uint64_t created_unix_ms;   /* the session's (its file header's) */
+    uint64_t exported_unix_ms;
+    uint8_t model_hash[16];
+    uint8_t tokenizer_hash[16];
+    uint16_t model_name_len;    /* 0..255: the display name, if registered */
+    uint16_t name_len;          /* 1..255: the session's name */
+    uint32_t reserved0;         /* zero when written; ignored when read */
+    char model_name[256];
+    char name[256];
+    uint8_t reserved[372];      /* zero when written; ignored when read */
+    uint32_t crc32;             /* zlib crc32 of bytes 0..1019 */
+} xfer_header;
+
+static_assert(sizeof(xfer_header) == XFER_HEADER_BYTES, "export header size");
+static_assert(offsetof(xfer_header, n_tokens) == 48, "export header layout");
+static_assert(offsetof(xfer_header, model_hash) == 96, "export header layout");
+static_assert(offsetof(xfer_header, model_name_len) == 128, "export header layout");
+static_assert(offsetof(xfer_header, model_name) == 136, "export header layout");
+static_assert(offsetof(xfer_header, name) == 392, "export header layout");
+static_assert(offsetof(xfer_header, reserved) == 648, "export header layout");
+static_assert(offsetof(xfer_header, crc32) == 1020, "export header layout");
+
+/*
+ * A block: this header, then comp_bytes of zlib stream. Uncompressed, the
+ * block is the checksums (u64[count]), the token ids (u32[count]), then
+ * the KV of its tokens run by run, (layer, K|V, head) in file order, each
+ * run count * slot_bytes long.
+ */
+typedef struct xfer_block {
+    char magic[4];              /* XFER_BLOCK_MAGIC */
+    uint32_t index;             /* 0, 1, 2, ... */
+    uint64_t first_pos;         /* positions first_pos .. + count - 1 */
+    uint32_t count;
+    uint32_t raw_bytes;         /* count * (12 + runs * slot_bytes) */
+    uint32_t comp_bytes;
+    uint32_t data_crc32;        /* zlib crc32 of the comp_bytes */
+    uint32_t raw_crc32;         /* zlib crc32 of the raw_bytes */
+    uint32_t crc32;             /* zlib crc32 of bytes 0..35 */
+} xfer_block;
+
+static_assert(sizeof(xfer_block) == 40, "export block header size");
+static_assert(offsetof(xfer_block, crc32) == 36, "export block header layout");
+
+/* The trailer, the file's last 40 bytes. */
+typedef struct xfer_trailer {
+    char magic[4];              /* XFER_TRAILER_MAGIC */
+    uint32_t reserved0;         /* zero when written; ignored when read */
+    uint64_t n_blocks;
+    uint64_t n_held;
+    uint64_t body_bytes;        /* offset of the trailer */
+    uint32_t body_crc32;        /* zlib crc32 of bytes [0, body_bytes) */
+    uint32_t crc32;             /* zlib crc32 of bytes 0..35 */
+} xfer_trailer;
+
+static_assert(sizeof(xfer_trailer) == 40, "export trailer size");
+static_assert(offsetof(xfer_trailer, crc32) == 36, "export trailer layout");
+
+static uint32_t crc_of(const void *p, size_t n)
+{
+    return (uint32_t)crc32(0L, (const Bytef *)p, (uInt)n);
+}
+
+static uint32_t crc_more(uint32_t crc, const void *p, size_t n)
+{
+    return (uint32_t)crc32(crc, (const Bytef *)p, (uInt)n);
+}
+
+static int full_or(int rc)
+{
+    return rc == -ENOSPC || rc == -EDQUOT || rc == -EFBIG ? CTXS_EFULL : rc;
+}
+
+/* --- What a header implies ------------------------------------------------ */
+
+/* A run of consecutive held positions [start, end). */
+typedef struct xfer_range {
+    uint64_t start, end;
+} xfer_range;
+
+/* Everything the blocks must be, derived from checked header fields. */
+typedef struct xfer_plan {
+    ctxs__file_layout lay;
+    int ring;
+    ctxs__state st;             /* n_tokens and ring_start */
+    xfer_range ranges[2];       /* the held positions, maximal runs */
+    uint32_t n_ranges;
+    uint64_t n_held;
+    uint32_t n_runs;            /* 2 * layers * heads */
+    uint64_t token_raw;         /* uncompressed bytes per token */
+    uint32_t block_tokens;
+    uint64_t n_blocks;
+} xfer_plan;
+
+/* Fills *p for a geometry, slots and state; block_tokens 0 picks the most
+ * that fit. Errors: CTXS_ECORRUPT (fields out of range or inconsistent),
+ * CTXS_EINVAL (block_tokens 0 and not even one token fits a block). */
+static int plan_make(xfer_plan *p, const ctxs_geometry *g, uint32_t capacity, uint32_t n_sink,
+                     int ring, uint64_t n_tokens, uint64_t ring_start, uint32_t block_tokens)
+{
+    memset(p, 0, sizeof(*p));
+    if (ctxs__layout_compute(&p->lay, g, capacity, n_sink) < 0)
+        return CTXS_ECORRUPT;
+    p->ring = ring;
+    /* The state obeys the rules of a commit record: judge it as one. */
+    ctxs__disk_record r;
+    memset(&r, 0, sizeof(r));
+    r.seq = 1;
+    r.n_tokens = n_tokens;
+    r.ring_start = ring_start;
+    r.verified_from = n_tokens;
+    ctxs__record_seal(&r, 0);
+    if (!ctxs__record_valid(&r, 0, &p->lay, ring))
+        return CTXS_ECORRUPT;
+    p->st.n_tokens = n_tokens;
+    p->st.ring_start = ring_start;
+    p->st.verified_from = n_tokens;
+
+    uint64_t ns = n_sink;
+    uint64_t sinks = n_tokens < ns ? n_tokens : ns;
+    uint64_t first = ring_start > ns ? ring_start : ns;
+    if (sinks)
+        p->ranges[p->n_ranges++] = (xfer_range){0, sinks};
+    if (first < n_tokens) {
+        if (p->n_ranges && p->ranges[0].end == first)
+            p->ranges[0].end = n_tokens;
+        else
+            p->ranges[p->n_ranges++] = (xfer_range){first, n_tokens};
+    }
+
+    /* Below 2^25 runs of at most 8 KiB: no overflow in 64 bits. */
+    p->n_runs = 2 * p->lay.n_layers * p->lay.n_kv_heads;
+    p->token_raw = 12 + (uint64_t)p->n_runs * p->lay.slot_bytes;
+    if (block_tokens == 0) {
+        uint64_t fit = XFER_MAX_RAW / p->token_raw;
+        if (fit == 0)
+            return CTXS_EINVAL;
+        block_tokens = fit < XFER_MAX_BLOCK_TOKENS ? (uint32_t)fit : XFER_MAX_BLOCK_TOKENS;
+    }
+    if (block_tokens > XFER_MAX_BLOCK_TOKENS || block_tokens * p->token_raw > XFER_MAX_RAW)
+        return CTXS_ECORRUPT;
+    p->block_tokens = block_tokens;
+    for (uint32_t i = 0; i < p->n_ranges; i++) {
+        uint64_t len = p->ranges[i].end - p->ranges[i].start;
+        p->n_held += len;
+        p->n_blocks += (len + block_tokens - 1) / block_tokens;
+    }
+    return 0;
+}
+
+/* Walks the blocks of a plan: block b holds positions first .. + count - 1. */
+typedef struct block_walk {
+    uint32_t range;
+    uint64_t next;
+} block_walk;
+
+static int block_next(const xfer_plan *p, block_walk *w, uint64_t *first, uint32_t *count)
+{
+    while (w->range < p->n_ranges && w->next >= p->ranges[w->range].end) {
+        w->range++;
+        if (w->range < p->n_ranges)
+            w->next = p->ranges[w->range].start;
+    }
+    if (w->range >= p->n_ranges)
+        return 0;
+    uint64_t left = p->ranges[w->range].end - w->next;
+    *first = w->next;
+    *count = (uint32_t)(left < p->block_tokens ? left : p->block_tokens);
+    w->next += *count;
+    return 1;
+}
+
+static void block_walk_init(const xfer_plan *p, block_walk *w)
+{
+    w->range = 0;
+    w->next = p->n_ranges ? p->ranges[0].start : 0;
+}
+
+/* The slots of a block's positions: one or two runs of consecutive slots,
+ * since a block lies within one range of held positions. */
+static uint32_t block_spans(ctxs__span out[2], const xfer_plan *p, uint64_t first, uint32_t count)
+{
+    return ctxs__slot_spans(out, first, count, p->lay.capacity, p->lay.n_sink);
+}
+
+/* The raw block's parts. */
+static uint64_t *raw_sums(uint8_t *raw)
+{
+    return (uint64_t *)(void *)raw;
+}
+
+static uint32_t *raw_ids(uint8_t *raw, uint32_t count)
+{
+    return (uint32_t *)(void *)(raw + (size_t)count * 8);
+}
+
+static uint8_t *raw_kv(uint8_t *raw, uint32_t count)
+{
+    return raw + (size_t)count * 12;
+}
+
+/* 1 if the checksum of every token of the raw block is the one it carries. */
+static int raw_verifies(const xfer_plan *p, uint8_t *raw, uint64_t first, uint32_t count)
+{
+    uint64_t got[XFER_MAX_BLOCK_TOKENS];
+    size_t at[XFER_MAX_BLOCK_TOKENS];
+    for (uint32_t i = 0; i < count; i++)
+        at[i] = (size_t)i * p->lay.slot_bytes;
+    ctxs__sums_chain(got, first, count, raw_ids(raw, count), raw_kv(raw, count),
+                     (size_t)count * p->lay.slot_bytes, p->n_runs, p->lay.slot_bytes, at);
+    const uint64_t *sums = raw_sums(raw);
+    for (uint32_t i = 0; i < count; i++)
+        if (got[i] != sums[i])
+            return 0;
+    return 1;
+}
+
+static void progress_call(ctxs_progress_fn fn, void *arg, uint64_t done, uint64_t total)
+{
+    if (fn && done < total)
+        fn(arg, done, total);
+}
+
+/* --- Export --------------------------------------------------------------- */
+
+typedef struct export_job {
+    ctxs_session *s;            /* read-only, through the store */
+    xfer_plan plan;
+    int fd;                     /* the file written aside */
+    uint64_t off;               /* bytes written so far */
+    uint32_t body_crc;
+    uint64_t sums_hash;         /* XXH3-64 chained over the exported sums */
+    uint8_t *raw;               /* block_tokens * token_raw */
+    uint8_t *out;               /* block header, then the zlib stream */
+    size_t out_cap;
+    /* Huffman coding only: fp16 keys and values have next to no repeated
+     * strings for deflate's matching to find, and skipping the search
+     * compresses them as well, three times faster. */
+    z_stream zs;
+    int zs_ready;
+    ctxs_progress_fn progress;
+    void *progress_arg;
+} export_job;
+
+static int put(export_job *job, const void *p, size_t n)
+{
+    int rc = ctxs__write_exact(job->fd, p, n, (off_t)job->off);
+    if (rc < 0)
+        return rc;
+    job->body_crc = crc_more(job->body_crc, p, n);
+    job->off += n;
+    return 0;
+}
+
+/* 1 if now holds every position want holds (fork.c's rule). */
+static int holds_all(uint32_t n_sink, const ctxs__state *now, const ctxs__state *want)
+{
+    uint64_t ns = n_sink;
+    uint64_t first_want = want->ring_start > ns ? want->ring_start : ns;
+    uint64_t first_now = now->ring_start > ns ? now->ring_start : ns;
+    return want->n_tokens <= now->n_tokens &&
+           (first_want >= want->n_tokens || first_want >= first_now);
+}
+
+/* Copies the ids, checksums and KV of a block's tokens from the session. */
+static int block_copy(export_job *job, uint64_t first, uint32_t count)
+{
+    const xfer_plan *p = &job->plan;
+    const ctxs_session *s = job->s;
+    uint8_t *raw = job->raw;
+    uint64_t *sums = raw_sums(raw);
+    uint32_t *ids = raw_ids(raw, count);
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t slot = ctxs__slot(s, first + i);
+        ids[i] = ctxs__token_table(s)[slot];
+        sums[i] = ctxs__sum_table(s)[slot];
+    }
+    /* By pread rather than through the mapping: the mapping reads no ahead
+     * (MADV_RANDOM), and an I/O error is an error here, not a SIGBUS. */
+    ctxs__span sp[2];
+    uint32_t n_sp = block_spans(sp, p, first, count);
+    size_t sb = p->lay.slot_bytes, run_bytes = (size_t)count * sb;
+    uint8_t *kv = raw_kv(raw, count);
+    for (uint32_t r = 0; r < p->n_runs; r++) {
+        uint64_t base = p->lay.kv_off + (uint64_t)r * p->lay.head_stride;
+        size_t at = 0;
+        for (uint32_t j = 0; j < n_sp; j++) {
+            size_t len = (size_t)sp[j].count * sb;
+            int rc = ctxs__read_exact(s->fd, kv + (size_t)r * run_bytes + at, len,
+                                      (off_t)(base + (uint64_t)sp[j].slot * sb));
+            if (rc < 0)
+                return rc;
+            at += len;
+        }
+    }
+    return 0;
+}
+
+/* CTXS_ESTALE unless the session still holds the block's tokens with the
+ * checksums copied. */
+static int block_still_held(export_job *job, uint64_t first, uint32_t count)
+{
+    ctxs_session *s = job->s;
+    int rc = ctxs_session_refresh(s);
+    if (rc < 0)
+        return rc;
+    if (!holds_all(s->lay.n_sink, &s->st, &job->plan.st))
+        return CTXS_ESTALE;
+    const uint64_t *sums = raw_sums(job->raw);
+    for (uint32_t i = 0; i < count; i++)
+        if (ctxs__sum_table(s)[ctxs__slot(s, first + i)] != sums[i])
+            return CTXS_ESTALE;
+    return 0;
+}
+
+/* Copies, checks, compresses and writes one block. */
+static int export_block(export_job *job, uint32_t index, uint64_t first, uint32_t count)
+{
+    const xfer_plan *p = &job->plan;
+    int rc;
+    /* A token whose bytes do not match its checksum was being rewritten
+     * under the copy (the writer rolled back or its ring moved on), or the
+     * session file is damaged. Which: the session tells once refreshed. A
+     * second try covers a rewrite that went back to the same tokens. */
+    for (int attempt = 0;; attempt++) {
+        if ((rc = block_copy(job, first, count)) < 0)
+            return rc;
+        if (raw_verifies(p, job->raw, first, count))
+            break;
+        if ((rc = block_still_held(job, first, count)) < 0)
+            return rc;
+        if (attempt == 1)
+            return CTXS_ECORRUPT;
+    }
+    size_t raw_bytes = (size_t)(count * p->token_raw);
+    uLongf bound = compressBound((uLong)raw_bytes), comp = bound;
+    z_stream *zs = &job->zs;
+    deflateReset(zs);
+    zs->next_in = job->raw;
+    zs->avail_in = (uInt)raw_bytes;
+    zs->next_out = job->out + sizeof(xfer_block);
+    zs->avail_out = (uInt)bound;
+    int zrc = deflate(zs, Z_FINISH);
+    if (zrc == Z_STREAM_END) {
+        comp = zs->total_out;
+    } else {
+        /* Readers take at most compressBound(); compress2() keeps to it
+         * whatever the data (Huffman coding alone has never needed more). */
+        zrc = compress2(job->out + sizeof(xfer_block), &comp, job->raw, (uLong)raw_bytes,
+                        Z_BEST_SPEED);
+        if (zrc != Z_OK)
+            return zrc == Z_MEM_ERROR ? CTXS_ENOMEM : CTXS_EINVAL;
+    }
+    xfer_block b;
+    memset(&b, 0, sizeof(b));
+    memcpy(b.magic, XFER_BLOCK_MAGIC, 4);
+    b.index = index;
+    b.first_pos = first;
+    b.count = count;
+    b.raw_bytes = (uint32_t)raw_bytes;
+    b.comp_bytes = (uint32_t)comp;
+    b.data_crc32 = crc_of(job->out + sizeof(b), comp);
+    b.raw_crc32 = crc_of(job->raw, raw_bytes);
+    b.crc32 = crc_of(&b, offsetof(xfer_block, crc32));
+    memcpy(job->out, &b, sizeof(b));
+    job->sums_hash = XXH3_64bits_withSeed(raw_sums(job->raw), (size_t)count * 8, job->sums_hash);
+    return put(job, job->out, sizeof(b) + comp);
+}
+
+/* After the copy: does the session still hold every exported token with
+ * the checksum exported? Then the file holds what the session holds. */
+static int export_still_held(export_job *job)
+{
+    ctxs_session *s = job->s;
+    const xfer_plan *p = &job->plan;
+    int rc = ctxs_session_refresh(s);
+    if (rc < 0)
+        return rc;
+    if (!holds_all(s->lay.n_sink, &s->st, &p->st))
+        return CTXS_ESTALE;
+    uint64_t h = 0, first, sums[XFER_MAX_BLOCK_TOKENS];
+    uint32_t count;
+    block_walk w;
+    block_walk_init(p, &w);
+    while (block_next(p, &w, &first, &count)) {
+        for (uint32_t i = 0; i < count; i++)
+            sums[i] = ctxs__sum_table(s)[ctxs__slot(s, first + i)];
+        h = XXH3_64bits_withSeed(sums, (size_t)count * 8, h);
+    }
+    return h == job->sums_hash ? 0 : CTXS_ESTALE;
+}
+
+static int export_write(export_job *job, const xfer_header *h)
+{
+    const xfer_plan *p = &job->plan;
+    int rc = put(job, h, sizeof(*h));
+    uint64_t first, done = 0;
+    uint32_t count, index = 0;
+    block_walk w;
+    block_walk_init(p, &w);
+    while (rc == 0 && block_next(p, &w, &first, &count)) {
+        rc = export_block(job, index++, first, count);
+        done += count;
+        if (rc == 0)
+            progress_call(job->progress, job->progress_arg, done, p->n_held);
+    }
+    if (rc < 0)
+        return rc;
+    xfer_trailer t;
+    memset(&t, 0, sizeof(t));
+    memcpy(t.magic, XFER_TRAILER_MAGIC, 4);
+    t.n_blocks = p->n_blocks;
+    t.n_held = p->n_held;
+    t.body_bytes = job->off;
+    t.body_crc32 = job->body_crc;
+    t.crc32 = crc_of(&t, offsetof(xfer_trailer, crc32));
+    if ((rc = put(job, &t, sizeof(t))) < 0)
+        return rc;
+    if ((rc = full_or(ctxs__sync_data(job->fd))) < 0)
+        return rc;
+    return export_still_held(job);
+}
+
+static int sync_parent_dir(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy)
+        return CTXS_ENOMEM;
+    int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(copy);
+    if (dfd < 0)
+        return -errno;
+    int rc = fsync(dfd) == 0 ? 0 : -errno;
+    close(dfd);
+    return rc;
+}
+
+static int export_session(export_job *job, const char *name, size_t len,
+                          const char *model_name, const char *path)
+{
+    ctxs_session *s = job->s;
+    xfer_plan *p = &job->plan;
+    int rc = plan_make(p, &s->model.geometry, s->lay.capacity, s->lay.n_sink, s->ring,
+                       s->st.n_tokens, s->st.ring_start, 0);
+    if (rc < 0)
+        return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc; /* cannot be: the session opened */
+
+    xfer_header h;
+    memset(&h, 0, sizeof(h));
+    memcpy(h.magic, XFER_MAGIC, 8);
+    h.version_major = XFER_MAJOR;
+    h.version_minor = XFER_MINOR;
+    h.header_bytes = XFER_HEADER_BYTES;
+    h.flags = s->ring ? XFER_FLAG_RING : 0;
+    h.dtype = s->model.geometry.dtype;
+    h.n_layers = s->model.geometry.n_layers;
+    h.n_kv_heads = s->model.geometry.n_kv_heads;
+    h.head_dim = s->model.geometry.head_dim;
+    h.capacity = s->lay.capacity;
+    h.n_sink = s->lay.n_sink;
+    h.block_tokens = p->block_tokens;
+    h.n_tokens = p->st.n_tokens;
+    h.ring_start = p->st.ring_start;
+    h.n_held = p->n_held;
+    h.n_blocks = p->n_blocks;
+    h.created_unix_ms = s->created_unix_ms;
+    h.exported_unix_ms = ctxs__now_unix_ms();
+    memcpy(h.model_hash, s->model.model_hash, 16);
+    memcpy(h.tokenizer_hash, s->model.tokenizer_hash, 16);
+    size_t model_name_len = strlen(model_name);
+    h.model_name_len = (uint16_t)model_name_len;
+    memcpy(h.model_name, model_name, model_name_len);
+    h.name_len = (uint16_t)len;
+    memcpy(h.name, name, len);
+    h.crc32 = crc_of(&h, offsetof(xfer_header, crc32));
+
+    size_t raw_max = (size_t)(p->block_tokens * p->token_raw);
+    job->out_cap = sizeof(xfer_block) + compressBound((uLong)raw_max);
+    job->raw = malloc(raw_max);
+    job->out = malloc(job->out_cap);
+    if (!job->raw || !job->out)
+        return CTXS_ENOMEM;
+    if (deflateInit2(&job->zs, Z_BEST_SPEED, Z_DEFLATED, 15, 9, Z_HUFFMAN_ONLY) != Z_OK)
+        return CTXS_ENOMEM;
+    job->zs_ready = 1;
+
+    /* Written aside and linked into place: the name appears only with a
+     * complete, checked file behind it, and link() replaces nothing. */
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 32);
+    if (!tmp)
+        return CTXS_ENOMEM;
+    static atomic_uint tmp_counter;
+    snprintf(tmp, plen + 32, "%s.tmp-%ld-%u", path, (long)getpid(),
+             atomic_fetch_add(&tmp_counter, 1));
+    job->fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (job->fd < 0) {
+        rc = -errno;
+        free(tmp);
+        return rc;
+    }
+    int linked = 0;
+    if ((rc = export_write(job, &h)) == 0) {
+        if (link(tmp, path) == 0)
+            linked = 1;
+        else
+            rc = full_or(-errno);
+    }
+    unlink(tmp);
+    free(tmp);
+    close(job->fd);
+    job->fd = -1;
+    if (rc == 0 && (rc = sync_parent_dir(path)) < 0 && linked)
+        unlink(path);
+    return rc;
+}
+
+int ctxs_store_export(ctxs_store *st, const char *name, const char *path,
+                      ctxs_progress_fn progress, void *progress_arg)
+{
+    size_t len;
+    if (!st || !path || !*path || ctxs__name_check(name, &len) < 0)
+        return CTXS_EINVAL;
+    /* Saves a copy that link() would refuse; link() alone decides. */
+    struct stat sb;
+    if (lstat(path, &sb) == 0)
+        return -EEXIST;
+    ctxs_session *s;
+    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+    if (rc < 0)
+        return rc;
+    ctxs_model_entry model;
+    if ((rc = ctxs_model_get(&model, st, s->model.model_hash)) == CTXS_ENOTFOUND) {
+        model.name[0] = '\0';
+        rc = 0;
+    }
+    export_job job = {.s = s, .fd = -1, .progress = progress, .progress_arg = progress_arg};
+    if (rc == 0)
+        rc = export_session(&job, name, len, model.name, path);
+    if (job.zs_ready)
+        deflateEnd(&job.zs);
+    free(job.raw);
+    free(job.out);
+    ctxs_session_close(s);
+    if (rc == 0 && progress)
+        progress(progress_arg, job.plan.n_held, job.plan.n_held);
+    return rc;
+}
+
+/* --- Import --------------------------------------------------------------- */
+
+typedef struct import_job {
+    int fd;
+    uint64_t size;              /* the file's, at pass 1 */
+    xfer_header h;              /* as pass 1 read it */
+    xfer_plan plan;
+    ctxs_model model;
+    char model_name[256];       /* NUL-terminated */
+    char name[256];             /* the name the file carries */
+    uint8_t *raw, *comp;
+    size_t raw_cap, comp_cap;
+    int out_fd;                 /* pass 2: the new session file */
+    int pass;                   /* 1 or 2 */
+    ctxs_progress_fn progress;
+    void *progress_arg;
+} import_job;
+
+/* A name field: len bytes that make a valid name, then zeros. */
+static int name_field(char out[256], const char field[256], uint16_t len, int may_be_empty)
+{
+    if (len > CTXS__NAME_MAX || (len == 0 && !may_be_empty))
+        return CTXS_ECORRUPT;
+    for (size_t i = len; i < 256; i++)
+        if (field[i])
+            return CTXS_ECORRUPT;
+    memcpy(out, field, len);
+    out[len] = '\0';
+    size_t got;
+    if (len && (ctxs__name_check(out, &got) < 0 || got != len))
+        return CTXS_ECORRUPT;
+    return 0;
+}
+
+/* Reads and checks the header, in the order FORMAT.md gives, and derives
+ * the plan. Errors: CTXS_EFOREIGN, CTXS_EVERSION, CTXS_ECORRUPT, -errno. */
+static int header_read(import_job *job)
+{
+    xfer_header *h = &job->h;
+    uint8_t head[12] = {0};
+    size_t have = job->size < sizeof(head) ? (size_t)job->size : sizeof(head);
+    int rc = ctxs__read_exact(job->fd, head, have, 0);
+    if (rc < 0)
+        return rc;
+    /* Too short for a magic: the start of ours is a truncated export,
+     * anything else (an empty file) is foreign. */
+    size_t cmp = have < 8 ? have : 8;
+    if (have == 0 || memcmp(head, XFER_MAGIC, cmp) != 0)
+        return CTXS_EFOREIGN;
+    if (have < 10)
+        return CTXS_ECORRUPT;
+    /* The version before the CRC: a future major may move the CRC. */
+    uint16_t major;
+    memcpy(&major, head + 8, 2);
+    if (major > XFER_MAJOR)
+        return CTXS_EVERSION;
+    if (major == 0 || job->size < sizeof(*h))
+        return CTXS_ECORRUPT;
+    if ((rc = ctxs__read_exact(job->fd, h, sizeof(*h), 0)) < 0)
+        return rc;
+    if (h->crc32 != crc_of(h, offsetof(xfer_header, crc32)) ||
+        h->header_bytes != XFER_HEADER_BYTES || (h->flags & ~XFER_FLAG_RING) != 0)
+        return CTXS_ECORRUPT;
+    ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
+    if ((rc = plan_make(&job->plan, &g, h->capacity, h->n_sink, (h->flags & XFER_FLAG_RING) != 0,
+                        h->n_tokens, h->ring_start, h->block_tokens)) < 0)
+        return CTXS_ECORRUPT;
+    if (h->block_tokens == 0 || h->n_held != job->plan.n_held ||
+        h->n_blocks != job->plan.n_blocks)
+        return CTXS_ECORRUPT;
+    if ((rc = name_field(job->model_name, h->model_name, h->model_name_len, 1)) < 0 ||
+        (rc = name_field(job->name, h->name, h->name_len, 0)) < 0)
+        return rc;
+    job->model.geometry = g;
+    memcpy(job->model.model_hash, h->model_hash, 16);
+    memcpy(job->model.tokenizer_hash, h->tokenizer_hash, 16);
+    return 0;
+}
+
+/* Grows *buf to at least n bytes (n already bounded by the caller). */
+static int reserve_buf(uint8_t **buf, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return 0;
+    uint8_t *b = realloc(*buf, n);
+    if (!b)
+        return CTXS_ENOMEM;
+    *buf = b;
+    *cap = n;
+    return 0;
+}
+
+/* Pass 2: the block's ids, checksums and KV into the new file's slots. */
+static int block_store(import_job *job, uint64_t first, uint32_t count)
+{
+    const xfer_plan *p = &job->plan;
+    ctxs__span sp[2];
+    uint32_t n_sp = block_spans(sp, p, first, count);
+    size_t sb = p->lay.slot_bytes, run_bytes = (size_t)count * sb;
+    const uint8_t *kv = raw_kv(job->raw, count);
+    size_t at = 0;
+    int rc;
+    for (uint32_t j = 0; j < n_sp; j++) {
+        uint64_t slot = sp[j].slot, n = sp[j].count;
+        if ((rc = ctxs__write_exact(job->out_fd, raw_ids(job->raw, count) + at, n * 4,
+                                    (off_t)(p->lay.tokens_off + slot * 4))) < 0 ||
+            (rc = ctxs__write_exact(job->out_fd, raw_sums(job->raw) + at, n * 8,
+                                    (off_t)(p->lay.sums_off + slot * 8))) < 0)
+            return rc;
+        at += n;
+    }
+    for (uint32_t r = 0; r < p->n_runs; r++) {
+        uint64_t base = p->lay.kv_off + (uint64_t)r * p->lay.head_stride;
+        at = 0;
+        for (uint32_t j = 0; j < n_sp; j++) {
+            size_t len = (size_t)sp[j].count * sb;
+            if ((rc = ctxs__write_exact(job->out_fd, kv + (size_t)r * run_bytes + at, len,
+                                        (off_t)(base + (uint64_t)sp[j].slot * sb))) < 0)
+                return rc;
+            at += len;
+        }
+    }
+    return 0;
+}
+
+/* Reads and checks every block and the trailer, in the order FORMAT.md
+ * gives; in pass 2 stores each block as it is checked. */
+static int blocks_read(import_job *job)
+{
+    const xfer_plan *p = &job->plan;
+    uint64_t off = sizeof(xfer_header), first, size = job->size;
+    uint64_t progress_base = job->pass == 2 ? size : 0;
+    uint32_t body_crc = crc_of(&job->h, sizeof(job->h));
+    uint32_t count, index = 0;
+    block_walk w;
+    block_walk_init(p, &w);
+    int rc;
+    while (block_next(p, &w, &first, &count)) {
+        xfer_block b;
+        if (size - off < sizeof(b))
+            return CTXS_ECORRUPT;
+        if ((rc = ctxs__read_exact(job->fd, &b, sizeof(b), (off_t)off)) < 0)
+            return rc;
+        uint64_t raw_bytes = count * p->token_raw; /* <= XFER_MAX_RAW */
+        if (memcmp(b.magic, XFER_BLOCK_MAGIC, 4) != 0 ||
+            b.crc32 != crc_of(&b, offsetof(xfer_block, crc32)) || b.index != index ||
+            b.first_pos != first || b.count != count || b.raw_bytes != raw_bytes ||
+            b.comp_bytes == 0 || b.comp_bytes > compressBound((uLong)raw_bytes) ||
+            b.comp_bytes > size - off - sizeof(b))
+            return CTXS_ECORRUPT;
+        /* Both sizes are now bounded: raw by XFER_MAX_RAW, comp by that
+         * and by the bytes the file has. */
+        if ((rc = reserve_buf(&job->raw, &job->raw_cap, (size_t)raw_bytes)) < 0 ||
+            (rc = reserve_buf(&job->comp, &job->comp_cap, b.comp_bytes)) < 0)
+            return rc;
+        if ((rc = ctxs__read_exact(job->fd, job->comp, b.comp_bytes,
+                                   (off_t)(off + sizeof(b)))) < 0)
+            return rc;
+        if (crc_of(job->comp, b.comp_bytes) != b.data_crc32)
+            return CTXS_ECORRUPT;
+        uLongf got = (uLongf)raw_bytes;
+        uLong used = b.comp_bytes;
+        if (uncompress2(job->raw, &got, job->comp, &used) != Z_OK || got != raw_bytes ||
+            used != b.comp_bytes || crc_of(job->raw, (size_t)raw_bytes) != b.raw_crc32 ||
+            !raw_verifies(p, job->raw, first, count))
+            return CTXS_ECORRUPT;
+        if (job->pass == 2 && (rc = block_store(job, first, count)) < 0)
+            return rc;
+        body_crc = crc_more(body_crc, &b, sizeof(b));
+        body_crc = crc_more(body_crc, job->comp, b.comp_bytes);
+        off += sizeof(b) + b.comp_bytes;
+        index++;
+        progress_call(job->progress, job->progress_arg, progress_base + off, 2 * size);
+    }
+
+    xfer_trailer t;
+    if (size - off != sizeof(t)) /* truncated, or trailing bytes */
+        return CTXS_ECORRUPT;
+    if ((rc = ctxs__read_exact(job->fd, &t, sizeof(t), (off_t)off)) < 0)
+        return rc;
+    if (memcmp(t.magic, XFER_TRAILER_MAGIC, 4) != 0 ||
+        t.crc32 != crc_of(&t, offsetof(xfer_trailer, crc32)) || t.n_blocks != p->n_blocks ||
+        t.n_held != p->n_held || t.body_bytes != off || t.body_crc32 != body_crc)
+        return CTXS_ECORRUPT;
+    return 0;
+}
+
+/* Pass 2, as the new session file's fill: the file is checked again as it
+ * is decoded into the file written aside, which is made durable before it
+ * is linked into place. */
+static int import_fill(int fd, const ctxs__disk_label *label, void *arg)
+{
+    import_job *job = arg;
+    const xfer_plan *p = &job->plan;
+    /* The export file must be the one pass 1 checked. */
+    xfer_header again;
+    struct stat sb;
+    int rc;
+    if (fstat(job->fd, &sb) != 0)
+        return -errno;
+    if ((uint64_t)sb.st_size != job->size)
+        return CTXS_ECORRUPT;
+    if ((rc = ctxs__read_exact(job->fd, &again, sizeof(again), 0)) < 0)
+        return rc;
+    if (memcmp(&again, &job->h, sizeof(again)) != 0)
+        return CTXS_ECORRUPT;
+
+    /* The records hold the imported state with verified_from = n_tokens:
+     * everything is synced below before the file has its name, so every
+     * held token is durable once any record is. */
+    ctxs__disk_header h;
+    ctxs__header_init(&h, &p->lay, &job->model, p->ring ? CTXS__FLAG_RING : 0,
+                      job->h.created_unix_ms);
+    if ((rc = full_or(ctxs__new_file_size(fd, &p->lay))) < 0 ||
+        (rc = ctxs__new_file_first_page(fd, &h, &p->st, label)) < 0)
+        return rc;
+    /* Slots below min(n_tokens, capacity) have blocks in any session. */
+    uint64_t alloc = p->st.n_tokens < p->lay.capacity ? p->st.n_tokens : p->lay.capacity;
+    for (uint32_t r = 0; alloc && r < p->n_runs; r++)
+        if ((rc = ctxs__allocate(fd, p->lay.kv_off + (uint64_t)r * p->lay.head_stride,
+                                 alloc * p->lay.slot_bytes)) < 0)
+            return rc;
+    job->out_fd = fd;
+    job->pass = 2;
+    if ((rc = blocks_read(job)) < 0)
+        return rc;
+    return full_or(ctxs__sync_data(fd));
+}
+
+int ctxs_store_import(ctxs_store *st, const char *path, const char *name, char name_out[256],
+                      ctxs_progress_fn progress, void *progress_arg)
+{
+    if (name_out)
+        name_out[0] = '\0';
+    size_t len = 0;
+    if (!st || !path || !*path || (name && ctxs__name_check(name, &len) < 0))
+        return CTXS_EINVAL;
+    /* O_NONBLOCK: a FIFO in place of the file must not hang the open. */
+    import_job job = {.fd = -1, .out_fd = -1, .pass = 1, .progress = progress,
+                      .progress_arg = progress_arg};
+    job.fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (job.fd < 0)
+        return -errno;
+    struct stat sb;
+    int rc = 0;
+    if (fstat(job.fd, &sb) != 0)
+        rc = -errno;
+    else if (!S_ISREG(sb.st_mode))
+        rc = CTXS_EFOREIGN; /* a directory, FIFO or device is no export file */
+    if (rc == 0) {
+        job.size = (uint64_t)sb.st_size;
+        rc = header_read(&job);
+    }
+    if (rc == 0 && !name) {
+        name = job.name;
+        len = strlen(name);
+    }
+
+    /* What the store would refuse, before reading the blocks. */
+    ctxs_model_entry known;
+    ctxs_session_entry other;
+    if (rc == 0 && (rc = ctxs_model_get(&known, st, job.model.model_hash)) == 0 &&
+        (memcmp(&known.model.geometry, &job.model.geometry, sizeof(known.model.geometry)) ||
+         memcmp(known.model.tokenizer_hash, job.model.tokenizer_hash, 16)))
+        rc = CTXS_EMODEL;
+    if (rc == CTXS_ENOTFOUND)
+        rc = 0;
+    if (rc == 0 && (rc = ctxs_store_session_get(&other, st, name)) == 0)
+        rc = -EEXIST;
+    if (rc == CTXS_ENOTFOUND)
+        rc = 0;
+
+    if (rc == 0)
+        rc = blocks_read(&job); /* pass 1: nothing touched */
+    ctxs_session *s = NULL;
+    if (rc == 0)
+        rc = ctxs__store_session_create_filled(&s, st, name, len, &job.model, job.model_name,
+                                               import_fill, &job);
+    ctxs_session_close(s);
+    free(job.raw);
+    free(job.comp);
+    close(job.fd);
+    if (rc < 0)
+        return rc;
+    if (name_out)
+        memcpy(name_out, name, len + 1);
+    if (progress)
+        progress(progress_arg, 2 * job.size, 2 * job.size);
+    return 0;
+}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job: build everything, then show what ctxstore does — the session
-# benchmark, side by side with rewriting a state file and a SQLite blob.
+# The main job: install what is missing, build everything, then run
+# `ctxstore demo`: a chat saved turn by turn, closed, resumed and continued,
+# side by side with rewriting a state file and a SQLite blob.
+# Arguments go to the demo (e.g. --turns 8, --store DIR, --json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
-exec ./build/bench/bench_session --quick "$@"
+exec ./build/tools/ctxstore/ctxstore demo "$@"

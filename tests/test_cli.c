@@ -1,0 +1,1957 @@
+/*
+ * The ctxstore tool, run as a real binary ($CTXSTORE_BIN) on real stores:
+ * every subcommand, damaged sessions that verify must find and name,
+ * hostile export files that import must refuse without touching the store,
+ * names that must never become paths, and every --json output parsed back
+ * (json_check.c) and compared with what the test made.
+ *
+ * Each test builds its stores in-process with the library (small sessions:
+ * 2 layers x 2 KV heads x 16 dims), closes what the binary must find
+ * closed, and runs the binary with $CTXSTORE_DIR pointing at the store.
+ * Tests check exit codes, output and files; never durations.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctxstore.h"
+#include "format.h"
+#include "json_check.h"
+#include "support.h"
+
+extern char **environ;
+
+TestSuite(cli, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 120);
+
+/* Exit codes, as tools/ctxstore/cli.h and `ctxstore --help` document them. */
+enum {
+    EX_OK = 0,
+    EX_FAIL = 1,
+    EX_USAGE = 2,
+    EX_NOTFOUND = 3,
+    EX_BUSY = 4,
+    EX_DAMAGED = 5,
+    EX_FULL = 6,
+    EX_EXIST = 7,
+};
+
+static const char *const k_commands[] = {
+    "ls", "info", "verify", "compact", "gc", "rm", "fork",
+    "checkpoint", "reindex", "export", "import", "bench", "demo",
+};
+enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };
+
+/* --- Running the binary ----------------------------------------------------- */
+
+/* What the last run left: its exit code, stdout and stderr (NUL-terminated;
+ * the next run replaces them). */
+typedef struct run_result {
+    int code;
+    char *out, *err;
+    size_t out_len, err_len;
+    char what[512]; /* the command line, for messages */
+} run_result;
+
+static run_result R;
+
+/* Another binary to run instead of $CTXSTORE_BIN (a copy of it), or
+ * NULL. */
+static const char *bin_override;
+
+static const char *bin(void)
+{
+    const char *b = getenv("CTXSTORE_BIN");
+    cr_assert(b && *b,
+              "CTXSTORE_BIN is not set: it must name the ctxstore binary to test "
+              "(meson sets it: env: 'CTXSTORE_BIN=' + tool.full_path())");
+    cr_assert_eq(access(b, X_OK), 0, "CTXSTORE_BIN=%s is not an executable: %s", b,
+                 strerror(errno));
+    return b;
+}
+
+static int env_is(const char *entry, const char *name)
+{
+    size_t n = strlen(name);
+    return strncmp(entry, name, n) == 0 && entry[n] == '=';
+}
+
+/* Appends what fd has to *buf (kept NUL-terminated, grown as needed);
+ * *open_ = 0 at the end of the stream. */
+static void drain(int fd, char **buf, size_t *len, size_t *cap, int *open_)
+{
+    while (*len + 4096 + 1 > *cap) {
+        *cap *= 2;
+        *buf = realloc(*buf, *cap);
+        cr_assert_not_null(*buf);
+    }
+    ssize_t r = read(fd, *buf + *len, *cap - *len - 1);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    cr_assert_geq(r, 0, "read from the child: %s", strerror(errno));
+    if (r == 0)
+        *open_ = 0;
+    *len += (size_t)r;
+    (*buf)[*len] = '\0';
+}
+
+/* Runs the binary with args (NULL-terminated, without argv[0]) and the
+ * environment of this process, except: $CTXSTORE_DIR is store (removed
+ * when store is NULL), $HOME a directory in the scratch area (so that
+ * nothing can reach the user's store), and then each "NAME=value" of env
+ * (NULL-terminated, may be NULL) replaces or adds one. stdin is /dev/null.
+ * Fills R and returns the exit code; a death by a signal fails the test. */
+static int run_env(const char *store, const char *const *env, const char *const *args)
+{
+    free(R.out);
+    free(R.err);
+    memset(&R, 0, sizeof(R));
+    const char *path = bin();
+    if (bin_override)
+        path = bin_override;
+
+    size_t n_args = 0;
+    while (args[n_args])
+        n_args++;
+    char **argv = calloc(n_args + 2, sizeof(*argv));
+    cr_assert_not_null(argv);
+    argv[0] = (char *)"ctxstore";
+    size_t w = (size_t)snprintf(R.what, sizeof(R.what), "ctxstore");
+    for (size_t i = 0; i < n_args; i++) {
+        argv[i + 1] = (char *)args[i];
+        if (w < sizeof(R.what))
+            w += (size_t)snprintf(R.what + w, sizeof(R.what) - w, " %s", args[i]);
+    }
+
+    static const char *const replaced[] = { "CTXSTORE_DIR", "HOME", "XDG_DATA_HOME" };
+    size_t n_env = 0, n_extra = 0;
+    while (environ[n_env])
+        n_env++;
+    while (env && env[n_extra])
+        n_extra++;
+    char **envp = calloc(n_env + n_extra + 4, sizeof(*envp));
+    cr_assert_not_null(envp);
+    size_t k = 0;
+    for (size_t i = 0; i < n_env; i++) {
+        int skip = 0;
+        for (size_t j = 0; j < 3; j++)
+            skip |= env_is(environ[i], replaced[j]);
+        for (size_t j = 0; j < n_extra; j++) {
+            size_t len = strcspn(env[j], "=");
+            skip |= strncmp(environ[i], env[j], len + 1) == 0;
+        }
+        if (!skip)
+            envp[k++] = environ[i];
+    }
+    static char store_env[4200], home_env[4200];
+    const char *home = ts_path(ts_scratch, "home");
+    mkdir(home, 0700);
+    snprintf(home_env, sizeof(home_env), "HOME=%s", home);
+    envp[k++] = home_env;
+    if (store) {
+        snprintf(store_env, sizeof(store_env), "CTXSTORE_DIR=%s", store);
+        envp[k++] = store_env;
+    }
+    for (size_t j = 0; j < n_extra; j++)
+        envp[k++] = (char *)env[j];
+    envp[k] = NULL;
+
+    int out_pipe[2], err_pipe[2];
+    cr_assert_eq(pipe2(out_pipe, O_CLOEXEC), 0);
+    cr_assert_eq(pipe2(err_pipe, O_CLOEXEC), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        int in = open("/dev/null", O_RDONLY);
+        if (in < 0 || dup2(in, 0) < 0 || dup2(out_pipe[1], 1) < 0 || dup2(err_pipe[1], 2) < 0)
+            _exit(126);
+        execve(path, argv, envp);
+        _exit(127);
+    }
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    /* Both pipes at once: a child that fills one while the test waits on
+     * the other would never finish. */
+    size_t out_cap = 1, err_cap = 1;
+    int out_open = 1, err_open = 1;
+    R.out = calloc(1, 1);
+    R.err = calloc(1, 1);
+    cr_assert(R.out && R.err);
+    while (out_open || err_open) {
+        struct pollfd p[2] = { { out_open ? out_pipe[0] : -1, POLLIN, 0 },
+                               { err_open ? err_pipe[0] : -1, POLLIN, 0 } };
+        int n = poll(p, 2, -1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        cr_assert_geq(n, 0, "poll: %s", strerror(errno));
+        if (out_open && p[0].revents)
+            drain(out_pipe[0], &R.out, &R.out_len, &out_cap, &out_open);
+        if (err_open && p[1].revents)
+            drain(err_pipe[0], &R.err, &R.err_len, &err_cap, &err_open);
+    }
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    int st;
+    pid_t got;
+    while ((got = waitpid(pid, &st, 0)) < 0 && errno == EINTR)
+        ;
+    cr_assert_eq(got, pid);
+    free(argv);
+    free(envp);
+    if (WIFSIGNALED(st))
+        cr_assert_fail("`%s` died of signal %d (%s).\nstdout:\n%s\nstderr:\n%s", R.what,
+                       WTERMSIG(st), strsignal(WTERMSIG(st)), R.out, R.err);
+    cr_assert(WIFEXITED(st));
+    cr_assert_neq(WEXITSTATUS(st), 127, "could not execute %s", path);
+    /* A binary built with sanitizers reports on stderr. */
+    cr_assert(!strstr(R.err, "Sanitizer") && !strstr(R.err, "runtime error:"),
+              "`%s`: a sanitizer found an error:\n%s", R.what, R.err);
+    R.code = WEXITSTATUS(st);
+    return R.code;
+}
+
+#define ARGS(...) ((const char *const[]){ __VA_ARGS__, NULL })
+/* Runs the binary on store with the arguments that follow. */
+#define CLI(store, ...) run_env((store), NULL, ARGS(__VA_ARGS__))
+/* As CLI, and fails the test unless it exits with code. */
+#define CLI_EXPECT(code, store, ...)                                                               \
+    do {                                                                                           \
+        int got_ = CLI((store), __VA_ARGS__);                                                      \
+        cr_assert_eq(got_, (code), "`%s` exited %d, expected %d.\nstdout:\n%s\nstderr:\n%s",       \
+                     R.what, got_, (code), R.out, R.err);                                          \
+    } while (0)
+
+/* Asserts that the last run's stdout (out = 1) or stderr contains s. */
+static void contains(int out, const char *s)
+{
+    const char *text = out ? R.out : R.err;
+    cr_assert(strstr(text, s) != NULL, "`%s`: %s does not say \"%s\". It says:\n%s", R.what,
+              out ? "stdout" : "stderr", s, text);
+}
+
+/* As contains(), but marks the test failed and goes on. */
+static void says(int out, const char *s)
+{
+    const char *text = out ? R.out : R.err;
+    cr_expect(strstr(text, s) != NULL, "`%s`: %s does not say \"%s\". It says:\n%s", R.what,
+              out ? "stdout" : "stderr", s, text);
+}
+
+/* The last run's stdout parsed as JSON (release with jc_free()). */
+static jc_value *json_out(void)
+{
+    char err[256];
+    jc_value *v = jc_parse(R.out, R.out_len, err, sizeof(err));
+    cr_assert_not_null(v, "`%s` --json output does not parse: %s\n%s", R.what, err, R.out);
+    cr_assert(R.out_len > 0 && R.out[R.out_len - 1] == '\n',
+              "`%s`: the JSON document does not end with a newline", R.what);
+    return v;
+}
+
+/* Checked accessors: fail the test, naming the path, when absent. */
+static const jc_value *jget(const jc_value *v, const char *path)
+{
+    const jc_value *x = jc_path(v, path);
+    cr_assert_not_null(x, "`%s`: no \"%s\" in the JSON output:\n%s", R.what, path, R.out);
+    return x;
+}
+
+static uint64_t ju(const jc_value *v, const char *path)
+{
+    uint64_t u;
+    cr_assert_eq(jc_u64(jget(v, path), &u), 0, "`%s`: \"%s\" is not a count:\n%s", R.what, path,
+                 R.out);
+    return u;
+}
+
+static const char *js(const jc_value *v, const char *path)
+{
+    const char *s = jc_str(jget(v, path));
+    cr_assert_not_null(s, "`%s`: \"%s\" is not a string:\n%s", R.what, path, R.out);
+    return s;
+}
+
+static int jb(const jc_value *v, const char *path)
+{
+    int b = jc_bool(jget(v, path));
+    cr_assert_geq(b, 0, "`%s`: \"%s\" is not a boolean:\n%s", R.what, path, R.out);
+    return b;
+}
+
+/* The object of the array arr whose "name" is name, or NULL. */
+static const jc_value *by_name(const jc_value *arr, const char *name)
+{
+    cr_assert(arr && arr->type == JC_ARRAY, "`%s`: not an array:\n%s", R.what, R.out);
+    for (size_t i = 0; i < arr->n; i++) {
+        const char *s = jc_str(jc_get(&arr->items[i], "name"));
+        if (s && strcmp(s, name) == 0)
+            return &arr->items[i];
+    }
+    return NULL;
+}
+
+static const jc_value *must_by_name(const jc_value *arr, const char *name)
+{
+    const jc_value *v = by_name(arr, name);
+    cr_assert_not_null(v, "`%s`: no entry named \"%s\":\n%s", R.what, name, R.out);
+    return v;
+}
+
+/* The line of the last run's stdout that contains key, copied into line. */
+static void line_with(char *line, size_t n, const char *key)
+{
+    const char *p = strstr(R.out, key);
+    cr_assert_not_null(p, "`%s`: no line with \"%s\":\n%s", R.what, key, R.out);
+    const char *b = p, *e = strchr(p, '\n');
+    while (b > R.out && b[-1] != '\n')
+        b--;
+    size_t len = e ? (size_t)(e - b) : strlen(b);
+    if (len >= n)
+        len = n - 1;
+    memcpy(line, b, len);
+    line[len] = '\0';
+}
+
+/* --- Stores built in-process --------------------------------------------------- */
+
+/* "<scratch>/name", in a static buffer that rotates over 32 entries: more
+ * than any test keeps at once. */
+static const char *dir_of(const char *name)
+{
+    static char bufs[32][1024];
+    static unsigned next;
+    char *b = bufs[next++ % 32];
+    snprintf(b, sizeof(bufs[0]), "%s/%s", ts_scratch, name);
+    return b;
+}
+
+/* The store most tests use. */
+static const char *S(void)
+{
+    static char buf[1024];
+    snprintf(buf, sizeof(buf), "%s/store", ts_scratch);
+    return buf;
+}
+
+static ctxs_store *store_open(const char *dir)
+{
+    ctxs_store *st = NULL;
+    int rc = ctxs_store_open(&st, dir, NULL);
+    cr_assert_eq(rc, 0, "ctxs_store_open(%s): %s", dir, ctxs_err_name(rc));
+    return st;
+}
+
+/* ts_model with 16 dims a head: 2 layers x 2 KV heads x 16, fp16. */
+static ctxs_model model(void)
+{
+    ctxs_model m = ts_model(7);
+    m.geometry.head_dim = 16;
+    return m;
+}
+
+#define MODEL_NAME "tiny-test"
+
+static void register_model(ctxs_store *st)
+{
+    ctxs_model m = model();
+    int rc = ctxs_model_register(st, &m, MODEL_NAME);
+    cr_assert_eq(rc, 0, "ctxs_model_register: %s", ctxs_err_name(rc));
+}
+
+static void append(ctxs_session *s, uint64_t n)
+{
+    while (n) {
+        uint32_t k = n > 50 ? 50 : (uint32_t)n;
+        int rc = ts_append(s, k);
+        cr_assert_eq(rc, 0, "append: %s", ctxs_err_name(rc));
+        n -= k;
+    }
+}
+
+/* Creates name with n tokens (ts_append contents); returns it open. */
+static ctxs_session *mk_open(ctxs_store *st, const char *name, uint32_t capacity, int ring,
+                             uint64_t n)
+{
+    ctxs_model m = model();
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.capacity = capacity;
+    o.n_sink = 4;
+    o.ring = (uint32_t)ring;
+    o.durability = CTXS_SYNC_NONE;
+    ctxs_session *s = NULL;
+    int rc = ctxs_store_session_create(&s, st, name, &m, &o);
+    cr_assert_eq(rc, 0, "create '%s': %s", name, ctxs_err_name(rc));
+    append(s, n);
+    return s;
+}
+
+static void mk(ctxs_store *st, const char *name, uint32_t capacity, int ring, uint64_t n)
+{
+    ctxs_session_close(mk_open(st, name, capacity, ring, n));
+}
+
+static ctxs_session *open_rw(ctxs_store *st, const char *name)
+{
+    ctxs_model m = model();
+    ctxs_session *s = NULL;
+    int rc = ctxs_store_session_open(&s, st, name, &m, 0, NULL);
+    cr_assert_eq(rc, 0, "open '%s': %s", name, ctxs_err_name(rc));
+    return s;
+}
+
+static ctxs_session *open_ro(ctxs_store *st, const char *name)
+{
+    ctxs_session *s = NULL;
+    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+    cr_assert_eq(rc, 0, "open '%s' read-only: %s", name, ctxs_err_name(rc));
+    return s;
+}
+
+static ctxs_session_info info_of(const ctxs_session *s)
+{
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    return info;
+}
+
+/* The file of session name in the store at dir. */
+static const char *file_of(const char *dir, const char *name)
+{
+    static char bufs[4][1100];
+    static unsigned next;
+    ctxs_store *st = store_open(dir);
+    ctxs_session_entry e;
+    int rc = ctxs_store_session_get(&e, st, name);
+    cr_assert_eq(rc, 0, "get '%s': %s", name, ctxs_err_name(rc));
+    ctxs_store_close(st);
+    char *b = bufs[next++ % 4];
+    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", dir, (unsigned long long)e.id);
+    return b;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/* XORs the byte at off of path with mask. */
+static void flip(const char *path, uint64_t off, uint8_t mask)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "open %s: %s", path, strerror(errno));
+    uint8_t b;
+    cr_assert_eq(pread(fd, &b, 1, (off_t)off), 1, "read byte %llu of %s", (unsigned long long)off,
+                 path);
+    b ^= mask;
+    cr_assert_eq(pwrite(fd, &b, 1, (off_t)off), 1);
+    close(fd);
+}
+
+static ctxs__disk_header header_of(const char *path)
+{
+    ctxs__disk_header h;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "open %s: %s", path, strerror(errno));
+    cr_assert_eq(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+    close(fd);
+    return h;
+}
+
+/* The file offset of the KV bytes of (layer, kind, head) of the slot
+ * holding position pos, as the header's layout gives it. */
+static uint64_t kv_offset(const char *path, uint32_t layer, uint32_t kind, uint32_t head,
+                          uint64_t pos)
+{
+    ctxs__disk_header h = header_of(path);
+    uint64_t slot_bytes = (uint64_t)h.head_dim * h.elem_bytes;
+    uint64_t head_stride = (uint64_t)h.capacity * slot_bytes;
+    uint64_t kv_stride = h.n_kv_heads * head_stride;
+    uint64_t slot = ctxs__slot_of(pos, h.capacity, h.n_sink);
+    return h.kv_off + layer * 2 * kv_stride + kind * kv_stride + head * head_stride +
+           slot * slot_bytes;
+}
+
+static int exists(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* "name size\n" for each entry of dir, sorted, into a malloc'ed string. */
+static char *listing(const char *dir)
+{
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "opendir %s: %s", dir, strerror(errno));
+    char **names = NULL;
+    size_t n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        struct stat sb;
+        char p[2048];
+        snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+        cr_assert_eq(lstat(p, &sb), 0);
+        names = realloc(names, (n + 1) * sizeof(*names));
+        cr_assert_not_null(names);
+        char line[512];
+        snprintf(line, sizeof(line), "%s %lld %o\n", de->d_name, (long long)sb.st_size,
+                 (unsigned)sb.st_mode);
+        names[n++] = strdup(line);
+    }
+    closedir(d);
+    qsort(names, n, sizeof(*names), cmp_str);
+    size_t total = 1;
+    for (size_t i = 0; i < n; i++)
+        total += strlen(names[i]);
+    char *s = malloc(total);
+    cr_assert_not_null(s);
+    s[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        strcat(s, names[i]);
+        free(names[i]);
+    }
+    free(names);
+    return s;
+}
+
+/* Writes back the session files of the store at dir. A file written at
+ * CTXS_SYNC_NONE gets blocks (an extent tree block, on ext4) when the
+ * kernel writes it back, whenever that is: its disk bytes settle here. */
+static void settle(const char *dir)
+{
+    const char *ses = ts_path(dir, "sessions");
+    DIR *d = opendir(ses);
+    cr_assert_not_null(d, "opendir %s: %s", ses, strerror(errno));
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd >= 0) {
+            fsync(fd);
+            close(fd);
+        }
+    }
+    closedir(d);
+}
+
+/* What "the store is unchanged" compares: `ls --json` (disk bytes
+ * included) and the listing of the store directory and of sessions/. */
+static char *store_state(const char *dir)
+{
+    settle(dir);
+    CLI_EXPECT(EX_OK, dir, "ls", "--json");
+    jc_free(json_out());
+    char *top = listing(dir), *ses = listing(ts_path(dir, "sessions"));
+    size_t n = strlen(R.out) + strlen(top) + strlen(ses) + 64;
+    char *s = malloc(n);
+    cr_assert_not_null(s);
+    snprintf(s, n, "ls:\n%s\ndir:\n%s\nsessions/:\n%s", R.out, top, ses);
+    free(top);
+    free(ses);
+    return s;
+}
+
+static void same_state(const char *before, const char *dir, const char *after_what)
+{
+    char *now = store_state(dir);
+    cr_assert_str_eq(now, before, "the store changed after %s:\nbefore:\n%s\nafter:\n%s",
+                     after_what, before, now);
+    free(now);
+}
+
+/* Every position both sessions hold has the same K, V and token id, and
+ * they hold the same positions. */
+static void same_tokens(const ctxs_session *a, const ctxs_session *b)
+{
+    ctxs_session_info ia = info_of(a), ib = info_of(b);
+    cr_assert_eq(ia.n_tokens, ib.n_tokens);
+    cr_assert_eq(ia.n_held, ib.n_held);
+    cr_assert_eq(ia.ring_start, ib.ring_start);
+    cr_assert_eq(ia.capacity, ib.capacity);
+    cr_assert_eq(ia.n_sink, ib.n_sink);
+    const ctxs_geometry *g = &ia.model.geometry;
+    size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
+    uint16_t *k1 = malloc(per * 2), *v1 = malloc(per * 2), *k2 = malloc(per * 2),
+             *v2 = malloc(per * 2);
+    cr_assert(k1 && v1 && k2 && v2);
+    ctxs_layout la, lb;
+    cr_assert_eq(ctxs_session_layout(&la, a), 0);
+    cr_assert_eq(ctxs_session_layout(&lb, b), 0);
+    for (uint64_t p = 0; p < ia.n_tokens; p++) {
+        int ra = ctxs_session_read_token(a, p, k1, v1);
+        int rb = ctxs_session_read_token(b, p, k2, v2);
+        cr_assert_eq(ra, rb, "position %llu: %s here, %s there", (unsigned long long)p,
+                     ctxs_err_name(ra), ctxs_err_name(rb));
+        if (ra == CTXS_EEVICTED)
+            continue;
+        cr_assert_eq(ra, 0);
+        cr_assert(memcmp(k1, k2, per * 2) == 0 && memcmp(v1, v2, per * 2) == 0,
+                  "position %llu: the KV differs", (unsigned long long)p);
+        uint32_t sa, sb;
+        cr_assert_eq(ctxs_session_slot(&sa, a, p), 0);
+        cr_assert_eq(ctxs_session_slot(&sb, b, p), 0);
+        cr_assert_eq(la.token_ids[sa], lb.token_ids[sb], "position %llu: the token id differs",
+                     (unsigned long long)p);
+    }
+    free(k1);
+    free(v1);
+    free(k2);
+    free(v2);
+}
+
+/* =============================================================================
+ * The JSON checker itself
+ * ========================================================================== */
+
+static jc_value *parse_ok(const char *text)
+{
+    char err[256];
+    jc_value *v = jc_parse(text, strlen(text), err, sizeof(err));
+    cr_assert_not_null(v, "'%s' should parse: %s", text, err);
+    return v;
+}
+
+static void parse_bad(const char *text, size_t len)
+{
+    char err[256];
+    jc_value *v = jc_parse(text, len, err, sizeof(err));
+    cr_assert_null(v, "'%.*s' should not parse", (int)len, text);
+    cr_assert(err[0], "no message for '%.*s'", (int)len, text);
+}
+
+Test(cli, json_checker_parses_what_json_allows_and_refuses_the_rest)
+{
+    jc_value *v = parse_ok(" {\"a\": [1, -2, 3.5e2, 0, 18446744073709551615, true, false, null],"
+                           " \"s\": \"q\\\"b\\\\s\\/\\b\\f\\n\\r\\t\\u00e9\\ud83d\\ude00\\u0000x\","
+                           " \"o\": {\"k\": {}}, \"e\": [], \"u\": \"\xc3\xa9\"} \n");
+    cr_assert_eq(v->type, JC_OBJECT);
+    uint64_t u;
+    cr_assert_eq(jc_u64(jc_path(v, "a[0]"), &u), 0);
+    cr_assert_eq(u, 1);
+    cr_assert_eq(jc_path(v, "a[1]")->i64, -2);
+    cr_assert_neq(jc_u64(jc_path(v, "a[1]"), &u), 0, "a negative number is not a count");
+    cr_assert_eq(jc_path(v, "a[2]")->number, 350.0);
+    cr_assert_eq(jc_path(v, "a[2]")->is_int, 0);
+    cr_assert_eq(jc_u64(jc_path(v, "a[4]"), &u), 0);
+    cr_assert_eq(u, UINT64_MAX, "integers are exact to 64 bits");
+    cr_assert_eq(jc_bool(jc_path(v, "a[5]")), 1);
+    cr_assert_eq(jc_bool(jc_path(v, "a[6]")), 0);
+    cr_assert_eq(jc_path(v, "a[7]")->type, JC_NULL);
+    cr_assert_null(jc_path(v, "a[8]"));
+    const jc_value *s = jc_get(v, "s");
+    static const char want[] = "q\"b\\s/\b\f\n\r\t\xc3\xa9\xf0\x9f\x98\x80\0x";
+    cr_assert_eq(s->len, sizeof(want) - 1);
+    cr_assert(memcmp(s->str, want, sizeof(want) - 1) == 0);
+    cr_assert_str_eq(jc_str(jc_get(v, "u")), "\xc3\xa9");
+    cr_assert_eq(jc_path(v, "o.k")->type, JC_OBJECT);
+    cr_assert_eq(jc_path(v, "e")->n, 0);
+    cr_assert_not_null(jc_find_key(v, "k"));
+    jc_free(v);
+
+    static const char *const bad[] = {
+        "", " ", "{", "[", "[1,]", "{\"a\":1,}", "{\"a\" 1}", "{a:1}", "[1 2]", "01", "-",
+        "1.", ".5", "1e", "+1", "NaN", "Infinity", "tru", "nul", "\"abc", "\"\\x\"",
+        "\"\\u12\"", "\"\\ud800\"", "\"\\udc00\"", "\"\\ud800\\u0041\"", "\"a\tb\"",
+        "\"\xff\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"", "{\"a\":1,\"a\":2}", "[1] [2]",
+        "{} x", "[1]]", "'a'", "[1,,2]", "// c\n1",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        parse_bad(bad[i], strlen(bad[i]));
+    parse_bad("[1]\0", 4); /* a NUL after the document is trailing garbage */
+
+    char deep[400];
+    memset(deep, '[', 200);
+    memset(deep + 200, ']', 200);
+    parse_bad(deep, sizeof(deep));
+    jc_value *ok = jc_parse(deep + 150, 100, NULL, 0); /* 50 deep is fine */
+    cr_assert_not_null(ok);
+    jc_free(ok);
+}
+
+/* =============================================================================
+ * Help and usage
+ * ========================================================================== */
+
+Test(cli, help_for_every_command_exits_0_and_documents_the_exit_codes)
+{
+    const char *store = dir_of("never-made");
+    CLI_EXPECT(EX_OK, store, "--help");
+    contains(1, "usage: ctxstore");
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        contains(1, k_commands[i]);
+    contains(1, "Exit codes");
+
+    /* Every command is tried, whatever an earlier one did. */
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        char want[64];
+        snprintf(want, sizeof(want), "usage: ctxstore %s", k_commands[i]);
+        CLI(store, k_commands[i], "--help");
+        cr_expect_eq(R.code, EX_OK, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+        says(1, want);
+        says(1, "Exit codes");
+        says(1, "5  damaged");
+        says(1, "7  the name or file already exists");
+        CLI(store, "help", k_commands[i]);
+        cr_expect_eq(R.code, EX_OK, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+        says(1, want);
+        CLI(store, "--store", store, k_commands[i], "--help", "--json");
+        cr_expect_eq(R.code, EX_OK, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+        says(1, want);
+    }
+    CLI_EXPECT(EX_OK, store, "--version");
+    contains(1, "ctxstore 0.1.0");
+    cr_assert_not(exists(store), "--help created the store %s", store);
+}
+
+Test(cli, usage_errors_exit_2_with_a_usage_line_and_create_nothing)
+{
+    const char *store = dir_of("never-made");
+    /* Each: the arguments, then what stderr must say. */
+    static const struct {
+        const char *args[8];
+        const char *says;
+    } cases[] = {
+        { { "ls", "--bogus" }, "usage: ctxstore ls" },
+        { { "ls", "extra" }, "usage: ctxstore ls" },
+        { { "info" }, "usage: ctxstore info" },
+        { { "info", "a", "b" }, "usage: ctxstore info" },
+        { { "verify", "a", "--all" }, "usage: ctxstore verify" },
+        { { "verify", "a", "b" }, "usage: ctxstore verify" },
+        { { "verify", "--bogus" }, "usage: ctxstore verify" },
+        { { "compact", "a", "b" }, "usage: ctxstore compact" },
+        { { "compact", "--all", "a" }, "usage: ctxstore compact" },
+        { { "gc" }, "usage: ctxstore gc" },
+        { { "gc", "--max-size", "banana" }, "usage: ctxstore gc" },
+        { { "gc", "--max-size", "-5" }, "usage: ctxstore gc" },
+        { { "gc", "--max-size", "1G", "extra" }, "usage: ctxstore gc" },
+        { { "gc", "--max-size" }, "usage: ctxstore gc" },
+        { { "rm" }, "usage: ctxstore rm" },
+        { { "rm", "--bogus", "a" }, "usage: ctxstore rm" },
+        { { "fork", "a" }, "usage: ctxstore fork" },
+        { { "fork", "a", "b", "c" }, "usage: ctxstore fork" },
+        { { "fork", "a", "b", "--at", "ten" }, "usage: ctxstore fork" },
+        { { "fork", "a", "b", "--at", "-1" }, "usage: ctxstore fork" },
+        { { "fork", "a", "b", "--at", "5", "--checkpoint", "c" }, "usage: ctxstore fork" },
+        { { "checkpoint" }, "usage: ctxstore checkpoint" },
+        { { "checkpoint", "frob", "s", "n" }, "usage: ctxstore checkpoint" },
+        { { "checkpoint", "create", "s" }, "usage: ctxstore checkpoint" },
+        { { "checkpoint", "ls" }, "usage: ctxstore checkpoint" },
+        { { "checkpoint", "ls", "s", "extra" }, "usage: ctxstore checkpoint" },
+        { { "checkpoint", "restore", "s" }, "usage: ctxstore checkpoint" },
+        { { "checkpoint", "rm", "s", "n", "x" }, "usage: ctxstore checkpoint" },
+        { { "reindex", "x" }, "usage: ctxstore reindex" },
+        { { "export", "s" }, "usage: ctxstore export" },
+        { { "export", "s", "f", "g" }, "usage: ctxstore export" },
+        { { "import" }, "usage: ctxstore import" },
+        { { "import", "f", "n", "x" }, "usage: ctxstore import" },
+        { { "demo", "--turns", "0" }, "usage: ctxstore demo" },
+        { { "demo", "--bogus" }, "usage: ctxstore demo" },
+        { { "demo", "extra" }, "usage: ctxstore demo" },
+        { { "bench", "--bogus" }, "usage: ctxstore bench" },
+        { { "frobnicate" }, "'frobnicate' is not a command" },
+        { { "--bogus", "ls" }, "ctxstore --help" },
+        { { NULL }, "usage: ctxstore" },
+    };
+    /* Every case is tried, whatever an earlier one did. */
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        run_env(store, NULL, cases[i].args);
+        cr_expect_eq(R.code, EX_USAGE, "`%s` exited %d, expected 2.\nstdout:\n%s\nstderr:\n%s",
+                     R.what, R.code, R.out, R.err);
+        says(0, cases[i].says);
+        cr_expect_eq(R.out_len, 0, "`%s` wrote to stdout after a usage error:\n%s", R.what,
+                     R.out);
+        cr_assert_not(exists(store), "`%s` created the store %s", R.what, store);
+    }
+}
+
+/* =============================================================================
+ * ls and info
+ * ========================================================================== */
+
+#define ODD_NAME "quote\" back\\slash \xc3\xa9t\xc3\xa9 \xe2\x9c\x93"
+
+Test(cli, ls_lists_names_tokens_capacity_and_flags)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "alpha", 256, 0, 100);           /* no ring */
+    mk(st, "beta", 256, 1, 300);            /* a ring that wrapped */
+    mk(st, "damaged", 256, 1, 40);          /* its header gets a flipped byte */
+    mk(st, ODD_NAME, 512, 1, 7);            /* JSON escapes */
+    ctxs_session *held = mk_open(st, "delta", 256, 1, 60); /* a writer holds it */
+    ctxs_session *beta = open_ro(st, "beta");
+    ctxs_session_info bi = info_of(beta);
+    ctxs_session_close(beta);
+    cr_assert(bi.flags & CTXS_INFO_WRAPPED, "the test's ring did not wrap");
+    flip(file_of(S(), "damaged"), offsetof(ctxs__disk_header, capacity), 0x10);
+
+    CLI_EXPECT(EX_OK, NULL, "--store", S(), "ls", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(v->type, JC_ARRAY);
+    cr_assert_eq(v->n, 5, "five sessions:\n%s", R.out);
+    /* In name order. */
+    for (size_t i = 1; i < v->n; i++)
+        cr_assert_lt(strcmp(js(jc_at(v, i - 1), "name"), js(jc_at(v, i), "name")), 0,
+                     "ls --json is not in name order:\n%s", R.out);
+
+    const jc_value *a = must_by_name(v, "alpha");
+    cr_assert_eq(ju(a, "n_tokens"), 100);
+    cr_assert_eq(ju(a, "held"), 100);
+    cr_assert_eq(ju(a, "capacity"), 256);
+    cr_assert_str_eq(js(a, "model"), MODEL_NAME);
+    char hex[33];
+    ctxs_model m = model();
+    for (int i = 0; i < 16; i++)
+        snprintf(hex + 2 * i, 3, "%02x", m.model_hash[i]);
+    cr_assert_str_eq(js(a, "model_hash"), hex);
+    cr_assert_gt(ju(a, "disk_bytes"), 0);
+    cr_assert_gt(ju(a, "last_used_unix_ms"), 0);
+    cr_assert_eq(jget(a, "flags")->n, 0, "alpha has no flags:\n%s", R.out);
+
+    const jc_value *b = must_by_name(v, "beta");
+    cr_assert_eq(ju(b, "n_tokens"), 300);
+    cr_assert_eq(ju(b, "held"), bi.n_held);
+    cr_assert_eq(ju(b, "capacity"), 256);
+    cr_assert(jc_has_string(jget(b, "flags"), "ring"), "beta: %s", R.out);
+    cr_assert(jc_has_string(jget(b, "flags"), "wrapped"), "beta: %s", R.out);
+    cr_assert_not(jc_has_string(jget(b, "flags"), "failed"), "beta: %s", R.out);
+    cr_assert_not(jc_has_string(jget(b, "flags"), "writer"), "beta: %s", R.out);
+
+    const jc_value *d = must_by_name(v, "delta");
+    cr_assert_eq(ju(d, "n_tokens"), 60);
+    cr_assert(jc_has_string(jget(d, "flags"), "writer"), "delta is held open: %s", R.out);
+    cr_assert_not(jc_has_string(jget(d, "flags"), "wrapped"), "delta: %s", R.out);
+    cr_assert_not(jc_has_string(jget(d, "flags"), "failed"), "delta: %s", R.out);
+
+    const jc_value *x = must_by_name(v, "damaged");
+    cr_assert(jc_has_string(jget(x, "flags"), "failed"), "damaged: %s", R.out);
+    cr_assert_str_eq(js(x, "error"), "CTXS_ECORRUPT");
+    cr_assert_null(jc_get(x, "n_tokens"), "a file that does not open has no token count");
+
+    const jc_value *o = must_by_name(v, ODD_NAME);
+    cr_assert_eq(ju(o, "n_tokens"), 7);
+    cr_assert_eq(ju(o, "capacity"), 512);
+    jc_free(v);
+
+    /* The table says the same. */
+    CLI_EXPECT(EX_OK, S(), "ls");
+    contains(1, "NAME");
+    contains(1, "5 sessions");
+    char line[1024];
+    line_with(line, sizeof(line), "alpha");
+    cr_assert(strstr(line, " 100 ") && strstr(line, " 256 ") && strstr(line, MODEL_NAME),
+              "alpha's line: %s", line);
+    line_with(line, sizeof(line), "beta");
+    cr_assert(strstr(line, " 300 ") && strstr(line, "wrapped"), "beta's line: %s", line);
+    line_with(line, sizeof(line), "delta");
+    cr_assert(strstr(line, " 60 ") && strstr(line, "writer"), "delta's line: %s", line);
+    line_with(line, sizeof(line), "damaged");
+    cr_assert(strstr(line, "failed") && strstr(line, " ? "), "damaged's line: %s", line);
+    line_with(line, sizeof(line), ODD_NAME);
+
+    /* Once the writer is gone, so is the flag. */
+    ctxs_session_close(held);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_not(jc_has_string(jget(must_by_name(v, "delta"), "flags"), "writer"), "%s", R.out);
+    jc_free(v);
+}
+
+/* Rewrites both commit records of path with no boot id, as a failed
+ * writeback leaves them (and as every record is where the platform has no
+ * boot id): the next open verifies, and the session opens. */
+static void forget_boot_id(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    for (uint32_t i = 0; i < 2; i++) {
+        off_t off = i == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF;
+        ctxs__disk_record r;
+        cr_assert_eq(pread(fd, &r, sizeof(r), off), (ssize_t)sizeof(r));
+        memset(r.boot_id, 0, sizeof(r.boot_id));
+        ctxs__record_seal(&r, i);
+        cr_assert_eq(pwrite(fd, &r, sizeof(r), off), (ssize_t)sizeof(r));
+    }
+    close(fd);
+}
+
+Test(cli, ls_flags_failed_only_for_a_file_that_does_not_open)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "no-boot-id", 256, 1, 70);
+    ctxs_store_close(st);
+    forget_boot_id(file_of(S(), "no-boot-id"));
+
+    /* It opens, and every token verifies... */
+    CLI_EXPECT(EX_OK, S(), "verify", "no-boot-id");
+    CLI_EXPECT(EX_OK, S(), "info", "no-boot-id", "--json");
+    jc_value *v = json_out();
+    cr_assert_str_eq(js(v, "status"), "OK");
+    cr_assert_eq(ju(v, "n_tokens"), 70);
+    jc_free(v);
+    /* ...so ls must not call it failed ("the file does not open"). */
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    const jc_value *e = must_by_name(v, "no-boot-id");
+    cr_assert_eq(ju(e, "n_tokens"), 70);
+    cr_assert_not(jc_has_string(jget(e, "flags"), "failed"),
+                  "ls flags a session that opens and verifies as failed:\n%s", R.out);
+    jc_free(v);
+}
+
+Test(cli, ls_flags_rolled_back_while_the_index_remembers_more_tokens)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "undo", 256, 1, 150);
+    ctxs_session *s = open_rw(st, "undo");
+    cr_assert_eq(ctxs_session_rollback(s, 50), 0);
+
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    jc_value *v = json_out();
+    const jc_value *e = must_by_name(v, "undo");
+    cr_assert_eq(ju(e, "n_tokens"), 50, "ls reads the tokens from the file:\n%s", R.out);
+    cr_assert(jc_has_string(jget(e, "flags"), "rolled-back"), "%s", R.out);
+    cr_assert(jc_has_string(jget(e, "flags"), "writer"), "%s", R.out);
+    jc_free(v);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    e = must_by_name(v, "undo");
+    cr_assert_not(jc_has_string(jget(e, "flags"), "rolled-back"), "%s", R.out);
+    cr_assert_not(jc_has_string(jget(e, "flags"), "writer"), "%s", R.out);
+    jc_free(v);
+}
+
+Test(cli, ls_of_an_empty_store)
+{
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(v->type, JC_ARRAY);
+    cr_assert_eq(v->n, 0);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "ls");
+    contains(1, "0 sessions");
+}
+
+Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    ctxs_session *s = mk_open(st, "base", 256, 1, 100);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp1"), 0);
+    append(s, 50);
+    ctxs_session_close(s);
+    cr_assert_eq(ctxs_store_fork(NULL, st, "base", 80, "child", NULL), 0);
+    ctxs_session *ro = open_ro(st, "base");
+    ctxs_window win;
+    cr_assert_eq(ctxs_session_window(&win, ro), 0);
+    ctxs_session_close(ro);
+    ctxs_store_close(st);
+
+    CLI_EXPECT(EX_OK, S(), "info", "base", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(v->type, JC_OBJECT);
+    cr_assert_str_eq(js(v, "name"), "base");
+    cr_assert_str_eq(js(v, "status"), "OK");
+    cr_assert_str_eq(js(v, "path"), file_of(S(), "base"));
+    cr_assert_str_eq(js(v, "model"), MODEL_NAME);
+    cr_assert_eq(ju(v, "geometry.n_layers"), 2);
+    cr_assert_eq(ju(v, "geometry.n_kv_heads"), 2);
+    cr_assert_eq(ju(v, "geometry.head_dim"), 16);
+    cr_assert_str_eq(js(v, "geometry.dtype"), "fp16");
+    cr_assert_eq(ju(v, "capacity"), 256);
+    cr_assert_eq(ju(v, "n_sink"), 4);
+    cr_assert_eq(jb(v, "ring"), 1);
+    cr_assert_eq(ju(v, "n_tokens"), 150);
+    cr_assert_eq(ju(v, "held"), 150);
+    cr_assert_eq(ju(v, "format.major"), CTXS__FORMAT_MAJOR);
+    cr_assert_eq(jb(v, "format.header_crc_ok"), 1);
+    cr_assert_eq(jb(v, "writer_open"), 0);
+
+    const jc_value *recs = jget(v, "records");
+    cr_assert_eq(recs->n, 2);
+    int current = 0;
+    for (size_t i = 0; i < 2; i++) {
+        const jc_value *r = jc_at(recs, i);
+        cr_assert_eq(jb(r, "valid"), 1, "record %zu: %s", i, R.out);
+        if (jb(r, "current")) {
+            current++;
+            cr_assert_eq(ju(r, "n_tokens"), 150);
+        } else {
+            cr_assert_lt(ju(r, "n_tokens"), 150);
+        }
+    }
+    cr_assert_eq(current, 1, "one current record:\n%s", R.out);
+
+    cr_assert_eq(ju(v, "window.n_tokens"), win.n_tokens);
+    const jc_value *spans = jget(v, "window.spans");
+    cr_assert_eq(spans->n, win.n_spans);
+    for (uint32_t i = 0; i < win.n_spans; i++) {
+        cr_assert_eq(ju(jc_at(spans, i), "slot"), win.spans[i].slot);
+        cr_assert_eq(ju(jc_at(spans, i), "count"), win.spans[i].count);
+    }
+
+    const jc_value *cps = jget(v, "checkpoints");
+    cr_assert_eq(cps->n, 1);
+    cr_assert_str_eq(js(cps, "[0].name"), "cp1");
+    cr_assert_eq(ju(cps, "[0].n_tokens"), 100);
+    cr_assert_eq(jb(cps, "[0].stale"), 0);
+    cr_assert_null(jc_get(v, "parent"));
+    jc_free(v);
+
+    CLI_EXPECT(EX_OK, S(), "info", "child", "--json");
+    v = json_out();
+    cr_assert_eq(ju(v, "n_tokens"), 80);
+    cr_assert_str_eq(js(v, "parent.name"), "base");
+    cr_assert_eq(ju(v, "parent.tokens"), 80);
+    jc_free(v);
+
+    CLI_EXPECT(EX_OK, S(), "info", "base");
+    contains(1, "session      base");
+    contains(1, "2 layers x 2 KV heads x 16 dims, fp16");
+    contains(1, "256 slots, 4 sinks");
+    contains(1, "150 committed, 150 held");
+    contains(1, "checkpoints  1");
+    contains(1, "cp1");
+    CLI_EXPECT(EX_OK, S(), "info", "child");
+    contains(1, "forked from  base at 80 tokens");
+
+    CLI_EXPECT(EX_NOTFOUND, S(), "info", "nobody");
+    contains(0, "nobody");
+}
+
+/* =============================================================================
+ * verify
+ * ========================================================================== */
+
+Test(cli, verify_of_a_clean_store_exits_0)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "one", 256, 1, 130);
+    mk(st, "two", 256, 1, 400); /* wrapped */
+    mk(st, "three", 256, 0, 1);
+    ctxs_store_close(st);
+
+    CLI_EXPECT(EX_OK, S(), "verify");
+    contains(1, "ok       one: 130 tokens verified");
+    contains(1, "ok       three: 1 token");
+    contains(1, "all good: 3 sessions checked");
+    CLI_EXPECT(EX_OK, S(), "verify", "--all", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(jb(v, "ok"), 1);
+    cr_assert_eq(jget(v, "unindexed_files")->n, 0);
+    const jc_value *ses = jget(v, "sessions");
+    cr_assert_eq(ses->n, 3);
+    const jc_value *two = must_by_name(ses, "two");
+    cr_assert_eq(jb(two, "ok"), 1);
+    cr_assert_eq(ju(two, "bad_tokens"), 0);
+    cr_assert_eq(ju(two, "tokens_checked"), 256, "a wrapped ring holds its capacity");
+    cr_assert_eq(jget(two, "bad_chunks")->n, 0);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "verify", "two");
+    contains(1, "ok       two: 256 tokens verified");
+}
+
+Test(cli, verify_names_the_session_chunks_and_tokens_of_flipped_kv_bytes)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "victim", 256, 1, 200);
+    mk(st, "bystander", 256, 1, 200);
+    mk(st, "wrapped", 256, 1, 400);
+    ctxs_store_close(st);
+    /* In a wrapped ring, position 390 lives in slot 4 + 386 % 252. */
+    const char *w = file_of(S(), "wrapped");
+    flip(w, kv_offset(w, 0, CTXS_V, 1, 390) + 5, 0x02);
+    const char *f = file_of(S(), "victim");
+    flip(f, kv_offset(f, 1, CTXS_V, 1, 10) + 3, 0x01);   /* chunk 0 */
+    flip(f, kv_offset(f, 0, CTXS_K, 0, 100) + 31, 0x80); /* chunk 1 */
+    flip(f, kv_offset(f, 1, CTXS_K, 1, 101), 0x40);
+
+    CLI_EXPECT(EX_DAMAGED, S(), "verify");
+    contains(1, "DAMAGED  victim: 3 of 200 tokens fail their checksums");
+    contains(1, "chunk 0 (tokens 0-63): 1 bad, from token 10 to 10");
+    contains(1, "chunk 1 (tokens 64-127): 2 bad, from token 100 to 101");
+    contains(1, "ctxstore fork victim NEW --at 10");
+    contains(1, "ok       bystander: 200 tokens verified");
+    contains(1, "DAMAGE FOUND");
+
+    CLI_EXPECT(EX_DAMAGED, S(), "verify", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(jb(v, "ok"), 0);
+    const jc_value *vic = must_by_name(jget(v, "sessions"), "victim");
+    cr_assert_eq(jb(vic, "ok"), 0);
+    cr_assert_str_eq(js(vic, "status"), "CTXS_ECORRUPT");
+    cr_assert_eq(ju(vic, "bad_tokens"), 3);
+    cr_assert_eq(ju(vic, "tokens_checked"), 200);
+    const jc_value *ch = jget(vic, "bad_chunks");
+    cr_assert_eq(ch->n, 2);
+    cr_assert_eq(ju(ch, "[0].chunk"), 0);
+    cr_assert_eq(ju(ch, "[0].first_token"), 0);
+    cr_assert_eq(ju(ch, "[0].last_token"), 63);
+    cr_assert_eq(jget(ch, "[0].bad_tokens")->n, 1);
+    cr_assert_eq(ju(ch, "[0].bad_tokens[0]"), 10);
+    cr_assert_eq(ju(ch, "[1].chunk"), 1);
+    cr_assert_eq(ju(ch, "[1].first_token"), 64);
+    cr_assert_eq(ju(ch, "[1].last_token"), 127);
+    cr_assert_eq(jget(ch, "[1].bad_tokens")->n, 2);
+    cr_assert_eq(ju(ch, "[1].bad_tokens[0]"), 100);
+    cr_assert_eq(ju(ch, "[1].bad_tokens[1]"), 101);
+    cr_assert_eq(jb(must_by_name(jget(v, "sessions"), "bystander"), "ok"), 1);
+    const jc_value *wr = must_by_name(jget(v, "sessions"), "wrapped");
+    cr_assert_eq(ju(wr, "bad_tokens"), 1);
+    cr_assert_eq(ju(wr, "tokens_checked"), 256);
+    cr_assert_eq(ju(wr, "bad_chunks[0].chunk"), 6);
+    cr_assert_eq(ju(wr, "bad_chunks[0].bad_tokens[0]"), 390);
+    jc_free(v);
+
+    CLI_EXPECT(EX_DAMAGED, S(), "verify", "wrapped");
+    contains(1, "DAMAGED  wrapped: 1 of 256 tokens fail their checksums");
+    contains(1, "chunk 6 (tokens 384-447): 1 bad, from token 390 to 390");
+    CLI_EXPECT(EX_DAMAGED, S(), "verify", "victim");
+    contains(1, "chunk 1 (tokens 64-127)");
+    CLI_EXPECT(EX_OK, S(), "verify", "bystander");
+}
+
+Test(cli, verify_names_the_tokens_an_open_after_a_reboot_would_drop)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "reboot", 256, 1, 70);
+    ctxs_store_close(st);
+    const char *f = file_of(S(), "reboot");
+    ctxs_file_report rep;
+    cr_assert_eq(ctxs_file_inspect(&rep, f), 0);
+    const ctxs_record_report *cur = rep.records[0].current ? &rep.records[0] : &rep.records[1];
+    cr_assert_leq(cur->verified_from, 60, "the test needs token 60 above the watermark");
+    /* As after a power loss: the records are not of this boot, and a token
+     * after the watermark did not reach the disk intact. */
+    forget_boot_id(f);
+    flip(f, kv_offset(f, 1, CTXS_K, 0, 60) + 7, 0x08);
+
+    CLI_EXPECT(EX_DAMAGED, S(), "verify", "--json");
+    jc_value *v = json_out();
+    const jc_value *r = must_by_name(jget(v, "sessions"), "reboot");
+    cr_assert_eq(jb(r, "ok"), 0);
+    cr_assert_eq(ju(r, "recovery_dropped"), 10, "%s", R.out);
+    cr_assert_eq(ju(r, "tokens_checked"), 60, "%s", R.out);
+    cr_assert_eq(ju(r, "bad_tokens"), 1, "%s", R.out);
+    cr_assert_eq(ju(r, "bad_chunks[0].bad_tokens[0]"), 60, "%s", R.out);
+    cr_assert(strstr(js(r, "problem"), "claims 10 more tokens, from token 60"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_DAMAGED, S(), "verify", "reboot");
+    contains(1, "chunk 0 (tokens 0-63): 1 bad, from token 60 to 60");
+    /* verify changed nothing: the file still claims its 70 tokens. */
+    cr_assert_eq(ctxs_file_inspect(&rep, f), 0);
+    cur = rep.records[0].current ? &rep.records[0] : &rep.records[1];
+    cr_assert_eq(cur->n_tokens, 70);
+}
+
+Test(cli, verify_reports_a_damaged_commit_record)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "rec", 256, 1, 120);
+    ctxs_store_close(st);
+    const char *f = file_of(S(), "rec");
+    ctxs_file_report rep;
+    cr_assert_eq(ctxs_file_inspect(&rep, f), 0);
+    int cur = rep.records[0].current ? 0 : 1;
+    cr_assert(rep.records[cur].current);
+    /* A byte of the current record's reserved area: only its CRC sees it. */
+    flip(f, (cur ? CTXS__RECORD1_OFF : CTXS__RECORD0_OFF) + 70, 0x04);
+
+    char want[64];
+    snprintf(want, sizeof(want), "commit record %d is damaged", cur);
+    CLI_EXPECT(EX_DAMAGED, S(), "verify");
+    contains(1, "DAMAGED  rec");
+    contains(1, want);
+    CLI_EXPECT(EX_DAMAGED, S(), "verify", "rec", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(jb(v, "ok"), 0);
+    const jc_value *r = must_by_name(jget(v, "sessions"), "rec");
+    cr_assert_eq(jb(r, "ok"), 0);
+    cr_assert(strstr(js(r, "problem"), want), "%s", R.out);
+    jc_free(v);
+
+    CLI_EXPECT(EX_OK, S(), "info", "rec", "--json");
+    v = json_out();
+    char path[32];
+    snprintf(path, sizeof(path), "records[%d].valid", cur);
+    cr_assert_eq(jb(v, path), 0, "info shows the damaged record:\n%s", R.out);
+    jc_free(v);
+}
+
+Test(cli, verify_reports_a_header_with_a_flipped_byte)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "hdr", 256, 1, 50);
+    mk(st, "fine", 256, 1, 50);
+    ctxs_store_close(st);
+    const char *f = file_of(S(), "hdr");
+    flip(f, offsetof(ctxs__disk_header, created_unix_ms) + 2, 0x20);
+
+    CLI_EXPECT(EX_DAMAGED, S(), "verify");
+    contains(1, "DAMAGED  hdr");
+    contains(1, "header");
+    contains(1, "ok       fine");
+    CLI_EXPECT(EX_DAMAGED, S(), "verify", "--json");
+    jc_value *v = json_out();
+    const jc_value *h = must_by_name(jget(v, "sessions"), "hdr");
+    cr_assert_eq(jb(h, "ok"), 0);
+    cr_assert_str_eq(js(h, "status"), "CTXS_ECORRUPT");
+    cr_assert(strstr(js(h, "problem"), "header"), "%s", R.out);
+    jc_free(v);
+
+    CLI_EXPECT(EX_OK, S(), "info", "hdr", "--json");
+    v = json_out();
+    cr_assert_eq(jb(v, "format.header_crc_ok"), 0);
+    cr_assert_str_eq(js(v, "status"), "CTXS_ECORRUPT");
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "info", "hdr");
+    contains(1, "DOES NOT OPEN");
+}
+
+Test(cli, verify_reports_a_session_file_deleted_behind_the_index)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "gone", 256, 1, 50);
+    mk(st, "here", 256, 1, 50);
+    ctxs_store_close(st);
+    const char *f = file_of(S(), "gone");
+    cr_assert_eq(unlink(f), 0);
+
+    CLI_EXPECT(EX_DAMAGED, S(), "verify");
+    contains(1, "DAMAGED  gone");
+    contains(1, "ok       here");
+    CLI_EXPECT(EX_DAMAGED, S(), "verify", "--json");
+    jc_value *v = json_out();
+    const jc_value *g = must_by_name(jget(v, "sessions"), "gone");
+    cr_assert_eq(jb(g, "ok"), 0);
+    cr_assert_str_eq(js(g, "status"), "ENOENT");
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert(jc_has_string(jget(must_by_name(v, "gone"), "flags"), "failed"), "%s", R.out);
+    jc_free(v);
+}
+
+Test(cli, verify_reports_a_session_file_the_index_does_not_know)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "known", 256, 1, 50);
+    ctxs_store_close(st);
+    size_t len;
+    uint8_t *data = ts_read_file(file_of(S(), "known"), &len);
+    cr_assert_eq(ts_write_file(ts_path(S(), "sessions/00000000deadbeef.ctxs"), data, len), 0);
+    free(data);
+
+    CLI_EXPECT(EX_DAMAGED, S(), "verify");
+    contains(1, "00000000deadbeef.ctxs is a session file the index does not know");
+    contains(1, "ok       known");
+    CLI_EXPECT(EX_DAMAGED, S(), "verify", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(jb(v, "ok"), 0);
+    cr_assert(jc_has_string(jget(v, "unindexed_files"), "00000000deadbeef.ctxs"), "%s", R.out);
+    cr_assert_eq(jb(must_by_name(jget(v, "sessions"), "known"), "ok"), 1);
+    jc_free(v);
+    /* One session is checked alone; the stray is not its business. */
+    CLI_EXPECT(EX_OK, S(), "verify", "known");
+}
+
+/* =============================================================================
+ * gc and rm
+ * ========================================================================== */
+
+Test(cli, gc_deletes_least_recently_used_first_and_keeps_open_ones)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    static const char *const names[] = { "oldest", "older", "newer", "newest" };
+    for (int i = 0; i < 4; i++) {
+        mk(st, names[i], 256, 1, 100);
+        sleep_ms(15); /* distinct last-use times */
+    }
+    ctxs_session *held = open_ro(st, "oldest");
+
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    jc_value *v = json_out();
+    uint64_t disk[4];
+    for (int i = 0; i < 4; i++)
+        disk[i] = ju(must_by_name(v, names[i]), "disk_bytes");
+    jc_free(v);
+    /* Room for the open one and one more: "older" and "newer" must go. */
+    uint64_t small = disk[1] < disk[2] ? disk[1] : disk[2];
+    uint64_t budget = disk[0] + disk[3] + small / 2;
+    char arg[32];
+    snprintf(arg, sizeof(arg), "%llu", (unsigned long long)budget);
+
+    CLI_EXPECT(EX_OK, S(), "gc", "--max-size", arg, "--json");
+    v = json_out();
+    cr_assert_eq(ju(v, "budget_bytes"), budget);
+    cr_assert_eq(ju(v, "deleted"), 2, "%s", R.out);
+    cr_assert_eq(ju(v, "skipped_open"), 1, "%s", R.out);
+    cr_assert_leq(ju(v, "bytes_after"), budget);
+    cr_assert_gt(ju(v, "bytes_before"), ju(v, "bytes_after"));
+    jc_free(v);
+
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 2, "%s", R.out);
+    cr_assert_not_null(by_name(v, "oldest"), "the open session was deleted: %s", R.out);
+    cr_assert_not_null(by_name(v, "newest"), "the newest session was deleted: %s", R.out);
+    jc_free(v);
+
+    /* A budget of nothing keeps only the open one. */
+    CLI_EXPECT(EX_OK, S(), "gc", "--max-size", "0");
+    contains(1, "deleted 1 session");
+    contains(1, "kept 1 open session");
+    ctxs_session_close(held);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 1);
+    cr_assert_not_null(by_name(v, "oldest"));
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "gc", "--max-size", "10G");
+    contains(1, "deleted 0 sessions");
+}
+
+Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    static const char *const names[] = { "a", "b", "c", "d", "e" };
+    for (int i = 0; i < 5; i++)
+        mk(st, names[i], 256, 1, 20);
+    ctxs_session *held = mk_open(st, "open", 256, 1, 20);
+    const char *fa = file_of(S(), "a"), *fd = file_of(S(), "d");
+
+    CLI_EXPECT(EX_OK, S(), "rm", "a");
+    cr_assert_not(exists(fa), "rm left the file of a");
+    CLI_EXPECT(EX_OK, S(), "rm", "b", "c");
+    CLI_EXPECT(EX_NOTFOUND, S(), "rm", "missing");
+    contains(0, "missing");
+    /* Every name is tried; the first failure decides the exit code. */
+    CLI_EXPECT(EX_NOTFOUND, S(), "rm", "d", "missing", "e");
+    cr_assert_not(exists(fd));
+    CLI_EXPECT(EX_BUSY, S(), "rm", "open");
+    contains(0, "open");
+
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(v->n, 1, "%s", R.out);
+    cr_assert_not_null(by_name(v, "open"));
+    jc_free(v);
+    cr_assert_eq(ts_dir_entries(ts_path(S(), "sessions")), 1);
+
+    ctxs_session_close(held);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "rm", "open");
+    cr_assert_eq(ts_dir_entries(ts_path(S(), "sessions")), 0);
+}
+
+/* =============================================================================
+ * fork and checkpoints
+ * ========================================================================== */
+
+Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    ctxs_session *s = mk_open(st, "src", 256, 1, 120);
+    cr_assert_eq(ctxs_checkpoint_create(st, s, "mid"), 0);
+    append(s, 30);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+
+    CLI_EXPECT(EX_OK, S(), "fork", "src", "at50", "--at", "50", "--json");
+    jc_value *v = json_out();
+    cr_assert_str_eq(js(v, "name"), "at50");
+    cr_assert_eq(ju(v, "n_tokens"), 50);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "fork", "src", "atcp", "--checkpoint", "mid");
+    contains(1, "at 120 tokens");
+    CLI_EXPECT(EX_OK, S(), "fork", "--at", "0", "src", "empty");
+    CLI_EXPECT(EX_OK, S(), "fork", "src", "all");
+    contains(1, "forked 'src' into 'all' at 150 tokens");
+
+    st = store_open(S());
+    static const struct {
+        const char *name;
+        uint64_t n;
+    } want[] = { { "at50", 50 }, { "atcp", 120 }, { "empty", 0 }, { "all", 150 } };
+    for (size_t i = 0; i < 4; i++) {
+        ctxs_session *f = open_ro(st, want[i].name);
+        cr_assert_eq(info_of(f).n_tokens, want[i].n, "%s", want[i].name);
+        cr_assert_eq(ts_check_all(f), 0, "%s does not hold src's tokens", want[i].name);
+        ctxs_session_close(f);
+    }
+    ctxs_store_close(st);
+
+    char *before = store_state(S());
+    CLI_EXPECT(EX_USAGE, S(), "fork", "src", "x", "--at", "5", "--checkpoint", "mid");
+    contains(0, "usage: ctxstore fork");
+    CLI_EXPECT(EX_USAGE, S(), "fork", "src", "x", "--at", "151");
+    CLI_EXPECT(EX_NOTFOUND, S(), "fork", "nobody", "x");
+    CLI_EXPECT(EX_NOTFOUND, S(), "fork", "src", "x", "--checkpoint", "nocp");
+    CLI_EXPECT(EX_EXIST, S(), "fork", "src", "all");
+    same_state(before, S(), "forks that were refused");
+    /* The largest count is a count too, not "all of it". */
+    CLI(S(), "fork", "src", "x", "--at", "18446744073709551615");
+    cr_expect_eq(R.code, EX_USAGE, "`%s` exited %d:\n%s%s", R.what, R.code, R.out, R.err);
+    CLI(S(), "fork", "src", "y", "--at", "18446744073709551615", "--checkpoint", "mid");
+    cr_expect_eq(R.code, EX_USAGE, "`%s` exited %d:\n%s%s", R.what, R.code, R.out, R.err);
+    free(before);
+}
+
+Test(cli, checkpoint_create_ls_restore_and_rm)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 1, 100);
+    ctxs_store_close(st);
+
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "turn1");
+    CLI_EXPECT(EX_EXIST, S(), "checkpoint", "create", "chat", "turn1");
+    st = store_open(S());
+    ctxs_session *s = open_rw(st, "chat");
+    append(s, 40);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "turn2");
+
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "ls", "chat", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(v->n, 2, "%s", R.out);
+    cr_assert_eq(ju(must_by_name(v, "turn1"), "n_tokens"), 100);
+    cr_assert_eq(ju(must_by_name(v, "turn2"), "n_tokens"), 140);
+    cr_assert_eq(jb(must_by_name(v, "turn1"), "stale"), 0);
+    cr_assert_gt(ju(must_by_name(v, "turn1"), "created_unix_ms"), 0);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "ls", "chat");
+    contains(1, "turn1");
+    contains(1, "turn2");
+
+    /* A writer holds the session: restore refuses, nothing moves. */
+    st = store_open(S());
+    s = open_rw(st, "chat");
+    CLI_EXPECT(EX_BUSY, S(), "checkpoint", "restore", "chat", "turn1");
+    cr_assert_eq(info_of(s).n_tokens, 140);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "restore", "chat", "turn1");
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(ju(must_by_name(v, "chat"), "n_tokens"), 100, "%s", R.out);
+    cr_assert_not(jc_has_string(jget(must_by_name(v, "chat"), "flags"), "rolled-back"),
+                  "the index was not brought up to date by the restore:\n%s", R.out);
+    jc_free(v);
+    /* A checkpoint of a session a writer holds names what it committed. */
+    st = store_open(S());
+    s = open_rw(st, "chat");
+    append(s, 10);
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "live");
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "ls", "chat", "--json");
+    v = json_out();
+    cr_assert_eq(ju(must_by_name(v, "live"), "n_tokens"), 110, "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "restore", "chat", "turn1");
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "rm", "chat", "live");
+    st = store_open(S());
+    s = open_ro(st, "chat");
+    cr_assert_eq(info_of(s).n_tokens, 100);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+
+    CLI_EXPECT(EX_NOTFOUND, S(), "checkpoint", "restore", "chat", "nocp");
+    CLI_EXPECT(EX_NOTFOUND, S(), "checkpoint", "ls", "nobody");
+    CLI_EXPECT(EX_NOTFOUND, S(), "checkpoint", "create", "nobody", "x");
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "rm", "chat", "turn2");
+    CLI_EXPECT(EX_NOTFOUND, S(), "checkpoint", "rm", "chat", "turn2");
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "ls", "chat", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 1, "%s", R.out);
+    cr_assert_not_null(by_name(v, "turn1"));
+    jc_free(v);
+}
+
+/* =============================================================================
+ * reindex and compact
+ * ========================================================================== */
+
+Test(cli, reindex_after_the_index_is_deleted_brings_the_names_back)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "first", 256, 1, 64);
+    mk(st, "second", 256, 1, 300);
+    mk(st, ODD_NAME, 256, 0, 5);
+    ctxs_store_close(st);
+    ts_rmtree(ts_path(S(), "index"));
+    cr_assert_not(exists(ts_path(S(), "index")));
+
+    CLI_EXPECT(EX_OK, S(), "reindex", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(ju(v, "sessions"), 3, "%s", R.out);
+    cr_assert_eq(ju(v, "skipped"), 0);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 3, "%s", R.out);
+    cr_assert_eq(ju(must_by_name(v, "first"), "n_tokens"), 64);
+    cr_assert_eq(ju(must_by_name(v, "second"), "n_tokens"), 300);
+    cr_assert_eq(ju(must_by_name(v, ODD_NAME), "n_tokens"), 5);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "verify");
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    contains(1, "indexed 3 session files");
+}
+
+Test(cli, compact_gives_back_a_rolled_back_sessions_blocks_and_refuses_an_open_one)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    ctxs_session *s = mk_open(st, "shrunk", 1024, 1, 900);
+    cr_assert_eq(ctxs_session_rollback(s, 20), 0);
+    ctxs_session_close(s);
+    ctxs_session *held = mk_open(st, "busy", 1024, 1, 100);
+
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    jc_value *v = json_out();
+    uint64_t before = ju(must_by_name(v, "shrunk"), "disk_bytes");
+    jc_free(v);
+
+    CLI_EXPECT(EX_BUSY, S(), "compact", "busy");
+    contains(0, "busy");
+    CLI_EXPECT(EX_OK, S(), "compact", "shrunk", "--json");
+    v = json_out();
+    cr_assert_eq(ju(v, "sessions"), 1, "%s", R.out);
+    cr_assert_gt(ju(v, "bytes_before"), ju(v, "bytes_after"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    uint64_t after = ju(must_by_name(v, "shrunk"), "disk_bytes");
+    cr_assert_lt(after, before, "compact did not give back the rolled-back slots' blocks");
+    cr_assert_eq(ju(must_by_name(v, "shrunk"), "n_tokens"), 20);
+    jc_free(v);
+
+    /* --all skips the open one and says so. */
+    CLI_EXPECT(EX_OK, S(), "compact", "--all", "--json");
+    v = json_out();
+    cr_assert_eq(ju(v, "skipped_busy"), 1, "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_NOTFOUND, S(), "compact", "nobody");
+    ctxs_session_close(held);
+    ctxs_store_close(st);
+
+    st = store_open(S());
+    s = open_ro(st, "shrunk");
+    cr_assert_eq(ts_check_all(s), 0, "compact lost held tokens");
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "verify");
+}
+
+/* =============================================================================
+ * export and import
+ * ========================================================================== */
+
+/* Makes "trip" (a wrapped ring) in S() and exports it to the returned
+ * path. */
+static const char *make_export(void)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "trip", 256, 1, 333);
+    ctxs_store_close(st);
+    const char *file = dir_of("trip.ctxx");
+    CLI_EXPECT(EX_OK, S(), "export", "trip", file, "--json");
+    jc_value *v = json_out();
+    cr_assert_str_eq(js(v, "name"), "trip");
+    cr_assert_str_eq(js(v, "file"), file);
+    struct stat sb;
+    cr_assert_eq(stat(file, &sb), 0, "export made no file");
+    cr_assert_eq(ju(v, "bytes"), (uint64_t)sb.st_size);
+    jc_free(v);
+    return file;
+}
+
+Test(cli, export_then_import_into_another_store_keeps_every_token)
+{
+    const char *file = make_export();
+    const char *other = dir_of("other");
+
+    CLI_EXPECT(EX_OK, other, "import", file, "--json");
+    jc_value *v = json_out();
+    cr_assert_str_eq(js(v, "name"), "trip");
+    cr_assert_eq(ju(v, "n_tokens"), 333);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, other, "import", file, "again");
+    contains(1, "imported 'again' (333 tokens)");
+    CLI_EXPECT(EX_EXIST, other, "import", file);
+
+    ctxs_store *a = store_open(S()), *b = store_open(other);
+    ctxs_session *src = open_ro(a, "trip");
+    static const char *const names[] = { "trip", "again" };
+    for (int i = 0; i < 2; i++) {
+        ctxs_session *dst = open_ro(b, names[i]);
+        same_tokens(src, dst);
+        cr_assert_eq(ts_check_all(dst), 0);
+        cr_assert(info_of(dst).flags & CTXS_INFO_WRAPPED);
+        ctxs_session_close(dst);
+    }
+    ctxs_session_close(src);
+    ctxs_model_entry me;
+    ctxs_model m = model();
+    cr_assert_eq(ctxs_model_get(&me, b, m.model_hash), 0, "import registers the model");
+    cr_assert_str_eq(me.name, MODEL_NAME);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+
+    CLI_EXPECT(EX_OK, other, "verify");
+    CLI_EXPECT(EX_OK, other, "ls", "--json");
+    v = json_out();
+    cr_assert_eq(ju(must_by_name(v, "again"), "n_tokens"), 333);
+    cr_assert_str_eq(js(must_by_name(v, "again"), "model"), MODEL_NAME);
+    jc_free(v);
+
+    CLI_EXPECT(EX_EXIST, S(), "export", "trip", file);
+    CLI_EXPECT(EX_NOTFOUND, S(), "export", "nobody", dir_of("nobody.ctxx"));
+    cr_assert_not(exists(dir_of("nobody.ctxx")));
+}
+
+/* Imports path into dir and expects the refusal code, with the store as
+ * before. */
+static void refused(const char *dir, const char *before, const char *path, int code,
+                    const char *what)
+{
+    /* The code is an expectation: every case is tried and reported. */
+    int got = CLI(dir, "import", path, "--json");
+    cr_expect_eq(got, code, "import of %s exited %d, expected %d.\nstdout:\n%s\nstderr:\n%s",
+                 what, got, code, R.out, R.err);
+    cr_assert_neq(got, EX_OK, "import of %s succeeded:\n%s", what, R.out);
+    says(0, "nothing was imported");
+    cr_assert_eq(R.out_len, 0, "import of %s printed a result:\n%s", what, R.out);
+    char *ses = listing(ts_path(dir, "sessions"));
+    const char *at = strstr(before, "sessions/:\n");
+    cr_assert_str_eq(ses, at + strlen("sessions/:\n"), "import of %s left files:\n%s", what,
+                     ses);
+    free(ses);
+}
+
+Test(cli, import_refuses_damaged_truncated_and_hostile_files_and_changes_nothing)
+{
+    const char *file = make_export();
+    size_t len;
+    uint8_t *good = ts_read_file(file, &len);
+    cr_assert_gt(len, 1024 + 40);
+
+    /* The target store already holds a session, so that "unchanged" has
+     * something to keep. */
+    const char *dst = dir_of("dst");
+    ctxs_store *st = store_open(dst);
+    register_model(st);
+    mk(st, "resident", 256, 1, 30);
+    ctxs_store_close(st);
+    char *before = store_state(dst);
+    const char *bad = dir_of("bad.ctxx");
+    uint8_t *buf = malloc(len + 64);
+    cr_assert_not_null(buf);
+    char what[128];
+
+    /* Flipped bytes: every byte of the magic and version, then offsets
+     * spread over the header, the blocks and the trailer. */
+    uint64_t seed = ts_seed("import_refuses_damaged_truncated_and_hostile_files");
+    uint64_t offs[96];
+    size_t n_offs = 0;
+    for (uint64_t o = 0; o < 16; o++)
+        offs[n_offs++] = o;
+    static const uint64_t fixed[] = { 48, 96, 128, 136, 392, 700, 1019, 1020, 1023,
+                                      1024, 1030, 1060, 1063, 1064, 1100 };
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+        offs[n_offs++] = fixed[i];
+    for (uint64_t o = 1; o <= 16; o++)
+        offs[n_offs++] = len - o;
+    while (n_offs < 96)
+        offs[n_offs++] = 1024 + ts_rng_next(&seed) % (len - 1024);
+    for (size_t i = 0; i < n_offs; i++) {
+        memcpy(buf, good, len);
+        buf[offs[i]] ^= (uint8_t)(1u << (i % 8));
+        cr_assert_eq(ts_write_file(bad, buf, len), 0);
+        snprintf(what, sizeof(what), "a file with byte %llu of %zu flipped",
+                 (unsigned long long)offs[i], len);
+        refused(dst, before, bad, EX_DAMAGED, what);
+    }
+
+    /* Truncations: at every length near the ends of the header, the first
+     * block and the trailer, and spread in between. */
+    size_t lens[48];
+    size_t n_lens = 0;
+    static const size_t short_lens[] = { 1, 7, 8, 9, 100, 1019, 1020, 1023, 1024, 1025, 1063, 1064, 1065 };
+    for (size_t i = 0; i < sizeof(short_lens) / sizeof(short_lens[0]); i++)
+        lens[n_lens++] = short_lens[i];
+    for (size_t o = 1; o <= 12; o++)
+        lens[n_lens++] = len - o;
+    while (n_lens < 48)
+        lens[n_lens++] = 1 + ts_rng_next(&seed) % (len - 1);
+    for (size_t i = 0; i < n_lens; i++) {
+        cr_assert_eq(ts_write_file(bad, good, lens[i]), 0);
+        snprintf(what, sizeof(what), "the file cut to %zu of %zu bytes", lens[i], len);
+        refused(dst, before, bad, EX_DAMAGED, what);
+    }
+
+    /* Bytes after the trailer. */
+    memcpy(buf, good, len);
+    memset(buf + len, 0, 64);
+    cr_assert_eq(ts_write_file(bad, buf, len + 1), 0);
+    refused(dst, before, bad, EX_DAMAGED, "the file with one zero byte appended");
+    memcpy(buf + len, good + len - 40, 40); /* a second trailer */
+    cr_assert_eq(ts_write_file(bad, buf, len + 40), 0);
+    refused(dst, before, bad, EX_DAMAGED, "the file with its trailer twice");
+
+    /* Not export files at all. */
+    cr_assert_eq(ts_write_file(bad, "", 0), 0);
+    refused(dst, before, bad, EX_DAMAGED, "an empty file");
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)ts_rng_next(&seed);
+    cr_assert_eq(ts_write_file(bad, buf, len), 0);
+    refused(dst, before, bad, EX_DAMAGED, "random bytes");
+    memcpy(buf, good, 8); /* the magic, then random bytes */
+    cr_assert_eq(ts_write_file(bad, buf, len), 0);
+    refused(dst, before, bad, EX_DAMAGED, "the magic then random bytes");
+    refused(dst, before, file_of(dst, "resident"), EX_DAMAGED, "a session file");
+    const char *fifo = dir_of("fifo");
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    refused(dst, before, fifo, EX_DAMAGED, "a FIFO");
+    refused(dst, before, dir_of("missing.ctxx"), EX_NOTFOUND, "a missing file");
+    const char *sub = dir_of("a-directory");
+    cr_assert_eq(mkdir(sub, 0700), 0);
+    refused(dst, before, sub, EX_DAMAGED, "a directory");
+
+    /* The same file, undamaged, still imports. */
+    same_state(before, dst, "all the refused imports");
+    CLI_EXPECT(EX_OK, dst, "import", file);
+    CLI_EXPECT(EX_OK, dst, "verify");
+    free(buf);
+    free(good);
+    free(before);
+}
+
+/* =============================================================================
+ * Names that must not become paths
+ * ========================================================================== */
+
+Test(cli, hostile_names_exit_2_and_create_nothing)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "base", 256, 1, 30);
+    ctxs_store_close(st);
+    const char *file = dir_of("base.ctxx");
+    CLI_EXPECT(EX_OK, S(), "export", "base", file);
+    char *before = store_state(S());
+
+    char long_name[300];
+    memset(long_name, 'x', 256);
+    long_name[256] = '\0';
+    static const char *const names[] = {
+        "a/b", "/abs", "../up", "..", ".", "x..y", "dir/", "tab\tname", "new\nline", "\x01",
+        "bell\x07", "del\x7f", "\xff\xfe", "\xc3", "",
+    };
+    size_t n = sizeof(names) / sizeof(names[0]);
+    for (size_t i = 0; i <= n; i++) {
+        const char *name = i < n ? names[i] : long_name;
+        CLI_EXPECT(EX_USAGE, S(), "fork", "base", name);
+        CLI_EXPECT(EX_USAGE, S(), "checkpoint", "create", "base", name);
+        CLI_EXPECT(EX_USAGE, S(), "import", file, name);
+        CLI_EXPECT(EX_USAGE, S(), "info", name);
+        CLI_EXPECT(EX_USAGE, S(), "rm", name);
+    }
+    same_state(before, S(), "commands with hostile names");
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "ls", "base", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(v->n, 0, "a checkpoint was made: %s", R.out);
+    jc_free(v);
+    /* Nothing appeared beside the store either. */
+    cr_assert_not(exists(dir_of("b")));
+    cr_assert_not(exists(ts_path(S(), "up")));
+    free(before);
+}
+
+/* =============================================================================
+ * demo and bench
+ * ========================================================================== */
+
+static int is_memory_fs(const char *dir)
+{
+    struct statfs sf;
+    if (statfs(dir, &sf) != 0)
+        return 0;
+    return (unsigned long)sf.f_type == 0x01021994ul || (unsigned long)sf.f_type == 0x858458f6ul;
+}
+
+Test(cli, demo_quick_completes_on_a_fresh_directory_and_resumes_identically)
+{
+    const char *fresh = dir_of("fresh");
+    cr_assert_not(exists(fresh));
+    CLI_EXPECT(EX_OK, NULL, "demo", "--quick", "--store", fresh, "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(jb(v, "quick"), 1);
+    cr_assert_eq(jb(v, "temporary"), 0);
+    cr_assert_str_eq(js(v, "store"), fresh);
+    cr_assert_eq(jb(v, "resume.identical"), 1, "the resumed session was not identical:\n%s",
+                 R.out);
+    cr_assert_gt(ju(v, "resume.tokens"), 0);
+    cr_assert_gt(ju(v, "resume.tokens_checked"), 0);
+    const jc_value *turns = jget(v, "turns");
+    cr_assert_geq(turns->n, 2, "%s", R.out);
+    int resumed = 0;
+    uint64_t last = 0;
+    for (size_t i = 0; i < turns->n; i++) {
+        uint64_t t = ju(jc_at(turns, i), "tokens");
+        cr_assert_gt(t, last, "turn %zu did not add tokens:\n%s", i, R.out);
+        last = t;
+        resumed |= jb(jc_at(turns, i), "resumed");
+    }
+    cr_assert(resumed, "no turn came after the resume:\n%s", R.out);
+    jc_free(v);
+    /* Without --keep the demo's session and scratch files are gone. */
+    CLI_EXPECT(EX_OK, fresh, "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 0, "the demo left its session:\n%s", R.out);
+    jc_free(v);
+    char *left = listing(fresh);
+    cr_assert_null(strstr(left, ".demo"), "the demo left its scratch files:\n%s", left);
+    free(left);
+
+    /* With --keep its session stays, and verifies. */
+    const char *kept = dir_of("kept");
+    CLI_EXPECT(EX_OK, kept, "demo", "--quick", "--keep");
+    contains(1, "identical");
+    CLI_EXPECT(EX_OK, kept, "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 1, "%s", R.out);
+    cr_assert_gt(ju(jc_at(v, 0), "n_tokens"), 0);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, kept, "verify");
+}
+
+Test(cli, demo_without_a_store_works_in_a_temporary_directory_and_removes_it)
+{
+    const char *parent = dir_of("tmp");
+    cr_assert_eq(mkdir(parent, 0700), 0);
+    char tmpdir[1100];
+    snprintf(tmpdir, sizeof(tmpdir), "TMPDIR=%s", parent);
+    run_env(NULL, ARGS(tmpdir), ARGS("demo", "--quick", "--turns", "2", "--json"));
+    if (is_memory_fs(parent)) {
+        cr_assert_eq(R.code, EX_USAGE, "on a memory file system the demo refuses: %s", R.err);
+        contains(0, "memory file systems");
+        return;
+    }
+    cr_assert_eq(R.code, EX_OK, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+    jc_value *v = json_out();
+    cr_assert_eq(jb(v, "temporary"), 1);
+    cr_assert_eq(jb(v, "resume.identical"), 1);
+    cr_assert_eq(strncmp(js(v, "store"), parent, strlen(parent)), 0,
+                 "the temporary store is not under $TMPDIR: %s", js(v, "store"));
+    jc_free(v);
+    cr_assert_eq(ts_dir_entries(parent), 0, "the demo left its temporary directory:\n%s",
+                 listing(parent));
+    cr_assert_eq(ts_dir_entries(ts_path(ts_scratch, "home")), 0, "the demo wrote to $HOME");
+}
+
+/* A copy of the binary at <scratch>/copy/bin/ctxstore, so that nothing is
+ * "beside the tool" (bench looks in <tool>/../../bench, which in a build
+ * tree holds the real benchmarks). Sets ld_path to "LD_LIBRARY_PATH=<dir>",
+ * where the loader found libctxstore for the original, when it links it
+ * dynamically (through an rpath relative to itself, as meson's build tree
+ * does); else to "". */
+static const char *copy_binary(char *ld_path, size_t n)
+{
+    ld_path[0] = '\0';
+    run_env(S(), ARGS("LD_TRACE_LOADED_OBJECTS=1"), ARGS("--version"));
+    const char *lib = strstr(R.out, "libctxstore");
+    if (lib && (lib = strstr(lib, "=> /")) != NULL) {
+        lib += 3;
+        size_t len = strcspn(lib, " \n");
+        const char *slash = lib + len;
+        while (slash > lib && *slash != '/')
+            slash--;
+        snprintf(ld_path, n, "LD_LIBRARY_PATH=%.*s", (int)(slash - lib), lib);
+    }
+    static char copy[1100];
+    snprintf(copy, sizeof(copy), "%s/copy", ts_scratch);
+    cr_assert_eq(mkdir(copy, 0700), 0);
+    snprintf(copy, sizeof(copy), "%s/copy/bin", ts_scratch);
+    cr_assert_eq(mkdir(copy, 0700), 0);
+    snprintf(copy, sizeof(copy), "%s/copy/bin/ctxstore", ts_scratch);
+    size_t len;
+    uint8_t *data = ts_read_file(bin(), &len);
+    cr_assert_eq(ts_write_file(copy, data, len), 0);
+    free(data);
+    cr_assert_eq(chmod(copy, 0700), 0);
+    cr_assert_not(exists(ts_path(ts_scratch, "bench")));
+    return copy;
+}
+
+Test(cli, bench_without_its_programs_fails_with_a_clear_error)
+{
+    char ld_path[1200], env[1100];
+    bin_override = copy_binary(ld_path, sizeof(ld_path));
+    const char *envs[3] = { env, ld_path[0] ? ld_path : NULL, NULL };
+    const char *empty = dir_of("no-bench");
+    cr_assert_eq(mkdir(empty, 0700), 0);
+    snprintf(env, sizeof(env), "CTXSTORE_BENCH_DIR=%s", empty);
+    CLI_EXPECT(EX_OK, S(), "--version"); /* the copy runs */
+
+    run_env(S(), envs, ARGS("bench", "--quick"));
+    cr_assert_neq(R.code, EX_OK, "bench without its programs exited 0:\n%s", R.out);
+    cr_assert_neq(R.code, EX_USAGE, "bench without its programs is not a usage error:\n%s",
+                  R.err);
+    contains(0, "bench_session not found");
+    contains(0, empty);
+    contains(0, "CTXSTORE_BENCH_DIR");
+    run_env(S(), envs, ARGS("bench", "--quick", "--only", "index", "--json"));
+    cr_assert_neq(R.code, EX_OK);
+    cr_assert_neq(R.code, EX_USAGE, "%s", R.err);
+    contains(0, "bench_index not found");
+    cr_assert_eq(R.out_len, 0, "a failed bench --json printed:\n%s", R.out);
+    /* A directory that does not exist is the same. */
+    snprintf(env, sizeof(env), "CTXSTORE_BENCH_DIR=%s", dir_of("nowhere"));
+    run_env(S(), envs, ARGS("bench", "--quick", "--only", "session"));
+    cr_assert_neq(R.code, EX_OK);
+    contains(0, "bench_session not found");
+    bin_override = NULL;
+}

@@ -1,0 +1,175 @@
+/*
+ * What the subcommands of the ctxstore tool share: the parsed common
+ * options, exit codes, error messages with advice, human-readable sizes and
+ * times, a JSON writer and a progress bar.
+ */
+#ifndef CTXS_CLI_H
+#define CTXS_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ctxstore.h"
+
+/* Exit codes, the same for every subcommand (documented in --help and
+ * ctxstore.1). */
+enum {
+    CLI_OK = 0,
+    CLI_EFAIL = 1,     /* the operation failed (I/O error, ...) */
+    CLI_EUSAGE = 2,    /* bad command line */
+    CLI_ENOTFOUND = 3, /* no such session, checkpoint, store or file */
+    CLI_EBUSY = 4,     /* a writer or another process holds it */
+    CLI_EDAMAGED = 5,  /* verify found damage; a file is corrupt, foreign or
+                          from a newer version */
+    CLI_EFULL = 6,     /* disk or index full */
+    CLI_EEXIST = 7,    /* the name or file already exists */
+};
+
+typedef struct cli {
+    const char *store_dir; /* --store, $CTXSTORE_DIR, or the default */
+    int store_given;       /* --store or $CTXSTORE_DIR was given */
+    int json;              /* --json */
+    int progress;          /* draw progress bars (stderr is a terminal) */
+} cli;
+
+/* A subcommand: argv[0] is its name. Returns an exit code. */
+typedef int (*cli_command_fn)(cli *c, int argc, char **argv);
+
+/* Options every subcommand accepts besides its own: --store DIR, --json,
+ * --help. Put CLI_COMMON_LONGOPTS first in a getopt_long table and pass
+ * each option to cli_common_option(), which returns 1 if it took it. */
+enum { CLI_OPT_STORE = 0x1000, CLI_OPT_JSON, CLI_OPT_HELP };
+#define CLI_COMMON_LONGOPTS                                                    \
+    { "store", required_argument, NULL, CLI_OPT_STORE },                       \
+    { "json", no_argument, NULL, CLI_OPT_JSON },                               \
+    { "help", no_argument, NULL, CLI_OPT_HELP }
+int cli_common_option(cli *c, int opt, const char *arg);
+
+/* Parses argv (argv[0] the command) for a command that has only the common
+ * options: returns -1 with *first set to the first positional argument, or
+ * an exit code (after --help, or a usage error). */
+int cli_parse_common(cli *c, int argc, char **argv, int *first);
+
+/* The path of a session's file in c's store: <store>/sessions/<id>.ctxs. */
+void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id);
+
+/* Prints usage (the command's help text) to stdout for --help, or a short
+ * hint to stderr after a usage error. */
+int cli_usage_error(const char *command, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void cli_print_help(const char *command);
+
+/* Opens c->store_dir, reporting a failure. Returns an exit code. */
+int cli_store_open(const cli *c, ctxs_store **out);
+
+/* The exit code for a library return code. */
+int cli_exit_code(int rc);
+
+/* Reports rc to stderr: "ctxstore: <what>: <error text> (<NAME>)", then a
+ * line of advice for rc when there is one. what names the session or file.
+ * Returns cli_exit_code(rc). */
+int cli_fail(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* "ctxstore: " + message, to stderr. */
+void cli_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The current record of a file report, or NULL when neither is valid. */
+const ctxs_record_report *cli_current_record(const ctxs_file_report *r);
+/* Tokens a record holds in slots (the sinks and the recent run). */
+uint64_t cli_held(const ctxs_file_report *r, const ctxs_record_report *rec);
+/* The model's display name in st, or the first 8 hex digits of its hash. */
+const char *cli_model_name(char buf[256], ctxs_store *st, const uint8_t hash[16]);
+
+/* --- Human-readable values ----------------------------------------------- */
+
+/* "0 B", "512 B", "1.5 KiB", "288 MiB", "1.2 GiB". */
+const char *fmt_size(char buf[32], uint64_t bytes);
+/* "850 ns", "12.3 us", "4.56 ms", "1.23 s", "2 min 5 s". */
+const char *fmt_duration(char buf[32], double seconds);
+/* How long ago a Unix time in ms was: "just now", "5 min ago", "3 days
+ * ago"; "never" for 0. */
+const char *fmt_age(char buf[32], uint64_t unix_ms);
+/* ISO 8601 UTC: "2026-11-21T10:04:05Z". */
+const char *fmt_time(char buf[32], uint64_t unix_ms);
+/* 32 lowercase hex digits. */
+const char *fmt_hash(char buf[33], const uint8_t hash[16]);
+
+/* Parses "1073741824", "512K", "100MiB", "1.5G", "2GB" (powers of 1024).
+ * Returns 0 or -1. */
+int parse_size(const char *s, uint64_t *out);
+/* Parses a non-negative decimal count. Returns 0 or -1. */
+int parse_u64(const char *s, uint64_t *out);
+
+uint64_t cli_now_ms(void);
+double cli_now_s(void); /* CLOCK_MONOTONIC */
+
+/* --- JSON output (stdout) ------------------------------------------------
+ *
+ * A streaming writer: objects and arrays nest; keys and values are escaped.
+ * Output is one document per command, ending with a newline. */
+typedef struct json {
+    FILE *f;
+    int depth;
+    int first[32]; /* 1 until the container at that depth has an item */
+    int after_key; /* a key was written; the value follows without comma */
+} json;
+
+void json_init(json *j, FILE *f);
+void json_object_begin(json *j);
+void json_object_end(json *j);
+void json_array_begin(json *j);
+void json_array_end(json *j);
+void json_key(json *j, const char *key);
+void json_string(json *j, const char *s);
+void json_u64(json *j, uint64_t v);
+void json_i64(json *j, int64_t v);
+void json_double(json *j, double v);
+void json_bool(json *j, int v);
+void json_null(json *j);
+void json_hex(json *j, const uint8_t *p, size_t n);
+/* Ends the document with a newline. */
+void json_finish(json *j);
+
+/* key + value in one call. */
+void json_kv_string(json *j, const char *key, const char *s);
+void json_kv_u64(json *j, const char *key, uint64_t v);
+void json_kv_i64(json *j, const char *key, int64_t v);
+void json_kv_double(json *j, const char *key, double v);
+void json_kv_bool(json *j, const char *key, int v);
+
+/* --- Progress bar (stderr) ------------------------------------------------
+ *
+ * Drawn only when c->progress (stderr is a terminal and --json is not
+ * given) and the work is large; redrawn at most ten times a second. */
+typedef struct progress {
+    const char *label;
+    uint64_t total;
+    double started, last_draw;
+    int enabled, drawn, bytes;
+} progress;
+
+/* bytes: 1 if done/total count bytes (shown as sizes), 0 for items. */
+void progress_start(progress *p, const cli *c, const char *label, uint64_t total,
+                    int bytes);
+void progress_update(progress *p, uint64_t done);
+void progress_end(progress *p);
+/* A ctxs_progress_fn whose argument is a progress *. */
+void progress_callback(void *arg, uint64_t done, uint64_t total);
+
+/* --- Subcommands ------------------------------------------------------------ */
+
+int cmd_ls(cli *c, int argc, char **argv);
+int cmd_info(cli *c, int argc, char **argv);
+int cmd_verify(cli *c, int argc, char **argv);
+int cmd_compact(cli *c, int argc, char **argv);
+int cmd_gc(cli *c, int argc, char **argv);
+int cmd_rm(cli *c, int argc, char **argv);
+int cmd_fork(cli *c, int argc, char **argv);
+int cmd_checkpoint(cli *c, int argc, char **argv);
+int cmd_reindex(cli *c, int argc, char **argv);
+int cmd_export(cli *c, int argc, char **argv);
+int cmd_import(cli *c, int argc, char **argv);
+int cmd_bench(cli *c, int argc, char **argv);
+int cmd_demo(cli *c, int argc, char **argv);
+
+#endif

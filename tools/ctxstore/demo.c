@@ -1,0 +1,1435 @@
+/*
+ * ctxstore demo — what ctxstore is for, in one command: a chat is saved
+ * into a session turn by turn, the program "quits" (session and store
+ * closed), the conversation is resumed and goes on for two more turns.
+ * Every save and the resume are timed side by side with what the same
+ * bytes cost the ways people save a KV cache today: the whole state
+ * rewritten as a file (llama.cpp) and as one SQLite BLOB row (the
+ * comparison bench/bench_session makes, one sample per turn here).
+ *
+ * The K/V come from an engine (demo_engine below). The only engine today is
+ * synthetic: K/V values are a function of (position, token id, layer, K/V,
+ * head), token ids of the prompts come from a fixed seeded script and those
+ * of the replies from the previous token. When the example transformer
+ * (examples/) exists it plugs in as a second engine, and the resumed
+ * conversation visibly continues the same way.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifdef __linux__
+#include <sys/vfs.h>
+#endif
+
+#ifdef CTXS_HAVE_SQLITE
+#include <sqlite3.h>
+#endif
+
+#include "cli.h"
+
+/* --- The conversation ----------------------------------------------------- */
+
+enum {
+    VOCAB = 151936, /* Qwen3's vocabulary */
+    MORE_TURNS = 2, /* turns after the resume */
+    MAX_TURNS = 1000,
+};
+
+/* What the demo plays: a model geometry and the lengths of the messages. */
+typedef struct demo_config {
+    const char *model_name; /* display name registered in the store */
+    ctxs_geometry geometry;
+    const char *model_hash; /* 16 bytes: the model's made-up hash */
+    uint32_t capacity;
+    uint32_t system_tokens;
+    uint32_t user_min, user_max;   /* a user message, before the resume */
+    uint32_t reply_min, reply_max; /* an assistant reply, before the resume */
+    /* Follow-ups after the resume are shorter, so that the default chat of
+     * 6 + 2 turns still fits in the capacity: no slot is reused by the
+     * ring, and the session holds the whole conversation. (With more
+     * --turns the ring overwrites the oldest tokens after the sinks, and
+     * the comparisons save the tokens held.) */
+    uint32_t more_user_min, more_user_max;
+    uint32_t more_reply_min, more_reply_max;
+    uint32_t turns; /* before the resume */
+} demo_config;
+
+/* Qwen3-4B: 36 layers x 8 KV heads x 128 dims, fp16 = 144 KiB a token; a
+ * 2048-slot session is a 288 MiB file. 6 turns come to ~1,700 tokens. */
+static const demo_config k_full = {
+    .model_name = "Qwen3-4B (synthetic KV)",
+    .geometry = { 36, 8, 128, CTXS_DTYPE_F16 },
+    .model_hash = "ctxs-demo-qwen34",
+    .capacity = 2048,
+    .system_tokens = 200,
+    .user_min = 50, .user_max = 110,
+    .reply_min = 130, .reply_max = 210,
+    .more_user_min = 20, .more_user_max = 60,
+    .more_reply_min = 80, .more_reply_max = 140,
+    .turns = 6,
+};
+
+/* --quick: 2 KiB a token, for tests. */
+static const demo_config k_quick = {
+    .model_name = "tiny (synthetic KV, demo --quick)",
+    .geometry = { 4, 2, 64, CTXS_DTYPE_F16 },
+    .model_hash = "ctxs-demo-tiny!!",
+    .capacity = 256,
+    .system_tokens = 24,
+    .user_min = 8, .user_max = 16,
+    .reply_min = 16, .reply_max = 32,
+    .more_user_min = 4, .more_user_max = 8,
+    .more_reply_min = 8, .more_reply_max = 16,
+    .turns = 3,
+};
+
+static const char k_tokenizer_hash[] = "qwen3-tokenizer!"; /* 16 bytes */
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static uint64_t xorshift64(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *state = x;
+}
+
+/* The token ids of the prompts (system prompt, user messages): the text a
+ * chat app keeps and would tokenize again. */
+static uint32_t script_token(uint64_t pos)
+{
+    return (uint32_t)(splitmix64(0x5eed0000ull ^ pos) % VOCAB);
+}
+
+/* --- Engines -------------------------------------------------------------- */
+
+typedef struct demo_engine demo_engine;
+
+/* What produces the K/V of new tokens. The demo reserves slots for each
+ * message and the engine writes the message's K/V into them, the way an
+ * inference engine writes its KV cache in place; the demo then commits.
+ * Token ids live in one array indexed by position (the conversation so
+ * far), which is all an engine gets after a resume besides the session. */
+struct demo_engine {
+    const char *name;        /* "synthetic" */
+    const char *description; /* one line for the header */
+    /* Writes the K/V of tokens r->first_pos .. + r->n_tokens - 1 into the
+     * slots of reservation r of session s. ids[0 .. first_pos) is the
+     * conversation so far. For a prompt (generate == 0) the ids of the new
+     * tokens are given in ids[first_pos ..]; for a reply the engine chooses
+     * them, one after another, and stores them there. Returns 0 or a
+     * negative ctxstore error. */
+    int (*write)(demo_engine *e, ctxs_session *s, const ctxs_reservation *r,
+                 uint32_t *ids, int generate);
+    /* The K and V ([n_layers][n_kv_heads][head_dim] each, the session's
+     * dtype) that token pos must hold, given ids[0 .. pos], for the check
+     * after the resume; NULL for an engine that cannot tell without
+     * recomputing the whole prefix. */
+    void (*expect)(demo_engine *e, const uint32_t *ids, uint64_t pos, void *k,
+                   void *v);
+    ctxs_geometry geometry;
+};
+
+/* The synthetic engine: every head of K or V is a stream of valid fp16
+ * values (+-[0.125, 0.5), no NaN or infinity) seeded by (position, token
+ * id, layer, K/V, head); a reply's token follows from the token before it.
+ * Deterministic, so that the check after the resume can recompute any
+ * token's K/V. */
+static void synth_head(uint8_t *dst, size_t bytes, uint64_t pos, uint32_t id,
+                       uint32_t run)
+{
+    uint64_t st = splitmix64(pos * 0x100000001b3ull ^ ((uint64_t)id << 32)
+                             ^ run) | 1;
+    size_t i = 0;
+    for (; i + 8 <= bytes; i += 8) {
+        uint64_t w = (xorshift64(&st) & 0x87ff87ff87ff87ffull)
+                     | 0x3000300030003000ull;
+        memcpy(dst + i, &w, 8);
+    }
+    for (; i + 2 <= bytes; i += 2) {
+        uint16_t h = (uint16_t)((xorshift64(&st) & 0x87ffu) | 0x3000u);
+        memcpy(dst + i, &h, 2);
+    }
+}
+
+static uint32_t synth_next(uint32_t prev, uint64_t pos)
+{
+    return (uint32_t)(splitmix64(((uint64_t)prev << 32) ^ pos ^ 0xa55a)
+                      % VOCAB);
+}
+
+/* Runs are numbered as the KV region orders them: layer, then K/V, then
+ * head. */
+static uint8_t *run_base(const ctxs_layout *lay, const ctxs_geometry *g,
+                         uint32_t run)
+{
+    uint32_t layer = run / (2 * g->n_kv_heads);
+    uint32_t kind = run / g->n_kv_heads % 2;
+    uint32_t head = run % g->n_kv_heads;
+    return (uint8_t *)lay->kv + layer * lay->layer_stride
+           + kind * lay->kv_stride + head * lay->head_stride;
+}
+
+static int synth_write(demo_engine *e, ctxs_session *s,
+                       const ctxs_reservation *r, uint32_t *ids, int generate)
+{
+    const ctxs_geometry *g = &e->geometry;
+    ctxs_layout lay;
+    int rc = ctxs_session_layout(&lay, s);
+    if (rc < 0)
+        return rc;
+    uint64_t pos = r->first_pos;
+    if (generate)
+        for (uint32_t i = 0; i < r->n_tokens; i++)
+            ids[pos + i] = synth_next(pos + i ? ids[pos + i - 1] : 0, pos + i);
+    uint32_t n_runs = g->n_layers * 2 * g->n_kv_heads;
+    for (uint32_t j = 0; j < r->n_spans; j++) {
+        for (uint32_t run = 0; run < n_runs; run++) {
+            uint8_t *base = run_base(&lay, g, run)
+                            + (size_t)r->spans[j].slot * lay.slot_bytes;
+            for (uint32_t t = 0; t < r->spans[j].count; t++)
+                synth_head(base + (size_t)t * lay.slot_bytes, lay.slot_bytes,
+                           pos + t, ids[pos + t], run);
+        }
+        pos += r->spans[j].count;
+    }
+    return 0;
+}
+
+static void synth_expect(demo_engine *e, const uint32_t *ids, uint64_t pos,
+                         void *k, void *v)
+{
+    const ctxs_geometry *g = &e->geometry;
+    size_t head_bytes = (size_t)g->head_dim * 2;
+    for (uint32_t layer = 0; layer < g->n_layers; layer++)
+        for (uint32_t kind = 0; kind < 2; kind++)
+            for (uint32_t head = 0; head < g->n_kv_heads; head++) {
+                uint32_t run = (layer * 2 + kind) * g->n_kv_heads + head;
+                uint8_t *dst = (uint8_t *)(kind ? v : k)
+                               + ((size_t)layer * g->n_kv_heads + head)
+                                     * head_bytes;
+                synth_head(dst, head_bytes, pos, ids[pos], run);
+            }
+}
+
+static demo_engine synthetic_engine(const ctxs_geometry *g)
+{
+    return (demo_engine){
+        .name = "synthetic",
+        .description = "synthetic K/V from (position, token id, layer, "
+                       "head); no model",
+        .write = synth_write,
+        .expect = synth_expect,
+        .geometry = *g,
+    };
+}
+
+/* --- Interruption ---------------------------------------------------------
+ *
+ * The demo may leave a gigabyte of files behind, so Ctrl-C must not skip
+ * the cleanup. The handler only notes the signal (SA_RESTART lets the
+ * current write or sync finish); the demo stops at the next step, removes
+ * its files and dies of the signal. */
+
+static volatile sig_atomic_t g_signal;
+
+static void on_signal(int sig)
+{
+    g_signal = sig;
+}
+
+static const int k_signals[] = { SIGINT, SIGTERM, SIGHUP, SIGPIPE };
+#define N_SIGNALS (sizeof k_signals / sizeof k_signals[0])
+
+static void signals_catch(struct sigaction old[N_SIGNALS])
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < N_SIGNALS; i++) {
+        sigaction(k_signals[i], NULL, &old[i]);
+        /* A signal ignored by whoever started us stays ignored (nohup, a
+         * background job of a script). */
+        if (old[i].sa_handler != SIG_IGN)
+            sigaction(k_signals[i], &sa, NULL);
+    }
+}
+
+static void signals_restore(const struct sigaction old[N_SIGNALS])
+{
+    for (size_t i = 0; i < N_SIGNALS; i++)
+        sigaction(k_signals[i], &old[i], NULL);
+}
+
+/* --- State ---------------------------------------------------------------- */
+
+typedef struct turn_plan {
+    uint32_t user, reply; /* tokens; turn 1 also carries the system prompt */
+} turn_plan;
+
+typedef struct turn_result {
+    uint32_t turn;         /* 1-based */
+    int resumed;           /* played after the resume */
+    uint32_t new_tokens;
+    uint64_t n_tokens;     /* positions committed after the turn */
+    uint32_t n_held;
+    uint64_t state_bytes;  /* the K/V of the held tokens */
+    double reserve_s;      /* ctxs_session_reserve, before the engine wrote */
+    double ctxstore_s;     /* ctxs_session_commit */
+    double state_file_s;
+    double sqlite_s;       /* < 0: not measured */
+} turn_result;
+
+typedef struct resume_result {
+    uint64_t n_tokens;
+    uint32_t n_held;         /* fewer than n_tokens once the ring wrapped */
+    uint64_t state_bytes;
+    double ctxstore_open_s;  /* store open + session open + info */
+    double ctxstore_ready_s; /* ... + every page of the held K/V mapped in */
+    double state_file_s;
+    double sqlite_s;         /* < 0: not measured */
+    uint32_t tokens_checked; /* K/V compared with the engine's */
+} resume_result;
+
+typedef struct demo {
+    const cli *c;
+    demo_config cfg;
+    demo_engine engine;
+    ctxs_model model;
+    int quick, keep;
+
+    /* The directory this run made: the temporary store's parent, or, with
+     * a given store, a scratch directory inside it. */
+    char base[PATH_MAX];
+    int base_fd;
+    char store_dir[PATH_MAX];
+    int store_temporary;
+    char state_path[PATH_MAX], state_tmp[PATH_MAX], db_path[PATH_MAX];
+    int memory_fs; /* the files are on tmpfs: syncs cost nothing */
+
+    ctxs_store *st;
+    ctxs_session *s;
+    char name[64];
+    int session_created;
+    ctxs_layout lay;
+    uint64_t file_bytes;
+    size_t token_bytes;
+    uint32_t n_runs;
+
+    turn_plan *plan;
+    uint32_t n_plan;
+    uint32_t *ids;      /* by position */
+    uint64_t n_ids;     /* room */
+    uint64_t n_tokens;  /* committed */
+    uint8_t *state;     /* the held K/V packed, as an engine would hold it */
+    size_t state_cap;
+
+#ifdef CTXS_HAVE_SQLITE
+    sqlite3 *db;
+    sqlite3_stmt *upsert;
+#endif
+
+    turn_result *results;
+    uint32_t n_results;
+    resume_result resume;
+} demo;
+
+/* --- Files ---------------------------------------------------------------- */
+
+static int remove_entry(const char *path, const struct stat *sb, int type,
+                        struct FTW *ftw)
+{
+    (void)sb, (void)type, (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* Removes a directory this run created, and everything in it. */
+static void remove_tree(const char *dir)
+{
+    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static int is_memory_fs(const char *dir)
+{
+#ifdef __linux__
+    struct statfs sf;
+    if (statfs(dir, &sf) < 0)
+        return 0;
+    return (unsigned long)sf.f_type == 0x01021994ul    /* TMPFS_MAGIC */
+           || (unsigned long)sf.f_type == 0x858458f6ul; /* RAMFS_MAGIC */
+#else
+    (void)dir;
+    return 0;
+#endif
+}
+
+/* As the benchmarks choose (bench/bench_util.c): $TMPDIR, else /var/tmp,
+ * never a memory file system, where fdatasync costs nothing and the state
+ * file and SQLite would look as cheap as a mapping. NULL when both are. */
+static const char *temp_parent(void)
+{
+    const char *tmp = getenv("TMPDIR");
+    if (tmp && *tmp && !is_memory_fs(tmp))
+        return tmp;
+    return is_memory_fs("/var/tmp") ? NULL : "/var/tmp";
+}
+
+static int join(char *out, const char *dir, const char *name)
+{
+    if (snprintf(out, PATH_MAX, "%s/%s", dir, name) >= PATH_MAX)
+        return cli_fail(-ENAMETOOLONG, "%s/%s", dir, name);
+    return CLI_OK;
+}
+
+/* Makes the directories and names the files; opens (creating) the store. */
+static int demo_setup_dirs(demo *d)
+{
+    int ec;
+    if (d->c->store_given) {
+        snprintf(d->store_dir, sizeof d->store_dir, "%s", d->c->store_dir);
+        int rc = ctxs_store_open(&d->st, d->store_dir, NULL);
+        if (rc < 0)
+            return cli_fail(rc, "%s", d->store_dir);
+        /* The comparison files go beside the sessions, on the same disk;
+         * the store ignores what is not in index/ or sessions/. */
+        if ((ec = join(d->base, d->store_dir, ".demo-scratch.XXXXXX")))
+            return ec;
+    } else {
+        const char *parent = temp_parent();
+        if (!parent) {
+            cli_say("$TMPDIR and /var/tmp are memory file systems (tmpfs), "
+                    "where syncs cost nothing: pass --store DIR on a disk");
+            return CLI_EUSAGE;
+        }
+        if ((ec = join(d->base, parent, "ctxstore-demo.XXXXXX")))
+            return ec;
+    }
+    if (!mkdtemp(d->base)) {
+        int rc = -errno;
+        char tried[PATH_MAX];
+        snprintf(tried, sizeof tried, "%s", d->base);
+        d->base[0] = '\0';
+        return cli_fail(rc, "cannot make a directory %s", tried);
+    }
+    d->base_fd = open(d->base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d->base_fd < 0)
+        return cli_fail(-errno, "%s", d->base);
+    if ((ec = join(d->state_path, d->base, "state.bin"))
+        || (ec = join(d->state_tmp, d->base, "state.bin.tmp"))
+        || (ec = join(d->db_path, d->base, "kv.sqlite")))
+        return ec;
+    d->memory_fs = is_memory_fs(d->base);
+    if (!d->c->store_given) {
+        d->store_temporary = 1;
+        if ((ec = join(d->store_dir, d->base, "store")))
+            return ec;
+        int rc = ctxs_store_open(&d->st, d->store_dir, NULL);
+        if (rc < 0)
+            return cli_fail(rc, "%s", d->store_dir);
+    }
+    return CLI_OK;
+}
+
+/* Writes back everything dirty, so that a timed block pays only for its
+ * own writeback (bench_session does the same). --quick does without: its
+ * numbers mean nothing, and a sync of a file system others are writing
+ * could take longer than the whole demo. */
+static void settle_disk(const demo *d)
+{
+    if (d->quick)
+        return;
+#ifdef __linux__
+    (void)syncfs(d->base_fd);
+#else
+    sync();
+#endif
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -errno;
+        if (w == 0)
+            return -EIO;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* --- The comparisons ------------------------------------------------------ */
+
+/* Copies the K/V of the held tokens out of the mapping, run after run, into
+ * d->state: the bytes an engine that keeps its KV cache in its own memory
+ * would save. The held tokens are slots 0 .. n_held - 1 (the slots fill in
+ * order, and a wrapped ring holds all of them). Untimed. */
+static int pack_state(demo *d, uint32_t n_held, size_t *bytes)
+{
+    size_t run_bytes = (size_t)n_held * d->lay.slot_bytes;
+    *bytes = run_bytes * d->n_runs;
+    if (*bytes > d->state_cap) {
+        free(d->state);
+        d->state_cap = (size_t)d->cfg.capacity * d->token_bytes;
+        if (!(d->state = malloc(d->state_cap))) {
+            d->state_cap = 0;
+            return cli_fail(CTXS_ENOMEM, "%zu bytes", *bytes);
+        }
+    }
+    for (uint32_t run = 0; run < d->n_runs; run++)
+        memcpy(d->state + run * run_bytes,
+               run_base(&d->lay, &d->engine.geometry, run), run_bytes);
+    return CLI_OK;
+}
+
+/* llama.cpp's way, made crash-safe: the whole state into a new file,
+ * fdatasync, rename over the old one. */
+static int save_state_file(demo *d, size_t bytes, double *secs)
+{
+    double t0 = cli_now_s();
+    int fd = open(d->state_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return cli_fail(-errno, "%s", d->state_tmp);
+    int rc = write_all(fd, d->state, bytes);
+    if (rc == 0 && fdatasync(fd) < 0)
+        rc = -errno;
+    if (close(fd) < 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && rename(d->state_tmp, d->state_path) < 0)
+        rc = -errno;
+    *secs = cli_now_s() - t0;
+    if (rc < 0)
+        return cli_fail(rc, "writing %s", d->state_tmp);
+    return CLI_OK;
+}
+
+static int read_state_file(demo *d, uint8_t **out, size_t *n, double *secs)
+{
+    double t0 = cli_now_s();
+    *out = NULL;
+    int fd = open(d->state_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return cli_fail(-errno, "%s", d->state_path);
+    struct stat sb;
+    int rc = fstat(fd, &sb) < 0 ? -errno : 0;
+    uint8_t *p = NULL;
+    size_t got = 0;
+    if (rc == 0 && !(p = malloc(sb.st_size ? (size_t)sb.st_size : 1)))
+        rc = CTXS_ENOMEM;
+    while (rc == 0 && got < (size_t)sb.st_size) {
+        ssize_t r = read(fd, p + got, (size_t)sb.st_size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            rc = r < 0 ? -errno : -EIO;
+        else
+            got += (size_t)r;
+    }
+    close(fd);
+    *secs = cli_now_s() - t0;
+    if (rc < 0) {
+        free(p);
+        return cli_fail(rc, "reading %s", d->state_path);
+    }
+    *out = p;
+    *n = got;
+    return CLI_OK;
+}
+
+#ifdef CTXS_HAVE_SQLITE
+static int sqlite_fail(sqlite3 *db, int rc, const char *what)
+{
+    cli_say("SQLite: %s: %s", what,
+            db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+    return CLI_EFAIL;
+}
+
+/* As bench_session opens it: WAL with synchronous=NORMAL, the usual
+ * setting for an app database and the kindest to SQLite. The app keeps
+ * its connection and its prepared statement. */
+static int db_open_for_writing(demo *d)
+{
+    int rc = sqlite3_open_v2(d->db_path, &d->db,
+                             SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+    if (rc != SQLITE_OK)
+        return sqlite_fail(d->db, rc, "open");
+    rc = sqlite3_exec(d->db,
+                      "PRAGMA journal_mode=WAL;"
+                      "PRAGMA synchronous=NORMAL;"
+                      "CREATE TABLE IF NOT EXISTS sessions("
+                      " id INTEGER PRIMARY KEY, kv BLOB NOT NULL);",
+                      NULL, NULL, NULL);
+    if (rc != SQLITE_OK)
+        return sqlite_fail(d->db, rc, "schema");
+    rc = sqlite3_prepare_v2(d->db,
+                            "INSERT OR REPLACE INTO sessions(id, kv) "
+                            "VALUES (1, ?1)",
+                            -1, &d->upsert, NULL);
+    if (rc != SQLITE_OK)
+        return sqlite_fail(d->db, rc, "prepare");
+    return CLI_OK;
+}
+
+static void db_close(demo *d)
+{
+    sqlite3_finalize(d->upsert);
+    d->upsert = NULL;
+    sqlite3_close(d->db);
+    d->db = NULL;
+}
+
+/* *secs < 0 when the state is longer than SQLite's largest blob
+ * (SQLITE_MAX_LENGTH, 1,000,000,000 bytes by default). */
+static int save_sqlite(demo *d, size_t bytes, double *secs)
+{
+    *secs = -1;
+    if (!d->db) {
+        int ec = db_open_for_writing(d);
+        if (ec)
+            return ec;
+    }
+    if (bytes > (size_t)sqlite3_limit(d->db, SQLITE_LIMIT_LENGTH, -1))
+        return CLI_OK;
+    double t0 = cli_now_s();
+    int rc = sqlite3_bind_blob64(d->upsert, 1, d->state, bytes, SQLITE_STATIC);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(d->upsert)) == SQLITE_DONE)
+        rc = sqlite3_reset(d->upsert);
+    *secs = cli_now_s() - t0;
+    if (rc != SQLITE_OK) {
+        sqlite3_reset(d->upsert);
+        return sqlite_fail(d->db, rc, "INSERT OR REPLACE");
+    }
+    return CLI_OK;
+}
+
+/* A resumed app: open the database, select the row, copy it into its own
+ * buffer, close. */
+static int select_sqlite(demo *d, uint8_t **out, size_t *n, double *secs)
+{
+    *out = NULL;
+    *n = 0;
+    sqlite3 *db = NULL;
+    sqlite3_stmt *stmt = NULL;
+    double t0 = cli_now_s();
+    int rc = sqlite3_open_v2(d->db_path, &db, SQLITE_OPEN_READONLY, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v2(db, "SELECT kv FROM sessions WHERE id = 1",
+                                -1, &stmt, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+        const void *blob = sqlite3_column_blob(stmt, 0);
+        *n = (size_t)sqlite3_column_bytes(stmt, 0);
+        if (blob && (*out = malloc(*n ? *n : 1)))
+            memcpy(*out, blob, *n);
+        rc = SQLITE_OK;
+    }
+    int ec = rc == SQLITE_OK ? CLI_OK : sqlite_fail(db, rc, "SELECT");
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+    *secs = cli_now_s() - t0;
+    if (ec == CLI_OK && !*out)
+        ec = cli_fail(CTXS_ENOMEM, "SQLite blob of %zu bytes", *n);
+    return ec;
+}
+#endif
+
+/* --- Turns ---------------------------------------------------------------- */
+
+/* Lengths of every message, from a fixed seed: the same chat every run. */
+static int plan_conversation(demo *d, uint32_t turns)
+{
+    const demo_config *f = &d->cfg;
+    d->n_plan = turns + MORE_TURNS;
+    if (!(d->plan = calloc(d->n_plan, sizeof d->plan[0]))
+        || !(d->results = calloc(d->n_plan, sizeof d->results[0])))
+        return cli_fail(CTXS_ENOMEM, "planning %u turns", d->n_plan);
+    uint64_t rng = 0x2545f4914f6cdd1dull;
+    uint64_t total = f->system_tokens;
+    for (uint32_t t = 0; t < d->n_plan; t++) {
+        int more = t >= turns;
+        uint32_t ulo = more ? f->more_user_min : f->user_min;
+        uint32_t uhi = more ? f->more_user_max : f->user_max;
+        uint32_t rlo = more ? f->more_reply_min : f->reply_min;
+        uint32_t rhi = more ? f->more_reply_max : f->reply_max;
+        d->plan[t].user = ulo + (uint32_t)(xorshift64(&rng) % (uhi - ulo + 1));
+        d->plan[t].reply = rlo + (uint32_t)(xorshift64(&rng) % (rhi - rlo + 1));
+        total += d->plan[t].user + d->plan[t].reply;
+    }
+    d->n_ids = total;
+    if (!(d->ids = calloc(total, sizeof d->ids[0])))
+        return cli_fail(CTXS_ENOMEM, "%" PRIu64 " token ids", total);
+    return CLI_OK;
+}
+
+/* Reserves n slots and has the engine write its K/V there. */
+static int append_message(demo *d, uint32_t n, int generate, double *reserve_s)
+{
+    ctxs_reservation r;
+    double t0 = cli_now_s();
+    int rc = ctxs_session_reserve(&r, d->s, n);
+    *reserve_s += cli_now_s() - t0;
+    if (rc < 0)
+        return cli_fail(rc, "session %s: reserving %u slots", d->name, n);
+    if (r.n_tokens != n || r.first_pos + n > d->n_ids) {
+        cli_say("session %s: reserved %u tokens at %" PRIu64 ", asked %u at"
+                " the end of %" PRIu64, d->name, r.n_tokens, r.first_pos, n,
+                d->n_ids);
+        return CLI_EFAIL;
+    }
+    if (!generate)
+        for (uint32_t i = 0; i < n; i++)
+            d->ids[r.first_pos + i] = script_token(r.first_pos + i);
+    rc = d->engine.write(&d->engine, d->s, &r, d->ids, generate);
+    if (rc < 0)
+        return cli_fail(rc, "session %s: the %s engine", d->name,
+                        d->engine.name);
+    return CLI_OK;
+}
+
+static int session_info(demo *d, ctxs_session_info *info)
+{
+    int rc = ctxs_session_info_get(info, d->s);
+    return rc < 0 ? cli_fail(rc, "session %s", d->name) : CLI_OK;
+}
+
+/* One turn: the user's message and the reply are written, then the turn is
+ * saved three ways: committed (timed), the held K/V rewritten as a state
+ * file (timed), and as a SQLite row (timed). */
+static int play_turn(demo *d, uint32_t t, int resumed)
+{
+    turn_result *res = &d->results[d->n_results];
+    memset(res, 0, sizeof *res);
+    res->turn = t + 1;
+    res->resumed = resumed;
+    res->sqlite_s = -1;
+    uint32_t n = d->plan[t].user + d->plan[t].reply;
+    int ec;
+
+    /* Writeback of the previous turn's comparisons is not this turn's. */
+    settle_disk(d);
+    if (t == 0) {
+        if ((ec = append_message(d, d->cfg.system_tokens, 0, &res->reserve_s)))
+            return ec;
+        n += d->cfg.system_tokens;
+    }
+    if ((ec = append_message(d, d->plan[t].user, 0, &res->reserve_s))
+        || (ec = append_message(d, d->plan[t].reply, 1, &res->reserve_s)))
+        return ec;
+
+    double t0 = cli_now_s();
+    int rc = ctxs_session_commit(d->s, d->ids + d->n_tokens, n);
+    res->ctxstore_s = cli_now_s() - t0;
+    if (rc < 0)
+        return cli_fail(rc, "session %s: commit", d->name);
+    d->n_tokens += n;
+
+    ctxs_session_info info;
+    if ((ec = session_info(d, &info)))
+        return ec;
+    if (info.n_tokens != d->n_tokens) {
+        cli_say("session %s holds %" PRIu64 " tokens after the commit, "
+                "expected %" PRIu64, d->name, info.n_tokens, d->n_tokens);
+        return CLI_EFAIL;
+    }
+    res->new_tokens = n;
+    res->n_tokens = info.n_tokens;
+    res->n_held = info.n_held;
+
+    size_t bytes;
+    if ((ec = pack_state(d, info.n_held, &bytes)))
+        return ec;
+    res->state_bytes = bytes;
+    settle_disk(d);
+    if ((ec = save_state_file(d, bytes, &res->state_file_s)))
+        return ec;
+#ifdef CTXS_HAVE_SQLITE
+    /* Seconds a turn at full size, growing with the conversation: measured
+     * before the resume only, to keep the demo short. */
+    if (!resumed) {
+        settle_disk(d);
+        if ((ec = save_sqlite(d, bytes, &res->sqlite_s)))
+            return ec;
+    }
+#endif
+    d->n_results++;
+    return CLI_OK;
+}
+
+/* --- Resume --------------------------------------------------------------- */
+
+static int open_session(demo *d)
+{
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.durability = CTXS_SYNC_ASYNC;
+    int rc = ctxs_store_session_open(&d->s, d->st, d->name, &d->model, 0, &o);
+    if (rc < 0)
+        return cli_fail(rc, "session %s", d->name);
+    rc = ctxs_session_layout(&d->lay, d->s);
+    if (rc < 0)
+        return cli_fail(rc, "session %s", d->name);
+    return CLI_OK;
+}
+
+/* Maps in every page of the held K/V by reading a byte of each, as the
+ * first attention pass over the whole context would. */
+static uint64_t touch_held(const demo *d, uint32_t n_held)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t run_bytes = (size_t)n_held * d->lay.slot_bytes;
+    uint64_t acc = 0;
+    for (uint32_t run = 0; run < d->n_runs; run++) {
+        const uint8_t *p = run_base(&d->lay, &d->engine.geometry, run);
+        for (size_t off = 0; off < run_bytes; off += page)
+            acc += *(const volatile uint8_t *)(p + off);
+    }
+    return acc;
+}
+
+/* Whether a state read back (file or SQLite) holds the session's K/V. */
+static int same_as_session(const demo *d, const uint8_t *p, size_t n,
+                           uint32_t n_held)
+{
+    size_t run_bytes = (size_t)n_held * d->lay.slot_bytes;
+    if (n != run_bytes * d->n_runs)
+        return 0;
+    for (uint32_t run = 0; run < d->n_runs; run++)
+        if (memcmp(p + run * run_bytes,
+                   run_base(&d->lay, &d->engine.geometry, run), run_bytes))
+            return 0;
+    return 1;
+}
+
+/* The resumed session must hold exactly what was committed: every token's
+ * checksum, every token id, and the K/V of a few tokens recomputed by the
+ * engine. */
+static int check_resumed(demo *d, const ctxs_session_info *info)
+{
+    uint64_t bad = 0;
+    int rc = ctxs_session_verify(d->s, &bad);
+    if (rc == CTXS_ECORRUPT) {
+        cli_say("session %s: token %" PRIu64 " does not verify after the "
+                "resume", d->name, bad);
+        return CLI_EDAMAGED;
+    }
+    if (rc < 0)
+        return cli_fail(rc, "session %s: verify", d->name);
+    if (info->n_tokens != d->n_tokens) {
+        cli_say("session %s: resumed %" PRIu64 " tokens, %" PRIu64
+                " were committed", d->name, info->n_tokens, d->n_tokens);
+        return CLI_EDAMAGED;
+    }
+    for (uint64_t pos = 0; pos < d->n_tokens; pos++) {
+        uint32_t slot;
+        rc = ctxs_session_slot(&slot, d->s, pos);
+        if (rc == CTXS_EEVICTED)
+            continue;
+        if (rc < 0)
+            return cli_fail(rc, "session %s: token %" PRIu64, d->name, pos);
+        if (d->lay.token_ids[slot] != d->ids[pos]) {
+            cli_say("session %s: token %" PRIu64 " is id %u after the resume, "
+                    "%u was committed", d->name, pos, d->lay.token_ids[slot],
+                    d->ids[pos]);
+            return CLI_EDAMAGED;
+        }
+    }
+    if (!d->engine.expect)
+        return CLI_OK;
+
+    size_t half = d->token_bytes / 2;
+    uint8_t *buf = malloc(d->token_bytes * 2);
+    if (!buf)
+        return cli_fail(CTXS_ENOMEM, "checking the resumed K/V");
+    /* The first token (a sink), and seven spread over the rest that is
+     * held, the last included. */
+    uint64_t lo = info->ring_start > 1 ? info->ring_start : 1;
+    uint64_t hi = d->n_tokens - 1;
+    int ec = CLI_OK;
+    for (uint32_t i = 0; i < 8 && ec == CLI_OK; i++) {
+        uint64_t pos = i == 0 ? 0 : lo + (hi - lo) * (i - 1) / 6;
+        uint8_t *k = buf, *v = buf + half;
+        uint8_t *ek = buf + d->token_bytes, *ev = ek + half;
+        rc = ctxs_session_read_token(d->s, pos, k, v);
+        if (rc == CTXS_EEVICTED)
+            continue;
+        if (rc < 0) {
+            ec = cli_fail(rc, "session %s: token %" PRIu64, d->name, pos);
+            break;
+        }
+        d->engine.expect(&d->engine, d->ids, pos, ek, ev);
+        if (memcmp(k, ek, half) || memcmp(v, ev, half)) {
+            cli_say("session %s: the K/V of token %" PRIu64 " differ from what"
+                    " the engine wrote", d->name, pos);
+            ec = CLI_EDAMAGED;
+        }
+        d->resume.tokens_checked++;
+    }
+    free(buf);
+    return ec;
+}
+
+/* The app quits: session, store and database closed, the engine's copy of
+ * the K/V gone. Then it comes back: ctxstore opens the store and the
+ * session (a map and a header check), the others read the whole state. */
+static int restart(demo *d)
+{
+    resume_result *res = &d->resume;
+    res->sqlite_s = -1;
+#ifdef CTXS_HAVE_SQLITE
+    db_close(d);
+#endif
+    ctxs_session_close(d->s);
+    d->s = NULL;
+    ctxs_store_close(d->st);
+    d->st = NULL;
+    free(d->state);
+    d->state = NULL;
+    d->state_cap = 0;
+    settle_disk(d);
+
+    double t0 = cli_now_s();
+    int rc = ctxs_store_open(&d->st, d->store_dir, NULL);
+    if (rc < 0)
+        return cli_fail(rc, "%s", d->store_dir);
+    int ec = open_session(d);
+    if (ec)
+        return ec;
+    ctxs_session_info info;
+    if ((ec = session_info(d, &info)))
+        return ec;
+    res->ctxstore_open_s = cli_now_s() - t0;
+    uint64_t sink = touch_held(d, info.n_held);
+    res->ctxstore_ready_s = cli_now_s() - t0;
+    res->n_tokens = info.n_tokens;
+    res->n_held = info.n_held;
+    res->state_bytes = (uint64_t)info.n_held * d->token_bytes;
+    (void)sink;
+
+    uint8_t *p = NULL;
+    size_t n = 0;
+    if ((ec = read_state_file(d, &p, &n, &res->state_file_s)))
+        return ec;
+    int same = same_as_session(d, p, n, info.n_held);
+    free(p);
+    if (!same) {
+        cli_say("the state file read back differs from the session's K/V");
+        return CLI_EFAIL;
+    }
+#ifdef CTXS_HAVE_SQLITE
+    if (d->n_results && d->results[d->n_results - 1].sqlite_s >= 0) {
+        if ((ec = select_sqlite(d, &p, &n, &res->sqlite_s)))
+            return ec;
+        same = same_as_session(d, p, n, info.n_held);
+        free(p);
+        if (!same) {
+            cli_say("the SQLite blob read back differs from the session's K/V");
+            return CLI_EFAIL;
+        }
+    }
+#endif
+    return check_resumed(d, &info);
+}
+
+/* --- Output --------------------------------------------------------------- */
+
+static const char *fmt_ratio(char buf[32], double num, double den)
+{
+    if (num < 0 || den <= 0)
+        snprintf(buf, 32, "n/a");
+    else if (num / den >= 9.95)
+        snprintf(buf, 32, "%.0fx", num / den);
+    else
+        snprintf(buf, 32, "%.1fx", num / den);
+    return buf;
+}
+
+static const char *fmt_secs(char buf[32], double secs)
+{
+    if (secs < 0)
+        return strcpy(buf, "n/a");
+    return fmt_duration(buf, secs);
+}
+
+static void print_header(const demo *d)
+{
+    const ctxs_geometry *g = &d->engine.geometry;
+    char a[32], b[32];
+    printf("ctxstore demo: a chat saved turn by turn, closed, resumed and "
+           "continued\n\n");
+    printf("  store    %s%s\n", d->store_dir,
+           !d->store_temporary ? ""
+           : d->keep           ? " (temporary, kept)"
+                               : " (temporary)");
+    printf("  model    %s: %u layers x %u KV heads\n"
+           "           x %u dims, fp16 = %s a token\n",
+           d->cfg.model_name, g->n_layers, g->n_kv_heads, g->head_dim,
+           fmt_size(a, d->token_bytes));
+    printf("  session  %s: %u slots, a %s file (sparse), ASYNC\n", d->name,
+           d->cfg.capacity, fmt_size(b, d->file_bytes));
+    printf("  engine   %s\n", d->engine.description);
+    if (d->memory_fs)
+        printf("  note     a memory file system (tmpfs): syncs cost nothing "
+               "here, so the\n           state file and SQLite look cheaper "
+               "than on a disk\n");
+    printf("\n");
+}
+
+/* 78 columns: turn, tokens, new, KV | ctxstore, state file, SQLite |
+ * the two ratios. */
+#define ROW_FMT "%-6s %6s %4s %8s  %9s %10s %9s  %7s %9s\n"
+
+static void print_table_head(const char *what)
+{
+    printf("%-6s %6s %4s %8s  ---------- %-4s time ----------  "
+           "ctxstore faster\n", "", "", "", "", what);
+    printf(ROW_FMT, "turn", "tokens", "new", "KV", "ctxstore", "state file",
+           "SQLite", "vs file", "vs SQLite");
+}
+
+static void print_turn(const turn_result *r)
+{
+    char turn[16], tokens[32], fresh[16], kv[32], c1[32], c2[32], c3[32],
+        r1[32], r2[32];
+    snprintf(turn, sizeof turn, "%u", r->turn);
+    snprintf(tokens, sizeof tokens, "%" PRIu64, r->n_tokens);
+    snprintf(fresh, sizeof fresh, "%u", r->new_tokens);
+    printf(ROW_FMT, turn, tokens, fresh, fmt_size(kv, r->state_bytes),
+           fmt_secs(c1, r->ctxstore_s), fmt_secs(c2, r->state_file_s),
+           r->resumed && r->sqlite_s < 0 ? "-" : fmt_secs(c3, r->sqlite_s),
+           fmt_ratio(r1, r->state_file_s, r->ctxstore_s),
+           r->resumed && r->sqlite_s < 0
+               ? "-" : fmt_ratio(r2, r->sqlite_s, r->ctxstore_s));
+    fflush(stdout);
+}
+
+static void print_resume(const demo *d)
+{
+    const resume_result *r = &d->resume;
+    char tokens[32], kv[32], c1[32], c2[32], c3[32], r1[32], r2[32];
+    snprintf(tokens, sizeof tokens, "%" PRIu64, r->n_tokens);
+    printf("\nsession, store and database closed; the store reopened:\n\n");
+    print_table_head("resume");
+    printf(ROW_FMT, "open", tokens, "", fmt_size(kv, r->state_bytes),
+           fmt_secs(c1, r->ctxstore_open_s), fmt_secs(c2, r->state_file_s),
+           fmt_secs(c3, r->sqlite_s),
+           fmt_ratio(r1, r->state_file_s, r->ctxstore_open_s),
+           fmt_ratio(r2, r->sqlite_s, r->ctxstore_open_s));
+    printf(ROW_FMT, "+pages", "", "", "", fmt_secs(c1, r->ctxstore_ready_s),
+           fmt_secs(c2, r->state_file_s), fmt_secs(c3, r->sqlite_s),
+           fmt_ratio(r1, r->state_file_s, r->ctxstore_ready_s),
+           fmt_ratio(r2, r->sqlite_s, r->ctxstore_ready_s));
+    char held[64] = "";
+    if (r->n_held < r->n_tokens)
+        snprintf(held, sizeof held, " (the ring wrapped: %u held)", r->n_held);
+    printf("\nresumed %" PRIu64 " tokens, identical: every held token's "
+           "checksum and id,\nand the K/V of %u tokens recomputed by the "
+           "engine%s\n\n", r->n_tokens, r->tokens_checked, held);
+    print_table_head("save");
+    fflush(stdout);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of one field over the turns that measured it; -1 if none. */
+static double median_of(const demo *d, size_t offset)
+{
+    double v[MAX_TURNS + MORE_TURNS];
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < d->n_results; i++) {
+        double x;
+        memcpy(&x, (const char *)&d->results[i] + offset, sizeof x);
+        if (x >= 0)
+            v[n++] = x;
+    }
+    if (n == 0)
+        return -1;
+    qsort(v, n, sizeof v[0], cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void print_summary(const demo *d)
+{
+    const resume_result *r = &d->resume;
+    double mc = median_of(d, offsetof(turn_result, ctxstore_s));
+    double mf = median_of(d, offsetof(turn_result, state_file_s));
+    double ms = median_of(d, offsetof(turn_result, sqlite_s));
+    double mr = median_of(d, offsetof(turn_result, reserve_s));
+    char a[32], b[32], e[32], f[32], g[32], h[32], i[32];
+    printf("\nSaving a turn: %s with ctxstore, %s as a state file, %s as a\n"
+           "SQLite row (medians). Resuming %" PRIu64 " tokens: %s, %s and "
+           "%s.\n\n",
+           fmt_secs(a, mc), fmt_secs(b, mf), fmt_secs(e, ms), r->n_tokens,
+           fmt_secs(f, r->ctxstore_open_s), fmt_secs(g, r->state_file_s),
+           fmt_secs(h, r->sqlite_s));
+    printf("ctxstore    ctxs_session_commit, ASYNC: checksums the new tokens, "
+           "writes a\n"
+           "            128-byte record, starts writeback. Survives a process "
+           "crash; after\n"
+           "            a power loss the open keeps what verifies. Not "
+           "counted: reserve\n"
+           "            before the engine writes (allocates the disk blocks, "
+           "faults the\n"
+           "            pages in): %s a turn.\n",
+           fmt_secs(i, mr));
+    printf("state file  the held K/V to a new file, fdatasync, rename "
+           "(llama.cpp's state\n"
+           "            file, made crash-safe). Survives power loss.\n");
+#ifdef CTXS_HAVE_SQLITE
+    printf("SQLite      %s, INSERT OR REPLACE of the held K/V as one BLOB, "
+           "WAL,\n"
+           "            synchronous=NORMAL, as bench_session. Survives a "
+           "process crash;\n"
+           "            durable at the next checkpoint. Not repeated after "
+           "the resume.\n", sqlite3_libversion());
+#else
+    printf("SQLite      n/a: this ctxstore was built without SQLite.\n");
+#endif
+    printf("open        ctxs_store_open + ctxs_store_session_open + "
+           "ctxs_session_info_get,\n"
+           "            vs open + read (file), open + SELECT + copy (SQLite). "
+           "+pages: also\n"
+           "            a byte of every page of the held K/V, as a first "
+           "attention pass.\n"
+           "            Page cache warm for all%s.\n",
+           d->quick ? "" : "; the disk settled before each timed step");
+}
+
+static void json_secs(json *j, const char *key, double secs)
+{
+    json_key(j, key);
+    if (secs < 0)
+        json_null(j);
+    else
+        json_double(j, secs);
+}
+
+static void json_ratio(json *j, const char *key, double num, double den)
+{
+    json_key(j, key);
+    if (num < 0 || den <= 0)
+        json_null(j);
+    else
+        json_double(j, num / den);
+}
+
+static void print_json(const demo *d)
+{
+    const ctxs_geometry *g = &d->engine.geometry;
+    const resume_result *r = &d->resume;
+    json j;
+    json_init(&j, stdout);
+    json_object_begin(&j);
+    json_kv_string(&j, "store", d->store_dir);
+    json_kv_bool(&j, "temporary", d->store_temporary);
+    json_kv_bool(&j, "kept", d->keep);
+    json_kv_bool(&j, "quick", d->quick);
+    json_kv_bool(&j, "memory_fs", d->memory_fs);
+    json_kv_string(&j, "engine", d->engine.name);
+
+    json_key(&j, "model");
+    json_object_begin(&j);
+    json_kv_string(&j, "name", d->cfg.model_name);
+    json_kv_u64(&j, "n_layers", g->n_layers);
+    json_kv_u64(&j, "n_kv_heads", g->n_kv_heads);
+    json_kv_u64(&j, "head_dim", g->head_dim);
+    json_kv_string(&j, "dtype", "f16");
+    json_kv_u64(&j, "token_bytes", d->token_bytes);
+    json_object_end(&j);
+
+    json_key(&j, "session");
+    json_object_begin(&j);
+    json_kv_string(&j, "name", d->name);
+    json_kv_u64(&j, "capacity", d->cfg.capacity);
+    json_kv_u64(&j, "file_bytes", d->file_bytes);
+    json_kv_string(&j, "durability", "async");
+    json_object_end(&j);
+
+    json_key(&j, "sqlite");
+#ifdef CTXS_HAVE_SQLITE
+    json_string(&j, sqlite3_libversion());
+#else
+    json_null(&j);
+#endif
+    /* SQLite saves are timed before the resume only. */
+    json_kv_bool(&j, "sqlite_after_resume", 0);
+
+    json_key(&j, "turns");
+    json_array_begin(&j);
+    for (uint32_t i = 0; i < d->n_results; i++) {
+        const turn_result *t = &d->results[i];
+        json_object_begin(&j);
+        json_kv_u64(&j, "turn", t->turn);
+        json_kv_bool(&j, "resumed", t->resumed);
+        json_kv_u64(&j, "tokens", t->n_tokens);
+        json_kv_u64(&j, "new_tokens", t->new_tokens);
+        json_kv_u64(&j, "held_tokens", t->n_held);
+        json_kv_u64(&j, "state_bytes", t->state_bytes);
+        json_secs(&j, "reserve_s", t->reserve_s);
+        json_secs(&j, "ctxstore_s", t->ctxstore_s);
+        json_secs(&j, "state_file_s", t->state_file_s);
+        json_secs(&j, "sqlite_s", t->sqlite_s);
+        json_ratio(&j, "state_file_ratio", t->state_file_s, t->ctxstore_s);
+        json_ratio(&j, "sqlite_ratio", t->sqlite_s, t->ctxstore_s);
+        json_object_end(&j);
+    }
+    json_array_end(&j);
+
+    json_key(&j, "resume");
+    json_object_begin(&j);
+    json_kv_u64(&j, "tokens", r->n_tokens);
+    json_kv_u64(&j, "held_tokens", r->n_held);
+    json_kv_u64(&j, "state_bytes", r->state_bytes);
+    json_secs(&j, "ctxstore_open_s", r->ctxstore_open_s);
+    json_secs(&j, "ctxstore_ready_s", r->ctxstore_ready_s);
+    json_secs(&j, "state_file_s", r->state_file_s);
+    json_secs(&j, "sqlite_s", r->sqlite_s);
+    json_ratio(&j, "state_file_ratio", r->state_file_s, r->ctxstore_open_s);
+    json_ratio(&j, "sqlite_ratio", r->sqlite_s, r->ctxstore_open_s);
+    json_kv_bool(&j, "identical", 1);
+    json_kv_u64(&j, "tokens_checked", r->tokens_checked);
+    json_object_end(&j);
+
+    json_key(&j, "summary");
+    json_object_begin(&j);
+    json_secs(&j, "ctxstore_median_s",
+              median_of(d, offsetof(turn_result, ctxstore_s)));
+    json_secs(&j, "state_file_median_s",
+              median_of(d, offsetof(turn_result, state_file_s)));
+    json_secs(&j, "sqlite_median_s",
+              median_of(d, offsetof(turn_result, sqlite_s)));
+    json_secs(&j, "reserve_median_s",
+              median_of(d, offsetof(turn_result, reserve_s)));
+    json_object_end(&j);
+
+    json_object_end(&j);
+    json_finish(&j);
+}
+
+/* --- The demo ------------------------------------------------------------- */
+
+static int create_session(demo *d)
+{
+    int rc = ctxs_model_register(d->st, &d->model, d->cfg.model_name);
+    if (rc < 0)
+        return cli_fail(rc, "registering the model %s", d->cfg.model_name);
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.capacity = d->cfg.capacity;
+    o.durability = CTXS_SYNC_ASYNC;
+    uint64_t ms = cli_now_ms();
+    for (int i = 0;; i++) {
+        if (i == 0)
+            snprintf(d->name, sizeof d->name, "demo-%" PRIu64, ms);
+        else
+            snprintf(d->name, sizeof d->name, "demo-%" PRIu64 "-%d", ms, i);
+        rc = ctxs_store_session_create(&d->s, d->st, d->name, &d->model, &o);
+        if (rc != -EEXIST || i == 100)
+            break;
+    }
+    if (rc < 0)
+        return cli_fail(rc, "creating session %s", d->name);
+    d->session_created = 1;
+    ctxs_session_info info;
+    int ec;
+    if ((ec = session_info(d, &info)))
+        return ec;
+    d->file_bytes = info.file_bytes;
+    rc = ctxs_session_layout(&d->lay, d->s);
+    if (rc < 0)
+        return cli_fail(rc, "session %s", d->name);
+    if (d->lay.slot_bytes != (size_t)d->engine.geometry.head_dim * 2) {
+        cli_say("session %s: %zu bytes a slot, expected %u", d->name,
+                d->lay.slot_bytes, d->engine.geometry.head_dim * 2);
+        return CLI_EFAIL;
+    }
+    return CLI_OK;
+}
+
+static int play(demo *d, uint32_t turns)
+{
+    int ec;
+    if ((ec = create_session(d)))
+        return ec;
+    if (!d->c->json) {
+        print_header(d);
+        print_table_head("save");
+    }
+    for (uint32_t t = 0; t < turns; t++) {
+        if (g_signal)
+            return CLI_EFAIL;
+        if ((ec = play_turn(d, t, 0)))
+            return ec;
+        if (!d->c->json)
+            print_turn(&d->results[d->n_results - 1]);
+    }
+    if (g_signal)
+        return CLI_EFAIL;
+    if ((ec = restart(d)))
+        return ec;
+    if (!d->c->json)
+        print_resume(d);
+    for (uint32_t t = turns; t < d->n_plan; t++) {
+        if (g_signal)
+            return CLI_EFAIL;
+        if ((ec = play_turn(d, t, 1)))
+            return ec;
+        if (!d->c->json)
+            print_turn(&d->results[d->n_results - 1]);
+    }
+    if (d->c->json)
+        print_json(d);
+    else
+        print_summary(d);
+    return CLI_OK;
+}
+
+/* Closes everything; removes what this run made, but keeps the store with
+ * --keep (a temporary one) or the demo session (a given one). */
+static void teardown(demo *d)
+{
+#ifdef CTXS_HAVE_SQLITE
+    db_close(d);
+#endif
+    ctxs_session_close(d->s);
+    d->s = NULL;
+    if (d->st && d->session_created && !d->store_temporary && !d->keep) {
+        int rc = ctxs_store_session_delete(d->st, d->name);
+        if (rc < 0)
+            cli_fail(rc, "deleting the demo session %s", d->name);
+    }
+    ctxs_store_close(d->st);
+    d->st = NULL;
+    if (d->base_fd >= 0)
+        close(d->base_fd);
+    if (d->base[0]) {
+        if (d->store_temporary && d->keep && !g_signal) {
+            unlink(d->state_path);
+            unlink(d->state_tmp);
+            unlink(d->db_path);
+            char p[PATH_MAX + 8];
+            snprintf(p, sizeof p, "%s-wal", d->db_path);
+            unlink(p);
+            snprintf(p, sizeof p, "%s-shm", d->db_path);
+            unlink(p);
+            if (!d->c->json)
+                printf("\nkept: ctxstore --store %s ls\n", d->store_dir);
+        } else {
+            remove_tree(d->base);
+        }
+    }
+    free(d->plan);
+    free(d->results);
+    free(d->ids);
+    free(d->state);
+}
+
+int cmd_demo(cli *c, int argc, char **argv)
+{
+    enum { OPT_TURNS = 0x100, OPT_QUICK, OPT_KEEP };
+    static const struct option longopts[] = {
+        CLI_COMMON_LONGOPTS,
+        { "turns", required_argument, NULL, OPT_TURNS },
+        { "quick", no_argument, NULL, OPT_QUICK },
+        { "keep", no_argument, NULL, OPT_KEEP },
+        { NULL, 0, NULL, 0 },
+    };
+    uint64_t turns = 0;
+    int quick = 0, keep = 0, opt;
+#ifdef __GLIBC__
+    optind = 0; /* rescan from argv[1], resetting glibc's state */
+#else
+    optind = 1;
+#endif
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        if (opt == CLI_OPT_HELP || opt == 'h') {
+            cli_print_help("demo");
+            return CLI_OK;
+        }
+        if (cli_common_option(c, opt, optarg))
+            continue;
+        switch (opt) {
+        case OPT_TURNS:
+            if (parse_u64(optarg, &turns) < 0 || turns < 1
+                || turns > MAX_TURNS)
+                return cli_usage_error("demo", "--turns wants a number from "
+                                       "1 to %d", MAX_TURNS);
+            break;
+        case OPT_QUICK:
+            quick = 1;
+            break;
+        case OPT_KEEP:
+            keep = 1;
+            break;
+        case ':':
+            return cli_usage_error("demo", "%s needs a value",
+                                   argv[optind - 1]);
+        default:
+            return cli_usage_error("demo", "unknown option %s",
+                                   argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return cli_usage_error("demo", "unexpected argument %s", argv[optind]);
+
+    demo d;
+    memset(&d, 0, sizeof d);
+    d.c = c;
+    d.cfg = quick ? k_quick : k_full;
+    d.quick = quick;
+    d.keep = keep;
+    d.base_fd = -1;
+    d.engine = synthetic_engine(&d.cfg.geometry);
+    d.model.geometry = d.engine.geometry;
+    memcpy(d.model.model_hash, d.cfg.model_hash, 16);
+    memcpy(d.model.tokenizer_hash, k_tokenizer_hash, 16);
+    const ctxs_geometry *g = &d.engine.geometry;
+    d.n_runs = g->n_layers * 2 * g->n_kv_heads;
+    d.token_bytes = (size_t)d.n_runs * g->head_dim * 2;
+
+    struct sigaction old[N_SIGNALS];
+    g_signal = 0;
+    signals_catch(old);
+    int ec = plan_conversation(&d, turns ? (uint32_t)turns : d.cfg.turns);
+    if (ec == CLI_OK)
+        ec = demo_setup_dirs(&d);
+    if (ec == CLI_OK)
+        ec = play(&d, turns ? (uint32_t)turns : d.cfg.turns);
+    teardown(&d);
+    signals_restore(old);
+    if (g_signal) {
+        fflush(stdout);
+        raise(g_signal);
+        return CLI_EFAIL;
+    }
+    return ec;
+}

@@ -1,0 +1,155 @@
+/*
+ * Branching a conversation: fork and checkpoint.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+int cmd_fork(cli *c, int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        CLI_COMMON_LONGOPTS,
+        { "at", required_argument, NULL, 'n' },
+        { "checkpoint", required_argument, NULL, 'k' },
+        { NULL, 0, NULL, 0 },
+    };
+    int opt, have_at = 0;
+    uint64_t at = UINT64_MAX;
+    const char *checkpoint = NULL;
+    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (cli_common_option(c, opt, optarg))
+            continue;
+        if (opt == 'n') {
+            /* UINT64_MAX means "all" to the library; no session holds it. */
+            if (parse_u64(optarg, &at) != 0 || at == UINT64_MAX)
+                return cli_usage_error("fork", "--at takes a token count, not '%s'", optarg);
+            have_at = 1;
+        } else if (opt == 'k') {
+            checkpoint = optarg;
+        } else if (opt == 'h' || opt == CLI_OPT_HELP) {
+            cli_print_help("fork");
+            return CLI_OK;
+        } else
+            return cli_usage_error("fork", "unknown option");
+    }
+    if (argc - optind != 2)
+        return cli_usage_error("fork", "fork takes SRC and DST");
+    if (checkpoint && have_at)
+        return cli_usage_error("fork", "--at and --checkpoint exclude each other");
+    const char *src = argv[optind], *dst = argv[optind + 1];
+    ctxs_store *st;
+    int ex = cli_store_open(c, &st);
+    if (ex != CLI_OK)
+        return ex;
+    int rc = checkpoint ? ctxs_store_fork_checkpoint(NULL, st, src, checkpoint, dst, NULL)
+                        : ctxs_store_fork(NULL, st, src, at, dst, NULL);
+    ctxs_session_entry e;
+    if (rc == 0)
+        rc = ctxs_store_session_get(&e, st, dst);
+    ctxs_store_close(st);
+    if (rc < 0)
+        return cli_fail(rc, "forking '%s' into '%s'", src, dst);
+    if (c->json) {
+        json j;
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_kv_string(&j, "name", e.name);
+        json_kv_u64(&j, "id", e.id);
+        json_kv_u64(&j, "n_tokens", e.fork_tokens);
+        json_object_end(&j);
+        json_finish(&j);
+    } else {
+        printf("forked '%s' into '%s' at %" PRIu64 " tokens\n", src, dst, e.fork_tokens);
+    }
+    return CLI_OK;
+}
+
+/* Opens the session name through st, read-write with its model or
+ * read-only. */
+static int open_session(ctxs_session **out, ctxs_store *st, const char *name, int writable)
+{
+    if (!writable)
+        return ctxs_store_session_open(out, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+    ctxs_session_entry e;
+    ctxs_model_entry m;
+    int rc;
+    if ((rc = ctxs_store_session_get(&e, st, name)) < 0 ||
+        (rc = ctxs_model_get(&m, st, e.model_hash)) < 0)
+        return rc;
+    return ctxs_store_session_open(out, st, name, &m.model, 0, NULL);
+}
+
+static int checkpoint_ls(cli *c, ctxs_store *st, const char *session)
+{
+    ctxs_checkpoint_entry *cps;
+    size_t n;
+    int rc = ctxs_checkpoint_list(&cps, &n, st, session);
+    if (rc < 0)
+        return cli_fail(rc, "checkpoints of '%s'", session);
+    if (c->json) {
+        json j;
+        json_init(&j, stdout);
+        json_array_begin(&j);
+        for (size_t i = 0; i < n; i++) {
+            json_object_begin(&j);
+            json_kv_string(&j, "name", cps[i].name);
+            json_kv_u64(&j, "n_tokens", cps[i].n_tokens);
+            json_kv_u64(&j, "created_unix_ms", cps[i].created_unix_ms);
+            json_kv_bool(&j, "stale", cps[i].stale);
+            json_object_end(&j);
+        }
+        json_array_end(&j);
+        json_finish(&j);
+    } else {
+        printf("%-24s %10s  %-20s %s\n", "NAME", "TOKENS", "CREATED", "STATE");
+        for (size_t i = 0; i < n; i++) {
+            char t[32];
+            printf("%-24s %10" PRIu64 "  %-20s %s\n", cps[i].name, cps[i].n_tokens,
+                   fmt_time(t, cps[i].created_unix_ms), cps[i].stale ? "stale" : "ok");
+        }
+    }
+    ctxs_free(cps);
+    return CLI_OK;
+}
+
+int cmd_checkpoint(cli *c, int argc, char **argv)
+{
+    int first, ex = cli_parse_common(c, argc, argv, &first);
+    if (ex >= 0)
+        return ex;
+    int nargs = argc - first;
+    const char *verb = nargs > 0 ? argv[first] : "";
+    int is_ls = strcmp(verb, "ls") == 0;
+    if (!is_ls && strcmp(verb, "create") != 0 && strcmp(verb, "restore") != 0 &&
+        strcmp(verb, "rm") != 0)
+        return cli_usage_error("checkpoint", "checkpoint takes create, ls, restore or rm");
+    if (nargs != (is_ls ? 2 : 3))
+        return cli_usage_error("checkpoint", "checkpoint %s takes SESSION%s", verb,
+                               is_ls ? "" : " NAME");
+    const char *session = argv[first + 1], *name = is_ls ? NULL : argv[first + 2];
+    ctxs_store *st;
+    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+        return ex;
+    int rc = 0;
+    if (is_ls) {
+        ex = checkpoint_ls(c, st, session);
+    } else if (strcmp(verb, "rm") == 0) {
+        if ((rc = ctxs_checkpoint_delete(st, session, name)) < 0)
+            ex = cli_fail(rc, "checkpoint '%s' of '%s'", name, session);
+    } else {
+        int restore = verb[0] == 'r';
+        ctxs_session *s = NULL;
+        if ((rc = open_session(&s, st, session, restore)) < 0)
+            ex = cli_fail(rc, "session '%s'", session);
+        else if ((rc = restore ? ctxs_checkpoint_restore(st, s, name)
+                               : ctxs_checkpoint_create(st, s, name)) < 0)
+            ex = cli_fail(rc, "checkpoint '%s' of '%s'", name, session);
+        ctxs_session_close(s);
+    }
+    ctxs_store_close(st);
+    return ex;
+}

@@ -1,0 +1,273 @@
+/*
+ * ctxstore info SESSION: everything the index and the file say about one
+ * session. The file is described from its bytes (ctxs_file_inspect), so a
+ * damaged one is still shown; the window comes from a read-only open.
+ */
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct view {
+    ctxs_session_entry e;
+    char path[PATH_MAX];
+    ctxs_file_report rep;
+    const ctxs_record_report *cur;
+    int open_rc;          /* the read-only open's return */
+    ctxs_window win;
+    ctxs_checkpoint_entry *cps;
+    size_t n_cps;
+    char parent[256];
+} view;
+
+static const char *dtype_name(uint32_t dtype)
+{
+    return dtype == CTXS_DTYPE_F16 ? "fp16" : "unknown";
+}
+
+static void record_json(json *j, const ctxs_record_report *r)
+{
+    json_object_begin(j);
+    json_kv_bool(j, "valid", r->status == 0);
+    json_kv_bool(j, "current", r->current);
+    json_kv_u64(j, "seq", r->seq);
+    json_kv_u64(j, "n_tokens", r->n_tokens);
+    json_kv_u64(j, "ring_start", r->ring_start);
+    json_kv_u64(j, "verified_from", r->verified_from);
+    json_kv_u64(j, "written_unix_ms", r->written_unix_ms);
+    json_kv_bool(j, "this_boot", r->this_boot);
+    json_object_end(j);
+}
+
+static void print_json(const view *v, ctxs_store *st)
+{
+    const ctxs_file_report *r = &v->rep;
+    json j;
+    json_init(&j, stdout);
+    json_object_begin(&j);
+    json_kv_string(&j, "name", v->e.name);
+    json_kv_u64(&j, "id", v->e.id);
+    json_kv_string(&j, "path", v->path);
+    json_kv_string(&j, "status", ctxs_err_name(r->status));
+    json_key(&j, "format");
+    json_object_begin(&j);
+    json_kv_u64(&j, "major", r->format_major);
+    json_kv_u64(&j, "minor", r->format_minor);
+    json_kv_bool(&j, "header_crc_ok", r->header_crc_ok);
+    json_object_end(&j);
+    char model[256];
+    json_kv_string(&j, "model", cli_model_name(model, st, v->e.model_hash));
+    json_key(&j, "model_hash");
+    json_hex(&j, v->e.model_hash, 16);
+    if (r->header_status == 0) {
+        json_key(&j, "tokenizer_hash");
+        json_hex(&j, r->model.tokenizer_hash, 16);
+        json_key(&j, "geometry");
+        json_object_begin(&j);
+        json_kv_u64(&j, "n_layers", r->model.geometry.n_layers);
+        json_kv_u64(&j, "n_kv_heads", r->model.geometry.n_kv_heads);
+        json_kv_u64(&j, "head_dim", r->model.geometry.head_dim);
+        json_kv_string(&j, "dtype", dtype_name(r->model.geometry.dtype));
+        json_object_end(&j);
+        json_kv_u64(&j, "capacity", r->capacity);
+        json_kv_u64(&j, "n_sink", r->n_sink);
+        json_kv_bool(&j, "ring", r->ring);
+        json_kv_u64(&j, "file_bytes", r->file_bytes);
+    }
+    json_kv_u64(&j, "disk_bytes", r->disk_bytes);
+    if (v->cur) {
+        json_kv_u64(&j, "n_tokens", v->cur->n_tokens);
+        json_kv_u64(&j, "held", cli_held(r, v->cur));
+        json_kv_u64(&j, "verified_from", v->cur->verified_from);
+    }
+    json_key(&j, "records");
+    json_array_begin(&j);
+    record_json(&j, &r->records[0]);
+    record_json(&j, &r->records[1]);
+    json_array_end(&j);
+    if (v->open_rc == 0) {
+        json_key(&j, "window");
+        json_object_begin(&j);
+        json_kv_u64(&j, "n_tokens", v->win.n_tokens);
+        json_key(&j, "spans");
+        json_array_begin(&j);
+        for (uint32_t i = 0; i < v->win.n_spans; i++) {
+            json_object_begin(&j);
+            json_kv_u64(&j, "slot", v->win.spans[i].slot);
+            json_kv_u64(&j, "count", v->win.spans[i].count);
+            json_object_end(&j);
+        }
+        json_array_end(&j);
+        json_object_end(&j);
+    }
+    json_kv_bool(&j, "writer_open", r->writer_open);
+    json_kv_bool(&j, "reader_open", r->reader_open);
+    json_kv_u64(&j, "created_unix_ms", v->e.created_unix_ms);
+    json_kv_u64(&j, "last_used_unix_ms", v->e.last_used_unix_ms);
+    if (v->e.parent_id) {
+        json_key(&j, "parent");
+        json_object_begin(&j);
+        json_kv_u64(&j, "id", v->e.parent_id);
+        if (v->parent[0])
+            json_kv_string(&j, "name", v->parent);
+        json_kv_u64(&j, "tokens", v->e.fork_tokens);
+        json_object_end(&j);
+    }
+    json_key(&j, "checkpoints");
+    json_array_begin(&j);
+    for (size_t i = 0; i < v->n_cps; i++) {
+        json_object_begin(&j);
+        json_kv_string(&j, "name", v->cps[i].name);
+        json_kv_u64(&j, "n_tokens", v->cps[i].n_tokens);
+        json_kv_u64(&j, "created_unix_ms", v->cps[i].created_unix_ms);
+        json_kv_bool(&j, "stale", v->cps[i].stale);
+        json_object_end(&j);
+    }
+    json_array_end(&j);
+    json_object_end(&j);
+    json_finish(&j);
+}
+
+static void print_record(int i, const ctxs_record_report *r)
+{
+    char t[32];
+    if (r->status != 0) {
+        printf("  record %d   damaged (CRC or fields do not hold)\n", i);
+        return;
+    }
+    printf("  record %d   seq %" PRIu64 ", %" PRIu64 " tokens, ring start %" PRIu64
+           ", verified from %" PRIu64 ", written %s%s%s\n",
+           i, r->seq, r->n_tokens, r->ring_start, r->verified_from,
+           fmt_time(t, r->written_unix_ms), r->this_boot ? " (this boot)" : "",
+           r->current ? "  <- current" : "");
+}
+
+static void print_text(const view *v, ctxs_store *st)
+{
+    const ctxs_file_report *r = &v->rep;
+    const ctxs_geometry *g = &r->model.geometry;
+    char a[32], b[32], hex[33], model[256];
+    printf("session      %s (id %" PRIu64 ")\n", v->e.name, v->e.id);
+    printf("file         %s\n", v->path);
+    if (r->status != 0)
+        printf("status       DOES NOT OPEN: %s (%s); run `ctxstore verify %s`\n",
+               ctxs_strerror(r->status), ctxs_err_name(r->status), v->e.name);
+    printf("format       %" PRIu32 ".%" PRIu32 ", header CRC %s\n", r->format_major,
+           r->format_minor, r->header_crc_ok ? "ok" : "BAD");
+    printf("model        %s, hash %s\n", cli_model_name(model, st, v->e.model_hash),
+           fmt_hash(hex, v->e.model_hash));
+    if (r->header_status == 0) {
+        uint64_t per_token = 2ull * g->n_layers * g->n_kv_heads * g->head_dim * 2;
+        printf("geometry     %" PRIu32 " layers x %" PRIu32 " KV heads x %" PRIu32
+               " dims, %s: %s per token\n",
+               g->n_layers, g->n_kv_heads, g->head_dim, dtype_name(g->dtype),
+               fmt_size(a, per_token));
+        printf("capacity     %" PRIu32 " slots, %" PRIu32 " sinks, %s\n", r->capacity,
+               r->n_sink, r->ring ? "ring (overwrites the oldest tokens once full)"
+                                  : "no ring (full at capacity)");
+        printf("size         %s, %s on disk\n", fmt_size(a, r->file_bytes),
+               fmt_size(b, r->disk_bytes));
+    }
+    if (v->cur) {
+        uint64_t held = cli_held(r, v->cur);
+        printf("tokens       %" PRIu64 " committed, %" PRIu64 " held", v->cur->n_tokens, held);
+        if (v->cur->ring_start > r->n_sink)
+            printf(" (the ring overwrote positions %" PRIu32 "..%" PRIu64 ")", r->n_sink,
+                   v->cur->ring_start - 1);
+        printf("\n");
+        printf("durability   watermark %" PRIu64 ": tokens below it were durable at the last "
+               "sync; an open after a power loss verifies the %" PRIu64 " token%s after it\n",
+               v->cur->verified_from,
+               v->cur->n_tokens - v->cur->verified_from,
+               v->cur->n_tokens - v->cur->verified_from == 1 ? "" : "s");
+    }
+    print_record(0, &r->records[0]);
+    print_record(1, &r->records[1]);
+    if (v->open_rc == 0) {
+        printf("window       %" PRIu32 " tokens", v->win.n_tokens);
+        for (uint32_t i = 0; i < v->win.n_spans; i++)
+            printf("%s slots %" PRIu32 "..%" PRIu32, i ? "," : " in", v->win.spans[i].slot,
+                   v->win.spans[i].slot + v->win.spans[i].count - 1);
+        printf("\n");
+    }
+    printf("checksums    one XXH3-64 per token over its id, position and KV; "
+           "`ctxstore verify %s` checks them all\n", v->e.name);
+    printf("open by      %s%s\n", r->writer_open ? "a writer" : "no writer",
+           r->reader_open ? ", readers" : "");
+    printf("created      %s\n", fmt_time(a, v->e.created_unix_ms));
+    printf("last used    %s (%s)\n", fmt_time(a, v->e.last_used_unix_ms),
+           fmt_age(b, v->e.last_used_unix_ms));
+    if (v->e.parent_id)
+        printf("forked from  %s at %" PRIu64 " tokens\n",
+               v->parent[0] ? v->parent : "(deleted session)", v->e.fork_tokens);
+    if (r->label_status == 0)
+        printf("label        \"%s\", id %" PRIu64 "\n", r->label_name, r->label_id);
+    printf("checkpoints  %zu\n", v->n_cps);
+    for (size_t i = 0; i < v->n_cps; i++)
+        printf("  %-20s %" PRIu64 " tokens, %s%s\n", v->cps[i].name, v->cps[i].n_tokens,
+               fmt_time(a, v->cps[i].created_unix_ms), v->cps[i].stale ? ", stale" : "");
+}
+
+/* The name of the session with id, or "" (a linear scan: info is rare). */
+static void name_of(char out[256], ctxs_store *st, uint64_t id)
+{
+    out[0] = '\0';
+    ctxs_session_entry *list;
+    size_t n;
+    if (ctxs_store_session_list(&list, &n, st) != 0)
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (list[i].id == id)
+            snprintf(out, 256, "%s", list[i].name);
+    ctxs_free(list);
+}
+
+int cmd_info(cli *c, int argc, char **argv)
+{
+    int first, ex = cli_parse_common(c, argc, argv, &first);
+    if (ex >= 0)
+        return ex;
+    if (argc - first != 1)
+        return cli_usage_error("info", "info takes one session name");
+    const char *name = argv[first];
+    ctxs_store *st;
+    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+        return ex;
+    view *v = calloc(1, sizeof(*v));
+    int rc = v ? ctxs_store_session_get(&v->e, st, name) : CTXS_ENOMEM;
+    if (rc < 0) {
+        free(v);
+        ctxs_store_close(st);
+        return cli_fail(rc, "session '%s'", name);
+    }
+    cli_session_path(v->path, sizeof(v->path), c, v->e.id);
+    if ((rc = ctxs_file_inspect(&v->rep, v->path)) < 0) {
+        ex = cli_fail(rc, "session '%s': its file %s", name, v->path);
+        goto out;
+    }
+    v->cur = v->rep.status == 0 ? cli_current_record(&v->rep) : NULL;
+    ctxs_session *s = NULL;
+    v->open_rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+    if (v->open_rc == 0)
+        ctxs_session_window(&v->win, s);
+    ctxs_session_close(s);
+    if ((rc = ctxs_checkpoint_list(&v->cps, &v->n_cps, st, name)) < 0) {
+        ex = cli_fail(rc, "checkpoints of '%s'", name);
+        goto out;
+    }
+    if (v->e.parent_id)
+        name_of(v->parent, st, v->e.parent_id);
+    if (c->json)
+        print_json(v, st);
+    else
+        print_text(v, st);
+    ex = CLI_OK;
+out:
+    ctxs_free(v->cps);
+    free(v);
+    ctxs_store_close(st);
+    return ex;
+}

@@ -1,0 +1,152 @@
+/*
+ * ctxstore ls: one line per session, from the index and, for what the
+ * index does not know (the tokens now, locks, damage), from the file.
+ */
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct row {
+    const ctxs_session_entry *e;
+    ctxs_file_report rep;
+    int inspect_rc;            /* ctxs_file_inspect's return */
+    const ctxs_record_report *cur;
+    char flags[96];
+} row;
+
+static void row_fill(row *r, const cli *c, const ctxs_session_entry *e)
+{
+    char path[PATH_MAX];
+    cli_session_path(path, sizeof(path), c, e->id);
+    memset(r, 0, sizeof(*r));
+    r->e = e;
+    r->inspect_rc = ctxs_file_inspect(&r->rep, path);
+    if (r->inspect_rc == 0 && r->rep.status == 0)
+        r->cur = cli_current_record(&r->rep);
+
+    char *f = r->flags;
+    size_t left = sizeof(r->flags);
+#define FLAG(cond, text)                                                       \
+    do {                                                                       \
+        if (cond) {                                                            \
+            int k = snprintf(f, left, "%s%s", f == r->flags ? "" : ",", text); \
+            f += k, left -= (size_t)k;                                         \
+        }                                                                      \
+    } while (0)
+    FLAG(r->cur && r->rep.ring, "ring");
+    FLAG(r->cur && r->cur->ring_start > r->rep.n_sink, "wrapped");
+    FLAG(r->cur && r->cur->n_tokens < e->n_tokens, "rolled-back");
+    FLAG(r->rep.writer_open, "writer");
+    FLAG(!r->cur, "failed");
+#undef FLAG
+    if (f == r->flags)
+        snprintf(r->flags, sizeof(r->flags), "-");
+}
+
+static void print_json(json *j, ctxs_store *st, const row *rows, size_t n)
+{
+    json_array_begin(j);
+    for (size_t i = 0; i < n; i++) {
+        const row *r = &rows[i];
+        char model[256];
+        json_object_begin(j);
+        json_kv_string(j, "name", r->e->name);
+        json_kv_u64(j, "id", r->e->id);
+        json_key(j, "model_hash");
+        json_hex(j, r->e->model_hash, 16);
+        json_kv_string(j, "model", cli_model_name(model, st, r->e->model_hash));
+        if (r->cur) {
+            json_kv_u64(j, "n_tokens", r->cur->n_tokens);
+            json_kv_u64(j, "held", cli_held(&r->rep, r->cur));
+            json_kv_u64(j, "capacity", r->rep.capacity);
+        } else {
+            json_key(j, "error");
+            json_string(j, ctxs_err_name(r->inspect_rc ? r->inspect_rc : r->rep.status));
+        }
+        json_kv_u64(j, "disk_bytes", r->inspect_rc == 0 ? r->rep.disk_bytes : 0);
+        json_kv_u64(j, "created_unix_ms", r->e->created_unix_ms);
+        json_kv_u64(j, "last_used_unix_ms", r->e->last_used_unix_ms);
+        json_key(j, "flags");
+        json_array_begin(j);
+        if (strcmp(r->flags, "-") != 0) {
+            char copy[sizeof(r->flags)], *save = NULL;
+            snprintf(copy, sizeof(copy), "%s", r->flags);
+            for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save))
+                json_string(j, t);
+        }
+        json_array_end(j);
+        json_object_end(j);
+    }
+    json_array_end(j);
+    json_finish(j);
+}
+
+static void print_table(ctxs_store *st, const row *rows, size_t n)
+{
+    int name_w = 4;
+    for (size_t i = 0; i < n; i++) {
+        int len = (int)strlen(rows[i].e->name);
+        if (len > name_w)
+            name_w = len > 40 ? 40 : len;
+    }
+    printf("%-*s  %-16s %9s %9s %10s  %-12s %s\n", name_w, "NAME", "MODEL", "TOKENS",
+           "CAPACITY", "DISK", "LAST USED", "FLAGS");
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        const row *r = &rows[i];
+        char model[256], size[32], age[32], tokens[32] = "?", cap[32] = "?";
+        if (r->cur) {
+            snprintf(tokens, sizeof(tokens), "%" PRIu64, r->cur->n_tokens);
+            snprintf(cap, sizeof(cap), "%" PRIu32, r->rep.capacity);
+        }
+        uint64_t disk = r->inspect_rc == 0 ? r->rep.disk_bytes : 0;
+        total += disk;
+        printf("%-*s  %-16.16s %9s %9s %10s  %-12s %s\n", name_w, r->e->name,
+               cli_model_name(model, st, r->e->model_hash), tokens, cap,
+               fmt_size(size, disk), fmt_age(age, r->e->last_used_unix_ms), r->flags);
+    }
+    char size[32];
+    printf("%zu session%s, %s on disk\n", n, n == 1 ? "" : "s", fmt_size(size, total));
+}
+
+int cmd_ls(cli *c, int argc, char **argv)
+{
+    int first, ex = cli_parse_common(c, argc, argv, &first);
+    if (ex >= 0)
+        return ex;
+    if (first < argc)
+        return cli_usage_error("ls", "ls takes no arguments");
+    ctxs_store *st;
+    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+        return ex;
+    ctxs_session_entry *list = NULL;
+    size_t n = 0;
+    int rc = ctxs_store_session_list(&list, &n, st);
+    if (rc < 0) {
+        ctxs_store_close(st);
+        return cli_fail(rc, "listing the sessions of %s", c->store_dir);
+    }
+    row *rows = n ? calloc(n, sizeof(*rows)) : NULL;
+    if (n && !rows) {
+        ctxs_free(list);
+        ctxs_store_close(st);
+        return cli_fail(CTXS_ENOMEM, "ls");
+    }
+    for (size_t i = 0; i < n; i++)
+        row_fill(&rows[i], c, &list[i]);
+    if (c->json) {
+        json j;
+        json_init(&j, stdout);
+        print_json(&j, st, rows, n);
+    } else {
+        print_table(st, rows, n);
+    }
+    free(rows);
+    ctxs_free(list);
+    ctxs_store_close(st);
+    return CLI_OK;
+}

@@ -1,0 +1,254 @@
+/*
+ * ctxstore — look into a store, keep it healthy, and see what ctxstore
+ * does. git-style subcommands; every one takes --store DIR, --json (when it
+ * reports) and --help.
+ */
+#include <getopt.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+#define EXIT_CODES                                                             \
+    "Exit codes:\n"                                                            \
+    "  0  success (verify: no damage found)\n"                                 \
+    "  1  the operation failed (an I/O error, ...)\n"                          \
+    "  2  bad command line or argument\n"                                      \
+    "  3  no such session, checkpoint or file\n"                               \
+    "  4  busy: a writer or another process holds it\n"                        \
+    "  5  damaged: verify found damage, or a file is corrupt, foreign,\n"      \
+    "     from a newer version or of another model\n"                         \
+    "  6  no space: the disk or the index is full\n"                           \
+    "  7  the name or file already exists\n"
+
+typedef struct command {
+    const char *name;
+    cli_command_fn run;
+    const char *summary;
+    const char *help; /* usage and options, after "usage: ctxstore " */
+} command;
+
+static const command k_commands[] = {
+    { "ls", cmd_ls, "list sessions",
+      "ls [--json]\n\n"
+      "Lists the sessions: model, tokens held and committed, capacity, size on\n"
+      "disk, last used, and flags:\n"
+      "  ring      the session overwrites its oldest tokens once full\n"
+      "  wrapped   the ring has overwritten tokens\n"
+      "  rolled-back  the index remembers more tokens than the file holds\n"
+      "  writer    a process has it open for writing now\n"
+      "  failed    the file does not open (damaged, missing); see `verify`\n" },
+    { "info", cmd_info, "show a session in detail",
+      "info SESSION [--json]\n\n"
+      "Shows a session's header, geometry, both commit records, durability\n"
+      "watermark, attention window, checkpoints and checksum state.\n" },
+    { "verify", cmd_verify, "check sessions and the index",
+      "verify [SESSION | --all] [--json]\n\n"
+      "Checks every held token's checksum, the header and commit record CRCs,\n"
+      "and the index against the session files (with --all, the default).\n"
+      "Reads every KV byte. Exits 0 when nothing is wrong, 5 when something\n"
+      "is damaged, naming the session, the tokens and what to do.\n" },
+    { "compact", cmd_compact, "give back unused disk space",
+      "compact [SESSION | --all] [--json]\n\n"
+      "Punches out the KV blocks of slots that hold no token (after rollbacks\n"
+      "and recoveries). With --all (the default), every session, then removes\n"
+      "orphaned index rows and leftover files, and rewrites the index\n"
+      "compacted when no other process has the store open. Refuses (exit 4) a\n"
+      "session that a process has open.\n" },
+    { "gc", cmd_gc, "delete least recently used sessions",
+      "gc --max-size SIZE [--json]\n\n"
+      "Deletes sessions, least recently used first, until the session files\n"
+      "take at most SIZE on disk (e.g. 10G, 512MiB). Sessions that a process\n"
+      "has open are kept.\n" },
+    { "rm", cmd_rm, "delete sessions",
+      "rm SESSION...\n\n"
+      "Deletes sessions with their checkpoints and prefixes. Refuses (exit 4)\n"
+      "a session that a process has open.\n" },
+    { "fork", cmd_fork, "copy a session's first tokens into a new session",
+      "fork SRC DST [--at N | --checkpoint NAME]\n\n"
+      "Creates DST holding the first N tokens of SRC (all of them by\n"
+      "default), or those of SRC's checkpoint NAME. Shares blocks where the\n"
+      "file system can (Btrfs, XFS).\n" },
+    { "checkpoint", cmd_checkpoint, "create, list, restore or remove checkpoints",
+      "checkpoint create SESSION NAME\n"
+      "       ctxstore checkpoint ls SESSION [--json]\n"
+      "       ctxstore checkpoint restore SESSION NAME\n"
+      "       ctxstore checkpoint rm SESSION NAME\n\n"
+      "A checkpoint names a session's current token count; restore rolls the\n"
+      "session back to it (the session must not be open by a writer).\n" },
+    { "reindex", cmd_reindex, "rebuild the index from the session files",
+      "reindex [--json]\n\n"
+      "Rebuilds the index from the session files: names, models, token counts\n"
+      "and prefixes. Checkpoints and model names are kept.\n" },
+    { "export", cmd_export, "write a session to a portable file",
+      "export SESSION FILE\n\n"
+      "Writes SESSION's committed tokens to FILE: a self-checking file\n"
+      "(zlib-compressed blocks, each with a CRC-32) with the model and\n"
+      "geometry, to carry the session to another machine.\n" },
+    { "import", cmd_import, "read a session from an export file",
+      "import FILE [NAME] [--json]\n\n"
+      "Checks all of FILE, then creates the session NAME (by default the name\n"
+      "it was exported under). A damaged, truncated or foreign file is refused\n"
+      "(exit 5) and the store is left unchanged.\n" },
+    { "bench", cmd_bench, "run the benchmark comparisons",
+      "bench [--quick] [--only session|index] [--dir DIR] [--json]\n\n"
+      "Runs the benchmark programs (bench_session, bench_index): ctxstore side\n"
+      "by side with rewriting a state file and a SQLite blob, and the index\n"
+      "against scanning files. They work in DIR (default $TMPDIR, else\n"
+      "/var/tmp) and are found in $CTXSTORE_BENCH_DIR, beside the tool in a\n"
+      "build tree, or where they are installed. With --json, one document:\n"
+      "{\"programs\": [{\"program\", \"exit_status\", \"results\": [...]}]}.\n" },
+    { "demo", cmd_demo, "play a chat, save each turn, resume it (the main job)",
+      "demo [--store DIR] [--turns N] [--quick] [--keep] [--json]\n\n"
+      "Plays a chat of several turns into a session with Qwen3-4B's KV\n"
+      "geometry, closes it, reopens it and continues, and prints each turn's\n"
+      "save time and the resume time beside what rewriting a state file and a\n"
+      "SQLite blob cost on the same data. Without --store (or CTXSTORE_DIR) it\n"
+      "works in a temporary directory, removed at the end unless --keep.\n" },
+};
+
+enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };
+
+static const command *find_command(const char *name)
+{
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (strcmp(k_commands[i].name, name) == 0)
+            return &k_commands[i];
+    return NULL;
+}
+
+static void print_main_help(FILE *f)
+{
+    fprintf(f, "usage: ctxstore [--store DIR] [--json] COMMAND [ARGS]\n\n"
+               "A persistent, memory-mapped KV cache for LLM chats: look into a store,\n"
+               "keep it healthy, see what it does.\n\nCommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-11s %s\n", k_commands[i].name, k_commands[i].summary);
+    fprintf(f, "\nOptions (before or after the command):\n"
+               "  --store DIR  the store (default: $CTXSTORE_DIR, else\n"
+               "               $XDG_DATA_HOME/ctxstore, else ~/.local/share/ctxstore)\n"
+               "  --json       machine-readable output\n"
+               "  --help       help for ctxstore or a command\n"
+               "  --version    the version\n\n"
+               "`ctxstore COMMAND --help` says more; `man ctxstore` says all.\n\n" EXIT_CODES);
+}
+
+void cli_print_help(const char *name)
+{
+    const command *cmd = find_command(name);
+    if (!cmd) {
+        print_main_help(stdout);
+        return;
+    }
+    printf("usage: ctxstore %s\n"
+           "Common options: --store DIR, --json, --help.\n\n" EXIT_CODES,
+           cmd->help);
+}
+
+int cli_usage_error(const char *name, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("ctxstore: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    const command *cmd = find_command(name);
+    if (cmd) {
+        /* The usage lines only: up to the blank line. */
+        const char *end = strstr(cmd->help, "\n\n");
+        fprintf(stderr, "usage: ctxstore %.*s\n", (int)(end ? end - cmd->help : 0), cmd->help);
+        fprintf(stderr, "`ctxstore %s --help` says more.\n", name);
+    } else {
+        fprintf(stderr, "`ctxstore --help` lists the commands.\n");
+    }
+    return CLI_EUSAGE;
+}
+
+/* $CTXSTORE_DIR, else $XDG_DATA_HOME/ctxstore, else ~/.local/share/ctxstore. */
+static const char *default_store_dir(int *given)
+{
+    static char buf[PATH_MAX];
+    const char *env = getenv("CTXSTORE_DIR");
+    if (env && *env) {
+        *given = 1;
+        return env;
+    }
+    *given = 0;
+    const char *xdg = getenv("XDG_DATA_HOME");
+    if (xdg && *xdg == '/') {
+        snprintf(buf, sizeof(buf), "%s/ctxstore", xdg);
+        return buf;
+    }
+    const char *home = getenv("HOME");
+    if (!home || !*home) {
+        struct passwd *pw = getpwuid(getuid());
+        home = pw ? pw->pw_dir : NULL;
+    }
+    if (!home)
+        return "ctxstore";
+    snprintf(buf, sizeof(buf), "%s/.local/share/ctxstore", home);
+    return buf;
+}
+
+int main(int argc, char **argv)
+{
+    cli c = { 0 };
+    c.store_dir = default_store_dir(&c.store_given);
+    c.progress = isatty(STDERR_FILENO);
+
+    static const struct option longopts[] = {
+        CLI_COMMON_LONGOPTS,
+        { "version", no_argument, NULL, 'V' },
+        { NULL, 0, NULL, 0 },
+    };
+    int opt;
+    /* "+": stop at the command; its own options are its to parse. */
+    while ((opt = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
+        if (cli_common_option(&c, opt, optarg))
+            continue;
+        switch (opt) {
+        case 'h':
+        case CLI_OPT_HELP:
+            print_main_help(stdout);
+            return CLI_OK;
+        case 'V':
+            printf("ctxstore %d.%d.%d\n", CTXS_VERSION_MAJOR, CTXS_VERSION_MINOR,
+                   CTXS_VERSION_PATCH);
+            return CLI_OK;
+        default:
+            fprintf(stderr, "usage: ctxstore [--store DIR] [--json] COMMAND [ARGS]\n"
+                            "`ctxstore --help` lists the commands and options.\n");
+            return CLI_EUSAGE;
+        }
+    }
+    if (optind >= argc) {
+        print_main_help(stderr);
+        return CLI_EUSAGE;
+    }
+    const char *name = argv[optind];
+    if (strcmp(name, "help") == 0) {
+        if (optind + 1 < argc)
+            cli_print_help(argv[optind + 1]);
+        else
+            print_main_help(stdout);
+        return CLI_OK;
+    }
+    const command *cmd = find_command(name);
+    if (!cmd) {
+        cli_say("'%s' is not a command", name);
+        fprintf(stderr, "usage: ctxstore [--store DIR] [--json] COMMAND [ARGS]\n"
+                        "`ctxstore --help` lists the commands.\n");
+        return CLI_EUSAGE;
+    }
+    /* The command sees argv from its own name on. */
+    int sub_argc = argc - optind;
+    char **sub_argv = argv + optind;
+    optind = 0; /* glibc: 0 reinitializes getopt for the next scan */
+    return cmd->run(&c, sub_argc, sub_argv);
+}

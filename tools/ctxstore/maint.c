@@ -1,0 +1,200 @@
+/*
+ * Keeping a store healthy: compact, gc, rm, reindex.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+/* Parses [SESSION | --all] for compact; returns -1 to go on. */
+static int parse_one_or_all(cli *c, int argc, char **argv, const char **only)
+{
+    static const struct option longopts[] = {
+        CLI_COMMON_LONGOPTS,
+        { "all", no_argument, NULL, 'a' },
+        { NULL, 0, NULL, 0 },
+    };
+    int opt, all = 0;
+    while ((opt = getopt_long(argc, argv, "ah", longopts, NULL)) != -1) {
+        if (cli_common_option(c, opt, optarg))
+            continue;
+        if (opt == 'a')
+            all = 1;
+        else if (opt == 'h' || opt == CLI_OPT_HELP) {
+            cli_print_help(argv[0]);
+            return CLI_OK;
+        } else
+            return cli_usage_error(argv[0], "unknown option");
+    }
+    if (argc - optind > 1 || (all && argc - optind == 1))
+        return cli_usage_error(argv[0], "%s takes one session, or --all", argv[0]);
+    *only = optind < argc ? argv[optind] : NULL;
+    return -1;
+}
+
+int cmd_compact(cli *c, int argc, char **argv)
+{
+    const char *only = NULL;
+    int ex = parse_one_or_all(c, argc, argv, &only);
+    if (ex >= 0)
+        return ex;
+    ctxs_store *st;
+    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+        return ex;
+    progress bar;
+    progress_start(&bar, c, "compact", 0, 0);
+    ctxs_compact_result res;
+    int rc = ctxs_store_compact(&res, st, only, progress_callback, &bar);
+    progress_end(&bar);
+    ctxs_store_close(st);
+    if (rc < 0)
+        return cli_fail(rc, only ? "compacting '%s'" : "compacting %s", only ? only : c->store_dir);
+    if (c->json) {
+        json j;
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_kv_u64(&j, "sessions", res.sessions);
+        json_kv_u64(&j, "skipped_busy", res.skipped_busy);
+        json_kv_u64(&j, "bytes_before", res.bytes_before);
+        json_kv_u64(&j, "bytes_after", res.bytes_after);
+        json_kv_bool(&j, "index_compacted", res.index_compacted);
+        json_kv_bool(&j, "index_busy", res.index_busy);
+        json_kv_u64(&j, "index_bytes_before", res.index_bytes_before);
+        json_kv_u64(&j, "index_bytes_after", res.index_bytes_after);
+        json_kv_u64(&j, "orphans_removed", res.orphans_removed);
+        json_object_end(&j);
+        json_finish(&j);
+    } else {
+        char a[32], b[32];
+        printf("sessions  %" PRIu64 " compacted: %s -> %s on disk\n", res.sessions,
+               fmt_size(a, res.bytes_before), fmt_size(b, res.bytes_after));
+        if (res.skipped_busy)
+            printf("skipped   %" PRIu64 " open by a process; run compact again when they are closed\n",
+                   res.skipped_busy);
+        if (!only) {
+            if (res.index_compacted)
+                printf("index     rewritten: %s -> %s\n", fmt_size(a, res.index_bytes_before),
+                       fmt_size(b, res.index_bytes_after));
+            else if (res.index_busy)
+                printf("index     left as it is: another process has the store open\n");
+            printf("orphans   %" PRIu64 " removed\n", res.orphans_removed);
+        }
+    }
+    return res.skipped_busy && only ? CLI_EBUSY : CLI_OK;
+}
+
+int cmd_gc(cli *c, int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        CLI_COMMON_LONGOPTS,
+        { "max-size", required_argument, NULL, 'm' },
+        { NULL, 0, NULL, 0 },
+    };
+    int opt, have_budget = 0;
+    uint64_t budget = 0;
+    while ((opt = getopt_long(argc, argv, "m:h", longopts, NULL)) != -1) {
+        if (cli_common_option(c, opt, optarg))
+            continue;
+        if (opt == 'm') {
+            if (parse_size(optarg, &budget) != 0)
+                return cli_usage_error("gc", "'%s' is not a size (e.g. 10G, 512MiB)", optarg);
+            have_budget = 1;
+        } else if (opt == 'h' || opt == CLI_OPT_HELP) {
+            cli_print_help("gc");
+            return CLI_OK;
+        } else
+            return cli_usage_error("gc", "unknown option");
+    }
+    if (!have_budget || optind < argc)
+        return cli_usage_error("gc", "gc takes --max-size SIZE and no arguments");
+    ctxs_store *st;
+    int ex = cli_store_open(c, &st);
+    if (ex != CLI_OK)
+        return ex;
+    ctxs_gc_result res;
+    int rc = ctxs_store_gc(&res, st, budget);
+    ctxs_store_close(st);
+    if (rc < 0)
+        return cli_fail(rc, "gc of %s", c->store_dir);
+    if (c->json) {
+        json j;
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_kv_u64(&j, "budget_bytes", budget);
+        json_kv_u64(&j, "bytes_before", res.bytes_before);
+        json_kv_u64(&j, "bytes_after", res.bytes_after);
+        json_kv_u64(&j, "deleted", res.deleted);
+        json_kv_u64(&j, "skipped_open", res.skipped_open);
+        json_object_end(&j);
+        json_finish(&j);
+    } else {
+        char a[32], b[32], d[32];
+        printf("deleted %" PRIu64 " session%s: %s -> %s (budget %s)\n", res.deleted,
+               res.deleted == 1 ? "" : "s", fmt_size(a, res.bytes_before),
+               fmt_size(b, res.bytes_after), fmt_size(d, budget));
+        if (res.skipped_open)
+            printf("kept %" PRIu64 " open session%s\n", res.skipped_open,
+                   res.skipped_open == 1 ? "" : "s");
+        if (res.bytes_after > budget)
+            printf("still above the budget: the open sessions take the rest\n");
+    }
+    return CLI_OK;
+}
+
+int cmd_rm(cli *c, int argc, char **argv)
+{
+    int first, ex = cli_parse_common(c, argc, argv, &first);
+    if (ex >= 0)
+        return ex;
+    if (first >= argc)
+        return cli_usage_error("rm", "rm takes one or more session names");
+    ctxs_store *st;
+    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+        return ex;
+    /* Every name is tried; the first failure decides the exit code. */
+    for (int i = first; i < argc; i++) {
+        int rc = ctxs_store_session_delete(st, argv[i]);
+        if (rc < 0) {
+            int e = cli_fail(rc, "session '%s'", argv[i]);
+            if (ex == CLI_OK)
+                ex = e;
+        }
+    }
+    ctxs_store_close(st);
+    return ex;
+}
+
+int cmd_reindex(cli *c, int argc, char **argv)
+{
+    int first, ex = cli_parse_common(c, argc, argv, &first);
+    if (ex >= 0)
+        return ex;
+    if (first < argc)
+        return cli_usage_error("reindex", "reindex takes no arguments");
+    ctxs_store *st;
+    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+        return ex;
+    ctxs_reindex_result res;
+    int rc = ctxs_store_reindex(&res, st);
+    ctxs_store_close(st);
+    if (rc < 0)
+        return cli_fail(rc, "reindexing %s", c->store_dir);
+    if (c->json) {
+        json j;
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_kv_u64(&j, "sessions", res.sessions);
+        json_kv_u64(&j, "skipped", res.skipped);
+        json_object_end(&j);
+        json_finish(&j);
+    } else {
+        printf("indexed %" PRIu64 " session file%s", res.sessions, res.sessions == 1 ? "" : "s");
+        if (res.skipped)
+            printf("; %" PRIu64 " file%s that do not open were left alone (see `ctxstore verify`)",
+                   res.skipped, res.skipped == 1 ? "" : "s");
+        printf("\n");
+    }
+    return CLI_OK;
+}

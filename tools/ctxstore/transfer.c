@@ -1,0 +1,95 @@
+/*
+ * Moving a session between machines: export SESSION FILE, import FILE
+ * [NAME]. The library does the work and the checking; this reports it.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+
+int cmd_export(cli *c, int argc, char **argv)
+{
+    int first, ex = cli_parse_common(c, argc, argv, &first);
+    if (ex >= 0)
+        return ex;
+    if (argc - first != 2)
+        return cli_usage_error("export", "export takes SESSION and FILE");
+    const char *name = argv[first], *path = argv[first + 1];
+    ctxs_store *st;
+    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+        return ex;
+    progress bar;
+    progress_start(&bar, c, "export", 0, 0);
+    double t0 = cli_now_s();
+    int rc = ctxs_store_export(st, name, path, progress_callback, &bar);
+    double secs = cli_now_s() - t0;
+    progress_end(&bar);
+    ctxs_store_close(st);
+    if (rc < 0)
+        return cli_fail(rc, "exporting '%s' to %s", name, path);
+    struct stat sb;
+    uint64_t bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    if (c->json) {
+        json j;
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_kv_string(&j, "name", name);
+        json_kv_string(&j, "file", path);
+        json_kv_u64(&j, "bytes", bytes);
+        json_kv_double(&j, "seconds", secs);
+        json_object_end(&j);
+        json_finish(&j);
+    } else {
+        char a[32], b[32];
+        printf("exported '%s' to %s: %s in %s\n", name, path, fmt_size(a, bytes),
+               fmt_duration(b, secs));
+    }
+    return CLI_OK;
+}
+
+int cmd_import(cli *c, int argc, char **argv)
+{
+    int first, ex = cli_parse_common(c, argc, argv, &first);
+    if (ex >= 0)
+        return ex;
+    if (argc - first < 1 || argc - first > 2)
+        return cli_usage_error("import", "import takes FILE and an optional NAME");
+    const char *path = argv[first], *name = argc - first == 2 ? argv[first + 1] : NULL;
+    ctxs_store *st;
+    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+        return ex;
+    progress bar;
+    progress_start(&bar, c, "import", 0, 1);
+    char used[256] = "";
+    double t0 = cli_now_s();
+    int rc = ctxs_store_import(st, path, name, used, progress_callback, &bar);
+    double secs = cli_now_s() - t0;
+    progress_end(&bar);
+    ctxs_session_entry e;
+    if (rc == 0)
+        rc = ctxs_store_session_get(&e, st, used);
+    ctxs_store_close(st);
+    if (rc < 0) {
+        ex = cli_fail(rc, "importing %s", path);
+        if (rc != -EEXIST)
+            fprintf(stderr, "  nothing was imported; the store is unchanged\n");
+        return ex;
+    }
+    if (c->json) {
+        json j;
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_kv_string(&j, "name", used);
+        json_kv_u64(&j, "id", e.id);
+        json_kv_u64(&j, "n_tokens", e.n_tokens);
+        json_kv_double(&j, "seconds", secs);
+        json_object_end(&j);
+        json_finish(&j);
+    } else {
+        char a[32];
+        printf("imported '%s' (%llu tokens) from %s in %s\n", used,
+               (unsigned long long)e.n_tokens, path, fmt_duration(a, secs));
+    }
+    return CLI_OK;
+}

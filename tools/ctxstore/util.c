@@ -1,0 +1,505 @@
+/*
+ * The helpers the subcommands share: errors with advice, exit codes,
+ * human-readable values, the JSON writer and the progress bar.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+/* --- Errors --------------------------------------------------------------- */
+
+int cli_exit_code(int rc)
+{
+    switch (rc) {
+    case 0:
+        return CLI_OK;
+    case CTXS_ENOTFOUND:
+    case -ENOENT:
+        return CLI_ENOTFOUND;
+    case CTXS_EBUSY:
+    case -EBUSY:
+        return CLI_EBUSY;
+    case CTXS_ECORRUPT:
+    case CTXS_EFOREIGN:
+    case CTXS_EVERSION:
+    case CTXS_EMODEL:
+    case CTXS_ESTALE:
+    case CTXS_EEVICTED:
+        return CLI_EDAMAGED;
+    case CTXS_EFULL:
+    case -ENOSPC:
+    case -EDQUOT:
+        return CLI_EFULL;
+    case -EEXIST:
+        return CLI_EEXIST;
+    case CTXS_EINVAL:
+        return CLI_EUSAGE;
+    default:
+        return CLI_EFAIL;
+    }
+}
+
+/* What to do about rc, in one line, or NULL. */
+static const char *advice(int rc)
+{
+    switch (rc) {
+    case CTXS_ECORRUPT:
+        return "run `ctxstore verify` to see what is damaged; restore the session from an export, or delete it with `ctxstore rm`";
+    case CTXS_EFOREIGN:
+        return "the file is not what ctxstore writes; check the path";
+    case CTXS_EVERSION:
+        return "it was written by a newer ctxstore; upgrade this one to read it";
+    case CTXS_EMODEL:
+        return "the session belongs to another model; use that model, or import under the right one";
+    case CTXS_EBUSY:
+        return "a process has it open; close the app that uses it and try again";
+    case CTXS_EFULL:
+    case -ENOSPC:
+        return "free disk space, e.g. with `ctxstore gc --max-size SIZE`";
+    case CTXS_ENOTFOUND:
+        return "`ctxstore ls` lists the sessions";
+    case CTXS_ESTALE:
+    case CTXS_EEVICTED:
+        return "the session no longer holds those tokens; pick a later point or another checkpoint";
+    case CTXS_EFAILED:
+        return "reopen the session";
+    case -EACCES:
+    case -EPERM:
+        return "check the permissions of the store directory";
+    case -EEXIST:
+        return "choose another name, or remove the existing one first";
+    default:
+        return NULL;
+    }
+}
+
+void cli_say(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("ctxstore: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+int cli_fail(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("ctxstore: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, ": %s (%s)\n", ctxs_strerror(rc), ctxs_err_name(rc));
+    va_end(ap);
+    const char *a = advice(rc);
+    if (a)
+        fprintf(stderr, "  hint: %s\n", a);
+    return cli_exit_code(rc);
+}
+
+int cli_store_open(const cli *c, ctxs_store **out)
+{
+    int rc = ctxs_store_open(out, c->store_dir, NULL);
+    if (rc < 0)
+        return cli_fail(rc, "store %s", c->store_dir);
+    return CLI_OK;
+}
+
+int cli_common_option(cli *c, int opt, const char *arg)
+{
+    switch (opt) {
+    case CLI_OPT_STORE:
+        c->store_dir = arg;
+        c->store_given = 1;
+        return 1;
+    case CLI_OPT_JSON:
+        c->json = 1;
+        c->progress = 0;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int cli_parse_common(cli *c, int argc, char **argv, int *first)
+{
+    static const struct option longopts[] = { CLI_COMMON_LONGOPTS, { NULL, 0, NULL, 0 } };
+    int opt;
+    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (cli_common_option(c, opt, optarg))
+            continue;
+        if (opt == 'h' || opt == CLI_OPT_HELP) {
+            cli_print_help(argv[0]);
+            return CLI_OK;
+        }
+        return cli_usage_error(argv[0], "unknown option");
+    }
+    *first = optind;
+    return -1;
+}
+
+void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id)
+{
+    snprintf(buf, n, "%s/sessions/%016" PRIx64 ".ctxs", c->store_dir, id);
+}
+
+const ctxs_record_report *cli_current_record(const ctxs_file_report *r)
+{
+    for (int i = 0; i < 2; i++)
+        if (r->records[i].status == 0 && r->records[i].current)
+            return &r->records[i];
+    return NULL;
+}
+
+uint64_t cli_held(const ctxs_file_report *r, const ctxs_record_report *rec)
+{
+    uint64_t n = rec->n_tokens, ns = r->n_sink;
+    uint64_t first = rec->ring_start > ns ? rec->ring_start : ns;
+    return (n < ns ? n : ns) + (n > first ? n - first : 0);
+}
+
+const char *cli_model_name(char buf[256], ctxs_store *st, const uint8_t hash[16])
+{
+    ctxs_model_entry e;
+    if (st && ctxs_model_get(&e, st, hash) == 0 && e.name[0]) {
+        snprintf(buf, 256, "%s", e.name);
+    } else {
+        char hex[33];
+        snprintf(buf, 256, "%.8s", fmt_hash(hex, hash));
+    }
+    return buf;
+}
+
+/* --- Human-readable values ------------------------------------------------- */
+
+const char *fmt_size(char buf[32], uint64_t bytes)
+{
+    static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
+    if (bytes < 1024) {
+        snprintf(buf, 32, "%" PRIu64 " B", bytes);
+        return buf;
+    }
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024 && u < 6)
+        v /= 1024, u++;
+    snprintf(buf, 32, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, units[u]);
+    return buf;
+}
+
+const char *fmt_duration(char buf[32], double s)
+{
+    if (s < 0)
+        s = 0;
+    if (s < 1e-6)
+        snprintf(buf, 32, "%.0f ns", s * 1e9);
+    else if (s < 1e-3)
+        snprintf(buf, 32, "%.3g us", s * 1e6);
+    else if (s < 1)
+        snprintf(buf, 32, "%.3g ms", s * 1e3);
+    else if (s < 60)
+        snprintf(buf, 32, "%.3g s", s);
+    else
+        snprintf(buf, 32, "%d min %d s", (int)(s / 60), (int)fmod(s, 60));
+    return buf;
+}
+
+const char *fmt_age(char buf[32], uint64_t unix_ms)
+{
+    if (unix_ms == 0) {
+        snprintf(buf, 32, "never");
+        return buf;
+    }
+    uint64_t now = cli_now_ms();
+    if (unix_ms > now + 60000) {
+        snprintf(buf, 32, "in the future");
+        return buf;
+    }
+    uint64_t s = now > unix_ms ? (now - unix_ms) / 1000 : 0;
+    if (s < 60)
+        snprintf(buf, 32, "just now");
+    else if (s < 3600)
+        snprintf(buf, 32, "%" PRIu64 " min ago", s / 60);
+    else if (s < 86400)
+        snprintf(buf, 32, "%" PRIu64 " h ago", s / 3600);
+    else
+        snprintf(buf, 32, "%" PRIu64 " days ago", s / 86400);
+    return buf;
+}
+
+const char *fmt_time(char buf[32], uint64_t unix_ms)
+{
+    time_t t = (time_t)(unix_ms / 1000);
+    struct tm tm;
+    if (unix_ms == 0 || !gmtime_r(&t, &tm) ||
+        strftime(buf, 32, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+        snprintf(buf, 32, "-");
+    return buf;
+}
+
+const char *fmt_hash(char buf[33], const uint8_t hash[16])
+{
+    for (int i = 0; i < 16; i++)
+        snprintf(buf + 2 * i, 3, "%02x", hash[i]);
+    return buf;
+}
+
+int parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || *s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int parse_size(const char *s, uint64_t *out)
+{
+    if (!s || !((*s >= '0' && *s <= '9') || *s == '.'))
+        return -1;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (errno != 0 || end == s || !(v >= 0))
+        return -1;
+    static const struct {
+        const char *suffix;
+        double scale;
+    } units[] = {
+        { "", 1 },        { "B", 1 },
+        { "K", 0x1p10 },  { "KB", 0x1p10 }, { "KiB", 0x1p10 },
+        { "M", 0x1p20 },  { "MB", 0x1p20 }, { "MiB", 0x1p20 },
+        { "G", 0x1p30 },  { "GB", 0x1p30 }, { "GiB", 0x1p30 },
+        { "T", 0x1p40 },  { "TB", 0x1p40 }, { "TiB", 0x1p40 },
+    };
+    while (*end == ' ')
+        end++;
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcasecmp(end, units[i].suffix) == 0) {
+            double bytes = v * units[i].scale;
+            if (bytes >= 0x1p64)
+                return -1;
+            *out = (uint64_t)bytes;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+uint64_t cli_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+double cli_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* --- JSON ------------------------------------------------------------------ */
+
+void json_init(json *j, FILE *f)
+{
+    memset(j, 0, sizeof(*j));
+    j->f = f;
+    j->first[0] = 1;
+}
+
+static void json_item(json *j)
+{
+    if (j->after_key) {
+        j->after_key = 0;
+        return;
+    }
+    if (!j->first[j->depth])
+        fputc(',', j->f);
+    j->first[j->depth] = 0;
+}
+
+static void json_open(json *j, char ch)
+{
+    json_item(j);
+    fputc(ch, j->f);
+    if (j->depth < 31)
+        j->depth++;
+    j->first[j->depth] = 1;
+}
+
+static void json_close(json *j, char ch)
+{
+    if (j->depth > 0)
+        j->depth--;
+    fputc(ch, j->f);
+}
+
+void json_object_begin(json *j) { json_open(j, '{'); }
+void json_object_end(json *j) { json_close(j, '}'); }
+void json_array_begin(json *j) { json_open(j, '['); }
+void json_array_end(json *j) { json_close(j, ']'); }
+
+static void json_quoted(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        default:
+            if (*p < 0x20 || *p == 0x7f)
+                fprintf(f, "\\u%04x", *p);
+            else
+                fputc(*p, f);
+        }
+    }
+    fputc('"', f);
+}
+
+void json_key(json *j, const char *key)
+{
+    json_item(j);
+    json_quoted(j->f, key);
+    fputc(':', j->f);
+    j->after_key = 1;
+}
+
+void json_string(json *j, const char *s)
+{
+    json_item(j);
+    json_quoted(j->f, s);
+}
+
+void json_u64(json *j, uint64_t v)
+{
+    json_item(j);
+    fprintf(j->f, "%" PRIu64, v);
+}
+
+void json_i64(json *j, int64_t v)
+{
+    json_item(j);
+    fprintf(j->f, "%" PRId64, v);
+}
+
+void json_double(json *j, double v)
+{
+    json_item(j);
+    if (isfinite(v))
+        fprintf(j->f, "%.9g", v);
+    else
+        fputs("null", j->f);
+}
+
+void json_bool(json *j, int v)
+{
+    json_item(j);
+    fputs(v ? "true" : "false", j->f);
+}
+
+void json_null(json *j)
+{
+    json_item(j);
+    fputs("null", j->f);
+}
+
+void json_hex(json *j, const uint8_t *p, size_t n)
+{
+    json_item(j);
+    fputc('"', j->f);
+    for (size_t i = 0; i < n; i++)
+        fprintf(j->f, "%02x", p[i]);
+    fputc('"', j->f);
+}
+
+void json_finish(json *j)
+{
+    fputc('\n', j->f);
+    fflush(j->f);
+}
+
+void json_kv_string(json *j, const char *key, const char *s) { json_key(j, key); json_string(j, s); }
+void json_kv_u64(json *j, const char *key, uint64_t v) { json_key(j, key); json_u64(j, v); }
+void json_kv_i64(json *j, const char *key, int64_t v) { json_key(j, key); json_i64(j, v); }
+void json_kv_double(json *j, const char *key, double v) { json_key(j, key); json_double(j, v); }
+void json_kv_bool(json *j, const char *key, int v) { json_key(j, key); json_bool(j, v); }
+
+/* --- Progress ---------------------------------------------------------------- */
+
+void progress_start(progress *p, const cli *c, const char *label, uint64_t total, int bytes)
+{
+    memset(p, 0, sizeof(*p));
+    p->label = label;
+    p->total = total;
+    p->bytes = bytes;
+    p->enabled = c->progress;
+    p->started = cli_now_s();
+}
+
+static void progress_draw(progress *p, uint64_t done)
+{
+    enum { WIDTH = 30 };
+    double frac = p->total ? (double)done / (double)p->total : 1;
+    if (frac > 1)
+        frac = 1;
+    int fill = (int)(frac * WIDTH);
+    char bar[WIDTH + 1];
+    for (int i = 0; i < WIDTH; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[WIDTH] = '\0';
+    char a[32], b[32];
+    if (p->bytes)
+        fprintf(stderr, "\r%s [%s] %3d%% %s / %s ", p->label, bar, (int)(frac * 100),
+                fmt_size(a, done), fmt_size(b, p->total));
+    else
+        fprintf(stderr, "\r%s [%s] %3d%% %" PRIu64 " / %" PRIu64 " ", p->label, bar,
+                (int)(frac * 100), done, p->total);
+    fflush(stderr);
+    p->drawn = 1;
+}
+
+void progress_update(progress *p, uint64_t done)
+{
+    if (!p->enabled)
+        return;
+    double now = cli_now_s();
+    /* Nothing for work that ends quickly; then ten frames a second. */
+    if (now - p->started < 0.3 || now - p->last_draw < 0.1)
+        return;
+    p->last_draw = now;
+    progress_draw(p, done);
+}
+
+void progress_end(progress *p)
+{
+    if (p->enabled && p->drawn) {
+        progress_draw(p, p->total);
+        fputc('\n', stderr);
+    }
+    p->drawn = 0;
+}
+
+void progress_callback(void *arg, uint64_t done, uint64_t total)
+{
+    progress *p = arg;
+    p->total = total;
+    progress_update(p, done);
+}

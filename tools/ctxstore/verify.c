@@ -1,0 +1,343 @@
+/*
+ * ctxstore verify [SESSION | --all]: the header and record CRCs, every held
+ * token's checksum, and (for --all) the index against the session files.
+ * The exit code is the verdict: 0 nothing wrong, 5 damage found.
+ *
+ * A bad token is reported with the 64-token chunk it falls in (the unit
+ * the prefix index uses), and verification goes on past it, so the report
+ * shows every damaged stretch, not just the first.
+ */
+#include <dirent.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+enum { STEP = 1024, MAX_BAD = 4096 };
+
+typedef struct result {
+    const char *name;
+    int status;              /* 0 ok, else the error that describes it */
+    char problem[PATH_MAX + 512]; /* what is wrong beyond bad tokens, or "" */
+    uint64_t checked;        /* tokens verified */
+    uint64_t n_bad;
+    uint64_t bad[MAX_BAD];   /* the first MAX_BAD bad positions */
+    uint64_t lost;           /* tokens the open's recovery dropped */
+} result;
+
+typedef struct run {
+    const cli *c;
+    progress bar;
+    uint64_t done;
+    json j;
+    int damaged;
+} run;
+
+static void result_json(json *j, const result *r)
+{
+    json_object_begin(j);
+    json_kv_string(j, "name", r->name);
+    json_kv_bool(j, "ok", r->status == 0);
+    json_kv_string(j, "status", ctxs_err_name(r->status));
+    if (r->problem[0])
+        json_kv_string(j, "problem", r->problem);
+    json_kv_u64(j, "tokens_checked", r->checked);
+    json_kv_u64(j, "bad_tokens", r->n_bad);
+    json_kv_u64(j, "recovery_dropped", r->lost);
+    json_key(j, "bad_chunks");
+    json_array_begin(j);
+    size_t shown = r->n_bad < MAX_BAD ? r->n_bad : MAX_BAD;
+    for (size_t i = 0; i < shown;) {
+        uint64_t chunk = r->bad[i] / CTXS_PREFIX_CHUNK;
+        json_object_begin(j);
+        json_kv_u64(j, "chunk", chunk);
+        json_kv_u64(j, "first_token", chunk * CTXS_PREFIX_CHUNK);
+        json_kv_u64(j, "last_token", chunk * CTXS_PREFIX_CHUNK + CTXS_PREFIX_CHUNK - 1);
+        json_key(j, "bad_tokens");
+        json_array_begin(j);
+        for (; i < shown && r->bad[i] / CTXS_PREFIX_CHUNK == chunk; i++)
+            json_u64(j, r->bad[i]);
+        json_array_end(j);
+        json_object_end(j);
+    }
+    json_array_end(j);
+    json_object_end(j);
+}
+
+static void result_print(const result *r)
+{
+    if (r->status == 0) {
+        printf("ok       %s: %" PRIu64 " tokens verified\n", r->name, r->checked);
+        return;
+    }
+    if (r->problem[0])
+        printf("DAMAGED  %s: %s\n", r->name, r->problem);
+    size_t shown = r->n_bad < MAX_BAD ? r->n_bad : MAX_BAD;
+    if (shown)
+        printf("DAMAGED  %s: %" PRIu64 " of %" PRIu64 " tokens fail their checksums\n",
+               r->name, r->n_bad, r->checked);
+    for (size_t i = 0; i < shown;) {
+        uint64_t chunk = r->bad[i] / CTXS_PREFIX_CHUNK, lo = r->bad[i];
+        size_t count = 0;
+        uint64_t hi = lo;
+        for (; i < shown && r->bad[i] / CTXS_PREFIX_CHUNK == chunk; i++, count++)
+            hi = r->bad[i];
+        printf("         chunk %" PRIu64 " (tokens %" PRIu64 "-%" PRIu64 "): %zu bad, "
+               "from token %" PRIu64 " to %" PRIu64 "\n",
+               chunk, chunk * CTXS_PREFIX_CHUNK, chunk * CTXS_PREFIX_CHUNK + CTXS_PREFIX_CHUNK - 1,
+               count, lo, hi);
+    }
+    if (shown) {
+        printf("         what to do: tokens from %" PRIu64 " on cannot be trusted; keep what is "
+               "before with `ctxstore fork %s NEW --at %" PRIu64 "`, then `ctxstore rm %s`\n",
+               r->bad[0], r->name, r->bad[0], r->name);
+    } else if (r->lost) {
+        printf("         what to do: the tokens after the last good one are gone; the session "
+               "opens with what verifies\n");
+    } else {
+        printf("         what to do: restore the session from an export or delete it with "
+               "`ctxstore rm %s`\n", r->name);
+    }
+}
+
+/* Verifies every held token of the open session s. */
+static void verify_tokens(run *rn, result *r, ctxs_session *s)
+{
+    ctxs_session_info info;
+    ctxs_session_info_get(&info, s);
+    r->lost = info.lost_tokens;
+    uint64_t n = info.n_tokens;
+    for (uint64_t pos = 0; pos < n;) {
+        uint64_t to = n - pos > STEP ? pos + STEP : n, bad;
+        if (ctxs_session_verify_range(s, pos, to, &bad) == CTXS_ECORRUPT) {
+            if (r->n_bad < MAX_BAD)
+                r->bad[r->n_bad] = bad;
+            r->n_bad++;
+            pos = bad + 1;
+        } else {
+            pos = to;
+        }
+        progress_update(&rn->bar, rn->done + pos);
+    }
+    r->checked = info.n_held;
+    rn->done += n;
+    if (r->lost) {
+        /* The open's recovery (a record from another boot) stopped at the
+         * first token that failed, position n: name it with the rest. */
+        if (r->n_bad < MAX_BAD)
+            r->bad[r->n_bad] = n;
+        r->n_bad++;
+        snprintf(r->problem, sizeof(r->problem),
+                 "the newest commit record claims %" PRIu64 " more tokens, from token %" PRIu64
+                 ", than verify after the last sync; opening drops them",
+                 r->lost, n);
+    }
+    if (r->n_bad)
+        r->status = CTXS_ECORRUPT;
+}
+
+static void describe_file(result *r, const ctxs_file_report *rep, const char *path)
+{
+    int bad_records = (rep->records[0].status != 0) + (rep->records[1].status != 0);
+    if (rep->header_status != 0)
+        snprintf(r->problem, sizeof(r->problem), "%s: header: %s%s", path,
+                 ctxs_strerror(rep->header_status),
+                 rep->header_crc_ok ? "" : " (its CRC does not hold)");
+    else if (bad_records == 2)
+        snprintf(r->problem, sizeof(r->problem), "%s: both commit records are damaged", path);
+    else if (bad_records == 1)
+        snprintf(r->problem, sizeof(r->problem),
+                 "%s: commit record %d is damaged (the other holds; the next writer rewrites it)",
+                 path, rep->records[0].status != 0 ? 0 : 1);
+}
+
+static void verify_one(run *rn, ctxs_store *st, const ctxs_session_entry *e, result *r)
+{
+    char path[PATH_MAX];
+    cli_session_path(path, sizeof(path), rn->c, e->id);
+    ctxs_file_report rep;
+    int rc = ctxs_file_inspect(&rep, path);
+    if (rc < 0) {
+        r->status = rc;
+        snprintf(r->problem, sizeof(r->problem), "its file %s: %s", path, ctxs_strerror(rc));
+        return;
+    }
+    describe_file(r, &rep, path);
+    if (rep.status != 0) {
+        r->status = rep.status;
+        return;
+    }
+    if (rep.label_status == 0 && rep.label_id != e->id) {
+        r->status = CTXS_ECORRUPT;
+        snprintf(r->problem, sizeof(r->problem),
+                 "%s: its label says id %" PRIu64 ", the index %" PRIu64 "; run `ctxstore reindex`",
+                 path, rep.label_id, e->id);
+        return;
+    }
+    if (memcmp(rep.model.model_hash, e->model_hash, 16) != 0) {
+        r->status = CTXS_EMODEL;
+        snprintf(r->problem, sizeof(r->problem),
+                 "%s: the file's model is not the one the index names; run `ctxstore reindex`", path);
+        return;
+    }
+    ctxs_session *s;
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    /* AUTO: a file last written in another boot is verified from its
+     * watermark as any open would, and loses what fails; otherwise the
+     * page cache holds everything and every token is checked below. */
+    o.recovery = CTXS_RECOVER_AUTO;
+    if ((rc = ctxs_store_session_open(&s, st, e->name, NULL, CTXS_OPEN_RDONLY, &o)) < 0) {
+        r->status = rc;
+        if (!r->problem[0])
+            snprintf(r->problem, sizeof(r->problem), "%s does not open: %s", path,
+                     ctxs_strerror(rc));
+        return;
+    }
+    verify_tokens(rn, r, s);
+    ctxs_session_close(s);
+    if (r->status == 0 && r->problem[0])
+        r->status = CTXS_ECORRUPT; /* a damaged record */
+}
+
+/* Session files that no index entry names, and entries whose file is gone
+ * are found by verify_one; this finds the first kind. */
+static int unindexed_files(run *rn, const ctxs_session_entry *list, size_t n)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s/sessions", rn->c->store_dir);
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int found = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *nm = de->d_name;
+        size_t len = strlen(nm);
+        if (len != 21 || strcmp(nm + 16, ".ctxs") != 0)
+            continue;
+        char *end;
+        uint64_t id = strtoull(nm, &end, 16);
+        if (end != nm + 16)
+            continue;
+        int known = 0;
+        for (size_t i = 0; i < n && !known; i++)
+            known = list[i].id == id;
+        if (known)
+            continue;
+        found++;
+        if (rn->c->json) {
+            json_string(&rn->j, nm);
+        } else {
+            printf("DAMAGED  index: %s/%s is a session file the index does not know; "
+                   "run `ctxstore compact` (adopts it) or `ctxstore reindex`\n", dir, nm);
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+int cmd_verify(cli *c, int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        CLI_COMMON_LONGOPTS,
+        { "all", no_argument, NULL, 'a' },
+        { NULL, 0, NULL, 0 },
+    };
+    int opt, all = 0;
+    while ((opt = getopt_long(argc, argv, "ah", longopts, NULL)) != -1) {
+        if (cli_common_option(c, opt, optarg))
+            continue;
+        if (opt == 'a')
+            all = 1;
+        else if (opt == 'h' || opt == CLI_OPT_HELP) {
+            cli_print_help("verify");
+            return CLI_OK;
+        } else
+            return cli_usage_error("verify", "unknown option");
+    }
+    if (argc - optind > 1 || (all && argc - optind == 1))
+        return cli_usage_error("verify", "verify takes one session, or --all");
+    const char *only = optind < argc ? argv[optind] : NULL;
+
+    ctxs_store *st;
+    int ex = cli_store_open(c, &st);
+    if (ex != CLI_OK)
+        return ex;
+    ctxs_session_entry *list = NULL;
+    size_t n = 0;
+    int rc;
+    if (only) {
+        list = malloc(sizeof(*list));
+        rc = list ? ctxs_store_session_get(list, st, only) : CTXS_ENOMEM;
+        n = 1;
+    } else {
+        rc = ctxs_store_session_list(&list, &n, st);
+    }
+    if (rc < 0) {
+        ctxs_free(list);
+        ctxs_store_close(st);
+        return cli_fail(rc, only ? "session '%s'" : "listing the sessions of %s",
+                        only ? only : c->store_dir);
+    }
+
+    run rn = { .c = c };
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += list[i].n_tokens;
+    progress_start(&rn.bar, c, "verify", total, 0);
+    result *r = malloc(sizeof(*r));
+    if (!r) {
+        ctxs_free(list);
+        ctxs_store_close(st);
+        return cli_fail(CTXS_ENOMEM, "verify");
+    }
+    if (c->json) {
+        json_init(&rn.j, stdout);
+        json_object_begin(&rn.j);
+        json_key(&rn.j, "sessions");
+        json_array_begin(&rn.j);
+    }
+    for (size_t i = 0; i < n; i++) {
+        memset(r, 0, sizeof(*r));
+        r->name = list[i].name;
+        verify_one(&rn, st, &list[i], r);
+        rn.damaged |= r->status != 0;
+        progress_update(&rn.bar, rn.done);
+        if (c->json)
+            result_json(&rn.j, r);
+        else {
+            if (rn.bar.drawn)
+                fputc('\n', stderr), rn.bar.drawn = 0;
+            result_print(r);
+        }
+    }
+    progress_end(&rn.bar);
+    free(r);
+    if (c->json) {
+        json_array_end(&rn.j);
+        if (!only) {
+            json_key(&rn.j, "unindexed_files");
+            json_array_begin(&rn.j);
+        }
+    }
+    if (!only && unindexed_files(&rn, list, n) > 0)
+        rn.damaged = 1;
+    if (c->json) {
+        if (!only)
+            json_array_end(&rn.j);
+        json_kv_bool(&rn.j, "ok", !rn.damaged);
+        json_object_end(&rn.j);
+        json_finish(&rn.j);
+    } else {
+        printf("%s: %zu session%s checked%s\n", rn.damaged ? "DAMAGE FOUND" : "all good", n,
+               n == 1 ? "" : "s", only ? "" : ", index compared with the files");
+    }
+    ctxs_free(list);
+    ctxs_store_close(st);
+    return rn.damaged ? CLI_EDAMAGED : CLI_OK;
+}

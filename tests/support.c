@@ -329,3 +329,25 @@ void ts_run_child(void (*body)(const char *mnt), const char *what)
     cr_assert_eq(WEXITSTATUS(st), 0, "%s: %s", what, msg);
     cr_log_info("%s: %s", what, msg);
 }
+
+ctxs_session_options ts_options(uint32_t capacity, uint32_t n_sink, uint32_t ring,
+                                uint32_t durability)
+{
+    ctxs_session_options o;
+    cr_assert_eq(ctxs_session_options_init(&o), 0);
+    o.capacity = capacity;
+    o.n_sink = n_sink;
+    o.ring = ring;
+    o.durability = durability;
+    return o;
+}
+
+void ts_append_many(ctxs_session *s, uint64_t n)
+{
+    while (n) {
+        uint32_t k = n > 50 ? 50 : (uint32_t)n;
+        int rc = ts_append(s, k);
+        cr_assert_eq(rc, 0, "append: %s", ctxs_err_name(rc));
+        n -= k;
+    }
+}

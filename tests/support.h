@@ -44,6 +44,14 @@ int ts_append(ctxs_session *s, uint32_t n);
  * Returns the number of wrong positions. */
 uint64_t ts_check_all(const ctxs_session *s);
 
+/* Options for a small session: capacity slots, n_sink sinks, ring 0 or 1,
+ * the given durability; the rest default. */
+ctxs_session_options ts_options(uint32_t capacity, uint32_t n_sink, uint32_t ring,
+                                uint32_t durability);
+
+/* ts_append() of n tokens in commits of at most 50, asserting each. */
+void ts_append_many(ctxs_session *s, uint64_t n);
+
 /* A seed for a randomized test: $CTXS_TEST_SEED if set, else from the
  * clock; printed to stderr with the test's name, so that a failure can be
  * replayed. */

@@ -369,16 +369,6 @@ static void register_model(ctxs_store *st)
     cr_assert_eq(rc, 0, "ctxs_model_register: %s", ctxs_err_name(rc));
 }
 
-static void append(ctxs_session *s, uint64_t n)
-{
-    while (n) {
-        uint32_t k = n > 50 ? 50 : (uint32_t)n;
-        int rc = ts_append(s, k);
-        cr_assert_eq(rc, 0, "append: %s", ctxs_err_name(rc));
-        n -= k;
-    }
-}
-
 /* Creates name with n tokens (ts_append contents); returns it open. */
 static ctxs_session *mk_open(ctxs_store *st, const char *name, uint32_t capacity, int ring,
                              uint64_t n)
@@ -393,7 +383,7 @@ static ctxs_session *mk_open(ctxs_store *st, const char *name, uint32_t capacity
     ctxs_session *s = NULL;
     int rc = ctxs_store_session_create(&s, st, name, &m, &o);
     cr_assert_eq(rc, 0, "create '%s': %s", name, ctxs_err_name(rc));
-    append(s, n);
+    ts_append_many(s, n);
     return s;
 }
 
@@ -962,7 +952,7 @@ Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)
     register_model(st);
     ctxs_session *s = mk_open(st, "base", 256, 1, 100);
     cr_assert_eq(ctxs_checkpoint_create(st, s, "cp1"), 0);
-    append(s, 50);
+    ts_append_many(s, 50);
     ctxs_session_close(s);
     cr_assert_eq(ctxs_store_fork(NULL, st, "base", 80, "child", NULL), 0);
     ctxs_session *ro = open_ro(st, "base");
@@ -1388,7 +1378,7 @@ Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
     register_model(st);
     ctxs_session *s = mk_open(st, "src", 256, 1, 120);
     cr_assert_eq(ctxs_checkpoint_create(st, s, "mid"), 0);
-    append(s, 30);
+    ts_append_many(s, 30);
     ctxs_session_close(s);
     ctxs_store_close(st);
 
@@ -1443,7 +1433,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     CLI_EXPECT(EX_EXIST, S(), "checkpoint", "create", "chat", "turn1");
     st = store_open(S());
     ctxs_session *s = open_rw(st, "chat");
-    append(s, 40);
+    ts_append_many(s, 40);
     ctxs_session_close(s);
     ctxs_store_close(st);
     CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "turn2");
@@ -1478,7 +1468,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     /* A checkpoint of a session a writer holds names what it committed. */
     st = store_open(S());
     s = open_rw(st, "chat");
-    append(s, 10);
+    ts_append_many(s, 10);
     CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "live");
     ctxs_session_close(s);
     ctxs_store_close(st);

@@ -45,37 +45,16 @@ static ctxs_store *store_open(void)
     return st;
 }
 
-static ctxs_session_options small_opts(uint32_t capacity, uint32_t n_sink, uint32_t ring)
-{
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.capacity = capacity;
-    o.n_sink = n_sink;
-    o.ring = ring;
-    o.durability = CTXS_SYNC_NONE;
-    return o;
-}
-
-static void append(ctxs_session *s, uint32_t n)
-{
-    while (n) {
-        uint32_t k = n > 100 ? 100 : n;
-        int rc = ts_append(s, k);
-        cr_assert_eq(rc, 0, "append: %s", ctxs_err_name(rc));
-        n -= k;
-    }
-}
-
 /* Creates name in st with n tokens, rolled back to keep (keep <= n); returns
  * it open. */
 static ctxs_session *mk(ctxs_store *st, const char *name, const ctxs_model *m,
                         uint32_t capacity, uint32_t n, uint64_t keep)
 {
-    ctxs_session_options o = small_opts(capacity, 4, 1);
+    ctxs_session_options o = ts_options(capacity, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s = NULL;
     int rc = ctxs_store_session_create(&s, st, name, m, &o);
     cr_assert_eq(rc, 0, "create %s: %s", name, ctxs_err_name(rc));
-    append(s, n);
+    ts_append_many(s, n);
     if (keep < n)
         cr_assert_eq(ctxs_session_rollback(s, keep), 0);
     return s;
@@ -272,10 +251,10 @@ Test(compact, uncommitted_reservations_are_given_back)
     need_punch();
     ctxs_model m = ts_model(2);
     const char *path = ts_path(ts_scratch, "loose.ctxs");
-    ctxs_session_options o = small_opts(1024, 4, 0);
+    ctxs_session_options o = ts_options(1024, 4, 0, CTXS_SYNC_NONE);
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
-    append(s, 10);
+    ts_append_many(s, 10);
     ctxs_reservation r;
     cr_assert_eq(ctxs_session_reserve(&r, s, 900), 0);
     uint16_t k[KV_MAX], v[KV_MAX];
@@ -290,7 +269,7 @@ Test(compact, uncommitted_reservations_are_given_back)
     cr_assert_eq(after, disk_bytes(path));
     cr_assert_lt(after, before);
     s = open_verified(path, &m, 10);
-    append(s, 1014); /* to the last slot of a session without a ring */
+    ts_append_many(s, 1014); /* to the last slot of a session without a ring */
     ctxs_session_close(s);
     s = open_verified(path, &m, 1024);
     ctxs_session_close(s);
@@ -310,10 +289,10 @@ Test(compact, a_wrapped_ring_keeps_every_slot_it_may_write)
      * rollback emptied. */
     ctxs_model m = ts_model(3);
     const char *path = ts_path(ts_scratch, "ring.ctxs");
-    ctxs_session_options o = small_opts(256, 4, 1);
+    ctxs_session_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
-    append(s, 600); /* held: 0..3, 348..599 */
+    ts_append_many(s, 600); /* held: 0..3, 348..599 */
     cr_assert_eq(ctxs_session_rollback(s, 500), 0);
     ctxs_session_close(s);
 
@@ -322,7 +301,7 @@ Test(compact, a_wrapped_ring_keeps_every_slot_it_may_write)
     cr_assert_eq(after, before, "a wrapped ring lost blocks: %llu -> %llu",
                  (unsigned long long)before, (unsigned long long)after);
     s = open_verified(path, &m, 500);
-    append(s, 300); /* through the emptied slots and around again */
+    ts_append_many(s, 300); /* through the emptied slots and around again */
     ctxs_session_close(s);
     s = open_verified(path, &m, 800);
     ctxs_session_close(s);
@@ -331,13 +310,13 @@ Test(compact, a_wrapped_ring_keeps_every_slot_it_may_write)
     const char *young = ts_path(ts_scratch, "young.ctxs");
     o.capacity = 1024; /* runs of 4 blocks */
     cr_assert_eq(ctxs_session_create(&s, young, &m, &o), 0);
-    append(s, 200);
+    ts_append_many(s, 200);
     cr_assert_eq(ctxs_session_rollback(s, 3), 0);
     ctxs_session_close(s);
     cr_assert_eq(ctxs__session_compact(young, &before, &after), 0);
     cr_assert_lt(after, before);
     s = open_verified(young, &m, 3);
-    append(s, 1500); /* and around the ring */
+    ts_append_many(s, 1500); /* and around the ring */
     ctxs_session_close(s);
     s = open_verified(young, &m, 1503);
     ctxs_session_close(s);
@@ -709,7 +688,7 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
     cr_assert_eq(ctxs_store_session_open(&s, st, "survivor", &m, 0, NULL), 0);
     cr_assert_eq(ctxs_session_verify(s, NULL), 0);
     cr_assert_eq(ts_check_all(s), 0);
-    append(s, 100);
+    ts_append_many(s, 100);
     ctxs_session_close(s);
     cr_assert_eq(entry(st, "survivor").n_tokens, 300);
     ctxs_store_close(st);

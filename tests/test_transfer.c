@@ -66,27 +66,6 @@ static ctxs_store *store_at(const char *name)
     return st;
 }
 
-static ctxs_session_options small_opts(uint32_t capacity, uint32_t n_sink, uint32_t ring)
-{
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.capacity = capacity;
-    o.n_sink = n_sink;
-    o.ring = ring;
-    o.durability = CTXS_SYNC_NONE;
-    return o;
-}
-
-static void append(ctxs_session *s, uint32_t n)
-{
-    while (n) {
-        uint32_t k = n > 50 ? 50 : n;
-        int rc = ts_append(s, k);
-        cr_assert_eq(rc, 0, "append: %s", ctxs_err_name(rc));
-        n -= k;
-    }
-}
-
 /* Creates name with n tokens in st (model registered as "tiny model");
  * returns it open read-write. */
 static ctxs_session *mk(ctxs_store *st, const char *name, const ctxs_model *m,
@@ -94,11 +73,11 @@ static ctxs_session *mk(ctxs_store *st, const char *name, const ctxs_model *m,
 {
     int rc = ctxs_model_register(st, m, "tiny model");
     cr_assert_eq(rc, 0, "register: %s", ctxs_err_name(rc));
-    ctxs_session_options o = small_opts(capacity, n_sink, ring);
+    ctxs_session_options o = ts_options(capacity, n_sink, ring, CTXS_SYNC_NONE);
     ctxs_session *s = NULL;
     rc = ctxs_store_session_create(&s, st, name, m, &o);
     cr_assert_eq(rc, 0, "create %s: %s", name, ctxs_err_name(rc));
-    append(s, n);
+    ts_append_many(s, n);
     return s;
 }
 
@@ -351,7 +330,7 @@ Test(transfer, a_session_round_trips_into_another_store)
      * prefix index knows it. */
     ctxs_session *w = NULL;
     cr_assert_eq(ctxs_store_session_open(&w, b, "chat", &m, 0, NULL), 0);
-    append(w, 20);
+    ts_append_many(w, 20);
     cr_assert_eq(ts_check_all(w), 0);
     ctxs_session_close(w);
     uint32_t ids[128];
@@ -376,7 +355,7 @@ Test(transfer, an_imported_session_reopens_after_the_store_closes)
     cr_assert_eq(ctxs_store_import(b, ts_path(ts_scratch, "x"), NULL, NULL, NULL, NULL), 0);
     ctxs_store_close(b);
     b = store_at("b");
-    ctxs_session_options o = small_opts(128, 2, 0);
+    ctxs_session_options o = ts_options(128, 2, 0, CTXS_SYNC_NONE);
     o.recovery = CTXS_RECOVER_VERIFY;
     ctxs_session *t = NULL;
     cr_assert_eq(ctxs_store_session_open(&t, b, "chat", &m, 0, &o), 0);
@@ -414,7 +393,7 @@ Test(transfer, a_wrapped_ring_round_trips)
     /* And goes on wrapping. */
     ctxs_session *w = NULL;
     cr_assert_eq(ctxs_store_session_open(&w, b, "ring", &m, 0, NULL), 0);
-    append(w, 150);
+    ts_append_many(w, 150);
     cr_assert_eq(ts_check_all(w), 0);
     cr_assert_eq(ctxs_session_verify(w, NULL), 0);
     ctxs_session_close(w);
@@ -618,17 +597,17 @@ static void on_export_block(void *arg, uint64_t done, uint64_t total)
     cr_assert_eq(ctxs_session_info_get(&info, j->w), 0);
     switch (j->what) {
     case 0:
-        append(j->w, 70);
+        ts_append_many(j->w, 70);
         break;
     case 1:
         cr_assert_eq(ctxs_session_rollback(j->w, info.n_tokens - 1), 0);
         break;
     case 2:
         cr_assert_eq(ctxs_session_rollback(j->w, 50), 0);
-        append(j->w, (uint32_t)(info.n_tokens - 50));
+        ts_append_many(j->w, (uint32_t)(info.n_tokens - 50));
         break;
     case 3:
-        append(j->w, 300);
+        ts_append_many(j->w, 300);
         break;
     }
 }
@@ -1165,7 +1144,7 @@ static void body_export_full(const char *mnt)
     TS_CHECK(ctxs_store_open(&a, dir, NULL) == 0, "store");
     ctxs_model m = ts_model(1);
     TS_CHECK(ctxs_model_register(a, &m, NULL) == 0, "register");
-    ctxs_session_options o = small_opts(4096, 4, 1);
+    ctxs_session_options o = ts_options(4096, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     TS_CHECK(ctxs_store_session_create(&s, a, "chat", &m, &o) == 0, "create");
     for (int i = 0; i < 20; i++)
@@ -1195,7 +1174,7 @@ static void body_import_full(const char *mnt)
     TS_CHECK(ctxs_store_open(&a, dir, NULL) == 0, "store a");
     ctxs_model m = ts_model(1);
     TS_CHECK(ctxs_model_register(a, &m, NULL) == 0, "register");
-    ctxs_session_options o = small_opts(16384, 4, 1);
+    ctxs_session_options o = ts_options(16384, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     TS_CHECK(ctxs_store_session_create(&s, a, "chat", &m, &o) == 0, "create");
     for (int i = 0; i < 100; i++)

@@ -26,7 +26,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -497,20 +496,6 @@ static int export_write(export_job *job, const xfer_header *h)
     return export_still_held(job);
 }
 
-static int sync_parent_dir(const char *path)
-{
-    char *copy = strdup(path);
-    if (!copy)
-        return CTXS_ENOMEM;
-    int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(copy);
-    if (dfd < 0)
-        return -errno;
-    int rc = fsync(dfd) == 0 ? 0 : -errno;
-    close(dfd);
-    return rc;
-}
-
 static int export_session(export_job *job, const char *name, size_t len,
                           const char *model_name, const char *path)
 {
@@ -586,7 +571,7 @@ static int export_session(export_job *job, const char *name, size_t len,
     free(tmp);
     close(job->fd);
     job->fd = -1;
-    if (rc == 0 && (rc = sync_parent_dir(path)) < 0 && linked)
+    if (rc == 0 && (rc = ctxs__sync_parent_dir(path)) < 0 && linked)
         unlink(path);
     return rc;
 }

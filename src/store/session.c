@@ -3,7 +3,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -302,20 +301,6 @@ static int write_new_file(int fd, void *arg)
     return ctxs__sync_data(fd);
 }
 
-static int sync_parent_dir(const char *path)
-{
-    char *copy = strdup(path);
-    if (!copy)
-        return CTXS_ENOMEM;
-    int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(copy);
-    if (dfd < 0)
-        return -errno;
-    int rc = fsync(dfd) == 0 ? 0 : -errno;
-    close(dfd);
-    return rc;
-}
-
 int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *model,
                       const ctxs_session_options *o, ctxs__fill_fn fill, void *arg)
 {
@@ -344,7 +329,7 @@ int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *mo
     unlink(tmp);
     free(tmp);
     if (rc == 0)
-        rc = sync_parent_dir(path);
+        rc = ctxs__sync_parent_dir(path);
     if (rc == 0)
         rc = session_attach(out, fd, 0, model, o); /* closes fd on failure */
     else

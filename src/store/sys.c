@@ -2,8 +2,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -195,4 +197,18 @@ int ctxs__write_exact(int fd, const void *buf, size_t len, off_t off)
         off += w;
     }
     return 0;
+}
+
+int ctxs__sync_parent_dir(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy)
+        return CTXS_ENOMEM;
+    int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(copy);
+    if (dfd < 0)
+        return -errno;
+    int rc = fsync(dfd) == 0 ? 0 : -errno;
+    close(dfd);
+    return rc;
 }

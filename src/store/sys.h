@@ -30,6 +30,10 @@ int ctxs__sync_data(int fd);
  * Returns 0 or -errno. */
 int ctxs__sync_range(int fd, uint64_t off, uint64_t len);
 
+/* fsync()s the directory that holds path, so that a name just linked or
+ * renamed there is durable. Returns 0, CTXS_ENOMEM or -errno. */
+int ctxs__sync_parent_dir(const char *path);
+
 /* Starts writeback of the file's dirty pages without waiting (Linux:
  * sync_file_range, since msync(MS_ASYNC) does nothing there). */
 int ctxs__start_writeback(int fd, void *map, size_t len);

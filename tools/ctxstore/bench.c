@@ -306,11 +306,6 @@ int cmd_bench(cli *c, int argc, char **argv)
     enum { N_PROGRAMS = sizeof programs / sizeof programs[0] };
     const char *only = NULL, *dir = NULL;
     int quick = 0, opt;
-#ifdef __GLIBC__
-    optind = 0; /* rescan from argv[1], resetting glibc's state */
-#else
-    optind = 1;
-#endif
     opterr = 0;
     while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         if (opt == CLI_OPT_HELP || opt == 'h') {

@@ -50,6 +50,10 @@ int cli_common_option(cli *c, int opt, const char *arg);
  * an exit code (after --help, or a usage error). */
 int cli_parse_common(cli *c, int argc, char **argv, int *first);
 
+/* As cli_parse_common(), for a command that takes [SESSION | --all]:
+ * *only is the session, or NULL for all. */
+int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only);
+
 /* The path of a session's file in c's store: <store>/sessions/<id>.ctxs. */
 void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id);
 

@@ -1364,11 +1364,6 @@ int cmd_demo(cli *c, int argc, char **argv)
     };
     uint64_t turns = 0;
     int quick = 0, keep = 0, opt;
-#ifdef __GLIBC__
-    optind = 0; /* rescan from argv[1], resetting glibc's state */
-#else
-    optind = 1;
-#endif
     opterr = 0;
     while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         if (opt == CLI_OPT_HELP || opt == 'h') {

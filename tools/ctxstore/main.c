@@ -249,6 +249,10 @@ int main(int argc, char **argv)
     /* The command sees argv from its own name on. */
     int sub_argc = argc - optind;
     char **sub_argv = argv + optind;
-    optind = 0; /* glibc: 0 reinitializes getopt for the next scan */
+#ifdef __GLIBC__
+    optind = 0; /* 0 reinitializes glibc's getopt for the next scan */
+#else
+    optind = 1;
+#endif
     return cmd->run(&c, sub_argc, sub_argv);
 }

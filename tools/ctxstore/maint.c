@@ -8,36 +8,10 @@
 
 #include "cli.h"
 
-/* Parses [SESSION | --all] for compact; returns -1 to go on. */
-static int parse_one_or_all(cli *c, int argc, char **argv, const char **only)
-{
-    static const struct option longopts[] = {
-        CLI_COMMON_LONGOPTS,
-        { "all", no_argument, NULL, 'a' },
-        { NULL, 0, NULL, 0 },
-    };
-    int opt, all = 0;
-    while ((opt = getopt_long(argc, argv, "ah", longopts, NULL)) != -1) {
-        if (cli_common_option(c, opt, optarg))
-            continue;
-        if (opt == 'a')
-            all = 1;
-        else if (opt == 'h' || opt == CLI_OPT_HELP) {
-            cli_print_help(argv[0]);
-            return CLI_OK;
-        } else
-            return cli_usage_error(argv[0], "unknown option");
-    }
-    if (argc - optind > 1 || (all && argc - optind == 1))
-        return cli_usage_error(argv[0], "%s takes one session, or --all", argv[0]);
-    *only = optind < argc ? argv[optind] : NULL;
-    return -1;
-}
-
 int cmd_compact(cli *c, int argc, char **argv)
 {
     const char *only = NULL;
-    int ex = parse_one_or_all(c, argc, argv, &only);
+    int ex = cli_parse_one_or_all(c, argc, argv, &only);
     if (ex >= 0)
         return ex;
     ctxs_store *st;

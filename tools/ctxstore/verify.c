@@ -243,30 +243,13 @@ static int unindexed_files(run *rn, const ctxs_session_entry *list, size_t n)
 
 int cmd_verify(cli *c, int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        CLI_COMMON_LONGOPTS,
-        { "all", no_argument, NULL, 'a' },
-        { NULL, 0, NULL, 0 },
-    };
-    int opt, all = 0;
-    while ((opt = getopt_long(argc, argv, "ah", longopts, NULL)) != -1) {
-        if (cli_common_option(c, opt, optarg))
-            continue;
-        if (opt == 'a')
-            all = 1;
-        else if (opt == 'h' || opt == CLI_OPT_HELP) {
-            cli_print_help("verify");
-            return CLI_OK;
-        } else
-            return cli_usage_error("verify", "unknown option");
-    }
-    if (argc - optind > 1 || (all && argc - optind == 1))
-        return cli_usage_error("verify", "verify takes one session, or --all");
-    const char *only = optind < argc ? argv[optind] : NULL;
+    const char *only = NULL;
+    int ex = cli_parse_one_or_all(c, argc, argv, &only);
+    if (ex >= 0)
+        return ex;
 
     ctxs_store *st;
-    int ex = cli_store_open(c, &st);
-    if (ex != CLI_OK)
+    if ((ex = cli_store_open(c, &st)) != CLI_OK)
         return ex;
     ctxs_session_entry *list = NULL;
     size_t n = 0;

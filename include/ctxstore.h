@@ -86,7 +86,8 @@ extern "C" {
     XX(FAILED, -32010, "session failed after an I/O error; reopen it")         \
     XX(EVICTED, -32011, "tokens were overwritten by the ring")                 \
     XX(NOMEM, -32012, "out of memory")                                        \
-    XX(STALE, -32013, "the session no longer holds those tokens")
+    XX(STALE, -32013, "the session no longer holds those tokens")            \
+    XX(NODEVICE, -32014, "no usable GPU device")
 
 typedef enum ctxs_error {
 #define CTXS_ERR_ENUM_(name, value, text) CTXS_E##name = (value),
@@ -262,6 +263,7 @@ typedef struct ctxs_layout {
     const uint32_t *token_ids; /* capacity entries, slot order */
     uint32_t capacity;
     uint32_t n_sink;
+    ctxs_geometry geometry;
 } ctxs_layout;
 
 /* The mapping's layout. Pointers are valid until ctxs_session_close(). The
@@ -471,6 +473,85 @@ CTXS_API int ctxs_pressure_watch_start(const ctxs_watch_options *opts);
 /* Stops the watcher and waits for its thread; the pressure state it set
  * stays until ctxs_pressure_set(). Safe to call when none runs. */
 CTXS_API void ctxs_pressure_watch_stop(void);
+
+/* ---------------------------------------------------------------------------
+ * Attention
+ *
+ * Kernels that read K and V where they lie: in the session's mapping (the
+ * CPU kernel below), through CUDA host registration or a device mirror
+ * (ctxstore_cuda.h), or a Metal no-copy buffer (ctxstore_metal.h). All of
+ * them take the same plan: the slots one attention pass reads, in position
+ * order. K is stored as the engine wrote it (after RoPE, if the model has
+ * it); the kernels apply no position encoding.
+ */
+#define CTXS_ATTN_MAX_SPANS 4
+
+/* A run of consecutive slots holding consecutive positions. */
+typedef struct ctxs_attn_span {
+    uint64_t pos;   /* position of the token in `slot` */
+    uint32_t slot;  /* first slot */
+    uint32_t count; /* slots, holding positions pos .. pos + count - 1 */
+} ctxs_attn_span;
+
+typedef struct ctxs_attn_plan {
+    uint64_t n_tokens;    /* positions 0 .. n_tokens - 1: committed + pending */
+    uint64_t first_query; /* the lowest query position the plan serves */
+    uint32_t n_sink;      /* positions below n_sink are attention sinks */
+    uint32_t window;      /* recent positions each query reads, itself included */
+    uint32_t n_spans;     /* 0 .. CTXS_ATTN_MAX_SPANS, ascending positions */
+    uint32_t n_keys;      /* slots in all spans */
+    ctxs_attn_span spans[CTXS_ATTN_MAX_SPANS];
+} ctxs_attn_plan;
+
+/* The plan for the engine's next attention passes: the committed tokens and
+ * the first n_pending tokens of the current reservation, whose K and V the
+ * engine must have written before a kernel reads the plan. It serves queries
+ * at positions from first_query (the first pending token, or with
+ * n_pending == 0 the last committed one, which an engine recomputes after a
+ * resume) to n_tokens - 1. It uses the session's window as it is now (the
+ * pressure window under memory pressure), and is valid until the next
+ * reserve, commit, rollback or refresh. The same plan serves every layer.
+ * Errors: CTXS_EINVAL (NULL, n_pending above what is reserved, or no token
+ * at all to attend to). */
+CTXS_API int ctxs_session_attn_plan(ctxs_attn_plan *out, const ctxs_session *s,
+                                    uint32_t n_pending);
+
+/* Queries of one attention pass. */
+typedef struct ctxs_attn_query {
+    const float *q;   /* [n][n_heads][head_dim] float32 */
+    uint64_t pos;     /* position of the first query */
+    uint32_t n;       /* queries: 1 to decode, more for a causal prefill */
+    uint32_t n_heads; /* query heads, a multiple of the KV heads (GQA):
+                         query head h reads KV head h / (n_heads / n_kv_heads) */
+    float scale;      /* softmax scale; 0 means 1 / sqrt(head_dim) */
+} ctxs_attn_query;
+
+/* Attention of one layer on the CPU: query i, at position p = q->pos + i,
+ * reads the plan's keys at positions up to p that are sinks or among the
+ * last `window` positions up to p; softmax in float32, stable (max
+ * subtracted); out[i][h] = sum of softmax weights times V. out is
+ * [n][n_heads][head_dim] float32 and must not overlap q.
+ *
+ * kv is a session's layout (ctxs_session_layout()) or a copy of it whose kv
+ * points at the same bytes elsewhere (anonymous memory, a snapshot). Only
+ * CTXS_DTYPE_F16 is read today. The result depends only on the keys each
+ * query reads, in position order, not on how they split into spans, nor on
+ * n: a token recomputed after a resume gets bit-identical output on the same
+ * machine. The instruction set (AVX-512, AVX2+F16C, NEON, or portable C) is
+ * chosen once, at the first call, from what the CPU has.
+ *
+ * Errors: CTXS_EINVAL (NULL, layer out of range, n == 0, n_heads not a
+ * multiple of the KV heads, queries outside [first_query, n_tokens), a plan
+ * whose spans fall outside the capacity or are not in ascending positions,
+ * a dtype other than F16), CTXS_ENOMEM. Thread-safe: threads may run
+ * passes over the same mapping at once. */
+CTXS_API int ctxs_attention(float *out, const ctxs_layout *kv,
+                            const ctxs_attn_plan *plan, uint32_t layer,
+                            const ctxs_attn_query *q);
+
+/* The instruction set ctxs_attention() uses: "avx512", "avx2", "neon" or
+ * "portable". Thread-safe. */
+CTXS_API const char *ctxs_attention_isa(void);
 
 /* ---------------------------------------------------------------------------
  * Stores

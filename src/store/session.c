@@ -416,6 +416,7 @@ int ctxs_session_layout(ctxs_layout *out, const ctxs_session *s)
     out->token_ids = ctxs__token_table(s);
     out->capacity = s->lay.capacity;
     out->n_sink = s->lay.n_sink;
+    out->geometry = s->model.geometry;
     return 0;
 }
 

@@ -75,6 +75,60 @@ int ctxs_session_set_window(ctxs_session *s, uint32_t window)
     return 0;
 }
 
+/* Appends the run of positions [lo, hi) to plan, as slot runs, merging with
+ * the last span where both slots and positions continue it. */
+static void plan_add(ctxs_attn_plan *plan, const ctxs_session *s, uint64_t lo,
+                     uint64_t hi)
+{
+    while (lo < hi) {
+        uint32_t slot = ctxs__slot(s, lo);
+        uint64_t room = (uint64_t)s->lay.capacity - slot;
+        uint32_t count = (uint32_t)(hi - lo < room ? hi - lo : room);
+        ctxs_attn_span *last = plan->n_spans ? &plan->spans[plan->n_spans - 1] : NULL;
+        if (last && last->pos + last->count == lo && last->slot + last->count == slot) {
+            last->count += count;
+        } else {
+            plan->spans[plan->n_spans].pos = lo;
+            plan->spans[plan->n_spans].slot = slot;
+            plan->spans[plan->n_spans].count = count;
+            plan->n_spans++;
+        }
+        plan->n_keys += count;
+        lo += count;
+    }
+}
+
+int ctxs_session_attn_plan(ctxs_attn_plan *out, const ctxs_session *s,
+                           uint32_t n_pending)
+{
+    CTXS__CHECK(out);
+    memset(out, 0, sizeof(*out));
+    CTXS__CHECK(s && n_pending <= s->n_reserved);
+    const uint64_t n = s->st.n_tokens + n_pending;
+    CTXS__CHECK(n > 0);
+
+    /* Pending positions sit where ctxs__slot() puts them: reserve() has
+     * already committed the ring's eviction for them, so the held set of
+     * the state with n_pending more tokens is what the kernels may read. */
+    const uint64_t first_query = n_pending ? s->st.n_tokens : n - 1;
+    const uint32_t w = ctxs__effective_window(s);
+    const uint64_t ns = s->lay.n_sink;
+    uint64_t lo = ctxs__first_recent(s, &s->st);
+    if (first_query + 1 > w && first_query + 1 - w > lo)
+        lo = first_query + 1 - w;
+
+    out->n_tokens = n;
+    out->first_query = first_query;
+    out->n_sink = s->lay.n_sink;
+    out->window = w;
+    /* Sinks, then the recent run: at most three spans, since the recent run
+     * is shorter than the ring and so wraps at most once. */
+    plan_add(out, s, 0, n < ns ? n : ns);
+    if (lo < n)
+        plan_add(out, s, lo, n);
+    return 0;
+}
+
 /* Releases the pages of [lo, hi) slots in every run, rounded inward to
  * whole pages so that no byte of a neighbouring slot is affected. */
 static void release_slots(const ctxs_session *s, uint32_t lo, uint32_t hi)

@@ -540,11 +540,19 @@ typedef struct ctxs_attn_query {
  * machine. The instruction set (AVX-512, AVX2+F16C, NEON, or portable C) is
  * chosen once, at the first call, from what the CPU has.
  *
+ * A query that sees no key (only a plan built by hand can do that: a plan
+ * from ctxs_session_attn_plan() holds each query's own position) gets
+ * zeros. Bits may differ between instruction sets; on one machine and one
+ * instruction set they do not.
+ *
  * Errors: CTXS_EINVAL (NULL, layer out of range, n == 0, n_heads not a
  * multiple of the KV heads, queries outside [first_query, n_tokens), a plan
- * whose spans fall outside the capacity or are not in ascending positions,
- * a dtype other than F16), CTXS_ENOMEM. Thread-safe: threads may run
- * passes over the same mapping at once. */
+ * whose spans fall outside the capacity, overlap or are not in ascending
+ * positions, or whose n_keys is not the sum of its counts; a layout whose
+ * slot_bytes is not head_dim * 2, whose pointers or strides are not 2-byte
+ * aligned, or whose layer does not fit in kv_bytes; a dtype other than
+ * F16). out is untouched on error. The kernel allocates nothing.
+ * Thread-safe: threads may run passes over the same mapping at once. */
 CTXS_API int ctxs_attention(float *out, const ctxs_layout *kv,
                             const ctxs_attn_plan *plan, uint32_t layer,
                             const ctxs_attn_query *q);

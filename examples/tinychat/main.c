@@ -1,0 +1,269 @@
+/*
+ * tinychat — generate with a tiny random transformer whose KV cache is a
+ * ctxstore session; stop it any way you like and run it again to continue.
+ *
+ *   tinychat --session FILE [--prompt TEXT] [--generate N] [--reopen-every K]
+ *            [--seed S] [--config default|qwen3-4b-kv] [--capacity N]
+ *            [--window W] [--sync none|async|full] [--text]
+ *
+ * A new FILE is created (a ring of --capacity slots, 128 by default) and
+ * needs --prompt. An existing FILE is opened and continued: with --prompt
+ * the prompt is appended, without it the prediction after its last token is
+ * recomputed (tinychat_resume()) and generation goes on from there, the
+ * same tokens an uninterrupted run would have produced.
+ *
+ * Each generated token is committed, then printed to stdout: its id, one
+ * per line (--text: the byte itself). So after a kill the output stops at
+ * the last committed token and a new run prints the next one.
+ * --reopen-every K closes and reopens the session every K tokens and checks
+ * that the resumed prediction is the one it had.
+ *
+ * Exit status: 0, 1 on an error (with ctxstore's message), 2 on bad usage.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ctxstore.h"
+#include "tinychat.h"
+
+static const char *const usage_text =
+    "usage: tinychat --session FILE [--prompt TEXT] [--generate N]\n"
+    "                [--reopen-every K] [--seed S] [--config default|qwen3-4b-kv]\n"
+    "                [--capacity N] [--window W] [--sync none|async|full] [--text]\n";
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 1, 2)))
+#endif
+static _Noreturn void usage(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "tinychat: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fputs(usage_text, stderr);
+    exit(2);
+}
+
+static _Noreturn void fail_hint(int rc, const char *what, const char *path, const char *hint)
+{
+    fflush(stdout);
+    fprintf(stderr, "tinychat: %s%s%s: %s (%s)%s%s\n", what, path ? " " : "", path ? path : "",
+            ctxs_strerror(rc), ctxs_err_name(rc), hint ? "; " : "", hint ? hint : "");
+    exit(1);
+}
+
+static _Noreturn void fail(int rc, const char *what, const char *path)
+{
+    fail_hint(rc, what, path, NULL);
+}
+
+static uint64_t parse_u64(const char *s, const char *opt, uint64_t max)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || end == s || *end || s[0] == '-' || v > max)
+        usage("bad number for %s", opt);
+    return v;
+}
+
+typedef struct options {
+    const char *path;
+    const char *prompt;
+    uint64_t generate;
+    uint64_t reopen_every;
+    uint64_t seed;
+    const char *config;
+    uint32_t capacity;
+    uint32_t window;
+    uint32_t sync;
+    int text;
+} options;
+
+static void parse(options *o, int argc, char **argv)
+{
+    *o = (options){.generate = 200, .seed = 1, .config = "default", .sync = CTXS_SYNC_ASYNC};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage_text, stdout);
+            exit(0);
+        }
+        if (!strcmp(a, "--text")) {
+            o->text = 1;
+            continue;
+        }
+        static const char *const with_value[] = {
+            "--session", "--prompt", "--generate", "--reopen-every", "--seed",
+            "--config", "--capacity", "--window", "--sync",
+        };
+        int known = 0;
+        for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]); k++)
+            known |= !strcmp(a, with_value[k]);
+        if (!known)
+            usage("unknown option %s", a);
+        if (i + 1 >= argc)
+            usage("%s needs a value", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--session"))
+            o->path = v;
+        else if (!strcmp(a, "--prompt"))
+            o->prompt = v;
+        else if (!strcmp(a, "--generate"))
+            o->generate = parse_u64(v, a, UINT64_MAX);
+        else if (!strcmp(a, "--reopen-every"))
+            o->reopen_every = parse_u64(v, a, UINT64_MAX);
+        else if (!strcmp(a, "--seed"))
+            o->seed = parse_u64(v, a, UINT64_MAX);
+        else if (!strcmp(a, "--config"))
+            o->config = v;
+        else if (!strcmp(a, "--capacity"))
+            o->capacity = (uint32_t)parse_u64(v, a, 1u << 24);
+        else if (!strcmp(a, "--window"))
+            o->window = (uint32_t)parse_u64(v, a, UINT32_MAX);
+        else if (!strcmp(a, "--sync")) {
+            if (!strcmp(v, "none"))
+                o->sync = CTXS_SYNC_NONE;
+            else if (!strcmp(v, "async"))
+                o->sync = CTXS_SYNC_ASYNC;
+            else if (!strcmp(v, "full"))
+                o->sync = CTXS_SYNC_FULL;
+            else
+                usage("--sync takes none, async or full, not %s", v);
+        }
+    }
+    if (!o->path)
+        usage("--session is required");
+    if (strcmp(o->config, "default") && strcmp(o->config, "qwen3-4b-kv"))
+        usage("--config takes default or qwen3-4b-kv, not %s", o->config);
+    if (o->prompt && !o->prompt[0])
+        usage("--prompt is empty");
+}
+
+/* Opens path read-write with the window the session was created for
+ * (--window, else the default for its capacity and sinks). */
+static ctxs_session *open_session(const options *o, const ctxs_model *cm)
+{
+    ctxs_session_options so;
+    tinychat_session_options(&so, o->capacity, o->window);
+    so.durability = o->sync;
+    ctxs_session *s;
+    int rc = ctxs_session_open(&s, o->path, cm, 0, &so);
+    if (rc == CTXS_EMODEL)
+        fail_hint(rc, "open", o->path, "was it written with another --config or --seed?");
+    if (rc < 0)
+        fail(rc, "open", o->path);
+    ctxs_session_info info;
+    if ((rc = ctxs_session_info_get(&info, s)) < 0)
+        fail(rc, "info", o->path);
+    uint32_t w = o->window ? o->window : tinychat_window(info.capacity, info.n_sink);
+    if ((rc = ctxs_session_set_window(s, w)) < 0)
+        fail(rc, "set window", o->path);
+    return s;
+}
+
+static void print_token(const options *o, uint32_t id)
+{
+    if (o->text) {
+        putchar((int)(id & 0xff));
+        fflush(stdout);
+    } else {
+        printf("%" PRIu32 "\n", id);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    parse(&o, argc, argv);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a line per committed token */
+
+    tinychat_config cfg;
+    if (!strcmp(o.config, "qwen3-4b-kv"))
+        tinychat_config_qwen3_4b_kv(&cfg);
+    else
+        tinychat_config_default(&cfg);
+    cfg.seed = o.seed;
+    tinychat_model *m;
+    int rc = tinychat_model_create(&m, &cfg);
+    if (rc < 0)
+        fail(rc, "model", NULL);
+    ctxs_model cm;
+    tinychat_model_ctxs(&cm, m);
+
+    ctxs_session *s = NULL;
+    uint32_t next;
+    if (access(o.path, F_OK) != 0) {
+        if (errno != ENOENT)
+            fail(-errno, "access", o.path);
+        if (!o.prompt)
+            usage("%s does not exist: a new session needs --prompt", o.path);
+        ctxs_session_options so;
+        tinychat_session_options(&so, o.capacity, o.window);
+        so.durability = o.sync;
+        if (so.window >= so.capacity - so.n_sink)
+            fprintf(stderr, "tinychat: warning: a window of %u is not below the ring (%u "
+                            "slots): a resume after a kill may differ\n",
+                    so.window, so.capacity - so.n_sink);
+        if ((rc = ctxs_session_create(&s, o.path, &cm, &so)) < 0)
+            fail(rc, "create", o.path);
+    } else {
+        s = open_session(&o, &cm);
+    }
+
+    if (o.prompt) {
+        size_t n = strlen(o.prompt);
+        if (n > UINT32_MAX)
+            usage("--prompt is too long");
+        uint32_t *ids = malloc(n * sizeof(*ids));
+        if (!ids)
+            fail(CTXS_ENOMEM, "prompt", NULL);
+        for (size_t i = 0; i < n; i++)
+            ids[i] = (uint8_t)o.prompt[i] % cfg.vocab;
+        rc = tinychat_prefill(m, s, ids, (uint32_t)n, &next);
+        free(ids);
+        if (rc < 0)
+            fail(rc, "prefill", o.path);
+    } else if ((rc = tinychat_resume(m, s, &next)) < 0) {
+        fail_hint(rc, "resume", o.path,
+                  rc == CTXS_ECORRUPT ? "its last token does not recompute to the K/V it holds: "
+                                        "written with another --window, or not by tinychat?"
+                                      : NULL);
+    }
+
+    for (uint64_t i = 0; i < o.generate; i++) {
+        uint32_t id = next;
+        if ((rc = tinychat_step(m, s, id, &next)) < 0)
+            fail(rc, "step", o.path);
+        print_token(&o, id);
+        if (o.reopen_every && (i + 1) % o.reopen_every == 0 && i + 1 < o.generate) {
+            ctxs_session_close(s);
+            s = open_session(&o, &cm);
+            uint32_t again;
+            if ((rc = tinychat_resume(m, s, &again)) < 0)
+                fail(rc, "resume", o.path);
+            if (again != next) {
+                fprintf(stderr, "tinychat: resume predicted %" PRIu32 ", the run had %" PRIu32
+                                "\n", again, next);
+                return 1;
+            }
+        }
+    }
+
+    ctxs_session_info info;
+    if ((rc = ctxs_session_info_get(&info, s)) < 0)
+        fail(rc, "info", o.path);
+    fprintf(stderr, "tinychat: %s: %" PRIu64 " tokens (%u held, window %u%s), next %" PRIu32
+                    "\n", o.path, info.n_tokens, info.n_held, info.window,
+            info.flags & CTXS_INFO_WRAPPED ? ", ring wrapped" : "", next);
+    ctxs_session_close(s);
+    tinychat_model_destroy(m);
+    return 0;
+}

@@ -756,6 +756,7 @@ Test(cli, usage_errors_exit_2_with_a_usage_line_and_create_nothing)
         { { "demo", "--turns", "0" }, "usage: ctxstore demo" },
         { { "demo", "--bogus" }, "usage: ctxstore demo" },
         { { "demo", "extra" }, "usage: ctxstore demo" },
+        { { "demo", "--engine", "llama" }, "usage: ctxstore demo" },
         { { "bench", "--bogus" }, "usage: ctxstore bench" },
         { { "frobnicate" }, "'frobnicate' is not a command" },
         { { "--bogus", "ls" }, "ctxstore --help" },
@@ -1825,6 +1826,10 @@ Test(cli, demo_quick_completes_on_a_fresh_directory_and_resumes_identically)
                  R.out);
     cr_assert_gt(ju(v, "resume.tokens"), 0);
     cr_assert_gt(ju(v, "resume.tokens_checked"), 0);
+    /* The default engine is tinychat: after the resume it predicted from
+     * the session alone. */
+    cr_assert_str_eq(js(v, "engine"), "tinychat");
+    jget(v, "resume.next_token_s");
     const jc_value *turns = jget(v, "turns");
     cr_assert_geq(turns->n, 2, "%s", R.out);
     int resumed = 0;
@@ -1856,6 +1861,17 @@ Test(cli, demo_quick_completes_on_a_fresh_directory_and_resumes_identically)
     cr_assert_gt(ju(jc_at(v, 0), "n_tokens"), 0);
     jc_free(v);
     CLI_EXPECT(EX_OK, kept, "verify");
+
+    /* The synthetic engine has no model: the resumed K/V are compared with
+     * what it recomputes. */
+    CLI_EXPECT(EX_OK, dir_of("synthetic"), "demo", "--quick", "--engine", "synthetic",
+               "--json");
+    v = json_out();
+    cr_assert_str_eq(js(v, "engine"), "synthetic");
+    cr_assert_eq(jb(v, "resume.identical"), 1, "%s", R.out);
+    cr_assert_eq(ju(v, "resume.tokens_checked"), 8, "%s", R.out);
+    cr_assert_null(jc_path(v, "resume.next_token_s"), "%s", R.out);
+    jc_free(v);
 }
 
 Test(cli, demo_without_a_store_works_in_a_temporary_directory_and_removes_it)

@@ -7,12 +7,15 @@
  * rewritten as a file (llama.cpp) and as one SQLite BLOB row (the
  * comparison bench/bench_session makes, one sample per turn here).
  *
- * The K/V come from an engine (demo_engine below). The only engine today is
- * synthetic: K/V values are a function of (position, token id, layer, K/V,
- * head), token ids of the prompts come from a fixed seeded script and those
- * of the replies from the previous token. When the example transformer
- * (examples/) exists it plugs in as a second engine, and the resumed
- * conversation visibly continues the same way.
+ * The K/V come from an engine (demo_engine below). The default one is
+ * examples/tinychat: a tiny transformer with random weights and Qwen3-4B's
+ * KV shape, which writes K and V into the session, reads them back through
+ * ctxs_attention() and chooses each reply token greedily; after the resume
+ * it recomputes its last token from the session (one forward pass) and must
+ * find the K/V it had written. --engine synthetic writes K/V values that
+ * are a function of (position, token id, layer, K/V, head), with no model,
+ * for the save and resume timings alone. Prompt token ids come from a fixed
+ * seeded script in both.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +41,7 @@
 #endif
 
 #include "cli.h"
+#include "tinychat.h"
 
 /* --- The conversation ----------------------------------------------------- */
 
@@ -95,8 +99,6 @@ static const demo_config k_quick = {
     .turns = 3,
 };
 
-static const char k_tokenizer_hash[] = "qwen3-tokenizer!"; /* 16 bytes */
-
 static uint64_t splitmix64(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ull;
@@ -116,9 +118,9 @@ static uint64_t xorshift64(uint64_t *state)
 
 /* The token ids of the prompts (system prompt, user messages): the text a
  * chat app keeps and would tokenize again. */
-static uint32_t script_token(uint64_t pos)
+static uint32_t script_token(uint64_t pos, uint32_t vocab)
 {
-    return (uint32_t)(splitmix64(0x5eed0000ull ^ pos) % VOCAB);
+    return (uint32_t)(splitmix64(0x5eed0000ull ^ pos) % vocab);
 }
 
 /* --- Engines -------------------------------------------------------------- */
@@ -131,8 +133,9 @@ typedef struct demo_engine demo_engine;
  * Token ids live in one array indexed by position (the conversation so
  * far), which is all an engine gets after a resume besides the session. */
 struct demo_engine {
-    const char *name;        /* "synthetic" */
+    const char *name;        /* "tinychat", "synthetic" */
     const char *description; /* one line for the header */
+    const char *model_name;  /* registered in the store */
     /* Writes the K/V of tokens r->first_pos .. + r->n_tokens - 1 into the
      * slots of reservation r of session s. ids[0 .. first_pos) is the
      * conversation so far. For a prompt (generate == 0) the ids of the new
@@ -147,7 +150,15 @@ struct demo_engine {
      * recomputing the whole prefix. */
     void (*expect)(demo_engine *e, const uint32_t *ids, uint64_t pos, void *k,
                    void *v);
-    ctxs_geometry geometry;
+    /* After the resume: recomputes the prediction after the last committed
+     * token from the session alone, checking that token's K/V against the
+     * stored ones (CTXS_ECORRUPT if they differ); NULL if the engine has no
+     * model to predict with. */
+    int (*resume)(demo_engine *e, ctxs_session *s, uint32_t *next_id);
+    void (*destroy)(demo_engine *e);
+    ctxs_model model;        /* geometry and hashes */
+    uint32_t vocab;          /* token ids 0 .. vocab - 1 */
+    void *impl;
 };
 
 /* The synthetic engine: every head of K or V is a stream of valid fp16
@@ -193,7 +204,7 @@ static uint8_t *run_base(const ctxs_layout *lay, const ctxs_geometry *g,
 static int synth_write(demo_engine *e, ctxs_session *s,
                        const ctxs_reservation *r, uint32_t *ids, int generate)
 {
-    const ctxs_geometry *g = &e->geometry;
+    const ctxs_geometry *g = &e->model.geometry;
     ctxs_layout lay;
     int rc = ctxs_session_layout(&lay, s);
     if (rc < 0)
@@ -219,7 +230,7 @@ static int synth_write(demo_engine *e, ctxs_session *s,
 static void synth_expect(demo_engine *e, const uint32_t *ids, uint64_t pos,
                          void *k, void *v)
 {
-    const ctxs_geometry *g = &e->geometry;
+    const ctxs_geometry *g = &e->model.geometry;
     size_t head_bytes = (size_t)g->head_dim * 2;
     for (uint32_t layer = 0; layer < g->n_layers; layer++)
         for (uint32_t kind = 0; kind < 2; kind++)
@@ -232,16 +243,71 @@ static void synth_expect(demo_engine *e, const uint32_t *ids, uint64_t pos,
             }
 }
 
-static demo_engine synthetic_engine(const ctxs_geometry *g)
+static const char k_tokenizer_hash[] = "qwen3-tokenizer!"; /* 16 bytes */
+
+static int synthetic_engine(demo_engine *e, const demo_config *cfg)
 {
-    return (demo_engine){
+    *e = (demo_engine){
         .name = "synthetic",
         .description = "synthetic K/V from (position, token id, layer, "
                        "head); no model",
+        .model_name = cfg->model_name,
         .write = synth_write,
         .expect = synth_expect,
-        .geometry = *g,
+        .vocab = VOCAB,
     };
+    e->model.geometry = cfg->geometry;
+    memcpy(e->model.model_hash, cfg->model_hash, 16);
+    memcpy(e->model.tokenizer_hash, k_tokenizer_hash, 16);
+    return 0;
+}
+
+/* examples/tinychat: the K/V of a real forward pass, written into the
+ * reservation; the demo commits. */
+static int tiny_write(demo_engine *e, ctxs_session *s,
+                      const ctxs_reservation *r, uint32_t *ids, int generate)
+{
+    return tinychat_write(e->impl, s, r, ids, generate, NULL);
+}
+
+static int tiny_resume(demo_engine *e, ctxs_session *s, uint32_t *next_id)
+{
+    return tinychat_resume(e->impl, s, next_id);
+}
+
+static void tiny_destroy(demo_engine *e)
+{
+    tinychat_model_destroy(e->impl);
+    e->impl = NULL;
+}
+
+/* Qwen3-4B's KV shape for the full demo, tinychat's own small one for
+ * --quick. */
+static int tinychat_engine(demo_engine *e, int quick)
+{
+    tinychat_config tc;
+    if (quick)
+        tinychat_config_default(&tc);
+    else
+        tinychat_config_qwen3_4b_kv(&tc);
+    tinychat_model *m;
+    int rc = tinychat_model_create(&m, &tc);
+    if (rc < 0)
+        return rc;
+    *e = (demo_engine){
+        .name = "tinychat",
+        .description = "examples/tinychat, random weights; attention reads "
+                       "the session",
+        .model_name = quick ? "tinychat (demo --quick)"
+                            : "tinychat with Qwen3-4B's KV shape",
+        .write = tiny_write,
+        .resume = tiny_resume,
+        .destroy = tiny_destroy,
+        .vocab = tc.vocab,
+        .impl = m,
+    };
+    tinychat_model_ctxs(&e->model, m);
+    return 0;
 }
 
 /* --- Interruption ---------------------------------------------------------
@@ -311,6 +377,9 @@ typedef struct resume_result {
     double state_file_s;
     double sqlite_s;         /* < 0: not measured */
     uint32_t tokens_checked; /* K/V compared with the engine's */
+    double next_token_s;     /* the model's first prediction after the
+                                resume; < 0: an engine without a model */
+    uint32_t next_token;
 } resume_result;
 
 typedef struct demo {
@@ -504,7 +573,7 @@ static int pack_state(demo *d, uint32_t n_held, size_t *bytes)
     }
     for (uint32_t run = 0; run < d->n_runs; run++)
         memcpy(d->state + run * run_bytes,
-               run_base(&d->lay, &d->engine.geometry, run), run_bytes);
+               run_base(&d->lay, &d->engine.model.geometry, run), run_bytes);
     return CLI_OK;
 }
 
@@ -703,7 +772,7 @@ static int append_message(demo *d, uint32_t n, int generate, double *reserve_s)
     }
     if (!generate)
         for (uint32_t i = 0; i < n; i++)
-            d->ids[r.first_pos + i] = script_token(r.first_pos + i);
+            d->ids[r.first_pos + i] = script_token(r.first_pos + i, d->engine.vocab);
     rc = d->engine.write(&d->engine, d->s, &r, d->ids, generate);
     if (rc < 0)
         return cli_fail(rc, "session %s: the %s engine", d->name,
@@ -804,7 +873,7 @@ static uint64_t touch_held(const demo *d, uint32_t n_held)
     size_t run_bytes = (size_t)n_held * d->lay.slot_bytes;
     uint64_t acc = 0;
     for (uint32_t run = 0; run < d->n_runs; run++) {
-        const uint8_t *p = run_base(&d->lay, &d->engine.geometry, run);
+        const uint8_t *p = run_base(&d->lay, &d->engine.model.geometry, run);
         for (size_t off = 0; off < run_bytes; off += page)
             acc += *(const volatile uint8_t *)(p + off);
     }
@@ -820,7 +889,7 @@ static int same_as_session(const demo *d, const uint8_t *p, size_t n,
         return 0;
     for (uint32_t run = 0; run < d->n_runs; run++)
         if (memcmp(p + run * run_bytes,
-                   run_base(&d->lay, &d->engine.geometry, run), run_bytes))
+                   run_base(&d->lay, &d->engine.model.geometry, run), run_bytes))
             return 0;
     return 1;
 }
@@ -857,6 +926,25 @@ static int check_resumed(demo *d, const ctxs_session_info *info)
                     d->ids[pos]);
             return CLI_EDAMAGED;
         }
+    }
+    if (d->engine.resume) {
+        /* What a chat app does next: predict from the session alone. The
+         * engine recomputes the last token's K/V on the way and compares
+         * them with the stored ones. */
+        double t0 = cli_now_s();
+        rc = d->engine.resume(&d->engine, d->s, &d->resume.next_token);
+        d->resume.next_token_s = cli_now_s() - t0;
+        if (rc == CTXS_ECORRUPT) {
+            cli_say("session %s: the model recomputed token %" PRIu64 " and"
+                    " its K/V differ from the stored ones", d->name,
+                    d->n_tokens - 1);
+            return CLI_EDAMAGED;
+        }
+        if (rc < 0)
+            return cli_fail(rc, "session %s: the %s engine's resume", d->name,
+                            d->engine.name);
+        d->resume.tokens_checked = 1;
+        return CLI_OK;
     }
     if (!d->engine.expect)
         return CLI_OK;
@@ -900,6 +988,7 @@ static int restart(demo *d)
 {
     resume_result *res = &d->resume;
     res->sqlite_s = -1;
+    res->next_token_s = -1;
 #ifdef CTXS_HAVE_SQLITE
     db_close(d);
 #endif
@@ -977,7 +1066,7 @@ static const char *fmt_secs(char buf[32], double secs)
 
 static void print_header(const demo *d)
 {
-    const ctxs_geometry *g = &d->engine.geometry;
+    const ctxs_geometry *g = &d->engine.model.geometry;
     char a[32], b[32];
     printf("ctxstore demo: a chat saved turn by turn, closed, resumed and "
            "continued\n\n");
@@ -987,7 +1076,7 @@ static void print_header(const demo *d)
                                : " (temporary)");
     printf("  model    %s: %u layers x %u KV heads\n"
            "           x %u dims, fp16 = %s a token\n",
-           d->cfg.model_name, g->n_layers, g->n_kv_heads, g->head_dim,
+           d->engine.model_name, g->n_layers, g->n_kv_heads, g->head_dim,
            fmt_size(a, d->token_bytes));
     printf("  session  %s: %u slots, a %s file (sparse), ASYNC\n", d->name,
            d->cfg.capacity, fmt_size(b, d->file_bytes));
@@ -1046,9 +1135,18 @@ static void print_resume(const demo *d)
     char held[64] = "";
     if (r->n_held < r->n_tokens)
         snprintf(held, sizeof held, " (the ring wrapped: %u held)", r->n_held);
-    printf("\nresumed %" PRIu64 " tokens, identical: every held token's "
-           "checksum and id,\nand the K/V of %u tokens recomputed by the "
-           "engine%s\n\n", r->n_tokens, r->tokens_checked, held);
+    if (r->next_token_s >= 0) {
+        char t[32];
+        printf("\nresumed %" PRIu64 " tokens, identical: every held token's "
+               "checksum and id%s;\nthe model recomputed its last token from "
+               "the session alone (one forward\npass, its K/V bit-identical "
+               "to the stored ones): next token %u, %s\n\n", r->n_tokens,
+               held, r->next_token, fmt_secs(t, r->next_token_s));
+    } else {
+        printf("\nresumed %" PRIu64 " tokens, identical: every held token's "
+               "checksum and id,\nand the K/V of %u tokens recomputed by the "
+               "engine%s\n\n", r->n_tokens, r->tokens_checked, held);
+    }
     print_table_head("save");
     fflush(stdout);
 }
@@ -1143,7 +1241,7 @@ static void json_ratio(json *j, const char *key, double num, double den)
 
 static void print_json(const demo *d)
 {
-    const ctxs_geometry *g = &d->engine.geometry;
+    const ctxs_geometry *g = &d->engine.model.geometry;
     const resume_result *r = &d->resume;
     json j;
     json_init(&j, stdout);
@@ -1157,7 +1255,7 @@ static void print_json(const demo *d)
 
     json_key(&j, "model");
     json_object_begin(&j);
-    json_kv_string(&j, "name", d->cfg.model_name);
+    json_kv_string(&j, "name", d->engine.model_name);
     json_kv_u64(&j, "n_layers", g->n_layers);
     json_kv_u64(&j, "n_kv_heads", g->n_kv_heads);
     json_kv_u64(&j, "head_dim", g->head_dim);
@@ -1216,6 +1314,10 @@ static void print_json(const demo *d)
     json_ratio(&j, "sqlite_ratio", r->sqlite_s, r->ctxstore_open_s);
     json_kv_bool(&j, "identical", 1);
     json_kv_u64(&j, "tokens_checked", r->tokens_checked);
+    if (r->next_token_s >= 0) {
+        json_secs(&j, "next_token_s", r->next_token_s);
+        json_kv_u64(&j, "next_token", r->next_token);
+    }
     json_object_end(&j);
 
     json_key(&j, "summary");
@@ -1238,9 +1340,9 @@ static void print_json(const demo *d)
 
 static int create_session(demo *d)
 {
-    int rc = ctxs_model_register(d->st, &d->model, d->cfg.model_name);
+    int rc = ctxs_model_register(d->st, &d->model, d->engine.model_name);
     if (rc < 0)
-        return cli_fail(rc, "registering the model %s", d->cfg.model_name);
+        return cli_fail(rc, "registering the model %s", d->engine.model_name);
     ctxs_session_options o;
     ctxs_session_options_init(&o);
     o.capacity = d->cfg.capacity;
@@ -1266,9 +1368,9 @@ static int create_session(demo *d)
     rc = ctxs_session_layout(&d->lay, d->s);
     if (rc < 0)
         return cli_fail(rc, "session %s", d->name);
-    if (d->lay.slot_bytes != (size_t)d->engine.geometry.head_dim * 2) {
+    if (d->lay.slot_bytes != (size_t)d->engine.model.geometry.head_dim * 2) {
         cli_say("session %s: %zu bytes a slot, expected %u", d->name,
-                d->lay.slot_bytes, d->engine.geometry.head_dim * 2);
+                d->lay.slot_bytes, d->engine.model.geometry.head_dim * 2);
         return CLI_EFAIL;
     }
     return CLI_OK;
@@ -1354,16 +1456,17 @@ static void teardown(demo *d)
 
 int cmd_demo(cli *c, int argc, char **argv)
 {
-    enum { OPT_TURNS = 0x100, OPT_QUICK, OPT_KEEP };
+    enum { OPT_TURNS = 0x100, OPT_QUICK, OPT_KEEP, OPT_ENGINE };
     static const struct option longopts[] = {
         CLI_COMMON_LONGOPTS,
+        { "engine", required_argument, NULL, OPT_ENGINE },
         { "turns", required_argument, NULL, OPT_TURNS },
         { "quick", no_argument, NULL, OPT_QUICK },
         { "keep", no_argument, NULL, OPT_KEEP },
         { NULL, 0, NULL, 0 },
     };
     uint64_t turns = 0;
-    int quick = 0, keep = 0, opt;
+    int quick = 0, keep = 0, synthetic = 0, opt;
     opterr = 0;
     while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         if (opt == CLI_OPT_HELP || opt == 'h') {
@@ -1385,6 +1488,13 @@ int cmd_demo(cli *c, int argc, char **argv)
         case OPT_KEEP:
             keep = 1;
             break;
+        case OPT_ENGINE:
+            if (!strcmp(optarg, "synthetic") || !strcmp(optarg, "tinychat"))
+                synthetic = !strcmp(optarg, "synthetic");
+            else
+                return cli_usage_error("demo", "--engine is tinychat or "
+                                       "synthetic, not %s", optarg);
+            break;
         case ':':
             return cli_usage_error("demo", "%s needs a value",
                                    argv[optind - 1]);
@@ -1403,11 +1513,12 @@ int cmd_demo(cli *c, int argc, char **argv)
     d.quick = quick;
     d.keep = keep;
     d.base_fd = -1;
-    d.engine = synthetic_engine(&d.cfg.geometry);
-    d.model.geometry = d.engine.geometry;
-    memcpy(d.model.model_hash, d.cfg.model_hash, 16);
-    memcpy(d.model.tokenizer_hash, k_tokenizer_hash, 16);
-    const ctxs_geometry *g = &d.engine.geometry;
+    int rc = synthetic ? synthetic_engine(&d.engine, &d.cfg)
+                       : tinychat_engine(&d.engine, quick);
+    if (rc < 0)
+        return cli_fail(rc, "the %s engine", synthetic ? "synthetic" : "tinychat");
+    d.model = d.engine.model;
+    const ctxs_geometry *g = &d.engine.model.geometry;
     d.n_runs = g->n_layers * 2 * g->n_kv_heads;
     d.token_bytes = (size_t)d.n_runs * g->head_dim * 2;
 
@@ -1420,6 +1531,8 @@ int cmd_demo(cli *c, int argc, char **argv)
     if (ec == CLI_OK)
         ec = play(&d, turns ? (uint32_t)turns : d.cfg.turns);
     teardown(&d);
+    if (d.engine.destroy)
+        d.engine.destroy(&d.engine);
     signals_restore(old);
     if (g_signal) {
         fflush(stdout);

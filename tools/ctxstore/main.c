@@ -104,12 +104,17 @@ static const command k_commands[] = {
       "build tree, or where they are installed. With --json, one document:\n"
       "{\"programs\": [{\"program\", \"exit_status\", \"results\": [...]}]}.\n" },
     { "demo", cmd_demo, "play a chat, save each turn, resume it (the main job)",
-      "demo [--store DIR] [--turns N] [--quick] [--keep] [--json]\n\n"
+      "demo [--store DIR] [--turns N] [--quick] [--keep]\n"
+      "     [--engine tinychat|synthetic] [--json]\n\n"
       "Plays a chat of several turns into a session with Qwen3-4B's KV\n"
       "geometry, closes it, reopens it and continues, and prints each turn's\n"
       "save time and the resume time beside what rewriting a state file and a\n"
-      "SQLite blob cost on the same data. Without --store (or CTXSTORE_DIR) it\n"
-      "works in a temporary directory, removed at the end unless --keep.\n" },
+      "SQLite blob cost on the same data. The engine is examples/tinychat, a\n"
+      "tiny transformer with random weights whose attention reads the session\n"
+      "(after the resume it predicts from the session alone); --engine\n"
+      "synthetic writes made-up K/V instead, with no model. Without --store\n"
+      "(or CTXSTORE_DIR) it works in a temporary directory, removed at the end\n"
+      "unless --keep.\n" },
 };
 
 enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };

@@ -1,0 +1,377 @@
+/*
+ * Metal decode attention over a session's mapping (ctxstore_metal.h): the
+ * KV region wrapped in one no-copy MTLBuffer, and attention.metal run on
+ * it with the semantics of ctxs_attention().
+ *
+ * Memory management is ARC (the file refuses to build without
+ * -fobjc-arc). A handle is an Objective-C object handed to C as a retained
+ * void * (__bridge_retained at attach, __bridge_transfer at detach); every
+ * other object crossing the C interface is bridged without a transfer.
+ *
+ * The kernel is compiled at attach, from attention.metal embedded in the
+ * library at build time (xxd -i, see meson.build). A metallib built ahead
+ * of time would need the metal compiler, which comes only with a full
+ * Xcode, not with the Command Line Tools; compiling at run time needs
+ * nothing beyond the Metal framework and costs tens of milliseconds once
+ * per attach.
+ *
+ * Not yet built or run on Apple hardware: see README.md.
+ */
+#import <Foundation/Foundation.h>
+#import <Metal/Metal.h>
+
+#include <TargetConditionals.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ctxstore_metal.h"
+
+#if !__has_feature(objc_arc)
+#error "metal.m is written for ARC: compile it with -fobjc-arc"
+#endif
+
+/* attention.metal, as bytes (not NUL-terminated). */
+static const unsigned char k_kernel_source[] = {
+#include "attention.metal.inc"
+};
+
+/* Threads per threadgroup, which is also the keys per softmax block. */
+enum { THREADS = 128 };
+
+/* The kernel's argument block: struct ctxs_params in attention.metal,
+ * field for field. */
+typedef struct metal_params {
+    uint64_t k_off;
+    uint64_t kv_stride;
+    uint64_t head_stride;
+    uint64_t q_pos;
+    uint64_t n_sink;
+    uint64_t window;
+    uint64_t span_pos[CTXS_ATTN_MAX_SPANS];
+    uint32_t span_slot[CTXS_ATTN_MAX_SPANS];
+    uint32_t span_count[CTXS_ATTN_MAX_SPANS];
+    uint32_t n_spans;
+    uint32_t head_dim;
+    uint32_t n_heads;
+    uint32_t group;
+    float scale;
+    uint32_t reserved;
+} metal_params;
+
+_Static_assert(CTXS_ATTN_MAX_SPANS == 4, "attention.metal's MAX_SPANS");
+_Static_assert(sizeof(metal_params) == 136, "attention.metal's ctxs_params");
+
+@interface CTXSMetalKV : NSObject {
+@public
+    id<MTLDevice> device;
+    id<MTLBuffer> buffer;
+    id<MTLComputePipelineState> pipeline;
+    id<MTLCommandQueue> queue;
+    NSUInteger threads;   /* per threadgroup */
+    NSUInteger simdgroups;/* per threadgroup */
+    ctxs_layout layout;
+}
+@end
+
+@implementation CTXSMetalKV
+@end
+
+/* The library never prints, except on request while the Metal part has
+ * not been run on enough machines: CTXS_METAL_DEBUG=1. */
+static void debug_log(const char *what, NSError *err)
+{
+    const char *env = getenv("CTXS_METAL_DEBUG");
+    if (!env || !*env || !strcmp(env, "0"))
+        return;
+    fprintf(stderr, "ctxstore metal: %s: %s\n", what,
+            err ? err.localizedDescription.UTF8String : "(no error given)");
+}
+
+static id<MTLDevice> default_device(void)
+{
+    id<MTLDevice> dev = MTLCreateSystemDefaultDevice();
+#if TARGET_OS_OSX
+    /* A command-line program that does not link CoreGraphics can get nil
+     * here on a Mac with several GPUs; any of them will do. */
+    if (!dev)
+        dev = MTLCopyAllDevices().firstObject;
+#endif
+    return dev;
+}
+
+static int make_pipeline(CTXSMetalKV *h)
+{
+    NSString *src = [[NSString alloc] initWithBytes:k_kernel_source
+                                             length:sizeof k_kernel_source
+                                           encoding:NSUTF8StringEncoding];
+    if (!src)
+        return CTXS_ENOMEM;
+    MTLCompileOptions *opts = [MTLCompileOptions new];
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+    /* exp() to full float precision, as the CPU kernel's. (mathMode, which
+     * replaces this property, is macOS 15 and iOS 18 only.) */
+    opts.fastMathEnabled = NO;
+#pragma clang diagnostic pop
+    NSError *err = nil;
+    id<MTLLibrary> lib = [h->device newLibraryWithSource:src
+                                                 options:opts
+                                                   error:&err];
+    id<MTLFunction> fn = [lib newFunctionWithName:@"ctxs_attention_f16"];
+    if (!fn) {
+        debug_log("compiling attention.metal", err);
+        return CTXS_ENODEVICE;
+    }
+    h->pipeline = [h->device newComputePipelineStateWithFunction:fn
+                                                           error:&err];
+    if (!h->pipeline) {
+        debug_log("making the compute pipeline", err);
+        return CTXS_ENODEVICE;
+    }
+    /* Whole SIMD-groups where the pipeline allows as many. */
+    NSUInteger width = h->pipeline.threadExecutionWidth;
+    h->threads = MIN((NSUInteger)THREADS,
+                     h->pipeline.maxTotalThreadsPerThreadgroup);
+    if (width == 0 || h->threads == 0)
+        return CTXS_ENODEVICE;
+    if (h->threads > width)
+        h->threads -= h->threads % width;
+    h->simdgroups = (h->threads + width - 1) / width;
+    return 0;
+}
+
+int ctxs_metal_attach_layout(ctxs_metal_kv **out, const ctxs_layout *kv,
+                             void *mtl_device)
+{
+    if (!out)
+        return CTXS_EINVAL;
+    *out = NULL;
+    if (!kv || !kv->kv || kv->kv_bytes == 0 ||
+        kv->geometry.dtype != CTXS_DTYPE_F16)
+        return CTXS_EINVAL;
+    /* newBufferWithBytesNoCopy wants whole pages; the session's region is
+     * 16 KiB aligned and sized, a multiple of every Apple page size. */
+    const uintptr_t page = (uintptr_t)getpagesize();
+    if ((uintptr_t)kv->kv % page != 0 || kv->kv_bytes % page != 0)
+        return CTXS_EINVAL;
+
+    @autoreleasepool {
+        id<MTLDevice> dev = mtl_device ? (__bridge id<MTLDevice>)mtl_device
+                                       : default_device();
+        if (!dev)
+            return CTXS_ENODEVICE;
+        if (![dev supportsFamily:MTLGPUFamilyApple7] &&
+            ![dev supportsFamily:MTLGPUFamilyMac2])
+            return CTXS_ENODEVICE; /* no simd_sum / simd_max */
+        if (kv->kv_bytes > dev.maxBufferLength)
+            return CTXS_EINVAL;
+
+        CTXSMetalKV *h = [CTXSMetalKV new];
+        if (!h)
+            return CTXS_ENOMEM;
+        h->device = dev;
+        h->layout = *kv;
+        /* No deallocator: the mapping belongs to the session. */
+        h->buffer = [dev newBufferWithBytesNoCopy:kv->kv
+                                           length:kv->kv_bytes
+                                          options:MTLResourceStorageModeShared
+                                      deallocator:nil];
+        if (!h->buffer)
+            return CTXS_ENOMEM;
+        int rc = make_pipeline(h);
+        if (rc < 0)
+            return rc;
+        h->queue = [dev newCommandQueue];
+        if (!h->queue)
+            return CTXS_ENOMEM;
+        *out = (__bridge_retained void *)h;
+    }
+    return 0;
+}
+
+int ctxs_metal_attach(ctxs_metal_kv **out, ctxs_session *s, void *mtl_device)
+{
+    if (!out)
+        return CTXS_EINVAL;
+    *out = NULL;
+    ctxs_layout lay;
+    int rc = ctxs_session_layout(&lay, s);
+    if (rc < 0)
+        return rc;
+    return ctxs_metal_attach_layout(out, &lay, mtl_device);
+}
+
+void *ctxs_metal_buffer(const ctxs_metal_kv *kv)
+{
+    if (!kv)
+        return NULL;
+    CTXSMetalKV *h = (__bridge CTXSMetalKV *)(void *)kv;
+    return (__bridge void *)h->buffer;
+}
+
+void ctxs_metal_detach(ctxs_metal_kv *kv)
+{
+    if (!kv)
+        return;
+    /* Takes back the reference attach gave out; ARC releases the handle,
+     * and with it the buffer, the pipeline and the queue, here. */
+    (void)CFBridgingRelease(kv);
+}
+
+/* --- Arguments: what ctxs_attention() checks ------------------------------ */
+
+/* The same checks as layout_valid() in src/gpu/attention.c: the bytes of
+ * `layer` that a pass may read lie inside the region (and so inside the
+ * buffer). */
+static int layout_valid(const ctxs_layout *kv, uint32_t layer)
+{
+    const ctxs_geometry *g = &kv->geometry;
+    if (layer >= g->n_layers || g->n_kv_heads == 0 || g->head_dim == 0 ||
+        kv->slot_bytes != (size_t)g->head_dim * 2)
+        return CTXS_EINVAL;
+    if (((kv->head_stride | kv->kv_stride | kv->layer_stride) & 1) != 0)
+        return CTXS_EINVAL;
+    size_t a, b, end;
+    if (__builtin_mul_overflow((size_t)layer, kv->layer_stride, &a) ||
+        __builtin_mul_overflow((size_t)(g->n_kv_heads - 1), kv->head_stride,
+                               &b) ||
+        __builtin_add_overflow(a, b, &end) ||
+        __builtin_add_overflow(end, kv->kv_stride, &end) ||
+        __builtin_mul_overflow((size_t)kv->capacity, kv->slot_bytes, &b) ||
+        __builtin_add_overflow(end, b, &end) || end > kv->kv_bytes)
+        return CTXS_EINVAL;
+    return 0;
+}
+
+/* As plan_valid() in src/gpu/attention.c: spans inside the capacity, in
+ * ascending positions without overlap, n_keys their sum. */
+static int plan_valid(const ctxs_attn_plan *plan, uint32_t capacity)
+{
+    if (plan->n_spans > CTXS_ATTN_MAX_SPANS)
+        return CTXS_EINVAL;
+    uint64_t keys = 0, next = 0;
+    for (uint32_t i = 0; i < plan->n_spans; i++) {
+        const ctxs_attn_span *sp = &plan->spans[i];
+        if (sp->count > capacity || sp->slot > capacity - sp->count ||
+            sp->pos > UINT64_MAX - sp->count || (i > 0 && sp->pos < next))
+            return CTXS_EINVAL;
+        next = sp->pos + sp->count;
+        keys += sp->count;
+    }
+    return keys == plan->n_keys ? 0 : CTXS_EINVAL;
+}
+
+/* 1 / sqrt(head_dim), in double and then rounded, as attention.c's
+ * default_scale() (which avoids libm; this file may use it). */
+static float default_scale(uint32_t hd)
+{
+    return (float)(1.0 / sqrt((double)hd));
+}
+
+int ctxs_metal_attention(ctxs_metal_kv *kv, void *out_buffer, void *q_buffer,
+                         const ctxs_attn_plan *plan, uint32_t layer,
+                         const ctxs_attn_query *q, void *command_buffer)
+{
+    if (!kv || !out_buffer || !plan || !q || out_buffer == q_buffer)
+        return CTXS_EINVAL;
+    if (!q_buffer && (command_buffer || !q->q))
+        return CTXS_EINVAL;
+    CTXSMetalKV *h = (__bridge CTXSMetalKV *)(void *)kv;
+    const ctxs_layout *lay = &h->layout;
+    int rc = layout_valid(lay, layer);
+    if (rc < 0)
+        return rc;
+    const uint32_t n_kv = lay->geometry.n_kv_heads;
+    const uint32_t hd = lay->geometry.head_dim;
+    if (q->n < 1 || q->n_heads == 0 || q->n_heads % n_kv != 0 ||
+        q->pos < plan->first_query || q->pos > plan->n_tokens ||
+        q->n > plan->n_tokens - q->pos)
+        return CTXS_EINVAL;
+    rc = plan_valid(plan, lay->capacity);
+    if (rc < 0)
+        return rc;
+
+    size_t bytes; /* of q and of out */
+    if (__builtin_mul_overflow((size_t)q->n * q->n_heads, (size_t)hd, &bytes) ||
+        __builtin_mul_overflow(bytes, sizeof(float), &bytes))
+        return CTXS_EINVAL;
+    /* acc[hd], w[threads], red[2 * simdgroups] floats; slot[threads]. */
+    const NSUInteger tg_floats = ((NSUInteger)hd + h->threads +
+                                  2 * h->simdgroups) * sizeof(float);
+    const NSUInteger tg_uints = h->threads * sizeof(uint32_t);
+    const NSUInteger tg0 = (tg_floats + 15) & ~(NSUInteger)15;
+    const NSUInteger tg1 = (tg_uints + 15) & ~(NSUInteger)15;
+    if (tg0 + tg1 > h->device.maxThreadgroupMemoryLength)
+        return CTXS_EINVAL;
+
+    metal_params p = {
+        .k_off = (uint64_t)layer * lay->layer_stride,
+        .kv_stride = lay->kv_stride,
+        .head_stride = lay->head_stride,
+        .q_pos = q->pos,
+        .n_sink = plan->n_sink,
+        .window = plan->window,
+        .n_spans = plan->n_spans,
+        .head_dim = hd,
+        .n_heads = q->n_heads,
+        .group = q->n_heads / n_kv,
+        .scale = q->scale != 0.0f ? q->scale : default_scale(hd),
+    };
+    for (uint32_t i = 0; i < plan->n_spans; i++) {
+        p.span_pos[i] = plan->spans[i].pos;
+        p.span_slot[i] = plan->spans[i].slot;
+        p.span_count[i] = plan->spans[i].count;
+    }
+
+    @autoreleasepool {
+        id<MTLBuffer> out = (__bridge id<MTLBuffer>)out_buffer;
+        if (out.length < bytes)
+            return CTXS_EINVAL;
+        id<MTLBuffer> qb;
+        if (q_buffer) {
+            qb = (__bridge id<MTLBuffer>)q_buffer;
+            if (qb.length < bytes)
+                return CTXS_EINVAL;
+        } else {
+            qb = [h->device newBufferWithBytes:q->q
+                                        length:bytes
+                                       options:MTLResourceStorageModeShared];
+            if (!qb)
+                return CTXS_ENOMEM;
+        }
+
+        id<MTLCommandBuffer> cb =
+            command_buffer ? (__bridge id<MTLCommandBuffer>)command_buffer
+                           : [h->queue commandBuffer];
+        if (!cb)
+            return CTXS_ENOMEM;
+        id<MTLComputeCommandEncoder> enc = [cb computeCommandEncoder];
+        if (!enc)
+            return CTXS_ENOMEM;
+        [enc setComputePipelineState:h->pipeline];
+        [enc setBuffer:h->buffer offset:0 atIndex:0];
+        [enc setBuffer:qb offset:0 atIndex:1];
+        [enc setBuffer:out offset:0 atIndex:2];
+        [enc setBytes:&p length:sizeof p atIndex:3];
+        [enc setThreadgroupMemoryLength:tg0 atIndex:0];
+        [enc setThreadgroupMemoryLength:tg1 atIndex:1];
+        [enc dispatchThreadgroups:MTLSizeMake(q->n_heads, q->n, 1)
+            threadsPerThreadgroup:MTLSizeMake(h->threads, 1, 1)];
+        [enc endEncoding];
+        if (command_buffer)
+            return 0;
+
+        [cb commit];
+        [cb waitUntilCompleted];
+        if (cb.status != MTLCommandBufferStatusCompleted) {
+            debug_log("running the attention kernel", cb.error);
+            return -EIO;
+        }
+    }
+    return 0;
+}

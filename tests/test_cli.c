@@ -1947,6 +1947,7 @@ Test(cli, bench_without_its_programs_fails_with_a_clear_error)
     cr_assert_neq(R.code, EX_USAGE, "bench without its programs is not a usage error:\n%s",
                   R.err);
     contains(0, "bench_session not found");
+    contains(0, "bench_attention not found");
     contains(0, empty);
     contains(0, "CTXSTORE_BENCH_DIR");
     run_env(S(), envs, ARGS("bench", "--quick", "--only", "index", "--json"));

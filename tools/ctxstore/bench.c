@@ -1,8 +1,9 @@
 /*
  * ctxstore bench — runs the benchmark programs, bench_session (saving a
- * turn and resuming, against a state file and SQLite) and bench_index
- * (prefix lookup, fork, the index's share of a commit), one after the
- * other, and passes their output through.
+ * turn and resuming, against a state file and SQLite), bench_index
+ * (prefix lookup, fork, the index's share of a commit) and bench_attention
+ * (the attention kernel through the mapping against a copy in memory), one
+ * after the other, and passes their output through.
  *
  * The programs are looked for in $CTXSTORE_BENCH_DIR, then next to the tool
  * in a build tree (<build>/tools/ctxstore/ctxstore finds <build>/bench/),
@@ -302,6 +303,7 @@ int cmd_bench(cli *c, int argc, char **argv)
     bench_program programs[] = {
         { .name = "bench_session", .option = "session" },
         { .name = "bench_index", .option = "index" },
+        { .name = "bench_attention", .option = "attention" },
     };
     enum { N_PROGRAMS = sizeof programs / sizeof programs[0] };
     const char *only = NULL, *dir = NULL;
@@ -343,7 +345,7 @@ int cmd_bench(cli *c, int argc, char **argv)
         if (!only || !strcmp(only, programs[i].option))
             run[n_run++] = &programs[i];
     if (n_run == 0)
-        return cli_usage_error("bench", "--only wants session or index, not "
+        return cli_usage_error("bench", "--only wants session, index or attention, not "
                                "%s", only);
 
     /* All of them are found before any runs: bench_session takes minutes. */

@@ -429,6 +429,15 @@ CTXS_API int ctxs_session_window(ctxs_window *out, const ctxs_session *s);
  * 0 means the default (2048). Errors: CTXS_EINVAL. */
 CTXS_API int ctxs_session_set_window(ctxs_session *s, uint32_t window);
 
+/* Starts reading the current window's K/V into the page cache in the
+ * background, without waiting (POSIX_FADV_WILLNEED on each run of slots).
+ * Worth calling right after an open that follows a reboot: the KV region is
+ * mapped for random access (no readahead, so that writeback writes only what
+ * a turn wrote), so a first attention pass over a cold file would otherwise
+ * fault its pages in one 4 KiB read at a time. Harmless when the pages are
+ * cached. Errors: CTXS_EINVAL, -errno. */
+CTXS_API int ctxs_session_prefetch(const ctxs_session *s);
+
 /* --- Memory pressure -------------------------------------------------------
  *
  * Under pressure every open session uses its pressure window (1024 by

@@ -4,6 +4,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -204,5 +205,46 @@ Test(window, the_watcher_applies_pressure_from_meminfo)
     ctxs_pressure_watch_stop();
     ctxs_pressure_watch_stop(); /* harmless when none runs */
     cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+}
+
+/* 1 if the page holding p is in the page cache. */
+static int resident(const void *p)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    unsigned char v = 0;
+    cr_assert_eq(mincore((void *)((uintptr_t)p & ~(page - 1)), page, &v), 0);
+    return v & 1;
+}
+
+Test(window, prefetch_reads_the_window_of_a_cold_file)
+{
+    cr_assert_eq(ctxs_session_prefetch(NULL), CTXS_EINVAL);
+    ctxs_session *s = create("cold.ctxs", 8192, 4, 64, 32);
+    ts_append_many(s, 4000); /* window: slots 0..3 and 3936..3999 */
+    ctxs_layout lay;
+    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    const uint8_t *run = lay.kv; /* layer 0, K, head 0 */
+    const uint8_t *recent = run + 3990 * lay.slot_bytes;
+    const uint8_t *outside = run + 2048 * lay.slot_bytes;
+
+    /* Make the file cold: written back, then dropped from the page cache
+     * (which keeps pages a mapping has mapped, so unmap them first). */
+    int fd = open(ts_path(dir, "cold.ctxs"), O_RDONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fsync(fd), 0);
+    cr_assert_eq(madvise(lay.kv, lay.kv_bytes, MADV_DONTNEED), 0);
+    cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+    if (resident(recent) || resident(outside))
+        cr_skip_test("this file system keeps the pages cached (tmpfs?)");
+
+    cr_assert_eq(ctxs_session_prefetch(s), 0);
+    /* The reads are asynchronous: wait for them, up to 10 s. */
+    for (int i = 0; i < 1000 && !resident(recent); i++)
+        usleep(10000);
+    cr_assert(resident(recent), "the window's last page was not read");
+    cr_assert(resident(run), "the sinks' page was not read");
+    cr_expect_not(resident(outside), "a page outside the window was read");
     ctxs_session_close(s);
 }

@@ -166,6 +166,10 @@ static ctxs_session *open_session(const options *o, const ctxs_model *cm)
     uint32_t w = o->window ? o->window : tinychat_window(info.capacity, info.n_sink);
     if ((rc = ctxs_session_set_window(s, w)) < 0)
         fail(rc, "set window", o->path);
+    /* After a reboot the file is cold: start reading the window now, so
+     * that the first forward pass does not fault it in page by page. */
+    if ((rc = ctxs_session_prefetch(s)) < 0)
+        fail(rc, "prefetch", o->path);
     return s;
 }
 

@@ -6,6 +6,7 @@
  * tokens merge wherever they touch, and a wrapped ring splits the recent
  * tokens at the end of the capacity.
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -72,6 +73,25 @@ int ctxs_session_set_window(ctxs_session *s, uint32_t window)
 {
     CTXS__CHECK(s);
     s->window = window ? window : CTXS__DEFAULT_WINDOW;
+    return 0;
+}
+
+int ctxs_session_prefetch(const ctxs_session *s)
+{
+    CTXS__CHECK(s);
+    ctxs_window w;
+    window_spans(s, &s->st, ctxs__effective_window(s), &w);
+    const ctxs__file_layout *lay = &s->lay;
+    for (uint32_t run = 0; run < 2 * lay->n_layers * lay->n_kv_heads; run++) {
+        for (uint32_t i = 0; i < w.n_spans; i++) {
+            off_t at = (off_t)(lay->kv_off + (uint64_t)run * lay->head_stride
+                               + (uint64_t)w.spans[i].slot * lay->slot_bytes);
+            off_t len = (off_t)((uint64_t)w.spans[i].count * lay->slot_bytes);
+            int rc = posix_fadvise(s->fd, at, len, POSIX_FADV_WILLNEED);
+            if (rc)
+                return -rc;
+        }
+    }
     return 0;
 }
 

@@ -1,0 +1,532 @@
+/*
+ * bench_cuda — decode attention on an NVIDIA GPU over a ctxstore session,
+ * in both attachments (include/ctxstore_cuda.h), beside the CPU kernel.
+ *
+ * KV geometry of Qwen3-4B: 36 layers, 8 KV heads, head dim 128, fp16, with
+ * 32 query heads (GQA 4:1): 147,456 bytes per token. For each context (2048
+ * and 8192 held tokens) a real session file is created in a scratch
+ * directory with room for the context and one more token, filled with
+ * random fp16 values, committed, synced and reopened (a resume), its window
+ * set to the whole context so that a query reads every held token. Then:
+ *
+ *   attach       ctxs_cuda_attach, wall time. mirror: cudaMalloc of the KV
+ *                region and the copy of every held token to the device (the
+ *                resume copy); mapped: cudaHostRegister of the whole KV
+ *                region (faulting in and pinning every page), or nothing on
+ *                a coherent system (see the header line).
+ *   decode_step  attention of all 36 layers for one query token (the last
+ *                position), one ctxs_cuda_attention() per layer on one
+ *                stream, timed with CUDA events around the 36 calls.
+ *   layer        one call (layer 0) alone, timed with events.
+ *   push_token   ctxs_cuda_push of one token written on the host, and a
+ *                stream sync: wall time (mirror; mapped has nothing to do).
+ *   pull_token   ctxs_cuda_pull of one token (it waits for the stream):
+ *                wall time.
+ *
+ * The CPU kernel, ctxs_attention() on the calling thread, is timed on the
+ * same plan and queries (decode_step and layer, wall time), and every GPU
+ * output is checked against it. GB/s is the K/V bytes a step reads over its
+ * median time. Every measurement is several timed repetitions after an
+ * untimed warm-up; it reports median, min and max in microseconds.
+ *
+ * Without a CUDA device it says so and exits 0.
+ *
+ * Usage: bench_cuda [--quick] [--tokens N] [--dir DIR]
+ */
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "ctxstore.h"
+#include "ctxstore_cuda.h"
+
+const char *const bench_program = "bench_cuda";
+
+/* --- Geometry -------------------------------------------------------------- */
+
+enum {
+    N_LAYERS = 36,
+    N_KV_HEADS = 8,
+    N_HEADS = 32,
+    HEAD_DIM = 128,
+    SLOT_BYTES = HEAD_DIM * 2,
+    N_RUNS = N_LAYERS * 2 * N_KV_HEADS,
+    TOKEN_BYTES = N_RUNS * SLOT_BYTES, /* 147,456 */
+    Q_FLOATS = N_HEADS * HEAD_DIM,     /* one layer's query, and output */
+    N_SINK = 4,
+    MIN_TOKENS = 16,
+    MAX_TOKENS = 32768,
+    MAX_REPS = 64,
+};
+
+/* --- Results --------------------------------------------------------------- */
+
+typedef struct result {
+    const char *op;
+    const char *method;
+    uint32_t tokens;
+    int n;
+    double median_us, min_us, max_us;
+    double bytes; /* K/V read, for GB/s; 0: not a read */
+} result;
+
+static result g_results[64];
+static int g_n_results;
+
+static void record(const char *op, const char *method, uint32_t tokens, double *us, int n,
+                   double bytes)
+{
+    if (g_n_results == (int)(sizeof g_results / sizeof g_results[0]))
+        die("too many results");
+    qsort(us, (size_t)n, sizeof us[0], cmp_double);
+    g_results[g_n_results++] = (result){op, method, tokens, n, us[n / 2], us[0], us[n - 1],
+                                        bytes};
+}
+
+static const result *find(const char *op, const char *method, uint32_t tokens)
+{
+    for (int i = 0; i < g_n_results; i++)
+        if (!strcmp(g_results[i].op, op) && !strcmp(g_results[i].method, method) &&
+            g_results[i].tokens == tokens)
+            return &g_results[i];
+    return NULL;
+}
+
+/* --- Scratch files ----------------------------------------------------------- */
+
+static char g_path[PATH_MAX];
+
+static void on_signal(int sig)
+{
+    if (g_path[0])
+        unlink(g_path);
+    if (g_dir[0])
+        rmdir(g_dir);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+typedef struct options {
+    int quick;
+    uint32_t only_tokens;
+    const char *dir;
+} options;
+
+static void usage(FILE *f)
+{
+    fputs("usage: bench_cuda [--quick] [--tokens N] [--dir DIR]\n"
+          "  --quick     fewer repetitions (the same contexts)\n"
+          "  --tokens N  one context of N tokens (16..32768)\n"
+          "  --dir DIR   put the session file in a new directory under DIR\n"
+          "              (default $TMPDIR, else /var/tmp)\n",
+          f);
+}
+
+static options parse_options(int argc, char **argv)
+{
+    options o = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--quick")) {
+            o.quick = 1;
+        } else if (!strcmp(a, "--dir") && i + 1 < argc) {
+            o.dir = argv[++i];
+        } else if (!strcmp(a, "--tokens") && i + 1 < argc) {
+            char *end;
+            unsigned long v = strtoul(argv[++i], &end, 10);
+            if (*end || v < MIN_TOKENS || v > MAX_TOKENS)
+                die("--tokens wants a number from %d to %d", MIN_TOKENS, MAX_TOKENS);
+            o.only_tokens = (uint32_t)v;
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        } else {
+            usage(stderr);
+            exit(2);
+        }
+    }
+    return o;
+}
+
+static void make_scratch_dir(const options *o)
+{
+    const char *parent = pick_parent_dir(o->dir);
+    if (snprintf(g_dir, sizeof g_dir, "%s/ctxstore-bench.XXXXXX", parent) >= (int)sizeof g_dir)
+        die("--dir path too long");
+    if (!mkdtemp(g_dir)) {
+        g_dir[0] = '\0';
+        die("mkdtemp under %s failed", parent);
+    }
+    if (snprintf(g_path, sizeof g_path, "%s/cuda.ctxs", g_dir) >= (int)sizeof g_path)
+        die("--dir path too long");
+    g_dir_fd = open(g_dir, O_RDONLY | O_DIRECTORY);
+    check_sys(g_dir_fd, "open scratch directory");
+}
+
+/* --- CUDA -------------------------------------------------------------------- */
+
+static void check_cuda(cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess)
+        die("%s failed: %s", what, cudaGetErrorString(e));
+}
+
+static void check_gpu(int rc, const char *what)
+{
+    if (rc < 0)
+        die("%s failed: %s (%s; %s)", what, ctxs_strerror(rc), ctxs_err_name(rc),
+            ctxs_cuda_last_error());
+}
+
+/* --- One context --------------------------------------------------------------- */
+
+typedef struct bench {
+    uint32_t tokens;
+    int reps;
+    ctxs_model model;
+    ctxs_session *s;
+    ctxs_layout lay;
+    ctxs_attn_plan plan;
+    float *q, *cpu_out, *gpu_out; /* host: [N_LAYERS][Q_FLOATS] */
+    float *d_q, *d_out;           /* device: the same */
+    cudaStream_t stream;
+    cudaEvent_t ev[2];
+    double step_bytes; /* K/V one decode step reads */
+} bench;
+
+/* Valid fp16 values of either sign in [0.5, 1); n a multiple of 8. */
+static void fill_kv(uint8_t *p, size_t n, uint64_t *seed)
+{
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t w = (xorshift64(seed) & 0x83ff83ff83ff83ffull) | 0x3800380038003800ull;
+        memcpy(p + i, &w, 8);
+    }
+}
+
+static void create_and_reopen(bench *b)
+{
+    ctxs_session_options o;
+    check_ctxs(ctxs_session_options_init(&o), "ctxs_session_options_init");
+    o.capacity = b->tokens + 1; /* and one for push / pull */
+    o.n_sink = N_SINK;
+    o.ring = 0;
+    o.window = b->tokens + 1;
+    check_ctxs(ctxs_session_create(&b->s, g_path, &b->model, &o), "ctxs_session_create");
+    ctxs_layout lay;
+    check_ctxs(ctxs_session_layout(&lay, b->s), "ctxs_session_layout");
+    ctxs_reservation r;
+    check_ctxs(ctxs_session_reserve(&r, b->s, b->tokens), "ctxs_session_reserve");
+    uint64_t seed = 0x9e3779b97f4a7c15ull ^ b->tokens;
+    for (uint32_t layer = 0; layer < N_LAYERS; layer++)
+        for (uint32_t kind = 0; kind < 2; kind++)
+            for (uint32_t h = 0; h < N_KV_HEADS; h++)
+                fill_kv((uint8_t *)lay.kv + layer * lay.layer_stride + kind * lay.kv_stride +
+                            h * lay.head_stride,
+                        (size_t)b->tokens * SLOT_BYTES, &seed);
+    uint32_t *ids = xmalloc((size_t)b->tokens * sizeof ids[0]);
+    for (uint32_t i = 0; i < b->tokens; i++)
+        ids[i] = (uint32_t)(xorshift64(&seed) % 151936); /* Qwen3 vocab */
+    check_ctxs(ctxs_session_commit(b->s, ids, b->tokens), "ctxs_session_commit");
+    free(ids);
+    check_ctxs(ctxs_session_sync(b->s), "ctxs_session_sync");
+    ctxs_session_close(b->s);
+    settle_disk();
+    /* A resume: the file is reopened; the page cache still holds it. */
+    check_ctxs(ctxs_session_open(&b->s, g_path, &b->model, 0, &o), "ctxs_session_open");
+    check_ctxs(ctxs_session_layout(&b->lay, b->s), "ctxs_session_layout");
+    check_ctxs(ctxs_session_attn_plan(&b->plan, b->s, 0), "ctxs_session_attn_plan");
+    if (b->plan.n_keys != b->tokens)
+        die("the plan reads %u keys, not %u", b->plan.n_keys, b->tokens);
+    b->step_bytes = (double)N_LAYERS * 2 * N_KV_HEADS * b->tokens * SLOT_BYTES;
+
+    const size_t n = (size_t)N_LAYERS * Q_FLOATS;
+    b->q = xmalloc(n * sizeof(float));
+    b->cpu_out = xmalloc(n * sizeof(float));
+    b->gpu_out = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        b->q[i] = (float)((double)(xorshift64(&seed) >> 11) / 0x1p52 - 1.0);
+    check_cuda(cudaMalloc((void **)&b->d_q, n * sizeof(float)), "cudaMalloc");
+    check_cuda(cudaMalloc((void **)&b->d_out, n * sizeof(float)), "cudaMalloc");
+    check_cuda(cudaMemcpy(b->d_q, b->q, n * sizeof(float), cudaMemcpyHostToDevice),
+               "cudaMemcpy");
+}
+
+static ctxs_attn_query query(const bench *b, const float *q, uint32_t layer)
+{
+    return (ctxs_attn_query){q + (size_t)layer * Q_FLOATS, b->plan.n_tokens - 1, 1, N_HEADS,
+                             0.0f};
+}
+
+static void cpu_kernel(bench *b)
+{
+    double step[MAX_REPS], layer[MAX_REPS];
+    int reps = b->reps < 8 ? b->reps : 8; /* the CPU is slow: fewer */
+    for (int i = -1; i < reps; i++) {
+        double t0 = now_us(), t1 = 0;
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
+            ctxs_attn_query q = query(b, b->q, l);
+            check_ctxs(ctxs_attention(b->cpu_out + (size_t)l * Q_FLOATS, &b->lay, &b->plan, l, &q),
+                       "ctxs_attention");
+            if (l == 0)
+                t1 = now_us();
+        }
+        if (i >= 0) {
+            step[i] = now_us() - t0;
+            layer[i] = t1 - t0;
+        }
+    }
+    char *method = xmalloc(32);
+    snprintf(method, 32, "cpu_%s", ctxs_attention_isa());
+    record("decode_step", method, b->tokens, step, reps, b->step_bytes);
+    record("layer", method, b->tokens, layer, reps, b->step_bytes / N_LAYERS);
+}
+
+/* The largest difference from the CPU's output, relative to the output's
+ * largest magnitude. */
+static double check_output(bench *b)
+{
+    const size_t n = (size_t)N_LAYERS * Q_FLOATS;
+    check_cuda(cudaMemcpy(b->gpu_out, b->d_out, n * sizeof(float), cudaMemcpyDeviceToHost),
+               "cudaMemcpy");
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)b->gpu_out[i] - b->cpu_out[i]);
+        if (!(d <= worst))
+            worst = d;
+        if (fabs(b->cpu_out[i]) > scale)
+            scale = fabs(b->cpu_out[i]);
+    }
+    return worst / (scale > 0 ? scale : 1);
+}
+
+static double elapsed_us(bench *b)
+{
+    float ms;
+    check_cuda(cudaEventSynchronize(b->ev[1]), "cudaEventSynchronize");
+    check_cuda(cudaEventElapsedTime(&ms, b->ev[0], b->ev[1]), "cudaEventElapsedTime");
+    return ms * 1e3;
+}
+
+static void gpu_mode(bench *b, int mode)
+{
+    const char *method = mode == CTXS_CUDA_MAPPED ? "gpu_mapped" : "gpu_mirror";
+    double us[MAX_REPS];
+    ctxs_cuda_kv *kv = NULL;
+    check_ctxs(ctxs_session_attn_plan(&b->plan, b->s, 0), "ctxs_session_attn_plan");
+
+    /* attach, as a resume does; the last one stays for what follows */
+    int attach_reps = b->reps < 5 ? b->reps : 5;
+    for (int i = -1; i < attach_reps; i++) {
+        ctxs_cuda_detach(kv);
+        kv = NULL;
+        double t0 = now_us();
+        check_gpu(ctxs_cuda_attach(&kv, b->s, mode, 0), "ctxs_cuda_attach");
+        if (i >= 0)
+            us[i] = now_us() - t0;
+    }
+    record("attach", method, b->tokens, us, attach_reps,
+           mode == CTXS_CUDA_MIRROR ? b->step_bytes : 0);
+    ctxs_cuda_info info;
+    check_gpu(ctxs_cuda_info_get(&info, kv), "ctxs_cuda_info_get");
+    if (mode == CTXS_CUDA_MAPPED)
+        printf("%u tokens, mapped: %s (%.0f MiB pinned)\n", b->tokens,
+               info.flags & CTXS_CUDA_HOST_PAGE_TABLES
+                   ? "the GPU reads the mapping through the host's page tables"
+                   : "the KV region is registered read-only and pinned",
+               (double)info.pinned_bytes / (1 << 20));
+
+    /* decode_step and layer */
+    for (int i = -3; i < b->reps; i++) {
+        check_cuda(cudaEventRecord(b->ev[0], b->stream), "cudaEventRecord");
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
+            ctxs_attn_query q = query(b, b->d_q, l);
+            check_gpu(ctxs_cuda_attention(b->d_out + (size_t)l * Q_FLOATS, kv, &b->plan, l, &q,
+                                          b->stream),
+                      "ctxs_cuda_attention");
+        }
+        check_cuda(cudaEventRecord(b->ev[1], b->stream), "cudaEventRecord");
+        double t = elapsed_us(b);
+        if (i >= 0)
+            us[i] = t;
+    }
+    record("decode_step", method, b->tokens, us, b->reps, b->step_bytes);
+    double err = check_output(b);
+    if (err > 1e-3)
+        die("%s at %u tokens: the output differs from the CPU's by %.3g (relative)", method,
+            b->tokens, err);
+    for (int i = -3; i < b->reps; i++) {
+        ctxs_attn_query q = query(b, b->d_q, 0);
+        check_cuda(cudaEventRecord(b->ev[0], b->stream), "cudaEventRecord");
+        check_gpu(ctxs_cuda_attention(b->d_out, kv, &b->plan, 0, &q, b->stream),
+                  "ctxs_cuda_attention");
+        check_cuda(cudaEventRecord(b->ev[1], b->stream), "cudaEventRecord");
+        double t = elapsed_us(b);
+        if (i >= 0)
+            us[i] = t;
+    }
+    record("layer", method, b->tokens, us, b->reps, b->step_bytes / N_LAYERS);
+
+    /* push and pull of one token of a reservation (written once on the
+     * host; the copies are the same each time) */
+    ctxs_reservation r;
+    check_ctxs(ctxs_session_reserve(&r, b->s, 1), "ctxs_session_reserve");
+    uint8_t *k = xmalloc(TOKEN_BYTES / 2), *v = xmalloc(TOKEN_BYTES / 2);
+    uint64_t seed = 42;
+    fill_kv(k, TOKEN_BYTES / 2, &seed);
+    fill_kv(v, TOKEN_BYTES / 2, &seed);
+    check_ctxs(ctxs_session_write_token(b->s, &r, 0, k, v), "ctxs_session_write_token");
+    free(k);
+    free(v);
+    if (mode == CTXS_CUDA_MIRROR) {
+        for (int i = -3; i < b->reps; i++) {
+            double t0 = now_us();
+            check_gpu(ctxs_cuda_push(kv, &r, 0, 1, b->stream), "ctxs_cuda_push");
+            check_cuda(cudaStreamSynchronize(b->stream), "cudaStreamSynchronize");
+            if (i >= 0)
+                us[i] = now_us() - t0;
+        }
+        record("push_token", method, b->tokens, us, b->reps, 0);
+    }
+    for (int i = -3; i < b->reps; i++) {
+        double t0 = now_us();
+        check_gpu(ctxs_cuda_pull(kv, &r, 0, 1, b->stream), "ctxs_cuda_pull");
+        if (i >= 0)
+            us[i] = now_us() - t0;
+    }
+    record("pull_token", method, b->tokens, us, b->reps, 0);
+    /* Drop the reservation: a rollback to the count releases it. */
+    check_ctxs(ctxs_session_rollback(b->s, b->plan.n_tokens), "ctxs_session_rollback");
+    ctxs_cuda_detach(kv);
+}
+
+static void run_context(const options *o, uint32_t tokens)
+{
+    bench b = {0};
+    b.tokens = tokens;
+    b.reps = o->quick ? 10 : 40;
+    b.model.geometry = (ctxs_geometry){N_LAYERS, N_KV_HEADS, HEAD_DIM, CTXS_DTYPE_F16};
+    memset(b.model.model_hash, 0xb5, 16);
+    check_cuda(cudaSetDevice(0), "cudaSetDevice");
+    check_cuda(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaEventCreate(&b.ev[0]), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&b.ev[1]), "cudaEventCreate");
+    fprintf(stderr, "%u tokens: filling the session\n", tokens);
+    create_and_reopen(&b);
+    fprintf(stderr, "%u tokens: CPU kernel\n", tokens);
+    cpu_kernel(&b);
+    fprintf(stderr, "%u tokens: mirror\n", tokens);
+    gpu_mode(&b, CTXS_CUDA_MIRROR);
+    fprintf(stderr, "%u tokens: mapped\n", tokens);
+    gpu_mode(&b, CTXS_CUDA_MAPPED);
+    ctxs_session_close(b.s);
+    unlink(g_path);
+    cudaFree(b.d_q);
+    cudaFree(b.d_out);
+    cudaEventDestroy(b.ev[0]);
+    cudaEventDestroy(b.ev[1]);
+    cudaStreamDestroy(b.stream);
+    free(b.q);
+    free(b.cpu_out);
+    free(b.gpu_out);
+}
+
+static void print_table(void)
+{
+    printf("\n%-12s %6s  %-12s %12s %12s %12s %3s %8s\n", "op", "tokens", "method", "median_us",
+           "min_us", "max_us", "n", "GB/s");
+    const char *last = "";
+    for (int i = 0; i < g_n_results; i++) {
+        const result *r = &g_results[i];
+        if (strcmp(r->op, last) && *last)
+            putchar('\n');
+        last = r->op;
+        char gbs[32] = "";
+        if (r->bytes > 0 && r->median_us > 0)
+            snprintf(gbs, sizeof gbs, "%.1f", r->bytes / r->median_us / 1e3);
+        printf("%-12s %6u  %-12s %12.1f %12.1f %12.1f %3d %8s\n", r->op, r->tokens, r->method,
+               r->median_us, r->min_us, r->max_us, r->n, gbs);
+    }
+}
+
+static int cmp_result(const void *a, const void *b)
+{
+    static const char *const ops[] = {"attach", "decode_step", "layer", "push_token",
+                                      "pull_token"};
+    const result *x = a, *y = b;
+    int ox = 0, oy = 0;
+    for (int i = 0; i < 5; i++) {
+        if (!strcmp(x->op, ops[i]))
+            ox = i;
+        if (!strcmp(y->op, ops[i]))
+            oy = i;
+    }
+    if (ox != oy)
+        return ox - oy;
+    if (x->tokens != y->tokens)
+        return x->tokens < y->tokens ? -1 : 1;
+    return strcmp(x->method, y->method);
+}
+
+static void print_headlines(const uint32_t *contexts, int n)
+{
+    char cpu[32];
+    snprintf(cpu, sizeof cpu, "cpu_%s", ctxs_attention_isa());
+    putchar('\n');
+    for (int i = 0; i < n; i++) {
+        const result *c = find("decode_step", cpu, contexts[i]);
+        const result *mi = find("decode_step", "gpu_mirror", contexts[i]);
+        const result *ma = find("decode_step", "gpu_mapped", contexts[i]);
+        if (c && mi && ma)
+            printf("decode_step, 36 layers, %u tokens: CPU (%s) %.0f us; GPU mirror %.0f us "
+                   "(%.1fx the CPU's speed), mapped %.0f us (%.1fx)\n",
+                   contexts[i], ctxs_attention_isa(), c->median_us, mi->median_us,
+                   c->median_us / mi->median_us, ma->median_us, c->median_us / ma->median_us);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    options o = parse_options(argc, argv);
+    int n_dev = ctxs_cuda_device_count();
+    if (n_dev < 0) {
+        printf("bench_cuda: no CUDA device (%s); nothing to measure\n", ctxs_cuda_last_error());
+        return 0;
+    }
+    struct cudaDeviceProp prop;
+    check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);
+    make_scratch_dir(&o);
+
+    uint32_t contexts[2] = {2048, 8192};
+    int n_contexts = 2;
+    if (o.only_tokens) {
+        contexts[0] = o.only_tokens;
+        n_contexts = 1;
+    }
+    printf("ctxstore bench_cuda: %s (%d SMs, %.0f GiB), Qwen3-4B KV geometry: %d layers x %d KV "
+           "heads x %d dim, fp16, %d query heads; one query token reads every held token; "
+           "session in %s; times in us (GPU ops: CUDA events; attach, push, pull: wall)\n",
+           prop.name, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1 << 30),
+           N_LAYERS, N_KV_HEADS, HEAD_DIM, N_HEADS, g_dir);
+    fflush(stdout);
+    double t0 = now_us();
+    for (int i = 0; i < n_contexts; i++)
+        run_context(&o, contexts[i]);
+    qsort(g_results, (size_t)g_n_results, sizeof g_results[0], cmp_result);
+    print_table();
+    print_headlines(contexts, n_contexts);
+    printf("total run time: %.1f s\n", (now_us() - t0) / 1e6);
+    cleanup();
+    return 0;
+}

@@ -87,7 +87,8 @@ extern "C" {
     XX(EVICTED, -32011, "tokens were overwritten by the ring")                 \
     XX(NOMEM, -32012, "out of memory")                                        \
     XX(STALE, -32013, "the session no longer holds those tokens")            \
-    XX(NODEVICE, -32014, "no usable GPU device")
+    XX(NODEVICE, -32014, "no usable GPU device")                              \
+    XX(DEVICE, -32015, "GPU error")
 
 typedef enum ctxs_error {
 #define CTXS_ERR_ENUM_(name, value, text) CTXS_E##name = (value),

@@ -69,7 +69,7 @@
  *   attach, push, pull or resync: after the session changes under it
  *   (rollback, checkpoint restore, refresh of a read-only session following
  *   a writer), call ctxs_cuda_resync() before the next attention.
- * - CUDA errors that have no better code are CTXS_EFAILED, and
+ * - CUDA errors that have no better code are CTXS_EDEVICE, and
  *   ctxs_cuda_last_error() names them. After a sticky error (an illegal
  *   address) the CUDA context is unusable; only detach is safe.
  * - The library links the CUDA runtime statically (its symbols are not
@@ -127,7 +127,7 @@ CTXS_API const char *ctxs_cuda_last_error(void);
  * Errors: CTXS_EINVAL (NULL, unknown mode, device out of range),
  * CTXS_ENODEVICE (no device or driver), CTXS_ENOMEM (host or device memory),
  * -EBUSY (the region is already registered, by another MAPPED handle),
- * -ENOTSUP (the device cannot map host memory read-only), CTXS_EFAILED
+ * -ENOTSUP (the device cannot map host memory read-only), CTXS_EDEVICE
  * (another CUDA error). *out is NULL on failure. */
 CTXS_API int ctxs_cuda_attach(ctxs_cuda_kv **out, ctxs_session *s, int mode,
                               int device);
@@ -173,7 +173,7 @@ CTXS_API int ctxs_cuda_layout(ctxs_layout *out, const ctxs_cuda_kv *kv);
  * where the device reads the mapping (0 is returned). r is a reservation
  * of kv's session, not yet committed.
  * Errors: CTXS_EINVAL (NULL, n == 0, tokens outside r, spans outside the
- * capacity), CTXS_ENODEVICE, CTXS_EFAILED. */
+ * capacity), CTXS_ENODEVICE, CTXS_EDEVICE. */
 CTXS_API int ctxs_cuda_push(ctxs_cuda_kv *kv, const ctxs_reservation *r,
                             uint32_t first, uint32_t n, void *stream);
 
@@ -184,7 +184,7 @@ CTXS_API int ctxs_cuda_push(ctxs_cuda_kv *kv, const ctxs_reservation *r,
  * checksum them. In mapped mode there is nothing to copy; the stream is
  * waited for, so that device writes (coherent systems) are done.
  * Errors: CTXS_EINVAL (as push), CTXS_EREADONLY (s is read-only; mirror),
- * CTXS_ENODEVICE, CTXS_EFAILED (including an error of earlier work on the
+ * CTXS_ENODEVICE, CTXS_EDEVICE (including an error of earlier work on the
  * stream). */
 CTXS_API int ctxs_cuda_pull(ctxs_cuda_kv *kv, const ctxs_reservation *r,
                             uint32_t first, uint32_t n, void *stream);
@@ -192,7 +192,7 @@ CTXS_API int ctxs_cuda_pull(ctxs_cuda_kv *kv, const ctxs_reservation *r,
 /* Copies every held token to the mirror again, as attach does, on stream:
  * after a rollback, a checkpoint restore or a refresh changed what the
  * session holds. The host bytes are read before it returns. Nothing to do
- * in mapped mode (0). Errors: CTXS_EINVAL, CTXS_ENODEVICE, CTXS_EFAILED. */
+ * in mapped mode (0). Errors: CTXS_EINVAL, CTXS_ENODEVICE, CTXS_EDEVICE. */
 CTXS_API int ctxs_cuda_resync(ctxs_cuda_kv *kv, void *stream);
 
 /* Attention of one layer on kv's device, queued on stream: the contract of
@@ -217,7 +217,7 @@ CTXS_API int ctxs_cuda_resync(ctxs_cuda_kv *kv, void *stream);
  *
  * Errors: CTXS_EINVAL (those of ctxs_attention(), and a head_dim above
  * CTXS_CUDA_MAX_HEAD_DIM), CTXS_ENODEVICE, CTXS_ENOMEM (device memory for
- * the split-K partial results), CTXS_EFAILED (a launch failed). Errors of
+ * the split-K partial results), CTXS_EDEVICE (a launch failed). Errors of
  * the kernel itself (a bad pointer) surface at the next synchronization.
  * Thread-safe. */
 CTXS_API int ctxs_cuda_attention(float *out, const ctxs_cuda_kv *kv,

@@ -55,7 +55,7 @@ int ctxs__cuda_err(cudaError_t e)
     case cudaErrorInvalidValue:
         return CTXS_EINVAL;
     default:
-        return CTXS_EFAILED;
+        return CTXS_EDEVICE;
     }
 }
 

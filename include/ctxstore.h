@@ -567,6 +567,17 @@ CTXS_API int ctxs_attention(float *out, const ctxs_layout *kv,
                             const ctxs_attn_plan *plan, uint32_t layer,
                             const ctxs_attn_query *q);
 
+/* Checks the arguments of an attention pass as ctxs_attention() does,
+ * except q->q (which a GPU kernel may take from elsewhere), and sets
+ * *scale_out to the softmax scale to use: q->scale, or 1 / sqrt(head_dim)
+ * rounded to float when it is 0. For kernels outside this library (CUDA,
+ * Metal), so that every kernel accepts and refuses the same passes and
+ * scales by the same float. Errors: CTXS_EINVAL, as ctxs_attention().
+ * Thread-safe. */
+CTXS_API int ctxs_attention_check(float *scale_out, const ctxs_layout *kv,
+                                  const ctxs_attn_plan *plan, uint32_t layer,
+                                  const ctxs_attn_query *q);
+
 /* The instruction set ctxs_attention() uses: "avx512", "avx2", "neon" or
  * "portable". Thread-safe. */
 CTXS_API const char *ctxs_attention_isa(void);

@@ -1030,6 +1030,51 @@ Test(attention, bad_arguments_are_einval_and_leave_out_alone)
     ctxs_session_close(s);
 }
 
+Test(attention, the_shared_check_agrees_with_the_kernel_and_gives_its_scale)
+{
+    /* ctxs_attention_check() is what the CUDA and Metal kernels call. */
+    rng = ts_seed("check");
+    ctxs_session *s = create_plain("a", 2, 2, 16);
+    append_random(s, 50);
+    ctxs_attn_plan plan = plan_of(s, 0);
+    ctxs_layout lay;
+    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    float *q = rand_q(1, 4, 16, 1.0f);
+    float *out = alloc_out(4 * 16);
+    float scale = -1.0f;
+    ctxs_attn_query qq = {q, 49, 1, 4, 0.0f};
+    cr_assert_eq(ctxs_attention_check(&scale, &lay, &plan, 1, &qq), 0);
+    cr_expect_eq(scale, 0.25f, "1/sqrt(16) is %a", (double)scale);
+    qq.scale = 0.37f;
+    cr_assert_eq(ctxs_attention_check(&scale, &lay, &plan, 1, &qq), 0);
+    cr_expect_eq(scale, 0.37f);
+    cr_expect_eq(ctxs_attention_check(NULL, &lay, &plan, 1, &qq), CTXS_EINVAL);
+
+    /* A GPU kernel may take q from its own buffer; the CPU kernel may not. */
+    qq.q = NULL;
+    cr_expect_eq(ctxs_attention_check(&scale, &lay, &plan, 1, &qq), 0);
+    cr_expect_eq(ctxs_attention(out, &lay, &plan, 1, &qq), CTXS_EINVAL);
+    qq.q = q;
+
+    /* What one refuses the other refuses. */
+    ctxs_attn_query bad = qq;
+    bad.n_heads = 3;
+    cr_expect_eq(ctxs_attention_check(&scale, &lay, &plan, 1, &bad), CTXS_EINVAL);
+    cr_expect_eq(ctxs_attention(out, &lay, &plan, 1, &bad), CTXS_EINVAL);
+    bad = qq;
+    bad.pos = 50;
+    cr_expect_eq(ctxs_attention_check(&scale, &lay, &plan, 1, &bad), CTXS_EINVAL);
+    cr_expect_eq(ctxs_attention(out, &lay, &plan, 1, &bad), CTXS_EINVAL);
+    cr_expect_eq(ctxs_attention_check(&scale, &lay, &plan, 2, &qq), CTXS_EINVAL);
+    ctxs_attn_plan hostile = plan;
+    hostile.n_keys++;
+    cr_expect_eq(ctxs_attention_check(&scale, &lay, &hostile, 1, &qq), CTXS_EINVAL);
+    cr_expect_eq(ctxs_attention(out, &lay, &hostile, 1, &qq), CTXS_EINVAL);
+    free(q);
+    free(out);
+    ctxs_session_close(s);
+}
+
 Test(attention, a_query_that_sees_no_key_gets_zeros_not_nan)
 {
     rng = ts_seed("no_key");

@@ -384,24 +384,37 @@ static float default_scale(uint32_t hd)
     return (float)(1.0 / r);
 }
 
-int ctxs_attention(float *out, const ctxs_layout *kv, const ctxs_attn_plan *plan,
-                   uint32_t layer, const ctxs_attn_query *q)
+int ctxs_attention_check(float *scale_out, const ctxs_layout *kv,
+                         const ctxs_attn_plan *plan, uint32_t layer,
+                         const ctxs_attn_query *q)
 {
-    CTXS__CHECK(out && kv && plan && q && q->q);
+    CTXS__CHECK(scale_out && kv && plan && q);
     int rc = layout_valid(kv, layer);
     if (rc < 0)
         return rc;
-    const uint32_t n_kv = kv->geometry.n_kv_heads, hd = kv->geometry.head_dim;
+    const uint32_t n_kv = kv->geometry.n_kv_heads;
     CTXS__CHECK(q->n >= 1 && q->n_heads > 0 && q->n_heads % n_kv == 0);
     CTXS__CHECK(q->pos >= plan->first_query && q->pos <= plan->n_tokens &&
                 q->n <= plan->n_tokens - q->pos);
     rc = plan_valid(plan, kv->capacity);
     if (rc < 0)
         return rc;
+    *scale_out = q->scale != 0.0f ? q->scale : default_scale(kv->geometry.head_dim);
+    return 0;
+}
+
+int ctxs_attention(float *out, const ctxs_layout *kv, const ctxs_attn_plan *plan,
+                   uint32_t layer, const ctxs_attn_query *q)
+{
+    float scale;
+    CTXS__CHECK(out && q && q->q);
+    int rc = ctxs_attention_check(&scale, kv, plan, layer, q);
+    if (rc < 0)
+        return rc;
+    const uint32_t n_kv = kv->geometry.n_kv_heads, hd = kv->geometry.head_dim;
 
     ctxs__attn_fn *fn = isa_current()->fn;
     const uint32_t group = q->n_heads / n_kv;
-    const float scale = q->scale != 0.0f ? q->scale : default_scale(hd);
     const size_t row = (size_t)q->n_heads * hd; /* floats per query */
     const uint8_t *base = (const uint8_t *)kv->kv + (size_t)layer * kv->layer_stride;
 

@@ -1,7 +1,7 @@
 /*
- * ctxs_cuda_attention(): the arguments checked as ctxs_attention() checks
- * them, the plan turned into what the kernels take (kernels.cu), and the
- * choice between folding in the block and split-K.
+ * ctxs_cuda_attention(): the arguments checked by ctxs_attention_check(),
+ * as every kernel does; the plan turned into what the kernels take
+ * (kernels.cu), and the choice between folding in the block and split-K.
  */
 #include <stdint.h>
 #include <string.h>
@@ -17,38 +17,6 @@
 /* Split-K when the blocks of one pass without it would leave the device
  * half idle, and its partial results fit in this much device memory. */
 #define SPLIT_MAX_BYTES ((uint64_t)256 << 20)
-
-/* As ctxs_attention() (src/gpu/attention.c): every slot inside the
- * capacity, spans ascending without overlap, n_keys their sum. */
-static int plan_valid(const ctxs_attn_plan *plan, uint32_t capacity)
-{
-    CHECK(plan->n_spans <= CTXS_ATTN_MAX_SPANS);
-    uint64_t keys = 0, next = 0;
-    for (uint32_t i = 0; i < plan->n_spans; i++) {
-        const ctxs_attn_span *sp = &plan->spans[i];
-        CHECK(sp->count <= capacity && sp->slot <= capacity - sp->count);
-        CHECK(sp->pos <= UINT64_MAX - sp->count);
-        CHECK(i == 0 || sp->pos >= next);
-        next = sp->pos + sp->count;
-        keys += sp->count;
-    }
-    CHECK(keys == plan->n_keys);
-    return 0;
-}
-
-/* 1 / sqrt(head_dim) computed as the CPU kernel does, so that both use the
- * same float. */
-static float default_scale(uint32_t hd)
-{
-    double x = hd, r = hd > 1 ? hd : 1.0;
-    for (int i = 0; i < 64; i++) {
-        double next = 0.5 * (r + x / r);
-        if (next >= r)
-            break;
-        r = next;
-    }
-    return (float)(1.0 / r);
-}
 
 /* The chunks (CTXS__CUDA_CHUNK positions, aligned) the plan's keys fall
  * in, ascending, as at most one run of consecutive chunk numbers per
@@ -80,18 +48,14 @@ static void chunk_list(ctxs__cuda_attn *a)
 int ctxs_cuda_attention(float *out, const ctxs_cuda_kv *kv, const ctxs_attn_plan *plan,
                         uint32_t layer, const ctxs_attn_query *q, void *stream)
 {
-    CHECK(out && kv && plan && q && q->q);
+    CHECK(out && kv && q && q->q);
     const ctxs_layout *l = &kv->host;
-    const ctxs_geometry *geo = &l->geometry;
-    CHECK(geo->dtype == CTXS_DTYPE_F16 && layer < geo->n_layers);
-    CHECK(geo->head_dim >= 1 && geo->head_dim <= CTXS_CUDA_MAX_HEAD_DIM);
-    const uint32_t n_kv = geo->n_kv_heads, hd = geo->head_dim;
-    CHECK(q->n >= 1 && q->n_heads > 0 && q->n_heads % n_kv == 0);
-    CHECK(q->pos >= plan->first_query && q->pos <= plan->n_tokens &&
-          q->n <= plan->n_tokens - q->pos);
-    int rc = plan_valid(plan, l->capacity);
+    float scale;
+    int rc = ctxs_attention_check(&scale, l, plan, layer, q);
     if (rc < 0)
         return rc;
+    const uint32_t n_kv = l->geometry.n_kv_heads, hd = l->geometry.head_dim;
+    CHECK(hd <= CTXS_CUDA_MAX_HEAD_DIM);
 
     ctxs__cuda_attn a;
     memset(&a, 0, sizeof(a));
@@ -109,7 +73,6 @@ int ctxs_cuda_attention(float *out, const ctxs_cuda_kv *kv, const ctxs_attn_plan
     a.dim_pad = (hd + 7) & ~7u;
     a.n_sink = plan->n_sink;
     a.window = plan->window;
-    const float scale = q->scale != 0.0f ? q->scale : default_scale(hd);
     a.scale_log2 = scale * 1.44269504088896341f;
     for (uint32_t i = 0; i < plan->n_spans; i++) {
         if (plan->spans[i].count == 0)

@@ -22,7 +22,6 @@
 
 #include <TargetConditionals.h>
 #include <errno.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,56 +222,6 @@ void ctxs_metal_detach(ctxs_metal_kv *kv)
     (void)CFBridgingRelease(kv);
 }
 
-/* --- Arguments: what ctxs_attention() checks ------------------------------ */
-
-/* The same checks as layout_valid() in src/gpu/attention.c: the bytes of
- * `layer` that a pass may read lie inside the region (and so inside the
- * buffer). */
-static int layout_valid(const ctxs_layout *kv, uint32_t layer)
-{
-    const ctxs_geometry *g = &kv->geometry;
-    if (layer >= g->n_layers || g->n_kv_heads == 0 || g->head_dim == 0 ||
-        kv->slot_bytes != (size_t)g->head_dim * 2)
-        return CTXS_EINVAL;
-    if (((kv->head_stride | kv->kv_stride | kv->layer_stride) & 1) != 0)
-        return CTXS_EINVAL;
-    size_t a, b, end;
-    if (__builtin_mul_overflow((size_t)layer, kv->layer_stride, &a) ||
-        __builtin_mul_overflow((size_t)(g->n_kv_heads - 1), kv->head_stride,
-                               &b) ||
-        __builtin_add_overflow(a, b, &end) ||
-        __builtin_add_overflow(end, kv->kv_stride, &end) ||
-        __builtin_mul_overflow((size_t)kv->capacity, kv->slot_bytes, &b) ||
-        __builtin_add_overflow(end, b, &end) || end > kv->kv_bytes)
-        return CTXS_EINVAL;
-    return 0;
-}
-
-/* As plan_valid() in src/gpu/attention.c: spans inside the capacity, in
- * ascending positions without overlap, n_keys their sum. */
-static int plan_valid(const ctxs_attn_plan *plan, uint32_t capacity)
-{
-    if (plan->n_spans > CTXS_ATTN_MAX_SPANS)
-        return CTXS_EINVAL;
-    uint64_t keys = 0, next = 0;
-    for (uint32_t i = 0; i < plan->n_spans; i++) {
-        const ctxs_attn_span *sp = &plan->spans[i];
-        if (sp->count > capacity || sp->slot > capacity - sp->count ||
-            sp->pos > UINT64_MAX - sp->count || (i > 0 && sp->pos < next))
-            return CTXS_EINVAL;
-        next = sp->pos + sp->count;
-        keys += sp->count;
-    }
-    return keys == plan->n_keys ? 0 : CTXS_EINVAL;
-}
-
-/* 1 / sqrt(head_dim), in double and then rounded, as attention.c's
- * default_scale() (which avoids libm; this file may use it). */
-static float default_scale(uint32_t hd)
-{
-    return (float)(1.0 / sqrt((double)hd));
-}
-
 int ctxs_metal_attention(ctxs_metal_kv *kv, void *out_buffer, void *q_buffer,
                          const ctxs_attn_plan *plan, uint32_t layer,
                          const ctxs_attn_query *q, void *command_buffer)
@@ -283,18 +232,14 @@ int ctxs_metal_attention(ctxs_metal_kv *kv, void *out_buffer, void *q_buffer,
         return CTXS_EINVAL;
     CTXSMetalKV *h = (__bridge CTXSMetalKV *)(void *)kv;
     const ctxs_layout *lay = &h->layout;
-    int rc = layout_valid(lay, layer);
+    /* The core library's checks, so that every kernel accepts the same
+     * passes and scales by the same float. */
+    float scale;
+    int rc = ctxs_attention_check(&scale, lay, plan, layer, q);
     if (rc < 0)
         return rc;
     const uint32_t n_kv = lay->geometry.n_kv_heads;
     const uint32_t hd = lay->geometry.head_dim;
-    if (q->n < 1 || q->n_heads == 0 || q->n_heads % n_kv != 0 ||
-        q->pos < plan->first_query || q->pos > plan->n_tokens ||
-        q->n > plan->n_tokens - q->pos)
-        return CTXS_EINVAL;
-    rc = plan_valid(plan, lay->capacity);
-    if (rc < 0)
-        return rc;
 
     size_t bytes; /* of q and of out */
     if (__builtin_mul_overflow((size_t)q->n * q->n_heads, (size_t)hd, &bytes) ||
@@ -320,7 +265,7 @@ int ctxs_metal_attention(ctxs_metal_kv *kv, void *out_buffer, void *q_buffer,
         .head_dim = hd,
         .n_heads = q->n_heads,
         .group = q->n_heads / n_kv,
-        .scale = q->scale != 0.0f ? q->scale : default_scale(hd),
+        .scale = scale,
     };
     for (uint32_t i = 0; i < plan->n_spans; i++) {
         p.span_pos[i] = plan->spans[i].pos;

@@ -141,11 +141,7 @@ static options parse_options(int argc, char **argv)
         } else if (!strcmp(a, "--dir") && i + 1 < argc) {
             o.dir = argv[++i];
         } else if (!strcmp(a, "--tokens") && i + 1 < argc) {
-            char *end;
-            unsigned long v = strtoul(argv[++i], &end, 10);
-            if (*end || v < MIN_TOKENS || v > MAX_TOKENS)
-                die("--tokens wants a number from %d to %d", MIN_TOKENS, MAX_TOKENS);
-            o.only_tokens = (uint32_t)v;
+            o.only_tokens = parse_count(argv[++i], "--tokens", MIN_TOKENS, MAX_TOKENS);
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             exit(0);
@@ -155,21 +151,6 @@ static options parse_options(int argc, char **argv)
         }
     }
     return o;
-}
-
-static void make_scratch_dir(const options *o)
-{
-    const char *parent = pick_parent_dir(o->dir);
-    if (snprintf(g_dir, sizeof g_dir, "%s/ctxstore-bench.XXXXXX", parent) >= (int)sizeof g_dir)
-        die("--dir path too long");
-    if (!mkdtemp(g_dir)) {
-        g_dir[0] = '\0';
-        die("mkdtemp under %s failed", parent);
-    }
-    if (snprintf(g_path, sizeof g_path, "%s/cuda.ctxs", g_dir) >= (int)sizeof g_path)
-        die("--dir path too long");
-    g_dir_fd = open(g_dir, O_RDONLY | O_DIRECTORY);
-    check_sys(g_dir_fd, "open scratch directory");
 }
 
 /* --- CUDA -------------------------------------------------------------------- */
@@ -506,7 +487,8 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
-    make_scratch_dir(&o);
+    make_scratch_dir(o.dir, "ctxstore-bench");
+    scratch_path(g_path, "cuda.ctxs");
 
     uint32_t contexts[2] = {2048, 8192};
     int n_contexts = 2;

@@ -147,12 +147,6 @@ static void check_signal(void)
     }
 }
 
-static void path_in(char *out, const char *name)
-{
-    if (snprintf(out, PATH_MAX, "%s/%s", g_dir, name) >= PATH_MAX)
-        die("--dir path too long");
-}
-
 /* --- Options --------------------------------------------------------------- */
 
 typedef struct options {
@@ -190,17 +184,9 @@ static options parse_options(int argc, char **argv)
         } else if (!strcmp(a, "--dir") && i + 1 < argc) {
             o.dir = argv[++i];
         } else if (!strcmp(a, "--sessions") && i + 1 < argc) {
-            char *end;
-            unsigned long v = strtoul(argv[++i], &end, 10);
-            if (*end || v < 100 || v > 100000)
-                die("--sessions wants a number from 100 to 100000");
-            o.sessions = (uint32_t)v;
+            o.sessions = parse_count(argv[++i], "--sessions", 100, 100000);
         } else if (!strcmp(a, "--gap-ms") && i + 1 < argc) {
-            char *end;
-            unsigned long v = strtoul(argv[++i], &end, 10);
-            if (*end || v > 10000)
-                die("--gap-ms wants a number from 0 to 10000");
-            o.gap_ms = (unsigned)v;
+            o.gap_ms = parse_count(argv[++i], "--gap-ms", 0, 10000);
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             exit(0);
@@ -237,22 +223,6 @@ static const char *fs_name(const char *dir)
     (void)dir;
 #endif
     return "unknown file system";
-}
-
-static void make_scratch_dir(const options *o)
-{
-    const char *parent = pick_parent_dir(o->dir);
-    if (snprintf(g_dir, sizeof g_dir, "%s/ctxstore-bench-index.XXXXXX", parent)
-        >= (int)sizeof g_dir)
-        die("--dir path too long");
-    if (!mkdtemp(g_dir)) {
-        int e = errno;
-        g_dir[0] = '\0';
-        die("mkdtemp under %s failed: %s", parent, strerror(e));
-    }
-    path_in(g_store_dir, "store");
-    g_dir_fd = open(g_dir, O_RDONLY | O_DIRECTORY);
-    check_sys(g_dir_fd, "open scratch directory");
 }
 
 /* --- Timing and statistics ------------------------------------------------- */
@@ -928,9 +898,9 @@ static void make_fork_source(fork_bench *fb)
     for (uint32_t run = 0; run < N_RUNS; run++)
         memcpy(fb->state + (size_t)run * FORK_TOKENS * SLOT_BYTES,
                run_base(&fb->src_lay, run), (size_t)FORK_TOKENS * SLOT_BYTES);
-    path_in(fb->bare_path, "fork.ctxs");
-    path_in(fb->state_path, "state.bin");
-    path_in(fb->copy_path, "copy.ctxs");
+    scratch_path(fb->bare_path, "fork.ctxs");
+    scratch_path(fb->state_path, "state.bin");
+    scratch_path(fb->copy_path, "copy.ctxs");
     settle_disk();
 }
 
@@ -1220,7 +1190,7 @@ static void commit_geometry(ctxs_store *st, const ctxs_model *model,
     fill_fp16(turn, turn_bytes, &seed);
     uint32_t *ids = xmalloc(CONV_TOKENS * sizeof(*ids));
     char bare_path[PATH_MAX];
-    path_in(bare_path, "chat.ctxs");
+    scratch_path(bare_path, "chat.ctxs");
     ctxs_session_options opts;
     session_options(&opts, CONV_CAPACITY, CTXS_SYNC_ASYNC);
     opts.ring = 0;
@@ -1529,7 +1499,8 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
-    make_scratch_dir(&o);
+    make_scratch_dir(o.dir, "ctxstore-bench-index");
+    scratch_path(g_store_dir, "store");
 
     print_header(o.json ? stderr : stdout, &o);
     fflush(stdout);

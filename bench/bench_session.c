@@ -183,20 +183,11 @@ static options parse_options(int argc, char **argv)
         } else if (!strcmp(a, "--quick")) {
             o.quick = 1;
         } else if (!strcmp(a, "--gap-ms") && i + 1 < argc) {
-            char *end;
-            unsigned long v = strtoul(argv[++i], &end, 10);
-            if (*end || v > 10000)
-                die("--gap-ms wants a number from 0 to 10000");
-            o.gap_ms = (unsigned)v;
+            o.gap_ms = parse_count(argv[++i], "--gap-ms", 0, 10000);
         } else if (!strcmp(a, "--dir") && i + 1 < argc) {
             o.dir = argv[++i];
         } else if (!strcmp(a, "--tokens") && i + 1 < argc) {
-            char *end;
-            unsigned long v = strtoul(argv[++i], &end, 10);
-            if (*end || v < TURN_TOKENS || v > MAX_TOKENS)
-                die("--tokens wants a number from %d to %d", TURN_TOKENS,
-                    MAX_TOKENS);
-            o.only_tokens = (uint32_t)v;
+            o.only_tokens = parse_count(argv[++i], "--tokens", TURN_TOKENS, MAX_TOKENS);
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             exit(0);
@@ -210,25 +201,6 @@ static options parse_options(int argc, char **argv)
 }
 
 /* --- Scratch directory ----------------------------------------------------- */
-
-static void make_scratch_dir(const options *o)
-{
-    const char *parent = pick_parent_dir(o->dir);
-    if (snprintf(g_dir, sizeof g_dir, "%s/ctxstore-bench.XXXXXX", parent)
-        >= (int)sizeof g_dir)
-        die("--dir path too long");
-    if (!mkdtemp(g_dir)) {
-        int e = errno;
-        g_dir[0] = '\0';
-        die("mkdtemp under %s failed: %s", parent, strerror(e));
-    }
-    for (int i = 0; i < N_FILES; i++)
-        if (snprintf(g_paths[i], sizeof g_paths[i], "%s/%s", g_dir,
-                     k_file_names[i]) >= (int)sizeof g_paths[i])
-            die("--dir path too long");
-    g_dir_fd = open(g_dir, O_RDONLY | O_DIRECTORY);
-    check_sys(g_dir_fd, "open scratch directory");
-}
 
 /* --- Timing and statistics ------------------------------------------------- */
 
@@ -1191,7 +1163,9 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
-    make_scratch_dir(&o);
+    make_scratch_dir(o.dir, "ctxstore-bench");
+    for (int i = 0; i < N_FILES; i++)
+        scratch_path(g_paths[i], k_file_names[i]);
 
     uint32_t contexts[3] = { 512, 2048, 8192 };
     int n_contexts = o.quick ? 2 : 3;

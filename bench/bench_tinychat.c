@@ -89,11 +89,7 @@ static options parse_options(int argc, char **argv)
                 strcmp(o.config, "default"))
                 die("--config wants mid, qwen3-4b-kv or default");
         } else if (!strcmp(a, "--tokens") && i + 1 < argc) {
-            char *end;
-            unsigned long v = strtoul(argv[++i], &end, 10);
-            if (*end || v < 2 || v > MAX_TOKENS)
-                die("--tokens wants a number from 2 to %d", MAX_TOKENS);
-            o.only_tokens = (uint32_t)v;
+            o.only_tokens = parse_count(argv[++i], "--tokens", 2, MAX_TOKENS);
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             exit(0);
@@ -119,23 +115,6 @@ static void on_signal(int sig)
         rmdir(g_dir);
     signal(sig, SIG_DFL);
     raise(sig);
-}
-
-static void make_scratch_dir(const options *o)
-{
-    const char *parent = pick_parent_dir(o->dir);
-    if (snprintf(g_dir, sizeof g_dir, "%s/ctxstore-bench.XXXXXX", parent) >= (int)sizeof g_dir)
-        die("--dir path too long");
-    if (!mkdtemp(g_dir)) {
-        int e = errno;
-        g_dir[0] = '\0';
-        die("mkdtemp under %s failed: %s", parent, strerror(e));
-    }
-    if (snprintf(g_saved, sizeof g_saved, "%s/saved.ctxs", g_dir) >= (int)sizeof g_saved ||
-        snprintf(g_fresh, sizeof g_fresh, "%s/fresh.ctxs", g_dir) >= (int)sizeof g_fresh)
-        die("--dir path too long");
-    g_dir_fd = open(g_dir, O_RDONLY | O_DIRECTORY);
-    check_sys(g_dir_fd, "open scratch directory");
 }
 
 /* --- Measurements ------------------------------------------------------------- */
@@ -242,7 +221,9 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
-    make_scratch_dir(&o);
+    make_scratch_dir(o.dir, "ctxstore-bench");
+    scratch_path(g_saved, "saved.ctxs");
+    scratch_path(g_fresh, "fresh.ctxs");
 
     tinychat_config cfg;
     if (!strcmp(o.config, "default")) {

@@ -108,6 +108,38 @@ const char *pick_parent_dir(const char *dir_option)
     return "/var/tmp";
 }
 
+void make_scratch_dir(const char *dir_option, const char *prefix)
+{
+    const char *parent = pick_parent_dir(dir_option);
+    if (snprintf(g_dir, sizeof g_dir, "%s/%s.XXXXXX", parent, prefix)
+        >= (int)sizeof g_dir)
+        die("--dir path too long");
+    if (!mkdtemp(g_dir)) {
+        int e = errno;
+        g_dir[0] = '\0';
+        die("mkdtemp under %s failed: %s", parent, strerror(e));
+    }
+    g_dir_fd = open(g_dir, O_RDONLY | O_DIRECTORY);
+    check_sys(g_dir_fd, "open scratch directory");
+}
+
+void scratch_path(char *out, const char *name)
+{
+    if (snprintf(out, PATH_MAX, "%s/%s", g_dir, name) >= PATH_MAX)
+        die("--dir path too long");
+}
+
+uint32_t parse_count(const char *value, const char *option, uint32_t lo,
+                     uint32_t hi)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(value, &end, 10);
+    if (errno || end == value || *end || v < lo || v > hi)
+        die("%s wants a number from %u to %u", option, lo, hi);
+    return (uint32_t)v;
+}
+
 /* Writes back everything dirty so that a timed block starts with a clean
  * page cache and pays only for its own writeback. */
 void settle_disk(void)

@@ -37,6 +37,17 @@ void *xmalloc(size_t n);
 const char *pick_parent_dir(const char *dir_option);
 int is_memory_fs(const char *dir);
 
+/* Creates g_dir, <parent>/<prefix>.XXXXXX under pick_parent_dir(dir_option),
+ * and opens g_dir_fd; dies on failure. */
+void make_scratch_dir(const char *dir_option, const char *prefix);
+
+/* out (PATH_MAX bytes) = g_dir/name, or die. */
+void scratch_path(char *out, const char *name);
+
+/* The value of a numeric option, in [lo, hi], or die naming the option. */
+uint32_t parse_count(const char *value, const char *option, uint32_t lo,
+                     uint32_t hi);
+
 /* Writes back everything dirty, so that a timed block starts with a clean
  * page cache and pays only for its own writeback. */
 void settle_disk(void);

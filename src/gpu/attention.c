@@ -110,25 +110,14 @@ void ctxs__attn_portable(float *out, const float *q, uint32_t n_q, float scale,
     const uint32_t hd = keys->head_dim;
     float s[T][B], m[T], l[T], c[T];
     const uint16_t *kr[B], *vr[B];
-    uint32_t run = 0, at = 0; /* cursor: run, keys of it already taken */
+    ctxs__attn_cursor cur = { 0 };
 
     for (uint32_t g = 0; g < n_q; g++) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
     }
-    for (uint32_t done = 0; done < keys->n_keys;) {
-        /* The next logical block: B keys of the sequence, across runs. */
-        uint32_t nb = 0;
-        while (nb < B && done + nb < keys->n_keys) {
-            size_t off = (size_t)(keys->runs[run].slot + at) * keys->slot_bytes;
-            kr[nb] = (const uint16_t *)(const void *)(keys->k + off);
-            vr[nb] = (const uint16_t *)(const void *)(keys->v + off);
-            nb++;
-            if (++at == keys->runs[run].count) {
-                run++;
-                at = 0;
-            }
-        }
+    /* done: keys of the blocks before this one. */
+    for (uint32_t done = 0, nb; (nb = ctxs__attn_next_block(keys, &cur, kr, vr)); done += nb) {
 
         /* Each K row is converted once, 16 elements at a time, for all the
          * heads of the tile; element d goes to lane d % 16 of its head. */
@@ -184,7 +173,6 @@ void ctxs__attn_portable(float *out, const float *q, uint32_t n_q, float scale,
                 }
             }
         }
-        done += nb;
     }
 
     for (uint32_t g = 0; g < n_q; g++) {

@@ -40,6 +40,38 @@ typedef struct ctxs__attn_keys {
     } runs[2 * CTXS_ATTN_MAX_SPANS];
 } ctxs__attn_keys;
 
+/* A cursor over the keys of an ctxs__attn_keys, in sequence order. */
+typedef struct ctxs__attn_cursor {
+    uint32_t run;  /* the run the next key is in */
+    uint32_t at;   /* keys of that run already taken */
+    uint32_t done; /* keys taken in all */
+} ctxs__attn_cursor;
+
+/* Points kr[] and vr[] at the rows of the next logical block: up to
+ * CTXS__ATTN_BLOCK keys of the sequence, across runs. Blocks are counted
+ * along the sequence, never per run: this is what makes a query's output
+ * independent of how its keys are split. Returns the block's size, 0 at
+ * the end. */
+static inline uint32_t ctxs__attn_next_block(const ctxs__attn_keys *keys,
+                                             ctxs__attn_cursor *c,
+                                             const uint16_t **kr,
+                                             const uint16_t **vr)
+{
+    uint32_t nb = 0;
+    while (nb < CTXS__ATTN_BLOCK && c->done < keys->n_keys) {
+        size_t off = (size_t)(keys->runs[c->run].slot + c->at) * keys->slot_bytes;
+        kr[nb] = (const uint16_t *)(const void *)(keys->k + off);
+        vr[nb] = (const uint16_t *)(const void *)(keys->v + off);
+        nb++;
+        c->done++;
+        if (++c->at == keys->runs[c->run].count) {
+            c->run++;
+            c->at = 0;
+        }
+    }
+    return nb;
+}
+
 /* Attention of n_q (1 .. CTXS__ATTN_TILE) query heads that share one KV
  * head: q and out are [n_q][head_dim]. out is also the running
  * accumulator, so that no per-call scratch grows with head_dim. */
@@ -218,24 +250,14 @@ CTXS__SIMD_INLINE void V(tile)(float *out, const float *q, float scale,
     float s[CTXS__SIMD_TILE][B] __attribute__((aligned(64)));
     float m[CTXS__SIMD_TILE], l[CTXS__SIMD_TILE], c[CTXS__SIMD_TILE];
     const uint16_t *kr[B], *vr[B];
-    uint32_t run = 0, at = 0;
+    ctxs__attn_cursor cur = { 0 };
 
     for (uint32_t g = 0; g < NQ; g++) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
     }
-    for (uint32_t done = 0; done < keys->n_keys;) {
-        uint32_t nb = 0;
-        while (nb < B && done + nb < keys->n_keys) {
-            size_t off = (size_t)(keys->runs[run].slot + at) * keys->slot_bytes;
-            kr[nb] = (const uint16_t *)(const void *)(keys->k + off);
-            vr[nb] = (const uint16_t *)(const void *)(keys->v + off);
-            nb++;
-            if (++at == keys->runs[run].count) {
-                run++;
-                at = 0;
-            }
-        }
+    /* done: keys of the blocks before this one. */
+    for (uint32_t done = 0, nb; (nb = ctxs__attn_next_block(keys, &cur, kr, vr)); done += nb) {
 
         uint32_t j = 0;
         for (; j + KJ <= nb; j += KJ)
@@ -274,7 +296,6 @@ CTXS__SIMD_INLINE void V(tile)(float *out, const float *q, float scale,
             V(vacc)(out, hd, d, vr, nb, (const float(*)[B])s, c, done == 0, NQ, 1, 0);
         if (d < hd)
             V(vacc)(out, hd, d, vr, nb, (const float(*)[B])s, c, done == 0, NQ, 1, hd - d);
-        done += nb;
     }
 
     for (uint32_t g = 0; g < NQ; g++) {

@@ -14,6 +14,7 @@
 #include "index.h"
 #include "internal.h"
 #include "peek.h"
+#include "syscall.h"
 
 static void checkpoint_key(uint8_t *out, uint64_t id, const char *name, size_t len)
 {
@@ -98,7 +99,7 @@ int ctxs_checkpoint_create(ctxs_store *st, ctxs_session *s, const char *name)
     uint8_t k[8 + CTXS__NAME_MAX];
     checkpoint_key(k, id, name, len);
     MDB_val key = {8 + len, k}, val = {sizeof(cp), &cp};
-    rc = ctxs__mdb_error(mdb_put(txn, st->checkpoints, &key, &val, MDB_NOOVERWRITE));
+    rc = ctxs__mdb_error(ctxs__mdb_put(txn, st->checkpoints, &key, &val, MDB_NOOVERWRITE));
     return ctxs__txn_finish(txn, rc);
 }
 
@@ -138,7 +139,7 @@ int ctxs_checkpoint_delete(ctxs_store *st, const char *session, const char *name
         uint8_t k[8 + CTXS__NAME_MAX];
         checkpoint_key(k, rec.id, name, len);
         MDB_val key = {8 + len, k};
-        rc = ctxs__mdb_error(mdb_del(txn, st->checkpoints, &key, NULL));
+        rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->checkpoints, &key, NULL));
     }
     return ctxs__txn_finish(txn, rc);
 }
@@ -166,7 +167,7 @@ int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, ctxs_store 
     char file[32];
     ctxs__file_name(file, rec.id);
     ctxs__peek p;
-    peeked pk = {openat(st->sessions_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), &p};
+    peeked pk = {ctxs__openat(st->sessions_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), &p};
     int have_state = pk.fd >= 0 && ctxs__peek_fd(&p, pk.fd) == 0;
 
     ctxs_checkpoint_entry *list = NULL;
@@ -174,7 +175,7 @@ int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, ctxs_store 
     MDB_cursor *cur;
     uint8_t idk[8];
     ctxs__id_key(idk, rec.id);
-    if ((rc = ctxs__mdb_error(mdb_cursor_open(txn, st->checkpoints, &cur))) == 0) {
+    if ((rc = ctxs__mdb_error(ctxs__mdb_cursor_open(txn, st->checkpoints, &cur))) == 0) {
         MDB_val key = {8, idk}, val;
         for (int r = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); r == 0 && rc == 0;
              r = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
@@ -186,7 +187,7 @@ int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, ctxs_store 
             }
             if (n == cap) {
                 size_t grown = cap ? cap * 2 : 8;
-                ctxs_checkpoint_entry *bigger = realloc(list, grown * sizeof(*list));
+                ctxs_checkpoint_entry *bigger = ctxs__realloc(list, grown * sizeof(*list));
                 if (!bigger) {
                     rc = CTXS_ENOMEM;
                     break;

@@ -17,6 +17,7 @@
 #include "internal.h"
 #include "lock.h"
 #include "peek.h"
+#include "syscall.h"
 
 /* Reads 16 lowercase hex digits; 0 if name does not start with them. */
 static uint64_t hex16(const char *name)
@@ -51,8 +52,8 @@ static int list_files(ctxs_store *st, uint64_t **out, size_t *n_out, int remove_
 {
     *out = NULL;
     *n_out = 0;
-    int dfd = dup(st->sessions_fd);
-    DIR *dir = dfd >= 0 ? fdopendir(dfd) : NULL;
+    int dfd = ctxs__dup(st->sessions_fd);
+    DIR *dir = dfd >= 0 ? ctxs__fdopendir(dfd) : NULL;
     if (!dir) {
         int rc = -errno;
         if (dfd >= 0)
@@ -64,14 +65,14 @@ static int list_files(ctxs_store *st, uint64_t **out, size_t *n_out, int remove_
     size_t n = 0, cap = 0;
     int rc = 0;
     struct dirent *de;
-    while (rc == 0 && (errno = 0, de = readdir(dir))) {
+    while (rc == 0 && (errno = 0, de = ctxs__readdir(dir))) {
         uint64_t id = file_id(de->d_name);
         if (id == 0) {
             if (remove_tmp && is_tmp_file(de->d_name)) {
-                int fd = openat(st->sessions_fd, de->d_name,
+                int fd = ctxs__openat(st->sessions_fd, de->d_name,
                                 O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
                 if (fd >= 0 && ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) == 0 &&
-                    unlinkat(st->sessions_fd, de->d_name, 0) == 0)
+                    ctxs__unlinkat(st->sessions_fd, de->d_name, 0) == 0)
                     (*removed)++;
                 if (fd >= 0)
                     close(fd);
@@ -80,7 +81,7 @@ static int list_files(ctxs_store *st, uint64_t **out, size_t *n_out, int remove_
         }
         if (n == cap) {
             size_t grown = cap ? cap * 2 : 64;
-            uint64_t *bigger = realloc(ids, grown * sizeof(*ids));
+            uint64_t *bigger = ctxs__realloc(ids, grown * sizeof(*ids));
             if (!bigger) {
                 rc = CTXS_ENOMEM;
                 break;
@@ -147,7 +148,7 @@ int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st, uint64_t budget_bytes)
     int rc = ctxs_store_session_list(&list, &n, st);
     if (rc < 0)
         return rc;
-    gc_item *items = n ? calloc(n, sizeof(*items)) : NULL;
+    gc_item *items = n ? ctxs__calloc(n, sizeof(*items)) : NULL;
     if (n && !items) {
         free(list);
         return CTXS_ENOMEM;
@@ -157,7 +158,7 @@ int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st, uint64_t budget_bytes)
         struct stat sb;
         ctxs__file_name(file, list[i].id);
         items[i] = (gc_item){list[i].id, list[i].last_used_unix_ms, 0, list[i].name};
-        if (fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) == 0)
+        if (ctxs__fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) == 0)
             items[i].bytes = (uint64_t)sb.st_blocks * 512u;
         res.bytes_before += items[i].bytes;
     }
@@ -199,7 +200,7 @@ static int raise_next_id(MDB_txn *txn, ctxs_store *st, uint64_t at_least)
     if (have >= at_least)
         return 0;
     val = (MDB_val){8, &at_least};
-    return ctxs__mdb_error(mdb_put(txn, st->meta, &key, &val, 0));
+    return ctxs__mdb_error(ctxs__mdb_put(txn, st->meta, &key, &val, 0));
 }
 
 static int id_fill(void *entry, const MDB_val *key, const MDB_val *val)
@@ -227,7 +228,7 @@ static int drop_dangling(ctxs_store *st, uint64_t id, uint64_t *removed)
     char file[32];
     struct stat sb;
     ctxs__file_name(file, id);
-    if (fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) {
+    if (ctxs__fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) {
         mdb_txn_abort(txn);
         return 0;
     }
@@ -255,7 +256,7 @@ static int read_facts(ctxs_store *st, uint64_t id, file_facts *f)
     memset(f, 0, sizeof(*f));
     char file[32];
     ctxs__file_name(file, id);
-    int fd = openat(st->sessions_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    int fd = ctxs__openat(st->sessions_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return -errno;
     int rc = ctxs__peek_fd(&f->p, fd);
@@ -265,7 +266,7 @@ static int read_facts(ctxs_store *st, uint64_t id, file_facts *f)
         f->named = ctxs__label_read(fd, &label_id, f->name) == 0 && label_id == id &&
                    ctxs__name_check(f->name, &len) == 0;
         f->n_ids = ctxs__peek_prefix_held(&f->p);
-        if (!(f->ids = malloc(f->n_ids ? f->n_ids * 4 : 1)))
+        if (!(f->ids = ctxs__malloc(f->n_ids ? f->n_ids * 4 : 1)))
             rc = CTXS_ENOMEM;
         else
             rc = ctxs__peek_tokens(f->ids, fd, &f->p, 0, f->n_ids);
@@ -305,7 +306,7 @@ static int refresh_prefixes(ctxs_store *st, uint64_t id, uint64_t *updated)
         if ((rc = ctxs__prefix_update(txn, st, id, &rec, f.ids, f.n_ids)) == 0 &&
             memcmp(&before, &rec, sizeof(rec)) != 0) {
             changed = 1;
-            rc = ctxs__mdb_error(mdb_put(txn, st->sessions, &skey, &sval, 0));
+            rc = ctxs__mdb_error(ctxs__mdb_put(txn, st->sessions, &skey, &sval, 0));
         }
     }
     free(f.ids);
@@ -324,7 +325,7 @@ static int adopt_orphan(ctxs_store *st, uint64_t id, uint64_t *adopted)
 {
     char file[32];
     ctxs__file_name(file, id);
-    int fd = openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    int fd = ctxs__openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return errno == ENOENT ? 0 : -errno;
     int rc = ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE);
@@ -377,7 +378,7 @@ int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
         char file[32];
         struct stat sb;
         ctxs__file_name(file, ids[i]);
-        if (fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT)
+        if (ctxs__fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT)
             rc = drop_dangling(st, ids[i], &res.entries_removed);
         else
             rc = refresh_prefixes(st, ids[i], &res.prefixes_updated);
@@ -394,7 +395,7 @@ static int drop_checkpoints_of_absent(MDB_txn *txn, ctxs_store *st, const uint64
                                       size_t n)
 {
     MDB_cursor *cur;
-    int rc = mdb_cursor_open(txn, st->checkpoints, &cur);
+    int rc = ctxs__mdb_cursor_open(txn, st->checkpoints, &cur);
     if (rc != 0)
         return ctxs__mdb_error(rc);
     MDB_val key, val;
@@ -405,7 +406,7 @@ static int drop_checkpoints_of_absent(MDB_txn *txn, ctxs_store *st, const uint64
             at++;
         if (at < n && ids[at] == id) {
             rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT);
-        } else if ((rc = mdb_cursor_del(cur, 0)) == 0) {
+        } else if ((rc = ctxs__mdb_cursor_del(cur, 0)) == 0) {
             rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT);
         }
     }
@@ -447,8 +448,8 @@ static int reindex_one(MDB_txn *txn, ctxs_store *st, uint64_t id, const file_fac
     uint8_t idk[8];
     ctxs__id_key(idk, id);
     MDB_val ikey = {8, idk}, ival = {len, (void *)name};
-    if (rc == 0 && (rc = mdb_put(txn, st->sessions, &key, &val, 0)) == 0)
-        rc = mdb_put(txn, st->ids, &ikey, &ival, 0);
+    if (rc == 0 && (rc = ctxs__mdb_put(txn, st->sessions, &key, &val, 0)) == 0)
+        rc = ctxs__mdb_put(txn, st->ids, &ikey, &ival, 0);
     return rc > 0 ? ctxs__mdb_error(rc) : rc;
 }
 
@@ -467,7 +468,7 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
         return rc;
     if (n)
         qsort(ids, n, sizeof(*ids), cmp_id);
-    file_facts *facts = n ? calloc(n, sizeof(*facts)) : NULL;
+    file_facts *facts = n ? ctxs__calloc(n, sizeof(*facts)) : NULL;
     if (n && !facts) {
         free(ids);
         return CTXS_ENOMEM;
@@ -486,7 +487,7 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
     if ((rc = ctxs__txn_begin(&txn, st, 0)) == 0) {
         MDB_dbi rebuilt[] = {st->sessions, st->ids, st->prefixes, st->chunks, st->pending};
         for (size_t i = 0; rc == 0 && i < sizeof(rebuilt) / sizeof(rebuilt[0]); i++)
-            rc = ctxs__mdb_error(mdb_drop(txn, rebuilt[i], 0));
+            rc = ctxs__mdb_error(ctxs__mdb_drop(txn, rebuilt[i], 0));
         if (rc == 0)
             rc = drop_checkpoints_of_absent(txn, st, ids, kept);
         for (size_t i = 0; rc == 0 && i < kept; i++)
@@ -523,7 +524,7 @@ static int note_disk_bytes(ctxs_store *st, uint64_t id, const char *name, size_t
     }
     rec.disk_bytes = bytes;
     MDB_val key = {len, (void *)name}, val = {sizeof(rec), &rec};
-    return ctxs__txn_finish(txn, ctxs__mdb_error(mdb_put(txn, st->sessions, &key, &val, 0)));
+    return ctxs__txn_finish(txn, ctxs__mdb_error(ctxs__mdb_put(txn, st->sessions, &key, &val, 0)));
 }
 
 /* Compacts the file of session id and notes its new size. */
@@ -564,7 +565,7 @@ static const owner *owner_find(const owner *own, size_t n, uint64_t id)
 /* Deletes the entry under cur and counts it. */
 static int drop_here(MDB_cursor *cur, uint64_t *removed)
 {
-    int rc = mdb_cursor_del(cur, 0);
+    int rc = ctxs__mdb_cursor_del(cur, 0);
     if (rc == 0)
         (*removed)++;
     return rc;
@@ -582,14 +583,14 @@ static int mend_names(MDB_txn *txn, ctxs_store *st, owner **out, size_t *n_out,
     *n_out = 0;
     MDB_stat ms;
     int rc = mdb_stat(txn, st->sessions, &ms);
-    owner *own = rc == 0 && ms.ms_entries ? calloc(ms.ms_entries, sizeof(*own)) : NULL;
+    owner *own = rc == 0 && ms.ms_entries ? ctxs__calloc(ms.ms_entries, sizeof(*own)) : NULL;
     if (rc == 0 && ms.ms_entries && !own)
         return CTXS_ENOMEM;
     size_t n = 0;
     MDB_cursor *cur = NULL;
     MDB_val key, val;
     if (rc == 0)
-        rc = mdb_cursor_open(txn, st->sessions, &cur);
+        rc = ctxs__mdb_cursor_open(txn, st->sessions, &cur);
     for (int op = MDB_FIRST; rc == 0 && (rc = mdb_cursor_get(cur, &key, &val, op)) == 0;
          op = MDB_NEXT) {
         ctxs__session_rec rec, other;
@@ -617,7 +618,7 @@ static int mend_names(MDB_txn *txn, ctxs_store *st, owner **out, size_t *n_out,
                 break;
             continue;
         }
-        if (!named_here && (rc = mdb_put(txn, st->ids, &ikey, &nval, 0)) != 0)
+        if (!named_here && (rc = ctxs__mdb_put(txn, st->ids, &ikey, &nval, 0)) != 0)
             break;
         own[n].id = rec.id;
         memcpy(own[n].model_hash, rec.model_hash, 16);
@@ -627,7 +628,7 @@ static int mend_names(MDB_txn *txn, ctxs_store *st, owner **out, size_t *n_out,
         mdb_cursor_close(cur);
     cur = NULL;
     if (rc == MDB_NOTFOUND)
-        rc = mdb_cursor_open(txn, st->ids, &cur);
+        rc = ctxs__mdb_cursor_open(txn, st->ids, &cur);
     for (int op = MDB_FIRST; rc == 0 && (rc = mdb_cursor_get(cur, &key, &val, op)) == 0;
          op = MDB_NEXT) {
         ctxs__session_rec rec;
@@ -659,7 +660,7 @@ static int drop_unowned(MDB_txn *txn, MDB_dbi dbi, size_t key_rest, const owner 
                         uint64_t *removed)
 {
     MDB_cursor *cur;
-    int rc = mdb_cursor_open(txn, dbi, &cur);
+    int rc = ctxs__mdb_cursor_open(txn, dbi, &cur);
     if (rc != 0)
         return ctxs__mdb_error(rc);
     MDB_val key, val;
@@ -680,7 +681,7 @@ static int drop_unowned_prefixes(MDB_txn *txn, ctxs_store *st, const owner *own,
                                  uint64_t *removed)
 {
     MDB_cursor *cur;
-    int rc = mdb_cursor_open(txn, st->prefixes, &cur);
+    int rc = ctxs__mdb_cursor_open(txn, st->prefixes, &cur);
     if (rc != 0)
         return ctxs__mdb_error(rc);
     MDB_val key, val;
@@ -714,7 +715,7 @@ static int newer_state(const ctxs__filehash_key *a, const ctxs__filehash_key *b)
 static int drop_stale_filehash(MDB_txn *txn, ctxs_store *st, uint64_t *removed)
 {
     MDB_cursor *cur;
-    int rc = mdb_cursor_open(txn, st->filehash, &cur);
+    int rc = ctxs__mdb_cursor_open(txn, st->filehash, &cur);
     if (rc != 0)
         return ctxs__mdb_error(rc);
     MDB_val key, val;
@@ -738,7 +739,7 @@ static int drop_stale_filehash(MDB_txn *txn, ctxs_store *st, uint64_t *removed)
         if (newer_state(&k, &best)) {
             MDB_val old = {sizeof(best), &best};
             ctxs__filehash_key now = k;
-            if ((rc = mdb_del(txn, st->filehash, &old, NULL)) != 0)
+            if ((rc = ctxs__mdb_del(txn, st->filehash, &old, NULL)) != 0)
                 break;
             (*removed)++;
             best = now;

@@ -12,6 +12,7 @@
 
 #include "format.h"
 #include "index.h"
+#include "syscall.h"
 
 static int geometry_valid(const ctxs_geometry *g)
 {
@@ -61,7 +62,7 @@ static int model_write(MDB_txn *txn, ctxs_store *st, const ctxs_model *model,
     memcpy(buf, &rec, sizeof(rec));
     memcpy(buf + sizeof(rec), name, name_len);
     MDB_val key = {16, (void *)model->model_hash}, val = {sizeof(rec) + name_len, buf};
-    return ctxs__mdb_error(mdb_put(txn, st->models, &key, &val, 0));
+    return ctxs__mdb_error(ctxs__mdb_put(txn, st->models, &key, &val, 0));
 }
 
 int ctxs__model_check(MDB_txn *txn, ctxs_store *st, const ctxs_model *model)
@@ -158,7 +159,7 @@ int ctxs_model_list(ctxs_model_entry **out, size_t *n_out, ctxs_store *st)
 static int hash_stream(uint8_t out[16], int fd)
 {
     enum { CHUNK = 1 << 20 };
-    uint8_t *buf = malloc(CHUNK);
+    uint8_t *buf = ctxs__malloc(CHUNK);
     XXH3_state_t *state = XXH3_createState();
     int rc = buf && state ? 0 : CTXS_ENOMEM;
     if (rc == 0)
@@ -167,10 +168,9 @@ static int hash_stream(uint8_t out[16], int fd)
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 #endif
     while (rc == 0) {
-        ssize_t got = read(fd, buf, CHUNK);
+        ssize_t got = ctxs__read(fd, buf, CHUNK);
         if (got < 0) {
-            if (errno != EINTR)
-                rc = -errno;
+            rc = -errno;
             continue;
         }
         if (got == 0)
@@ -222,18 +222,18 @@ static int cache_put(ctxs_store *st, const ctxs__filehash_key *k, const uint8_t 
     if (rc < 0)
         return rc;
     MDB_val key = {sizeof(*k), (void *)k}, val = {16, (void *)hash};
-    return ctxs__txn_finish(txn, ctxs__mdb_error(mdb_put(txn, st->filehash, &key, &val, 0)));
+    return ctxs__txn_finish(txn, ctxs__mdb_error(ctxs__mdb_put(txn, st->filehash, &key, &val, 0)));
 }
 
 int ctxs_model_hash_file(uint8_t out[16], ctxs_store *st, const char *path)
 {
     if (!out || !path)
         return CTXS_EINVAL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = ctxs__open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return -errno;
     struct stat before, after;
-    int rc = fstat(fd, &before) == 0 ? 0 : -errno;
+    int rc = ctxs__fstat(fd, &before) == 0 ? 0 : -errno;
     if (rc == 0 && !S_ISREG(before.st_mode))
         rc = S_ISDIR(before.st_mode) ? -EISDIR : CTXS_EINVAL;
     ctxs__filehash_key k = filehash_key(&before);
@@ -244,7 +244,7 @@ int ctxs_model_hash_file(uint8_t out[16], ctxs_store *st, const char *path)
     if (rc == 0)
         rc = hash_stream(out, fd);
     /* A file that changed while it was read has no single hash to cache. */
-    if (rc == 0 && st && fstat(fd, &after) == 0) {
+    if (rc == 0 && st && ctxs__fstat(fd, &after) == 0) {
         ctxs__filehash_key k2 = filehash_key(&after);
         if (memcmp(&k, &k2, sizeof(k)) == 0)
             cache_put(st, &k, out); /* a cache that cannot be written only costs time */

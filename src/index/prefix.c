@@ -20,6 +20,7 @@
 
 #include "index.h"
 #include "peek.h"
+#include "syscall.h"
 
 /* Candidates checked at one chunk count before looking at shorter ones. */
 #define MAX_CANDIDATES 8
@@ -56,7 +57,7 @@ static int drop_from(MDB_txn *txn, ctxs_store *st, uint64_t id,
                      const uint8_t model_hash[16], uint32_t from)
 {
     MDB_cursor *cur;
-    int rc = mdb_cursor_open(txn, st->chunks, &cur);
+    int rc = ctxs__mdb_cursor_open(txn, st->chunks, &cur);
     if (rc != 0)
         return ctxs__mdb_error(rc);
     uint8_t start[12];
@@ -71,13 +72,13 @@ static int drop_from(MDB_txn *txn, ctxs_store *st, uint64_t id,
             prefix_key(pk, model_hash, val.mv_data);
             ctxs__id_key(idk, id);
             MDB_val pkey = {32, pk}, pval = {8, idk};
-            int r = mdb_del(txn, st->prefixes, &pkey, &pval);
+            int r = ctxs__mdb_del(txn, st->prefixes, &pkey, &pval);
             if (r != 0 && r != MDB_NOTFOUND) {
                 rc = r;
                 break;
             }
         }
-        if ((rc = mdb_cursor_del(cur, 0)) != 0)
+        if ((rc = ctxs__mdb_cursor_del(cur, 0)) != 0)
             break;
     }
     mdb_cursor_close(cur);
@@ -94,7 +95,7 @@ static int common_chunks(MDB_txn *txn, ctxs_store *st, uint64_t id,
                          const uint8_t (*chain)[16], uint64_t n_chunks, uint64_t *out)
 {
     MDB_cursor *cur;
-    int rc = mdb_cursor_open(txn, st->chunks, &cur);
+    int rc = ctxs__mdb_cursor_open(txn, st->chunks, &cur);
     if (rc != 0)
         return ctxs__mdb_error(rc);
     uint8_t start[12];
@@ -124,7 +125,7 @@ int ctxs__prefix_update(MDB_txn *txn, ctxs_store *st, uint64_t id,
     if (n_chunks > UINT32_MAX)
         n_chunks = UINT32_MAX;
     uint8_t (*chain)[16] = NULL;
-    if (n_chunks && !(chain = malloc(n_chunks * 16)))
+    if (n_chunks && !(chain = ctxs__malloc(n_chunks * 16)))
         return CTXS_ENOMEM;
     ctxs__prefix_chains(chain, ids, n_chunks);
 
@@ -147,8 +148,8 @@ int ctxs__prefix_update(MDB_txn *txn, ctxs_store *st, uint64_t id,
         prefix_key(pk, rec->model_hash, chain[k]);
         MDB_val ckey = {12, ck}, cval = {16, chain[k]};
         MDB_val pkey = {32, pk}, pval = {8, idk};
-        if ((rc = mdb_put(txn, st->chunks, &ckey, &cval, 0)) == 0) {
-            rc = mdb_put(txn, st->prefixes, &pkey, &pval, MDB_NODUPDATA);
+        if ((rc = ctxs__mdb_put(txn, st->chunks, &ckey, &cval, 0)) == 0) {
+            rc = ctxs__mdb_put(txn, st->prefixes, &pkey, &pval, MDB_NODUPDATA);
             if (rc == MDB_KEYEXIST)
                 rc = 0;
         }
@@ -183,7 +184,7 @@ static uint64_t check_candidate(ctxs_store *st, uint64_t id, const uint8_t model
 {
     char name[32];
     ctxs__file_name(name, id);
-    int fd = openat(st->sessions_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    int fd = ctxs__openat(st->sessions_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return 0;
     uint64_t matched = 0;
@@ -192,7 +193,7 @@ static uint64_t check_candidate(ctxs_store *st, uint64_t id, const uint8_t model
     if (ctxs__peek_fd(&p, fd) == 0 && memcmp(p.model.model_hash, model_hash, 16) == 0) {
         uint64_t held = ctxs__peek_prefix_held(&p);
         uint64_t len = held < n ? held : n;
-        if ((ids = malloc(len ? len * 4 : 1)) && ctxs__peek_tokens(ids, fd, &p, 0, len) == 0)
+        if ((ids = ctxs__malloc(len ? len * 4 : 1)) && ctxs__peek_tokens(ids, fd, &p, 0, len) == 0)
             while (matched < len && ids[matched] == tokens[matched])
                 matched++;
     }
@@ -208,7 +209,7 @@ static int best_at(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[16],
                    uint64_t whole, ctxs_prefix_match *out)
 {
     MDB_cursor *cur;
-    if (mdb_cursor_open(txn, st->prefixes, &cur) != 0)
+    if (ctxs__mdb_cursor_open(txn, st->prefixes, &cur) != 0)
         return 0;
     uint8_t pk[32];
     prefix_key(pk, model_hash, chain);
@@ -253,7 +254,7 @@ int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st, const uint8_t model
         return CTXS_ENOTFOUND;
     if (n_chunks > SIZE_MAX / 16)
         return CTXS_ENOMEM;
-    uint8_t (*chain)[16] = malloc(n_chunks * 16);
+    uint8_t (*chain)[16] = ctxs__malloc(n_chunks * 16);
     if (!chain)
         return CTXS_ENOMEM;
     ctxs__prefix_chains(chain, tokens, n_chunks);

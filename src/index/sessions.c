@@ -20,6 +20,7 @@
 #include "index.h"
 #include "internal.h"
 #include "lock.h"
+#include "syscall.h"
 
 /* What a session handle opened through a store carries (hooks_arg). */
 typedef struct store_link {
@@ -51,12 +52,12 @@ static int session_put(MDB_txn *txn, ctxs_store *st, const char *name, size_t le
                        const ctxs__session_rec *rec)
 {
     MDB_val key = {len, (void *)name}, val = {sizeof(*rec), (void *)rec};
-    int rc = mdb_put(txn, st->sessions, &key, &val, 0);
+    int rc = ctxs__mdb_put(txn, st->sessions, &key, &val, 0);
     uint8_t idk[8];
     ctxs__id_key(idk, rec->id);
     MDB_val ikey = {8, idk}, ival = {len, (void *)name};
     if (rc == 0)
-        rc = mdb_put(txn, st->ids, &ikey, &ival, 0);
+        rc = ctxs__mdb_put(txn, st->ids, &ikey, &ival, 0);
     return ctxs__mdb_error(rc);
 }
 
@@ -97,7 +98,7 @@ static int intent_put(MDB_txn *txn, ctxs_store *st, uint64_t id, enum ctxs__inte
     ctxs__id_key(idk, id);
     uint8_t op = (uint8_t)what;
     MDB_val key = {8, idk}, val = {1, &op};
-    return ctxs__mdb_error(mdb_put(txn, st->pending, &key, &val, 0));
+    return ctxs__mdb_error(ctxs__mdb_put(txn, st->pending, &key, &val, 0));
 }
 
 static int intent_drop(MDB_txn *txn, ctxs_store *st, uint64_t id)
@@ -105,7 +106,7 @@ static int intent_drop(MDB_txn *txn, ctxs_store *st, uint64_t id)
     uint8_t idk[8];
     ctxs__id_key(idk, id);
     MDB_val key = {8, idk};
-    int rc = mdb_del(txn, st->pending, &key, NULL);
+    int rc = ctxs__mdb_del(txn, st->pending, &key, NULL);
     return rc == MDB_NOTFOUND ? 0 : ctxs__mdb_error(rc);
 }
 
@@ -121,7 +122,7 @@ static int next_id(MDB_txn *txn, ctxs_store *st, uint64_t *out)
     uint64_t after = id + 1;
     val = (MDB_val){8, &after};
     *out = id;
-    return ctxs__mdb_error(mdb_put(txn, st->meta, &key, &val, 0));
+    return ctxs__mdb_error(ctxs__mdb_put(txn, st->meta, &key, &val, 0));
 }
 
 int ctxs__session_unindex(MDB_txn *txn, ctxs_store *st, uint64_t id)
@@ -135,20 +136,20 @@ int ctxs__session_unindex(MDB_txn *txn, ctxs_store *st, uint64_t id)
     uint8_t idk[8];
     ctxs__id_key(idk, id);
     MDB_val ikey = {8, idk};
-    if ((rc = ctxs__mdb_error(mdb_del(txn, st->sessions, &key, NULL))) < 0 ||
-        (rc = ctxs__mdb_error(mdb_del(txn, st->ids, &ikey, NULL))) < 0 ||
+    if ((rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->sessions, &key, NULL))) < 0 ||
+        (rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->ids, &ikey, NULL))) < 0 ||
         (rc = ctxs__prefix_drop(txn, st, id, rec.model_hash)) < 0)
         return rc;
     /* Its checkpoints: every key that starts with the id. */
     MDB_cursor *cur;
-    if ((rc = mdb_cursor_open(txn, st->checkpoints, &cur)) != 0)
+    if ((rc = ctxs__mdb_cursor_open(txn, st->checkpoints, &cur)) != 0)
         return ctxs__mdb_error(rc);
     MDB_val k = {8, idk}, v;
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0;
          rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
         if (k.mv_size < 8 || memcmp(k.mv_data, idk, 8) != 0)
             break;
-        if ((rc = mdb_cursor_del(cur, 0)) != 0)
+        if ((rc = ctxs__mdb_cursor_del(cur, 0)) != 0)
             break;
     }
     mdb_cursor_close(cur);
@@ -184,7 +185,7 @@ static int index_update(store_link *link, ctxs_session *s, int closing)
     if (rc == 0) {
         struct stat sb;
         rec.n_tokens = s->st.n_tokens;
-        if (fstat(s->fd, &sb) == 0)
+        if (ctxs__fstat(s->fd, &sb) == 0)
             rec.disk_bytes = (uint64_t)sb.st_blocks * 512u;
         if (closing)
             rec.last_used_unix_ms = ctxs__now_unix_ms();
@@ -222,7 +223,7 @@ static void on_close(ctxs_session *s, void *arg)
 static int link_attach(ctxs_store *st, ctxs_session *s, uint64_t id,
                        const ctxs__session_rec *rec)
 {
-    store_link *link = calloc(1, sizeof(*link));
+    store_link *link = ctxs__calloc(1, sizeof(*link));
     if (!link)
         return CTXS_ENOMEM;
     link->st = st;
@@ -252,7 +253,7 @@ static int prefix_behind(const ctxs_session *s, const ctxs__session_rec *rec)
         return 1;
     if (had == 0)
         return 0;
-    uint8_t (*chain)[16] = malloc(had * 16);
+    uint8_t (*chain)[16] = ctxs__malloc(had * 16);
     if (!chain)
         return 1;
     ctxs__prefix_chains(chain, ctxs__token_table(s), had);
@@ -325,7 +326,7 @@ static void abandon_create(ctxs_store *st, uint64_t id, ctxs_session *s)
     char file[32];
     ctxs__file_name(file, id);
     if (s) {
-        unlinkat(st->sessions_fd, file, 0);
+        ctxs__unlinkat(st->sessions_fd, file, 0);
         ctxs_session_close(s);
     }
     MDB_txn *txn;
@@ -449,7 +450,7 @@ static int open_file(ctxs_session **out, ctxs_store *st, uint64_t id,
     if (rc == -ENOENT)
         return CTXS_ENOTFOUND;
     struct stat sb;
-    if (rc == 0 && fstat((*out)->fd, &sb) == 0 && sb.st_nlink == 0) {
+    if (rc == 0 && ctxs__fstat((*out)->fd, &sb) == 0 && sb.st_nlink == 0) {
         ctxs_session_close(*out);
         *out = NULL;
         rc = CTXS_ENOTFOUND;
@@ -644,7 +645,7 @@ int ctxs_store_session_rename(ctxs_store *st, const char *from, const char *to)
     if (rc == 0) {
         char file[32];
         ctxs__file_name(file, rec.id);
-        int fd = openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        int fd = ctxs__openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd >= 0) {
             rc = ctxs__label_write(fd, rec.id, to, to_len);
             close(fd);
@@ -653,7 +654,7 @@ int ctxs_store_session_rename(ctxs_store *st, const char *from, const char *to)
         }
     }
     MDB_val key = {from_len, (void *)from};
-    if (rc == 0 && (rc = ctxs__mdb_error(mdb_del(txn, st->sessions, &key, NULL))) == 0)
+    if (rc == 0 && (rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->sessions, &key, NULL))) == 0)
         rc = session_put(txn, st, to, to_len, &rec);
     if (rc != 0) {
         mdb_txn_abort(txn);
@@ -667,7 +668,7 @@ int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name
 {
     char file[32];
     ctxs__file_name(file, id);
-    int fd = openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    int fd = ctxs__openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0 && errno != ENOENT)
         return -errno;
     int rc = fd >= 0 ? ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) : 0;
@@ -688,7 +689,7 @@ int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name
     if (rc == 0 && fd >= 0) {
         /* Unlinked before the lock goes with the descriptor: whoever opened
          * the file meanwhile finds it unlinked (open_file). */
-        unlinkat(st->sessions_fd, file, 0);
+        ctxs__unlinkat(st->sessions_fd, file, 0);
         if (ctxs__txn_begin(&txn, st, 0) == 0) {
             if (intent_drop(txn, st, id) == 0)
                 ctxs__txn_commit(txn);
@@ -717,8 +718,8 @@ int ctxs_store_session_delete(ctxs_store *st, const char *name)
  * (<file>.tmp-<pid>-<n>) that no live process holds. */
 static void remove_tmp_files(ctxs_store *st, const char *file)
 {
-    int dfd = dup(st->sessions_fd);
-    DIR *dir = dfd >= 0 ? fdopendir(dfd) : NULL;
+    int dfd = ctxs__dup(st->sessions_fd);
+    DIR *dir = dfd >= 0 ? ctxs__fdopendir(dfd) : NULL;
     if (!dir) {
         if (dfd >= 0)
             close(dfd);
@@ -726,14 +727,14 @@ static void remove_tmp_files(ctxs_store *st, const char *file)
     }
     size_t len = strlen(file);
     struct dirent *de;
-    while ((de = readdir(dir))) {
+    while ((de = ctxs__readdir(dir))) {
         if (strncmp(de->d_name, file, len) != 0 || strncmp(de->d_name + len, ".tmp-", 5) != 0)
             continue;
-        int fd = openat(st->sessions_fd, de->d_name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        int fd = ctxs__openat(st->sessions_fd, de->d_name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd < 0)
             continue;
         if (ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) == 0)
-            unlinkat(st->sessions_fd, de->d_name, 0);
+            ctxs__unlinkat(st->sessions_fd, de->d_name, 0);
         close(fd);
     }
     closedir(dir);
@@ -743,7 +744,7 @@ int ctxs__intent_resolve(ctxs_store *st, uint64_t id)
 {
     char file[32];
     ctxs__file_name(file, id);
-    int fd = openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    int fd = ctxs__openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0 && errno != ENOENT)
         return -errno;
     /* A create in progress holds its file's writer lock from the start. */
@@ -756,7 +757,7 @@ int ctxs__intent_resolve(ctxs_store *st, uint64_t id)
         ctxs__id_key(idk, id);
         MDB_val key = {8, idk}, val;
         int indexed = mdb_get(txn, st->ids, &key, &val) == 0;
-        if (!indexed && fd >= 0 && unlinkat(st->sessions_fd, file, 0) != 0)
+        if (!indexed && fd >= 0 && ctxs__unlinkat(st->sessions_fd, file, 0) != 0)
             rc = -errno;
         if (rc == 0)
             rc = intent_drop(txn, st, id);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "index.h"
+#include "syscall.h"
 
 /* LMDB forbids opening one environment twice in a process (closing either
  * would drop the other's POSIX locks), so handles to the same store share
@@ -75,11 +76,11 @@ int ctxs__txn_begin(MDB_txn **out, ctxs_store *st, int readonly)
         *out = NULL;
         return CTXS_EFAILED;
     }
-    int rc = mdb_txn_begin(st->env, NULL, readonly ? MDB_RDONLY : 0, out);
+    int rc = ctxs__mdb_txn_begin(st->env, NULL, readonly ? MDB_RDONLY : 0, out);
     if (rc == MDB_MAP_RESIZED) {
         /* Another process grew the map; adopt its size. */
         if ((rc = mdb_env_set_mapsize(st->env, 0)) == 0)
-            rc = mdb_txn_begin(st->env, NULL, readonly ? MDB_RDONLY : 0, out);
+            rc = ctxs__mdb_txn_begin(st->env, NULL, readonly ? MDB_RDONLY : 0, out);
     }
     if (rc != 0)
         *out = NULL;
@@ -88,7 +89,7 @@ int ctxs__txn_begin(MDB_txn **out, ctxs_store *st, int readonly)
 
 int ctxs__txn_commit(MDB_txn *txn)
 {
-    return ctxs__mdb_error(mdb_txn_commit(txn));
+    return ctxs__mdb_error(ctxs__mdb_txn_commit(txn));
 }
 
 int ctxs__txn_finish(MDB_txn *txn, int rc)
@@ -114,10 +115,10 @@ int ctxs__list(void **out, size_t *n_out, ctxs_store *st, MDB_dbi dbi, size_t en
     uint8_t *list = NULL;
     size_t n = 0;
     if ((rc = ctxs__mdb_error(mdb_stat(txn, dbi, &ms))) == 0 && ms.ms_entries &&
-        !(list = calloc(ms.ms_entries, entry_size)))
+        !(list = ctxs__calloc(ms.ms_entries, entry_size)))
         rc = CTXS_ENOMEM;
     if (rc == 0 && list)
-        rc = ctxs__mdb_error(mdb_cursor_open(txn, dbi, &cur));
+        rc = ctxs__mdb_error(ctxs__mdb_cursor_open(txn, dbi, &cur));
     MDB_val key, val;
     for (int op = MDB_FIRST; rc == 0 && list && n < ms.ms_entries &&
                              mdb_cursor_get(cur, &key, &val, op) == 0;
@@ -145,7 +146,7 @@ char *ctxs__file_path(const ctxs_store *st, uint64_t id)
     char name[32];
     ctxs__file_name(name, id);
     size_t len = strlen(st->sessions_dir) + 1 + strlen(name) + 1;
-    char *path = malloc(len);
+    char *path = ctxs__malloc(len);
     if (path)
         snprintf(path, len, "%s/%s", st->sessions_dir, name);
     return path;
@@ -195,7 +196,7 @@ static int options_valid(const ctxs_store_options *o)
 /* mkdir -m 0700 that accepts an existing directory. */
 static int make_dir(const char *path)
 {
-    if (mkdir(path, 0700) == 0 || errno == EEXIST) {
+    if (ctxs__mkdir(path, 0700) == 0 || errno == EEXIST) {
         struct stat sb;
         if (lstat(path, &sb) != 0)
             return -errno;
@@ -207,7 +208,7 @@ static int make_dir(const char *path)
 static char *join(const char *a, const char *b)
 {
     size_t len = strlen(a) + 1 + strlen(b) + 1;
-    char *p = malloc(len);
+    char *p = ctxs__malloc(len);
     if (p)
         snprintf(p, len, "%s/%s", a, b);
     return p;
@@ -275,7 +276,7 @@ static int write_format(MDB_txn *txn, ctxs_store *st)
     ctxs__index_format f = {.major = CTXS__INDEX_MAJOR, .minor = CTXS__INDEX_MINOR};
     memcpy(f.magic, CTXS__INDEX_MAGIC, 8);
     MDB_val key = {6, (void *)"format"}, val = {sizeof(f), &f};
-    return ctxs__mdb_error(mdb_put(txn, st->meta, &key, &val, 0));
+    return ctxs__mdb_error(ctxs__mdb_put(txn, st->meta, &key, &val, 0));
 }
 
 /* Opens (creating where missing) every table, in one transaction whose
@@ -289,7 +290,7 @@ static int open_tables(ctxs_store *st, int *fresh)
     /* Someone else's environment has tables, or data, of its own. */
     MDB_dbi main_dbi;
     MDB_stat ms;
-    if ((rc = ctxs__mdb_error(mdb_dbi_open(txn, NULL, 0, &main_dbi))) == 0 &&
+    if ((rc = ctxs__mdb_error(ctxs__mdb_dbi_open(txn, NULL, 0, &main_dbi))) == 0 &&
         (rc = ctxs__mdb_error(mdb_stat(txn, main_dbi, &ms))) == 0 && ms.ms_entries > 0) {
         MDB_val key = {4, (void *)"meta"}, val;
         if (mdb_get(txn, main_dbi, &key, &val) != 0)
@@ -297,7 +298,7 @@ static int open_tables(ctxs_store *st, int *fresh)
     }
     for (size_t i = 0; rc == 0 && i < sizeof(dbis) / sizeof(dbis[0]); i++) {
         MDB_dbi *dbi = (MDB_dbi *)(void *)((char *)st + dbis[i].offset);
-        rc = mdb_dbi_open(txn, dbis[i].name, dbis[i].flags | MDB_CREATE, dbi);
+        rc = ctxs__mdb_dbi_open(txn, dbis[i].name, dbis[i].flags | MDB_CREATE, dbi);
         rc = rc == MDB_INCOMPATIBLE ? CTXS_EFOREIGN : ctxs__mdb_error(rc);
     }
     if (rc == 0 && (rc = check_format(txn, st, fresh)) == 0 && *fresh)
@@ -315,7 +316,7 @@ static int resolve_intents(ctxs_store *st)
     uint64_t ids[64];
     size_t n = 0;
     MDB_cursor *cur;
-    if ((rc = ctxs__mdb_error(mdb_cursor_open(txn, st->pending, &cur))) == 0) {
+    if ((rc = ctxs__mdb_error(ctxs__mdb_cursor_open(txn, st->pending, &cur))) == 0) {
         MDB_val key, val;
         int op = MDB_FIRST;
         while (n < 64 && mdb_cursor_get(cur, &key, &val, op) == 0) {
@@ -378,13 +379,9 @@ static int store_lock(int fd, short type, int wait)
     fl.l_whence = SEEK_SET;
     fl.l_start = 0;
     fl.l_len = 1;
-    for (;;) {
-        if (fcntl(fd, wait ? STORE_SETLKW : STORE_SETLK, &fl) == 0)
-            return 0;
-        if (errno == EINTR)
-            continue;
-        return (errno == EAGAIN || errno == EACCES) ? CTXS_EBUSY : -errno;
-    }
+    if (ctxs__fcntl_lock(fd, wait ? STORE_SETLKW : STORE_SETLK, &fl) == 0)
+        return 0;
+    return (errno == EAGAIN || errno == EACCES) ? CTXS_EBUSY : -errno;
 }
 
 /* Opens index/store.lock and waits for the shared lock. */
@@ -393,7 +390,7 @@ static int store_lock_take(ctxs_store *st, const char *index_dir)
     char *path = join(index_dir, STORE_LOCK_FILE);
     if (!path)
         return CTXS_ENOMEM;
-    st->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    st->lock_fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     free(path);
     if (st->lock_fd < 0)
         return -errno;
@@ -407,7 +404,7 @@ static int remove_compact_tmp(const char *index_dir)
     char *tmp = join(index_dir, COMPACT_TMP_FILE);
     if (!tmp)
         return CTXS_ENOMEM;
-    int rc = unlink(tmp) == 0 || errno == ENOENT ? 0 : -errno;
+    int rc = ctxs__unlink(tmp) == 0 || errno == ENOENT ? 0 : -errno;
     free(tmp);
     return rc;
 }
@@ -423,7 +420,7 @@ static int env_open(ctxs_store *st, const char *index_dir, unsigned max_readers,
     if ((rc = mdb_env_set_maxdbs(env, 16)) == 0 &&
         (rc = mdb_env_set_maxreaders(env, max_readers)) == 0 &&
         (rc = mdb_env_set_mapsize(env, map_bytes)) == 0)
-        rc = mdb_env_open(env, index_dir, MDB_NOTLS, 0600);
+        rc = ctxs__mdb_env_open(env, index_dir, MDB_NOTLS, 0600);
     if (rc != 0) {
         mdb_env_close(env);
         return ctxs__mdb_error(rc);
@@ -447,7 +444,7 @@ static int store_init(ctxs_store *st, const char *dir, const ctxs_store_options 
         !(index_dir = join(st->dir, "index")))
         rc = CTXS_ENOMEM;
     if (rc == 0 && (rc = make_dir(st->sessions_dir)) == 0 && (rc = make_dir(index_dir)) == 0) {
-        st->sessions_fd = open(st->sessions_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        st->sessions_fd = ctxs__open(st->sessions_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
         if (st->sessions_fd < 0)
             rc = -errno;
     }
@@ -488,7 +485,7 @@ int ctxs_store_open(ctxs_store **out, const char *dir, const ctxs_store_options 
 
     pthread_mutex_lock(&stores_mutex);
     struct stat sb;
-    if (stat(dir, &sb) == 0) {
+    if (ctxs__stat(dir, &sb) == 0) {
         for (ctxs_store *st = stores_head; st; st = st->next)
             if (st->dev == sb.st_dev && st->ino == sb.st_ino) {
                 st->refs++;
@@ -497,12 +494,12 @@ int ctxs_store_open(ctxs_store **out, const char *dir, const ctxs_store_options 
                 return 0;
             }
     }
-    ctxs_store *st = calloc(1, sizeof(*st));
+    ctxs_store *st = ctxs__calloc(1, sizeof(*st));
     int rc = st ? 0 : CTXS_ENOMEM;
     if (st) {
         st->sessions_fd = -1;
         st->lock_fd = -1;
-        if ((rc = store_init(st, dir, &o)) == 0 && stat(st->dir, &sb) != 0)
+        if ((rc = store_init(st, dir, &o)) == 0 && ctxs__stat(st->dir, &sb) != 0)
             rc = -errno;
     }
     if (rc < 0) {
@@ -560,15 +557,15 @@ void ctxs_free(void *p)
 static uint64_t file_disk_bytes(const char *path)
 {
     struct stat sb;
-    return stat(path, &sb) == 0 ? (uint64_t)sb.st_blocks * 512u : 0;
+    return ctxs__stat(path, &sb) == 0 ? (uint64_t)sb.st_blocks * 512u : 0;
 }
 
 static int sync_dir(const char *path)
 {
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = ctxs__open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
-    int rc = fsync(fd) == 0 ? 0 : -errno;
+    int rc = ctxs__fsync(fd) == 0 ? 0 : -errno;
     close(fd);
     return rc;
 }
@@ -584,14 +581,14 @@ static int copy_matches(ctxs_store *st, const char *path, size_t map_bytes)
     int rc;
     if ((rc = mdb_env_set_maxdbs(env, 16)) == 0 &&
         (rc = mdb_env_set_mapsize(env, map_bytes)) == 0 &&
-        (rc = mdb_env_open(env, path, MDB_NOSUBDIR | MDB_RDONLY | MDB_NOLOCK, 0600)) == 0 &&
-        (rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &copy)) == 0)
-        rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &orig);
+        (rc = ctxs__mdb_env_open(env, path, MDB_NOSUBDIR | MDB_RDONLY | MDB_NOLOCK, 0600)) == 0 &&
+        (rc = ctxs__mdb_txn_begin(env, NULL, MDB_RDONLY, &copy)) == 0)
+        rc = ctxs__mdb_txn_begin(st->env, NULL, MDB_RDONLY, &orig);
     for (size_t i = 0; rc == 0 && i < sizeof(dbis) / sizeof(dbis[0]); i++) {
         const MDB_dbi *mine = (const MDB_dbi *)(const void *)((const char *)st + dbis[i].offset);
         MDB_dbi dbi;
         MDB_stat a, b;
-        if ((rc = mdb_dbi_open(copy, dbis[i].name, dbis[i].flags, &dbi)) == 0 &&
+        if ((rc = ctxs__mdb_dbi_open(copy, dbis[i].name, dbis[i].flags, &dbi)) == 0 &&
             (rc = mdb_stat(copy, dbi, &a)) == 0 && (rc = mdb_stat(orig, *mine, &b)) == 0 &&
             a.ms_entries != b.ms_entries)
             rc = EIO;
@@ -620,20 +617,20 @@ static int index_swap(ctxs_store *st, const char *index_dir, const char *data,
      * belong to dead ones, and would only pin pages. */
     int dead;
     mdb_reader_check(st->env, &dead);
-    if (unlink(tmp) != 0 && errno != ENOENT)
+    if (ctxs__unlink(tmp) != 0 && errno != ENOENT)
         return -errno;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int fd = ctxs__open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0)
         return -errno;
     rc = ctxs__mdb_error(mdb_env_copyfd2(st->env, fd, MDB_CP_COMPACT));
-    if (rc == 0 && fsync(fd) != 0)
+    if (rc == 0 && ctxs__fsync(fd) != 0)
         rc = errno == ENOSPC || errno == EDQUOT ? CTXS_EFULL : -errno;
     if (close(fd) != 0 && rc == 0)
         rc = -errno;
     if (rc == 0)
         rc = copy_matches(st, tmp, info.me_mapsize);
     if (rc < 0) {
-        unlink(tmp);
+        ctxs__unlink(tmp);
         return rc;
     }
 
@@ -641,15 +638,15 @@ static int index_swap(ctxs_store *st, const char *index_dir, const char *data,
      * atomically: a crash leaves either index whole. */
     mdb_env_close(st->env);
     st->env = NULL;
-    if (rename(tmp, data) != 0) {
+    if (ctxs__rename(tmp, data) != 0) {
         rc = -errno;
-        unlink(tmp);
+        ctxs__unlink(tmp);
     } else {
         /* The lock file describes the old data file (its last transaction
          * id, its readers). LMDB resets it when it opens it alone, as it
          * will; a fresh one makes sure of it even if a program that
          * ignores the store lock (mdb_stat) has the old one open. */
-        unlink(lock_mdb);
+        ctxs__unlink(lock_mdb);
         rc = sync_dir(index_dir);
     }
     int fresh = 0, r = env_open(st, index_dir, readers, info.me_mapsize);

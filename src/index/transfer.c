@@ -38,6 +38,7 @@
 #include "index.h"
 #include "internal.h"
 #include "sys.h"
+#include "syscall.h"
 
 #define XFER_MAGIC "CTXSEXPT"
 #define XFER_MAJOR 1
@@ -537,8 +538,8 @@ static int export_session(export_job *job, const char *name, size_t len,
 
     size_t raw_max = (size_t)(p->block_tokens * p->token_raw);
     job->out_cap = sizeof(xfer_block) + compressBound((uLong)raw_max);
-    job->raw = malloc(raw_max);
-    job->out = malloc(job->out_cap);
+    job->raw = ctxs__malloc(raw_max);
+    job->out = ctxs__malloc(job->out_cap);
     if (!job->raw || !job->out)
         return CTXS_ENOMEM;
     if (deflateInit2(&job->zs, Z_BEST_SPEED, Z_DEFLATED, 15, 9, Z_HUFFMAN_ONLY) != Z_OK)
@@ -548,13 +549,13 @@ static int export_session(export_job *job, const char *name, size_t len,
     /* Written aside and linked into place: the name appears only with a
      * complete, checked file behind it, and link() replaces nothing. */
     size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32);
+    char *tmp = ctxs__malloc(plen + 32);
     if (!tmp)
         return CTXS_ENOMEM;
     static atomic_uint tmp_counter;
     snprintf(tmp, plen + 32, "%s.tmp-%ld-%u", path, (long)getpid(),
              atomic_fetch_add(&tmp_counter, 1));
-    job->fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    job->fd = ctxs__open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (job->fd < 0) {
         rc = -errno;
         free(tmp);
@@ -562,17 +563,17 @@ static int export_session(export_job *job, const char *name, size_t len,
     }
     int linked = 0;
     if ((rc = export_write(job, &h)) == 0) {
-        if (link(tmp, path) == 0)
+        if (ctxs__link(tmp, path) == 0)
             linked = 1;
         else
             rc = full_or(-errno);
     }
-    unlink(tmp);
+    ctxs__unlink(tmp);
     free(tmp);
     close(job->fd);
     job->fd = -1;
     if (rc == 0 && (rc = ctxs__sync_parent_dir(path)) < 0 && linked)
-        unlink(path);
+        ctxs__unlink(path);
     return rc;
 }
 
@@ -692,7 +693,7 @@ static int reserve_buf(uint8_t **buf, size_t *cap, size_t n)
 {
     if (n <= *cap)
         return 0;
-    uint8_t *b = realloc(*buf, n);
+    uint8_t *b = ctxs__realloc(*buf, n);
     if (!b)
         return CTXS_ENOMEM;
     *buf = b;
@@ -806,7 +807,7 @@ static int import_fill(int fd, const ctxs__disk_label *label, void *arg)
     xfer_header again;
     struct stat sb;
     int rc;
-    if (fstat(job->fd, &sb) != 0)
+    if (ctxs__fstat(job->fd, &sb) != 0)
         return -errno;
     if ((uint64_t)sb.st_size != job->size)
         return CTXS_ECORRUPT;
@@ -848,12 +849,12 @@ int ctxs_store_import(ctxs_store *st, const char *path, const char *name, char n
     /* O_NONBLOCK: a FIFO in place of the file must not hang the open. */
     import_job job = {.fd = -1, .out_fd = -1, .pass = 1, .progress = progress,
                       .progress_arg = progress_arg};
-    job.fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    job.fd = ctxs__open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (job.fd < 0)
         return -errno;
     struct stat sb;
     int rc = 0;
-    if (fstat(job.fd, &sb) != 0)
+    if (ctxs__fstat(job.fd, &sb) != 0)
         rc = -errno;
     else if (!S_ISREG(sb.st_mode))
         rc = CTXS_EFOREIGN; /* a directory, FIFO or device is no export file */

@@ -15,6 +15,7 @@
 
 #include "internal.h"
 #include "sys.h"
+#include "syscall.h"
 
 /* Disk blocks are allocated ahead in steps of at least this many bytes of
  * each (layer, K|V, head) run, to keep the fallocate calls per token low. */
@@ -40,9 +41,7 @@ int ctxs__record_write(ctxs_session *s, const ctxs__state *next)
      * back; a system call is not interrupted halfway. */
     atomic_thread_fence(memory_order_release);
     off_t off = index == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF;
-    ssize_t w;
-    while ((w = pwrite(s->fd, &r, sizeof(r), off)) < 0 && errno == EINTR)
-        ;
+    ssize_t w = ctxs__pwrite(s->fd, &r, sizeof(r), off);
     if (w != (ssize_t)sizeof(r))
         return w < 0 ? -errno : -EIO;
 
@@ -65,7 +64,7 @@ int ctxs__sync_meta(ctxs_session *s)
 #ifdef __APPLE__
     return ctxs__sync_data(s->fd);
 #else
-    return msync(s->map, (size_t)s->lay.kv_off, MS_SYNC) == 0 ? 0 : -errno;
+    return ctxs__msync(s->map, (size_t)s->lay.kv_off, MS_SYNC) == 0 ? 0 : -errno;
 #endif
 }
 

@@ -22,11 +22,12 @@
 #include "lock.h"
 #include "peek.h"
 #include "sys.h"
+#include "syscall.h"
 
 static uint64_t disk_bytes(int fd)
 {
     struct stat sb;
-    return fstat(fd, &sb) == 0 ? (uint64_t)sb.st_blocks * 512u : 0;
+    return ctxs__fstat(fd, &sb) == 0 ? (uint64_t)sb.st_blocks * 512u : 0;
 }
 
 /* Punches [off, off + len). Within the range, partial blocks are zeroed
@@ -35,16 +36,13 @@ static uint64_t disk_bytes(int fd)
 static int punch(int fd, uint64_t off, uint64_t len)
 {
 #ifdef FALLOC_FL_PUNCH_HOLE
-    while (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
-                     (off_t)len) != 0) {
-        if (errno == EINTR)
-            continue;
-        if (errno == EOPNOTSUPP || errno == ENOSYS)
-            return 1;
-        /* Splitting an extent can need a block. */
-        return (errno == ENOSPC || errno == EDQUOT) ? CTXS_EFULL : -errno;
-    }
-    return 0;
+    if (ctxs__fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
+                        (off_t)len) == 0)
+        return 0;
+    if (errno == EOPNOTSUPP || errno == ENOSYS)
+        return 1;
+    /* Splitting an extent can need a block. */
+    return (errno == ENOSPC || errno == EDQUOT) ? CTXS_EFULL : -errno;
 #else
     (void)fd;
     (void)off;
@@ -90,7 +88,7 @@ int ctxs__session_compact(const char *path, uint64_t *bytes_before, uint64_t *by
     *bytes_before = *bytes_after = 0;
     /* A look that changes nothing first: a file any handle has open is
      * left exactly as it is. The header gives the model to open with. */
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    int fd = ctxs__open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return -errno;
     ctxs__peek p;
@@ -112,7 +110,7 @@ int ctxs__session_compact(const char *path, uint64_t *bytes_before, uint64_t *by
     /* Readers are kept out too, as by a delete: a reader that opened since
      * the look would see the punched slots of a record it read earlier. */
     struct stat sb;
-    if ((rc = ctxs__lock(s->fd, CTXS__LOCK_EXCLUSIVE)) == 0 && fstat(s->fd, &sb) == 0 &&
+    if ((rc = ctxs__lock(s->fd, CTXS__LOCK_EXCLUSIVE)) == 0 && ctxs__fstat(s->fd, &sb) == 0 &&
         sb.st_nlink == 0)
         rc = -ENOENT; /* deleted meanwhile */
     if (rc == 0) {

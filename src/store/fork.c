@@ -36,6 +36,7 @@
 
 #include "internal.h"
 #include "sys.h"
+#include "syscall.h"
 
 void (*ctxs__fork_hook)(int step);
 
@@ -96,7 +97,7 @@ static int holds_all(const ctxs_session *s, const ctxs__state *now, const ctxs__
 static int try_clone(int fd, const ctxs_session *src)
 {
 #ifdef FICLONE
-    if (ioctl(fd, FICLONE, src->fd) == 0)
+    if (ctxs__ficlone(fd, src->fd) == 0)
         return 1;
     switch (errno) {
     case EOPNOTSUPP:
@@ -227,9 +228,7 @@ static int punch_tail(int fd, const ctxs__file_layout *lay, const ctxs__state *s
     uint32_t runs = 2 * lay->n_layers * lay->n_kv_heads;
     for (uint32_t run = 0; run < runs; run++) {
         off_t off = (off_t)(lay->kv_off + (uint64_t)run * lay->head_stride + from);
-        while (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, (off_t)len) != 0) {
-            if (errno == EINTR)
-                continue;
+        if (ctxs__fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, (off_t)len) != 0) {
             if (errno == EOPNOTSUPP)
                 return 0; /* nothing carried over is ever read */
             return (errno == ENOSPC || errno == EDQUOT) ? CTXS_EFULL : -errno;
@@ -274,7 +273,7 @@ static int copy_verifies(int fd, const ctxs_session *src, const ctxs__state *st)
     view.fd = -1;
     view.lay = src->lay;
     view.st = *st;
-    void *map = mmap(NULL, (size_t)src->lay.file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    void *map = ctxs__mmap(NULL, (size_t)src->lay.file_bytes, PROT_READ, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED)
         return errno == ENOMEM ? CTXS_ENOMEM : -errno;
     view.map = map;

@@ -16,6 +16,7 @@
 #include "label.h"
 #include "lock.h"
 #include "sys.h"
+#include "syscall.h"
 
 static int crc_holds(const void *p, size_t crc_off)
 {
@@ -81,11 +82,11 @@ int ctxs_file_inspect(ctxs_file_report *out, const char *path)
     CTXS__CHECK(out && path && *path);
     memset(out, 0, sizeof(*out));
     out->label_status = CTXS_ENOTFOUND;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    int fd = ctxs__open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return -errno;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
+    if (ctxs__fstat(fd, &sb) != 0) {
         int rc = -errno;
         close(fd);
         return rc;
@@ -105,7 +106,7 @@ int ctxs_file_inspect(ctxs_file_report *out, const char *path)
          * past its end, which the header check then calls truncated. */
         size_t want = sb.st_size < (off_t)CTXS__LABEL_OFF ? (size_t)sb.st_size
                                                           : CTXS__LABEL_OFF;
-        uint8_t *first = calloc(1, CTXS__LABEL_OFF);
+        uint8_t *first = ctxs__calloc(1, CTXS__LABEL_OFF);
         if (!first)
             rc = CTXS_ENOMEM;
         else if ((rc = ctxs__read_exact(fd, first, want, 0)) == 0) {

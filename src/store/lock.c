@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ctxstore.h"
+#include "syscall.h"
 
 #ifdef F_OFD_SETLK
 #define SETLK F_OFD_SETLK
@@ -38,13 +39,9 @@ int ctxs__lock(int fd, enum ctxs__lock_kind kind)
         fl.l_len = 2;
         break;
     }
-    for (;;) {
-        if (fcntl(fd, SETLK, &fl) == 0)
-            return 0;
-        if (errno == EINTR)
-            continue;
-        return (errno == EAGAIN || errno == EACCES) ? CTXS_EBUSY : -errno;
-    }
+    if (ctxs__fcntl_lock(fd, SETLK, &fl) == 0)
+        return 0;
+    return (errno == EAGAIN || errno == EACCES) ? CTXS_EBUSY : -errno;
 }
 
 int ctxs__lock_probe(int fd, enum ctxs__lock_kind kind)
@@ -58,7 +55,7 @@ int ctxs__lock_probe(int fd, enum ctxs__lock_kind kind)
     fl.l_type = kind == CTXS__LOCK_WRITER ? F_RDLCK : F_WRLCK;
     fl.l_start = kind == CTXS__LOCK_WRITER ? 0 : 1;
     fl.l_len = 1;
-    if (fcntl(fd, GETLK, &fl) != 0)
+    if (ctxs__fcntl_lock(fd, GETLK, &fl) != 0)
         return -errno;
     return fl.l_type != F_UNLCK;
 }

@@ -4,12 +4,13 @@
 #include <sys/stat.h>
 
 #include "sys.h"
+#include "syscall.h"
 
 int ctxs__peek_fd(ctxs__peek *out, int fd)
 {
     memset(out, 0, sizeof(*out));
     struct stat st;
-    if (fstat(fd, &st) != 0)
+    if (ctxs__fstat(fd, &st) != 0)
         return -errno;
     if (!S_ISREG(st.st_mode))
         return S_ISDIR(st.st_mode) ? -EISDIR : CTXS_EFOREIGN;

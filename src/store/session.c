@@ -14,6 +14,7 @@
 #include "internal.h"
 #include "lock.h"
 #include "sys.h"
+#include "syscall.h"
 
 #define DEFAULT_CAPACITY 2048u
 #define DEFAULT_SINKS 4u
@@ -64,12 +65,12 @@ static int same_model(const ctxs_model *m, const ctxs__disk_header *h)
 static void *map_aligned(int fd, size_t len, int prot)
 {
     size_t span = len + MAP_ALIGN;
-    uint8_t *area = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+    uint8_t *area = ctxs__mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                          -1, 0);
     if (area == MAP_FAILED)
         return MAP_FAILED;
     uint8_t *at = (uint8_t *)(((uintptr_t)area + MAP_ALIGN - 1) & ~(uintptr_t)(MAP_ALIGN - 1));
-    if (mmap(at, len, prot, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    if (ctxs__mmap(at, len, prot, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
         int e = errno;
         munmap(area, span);
         errno = e;
@@ -111,7 +112,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
                           const ctxs_model *model,
                           const ctxs_session_options *opts)
 {
-    ctxs_session *s = calloc(1, sizeof(*s));
+    ctxs_session *s = ctxs__calloc(1, sizeof(*s));
     if (!s) {
         close(fd);
         return CTXS_ENOMEM;
@@ -120,7 +121,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
     s->readonly = readonly;
 
     struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (ctxs__fstat(fd, &st) != 0) {
         int rc = -errno;
         session_free(s);
         return rc;
@@ -245,7 +246,7 @@ int ctxs__options_resolve(const ctxs_session_options *in, ctxs_session_options *
 
 int ctxs__new_file_size(int fd, const ctxs__file_layout *lay)
 {
-    if (ftruncate(fd, (off_t)lay->file_bytes) != 0)
+    if (ctxs__ftruncate(fd, (off_t)lay->file_bytes) != 0)
         return (errno == EFBIG || errno == ENOSPC) ? CTXS_EFULL : -errno;
     /* The first page and the two tables take disk space now: commits write
      * the tables through the mapping, where a full disk would be a SIGBUS.
@@ -256,7 +257,7 @@ int ctxs__new_file_size(int fd, const ctxs__file_layout *lay)
 int ctxs__new_file_first_page(int fd, const ctxs__disk_header *h,
                               const ctxs__state *st, const ctxs__disk_label *label)
 {
-    uint8_t *page = calloc(1, CTXS__PAGE);
+    uint8_t *page = ctxs__calloc(1, CTXS__PAGE);
     if (!page)
         return CTXS_ENOMEM;
     memcpy(page, h, sizeof(*h));
@@ -307,13 +308,13 @@ int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *mo
     /* Written aside and linked into place: the name appears only with a
      * complete file behind it, and link() refuses to replace anything. */
     size_t len = strlen(path);
-    char *tmp = malloc(len + 32);
+    char *tmp = ctxs__malloc(len + 32);
     if (!tmp)
         return CTXS_ENOMEM;
     static atomic_uint tmp_counter;
     snprintf(tmp, len + 32, "%s.tmp-%ld-%u", path, (long)getpid(),
              atomic_fetch_add(&tmp_counter, 1));
-    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int fd = ctxs__open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         int rc = -errno;
         free(tmp);
@@ -321,12 +322,12 @@ int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *mo
     }
     int rc, linked = 0;
     if ((rc = ctxs__lock(fd, CTXS__LOCK_WRITER)) == 0 && (rc = fill(fd, arg)) == 0) {
-        if (link(tmp, path) == 0)
+        if (ctxs__link(tmp, path) == 0)
             linked = 1;
         else
             rc = -errno;
     }
-    unlink(tmp);
+    ctxs__unlink(tmp);
     free(tmp);
     if (rc == 0)
         rc = ctxs__sync_parent_dir(path);
@@ -338,7 +339,7 @@ int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *mo
      * -EEXIST. (Between the close and the unlink another process could
      * open the new session; it then holds an unlinked file.) */
     if (rc < 0 && linked)
-        unlink(path);
+        ctxs__unlink(path);
     return rc;
 }
 
@@ -384,7 +385,7 @@ int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *mo
 
     /* O_NONBLOCK: a FIFO in place of the file must not hang the open; the
      * flag means nothing for the regular file that attach insists on. */
-    int fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    int fd = ctxs__open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return -errno;
     if ((rc = ctxs__lock(fd, readonly ? CTXS__LOCK_READER : CTXS__LOCK_WRITER)) < 0) {

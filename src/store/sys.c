@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ctxstore.h"
+#include "syscall.h"
 
 static uint8_t boot_id[16];
 static pthread_once_t boot_once = PTHREAD_ONCE_INIT;
@@ -78,12 +79,9 @@ static int allocate_by_writing(int fd, uint64_t off, uint64_t len)
     static const uint8_t zeros[16384];
     while (len) {
         size_t n = len < sizeof(zeros) ? (size_t)len : sizeof(zeros);
-        ssize_t w = pwrite(fd, zeros, n, (off_t)off);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
+        ssize_t w = ctxs__pwrite(fd, zeros, n, (off_t)off);
+        if (w < 0)
             return space_error(errno);
-        }
         off += (uint64_t)w;
         len -= (uint64_t)w;
     }
@@ -93,15 +91,11 @@ static int allocate_by_writing(int fd, uint64_t off, uint64_t len)
 int ctxs__allocate(int fd, uint64_t off, uint64_t len)
 {
 #ifdef __linux__
-    for (;;) {
-        if (fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) == 0)
-            return 0;
-        if (errno == EINTR)
-            continue;
-        if (errno == EOPNOTSUPP || errno == ENOSYS)
-            return allocate_by_writing(fd, off, len);
-        return space_error(errno);
-    }
+    if (ctxs__fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) == 0)
+        return 0;
+    if (errno == EOPNOTSUPP || errno == ENOSYS)
+        return allocate_by_writing(fd, off, len);
+    return space_error(errno);
 #else
     return allocate_by_writing(fd, off, len);
 #endif
@@ -115,9 +109,9 @@ int ctxs__sync_data(int fd)
         return 0;
 #endif
 #if defined(_POSIX_SYNCHRONIZED_IO) && _POSIX_SYNCHRONIZED_IO > 0 && !defined(__APPLE__)
-    int rc = fdatasync(fd);
+    int rc = ctxs__fdatasync(fd);
 #else
-    int rc = fsync(fd);
+    int rc = ctxs__fsync(fd);
 #endif
     return rc == 0 ? 0 : -errno;
 }
@@ -132,9 +126,9 @@ int ctxs__sync_range(int fd, uint64_t off, uint64_t len)
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     uint64_t start = off / page * page;
     size_t span = (size_t)(off + len - start);
-    void *map = mmap(NULL, span, PROT_READ, MAP_SHARED, fd, (off_t)start);
+    void *map = ctxs__mmap(NULL, span, PROT_READ, MAP_SHARED, fd, (off_t)start);
     if (map != MAP_FAILED) {
-        int rc = msync(map, span, MS_SYNC) == 0 ? 0 : -errno;
+        int rc = ctxs__msync(map, span, MS_SYNC) == 0 ? 0 : -errno;
         munmap(map, span);
         return rc;
     }
@@ -154,12 +148,12 @@ int ctxs__start_writeback(int fd, void *map, size_t len)
      * fault, so a whole-file range costs what the dirty pages cost. Waiting
      * for the writeback started last time first is what reports its I/O
      * errors; the writeback thread does the waiting, not the commit. */
-    if (sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE) == 0)
+    if (ctxs__sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE) == 0)
         return 0;
     return errno == ENOSYS ? 0 : -errno;
 #else
     (void)fd;
-    return msync(map, len, MS_ASYNC) == 0 ? 0 : -errno;
+    return ctxs__msync(map, len, MS_ASYNC) == 0 ? 0 : -errno;
 #endif
 }
 
@@ -167,12 +161,9 @@ int ctxs__read_exact(int fd, void *buf, size_t len, off_t off)
 {
     uint8_t *p = buf;
     while (len) {
-        ssize_t r = pread(fd, p, len, off);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
+        ssize_t r = ctxs__pread(fd, p, len, off);
+        if (r < 0)
             return -errno;
-        }
         if (r == 0)
             return CTXS_ECORRUPT;
         p += r;
@@ -186,12 +177,9 @@ int ctxs__write_exact(int fd, const void *buf, size_t len, off_t off)
 {
     const uint8_t *p = buf;
     while (len) {
-        ssize_t w = pwrite(fd, p, len, off);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
+        ssize_t w = ctxs__pwrite(fd, p, len, off);
+        if (w < 0)
             return (errno == ENOSPC || errno == EDQUOT) ? CTXS_EFULL : -errno;
-        }
         p += w;
         len -= (size_t)w;
         off += w;
@@ -201,14 +189,14 @@ int ctxs__write_exact(int fd, const void *buf, size_t len, off_t off)
 
 int ctxs__sync_parent_dir(const char *path)
 {
-    char *copy = strdup(path);
+    char *copy = ctxs__strdup(path);
     if (!copy)
         return CTXS_ENOMEM;
-    int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int dfd = ctxs__open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     free(copy);
     if (dfd < 0)
         return -errno;
-    int rc = fsync(dfd) == 0 ? 0 : -errno;
+    int rc = ctxs__fsync(dfd) == 0 ? 0 : -errno;
     close(dfd);
     return rc;
 }

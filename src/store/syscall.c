@@ -1,0 +1,457 @@
+#include "syscall.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#ifdef __linux__
+#include <linux/fs.h>
+#endif
+
+/* What a call can fail with, as far as the hook is concerned. */
+enum {
+    CAN_EIO = 1u << 0,
+    CAN_ENOSPC = 1u << 1,
+    CAN_EINTR = 1u << 2,
+    CAN_ENOMEM = 1u << 3,
+};
+
+static atomic_int armed_error;  /* 0: disarmed */
+static atomic_bool armed_persistent;
+static atomic_uint_fast64_t armed_nth;
+static atomic_uint_fast64_t calls_counted;
+static atomic_uint_fast64_t calls_failed;
+
+static pthread_mutex_t sites_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ctxs__fault_site sites[CTXS__FAULT_MAX_SITES];
+static size_t n_sites;
+static const struct ctxs__fault_site *last_failed;
+
+static unsigned error_bit(int error)
+{
+    switch (error) {
+    case EIO:
+        return CAN_EIO;
+    case ENOSPC:
+        return CAN_ENOSPC;
+    case EINTR:
+        return CAN_EINTR;
+    case ENOMEM:
+        return CAN_ENOMEM;
+    default:
+        return 0;
+    }
+}
+
+void ctxs__fault_arm(uint64_t nth, int error, bool persistent)
+{
+    atomic_store(&armed_error, 0);
+    atomic_store(&armed_nth, nth);
+    atomic_store(&armed_persistent, persistent && error != EINTR);
+    atomic_store(&calls_counted, 0);
+    atomic_store(&calls_failed, 0);
+    pthread_mutex_lock(&sites_lock);
+    last_failed = NULL;
+    pthread_mutex_unlock(&sites_lock);
+    atomic_store(&armed_error, error_bit(error) ? error : 0);
+}
+
+void ctxs__fault_disarm(void)
+{
+    atomic_store(&armed_error, 0);
+}
+
+uint64_t ctxs__fault_calls(void)
+{
+    return atomic_load(&calls_counted);
+}
+
+uint64_t ctxs__fault_failed(void)
+{
+    return atomic_load(&calls_failed);
+}
+
+const struct ctxs__fault_site *ctxs__fault_last_failed(void)
+{
+    pthread_mutex_lock(&sites_lock);
+    const struct ctxs__fault_site *site = last_failed;
+    pthread_mutex_unlock(&sites_lock);
+    return site;
+}
+
+size_t ctxs__fault_sites(const struct ctxs__fault_site **out)
+{
+    pthread_mutex_lock(&sites_lock);
+    size_t n = n_sites;
+    pthread_mutex_unlock(&sites_lock);
+    *out = sites;
+    return n;
+}
+
+static void note_site(const char *file, int line, const char *call, bool failed)
+{
+    pthread_mutex_lock(&sites_lock);
+    size_t i = 0;
+    while (i < n_sites && !(sites[i].line == line && strcmp(sites[i].file, file) == 0))
+        i++;
+    if (i == n_sites && n_sites < CTXS__FAULT_MAX_SITES)
+        sites[n_sites++] = (struct ctxs__fault_site){file, line, call, 0, 0};
+    if (i < n_sites) {
+        sites[i].reached++;
+        sites[i].failed += failed;
+        if (failed)
+            last_failed = &sites[i];
+    }
+    pthread_mutex_unlock(&sites_lock);
+}
+
+/* The error this call must fail with, or 0 to make it. One relaxed load
+ * when the hook is disarmed. */
+static int fault(const char *file, int line, const char *call, unsigned can_fail)
+{
+    int error = atomic_load_explicit(&armed_error, memory_order_relaxed);
+    if (!error)
+        return 0;
+    bool fail = false;
+    if (can_fail & error_bit(error)) {
+        uint64_t n = atomic_fetch_add(&calls_counted, 1) + 1;
+        uint64_t nth = atomic_load(&armed_nth);
+        fail = n == nth || (n > nth && atomic_load(&armed_persistent));
+        if (fail)
+            atomic_fetch_add(&calls_failed, 1);
+    }
+    note_site(file, line, call, fail);
+    return fail ? error : 0;
+}
+
+/* The body of a wrapper for a call that returns -1 and sets errno:
+ * fails it when the hook says so, retries it across EINTR. */
+#define SYSCALL(type, name, can_fail, call)                                    \
+    for (;;) {                                                                 \
+        int injected_ = fault(site_file, site_line, name, can_fail);           \
+        type r_;                                                               \
+        if (injected_) {                                                       \
+            errno = injected_;                                                 \
+            r_ = (type)-1;                                                     \
+        } else {                                                               \
+            r_ = call;                                                         \
+        }                                                                      \
+        if (r_ == (type)-1 && errno == EINTR && ((can_fail) & CAN_EINTR))      \
+            continue;                                                          \
+        return r_;                                                             \
+    }
+
+static mode_t creation_mode(int flags, va_list args)
+{
+#ifdef O_TMPFILE
+    if ((flags & O_TMPFILE) == O_TMPFILE)
+        return (mode_t)va_arg(args, unsigned);
+#endif
+    return (flags & O_CREAT) ? (mode_t)va_arg(args, unsigned) : 0;
+}
+
+int ctxs__sys_open(CTXS__SITE_PARAMS, const char *path, int flags, ...)
+{
+    va_list args;
+    va_start(args, flags);
+    mode_t mode = creation_mode(flags, args);
+    va_end(args);
+    SYSCALL(int, "open", CAN_EIO | CAN_ENOSPC | CAN_EINTR | CAN_ENOMEM, open(path, flags, mode));
+}
+
+int ctxs__sys_openat(CTXS__SITE_PARAMS, int dirfd, const char *path, int flags, ...)
+{
+    va_list args;
+    va_start(args, flags);
+    mode_t mode = creation_mode(flags, args);
+    va_end(args);
+    SYSCALL(int, "openat", CAN_EIO | CAN_ENOSPC | CAN_EINTR | CAN_ENOMEM,
+            openat(dirfd, path, flags, mode));
+}
+
+int ctxs__sys_dup(CTXS__SITE_PARAMS, int fd)
+{
+    /* EMFILE is the real failure; ENOMEM stands in for "out of a resource". */
+    SYSCALL(int, "dup", CAN_ENOMEM, fcntl(fd, F_DUPFD_CLOEXEC, 0));
+}
+
+DIR *ctxs__sys_fdopendir(CTXS__SITE_PARAMS, int fd)
+{
+    int injected = fault(site_file, site_line, "fdopendir", CAN_ENOMEM);
+    if (injected) {
+        errno = injected;
+        return NULL;
+    }
+    return fdopendir(fd);
+}
+
+struct dirent *ctxs__sys_readdir(CTXS__SITE_PARAMS, DIR *dir)
+{
+    int injected = fault(site_file, site_line, "readdir", CAN_EIO);
+    if (injected) {
+        errno = injected;
+        return NULL;
+    }
+    return readdir(dir);
+}
+
+int ctxs__sys_mkdir(CTXS__SITE_PARAMS, const char *path, mode_t mode)
+{
+    SYSCALL(int, "mkdir", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM, mkdir(path, mode));
+}
+
+int ctxs__sys_rename(CTXS__SITE_PARAMS, const char *from, const char *to)
+{
+    SYSCALL(int, "rename", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM, rename(from, to));
+}
+
+int ctxs__sys_link(CTXS__SITE_PARAMS, const char *from, const char *to)
+{
+    SYSCALL(int, "link", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM, link(from, to));
+}
+
+int ctxs__sys_unlink(CTXS__SITE_PARAMS, const char *path)
+{
+    SYSCALL(int, "unlink", CAN_EIO | CAN_ENOMEM, unlink(path));
+}
+
+int ctxs__sys_unlinkat(CTXS__SITE_PARAMS, int dirfd, const char *path, int flags)
+{
+    SYSCALL(int, "unlinkat", CAN_EIO | CAN_ENOMEM, unlinkat(dirfd, path, flags));
+}
+
+int ctxs__sys_fstat(CTXS__SITE_PARAMS, int fd, struct stat *st)
+{
+    SYSCALL(int, "fstat", CAN_EIO | CAN_ENOMEM, fstat(fd, st));
+}
+
+int ctxs__sys_stat(CTXS__SITE_PARAMS, const char *path, struct stat *st)
+{
+    SYSCALL(int, "stat", CAN_EIO | CAN_ENOMEM, stat(path, st));
+}
+
+int ctxs__sys_fstatat(CTXS__SITE_PARAMS, int dirfd, const char *path, struct stat *st, int flags)
+{
+    SYSCALL(int, "fstatat", CAN_EIO | CAN_ENOMEM, fstatat(dirfd, path, st, flags));
+}
+
+int ctxs__sys_fcntl_lock(CTXS__SITE_PARAMS, int fd, int cmd, struct flock *fl)
+{
+    for (;;) {
+        int injected = fault(site_file, site_line, "fcntl_lock", CAN_EINTR | CAN_ENOMEM);
+        if (injected == EINTR)
+            continue;
+        if (injected) {
+            errno = ENOLCK;
+            return -1;
+        }
+        int r = fcntl(fd, cmd, fl);
+        if (r == -1 && errno == EINTR)
+            continue;
+        return r;
+    }
+}
+
+int ctxs__sys_ficlone(CTXS__SITE_PARAMS, int fd, int src_fd)
+{
+#ifdef FICLONE
+    SYSCALL(int, "ficlone", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM, ioctl(fd, FICLONE, src_fd));
+#else
+    (void)site_file;
+    (void)site_line;
+    (void)fd;
+    (void)src_fd;
+    errno = EOPNOTSUPP;
+    return -1;
+#endif
+}
+
+ssize_t ctxs__sys_read(CTXS__SITE_PARAMS, int fd, void *buf, size_t len)
+{
+    SYSCALL(ssize_t, "read", CAN_EIO | CAN_EINTR | CAN_ENOMEM, read(fd, buf, len));
+}
+
+ssize_t ctxs__sys_pread(CTXS__SITE_PARAMS, int fd, void *buf, size_t len, off_t off)
+{
+    SYSCALL(ssize_t, "pread", CAN_EIO | CAN_EINTR | CAN_ENOMEM, pread(fd, buf, len, off));
+}
+
+ssize_t ctxs__sys_pwrite(CTXS__SITE_PARAMS, int fd, const void *buf, size_t len, off_t off)
+{
+    SYSCALL(ssize_t, "pwrite", CAN_EIO | CAN_ENOSPC | CAN_EINTR,
+            pwrite(fd, buf, len, off));
+}
+
+int ctxs__sys_ftruncate(CTXS__SITE_PARAMS, int fd, off_t len)
+{
+    SYSCALL(int, "ftruncate", CAN_EIO | CAN_ENOSPC | CAN_EINTR, ftruncate(fd, len));
+}
+
+int ctxs__sys_fallocate(CTXS__SITE_PARAMS, int fd, int mode, off_t off, off_t len)
+{
+#ifdef __linux__
+    SYSCALL(int, "fallocate", CAN_EIO | CAN_ENOSPC | CAN_EINTR,
+            fallocate(fd, mode, off, len));
+#else
+    (void)site_file;
+    (void)site_line;
+    (void)fd;
+    (void)mode;
+    (void)off;
+    (void)len;
+    errno = EOPNOTSUPP;
+    return -1;
+#endif
+}
+
+int ctxs__sys_fsync(CTXS__SITE_PARAMS, int fd)
+{
+    SYSCALL(int, "fsync", CAN_EIO | CAN_ENOSPC | CAN_EINTR, fsync(fd));
+}
+
+int ctxs__sys_fdatasync(CTXS__SITE_PARAMS, int fd)
+{
+    SYSCALL(int, "fdatasync", CAN_EIO | CAN_ENOSPC | CAN_EINTR, fdatasync(fd));
+}
+
+int ctxs__sys_sync_file_range(CTXS__SITE_PARAMS, int fd, off_t off, off_t len, unsigned flags)
+{
+#ifdef __linux__
+    SYSCALL(int, "sync_file_range", CAN_EIO | CAN_ENOSPC | CAN_EINTR | CAN_ENOMEM,
+            sync_file_range(fd, off, len, flags));
+#else
+    (void)site_file;
+    (void)site_line;
+    (void)fd;
+    (void)off;
+    (void)len;
+    (void)flags;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+void *ctxs__sys_mmap(CTXS__SITE_PARAMS, void *addr, size_t len, int prot, int flags, int fd,
+                     off_t off)
+{
+    int injected = fault(site_file, site_line, "mmap", CAN_ENOMEM);
+    if (injected) {
+        errno = injected;
+        return MAP_FAILED;
+    }
+    return mmap(addr, len, prot, flags, fd, off);
+}
+
+int ctxs__sys_msync(CTXS__SITE_PARAMS, void *addr, size_t len, int flags)
+{
+    SYSCALL(int, "msync", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM, msync(addr, len, flags));
+}
+
+void *ctxs__sys_malloc(CTXS__SITE_PARAMS, size_t size)
+{
+    if (fault(site_file, site_line, "malloc", CAN_ENOMEM)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return malloc(size);
+}
+
+void *ctxs__sys_calloc(CTXS__SITE_PARAMS, size_t n, size_t size)
+{
+    if (fault(site_file, site_line, "calloc", CAN_ENOMEM)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return calloc(n, size);
+}
+
+void *ctxs__sys_realloc(CTXS__SITE_PARAMS, void *p, size_t size)
+{
+    if (fault(site_file, site_line, "realloc", CAN_ENOMEM)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return realloc(p, size);
+}
+
+char *ctxs__sys_strdup(CTXS__SITE_PARAMS, const char *s)
+{
+    if (fault(site_file, site_line, "strdup", CAN_ENOMEM)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return strdup(s);
+}
+
+/* The body of an LMDB wrapper: LMDB returns errno values itself. */
+#define MDBCALL(name, can_fail, call)                                          \
+    do {                                                                       \
+        int injected_ = fault(site_file, site_line, name, can_fail);           \
+        return injected_ ? injected_ : (call);                                 \
+    } while (0)
+
+int ctxs__sys_mdb_env_open(CTXS__SITE_PARAMS, MDB_env *env, const char *path, unsigned flags,
+                           mdb_mode_t mode)
+{
+    MDBCALL("mdb_env_open", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM,
+            mdb_env_open(env, path, flags, mode));
+}
+
+int ctxs__sys_mdb_txn_begin(CTXS__SITE_PARAMS, MDB_env *env, MDB_txn *parent, unsigned flags,
+                            MDB_txn **txn)
+{
+    MDBCALL("mdb_txn_begin", CAN_EIO | CAN_ENOMEM, mdb_txn_begin(env, parent, flags, txn));
+}
+
+int ctxs__sys_mdb_txn_commit(CTXS__SITE_PARAMS, MDB_txn *txn)
+{
+    int injected = fault(site_file, site_line, "mdb_txn_commit", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM);
+    if (injected) {
+        mdb_txn_abort(txn);
+        return injected;
+    }
+    return mdb_txn_commit(txn);
+}
+
+int ctxs__sys_mdb_dbi_open(CTXS__SITE_PARAMS, MDB_txn *txn, const char *name, unsigned flags,
+                           MDB_dbi *dbi)
+{
+    MDBCALL("mdb_dbi_open", CAN_ENOMEM, mdb_dbi_open(txn, name, flags, dbi));
+}
+
+int ctxs__sys_mdb_cursor_open(CTXS__SITE_PARAMS, MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cursor)
+{
+    MDBCALL("mdb_cursor_open", CAN_ENOMEM, mdb_cursor_open(txn, dbi, cursor));
+}
+
+int ctxs__sys_mdb_put(CTXS__SITE_PARAMS, MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data,
+                      unsigned flags)
+{
+    /* Out of space, LMDB says its map is full. */
+    int injected = fault(site_file, site_line, "mdb_put", CAN_ENOSPC | CAN_ENOMEM);
+    if (injected)
+        return injected == ENOSPC ? MDB_MAP_FULL : injected;
+    return mdb_put(txn, dbi, key, data, flags);
+}
+
+int ctxs__sys_mdb_del(CTXS__SITE_PARAMS, MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data)
+{
+    MDBCALL("mdb_del", CAN_ENOMEM, mdb_del(txn, dbi, key, data));
+}
+
+int ctxs__sys_mdb_cursor_del(CTXS__SITE_PARAMS, MDB_cursor *cursor, unsigned flags)
+{
+    MDBCALL("mdb_cursor_del", CAN_ENOMEM, mdb_cursor_del(cursor, flags));
+}
+
+int ctxs__sys_mdb_drop(CTXS__SITE_PARAMS, MDB_txn *txn, MDB_dbi dbi, int del)
+{
+    MDBCALL("mdb_drop", CAN_ENOMEM, mdb_drop(txn, dbi, del));
+}

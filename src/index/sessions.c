@@ -29,6 +29,27 @@ typedef struct store_link {
     uint64_t indexed_chunks; /* prefix chunks as of the last index update */
 } store_link;
 
+/* The link of a session to its store entry; ctxs__store_ref()s st. */
+static store_link *link_new(ctxs_store *st, uint64_t id, const ctxs__session_rec *rec)
+{
+    store_link *link = ctxs__calloc(1, sizeof(*link));
+    if (!link)
+        return NULL;
+    link->st = st;
+    link->id = id;
+    link->indexed_chunks = rec->prefix_tokens / CTXS_PREFIX_CHUNK;
+    ctxs__store_ref(st);
+    return link;
+}
+
+static void link_free(store_link *link)
+{
+    if (link) {
+        ctxs__store_unref(link->st);
+        free(link);
+    }
+}
+
 static void on_commit(ctxs_session *s, void *arg);
 static void on_close(ctxs_session *s, void *arg);
 static const ctxs__session_hooks store_hooks = {on_commit, on_close};
@@ -216,23 +237,14 @@ static void on_close(ctxs_session *s, void *arg)
         index_update(link, s, 1);
     s->hooks = NULL;
     s->hooks_arg = NULL;
-    ctxs__store_unref(link->st);
-    free(link);
+    link_free(link);
 }
 
-static int link_attach(ctxs_store *st, ctxs_session *s, uint64_t id,
-                       const ctxs__session_rec *rec)
+/* Cannot fail: whatever needs memory was done by link_new(). */
+static void link_attach(ctxs_session *s, store_link *link)
 {
-    store_link *link = ctxs__calloc(1, sizeof(*link));
-    if (!link)
-        return CTXS_ENOMEM;
-    link->st = st;
-    link->id = id;
-    link->indexed_chunks = rec->prefix_tokens / CTXS_PREFIX_CHUNK;
-    ctxs__store_ref(st);
     s->hooks = &store_hooks;
     s->hooks_arg = link;
-    return 0;
 }
 
 uint64_t ctxs__session_store_id(ctxs_store *st, const ctxs_session *s)
@@ -343,11 +355,15 @@ static void abandon_create(ctxs_store *st, uint64_t id, ctxs_session *s)
 static int adopt_new(ctxs_store *st, const char *name, size_t len, ctxs__session_rec *rec,
                      ctxs_session *s)
 {
-    int rc = finish_create(st, name, len, rec, s);
-    if (rc == 0)
-        rc = link_attach(st, s, rec->id, rec);
-    if (rc < 0)
+    /* Nothing may fail once the entry is committed: the link is made first. */
+    store_link *link = link_new(st, rec->id, rec);
+    int rc = link ? finish_create(st, name, len, rec, s) : CTXS_ENOMEM;
+    if (rc == 0) {
+        link_attach(s, link);
+    } else {
+        link_free(link);
         abandon_create(st, rec->id, s);
+    }
     return rc;
 }
 
@@ -477,10 +493,12 @@ int ctxs_store_session_open(ctxs_session **out, ctxs_store *st, const char *name
     ctxs_session *s;
     if ((rc = open_file(&s, st, rec.id, model, flags, opts)) < 0)
         return rc;
-    if ((rc = link_attach(st, s, rec.id, &rec)) < 0) {
+    store_link *link = link_new(st, rec.id, &rec);
+    if (!link) {
         ctxs_session_close(s);
-        return rc;
+        return CTXS_ENOMEM;
     }
+    link_attach(s, link);
     if (!s->readonly && prefix_behind(s, &rec))
         index_update(s->hooks_arg, s, 0);
     *out = s;
@@ -688,9 +706,10 @@ int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name
     }
     if (rc == 0 && fd >= 0) {
         /* Unlinked before the lock goes with the descriptor: whoever opened
-         * the file meanwhile finds it unlinked (open_file). */
-        ctxs__unlinkat(st->sessions_fd, file, 0);
-        if (ctxs__txn_begin(&txn, st, 0) == 0) {
+         * the file meanwhile finds it unlinked (open_file). Where the unlink
+         * fails, the intent stays: the next open of the store finishes it. */
+        if ((ctxs__unlinkat(st->sessions_fd, file, 0) == 0 || errno == ENOENT) &&
+            ctxs__txn_begin(&txn, st, 0) == 0) {
             if (intent_drop(txn, st, id) == 0)
                 ctxs__txn_commit(txn);
             else

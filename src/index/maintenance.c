@@ -153,14 +153,23 @@ int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st, uint64_t budget_bytes)
         free(list);
         return CTXS_ENOMEM;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; rc == 0 && i < n; i++) {
         char file[32];
         struct stat sb;
         ctxs__file_name(file, list[i].id);
         items[i] = (gc_item){list[i].id, list[i].last_used_unix_ms, 0, list[i].name};
+        /* A size that cannot be read would be taken for 0 bytes: gc would
+         * report success and free nothing. (ENOENT: deleted meanwhile.) */
         if (ctxs__fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) == 0)
             items[i].bytes = (uint64_t)sb.st_blocks * 512u;
+        else if (errno != ENOENT)
+            rc = -errno;
         res.bytes_before += items[i].bytes;
+    }
+    if (rc < 0) {
+        free(items);
+        free(list);
+        return rc;
     }
     if (n)
         qsort(items, n, sizeof(*items), by_last_use);

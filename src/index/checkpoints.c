@@ -13,8 +13,8 @@
 
 #include "index.h"
 #include "internal.h"
+#include "mdb_calls.h"
 #include "peek.h"
-#include "syscall.h"
 
 static void checkpoint_key(uint8_t *out, uint64_t id, const char *name, size_t len)
 {

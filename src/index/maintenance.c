@@ -16,8 +16,8 @@
 #include "index.h"
 #include "internal.h"
 #include "lock.h"
+#include "mdb_calls.h"
 #include "peek.h"
-#include "syscall.h"
 
 /* Reads 16 lowercase hex digits; 0 if name does not start with them. */
 static uint64_t hex16(const char *name)

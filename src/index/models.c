@@ -12,7 +12,7 @@
 
 #include "format.h"
 #include "index.h"
-#include "syscall.h"
+#include "mdb_calls.h"
 
 static int geometry_valid(const ctxs_geometry *g)
 {

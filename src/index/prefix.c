@@ -19,8 +19,8 @@
 #include <xxhash.h>
 
 #include "index.h"
+#include "mdb_calls.h"
 #include "peek.h"
-#include "syscall.h"
 
 /* Candidates checked at one chunk count before looking at shorter ones. */
 #define MAX_CANDIDATES 8

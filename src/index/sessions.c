@@ -20,7 +20,7 @@
 #include "index.h"
 #include "internal.h"
 #include "lock.h"
-#include "syscall.h"
+#include "mdb_calls.h"
 
 /* What a session handle opened through a store carries (hooks_arg). */
 typedef struct store_link {

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "index.h"
-#include "syscall.h"
+#include "mdb_calls.h"
 
 /* LMDB forbids opening one environment twice in a process (closing either
  * would drop the other's POSIX locks), so handles to the same store share

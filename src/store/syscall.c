@@ -15,14 +15,6 @@
 #include <linux/fs.h>
 #endif
 
-/* What a call can fail with, as far as the hook is concerned. */
-enum {
-    CAN_EIO = 1u << 0,
-    CAN_ENOSPC = 1u << 1,
-    CAN_EINTR = 1u << 2,
-    CAN_ENOMEM = 1u << 3,
-};
-
 static atomic_int armed_error;  /* 0: disarmed */
 static atomic_bool armed_persistent;
 static atomic_uint_fast64_t armed_nth;
@@ -38,13 +30,13 @@ static unsigned error_bit(int error)
 {
     switch (error) {
     case EIO:
-        return CAN_EIO;
+        return CTXS__CAN_EIO;
     case ENOSPC:
-        return CAN_ENOSPC;
+        return CTXS__CAN_ENOSPC;
     case EINTR:
-        return CAN_EINTR;
+        return CTXS__CAN_EINTR;
     case ENOMEM:
-        return CAN_ENOMEM;
+        return CTXS__CAN_ENOMEM;
     default:
         return 0;
     }
@@ -112,9 +104,7 @@ static void note_site(const char *file, int line, const char *call, bool failed)
     pthread_mutex_unlock(&sites_lock);
 }
 
-/* The error this call must fail with, or 0 to make it. One relaxed load
- * when the hook is disarmed. */
-static int fault(const char *file, int line, const char *call, unsigned can_fail)
+int ctxs__fault(const char *file, int line, const char *call, unsigned can_fail)
 {
     int error = atomic_load_explicit(&armed_error, memory_order_relaxed);
     if (!error)
@@ -135,7 +125,7 @@ static int fault(const char *file, int line, const char *call, unsigned can_fail
  * fails it when the hook says so, retries it across EINTR. */
 #define SYSCALL(type, name, can_fail, call)                                    \
     for (;;) {                                                                 \
-        int injected_ = fault(site_file, site_line, name, can_fail);           \
+        int injected_ = ctxs__fault(site_file, site_line, name, can_fail);           \
         type r_;                                                               \
         if (injected_) {                                                       \
             errno = injected_;                                                 \
@@ -143,7 +133,7 @@ static int fault(const char *file, int line, const char *call, unsigned can_fail
         } else {                                                               \
             r_ = call;                                                         \
         }                                                                      \
-        if (r_ == (type)-1 && errno == EINTR && ((can_fail) & CAN_EINTR))      \
+        if (r_ == (type)-1 && errno == EINTR && ((can_fail) & CTXS__CAN_EINTR))      \
             continue;                                                          \
         return r_;                                                             \
     }
@@ -163,7 +153,7 @@ int ctxs__sys_open(CTXS__SITE_PARAMS, const char *path, int flags, ...)
     va_start(args, flags);
     mode_t mode = creation_mode(flags, args);
     va_end(args);
-    SYSCALL(int, "open", CAN_EIO | CAN_ENOSPC | CAN_EINTR | CAN_ENOMEM, open(path, flags, mode));
+    SYSCALL(int, "open", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM, open(path, flags, mode));
 }
 
 int ctxs__sys_openat(CTXS__SITE_PARAMS, int dirfd, const char *path, int flags, ...)
@@ -172,19 +162,19 @@ int ctxs__sys_openat(CTXS__SITE_PARAMS, int dirfd, const char *path, int flags, 
     va_start(args, flags);
     mode_t mode = creation_mode(flags, args);
     va_end(args);
-    SYSCALL(int, "openat", CAN_EIO | CAN_ENOSPC | CAN_EINTR | CAN_ENOMEM,
+    SYSCALL(int, "openat", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM,
             openat(dirfd, path, flags, mode));
 }
 
 int ctxs__sys_dup(CTXS__SITE_PARAMS, int fd)
 {
     /* EMFILE is the real failure; ENOMEM stands in for "out of a resource". */
-    SYSCALL(int, "dup", CAN_ENOMEM, fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    SYSCALL(int, "dup", CTXS__CAN_ENOMEM, fcntl(fd, F_DUPFD_CLOEXEC, 0));
 }
 
 DIR *ctxs__sys_fdopendir(CTXS__SITE_PARAMS, int fd)
 {
-    int injected = fault(site_file, site_line, "fdopendir", CAN_ENOMEM);
+    int injected = ctxs__fault(site_file, site_line, "fdopendir", CTXS__CAN_ENOMEM);
     if (injected) {
         errno = injected;
         return NULL;
@@ -194,7 +184,7 @@ DIR *ctxs__sys_fdopendir(CTXS__SITE_PARAMS, int fd)
 
 struct dirent *ctxs__sys_readdir(CTXS__SITE_PARAMS, DIR *dir)
 {
-    int injected = fault(site_file, site_line, "readdir", CAN_EIO);
+    int injected = ctxs__fault(site_file, site_line, "readdir", CTXS__CAN_EIO);
     if (injected) {
         errno = injected;
         return NULL;
@@ -204,48 +194,48 @@ struct dirent *ctxs__sys_readdir(CTXS__SITE_PARAMS, DIR *dir)
 
 int ctxs__sys_mkdir(CTXS__SITE_PARAMS, const char *path, mode_t mode)
 {
-    SYSCALL(int, "mkdir", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM, mkdir(path, mode));
+    SYSCALL(int, "mkdir", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM, mkdir(path, mode));
 }
 
 int ctxs__sys_rename(CTXS__SITE_PARAMS, const char *from, const char *to)
 {
-    SYSCALL(int, "rename", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM, rename(from, to));
+    SYSCALL(int, "rename", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM, rename(from, to));
 }
 
 int ctxs__sys_link(CTXS__SITE_PARAMS, const char *from, const char *to)
 {
-    SYSCALL(int, "link", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM, link(from, to));
+    SYSCALL(int, "link", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM, link(from, to));
 }
 
 int ctxs__sys_unlink(CTXS__SITE_PARAMS, const char *path)
 {
-    SYSCALL(int, "unlink", CAN_EIO | CAN_ENOMEM, unlink(path));
+    SYSCALL(int, "unlink", CTXS__CAN_EIO | CTXS__CAN_ENOMEM, unlink(path));
 }
 
 int ctxs__sys_unlinkat(CTXS__SITE_PARAMS, int dirfd, const char *path, int flags)
 {
-    SYSCALL(int, "unlinkat", CAN_EIO | CAN_ENOMEM, unlinkat(dirfd, path, flags));
+    SYSCALL(int, "unlinkat", CTXS__CAN_EIO | CTXS__CAN_ENOMEM, unlinkat(dirfd, path, flags));
 }
 
 int ctxs__sys_fstat(CTXS__SITE_PARAMS, int fd, struct stat *st)
 {
-    SYSCALL(int, "fstat", CAN_EIO | CAN_ENOMEM, fstat(fd, st));
+    SYSCALL(int, "fstat", CTXS__CAN_EIO | CTXS__CAN_ENOMEM, fstat(fd, st));
 }
 
 int ctxs__sys_stat(CTXS__SITE_PARAMS, const char *path, struct stat *st)
 {
-    SYSCALL(int, "stat", CAN_EIO | CAN_ENOMEM, stat(path, st));
+    SYSCALL(int, "stat", CTXS__CAN_EIO | CTXS__CAN_ENOMEM, stat(path, st));
 }
 
 int ctxs__sys_fstatat(CTXS__SITE_PARAMS, int dirfd, const char *path, struct stat *st, int flags)
 {
-    SYSCALL(int, "fstatat", CAN_EIO | CAN_ENOMEM, fstatat(dirfd, path, st, flags));
+    SYSCALL(int, "fstatat", CTXS__CAN_EIO | CTXS__CAN_ENOMEM, fstatat(dirfd, path, st, flags));
 }
 
 int ctxs__sys_fcntl_lock(CTXS__SITE_PARAMS, int fd, int cmd, struct flock *fl)
 {
     for (;;) {
-        int injected = fault(site_file, site_line, "fcntl_lock", CAN_EINTR | CAN_ENOMEM);
+        int injected = ctxs__fault(site_file, site_line, "fcntl_lock", CTXS__CAN_EINTR | CTXS__CAN_ENOMEM);
         if (injected == EINTR)
             continue;
         if (injected) {
@@ -262,7 +252,7 @@ int ctxs__sys_fcntl_lock(CTXS__SITE_PARAMS, int fd, int cmd, struct flock *fl)
 int ctxs__sys_ficlone(CTXS__SITE_PARAMS, int fd, int src_fd)
 {
 #ifdef FICLONE
-    SYSCALL(int, "ficlone", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM, ioctl(fd, FICLONE, src_fd));
+    SYSCALL(int, "ficlone", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM, ioctl(fd, FICLONE, src_fd));
 #else
     (void)site_file;
     (void)site_line;
@@ -275,29 +265,29 @@ int ctxs__sys_ficlone(CTXS__SITE_PARAMS, int fd, int src_fd)
 
 ssize_t ctxs__sys_read(CTXS__SITE_PARAMS, int fd, void *buf, size_t len)
 {
-    SYSCALL(ssize_t, "read", CAN_EIO | CAN_EINTR | CAN_ENOMEM, read(fd, buf, len));
+    SYSCALL(ssize_t, "read", CTXS__CAN_EIO | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM, read(fd, buf, len));
 }
 
 ssize_t ctxs__sys_pread(CTXS__SITE_PARAMS, int fd, void *buf, size_t len, off_t off)
 {
-    SYSCALL(ssize_t, "pread", CAN_EIO | CAN_EINTR | CAN_ENOMEM, pread(fd, buf, len, off));
+    SYSCALL(ssize_t, "pread", CTXS__CAN_EIO | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM, pread(fd, buf, len, off));
 }
 
 ssize_t ctxs__sys_pwrite(CTXS__SITE_PARAMS, int fd, const void *buf, size_t len, off_t off)
 {
-    SYSCALL(ssize_t, "pwrite", CAN_EIO | CAN_ENOSPC | CAN_EINTR,
+    SYSCALL(ssize_t, "pwrite", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR,
             pwrite(fd, buf, len, off));
 }
 
 int ctxs__sys_ftruncate(CTXS__SITE_PARAMS, int fd, off_t len)
 {
-    SYSCALL(int, "ftruncate", CAN_EIO | CAN_ENOSPC | CAN_EINTR, ftruncate(fd, len));
+    SYSCALL(int, "ftruncate", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR, ftruncate(fd, len));
 }
 
 int ctxs__sys_fallocate(CTXS__SITE_PARAMS, int fd, int mode, off_t off, off_t len)
 {
 #ifdef __linux__
-    SYSCALL(int, "fallocate", CAN_EIO | CAN_ENOSPC | CAN_EINTR,
+    SYSCALL(int, "fallocate", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR,
             fallocate(fd, mode, off, len));
 #else
     (void)site_file;
@@ -313,18 +303,18 @@ int ctxs__sys_fallocate(CTXS__SITE_PARAMS, int fd, int mode, off_t off, off_t le
 
 int ctxs__sys_fsync(CTXS__SITE_PARAMS, int fd)
 {
-    SYSCALL(int, "fsync", CAN_EIO | CAN_ENOSPC | CAN_EINTR, fsync(fd));
+    SYSCALL(int, "fsync", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR, fsync(fd));
 }
 
 int ctxs__sys_fdatasync(CTXS__SITE_PARAMS, int fd)
 {
-    SYSCALL(int, "fdatasync", CAN_EIO | CAN_ENOSPC | CAN_EINTR, fdatasync(fd));
+    SYSCALL(int, "fdatasync", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR, fdatasync(fd));
 }
 
 int ctxs__sys_sync_file_range(CTXS__SITE_PARAMS, int fd, off_t off, off_t len, unsigned flags)
 {
 #ifdef __linux__
-    SYSCALL(int, "sync_file_range", CAN_EIO | CAN_ENOSPC | CAN_EINTR | CAN_ENOMEM,
+    SYSCALL(int, "sync_file_range", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM,
             sync_file_range(fd, off, len, flags));
 #else
     (void)site_file;
@@ -341,7 +331,7 @@ int ctxs__sys_sync_file_range(CTXS__SITE_PARAMS, int fd, off_t off, off_t len, u
 void *ctxs__sys_mmap(CTXS__SITE_PARAMS, void *addr, size_t len, int prot, int flags, int fd,
                      off_t off)
 {
-    int injected = fault(site_file, site_line, "mmap", CAN_ENOMEM);
+    int injected = ctxs__fault(site_file, site_line, "mmap", CTXS__CAN_ENOMEM);
     if (injected) {
         errno = injected;
         return MAP_FAILED;
@@ -351,12 +341,12 @@ void *ctxs__sys_mmap(CTXS__SITE_PARAMS, void *addr, size_t len, int prot, int fl
 
 int ctxs__sys_msync(CTXS__SITE_PARAMS, void *addr, size_t len, int flags)
 {
-    SYSCALL(int, "msync", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM, msync(addr, len, flags));
+    SYSCALL(int, "msync", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM, msync(addr, len, flags));
 }
 
 void *ctxs__sys_malloc(CTXS__SITE_PARAMS, size_t size)
 {
-    if (fault(site_file, site_line, "malloc", CAN_ENOMEM)) {
+    if (ctxs__fault(site_file, site_line, "malloc", CTXS__CAN_ENOMEM)) {
         errno = ENOMEM;
         return NULL;
     }
@@ -365,7 +355,7 @@ void *ctxs__sys_malloc(CTXS__SITE_PARAMS, size_t size)
 
 void *ctxs__sys_calloc(CTXS__SITE_PARAMS, size_t n, size_t size)
 {
-    if (fault(site_file, site_line, "calloc", CAN_ENOMEM)) {
+    if (ctxs__fault(site_file, site_line, "calloc", CTXS__CAN_ENOMEM)) {
         errno = ENOMEM;
         return NULL;
     }
@@ -374,7 +364,7 @@ void *ctxs__sys_calloc(CTXS__SITE_PARAMS, size_t n, size_t size)
 
 void *ctxs__sys_realloc(CTXS__SITE_PARAMS, void *p, size_t size)
 {
-    if (fault(site_file, site_line, "realloc", CAN_ENOMEM)) {
+    if (ctxs__fault(site_file, site_line, "realloc", CTXS__CAN_ENOMEM)) {
         errno = ENOMEM;
         return NULL;
     }
@@ -383,75 +373,9 @@ void *ctxs__sys_realloc(CTXS__SITE_PARAMS, void *p, size_t size)
 
 char *ctxs__sys_strdup(CTXS__SITE_PARAMS, const char *s)
 {
-    if (fault(site_file, site_line, "strdup", CAN_ENOMEM)) {
+    if (ctxs__fault(site_file, site_line, "strdup", CTXS__CAN_ENOMEM)) {
         errno = ENOMEM;
         return NULL;
     }
     return strdup(s);
-}
-
-/* The body of an LMDB wrapper: LMDB returns errno values itself. */
-#define MDBCALL(name, can_fail, call)                                          \
-    do {                                                                       \
-        int injected_ = fault(site_file, site_line, name, can_fail);           \
-        return injected_ ? injected_ : (call);                                 \
-    } while (0)
-
-int ctxs__sys_mdb_env_open(CTXS__SITE_PARAMS, MDB_env *env, const char *path, unsigned flags,
-                           mdb_mode_t mode)
-{
-    MDBCALL("mdb_env_open", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM,
-            mdb_env_open(env, path, flags, mode));
-}
-
-int ctxs__sys_mdb_txn_begin(CTXS__SITE_PARAMS, MDB_env *env, MDB_txn *parent, unsigned flags,
-                            MDB_txn **txn)
-{
-    MDBCALL("mdb_txn_begin", CAN_EIO | CAN_ENOMEM, mdb_txn_begin(env, parent, flags, txn));
-}
-
-int ctxs__sys_mdb_txn_commit(CTXS__SITE_PARAMS, MDB_txn *txn)
-{
-    int injected = fault(site_file, site_line, "mdb_txn_commit", CAN_EIO | CAN_ENOSPC | CAN_ENOMEM);
-    if (injected) {
-        mdb_txn_abort(txn);
-        return injected;
-    }
-    return mdb_txn_commit(txn);
-}
-
-int ctxs__sys_mdb_dbi_open(CTXS__SITE_PARAMS, MDB_txn *txn, const char *name, unsigned flags,
-                           MDB_dbi *dbi)
-{
-    MDBCALL("mdb_dbi_open", CAN_ENOMEM, mdb_dbi_open(txn, name, flags, dbi));
-}
-
-int ctxs__sys_mdb_cursor_open(CTXS__SITE_PARAMS, MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cursor)
-{
-    MDBCALL("mdb_cursor_open", CAN_ENOMEM, mdb_cursor_open(txn, dbi, cursor));
-}
-
-int ctxs__sys_mdb_put(CTXS__SITE_PARAMS, MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data,
-                      unsigned flags)
-{
-    /* Out of space, LMDB says its map is full. */
-    int injected = fault(site_file, site_line, "mdb_put", CAN_ENOSPC | CAN_ENOMEM);
-    if (injected)
-        return injected == ENOSPC ? MDB_MAP_FULL : injected;
-    return mdb_put(txn, dbi, key, data, flags);
-}
-
-int ctxs__sys_mdb_del(CTXS__SITE_PARAMS, MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data)
-{
-    MDBCALL("mdb_del", CAN_ENOMEM, mdb_del(txn, dbi, key, data));
-}
-
-int ctxs__sys_mdb_cursor_del(CTXS__SITE_PARAMS, MDB_cursor *cursor, unsigned flags)
-{
-    MDBCALL("mdb_cursor_del", CAN_ENOMEM, mdb_cursor_del(cursor, flags));
-}
-
-int ctxs__sys_mdb_drop(CTXS__SITE_PARAMS, MDB_txn *txn, MDB_dbi dbi, int del)
-{
-    MDBCALL("mdb_drop", CAN_ENOMEM, mdb_drop(txn, dbi, del));
 }

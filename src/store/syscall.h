@@ -1,8 +1,8 @@
 /*
- * Every system call, allocation and LMDB write the store and the index
- * make goes through this one thin layer, so that a test can fail any of
- * them on purpose (SQLite's "syscall" table and its fault simulator are the
- * model).
+ * Every system call and allocation the store and the index make goes
+ * through this one thin layer (and every LMDB write, src/index/mdb_calls.h),
+ * so that a test can fail any of them on purpose (SQLite's "syscall" table
+ * and its fault simulator are the model).
  *
  * Each wrapper takes the libc or LMDB function's arguments and returns what
  * it returns, with errno set the same way, with one difference: calls that
@@ -19,7 +19,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <lmdb.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -100,36 +99,18 @@ char *ctxs__sys_strdup(CTXS__SITE_PARAMS, const char *s);
 #define ctxs__realloc(p, size) ctxs__sys_realloc(CTXS__SITE, p, size)
 #define ctxs__strdup(s) ctxs__sys_strdup(CTXS__SITE, s)
 
-/* LMDB: the calls that write, allocate or do I/O. A failed commit frees
- * its transaction, as mdb_txn_commit does. */
-int ctxs__sys_mdb_env_open(CTXS__SITE_PARAMS, MDB_env *env, const char *path, unsigned flags,
-                           mdb_mode_t mode);
-int ctxs__sys_mdb_txn_begin(CTXS__SITE_PARAMS, MDB_env *env, MDB_txn *parent, unsigned flags,
-                            MDB_txn **txn);
-int ctxs__sys_mdb_txn_commit(CTXS__SITE_PARAMS, MDB_txn *txn);
-int ctxs__sys_mdb_dbi_open(CTXS__SITE_PARAMS, MDB_txn *txn, const char *name, unsigned flags,
-                           MDB_dbi *dbi);
-int ctxs__sys_mdb_cursor_open(CTXS__SITE_PARAMS, MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cursor);
-int ctxs__sys_mdb_put(CTXS__SITE_PARAMS, MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data,
-                      unsigned flags);
-int ctxs__sys_mdb_del(CTXS__SITE_PARAMS, MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data);
-int ctxs__sys_mdb_cursor_del(CTXS__SITE_PARAMS, MDB_cursor *cursor, unsigned flags);
-int ctxs__sys_mdb_drop(CTXS__SITE_PARAMS, MDB_txn *txn, MDB_dbi dbi, int del);
+/* What a call can fail with, for ctxs__fault(). */
+enum {
+    CTXS__CAN_EIO = 1u << 0,
+    CTXS__CAN_ENOSPC = 1u << 1,
+    CTXS__CAN_EINTR = 1u << 2,
+    CTXS__CAN_ENOMEM = 1u << 3,
+};
 
-#define ctxs__mdb_env_open(env, path, flags, mode) \
-    ctxs__sys_mdb_env_open(CTXS__SITE, env, path, flags, mode)
-#define ctxs__mdb_txn_begin(env, parent, flags, txn) \
-    ctxs__sys_mdb_txn_begin(CTXS__SITE, env, parent, flags, txn)
-#define ctxs__mdb_txn_commit(txn) ctxs__sys_mdb_txn_commit(CTXS__SITE, txn)
-#define ctxs__mdb_dbi_open(txn, name, flags, dbi) \
-    ctxs__sys_mdb_dbi_open(CTXS__SITE, txn, name, flags, dbi)
-#define ctxs__mdb_cursor_open(txn, dbi, cursor) \
-    ctxs__sys_mdb_cursor_open(CTXS__SITE, txn, dbi, cursor)
-#define ctxs__mdb_put(txn, dbi, key, data, flags) \
-    ctxs__sys_mdb_put(CTXS__SITE, txn, dbi, key, data, flags)
-#define ctxs__mdb_del(txn, dbi, key, data) ctxs__sys_mdb_del(CTXS__SITE, txn, dbi, key, data)
-#define ctxs__mdb_cursor_del(cursor, flags) ctxs__sys_mdb_cursor_del(CTXS__SITE, cursor, flags)
-#define ctxs__mdb_drop(txn, dbi, del) ctxs__sys_mdb_drop(CTXS__SITE, txn, dbi, del)
+/* For a wrapper: the error the call at this site must fail with, or 0 to
+ * make it. can_fail: the CTXS__CAN_ errors it can fail with. One relaxed
+ * load when the hook is disarmed. */
+int ctxs__fault(CTXS__SITE_PARAMS, const char *call, unsigned can_fail);
 
 /*
  * The fault hook, for tests. Armed with an error (EIO, ENOSPC, EINTR or

@@ -167,7 +167,8 @@ int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, ctxs_store 
     char file[32];
     ctxs__file_name(file, rec.id);
     ctxs__peek p;
-    peeked pk = {ctxs__openat(st->sessions_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), &p};
+    peeked pk = {
+        ctxs__openat(st->sessions_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), &p};
     int have_state = pk.fd >= 0 && ctxs__peek_fd(&p, pk.fd) == 0;
 
     ctxs_checkpoint_entry *list = NULL;

@@ -3,10 +3,10 @@
 #include <errno.h>
 
 /* The body of an LMDB wrapper: LMDB returns errno values itself. */
-#define MDBCALL(name, can_fail, call)                                          \
-    do {                                                                       \
-        int injected_ = ctxs__fault(site_file, site_line, name, can_fail);           \
-        return injected_ ? injected_ : (call);                                 \
+#define MDBCALL(name, can_fail, call)                                                              \
+    do {                                                                                           \
+        int injected_ = ctxs__fault(site_file, site_line, name, can_fail);                         \
+        return injected_ ? injected_ : (call);                                                     \
     } while (0)
 
 int ctxs__sys_mdb_env_open(CTXS__SITE_PARAMS, MDB_env *env, const char *path, unsigned flags,
@@ -19,12 +19,14 @@ int ctxs__sys_mdb_env_open(CTXS__SITE_PARAMS, MDB_env *env, const char *path, un
 int ctxs__sys_mdb_txn_begin(CTXS__SITE_PARAMS, MDB_env *env, MDB_txn *parent, unsigned flags,
                             MDB_txn **txn)
 {
-    MDBCALL("mdb_txn_begin", CTXS__CAN_EIO | CTXS__CAN_ENOMEM, mdb_txn_begin(env, parent, flags, txn));
+    MDBCALL("mdb_txn_begin", CTXS__CAN_EIO | CTXS__CAN_ENOMEM,
+            mdb_txn_begin(env, parent, flags, txn));
 }
 
 int ctxs__sys_mdb_txn_commit(CTXS__SITE_PARAMS, MDB_txn *txn)
 {
-    int injected = ctxs__fault(site_file, site_line, "mdb_txn_commit", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM);
+    int injected = ctxs__fault(site_file, site_line, "mdb_txn_commit",
+                               CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM);
     if (injected) {
         mdb_txn_abort(txn);
         return injected;
@@ -47,7 +49,8 @@ int ctxs__sys_mdb_put(CTXS__SITE_PARAMS, MDB_txn *txn, MDB_dbi dbi, MDB_val *key
                       unsigned flags)
 {
     /* Out of space, LMDB says its map is full. */
-    int injected = ctxs__fault(site_file, site_line, "mdb_put", CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM);
+    int injected =
+        ctxs__fault(site_file, site_line, "mdb_put", CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM);
     if (injected)
         return injected == ENOSPC ? MDB_MAP_FULL : injected;
     return mdb_put(txn, dbi, key, data, flags);

@@ -749,7 +749,8 @@ static void remove_tmp_files(ctxs_store *st, const char *file)
     while ((de = ctxs__readdir(dir))) {
         if (strncmp(de->d_name, file, len) != 0 || strncmp(de->d_name + len, ".tmp-", 5) != 0)
             continue;
-        int fd = ctxs__openat(st->sessions_fd, de->d_name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        int fd =
+            ctxs__openat(st->sessions_fd, de->d_name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd < 0)
             continue;
         if (ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) == 0)

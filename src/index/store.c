@@ -444,7 +444,8 @@ static int store_init(ctxs_store *st, const char *dir, const ctxs_store_options 
         !(index_dir = join(st->dir, "index")))
         rc = CTXS_ENOMEM;
     if (rc == 0 && (rc = make_dir(st->sessions_dir)) == 0 && (rc = make_dir(index_dir)) == 0) {
-        st->sessions_fd = ctxs__open(st->sessions_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        st->sessions_fd =
+            ctxs__open(st->sessions_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
         if (st->sessions_fd < 0)
             rc = -errno;
     }

@@ -185,7 +185,8 @@ static void prefault_spans(const ctxs_session *s, const ctxs_reservation *r)
         uintptr_t base = (uintptr_t)(s->map + lay->kv_off + (size_t)run * lay->head_stride);
         for (uint32_t i = 0; i < r->n_spans; i++) {
             uintptr_t a = (base + (uintptr_t)r->spans[i].slot * lay->slot_bytes) & ~(page - 1);
-            uintptr_t b = base + (uintptr_t)(r->spans[i].slot + r->spans[i].count) * lay->slot_bytes;
+            uintptr_t b =
+                base + (uintptr_t)(r->spans[i].slot + r->spans[i].count) * lay->slot_bytes;
             if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) != 0)
                 return; /* EINVAL before Linux 5.14: fault on access */
         }

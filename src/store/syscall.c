@@ -15,7 +15,7 @@
 #include <linux/fs.h>
 #endif
 
-static atomic_int armed_error;  /* 0: disarmed */
+static atomic_int armed_error; /* 0: disarmed */
 static atomic_bool armed_persistent;
 static atomic_uint_fast64_t armed_nth;
 static atomic_uint_fast64_t calls_counted;
@@ -123,19 +123,19 @@ int ctxs__fault(const char *file, int line, const char *call, unsigned can_fail)
 
 /* The body of a wrapper for a call that returns -1 and sets errno:
  * fails it when the hook says so, retries it across EINTR. */
-#define SYSCALL(type, name, can_fail, call)                                    \
-    for (;;) {                                                                 \
-        int injected_ = ctxs__fault(site_file, site_line, name, can_fail);           \
-        type r_;                                                               \
-        if (injected_) {                                                       \
-            errno = injected_;                                                 \
-            r_ = (type)-1;                                                     \
-        } else {                                                               \
-            r_ = call;                                                         \
-        }                                                                      \
-        if (r_ == (type)-1 && errno == EINTR && ((can_fail) & CTXS__CAN_EINTR))      \
-            continue;                                                          \
-        return r_;                                                             \
+#define SYSCALL(type, name, can_fail, call)                                                        \
+    for (;;) {                                                                                     \
+        int injected_ = ctxs__fault(site_file, site_line, name, can_fail);                         \
+        type r_;                                                                                   \
+        if (injected_) {                                                                           \
+            errno = injected_;                                                                     \
+            r_ = (type)-1;                                                                         \
+        } else {                                                                                   \
+            r_ = call;                                                                             \
+        }                                                                                          \
+        if (r_ == (type)-1 && errno == EINTR && ((can_fail)&CTXS__CAN_EINTR))                      \
+            continue;                                                                              \
+        return r_;                                                                                 \
     }
 
 static mode_t creation_mode(int flags, va_list args)
@@ -153,7 +153,8 @@ int ctxs__sys_open(CTXS__SITE_PARAMS, const char *path, int flags, ...)
     va_start(args, flags);
     mode_t mode = creation_mode(flags, args);
     va_end(args);
-    SYSCALL(int, "open", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM, open(path, flags, mode));
+    SYSCALL(int, "open", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM,
+            open(path, flags, mode));
 }
 
 int ctxs__sys_openat(CTXS__SITE_PARAMS, int dirfd, const char *path, int flags, ...)
@@ -235,7 +236,8 @@ int ctxs__sys_fstatat(CTXS__SITE_PARAMS, int dirfd, const char *path, struct sta
 int ctxs__sys_fcntl_lock(CTXS__SITE_PARAMS, int fd, int cmd, struct flock *fl)
 {
     for (;;) {
-        int injected = ctxs__fault(site_file, site_line, "fcntl_lock", CTXS__CAN_EINTR | CTXS__CAN_ENOMEM);
+        int injected =
+            ctxs__fault(site_file, site_line, "fcntl_lock", CTXS__CAN_EINTR | CTXS__CAN_ENOMEM);
         if (injected == EINTR)
             continue;
         if (injected) {
@@ -252,7 +254,8 @@ int ctxs__sys_fcntl_lock(CTXS__SITE_PARAMS, int fd, int cmd, struct flock *fl)
 int ctxs__sys_ficlone(CTXS__SITE_PARAMS, int fd, int src_fd)
 {
 #ifdef FICLONE
-    SYSCALL(int, "ficlone", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM, ioctl(fd, FICLONE, src_fd));
+    SYSCALL(int, "ficlone", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM,
+            ioctl(fd, FICLONE, src_fd));
 #else
     (void)site_file;
     (void)site_line;
@@ -265,12 +268,14 @@ int ctxs__sys_ficlone(CTXS__SITE_PARAMS, int fd, int src_fd)
 
 ssize_t ctxs__sys_read(CTXS__SITE_PARAMS, int fd, void *buf, size_t len)
 {
-    SYSCALL(ssize_t, "read", CTXS__CAN_EIO | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM, read(fd, buf, len));
+    SYSCALL(ssize_t, "read", CTXS__CAN_EIO | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM,
+            read(fd, buf, len));
 }
 
 ssize_t ctxs__sys_pread(CTXS__SITE_PARAMS, int fd, void *buf, size_t len, off_t off)
 {
-    SYSCALL(ssize_t, "pread", CTXS__CAN_EIO | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM, pread(fd, buf, len, off));
+    SYSCALL(ssize_t, "pread", CTXS__CAN_EIO | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM,
+            pread(fd, buf, len, off));
 }
 
 ssize_t ctxs__sys_pwrite(CTXS__SITE_PARAMS, int fd, const void *buf, size_t len, off_t off)
@@ -281,7 +286,8 @@ ssize_t ctxs__sys_pwrite(CTXS__SITE_PARAMS, int fd, const void *buf, size_t len,
 
 int ctxs__sys_ftruncate(CTXS__SITE_PARAMS, int fd, off_t len)
 {
-    SYSCALL(int, "ftruncate", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR, ftruncate(fd, len));
+    SYSCALL(int, "ftruncate", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR,
+            ftruncate(fd, len));
 }
 
 int ctxs__sys_fallocate(CTXS__SITE_PARAMS, int fd, int mode, off_t off, off_t len)
@@ -314,7 +320,8 @@ int ctxs__sys_fdatasync(CTXS__SITE_PARAMS, int fd)
 int ctxs__sys_sync_file_range(CTXS__SITE_PARAMS, int fd, off_t off, off_t len, unsigned flags)
 {
 #ifdef __linux__
-    SYSCALL(int, "sync_file_range", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM,
+    SYSCALL(int, "sync_file_range",
+            CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM,
             sync_file_range(fd, off, len, flags));
 #else
     (void)site_file;
@@ -341,7 +348,8 @@ void *ctxs__sys_mmap(CTXS__SITE_PARAMS, void *addr, size_t len, int prot, int fl
 
 int ctxs__sys_msync(CTXS__SITE_PARAMS, void *addr, size_t len, int flags)
 {
-    SYSCALL(int, "msync", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM, msync(addr, len, flags));
+    SYSCALL(int, "msync", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM,
+            msync(addr, len, flags));
 }
 
 void *ctxs__sys_malloc(CTXS__SITE_PARAMS, size_t size)

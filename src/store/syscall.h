@@ -82,9 +82,9 @@ int ctxs__sys_msync(CTXS__SITE_PARAMS, void *addr, size_t len, int flags);
 #define ctxs__fallocate(fd, mode, off, len) ctxs__sys_fallocate(CTXS__SITE, fd, mode, off, len)
 #define ctxs__fsync(fd) ctxs__sys_fsync(CTXS__SITE, fd)
 #define ctxs__fdatasync(fd) ctxs__sys_fdatasync(CTXS__SITE, fd)
-#define ctxs__sync_file_range(fd, off, len, flags) \
+#define ctxs__sync_file_range(fd, off, len, flags)                                                 \
     ctxs__sys_sync_file_range(CTXS__SITE, fd, off, len, flags)
-#define ctxs__mmap(addr, len, prot, flags, fd, off) \
+#define ctxs__mmap(addr, len, prot, flags, fd, off)                                                \
     ctxs__sys_mmap(CTXS__SITE, addr, len, prot, flags, fd, off)
 #define ctxs__msync(addr, len, flags) ctxs__sys_msync(CTXS__SITE, addr, len, flags)
 

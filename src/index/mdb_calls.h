@@ -10,8 +10,8 @@
 
 #include "syscall.h"
 
-/* LMDB: the calls that write, allocate or do I/O. A failed commit frees
- * its transaction, as mdb_txn_commit does. */
+/* A commit failed by the hook frees its transaction, as mdb_txn_commit
+ * does. */
 int ctxs__sys_mdb_env_open(CTXS__SITE_PARAMS, MDB_env *env, const char *path, unsigned flags,
                            mdb_mode_t mode);
 int ctxs__sys_mdb_txn_begin(CTXS__SITE_PARAMS, MDB_env *env, MDB_txn *parent, unsigned flags,

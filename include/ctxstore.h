@@ -877,7 +877,8 @@ typedef struct ctxs_gc_result {
 
 /* Deletes sessions, least recently used first, until the session files take
  * at most budget_bytes of disk, never one that a handle has open.
- * Errors: -errno. out may be NULL. */
+ * Errors: -errno (also where a session's size cannot be read). out may be
+ * NULL. */
 CTXS_API int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st,
                            uint64_t budget_bytes);
 
@@ -891,7 +892,8 @@ typedef struct ctxs_repair_result {
 /* Compares the whole index with the session files. A session file that no
  * entry names is indexed again (under the name in its label, or
  * "session-<id>"), never deleted; an entry whose file is gone is dropped;
- * files written aside by creates that died are removed; prefix entries are
+ * files written aside by creates that died are removed (those of a process
+ * still running are left: its create may be under way); prefix entries are
  * brought up to date. Files that are not sessions are left alone. Opening a
  * store already resolves what crashes leave; this also mends what a person
  * did to the files. out may be NULL. Errors: -errno, CTXS_ENOMEM. */

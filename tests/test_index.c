@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -1680,12 +1681,21 @@ Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
     cr_assert_eq(ctxs_session_create(&stray, stray_open_path, &m, &o), 0);
     /* Named like a session, but not one. */
     cr_assert_eq(ts_write_file(junk_path, "not a session", 13), 0);
-    /* Leftovers of interrupted creates. */
-    char tmp[1200], tmp2[1200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp-99999-0", id_path(0x7f02));
-    snprintf(tmp2, sizeof(tmp2), "%s.tmp-1-7", id_path(kept));
+    /* Leftovers of interrupted creates, by a process that is gone. */
+    pid_t gone = fork();
+    cr_assert_geq(gone, 0);
+    if (gone == 0)
+        _exit(0);
+    cr_assert_eq(waitpid(gone, NULL, 0), gone);
+    char tmp[1200], tmp2[1200], live[1200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-0", id_path(0x7f02), (long)gone);
+    snprintf(tmp2, sizeof(tmp2), "%s.tmp-%ld-7", id_path(kept), (long)gone);
     cr_assert_eq(ts_write_file(tmp, "half", 4), 0);
     cr_assert_eq(ts_write_file(tmp2, "half", 4), 0);
+    /* One by a process that lives (the test runner): its create may be
+     * under way, even before it locks the file. */
+    snprintf(live, sizeof(live), "%s.tmp-%ld-3", id_path(0x7f05), (long)getppid());
+    cr_assert_eq(ts_write_file(live, "half", 4), 0);
     /* What is not ours. */
     char notes[1100], upper[1100], short_id[1100], sub[1100];
     snprintf(notes, sizeof(notes), "%s/sessions/notes.txt", store_dir());
@@ -1707,6 +1717,7 @@ Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
     cr_assert(exists(stray_path), "repair never deletes a session file");
     cr_assert(exists(stray_open_path), "a stray with an open handle must stay");
     cr_assert(!exists(tmp) && !exists(tmp2));
+    cr_assert(exists(live), "the file of a live process's create must stay");
     cr_assert(exists(notes) && exists(upper) && exists(short_id) && exists(sub) && exists(junk_path));
     cr_assert(exists(id_path(kept)));
     ctxs_session_entry e;

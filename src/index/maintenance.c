@@ -68,7 +68,7 @@ static int list_files(ctxs_store *st, uint64_t **out, size_t *n_out, int remove_
     while (rc == 0 && (errno = 0, de = ctxs__readdir(dir))) {
         uint64_t id = file_id(de->d_name);
         if (id == 0) {
-            if (remove_tmp && is_tmp_file(de->d_name)) {
+            if (remove_tmp && is_tmp_file(de->d_name) && !ctxs__aside_writer_alive(de->d_name)) {
                 int fd = ctxs__openat(st->sessions_fd, de->d_name,
                                 O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
                 if (fd >= 0 && ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) == 0 &&
@@ -241,9 +241,10 @@ static int drop_dangling(ctxs_store *st, uint64_t id, uint64_t *removed)
         mdb_txn_abort(txn);
         return 0;
     }
-    if ((rc = ctxs__session_unindex(txn, st, id)) < 0 && rc != CTXS_ENOTFOUND) {
+    /* ENOTFOUND: a delete elsewhere removed the entry meanwhile. */
+    if ((rc = ctxs__session_unindex(txn, st, id)) < 0) {
         mdb_txn_abort(txn);
-        return rc;
+        return rc == CTXS_ENOTFOUND ? 0 : rc;
     }
     if ((rc = ctxs__txn_commit(txn)) == 0)
         (*removed)++;

@@ -531,8 +531,6 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
     ctxs_session *from;
     if ((rc = open_file(&from, st, src_rec.id, NULL, CTXS_OPEN_RDONLY, NULL)) < 0)
         return rc;
-    if (n_tokens == UINT64_MAX)
-        n_tokens = from->st.n_tokens;
     if (checkpoint && (rc = ctxs__checkpoint_check(from, &cp)) < 0) {
         ctxs_session_close(from);
         return rc;
@@ -557,6 +555,9 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
         abandon_create(st, id, s);
         return rc;
     }
+    /* All tokens: what the source held when the fork read it. */
+    if (n_tokens == UINT64_MAX)
+        n_tokens = s->st.n_tokens;
     uint64_t now = ctxs__now_unix_ms();
     ctxs__session_rec rec = {.id = id, .n_tokens = n_tokens, .created_unix_ms = s->created_unix_ms,
                              .last_used_unix_ms = now, .parent_id = src_rec.id,
@@ -734,30 +735,40 @@ int ctxs_store_session_delete(ctxs_store *st, const char *name)
 }
 
 /* Removes the leftovers of interrupted creates of id: files written aside
- * (<file>.tmp-<pid>-<n>) that no live process holds. */
-static void remove_tmp_files(ctxs_store *st, const char *file)
+ * (<file>.tmp-<pid>-<n>) that no live process holds. Returns how many a
+ * live process holds (a create of id in progress), or -errno. */
+static int remove_tmp_files(ctxs_store *st, const char *file)
 {
     int dfd = ctxs__dup(st->sessions_fd);
     DIR *dir = dfd >= 0 ? ctxs__fdopendir(dfd) : NULL;
     if (!dir) {
+        int rc = -errno;
         if (dfd >= 0)
             close(dfd);
-        return;
+        return rc;
     }
     size_t len = strlen(file);
+    int held = 0;
     struct dirent *de;
     while ((de = ctxs__readdir(dir))) {
         if (strncmp(de->d_name, file, len) != 0 || strncmp(de->d_name + len, ".tmp-", 5) != 0)
             continue;
+        if (ctxs__aside_writer_alive(de->d_name)) {
+            held++;
+            continue;
+        }
         int fd =
             ctxs__openat(st->sessions_fd, de->d_name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd < 0)
             continue;
         if (ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) == 0)
             ctxs__unlinkat(st->sessions_fd, de->d_name, 0);
+        else
+            held++;
         close(fd);
     }
     closedir(dir);
+    return held;
 }
 
 int ctxs__intent_resolve(ctxs_store *st, uint64_t id)
@@ -767,8 +778,12 @@ int ctxs__intent_resolve(ctxs_store *st, uint64_t id)
     int fd = ctxs__openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0 && errno != ENOENT)
         return -errno;
-    /* A create in progress holds its file's writer lock from the start. */
-    int rc = fd >= 0 ? ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) : 0;
+    /* A create in progress holds its file's writer lock from the start:
+     * the one written aside until the link, then the linked one. Either
+     * way its intent stays until it finishes or dies. */
+    int rc = fd >= 0 ? ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) : remove_tmp_files(st, file);
+    if (rc > 0)
+        return CTXS_EBUSY;
     MDB_txn *txn = NULL;
     if (rc == 0)
         rc = ctxs__txn_begin(&txn, st, 0);
@@ -785,7 +800,7 @@ int ctxs__intent_resolve(ctxs_store *st, uint64_t id)
     }
     if (fd >= 0)
         close(fd);
-    if (rc == 0)
+    if (rc == 0 && fd >= 0)
         remove_tmp_files(st, file);
     return rc;
 }

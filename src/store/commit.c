@@ -45,9 +45,9 @@ int ctxs__record_write(ctxs_session *s, const ctxs__state *next)
     if (w != (ssize_t)sizeof(r))
         return w < 0 ? -errno : -EIO;
 
-    s->st = *next;
-    s->st.seq = r.seq;
-    s->cur_record = index;
+    ctxs__state written = *next;
+    written.seq = r.seq;
+    ctxs__registry_set_state(s, &written, index);
     return 0;
 }
 

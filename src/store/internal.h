@@ -171,6 +171,10 @@ extern pthread_mutex_t ctxs__registry_mutex;
 extern ctxs_session *ctxs__registry_head;
 void ctxs__registry_add(ctxs_session *s);
 void ctxs__registry_remove(ctxs_session *s);
+/* Sets s's state and current record, or its window, under the mutex: the
+ * thread that sets memory pressure reads them for every open session. */
+void ctxs__registry_set_state(ctxs_session *s, const ctxs__state *st, uint32_t cur_record);
+void ctxs__registry_set_window(ctxs_session *s, uint32_t window);
 
 /* Asks the writeback thread to start writeback of s's dirty pages. */
 void ctxs__writeback_request(ctxs_session *s);
@@ -205,6 +209,12 @@ typedef int (*ctxs__fill_fn)(int fd, void *arg);
  * failure. *out is set on success only. */
 int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *model,
                       const ctxs_session_options *o, ctxs__fill_fn fill, void *arg);
+
+/* Whether another process that wrote the file named name aside (its
+ * ".tmp-<pid>-" suffix) is alive: its create may be in progress, even
+ * before it holds the file's lock. Cleaners of leftovers leave such files
+ * alone. */
+int ctxs__aside_writer_alive(const char *name);
 
 /* ctxs_session_create() and ctxs_session_fork() with the label the new
  * file gets in its first page (NULL: none, or the source's), written and

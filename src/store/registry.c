@@ -50,6 +50,21 @@ static void register_atfork(void)
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
+void ctxs__registry_set_state(ctxs_session *s, const ctxs__state *st, uint32_t cur_record)
+{
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    s->st = *st;
+    s->cur_record = cur_record;
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+}
+
+void ctxs__registry_set_window(ctxs_session *s, uint32_t window)
+{
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    s->window = window;
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+}
+
 void ctxs__registry_add(ctxs_session *s)
 {
     pthread_once(&atfork_once, register_atfork);

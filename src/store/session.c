@@ -3,6 +3,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -302,6 +303,51 @@ static int write_new_file(int fd, void *arg)
     return ctxs__sync_data(fd);
 }
 
+/* Creates and write-locks a file to write aside, "<path>.tmp-<pid>-<n>"
+ * (tmp, of tmp_size bytes). Whoever cleans up leftovers (a store's open
+ * or repair) removes such a file if it can lock it: one it took between
+ * our open and our lock is gone or going, and we take another name. */
+static int aside_open(int *fd_out, char *tmp, size_t tmp_size, const char *path)
+{
+    static atomic_uint tmp_counter;
+    for (int attempt = 0;; attempt++) {
+        snprintf(tmp, tmp_size, "%s.tmp-%ld-%u", path, (long)getpid(),
+                 atomic_fetch_add(&tmp_counter, 1));
+        int fd = ctxs__open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0)
+            return -errno;
+        struct stat sb;
+        int rc = ctxs__lock(fd, CTXS__LOCK_WRITER);
+        if (rc == 0 && ctxs__fstat(fd, &sb) != 0)
+            rc = -errno;
+        if (rc == 0 && sb.st_nlink > 0) {
+            *fd_out = fd;
+            return 0;
+        }
+        close(fd);
+        ctxs__unlink(tmp); /* if a cleaner has not yet */
+        if (rc < 0 && rc != CTXS_EBUSY)
+            return rc;
+        if (attempt == 8)
+            return CTXS_EBUSY;
+    }
+}
+
+int ctxs__aside_writer_alive(const char *name)
+{
+    const char *at = strstr(name, ".tmp-");
+    if (!at)
+        return 0;
+    char *end;
+    errno = 0;
+    long pid = strtol(at + 5, &end, 10);
+    /* This process's own files are left to their lock: a create here holds
+     * it, or if a cleaner got there first, takes another name. */
+    if (errno || end == at + 5 || *end != '-' || pid <= 0 || pid != (pid_t)pid || pid == getpid())
+        return 0;
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
 int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *model,
                       const ctxs_session_options *o, ctxs__fill_fn fill, void *arg)
 {
@@ -311,17 +357,13 @@ int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *mo
     char *tmp = ctxs__malloc(len + 32);
     if (!tmp)
         return CTXS_ENOMEM;
-    static atomic_uint tmp_counter;
-    snprintf(tmp, len + 32, "%s.tmp-%ld-%u", path, (long)getpid(),
-             atomic_fetch_add(&tmp_counter, 1));
-    int fd = ctxs__open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) {
-        int rc = -errno;
+    int fd = -1, rc = aside_open(&fd, tmp, len + 32, path);
+    if (rc < 0) {
         free(tmp);
         return rc;
     }
-    int rc, linked = 0;
-    if ((rc = ctxs__lock(fd, CTXS__LOCK_WRITER)) == 0 && (rc = fill(fd, arg)) == 0) {
+    int linked = 0;
+    if ((rc = fill(fd, arg)) == 0) {
         if (ctxs__link(tmp, path) == 0)
             linked = 1;
         else
@@ -522,8 +564,7 @@ int ctxs_session_refresh(ctxs_session *s)
             s->open_flags |= CTXS_INFO_RECOVERED;
         }
     }
-    s->st = st;
-    s->cur_record = index;
+    ctxs__registry_set_state(s, &st, index);
     return 0;
 }
 

@@ -72,7 +72,7 @@ int ctxs_session_window(ctxs_window *out, const ctxs_session *s)
 int ctxs_session_set_window(ctxs_session *s, uint32_t window)
 {
     CTXS__CHECK(s);
-    s->window = window ? window : CTXS__DEFAULT_WINDOW;
+    ctxs__registry_set_window(s, window ? window : CTXS__DEFAULT_WINDOW);
     return 0;
 }
 

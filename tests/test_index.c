@@ -1826,6 +1826,7 @@ Test(index, repair_drops_every_entry_of_a_session_whose_file_is_gone)
 
 /* --- Interrupted creates and deletes ---------------------------------------- */
 
+/* pending[id] as index 1.0 wrote it: the one byte what. */
 static void put_intent(ctxs_store *st, uint64_t id, char what)
 {
     MDB_txn *txn;
@@ -1835,6 +1836,32 @@ static void put_intent(ctxs_store *st, uint64_t id, char what)
     MDB_val key = {8, k}, val = {1, &what};
     cr_assert_eq(mdb_put(txn, st->pending, &key, &val, 0), 0);
     cr_assert_eq(mdb_txn_commit(txn), 0);
+}
+
+/* pending[id] as index 1.1 writes it: what, then the creator's pid. */
+static void put_intent_of(ctxs_store *st, uint64_t id, char what, pid_t pid)
+{
+    MDB_txn *txn;
+    cr_assert_eq(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
+    uint8_t k[8];
+    ctxs__id_key(k, id);
+    uint32_t p = (uint32_t)pid;
+    uint8_t v[5] = {(uint8_t)what, (uint8_t)p, (uint8_t)(p >> 8), (uint8_t)(p >> 16),
+                    (uint8_t)(p >> 24)};
+    MDB_val key = {8, k}, val = {5, v};
+    cr_assert_eq(mdb_put(txn, st->pending, &key, &val, 0), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+}
+
+/* The pid of a process that has exited and been reaped. */
+static pid_t gone_pid(void)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0)
+        _exit(0);
+    cr_assert_eq(waitpid(pid, NULL, 0), pid);
+    return pid;
 }
 
 static size_t pending_count(ctxs_store *st)
@@ -1862,7 +1889,7 @@ Test(index, store_open_removes_the_file_of_an_interrupted_create)
     cr_assert_eq(ctxs_session_create(&s, id_path(dead), &m, &o), 0);
     ctxs_session_close(s);
     char tmp[4096];
-    snprintf(tmp, sizeof(tmp), "%s.tmp-99999-3", id_path(dead));
+    snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-3", id_path(dead), (long)gone_pid());
     cr_assert_eq(ts_write_file(tmp, "x", 1), 0);
     /* One that died before its file appeared. */
     put_intent(st, dead + 1, CTXS__INTENT_CREATE);
@@ -1889,6 +1916,33 @@ Test(index, store_open_removes_the_file_of_an_interrupted_create)
     /* Ids are not reused. */
     ctxs_session_close(mk(st, "b", &m, 256, 4, 1));
     cr_assert_gt(entry(st, "b").id, a);
+    ctxs_store_close(st);
+}
+
+Test(index, store_open_leaves_the_intent_of_a_live_creator)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "a", &m, 256, 4, 10));
+    uint64_t a = entry(st, "a").id;
+    /* A create whose intent is committed and whose file does not exist
+     * yet, by a process that lives (the test runner): what a store open
+     * elsewhere sees between the two. */
+    const uint64_t live = a + 100, dead = a + 101;
+    put_intent_of(st, live, CTXS__INTENT_CREATE, getppid());
+    /* One by a process that is gone, which left its file aside. */
+    pid_t gone = gone_pid();
+    put_intent_of(st, dead, CTXS__INTENT_CREATE, gone);
+    char dead_tmp[4096];
+    snprintf(dead_tmp, sizeof(dead_tmp), "%s.tmp-%ld-0", id_path(dead), (long)gone);
+    cr_assert_eq(ts_write_file(dead_tmp, "x", 1), 0);
+    ctxs_store_close(st);
+
+    st = store_open();
+    cr_assert_eq(pending_count(st), 1, "only the gone creator's intent is resolved");
+    cr_assert(!exists(dead_tmp), "a gone creator's file must go");
+    cr_assert_eq(count_entries(st), 1);
     ctxs_store_close(st);
 }
 

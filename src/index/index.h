@@ -21,7 +21,7 @@
 
 #define CTXS__INDEX_MAGIC "CTXSINDX"
 #define CTXS__INDEX_MAJOR 1
-#define CTXS__INDEX_MINOR 0
+#define CTXS__INDEX_MINOR 1
 
 #define CTXS__NAME_MAX 255u
 #define CTXS__DEFAULT_MAP_BYTES (1ull << 30)
@@ -187,8 +187,10 @@ int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const 
                                       void *arg);
 
 /* Removes the file of an interrupted create or delete of id, unless a
- * handle has it open: a create in progress holds its writer lock. */
-int ctxs__intent_resolve(ctxs_store *st, uint64_t id);
+ * handle has it open (a create holds its writer lock) or the create is
+ * still under way: intent is the pending value, whose creator pid (index
+ * 1.1) is alive. Returns 0, CTXS_EBUSY (left for later) or an error. */
+int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent);
 
 /* --- models.c --------------------------------------------------------- */
 

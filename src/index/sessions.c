@@ -12,6 +12,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -113,12 +115,59 @@ static int session_lookup(ctxs__session_rec *out, ctxs_store *st, const char *na
     return rc;
 }
 
+/* The ids this process is creating now (begin_create to adopt_new or
+ * abandon_create): its own intents that a store open must leave alone. */
+typedef struct creating {
+    uint64_t id;
+    struct creating *next;
+} creating;
+static pthread_mutex_t creating_lock = PTHREAD_MUTEX_INITIALIZER;
+static creating *creating_head;
+
+static void creating_enter(creating *c, uint64_t id)
+{
+    c->id = id;
+    pthread_mutex_lock(&creating_lock);
+    c->next = creating_head;
+    creating_head = c;
+    pthread_mutex_unlock(&creating_lock);
+}
+
+static void creating_leave(uint64_t id)
+{
+    pthread_mutex_lock(&creating_lock);
+    for (creating **at = &creating_head; *at; at = &(*at)->next)
+        if ((*at)->id == id) {
+            creating *c = *at;
+            *at = c->next;
+            free(c);
+            break;
+        }
+    pthread_mutex_unlock(&creating_lock);
+}
+
+/* Whether the create of id by process pid may be under way. */
+static int creator_alive(uint32_t pid, uint64_t id)
+{
+    if ((pid_t)pid != getpid())
+        return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+    int found = 0;
+    pthread_mutex_lock(&creating_lock);
+    for (const creating *c = creating_head; c && !found; c = c->next)
+        found = c->id == id;
+    pthread_mutex_unlock(&creating_lock);
+    return found;
+}
+
+/* pending[id] = what, then the pid of this process (u32 LE). */
 static int intent_put(MDB_txn *txn, ctxs_store *st, uint64_t id, enum ctxs__intent what)
 {
     uint8_t idk[8];
     ctxs__id_key(idk, id);
-    uint8_t op = (uint8_t)what;
-    MDB_val key = {8, idk}, val = {1, &op};
+    uint32_t pid = (uint32_t)getpid();
+    uint8_t intent[5] = {(uint8_t)what, (uint8_t)pid, (uint8_t)(pid >> 8), (uint8_t)(pid >> 16),
+                         (uint8_t)(pid >> 24)};
+    MDB_val key = {8, idk}, val = {sizeof(intent), intent};
     return ctxs__mdb_error(ctxs__mdb_put(txn, st->pending, &key, &val, 0));
 }
 
@@ -300,9 +349,18 @@ static int begin_create(ctxs_store *st, const char *name, size_t len,
         if (faccessat(st->sessions_fd, file, F_OK, AT_SYMLINK_NOFOLLOW) != 0 || tries == 1000)
             break;
     }
-    if (rc == 0)
+    /* Known here as being created before any store open can see the
+     * intent, and until it is adopted or abandoned. */
+    creating *c = NULL;
+    if (rc == 0 && !(c = ctxs__malloc(sizeof(*c))))
+        rc = CTXS_ENOMEM;
+    if (rc == 0) {
+        creating_enter(c, *id);
         rc = intent_put(txn, st, *id, CTXS__INTENT_CREATE);
-    return ctxs__txn_finish(txn, rc);
+    }
+    if ((rc = ctxs__txn_finish(txn, rc)) < 0 && c)
+        creating_leave(*id);
+    return rc;
 }
 
 /* Last step: index the new file under name and drop the intent, in one
@@ -348,6 +406,7 @@ static void abandon_create(ctxs_store *st, uint64_t id, ctxs_session *s)
         else
             mdb_txn_abort(txn);
     }
+    creating_leave(id); /* an intent left now is any store open's to resolve */
 }
 
 /* Indexes and links a session file just created as id (with its label);
@@ -360,6 +419,7 @@ static int adopt_new(ctxs_store *st, const char *name, size_t len, ctxs__session
     int rc = link ? finish_create(st, name, len, rec, s) : CTXS_ENOMEM;
     if (rc == 0) {
         link_attach(s, link);
+        creating_leave(rec->id);
     } else {
         link_free(link);
         abandon_create(st, rec->id, s);
@@ -771,8 +831,14 @@ static int remove_tmp_files(ctxs_store *st, const char *file)
     return held;
 }
 
-int ctxs__intent_resolve(ctxs_store *st, uint64_t id)
+int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent)
 {
+    const uint8_t *v = intent->mv_data;
+    if (intent->mv_size >= 5 && v[0] == CTXS__INTENT_CREATE &&
+        creator_alive((uint32_t)v[1] | (uint32_t)v[2] << 8 | (uint32_t)v[3] << 16 |
+                          (uint32_t)v[4] << 24,
+                      id))
+        return CTXS_EBUSY;
     char file[32];
     ctxs__file_name(file, id);
     int fd = ctxs__openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);

@@ -314,6 +314,8 @@ static int resolve_intents(ctxs_store *st)
     if (rc < 0)
         return rc;
     uint64_t ids[64];
+    uint8_t intents[64][8]; /* the first bytes of each value (5 in 1.1, 1 in 1.0) */
+    size_t lens[64];
     size_t n = 0;
     MDB_cursor *cur;
     if ((rc = ctxs__mdb_error(ctxs__mdb_cursor_open(txn, st->pending, &cur))) == 0) {
@@ -321,14 +323,19 @@ static int resolve_intents(ctxs_store *st)
         int op = MDB_FIRST;
         while (n < 64 && mdb_cursor_get(cur, &key, &val, op) == 0) {
             op = MDB_NEXT;
-            if (key.mv_size == 8)
-                ids[n++] = ctxs__id_from_key(key.mv_data);
+            if (key.mv_size != 8)
+                continue;
+            ids[n] = ctxs__id_from_key(key.mv_data);
+            lens[n] = val.mv_size < sizeof(intents[n]) ? val.mv_size : sizeof(intents[n]);
+            memcpy(intents[n], val.mv_data, lens[n]);
+            n++;
         }
         mdb_cursor_close(cur);
     }
     mdb_txn_abort(txn);
     for (size_t i = 0; rc == 0 && i < n; i++) {
-        int r = ctxs__intent_resolve(st, ids[i]);
+        MDB_val intent = {lens[i], intents[i]};
+        int r = ctxs__intent_resolve(st, ids[i], &intent);
         if (r < 0 && r != CTXS_EBUSY)
             rc = r;
     }

@@ -210,10 +210,10 @@ typedef int (*ctxs__fill_fn)(int fd, void *arg);
 int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *model,
                       const ctxs_session_options *o, ctxs__fill_fn fill, void *arg);
 
-/* Whether another process that wrote the file named name aside (its
- * ".tmp-<pid>-" suffix) is alive: its create may be in progress, even
- * before it holds the file's lock. Cleaners of leftovers leave such files
- * alone. */
+/* Whether the create that writes the file named name aside may be under
+ * way, even before it holds the file's lock: the process in its
+ * ".tmp-<pid>-" suffix is alive (this one: the file is being written now).
+ * Cleaners of leftovers leave such files alone. */
 int ctxs__aside_writer_alive(const char *name);
 
 /* ctxs_session_create() and ctxs_session_fork() with the label the new

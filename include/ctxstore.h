@@ -204,7 +204,8 @@ CTXS_API int ctxs_session_create(ctxs_session **out, const char *path,
  * Errors: -ENOENT, -ELOOP, -EACCES, CTXS_EFOREIGN (not a session file),
  * CTXS_EVERSION (newer major version), CTXS_ECORRUPT (header or both
  * records damaged, or sizes that do not add up), CTXS_EMODEL, CTXS_EBUSY
- * (another writer holds it), CTXS_EINVAL, CTXS_ENOMEM, -errno.
+ * (another writer holds it; or, read-only too, a gc, compact or delete of
+ * the store is working on it), CTXS_EINVAL, CTXS_ENOMEM, -errno.
  * *out is NULL on failure. Thread-safe. */
 CTXS_API int ctxs_session_open(ctxs_session **out, const char *path,
                                const ctxs_model *model, unsigned flags,
@@ -598,8 +599,10 @@ CTXS_API const char *ctxs_attention_isa(void);
  *
  * Caveats:
  *
- * - A ctxs_store handle is thread-safe. Opening the same store twice in one
- *   process shares one LMDB environment.
+ * - A ctxs_store handle is thread-safe: every function taking one may be
+ *   called from any thread at once. Opening the same store twice in one
+ *   process shares one LMDB environment. A session handle is used by one
+ *   thread at a time.
  * - After fork(), the child must not use or close a store handle of its
  *   parent; it opens its own.
  * - Session handles opened through a store must be closed before the store.
@@ -767,8 +770,9 @@ CTXS_API int ctxs_checkpoint_delete(ctxs_store *st, const char *session,
  * src (UINT64_MAX: all it holds) and opens it read-write (out may be NULL
  * to leave it closed). See ctxs_session_fork() for how the bytes travel;
  * src may be open by a writer meanwhile.
- * Errors: -EEXIST, CTXS_ENOTFOUND, CTXS_EEVICTED, CTXS_ESTALE, the errors
- * of ctxs_session_fork(). */
+ * Errors: -EEXIST, CTXS_ENOTFOUND, CTXS_EEVICTED, CTXS_ESTALE, CTXS_EBUSY (a
+ * gc, compact or delete is working on src), the errors of
+ * ctxs_session_fork(). */
 CTXS_API int ctxs_store_fork(ctxs_session **out, ctxs_store *st,
                              const char *src, uint64_t n_tokens,
                              const char *dst,
@@ -961,7 +965,8 @@ CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
  * writer may keep appending meanwhile; what it had committed when the
  * export began is exported, and CTXS_ESTALE if it rolled back or its ring
  * overwrote those tokens during the export. progress counts tokens.
- * Errors: CTXS_ENOTFOUND, CTXS_ESTALE, CTXS_ECORRUPT (a held token does
+ * Errors: CTXS_ENOTFOUND, CTXS_ESTALE, CTXS_EBUSY (a gc, compact or delete
+ * is working on the session), CTXS_ECORRUPT (a held token does
  * not match its checksum, or both records are damaged), CTXS_EFULL,
  * -EEXIST, CTXS_EINVAL (bad argument, or a geometry whose one token's KV is
  * above 64 MiB), CTXS_ENOMEM, -errno. */

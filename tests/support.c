@@ -351,3 +351,122 @@ void ts_append_many(ctxs_session *s, uint64_t n)
         n -= k;
     }
 }
+
+/* --- Self-describing tokens --------------------------------------------- */
+
+uint32_t ts_pat_id(uint64_t pos, uint32_t gen)
+{
+    return (uint32_t)mix(pos * 0x100000001b3ull + ((uint64_t)gen << 1) + 0x5bd1e995u);
+}
+
+void ts_pat_kv(const ctxs_geometry *g, uint64_t pos, uint32_t id, uint16_t *k, uint16_t *v)
+{
+    ts_fill_kv(g, ((uint64_t)id << 32) ^ (pos & 0xffffffffu), k, v);
+}
+
+static size_t pat_per(const ctxs_geometry *g)
+{
+    return (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
+}
+
+int ts_pat_append(ctxs_session *s, uint32_t n, uint32_t gen, uint64_t *first_pos)
+{
+    ctxs_session_info info;
+    int rc = ctxs_session_info_get(&info, s);
+    if (rc != 0)
+        return rc;
+    const ctxs_geometry *g = &info.model.geometry;
+    if (pat_per(g) > TS_PAT_KV_MAX || n == 0)
+        return CTXS_EINVAL;
+    uint16_t k[TS_PAT_KV_MAX], v[TS_PAT_KV_MAX];
+    uint32_t *ids = malloc((size_t)n * sizeof(*ids));
+    if (!ids)
+        return CTXS_ENOMEM;
+    ctxs_reservation r;
+    if ((rc = ctxs_session_reserve(&r, s, n)) == 0) {
+        if (first_pos)
+            *first_pos = r.first_pos;
+        for (uint32_t i = 0; i < n && rc == 0; i++) {
+            ids[i] = ts_pat_id(r.first_pos + i, gen);
+            ts_pat_kv(g, r.first_pos + i, ids[i], k, v);
+            rc = ctxs_session_write_token(s, &r, i, k, v);
+        }
+        if (rc == 0)
+            rc = ctxs_session_commit(s, ids, n);
+    }
+    free(ids);
+    return rc;
+}
+
+uint64_t ts_pat_check(const ctxs_session *s, uint64_t *bad_pos)
+{
+    ctxs_session_info info;
+    ctxs_layout lay;
+    if (ctxs_session_info_get(&info, s) != 0 || ctxs_session_layout(&lay, s) != 0) {
+        if (bad_pos)
+            *bad_pos = 0;
+        return 1;
+    }
+    const ctxs_geometry *g = &info.model.geometry;
+    size_t per = pat_per(g);
+    if (per > TS_PAT_KV_MAX)
+        return 1;
+    uint16_t k[TS_PAT_KV_MAX], v[TS_PAT_KV_MAX], ek[TS_PAT_KV_MAX], ev[TS_PAT_KV_MAX];
+    uint64_t n = info.n_tokens, bad = 0;
+    uint64_t first_recent = info.ring_start > info.n_sink ? info.ring_start : info.n_sink;
+    for (uint64_t p = 0; p < n; p++) {
+        if (p >= info.n_sink && p < first_recent) {
+            p = first_recent - 1; /* evicted */
+            continue;
+        }
+        uint32_t slot;
+        int rc = ctxs_session_slot(&slot, s, p);
+        if (rc == 0)
+            rc = ctxs_session_read_token(s, p, k, v);
+        if (rc == 0) {
+            ts_pat_kv(g, p, lay.token_ids[slot], ek, ev);
+            rc = memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2);
+        }
+        if (rc != 0 && bad++ == 0 && bad_pos)
+            *bad_pos = p;
+    }
+    return bad;
+}
+
+int ts_pat_stable_check(ctxs_session *s, int verify, uint64_t *n_out, uint32_t *last_id,
+                        char *why, size_t why_len)
+{
+    ctxs_session_info a, b;
+    ctxs_layout lay;
+    int rc = ctxs_session_info_get(&a, s);
+    if (rc == 0)
+        rc = ctxs_session_layout(&lay, s);
+    if (rc != 0) {
+        snprintf(why, why_len, "info/layout: %s", ctxs_err_name(rc));
+        return -1;
+    }
+    uint64_t bad_pos = 0, vbad = 0;
+    uint64_t bad = ts_pat_check(s, &bad_pos);
+    int vrc = verify ? ctxs_session_verify(s, &vbad) : 0;
+    uint32_t id = 0, slot;
+    if (a.n_tokens > 0 && ctxs_session_slot(&slot, s, a.n_tokens - 1) == 0)
+        id = lay.token_ids[slot];
+    if ((rc = ctxs_session_refresh(s)) != 0 || (rc = ctxs_session_info_get(&b, s)) != 0) {
+        snprintf(why, why_len, "refresh: %s", ctxs_err_name(rc));
+        return -1;
+    }
+    if (b.seq != a.seq)
+        return 0;
+    if (bad || vrc) {
+        snprintf(why, why_len,
+                 "state seq %llu, %llu tokens (ring_start %llu): %llu positions read back "
+                 "wrong (first %llu); verify %s at %llu",
+                 (unsigned long long)a.seq, (unsigned long long)a.n_tokens,
+                 (unsigned long long)a.ring_start, (unsigned long long)bad,
+                 (unsigned long long)bad_pos, ctxs_err_name(vrc), (unsigned long long)vbad);
+        return -1;
+    }
+    *n_out = a.n_tokens;
+    *last_id = id;
+    return 1;
+}

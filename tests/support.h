@@ -102,4 +102,40 @@ uint8_t *ts_read_file(const char *path, size_t *len);
 /* Writes len bytes to path (created or truncated). Returns 0 or -errno. */
 int ts_write_file(const char *path, const void *data, size_t len);
 
+/* --- Self-describing tokens (the soak and concurrency suites) -----------
+ *
+ * The token written at position pos in generation gen has the id
+ * ts_pat_id(pos, gen), and K and V that depend only on its position and its
+ * id (ts_pat_kv()). A reader that knows nothing of the writer can so check
+ * that every held slot is whole and belongs to its token; one that knows
+ * the generations can check that each token is the one committed. Writers
+ * take a new generation for what they write after a rollback, so old and
+ * new bytes at one position differ. None of these call Criterion: children
+ * and threads may use them. */
+
+/* Elements per token (layers * heads * head_dim) the helpers handle. */
+#define TS_PAT_KV_MAX 256u
+
+uint32_t ts_pat_id(uint64_t pos, uint32_t gen);
+void ts_pat_kv(const ctxs_geometry *g, uint64_t pos, uint32_t id, uint16_t *k, uint16_t *v);
+
+/* Reserves, writes and commits n tokens of generation gen after the
+ * committed ones; *first_pos (may be NULL) gets the first position.
+ * Returns the first failing call's result. */
+int ts_pat_append(ctxs_session *s, uint32_t n, uint32_t gen, uint64_t *first_pos);
+
+/* The held positions of s (as its handle sees them) whose K, V or token id
+ * do not belong together; *bad_pos (may be NULL) gets the first. */
+uint64_t ts_pat_check(const ctxs_session *s, uint64_t *bad_pos);
+
+/* What a reader checks while a writer may be working on the file: the
+ * state s shows, checked as ts_pat_check() does (and with verify by
+ * ctxs_session_verify() too), then s refreshed. Returns 1 when the commit
+ * record did not change meanwhile, so the check counts: *n_out gets the
+ * token count seen and *last_id the id of its last token (0 when empty);
+ * 0 when it changed (the writer may have reused the slots read: the check
+ * is void); -1 on a violation, described in why. */
+int ts_pat_stable_check(ctxs_session *s, int verify, uint64_t *n_out, uint32_t *last_id,
+                        char *why, size_t why_len);
+
 #endif

@@ -1,0 +1,320 @@
+/*
+ * import: the input becomes an export file (docs/FORMAT.md, "Export file
+ * format"), which ctxs_store_import() reads into a real store (the sample
+ * store of fuzz.h, in a tmpfs).
+ *
+ * Input: a control byte, then the file. The control byte can recompute
+ * the CRCs (header, blocks, trailer) and the token checksums inside each
+ * block (recompressing it), so that mutations reach the later checks and
+ * the second pass that writes the session.
+ *
+ * Besides not crashing, it checks what import promises: a session it
+ * imports opens, verifies, holds the state the header gives, and exports
+ * again; nothing is left behind by an import that fails.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "fuzz.h"
+#include "index.h"
+#include "internal.h"
+
+enum {
+    FIX_CRCS = 0x01,      /* header, block headers and data, trailer */
+    FIX_SUMS = 0x02,      /* the token checksums in each block */
+    NAME_FROM_FILE = 0x04,/* import under the file's name (name NULL) */
+    PROGRESS = 0x08,      /* with a progress callback */
+    CLASH_MODEL = 0x10,   /* register the file's model hash with another
+                             geometry first: CTXS_EMODEL */
+    CLASH_NAME = 0x20,    /* import as "a", which the store has: -EEXIST */
+};
+
+/* Offsets in the export header (transfer.c's xfer_header). */
+#define H_DTYPE 20
+#define H_LAYERS 24
+#define H_HEADS 28
+#define H_HEAD_DIM 32
+#define H_N_TOKENS 48
+#define H_MODEL_HASH 96
+#define H_TOKENIZER_HASH 112
+#define H_CRC 1020
+#define HEADER_BYTES 1024u
+#define BLOCK_BYTES 40u
+#define MAX_RAW (1u << 20)
+
+static char *store_dir, *file_path, *export_path;
+static ctxs_store *st;
+
+static void fail(const char *what, int rc)
+{
+    fprintf(stderr, "import_fuzzer: %s (%d %s)\n", what, rc, ctxs_err_name(rc));
+    abort();
+}
+
+static uint32_t crc_of(const void *p, size_t n)
+{
+    return (uint32_t)crc32(0L, (const Bytef *)p, (uInt)n);
+}
+
+static uint32_t rd32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static uint64_t rd64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static void wr32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+
+static void wr64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
+}
+
+/* A growing output buffer. */
+typedef struct out_buf {
+    uint8_t *p;
+    size_t n, cap;
+} out_buf;
+
+static void put(out_buf *o, const void *p, size_t n)
+{
+    if (n == 0)
+        return;
+    if (o->n + n > o->cap) {
+        size_t cap = (o->n + n) * 2;
+        uint8_t *q = realloc(o->p, cap);
+        if (!q)
+            abort();
+        o->p = q;
+        o->cap = cap;
+    }
+    memcpy(o->p + o->n, p, n);
+    o->n += n;
+}
+
+/* The file with its CRCs (and, with FIX_SUMS, its token checksums)
+ * recomputed wherever the structure can be followed; the rest as is. */
+static void fix_up(out_buf *o, const uint8_t *data, size_t size, uint8_t ctl)
+{
+    if (size < HEADER_BYTES) {
+        put(o, data, size);
+        return;
+    }
+    uint8_t h[HEADER_BYTES];
+    memcpy(h, data, sizeof(h));
+    wr32(h + H_CRC, crc_of(h, H_CRC));
+    put(o, h, sizeof(h));
+
+    /* The geometry, for the checksums. */
+    uint64_t layers = rd32(h + H_LAYERS), heads = rd32(h + H_HEADS), dim = rd32(h + H_HEAD_DIM);
+    uint32_t elem = ctxs__dtype_bytes(rd32(h + H_DTYPE));
+    uint64_t n_runs = 2 * layers * heads, slot_bytes = dim * elem;
+    int geometry_ok = elem && layers && heads && dim && layers <= 4096 && heads <= 4096 &&
+                      dim <= 4096;
+
+    size_t off = HEADER_BYTES;
+    uint8_t *raw = NULL, *comp = NULL;
+    while (size - off > BLOCK_BYTES && memcmp(data + off, "CXBK", 4) == 0) {
+        uint8_t b[BLOCK_BYTES];
+        memcpy(b, data + off, sizeof(b));
+        size_t have = size - off - BLOCK_BYTES;
+        size_t comp_bytes = rd32(b + 24) < have ? rd32(b + 24) : have;
+        const uint8_t *cdata = data + off + BLOCK_BYTES;
+        uint32_t count = rd32(b + 16), raw_bytes = rd32(b + 20);
+        int raw_ok = 0;
+        uLongf got = raw_bytes;
+        if (raw_bytes <= MAX_RAW && (raw = realloc(raw, raw_bytes ? raw_bytes : 1)) &&
+            uncompress(raw, &got, cdata, (uLong)comp_bytes) == Z_OK && got == raw_bytes)
+            raw_ok = 1;
+        const uint8_t *cout = cdata;
+        size_t cout_bytes = comp_bytes;
+        if (raw_ok && (ctl & FIX_SUMS) && geometry_ok && count && count <= 64 &&
+            (uint64_t)raw_bytes == count * (12 + n_runs * slot_bytes)) {
+            uint64_t sums[64];
+            uint32_t ids[64];
+            size_t at[64];
+            for (uint32_t i = 0; i < count; i++) {
+                at[i] = (size_t)i * slot_bytes;
+                memcpy(&ids[i], raw + (size_t)count * 8 + (size_t)i * 4, 4);
+            }
+            ctxs__sums_chain(sums, rd64(b + 8), count, ids, raw + (size_t)count * 12,
+                             (size_t)count * slot_bytes, (uint32_t)n_runs, (size_t)slot_bytes,
+                             at);
+            memcpy(raw, sums, (size_t)count * 8);
+            uLongf bound = compressBound(raw_bytes);
+            if ((comp = realloc(comp, bound)) &&
+                compress2(comp, &bound, raw, raw_bytes, Z_BEST_SPEED) == Z_OK) {
+                cout = comp;
+                cout_bytes = bound;
+                wr32(b + 24, (uint32_t)cout_bytes);
+            }
+        }
+        if (ctl & (FIX_CRCS | FIX_SUMS)) {
+            wr32(b + 28, crc_of(cout, cout_bytes));
+            if (raw_ok)
+                wr32(b + 32, crc_of(raw, raw_bytes));
+            wr32(b + 36, crc_of(b, 36));
+        }
+        put(o, b, sizeof(b));
+        put(o, cout, cout_bytes);
+        off += BLOCK_BYTES + comp_bytes;
+    }
+    free(raw);
+    free(comp);
+    if (size - off == 40 && memcmp(data + off, "CXEN", 4) == 0) {
+        uint8_t t[40];
+        memcpy(t, data + off, sizeof(t));
+        wr64(t + 24, o->n);
+        wr32(t + 32, crc_of(o->p, o->n));
+        wr32(t + 36, crc_of(t, 36));
+        put(o, t, sizeof(t));
+    } else {
+        put(o, data + off, size - off);
+    }
+}
+
+static void progress_fn(void *arg, uint64_t done, uint64_t total)
+{
+    uint64_t *last = arg;
+    if (done > total || done < *last)
+        fail("progress went backwards or past its total", 0);
+    *last = done;
+}
+
+static void open_store(void)
+{
+    int rc;
+    if ((rc = fuzz_build_store(store_dir)) < 0 || (rc = ctxs_store_open(&st, store_dir, NULL)) < 0)
+        fail("the sample store", rc);
+}
+
+/* Imports (and CLASH_MODEL) register models the sample store did not
+ * know: forget them, so that every input meets the same store. */
+static void forget_new_models(void)
+{
+    ctxs_model_entry *models;
+    size_t n;
+    if (ctxs_model_list(&models, &n, st) < 0)
+        fail("listing the models", 0);
+    ctxs_model m0 = fuzz_model(0), m1 = fuzz_model(1);
+    MDB_txn *txn = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!memcmp(models[i].model.model_hash, m0.model_hash, 16) ||
+            !memcmp(models[i].model.model_hash, m1.model_hash, 16))
+            continue;
+        if (!txn && mdb_txn_begin(st->env, NULL, 0, &txn) != 0)
+            fail("a transaction", 0);
+        MDB_val key = { 16, models[i].model.model_hash };
+        mdb_del(txn, st->models, &key, NULL);
+    }
+    if (txn && mdb_txn_commit(txn) != 0)
+        fail("forgetting the models", 0);
+    ctxs_free(models);
+}
+
+/* What a successful import promises. */
+static void check_imported(const char *name, const uint8_t *file, size_t size)
+{
+    ctxs_session *s = NULL;
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.recovery = CTXS_RECOVER_VERIFY;
+    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
+    if (rc < 0)
+        fail("an imported session does not open", rc);
+    ctxs_session_info info;
+    ctxs_session_info_get(&info, s);
+    uint64_t bad;
+    if ((rc = ctxs_session_verify(s, &bad)) < 0)
+        fail("an imported session does not verify", rc);
+    if (info.flags & CTXS_INFO_RECOVERED)
+        fail("an imported session needed recovery", 0);
+    if (size >= HEADER_BYTES && info.n_tokens != rd64(file + H_N_TOKENS))
+        fail("an imported session holds another count", 0);
+    ctxs_session_close(s);
+
+    unlink(export_path);
+    if ((rc = ctxs_store_export(st, name, export_path, NULL, NULL)) < 0)
+        fail("an imported session does not export", rc);
+    char again[256];
+    if ((rc = ctxs_store_import(st, export_path, "reimported", again, NULL, NULL)) < 0)
+        fail("an export of an import does not import", rc);
+    ctxs_store_session_delete(st, "reimported");
+    unlink(export_path);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1 || size > (1u << 20))
+        return 0;
+    if (!st) {
+        const char *dir = fuzz_scratch("import");
+        store_dir = fuzz_join(dir, "store");
+        file_path = fuzz_join(dir, "in.export");
+        export_path = fuzz_join(dir, "out.export");
+        open_store();
+    }
+    int fds = fuzz_fd_count();
+    uint8_t ctl = data[0];
+    data++, size--;
+
+    out_buf o = { 0 };
+    if (ctl & (FIX_CRCS | FIX_SUMS))
+        fix_up(&o, data, size, ctl);
+    else
+        put(&o, data, size);
+    if (fuzz_write_file(file_path, o.p ? o.p : data, o.n) < 0)
+        fail("writing the input", 0);
+
+    if ((ctl & CLASH_MODEL) && o.n >= HEADER_BYTES) {
+        ctxs_model m;
+        memset(&m, 0, sizeof(m));
+        m.geometry = (ctxs_geometry){ 1 + (rd32(o.p + H_LAYERS) & 1), 1, 8, CTXS_DTYPE_F16 };
+        memcpy(m.model_hash, o.p + H_MODEL_HASH, 16);
+        memcpy(m.tokenizer_hash, o.p + H_TOKENIZER_HASH, 16);
+        ctxs_model_register(st, &m, "clash");
+    }
+
+    const char *name = (ctl & NAME_FROM_FILE) ? NULL : (ctl & CLASH_NAME) ? "a" : "imp";
+    char got[256];
+    uint64_t last = 0;
+    int rc = ctxs_store_import(st, file_path, name, got,
+                               (ctl & PROGRESS) ? progress_fn : NULL, &last);
+    fuzz_debug("import: %zu bytes, control 0x%02x: %s", o.n, ctl, ctxs_err_name(rc));
+    if (rc == 0) {
+        if (name && strcmp(got, name) != 0)
+            fail("imported under another name", 0);
+        check_imported(got, o.p, o.n);
+        if ((rc = ctxs_store_session_delete(st, got)) < 0)
+            fail("deleting an imported session", rc);
+    } else if (rc == CTXS_EINVAL) {
+        fail("import of a file refused as an invalid argument", rc);
+    }
+    /* A failed import leaves nothing behind: the sample sessions only. */
+    ctxs_session_entry *list;
+    size_t n;
+    if (ctxs_store_session_list(&list, &n, st) == 0) {
+        if (n != 4)
+            fail("an import left a session behind", (int)n);
+        ctxs_free(list);
+    }
+    free(o.p);
+    unlink(file_path);
+    forget_new_models();
+    fuzz_check_fds("import", fds);
+    return 0;
+}

@@ -1,0 +1,566 @@
+/*
+ * Writes the seed corpora, fuzz/corpus/<target>/seed-*, made with the real
+ * library: small session files (commits, a wrapped ring, a rollback, a
+ * fork, a label, a durable sync), export files, index records over the
+ * sample store, and command lines; then a few hostile inputs of each kind.
+ *
+ *     make_seeds OUTDIR       (OUTDIR is usually fuzz/corpus)
+ *
+ * Existing seed-* files are replaced; other files (what fuzzing found) are
+ * left alone.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "format.h"
+#include "fuzz.h"
+#include "index.h"
+
+static const char *out_root;
+static char *work;
+
+static void die(const char *what, int rc)
+{
+    fprintf(stderr, "make_seeds: %s: %s (%d)\n", what, ctxs_strerror(rc), rc);
+    exit(1);
+}
+
+static void seed(const char *target, const char *name, const void *data, size_t len)
+{
+    char *d = fuzz_join(out_root, target);
+    mkdir(d, 0755);
+    char file[512];
+    snprintf(file, sizeof(file), "%s/seed-%s", d, name);
+    int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || write(fd, data, len) != (ssize_t)len || close(fd) != 0)
+        die(file, -errno);
+    free(d);
+}
+
+static uint8_t *slurp(const char *path, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0)
+        die(path, -errno);
+    uint8_t *buf = malloc((size_t)sb.st_size + 1);
+    if (!buf || read(fd, buf, (size_t)sb.st_size) != sb.st_size)
+        die(path, -EIO);
+    close(fd);
+    *len = (size_t)sb.st_size;
+    return buf;
+}
+
+/* --- session_open ------------------------------------------------------- */
+
+static void session_seed(const char *name, const char *path, uint8_t ctl)
+{
+    uint8_t *buf;
+    size_t len;
+    int rc = fuzz_session_encode(&buf, &len, path, ctl);
+    if (rc < 0)
+        die(path, rc);
+    seed("session_open", name, buf, len);
+    free(buf);
+}
+
+static ctxs_session *create(const char *path, ctxs_session_options o)
+{
+    ctxs_model m = fuzz_model(0);
+    ctxs_session *s;
+    unlink(path);
+    int rc = ctxs_session_create(&s, path, &m, &o);
+    if (rc < 0)
+        die(path, rc);
+    return s;
+}
+
+static void session_seeds(void)
+{
+    const uint8_t E = FUZZ_SESS_EXTEND, W = FUZZ_SESS_WRITE;
+    char *p = fuzz_join(work, "s.ctxs"), *f = fuzz_join(work, "f.ctxs");
+    ctxs_session *s, *fk;
+    int rc;
+
+    s = create(p, fuzz_options(8, 2, 1));
+    ctxs_session_close(s);
+    session_seed("empty-ring", p, E | W);
+
+    s = create(p, fuzz_options(64, 4, 0));
+    if ((rc = fuzz_append(s, 20)) < 0)
+        die("append", rc);
+    unlink(f);
+    if ((rc = ctxs_session_fork(&fk, s, 10, f, NULL)) < 0)
+        die("fork", rc);
+    ctxs_session_close(fk);
+    ctxs_session_close(s);
+    session_seed("tokens", p, E | W);
+    session_seed("fork", f, E | W);
+
+    s = create(p, fuzz_options(16, 2, 1));
+    if ((rc = fuzz_append(s, 45)) < 0)
+        die("append", rc);
+    ctxs_session_close(s);
+    session_seed("wrapped", p, E | W);
+    session_seed("wrapped-this-boot", p, E | W | FUZZ_SESS_THIS_BOOT);
+
+    s = create(p, fuzz_options(32, 4, 1));
+    if ((rc = fuzz_append(s, 30)) < 0 || (rc = ctxs_session_rollback(s, 12)) < 0 ||
+        (rc = fuzz_append(s, 3)) < 0)
+        die("rollback", rc);
+    ctxs_session_close(s);
+    session_seed("rolled-back", p, E | W);
+
+    ctxs_session_options o = fuzz_options(32, 1, 1);
+    o.durability = CTXS_SYNC_FULL;
+    s = create(p, o);
+    if ((rc = fuzz_append(s, 9)) < 0 || (rc = ctxs_session_sync(s)) < 0)
+        die("sync", rc);
+    ctxs_session_close(s);
+    session_seed("synced", p, E | W);
+    session_seed("synced-fix-all", p,
+                 E | W | FUZZ_SESS_FIX_HEADER | FUZZ_SESS_FIX_RECORDS | FUZZ_SESS_FIX_LABEL |
+                     FUZZ_SESS_FIX_SUMS);
+
+    /* A labeled file with two prefix chunks: the sample store's "a". */
+    char *store = fuzz_join(work, "store");
+    fuzz_rmtree(store);
+    if ((rc = fuzz_build_store(store)) < 0)
+        die("sample store", rc);
+    ctxs_store *st;
+    ctxs_session_entry e;
+    if ((rc = ctxs_store_open(&st, store, NULL)) < 0 ||
+        (rc = ctxs_store_session_get(&e, st, "a")) < 0)
+        die("sample store", rc);
+    ctxs_store_close(st);
+    char file[64];
+    ctxs__file_name(file, e.id);
+    char *sessions = fuzz_join(store, "sessions");
+    char *a = fuzz_join(sessions, file);
+    session_seed("labeled", a, E | W | FUZZ_SESS_FIX_SUMS);
+
+    /* Hostile ones, from the tokens file: a header claiming a huge
+     * geometry (with its CRC and offsets right), a newer version, both
+     * records damaged, counters out of range. */
+    s = create(p, fuzz_options(64, 4, 0));
+    if ((rc = fuzz_append(s, 5)) < 0)
+        die("append", rc);
+    ctxs_session_close(s);
+    uint8_t *buf;
+    size_t len;
+    if ((rc = fuzz_session_encode(&buf, &len, p, E | W)) < 0)
+        die(p, rc);
+    uint8_t *copy = malloc(len);
+    ctxs__disk_header h;
+    ctxs__file_layout lay;
+    static const ctxs_geometry huge[] = { { 4096, 4096, 4096, 1 }, { 64, 8, 128, 1 },
+                                          { 1, 1, 1, 1 } };
+    static const uint32_t caps[] = { 16777216, 131072, 2 };
+    for (int i = 0; i < 3; i++) {
+        memcpy(copy, buf, len);
+        memcpy(&h, copy + 1, sizeof(h));
+        ctxs_model m;
+        memset(&m, 0, sizeof(m));
+        m.geometry = huge[i];
+        memcpy(m.model_hash, h.model_hash, 16);
+        memcpy(m.tokenizer_hash, h.tokenizer_hash, 16);
+        if (ctxs__layout_compute(&lay, &huge[i], caps[i], 1) < 0) {
+            /* Too big to be a file: claim it anyway, sizes wrapped. */
+            h.n_layers = huge[i].n_layers;
+            h.n_kv_heads = huge[i].n_kv_heads;
+            h.head_dim = huge[i].head_dim;
+            h.capacity = caps[i];
+            h.kv_bytes = UINT64_MAX - 16383;
+            h.file_bytes = h.kv_bytes + h.kv_off;
+        } else {
+            ctxs__header_init(&h, &lay, &m, 0, h.created_unix_ms);
+        }
+        memcpy(copy + 1, &h, sizeof(h));
+        copy[0] = FUZZ_SESS_FIX_HEADER | E | W;
+        char nm[32];
+        snprintf(nm, sizeof(nm), "hostile-huge-%d", i);
+        seed("session_open", nm, copy, len);
+    }
+    memcpy(copy, buf, len);
+    copy[1 + 8] = 2; /* version_major 2 */
+    seed("session_open", "hostile-version", copy, len);
+    memcpy(copy, buf, len);
+    copy[1 + 256 + 20] ^= 1; /* record 0's n_tokens */
+    copy[1 + 384 + 20] ^= 1;
+    seed("session_open", "hostile-records", copy, len);
+    memcpy(copy, buf, len);
+    uint64_t big = UINT64_MAX;
+    memcpy(copy + 1 + 256 + 8, &big, 8);      /* seq */
+    memcpy(copy + 1 + 384 + 24, &big, 8);     /* ring_start */
+    copy[0] = E | W | FUZZ_SESS_FIX_RECORDS;
+    seed("session_open", "hostile-counters", copy, len);
+    memcpy(copy, buf, len);
+    memset(copy + 1 + FUZZ_SESS_COMPACT_HEAD + 16384 * 2, 0x5a, 64); /* KV */
+    copy[0] = E | W;
+    seed("session_open", "hostile-kv", copy, len);
+    seed("session_open", "hostile-short", "\x80" "CTXSSES", 8);
+    seed("session_open", "hostile-header-only", copy, 1 + 256);
+    free(copy);
+    free(buf);
+    free(a);
+    free(sessions);
+    free(store);
+    free(p);
+    free(f);
+}
+
+/* --- import ------------------------------------------------------------- */
+
+static void import_seeds(void)
+{
+    char *store = fuzz_join(work, "store");
+    ctxs_store *st;
+    int rc;
+    if ((rc = ctxs_store_open(&st, store, NULL)) < 0)
+        die("sample store", rc);
+    static const char *names[] = { "a", "b", "c", "d" };
+    static const uint8_t ctls[] = { 0x00, 0x01, 0x0a, 0x10 };
+    uint8_t *a = NULL;
+    size_t a_len = 0;
+    for (int i = 0; i < 4; i++) {
+        char *path = fuzz_join(work, "x.exp");
+        unlink(path);
+        if ((rc = ctxs_store_export(st, names[i], path, NULL, NULL)) < 0)
+            die("export", rc);
+        size_t len;
+        uint8_t *file = slurp(path, &len);
+        uint8_t *in = malloc(len + 1);
+        in[0] = ctls[i];
+        memcpy(in + 1, file, len);
+        char nm[32];
+        snprintf(nm, sizeof(nm), "export-%s", names[i]);
+        seed("import", nm, in, len + 1);
+        if (i == 0) {
+            a = in;
+            a_len = len + 1;
+        } else {
+            free(in);
+        }
+        free(file);
+        unlink(path);
+        free(path);
+    }
+    ctxs_store_close(st);
+    free(store);
+    /* Hostile: truncated, trailing bytes, a newer version, a damaged
+     * block with its CRCs right, foreign, a stub of the magic. */
+    seed("import", "hostile-truncated", a, a_len / 2);
+    uint8_t *more = malloc(a_len + 3);
+    memcpy(more, a, a_len);
+    memcpy(more + a_len, "xyz", 3);
+    seed("import", "hostile-trailing", more, a_len + 3);
+    memcpy(more, a, a_len);
+    more[1 + 8] = 2;
+    seed("import", "hostile-version", more, a_len);
+    memcpy(more, a, a_len);
+    more[0] = 0x01; /* CRCs fixed, a token's bytes changed */
+    more[1 + 1024 + 40 + 20] ^= 0x55;
+    seed("import", "hostile-block", more, a_len);
+    memcpy(more, a, a_len);
+    uint32_t v = 0xffffffffu;
+    memcpy(more + 1 + 36, &v, 4); /* capacity */
+    more[0] = 0x01;
+    seed("import", "hostile-capacity", more, a_len);
+    memcpy(more, a, a_len);
+    more[0] = 0x04; /* under the file's name, which the store has */
+    seed("import", "name-taken", more, a_len);
+    seed("import", "hostile-foreign", "\x00" "PK\x03\x04", 5);
+    seed("import", "hostile-stub", "\x00" "CTXSEX", 7);
+    free(more);
+    free(a);
+}
+
+/* --- index_records -------------------------------------------------------- */
+
+typedef struct rec_buf {
+    uint8_t b[8192];
+    size_t n;
+} rec_buf;
+
+enum { T_META, T_SESSIONS, T_IDS, T_MODELS, T_FILEHASH, T_CHECKPOINTS, T_PREFIXES, T_CHUNKS,
+       T_PENDING };
+
+static void rec_start(rec_buf *r, unsigned ops)
+{
+    r->b[0] = (uint8_t)ops;
+    r->b[1] = (uint8_t)(ops >> 8);
+    r->n = 2;
+}
+
+static void rec_put(rec_buf *r, int table, const void *k, size_t klen, const void *v, size_t vlen)
+{
+    r->b[r->n++] = (uint8_t)table;
+    r->b[r->n++] = (uint8_t)klen;
+    uint16_t vl = (uint16_t)vlen;
+    memcpy(r->b + r->n, &vl, 2);
+    r->n += 2;
+    memcpy(r->b + r->n, k, klen);
+    r->n += klen;
+    if (vlen != 0xffff) {
+        memcpy(r->b + r->n, v, vlen);
+        r->n += vlen;
+    }
+}
+
+static void index_seeds(void)
+{
+    char *store = fuzz_join(work, "store");
+    ctxs_store *st;
+    int rc;
+    if ((rc = ctxs_store_open(&st, store, NULL)) < 0)
+        die("sample store", rc);
+    uint64_t ids[4];
+    static const char *names[] = { "a", "b", "c", "d" };
+    for (int i = 0; i < 4; i++) {
+        ctxs_session_entry e;
+        if ((rc = ctxs_store_session_get(&e, st, names[i])) < 0)
+            die("session", rc);
+        ids[i] = e.id;
+    }
+    /* The sample's own records, to mutate. */
+    MDB_txn *txn;
+    mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
+    MDB_val k = { 1, (void *)"a" }, v;
+    ctxs__session_rec a;
+    if (mdb_get(txn, st->sessions, &k, &v) != 0 || v.mv_size != sizeof(a))
+        die("session record", CTXS_ECORRUPT);
+    memcpy(&a, v.mv_data, sizeof(a));
+    ctxs_model m0 = fuzz_model(0);
+    k = (MDB_val){ 16, m0.model_hash };
+    uint8_t model_rec[64 + 255];
+    size_t model_len;
+    if (mdb_get(txn, st->models, &k, &v) != 0 || v.mv_size > sizeof(model_rec))
+        die("model record", CTXS_ECORRUPT);
+    memcpy(model_rec, v.mv_data, v.mv_size);
+    model_len = v.mv_size;
+    mdb_txn_abort(txn);
+    ctxs_store_close(st);
+    free(store);
+
+    uint8_t id_key[4][8];
+    for (int i = 0; i < 4; i++)
+        ctxs__id_key(id_key[i], ids[i]);
+    uint32_t tokens[128];
+    fuzz_sample_tokens(tokens, 128);
+    uint8_t chain[2][16];
+    ctxs__prefix_chains(chain, tokens, 2);
+    uint8_t pkey[32];
+    memcpy(pkey, m0.model_hash, 16);
+    memcpy(pkey + 16, chain[0], 16);
+
+    rec_buf r;
+    char nm[64];
+    /* Every operation alone, and all of them, over the sample's records. */
+    for (int bit = 0; bit < 15; bit++) {
+        rec_start(&r, 1u << bit);
+        snprintf(nm, sizeof(nm), "op-%02d", bit);
+        seed("index_records", nm, r.b, r.n);
+    }
+    rec_start(&r, 0x7fff);
+    seed("index_records", "op-all", r.b, r.n);
+
+    const unsigned reads = 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x40 | 0x1000;
+    ctxs__session_rec h = a;
+    h.n_tokens = 1ull << 62;
+    h.prefix_tokens = 1ull << 40;
+    h.disk_bytes = UINT64_MAX;
+    rec_start(&r, reads | 0x20);
+    rec_put(&r, T_SESSIONS, "a", 1, &h, sizeof(h));
+    seed("index_records", "session-huge-counts", r.b, r.n);
+
+    rec_start(&r, reads);
+    rec_put(&r, T_SESSIONS, "a", 1, &a, 10);
+    seed("index_records", "session-short", r.b, r.n);
+
+    h = a;
+    h.id = 99;
+    rec_start(&r, reads | 0x80);
+    rec_put(&r, T_SESSIONS, "zz", 2, &h, sizeof(h));
+    uint8_t k99[8];
+    ctxs__id_key(k99, 99);
+    rec_put(&r, T_IDS, k99, 8, "zz", 2);
+    seed("index_records", "session-no-file", r.b, r.n);
+
+    h = a;
+    h.id = ids[2]; /* "c"'s file, of model 1 */
+    rec_start(&r, reads | 0x200 | 0x800);
+    rec_put(&r, T_SESSIONS, "a", 1, &h, sizeof(h));
+    seed("index_records", "session-other-file", r.b, r.n);
+
+    char long_name[300];
+    memset(long_name, 'x', sizeof(long_name));
+    rec_start(&r, reads | 0x8);
+    rec_put(&r, T_IDS, id_key[0], 8, long_name, sizeof(long_name));
+    rec_put(&r, T_IDS, id_key[1], 8, "", 0);
+    seed("index_records", "ids-bad-names", r.b, r.n);
+
+    uint8_t m[64 + 255];
+    memcpy(m, model_rec, model_len);
+    uint16_t name_len = 300;
+    memcpy(m + 40, &name_len, 2);
+    rec_start(&r, reads | 0x1000);
+    rec_put(&r, T_MODELS, m0.model_hash, 16, m, model_len);
+    seed("index_records", "model-name-len", r.b, r.n);
+    rec_start(&r, reads);
+    rec_put(&r, T_MODELS, m0.model_hash, 16, m, 20);
+    seed("index_records", "model-short", r.b, r.n);
+    memcpy(m, model_rec, model_len);
+    memset(m, 0, 16); /* geometry 0 */
+    rec_start(&r, reads | 0x200);
+    rec_put(&r, T_MODELS, m0.model_hash, 16, m, model_len);
+    seed("index_records", "model-geometry", r.b, r.n);
+
+    uint8_t ck[8 + 3];
+    memcpy(ck, id_key[0], 8);
+    memcpy(ck + 8, "cp0", 3);
+    ctxs__checkpoint_rec cp = { 1ull << 63, 0, 0 };
+    rec_start(&r, reads | 0x800 | 0x4000);
+    rec_put(&r, T_CHECKPOINTS, ck, sizeof(ck), &cp, sizeof(cp));
+    seed("index_records", "checkpoint-huge", r.b, r.n);
+    rec_start(&r, reads | 0x800 | 0x4000);
+    rec_put(&r, T_CHECKPOINTS, ck, sizeof(ck), &cp, 5);
+    rec_put(&r, T_CHECKPOINTS, id_key[0], 8, &cp, sizeof(cp)); /* no name */
+    seed("index_records", "checkpoint-short", r.b, r.n);
+
+    rec_start(&r, reads | 0x40);
+    rec_put(&r, T_PREFIXES, pkey, 32, k99, 8);
+    rec_put(&r, T_PREFIXES, pkey, 32, id_key[2], 8);
+    rec_put(&r, T_PREFIXES, pkey, 31, id_key[3], 8);
+    seed("index_records", "prefixes-hostile", r.b, r.n);
+
+    uint8_t chk[12];
+    memcpy(chk, id_key[0], 8);
+    memcpy(chk + 8, "\x00\x00\x00\x01", 4);
+    rec_start(&r, reads | 0x40 | 0x400);
+    rec_put(&r, T_CHUNKS, chk, 12, "abc", 3);
+    memcpy(chk + 8, "\xff\xff\xff\xff", 4);
+    rec_put(&r, T_CHUNKS, chk, 12, chain[1], 16);
+    seed("index_records", "chunks-hostile", r.b, r.n);
+
+    uint8_t k5[8];
+    ctxs__id_key(k5, 5);
+    rec_start(&r, 0x1 | 0x2000);
+    rec_put(&r, T_PENDING, id_key[1], 8, "D", 1);
+    rec_put(&r, T_PENDING, k5, 8, "C", 1);
+    rec_put(&r, T_PENDING, id_key[2], 8, "X", 1);
+    seed("index_records", "pending-intents", r.b, r.n);
+
+    uint8_t fmt[16] = "CTXSINDX";
+    fmt[8] = 2;
+    rec_start(&r, 0x1 | 0x2000);
+    rec_put(&r, T_META, "format", 6, fmt, 16);
+    seed("index_records", "meta-newer", r.b, r.n);
+    rec_start(&r, 0x1 | 0x2000);
+    rec_put(&r, T_META, "format", 6, fmt, 3);
+    seed("index_records", "meta-short", r.b, r.n);
+    rec_start(&r, 0x1 | 0x2000);
+    rec_put(&r, T_META, "format", 6, NULL, 0xffff);
+    seed("index_records", "meta-deleted", r.b, r.n);
+    uint64_t zero = 0;
+    rec_start(&r, 0x1 | 0x200 | 0x80);
+    rec_put(&r, T_META, "next_id", 7, &zero, 8);
+    seed("index_records", "meta-next-id", r.b, r.n);
+
+    uint8_t fh[40] = { 1 };
+    rec_start(&r, 0x1 | 0x100);
+    rec_put(&r, T_FILEHASH, fh, 40, "abc", 3);
+    seed("index_records", "filehash-short", r.b, r.n);
+}
+
+/* --- cli -------------------------------------------------------------------- */
+
+static void cli_seeds(void)
+{
+#define L(x) { x, sizeof(x) - 1 }
+    static const struct { const char *s; size_t n; } lines[] = {
+        L("ls"), L("ls\0--json"), L("--json\0ls"), L("info\0a"), L("info\0b\0--json"),
+        L("info\0nope"), L("verify"), L("verify\0--all\0--json"), L("verify\0b"),
+        L("compact\0a"), L("compact\0--all\0--json"), L("gc\0--max-size\0" "100K"),
+        L("gc\0--max-size\0" "1.5G\0--json"), L("gc\0--max-size=0"),
+        L("gc\0--max-size\0" "12QB"), L("rm\0c\0d"), L("rm\0nope"), L("fork\0a\0e"),
+        L("fork\0a\0e\0--at\0" "64"), L("fork\0a\0e\0--checkpoint\0cp0"),
+        L("fork\0b\0e\0--at\0" "99999999999999999999"), L("checkpoint\0create\0a\0new"),
+        L("checkpoint\0ls\0a\0--json"), L("checkpoint\0restore\0a\0cp0"),
+        L("checkpoint\0rm\0a\0cp1"), L("checkpoint\0bogus"), L("reindex"),
+        L("reindex\0--json"), L("export\0a\0out.exp"), L("export\0b\0x.exp"),
+        L("import\0x.exp"), L("import\0x.exp\0new\0--json"), L("import\0junk"),
+        L("import\0store"), L("help\0fork"), L("--help"), L("--version"), L("info\0--help"),
+        L("--store\0other\0ls"), L("--store=store\0info\0a"), L("nosuchcommand"), L(""),
+    };
+#undef L
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
+        char nm[32];
+        snprintf(nm, sizeof(nm), "argv-%02zu", i);
+        seed("cli", nm, lines[i].s, lines[i].n);
+    }
+}
+
+/* --- format ----------------------------------------------------------------- */
+
+static void format_seeds(void)
+{
+    char *p = fuzz_join(work, "s.ctxs");
+    ctxs_session *s = create(p, fuzz_options(16, 2, 1));
+    int rc;
+    if ((rc = fuzz_append(s, 20)) < 0)
+        die("append", rc);
+    ctxs_session_close(s);
+    size_t len;
+    uint8_t *file = slurp(p, &len);
+    uint8_t in[1 + 256 + 8 + 256];
+    in[0] = 0;
+    memcpy(in + 1, file, 256);
+    uint64_t size = len;
+    memcpy(in + 1 + 256, &size, 8);
+    memcpy(in + 1 + 264, file + 4096, 128);
+    memcpy(in + 1 + 264 + 128, file + 8192, 128);
+    seed("format", "header", in, sizeof(in));
+    uint32_t geo[6] = { 1, 2, 4, CTXS_DTYPE_F16, 64, 4 };
+    uint8_t g[1 + 24];
+    g[0] = 1;
+    memcpy(g + 1, geo, 24);
+    seed("format", "geometry", g, sizeof(g));
+    uint8_t l[1 + 512];
+    l[0] = 2;
+    ctxs__disk_label lab;
+    ctxs__label_make(&lab, 7, "chat-1", 6);
+    memcpy(l + 1, &lab, 512);
+    seed("format", "label", l, sizeof(l));
+    static const char *names[] = { "\x03" "hello", "\x03" "caf\xc3\xa9", "\x03" "a/b",
+                                   "\x03" "\xed\xa0\x80", "\x03" ".." };
+    for (int i = 0; i < 5; i++) {
+        char nm[32];
+        snprintf(nm, sizeof(nm), "name-%d", i);
+        seed("format", nm, names[i], strlen(names[i]));
+    }
+    free(file);
+    free(p);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: make_seeds OUTDIR\n");
+        return 2;
+    }
+    out_root = argv[1];
+    mkdir(out_root, 0755);
+    work = (char *)fuzz_scratch("seeds");
+    session_seeds();
+    import_seeds();
+    index_seeds();
+    cli_seeds();
+    format_seeds();
+    printf("make_seeds: seeds written under %s\n", out_root);
+    return 0;
+}

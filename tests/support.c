@@ -352,6 +352,20 @@ void ts_append_many(ctxs_session *s, uint64_t n)
     }
 }
 
+uint64_t ts_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+void ts_sleep_us(uint64_t us)
+{
+    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
 /* --- Self-describing tokens --------------------------------------------- */
 
 uint32_t ts_pat_id(uint64_t pos, uint32_t gen)

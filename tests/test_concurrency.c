@@ -70,20 +70,6 @@ static unsigned rounds(unsigned short_run)
     return v < 1 ? 1u : (unsigned)v;
 }
 
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static void sleep_us(uint64_t us)
-{
-    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
-
 /* --- What a worker owns and reports ------------------------------------------ */
 
 enum { DISP_LIVE = 1, DISP_DELETED, DISP_GONE };
@@ -650,7 +636,7 @@ static void worker_run(worker *w, const env *e)
     /* Own stays open (gc must not take it) until nothing collects. */
     atomic_fetch_add(e->finished, 1);
     while (!atomic_load(e->release))
-        sleep_us(1000);
+        ts_sleep_us(1000);
     ctxs_session_close(own);
 }
 
@@ -734,7 +720,7 @@ static void maint_run(maint_args *a)
             m->reopens++;
             break;
         }
-        sleep_us((r >> 16) % 3000);
+        ts_sleep_us((r >> 16) % 3000);
     }
     if (watching)
         ctxs_pressure_watch_stop();
@@ -1002,7 +988,7 @@ Test(concurrency, threads_share_one_store, .timeout = 3600)
 {
     const char *test = "threads";
     uint64_t seed = ts_seed(test);
-    uint64_t t0 = now_us();
+    uint64_t t0 = ts_now_us();
     char store_dir[4096];
     snprintf(store_dir, sizeof(store_dir), "%s/store", ts_scratch);
     ctxs_model m = ts_model(MODEL_SEED);
@@ -1034,7 +1020,7 @@ Test(concurrency, threads_share_one_store, .timeout = 3600)
     }
     cr_assert_eq(pthread_create(&mth, NULL, maint_thread, &ma), 0);
     while (atomic_load(&finished) < THREADS)
-        sleep_us(1000);
+        ts_sleep_us(1000);
     atomic_store(&stop, 1);
     pthread_join(mth, NULL);
     atomic_store(&release, 1);
@@ -1043,12 +1029,12 @@ Test(concurrency, threads_share_one_store, .timeout = 3600)
     ctxs_store_close(e.st);
     final_counts none = {0};
     if (!workers_ok(all, THREADS, &mt))
-        report(test, all, THREADS, &mt, 1, none, (now_us() - t0) / 1e6);
+        report(test, all, THREADS, &mt, 1, none, (ts_now_us() - t0) / 1e6);
     for (int i = 0; i < THREADS; i++)
         cr_assert_eq(all[i].failures, 0, "worker %d: %s", i, all[i].failure);
     cr_assert_eq(mt.failures, 0, "maintenance: %s", mt.failure);
     final_counts fc = check_store(store_dir, all, THREADS, &m);
-    report(test, all, THREADS, &mt, 1, fc, (now_us() - t0) / 1e6);
+    report(test, all, THREADS, &mt, 1, fc, (ts_now_us() - t0) / 1e6);
     free(all);
 }
 
@@ -1087,7 +1073,7 @@ static void proc_main(shared *sh, int proc, const char *store_dir, const char *s
         /* Maintenance goes on until every worker of every process is
          * through its rounds; then they may close what they own. */
         while (atomic_load(&sh->finished) < PROCS * PROC_THREADS)
-            sleep_us(2000);
+            ts_sleep_us(2000);
         atomic_store(&sh->stop, 1);
         pthread_join(mth, NULL);
         atomic_store(&sh->release, 1);
@@ -1102,7 +1088,7 @@ Test(concurrency, processes_with_threads_share_one_store, .timeout = 3600)
 {
     const char *test = "processes";
     uint64_t seed = ts_seed(test);
-    uint64_t t0 = now_us();
+    uint64_t t0 = ts_now_us();
     char store_dir[4096];
     snprintf(store_dir, sizeof(store_dir), "%s/store", ts_scratch);
     ctxs_model m = ts_model(MODEL_SEED);
@@ -1141,12 +1127,12 @@ Test(concurrency, processes_with_threads_share_one_store, .timeout = 3600)
     int n_all = PROCS * PROC_THREADS;
     final_counts none = {0};
     if (!workers_ok(sh->w, n_all, &sh->mt))
-        report(test, sh->w, n_all, &sh->mt, 1, none, (now_us() - t0) / 1e6);
+        report(test, sh->w, n_all, &sh->mt, 1, none, (ts_now_us() - t0) / 1e6);
     for (int i = 0; i < n_all; i++)
         cr_assert_eq(sh->w[i].failures, 0, "worker %s: %s", sh->w[i].own, sh->w[i].failure);
     cr_assert_eq(sh->mt.failures, 0, "maintenance: %s", sh->mt.failure);
     final_counts fc = check_store(store_dir, sh->w, n_all, &m);
-    report(test, sh->w, n_all, &sh->mt, 1, fc, (now_us() - t0) / 1e6);
+    report(test, sh->w, n_all, &sh->mt, 1, fc, (ts_now_us() - t0) / 1e6);
     munmap(sh, sizeof(shared));
 }
 

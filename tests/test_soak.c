@@ -83,20 +83,6 @@ static uint64_t mix64(uint64_t x)
     return x;
 }
 
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static void sleep_us(uint64_t us)
-{
-    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
-
 /* --- Messages from a child ---------------------------------------------------
  *
  * One write() each, below PIPE_BUF: a kill never leaves half a message. */
@@ -458,14 +444,14 @@ static void run_to_death(void (*body)(void *), void *arg, const kill_plan *kp, m
     close(p[1]);
     memset(out, 0, sizeof(*out));
     out->exit_code = -1;
-    uint64_t deadline = now_us() + kp->delay_us;
+    uint64_t deadline = ts_now_us() + kp->delay_us;
     int killed = 0;
     char buf[8192];
     size_t have = 0;
     for (;;) {
         int timeout = -1;
         if (!killed) {
-            uint64_t now = now_us();
+            uint64_t now = ts_now_us();
             if (now >= deadline) {
                 kill(pid, SIGKILL);
                 killed = 1;
@@ -665,7 +651,7 @@ static int reader_checks(const reader_args *a, ctxs_session *s, uint64_t *rng, c
         }
         atomic_fetch_add(&a->slot->checks, 1);
         reader_observe(a, n, id, last);
-        sleep_us(ts_rng_next(rng) % 1500);
+        ts_sleep_us(ts_rng_next(rng) % 1500);
     }
     return 0;
 }
@@ -684,13 +670,13 @@ static void reader_file(const reader_args *a)
         atomic_fetch_add(&a->slot->opens, 1);
         if (rc != 0) {
             reader_violation(a->slot, "reader %d: read-only open: %s", a->idx, ctxs_err_name(rc));
-            sleep_us(10000);
+            ts_sleep_us(10000);
             continue;
         }
         rc = reader_checks(a, s, &rng, "session", &last);
         ctxs_session_close(s);
         if (rc < 0)
-            sleep_us(10000);
+            ts_sleep_us(10000);
     }
 }
 
@@ -704,7 +690,7 @@ static void reader_store(const reader_args *a)
         atomic_fetch_add(&a->slot->opens, 1);
         if (rc != 0) {
             reader_violation(a->slot, "reader %d: store open: %s", a->idx, ctxs_err_name(rc));
-            sleep_us(20000);
+            ts_sleep_us(20000);
             continue;
         }
         unsigned visits = 4 + (unsigned)(ts_rng_next(&rng) % 12);
@@ -717,7 +703,7 @@ static void reader_store(const reader_args *a)
             }
             if (n == 0) {
                 ctxs_free(list);
-                sleep_us(2000);
+                ts_sleep_us(2000);
                 continue;
             }
             char name[256];
@@ -764,7 +750,7 @@ static void reader_store(const reader_args *a)
         /* Now and then nobody else has the store open, so that a compaction
          * can rewrite the index. */
         uint64_t r = ts_rng_next(&rng);
-        sleep_us(r % 4 == 0 ? 50000 + r % 100000 : 5000 + r % 30000);
+        ts_sleep_us(r % 4 == 0 ? 50000 + r % 100000 : 5000 + r % 30000);
     }
 }
 
@@ -917,6 +903,24 @@ static void print_points(const soak_stats *st)
                                     (unsigned long long)st->point_calls[c][0],
                                     (unsigned long long)st->point_calls[c][1]);
     say("  kill points hit (before/after the call):%s", len ? line : " none");
+}
+
+/* Prints the kill points reached and what readers saw that no writer
+ * announced, frees the readers, and fails the test on what must be zero. */
+static void soak_finish(soak_stats *st, readers *rd, const reader_totals *rt)
+{
+    print_points(st);
+    if (rd->unannounced)
+        say("  %s", rd->first_unannounced);
+    uint64_t unannounced = rd->unannounced;
+    readers_free(rd);
+    cr_assert_eq(st->lost, 0, "acknowledged tokens lost");
+    cr_assert_eq(st->failures, 0, "invariants broken: see the log");
+    cr_assert_eq(st->child_failures, 0);
+    cr_assert_eq(rt->violations, 0, "readers saw bad data: see the log");
+    cr_assert_eq(unannounced, 0, "readers saw states no writer committed");
+    cr_assert_gt(rt->checks, 0, "the readers never checked anything");
+    cr_assert_gt(st->at_points, 0, "no kill point was ever reached");
 }
 
 static kill_plan pick_plan(uint64_t *rng, uint64_t max_delay_us, long max_countdown,
@@ -1330,7 +1334,7 @@ Test(soak, session_writers_killed_during_commit_rollback_sync_and_fork, .timeout
         cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
         ctxs_session_close(s);
     }
-    uint64_t t0 = now_us();
+    uint64_t t0 = ts_now_us();
     readers rd;
     readers_start(&rd, 2, path, NULL, ts_rng_next(&rng));
 
@@ -1384,18 +1388,8 @@ Test(soak, session_writers_killed_during_commit_rollback_sync_and_fork, .timeout
         (unsigned long long)rt.opens, (unsigned long long)rt.checks,
         (unsigned long long)rt.void_checks, (unsigned long long)rd.observed,
         (unsigned long long)rd.unannounced, (unsigned long long)rt.violations,
-        (unsigned long long)st.failures, (now_us() - t0) / 1e6);
-    print_points(&st);
-    if (rd.unannounced)
-        say("  %s", rd.first_unannounced);
-    readers_free(&rd);
-    cr_assert_eq(st.lost, 0, "acknowledged tokens lost");
-    cr_assert_eq(st.failures, 0, "invariants broken: see the log");
-    cr_assert_eq(st.child_failures, 0);
-    cr_assert_eq(rt.violations, 0, "readers saw bad data: see the log");
-    cr_assert_eq(rd.unannounced, 0, "readers saw states no writer committed");
-    cr_assert_gt(rt.checks, 0, "the readers never checked anything");
-    cr_assert_gt(st.at_points, 0, "no kill point was ever reached");
+        (unsigned long long)st.failures, (ts_now_us() - t0) / 1e6);
+    soak_finish(&st, &rd, &rt);
     cr_assert(wrapped_at > 0, "the ring never wrapped");
     free(c.gs.v);
     free(c.valid.v);
@@ -2231,7 +2225,7 @@ static uint64_t b_check_agree(const char *store_dir, const ctxs_session_entry *l
     char names[8][64];
     size_t k = b_strays(store_dir, l, n, names, 8);
     for (int tries = 0; k && tries < 20; tries++) {
-        sleep_us(10000);
+        ts_sleep_us(10000);
         k = b_strays(store_dir, l, n, names, 8);
     }
     for (size_t i = 0; i < k; i++) {
@@ -2297,7 +2291,7 @@ static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, 
      * deleting writer was killed. What stays once readers let go fails. */
     for (int tries = 0; b_pending(st) != 0 && tries < 20; tries++) {
         ctxs_store_close(st);
-        sleep_us(10000);
+        ts_sleep_us(10000);
         rc = ctxs_store_open(&st, store_dir, NULL);
         cr_assert_eq(rc, 0, "%s: store open: %s", what, ctxs_err_name(rc));
     }
@@ -2514,7 +2508,7 @@ Test(soak, store_writers_killed_during_index_transactions_and_maintenance, .time
         cr_assert_eq(ctxs_model_register(st, &m, "soak"), 0);
         ctxs_store_close(st);
     }
-    uint64_t t0 = now_us();
+    uint64_t t0 = ts_now_us();
     readers rd;
     readers_start(&rd, 2, NULL, store_dir, ts_rng_next(&rng));
 
@@ -2567,7 +2561,7 @@ Test(soak, store_writers_killed_during_index_transactions_and_maintenance, .time
         (unsigned long long)rt.void_checks, (unsigned long long)rt.refused,
         (unsigned long long)rd.observed, (unsigned long long)rd.unannounced,
         (unsigned long long)rt.violations, (unsigned long long)st.failures,
-        (now_us() - t0) / 1e6);
+        (ts_now_us() - t0) / 1e6);
     char ops[1024];
     size_t len = 0;
     static const char *const op_names[] = {
@@ -2582,17 +2576,7 @@ Test(soak, store_writers_killed_during_index_transactions_and_maintenance, .time
             len += (size_t)snprintf(ops + len, sizeof(ops) - len, " %s %llu", op_names[t],
                                     (unsigned long long)c->ops[t]);
     say("  calls announced:%s", ops);
-    print_points(&st);
-    if (rd.unannounced)
-        say("  %s", rd.first_unannounced);
-    readers_free(&rd);
-    cr_assert_eq(st.lost, 0, "acknowledged tokens lost");
-    cr_assert_eq(st.failures, 0, "invariants broken: see the log");
-    cr_assert_eq(st.child_failures, 0);
-    cr_assert_eq(rt.violations, 0, "readers saw bad data: see the log");
-    cr_assert_eq(rd.unannounced, 0, "readers saw states no writer committed");
-    cr_assert_gt(rt.checks, 0, "the readers never checked anything");
-    cr_assert_gt(st.at_points, 0, "no kill point was ever reached");
+    soak_finish(&st, &rd, &rt);
     for (int i = 0; i < c->n; i++) {
         free(c->s[i]->g.v);
         free(c->s[i]);

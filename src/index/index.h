@@ -186,6 +186,13 @@ int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const 
                                       const char *model_name, ctxs__label_fill_fn fill,
                                       void *arg);
 
+/* Removes name, a file written aside for id ("<id>.ctxs.tmp-<pid>-<n>")
+ * that a create left, unless that create may be under way: it holds the
+ * file's lock, or its process is alive (this one: it is creating id now).
+ * Returns 1 (removed), 0 (gone already, or could not be removed),
+ * CTXS_EBUSY (a create holds it), or another error from its lock. */
+int ctxs__aside_remove(ctxs_store *st, uint64_t id, const char *name);
+
 /* Removes the file of an interrupted create or delete of id, unless a
  * handle has it open (a create holds its writer lock) or the create is
  * still under way: intent is the pending value, whose creator pid (index

@@ -68,15 +68,8 @@ static int list_files(ctxs_store *st, uint64_t **out, size_t *n_out, int remove_
     while (rc == 0 && (errno = 0, de = ctxs__readdir(dir))) {
         uint64_t id = file_id(de->d_name);
         if (id == 0) {
-            if (remove_tmp && is_tmp_file(de->d_name) && !ctxs__aside_writer_alive(de->d_name)) {
-                int fd = ctxs__openat(st->sessions_fd, de->d_name,
-                                O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-                if (fd >= 0 && ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) == 0 &&
-                    ctxs__unlinkat(st->sessions_fd, de->d_name, 0) == 0)
-                    (*removed)++;
-                if (fd >= 0)
-                    close(fd);
-            }
+            if (remove_tmp && is_tmp_file(de->d_name))
+                *removed += ctxs__aside_remove(st, hex16(de->d_name), de->d_name) == 1;
             continue;
         }
         if (n == cap) {

@@ -159,6 +159,36 @@ static int creator_alive(uint32_t pid, uint64_t id)
     return found;
 }
 
+/* Whether the file written aside for id named name belongs to a create
+ * that may be under way, even before it locks the file: its process (the
+ * pid in the name) is alive, or is this one and is creating id now. */
+static int create_under_way(uint64_t id, const char *name)
+{
+    const char *at = strstr(name, ".tmp-");
+    if (!at)
+        return 0;
+    char *end;
+    errno = 0;
+    long pid = strtol(at + 5, &end, 10);
+    if (errno || end == at + 5 || *end != '-' || pid <= 0 || pid != (pid_t)pid)
+        return 0;
+    return creator_alive((uint32_t)pid, id);
+}
+
+int ctxs__aside_remove(ctxs_store *st, uint64_t id, const char *name)
+{
+    if (create_under_way(id, name))
+        return CTXS_EBUSY;
+    int fd = ctxs__openat(st->sessions_fd, name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return 0; /* gone meanwhile, or not ours to open */
+    int rc = ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE);
+    if (rc == 0)
+        rc = ctxs__unlinkat(st->sessions_fd, name, 0) == 0;
+    close(fd);
+    return rc;
+}
+
 /* pending[id] = what, then the pid of this process (u32 LE). */
 static int intent_put(MDB_txn *txn, ctxs_store *st, uint64_t id, enum ctxs__intent what)
 {
@@ -797,8 +827,10 @@ int ctxs_store_session_delete(ctxs_store *st, const char *name)
 /* Removes the leftovers of interrupted creates of id: files written aside
  * (<file>.tmp-<pid>-<n>) that no live process holds. Returns how many a
  * live process holds (a create of id in progress), or -errno. */
-static int remove_tmp_files(ctxs_store *st, const char *file)
+static int remove_tmp_files(ctxs_store *st, uint64_t id)
 {
+    char file[32];
+    ctxs__file_name(file, id);
     int dfd = ctxs__dup(st->sessions_fd);
     DIR *dir = dfd >= 0 ? ctxs__fdopendir(dfd) : NULL;
     if (!dir) {
@@ -813,19 +845,7 @@ static int remove_tmp_files(ctxs_store *st, const char *file)
     while ((de = ctxs__readdir(dir))) {
         if (strncmp(de->d_name, file, len) != 0 || strncmp(de->d_name + len, ".tmp-", 5) != 0)
             continue;
-        if (ctxs__aside_writer_alive(de->d_name)) {
-            held++;
-            continue;
-        }
-        int fd =
-            ctxs__openat(st->sessions_fd, de->d_name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-        if (fd < 0)
-            continue;
-        if (ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) == 0)
-            ctxs__unlinkat(st->sessions_fd, de->d_name, 0);
-        else
-            held++;
-        close(fd);
+        held += ctxs__aside_remove(st, id, de->d_name) == CTXS_EBUSY;
     }
     closedir(dir);
     return held;
@@ -834,10 +854,10 @@ static int remove_tmp_files(ctxs_store *st, const char *file)
 int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent)
 {
     const uint8_t *v = intent->mv_data;
-    if (intent->mv_size >= 5 && v[0] == CTXS__INTENT_CREATE &&
-        creator_alive((uint32_t)v[1] | (uint32_t)v[2] << 8 | (uint32_t)v[3] << 16 |
-                          (uint32_t)v[4] << 24,
-                      id))
+    uint32_t pid = intent->mv_size >= 5 ? (uint32_t)v[1] | (uint32_t)v[2] << 8 |
+                                              (uint32_t)v[3] << 16 | (uint32_t)v[4] << 24
+                                        : 0; /* index 1.0: no pid */
+    if (pid && v[0] == CTXS__INTENT_CREATE && creator_alive(pid, id))
         return CTXS_EBUSY;
     char file[32];
     ctxs__file_name(file, id);
@@ -847,7 +867,7 @@ int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent)
     /* A create in progress holds its file's writer lock from the start:
      * the one written aside until the link, then the linked one. Either
      * way its intent stays until it finishes or dies. */
-    int rc = fd >= 0 ? ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) : remove_tmp_files(st, file);
+    int rc = fd >= 0 ? ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE) : remove_tmp_files(st, id);
     if (rc > 0)
         return CTXS_EBUSY;
     MDB_txn *txn = NULL;
@@ -867,6 +887,6 @@ int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent)
     if (fd >= 0)
         close(fd);
     if (rc == 0 && fd >= 0)
-        remove_tmp_files(st, file);
+        remove_tmp_files(st, id);
     return rc;
 }

@@ -210,12 +210,6 @@ typedef int (*ctxs__fill_fn)(int fd, void *arg);
 int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *model,
                       const ctxs_session_options *o, ctxs__fill_fn fill, void *arg);
 
-/* Whether the create that writes the file named name aside may be under
- * way, even before it holds the file's lock: the process in its
- * ".tmp-<pid>-" suffix is alive (this one: the file is being written now).
- * Cleaners of leftovers leave such files alone. */
-int ctxs__aside_writer_alive(const char *name);
-
 /* ctxs_session_create() and ctxs_session_fork() with the label the new
  * file gets in its first page (NULL: none, or the source's), written and
  * synced with it: a label written later would have to wait for the data

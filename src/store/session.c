@@ -3,8 +3,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,8 +65,8 @@ static int same_model(const ctxs_model *m, const ctxs__disk_header *h)
 static void *map_aligned(int fd, size_t len, int prot)
 {
     size_t span = len + MAP_ALIGN;
-    uint8_t *area = ctxs__mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                         -1, 0);
+    uint8_t *area =
+        ctxs__mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (area == MAP_FAILED)
         return MAP_FAILED;
     uint8_t *at = (uint8_t *)(((uintptr_t)area + MAP_ALIGN - 1) & ~(uintptr_t)(MAP_ALIGN - 1));
@@ -304,72 +302,19 @@ static int write_new_file(int fd, void *arg)
     return ctxs__sync_data(fd);
 }
 
-/* The files this process is writing aside now, by name: its own cleaners
- * (a store open or repair in another thread) leave them alone. */
-typedef struct aside_file {
-    const char *name; /* the path's last component */
-    struct aside_file *next;
-} aside_file;
-static pthread_mutex_t asides_lock = PTHREAD_MUTEX_INITIALIZER;
-static aside_file *asides;
-
-static void aside_enter(aside_file *a, const char *tmp)
-{
-    const char *slash = strrchr(tmp, '/');
-    a->name = slash ? slash + 1 : tmp;
-    pthread_mutex_lock(&asides_lock);
-    a->next = asides;
-    asides = a;
-    pthread_mutex_unlock(&asides_lock);
-}
-
-static void aside_leave(aside_file *a)
-{
-    pthread_mutex_lock(&asides_lock);
-    aside_file **at = &asides;
-    while (*at != a)
-        at = &(*at)->next;
-    *at = a->next;
-    pthread_mutex_unlock(&asides_lock);
-}
-
-int ctxs__aside_writer_alive(const char *name)
-{
-    const char *at = strstr(name, ".tmp-");
-    if (!at)
-        return 0;
-    char *end;
-    errno = 0;
-    long pid = strtol(at + 5, &end, 10);
-    if (errno || end == at + 5 || *end != '-' || pid <= 0 || pid != (pid_t)pid)
-        return 0;
-    if (pid != getpid())
-        return kill((pid_t)pid, 0) == 0 || errno == EPERM;
-    int found = 0;
-    pthread_mutex_lock(&asides_lock);
-    for (const aside_file *a = asides; a && !found; a = a->next)
-        found = strcmp(a->name, name) == 0;
-    pthread_mutex_unlock(&asides_lock);
-    return found;
-}
-
 /* Creates and write-locks a file to write aside, "<path>.tmp-<pid>-<n>"
- * (tmp, of tmp_size bytes), entered in asides under that name. Cleaners of
- * leftovers in another pid namespace, where our pid means nothing, may
- * still take the file before our lock: we take another name then. */
-static int aside_open(int *fd_out, char *tmp, size_t tmp_size, const char *path, aside_file *a)
+ * (tmp, of tmp_size bytes). A cleaner of leftovers that cannot tell our
+ * create is under way (one in another pid namespace, where our pid means
+ * nothing) may take the file before our lock: we take another name then. */
+static int aside_open(int *fd_out, char *tmp, size_t tmp_size, const char *path)
 {
     static atomic_uint tmp_counter;
     for (int attempt = 0;; attempt++) {
         snprintf(tmp, tmp_size, "%s.tmp-%ld-%u", path, (long)getpid(),
                  atomic_fetch_add(&tmp_counter, 1));
-        aside_enter(a, tmp);
         int fd = ctxs__open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0) {
-            int rc = -errno;
-            aside_leave(a);
-            return rc;
-        }
+        if (fd < 0)
+            return -errno;
         struct stat sb;
         int rc = ctxs__lock(fd, CTXS__LOCK_WRITER);
         if (rc == 0 && ctxs__fstat(fd, &sb) != 0)
@@ -380,7 +325,6 @@ static int aside_open(int *fd_out, char *tmp, size_t tmp_size, const char *path,
         }
         close(fd);
         ctxs__unlink(tmp); /* if a cleaner has not yet */
-        aside_leave(a);
         if ((rc < 0 && rc != CTXS_EBUSY) || attempt == 8)
             return rc < 0 ? rc : CTXS_EBUSY;
     }
@@ -395,8 +339,7 @@ int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *mo
     char *tmp = ctxs__malloc(len + 32);
     if (!tmp)
         return CTXS_ENOMEM;
-    aside_file aside;
-    int fd = -1, rc = aside_open(&fd, tmp, len + 32, path, &aside);
+    int fd = -1, rc = aside_open(&fd, tmp, len + 32, path);
     if (rc < 0) {
         free(tmp);
         return rc;
@@ -409,7 +352,6 @@ int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *mo
             rc = -errno;
     }
     ctxs__unlink(tmp);
-    aside_leave(&aside);
     free(tmp);
     if (rc == 0)
         rc = ctxs__sync_parent_dir(path);

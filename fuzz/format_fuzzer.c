@@ -107,10 +107,10 @@ static void geometry(const uint8_t *data, size_t size)
 static void label(const uint8_t *data, size_t size)
 {
     static int fd = -1;
-    static char *path;
     if (fd < 0) {
-        path = fuzz_join(fuzz_scratch("format"), "label");
+        char *path = fuzz_join(fuzz_scratch("format"), "label");
         fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        free(path);
         if (fd < 0)
             fail("a scratch file");
     }

@@ -171,8 +171,10 @@ CTXS_API int ctxs_session_options_init(ctxs_session_options *opts);
 
 /* Creates a session file at path for model and opens it read-write.
  * The file appears complete or not at all (written aside, then linked into
- * place); it is sparse: only the first page and the token tables take disk
- * space until slots are reserved. Files are created 0600.
+ * place: a process killed meanwhile leaves nothing where the filesystem has
+ * O_TMPFILE, else "<path>.tmp-<pid>-<n>"); it is sparse: only the first
+ * page and the token tables take disk space until slots are reserved.
+ * Files are created 0600.
  *
  * opts may be NULL for the defaults. capacity must be at least 2 and more
  * than n_sink, and
@@ -961,7 +963,8 @@ CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
  */
 
 /* Writes the committed tokens of the session named name to a new file at
- * path (written aside, then linked into place; -EEXIST if path exists). A
+ * path (written aside, then linked into place, as ctxs_session_create()
+ * does; -EEXIST if path exists). A
  * writer may keep appending meanwhile; what it had committed when the
  * export began is exported, and CTXS_ESTALE if it rolled back or its ring
  * overwrote those tokens during the export. progress counts tokens.

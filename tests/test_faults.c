@@ -22,6 +22,7 @@
 
 #include "ctxstore.h"
 #include "support.h"
+#include "aside.h"
 #include "syscall.h"
 
 #if defined(__has_feature)
@@ -100,6 +101,26 @@ static uint64_t tokens_of(const ctxs_session *s)
 static int open_fds(void)
 {
     return ts_dir_entries("/proc/self/fd");
+}
+
+/* Removes what an export left written aside beside its file, and returns
+ * how many: only a failed unlink() of that name may leave one. */
+static int export_leftovers(const world *w)
+{
+    int n = 0;
+    DIR *dir = opendir(ts_scratch);
+    cr_assert_not_null(dir);
+    for (struct dirent *e; (e = readdir(dir));) {
+        char path[2200];
+        snprintf(path, sizeof(path), "%s/%s", ts_scratch, e->d_name);
+        if (strncmp(path, w->export_path, strlen(w->export_path)) == 0 &&
+            strstr(e->d_name, ".tmp-")) {
+            unlink(path);
+            n++;
+        }
+    }
+    closedir(dir);
+    return n;
 }
 
 /* Bytes of heap in use, or 0 where that cannot be measured exactly: glibc
@@ -480,6 +501,9 @@ static bool run_once(const fault_op *op, const fault_mode *mode, uint64_t nth, i
     world_close(&w);
     ts_rmtree(w.dir);
     unlink(w.export_path);
+    bool unlink_failed = site && strcmp(site->call, "unlink") == 0;
+    cr_assert_leq(export_leftovers(&w), unlink_failed ? 1 : 0,
+                  "the export left a file written aside [%s]", run_context);
     cr_assert_eq(open_fds(), fds_before, "descriptors left open [%s]", run_context);
     if (heap_before)
         cr_assert_leq(heap_in_use(), heap_before, "heap leaked: %zu bytes in use, %zu before [%s]",
@@ -575,6 +599,29 @@ Test(faults, open)
 }
 Test(faults, export)
 {
+    fault_loop("export");
+}
+
+/* Where the filesystem has no O_TMPFILE, new files are written aside under
+ * a temporary name, which a failure must not leave behind either. */
+Test(faults, create_written_aside_under_a_name)
+{
+    ctxs__aside_force_named(true);
+    fault_loop("create");
+}
+Test(faults, fork_written_aside_under_a_name)
+{
+    ctxs__aside_force_named(true);
+    fault_loop("fork");
+}
+Test(faults, import_written_aside_under_a_name)
+{
+    ctxs__aside_force_named(true);
+    fault_loop("import");
+}
+Test(faults, export_written_aside_under_a_name)
+{
+    ctxs__aside_force_named(true);
     fault_loop("export");
 }
 

@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "ctxstore.h"
+#include "aside.h"
 #include "index.h"
 #include "support.h"
 
@@ -189,7 +190,7 @@ enum {
     KP_MDB_DEL,
     KP_MDB_COMMIT,
     KP_MDB_COPY,
-    KP_OPEN_TMP, /* open() of a file written aside (".tmp-" in its name) */
+    KP_OPEN_TMP, /* open() of a file written aside (".tmp-" in its name, or O_TMPFILE) */
     KP_N
 };
 
@@ -344,6 +345,13 @@ int kp_link(const char *from, const char *to)
 {
     KP_CALL(KP_LINK, "link", int, int (*)(const char *, const char *), (from, to));
 }
+int kp_linkat(int from_dirfd, const char *from, int to_dirfd, const char *to, int flags)
+    __asm__("linkat");
+int kp_linkat(int from_dirfd, const char *from, int to_dirfd, const char *to, int flags)
+{
+    KP_CALL(KP_LINK, "linkat", int, int (*)(int, const char *, int, const char *, int),
+            (from_dirfd, from, to_dirfd, to, flags));
+}
 int kp_unlink(const char *path) __asm__("unlink");
 int kp_unlink(const char *path)
 {
@@ -368,7 +376,7 @@ int kp_open64(const char *path, int flags, ...)
     int (*f)(const char *, int, ...);
     void *p = kp_real(&real_, "open64");
     memcpy(&f, &p, sizeof(f));
-    int tmp = strstr(path, ".tmp-") != NULL;
+    int tmp = strstr(path, ".tmp-") != NULL || (flags & __O_TMPFILE);
     if (tmp)
         kp_at(KP_OPEN_TMP, 0);
     int r = f(path, flags, mode);
@@ -406,6 +414,8 @@ typedef struct kill_plan {
     int after;         /* ... right after the call returns */
     uint64_t delay_us; /* the parent kills it after this long (for a kill
                           point: if it has not died by then) */
+    bool named;        /* new files written aside get a temporary name, as
+                          where there is no O_TMPFILE */
 } kill_plan;
 
 typedef struct death {
@@ -422,6 +432,7 @@ static _Noreturn void child_start(void (*body)(void *), void *arg, int fd, const
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     child_msg_fd = fd;
+    ctxs__aside_force_named(kp->named);
     if (kp->countdown > 0)
         kp_arm(kp->countdown, kp->after);
     body(arg);
@@ -926,8 +937,8 @@ static void soak_finish(soak_stats *st, readers *rd, const reader_totals *rt)
 static kill_plan pick_plan(uint64_t *rng, uint64_t max_delay_us, long max_countdown,
                            uint64_t fallback_us)
 {
-    kill_plan kp = {0, 0, 0};
     uint64_t r = ts_rng_next(rng);
+    kill_plan kp = {.named = r >> 63};
     if (r % 2) {
         kp.countdown = 1 + (long)((r >> 8) % (uint64_t)max_countdown);
         kp.after = (int)((r >> 40) & 1);
@@ -1301,8 +1312,9 @@ static uint64_t a_check_forks(const char *dir, a_ctx *c, soak_stats *st, const c
 }
 
 /* Files in dir other than the session: what killed forks left written
- * aside (they are never linked in place). Removed; returns how many. */
-static uint64_t a_sweep(const char *dir, soak_stats *st, const char *what)
+ * aside (they are never linked in place), which only a file with a
+ * temporary name (named) can be. Removed; returns how many. */
+static uint64_t a_sweep(const char *dir, soak_stats *st, const char *what, bool named)
 {
     uint64_t n = 0;
     DIR *d = opendir(dir);
@@ -1312,6 +1324,9 @@ static uint64_t a_sweep(const char *dir, soak_stats *st, const char *what)
             continue;
         if (!strstr(de->d_name, ".tmp-"))
             soak_fail(st, "%s: a stray file %s", what, de->d_name);
+        else if (!named)
+            soak_fail(st, "%s: %s was left by a fork that wrote its file unnamed", what,
+                      de->d_name);
         unlink(ts_path(dir, de->d_name));
         n++;
     }
@@ -1364,7 +1379,7 @@ Test(soak, session_writers_killed_during_commit_rollback_sync_and_fork, .timeout
         n = a_check_image(path, &c, i % 2 ? CTXS_RECOVER_VERIFY : CTXS_RECOVER_AUTO, &st, what);
         c.lo = c.hi = n;
         fork_images += a_check_forks(dir, &c, &st, what);
-        leftovers += a_sweep(dir, &st, what);
+        leftovers += a_sweep(dir, &st, what, kp.named);
         readers_drain(&rd, &c.valid);
         if (!wrapped_at && n > A_CAPACITY)
             wrapped_at = i;
@@ -2239,8 +2254,10 @@ static uint64_t b_check_agree(const char *store_dir, const ctxs_session_entry *l
 }
 
 /* Checks the exports: every acknowledged one is there and nothing else
- * but what a killed export left aside (removed, and counted). */
-static uint64_t b_check_exports(b_ctx *c, const char *exports, soak_stats *sst, const char *what)
+ * but what a killed export left aside under a temporary name (named;
+ * removed, and counted). */
+static uint64_t b_check_exports(b_ctx *c, const char *exports, soak_stats *sst, const char *what,
+                                bool named)
 {
     uint64_t aside = 0;
     DIR *d = opendir(exports);
@@ -2249,6 +2266,9 @@ static uint64_t b_check_exports(b_ctx *c, const char *exports, soak_stats *sst, 
         if (de->d_name[0] == '.')
             continue;
         if (strstr(de->d_name, ".tmp-")) {
+            if (!named)
+                soak_fail(sst, "%s: exports/%s was left by an export that wrote its file unnamed",
+                          what, de->d_name);
             unlink(ts_path(exports, de->d_name));
             aside++;
             continue;
@@ -2278,7 +2298,7 @@ typedef struct b_totals {
 } b_totals;
 
 static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, unsigned iter,
-                          uint64_t *rng, b_totals *tot, const char *what)
+                          uint64_t *rng, b_totals *tot, const char *what, bool named)
 {
     soak_stats *sst = c->st;
     b_leftovers(store_dir, &tot->intents, &tot->aside);
@@ -2487,7 +2507,7 @@ static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, 
                       (unsigned long long)rr.files_removed, (unsigned long long)rr.entries_removed);
     }
     ctxs_store_close(st);
-    tot->exports_aside += b_check_exports(c, exports, sst, what);
+    tot->exports_aside += b_check_exports(c, exports, sst, what, named);
     c->in_flight = 0;
 }
 
@@ -2533,7 +2553,7 @@ Test(soak, store_writers_killed_during_index_transactions_and_maintenance, .time
                  d.at_point ? "at" : "after", d.at_point ? kp_names[d.call] : "a delay",
                  c->in_flight ? c->fl.type : 0, c->in_flight ? c->fl.s1 : "",
                  c->in_flight ? c->fl.s2 : "");
-        b_check_store(c, store_dir, exports, i, &rng, &tot, what);
+        b_check_store(c, store_dir, exports, i, &rng, &tot, what, kp.named);
         readers_drain(&rd, &c->valid);
     }
     readers_stop(&rd, &c->valid);
@@ -2604,6 +2624,7 @@ typedef struct held_args {
     int what; /* 0: create, 1: fork, 2: import */
     const char *export_path;
     int call, after; /* where to stop first */
+    bool named;      /* its file written aside has a temporary name */
 } held_args;
 
 /* In the child: opens the store, arms the kill point (a stop), makes the
@@ -2658,7 +2679,7 @@ static held held_start(held_args *a)
         close(p[0]);
         close(go[1]);
         kp_release_fd = go[0];
-        kill_plan kp = {0, 0, 0};
+        kill_plan kp = {.named = a->named};
         child_start(held_body, a, p[1], &kp);
     }
     close(p[1]);
@@ -2729,12 +2750,13 @@ static int sessions_dir_entries(const char *store_dir, char *extra, size_t len)
  * writing its file aside, before link() puts it in place: the open must
  * leave that create's intent alone, so that when the creating process then
  * dies, the next open still removes what it left. */
-static void intent_of_a_create_in_progress(int what, int after, int then)
+static void intent_of_a_create_in_progress_as(int what, int after, int then, bool named)
 {
     const char *dir = ts_scratch; /* removed by the suite's fini, pass or fail */
+    const char *as = named ? "named" : "unnamed";
     char store_dir[4096], export_path[4200];
-    snprintf(store_dir, sizeof(store_dir), "%s/store", dir);
-    snprintf(export_path, sizeof(export_path), "%s/base.ctxx", dir);
+    snprintf(store_dir, sizeof(store_dir), "%s/store-%s", dir, as);
+    snprintf(export_path, sizeof(export_path), "%s/base-%s.ctxx", dir, as);
     ctxs_model m = ts_model(MODEL_SEED);
     ctxs_store *st;
     cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
@@ -2746,7 +2768,7 @@ static void intent_of_a_create_in_progress(int what, int after, int then)
     cr_assert_eq(ctxs_store_export(st, "base", export_path, NULL, NULL), 0);
     ctxs_store_close(st);
 
-    held_args a = {store_dir, what, export_path, KP_LINK, after};
+    held_args a = {store_dir, what, export_path, KP_LINK, after, named};
     held h = held_start(&a);
     /* Another process (this one) opens the store meanwhile. */
     cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
@@ -2771,16 +2793,23 @@ static void intent_of_a_create_in_progress(int what, int after, int then)
         cr_assert_eq(ctxs_store_repair(&rr, st), 0);
         ctxs_store_close(st);
     }
-    say("%s stopped %s link()%s%s, the store opened elsewhere meanwhile (it saw %zu intents), "
-        "then killed; after a new open: %zu entries, %d files in sessions/ (the new one: %s), "
+    say("%s (its file %s) stopped %s link()%s%s, the store opened elsewhere meanwhile (it saw "
+        "%zu intents), then killed; after a new open: %zu entries, %d files in sessions/ (the "
+        "new one: %s), "
         "%zu intents; repair then adopted %llu files, removed %llu",
-        what == 0 ? "create" : what == 1 ? "fork" : "import", after ? "after" : "before",
+        what == 0 ? "create" : what == 1 ? "fork" : "import", as, after ? "after" : "before",
         then >= 0 ? ", let go on to its next " : "", then >= 0 ? kp_names[then] : "", pending,
         n, files, first, pending_after, (unsigned long long)rr.files_adopted,
         (unsigned long long)rr.files_removed);
     cr_expect_eq(pending, 1, "the store open dropped the intent of a create in progress");
     cr_assert_eq((size_t)files, n, "a file the killed create left stays in sessions/ after a "
                  "store open (%d files, %zu entries; %s)", files, n, first);
+}
+
+static void intent_of_a_create_in_progress(int what, int after, int then)
+{
+    intent_of_a_create_in_progress_as(what, after, then, false);
+    intent_of_a_create_in_progress_as(what, after, then, true);
 }
 
 Test(soak, a_store_open_elsewhere_keeps_the_intent_of_a_create_writing_aside)
@@ -2826,7 +2855,8 @@ static void create_file_removed_before_its_lock(int by_repair)
     if (!by_repair)
         ctxs_store_close(st); /* else kept open: a later open resolves nothing */
 
-    held_args a = {store_dir, 0, NULL, KP_OPEN_TMP, 1};
+    /* Only a file with a name can be found before its lock. */
+    held_args a = {store_dir, 0, NULL, KP_OPEN_TMP, 1, true};
     held h = held_start(&a); /* its file is open, not yet locked */
     ctxs_repair_result rr = {0};
     if (by_repair)
@@ -2875,7 +2905,7 @@ Test(soak, a_fork_of_all_tokens_while_the_writer_rolls_back_is_not_einval)
 
     /* Stopped right after its first index transaction (the intent of its
      * new file), after it looked "base" up. */
-    held_args a = {store_dir, 1, NULL, KP_MDB_COMMIT, 1};
+    held_args a = {store_dir, 1, NULL, KP_MDB_COMMIT, 1, false};
     held h = held_start(&a);
     cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
     cr_assert_eq(ctxs_store_session_open(&s, st, "base", &m, 0, NULL), 0);

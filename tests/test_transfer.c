@@ -18,6 +18,7 @@
 #include <zlib.h>
 
 #include "ctxstore.h"
+#include "aside.h"
 #include "internal.h"
 #include "support.h"
 
@@ -1096,8 +1097,12 @@ static void die_in_pass_two(void *arg, uint64_t done, uint64_t total)
         _exit(0);
 }
 
-Test(transfer, a_process_killed_during_an_import_leaves_nothing_at_the_next_open)
+/* named: the file written aside has a temporary name, as where the
+ * filesystem has no O_TMPFILE; the killed import leaves it, with its intent,
+ * for the next open to remove. Unnamed, it leaves only the intent. */
+static void import_killed_in_pass_two(bool named)
 {
+    ctxs__aside_force_named(named);
     ctxs_store *src = store_at("src");
     ctxs_model m = ts_model(1);
     ctxs_session_close(mk(src, "chat", &m, 256, 4, 1, 200));
@@ -1118,7 +1123,8 @@ Test(transfer, a_process_killed_during_an_import_leaves_nothing_at_the_next_open
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: %#x", status);
     const char *sessions = ts_path(ts_scratch, "dst/sessions");
-    cr_assert_eq(ts_dir_entries(sessions), 1, "the file written aside is not there");
+    cr_assert_eq(ts_dir_entries(sessions), named ? 1 : 0, "%d files written aside in sessions/",
+                 ts_dir_entries(sessions));
 
     ctxs_store *dst = store_at("dst");
     snapshot now = snap(dst, "dst");
@@ -1131,6 +1137,67 @@ Test(transfer, a_process_killed_during_an_import_leaves_nothing_at_the_next_open
     cr_assert_eq(ts_check_all(t), 0);
     ctxs_session_close(t);
     ctxs_store_close(dst);
+}
+
+Test(transfer, a_process_killed_during_an_import_leaves_nothing_at_the_next_open)
+{
+    import_killed_in_pass_two(false);
+}
+
+Test(transfer, a_killed_import_that_wrote_aside_under_a_name_leaves_nothing_at_the_next_open)
+{
+    import_killed_in_pass_two(true);
+}
+
+/* Ends the process halfway through an export. */
+static void die_halfway(void *arg, uint64_t done, uint64_t total)
+{
+    (void)arg;
+    if (done > total / 2)
+        _exit(0);
+}
+
+/* An export killed halfway leaves nothing beside its path: its file has no
+ * name until it is complete. Where there is no O_TMPFILE (named) it leaves
+ * "<path>.tmp-<pid>-<n>", which nothing outside a store removes. */
+static void export_killed_halfway(bool named)
+{
+    ctxs_store *src = store_at("src");
+    ctxs_model m = ts_model(1);
+    ctxs_session_close(mk(src, "chat", &m, 256, 4, 1, 200));
+    const char *dir = ts_path(ts_scratch, "exports");
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        ctxs__aside_force_named(named);
+        ctxs_store_export(src, "chat", ts_path(dir, "chat.ctxx"), die_halfway, NULL);
+        _exit(3); /* the export finished: it was not stopped halfway */
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: %#x", status);
+    cr_assert_eq(ts_dir_entries(dir), named ? 1 : 0, "%d files in the export's directory",
+                 ts_dir_entries(dir));
+    /* The export goes through afterwards, and imports. */
+    export_ok(src, "chat", ts_path(dir, "chat.ctxx"));
+    ctxs_store *dst = store_at("dst");
+    cr_assert_eq(ctxs_store_import(dst, ts_path(dir, "chat.ctxx"), NULL, NULL, NULL, NULL), 0);
+    ctxs_session *t = op(dst, "chat");
+    cr_assert_eq(ts_check_all(t), 0);
+    ctxs_session_close(t);
+    ctxs_store_close(dst);
+    ctxs_store_close(src);
+}
+
+Test(transfer, an_export_killed_halfway_leaves_no_file)
+{
+    export_killed_halfway(false);
+}
+
+Test(transfer, an_export_killed_halfway_without_o_tmpfile_leaves_its_temporary_name)
+{
+    export_killed_halfway(true);
 }
 
 /* --- Full disks ------------------------------------------------------------ */

@@ -26,7 +26,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +34,7 @@
 #include <xxhash.h>
 #include <zlib.h>
 
+#include "aside.h"
 #include "index.h"
 #include "internal.h"
 #include "sys.h"
@@ -547,29 +547,19 @@ static int export_session(export_job *job, const char *name, size_t len,
     job->zs_ready = 1;
 
     /* Written aside and linked into place: the name appears only with a
-     * complete, checked file behind it, and link() replaces nothing. */
-    size_t plen = strlen(path);
-    char *tmp = ctxs__malloc(plen + 32);
-    if (!tmp)
-        return CTXS_ENOMEM;
-    static atomic_uint tmp_counter;
-    snprintf(tmp, plen + 32, "%s.tmp-%ld-%u", path, (long)getpid(),
-             atomic_fetch_add(&tmp_counter, 1));
-    job->fd = ctxs__open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (job->fd < 0) {
-        rc = -errno;
-        free(tmp);
+     * complete, checked file behind it, and a link replaces nothing. */
+    ctxs__aside a;
+    if ((rc = ctxs__aside_open(&a, path, O_WRONLY)) < 0)
         return rc;
-    }
+    job->fd = a.fd;
     int linked = 0;
     if ((rc = export_write(job, &h)) == 0) {
-        if (ctxs__link(tmp, path) == 0)
+        if ((rc = ctxs__aside_link(&a, path)) == 0)
             linked = 1;
         else
-            rc = full_or(-errno);
+            rc = full_or(rc);
     }
-    ctxs__unlink(tmp);
-    free(tmp);
+    ctxs__aside_unname(&a);
     close(job->fd);
     job->fd = -1;
     if (rc == 0 && (rc = ctxs__sync_parent_dir(path)) < 0 && linked)

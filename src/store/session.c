@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "aside.h"
 #include "internal.h"
 #include "lock.h"
 #include "sys.h"
@@ -302,63 +303,25 @@ static int write_new_file(int fd, void *arg)
     return ctxs__sync_data(fd);
 }
 
-/* Creates and write-locks a file to write aside, "<path>.tmp-<pid>-<n>"
- * (tmp, of tmp_size bytes). A cleaner of leftovers that cannot tell our
- * create is under way (one in another pid namespace, where our pid means
- * nothing) may take the file before our lock: we take another name then. */
-static int aside_open(int *fd_out, char *tmp, size_t tmp_size, const char *path)
-{
-    static atomic_uint tmp_counter;
-    for (int attempt = 0;; attempt++) {
-        snprintf(tmp, tmp_size, "%s.tmp-%ld-%u", path, (long)getpid(),
-                 atomic_fetch_add(&tmp_counter, 1));
-        int fd = ctxs__open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0)
-            return -errno;
-        struct stat sb;
-        int rc = ctxs__lock(fd, CTXS__LOCK_WRITER);
-        if (rc == 0 && ctxs__fstat(fd, &sb) != 0)
-            rc = -errno;
-        if (rc == 0 && sb.st_nlink > 0) {
-            *fd_out = fd;
-            return 0;
-        }
-        close(fd);
-        ctxs__unlink(tmp); /* if a cleaner has not yet */
-        if ((rc < 0 && rc != CTXS_EBUSY) || attempt == 8)
-            return rc < 0 ? rc : CTXS_EBUSY;
-    }
-}
-
 int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *model,
                       const ctxs_session_options *o, ctxs__fill_fn fill, void *arg)
 {
     /* Written aside and linked into place: the name appears only with a
-     * complete file behind it, and link() refuses to replace anything. */
-    size_t len = strlen(path);
-    char *tmp = ctxs__malloc(len + 32);
-    if (!tmp)
-        return CTXS_ENOMEM;
-    int fd = -1, rc = aside_open(&fd, tmp, len + 32, path);
-    if (rc < 0) {
-        free(tmp);
+     * complete file behind it, and a link refuses to replace anything. */
+    ctxs__aside a;
+    int rc = ctxs__aside_open(&a, path, O_RDWR);
+    if (rc < 0)
         return rc;
-    }
     int linked = 0;
-    if ((rc = fill(fd, arg)) == 0) {
-        if (ctxs__link(tmp, path) == 0)
-            linked = 1;
-        else
-            rc = -errno;
-    }
-    ctxs__unlink(tmp);
-    free(tmp);
+    if ((rc = fill(a.fd, arg)) == 0 && (rc = ctxs__aside_link(&a, path)) == 0)
+        linked = 1;
+    ctxs__aside_unname(&a);
     if (rc == 0)
         rc = ctxs__sync_parent_dir(path);
     if (rc == 0)
-        rc = session_attach(out, fd, 0, model, o); /* closes fd on failure */
+        rc = session_attach(out, a.fd, 0, model, o); /* closes fd on failure */
     else
-        close(fd);
+        close(a.fd);
     /* A create that fails leaves no file behind: a retry must not meet
      * -EEXIST. (Between the close and the unlink another process could
      * open the new session; it then holds an unlinked file.) */

@@ -208,6 +208,13 @@ int ctxs__sys_link(CTXS__SITE_PARAMS, const char *from, const char *to)
     SYSCALL(int, "link", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM, link(from, to));
 }
 
+int ctxs__sys_linkat(CTXS__SITE_PARAMS, int from_dirfd, const char *from, int to_dirfd,
+                     const char *to, int flags)
+{
+    SYSCALL(int, "linkat", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM,
+            linkat(from_dirfd, from, to_dirfd, to, flags));
+}
+
 int ctxs__sys_unlink(CTXS__SITE_PARAMS, const char *path)
 {
     SYSCALL(int, "unlink", CTXS__CAN_EIO | CTXS__CAN_ENOMEM, unlink(path));

@@ -38,6 +38,8 @@ struct dirent *ctxs__sys_readdir(CTXS__SITE_PARAMS, DIR *dir);
 int ctxs__sys_mkdir(CTXS__SITE_PARAMS, const char *path, mode_t mode);
 int ctxs__sys_rename(CTXS__SITE_PARAMS, const char *from, const char *to);
 int ctxs__sys_link(CTXS__SITE_PARAMS, const char *from, const char *to);
+int ctxs__sys_linkat(CTXS__SITE_PARAMS, int from_dirfd, const char *from, int to_dirfd,
+                     const char *to, int flags);
 int ctxs__sys_unlink(CTXS__SITE_PARAMS, const char *path);
 int ctxs__sys_unlinkat(CTXS__SITE_PARAMS, int dirfd, const char *path, int flags);
 int ctxs__sys_fstat(CTXS__SITE_PARAMS, int fd, struct stat *st);
@@ -54,6 +56,8 @@ int ctxs__sys_ficlone(CTXS__SITE_PARAMS, int fd, int src_fd);
 #define ctxs__mkdir(path, mode) ctxs__sys_mkdir(CTXS__SITE, path, mode)
 #define ctxs__rename(from, to) ctxs__sys_rename(CTXS__SITE, from, to)
 #define ctxs__link(from, to) ctxs__sys_link(CTXS__SITE, from, to)
+#define ctxs__linkat(from_dirfd, from, to_dirfd, to, flags)                                        \
+    ctxs__sys_linkat(CTXS__SITE, from_dirfd, from, to_dirfd, to, flags)
 #define ctxs__unlink(path) ctxs__sys_unlink(CTXS__SITE, path)
 #define ctxs__unlinkat(dirfd, path, flags) ctxs__sys_unlinkat(CTXS__SITE, dirfd, path, flags)
 #define ctxs__fstat(fd, st) ctxs__sys_fstat(CTXS__SITE, fd, st)

@@ -1946,6 +1946,40 @@ Test(index, store_open_leaves_the_intent_of_a_live_creator)
     ctxs_store_close(st);
 }
 
+/* A child that has exited and is not yet reaped: a zombie. */
+static pid_t zombie_pid(void)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0)
+        _exit(0);
+    siginfo_t info;
+    cr_assert_eq(waitid(P_PID, (id_t)pid, &info, WEXITED | WNOWAIT), 0); /* reaps nothing */
+    return pid;
+}
+
+Test(index, store_open_resolves_the_intent_of_a_creator_that_exited_unreaped)
+{
+    ctxs_store *st = store_open();
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "a", &m, 256, 4, 10));
+    const uint64_t id = entry(st, "a").id + 100;
+    pid_t zombie = zombie_pid();
+    put_intent_of(st, id, CTXS__INTENT_CREATE, zombie);
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-0", id_path(id), (long)zombie);
+    cr_assert_eq(ts_write_file(tmp, "x", 1), 0);
+    ctxs_store_close(st);
+
+    st = store_open();
+    int pending = pending_count(st);
+    ctxs_store_close(st);
+    cr_assert_eq(waitpid(zombie, NULL, 0), zombie);
+    cr_assert_eq(pending, 0, "the intent of a creator that exited waits for its reaping");
+    cr_assert(!exists(tmp), "the file of a creator that exited must go");
+}
+
 Test(index, store_open_finishes_an_interrupted_delete)
 {
     ctxs_store *st = store_open();

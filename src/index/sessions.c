@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -146,11 +147,39 @@ static void creating_leave(uint64_t id)
     pthread_mutex_unlock(&creating_lock);
 }
 
+/* Whether process pid exists and has not exited: a zombie (exited, not yet
+ * reaped by its parent) will never write again. Where that cannot be told
+ * (no /proc), a process that exists counts as running. These probes fail
+ * safe (a creator taken for running keeps its intent a while longer), so
+ * they bypass the fault-injection layer. */
+static int process_running(pid_t pid)
+{
+    if (kill(pid, 0) != 0 && errno != EPERM)
+        return 0;
+#ifdef __linux__
+    char path[32], line[512];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", (long)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno != ENOENT; /* gone since kill() */
+    ssize_t n = read(fd, line, sizeof(line) - 1);
+    close(fd);
+    if (n <= 0)
+        return 1;
+    line[n] = '\0';
+    /* "pid (comm) S ...": comm may itself hold ") ". */
+    const char *comm_end = strrchr(line, ')');
+    if (comm_end && comm_end[1] == ' ' && (comm_end[2] == 'Z' || comm_end[2] == 'X'))
+        return 0;
+#endif
+    return 1;
+}
+
 /* Whether the create of id by process pid may be under way. */
 static int creator_alive(uint32_t pid, uint64_t id)
 {
     if ((pid_t)pid != getpid())
-        return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+        return process_running((pid_t)pid);
     int found = 0;
     pthread_mutex_lock(&creating_lock);
     for (const creating *c = creating_head; c && !found; c = c->next)

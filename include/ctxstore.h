@@ -902,7 +902,9 @@ typedef struct ctxs_repair_result {
  * still running are left: its create may be under way); prefix entries are
  * brought up to date. Files that are not sessions are left alone. Opening a
  * store already resolves what crashes leave; this also mends what a person
- * did to the files. out may be NULL. Errors: -errno, CTXS_ENOMEM. */
+ * did to the files. A file that cannot be read (-EIO, -EACCES, ...) stops
+ * the repair with its error; what was mended before it stays mended.
+ * out may be NULL. Errors: -errno, CTXS_ENOMEM. */
 CTXS_API int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st);
 
 typedef struct ctxs_reindex_result {
@@ -914,7 +916,10 @@ typedef struct ctxs_reindex_result {
  * own), models, token counts and prefixes. Checkpoints of sessions still
  * present and models' display names are kept; sessions whose name is lost
  * or taken are named "session-<id>". Files that are not valid sessions
- * are left alone and counted. out may be NULL. Errors: -errno, CTXS_ENOMEM. */
+ * (foreign, damaged, of a newer version) are left alone and counted; a
+ * file that cannot be read (-EIO, -EACCES, ...) stops the rebuild before
+ * the index changes, and its error is returned. out may be NULL.
+ * Errors: -errno, CTXS_ENOMEM. */
 CTXS_API int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st);
 
 typedef struct ctxs_compact_result {

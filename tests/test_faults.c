@@ -425,6 +425,138 @@ static bool happened_export(world *w)
     return true;
 }
 
+/* A closed session "b" of B_TOKENS tokens, with a checkpoint. */
+#define B_TOKENS 5u
+static void prepare_b(world *w)
+{
+    ctxs_session_options o = options();
+    ctxs_session *b = NULL;
+    cr_assert_eq(ctxs_store_session_create(&b, w->st, "b", model(), &o), 0, "[%s]", run_context);
+    ts_append_many(b, B_TOKENS);
+    cr_assert_eq(ctxs_checkpoint_create(w->st, b, "b-cp"), 0, "[%s]", run_context);
+    ctxs_session_close(b);
+}
+
+static int run_delete(world *w)
+{
+    return ctxs_store_session_delete(w->st, "b");
+}
+
+static bool happened_delete(world *w)
+{
+    if (session_exists(w, "b")) {
+        cr_assert_eq(check_session(w, "b"), B_TOKENS, "[%s]", run_context);
+        return false;
+    }
+    ctxs_checkpoint_entry *list = NULL;
+    size_t n = 0;
+    int rc = ctxs_checkpoint_list(&list, &n, w->st, "b");
+    cr_assert_eq(rc, CTXS_ENOTFOUND, "checkpoints of a deleted session: %s [%s]",
+                 ctxs_err_name(rc), run_context);
+    return true;
+}
+
+static int run_rename(world *w)
+{
+    return ctxs_store_session_rename(w->st, "b", "renamed");
+}
+
+static bool happened_rename(world *w)
+{
+    bool from = session_exists(w, "b"), to = session_exists(w, "renamed");
+    cr_assert(from != to, "\"b\" %s and \"renamed\" %s [%s]", from ? "exists" : "is gone",
+              to ? "exists" : "is gone", run_context);
+    cr_assert_eq(check_session(w, to ? "renamed" : "b"), B_TOKENS, "[%s]", run_context);
+    ctxs_checkpoint_entry *list = NULL;
+    size_t n = 0;
+    cr_assert_eq(ctxs_checkpoint_list(&list, &n, w->st, to ? "renamed" : "b"), 0, "[%s]",
+                 run_context);
+    ctxs_free(list);
+    cr_assert_eq(n, 1, "the checkpoint did not follow the rename [%s]", run_context);
+    return to;
+}
+
+/* A checkpoint at BASE_TOKENS, then tokens that the restore drops. */
+static void prepare_restore(world *w)
+{
+    cr_assert_eq(ctxs_checkpoint_create(w->st, w->a, "cp"), 0, "[%s]", run_context);
+    ts_append_many(w->a, MORE_TOKENS);
+}
+
+static int run_restore(world *w)
+{
+    return ctxs_checkpoint_restore(w->st, w->a, "cp");
+}
+
+static bool happened_restore(world *w)
+{
+    return happened_rollback(w);
+}
+
+static void prepare_checkpoint_delete(world *w)
+{
+    cr_assert_eq(ctxs_checkpoint_create(w->st, w->a, "cp"), 0, "[%s]", run_context);
+}
+
+static int run_checkpoint_delete(world *w)
+{
+    return ctxs_checkpoint_delete(w->st, "a", "cp");
+}
+
+static bool happened_checkpoint_delete(world *w)
+{
+    ctxs_checkpoint_entry *list = NULL;
+    size_t n = 0;
+    cr_assert_eq(ctxs_checkpoint_list(&list, &n, w->st, "a"), 0, "[%s]", run_context);
+    ctxs_free(list);
+    return n == 0;
+}
+
+/* Rebuilding the index or repairing it changes nothing in a sound store:
+ * what must hold is that "b" and its checkpoint are still there whole. */
+static bool b_kept(world *w)
+{
+    cr_assert(session_exists(w, "b"), "\"b\" is gone [%s]", run_context);
+    cr_assert_eq(check_session(w, "b"), B_TOKENS, "[%s]", run_context);
+    ctxs_checkpoint_entry *list = NULL;
+    size_t n = 0;
+    cr_assert_eq(ctxs_checkpoint_list(&list, &n, w->st, "b"), 0, "[%s]", run_context);
+    ctxs_free(list);
+    cr_assert_eq(n, 1, "the checkpoint of \"b\" is gone [%s]", run_context);
+    return true;
+}
+
+static int run_reindex(world *w)
+{
+    ctxs_session_close(w->a);
+    w->a = NULL;
+    ctxs_reindex_result r;
+    return ctxs_store_reindex(&r, w->st);
+}
+
+static int run_repair(world *w)
+{
+    ctxs_repair_result r;
+    return ctxs_store_repair(&r, w->st);
+}
+
+static int run_model_register(world *w)
+{
+    ctxs_model other = ts_model(8);
+    return ctxs_model_register(w->st, &other, "other");
+}
+
+static bool happened_model_register(world *w)
+{
+    ctxs_model other = ts_model(8);
+    ctxs_model_entry e;
+    int rc = ctxs_model_get(&e, w->st, other.model_hash);
+    cr_assert(rc == 0 || rc == CTXS_ENOTFOUND, "%s [%s]", ctxs_err_name(rc), run_context);
+    if (rc == 0)
+        cr_assert_str_eq(e.name, "other", "[%s]", run_context);
+    return rc == 0;
+}
+
 static const fault_op ops[] = {
     {"create", NULL, run_create, happened_create, BASE_TOKENS},
     {"commit", NULL, run_commit, happened_commit, BASE_TOKENS + MORE_TOKENS},
@@ -436,6 +568,14 @@ static const fault_op ops[] = {
     {"import", prepare_import, run_import, happened_import, BASE_TOKENS},
     {"open", NULL, run_open, happened_open, BASE_TOKENS},
     {"export", NULL, run_export, happened_export, BASE_TOKENS},
+    {"delete", prepare_b, run_delete, happened_delete, BASE_TOKENS},
+    {"rename", prepare_b, run_rename, happened_rename, BASE_TOKENS},
+    {"restore", prepare_restore, run_restore, happened_restore, BASE_TOKENS},
+    {"checkpoint_delete", prepare_checkpoint_delete, run_checkpoint_delete,
+     happened_checkpoint_delete, BASE_TOKENS},
+    {"reindex", prepare_b, run_reindex, b_kept, BASE_TOKENS},
+    {"repair", prepare_b, run_repair, b_kept, BASE_TOKENS},
+    {"model_register", NULL, run_model_register, happened_model_register, BASE_TOKENS},
 };
 
 static const fault_op *find_op(const char *name)
@@ -600,6 +740,34 @@ Test(faults, open)
 Test(faults, export)
 {
     fault_loop("export");
+}
+Test(faults, delete)
+{
+    fault_loop("delete");
+}
+Test(faults, rename)
+{
+    fault_loop("rename");
+}
+Test(faults, restore)
+{
+    fault_loop("restore");
+}
+Test(faults, checkpoint_delete)
+{
+    fault_loop("checkpoint_delete");
+}
+Test(faults, reindex)
+{
+    fault_loop("reindex");
+}
+Test(faults, repair)
+{
+    fault_loop("repair");
+}
+Test(faults, model_register)
+{
+    fault_loop("model_register");
 }
 
 /* Where the filesystem has no O_TMPFILE, new files are written aside under

@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -254,6 +255,17 @@ struct file_facts {
     uint64_t n_ids;
 };
 
+/* Whether rc, from read_facts(), says the file is no session this store
+ * can index (foreign, damaged, newer, not a regular file, gone meanwhile),
+ * rather than that reading it failed (-EIO, CTXS_ENOMEM, -EACCES, ...):
+ * the first kind is left alone, the second stops the caller, which must
+ * not rebuild or repair the index without a session it could not read. */
+static bool not_a_session(int rc)
+{
+    return rc == CTXS_EFOREIGN || rc == CTXS_EVERSION || rc == CTXS_ECORRUPT ||
+           rc == -EISDIR || rc == -ELOOP || rc == -ENOENT;
+}
+
 static int read_facts(ctxs_store *st, uint64_t id, file_facts *f)
 {
     memset(f, 0, sizeof(*f));
@@ -263,11 +275,13 @@ static int read_facts(ctxs_store *st, uint64_t id, file_facts *f)
     if (fd < 0)
         return -errno;
     int rc = ctxs__peek_fd(&f->p, fd);
+    uint64_t label_id;
+    if (rc == 0 && (rc = ctxs__label_read(fd, &label_id, f->name)) < 0 &&
+        (rc == CTXS_ENOTFOUND || rc == CTXS_ECORRUPT))
+        rc = 0; /* no label, or a damaged one: the file keeps no name */
     if (rc == 0) {
-        uint64_t label_id;
         size_t len;
-        f->named = ctxs__label_read(fd, &label_id, f->name) == 0 && label_id == id &&
-                   ctxs__name_check(f->name, &len) == 0;
+        f->named = f->name[0] && label_id == id && ctxs__name_check(f->name, &len) == 0;
         f->n_ids = ctxs__peek_prefix_held(&f->p);
         if (!(f->ids = ctxs__malloc(f->n_ids ? f->n_ids * 4 : 1)))
             rc = CTXS_ENOMEM;
@@ -286,10 +300,11 @@ static int read_facts(ctxs_store *st, uint64_t id, file_facts *f)
 static int refresh_prefixes(ctxs_store *st, uint64_t id, uint64_t *updated)
 {
     file_facts f;
-    if (read_facts(st, id, &f) < 0)
-        return 0; /* not readable as a session: reported by open, not here */
+    int rc = read_facts(st, id, &f);
+    if (rc < 0)
+        return not_a_session(rc) ? 0 : rc; /* the first: reported by open, not here */
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 0);
+    rc = ctxs__txn_begin(&txn, st, 0);
     if (rc < 0) {
         free(f.ids);
         return rc;
@@ -333,7 +348,9 @@ static int adopt_orphan(ctxs_store *st, uint64_t id, uint64_t *adopted)
         return errno == ENOENT ? 0 : -errno;
     int rc = ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE);
     file_facts f;
-    if (rc == 0 && read_facts(st, id, &f) == 0) {
+    if (rc == 0 && (rc = read_facts(st, id, &f)) < 0 && not_a_session(rc)) {
+        rc = 0; /* left alone: repair never deletes a file it cannot read */
+    } else if (rc == 0) {
         MDB_txn *txn;
         if ((rc = ctxs__txn_begin(&txn, st, 0)) == 0) {
             uint8_t idk[8];
@@ -479,15 +496,16 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
     /* Read every file before the write transaction, which serializes all
      * writers of the store. */
     size_t kept = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (read_facts(st, ids[i], &facts[kept]) < 0) {
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        if ((rc = read_facts(st, ids[i], &facts[kept])) < 0 && not_a_session(rc)) {
             res.skipped++;
-            continue;
+            rc = 0;
+        } else if (rc == 0) {
+            ids[kept++] = ids[i];
         }
-        ids[kept++] = ids[i];
     }
     MDB_txn *txn;
-    if ((rc = ctxs__txn_begin(&txn, st, 0)) == 0) {
+    if (rc == 0 && (rc = ctxs__txn_begin(&txn, st, 0)) == 0) {
         MDB_dbi rebuilt[] = {st->sessions, st->ids, st->prefixes, st->chunks, st->pending};
         for (size_t i = 0; rc == 0 && i < sizeof(rebuilt) / sizeof(rebuilt[0]); i++)
             rc = ctxs__mdb_error(ctxs__mdb_drop(txn, rebuilt[i], 0));

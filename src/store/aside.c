@@ -37,14 +37,14 @@ static bool proc_fd_available(void)
 
 /* An unnamed file in path's directory: 0, 1 where the filesystem or the
  * kernel has no O_TMPFILE (the caller names one instead), or -errno. */
-static int open_unnamed(ctxs__aside *a, const char *path, int access)
+static int open_unnamed(ctxs__aside *a, const char *path, int access_mode)
 {
     if (atomic_load(&force_named) || !proc_fd_available())
         return 1;
     char *copy = ctxs__strdup(path);
     if (!copy)
         return CTXS_ENOMEM;
-    int fd = ctxs__open(dirname(copy), access | O_TMPFILE | O_CLOEXEC, 0600);
+    int fd = ctxs__open(dirname(copy), access_mode | O_TMPFILE | O_CLOEXEC, 0600);
     int err = errno;
     free(copy);
     if (fd < 0)
@@ -62,7 +62,7 @@ static int open_unnamed(ctxs__aside *a, const char *path, int access)
 /* "<path>.tmp-<pid>-<n>". A cleaner of leftovers that cannot tell our
  * create is under way (one in another pid namespace, where our pid means
  * nothing) may take the file before our lock: we take another name then. */
-static int open_named(ctxs__aside *a, const char *path, int access)
+static int open_named(ctxs__aside *a, const char *path, int access_mode)
 {
     static atomic_uint counter;
     size_t size = strlen(path) + 32;
@@ -71,7 +71,7 @@ static int open_named(ctxs__aside *a, const char *path, int access)
         return CTXS_ENOMEM;
     for (int attempt = 0;; attempt++) {
         snprintf(tmp, size, "%s.tmp-%ld-%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
-        int fd = ctxs__open(tmp, access | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        int fd = ctxs__open(tmp, access_mode | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0) {
             int rc = -errno;
             free(tmp);
@@ -95,16 +95,16 @@ static int open_named(ctxs__aside *a, const char *path, int access)
     }
 }
 
-int ctxs__aside_open(ctxs__aside *a, const char *path, int access)
+int ctxs__aside_open(ctxs__aside *a, const char *path, int access_mode)
 {
     a->fd = -1;
     a->tmp = NULL;
 #ifdef O_TMPFILE
-    int rc = open_unnamed(a, path, access);
+    int rc = open_unnamed(a, path, access_mode);
     if (rc <= 0)
         return rc;
 #endif
-    return open_named(a, path, access);
+    return open_named(a, path, access_mode);
 }
 
 int ctxs__aside_link(ctxs__aside *a, const char *path)

@@ -22,9 +22,9 @@ typedef struct ctxs__aside {
 } ctxs__aside;
 
 /* Creates the file that will become path, open O_RDWR or O_WRONLY
- * (access). Returns 0, CTXS_ENOMEM, CTXS_EBUSY or -errno; on failure
+ * (access_mode). Returns 0, CTXS_ENOMEM, CTXS_EBUSY or -errno; on failure
  * nothing is left to release. */
-int ctxs__aside_open(ctxs__aside *a, const char *path, int access);
+int ctxs__aside_open(ctxs__aside *a, const char *path, int access_mode);
 
 /* Gives the complete file its name, path, which must not exist: 0 or
  * -errno (-EEXIST when it does). Making the name durable is the caller's

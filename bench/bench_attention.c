@@ -722,11 +722,9 @@ static void print_json(void)
 {
     for (int i = 0; i < g_n_results; i++) {
         const result *r = &g_results[i];
-        printf("{\"op\":\"%s\",\"method\":\"%s\",\"tokens\":%u,"
-               "\"median_us\":%.1f,\"min_us\":%.1f,\"max_us\":%.1f,"
-               "\"n\":%zu,\"isa\":\"%s\"",
-               r->op, r->method, r->tokens, r->median_us, r->min_us,
-               r->max_us, r->n, ctxs_attention_isa());
+        json_result_begin(r->op, r->method, r->tokens, r->median_us,
+                          r->min_us, r->max_us);
+        printf(",\"n\":%zu,\"isa\":\"%s\"", r->n, ctxs_attention_isa());
         if (r->paired > 0)
             printf(",\"paired_ratio\":%.4f,\"paired_ratio_q1\":%.4f,"
                    "\"paired_ratio_q3\":%.4f",

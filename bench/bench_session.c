@@ -1034,10 +1034,9 @@ static void print_json(void)
 {
     for (int i = 0; i < g_n_results; i++) {
         const result *r = &g_results[i];
-        printf("{\"op\":\"%s\",\"method\":\"%s\",\"tokens\":%u,"
-               "\"median_us\":%.1f,\"min_us\":%.1f,\"max_us\":%.1f}\n",
-               r->op, r->method, r->tokens, r->median_us, r->min_us,
-               r->max_us);
+        json_result_begin(r->op, r->method, r->tokens, r->median_us,
+                          r->min_us, r->max_us);
+        printf("}\n");
     }
 }
 

@@ -27,8 +27,14 @@
  * real model's 147,456 bytes per token; several minutes, try --quick);
  * --config default runs tinychat's small default model.
  *
+ * With --json, stdout carries one object per measurement and nothing else
+ * (the header goes to stderr), as the other benchmarks write them for
+ * ctxstore bench: op "next_token", method "resume" or "recompute", tokens,
+ * median_us, min_us, max_us, n, config, isa, same; the recompute object
+ * also has ratio, recompute median / resume median, as the table prints it.
+ *
  * Usage: bench_tinychat [--quick] [--tokens N] [--config mid|qwen3-4b-kv|default]
- *                       [--dir DIR]
+ *                       [--dir DIR] [--json]
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -54,6 +60,7 @@ enum {
 };
 
 typedef struct options {
+    int json;
     int quick;
     uint32_t only_tokens;
     const char *config;
@@ -63,14 +70,15 @@ typedef struct options {
 static void usage(FILE *f)
 {
     fputs("usage: bench_tinychat [--quick] [--tokens N] [--config mid|qwen3-4b-kv|default]\n"
-          "                      [--dir DIR]\n"
+          "                      [--dir DIR] [--json]\n"
           "  --quick     contexts 256 and 1024 only, fewer repetitions\n"
           "  --tokens N  one context of N tokens (2..16384)\n"
           "  --config    the model: mid (default: 8 layers of Qwen3-4B's KV shape),\n"
           "              qwen3-4b-kv (all 36 layers; minutes), or default\n"
           "              (tinychat's small default)\n"
           "  --dir DIR   put the files in a new directory under DIR (default\n"
-          "              $TMPDIR, else /var/tmp)\n",
+          "              $TMPDIR, else /var/tmp)\n"
+          "  --json      one JSON object per measurement on stdout\n",
           f);
 }
 
@@ -79,7 +87,9 @@ static options parse_options(int argc, char **argv)
     options o = {.config = "mid"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--quick")) {
+        if (!strcmp(a, "--json")) {
+            o.json = 1;
+        } else if (!strcmp(a, "--quick")) {
             o.quick = 1;
         } else if (!strcmp(a, "--dir") && i + 1 < argc) {
             o.dir = argv[++i];
@@ -215,6 +225,55 @@ static row run_context(bench *b, uint32_t tokens, int resume_iters, int prefill_
     return r;
 }
 
+/* --- Report ------------------------------------------------------------------- */
+
+static void print_header(FILE *f, const options *o, const tinychat_config *cfg)
+{
+    const size_t token_bytes = (size_t)cfg->n_layers * 2 * cfg->n_kv_heads * cfg->head_dim * 2;
+    fprintf(f,
+            "ctxstore bench_tinychat: tinychat model (%s): %u layers, %u query heads, %u KV "
+            "heads x %u dim (fp16, %zu bytes/token), d_model %u, ffn %u, vocab %u; attention "
+            "kernel %s\n"
+            "files in %s; window %d (every context fits), no ring wrap; page cache warm; "
+            "times in ms, median [min, max] of n repetitions after one untimed warm-up\n"
+            "resume: ctxs_session_open + tinychat_resume (one token's forward pass). "
+            "recompute: ctxs_session_create + tinychat_prefill of every token id (chunks of up "
+            "to 512 tokens, one ctxs_attention call per layer per chunk). same: both give the "
+            "same next token and bit-identical logits.\n\n",
+            o->config, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim, token_bytes,
+            cfg->d_model, cfg->ffn, cfg->vocab, ctxs_attention_isa(), g_dir, WINDOW);
+}
+
+static void print_table_row(const row *r)
+{
+    char a[64], p[64];
+    snprintf(a, sizeof a, "%.3f [%.3f, %.3f] n=%d", r->resume.median_us / 1e3,
+             r->resume.min_us / 1e3, r->resume.max_us / 1e3, r->resume.n);
+    snprintf(p, sizeof p, "%.1f [%.1f, %.1f] n=%d", r->recompute.median_us / 1e3,
+             r->recompute.min_us / 1e3, r->recompute.max_us / 1e3, r->recompute.n);
+    printf("%7u  %-31s %-31s %6.0fx %5s\n", r->tokens, a, p,
+           r->recompute.median_us / r->resume.median_us, r->same ? "yes" : "NO");
+}
+
+/* The table's row as two objects, one per method. ratio goes with
+ * recompute, the method it measures against resume; same is the whole
+ * row's, so that a reader of either object sees it. */
+static void print_json_row(const row *r, const char *config)
+{
+    static const char *const methods[] = {"resume", "recompute"};
+    const stats *timings[] = {&r->resume, &r->recompute};
+    for (int m = 0; m < 2; m++) {
+        const stats *t = timings[m];
+        json_result_begin("next_token", methods[m], r->tokens, t->median_us, t->min_us,
+                          t->max_us);
+        printf(",\"n\":%d,\"config\":\"%s\",\"isa\":\"%s\",\"same\":%s", t->n, config,
+               ctxs_attention_isa(), r->same ? "true" : "false");
+        if (t == &r->recompute && r->resume.median_us > 0)
+            printf(",\"ratio\":%.2f", r->recompute.median_us / r->resume.median_us);
+        printf("}\n");
+    }
+}
+
 int main(int argc, char **argv)
 {
     options o = parse_options(argc, argv);
@@ -246,20 +305,12 @@ int main(int argc, char **argv)
         contexts[0] = o.only_tokens;
         n_contexts = 1;
     }
-    const size_t token_bytes = (size_t)cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2;
-    printf("ctxstore bench_tinychat: tinychat model (%s): %u layers, %u query heads, %u KV "
-           "heads x %u dim (fp16, %zu bytes/token), d_model %u, ffn %u, vocab %u; attention "
-           "kernel %s\n"
-           "files in %s; window %d (every context fits), no ring wrap; page cache warm; "
-           "times in ms, median [min, max] of n repetitions after one untimed warm-up\n"
-           "resume: ctxs_session_open + tinychat_resume (one token's forward pass). "
-           "recompute: ctxs_session_create + tinychat_prefill of every token id (chunks of up "
-           "to 512 tokens, one ctxs_attention call per layer per chunk). same: both give the same next token and "
-           "bit-identical logits.\n\n",
-           o.config, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, token_bytes,
-           cfg.d_model, cfg.ffn, cfg.vocab, ctxs_attention_isa(), g_dir, WINDOW);
-    printf("%7s  %-31s %-31s %7s %5s\n", "tokens", "resume (open+resume)", "recompute (prefill)",
-           "ratio", "same");
+    /* With --json, stdout carries only the objects; the text goes to stderr. */
+    FILE *text = o.json ? stderr : stdout;
+    print_header(text, &o, &cfg);
+    if (!o.json)
+        printf("%7s  %-31s %-31s %7s %5s\n", "tokens", "resume (open+resume)",
+               "recompute (prefill)", "ratio", "same");
     fflush(stdout);
 
     double t0 = now_us();
@@ -271,18 +322,16 @@ int main(int argc, char **argv)
          * long ones keep the run near a minute. */
         int prefill_iters = o.quick ? 3 : n <= 1024 ? 5 : 3;
         row r = run_context(&b, n, resume_iters, prefill_iters);
-        char a[64], p[64];
-        snprintf(a, sizeof a, "%.3f [%.3f, %.3f] n=%d", r.resume.median_us / 1e3,
-                 r.resume.min_us / 1e3, r.resume.max_us / 1e3, r.resume.n);
-        snprintf(p, sizeof p, "%.1f [%.1f, %.1f] n=%d", r.recompute.median_us / 1e3,
-                 r.recompute.min_us / 1e3, r.recompute.max_us / 1e3, r.recompute.n);
-        printf("%7u  %-31s %-31s %6.0fx %5s\n", n, a, p,
-               r.recompute.median_us / r.resume.median_us, r.same ? "yes" : "NO");
+        if (o.json)
+            print_json_row(&r, o.config);
+        else
+            print_table_row(&r);
         fflush(stdout);
         all_same &= r.same;
     }
-    printf("\nratio = recompute median / resume median. total run time: %.1f s\n",
-           (now_us() - t0) / 1e6);
+    /* The blank line parts the footer from the table; stderr has none. */
+    fprintf(text, "%sratio = recompute median / resume median. total run time: %.1f s\n",
+            o.json ? "" : "\n", (now_us() - t0) / 1e6);
     free(b.logits_resume);
     free(b.logits_prefill);
     tinychat_model_destroy(b.m);

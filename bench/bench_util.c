@@ -177,6 +177,17 @@ int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* One line per measurement, the common fields first, so that ctxstore bench
+ * passes the lines through and its readers find the same keys in every
+ * program's results. */
+void json_result_begin(const char *op, const char *method, uint32_t tokens,
+                       double median_us, double min_us, double max_us)
+{
+    printf("{\"op\":\"%s\",\"method\":\"%s\",\"tokens\":%u,"
+           "\"median_us\":%.1f,\"min_us\":%.1f,\"max_us\":%.1f",
+           op, method, tokens, median_us, min_us, max_us);
+}
+
 uint64_t xorshift64(uint64_t *state)
 {
     uint64_t x = *state;

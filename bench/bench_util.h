@@ -1,6 +1,7 @@
 /*
  * What the benchmarks share: their scratch directory on a real disk, dying
- * with a message (and the directory removed), timing, and K/V-like data.
+ * with a message (and the directory removed), timing, K/V-like data, and
+ * the start of each --json line.
  */
 #ifndef CTXS_BENCH_UTIL_H
 #define CTXS_BENCH_UTIL_H
@@ -56,6 +57,13 @@ void write_all(int fd, const uint8_t *p, size_t n, const char *what);
 
 double now_us(void);
 int cmp_double(const void *a, const void *b);
+
+/* --json: starts one measurement's object, on stdout,
+ *   {"op":"...","method":"...","tokens":N,"median_us":M,"min_us":A,"max_us":B
+ * without its closing brace: each program adds its own fields, then "}\n".
+ * op and method are the program's own identifiers and are not escaped. */
+void json_result_begin(const char *op, const char *method, uint32_t tokens,
+                       double median_us, double min_us, double max_us);
 
 uint64_t xorshift64(uint64_t *state);
 /* Valid fp16 values in [1, 2), random mantissas; n is a multiple of 8. */

@@ -289,6 +289,13 @@ static int jb(const jc_value *v, const char *path)
     return b;
 }
 
+static double jd(const jc_value *v, const char *path)
+{
+    const jc_value *x = jget(v, path);
+    cr_assert_eq(x->type, JC_NUMBER, "`%s`: \"%s\" is not a number:\n%s", R.what, path, R.out);
+    return x->number;
+}
+
 /* The object of the array arr whose "name" is name, or NULL. */
 static const jc_value *by_name(const jc_value *arr, const char *name)
 {
@@ -1948,6 +1955,7 @@ Test(cli, bench_without_its_programs_fails_with_a_clear_error)
                   R.err);
     contains(0, "bench_session not found");
     contains(0, "bench_attention not found");
+    contains(0, "bench_tinychat not found");
     contains(0, empty);
     contains(0, "CTXSTORE_BENCH_DIR");
     run_env(S(), envs, ARGS("bench", "--quick", "--only", "index", "--json"));
@@ -1961,4 +1969,94 @@ Test(cli, bench_without_its_programs_fails_with_a_clear_error)
     cr_assert_neq(R.code, EX_OK);
     contains(0, "bench_session not found");
     bin_override = NULL;
+}
+
+/* The one measurement of results with this method and context; fails the
+ * test unless there is exactly one. */
+static const jc_value *tinychat_result(const jc_value *results, const char *method,
+                                       uint64_t tokens)
+{
+    const jc_value *found = NULL;
+    for (size_t i = 0; i < results->n; i++) {
+        const jc_value *r = jc_at(results, i);
+        if (strcmp(js(r, "method"), method) == 0 && ju(r, "tokens") == tokens) {
+            cr_assert_null(found, "two %s results at %llu tokens:\n%s", method,
+                           (unsigned long long)tokens, R.out);
+            found = r;
+        }
+    }
+    cr_assert_not_null(found, "no %s result at %llu tokens:\n%s", method,
+                       (unsigned long long)tokens, R.out);
+    return found;
+}
+
+/* bench --json runs bench_tinychat as it runs the others and passes its
+ * objects through: in a build tree the tool finds it in <build>/bench, each
+ * context of --quick has a resume and a recompute measurement, and both
+ * predicted the same token. No duration is judged: only that the numbers
+ * are timings and that the ratio is the medians'. */
+Test(cli, bench_runs_bench_tinychat_and_passes_its_json_through)
+{
+    const char *prog = getenv("BENCH_TINYCHAT_BIN");
+    cr_assert(prog && *prog, "BENCH_TINYCHAT_BIN is not set: it must name the bench_tinychat "
+                             "program the tool finds (meson sets it)");
+    char *want_path = realpath(prog, NULL);
+    cr_assert_not_null(want_path, "BENCH_TINYCHAT_BIN=%s: %s", prog, strerror(errno));
+    const char *dir = dir_of("bench");
+    cr_assert_eq(mkdir(dir, 0700), 0);
+
+    /* $CTXSTORE_BENCH_DIR empty: the tool must find the program beside it. */
+    run_env(S(), ARGS("CTXSTORE_BENCH_DIR="),
+            ARGS("bench", "--only", "tinychat", "--quick", "--dir", dir, "--json"));
+    if (is_memory_fs(dir)) {
+        cr_assert_neq(R.code, EX_OK, "bench_tinychat ran on a memory file system:\n%s", R.out);
+        contains(0, "memory file system");
+        free(want_path);
+        return;
+    }
+    cr_assert_eq(R.code, EX_OK, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+    /* Lines of the program's stdout that are not objects come out on stderr
+     * under its name: with --json it must write none. */
+    cr_assert(strncmp(R.err, "bench_tinychat: ", 16) != 0 && !strstr(R.err, "\nbench_tinychat: "),
+              "bench_tinychat --json wrote more than objects to stdout:\n%s", R.err);
+
+    jc_value *v = json_out();
+    cr_assert_eq(jget(v, "programs")->n, 1, "%s", R.out);
+    cr_assert_str_eq(js(v, "programs[0].program"), "bench_tinychat");
+    cr_assert_str_eq(js(v, "programs[0].path"), want_path);
+    cr_assert_eq(ju(v, "programs[0].exit_status"), 0);
+    const jc_value *args = jget(v, "programs[0].args");
+    cr_assert(jc_has_string(args, "--quick") && jc_has_string(args, "--json"), "%s", R.out);
+
+    /* --quick: contexts of 256 and 1024 tokens, two methods each. */
+    const jc_value *results = jget(v, "programs[0].results");
+    static const uint64_t contexts[] = { 256, 1024 };
+    static const char *const methods[] = { "resume", "recompute" };
+    cr_assert_eq(results->n, 4, "%s", R.out);
+    for (size_t c = 0; c < 2; c++) {
+        const jc_value *by_method[2];
+        for (size_t m = 0; m < 2; m++) {
+            const jc_value *r = tinychat_result(results, methods[m], contexts[c]);
+            by_method[m] = r;
+            cr_assert_str_eq(js(r, "op"), "next_token");
+            cr_assert_str_eq(js(r, "config"), "mid");
+            cr_assert_str_eq(js(r, "isa"), ctxs_attention_isa());
+            cr_assert_eq(jb(r, "same"), 1, "resume and recompute disagree:\n%s", R.out);
+            cr_assert_geq(ju(r, "n"), 1);
+            double lo = jd(r, "min_us"), mid = jd(r, "median_us"), hi = jd(r, "max_us");
+            cr_assert(lo > 0 && lo <= mid && mid <= hi, "not a timing: %g [%g, %g]:\n%s", mid,
+                      lo, hi, R.out);
+        }
+        /* As the table prints it: recompute median / resume median, on the
+         * recompute object only (2 decimals, medians to 0.1 us). */
+        cr_assert_null(jc_get(by_method[0], "ratio"), "%s", R.out);
+        double want = jd(by_method[1], "median_us") / jd(by_method[0], "median_us");
+        double ratio = jd(by_method[1], "ratio");
+        cr_assert(ratio > want - 0.01 - want * 1e-3 && ratio < want + 0.01 + want * 1e-3,
+                  "ratio %g, but the medians give %g:\n%s", ratio, want, R.out);
+    }
+    jc_free(v);
+    free(want_path);
+    cr_assert_eq(ts_dir_entries(dir), 0, "bench_tinychat left its scratch files:\n%s",
+                 listing(dir));
 }

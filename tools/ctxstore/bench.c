@@ -1,9 +1,11 @@
 /*
  * ctxstore bench — runs the benchmark programs, bench_session (saving a
  * turn and resuming, against a state file and SQLite), bench_index
- * (prefix lookup, fork, the index's share of a commit) and bench_attention
- * (the attention kernel through the mapping against a copy in memory), one
- * after the other, and passes their output through.
+ * (prefix lookup, fork, the index's share of a commit), bench_attention
+ * (the attention kernel through the mapping against a copy in memory) and
+ * bench_tinychat (resuming examples/tinychat's next token from the store
+ * against recomputing the prefill), one after the other, and passes their
+ * output through.
  *
  * The programs are looked for in $CTXSTORE_BENCH_DIR, then next to the tool
  * in a build tree (<build>/tools/ctxstore/ctxstore finds <build>/bench/),
@@ -304,6 +306,7 @@ int cmd_bench(cli *c, int argc, char **argv)
         { .name = "bench_session", .option = "session" },
         { .name = "bench_index", .option = "index" },
         { .name = "bench_attention", .option = "attention" },
+        { .name = "bench_tinychat", .option = "tinychat" },
     };
     enum { N_PROGRAMS = sizeof programs / sizeof programs[0] };
     const char *only = NULL, *dir = NULL;
@@ -345,8 +348,8 @@ int cmd_bench(cli *c, int argc, char **argv)
         if (!only || !strcmp(only, programs[i].option))
             run[n_run++] = &programs[i];
     if (n_run == 0)
-        return cli_usage_error("bench", "--only wants session, index or attention, not "
-                               "%s", only);
+        return cli_usage_error("bench", "--only wants session, index, attention or "
+                               "tinychat, not %s", only);
 
     /* All of them are found before any runs: bench_session takes minutes. */
     char dirs[N_PLACES][PATH_MAX];
@@ -363,7 +366,7 @@ int cmd_bench(cli *c, int argc, char **argv)
         return CLI_ENOTFOUND;
     }
 
-    /* The same options for both programs. */
+    /* The same options for every program. */
     char *args[8];
     int n_args = 0;
     if (quick)

@@ -96,11 +96,14 @@ static const command k_commands[] = {
       "it was exported under). A damaged, truncated or foreign file is refused\n"
       "(exit 5) and the store is left unchanged.\n" },
     { "bench", cmd_bench, "run the benchmark comparisons",
-      "bench [--quick] [--only session|index|attention] [--dir DIR] [--json]\n\n"
+      "bench [--quick] [--only session|index|attention|tinychat]\n"
+      "      [--dir DIR] [--json]\n\n"
       "Runs the benchmark programs (bench_session, bench_index,\n"
-      "bench_attention): ctxstore side by side with rewriting a state file and\n"
-      "a SQLite blob, the index against scanning files, and the attention\n"
-      "kernel through the mapping against a copy in memory. They work in DIR (default $TMPDIR, else\n"
+      "bench_attention, bench_tinychat): ctxstore side by side with rewriting a\n"
+      "state file and a SQLite blob, the index against scanning files, the\n"
+      "attention kernel through the mapping against a copy in memory, and the\n"
+      "example transformer's next token resumed from the store against\n"
+      "recomputing its prefill. They work in DIR (default $TMPDIR, else\n"
       "/var/tmp) and are found in $CTXSTORE_BENCH_DIR, beside the tool in a\n"
       "build tree, or where they are installed. With --json, one document:\n"
       "{\"programs\": [{\"program\", \"exit_status\", \"results\": [...]}]}.\n" },

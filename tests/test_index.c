@@ -1919,6 +1919,15 @@ Test(index, store_open_removes_the_file_of_an_interrupted_create)
     ctxs_store_close(st);
 }
 
+/* The intent of a create of id by process creator, and the file it wrote
+ * aside under a temporary name, whose path goes to tmp. */
+static void create_left_aside(ctxs_store *st, uint64_t id, pid_t creator, char *tmp, size_t size)
+{
+    put_intent_of(st, id, CTXS__INTENT_CREATE, creator);
+    snprintf(tmp, size, "%s.tmp-%ld-0", id_path(id), (long)creator);
+    cr_assert_eq(ts_write_file(tmp, "x", 1), 0);
+}
+
 Test(index, store_open_leaves_the_intent_of_a_live_creator)
 {
     ctxs_store *st = store_open();
@@ -1932,11 +1941,8 @@ Test(index, store_open_leaves_the_intent_of_a_live_creator)
     const uint64_t live = a + 100, dead = a + 101;
     put_intent_of(st, live, CTXS__INTENT_CREATE, getppid());
     /* One by a process that is gone, which left its file aside. */
-    pid_t gone = gone_pid();
-    put_intent_of(st, dead, CTXS__INTENT_CREATE, gone);
     char dead_tmp[4096];
-    snprintf(dead_tmp, sizeof(dead_tmp), "%s.tmp-%ld-0", id_path(dead), (long)gone);
-    cr_assert_eq(ts_write_file(dead_tmp, "x", 1), 0);
+    create_left_aside(st, dead, gone_pid(), dead_tmp, sizeof(dead_tmp));
     ctxs_store_close(st);
 
     st = store_open();
@@ -1966,10 +1972,8 @@ Test(index, store_open_resolves_the_intent_of_a_creator_that_exited_unreaped)
     ctxs_session_close(mk(st, "a", &m, 256, 4, 10));
     const uint64_t id = entry(st, "a").id + 100;
     pid_t zombie = zombie_pid();
-    put_intent_of(st, id, CTXS__INTENT_CREATE, zombie);
     char tmp[4096];
-    snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-0", id_path(id), (long)zombie);
-    cr_assert_eq(ts_write_file(tmp, "x", 1), 0);
+    create_left_aside(st, id, zombie, tmp, sizeof(tmp));
     ctxs_store_close(st);
 
     st = store_open();

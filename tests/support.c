@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "index.h"
+
 char *ts_mkdtemp(void)
 {
     const char *base = getenv("TMPDIR");
@@ -65,7 +67,7 @@ const char *ts_path(const char *dir, const char *name)
     return b;
 }
 
-static uint64_t mix(uint64_t x)
+uint64_t ts_mix64(uint64_t x)
 {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdull;
@@ -84,22 +86,22 @@ ctxs_model ts_model(uint32_t seed)
     m.geometry.head_dim = 8;
     m.geometry.dtype = CTXS_DTYPE_F16;
     for (int i = 0; i < 16; i++) {
-        m.model_hash[i] = (uint8_t)mix(seed * 32u + (uint32_t)i);
-        m.tokenizer_hash[i] = (uint8_t)mix(seed * 32u + 16u + (uint32_t)i);
+        m.model_hash[i] = (uint8_t)ts_mix64(seed * 32u + (uint32_t)i);
+        m.tokenizer_hash[i] = (uint8_t)ts_mix64(seed * 32u + 16u + (uint32_t)i);
     }
     return m;
 }
 
 uint32_t ts_token(uint64_t pos)
 {
-    return (uint32_t)(mix(pos + 7) % 50000u);
+    return (uint32_t)(ts_mix64(pos + 7) % 50000u);
 }
 
 void ts_fill_kv(const ctxs_geometry *g, uint64_t pos, uint16_t *k, uint16_t *v)
 {
     size_t n = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     for (size_t i = 0; i < n; i++) {
-        uint64_t h = mix(pos * 0x9e3779b97f4a7c15ull + i);
+        uint64_t h = ts_mix64(pos * 0x9e3779b97f4a7c15ull + i);
         k[i] = (uint16_t)(0x3c00u | (h & 0x3ffu));
         v[i] = (uint16_t)(0x3c00u | ((h >> 10) & 0x3ffu));
     }
@@ -370,7 +372,7 @@ void ts_sleep_us(uint64_t us)
 
 uint32_t ts_pat_id(uint64_t pos, uint32_t gen)
 {
-    return (uint32_t)mix(pos * 0x100000001b3ull + ((uint64_t)gen << 1) + 0x5bd1e995u);
+    return (uint32_t)ts_mix64(pos * 0x100000001b3ull + ((uint64_t)gen << 1) + 0x5bd1e995u);
 }
 
 void ts_pat_kv(const ctxs_geometry *g, uint64_t pos, uint32_t id, uint16_t *k, uint16_t *v)
@@ -483,4 +485,36 @@ int ts_pat_stable_check(ctxs_session *s, int verify, uint64_t *n_out, uint32_t *
     *n_out = a.n_tokens;
     *last_id = id;
     return 1;
+}
+
+size_t ts_pending_intents(ctxs_store *st)
+{
+    MDB_txn *txn;
+    MDB_stat ms;
+    cr_assert_eq(mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_stat(txn, st->pending, &ms), 0);
+    mdb_txn_abort(txn);
+    return ms.ms_entries;
+}
+
+void ts_gens_set(ts_gens *gs, uint64_t a, uint64_t b, uint32_t gen)
+{
+    if (b > gs->cap) {
+        size_t cap = gs->cap ? gs->cap : 4096;
+        while (cap < b)
+            cap *= 2;
+        gs->v = realloc(gs->v, cap * sizeof(*gs->v));
+        cr_assert_not_null(gs->v);
+        memset(gs->v + gs->cap, 0, (cap - gs->cap) * sizeof(*gs->v));
+        gs->cap = cap;
+    }
+    for (uint64_t p = a; p < b; p++)
+        gs->v[p] = gen;
+    if (gen > gs->hi)
+        gs->hi = gen;
+}
+
+uint32_t ts_gens_get(const ts_gens *gs, uint64_t p)
+{
+    return p < gs->cap ? gs->v[p] : 0;
 }

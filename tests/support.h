@@ -60,6 +60,13 @@ uint64_t ts_seed(const char *test);
 /* The next number of a splitmix64 sequence. */
 uint64_t ts_rng_next(uint64_t *state);
 
+/* MurmurHash3's 64-bit finalizer: a well-mixed function of x. */
+uint64_t ts_mix64(uint64_t x);
+
+/* The intents (create or delete under way) in the store's index, read
+ * with raw LMDB. */
+size_t ts_pending_intents(ctxs_store *st);
+
 /* The entries of a directory, "." and ".." aside; -1 if it cannot be read. */
 int ts_dir_entries(const char *dir);
 
@@ -116,6 +123,19 @@ void ts_sleep_us(uint64_t us);
  * take a new generation for what they write after a rollback, so old and
  * new bytes at one position differ. None of these call Criterion: children
  * and threads may use them. */
+
+/* The generation written at each position, as a parent learns it from a
+ * writer's announcements, and the highest one handed out. Grows as needed;
+ * positions never set read as generation 0. */
+typedef struct ts_gens {
+    uint32_t *v;
+    size_t cap;
+    uint32_t hi;
+} ts_gens;
+
+/* Positions [a, b) hold generation gen. */
+void ts_gens_set(ts_gens *gs, uint64_t a, uint64_t b, uint32_t gen);
+uint32_t ts_gens_get(const ts_gens *gs, uint64_t p);
 
 /* Elements per token (layers * heads * head_dim) the helpers handle. */
 #define TS_PAT_KV_MAX 256u

@@ -730,16 +730,6 @@ static void maint_run(maint_args *a)
 
 /* --- Checking the store afterwards ---------------------------------------------- */
 
-static size_t pending_count(ctxs_store *st)
-{
-    MDB_txn *txn;
-    MDB_stat ms;
-    cr_assert_eq(mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn), 0);
-    cr_assert_eq(mdb_stat(txn, st->pending, &ms), 0);
-    mdb_txn_abort(txn);
-    return ms.ms_entries;
-}
-
 static const disp_rec *find_disp(const worker *all, int n_all, const char *name)
 {
     for (int i = 0; i < n_all; i++)
@@ -759,7 +749,7 @@ static final_counts check_store(const char *store_dir, const worker *all, int n_
     final_counts fc = {0};
     ctxs_store *st;
     cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
-    cr_assert_eq(pending_count(st), 0, "intents left after every worker finished");
+    cr_assert_eq(ts_pending_intents(st), 0, "intents left after every worker finished");
     ctxs_session_entry *l;
     size_t n;
     cr_assert_eq(ctxs_store_session_list(&l, &n, st), 0);

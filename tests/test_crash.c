@@ -281,34 +281,11 @@ static _Noreturn void child_main(const child_args *a)
 
 /* --- The parent ------------------------------------------------------------ */
 
-typedef struct gens {
-    uint32_t *v; /* generation written at each position */
-    size_t cap;
-    uint32_t hi; /* highest generation handed out */
-} gens;
-
-static void gens_set(gens *gs, uint64_t a, uint64_t b, uint32_t gen)
-{
-    if (b > gs->cap) {
-        size_t nc = gs->cap ? gs->cap : 4096;
-        while (nc < b)
-            nc *= 2;
-        gs->v = realloc(gs->v, nc * sizeof(*gs->v));
-        cr_assert_not_null(gs->v);
-        memset(gs->v + gs->cap, 0, (nc - gs->cap) * sizeof(*gs->v));
-        gs->cap = nc;
-    }
-    for (uint64_t p = a; p < b; p++)
-        gs->v[p] = gen;
-    if (gen > gs->hi)
-        gs->hi = gen;
-}
-
 /* Checks every position below n_tokens: held ones read back exactly as
  * generation gs->v[p] wrote them (K, V and token id) from the slot the
  * format says; the others are reported evicted. Returns the number of
  * wrong positions. */
-static uint64_t check_held(const ctxs_session *s, const gens *gs, const char *what)
+static uint64_t check_held(const ctxs_session *s, const ts_gens *gs, const char *what)
 {
     ctxs_session_info info;
     ctxs_layout lay;
@@ -370,7 +347,7 @@ static ctxs_session *open_checked(const char *path, unsigned flags, uint32_t rec
  * (lo: before the call in flight, hi: after it), the same read-only with
  * VERIFY and read-write with `recovery`, complete (a process crash keeps the
  * page cache: nothing may be reported lost), and read back exactly. */
-static uint64_t reopen_check(const char *path, uint64_t lo, uint64_t hi, const gens *gs,
+static uint64_t reopen_check(const char *path, uint64_t lo, uint64_t hi, const ts_gens *gs,
                              uint32_t recovery, const char *what)
 {
     ctxs_session_info a, b;
@@ -472,19 +449,19 @@ typedef struct outcome {
     uint32_t last;    /* last message type, 0 if none */
 } outcome;
 
-static void apply_msg(outcome *o, const struct msg *m, gens *gs)
+static void apply_msg(outcome *o, const struct msg *m, ts_gens *gs)
 {
     o->last = m->type;
     switch (m->type) {
     case MSG_APPEND:
         cr_assert_eq(m->a, o->hi, "append intent from %llu, acknowledged %llu",
                      (unsigned long long)m->a, (unsigned long long)o->hi);
-        gens_set(gs, m->a, m->b, m->gen);
+        ts_gens_set(gs, m->a, m->b, m->gen);
         o->lo = m->a;
         o->hi = m->b;
         break;
     case MSG_WRITTEN: /* reserved and written, never committed */
-        gens_set(gs, m->a, m->b, m->gen);
+        ts_gens_set(gs, m->a, m->b, m->gen);
         o->lo = o->hi = m->a;
         break;
     case MSG_ROLLBACK:
@@ -504,7 +481,7 @@ static void apply_msg(outcome *o, const struct msg *m, gens *gs)
 }
 
 /* Drains the child's messages: the last one says what state it left. */
-static void drain(int fd, outcome *o, gens *gs)
+static void drain(int fd, outcome *o, ts_gens *gs)
 {
     struct msg m;
     while (read_msg(fd, &m))
@@ -550,8 +527,8 @@ static loop_stats kill_loop(const char *test, const uint32_t *levels, unsigned n
     snprintf(path_copy, sizeof(path_copy), "%s", path);
     create_session(path_copy, levels[0]);
 
-    gens gs = {0};
-    gens_set(&gs, 0, 1, 0);
+    ts_gens gs = {0};
+    ts_gens_set(&gs, 0, 1, 0);
     loop_stats st = {0};
     uint64_t n = 0;
     for (unsigned i = 0; i < kills; i++) {
@@ -640,8 +617,8 @@ Test(crash, killed_between_reserve_and_commit_keeps_the_previous_state, .timeout
     snprintf(path, sizeof(path), "%s", ts_path(dir, "dangle.ctxs"));
     create_session(path, CTXS_SYNC_NONE);
     const uint32_t levels[] = {CTXS_SYNC_NONE, CTXS_SYNC_ASYNC, CTXS_SYNC_NONE, CTXS_SYNC_FULL};
-    gens gs = {0};
-    gens_set(&gs, 0, 1, 0);
+    ts_gens gs = {0};
+    ts_gens_set(&gs, 0, 1, 0);
     uint64_t n = 0, rs_prev = 0;
     unsigned iters = 48;
     for (unsigned i = 0; i < iters; i++) {
@@ -680,7 +657,7 @@ Test(crash, killed_between_reserve_and_commit_keeps_the_previous_state, .timeout
         cr_assert_geq(info.ring_start, rs_prev, "%s: ring_start went back", what);
         int rc = ts_append(s, 3);
         cr_assert_eq(rc, 0, "%s: append after the kill: %s", what, ctxs_err_name(rc));
-        gens_set(&gs, n, n + 3, 0);
+        ts_gens_set(&gs, n, n + 3, 0);
         cr_assert_eq(ctxs_session_info_get(&info, s), 0);
         cr_assert_eq(info.n_tokens, n + 3);
         cr_assert_eq(check_held(s, &gs, what), 0);

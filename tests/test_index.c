@@ -1864,16 +1864,6 @@ static pid_t gone_pid(void)
     return pid;
 }
 
-static size_t pending_count(ctxs_store *st)
-{
-    MDB_txn *txn;
-    MDB_stat ms;
-    cr_assert_eq(mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn), 0);
-    cr_assert_eq(mdb_stat(txn, st->pending, &ms), 0);
-    mdb_txn_abort(txn);
-    return ms.ms_entries;
-}
-
 Test(index, store_open_removes_the_file_of_an_interrupted_create)
 {
     ctxs_store *st = store_open();
@@ -1905,14 +1895,14 @@ Test(index, store_open_removes_the_file_of_an_interrupted_create)
     cr_assert(!exists(tmp), "the create's temporary file must go");
     cr_assert(exists(id_path(live)), "a create in progress must not lose its file");
     cr_assert(exists(id_path(a)));
-    cr_assert_eq(pending_count(st), 1);
+    cr_assert_eq(ts_pending_intents(st), 1);
     cr_assert_eq(count_entries(st), 1);
     ctxs_store_close(st);
 
     ctxs_session_close(running);
     st = store_open();
     cr_assert(!exists(id_path(live)));
-    cr_assert_eq(pending_count(st), 0);
+    cr_assert_eq(ts_pending_intents(st), 0);
     /* Ids are not reused. */
     ctxs_session_close(mk(st, "b", &m, 256, 4, 1));
     cr_assert_gt(entry(st, "b").id, a);
@@ -1946,7 +1936,7 @@ Test(index, store_open_leaves_the_intent_of_a_live_creator)
     ctxs_store_close(st);
 
     st = store_open();
-    cr_assert_eq(pending_count(st), 1, "only the gone creator's intent is resolved");
+    cr_assert_eq(ts_pending_intents(st), 1, "only the gone creator's intent is resolved");
     cr_assert(!exists(dead_tmp), "a gone creator's file must go");
     cr_assert_eq(count_entries(st), 1);
     ctxs_store_close(st);
@@ -1977,7 +1967,7 @@ Test(index, store_open_resolves_the_intent_of_a_creator_that_exited_unreaped)
     ctxs_store_close(st);
 
     st = store_open();
-    int pending = pending_count(st);
+    int pending = ts_pending_intents(st);
     ctxs_store_close(st);
     cr_assert_eq(waitpid(zombie, NULL, 0), zombie);
     cr_assert_eq(pending, 0, "the intent of a creator that exited waits for its reaping");
@@ -2005,7 +1995,7 @@ Test(index, store_open_finishes_an_interrupted_delete)
 
     st = store_open();
     cr_assert(!exists(id_path(id)), "the deleted session's file must go");
-    cr_assert_eq(pending_count(st), 0);
+    cr_assert_eq(ts_pending_intents(st), 0);
     cr_assert_eq(count_entries(st), 1);
     uint32_t *t = prompt(130, 130, 0);
     ctxs_prefix_match pm;
@@ -2015,7 +2005,7 @@ Test(index, store_open_finishes_an_interrupted_delete)
     put_intent(st, id + 50, CTXS__INTENT_DELETE);
     ctxs_store_close(st);
     st = store_open();
-    cr_assert_eq(pending_count(st), 0);
+    cr_assert_eq(ts_pending_intents(st), 0);
     ctxs_session *k = op(st, "keep", &m, 0);
     cr_assert_eq(ts_check_all(k), 0);
     ctxs_session_close(k);

@@ -227,16 +227,6 @@ static ctxs_store *store_open(void)
     return st;
 }
 
-static size_t pending_count(ctxs_store *st)
-{
-    MDB_txn *txn;
-    MDB_stat ms;
-    cr_assert_eq(mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn), 0);
-    cr_assert_eq(mdb_stat(txn, st->pending, &ms), 0);
-    mdb_txn_abort(txn);
-    return ms.ms_entries;
-}
-
 static int is_hex16(const char *s)
 {
     for (int i = 0; i < 16; i++)
@@ -316,7 +306,7 @@ static void check_prefix_honest(ctxs_store *st, const ctxs_model *m, const uint3
 static size_t check_store_as(const ctxs_model *m, const char *what, int gen0)
 {
     ctxs_store *st = store_open();
-    cr_assert_eq(pending_count(st), 0, "%s: intents left after the store was opened", what);
+    cr_assert_eq(ts_pending_intents(st), 0, "%s: intents left after the store was opened", what);
     check_agree(st, what);
     ctxs_session_entry *list;
     size_t n;

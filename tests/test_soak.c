@@ -74,16 +74,6 @@ static unsigned scaled(unsigned n)
     return v < 1 ? 1u : (unsigned)v;
 }
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
-
 /* --- Messages from a child ---------------------------------------------------
  *
  * One write() each, below PIPE_BUF: a kill never leaves half a message. */
@@ -529,7 +519,7 @@ typedef struct keyset {
 
 static uint64_t state_key(uint64_t n, uint32_t last_id)
 {
-    return mix64(n * 0x9e3779b97f4a7c15ull ^ ((uint64_t)last_id << 7)) | 1u;
+    return ts_mix64(n * 0x9e3779b97f4a7c15ull ^ ((uint64_t)last_id << 7)) | 1u;
 }
 
 static void ks_add_key(keyset *ks, uint64_t key)
@@ -1063,32 +1053,6 @@ static void a_child(void *p)
     }
 }
 
-/* Generation per position, for the parent. */
-typedef struct gens {
-    uint32_t *v;
-    size_t cap;
-} gens;
-
-static void gens_set(gens *gs, uint64_t a, uint64_t b, uint32_t gen)
-{
-    if (b > gs->cap) {
-        size_t nc = gs->cap ? gs->cap : 4096;
-        while (nc < b)
-            nc *= 2;
-        gs->v = realloc(gs->v, nc * sizeof(*gs->v));
-        cr_assert_not_null(gs->v);
-        memset(gs->v + gs->cap, 0, (nc - gs->cap) * sizeof(*gs->v));
-        gs->cap = nc;
-    }
-    for (uint64_t p = a; p < b; p++)
-        gs->v[p] = gen;
-}
-
-static uint32_t gens_get(const gens *gs, uint64_t p)
-{
-    return p < gs->cap ? gs->v[p] : 0;
-}
-
 typedef struct a_fork {
     uint64_t serial, at;
     int acked;
@@ -1098,7 +1062,7 @@ typedef struct a_fork {
 } a_fork;
 
 typedef struct a_ctx {
-    gens gs;
+    ts_gens gs;
     uint32_t gen_hi;
     uint64_t lo, hi;   /* the state is one of these */
     uint64_t acks, acked_tokens;
@@ -1119,14 +1083,14 @@ static int a_on_msg(void *p, const struct msg *m)
     case M_APPEND:
         cr_assert_eq(m->a, c->hi, "append from %llu, acknowledged %llu", (unsigned long long)m->a,
                      (unsigned long long)c->hi);
-        gens_set(&c->gs, m->a, m->b, m->gen);
+        ts_gens_set(&c->gs, m->a, m->b, m->gen);
         ks_add(&c->valid, m->b, ts_pat_id(m->b - 1, m->gen));
         c->lo = m->a;
         c->hi = m->b;
         return 0;
     case M_ROLLBACK:
         if (m->a > 0)
-            ks_add(&c->valid, m->a, ts_pat_id(m->a - 1, gens_get(&c->gs, m->a - 1)));
+            ks_add(&c->valid, m->a, ts_pat_id(m->a - 1, ts_gens_get(&c->gs, m->a - 1)));
         c->lo = m->a;
         c->hi = m->b;
         return 0;
@@ -1144,10 +1108,10 @@ static int a_on_msg(void *p, const struct msg *m)
         f->at = m->a;
         f->acked = 0;
         for (uint32_t i = 0; i < A_SINK; i++)
-            f->sinks[i] = gens_get(&c->gs, i);
+            f->sinks[i] = ts_gens_get(&c->gs, i);
         f->base = m->a > A_CAPACITY ? m->a - A_CAPACITY : 0;
         for (uint64_t q = f->base; q < m->a; q++)
-            f->g[q - f->base] = gens_get(&c->gs, q);
+            f->g[q - f->base] = ts_gens_get(&c->gs, q);
         return 0;
     }
     case M_WRITTEN:
@@ -1172,7 +1136,7 @@ static int a_on_msg(void *p, const struct msg *m)
 
 /* Checks the held positions of s against the generations (or, for a fork,
  * its snapshot); returns the number of wrong ones. */
-static uint64_t a_check_exact(const ctxs_session *s, const gens *gs, const a_fork *f)
+static uint64_t a_check_exact(const ctxs_session *s, const ts_gens *gs, const a_fork *f)
 {
     ctxs_session_info info;
     ctxs_layout lay;
@@ -1190,7 +1154,7 @@ static uint64_t a_check_exact(const ctxs_session *s, const gens *gs, const a_for
         }
         uint32_t gen, slot;
         if (!f)
-            gen = gens_get(gs, p);
+            gen = ts_gens_get(gs, p);
         else if (p < A_SINK)
             gen = f->sinks[p];
         else if (p >= f->base && p - f->base < A_CAPACITY)
@@ -1805,7 +1769,7 @@ typedef struct b_cp {
 
 typedef struct b_sess {
     char name[24];
-    gens g;
+    ts_gens g;
     uint64_t n;
     b_cp cp[B_MAX_CPS + 2];
     int n_cp;
@@ -1867,7 +1831,7 @@ static void b_del(b_ctx *c, const char *name)
 
 static void b_copy_gens(b_sess *dst, const uint32_t *g, uint64_t n)
 {
-    gens_set(&dst->g, 0, n, 0);
+    ts_gens_set(&dst->g, 0, n, 0);
     if (n)
         memcpy(dst->g.v, g, n * sizeof(*g));
     dst->n = n;
@@ -1891,7 +1855,7 @@ static int b_cp_index(const b_sess *s, const char *name)
 
 static int b_cp_stale(const b_sess *s, const b_cp *cp)
 {
-    return !(s->n >= cp->n && (cp->n == 0 || gens_get(&s->g, cp->n - 1) == cp->last_gen));
+    return !(s->n >= cp->n && (cp->n == 0 || ts_gens_get(&s->g, cp->n - 1) == cp->last_gen));
 }
 
 static b_sess *b_must(b_ctx *c, const char *name)
@@ -1901,10 +1865,10 @@ static b_sess *b_must(b_ctx *c, const char *name)
     return s;
 }
 
-static void b_key_at(b_ctx *c, const gens *g, uint64_t n)
+static void b_key_at(b_ctx *c, const ts_gens *g, uint64_t n)
 {
     if (n > 0)
-        ks_add(&c->valid, n, ts_pat_id(n - 1, gens_get(g, n - 1)));
+        ks_add(&c->valid, n, ts_pat_id(n - 1, ts_gens_get(g, n - 1)));
 }
 
 static int b_on_msg(void *p, const struct msg *m)
@@ -1928,7 +1892,7 @@ static int b_on_msg(void *p, const struct msg *m)
         switch (m->type) {
         case B_APPEND: {
             b_sess *s = b_must(c, m->s1);
-            gens_set(&s->g, m->a, m->b, m->gen);
+            ts_gens_set(&s->g, m->a, m->b, m->gen);
             ks_add(&c->valid, m->b, ts_pat_id(m->b - 1, m->gen));
             break;
         }
@@ -1953,7 +1917,7 @@ static int b_on_msg(void *p, const struct msg *m)
             x->g = malloc((m->a + 1) * sizeof(*x->g));
             cr_assert_not_null(x->g);
             for (uint64_t q = 0; q < m->a; q++)
-                x->g[q] = gens_get(&s->g, q);
+                x->g[q] = ts_gens_get(&s->g, q);
             break;
         }
         case B_IMPORT: {
@@ -1999,7 +1963,7 @@ static int b_on_msg(void *p, const struct msg *m)
         b_cp *cp = &s->cp[s->n_cp++];
         snprintf(cp->name, sizeof(cp->name), "%s", f->s2);
         cp->n = f->a;
-        cp->last_gen = gens_get(&s->g, f->a - 1);
+        cp->last_gen = ts_gens_get(&s->g, f->a - 1);
         break;
     }
     case B_CP_RESTORE: {
@@ -2080,16 +2044,6 @@ static int b_on_msg(void *p, const struct msg *m)
 
 /* --- The parent's checks after a kill ---------------------------------------- */
 
-static size_t b_pending(ctxs_store *st)
-{
-    MDB_txn *txn;
-    MDB_stat ms;
-    cr_assert_eq(mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn), 0);
-    cr_assert_eq(mdb_stat(txn, st->pending, &ms), 0);
-    mdb_txn_abort(txn);
-    return ms.ms_entries;
-}
-
 /* What the dead writer left, before a store open resolves it: intents in
  * the index (read with raw LMDB, no store handle open here) and files
  * written aside. */
@@ -2128,7 +2082,7 @@ static int b_listed(const ctxs_session_entry *l, size_t n, const char *name)
 
 /* Held tokens of s that differ from what generations g say; all of [0, n)
  * must be held (no ring wraps here). */
-static uint64_t b_check_exact(const ctxs_session *s, const gens *g)
+static uint64_t b_check_exact(const ctxs_session *s, const ts_gens *g)
 {
     ctxs_session_info info;
     ctxs_layout lay;
@@ -2139,7 +2093,7 @@ static uint64_t b_check_exact(const ctxs_session *s, const gens *g)
     size_t per = (size_t)geo->n_layers * geo->n_kv_heads * geo->head_dim;
     uint64_t bad = 0;
     for (uint64_t p = 0; p < info.n_tokens; p++) {
-        uint32_t id = ts_pat_id(p, gens_get(g, p)), slot;
+        uint32_t id = ts_pat_id(p, ts_gens_get(g, p)), slot;
         ts_pat_kv(geo, p, id, ek, ev);
         if (ctxs_session_slot(&slot, s, p) != 0 || ctxs_session_read_token(s, p, k, v) != 0 ||
             lay.token_ids[slot] != id || memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2))
@@ -2153,7 +2107,7 @@ static uint32_t *b_prompt(const b_sess *s)
     uint32_t *t = malloc((s->n + 1) * sizeof(*t));
     cr_assert_not_null(t);
     for (uint64_t p = 0; p < s->n; p++)
-        t[p] = ts_pat_id(p, gens_get(&s->g, p));
+        t[p] = ts_pat_id(p, ts_gens_get(&s->g, p));
     return t;
 }
 
@@ -2309,13 +2263,13 @@ static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, 
     /* An intent stays while another process holds its file: a reader that
      * looked a session up before gc deleted it may open the file after the
      * deleting writer was killed. What stays once readers let go fails. */
-    for (int tries = 0; b_pending(st) != 0 && tries < 20; tries++) {
+    for (int tries = 0; ts_pending_intents(st) != 0 && tries < 20; tries++) {
         ctxs_store_close(st);
         ts_sleep_us(10000);
         rc = ctxs_store_open(&st, store_dir, NULL);
         cr_assert_eq(rc, 0, "%s: store open: %s", what, ctxs_err_name(rc));
     }
-    if (b_pending(st) != 0)
+    if (ts_pending_intents(st) != 0)
         soak_fail(sst, "%s: intents left after the store was opened", what);
     ctxs_session_entry *l;
     size_t n;
@@ -2449,7 +2403,7 @@ static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, 
                     b_cp *cp = &s->cp[s->n_cp++];
                     snprintf(cp->name, sizeof(cp->name), "%s", f->s2);
                     cp->n = f->a;
-                    cp->last_gen = gens_get(&s->g, f->a - 1);
+                    cp->last_gen = ts_gens_get(&s->g, f->a - 1);
                 }
         }
         if (touched && f->type == B_CP_DELETE) {
@@ -2772,7 +2726,7 @@ static void intent_of_a_create_in_progress_as(int what, int after, int then, boo
     held h = held_start(&a);
     /* Another process (this one) opens the store meanwhile. */
     cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
-    size_t pending = b_pending(st);
+    size_t pending = ts_pending_intents(st);
     ctxs_store_close(st);
     if (then >= 0)
         held_next(&h, then);
@@ -2783,7 +2737,7 @@ static void intent_of_a_create_in_progress_as(int what, int after, int then, boo
     size_t n;
     cr_assert_eq(ctxs_store_session_list(&l, &n, st), 0);
     ctxs_free(l);
-    size_t pending_after = b_pending(st);
+    size_t pending_after = ts_pending_intents(st);
     ctxs_store_close(st);
     char first[256];
     int files = sessions_dir_entries(store_dir, first, sizeof(first));

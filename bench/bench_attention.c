@@ -47,8 +47,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,17 +88,8 @@ static const char *const k_method_names[N_METHODS] = {
 
 /* --- Results --------------------------------------------------------------- */
 
-typedef struct samples {
-    double *us;
-    size_t n, cap;
-} samples;
-
 typedef struct result {
-    const char *op;
-    const char *method;
-    uint32_t tokens;
-    size_t n;
-    double median_us, min_us, max_us;
+    bench_result base; /* first, for results_add() and results_find() */
     double bytes; /* KV bytes one operation reads */
     /* Against anonymous, measured in the same round (decode_step) or the
      * same layer of the same round (layer): the median of the per-pair
@@ -114,101 +103,39 @@ static const char *const k_all_methods[] = {
     "mapping_uncached",
 };
 
-static result g_results[64];
-static int g_n_results;
-static char g_notes[16][256];
-static int g_n_notes;
+static result g_result_rows[64];
+static result_table g_results = RESULT_TABLE(g_result_rows);
 
-static void samples_add(samples *s, double us)
+static result *record(const char *op, const char *method, uint32_t tokens,
+                      const samples *s, double bytes)
 {
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 64;
-        double *p = realloc(s->us, cap * sizeof *p);
-        if (!p)
-            die("out of memory");
-        s->us = p;
-        s->cap = cap;
-    }
-    s->us[s->n++] = us;
-}
-
-static void samples_free(samples *s)
-{
-    free(s->us);
-    *s = (samples){ 0 };
-}
-
-static void record(const char *op, const char *method, uint32_t tokens,
-                   const samples *s, double bytes)
-{
-    if (g_n_results == (int)(sizeof g_results / sizeof g_results[0]))
-        die("too many results");
-    if (s->n == 0)
-        die("no samples for %s %s", op, method);
-    double *sorted = xmalloc(s->n * sizeof sorted[0]);
-    memcpy(sorted, s->us, s->n * sizeof sorted[0]);
-    qsort(sorted, s->n, sizeof sorted[0], cmp_double);
-    result *r = &g_results[g_n_results++];
-    r->op = op;
-    r->method = method;
-    r->tokens = tokens;
-    r->n = s->n;
-    r->min_us = sorted[0];
-    r->max_us = sorted[s->n - 1];
-    r->median_us = s->n % 2 ? sorted[s->n / 2]
-                            : (sorted[s->n / 2 - 1] + sorted[s->n / 2]) / 2;
+    result *r = results_add(&g_results, op, method, tokens, s);
     r->bytes = bytes;
-    r->paired = r->paired_lo = r->paired_hi = 0;
-    free(sorted);
+    return r;
 }
 
 /* The ratios a[i] / b[i] of samples taken side by side: their median and
- * quartiles go into the result last recorded (a's). Drift and noise that
- * hit a round hit both of its samples, so these are steadier than the
- * ratio of two medians. */
-static void record_paired(const samples *a, const samples *b)
+ * quartiles go into r (a's result). Drift and noise that hit a round hit
+ * both of its samples, so these are steadier than the ratio of two
+ * medians. */
+static void record_paired(result *r, const samples *a, const samples *b)
 {
-    result *r = &g_results[g_n_results - 1];
     if (a->n != b->n || a->n == 0)
-        die("unpaired samples for %s %s", r->op, r->method);
+        die("unpaired samples for %s %s", r->base.op, r->base.method);
     double *q = xmalloc(a->n * sizeof q[0]);
     for (size_t i = 0; i < a->n; i++)
         q[i] = b->us[i] > 0 ? a->us[i] / b->us[i] : 1;
     qsort(q, a->n, sizeof q[0], cmp_double);
-    r->paired = a->n % 2 ? q[a->n / 2] : (q[a->n / 2 - 1] + q[a->n / 2]) / 2;
+    r->paired = median_of_sorted(q, a->n);
     r->paired_lo = q[a->n / 4];
     r->paired_hi = q[(3 * a->n) / 4];
     free(q);
 }
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 1, 2)))
-#endif
-static void add_note(const char *fmt, ...)
-{
-    if (g_n_notes == (int)(sizeof g_notes / sizeof g_notes[0]))
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g_notes[g_n_notes++], sizeof g_notes[0], fmt, ap);
-    va_end(ap);
-}
-
 /* --- Files ----------------------------------------------------------------- */
 
-/* Built before any signal can arrive, so that the handler only calls
- * unlink() and rmdir(), which are async-signal-safe. */
+/* The session file: a scratch file, removed on a signal. */
 static char g_path[PATH_MAX];
-
-static void on_signal(int sig)
-{
-    if (g_path[0])
-        unlink(g_path);
-    if (g_dir[0])
-        rmdir(g_dir);
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
 
 /* --- Options --------------------------------------------------------------- */
 
@@ -239,24 +166,13 @@ static options parse_options(int argc, char **argv)
 {
     options o = { 0 };
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--json")) {
-            o.json = 1;
-        } else if (!strcmp(a, "--quick")) {
-            o.quick = 1;
-        } else if (!strcmp(a, "--cpu-time")) {
-            o.cpu_time = 1;
-        } else if (!strcmp(a, "--dir") && i + 1 < argc) {
-            o.dir = argv[++i];
-        } else if (!strcmp(a, "--tokens") && i + 1 < argc) {
-            o.only_tokens = parse_count(argv[++i], "--tokens", MIN_TOKENS, MAX_TOKENS);
-        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            exit(0);
-        } else {
-            usage(stderr);
-            exit(2);
-        }
+        if (!flag_option(argv[i], "--json", &o.json)
+            && !flag_option(argv[i], "--quick", &o.quick)
+            && !flag_option(argv[i], "--cpu-time", &o.cpu_time)
+            && !string_option(argc, argv, &i, "--dir", &o.dir)
+            && !count_option(argc, argv, &i, "--tokens", MIN_TOKENS, MAX_TOKENS,
+                             &o.only_tokens))
+            unknown_option(argv[i], usage);
     }
     o.progress = isatty(STDERR_FILENO);
     return o;
@@ -287,26 +203,6 @@ static void progress(const bench *b, const char *what)
 {
     if (b->o->progress)
         fprintf(stderr, "\r\033[K%u tokens: %s", b->tokens, what);
-}
-
-static uint8_t *run_base(const ctxs_layout *lay, uint32_t run)
-{
-    uint32_t layer = run / (2 * N_KV_HEADS);
-    uint32_t kind = run / N_KV_HEADS % 2;
-    uint32_t head = run % N_KV_HEADS;
-    return (uint8_t *)lay->kv + layer * lay->layer_stride
-           + kind * lay->kv_stride + head * lay->head_stride;
-}
-
-/* Valid fp16 values of either sign in [0.5, 1), random mantissas; n a
- * multiple of 8. */
-static void fill_kv(uint8_t *p, size_t n, uint64_t *seed)
-{
-    for (size_t i = 0; i + 8 <= n; i += 8) {
-        uint64_t w = (xorshift64(seed) & 0x83ff83ff83ff83ffull)
-                     | 0x3800380038003800ull;
-        memcpy(p + i, &w, 8);
-    }
 }
 
 /* Reads one byte of every page, so that the region is resident and mapped
@@ -367,10 +263,7 @@ static void create_session(bench *b)
     check_ctxs(ctxs_session_create(&b->s, g_path, &b->model, &o),
                "ctxs_session_create");
     ctxs_layout lay;
-    check_ctxs(ctxs_session_layout(&lay, b->s), "ctxs_session_layout");
-    if (lay.slot_bytes != SLOT_BYTES)
-        die("ctxs_session_layout: slot_bytes %zu, expected %d",
-            lay.slot_bytes, SLOT_BYTES);
+    get_layout(&lay, b->s, SLOT_BYTES);
     ctxs_reservation r;
     check_ctxs(ctxs_session_reserve(&r, b->s, b->tokens),
                "ctxs_session_reserve");
@@ -378,7 +271,8 @@ static void create_session(bench *b)
         die("ctxs_session_reserve: expected one span from slot 0");
     uint64_t seed = 0x9e3779b97f4a7c15ull ^ b->tokens;
     for (uint32_t run = 0; run < N_RUNS; run++)
-        fill_kv(run_base(&lay, run), (size_t)b->tokens * SLOT_BYTES, &seed);
+        fill_fp16_signed(kv_run(&lay, N_KV_HEADS, run),
+                         (size_t)b->tokens * SLOT_BYTES, &seed);
     uint32_t *ids = xmalloc((size_t)b->tokens * sizeof ids[0]);
     for (uint32_t i = 0; i < b->tokens; i++)
         ids[i] = (uint32_t)(xorshift64(&seed) % 151936); /* Qwen3 vocab */
@@ -520,14 +414,14 @@ static void measure_warm(bench *b)
         }
     }
     for (int m = 0; m < N_METHODS; m++) {
-        record("decode_step", k_method_names[m], b->tokens, &step[m],
-               b->step_bytes);
+        result *r = record("decode_step", k_method_names[m], b->tokens,
+                           &step[m], b->step_bytes);
         if (m != M_ANON)
-            record_paired(&step[m], &step[M_ANON]);
-        record("layer", k_method_names[m], b->tokens, &layer[m],
-               b->step_bytes / N_LAYERS);
+            record_paired(r, &step[m], &step[M_ANON]);
+        r = record("layer", k_method_names[m], b->tokens, &layer[m],
+                   b->step_bytes / N_LAYERS);
         if (m != M_ANON)
-            record_paired(&layer[m], &layer[M_ANON]);
+            record_paired(r, &layer[m], &layer[M_ANON]);
     }
     for (int m = 0; m < N_METHODS; m++) {
         samples_free(&step[m]);
@@ -616,48 +510,17 @@ static void run_context(const options *o, uint32_t tokens)
 
 /* --- Report ---------------------------------------------------------------- */
 
-static int index_of(const char *const *list, size_t n, const char *name)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!strcmp(list[i], name))
-            return (int)i;
-    return (int)n;
-}
-
-static int cmp_result(const void *pa, const void *pb)
-{
-    const result *a = pa, *b = pb;
-    size_t nops = sizeof k_ops / sizeof k_ops[0];
-    size_t nm = sizeof k_all_methods / sizeof k_all_methods[0];
-    int d = index_of(k_ops, nops, a->op) - index_of(k_ops, nops, b->op);
-    if (d)
-        return d;
-    if (a->tokens != b->tokens)
-        return a->tokens < b->tokens ? -1 : 1;
-    return index_of(k_all_methods, nm, a->method)
-           - index_of(k_all_methods, nm, b->method);
-}
-
-static const result *find_result(const char *op, const char *method,
-                                 uint32_t tokens)
-{
-    for (int i = 0; i < g_n_results; i++)
-        if (!strcmp(g_results[i].op, op) && !strcmp(g_results[i].method, method)
-            && g_results[i].tokens == tokens)
-            return &g_results[i];
-    return NULL;
-}
-
 /* decode_step and layer against the anonymous copy; first_step against the
  * warm decode step through the mapping. */
 static int g_cpu_time; /* --cpu-time: first_step has no warm baseline */
 
 static const result *baseline_of(const result *r)
 {
-    if (!strcmp(r->op, "first_step"))
+    if (!strcmp(r->base.op, "first_step"))
         return g_cpu_time ? NULL
-                          : find_result("decode_step", "mapping", r->tokens);
-    return find_result(r->op, "anonymous", r->tokens);
+                          : results_find(&g_results, "decode_step", "mapping",
+                                         r->base.tokens);
+    return results_find(&g_results, r->base.op, "anonymous", r->base.tokens);
 }
 
 static void thp_mode(char *buf, size_t n)
@@ -720,11 +583,10 @@ static void print_header(FILE *f, const options *o)
 
 static void print_json(void)
 {
-    for (int i = 0; i < g_n_results; i++) {
-        const result *r = &g_results[i];
-        json_result_begin(r->op, r->method, r->tokens, r->median_us,
-                          r->min_us, r->max_us);
-        printf(",\"n\":%zu,\"isa\":\"%s\"", r->n, ctxs_attention_isa());
+    for (size_t i = 0; i < g_results.n; i++) {
+        const result *r = &g_result_rows[i];
+        json_result_begin(&r->base);
+        printf(",\"n\":%zu,\"isa\":\"%s\"", r->base.n, ctxs_attention_isa());
         if (r->paired > 0)
             printf(",\"paired_ratio\":%.4f,\"paired_ratio_q1\":%.4f,"
                    "\"paired_ratio_q3\":%.4f",
@@ -739,26 +601,26 @@ static void print_table(void)
            "tokens", "method", "median_us", "min_us", "max_us", "n", "ratio",
            "paired", "GB/s");
     const char *last_op = "";
-    for (int i = 0; i < g_n_results; i++) {
-        const result *r = &g_results[i];
-        if (strcmp(r->op, last_op) && *last_op)
+    for (size_t i = 0; i < g_results.n; i++) {
+        const result *r = &g_result_rows[i];
+        const bench_result *m = &r->base;
+        if (strcmp(m->op, last_op) && *last_op)
             putchar('\n');
-        last_op = r->op;
+        last_op = m->op;
         const result *base = baseline_of(r);
         char ratio[32] = "";
-        if (base && base != r && base->median_us > 0)
+        if (base && base != r && base->base.median_us > 0)
             snprintf(ratio, sizeof ratio, "%.3fx",
-                     r->median_us / base->median_us);
+                     m->median_us / base->base.median_us);
         char paired[32] = "";
         if (r->paired > 0)
             snprintf(paired, sizeof paired, "%.3fx", r->paired);
         printf("%-12s %6u  %-17s %11.1f %11.1f %11.1f %5zu %8s %8s %7.2f\n",
-               r->op, r->tokens, r->method, r->median_us, r->min_us,
-               r->max_us, r->n, ratio, paired,
-               r->median_us > 0 ? r->bytes / (r->median_us * 1e3) : 0.0);
+               m->op, m->tokens, m->method, m->median_us, m->min_us,
+               m->max_us, m->n, ratio, paired,
+               m->median_us > 0 ? r->bytes / (m->median_us * 1e3) : 0.0);
     }
-    for (int i = 0; i < g_n_notes; i++)
-        printf("note: %s\n", g_notes[i]);
+    print_notes(stdout);
 }
 
 static void print_headlines(const uint32_t *contexts, int n)
@@ -768,19 +630,23 @@ static void print_headlines(const uint32_t *contexts, int n)
         uint32_t t = contexts[i];
         static const char *const ops[] = { "decode_step", "layer" };
         for (int k = 0; k < 2; k++) {
-            const result *a = find_result(ops[k], "mapping", t);
-            const result *b = find_result(ops[k], "anonymous", t);
-            if (a && b && b->median_us > 0)
+            const result *a = results_find(&g_results, ops[k], "mapping", t);
+            const result *b = results_find(&g_results, ops[k], "anonymous", t);
+            if (a && b && b->base.median_us > 0)
                 printf("%s mapping vs anonymous (%u tokens): %+.1f%% by"
                        " medians; paired: %+.1f%% (middle half %+.1f%% to"
                        " %+.1f%%)\n",
-                       ops[k], t, (a->median_us / b->median_us - 1) * 100,
+                       ops[k], t,
+                       (a->base.median_us / b->base.median_us - 1) * 100,
                        (a->paired - 1) * 100, (a->paired_lo - 1) * 100,
                        (a->paired_hi - 1) * 100);
         }
-        const result *w = find_result("decode_step", "mapping", t);
-        const result *c = find_result("first_step", "mapping_reopened", t);
-        const result *u = find_result("first_step", "mapping_uncached", t);
+        const bench_result *w = results_find(&g_results, "decode_step",
+                                             "mapping", t);
+        const bench_result *c = results_find(&g_results, "first_step",
+                                             "mapping_reopened", t);
+        const bench_result *u = results_find(&g_results, "first_step",
+                                             "mapping_uncached", t);
         if (w && c && u && w->median_us > 0)
             printf("first step after reopen (%u tokens): %.1f ms page cache"
                    " warm, %.1f ms from disk; a warm step: %.1f ms%s\n",
@@ -793,18 +659,12 @@ int main(int argc, char **argv)
 {
     options o = parse_options(argc, argv);
     g_cpu_time = o.cpu_time;
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGHUP, on_signal);
+    catch_signals(remove_scratch_on_signal);
     make_scratch_dir(o.dir, "ctxstore-bench");
-    scratch_path(g_path, "attention.ctxs");
+    scratch_file(g_path, "attention.ctxs");
 
     uint32_t contexts[2] = { 2048, 8192 };
-    int n_contexts = 2;
-    if (o.only_tokens) {
-        contexts[0] = o.only_tokens;
-        n_contexts = 1;
-    }
+    int n_contexts = pick_contexts(contexts, 2, o.only_tokens);
 
     print_header(o.json ? stderr : stdout, &o);
     fflush(stdout);
@@ -814,11 +674,11 @@ int main(int argc, char **argv)
     if (o.progress)
         fputs("\r\033[K", stderr);
 
-    qsort(g_results, (size_t)g_n_results, sizeof g_results[0], cmp_result);
+    results_sort(&g_results, k_ops, sizeof k_ops / sizeof k_ops[0],
+                 k_all_methods, sizeof k_all_methods / sizeof k_all_methods[0]);
     if (o.json) {
         print_json();
-        for (int i = 0; i < g_n_notes; i++)
-            fprintf(stderr, "note: %s\n", g_notes[i]);
+        print_notes(stderr);
     } else {
         print_table();
         print_headlines(contexts, n_contexts);

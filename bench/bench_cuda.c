@@ -38,7 +38,6 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,55 +64,30 @@ enum {
     N_SINK = 4,
     MIN_TOKENS = 16,
     MAX_TOKENS = 32768,
-    MAX_REPS = 64,
 };
 
 /* --- Results --------------------------------------------------------------- */
 
 typedef struct result {
-    const char *op;
-    const char *method;
-    uint32_t tokens;
-    int n;
-    double median_us, min_us, max_us;
+    bench_result base; /* first, for results_add() and results_find() */
     double bytes; /* K/V read, for GB/s; 0: not a read */
 } result;
 
-static result g_results[64];
-static int g_n_results;
+static result g_result_rows[64];
+static result_table g_results = RESULT_TABLE(g_result_rows);
 
-static void record(const char *op, const char *method, uint32_t tokens, double *us, int n,
-                   double bytes)
+/* One measurement into the table; the samples are spent. */
+static void record(const char *op, const char *method, uint32_t tokens, samples *s, double bytes)
 {
-    if (g_n_results == (int)(sizeof g_results / sizeof g_results[0]))
-        die("too many results");
-    qsort(us, (size_t)n, sizeof us[0], cmp_double);
-    g_results[g_n_results++] = (result){op, method, tokens, n, us[n / 2], us[0], us[n - 1],
-                                        bytes};
-}
-
-static const result *find(const char *op, const char *method, uint32_t tokens)
-{
-    for (int i = 0; i < g_n_results; i++)
-        if (!strcmp(g_results[i].op, op) && !strcmp(g_results[i].method, method) &&
-            g_results[i].tokens == tokens)
-            return &g_results[i];
-    return NULL;
+    result *r = results_add(&g_results, op, method, tokens, s);
+    r->bytes = bytes;
+    samples_free(s);
 }
 
 /* --- Scratch files ----------------------------------------------------------- */
 
+/* The session file: a scratch file, removed on a signal. */
 static char g_path[PATH_MAX];
-
-static void on_signal(int sig)
-{
-    if (g_path[0])
-        unlink(g_path);
-    if (g_dir[0])
-        rmdir(g_dir);
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
 
 typedef struct options {
     int quick;
@@ -135,20 +109,10 @@ static options parse_options(int argc, char **argv)
 {
     options o = {0};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--quick")) {
-            o.quick = 1;
-        } else if (!strcmp(a, "--dir") && i + 1 < argc) {
-            o.dir = argv[++i];
-        } else if (!strcmp(a, "--tokens") && i + 1 < argc) {
-            o.only_tokens = parse_count(argv[++i], "--tokens", MIN_TOKENS, MAX_TOKENS);
-        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            exit(0);
-        } else {
-            usage(stderr);
-            exit(2);
-        }
+        if (!flag_option(argv[i], "--quick", &o.quick) &&
+            !string_option(argc, argv, &i, "--dir", &o.dir) &&
+            !count_option(argc, argv, &i, "--tokens", MIN_TOKENS, MAX_TOKENS, &o.only_tokens))
+            unknown_option(argv[i], usage);
     }
     return o;
 }
@@ -184,15 +148,6 @@ typedef struct bench {
     double step_bytes; /* K/V one decode step reads */
 } bench;
 
-/* Valid fp16 values of either sign in [0.5, 1); n a multiple of 8. */
-static void fill_kv(uint8_t *p, size_t n, uint64_t *seed)
-{
-    for (size_t i = 0; i + 8 <= n; i += 8) {
-        uint64_t w = (xorshift64(seed) & 0x83ff83ff83ff83ffull) | 0x3800380038003800ull;
-        memcpy(p + i, &w, 8);
-    }
-}
-
 static void create_and_reopen(bench *b)
 {
     ctxs_session_options o;
@@ -207,12 +162,8 @@ static void create_and_reopen(bench *b)
     ctxs_reservation r;
     check_ctxs(ctxs_session_reserve(&r, b->s, b->tokens), "ctxs_session_reserve");
     uint64_t seed = 0x9e3779b97f4a7c15ull ^ b->tokens;
-    for (uint32_t layer = 0; layer < N_LAYERS; layer++)
-        for (uint32_t kind = 0; kind < 2; kind++)
-            for (uint32_t h = 0; h < N_KV_HEADS; h++)
-                fill_kv((uint8_t *)lay.kv + layer * lay.layer_stride + kind * lay.kv_stride +
-                            h * lay.head_stride,
-                        (size_t)b->tokens * SLOT_BYTES, &seed);
+    for (uint32_t run = 0; run < N_RUNS; run++)
+        fill_fp16_signed(kv_run(&lay, N_KV_HEADS, run), (size_t)b->tokens * SLOT_BYTES, &seed);
     uint32_t *ids = xmalloc((size_t)b->tokens * sizeof ids[0]);
     for (uint32_t i = 0; i < b->tokens; i++)
         ids[i] = (uint32_t)(xorshift64(&seed) % 151936); /* Qwen3 vocab */
@@ -249,7 +200,7 @@ static ctxs_attn_query query(const bench *b, const float *q, uint32_t layer)
 
 static void cpu_kernel(bench *b)
 {
-    double step[MAX_REPS], layer[MAX_REPS];
+    samples step = {0}, layer = {0};
     int reps = b->reps < 8 ? b->reps : 8; /* the CPU is slow: fewer */
     for (int i = -1; i < reps; i++) {
         double t0 = now_us(), t1 = 0;
@@ -261,14 +212,14 @@ static void cpu_kernel(bench *b)
                 t1 = now_us();
         }
         if (i >= 0) {
-            step[i] = now_us() - t0;
-            layer[i] = t1 - t0;
+            samples_add(&step, now_us() - t0);
+            samples_add(&layer, t1 - t0);
         }
     }
     char *method = xmalloc(32);
     snprintf(method, 32, "cpu_%s", ctxs_attention_isa());
-    record("decode_step", method, b->tokens, step, reps, b->step_bytes);
-    record("layer", method, b->tokens, layer, reps, b->step_bytes / N_LAYERS);
+    record("decode_step", method, b->tokens, &step, b->step_bytes);
+    record("layer", method, b->tokens, &layer, b->step_bytes / N_LAYERS);
 }
 
 /* The largest difference from the CPU's output, relative to the output's
@@ -300,7 +251,7 @@ static double elapsed_us(bench *b)
 static void gpu_mode(bench *b, int mode)
 {
     const char *method = mode == CTXS_CUDA_MAPPED ? "gpu_mapped" : "gpu_mirror";
-    double us[MAX_REPS];
+    samples us = {0};
     ctxs_cuda_kv *kv = NULL;
     check_ctxs(ctxs_session_attn_plan(&b->plan, b->s, 0), "ctxs_session_attn_plan");
 
@@ -312,10 +263,9 @@ static void gpu_mode(bench *b, int mode)
         double t0 = now_us();
         check_gpu(ctxs_cuda_attach(&kv, b->s, mode, 0), "ctxs_cuda_attach");
         if (i >= 0)
-            us[i] = now_us() - t0;
+            samples_add(&us, now_us() - t0);
     }
-    record("attach", method, b->tokens, us, attach_reps,
-           mode == CTXS_CUDA_MIRROR ? b->step_bytes : 0);
+    record("attach", method, b->tokens, &us, mode == CTXS_CUDA_MIRROR ? b->step_bytes : 0);
     ctxs_cuda_info info;
     check_gpu(ctxs_cuda_info_get(&info, kv), "ctxs_cuda_info_get");
     if (mode == CTXS_CUDA_MAPPED)
@@ -337,9 +287,9 @@ static void gpu_mode(bench *b, int mode)
         check_cuda(cudaEventRecord(b->ev[1], b->stream), "cudaEventRecord");
         double t = elapsed_us(b);
         if (i >= 0)
-            us[i] = t;
+            samples_add(&us, t);
     }
-    record("decode_step", method, b->tokens, us, b->reps, b->step_bytes);
+    record("decode_step", method, b->tokens, &us, b->step_bytes);
     double err = check_output(b);
     if (err > 1e-3)
         die("%s at %u tokens: the output differs from the CPU's by %.3g (relative)", method,
@@ -352,9 +302,9 @@ static void gpu_mode(bench *b, int mode)
         check_cuda(cudaEventRecord(b->ev[1], b->stream), "cudaEventRecord");
         double t = elapsed_us(b);
         if (i >= 0)
-            us[i] = t;
+            samples_add(&us, t);
     }
-    record("layer", method, b->tokens, us, b->reps, b->step_bytes / N_LAYERS);
+    record("layer", method, b->tokens, &us, b->step_bytes / N_LAYERS);
 
     /* push and pull of one token of a reservation (written once on the
      * host; the copies are the same each time) */
@@ -362,8 +312,8 @@ static void gpu_mode(bench *b, int mode)
     check_ctxs(ctxs_session_reserve(&r, b->s, 1), "ctxs_session_reserve");
     uint8_t *k = xmalloc(TOKEN_BYTES / 2), *v = xmalloc(TOKEN_BYTES / 2);
     uint64_t seed = 42;
-    fill_kv(k, TOKEN_BYTES / 2, &seed);
-    fill_kv(v, TOKEN_BYTES / 2, &seed);
+    fill_fp16_signed(k, TOKEN_BYTES / 2, &seed);
+    fill_fp16_signed(v, TOKEN_BYTES / 2, &seed);
     check_ctxs(ctxs_session_write_token(b->s, &r, 0, k, v), "ctxs_session_write_token");
     free(k);
     free(v);
@@ -373,17 +323,17 @@ static void gpu_mode(bench *b, int mode)
             check_gpu(ctxs_cuda_push(kv, &r, 0, 1, b->stream), "ctxs_cuda_push");
             check_cuda(cudaStreamSynchronize(b->stream), "cudaStreamSynchronize");
             if (i >= 0)
-                us[i] = now_us() - t0;
+                samples_add(&us, now_us() - t0);
         }
-        record("push_token", method, b->tokens, us, b->reps, 0);
+        record("push_token", method, b->tokens, &us, 0);
     }
     for (int i = -3; i < b->reps; i++) {
         double t0 = now_us();
         check_gpu(ctxs_cuda_pull(kv, &r, 0, 1, b->stream), "ctxs_cuda_pull");
         if (i >= 0)
-            us[i] = now_us() - t0;
+            samples_add(&us, now_us() - t0);
     }
-    record("pull_token", method, b->tokens, us, b->reps, 0);
+    record("pull_token", method, b->tokens, &us, 0);
     /* Drop the reservation: a rollback to the count releases it. */
     check_ctxs(ctxs_session_rollback(b->s, b->plan.n_tokens), "ctxs_session_rollback");
     ctxs_cuda_detach(kv);
@@ -425,36 +375,18 @@ static void print_table(void)
     printf("\n%-12s %6s  %-12s %12s %12s %12s %3s %8s\n", "op", "tokens", "method", "median_us",
            "min_us", "max_us", "n", "GB/s");
     const char *last = "";
-    for (int i = 0; i < g_n_results; i++) {
-        const result *r = &g_results[i];
-        if (strcmp(r->op, last) && *last)
+    for (size_t i = 0; i < g_results.n; i++) {
+        const result *r = &g_result_rows[i];
+        const bench_result *m = &r->base;
+        if (strcmp(m->op, last) && *last)
             putchar('\n');
-        last = r->op;
+        last = m->op;
         char gbs[32] = "";
-        if (r->bytes > 0 && r->median_us > 0)
-            snprintf(gbs, sizeof gbs, "%.1f", r->bytes / r->median_us / 1e3);
-        printf("%-12s %6u  %-12s %12.1f %12.1f %12.1f %3d %8s\n", r->op, r->tokens, r->method,
-               r->median_us, r->min_us, r->max_us, r->n, gbs);
+        if (r->bytes > 0 && m->median_us > 0)
+            snprintf(gbs, sizeof gbs, "%.1f", r->bytes / m->median_us / 1e3);
+        printf("%-12s %6u  %-12s %12.1f %12.1f %12.1f %3zu %8s\n", m->op, m->tokens, m->method,
+               m->median_us, m->min_us, m->max_us, m->n, gbs);
     }
-}
-
-static int cmp_result(const void *a, const void *b)
-{
-    static const char *const ops[] = {"attach", "decode_step", "layer", "push_token",
-                                      "pull_token"};
-    const result *x = a, *y = b;
-    int ox = 0, oy = 0;
-    for (int i = 0; i < 5; i++) {
-        if (!strcmp(x->op, ops[i]))
-            ox = i;
-        if (!strcmp(y->op, ops[i]))
-            oy = i;
-    }
-    if (ox != oy)
-        return ox - oy;
-    if (x->tokens != y->tokens)
-        return x->tokens < y->tokens ? -1 : 1;
-    return strcmp(x->method, y->method);
 }
 
 static void print_headlines(const uint32_t *contexts, int n)
@@ -463,9 +395,9 @@ static void print_headlines(const uint32_t *contexts, int n)
     snprintf(cpu, sizeof cpu, "cpu_%s", ctxs_attention_isa());
     putchar('\n');
     for (int i = 0; i < n; i++) {
-        const result *c = find("decode_step", cpu, contexts[i]);
-        const result *mi = find("decode_step", "gpu_mirror", contexts[i]);
-        const result *ma = find("decode_step", "gpu_mapped", contexts[i]);
+        const bench_result *c = results_find(&g_results, "decode_step", cpu, contexts[i]);
+        const bench_result *mi = results_find(&g_results, "decode_step", "gpu_mirror", contexts[i]);
+        const bench_result *ma = results_find(&g_results, "decode_step", "gpu_mapped", contexts[i]);
         if (c && mi && ma)
             printf("decode_step, 36 layers, %u tokens: CPU (%s) %.0f us; GPU mirror %.0f us "
                    "(%.1fx the CPU's speed), mapped %.0f us (%.1fx)\n",
@@ -484,18 +416,12 @@ int main(int argc, char **argv)
     }
     struct cudaDeviceProp prop;
     check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGHUP, on_signal);
+    catch_signals(remove_scratch_on_signal);
     make_scratch_dir(o.dir, "ctxstore-bench");
-    scratch_path(g_path, "cuda.ctxs");
+    scratch_file(g_path, "cuda.ctxs");
 
     uint32_t contexts[2] = {2048, 8192};
-    int n_contexts = 2;
-    if (o.only_tokens) {
-        contexts[0] = o.only_tokens;
-        n_contexts = 1;
-    }
+    int n_contexts = pick_contexts(contexts, 2, o.only_tokens);
     printf("ctxstore bench_cuda: %s (%d SMs, %.0f GiB), Qwen3-4B KV geometry: %d layers x %d KV "
            "heads x %d dim, fp16, %d query heads; one query token reads every held token; "
            "session in %s; times in us (GPU ops: CUDA events; attach, push, pull: wall)\n",
@@ -505,7 +431,10 @@ int main(int argc, char **argv)
     double t0 = now_us();
     for (int i = 0; i < n_contexts; i++)
         run_context(&o, contexts[i]);
-    qsort(g_results, (size_t)g_n_results, sizeof g_results[0], cmp_result);
+    /* Methods by name: the CPU's is named at run time, cpu_<isa>. */
+    static const char *const ops[] = {"attach", "decode_step", "layer", "push_token",
+                                      "pull_token"};
+    results_sort(&g_results, ops, sizeof ops / sizeof ops[0], NULL, 0);
     print_table();
     print_headlines(contexts, n_contexts);
     printf("total run time: %.1f s\n", (now_us() - t0) / 1e6);

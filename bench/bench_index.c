@@ -36,7 +36,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
@@ -99,27 +98,21 @@ enum {
 
 /* --- Output ---------------------------------------------------------------- */
 
-typedef struct samples {
-    double *us;
-    int n, cap;
-} samples;
-
 enum { SEC_BUILD = 1, SEC_PREFIX, SEC_FORK, SEC_COMMIT };
 
 typedef struct result {
     int section;
     const char *op;     /* the case */
     const char *method;
-    int n;
+    size_t n;
     double median_us, p99_us, min_us, max_us;
     char info[64];      /* a column of its own per section */
 } result;
 
+/* Not a result_table: rows are found by section, op and method ("close" is
+ * an op of SEC_BUILD and of SEC_COMMIT), and hold no token counts. */
 static result g_results[64];
 static int g_n_results;
-
-static char g_notes[24][640];
-static int g_n_notes;
 
 /* --- Files ----------------------------------------------------------------- */
 
@@ -155,7 +148,7 @@ typedef struct options {
     uint32_t sessions;    /* sessions in the find_prefix store */
     const char *dir;
     int progress;         /* stderr is a terminal */
-    unsigned gap_ms;
+    uint32_t gap_ms;
 } options;
 
 static void usage(FILE *f)
@@ -176,24 +169,13 @@ static options parse_options(int argc, char **argv)
 {
     options o = { .gap_ms = 50 };
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--json")) {
-            o.json = 1;
-        } else if (!strcmp(a, "--quick")) {
-            o.quick = 1;
-        } else if (!strcmp(a, "--dir") && i + 1 < argc) {
-            o.dir = argv[++i];
-        } else if (!strcmp(a, "--sessions") && i + 1 < argc) {
-            o.sessions = parse_count(argv[++i], "--sessions", 100, 100000);
-        } else if (!strcmp(a, "--gap-ms") && i + 1 < argc) {
-            o.gap_ms = parse_count(argv[++i], "--gap-ms", 0, 10000);
-        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            exit(0);
-        } else {
-            usage(stderr);
-            exit(2);
-        }
+        if (!flag_option(argv[i], "--json", &o.json)
+            && !flag_option(argv[i], "--quick", &o.quick)
+            && !string_option(argc, argv, &i, "--dir", &o.dir)
+            && !count_option(argc, argv, &i, "--sessions", 100, 100000,
+                             &o.sessions)
+            && !count_option(argc, argv, &i, "--gap-ms", 0, 10000, &o.gap_ms))
+            unknown_option(argv[i], usage);
     }
     if (!o.sessions)
         o.sessions = o.quick ? 1000 : 10000;
@@ -230,44 +212,15 @@ static const char *fs_name(const char *dir)
 static unsigned g_gap_ms;
 static const options *g_opt;
 
-static void think(void)
-{
-    struct timespec ts = { g_gap_ms / 1000, (long)(g_gap_ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
-
-static void samples_add(samples *s, double us)
-{
-    if (s->n == s->cap) {
-        int cap = s->cap ? s->cap * 2 : 64;
-        double *bigger = realloc(s->us, (size_t)cap * sizeof(*bigger));
-        if (!bigger)
-            die("out of memory");
-        s->us = bigger;
-        s->cap = cap;
-    }
-    s->us[s->n++] = us;
-}
-
-static void samples_free(samples *s)
-{
-    free(s->us);
-    *s = (samples){ 0 };
-}
-
-/* The median, and the 99th percentile as the sample below which 99% lie
+/* The 99th percentile of s (not empty) as the sample below which 99% lie
  * (the maximum under 100 samples). */
-static void quantiles(const samples *s, double *median, double *p99)
+static double p99_of(const samples *s)
 {
-    double *sorted = xmalloc((size_t)s->n * sizeof(*sorted));
-    memcpy(sorted, s->us, (size_t)s->n * sizeof(*sorted));
-    qsort(sorted, (size_t)s->n, sizeof(*sorted), cmp_double);
-    *median = s->n % 2 ? sorted[s->n / 2]
-                       : (sorted[s->n / 2 - 1] + sorted[s->n / 2]) / 2;
+    double *sorted = samples_sorted(s);
     int k = (int)((double)s->n * 0.99 + 0.5) - 1;
-    *p99 = sorted[k < 0 ? 0 : k >= s->n ? s->n - 1 : k];
+    double p99 = sorted[k < 0 ? 0 : (size_t)k >= s->n ? s->n - 1 : (size_t)k];
     free(sorted);
+    return p99;
 }
 
 #if defined(__GNUC__)
@@ -278,22 +231,17 @@ static result *record(int section, const char *op, const char *method,
 {
     if (g_n_results == (int)(sizeof g_results / sizeof g_results[0]))
         die("too many results");
-    if (s->n == 0)
-        die("no samples for %s %s", op, method);
+    bench_result stats = summarize(op, method, 0, s);
     result *r = &g_results[g_n_results++];
     memset(r, 0, sizeof(*r));
     r->section = section;
     r->op = op;
     r->method = method;
-    r->n = s->n;
-    quantiles(s, &r->median_us, &r->p99_us);
-    r->min_us = r->max_us = s->us[0];
-    for (int i = 1; i < s->n; i++) {
-        if (s->us[i] < r->min_us)
-            r->min_us = s->us[i];
-        if (s->us[i] > r->max_us)
-            r->max_us = s->us[i];
-    }
+    r->n = stats.n;
+    r->median_us = stats.median_us;
+    r->p99_us = p99_of(s);
+    r->min_us = stats.min_us;
+    r->max_us = stats.max_us;
     if (info_fmt) {
         va_list ap;
         va_start(ap, info_fmt);
@@ -301,19 +249,6 @@ static result *record(int section, const char *op, const char *method,
         va_end(ap);
     }
     return r;
-}
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 1, 2)))
-#endif
-static void add_note(const char *fmt, ...)
-{
-    if (g_n_notes == (int)(sizeof g_notes / sizeof g_notes[0]))
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g_notes[g_n_notes++], sizeof g_notes[0], fmt, ap);
-    va_end(ap);
 }
 
 #if defined(__GNUC__)
@@ -831,23 +766,6 @@ typedef struct fork_bench {
     char copy_path[PATH_MAX];
 } fork_bench;
 
-static uint8_t *run_base(const ctxs_layout *lay, uint32_t run)
-{
-    uint32_t layer = run / (2 * N_KV_HEADS);
-    uint32_t kind = run / N_KV_HEADS % 2;
-    uint32_t head = run % N_KV_HEADS;
-    return (uint8_t *)lay->kv + layer * lay->layer_stride
-           + kind * lay->kv_stride + head * lay->head_stride;
-}
-
-static void get_layout(ctxs_session *s, ctxs_layout *lay)
-{
-    check_ctxs(ctxs_session_layout(lay, s), "ctxs_session_layout");
-    if (lay->slot_bytes != SLOT_BYTES)
-        die("ctxs_session_layout: slot_bytes %zu, expected %d",
-            lay->slot_bytes, SLOT_BYTES);
-}
-
 static void session_options(ctxs_session_options *o, uint32_t capacity,
                             uint32_t durability)
 {
@@ -868,14 +786,14 @@ static void make_fork_source(fork_bench *fb)
     check_ctxs(ctxs_store_session_create(&s, fb->st, "fork-source", &fb->model, &o),
                "ctxs_store_session_create");
     ctxs_layout lay;
-    get_layout(s, &lay);
+    get_layout(&lay, s, SLOT_BYTES);
     ctxs_reservation r;
     check_ctxs(ctxs_session_reserve(&r, s, FORK_TOKENS), "ctxs_session_reserve");
     if (r.n_spans != 1 || r.spans[0].slot != 0)
         die("ctxs_session_reserve: unexpected spans");
     uint64_t seed = 0x5eed5eed5eedull;
     for (uint32_t run = 0; run < N_RUNS; run++)
-        fill_fp16(run_base(&lay, run), (size_t)FORK_TOKENS * SLOT_BYTES, &seed);
+        fill_fp16(kv_run(&lay, N_KV_HEADS, run), (size_t)FORK_TOKENS * SLOT_BYTES, &seed);
     uint32_t *ids = xmalloc(FORK_TOKENS * sizeof(*ids));
     random_ids(ids, FORK_TOKENS, 0xf0f0f0ull);
     check_ctxs(ctxs_session_commit(s, ids, FORK_TOKENS), "ctxs_session_commit");
@@ -892,12 +810,12 @@ static void make_fork_source(fork_bench *fb)
     check_ctxs(ctxs_session_open(&fb->src, fb->src_path, &fb->model,
                                  CTXS_OPEN_RDONLY, NULL),
                "ctxs_session_open");
-    get_layout(fb->src, &fb->src_lay);
+    get_layout(&fb->src_lay, fb->src, SLOT_BYTES);
     /* The engine's copy, as a state file is written from. */
     fb->state = xmalloc(STATE_BYTES);
     for (uint32_t run = 0; run < N_RUNS; run++)
         memcpy(fb->state + (size_t)run * FORK_TOKENS * SLOT_BYTES,
-               run_base(&fb->src_lay, run), (size_t)FORK_TOKENS * SLOT_BYTES);
+               kv_run(&fb->src_lay, N_KV_HEADS, run), (size_t)FORK_TOKENS * SLOT_BYTES);
     scratch_path(fb->bare_path, "fork.ctxs");
     scratch_path(fb->state_path, "state.bin");
     scratch_path(fb->copy_path, "copy.ctxs");
@@ -913,11 +831,11 @@ static void check_copy(const fork_bench *fb, ctxs_session *s, const char *what)
         die("%s holds %" PRIu64 " tokens, expected %d", what, info.n_tokens,
             FORK_TOKENS);
     ctxs_layout lay;
-    get_layout(s, &lay);
+    get_layout(&lay, s, SLOT_BYTES);
     if (memcmp(lay.token_ids, fb->src_lay.token_ids, FORK_TOKENS * 4))
         die("%s: token ids differ from the source's", what);
     for (uint32_t run = 0; run < N_RUNS; run++)
-        if (memcmp(run_base(&lay, run), run_base(&fb->src_lay, run),
+        if (memcmp(kv_run(&lay, N_KV_HEADS, run), kv_run(&fb->src_lay, N_KV_HEADS, run),
                    (size_t)FORK_TOKENS * SLOT_BYTES))
             die("%s: K/V of run %u differ from the source's", what, run);
 }
@@ -980,13 +898,13 @@ static void copy_sparse(const char *from, const char *to)
 static void rewrite_into(const fork_bench *fb, ctxs_session *s)
 {
     ctxs_layout lay;
-    get_layout(s, &lay);
+    get_layout(&lay, s, SLOT_BYTES);
     ctxs_reservation r;
     check_ctxs(ctxs_session_reserve(&r, s, FORK_TOKENS), "ctxs_session_reserve");
     if (r.n_spans != 1 || r.spans[0].slot != 0)
         die("ctxs_session_reserve: unexpected spans");
     for (uint32_t run = 0; run < N_RUNS; run++)
-        memcpy(run_base(&lay, run), run_base(&fb->src_lay, run),
+        memcpy(kv_run(&lay, N_KV_HEADS, run), kv_run(&fb->src_lay, N_KV_HEADS, run),
                (size_t)FORK_TOKENS * SLOT_BYTES);
     check_ctxs(ctxs_session_commit(s, fb->src_lay.token_ids, FORK_TOKENS),
                "ctxs_session_commit");
@@ -1128,17 +1046,6 @@ typedef struct conv_samples {
     samples all, flush, other, close;
 } conv_samples;
 
-/* The K/V run (layer, K|V, head) number `run` of any geometry. */
-static uint8_t *any_run(const ctxs_layout *lay, const ctxs_geometry *g,
-                        uint32_t run)
-{
-    uint32_t layer = run / (2 * g->n_kv_heads);
-    uint32_t kind = run / g->n_kv_heads % 2;
-    uint32_t head = run % g->n_kv_heads;
-    return (uint8_t *)lay->kv + layer * lay->layer_stride
-           + kind * lay->kv_stride + head * lay->head_stride;
-}
-
 /* One 2048-token conversation in s, 64 tokens a turn; only the commit is
  * timed. Turns that flush the prefix index (in the store) are told apart;
  * the bare session's same turns are recorded under the same heading.
@@ -1162,9 +1069,9 @@ static void converse(ctxs_session *s, const ctxs_geometry *g,
             die("ctxs_session_reserve: unexpected spans");
         size_t off = (size_t)r.spans[0].slot * lay.slot_bytes;
         for (uint32_t run = 0; run < runs; run++)
-            memcpy(any_run(&lay, g, run) + off, turn + run * run_bytes,
-                   run_bytes);
-        think();
+            memcpy(kv_run(&lay, g->n_kv_heads, run) + off,
+                   turn + run * run_bytes, run_bytes);
+        pause_ms(g_gap_ms);
         double t0 = now_us();
         check_ctxs(ctxs_session_commit(s, ids + t * TURN_TOKENS, TURN_TOKENS),
                    "ctxs_session_commit");
@@ -1295,7 +1202,7 @@ static void print_json(void)
                                             "fork", "commit" };
     for (int i = 0; i < g_n_results; i++) {
         const result *r = &g_results[i];
-        printf("{\"section\":\"%s\",\"op\":\"%s\",\"method\":\"%s\",\"n\":%d,"
+        printf("{\"section\":\"%s\",\"op\":\"%s\",\"method\":\"%s\",\"n\":%zu,"
                "\"median_us\":%.1f,\"p99_us\":%.1f,\"min_us\":%.1f,"
                "\"max_us\":%.1f,\"info\":\"%s\"}\n",
                sections[r->section], r->op, r->method, r->n, r->median_us,
@@ -1402,7 +1309,7 @@ static void print_tables(void)
         if (r->section != SEC_BUILD)
             continue;
         const result *base = find_result(SEC_BUILD, r->op, "bare");
-        printf("%-15s %-17s %11.1f %11.1f %11.1f %11.1f %5d %8.2fx  %s\n",
+        printf("%-15s %-17s %11.1f %11.1f %11.1f %11.1f %5zu %8.2fx  %s\n",
                r->op, r->method, r->median_us, r->p99_us, r->min_us,
                r->max_us, r->n, ratio_of(r, base), r->info);
     }
@@ -1415,7 +1322,7 @@ static void print_tables(void)
             continue;
         const result *base = find_result(SEC_PREFIX, r->op, "ctxs_prefix_find");
         double ratio = ratio_of(r, base);
-        printf("%-15s %-17s %11.1f %11.1f %11.1f %11.1f %5d %8.0fx  %s\n",
+        printf("%-15s %-17s %11.1f %11.1f %11.1f %11.1f %5zu %8.0fx  %s\n",
                r->op, r->method, r->median_us, r->p99_us, r->min_us,
                r->max_us, r->n, ratio, r->info);
     }
@@ -1426,7 +1333,7 @@ static void print_tables(void)
         const result *r = &g_results[i];
         if (r->section != SEC_FORK)
             continue;
-        printf("%-15s %-17s %11.2f %11.2f %11.2f %5d %8.2fx  %s\n", "",
+        printf("%-15s %-17s %11.2f %11.2f %11.2f %5zu %8.2fx  %s\n", "",
                r->method, r->median_us / 1e3, r->min_us / 1e3,
                r->max_us / 1e3, r->n, ratio_of(r, rewrite), r->info);
     }
@@ -1440,12 +1347,11 @@ static void print_tables(void)
         const result *base = find_result(SEC_COMMIT, r->op,
                                          strstr(r->method, "tiny") ? "bare_tiny"
                                                                    : "bare");
-        printf("%-19s %-13s %11.1f %11.1f %11.1f %5d %8.2fx  %s\n", r->op,
+        printf("%-19s %-13s %11.1f %11.1f %11.1f %5zu %8.2fx  %s\n", r->op,
                r->method, r->median_us, r->min_us, r->max_us, r->n,
                ratio_of(r, base), r->info);
     }
-    for (int i = 0; i < g_n_notes; i++)
-        printf("note: %s\n", g_notes[i]);
+    print_notes(stdout);
 }
 
 static void print_headlines(void)
@@ -1496,9 +1402,7 @@ int main(int argc, char **argv)
     options o = parse_options(argc, argv);
     g_opt = &o;
     g_gap_ms = o.gap_ms;
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGHUP, on_signal);
+    catch_signals(on_signal);
     make_scratch_dir(o.dir, "ctxstore-bench-index");
     scratch_path(g_store_dir, "store");
 
@@ -1523,8 +1427,7 @@ int main(int argc, char **argv)
 
     if (o.json) {
         print_json();
-        for (int i = 0; i < g_n_notes; i++)
-            fprintf(stderr, "note: %s\n", g_notes[i]);
+        print_notes(stderr);
     } else {
         print_tables();
         print_headlines();

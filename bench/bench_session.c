@@ -30,11 +30,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,10 +41,6 @@
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
-
-#ifdef __linux__
-#include <sys/vfs.h>
-#endif
 
 #include <sqlite3.h>
 
@@ -79,19 +72,6 @@ enum {
 
 /* --- Output ---------------------------------------------------------------- */
 
-typedef struct samples {
-    double us[MAX_ITERS];
-    int n;
-} samples;
-
-typedef struct result {
-    const char *op;
-    const char *method;
-    uint32_t tokens;
-    int n;           /* timed iterations */
-    double median_us, min_us, max_us;
-} result;
-
 static const char *const k_ops[] = {
     "save_turn", "commit", "resume_open", "resume_ready", "scan",
 };
@@ -102,12 +82,9 @@ static const char *const k_methods[] = {
     "mapping",       "anonymous",
 };
 
-static result g_results[256];
-static int g_n_results;
-
-/* Skipped measurements, printed under the table. */
-static char g_notes[16][256];
-static int g_n_notes;
+/* No fields of its own: a row is a bench_result. */
+static bench_result g_result_rows[256];
+static result_table g_results = RESULT_TABLE(g_result_rows);
 
 /* --- Files ----------------------------------------------------------------- */
 
@@ -122,25 +99,8 @@ static const char *const k_file_names[N_FILES] = {
     "kv.sqlite", "kv.sqlite-wal", "kv.sqlite-shm", "kv.sqlite-journal",
 };
 
-/* Built once at startup so that the signal handler only calls unlink() and
- * rmdir(), which are async-signal-safe. */
+/* Scratch files, removed on a signal. */
 static char g_paths[N_FILES][PATH_MAX];
-
-static void remove_known_files(void)
-{
-    for (int i = 0; i < N_FILES; i++)
-        if (g_paths[i][0])
-            unlink(g_paths[i]);
-}
-
-static void on_signal(int sig)
-{
-    remove_known_files();
-    if (g_dir[0])
-        rmdir(g_dir);
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
 
 static void check_sqlite(sqlite3 *db, int rc, int want, const char *what)
 {
@@ -156,7 +116,7 @@ typedef struct options {
     uint32_t only_tokens; /* 0 = the default list */
     const char *dir;      /* parent of our temporary directory */
     int progress;         /* stderr is a terminal */
-    unsigned gap_ms;      /* untimed pause before each timed save */
+    uint32_t gap_ms;      /* untimed pause before each timed save */
 } options;
 
 static void usage(FILE *f)
@@ -177,30 +137,17 @@ static options parse_options(int argc, char **argv)
 {
     options o = { .gap_ms = 50 };
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--json")) {
-            o.json = 1;
-        } else if (!strcmp(a, "--quick")) {
-            o.quick = 1;
-        } else if (!strcmp(a, "--gap-ms") && i + 1 < argc) {
-            o.gap_ms = parse_count(argv[++i], "--gap-ms", 0, 10000);
-        } else if (!strcmp(a, "--dir") && i + 1 < argc) {
-            o.dir = argv[++i];
-        } else if (!strcmp(a, "--tokens") && i + 1 < argc) {
-            o.only_tokens = parse_count(argv[++i], "--tokens", TURN_TOKENS, MAX_TOKENS);
-        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            exit(0);
-        } else {
-            usage(stderr);
-            exit(2);
-        }
+        if (!flag_option(argv[i], "--json", &o.json)
+            && !flag_option(argv[i], "--quick", &o.quick)
+            && !count_option(argc, argv, &i, "--gap-ms", 0, 10000, &o.gap_ms)
+            && !string_option(argc, argv, &i, "--dir", &o.dir)
+            && !count_option(argc, argv, &i, "--tokens", TURN_TOKENS, MAX_TOKENS,
+                             &o.only_tokens))
+            unknown_option(argv[i], usage);
     }
     o.progress = isatty(STDERR_FILENO);
     return o;
 }
-
-/* --- Scratch directory ----------------------------------------------------- */
 
 /* --- Timing and statistics ------------------------------------------------- */
 
@@ -211,47 +158,15 @@ static unsigned g_gap_ms;
  * the next. Every save method gets the same pause. */
 static void think(void)
 {
-    struct timespec ts = { g_gap_ms / 1000, (long)(g_gap_ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
+    pause_ms(g_gap_ms);
 }
 
-static void samples_add(samples *s, double us)
-{
-    if (s->n < MAX_ITERS)
-        s->us[s->n++] = us;
-}
-
+/* One measurement into the table; the samples are spent. */
 static void record(const char *op, const char *method, uint32_t tokens,
-                   const samples *s)
+                   samples *s)
 {
-    if (g_n_results == (int)(sizeof g_results / sizeof g_results[0]))
-        die("too many results");
-    double sorted[MAX_ITERS];
-    memcpy(sorted, s->us, (size_t)s->n * sizeof sorted[0]);
-    qsort(sorted, (size_t)s->n, sizeof sorted[0], cmp_double);
-    result *r = &g_results[g_n_results++];
-    r->op = op;
-    r->method = method;
-    r->tokens = tokens;
-    r->n = s->n;
-    r->min_us = sorted[0];
-    r->max_us = sorted[s->n - 1];
-    r->median_us = s->n % 2 ? sorted[s->n / 2]
-                            : (sorted[s->n / 2 - 1] + sorted[s->n / 2]) / 2;
-}
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 1, 2)))
-#endif
-static void add_note(const char *fmt, ...)
-{
-    if (g_n_notes == (int)(sizeof g_notes / sizeof g_notes[0]))
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g_notes[g_n_notes++], sizeof g_notes[0], fmt, ap);
-    va_end(ap);
+    results_add(&g_results, op, method, tokens, s);
+    samples_free(s);
 }
 
 /* --- K/V data -------------------------------------------------------------- */
@@ -369,27 +284,10 @@ static void bench_free(bench *b)
     free(b->state);
     free(b->turn);
     free(b->ids);
-    remove_known_files();
+    remove_scratch_files();
 }
 
 /* --- ctxstore helpers ------------------------------------------------------ */
-
-static uint8_t *run_base(const ctxs_layout *lay, uint32_t run)
-{
-    uint32_t layer = run / (2 * N_KV_HEADS);
-    uint32_t kind = run / N_KV_HEADS % 2;
-    uint32_t head = run % N_KV_HEADS;
-    return (uint8_t *)lay->kv + layer * lay->layer_stride
-           + kind * lay->kv_stride + head * lay->head_stride;
-}
-
-static void get_layout(ctxs_session *s, ctxs_layout *lay)
-{
-    check_ctxs(ctxs_session_layout(lay, s), "ctxs_session_layout");
-    if (lay->slot_bytes != SLOT_BYTES)
-        die("ctxs_session_layout: slot_bytes %zu, expected %d",
-            lay->slot_bytes, SLOT_BYTES);
-}
 
 /* Copies src (runs src_run_stride bytes apart, starting at token src_tok)
  * into the slots of reservation r, one memcpy per span and run: the way an
@@ -403,7 +301,7 @@ static void copy_into_reservation(const ctxs_layout *lay,
         size_t bytes = (size_t)r->spans[j].count * SLOT_BYTES;
         size_t dst_off = (size_t)r->spans[j].slot * SLOT_BYTES;
         for (uint32_t run = 0; run < N_RUNS; run++)
-            memcpy(run_base(lay, run) + dst_off,
+            memcpy(kv_run(lay, N_KV_HEADS, run) + dst_off,
                    src + run * src_run_stride + (size_t)src_tok * SLOT_BYTES,
                    bytes);
         src_tok += r->spans[j].count;
@@ -457,7 +355,7 @@ static void prefill_session(const bench *b)
     check_ctxs(ctxs_session_create(&s, g_paths[F_SESSION], &b->model, &o),
                "ctxs_session_create");
     ctxs_layout lay;
-    get_layout(s, &lay);
+    get_layout(&lay, s, SLOT_BYTES);
     ctxs_reservation r;
     check_ctxs(ctxs_session_reserve(&r, s, b->tokens), "ctxs_session_reserve");
     copy_into_reservation(&lay, &r, b->state, b->state_run_stride, 0);
@@ -492,11 +390,11 @@ static void measure_save_turn_ctxstore(const bench *b, uint32_t durability)
     progress(b, "save_turn", method);
     ctxs_session *s = open_session(b, durability);
     ctxs_layout lay;
-    get_layout(s, &lay);
+    get_layout(&lay, s, SLOT_BYTES);
     write_turn(s, &lay, b); /* warm-up */
     commit_turn(s, b);
     settle_disk();
-    samples sm = { .n = 0 };
+    samples sm = { 0 };
     for (int i = 0; i < b->iters; i++) {
         think();
         double t0 = now_us();
@@ -514,11 +412,11 @@ static void measure_commit_ctxstore(const bench *b, uint32_t durability)
     progress(b, "commit", method);
     ctxs_session *s = open_session(b, durability);
     ctxs_layout lay;
-    get_layout(s, &lay);
+    get_layout(&lay, s, SLOT_BYTES);
     write_turn(s, &lay, b); /* warm-up */
     commit_turn(s, b);
     settle_disk();
-    samples sm = { .n = 0 };
+    samples sm = { 0 };
     for (int i = 0; i < b->iters; i++) {
         write_turn(s, &lay, b);
         think();
@@ -558,7 +456,7 @@ static samples floor_samples(const bench *b, int small_pages)
     if (small_pages)
         check_sys(madvise(map, bytes, MADV_RANDOM), "madvise floor file");
     const size_t run_bytes = (size_t)TURN_TOKENS * SLOT_BYTES;
-    samples sm = { .n = 0 };
+    samples sm = { 0 };
     for (int i = 0; i <= b->iters; i++) {
         uint8_t *dst = map + (size_t)i * TURN_BYTES;
         if (i > 0)
@@ -585,9 +483,11 @@ static void measure_floor(const bench *b)
     samples sm = floor_samples(b, 0);
     record("save_turn", "floor", b->tokens, &sm);
     samples small = floor_samples(b, 1);
-    qsort(small.us, (size_t)small.n, sizeof(small.us[0]), cmp_double);
+    bench_result r = summarize("save_turn", "floor (4 KiB pages)", b->tokens,
+                               &small);
+    samples_free(&small);
     add_note("floor with 4 KiB pages (MADV_RANDOM, as ctxstore maps its KV) at %u"
-             " tokens: median %.1f us", b->tokens, small.us[small.n / 2]);
+             " tokens: median %.1f us", b->tokens, r.median_us);
 }
 
 /* Replaces a file with n bytes, durably: what llama.cpp's state files do on
@@ -607,7 +507,7 @@ static void measure_rewrite(const bench *b)
     int iters = iters_for_bytes(b, b->state_bytes);
     rewrite_file(g_paths[F_REWRITE], b->state, b->state_bytes); /* warm-up */
     settle_disk();
-    samples sm = { .n = 0 };
+    samples sm = { 0 };
     for (int i = 0; i < iters; i++) {
         think();
         double t0 = now_us();
@@ -713,7 +613,7 @@ static void measure_sqlite_blob(const bench *b)
      * database in the steady state where every statement replaces a row,
      * and saves a write of hundreds of megabytes. */
     settle_disk();
-    samples sm = { .n = 0 };
+    samples sm = { 0 };
     for (int i = 0; i < iters; i++) {
         think();
         double t0 = now_us();
@@ -761,7 +661,7 @@ static void check_info(ctxs_session *s, const bench *b)
 static void measure_resume_open(const bench *b)
 {
     progress(b, "resume_open", "ctxstore_async");
-    samples sm = { .n = 0 };
+    samples sm = { 0 };
     for (int i = 0; i <= b->iters; i++) {
         double t0 = now_us();
         ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC);
@@ -780,10 +680,10 @@ static uint64_t touch_window(ctxs_session *s, const bench *b)
     ctxs_window w;
     ctxs_layout lay;
     check_ctxs(ctxs_session_window(&w, s), "ctxs_session_window");
-    get_layout(s, &lay);
+    get_layout(&lay, s, SLOT_BYTES);
     uint64_t acc = 0;
     for (uint32_t run = 0; run < N_RUNS; run++) {
-        const uint8_t *base = run_base(&lay, run);
+        const uint8_t *base = kv_run(&lay, N_KV_HEADS, run);
         for (uint32_t j = 0; j < w.n_spans; j++)
             acc += touch_pages(base + (size_t)w.spans[j].slot * SLOT_BYTES,
                                (size_t)w.spans[j].count * SLOT_BYTES, b->page);
@@ -794,7 +694,7 @@ static uint64_t touch_window(ctxs_session *s, const bench *b)
 static void measure_resume_ready(const bench *b)
 {
     progress(b, "resume_ready", "ctxstore_async");
-    samples sm = { .n = 0 };
+    samples sm = { 0 };
     for (int i = 0; i <= b->iters; i++) {
         double t0 = now_us();
         ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC);
@@ -830,9 +730,9 @@ static uint8_t *read_whole_file(const char *path, size_t *n)
 /* A state file and a SQLite row are ready once read: the same measurement
  * stands for resume_open and resume_ready. */
 static void record_both_resumes(const char *method, const bench *b,
-                                const samples *sm)
+                                samples *sm)
 {
-    record("resume_open", method, b->tokens, sm);
+    results_add(&g_results, "resume_open", method, b->tokens, sm);
     record("resume_ready", method, b->tokens, sm);
 }
 
@@ -841,7 +741,7 @@ static void measure_read_file(const bench *b)
     progress(b, "resume", "read_file");
     size_t bytes = context_bytes(b->tokens);
     rewrite_file(g_paths[F_STATE], b->state, bytes);
-    samples sm = { .n = 0 };
+    samples sm = { 0 };
     int iters = iters_for_bytes(b, bytes);
     for (int i = 0; i <= iters; i++) {
         size_t n;
@@ -865,7 +765,7 @@ static void measure_sqlite_select(const bench *b)
     if (!store_blob(b->state, bytes, "resume", b->tokens))
         return;
     settle_disk();
-    samples sm = { .n = 0 };
+    samples sm = { 0 };
     int iters = iters_for_bytes(b, bytes);
     for (int i = 0; i <= iters; i++) {
         size_t n;
@@ -887,7 +787,7 @@ static uint64_t scan_mapping(const ctxs_layout *lay, uint32_t tokens)
 {
     uint64_t acc = 0;
     for (uint32_t run = 0; run < N_RUNS; run++)
-        acc += sum_words(run_base(lay, run), (size_t)tokens * SLOT_BYTES);
+        acc += sum_words(kv_run(lay, N_KV_HEADS, run), (size_t)tokens * SLOT_BYTES);
     return acc;
 }
 
@@ -908,9 +808,9 @@ static void measure_scan(const bench *b)
     progress(b, "scan", "mapping");
     ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC);
     ctxs_layout lay;
-    get_layout(s, &lay);
+    get_layout(&lay, s, SLOT_BYTES);
     uint64_t mapped_sum = scan_mapping(&lay, b->tokens); /* warm-up */
-    samples sm = { .n = 0 };
+    samples sm = { 0 };
     for (int i = 0; i < b->iters; i++) {
         double t0 = now_us();
         g_sink += scan_mapping(&lay, b->tokens);
@@ -921,7 +821,6 @@ static void measure_scan(const bench *b)
 
     progress(b, "scan", "anonymous");
     uint64_t anon_sum = scan_anonymous(b); /* warm-up */
-    sm.n = 0;
     for (int i = 0; i < b->iters; i++) {
         double t0 = now_us();
         g_sink += scan_anonymous(b);
@@ -988,54 +887,20 @@ static void run_context(const options *o, uint32_t tokens, int iters)
 
 /* --- Report ---------------------------------------------------------------- */
 
-static int index_of(const char *const *list, size_t n, const char *name)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!strcmp(list[i], name))
-            return (int)i;
-    return (int)n;
-}
-
-static int cmp_result(const void *pa, const void *pb)
-{
-    const result *a = pa, *b = pb;
-    size_t nops = sizeof k_ops / sizeof k_ops[0];
-    size_t nmethods = sizeof k_methods / sizeof k_methods[0];
-    int d = index_of(k_ops, nops, a->op) - index_of(k_ops, nops, b->op);
-    if (d)
-        return d;
-    if (a->tokens != b->tokens)
-        return a->tokens < b->tokens ? -1 : 1;
-    return index_of(k_methods, nmethods, a->method)
-           - index_of(k_methods, nmethods, b->method);
-}
-
-static const result *find_result(const char *op, const char *method,
-                                 uint32_t tokens)
-{
-    for (int i = 0; i < g_n_results; i++)
-        if (!strcmp(g_results[i].op, op) && !strcmp(g_results[i].method, method)
-            && g_results[i].tokens == tokens)
-            return &g_results[i];
-    return NULL;
-}
-
 /* What each op's ratio column divides by. */
-static const result *baseline_of(const result *r)
+static const bench_result *baseline_of(const bench_result *r)
 {
     if (!strcmp(r->op, "save_turn") || !strcmp(r->op, "commit"))
-        return find_result("save_turn", "floor", r->tokens);
+        return results_find(&g_results, "save_turn", "floor", r->tokens);
     if (!strcmp(r->op, "scan"))
-        return find_result("scan", "anonymous", r->tokens);
-    return find_result(r->op, "ctxstore_async", r->tokens);
+        return results_find(&g_results, "scan", "anonymous", r->tokens);
+    return results_find(&g_results, r->op, "ctxstore_async", r->tokens);
 }
 
 static void print_json(void)
 {
-    for (int i = 0; i < g_n_results; i++) {
-        const result *r = &g_results[i];
-        json_result_begin(r->op, r->method, r->tokens, r->median_us,
-                          r->min_us, r->max_us);
+    for (size_t i = 0; i < g_results.n; i++) {
+        json_result_begin(&g_result_rows[i]);
         printf("}\n");
     }
 }
@@ -1086,22 +951,21 @@ static void print_table(void)
     printf("%-13s %6s  %-18s %12s %12s %12s %3s %9s\n", "op", "tokens",
            "method", "median_us", "min_us", "max_us", "n", "ratio");
     const char *last_op = "";
-    for (int i = 0; i < g_n_results; i++) {
-        const result *r = &g_results[i];
+    for (size_t i = 0; i < g_results.n; i++) {
+        const bench_result *r = &g_result_rows[i];
         if (strcmp(r->op, last_op) && *last_op)
             putchar('\n');
         last_op = r->op;
-        const result *base = baseline_of(r);
+        const bench_result *base = baseline_of(r);
         char ratio[32] = "";
         if (base && base->median_us > 0)
             snprintf(ratio, sizeof ratio, "%.2fx",
                      r->median_us / base->median_us);
-        printf("%-13s %6u  %-18s %12.1f %12.1f %12.1f %3d %9s\n", r->op,
+        printf("%-13s %6u  %-18s %12.1f %12.1f %12.1f %3zu %9s\n", r->op,
                r->tokens, r->method, r->median_us, r->min_us, r->max_us, r->n,
                ratio);
     }
-    for (int i = 0; i < g_n_notes; i++)
-        printf("note: %s\n", g_notes[i]);
+    print_notes(stdout);
 }
 
 /* The context the headlines quote: 2048 when measured, else the largest. */
@@ -1113,7 +977,7 @@ static uint32_t headline_tokens(const uint32_t *contexts, int n)
     return contexts[n - 1];
 }
 
-static double ratio_of(const result *a, const result *b)
+static double ratio_of(const bench_result *a, const bench_result *b)
 {
     return a && b && b->median_us > 0 ? a->median_us / b->median_us : -1;
 }
@@ -1132,22 +996,23 @@ static void print_headlines(const uint32_t *contexts, int n)
     uint32_t lo = contexts[0], hi = contexts[n - 1];
     char label[128];
     putchar('\n');
+    const result_table *res = &g_results;
     snprintf(label, sizeof label, "save_turn ASYNC vs floor (%u tokens)", t);
-    print_ratio_line(label, ratio_of(find_result("save_turn", "ctxstore_async", t),
-                                     find_result("save_turn", "floor", t)));
+    print_ratio_line(label, ratio_of(results_find(res, "save_turn", "ctxstore_async", t),
+                                     results_find(res, "save_turn", "floor", t)));
     snprintf(label, sizeof label, "rewrite vs ctxstore_async at %u", t);
     print_ratio_line(label,
-                     ratio_of(find_result("save_turn", "rewrite_fdatasync", t),
-                              find_result("save_turn", "ctxstore_async", t)));
+                     ratio_of(results_find(res, "save_turn", "rewrite_fdatasync", t),
+                              results_find(res, "save_turn", "ctxstore_async", t)));
     snprintf(label, sizeof label, "resume_open %u vs %u", hi, lo);
     print_ratio_line(label,
-                     n > 1 ? ratio_of(find_result("resume_open",
-                                                  "ctxstore_async", hi),
-                                      find_result("resume_open",
-                                                  "ctxstore_async", lo))
+                     n > 1 ? ratio_of(results_find(res, "resume_open",
+                                                   "ctxstore_async", hi),
+                                      results_find(res, "resume_open",
+                                                   "ctxstore_async", lo))
                            : -1);
-    double scan = ratio_of(find_result("scan", "mapping", hi),
-                           find_result("scan", "anonymous", hi));
+    double scan = ratio_of(results_find(res, "scan", "mapping", hi),
+                           results_find(res, "scan", "anonymous", hi));
     if (scan < 0)
         printf("scan mapping vs anonymous (%u tokens): n/a\n", hi);
     else
@@ -1159,19 +1024,13 @@ int main(int argc, char **argv)
 {
     options o = parse_options(argc, argv);
     g_gap_ms = o.gap_ms;
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGHUP, on_signal);
+    catch_signals(remove_scratch_on_signal);
     make_scratch_dir(o.dir, "ctxstore-bench");
     for (int i = 0; i < N_FILES; i++)
-        scratch_path(g_paths[i], k_file_names[i]);
+        scratch_file(g_paths[i], k_file_names[i]);
 
     uint32_t contexts[3] = { 512, 2048, 8192 };
-    int n_contexts = o.quick ? 2 : 3;
-    if (o.only_tokens) {
-        contexts[0] = o.only_tokens;
-        n_contexts = 1;
-    }
+    int n_contexts = pick_contexts(contexts, o.quick ? 2 : 3, o.only_tokens);
     int iters = o.quick ? 7 : MAX_ITERS;
 
     /* With --json, stdout carries only the objects. */
@@ -1183,11 +1042,11 @@ int main(int argc, char **argv)
     if (o.progress)
         fputs("\r\033[K", stderr);
 
-    qsort(g_results, (size_t)g_n_results, sizeof g_results[0], cmp_result);
+    results_sort(&g_results, k_ops, sizeof k_ops / sizeof k_ops[0], k_methods,
+                 sizeof k_methods / sizeof k_methods[0]);
     if (o.json) {
         print_json();
-        for (int i = 0; i < g_n_notes; i++)
-            fprintf(stderr, "note: %s\n", g_notes[i]);
+        print_notes(stderr);
     } else {
         print_table();
         print_headlines(contexts, n_contexts);

@@ -40,7 +40,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +53,6 @@
 const char *const bench_program = "bench_tinychat";
 
 enum {
-    MAX_ITERS = 15,
     MAX_TOKENS = 16384,
     WINDOW = 2048, /* ctxstore's default window; every context fits in it */
 };
@@ -86,26 +84,15 @@ static options parse_options(int argc, char **argv)
 {
     options o = {.config = "mid"};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--json")) {
-            o.json = 1;
-        } else if (!strcmp(a, "--quick")) {
-            o.quick = 1;
-        } else if (!strcmp(a, "--dir") && i + 1 < argc) {
-            o.dir = argv[++i];
-        } else if (!strcmp(a, "--config") && i + 1 < argc) {
-            o.config = argv[++i];
+        if (string_option(argc, argv, &i, "--config", &o.config)) {
             if (strcmp(o.config, "mid") && strcmp(o.config, "qwen3-4b-kv") &&
                 strcmp(o.config, "default"))
                 die("--config wants mid, qwen3-4b-kv or default");
-        } else if (!strcmp(a, "--tokens") && i + 1 < argc) {
-            o.only_tokens = parse_count(argv[++i], "--tokens", 2, MAX_TOKENS);
-        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            exit(0);
-        } else {
-            usage(stderr);
-            exit(2);
+        } else if (!flag_option(argv[i], "--json", &o.json) &&
+                   !flag_option(argv[i], "--quick", &o.quick) &&
+                   !string_option(argc, argv, &i, "--dir", &o.dir) &&
+                   !count_option(argc, argv, &i, "--tokens", 2, MAX_TOKENS, &o.only_tokens)) {
+            unknown_option(argv[i], usage);
         }
     }
     return o;
@@ -113,32 +100,10 @@ static options parse_options(int argc, char **argv)
 
 /* --- Files ------------------------------------------------------------------ */
 
-/* Built once at startup so that the signal handler only calls unlink() and
- * rmdir(), which are async-signal-safe. */
+/* Scratch files, removed on a signal. */
 static char g_saved[PATH_MAX], g_fresh[PATH_MAX];
 
-static void on_signal(int sig)
-{
-    unlink(g_saved);
-    unlink(g_fresh);
-    if (g_dir[0])
-        rmdir(g_dir);
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
 /* --- Measurements ------------------------------------------------------------- */
-
-typedef struct stats {
-    double median_us, min_us, max_us;
-    int n;
-} stats;
-
-static stats summarize(double *us, int n)
-{
-    qsort(us, (size_t)n, sizeof(*us), cmp_double);
-    return (stats){us[n / 2], us[0], us[n - 1], n};
-}
 
 typedef struct bench {
     tinychat_model *m;
@@ -188,9 +153,9 @@ static double time_prefill(bench *b, const uint32_t *ids, uint32_t tokens, const
     return t;
 }
 
+/* One context: op "next_token", methods "resume" and "recompute". */
 typedef struct row {
-    uint32_t tokens;
-    stats resume, recompute;
+    bench_result resume, recompute;
     int same;
 } row;
 
@@ -206,20 +171,22 @@ static row run_context(bench *b, uint32_t tokens, int resume_iters, int prefill_
     (void)time_prefill(b, ids, tokens, g_saved, 1, &want);
     settle_disk();
 
-    double us[MAX_ITERS];
-    row r = {.tokens = tokens, .same = 1};
+    samples us = {0};
+    row r = {.same = 1};
     (void)time_resume(b, tokens, &got); /* warm-up */
     for (int i = 0; i < resume_iters; i++) {
-        us[i] = time_resume(b, tokens, &got);
+        samples_add(&us, time_resume(b, tokens, &got));
         r.same &= got == want;
     }
-    r.resume = summarize(us, resume_iters);
+    r.resume = summarize("next_token", "resume", tokens, &us);
+    samples_free(&us);
     for (int i = 0; i < prefill_iters; i++) {
-        us[i] = time_prefill(b, ids, tokens, g_fresh, 0, &got);
+        samples_add(&us, time_prefill(b, ids, tokens, g_fresh, 0, &got));
         r.same &= got == want;
         r.same &= !memcmp(b->logits_prefill, b->logits_resume, b->vocab * sizeof(float));
     }
-    r.recompute = summarize(us, prefill_iters);
+    r.recompute = summarize("next_token", "recompute", tokens, &us);
+    samples_free(&us);
     check_sys(unlink(g_saved), "unlink");
     free(ids);
     return r;
@@ -247,11 +214,11 @@ static void print_header(FILE *f, const options *o, const tinychat_config *cfg)
 static void print_table_row(const row *r)
 {
     char a[64], p[64];
-    snprintf(a, sizeof a, "%.3f [%.3f, %.3f] n=%d", r->resume.median_us / 1e3,
+    snprintf(a, sizeof a, "%.3f [%.3f, %.3f] n=%zu", r->resume.median_us / 1e3,
              r->resume.min_us / 1e3, r->resume.max_us / 1e3, r->resume.n);
-    snprintf(p, sizeof p, "%.1f [%.1f, %.1f] n=%d", r->recompute.median_us / 1e3,
+    snprintf(p, sizeof p, "%.1f [%.1f, %.1f] n=%zu", r->recompute.median_us / 1e3,
              r->recompute.min_us / 1e3, r->recompute.max_us / 1e3, r->recompute.n);
-    printf("%7u  %-31s %-31s %6.0fx %5s\n", r->tokens, a, p,
+    printf("%7u  %-31s %-31s %6.0fx %5s\n", r->resume.tokens, a, p,
            r->recompute.median_us / r->resume.median_us, r->same ? "yes" : "NO");
 }
 
@@ -260,13 +227,11 @@ static void print_table_row(const row *r)
  * row's, so that a reader of either object sees it. */
 static void print_json_row(const row *r, const char *config)
 {
-    static const char *const methods[] = {"resume", "recompute"};
-    const stats *timings[] = {&r->resume, &r->recompute};
+    const bench_result *timings[] = {&r->resume, &r->recompute};
     for (int m = 0; m < 2; m++) {
-        const stats *t = timings[m];
-        json_result_begin("next_token", methods[m], r->tokens, t->median_us, t->min_us,
-                          t->max_us);
-        printf(",\"n\":%d,\"config\":\"%s\",\"isa\":\"%s\",\"same\":%s", t->n, config,
+        const bench_result *t = timings[m];
+        json_result_begin(t);
+        printf(",\"n\":%zu,\"config\":\"%s\",\"isa\":\"%s\",\"same\":%s", t->n, config,
                ctxs_attention_isa(), r->same ? "true" : "false");
         if (t == &r->recompute && r->resume.median_us > 0)
             printf(",\"ratio\":%.2f", r->recompute.median_us / r->resume.median_us);
@@ -277,12 +242,10 @@ static void print_json_row(const row *r, const char *config)
 int main(int argc, char **argv)
 {
     options o = parse_options(argc, argv);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGHUP, on_signal);
+    catch_signals(remove_scratch_on_signal);
     make_scratch_dir(o.dir, "ctxstore-bench");
-    scratch_path(g_saved, "saved.ctxs");
-    scratch_path(g_fresh, "fresh.ctxs");
+    scratch_file(g_saved, "saved.ctxs");
+    scratch_file(g_fresh, "fresh.ctxs");
 
     tinychat_config cfg;
     if (!strcmp(o.config, "default")) {
@@ -300,11 +263,7 @@ int main(int argc, char **argv)
     b.logits_prefill = xmalloc(b.vocab * sizeof(float));
 
     uint32_t contexts[3] = {256, 1024, 2000};
-    int n_contexts = o.quick ? 2 : 3;
-    if (o.only_tokens) {
-        contexts[0] = o.only_tokens;
-        n_contexts = 1;
-    }
+    int n_contexts = pick_contexts(contexts, o.quick ? 2 : 3, o.only_tokens);
     /* With --json, stdout carries only the objects; the text goes to stderr. */
     FILE *text = o.json ? stderr : stdout;
     print_header(text, &o, &cfg);

@@ -361,6 +361,17 @@ uint64_t ts_now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+int ts_wait(pid_t pid)
+{
+    int status;
+    pid_t w;
+    do
+        w = waitpid(pid, &status, 0);
+    while (w < 0 && errno == EINTR);
+    cr_assert_eq(w, pid, "waitpid: %s", strerror(errno));
+    return status;
+}
+
 void ts_sleep_us(uint64_t us)
 {
     struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};

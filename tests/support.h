@@ -109,6 +109,9 @@ uint8_t *ts_read_file(const char *path, size_t *len);
 /* Writes len bytes to path (created or truncated). Returns 0 or -errno. */
 int ts_write_file(const char *path, const void *data, size_t len);
 
+/* Waits for child pid, through signals, and returns its wait status. */
+int ts_wait(pid_t pid);
+
 /* Monotonic microseconds; a sleep that resumes across signals. */
 uint64_t ts_now_us(void);
 void ts_sleep_us(uint64_t us);

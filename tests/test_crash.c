@@ -491,24 +491,12 @@ static void drain(int fd, outcome *o, ts_gens *gs)
 
 static void reap_killed(pid_t pid)
 {
-    int st;
-    pid_t w;
-    do
-        w = waitpid(pid, &st, 0);
-    while (w < 0 && errno == EINTR);
-    cr_assert_eq(w, pid);
+    int st = ts_wait(pid);
     if (WIFEXITED(st))
         cr_assert_fail("the child exited with %d (%s) before it was killed; see its stderr",
                        WEXITSTATUS(st), child_code_name(WEXITSTATUS(st)));
     cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the child died of signal %d",
               WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-}
-
-static void sleep_us(uint64_t us)
-{
-    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
 }
 
 typedef struct loop_stats {
@@ -543,7 +531,7 @@ static loop_stats kill_loop(const char *test, const uint32_t *levels, unsigned n
         };
         uint64_t delay = ts_rng_next(&rng) % max_delay_us[level];
         child_run c = spawn(&a);
-        sleep_us(delay);
+        ts_sleep_us(delay);
         kill(c.pid, SIGKILL);
         reap_killed(c.pid);
         outcome o = {n, n, 0, 0};

@@ -114,13 +114,6 @@ static uint64_t c_tokens(const ctxs_session *s)
     return ctxs_session_info_get(&info, s) == 0 ? info.n_tokens : 0;
 }
 
-static void sleep_us(long us)
-{
-    struct timespec ts = {us / 1000000L, (us % 1000000L) * 1000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
-
 static void write_all(int fd, const void *p, size_t n)
 {
     ssize_t w;
@@ -187,12 +180,7 @@ static pid_t spawn(void (*fn)(void *), void *arg)
 /* Waits for pid; returns its exit code, or 128 + signal. */
 static int reap(pid_t pid)
 {
-    int status;
-    pid_t w;
-    do
-        w = waitpid(pid, &status, 0);
-    while (w < 0 && errno == EINTR);
-    cr_assert_eq(w, pid, "waitpid: %s", strerror(errno));
+    int status = ts_wait(pid);
     if (WIFSIGNALED(status))
         return 128 + WTERMSIG(status);
     return WEXITSTATUS(status);
@@ -617,12 +605,12 @@ Test(index_crash, a_process_killed_inside_a_write_transaction_does_not_block_the
     writer_thread w = {st, &m, 0, -1};
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, writer_main, &w), 0);
-    sleep_us(200000);
+    ts_sleep_us(200000);
     cr_assert_eq(atomic_load(&w.done), 0, "the write did not wait for the child's transaction");
     kill(pid, SIGKILL);
     cr_assert_eq(reap(pid), 128 + SIGKILL);
     for (int i = 0; i < 1000 && !atomic_load(&w.done); i++)
-        sleep_us(10000);
+        ts_sleep_us(10000);
     cr_assert_eq(atomic_load(&w.done), 1, "the write is still blocked 10 s after the kill");
     pthread_join(th, NULL);
     cr_assert_eq(w.rc, 0, "the waiting write failed: %s", ctxs_err_name(w.rc));
@@ -828,7 +816,7 @@ Test(index_crash, kills_at_random_moments_leave_files_and_index_in_agreement)
          * whatever comes later. */
         uint64_t r = ts_rng_next(&rng);
         long us = (long)(r % 4 == 0 ? r % 200000 : r % 40000);
-        sleep_us(us);
+        ts_sleep_us(us);
         kill(pid, SIGKILL);
         int code = reap(pid);
         cr_assert(code == 128 + SIGKILL, "iteration %d: the child failed on its own: exit %d "
@@ -867,7 +855,7 @@ static void live_writer(void *p)
     while (c_tokens(s) < a->until) {
         if ((rc = c_append(s, 5)) != 0)
             child_fail(CHILD_EAPPEND, "live", rc);
-        sleep_us(1000);
+        ts_sleep_us(1000);
     }
     ctxs_session_close(s);
     ctxs_store_close(st);
@@ -981,7 +969,7 @@ Test(index_crash, fork_from_a_session_another_process_is_writing)
         cr_assert_eq(e.fork_tokens, n, "%s: fork_tokens %llu, holds %llu", name,
                      (unsigned long long)e.fork_tokens, (unsigned long long)n);
         forks++;
-        sleep_us(2000);
+        ts_sleep_us(2000);
     }
     cr_assert_eq(read_byte(p[0], &c), 1);
     cr_assert_eq(c, 'd');

@@ -494,12 +494,7 @@ static void run_to_death(void (*body)(void *), void *arg, const kill_plan *kp, m
     }
     cr_assert_eq(have, 0, "a torn message from the child");
     close(p[0]);
-    int status;
-    pid_t w;
-    do
-        w = waitpid(pid, &status, 0);
-    while (w < 0 && errno == EINTR);
-    cr_assert_eq(w, pid);
+    int status = ts_wait(pid);
     if (WIFEXITED(status))
         out->exit_code = WEXITSTATUS(status);
     else

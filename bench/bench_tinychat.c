@@ -27,14 +27,32 @@
  * real model's 147,456 bytes per token; several minutes, try --quick);
  * --config default runs tinychat's small default model.
  *
+ * Then the attention kernel alone, on the same model's KV shape, 2048
+ * tokens in a fresh session (random fp16 K/V, window 2048):
+ *
+ *   prefill    one ctxs_attention call per layer for all 2048 queries (the
+ *              causal prefill of the whole context).
+ *   decode     one ctxs_attention call per layer for the query at 2047,
+ *              which reads all 2048 keys: a decode step.
+ *
+ * Each is given as GB/s of K/V read: the bytes that must be read at least
+ * once, 2048 tokens x the K/V bytes per token of all the layers, over the
+ * time. A decode step reads each of those bytes once; a prefill reads them
+ * many times (query p reads keys 0..p), so its GB/s says how close the
+ * kernel comes to reading the KV cache once: at the decode step's figure,
+ * a prefill of 2048 queries would cost what one decode step does.
+ *
  * With --json, stdout carries one object per measurement and nothing else
  * (the header goes to stderr), as the other benchmarks write them for
  * ctxstore bench: op "next_token", method "resume" or "recompute", tokens,
  * median_us, min_us, max_us, n, config, isa, same; the recompute object
  * also has ratio, recompute median / resume median, as the table prints it.
+ * The attention objects: op "attention", method "prefill" or "decode",
+ * tokens 2048, the timings, n, config, isa, kv_bytes (the distinct bytes)
+ * and gb_s.
  *
  * Usage: bench_tinychat [--quick] [--tokens N] [--config mid|qwen3-4b-kv|default]
- *                       [--dir DIR] [--json]
+ *                       [--dir DIR] [--json] [--attention]
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -55,11 +73,13 @@ const char *const bench_program = "bench_tinychat";
 enum {
     MAX_TOKENS = 16384,
     WINDOW = 2048, /* ctxstore's default window; every context fits in it */
+    ATTN_TOKENS = 2048, /* the attention-alone measurement's context */
 };
 
 typedef struct options {
     int json;
     int quick;
+    int attention_only;
     uint32_t only_tokens;
     const char *config;
     const char *dir;
@@ -68,7 +88,7 @@ typedef struct options {
 static void usage(FILE *f)
 {
     fputs("usage: bench_tinychat [--quick] [--tokens N] [--config mid|qwen3-4b-kv|default]\n"
-          "                      [--dir DIR] [--json]\n"
+          "                      [--dir DIR] [--json] [--attention]\n"
           "  --quick     contexts 256 and 1024 only, fewer repetitions\n"
           "  --tokens N  one context of N tokens (2..16384)\n"
           "  --config    the model: mid (default: 8 layers of Qwen3-4B's KV shape),\n"
@@ -76,7 +96,8 @@ static void usage(FILE *f)
           "              (tinychat's small default)\n"
           "  --dir DIR   put the files in a new directory under DIR (default\n"
           "              $TMPDIR, else /var/tmp)\n"
-          "  --json      one JSON object per measurement on stdout\n",
+          "  --json      one JSON object per measurement on stdout\n"
+          "  --attention only the attention kernel alone: prefill vs decode\n",
           f);
 }
 
@@ -90,6 +111,7 @@ static options parse_options(int argc, char **argv)
                 die("--config wants mid, qwen3-4b-kv or default");
         } else if (!flag_option(argv[i], "--json", &o.json) &&
                    !flag_option(argv[i], "--quick", &o.quick) &&
+                   !flag_option(argv[i], "--attention", &o.attention_only) &&
                    !string_option(argc, argv, &i, "--dir", &o.dir) &&
                    !count_option(argc, argv, &i, "--tokens", 2, MAX_TOKENS, &o.only_tokens)) {
             unknown_option(argv[i], usage);
@@ -192,6 +214,94 @@ static row run_context(bench *b, uint32_t tokens, int resume_iters, int prefill_
     return r;
 }
 
+/* --- The attention kernel alone ----------------------------------------------- */
+
+typedef struct attn_row {
+    bench_result prefill, decode;
+    size_t kv_bytes; /* distinct K/V bytes: ATTN_TOKENS x bytes per token */
+} attn_row;
+
+/* Every layer's attention for q: one ctxs_attention call per layer. */
+static double time_layers(const ctxs_layout *lay, const ctxs_attn_plan *plan,
+                          const ctxs_attn_query *q, float *out, uint32_t n_layers)
+{
+    double t0 = now_us();
+    for (uint32_t l = 0; l < n_layers; l++)
+        check_ctxs(ctxs_attention(out, lay, plan, l, q), "ctxs_attention");
+    return now_us() - t0;
+}
+
+/* Prefill and decode attention over ATTN_TOKENS tokens of random K/V in a
+ * fresh session (reserved, never committed: the plan of every token
+ * pending serves all the queries). */
+static attn_row run_attention(const bench *b, int prefill_iters, int decode_iters)
+{
+    const tinychat_config *cfg = tinychat_model_config(b->m);
+    ctxs_session_options so = session_options(ATTN_TOKENS);
+    ctxs_session *s;
+    check_ctxs(ctxs_session_create(&s, g_fresh, &b->cm, &so), "create");
+    ctxs_reservation r;
+    check_ctxs(ctxs_session_reserve(&r, s, ATTN_TOKENS), "reserve");
+    ctxs_layout lay;
+    get_layout(&lay, s, (size_t)cfg->head_dim * 2);
+    uint64_t seed = 0x5eed;
+    for (uint32_t run = 0; run < cfg->n_layers * 2 * cfg->n_kv_heads; run++)
+        fill_fp16_signed(kv_run(&lay, cfg->n_kv_heads, run), lay.capacity * lay.slot_bytes, &seed);
+    ctxs_attn_plan plan;
+    check_ctxs(ctxs_session_attn_plan(&plan, s, ATTN_TOKENS), "plan");
+
+    const size_t per_q = (size_t)cfg->n_heads * cfg->head_dim;
+    float *q = xmalloc(ATTN_TOKENS * per_q * sizeof(float));
+    float *out = xmalloc(ATTN_TOKENS * per_q * sizeof(float));
+    for (size_t i = 0; i < ATTN_TOKENS * per_q; i++)
+        q[i] = (float)(xorshift64(&seed) % 2001) / 1000.0f - 1.0f;
+    const ctxs_attn_query pre = {.q = q, .pos = 0, .n = ATTN_TOKENS, .n_heads = cfg->n_heads};
+    const ctxs_attn_query dec = {
+        .q = q + (ATTN_TOKENS - 1) * per_q, .pos = ATTN_TOKENS - 1, .n = 1, .n_heads = cfg->n_heads};
+
+    attn_row a = {.kv_bytes = (size_t)ATTN_TOKENS * cfg->n_layers * 2 * cfg->n_kv_heads *
+                              cfg->head_dim * 2};
+    samples us = {0};
+    (void)time_layers(&lay, &plan, &dec, out, cfg->n_layers); /* warm-up */
+    for (int i = 0; i < decode_iters; i++)
+        samples_add(&us, time_layers(&lay, &plan, &dec, out, cfg->n_layers));
+    a.decode = summarize("attention", "decode", ATTN_TOKENS, &us);
+    samples_free(&us);
+    for (int i = 0; i < prefill_iters; i++)
+        samples_add(&us, time_layers(&lay, &plan, &pre, out, cfg->n_layers));
+    a.prefill = summarize("attention", "prefill", ATTN_TOKENS, &us);
+    samples_free(&us);
+    free(q);
+    free(out);
+    ctxs_session_close(s);
+    check_sys(unlink(g_fresh), "unlink");
+    return a;
+}
+
+static double gb_s(size_t bytes, const bench_result *t)
+{
+    return t->median_us > 0 ? bytes / (t->median_us * 1e3) : 0.0;
+}
+
+static void print_attention(const attn_row *a, const options *o)
+{
+    const bench_result *t[] = {&a->prefill, &a->decode};
+    for (int m = 0; m < 2; m++) {
+        if (o->json) {
+            json_result_begin(t[m]);
+            printf(",\"n\":%zu,\"config\":\"%s\",\"isa\":\"%s\",\"kv_bytes\":%zu,"
+                   "\"gb_s\":%.4f}\n",
+                   t[m]->n, o->config, ctxs_attention_isa(), a->kv_bytes, gb_s(a->kv_bytes, t[m]));
+        } else {
+            printf("attention %-7s of %u tokens: %10.3f ms [%.3f, %.3f] n=%zu  %8.4f GB/s of "
+                   "K/V (%zu distinct bytes)\n",
+                   t[m]->method, t[m]->tokens, t[m]->median_us / 1e3, t[m]->min_us / 1e3,
+                   t[m]->max_us / 1e3, t[m]->n, gb_s(a->kv_bytes, t[m]), a->kv_bytes);
+        }
+    }
+    fflush(stdout);
+}
+
 /* --- Report ------------------------------------------------------------------- */
 
 static void print_header(FILE *f, const options *o, const tinychat_config *cfg)
@@ -267,14 +377,14 @@ int main(int argc, char **argv)
     /* With --json, stdout carries only the objects; the text goes to stderr. */
     FILE *text = o.json ? stderr : stdout;
     print_header(text, &o, &cfg);
-    if (!o.json)
+    if (!o.json && !o.attention_only)
         printf("%7s  %-31s %-31s %7s %5s\n", "tokens", "resume (open+resume)",
                "recompute (prefill)", "ratio", "same");
     fflush(stdout);
 
     double t0 = now_us();
     int all_same = 1;
-    for (int i = 0; i < n_contexts; i++) {
+    for (int i = 0; i < n_contexts && !o.attention_only; i++) {
         uint32_t n = contexts[i];
         int resume_iters = o.quick ? 5 : 11;
         /* A prefill costs O(n^2) in attention: fewer repetitions of the
@@ -288,6 +398,10 @@ int main(int argc, char **argv)
         fflush(stdout);
         all_same &= r.same;
     }
+    if (!o.json && !o.attention_only)
+        printf("\n");
+    attn_row a = run_attention(&b, o.quick ? 1 : 3, o.quick ? 5 : 21);
+    print_attention(&a, &o);
     /* The blank line parts the footer from the table; stderr has none. */
     fprintf(text, "%sratio = recompute median / resume median. total run time: %.1f s\n",
             o.json ? "" : "\n", (now_us() - t0) / 1e6);

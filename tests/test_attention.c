@@ -655,6 +655,8 @@ static void prefill_case(uint32_t capacity, uint32_t n_sink, uint32_t window,
     free(one);
     free(q);
     ctxs_session_close(s);
+    /* so that a test may run several cases */
+    cr_assert_eq(remove(ts_path(ts_scratch, "a")), 0);
 }
 
 Test(attention, prefill_matches_the_reference_and_each_decode_bit_for_bit)
@@ -672,6 +674,82 @@ Test(attention, prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic)
     /* The pending tokens wrap the ring; head_dim and the group size are not
      * multiples of a vector or a tile. */
     prefill_case(160, 3, 2048, 230, 40, 3, 5, 37);
+}
+
+/* Prefills that cross the kernel's blocks of queries (CTXS__ATTN_QBLOCK)
+ * every way: their sizes not a multiple of it and several of them, GQA
+ * groups wider than a tile, windows that cut every query's keys (each
+ * query walks alone, its blocks offset from its neighbour's) or only the
+ * later queries' (the switch inside a block of queries), a wrapped ring. */
+Test(attention, blocked_prefill_of_many_queries_equals_each_decode)
+{
+    rng = ts_seed("blocked_prefill");
+    const uint32_t QB = CTXS__ATTN_QBLOCK, T = CTXS__ATTN_TILE;
+    /* Window above every position: one group per block of queries. */
+    prefill_case(1024, 4, 2048, 37, 5 * QB + 3, 2, T + 3, 40);
+    /* Window below every position: every query alone. */
+    prefill_case(1024, 4, 50, 120, 3 * QB + 5, 1, 2 * T + 1, 24);
+    /* Window 64 + 4 sinks: queries up to position 67 read all before
+     * them, later ones are cut; the switch falls inside a block. */
+    prefill_case(1024, 4, 64, 30, 4 * QB + 7, 2, 3, 16);
+}
+
+Test(attention, blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode)
+{
+    rng = ts_seed("blocked_prefill_ring");
+    /* The pending tokens wrap the ring; the plan's spans are the sinks and
+     * the ring's two halves, cut at no block boundary. */
+    prefill_case(200, 4, 2048, 311, 3 * CTXS__ATTN_QBLOCK + 9, 2, CTXS__ATTN_TILE + 1, 32);
+}
+
+/* A query of a prefill rides along in the blocks of the later queries of
+ * its block, whose keys it must not read: not even as a weight of 0, which
+ * an inf or NaN in V would turn into NaN. */
+Test(attention, keys_after_a_query_never_touch_its_output_in_a_prefill)
+{
+    rng = ts_seed("later_keys");
+    const uint32_t hd = 32, n_heads = 4, n = 2 * CTXS__ATTN_QBLOCK + 5;
+    ctxs_session *s = create_plain("a", 1, 2, hd);
+    append_random(s, 90);
+    ctxs_reservation r = reserve_random(s, n);
+    /* The last pending token: K that would win every softmax, V inf and
+     * NaN. Only the last query reads it. */
+    const uint32_t last = r.n_spans == 1 ? r.spans[0].slot + n - 1
+                                         : r.spans[1].slot + r.spans[1].count - 1;
+    for (uint32_t h = 0; h < 2; h++) {
+        void *k, *v;
+        cr_assert_eq(ctxs_session_kv(&k, s, 0, CTXS_K, h), 0);
+        cr_assert_eq(ctxs_session_kv(&v, s, 0, CTXS_V, h), 0);
+        for (uint32_t e = 0; e < hd; e++) {
+            ((uint16_t *)k)[(size_t)last * hd + e] = 0x7bff; /* 65504 */
+            ((uint16_t *)v)[(size_t)last * hd + e] = e % 2 ? 0x7c00 : 0x7e00;
+        }
+    }
+    ctxs_attn_plan plan = plan_of(s, n);
+    ctxs_layout lay;
+    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    const size_t row = (size_t)n_heads * hd;
+    float *q = rand_q(n, n_heads, hd, 1.0f);
+    float *pre = alloc_out(n * row), *one = alloc_out(row);
+    FOR_EACH_ISA(isa)
+    {
+        ctxs_attn_query qq = {q, 90, n, n_heads, 0.0f};
+        cr_assert_eq(ctxs_attention(pre, &lay, &plan, 0, &qq), 0);
+        for (uint32_t i = 0; i + 1 < n; i++) {
+            for (size_t e = 0; e < row; e++)
+                cr_assert(isfinite(pre[i * row + e]), "isa %s: query %u element %zu is %g",
+                          all_isas[isa], i, e, pre[i * row + e]);
+            ctxs_attn_query q1 = {q + i * row, 90 + i, 1, n_heads, 0.0f};
+            cr_assert_eq(ctxs_attention(one, &lay, &plan, 0, &q1), 0);
+            cr_expect_eq(memcmp(one, pre + i * row, row * sizeof(float)), 0,
+                         "isa %s: query %u differs from its decode", all_isas[isa], 90 + i);
+        }
+        expect_canary(pre, n * row);
+    }
+    free(q);
+    free(pre);
+    free(one);
+    ctxs_session_close(s);
 }
 
 Test(attention, splitting_a_span_does_not_change_a_bit)

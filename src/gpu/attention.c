@@ -4,9 +4,11 @@
  *
  * ctxs_attention() checks its arguments once, then for each query cuts the
  * plan's spans down to the runs of slots that query reads (its sinks and its
- * window, up to itself) and hands them, one KV head and up to
- * CTXS__ATTN_TILE query heads of its GQA group at a time, to the kernel of
- * the instruction set chosen at the first call.
+ * window, up to itself), and walks them, one KV head at a time, for a block
+ * of CTXS__ATTN_QBLOCK queries together (see "Blocks of queries" below):
+ * each logical block of keys goes to the kernel of the instruction set
+ * chosen at the first call, with up to CTXS__ATTN_TILE rows (query heads of
+ * those queries) a call.
  *
  * Determinism. An engine that resumes a session recomputes the last token
  * with n == 1 on a plan of another shape than the prefill that first
@@ -16,7 +18,9 @@
  * a flash-style running max and sum that are updated once per block. Within
  * a block the scores, the exponentials and the V accumulation of each
  * output element go key by key in order. Nothing depends on the spans, on
- * the other queries of the call, or on which tile a head falls in.
+ * the other queries of the call, or on which tile a head falls in: a row
+ * that shares a tile with rows of later queries takes only its own keys of
+ * the block, and skips the others rather than weighting them by 0.
  *
  * The SIMD kernels also follow the portable one's arithmetic: a dot product
  * sums into 16 lanes (element d into lane d % 16) reduced by the same tree,
@@ -103,84 +107,70 @@ static inline float reduce16(const float a[16])
     return s2a + s2b;
 }
 
-void ctxs__attn_portable(float *out, const float *q, uint32_t n_q, float scale,
-                         const ctxs__attn_keys *keys)
+void ctxs__attn_portable(ctxs__attn_row *rows, uint32_t n_q, const ctxs__attn_block *blk)
 {
     enum { B = CTXS__ATTN_BLOCK, T = CTXS__ATTN_TILE };
-    const uint32_t hd = keys->head_dim;
-    float s[T][B], m[T], l[T], c[T];
-    const uint16_t *kr[B], *vr[B];
-    ctxs__attn_cursor cur = { 0 };
-
+    const uint32_t hd = blk->head_dim, done = blk->done;
+    float s[T][B], c[T];
+    uint32_t nb[T], hi = 0;
     for (uint32_t g = 0; g < n_q; g++) {
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
+        nb[g] = ctxs__attn_row_nb(&rows[g], blk);
+        hi = nb[g] > hi ? nb[g] : hi;
     }
-    /* done: keys of the blocks before this one. */
-    for (uint32_t done = 0, nb; (nb = ctxs__attn_next_block(keys, &cur, kr, vr)); done += nb) {
 
-        /* Each K row is converted once, 16 elements at a time, for all the
-         * heads of the tile; element d goes to lane d % 16 of its head. */
-        for (uint32_t j = 0; j < nb; j++) {
-            float lane[T][16] = {{0}};
-            for (uint32_t d0 = 0; d0 < hd; d0 += 16) {
-                uint32_t w = hd - d0 < 16 ? hd - d0 : 16;
-                float k[16];
+    /* Each K row is converted once, 16 elements at a time, for all the
+     * rows of the tile; element d goes to lane d % 16 of its row. A row's
+     * scores past its own keys are computed and never read. */
+    for (uint32_t j = 0; j < hi; j++) {
+        float lane[T][16] = {{0}};
+        for (uint32_t d0 = 0; d0 < hd; d0 += 16) {
+            uint32_t w = hd - d0 < 16 ? hd - d0 : 16;
+            float k[16];
+            for (uint32_t i = 0; i < w; i++)
+                k[i] = half_to_float(blk->k[j][d0 + i]);
+            for (uint32_t g = 0; g < n_q; g++) {
+                const float *qg = rows[g].q + d0;
                 for (uint32_t i = 0; i < w; i++)
-                    k[i] = half_to_float(kr[j][d0 + i]);
-                for (uint32_t g = 0; g < n_q; g++) {
-                    const float *qg = q + (size_t)g * hd + d0;
-                    for (uint32_t i = 0; i < w; i++)
-                        lane[g][i] += qg[i] * k[i];
-                }
-            }
-            for (uint32_t g = 0; g < n_q; g++)
-                s[g][j] = reduce16(lane[g]) * scale;
-        }
-
-        for (uint32_t g = 0; g < n_q; g++) {
-            float bm = s[g][0];
-            for (uint32_t j = 1; j < nb; j++)
-                bm = s[g][j] > bm ? s[g][j] : bm;
-            float nm = bm > m[g] ? bm : m[g];
-            /* done == 0: nothing to rescale, and -inf - -inf is NaN. */
-            c[g] = done ? exp_le0(m[g] - nm) : 0.0f;
-            m[g] = nm;
-            l[g] *= c[g];
-            for (uint32_t j = 0; j < nb; j++) {
-                s[g][j] = exp_le0(s[g][j] - nm);
-                l[g] += s[g][j];
+                    lane[g][i] += qg[i] * k[i];
             }
         }
-
-        /* Each element: rescaled once, then plus weight times V key by key,
-         * in order; V rows converted once for all the heads. */
-        for (uint32_t g = 0; g < n_q; g++) {
-            float *og = out + (size_t)g * hd;
-            for (uint32_t d = 0; d < hd; d++)
-                og[d] = done ? og[d] * c[g] : 0.0f;
-        }
-        for (uint32_t j = 0; j < nb; j++) {
-            for (uint32_t d0 = 0; d0 < hd; d0 += 16) {
-                uint32_t w = hd - d0 < 16 ? hd - d0 : 16;
-                float v[16];
-                for (uint32_t i = 0; i < w; i++)
-                    v[i] = half_to_float(vr[j][d0 + i]);
-                for (uint32_t g = 0; g < n_q; g++) {
-                    float *og = out + (size_t)g * hd + d0;
-                    for (uint32_t i = 0; i < w; i++)
-                        og[i] += s[g][j] * v[i];
-                }
-            }
-        }
+        for (uint32_t g = 0; g < n_q; g++)
+            s[g][j] = reduce16(lane[g]) * blk->scale;
     }
 
     for (uint32_t g = 0; g < n_q; g++) {
-        /* l >= 1 (the max key weighs exp(0)) unless the scores are NaN. */
-        float inv = 1.0f / l[g];
-        float *og = out + (size_t)g * hd;
+        ctxs__attn_row *r = &rows[g];
+        float bm = s[g][0];
+        for (uint32_t j = 1; j < nb[g]; j++)
+            bm = s[g][j] > bm ? s[g][j] : bm;
+        float nm = bm > r->m ? bm : r->m;
+        /* done == 0: nothing to rescale, and -inf - -inf is NaN. */
+        c[g] = done ? exp_le0(r->m - nm) : 0.0f;
+        r->m = nm;
+        r->l *= c[g];
+        for (uint32_t j = 0; j < nb[g]; j++) {
+            s[g][j] = exp_le0(s[g][j] - nm);
+            r->l += s[g][j];
+        }
+    }
+
+    /* Each element: rescaled once, then plus weight times V key by key,
+     * in order; V rows converted once for all the rows. */
+    for (uint32_t g = 0; g < n_q; g++)
         for (uint32_t d = 0; d < hd; d++)
-            og[d] *= inv;
+            rows[g].out[d] = done ? rows[g].out[d] * c[g] : 0.0f;
+    for (uint32_t j = 0; j < hi; j++) {
+        for (uint32_t d0 = 0; d0 < hd; d0 += 16) {
+            uint32_t w = hd - d0 < 16 ? hd - d0 : 16;
+            float v[16];
+            for (uint32_t i = 0; i < w; i++)
+                v[i] = half_to_float(blk->v[j][d0 + i]);
+            for (uint32_t g = 0; g < n_q; g++) {
+                float *og = rows[g].out + d0;
+                for (uint32_t i = 0; i < w && j < nb[g]; i++)
+                    og[i] += s[g][j] * v[i];
+            }
+        }
     }
 }
 
@@ -324,15 +314,18 @@ static int layout_valid(const ctxs_layout *kv, uint32_t layer)
 }
 
 /* The runs of slots query position p reads, in position order: each span
- * cut to [0, p] and to the sinks plus the last `window` positions. */
+ * cut to [0, p] and to the sinks plus the last `window` positions. *whole
+ * says that the cut is [0, p] alone, which makes the sequence a prefix of
+ * the next position's. */
 static uint32_t query_runs(ctxs__attn_keys *keys, const ctxs_attn_plan *plan,
-                           uint64_t p)
+                           uint64_t p, int *whole)
 {
     uint64_t lo[2], hi[2];
     uint32_t n_iv;
     uint64_t recent = p + 1 > plan->window ? p + 1 - plan->window : 0;
     uint64_t sink_hi = plan->n_sink < p + 1 ? plan->n_sink : p + 1;
-    if (recent <= sink_hi) {
+    *whole = recent <= sink_hi;
+    if (*whole) {
         lo[0] = 0, hi[0] = p + 1, n_iv = 1;
     } else {
         lo[0] = 0, hi[0] = sink_hi;
@@ -391,6 +384,137 @@ int ctxs_attention_check(float *scale_out, const ctxs_layout *kv,
     return 0;
 }
 
+/* --- Blocks of queries ------------------------------------------------------ *
+ *
+ * A prefill of n queries would read every K/V row up to n times if each
+ * query walked its keys alone. Instead CTXS__ATTN_QBLOCK consecutive queries
+ * walk together, block index by block index: block b of each of them, for
+ * every row (query head) of them, before any block b + 1. A query's own
+ * blocks, and the order of its updates, are those it has alone; only the
+ * interleaving with the other queries changes, which no output depends on.
+ *
+ * Queries whose windows hold all their keys (the window not smaller than
+ * their positions) read nested prefixes of one sequence: they form one
+ * group that walks the longest sequence, each row taking the first keys of
+ * each block that are its own. Where the window cuts the keys off below,
+ * each query's sequence starts one position after the last one's, so its
+ * blocks are offset by one key from its neighbour's: such a query is a
+ * group of its own. The groups still go through block b together, and as
+ * their blocks b overlap in all but one key per query, a block's K/V rows
+ * are read from memory once and from the cache for the other groups. What
+ * the sliding case loses is only that a tile of rows holds one query's
+ * heads, not several queries', so a converted K row serves fewer rows. */
+
+typedef struct qgroup {
+    ctxs__attn_keys keys;  /* the longest sequence of the group */
+    ctxs__attn_cursor cur;
+    uint32_t row, end;     /* its rows, in order of n_keys; row moves past
+                              those that have read all their keys */
+} qgroup;
+
+typedef struct qblock {
+    const float *q;        /* the block's first query, [n][n_heads][hd] */
+    float *out;
+    uint32_t n_keys[CTXS__ATTN_QBLOCK]; /* of each query; 0: none, zeros out */
+    uint32_t group_end[CTXS__ATTN_QBLOCK]; /* queries [end of the last, this) */
+    uint32_t n, n_groups;
+    qgroup groups[CTXS__ATTN_QBLOCK];
+} qblock;
+
+/* Sorts queries pos .. pos + n - 1 into groups; zeros for those that see
+ * no key. */
+static void qblock_group(qblock *qb, const ctxs_attn_plan *plan, uint64_t pos, size_t row)
+{
+    int prev_whole = 0;
+    qb->n_groups = 0;
+    for (uint32_t i = 0; i < qb->n; i++) {
+        ctxs__attn_keys keys;
+        int whole;
+        qb->n_keys[i] = query_runs(&keys, plan, pos + i, &whole);
+        if (qb->n_keys[i] == 0) {
+            /* Only a plan built by hand can leave a query nothing to read
+             * (a valid plan holds the query's own position): softmax over
+             * no key is undefined, and zeros say "no contribution" without
+             * the NaN that 0/0 would spread through the next layers. */
+            memset(qb->out + i * row, 0, row * sizeof(float));
+            continue;
+        }
+        if (!(whole && prev_whole))
+            qb->n_groups++;
+        qb->groups[qb->n_groups - 1].keys = keys; /* the longest so far */
+        qb->group_end[qb->n_groups - 1] = i + 1;
+        prev_whole = whole;
+    }
+}
+
+typedef struct pass {
+    ctxs__attn_fn *fn;
+    const ctxs_layout *kv;
+    const uint8_t *base;   /* the layer's K/V */
+    size_t row;            /* floats per query */
+    uint32_t group, hd;
+    float scale;
+} pass;
+
+/* Rows of query heads g0 .. g0 + nh - 1 of KV head h, for the whole
+ * query block; the groups' keys pointed at that head. */
+static uint32_t qblock_rows(ctxs__attn_row *rows, qblock *qb, const pass *ps, uint32_t h,
+                            uint32_t g0, uint32_t nh)
+{
+    uint32_t n = 0, i = 0;
+    for (uint32_t gi = 0; gi < qb->n_groups; gi++) {
+        qgroup *G = &qb->groups[gi];
+        G->keys.k = ps->base + (size_t)h * ps->kv->head_stride;
+        G->keys.v = G->keys.k + ps->kv->kv_stride;
+        G->keys.slot_bytes = ps->kv->slot_bytes;
+        G->cur = (ctxs__attn_cursor){0};
+        G->row = n;
+        for (; i < qb->group_end[gi]; i++) {
+            if (qb->n_keys[i] == 0)
+                continue;
+            size_t at = i * ps->row + ((size_t)h * ps->group + g0) * ps->hd;
+            for (uint32_t t = 0; t < nh; t++, at += ps->hd)
+                rows[n++] = (ctxs__attn_row){qb->out + at, qb->q + at, -INFINITY, 0.0f,
+                                             qb->n_keys[i]};
+        }
+        G->end = n;
+    }
+    return n;
+}
+
+/* The online softmax of every row, block index by block index, then each
+ * row divided by its sum. */
+static void qblock_walk(qblock *qb, const pass *ps, uint32_t h, uint32_t g0, uint32_t nh)
+{
+    ctxs__attn_row rows[CTXS__ATTN_QBLOCK * CTXS__ATTN_TILE];
+    const uint32_t n_rows = qblock_rows(rows, qb, ps, h, g0, nh);
+    ctxs__attn_block blk;
+    blk.head_dim = ps->hd;
+    blk.scale = ps->scale;
+    for (int more = 1; more;) {
+        more = 0;
+        for (uint32_t gi = 0; gi < qb->n_groups; gi++) {
+            qgroup *G = &qb->groups[gi];
+            if (!ctxs__attn_next_block(&G->keys, &G->cur, &blk))
+                continue;
+            more = 1;
+            /* The group's last row reads its whole sequence, so this
+             * stops before G->end. */
+            while (rows[G->row].n_keys <= blk.done)
+                G->row++;
+            for (uint32_t r = G->row; r < G->end; r += CTXS__ATTN_TILE)
+                ps->fn(rows + r, G->end - r < CTXS__ATTN_TILE ? G->end - r : CTXS__ATTN_TILE,
+                       &blk);
+        }
+    }
+    for (uint32_t r = 0; r < n_rows; r++) {
+        /* l >= 1 (the max key weighs exp(0)) unless the scores are NaN. */
+        const float inv = 1.0f / rows[r].l;
+        for (uint32_t d = 0; d < ps->hd; d++)
+            rows[r].out[d] *= inv;
+    }
+}
+
 int ctxs_attention(float *out, const ctxs_layout *kv, const ctxs_attn_plan *plan,
                    uint32_t layer, const ctxs_attn_query *q)
 {
@@ -400,35 +524,25 @@ int ctxs_attention(float *out, const ctxs_layout *kv, const ctxs_attn_plan *plan
     if (rc < 0)
         return rc;
     const uint32_t n_kv = kv->geometry.n_kv_heads, hd = kv->geometry.head_dim;
-
-    ctxs__attn_fn *fn = isa_current()->fn;
-    const uint32_t group = q->n_heads / n_kv;
-    const size_t row = (size_t)q->n_heads * hd; /* floats per query */
-    const uint8_t *base = (const uint8_t *)kv->kv + (size_t)layer * kv->layer_stride;
-
-    ctxs__attn_keys keys;
-    keys.slot_bytes = kv->slot_bytes;
-    keys.head_dim = hd;
-    for (uint32_t i = 0; i < q->n; i++) {
-        const float *qi = q->q + (size_t)i * row;
-        float *oi = out + (size_t)i * row;
-        if (query_runs(&keys, plan, q->pos + i) == 0) {
-            /* Only a plan built by hand can leave a query nothing to read
-             * (a valid plan holds the query's own position): softmax over
-             * no key is undefined, and zeros say "no contribution" without
-             * the NaN that 0/0 would spread through the next layers. */
-            memset(oi, 0, row * sizeof(float));
-            continue;
-        }
-        for (uint32_t h = 0; h < n_kv; h++) {
-            keys.k = base + (size_t)h * kv->head_stride;
-            keys.v = keys.k + kv->kv_stride;
-            for (uint32_t g = 0; g < group; g += CTXS__ATTN_TILE) {
-                uint32_t n_q = group - g < CTXS__ATTN_TILE ? group - g : CTXS__ATTN_TILE;
-                size_t at = ((size_t)h * group + g) * hd;
-                fn(oi + at, qi + at, n_q, scale, &keys);
-            }
-        }
+    const pass ps = {
+        .fn = isa_current()->fn,
+        .kv = kv,
+        .base = (const uint8_t *)kv->kv + (size_t)layer * kv->layer_stride,
+        .row = (size_t)q->n_heads * hd,
+        .group = q->n_heads / n_kv,
+        .hd = hd,
+        .scale = scale,
+    };
+    qblock qb;
+    for (uint32_t i0 = 0; i0 < q->n; i0 += CTXS__ATTN_QBLOCK) {
+        qb.q = q->q + (size_t)i0 * ps.row;
+        qb.out = out + (size_t)i0 * ps.row;
+        qb.n = q->n - i0 < CTXS__ATTN_QBLOCK ? q->n - i0 : CTXS__ATTN_QBLOCK;
+        qblock_group(&qb, plan, q->pos + i0, ps.row);
+        for (uint32_t h = 0; h < n_kv; h++)
+            for (uint32_t g = 0; g < ps.group; g += CTXS__ATTN_TILE)
+                qblock_walk(&qb, &ps, h, g,
+                            ps.group - g < CTXS__ATTN_TILE ? ps.group - g : CTXS__ATTN_TILE);
     }
     return 0;
 }

@@ -24,6 +24,17 @@
  * not depend on the tile it falls in. */
 #define CTXS__ATTN_TILE 8
 
+/* Consecutive queries of a prefill that walk their keys together: block b
+ * of every query's sequence is done for all of them before block b + 1, so
+ * a K/V block comes from memory once per this many queries and from the
+ * cache for the rest, and a tile of rows can hold several queries' heads.
+ * CPU time of one layer's prefill of Qwen3-4B's KV shape (8 KV heads, 16
+ * query heads, head_dim 128), AVX2 on an AMD EPYC: 2048 queries, window
+ * above them, 622 ms query by query, 469 in blocks of 8, 365 of 16, 348 of
+ * 32; 3072 queries, window 1024 (every query its own group), 828, 676,
+ * 545, 613. 16 is the best or near it in both. */
+#define CTXS__ATTN_QBLOCK 16
+
 /* The keys one query reads from one KV head: runs of consecutive slots, in
  * position order (a plan span cut to the query's sinks and window gives at
  * most two runs). */
@@ -31,9 +42,8 @@ typedef struct ctxs__attn_keys {
     const uint8_t *k;    /* slot 0 of the head's K run */
     const uint8_t *v;    /* slot 0 of the head's V run */
     size_t slot_bytes;   /* head_dim * 2 */
-    uint32_t head_dim;
     uint32_t n_runs;
-    uint32_t n_keys;     /* sum of the runs' counts, at least 1 */
+    uint32_t n_keys;     /* sum of the runs' counts */
     struct {
         uint32_t slot;
         uint32_t count;
@@ -47,21 +57,43 @@ typedef struct ctxs__attn_cursor {
     uint32_t done; /* keys taken in all */
 } ctxs__attn_cursor;
 
-/* Points kr[] and vr[] at the rows of the next logical block: up to
+/* One logical block of a key sequence, as the kernels take it. */
+typedef struct ctxs__attn_block {
+    const uint16_t *k[CTXS__ATTN_BLOCK]; /* the K rows, in sequence order */
+    const uint16_t *v[CTXS__ATTN_BLOCK];
+    uint32_t nb;       /* rows in k[] and v[]: 1 .. CTXS__ATTN_BLOCK */
+    uint32_t done;     /* keys of the sequence before this block */
+    uint32_t head_dim;
+    float scale;
+} ctxs__attn_block;
+
+/* One query head of one query, and its softmax state between blocks. Rows
+ * that share a block read a prefix of its keys each: the first
+ * min(nb, n_keys - done), so that a query whose sequence is a prefix of
+ * another's (the queries of a causal prefill, when the window holds them
+ * all) rides along in the other's blocks with its own blocks unchanged. */
+typedef struct ctxs__attn_row {
+    float *out;       /* [head_dim]; the running accumulator until the end */
+    const float *q;   /* [head_dim] */
+    float m, l;       /* running max and sum of weights */
+    uint32_t n_keys;  /* length of the row's sequence */
+} ctxs__attn_row;
+
+/* Points blk->k[] and blk->v[] at the rows of the next logical block: up to
  * CTXS__ATTN_BLOCK keys of the sequence, across runs. Blocks are counted
  * along the sequence, never per run: this is what makes a query's output
  * independent of how its keys are split. Returns the block's size, 0 at
  * the end. */
 static inline uint32_t ctxs__attn_next_block(const ctxs__attn_keys *keys,
                                              ctxs__attn_cursor *c,
-                                             const uint16_t **kr,
-                                             const uint16_t **vr)
+                                             ctxs__attn_block *blk)
 {
     uint32_t nb = 0;
+    blk->done = c->done;
     while (nb < CTXS__ATTN_BLOCK && c->done < keys->n_keys) {
         size_t off = (size_t)(keys->runs[c->run].slot + c->at) * keys->slot_bytes;
-        kr[nb] = (const uint16_t *)(const void *)(keys->k + off);
-        vr[nb] = (const uint16_t *)(const void *)(keys->v + off);
+        blk->k[nb] = (const uint16_t *)(const void *)(keys->k + off);
+        blk->v[nb] = (const uint16_t *)(const void *)(keys->v + off);
         nb++;
         c->done++;
         if (++c->at == keys->runs[c->run].count) {
@@ -69,14 +101,26 @@ static inline uint32_t ctxs__attn_next_block(const ctxs__attn_keys *keys,
             c->at = 0;
         }
     }
+    blk->nb = nb;
     return nb;
 }
 
-/* Attention of n_q (1 .. CTXS__ATTN_TILE) query heads that share one KV
- * head: q and out are [n_q][head_dim]. out is also the running
- * accumulator, so that no per-call scratch grows with head_dim. */
-typedef void ctxs__attn_fn(float *out, const float *q, uint32_t n_q,
-                           float scale, const ctxs__attn_keys *keys);
+/* Keys of blk that row r reads. */
+static inline uint32_t ctxs__attn_row_nb(const ctxs__attn_row *r,
+                                         const ctxs__attn_block *blk)
+{
+    uint32_t left = r->n_keys - blk->done;
+    return left < blk->nb ? left : blk->nb;
+}
+
+/* One block of the online softmax for n_q (1 .. CTXS__ATTN_TILE) rows, each
+ * with n_keys > blk->done: their scores against the block's keys, the
+ * running max and sum rescaled once, the weighted V rows added into out
+ * (which blk->done == 0 starts afresh). ctxs_attention() divides by the
+ * sum after the last block, in scalar code that every ISA shares: a
+ * product is correctly rounded whatever computes it. */
+typedef void ctxs__attn_fn(ctxs__attn_row *rows, uint32_t n_q,
+                           const ctxs__attn_block *blk);
 
 ctxs__attn_fn ctxs__attn_portable;
 #if defined(__x86_64__) || defined(__i386__)
@@ -153,11 +197,11 @@ CTXS__SIMD_INLINE v16 V(exp)(v16 x)
     return V(keep_ge)(x, CTXS__EXP_MIN, V(mul)(y, V(pow2i)(n)));
 }
 
-/* Scores of KJ keys (kr[0 .. KJ-1]) against NQ query heads. KJ > 1 only
- * gives the CPU independent chains to overlap: each (key, head) has its own
+/* Scores of KJ keys (kr[0 .. KJ-1]) against NQ rows. KJ > 1 only gives
+ * the CPU independent chains to overlap: each (key, row) has its own
  * accumulator, summed in the same order whatever KJ is. */
 CTXS__SIMD_INLINE void V(scores)(float *s, size_t s_stride,
-                                 const uint16_t *const *kr, const float *q,
+                                 const uint16_t *const *kr, const float *const *q,
                                  uint32_t hd, float scale, const uint32_t NQ,
                                  const uint32_t KJ)
 {
@@ -170,7 +214,7 @@ CTXS__SIMD_INLINE void V(scores)(float *s, size_t s_stride,
         for (uint32_t kj = 0; kj < KJ; kj++) {
             v16 k = V(half)(kr[kj] + d);
             for (uint32_t g = 0; g < NQ; g++)
-                acc[kj][g] = V(fma)(V(load)(q + (size_t)g * hd + d), k, acc[kj][g]);
+                acc[kj][g] = V(fma)(V(load)(q[g] + d), k, acc[kj][g]);
         }
     }
     if (d < hd) {
@@ -178,7 +222,7 @@ CTXS__SIMD_INLINE void V(scores)(float *s, size_t s_stride,
         for (uint32_t kj = 0; kj < KJ; kj++) {
             v16 k = V(halfn)(kr[kj] + d, hd - d);
             for (uint32_t g = 0; g < NQ; g++)
-                acc[kj][g] = V(fma)(V(loadn)(q + (size_t)g * hd + d, hd - d), k, acc[kj][g]);
+                acc[kj][g] = V(fma)(V(loadn)(q[g] + d, hd - d), k, acc[kj][g]);
         }
     }
     if (KJ * NQ == CTXS__SIMD_CHAINS) {
@@ -200,11 +244,18 @@ CTXS__SIMD_INLINE void V(scores)(float *s, size_t s_stride,
     }
 }
 
+/* The keys of a block that NQ rows read: every row the first `lo`, row g
+ * the first nb[g], none past `hi`. */
+typedef struct V(span) {
+    uint32_t lo, hi, nb[CTXS__SIMD_TILE];
+} V(span);
+
 /* Adds the block's weighted V rows into CH chunks of 16 elements of NQ
- * heads' accumulators, from element d. Each element goes key by key, as
- * in the portable kernel; CH > 1 only gives the CPU independent chains. */
-CTXS__SIMD_INLINE void V(vacc)(float *out, uint32_t hd, uint32_t d,
-                               const uint16_t *const *vr, uint32_t nb,
+ * rows' accumulators, from element d. Each element goes key by key, as in
+ * the portable kernel; CH > 1 only gives the CPU independent chains. Keys
+ * past a row's own are skipped, not weighted by 0: 0 * inf would be NaN. */
+CTXS__SIMD_INLINE void V(vacc)(float *const *out, uint32_t d,
+                               const uint16_t *const *vr, const V(span) *sp,
                                const float (*p)[CTXS__ATTN_BLOCK],
                                const float *c, int first, const uint32_t NQ,
                                const uint32_t CH, uint32_t tail)
@@ -212,7 +263,7 @@ CTXS__SIMD_INLINE void V(vacc)(float *out, uint32_t hd, uint32_t d,
     v16 a[CTXS__SIMD_CHAINS][CTXS__SIMD_TILE];
     for (uint32_t ch = 0; ch < CH; ch++) {
         for (uint32_t g = 0; g < NQ; g++) {
-            const float *o = out + (size_t)g * hd + d + 16 * ch;
+            const float *o = out[g] + d + 16 * ch;
             if (first)
                 a[ch][g] = V(zero)();
             else if (c[g] == 1.0f) /* x * 1 is x: skip the load's multiply */
@@ -221,16 +272,24 @@ CTXS__SIMD_INLINE void V(vacc)(float *out, uint32_t hd, uint32_t d,
                 a[ch][g] = V(mul)(tail ? V(loadn)(o, tail) : V(load)(o), V(set1)(c[g]));
         }
     }
-    for (uint32_t j = 0; j < nb; j++) {
+    for (uint32_t j = 0; j < sp->lo; j++) {
         for (uint32_t ch = 0; ch < CH; ch++) {
             v16 v = tail ? V(halfn)(vr[j] + d, tail) : V(half)(vr[j] + d + 16 * ch);
             for (uint32_t g = 0; g < NQ; g++)
                 a[ch][g] = V(fma)(V(set1)(p[g][j]), v, a[ch][g]);
         }
     }
+    for (uint32_t j = sp->lo; j < sp->hi; j++) {
+        for (uint32_t ch = 0; ch < CH; ch++) {
+            v16 v = tail ? V(halfn)(vr[j] + d, tail) : V(half)(vr[j] + d + 16 * ch);
+            for (uint32_t g = 0; g < NQ; g++)
+                if (j < sp->nb[g])
+                    a[ch][g] = V(fma)(V(set1)(p[g][j]), v, a[ch][g]);
+        }
+    }
     for (uint32_t ch = 0; ch < CH; ch++) {
         for (uint32_t g = 0; g < NQ; g++) {
-            float *o = out + (size_t)g * hd + d + 16 * ch;
+            float *o = out[g] + d + 16 * ch;
             if (tail)
                 V(storen)(o, a[ch][g], tail);
             else
@@ -239,102 +298,104 @@ CTXS__SIMD_INLINE void V(vacc)(float *out, uint32_t hd, uint32_t d,
     }
 }
 
-CTXS__SIMD_INLINE void V(tile)(float *out, const float *q, float scale,
-                               const ctxs__attn_keys *keys, const uint32_t NQ)
+/* Row g's scores s[0 .. sp->nb[g]) become weights: the running max and
+ * sum rescaled by c[g], the max taken over the same whole vectors as when
+ * the row is alone in its block (padding -inf), so that not even a NaN
+ * score is treated otherwise. */
+CTXS__SIMD_INLINE void V(weights)(float *s, ctxs__attn_row *row, float *c,
+                                  uint32_t nb, int first)
+{
+    const uint32_t nv = (nb + 15) & ~15u;
+    for (uint32_t j = nb; j < nv; j++)
+        s[j] = -INFINITY;
+    /* A max is exact in any order (the padding is -inf). */
+    v16 vm = V(load)(&s[0]);
+    for (uint32_t j = 16; j < nv; j += 16)
+        vm = V(max)(vm, V(load)(&s[j]));
+    float bm = V(hmax)(vm);
+    float nm = bm > row->m ? bm : row->m;
+    *c = first ? 0.0f : V(lane0)(V(exp)(V(set1)(row->m - nm)));
+    row->m = nm;
+    row->l *= *c;
+    for (uint32_t j = 0; j < nv; j += 16)
+        V(store)(&s[j], V(exp)(V(add)(V(load)(&s[j]), V(set1)(-nm))));
+}
+
+CTXS__SIMD_INLINE void V(tile)(ctxs__attn_row *rows, const ctxs__attn_block *blk,
+                               const uint32_t NQ)
 {
     enum { B = CTXS__ATTN_BLOCK };
-    const uint32_t hd = keys->head_dim;
-    /* Independent chains per step: more keys or chunks when fewer heads. */
+    const uint32_t hd = blk->head_dim;
+    const int first = blk->done == 0;
+    /* Independent chains per step: more keys or chunks when fewer rows. */
     const uint32_t KJ = NQ >= CTXS__SIMD_CHAINS ? 1 : CTXS__SIMD_CHAINS / NQ;
     const uint32_t CH = KJ;
     float s[CTXS__SIMD_TILE][B] __attribute__((aligned(64)));
-    float m[CTXS__SIMD_TILE], l[CTXS__SIMD_TILE], c[CTXS__SIMD_TILE];
-    const uint16_t *kr[B], *vr[B];
-    ctxs__attn_cursor cur = { 0 };
-
+    float c[CTXS__SIMD_TILE];
+    const float *q[CTXS__SIMD_TILE];
+    float *out[CTXS__SIMD_TILE];
+    V(span) sp = {blk->nb, 0, {0}};
     for (uint32_t g = 0; g < NQ; g++) {
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
+        q[g] = rows[g].q;
+        out[g] = rows[g].out;
+        sp.nb[g] = ctxs__attn_row_nb(&rows[g], blk);
+        sp.lo = sp.nb[g] < sp.lo ? sp.nb[g] : sp.lo;
+        sp.hi = sp.nb[g] > sp.hi ? sp.nb[g] : sp.hi;
     }
-    /* done: keys of the blocks before this one. */
-    for (uint32_t done = 0, nb; (nb = ctxs__attn_next_block(keys, &cur, kr, vr)); done += nb) {
 
-        uint32_t j = 0;
-        for (; j + KJ <= nb; j += KJ)
-            V(scores)(&s[0][j], B, kr + j, q, hd, scale, NQ, KJ);
-        for (; j < nb; j++)
-            V(scores)(&s[0][j], B, kr + j, q, hd, scale, NQ, 1);
-        /* Pad to whole vectors with keys that weigh exp(-inf) = 0. */
-        const uint32_t nv = (nb + 15) & ~15u;
+    /* Scores of keys past a row's own are computed with the others' and
+     * then dropped: V(weights) pads over them. */
+    uint32_t j = 0;
+    for (; j + KJ <= sp.hi; j += KJ)
+        V(scores)(&s[0][j], B, blk->k + j, q, hd, blk->scale, NQ, KJ);
+    for (; j < sp.hi; j++)
+        V(scores)(&s[0][j], B, blk->k + j, q, hd, blk->scale, NQ, 1);
+    for (uint32_t g = 0; g < NQ; g++)
+        V(weights)(s[g], &rows[g], &c[g], sp.nb[g], first);
+    /* The sums of weights stay scalar and in key order, as in the portable
+     * kernel; rows inner so that their chains overlap. */
+    for (j = 0; j < sp.lo; j++)
         for (uint32_t g = 0; g < NQ; g++)
-            for (j = nb; j < nv; j++)
-                s[g][j] = -INFINITY;
+            rows[g].l += s[g][j];
+    for (; j < sp.hi; j++)
+        for (uint32_t g = 0; g < NQ; g++)
+            if (j < sp.nb[g])
+                rows[g].l += s[g][j];
 
-        for (uint32_t g = 0; g < NQ; g++) {
-            /* A max is exact in any order (the padding is -inf). */
-            v16 vm = V(load)(&s[g][0]);
-            for (j = 16; j < nv; j += 16)
-                vm = V(max)(vm, V(load)(&s[g][j]));
-            float bm = V(hmax)(vm);
-            float nm = bm > m[g] ? bm : m[g];
-            c[g] = done ? V(lane0)(V(exp)(V(set1)(m[g] - nm))) : 0.0f;
-            m[g] = nm;
-            l[g] *= c[g];
-            for (j = 0; j < nv; j += 16)
-                V(store)(&s[g][j], V(exp)(V(add)(V(load)(&s[g][j]), V(set1)(-nm))));
-        }
-        /* The sums of weights stay scalar and in key order, as in the
-         * portable kernel; heads inner so that their chains overlap. */
-        for (j = 0; j < nb; j++)
-            for (uint32_t g = 0; g < NQ; g++)
-                l[g] += s[g][j];
-
-        uint32_t d = 0;
-        for (; d + 16 * CH <= hd; d += 16 * CH)
-            V(vacc)(out, hd, d, vr, nb, (const float(*)[B])s, c, done == 0, NQ, CH, 0);
-        for (; d + 16 <= hd; d += 16)
-            V(vacc)(out, hd, d, vr, nb, (const float(*)[B])s, c, done == 0, NQ, 1, 0);
-        if (d < hd)
-            V(vacc)(out, hd, d, vr, nb, (const float(*)[B])s, c, done == 0, NQ, 1, hd - d);
-    }
-
-    for (uint32_t g = 0; g < NQ; g++) {
-        const float inv = 1.0f / l[g];
-        float *o = out + (size_t)g * hd;
-        uint32_t d = 0;
-        for (; d + 16 <= hd; d += 16)
-            V(store)(o + d, V(mul)(V(load)(o + d), V(set1)(inv)));
-        if (d < hd)
-            V(storen)(o + d, V(mul)(V(loadn)(o + d, hd - d), V(set1)(inv)), hd - d);
-    }
+    const float(*p)[B] = (const float(*)[B])s;
+    uint32_t d = 0;
+    for (; d + 16 * CH <= hd; d += 16 * CH)
+        V(vacc)(out, d, blk->v, &sp, p, c, first, NQ, CH, 0);
+    for (; d + 16 <= hd; d += 16)
+        V(vacc)(out, d, blk->v, &sp, p, c, first, NQ, 1, 0);
+    if (d < hd)
+        V(vacc)(out, d, blk->v, &sp, p, c, first, NQ, 1, hd - d);
 }
 
-CTXS__SIMD_ATTR void CTXS__SIMD_FN(float *out, const float *q, uint32_t n_q,
-                                   float scale, const ctxs__attn_keys *keys)
+CTXS__SIMD_ATTR void CTXS__SIMD_FN(ctxs__attn_row *rows, uint32_t n_q,
+                                   const ctxs__attn_block *blk)
 {
     /* Tiles of fixed sizes, so that each is compiled with its loops over
-     * heads unrolled and its accumulators in registers. */
-    const uint32_t hd = keys->head_dim;
+     * rows unrolled and its accumulators in registers. */
     while (n_q > 0) {
         uint32_t t;
         if (n_q >= 8 && CTXS__SIMD_TILE >= 8) {
             t = 8;
-            V(tile)(out, q, scale, keys, CTXS__SIMD_TILE >= 8 ? 8 : 1);
+            V(tile)(rows, blk, CTXS__SIMD_TILE >= 8 ? 8 : 1);
         } else if (n_q >= 4) {
             t = 4;
-            V(tile)(out, q, scale, keys, 4);
+            V(tile)(rows, blk, 4);
         } else if (n_q == 3) {
             t = 3;
-            V(tile)(out, q, scale, keys, 3);
+            V(tile)(rows, blk, 3);
         } else if (n_q == 2) {
             t = 2;
-            V(tile)(out, q, scale, keys, 2);
+            V(tile)(rows, blk, 2);
         } else {
             t = 1;
-            V(tile)(out, q, scale, keys, 1);
+            V(tile)(rows, blk, 1);
         }
-        out += (size_t)t * hd;
-        q += (size_t)t * hd;
+        rows += t;
         n_q -= t;
     }
 }

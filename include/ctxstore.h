@@ -149,6 +149,37 @@ typedef enum ctxs_recovery {
     CTXS_RECOVER_VERIFY = 1,
 } ctxs_recovery;
 
+/*
+ * Background work.
+ *
+ * By default (ctxs_session_options.background = 1) the library does, on one
+ * thread of its own, the work that would otherwise make a user wait:
+ *
+ * - after an open: the attention window is read ahead from the disk and
+ *   mapped (never more than the window in force, so memory pressure shrinks
+ *   it too); an attention pass right after the open waits only for the
+ *   pages not yet in, and one after a pause finds them all in;
+ * - after a commit: at ASYNC, writeback of the committed tokens is started;
+ *   at every level, the next slots are allocated and mapped writable (a
+ *   "runway" of twice the largest recent reservation, at most 128 MiB), so
+ *   that the next ctxs_session_reserve() costs microseconds.
+ *
+ * The thread is started by the first open or create with the option in the
+ * process, and stopped and joined by the close of the last such session; a
+ * process with none open has no thread of ctxstore's. Close of any session
+ * waits for the thread to let go of it (at most one chunk of a few MiB).
+ * None of this changes a result: attention reads the same bytes, and a
+ * commit is as durable as its level says once it returns. The library
+ * registers a pthread_atfork() handler (at the first open) so that a child
+ * forked while the thread works gets a consistent state; the child has no
+ * thread until its next open or commit needs one.
+ *
+ * With background = 0 the library starts no thread for the session: the
+ * window comes in as attention faults it (or ctxs_session_prefetch()), an
+ * ASYNC commit starts its writeback on the caller's thread, and reserve
+ * allocates and maps the slots it hands out itself.
+ */
+
 #define CTXS_SESSION_OPTIONS_VERSION 1
 
 typedef struct ctxs_session_options {
@@ -163,7 +194,9 @@ typedef struct ctxs_session_options {
     uint32_t pressure_window;/* the window under memory pressure (1024) */
     uint32_t durability;     /* ctxs_durability (default CTXS_SYNC_ASYNC) */
     uint32_t recovery;       /* open: ctxs_recovery (default AUTO) */
-    uint8_t reserved[32];    /* must be zero */
+    uint32_t background;     /* 1 = work off the caller's thread (default),
+                                0 = none; see "Background work" below */
+    uint8_t reserved[28];    /* must be zero */
 } ctxs_session_options;
 
 /* Fills *opts with the defaults. Returns 0, or CTXS_EINVAL for NULL. */
@@ -214,8 +247,9 @@ CTXS_API int ctxs_session_open(ctxs_session **out, const char *path,
                                const ctxs_session_options *opts);
 
 /* Unmaps and closes. Uncommitted reservations are dropped. At ASYNC the
- * writeback started by commits continues; nothing is waited for. Accepts
- * NULL. */
+ * writeback started by commits continues. Waits for the background thread
+ * to let go of s (see "Background work"), and joins the thread when s was
+ * the last session using it. Accepts NULL. */
 CTXS_API void ctxs_session_close(ctxs_session *s);
 
 /* Creates a new session file at path that holds the first n_tokens tokens of
@@ -302,8 +336,9 @@ typedef struct ctxs_reservation {
  * earlier reservation not yet committed) and allocates their disk blocks.
  * In a full ring the oldest tokens after the sinks are evicted first, and the
  * eviction is committed before this returns, so the engine may overwrite
- * their slots at once. The reserved pages are mapped writable here, so the
- * engine's writes take no page faults.
+ * their slots at once. The reserved pages are mapped writable, so the
+ * engine's writes take no page faults: by the background runway when it
+ * covers them (then reserve costs microseconds), else here.
  *
  * Errors: CTXS_EINVAL (n == 0, or more than the ring holds),
  * CTXS_EFULL (no disk space, or the capacity is reached and the session has
@@ -328,7 +363,9 @@ CTXS_API int ctxs_session_read_token(const ctxs_session *s, uint64_t pos,
 
 /* Commits the first n reserved tokens with their token ids: checksums them
  * (cost O(n)), writes the inactive commit record and syncs by the session's
- * durability. Any reserved tokens past n are released.
+ * durability (at ASYNC the writeback is started by the background thread,
+ * or here when the session has none). Any reserved tokens past n are
+ * released.
  *
  * Errors: CTXS_EINVAL (n == 0 or more than reserved, NULL ids),
  * CTXS_EREADONLY, CTXS_EFAILED (a sync or a write failed; the session is
@@ -433,13 +470,14 @@ CTXS_API int ctxs_session_window(ctxs_window *out, const ctxs_session *s);
  * 0 means the default (2048). Errors: CTXS_EINVAL. */
 CTXS_API int ctxs_session_set_window(ctxs_session *s, uint32_t window);
 
-/* Starts reading the current window's K/V into the page cache in the
- * background, without waiting (POSIX_FADV_WILLNEED on each run of slots).
- * Worth calling right after an open that follows a reboot: the KV region is
- * mapped for random access (no readahead, so that writeback writes only what
- * a turn wrote), so a first attention pass over a cold file would otherwise
- * fault its pages in one 4 KiB read at a time. Harmless when the pages are
- * cached. Errors: CTXS_EINVAL, -errno. */
+/* Brings the current window's K/V in and maps it, and returns once it is
+ * in: every run of slots is read ahead first (POSIX_FADV_WILLNEED), then
+ * mapped (MADV_POPULATE_READ), so that the disk reads sequentially instead
+ * of one 4 KiB fault at a time (the KV region is mapped for random access,
+ * so that writeback writes only what a turn wrote). The background thread
+ * does the same after every open; this is for a session opened with
+ * background = 0, or an app that would rather wait now than at its first
+ * attention pass. Errors: CTXS_EINVAL. */
 CTXS_API int ctxs_session_prefetch(const ctxs_session *s);
 
 /* --- Memory pressure -------------------------------------------------------

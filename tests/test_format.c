@@ -1184,9 +1184,10 @@ Test(format, create_rejects_bad_arguments)
         case 14: outp = NULL; what = "NULL out"; break;
         case 15: o.version = 0; what = "options version 0"; break;
         case 16: o.version = 999; what = "options version 999"; break;
-        case 17: o.reserved[31] = 1; what = "reserved option bytes"; break;
+        case 17: o.reserved[sizeof(o.reserved) - 1] = 1; what = "reserved option bytes"; break;
         case 18: o.durability = 3; what = "durability 3"; break;
         case 19: path = ""; what = "empty path"; break;
+        case 20: o.background = 2; what = "background 2"; break;
         default: what = NULL; break;
         }
         if (!what)

@@ -687,7 +687,7 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
     if ((rc = adopt_new(st, dst, dst_len, &rec, s)) < 0)
         return rc;
     if (s->durability == CTXS_SYNC_ASYNC)
-        ctxs__writeback_request(s);
+        ctxs__writeback_request_all(s);
     if (out)
         *out = s;
     else

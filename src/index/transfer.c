@@ -578,7 +578,10 @@ int ctxs_store_export(ctxs_store *st, const char *name, const char *path,
     if (lstat(path, &sb) == 0)
         return -EEXIST;
     ctxs_session *s;
-    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.background = 0; /* the export reads every held token in file order */
+    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
     if (rc < 0)
         return rc;
     ctxs_model_entry model;

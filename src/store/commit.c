@@ -152,49 +152,146 @@ static int allocate_range(ctxs_session *s, uint64_t from, uint64_t to)
 
 /* Allocates disk blocks so that slots [0, end_slot) are all backed: a step
  * ahead when there is room, exactly what is needed when the disk is nearly
- * full. */
-static int allocate_slots(ctxs_session *s, uint32_t end_slot)
+ * full. The owner (reserve) and the worker (the runway) may both call it:
+ * allocating a range twice changes nothing, and alloc_end only grows. */
+int ctxs__allocate_slots(ctxs_session *s, uint32_t end_slot)
 {
-    if (end_slot <= s->alloc_end)
+    uint32_t have = atomic_load(&s->alloc_end);
+    if (end_slot <= have)
         return 0;
     const ctxs__file_layout *lay = &s->lay;
     uint64_t step = (ALLOC_STEP_BYTES + lay->slot_bytes - 1) / lay->slot_bytes;
     uint64_t ahead = ((uint64_t)end_slot + step - 1) / step * step;
     if (ahead > lay->capacity)
         ahead = lay->capacity;
-    int rc = allocate_range(s, s->alloc_end, ahead);
+    int rc = allocate_range(s, have, ahead);
     if (rc == CTXS_EFULL && ahead > end_slot) {
         ahead = end_slot;
-        rc = allocate_range(s, s->alloc_end, ahead);
+        rc = allocate_range(s, have, ahead);
     }
     if (rc < 0)
         return rc;
-    s->alloc_end = (uint32_t)ahead;
+    while (have < ahead && !atomic_compare_exchange_weak(&s->alloc_end, &have, (uint32_t)ahead))
+        ;
     return 0;
 }
 
-/* Maps the reserved slots' pages writable in one call per run instead of a
- * page fault per 4 KiB page while the engine writes (a fault costs about as
- * much as copying the page). Only an optimisation: errors are ignored. */
-static void prefault_spans(const ctxs_session *s, const ctxs_reservation *r)
+/* Maps the spans' pages writable, one call per run, instead of a page fault
+ * per 4 KiB page while the engine writes (a fault costs about as much as
+ * copying the page). Only an optimisation: errors are ignored. */
+static void prefault_spans(const ctxs_session *s, const ctxs__span *spans, uint32_t n_spans)
 {
 #ifdef MADV_POPULATE_WRITE
     const ctxs__file_layout *lay = &s->lay;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (uint32_t run = 0; run < 2 * lay->n_layers * lay->n_kv_heads; run++) {
         uintptr_t base = (uintptr_t)(s->map + lay->kv_off + (size_t)run * lay->head_stride);
-        for (uint32_t i = 0; i < r->n_spans; i++) {
-            uintptr_t a = (base + (uintptr_t)r->spans[i].slot * lay->slot_bytes) & ~(page - 1);
-            uintptr_t b =
-                base + (uintptr_t)(r->spans[i].slot + r->spans[i].count) * lay->slot_bytes;
+        for (uint32_t i = 0; i < n_spans; i++) {
+            uintptr_t a = (base + (uintptr_t)spans[i].slot * lay->slot_bytes) & ~(page - 1);
+            uintptr_t b = base + (uintptr_t)(spans[i].slot + spans[i].count) * lay->slot_bytes;
             if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) != 0)
                 return; /* EINVAL before Linux 5.14: fault on access */
         }
     }
 #else
-    (void)s;
-    (void)r;
+    (void)s, (void)spans, (void)n_spans;
 #endif
+}
+
+/* The slot spans of positions [first, first + n) of s. */
+static uint32_t slot_spans(const ctxs_session *s, uint64_t first, uint64_t n, ctxs__span out[2])
+{
+    return ctxs__slot_spans(out, first, n, s->lay.capacity, s->lay.n_sink);
+}
+
+/* --- The runway ------------------------------------------------------------
+ *
+ * After each commit the worker allocates and maps writable the slots of the
+ * next positions, as many as twice the largest of the last reservations
+ * (at least RUNWAY_MIN_TOKENS, at most RUNWAY_MAX_BYTES of KV), so that the
+ * next reserve finds them ready and costs microseconds. A reserve beyond
+ * the runway does the work itself, as it always did, and a full disk is
+ * still CTXS_EFULL from reserve: the runway gives up quietly and maps only
+ * slots that have blocks. Mapping a page writable dirties it, so the
+ * worker's writeback covers committed slots only (not the runway's zeros),
+ * and at FULL, whose fdatasync would write those zeros on the commit's
+ * path, the runway only allocates.
+ */
+#define RUNWAY_MIN_TOKENS 64u
+#define RUNWAY_MAX_BYTES (128u << 20)
+
+static void runway_adapt(ctxs_session *s, uint32_t n)
+{
+    s->recent_reserves[s->recent_next++ % 4] = n;
+    uint32_t most = 0;
+    for (int i = 0; i < 4; i++)
+        most = s->recent_reserves[i] > most ? s->recent_reserves[i] : most;
+    uint64_t want = 2ull * most;
+    const ctxs__file_layout *lay = &s->lay;
+    uint64_t cap = RUNWAY_MAX_BYTES / ((uint64_t)lay->slot_bytes * 2 * lay->n_layers * lay->n_kv_heads);
+    want = want < RUNWAY_MIN_TOKENS ? RUNWAY_MIN_TOKENS : want;
+    want = want > cap ? cap : want;
+    /* Never more than a ring can hold without overwriting itself. */
+    want = s->ring && want > ctxs__ring_len(s) ? ctxs__ring_len(s) : want;
+    want = !s->ring && want > s->lay.capacity ? s->lay.capacity : want;
+    atomic_store(&s->runway_tokens, (uint32_t)(want ? want : 1));
+}
+
+void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
+{
+    if (s->readonly)
+        return;
+    uint64_t first = st->n_tokens, end = first + atomic_load(&s->runway_tokens);
+    if (!s->ring && end > s->lay.capacity)
+        end = s->lay.capacity;
+    if (first >= end || atomic_load(&s->runway_end) >= end)
+        return;
+    ctxs__span spans[2];
+    uint32_t n_spans = slot_spans(s, first, end - first, spans);
+    if (ctxs__allocate_slots(s, spans[0].slot + spans[0].count) < 0)
+        return;
+    if (s->durability == CTXS_SYNC_FULL)
+        return;
+    prefault_spans(s, spans, n_spans);
+    atomic_store(&s->runway_end, end);
+}
+
+/* --- Writeback of what was committed (the worker's, at ASYNC) ------------- */
+
+void ctxs__writeback_request_all(ctxs_session *s)
+{
+    atomic_store(&s->writeback_rewind, 0);
+    ctxs__background_request(s, CTXS__JOB_WRITEBACK);
+}
+
+void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st)
+{
+    /* Writeback write-protects the pages it starts on, the runway's too. */
+    atomic_store(&s->runway_end, 0);
+    int rc = ctxs__writeback_wait(s->fd);
+    const ctxs__file_layout *lay = &s->lay;
+    uint64_t from = s->written_back_to, to = st->n_tokens;
+    uint64_t rewind = atomic_exchange(&s->writeback_rewind, UINT64_MAX);
+    from = rewind < from ? rewind : from;
+    from = from > to ? to : from;
+    if (rc == 0)
+        rc = ctxs__writeback_start(s->fd, s->map, 0, lay->kv_off);
+    if (to - from > ctxs__ring_len(s)) { /* the ring went round: all of it */
+        if (rc == 0)
+            rc = ctxs__writeback_start(s->fd, s->map, lay->kv_off, lay->kv_bytes);
+    } else if (to > from) {
+        ctxs__span spans[2];
+        uint32_t n_spans = slot_spans(s, from, to - from, spans);
+        for (uint32_t run = 0; rc == 0 && run < 2 * lay->n_layers * lay->n_kv_heads; run++)
+            for (uint32_t i = 0; rc == 0 && i < n_spans; i++)
+                rc = ctxs__writeback_start(s->fd, s->map,
+                                           lay->kv_off + (uint64_t)run * lay->head_stride +
+                                               (uint64_t)spans[i].slot * lay->slot_bytes,
+                                           (uint64_t)spans[i].count * lay->slot_bytes);
+    }
+    if (rc < 0)
+        atomic_store(&s->writeback_error, rc);
+    s->written_back_to = to;
 }
 
 int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
@@ -216,25 +313,20 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
         return CTXS_EINVAL; /* the reservation would overwrite itself */
     }
 
-    /* Slot spans: positions below the capacity sit in their own slot; past
-     * it the ring continues after the sinks. */
-    uint64_t pos = start;
-    uint32_t left = n;
-    while (left) {
-        uint32_t slot = ctxs__slot(s, pos);
-        uint32_t count = (uint32_t)(cap - slot < left ? cap - slot : left);
-        out->spans[out->n_spans].slot = slot;
-        out->spans[out->n_spans].count = count;
-        out->n_spans++;
-        pos += count;
-        left -= count;
+    ctxs__span spans[2];
+    out->n_spans = slot_spans(s, start, n, spans);
+    for (uint32_t i = 0; i < out->n_spans; i++) {
+        out->spans[i].slot = spans[i].slot;
+        out->spans[i].count = spans[i].count;
     }
-    if ((rc = allocate_slots(s, out->spans[0].slot + out->spans[0].count)) < 0) {
+    if ((rc = ctxs__allocate_slots(s, spans[0].slot + spans[0].count)) < 0) {
         memset(out, 0, sizeof(*out));
         return rc;
     }
-
-    prefault_spans(s, out);
+    /* The runway has them mapped already, unless a writeback came since. */
+    if (end > atomic_load(&s->runway_end))
+        prefault_spans(s, spans, out->n_spans);
+    runway_adapt(s, n);
 
     /* Evict, and commit the eviction, before the engine may overwrite. */
     uint64_t first = ctxs__first_recent(s, &s->st);
@@ -330,7 +422,7 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
          * syncs would otherwise queue behind the turn's writeback
          * (measured: 0.9 ms alone, 3.2 ms behind a 9 MiB turn). */
         notify_committed(s);
-        ctxs__writeback_request(s);
+        ctxs__background_request(s, CTXS__JOB_WRITEBACK | CTXS__JOB_RUNWAY);
         return 0;
     default:
         if ((rc = ctxs__record_write(s, &next)) < 0)
@@ -338,6 +430,7 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
         break;
     }
     notify_committed(s);
+    ctxs__background_request(s, CTXS__JOB_RUNWAY);
     return 0;
 }
 
@@ -349,6 +442,7 @@ int ctxs_session_sync(ctxs_session *s)
         return rc;
     if (s->st.verified_from == s->st.n_tokens)
         return 0;
+    atomic_store(&s->runway_end, 0); /* the sync write-protects its pages */
     if ((rc = ctxs__sync_data(s->fd)) < 0)
         return ctxs__fail(s);
     ctxs__state next = s->st;
@@ -388,6 +482,14 @@ int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
     s->n_reserved = 0;
     if (n_tokens == s->st.n_tokens)
         return 0;
+    /* The positions from n_tokens on will be committed again: the worker's
+     * next writeback starts there, and their pages may be write-protected
+     * by the last one. */
+    atomic_store(&s->runway_end, 0);
+    uint64_t rewind = atomic_load(&s->writeback_rewind);
+    while (n_tokens < rewind &&
+           !atomic_compare_exchange_weak(&s->writeback_rewind, &rewind, n_tokens))
+        ;
     /* The dropped positions will be written again with other tokens, and
      * their old checksums still match their old bytes. Were a record that
      * claims them to survive a power loss, or a newer one to claim those

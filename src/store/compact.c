@@ -105,7 +105,10 @@ int ctxs__session_compact(const char *path, uint64_t *bytes_before, uint64_t *by
      * from min(n_tokens, capacity) on (a rollback writes its state into
      * both records and makes them durable before it returns). */
     ctxs_session *s;
-    if ((rc = ctxs_session_open(&s, path, &p.model, 0, NULL)) < 0)
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.background = 0; /* nothing is read, nothing is written: no window */
+    if ((rc = ctxs_session_open(&s, path, &p.model, 0, &o)) < 0)
         return rc;
     /* Readers are kept out too, as by a delete: a reader that opened since
      * the look would see the punched slots of a record it read earlier. */

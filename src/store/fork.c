@@ -346,7 +346,7 @@ int ctxs_session_fork(ctxs_session **out, ctxs_session *src, uint64_t n_tokens,
 {
     int rc = ctxs__session_fork_labeled(out, src, n_tokens, path, opts, NULL);
     if (rc == 0 && (*out)->durability == CTXS_SYNC_ASYNC)
-        ctxs__writeback_request(*out);
+        ctxs__writeback_request_all(*out);
     return rc;
 }
 

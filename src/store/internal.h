@@ -46,7 +46,9 @@ struct ctxs_session {
     uint32_t cur_record;  /* 0 or 1: the current record; commits write the other */
 
     uint32_t n_reserved;  /* positions st.n_tokens .. + n_reserved are reserved */
-    uint32_t alloc_end;   /* slots [0, alloc_end) have disk blocks */
+    /* Slots [0, alloc_end) have disk blocks. Raised by reserve and by the
+     * runway (background.c), never lowered while the handle is open. */
+    _Atomic uint32_t alloc_end;
 
     uint32_t window;
     uint32_t pressure_window;
@@ -54,9 +56,25 @@ struct ctxs_session {
     uint32_t open_flags;  /* CTXS_INFO_RECOVERED | CTXS_INFO_VERIFIED */
     uint64_t lost_tokens;
 
-    /* ASYNC writeback, started by the registry's thread (registry.c). */
-    atomic_int writeback_wanted;
-    atomic_int writeback_error;   /* -errno the thread met, for the owner */
+    /* Background work (background.c): what the owner asks of the worker
+     * thread, and what the worker leaves for the owner. */
+    uint32_t background;          /* the option: 0 = no worker, ever */
+    atomic_uint jobs;             /* CTXS__JOB_* asked for, not yet taken */
+    atomic_int closing;           /* close waits: stop at the next chunk */
+    atomic_int writeback_error;   /* -errno the worker met, for the owner */
+    _Atomic uint64_t writeback_rewind; /* a rollback's point: write back from
+                                          there (UINT64_MAX: none) */
+    /* Positions below runway_end have their slots allocated and mapped
+     * writable (0: nothing known); the worker sets it, and clears it before
+     * anything that write-protects pages again. */
+    _Atomic uint64_t runway_end;
+    _Atomic uint32_t runway_tokens; /* how far ahead the runway reaches */
+    uint32_t recent_reserves[4];  /* owner: the last reservations' sizes */
+    uint32_t recent_next;
+    /* Worker only. */
+    uint64_t written_back_to;     /* positions below: writeback started */
+    uint32_t warm_advised;        /* runs of the bring-in read ahead */
+    uint32_t warm_mapped;         /* runs of the bring-in mapped */
 
     const ctxs__session_hooks *hooks; /* NULL unless opened through a store */
     void *hooks_arg;
@@ -176,8 +194,51 @@ void ctxs__registry_remove(ctxs_session *s);
 void ctxs__registry_set_state(ctxs_session *s, const ctxs__state *st, uint32_t cur_record);
 void ctxs__registry_set_window(ctxs_session *s, uint32_t window);
 
-/* Asks the writeback thread to start writeback of s's dirty pages. */
-void ctxs__writeback_request(ctxs_session *s);
+/* --- Background work (background.c) ------------------------------------ */
+
+/* What the worker thread can be asked to do for a session, most urgent
+ * first. */
+enum {
+    CTXS__JOB_WRITEBACK = 1u << 0, /* start writeback of what was committed */
+    CTXS__JOB_RUNWAY = 1u << 1,    /* allocate and map the next slots */
+    CTXS__JOB_WARM = 1u << 2,      /* bring the attention window in */
+};
+
+/* Asks the worker for jobs on s. Without a worker (the background option
+ * off, or no thread to be had) the writeback is started here and the rest
+ * is skipped: they only save time. */
+void ctxs__background_request(ctxs_session *s, unsigned jobs);
+
+/* Asks for writeback of the whole file, at ASYNC: for a file written
+ * before its handle was open (a fork's copy). */
+void ctxs__writeback_request_all(ctxs_session *s);
+
+/* A session with the background option joins and leaves the worker's
+ * care: the first starts the worker, close of the last stops and joins it.
+ * leave() returns once the worker no longer touches s. */
+void ctxs__background_join(ctxs_session *s);
+void ctxs__background_leave(ctxs_session *s);
+
+/* Tests only: returns once the worker has nothing left to do. */
+void ctxs__background_wait_idle(void);
+
+/* fork(): the child has no worker; forget it (registry.c's handler). */
+void ctxs__background_forget(void);
+
+/* The worker's jobs (window.c, commit.c). Each returns 1 when it has more
+ * to do, 0 when done. st and window are the session's as the worker last
+ * saw them under the registry mutex. */
+int ctxs__warm_step(ctxs_session *s, const ctxs__state *st, uint32_t window);
+void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st);
+void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st);
+
+/* Allocates disk blocks so that slots [0, end_slot) are all backed.
+ * Thread-safe against the worker. Errors: CTXS_EFULL, -errno. */
+int ctxs__allocate_slots(ctxs_session *s, uint32_t end_slot);
+
+/* The window spans of st for window w. */
+void ctxs__window_spans(const ctxs_session *s, const ctxs__state *st, uint32_t w,
+                        ctxs_window *out);
 
 /* The window in force for s now. */
 uint32_t ctxs__effective_window(const ctxs_session *s);

@@ -33,6 +33,7 @@ int ctxs_session_options_init(ctxs_session_options *opts)
     opts->pressure_window = DEFAULT_PRESSURE_WINDOW;
     opts->durability = CTXS_SYNC_ASYNC;
     opts->recovery = CTXS_RECOVER_AUTO;
+    opts->background = 1;
     return 0;
 }
 
@@ -43,7 +44,7 @@ static int options_valid(const ctxs_session_options *o)
             return 0;
     return o->version == CTXS_SESSION_OPTIONS_VERSION && o->ring <= 1 &&
            o->durability <= CTXS_SYNC_FULL && o->recovery <= CTXS_RECOVER_VERIFY &&
-           o->window > 0 && o->pressure_window > 0;
+           o->background <= 1 && o->window > 0 && o->pressure_window > 0;
 }
 
 static int same_model(const ctxs_model *m, const ctxs__disk_header *h)
@@ -203,6 +204,9 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
     }
 
     s->durability = opts->durability;
+    s->background = opts->background;
+    s->written_back_to = s->st.n_tokens;
+    atomic_store(&s->writeback_rewind, UINT64_MAX);
     s->window = opts->window;
     s->pressure_window = opts->pressure_window;
     s->alloc_end = s->st.n_tokens < s->lay.capacity ? (uint32_t)s->st.n_tokens
@@ -231,6 +235,11 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
     }
 
     ctxs__registry_add(s);
+    ctxs__background_join(s);
+    /* Off the caller's thread: the caller may attend right away, and waits
+     * then only for the pages not yet in. */
+    if (s->st.n_tokens)
+        ctxs__background_request(s, CTXS__JOB_WARM);
     *out = s;
     return 0;
 }
@@ -388,6 +397,7 @@ void ctxs_session_close(ctxs_session *s)
         return;
     if (s->hooks)
         s->hooks->closing(s, s->hooks_arg);
+    ctxs__background_leave(s);
     ctxs__registry_remove(s);
     session_free(s);
 }

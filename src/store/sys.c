@@ -139,21 +139,34 @@ int ctxs__sync_range(int fd, uint64_t off, uint64_t len)
     return ctxs__sync_data(fd);
 }
 
-int ctxs__start_writeback(int fd, void *map, size_t len)
+int ctxs__writeback_wait(int fd)
 {
 #ifdef __linux__
-    (void)map;
-    (void)len;
-    /* Pages written through a shared mapping are tagged dirty at the write
-     * fault, so a whole-file range costs what the dirty pages cost. Waiting
-     * for the writeback started last time first is what reports its I/O
-     * errors; the writeback thread does the waiting, not the commit. */
-    if (ctxs__sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE) == 0)
+    /* Waiting for the writeback started last time is what reports its I/O
+     * errors; the worker does the waiting, not the commit. */
+    if (ctxs__sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE) == 0)
         return 0;
     return errno == ENOSYS ? 0 : -errno;
 #else
     (void)fd;
-    return ctxs__msync(map, len, MS_ASYNC) == 0 ? 0 : -errno;
+    return 0;
+#endif
+}
+
+int ctxs__writeback_start(int fd, uint8_t *map, uint64_t off, uint64_t len)
+{
+#ifdef __linux__
+    (void)map;
+    if (ctxs__sync_file_range(fd, (off_t)off, (off_t)len, SYNC_FILE_RANGE_WRITE) == 0)
+        return 0;
+    return errno == ENOSYS ? 0 : -errno;
+#else
+    (void)fd;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)(map + off) & ~(page - 1);
+    return ctxs__msync((void *)a, (size_t)((uintptr_t)(map + off + len) - a), MS_ASYNC) == 0
+               ? 0
+               : -errno;
 #endif
 }
 

@@ -34,9 +34,14 @@ int ctxs__sync_range(int fd, uint64_t off, uint64_t len);
  * renamed there is durable. Returns 0, CTXS_ENOMEM or -errno. */
 int ctxs__sync_parent_dir(const char *path);
 
-/* Starts writeback of the file's dirty pages without waiting (Linux:
- * sync_file_range, since msync(MS_ASYNC) does nothing there). */
-int ctxs__start_writeback(int fd, void *map, size_t len);
+/* Waits for the writeback in flight on fd and returns its error, 0 or
+ * -errno (Linux; elsewhere 0: msync reports its own). */
+int ctxs__writeback_wait(int fd);
+
+/* Starts writeback of the dirty pages of [off, off + len), mapped at map,
+ * without waiting (Linux: sync_file_range, since msync(MS_ASYNC) does
+ * nothing there; elsewhere msync(MS_ASYNC)). Returns 0 or -errno. */
+int ctxs__writeback_start(int fd, uint8_t *map, uint64_t off, uint64_t len);
 
 /* pread/pwrite of exactly len bytes, retried across EINTR and short
  * transfers. Reading past the end is CTXS_ECORRUPT (the file is shorter

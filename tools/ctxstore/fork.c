@@ -72,15 +72,18 @@ int cmd_fork(cli *c, int argc, char **argv)
  * read-only. */
 static int open_session(ctxs_session **out, ctxs_store *st, const char *name, int writable)
 {
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.background = 0; /* a command's handle attends to nothing */
     if (!writable)
-        return ctxs_store_session_open(out, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+        return ctxs_store_session_open(out, st, name, NULL, CTXS_OPEN_RDONLY, &o);
     ctxs_session_entry e;
     ctxs_model_entry m;
     int rc;
     if ((rc = ctxs_store_session_get(&e, st, name)) < 0 ||
         (rc = ctxs_model_get(&m, st, e.model_hash)) < 0)
         return rc;
-    return ctxs_store_session_open(out, st, name, &m.model, 0, NULL);
+    return ctxs_store_session_open(out, st, name, &m.model, 0, &o);
 }
 
 static int checkpoint_ls(cli *c, ctxs_store *st, const char *session)

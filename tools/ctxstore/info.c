@@ -250,7 +250,10 @@ int cmd_info(cli *c, int argc, char **argv)
     }
     v->cur = v->rep.status == 0 ? cli_current_record(&v->rep) : NULL;
     ctxs_session *s = NULL;
-    v->open_rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.background = 0; /* opened for its window, not to attend */
+    v->open_rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
     if (v->open_rc == 0)
         ctxs_session_window(&v->win, s);
     ctxs_session_close(s);

@@ -191,6 +191,7 @@ static void verify_one(run *rn, ctxs_store *st, const ctxs_session_entry *e, res
      * watermark as any open would, and loses what fails; otherwise the
      * page cache holds everything and every token is checked below. */
     o.recovery = CTXS_RECOVER_AUTO;
+    o.background = 0; /* verify reads every token itself, in order */
     if ((rc = ctxs_store_session_open(&s, st, e->name, NULL, CTXS_OPEN_RDONLY, &o)) < 0) {
         r->status = rc;
         if (!r->problem[0])

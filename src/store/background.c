@@ -1,0 +1,179 @@
+/*
+ * The background worker: what a session needs done off its owner's thread.
+ *
+ * What a chat app's user waits for is the first token after a resume and
+ * the moment a turn is saved. Three jobs would sit on that path if the
+ * caller's thread did them, and none of them changes a result:
+ *
+ *   writeback  at ASYNC a commit must start writeback without waiting, but
+ *              on Linux sync_file_range(WRITE) submits the I/O in the
+ *              caller's context (block allocation, request queue), which
+ *              costs about as much as writing the turn did;
+ *   runway     the next turn's slots allocated (fallocate) and mapped
+ *              writable (page faults cost about as much as copying the
+ *              page), so that reserve costs microseconds;
+ *   warm       after an open, the attention window read ahead from the disk
+ *              and mapped, so that the first attention step waits only for
+ *              what is not there yet (a fault on a page whose read is in
+ *              flight waits for that read, not for a read of its own).
+ *
+ * One thread per process does them, for every session opened with the
+ * background option: started by the first such open, stopped and joined by
+ * the close of the last, so that a process with no session open keeps no
+ * thread. Jobs are taken most urgent first (writeback, runway, then warm),
+ * and a warm is done in chunks of runs, so that a commit's writeback never
+ * waits behind the bring-in of a long session, and close waits for at most
+ * one chunk (it sets closing; the worker looks between chunks).
+ *
+ * The worker reads a session's state, window and flags under the registry
+ * mutex, and its descriptor and mapping without it: close removes the
+ * session from the registry, which waits until the worker is done with it.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "internal.h"
+#include "sys.h"
+
+/* Under the registry mutex: */
+static pthread_t worker;
+static int worker_running;         /* started, and not yet told to exit */
+/* Each worker exits once the generation is no longer its own: close of the
+ * last session moves it on, and an open right after may start the next
+ * worker before the last one has seen that. */
+static uintptr_t generation;
+static unsigned members;           /* open sessions with the option */
+static ctxs_session *worker_busy;  /* the session the worker works on */
+static pthread_cond_t work_wanted = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t worker_idle = PTHREAD_COND_INITIALIZER;
+
+/* The session whose most urgent job is the most urgent of all, and that
+ * job's bit; NULL when nothing is wanted. */
+static ctxs_session *next_job(unsigned *job)
+{
+    for (unsigned bit = CTXS__JOB_WRITEBACK; bit <= CTXS__JOB_WARM; bit <<= 1)
+        for (ctxs_session *s = ctxs__registry_head; s; s = s->next)
+            if (atomic_load(&s->jobs) & bit) {
+                *job = bit;
+                return s;
+            }
+    return NULL;
+}
+
+/* Runs one job, or one chunk of a warm. The warm's bit stays set while it
+ * has more to do, so that the loop comes back to it after anything more
+ * urgent. */
+static void run_job(ctxs_session *s, unsigned job, const ctxs__state *st, uint32_t window)
+{
+    if (job == CTXS__JOB_WARM) {
+        if (atomic_load(&s->closing) || !ctxs__warm_step(s, st, window))
+            atomic_fetch_and(&s->jobs, ~(unsigned)CTXS__JOB_WARM);
+        return;
+    }
+    atomic_fetch_and(&s->jobs, ~job);
+    if (job == CTXS__JOB_WRITEBACK)
+        ctxs__writeback_committed(s, st);
+    else if (!atomic_load(&s->closing))
+        ctxs__runway_prepare(s, st);
+}
+
+static void *worker_main(void *arg)
+{
+    const uintptr_t mine = (uintptr_t)arg;
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    while (mine == generation) {
+        unsigned job = 0;
+        ctxs_session *s = next_job(&job);
+        if (!s) {
+            pthread_cond_wait(&work_wanted, &ctxs__registry_mutex);
+            continue;
+        }
+        ctxs__state st = s->st;
+        uint32_t window = ctxs__effective_window(s);
+        worker_busy = s;
+        pthread_mutex_unlock(&ctxs__registry_mutex);
+        run_job(s, job, &st, window);
+        pthread_mutex_lock(&ctxs__registry_mutex);
+        worker_busy = NULL;
+        pthread_cond_broadcast(&worker_idle);
+    }
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+    return NULL;
+}
+
+/* Under the mutex. Returns whether a worker runs. */
+static int worker_ensure(void)
+{
+    if (worker_running)
+        return 1;
+    if (pthread_create(&worker, NULL, worker_main, (void *)generation) != 0)
+        return 0;
+    worker_running = 1;
+    return 1;
+}
+
+void ctxs__background_request(ctxs_session *s, unsigned jobs)
+{
+    int have_worker = 0;
+    if (s->background) {
+        atomic_fetch_or(&s->jobs, jobs);
+        pthread_mutex_lock(&ctxs__registry_mutex);
+        if ((have_worker = worker_ensure()))
+            pthread_cond_broadcast(&work_wanted);
+        pthread_mutex_unlock(&ctxs__registry_mutex);
+    }
+    if (!have_worker && (jobs & CTXS__JOB_WRITEBACK)) {
+        /* No worker: start the writeback here, the slow way. */
+        atomic_fetch_and(&s->jobs, ~(unsigned)CTXS__JOB_WRITEBACK);
+        ctxs__writeback_committed(s, &s->st);
+    }
+}
+
+void ctxs__background_join(ctxs_session *s)
+{
+    if (!s->background)
+        return;
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    members++;
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+}
+
+void ctxs__background_leave(ctxs_session *s)
+{
+    if (!s->background)
+        return;
+    atomic_store(&s->closing, 1);
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    while (worker_busy == s)
+        pthread_cond_wait(&worker_idle, &ctxs__registry_mutex);
+    atomic_store(&s->jobs, 0);
+    pthread_t done = worker;
+    int join = --members == 0 && worker_running;
+    if (join) {
+        generation++;
+        worker_running = 0;
+        pthread_cond_broadcast(&work_wanted);
+    }
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+    if (join)
+        pthread_join(done, NULL);
+}
+
+void ctxs__background_forget(void)
+{
+    worker_running = 0;
+    worker_busy = NULL;
+    generation++;
+}
+
+void ctxs__background_wait_idle(void)
+{
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    for (;;) {
+        unsigned job;
+        if (!worker_running || (!worker_busy && !next_job(&job)))
+            break;
+        pthread_cond_wait(&worker_idle, &ctxs__registry_mutex);
+    }
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+}

@@ -1,0 +1,357 @@
+/*
+ * The background worker (src/store/background.c): the bring-in after an
+ * open, the runway after a commit and ASYNC writeback never change a
+ * result, bring in no more than the window, live exactly as long as a
+ * session that uses them, and leave a forked child and a killed writer
+ * with everything they had.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "support.h"
+
+TestSuite(background, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 300);
+
+/* Large enough that a window spans many pages of every run: 4 layers x
+ * 4 KV heads x 64 dims, fp16 = 128 bytes a slot, 4 KiB a token. */
+static ctxs_model big_model(void)
+{
+    ctxs_model m = ts_model(7);
+    m.geometry = (ctxs_geometry){4, 4, 64, CTXS_DTYPE_F16};
+    return m;
+}
+
+static int thread_count(void)
+{
+    return ts_dir_entries("/proc/self/task");
+}
+
+static ctxs_session_options options(uint32_t capacity, uint32_t background)
+{
+    ctxs_session_options o = ts_options(capacity, 4, 1, CTXS_SYNC_ASYNC);
+    o.background = background;
+    return o;
+}
+
+/* Appends n tokens in turns of 1 to max_turn tokens (a seeded draw). */
+static void append_turns(ctxs_session *s, uint64_t n, uint32_t max_turn, uint64_t *rng)
+{
+    while (n) {
+        uint32_t k = 1 + (uint32_t)(ts_rng_next(rng) % max_turn);
+        k = k > n ? (uint32_t)n : k;
+        int rc = ts_append(s, k);
+        cr_assert_eq(rc, 0, "append %u: %s", k, ctxs_err_name(rc));
+        n -= k;
+    }
+}
+
+/* Attention of every layer for one query at the last position, into out
+ * ([layers][n_heads][head_dim]); queries from a fixed seed. */
+static void attend_last(float *out, ctxs_session *s)
+{
+    ctxs_layout lay;
+    ctxs_attn_plan plan;
+    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_attn_plan(&plan, s, 0), 0);
+    const uint32_t n_heads = 2 * lay.geometry.n_kv_heads, hd = lay.geometry.head_dim;
+    float *q = malloc((size_t)n_heads * hd * sizeof(float));
+    uint64_t rng = 42;
+    for (uint32_t i = 0; i < n_heads * hd; i++)
+        q[i] = (float)(ts_rng_next(&rng) % 2001) / 1000.0f - 1.0f;
+    ctxs_attn_query aq = {.q = q, .pos = plan.n_tokens - 1, .n = 1, .n_heads = n_heads};
+    for (uint32_t l = 0; l < lay.geometry.n_layers; l++)
+        cr_assert_eq(ctxs_attention(out + (size_t)l * n_heads * hd, &lay, &plan, l, &aq), 0);
+    free(q);
+}
+
+Test(background, lives_while_a_session_uses_it_and_is_joined_by_the_last_close)
+{
+    ctxs_model m = big_model();
+    ctxs_session_options on = options(512, 1), off = options(512, 0);
+    const int base = thread_count();
+    cr_assert_gt(base, 0);
+
+    ctxs_session *a, *b, *c;
+    cr_assert_eq(ctxs_session_create(&c, ts_path(ts_scratch, "off.ctxs"), &m, &off), 0);
+    cr_assert_eq(ts_append(c, 100), 0);
+    cr_assert_eq(thread_count(), base, "a session without background started a thread");
+
+    cr_assert_eq(ctxs_session_create(&a, ts_path(ts_scratch, "a.ctxs"), &m, &on), 0);
+    cr_assert_eq(ts_append(a, 100), 0);
+    cr_assert_eq(thread_count(), base + 1, "the worker does not run after a commit");
+    cr_assert_eq(ctxs_session_open(&b, ts_path(ts_scratch, "a.ctxs"), NULL, CTXS_OPEN_RDONLY, &on), 0);
+    cr_assert_eq(thread_count(), base + 1, "a second session started a second worker");
+    ctxs_session_close(a);
+    cr_assert_eq(thread_count(), base + 1, "the worker stopped while a session used it");
+    ctxs_session_close(b);
+    cr_assert_eq(thread_count(), base, "the worker outlived the last session");
+    ctxs_session_close(c);
+
+    /* And it comes back for the next session. */
+    cr_assert_eq(ctxs_session_open(&a, ts_path(ts_scratch, "a.ctxs"), &m, 0, &on), 0);
+    cr_assert_eq(thread_count(), base + 1);
+    ctxs_session_close(a);
+    cr_assert_eq(thread_count(), base);
+}
+
+/* Two sessions given the same turns, one with the background work and one
+ * without, through ring wraps and a rollback: same tokens, same bytes,
+ * same attention, and both verify. */
+Test(background, never_changes_a_result)
+{
+    ctxs_model m = big_model();
+    ctxs_session_options on = options(1024, 1), off = options(1024, 0);
+    ctxs_session *a, *b;
+    cr_assert_eq(ctxs_session_create(&a, ts_path(ts_scratch, "a.ctxs"), &m, &on), 0);
+    cr_assert_eq(ctxs_session_create(&b, ts_path(ts_scratch, "b.ctxs"), &m, &off), 0);
+    uint64_t seed = ts_seed("never_changes_a_result"), ra = seed, rb = seed;
+    append_turns(a, 1500, 200, &ra);
+    append_turns(b, 1500, 200, &rb);
+    cr_assert_eq(ctxs_session_rollback(a, 1300), 0);
+    cr_assert_eq(ctxs_session_rollback(b, 1300), 0);
+    append_turns(a, 1900, 300, &ra); /* past two capacities: the ring wraps */
+    append_turns(b, 1900, 300, &rb);
+
+    ctxs_session_info ia, ib;
+    cr_assert_eq(ctxs_session_info_get(&ia, a), 0);
+    cr_assert_eq(ctxs_session_info_get(&ib, b), 0);
+    cr_assert_eq(ia.n_tokens, ib.n_tokens);
+    cr_assert_eq(ia.ring_start, ib.ring_start);
+    cr_assert(ia.flags & CTXS_INFO_WRAPPED);
+    cr_assert_eq(ts_check_all(a), 0, "wrong K/V with the background");
+    cr_assert_eq(ts_check_all(b), 0);
+    uint64_t bad = 0;
+    cr_assert_eq(ctxs_session_verify(a, &bad), 0, "token %lu fails", (unsigned long)bad);
+
+    const size_t floats = 4 * 8 * 64;
+    float *oa = calloc(floats, sizeof(float)), *ob = calloc(floats, sizeof(float));
+    attend_last(oa, a);
+    attend_last(ob, b);
+    cr_assert_eq(memcmp(oa, ob, floats * sizeof(float)), 0);
+
+    /* Reopened, attention at once, while the bring-in runs beside it. */
+    ctxs_session_close(a);
+    ctxs_session_options verify = on;
+    verify.recovery = CTXS_RECOVER_VERIFY;
+    cr_assert_eq(ctxs_session_open(&a, ts_path(ts_scratch, "a.ctxs"), &m, 0, &verify), 0);
+    memset(oa, 0, floats * sizeof(float));
+    attend_last(oa, a);
+    cr_assert_eq(memcmp(oa, ob, floats * sizeof(float)), 0, "attention changed after a reopen");
+    cr_assert_eq(ctxs_session_info_get(&ia, a), 0);
+    cr_assert_eq(ia.n_tokens, ib.n_tokens, "the reopen verified fewer tokens");
+    free(oa);
+    free(ob);
+    ctxs_session_close(a);
+    ctxs_session_close(b);
+}
+
+/* The share of the slots [from, to) of run 0 that the page cache holds,
+ * by whole pages inside the range. */
+static double resident(const ctxs_layout *lay, uint32_t from, uint32_t to)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)lay->kv + from * lay->slot_bytes + page - 1) & ~(page - 1);
+    uintptr_t b = ((uintptr_t)lay->kv + to * lay->slot_bytes) & ~(page - 1);
+    size_t n = (b - a) / page, in = 0;
+    unsigned char *vec = malloc(n ? n : 1);
+    cr_assert_eq(mincore((void *)a, b - a, vec), 0);
+    for (size_t i = 0; i < n; i++)
+        in += vec[i] & 1;
+    free(vec);
+    return n ? (double)in / (double)n : 1.0;
+}
+
+/* A session of 8192 tokens (32 MiB) synced and dropped from the page cache. */
+static const char *cold_session(ctxs_model *m)
+{
+    const char *path = ts_path(ts_scratch, "cold.ctxs");
+    unlink(path);
+    ctxs_session_options o = options(8192, 0);
+    o.ring = 0;
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_create(&s, path, m, &o), 0);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(ts_append(s, 1024), 0);
+    cr_assert_eq(ctxs_session_sync(s), 0);
+    ctxs_session_close(s);
+    int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+    return path;
+}
+
+Test(background, brings_in_the_window_and_no_more)
+{
+    ctxs_model m = big_model();
+    const char *path = cold_session(&m);
+    ctxs_session_options o = options(8192, 1);
+    o.window = 1024;
+    o.pressure_window = 512;
+    ctxs_session *s;
+    ctxs_layout lay;
+
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, &o), 0);
+    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    if (resident(&lay, 2048, 6144) > 0.5)
+        cr_skip_test("the page cache kept the file after POSIX_FADV_DONTNEED");
+    ctxs__background_wait_idle();
+    /* The window: 4 sinks and the last 1024 tokens. */
+    cr_assert_eq(resident(&lay, 8192 - 1024, 8192), 1.0, "the window is not all in");
+    cr_assert_lt(resident(&lay, 1024, 6144), 0.1, "more than the window came in");
+    ctxs_session_close(s);
+
+    /* Under memory pressure: the pressure window, however big the window. */
+    cold_session(&m);
+    ctxs_pressure_set(1);
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, &o), 0);
+    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    ctxs__background_wait_idle();
+    ctxs_pressure_set(0);
+    cr_assert_eq(resident(&lay, 8192 - 512, 8192), 1.0);
+    cr_assert_lt(resident(&lay, 1024, 8192 - 1024), 0.1, "more than the pressure window");
+    ctxs_session_close(s);
+
+    /* Without the worker nothing comes in until asked; prefetch waits. */
+    cold_session(&m);
+    o.background = 0;
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, &o), 0);
+    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_lt(resident(&lay, 8192 - 1024, 8192), 0.1, "pages came in with background 0");
+    cr_assert_eq(ctxs_session_prefetch(s), 0);
+    cr_assert_eq(resident(&lay, 8192 - 1024, 8192), 1.0, "prefetch returned before the window was in");
+    ctxs_session_close(s);
+}
+
+Test(background, close_during_the_bring_in_is_safe)
+{
+    ctxs_model m = big_model();
+    const int base = thread_count();
+    for (int i = 0; i < 20; i++) {
+        const char *path = cold_session(&m);
+        ctxs_session_options o = options(8192, 1);
+        ctxs_session *s;
+        cr_assert_eq(ctxs_session_open(&s, path, &m, i % 2 ? CTXS_OPEN_RDONLY : 0, &o), 0);
+        if (i % 4 == 3)
+            ts_sleep_us(1000u * (uint64_t)i); /* somewhere in the middle */
+        ctxs_session_close(s);
+        cr_assert_eq(thread_count(), base);
+    }
+}
+
+/* The child forked while the worker brings a session in and another one's
+ * runway is prepared: the child can still open, write and close sessions,
+ * its own worker comes and goes, and the parent goes on undisturbed. */
+Test(background, survives_fork)
+{
+    ctxs_model m = big_model();
+    const char *cold = cold_session(&m);
+    ctxs_session_options o = options(2048, 1);
+    ctxs_session *w, *r;
+    cr_assert_eq(ctxs_session_create(&w, ts_path(ts_scratch, "w.ctxs"), &m, &o), 0);
+    cr_assert_eq(ctxs_session_open(&r, cold, &m, CTXS_OPEN_RDONLY, &o), 0);
+    cr_assert_eq(ts_append(w, 300), 0);
+    const int base = thread_count();
+
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        if (thread_count() != 1)
+            _exit(10);
+        ctxs_session *c;
+        ctxs_session_options co = options(2048, 1);
+        if (ctxs_session_create(&c, ts_path(ts_scratch, "child.ctxs"), &m, &co) != 0)
+            _exit(11);
+        for (int i = 0; i < 10; i++)
+            if (ts_append(c, 50) != 0)
+                _exit(12);
+        if (thread_count() != 2)
+            _exit(13);
+        /* The inherited handles close as any other: their worker was the
+         * parent's. */
+        ctxs_session_close(r);
+        ctxs_session_close(w);
+        ctxs_session_close(c);
+        if (thread_count() != 1)
+            _exit(14);
+        if (ctxs_session_open(&c, ts_path(ts_scratch, "child.ctxs"), &m, 0, &co) != 0)
+            _exit(15);
+        int bad = ts_check_all(c) != 0;
+        ctxs_session_close(c);
+        _exit(bad ? 16 : 0);
+    }
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(ts_append(w, 30), 0);
+    int status = ts_wait(pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x", status);
+    cr_assert_eq(thread_count(), base);
+    cr_assert_eq(ts_check_all(w), 0);
+    ctxs_session_close(r);
+    ctxs_session_close(w);
+}
+
+/* A writer killed while its worker writes back and prepares the runway
+ * (turns back to back, ASYNC) loses no token it was told was committed. */
+Test(background, a_kill_during_background_work_loses_nothing)
+{
+    ctxs_model m = big_model();
+    uint64_t rng = ts_seed("a_kill_during_background_work_loses_nothing");
+    for (int round = 0; round < 6; round++) {
+        const char *path = ts_path(ts_scratch, "killed.ctxs");
+        unlink(path);
+        int fds[2];
+        cr_assert_eq(pipe(fds), 0);
+        pid_t pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+            close(fds[0]);
+            ctxs_session_options o = options(4096, 1);
+            ctxs_session *s;
+            if (ctxs_session_create(&s, path, &m, &o) != 0)
+                _exit(2);
+            uint64_t child_rng = rng;
+            for (;;) {
+                uint32_t k = 1 + (uint32_t)(ts_rng_next(&child_rng) % 200);
+                if (ts_append(s, k) != 0)
+                    _exit(3);
+                ctxs_session_info info;
+                ctxs_session_info_get(&info, s);
+                if (write(fds[1], &info.n_tokens, sizeof(info.n_tokens)) != sizeof(info.n_tokens))
+                    _exit(4);
+            }
+        }
+        close(fds[1]);
+        uint64_t acked = 0, n;
+        uint64_t want = 1 + ts_rng_next(&rng) % 40; /* commits before the kill */
+        for (uint64_t i = 0; i < want && read(fds[0], &n, sizeof(n)) == sizeof(n); i++)
+            acked = n;
+        ts_sleep_us(ts_rng_next(&rng) % 3000);
+        kill(pid, SIGKILL);
+        int status = ts_wait(pid);
+        cr_assert(WIFSIGNALED(status), "the writer exited on its own: %#x", status);
+        while (read(fds[0], &n, sizeof(n)) == sizeof(n))
+            acked = n;
+        close(fds[0]);
+
+        ctxs_session_options o = options(4096, 1);
+        o.recovery = CTXS_RECOVER_VERIFY;
+        ctxs_session *s;
+        cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &o), 0);
+        ctxs_session_info info;
+        cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+        cr_assert_geq(info.n_tokens, acked, "round %d: %lu tokens acknowledged, %lu found", round,
+                      (unsigned long)acked, (unsigned long)info.n_tokens);
+        cr_assert_eq(info.lost_tokens, 0);
+        cr_assert_eq(ts_check_all(s), 0);
+        ctxs_session_close(s);
+    }
+}

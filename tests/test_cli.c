@@ -2028,11 +2028,22 @@ Test(cli, bench_runs_bench_tinychat_and_passes_its_json_through)
     const jc_value *args = jget(v, "programs[0].args");
     cr_assert(jc_has_string(args, "--quick") && jc_has_string(args, "--json"), "%s", R.out);
 
-    /* --quick: contexts of 256 and 1024 tokens, two methods each. */
+    /* --quick: contexts of 256 and 1024 tokens, two methods each; then the
+     * attention kernel alone, prefill and decode of 2048 tokens. */
     const jc_value *results = jget(v, "programs[0].results");
     static const uint64_t contexts[] = { 256, 1024 };
     static const char *const methods[] = { "resume", "recompute" };
-    cr_assert_eq(results->n, 4, "%s", R.out);
+    cr_assert_eq(results->n, 6, "%s", R.out);
+    for (size_t i = 4; i < 6; i++) {
+        const jc_value *r = &results->items[i];
+        cr_assert_str_eq(js(r, "op"), "attention", "%s", R.out);
+        cr_assert_str_eq(js(r, "method"), i == 4 ? "prefill" : "decode", "%s", R.out);
+        cr_assert_eq(ju(r, "tokens"), 2048);
+        double gb_s = jd(r, "gb_s"), want = jd(r, "kv_bytes") / (jd(r, "median_us") * 1e3);
+        double off = gb_s > want ? gb_s - want : want - gb_s;
+        cr_assert(gb_s > 0 && off <= want * 0.01 + 0.001,
+                  "gb_s %g, but kv_bytes / median gives %g:\n%s", gb_s, want, R.out);
+    }
     for (size_t c = 0; c < 2; c++) {
         const jc_value *by_method[2];
         for (size_t m = 0; m < 2; m++) {

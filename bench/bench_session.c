@@ -7,11 +7,16 @@
  * context length (512, 2048, 8192 tokens) it measures:
  *
  *   save_turn     ctxstore reserve + write through the layout + commit, at
- *                 durability NONE, ASYNC and FULL; rewriting the whole state
- *                 with write() + fdatasync (what llama.cpp state files do);
- *                 the whole state as one SQLite BLOB row; and the floor: the
- *                 same bytes copied into fresh pages of a plain mapped file.
- *   commit        ctxs_session_commit alone, the turn already written.
+ *                 durability NONE, ASYNC and FULL, and ASYNC without the
+ *                 background thread (what reserve and commit cost on the
+ *                 caller's thread alone); rewriting the whole state with
+ *                 write() + fdatasync (what llama.cpp state files do); the
+ *                 whole state as one SQLite BLOB row; and two floors: the
+ *                 same bytes copied into fresh pages of a plain mapped file
+ *                 (floor), and into pages already faulted in
+ *                 (memcpy_resident: what no store can beat).
+ *   commit        ctxs_session_commit alone, the turn already written; and
+ *                 xxh3: one XXH3-64 over the turn's bytes, the hashing floor.
  *   resume_open   open + header check + close, vs reading a state file or
  *                 selecting the blob into memory.
  *   resume_ready  open + touch every page of the attention window, vs the
@@ -43,6 +48,7 @@
 #include <unistd.h>
 
 #include <sqlite3.h>
+#include <xxhash.h>
 
 #include "bench_util.h"
 #include "ctxstore.h"
@@ -77,9 +83,9 @@ static const char *const k_ops[] = {
 };
 
 static const char *const k_methods[] = {
-    "ctxstore_none", "ctxstore_async", "ctxstore_full", "rewrite_fdatasync",
-    "sqlite_blob",   "floor",          "read_file",     "sqlite_select",
-    "mapping",       "anonymous",
+    "ctxstore_none", "ctxstore_async", "ctxstore_async_nobg", "ctxstore_full",
+    "rewrite_fdatasync", "sqlite_blob", "floor", "memcpy_resident", "xxh3",
+    "read_file", "sqlite_select", "mapping", "anonymous",
 };
 
 /* No fields of its own: a row is a bench_result. */
@@ -308,11 +314,12 @@ static void copy_into_reservation(const ctxs_layout *lay,
     }
 }
 
-static ctxs_session *open_session(const bench *b, uint32_t durability)
+static ctxs_session *open_session(const bench *b, uint32_t durability, int background)
 {
     ctxs_session_options o;
     check_ctxs(ctxs_session_options_init(&o), "ctxs_session_options_init");
     o.durability = durability;
+    o.background = (uint32_t)background;
     ctxs_session *s;
     check_ctxs(ctxs_session_open(&s, g_paths[F_SESSION], &b->model, 0, &o),
                "ctxs_session_open");
@@ -382,19 +389,30 @@ static const char *durability_method(uint32_t durability)
     }
 }
 
-/* Each iteration appends a turn into never-written slots; the context grows
- * by one turn per iteration (commit cost does not depend on it). */
-static void measure_save_turn_ctxstore(const bench *b, uint32_t durability)
+static double cpu_us(clockid_t clock)
 {
-    const char *method = durability_method(durability);
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+/* Each iteration appends a turn into never-written slots; the context grows
+ * by one turn per iteration (commit cost does not depend on it). The CPU
+ * time the process spent beside this thread over the turns (the background
+ * thread's writeback and runway: this program runs no other thread) is
+ * noted per turn. */
+static void measure_save_turn_ctxstore(const bench *b, uint32_t durability, int background)
+{
+    const char *method = background ? durability_method(durability) : "ctxstore_async_nobg";
     progress(b, "save_turn", method);
-    ctxs_session *s = open_session(b, durability);
+    ctxs_session *s = open_session(b, durability, background);
     ctxs_layout lay;
     get_layout(&lay, s, SLOT_BYTES);
     write_turn(s, &lay, b); /* warm-up */
     commit_turn(s, b);
     settle_disk();
     samples sm = { 0 };
+    double beside0 = cpu_us(CLOCK_PROCESS_CPUTIME_ID) - cpu_us(CLOCK_THREAD_CPUTIME_ID);
     for (int i = 0; i < b->iters; i++) {
         think();
         double t0 = now_us();
@@ -402,7 +420,12 @@ static void measure_save_turn_ctxstore(const bench *b, uint32_t durability)
         commit_turn(s, b);
         samples_add(&sm, now_us() - t0);
     }
+    think(); /* the last turn's background work */
+    double beside = cpu_us(CLOCK_PROCESS_CPUTIME_ID) - cpu_us(CLOCK_THREAD_CPUTIME_ID) - beside0;
     ctxs_session_close(s);
+    if (background)
+        add_note("save_turn %s at %u tokens: background thread CPU %.0f us per turn",
+                 method, b->tokens, beside / b->iters);
     record("save_turn", method, b->tokens, &sm);
 }
 
@@ -410,7 +433,7 @@ static void measure_commit_ctxstore(const bench *b, uint32_t durability)
 {
     const char *method = durability_method(durability);
     progress(b, "commit", method);
-    ctxs_session *s = open_session(b, durability);
+    ctxs_session *s = open_session(b, durability, 1);
     ctxs_layout lay;
     get_layout(&lay, s, SLOT_BYTES);
     write_turn(s, &lay, b); /* warm-up */
@@ -475,6 +498,45 @@ static samples floor_samples(const bench *b, int small_pages)
     check_sys(close(fd), "close floor file");
     check_sys(unlink(g_paths[F_FLOOR]), "unlink floor file");
     return sm;
+}
+
+/* The floor of floors: the turn copied run by run into pages already
+ * faulted in and writable (written once, untimed), as a store's runway
+ * leaves them; each iteration gets its own region. */
+static void measure_memcpy_resident(const bench *b)
+{
+    progress(b, "save_turn", "memcpy_resident");
+    size_t bytes = (size_t)(b->iters + 1) * TURN_BYTES;
+    uint8_t *area = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (area == MAP_FAILED)
+        die("mmap %zu anonymous bytes failed: %s", bytes, strerror(errno));
+    memset(area, 1, bytes);
+    const size_t run_bytes = (size_t)TURN_TOKENS * SLOT_BYTES;
+    samples sm = { 0 };
+    for (int i = 0; i < b->iters; i++) {
+        uint8_t *dst = area + (size_t)i * TURN_BYTES;
+        think();
+        double t0 = now_us();
+        for (uint32_t run = 0; run < N_RUNS; run++)
+            memcpy(dst + run * run_bytes, b->turn + run * run_bytes, run_bytes);
+        samples_add(&sm, now_us() - t0);
+    }
+    g_sink += area[bytes - 1];
+    check_sys(munmap(area, bytes), "munmap memcpy_resident");
+    record("save_turn", "memcpy_resident", b->tokens, &sm);
+}
+
+/* The hashing floor of a commit: one XXH3-64 over the turn's bytes. */
+static void measure_xxh3(const bench *b)
+{
+    progress(b, "commit", "xxh3");
+    samples sm = { 0 };
+    for (int i = 0; i < b->iters; i++) {
+        double t0 = now_us();
+        g_sink += XXH3_64bits(b->turn, TURN_BYTES);
+        samples_add(&sm, now_us() - t0);
+    }
+    record("commit", "xxh3", b->tokens, &sm);
 }
 
 static void measure_floor(const bench *b)
@@ -664,7 +726,7 @@ static void measure_resume_open(const bench *b)
     samples sm = { 0 };
     for (int i = 0; i <= b->iters; i++) {
         double t0 = now_us();
-        ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC);
+        ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC, 1);
         check_info(s, b);
         ctxs_session_close(s);
         if (i > 0) /* the first is the warm-up */
@@ -697,7 +759,7 @@ static void measure_resume_ready(const bench *b)
     samples sm = { 0 };
     for (int i = 0; i <= b->iters; i++) {
         double t0 = now_us();
-        ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC);
+        ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC, 1);
         g_sink += touch_window(s, b);
         ctxs_session_close(s);
         if (i > 0)
@@ -806,7 +868,7 @@ static uint64_t scan_anonymous(const bench *b)
 static void measure_scan(const bench *b)
 {
     progress(b, "scan", "mapping");
-    ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC);
+    ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC, 1);
     ctxs_layout lay;
     get_layout(&lay, s, SLOT_BYTES);
     uint64_t mapped_sum = scan_mapping(&lay, b->tokens); /* warm-up */
@@ -838,7 +900,7 @@ static void measure_scan(const bench *b)
 static void verify_session(const bench *b)
 {
     progress(b, "verify", "");
-    ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC);
+    ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC, 1);
     uint64_t bad = 0;
     int rc = ctxs_session_verify(s, &bad);
     if (rc == CTXS_ECORRUPT)
@@ -863,13 +925,14 @@ static void run_context(const options *o, uint32_t tokens, int iters)
     remove_session();
     measure_read_file(&b);
 
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         prefill_session(&b);
-        measure_save_turn_ctxstore(&b, levels[i]);
+        measure_save_turn_ctxstore(&b, i < 3 ? levels[i] : CTXS_SYNC_ASYNC, i < 3);
         verify_session(&b);
         remove_session();
     }
     measure_floor(&b);
+    measure_memcpy_resident(&b);
     measure_rewrite(&b);
     measure_sqlite_select(&b); /* then sqlite_blob replaces its row */
     measure_sqlite_blob(&b);
@@ -880,6 +943,7 @@ static void run_context(const options *o, uint32_t tokens, int iters)
         verify_session(&b);
         remove_session();
     }
+    measure_xxh3(&b);
 
     bench_free(&b);
     settle_disk();
@@ -890,8 +954,10 @@ static void run_context(const options *o, uint32_t tokens, int iters)
 /* What each op's ratio column divides by. */
 static const bench_result *baseline_of(const bench_result *r)
 {
-    if (!strcmp(r->op, "save_turn") || !strcmp(r->op, "commit"))
-        return results_find(&g_results, "save_turn", "floor", r->tokens);
+    if (!strcmp(r->op, "save_turn"))
+        return results_find(&g_results, "save_turn", "memcpy_resident", r->tokens);
+    if (!strcmp(r->op, "commit"))
+        return results_find(&g_results, "commit", "xxh3", r->tokens);
     if (!strcmp(r->op, "scan"))
         return results_find(&g_results, "scan", "anonymous", r->tokens);
     return results_find(&g_results, r->op, "ctxstore_async", r->tokens);
@@ -920,17 +986,23 @@ static void print_header(FILE *f, const char *dir)
         " %d + %d, ring off, n_sink %d; a turn = reserve + one memcpy per"
         " (layer,K/V,head) through ctxs_session_layout + commit; no"
         " rollback, so the context grows by %d per turn from the listed"
-        " size. floor: the same %d memcpys into a fresh contiguous region"
-        " of a mapped file (ftruncate + fallocate untimed, MAP_SHARED), no"
-        " sync. Every save (all methods) follows an untimed pause of %u ms,"
-        " standing for the turn's generation (--gap-ms).\n"
+        " size. ctxstore_async_nobg: ASYNC with options.background = 0"
+        " (reserve allocates and faults, commit starts writeback, on the"
+        " caller's thread). floor: the same %d memcpys into a fresh"
+        " contiguous region of a mapped file (ftruncate + fallocate"
+        " untimed, MAP_SHARED), no sync. memcpy_resident: the same memcpys"
+        " into anonymous pages already written once (no fault). Every save"
+        " (all methods) follows an untimed pause of %u ms, standing for the"
+        " turn's generation (--gap-ms); the background thread's CPU time"
+        " over the turns is noted.\n"
         "  rewrite_fdatasync: open(O_TRUNC) + write() + fdatasync of the"
         " whole context+turn state, as llama.cpp state files. sqlite_blob:"
         " INSERT OR REPLACE of that state as one BLOB row, prepared"
         " statement kept, journal_mode=WAL, synchronous=NORMAL, SQLite %s"
         " defaults otherwise (the autocheckpoint runs inside the timed"
         " step).\n"
-        "commit: ctxs_session_commit alone, reserve + write untimed.\n"
+        "commit: ctxs_session_commit alone, reserve + write untimed; xxh3:"
+        " XXH3_64bits over the turn's bytes in one call.\n"
         "resume_open: ctxs_session_open (read-write, ASYNC) +"
         " ctxs_session_info_get + close. resume_ready: open +"
         " ctxs_session_window + read one byte of every page of the window"
@@ -939,7 +1011,8 @@ static void print_header(FILE *f, const char *dir)
         " ready once read: the same measurement is listed under both.\n"
         "scan: sum of the context's K/V as uint64 words through the"
         " session mapping vs a pre-faulted malloc'ed copy; both resident.\n"
-        "ratio: save_turn and commit vs floor; resume_* vs ctxstore_async;"
+        "ratio: save_turn vs memcpy_resident; commit vs xxh3; resume_* vs"
+        " ctxstore_async;"
         " scan vs anonymous.\n\n",
         N_LAYERS, N_KV_HEADS, HEAD_DIM, TOKEN_BYTES, TURN_TOKENS, TURN_BYTES,
         dir, TURN_TOKENS, ROOM_TOKENS, N_SINK, TURN_TOKENS, N_RUNS, g_gap_ms,
@@ -997,9 +1070,19 @@ static void print_headlines(const uint32_t *contexts, int n)
     char label[128];
     putchar('\n');
     const result_table *res = &g_results;
-    snprintf(label, sizeof label, "save_turn ASYNC vs floor (%u tokens)", t);
-    print_ratio_line(label, ratio_of(results_find(res, "save_turn", "ctxstore_async", t),
-                                     results_find(res, "save_turn", "floor", t)));
+    for (int i = 0; i < n; i++) {
+        uint32_t c = contexts[i];
+        snprintf(label, sizeof label, "save_turn ASYNC vs memcpy_resident (%u tokens)", c);
+        print_ratio_line(label,
+                         ratio_of(results_find(res, "save_turn", "ctxstore_async", c),
+                                  results_find(res, "save_turn", "memcpy_resident", c)));
+    }
+    snprintf(label, sizeof label, "save_turn ASYNC without vs with the background (%u tokens)", t);
+    print_ratio_line(label, ratio_of(results_find(res, "save_turn", "ctxstore_async_nobg", t),
+                                     results_find(res, "save_turn", "ctxstore_async", t)));
+    snprintf(label, sizeof label, "commit ASYNC vs xxh3 of the turn (%u tokens)", t);
+    print_ratio_line(label, ratio_of(results_find(res, "commit", "ctxstore_async", t),
+                                     results_find(res, "commit", "xxh3", t)));
     snprintf(label, sizeof label, "rewrite vs ctxstore_async at %u", t);
     print_ratio_line(label,
                      ratio_of(results_find(res, "save_turn", "rewrite_fdatasync", t),

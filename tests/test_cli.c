@@ -1837,17 +1837,36 @@ Test(cli, demo_quick_completes_on_a_fresh_directory_and_resumes_identically)
      * the session alone. */
     cr_assert_str_eq(js(v, "engine"), "tinychat");
     jget(v, "resume.next_token_s");
+    /* The resume is timed to the first token, warm and cold, beside the
+     * state file read warm and cold; the cold pass says whether the page
+     * cache could be dropped. */
+    const char *passes[] = { "warm", "cold" };
+    for (size_t i = 0; i < 2; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "resume.%s.ctxstore_s", passes[i]);
+        double whole = jd(v, key);
+        snprintf(key, sizeof key, "resume.%s.open_s", passes[i]);
+        cr_assert_leq(jd(v, key), whole, "%s", R.out);
+        snprintf(key, sizeof key, "resume.%s.state_file_s", passes[i]);
+        cr_assert_gt(jd(v, key), 0, "%s", R.out);
+    }
+    jb(v, "resume.cold_dropped");
     const jc_value *turns = jget(v, "turns");
     cr_assert_geq(turns->n, 2, "%s", R.out);
     int resumed = 0;
     uint64_t last = 0;
     for (size_t i = 0; i < turns->n; i++) {
-        uint64_t t = ju(jc_at(turns, i), "tokens");
+        const jc_value *turn = jc_at(turns, i);
+        uint64_t t = ju(turn, "tokens");
         cr_assert_gt(t, last, "turn %zu did not add tokens:\n%s", i, R.out);
         last = t;
-        resumed |= jb(jc_at(turns, i), "resumed");
+        resumed |= jb(turn, "resumed");
+        /* A save counts reserve, the stores and the commit. */
+        double parts = jd(turn, "reserve_s") + jd(turn, "write_s") + jd(turn, "commit_s");
+        cr_assert_float_eq(jd(turn, "save_s"), parts, 1e-6, "turn %zu:\n%s", i, R.out);
     }
     cr_assert(resumed, "no turn came after the resume:\n%s", R.out);
+    cr_assert_geq(jd(v, "summary.save_median_s"), jd(v, "summary.commit_median_s"), "%s", R.out);
     jc_free(v);
     /* Without --keep the demo's session and scratch files are gone. */
     CLI_EXPECT(EX_OK, fresh, "ls", "--json");

@@ -7,6 +7,12 @@
  * rewritten as a file (llama.cpp) and as one SQLite BLOB row (the
  * comparison bench/bench_session makes, one sample per turn here).
  *
+ * A turn's save counts all that ctxstore costs the app: reserve, the
+ * engine's stores of the new K/V into the mapping (timed apart from the
+ * model's compute) and the commit. The resume counts the open and the
+ * model's first prediction from the file, with the page cache as the chat
+ * left it (warm) and with the files' pages dropped from it (cold).
+ *
  * The K/V come from an engine (demo_engine below). The default one is
  * examples/tinychat: a tiny transformer with random weights and Qwen3-4B's
  * KV shape, which writes K and V into the session, reads them back through
@@ -24,11 +30,13 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -136,14 +144,18 @@ struct demo_engine {
     const char *name;        /* "tinychat", "synthetic" */
     const char *description; /* one line for the header */
     const char *model_name;  /* registered in the store */
-    /* Writes the K/V of tokens r->first_pos .. + r->n_tokens - 1 into the
-     * slots of reservation r of session s. ids[0 .. first_pos) is the
-     * conversation so far. For a prompt (generate == 0) the ids of the new
-     * tokens are given in ids[first_pos ..]; for a reply the engine chooses
-     * them, one after another, and stores them there. Returns 0 or a
-     * negative ctxstore error. */
+    /* Computes the K/V of tokens r->first_pos .. + r->n_tokens - 1 of
+     * reservation r of session s. An engine that stages (stages = 1) puts
+     * them into kv, [token][run][head_dim] (runs as run_base() numbers
+     * them), and the demo stores them into the slots; one that does not
+     * stores them into the slots itself and ignores kv. ids[0 .. first_pos)
+     * is the conversation so far. For a prompt (generate == 0) the ids of
+     * the new tokens are given in ids[first_pos ..]; for a reply the engine
+     * chooses them, one after another, and stores them there. Returns 0 or
+     * a negative ctxstore error. */
     int (*write)(demo_engine *e, ctxs_session *s, const ctxs_reservation *r,
-                 uint32_t *ids, int generate);
+                 uint32_t *ids, int generate, uint8_t *kv);
+    int stages;
     /* The K and V ([n_layers][n_kv_heads][head_dim] each, the session's
      * dtype) that token pos must hold, given ids[0 .. pos], for the check
      * after the resume; NULL for an engine that cannot tell without
@@ -201,28 +213,29 @@ static uint8_t *run_base(const ctxs_layout *lay, const ctxs_geometry *g,
            + kind * lay->kv_stride + head * lay->head_stride;
 }
 
-static int synth_write(demo_engine *e, ctxs_session *s,
-                       const ctxs_reservation *r, uint32_t *ids, int generate)
+/* One token's K/V in run order, as the synthetic engine stages them. */
+static void synth_token(const ctxs_geometry *g, const uint32_t *ids,
+                        uint64_t pos, uint8_t *dst)
 {
-    const ctxs_geometry *g = &e->model.geometry;
-    ctxs_layout lay;
-    int rc = ctxs_session_layout(&lay, s);
-    if (rc < 0)
-        return rc;
-    uint64_t pos = r->first_pos;
-    if (generate)
-        for (uint32_t i = 0; i < r->n_tokens; i++)
-            ids[pos + i] = synth_next(pos + i ? ids[pos + i - 1] : 0, pos + i);
+    size_t head_bytes = (size_t)g->head_dim * 2;
     uint32_t n_runs = g->n_layers * 2 * g->n_kv_heads;
-    for (uint32_t j = 0; j < r->n_spans; j++) {
-        for (uint32_t run = 0; run < n_runs; run++) {
-            uint8_t *base = run_base(&lay, g, run)
-                            + (size_t)r->spans[j].slot * lay.slot_bytes;
-            for (uint32_t t = 0; t < r->spans[j].count; t++)
-                synth_head(base + (size_t)t * lay.slot_bytes, lay.slot_bytes,
-                           pos + t, ids[pos + t], run);
-        }
-        pos += r->spans[j].count;
+    for (uint32_t run = 0; run < n_runs; run++)
+        synth_head(dst + run * head_bytes, head_bytes, pos, ids[pos], run);
+}
+
+static int synth_write(demo_engine *e, ctxs_session *s,
+                       const ctxs_reservation *r, uint32_t *ids, int generate,
+                       uint8_t *kv)
+{
+    (void)s;
+    const ctxs_geometry *g = &e->model.geometry;
+    size_t token_bytes = (size_t)g->n_layers * 2 * g->n_kv_heads
+                         * g->head_dim * 2;
+    uint64_t pos = r->first_pos;
+    for (uint32_t i = 0; i < r->n_tokens; i++) {
+        if (generate)
+            ids[pos + i] = synth_next(pos + i ? ids[pos + i - 1] : 0, pos + i);
+        synth_token(g, ids, pos + i, kv + i * token_bytes);
     }
     return 0;
 }
@@ -253,6 +266,7 @@ static int synthetic_engine(demo_engine *e, const demo_config *cfg)
                        "head); no model",
         .model_name = cfg->model_name,
         .write = synth_write,
+        .stages = 1,
         .expect = synth_expect,
         .vocab = VOCAB,
     };
@@ -265,8 +279,10 @@ static int synthetic_engine(demo_engine *e, const demo_config *cfg)
 /* examples/tinychat: the K/V of a real forward pass, written into the
  * reservation; the demo commits. */
 static int tiny_write(demo_engine *e, ctxs_session *s,
-                      const ctxs_reservation *r, uint32_t *ids, int generate)
+                      const ctxs_reservation *r, uint32_t *ids, int generate,
+                      uint8_t *kv)
 {
+    (void)kv;
     return tinychat_write(e->impl, s, r, ids, generate, NULL);
 }
 
@@ -363,23 +379,39 @@ typedef struct turn_result {
     uint32_t n_held;
     uint64_t state_bytes;  /* the K/V of the held tokens */
     double reserve_s;      /* ctxs_session_reserve, before the engine wrote */
-    double ctxstore_s;     /* ctxs_session_commit */
+    double write_s;        /* the first stores of the new K/V */
+    double copy_s;         /* the same stores again: the copies alone */
+    double commit_s;       /* ctxs_session_commit alone */
+    double save_s;         /* reserve + write + commit: ctxstore's headline */
     double state_file_s;
     double sqlite_s;       /* < 0: not measured */
 } turn_result;
+
+/* One reopen after the close, timed to the first token, and the state
+ * file read beside it, with the page cache warm or cold. */
+typedef struct resume_pass {
+    double open_s;       /* ctxs_store_open + session open + info */
+    double first_s;      /* then the engine's next token (tinychat), or a
+                            byte of every held page read (synthetic) */
+    double ctxstore_s;   /* open_s + first_s: the headline */
+    double state_file_s; /* open + read() of the whole state file */
+    uint32_t next_token;
+} resume_pass;
 
 typedef struct resume_result {
     uint64_t n_tokens;
     uint32_t n_held;         /* fewer than n_tokens once the ring wrapped */
     uint64_t state_bytes;
-    double ctxstore_open_s;  /* store open + session open + info */
-    double ctxstore_ready_s; /* ... + every page of the held K/V mapped in */
-    double state_file_s;
-    double sqlite_s;         /* < 0: not measured */
+    resume_pass warm;        /* the page cache as the chat left it */
+    resume_pass cold;        /* after the files' pages were dropped */
+    int drop_rc;             /* 0, or why the pages could not be dropped */
+    int64_t ctxstore_cached; /* bytes of the session file and the index
+                                still cached after the drop; < 0: unknown */
+    int64_t state_cached;    /* the same for the state file */
+    int dropped;             /* the cold pass started cold */
+    double sqlite_s;         /* warm; < 0: not measured */
     uint32_t tokens_checked; /* K/V compared with the engine's */
-    double next_token_s;     /* the model's first prediction after the
-                                resume; < 0: an engine without a model */
-    uint32_t next_token;
+    int predicted;           /* the engine's model made the first tokens */
 } resume_result;
 
 typedef struct demo {
@@ -401,6 +433,7 @@ typedef struct demo {
     ctxs_store *st;
     ctxs_session *s;
     char name[64];
+    uint64_t session_id; /* its file is sessions/<id>.ctxs */
     int session_created;
     ctxs_layout lay;
     uint64_t file_bytes;
@@ -414,6 +447,7 @@ typedef struct demo {
     uint64_t n_tokens;  /* committed */
     uint8_t *state;     /* the held K/V packed, as an engine would hold it */
     size_t state_cap;
+    uint8_t *staging;   /* a message's K/V in the engine's memory */
 
 #ifdef CTXS_HAVE_SQLITE
     sqlite3 *db;
@@ -739,6 +773,7 @@ static int plan_conversation(demo *d, uint32_t turns)
         return cli_fail(CTXS_ENOMEM, "planning %u turns", d->n_plan);
     uint64_t rng = 0x2545f4914f6cdd1dull;
     uint64_t total = f->system_tokens;
+    uint32_t longest = f->system_tokens;
     for (uint32_t t = 0; t < d->n_plan; t++) {
         int more = t >= turns;
         uint32_t ulo = more ? f->more_user_min : f->user_min;
@@ -748,16 +783,77 @@ static int plan_conversation(demo *d, uint32_t turns)
         d->plan[t].user = ulo + (uint32_t)(xorshift64(&rng) % (uhi - ulo + 1));
         d->plan[t].reply = rlo + (uint32_t)(xorshift64(&rng) % (rhi - rlo + 1));
         total += d->plan[t].user + d->plan[t].reply;
+        longest = longest > d->plan[t].user ? longest : d->plan[t].user;
+        longest = longest > d->plan[t].reply ? longest : d->plan[t].reply;
     }
     d->n_ids = total;
     if (!(d->ids = calloc(total, sizeof d->ids[0])))
         return cli_fail(CTXS_ENOMEM, "%" PRIu64 " token ids", total);
+    size_t staging = (size_t)longest * d->token_bytes;
+    if (!(d->staging = malloc(staging)))
+        return cli_fail(CTXS_ENOMEM, "the K/V of %u tokens", longest);
+    /* Faulted in now, so that a timed store reads from memory the engine
+     * has, as its own buffers would be. */
+    memset(d->staging, 0, staging);
     return CLI_OK;
 }
 
-/* Reserves n slots and has the engine write its K/V there. */
-static int append_message(demo *d, uint32_t n, int generate, double *reserve_s)
+/* Stores a message's K/V from the engine's memory, [token][run][head_dim],
+ * into the reserved slots in tinychat's order: a layer at a time (it
+ * stores a layer's K/V between the attention calls that read them), a
+ * token's heads one after another, one head_dim of fp16 a copy. */
+static void copy_slots(const demo *d, const ctxs_reservation *r,
+                       const uint8_t *buf)
 {
+    const ctxs_geometry *g = &d->engine.model.geometry;
+    const ctxs_layout *lay = &d->lay;
+    size_t sb = lay->slot_bytes;
+    uint32_t per_layer = 2 * g->n_kv_heads;
+    for (uint32_t layer = 0; layer < g->n_layers; layer++) {
+        const uint8_t *p = buf + (size_t)layer * per_layer * sb;
+        for (uint32_t j = 0; j < r->n_spans; j++)
+            for (uint32_t t = 0; t < r->spans[j].count; t++) {
+                uint8_t *slot = (uint8_t *)lay->kv + layer * lay->layer_stride
+                                + (size_t)(r->spans[j].slot + t) * sb;
+                for (uint32_t i = 0; i < per_layer; i++) {
+                    uint8_t *dst = slot + i / g->n_kv_heads * lay->kv_stride
+                                   + i % g->n_kv_heads * lay->head_stride;
+                    memcpy(dst, p + i * sb, sb);
+                }
+                p += d->token_bytes;
+            }
+    }
+}
+
+/* Times the first stores into a message's reserved slots, apart from the
+ * engine's compute. They are what a store can cost beyond the copy: a
+ * fault on each page not mapped writable when it is stored into, such as
+ * one that writeback cleaned since reserve (or the background runway)
+ * mapped it, as the kernel's flusher does within 30 s and settle_disk()
+ * before every turn. The synthetic engine
+ * computes into its own memory, and these are its stores. tinychat stores
+ * inside its forward pass, where the copies cannot be timed apart from the
+ * model; so the demo makes the first stores just before it, with the same
+ * copies in the same order, and tinychat's stores then overwrite them at
+ * the cost of the copy alone, counted as compute. */
+static void store_message(demo *d, const ctxs_reservation *r, double *write_s,
+                          double *copy_s)
+{
+    double t0 = cli_now_s();
+    copy_slots(d, r, d->staging);
+    double t1 = cli_now_s();
+    /* The same stores again take no fault: what the copies alone cost, to
+     * tell apart in write_s. */
+    copy_slots(d, r, d->staging);
+    *write_s += t1 - t0;
+    *copy_s += cli_now_s() - t1;
+}
+
+/* Reserves n slots and has the engine write its K/V there. */
+static int append_message(demo *d, uint32_t n, int generate,
+                          turn_result *res)
+{
+    double *reserve_s = &res->reserve_s;
     ctxs_reservation r;
     double t0 = cli_now_s();
     int rc = ctxs_session_reserve(&r, d->s, n);
@@ -773,10 +869,14 @@ static int append_message(demo *d, uint32_t n, int generate, double *reserve_s)
     if (!generate)
         for (uint32_t i = 0; i < n; i++)
             d->ids[r.first_pos + i] = script_token(r.first_pos + i, d->engine.vocab);
-    rc = d->engine.write(&d->engine, d->s, &r, d->ids, generate);
+    if (!d->engine.stages)
+        store_message(d, &r, &res->write_s, &res->copy_s);
+    rc = d->engine.write(&d->engine, d->s, &r, d->ids, generate, d->staging);
     if (rc < 0)
         return cli_fail(rc, "session %s: the %s engine", d->name,
                         d->engine.name);
+    if (d->engine.stages)
+        store_message(d, &r, &res->write_s, &res->copy_s);
     return CLI_OK;
 }
 
@@ -802,17 +902,18 @@ static int play_turn(demo *d, uint32_t t, int resumed)
     /* Writeback of the previous turn's comparisons is not this turn's. */
     settle_disk(d);
     if (t == 0) {
-        if ((ec = append_message(d, d->cfg.system_tokens, 0, &res->reserve_s)))
+        if ((ec = append_message(d, d->cfg.system_tokens, 0, res)))
             return ec;
         n += d->cfg.system_tokens;
     }
-    if ((ec = append_message(d, d->plan[t].user, 0, &res->reserve_s))
-        || (ec = append_message(d, d->plan[t].reply, 1, &res->reserve_s)))
+    if ((ec = append_message(d, d->plan[t].user, 0, res))
+        || (ec = append_message(d, d->plan[t].reply, 1, res)))
         return ec;
 
     double t0 = cli_now_s();
     int rc = ctxs_session_commit(d->s, d->ids + d->n_tokens, n);
-    res->ctxstore_s = cli_now_s() - t0;
+    res->commit_s = cli_now_s() - t0;
+    res->save_s = res->reserve_s + res->write_s + res->commit_s;
     if (rc < 0)
         return cli_fail(rc, "session %s: commit", d->name);
     d->n_tokens += n;
@@ -896,7 +997,7 @@ static int same_as_session(const demo *d, const uint8_t *p, size_t n,
 
 /* The resumed session must hold exactly what was committed: every token's
  * checksum, every token id, and the K/V of a few tokens recomputed by the
- * engine. */
+ * engine (tinychat recomputed its last one in first_token()). */
 static int check_resumed(demo *d, const ctxs_session_info *info)
 {
     uint64_t bad = 0;
@@ -926,25 +1027,6 @@ static int check_resumed(demo *d, const ctxs_session_info *info)
                     d->ids[pos]);
             return CLI_EDAMAGED;
         }
-    }
-    if (d->engine.resume) {
-        /* What a chat app does next: predict from the session alone. The
-         * engine recomputes the last token's K/V on the way and compares
-         * them with the stored ones. */
-        double t0 = cli_now_s();
-        rc = d->engine.resume(&d->engine, d->s, &d->resume.next_token);
-        d->resume.next_token_s = cli_now_s() - t0;
-        if (rc == CTXS_ECORRUPT) {
-            cli_say("session %s: the model recomputed token %" PRIu64 " and"
-                    " its K/V differ from the stored ones", d->name,
-                    d->n_tokens - 1);
-            return CLI_EDAMAGED;
-        }
-        if (rc < 0)
-            return cli_fail(rc, "session %s: the %s engine's resume", d->name,
-                            d->engine.name);
-        d->resume.tokens_checked = 1;
-        return CLI_OK;
     }
     if (!d->engine.expect)
         return CLI_OK;
@@ -981,67 +1063,224 @@ static int check_resumed(demo *d, const ctxs_session_info *info)
     return ec;
 }
 
-/* The app quits: session, store and database closed, the engine's copy of
- * the K/V gone. Then it comes back: ctxstore opens the store and the
- * session (a map and a header check), the others read the whole state. */
-static int restart(demo *d)
+/* What a chat app does first after it comes back: predict from the session
+ * alone. tinychat recomputes the last token on the way (one forward pass,
+ * attention over every held token) and compares its K/V with the stored
+ * ones. An engine without a model reads a byte of every page of the held
+ * K/V instead, as a first attention pass would. */
+static int first_token(demo *d, uint32_t n_held, uint32_t *next_id)
 {
-    resume_result *res = &d->resume;
-    res->sqlite_s = -1;
-    res->next_token_s = -1;
-#ifdef CTXS_HAVE_SQLITE
-    db_close(d);
-#endif
-    ctxs_session_close(d->s);
-    d->s = NULL;
-    ctxs_store_close(d->st);
-    d->st = NULL;
-    free(d->state);
-    d->state = NULL;
-    d->state_cap = 0;
-    settle_disk(d);
+    if (!d->engine.resume) {
+        *next_id = (uint32_t)touch_held(d, n_held);
+        return CLI_OK;
+    }
+    int rc = d->engine.resume(&d->engine, d->s, next_id);
+    if (rc == CTXS_ECORRUPT) {
+        cli_say("session %s: the model recomputed token %" PRIu64 " and its "
+                "K/V differ from the stored ones", d->name, d->n_tokens - 1);
+        return CLI_EDAMAGED;
+    }
+    if (rc < 0)
+        return cli_fail(rc, "session %s: the %s engine's resume", d->name,
+                        d->engine.name);
+    return CLI_OK;
+}
 
+/* The app comes back: the store and the session opened, and the first
+ * token predicted from them, timed as one. */
+static int reopen(demo *d, resume_pass *pass, ctxs_session_info *info)
+{
     double t0 = cli_now_s();
     int rc = ctxs_store_open(&d->st, d->store_dir, NULL);
     if (rc < 0)
         return cli_fail(rc, "%s", d->store_dir);
     int ec = open_session(d);
+    if (ec == CLI_OK)
+        ec = session_info(d, info);
+    pass->open_s = cli_now_s() - t0;
+    if (ec == CLI_OK)
+        ec = first_token(d, info->n_held, &pass->next_token);
+    pass->ctxstore_s = cli_now_s() - t0;
+    pass->first_s = pass->ctxstore_s - pass->open_s;
+    return ec;
+}
+
+/* The app quits: session, store and database closed, the engine's copy of
+ * the K/V gone. The session is synced first, so that none of its pages is
+ * dirty and a drop from the page cache can take them all. */
+static int close_all(demo *d)
+{
+#ifdef CTXS_HAVE_SQLITE
+    db_close(d);
+#endif
+    int rc = d->s ? ctxs_session_sync(d->s) : 0;
+    ctxs_session_close(d->s);
+    d->s = NULL;
+    ctxs_store_close(d->st);
+    d->st = NULL;
+    return rc < 0 ? cli_fail(rc, "session %s: sync", d->name) : CLI_OK;
+}
+
+/* Bytes of the file at fd cached in the page cache (mincore), or -errno. */
+static int64_t cached_bytes(int fd, size_t size)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t n = (size + page - 1) / page;
+    if (n == 0)
+        return 0;
+    void *p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return -errno;
+    unsigned char *vec = malloc(n);
+    int64_t rc = vec ? 0 : -ENOMEM;
+    if (rc == 0 && mincore(p, size, (void *)vec) < 0)
+        rc = -errno;
+    for (size_t i = 0; rc >= 0 && i < n; i++)
+        rc += vec[i] & 1 ? (int64_t)page : 0;
+    free(vec);
+    munmap(p, size);
+    return rc;
+}
+
+/* Drops a closed file's pages from the page cache. DONTNEED leaves dirty
+ * pages and pages under writeback where they are, so the file is synced
+ * first. Adds the bytes still cached after it to *cached; returns 0 or
+ * -errno. */
+static int drop_file(const char *path, int64_t *cached)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat sb;
+    int rc = fstat(fd, &sb) < 0 || fdatasync(fd) < 0 ? -errno : 0;
+#ifdef POSIX_FADV_DONTNEED
+    if (rc == 0)
+        rc = -posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+#else
+    rc = rc ? rc : -ENOSYS;
+#endif
+    int64_t left = rc == 0 ? cached_bytes(fd, (size_t)sb.st_size) : -1;
+    close(fd);
+    if (left < 0 || *cached < 0)
+        *cached = -1;
+    else
+        *cached += left;
+    return rc ? rc : left < 0 ? (int)left : 0;
+}
+
+/* Makes the next pass cold: the session file, the index and the state
+ * file out of the page cache, as after a reboot. The pass counts as cold
+ * when less than 1% of the state stayed cached in either. */
+static void drop_caches(demo *d)
+{
+    resume_result *res = &d->resume;
+    char path[PATH_MAX + 64];
+    res->ctxstore_cached = res->state_cached = 0;
+    snprintf(path, sizeof path, "%s/sessions/%016" PRIx64 ".ctxs",
+             d->store_dir, d->session_id);
+    int rc = drop_file(path, &res->ctxstore_cached);
+    snprintf(path, sizeof path, "%s/index/data.mdb", d->store_dir);
+    int rc2 = drop_file(path, &res->ctxstore_cached);
+    int rc3 = drop_file(d->state_path, &res->state_cached);
+    res->drop_rc = rc ? rc : rc2 ? rc2 : rc3;
+    uint64_t limit = res->state_bytes / 100;
+    res->dropped = res->drop_rc == 0 && res->ctxstore_cached >= 0
+                   && res->state_cached >= 0
+                   && (uint64_t)res->ctxstore_cached <= limit
+                   && (uint64_t)res->state_cached <= limit;
+}
+
+/* The state file read back, warm or cold, must hold the session's K/V; the
+ * session is open when it is compared, so *p is kept until then. */
+static int check_state(const demo *d, uint8_t *p, size_t n, const char *what)
+{
+    int same = same_as_session(d, p, n, d->resume.n_held);
+    free(p);
+    if (same)
+        return CLI_OK;
+    cli_say("the %s read back differs from the session's K/V", what);
+    return CLI_EFAIL;
+}
+
+/* Warm: the app quits and comes back at once, to the page cache as the
+ * chat left it. ctxstore reopens to its first token; the state file and
+ * SQLite are read back, and checked against the open session. */
+static int resume_warm(demo *d, ctxs_session_info *info)
+{
+    resume_result *res = &d->resume;
+    int ec = reopen(d, &res->warm, info);
     if (ec)
         return ec;
-    ctxs_session_info info;
-    if ((ec = session_info(d, &info)))
+    res->n_tokens = info->n_tokens;
+    res->n_held = info->n_held;
+    res->state_bytes = (uint64_t)info->n_held * d->token_bytes;
+    uint8_t *p;
+    size_t n;
+    if ((ec = read_state_file(d, &p, &n, &res->warm.state_file_s))
+        || (ec = check_state(d, p, n, "state file")))
         return ec;
-    res->ctxstore_open_s = cli_now_s() - t0;
-    uint64_t sink = touch_held(d, info.n_held);
-    res->ctxstore_ready_s = cli_now_s() - t0;
-    res->n_tokens = info.n_tokens;
-    res->n_held = info.n_held;
-    res->state_bytes = (uint64_t)info.n_held * d->token_bytes;
-    (void)sink;
-
-    uint8_t *p = NULL;
-    size_t n = 0;
-    if ((ec = read_state_file(d, &p, &n, &res->state_file_s)))
-        return ec;
-    int same = same_as_session(d, p, n, info.n_held);
-    free(p);
-    if (!same) {
-        cli_say("the state file read back differs from the session's K/V");
-        return CLI_EFAIL;
-    }
 #ifdef CTXS_HAVE_SQLITE
     if (d->n_results && d->results[d->n_results - 1].sqlite_s >= 0) {
-        if ((ec = select_sqlite(d, &p, &n, &res->sqlite_s)))
+        if ((ec = select_sqlite(d, &p, &n, &res->sqlite_s))
+            || (ec = check_state(d, p, n, "SQLite blob")))
             return ec;
-        same = same_as_session(d, p, n, info.n_held);
-        free(p);
-        if (!same) {
-            cli_say("the SQLite blob read back differs from the session's K/V");
-            return CLI_EFAIL;
-        }
     }
 #endif
-    return check_resumed(d, &info);
+    return CLI_OK;
+}
+
+/* Cold: the files' pages dropped, the state file read, then ctxstore
+ * reopened to its first token, which must be the warm pass's. The session
+ * stays open for the rest of the chat. */
+static int resume_cold(demo *d, ctxs_session_info *info)
+{
+    resume_result *res = &d->resume;
+    drop_caches(d);
+    uint8_t *p = NULL;
+    size_t n = 0;
+    int ec = read_state_file(d, &p, &n, &res->cold.state_file_s);
+    if (ec == CLI_OK)
+        ec = reopen(d, &res->cold, info);
+    if (ec == CLI_OK)
+        ec = check_state(d, p, n, "state file");
+    else
+        free(p);
+    if (ec == CLI_OK && d->engine.resume
+        && res->cold.next_token != res->warm.next_token) {
+        cli_say("session %s: the cold resume predicted token %u, the warm one"
+                " %u", d->name, res->cold.next_token, res->warm.next_token);
+        ec = CLI_EDAMAGED;
+    }
+    return ec;
+}
+
+/* The app quits and comes back twice: warm, then cold. Each time ctxstore
+ * opens the store and the session (a map and a header check) and predicts
+ * the next token; the others read the whole state. */
+static int restart(demo *d)
+{
+    resume_result *res = &d->resume;
+    res->sqlite_s = -1;
+    res->predicted = d->engine.resume != NULL;
+    free(d->state);
+    d->state = NULL;
+    d->state_cap = 0;
+    ctxs_session_info info;
+    int ec = close_all(d);
+    if (ec == CLI_OK) {
+        settle_disk(d);
+        ec = resume_warm(d, &info);
+    }
+    if (ec == CLI_OK)
+        ec = close_all(d);
+    if (ec == CLI_OK)
+        ec = resume_cold(d, &info);
+    if (ec == CLI_OK) {
+        if (res->predicted)
+            res->tokens_checked = 1;
+        ec = check_resumed(d, &info);
+    }
+    return ec;
 }
 
 /* --- Output --------------------------------------------------------------- */
@@ -1088,66 +1327,102 @@ static void print_header(const demo *d)
     printf("\n");
 }
 
-/* 78 columns: turn, tokens, new, KV | ctxstore, state file, SQLite |
- * the two ratios. */
-#define ROW_FMT "%-6s %6s %4s %8s  %9s %10s %9s  %7s %9s\n"
+/* 79 columns: turn, tokens, new, KV | ctxstore, the part of it that the
+ * commit (a save) or the open (a resume) took, state file, SQLite | the two
+ * ratios. */
+#define ROW_FMT "%-4s %6s %4s %8s  %8s %8s %10s %8s  %6s %6s\n"
 
-static void print_table_head(const char *what)
+static void print_table_head(int resume)
 {
-    printf("%-6s %6s %4s %8s  ---------- %-4s time ----------  "
-           "ctxstore faster\n", "", "", "", "", what);
-    printf(ROW_FMT, "turn", "tokens", "new", "KV", "ctxstore", "state file",
-           "SQLite", "vs file", "vs SQLite");
+    printf("%27s%s ctxstore faster\n", "",
+           resume ? "---- resume, to the first token ----"
+                  : "----------- save a turn ------------");
+    printf(ROW_FMT, resume ? "" : "turn", "tokens", resume ? "" : "new", "KV",
+           "ctxstore", resume ? "open" : "commit", "state file", "SQLite",
+           "file", "SQLite");
 }
 
 static void print_turn(const turn_result *r)
 {
     char turn[16], tokens[32], fresh[16], kv[32], c1[32], c2[32], c3[32],
-        r1[32], r2[32];
+        c4[32], r1[32], r2[32];
+    int no_sqlite = r->resumed && r->sqlite_s < 0;
     snprintf(turn, sizeof turn, "%u", r->turn);
     snprintf(tokens, sizeof tokens, "%" PRIu64, r->n_tokens);
     snprintf(fresh, sizeof fresh, "%u", r->new_tokens);
     printf(ROW_FMT, turn, tokens, fresh, fmt_size(kv, r->state_bytes),
-           fmt_secs(c1, r->ctxstore_s), fmt_secs(c2, r->state_file_s),
-           r->resumed && r->sqlite_s < 0 ? "-" : fmt_secs(c3, r->sqlite_s),
-           fmt_ratio(r1, r->state_file_s, r->ctxstore_s),
-           r->resumed && r->sqlite_s < 0
-               ? "-" : fmt_ratio(r2, r->sqlite_s, r->ctxstore_s));
+           fmt_secs(c1, r->save_s), fmt_secs(c2, r->commit_s),
+           fmt_secs(c3, r->state_file_s),
+           no_sqlite ? "-" : fmt_secs(c4, r->sqlite_s),
+           fmt_ratio(r1, r->state_file_s, r->save_s),
+           no_sqlite ? "-" : fmt_ratio(r2, r->sqlite_s, r->save_s));
     fflush(stdout);
+}
+
+/* A row of the resume table; SQLite is read warm only (sqlite_s < 0). */
+static void print_pass(const demo *d, const char *label, const resume_pass *p,
+                       double sqlite_s)
+{
+    const resume_result *r = &d->resume;
+    char tokens[32], kv[32], c1[32], c2[32], c3[32], c4[32], r1[32], r2[32];
+    snprintf(tokens, sizeof tokens, "%" PRIu64, r->n_tokens);
+    printf(ROW_FMT, label, tokens, "", fmt_size(kv, r->state_bytes),
+           fmt_secs(c1, p->ctxstore_s), fmt_secs(c2, p->open_s),
+           fmt_secs(c3, p->state_file_s),
+           sqlite_s < 0 ? "-" : fmt_secs(c4, sqlite_s),
+           fmt_ratio(r1, p->state_file_s, p->ctxstore_s),
+           sqlite_s < 0 ? "-" : fmt_ratio(r2, sqlite_s, p->ctxstore_s));
+}
+
+/* Whether the cold row was cold, in mincore's words. */
+static void print_drop(const resume_result *r)
+{
+    char a[32], b[32];
+    if (r->ctxstore_cached < 0 || r->state_cached < 0)
+        printf("cold: the page cache could not be dropped (%s): the cold row"
+               " may be\npartly warm\n", ctxs_strerror(r->drop_rc));
+    else if (!r->dropped)
+        printf("cold: the page cache could not be dropped%s%s: %s of the "
+               "session file and\nthe index and %s of the state file stayed "
+               "cached (mincore); the cold\nrow is partly warm\n",
+               r->drop_rc ? ", " : "", r->drop_rc ? ctxs_strerror(r->drop_rc)
+                                                  : "",
+               fmt_size(a, (uint64_t)r->ctxstore_cached),
+               fmt_size(b, (uint64_t)r->state_cached));
+    else
+        printf("cold: after ctxs_session_sync, close and posix_fadvise("
+               "DONTNEED), mincore\nfinds %s of the session file and the "
+               "index and %s of the state file cached\n",
+               fmt_size(a, (uint64_t)r->ctxstore_cached),
+               fmt_size(b, (uint64_t)r->state_cached));
 }
 
 static void print_resume(const demo *d)
 {
     const resume_result *r = &d->resume;
-    char tokens[32], kv[32], c1[32], c2[32], c3[32], r1[32], r2[32];
-    snprintf(tokens, sizeof tokens, "%" PRIu64, r->n_tokens);
-    printf("\nsession, store and database closed; the store reopened:\n\n");
-    print_table_head("resume");
-    printf(ROW_FMT, "open", tokens, "", fmt_size(kv, r->state_bytes),
-           fmt_secs(c1, r->ctxstore_open_s), fmt_secs(c2, r->state_file_s),
-           fmt_secs(c3, r->sqlite_s),
-           fmt_ratio(r1, r->state_file_s, r->ctxstore_open_s),
-           fmt_ratio(r2, r->sqlite_s, r->ctxstore_open_s));
-    printf(ROW_FMT, "+pages", "", "", "", fmt_secs(c1, r->ctxstore_ready_s),
-           fmt_secs(c2, r->state_file_s), fmt_secs(c3, r->sqlite_s),
-           fmt_ratio(r1, r->state_file_s, r->ctxstore_ready_s),
-           fmt_ratio(r2, r->sqlite_s, r->ctxstore_ready_s));
+    printf("\nsession, store and database closed; reopened with the page "
+           "cache as the chat\nleft it (warm), then again with the files' "
+           "pages dropped from it (cold):\n\n");
+    print_table_head(1);
+    print_pass(d, "warm", &r->warm, r->sqlite_s);
+    print_pass(d, "cold", &r->cold, -1);
     char held[64] = "";
     if (r->n_held < r->n_tokens)
         snprintf(held, sizeof held, " (the ring wrapped: %u held)", r->n_held);
-    if (r->next_token_s >= 0) {
-        char t[32];
+    if (r->predicted) {
         printf("\nresumed %" PRIu64 " tokens, identical: every held token's "
                "checksum and id%s;\nthe model recomputed its last token from "
                "the session alone (one forward\npass, its K/V bit-identical "
-               "to the stored ones): next token %u, %s\n\n", r->n_tokens,
-               held, r->next_token, fmt_secs(t, r->next_token_s));
+               "to the stored ones): next token %u, warm and cold\n",
+               r->n_tokens, held, r->warm.next_token);
     } else {
         printf("\nresumed %" PRIu64 " tokens, identical: every held token's "
                "checksum and id,\nand the K/V of %u tokens recomputed by the "
-               "engine%s\n\n", r->n_tokens, r->tokens_checked, held);
+               "engine%s\n", r->n_tokens, r->tokens_checked, held);
     }
-    print_table_head("save");
+    print_drop(r);
+    printf("\n");
+    print_table_head(0);
     fflush(stdout);
 }
 
@@ -1174,51 +1449,125 @@ static double median_of(const demo *d, size_t offset)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+#define MEDIAN(d, field) median_of(d, offsetof(turn_result, field))
+
+/* Prints text wrapped to 78 columns: with a label, in a column 12 wide
+ * after it (a note); with none (NULL), from the margin. */
+static void print_note(const char *label, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void print_note(const char *label, const char *fmt, ...)
+{
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    int indent = label ? 12 : 0;
+    int col = printf("%-*s", indent, label ? label : "");
+    for (const char *w = text; *w;) {
+        size_t n = strcspn(w, " ");
+        /* A number stays on the line of its unit. */
+        while (n && w[n - 1] >= '0' && w[n - 1] <= '9' && w[n] == ' '
+               && w[n + 1])
+            n += 1 + strcspn(w + n + 1, " ");
+        if (col > indent && col + 1 + (int)n > 78)
+            col = printf("\n%*s", indent, "") - 1;
+        else if (col > indent)
+            col += printf(" ");
+        col += printf("%.*s", (int)n, w);
+        w += n;
+        w += strspn(w, " ");
+    }
+    printf("\n");
+}
+
+/* The first turn played after the resume, or NULL. */
+static const turn_result *resumed_turn(const demo *d)
+{
+    for (uint32_t i = 0; i < d->n_results; i++)
+        if (d->results[i].resumed)
+            return &d->results[i];
+    return NULL;
+}
+
+/* What each figure counts. */
+static void print_notes(const demo *d)
+{
+    const resume_result *r = &d->resume;
+    char a[32], b[32], c[32];
+    char e[32];
+    print_note("ctxstore", "all of a save, medians: reserve (%s), the first "
+               "stores of the new K/V into the mapping (%s, of which the "
+               "copies %s, the rest page faults) and "
+               "ctxs_session_commit (%s, the commit column). ASYNC: checksums"
+               " the new tokens, writes a 128-byte record, starts writeback; "
+               "survives a process crash, and after a power loss the open "
+               "keeps what verifies. reserve takes slots that the background "
+               "thread allocated and mapped after the last commit.%s",
+               fmt_secs(a, MEDIAN(d, reserve_s)),
+               fmt_secs(b, MEDIAN(d, write_s)), fmt_secs(e, MEDIAN(d, copy_s)),
+               fmt_secs(c, MEDIAN(d, commit_s)),
+               d->engine.stages ? "" : " tinychat stores inside its forward "
+               "pass: the demo makes the first stores into the reserved "
+               "slots just before it, the same copies, timed apart from the "
+               "model.");
+    const turn_result *next = resumed_turn(d);
+    if (next && next->reserve_s > 10 * MEDIAN(d, reserve_s)
+        && next->reserve_s > 0.01)
+        print_note("", "Turn %u, the first after the cold resume, spent %s "
+                   "in reserve: the slots it maps were cold too.", next->turn,
+                   fmt_secs(a, next->reserve_s));
+    print_note("state file", "the held K/V to a new file, fdatasync, rename "
+               "(llama.cpp's state file, made crash-safe). Survives power "
+               "loss.");
+#ifdef CTXS_HAVE_SQLITE
+    print_note("SQLite", "%s, INSERT OR REPLACE of the held K/V as one BLOB, "
+               "WAL, synchronous=NORMAL, as bench_session. Survives a process"
+               " crash; durable at the next checkpoint. Not repeated after "
+               "the resume.", sqlite3_libversion());
+#else
+    print_note("SQLite", "n/a: this ctxstore was built without SQLite.");
+#endif
+    if (r->predicted)
+        print_note("resume", "ctxs_store_open + ctxs_store_session_open (the"
+                   " open column) + the model's next token from the file "
+                   "alone (a forward pass over every held token: %s warm), vs"
+                   " open + read() (state file) and open + SELECT + copy "
+                   "(SQLite, warm only), which leave that pass out.",
+                   fmt_secs(a, r->warm.first_s));
+    else
+        print_note("resume", "ctxs_store_open + ctxs_store_session_open (the"
+                   " open column) + a byte of every page of the held K/V, as"
+                   " a first attention pass, vs open + read() (state file) "
+                   "and open + SELECT + copy (SQLite, warm only).");
+    print_note("", "warm: the page cache as the chat left it; cold: the "
+               "session file's, the index's and the state file's pages "
+               "dropped first%s.", d->quick ? "" : "; the disk settled "
+               "before each timed step");
+}
+
 static void print_summary(const demo *d)
 {
     const resume_result *r = &d->resume;
-    double mc = median_of(d, offsetof(turn_result, ctxstore_s));
-    double mf = median_of(d, offsetof(turn_result, state_file_s));
-    double ms = median_of(d, offsetof(turn_result, sqlite_s));
-    double mr = median_of(d, offsetof(turn_result, reserve_s));
     char a[32], b[32], e[32], f[32], g[32], h[32], i[32];
-    printf("\nSaving a turn: %s with ctxstore, %s as a state file, %s as a\n"
-           "SQLite row (medians). Resuming %" PRIu64 " tokens: %s, %s and "
-           "%s.\n\n",
-           fmt_secs(a, mc), fmt_secs(b, mf), fmt_secs(e, ms), r->n_tokens,
-           fmt_secs(f, r->ctxstore_open_s), fmt_secs(g, r->state_file_s),
-           fmt_secs(h, r->sqlite_s));
-    printf("ctxstore    ctxs_session_commit, ASYNC: checksums the new tokens, "
-           "writes a\n"
-           "            128-byte record, starts writeback. Survives a process "
-           "crash; after\n"
-           "            a power loss the open keeps what verifies. Not "
-           "counted: reserve\n"
-           "            before the engine writes (allocates the disk blocks, "
-           "faults the\n"
-           "            pages in): %s a turn.\n",
-           fmt_secs(i, mr));
-    printf("state file  the held K/V to a new file, fdatasync, rename "
-           "(llama.cpp's state\n"
-           "            file, made crash-safe). Survives power loss.\n");
-#ifdef CTXS_HAVE_SQLITE
-    printf("SQLite      %s, INSERT OR REPLACE of the held K/V as one BLOB, "
-           "WAL,\n"
-           "            synchronous=NORMAL, as bench_session. Survives a "
-           "process crash;\n"
-           "            durable at the next checkpoint. Not repeated after "
-           "the resume.\n", sqlite3_libversion());
-#else
-    printf("SQLite      n/a: this ctxstore was built without SQLite.\n");
-#endif
-    printf("open        ctxs_store_open + ctxs_store_session_open + "
-           "ctxs_session_info_get,\n"
-           "            vs open + read (file), open + SELECT + copy (SQLite). "
-           "+pages: also\n"
-           "            a byte of every page of the held K/V, as a first "
-           "attention pass.\n"
-           "            Page cache warm for all%s.\n",
-           d->quick ? "" : "; the disk settled before each timed step");
+    printf("\n");
+    print_note(NULL, "Saving a turn: %s with ctxstore, %s as a state file, %s "
+               "as a SQLite row (medians). Resuming %" PRIu64 " tokens %s: "
+               "%s cold, %s warm; reading the state file alone: %s cold, %s "
+               "warm.%s",
+               fmt_secs(a, MEDIAN(d, save_s)),
+               fmt_secs(b, MEDIAN(d, state_file_s)),
+               fmt_secs(e, MEDIAN(d, sqlite_s)), r->n_tokens,
+               r->predicted ? "to the next token" : "and reading them",
+               fmt_secs(f, r->cold.ctxstore_s),
+               fmt_secs(g, r->warm.ctxstore_s),
+               fmt_secs(h, r->cold.state_file_s),
+               fmt_secs(i, r->warm.state_file_s),
+               r->dropped ? "" : " (The cold figures are partly warm: the "
+               "page cache could not be dropped.)");
+    printf("\n");
+    print_notes(d);
 }
 
 static void json_secs(json *j, const char *key, double secs)
@@ -1239,97 +1588,139 @@ static void json_ratio(json *j, const char *key, double num, double den)
         json_double(j, num / den);
 }
 
-static void print_json(const demo *d)
+static void json_header(json *j, const demo *d)
 {
     const ctxs_geometry *g = &d->engine.model.geometry;
+    json_kv_string(j, "store", d->store_dir);
+    json_kv_bool(j, "temporary", d->store_temporary);
+    json_kv_bool(j, "kept", d->keep);
+    json_kv_bool(j, "quick", d->quick);
+    json_kv_bool(j, "memory_fs", d->memory_fs);
+    json_kv_string(j, "engine", d->engine.name);
+
+    json_key(j, "model");
+    json_object_begin(j);
+    json_kv_string(j, "name", d->engine.model_name);
+    json_kv_u64(j, "n_layers", g->n_layers);
+    json_kv_u64(j, "n_kv_heads", g->n_kv_heads);
+    json_kv_u64(j, "head_dim", g->head_dim);
+    json_kv_string(j, "dtype", "f16");
+    json_kv_u64(j, "token_bytes", d->token_bytes);
+    json_object_end(j);
+
+    json_key(j, "session");
+    json_object_begin(j);
+    json_kv_string(j, "name", d->name);
+    json_kv_u64(j, "capacity", d->cfg.capacity);
+    json_kv_u64(j, "file_bytes", d->file_bytes);
+    json_kv_string(j, "durability", "async");
+    json_object_end(j);
+
+    json_key(j, "sqlite");
+#ifdef CTXS_HAVE_SQLITE
+    json_string(j, sqlite3_libversion());
+#else
+    json_null(j);
+#endif
+    /* SQLite saves are timed before the resume only. */
+    json_kv_bool(j, "sqlite_after_resume", 0);
+}
+
+/* save_s is ctxstore's whole save; the ratios are against it. */
+static void json_turns(json *j, const demo *d)
+{
+    json_key(j, "turns");
+    json_array_begin(j);
+    for (uint32_t i = 0; i < d->n_results; i++) {
+        const turn_result *t = &d->results[i];
+        json_object_begin(j);
+        json_kv_u64(j, "turn", t->turn);
+        json_kv_bool(j, "resumed", t->resumed);
+        json_kv_u64(j, "tokens", t->n_tokens);
+        json_kv_u64(j, "new_tokens", t->new_tokens);
+        json_kv_u64(j, "held_tokens", t->n_held);
+        json_kv_u64(j, "state_bytes", t->state_bytes);
+        json_secs(j, "save_s", t->save_s);
+        json_secs(j, "reserve_s", t->reserve_s);
+        json_secs(j, "write_s", t->write_s);
+        json_secs(j, "write_copy_s", t->copy_s);
+        json_secs(j, "commit_s", t->commit_s);
+        json_secs(j, "state_file_s", t->state_file_s);
+        json_secs(j, "sqlite_s", t->sqlite_s);
+        json_ratio(j, "state_file_ratio", t->state_file_s, t->save_s);
+        json_ratio(j, "sqlite_ratio", t->sqlite_s, t->save_s);
+        json_object_end(j);
+    }
+    json_array_end(j);
+}
+
+/* ctxstore_s is the open and the first token; the ratios are against it. */
+static void json_pass(json *j, const char *key, const resume_pass *p,
+                      double sqlite_s)
+{
+    json_key(j, key);
+    json_object_begin(j);
+    json_secs(j, "ctxstore_s", p->ctxstore_s);
+    json_secs(j, "open_s", p->open_s);
+    json_secs(j, "first_token_s", p->first_s);
+    json_secs(j, "state_file_s", p->state_file_s);
+    json_ratio(j, "state_file_ratio", p->state_file_s, p->ctxstore_s);
+    json_secs(j, "sqlite_s", sqlite_s);
+    json_ratio(j, "sqlite_ratio", sqlite_s, p->ctxstore_s);
+    json_object_end(j);
+}
+
+static void json_resume(json *j, const demo *d)
+{
+    const resume_result *r = &d->resume;
+    json_key(j, "resume");
+    json_object_begin(j);
+    json_kv_u64(j, "tokens", r->n_tokens);
+    json_kv_u64(j, "held_tokens", r->n_held);
+    json_kv_u64(j, "state_bytes", r->state_bytes);
+    json_kv_string(j, "ctxstore_measures",
+                   r->predicted ? "open + next token" : "open + held pages");
+    json_pass(j, "warm", &r->warm, r->sqlite_s);
+    json_pass(j, "cold", &r->cold, -1);
+    json_kv_bool(j, "cold_dropped", r->dropped);
+    json_kv_i64(j, "cold_ctxstore_cached_bytes", r->ctxstore_cached);
+    json_kv_i64(j, "cold_state_file_cached_bytes", r->state_cached);
+    /* As before the cold pass: warm, the open alone, and the reads. */
+    json_secs(j, "ctxstore_open_s", r->warm.open_s);
+    json_secs(j, "state_file_s", r->warm.state_file_s);
+    json_secs(j, "sqlite_s", r->sqlite_s);
+    json_kv_bool(j, "identical", 1);
+    json_kv_u64(j, "tokens_checked", r->tokens_checked);
+    if (r->predicted) {
+        json_secs(j, "next_token_s", r->warm.first_s);
+        json_kv_u64(j, "next_token", r->warm.next_token);
+    }
+    json_object_end(j);
+}
+
+static void print_json(const demo *d)
+{
     const resume_result *r = &d->resume;
     json j;
     json_init(&j, stdout);
     json_object_begin(&j);
-    json_kv_string(&j, "store", d->store_dir);
-    json_kv_bool(&j, "temporary", d->store_temporary);
-    json_kv_bool(&j, "kept", d->keep);
-    json_kv_bool(&j, "quick", d->quick);
-    json_kv_bool(&j, "memory_fs", d->memory_fs);
-    json_kv_string(&j, "engine", d->engine.name);
-
-    json_key(&j, "model");
-    json_object_begin(&j);
-    json_kv_string(&j, "name", d->engine.model_name);
-    json_kv_u64(&j, "n_layers", g->n_layers);
-    json_kv_u64(&j, "n_kv_heads", g->n_kv_heads);
-    json_kv_u64(&j, "head_dim", g->head_dim);
-    json_kv_string(&j, "dtype", "f16");
-    json_kv_u64(&j, "token_bytes", d->token_bytes);
-    json_object_end(&j);
-
-    json_key(&j, "session");
-    json_object_begin(&j);
-    json_kv_string(&j, "name", d->name);
-    json_kv_u64(&j, "capacity", d->cfg.capacity);
-    json_kv_u64(&j, "file_bytes", d->file_bytes);
-    json_kv_string(&j, "durability", "async");
-    json_object_end(&j);
-
-    json_key(&j, "sqlite");
-#ifdef CTXS_HAVE_SQLITE
-    json_string(&j, sqlite3_libversion());
-#else
-    json_null(&j);
-#endif
-    /* SQLite saves are timed before the resume only. */
-    json_kv_bool(&j, "sqlite_after_resume", 0);
-
-    json_key(&j, "turns");
-    json_array_begin(&j);
-    for (uint32_t i = 0; i < d->n_results; i++) {
-        const turn_result *t = &d->results[i];
-        json_object_begin(&j);
-        json_kv_u64(&j, "turn", t->turn);
-        json_kv_bool(&j, "resumed", t->resumed);
-        json_kv_u64(&j, "tokens", t->n_tokens);
-        json_kv_u64(&j, "new_tokens", t->new_tokens);
-        json_kv_u64(&j, "held_tokens", t->n_held);
-        json_kv_u64(&j, "state_bytes", t->state_bytes);
-        json_secs(&j, "reserve_s", t->reserve_s);
-        json_secs(&j, "ctxstore_s", t->ctxstore_s);
-        json_secs(&j, "state_file_s", t->state_file_s);
-        json_secs(&j, "sqlite_s", t->sqlite_s);
-        json_ratio(&j, "state_file_ratio", t->state_file_s, t->ctxstore_s);
-        json_ratio(&j, "sqlite_ratio", t->sqlite_s, t->ctxstore_s);
-        json_object_end(&j);
-    }
-    json_array_end(&j);
-
-    json_key(&j, "resume");
-    json_object_begin(&j);
-    json_kv_u64(&j, "tokens", r->n_tokens);
-    json_kv_u64(&j, "held_tokens", r->n_held);
-    json_kv_u64(&j, "state_bytes", r->state_bytes);
-    json_secs(&j, "ctxstore_open_s", r->ctxstore_open_s);
-    json_secs(&j, "ctxstore_ready_s", r->ctxstore_ready_s);
-    json_secs(&j, "state_file_s", r->state_file_s);
-    json_secs(&j, "sqlite_s", r->sqlite_s);
-    json_ratio(&j, "state_file_ratio", r->state_file_s, r->ctxstore_open_s);
-    json_ratio(&j, "sqlite_ratio", r->sqlite_s, r->ctxstore_open_s);
-    json_kv_bool(&j, "identical", 1);
-    json_kv_u64(&j, "tokens_checked", r->tokens_checked);
-    if (r->next_token_s >= 0) {
-        json_secs(&j, "next_token_s", r->next_token_s);
-        json_kv_u64(&j, "next_token", r->next_token);
-    }
-    json_object_end(&j);
+    json_header(&j, d);
+    json_turns(&j, d);
+    json_resume(&j, d);
 
     json_key(&j, "summary");
     json_object_begin(&j);
-    json_secs(&j, "ctxstore_median_s",
-              median_of(d, offsetof(turn_result, ctxstore_s)));
-    json_secs(&j, "state_file_median_s",
-              median_of(d, offsetof(turn_result, state_file_s)));
-    json_secs(&j, "sqlite_median_s",
-              median_of(d, offsetof(turn_result, sqlite_s)));
-    json_secs(&j, "reserve_median_s",
-              median_of(d, offsetof(turn_result, reserve_s)));
+    json_secs(&j, "save_median_s", MEDIAN(d, save_s));
+    json_secs(&j, "reserve_median_s", MEDIAN(d, reserve_s));
+    json_secs(&j, "write_median_s", MEDIAN(d, write_s));
+    json_secs(&j, "write_copy_median_s", MEDIAN(d, copy_s));
+    json_secs(&j, "commit_median_s", MEDIAN(d, commit_s));
+    json_secs(&j, "state_file_median_s", MEDIAN(d, state_file_s));
+    json_secs(&j, "sqlite_median_s", MEDIAN(d, sqlite_s));
+    json_secs(&j, "resume_cold_s", r->cold.ctxstore_s);
+    json_secs(&j, "resume_warm_s", r->warm.ctxstore_s);
+    json_secs(&j, "state_file_cold_s", r->cold.state_file_s);
+    json_secs(&j, "state_file_warm_s", r->warm.state_file_s);
     json_object_end(&j);
 
     json_object_end(&j);
@@ -1360,6 +1751,10 @@ static int create_session(demo *d)
     if (rc < 0)
         return cli_fail(rc, "creating session %s", d->name);
     d->session_created = 1;
+    ctxs_session_entry entry;
+    if ((rc = ctxs_store_session_get(&entry, d->st, d->name)) < 0)
+        return cli_fail(rc, "session %s", d->name);
+    d->session_id = entry.id;
     ctxs_session_info info;
     int ec;
     if ((ec = session_info(d, &info)))
@@ -1383,7 +1778,7 @@ static int play(demo *d, uint32_t turns)
         return ec;
     if (!d->c->json) {
         print_header(d);
-        print_table_head("save");
+        print_table_head(0);
     }
     for (uint32_t t = 0; t < turns; t++) {
         if (g_signal)
@@ -1452,6 +1847,7 @@ static void teardown(demo *d)
     free(d->results);
     free(d->ids);
     free(d->state);
+    free(d->staging);
 }
 
 int cmd_demo(cli *c, int argc, char **argv)

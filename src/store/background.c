@@ -108,6 +108,9 @@ static int worker_ensure(void)
         return 1;
     if (pthread_create(&worker, NULL, worker_main, (void *)generation) != 0)
         return 0;
+#ifdef __linux__
+    pthread_setname_np(worker, CTXS__WORKER_NAME); /* for top, gdb and /proc */
+#endif
     worker_running = 1;
     return 1;
 }
@@ -115,6 +118,8 @@ static int worker_ensure(void)
 void ctxs__background_request(ctxs_session *s, unsigned jobs)
 {
     int have_worker = 0;
+    if (!jobs)
+        return;
     if (s->background) {
         atomic_fetch_or(&s->jobs, jobs);
         pthread_mutex_lock(&ctxs__registry_mutex);

@@ -204,6 +204,9 @@ enum {
     CTXS__JOB_WARM = 1u << 2,      /* bring the attention window in */
 };
 
+/* The worker thread's name, as /proc and debuggers show it. */
+#define CTXS__WORKER_NAME "ctxstore-worker"
+
 /* Asks the worker for jobs on s. Without a worker (the background option
  * off, or no thread to be had) the writeback is started here and the rest
  * is skipped: they only save time. */

@@ -237,7 +237,8 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
     ctxs__registry_add(s);
     ctxs__background_join(s);
     /* Off the caller's thread: the caller may attend right away, and waits
-     * then only for the pages not yet in. */
+     * then only for the pages not yet in. (No runway yet: a file is sparse
+     * until a turn is written, and the first reserve's size is unknown.) */
     if (s->st.n_tokens)
         ctxs__background_request(s, CTXS__JOB_WARM);
     *out = s;

@@ -47,11 +47,18 @@ static ctxs_session *worker_busy;  /* the session the worker works on */
 static pthread_cond_t work_wanted = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t worker_idle = PTHREAD_COND_INITIALIZER;
 
+/* What the worker saw of a session under the mutex, for one job. */
+typedef struct job_view {
+    ctxs__state st;
+    uint32_t window;
+    uint64_t map_from, map_to;
+} job_view;
+
 /* The session whose most urgent job is the most urgent of all, and that
  * job's bit; NULL when nothing is wanted. */
 static ctxs_session *next_job(unsigned *job)
 {
-    for (unsigned bit = CTXS__JOB_WRITEBACK; bit <= CTXS__JOB_WARM; bit <<= 1)
+    for (unsigned bit = CTXS__JOB_MAP; bit <= CTXS__JOB_WARM; bit <<= 1)
         for (ctxs_session *s = ctxs__registry_head; s; s = s->next)
             if (atomic_load(&s->jobs) & bit) {
                 *job = bit;
@@ -63,18 +70,21 @@ static ctxs_session *next_job(unsigned *job)
 /* Runs one job, or one chunk of a warm. The warm's bit stays set while it
  * has more to do, so that the loop comes back to it after anything more
  * urgent. */
-static void run_job(ctxs_session *s, unsigned job, const ctxs__state *st, uint32_t window)
+static void run_job(ctxs_session *s, unsigned job, const job_view *v)
 {
     if (job == CTXS__JOB_WARM) {
-        if (atomic_load(&s->closing) || !ctxs__warm_step(s, st, window))
+        if (atomic_load(&s->closing) || !ctxs__warm_step(s, &v->st, v->window))
             atomic_fetch_and(&s->jobs, ~(unsigned)CTXS__JOB_WARM);
         return;
     }
-    atomic_fetch_and(&s->jobs, ~job);
     if (job == CTXS__JOB_WRITEBACK)
-        ctxs__writeback_committed(s, st);
-    else if (!atomic_load(&s->closing))
-        ctxs__runway_prepare(s, st);
+        ctxs__writeback_committed(s, &v->st);
+    else if (atomic_load(&s->closing))
+        return;
+    else if (job == CTXS__JOB_MAP)
+        ctxs__map_positions(s, v->map_from, v->map_to);
+    else
+        ctxs__runway_prepare(s, &v->st);
 }
 
 static void *worker_main(void *arg)
@@ -88,11 +98,13 @@ static void *worker_main(void *arg)
             pthread_cond_wait(&work_wanted, &ctxs__registry_mutex);
             continue;
         }
-        ctxs__state st = s->st;
-        uint32_t window = ctxs__effective_window(s);
+        job_view v = {.st = s->st, .window = ctxs__effective_window(s),
+                      .map_from = s->map_from, .map_to = s->map_to};
+        if (job != CTXS__JOB_WARM) /* taken; a warm stays until it is done */
+            atomic_fetch_and(&s->jobs, ~job);
         worker_busy = s;
         pthread_mutex_unlock(&ctxs__registry_mutex);
-        run_job(s, job, &st, window);
+        run_job(s, job, &v);
         pthread_mutex_lock(&ctxs__registry_mutex);
         worker_busy = NULL;
         pthread_cond_broadcast(&worker_idle);
@@ -132,6 +144,24 @@ void ctxs__background_request(ctxs_session *s, unsigned jobs)
         atomic_fetch_and(&s->jobs, ~(unsigned)CTXS__JOB_WRITEBACK);
         ctxs__writeback_committed(s, &s->st);
     }
+}
+
+int ctxs__background_map(ctxs_session *s, uint64_t from, uint64_t to)
+{
+    if (!s->background)
+        return -1;
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    int have_worker = worker_ensure();
+    if (have_worker) {
+        /* A reservation not yet mapped extends the range. */
+        int pending = (atomic_load(&s->jobs) & CTXS__JOB_MAP) != 0;
+        s->map_from = pending && s->map_from < from ? s->map_from : from;
+        s->map_to = pending && s->map_to > to ? s->map_to : to;
+        atomic_fetch_or(&s->jobs, CTXS__JOB_MAP);
+        pthread_cond_broadcast(&work_wanted);
+    }
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+    return have_worker ? 0 : -1;
 }
 
 void ctxs__background_join(ctxs_session *s)

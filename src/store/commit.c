@@ -275,6 +275,13 @@ void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
     atomic_store(&s->runway_end, end);
 }
 
+void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to)
+{
+    ctxs__span spans[2];
+    uint32_t n_spans = slot_spans(s, from, to - from, spans);
+    prefault_spans(s, spans, n_spans);
+}
+
 /* --- Writeback of what was committed (the worker's, at ASYNC) ------------- */
 
 void ctxs__writeback_request_all(ctxs_session *s)
@@ -342,8 +349,11 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
         memset(out, 0, sizeof(*out));
         return rc;
     }
-    /* The runway has them mapped already, unless a writeback came since. */
-    if (end > atomic_load(&s->runway_end))
+    /* The runway has them mapped already, unless a writeback came since.
+     * Else the worker maps them, run by run in file order, which is the
+     * order an engine writes them in, layer after layer: its faults then
+     * land on the worker's thread while the engine computes. */
+    if (end > atomic_load(&s->runway_end) && ctxs__background_map(s, start, end) < 0)
         prefault_spans(s, spans, out->n_spans);
     runway_adapt(s, n);
 

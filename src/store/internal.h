@@ -69,6 +69,7 @@ struct ctxs_session {
      * anything that write-protects pages again. */
     _Atomic uint64_t runway_end;
     _Atomic uint32_t runway_tokens; /* how far ahead the runway reaches */
+    uint64_t map_from, map_to;    /* CTXS__JOB_MAP's positions (mutex) */
     uint32_t recent_reserves[4];  /* owner: the last reservations' sizes */
     uint32_t recent_next;
     /* Worker only. */
@@ -199,9 +200,10 @@ void ctxs__registry_set_window(ctxs_session *s, uint32_t window);
 /* What the worker thread can be asked to do for a session, most urgent
  * first. */
 enum {
-    CTXS__JOB_WRITEBACK = 1u << 0, /* start writeback of what was committed */
-    CTXS__JOB_RUNWAY = 1u << 1,    /* allocate and map the next slots */
-    CTXS__JOB_WARM = 1u << 2,      /* bring the attention window in */
+    CTXS__JOB_MAP = 1u << 0,       /* map a reservation's slots writable */
+    CTXS__JOB_WRITEBACK = 1u << 1, /* start writeback of what was committed */
+    CTXS__JOB_RUNWAY = 1u << 2,    /* allocate and map the next slots */
+    CTXS__JOB_WARM = 1u << 3,      /* bring the attention window in */
 };
 
 /* The worker thread's name, as /proc and debuggers show it. */
@@ -211,6 +213,12 @@ enum {
  * off, or no thread to be had) the writeback is started here and the rest
  * is skipped: they only save time. */
 void ctxs__background_request(ctxs_session *s, unsigned jobs);
+
+/* Asks the worker to map positions [from, to) writable, ahead of the
+ * engine's writes into them (CTXS__JOB_MAP). Returns 0 when the worker
+ * will, -1 when the caller must (no worker). */
+int ctxs__background_map(ctxs_session *s, uint64_t from, uint64_t to);
+void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to);
 
 /* Asks for writeback of the whole file, at ASYNC: for a file written
  * before its handle was open (a fork's copy). */

@@ -2014,7 +2014,9 @@ static const jc_value *tinychat_result(const jc_value *results, const char *meth
  * context of --quick has a resume and a recompute measurement, and both
  * predicted the same token. No duration is judged: only that the numbers
  * are timings and that the ratio is the medians'. */
-Test(cli, bench_runs_bench_tinychat_and_passes_its_json_through)
+/* Its own timeout: under AddressSanitizer the prefills of --quick take
+ * about 140 s on 2 cores. */
+Test(cli, bench_runs_bench_tinychat_and_passes_its_json_through, .timeout = 400)
 {
     const char *prog = getenv("BENCH_TINYCHAT_BIN");
     cr_assert(prog && *prog, "BENCH_TINYCHAT_BIN is not set: it must name the bench_tinychat "

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -233,6 +234,19 @@ static uint32_t slot_spans(const ctxs_session *s, uint64_t first, uint64_t n, ct
 #define RUNWAY_MIN_TOKENS 64u
 #define RUNWAY_MAX_BYTES (128u << 20)
 
+/* The kernel's flusher writes back pages dirty for longer than
+ * vm.dirty_expire_centisecs (30 s by default), the runway's zeros too, and
+ * write-protects them: a runway older than this is mapped again, by the
+ * worker, when a reservation takes it. */
+#define RUNWAY_FRESH_MS 25000u
+
+static uint64_t monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 /* want tokens, within the bounds above. */
 static uint32_t runway_clamp(const ctxs_session *s, uint64_t want)
 {
@@ -272,6 +286,7 @@ void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
     if (s->durability == CTXS_SYNC_FULL)
         return;
     prefault_spans(s, spans, n_spans);
+    atomic_store(&s->runway_at_ms, monotonic_ms());
     atomic_store(&s->runway_end, end);
 }
 
@@ -349,11 +364,14 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
         memset(out, 0, sizeof(*out));
         return rc;
     }
-    /* The runway has them mapped already, unless a writeback came since.
-     * Else the worker maps them, run by run in file order, which is the
-     * order an engine writes them in, layer after layer: its faults then
-     * land on the worker's thread while the engine computes. */
-    if (end > atomic_load(&s->runway_end) && ctxs__background_map(s, start, end) < 0)
+    /* The runway has them mapped already, unless a writeback came since or
+     * it is old enough for the flusher to have cleaned it. Else the worker
+     * maps them, run by run in file order, which is the order an engine
+     * writes them in, layer after layer: its faults then land on the
+     * worker's thread while the engine computes. */
+    int ready = end <= atomic_load(&s->runway_end) &&
+                monotonic_ms() - atomic_load(&s->runway_at_ms) < RUNWAY_FRESH_MS;
+    if (!ready && ctxs__background_map(s, start, end) < 0)
         prefault_spans(s, spans, out->n_spans);
     runway_adapt(s, n);
 

@@ -68,6 +68,7 @@ struct ctxs_session {
      * writable (0: nothing known); the worker sets it, and clears it before
      * anything that write-protects pages again. */
     _Atomic uint64_t runway_end;
+    _Atomic uint64_t runway_at_ms;  /* when it was mapped (monotonic) */
     _Atomic uint32_t runway_tokens; /* how far ahead the runway reaches */
     uint64_t map_from, map_to;    /* CTXS__JOB_MAP's positions (mutex) */
     uint32_t recent_reserves[4];  /* owner: the last reservations' sizes */

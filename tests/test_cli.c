@@ -330,6 +330,51 @@ static void line_with(char *line, size_t n, const char *key)
     line[len] = '\0';
 }
 
+/* How many times s occurs in text. */
+static int count_of(const char *text, const char *s)
+{
+    int n = 0;
+    for (const char *p = strstr(text, s); p; p = strstr(p + 1, s))
+        n++;
+    return n;
+}
+
+/* The last run's stdout as the JSON error object --json promises on a
+ * failure: exactly one document (json_out() refuses anything after it)
+ * whose "error" has the code and name, a message and a hint (a string or
+ * null). stderr still says the message to a person. Returns the
+ * document. */
+static jc_value *json_error_out(int code, const char *name)
+{
+    jc_value *v = json_out();
+    const jc_value *e = jget(v, "error");
+    cr_assert_eq(e->type, JC_OBJECT, "`%s`: \"error\" is not an object:\n%s", R.what, R.out);
+    const jc_value *c = jget(e, "code");
+    cr_assert(c->type == JC_NUMBER && c->is_int && c->i64 == code,
+              "`%s`: the error code is not %d:\n%s", R.what, code, R.out);
+    cr_assert_str_eq(js(e, "name"), name, "`%s`:\n%s", R.what, R.out);
+    cr_assert_gt(strlen(js(e, "message")), 0, "`%s`: an empty message:\n%s", R.what, R.out);
+    const jc_value *h = jget(e, "hint");
+    cr_assert(h->type == JC_STRING || h->type == JC_NULL, "`%s`: the hint is a %s:\n%s",
+              R.what, jc_type_name(h->type), R.out);
+    /* Up to the first byte that is not ASCII: JSON carries U+FFFD where
+     * the user typed bytes that are not UTF-8, and stderr the bytes. */
+    char said[512];
+    snprintf(said, sizeof(said), "ctxstore: %s", js(e, "message"));
+    for (char *p = said; *p; p++)
+        if ((unsigned char)*p >= 0x80)
+            *p = '\0', p--;
+    contains(0, said);
+    return v;
+}
+
+/* The hint of an error document, or "" when it is null. */
+static const char *hint_of(const jc_value *v)
+{
+    const char *h = jc_str(jc_path(v, "error.hint"));
+    return h ? h : "";
+}
+
 /* --- Stores built in-process --------------------------------------------------- */
 
 /* "<scratch>/name", in a static buffer that rotates over 32 entries: more
@@ -1354,17 +1399,35 @@ Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
 
     CLI_EXPECT(EX_OK, S(), "rm", "a");
     cr_assert_not(exists(fa), "rm left the file of a");
-    CLI_EXPECT(EX_OK, S(), "rm", "b", "c");
+    contains(1, "removed 'a' (20 tokens)");
+    CLI_EXPECT(EX_OK, S(), "rm", "b", "c", "--json");
+    jc_value *v = json_out();
+    cr_assert_null(jc_get(v, "error"), "%s", R.out);
+    cr_assert_eq(jget(v, "removed")->n, 2, "%s", R.out);
+    cr_assert_eq(ju(must_by_name(jget(v, "removed"), "b"), "n_tokens"), 20);
+    cr_assert_not_null(must_by_name(jget(v, "removed"), "c"));
+    jc_free(v);
     CLI_EXPECT(EX_NOTFOUND, S(), "rm", "missing");
     contains(0, "missing");
-    /* Every name is tried; the first failure decides the exit code. */
-    CLI_EXPECT(EX_NOTFOUND, S(), "rm", "d", "missing", "e");
+    cr_assert_eq(R.out_len, 0, "rm removed nothing but says:\n%s", R.out);
+    /* Every name is tried; the first failure decides the exit code, and
+     * the one document has it beside what was removed. */
+    CLI_EXPECT(EX_NOTFOUND, S(), "rm", "d", "missing", "e", "--json");
     cr_assert_not(exists(fd));
-    CLI_EXPECT(EX_BUSY, S(), "rm", "open");
+    v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
+    cr_assert(strstr(js(v, "error.message"), "'missing'"), "%s", R.out);
+    cr_assert_eq(jget(v, "removed")->n, 2, "%s", R.out);
+    cr_assert_not_null(must_by_name(jget(v, "removed"), "d"));
+    cr_assert_not_null(must_by_name(jget(v, "removed"), "e"));
+    jc_free(v);
+    CLI_EXPECT(EX_BUSY, S(), "rm", "open", "--json");
     contains(0, "open");
+    v = json_error_out(CTXS_EBUSY, "CTXS_EBUSY");
+    cr_assert_eq(jget(v, "removed")->n, 0, "%s", R.out);
+    jc_free(v);
 
     CLI_EXPECT(EX_OK, S(), "ls", "--json");
-    jc_value *v = json_out();
+    v = json_out();
     cr_assert_eq(v->n, 1, "%s", R.out);
     cr_assert_not_null(by_name(v, "open"));
     jc_free(v);
@@ -1438,16 +1501,23 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     ctxs_store_close(st);
 
     CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "turn1");
+    contains(1, "created checkpoint 'turn1' of 'chat' at 100 tokens");
     CLI_EXPECT(EX_EXIST, S(), "checkpoint", "create", "chat", "turn1");
     st = store_open(S());
     ctxs_session *s = open_rw(st, "chat");
     ts_append_many(s, 40);
     ctxs_session_close(s);
     ctxs_store_close(st);
-    CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "turn2");
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "turn2", "--json");
+    jc_value *v = json_out();
+    cr_assert_str_eq(js(v, "session"), "chat");
+    cr_assert_str_eq(js(v, "checkpoint"), "turn2");
+    cr_assert_str_eq(js(v, "action"), "created");
+    cr_assert_eq(ju(v, "n_tokens"), 140);
+    jc_free(v);
 
     CLI_EXPECT(EX_OK, S(), "checkpoint", "ls", "chat", "--json");
-    jc_value *v = json_out();
+    v = json_out();
     cr_assert_eq(v->n, 2, "%s", R.out);
     cr_assert_eq(ju(must_by_name(v, "turn1"), "n_tokens"), 100);
     cr_assert_eq(ju(must_by_name(v, "turn2"), "n_tokens"), 140);
@@ -1467,6 +1537,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     ctxs_store_close(st);
 
     CLI_EXPECT(EX_OK, S(), "checkpoint", "restore", "chat", "turn1");
+    contains(1, "restored 'chat' to checkpoint 'turn1': 140 -> 100 tokens");
     CLI_EXPECT(EX_OK, S(), "ls", "--json");
     v = json_out();
     cr_assert_eq(ju(must_by_name(v, "chat"), "n_tokens"), 100, "%s", R.out);
@@ -1484,8 +1555,16 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     v = json_out();
     cr_assert_eq(ju(must_by_name(v, "live"), "n_tokens"), 110, "%s", R.out);
     jc_free(v);
-    CLI_EXPECT(EX_OK, S(), "checkpoint", "restore", "chat", "turn1");
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "restore", "chat", "turn1", "--json");
+    v = json_out();
+    cr_assert_str_eq(js(v, "session"), "chat");
+    cr_assert_str_eq(js(v, "checkpoint"), "turn1");
+    cr_assert_str_eq(js(v, "action"), "restored");
+    cr_assert_eq(ju(v, "n_tokens"), 100);
+    cr_assert_eq(ju(v, "n_tokens_before"), 110);
+    jc_free(v);
     CLI_EXPECT(EX_OK, S(), "checkpoint", "rm", "chat", "live");
+    contains(1, "removed checkpoint 'live' of 'chat' at 110 tokens");
     st = store_open(S());
     s = open_ro(st, "chat");
     cr_assert_eq(info_of(s).n_tokens, 100);
@@ -1496,12 +1575,142 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     CLI_EXPECT(EX_NOTFOUND, S(), "checkpoint", "restore", "chat", "nocp");
     CLI_EXPECT(EX_NOTFOUND, S(), "checkpoint", "ls", "nobody");
     CLI_EXPECT(EX_NOTFOUND, S(), "checkpoint", "create", "nobody", "x");
-    CLI_EXPECT(EX_OK, S(), "checkpoint", "rm", "chat", "turn2");
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "rm", "chat", "turn2", "--json");
+    v = json_out();
+    cr_assert_str_eq(js(v, "checkpoint"), "turn2");
+    cr_assert_str_eq(js(v, "action"), "removed");
+    cr_assert_eq(ju(v, "n_tokens"), 140);
+    jc_free(v);
     CLI_EXPECT(EX_NOTFOUND, S(), "checkpoint", "rm", "chat", "turn2");
     CLI_EXPECT(EX_OK, S(), "checkpoint", "ls", "chat", "--json");
     v = json_out();
     cr_assert_eq(v->n, 1, "%s", R.out);
     cr_assert_not_null(by_name(v, "turn1"));
+    jc_free(v);
+}
+
+/* =============================================================================
+ * Errors with --json, and the hints
+ * ========================================================================== */
+
+Test(cli, json_errors_name_the_code_the_message_and_the_hint)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 1, 50);
+    ctxs_store_close(st);
+
+    /* A missing session. */
+    CLI_EXPECT(EX_NOTFOUND, S(), "info", "nobody", "--json");
+    jc_value *v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
+    cr_assert(strstr(js(v, "error.message"), "'nobody'"), "%s", R.out);
+    cr_assert_str_eq(hint_of(v), "`ctxstore ls` lists the sessions");
+    jc_free(v);
+    CLI_EXPECT(EX_NOTFOUND, S(), "--json", "checkpoint", "ls", "nobody");
+    jc_free(json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND"));
+    CLI_EXPECT(EX_NOTFOUND, S(), "export", "nobody", dir_of("x.ctxx"), "--json");
+    jc_free(json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND"));
+
+    /* A missing checkpoint, of restore, rm and fork. */
+    static const char *const cp_cmds[][6] = {
+        { "checkpoint", "restore", "chat", "nocp", "--json" },
+        { "checkpoint", "rm", "chat", "nocp", "--json" },
+        { "fork", "chat", "copy", "--checkpoint", "nocp", "--json" },
+    };
+    for (size_t i = 0; i < 3; i++) {
+        run_env(S(), NULL, cp_cmds[i]);
+        cr_assert_eq(R.code, EX_NOTFOUND, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+        v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
+        cr_assert(strstr(js(v, "error.message"), "checkpoint 'nocp' of 'chat'"), "%s", R.out);
+        cr_assert_str_eq(hint_of(v), "`ctxstore checkpoint ls chat` lists its checkpoints");
+        cr_assert_not(strstr(R.err, "`ctxstore ls`"), "`%s` points at ls:\n%s", R.what, R.err);
+        jc_free(v);
+    }
+    /* ...but a missing session there is a missing session. */
+    CLI_EXPECT(EX_NOTFOUND, S(), "checkpoint", "restore", "nobody", "cp", "--json");
+    v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
+    cr_assert(strstr(js(v, "error.message"), "session 'nobody'"), "%s", R.out);
+    cr_assert_str_eq(hint_of(v), "`ctxstore ls` lists the sessions");
+    jc_free(v);
+
+    /* A name that is refused says the rule. */
+    static const char *const bad_cmds[][6] = {
+        { "checkpoint", "create", "chat", "a/b", "--json" },
+        { "fork", "chat", "x..y", "--json" },
+        { "info", "tab\tname", "--json" },
+        { "rm", "..", "--json" },
+        /* Not text: the message that echoes it must still be JSON. */
+        { "info", "\xff\xfe", "--json" },
+        { "checkpoint", "restore", "chat", "\xc3", "--json" },
+    };
+    for (size_t i = 0; i < sizeof(bad_cmds) / sizeof(bad_cmds[0]); i++) {
+        run_env(S(), NULL, bad_cmds[i]);
+        cr_assert_eq(R.code, EX_USAGE, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+        v = json_error_out(CTXS_EINVAL, "CTXS_EINVAL");
+        const char *h = hint_of(v);
+        cr_assert(strstr(h, "1 to 255 bytes") && strstr(h, "'/'") && strstr(h, "'..'") &&
+                      strstr(h, "control characters"),
+                  "`%s`: the hint does not say the rule: %s", R.what, h);
+        contains(0, "1 to 255 bytes");
+        jc_free(v);
+    }
+
+    /* A usage error, with --json before or after it, is an error object
+     * too; without --json stdout stays empty. */
+    CLI_EXPECT(EX_USAGE, S(), "--json", "rm", "--bogus");
+    v = json_error_out(CTXS_EINVAL, "CTXS_EINVAL");
+    cr_assert_str_eq(hint_of(v), "`ctxstore rm --help` says more");
+    jc_free(v);
+    CLI_EXPECT(EX_USAGE, S(), "frobnicate", "--json");
+    jc_free(json_error_out(CTXS_EINVAL, "CTXS_EINVAL"));
+    CLI_EXPECT(EX_USAGE, S(), "checkpoint", "create", "chat", "--json");
+    jc_free(json_error_out(CTXS_EINVAL, "CTXS_EINVAL"));
+    CLI_EXPECT(EX_USAGE, S(), "checkpoint", "create", "chat");
+    cr_assert_eq(R.out_len, 0, "%s", R.out);
+
+    /* A busy session: the code and exit code of the library's error. */
+    st = store_open(S());
+    ctxs_session *held = open_rw(st, "chat");
+    CLI_EXPECT(EX_BUSY, S(), "checkpoint", "restore", "chat", "x", "--json");
+    jc_free(json_error_out(CTXS_EBUSY, "CTXS_EBUSY"));
+    ctxs_session_close(held);
+    ctxs_store_close(st);
+}
+
+Test(cli, ls_shows_a_long_model_name_whole_and_aligned)
+{
+    static const char long_model[] =
+        "Qwen3-4B-Instruct-2507-Q4_K_M-with-a-rather-long-quantization-suffix";
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    ctxs_model m = ts_model(9);
+    m.geometry.head_dim = 16;
+    cr_assert_eq(ctxs_model_register(st, &m, long_model), 0);
+    mk(st, "short", 256, 1, 100);
+    ctxs_session_options o;
+    ctxs_session_options_init(&o);
+    o.capacity = 256;
+    o.durability = CTXS_SYNC_NONE;
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_store_session_create(&s, st, "long", &m, &o), 0);
+    ts_append_many(s, 7);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+
+    CLI_EXPECT(EX_OK, S(), "ls");
+    char head[1024], a[1024], b[1024];
+    line_with(head, sizeof(head), "NAME");
+    line_with(a, sizeof(a), "short");
+    line_with(b, sizeof(b), long_model);
+    /* The TOKENS column ends in the same place on every line. */
+    size_t end = (size_t)(strstr(head, "TOKENS") - head) + strlen("TOKENS");
+    cr_assert(strstr(a, " 100 ") && (size_t)(strstr(a, " 100 ") - a) + 4 == end,
+              "not aligned:\n%s", R.out);
+    cr_assert(strstr(b, " 7 ") && (size_t)(strstr(b, " 7 ") - b) + 2 == end,
+              "not aligned:\n%s", R.out);
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    jc_value *v = json_out();
+    cr_assert_str_eq(js(must_by_name(v, "long"), "model"), long_model);
     jc_free(v);
 }
 
@@ -1661,7 +1870,15 @@ static void refused(const char *dir, const char *before, const char *path, int c
                  what, got, code, R.out, R.err);
     cr_assert_neq(got, EX_OK, "import of %s succeeded:\n%s", what, R.out);
     says(0, "nothing was imported");
-    cr_assert_eq(R.out_len, 0, "import of %s printed a result:\n%s", what, R.out);
+    /* The one document is the error; a file that is no export is not a
+     * session to verify or remove. */
+    jc_value *v = json_out();
+    const char *h = js(v, "error.hint");
+    cr_assert_null(jc_get(v, "name"), "import of %s printed a result:\n%s", what, R.out);
+    cr_expect(strstr(h, "nothing was imported") != NULL, "import of %s: hint \"%s\"", what, h);
+    cr_expect(!strstr(R.err, "verify") && !strstr(R.err, "`ctxstore rm`"),
+              "import of %s advises verify or rm:\n%s", what, R.err);
+    jc_free(v);
     char *ses = listing(ts_path(dir, "sessions"));
     const char *at = strstr(before, "sessions/:\n");
     cr_assert_str_eq(ses, at + strlen("sessions/:\n"), "import of %s left files:\n%s", what,
@@ -1765,6 +1982,44 @@ Test(cli, import_refuses_damaged_truncated_and_hostile_files_and_changes_nothing
     free(buf);
     free(good);
     free(before);
+}
+
+Test(cli, import_hints_fit_a_broken_file_and_a_name_taken)
+{
+    const char *file = make_export();
+    /* A damaged export is no session: not told to verify or rm. */
+    size_t len;
+    uint8_t *buf = ts_read_file(file, &len);
+    buf[len / 2] ^= 0x40;
+    const char *bad = dir_of("bad.ctxx");
+    cr_assert_eq(ts_write_file(bad, buf, len), 0);
+    free(buf);
+    CLI_EXPECT(EX_DAMAGED, S(), "import", bad, "copy", "--json");
+    jc_value *v = json_error_out(CTXS_ECORRUPT, "CTXS_ECORRUPT");
+    const char *h = hint_of(v);
+    cr_assert(strstr(h, "not a valid ctxstore export") && strstr(h, "nothing was imported"),
+              "hint: %s", h);
+    cr_assert_not(strstr(R.err, "verify") || strstr(R.err, "`ctxstore rm`"), "%s", R.err);
+    jc_free(v);
+    CLI_EXPECT(EX_DAMAGED, S(), "import", bad, "copy");
+    contains(0, "not a valid ctxstore export");
+    cr_assert_not(strstr(R.err, "verify") || strstr(R.err, "`ctxstore rm`"), "%s", R.err);
+
+    /* NAME taken: said once, not again in the hint. */
+    CLI_EXPECT(EX_EXIST, S(), "import", file, "trip", "--json");
+    v = json_error_out(-EEXIST, "EEXIST");
+    cr_assert_eq(count_of(js(v, "error.message"), "'trip'"), 1, "%s", R.out);
+    cr_assert_eq(count_of(hint_of(v), "trip"), 0, "%s", R.out);
+    cr_assert_eq(count_of(R.err, "trip'"), 1, "the name is said more than once:\n%s", R.err);
+    jc_free(v);
+    /* Without NAME, the hint says how to give one. */
+    CLI_EXPECT(EX_EXIST, S(), "import", file);
+    contains(0, "`ctxstore import FILE NAME`");
+    /* A refused NAME: the rule. */
+    CLI_EXPECT(EX_USAGE, S(), "import", file, "a/b", "--json");
+    v = json_error_out(CTXS_EINVAL, "CTXS_EINVAL");
+    cr_assert(strstr(hint_of(v), "1 to 255 bytes"), "%s", R.out);
+    jc_free(v);
 }
 
 /* =============================================================================
@@ -1981,7 +2236,10 @@ Test(cli, bench_without_its_programs_fails_with_a_clear_error)
     cr_assert_neq(R.code, EX_OK);
     cr_assert_neq(R.code, EX_USAGE, "%s", R.err);
     contains(0, "bench_index not found");
-    cr_assert_eq(R.out_len, 0, "a failed bench --json printed:\n%s", R.out);
+    jc_value *v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
+    cr_assert(strstr(js(v, "error.message"), "bench_index"), "%s", R.out);
+    cr_assert(strstr(hint_of(v), "CTXSTORE_BENCH_DIR"), "%s", R.out);
+    jc_free(v);
     /* A directory that does not exist is the same. */
     snprintf(env, sizeof(env), "CTXSTORE_BENCH_DIR=%s", dir_of("nowhere"));
     run_env(S(), envs, ARGS("bench", "--quick", "--only", "session"));

@@ -358,11 +358,17 @@ int cmd_bench(cli *c, int argc, char **argv)
     for (int i = 0; i < n_run; i++)
         if (!find_program(run[i], dirs)) {
             report_missing(run[i], dirs);
-            missing = 1;
+            if (!missing)
+                missing = i + 1; /* the first, for the JSON error */
             need_sqlite |= run[i] == &programs[0];
         }
     if (missing) {
         advise_build(need_sqlite);
+        char message[128];
+        snprintf(message, sizeof message, "%s not found", run[missing - 1]->name);
+        cli_note_error(CTXS_ENOTFOUND, message,
+                       "build them with the library (meson setup build && ninja -C build), "
+                       "or set CTXSTORE_BENCH_DIR to the directory that holds them");
         return CLI_ENOTFOUND;
     }
 

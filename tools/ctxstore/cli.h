@@ -29,6 +29,8 @@ typedef struct cli {
     const char *store_dir; /* --store, $CTXSTORE_DIR, or the default */
     int store_given;       /* --store or $CTXSTORE_DIR was given */
     int json;              /* --json */
+    int json_later;        /* "--json" is among the arguments: a usage
+                              error met before it is parsed is JSON too */
     int progress;          /* draw progress bars (stderr is a terminal) */
 } cli;
 
@@ -70,12 +72,40 @@ int cli_store_open(const cli *c, ctxs_store **out);
 int cli_exit_code(int rc);
 
 /* Reports rc to stderr: "ctxstore: <what>: <error text> (<NAME>)", then a
- * line of advice for rc when there is one. what names the session or file.
- * Returns cli_exit_code(rc). */
-int cli_fail(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+ * line of advice, hint, or cli_advice(rc) when hint is NULL, none when it
+ * is CLI_NO_HINT. what names the session or file. The first failure of a
+ * run is also kept for its JSON error object (cli_report_end()). Returns
+ * cli_exit_code(rc). */
+int cli_fail_hint(int rc, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define cli_fail(rc, ...) cli_fail_hint((rc), NULL, __VA_ARGS__)
+#define CLI_NO_HINT ""
 
-/* "ctxstore: " + message, to stderr. */
+/* What to do about rc, in one line, or NULL. */
+const char *cli_advice(int rc);
+/* The rule every session and checkpoint name must follow, in words. */
+extern const char *const cli_name_rule;
+
+/* "ctxstore: " + message, to stderr. The last one is the message of the
+ * JSON error object when a command fails without cli_fail(). */
 void cli_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* --- One report per run -------------------------------------------------
+ *
+ * With --json, stdout gets exactly one JSON document whether the command
+ * succeeded or failed. main() calls cli_report_begin() before it parses
+ * anything and passes the exit code through cli_report_end(): when the
+ * command failed (a nonzero exit code) without printing a document, that
+ * prints {"error": {"code", "name", "message", "hint"}} for the first
+ * failure reported (cli_fail(), cli_usage_error(), cli_note_error(), else
+ * the last cli_say()). The state is process-wide, one run at a time; a
+ * command that prints its own document after a failure puts the error in
+ * it with json_error(). */
+void cli_report_begin(const cli *c);
+int cli_report_end(int exit_code);
+/* Keeps rc, message and hint (may be NULL) as the run's error, unless one
+ * is kept already; prints nothing. */
+void cli_note_error(int rc, const char *message, const char *hint);
 
 /* The current record of a file report, or NULL when neither is valid. */
 const ctxs_record_report *cli_current_record(const ctxs_file_report *r);
@@ -133,6 +163,9 @@ void json_null(json *j);
 void json_hex(json *j, const uint8_t *p, size_t n);
 /* Ends the document with a newline. */
 void json_finish(json *j);
+/* "error": {code, name, message, hint} of the run's first failure, as a
+ * member of the open object j; nothing when none was reported. */
+void json_error(json *j);
 
 /* key + value in one call. */
 void json_kv_string(json *j, const char *key, const char *s);

@@ -9,6 +9,46 @@
 
 #include "cli.h"
 
+/* Reports rc from an operation on the checkpoint name of session. The
+ * library answers CTXS_ENOTFOUND alike for a missing session and a missing
+ * checkpoint; the advice differs, so the index is asked which it was. */
+static int checkpoint_fail(int rc, ctxs_store *st, const char *session, const char *name)
+{
+    ctxs_session_entry e;
+    if (rc != CTXS_ENOTFOUND)
+        return cli_fail(rc, "checkpoint '%s' of '%s'", name, session);
+    if (ctxs_store_session_get(&e, st, session) == CTXS_ENOTFOUND)
+        return cli_fail(rc, "session '%s'", session);
+    char hint[320];
+    snprintf(hint, sizeof(hint), "`ctxstore checkpoint ls %s` lists its checkpoints", session);
+    return cli_fail_hint(rc, hint, "checkpoint '%s' of '%s'", name, session);
+}
+
+/* The checkpoint name of session, from the index. Errors: those of
+ * ctxs_checkpoint_list(), CTXS_ENOTFOUND (no such session or checkpoint),
+ * CTXS_EINVAL (name breaks the rule). */
+static int checkpoint_get(ctxs_checkpoint_entry *out, ctxs_store *st, const char *session,
+                          const char *name)
+{
+    ctxs_checkpoint_entry *cps;
+    size_t n;
+    int rc = ctxs_checkpoint_list(&cps, &n, st, session);
+    if (rc < 0)
+        return rc;
+    rc = CTXS_ENOTFOUND;
+    for (size_t i = 0; i < n && rc < 0; i++)
+        if (strcmp(cps[i].name, name) == 0)
+            *out = cps[i], rc = 0;
+    ctxs_free(cps);
+    /* A refused name is a usage error, as the library's checkpoint calls
+     * make it. Session and checkpoint names follow one rule, which a
+     * session lookup applies without changing anything. */
+    ctxs_session_entry e;
+    if (rc == CTXS_ENOTFOUND && ctxs_store_session_get(&e, st, name) == CTXS_EINVAL)
+        rc = CTXS_EINVAL;
+    return rc;
+}
+
 int cmd_fork(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -50,9 +90,18 @@ int cmd_fork(cli *c, int argc, char **argv)
     ctxs_session_entry e;
     if (rc == 0)
         rc = ctxs_store_session_get(&e, st, dst);
+    if (rc == CTXS_ENOTFOUND && checkpoint)
+        ex = checkpoint_fail(rc, st, src, checkpoint);
+    else if (rc == CTXS_EINVAL && have_at) {
+        char hint[320];
+        snprintf(hint, sizeof(hint), "--at is at most the tokens SRC holds (`ctxstore info SRC`); %s",
+                 cli_name_rule);
+        ex = cli_fail_hint(rc, hint, "forking '%s' into '%s'", src, dst);
+    } else if (rc < 0)
+        ex = cli_fail(rc, "forking '%s' into '%s'", src, dst);
     ctxs_store_close(st);
     if (rc < 0)
-        return cli_fail(rc, "forking '%s' into '%s'", src, dst);
+        return ex;
     if (c->json) {
         json j;
         json_init(&j, stdout);
@@ -119,6 +168,65 @@ static int checkpoint_ls(cli *c, ctxs_store *st, const char *session)
     return CLI_OK;
 }
 
+/* What checkpoint create, restore or rm did, said. */
+static void checkpoint_print(const cli *c, const char *verb, const char *session,
+                             const ctxs_checkpoint_entry *cp, uint64_t before)
+{
+    int restore = strcmp(verb, "restore") == 0;
+    if (c->json) {
+        json j;
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_kv_string(&j, "session", session);
+        json_kv_string(&j, "checkpoint", cp->name);
+        json_kv_string(&j, "action", strcmp(verb, "create") == 0 ? "created"
+                                     : restore                  ? "restored"
+                                                                : "removed");
+        json_kv_u64(&j, "n_tokens", cp->n_tokens);
+        if (restore)
+            json_kv_u64(&j, "n_tokens_before", before);
+        json_object_end(&j);
+        json_finish(&j);
+    } else if (restore) {
+        printf("restored '%s' to checkpoint '%s': %" PRIu64 " -> %" PRIu64 " tokens\n", session,
+               cp->name, before, cp->n_tokens);
+    } else {
+        printf("%s checkpoint '%s' of '%s' at %" PRIu64 " tokens\n",
+               verb[0] == 'c' ? "created" : "removed", cp->name, session, cp->n_tokens);
+    }
+}
+
+/* checkpoint create, restore or rm. Returns an exit code. */
+static int checkpoint_change(const cli *c, ctxs_store *st, const char *verb, const char *session,
+                             const char *name)
+{
+    ctxs_checkpoint_entry cp;
+    uint64_t before = 0;
+    int rc;
+    if (strcmp(verb, "rm") == 0) {
+        /* Looked up first, for what it named. */
+        if ((rc = checkpoint_get(&cp, st, session, name)) == 0)
+            rc = ctxs_checkpoint_delete(st, session, name);
+    } else {
+        int restore = verb[0] == 'r';
+        ctxs_session *s = NULL;
+        ctxs_session_info info;
+        rc = open_session(&s, st, session, restore);
+        if (rc == 0 && restore && (rc = checkpoint_get(&cp, st, session, name)) == 0 &&
+            (rc = ctxs_session_info_get(&info, s)) == 0) {
+            before = info.n_tokens;
+            rc = ctxs_checkpoint_restore(st, s, name);
+        } else if (rc == 0 && !restore && (rc = ctxs_checkpoint_create(st, s, name)) == 0) {
+            rc = checkpoint_get(&cp, st, session, name);
+        }
+        ctxs_session_close(s);
+    }
+    if (rc < 0)
+        return checkpoint_fail(rc, st, session, name);
+    checkpoint_print(c, verb, session, &cp, before);
+    return CLI_OK;
+}
+
 int cmd_checkpoint(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
@@ -137,22 +245,7 @@ int cmd_checkpoint(cli *c, int argc, char **argv)
     ctxs_store *st;
     if ((ex = cli_store_open(c, &st)) != CLI_OK)
         return ex;
-    int rc = 0;
-    if (is_ls) {
-        ex = checkpoint_ls(c, st, session);
-    } else if (strcmp(verb, "rm") == 0) {
-        if ((rc = ctxs_checkpoint_delete(st, session, name)) < 0)
-            ex = cli_fail(rc, "checkpoint '%s' of '%s'", name, session);
-    } else {
-        int restore = verb[0] == 'r';
-        ctxs_session *s = NULL;
-        if ((rc = open_session(&s, st, session, restore)) < 0)
-            ex = cli_fail(rc, "session '%s'", session);
-        else if ((rc = restore ? ctxs_checkpoint_restore(st, s, name)
-                               : ctxs_checkpoint_create(st, s, name)) < 0)
-            ex = cli_fail(rc, "checkpoint '%s' of '%s'", name, session);
-        ctxs_session_close(s);
-    }
+    ex = is_ls ? checkpoint_ls(c, st, session) : checkpoint_change(c, st, verb, session, name);
     ctxs_store_close(st);
     return ex;
 }

@@ -16,14 +16,16 @@ typedef struct row {
     int inspect_rc;            /* ctxs_file_inspect's return */
     const ctxs_record_report *cur;
     char flags[96];
+    char model[256];           /* cli_model_name() */
 } row;
 
-static void row_fill(row *r, const cli *c, const ctxs_session_entry *e)
+static void row_fill(row *r, const cli *c, ctxs_store *st, const ctxs_session_entry *e)
 {
     char path[PATH_MAX];
     cli_session_path(path, sizeof(path), c, e->id);
     memset(r, 0, sizeof(*r));
     r->e = e;
+    cli_model_name(r->model, st, e->model_hash);
     r->inspect_rc = ctxs_file_inspect(&r->rep, path);
     if (r->inspect_rc == 0 && r->rep.status == 0)
         r->cur = cli_current_record(&r->rep);
@@ -47,18 +49,17 @@ static void row_fill(row *r, const cli *c, const ctxs_session_entry *e)
         snprintf(r->flags, sizeof(r->flags), "-");
 }
 
-static void print_json(json *j, ctxs_store *st, const row *rows, size_t n)
+static void print_json(json *j, const row *rows, size_t n)
 {
     json_array_begin(j);
     for (size_t i = 0; i < n; i++) {
         const row *r = &rows[i];
-        char model[256];
         json_object_begin(j);
         json_kv_string(j, "name", r->e->name);
         json_kv_u64(j, "id", r->e->id);
         json_key(j, "model_hash");
         json_hex(j, r->e->model_hash, 16);
-        json_kv_string(j, "model", cli_model_name(model, st, r->e->model_hash));
+        json_kv_string(j, "model", r->model);
         if (r->cur) {
             json_kv_u64(j, "n_tokens", r->cur->n_tokens);
             json_kv_u64(j, "held", cli_held(&r->rep, r->cur));
@@ -85,29 +86,35 @@ static void print_json(json *j, ctxs_store *st, const row *rows, size_t n)
     json_finish(j);
 }
 
-static void print_table(ctxs_store *st, const row *rows, size_t n)
+static void print_table(const row *rows, size_t n)
 {
-    int name_w = 4;
+    /* Model names are shown whole: two models whose names share their
+     * first characters (a family's sizes, quantizations) must not look the
+     * same. Session names beyond 40 are whole too, only out of line. */
+    int name_w = 4, model_w = 5;
     for (size_t i = 0; i < n; i++) {
         int len = (int)strlen(rows[i].e->name);
         if (len > name_w)
             name_w = len > 40 ? 40 : len;
+        len = (int)strlen(rows[i].model);
+        if (len > model_w)
+            model_w = len;
     }
-    printf("%-*s  %-16s %9s %9s %10s  %-12s %s\n", name_w, "NAME", "MODEL", "TOKENS",
+    printf("%-*s  %-*s %9s %9s %10s  %-12s %s\n", name_w, "NAME", model_w, "MODEL", "TOKENS",
            "CAPACITY", "DISK", "LAST USED", "FLAGS");
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
         const row *r = &rows[i];
-        char model[256], size[32], age[32], tokens[32] = "?", cap[32] = "?";
+        char size[32], age[32], tokens[32] = "?", cap[32] = "?";
         if (r->cur) {
             snprintf(tokens, sizeof(tokens), "%" PRIu64, r->cur->n_tokens);
             snprintf(cap, sizeof(cap), "%" PRIu32, r->rep.capacity);
         }
         uint64_t disk = r->inspect_rc == 0 ? r->rep.disk_bytes : 0;
         total += disk;
-        printf("%-*s  %-16.16s %9s %9s %10s  %-12s %s\n", name_w, r->e->name,
-               cli_model_name(model, st, r->e->model_hash), tokens, cap,
-               fmt_size(size, disk), fmt_age(age, r->e->last_used_unix_ms), r->flags);
+        printf("%-*s  %-*s %9s %9s %10s  %-12s %s\n", name_w, r->e->name, model_w, r->model,
+               tokens, cap, fmt_size(size, disk), fmt_age(age, r->e->last_used_unix_ms),
+               r->flags);
     }
     char size[32];
     printf("%zu session%s, %s on disk\n", n, n == 1 ? "" : "s", fmt_size(size, total));
@@ -137,13 +144,13 @@ int cmd_ls(cli *c, int argc, char **argv)
         return cli_fail(CTXS_ENOMEM, "ls");
     }
     for (size_t i = 0; i < n; i++)
-        row_fill(&rows[i], c, &list[i]);
+        row_fill(&rows[i], c, st, &list[i]);
     if (c->json) {
         json j;
         json_init(&j, stdout);
-        print_json(&j, st, rows, n);
+        print_json(&j, rows, n);
     } else {
-        print_table(st, rows, n);
+        print_table(rows, n);
     }
     free(rows);
     ctxs_free(list);

@@ -66,19 +66,19 @@ static const command k_commands[] = {
       "take at most SIZE on disk (e.g. 10G, 512MiB). Sessions that a process\n"
       "has open are kept.\n" },
     { "rm", cmd_rm, "delete sessions",
-      "rm SESSION...\n\n"
-      "Deletes sessions with their checkpoints and prefixes. Refuses (exit 4)\n"
-      "a session that a process has open.\n" },
+      "rm SESSION... [--json]\n\n"
+      "Deletes sessions with their checkpoints and prefixes, and names each\n"
+      "with its tokens. Refuses (exit 4) a session that a process has open.\n" },
     { "fork", cmd_fork, "copy a session's first tokens into a new session",
       "fork SRC DST [--at N | --checkpoint NAME]\n\n"
       "Creates DST holding the first N tokens of SRC (all of them by\n"
       "default), or those of SRC's checkpoint NAME. Shares blocks where the\n"
       "file system can (Btrfs, XFS).\n" },
     { "checkpoint", cmd_checkpoint, "create, list, restore or remove checkpoints",
-      "checkpoint create SESSION NAME\n"
+      "checkpoint create SESSION NAME [--json]\n"
       "       ctxstore checkpoint ls SESSION [--json]\n"
-      "       ctxstore checkpoint restore SESSION NAME\n"
-      "       ctxstore checkpoint rm SESSION NAME\n\n"
+      "       ctxstore checkpoint restore SESSION NAME [--json]\n"
+      "       ctxstore checkpoint rm SESSION NAME [--json]\n\n"
       "A checkpoint names a session's current token count; restore rolls the\n"
       "session back to it (the session must not be open by a writer).\n" },
     { "reindex", cmd_reindex, "rebuild the index from the session files",
@@ -141,7 +141,8 @@ static void print_main_help(FILE *f)
     fprintf(f, "\nOptions (before or after the command):\n"
                "  --store DIR  the store (default: $CTXSTORE_DIR, else\n"
                "               $XDG_DATA_HOME/ctxstore, else ~/.local/share/ctxstore)\n"
-               "  --json       machine-readable output\n"
+               "  --json       machine-readable output; a failure is a JSON\n"
+               "               {\"error\": {code, name, message, hint}} on stdout\n"
                "  --help       help for ctxstore or a command\n"
                "  --version    the version\n\n"
                "`ctxstore COMMAND --help` says more; `man ctxstore` says all.\n\n" EXIT_CODES);
@@ -161,21 +162,25 @@ void cli_print_help(const char *name)
 
 int cli_usage_error(const char *name, const char *fmt, ...)
 {
+    char message[512];
     va_list ap;
     va_start(ap, fmt);
-    fputs("ctxstore: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(message, sizeof(message), fmt, ap);
     va_end(ap);
+    fprintf(stderr, "ctxstore: %s\n", message);
     const command *cmd = find_command(name);
+    char hint[64];
     if (cmd) {
         /* The usage lines only: up to the blank line. */
         const char *end = strstr(cmd->help, "\n\n");
         fprintf(stderr, "usage: ctxstore %.*s\n", (int)(end ? end - cmd->help : 0), cmd->help);
-        fprintf(stderr, "`ctxstore %s --help` says more.\n", name);
+        snprintf(hint, sizeof(hint), "`ctxstore %s --help` says more", name);
     } else {
-        fprintf(stderr, "`ctxstore --help` lists the commands.\n");
+        fprintf(stderr, "usage: ctxstore [--store DIR] [--json] COMMAND [ARGS]\n");
+        snprintf(hint, sizeof(hint), "`ctxstore --help` lists the commands");
     }
+    fprintf(stderr, "%s.\n", hint);
+    cli_note_error(CTXS_EINVAL, message, hint);
     return CLI_EUSAGE;
 }
 
@@ -205,12 +210,10 @@ static const char *default_store_dir(int *given)
     return buf;
 }
 
-int main(int argc, char **argv)
+/* Parses the options before the command and runs it. Returns the exit
+ * code. */
+static int run(cli *c, int argc, char **argv)
 {
-    cli c = { 0 };
-    c.store_dir = default_store_dir(&c.store_given);
-    c.progress = isatty(STDERR_FILENO);
-
     static const struct option longopts[] = {
         CLI_COMMON_LONGOPTS,
         { "version", no_argument, NULL, 'V' },
@@ -219,7 +222,7 @@ int main(int argc, char **argv)
     int opt;
     /* "+": stop at the command; its own options are its to parse. */
     while ((opt = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
-        if (cli_common_option(&c, opt, optarg))
+        if (cli_common_option(c, opt, optarg))
             continue;
         switch (opt) {
         case 'h':
@@ -231,13 +234,12 @@ int main(int argc, char **argv)
                    CTXS_VERSION_PATCH);
             return CLI_OK;
         default:
-            fprintf(stderr, "usage: ctxstore [--store DIR] [--json] COMMAND [ARGS]\n"
-                            "`ctxstore --help` lists the commands and options.\n");
-            return CLI_EUSAGE;
+            return cli_usage_error("", "unknown option");
         }
     }
     if (optind >= argc) {
         print_main_help(stderr);
+        cli_note_error(CTXS_EINVAL, "no command given", "`ctxstore --help` lists the commands");
         return CLI_EUSAGE;
     }
     const char *name = argv[optind];
@@ -249,12 +251,8 @@ int main(int argc, char **argv)
         return CLI_OK;
     }
     const command *cmd = find_command(name);
-    if (!cmd) {
-        cli_say("'%s' is not a command", name);
-        fprintf(stderr, "usage: ctxstore [--store DIR] [--json] COMMAND [ARGS]\n"
-                        "`ctxstore --help` lists the commands.\n");
-        return CLI_EUSAGE;
-    }
+    if (!cmd)
+        return cli_usage_error(name, "'%s' is not a command", name);
     /* The command sees argv from its own name on. */
     int sub_argc = argc - optind;
     char **sub_argv = argv + optind;
@@ -263,5 +261,16 @@ int main(int argc, char **argv)
 #else
     optind = 1;
 #endif
-    return cmd->run(&c, sub_argc, sub_argv);
+    return cmd->run(c, sub_argc, sub_argv);
+}
+
+int main(int argc, char **argv)
+{
+    cli c = { 0 };
+    c.store_dir = default_store_dir(&c.store_given);
+    c.progress = isatty(STDERR_FILENO);
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        c.json_later |= strcmp(argv[i], "--json") == 0;
+    cli_report_begin(&c);
+    return cli_report_end(run(&c, argc, argv));
 }

@@ -117,6 +117,18 @@ int cmd_gc(cli *c, int argc, char **argv)
     return CLI_OK;
 }
 
+/* Deletes the session name. Returns 0 with what it held in *e, or the
+ * library's code (reported). */
+static int rm_one(ctxs_session_entry *e, ctxs_store *st, const char *name)
+{
+    int rc = ctxs_store_session_get(e, st, name);
+    if (rc == 0)
+        rc = ctxs_store_session_delete(st, name);
+    if (rc < 0)
+        cli_fail(rc, "session '%s'", name);
+    return rc;
+}
+
 int cmd_rm(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
@@ -127,16 +139,38 @@ int cmd_rm(cli *c, int argc, char **argv)
     ctxs_store *st;
     if ((ex = cli_store_open(c, &st)) != CLI_OK)
         return ex;
-    /* Every name is tried; the first failure decides the exit code. */
+    json j;
+    if (c->json) {
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_key(&j, "removed");
+        json_array_begin(&j);
+    }
+    /* Every name is tried; the first failure decides the exit code, and
+     * the result still lists what was removed before and after it. */
     for (int i = first; i < argc; i++) {
-        int rc = ctxs_store_session_delete(st, argv[i]);
+        ctxs_session_entry e;
+        int rc = rm_one(&e, st, argv[i]);
         if (rc < 0) {
-            int e = cli_fail(rc, "session '%s'", argv[i]);
             if (ex == CLI_OK)
-                ex = e;
+                ex = cli_exit_code(rc);
+        } else if (c->json) {
+            json_object_begin(&j);
+            json_kv_string(&j, "name", e.name);
+            json_kv_u64(&j, "id", e.id);
+            json_kv_u64(&j, "n_tokens", e.n_tokens);
+            json_object_end(&j);
+        } else {
+            printf("removed '%s' (%" PRIu64 " tokens)\n", e.name, e.n_tokens);
         }
     }
     ctxs_store_close(st);
+    if (c->json) {
+        json_array_end(&j);
+        json_error(&j);
+        json_object_end(&j);
+        json_finish(&j);
+    }
     return ex;
 }
 

@@ -48,6 +48,35 @@ int cmd_export(cli *c, int argc, char **argv)
     return CLI_OK;
 }
 
+/* The advice for a failed import. The file is named in the message and a
+ * NAME given there too, so neither is repeated here; a broken file is no
+ * session to verify or remove, and a store left as it was is worth
+ * saying. */
+static const char *import_hint(char *buf, size_t n, int rc, int named)
+{
+    const char *a;
+    switch (rc) {
+    case CTXS_ECORRUPT:
+        a = "the file is not a valid ctxstore export: it is damaged or truncated";
+        break;
+    case CTXS_EFOREIGN:
+        a = "the file is not a ctxstore export; check the path";
+        break;
+    case CTXS_EINVAL:
+        a = named ? cli_name_rule : "the file is not a valid ctxstore export";
+        break;
+    case -EEXIST:
+        a = named ? "a session has that name; choose another NAME, or remove it with `ctxstore rm`"
+                  : "a session has the name it was exported under; give another: "
+                    "`ctxstore import FILE NAME`";
+        break;
+    default:
+        a = cli_advice(rc);
+    }
+    snprintf(buf, n, "%s%snothing was imported", a ? a : "", a ? "; " : "");
+    return buf;
+}
+
 int cmd_import(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
@@ -71,10 +100,11 @@ int cmd_import(cli *c, int argc, char **argv)
         rc = ctxs_store_session_get(&e, st, used);
     ctxs_store_close(st);
     if (rc < 0) {
-        ex = cli_fail(rc, "importing %s", path);
-        if (rc != -EEXIST)
-            fprintf(stderr, "  nothing was imported; the store is unchanged\n");
-        return ex;
+        char hint[512];
+        if (name)
+            return cli_fail_hint(rc, import_hint(hint, sizeof(hint), rc, 1),
+                                 "importing %s as '%s'", path, name);
+        return cli_fail_hint(rc, import_hint(hint, sizeof(hint), rc, 0), "importing %s", path);
     }
     if (c->json) {
         json j;

@@ -48,8 +48,12 @@ int cli_exit_code(int rc)
     }
 }
 
-/* What to do about rc, in one line, or NULL. */
-static const char *advice(int rc)
+/* The rule names.c applies to every session and checkpoint name. */
+#define NAME_RULE                                                              \
+    "a name is 1 to 255 bytes of UTF-8 text without '/', '..' or control "     \
+    "characters, and not '.'"
+
+const char *cli_advice(int rc)
 {
     switch (rc) {
     case CTXS_ECORRUPT:
@@ -67,6 +71,11 @@ static const char *advice(int rc)
         return "free disk space, e.g. with `ctxstore gc --max-size SIZE`";
     case CTXS_ENOTFOUND:
         return "`ctxstore ls` lists the sessions";
+    case CTXS_EINVAL:
+        /* Each command checks its own arguments before the library sees
+         * them, so what the library refuses is a name (fork --at and import
+         * say more). */
+        return NAME_RULE;
     case CTXS_ESTALE:
     case CTXS_EEVICTED:
         return "the session no longer holds those tokens; pick a later point or another checkpoint";
@@ -82,27 +91,125 @@ static const char *advice(int rc)
     }
 }
 
+const char *const cli_name_rule = NAME_RULE;
+
+/* What this run reported, for the one JSON document that --json promises
+ * on stdout (see cli_report_begin() in cli.h). Process-wide because every
+ * failure, wherever it is met, goes through cli_fail() and friends, which
+ * do not take the cli; one command runs per process (per ctxs_cli_main()
+ * call in the fuzzer, which main resets it for). */
+static struct {
+    const cli *c;
+    int documents;     /* JSON documents written to stdout */
+    int failed;        /* the first failure is below; later ones are not */
+    int code;          /* a library return code */
+    char message[4608]; /* paths are up to PATH_MAX */
+    char hint[512];    /* "" for none */
+    char said[512];    /* the last cli_say(): the message of a failure
+                          that had no cli_fail() */
+} g_report;
+
+void cli_report_begin(const cli *c)
+{
+    memset(&g_report, 0, sizeof(g_report));
+    g_report.c = c;
+}
+
+void cli_note_error(int rc, const char *message, const char *hint)
+{
+    if (g_report.failed)
+        return;
+    g_report.failed = 1;
+    g_report.code = rc;
+    snprintf(g_report.message, sizeof(g_report.message), "%s", message);
+    snprintf(g_report.hint, sizeof(g_report.hint), "%s", hint ? hint : "");
+}
+
+void json_error(json *j)
+{
+    if (!g_report.failed)
+        return;
+    json_key(j, "error");
+    json_object_begin(j);
+    json_kv_i64(j, "code", g_report.code);
+    json_kv_string(j, "name", ctxs_err_name(g_report.code));
+    json_kv_string(j, "message", g_report.message);
+    json_key(j, "hint");
+    if (g_report.hint[0])
+        json_string(j, g_report.hint);
+    else
+        json_null(j);
+    json_object_end(j);
+}
+
+/* The library code that stands for an exit code, for a failure that was
+ * only said in words. */
+static int code_of_exit(int ex)
+{
+    switch (ex) {
+    case CLI_EUSAGE:
+        return CTXS_EINVAL;
+    case CLI_ENOTFOUND:
+        return CTXS_ENOTFOUND;
+    case CLI_EBUSY:
+        return CTXS_EBUSY;
+    case CLI_EDAMAGED:
+        return CTXS_ECORRUPT;
+    case CLI_EFULL:
+        return CTXS_EFULL;
+    case CLI_EEXIST:
+        return -EEXIST;
+    default:
+        return CTXS_EFAILED;
+    }
+}
+
+int cli_report_end(int ex)
+{
+    const cli *c = g_report.c;
+    /* A command that printed its result said what it did, and any failure
+     * in it; one that failed before printing gets the error document. */
+    if (ex != CLI_OK && c && (c->json || c->json_later) && g_report.documents == 0) {
+        if (!g_report.failed)
+            cli_note_error(code_of_exit(ex), g_report.said[0] ? g_report.said : "the command failed",
+                           NULL);
+        json j;
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_error(&j);
+        json_object_end(&j);
+        json_finish(&j);
+    }
+    memset(&g_report, 0, sizeof(g_report));
+    return ex;
+}
+
 void cli_say(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("ctxstore: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(g_report.said, sizeof(g_report.said), fmt, ap);
     va_end(ap);
+    fprintf(stderr, "ctxstore: %s\n", g_report.said);
 }
 
-int cli_fail(int rc, const char *fmt, ...)
+int cli_fail_hint(int rc, const char *hint, const char *fmt, ...)
 {
+    char what[4480];
     va_list ap;
     va_start(ap, fmt);
-    fputs("ctxstore: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, ": %s (%s)\n", ctxs_strerror(rc), ctxs_err_name(rc));
+    vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
-    const char *a = advice(rc);
-    if (a)
-        fprintf(stderr, "  hint: %s\n", a);
+    if (!hint)
+        hint = cli_advice(rc);
+    else if (!hint[0])
+        hint = NULL;
+    char message[sizeof(g_report.message)];
+    snprintf(message, sizeof(message), "%s: %s", what, ctxs_strerror(rc));
+    fprintf(stderr, "ctxstore: %s (%s)\n", message, ctxs_err_name(rc));
+    if (hint)
+        fprintf(stderr, "  hint: %s\n", hint);
+    cli_note_error(rc, message, hint);
     return cli_exit_code(rc);
 }
 
@@ -380,10 +487,41 @@ void json_object_end(json *j) { json_close(j, '}'); }
 void json_array_begin(json *j) { json_open(j, '['); }
 void json_array_end(json *j) { json_close(j, ']'); }
 
+/* Length of the well-formed UTF-8 sequence at p, or 0. */
+static size_t utf8_length(const unsigned char *p)
+{
+    unsigned c = p[0], min, cp;
+    size_t n;
+    if (c >= 0xc2 && c <= 0xdf)
+        n = 2, min = 0x80, cp = c & 0x1f;
+    else if (c >= 0xe0 && c <= 0xef)
+        n = 3, min = 0x800, cp = c & 0x0f;
+    else if (c >= 0xf0 && c <= 0xf4)
+        n = 4, min = 0x10000, cp = c & 0x07;
+    else
+        return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xc0) != 0x80) /* the NUL ends it here too */
+            return 0;
+        cp = cp << 6 | (p[i] & 0x3fu);
+    }
+    return cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ? 0 : n;
+}
+
+/* Error messages echo what the user typed, which need not be text: a byte
+ * that is not UTF-8 becomes U+FFFD, so that the document stays JSON. */
 static void json_quoted(FILE *f, const char *s)
 {
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p >= 0x80) {
+            size_t n = utf8_length(p);
+            if (n == 0)
+                fputs("\\ufffd", f);
+            else
+                fwrite(p, 1, n, f), p += n - 1;
+            continue;
+        }
         switch (*p) {
         case '"': fputs("\\\"", f); break;
         case '\\': fputs("\\\\", f); break;
@@ -458,6 +596,8 @@ void json_hex(json *j, const uint8_t *p, size_t n)
 
 void json_finish(json *j)
 {
+    if (j->f == stdout)
+        g_report.documents++;
     fputc('\n', j->f);
     fflush(j->f);
 }

@@ -1612,7 +1612,7 @@ Test(cli, json_errors_name_the_code_the_message_and_the_hint)
     jc_free(json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND"));
 
     /* A missing checkpoint, of restore, rm and fork. */
-    static const char *const cp_cmds[][6] = {
+    static const char *const cp_cmds[][7] = { /* NULL-terminated */
         { "checkpoint", "restore", "chat", "nocp", "--json" },
         { "checkpoint", "rm", "chat", "nocp", "--json" },
         { "fork", "chat", "copy", "--checkpoint", "nocp", "--json" },

@@ -427,19 +427,19 @@ static void cache_file(const char *path)
 
 static void open_session(bench *b, int background)
 {
-    ctxs_session_options o;
-    check_ctxs(ctxs_session_options_init(&o), "ctxs_session_options_init");
-    o.window = b->tokens;
+    ctxs_create_options o;
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    o.open.window = b->tokens;
     if (!background)
-        o.background = 0;
-    check_ctxs(ctxs_session_open(&b->s, g_path, &b->model, 0, &o),
+        o.open.background = 0;
+    check_ctxs(ctxs_session_open(&b->s, g_path, &b->model, 0, &o.open),
                "ctxs_session_open");
-    check_ctxs(ctxs_session_layout(&b->lay[M_MAPPING], b->s),
-               "ctxs_session_layout");
-    check_ctxs(ctxs_session_attn_plan(&b->plan, b->s, 0),
-               "ctxs_session_attn_plan");
+    check_ctxs(ctxs_session_get_layout(&b->lay[M_MAPPING], b->s),
+               "ctxs_session_get_layout");
+    check_ctxs(ctxs_session_get_attn_plan(&b->plan, b->s, 0),
+               "ctxs_session_get_attn_plan");
     if (b->plan.n_keys != b->tokens || b->plan.first_query != b->tokens - 1)
-        die("ctxs_session_attn_plan: %u keys, first query %" PRIu64
+        die("ctxs_session_get_attn_plan: %u keys, first query %" PRIu64
             "; expected %u keys, query %u",
             b->plan.n_keys, b->plan.first_query, b->tokens, b->tokens - 1);
 }
@@ -450,12 +450,12 @@ static void open_session(bench *b, int background)
 static void create_session(bench *b)
 {
     progress(b, "filling the session");
-    ctxs_session_options o;
-    check_ctxs(ctxs_session_options_init(&o), "ctxs_session_options_init");
+    ctxs_create_options o;
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
     o.capacity = b->tokens;
     o.n_sink = N_SINK;
     o.ring = 0;
-    o.window = b->tokens; /* every held token is read */
+    o.open.window = b->tokens; /* every held token is read */
     check_ctxs(ctxs_session_create(&b->s, g_path, &b->model, &o),
                "ctxs_session_create");
     ctxs_layout lay;
@@ -1001,7 +1001,7 @@ static void print_header(FILE *f, const options *o)
         " 2048 tokens (at 8192: reported), judged by paired; the ratio to"
         " the decode_step row is printed beside it.\n\n",
         N_LAYERS, N_KV_HEADS, HEAD_DIM, TOKEN_BYTES, N_HEADS,
-        N_HEADS / N_KV_HEADS, N_SINK, ctxs_attention_isa(),
+        N_HEADS / N_KV_HEADS, N_SINK, ctxs_attention_get_isa(),
         sysconf(_SC_PAGESIZE), thp,
         o->cpu_time ? "the thread's CPU time (--cpu-time)" : "wall time",
         g_dir, N_LAYERS, small.rounds, large.rounds, LARGE_TOKENS, THINK_MS,
@@ -1015,7 +1015,7 @@ static void print_json(void)
     for (size_t i = 0; i < g_results.n; i++) {
         const result *r = &g_result_rows[i];
         json_result_begin(&r->base);
-        printf(",\"n\":%zu,\"isa\":\"%s\"", r->base.n, ctxs_attention_isa());
+        printf(",\"n\":%zu,\"isa\":\"%s\"", r->base.n, ctxs_attention_get_isa());
         if (r->cache) {
             printf(",\"think_ms\":%u,\"cache\":\"%s\"", r->think_ms, r->cache);
             double w = ratio_to(r, baseline_of(r));

@@ -129,7 +129,7 @@ static void check_gpu(int rc, const char *what)
 {
     if (rc < 0)
         die("%s failed: %s (%s; %s)", what, ctxs_strerror(rc), ctxs_err_name(rc),
-            ctxs_cuda_last_error());
+            ctxs_cuda_get_last_error());
 }
 
 /* --- One context --------------------------------------------------------------- */
@@ -150,15 +150,15 @@ typedef struct bench {
 
 static void create_and_reopen(bench *b)
 {
-    ctxs_session_options o;
-    check_ctxs(ctxs_session_options_init(&o), "ctxs_session_options_init");
+    ctxs_create_options o;
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
     o.capacity = b->tokens + 1; /* and one for push / pull */
     o.n_sink = N_SINK;
     o.ring = 0;
-    o.window = b->tokens + 1;
+    o.open.window = b->tokens + 1;
     check_ctxs(ctxs_session_create(&b->s, g_path, &b->model, &o), "ctxs_session_create");
     ctxs_layout lay;
-    check_ctxs(ctxs_session_layout(&lay, b->s), "ctxs_session_layout");
+    check_ctxs(ctxs_session_get_layout(&lay, b->s), "ctxs_session_get_layout");
     ctxs_reservation r;
     check_ctxs(ctxs_session_reserve(&r, b->s, b->tokens), "ctxs_session_reserve");
     uint64_t seed = 0x9e3779b97f4a7c15ull ^ b->tokens;
@@ -173,9 +173,9 @@ static void create_and_reopen(bench *b)
     ctxs_session_close(b->s);
     settle_disk();
     /* A resume: the file is reopened; the page cache still holds it. */
-    check_ctxs(ctxs_session_open(&b->s, g_path, &b->model, 0, &o), "ctxs_session_open");
-    check_ctxs(ctxs_session_layout(&b->lay, b->s), "ctxs_session_layout");
-    check_ctxs(ctxs_session_attn_plan(&b->plan, b->s, 0), "ctxs_session_attn_plan");
+    check_ctxs(ctxs_session_open(&b->s, g_path, &b->model, 0, &o.open), "ctxs_session_open");
+    check_ctxs(ctxs_session_get_layout(&b->lay, b->s), "ctxs_session_get_layout");
+    check_ctxs(ctxs_session_get_attn_plan(&b->plan, b->s, 0), "ctxs_session_get_attn_plan");
     if (b->plan.n_keys != b->tokens)
         die("the plan reads %u keys, not %u", b->plan.n_keys, b->tokens);
     b->step_bytes = (double)N_LAYERS * 2 * N_KV_HEADS * b->tokens * SLOT_BYTES;
@@ -217,7 +217,7 @@ static void cpu_kernel(bench *b)
         }
     }
     char *method = xmalloc(32);
-    snprintf(method, 32, "cpu_%s", ctxs_attention_isa());
+    snprintf(method, 32, "cpu_%s", ctxs_attention_get_isa());
     record("decode_step", method, b->tokens, &step, b->step_bytes);
     record("layer", method, b->tokens, &layer, b->step_bytes / N_LAYERS);
 }
@@ -253,7 +253,7 @@ static void gpu_mode(bench *b, int mode)
     const char *method = mode == CTXS_CUDA_MAPPED ? "gpu_mapped" : "gpu_mirror";
     samples us = {0};
     ctxs_cuda_kv *kv = NULL;
-    check_ctxs(ctxs_session_attn_plan(&b->plan, b->s, 0), "ctxs_session_attn_plan");
+    check_ctxs(ctxs_session_get_attn_plan(&b->plan, b->s, 0), "ctxs_session_get_attn_plan");
 
     /* attach, as a resume does; the last one stays for what follows */
     int attach_reps = b->reps < 5 ? b->reps : 5;
@@ -267,7 +267,7 @@ static void gpu_mode(bench *b, int mode)
     }
     record("attach", method, b->tokens, &us, mode == CTXS_CUDA_MIRROR ? b->step_bytes : 0);
     ctxs_cuda_info info;
-    check_gpu(ctxs_cuda_info_get(&info, kv), "ctxs_cuda_info_get");
+    check_gpu(ctxs_cuda_get_info(&info, kv), "ctxs_cuda_get_info");
     if (mode == CTXS_CUDA_MAPPED)
         printf("%u tokens, mapped: %s (%.0f MiB pinned)\n", b->tokens,
                info.flags & CTXS_CUDA_HOST_PAGE_TABLES
@@ -392,7 +392,7 @@ static void print_table(void)
 static void print_headlines(const uint32_t *contexts, int n)
 {
     char cpu[32];
-    snprintf(cpu, sizeof cpu, "cpu_%s", ctxs_attention_isa());
+    snprintf(cpu, sizeof cpu, "cpu_%s", ctxs_attention_get_isa());
     putchar('\n');
     for (int i = 0; i < n; i++) {
         const bench_result *c = results_find(&g_results, "decode_step", cpu, contexts[i]);
@@ -401,7 +401,7 @@ static void print_headlines(const uint32_t *contexts, int n)
         if (c && mi && ma)
             printf("decode_step, 36 layers, %u tokens: CPU (%s) %.0f us; GPU mirror %.0f us "
                    "(%.1fx the CPU's speed), mapped %.0f us (%.1fx)\n",
-                   contexts[i], ctxs_attention_isa(), c->median_us, mi->median_us,
+                   contexts[i], ctxs_attention_get_isa(), c->median_us, mi->median_us,
                    c->median_us / mi->median_us, ma->median_us, c->median_us / ma->median_us);
     }
 }
@@ -409,9 +409,9 @@ static void print_headlines(const uint32_t *contexts, int n)
 int main(int argc, char **argv)
 {
     options o = parse_options(argc, argv);
-    int n_dev = ctxs_cuda_device_count();
+    int n_dev = ctxs_cuda_get_device_count();
     if (n_dev < 0) {
-        printf("bench_cuda: no CUDA device (%s); nothing to measure\n", ctxs_cuda_last_error());
+        printf("bench_cuda: no CUDA device (%s); nothing to measure\n", ctxs_cuda_get_last_error());
         return 0;
     }
     struct cudaDeviceProp prop;

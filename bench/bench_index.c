@@ -14,7 +14,7 @@
  *                added through the store: what adding a session costs with
  *                the index and without it (add_session).
  *   fork         a 2048-token session of Qwen3-4B KV geometry (288 MiB of
- *                K/V) copied to a new session: ctxs_store_fork,
+ *                K/V) copied to a new session: ctxs_store_session_fork,
  *                ctxs_session_fork, a FULL-durability fork, against writing
  *                the same tokens again into a new session, a llama.cpp-style
  *                state file written and synced, and a cp-like
@@ -352,13 +352,13 @@ static uint32_t api_sessions(const options *o)
     return o->sessions / 10 < 200 ? o->sessions / 10 : 200;
 }
 
-static void filler_options(ctxs_session_options *o)
+static void filler_options(ctxs_create_options *o)
 {
-    check_ctxs(ctxs_session_options_init(o), "ctxs_session_options_init");
+    *o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
     o->capacity = FILLER_CAPACITY;
     o->n_sink = N_SINK;
     o->ring = 0;
-    o->durability = CTXS_SYNC_NONE;
+    o->open.durability = CTXS_SYNC_NONE;
 }
 
 /* One reserve and one commit of session i's whole prompt. The K/V stay the
@@ -390,7 +390,7 @@ typedef struct add_samples {
  * step; the files' steps are timed too, for comparison. */
 static void build_prefix_store(prefix_bench *pb, uint32_t n_api)
 {
-    ctxs_session_options o;
+    ctxs_create_options o;
     filler_options(&o);
     uint32_t *ids = xmalloc(PROMPT_TOKENS * sizeof(*ids));
     pb->n_files = pb->n_sessions - n_api;
@@ -650,8 +650,8 @@ static uint64_t naive_open_scan(const prefix_bench *pb, const uint32_t *prompt,
                    "ctxs_session_open");
         ctxs_session_info info;
         ctxs_layout lay;
-        check_ctxs(ctxs_session_info_get(&info, s), "ctxs_session_info_get");
-        check_ctxs(ctxs_session_layout(&lay, s), "ctxs_session_layout");
+        check_ctxs(ctxs_session_get_info(&info, s), "ctxs_session_get_info");
+        check_ctxs(ctxs_session_get_layout(&lay, s), "ctxs_session_get_layout");
         if (!memcmp(info.model.model_hash, pb->model.model_hash, 16)) {
             uint64_t held = info.ring_start <= info.n_sink
                                 ? info.n_tokens
@@ -766,13 +766,13 @@ typedef struct fork_bench {
     char copy_path[PATH_MAX];
 } fork_bench;
 
-static void session_options(ctxs_session_options *o, uint32_t capacity,
+static void session_options(ctxs_create_options *o, uint32_t capacity,
                             uint32_t durability)
 {
-    check_ctxs(ctxs_session_options_init(o), "ctxs_session_options_init");
+    *o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
     o->capacity = capacity;
     o->n_sink = N_SINK;
-    o->durability = durability;
+    o->open.durability = durability;
 }
 
 /* The source: 2048 tokens of random K/V, committed, synced, and an
@@ -780,7 +780,7 @@ static void session_options(ctxs_session_options *o, uint32_t capacity,
 static void make_fork_source(fork_bench *fb)
 {
     progress("fork: writing the 2048-token source");
-    ctxs_session_options o;
+    ctxs_create_options o;
     session_options(&o, FORK_CAPACITY, CTXS_SYNC_ASYNC);
     ctxs_session *s;
     check_ctxs(ctxs_store_session_create(&s, fb->st, "fork-source", &fb->model, &o),
@@ -826,7 +826,7 @@ static void make_fork_source(fork_bench *fb)
 static void check_copy(const fork_bench *fb, ctxs_session *s, const char *what)
 {
     ctxs_session_info info;
-    check_ctxs(ctxs_session_info_get(&info, s), "ctxs_session_info_get");
+    check_ctxs(ctxs_session_get_info(&info, s), "ctxs_session_get_info");
     if (info.n_tokens != FORK_TOKENS)
         die("%s holds %" PRIu64 " tokens, expected %d", what, info.n_tokens,
             FORK_TOKENS);
@@ -846,7 +846,7 @@ enum {
 };
 
 static const char *const k_fork_methods[N_FORK_METHODS] = {
-    "ctxs_store_fork", "ctxs_session_fork", "store_fork_full",
+    "ctxs_store_session_fork", "ctxs_session_fork", "store_fork_full",
     "rewrite_store", "rewrite_bare", "state_fdatasync", "copy_file_range",
 };
 
@@ -914,7 +914,7 @@ static void rewrite_into(const fork_bench *fb, ctxs_session *s)
  * (warm-up only) and removed after, both untimed. */
 static double fork_once(const fork_bench *fb, int method, int check)
 {
-    ctxs_session_options async_opts, full_opts;
+    ctxs_create_options async_opts, full_opts;
     session_options(&async_opts, FORK_CAPACITY, CTXS_SYNC_ASYNC);
     session_options(&full_opts, FORK_CAPACITY, CTXS_SYNC_FULL);
     ctxs_session *s = NULL;
@@ -923,22 +923,22 @@ static double fork_once(const fork_bench *fb, int method, int check)
     double t0 = now_us(), t;
     switch (method) {
     case M_STORE_FORK:
-        check_ctxs(ctxs_store_fork(&s, fb->st, "fork-source", UINT64_MAX,
-                                   "fork-copy", &async_opts),
-                   "ctxs_store_fork");
+        check_ctxs(ctxs_store_session_fork(&s, fb->st, "fork-copy", "fork-source",
+                                           UINT64_MAX, &async_opts.open),
+                   "ctxs_store_session_fork");
         t = now_us() - t0;
         in_store = 1;
         break;
     case M_SESSION_FORK:
-        check_ctxs(ctxs_session_fork(&s, fb->src, UINT64_MAX, fb->bare_path,
-                                     &async_opts),
+        check_ctxs(ctxs_session_fork(&s, fb->bare_path, fb->src, UINT64_MAX,
+                                     &async_opts.open),
                    "ctxs_session_fork");
         t = now_us() - t0;
         break;
     case M_STORE_FORK_FULL:
-        check_ctxs(ctxs_store_fork(&s, fb->st, "fork-source", UINT64_MAX,
-                                   "fork-copy", &full_opts),
-                   "ctxs_store_fork");
+        check_ctxs(ctxs_store_session_fork(&s, fb->st, "fork-copy", "fork-source",
+                                           UINT64_MAX, &full_opts.open),
+                   "ctxs_store_session_fork");
         check_ctxs(ctxs_session_sync(s), "ctxs_session_sync");
         t = now_us() - t0;
         in_store = 1;
@@ -1055,7 +1055,7 @@ static void converse(ctxs_session *s, const ctxs_geometry *g,
                      conv_samples *cs, const char *what)
 {
     ctxs_layout lay;
-    check_ctxs(ctxs_session_layout(&lay, s), "ctxs_session_layout");
+    check_ctxs(ctxs_session_get_layout(&lay, s), "ctxs_session_get_layout");
     uint32_t runs = 2 * g->n_layers * g->n_kv_heads;
     size_t run_bytes = (size_t)TURN_TOKENS * lay.slot_bytes;
     uint64_t had = 0;
@@ -1098,7 +1098,7 @@ static void commit_geometry(ctxs_store *st, const ctxs_model *model,
     uint32_t *ids = xmalloc(CONV_TOKENS * sizeof(*ids));
     char bare_path[PATH_MAX];
     scratch_path(bare_path, "chat.ctxs");
-    ctxs_session_options opts;
+    ctxs_create_options opts;
     session_options(&opts, CONV_CAPACITY, CTXS_SYNC_ASYNC);
     opts.ring = 0;
 
@@ -1255,7 +1255,7 @@ static void print_header(FILE *f, const options *o)
         " disk (syncfs, untimed); the copy is removed after it (untimed), and"
         " checked against the source (K/V and ids) after the warm-up. Times"
         " in ms; ratio vs rewrite_store.\n"
-        "  ctxs_store_fork: by name, at ASYNC, the handle returned open (its"
+        "  ctxs_store_session_fork: by name, at ASYNC, the handle returned open (its"
         " close, one more index transaction, untimed); includes the store's"
         " index transactions (each an fdatasync of the index and a"
         " synchronous write of its meta page). ctxs_session_fork: the file"
@@ -1263,7 +1263,7 @@ static void print_header(FILE *f, const options *o)
         " read-only handle opened beforehand; it syncs the new file's first"
         " page and tables before copying the K/V and the directory after"
         " linking it, and leaves the K/V to writeback. store_fork_full:"
-        " ctxs_store_fork at FULL + ctxs_session_sync: the copy durable at"
+        " ctxs_store_session_fork at FULL + ctxs_session_sync: the copy durable at"
         " return, the fair match for state_fdatasync. rewrite_store:"
         " ctxs_store_session_create + reserve + %d memcpys from the source's"
         " mapping + commit at ASYNC (which completes the first chunk, so the"
@@ -1372,7 +1372,7 @@ static void print_headlines(void)
                    n->median_us / 1e3, ratio_of(n, f));
     }
     const result *rw = find_result(SEC_FORK, "fork_2048", "rewrite_store");
-    static const char *const forks[] = { "ctxs_store_fork", "ctxs_session_fork",
+    static const char *const forks[] = { "ctxs_store_session_fork", "ctxs_session_fork",
                                          "store_fork_full", "state_fdatasync",
                                          "copy_file_range" };
     for (size_t i = 0; i < sizeof forks / sizeof forks[0]; i++) {
@@ -1411,7 +1411,7 @@ int main(int argc, char **argv)
     double t0 = now_us();
 
     ctxs_store_options so;
-    check_ctxs(ctxs_store_options_init(&so), "ctxs_store_options_init");
+    so = (ctxs_store_options)CTXS_STORE_OPTIONS_INIT;
     so.map_bytes = (uint64_t)4 << 30; /* room for --sessions 100000 */
     ctxs_store *st;
     check_ctxs(ctxs_store_open(&st, g_store_dir, &so), "ctxs_store_open");

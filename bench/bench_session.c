@@ -316,12 +316,12 @@ static void copy_into_reservation(const ctxs_layout *lay,
 
 static ctxs_session *open_session(const bench *b, uint32_t durability, int background)
 {
-    ctxs_session_options o;
-    check_ctxs(ctxs_session_options_init(&o), "ctxs_session_options_init");
-    o.durability = durability;
-    o.background = (uint32_t)background;
+    ctxs_create_options o;
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    o.open.durability = durability;
+    o.open.background = (uint32_t)background;
     ctxs_session *s;
-    check_ctxs(ctxs_session_open(&s, g_paths[F_SESSION], &b->model, 0, &o),
+    check_ctxs(ctxs_session_open(&s, g_paths[F_SESSION], &b->model, 0, &o.open),
                "ctxs_session_open");
     return s;
 }
@@ -353,8 +353,8 @@ static void prefill_session(const bench *b)
 {
     progress(b, "prefill", "");
     unlink(g_paths[F_SESSION]); /* the previous measurement's */
-    ctxs_session_options o;
-    check_ctxs(ctxs_session_options_init(&o), "ctxs_session_options_init");
+    ctxs_create_options o;
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
     o.capacity = b->capacity;
     o.n_sink = N_SINK;
     o.ring = 0; /* a wrap would reuse slots; fail loudly instead */
@@ -708,7 +708,7 @@ static uint8_t *select_blob(size_t *n)
 static void check_info(ctxs_session *s, const bench *b)
 {
     ctxs_session_info info;
-    check_ctxs(ctxs_session_info_get(&info, s), "ctxs_session_info_get");
+    check_ctxs(ctxs_session_get_info(&info, s), "ctxs_session_get_info");
     if (info.n_tokens != b->tokens)
         die("resumed session holds %" PRIu64 " tokens, expected %u",
             info.n_tokens, b->tokens);
@@ -735,7 +735,7 @@ static uint64_t touch_window(ctxs_session *s, const bench *b)
 {
     ctxs_window w;
     ctxs_layout lay;
-    check_ctxs(ctxs_session_window(&w, s), "ctxs_session_window");
+    check_ctxs(ctxs_session_get_window(&w, s), "ctxs_session_get_window");
     get_layout(&lay, s, SLOT_BYTES);
     uint64_t acc = 0;
     for (uint32_t run = 0; run < N_RUNS; run++) {
@@ -896,7 +896,7 @@ static void verify_session(const bench *b)
     progress(b, "verify", "");
     ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC, 1);
     uint64_t bad = 0;
-    int rc = ctxs_session_verify(s, &bad);
+    int rc = ctxs_session_verify(&bad, s);
     if (rc == CTXS_ECORRUPT)
         die("ctxs_session_verify: token %" PRIu64 " does not verify", bad);
     check_ctxs(rc, "ctxs_session_verify");
@@ -977,7 +977,7 @@ static void print_header(FILE *f, const char *dir)
         " Each ctxstore measurement gets its own session prefilled to the"
         " context (untimed, synced), capacity = context + (iterations+1) x"
         " %d + %d, ring off, n_sink %d; a turn = reserve + one memcpy per"
-        " (layer,K/V,head) through ctxs_session_layout + commit; no"
+        " (layer,K/V,head) through ctxs_session_get_layout + commit; no"
         " rollback, so the context grows by %d per turn from the listed"
         " size. ctxstore_async_nobg: ASYNC with options.background = 0"
         " (reserve allocates and faults, commit starts writeback, on the"
@@ -998,8 +998,8 @@ static void print_header(FILE *f, const char *dir)
         " pause; xxh3: XXH3_64bits over the turn's bytes in one call, the turn"
         " written (memcpy_resident's copy) and the same pause before it.\n"
         "resume_open: ctxs_session_open (read-write, ASYNC) +"
-        " ctxs_session_info_get + close. resume_ready: open +"
-        " ctxs_session_window + read one byte of every page of the window"
+        " ctxs_session_get_info + close. resume_ready: open +"
+        " ctxs_session_get_window + read one byte of every page of the window"
         " spans of all %d runs + close. read_file (open + malloc + read) and"
         " sqlite_select (open db + SELECT + copy) of the context's state are"
         " ready once read: the same measurement is listed under both.\n"

@@ -135,11 +135,11 @@ typedef struct bench {
     float *logits_resume, *logits_prefill;
 } bench;
 
-static ctxs_session_options session_options(uint32_t tokens)
+static ctxs_create_options session_options(uint32_t tokens)
 {
     /* Room for the context and no wrap, and a window that holds it all:
      * every query reads every key before it. */
-    ctxs_session_options so;
+    ctxs_create_options so;
     tinychat_session_options(&so, tokens + 64, WINDOW);
     return so;
 }
@@ -147,10 +147,10 @@ static ctxs_session_options session_options(uint32_t tokens)
 /* open + resume of the saved session; the prediction in *next. */
 static double time_resume(bench *b, uint32_t tokens, uint32_t *next)
 {
-    ctxs_session_options so = session_options(tokens);
+    ctxs_create_options so = session_options(tokens);
     ctxs_session *s;
     double t0 = now_us();
-    check_ctxs(ctxs_session_open(&s, g_saved, &b->cm, 0, &so), "open");
+    check_ctxs(ctxs_session_open(&s, g_saved, &b->cm, 0, &so.open), "open");
     check_ctxs(tinychat_resume(b->m, s, next), "tinychat_resume");
     double t = now_us() - t0;
     memcpy(b->logits_resume, tinychat_logits(b->m), b->vocab * sizeof(float));
@@ -163,7 +163,7 @@ static double time_resume(bench *b, uint32_t tokens, uint32_t *next)
 static double time_prefill(bench *b, const uint32_t *ids, uint32_t tokens, const char *path,
                            int keep, uint32_t *next)
 {
-    ctxs_session_options so = session_options(tokens);
+    ctxs_create_options so = session_options(tokens);
     ctxs_session *s;
     double t0 = now_us();
     check_ctxs(ctxs_session_create(&s, path, &b->cm, &so), "create");
@@ -239,7 +239,7 @@ static attn_row run_attention(const bench *b, uint32_t n_layers, int prefill_ite
                               int decode_iters)
 {
     const tinychat_config *cfg = tinychat_model_config(b->m);
-    ctxs_session_options so = session_options(ATTN_TOKENS);
+    ctxs_create_options so = session_options(ATTN_TOKENS);
     ctxs_session *s;
     check_ctxs(ctxs_session_create(&s, g_fresh, &b->cm, &so), "create");
     ctxs_reservation r;
@@ -250,7 +250,7 @@ static attn_row run_attention(const bench *b, uint32_t n_layers, int prefill_ite
     for (uint32_t run = 0; run < cfg->n_layers * 2 * cfg->n_kv_heads; run++)
         fill_fp16_signed(kv_run(&lay, cfg->n_kv_heads, run), lay.capacity * lay.slot_bytes, &seed);
     ctxs_attn_plan plan;
-    check_ctxs(ctxs_session_attn_plan(&plan, s, ATTN_TOKENS), "plan");
+    check_ctxs(ctxs_session_get_attn_plan(&plan, s, ATTN_TOKENS), "plan");
 
     const size_t per_q = (size_t)cfg->n_heads * cfg->head_dim;
     float *q = xmalloc(ATTN_TOKENS * per_q * sizeof(float));
@@ -293,7 +293,7 @@ static void print_attention(const attn_row *a, const options *o)
             json_result_begin(t[m]);
             printf(",\"n\":%zu,\"config\":\"%s\",\"isa\":\"%s\",\"kv_bytes\":%zu,"
                    "\"gb_s\":%.4f}\n",
-                   t[m]->n, o->config, ctxs_attention_isa(), a->kv_bytes, gb_s(a->kv_bytes, t[m]));
+                   t[m]->n, o->config, ctxs_attention_get_isa(), a->kv_bytes, gb_s(a->kv_bytes, t[m]));
         } else {
             printf("attention %-7s of %u tokens: %10.3f ms [%.3f, %.3f] n=%zu  %8.4f GB/s of "
                    "K/V (%zu distinct bytes)\n",
@@ -320,7 +320,7 @@ static void print_header(FILE *f, const options *o, const tinychat_config *cfg)
             "to 512 tokens, one ctxs_attention call per layer per chunk). same: both give the "
             "same next token and bit-identical logits.\n\n",
             o->config, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim, token_bytes,
-            cfg->d_model, cfg->ffn, cfg->vocab, ctxs_attention_isa(), g_dir, WINDOW);
+            cfg->d_model, cfg->ffn, cfg->vocab, ctxs_attention_get_isa(), g_dir, WINDOW);
 }
 
 static void print_table_row(const row *r)
@@ -344,7 +344,7 @@ static void print_json_row(const row *r, const char *config)
         const bench_result *t = timings[m];
         json_result_begin(t);
         printf(",\"n\":%zu,\"config\":\"%s\",\"isa\":\"%s\",\"same\":%s", t->n, config,
-               ctxs_attention_isa(), r->same ? "true" : "false");
+               ctxs_attention_get_isa(), r->same ? "true" : "false");
         if (t == &r->recompute && r->resume.median_us > 0)
             printf(",\"ratio\":%.2f", r->recompute.median_us / r->resume.median_us);
         printf("}\n");

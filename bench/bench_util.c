@@ -461,8 +461,8 @@ uint8_t *kv_run(const ctxs_layout *lay, uint32_t n_kv_heads, uint32_t run)
 
 void get_layout(ctxs_layout *out, ctxs_session *s, size_t slot_bytes)
 {
-    check_ctxs(ctxs_session_layout(out, s), "ctxs_session_layout");
+    check_ctxs(ctxs_session_get_layout(out, s), "ctxs_session_get_layout");
     if (out->slot_bytes != slot_bytes)
-        die("ctxs_session_layout: slot_bytes %zu, expected %zu",
+        die("ctxs_session_get_layout: slot_bytes %zu, expected %zu",
             out->slot_bytes, slot_bytes);
 }

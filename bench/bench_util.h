@@ -201,7 +201,7 @@ void fill_fp16_signed(uint8_t *p, size_t n, uint64_t *seed);
  * order in which the benchmarks keep and fill their K/V. */
 uint8_t *kv_run(const ctxs_layout *lay, uint32_t n_kv_heads, uint32_t run);
 
-/* ctxs_session_layout(), or die; dies also unless its slots are slot_bytes
+/* ctxs_session_get_layout(), or die; dies also unless its slots are slot_bytes
  * wide (the geometry the program was written for). */
 void get_layout(ctxs_layout *out, ctxs_session *s, size_t slot_bytes);
 

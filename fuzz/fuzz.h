@@ -73,7 +73,7 @@ uint32_t fuzz_token(uint64_t pos);
 int fuzz_append(ctxs_session *s, uint64_t n);
 
 /* Options for a sample session. */
-ctxs_session_options fuzz_options(uint32_t capacity, uint32_t n_sink, uint32_t ring);
+ctxs_create_options fuzz_options(uint32_t capacity, uint32_t n_sink, uint32_t ring);
 
 /* Builds the sample store in dir (created): model 0 registered as "tiny",
  * model 1 registered without a name, and sessions

@@ -275,22 +275,21 @@ uint32_t fuzz_token(uint64_t pos)
     return (uint32_t)(pos * 2654435761u % 50000u) + 1;
 }
 
-ctxs_session_options fuzz_options(uint32_t capacity, uint32_t n_sink, uint32_t ring)
+ctxs_create_options fuzz_options(uint32_t capacity, uint32_t n_sink, uint32_t ring)
 {
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
     o.ring = ring;
-    o.window = 32;
-    o.pressure_window = 16;
+    o.open.window = 32;
+    o.open.pressure_window = 16;
     return o;
 }
 
 int fuzz_append(ctxs_session *s, uint64_t n)
 {
     ctxs_session_info info;
-    int rc = ctxs_session_info_get(&info, s);
+    int rc = ctxs_session_get_info(&info, s);
     if (rc < 0)
         return rc;
     const ctxs_geometry *g = &info.model.geometry;
@@ -340,14 +339,14 @@ int fuzz_build_store(const char *dir)
         return rc;
     ctxs_model m0 = fuzz_model(0), m1 = fuzz_model(1);
     ctxs_session *s = NULL;
-    ctxs_session_options oa = fuzz_options(256, 4, 1), ob = fuzz_options(16, 2, 1),
+    ctxs_create_options oa = fuzz_options(256, 4, 1), ob = fuzz_options(16, 2, 1),
                          oc = fuzz_options(8, 1, 0);
     if ((rc = ctxs_model_register(st, &m0, "tiny")) < 0 ||
         (rc = ctxs_model_register(st, &m1, NULL)) < 0)
         goto out;
     if ((rc = ctxs_store_session_create(&s, st, "a", &m0, &oa)) < 0 ||
-        (rc = fuzz_append(s, 70)) < 0 || (rc = ctxs_checkpoint_create(st, s, "cp0")) < 0 ||
-        (rc = fuzz_append(s, 80)) < 0 || (rc = ctxs_checkpoint_create(st, s, "cp1")) < 0)
+        (rc = fuzz_append(s, 70)) < 0 || (rc = ctxs_checkpoint_create(s, "cp0")) < 0 ||
+        (rc = fuzz_append(s, 80)) < 0 || (rc = ctxs_checkpoint_create(s, "cp1")) < 0)
         goto out;
     ctxs_session_close(s);
     s = NULL;
@@ -360,7 +359,7 @@ int fuzz_build_store(const char *dir)
         goto out;
     ctxs_session_close(s);
     s = NULL;
-    if ((rc = ctxs_store_fork(&s, st, "a", 64, "d", NULL)) < 0 || (rc = fuzz_append(s, 10)) < 0)
+    if ((rc = ctxs_store_session_fork(&s, st, "d", "a", 64, NULL)) < 0 || (rc = fuzz_append(s, 10)) < 0)
         goto out;
 out:
     ctxs_session_close(s);

@@ -1,6 +1,6 @@
 /*
  * import: the input becomes an export file (docs/FORMAT.md, "Export file
- * format"), which ctxs_store_import() reads into a real store (the sample
+ * format"), which ctxs_store_session_import() reads into a real store (the sample
  * store of fuzz.h, in a tmpfs).
  *
  * Input: a control byte, then the file. The control byte can recompute
@@ -230,16 +230,14 @@ static void forget_new_models(void)
 static void check_imported(const char *name, const uint8_t *file, size_t size)
 {
     ctxs_session *s = NULL;
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.recovery = CTXS_RECOVER_VERIFY;
-    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
+    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY,
+                                     NULL);
     if (rc < 0)
         fail("an imported session does not open", rc);
     ctxs_session_info info;
-    ctxs_session_info_get(&info, s);
+    ctxs_session_get_info(&info, s);
     uint64_t bad;
-    if ((rc = ctxs_session_verify(s, &bad)) < 0)
+    if ((rc = ctxs_session_verify(&bad, s)) < 0)
         fail("an imported session does not verify", rc);
     if (info.flags & CTXS_INFO_RECOVERED)
         fail("an imported session needed recovery", 0);
@@ -248,10 +246,10 @@ static void check_imported(const char *name, const uint8_t *file, size_t size)
     ctxs_session_close(s);
 
     unlink(export_path);
-    if ((rc = ctxs_store_export(st, name, export_path, NULL, NULL)) < 0)
+    if ((rc = ctxs_store_session_export(st, name, export_path, NULL, NULL)) < 0)
         fail("an imported session does not export", rc);
     char again[256];
-    if ((rc = ctxs_store_import(st, export_path, "reimported", again, NULL, NULL)) < 0)
+    if ((rc = ctxs_store_session_import(again, st, export_path, "reimported", NULL, NULL)) < 0)
         fail("an export of an import does not import", rc);
     ctxs_store_session_delete(st, "reimported");
     unlink(export_path);
@@ -292,8 +290,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *name = (ctl & NAME_FROM_FILE) ? NULL : (ctl & CLASH_NAME) ? "a" : "imp";
     char got[256];
     uint64_t last = 0;
-    int rc = ctxs_store_import(st, file_path, name, got,
-                               (ctl & PROGRESS) ? progress_fn : NULL, &last);
+    int rc = ctxs_store_session_import(got, st, file_path, name,
+                                       (ctl & PROGRESS) ? progress_fn : NULL, &last);
     fuzz_debug("import: %zu bytes, control 0x%02x: %s", o.n, ctl, ctxs_err_name(rc));
     if (rc == 0) {
         if (name && strcmp(got, name) != 0)

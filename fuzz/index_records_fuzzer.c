@@ -218,6 +218,18 @@ static void prefix_lookups(void)
     ctxs_free(models);
 }
 
+/* The checkpoints of the session named name, through a read-only handle. */
+static int checkpoints_of(ctxs_checkpoint_entry **out, size_t *n_out, const char *name)
+{
+    ctxs_session *s = NULL;
+    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+    if (rc == 0) {
+        rc = ctxs_checkpoint_list(out, n_out, s);
+        ctxs_session_close(s);
+    }
+    return rc;
+}
+
 static void run_ops(unsigned ops)
 {
     ctxs_session_entry *list = NULL;
@@ -232,7 +244,7 @@ static void run_ops(unsigned ops)
             ctxs_store_session_get(&e, st, list[i].name);
             ctxs_checkpoint_entry *cps;
             size_t n_cps;
-            if (ctxs_checkpoint_list(&cps, &n_cps, st, list[i].name) == 0)
+            if (checkpoints_of(&cps, &n_cps, list[i].name) == 0)
                 ctxs_free(cps);
         }
         ctxs_model_entry *models;
@@ -252,13 +264,13 @@ static void run_ops(unsigned ops)
         if ((ops & OP_OPEN_RO) &&
             ctxs_store_session_open(&s, st, list[i].name, NULL, CTXS_OPEN_RDONLY, NULL) == 0) {
             uint64_t bad;
-            ctxs_session_verify(s, &bad);
+            ctxs_session_verify(&bad, s);
             ctxs_session_close(s);
         }
         if ((ops & OP_OPEN_RW) && have_model &&
             ctxs_store_session_open(&s, st, list[i].name, &m.model, 0, NULL) == 0) {
             if (fuzz_append(s, 1) == 0)
-                ctxs_checkpoint_create(st, s, "new");
+                ctxs_checkpoint_create(s, "new");
             ctxs_session_close(s);
         }
     }
@@ -284,16 +296,16 @@ static void run_ops(unsigned ops)
         fuzz_debug("index_records: compact: %s", ctxs_err_name(rc));
     }
     if (ops & OP_FORK) {
-        ctxs_store_fork(NULL, st, "a", 64, "fork1", NULL);
-        ctxs_store_fork(NULL, st, "b", UINT64_MAX, "fork2", NULL);
-        ctxs_store_fork_checkpoint(NULL, st, "a", "cp0", "fork3", NULL);
+        ctxs_store_session_fork(NULL, st, "fork1", "a", 64, NULL);
+        ctxs_store_session_fork(NULL, st, "fork2", "b", UINT64_MAX, NULL);
+        ctxs_store_session_fork_checkpoint(NULL, st, "fork3", "a", "cp0", NULL);
     }
     for (size_t i = 0; i < n && (ops & OP_FORK_CHECKPOINTS); i++) {
         ctxs_checkpoint_entry *cps;
         size_t n_cps;
-        if (ctxs_checkpoint_list(&cps, &n_cps, st, list[i].name) == 0) {
+        if (checkpoints_of(&cps, &n_cps, list[i].name) == 0) {
             for (size_t j = 0; j < n_cps && j < 4; j++)
-                ctxs_store_fork_checkpoint(NULL, st, list[i].name, cps[j].name, "forked", NULL);
+                ctxs_store_session_fork_checkpoint(NULL, st, "forked", list[i].name, cps[j].name, NULL);
             ctxs_free(cps);
         }
     }
@@ -301,17 +313,17 @@ static void run_ops(unsigned ops)
         ctxs_model m0 = fuzz_model(0);
         ctxs_session *s = NULL;
         if (ctxs_store_session_open(&s, st, "a", &m0, 0, NULL) == 0) {
-            ctxs_checkpoint_restore(st, s, "cp1");
-            ctxs_checkpoint_restore(st, s, "cp0");
-            ctxs_checkpoint_create(st, s, "cpx");
+            ctxs_checkpoint_restore(s, "cp1");
+            ctxs_checkpoint_restore(s, "cp0");
+            ctxs_checkpoint_create(s, "cpx");
+            ctxs_checkpoint_delete(s, "cp1");
             ctxs_session_close(s);
         }
-        ctxs_checkpoint_delete(st, "a", "cp1");
     }
     if (ops & OP_EXPORT) {
         for (size_t i = 0; i < n && i < 4; i++) {
             unlink(export_path);
-            ctxs_store_export(st, list[i].name, export_path, NULL, NULL);
+            ctxs_store_session_export(st, list[i].name, export_path, NULL, NULL);
         }
         unlink(export_path);
     }

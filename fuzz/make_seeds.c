@@ -69,7 +69,7 @@ static void session_seed(const char *name, const char *path, uint8_t ctl)
     free(buf);
 }
 
-static ctxs_session *create(const char *path, ctxs_session_options o)
+static ctxs_session *create(const char *path, ctxs_create_options o)
 {
     ctxs_model m = fuzz_model(0);
     ctxs_session *s;
@@ -95,7 +95,7 @@ static void session_seeds(void)
     if ((rc = fuzz_append(s, 20)) < 0)
         die("append", rc);
     unlink(f);
-    if ((rc = ctxs_session_fork(&fk, s, 10, f, NULL)) < 0)
+    if ((rc = ctxs_session_fork(&fk, f, s, 10, NULL)) < 0)
         die("fork", rc);
     ctxs_session_close(fk);
     ctxs_session_close(s);
@@ -116,8 +116,8 @@ static void session_seeds(void)
     ctxs_session_close(s);
     session_seed("rolled-back", p, E | W);
 
-    ctxs_session_options o = fuzz_options(32, 1, 1);
-    o.durability = CTXS_SYNC_FULL;
+    ctxs_create_options o = fuzz_options(32, 1, 1);
+    o.open.durability = CTXS_SYNC_FULL;
     s = create(p, o);
     if ((rc = fuzz_append(s, 9)) < 0 || (rc = ctxs_session_sync(s)) < 0)
         die("sync", rc);
@@ -230,7 +230,7 @@ static void import_seeds(void)
     for (int i = 0; i < 4; i++) {
         char *path = fuzz_join(work, "x.exp");
         unlink(path);
-        if ((rc = ctxs_store_export(st, names[i], path, NULL, NULL)) < 0)
+        if ((rc = ctxs_store_session_export(st, names[i], path, NULL, NULL)) < 0)
             die("export", rc);
         size_t len;
         uint8_t *file = slurp(path, &len);

@@ -13,7 +13,7 @@
  * token checksums, so that mutations reach past them.
  *
  * Besides not crashing, it checks what recovery promises: after an open
- * with CTXS_RECOVER_VERIFY, every held token at or above the watermark
+ * with CTXS_OPEN_VERIFY, every held token at or above the watermark
  * verifies; after a commit, the new tokens read back as written.
  */
 #include <errno.h>
@@ -189,7 +189,7 @@ static void attend(const ctxs_session *s, const ctxs_session_info *info, uint32_
 {
     ctxs_attn_plan plan;
     ctxs_layout lay;
-    if (ctxs_session_attn_plan(&plan, s, pending) < 0 || ctxs_session_layout(&lay, s) < 0)
+    if (ctxs_session_get_attn_plan(&plan, s, pending) < 0 || ctxs_session_get_layout(&lay, s) < 0)
         return;
     const ctxs_geometry *g = &info->model.geometry;
     size_t per_query = (size_t)g->n_kv_heads * g->head_dim;
@@ -214,13 +214,13 @@ static void attend(const ctxs_session *s, const ctxs_session_info *info, uint32_
 static void read_all(ctxs_session *s, uint32_t window)
 {
     ctxs_session_info info;
-    if (ctxs_session_info_get(&info, s) < 0)
+    if (ctxs_session_get_info(&info, s) < 0)
         fail("info", -1);
     ctxs_layout lay;
-    ctxs_session_layout(&lay, s);
+    ctxs_session_get_layout(&lay, s);
     uint64_t bad;
-    ctxs_session_verify(s, &bad);
-    ctxs_session_verify_range(s, info.n_tokens / 2, info.n_tokens, &bad);
+    ctxs_session_verify(&bad, s);
+    ctxs_session_verify_range(&bad, s, info.n_tokens / 2, info.n_tokens);
 
     const ctxs_geometry *g = &info.model.geometry;
     size_t token_bytes = (size_t)g->n_layers * g->n_kv_heads * g->head_dim * 2;
@@ -232,41 +232,41 @@ static void read_all(ctxs_session *s, uint32_t window)
         uint64_t pos[] = { 0, 1, info.n_sink, info.ring_start, n / 2, n - 1, n, n + 1 };
         for (size_t i = 0; i < sizeof(pos) / sizeof(pos[0]); i++) {
             uint32_t slot;
-            if (ctxs_session_slot(&slot, s, pos[i]) == 0 && slot >= info.capacity)
+            if (ctxs_session_get_slot(&slot, s, pos[i]) == 0 && slot >= info.capacity)
                 fail("slot beyond the capacity", (int)slot);
-            ctxs_session_read_token(s, pos[i], k, v);
+            ctxs_session_read_token(k, v, s, pos[i]);
         }
         free(k);
         free(v);
     }
     void *run;
-    ctxs_session_kv(&run, s, g->n_layers - 1, CTXS_V, g->n_kv_heads - 1);
+    ctxs_session_get_kv(&run, s, g->n_layers - 1, CTXS_V, g->n_kv_heads - 1);
 
     ctxs_window w;
-    ctxs_session_window(&w, s);
+    ctxs_session_get_window(&w, s);
     ctxs_session_set_window(s, window);
-    ctxs_session_window(&w, s);
+    ctxs_session_get_window(&w, s);
     if (w.n_tokens > info.capacity)
         fail("window beyond the capacity", (int)w.n_tokens);
     attend(s, &info, 0);
     /* Memory pressure: the small window, and the pages outside it
      * released; then back. */
-    ctxs_pressure_set(1);
-    ctxs_session_window(&w, s);
+    ctxs_set_pressure(1);
+    ctxs_session_get_window(&w, s);
     attend(s, &info, 0);
-    ctxs_pressure_set(0);
+    ctxs_set_pressure(0);
     ctxs_session_set_window(s, 0);
     ctxs_session_prefetch(s);
 }
 
 /* Recovery's promise: every held token at or above the watermark an open
- * with CTXS_RECOVER_VERIFY settled on verifies. */
+ * with CTXS_OPEN_VERIFY settled on verifies. */
 static void check_recovered(const ctxs_session *s)
 {
     ctxs_session_info info;
-    ctxs_session_info_get(&info, s);
+    ctxs_session_get_info(&info, s);
     uint64_t bad = 0;
-    int rc = ctxs_session_verify_range(s, info.verified_from, UINT64_MAX, &bad);
+    int rc = ctxs_session_verify_range(&bad, s, info.verified_from, UINT64_MAX);
     if (rc != 0) {
         fprintf(stderr, "session_open_fuzzer: after a verifying open, position %llu "
                         "(watermark %llu, n_tokens %llu) does not verify\n",
@@ -279,22 +279,20 @@ static void check_recovered(const ctxs_session *s)
 static void fork_it(ctxs_session *s, uint64_t n)
 {
     ctxs_session *f = NULL;
-    if (ctxs_session_fork(&f, s, n, fork_path, NULL) == 0) {
+    if (ctxs_session_fork(&f, fork_path, s, n, NULL) == 0) {
         uint64_t bad;
         ctxs_session_info fi;
-        ctxs_session_info_get(&fi, f);
+        ctxs_session_get_info(&fi, f);
         /* The fork holds committed tokens that verified in the source's
          * state only as far as the source's checksums went; it must open
          * again and describe itself. */
-        ctxs_session_verify(f, &bad);
+        ctxs_session_verify(&bad, f);
         ctxs_session_close(f);
         ctxs_file_report rep;
         ctxs_file_inspect(&rep, fork_path);
         ctxs_session *again = NULL;
-        ctxs_session_options o;
-        ctxs_session_options_init(&o);
-        o.recovery = CTXS_RECOVER_VERIFY;
-        if (ctxs_session_open(&again, fork_path, NULL, CTXS_OPEN_RDONLY, &o) == 0) {
+        if (ctxs_session_open(&again, fork_path, NULL, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY,
+                              NULL) == 0) {
             check_recovered(again);
             ctxs_session_close(again);
         }
@@ -306,7 +304,7 @@ static void fork_it(ctxs_session *s, uint64_t n)
 static void append(ctxs_session *s, uint32_t n, uint8_t salt)
 {
     ctxs_session_info info;
-    ctxs_session_info_get(&info, s);
+    ctxs_session_get_info(&info, s);
     const ctxs_geometry *g = &info.model.geometry;
     size_t elems = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     if (elems > (1u << 18))
@@ -334,10 +332,10 @@ static void append(ctxs_session *s, uint32_t n, uint8_t salt)
             fail("commit of reserved tokens", rc);
         if (rc == 0) {
             uint64_t bad;
-            if ((rc = ctxs_session_verify_range(s, r.first_pos, r.first_pos + n, &bad)) < 0)
+            if ((rc = ctxs_session_verify_range(&bad, s, r.first_pos, r.first_pos + n)) < 0)
                 fail("new tokens do not verify", rc);
             for (uint32_t i = 0; i < n; i++) {
-                if ((rc = ctxs_session_read_token(s, r.first_pos + i, rk, rv)) < 0)
+                if ((rc = ctxs_session_read_token(rk, rv, s, r.first_pos + i)) < 0)
                     fail("read of a new token", rc);
                 if (memcmp(rk, k + i * elems, elems * 2) || memcmp(rv, v + i * elems, elems * 2))
                     fail("a new token reads back different", 0);
@@ -378,11 +376,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ctxs_session_info ro_info;
     int have_info = 0;
     for (int verify = 0; verify < 2; verify++) {
-        ctxs_session_options o;
-        ctxs_session_options_init(&o);
-        o.recovery = verify ? CTXS_RECOVER_VERIFY : CTXS_RECOVER_AUTO;
         ctxs_session *s = NULL;
-        int rc = ctxs_session_open(&s, path, NULL, CTXS_OPEN_RDONLY, &o);
+        int rc = ctxs_session_open(&s, path, NULL,
+                                   CTXS_OPEN_RDONLY | (verify ? CTXS_OPEN_VERIFY : 0), NULL);
         fuzz_debug("session_open: read-only open%s: %s", verify ? " (verify)" : "",
                    ctxs_err_name(rc));
         if (rc < 0)
@@ -391,7 +387,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_recovered(s);
         read_all(s, window);
         ctxs_session_refresh(s);
-        ctxs_session_info_get(&ro_info, s);
+        ctxs_session_get_info(&ro_info, s);
         have_info = 1;
         /* Read-only handles refuse writes. */
         ctxs_reservation r;
@@ -403,24 +399,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     if ((ctl & FUZZ_SESS_WRITE) && have_info) {
-        ctxs_session_options o;
-        ctxs_session_options_init(&o);
-        o.recovery = (tail & 0x80) ? CTXS_RECOVER_VERIFY : CTXS_RECOVER_AUTO;
+        ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
+        unsigned verify = (tail & 0x80) ? CTXS_OPEN_VERIFY : 0;
         o.durability = tail % 3;
         ctxs_session *w = NULL;
         ctxs_model other = ro_info.model;
         other.tokenizer_hash[0] ^= 1;
-        if (ctxs_session_open(&w, path, &other, 0, &o) != CTXS_EMODEL)
+        if (ctxs_session_open(&w, path, &other, verify, &o) != CTXS_EMODEL)
             fail("open with another model", 0);
-        int rc = ctxs_session_open(&w, path, &ro_info.model, 0, &o);
+        int rc = ctxs_session_open(&w, path, &ro_info.model, verify, &o);
         fuzz_debug("session_open: read-write open: %s", ctxs_err_name(rc));
         if (rc == 0) {
-            if (o.recovery == CTXS_RECOVER_VERIFY)
+            if (verify)
                 check_recovered(w);
             read_all(w, window);
             append(w, 1 + (tail >> 6), tail);
             ctxs_session_info info;
-            ctxs_session_info_get(&info, w);
+            ctxs_session_get_info(&info, w);
             ctxs_session_rollback(w, info.n_tokens - (info.n_tokens > 0));
             ctxs_session_sync(w);
             append(w, 1, (uint8_t)(tail + 7));
@@ -428,9 +423,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
             /* What the writer left opens and verifies. */
             ctxs_session *s = NULL;
-            ctxs_session_options_init(&o);
-            o.recovery = CTXS_RECOVER_VERIFY;
-            if (ctxs_session_open(&s, path, NULL, CTXS_OPEN_RDONLY, &o) == 0) {
+            if (ctxs_session_open(&s, path, NULL, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL) == 0) {
                 check_recovered(s);
                 ctxs_session_close(s);
             }

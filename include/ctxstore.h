@@ -11,7 +11,7 @@
  * Usage:
  *
  *     ctxs_model model = { .geometry = { 36, 8, 128, CTXS_DTYPE_F16 } };
- *     memcpy(model.model_hash, weights_hash, 16);
+ *     memcpy(model.model_hash, weights_hash, CTXS_HASH_BYTES);
  *     ctxs_session *s;
  *     int rc = ctxs_session_create(&s, "chat.ctxs", &model, NULL);
  *     if (rc < 0) fprintf(stderr, "%s\n", ctxs_strerror(rc));
@@ -19,7 +19,7 @@
  *     ctxs_reservation r;
  *     ctxs_session_reserve(&r, s, n_new);        // slots for n_new tokens
  *     for (uint32_t i = 0; i < n_new; i++)       // or write through
- *         ctxs_session_write_token(s, &r, i, k[i], v[i]);  // ctxs_session_kv
+ *         ctxs_session_write_token(s, &r, i, k[i], v[i]);  // ctxs_session_get_kv
  *     ctxs_session_commit(s, token_ids, n_new);  // durable per the level
  *     ctxs_session_close(s);
  *
@@ -29,9 +29,9 @@
  * Caveats:
  *
  * - A session handle is used by one thread at a time. Different handles may
- *   be used from different threads; ctxs_pressure_set() and the pressure
+ *   be used from different threads; ctxs_set_pressure() and the pressure
  *   watcher may run on any thread.
- * - Pointers into the mapping (ctxs_session_kv(), ctxs_session_layout())
+ * - Pointers into the mapping (ctxs_session_get_kv(), ctxs_session_get_layout())
  *   are valid until ctxs_session_close(). A slot's bytes are stable while its
  *   token is committed; a reader in another process may see a slot rewritten
  *   after the writer rolls back or the ring wraps over it: call
@@ -65,6 +65,42 @@ extern "C" {
 #define CTXS_VERSION_MAJOR 0
 #define CTXS_VERSION_MINOR 1
 #define CTXS_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------------------
+ * Conventions
+ *
+ * - Functions are named ctxs_<object>_<verb>: ctxs_session_commit(),
+ *   ctxs_store_session_fork(). A property is read by ctxs_<object>_get_<what>
+ *   and changed by ctxs_<object>_set_<what>; process-wide settings drop the
+ *   object (ctxs_set_pressure()).
+ * - Out-parameters come first, named out (or for what they receive, such as
+ *   bad_pos); on failure a handle's *out is NULL.
+ * - Options are structs whose version field the caller sets, through the
+ *   structs' _INIT macros, which also hold every default:
+ *
+ *       ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+ *       o.capacity = 8192;
+ *
+ *   A library refuses (CTXS_EINVAL) a version it does not know, so a program
+ *   built against a newer header never has fields silently ignored.
+ */
+
+/* Names of sessions, checkpoints and models: at most this many bytes, see
+ * "Stores" for the rule. Buffers that receive one are CTXS_NAME_MAX + 1. */
+#define CTXS_NAME_MAX 255
+/* Model and tokenizer hashes (XXH3-128 by ctxs_model_hash_file()). */
+#define CTXS_HASH_BYTES 16
+
+/* The defaults of the _INIT macros. */
+#define CTXS_DEFAULT_CAPACITY 2048u        /* slots in a new session file */
+#define CTXS_DEFAULT_N_SINK 4u             /* slots never overwritten */
+#define CTXS_DEFAULT_WINDOW 2048u          /* recent tokens attention reads */
+#define CTXS_DEFAULT_PRESSURE_WINDOW 1024u /* the window under pressure */
+#define CTXS_DEFAULT_MAX_READERS 126u      /* concurrent index readers */
+#define CTXS_DEFAULT_MAP_BYTES (1ull << 30) /* most bytes the index grows to */
+#define CTXS_DEFAULT_POLL_MS 1000u         /* pressure watcher's period */
+#define CTXS_DEFAULT_MIN_AVAILABLE (512ull << 20) /* MemAvailable floor */
+#define CTXS_DEFAULT_PSI_SOME_AVG10 20u    /* PSI "some avg10" percent */
 
 /* ---------------------------------------------------------------------------
  * Errors
@@ -121,8 +157,9 @@ typedef struct ctxs_geometry {
  * geometry or hashes differ fails with CTXS_EMODEL. */
 typedef struct ctxs_model {
     ctxs_geometry geometry;
-    uint8_t model_hash[16];     /* XXH3-128 of the weights, or the app's own */
-    uint8_t tokenizer_hash[16];
+    uint8_t model_hash[CTXS_HASH_BYTES];     /* XXH3-128 of the weights, or
+                                                the app's own */
+    uint8_t tokenizer_hash[CTXS_HASH_BYTES];
 } ctxs_model;
 
 /* ---------------------------------------------------------------------------
@@ -138,21 +175,10 @@ typedef enum ctxs_durability {
                             durable: survives power loss */
 } ctxs_durability;
 
-/* What ctxs_session_open() checks before trusting the newest commit record. */
-typedef enum ctxs_recovery {
-    /* Verify the tokens written since the last durable point when the file
-     * was last written under another boot of the machine (a power loss or a
-     * reboot may have dropped pages); after a process crash the page cache
-     * holds everything and no KV page is read. */
-    CTXS_RECOVER_AUTO = 0,
-    /* Verify them always, as after a power loss. */
-    CTXS_RECOVER_VERIFY = 1,
-} ctxs_recovery;
-
 /*
  * Background work.
  *
- * By default (ctxs_session_options.background = 1) the library does, on one
+ * By default (ctxs_open_options.background = 1) the library does, on one
  * thread of its own, the work that would otherwise make a user wait:
  *
  * - after an open: the attention window is read ahead from the disk and
@@ -180,61 +206,81 @@ typedef enum ctxs_recovery {
  * allocates and maps the slots it hands out itself.
  */
 
-#define CTXS_SESSION_OPTIONS_VERSION 1
+/* How a handle behaves: for ctxs_session_open(), ctxs_session_fork(), and
+ * as the open part of ctxs_create_options. */
+#define CTXS_OPEN_OPTIONS_VERSION 1
 
-typedef struct ctxs_session_options {
-    uint32_t version;        /* CTXS_SESSION_OPTIONS_VERSION */
-    uint32_t capacity;       /* create: slots in the file (default 2048) */
-    uint32_t n_sink;         /* create: slots never overwritten (default 4) */
-    uint32_t ring;           /* create: 1 = once full, overwrite the oldest
-                                tokens after the sinks (default);
-                                0 = reserve fails with CTXS_EFULL */
+typedef struct ctxs_open_options {
+    uint32_t version;        /* CTXS_OPEN_OPTIONS_VERSION */
     uint32_t window;         /* recent tokens attention reads beside the
-                                sinks (default 2048) */
-    uint32_t pressure_window;/* the window under memory pressure (1024) */
-    uint32_t durability;     /* ctxs_durability (default CTXS_SYNC_ASYNC) */
-    uint32_t recovery;       /* open: ctxs_recovery (default AUTO) */
-    uint32_t background;     /* 1 = work off the caller's thread (default),
-                                0 = none; see "Background work" below */
+                                sinks; 0 = CTXS_DEFAULT_WINDOW */
+    uint32_t pressure_window;/* the window under memory pressure;
+                                0 = CTXS_DEFAULT_PRESSURE_WINDOW */
+    uint32_t durability;     /* ctxs_durability */
+    uint32_t background;     /* 1 = work off the caller's thread, 0 = none;
+                                see "Background work" above */
     uint8_t reserved[28];    /* must be zero */
-} ctxs_session_options;
+} ctxs_open_options;
 
-/* Fills *opts with the defaults. Returns 0, or CTXS_EINVAL for NULL. */
-CTXS_API int ctxs_session_options_init(ctxs_session_options *opts);
+#define CTXS_OPEN_OPTIONS_INIT                                                 \
+    { CTXS_OPEN_OPTIONS_VERSION, CTXS_DEFAULT_WINDOW,                         \
+      CTXS_DEFAULT_PRESSURE_WINDOW, CTXS_SYNC_ASYNC, 1, { 0 } }
+
+/* The shape of a new session file, and how the handle that
+ * ctxs_session_create() returns behaves. */
+#define CTXS_CREATE_OPTIONS_VERSION 1
+
+typedef struct ctxs_create_options {
+    uint32_t version;        /* CTXS_CREATE_OPTIONS_VERSION */
+    uint32_t capacity;       /* slots in the file: 2 .. 16 Mi, above n_sink */
+    uint32_t n_sink;         /* slots never overwritten */
+    uint32_t ring;           /* 1 = once full, overwrite the oldest tokens
+                                after the sinks; 0 = reserve fails with
+                                CTXS_EFULL */
+    uint8_t reserved[32];    /* must be zero */
+    ctxs_open_options open;  /* the handle create returns */
+} ctxs_create_options;
+
+#define CTXS_CREATE_OPTIONS_INIT                                               \
+    { CTXS_CREATE_OPTIONS_VERSION, CTXS_DEFAULT_CAPACITY, CTXS_DEFAULT_N_SINK, \
+      1, { 0 }, CTXS_OPEN_OPTIONS_INIT }
 
 /* Creates a session file at path for model and opens it read-write.
  * The file appears complete or not at all (written aside, then linked into
  * place: a process killed meanwhile leaves nothing where the filesystem has
  * O_TMPFILE, else "<path>.tmp-<pid>-<n>"); it is sparse: only the first
  * page and the token tables take disk space until slots are reserved.
- * Files are created 0600.
- *
- * opts may be NULL for the defaults. capacity must be at least 2 and more
- * than n_sink, and
- * at most 16 Mi slots; the KV region must fit in a size_t.
+ * Files are created 0600. opts may be NULL for CTXS_CREATE_OPTIONS_INIT; the
+ * KV region must fit in a size_t.
  *
  * Errors: CTXS_EINVAL (bad geometry, options or NULL argument), -EEXIST,
  * CTXS_EFULL (no disk space for the header), CTXS_ENOMEM, -errno.
  * *out is NULL on failure. Thread-safe. */
 CTXS_API int ctxs_session_create(ctxs_session **out, const char *path,
                                  const ctxs_model *model,
-                                 const ctxs_session_options *opts);
+                                 const ctxs_create_options *opts);
 
 #define CTXS_OPEN_RDONLY 0x1u /* read-only: shared lock, no writes */
+#define CTXS_OPEN_VERIFY 0x2u /* verify the tokens since the last durable
+                                 point always, as after a power loss */
 
 /* Opens an existing session file. Read-write opens take the writer lock
  * (one writer per file, across processes) and need model; read-only opens
  * take a reader lock, coexist with a writer, and accept model == NULL to
  * inspect a file of any model.
  *
- * The newest commit record whose CRC holds is taken; see ctxs_recovery for
- * when its tokens are verified. A state that does not verify is rolled back
+ * The newest commit record whose CRC holds is taken. Its tokens written
+ * since the last durable point are verified when the file was last written
+ * under another boot of the machine (a power loss or a reboot may have
+ * dropped pages), or always with CTXS_OPEN_VERIFY; after a process crash
+ * the page cache holds everything and no KV page is read. A state that
+ * does not verify is rolled back
  * to its longest verifying prefix, and info.flags says so
  * (CTXS_INFO_RECOVERED). A read-write open writes the recovered state back.
  * A symbolic link in place of the file is refused (-ELOOP).
  *
- * opts may be NULL; of the options, window, pressure_window, durability and
- * recovery are read, and capacity, n_sink and ring are ignored.
+ * flags: CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY. opts may be NULL for
+ * CTXS_OPEN_OPTIONS_INIT.
  *
  * Errors: -ENOENT, -ELOOP, -EACCES, CTXS_EFOREIGN (not a session file),
  * CTXS_EVERSION (newer major version), CTXS_ECORRUPT (header or both
@@ -244,7 +290,7 @@ CTXS_API int ctxs_session_create(ctxs_session **out, const char *path,
  * *out is NULL on failure. Thread-safe. */
 CTXS_API int ctxs_session_open(ctxs_session **out, const char *path,
                                const ctxs_model *model, unsigned flags,
-                               const ctxs_session_options *opts);
+                               const ctxs_open_options *opts);
 
 /* Unmaps and closes. Uncommitted reservations are dropped. At ASYNC the
  * writeback started by commits continues. Waits for the background thread
@@ -273,8 +319,7 @@ CTXS_API void ctxs_session_close(ctxs_session *s);
  * its durability: at FULL all of it; at ASYNC writeback has started; at
  * NONE the page cache holds it. Until its KV is known durable, an open
  * after a power loss verifies every token and keeps the longest prefix
- * that verifies. opts as for ctxs_session_open() (window, pressure_window,
- * durability, recovery), NULL for the defaults.
+ * that verifies. opts as for ctxs_session_open().
  *
  * Errors: CTXS_EINVAL (n_tokens above src's count, NULL argument, bad
  * options), CTXS_EEVICTED (the ring overwrote tokens the fork needs),
@@ -283,9 +328,9 @@ CTXS_API void ctxs_session_close(ctxs_session *s);
  * that failed), CTXS_ECORRUPT (refreshing src found both its records
  * damaged), -EEXIST, CTXS_EFULL, CTXS_ENOMEM, -errno. *out is NULL on
  * failure. src is used as by any other call on it: one thread at a time. */
-CTXS_API int ctxs_session_fork(ctxs_session **out, ctxs_session *src,
-                               uint64_t n_tokens, const char *path,
-                               const ctxs_session_options *opts);
+CTXS_API int ctxs_session_fork(ctxs_session **out, const char *path,
+                               ctxs_session *src, uint64_t n_tokens,
+                               const ctxs_open_options *opts);
 
 /* --- Layout and zero-copy access ---------------------------------------- */
 
@@ -309,13 +354,13 @@ typedef struct ctxs_layout {
  *     kv + layer*layer_stride + kind*kv_stride + head*head_stride
  *        + slot*slot_bytes.
  * Errors: CTXS_EINVAL. */
-CTXS_API int ctxs_session_layout(ctxs_layout *out, const ctxs_session *s);
+CTXS_API int ctxs_session_get_layout(ctxs_layout *out, const ctxs_session *s);
 
 /* The [capacity][head_dim] run of one (layer, CTXS_K|CTXS_V, head), writable
  * for a read-write session (write only into reserved slots).
  * Errors: CTXS_EINVAL (index out of range). */
-CTXS_API int ctxs_session_kv(void **out, ctxs_session *s, uint32_t layer,
-                             uint32_t kind, uint32_t head);
+CTXS_API int ctxs_session_get_kv(void **out, ctxs_session *s, uint32_t layer,
+                                 uint32_t kind, uint32_t head);
 
 /* --- Write path ----------------------------------------------------------- */
 
@@ -358,8 +403,8 @@ CTXS_API int ctxs_session_write_token(ctxs_session *s,
 /* Copies the K and V of committed token pos into k and v (same layout as
  * ctxs_session_write_token()). Errors: CTXS_EINVAL, CTXS_EEVICTED (pos is
  * no longer held), CTXS_ENOTFOUND (pos is not committed). */
-CTXS_API int ctxs_session_read_token(const ctxs_session *s, uint64_t pos,
-                                     void *k, void *v);
+CTXS_API int ctxs_session_read_token(void *k, void *v,
+                                     const ctxs_session *s, uint64_t pos);
 
 /* Commits the first n reserved tokens with their token ids: checksums them
  * (cost O(n)), writes the inactive commit record and syncs by the session's
@@ -398,19 +443,19 @@ CTXS_API int ctxs_session_refresh(ctxs_session *s);
 /* Verifies the checksum of every held token. On a mismatch returns
  * CTXS_ECORRUPT and, if bad_pos is not NULL, the first bad position.
  * Reads the whole KV region. Errors: CTXS_EINVAL, CTXS_ECORRUPT. */
-CTXS_API int ctxs_session_verify(const ctxs_session *s, uint64_t *bad_pos);
+CTXS_API int ctxs_session_verify(uint64_t *bad_pos, const ctxs_session *s);
 
 /* As ctxs_session_verify(), for the held positions in [from, to) only (to
  * is capped at the token count), so that a caller can verify in steps,
  * report progress, and go on past a bad token to find the next.
  * Errors: CTXS_EINVAL (from > to), CTXS_ECORRUPT (*bad_pos set). */
-CTXS_API int ctxs_session_verify_range(const ctxs_session *s, uint64_t from,
-                                       uint64_t to, uint64_t *bad_pos);
+CTXS_API int ctxs_session_verify_range(uint64_t *bad_pos, const ctxs_session *s,
+                                       uint64_t from, uint64_t to);
 
 /* The slot that holds position pos. Errors: CTXS_EINVAL (NULL),
  * CTXS_EEVICTED, CTXS_ENOTFOUND (pos not committed). */
-CTXS_API int ctxs_session_slot(uint32_t *out, const ctxs_session *s,
-                               uint64_t pos);
+CTXS_API int ctxs_session_get_slot(uint32_t *out, const ctxs_session *s,
+                                   uint64_t pos);
 
 /* --- Info ----------------------------------------------------------------- */
 
@@ -446,7 +491,7 @@ typedef struct ctxs_session_info {
 } ctxs_session_info;
 
 /* Fills *out. Errors: CTXS_EINVAL. */
-CTXS_API int ctxs_session_info_get(ctxs_session_info *out,
+CTXS_API int ctxs_session_get_info(ctxs_session_info *out,
                                    const ctxs_session *s);
 
 /* --- Attention window ------------------------------------------------------
@@ -464,10 +509,10 @@ typedef struct ctxs_window {
 } ctxs_window;
 
 /* The current window. Errors: CTXS_EINVAL. */
-CTXS_API int ctxs_session_window(ctxs_window *out, const ctxs_session *s);
+CTXS_API int ctxs_session_get_window(ctxs_window *out, const ctxs_session *s);
 
 /* Sets the window (recent tokens beside the sinks) outside memory pressure;
- * 0 means the default (2048). Errors: CTXS_EINVAL. */
+ * 0 means CTXS_DEFAULT_WINDOW. Errors: CTXS_EINVAL. */
 CTXS_API int ctxs_session_set_window(ctxs_session *s, uint32_t window);
 
 /* Brings the current window's K/V in and maps it, and returns once it is
@@ -482,48 +527,52 @@ CTXS_API int ctxs_session_prefetch(const ctxs_session *s);
 
 /* --- Memory pressure -------------------------------------------------------
  *
- * Under pressure every open session uses its pressure window (1024 by
- * default) and the KV pages outside it are released from memory with
- * madvise; they stay in the file and come back on the next access. When the
- * pressure is gone the windows grow back. New sessions opened under pressure
- * start with the small window. Nothing is deleted.
+ * Under pressure every open session uses its pressure window
+ * (CTXS_DEFAULT_PRESSURE_WINDOW unless its options say otherwise) and the KV
+ * pages outside it are released from memory with madvise; they stay in the
+ * file and come back on the next access. When the pressure is gone the
+ * windows grow back. New sessions opened under pressure start with the
+ * small window. Nothing is deleted.
  */
 
 /* Tells the library that the platform is (on != 0) or is no longer (on ==
  * 0) under memory pressure: Android's onTrimMemory, an iOS memory warning.
- * Returns 0. Thread-safe. */
-CTXS_API int ctxs_pressure_set(int on);
+ * The state is the process's: it shrinks every open session of every
+ * component of the program that uses ctxstore, not only the caller's, and
+ * the windows of all of them grow back when it is cleared. Thread-safe. */
+CTXS_API void ctxs_set_pressure(int on);
 
-/* 1 when pressure is in force, else 0. Thread-safe. */
-CTXS_API int ctxs_pressure_get(void);
+/* 1 when pressure is in force in the process, else 0. Thread-safe. */
+CTXS_API int ctxs_get_pressure(void);
 
-#define CTXS_WATCH_OPTIONS_VERSION 1
+#define CTXS_WATCHER_OPTIONS_VERSION 1
 
-typedef struct ctxs_watch_options {
-    uint32_t version;          /* CTXS_WATCH_OPTIONS_VERSION */
-    uint32_t poll_ms;          /* how often to look (default 1000) */
-    uint64_t min_available;    /* pressure while MemAvailable is below
-                                  (default 512 MiB); released above 1.25x */
+typedef struct ctxs_watcher_options {
+    uint32_t version;          /* CTXS_WATCHER_OPTIONS_VERSION */
+    uint32_t poll_ms;          /* how often to look */
+    uint64_t min_available;    /* pressure while MemAvailable is below;
+                                  released above 1.25x */
     uint32_t psi_some_avg10;   /* pressure while PSI memory "some avg10" is at
-                                  or above this percent; 0 = ignore PSI
-                                  (default 20) */
+                                  or above this percent; 0 = ignore PSI */
     uint8_t reserved[28];      /* must be zero */
-} ctxs_watch_options;
+} ctxs_watcher_options;
 
-/* Fills *opts with the defaults. Returns 0, or CTXS_EINVAL for NULL. */
-CTXS_API int ctxs_watch_options_init(ctxs_watch_options *opts);
+#define CTXS_WATCHER_OPTIONS_INIT                                              \
+    { CTXS_WATCHER_OPTIONS_VERSION, CTXS_DEFAULT_POLL_MS,                     \
+      CTXS_DEFAULT_MIN_AVAILABLE, CTXS_DEFAULT_PSI_SOME_AVG10, { 0 } }
 
 /* Starts a thread that watches available memory (Linux: /proc/meminfo and
- * /proc/pressure/memory) and calls ctxs_pressure_set() on changes; while it
- * runs, its reading decides (it sets the state once at start). One watcher
- * per process, not inherited across fork(); opts may be NULL.
+ * /proc/pressure/memory) and calls ctxs_set_pressure() on changes, so it
+ * sets the process-wide state (see there); while it runs, its reading
+ * decides (it sets the state once at start). One watcher per process, not
+ * inherited across fork(); opts may be NULL for CTXS_WATCHER_OPTIONS_INIT.
  * Errors: -EALREADY, -ENOTSUP where the platform has no source,
  * CTXS_EINVAL, -errno. Thread-safe. */
-CTXS_API int ctxs_pressure_watch_start(const ctxs_watch_options *opts);
+CTXS_API int ctxs_watcher_start(const ctxs_watcher_options *opts);
 
 /* Stops the watcher and waits for its thread; the pressure state it set
- * stays until ctxs_pressure_set(). Safe to call when none runs. */
-CTXS_API void ctxs_pressure_watch_stop(void);
+ * stays until ctxs_set_pressure(). Safe to call when none runs. */
+CTXS_API void ctxs_watcher_stop(void);
 
 /* ---------------------------------------------------------------------------
  * Attention
@@ -564,8 +613,8 @@ typedef struct ctxs_attn_plan {
  * reserve, commit, rollback or refresh. The same plan serves every layer.
  * Errors: CTXS_EINVAL (NULL, n_pending above what is reserved, or no token
  * at all to attend to). */
-CTXS_API int ctxs_session_attn_plan(ctxs_attn_plan *out, const ctxs_session *s,
-                                    uint32_t n_pending);
+CTXS_API int ctxs_session_get_attn_plan(ctxs_attn_plan *out, const ctxs_session *s,
+                                        uint32_t n_pending);
 
 /* Queries of one attention pass. */
 typedef struct ctxs_attn_query {
@@ -583,7 +632,7 @@ typedef struct ctxs_attn_query {
  * subtracted); out[i][h] = sum of softmax weights times V. out is
  * [n][n_heads][head_dim] float32 and must not overlap q.
  *
- * kv is a session's layout (ctxs_session_layout()) or a copy of it whose kv
+ * kv is a session's layout (ctxs_session_get_layout()) or a copy of it whose kv
  * points at the same bytes elsewhere (anonymous memory, a snapshot). Only
  * CTXS_DTYPE_F16 is read today. The result depends only on the keys each
  * query reads, in position order, not on how they split into spans, nor on
@@ -592,7 +641,7 @@ typedef struct ctxs_attn_query {
  * chosen once, at the first call, from what the CPU has.
  *
  * A query that sees no key (only a plan built by hand can do that: a plan
- * from ctxs_session_attn_plan() holds each query's own position) gets
+ * from ctxs_session_get_attn_plan() holds each query's own position) gets
  * zeros. Bits may differ between instruction sets; on one machine and one
  * instruction set they do not.
  *
@@ -621,7 +670,7 @@ CTXS_API int ctxs_attention_check(float *scale_out, const ctxs_layout *kv,
 
 /* The instruction set ctxs_attention() uses: "avx512", "avx2", "neon" or
  * "portable". Thread-safe. */
-CTXS_API const char *ctxs_attention_isa(void);
+CTXS_API const char *ctxs_attention_get_isa(void);
 
 /* ---------------------------------------------------------------------------
  * Stores
@@ -633,7 +682,7 @@ CTXS_API const char *ctxs_attention_isa(void);
  * rebuilds it. Several processes and threads may use one store at once.
  *
  * Names (sessions, checkpoints, models' display names) are UTF-8 text of 1
- * to 255 bytes without control characters, '/' or ".." anywhere, and not
+ * to CTXS_NAME_MAX bytes without control characters, '/' or ".." anywhere, and not
  * ".": CTXS_EINVAL otherwise. Names never become paths; the rule keeps them
  * from looking like one wherever tools print or export them.
  *
@@ -653,14 +702,15 @@ typedef struct ctxs_store ctxs_store;
 
 typedef struct ctxs_store_options {
     uint32_t version;      /* CTXS_STORE_OPTIONS_VERSION */
-    uint32_t max_readers;  /* concurrent read transactions (default 126) */
-    uint64_t map_bytes;    /* most bytes the index may grow to (default
-                              1 GiB; address space, not disk) */
+    uint32_t max_readers;  /* concurrent read transactions */
+    uint64_t map_bytes;    /* most bytes the index may grow to (address
+                              space, not disk) */
     uint8_t reserved[32];  /* must be zero */
 } ctxs_store_options;
 
-/* Fills *opts with the defaults. Returns 0, or CTXS_EINVAL for NULL. */
-CTXS_API int ctxs_store_options_init(ctxs_store_options *opts);
+#define CTXS_STORE_OPTIONS_INIT                                                \
+    { CTXS_STORE_OPTIONS_VERSION, CTXS_DEFAULT_MAX_READERS,                   \
+      CTXS_DEFAULT_MAP_BYTES, { 0 } }
 
 /* Opens the store in directory dir, creating it (0700, files 0600) if it is
  * missing. Finishes or undoes what a process that crashed left half done: a
@@ -682,7 +732,7 @@ CTXS_API void ctxs_store_close(ctxs_store *st);
 
 typedef struct ctxs_model_entry {
     ctxs_model model;
-    char name[256];              /* display name, NUL-terminated */
+    char name[CTXS_NAME_MAX + 1];              /* display name, NUL-terminated */
     uint64_t registered_unix_ms;
 } ctxs_model_entry;
 
@@ -695,7 +745,7 @@ CTXS_API int ctxs_model_register(ctxs_store *st, const ctxs_model *model,
 
 /* Looks a model up by its hash. Errors: CTXS_ENOTFOUND, CTXS_EINVAL. */
 CTXS_API int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st,
-                            const uint8_t model_hash[16]);
+                            const uint8_t model_hash[CTXS_HASH_BYTES]);
 
 /* All registered models, in hash order: *out is an array of *n_out entries
  * to release with ctxs_free() (NULL when there are none).
@@ -707,7 +757,7 @@ CTXS_API int ctxs_model_list(ctxs_model_entry **out, size_t *n_out,
  * is cached under the file's device, inode, size and modification time, so
  * an unchanged file is hashed once; st may be NULL.
  * Errors: -errno from open or read, CTXS_EINVAL, CTXS_ENOMEM. */
-CTXS_API int ctxs_model_hash_file(uint8_t out[16], ctxs_store *st,
+CTXS_API int ctxs_model_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st,
                                   const char *path);
 
 /* Releases an array returned by a listing function. Accepts NULL. */
@@ -716,9 +766,9 @@ CTXS_API void ctxs_free(void *p);
 /* --- Sessions by name ------------------------------------------------------ */
 
 typedef struct ctxs_session_entry {
-    char name[256];            /* NUL-terminated */
+    char name[CTXS_NAME_MAX + 1];            /* NUL-terminated */
     uint64_t id;               /* the file is sessions/<id as 16 hex digits>.ctxs */
-    uint8_t model_hash[16];
+    uint8_t model_hash[CTXS_HASH_BYTES];
     uint64_t n_tokens;         /* as of the last index update: a close, a
                                   batch of prefixes, a fork */
     uint64_t disk_bytes;       /* disk space the file used then */
@@ -737,7 +787,7 @@ typedef struct ctxs_session_entry {
 CTXS_API int ctxs_store_session_create(ctxs_session **out, ctxs_store *st,
                                        const char *name,
                                        const ctxs_model *model,
-                                       const ctxs_session_options *opts);
+                                       const ctxs_create_options *opts);
 
 /* Opens the session named name, as ctxs_session_open() does (model may be
  * NULL only with CTXS_OPEN_RDONLY). A read-write open indexes the prefixes
@@ -747,7 +797,7 @@ CTXS_API int ctxs_store_session_create(ctxs_session **out, ctxs_store *st,
 CTXS_API int ctxs_store_session_open(ctxs_session **out, ctxs_store *st,
                                      const char *name, const ctxs_model *model,
                                      unsigned flags,
-                                     const ctxs_session_options *opts);
+                                     const ctxs_open_options *opts);
 
 /* Fills *out for the session named name. Errors: CTXS_ENOTFOUND, CTXS_EINVAL. */
 CTXS_API int ctxs_store_session_get(ctxs_session_entry *out, ctxs_store *st,
@@ -771,7 +821,7 @@ CTXS_API int ctxs_store_session_delete(ctxs_store *st, const char *name);
 /* --- Checkpoints -------------------------------------------------------- */
 
 typedef struct ctxs_checkpoint_entry {
-    char name[256];        /* NUL-terminated */
+    char name[CTXS_NAME_MAX + 1];        /* NUL-terminated */
     uint64_t n_tokens;
     uint64_t created_unix_ms;
     uint32_t stale;        /* 1: the session no longer holds these tokens
@@ -780,51 +830,54 @@ typedef struct ctxs_checkpoint_entry {
     uint32_t reserved_;
 } ctxs_checkpoint_entry;
 
-/* Names the current token count of s, which was opened through st. A
- * checkpoint remembers the checksum of its last token, so that a restore
- * after the tokens were rolled back and written differently is refused.
- * Errors: -EEXIST, CTXS_EINVAL (s not opened through st, bad name), -errno. */
-CTXS_API int ctxs_checkpoint_create(ctxs_store *st, ctxs_session *s,
-                                    const char *name);
+/* Checkpoints name token counts of a session opened through a store, by
+ * name of the checkpoint; every call takes the session's handle (a
+ * read-only one will do for all but a restore).
+ *
+ * Names the current token count of s. A checkpoint remembers the checksum
+ * of its last token, so that a restore after the tokens were rolled back
+ * and written differently is refused.
+ * Errors: -EEXIST, CTXS_EINVAL (s not opened through a store, bad name),
+ * -errno. */
+CTXS_API int ctxs_checkpoint_create(ctxs_session *s, const char *name);
 
-/* Rolls s (read-write, opened through st) back to the checkpoint, in O(1).
+/* Rolls s (read-write) back to the checkpoint, in O(1).
  * Errors: CTXS_ENOTFOUND, CTXS_EEVICTED (the ring overwrote its tokens),
  * CTXS_ESTALE (rolled back past it, or its tokens were written again),
  * CTXS_EREADONLY, the errors of ctxs_session_rollback(). */
-CTXS_API int ctxs_checkpoint_restore(ctxs_store *st, ctxs_session *s,
-                                     const char *name);
+CTXS_API int ctxs_checkpoint_restore(ctxs_session *s, const char *name);
 
-/* The checkpoints of the session named session, in name order, each marked
- * stale or not: an array to release with ctxs_free().
- * Errors: CTXS_ENOTFOUND, CTXS_ENOMEM, CTXS_EINVAL. */
+/* The checkpoints of s, in name order, each marked stale or not as of s's
+ * current state: an array to release with ctxs_free() (NULL when there are
+ * none). Errors: CTXS_ENOMEM, CTXS_EINVAL (s not opened through a store). */
 CTXS_API int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out,
-                                  ctxs_store *st, const char *session);
+                                  const ctxs_session *s);
 
-/* Errors: CTXS_ENOTFOUND, CTXS_EINVAL. */
-CTXS_API int ctxs_checkpoint_delete(ctxs_store *st, const char *session,
-                                    const char *name);
+/* Deletes a checkpoint of s. Errors: CTXS_ENOTFOUND, CTXS_EINVAL. */
+CTXS_API int ctxs_checkpoint_delete(const ctxs_session *s, const char *name);
 
 /* --- Forks ---------------------------------------------------------------- */
 
-/* Creates the session dst holding the first n_tokens tokens of the session
+/* Creates the session name holding the first n_tokens tokens of the session
  * src (UINT64_MAX: all it holds) and opens it read-write (out may be NULL
  * to leave it closed). See ctxs_session_fork() for how the bytes travel;
  * src may be open by a writer meanwhile.
  * Errors: -EEXIST, CTXS_ENOTFOUND, CTXS_EEVICTED, CTXS_ESTALE, CTXS_EBUSY (a
  * gc, compact or delete is working on src), the errors of
  * ctxs_session_fork(). */
-CTXS_API int ctxs_store_fork(ctxs_session **out, ctxs_store *st,
-                             const char *src, uint64_t n_tokens,
-                             const char *dst,
-                             const ctxs_session_options *opts);
+CTXS_API int ctxs_store_session_fork(ctxs_session **out, ctxs_store *st,
+                                     const char *name, const char *src,
+                                     uint64_t n_tokens,
+                                     const ctxs_open_options *opts);
 
-/* As ctxs_store_fork(), at a checkpoint of src. Errors: also CTXS_ESTALE
- * and CTXS_EEVICTED for a stale checkpoint. */
-CTXS_API int ctxs_store_fork_checkpoint(ctxs_session **out, ctxs_store *st,
-                                        const char *src,
-                                        const char *checkpoint,
-                                        const char *dst,
-                                        const ctxs_session_options *opts);
+/* As ctxs_store_session_fork(), at a checkpoint of src. Errors: also
+ * CTXS_ESTALE and CTXS_EEVICTED for a stale checkpoint. */
+CTXS_API int ctxs_store_session_fork_checkpoint(ctxs_session **out,
+                                                ctxs_store *st,
+                                                const char *name,
+                                                const char *src,
+                                                const char *checkpoint,
+                                                const ctxs_open_options *opts);
 
 /* --- Shared prefixes -------------------------------------------------------
  *
@@ -839,18 +892,18 @@ CTXS_API int ctxs_store_fork_checkpoint(ctxs_session **out, ctxs_store *st,
 #define CTXS_PREFIX_CHUNK 64u
 
 typedef struct ctxs_prefix_match {
-    char session[256];     /* the session that holds the prefix */
+    char session[CTXS_NAME_MAX + 1];     /* the session that holds the prefix */
     uint64_t n_tokens;     /* how many leading tokens of the prompt it holds */
 } ctxs_prefix_match;
 
 /* Finds the session holding the longest prefix of tokens[0..n) for the model
  * with hash model_hash: a binary search over chunk boundaries (O(log n)
  * index reads), then the tokens after the last whole chunk are compared with
- * the file's. Fork the match (ctxs_store_fork() at out->n_tokens) and
+ * the file's. Fork the match (ctxs_store_session_fork() at out->n_tokens) and
  * prefill only the rest. At least one whole chunk must match.
  * Errors: CTXS_ENOTFOUND (no match), CTXS_EINVAL, CTXS_ENOMEM. Thread-safe. */
 CTXS_API int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st,
-                              const uint8_t model_hash[16],
+                              const uint8_t model_hash[CTXS_HASH_BYTES],
                               const uint32_t *tokens, uint64_t n);
 
 /* --- Inspecting files ------------------------------------------------------
@@ -890,7 +943,7 @@ typedef struct ctxs_file_report {
     int32_t label_status;  /* 0, CTXS_ENOTFOUND (none), CTXS_ECORRUPT */
     uint32_t reserved1_;
     uint64_t label_id;     /* the store id in the label */
-    char label_name[256];  /* the name in the label, NUL-terminated */
+    char label_name[CTXS_NAME_MAX + 1];  /* the name in the label, NUL-terminated */
     uint32_t writer_open;  /* 1: a writer holds the file now */
     uint32_t reader_open;  /* 1: a reader holds the file now */
 } ctxs_file_report;
@@ -965,8 +1018,8 @@ typedef struct ctxs_compact_result {
     uint64_t skipped_busy;      /* sessions skipped: a handle had them open */
     uint64_t bytes_before;      /* disk space of those session files */
     uint64_t bytes_after;
-    uint64_t index_bytes_before;/* the index's data file; equal to after */
-    uint64_t index_bytes_after; /*  when the index was not rewritten */
+    uint64_t index_bytes_before;/* the index's data file before and after; */
+    uint64_t index_bytes_after; /* equal unless index_compacted */
     uint32_t index_compacted;   /* 1: the index was rewritten compacted */
     uint32_t index_busy;        /* 1: the store was in use elsewhere (another
                                    process, another handle of this process,
@@ -1007,35 +1060,37 @@ CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
 
 /* Writes the committed tokens of the session named name to a new file at
  * path (written aside, then linked into place, as ctxs_session_create()
- * does; -EEXIST if path exists). A
- * writer may keep appending meanwhile; what it had committed when the
- * export began is exported, and CTXS_ESTALE if it rolled back or its ring
- * overwrote those tokens during the export. progress counts tokens.
+ * does; -EEXIST if path exists). A writer may keep appending meanwhile;
+ * what it had committed when the export began is exported, and
+ * CTXS_ESTALE if it rolled back or its ring overwrote those tokens during
+ * the export. progress counts tokens.
  * Errors: CTXS_ENOTFOUND, CTXS_ESTALE, CTXS_EBUSY (a gc, compact or delete
- * is working on the session), CTXS_ECORRUPT (a held token does
- * not match its checksum, or both records are damaged), CTXS_EFULL,
- * -EEXIST, CTXS_EINVAL (bad argument, or a geometry whose one token's KV is
- * above 64 MiB), CTXS_ENOMEM, -errno. */
-CTXS_API int ctxs_store_export(ctxs_store *st, const char *name,
-                               const char *path, ctxs_progress_fn progress,
-                               void *progress_arg);
+ * is working on the session), CTXS_ECORRUPT (a held token does not match
+ * its checksum, or both records are damaged), CTXS_EFULL, -EEXIST,
+ * CTXS_EINVAL (bad argument, or a geometry whose one token's KV is above
+ * 64 MiB), CTXS_ENOMEM, -errno. */
+CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
+                                       const char *path,
+                                       ctxs_progress_fn progress,
+                                       void *progress_arg);
 
 /* Reads the export file at path and checks all of it (every block's CRC,
  * every token's checksum, the model and geometry) before the store is
  * touched; then creates the session, named name (NULL: the name the file
  * carries), registering the model if the store does not know it. The
- * session appears complete or not at all. name_out (256 bytes, may be
- * NULL) receives the name used. progress counts bytes of the file, over
- * both passes (total is twice the file's size).
+ * session appears complete or not at all. name_out (may be NULL) receives
+ * the name used. progress counts bytes of the file, over both passes
+ * (total is twice the file's size).
  * Errors: CTXS_EFOREIGN (not an export file, or not a regular file),
- * CTXS_EVERSION (a newer
- * export format), CTXS_ECORRUPT (damaged or truncated: nothing imported),
- * CTXS_EMODEL (the store knows the model hash with another geometry),
- * -EEXIST (the name is taken), CTXS_EINVAL, CTXS_EFULL, CTXS_ENOMEM,
- * -errno. */
-CTXS_API int ctxs_store_import(ctxs_store *st, const char *path,
-                               const char *name, char name_out[256],
-                               ctxs_progress_fn progress, void *progress_arg);
+ * CTXS_EVERSION (a newer export format), CTXS_ECORRUPT (damaged or
+ * truncated: nothing imported), CTXS_EMODEL (the store knows the model
+ * hash with another geometry), -EEXIST (the name is taken), CTXS_EINVAL,
+ * CTXS_EFULL, CTXS_ENOMEM, -errno. */
+CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
+                                       ctxs_store *st, const char *path,
+                                       const char *name,
+                                       ctxs_progress_fn progress,
+                                       void *progress_arg);
 
 #ifdef __cplusplus
 }

@@ -23,14 +23,14 @@
  *     ctxs_cuda_kv *kv;
  *     ctxs_cuda_attach(&kv, s, CTXS_CUDA_MIRROR, 0);   // copies held tokens
  *     ctxs_layout dl;
- *     ctxs_cuda_layout(&dl, kv);                       // dl.kv: device memory
+ *     ctxs_cuda_get_layout(&dl, kv);                       // dl.kv: device memory
  *     for (;;) {
  *         ctxs_reservation r;
  *         ctxs_session_reserve(&r, s, 1);
  *         // the engine's kernels write the token's K/V at dl, slot
  *         // r.spans[0].slot of every (layer, K|V, head) run, on stream
  *         ctxs_attn_plan plan;
- *         ctxs_session_attn_plan(&plan, s, 1);
+ *         ctxs_session_get_attn_plan(&plan, s, 1);
  *         for (uint32_t l = 0; l < n_layers; l++)
  *             ctxs_cuda_attention(d_out, kv, &plan, l, &query, stream);
  *         ctxs_cuda_pull(kv, &r, 0, 1, stream);         // device -> mapping
@@ -58,7 +58,7 @@
  *   pages in read-only, so holes get zero-filled page-cache pages but no
  *   disk blocks, and nothing is dirtied; the CPU's later writes through the
  *   mapping land in the same pinned pages, which the GPU then reads. Memory
- *   pressure (ctxs_pressure_set) still unmaps the pages outside the window
+ *   pressure (ctxs_set_pressure) still unmaps the pages outside the window
  *   from the process, but pinned pages are not freed until detach. A
  *   registered region can be registered once: a second MAPPED attach of the
  *   same session fails with -EBUSY.
@@ -70,7 +70,7 @@
  *   (rollback, checkpoint restore, refresh of a read-only session following
  *   a writer), call ctxs_cuda_resync() before the next attention.
  * - CUDA errors that have no better code are CTXS_EDEVICE, and
- *   ctxs_cuda_last_error() names them. After a sticky error (an illegal
+ *   ctxs_cuda_get_last_error() names them. After a sticky error (an illegal
  *   address) the CUDA context is unusable; only detach is safe.
  * - The library links the CUDA runtime statically (its symbols are not
  *   exported), so an application may use its own runtime alongside: device
@@ -96,14 +96,14 @@ enum {
 };
 
 /* The number of CUDA devices (at least 1), or CTXS_ENODEVICE when there is
- * none or no usable driver (ctxs_cuda_last_error() says which). Thread-safe. */
-CTXS_API int ctxs_cuda_device_count(void);
+ * none or no usable driver (ctxs_cuda_get_last_error() says which). Thread-safe. */
+CTXS_API int ctxs_cuda_get_device_count(void);
 
 /* The CUDA error behind the last call of this thread that failed on one,
  * as "cudaErrorName: description", or "no CUDA error". The text lives in a
  * buffer of the thread, valid until its next call of this function.
  * Thread-safe (the error is per thread). */
-CTXS_API const char *ctxs_cuda_last_error(void);
+CTXS_API const char *ctxs_cuda_get_last_error(void);
 
 /* Attaches session s to CUDA device `device` (-1: the calling thread's
  * current device) in mode CTXS_CUDA_MAPPED or CTXS_CUDA_MIRROR.
@@ -137,7 +137,7 @@ CTXS_API int ctxs_cuda_attach(ctxs_cuda_kv **out, ctxs_session *s, int mode,
 CTXS_API void ctxs_cuda_detach(ctxs_cuda_kv *kv);
 
 #define CTXS_CUDA_WRITABLE 0x1u         /* kernels may write K/V through
-                                           ctxs_cuda_layout()'s kv */
+                                           ctxs_cuda_get_layout()'s kv */
 #define CTXS_CUDA_PINNED 0x2u           /* the KV region is page-locked with
                                            cudaHostRegister (mapped mode on a
                                            discrete GPU) */
@@ -155,7 +155,7 @@ typedef struct ctxs_cuda_info {
 } ctxs_cuda_info;
 
 /* Fills *out. Errors: CTXS_EINVAL. */
-CTXS_API int ctxs_cuda_info_get(ctxs_cuda_info *out, const ctxs_cuda_kv *kv);
+CTXS_API int ctxs_cuda_get_info(ctxs_cuda_info *out, const ctxs_cuda_kv *kv);
 
 /* The session's layout with kv (and only kv) replaced by the device address
  * of the KV region: the mirror, the registered mapping's device alias, or
@@ -163,7 +163,7 @@ CTXS_API int ctxs_cuda_info_get(ctxs_cuda_info *out, const ctxs_cuda_kv *kv);
  * Device kernels may write K/V at this address only when the handle is
  * CTXS_CUDA_WRITABLE, and only into reserved slots. Valid until detach.
  * Errors: CTXS_EINVAL. */
-CTXS_API int ctxs_cuda_layout(ctxs_layout *out, const ctxs_cuda_kv *kv);
+CTXS_API int ctxs_cuda_get_layout(ctxs_layout *out, const ctxs_cuda_kv *kv);
 
 /* Copies tokens first .. first + n - 1 of reservation r (written into the
  * mapping on the host) to the mirror, on stream: one strided copy of every
@@ -178,7 +178,7 @@ CTXS_API int ctxs_cuda_push(ctxs_cuda_kv *kv, const ctxs_reservation *r,
                             uint32_t first, uint32_t n, void *stream);
 
 /* Copies tokens first .. first + n - 1 of reservation r, written on the
- * device (through ctxs_cuda_layout()), from the mirror into the mapping,
+ * device (through ctxs_cuda_get_layout()), from the mirror into the mapping,
  * after the work already queued on stream, and waits for the stream: on
  * return the bytes are in the mapping and ctxs_session_commit() may
  * checksum them. In mapped mode there is nothing to copy; the stream is

@@ -15,9 +15,9 @@
  *     rc = ctxs_metal_attach(&mkv, s, (__bridge void *)device); // or NULL
  *     ...
  *     ctxs_attn_plan plan;
- *     ctxs_session_attn_plan(&plan, s, n_pending);
+ *     ctxs_session_get_attn_plan(&plan, s, n_pending);
  *     for (uint32_t layer = 0; layer < n_layers; layer++)
- *         ctxs_metal_attention(mkv, (__bridge void *)out_buf,
+ *         ctxs_metal_attention((__bridge void *)out_buf, mkv,
  *                              (__bridge void *)q_buf, &plan, layer, &q,
  *                              (__bridge void *)command_buffer);
  *     [command_buffer commit];
@@ -25,7 +25,7 @@
  *     ctxs_metal_detach(mkv);   // before ctxs_session_close(s)
  *
  * Objective-C objects cross this C interface as void *: pass them with
- * (__bridge void *) and take ctxs_metal_buffer()'s result back with
+ * (__bridge void *) and take ctxs_metal_get_buffer()'s result back with
  * (__bridge id<MTLBuffer>). No reference is transferred either way.
  *
  * Caveats:
@@ -35,7 +35,7 @@
  *   unmapped region is a GPU fault.
  * - Slots that the ring or a rollback lets the writer rewrite may be
  *   rewritten while a command buffer reads them; a plan is valid until the
- *   next reserve, commit, rollback or refresh (ctxs_session_attn_plan()),
+ *   next reserve, commit, rollback or refresh (ctxs_session_get_attn_plan()),
  *   and that includes the time the GPU takes to run it.
  * - The kernel's source is compiled by Metal at attach (tens of
  *   milliseconds); attach once per session, not per pass.
@@ -64,7 +64,7 @@ extern "C" {
  * a command queue of its own. */
 typedef struct ctxs_metal_kv ctxs_metal_kv;
 
-/* Wraps the KV region of session s (ctxs_session_layout()) in a no-copy
+/* Wraps the KV region of session s (ctxs_session_get_layout()) in a no-copy
  * MTLBuffer on mtl_device (an id<MTLDevice>; NULL for the system default)
  * and compiles the kernel. s may be read-only. The handle keeps a copy of
  * the layout and does not use s again; it is valid until
@@ -92,7 +92,7 @@ CTXS_API int ctxs_metal_attach_layout(ctxs_metal_kv **out,
  * for engines that bind it in kernels of their own; byte offsets inside it
  * are those of ctxs_layout. Not retained for the caller: valid until
  * ctxs_metal_detach(). NULL for NULL. Thread-safe. */
-CTXS_API void *ctxs_metal_buffer(const ctxs_metal_kv *kv);
+CTXS_API void *ctxs_metal_get_buffer(const ctxs_metal_kv *kv);
 
 /* Attention of one layer on the GPU, with the semantics of
  * ctxs_attention(): query i, at position p = q->pos + i, reads the plan's
@@ -124,7 +124,7 @@ CTXS_API void *ctxs_metal_buffer(const ctxs_metal_kv *kv);
  * command buffer or encoder), -EIO (the command buffer failed on the GPU;
  * CTXS_METAL_DEBUG=1 prints its error). Thread-safe, as ctxs_attention(),
  * for different command buffers. */
-CTXS_API int ctxs_metal_attention(ctxs_metal_kv *kv, void *out_buffer,
+CTXS_API int ctxs_metal_attention(void *out_buffer, ctxs_metal_kv *kv,
                                   void *q_buffer, const ctxs_attn_plan *plan,
                                   uint32_t layer, const ctxs_attn_query *q,
                                   void *command_buffer);

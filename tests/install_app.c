@@ -37,8 +37,7 @@ int main(int argc, char **argv)
 
     ctxs_model model = { .geometry = { N_LAYERS, N_KV_HEADS, HEAD_DIM, CTXS_DTYPE_F16 } };
     memcpy(model.model_hash, "install-test-mod", 16);
-    ctxs_session_options opts;
-    ctxs_session_options_init(&opts);
+    ctxs_create_options opts = CTXS_CREATE_OPTIONS_INIT;
     opts.capacity = 16;
     opts.n_sink = 1;
 
@@ -68,8 +67,8 @@ int main(int argc, char **argv)
     ctxs_session_info info;
     uint16_t k_back[TOKEN_ELEMS], v_back[TOKEN_ELEMS];
     if (check(ctxs_session_open(&s, path, &model, 0, NULL), "reopen") ||
-        check(ctxs_session_info_get(&info, s), "info_get") ||
-        check(ctxs_session_read_token(s, 1, k_back, v_back), "read_token"))
+        check(ctxs_session_get_info(&info, s), "info_get") ||
+        check(ctxs_session_read_token(k_back, v_back, s, 1), "read_token"))
         goto leave;
     if (info.n_tokens != N_TOKENS) {
         fprintf(stderr, "install_app: reopened with %llu tokens, committed %d\n",

@@ -110,7 +110,7 @@ void ts_fill_kv(const ctxs_geometry *g, uint64_t pos, uint16_t *k, uint16_t *v)
 int ts_append(ctxs_session *s, uint32_t n)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     const ctxs_geometry *g = &info.model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     uint16_t *k = malloc(per * 2), *v = malloc(per * 2);
@@ -135,21 +135,21 @@ int ts_append(ctxs_session *s, uint32_t n)
 uint64_t ts_check_all(const ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     const ctxs_geometry *g = &info.model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     uint16_t *k = malloc(per * 2), *v = malloc(per * 2);
     uint16_t *ek = malloc(per * 2), *ev = malloc(per * 2);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     uint64_t bad = 0;
     for (uint64_t p = 0; p < info.n_tokens; p++) {
-        int rc = ctxs_session_read_token(s, p, k, v);
+        int rc = ctxs_session_read_token(k, v, s, p);
         if (rc == CTXS_EEVICTED)
             continue;
         cr_assert_eq(rc, 0, "read_token(%llu): %s", (unsigned long long)p, ctxs_strerror(rc));
         uint32_t slot;
-        cr_assert_eq(ctxs_session_slot(&slot, s, p), 0);
+        cr_assert_eq(ctxs_session_get_slot(&slot, s, p), 0);
         ts_fill_kv(g, p, ek, ev);
         if (memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2) || lay.token_ids[slot] != ts_token(p))
             bad++;
@@ -332,16 +332,59 @@ void ts_run_child(void (*body)(const char *mnt), const char *what)
     cr_log_info("%s: %s", what, msg);
 }
 
-ctxs_session_options ts_options(uint32_t capacity, uint32_t n_sink, uint32_t ring,
+ctxs_create_options ts_options(uint32_t capacity, uint32_t n_sink, uint32_t ring,
                                 uint32_t durability)
 {
-    ctxs_session_options o;
-    cr_assert_eq(ctxs_session_options_init(&o), 0);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
     o.ring = ring;
-    o.durability = durability;
+    o.open.durability = durability;
     return o;
+}
+
+/* Opens the session named session read-only, lets fn use the handle, and
+ * closes it. */
+static int with_session(ctxs_store *st, const char *session,
+                        int (*fn)(const ctxs_session *s, void *arg), void *arg)
+{
+    ctxs_session *s = NULL;
+    int rc = ctxs_store_session_open(&s, st, session, NULL, CTXS_OPEN_RDONLY, NULL);
+    if (rc == 0) {
+        rc = fn(s, arg);
+        ctxs_session_close(s);
+    }
+    return rc;
+}
+
+typedef struct listing {
+    ctxs_checkpoint_entry **out;
+    size_t *n_out;
+} listing;
+
+static int list_of(const ctxs_session *s, void *arg)
+{
+    listing *l = arg;
+    return ctxs_checkpoint_list(l->out, l->n_out, s);
+}
+
+int ts_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, ctxs_store *st,
+                       const char *session)
+{
+    *out = NULL;
+    *n_out = 0;
+    listing l = {out, n_out};
+    return with_session(st, session, list_of, &l);
+}
+
+static int delete_of(const ctxs_session *s, void *arg)
+{
+    return ctxs_checkpoint_delete(s, arg);
+}
+
+int ts_checkpoint_delete(ctxs_store *st, const char *session, const char *name)
+{
+    return with_session(st, session, delete_of, (void *)name);
 }
 
 void ts_append_many(ctxs_session *s, uint64_t n)
@@ -399,7 +442,7 @@ static size_t pat_per(const ctxs_geometry *g)
 int ts_pat_append(ctxs_session *s, uint32_t n, uint32_t gen, uint64_t *first_pos)
 {
     ctxs_session_info info;
-    int rc = ctxs_session_info_get(&info, s);
+    int rc = ctxs_session_get_info(&info, s);
     if (rc != 0)
         return rc;
     const ctxs_geometry *g = &info.model.geometry;
@@ -429,7 +472,7 @@ uint64_t ts_pat_check(const ctxs_session *s, uint64_t *bad_pos)
 {
     ctxs_session_info info;
     ctxs_layout lay;
-    if (ctxs_session_info_get(&info, s) != 0 || ctxs_session_layout(&lay, s) != 0) {
+    if (ctxs_session_get_info(&info, s) != 0 || ctxs_session_get_layout(&lay, s) != 0) {
         if (bad_pos)
             *bad_pos = 0;
         return 1;
@@ -447,9 +490,9 @@ uint64_t ts_pat_check(const ctxs_session *s, uint64_t *bad_pos)
             continue;
         }
         uint32_t slot;
-        int rc = ctxs_session_slot(&slot, s, p);
+        int rc = ctxs_session_get_slot(&slot, s, p);
         if (rc == 0)
-            rc = ctxs_session_read_token(s, p, k, v);
+            rc = ctxs_session_read_token(k, v, s, p);
         if (rc == 0) {
             ts_pat_kv(g, p, lay.token_ids[slot], ek, ev);
             rc = memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2);
@@ -465,20 +508,20 @@ int ts_pat_stable_check(ctxs_session *s, int verify, uint64_t *n_out, uint32_t *
 {
     ctxs_session_info a, b;
     ctxs_layout lay;
-    int rc = ctxs_session_info_get(&a, s);
+    int rc = ctxs_session_get_info(&a, s);
     if (rc == 0)
-        rc = ctxs_session_layout(&lay, s);
+        rc = ctxs_session_get_layout(&lay, s);
     if (rc != 0) {
         snprintf(why, why_len, "info/layout: %s", ctxs_err_name(rc));
         return -1;
     }
     uint64_t bad_pos = 0, vbad = 0;
     uint64_t bad = ts_pat_check(s, &bad_pos);
-    int vrc = verify ? ctxs_session_verify(s, &vbad) : 0;
+    int vrc = verify ? ctxs_session_verify(&vbad, s) : 0;
     uint32_t id = 0, slot;
-    if (a.n_tokens > 0 && ctxs_session_slot(&slot, s, a.n_tokens - 1) == 0)
+    if (a.n_tokens > 0 && ctxs_session_get_slot(&slot, s, a.n_tokens - 1) == 0)
         id = lay.token_ids[slot];
-    if ((rc = ctxs_session_refresh(s)) != 0 || (rc = ctxs_session_info_get(&b, s)) != 0) {
+    if ((rc = ctxs_session_refresh(s)) != 0 || (rc = ctxs_session_get_info(&b, s)) != 0) {
         snprintf(why, why_len, "refresh: %s", ctxs_err_name(rc));
         return -1;
     }

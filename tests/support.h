@@ -46,8 +46,16 @@ uint64_t ts_check_all(const ctxs_session *s);
 
 /* Options for a small session: capacity slots, n_sink sinks, ring 0 or 1,
  * the given durability; the rest default. */
-ctxs_session_options ts_options(uint32_t capacity, uint32_t n_sink, uint32_t ring,
+ctxs_create_options ts_options(uint32_t capacity, uint32_t n_sink, uint32_t ring,
                                 uint32_t durability);
+
+/* ctxs_checkpoint_list() and ctxs_checkpoint_delete() of the session named
+ * session, through a read-only handle opened for the call: the errors of
+ * ctxs_store_session_open() (CTXS_ENOTFOUND for no such session) or of the
+ * call. */
+int ts_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, ctxs_store *st,
+                       const char *session);
+int ts_checkpoint_delete(ctxs_store *st, const char *session, const char *name);
 
 /* ts_append() of n tokens in commits of at most 50, asserting each. */
 void ts_append_many(ctxs_session *s, uint64_t n);

@@ -3,7 +3,7 @@
  * computed here from the raw fp16 bytes of real session files, for every
  * instruction set this CPU has; the determinism that a resume relies on
  * (bit-identical output whatever the plan's shape and the call's n); the
- * argument checks; and the plans ctxs_session_attn_plan() builds.
+ * argument checks; and the plans ctxs_session_get_attn_plan() builds.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -19,13 +19,13 @@
 static void setup(void)
 {
     ts_scratch_init();
-    ctxs_pressure_set(0);
+    ctxs_set_pressure(0);
 }
 
 static void teardown(void)
 {
     ctxs__attention_force_isa(NULL);
-    ctxs_pressure_set(0);
+    ctxs_set_pressure(0);
     ts_scratch_fini();
 }
 
@@ -51,7 +51,7 @@ static uint16_t rand_half(void)
 }
 
 static ctxs_session *create(const char *name, uint32_t n_layers, uint32_t n_kv,
-                            uint32_t head_dim, ctxs_session_options o)
+                            uint32_t head_dim, ctxs_create_options o)
 {
     ctxs_model m = ts_model(7);
     m.geometry.n_layers = n_layers;
@@ -69,11 +69,11 @@ static ctxs_session *create_plain(const char *name, uint32_t n_layers, uint32_t 
     return create(name, n_layers, n_kv, head_dim, ts_options(1024, 4, 1, CTXS_SYNC_NONE));
 }
 
-/* Reserves n slots and writes random K/V into them through ctxs_session_kv. */
+/* Reserves n slots and writes random K/V into them through ctxs_session_get_kv. */
 static ctxs_reservation reserve_random(ctxs_session *s, uint32_t n)
 {
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     const ctxs_geometry *g = &lay.geometry;
     ctxs_reservation r;
     int rc = ctxs_session_reserve(&r, s, n);
@@ -82,7 +82,7 @@ static ctxs_reservation reserve_random(ctxs_session *s, uint32_t n)
         for (uint32_t kind = 0; kind < 2; kind++)
             for (uint32_t h = 0; h < g->n_kv_heads; h++) {
                 void *p;
-                cr_assert_eq(ctxs_session_kv(&p, s, l, kind, h), 0);
+                cr_assert_eq(ctxs_session_get_kv(&p, s, l, kind, h), 0);
                 for (uint32_t sp = 0; sp < r.n_spans; sp++) {
                     uint16_t *row = (uint16_t *)p + (size_t)r.spans[sp].slot * g->head_dim;
                     for (size_t i = 0; i < (size_t)r.spans[sp].count * g->head_dim; i++)
@@ -195,7 +195,7 @@ static void keyset_free(keyset *ks)
 }
 
 /* Where the test believes a position lives: committed ones by
- * ctxs_session_slot(), pending ones by the reservation's spans. */
+ * ctxs_session_get_slot(), pending ones by the reservation's spans. */
 static int slot_of(uint32_t *slot, const ctxs_session *s, const ctxs_reservation *pend,
                    uint64_t pos)
 {
@@ -207,7 +207,7 @@ static int slot_of(uint32_t *slot, const ctxs_session *s, const ctxs_reservation
             *slot = pend->spans[1].slot + (i - pend->spans[0].count);
         return 0;
     }
-    return ctxs_session_slot(slot, s, pos);
+    return ctxs_session_get_slot(slot, s, pos);
 }
 
 /* The keys query position p reads by the contract, in position order:
@@ -218,7 +218,7 @@ static keyset visible(const ctxs_session *s, const ctxs_reservation *pend, uint3
                       uint64_t p, uint32_t window, uint32_t n_sink, int via_read_token)
 {
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     const ctxs_geometry *g = &lay.geometry;
     keyset ks = {0, g->n_kv_heads, g->head_dim, NULL, NULL};
     size_t row = (size_t)g->n_kv_heads * g->head_dim;
@@ -235,7 +235,7 @@ static keyset visible(const ctxs_session *s, const ctxs_reservation *pend, uint3
             continue; /* evicted by the ring */
         uint16_t *dk = ks.k + ks.n * row, *dv = ks.v + ks.n * row;
         if (via_read_token) {
-            cr_assert_eq(ctxs_session_read_token(s, k, tk, tv), 0);
+            cr_assert_eq(ctxs_session_read_token(tk, tv, s, k), 0);
             memcpy(dk, tk + layer * row, row * 2);
             memcpy(dv, tv + layer * row, row * 2);
         } else {
@@ -305,7 +305,7 @@ static void expect_reference(const float *out, const ctxs_session *s,
                              const ctxs_attn_query *q, int via_read_token, const char *what)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     const uint32_t hd = info.model.geometry.head_dim;
     const size_t row = (size_t)q->n_heads * hd;
     double scale = q->scale != 0.0f ? q->scale : 1.0 / ref_sqrt(hd);
@@ -316,7 +316,7 @@ static void expect_reference(const float *out, const ctxs_session *s,
         reference(want, q->q + i * row, q->n_heads, scale, &ks);
         char buf[160];
         snprintf(buf, sizeof(buf), "%s, query at %llu (%u keys), isa %s", what,
-                 (unsigned long long)(q->pos + i), ks.n, ctxs_attention_isa());
+                 (unsigned long long)(q->pos + i), ks.n, ctxs_attention_get_isa());
         expect_close(out + i * row, want, row, buf);
         keyset_free(&ks);
     }
@@ -337,7 +337,7 @@ static int use_isa(size_t i)
             cr_log_info("isa %s: not supported on this CPU or build, skipped", all_isas[i]);
         return 0;
     }
-    cr_assert_str_eq(ctxs_attention_isa(), all_isas[i]);
+    cr_assert_str_eq(ctxs_attention_get_isa(), all_isas[i]);
     return 1;
 }
 
@@ -364,7 +364,7 @@ static void expect_canary(const float *o, size_t n)
 static ctxs_attn_plan plan_of(const ctxs_session *s, uint32_t n_pending)
 {
     ctxs_attn_plan p;
-    int rc = ctxs_session_attn_plan(&p, s, n_pending);
+    int rc = ctxs_session_get_attn_plan(&p, s, n_pending);
     cr_assert_eq(rc, 0, "plan: %s", ctxs_strerror(rc));
     return p;
 }
@@ -400,7 +400,7 @@ Test(attention, decode_matches_the_reference_for_every_head_dim_and_gqa_ratio)
         append_random(s, 200);
         ctxs_attn_plan plan = plan_of(s, 0);
         ctxs_layout lay;
-        cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+        cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
         for (size_t ri = 0; ri < sizeof(ratios) / sizeof(ratios[0]); ri++) {
             const uint32_t n_heads = n_kv * ratios[ri];
             float *q = rand_q(1, n_heads, hd, 2.0f);
@@ -430,7 +430,7 @@ Test(attention, one_kv_head_per_query_head_and_an_explicit_scale)
     append_random(s, 130);
     ctxs_attn_plan plan = plan_of(s, 0);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     float *q = rand_q(1, 4, 72, 1.0f);
     float *out = alloc_out(4 * 72), *out0 = alloc_out(4 * 72);
     FOR_EACH_ISA(isa)
@@ -469,7 +469,7 @@ Test(attention, sinks_and_a_small_window_skip_the_keys_between)
     cr_expect_eq(plan.window, 100);
     expect_plan_sane(&plan);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     float *q = rand_q(1, 8, 64, 2.0f);
     float *out = alloc_out(8 * 64);
     FOR_EACH_ISA(isa)
@@ -501,14 +501,14 @@ Test(attention, a_wrapped_ring_reads_its_spans_in_position_order)
     ctxs_session *s = create("a", 2, 2, 48, ts_options(128, 4, 1, CTXS_SYNC_NONE));
     append_random(s, 300);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert(info.flags & CTXS_INFO_WRAPPED);
     ctxs_attn_plan plan = plan_of(s, 0);
     cr_expect(plan.n_spans >= 2 && plan.n_spans <= 3, "%u spans", plan.n_spans);
     cr_expect_eq(plan.n_keys, 128);
     expect_plan_sane(&plan);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     float *q = rand_q(1, 4, 48, 2.0f);
     float *out = alloc_out(4 * 48);
     FOR_EACH_ISA(isa)
@@ -537,20 +537,20 @@ Test(attention, a_wrapped_ring_reads_its_spans_in_position_order)
 Test(attention, memory_pressure_shrinks_the_plan_and_the_keys_read)
 {
     rng = ts_seed("pressure");
-    ctxs_session_options o = ts_options(1024, 4, 1, CTXS_SYNC_NONE);
-    o.window = 200;
-    o.pressure_window = 80;
+    ctxs_create_options o = ts_options(1024, 4, 1, CTXS_SYNC_NONE);
+    o.open.window = 200;
+    o.open.pressure_window = 80;
     ctxs_session *s = create("a", 1, 2, 64, o);
     append_random(s, 300);
     cr_expect_eq(plan_of(s, 0).n_keys, 204);
 
-    ctxs_pressure_set(1);
+    ctxs_set_pressure(1);
     ctxs_attn_plan plan = plan_of(s, 0);
     cr_expect_eq(plan.window, 80);
     cr_expect_eq(plan.n_keys, 84);
     expect_plan_sane(&plan);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     float *q = rand_q(1, 4, 64, 2.0f);
     float *out = alloc_out(4 * 64);
     FOR_EACH_ISA(isa)
@@ -560,7 +560,7 @@ Test(attention, memory_pressure_shrinks_the_plan_and_the_keys_read)
         /* The session reports the pressure window; the reference uses it. */
         expect_reference(out, s, NULL, 0, &qq, 0, "pressure window");
     }
-    ctxs_pressure_set(0);
+    ctxs_set_pressure(0);
     cr_expect_eq(plan_of(s, 0).n_keys, 204);
     free(q);
     free(out);
@@ -584,7 +584,7 @@ static void prefill_case(uint32_t capacity, uint32_t n_sink, uint32_t window,
     cr_expect_eq(plan.n_tokens, (uint64_t)committed + n);
     expect_plan_sane(&plan);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
 
     const uint32_t n_heads = n_kv * group;
     const size_t row = (size_t)n_heads * hd;
@@ -718,8 +718,8 @@ Test(attention, keys_after_a_query_never_touch_its_output_in_a_prefill)
                                          : r.spans[1].slot + r.spans[1].count - 1;
     for (uint32_t h = 0; h < 2; h++) {
         void *k, *v;
-        cr_assert_eq(ctxs_session_kv(&k, s, 0, CTXS_K, h), 0);
-        cr_assert_eq(ctxs_session_kv(&v, s, 0, CTXS_V, h), 0);
+        cr_assert_eq(ctxs_session_get_kv(&k, s, 0, CTXS_K, h), 0);
+        cr_assert_eq(ctxs_session_get_kv(&v, s, 0, CTXS_V, h), 0);
         for (uint32_t e = 0; e < hd; e++) {
             ((uint16_t *)k)[(size_t)last * hd + e] = 0x7bff; /* 65504 */
             ((uint16_t *)v)[(size_t)last * hd + e] = e % 2 ? 0x7c00 : 0x7e00;
@@ -727,7 +727,7 @@ Test(attention, keys_after_a_query_never_touch_its_output_in_a_prefill)
     }
     ctxs_attn_plan plan = plan_of(s, n);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     const size_t row = (size_t)n_heads * hd;
     float *q = rand_q(n, n_heads, hd, 1.0f);
     float *pre = alloc_out(n * row), *one = alloc_out(row);
@@ -769,7 +769,7 @@ Test(attention, splitting_a_span_does_not_change_a_bit)
         cut.spans[i].count = at[i + 1] - at[i];
     }
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     float *q = rand_q(1, 8, 64, 2.0f);
     float *a = alloc_out(8 * 64), *b = alloc_out(8 * 64);
     FOR_EACH_ISA(isa)
@@ -792,7 +792,7 @@ Test(attention, a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits)
     append_random(s, 120);
     ctxs_attn_plan plan = plan_of(s, 0);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     void *anon = mmap(NULL, lay.kv_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                       -1, 0);
     cr_assert_neq(anon, MAP_FAILED);
@@ -827,7 +827,7 @@ Test(attention, the_kernels_of_different_isas_agree_closely)
     append_random(s, 400);
     ctxs_attn_plan plan = plan_of(s, 0);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     float *q = rand_q(1, 8, 128, 2.0f);
     float *first = alloc_out(8 * 128), *out = alloc_out(8 * 128);
     int have = 0;
@@ -867,7 +867,7 @@ Test(attention, avx2_and_avx512_give_the_same_bits)
         append_random(s, 150);
         ctxs_attn_plan plan = plan_of(s, 0);
         ctxs_layout lay;
-        cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+        cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
         for (uint32_t group = 1; group <= 12; group++) {
             const size_t len = (size_t)2 * group * dims[di];
             float *q = rand_q(1, 2 * group, dims[di], 2.0f);
@@ -910,7 +910,7 @@ Test(attention, threads_may_run_passes_over_one_mapping_at_once)
     append_random(s, 300);
     ctxs_attn_plan plan = plan_of(s, 0);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     float *q = rand_q(1, 8, 64, 2.0f);
     float *want = alloc_out(8 * 64);
     ctxs_attn_query qq = {q, 299, 1, 8, 0.0f};
@@ -954,7 +954,7 @@ Test(attention, scores_near_plus_minus_6e4_stay_finite_and_match)
             q[h * hd + e] = 40.0f * sign[e];
     for (uint32_t h = 0; h < 2; h++) {
         void *p;
-        cr_assert_eq(ctxs_session_kv(&p, s, 0, CTXS_K, h), 0);
+        cr_assert_eq(ctxs_session_get_kv(&p, s, 0, CTXS_K, h), 0);
         uint16_t *k = (uint16_t *)p + (size_t)r.spans[0].slot * hd;
         for (uint32_t t = 0; t < 150; t++) {
             for (uint32_t e = 0; e < hd; e++) {
@@ -971,7 +971,7 @@ Test(attention, scores_near_plus_minus_6e4_stay_finite_and_match)
     commit(s, &r, 150);
     ctxs_attn_plan plan = plan_of(s, 0);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     float *out = alloc_out(n_heads * hd);
     FOR_EACH_ISA(isa)
     {
@@ -1009,7 +1009,7 @@ Test(attention, bad_arguments_are_einval_and_leave_out_alone)
     append_random(s, 50);
     ctxs_attn_plan plan = plan_of(s, 0);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     float *q = rand_q(4, 4, 16, 1.0f);
     float *out = alloc_out(4 * 4 * 16);
     const ctxs_attn_query good = {q, 49, 1, 4, 0.0f};
@@ -1116,7 +1116,7 @@ Test(attention, the_shared_check_agrees_with_the_kernel_and_gives_its_scale)
     append_random(s, 50);
     ctxs_attn_plan plan = plan_of(s, 0);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     float *q = rand_q(1, 4, 16, 1.0f);
     float *out = alloc_out(4 * 16);
     float scale = -1.0f;
@@ -1159,7 +1159,7 @@ Test(attention, a_query_that_sees_no_key_gets_zeros_not_nan)
     ctxs_session *s = create_plain("a", 1, 1, 16);
     append_random(s, 30);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     /* A hand-built plan without sinks, a window of 1, and keys that stop
      * before the query: nothing is visible to it. */
     ctxs_attn_plan p = {0};
@@ -1187,40 +1187,40 @@ Test(attention, a_query_that_sees_no_key_gets_zeros_not_nan)
 
 Test(attention, the_isa_can_be_forced_only_to_what_the_cpu_has)
 {
-    const char *isa = ctxs_attention_isa();
+    const char *isa = ctxs_attention_get_isa();
     cr_expect(strcmp(isa, "avx512") == 0 || strcmp(isa, "avx2") == 0 ||
                   strcmp(isa, "neon") == 0 || strcmp(isa, "portable") == 0,
               "%s", isa);
     cr_expect_eq(ctxs__attention_force_isa("bogus"), CTXS_EINVAL);
     cr_expect_eq(ctxs__attention_force_isa("portable"), 0);
-    cr_expect_str_eq(ctxs_attention_isa(), "portable");
+    cr_expect_str_eq(ctxs_attention_get_isa(), "portable");
 #if defined(__x86_64__)
     cr_expect_eq(ctxs__attention_force_isa("neon"), CTXS_EINVAL);
 #endif
     cr_expect_eq(ctxs__attention_force_isa(NULL), 0);
-    cr_expect_str_eq(ctxs_attention_isa(), isa);
+    cr_expect_str_eq(ctxs_attention_get_isa(), isa);
 }
 
-/* --- ctxs_session_attn_plan -------------------------------------------------- */
+/* --- ctxs_session_get_attn_plan -------------------------------------------------- */
 
 Test(attention, plan_of_an_empty_session_or_too_many_pending_is_einval)
 {
     rng = ts_seed("plan_einval");
     ctxs_session *s = create_plain("a", 1, 1, 8);
     ctxs_attn_plan p;
-    cr_expect_eq(ctxs_session_attn_plan(&p, s, 0), CTXS_EINVAL);
-    cr_expect_eq(ctxs_session_attn_plan(NULL, s, 0), CTXS_EINVAL);
-    cr_expect_eq(ctxs_session_attn_plan(&p, NULL, 0), CTXS_EINVAL);
-    cr_expect_eq(ctxs_session_attn_plan(&p, s, 1), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_get_attn_plan(&p, s, 0), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_get_attn_plan(NULL, s, 0), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_get_attn_plan(&p, NULL, 0), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_get_attn_plan(&p, s, 1), CTXS_EINVAL);
     ctxs_reservation r = reserve_random(s, 5);
-    cr_expect_eq(ctxs_session_attn_plan(&p, s, 6), CTXS_EINVAL);
-    cr_expect_eq(ctxs_session_attn_plan(&p, s, 0), CTXS_EINVAL); /* nothing committed */
-    cr_assert_eq(ctxs_session_attn_plan(&p, s, 5), 0);
+    cr_expect_eq(ctxs_session_get_attn_plan(&p, s, 6), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_get_attn_plan(&p, s, 0), CTXS_EINVAL); /* nothing committed */
+    cr_assert_eq(ctxs_session_get_attn_plan(&p, s, 5), 0);
     cr_expect_eq(p.first_query, 0);
     cr_expect_eq(p.n_tokens, 5);
     cr_expect_eq(p.n_keys, 5);
     commit(s, &r, 5);
-    cr_expect_eq(ctxs_session_attn_plan(&p, s, 1), CTXS_EINVAL); /* none reserved now */
+    cr_expect_eq(ctxs_session_get_attn_plan(&p, s, 1), CTXS_EINVAL); /* none reserved now */
     ctxs_session_close(s);
 }
 

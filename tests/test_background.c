@@ -66,10 +66,10 @@ static int settled_thread_count(int want)
     return n;
 }
 
-static ctxs_session_options options(uint32_t capacity, uint32_t background)
+static ctxs_create_options options(uint32_t capacity, uint32_t background)
 {
-    ctxs_session_options o = ts_options(capacity, 4, 1, CTXS_SYNC_ASYNC);
-    o.background = background;
+    ctxs_create_options o = ts_options(capacity, 4, 1, CTXS_SYNC_ASYNC);
+    o.open.background = background;
     return o;
 }
 
@@ -91,8 +91,8 @@ static void attend_last(float *out, ctxs_session *s)
 {
     ctxs_layout lay;
     ctxs_attn_plan plan;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
-    cr_assert_eq(ctxs_session_attn_plan(&plan, s, 0), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_attn_plan(&plan, s, 0), 0);
     const uint32_t n_heads = 2 * lay.geometry.n_kv_heads, hd = lay.geometry.head_dim;
     float *q = malloc((size_t)n_heads * hd * sizeof(float));
     uint64_t rng = 42;
@@ -107,7 +107,7 @@ static void attend_last(float *out, ctxs_session *s)
 Test(background, lives_while_a_session_uses_it_and_is_joined_by_the_last_close)
 {
     ctxs_model m = big_model();
-    ctxs_session_options on = options(512, 1), off = options(512, 0);
+    ctxs_create_options on = options(512, 1), off = options(512, 0);
     const int base = thread_count();
     cr_assert_eq(base, 0);
 
@@ -119,7 +119,7 @@ Test(background, lives_while_a_session_uses_it_and_is_joined_by_the_last_close)
     cr_assert_eq(ctxs_session_create(&a, ts_path(ts_scratch, "a.ctxs"), &m, &on), 0);
     cr_assert_eq(ts_append(a, 100), 0);
     cr_assert_eq(thread_count(), base + 1, "the worker does not run after a commit");
-    cr_assert_eq(ctxs_session_open(&b, ts_path(ts_scratch, "a.ctxs"), NULL, CTXS_OPEN_RDONLY, &on), 0);
+    cr_assert_eq(ctxs_session_open(&b, ts_path(ts_scratch, "a.ctxs"), NULL, CTXS_OPEN_RDONLY, &on.open), 0);
     cr_assert_eq(thread_count(), base + 1, "a second session started a second worker");
     ctxs_session_close(a);
     cr_assert_eq(thread_count(), base + 1, "the worker stopped while a session used it");
@@ -128,7 +128,7 @@ Test(background, lives_while_a_session_uses_it_and_is_joined_by_the_last_close)
     ctxs_session_close(c);
 
     /* And it comes back for the next session. */
-    cr_assert_eq(ctxs_session_open(&a, ts_path(ts_scratch, "a.ctxs"), &m, 0, &on), 0);
+    cr_assert_eq(ctxs_session_open(&a, ts_path(ts_scratch, "a.ctxs"), &m, 0, &on.open), 0);
     cr_assert_eq(thread_count(), base + 1);
     ctxs_session_close(a);
     cr_assert_eq(settled_thread_count(base), base);
@@ -140,7 +140,7 @@ Test(background, lives_while_a_session_uses_it_and_is_joined_by_the_last_close)
 Test(background, never_changes_a_result)
 {
     ctxs_model m = big_model();
-    ctxs_session_options on = options(1024, 1), off = options(1024, 0);
+    ctxs_create_options on = options(1024, 1), off = options(1024, 0);
     ctxs_session *a, *b;
     cr_assert_eq(ctxs_session_create(&a, ts_path(ts_scratch, "a.ctxs"), &m, &on), 0);
     cr_assert_eq(ctxs_session_create(&b, ts_path(ts_scratch, "b.ctxs"), &m, &off), 0);
@@ -153,15 +153,15 @@ Test(background, never_changes_a_result)
     append_turns(b, 1900, 300, &rb);
 
     ctxs_session_info ia, ib;
-    cr_assert_eq(ctxs_session_info_get(&ia, a), 0);
-    cr_assert_eq(ctxs_session_info_get(&ib, b), 0);
+    cr_assert_eq(ctxs_session_get_info(&ia, a), 0);
+    cr_assert_eq(ctxs_session_get_info(&ib, b), 0);
     cr_assert_eq(ia.n_tokens, ib.n_tokens);
     cr_assert_eq(ia.ring_start, ib.ring_start);
     cr_assert(ia.flags & CTXS_INFO_WRAPPED);
     cr_assert_eq(ts_check_all(a), 0, "wrong K/V with the background");
     cr_assert_eq(ts_check_all(b), 0);
     uint64_t bad = 0;
-    cr_assert_eq(ctxs_session_verify(a, &bad), 0, "token %lu fails", (unsigned long)bad);
+    cr_assert_eq(ctxs_session_verify(&bad, a), 0, "token %lu fails", (unsigned long)bad);
 
     const size_t floats = 4 * 8 * 64;
     float *oa = calloc(floats, sizeof(float)), *ob = calloc(floats, sizeof(float));
@@ -171,13 +171,12 @@ Test(background, never_changes_a_result)
 
     /* Reopened, attention at once, while the bring-in runs beside it. */
     ctxs_session_close(a);
-    ctxs_session_options verify = on;
-    verify.recovery = CTXS_RECOVER_VERIFY;
-    cr_assert_eq(ctxs_session_open(&a, ts_path(ts_scratch, "a.ctxs"), &m, 0, &verify), 0);
+    cr_assert_eq(ctxs_session_open(&a, ts_path(ts_scratch, "a.ctxs"), &m, CTXS_OPEN_VERIFY, &on.open),
+                 0);
     memset(oa, 0, floats * sizeof(float));
     attend_last(oa, a);
     cr_assert_eq(memcmp(oa, ob, floats * sizeof(float)), 0, "attention changed after a reopen");
-    cr_assert_eq(ctxs_session_info_get(&ia, a), 0);
+    cr_assert_eq(ctxs_session_get_info(&ia, a), 0);
     cr_assert_eq(ia.n_tokens, ib.n_tokens, "the reopen verified fewer tokens");
     free(oa);
     free(ob);
@@ -206,7 +205,7 @@ static const char *cold_session(ctxs_model *m)
 {
     const char *path = ts_path(ts_scratch, "cold.ctxs");
     unlink(path);
-    ctxs_session_options o = options(8192, 0);
+    ctxs_create_options o = options(8192, 0);
     o.ring = 0;
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, path, m, &o), 0);
@@ -225,14 +224,14 @@ Test(background, brings_in_the_window_and_no_more)
 {
     ctxs_model m = big_model();
     const char *path = cold_session(&m);
-    ctxs_session_options o = options(8192, 1);
-    o.window = 1024;
-    o.pressure_window = 512;
+    ctxs_create_options o = options(8192, 1);
+    o.open.window = 1024;
+    o.open.pressure_window = 512;
     ctxs_session *s;
     ctxs_layout lay;
 
-    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, &o), 0);
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, &o.open), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     if (resident(&lay, 2048, 6144) > 0.5)
         cr_skip_test("the page cache kept the file after POSIX_FADV_DONTNEED");
     ctxs__background_wait_idle();
@@ -243,20 +242,20 @@ Test(background, brings_in_the_window_and_no_more)
 
     /* Under memory pressure: the pressure window, however big the window. */
     cold_session(&m);
-    ctxs_pressure_set(1);
-    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, &o), 0);
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    ctxs_set_pressure(1);
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, &o.open), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     ctxs__background_wait_idle();
-    ctxs_pressure_set(0);
+    ctxs_set_pressure(0);
     cr_assert_eq(resident(&lay, 8192 - 512, 8192), 1.0);
     cr_assert_lt(resident(&lay, 1024, 8192 - 1024), 0.1, "more than the pressure window");
     ctxs_session_close(s);
 
     /* Without the worker nothing comes in until asked; prefetch waits. */
     cold_session(&m);
-    o.background = 0;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, &o), 0);
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    o.open.background = 0;
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, &o.open), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     cr_assert_lt(resident(&lay, 8192 - 1024, 8192), 0.1, "pages came in with background 0");
     cr_assert_eq(ctxs_session_prefetch(s), 0);
     cr_assert_eq(resident(&lay, 8192 - 1024, 8192), 1.0, "prefetch returned before the window was in");
@@ -269,9 +268,9 @@ Test(background, close_during_the_bring_in_is_safe)
     const int base = thread_count();
     for (int i = 0; i < 20; i++) {
         const char *path = cold_session(&m);
-        ctxs_session_options o = options(8192, 1);
+        ctxs_create_options o = options(8192, 1);
         ctxs_session *s;
-        cr_assert_eq(ctxs_session_open(&s, path, &m, i % 2 ? CTXS_OPEN_RDONLY : 0, &o), 0);
+        cr_assert_eq(ctxs_session_open(&s, path, &m, i % 2 ? CTXS_OPEN_RDONLY : 0, &o.open), 0);
         if (i % 4 == 3)
             ts_sleep_us(1000u * (uint64_t)i); /* somewhere in the middle */
         ctxs_session_close(s);
@@ -291,10 +290,10 @@ Test(background, survives_fork)
 #endif
     ctxs_model m = big_model();
     const char *cold = cold_session(&m);
-    ctxs_session_options o = options(2048, 1);
+    ctxs_create_options o = options(2048, 1);
     ctxs_session *w, *r;
     cr_assert_eq(ctxs_session_create(&w, ts_path(ts_scratch, "w.ctxs"), &m, &o), 0);
-    cr_assert_eq(ctxs_session_open(&r, cold, &m, CTXS_OPEN_RDONLY, &o), 0);
+    cr_assert_eq(ctxs_session_open(&r, cold, &m, CTXS_OPEN_RDONLY, &o.open), 0);
     cr_assert_eq(ts_append(w, 300), 0);
     const int base = thread_count();
 
@@ -304,7 +303,7 @@ Test(background, survives_fork)
         if (thread_count() != 0)
             _exit(10);
         ctxs_session *c;
-        ctxs_session_options co = options(2048, 1);
+        ctxs_create_options co = options(2048, 1);
         if (ctxs_session_create(&c, ts_path(ts_scratch, "child.ctxs"), &m, &co) != 0)
             _exit(11);
         for (int i = 0; i < 10; i++)
@@ -319,7 +318,7 @@ Test(background, survives_fork)
         ctxs_session_close(c);
         if (settled_thread_count(0) != 0)
             _exit(14);
-        if (ctxs_session_open(&c, ts_path(ts_scratch, "child.ctxs"), &m, 0, &co) != 0)
+        if (ctxs_session_open(&c, ts_path(ts_scratch, "child.ctxs"), &m, 0, &co.open) != 0)
             _exit(15);
         int bad = ts_check_all(c) != 0;
         ctxs_session_close(c);
@@ -350,7 +349,7 @@ Test(background, a_kill_during_background_work_loses_nothing)
         cr_assert_geq(pid, 0);
         if (pid == 0) {
             close(fds[0]);
-            ctxs_session_options o = options(4096, 1);
+            ctxs_create_options o = options(4096, 1);
             ctxs_session *s;
             if (ctxs_session_create(&s, path, &m, &o) != 0)
                 _exit(2);
@@ -360,7 +359,7 @@ Test(background, a_kill_during_background_work_loses_nothing)
                 if (ts_append(s, k) != 0)
                     _exit(3);
                 ctxs_session_info info;
-                ctxs_session_info_get(&info, s);
+                ctxs_session_get_info(&info, s);
                 if (write(fds[1], &info.n_tokens, sizeof(info.n_tokens)) != sizeof(info.n_tokens))
                     _exit(4);
             }
@@ -378,12 +377,11 @@ Test(background, a_kill_during_background_work_loses_nothing)
             acked = n;
         close(fds[0]);
 
-        ctxs_session_options o = options(4096, 1);
-        o.recovery = CTXS_RECOVER_VERIFY;
+        ctxs_create_options o = options(4096, 1);
         ctxs_session *s;
-        cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &o), 0);
+        cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_VERIFY, &o.open), 0);
         ctxs_session_info info;
-        cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
         cr_assert_geq(info.n_tokens, acked, "round %d: %lu tokens acknowledged, %lu found", round,
                       (unsigned long)acked, (unsigned long)info.n_tokens);
         cr_assert_eq(info.lost_tokens, 0);

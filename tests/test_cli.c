@@ -426,12 +426,11 @@ static ctxs_session *mk_open(ctxs_store *st, const char *name, uint32_t capacity
                              uint64_t n)
 {
     ctxs_model m = model();
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = 4;
     o.ring = (uint32_t)ring;
-    o.durability = CTXS_SYNC_NONE;
+    o.open.durability = CTXS_SYNC_NONE;
     ctxs_session *s = NULL;
     int rc = ctxs_store_session_create(&s, st, name, &m, &o);
     cr_assert_eq(rc, 0, "create '%s': %s", name, ctxs_err_name(rc));
@@ -464,7 +463,7 @@ static ctxs_session *open_ro(ctxs_store *st, const char *name)
 static ctxs_session_info info_of(const ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     return info;
 }
 
@@ -636,11 +635,11 @@ static void same_tokens(const ctxs_session *a, const ctxs_session *b)
              *v2 = malloc(per * 2);
     cr_assert(k1 && v1 && k2 && v2);
     ctxs_layout la, lb;
-    cr_assert_eq(ctxs_session_layout(&la, a), 0);
-    cr_assert_eq(ctxs_session_layout(&lb, b), 0);
+    cr_assert_eq(ctxs_session_get_layout(&la, a), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lb, b), 0);
     for (uint64_t p = 0; p < ia.n_tokens; p++) {
-        int ra = ctxs_session_read_token(a, p, k1, v1);
-        int rb = ctxs_session_read_token(b, p, k2, v2);
+        int ra = ctxs_session_read_token(k1, v1, a, p);
+        int rb = ctxs_session_read_token(k2, v2, b, p);
         cr_assert_eq(ra, rb, "position %llu: %s here, %s there", (unsigned long long)p,
                      ctxs_err_name(ra), ctxs_err_name(rb));
         if (ra == CTXS_EEVICTED)
@@ -649,8 +648,8 @@ static void same_tokens(const ctxs_session *a, const ctxs_session *b)
         cr_assert(memcmp(k1, k2, per * 2) == 0 && memcmp(v1, v2, per * 2) == 0,
                   "position %llu: the KV differs", (unsigned long long)p);
         uint32_t sa, sb;
-        cr_assert_eq(ctxs_session_slot(&sa, a, p), 0);
-        cr_assert_eq(ctxs_session_slot(&sb, b, p), 0);
+        cr_assert_eq(ctxs_session_get_slot(&sa, a, p), 0);
+        cr_assert_eq(ctxs_session_get_slot(&sb, b, p), 0);
         cr_assert_eq(la.token_ids[sa], lb.token_ids[sb], "position %llu: the token id differs",
                      (unsigned long long)p);
     }
@@ -1004,13 +1003,13 @@ Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)
     ctxs_store *st = store_open(S());
     register_model(st);
     ctxs_session *s = mk_open(st, "base", 256, 1, 100);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp1"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp1"), 0);
     ts_append_many(s, 50);
     ctxs_session_close(s);
-    cr_assert_eq(ctxs_store_fork(NULL, st, "base", 80, "child", NULL), 0);
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "child", "base", 80, NULL), 0);
     ctxs_session *ro = open_ro(st, "base");
     ctxs_window win;
-    cr_assert_eq(ctxs_session_window(&win, ro), 0);
+    cr_assert_eq(ctxs_session_get_window(&win, ro), 0);
     ctxs_session_close(ro);
     ctxs_store_close(st);
 
@@ -1448,7 +1447,7 @@ Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
     ctxs_store *st = store_open(S());
     register_model(st);
     ctxs_session *s = mk_open(st, "src", 256, 1, 120);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "mid"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "mid"), 0);
     ts_append_many(s, 30);
     ctxs_session_close(s);
     ctxs_store_close(st);
@@ -1687,10 +1686,9 @@ Test(cli, ls_shows_a_long_model_name_whole_and_aligned)
     m.geometry.head_dim = 16;
     cr_assert_eq(ctxs_model_register(st, &m, long_model), 0);
     mk(st, "short", 256, 1, 100);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = 256;
-    o.durability = CTXS_SYNC_NONE;
+    o.open.durability = CTXS_SYNC_NONE;
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_store_session_create(&s, st, "long", &m, &o), 0);
     ts_append_many(s, 7);
@@ -2330,7 +2328,7 @@ Test(cli, bench_runs_bench_tinychat_and_passes_its_json_through, .timeout = 400)
             by_method[m] = r;
             cr_assert_str_eq(js(r, "op"), "next_token");
             cr_assert_str_eq(js(r, "config"), "mid");
-            cr_assert_str_eq(js(r, "isa"), ctxs_attention_isa());
+            cr_assert_str_eq(js(r, "isa"), ctxs_attention_get_isa());
             cr_assert_eq(jb(r, "same"), 1, "resume and recompute disagree:\n%s", R.out);
             cr_assert_geq(ju(r, "n"), 1);
             double lo = jd(r, "min_us"), mid = jd(r, "median_us"), hi = jd(r, "max_us");

@@ -50,7 +50,7 @@ static ctxs_store *store_open(void)
 static ctxs_session *mk(ctxs_store *st, const char *name, const ctxs_model *m,
                         uint32_t capacity, uint32_t n, uint64_t keep)
 {
-    ctxs_session_options o = ts_options(capacity, 4, 1, CTXS_SYNC_NONE);
+    ctxs_create_options o = ts_options(capacity, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s = NULL;
     int rc = ctxs_store_session_create(&s, st, name, m, &o);
     cr_assert_eq(rc, 0, "create %s: %s", name, ctxs_err_name(rc));
@@ -124,21 +124,19 @@ static int exists(const char *path)
  * loss, and checks that it holds n tokens, all as ts_append wrote them. */
 static ctxs_session *open_verified(const char *path, const ctxs_model *m, uint64_t n)
 {
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.recovery = CTXS_RECOVER_VERIFY;
+    ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.durability = CTXS_SYNC_NONE;
     ctxs_session *s = NULL;
-    int rc = ctxs_session_open(&s, path, m, 0, &o);
+    int rc = ctxs_session_open(&s, path, m, CTXS_OPEN_VERIFY, &o);
     cr_assert_eq(rc, 0, "open %s: %s", path, ctxs_err_name(rc));
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.lost_tokens, 0, "recovery dropped %llu tokens",
                  (unsigned long long)info.lost_tokens);
     cr_assert_eq(info.n_tokens, n, "n_tokens %llu, want %llu", (unsigned long long)info.n_tokens,
                  (unsigned long long)n);
     uint64_t bad = 0;
-    rc = ctxs_session_verify(s, &bad);
+    rc = ctxs_session_verify(&bad, s);
     cr_assert_eq(rc, 0, "verify: %s at %llu", ctxs_err_name(rc), (unsigned long long)bad);
     cr_assert_eq(ts_check_all(s), 0, "tokens read back wrong");
     return s;
@@ -227,7 +225,7 @@ Test(compact, a_rolled_back_session_gives_back_its_blocks_and_keeps_its_tokens)
                   (unsigned long long)punched, (unsigned long long)disk_bytes(path),
                   (unsigned long long)before);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     const ctxs_geometry *g = &info.model.geometry;
     uint16_t k[KV_MAX], v[KV_MAX];
     uint32_t *ids = malloc(1700 * sizeof(*ids));
@@ -251,7 +249,7 @@ Test(compact, uncommitted_reservations_are_given_back)
     need_punch();
     ctxs_model m = ts_model(2);
     const char *path = ts_path(ts_scratch, "loose.ctxs");
-    ctxs_session_options o = ts_options(1024, 4, 0, CTXS_SYNC_NONE);
+    ctxs_create_options o = ts_options(1024, 4, 0, CTXS_SYNC_NONE);
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
     ts_append_many(s, 10);
@@ -289,7 +287,7 @@ Test(compact, a_wrapped_ring_keeps_every_slot_it_may_write)
      * rollback emptied. */
     ctxs_model m = ts_model(3);
     const char *path = ts_path(ts_scratch, "ring.ctxs");
-    ctxs_session_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
     ts_append_many(s, 600); /* held: 0..3, 348..599 */
@@ -526,7 +524,7 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
     ctxs_model m = ts_model(7), other = ts_model(8);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     ctxs_session *s = mk(st, "keep", &m, 512, 200, 200);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     ctxs_session_close(mk(st, "gone", &m, 512, 130, 130));
     uint64_t keep_id = entry(st, "keep").id, gone_id = entry(st, "gone").id;
@@ -612,7 +610,7 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
     /* What keep owns still works. */
     ctxs_checkpoint_entry *cps;
     size_t n;
-    cr_assert_eq(ctxs_checkpoint_list(&cps, &n, st, "keep"), 0);
+    cr_assert_eq(ts_checkpoint_list(&cps, &n, st, "keep"), 0);
     cr_assert_eq(n, 1);
     ctxs_free(cps);
     uint32_t prompt[200];
@@ -639,7 +637,7 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
     for (int i = 0; i < N; i++) {
         snprintf(name, sizeof(name), "%0200d", i);
         ctxs_session *s = mk(st, name, &m, 512, 256, 256);
-        cr_assert_eq(ctxs_checkpoint_create(st, s, "half"), 0);
+        cr_assert_eq(ctxs_checkpoint_create(s, "half"), 0);
         ctxs_session_close(s);
     }
     ctxs_session_close(mk(st, "survivor", &m, 512, 200, 200));
@@ -670,7 +668,7 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
     cr_assert_eq(ctxs_model_get(&me, st, m.model_hash), 0);
     cr_assert_str_eq(me.name, "model");
     ctxs_session *s = mk(st, "newcomer", &m, 512, 300, 300);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     uint32_t prompt[300];
     for (uint32_t i = 0; i < 300; i++)
@@ -687,12 +685,12 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
     cr_assert_eq(n, 2);
     ctxs_free(list);
     ctxs_checkpoint_entry *cps;
-    cr_assert_eq(ctxs_checkpoint_list(&cps, &n, st, "newcomer"), 0);
+    cr_assert_eq(ts_checkpoint_list(&cps, &n, st, "newcomer"), 0);
     cr_assert_eq(n, 1);
     ctxs_free(cps);
     s = NULL;
     cr_assert_eq(ctxs_store_session_open(&s, st, "survivor", &m, 0, NULL), 0);
-    cr_assert_eq(ctxs_session_verify(s, NULL), 0);
+    cr_assert_eq(ctxs_session_verify(NULL, s), 0);
     cr_assert_eq(ts_check_all(s), 0);
     ts_append_many(s, 100);
     ctxs_session_close(s);

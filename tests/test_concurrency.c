@@ -149,25 +149,23 @@ typedef struct env {
     atomic_int *release;    /* set once nothing collects any more */
 } env;
 
-static ctxs_session_options own_opts(void)
+static ctxs_create_options own_opts(void)
 {
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = OWN_CAPACITY;
     o.n_sink = 4;
     o.ring = 0;
-    o.durability = CTXS_SYNC_ASYNC;
+    o.open.durability = CTXS_SYNC_ASYNC;
     return o;
 }
 
-static ctxs_session_options disp_opts(void)
+static ctxs_create_options disp_opts(void)
 {
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = 512;
     o.n_sink = 4;
     o.ring = 0;
-    o.durability = CTXS_SYNC_NONE;
+    o.open.durability = CTXS_SYNC_NONE;
     return o;
 }
 
@@ -283,10 +281,10 @@ static void prefix_check(worker *w, ctxs_store *st, const ctxs_model *m)
         return;
     }
     ctxs_layout lay;
-    ctxs_session_layout(&lay, s);
+    ctxs_session_get_layout(&lay, s);
     for (uint64_t p = 0; p < pm.n_tokens; p++) {
         uint32_t slot;
-        if (ctxs_session_slot(&slot, s, p) != 0 || lay.token_ids[slot] != w->ids[p]) {
+        if (ctxs_session_get_slot(&slot, s, p) != 0 || lay.token_ids[slot] != w->ids[p]) {
             WFAIL(w, "prefix_find matched %llu tokens of %s, which differs at %llu",
                   (unsigned long long)pm.n_tokens, pm.session, (unsigned long long)p);
             break;
@@ -302,9 +300,9 @@ static int attend(ctxs_session *s)
 {
     ctxs_attn_plan plan;
     ctxs_layout lay;
-    int rc = ctxs_session_attn_plan(&plan, s, 0);
+    int rc = ctxs_session_get_attn_plan(&plan, s, 0);
     if (rc == 0)
-        rc = ctxs_session_layout(&lay, s);
+        rc = ctxs_session_get_layout(&lay, s);
     if (rc != 0)
         return rc;
     uint32_t heads = lay.geometry.n_kv_heads, dim = lay.geometry.head_dim;
@@ -321,7 +319,7 @@ static void worker_run(worker *w, const env *e)
 {
     ctxs_store *st = e->st;
     uint64_t rng = w->seed;
-    ctxs_session_options oo = own_opts(), dopt = disp_opts();
+    ctxs_create_options oo = own_opts(), dopt = disp_opts();
     ctxs_session *own;
     snprintf(w->own, sizeof(w->own), "P%d.%d", w->proc, w->thr);
     int rc = ctxs_store_session_create(&own, st, w->own, &e->m, &oo);
@@ -386,7 +384,7 @@ static void worker_run(worker *w, const env *e)
             if (w->n == 0 || w->n_cp == MAX_CPS)
                 break;
             snprintf(name, sizeof(name), "c%u", w->counter++);
-            if ((rc = ctxs_checkpoint_create(st, own, name)) != 0) {
+            if ((rc = ctxs_checkpoint_create(own, name)) != 0) {
                 WFAIL(w, "checkpoint %s of %s: %s", name, w->own, ctxs_err_name(rc));
                 break;
             }
@@ -401,7 +399,7 @@ static void worker_run(worker *w, const env *e)
                 break;
             cp_rec *cp = &w->cp[(r >> 8) % (uint64_t)w->n_cp];
             int stale = cp_stale(w, cp);
-            rc = ctxs_checkpoint_restore(st, own, cp->name);
+            rc = ctxs_checkpoint_restore(own, cp->name);
             if (rc == 0 && !stale) {
                 w->n = cp->n;
             } else if (rc == CTXS_ESTALE && stale) {
@@ -414,7 +412,7 @@ static void worker_run(worker *w, const env *e)
             if ((r >> 16) % 3 == 0) {
                 /* Drop one now and then, so that there is room for more. */
                 int k = (int)((r >> 24) % (uint64_t)w->n_cp);
-                if ((rc = ctxs_checkpoint_delete(st, w->own, w->cp[k].name)) != 0)
+                if ((rc = ts_checkpoint_delete(st, w->own, w->cp[k].name)) != 0)
                     WFAIL(w, "checkpoint_delete %s: %s", w->cp[k].name, ctxs_err_name(rc));
                 w->cp[k] = w->cp[--w->n_cp];
             }
@@ -454,9 +452,9 @@ static void worker_run(worker *w, const env *e)
             ctxs_session *f;
             char src[NAME_LEN];
             snprintf(src, sizeof(src), "P%d.%d", o->proc, o->thr);
-            rc = ctxs_store_fork(&f, st, src, UINT64_MAX, name, &dopt);
+            rc = ctxs_store_session_fork(&f, st, name, src, UINT64_MAX, &dopt.open);
             /* EBUSY: a compaction or a gc holds the source's exclusive
-             * lock (undocumented for ctxs_store_fork). */
+             * lock (undocumented for ctxs_store_session_fork). */
             if (rc == CTXS_ENOTFOUND || rc == CTXS_ESTALE || rc == CTXS_EBUSY) {
                 w->fork_refused++;
                 break;
@@ -467,9 +465,9 @@ static void worker_run(worker *w, const env *e)
             }
             ctxs_session_info info;
             uint64_t bad_pos = 0;
-            ctxs_session_info_get(&info, f);
+            ctxs_session_get_info(&info, f);
             uint64_t bad = ts_pat_check(f, &bad_pos);
-            int vrc = ctxs_session_verify(f, NULL);
+            int vrc = ctxs_session_verify(NULL, f);
             if (bad || vrc)
                 WFAIL(w, "fork %s of %s: %llu tokens wrong (first %llu), verify %s", name, src,
                       (unsigned long long)bad, (unsigned long long)bad_pos, ctxs_err_name(vrc));
@@ -501,7 +499,7 @@ static void worker_run(worker *w, const env *e)
             if (mine != 1)
                 WFAIL(w, "list shows %s %d times", w->own, mine);
             ctxs_checkpoint_entry *cl;
-            if ((rc = ctxs_checkpoint_list(&cl, &n, st, w->own)) != 0) {
+            if ((rc = ts_checkpoint_list(&cl, &n, st, w->own)) != 0) {
                 WFAIL(w, "checkpoint_list: %s", ctxs_err_name(rc));
                 break;
             }
@@ -548,7 +546,7 @@ static void worker_run(worker *w, const env *e)
                 break;
             snprintf(path, sizeof(path), "%s/x%d.%d.%u.ctxx", e->scratch, w->proc, w->thr,
                      w->counter++);
-            rc = ctxs_store_export(st, d->name, path, NULL, NULL);
+            rc = ctxs_store_session_export(st, d->name, path, NULL, NULL);
             if (rc == CTXS_ENOTFOUND) {
                 d->state = DISP_GONE;
                 break;
@@ -562,7 +560,7 @@ static void worker_run(worker *w, const env *e)
             uint64_t n = d->n;
             snprintf(name, sizeof(name), "i%d.%d.%u", w->proc, w->thr, w->counter++);
             char got[256];
-            if ((rc = ctxs_store_import(st, path, name, got, NULL, NULL)) != 0) {
+            if ((rc = ctxs_store_session_import(got, st, path, name, NULL, NULL)) != 0) {
                 WFAIL(w, "import %s as %s: %s", path, name, ctxs_err_name(rc));
             } else
                 disp_add(w, name, n);
@@ -594,7 +592,7 @@ static void worker_run(worker *w, const env *e)
             ctxs_session_close(own);
             own = NULL;
             w->own_reopens++;
-            rc = ctxs_store_session_open(&own, st, w->own, &e->m, 0, &oo);
+            rc = ctxs_store_session_open(&own, st, w->own, &e->m, 0, &oo.open);
             ctxs_session_close(guard);
             if (rc != 0) {
                 WFAIL(w, "reopen %s: %s", w->own, ctxs_err_name(rc));
@@ -602,7 +600,7 @@ static void worker_run(worker *w, const env *e)
                 return;
             }
             ctxs_session_info info;
-            ctxs_session_info_get(&info, own);
+            ctxs_session_get_info(&info, own);
             if (info.n_tokens != w->n)
                 WFAIL(w, "%s reopened with %llu tokens, acknowledged %llu", w->own,
                       (unsigned long long)info.n_tokens, (unsigned long long)w->n);
@@ -615,7 +613,7 @@ static void worker_run(worker *w, const env *e)
              * other races under TSan while this one stands: see
              * pressure_set_races_with_commits_in_other_threads). */
             if (!getenv("CTXS_CONCURRENCY_NO_PRESSURE"))
-                ctxs_pressure_set((int)((r >> 8) & 1));
+                ctxs_set_pressure((int)((r >> 8) & 1));
             break;
         case OP_STORE_OPEN: {
             /* Another handle of the store, in this process, opened and
@@ -660,10 +658,9 @@ static void maint_run(maint_args *a)
         return;
     }
     /* The pressure watcher's thread runs meanwhile, polling often. */
-    ctxs_watch_options wo;
-    ctxs_watch_options_init(&wo);
+    ctxs_watcher_options wo = CTXS_WATCHER_OPTIONS_INIT;
     wo.poll_ms = 5;
-    int watching = ctxs_pressure_watch_start(&wo) == 0;
+    int watching = ctxs_watcher_start(&wo) == 0;
     for (unsigned i = 0; i < m->rounds && !atomic_load(a->stop); i++) {
         uint64_t r = ts_rng_next(&rng);
         switch (r % 4) {
@@ -723,8 +720,8 @@ static void maint_run(maint_args *a)
         ts_sleep_us((r >> 16) % 3000);
     }
     if (watching)
-        ctxs_pressure_watch_stop();
-    ctxs_pressure_set(0);
+        ctxs_watcher_stop();
+    ctxs_set_pressure(0);
     ctxs_store_close(st);
 }
 
@@ -775,9 +772,6 @@ static final_counts check_store(const char *store_dir, const worker *all, int n_
     closedir(d);
     cr_assert_eq(files, n, "%zu files, %zu entries", files, n);
 
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.recovery = CTXS_RECOVER_VERIFY;
     for (size_t i = 0; i < n; i++) {
         const char *name = l[i].name;
         const worker *owner = NULL;
@@ -789,12 +783,12 @@ static final_counts check_store(const char *store_dir, const worker *all, int n_
         if (dr)
             cr_assert_eq(dr->state, DISP_LIVE, "%s was deleted (acknowledged), yet listed", name);
         ctxs_session *s;
-        int rc = ctxs_store_session_open(&s, st, name, m, 0, &o);
+        int rc = ctxs_store_session_open(&s, st, name, m, CTXS_OPEN_VERIFY, NULL);
         cr_assert_eq(rc, 0, "%s does not open: %s", name, ctxs_err_name(rc));
         ctxs_session_info info;
-        cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
         uint64_t bad_pos = 0;
-        cr_assert_eq(ctxs_session_verify(s, &bad_pos), 0, "%s does not verify (at %llu)", name,
+        cr_assert_eq(ctxs_session_verify(&bad_pos, s), 0, "%s does not verify (at %llu)", name,
                      (unsigned long long)bad_pos);
         cr_assert_eq(ts_pat_check(s, &bad_pos), 0, "%s: tokens read back wrong from %llu", name,
                      (unsigned long long)bad_pos);
@@ -806,17 +800,17 @@ static final_counts check_store(const char *store_dir, const worker *all, int n_
             cr_assert_eq(info.n_tokens, owner->n, "%s holds %llu tokens, %llu acknowledged",
                          name, (unsigned long long)info.n_tokens, (unsigned long long)owner->n);
             ctxs_layout lay;
-            cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+            cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
             for (uint64_t p = 0; p < owner->n; p++) {
                 uint32_t slot;
-                cr_assert_eq(ctxs_session_slot(&slot, s, p), 0);
+                cr_assert_eq(ctxs_session_get_slot(&slot, s, p), 0);
                 cr_assert_eq(lay.token_ids[slot], owner->ids[p], "%s: token %llu is not the "
                              "acknowledged one", name, (unsigned long long)p);
             }
             fc.owned_tokens += owner->n;
             ctxs_checkpoint_entry *cl;
             size_t ncl;
-            cr_assert_eq(ctxs_checkpoint_list(&cl, &ncl, st, name), 0);
+            cr_assert_eq(ts_checkpoint_list(&cl, &ncl, st, name), 0);
             cr_assert_eq(ncl, (size_t)owner->n_cp, "%s: %zu checkpoints, %d made", name, ncl,
                          owner->n_cp);
             for (size_t c = 0; c < ncl; c++) {
@@ -863,10 +857,10 @@ static final_counts check_store(const char *store_dir, const worker *all, int n_
             cr_assert_eq(ctxs_store_session_open(&s, st, pm.session, NULL, CTXS_OPEN_RDONLY, NULL),
                          0);
             ctxs_layout lay;
-            cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+            cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
             for (uint64_t p = 0; p < pm.n_tokens; p++) {
                 uint32_t slot;
-                cr_assert_eq(ctxs_session_slot(&slot, s, p), 0);
+                cr_assert_eq(ctxs_session_get_slot(&slot, s, p), 0);
                 cr_assert_eq(lay.token_ids[slot], w->ids[p], "prefix match %s of %s differs at "
                              "%llu", pm.session, w->own, (unsigned long long)p);
             }
@@ -1128,7 +1122,7 @@ Test(concurrency, processes_with_threads_share_one_store, .timeout = 3600)
 
 /* --- A minimal reproducer for ThreadSanitizer ------------------------------------
  *
- * ctxs_pressure_set() "may run on any thread": it walks every open session
+ * ctxs_set_pressure() "may run on any thread": it walks every open session
  * and reads its committed state (window.c, release_outside_window() via
  * window_spans()) under the registry mutex, while each session's own thread
  * commits and rolls back (commit.c, ctxs__record_write(): s->st = *next)
@@ -1157,16 +1151,16 @@ Test(concurrency, pressure_set_races_with_commits_in_other_threads)
     char path[4096];
     snprintf(path, sizeof(path), "%s/p.ctxs", ts_scratch);
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_session_options o = disp_opts();
+    ctxs_create_options o = disp_opts();
     churn c = {NULL, 0, 0};
     cr_assert_eq(ctxs_session_create(&c.s, path, &m, &o), 0);
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, commit_churn, &c), 0);
     for (int i = 0; i < 2000; i++)
-        ctxs_pressure_set(i & 1);
+        ctxs_set_pressure(i & 1);
     atomic_store(&c.stop, 1);
     pthread_join(th, NULL);
-    ctxs_pressure_set(0);
+    ctxs_set_pressure(0);
     cr_assert_eq(c.rc, 0, "commit: %s", ctxs_err_name(c.rc));
     ctxs_session_close(c.s);
 }

@@ -96,7 +96,7 @@ static const char *child_code_name(int code)
     case CHILD_ESYNC: return "sync failed";
     case CHILD_EPIPE: return "pipe write failed";
     case CHILD_ERESERVE: return "reserve returned a wrong reservation";
-    case CHILD_EKV: return "ctxs_session_kv failed";
+    case CHILD_EKV: return "ctxs_session_get_kv failed";
     default: return "?";
     }
 }
@@ -187,13 +187,13 @@ static void child_dangle(ctxs_session *s, const child_args *a, const ctxs_geomet
         /* Noise straight into the reserved slots of every (layer, K/V, head):
          * not committed, so it must never show up as a token. */
         ctxs_layout lay;
-        if (ctxs_session_layout(&lay, s) != 0)
+        if (ctxs_session_get_layout(&lay, s) != 0)
             child_fail(CHILD_EKV, -1, 0, 0);
         for (uint32_t l = 0; l < g->n_layers; l++)
             for (uint32_t kind = 0; kind < 2; kind++)
                 for (uint32_t h = 0; h < g->n_kv_heads; h++) {
                     void *base;
-                    rc = ctxs_session_kv(&base, s, l, kind, h);
+                    rc = ctxs_session_get_kv(&base, s, l, kind, h);
                     if (rc != 0)
                         child_fail(CHILD_EKV, rc, l, h);
                     for (uint32_t sp = 0; sp < r.n_spans; sp++) {
@@ -212,15 +212,14 @@ static _Noreturn void child_main(const child_args *a)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.durability = a->level;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+    o.open.durability = a->level;
     ctxs_session *s;
-    int rc = ctxs_session_open(&s, a->path, &m, 0, &o);
+    int rc = ctxs_session_open(&s, a->path, &m, 0, &o.open);
     if (rc != 0)
         child_fail(CHILD_EOPEN, rc, 0, 0);
     ctxs_session_info info;
-    if ((rc = ctxs_session_info_get(&info, s)) != 0)
+    if ((rc = ctxs_session_get_info(&info, s)) != 0)
         child_fail(CHILD_EINFO, rc, 0, 0);
     const ctxs_geometry g = m.geometry;
     uint64_t n = info.n_tokens;
@@ -237,7 +236,7 @@ static _Noreturn void child_main(const child_args *a)
             uint64_t rs = info.ring_start;
             send_msg(a->fd, MSG_ROLLBACK, gen, target, n);
             rc = ctxs_session_rollback(s, target);
-            if ((rc = rc == 0 ? ctxs_session_info_get(&info, s) : rc) == 0) {
+            if ((rc = rc == 0 ? ctxs_session_get_info(&info, s) : rc) == 0) {
                 if (info.n_tokens != target)
                     child_fail(CHILD_ECOUNT, 0, info.n_tokens, target);
                 n = target;
@@ -251,7 +250,7 @@ static _Noreturn void child_main(const child_args *a)
             send_msg(a->fd, MSG_SYNC, gen, n, n);
             if ((rc = ctxs_session_sync(s)) != 0)
                 child_fail(CHILD_ESYNC, rc, n, 0);
-            if ((rc = ctxs_session_info_get(&info, s)) != 0)
+            if ((rc = ctxs_session_get_info(&info, s)) != 0)
                 child_fail(CHILD_EINFO, rc, 0, 0);
             if (info.n_tokens != n)
                 child_fail(CHILD_ECOUNT, 0, info.n_tokens, n);
@@ -264,7 +263,7 @@ static _Noreturn void child_main(const child_args *a)
             send_msg(a->fd, MSG_APPEND, gen, n, n + k);
             if ((rc = append_gen(s, &g, k, gen, &first)) != 0)
                 child_fail(CHILD_EAPPEND, rc, n, k);
-            if ((rc = ctxs_session_info_get(&info, s)) != 0)
+            if ((rc = ctxs_session_get_info(&info, s)) != 0)
                 child_fail(CHILD_EINFO, rc, 0, 0);
             if (first != n || info.n_tokens != n + k)
                 child_fail(CHILD_ECOUNT, 0, info.n_tokens, n + k);
@@ -289,8 +288,8 @@ static uint64_t check_held(const ctxs_session *s, const ts_gens *gs, const char 
 {
     ctxs_session_info info;
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     const ctxs_geometry *g = &info.model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     cr_assert(per <= KV_MAX);
@@ -302,7 +301,7 @@ static uint64_t check_held(const ctxs_session *s, const ts_gens *gs, const char 
         int held = p < ns || p >= first_recent;
         if (!held && p > ns && p + 1 < first_recent)
             p = first_recent - 1; /* evicted: check the two ends only */
-        int rc = ctxs_session_read_token(s, p, k, v);
+        int rc = ctxs_session_read_token(k, v, s, p);
         if (!held) {
             cr_assert_eq(rc, CTXS_EEVICTED, "%s: position %llu is below ring_start %llu but read_token says %s",
                          what, (unsigned long long)p, (unsigned long long)rs, ctxs_err_name(rc));
@@ -311,7 +310,7 @@ static uint64_t check_held(const ctxs_session *s, const ts_gens *gs, const char 
         cr_assert_eq(rc, 0, "%s: read_token(%llu) of %llu: %s", what, (unsigned long long)p,
                      (unsigned long long)n, ctxs_err_name(rc));
         uint32_t slot;
-        cr_assert_eq(ctxs_session_slot(&slot, s, p), 0);
+        cr_assert_eq(ctxs_session_get_slot(&slot, s, p), 0);
         cr_assert_eq(slot, ctxs__slot_of(p, info.capacity, ns), "%s: position %llu in slot %u",
                      what, (unsigned long long)p, slot);
         uint32_t gen = gs && p < gs->cap ? gs->v[p] : 0;
@@ -323,7 +322,7 @@ static uint64_t check_held(const ctxs_session *s, const ts_gens *gs, const char 
                              (unsigned long long)p, slot, gen);
         }
     }
-    int rc = ctxs_session_read_token(s, n, k, v);
+    int rc = ctxs_session_read_token(k, v, s, n);
     cr_assert_eq(rc, CTXS_ENOTFOUND, "%s: read_token(n_tokens) gives %s", what, ctxs_err_name(rc));
     return bad;
 }
@@ -332,14 +331,11 @@ static ctxs_session *open_checked(const char *path, unsigned flags, uint32_t rec
                                   ctxs_session_info *info, const char *what)
 {
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.recovery = recovery;
     ctxs_session *s = NULL;
-    int rc = ctxs_session_open(&s, path, &m, flags, &o);
+    int rc = ctxs_session_open(&s, path, &m, flags | recovery, NULL);
     cr_assert_eq(rc, 0, "%s: open(%s, %s): %s", what, flags & CTXS_OPEN_RDONLY ? "ro" : "rw",
-                 recovery == CTXS_RECOVER_VERIFY ? "VERIFY" : "AUTO", ctxs_err_name(rc));
-    cr_assert_eq(ctxs_session_info_get(info, s), 0);
+                 recovery == CTXS_OPEN_VERIFY ? "VERIFY" : "AUTO", ctxs_err_name(rc));
+    cr_assert_eq(ctxs_session_get_info(info, s), 0);
     return s;
 }
 
@@ -354,14 +350,14 @@ static uint64_t reopen_check(const char *path, uint64_t lo, uint64_t hi, const t
     uint64_t bad_pos = 0;
     int rc;
 
-    ctxs_session *s = open_checked(path, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, &a, what);
+    ctxs_session *s = open_checked(path, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, &a, what);
     cr_assert(a.n_tokens == lo || a.n_tokens == hi,
               "%s: reopened with %llu tokens; the child left %llu or %llu", what,
               (unsigned long long)a.n_tokens, (unsigned long long)lo, (unsigned long long)hi);
     cr_assert_eq(a.lost_tokens, 0, "%s: VERIFY after a process crash lost %llu tokens", what,
                  (unsigned long long)a.lost_tokens);
     cr_assert_eq(check_held(s, gs, what), 0, "%s: wrong tokens (read-only, VERIFY)", what);
-    rc = ctxs_session_verify(s, &bad_pos);
+    rc = ctxs_session_verify(&bad_pos, s);
     cr_assert_eq(rc, 0, "%s: verify: %s at %llu", what, ctxs_err_name(rc), (unsigned long long)bad_pos);
     ctxs_session_close(s);
 
@@ -371,11 +367,11 @@ static uint64_t reopen_check(const char *path, uint64_t lo, uint64_t hi, const t
     cr_assert_eq(b.ring_start, a.ring_start);
     cr_assert_eq(b.lost_tokens, 0);
     cr_assert_eq(b.n_reserved, 0, "%s: a fresh open holds %u reserved slots", what, b.n_reserved);
-    if (recovery == CTXS_RECOVER_AUTO && boot_id_known())
+    if (recovery == 0 && boot_id_known())
         cr_assert(!(b.flags & CTXS_INFO_VERIFIED),
                   "%s: AUTO verified tokens although the file was written in this boot", what);
     cr_assert_eq(check_held(s, gs, what), 0, "%s: wrong tokens (read-write)", what);
-    rc = ctxs_session_verify(s, &bad_pos);
+    rc = ctxs_session_verify(&bad_pos, s);
     cr_assert_eq(rc, 0, "%s: verify: %s at %llu", what, ctxs_err_name(rc), (unsigned long long)bad_pos);
     ctxs_session_close(s);
     return a.n_tokens;
@@ -384,12 +380,11 @@ static uint64_t reopen_check(const char *path, uint64_t lo, uint64_t hi, const t
 static void create_session(const char *path, uint32_t level)
 {
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = CAPACITY;
     o.n_sink = N_SINK;
     o.ring = 1;
-    o.durability = level;
+    o.open.durability = level;
     ctxs_session *s;
     int rc = ctxs_session_create(&s, path, &m, &o);
     cr_assert_eq(rc, 0, "create: %s", ctxs_err_name(rc));
@@ -399,7 +394,7 @@ static void create_session(const char *path, uint32_t level)
 static void check_all_ro(const char *path, const char *what)
 {
     ctxs_session_info info;
-    ctxs_session *s = open_checked(path, CTXS_OPEN_RDONLY, CTXS_RECOVER_AUTO, &info, what);
+    ctxs_session *s = open_checked(path, CTXS_OPEN_RDONLY, 0, &info, what);
     cr_assert_eq(ts_check_all(s), 0, "%s: ts_check_all", what);
     ctxs_session_close(s);
 }
@@ -541,7 +536,7 @@ static loop_stats kill_loop(const char *test, const uint32_t *levels, unsigned n
         snprintf(what, sizeof(what), "kill %u (level %u, after %llu us, %llu calls acknowledged)", i,
                  level, (unsigned long long)delay, (unsigned long long)o.acks);
         n = reopen_check(path_copy, o.lo, o.hi, &gs,
-                         i % 2 ? CTXS_RECOVER_VERIFY : CTXS_RECOVER_AUTO, what);
+                         i % 2 ? CTXS_OPEN_VERIFY : 0, what);
         /* All generation 0: the shared checker applies (it walks every
          * position ever committed, so not after every kill). */
         if (!rollbacks && (i % 16 == 15 || i + 1 == kills))
@@ -551,7 +546,7 @@ static loop_stats kill_loop(const char *test, const uint32_t *levels, unsigned n
         st.in_flight += o.lo != o.hi;
     }
     ctxs_session_info info;
-    ctxs_session *s = open_checked(path_copy, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, &info, test);
+    ctxs_session *s = open_checked(path_copy, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, &info, test);
     st.n_end = info.n_tokens;
     st.ring_start_end = info.ring_start;
     ctxs_session_close(s);
@@ -634,19 +629,19 @@ Test(crash, killed_between_reserve_and_commit_keeps_the_previous_state, .timeout
         char what[128];
         snprintf(what, sizeof(what), "dangling %u (level %u, mode %d, [%llu, %llu))", i, a.level,
                  a.dangle_mode, (unsigned long long)m.a, (unsigned long long)m.b);
-        n = reopen_check(path, o.lo, o.hi, &gs, i % 2 ? CTXS_RECOVER_VERIFY : CTXS_RECOVER_AUTO,
+        n = reopen_check(path, o.lo, o.hi, &gs, i % 2 ? CTXS_OPEN_VERIFY : 0,
                          what);
         cr_assert_eq(n, m.a, "%s: %llu tokens after the kill", what, (unsigned long long)n);
         check_all_ro(path, what);
 
         /* The slots of the dead reservation are handed out again. */
         ctxs_session_info info;
-        ctxs_session *s = open_checked(path, 0, CTXS_RECOVER_AUTO, &info, what);
+        ctxs_session *s = open_checked(path, 0, 0, &info, what);
         cr_assert_geq(info.ring_start, rs_prev, "%s: ring_start went back", what);
         int rc = ts_append(s, 3);
         cr_assert_eq(rc, 0, "%s: append after the kill: %s", what, ctxs_err_name(rc));
         ts_gens_set(&gs, n, n + 3, 0);
-        cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
         cr_assert_eq(info.n_tokens, n + 3);
         cr_assert_eq(check_held(s, &gs, what), 0);
         ctxs_session_close(s);

@@ -25,7 +25,7 @@ static char *dir;
 static void setup(void)
 {
     dir = ts_mkdtemp();
-    ctxs_pressure_set(0);
+    ctxs_set_pressure(0);
 }
 
 static void teardown(void)
@@ -71,7 +71,7 @@ ReportHook(POST_ALL)(struct criterion_global_stats *stats)
     do {                                                                                           \
         int rc_ = (call);                                                                          \
         cr_assert_eq(rc_, 0, "%s: %s (%s; %s)", #call, ctxs_strerror(rc_), ctxs_err_name(rc_),    \
-                     ctxs_cuda_last_error());                                                      \
+                     ctxs_cuda_get_last_error());                                                      \
     } while (0)
 
 static const int modes[2] = {CTXS_CUDA_MAPPED, CTXS_CUDA_MIRROR};
@@ -96,9 +96,9 @@ static ctxs_model model_of(uint32_t layers, uint32_t kv_heads, uint32_t head_dim
 static ctxs_session *create(const char *name, const ctxs_model *m, uint32_t capacity,
                             uint32_t n_sink, uint32_t window)
 {
-    ctxs_session_options o = ts_options(capacity, n_sink, 1, CTXS_SYNC_NONE);
+    ctxs_create_options o = ts_options(capacity, n_sink, 1, CTXS_SYNC_NONE);
     if (window)
-        o.window = window;
+        o.open.window = window;
     ctxs_session *s = NULL;
     CTXS_OK(ctxs_session_create(&s, ts_path(dir, name), m, &o));
     return s;
@@ -109,7 +109,7 @@ static void write_random(ctxs_session *s, const ctxs_reservation *r, uint32_t fi
                          uint64_t *rng)
 {
     ctxs_session_info info;
-    CTXS_OK(ctxs_session_info_get(&info, s));
+    CTXS_OK(ctxs_session_get_info(&info, s));
     const ctxs_geometry *g = &info.model.geometry;
     size_t elems = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     uint16_t *k = malloc(elems * 2), *v = malloc(elems * 2);
@@ -158,7 +158,7 @@ static void compare_q(ctxs_cuda_kv *kv, ctxs_session *s, const ctxs_attn_plan *p
                       const float *q_in, uint64_t seed, float *gpu_last, const char *what)
 {
     ctxs_layout lay;
-    CTXS_OK(ctxs_session_layout(&lay, s));
+    CTXS_OK(ctxs_session_get_layout(&lay, s));
     const uint32_t hd = lay.geometry.head_dim;
     const size_t count = (size_t)p.n * p.n_heads * hd, bytes = count * sizeof(float);
     float *q = malloc(bytes), *cpu = malloc(bytes), *gpu = malloc(bytes);
@@ -227,7 +227,7 @@ static ctxs_cuda_kv *attach(ctxs_session *s, int mode)
 static void check_decode(ctxs_session *s, uint32_t n_heads, const char *what)
 {
     ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_attn_plan(&plan, s, 0));
+    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 0));
     for (int m = 0; m < 2; m++) {
         char label[128];
         snprintf(label, sizeof label, "%s, %s decode", what, mode_names[modes[m]]);
@@ -266,8 +266,8 @@ Test(cuda, calls_check_their_arguments_before_cuda)
     cr_expect_eq(ctxs_cuda_push(NULL, &r, 0, 1, NULL), CTXS_EINVAL);
     cr_expect_eq(ctxs_cuda_pull(NULL, &r, 0, 1, NULL), CTXS_EINVAL);
     cr_expect_eq(ctxs_cuda_resync(NULL, NULL), CTXS_EINVAL);
-    cr_expect_eq(ctxs_cuda_layout(&l, NULL), CTXS_EINVAL);
-    cr_expect_eq(ctxs_cuda_info_get(&info, NULL), CTXS_EINVAL);
+    cr_expect_eq(ctxs_cuda_get_layout(&l, NULL), CTXS_EINVAL);
+    cr_expect_eq(ctxs_cuda_get_info(&info, NULL), CTXS_EINVAL);
     cr_expect_eq(ctxs_cuda_attention(out, NULL, &plan, 0, &q, NULL), CTXS_EINVAL);
     ctxs_session_close(s);
 }
@@ -276,11 +276,11 @@ Test(cuda, device_count_agrees_with_the_runtime)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
-    int rc = ctxs_cuda_device_count();
+    int rc = ctxs_cuda_get_device_count();
     if (e != cudaSuccess || n == 0) {
         fprintf(stderr, "no CUDA device: %s\n", cudaGetErrorString(e));
         cr_expect_eq(rc, CTXS_ENODEVICE, "%s", ctxs_err_name(rc));
-        cr_expect_str_neq(ctxs_cuda_last_error(), "no CUDA error");
+        cr_expect_str_neq(ctxs_cuda_get_last_error(), "no CUDA error");
     } else {
         cr_expect_eq(rc, n);
     }
@@ -331,10 +331,10 @@ Test(cuda, decode_in_a_wrapped_ring)
     ctxs_session *s = create("a", &m, 300, 4, 0);
     append(s, 1000, &rng);
     ctxs_session_info info;
-    CTXS_OK(ctxs_session_info_get(&info, s));
+    CTXS_OK(ctxs_session_get_info(&info, s));
     cr_assert(info.flags & CTXS_INFO_WRAPPED);
     ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_attn_plan(&plan, s, 0));
+    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 0));
     cr_assert_geq(plan.n_spans, 3, "sinks and a recent run split at the wrap");
     check_decode(s, 4, "wrapped ring");
     ctxs_session_close(s);
@@ -348,9 +348,9 @@ Test(cuda, decode_with_a_window_shorter_than_what_is_held)
     ctxs_session *s = create("a", &m, 1024, 4, 100);
     append(s, 700, &rng);
     check_decode(s, 8, "window 100 of 700");
-    ctxs_pressure_set(1); /* the pressure window, 1024 by default, is larger */
+    ctxs_set_pressure(1); /* the pressure window, 1024 by default, is larger */
     check_decode(s, 8, "under pressure");
-    ctxs_pressure_set(0);
+    ctxs_set_pressure(0);
     ctxs_session_close(s);
 }
 
@@ -397,7 +397,7 @@ Test(cuda, an_explicit_scale)
     ctxs_session *s = create("a", &m, 512, 4, 0);
     append(s, 150, &rng);
     ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_attn_plan(&plan, s, 0));
+    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 0));
     for (int i = 0; i < 2; i++) {
         ctxs_cuda_kv *kv = attach(s, modes[i]);
         compare(kv, s, &plan, (pass){plan.n_tokens - 1, 1, 4, 0.5f}, 5, NULL, "scale 0.5");
@@ -418,7 +418,7 @@ static void check_prefill(ctxs_session *s, uint32_t n, uint32_t n_heads, uint64_
     CTXS_OK(ctxs_session_reserve(&r, s, n));
     write_random(s, &r, 0, n, rng);
     ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_attn_plan(&plan, s, n));
+    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, n));
     cr_assert_eq(plan.first_query, r.first_pos);
     for (int i = 0; i < 2; i++) {
         char label[128];
@@ -482,7 +482,7 @@ Test(cuda, a_token_gets_the_same_bits_in_prefill_and_decode)
     CTXS_OK(ctxs_session_reserve(&r, s, n));
     write_random(s, &r, 0, n, &rng);
     ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_attn_plan(&plan, s, n));
+    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, n));
 
     float *q = malloc((size_t)n * row * sizeof(float));
     float *all = malloc((size_t)n * row * sizeof(float));
@@ -503,7 +503,7 @@ Test(cuda, a_token_gets_the_same_bits_in_prefill_and_decode)
     for (uint32_t i = 0; i < n; i++)
         ids[i] = ts_token(r.first_pos + i);
     CTXS_OK(ctxs_session_commit(s, ids, n));
-    CTXS_OK(ctxs_session_attn_plan(&plan, s, 0));
+    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 0));
     for (int i = 0; i < 2; i++) {
         kv = attach(s, modes[i]);
         compare_q(kv, s, &plan, (pass){plan.n_tokens - 1, 1, heads, 0.0f}, last, 0, dec[i],
@@ -526,7 +526,7 @@ Test(cuda, a_token_gets_the_same_bits_in_prefill_and_decode)
 
 /* --- The mirror's copies ------------------------------------------------------- */
 
-/* Tokens written on the device through ctxs_cuda_layout() reach the file
+/* Tokens written on the device through ctxs_cuda_get_layout() reach the file
  * by pull, in a reservation that wraps around the ring's end. */
 Test(cuda, mirror_pull_brings_device_writes_into_the_file)
 {
@@ -543,7 +543,7 @@ Test(cuda, mirror_pull_brings_device_writes_into_the_file)
 
     /* The engine's kernels would write these; cudaMemcpy stands in. */
     ctxs_layout dl;
-    CTXS_OK(ctxs_cuda_layout(&dl, kv));
+    CTXS_OK(ctxs_cuda_get_layout(&dl, kv));
     const ctxs_geometry *g = &dl.geometry;
     const size_t per_token = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     uint16_t *k = malloc(n * per_token * 2), *v = malloc(n * per_token * 2);
@@ -569,7 +569,7 @@ Test(cuda, mirror_pull_brings_device_writes_into_the_file)
     CTXS_OK(ctxs_cuda_pull(kv, &r, 3, n - 3, NULL)); /* across the wrap */
 
     ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_attn_plan(&plan, s, n));
+    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, n));
     compare(kv, s, &plan, (pass){plan.first_query, n, 4, 0.0f}, 1, NULL, "pulled, pending");
     uint32_t ids[10];
     for (uint32_t i = 0; i < n; i++)
@@ -579,10 +579,10 @@ Test(cuda, mirror_pull_brings_device_writes_into_the_file)
     ctxs_session_close(s);
 
     CTXS_OK(ctxs_session_open(&s, ts_path(dir, "a"), &m, 0, NULL));
-    CTXS_OK(ctxs_session_verify(s, NULL));
+    CTXS_OK(ctxs_session_verify(NULL, s));
     uint16_t *kr = malloc(per_token * 2), *vr = malloc(per_token * 2);
     for (uint32_t i = 0; i < n; i++) {
-        CTXS_OK(ctxs_session_read_token(s, r.first_pos + i, kr, vr));
+        CTXS_OK(ctxs_session_read_token(kr, vr, s, r.first_pos + i));
         cr_expect(memcmp(kr, k + i * per_token, per_token * 2) == 0, "K of token %u", i);
         cr_expect(memcmp(vr, v + i * per_token, per_token * 2) == 0, "V of token %u", i);
     }
@@ -608,7 +608,7 @@ Test(cuda, mirror_push_brings_host_writes_to_the_device)
     CTXS_OK(ctxs_cuda_push(kv, &r, 4, 6, NULL));
     CTXS_OK(ctxs_cuda_push(kv, &r, 0, 4, NULL));
     ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_attn_plan(&plan, s, 10));
+    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 10));
     compare(kv, s, &plan, (pass){plan.first_query, 10, 4, 0.0f}, 1, NULL, "pushed, pending");
     ctxs_cuda_detach(kv);
     ctxs_session_close(s);
@@ -626,7 +626,7 @@ Test(cuda, mirror_resync_follows_a_rollback)
     append(s, 30, &rng); /* other K/V where the mirror has the old */
     CTXS_OK(ctxs_cuda_resync(kv, NULL));
     ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_attn_plan(&plan, s, 0));
+    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 0));
     compare(kv, s, &plan, (pass){plan.n_tokens - 1, 1, 4, 0.0f}, 2, NULL, "resynced");
     ctxs_cuda_detach(kv);
     ctxs_session_close(s);
@@ -653,7 +653,7 @@ Test(cuda, read_only_sessions_attach)
     CTXS_OK(ctxs_session_refresh(s));
     CTXS_OK(ctxs_cuda_resync(kv, NULL));
     ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_attn_plan(&plan, s, 0));
+    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 0));
     compare(kv, s, &plan, (pass){plan.n_tokens - 1, 1, 8, 0.0f}, 2, NULL, "refreshed");
     ctxs_cuda_detach(kv);
     ctxs_session_close(s);
@@ -668,13 +668,13 @@ Test(cuda, info_says_what_the_handle_holds)
     ctxs_model m = model_of(2, 2, 64);
     ctxs_session *s = create("a", &m, 256, 4, 0);
     ctxs_layout host;
-    CTXS_OK(ctxs_session_layout(&host, s));
+    CTXS_OK(ctxs_session_get_layout(&host, s));
     for (int i = 0; i < 2; i++) {
         ctxs_cuda_kv *kv = attach(s, modes[i]);
         ctxs_cuda_info info;
         ctxs_layout dl;
-        CTXS_OK(ctxs_cuda_info_get(&info, kv));
-        CTXS_OK(ctxs_cuda_layout(&dl, kv));
+        CTXS_OK(ctxs_cuda_get_info(&info, kv));
+        CTXS_OK(ctxs_cuda_get_layout(&dl, kv));
         cr_expect_eq(info.mode, modes[i]);
         cr_expect_eq(info.device, 0);
         cr_expect_not_null(dl.kv);
@@ -709,7 +709,7 @@ Test(cuda, a_region_is_registered_once)
     ctxs_session *s = create("a", &m, 256, 4, 0);
     ctxs_cuda_kv *a = attach(s, CTXS_CUDA_MAPPED), *b = NULL;
     ctxs_cuda_info info;
-    CTXS_OK(ctxs_cuda_info_get(&info, a));
+    CTXS_OK(ctxs_cuda_get_info(&info, a));
     int rc = ctxs_cuda_attach(&b, s, CTXS_CUDA_MAPPED, 0);
     if (info.flags & CTXS_CUDA_PINNED) {
         cr_expect_eq(rc, -EBUSY, "%s", ctxs_err_name(rc));
@@ -739,9 +739,9 @@ Test(cuda, attention_refuses_what_the_cpu_refuses)
     append(s, 50, &rng);
     ctxs_cuda_kv *kv = attach(s, CTXS_CUDA_MIRROR);
     ctxs_layout lay;
-    CTXS_OK(ctxs_session_layout(&lay, s));
+    CTXS_OK(ctxs_session_get_layout(&lay, s));
     ctxs_attn_plan good;
-    CTXS_OK(ctxs_session_attn_plan(&good, s, 0));
+    CTXS_OK(ctxs_session_get_attn_plan(&good, s, 0));
     float *dq, *dout, *hq = calloc(8 * 4 * 64, sizeof(float)), *hout = calloc(8 * 4 * 64, 4);
     CUDA_OK(cudaMalloc((void **)&dq, 8 * 4 * 64 * sizeof(float)));
     CUDA_OK(cudaMalloc((void **)&dout, 8 * 4 * 64 * sizeof(float)));
@@ -810,7 +810,7 @@ Test(cuda, head_dims_above_the_limit_are_refused)
     append(s, 5, &rng);
     ctxs_cuda_kv *kv = attach(s, CTXS_CUDA_MIRROR);
     ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_attn_plan(&plan, s, 0));
+    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 0));
     float *d;
     CUDA_OK(cudaMalloc((void **)&d, 2 * (CTXS_CUDA_MAX_HEAD_DIM + 8) * sizeof(float)));
     ctxs_attn_query q = {d, plan.n_tokens - 1, 1, 1, 0.0f};
@@ -861,7 +861,7 @@ Test(cuda, a_query_that_reads_no_key_gets_zeros)
     ctxs_session *s = create("a", &m, 64, 1, 0);
     append(s, 20, &rng);
     ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_attn_plan(&plan, s, 0));
+    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 0));
     plan.n_sink = 0;
     plan.window = 2;
     plan.n_spans = 1;

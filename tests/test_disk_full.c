@@ -56,7 +56,7 @@ static int append_n(ctxs_session *s, uint32_t n, int *stage)
 {
     ctxs_session_info info;
     *stage = 0;
-    int rc = ctxs_session_info_get(&info, s);
+    int rc = ctxs_session_get_info(&info, s);
     if (rc)
         return rc;
     const ctxs_geometry *g = &info.model.geometry;
@@ -113,7 +113,7 @@ static void append_until_full(ctxs_session *s, uint32_t n, uint64_t *committed, 
 static int64_t check_all(const ctxs_session *s)
 {
     ctxs_session_info info;
-    int rc = ctxs_session_info_get(&info, s);
+    int rc = ctxs_session_get_info(&info, s);
     if (rc)
         return rc;
     const ctxs_geometry *g = &info.model.geometry;
@@ -122,17 +122,17 @@ static int64_t check_all(const ctxs_session *s)
     if (per > 2 * 2 * 8)
         return CTXS_EINVAL;
     ctxs_layout lay;
-    if ((rc = ctxs_session_layout(&lay, s)) != 0)
+    if ((rc = ctxs_session_get_layout(&lay, s)) != 0)
         return rc;
     int64_t bad = 0;
     for (uint64_t p = 0; p < info.n_tokens; p++) {
-        rc = ctxs_session_read_token(s, p, k, v);
+        rc = ctxs_session_read_token(k, v, s, p);
         if (rc == CTXS_EEVICTED)
             continue;
         if (rc)
             return rc;
         uint32_t slot;
-        if ((rc = ctxs_session_slot(&slot, s, p)) != 0)
+        if ((rc = ctxs_session_get_slot(&slot, s, p)) != 0)
             return rc;
         ts_fill_kv(g, p, ek, ev);
         if (memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2) || lay.token_ids[slot] != ts_token(p))
@@ -144,8 +144,7 @@ static int64_t check_all(const ctxs_session *s)
 static ctxs_session *create_in(const char *path, uint32_t capacity, uint32_t ring)
 {
     ctxs_model m = ts_model(1);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.ring = ring;
     ctxs_session *s = NULL;
@@ -166,7 +165,7 @@ static ctxs_session *reopen(const char *path, unsigned flags)
 static void expect_state(ctxs_session *s, uint64_t n_tokens, const char *when)
 {
     ctxs_session_info info;
-    TS_CHECK(ctxs_session_info_get(&info, s) == 0, "info_get");
+    TS_CHECK(ctxs_session_get_info(&info, s) == 0, "info_get");
     TS_CHECK(info.n_tokens == n_tokens, "%s: n_tokens %llu, want %llu", when,
           (unsigned long long)info.n_tokens, (unsigned long long)n_tokens);
     TS_CHECK(info.n_reserved == 0, "%s: %u slots still reserved", when, info.n_reserved);
@@ -176,7 +175,7 @@ static void expect_state(ctxs_session *s, uint64_t n_tokens, const char *when)
           (long long)(bad > 0 ? bad : 0), (long long)(bad < 0 ? bad : 0),
           bad < 0 ? ctxs_strerror((int)bad) : "");
     uint64_t bad_pos = 0;
-    int rc = ctxs_session_verify(s, &bad_pos);
+    int rc = ctxs_session_verify(&bad_pos, s);
     TS_CHECK(rc == 0, "%s: verify: %s at %llu", when, ctxs_strerror(rc), (unsigned long long)bad_pos);
 }
 
@@ -327,7 +326,7 @@ static void body_commit_after_disk_fills(const char *mnt)
     TS_CHECK(rc == 0, "append 1000: %s in %s", ctxs_err_name(rc), stage_name[stage]);
 
     ctxs_session_info info;
-    ctxs_session_info_get(&info, s);
+    ctxs_session_get_info(&info, s);
     const ctxs_geometry *g = &info.model.geometry;
     uint16_t k[2 * 2 * 8], v[2 * 2 * 8];
     uint32_t ids[600];
@@ -351,8 +350,8 @@ static void body_commit_after_disk_fills(const char *mnt)
     /* Writing straight into the mapping too, as an engine does (the same
      * bytes again: V of layer 1, head 1). */
     void *kv;
-    rc = ctxs_session_kv(&kv, s, 1, CTXS_V, 1);
-    TS_CHECK(rc == 0, "ctxs_session_kv: %s", ctxs_strerror(rc));
+    rc = ctxs_session_get_kv(&kv, s, 1, CTXS_V, 1);
+    TS_CHECK(rc == 0, "ctxs_session_get_kv: %s", ctxs_strerror(rc));
     for (uint32_t i = 0; i < 600; i++) {
         ts_fill_kv(g, 1000 + i, k, v);
         memcpy((uint8_t *)kv + (size_t)(1000 + i) * 16, v + (1 * 2 + 1) * 8, 16);
@@ -388,15 +387,15 @@ Test(disk_full, capacity_reached_without_ring_is_efull)
 {
     const char *p = ts_path(ts_scratch, "noring.ctxs");
     ctxs_model m = ts_model(1);
-    ctxs_session_options o;
-    cr_assert_eq(ctxs_session_options_init(&o), 0);
+    ctxs_create_options o;
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
     o.capacity = 64;
     o.n_sink = 4;
     o.ring = 0;
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_session_create(&s, p, &m, &o), 0);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.flags & CTXS_INFO_RING, 0);
 
     cr_assert_eq(ts_append(s, 60), 0);
@@ -406,14 +405,14 @@ Test(disk_full, capacity_reached_without_ring_is_efull)
     cr_assert_eq(ctxs_session_reserve(&r, s, 0), CTXS_EINVAL);
     int rc = ctxs_session_reserve(&r, s, 1000);
     cr_assert(rc == CTXS_EFULL || rc == CTXS_EINVAL, "reserve(1000): %s", ctxs_err_name(rc));
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.n_reserved, 0, "a failed reserve reserved %u", info.n_reserved);
     cr_assert_eq(info.n_tokens, 60);
 
     cr_assert_eq(ts_append(s, 4), 0, "the last 4 slots");
     cr_assert_eq(ctxs_session_reserve(&r, s, 1), CTXS_EFULL, "reserve in a full session");
     cr_assert_eq(ts_append(s, 1), CTXS_EFULL);
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.n_tokens, 64);
     cr_assert_eq(info.n_held, 64);
     cr_assert_eq(info.n_reserved, 0);
@@ -422,7 +421,7 @@ Test(disk_full, capacity_reached_without_ring_is_efull)
     ctxs_session_close(s);
 
     cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.n_tokens, 64);
     cr_assert_eq(ts_check_all(s), 0);
     cr_assert_eq(ctxs_session_reserve(&r, s, 1), CTXS_EFULL, "still full after reopen");
@@ -432,7 +431,7 @@ Test(disk_full, capacity_reached_without_ring_is_efull)
     cr_assert_eq(ctxs_session_reserve(&r, s, 15), CTXS_EFULL);
     cr_assert_eq(ts_append(s, 14), 0);
     cr_assert_eq(ctxs_session_reserve(&r, s, 1), CTXS_EFULL);
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.n_tokens, 64);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
@@ -447,7 +446,7 @@ Test(disk_full, capacity_reached_without_ring_is_efull)
     cr_assert_eq(r2.first_pos, 63);
     ctxs_session_close(s); /* drops both */
     cr_assert_eq(ctxs_session_open(&s, p, &m, CTXS_OPEN_RDONLY, NULL), 0);
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.n_tokens, 60);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
@@ -472,8 +471,7 @@ Test(disk_full, create_beyond_the_file_size_limit_fails_cleanly)
         char path[4096];
         snprintf(path, sizeof(path), "%s/big.ctxs", d);
         ctxs_model m = ts_model(1);
-        ctxs_session_options o;
-        ctxs_session_options_init(&o);
+        ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
         o.capacity = 65536; /* 8 MiB of KV */
         ctxs_session *s = (ctxs_session *)(uintptr_t)0x1;
         int rc = ctxs_session_create(&s, path, &m, &o);

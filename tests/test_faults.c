@@ -80,21 +80,21 @@ static const ctxs_model *model(void)
     return &m;
 }
 
-static ctxs_session_options options(void)
+static ctxs_create_options options(void)
 {
     return ts_options(128, 0, 0, CTXS_SYNC_FULL);
 }
 
 static int open_session(ctxs_session **out, world *w, const char *name, unsigned flags)
 {
-    ctxs_session_options o = options();
-    return ctxs_store_session_open(out, w->st, name, model(), flags, &o);
+    ctxs_create_options o = options();
+    return ctxs_store_session_open(out, w->st, name, model(), flags, &o.open);
 }
 
 static uint64_t tokens_of(const ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0, "[%s]", run_context);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0, "[%s]", run_context);
     return info.n_tokens;
 }
 
@@ -162,7 +162,7 @@ static void world_make(world *w, const fault_op *op)
     unlink(w->export_path);
     cr_assert_eq(ctxs_store_open(&w->st, w->dir, NULL), 0, "[%s]", run_context);
     cr_assert_eq(ctxs_model_register(w->st, model(), "faults"), 0, "[%s]", run_context);
-    ctxs_session_options o = options();
+    ctxs_create_options o = options();
     cr_assert_eq(ctxs_store_session_create(&w->a, w->st, "a", model(), &o), 0, "[%s]", run_context);
     ts_append_many(w->a, BASE_TOKENS);
     w->acked = BASE_TOKENS;
@@ -177,7 +177,7 @@ static uint64_t check_session(world *w, const char *name)
     int rc = open_session(&s, w, name, CTXS_OPEN_RDONLY);
     cr_assert_eq(rc, 0, "open \"%s\": %s [%s]", name, ctxs_err_name(rc), run_context);
     uint64_t bad = 0;
-    rc = ctxs_session_verify(s, &bad);
+    rc = ctxs_session_verify(&bad, s);
     cr_assert_eq(rc, 0, "\"%s\" does not verify (%s at %llu) [%s]", name, ctxs_err_name(rc),
                  (unsigned long long)bad, run_context);
     cr_assert_eq(ts_check_all(s), 0, "\"%s\" reads back wrong [%s]", name, run_context);
@@ -236,7 +236,7 @@ static void check_store(world *w)
 static int run_create(world *w)
 {
     ctxs_session *b = NULL;
-    ctxs_session_options o = options();
+    ctxs_create_options o = options();
     int rc = ctxs_store_session_create(&b, w->st, "b", model(), &o);
     ctxs_session_close(b);
     return rc;
@@ -285,14 +285,14 @@ static bool happened_rollback(world *w)
 
 static int run_checkpoint(world *w)
 {
-    return ctxs_checkpoint_create(w->st, w->a, "cp");
+    return ctxs_checkpoint_create(w->a, "cp");
 }
 
 static bool happened_checkpoint(world *w)
 {
     ctxs_checkpoint_entry *list = NULL;
     size_t n = 0;
-    cr_assert_eq(ctxs_checkpoint_list(&list, &n, w->st, "a"), 0, "[%s]", run_context);
+    cr_assert_eq(ts_checkpoint_list(&list, &n, w->st, "a"), 0, "[%s]", run_context);
     bool found = n == 1 && strcmp(list[0].name, "cp") == 0;
     if (found)
         cr_assert_eq(list[0].n_tokens, BASE_TOKENS, "[%s]", run_context);
@@ -300,7 +300,7 @@ static bool happened_checkpoint(world *w)
     ctxs_free(list);
     if (found) {
         ctxs_session *f = NULL;
-        int rc = ctxs_store_fork_checkpoint(&f, w->st, "a", "cp", "from-cp", NULL);
+        int rc = ctxs_store_session_fork_checkpoint(&f, w->st, "from-cp", "a", "cp", NULL);
         cr_assert_eq(rc, 0, "fork of the checkpoint: %s [%s]", ctxs_err_name(rc), run_context);
         cr_assert_eq(tokens_of(f), BASE_TOKENS, "[%s]", run_context);
         cr_assert_eq(ts_check_all(f), 0, "[%s]", run_context);
@@ -313,7 +313,7 @@ static bool happened_checkpoint(world *w)
 static int run_fork(world *w)
 {
     ctxs_session *f = NULL;
-    int rc = ctxs_store_fork(&f, w->st, "a", FORK_TOKENS, "f", NULL);
+    int rc = ctxs_store_session_fork(&f, w->st, "f", "a", FORK_TOKENS, NULL);
     ctxs_session_close(f);
     return rc;
 }
@@ -328,7 +328,7 @@ static bool happened_fork(world *w)
 
 static void prepare_gc(world *w)
 {
-    ctxs_session_options o = options();
+    ctxs_create_options o = options();
     const char *names[] = {"b", "c"};
     for (int i = 0; i < 2; i++) {
         ctxs_session *s = NULL;
@@ -377,13 +377,13 @@ static bool happened_compact(world *w)
 
 static void prepare_import(world *w)
 {
-    cr_assert_eq(ctxs_store_export(w->st, "a", w->export_path, NULL, NULL), 0, "[%s]", run_context);
+    cr_assert_eq(ctxs_store_session_export(w->st, "a", w->export_path, NULL, NULL), 0, "[%s]", run_context);
 }
 
 static int run_import(world *w)
 {
     char name[256];
-    return ctxs_store_import(w->st, w->export_path, "imported", name, NULL, NULL);
+    return ctxs_store_session_import(name, w->st, w->export_path, "imported", NULL, NULL);
 }
 
 static bool happened_import(world *w)
@@ -409,7 +409,7 @@ static bool happened_open(world *w)
 
 static int run_export(world *w)
 {
-    return ctxs_store_export(w->st, "a", w->export_path, NULL, NULL);
+    return ctxs_store_session_export(w->st, "a", w->export_path, NULL, NULL);
 }
 
 static bool happened_export(world *w)
@@ -418,7 +418,7 @@ static bool happened_export(world *w)
     if (access(w->export_path, F_OK) != 0)
         return false;
     char name[256];
-    int rc = ctxs_store_import(w->st, w->export_path, "exported", name, NULL, NULL);
+    int rc = ctxs_store_session_import(name, w->st, w->export_path, "exported", NULL, NULL);
     cr_assert_eq(rc, 0, "the export does not import: %s [%s]", ctxs_err_name(rc), run_context);
     cr_assert_eq(check_session(w, "exported"), BASE_TOKENS, "[%s]", run_context);
     cr_assert_eq(ctxs_store_session_delete(w->st, "exported"), 0, "[%s]", run_context);
@@ -429,11 +429,11 @@ static bool happened_export(world *w)
 #define B_TOKENS 5u
 static void prepare_b(world *w)
 {
-    ctxs_session_options o = options();
+    ctxs_create_options o = options();
     ctxs_session *b = NULL;
     cr_assert_eq(ctxs_store_session_create(&b, w->st, "b", model(), &o), 0, "[%s]", run_context);
     ts_append_many(b, B_TOKENS);
-    cr_assert_eq(ctxs_checkpoint_create(w->st, b, "b-cp"), 0, "[%s]", run_context);
+    cr_assert_eq(ctxs_checkpoint_create(b, "b-cp"), 0, "[%s]", run_context);
     ctxs_session_close(b);
 }
 
@@ -450,7 +450,7 @@ static bool happened_delete(world *w)
     }
     ctxs_checkpoint_entry *list = NULL;
     size_t n = 0;
-    int rc = ctxs_checkpoint_list(&list, &n, w->st, "b");
+    int rc = ts_checkpoint_list(&list, &n, w->st, "b");
     cr_assert_eq(rc, CTXS_ENOTFOUND, "checkpoints of a deleted session: %s [%s]",
                  ctxs_err_name(rc), run_context);
     return true;
@@ -469,7 +469,7 @@ static bool happened_rename(world *w)
     cr_assert_eq(check_session(w, to ? "renamed" : "b"), B_TOKENS, "[%s]", run_context);
     ctxs_checkpoint_entry *list = NULL;
     size_t n = 0;
-    cr_assert_eq(ctxs_checkpoint_list(&list, &n, w->st, to ? "renamed" : "b"), 0, "[%s]",
+    cr_assert_eq(ts_checkpoint_list(&list, &n, w->st, to ? "renamed" : "b"), 0, "[%s]",
                  run_context);
     ctxs_free(list);
     cr_assert_eq(n, 1, "the checkpoint did not follow the rename [%s]", run_context);
@@ -479,13 +479,13 @@ static bool happened_rename(world *w)
 /* A checkpoint at BASE_TOKENS, then tokens that the restore drops. */
 static void prepare_restore(world *w)
 {
-    cr_assert_eq(ctxs_checkpoint_create(w->st, w->a, "cp"), 0, "[%s]", run_context);
+    cr_assert_eq(ctxs_checkpoint_create(w->a, "cp"), 0, "[%s]", run_context);
     ts_append_many(w->a, MORE_TOKENS);
 }
 
 static int run_restore(world *w)
 {
-    return ctxs_checkpoint_restore(w->st, w->a, "cp");
+    return ctxs_checkpoint_restore(w->a, "cp");
 }
 
 static bool happened_restore(world *w)
@@ -495,19 +495,19 @@ static bool happened_restore(world *w)
 
 static void prepare_checkpoint_delete(world *w)
 {
-    cr_assert_eq(ctxs_checkpoint_create(w->st, w->a, "cp"), 0, "[%s]", run_context);
+    cr_assert_eq(ctxs_checkpoint_create(w->a, "cp"), 0, "[%s]", run_context);
 }
 
 static int run_checkpoint_delete(world *w)
 {
-    return ctxs_checkpoint_delete(w->st, "a", "cp");
+    return ts_checkpoint_delete(w->st, "a", "cp");
 }
 
 static bool happened_checkpoint_delete(world *w)
 {
     ctxs_checkpoint_entry *list = NULL;
     size_t n = 0;
-    cr_assert_eq(ctxs_checkpoint_list(&list, &n, w->st, "a"), 0, "[%s]", run_context);
+    cr_assert_eq(ts_checkpoint_list(&list, &n, w->st, "a"), 0, "[%s]", run_context);
     ctxs_free(list);
     return n == 0;
 }
@@ -520,7 +520,7 @@ static bool b_kept(world *w)
     cr_assert_eq(check_session(w, "b"), B_TOKENS, "[%s]", run_context);
     ctxs_checkpoint_entry *list = NULL;
     size_t n = 0;
-    cr_assert_eq(ctxs_checkpoint_list(&list, &n, w->st, "b"), 0, "[%s]", run_context);
+    cr_assert_eq(ts_checkpoint_list(&list, &n, w->st, "b"), 0, "[%s]", run_context);
     ctxs_free(list);
     cr_assert_eq(n, 1, "the checkpoint of \"b\" is gone [%s]", run_context);
     return true;

@@ -59,7 +59,7 @@ static size_t per_token(const ctxs_geometry *geo)
 static int append_gen(ctxs_session *s, uint32_t n, uint32_t g)
 {
     ctxs_session_info info;
-    int rc = ctxs_session_info_get(&info, s);
+    int rc = ctxs_session_get_info(&info, s);
     if (rc < 0)
         return rc;
     size_t per = per_token(&info.model.geometry);
@@ -95,17 +95,17 @@ static uint64_t wrong_gen(const ctxs_session *s, uint64_t from, uint64_t to, uin
 {
     ctxs_session_info info;
     ctxs_layout lay;
-    if (ctxs_session_info_get(&info, s) || ctxs_session_layout(&lay, s))
+    if (ctxs_session_get_info(&info, s) || ctxs_session_get_layout(&lay, s))
         return UINT64_MAX;
     size_t per = per_token(&info.model.geometry);
     uint16_t *k = malloc(per * 2), *v = malloc(per * 2), *ek = malloc(per * 2), *ev = malloc(per * 2);
     uint64_t bad = 0;
     for (uint64_t p = from; p < to; p++) {
         uint32_t slot;
-        int rc = ctxs_session_slot(&slot, s, p);
+        int rc = ctxs_session_get_slot(&slot, s, p);
         if (rc == CTXS_EEVICTED)
             continue;
-        if (rc || ctxs_session_read_token(s, p, k, v)) {
+        if (rc || ctxs_session_read_token(k, v, s, p)) {
             bad++;
             continue;
         }
@@ -140,10 +140,9 @@ static ctxs_model model_of(ctxs_geometry geo)
     return m;
 }
 
-static ctxs_session_options opts(uint32_t capacity, uint32_t n_sink, uint32_t ring)
+static ctxs_create_options opts(uint32_t capacity, uint32_t n_sink, uint32_t ring)
 {
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
     o.ring = ring;
@@ -156,7 +155,7 @@ static ctxs_session *source(const char *name, ctxs_geometry geo, uint32_t capaci
                             uint32_t n_sink, uint32_t ring, uint64_t n_tokens)
 {
     ctxs_model m = model_of(geo);
-    ctxs_session_options o = opts(capacity, n_sink, ring);
+    ctxs_create_options o = opts(capacity, n_sink, ring);
     ctxs_session *s = NULL;
     int rc = ctxs_session_create(&s, ts_path(ts_scratch, name), &m, &o);
     cr_assert_eq(rc, 0, "create %s: %s", name, ctxs_strerror(rc));
@@ -172,11 +171,8 @@ static ctxs_session *open_at(const char *name, ctxs_geometry geo, unsigned flags
                              uint32_t recovery)
 {
     ctxs_model m = model_of(geo);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.recovery = recovery;
     ctxs_session *s = NULL;
-    int rc = ctxs_session_open(&s, ts_path(ts_scratch, name), &m, flags, &o);
+    int rc = ctxs_session_open(&s, ts_path(ts_scratch, name), &m, flags | recovery, NULL);
     cr_assert_eq(rc, 0, "open %s: %s", name, ctxs_strerror(rc));
     return s;
 }
@@ -184,15 +180,15 @@ static ctxs_session *open_at(const char *name, ctxs_geometry geo, unsigned flags
 static ctxs_session_info info_of(const ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     return info;
 }
 
 static ctxs_session *fork_ok(ctxs_session *src, uint64_t n, const char *name,
-                             const ctxs_session_options *o)
+                             const ctxs_create_options *o)
 {
     ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
-    int rc = ctxs_session_fork(&f, src, n, ts_path(ts_scratch, name), o);
+    int rc = ctxs_session_fork(&f, ts_path(ts_scratch, name), src, n, o ? &o->open : NULL);
     cr_assert_eq(rc, 0, "fork at %llu to %s: %s", (unsigned long long)n, name, ctxs_strerror(rc));
     cr_assert_not_null(f);
     return f;
@@ -201,7 +197,7 @@ static ctxs_session *fork_ok(ctxs_session *src, uint64_t n, const char *name,
 static void fork_fails(ctxs_session *src, uint64_t n, const char *name, int want)
 {
     ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
-    int rc = ctxs_session_fork(&f, src, n, ts_path(ts_scratch, name), NULL);
+    int rc = ctxs_session_fork(&f, ts_path(ts_scratch, name), src, n, NULL);
     cr_assert_eq(rc, want, "fork at %llu: %d (%s), want %s", (unsigned long long)n, rc,
                  ctxs_err_name(rc), ctxs_err_name(want));
     cr_assert_null(f, "a failed fork set *out");
@@ -259,7 +255,7 @@ static void expect_fork(const ctxs_session *f, uint64_t n_tokens, uint64_t ring_
     cr_assert_eq(info.n_reserved, 0);
     cr_assert_eq(ts_check_all(f), 0, "tokens of the fork do not read back");
     uint64_t bad = 0;
-    int rc = ctxs_session_verify(f, &bad);
+    int rc = ctxs_session_verify(&bad, f);
     cr_assert_eq(rc, 0, "the fork does not verify at %llu", (unsigned long long)bad);
     expect_unheld_zero(f);
 }
@@ -320,7 +316,7 @@ Test(fork, a_fork_at_a_mid_count_holds_that_prefix)
     ctxs_session *f = fork_ok(src, 37, "mid", NULL);
     expect_fork(f, 37, 0);
     uint16_t k[32], v[32];
-    cr_assert_eq(ctxs_session_read_token(f, 37, k, v), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_session_read_token(k, v, f, 37), CTXS_ENOTFOUND);
     ctxs_session_close(f);
     f = fork_ok(src, 3, "in_sinks", NULL);
     expect_fork(f, 3, 0);
@@ -410,7 +406,7 @@ Test(fork, a_fork_takes_the_state_rollback_would_give)
             cr_assert_eq(ctxs_session_open(&rb, ts_path(ts_scratch, "copy"), &m, 0, NULL), 0);
             int want = ctxs_session_rollback(rb, n);
             ctxs_session *f = NULL;
-            int rc = ctxs_session_fork(&f, src, n, ts_path(ts_scratch, "fork"), NULL);
+            int rc = ctxs_session_fork(&f, ts_path(ts_scratch, "fork"), src, n, NULL);
             cr_assert_eq(rc, want, "%llu tokens, fork at %llu: %s, rollback: %s",
                          (unsigned long long)cases[c].n_tokens, (unsigned long long)n,
                          ctxs_err_name(rc), ctxs_err_name(want));
@@ -467,9 +463,9 @@ Test(fork, a_wrapped_ring_forked_inside_the_held_ring)
         /* Writing on fills the slots the fork dropped, then evicts. */
         cr_assert_eq(append_gen(f, 50, 0), 0);
         cr_assert_eq(ts_check_all(f), 0);
-        cr_assert_eq(ctxs_session_verify(f, NULL), 0);
+        cr_assert_eq(ctxs_session_verify(NULL, f), 0);
         ctxs_session_close(f);
-        f = open_at(name, small_geometry(), CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY);
+        f = open_at(name, small_geometry(), CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY);
         cr_assert_eq(info_of(f).n_tokens, counts[i] + 50);
         cr_assert_eq(ts_check_all(f), 0);
         ctxs_session_close(f);
@@ -526,8 +522,8 @@ Test(fork, writing_to_the_fork_leaves_the_source_alone_and_back)
     ctxs_session_close(f);
     ctxs_session_close(src);
 
-    src = open_at("src", small_geometry(), CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY);
-    f = open_at("f", small_geometry(), CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY);
+    src = open_at("src", small_geometry(), CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY);
+    f = open_at("f", small_geometry(), CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY);
     cr_assert_eq(info_of(src).n_tokens, 90);
     cr_assert_eq(info_of(f).n_tokens, 80);
     cr_assert_eq(wrong_gen(src, 0, 40, 0) + wrong_gen(src, 40, 90, 2), 0);
@@ -552,7 +548,7 @@ Test(fork, a_writer_source_does_not_copy_its_reservations)
     ctxs_session *f = fork_ok(src, UINT64_MAX, "f", NULL);
     expect_fork(f, 100, 0);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, f), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, f), 0);
     const uint8_t *kv = lay.kv;
     for (uint32_t run = 0; run < 8; run++)
         for (size_t b = 100 * lay.slot_bytes; b < 110 * lay.slot_bytes; b++)
@@ -579,13 +575,13 @@ Test(fork, a_reopened_fork_holds_every_token)
     ctxs_session_close(f);
     ctxs_session_close(src);
 
-    f = open_at("f", small_geometry(), CTXS_OPEN_RDONLY, CTXS_RECOVER_AUTO);
+    f = open_at("f", small_geometry(), CTXS_OPEN_RDONLY, 0);
     expect_fork(f, 120, 90);
     ctxs_session_close(f);
 
     /* verified_from is 0: a verifying open checks every token, keeps them
      * all, and a writer then vouches for them. */
-    f = open_at("f", small_geometry(), 0, CTXS_RECOVER_VERIFY);
+    f = open_at("f", small_geometry(), 0, CTXS_OPEN_VERIFY);
     ctxs_session_info info = info_of(f);
     cr_assert(info.flags & CTXS_INFO_VERIFIED);
     cr_assert_eq(info.flags & CTXS_INFO_RECOVERED, 0);
@@ -604,7 +600,7 @@ Test(fork, a_fork_whose_kv_was_lost_keeps_its_longest_verifying_prefix)
     ctxs_session *src = source("src", small_geometry(), 256, 4, 1, 100);
     ctxs_session *f = fork_ok(src, 100, "f", NULL);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, f), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, f), 0);
     size_t off = (size_t)((uint8_t *)lay.kv - (uint8_t *)f->map) + 3 * lay.head_stride +
                  60 * lay.slot_bytes;
     ctxs_session_close(f);
@@ -628,7 +624,7 @@ Test(fork, a_fork_whose_kv_was_lost_keeps_its_longest_verifying_prefix)
     }
     close(fd);
 
-    f = open_at("f", small_geometry(), 0, CTXS_RECOVER_AUTO);
+    f = open_at("f", small_geometry(), 0, 0);
     ctxs_session_info info = info_of(f);
     cr_assert(info.flags & CTXS_INFO_VERIFIED);
     cr_assert(info.flags & CTXS_INFO_RECOVERED);
@@ -641,10 +637,9 @@ Test(fork, a_fork_whose_kv_was_lost_keeps_its_longest_verifying_prefix)
 Test(fork, a_full_durability_fork)
 {
     ctxs_session *src = source("src", small_geometry(), 64, 4, 1, 150);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.durability = CTXS_SYNC_FULL;
-    o.window = 16;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+    o.open.durability = CTXS_SYNC_FULL;
+    o.open.window = 16;
     ctxs_session *f = fork_ok(src, 130, "f", &o);
     expect_fork(f, 130, 90);
     ctxs_session_info info = info_of(f);
@@ -654,12 +649,12 @@ Test(fork, a_full_durability_fork)
     cr_assert_eq(append_gen(f, 5, 0), 0);
     cr_assert_eq(info_of(f).verified_from, 135);
     ctxs_session_close(f);
-    f = open_at("f", small_geometry(), CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY);
+    f = open_at("f", small_geometry(), CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY);
     cr_assert_eq(info_of(f).n_tokens, 135);
     cr_assert_eq(ts_check_all(f), 0);
     ctxs_session_close(f);
 
-    o.durability = CTXS_SYNC_NONE;
+    o.open.durability = CTXS_SYNC_NONE;
     f = fork_ok(src, 100, "none", &o);
     expect_fork(f, 100, 90);
     ctxs_session_close(f);
@@ -677,7 +672,7 @@ Test(fork, a_path_that_exists_is_eexist_and_left_untouched)
     size_t len0, len1;
     uint8_t *before = ts_read_file(p, &len0);
     ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
-    cr_assert_eq(ctxs_session_fork(&f, src, 50, p, NULL), -EEXIST);
+    cr_assert_eq(ctxs_session_fork(&f, p, src, 50, NULL), -EEXIST);
     cr_assert_null(f);
     uint8_t *after = ts_read_file(p, &len1);
     cr_assert(len0 == len1 && memcmp(before, after, len0) == 0, "fork changed the file at its path");
@@ -686,13 +681,13 @@ Test(fork, a_path_that_exists_is_eexist_and_left_untouched)
 
     const char *t = ts_path(ts_scratch, "notes.txt");
     cr_assert_eq(ts_write_file(t, "keep me\n", 8), 0);
-    cr_assert_eq(ctxs_session_fork(&f, src, 50, t, NULL), -EEXIST);
+    cr_assert_eq(ctxs_session_fork(&f, t, src, 50, NULL), -EEXIST);
     const char *dangling = ts_path(ts_scratch, "dangling");
     cr_assert_eq(symlink(ts_path(ts_scratch, "nowhere"), dangling), 0);
-    cr_assert_eq(ctxs_session_fork(&f, src, 50, dangling, NULL), -EEXIST);
+    cr_assert_eq(ctxs_session_fork(&f, dangling, src, 50, NULL), -EEXIST);
     struct stat st;
     cr_assert_neq(lstat(ts_path(ts_scratch, "nowhere"), &st), 0, "fork followed a symlink");
-    cr_assert_eq(ctxs_session_fork(&f, src, 50, ts_path(ts_scratch, "no/such/dir"), NULL), -ENOENT);
+    cr_assert_eq(ctxs_session_fork(&f, ts_path(ts_scratch, "no/such/dir"), src, 50, NULL), -ENOENT);
     cr_assert_eq(scratch_entries(), 4, "a refused fork left files behind");
     ctxs_session_close(src);
 }
@@ -702,23 +697,22 @@ Test(fork, bad_arguments_are_einval)
     ctxs_session *src = source("src", small_geometry(), 256, 4, 1, 100);
     const char *p = ts_path(ts_scratch, "f");
     ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
-    cr_assert_eq(ctxs_session_fork(NULL, src, 10, p, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_session_fork(&f, NULL, 10, p, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_fork(NULL, p, src, 10, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_fork(&f, p, NULL, 10, NULL), CTXS_EINVAL);
     cr_assert_null(f);
     f = (ctxs_session *)(uintptr_t)0x1;
-    cr_assert_eq(ctxs_session_fork(&f, src, 10, NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_fork(&f, NULL, src, 10, NULL), CTXS_EINVAL);
     cr_assert_null(f);
-    cr_assert_eq(ctxs_session_fork(&f, src, 10, "", NULL), CTXS_EINVAL);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    cr_assert_eq(ctxs_session_fork(&f, "", src, 10, NULL), CTXS_EINVAL);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.version = 0;
-    cr_assert_eq(ctxs_session_fork(&f, src, 10, p, &o), CTXS_EINVAL);
-    ctxs_session_options_init(&o);
+    cr_assert_eq(ctxs_session_fork(&f, p, src, 10, &o.open), CTXS_EINVAL);
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
     o.reserved[3] = 1;
-    cr_assert_eq(ctxs_session_fork(&f, src, 10, p, &o), CTXS_EINVAL);
-    ctxs_session_options_init(&o);
-    o.durability = 9;
-    cr_assert_eq(ctxs_session_fork(&f, src, 10, p, &o), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_fork(&f, p, src, 10, &o.open), CTXS_EINVAL);
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    o.open.durability = 9;
+    cr_assert_eq(ctxs_session_fork(&f, p, src, 10, &o.open), CTXS_EINVAL);
     cr_assert_null(f);
     cr_assert_eq(scratch_entries(), 1);
     ctxs_session_close(src);
@@ -865,7 +859,7 @@ Test(fork, a_source_changed_and_changed_back_during_the_copy_is_never_forked_wro
     hook_action[CTXS__FORK_TABLES_COPIED] = rewrite_gen1_from_100;
     hook_action[CTXS__FORK_KV_COPIED] = rewrite_gen0_from_100;
     ctxs_session *f = NULL;
-    int rc = ctxs_session_fork(&f, src, 200, ts_path(ts_scratch, "f"), NULL);
+    int rc = ctxs_session_fork(&f, ts_path(ts_scratch, "f"), src, 200, NULL);
     cr_assert(rc == 0 || rc == CTXS_ESTALE, "fork: %s", ctxs_err_name(rc));
     if (rc == 0) {
         cr_log_info("the fork was cloned before the source changed");
@@ -887,10 +881,10 @@ Test(fork, tokens_rewritten_before_the_copy_fork_as_rewritten_or_give_estale)
     ctxs_session *src = hooked_source();
     hook_action[CTXS__FORK_STARTED] = rewrite_gen1_from_100;
     ctxs_session *f = NULL;
-    int rc = ctxs_session_fork(&f, src, 200, ts_path(ts_scratch, "f"), NULL);
+    int rc = ctxs_session_fork(&f, ts_path(ts_scratch, "f"), src, 200, NULL);
     cr_assert(rc == 0 || rc == CTXS_ESTALE, "fork: %s", ctxs_err_name(rc));
     if (rc == 0) {
-        cr_assert_eq(ctxs_session_verify(f, NULL), 0);
+        cr_assert_eq(ctxs_session_verify(NULL, f), 0);
         cr_assert_eq(wrong_gen(f, 0, 100, 0), 0);
         cr_assert_eq(wrong_gen(f, 100, 200, 1), 0, "the fork is not what the source holds");
         expect_unheld_zero(f);
@@ -965,7 +959,7 @@ static int child_appends(const char *path, int stop_fd, int ready_fd)
     if (write(ready_fd, &c, 1) != 1)
         return 1;
     ctxs_session_info info;
-    while (!told_to_stop(stop_fd) && ctxs_session_info_get(&info, w) == 0 &&
+    while (!told_to_stop(stop_fd) && ctxs_session_get_info(&info, w) == 0 &&
            info.n_tokens + 16 <= 4000)
         if (append_gen(w, 16, 0))
             return 1;
@@ -1062,7 +1056,7 @@ Test(fork, a_source_rolled_back_by_another_process_gives_estale_or_an_exact_fork
     int whole = 0, prefix = 0, stale = 0;
     for (int i = 0; i < 300; i++) {
         ctxs_session *f = NULL;
-        int rc = ctxs_session_fork(&f, src, UINT64_MAX, ts_path(ts_scratch, "f"), NULL);
+        int rc = ctxs_session_fork(&f, ts_path(ts_scratch, "f"), src, UINT64_MAX, NULL);
         if (rc == CTXS_ESTALE) {
             cr_assert_null(f);
             stale++;
@@ -1074,9 +1068,9 @@ Test(fork, a_source_rolled_back_by_another_process_gives_estale_or_an_exact_fork
         uint64_t n = info_of(f).n_tokens;
         cr_assert(n == 100 || n == 200, "a fork of %llu tokens", (unsigned long long)n);
         ctxs_layout lay;
-        cr_assert_eq(ctxs_session_layout(&lay, f), 0);
+        cr_assert_eq(ctxs_session_get_layout(&lay, f), 0);
         uint32_t g = n == 200 ? lay.token_ids[100] >> 16 : 0;
-        cr_assert_eq(ctxs_session_verify(f, NULL), 0);
+        cr_assert_eq(ctxs_session_verify(NULL, f), 0);
         cr_assert_eq(wrong_gen(f, 0, 100, 0), 0);
         cr_assert_eq(wrong_gen(f, 100, n, g), 0, "the fork mixes generations");
         expect_unheld_zero(f);
@@ -1108,7 +1102,7 @@ static void body_full_disk(const char *mnt)
      * its user namespace. */
     ts_enter_small_disk(mnt, "2m");
     ctxs_model m = model_of(big_geometry());
-    ctxs_session_options o = opts(4096, 4, 1);
+    ctxs_create_options o = opts(4096, 4, 1);
     ctxs_session *w, *r;
     TS_CHECK(ctxs_session_create(&w, src_path, &m, &o) == 0, "create");
     o.capacity = 1024;
@@ -1119,7 +1113,7 @@ static void body_full_disk(const char *mnt)
     uint64_t counts[] = { UINT64_MAX, 1000, 600 };
     for (int i = 0; i < 3; i++) {
         ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
-        int rc = ctxs_session_fork(&f, i == 1 ? r : w, counts[i], dst, NULL);
+        int rc = ctxs_session_fork(&f, dst, i == 1 ? r : w, counts[i], NULL);
         TS_CHECK(rc == CTXS_EFULL, "fork %d on a 2 MiB disk: %s, want CTXS_EFULL", i, ctxs_err_name(rc));
         TS_CHECK(f == NULL, "*out set on failure");
         TS_CHECK(ts_dir_entries(mnt) == 0, "a failed fork left %d files", ts_dir_entries(mnt));
@@ -1128,7 +1122,7 @@ static void body_full_disk(const char *mnt)
     /* What fits, forks; writing to it then fills the disk through
      * reserve, as in any session, never with a SIGBUS. */
     ctxs_session *f;
-    int rc = ctxs_session_fork(&f, w, 200, dst, NULL);
+    int rc = ctxs_session_fork(&f, dst, w, 200, NULL);
     TS_CHECK(rc == 0, "fork of 800 KiB on a 2 MiB disk: %s", ctxs_err_name(rc));
     TS_CHECK(wrong_gen(f, 0, 200, 0) == 0, "the fork does not read back");
     for (;;) {
@@ -1138,10 +1132,10 @@ static void body_full_disk(const char *mnt)
     }
     TS_CHECK(rc == CTXS_EFULL, "appending to the fork: %s", ctxs_err_name(rc));
     ctxs_session_info info;
-    TS_CHECK(ctxs_session_info_get(&info, f) == 0, "info");
+    TS_CHECK(ctxs_session_get_info(&info, f) == 0, "info");
     uint64_t n = info.n_tokens;
     TS_CHECK(n > 200, "nothing fitted after the fork");
-    TS_CHECK(wrong_gen(f, 0, n, 0) == 0 && ctxs_session_verify(f, NULL) == 0, "after EFULL");
+    TS_CHECK(wrong_gen(f, 0, n, 0) == 0 && ctxs_session_verify(NULL, f) == 0, "after EFULL");
     ctxs_session_close(f);
     ts_say("ok: the fork took %llu tokens before the disk was full\n", (unsigned long long)n);
     ctxs_session_close(w);
@@ -1156,13 +1150,13 @@ static void body_no_room_for_tables(const char *mnt)
     snprintf(src_path, sizeof(src_path), "%s/src", ts_scratch);
     ts_enter_small_disk(mnt, "1m");
     ctxs_model m = model_of(small_geometry());
-    ctxs_session_options o = opts(1u << 20, 4, 1);
+    ctxs_create_options o = opts(1u << 20, 4, 1);
     ctxs_session *w;
     TS_CHECK(ctxs_session_create(&w, src_path, &m, &o) == 0, "create");
     TS_CHECK(append_gen(w, 10, 0) == 0, "append");
     snprintf(dst, sizeof(dst), "%s/f", mnt);
     ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
-    int rc = ctxs_session_fork(&f, w, UINT64_MAX, dst, NULL);
+    int rc = ctxs_session_fork(&f, dst, w, UINT64_MAX, NULL);
     TS_CHECK(rc == CTXS_EFULL, "fork: %s, want CTXS_EFULL", ctxs_err_name(rc));
     TS_CHECK(f == NULL && ts_dir_entries(mnt) == 0, "a failed fork left %d files", ts_dir_entries(mnt));
     ctxs_session_close(w);

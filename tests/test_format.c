@@ -105,10 +105,10 @@ static void copy_file(const char *from, const char *to)
     free(b);
 }
 
-static ctxs_session_options opts_for(uint32_t capacity, uint32_t n_sink, uint32_t ring)
+static ctxs_create_options opts_for(uint32_t capacity, uint32_t n_sink, uint32_t ring)
 {
-    ctxs_session_options o;
-    cr_assert_eq(ctxs_session_options_init(&o), 0);
+    ctxs_create_options o;
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
     o.ring = ring;
@@ -125,7 +125,7 @@ static const char *make_session(const char *name, uint32_t capacity, uint32_t ri
     char *p = paths[next++ % 4];
     snprintf(p, sizeof(paths[0]), "%s/%s", ts_scratch, name);
     ctxs_model m = ts_model(1);
-    ctxs_session_options o = opts_for(capacity, PRISTINE_SINK, ring);
+    ctxs_create_options o = opts_for(capacity, PRISTINE_SINK, ring);
     ctxs_session *s = NULL;
     int rc = ctxs_session_create(&s, p, &m, &o);
     cr_assert_eq(rc, 0, "create %s: %s", p, ctxs_strerror(rc));
@@ -218,7 +218,7 @@ static void expect_opens(const char *path, const char *what, uint64_t n_tokens)
         cr_assert_eq(rc, 0, "%s (%s): open: %s", what, i ? "read-write" : "read-only",
                      ctxs_strerror(rc));
         ctxs_session_info info;
-        cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
         cr_assert_eq(info.n_tokens, n_tokens, "%s: n_tokens %llu, want %llu", what,
                      (unsigned long long)info.n_tokens, (unsigned long long)n_tokens);
         cr_assert_eq(ts_check_all(s), 0, "%s: tokens do not read back", what);
@@ -229,7 +229,7 @@ static void expect_opens(const char *path, const char *what, uint64_t n_tokens)
 static uint64_t n_tokens_of(ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     return info.n_tokens;
 }
 
@@ -319,7 +319,7 @@ Test(format, large_capacity_file_is_sparse)
     const char *p = ts_path(ts_scratch, "big.ctxs");
     ctxs_model m = ts_model(2);
     m.geometry = (ctxs_geometry){ 8, 8, 128, CTXS_DTYPE_F16 }; /* 128 MiB of KV */
-    ctxs_session_options o = opts_for(4096, 4, 1);
+    ctxs_create_options o = opts_for(4096, 4, 1);
     ctxs_session *s = NULL;
     int rc = ctxs_session_create(&s, p, &m, &o);
     cr_assert_eq(rc, 0, "%s", ctxs_strerror(rc));
@@ -801,7 +801,7 @@ Test(format, damaged_newer_record_falls_back_to_the_older)
         int rc = ctxs_session_open(&s, p, &m, CTXS_OPEN_RDONLY, NULL);
         cr_assert_eq(rc, 0, "newer record: %s: open: %s", what, ctxs_strerror(rc));
         ctxs_session_info info;
-        cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
         cr_assert_eq(info.n_tokens, 17, "newer record: %s: n_tokens %llu, want 17", what,
                      (unsigned long long)info.n_tokens);
         cr_assert_eq(ts_check_all(s), 0);
@@ -828,27 +828,25 @@ Test(format, forged_record_is_rolled_back_by_verification)
     rec_read(pristine, 1, &r[1]);
     int newer = r[1].seq > r[0].seq;
     ctxs_model m = ts_model(1);
-    ctxs_session_options o;
-    cr_assert_eq(ctxs_session_options_init(&o), 0);
+    ctxs_create_options o;
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
 
     for (int which = 0; which < 3; which++) {
         copy_file(pristine, p);
         ctxs__disk_record x = r[newer];
         x.n_tokens = 500;
         x.verified_from = 0;
-        o.recovery = CTXS_RECOVER_VERIFY;
-        if (which == 1) {
-            /* Written under another boot: AUTO verifies on its own. */
-            memset(x.boot_id, 0x42, 16);
-            o.recovery = CTXS_RECOVER_AUTO;
-        }
-        rec_write(p, newer, &x, 1);
         unsigned flags = which == 2 ? 0 : CTXS_OPEN_RDONLY;
+        if (which == 1)
+            memset(x.boot_id, 0x42, 16); /* another boot: verified without asking */
+        else
+            flags |= CTXS_OPEN_VERIFY;
+        rec_write(p, newer, &x, 1);
         ctxs_session *s = NULL;
-        int rc = ctxs_session_open(&s, p, &m, flags, &o);
+        int rc = ctxs_session_open(&s, p, &m, flags, &o.open);
         cr_assert_eq(rc, 0, "case %d: open: %s", which, ctxs_strerror(rc));
         ctxs_session_info info;
-        cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
         cr_assert_eq(info.n_tokens, 37, "case %d: forged record kept %llu tokens", which,
                      (unsigned long long)info.n_tokens);
         cr_assert(info.flags & CTXS_INFO_RECOVERED, "case %d: RECOVERED not set", which);
@@ -856,7 +854,7 @@ Test(format, forged_record_is_rolled_back_by_verification)
         cr_assert_eq(info.lost_tokens, 463, "case %d: lost_tokens %llu", which,
                      (unsigned long long)info.lost_tokens);
         cr_assert_eq(ts_check_all(s), 0);
-        cr_assert_eq(ctxs_session_verify(s, NULL), 0);
+        cr_assert_eq(ctxs_session_verify(NULL, s), 0);
         ctxs_session_close(s);
     }
     /* The read-write open wrote the recovered state back. */
@@ -882,7 +880,7 @@ Test(format, record_seq_at_the_limit_does_not_lose_commits)
     int rc = ctxs_session_open(&s, p, &m, 0, NULL);
     cr_assert_eq(rc, 0, "open: %s", ctxs_strerror(rc));
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_expect_eq(info.n_tokens, older_tokens);
     cr_expect(info.flags & CTXS_INFO_RECOVERED);
     cr_assert_eq(ts_append(s, 5), 0);
@@ -1099,7 +1097,7 @@ Test(format, wrong_model_is_refused)
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_session_open(&s, p, NULL, CTXS_OPEN_RDONLY, NULL), 0);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert(memcmp(&info.model, &good, sizeof(good)) == 0, "info.model is not the file's model");
     cr_assert_eq(info.n_tokens, 37);
     cr_assert(info.flags & CTXS_INFO_READONLY);
@@ -1159,9 +1157,9 @@ Test(format, create_rejects_bad_arguments)
     const char *p = ts_path(ts_scratch, "bad.ctxs");
     for (int which = 0;; which++) {
         ctxs_model m = ts_model(1);
-        ctxs_session_options o = opts_for(64, 4, 1);
+        ctxs_create_options o = opts_for(64, 4, 1);
         const ctxs_model *mp = &m;
-        const ctxs_session_options *op = &o;
+        const ctxs_create_options *op = &o;
         const char *path = p;
         ctxs_session *s = (ctxs_session *)(uintptr_t)0x1;
         ctxs_session **outp = &s;
@@ -1185,9 +1183,11 @@ Test(format, create_rejects_bad_arguments)
         case 15: o.version = 0; what = "options version 0"; break;
         case 16: o.version = 999; what = "options version 999"; break;
         case 17: o.reserved[sizeof(o.reserved) - 1] = 1; what = "reserved option bytes"; break;
-        case 18: o.durability = 3; what = "durability 3"; break;
+        case 18: o.open.durability = 3; what = "durability 3"; break;
         case 19: path = ""; what = "empty path"; break;
-        case 20: o.background = 2; what = "background 2"; break;
+        case 20: o.open.background = 2; what = "background 2"; break;
+        case 21: o.open.version = 0; what = "open options version 0"; break;
+        case 22: o.ring = 2; what = "ring 2"; break;
         default: what = NULL; break;
         }
         if (!what)
@@ -1209,14 +1209,14 @@ Test(format, create_rejects_bad_arguments)
 
     /* The edges that are allowed. */
     ctxs_model m = ts_model(1);
-    ctxs_session_options o = opts_for(5, 4, 1);
+    ctxs_create_options o = opts_for(5, 4, 1);
     ctxs_session *s = NULL;
     int rc = ctxs_session_create(&s, p, &m, &o);
     cr_assert_eq(rc, 0, "capacity n_sink + 1: %s", ctxs_strerror(rc));
     ctxs_session_close(s);
     cr_assert_eq(ctxs_session_create(&s, ts_path(ts_scratch, "defaults.ctxs"), &m, NULL), 0);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.capacity, 2048);
     cr_assert_eq(info.n_sink, 4);
     cr_assert(info.flags & CTXS_INFO_RING);
@@ -1234,13 +1234,13 @@ Test(format, open_rejects_bad_arguments)
     s = (ctxs_session *)(uintptr_t)0x1;
     cr_assert_eq(ctxs_session_open(&s, p, &m, 0x80u, NULL), CTXS_EINVAL, "unknown flags");
     cr_assert_null(s);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.version = 0;
     s = (ctxs_session *)(uintptr_t)0x1;
     cr_assert_eq(ctxs_session_open(&s, p, &m, 0, &o), CTXS_EINVAL, "options version 0");
     cr_assert_null(s);
-    cr_assert_eq(ctxs_session_options_init(NULL), CTXS_EINVAL);
+    o.version = CTXS_OPEN_OPTIONS_VERSION + 1;
+    cr_assert_eq(ctxs_session_open(&s, p, &m, 0, &o), CTXS_EINVAL, "a later options version");
     ctxs_session_close(NULL);
     expect_opens(p, "after bad opens", 37);
 }
@@ -1371,7 +1371,7 @@ Test(format, layout_compute_rejects_out_of_range_and_overflow)
      * must fail cleanly, never crash). */
     ctxs_model m = ts_model(1);
     m.geometry = big;
-    ctxs_session_options o = opts_for(CTXS__MAX_CAPACITY, 4, 1);
+    ctxs_create_options o = opts_for(CTXS__MAX_CAPACITY, 4, 1);
     ctxs_session *s = (ctxs_session *)(uintptr_t)0x1;
     rc = ctxs_session_create(&s, ts_path(ts_scratch, "huge.ctxs"), &m, &o);
     if (rc == 0) {
@@ -1421,7 +1421,7 @@ Test(format, new_file_says_version_1_1)
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_session_open(&s, p, NULL, CTXS_OPEN_RDONLY, NULL), 0);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.format_major, 1);
     cr_assert_eq(info.format_minor, 1);
     ctxs_session_close(s);
@@ -1613,10 +1613,7 @@ Test(format, label_and_session_leave_each_other_alone)
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
 
-    ctxs_session_options o;
-    cr_assert_eq(ctxs_session_options_init(&o), 0);
-    o.recovery = CTXS_RECOVER_VERIFY;
-    cr_assert_eq(ctxs_session_open(&s, p, &m, 0, &o), 0);
+    cr_assert_eq(ctxs_session_open(&s, p, &m, CTXS_OPEN_VERIFY, NULL), 0);
     cr_assert_eq(n_tokens_of(s), 60);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
@@ -1646,14 +1643,12 @@ static void expect_v1_0(const char *path, unsigned flags, uint32_t recovery, uin
                         uint64_t ring_start)
 {
     ctxs_model m = ts_model(1);
-    ctxs_session_options o;
-    cr_assert_eq(ctxs_session_options_init(&o), 0);
-    o.recovery = recovery;
     ctxs_session *s = NULL;
-    int rc = ctxs_session_open(&s, path, (flags & CTXS_OPEN_RDONLY) ? NULL : &m, flags, &o);
+    int rc = ctxs_session_open(&s, path, (flags & CTXS_OPEN_RDONLY) ? NULL : &m, flags | recovery,
+                               NULL);
     cr_assert_eq(rc, 0, "open a 1.0 file: %s", ctxs_strerror(rc));
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.format_major, 1);
     cr_assert_eq(info.format_minor, 0);
     cr_assert(memcmp(&info.model, &m, sizeof(m)) == 0, "the model");
@@ -1664,12 +1659,12 @@ static void expect_v1_0(const char *path, unsigned flags, uint32_t recovery, uin
     cr_assert_eq(info.lost_tokens, 0);
     cr_assert_eq(info.flags & CTXS_INFO_RECOVERED, 0);
     cr_assert_eq(ts_check_all(s), 0, "tokens of a 1.0 file do not read back");
-    cr_assert_eq(ctxs_session_verify(s, NULL), 0);
+    cr_assert_eq(ctxs_session_verify(NULL, s), 0);
     /* Every held token, one by one, and none of the evicted ones. */
     uint16_t k[32], v[32], ek[32], ev[32];
     uint64_t held = 0;
     for (uint64_t p = 0; p < n_tokens; p++) {
-        rc = ctxs_session_read_token(s, p, k, v);
+        rc = ctxs_session_read_token(k, v, s, p);
         if (p >= 4 && p < ring_start) {
             cr_assert_eq(rc, CTXS_EEVICTED, "position %llu", (unsigned long long)p);
             continue;
@@ -1695,10 +1690,10 @@ Test(format, version_1_0_file_opens_and_keeps_its_tokens)
     char name[256];
     cr_assert_eq(label_of(p, &id, name), CTXS_ENOTFOUND);
 
-    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_RECOVER_AUTO, 20, 0);
-    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, 20, 0);
-    expect_v1_0(p, 0, CTXS_RECOVER_VERIFY, 20, 0);
-    expect_v1_0(p, 0, CTXS_RECOVER_AUTO, 20, 0);
+    expect_v1_0(p, CTXS_OPEN_RDONLY, 0, 20, 0);
+    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 20, 0);
+    expect_v1_0(p, 0, CTXS_OPEN_VERIFY, 20, 0);
+    expect_v1_0(p, 0, 0, 20, 0);
 
     /* A writer of this version goes on with it; the header, and so its
      * version, is never rewritten. */
@@ -1707,7 +1702,7 @@ Test(format, version_1_0_file_opens_and_keeps_its_tokens)
     cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
     cr_assert_eq(ts_append(s, 30), 0);
     ctxs_session_close(s);
-    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, 50, 0);
+    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 50, 0);
     ctxs__disk_header after;
     hdr_read(p, &after);
     cr_assert(memcmp(&h, &after, sizeof(h)) == 0, "the 1.0 header was rewritten");
@@ -1718,7 +1713,7 @@ Test(format, version_1_0_file_opens_and_keeps_its_tokens)
     close(fd);
     cr_assert_eq(label_of(p, &id, name), 0);
     cr_assert_str_eq(name, "old");
-    expect_v1_0(p, 0, CTXS_RECOVER_VERIFY, 50, 0);
+    expect_v1_0(p, 0, CTXS_OPEN_VERIFY, 50, 0);
 }
 
 Test(format, version_1_0_wrapped_ring_opens_and_keeps_its_tokens)
@@ -1730,14 +1725,14 @@ Test(format, version_1_0_wrapped_ring_opens_and_keeps_its_tokens)
     uint64_t id;
     char name[256];
     cr_assert_eq(label_of(p, &id, name), CTXS_ENOTFOUND);
-    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_RECOVER_AUTO, 100, 40);
-    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, 100, 40);
-    expect_v1_0(p, 0, CTXS_RECOVER_VERIFY, 100, 40);
+    expect_v1_0(p, CTXS_OPEN_RDONLY, 0, 100, 40);
+    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 100, 40);
+    expect_v1_0(p, 0, CTXS_OPEN_VERIFY, 100, 40);
 
     ctxs_model m = ts_model(1);
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
     cr_assert_eq(ts_append(s, 10), 0);
     ctxs_session_close(s);
-    expect_v1_0(p, 0, CTXS_RECOVER_AUTO, 110, 50);
+    expect_v1_0(p, 0, 0, 110, 50);
 }

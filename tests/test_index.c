@@ -51,14 +51,13 @@ static ctxs_store *store_open(void)
     return st;
 }
 
-static ctxs_session_options small_opts(uint32_t capacity, uint32_t n_sink)
+static ctxs_create_options small_opts(uint32_t capacity, uint32_t n_sink)
 {
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
     o.ring = 1;
-    o.durability = CTXS_SYNC_NONE;
+    o.open.durability = CTXS_SYNC_NONE;
     return o;
 }
 
@@ -72,7 +71,7 @@ static void model_reg(ctxs_store *st, const ctxs_model *m)
 static ctxs_session *mk(ctxs_store *st, const char *name, const ctxs_model *m, uint32_t capacity,
                         uint32_t n_sink, uint32_t n)
 {
-    ctxs_session_options o = small_opts(capacity, n_sink);
+    ctxs_create_options o = small_opts(capacity, n_sink);
     ctxs_session *s = NULL;
     int rc = ctxs_store_session_create(&s, st, name, m, &o);
     cr_assert_eq(rc, 0, "create %s: %s", name, ctxs_err_name(rc));
@@ -105,7 +104,7 @@ static ctxs_session_entry entry(ctxs_store *st, const char *name)
 static uint64_t n_tokens(const ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     return info.n_tokens;
 }
 
@@ -136,7 +135,7 @@ static uint64_t vpos(uint64_t pos, uint32_t gen)
 static void append_gen(ctxs_session *s, uint32_t n, uint32_t gen)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     const ctxs_geometry *g = &info.model.geometry;
     uint16_t k[KV_MAX], v[KV_MAX];
     while (n) {
@@ -172,18 +171,18 @@ static void same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n
 {
     uint16_t ka[KV_MAX] = {0}, va[KV_MAX] = {0}, kb[KV_MAX] = {0}, vb[KV_MAX] = {0};
     ctxs_layout la, lb;
-    cr_assert_eq(ctxs_session_layout(&la, a), 0);
-    cr_assert_eq(ctxs_session_layout(&lb, b), 0);
+    cr_assert_eq(ctxs_session_get_layout(&la, a), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lb, b), 0);
     for (uint64_t p = 0; p < n; p++) {
-        int ra = ctxs_session_read_token(a, p, ka, va);
-        int rb = ctxs_session_read_token(b, p, kb, vb);
+        int ra = ctxs_session_read_token(ka, va, a, p);
+        int rb = ctxs_session_read_token(kb, vb, b, p);
         cr_assert_eq(ra, 0, "source read_token(%llu): %s", (unsigned long long)p, ctxs_err_name(ra));
         cr_assert_eq(rb, 0, "fork read_token(%llu): %s", (unsigned long long)p, ctxs_err_name(rb));
         cr_assert(memcmp(ka, kb, sizeof(ka)) == 0 && memcmp(va, vb, sizeof(va)) == 0,
                   "position %llu differs between source and fork", (unsigned long long)p);
         uint32_t sa, sb;
-        cr_assert_eq(ctxs_session_slot(&sa, a, p), 0);
-        cr_assert_eq(ctxs_session_slot(&sb, b, p), 0);
+        cr_assert_eq(ctxs_session_get_slot(&sa, a, p), 0);
+        cr_assert_eq(ctxs_session_get_slot(&sb, b, p), 0);
         cr_assert_eq(la.token_ids[sa], lb.token_ids[sb], "token id at %llu", (unsigned long long)p);
     }
 }
@@ -279,11 +278,10 @@ Test(index, store_open_refuses_bad_arguments)
     cr_assert_null(st);
     cr_assert_eq(ctxs_store_open(&st, "", NULL), CTXS_EINVAL);
     cr_assert_eq(ctxs_store_open(NULL, store_dir(), NULL), CTXS_EINVAL);
-    ctxs_store_options o;
-    ctxs_store_options_init(&o);
+    ctxs_store_options o = CTXS_STORE_OPTIONS_INIT;
     o.reserved[3] = 1;
     cr_assert_eq(ctxs_store_open(&st, store_dir(), &o), CTXS_EINVAL);
-    ctxs_store_options_init(&o);
+    o = (ctxs_store_options)CTXS_STORE_OPTIONS_INIT;
     o.version = 99;
     cr_assert_eq(ctxs_store_open(&st, store_dir(), &o), CTXS_EINVAL);
     /* A regular file where the directory should be. */
@@ -338,7 +336,7 @@ static void *thread_main(void *p)
 {
     thread_arg *a = p;
     ctxs_model m = ts_model(1);
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     uint32_t *ids = prompt(130, 130, 0);
     for (int i = 0; i < 12; i++) {
         char name[64], prev[64];
@@ -474,7 +472,7 @@ Test(index, hostile_names_are_einval_everywhere)
         "\xe2\x82",         /* truncated */
         "\x80",             /* lone continuation */
     };
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         const char *n = bad[i];
         ctxs_session *x = (ctxs_session *)1;
@@ -486,9 +484,9 @@ Test(index, hostile_names_are_einval_everywhere)
         cr_assert_eq(ctxs_store_session_delete(st, n), CTXS_EINVAL, "delete bad[%zu]", i);
         cr_assert_eq(ctxs_store_session_rename(st, "good", n), CTXS_EINVAL, "rename to bad[%zu]", i);
         cr_assert_eq(ctxs_store_session_rename(st, n, "other"), CTXS_EINVAL, "rename from bad[%zu]", i);
-        cr_assert_eq(ctxs_checkpoint_create(st, s, n), CTXS_EINVAL, "checkpoint bad[%zu]", i);
-        cr_assert_eq(ctxs_store_fork(NULL, st, "good", 10, n, NULL), CTXS_EINVAL, "fork to bad[%zu]", i);
-        cr_assert_eq(ctxs_store_fork_checkpoint(NULL, st, "good", n, "f", NULL), CTXS_EINVAL,
+        cr_assert_eq(ctxs_checkpoint_create(s, n), CTXS_EINVAL, "checkpoint bad[%zu]", i);
+        cr_assert_eq(ctxs_store_session_fork(NULL, st, n, "good", 10, NULL), CTXS_EINVAL, "fork to bad[%zu]", i);
+        cr_assert_eq(ctxs_store_session_fork_checkpoint(NULL, st, "f", "good", n, NULL), CTXS_EINVAL,
                      "fork at checkpoint bad[%zu]", i);
         cr_assert_eq(ctxs_model_register(st, &m, n[0] ? n : "\x02"), CTXS_EINVAL,
                      "model name bad[%zu]", i);
@@ -534,12 +532,12 @@ Test(index, utf8_names_up_to_255_bytes_are_accepted)
         "\xef\xbf\xbf", /* U+FFFF */
         "\xf4\x8f\xbf\xbf", /* U+10FFFF */
     };
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         ctxs_session *s;
         int rc = ctxs_store_session_create(&s, st, good[i], &m, &o);
         cr_assert_eq(rc, 0, "create good[%zu]: %s", i, ctxs_err_name(rc));
-        cr_assert_eq(ctxs_checkpoint_create(st, s, good[i]), 0, "checkpoint good[%zu]", i);
+        cr_assert_eq(ctxs_checkpoint_create(s, good[i]), 0, "checkpoint good[%zu]", i);
         ctxs_session_close(s);
         ctxs_session_entry e = entry(st, good[i]);
         cr_assert_str_eq(e.name, good[i]);
@@ -562,7 +560,7 @@ Test(index, names_with_two_dots_anywhere_are_einval)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     const char *bad[] = {"wait...", "v1..v2", "..hidden", "trailing..", "..."};
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ctxs_session *s = NULL;
         int rc = ctxs_store_session_create(&s, st, bad[i], &m, &o);
@@ -690,7 +688,7 @@ Test(index, create_with_a_taken_name_is_eexist)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "taken", &m, 256, 4, 5));
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     ctxs_session *s = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_create(&s, st, "taken", &m, &o), -EEXIST);
     cr_assert_null(s);
@@ -735,7 +733,7 @@ Test(index, delete_of_an_open_session_is_ebusy)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *w = mk(st, "doomed", &m, 256, 4, 70);
-    cr_assert_eq(ctxs_checkpoint_create(st, w, "cp"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(w, "cp"), 0);
     uint64_t id = entry(st, "doomed").id;
     cr_assert_eq(ctxs_store_session_delete(st, "doomed"), CTXS_EBUSY, "open by a writer");
     ctxs_session_close(w);
@@ -752,13 +750,13 @@ Test(index, delete_of_an_open_session_is_ebusy)
     cr_assert_eq(ctxs_store_session_delete(st, "doomed"), CTXS_ENOTFOUND);
     ctxs_checkpoint_entry *cps;
     size_t n;
-    cr_assert_eq(ctxs_checkpoint_list(&cps, &n, st, "doomed"), CTXS_ENOTFOUND);
+    cr_assert_eq(ts_checkpoint_list(&cps, &n, st, "doomed"), CTXS_ENOTFOUND);
     /* The name is free again, and the new session does not inherit the old
      * one's checkpoints. */
     ctxs_session *s = mk(st, "doomed", &m, 256, 4, 3);
     cr_assert_neq(entry(st, "doomed").id, id);
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "cp"), CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_checkpoint_list(&cps, &n, st, "doomed"), 0);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), CTXS_ENOTFOUND);
+    cr_assert_eq(ts_checkpoint_list(&cps, &n, st, "doomed"), 0);
     cr_assert_eq(n, 0);
     ctxs_free(cps);
     ctxs_session_close(s);
@@ -771,7 +769,7 @@ Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "before", &m, 256, 4, 70);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(mk(st, "other", &m, 256, 4, 1));
     ctxs_session_entry e1 = entry(st, "before");
     cr_assert_eq(ctxs_store_session_rename(st, "before", "after"), 0);
@@ -782,7 +780,7 @@ Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
     cr_assert_eq(e.created_unix_ms, e1.created_unix_ms);
     /* The open handle keeps working and its close updates the new name. */
     cr_assert_eq(ts_append(s, 10), 0);
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "cp"), 0);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), 0);
     cr_assert_eq(n_tokens(s), 70);
     cr_assert_eq(ts_append(s, 5), 0);
     ctxs_session_close(s);
@@ -791,7 +789,7 @@ Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
     /* Checkpoints follow the session. */
     ctxs_checkpoint_entry *cps;
     size_t n;
-    cr_assert_eq(ctxs_checkpoint_list(&cps, &n, st, "after"), 0);
+    cr_assert_eq(ts_checkpoint_list(&cps, &n, st, "after"), 0);
     cr_assert_eq(n, 1);
     ctxs_free(cps);
     cr_assert_eq(ctxs_store_session_rename(st, "after", "other"), -EEXIST);
@@ -818,8 +816,8 @@ Test(index, open_of_a_missing_name_or_file_is_enotfound)
     cr_assert_eq(ctxs_store_session_open(&s, st, "gone", &m, 0, NULL), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_open(&s, st, "gone", NULL, CTXS_OPEN_RDONLY, NULL),
                  CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_store_fork(NULL, st, "gone", 1, "child", NULL), CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_store_fork(NULL, st, "nobody", 1, "child", NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "child", "gone", 1, NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "child", "nobody", 1, NULL), CTXS_ENOTFOUND);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "child"), CTXS_ENOTFOUND);
     ctxs_store_close(st);
@@ -860,7 +858,7 @@ Test(index, model_register_same_hash_other_geometry_is_emodel)
     /* A session with the conflicting geometry is refused too. */
     other = m;
     other.geometry.n_kv_heads = 4;
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     ctxs_session *s = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_create(&s, st, "s", &other, &o), CTXS_EMODEL);
     cr_assert_null(s);
@@ -877,7 +875,7 @@ Test(index, create_with_an_unregistered_model_is_enotfound)
 {
     ctxs_store *st = store_open();
     ctxs_model m = ts_model(1);
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     ctxs_session *s = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_create(&s, st, "s", &m, &o), CTXS_ENOTFOUND);
     cr_assert_null(s);
@@ -1023,15 +1021,15 @@ Test(index, checkpoint_create_list_restore_delete)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 512, 4, 40);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "at40"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "at40"), 0);
     cr_assert_eq(ts_append(s, 60), 0);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "at100"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "at100"), 0);
     cr_assert_eq(ts_append(s, 50), 0);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "at150"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "at150"), 0);
 
     ctxs_checkpoint_entry *list;
     size_t n;
-    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "s"), 0);
+    cr_assert_eq(ts_checkpoint_list(&list, &n, st, "s"), 0);
     cr_assert_eq(n, 3);
     cr_assert_str_eq(list[0].name, "at100"); /* name order */
     cr_assert_str_eq(list[1].name, "at150");
@@ -1046,42 +1044,42 @@ Test(index, checkpoint_create_list_restore_delete)
     ctxs_free(list);
 
     /* Restore is a rollback: the count goes back, the tokens stay. */
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "at100"), 0);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "at100"), 0);
     cr_assert_eq(n_tokens(s), 100);
     cr_assert_eq(ts_check_all(s), 0);
     /* Written again with the same tokens: at150 holds again. */
     cr_assert_eq(ts_append(s, 50), 0);
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "at150"), 0);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "at150"), 0);
     cr_assert_eq(n_tokens(s), 150);
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "at40"), 0);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "at40"), 0);
     cr_assert_eq(n_tokens(s), 40);
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "nope"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "nope"), CTXS_ENOTFOUND);
 
-    cr_assert_eq(ctxs_checkpoint_delete(st, "s", "at150"), 0);
-    cr_assert_eq(ctxs_checkpoint_delete(st, "s", "at150"), CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_checkpoint_delete(st, "nobody", "at40"), CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "at150"), CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "s"), 0);
+    cr_assert_eq(ts_checkpoint_delete(st, "s", "at150"), 0);
+    cr_assert_eq(ts_checkpoint_delete(st, "s", "at150"), CTXS_ENOTFOUND);
+    cr_assert_eq(ts_checkpoint_delete(st, "nobody", "at40"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "at150"), CTXS_ENOTFOUND);
+    cr_assert_eq(ts_checkpoint_list(&list, &n, st, "s"), 0);
     cr_assert_eq(n, 2);
     ctxs_free(list);
-    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "nobody"), CTXS_ENOTFOUND);
+    cr_assert_eq(ts_checkpoint_list(&list, &n, st, "nobody"), CTXS_ENOTFOUND);
 
     /* A read-only handle cannot restore; a handle not from this store cannot
      * checkpoint. */
     ctxs_session_close(s);
     s = op(st, "s", &m, CTXS_OPEN_RDONLY);
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "at40"), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "at40"), CTXS_EREADONLY);
     ctxs_session_close(s);
     ctxs_session *plain;
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     cr_assert_eq(ctxs_session_create(&plain, ts_path(ts_scratch, "plain.ctxs"), &m, &o), 0);
-    cr_assert_eq(ctxs_checkpoint_create(st, plain, "x"), CTXS_EINVAL);
-    cr_assert_eq(ctxs_checkpoint_restore(st, plain, "at40"), CTXS_EINVAL);
+    cr_assert_eq(ctxs_checkpoint_create(plain, "x"), CTXS_EINVAL);
+    cr_assert_eq(ctxs_checkpoint_restore(plain, "at40"), CTXS_EINVAL);
     ctxs_session_close(plain);
     /* Checkpoints of two sessions do not mix. */
     ctxs_session *t = mk(st, "t", &m, 256, 4, 10);
-    cr_assert_eq(ctxs_checkpoint_create(st, t, "at40"), 0); /* same name, other session */
-    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "t"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(t, "at40"), 0); /* same name, other session */
+    cr_assert_eq(ts_checkpoint_list(&list, &n, st, "t"), 0);
     cr_assert_eq(n, 1);
     cr_assert_eq(list[0].n_tokens, 10);
     ctxs_free(list);
@@ -1095,12 +1093,12 @@ Test(index, checkpoint_with_a_taken_name_is_eexist)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 256, 4, 10);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     cr_assert_eq(ts_append(s, 10), 0);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), -EEXIST);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), -EEXIST);
     ctxs_checkpoint_entry *list;
     size_t n;
-    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "s"), 0);
+    cr_assert_eq(ts_checkpoint_list(&list, &n, st, "s"), 0);
     cr_assert_eq(n, 1);
     cr_assert_eq(list[0].n_tokens, 10, "the first checkpoint must stand");
     ctxs_free(list);
@@ -1114,38 +1112,38 @@ Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 128, 4, 100);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "early"), 0);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "sink"), 0);
-    cr_assert_eq(ctxs_checkpoint_delete(st, "s", "sink"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "early"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "sink"), 0);
+    cr_assert_eq(ts_checkpoint_delete(st, "s", "sink"), 0);
     ctxs_session_close(s);
     s = op(st, "s", &m, 0);
     /* 4 sinks: a checkpoint inside them survives the ring. */
     cr_assert_eq(ctxs_session_rollback(s, 3), 0);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "sink"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "sink"), 0);
     cr_assert_eq(ts_append(s, 97), 0);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "late"), 0); /* at 100 again */
+    cr_assert_eq(ctxs_checkpoint_create(s, "late"), 0); /* at 100 again */
     /* 150 more: the ring (124 slots) now starts at 126. */
     for (int i = 0; i < 3; i++)
         cr_assert_eq(ts_append(s, 50), 0);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert(info.flags & CTXS_INFO_WRAPPED);
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "early"), CTXS_EEVICTED);
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "late"), CTXS_EEVICTED);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "early"), CTXS_EEVICTED);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "late"), CTXS_EEVICTED);
     cr_assert_eq(n_tokens(s), 250, "a refused restore must not move the session");
     ctxs_checkpoint_entry *list;
     size_t n;
-    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "s"), 0);
+    cr_assert_eq(ts_checkpoint_list(&list, &n, st, "s"), 0);
     cr_assert_eq(n, 3);
     cr_assert_eq(cp_find(list, n, "early")->stale, 1);
     cr_assert_eq(cp_find(list, n, "late")->stale, 1);
     cr_assert_eq(cp_find(list, n, "sink")->stale, 0);
     ctxs_free(list);
-    cr_assert_eq(ctxs_store_fork(NULL, st, "s", 100, "f", NULL), CTXS_EEVICTED);
-    cr_assert_eq(ctxs_store_fork_checkpoint(NULL, st, "s", "late", "f", NULL), CTXS_EEVICTED);
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "f", "s", 100, NULL), CTXS_EEVICTED);
+    cr_assert_eq(ctxs_store_session_fork_checkpoint(NULL, st, "f", "s", "late", NULL), CTXS_EEVICTED);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "f"), CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "sink"), 0);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "sink"), 0);
     cr_assert_eq(n_tokens(s), 3);
     ctxs_session_close(s);
     ctxs_repair_result rr;
@@ -1160,30 +1158,30 @@ Test(index, checkpoint_rolled_back_and_rewritten_is_stale_and_listed_stale)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 256, 4, 100);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     s = op(st, "s", &m, 0);
     cr_assert_eq(ctxs_session_rollback(s, 40), 0);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "early"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "early"), 0);
     /* Rolled back past it. */
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "cp"), CTXS_ESTALE);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), CTXS_ESTALE);
     ctxs_checkpoint_entry *list;
     size_t n;
-    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "s"), 0);
+    cr_assert_eq(ts_checkpoint_list(&list, &n, st, "s"), 0);
     cr_assert_eq(cp_find(list, n, "cp")->stale, 1);
     cr_assert_eq(cp_find(list, n, "early")->stale, 0);
     ctxs_free(list);
     /* Written again with other tokens, past the checkpoint's count. */
     append_gen(s, 70, 1);
     cr_assert_eq(n_tokens(s), 110);
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "cp"), CTXS_ESTALE);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), CTXS_ESTALE);
     cr_assert_eq(n_tokens(s), 110);
-    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "s"), 0);
+    cr_assert_eq(ts_checkpoint_list(&list, &n, st, "s"), 0);
     cr_assert_eq(cp_find(list, n, "cp")->stale, 1);
     cr_assert_eq(cp_find(list, n, "early")->stale, 0);
     ctxs_free(list);
-    cr_assert_eq(ctxs_store_fork_checkpoint(NULL, st, "s", "cp", "f", NULL), CTXS_ESTALE);
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "early"), 0);
+    cr_assert_eq(ctxs_store_session_fork_checkpoint(NULL, st, "f", "s", "cp", NULL), CTXS_ESTALE);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "early"), 0);
     cr_assert_eq(n_tokens(s), 40);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
@@ -1198,7 +1196,7 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *src = mk(st, "src", &m, 512, 4, 200);
-    cr_assert_eq(ctxs_checkpoint_create(st, src, "cp"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(src, "cp"), 0);
     cr_assert_eq(ts_append(src, 100), 0);
     ctxs_session_close(src);
     src = op(st, "src", &m, CTXS_OPEN_RDONLY);
@@ -1209,19 +1207,19 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
         uint64_t want;
     } forks[] = {{"at130", 130}, {"at-cp", 200}, {"full", 300}, {"at0", 0}};
     ctxs_session *f;
-    int rc = ctxs_store_fork(&f, st, "src", 130, "at130", NULL);
+    int rc = ctxs_store_session_fork(&f, st, "at130", "src", 130, NULL);
     cr_assert_eq(rc, 0, "fork at 130: %s", ctxs_err_name(rc));
     ctxs_session_close(f);
-    rc = ctxs_store_fork_checkpoint(&f, st, "src", "cp", "at-cp", NULL);
+    rc = ctxs_store_session_fork_checkpoint(&f, st, "at-cp", "src", "cp", NULL);
     cr_assert_eq(rc, 0, "fork at cp: %s", ctxs_err_name(rc));
     ctxs_session_close(f);
-    rc = ctxs_store_fork(NULL, st, "src", UINT64_MAX, "full", NULL); /* left closed */
+    rc = ctxs_store_session_fork(NULL, st, "full", "src", UINT64_MAX, NULL); /* left closed */
     cr_assert_eq(rc, 0, "fork in full: %s", ctxs_err_name(rc));
-    rc = ctxs_store_fork(NULL, st, "src", 0, "at0", NULL);
+    rc = ctxs_store_session_fork(NULL, st, "at0", "src", 0, NULL);
     cr_assert_eq(rc, 0, "fork at 0: %s", ctxs_err_name(rc));
 
     ctxs_session_info si;
-    cr_assert_eq(ctxs_session_info_get(&si, src), 0);
+    cr_assert_eq(ctxs_session_get_info(&si, src), 0);
     for (size_t i = 0; i < sizeof(forks) / sizeof(forks[0]); i++) {
         ctxs_session_entry e = entry(st, forks[i].name);
         cr_assert_eq(e.parent_id, src_id, "%s: parent_id", forks[i].name);
@@ -1231,14 +1229,14 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
         cr_assert_neq(e.id, src_id);
         f = op(st, forks[i].name, &m, 0);
         ctxs_session_info fi;
-        cr_assert_eq(ctxs_session_info_get(&fi, f), 0);
+        cr_assert_eq(ctxs_session_get_info(&fi, f), 0);
         cr_assert_eq(fi.n_tokens, forks[i].want, "%s: %llu tokens", forks[i].name,
                      (unsigned long long)fi.n_tokens);
         cr_assert_eq(fi.capacity, si.capacity);
         cr_assert_eq(fi.n_sink, si.n_sink);
         cr_assert_eq(fi.flags & CTXS_INFO_RING, si.flags & CTXS_INFO_RING);
         same_tokens(src, f, forks[i].want);
-        cr_assert_eq(ctxs_session_verify(f, NULL), 0);
+        cr_assert_eq(ctxs_session_verify(NULL, f), 0);
         /* A fork is a session of its own: it grows apart from the source. */
         append_gen(f, 20, 3);
         ctxs_session_close(f);
@@ -1261,11 +1259,11 @@ Test(index, fork_into_a_taken_name_is_eexist)
     ctxs_session_close(mk(st, "src", &m, 256, 4, 80));
     ctxs_session_close(mk(st, "taken", &m, 256, 4, 7));
     ctxs_session *f = (ctxs_session *)1;
-    cr_assert_eq(ctxs_store_fork(&f, st, "src", 50, "taken", NULL), -EEXIST);
+    cr_assert_eq(ctxs_store_session_fork(&f, st, "taken", "src", 50, NULL), -EEXIST);
     cr_assert_null(f);
-    cr_assert_eq(ctxs_store_fork(&f, st, "src", 50, "src", NULL), -EEXIST);
-    cr_assert_eq(ctxs_store_fork(&f, st, "src", 81, "new", NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_fork_checkpoint(&f, st, "src", "nocp", "new", NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_fork(&f, st, "src", "src", 50, NULL), -EEXIST);
+    cr_assert_eq(ctxs_store_session_fork(&f, st, "new", "src", 81, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_fork_checkpoint(&f, st, "new", "src", "nocp", NULL), CTXS_ENOTFOUND);
     ctxs_session_entry e = entry(st, "taken");
     cr_assert_eq(e.n_tokens, 7);
     cr_assert_eq(e.parent_id, 0);
@@ -1284,13 +1282,13 @@ Test(index, fork_from_a_session_open_by_a_writer_here)
     model_reg(st, &m);
     ctxs_session *w = mk(st, "live", &m, 512, 4, 100);
     ctxs_session *f;
-    cr_assert_eq(ctxs_store_fork(&f, st, "live", UINT64_MAX, "snap", NULL), 0);
+    cr_assert_eq(ctxs_store_session_fork(&f, st, "snap", "live", UINT64_MAX, NULL), 0);
     cr_assert_eq(n_tokens(f), 100, "a fork takes what is committed");
     same_tokens(w, f, 100);
     cr_assert_eq(ts_append(w, 50), 0);
     cr_assert_eq(n_tokens(f), 100);
     ctxs_session_close(f);
-    cr_assert_eq(ctxs_store_fork(&f, st, "live", 150, "snap2", NULL), 0);
+    cr_assert_eq(ctxs_store_session_fork(&f, st, "snap2", "live", 150, NULL), 0);
     same_tokens(w, f, 150);
     ctxs_session_close(f);
     ctxs_session_close(w);
@@ -1334,7 +1332,7 @@ Test(index, prefix_find_returns_whole_chunks_plus_the_matching_tail)
     t = prompt(300, want, 1);
     cr_assert_eq(find(&pm, st, &m, t, 300), 0);
     ctxs_session *f, *src = op(st, "held", &m, CTXS_OPEN_RDONLY);
-    cr_assert_eq(ctxs_store_fork(&f, st, pm.session, pm.n_tokens, "reuse", NULL), 0);
+    cr_assert_eq(ctxs_store_session_fork(&f, st, "reuse", pm.session, pm.n_tokens, NULL), 0);
     same_tokens(src, f, want);
     ctxs_session_close(f);
     ctxs_session_close(src);
@@ -1484,7 +1482,7 @@ Test(index, prefix_find_after_the_ring_wraps_returns_only_what_is_held)
     cr_assert_eq(ts_append(s, 50), 0);
     cr_assert_eq(ts_append(s, 50), 0); /* 300 > 256: wrapped */
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert(info.flags & CTXS_INFO_WRAPPED);
     cr_assert_eq(find(&pm, st, &m, t, 400), CTXS_ENOTFOUND, "wrapped, open: found %llu in %s",
                  (unsigned long long)pm.n_tokens, pm.session);
@@ -1504,13 +1502,13 @@ Test(index, prefix_find_after_the_ring_wraps_returns_only_what_is_held)
     cr_assert_eq(find(&pm, st, &m, t, 400), 0);
     cr_assert_eq(pm.n_tokens, 130);
     /* The match can be forked: one token short of it, and all of it (the
-     * header: "Fork the match (ctxs_store_fork() at out->n_tokens)"). */
+     * header: "Fork the match (ctxs_store_session_fork() at out->n_tokens)"). */
     ctxs_session *f;
-    int rc = ctxs_store_fork(&f, st, "sinks", pm.n_tokens - 1, "f-1", NULL);
+    int rc = ctxs_store_session_fork(&f, st, "f-1", "sinks", pm.n_tokens - 1, NULL);
     cr_assert_eq(rc, 0, "fork inside the sinks: %s", ctxs_err_name(rc));
     cr_assert_eq(ts_check_all(f), 0);
     ctxs_session_close(f);
-    rc = ctxs_store_fork(&f, st, "sinks", pm.n_tokens, "f", NULL);
+    rc = ctxs_store_session_fork(&f, st, "f", "sinks", pm.n_tokens, NULL);
     cr_assert_eq(rc, 0, "fork of the held prefix: %s", ctxs_err_name(rc));
     cr_assert_eq(n_tokens(f), 130);
     cr_assert_eq(ts_check_all(f), 0);
@@ -1669,7 +1667,7 @@ Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
 
     /* A session file no entry names (copied in by hand, no label). */
     ctxs_session *stray;
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     char stray_path[1100], stray_open_path[1100], junk_path[1100];
     snprintf(stray_path, sizeof(stray_path), "%s", id_path(0x7f00));
     snprintf(stray_open_path, sizeof(stray_open_path), "%s", id_path(0x7f01));
@@ -1772,7 +1770,7 @@ Test(index, create_is_not_refused_by_a_stray_file_at_the_next_id)
     ctxs_session_close(mk(st, "first", &m, 256, 4, 1));
     uint64_t first = entry(st, "first").id;
     ctxs_session *stray;
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     char stray_path[1100];
     snprintf(stray_path, sizeof(stray_path), "%s", id_path(first + 1));
     cr_assert_eq(ctxs_session_create(&stray, stray_path, &m, &o), 0);
@@ -1783,7 +1781,7 @@ Test(index, create_is_not_refused_by_a_stray_file_at_the_next_id)
     cr_assert_eq(rc, 0, "create of a free name beside a stray file: %s", ctxs_err_name(rc));
     cr_assert_neq(entry(st, "second").id, first + 1);
     ctxs_session_close(s);
-    rc = ctxs_store_fork(NULL, st, "first", 1, "third", NULL);
+    rc = ctxs_store_session_fork(NULL, st, "third", "first", 1, NULL);
     cr_assert_eq(rc, 0, "fork to a free name beside a stray file: %s", ctxs_err_name(rc));
     cr_assert(exists(stray_path));
     cr_assert_eq(ctxs_session_open(&stray, stray_path, &m, CTXS_OPEN_RDONLY, NULL), 0);
@@ -1798,7 +1796,7 @@ Test(index, repair_drops_every_entry_of_a_session_whose_file_is_gone)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "lost", &m, 256, 4, 200);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     uint64_t id = entry(st, "lost").id;
     cr_assert_eq(unlink(id_path(id)), 0);
@@ -1874,7 +1872,7 @@ Test(index, store_open_removes_the_file_of_an_interrupted_create)
     /* A create that died after its file was linked, before its entry. */
     const uint64_t dead = a + 1000;
     put_intent(st, dead, CTXS__INTENT_CREATE);
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, id_path(dead), &m, &o), 0);
     ctxs_session_close(s);
@@ -1980,7 +1978,7 @@ Test(index, store_open_finishes_an_interrupted_delete)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "d", &m, 256, 4, 130);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     ctxs_session_close(mk(st, "keep", &m, 256, 4, 10));
     uint64_t id = entry(st, "d").id;
@@ -2024,7 +2022,7 @@ Test(index, reindex_after_the_index_is_deleted_restores_sessions_from_their_file
     ctxs_session_close(mk(st, "beta", &m2, 256, 4, 70));
     ctxs_session_close(mk(st, "gamma", &m1, 256, 4, 30));
     cr_assert_eq(ctxs_store_session_rename(st, "gamma", "delta"), 0);
-    cr_assert_eq(ctxs_store_fork(NULL, st, "alpha", 150, "fork", NULL), 0);
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "fork", "alpha", 150, NULL), 0);
     ctxs_session_entry before[4];
     const char *names[4] = {"alpha", "beta", "delta", "fork"};
     const uint64_t tokens[4] = {200, 70, 30, 150};
@@ -2097,7 +2095,7 @@ Test(index, reindex_keeps_checkpoints_and_skips_files_that_are_not_sessions)
     ctxs_model m = ts_model(1);
     cr_assert_eq(ctxs_model_register(st, &m, "tiny"), 0);
     ctxs_session *s = mk(st, "a", &m, 256, 4, 100);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     ctxs_session_close(mk(st, "b", &m, 256, 4, 10));
     const char *junk = id_path(0x5000);
@@ -2116,7 +2114,7 @@ Test(index, reindex_keeps_checkpoints_and_skips_files_that_are_not_sessions)
     cr_assert_eq(count_entries(st), 1);
     ctxs_checkpoint_entry *list;
     size_t n;
-    cr_assert_eq(ctxs_checkpoint_list(&list, &n, st, "a"), 0);
+    cr_assert_eq(ts_checkpoint_list(&list, &n, st, "a"), 0);
     cr_assert_eq(n, 1);
     cr_assert_str_eq(list[0].name, "cp");
     cr_assert_eq(list[0].n_tokens, 100);
@@ -2127,7 +2125,7 @@ Test(index, reindex_keeps_checkpoints_and_skips_files_that_are_not_sessions)
     cr_assert_str_eq(me.name, "tiny", "reindex keeps models' display names");
     s = op(st, "a", &m, 0);
     cr_assert_eq(ts_append(s, 20), 0);
-    cr_assert_eq(ctxs_checkpoint_restore(st, s, "cp"), 0);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), 0);
     cr_assert_eq(n_tokens(s), 100);
     ctxs_session_close(s);
     /* Reindexing twice changes nothing. */
@@ -2304,13 +2302,13 @@ Test(index, a_full_index_is_efull_and_loses_nothing)
 {
     /* A 1 MiB index fills after some hundreds of sessions with prefixes. */
     ctxs_store_options so;
-    cr_assert_eq(ctxs_store_options_init(&so), 0);
+    so = (ctxs_store_options)CTXS_STORE_OPTIONS_INIT;
     so.map_bytes = 1u << 20;
     ctxs_store *st = NULL;
     cr_assert_eq(ctxs_store_open(&st, store_dir(), &so), 0);
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
-    ctxs_session_options o = small_opts(1024, 4);
+    ctxs_create_options o = small_opts(1024, 4);
     char name[64];
     int rc = 0, made = 0;
     for (; made < 5000; made++) {

@@ -59,14 +59,13 @@ static const char *id_path(uint64_t id)
     return b;
 }
 
-static ctxs_session_options small_opts(uint32_t capacity, uint32_t n_sink)
+static ctxs_create_options small_opts(uint32_t capacity, uint32_t n_sink)
 {
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
     o.ring = 1;
-    o.durability = CTXS_SYNC_NONE;
+    o.open.durability = CTXS_SYNC_NONE;
     return o;
 }
 
@@ -80,7 +79,7 @@ static uint64_t vpos(uint64_t pos, uint32_t gen)
 static int c_append_gen(ctxs_session *s, uint32_t n, uint32_t gen)
 {
     ctxs_session_info info;
-    int rc = ctxs_session_info_get(&info, s);
+    int rc = ctxs_session_get_info(&info, s);
     if (rc != 0)
         return rc;
     const ctxs_geometry *g = &info.model.geometry;
@@ -111,7 +110,7 @@ static int c_append(ctxs_session *s, uint32_t n)
 static uint64_t c_tokens(const ctxs_session *s)
 {
     ctxs_session_info info;
-    return ctxs_session_info_get(&info, s) == 0 ? info.n_tokens : 0;
+    return ctxs_session_get_info(&info, s) == 0 ? info.n_tokens : 0;
 }
 
 static void write_all(int fd, const void *p, size_t n)
@@ -273,10 +272,10 @@ static void check_prefix_honest(ctxs_store *st, const ctxs_model *m, const uint3
     rc = ctxs_store_session_open(&s, st, pm.session, NULL, CTXS_OPEN_RDONLY, NULL);
     cr_assert_eq(rc, 0, "%s: the match %s does not open: %s", what, pm.session, ctxs_err_name(rc));
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     for (uint64_t p = 0; p < pm.n_tokens; p++) {
         uint32_t slot;
-        rc = ctxs_session_slot(&slot, s, p);
+        rc = ctxs_session_get_slot(&slot, s, p);
         cr_assert_eq(rc, 0, "%s: %s claims %llu tokens but does not hold position %llu (%s)", what,
                      pm.session, (unsigned long long)pm.n_tokens, (unsigned long long)p,
                      ctxs_err_name(rc));
@@ -308,7 +307,7 @@ static size_t check_store_as(const ctxs_model *m, const char *what, int gen0)
         int rc = ctxs_store_session_open(&s, st, list[i].name, m, 0, NULL);
         cr_assert_eq(rc, 0, "%s: session %s does not open: %s", what, list[i].name, ctxs_err_name(rc));
         uint64_t bad = 0;
-        rc = ctxs_session_verify(s, &bad);
+        rc = ctxs_session_verify(&bad, s);
         cr_assert_eq(rc, 0, "%s: %s does not verify (%s at %llu)", what, list[i].name,
                      ctxs_err_name(rc), (unsigned long long)bad);
         if (gen0)
@@ -361,7 +360,7 @@ static void duo_child(void *p)
     const duo_args *a = p;
     ctxs_store *st = child_store(NULL);
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_session_options o = small_opts(512, 4);
+    ctxs_create_options o = small_opts(512, 4);
     uint64_t rng = a->seed;
     char c;
     if (read_byte(a->go_fd, &c) != 1)
@@ -377,7 +376,7 @@ static void duo_child(void *p)
             child_fail(CHILD_ECREATE, name, rc);
         if ((rc = c_append(s, 40 + (uint32_t)(ts_rng_next(&rng) % 200))) != 0)
             child_fail(CHILD_EAPPEND, name, rc);
-        if (i % 4 == 0 && (rc = ctxs_checkpoint_create(st, s, "cp")) != 0)
+        if (i % 4 == 0 && (rc = ctxs_checkpoint_create(s, "cp")) != 0)
             child_fail(CHILD_ECHECKPOINT, name, rc);
         ctxs_session_close(s);
         mine++;
@@ -400,12 +399,12 @@ static void duo_child(void *p)
         snprintf(other, sizeof(other), "p%d-%d", 1 - a->who, j);
         snprintf(dst, sizeof(dst), "f%d-%d", a->who, i);
         uint64_t at = ts_rng_next(&rng) % 3 == 0 ? UINT64_MAX : 20;
-        rc = ctxs_store_fork(NULL, st, other, at, dst, NULL);
+        rc = ctxs_store_session_fork(NULL, st, dst, other, at, NULL);
         /* EINVAL: the other has created it and not yet written 20 tokens. */
         if (rc != 0 && rc != CTXS_ENOTFOUND && rc != CTXS_EBUSY && !(rc == CTXS_EINVAL && at == 20))
             child_fail(CHILD_EFORK, other, rc);
         if (i % 4 == 1) {
-            rc = ctxs_store_fork_checkpoint(NULL, st, other, "cp", dst, NULL);
+            rc = ctxs_store_session_fork_checkpoint(NULL, st, dst, other, "cp", NULL);
             if (rc != 0 && rc != CTXS_ENOTFOUND && rc != CTXS_EBUSY && rc != -EEXIST)
                 child_fail(CHILD_EFORK, "fork at checkpoint", rc);
         }
@@ -489,7 +488,7 @@ Test(index_crash, two_processes_create_fork_and_delete_at_once)
         ctxs_session *s;
         cr_assert_eq(ctxs_store_session_open(&s, st, list[i].name, NULL, CTXS_OPEN_RDONLY, NULL), 0);
         ctxs_session_info info;
-        cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
         cr_assert_eq(info.n_tokens, list[i].fork_tokens, "%s: %llu tokens, fork_tokens %llu",
                      list[i].name, (unsigned long long)info.n_tokens,
                      (unsigned long long)list[i].fork_tokens);
@@ -544,7 +543,7 @@ typedef struct writer_thread {
 static void *writer_main(void *p)
 {
     writer_thread *w = p;
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     ctxs_session *s = NULL;
     w->rc = ctxs_store_session_create(&s, w->st, "waited", w->m, &o);
     if (w->rc == 0) {
@@ -572,7 +571,7 @@ Test(index_crash, a_process_killed_inside_a_write_transaction_does_not_block_the
     ctxs_model m = ts_model(MODEL_SEED);
     setup_store(&m);
     ctxs_store *st = store_open();
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     ctxs_session *s;
     cr_assert_eq(ctxs_store_session_create(&s, st, "before", &m, &o), 0);
     cr_assert_eq(c_append(s, 70), 0);
@@ -630,8 +629,7 @@ Test(index_crash, a_process_killed_inside_a_write_transaction_does_not_block_the
 static void reader_child(void *p)
 {
     const txn_args *a = p;
-    ctxs_store_options o;
-    ctxs_store_options_init(&o);
+    ctxs_store_options o = CTXS_STORE_OPTIONS_INIT;
     o.max_readers = 8;
     ctxs_store *st = child_store(&o);
     MDB_txn *txn;
@@ -649,8 +647,7 @@ Test(index_crash, processes_killed_inside_read_transactions_do_not_use_up_the_re
      * pid; a store that lives longer than many such deaths must still find
      * a slot. */
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_store_options o;
-    ctxs_store_options_init(&o);
+    ctxs_store_options o = CTXS_STORE_OPTIONS_INIT;
     o.max_readers = 8;
     ctxs_store *st;
     cr_assert_eq(ctxs_store_open(&st, store_dir(), &o), 0);
@@ -672,7 +669,7 @@ Test(index_crash, processes_killed_inside_read_transactions_do_not_use_up_the_re
         int rc = ctxs_model_get(&me, st, m.model_hash);
         cr_assert_eq(rc, 0, "after %d dead readers: model_get: %s", i + 1, ctxs_err_name(rc));
     }
-    ctxs_session_options so = small_opts(256, 4);
+    ctxs_create_options so = small_opts(256, 4);
     ctxs_session *s;
     int rc = ctxs_store_session_create(&s, st, "still-works", &m, &so);
     cr_assert_eq(rc, 0, "after 12 dead readers: create: %s", ctxs_err_name(rc));
@@ -695,7 +692,7 @@ static void chaos_child(void *p)
     const chaos_args *a = p;
     ctxs_store *st = child_store(NULL);
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_session_options o = small_opts(256, 4);
+    ctxs_create_options o = small_opts(256, 4);
     uint64_t rng = a->seed;
     for (unsigned iter = 0;; iter++) {
         ctxs_session_entry *list;
@@ -723,7 +720,7 @@ static void chaos_child(void *p)
                 child_fail(CHILD_ECREATE, name, rc);
             if ((rc = c_append(s, 1 + (uint32_t)((r >> 16) % 150))) != 0)
                 child_fail(CHILD_EAPPEND, name, rc);
-            if ((r >> 24) % 2 && (rc = ctxs_checkpoint_create(st, s, "cp")) != 0)
+            if ((r >> 24) % 2 && (rc = ctxs_checkpoint_create(s, "cp")) != 0)
                 child_fail(CHILD_ECHECKPOINT, name, rc);
             ctxs_session_close(s);
             break;
@@ -737,7 +734,7 @@ static void chaos_child(void *p)
                 if (rc != 0 && rc != CTXS_EEVICTED)
                     child_fail(CHILD_EAPPEND, "rollback", rc);
             } else if ((r >> 16) % 3 == 1) {
-                rc = ctxs_checkpoint_restore(st, s, "cp");
+                rc = ctxs_checkpoint_restore(s, "cp");
                 if (rc != 0 && rc != CTXS_ENOTFOUND && rc != CTXS_EEVICTED && rc != CTXS_ESTALE)
                     child_fail(CHILD_ECHECKPOINT, "restore", rc);
             }
@@ -746,12 +743,12 @@ static void chaos_child(void *p)
             ctxs_session_close(s);
             break;
         case 4:
-            rc = ctxs_store_fork(NULL, st, pick, (r >> 16) % 2 ? UINT64_MAX : 0, name, NULL);
+            rc = ctxs_store_session_fork(NULL, st, name, pick, (r >> 16) % 2 ? UINT64_MAX : 0, NULL);
             if (rc != 0 && rc != CTXS_EEVICTED)
                 child_fail(CHILD_EFORK, pick, rc);
             break;
         case 5:
-            rc = ctxs_store_fork_checkpoint(NULL, st, pick, "cp", name, NULL);
+            rc = ctxs_store_session_fork_checkpoint(NULL, st, name, pick, "cp", NULL);
             if (rc != 0 && rc != CTXS_ENOTFOUND && rc != CTXS_EEVICTED && rc != CTXS_ESTALE)
                 child_fail(CHILD_EFORK, "fork at checkpoint", rc);
             break;
@@ -867,11 +864,11 @@ static void same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n
 {
     uint16_t ka[KV_MAX] = {0}, va[KV_MAX] = {0}, kb[KV_MAX] = {0}, vb[KV_MAX] = {0};
     ctxs_layout la, lb;
-    cr_assert_eq(ctxs_session_layout(&la, a), 0);
-    cr_assert_eq(ctxs_session_layout(&lb, b), 0);
+    cr_assert_eq(ctxs_session_get_layout(&la, a), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lb, b), 0);
     for (uint64_t p = 0; p < n; p++) {
-        int ra = ctxs_session_read_token(a, p, ka, va);
-        int rb = ctxs_session_read_token(b, p, kb, vb);
+        int ra = ctxs_session_read_token(ka, va, a, p);
+        int rb = ctxs_session_read_token(kb, vb, b, p);
         cr_assert_eq(ra, 0, "%s: source read_token(%llu): %s", what, (unsigned long long)p,
                      ctxs_err_name(ra));
         cr_assert_eq(rb, 0, "%s: fork read_token(%llu): %s", what, (unsigned long long)p,
@@ -879,8 +876,8 @@ static void same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n
         cr_assert(memcmp(ka, kb, sizeof(ka)) == 0 && memcmp(va, vb, sizeof(va)) == 0,
                   "%s: position %llu differs", what, (unsigned long long)p);
         uint32_t sa, sb;
-        cr_assert_eq(ctxs_session_slot(&sa, a, p), 0);
-        cr_assert_eq(ctxs_session_slot(&sb, b, p), 0);
+        cr_assert_eq(ctxs_session_get_slot(&sa, a, p), 0);
+        cr_assert_eq(ctxs_session_get_slot(&sb, b, p), 0);
         cr_assert_eq(la.token_ids[sa], lb.token_ids[sb], "%s: token id at %llu", what,
                      (unsigned long long)p);
     }
@@ -891,11 +888,11 @@ Test(index_crash, fork_from_a_session_another_process_is_writing)
     ctxs_model m = ts_model(MODEL_SEED);
     setup_store(&m);
     ctxs_store *st = store_open();
-    ctxs_session_options o = small_opts(2048, 4);
+    ctxs_create_options o = small_opts(2048, 4);
     ctxs_session *s;
     cr_assert_eq(ctxs_store_session_create(&s, st, "live", &m, &o), 0);
     cr_assert_eq(c_append(s, 100), 0);
-    cr_assert_eq(ctxs_checkpoint_create(st, s, "cp"), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     uint64_t live_id;
     {
@@ -944,9 +941,9 @@ Test(index_crash, fork_from_a_session_another_process_is_writing)
         if (i % 3 == 1)
             want = 100;
         if (i % 3 == 2)
-            rc = ctxs_store_fork_checkpoint(&f, st, "live", "cp", name, NULL);
+            rc = ctxs_store_session_fork_checkpoint(&f, st, name, "live", "cp", NULL);
         else
-            rc = ctxs_store_fork(&f, st, "live", want, name, NULL);
+            rc = ctxs_store_session_fork(&f, st, name, "live", want, NULL);
         cr_assert_eq(rc, 0, "%s: fork: %s", name, ctxs_err_name(rc));
         uint64_t n = c_tokens(f);
         if (want == 100 || i % 3 == 2)
@@ -955,7 +952,7 @@ Test(index_crash, fork_from_a_session_another_process_is_writing)
             cr_assert_geq(n, last, "%s: a later full fork holds fewer tokens", name);
         if (want == UINT64_MAX && i % 3 == 0)
             last = n;
-        cr_assert_eq(ctxs_session_verify(f, NULL), 0, "%s does not verify", name);
+        cr_assert_eq(ctxs_session_verify(NULL, f), 0, "%s does not verify", name);
         cr_assert_eq(ts_check_all(f), 0, "%s reads back wrong", name);
         ctxs_session *src;
         cr_assert_eq(ctxs_store_session_open(&src, st, "live", NULL, CTXS_OPEN_RDONLY, NULL), 0);
@@ -997,7 +994,7 @@ static void prefix_writer(void *p)
     const prefix_args *a = p;
     ctxs_store *st = child_store(NULL);
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_session_options o = small_opts(2048, 4);
+    ctxs_create_options o = small_opts(2048, 4);
     ctxs_session *s;
     int rc = ctxs_store_session_create(&s, st, "k", &m, &o);
     if (rc != 0)

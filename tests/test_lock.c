@@ -35,8 +35,8 @@ static const char *session_path(void)
 static void make_session(uint32_t capacity, uint32_t n_tokens)
 {
     ctxs_model m = ts_model(1);
-    ctxs_session_options o;
-    cr_assert_eq(ctxs_session_options_init(&o), 0);
+    ctxs_create_options o;
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     ctxs_session *s = NULL;
     int rc = ctxs_session_create(&s, session_path(), &m, &o);
@@ -73,7 +73,7 @@ static int open_rc(unsigned flags)
 static uint64_t n_tokens(ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     return info.n_tokens;
 }
 
@@ -81,7 +81,7 @@ static uint64_t n_tokens(ctxs_session *s)
 static int child_append(ctxs_session *s, uint32_t n)
 {
     ctxs_session_info info;
-    int rc = ctxs_session_info_get(&info, s);
+    int rc = ctxs_session_get_info(&info, s);
     if (rc)
         return rc;
     const ctxs_geometry *g = &info.model.geometry;
@@ -191,7 +191,7 @@ static int child_reader_count(void *arg)
     if (rc)
         return rc;
     ctxs_session_info info;
-    rc = ctxs_session_info_get(&info, s);
+    rc = ctxs_session_get_info(&info, s);
     ctxs_session_close(s);
     return rc ? rc : (int)info.n_tokens;
 }
@@ -291,7 +291,7 @@ Test(lock, writer_lock_is_released_when_its_process_dies)
     ctxs_session *w = open_or_die(RW);
     cr_assert_eq(n_tokens(w), 11);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, w), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, w), 0);
     cr_assert_eq(info.n_reserved, 0, "the dead writer's reservation survived");
     cr_assert_eq(ts_check_all(w), 0);
     cr_assert_eq(ts_append(w, 2), 0);
@@ -371,7 +371,7 @@ Test(lock, reader_in_a_child_does_not_block_a_writer)
         if (rc == 0)
             rc = ctxs_session_refresh(s);
         if (rc == 0)
-            rc = ctxs_session_info_get(&info, s);
+            rc = ctxs_session_get_info(&info, s);
         write_int(ready[1], rc ? rc : (int)info.n_tokens);
         ctxs_session_close(s);
         _exit(0);
@@ -448,12 +448,12 @@ Test(lock, reader_in_another_process_sees_only_committed_tokens, .timeout = 300)
 
     ctxs_session *r = open_or_die(RO);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, r), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, r), 0);
     const ctxs_geometry *g = &info.model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     uint16_t *k = malloc(per * 2), *v = malloc(per * 2), *ek = malloc(per * 2), *ev = malloc(per * 2);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, r), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, r), 0);
 
     int acked = 0, done = 0, j = 0;
     uint64_t last = 0, checked = 0, refreshes = 0, seen_mid = 0;
@@ -463,7 +463,7 @@ Test(lock, reader_in_another_process_sees_only_committed_tokens, .timeout = 300)
         int rc = ctxs_session_refresh(r);
         cr_assert_eq(rc, 0, "refresh: %s", ctxs_strerror(rc));
         refreshes++;
-        cr_assert_eq(ctxs_session_info_get(&info, r), 0);
+        cr_assert_eq(ctxs_session_get_info(&info, r), 0);
         uint64_t n = info.n_tokens;
 
         for (;;) {
@@ -503,11 +503,11 @@ Test(lock, reader_in_another_process_sees_only_committed_tokens, .timeout = 300)
 
         /* New positions, and one older one, read back exactly. */
         for (uint64_t p = checked; p < n; p++) {
-            rc = ctxs_session_read_token(r, p, k, v);
+            rc = ctxs_session_read_token(k, v, r, p);
             cr_assert_eq(rc, 0, "read_token(%llu) of %llu: %s", (unsigned long long)p,
                          (unsigned long long)n, ctxs_strerror(rc));
             uint32_t slot;
-            cr_assert_eq(ctxs_session_slot(&slot, r, p), 0);
+            cr_assert_eq(ctxs_session_get_slot(&slot, r, p), 0);
             cr_assert_eq(slot, (uint32_t)p);
             ts_fill_kv(g, p, ek, ev);
             cr_assert(memcmp(k, ek, per * 2) == 0 && memcmp(v, ev, per * 2) == 0,
@@ -519,7 +519,7 @@ Test(lock, reader_in_another_process_sees_only_committed_tokens, .timeout = 300)
         if (n) {
             rng = rng * 6364136223846793005ull + 1;
             uint64_t p = (rng >> 33) % n;
-            cr_assert_eq(ctxs_session_read_token(r, p, k, v), 0);
+            cr_assert_eq(ctxs_session_read_token(k, v, r, p), 0);
             ts_fill_kv(g, p, ek, ev);
             cr_assert(memcmp(k, ek, per * 2) == 0 && memcmp(v, ev, per * 2) == 0,
                       "old position %llu changed", (unsigned long long)p);
@@ -553,7 +553,7 @@ Test(lock, read_only_session_refuses_writes)
 
     ctxs_session *r = open_or_die(RO);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, r), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, r), 0);
     cr_assert(info.flags & CTXS_INFO_READONLY);
     ctxs_reservation res;
     memset(&res, 0, sizeof(res));
@@ -564,12 +564,12 @@ Test(lock, read_only_session_refuses_writes)
     cr_assert_eq(ctxs_session_rollback(r, 0), CTXS_EREADONLY);
     cr_assert_eq(ctxs_session_rollback(r, 12), CTXS_EREADONLY);
     cr_assert_eq(ctxs_session_sync(r), CTXS_EREADONLY);
-    cr_assert_eq(ctxs_session_info_get(&info, r), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, r), 0);
     cr_assert_eq(info.n_tokens, 12);
     cr_assert_eq(info.n_reserved, 0);
     cr_assert_eq(ts_check_all(r), 0);
     /* Reading is fine. */
-    cr_assert_eq(ctxs_session_verify(r, NULL), 0);
+    cr_assert_eq(ctxs_session_verify(NULL, r), 0);
     cr_assert_eq(ctxs_session_refresh(r), 0);
     ctxs_session_close(r);
 

@@ -19,12 +19,11 @@ static ctxs_session *create(const char *name, uint32_t capacity, uint32_t n_sink
                             uint32_t ring, uint32_t durability)
 {
     ctxs_model m = ts_model(1);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
     o.ring = ring;
-    o.durability = durability;
+    o.open.durability = durability;
     ctxs_session *s = NULL;
     int rc = ctxs_session_create(&s, ts_path(ts_scratch, name), &m, &o);
     cr_assert_eq(rc, 0, "create: %s", ctxs_strerror(rc));
@@ -43,7 +42,7 @@ static ctxs_session *reopen(const char *name, unsigned flags)
 static ctxs_session_info info_of(const ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     return info;
 }
 
@@ -81,7 +80,7 @@ Test(session, tokens_survive_close_and_reopen)
     cr_expect_eq(info.flags & (CTXS_INFO_RECOVERED | CTXS_INFO_VERIFIED), 0,
                  "a clean reopen in the same boot verifies nothing");
     cr_expect_eq(ts_check_all(s), 0);
-    cr_expect_eq(ctxs_session_verify(s, NULL), 0);
+    cr_expect_eq(ctxs_session_verify(NULL, s), 0);
     cr_assert_eq(ts_append(s, 10), 0);
     ctxs_session_close(s);
 
@@ -129,7 +128,7 @@ Test(session, another_process_reads_what_was_committed)
         if (ctxs_session_open(&c, ts_path(ts_scratch, "a"), &m, 0, NULL) != 0)
             _exit(2);
         ctxs_session_info info;
-        ctxs_session_info_get(&info, c);
+        ctxs_session_get_info(&info, c);
         if (info.n_tokens != 100 || ts_check_all(c) != 0)
             _exit(3);
         if (ts_append(c, 50) != 0)
@@ -160,19 +159,19 @@ Test(session, the_ring_keeps_sinks_and_the_newest_tokens)
 
     uint32_t slot;
     for (uint64_t p = 0; p < 4; p++) {
-        cr_expect_eq(ctxs_session_slot(&slot, s, p), 0, "sink %llu is kept", (unsigned long long)p);
+        cr_expect_eq(ctxs_session_get_slot(&slot, s, p), 0, "sink %llu is kept", (unsigned long long)p);
         cr_expect_eq(slot, p);
     }
-    cr_expect_eq(ctxs_session_slot(&slot, s, 79), CTXS_EEVICTED);
-    cr_expect_eq(ctxs_session_slot(&slot, s, 80), 0);
-    cr_expect_eq(ctxs_session_slot(&slot, s, 140), CTXS_ENOTFOUND);
+    cr_expect_eq(ctxs_session_get_slot(&slot, s, 79), CTXS_EEVICTED);
+    cr_expect_eq(ctxs_session_get_slot(&slot, s, 80), 0);
+    cr_expect_eq(ctxs_session_get_slot(&slot, s, 140), CTXS_ENOTFOUND);
     cr_expect_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
 
     s = reopen("a", 0);
     cr_expect_eq(info_of(s).ring_start, 80);
     cr_expect_eq(ts_check_all(s), 0);
-    cr_expect_eq(ctxs_session_verify(s, NULL), 0);
+    cr_expect_eq(ctxs_session_verify(NULL, s), 0);
     ctxs_session_close(s);
 }
 
@@ -275,18 +274,18 @@ Test(session, write_token_and_read_token_use_the_engine_layout)
 
     /* The same bytes are where the layout says. */
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     uint16_t *run;
-    cr_assert_eq(ctxs_session_kv((void **)&run, s, 1, CTXS_V, 1), 0);
+    cr_assert_eq(ctxs_session_get_kv((void **)&run, s, 1, CTXS_V, 1), 0);
     cr_expect_eq((uint8_t *)run, (uint8_t *)lay.kv + lay.layer_stride + lay.kv_stride + lay.head_stride);
     cr_expect_eq(memcmp(run + 1 * g->head_dim, v + (1 * g->n_kv_heads + 1) * g->head_dim,
                         g->head_dim * 2), 0);
     cr_expect_eq(((uintptr_t)lay.kv) % 16384, 0, "the KV region is page aligned");
-    cr_expect_eq(ctxs_session_kv((void **)&run, s, 2, CTXS_K, 0), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_get_kv((void **)&run, s, 2, CTXS_K, 0), CTXS_EINVAL);
 
-    cr_expect_eq(ctxs_session_read_token(s, 1, k2, v2), CTXS_ENOTFOUND, "not committed");
+    cr_expect_eq(ctxs_session_read_token(k2, v2, s, 1), CTXS_ENOTFOUND, "not committed");
     cr_assert_eq(ctxs_session_commit(s, (uint32_t[]){7, 8, 9}, 3), 0);
-    cr_assert_eq(ctxs_session_read_token(s, 1, k2, v2), 0);
+    cr_assert_eq(ctxs_session_read_token(k2, v2, s, 1), 0);
     cr_expect_eq(memcmp(k, k2, sizeof(k)), 0);
     cr_expect_eq(memcmp(v, v2, sizeof(v)), 0);
     cr_expect_eq(lay.token_ids[1], 8);
@@ -302,18 +301,15 @@ Test(session, a_bad_byte_in_the_kv_is_found_by_verify)
     ctxs_model m = ts_model(1);
     cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "a"), &m, 0, NULL), 0);
     uint8_t *run;
-    cr_assert_eq(ctxs_session_kv((void **)&run, s, 1, CTXS_K, 1), 0);
+    cr_assert_eq(ctxs_session_get_kv((void **)&run, s, 1, CTXS_K, 1), 0);
     run[17 * 16 + 3] ^= 0x40; /* position 17, head_dim 8 fp16 = 16 bytes a slot */
     uint64_t bad = 0;
-    cr_expect_eq(ctxs_session_verify(s, &bad), CTXS_ECORRUPT);
+    cr_expect_eq(ctxs_session_verify(&bad, s), CTXS_ECORRUPT);
     cr_expect_eq(bad, 17);
     ctxs_session_close(s);
 
     /* After a reboot (forced here) recovery keeps the tokens before it. */
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.recovery = CTXS_RECOVER_VERIFY;
-    cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "a"), &m, 0, &o), 0);
+    cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "a"), &m, CTXS_OPEN_VERIFY, NULL), 0);
     ctxs_session_info info = info_of(s);
     cr_expect_eq(info.n_tokens, 17, "n_tokens %llu", (unsigned long long)info.n_tokens);
     cr_expect_eq(info.lost_tokens, 13, "lost %llu", (unsigned long long)info.lost_tokens);
@@ -355,13 +351,12 @@ Test(session, null_and_bad_arguments_are_invalid)
     cr_expect_eq(ctxs_session_open(&s, ts_path(ts_scratch, "a"), NULL, 0, NULL), CTXS_EINVAL,
                  "a writer must name its model");
     cr_expect_eq(ctxs_session_open(&s, ts_path(ts_scratch, "none"), &m, 0, NULL), -ENOENT);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.version = 99;
     cr_expect_eq(ctxs_session_create(&s, ts_path(ts_scratch, "b"), &m, &o), CTXS_EINVAL);
-    ctxs_session_options_init(&o);
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
     o.reserved[3] = 1;
     cr_expect_eq(ctxs_session_create(&s, ts_path(ts_scratch, "b"), &m, &o), CTXS_EINVAL);
-    cr_expect_eq(ctxs_session_info_get(NULL, NULL), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_get_info(NULL, NULL), CTXS_EINVAL);
     ctxs_session_close(NULL);
 }

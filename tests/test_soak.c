@@ -658,11 +658,9 @@ static void reader_file(const reader_args *a)
     uint64_t rng = a->seed;
     struct obs last = {0, 0, 0};
     while (!atomic_load(a->stop)) {
-        ctxs_session_options o;
-        ctxs_session_options_init(&o);
-        o.recovery = ts_rng_next(&rng) % 4 == 0 ? CTXS_RECOVER_VERIFY : CTXS_RECOVER_AUTO;
+        unsigned verify = ts_rng_next(&rng) % 4 == 0 ? CTXS_OPEN_VERIFY : 0;
         ctxs_session *s;
-        int rc = ctxs_session_open(&s, a->path, &m, CTXS_OPEN_RDONLY, &o);
+        int rc = ctxs_session_open(&s, a->path, &m, CTXS_OPEN_RDONLY | verify, NULL);
         atomic_fetch_add(&a->slot->opens, 1);
         if (rc != 0) {
             reader_violation(a->slot, "reader %d: read-only open: %s", a->idx, ctxs_err_name(rc));
@@ -723,12 +721,12 @@ static void reader_store(const reader_args *a)
                  * after each kill, with the writer dead). */
                 ctxs_session_info info;
                 ctxs_layout lay;
-                if (ctxs_session_info_get(&info, s) == 0 && ctxs_session_layout(&lay, s) == 0 &&
+                if (ctxs_session_get_info(&info, s) == 0 && ctxs_session_get_layout(&lay, s) == 0 &&
                     info.n_tokens >= CTXS_PREFIX_CHUNK && info.ring_start <= info.n_sink) {
                     uint32_t *prompt = malloc(info.n_tokens * 4);
                     for (uint64_t p = 0; prompt && p < info.n_tokens; p++) {
                         uint32_t slot;
-                        prompt[p] = ctxs_session_slot(&slot, s, p) == 0 ? lay.token_ids[slot] : 0;
+                        prompt[p] = ctxs_session_get_slot(&slot, s, p) == 0 ? lay.token_ids[slot] : 0;
                     }
                     ctxs_prefix_match pm;
                     int frc = prompt ? ctxs_prefix_find(&pm, st, info.model.model_hash, prompt,
@@ -962,15 +960,14 @@ static void a_child(void *p)
 {
     const a_args *a = p;
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.durability = a->level;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+    o.open.durability = a->level;
     ctxs_session *s;
-    int rc = ctxs_session_open(&s, a->path, &m, 0, &o);
+    int rc = ctxs_session_open(&s, a->path, &m, 0, &o.open);
     if (rc != 0)
         child_fail("open", rc, 0, 0);
     ctxs_session_info info;
-    if ((rc = ctxs_session_info_get(&info, s)) != 0)
+    if ((rc = ctxs_session_get_info(&info, s)) != 0)
         child_fail("info", rc, 0, 0);
     uint64_t n = info.n_tokens, rng = a->seed, forks = a->fork_base;
     uint32_t gen = a->gen;
@@ -1017,7 +1014,7 @@ static void a_child(void *p)
             a_fork_path(fp, sizeof(fp), a->dir, forks);
             child_say(M_FORK, 0, gen, at, forks, NULL, NULL);
             ctxs_session *f;
-            rc = ctxs_session_fork(&f, s, at, fp, &o);
+            rc = ctxs_session_fork(&f, fp, s, at, &o.open);
             if (rc == 0)
                 ctxs_session_close(f);
             else if (rc != CTXS_EEVICTED)
@@ -1027,9 +1024,9 @@ static void a_child(void *p)
         } else if (pick < 20) {
             child_say(M_REOPEN, 0, gen, n, n, NULL, NULL);
             ctxs_session_close(s);
-            if ((rc = ctxs_session_open(&s, a->path, &m, 0, &o)) != 0)
+            if ((rc = ctxs_session_open(&s, a->path, &m, 0, &o.open)) != 0)
                 child_fail("reopen", rc, n, 0);
-            if ((rc = ctxs_session_info_get(&info, s)) != 0 || info.n_tokens != n)
+            if ((rc = ctxs_session_get_info(&info, s)) != 0 || info.n_tokens != n)
                 child_fail("reopen count", rc, info.n_tokens, n);
             child_say(M_ACK, 0, gen, n, n, NULL, NULL);
         } else {
@@ -1038,7 +1035,7 @@ static void a_child(void *p)
             child_say(M_APPEND, 0, gen, n, n + k, NULL, NULL);
             if ((rc = ts_pat_append(s, k, gen, &first)) != 0)
                 child_fail("append", rc, n, k);
-            if ((rc = ctxs_session_info_get(&info, s)) != 0 || first != n ||
+            if ((rc = ctxs_session_get_info(&info, s)) != 0 || first != n ||
                 info.n_tokens != n + k)
                 child_fail("append count", rc, info.n_tokens, n + k);
             n += k;
@@ -1135,8 +1132,8 @@ static uint64_t a_check_exact(const ctxs_session *s, const ts_gens *gs, const a_
 {
     ctxs_session_info info;
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     uint16_t k[KV_MAX], v[KV_MAX], ek[KV_MAX], ev[KV_MAX];
     const ctxs_geometry *g = &info.model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
@@ -1160,7 +1157,7 @@ static uint64_t a_check_exact(const ctxs_session *s, const ts_gens *gs, const a_
         }
         uint32_t id = ts_pat_id(p, gen);
         ts_pat_kv(&info.model.geometry, p, id, ek, ev);
-        if (ctxs_session_slot(&slot, s, p) != 0 || ctxs_session_read_token(s, p, k, v) != 0 ||
+        if (ctxs_session_get_slot(&slot, s, p) != 0 || ctxs_session_read_token(k, v, s, p) != 0 ||
             lay.token_ids[slot] != id || memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2))
             bad++;
     }
@@ -1173,15 +1170,12 @@ static uint64_t a_check_image(const char *path, const a_ctx *c, uint32_t recover
                               const char *what)
 {
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.recovery = CTXS_RECOVER_VERIFY;
     ctxs_session *s;
     ctxs_session_info a, b;
     uint64_t bad_pos = 0;
-    int rc = ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, &o);
+    int rc = ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL);
     cr_assert_eq(rc, 0, "%s: read-only open: %s", what, ctxs_err_name(rc));
-    cr_assert_eq(ctxs_session_info_get(&a, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&a, s), 0);
     st->images++;
     if (a.n_tokens != c->lo && a.n_tokens != c->hi)
         soak_fail(st, "%s: %llu tokens; the writer left %llu or %llu", what,
@@ -1198,15 +1192,14 @@ static uint64_t a_check_image(const char *path, const a_ctx *c, uint32_t recover
         soak_fail(st, "%s: %llu positions read back wrong (read-only)", what,
                   (unsigned long long)bad);
     }
-    if ((rc = ctxs_session_verify(s, &bad_pos)) != 0)
+    if ((rc = ctxs_session_verify(&bad_pos, s)) != 0)
         soak_fail(st, "%s: verify: %s at %llu", what, ctxs_err_name(rc),
                   (unsigned long long)bad_pos);
     ctxs_session_close(s);
 
-    o.recovery = recovery;
-    rc = ctxs_session_open(&s, path, &m, 0, &o);
+    rc = ctxs_session_open(&s, path, &m, recovery, NULL);
     cr_assert_eq(rc, 0, "%s: read-write open: %s", what, ctxs_err_name(rc));
-    cr_assert_eq(ctxs_session_info_get(&b, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&b, s), 0);
     if (b.n_tokens != a.n_tokens || b.ring_start != a.ring_start || b.n_reserved || b.lost_tokens)
         soak_fail(st, "%s: read-write open sees %llu tokens (ring_start %llu, %u reserved, "
                   "%llu lost), read-only %llu (%llu)", what, (unsigned long long)b.n_tokens,
@@ -1216,7 +1209,7 @@ static uint64_t a_check_image(const char *path, const a_ctx *c, uint32_t recover
     if ((bad = a_check_exact(s, &c->gs, NULL)) != 0)
         soak_fail(st, "%s: %llu positions read back wrong (read-write)", what,
                   (unsigned long long)bad);
-    if ((rc = ctxs_session_verify(s, &bad_pos)) != 0)
+    if ((rc = ctxs_session_verify(&bad_pos, s)) != 0)
         soak_fail(st, "%s: verify (read-write): %s at %llu", what, ctxs_err_name(rc),
                   (unsigned long long)bad_pos);
     ctxs_session_close(s);
@@ -1228,16 +1221,13 @@ static uint64_t a_check_image(const char *path, const a_ctx *c, uint32_t recover
 static uint64_t a_check_forks(const char *dir, a_ctx *c, soak_stats *st, const char *what)
 {
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.recovery = CTXS_RECOVER_VERIFY;
     uint64_t checked = 0;
     for (size_t i = 0; i < c->n_forks; i++) {
         const a_fork *f = &c->forks[i];
         char fp[4096];
         a_fork_path(fp, sizeof(fp), dir, f->serial);
         ctxs_session *s;
-        int rc = ctxs_session_open(&s, fp, &m, CTXS_OPEN_RDONLY, &o);
+        int rc = ctxs_session_open(&s, fp, &m, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL);
         if (rc == -ENOENT) {
             if (f->acked)
                 soak_fail(st, "%s: acknowledged fork %llu is missing", what,
@@ -1251,7 +1241,7 @@ static uint64_t a_check_forks(const char *dir, a_ctx *c, soak_stats *st, const c
             continue;
         }
         ctxs_session_info info;
-        cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
         st->images++;
         checked++;
         uint64_t bad = a_check_exact(s, NULL, f), bad_pos = 0;
@@ -1260,7 +1250,7 @@ static uint64_t a_check_forks(const char *dir, a_ctx *c, soak_stats *st, const c
                       "%llu", what, (unsigned long long)f->serial,
                       (unsigned long long)info.n_tokens, (unsigned long long)info.lost_tokens,
                       (unsigned long long)bad, (unsigned long long)f->at);
-        if ((rc = ctxs_session_verify(s, &bad_pos)) != 0)
+        if ((rc = ctxs_session_verify(&bad_pos, s)) != 0)
             soak_fail(st, "%s: fork %llu: verify: %s", what, (unsigned long long)f->serial,
                       ctxs_err_name(rc));
         ctxs_session_close(s);
@@ -1303,7 +1293,7 @@ Test(soak, session_writers_killed_during_commit_rollback_sync_and_fork, .timeout
     snprintf(path, sizeof(path), "%s/soak.ctxs", dir);
     {
         ctxs_model m = ts_model(MODEL_SEED);
-        ctxs_session_options o = ts_options(A_CAPACITY, A_SINK, 1, CTXS_SYNC_NONE);
+        ctxs_create_options o = ts_options(A_CAPACITY, A_SINK, 1, CTXS_SYNC_NONE);
         ctxs_session *s;
         cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
         ctxs_session_close(s);
@@ -1335,7 +1325,7 @@ Test(soak, session_writers_killed_during_commit_rollback_sync_and_fork, .timeout
         char what[160];
         snprintf(what, sizeof(what), "kill %u (level %u, %s %s)", i, level,
                  d.at_point ? "at" : "after", d.at_point ? kp_names[d.call] : "a delay");
-        n = a_check_image(path, &c, i % 2 ? CTXS_RECOVER_VERIFY : CTXS_RECOVER_AUTO, &st, what);
+        n = a_check_image(path, &c, i % 2 ? CTXS_OPEN_VERIFY : 0, &st, what);
         c.lo = c.hi = n;
         fork_images += a_check_forks(dir, &c, &st, what);
         leftovers += a_sweep(dir, &st, what, kp.named);
@@ -1406,15 +1396,14 @@ static void b_new_name(b_child *c, char prefix, char out[24])
     snprintf(out, 24, "%c%llx", prefix, (unsigned long long)c->serial++);
 }
 
-static ctxs_session_options b_opts(b_child *c)
+static ctxs_create_options b_opts(b_child *c)
 {
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = B_CAPACITY;
     o.n_sink = 4;
     o.ring = 1;
     uint64_t r = ts_rng_next(&c->rng) % 10;
-    o.durability = r < 4 ? CTXS_SYNC_NONE : r < 9 ? CTXS_SYNC_ASYNC : CTXS_SYNC_FULL;
+    o.open.durability = r < 4 ? CTXS_SYNC_NONE : r < 9 ? CTXS_SYNC_ASYNC : CTXS_SYNC_FULL;
     return o;
 }
 
@@ -1427,9 +1416,9 @@ static ctxs_session *b_open(b_child *c, int i)
 {
     if (c->h[i])
         return c->h[i];
-    ctxs_session_options o = b_opts(c);
+    ctxs_create_options o = b_opts(c);
     child_say(B_OPEN, 0, 0, 0, 0, c->name[i], NULL);
-    int rc = ctxs_store_session_open(&c->h[i], c->st, c->name[i], &c->m, 0, &o);
+    int rc = ctxs_store_session_open(&c->h[i], c->st, c->name[i], &c->m, 0, &o.open);
     if (rc != 0)
         child_fail(c->name[i], rc, 0, 0);
     b_ack(0, 0, 0);
@@ -1466,7 +1455,7 @@ static int b_add(b_child *c, const char *name, ctxs_session *h)
 static uint64_t b_count(ctxs_session *s)
 {
     ctxs_session_info info;
-    int rc = ctxs_session_info_get(&info, s);
+    int rc = ctxs_session_get_info(&info, s);
     if (rc != 0)
         child_fail("info", rc, 0, 0);
     return info.n_tokens;
@@ -1478,7 +1467,7 @@ static int b_pick_cp(b_child *c, int i, int fresh_only, ctxs_checkpoint_entry *o
 {
     ctxs_checkpoint_entry *l;
     size_t k;
-    int rc = ctxs_checkpoint_list(&l, &k, c->st, c->name[i]);
+    int rc = ts_checkpoint_list(&l, &k, c->st, c->name[i]);
     if (rc != 0)
         child_fail("checkpoint_list", rc, 0, 0);
     if (count)
@@ -1533,7 +1522,7 @@ static void b_child_main(void *p)
             if (!room)
                 continue;
             b_new_name(c, 's', nm);
-            ctxs_session_options o = b_opts(c);
+            ctxs_create_options o = b_opts(c);
             child_say(B_CREATE, 0, 0, 0, 0, nm, NULL);
             ctxs_session *s;
             rc = ctxs_store_session_create(&s, c->st, nm, &c->m, &o);
@@ -1579,7 +1568,7 @@ static void b_child_main(void *p)
                 continue;
             b_new_name(c, 'c', nm);
             child_say(B_CP_CREATE, 0, 0, have, 0, c->name[i], nm);
-            if ((rc = ctxs_checkpoint_create(c->st, s, nm)) != 0)
+            if ((rc = ctxs_checkpoint_create(s, nm)) != 0)
                 child_fail("checkpoint_create", rc, have, 0);
             b_ack(0, 0, 0);
         } else if (op < 52) {
@@ -1597,7 +1586,7 @@ static void b_child_main(void *p)
             snprintf(m.s1, sizeof(m.s1), "%s", c->name[i]);
             snprintf(m.s2, sizeof(m.s2), "%.23s", e.name);
             child_send(&m);
-            rc = ctxs_checkpoint_restore(c->st, s, e.name);
+            rc = ctxs_checkpoint_restore(s, e.name);
             if (rc != 0 && rc != CTXS_ESTALE)
                 child_fail("checkpoint_restore", rc, e.n_tokens, have);
             b_ack(rc, b_count(s), 0);
@@ -1606,7 +1595,7 @@ static void b_child_main(void *p)
             if (!b_pick_cp(c, i, 0, &e, NULL))
                 continue;
             child_say(B_CP_DELETE, 0, 0, 0, 0, c->name[i], e.name);
-            if ((rc = ctxs_checkpoint_delete(c->st, c->name[i], e.name)) != 0)
+            if ((rc = ts_checkpoint_delete(c->st, c->name[i], e.name)) != 0)
                 child_fail("checkpoint_delete", rc, 0, 0);
             b_ack(0, 0, 0);
         } else if (op < 61) {
@@ -1630,13 +1619,13 @@ static void b_child_main(void *p)
             snprintf(m.s1, sizeof(m.s1), "%s", c->name[i]);
             snprintf(m.s2, sizeof(m.s2), "%s", nm);
             child_send(&m);
-            ctxs_session_options o = b_opts(c);
+            ctxs_create_options o = b_opts(c);
             ctxs_session *f = NULL;
             if (via_cp)
-                rc = ctxs_store_fork_checkpoint(keep ? &f : NULL, c->st, c->name[i], e.name, nm, &o);
+                rc = ctxs_store_session_fork_checkpoint(keep ? &f : NULL, c->st, nm, c->name[i], e.name, &o.open);
             else
-                rc = ctxs_store_fork(keep ? &f : NULL, c->st, c->name[i],
-                                     (r >> 20) % 2 ? at : UINT64_MAX, nm, &o);
+                rc = ctxs_store_session_fork(keep ? &f : NULL, c->st, nm,
+                                             c->name[i], (r >> 20) % 2 ? at : UINT64_MAX, &o.open);
             if (rc != 0)
                 child_fail("fork", rc, at, have);
             b_add(c, nm, f);
@@ -1705,7 +1694,7 @@ static void b_child_main(void *p)
             b_new_name(c, 'x', nm);
             snprintf(path, sizeof(path), "%s/%s.ctxx", a->exports, nm);
             child_say(B_EXPORT, 0, 0, have, 0, c->name[i], nm);
-            if ((rc = ctxs_store_export(c->st, c->name[i], path, NULL, NULL)) != 0)
+            if ((rc = ctxs_store_session_export(c->st, c->name[i], path, NULL, NULL)) != 0)
                 child_fail("export", rc, have, 0);
             b_ack(0, 0, 0);
         } else if (op < 86) {
@@ -1730,7 +1719,7 @@ static void b_child_main(void *p)
             b_new_name(c, 's', nm);
             snprintf(path, sizeof(path), "%s/%s.ctxx", a->exports, nm2);
             child_say(B_IMPORT, 0, 0, 0, 0, nm, nm2);
-            rc = ctxs_store_import(c->st, path, nm, NULL, NULL, NULL);
+            rc = ctxs_store_session_import(NULL, c->st, path, nm, NULL, NULL);
             if (rc != 0)
                 child_fail("import", rc, 0, 0);
             b_add(c, nm, NULL);
@@ -1747,7 +1736,7 @@ static void b_child_main(void *p)
                 continue;
             uint64_t bad = 0;
             child_say(B_VERIFY, 0, 0, 0, 0, c->name[i], NULL);
-            if ((rc = ctxs_session_verify(c->h[i], &bad)) != 0)
+            if ((rc = ctxs_session_verify(&bad, c->h[i])) != 0)
                 child_fail("verify", rc, bad, 0);
             b_ack(0, 0, 0);
         }
@@ -2081,8 +2070,8 @@ static uint64_t b_check_exact(const ctxs_session *s, const ts_gens *g)
 {
     ctxs_session_info info;
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     uint16_t k[KV_MAX], v[KV_MAX], ek[KV_MAX], ev[KV_MAX];
     const ctxs_geometry *geo = &info.model.geometry;
     size_t per = (size_t)geo->n_layers * geo->n_kv_heads * geo->head_dim;
@@ -2090,7 +2079,7 @@ static uint64_t b_check_exact(const ctxs_session *s, const ts_gens *g)
     for (uint64_t p = 0; p < info.n_tokens; p++) {
         uint32_t id = ts_pat_id(p, ts_gens_get(g, p)), slot;
         ts_pat_kv(geo, p, id, ek, ev);
-        if (ctxs_session_slot(&slot, s, p) != 0 || ctxs_session_read_token(s, p, k, v) != 0 ||
+        if (ctxs_session_get_slot(&slot, s, p) != 0 || ctxs_session_read_token(k, v, s, p) != 0 ||
             lay.token_ids[slot] != id || memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2))
             bad++;
     }
@@ -2142,10 +2131,10 @@ static void b_check_prefix(ctxs_store *st, const b_sess *s, int caught_up, soak_
         return;
     }
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, h), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, h), 0);
     for (uint64_t p = 0; p < pm.n_tokens && p < s->n; p++) {
         uint32_t slot;
-        if (ctxs_session_slot(&slot, h, p) != 0 || lay.token_ids[slot] != prompt[p]) {
+        if (ctxs_session_get_slot(&slot, h, p) != 0 || lay.token_ids[slot] != prompt[p]) {
             soak_fail(sst, "%s: prefix_find(%s) matched %llu tokens of %s, which differs at %llu",
                       what, s->name, (unsigned long long)pm.n_tokens, pm.session,
                       (unsigned long long)p);
@@ -2330,9 +2319,6 @@ static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, 
         tot->most_sessions = (size_t)c->n;
 
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.recovery = CTXS_RECOVER_VERIFY;
     int all_rw = iter % 16 == 0;
     for (int i = 0; i < c->n; i++) {
         b_sess *s = c->s[i];
@@ -2352,13 +2338,13 @@ static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, 
         }
         /* Read-only first: what the writer left, before anyone writes. */
         ctxs_session *h;
-        rc = ctxs_store_session_open(&h, st, s->name, &m, CTXS_OPEN_RDONLY, &o);
+        rc = ctxs_store_session_open(&h, st, s->name, &m, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL);
         if (rc != 0) {
             soak_fail(sst, "%s: %s does not open read-only: %s", what, s->name, ctxs_err_name(rc));
             continue;
         }
         ctxs_session_info info;
-        cr_assert_eq(ctxs_session_info_get(&info, h), 0);
+        cr_assert_eq(ctxs_session_get_info(&info, h), 0);
         uint64_t acked_lo = touched && f->type == B_APPEND ? f->a : lo;
         if (info.n_tokens != lo && info.n_tokens != hi) {
             soak_fail(sst, "%s: %s holds %llu tokens; the writer left %llu or %llu", what,
@@ -2377,7 +2363,7 @@ static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, 
             soak_fail(sst, "%s: %s: %llu of %llu tokens read back wrong", what, s->name,
                       (unsigned long long)bad, (unsigned long long)s->n);
         }
-        if ((rc = ctxs_session_verify(h, &bad_pos)) != 0)
+        if ((rc = ctxs_session_verify(&bad_pos, h)) != 0)
             soak_fail(sst, "%s: %s: verify: %s at %llu", what, s->name, ctxs_err_name(rc),
                       (unsigned long long)bad_pos);
         tot->sessions_checked++;
@@ -2388,7 +2374,7 @@ static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, 
          * not), each as stale as the model says. */
         ctxs_checkpoint_entry *cl;
         size_t ncl;
-        if ((rc = ctxs_checkpoint_list(&cl, &ncl, st, s->name)) != 0) {
+        if ((rc = ts_checkpoint_list(&cl, &ncl, st, s->name)) != 0) {
             soak_fail(sst, "%s: checkpoint_list(%s): %s", what, s->name, ctxs_err_name(rc));
             continue;
         }
@@ -2429,13 +2415,13 @@ static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, 
         /* A read-write open brings the prefix entries up to date. */
         int rw = all_rw || touched || ts_rng_next(rng) % 6 == 0;
         if (rw) {
-            rc = ctxs_store_session_open(&h, st, s->name, &m, 0, &o);
+            rc = ctxs_store_session_open(&h, st, s->name, &m, CTXS_OPEN_VERIFY, NULL);
             if (rc != 0) {
                 soak_fail(sst, "%s: %s does not open read-write: %s", what, s->name,
                           ctxs_err_name(rc));
                 continue;
             }
-            cr_assert_eq(ctxs_session_info_get(&info, h), 0);
+            cr_assert_eq(ctxs_session_get_info(&info, h), 0);
             if (info.n_tokens != s->n || info.n_reserved)
                 soak_fail(sst, "%s: %s read-write: %llu tokens, %u reserved; read-only %llu",
                           what, s->name, (unsigned long long)info.n_tokens, info.n_reserved,
@@ -2593,9 +2579,9 @@ static void held_body(void *p)
     if (a->what == 0)
         rc = ctxs_store_session_create(&s, st, "new", &m, NULL);
     else if (a->what == 1)
-        rc = ctxs_store_fork(&s, st, "base", UINT64_MAX, "new", NULL);
+        rc = ctxs_store_session_fork(&s, st, "new", "base", UINT64_MAX, NULL);
     else
-        rc = ctxs_store_import(st, a->export_path, "new", NULL, NULL, NULL);
+        rc = ctxs_store_session_import(NULL, st, a->export_path, "new", NULL, NULL);
     kp_arm(0, 0);
     child_say(M_ACK, rc, 0, 0, 0, NULL, NULL);
     ctxs_session_close(s);
@@ -2714,7 +2700,7 @@ static void intent_of_a_create_in_progress_as(int what, int after, int then, boo
     cr_assert_eq(ctxs_store_session_create(&s, st, "base", &m, NULL), 0);
     cr_assert_eq(ts_pat_append(s, 100, 1, NULL), 0);
     ctxs_session_close(s);
-    cr_assert_eq(ctxs_store_export(st, "base", export_path, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_export(st, "base", export_path, NULL, NULL), 0);
     ctxs_store_close(st);
 
     held_args a = {store_dir, what, export_path, KP_LINK, after, named};
@@ -2832,7 +2818,7 @@ Test(soak, a_store_open_elsewhere_leaves_the_file_of_a_create_before_its_lock)
     create_file_removed_before_its_lock(0);
 }
 
-/* ctxs_store_fork(..., UINT64_MAX, ...) takes the source's count when it
+/* ctxs_store_session_fork(..., UINT64_MAX, ...) takes the source's count when it
  * looks the source up, and checks it against the source again when it
  * copies: a rollback by the source's writer in between makes the fork fail
  * with CTXS_EINVAL (an argument error) instead of CTXS_ESTALE, or instead

@@ -62,7 +62,7 @@ static tinychat_model *model_new(uint64_t seed)
 static ctxs_session *session_create(tinychat_model *m, const char *path, uint32_t capacity)
 {
     ctxs_model cm;
-    ctxs_session_options o;
+    ctxs_create_options o;
     tinychat_model_ctxs(&cm, m);
     tinychat_session_options(&o, capacity, 0);
     ctxs_session *s = NULL;
@@ -76,10 +76,10 @@ static int session_open(ctxs_session **s, tinychat_model *m, const char *path, u
                         uint32_t window)
 {
     ctxs_model cm;
-    ctxs_session_options o;
+    ctxs_create_options o;
     tinychat_model_ctxs(&cm, m);
     tinychat_session_options(&o, CAPACITY, window);
-    return ctxs_session_open(s, path, &cm, flags, &o);
+    return ctxs_session_open(s, path, &cm, flags, &o.open);
 }
 
 #define VOCAB 256u
@@ -128,12 +128,12 @@ static void generate_n(uint32_t *out, logit_row *logits, uint32_t n_gen, uint64_
         }
     }
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.n_tokens, N_PROMPT + n_gen);
     if (N_PROMPT + n_gen > CAPACITY)
         cr_assert(info.flags & CTXS_INFO_WRAPPED, "the run did not wrap the ring");
     uint64_t bad = 0;
-    rc = ctxs_session_verify(s, &bad);
+    rc = ctxs_session_verify(&bad, s);
     cr_assert_eq(rc, 0, "verify: %s at %llu", ctxs_err_name(rc), (unsigned long long)bad);
     ctxs_session_close(s);
     tinychat_model_destroy(m);
@@ -279,10 +279,10 @@ Test(tinychat, resume_refuses_a_session_it_cannot_reproduce)
     cr_assert_eq(session_open(&s, m, path, 0, 0), 0);
     ctxs_layout lay;
     uint32_t slot;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
-    cr_assert_eq(ctxs_session_slot(&slot, s, N_PROMPT + N_GEN - 1), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_slot(&slot, s, N_PROMPT + N_GEN - 1), 0);
     void *run;
-    cr_assert_eq(ctxs_session_kv(&run, s, lay.geometry.n_layers - 1, CTXS_V, 0), 0);
+    cr_assert_eq(ctxs_session_get_kv(&run, s, lay.geometry.n_layers - 1, CTXS_V, 0), 0);
     ((uint8_t *)run)[(size_t)slot * lay.slot_bytes] ^= 1;
     rc = tinychat_resume(m, s, &next);
     cr_assert_eq(rc, CTXS_ECORRUPT, "resume over a changed V: %s", ctxs_err_name(rc));
@@ -317,13 +317,13 @@ Test(tinychat, prefill_in_chunks_equals_stepping_token_by_token)
     /* The sessions hold the same bytes, token ids and all. */
     ctxs_session_info ia, ib;
     ctxs_layout ya, yb;
-    cr_assert_eq(ctxs_session_info_get(&ia, a), 0);
-    cr_assert_eq(ctxs_session_info_get(&ib, b), 0);
+    cr_assert_eq(ctxs_session_get_info(&ia, a), 0);
+    cr_assert_eq(ctxs_session_get_info(&ib, b), 0);
     cr_assert_eq(ia.n_tokens, N);
     cr_assert_eq(ib.n_tokens, N);
     cr_assert_eq(ia.ring_start, ib.ring_start);
-    cr_assert_eq(ctxs_session_layout(&ya, a), 0);
-    cr_assert_eq(ctxs_session_layout(&yb, b), 0);
+    cr_assert_eq(ctxs_session_get_layout(&ya, a), 0);
+    cr_assert_eq(ctxs_session_get_layout(&yb, b), 0);
     cr_assert(memcmp(ya.kv, yb.kv, ya.kv_bytes) == 0, "the KV regions differ");
     cr_assert(memcmp(ya.token_ids, yb.token_ids, CAPACITY * sizeof(uint32_t)) == 0);
 
@@ -371,8 +371,8 @@ Test(tinychat, write_into_reservations_matches_prefill_and_step)
         cr_assert_eq(ids[i], want[i], "token %u", i);
     cr_assert_eq(nb, na);
     ctxs_layout ya, yb;
-    cr_assert_eq(ctxs_session_layout(&ya, a), 0);
-    cr_assert_eq(ctxs_session_layout(&yb, b), 0);
+    cr_assert_eq(ctxs_session_get_layout(&ya, a), 0);
+    cr_assert_eq(ctxs_session_get_layout(&yb, b), 0);
     cr_assert(memcmp(ya.kv, yb.kv, ya.kv_bytes) == 0, "the KV regions differ");
 
     /* Not the newest reservation: refused. */
@@ -402,7 +402,7 @@ Test(tinychat, qwen3_4b_kv_geometry_resumes_exactly)
     cr_assert_eq(cm.geometry.n_kv_heads, 8);
     cr_assert_eq(cm.geometry.head_dim, 128);
     const char *path = ts_path(ts_scratch, "qwen.ctxs");
-    ctxs_session_options o;
+    ctxs_create_options o;
     tinychat_session_options(&o, 32, 0);
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, path, &cm, &o), 0);
@@ -417,7 +417,7 @@ Test(tinychat, qwen3_4b_kv_geometry_resumes_exactly)
         memcpy(last, tinychat_logits(m), sizeof(last));
         if (i % 7 == 6) {
             ctxs_session_close(s);
-            cr_assert_eq(ctxs_session_open(&s, path, &cm, 0, &o), 0);
+            cr_assert_eq(ctxs_session_open(&s, path, &cm, 0, &o.open), 0);
             uint32_t again;
             int rc = tinychat_resume(m, s, &again);
             cr_assert_eq(rc, 0, "resume: %s", ctxs_err_name(rc));
@@ -426,7 +426,7 @@ Test(tinychat, qwen3_4b_kv_geometry_resumes_exactly)
         }
     }
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert(info.flags & CTXS_INFO_WRAPPED);
     cr_assert_geq(distinct(stream, GEN), 4);
     ctxs_session_close(s);
@@ -452,7 +452,7 @@ Test(tinychat, bad_arguments)
     cr_assert_eq(tinychat_step(m, s, bad, &next), CTXS_EINVAL, "id beyond the vocab");
     cr_assert_eq(tinychat_prefill(m, s, &bad, 0, &next), CTXS_EINVAL);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.n_tokens, 0);
     cr_assert_eq(info.n_reserved, 0);
     ctxs_session_close(s);
@@ -505,7 +505,7 @@ static _Noreturn void child_main(const char *path, int create, int go_fd, int ou
     if (tinychat_model_create(&m, &cfg) != 0)
         _exit(CHILD_EOPEN);
     ctxs_model cm;
-    ctxs_session_options o;
+    ctxs_create_options o;
     tinychat_model_ctxs(&cm, m);
     tinychat_session_options(&o, CAPACITY, 0);
     ctxs_session *s;
@@ -518,7 +518,7 @@ static _Noreturn void child_main(const char *path, int create, int go_fd, int ou
             _exit(CHILD_EOPEN);
         rc = tinychat_prefill(m, s, ids, N_PROMPT, &next);
     } else {
-        if ((rc = ctxs_session_open(&s, path, &cm, 0, &o)) != 0)
+        if ((rc = ctxs_session_open(&s, path, &cm, 0, &o.open)) != 0)
             _exit(CHILD_EOPEN);
         rc = tinychat_resume(m, s, &next);
     }
@@ -615,19 +615,19 @@ static void check_after_kill(tinychat_model *m, const char *path, uint64_t n, ui
     int rc = session_open(&s, m, path, 0, 0);
     cr_assert_eq(rc, 0, "kill %d: reopen: %s", kill_no, ctxs_err_name(rc));
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.n_tokens, n);
     cr_assert_eq(info.lost_tokens, 0, "kill %d: the open lost %llu tokens", kill_no,
                  (unsigned long long)info.lost_tokens);
     uint64_t bad = 0;
-    rc = ctxs_session_verify(s, &bad);
+    rc = ctxs_session_verify(&bad, s);
     cr_assert_eq(rc, 0, "kill %d: verify: %s at %llu", kill_no, ctxs_err_name(rc),
                  (unsigned long long)bad);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     for (uint64_t pos = N_PROMPT; pos < n; pos++) {
         uint32_t slot, i = (uint32_t)(pos - N_PROMPT);
-        rc = ctxs_session_slot(&slot, s, pos);
+        rc = ctxs_session_get_slot(&slot, s, pos);
         if (rc == CTXS_EEVICTED)
             continue;
         cr_assert_eq(rc, 0);
@@ -701,7 +701,7 @@ Test(tinychat, sigkill_mid_generation_then_resume_gives_the_same_stream, .timeou
         cr_assert_eq(tinychat_step(m, s, next, &next), 0);
     }
     uint64_t bad = 0;
-    rc = ctxs_session_verify(s, &bad);
+    rc = ctxs_session_verify(&bad, s);
     cr_assert_eq(rc, 0, "verify: %s at %llu", ctxs_err_name(rc), (unsigned long long)bad);
     ctxs_session_close(s);
     tinychat_model_destroy(m);

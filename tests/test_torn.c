@@ -12,7 +12,7 @@
  * durable snapshot and snapshot t+1: the oldest, the newest, any, torn (a
  * prefix of its 512-byte sectors from a newer version, the rest from an
  * older one) or mixed sector by sector. Every image is opened with
- * CTXS_RECOVER_VERIFY and must
+ * CTXS_OPEN_VERIFY and must
  *   - open (the header page never changes; records sit in sectors of their
  *     own, so one of them is always whole);
  *   - take the newest valid record and keep a prefix of it no shorter than
@@ -176,7 +176,7 @@ static void gen_set(scen *sc, uint64_t p, uint32_t g)
 static void note_state(scen *sc, const char *what, int durable_all, int need_durable_record)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, sc->s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, sc->s), 0);
     size_t len;
     uint8_t *img = ts_read_file(sc->path, &len);
     cr_assert_eq(len, sc->file_len, "%s: after %s the file is %zu bytes, was %zu", sc->name, what,
@@ -229,7 +229,7 @@ static void note_state(scen *sc, const char *what, int durable_all, int need_dur
 static void op_append(scen *sc, uint32_t k)
 {
     ctxs_session_info before, cur, after;
-    cr_assert_eq(ctxs_session_info_get(&before, sc->s), 0);
+    cr_assert_eq(ctxs_session_get_info(&before, sc->s), 0);
     ctxs_reservation r;
     int rc = ctxs_session_reserve(&r, sc->s, k);
     cr_assert_eq(rc, 0, "%s: reserve(%u) at %llu: %s", sc->name, k,
@@ -249,7 +249,7 @@ static void op_append(scen *sc, uint32_t k)
      * is committed before reserve returns). If a durable record still claims
      * one below its watermark, the format requires a record that does not
      * to be made durable first: from here on that record page is durable. */
-    cr_assert_eq(ctxs_session_info_get(&cur, sc->s), 0);
+    cr_assert_eq(ctxs_session_get_info(&cur, sc->s), 0);
     state cs = {cur.n_tokens, cur.ring_start, cur.verified_from};
     int need = 0;
     for (uint32_t i = 0; i < k; i++) {
@@ -282,7 +282,7 @@ static void op_append(scen *sc, uint32_t k)
 
     rc = ctxs_session_commit(sc->s, ids, k);
     cr_assert_eq(rc, 0, "%s: commit(%u): %s", sc->name, k, ctxs_err_name(rc));
-    cr_assert_eq(ctxs_session_info_get(&after, sc->s), 0);
+    cr_assert_eq(ctxs_session_get_info(&after, sc->s), 0);
     cr_assert_eq(after.n_tokens, before.n_tokens + k);
     if (sc->level == CTXS_SYNC_FULL)
         cr_assert_eq(after.verified_from, after.n_tokens,
@@ -300,9 +300,9 @@ static void op_append(scen *sc, uint32_t k)
 static void op_rollback(scen *sc, uint64_t target)
 {
     ctxs_session_info before, after;
-    cr_assert_eq(ctxs_session_info_get(&before, sc->s), 0);
+    cr_assert_eq(ctxs_session_get_info(&before, sc->s), 0);
     int rc = ctxs_session_rollback(sc->s, target);
-    cr_assert_eq(ctxs_session_info_get(&after, sc->s), 0);
+    cr_assert_eq(ctxs_session_get_info(&after, sc->s), 0);
     if (rc == CTXS_EEVICTED) {
         cr_assert_gt(before.ring_start, N_SINK, "%s: rollback to %llu refused in a ring that never "
                      "evicted", sc->name, (unsigned long long)target);
@@ -323,7 +323,7 @@ static void op_sync(scen *sc)
     int rc = ctxs_session_sync(sc->s);
     cr_assert_eq(rc, 0, "%s: sync: %s", sc->name, ctxs_err_name(rc));
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, sc->s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, sc->s), 0);
     cr_assert_eq(info.verified_from, info.n_tokens, "%s: after sync verified_from is %llu of %llu",
                  sc->name, (unsigned long long)info.verified_from,
                  (unsigned long long)info.n_tokens);
@@ -342,12 +342,11 @@ static void scen_init(scen *sc, const char *name, uint32_t level, uint32_t capac
     snprintf(sc->path, sizeof(sc->path), "%s/live.ctxs", sc->dir);
     snprintf(sc->img_path, sizeof(sc->img_path), "%s/image.ctxs", sc->dir);
     snprintf(sc->rw_path, sizeof(sc->rw_path), "%s/image-rw.ctxs", sc->dir);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = N_SINK;
     o.ring = 1;
-    o.durability = level;
+    o.open.durability = level;
     int rc = ctxs_session_create(&sc->s, sc->path, &sc->model, &o);
     cr_assert_eq(rc, 0, "create: %s", ctxs_err_name(rc));
     uint8_t *img = ts_read_file(sc->path, &sc->file_len);
@@ -479,12 +478,10 @@ static void make_image(scen *sc, const window *w, uint8_t *out)
 static ctxs_session *open_image(const char *path, const ctxs_model *m, unsigned flags,
                                 uint32_t recovery, uint32_t level, int *rc_out)
 {
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.recovery = recovery;
+    ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.durability = level;
     ctxs_session *s = NULL;
-    *rc_out = ctxs_session_open(&s, path, m, flags, &o);
+    *rc_out = ctxs_session_open(&s, path, m, flags | recovery, &o);
     return s;
 }
 
@@ -498,7 +495,7 @@ static uint32_t actual_gen(const scen *sc, const window *w, const ctxs_session *
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     uint16_t k[KV_MAX], v[KV_MAX], ek[KV_MAX], ev[KV_MAX];
     state rec = {info->n_tokens, info->ring_start, 0};
-    int rc = ctxs_session_read_token(s, p, k, v);
+    int rc = ctxs_session_read_token(k, v, s, p);
     if (!st_holds(&rec, p)) {
         cr_assert_eq(rc, CTXS_EEVICTED, "%s: position %llu is not held but read_token says %s", tag,
                      (unsigned long long)p, ctxs_err_name(rc));
@@ -506,7 +503,7 @@ static uint32_t actual_gen(const scen *sc, const window *w, const ctxs_session *
     }
     cr_assert_eq(rc, 0, "%s: read_token(%llu): %s", tag, (unsigned long long)p, ctxs_err_name(rc));
     uint32_t slot;
-    cr_assert_eq(ctxs_session_slot(&slot, s, p), 0);
+    cr_assert_eq(ctxs_session_get_slot(&slot, s, p), 0);
     cr_assert_eq(slot, ctxs__slot_of(p, sc->capacity, N_SINK));
     uint32_t tried[8];
     unsigned n_tried = 0;
@@ -536,8 +533,8 @@ static size_t check_prefix(const scen *sc, const window *w, const ctxs_session *
 {
     ctxs_session_info info;
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     uint64_t n = info.n_tokens;
     uint32_t *act = malloc((n ? n : 1) * sizeof(*act));
     cr_assert_not_null(act);
@@ -589,7 +586,7 @@ static size_t check_prefix(const scen *sc, const window *w, const ctxs_session *
     }
     free(act);
     uint64_t bad_pos = 0;
-    int rc = ctxs_session_verify(s, &bad_pos);
+    int rc = ctxs_session_verify(&bad_pos, s);
     cr_assert_eq(rc, 0, "%s: verify: %s at %llu", tag, ctxs_err_name(rc),
                  (unsigned long long)bad_pos);
     if (sc->cur_gen == 0)
@@ -602,14 +599,14 @@ static void check_exact(const scen *sc, const ctxs_session *s, const uint32_t *e
 {
     ctxs_session_info info;
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     const ctxs_geometry *g = &sc->model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     uint16_t k[KV_MAX], v[KV_MAX], ek[KV_MAX], ev[KV_MAX];
     state rec = {info.n_tokens, info.ring_start, 0};
     for (uint64_t p = 0; p < info.n_tokens; p++) {
-        int rc = ctxs_session_read_token(s, p, k, v);
+        int rc = ctxs_session_read_token(k, v, s, p);
         if (!st_holds(&rec, p)) {
             cr_assert_eq(rc, CTXS_EEVICTED);
             continue;
@@ -617,7 +614,7 @@ static void check_exact(const scen *sc, const ctxs_session *s, const uint32_t *e
         cr_assert_eq(rc, 0, "%s: read_token(%llu): %s", tag, (unsigned long long)p,
                      ctxs_err_name(rc));
         uint32_t slot;
-        cr_assert_eq(ctxs_session_slot(&slot, s, p), 0);
+        cr_assert_eq(ctxs_session_get_slot(&slot, s, p), 0);
         ts_fill_kv(g, vpos(p, exp[p]), ek, ev);
         cr_assert(!memcmp(k, ek, per * 2) && !memcmp(v, ev, per * 2) &&
                       lay.token_ids[slot] == ts_token(vpos(p, exp[p])),
@@ -625,7 +622,7 @@ static void check_exact(const scen *sc, const ctxs_session *s, const uint32_t *e
                   exp[p]);
     }
     uint64_t bad_pos = 0;
-    int rc = ctxs_session_verify(s, &bad_pos);
+    int rc = ctxs_session_verify(&bad_pos, s);
     cr_assert_eq(rc, 0, "%s: verify: %s at %llu", tag, ctxs_err_name(rc),
                  (unsigned long long)bad_pos);
 }
@@ -637,10 +634,10 @@ static void check_read_write(scen *sc, const window *w, const uint8_t *img,
 {
     cr_assert_eq(ts_write_file(sc->rw_path, img, sc->file_len), 0);
     int rc;
-    ctxs_session *s = open_image(sc->rw_path, &sc->model, 0, CTXS_RECOVER_VERIFY, sc->level, &rc);
+    ctxs_session *s = open_image(sc->rw_path, &sc->model, 0, CTXS_OPEN_VERIFY, sc->level, &rc);
     cr_assert_eq(rc, 0, "%s: read-write open: %s", tag, ctxs_err_name(rc));
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert(info.n_tokens == ro->n_tokens && info.ring_start == ro->ring_start &&
                   info.lost_tokens == ro->lost_tokens,
               "%s: read-write recovery (n %llu, rs %llu, lost %llu) differs from read-only "
@@ -672,9 +669,9 @@ static void check_read_write(scen *sc, const window *w, const uint8_t *img,
     cr_assert_eq(rc, 0, "%s: commit after recovery: %s", tag, ctxs_err_name(rc));
     ctxs_session_close(s);
 
-    s = open_image(sc->rw_path, &sc->model, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, sc->level, &rc);
+    s = open_image(sc->rw_path, &sc->model, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, sc->level, &rc);
     cr_assert_eq(rc, 0, "%s: reopen after recovery and commit: %s", tag, ctxs_err_name(rc));
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert(info.n_tokens == n0 + more && info.lost_tokens == 0,
               "%s: after recovery to %llu and a commit of %u, reopen holds %llu (lost %llu)", tag,
               (unsigned long long)n0, more, (unsigned long long)info.n_tokens,
@@ -701,11 +698,11 @@ static void check_foreign_boot(scen *sc, const window *w, uint8_t *img,
     }
     cr_assert_eq(ts_write_file(sc->img_path, img, sc->file_len), 0);
     int rc;
-    ctxs_session *s = open_image(sc->img_path, &sc->model, CTXS_OPEN_RDONLY, CTXS_RECOVER_AUTO,
+    ctxs_session *s = open_image(sc->img_path, &sc->model, CTXS_OPEN_RDONLY, 0,
                                  sc->level, &rc);
     cr_assert_eq(rc, 0, "%s: AUTO open of another boot's file: %s", tag, ctxs_err_name(rc));
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert(info.n_tokens == ro->n_tokens && info.ring_start == ro->ring_start,
               "%s: AUTO on a file from another boot recovered n %llu (rs %llu), VERIFY n %llu "
               "(rs %llu)",
@@ -746,11 +743,11 @@ static void check_image(scen *sc, const window *w, uint8_t *img, unsigned c)
 
     cr_assert_eq(ts_write_file(sc->img_path, img, sc->file_len), 0);
     int rc;
-    ctxs_session *s = open_image(sc->img_path, &sc->model, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY,
+    ctxs_session *s = open_image(sc->img_path, &sc->model, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY,
                                  sc->level, &rc);
     cr_assert_eq(rc, 0, "%s: open: %s", tag, ctxs_err_name(rc));
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     uint64_t n = info.n_tokens;
     cr_assert(n <= R.n_tokens && n >= (R.verified_from < R.n_tokens ? R.verified_from : R.n_tokens),
               "%s: recovered %llu tokens from the newest valid record (seq %llu, n %llu, "
@@ -819,7 +816,7 @@ static void run_script(const char *name, const script *d, uint64_t seed, totals 
     scen_init(&sc, name, d->level, d->capacity, seed);
     ctxs_session_info info;
     for (;;) {
-        cr_assert_eq(ctxs_session_info_get(&info, sc.s), 0);
+        cr_assert_eq(ctxs_session_get_info(&info, sc.s), 0);
         if (info.n_tokens >= d->initial)
             break;
         uint64_t left = d->initial - info.n_tokens;
@@ -829,7 +826,7 @@ static void run_script(const char *name, const script *d, uint64_t seed, totals 
     op_sync(&sc); /* snapshot 0: the durable point */
 
     for (unsigned i = 0; i < d->ops; i++) {
-        cr_assert_eq(ctxs_session_info_get(&info, sc.s), 0);
+        cr_assert_eq(ctxs_session_get_info(&info, sc.s), 0);
         unsigned r = (unsigned)(ts_rng_next(&sc.rng) % 100);
         if ((i == 0 && d->rollback_first) || (r < d->pct_rollback && info.n_tokens > 1)) {
             uint64_t back = 1 + ts_rng_next(&sc.rng) % d->max_back;
@@ -840,7 +837,7 @@ static void run_script(const char *name, const script *d, uint64_t seed, totals 
             op_append(&sc, 1 + (uint32_t)(ts_rng_next(&sc.rng) % MAX_TURN));
         }
     }
-    cr_assert_eq(ctxs_session_info_get(&info, sc.s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, sc.s), 0);
     if (d->must_wrap)
         cr_assert_gt(info.ring_start, N_SINK, "%s: the ring never wrapped", name);
 
@@ -1008,11 +1005,10 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
     snprintf(path, sizeof(path), "%s/flip.ctxs", dir);
     snprintf(rw_path, sizeof(rw_path), "%s/flip-rw.ctxs", dir);
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = 256;
     o.n_sink = N_SINK;
-    o.durability = CTXS_SYNC_ASYNC;
+    o.open.durability = CTXS_SYNC_ASYNC;
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
     cr_assert_eq(ts_append(s, 30), 0);
@@ -1037,7 +1033,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
 
     for (size_t bit = 0; bit < CTXS__HEADER_BYTES * 8; bit++) {
         flip_bit(fd, bit);
-        s = open_image(path, NULL, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, CTXS_SYNC_ASYNC, &rc);
+        s = open_image(path, NULL, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
         cr_assert(rc == CTXS_ECORRUPT || rc == CTXS_EFOREIGN || rc == CTXS_EVERSION,
                   "header byte %zu bit %zu flipped: open gives %s", bit / 8, bit % 8,
                   ctxs_err_name(rc));
@@ -1052,11 +1048,11 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
         size_t base = (size_t)(i ? CTXS__RECORD1_OFF : CTXS__RECORD0_OFF) * 8;
         for (size_t b = 0; b < CTXS__RECORD_BYTES * 8; b++) {
             flip_bit(fd, base + b);
-            s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, CTXS_SYNC_ASYNC, &rc);
+            s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
             cr_assert_eq(rc, 0, "record %u byte %zu bit %zu flipped: open gives %s", i, b / 8,
                          b % 8, ctxs_err_name(rc));
             ctxs_session_info info;
-            cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+            cr_assert_eq(ctxs_session_get_info(&info, s), 0);
             cr_assert(info.n_tokens == other->n_tokens && info.seq == other->seq,
                       "record %u byte %zu bit %zu flipped: state n %llu seq %llu, the other "
                       "record says n %llu seq %llu",
@@ -1064,7 +1060,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
                       (unsigned long long)info.seq, (unsigned long long)other->n_tokens,
                       (unsigned long long)other->seq);
             cr_assert_eq(ts_check_all(s), 0);
-            cr_assert_eq(ctxs_session_verify(s, NULL), 0);
+            cr_assert_eq(ctxs_session_verify(NULL, s), 0);
             ctxs_session_close(s);
             flip_bit(fd, base + b);
             opens++;
@@ -1076,7 +1072,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
                 memcpy(copy, img, len);
                 flip_in(copy, base + b);
                 cr_assert_eq(ts_write_file(rw_path, copy, len), 0);
-                s = open_image(rw_path, &m, 0, CTXS_RECOVER_VERIFY, CTXS_SYNC_ASYNC, &rc);
+                s = open_image(rw_path, &m, 0, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
                 cr_assert_eq(rc, 0, "record %u bit %zu flipped: read-write open: %s", i, b,
                              ctxs_err_name(rc));
                 cr_assert_eq(ts_append(s, 5), 0);
@@ -1093,10 +1089,10 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
                 cr_assert_eq(a.n_tokens, other->n_tokens + 5);
                 cr_assert_eq(c.n_tokens, other->n_tokens);
                 free(copy);
-                s = open_image(rw_path, &m, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY,
+                s = open_image(rw_path, &m, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY,
                                CTXS_SYNC_ASYNC, &rc);
                 cr_assert_eq(rc, 0);
-                cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+                cr_assert_eq(ctxs_session_get_info(&info, s), 0);
                 cr_assert_eq(info.n_tokens, other->n_tokens + 5);
                 cr_assert_eq(ts_check_all(s), 0);
                 ctxs_session_close(s);
@@ -1111,7 +1107,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
         size_t b1 = (size_t)CTXS__RECORD1_OFF * 8 + ts_rng_next(&rng) % (CTXS__RECORD_BYTES * 8);
         flip_bit(fd, b0);
         flip_bit(fd, b1);
-        s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, CTXS_SYNC_ASYNC, &rc);
+        s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
         cr_assert_eq(rc, CTXS_ECORRUPT, "both records flipped (bits %zu, %zu): open gives %s",
                      b0, b1, ctxs_err_name(rc));
         flip_bit(fd, b0);
@@ -1130,12 +1126,12 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
         const size_t *g = gaps[gap_flips % 3];
         size_t bit = g[0] * 8 + ts_rng_next(&rng) % ((g[1] - g[0]) * 8);
         flip_bit(fd, bit);
-        s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, CTXS_SYNC_ASYNC, &rc);
+        s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
         cr_assert(rc == 0 || rc == CTXS_ECORRUPT, "unused byte %zu flipped: open gives %s",
                   bit / 8, ctxs_err_name(rc));
         if (rc == 0) {
             ctxs_session_info info;
-            cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+            cr_assert_eq(ctxs_session_get_info(&info, s), 0);
             cr_assert_eq(info.n_tokens, rec[newer].n_tokens,
                          "unused byte %zu flipped: the state changed", bit / 8);
             cr_assert_eq(ts_check_all(s), 0);
@@ -1147,10 +1143,10 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
     close(fd);
 
     /* Untouched, the file still opens to the newer state. */
-    s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_RECOVER_VERIFY, CTXS_SYNC_ASYNC, &rc);
+    s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
     cr_assert_eq(rc, 0);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.n_tokens, rec[newer].n_tokens);
     ctxs_session_close(s);
 
@@ -1174,11 +1170,10 @@ Test(torn, a_commit_that_died_before_its_record_leaves_nothing_to_splice)
     char *dir = ts_mkdtemp();
     const char *path = ts_path(dir, "dead.ctxs");
     ctxs_model m = ts_model(1);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = 256;
     o.n_sink = N_SINK;
-    o.durability = CTXS_SYNC_NONE;
+    o.open.durability = CTXS_SYNC_NONE;
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
     cr_assert_eq(ts_append(s, 100), 0);
@@ -1204,9 +1199,9 @@ Test(torn, a_commit_that_died_before_its_record_leaves_nothing_to_splice)
     uint8_t *dead = ts_read_file(path, &len); /* as if all written back */
 
     /* The next writer appends 5 other tokens at NONE. */
-    ctxs_session_options_init(&o);
-    o.durability = CTXS_SYNC_NONE;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &o), 0);
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    o.open.durability = CTXS_SYNC_NONE;
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &o.open), 0);
     for (uint32_t i = 0; i < DEAD; i++)
         cr_expect_eq(ctxs__sum_table(s)[100 + i], 0, "open left a stale checksum at %u", 100 + i);
     uint64_t kv_off = s->lay.kv_off, tokens_off = s->lay.tokens_off;
@@ -1221,11 +1216,9 @@ Test(torn, a_commit_that_died_before_its_record_leaves_nothing_to_splice)
     memcpy(img + kv_off, dead + kv_off, len - kv_off);
     const char *image = ts_path(dir, "image.ctxs");
     cr_assert_eq(ts_write_file(image, img, len), 0);
-    ctxs_session_options_init(&o);
-    o.recovery = CTXS_RECOVER_VERIFY;
-    cr_assert_eq(ctxs_session_open(&s, image, &m, CTXS_OPEN_RDONLY, &o), 0);
+    cr_assert_eq(ctxs_session_open(&s, image, &m, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_expect_eq(info.n_tokens, 100, "recovered %llu tokens", (unsigned long long)info.n_tokens);
     cr_expect_eq(ts_check_all(s), 0, "a wrong state was accepted");
     ctxs_session_close(s);
@@ -1258,7 +1251,7 @@ static void lose_slot(const char *path, uint32_t slot)
 static ctxs_session_info info_now(const ctxs_session *s)
 {
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     return info;
 }
 
@@ -1270,8 +1263,7 @@ Test(torn, a_reader_refresh_verifies_like_its_open)
     char *dir = ts_mkdtemp();
     const char *path = ts_path(dir, "reader.ctxs");
     ctxs_model m = ts_model(1);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = 256;
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
@@ -1280,9 +1272,7 @@ Test(torn, a_reader_refresh_verifies_like_its_open)
     for (uint32_t slot = 60; slot < 64; slot++)
         lose_slot(path, slot);
 
-    ctxs_session_options_init(&o);
-    o.recovery = CTXS_RECOVER_VERIFY;
-    cr_assert_eq(ctxs_session_open(&s, path, NULL, CTXS_OPEN_RDONLY, &o), 0);
+    cr_assert_eq(ctxs_session_open(&s, path, NULL, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
     cr_expect_eq(info_now(s).n_tokens, 60);
     cr_assert_eq(ctxs_session_refresh(s), 0);
     cr_expect_eq(info_now(s).n_tokens, 60, "refresh of the same record");
@@ -1307,7 +1297,7 @@ Test(torn, a_reader_refresh_verifies_like_its_open)
                  (unsigned long long)info.n_tokens);
     cr_expect(info.flags & CTXS_INFO_RECOVERED);
     cr_expect_eq(ts_check_all(s), 0);
-    cr_expect_eq(ctxs_session_verify(s, NULL), 0);
+    cr_expect_eq(ctxs_session_verify(NULL, s), 0);
     ctxs_session_close(s);
     ts_rmtree(dir);
     free(dir);
@@ -1321,8 +1311,7 @@ Test(torn, tokens_a_sync_made_durable_survive_a_later_loss_in_a_ring)
     char *dir = ts_mkdtemp();
     const char *path = ts_path(dir, "ring.ctxs");
     ctxs_model m = ts_model(1);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = 64;
     o.n_sink = N_SINK;
     ctxs_session *s;
@@ -1336,13 +1325,11 @@ Test(torn, tokens_a_sync_made_durable_survive_a_later_loss_in_a_ring)
     for (uint64_t p = 104; p < 108; p++)
         lose_slot(path, ctxs__slot_of(p, 64, N_SINK));
 
-    ctxs_session_options_init(&o);
-    o.recovery = CTXS_RECOVER_VERIFY;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &o), 0);
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_VERIFY, NULL), 0);
     ctxs_session_info info = info_now(s);
     cr_expect_eq(info.n_tokens, 104, "recovered %llu", (unsigned long long)info.n_tokens);
     uint32_t slot;
-    cr_expect_eq(ctxs_session_slot(&slot, s, 99), 0, "a synced token was dropped");
+    cr_expect_eq(ctxs_session_get_slot(&slot, s, 99), 0, "a synced token was dropped");
     cr_expect_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
     ts_rmtree(dir);

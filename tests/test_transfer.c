@@ -74,7 +74,7 @@ static ctxs_session *mk(ctxs_store *st, const char *name, const ctxs_model *m,
 {
     int rc = ctxs_model_register(st, m, "tiny model");
     cr_assert_eq(rc, 0, "register: %s", ctxs_err_name(rc));
-    ctxs_session_options o = ts_options(capacity, n_sink, ring, CTXS_SYNC_NONE);
+    ctxs_create_options o = ts_options(capacity, n_sink, ring, CTXS_SYNC_NONE);
     ctxs_session *s = NULL;
     rc = ctxs_store_session_create(&s, st, name, m, &o);
     cr_assert_eq(rc, 0, "create %s: %s", name, ctxs_err_name(rc));
@@ -92,7 +92,7 @@ static ctxs_session *op(ctxs_store *st, const char *name)
 
 static void export_ok(ctxs_store *st, const char *name, const char *path)
 {
-    int rc = ctxs_store_export(st, name, path, NULL, NULL);
+    int rc = ctxs_store_session_export(st, name, path, NULL, NULL);
     cr_assert_eq(rc, 0, "export %s: %s", name, ctxs_err_name(rc));
 }
 
@@ -106,8 +106,8 @@ static int exists(const char *path)
 static void same_session(const ctxs_session *a, const ctxs_session *b)
 {
     ctxs_session_info ia, ib;
-    cr_assert_eq(ctxs_session_info_get(&ia, a), 0);
-    cr_assert_eq(ctxs_session_info_get(&ib, b), 0);
+    cr_assert_eq(ctxs_session_get_info(&ia, a), 0);
+    cr_assert_eq(ctxs_session_get_info(&ib, b), 0);
     cr_assert_eq(ia.n_tokens, ib.n_tokens);
     cr_assert_eq(ia.ring_start, ib.ring_start);
     cr_assert_eq(ia.n_held, ib.n_held);
@@ -119,8 +119,8 @@ static void same_session(const ctxs_session *a, const ctxs_session *b)
     uint16_t ka[KV_MAX], va[KV_MAX], kb[KV_MAX], vb[KV_MAX];
     uint64_t held = 0;
     for (uint64_t p = 0; p < ia.n_tokens; p++) {
-        int ra = ctxs_session_read_token(a, p, ka, va);
-        int rb = ctxs_session_read_token(b, p, kb, vb);
+        int ra = ctxs_session_read_token(ka, va, a, p);
+        int rb = ctxs_session_read_token(kb, vb, b, p);
         cr_assert_eq(ra, rb, "position %llu: %s vs %s", (unsigned long long)p, ctxs_err_name(ra),
                      ctxs_err_name(rb));
         if (ra == CTXS_EEVICTED)
@@ -131,8 +131,8 @@ static void same_session(const ctxs_session *a, const ctxs_session *b)
         cr_assert(memcmp(ka, kb, n) == 0 && memcmp(va, vb, n) == 0, "KV of %llu differs",
                   (unsigned long long)p);
         uint32_t sa, sb;
-        cr_assert_eq(ctxs_session_slot(&sa, a, p), 0);
-        cr_assert_eq(ctxs_session_slot(&sb, b, p), 0);
+        cr_assert_eq(ctxs_session_get_slot(&sa, a, p), 0);
+        cr_assert_eq(ctxs_session_get_slot(&sb, b, p), 0);
         cr_assert_eq(sa, sb);
         cr_assert_eq(ctxs__token_table(a)[sa], ctxs__token_table(b)[sb], "id of %llu",
                      (unsigned long long)p);
@@ -140,7 +140,7 @@ static void same_session(const ctxs_session *a, const ctxs_session *b)
                      (unsigned long long)p);
     }
     cr_assert_eq(held, ia.n_held);
-    cr_assert_eq(ctxs_session_verify(b, NULL), 0);
+    cr_assert_eq(ctxs_session_verify(NULL, b), 0);
 }
 
 /* What a store shows: its sessions by name and id, and its files. */
@@ -245,7 +245,7 @@ static int import_bytes(ctxs_store *st, const uint8_t *data, size_t len, const c
 {
     const char *path = ts_path(ts_scratch, "hostile.ctxx");
     cr_assert_eq(ts_write_file(path, data, len), 0);
-    return ctxs_store_import(st, path, name, NULL, NULL, NULL);
+    return ctxs_store_session_import(NULL, st, path, name, NULL, NULL);
 }
 
 /* A store "src" with the session "chat" (capacity 256, 4 sinks, 200
@@ -294,7 +294,7 @@ Test(transfer, a_session_round_trips_into_another_store)
     ctxs_session *s = mk(a, "chat", &m, 512, 4, 1, 300);
     const char *path = ts_path(ts_scratch, "chat.ctxx");
     progress_log pe = {0};
-    int rc = ctxs_store_export(a, "chat", path, on_progress, &pe);
+    int rc = ctxs_store_session_export(a, "chat", path, on_progress, &pe);
     cr_assert_eq(rc, 0, "export: %s", ctxs_err_name(rc));
     cr_assert(pe.calls >= 2 && !pe.backwards && pe.finals == 1, "export progress");
     cr_assert_eq(pe.last_done, 300);
@@ -305,7 +305,7 @@ Test(transfer, a_session_round_trips_into_another_store)
 
     progress_log pi = {0};
     char name[256] = "garbage";
-    rc = ctxs_store_import(b, path, NULL, name, on_progress, &pi);
+    rc = ctxs_store_session_import(name, b, path, NULL, on_progress, &pi);
     cr_assert_eq(rc, 0, "import: %s", ctxs_err_name(rc));
     cr_assert_str_eq(name, "chat");
     cr_assert(pi.calls >= 2 && !pi.backwards && pi.finals == 1, "import progress");
@@ -353,15 +353,14 @@ Test(transfer, an_imported_session_reopens_after_the_store_closes)
     ctxs_session *s = mk(a, "chat", &m, 128, 2, 0, 100);
     export_ok(a, "chat", ts_path(ts_scratch, "x"));
     ctxs_store *b = store_at("b");
-    cr_assert_eq(ctxs_store_import(b, ts_path(ts_scratch, "x"), NULL, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, b, ts_path(ts_scratch, "x"), NULL, NULL, NULL), 0);
     ctxs_store_close(b);
     b = store_at("b");
-    ctxs_session_options o = ts_options(128, 2, 0, CTXS_SYNC_NONE);
-    o.recovery = CTXS_RECOVER_VERIFY;
+    ctxs_create_options o = ts_options(128, 2, 0, CTXS_SYNC_NONE);
     ctxs_session *t = NULL;
-    cr_assert_eq(ctxs_store_session_open(&t, b, "chat", &m, 0, &o), 0);
+    cr_assert_eq(ctxs_store_session_open(&t, b, "chat", &m, CTXS_OPEN_VERIFY, &o.open), 0);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, t), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, t), 0);
     cr_assert_eq(info.lost_tokens, 0);
     cr_assert_eq(info.verified_from, 100);
     cr_assert_eq(info.flags & CTXS_INFO_RING, 0);
@@ -381,12 +380,12 @@ Test(transfer, a_wrapped_ring_round_trips)
     ctxs_model m = ts_model(2);
     ctxs_session *s = mk(a, "ring", &m, 100, 4, 1, 777);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, s), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert(info.flags & CTXS_INFO_WRAPPED);
     cr_assert_gt(info.ring_start, 4);
     const char *path = ts_path(ts_scratch, "ring.ctxx");
     export_ok(a, "ring", path);
-    cr_assert_eq(ctxs_store_import(b, path, NULL, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL), 0);
     ctxs_session *t = op(b, "ring");
     cr_assert_eq(ts_check_all(t), 0);
     same_session(s, t);
@@ -396,7 +395,7 @@ Test(transfer, a_wrapped_ring_round_trips)
     cr_assert_eq(ctxs_store_session_open(&w, b, "ring", &m, 0, NULL), 0);
     ts_append_many(w, 150);
     cr_assert_eq(ts_check_all(w), 0);
-    cr_assert_eq(ctxs_session_verify(w, NULL), 0);
+    cr_assert_eq(ctxs_session_verify(NULL, w), 0);
     ctxs_session_close(w);
     ctxs_session_close(s);
     ctxs_store_close(a);
@@ -418,7 +417,7 @@ Test(transfer, a_ring_wrapped_by_less_than_a_block_and_sinkless_rings_round_trip
             cr_assert_eq(ts_append(s, 1), 0);
         const char *path = ts_path(ts_scratch, name);
         export_ok(a, name, path);
-        int rc = ctxs_store_import(b, path, NULL, NULL, NULL, NULL);
+        int rc = ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL);
         cr_assert_eq(rc, 0, "import %s: %s", name, ctxs_err_name(rc));
         ctxs_session *t = op(b, name);
         same_session(s, t);
@@ -436,10 +435,10 @@ Test(transfer, an_empty_session_round_trips)
     ctxs_session *s = mk(a, "empty", &m, 64, 4, 1, 0);
     const char *path = ts_path(ts_scratch, "e");
     progress_log p = {0};
-    cr_assert_eq(ctxs_store_export(a, "empty", path, on_progress, &p), 0);
+    cr_assert_eq(ctxs_store_session_export(a, "empty", path, on_progress, &p), 0);
     cr_assert_eq(p.calls, 1);
     cr_assert_eq(p.last_total, 0);
-    cr_assert_eq(ctxs_store_import(b, path, NULL, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL), 0);
     ctxs_session *t = op(b, "empty");
     same_session(s, t);
     ctxs_session_close(t);
@@ -456,7 +455,7 @@ Test(transfer, import_under_another_name_and_into_the_same_store)
     const char *path = ts_path(ts_scratch, "chat.ctxx");
     export_ok(a, "chat", path);
     char name[256];
-    int rc = ctxs_store_import(a, path, "chat copy", name, NULL, NULL);
+    int rc = ctxs_store_session_import(name, a, path, "chat copy", NULL, NULL);
     cr_assert_eq(rc, 0, "import: %s", ctxs_err_name(rc));
     cr_assert_str_eq(name, "chat copy");
     ctxs_session *t = op(a, "chat copy");
@@ -479,7 +478,7 @@ Test(transfer, import_under_another_name_and_into_the_same_store)
 
     /* Gone and imported back, by the name in the file. */
     cr_assert_eq(ctxs_store_session_delete(a, "chat"), 0);
-    cr_assert_eq(ctxs_store_import(a, path, NULL, name, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(name, a, path, NULL, NULL, NULL), 0);
     cr_assert_str_eq(name, "chat");
     ctxs_store_close(a);
 }
@@ -494,9 +493,9 @@ Test(transfer, a_name_that_is_taken_is_eexist_and_changes_nothing)
     export_ok(a, "chat", path);
     snapshot before = snap(a, "a");
     char name[256] = "x";
-    cr_assert_eq(ctxs_store_import(a, path, NULL, name, NULL, NULL), -EEXIST);
+    cr_assert_eq(ctxs_store_session_import(name, a, path, NULL, NULL, NULL), -EEXIST);
     cr_assert_str_eq(name, "");
-    cr_assert_eq(ctxs_store_import(a, path, "other", NULL, NULL, NULL), -EEXIST);
+    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "other", NULL, NULL), -EEXIST);
     unchanged(&before, a, "a", "name taken");
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, a, "other"), 0);
@@ -510,21 +509,21 @@ Test(transfer, bad_arguments_are_einval)
     ctxs_model m = ts_model(1);
     ctxs_session_close(mk(a, "chat", &m, 64, 4, 1, 10));
     const char *path = ts_path(ts_scratch, "chat.ctxx");
-    cr_assert_eq(ctxs_store_export(NULL, "chat", path, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_export(a, NULL, path, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_export(a, "chat", NULL, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_export(a, "chat", "", NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_export(a, "a/b", path, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_export(a, "nobody", path, NULL, NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_export(NULL, "chat", path, NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_export(a, NULL, path, NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_export(a, "chat", NULL, NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_export(a, "chat", "", NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_export(a, "a/b", path, NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_export(a, "nobody", path, NULL, NULL), CTXS_ENOTFOUND);
     cr_assert(!exists(path));
     export_ok(a, "chat", path);
-    cr_assert_eq(ctxs_store_import(NULL, path, NULL, NULL, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_import(a, NULL, NULL, NULL, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_import(a, path, "..", NULL, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_import(a, path, "", NULL, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_import(a, ts_path(ts_scratch, "none"), "n", NULL, NULL, NULL),
+    cr_assert_eq(ctxs_store_session_import(NULL, NULL, path, NULL, NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_import(NULL, a, NULL, NULL, NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "..", NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "", NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_import(NULL, a, ts_path(ts_scratch, "none"), "n", NULL, NULL),
                  -ENOENT);
-    cr_assert_eq(ctxs_store_import(a, ts_scratch, "n", NULL, NULL, NULL), CTXS_EFOREIGN);
+    cr_assert_eq(ctxs_store_session_import(NULL, a, ts_scratch, "n", NULL, NULL), CTXS_EFOREIGN);
     ctxs_store_close(a);
 }
 
@@ -540,19 +539,19 @@ Test(transfer, a_model_registered_with_another_geometry_is_emodel)
     other.geometry.head_dim = 16;
     cr_assert_eq(ctxs_model_register(b, &other, "same hash, other model"), 0);
     snapshot before = snap(b, "b");
-    cr_assert_eq(ctxs_store_import(b, path, NULL, NULL, NULL, NULL), CTXS_EMODEL);
+    cr_assert_eq(ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL), CTXS_EMODEL);
     unchanged(&before, b, "b", "another geometry");
 
     ctxs_store *c = store_at("c");
     other = m;
     other.tokenizer_hash[0] ^= 1;
     cr_assert_eq(ctxs_model_register(c, &other, NULL), 0);
-    cr_assert_eq(ctxs_store_import(c, path, NULL, NULL, NULL, NULL), CTXS_EMODEL);
+    cr_assert_eq(ctxs_store_session_import(NULL, c, path, NULL, NULL, NULL), CTXS_EMODEL);
 
     /* A store that knows the model under another display name keeps it. */
     ctxs_store *d = store_at("d");
     cr_assert_eq(ctxs_model_register(d, &m, "my name"), 0);
-    cr_assert_eq(ctxs_store_import(d, path, NULL, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, d, path, NULL, NULL, NULL), 0);
     ctxs_model_entry e;
     cr_assert_eq(ctxs_model_get(&e, d, m.model_hash), 0);
     cr_assert_str_eq(e.name, "my name");
@@ -569,13 +568,13 @@ Test(transfer, an_export_path_that_exists_is_eexist_and_left_untouched)
     ctxs_session_close(mk(a, "chat", &m, 64, 4, 1, 10));
     const char *path = ts_path(ts_scratch, "taken");
     cr_assert_eq(ts_write_file(path, "mine", 4), 0);
-    cr_assert_eq(ctxs_store_export(a, "chat", path, NULL, NULL), -EEXIST);
+    cr_assert_eq(ctxs_store_session_export(a, "chat", path, NULL, NULL), -EEXIST);
     size_t len;
     uint8_t *got = ts_read_file(path, &len);
     cr_assert(len == 4 && memcmp(got, "mine", 4) == 0);
     free(got);
     cr_assert_eq(symlink("nowhere", ts_path(ts_scratch, "link")), 0);
-    cr_assert_eq(ctxs_store_export(a, "chat", ts_path(ts_scratch, "link"), NULL, NULL), -EEXIST);
+    cr_assert_eq(ctxs_store_session_export(a, "chat", ts_path(ts_scratch, "link"), NULL, NULL), -EEXIST);
     cr_assert_eq(ts_dir_entries(ts_scratch), 3); /* a, taken, link */
     ctxs_store_close(a);
 }
@@ -595,7 +594,7 @@ static void on_export_block(void *arg, uint64_t done, uint64_t total)
     if (done == total || j->calls++)
         return;
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, j->w), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, j->w), 0);
     switch (j->what) {
     case 0:
         ts_append_many(j->w, 70);
@@ -623,27 +622,27 @@ Test(transfer, export_while_a_writer_holds_the_session)
     cr_assert_eq(ctxs_session_reserve(&r, w, 10), 0);
     const char *one = ts_path(ts_scratch, "one"), *two = ts_path(ts_scratch, "two");
     export_ok(a, "chat", one);
-    cr_assert_eq(ctxs_store_import(b, one, "one", NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, b, one, "one", NULL, NULL), 0);
     ctxs_session_close(w);
     /* Appends during the export leave it exact: the state it began with. */
     cr_assert_eq(ctxs_store_session_open(&w, a, "chat", &m, 0, NULL), 0);
     writer_job j = {w, 0, 0};
-    int rc = ctxs_store_export(a, "chat", two, on_export_block, &j);
+    int rc = ctxs_store_session_export(a, "chat", two, on_export_block, &j);
     cr_assert_eq(rc, 0, "export: %s", ctxs_err_name(rc));
     cr_assert_eq(j.calls, 3);
-    cr_assert_eq(ctxs_store_import(b, two, "two", NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, b, two, "two", NULL, NULL), 0);
     const char *names[] = {"one", "two"};
     for (int i = 0; i < 2; i++) {
         ctxs_session *t = op(b, names[i]);
         ctxs_session_info info;
-        cr_assert_eq(ctxs_session_info_get(&info, t), 0);
+        cr_assert_eq(ctxs_session_get_info(&info, t), 0);
         cr_assert_eq(info.n_tokens, 200);
         cr_assert_eq(ts_check_all(t), 0);
-        cr_assert_eq(ctxs_session_verify(t, NULL), 0);
+        cr_assert_eq(ctxs_session_verify(NULL, t), 0);
         ctxs_session_close(t);
     }
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_info_get(&info, w), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, w), 0);
     cr_assert_eq(info.n_tokens, 270);
     ctxs_session_close(w);
     ctxs_store_close(a);
@@ -660,13 +659,13 @@ Test(transfer, a_writer_rolling_back_or_wrapping_during_the_export_gives_estale)
         ctxs_session *w = mk(a, name, &m, what == 3 ? 300 : 512, 4, 1, 200);
         const char *path = ts_path(ts_scratch, name);
         writer_job j = {w, 0, what};
-        int rc = ctxs_store_export(a, name, path, on_export_block, &j);
+        int rc = ctxs_store_session_export(a, name, path, on_export_block, &j);
         if (what == 2) {
             /* The same tokens written again: exact, or refused. */
             cr_assert(rc == 0 || rc == CTXS_ESTALE, "%s", ctxs_err_name(rc));
             if (rc == 0) {
                 ctxs_store *b = store_at("b");
-                cr_assert_eq(ctxs_store_import(b, path, NULL, NULL, NULL, NULL), 0);
+                cr_assert_eq(ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL), 0);
                 ctxs_session *t = op(b, name);
                 same_session(w, t);
                 ctxs_session_close(t);
@@ -690,10 +689,10 @@ Test(transfer, a_damaged_session_is_not_exported)
     ctxs_model m = ts_model(1);
     ctxs_session *w = mk(a, "chat", &m, 128, 4, 1, 100);
     void *run;
-    cr_assert_eq(ctxs_session_kv(&run, w, 1, CTXS_V, 1), 0);
+    cr_assert_eq(ctxs_session_get_kv(&run, w, 1, CTXS_V, 1), 0);
     ((uint8_t *)run)[70 * 16] ^= 1; /* position 70, outside any reservation */
     const char *path = ts_path(ts_scratch, "x");
-    cr_assert_eq(ctxs_store_export(a, "chat", path, NULL, NULL), CTXS_ECORRUPT);
+    cr_assert_eq(ctxs_store_session_export(a, "chat", path, NULL, NULL), CTXS_ECORRUPT);
     cr_assert(!exists(path));
     ctxs_session_close(w);
     ctxs_store_close(a);
@@ -815,9 +814,9 @@ Test(transfer, foreign_and_future_files_are_refused)
     const char *spath = ts_path(ts_scratch, "plain.ctxs");
     cr_assert_eq(ctxs_session_create(&s, spath, &m, NULL), 0);
     ctxs_session_close(s);
-    cr_assert_eq(ctxs_store_import(dst, spath, "x", NULL, NULL, NULL), CTXS_EFOREIGN);
+    cr_assert_eq(ctxs_store_session_import(NULL, dst, spath, "x", NULL, NULL), CTXS_EFOREIGN);
     cr_assert_eq(mkfifo(ts_path(ts_scratch, "fifo"), 0600), 0);
-    cr_assert_eq(ctxs_store_import(dst, ts_path(ts_scratch, "fifo"), "x", NULL, NULL, NULL),
+    cr_assert_eq(ctxs_store_session_import(NULL, dst, ts_path(ts_scratch, "fifo"), "x", NULL, NULL),
                  CTXS_EFOREIGN);
     snapshot after = snap(dst, "dst");
     cr_assert_eq(after.n, before.n + 1); /* "minor 7" */
@@ -1075,7 +1074,7 @@ Test(transfer, a_file_changed_between_the_passes_is_refused_and_leaves_nothing)
     const char *path = ts_path(ts_scratch, "changing.ctxx");
     cr_assert_eq(ts_write_file(path, f, len), 0);
     damage_job j = {path, len, 0};
-    int rc = ctxs_store_import(other, path, NULL, NULL, damage_after_pass_one, &j);
+    int rc = ctxs_store_session_import(NULL, other, path, NULL, damage_after_pass_one, &j);
     cr_assert(j.done, "the file was not damaged between the passes");
     cr_assert_eq(rc, CTXS_ECORRUPT, "%s", ctxs_err_name(rc));
     unchanged(&other_before, other, "other", "changed between passes");
@@ -1116,7 +1115,7 @@ static void import_killed_in_pass_two(bool named)
         ctxs_store *st;
         if (ctxs_store_open(&st, ts_path(ts_scratch, "dst"), NULL) != 0)
             _exit(2);
-        ctxs_store_import(st, path, NULL, NULL, die_in_pass_two, NULL);
+        ctxs_store_session_import(NULL, st, path, NULL, die_in_pass_two, NULL);
         _exit(3); /* the import finished: it was not killed in pass 2 */
     }
     int status;
@@ -1132,7 +1131,7 @@ static void import_killed_in_pass_two(bool named)
     cr_assert_eq(now.files, 0, "%d files left in sessions/", now.files);
     cr_assert_eq(now.n_models, 0);
     /* And the same import goes through. */
-    cr_assert_eq(ctxs_store_import(dst, path, NULL, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, dst, path, NULL, NULL, NULL), 0);
     ctxs_session *t = op(dst, "chat");
     cr_assert_eq(ts_check_all(t), 0);
     ctxs_session_close(t);
@@ -1171,7 +1170,7 @@ static void export_killed_halfway(bool named)
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         ctxs__aside_force_named(named);
-        ctxs_store_export(src, "chat", ts_path(dir, "chat.ctxx"), die_halfway, NULL);
+        ctxs_store_session_export(src, "chat", ts_path(dir, "chat.ctxx"), die_halfway, NULL);
         _exit(3); /* the export finished: it was not stopped halfway */
     }
     int status;
@@ -1182,7 +1181,7 @@ static void export_killed_halfway(bool named)
     /* The export goes through afterwards, and imports. */
     export_ok(src, "chat", ts_path(dir, "chat.ctxx"));
     ctxs_store *dst = store_at("dst");
-    cr_assert_eq(ctxs_store_import(dst, ts_path(dir, "chat.ctxx"), NULL, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, dst, ts_path(dir, "chat.ctxx"), NULL, NULL, NULL), 0);
     ctxs_session *t = op(dst, "chat");
     cr_assert_eq(ts_check_all(t), 0);
     ctxs_session_close(t);
@@ -1211,13 +1210,13 @@ static void body_export_full(const char *mnt)
     TS_CHECK(ctxs_store_open(&a, dir, NULL) == 0, "store");
     ctxs_model m = ts_model(1);
     TS_CHECK(ctxs_model_register(a, &m, NULL) == 0, "register");
-    ctxs_session_options o = ts_options(4096, 4, 1, CTXS_SYNC_NONE);
+    ctxs_create_options o = ts_options(4096, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     TS_CHECK(ctxs_store_session_create(&s, a, "chat", &m, &o) == 0, "create");
     for (int i = 0; i < 20; i++)
         TS_CHECK(ts_append(s, 100) == 0, "append");
     snprintf(out, sizeof(out), "%s/chat.ctxx", mnt);
-    int rc = ctxs_store_export(a, "chat", out, NULL, NULL);
+    int rc = ctxs_store_session_export(a, "chat", out, NULL, NULL);
     TS_CHECK(rc == CTXS_EFULL, "export of 256 KiB to 64 KiB: %s", ctxs_err_name(rc));
     TS_CHECK(ts_dir_entries(mnt) == 0, "a failed export left %d files", ts_dir_entries(mnt));
     ctxs_session_close(s);
@@ -1241,16 +1240,16 @@ static void body_import_full(const char *mnt)
     TS_CHECK(ctxs_store_open(&a, dir, NULL) == 0, "store a");
     ctxs_model m = ts_model(1);
     TS_CHECK(ctxs_model_register(a, &m, NULL) == 0, "register");
-    ctxs_session_options o = ts_options(16384, 4, 1, CTXS_SYNC_NONE);
+    ctxs_create_options o = ts_options(16384, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     TS_CHECK(ctxs_store_session_create(&s, a, "chat", &m, &o) == 0, "create");
     for (int i = 0; i < 100; i++)
         TS_CHECK(ts_append(s, 100) == 0, "append");
     ctxs_session_close(s);
-    TS_CHECK(ctxs_store_export(a, "chat", path, NULL, NULL) == 0, "export");
+    TS_CHECK(ctxs_store_session_export(a, "chat", path, NULL, NULL) == 0, "export");
     snprintf(dir, sizeof(dir), "%s/store", mnt);
     TS_CHECK(ctxs_store_open(&b, dir, NULL) == 0, "store b");
-    int rc = ctxs_store_import(b, path, NULL, NULL, NULL, NULL);
+    int rc = ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL);
     TS_CHECK(rc == CTXS_EFULL, "import of 1.3 MiB of KV into 1 MiB: %s", ctxs_err_name(rc));
     ctxs_session_entry *list;
     size_t n;

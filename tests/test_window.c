@@ -16,12 +16,12 @@ static char *dir;
 static void setup(void)
 {
     dir = ts_mkdtemp();
-    ctxs_pressure_set(0);
+    ctxs_set_pressure(0);
 }
 
 static void teardown(void)
 {
-    ctxs_pressure_set(0);
+    ctxs_set_pressure(0);
     ts_rmtree(dir);
     free(dir);
 }
@@ -35,14 +35,13 @@ static ctxs_session *create(const char *name, uint32_t capacity, uint32_t n_sink
                             uint32_t window, uint32_t pressure_window)
 {
     ctxs_model m = ts_model(3);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    o.background = 0;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+    o.open.background = 0;
     o.capacity = capacity;
     o.n_sink = n_sink;
-    o.window = window;
-    o.pressure_window = pressure_window;
-    o.durability = CTXS_SYNC_NONE;
+    o.open.window = window;
+    o.open.pressure_window = pressure_window;
+    o.open.durability = CTXS_SYNC_NONE;
     ctxs_session *s = NULL;
     int rc = ctxs_session_create(&s, ts_path(dir, name), &m, &o);
     cr_assert_eq(rc, 0, "create: %s", ctxs_strerror(rc));
@@ -52,7 +51,7 @@ static ctxs_session *create(const char *name, uint32_t capacity, uint32_t n_sink
 static ctxs_window window_of(const ctxs_session *s)
 {
     ctxs_window w;
-    cr_assert_eq(ctxs_session_window(&w, s), 0);
+    cr_assert_eq(ctxs_session_get_window(&w, s), 0);
     return w;
 }
 
@@ -146,24 +145,24 @@ Test(window, pressure_shrinks_windows_and_loses_nothing)
     ctxs_window w = window_of(s);
     expect_spans(w, 2, 0, 4, 3000 - 2048, 2048);
 
-    cr_assert_eq(ctxs_pressure_set(1), 0);
-    cr_expect_eq(ctxs_pressure_get(), 1);
+    ctxs_set_pressure(1);
+    cr_expect_eq(ctxs_get_pressure(), 1);
     w = window_of(s);
     expect_spans(w, 2, 0, 4, 3000 - 1024, 1024);
     ctxs_session_info info;
-    ctxs_session_info_get(&info, s);
+    ctxs_session_get_info(&info, s);
     cr_expect_eq(info.window, 1024);
     cr_expect(info.flags & CTXS_INFO_PRESSURE);
     /* Every token is still there, including those whose pages were let go. */
     cr_expect_eq(ts_check_all(s), 0);
-    cr_expect_eq(ctxs_session_verify(s, NULL), 0);
+    cr_expect_eq(ctxs_session_verify(NULL, s), 0);
 
     /* A session opened under pressure starts small. */
     ctxs_session *t = create("b", 4096, 4, 2048, 1024);
     cr_assert_eq(ts_append(t, 3000), 0);
     expect_spans(window_of(t), 2, 0, 4, 3000 - 1024, 1024);
 
-    cr_assert_eq(ctxs_pressure_set(0), 0);
+    ctxs_set_pressure(0);
     expect_spans(window_of(s), 2, 0, 4, 3000 - 2048, 2048);
     expect_spans(window_of(t), 2, 0, 4, 3000 - 2048, 2048);
     cr_expect_eq(ts_check_all(s), 0);
@@ -183,31 +182,30 @@ Test(window, the_watcher_applies_pressure_from_meminfo)
     cr_assert_eq(ts_append(s, 3000), 0);
 
     /* A threshold above any machine's memory: the watcher must see pressure. */
-    ctxs_watch_options o;
-    ctxs_watch_options_init(&o);
+    ctxs_watcher_options o = CTXS_WATCHER_OPTIONS_INIT;
     o.poll_ms = 10;
     o.min_available = 1ull << 60;
-    int rc = ctxs_pressure_watch_start(&o);
+    int rc = ctxs_watcher_start(&o);
     if (rc == -ENOTSUP)
         cr_skip_test("no /proc/meminfo or PSI on this system");
     cr_assert_eq(rc, 0, "%s", ctxs_strerror(rc));
-    cr_expect_eq(ctxs_pressure_watch_start(&o), -EALREADY);
-    for (int i = 0; i < 500 && !ctxs_pressure_get(); i++)
+    cr_expect_eq(ctxs_watcher_start(&o), -EALREADY);
+    for (int i = 0; i < 500 && !ctxs_get_pressure(); i++)
         usleep(2000);
-    cr_expect_eq(ctxs_pressure_get(), 1);
+    cr_expect_eq(ctxs_get_pressure(), 1);
     expect_spans(window_of(s), 2, 0, 4, 3000 - 1024, 1024);
-    ctxs_pressure_watch_stop();
+    ctxs_watcher_stop();
 
     /* A threshold of zero bytes (and PSI off): the pressure goes away. */
     o.min_available = 0;
     o.psi_some_avg10 = 0;
-    cr_assert_eq(ctxs_pressure_watch_start(&o), 0);
-    for (int i = 0; i < 500 && ctxs_pressure_get(); i++)
+    cr_assert_eq(ctxs_watcher_start(&o), 0);
+    for (int i = 0; i < 500 && ctxs_get_pressure(); i++)
         usleep(2000);
-    cr_expect_eq(ctxs_pressure_get(), 0);
+    cr_expect_eq(ctxs_get_pressure(), 0);
     expect_spans(window_of(s), 2, 0, 4, 3000 - 2048, 2048);
-    ctxs_pressure_watch_stop();
-    ctxs_pressure_watch_stop(); /* harmless when none runs */
+    ctxs_watcher_stop();
+    ctxs_watcher_stop(); /* harmless when none runs */
     cr_expect_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
 }
@@ -227,7 +225,7 @@ Test(window, prefetch_reads_the_window_of_a_cold_file)
     ctxs_session *s = create("cold.ctxs", 8192, 4, 64, 32);
     ts_append_many(s, 4000); /* window: slots 0..3 and 3936..3999 */
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     const uint8_t *run = lay.kv; /* layer 0, K, head 0 */
     const uint8_t *recent = run + 3990 * lay.slot_bytes;
     const uint8_t *outside = run + 2048 * lay.slot_bytes;

@@ -249,7 +249,7 @@ int tinychat_prefill(tinychat_model *m, ctxs_session *s, const uint32_t *ids, ui
     ctxs_session_info info;
     ctxs_layout lay;
     int rc;
-    if ((rc = ctxs_session_info_get(&info, s)) < 0 || (rc = ctxs_session_layout(&lay, s)) < 0)
+    if ((rc = ctxs_session_get_info(&info, s)) < 0 || (rc = ctxs_session_get_layout(&lay, s)) < 0)
         return rc;
     /* A reservation left by a call that failed would sit before ours, and
      * the plan would read its slots as our pending tokens. */
@@ -269,13 +269,13 @@ int tinychat_prefill(tinychat_model *m, ctxs_session *s, const uint32_t *ids, ui
         if ((rc = ctxs_session_reserve(&r, s, c)) < 0)
             return rc;
         reservation_slots(m->slots, &r);
-        if ((rc = ctxs_session_attn_plan(&plan, s, c)) < 0 ||
+        if ((rc = ctxs_session_get_attn_plan(&plan, s, c)) < 0 ||
             (rc = forward(m, &lay, &plan, pos, ids + done, c, m->slots, KV_WRITE, &next)) < 0 ||
             (rc = ctxs_session_commit(s, ids + done, c)) < 0)
             return rc;
         done += c;
         pos += c;
-        if (done < n && (rc = ctxs_session_info_get(&info, s)) < 0)
+        if (done < n && (rc = ctxs_session_get_info(&info, s)) < 0)
             return rc;
     }
     *next_id = next;
@@ -295,14 +295,14 @@ int tinychat_resume(tinychat_model *m, ctxs_session *s, uint32_t *next_id)
     ctxs_layout lay;
     ctxs_attn_plan plan;
     int rc;
-    if ((rc = ctxs_session_info_get(&info, s)) < 0 || (rc = ctxs_session_layout(&lay, s)) < 0)
+    if ((rc = ctxs_session_get_info(&info, s)) < 0 || (rc = ctxs_session_get_layout(&lay, s)) < 0)
         return rc;
     if (info.n_tokens == 0)
         return CTXS_EINVAL;
     const uint64_t pos = info.n_tokens - 1;
     uint32_t slot;
-    if ((rc = ctxs_session_slot(&slot, s, pos)) < 0 ||
-        (rc = ctxs_session_attn_plan(&plan, s, 0)) < 0)
+    if ((rc = ctxs_session_get_slot(&slot, s, pos)) < 0 ||
+        (rc = ctxs_session_get_attn_plan(&plan, s, 0)) < 0)
         return rc;
     const uint32_t id = lay.token_ids[slot];
     if (id >= m->cfg.vocab)
@@ -323,7 +323,7 @@ int tinychat_write(tinychat_model *m, ctxs_session *s, const ctxs_reservation *r
     ctxs_layout lay;
     ctxs_attn_plan plan;
     int rc;
-    if ((rc = ctxs_session_info_get(&info, s)) < 0 || (rc = ctxs_session_layout(&lay, s)) < 0)
+    if ((rc = ctxs_session_get_info(&info, s)) < 0 || (rc = ctxs_session_get_layout(&lay, s)) < 0)
         return rc;
     /* r must be the newest reservation: its tokens end the pending ones,
      * and the plans below count pending tokens from the committed end. */
@@ -353,7 +353,7 @@ int tinychat_write(tinychat_model *m, ctxs_session *s, const ctxs_reservation *r
             goto out;
         }
         uint32_t prev_slot;
-        if ((rc = ctxs_session_attn_plan(&plan, s, before)) < 0)
+        if ((rc = ctxs_session_get_attn_plan(&plan, s, before)) < 0)
             goto out;
         /* Its slot, from the plan: pending tokens have no other public
          * position-to-slot map, and the plan always holds the position it
@@ -369,7 +369,7 @@ int tinychat_write(tinychat_model *m, ctxs_session *s, const ctxs_reservation *r
             goto out;
         for (uint32_t i = 0; i < r->n_tokens; i++) {
             ids[first + i] = next;
-            if ((rc = ctxs_session_attn_plan(&plan, s, before + i + 1)) < 0 ||
+            if ((rc = ctxs_session_get_attn_plan(&plan, s, before + i + 1)) < 0 ||
                 (rc = forward(m, &lay, &plan, first + i, &ids[first + i], 1, &slots[i], KV_WRITE,
                               &next)) < 0)
                 goto out;
@@ -377,7 +377,7 @@ int tinychat_write(tinychat_model *m, ctxs_session *s, const ctxs_reservation *r
     } else {
         for (uint32_t done = 0; done < r->n_tokens;) {
             const uint32_t c = r->n_tokens - done < MAX_CHUNK ? r->n_tokens - done : MAX_CHUNK;
-            if ((rc = ctxs_session_attn_plan(&plan, s, before + done + c)) < 0 ||
+            if ((rc = ctxs_session_get_attn_plan(&plan, s, before + done + c)) < 0 ||
                 (rc = forward(m, &lay, &plan, first + done, &ids[first + done], c, slots + done,
                               KV_WRITE, &next)) < 0)
                 goto out;

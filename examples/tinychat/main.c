@@ -151,17 +151,17 @@ static void parse(options *o, int argc, char **argv)
  * (--window, else the default for its capacity and sinks). */
 static ctxs_session *open_session(const options *o, const ctxs_model *cm)
 {
-    ctxs_session_options so;
+    ctxs_create_options so;
     tinychat_session_options(&so, o->capacity, o->window);
-    so.durability = o->sync;
+    so.open.durability = o->sync;
     ctxs_session *s;
-    int rc = ctxs_session_open(&s, o->path, cm, 0, &so);
+    int rc = ctxs_session_open(&s, o->path, cm, 0, &so.open);
     if (rc == CTXS_EMODEL)
         fail_hint(rc, "open", o->path, "was it written with another --config or --seed?");
     if (rc < 0)
         fail(rc, "open", o->path);
     ctxs_session_info info;
-    if ((rc = ctxs_session_info_get(&info, s)) < 0)
+    if ((rc = ctxs_session_get_info(&info, s)) < 0)
         fail(rc, "info", o->path);
     uint32_t w = o->window ? o->window : tinychat_window(info.capacity, info.n_sink);
     if ((rc = ctxs_session_set_window(s, w)) < 0)
@@ -209,13 +209,13 @@ int main(int argc, char **argv)
             fail(-errno, "access", o.path);
         if (!o.prompt)
             usage("%s does not exist: a new session needs --prompt", o.path);
-        ctxs_session_options so;
+        ctxs_create_options so;
         tinychat_session_options(&so, o.capacity, o.window);
-        so.durability = o.sync;
-        if (so.window >= so.capacity - so.n_sink)
+        so.open.durability = o.sync;
+        if (so.open.window >= so.capacity - so.n_sink)
             fprintf(stderr, "tinychat: warning: a window of %u is not below the ring (%u "
                             "slots): a resume after a kill may differ\n",
-                    so.window, so.capacity - so.n_sink);
+                    so.open.window, so.capacity - so.n_sink);
         if ((rc = ctxs_session_create(&s, o.path, &cm, &so)) < 0)
             fail(rc, "create", o.path);
     } else {
@@ -262,7 +262,7 @@ int main(int argc, char **argv)
     }
 
     ctxs_session_info info;
-    if ((rc = ctxs_session_info_get(&info, s)) < 0)
+    if ((rc = ctxs_session_get_info(&info, s)) < 0)
         fail(rc, "info", o.path);
     fprintf(stderr, "tinychat: %s: %" PRIu64 " tokens (%u held, window %u%s), next %" PRIu32
                     "\n", o.path, info.n_tokens, info.n_held, info.window,

@@ -277,13 +277,13 @@ uint32_t tinychat_window(uint32_t capacity, uint32_t n_sink)
     return w ? w : 1;
 }
 
-void tinychat_session_options(ctxs_session_options *opts, uint32_t capacity, uint32_t window)
+void tinychat_session_options(ctxs_create_options *opts, uint32_t capacity, uint32_t window)
 {
-    ctxs_session_options_init(opts);
+    *opts = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
     if (!capacity)
         capacity = 128;
     opts->capacity = capacity;
     opts->n_sink = capacity >= 32 ? 4 : capacity / 8;
     opts->ring = 1;
-    opts->window = window ? window : tinychat_window(capacity, opts->n_sink);
+    opts->open.window = window ? window : tinychat_window(capacity, opts->n_sink);
 }

@@ -16,7 +16,7 @@
  *     tinychat_model_create(&m, &cfg);
  *     ctxs_model cm;
  *     tinychat_model_ctxs(&cm, m);
- *     ctxs_session_options o;
+ *     ctxs_create_options o;
  *     tinychat_session_options(&o, 0, 0);
  *     ctxs_session_create(&s, "chat.ctxs", &cm, &o);
  *
@@ -121,7 +121,7 @@ void tinychat_model_ctxs(ctxs_model *out, const tinychat_model *m);
  * below capacity - n_sink for exact resumes. Pass the same window to create
  * and to every open (or ctxs_session_set_window() after it): ctxstore does
  * not store the window. */
-void tinychat_session_options(ctxs_session_options *opts, uint32_t capacity,
+void tinychat_session_options(ctxs_create_options *opts, uint32_t capacity,
                               uint32_t window);
 
 /* The default window of a ring: three quarters of its length,
@@ -158,7 +158,7 @@ int tinychat_step(tinychat_model *m, ctxs_session *s, uint32_t id,
  * stored ones bit for bit, or the session was not written by this model
  * with this window: CTXS_ECORRUPT. A session open read-only is fine.
  * Errors: CTXS_EINVAL (no committed token, NULL), CTXS_ECORRUPT, the errors
- * of ctxs_session_attn_plan(), ctxs_attention(). */
+ * of ctxs_session_get_attn_plan(), ctxs_attention(). */
 int tinychat_resume(tinychat_model *m, ctxs_session *s, uint32_t *next_id);
 
 /* For engines that reserve and commit themselves (the ctxstore tool's
@@ -176,7 +176,7 @@ int tinychat_resume(tinychat_model *m, ctxs_session *s, uint32_t *next_id);
  * where r made the ring evict, its first tokens read fewer keys.
  * Errors: CTXS_EINVAL (r not the newest reservation, an id >= vocab, a
  * reply with no token before it), CTXS_ECORRUPT, CTXS_ENOMEM, the errors of
- * ctxs_session_attn_plan() and ctxs_attention(). */
+ * ctxs_session_get_attn_plan() and ctxs_attention(). */
 int tinychat_write(tinychat_model *m, ctxs_session *s, const ctxs_reservation *r,
                    uint32_t *ids, int generate, uint32_t *next_id);
 

@@ -265,7 +265,7 @@ int ctxs__attention_force_isa(const char *name)
     return CTXS_EINVAL;
 }
 
-const char *ctxs_attention_isa(void)
+const char *ctxs_attention_get_isa(void)
 {
     return isa_current()->name;
 }

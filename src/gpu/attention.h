@@ -148,7 +148,7 @@ ctxs__attn_fn ctxs__attn_neon;
 #define CTXS__EXP_P5 5.0000001201e-1f
 
 /* Forces the kernel of one instruction set ("portable", "avx2", "avx512",
- * "neon"), or back to the automatic choice with NULL; ctxs_attention_isa()
+ * "neon"), or back to the automatic choice with NULL; ctxs_attention_get_isa()
  * then names it. For tests and benchmarks: it changes what every thread's
  * next call uses (atomically; a call in flight finishes with its kernel).
  * Errors: CTXS_EINVAL (unknown, or not supported by this CPU or this

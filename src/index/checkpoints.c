@@ -14,7 +14,6 @@
 #include "index.h"
 #include "internal.h"
 #include "mdb_calls.h"
-#include "peek.h"
 
 static void checkpoint_key(uint8_t *out, uint64_t id, const char *name, size_t len)
 {
@@ -25,7 +24,7 @@ static void checkpoint_key(uint8_t *out, uint64_t id, const char *name, size_t l
 int ctxs__checkpoint_get(ctxs__checkpoint_rec *out, MDB_txn *txn, ctxs_store *st,
                          uint64_t id, const char *name, size_t len)
 {
-    uint8_t k[8 + CTXS__NAME_MAX];
+    uint8_t k[8 + CTXS_NAME_MAX];
     checkpoint_key(k, id, name, len);
     MDB_val key = {8 + len, k}, val;
     int rc = mdb_get(txn, st->checkpoints, &key, &val);
@@ -37,77 +36,50 @@ int ctxs__checkpoint_get(ctxs__checkpoint_rec *out, MDB_txn *txn, ctxs_store *st
     return 0;
 }
 
-/* The verdict on checkpoint cp for a state of n_tokens whose first held
- * position after the sinks is first_recent; sum_of reads the checksum of a
- * held position. */
-static int verdict(const ctxs__checkpoint_rec *cp, uint64_t n_tokens, uint64_t n_sink,
-                   uint64_t first_recent, int (*sum_of)(const void *, uint64_t, uint64_t *),
-                   const void *arg)
+int ctxs__checkpoint_check(const ctxs_session *s, const ctxs__checkpoint_rec *cp)
 {
-    uint64_t n = cp->n_tokens;
-    if (n > n_tokens)
+    uint64_t n = cp->n_tokens, n_sink = s->lay.n_sink;
+    uint64_t first_recent = ctxs__first_recent(s, &s->st);
+    if (n > s->st.n_tokens)
         return CTXS_ESTALE;
     if (n == 0)
         return 0;
     /* Its last token overwritten, or a count rollback refuses. */
     if ((n - 1 >= n_sink && n - 1 < first_recent) || (n > n_sink && n < first_recent))
         return CTXS_EEVICTED;
-    uint64_t sum;
-    if (sum_of(arg, n - 1, &sum) < 0 || sum != cp->last_sum)
+    if (ctxs__sum_table(s)[ctxs__slot(s, n - 1)] != cp->last_sum)
         return CTXS_ESTALE;
     return 0;
 }
 
-static int session_sum(const void *arg, uint64_t pos, uint64_t *out)
-{
-    const ctxs_session *s = arg;
-    *out = ctxs__sum_table(s)[ctxs__slot(s, pos)];
-    return 0;
-}
-
-int ctxs__checkpoint_check(const ctxs_session *s, const ctxs__checkpoint_rec *cp)
-{
-    return verdict(cp, s->st.n_tokens, s->lay.n_sink, ctxs__first_recent(s, &s->st),
-                   session_sum, s);
-}
-
-typedef struct peeked {
-    int fd;
-    const ctxs__peek *p;
-} peeked;
-
-static int peek_sum(const void *arg, uint64_t pos, uint64_t *out)
-{
-    const peeked *pk = arg;
-    return ctxs__peek_sum(out, pk->fd, pk->p, pos);
-}
-
-int ctxs_checkpoint_create(ctxs_store *st, ctxs_session *s, const char *name)
+int ctxs_checkpoint_create(ctxs_session *s, const char *name)
 {
     size_t len;
-    uint64_t id = ctxs__session_store_id(st, s);
-    if (!st || id == 0 || ctxs__name_check(name, &len) < 0)
+    uint64_t id;
+    ctxs_store *st = ctxs__session_store(s, &id);
+    if (!st || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
     ctxs__checkpoint_rec cp = {.n_tokens = s->st.n_tokens,
                                .created_unix_ms = ctxs__now_unix_ms()};
     if (cp.n_tokens > 0)
-        session_sum(s, cp.n_tokens - 1, &cp.last_sum);
+        cp.last_sum = ctxs__sum_table(s)[ctxs__slot(s, cp.n_tokens - 1)];
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 0);
     if (rc < 0)
         return rc;
-    uint8_t k[8 + CTXS__NAME_MAX];
+    uint8_t k[8 + CTXS_NAME_MAX];
     checkpoint_key(k, id, name, len);
     MDB_val key = {8 + len, k}, val = {sizeof(cp), &cp};
     rc = ctxs__mdb_error(ctxs__mdb_put(txn, st->checkpoints, &key, &val, MDB_NOOVERWRITE));
     return ctxs__txn_finish(txn, rc);
 }
 
-int ctxs_checkpoint_restore(ctxs_store *st, ctxs_session *s, const char *name)
+int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
 {
     size_t len;
-    uint64_t id = ctxs__session_store_id(st, s);
-    if (!st || id == 0 || ctxs__name_check(name, &len) < 0)
+    uint64_t id;
+    ctxs_store *st = ctxs__session_store(s, &id);
+    if (!st || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
     if (s->readonly)
         return CTXS_EREADONLY;
@@ -125,64 +97,50 @@ int ctxs_checkpoint_restore(ctxs_store *st, ctxs_session *s, const char *name)
     return rc;
 }
 
-int ctxs_checkpoint_delete(ctxs_store *st, const char *session, const char *name)
+int ctxs_checkpoint_delete(const ctxs_session *s, const char *name)
 {
-    size_t slen, len;
-    if (!st || ctxs__name_check(session, &slen) < 0 || ctxs__name_check(name, &len) < 0)
+    size_t len;
+    uint64_t id;
+    ctxs_store *st = ctxs__session_store(s, &id);
+    if (!st || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 0);
     if (rc < 0)
         return rc;
-    ctxs__session_rec rec;
-    if ((rc = ctxs__session_get(&rec, txn, st, session, slen)) == 0) {
-        uint8_t k[8 + CTXS__NAME_MAX];
-        checkpoint_key(k, rec.id, name, len);
-        MDB_val key = {8 + len, k};
-        rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->checkpoints, &key, NULL));
-    }
+    uint8_t k[8 + CTXS_NAME_MAX];
+    checkpoint_key(k, id, name, len);
+    MDB_val key = {8 + len, k};
+    rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->checkpoints, &key, NULL));
     return ctxs__txn_finish(txn, rc);
 }
 
-int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, ctxs_store *st,
-                         const char *session)
+int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, const ctxs_session *s)
 {
     if (!out || !n_out)
         return CTXS_EINVAL;
     *out = NULL;
     *n_out = 0;
-    size_t slen;
-    if (!st || ctxs__name_check(session, &slen) < 0)
+    uint64_t id;
+    ctxs_store *st = ctxs__session_store(s, &id);
+    if (!st)
         return CTXS_EINVAL;
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 1);
     if (rc < 0)
         return rc;
-    ctxs__session_rec rec;
-    if ((rc = ctxs__session_get(&rec, txn, st, session, slen)) < 0) {
-        mdb_txn_abort(txn);
-        return rc;
-    }
-    /* The file's state, read once, judges every checkpoint. */
-    char file[32];
-    ctxs__file_name(file, rec.id);
-    ctxs__peek p;
-    peeked pk = {
-        ctxs__openat(st->sessions_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), &p};
-    int have_state = pk.fd >= 0 && ctxs__peek_fd(&p, pk.fd) == 0;
-
     ctxs_checkpoint_entry *list = NULL;
     size_t n = 0, cap = 0;
     MDB_cursor *cur;
     uint8_t idk[8];
-    ctxs__id_key(idk, rec.id);
+    ctxs__id_key(idk, id);
     if ((rc = ctxs__mdb_error(ctxs__mdb_cursor_open(txn, st->checkpoints, &cur))) == 0) {
         MDB_val key = {8, idk}, val;
         for (int r = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); r == 0 && rc == 0;
              r = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
             if (key.mv_size <= 8 || memcmp(key.mv_data, idk, 8) != 0)
                 break;
-            if (key.mv_size > 8 + CTXS__NAME_MAX || val.mv_size != sizeof(ctxs__checkpoint_rec)) {
+            if (key.mv_size > 8 + CTXS_NAME_MAX || val.mv_size != sizeof(ctxs__checkpoint_rec)) {
                 rc = CTXS_ECORRUPT;
                 break;
             }
@@ -203,16 +161,11 @@ int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, ctxs_store 
             memcpy(e->name, (const char *)key.mv_data + 8, key.mv_size - 8);
             e->n_tokens = cp.n_tokens;
             e->created_unix_ms = cp.created_unix_ms;
-            uint64_t ns = have_state ? p.lay.n_sink : 0;
-            e->stale = !have_state ||
-                       verdict(&cp, p.st.n_tokens, ns,
-                               p.st.ring_start > ns ? p.st.ring_start : ns, peek_sum, &pk) != 0;
+            e->stale = ctxs__checkpoint_check(s, &cp) != 0;
         }
         mdb_cursor_close(cur);
     }
     mdb_txn_abort(txn);
-    if (pk.fd >= 0)
-        close(pk.fd);
     if (rc < 0) {
         free(list);
         return rc;

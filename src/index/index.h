@@ -23,9 +23,6 @@
 #define CTXS__INDEX_MAJOR 1
 #define CTXS__INDEX_MINOR 1
 
-#define CTXS__NAME_MAX 255u
-#define CTXS__DEFAULT_MAP_BYTES (1ull << 30)
-
 /* Sessions whose first chunk completes are indexed at once; after that, every
  * this many new chunks (and at close). */
 #define CTXS__PREFIX_FLUSH_CHUNKS 16u
@@ -159,8 +156,9 @@ int ctxs__session_get(ctxs__session_rec *out, MDB_txn *txn, ctxs_store *st,
  * in txn. */
 int ctxs__session_unindex(MDB_txn *txn, ctxs_store *st, uint64_t id);
 
-/* The id of a session handle opened through st, or 0. */
-uint64_t ctxs__session_store_id(ctxs_store *st, const ctxs_session *s);
+/* The store a session handle was opened through, and its id there; NULL
+ * for a handle opened without a store. */
+ctxs_store *ctxs__session_store(const ctxs_session *s, uint64_t *id);
 
 /* Deletes the file of id, whose entries txn-less callers already looked up:
  * takes the exclusive lock (CTXS_EBUSY when a handle has it), drops the

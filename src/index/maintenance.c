@@ -249,7 +249,7 @@ static int drop_dangling(ctxs_store *st, uint64_t id, uint64_t *removed)
  * leading token ids (malloc'd into *ids). */
 struct file_facts {
     ctxs__peek p;
-    char name[256];
+    char name[CTXS_NAME_MAX + 1];
     int named;          /* the label holds a valid name for this id */
     uint32_t *ids;
     uint64_t n_ids;
@@ -314,9 +314,9 @@ static int refresh_prefixes(ctxs_store *st, uint64_t id, uint64_t *updated)
     MDB_val key = {8, idk}, val;
     ctxs__session_rec rec;
     int changed = 0;
-    if (mdb_get(txn, st->ids, &key, &val) == 0 && val.mv_size <= CTXS__NAME_MAX &&
+    if (mdb_get(txn, st->ids, &key, &val) == 0 && val.mv_size <= CTXS_NAME_MAX &&
         ctxs__session_get(&rec, txn, st, val.mv_data, val.mv_size) == 0 && rec.id == id) {
-        char name[256];
+        char name[CTXS_NAME_MAX + 1];
         size_t len = val.mv_size;
         memcpy(name, val.mv_data, len);
         ctxs__session_rec before = rec;
@@ -569,7 +569,7 @@ static int compact_one(ctxs_compact_result *res, ctxs_store *st, uint64_t id, co
 /* Sessions (id, model) that own rows in the other tables, sorted by id. */
 typedef struct owner {
     uint64_t id;
-    uint8_t model_hash[16];
+    uint8_t model_hash[CTXS_HASH_BYTES];
 } owner;
 
 static int by_owner_id(const void *a, const void *b)
@@ -615,10 +615,10 @@ static int mend_names(MDB_txn *txn, ctxs_store *st, owner **out, size_t *n_out,
     for (int op = MDB_FIRST; rc == 0 && (rc = mdb_cursor_get(cur, &key, &val, op)) == 0;
          op = MDB_NEXT) {
         ctxs__session_rec rec, other;
-        if (val.mv_size != sizeof(rec) || key.mv_size == 0 || key.mv_size > CTXS__NAME_MAX)
+        if (val.mv_size != sizeof(rec) || key.mv_size == 0 || key.mv_size > CTXS_NAME_MAX)
             continue; /* not ours to judge: listing reports it */
         memcpy(&rec, val.mv_data, sizeof(rec));
-        char name[256];
+        char name[CTXS_NAME_MAX + 1];
         size_t len = key.mv_size;
         memcpy(name, key.mv_data, len);
         uint8_t idk[8];
@@ -631,7 +631,7 @@ static int mend_names(MDB_txn *txn, ctxs_store *st, owner **out, size_t *n_out,
         }
         int named_here = r == 0 && ival.mv_size == len && memcmp(ival.mv_data, name, len) == 0;
         int named_elsewhere = !named_here && r == 0 && ival.mv_size &&
-                              ival.mv_size <= CTXS__NAME_MAX &&
+                              ival.mv_size <= CTXS_NAME_MAX &&
                               ctxs__session_get(&other, txn, st, ival.mv_data, ival.mv_size) == 0 &&
                               other.id == rec.id;
         if (named_elsewhere) { /* a duplicate of the row ids names */
@@ -654,7 +654,7 @@ static int mend_names(MDB_txn *txn, ctxs_store *st, owner **out, size_t *n_out,
          op = MDB_NEXT) {
         ctxs__session_rec rec;
         int r = CTXS_ENOTFOUND;
-        if (key.mv_size == 8 && val.mv_size && val.mv_size <= CTXS__NAME_MAX)
+        if (key.mv_size == 8 && val.mv_size && val.mv_size <= CTXS_NAME_MAX)
             r = ctxs__session_get(&rec, txn, st, val.mv_data, val.mv_size);
         /* A session row of the wrong size is left as it is, as above. */
         if (r != CTXS_ENOTFOUND && (r != 0 || rec.id == ctxs__id_from_key(key.mv_data)))

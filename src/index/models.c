@@ -32,14 +32,14 @@ static int model_parse(const MDB_val *val, ctxs__model_rec *rec, const char **na
     if (val->mv_size < sizeof(*rec))
         return CTXS_ECORRUPT;
     memcpy(rec, val->mv_data, sizeof(*rec));
-    if (rec->name_len > CTXS__NAME_MAX || val->mv_size != sizeof(*rec) + rec->name_len)
+    if (rec->name_len > CTXS_NAME_MAX || val->mv_size != sizeof(*rec) + rec->name_len)
         return CTXS_ECORRUPT;
     if (name)
         *name = (const char *)val->mv_data + sizeof(*rec);
     return 0;
 }
 
-static int model_read(MDB_txn *txn, ctxs_store *st, const uint8_t hash[16],
+static int model_read(MDB_txn *txn, ctxs_store *st, const uint8_t hash[CTXS_HASH_BYTES],
                       ctxs__model_rec *rec, const char **name)
 {
     MDB_val key = {16, (void *)hash}, val;
@@ -52,7 +52,7 @@ static int model_read(MDB_txn *txn, ctxs_store *st, const uint8_t hash[16],
 static int model_write(MDB_txn *txn, ctxs_store *st, const ctxs_model *model,
                        const char *name, size_t name_len, uint64_t registered)
 {
-    uint8_t buf[sizeof(ctxs__model_rec) + CTXS__NAME_MAX];
+    uint8_t buf[sizeof(ctxs__model_rec) + CTXS_NAME_MAX];
     ctxs__model_rec rec;
     memset(&rec, 0, sizeof(rec));
     rec.geometry = model->geometry;
@@ -108,7 +108,7 @@ int ctxs_model_register(ctxs_store *st, const ctxs_model *model, const char *nam
     return ctxs__txn_finish(txn, rc);
 }
 
-static void entry_fill(ctxs_model_entry *out, const uint8_t hash[16],
+static void entry_fill(ctxs_model_entry *out, const uint8_t hash[CTXS_HASH_BYTES],
                        const ctxs__model_rec *rec, const char *name)
 {
     memset(out, 0, sizeof(*out));
@@ -119,7 +119,7 @@ static void entry_fill(ctxs_model_entry *out, const uint8_t hash[16],
     out->registered_unix_ms = rec->registered_unix_ms;
 }
 
-int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st, const uint8_t model_hash[16])
+int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st, const uint8_t model_hash[CTXS_HASH_BYTES])
 {
     if (!out || !st || !model_hash)
         return CTXS_EINVAL;
@@ -156,7 +156,7 @@ int ctxs_model_list(ctxs_model_entry **out, size_t *n_out, ctxs_store *st)
     return ctxs__list((void **)out, n_out, st, st->models, sizeof(**out), model_entry_fill);
 }
 
-static int hash_stream(uint8_t out[16], int fd)
+static int hash_stream(uint8_t out[CTXS_HASH_BYTES], int fd)
 {
     enum { CHUNK = 1 << 20 };
     uint8_t *buf = ctxs__malloc(CHUNK);
@@ -199,7 +199,7 @@ static ctxs__filehash_key filehash_key(const struct stat *sb)
     return k;
 }
 
-static int cache_get(ctxs_store *st, const ctxs__filehash_key *k, uint8_t out[16])
+static int cache_get(ctxs_store *st, const ctxs__filehash_key *k, uint8_t out[CTXS_HASH_BYTES])
 {
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 1);
@@ -215,7 +215,7 @@ static int cache_get(ctxs_store *st, const ctxs__filehash_key *k, uint8_t out[16
     return rc;
 }
 
-static int cache_put(ctxs_store *st, const ctxs__filehash_key *k, const uint8_t hash[16])
+static int cache_put(ctxs_store *st, const ctxs__filehash_key *k, const uint8_t hash[CTXS_HASH_BYTES])
 {
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 0);
@@ -225,7 +225,7 @@ static int cache_put(ctxs_store *st, const ctxs__filehash_key *k, const uint8_t 
     return ctxs__txn_finish(txn, ctxs__mdb_error(ctxs__mdb_put(txn, st->filehash, &key, &val, 0)));
 }
 
-int ctxs_model_hash_file(uint8_t out[16], ctxs_store *st, const char *path)
+int ctxs_model_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *path)
 {
     if (!out || !path)
         return CTXS_EINVAL;

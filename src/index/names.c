@@ -41,8 +41,8 @@ int ctxs__name_check(const char *name, size_t *len)
 {
     if (!name)
         return CTXS_EINVAL;
-    size_t n = strnlen(name, CTXS__NAME_MAX + 1);
-    if (n == 0 || n > CTXS__NAME_MAX || strchr(name, '/') || strstr(name, ".."))
+    size_t n = strnlen(name, CTXS_NAME_MAX + 1);
+    if (n == 0 || n > CTXS_NAME_MAX || strchr(name, '/') || strstr(name, ".."))
         return CTXS_EINVAL;
     if (strcmp(name, ".") == 0)
         return CTXS_EINVAL;

@@ -45,7 +45,7 @@ static void chunk_key(uint8_t out[12], uint64_t id, uint32_t chunk)
         out[8 + i] = (uint8_t)(chunk >> (24 - 8 * i));
 }
 
-static void prefix_key(uint8_t out[32], const uint8_t model_hash[16], const uint8_t chain[16])
+static void prefix_key(uint8_t out[32], const uint8_t model_hash[CTXS_HASH_BYTES], const uint8_t chain[16])
 {
     memcpy(out, model_hash, 16);
     memcpy(out + 16, chain, 16);
@@ -54,7 +54,7 @@ static void prefix_key(uint8_t out[32], const uint8_t model_hash[16], const uint
 /* Drops session id's chunks from number `from` (1-based) on, and their
  * prefix entries. */
 static int drop_from(MDB_txn *txn, ctxs_store *st, uint64_t id,
-                     const uint8_t model_hash[16], uint32_t from)
+                     const uint8_t model_hash[CTXS_HASH_BYTES], uint32_t from)
 {
     MDB_cursor *cur;
     int rc = ctxs__mdb_cursor_open(txn, st->chunks, &cur);
@@ -85,7 +85,7 @@ static int drop_from(MDB_txn *txn, ctxs_store *st, uint64_t id,
     return rc == MDB_NOTFOUND ? 0 : ctxs__mdb_error(rc);
 }
 
-int ctxs__prefix_drop(MDB_txn *txn, ctxs_store *st, uint64_t id, const uint8_t model_hash[16])
+int ctxs__prefix_drop(MDB_txn *txn, ctxs_store *st, uint64_t id, const uint8_t model_hash[CTXS_HASH_BYTES])
 {
     return drop_from(txn, st, id, model_hash, 1);
 }
@@ -168,7 +168,7 @@ int ctxs__prefix_update(MDB_txn *txn, ctxs_store *st, uint64_t id,
 
 /* --- Lookup ------------------------------------------------------------- */
 
-static int has_chunks(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[16],
+static int has_chunks(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[CTXS_HASH_BYTES],
                       const uint8_t chain[16])
 {
     uint8_t pk[32];
@@ -179,7 +179,7 @@ static int has_chunks(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[16]
 
 /* How many leading tokens of tokens[0..n) the file of id holds (it should
  * be at least the `whole` its entry claims, unless the entry is stale). */
-static uint64_t check_candidate(ctxs_store *st, uint64_t id, const uint8_t model_hash[16],
+static uint64_t check_candidate(ctxs_store *st, uint64_t id, const uint8_t model_hash[CTXS_HASH_BYTES],
                                 const uint32_t *tokens, uint64_t n)
 {
     char name[32];
@@ -204,7 +204,7 @@ static uint64_t check_candidate(ctxs_store *st, uint64_t id, const uint8_t model
 
 /* The best match among the sessions listed for the first `whole` tokens;
  * 0 when none of them holds those tokens any more. */
-static int best_at(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[16],
+static int best_at(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[CTXS_HASH_BYTES],
                    const uint8_t chain[16], const uint32_t *tokens, uint64_t n,
                    uint64_t whole, ctxs_prefix_match *out)
 {
@@ -227,7 +227,7 @@ static int best_at(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[16],
         uint8_t idk[8];
         ctxs__id_key(idk, id);
         MDB_val ikey = {8, idk}, name;
-        if (mdb_get(txn, st->ids, &ikey, &name) != 0 || name.mv_size > CTXS__NAME_MAX)
+        if (mdb_get(txn, st->ids, &ikey, &name) != 0 || name.mv_size > CTXS_NAME_MAX)
             continue;
         uint64_t got = check_candidate(st, id, model_hash, tokens, n);
         if (got >= whole && got > best) {
@@ -241,7 +241,7 @@ static int best_at(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[16],
     return best > 0;
 }
 
-int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st, const uint8_t model_hash[16],
+int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st, const uint8_t model_hash[CTXS_HASH_BYTES],
                      const uint32_t *tokens, uint64_t n)
 {
     if (!out)

@@ -85,8 +85,8 @@ static int session_put(MDB_txn *txn, ctxs_store *st, const char *name, size_t le
     return ctxs__mdb_error(rc);
 }
 
-/* The name (into name[256]) and record of session id. */
-static int session_by_id(MDB_txn *txn, ctxs_store *st, uint64_t id, char name[256],
+/* The name (into name[CTXS_NAME_MAX + 1]) and record of session id. */
+static int session_by_id(MDB_txn *txn, ctxs_store *st, uint64_t id, char name[CTXS_NAME_MAX + 1],
                          ctxs__session_rec *rec)
 {
     uint8_t idk[8];
@@ -95,7 +95,7 @@ static int session_by_id(MDB_txn *txn, ctxs_store *st, uint64_t id, char name[25
     int rc = mdb_get(txn, st->ids, &key, &val);
     if (rc != 0)
         return ctxs__mdb_error(rc);
-    if (val.mv_size == 0 || val.mv_size > CTXS__NAME_MAX)
+    if (val.mv_size == 0 || val.mv_size > CTXS_NAME_MAX)
         return CTXS_ECORRUPT;
     memcpy(name, val.mv_data, val.mv_size);
     name[val.mv_size] = '\0';
@@ -256,7 +256,7 @@ static int next_id(MDB_txn *txn, ctxs_store *st, uint64_t *out)
 
 int ctxs__session_unindex(MDB_txn *txn, ctxs_store *st, uint64_t id)
 {
-    char name[256];
+    char name[CTXS_NAME_MAX + 1];
     ctxs__session_rec rec;
     int rc = session_by_id(txn, st, id, name, &rec);
     if (rc < 0)
@@ -306,7 +306,7 @@ static int index_update(store_link *link, ctxs_session *s, int closing)
     int rc = ctxs__txn_begin(&txn, st, 0);
     if (rc < 0)
         return rc;
-    char name[256];
+    char name[CTXS_NAME_MAX + 1];
     ctxs__session_rec rec;
     if ((rc = session_by_id(txn, st, link->id, name, &rec)) == 0)
         rc = ctxs__prefix_update(txn, st, link->id, &rec, ctxs__token_table(s),
@@ -355,12 +355,13 @@ static void link_attach(ctxs_session *s, store_link *link)
     s->hooks_arg = link;
 }
 
-uint64_t ctxs__session_store_id(ctxs_store *st, const ctxs_session *s)
+ctxs_store *ctxs__session_store(const ctxs_session *s, uint64_t *id)
 {
     if (!s || s->hooks != &store_hooks)
-        return 0;
+        return NULL;
     const store_link *link = s->hooks_arg;
-    return link->st == st ? link->id : 0;
+    *id = link->id;
+    return link->st;
 }
 
 /* Whether the index's entries for s differ from what s holds (after a
@@ -427,7 +428,7 @@ static int begin_create(ctxs_store *st, const char *name, size_t len,
 static int finish_create(ctxs_store *st, const char *name, size_t len,
                          ctxs__session_rec *rec, ctxs_session *s)
 {
-    char parent[256];
+    char parent[CTXS_NAME_MAX + 1];
     ctxs__session_rec from;
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 0);
@@ -487,7 +488,7 @@ static int adopt_new(ctxs_store *st, const char *name, size_t len, ctxs__session
 }
 
 int ctxs_store_session_create(ctxs_session **out, ctxs_store *st, const char *name,
-                              const ctxs_model *model, const ctxs_session_options *opts)
+                              const ctxs_model *model, const ctxs_create_options *opts)
 {
     if (!out)
         return CTXS_EINVAL;
@@ -545,8 +546,7 @@ int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const 
     char *path = ctxs__file_path(st, id);
     label_fill lf = {.fill = fill, .arg = arg};
     ctxs__label_make(&lf.label, id, name, len);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     ctxs_session *s = NULL;
     rc = path ? ctxs__create_file(&s, path, model, &o, fill_labeled, &lf) : CTXS_ENOMEM;
     free(path);
@@ -575,7 +575,7 @@ int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const 
  * still the indexed one: a delete may have unlinked it meanwhile. */
 static int open_file(ctxs_session **out, ctxs_store *st, uint64_t id,
                      const ctxs_model *model, unsigned flags,
-                     const ctxs_session_options *opts)
+                     const ctxs_open_options *opts)
 {
     char *path = ctxs__file_path(st, id);
     if (!path)
@@ -595,7 +595,7 @@ static int open_file(ctxs_session **out, ctxs_store *st, uint64_t id,
 
 int ctxs_store_session_open(ctxs_session **out, ctxs_store *st, const char *name,
                             const ctxs_model *model, unsigned flags,
-                            const ctxs_session_options *opts)
+                            const ctxs_open_options *opts)
 {
     if (!out)
         return CTXS_EINVAL;
@@ -625,7 +625,7 @@ int ctxs_store_session_open(ctxs_session **out, ctxs_store *st, const char *name
 }
 
 static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t n_tokens,
-                   const char *checkpoint, const char *dst, const ctxs_session_options *opts)
+                   const char *checkpoint, const char *dst, const ctxs_open_options *opts)
 {
     if (out)
         *out = NULL;
@@ -663,7 +663,7 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
     ctxs_session *s = NULL;
     ctxs__disk_label label;
     ctxs__label_make(&label, id, dst, dst_len);
-    rc = path ? ctxs__session_fork_labeled(&s, from, n_tokens, path, opts, &label) : CTXS_ENOMEM;
+    rc = path ? ctxs__session_fork_labeled(&s, path, from, n_tokens, opts, &label) : CTXS_ENOMEM;
     free(path);
     ctxs_session_close(from);
     /* The checkpoint was checked before the copy; the copy is checked
@@ -695,19 +695,19 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
     return 0;
 }
 
-int ctxs_store_fork(ctxs_session **out, ctxs_store *st, const char *src, uint64_t n_tokens,
-                    const char *dst, const ctxs_session_options *opts)
+int ctxs_store_session_fork(ctxs_session **out, ctxs_store *st, const char *name,
+                            const char *src, uint64_t n_tokens, const ctxs_open_options *opts)
 {
-    return fork_at(out, st, src, n_tokens, NULL, dst, opts);
+    return fork_at(out, st, src, n_tokens, NULL, name, opts);
 }
 
-int ctxs_store_fork_checkpoint(ctxs_session **out, ctxs_store *st, const char *src,
-                               const char *checkpoint, const char *dst,
-                               const ctxs_session_options *opts)
+int ctxs_store_session_fork_checkpoint(ctxs_session **out, ctxs_store *st, const char *name,
+                                       const char *src, const char *checkpoint,
+                                       const ctxs_open_options *opts)
 {
     if (!checkpoint)
         return CTXS_EINVAL;
-    return fork_at(out, st, src, 0, checkpoint, dst, opts);
+    return fork_at(out, st, src, 0, checkpoint, name, opts);
 }
 
 /* --- Listing, renaming, deleting ----------------------------------------- */
@@ -746,7 +746,7 @@ int ctxs_store_session_get(ctxs_session_entry *out, ctxs_store *st, const char *
 static int session_entry_fill(void *entry, const MDB_val *key, const MDB_val *val)
 {
     ctxs__session_rec rec;
-    if (key->mv_size == 0 || key->mv_size > CTXS__NAME_MAX || val->mv_size != sizeof(rec))
+    if (key->mv_size == 0 || key->mv_size > CTXS_NAME_MAX || val->mv_size != sizeof(rec))
         return CTXS_ECORRUPT;
     memcpy(&rec, val->mv_data, sizeof(rec));
     entry_fill(entry, key->mv_data, key->mv_size, &rec);

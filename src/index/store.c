@@ -174,17 +174,6 @@ uint64_t ctxs__now_unix_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-int ctxs_store_options_init(ctxs_store_options *opts)
-{
-    if (!opts)
-        return CTXS_EINVAL;
-    memset(opts, 0, sizeof(*opts));
-    opts->version = CTXS_STORE_OPTIONS_VERSION;
-    opts->max_readers = 126;
-    opts->map_bytes = CTXS__DEFAULT_MAP_BYTES;
-    return 0;
-}
-
 static int options_valid(const ctxs_store_options *o)
 {
     static const uint8_t zero[sizeof(o->reserved)];
@@ -482,8 +471,7 @@ int ctxs_store_open(ctxs_store **out, const char *dir, const ctxs_store_options 
     *out = NULL;
     if (!dir || !*dir)
         return CTXS_EINVAL;
-    ctxs_store_options o;
-    ctxs_store_options_init(&o);
+    ctxs_store_options o = CTXS_STORE_OPTIONS_INIT;
     if (opts) {
         if (!options_valid(opts))
             return CTXS_EINVAL;

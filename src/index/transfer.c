@@ -82,8 +82,8 @@ typedef struct xfer_header {
     uint16_t model_name_len;    /* 0..255: the display name, if registered */
     uint16_t name_len;          /* 1..255: the session's name */
     uint32_t reserved0;         /* zero when written; ignored when read */
-    char model_name[256];
-    char name[256];
+    char model_name[CTXS_NAME_MAX + 1];
+    char name[CTXS_NAME_MAX + 1];
     uint8_t reserved[372];      /* zero when written; ignored when read */
     uint32_t crc32;             /* zlib crc32 of bytes 0..1019 */
 } xfer_header;
@@ -567,8 +567,8 @@ static int export_session(export_job *job, const char *name, size_t len,
     return rc;
 }
 
-int ctxs_store_export(ctxs_store *st, const char *name, const char *path,
-                      ctxs_progress_fn progress, void *progress_arg)
+int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path,
+                              ctxs_progress_fn progress, void *progress_arg)
 {
     size_t len;
     if (!st || !path || !*path || ctxs__name_check(name, &len) < 0)
@@ -578,8 +578,7 @@ int ctxs_store_export(ctxs_store *st, const char *name, const char *path,
     if (lstat(path, &sb) == 0)
         return -EEXIST;
     ctxs_session *s;
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.background = 0; /* the export reads every held token in file order */
     int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
     if (rc < 0)
@@ -610,8 +609,8 @@ typedef struct import_job {
     xfer_header h;              /* as pass 1 read it */
     xfer_plan plan;
     ctxs_model model;
-    char model_name[256];       /* NUL-terminated */
-    char name[256];             /* the name the file carries */
+    char model_name[CTXS_NAME_MAX + 1];       /* NUL-terminated */
+    char name[CTXS_NAME_MAX + 1];             /* the name the file carries */
     uint8_t *raw, *comp;
     size_t raw_cap, comp_cap;
     int out_fd;                 /* pass 2: the new session file */
@@ -623,7 +622,7 @@ typedef struct import_job {
 /* A name field: len bytes that make a valid name, then zeros. */
 static int name_field(char out[256], const char field[256], uint16_t len, int may_be_empty)
 {
-    if (len > CTXS__NAME_MAX || (len == 0 && !may_be_empty))
+    if (len > CTXS_NAME_MAX || (len == 0 && !may_be_empty))
         return CTXS_ECORRUPT;
     for (size_t i = len; i < 256; i++)
         if (field[i])
@@ -831,8 +830,8 @@ static int import_fill(int fd, const ctxs__disk_label *label, void *arg)
     return full_or(ctxs__sync_data(fd));
 }
 
-int ctxs_store_import(ctxs_store *st, const char *path, const char *name, char name_out[256],
-                      ctxs_progress_fn progress, void *progress_arg)
+int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1], ctxs_store *st, const char *path,
+                              const char *name, ctxs_progress_fn progress, void *progress_arg)
 {
     if (name_out)
         name_out[0] = '\0';

@@ -105,8 +105,7 @@ int ctxs__session_compact(const char *path, uint64_t *bytes_before, uint64_t *by
      * from min(n_tokens, capacity) on (a rollback writes its state into
      * both records and makes them durable before it returns). */
     ctxs_session *s;
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.background = 0; /* nothing is read, nothing is written: no window */
     if ((rc = ctxs_session_open(&s, path, &p.model, 0, &o)) < 0)
         return rc;

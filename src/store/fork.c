@@ -277,7 +277,7 @@ static int copy_verifies(int fd, const ctxs_session *src, const ctxs__state *st)
     if (map == MAP_FAILED)
         return errno == ENOMEM ? CTXS_ENOMEM : -errno;
     view.map = map;
-    int rc = ctxs_session_verify(&view, NULL);
+    int rc = ctxs_session_verify(NULL, &view);
     munmap(map, (size_t)src->lay.file_bytes);
     return rc == CTXS_ECORRUPT ? CTXS_ESTALE : rc;
 }
@@ -341,24 +341,24 @@ static int fork_fill(int fd, void *arg)
     return sync_before_kv ? 0 : ctxs__sync_data(fd);
 }
 
-int ctxs_session_fork(ctxs_session **out, ctxs_session *src, uint64_t n_tokens,
-                      const char *path, const ctxs_session_options *opts)
+int ctxs_session_fork(ctxs_session **out, const char *path, ctxs_session *src,
+                      uint64_t n_tokens, const ctxs_open_options *opts)
 {
-    int rc = ctxs__session_fork_labeled(out, src, n_tokens, path, opts, NULL);
+    int rc = ctxs__session_fork_labeled(out, path, src, n_tokens, opts, NULL);
     if (rc == 0 && (*out)->durability == CTXS_SYNC_ASYNC)
         ctxs__writeback_request_all(*out);
     return rc;
 }
 
-int ctxs__session_fork_labeled(ctxs_session **out, ctxs_session *src, uint64_t n_tokens,
-                               const char *path, const ctxs_session_options *opts,
+int ctxs__session_fork_labeled(ctxs_session **out, const char *path, ctxs_session *src,
+                               uint64_t n_tokens, const ctxs_open_options *opts,
                                const ctxs__disk_label *label)
 {
     CTXS__CHECK(out);
     *out = NULL;
     CTXS__CHECK(src && path && *path);
-    ctxs_session_options o;
-    int rc = ctxs__options_resolve(opts, &o);
+    ctxs_open_options o;
+    int rc = ctxs__open_options_resolve(opts, &o);
     if (rc < 0)
         return rc;
     if (src->failed)

@@ -33,7 +33,7 @@ struct ctxs_session {
     int fd;
     int readonly;
     int ring;
-    int verify_always;    /* opened with CTXS_RECOVER_VERIFY */
+    int verify_always;    /* opened with CTXS_OPEN_VERIFY */
     int failed;           /* a sync failed: every write call refuses */
     uint8_t *map;         /* the whole file, MAP_SHARED */
     size_t map_bytes;
@@ -85,7 +85,6 @@ struct ctxs_session {
     struct ctxs_session *prev, *next;
 };
 
-#define CTXS__DEFAULT_WINDOW 2048u
 
 /* Argument checks at the API boundary, once (dav1d's validate.h). */
 #define CTXS__CHECK(cond)                                                       \
@@ -255,11 +254,16 @@ void ctxs__window_spans(const ctxs_session *s, const ctxs__state *st, uint32_t w
 /* The window in force for s now. */
 uint32_t ctxs__effective_window(const ctxs_session *s);
 
+/* Releases from memory the KV pages of s outside the window in force
+ * (window.c; memory pressure calls it). */
+void ctxs__release_outside_window(const ctxs_session *s);
+
 /* --- New files: create and fork (session.c, fork.c) --------------------- */
 
-/* Checks opts as open does and fills *out (the defaults for NULL).
- * Errors: CTXS_EINVAL. */
-int ctxs__options_resolve(const ctxs_session_options *in, ctxs_session_options *out);
+/* Check options as create and open do and fill *out: the _INIT defaults
+ * for NULL, the default windows for zeros. Errors: CTXS_EINVAL. */
+int ctxs__open_options_resolve(const ctxs_open_options *in, ctxs_open_options *out);
+int ctxs__create_options_resolve(const ctxs_create_options *in, ctxs_create_options *out);
 
 /* Sizes a new file for lay and allocates its first page and tables (the KV
  * stays sparse). Errors: CTXS_EFULL, -errno. */
@@ -281,7 +285,7 @@ typedef int (*ctxs__fill_fn)(int fd, void *arg);
  * opened read-write with options o (resolved). Leaves no file behind on
  * failure. *out is set on success only. */
 int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *model,
-                      const ctxs_session_options *o, ctxs__fill_fn fill, void *arg);
+                      const ctxs_open_options *o, ctxs__fill_fn fill, void *arg);
 
 /* ctxs_session_create() and ctxs_session_fork() with the label the new
  * file gets in its first page (NULL: none, or the source's), written and
@@ -290,10 +294,10 @@ int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *mo
  * the caller, to start after its own syncs (on ext4 a journal commit waits
  * for every block allocated since the last one: a 288 MiB copy). */
 int ctxs__session_create_labeled(ctxs_session **out, const char *path,
-                                 const ctxs_model *model, const ctxs_session_options *opts,
+                                 const ctxs_model *model, const ctxs_create_options *opts,
                                  const ctxs__disk_label *label);
-int ctxs__session_fork_labeled(ctxs_session **out, ctxs_session *src, uint64_t n_tokens,
-                               const char *path, const ctxs_session_options *opts,
+int ctxs__session_fork_labeled(ctxs_session **out, const char *path, ctxs_session *src,
+                               uint64_t n_tokens, const ctxs_open_options *opts,
                                const ctxs__disk_label *label);
 
 /* The state a rollback of s to n gives (commit.c; forks share it). Errors: CTXS_EINVAL (n above the count), CTXS_EEVICTED

@@ -41,7 +41,7 @@ int ctxs__label_write(int fd, uint64_t store_id, const char *name, size_t len)
     return rc < 0 ? rc : ctxs__sync_range(fd, CTXS__LABEL_OFF, sizeof(l));
 }
 
-int ctxs__label_read(int fd, uint64_t *store_id, char name[256])
+int ctxs__label_read(int fd, uint64_t *store_id, char name[CTXS_NAME_MAX + 1])
 {
     *store_id = 0;
     name[0] = '\0';

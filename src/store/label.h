@@ -25,6 +25,6 @@ int ctxs__label_write(int fd, uint64_t store_id, const char *name, size_t len);
  * 1.0 files and files made outside a store), CTXS_ECORRUPT (the magic is
  * there but the CRC or the name does not hold, or the file is too short to
  * have the page), -errno. On error name is "" and *store_id 0. */
-int ctxs__label_read(int fd, uint64_t *store_id, char name[256]);
+int ctxs__label_read(int fd, uint64_t *store_id, char name[CTXS_NAME_MAX + 1]);
 
 #endif

@@ -1,11 +1,12 @@
 /*
- * The optional memory-pressure watcher: a thread that reads what Linux says
- * about available memory and flips ctxs_pressure_set(). Polling at a second
- * costs two small reads; PSI triggers would need a privileged write on older
- * kernels.
+ * Memory pressure: the process-wide flag, and the optional watcher, a
+ * thread that reads what Linux says about available memory and flips the
+ * flag. Polling at a second costs two small reads; PSI triggers would need a
+ * privileged write on older kernels.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,26 +14,31 @@
 
 #include "internal.h"
 
-#define DEFAULT_POLL_MS 1000u
-#define DEFAULT_MIN_AVAILABLE (512ull << 20)
-#define DEFAULT_PSI_SOME_AVG10 20u
+static atomic_int pressure;
+
+void ctxs_set_pressure(int on)
+{
+    on = on != 0;
+    if (atomic_exchange(&pressure, on) == on)
+        return;
+    /* Growing back needs nothing: the window is computed at each use. */
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    if (on)
+        for (ctxs_session *s = ctxs__registry_head; s; s = s->next)
+            ctxs__release_outside_window(s);
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+}
+
+int ctxs_get_pressure(void)
+{
+    return atomic_load(&pressure);
+}
 
 static pthread_mutex_t watch_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t watch_cond = PTHREAD_COND_INITIALIZER;
 static pthread_t watch_thread;
 static int watch_running, watch_stop;
-static ctxs_watch_options watch_opts;
-
-int ctxs_watch_options_init(ctxs_watch_options *opts)
-{
-    CTXS__CHECK(opts);
-    memset(opts, 0, sizeof(*opts));
-    opts->version = CTXS_WATCH_OPTIONS_VERSION;
-    opts->poll_ms = DEFAULT_POLL_MS;
-    opts->min_available = DEFAULT_MIN_AVAILABLE;
-    opts->psi_some_avg10 = DEFAULT_PSI_SOME_AVG10;
-    return 0;
-}
+static ctxs_watcher_options watch_opts;
 
 /* MemAvailable in bytes, or -1 when unknown. */
 static long long mem_available(void)
@@ -64,7 +70,7 @@ static double psi_some_avg10(void)
 
 /* The decision, with hysteresis so that a reading near the threshold does
  * not flap the windows: on below the threshold, off only above 1.25x. */
-static int under_pressure(const ctxs_watch_options *o, int now)
+static int under_pressure(const ctxs_watcher_options *o, int now)
 {
     long long avail = mem_available();
     double psi = o->psi_some_avg10 ? psi_some_avg10() : -1;
@@ -88,7 +94,7 @@ static void *watch_main(void *arg)
         int on = under_pressure(&watch_opts, state == 1);
         if (on != state) {
             pthread_mutex_unlock(&watch_lock);
-            ctxs_pressure_set(on);
+            ctxs_set_pressure(on);
             pthread_mutex_lock(&watch_lock);
             state = on;
         }
@@ -108,16 +114,16 @@ static void *watch_main(void *arg)
     return NULL;
 }
 
-int ctxs_pressure_watch_start(const ctxs_watch_options *opts)
+int ctxs_watcher_start(const ctxs_watcher_options *opts)
 {
-    ctxs_watch_options o;
+    ctxs_watcher_options o;
     if (opts) {
         for (size_t i = 0; i < sizeof(opts->reserved); i++)
             CTXS__CHECK(!opts->reserved[i]);
-        CTXS__CHECK(opts->version == CTXS_WATCH_OPTIONS_VERSION && opts->poll_ms > 0);
+        CTXS__CHECK(opts->version == CTXS_WATCHER_OPTIONS_VERSION && opts->poll_ms > 0);
         o = *opts;
     } else {
-        ctxs_watch_options_init(&o);
+        o = (ctxs_watcher_options)CTXS_WATCHER_OPTIONS_INIT;
     }
     if (mem_available() < 0 && psi_some_avg10() < 0)
         return -ENOTSUP;
@@ -136,7 +142,7 @@ int ctxs_pressure_watch_start(const ctxs_watch_options *opts)
     return -rc;
 }
 
-void ctxs_pressure_watch_stop(void)
+void ctxs_watcher_stop(void)
 {
     pthread_mutex_lock(&watch_lock);
     if (!watch_running) {

@@ -17,34 +17,44 @@
 #include "sys.h"
 #include "syscall.h"
 
-#define DEFAULT_CAPACITY 2048u
-#define DEFAULT_SINKS 4u
-#define DEFAULT_PRESSURE_WINDOW 1024u
-
-int ctxs_session_options_init(ctxs_session_options *opts)
+static int reserved_zero(const uint8_t *reserved, size_t n)
 {
-    CTXS__CHECK(opts);
-    memset(opts, 0, sizeof(*opts));
-    opts->version = CTXS_SESSION_OPTIONS_VERSION;
-    opts->capacity = DEFAULT_CAPACITY;
-    opts->n_sink = DEFAULT_SINKS;
-    opts->ring = 1;
-    opts->window = CTXS__DEFAULT_WINDOW;
-    opts->pressure_window = DEFAULT_PRESSURE_WINDOW;
-    opts->durability = CTXS_SYNC_ASYNC;
-    opts->recovery = CTXS_RECOVER_AUTO;
-    opts->background = 1;
+    for (size_t i = 0; i < n; i++)
+        if (reserved[i])
+            return 0;
+    return 1;
+}
+
+int ctxs__open_options_resolve(const ctxs_open_options *in, ctxs_open_options *out)
+{
+    static const ctxs_open_options defaults = CTXS_OPEN_OPTIONS_INIT;
+    if (!in) {
+        *out = defaults;
+        return 0;
+    }
+    if (in->version != CTXS_OPEN_OPTIONS_VERSION || in->durability > CTXS_SYNC_FULL ||
+        in->background > 1 || !reserved_zero(in->reserved, sizeof(in->reserved)))
+        return CTXS_EINVAL;
+    *out = *in;
+    if (!out->window)
+        out->window = CTXS_DEFAULT_WINDOW;
+    if (!out->pressure_window)
+        out->pressure_window = CTXS_DEFAULT_PRESSURE_WINDOW;
     return 0;
 }
 
-static int options_valid(const ctxs_session_options *o)
+int ctxs__create_options_resolve(const ctxs_create_options *in, ctxs_create_options *out)
 {
-    for (size_t i = 0; i < sizeof(o->reserved); i++)
-        if (o->reserved[i])
-            return 0;
-    return o->version == CTXS_SESSION_OPTIONS_VERSION && o->ring <= 1 &&
-           o->durability <= CTXS_SYNC_FULL && o->recovery <= CTXS_RECOVER_VERIFY &&
-           o->background <= 1 && o->window > 0 && o->pressure_window > 0;
+    static const ctxs_create_options defaults = CTXS_CREATE_OPTIONS_INIT;
+    if (!in) {
+        *out = defaults;
+        return 0;
+    }
+    if (in->version != CTXS_CREATE_OPTIONS_VERSION || in->ring > 1 ||
+        !reserved_zero(in->reserved, sizeof(in->reserved)))
+        return CTXS_EINVAL;
+    *out = *in;
+    return ctxs__open_options_resolve(&in->open, &out->open);
 }
 
 static int same_model(const ctxs_model *m, const ctxs__disk_header *h)
@@ -110,9 +120,8 @@ static int needs_verify(const ctxs_session *s, const uint8_t record_boot[16])
  * Maps an open, locked session file and brings it to a committed state it
  * can vouch for. Takes ownership of fd (closed on failure).
  */
-static int session_attach(ctxs_session **out, int fd, int readonly,
-                          const ctxs_model *model,
-                          const ctxs_session_options *opts)
+static int session_attach(ctxs_session **out, int fd, unsigned flags,
+                          const ctxs_model *model, const ctxs_open_options *opts)
 {
     ctxs_session *s = ctxs__calloc(1, sizeof(*s));
     if (!s) {
@@ -120,7 +129,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
         return CTXS_ENOMEM;
     }
     s->fd = fd;
-    s->readonly = readonly;
+    s->readonly = (flags & CTXS_OPEN_RDONLY) != 0;
 
     struct stat st;
     if (ctxs__fstat(fd, &st) != 0) {
@@ -164,7 +173,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
     s->ring = (h.flags & CTXS__FLAG_RING) != 0;
 
     s->map_bytes = (size_t)s->lay.file_bytes;
-    void *map = map_aligned(fd, s->map_bytes, PROT_READ | (readonly ? 0 : PROT_WRITE));
+    void *map = map_aligned(fd, s->map_bytes, PROT_READ | (s->readonly ? 0 : PROT_WRITE));
     if (map == MAP_FAILED) {
         rc = errno == ENOMEM ? CTXS_ENOMEM : -errno;
         session_free(s);
@@ -183,7 +192,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
     /* A reader may copy a record while the writer rewrites it; the CRC
      * catches that and the other record is the previous commit. Both torn
      * takes two commits during one copy: look again. */
-    for (int attempt = 0; attempt < (readonly ? 100 : 1); attempt++)
+    for (int attempt = 0; attempt < (s->readonly ? 100 : 1); attempt++)
         if ((rc = ctxs__records_read(s, &s->st, &s->cur_record, &other_valid,
                                      record_boot)) == 0)
             break;
@@ -195,7 +204,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
     if (!other_valid)
         s->open_flags |= CTXS_INFO_RECOVERED;
 
-    s->verify_always = opts->recovery == CTXS_RECOVER_VERIFY;
+    s->verify_always = (flags & CTXS_OPEN_VERIFY) != 0;
     if (needs_verify(s, record_boot)) {
         s->open_flags |= CTXS_INFO_VERIFIED;
         s->lost_tokens = ctxs__recover(s, &s->st);
@@ -215,7 +224,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
     /* A writer makes sure that no checksum outside the state can vouch for
      * bytes a later record will claim, and persists what recovery settled
      * on, durably, before it rewrites any slot. */
-    if (!readonly) {
+    if (!s->readonly) {
         int stale = ctxs__forget_unheld(s);
         if (s->open_flags & (CTXS_INFO_RECOVERED | CTXS_INFO_VERIFIED)) {
             ctxs__state next = s->st;
@@ -242,16 +251,6 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
     if (s->st.n_tokens)
         ctxs__background_request(s, CTXS__JOB_WARM);
     *out = s;
-    return 0;
-}
-
-int ctxs__options_resolve(const ctxs_session_options *in, ctxs_session_options *out)
-{
-    if (!in)
-        return ctxs_session_options_init(out);
-    if (!options_valid(in))
-        return CTXS_EINVAL;
-    *out = *in;
     return 0;
 }
 
@@ -314,7 +313,7 @@ static int write_new_file(int fd, void *arg)
 }
 
 int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *model,
-                      const ctxs_session_options *o, ctxs__fill_fn fill, void *arg)
+                      const ctxs_open_options *o, ctxs__fill_fn fill, void *arg)
 {
     /* Written aside and linked into place: the name appears only with a
      * complete file behind it, and a link refuses to replace anything. */
@@ -341,20 +340,20 @@ int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *mo
 }
 
 int ctxs_session_create(ctxs_session **out, const char *path,
-                        const ctxs_model *model, const ctxs_session_options *opts)
+                        const ctxs_model *model, const ctxs_create_options *opts)
 {
     return ctxs__session_create_labeled(out, path, model, opts, NULL);
 }
 
 int ctxs__session_create_labeled(ctxs_session **out, const char *path,
-                                 const ctxs_model *model, const ctxs_session_options *opts,
+                                 const ctxs_model *model, const ctxs_create_options *opts,
                                  const ctxs__disk_label *label)
 {
     CTXS__CHECK(out);
     *out = NULL;
     CTXS__CHECK(path && *path && model);
-    ctxs_session_options o;
-    int rc = ctxs__options_resolve(opts, &o);
+    ctxs_create_options o;
+    int rc = ctxs__create_options_resolve(opts, &o);
     if (rc < 0)
         return rc;
 
@@ -364,19 +363,19 @@ int ctxs__session_create_labeled(ctxs_session **out, const char *path,
     ctxs__disk_header h;
     ctxs__header_init(&h, &lay, model, o.ring ? CTXS__FLAG_RING : 0, ctxs__now_ms());
     new_file nf = { &lay, &h, label };
-    return ctxs__create_file(out, path, model, &o, write_new_file, &nf);
+    return ctxs__create_file(out, path, model, &o.open, write_new_file, &nf);
 }
 
 int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *model,
-                      unsigned flags, const ctxs_session_options *opts)
+                      unsigned flags, const ctxs_open_options *opts)
 {
     CTXS__CHECK(out);
     *out = NULL;
-    CTXS__CHECK(path && *path && (flags & ~CTXS_OPEN_RDONLY) == 0);
+    CTXS__CHECK(path && *path && (flags & ~(CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY)) == 0);
     int readonly = (flags & CTXS_OPEN_RDONLY) != 0;
     CTXS__CHECK(model || readonly);
-    ctxs_session_options o;
-    int rc = ctxs__options_resolve(opts, &o);
+    ctxs_open_options o;
+    int rc = ctxs__open_options_resolve(opts, &o);
     if (rc < 0)
         return rc;
 
@@ -389,7 +388,7 @@ int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *mo
         close(fd);
         return rc;
     }
-    return session_attach(out, fd, readonly, model, &o);
+    return session_attach(out, fd, flags, model, &o);
 }
 
 void ctxs_session_close(ctxs_session *s)
@@ -403,7 +402,7 @@ void ctxs_session_close(ctxs_session *s)
     session_free(s);
 }
 
-int ctxs_session_layout(ctxs_layout *out, const ctxs_session *s)
+int ctxs_session_get_layout(ctxs_layout *out, const ctxs_session *s)
 {
     CTXS__CHECK(s && out);
     out->kv = s->map + s->lay.kv_off;
@@ -419,7 +418,7 @@ int ctxs_session_layout(ctxs_layout *out, const ctxs_session *s)
     return 0;
 }
 
-int ctxs_session_kv(void **out, ctxs_session *s, uint32_t layer, uint32_t kind, uint32_t head)
+int ctxs_session_get_kv(void **out, ctxs_session *s, uint32_t layer, uint32_t kind, uint32_t head)
 {
     CTXS__CHECK(out);
     *out = NULL;
@@ -429,7 +428,7 @@ int ctxs_session_kv(void **out, ctxs_session *s, uint32_t layer, uint32_t kind, 
     return 0;
 }
 
-int ctxs_session_slot(uint32_t *out, const ctxs_session *s, uint64_t pos)
+int ctxs_session_get_slot(uint32_t *out, const ctxs_session *s, uint64_t pos)
 {
     CTXS__CHECK(s && out);
     if (pos >= s->st.n_tokens)
@@ -440,11 +439,11 @@ int ctxs_session_slot(uint32_t *out, const ctxs_session *s, uint64_t pos)
     return 0;
 }
 
-int ctxs_session_read_token(const ctxs_session *s, uint64_t pos, void *k, void *v)
+int ctxs_session_read_token(void *k, void *v, const ctxs_session *s, uint64_t pos)
 {
     CTXS__CHECK(s && k && v);
     uint32_t slot;
-    int rc = ctxs_session_slot(&slot, s, pos);
+    int rc = ctxs_session_get_slot(&slot, s, pos);
     if (rc < 0)
         return rc;
     const ctxs__file_layout *lay = &s->lay;
@@ -460,7 +459,7 @@ int ctxs_session_read_token(const ctxs_session *s, uint64_t pos, void *k, void *
     return 0;
 }
 
-int ctxs_session_info_get(ctxs_session_info *out, const ctxs_session *s)
+int ctxs_session_get_info(ctxs_session_info *out, const ctxs_session *s)
 {
     CTXS__CHECK(s && out);
     memset(out, 0, sizeof(*out));
@@ -487,7 +486,7 @@ int ctxs_session_info_get(ctxs_session_info *out, const ctxs_session *s)
         out->flags |= CTXS_INFO_WRAPPED;
     if (s->failed)
         out->flags |= CTXS_INFO_FAILED;
-    if (ctxs_pressure_get())
+    if (ctxs_get_pressure())
         out->flags |= CTXS_INFO_PRESSURE;
     if (s->ring)
         out->flags |= CTXS_INFO_RING;
@@ -524,13 +523,13 @@ int ctxs_session_refresh(ctxs_session *s)
     return 0;
 }
 
-int ctxs_session_verify(const ctxs_session *s, uint64_t *bad_pos)
+int ctxs_session_verify(uint64_t *bad_pos, const ctxs_session *s)
 {
-    return ctxs_session_verify_range(s, 0, UINT64_MAX, bad_pos);
+    return ctxs_session_verify_range(bad_pos, s, 0, UINT64_MAX);
 }
 
-int ctxs_session_verify_range(const ctxs_session *s, uint64_t from, uint64_t to,
-                              uint64_t *bad_pos)
+int ctxs_session_verify_range(uint64_t *bad_pos, const ctxs_session *s, uint64_t from,
+                              uint64_t to)
 {
     CTXS__CHECK(s && from <= to);
     uint64_t n = s->st.n_tokens;

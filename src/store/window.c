@@ -1,5 +1,5 @@
 /*
- * The attention window and memory pressure.
+ * The attention window, and what memory pressure does to it.
  *
  * Attention reads the sinks plus the last W held tokens. In slot terms that
  * is at most two contiguous spans for every (layer, head): sinks and recent
@@ -14,11 +14,9 @@
 
 #include "internal.h"
 
-static atomic_int pressure;
-
 uint32_t ctxs__effective_window(const ctxs_session *s)
 {
-    if (atomic_load(&pressure) && s->pressure_window < s->window)
+    if (ctxs_get_pressure() && s->pressure_window < s->window)
         return s->pressure_window;
     return s->window;
 }
@@ -61,7 +59,7 @@ void ctxs__window_spans(const ctxs_session *s, const ctxs__state *st, uint32_t w
     }
 }
 
-int ctxs_session_window(ctxs_window *out, const ctxs_session *s)
+int ctxs_session_get_window(ctxs_window *out, const ctxs_session *s)
 {
     CTXS__CHECK(s && out);
     ctxs__window_spans(s, &s->st, ctxs__effective_window(s), out);
@@ -71,7 +69,7 @@ int ctxs_session_window(ctxs_window *out, const ctxs_session *s)
 int ctxs_session_set_window(ctxs_session *s, uint32_t window)
 {
     CTXS__CHECK(s);
-    ctxs__registry_set_window(s, window ? window : CTXS__DEFAULT_WINDOW);
+    ctxs__registry_set_window(s, window ? window : CTXS_DEFAULT_WINDOW);
     return 0;
 }
 
@@ -199,8 +197,8 @@ static void plan_add(ctxs_attn_plan *plan, const ctxs_session *s, uint64_t lo,
     }
 }
 
-int ctxs_session_attn_plan(ctxs_attn_plan *out, const ctxs_session *s,
-                           uint32_t n_pending)
+int ctxs_session_get_attn_plan(ctxs_attn_plan *out, const ctxs_session *s,
+                               uint32_t n_pending)
 {
     CTXS__CHECK(out);
     memset(out, 0, sizeof(*out));
@@ -250,7 +248,7 @@ static void release_slots(const ctxs_session *s, uint32_t lo, uint32_t hi)
  * stay in the page cache until written back; they come back on access.
  * (No MADV_WILLNEED when the pressure ends: its readahead would bring back
  * the large folios that session.c keeps out.) */
-static void release_outside_window(const ctxs_session *s)
+void ctxs__release_outside_window(const ctxs_session *s)
 {
     ctxs_window w;
     ctxs__window_spans(s, &s->st, ctxs__effective_window(s), &w);
@@ -260,22 +258,4 @@ static void release_outside_window(const ctxs_session *s)
         at = w.spans[i].slot + w.spans[i].count;
     }
     release_slots(s, at, s->lay.capacity);
-}
-
-int ctxs_pressure_set(int on)
-{
-    on = on != 0;
-    if (atomic_exchange(&pressure, on) == on)
-        return 0;
-    pthread_mutex_lock(&ctxs__registry_mutex);
-    if (on)
-        for (ctxs_session *s = ctxs__registry_head; s; s = s->next)
-            release_outside_window(s);
-    pthread_mutex_unlock(&ctxs__registry_mutex);
-    return 0;
-}
-
-int ctxs_pressure_get(void)
-{
-    return atomic_load(&pressure);
 }

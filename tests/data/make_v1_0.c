@@ -28,8 +28,7 @@ static int make(const char *dir, const char *name, const uint32_t *commits, int 
     char path[4096];
     snprintf(path, sizeof(path), "%s/%s", dir, name);
     ctxs_model m = ts_model(1);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = 64;
     o.n_sink = 4;
     o.durability = CTXS_SYNC_FULL;

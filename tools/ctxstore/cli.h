@@ -112,7 +112,7 @@ const ctxs_record_report *cli_current_record(const ctxs_file_report *r);
 /* Tokens a record holds in slots (the sinks and the recent run). */
 uint64_t cli_held(const ctxs_file_report *r, const ctxs_record_report *rec);
 /* The model's display name in st, or the first 8 hex digits of its hash. */
-const char *cli_model_name(char buf[256], ctxs_store *st, const uint8_t hash[16]);
+const char *cli_model_name(char buf[CTXS_NAME_MAX + 1], ctxs_store *st, const uint8_t hash[CTXS_HASH_BYTES]);
 
 /* --- Human-readable values ----------------------------------------------- */
 
@@ -126,7 +126,7 @@ const char *fmt_age(char buf[32], uint64_t unix_ms);
 /* ISO 8601 UTC: "2026-11-21T10:04:05Z". */
 const char *fmt_time(char buf[32], uint64_t unix_ms);
 /* 32 lowercase hex digits. */
-const char *fmt_hash(char buf[33], const uint8_t hash[16]);
+const char *fmt_hash(char buf[33], const uint8_t hash[CTXS_HASH_BYTES]);
 
 /* Parses "1073741824", "512K", "100MiB", "1.5G", "2GB" (powers of 1024).
  * Returns 0 or -1. */

@@ -882,7 +882,7 @@ static int append_message(demo *d, uint32_t n, int generate,
 
 static int session_info(demo *d, ctxs_session_info *info)
 {
-    int rc = ctxs_session_info_get(info, d->s);
+    int rc = ctxs_session_get_info(info, d->s);
     return rc < 0 ? cli_fail(rc, "session %s", d->name) : CLI_OK;
 }
 
@@ -954,13 +954,12 @@ static int play_turn(demo *d, uint32_t t, int resumed)
 
 static int open_session(demo *d)
 {
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.durability = CTXS_SYNC_ASYNC;
     int rc = ctxs_store_session_open(&d->s, d->st, d->name, &d->model, 0, &o);
     if (rc < 0)
         return cli_fail(rc, "session %s", d->name);
-    rc = ctxs_session_layout(&d->lay, d->s);
+    rc = ctxs_session_get_layout(&d->lay, d->s);
     if (rc < 0)
         return cli_fail(rc, "session %s", d->name);
     return CLI_OK;
@@ -1001,7 +1000,7 @@ static int same_as_session(const demo *d, const uint8_t *p, size_t n,
 static int check_resumed(demo *d, const ctxs_session_info *info)
 {
     uint64_t bad = 0;
-    int rc = ctxs_session_verify(d->s, &bad);
+    int rc = ctxs_session_verify(&bad, d->s);
     if (rc == CTXS_ECORRUPT) {
         cli_say("session %s: token %" PRIu64 " does not verify after the "
                 "resume", d->name, bad);
@@ -1016,7 +1015,7 @@ static int check_resumed(demo *d, const ctxs_session_info *info)
     }
     for (uint64_t pos = 0; pos < d->n_tokens; pos++) {
         uint32_t slot;
-        rc = ctxs_session_slot(&slot, d->s, pos);
+        rc = ctxs_session_get_slot(&slot, d->s, pos);
         if (rc == CTXS_EEVICTED)
             continue;
         if (rc < 0)
@@ -1044,7 +1043,7 @@ static int check_resumed(demo *d, const ctxs_session_info *info)
         uint64_t pos = i == 0 ? 0 : lo + (hi - lo) * (i - 1) / 6;
         uint8_t *k = buf, *v = buf + half;
         uint8_t *ek = buf + d->token_bytes, *ev = ek + half;
-        rc = ctxs_session_read_token(d->s, pos, k, v);
+        rc = ctxs_session_read_token(k, v, d->s, pos);
         if (rc == CTXS_EEVICTED)
             continue;
         if (rc < 0) {
@@ -1734,10 +1733,9 @@ static int create_session(demo *d)
     int rc = ctxs_model_register(d->st, &d->model, d->engine.model_name);
     if (rc < 0)
         return cli_fail(rc, "registering the model %s", d->engine.model_name);
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = d->cfg.capacity;
-    o.durability = CTXS_SYNC_ASYNC;
+    o.open.durability = CTXS_SYNC_ASYNC;
     uint64_t ms = cli_now_ms();
     for (int i = 0;; i++) {
         if (i == 0)
@@ -1760,7 +1758,7 @@ static int create_session(demo *d)
     if ((ec = session_info(d, &info)))
         return ec;
     d->file_bytes = info.file_bytes;
-    rc = ctxs_session_layout(&d->lay, d->s);
+    rc = ctxs_session_get_layout(&d->lay, d->s);
     if (rc < 0)
         return cli_fail(rc, "session %s", d->name);
     if (d->lay.slot_bytes != (size_t)d->engine.model.geometry.head_dim * 2) {

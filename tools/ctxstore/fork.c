@@ -24,15 +24,15 @@ static int checkpoint_fail(int rc, ctxs_store *st, const char *session, const ch
     return cli_fail_hint(rc, hint, "checkpoint '%s' of '%s'", name, session);
 }
 
-/* The checkpoint name of session, from the index. Errors: those of
- * ctxs_checkpoint_list(), CTXS_ENOTFOUND (no such session or checkpoint),
- * CTXS_EINVAL (name breaks the rule). */
-static int checkpoint_get(ctxs_checkpoint_entry *out, ctxs_store *st, const char *session,
+/* The checkpoint name of s, from the index. Errors: those of
+ * ctxs_checkpoint_list(), CTXS_ENOTFOUND (no such checkpoint), CTXS_EINVAL
+ * (name breaks the rule). */
+static int checkpoint_get(ctxs_checkpoint_entry *out, ctxs_store *st, const ctxs_session *s,
                           const char *name)
 {
     ctxs_checkpoint_entry *cps;
     size_t n;
-    int rc = ctxs_checkpoint_list(&cps, &n, st, session);
+    int rc = ctxs_checkpoint_list(&cps, &n, s);
     if (rc < 0)
         return rc;
     rc = CTXS_ENOTFOUND;
@@ -85,8 +85,8 @@ int cmd_fork(cli *c, int argc, char **argv)
     int ex = cli_store_open(c, &st);
     if (ex != CLI_OK)
         return ex;
-    int rc = checkpoint ? ctxs_store_fork_checkpoint(NULL, st, src, checkpoint, dst, NULL)
-                        : ctxs_store_fork(NULL, st, src, at, dst, NULL);
+    int rc = checkpoint ? ctxs_store_session_fork_checkpoint(NULL, st, dst, src, checkpoint, NULL)
+                        : ctxs_store_session_fork(NULL, st, dst, src, at, NULL);
     ctxs_session_entry e;
     if (rc == 0)
         rc = ctxs_store_session_get(&e, st, dst);
@@ -121,8 +121,7 @@ int cmd_fork(cli *c, int argc, char **argv)
  * read-only. */
 static int open_session(ctxs_session **out, ctxs_store *st, const char *name, int writable)
 {
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.background = 0; /* a command's handle attends to nothing */
     if (!writable)
         return ctxs_store_session_open(out, st, name, NULL, CTXS_OPEN_RDONLY, &o);
@@ -137,9 +136,13 @@ static int open_session(ctxs_session **out, ctxs_store *st, const char *name, in
 
 static int checkpoint_ls(cli *c, ctxs_store *st, const char *session)
 {
-    ctxs_checkpoint_entry *cps;
-    size_t n;
-    int rc = ctxs_checkpoint_list(&cps, &n, st, session);
+    ctxs_checkpoint_entry *cps = NULL;
+    size_t n = 0;
+    ctxs_session *s = NULL;
+    int rc = open_session(&s, st, session, 0);
+    if (rc == 0)
+        rc = ctxs_checkpoint_list(&cps, &n, s);
+    ctxs_session_close(s);
     if (rc < 0)
         return cli_fail(rc, "checkpoints of '%s'", session);
     if (c->json) {
@@ -202,25 +205,24 @@ static int checkpoint_change(const cli *c, ctxs_store *st, const char *verb, con
 {
     ctxs_checkpoint_entry cp;
     uint64_t before = 0;
-    int rc;
-    if (strcmp(verb, "rm") == 0) {
+    int restore = strcmp(verb, "restore") == 0;
+    ctxs_session *s = NULL;
+    ctxs_session_info info;
+    int rc = open_session(&s, st, session, restore);
+    if (rc == 0 && strcmp(verb, "rm") == 0) {
         /* Looked up first, for what it named. */
-        if ((rc = checkpoint_get(&cp, st, session, name)) == 0)
-            rc = ctxs_checkpoint_delete(st, session, name);
-    } else {
-        int restore = verb[0] == 'r';
-        ctxs_session *s = NULL;
-        ctxs_session_info info;
-        rc = open_session(&s, st, session, restore);
-        if (rc == 0 && restore && (rc = checkpoint_get(&cp, st, session, name)) == 0 &&
-            (rc = ctxs_session_info_get(&info, s)) == 0) {
+        if ((rc = checkpoint_get(&cp, st, s, name)) == 0)
+            rc = ctxs_checkpoint_delete(s, name);
+    } else if (rc == 0 && restore) {
+        if ((rc = checkpoint_get(&cp, st, s, name)) == 0 &&
+            (rc = ctxs_session_get_info(&info, s)) == 0) {
             before = info.n_tokens;
-            rc = ctxs_checkpoint_restore(st, s, name);
-        } else if (rc == 0 && !restore && (rc = ctxs_checkpoint_create(st, s, name)) == 0) {
-            rc = checkpoint_get(&cp, st, session, name);
+            rc = ctxs_checkpoint_restore(s, name);
         }
-        ctxs_session_close(s);
+    } else if (rc == 0 && (rc = ctxs_checkpoint_create(s, name)) == 0) {
+        rc = checkpoint_get(&cp, st, s, name);
     }
+    ctxs_session_close(s);
     if (rc < 0)
         return checkpoint_fail(rc, st, session, name);
     checkpoint_print(c, verb, session, &cp, before);

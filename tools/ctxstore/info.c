@@ -20,7 +20,7 @@ typedef struct view {
     ctxs_window win;
     ctxs_checkpoint_entry *cps;
     size_t n_cps;
-    char parent[256];
+    char parent[CTXS_NAME_MAX + 1];
 } view;
 
 static const char *dtype_name(uint32_t dtype)
@@ -205,7 +205,10 @@ static void print_text(const view *v, ctxs_store *st)
                v->parent[0] ? v->parent : "(deleted session)", v->e.fork_tokens);
     if (r->label_status == 0)
         printf("label        \"%s\", id %" PRIu64 "\n", r->label_name, r->label_id);
-    printf("checkpoints  %zu\n", v->n_cps);
+    if (v->open_rc < 0)
+        printf("checkpoints  unknown: the session does not open\n");
+    else
+        printf("checkpoints  %zu\n", v->n_cps);
     for (size_t i = 0; i < v->n_cps; i++)
         printf("  %-20s %" PRIu64 " tokens, %s%s\n", v->cps[i].name, v->cps[i].n_tokens,
                fmt_time(a, v->cps[i].created_unix_ms), v->cps[i].stale ? ", stale" : "");
@@ -250,14 +253,15 @@ int cmd_info(cli *c, int argc, char **argv)
     }
     v->cur = v->rep.status == 0 ? cli_current_record(&v->rep) : NULL;
     ctxs_session *s = NULL;
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
+    ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.background = 0; /* opened for its window, not to attend */
     v->open_rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
-    if (v->open_rc == 0)
-        ctxs_session_window(&v->win, s);
+    if (v->open_rc == 0) {
+        ctxs_session_get_window(&v->win, s);
+        rc = ctxs_checkpoint_list(&v->cps, &v->n_cps, s);
+    }
     ctxs_session_close(s);
-    if ((rc = ctxs_checkpoint_list(&v->cps, &v->n_cps, st, name)) < 0) {
+    if (v->open_rc == 0 && rc < 0) {
         ex = cli_fail(rc, "checkpoints of '%s'", name);
         goto out;
     }

@@ -22,7 +22,7 @@ int cmd_export(cli *c, int argc, char **argv)
     progress bar;
     progress_start(&bar, c, "export", 0, 0);
     double t0 = cli_now_s();
-    int rc = ctxs_store_export(st, name, path, progress_callback, &bar);
+    int rc = ctxs_store_session_export(st, name, path, progress_callback, &bar);
     double secs = cli_now_s() - t0;
     progress_end(&bar);
     ctxs_store_close(st);
@@ -92,7 +92,7 @@ int cmd_import(cli *c, int argc, char **argv)
     progress_start(&bar, c, "import", 0, 1);
     char used[256] = "";
     double t0 = cli_now_s();
-    int rc = ctxs_store_import(st, path, name, used, progress_callback, &bar);
+    int rc = ctxs_store_session_import(used, st, path, name, progress_callback, &bar);
     double secs = cli_now_s() - t0;
     progress_end(&bar);
     ctxs_session_entry e;

@@ -108,12 +108,12 @@ static void result_print(const result *r)
 static void verify_tokens(run *rn, result *r, ctxs_session *s)
 {
     ctxs_session_info info;
-    ctxs_session_info_get(&info, s);
+    ctxs_session_get_info(&info, s);
     r->lost = info.lost_tokens;
     uint64_t n = info.n_tokens;
     for (uint64_t pos = 0; pos < n;) {
         uint64_t to = n - pos > STEP ? pos + STEP : n, bad;
-        if (ctxs_session_verify_range(s, pos, to, &bad) == CTXS_ECORRUPT) {
+        if (ctxs_session_verify_range(&bad, s, pos, to) == CTXS_ECORRUPT) {
             if (r->n_bad < MAX_BAD)
                 r->bad[r->n_bad] = bad;
             r->n_bad++;
@@ -185,12 +185,11 @@ static void verify_one(run *rn, ctxs_store *st, const ctxs_session_entry *e, res
         return;
     }
     ctxs_session *s;
-    ctxs_session_options o;
-    ctxs_session_options_init(&o);
-    /* AUTO: a file last written in another boot is verified from its
-     * watermark as any open would, and loses what fails; otherwise the
-     * page cache holds everything and every token is checked below. */
-    o.recovery = CTXS_RECOVER_AUTO;
+    /* Without CTXS_OPEN_VERIFY: a file last written in another boot is
+     * verified from its watermark as any open would, and loses what fails;
+     * otherwise the page cache holds everything and every token is checked
+     * below. */
+    ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.background = 0; /* verify reads every token itself, in order */
     if ((rc = ctxs_store_session_open(&s, st, e->name, NULL, CTXS_OPEN_RDONLY, &o)) < 0) {
         r->status = rc;

@@ -79,7 +79,7 @@ cudaError_t ctxs__cuda_attn_launch(const ctxs__cuda_attn *a, cudaStream_t stream
 
 /* --- errors and devices (kv.c) ---------------------------------------------- */
 
-/* The code for a CUDA error, remembering it for ctxs_cuda_last_error(). */
+/* The code for a CUDA error, remembering it for ctxs_cuda_get_last_error(). */
 int ctxs__cuda_err(cudaError_t e);
 
 /* Makes device current for the calling thread and returns the device that

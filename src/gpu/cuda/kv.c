@@ -59,7 +59,7 @@ int ctxs__cuda_err(cudaError_t e)
     }
 }
 
-const char *ctxs_cuda_last_error(void)
+const char *ctxs_cuda_get_last_error(void)
 {
     if (last_error == cudaSuccess)
         return "no CUDA error";
@@ -68,7 +68,7 @@ const char *ctxs_cuda_last_error(void)
     return last_error_text;
 }
 
-int ctxs_cuda_device_count(void)
+int ctxs_cuda_get_device_count(void)
 {
     int n = 0;
     /* Whatever the runtime says (no device, no driver, a driver older
@@ -148,7 +148,7 @@ static cudaError_t copy_slots(const ctxs_cuda_kv *kv, uint32_t slot, uint32_t co
 static int held_ranges(const ctxs_cuda_kv *kv, uint32_t slot[3], uint32_t count[3])
 {
     ctxs_session_info info;
-    int rc = ctxs_session_info_get(&info, kv->s);
+    int rc = ctxs_session_get_info(&info, kv->s);
     if (rc < 0)
         return rc;
     const uint64_t n = info.n_tokens, ns = info.n_sink, cap = info.capacity;
@@ -159,7 +159,7 @@ static int held_ranges(const ctxs_cuda_kv *kv, uint32_t slot[3], uint32_t count[
     uint64_t lo = info.ring_start > ns ? info.ring_start : ns;
     if (lo < n) {
         uint32_t a;
-        if ((rc = ctxs_session_slot(&a, kv->s, lo)) < 0)
+        if ((rc = ctxs_session_get_slot(&a, kv->s, lo)) < 0)
             return rc;
         uint64_t left = n - lo, first = cap - a < left ? cap - a : left;
         if (k && slot[k - 1] + count[k - 1] == a)
@@ -298,11 +298,11 @@ int ctxs_cuda_attach(ctxs_cuda_kv **out, ctxs_session *s, int mode, int device)
     *out = NULL;
     CHECK(s && (mode == CTXS_CUDA_MAPPED || mode == CTXS_CUDA_MIRROR) && device >= -1);
     ctxs_layout host;
-    int rc = ctxs_session_layout(&host, s);
+    int rc = ctxs_session_get_layout(&host, s);
     if (rc < 0)
         return rc;
 
-    int count = ctxs_cuda_device_count();
+    int count = ctxs_cuda_get_device_count();
     if (count < 0)
         return count;
     if (device == -1 && (rc = ctxs__cuda_err(cudaGetDevice(&device))) < 0)
@@ -351,7 +351,7 @@ void ctxs_cuda_detach(ctxs_cuda_kv *kv)
         ctxs__cuda_leave(prev, device);
 }
 
-int ctxs_cuda_info_get(ctxs_cuda_info *out, const ctxs_cuda_kv *kv)
+int ctxs_cuda_get_info(ctxs_cuda_info *out, const ctxs_cuda_kv *kv)
 {
     CHECK(out && kv);
     memset(out, 0, sizeof(*out));
@@ -365,7 +365,7 @@ int ctxs_cuda_info_get(ctxs_cuda_info *out, const ctxs_cuda_kv *kv)
     return 0;
 }
 
-int ctxs_cuda_layout(ctxs_layout *out, const ctxs_cuda_kv *kv)
+int ctxs_cuda_get_layout(ctxs_layout *out, const ctxs_cuda_kv *kv)
 {
     CHECK(out && kv);
     *out = kv->host;
@@ -386,7 +386,7 @@ static int move_tokens(ctxs_cuda_kv *kv, const ctxs_reservation *r, uint32_t fir
         return 0; /* the device reads the mapping */
     if (kv->mode == CTXS_CUDA_MIRROR && dir == TO_HOST) {
         ctxs_session_info info;
-        int rc = ctxs_session_info_get(&info, kv->s);
+        int rc = ctxs_session_get_info(&info, kv->s);
         if (rc < 0)
             return rc;
         if (info.flags & CTXS_INFO_READONLY)

@@ -199,13 +199,13 @@ int ctxs_metal_attach(ctxs_metal_kv **out, ctxs_session *s, void *mtl_device)
         return CTXS_EINVAL;
     *out = NULL;
     ctxs_layout lay;
-    int rc = ctxs_session_layout(&lay, s);
+    int rc = ctxs_session_get_layout(&lay, s);
     if (rc < 0)
         return rc;
     return ctxs_metal_attach_layout(out, &lay, mtl_device);
 }
 
-void *ctxs_metal_buffer(const ctxs_metal_kv *kv)
+void *ctxs_metal_get_buffer(const ctxs_metal_kv *kv)
 {
     if (!kv)
         return NULL;
@@ -222,7 +222,7 @@ void ctxs_metal_detach(ctxs_metal_kv *kv)
     (void)CFBridgingRelease(kv);
 }
 
-int ctxs_metal_attention(ctxs_metal_kv *kv, void *out_buffer, void *q_buffer,
+int ctxs_metal_attention(void *out_buffer, ctxs_metal_kv *kv, void *q_buffer,
                          const ctxs_attn_plan *plan, uint32_t layer,
                          const ctxs_attn_query *q, void *command_buffer)
 {

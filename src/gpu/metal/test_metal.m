@@ -112,8 +112,8 @@ static ctxs_session *make_session(const ctxs_geometry *g, uint32_t capacity,
 {
     ctxs_model model = { .geometry = *g };
     memcpy(model.model_hash, "test-metal-model", 16);
-    ctxs_session_options o;
-    cr_assert_eq(ctxs_session_options_init(&o), 0);
+    ctxs_create_options o;
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
     o.window = window;
@@ -133,7 +133,7 @@ static void compare(id<MTLDevice> dev, ctxs_session *s,
                     const ctxs_attn_query *q, int q_in_buffer)
 {
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     size_t n = (size_t)q->n * q->n_heads * lay.geometry.head_dim;
     float *want = malloc(n * sizeof(float));
     cr_assert_not_null(want);
@@ -141,7 +141,7 @@ static void compare(id<MTLDevice> dev, ctxs_session *s,
 
     ctxs_metal_kv *mkv = NULL;
     cr_assert_eq(ctxs_metal_attach(&mkv, s, (__bridge void *)dev), 0);
-    id<MTLBuffer> kvbuf = (__bridge id<MTLBuffer>)ctxs_metal_buffer(mkv);
+    id<MTLBuffer> kvbuf = (__bridge id<MTLBuffer>)ctxs_metal_get_buffer(mkv);
     cr_assert_eq(kvbuf.contents, lay.kv, "the buffer must be the mapping");
 
     id<MTLBuffer> out = [dev newBufferWithLength:n * sizeof(float)
@@ -154,14 +154,14 @@ static void compare(id<MTLDevice> dev, ctxs_session *s,
                                            options:MTLResourceStorageModeShared];
         id<MTLCommandQueue> queue = [dev newCommandQueue];
         id<MTLCommandBuffer> cb = [queue commandBuffer];
-        cr_assert_eq(ctxs_metal_attention(mkv, (__bridge void *)out,
+        cr_assert_eq(ctxs_metal_attention((__bridge void *)out, mkv,
                                           (__bridge void *)qb, plan, layer, q,
                                           (__bridge void *)cb), 0);
         [cb commit];
         [cb waitUntilCompleted];
         cr_assert_eq(cb.status, MTLCommandBufferStatusCompleted);
     } else {
-        cr_assert_eq(ctxs_metal_attention(mkv, (__bridge void *)out, NULL,
+        cr_assert_eq(ctxs_metal_attention((__bridge void *)out, mkv, NULL,
                                           plan, layer, q, NULL), 0);
     }
 
@@ -190,7 +190,7 @@ Test(metal, decode_matches_the_cpu_kernel)
     append(s, &g, 700, 1, &seed); /* several blocks of 128 keys */
 
     ctxs_attn_plan plan;
-    cr_assert_eq(ctxs_session_attn_plan(&plan, s, 0), 0);
+    cr_assert_eq(ctxs_session_get_attn_plan(&plan, s, 0), 0);
     float *qv = malloc(8 * 128 * sizeof(float));
     for (int i = 0; i < 8 * 128; i++)
         qv[i] = random_float(&seed, 2.0f);
@@ -216,7 +216,7 @@ Test(metal, prefill_in_a_wrapped_ring_matches)
     append(s, &g, 9, 0, &seed);      /* pending: a prefill of 9 */
 
     ctxs_attn_plan plan;
-    cr_assert_eq(ctxs_session_attn_plan(&plan, s, 9), 0);
+    cr_assert_eq(ctxs_session_get_attn_plan(&plan, s, 9), 0);
     cr_assert_gt(plan.n_spans, 1, "the plan should wrap");
     float *qv = malloc(9 * 6 * 80 * sizeof(float));
     for (int i = 0; i < 9 * 6 * 80; i++)
@@ -249,7 +249,7 @@ Test(metal, refuses_what_the_cpu_kernel_refuses)
     uint64_t seed = 3;
     append(s, &g, 10, 1, &seed);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     ctxs_metal_kv *mkv = NULL;
     cr_assert_eq(ctxs_metal_attach(&mkv, s, (__bridge void *)dev), 0);
     id<MTLBuffer> out = [dev newBufferWithLength:4 * 64 * sizeof(float)
@@ -260,7 +260,7 @@ Test(metal, refuses_what_the_cpu_kernel_refuses)
     const float *qv = qb.contents;
 
     ctxs_attn_plan plan;
-    cr_assert_eq(ctxs_session_attn_plan(&plan, s, 0), 0);
+    cr_assert_eq(ctxs_session_get_attn_plan(&plan, s, 0), 0);
     ctxs_attn_query q = { .q = qv, .pos = plan.first_query, .n = 1,
                           .n_heads = 4 };
     bad_pass bad[8];
@@ -282,23 +282,23 @@ Test(metal, refuses_what_the_cpu_kernel_refuses)
         cr_expect_eq(ctxs_attention(cpu_out, &lay, &bad[i].plan, bad[i].layer,
                                     &bad[i].q),
                      CTXS_EINVAL, "cpu: %s", bad[i].what);
-        cr_expect_eq(ctxs_metal_attention(mkv, (__bridge void *)out,
+        cr_expect_eq(ctxs_metal_attention((__bridge void *)out, mkv,
                                           (__bridge void *)qb, &bad[i].plan,
                                           bad[i].layer, &bad[i].q, NULL),
                      CTXS_EINVAL, "metal: %s", bad[i].what);
     }
     /* Metal's own: the same buffer twice, a short buffer, q->q without a
      * q_buffer but with a command buffer. */
-    cr_expect_eq(ctxs_metal_attention(mkv, (__bridge void *)out,
+    cr_expect_eq(ctxs_metal_attention((__bridge void *)out, mkv,
                                       (__bridge void *)out, &plan, 0, &q, NULL),
                  CTXS_EINVAL);
     id<MTLBuffer> small = [dev newBufferWithLength:16
                                            options:MTLResourceStorageModeShared];
-    cr_expect_eq(ctxs_metal_attention(mkv, (__bridge void *)small,
+    cr_expect_eq(ctxs_metal_attention((__bridge void *)small, mkv,
                                       (__bridge void *)qb, &plan, 0, &q, NULL),
                  CTXS_EINVAL);
     id<MTLCommandBuffer> cb = [[dev newCommandQueue] commandBuffer];
-    cr_expect_eq(ctxs_metal_attention(mkv, (__bridge void *)out, NULL, &plan,
+    cr_expect_eq(ctxs_metal_attention((__bridge void *)out, mkv, NULL, &plan,
                                       0, &q, (__bridge void *)cb),
                  CTXS_EINVAL);
     ctxs_metal_detach(mkv);
@@ -310,7 +310,7 @@ Test(metal, attach_wants_whole_aligned_pages)
     const ctxs_geometry g = { 1, 1, 64, CTXS_DTYPE_F16 };
     ctxs_session *s = make_session(&g, 256, 4, 2048);
     ctxs_layout lay;
-    cr_assert_eq(ctxs_session_layout(&lay, s), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     ctxs_metal_kv *mkv = (ctxs_metal_kv *)(uintptr_t)1;
 
     ctxs_layout shifted = lay;
@@ -324,6 +324,6 @@ Test(metal, attach_wants_whole_aligned_pages)
     cr_expect_eq(ctxs_metal_attach(&mkv, NULL, NULL), CTXS_EINVAL);
     cr_expect_eq(ctxs_metal_attach(NULL, s, NULL), CTXS_EINVAL);
     ctxs_metal_detach(NULL);
-    cr_expect_null(ctxs_metal_buffer(NULL));
+    cr_expect_null(ctxs_metal_get_buffer(NULL));
     ctxs_session_close(s);
 }

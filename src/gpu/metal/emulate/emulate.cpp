@@ -170,8 +170,8 @@ static ctxs_session *make_session(const char *dir, const ctxs_geometry *g,
     ctxs_model m{};
     m.geometry = *g;
     memcpy(m.model_hash, "emulate-metal---", 16);
-    ctxs_session_options o;
-    check(ctxs_session_options_init(&o), "options");
+    ctxs_create_options o;
+    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
     o.window = window;
@@ -191,7 +191,7 @@ static void compare(ctxs_session *s, const ctxs_attn_plan *plan,
                     const char *what)
 {
     ctxs_layout lay;
-    check(ctxs_session_layout(&lay, s), "layout");
+    check(ctxs_session_get_layout(&lay, s), "layout");
     size_t n = (size_t)q->n * q->n_heads * lay.geometry.head_dim;
     std::vector<float> want(n), got(n, NAN);
     check(ctxs_attention(want.data(), &lay, plan, layer, q), "ctxs_attention");
@@ -225,7 +225,7 @@ int main(int argc, char **argv)
         ctxs_session *s = make_session(dir, &g, 1024, 4, 2048);
         append(s, &g, 700, true);
         ctxs_attn_plan plan;
-        check(ctxs_session_attn_plan(&plan, s, 0), "plan");
+        check(ctxs_session_get_attn_plan(&plan, s, 0), "plan");
         std::vector<float> qv(8 * 128);
         for (float &x : qv)
             x = random_float(2.0f);
@@ -247,7 +247,7 @@ int main(int argc, char **argv)
             append(s, &g, 50, true); // the ring wraps
         append(s, &g, 9, false);     // a prefill of 9, pending
         ctxs_attn_plan plan;
-        check(ctxs_session_attn_plan(&plan, s, 9), "plan");
+        check(ctxs_session_get_attn_plan(&plan, s, 9), "plan");
         std::vector<float> qv(9 * 6 * 80);
         for (float &x : qv)
             x = random_float(1.0f);
@@ -269,7 +269,7 @@ int main(int argc, char **argv)
         ctxs_session *s = make_session(dir, &g, 256, 4, 1);
         append(s, &g, 200, true);
         ctxs_attn_plan plan;
-        check(ctxs_session_attn_plan(&plan, s, 0), "plan");
+        check(ctxs_session_get_attn_plan(&plan, s, 0), "plan");
         std::vector<float> qv(2 * 32, 0.5f);
         ctxs_attn_query q{};
         q.q = qv.data();

@@ -127,6 +127,14 @@ void ctxs__header_init(ctxs__disk_header *h, const ctxs__file_layout *lay,
     h->crc32 = crc_of(h, offsetof(ctxs__disk_header, crc32));
 }
 
+void ctxs__header_model(ctxs_model *out, const ctxs__disk_header *h)
+{
+    memset(out, 0, sizeof(*out));
+    out->geometry = (ctxs_geometry){h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
+    memcpy(out->model_hash, h->model_hash, 16);
+    memcpy(out->tokenizer_hash, h->tokenizer_hash, 16);
+}
+
 int ctxs__header_check(const ctxs__disk_header *h, uint64_t file_size,
                        ctxs__file_layout *out)
 {

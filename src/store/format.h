@@ -187,6 +187,9 @@ void ctxs__header_init(ctxs__disk_header *h, const ctxs__file_layout *lay,
 int ctxs__header_check(const ctxs__disk_header *h, uint64_t file_size,
                        ctxs__file_layout *out);
 
+/* The model a header describes: its geometry and hashes. */
+void ctxs__header_model(ctxs_model *out, const ctxs__disk_header *h);
+
 /* Seals a record (sets magic, index and CRC). */
 void ctxs__record_seal(ctxs__disk_record *r, uint32_t index);
 

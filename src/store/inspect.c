@@ -34,10 +34,7 @@ static void report_header(ctxs_file_report *out, const ctxs__disk_header *h,
     out->header_status = ctxs__header_check(h, out->size_bytes, lay);
     if (out->header_status != 0)
         return;
-    ctxs_geometry g = { h->n_layers, h->n_kv_heads, h->head_dim, h->dtype };
-    out->model.geometry = g;
-    memcpy(out->model.model_hash, h->model_hash, 16);
-    memcpy(out->model.tokenizer_hash, h->tokenizer_hash, 16);
+    ctxs__header_model(&out->model, h);
     out->capacity = h->capacity;
     out->n_sink = h->n_sink;
     out->ring = (h->flags & CTXS__FLAG_RING) != 0;

@@ -22,9 +22,7 @@ int ctxs__peek_fd(ctxs__peek *out, int fd)
         (rc = ctxs__header_check(&h, (uint64_t)st.st_size, &out->lay)) < 0)
         return rc;
     out->ring = (h.flags & CTXS__FLAG_RING) != 0;
-    out->model.geometry = (ctxs_geometry){h.n_layers, h.n_kv_heads, h.head_dim, h.dtype};
-    memcpy(out->model.model_hash, h.model_hash, 16);
-    memcpy(out->model.tokenizer_hash, h.tokenizer_hash, 16);
+    ctxs__header_model(&out->model, &h);
     out->format_minor = h.version_minor;
     out->created_unix_ms = h.created_unix_ms;
     out->disk_bytes = (uint64_t)st.st_blocks * 512u;

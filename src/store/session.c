@@ -156,9 +156,7 @@ static int session_attach(ctxs_session **out, int fd, int readonly,
         session_free(s);
         return CTXS_EMODEL;
     }
-    s->model.geometry = (ctxs_geometry){h.n_layers, h.n_kv_heads, h.head_dim, h.dtype};
-    memcpy(s->model.model_hash, h.model_hash, 16);
-    memcpy(s->model.tokenizer_hash, h.tokenizer_hash, 16);
+    ctxs__header_model(&s->model, &h);
     s->format_minor = h.version_minor;
     s->created_unix_ms = h.created_unix_ms;
     s->ring = (h.flags & CTXS__FLAG_RING) != 0;

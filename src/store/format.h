@@ -198,6 +198,29 @@ void ctxs__record_seal(ctxs__disk_record *r, uint32_t index);
 int ctxs__record_valid(const ctxs__disk_record *r, uint32_t index,
                        const ctxs__file_layout *lay, int ring);
 
+/* Which of the pair r is the newest valid record, as valid[] judged them:
+ * the higher seq, record 0 on a tie. Returns 0 or 1, or -1 when neither is
+ * valid. */
+int ctxs__records_newest(const ctxs__disk_record r[2], const int valid[2]);
+
+/* The two records of a file as a reader found them: the bytes both had at
+ * one moment (see format.c), each one's validity, and the newest valid. */
+typedef struct ctxs__records {
+    ctxs__disk_record r[2];
+    int valid[2];
+    uint32_t newest;          /* 0 or 1 */
+} ctxs__records;
+
+/* Reads the records of a file whose checked header gave lay and ring, from
+ * map (the file mapped from offset 0) or by pread from fd, while a writer
+ * may be committing, and finds the newest valid one. No lock is taken.
+ * Errors: CTXS_ECORRUPT (neither record valid, or no two reads agreed), and
+ * from fd: -errno, CTXS_ECORRUPT (the file is shorter). */
+int ctxs__records_from_map(ctxs__records *out, const uint8_t *map,
+                           const ctxs__file_layout *lay, int ring);
+int ctxs__records_from_fd(ctxs__records *out, int fd, const ctxs__file_layout *lay,
+                          int ring);
+
 /* The checksum chain of docs/FORMAT.md "Checksums" (recover.c), for n
  * consecutive positions from first_pos, wherever their bytes are: token i
  * has id ids[i], and its bytes in run r (r = (layer * 2 + kind) *

@@ -47,7 +47,8 @@ static void report_records(ctxs_file_report *out, const uint8_t *page,
 {
     uint8_t boot[16], zero[16] = { 0 };
     ctxs__boot_id(boot);
-    int best = -1;
+    ctxs__disk_record seen[2];
+    int seen_valid[2];
     for (uint32_t i = 0; i < 2; i++) {
         ctxs__disk_record r;
         memcpy(&r, page + (i == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF), sizeof(r));
@@ -65,11 +66,12 @@ static void report_records(ctxs_file_report *out, const uint8_t *page,
         rr->written_unix_ms = r.written_unix_ms;
         rr->boot_known = memcmp(r.boot_id, zero, 16) != 0;
         rr->this_boot = rr->boot_known && memcmp(r.boot_id, boot, 16) == 0;
-        if (valid && (best < 0 || r.seq > out->records[best].seq))
-            best = (int)i;
+        seen[i] = r;
+        seen_valid[i] = valid;
     }
-    if (best >= 0)
-        out->records[best].current = 1;
+    int newest = ctxs__records_newest(seen, seen_valid);
+    if (newest >= 0)
+        out->records[newest].current = 1;
     else if (out->status == 0)
         out->status = CTXS_ECORRUPT;
 }

@@ -252,7 +252,8 @@ typedef struct ctxs__span {
  * continues after the sinks. At most two runs when the positions fit in the
  * slots they can take (n <= capacity - first if first < n_sink, else
  * n <= capacity - n_sink), which callers guarantee. Returns the number of
- * runs written to out. */
+ * runs written to out. Whatever needs a range's slots asks here, the CUDA
+ * library too: inline, since it cannot link the core's internal symbols. */
 static inline uint32_t ctxs__slot_spans(ctxs__span out[2], uint64_t first,
                                         uint64_t n, uint32_t capacity,
                                         uint32_t n_sink)

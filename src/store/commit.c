@@ -212,12 +212,6 @@ static void prefault_spans(const ctxs_session *s, const ctxs__span *spans, uint3
 #endif
 }
 
-/* The slot spans of positions [first, first + n) of s. */
-static uint32_t slot_spans(const ctxs_session *s, uint64_t first, uint64_t n, ctxs__span out[2])
-{
-    return ctxs__slot_spans(out, first, n, s->lay.capacity, s->lay.n_sink);
-}
-
 /* --- The runway ------------------------------------------------------------
  *
  * After each commit the worker allocates and maps writable the slots of the
@@ -280,7 +274,7 @@ void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
     if (first >= end || atomic_load(&s->runway_end) >= end)
         return;
     ctxs__span spans[2];
-    uint32_t n_spans = slot_spans(s, first, end - first, spans);
+    uint32_t n_spans = ctxs__slot_spans(spans, first, end - first, s->lay.capacity, s->lay.n_sink);
     if (ctxs__allocate_slots(s, spans[0].slot + spans[0].count) < 0)
         return;
     if (s->durability == CTXS_SYNC_FULL)
@@ -293,7 +287,7 @@ void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
 void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to)
 {
     ctxs__span spans[2];
-    uint32_t n_spans = slot_spans(s, from, to - from, spans);
+    uint32_t n_spans = ctxs__slot_spans(spans, from, to - from, s->lay.capacity, s->lay.n_sink);
     prefault_spans(s, spans, n_spans);
 }
 
@@ -322,7 +316,7 @@ void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st)
             rc = ctxs__writeback_start(s->fd, s->map, lay->kv_off, lay->kv_bytes);
     } else if (to > from) {
         ctxs__span spans[2];
-        uint32_t n_spans = slot_spans(s, from, to - from, spans);
+        uint32_t n_spans = ctxs__slot_spans(spans, from, to - from, lay->capacity, lay->n_sink);
         for (uint32_t run = 0; rc == 0 && run < 2 * lay->n_layers * lay->n_kv_heads; run++)
             for (uint32_t i = 0; rc == 0 && i < n_spans; i++)
                 rc = ctxs__writeback_start(s->fd, s->map,
@@ -355,7 +349,7 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
     }
 
     ctxs__span spans[2];
-    out->n_spans = slot_spans(s, start, n, spans);
+    out->n_spans = ctxs__slot_spans(spans, start, n, s->lay.capacity, s->lay.n_sink);
     for (uint32_t i = 0; i < out->n_spans; i++) {
         out->spans[i].slot = spans[i].slot;
         out->spans[i].count = spans[i].count;

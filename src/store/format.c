@@ -1,11 +1,14 @@
 /*
- * Header and commit-record encoding and checking. Everything read from a file
- * passes through here before any size derived from it is used.
+ * Header and commit-record encoding, checking and reading. Everything read
+ * from a file passes through here before any size derived from it is used.
  */
 #include "format.h"
 
+#include <stdatomic.h>
 #include <string.h>
 #include <zlib.h>
+
+#include "sys.h"
 
 static uint32_t crc_of(const void *p, size_t n)
 {
@@ -127,6 +130,14 @@ void ctxs__header_init(ctxs__disk_header *h, const ctxs__file_layout *lay,
     h->crc32 = crc_of(h, offsetof(ctxs__disk_header, crc32));
 }
 
+void ctxs__header_model(ctxs_model *out, const ctxs__disk_header *h)
+{
+    memset(out, 0, sizeof(*out));
+    out->geometry = (ctxs_geometry){h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
+    memcpy(out->model_hash, h->model_hash, 16);
+    memcpy(out->tokenizer_hash, h->tokenizer_hash, 16);
+}
+
 int ctxs__header_check(const ctxs__disk_header *h, uint64_t file_size,
                        ctxs__file_layout *out)
 {
@@ -192,4 +203,80 @@ int ctxs__record_valid(const ctxs__disk_record *r, uint32_t index,
             return 0;
     }
     return 1;
+}
+
+int ctxs__records_newest(const ctxs__disk_record r[2], const int valid[2])
+{
+    if (!valid[0] && !valid[1])
+        return -1;
+    return !valid[0] || (valid[1] && r[1].seq > r[0].seq);
+}
+
+/*
+ * Readers take the records without the writer's lock, copied from a mapping
+ * or read with pread, while a writer may be committing. The two are read one
+ * after the other, and a writer can commit twice in between: the first is
+ * then two commits old while the second is torn, and picking the first would
+ * take the state back. So the pair is read again until two reads agree:
+ * then, at the moment between reading record 0 and record 1, the file held
+ * exactly these two (a torn one that stays the same is a write in progress,
+ * and the other is the newest complete record). Such a pair with neither
+ * record valid is damaged, not in flux: a writer writes one record at a time
+ * and leaves the other whole. A try costs well under a microsecond from a
+ * mapping and four preads from an fd, and fails only when a commit lands
+ * within it: the tries run out only under a writer that commits faster than
+ * a reader reads.
+ */
+#define RECORD_READ_TRIES 1000
+
+static const uint32_t record_off[2] = {CTXS__RECORD0_OFF, CTXS__RECORD1_OFF};
+
+/* Both records, from map or else from fd. */
+static int read_pair(ctxs__disk_record out[2], const uint8_t *map, int fd)
+{
+    for (uint32_t i = 0; i < 2; i++) {
+        if (map) {
+            memcpy(&out[i], map + record_off[i], sizeof(out[i]));
+            continue;
+        }
+        int rc = ctxs__read_exact(fd, &out[i], sizeof(out[i]), (off_t)record_off[i]);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int records_read(ctxs__records *out, const uint8_t *map, int fd,
+                        const ctxs__file_layout *lay, int ring)
+{
+    memset(out, 0, sizeof(*out));
+    for (int attempt = 0; attempt < RECORD_READ_TRIES; attempt++) {
+        ctxs__disk_record again[2];
+        int rc = read_pair(out->r, map, fd);
+        atomic_thread_fence(memory_order_acquire);
+        if (rc < 0 || (rc = read_pair(again, map, fd)) < 0)
+            return rc;
+        if (memcmp(out->r, again, sizeof(again)) != 0)
+            continue;
+        for (uint32_t i = 0; i < 2; i++)
+            out->valid[i] = ctxs__record_valid(&out->r[i], i, lay, ring);
+        int newest = ctxs__records_newest(out->r, out->valid);
+        if (newest < 0)
+            return CTXS_ECORRUPT;
+        out->newest = (uint32_t)newest;
+        return 0;
+    }
+    return CTXS_ECORRUPT;
+}
+
+int ctxs__records_from_map(ctxs__records *out, const uint8_t *map,
+                           const ctxs__file_layout *lay, int ring)
+{
+    return records_read(out, map, -1, lay, ring);
+}
+
+int ctxs__records_from_fd(ctxs__records *out, int fd, const ctxs__file_layout *lay,
+                          int ring)
+{
+    return records_read(out, NULL, fd, lay, ring);
 }

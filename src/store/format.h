@@ -187,6 +187,9 @@ void ctxs__header_init(ctxs__disk_header *h, const ctxs__file_layout *lay,
 int ctxs__header_check(const ctxs__disk_header *h, uint64_t file_size,
                        ctxs__file_layout *out);
 
+/* The model a header describes: its geometry and hashes. */
+void ctxs__header_model(ctxs_model *out, const ctxs__disk_header *h);
+
 /* Seals a record (sets magic, index and CRC). */
 void ctxs__record_seal(ctxs__disk_record *r, uint32_t index);
 
@@ -194,6 +197,29 @@ void ctxs__record_seal(ctxs__disk_record *r, uint32_t index);
  * consistent with the layout (ring flag from the header), else 0. */
 int ctxs__record_valid(const ctxs__disk_record *r, uint32_t index,
                        const ctxs__file_layout *lay, int ring);
+
+/* Which of the pair r is the newest valid record, as valid[] judged them:
+ * the higher seq, record 0 on a tie. Returns 0 or 1, or -1 when neither is
+ * valid. */
+int ctxs__records_newest(const ctxs__disk_record r[2], const int valid[2]);
+
+/* The two records of a file as a reader found them: the bytes both had at
+ * one moment (see format.c), each one's validity, and the newest valid. */
+typedef struct ctxs__records {
+    ctxs__disk_record r[2];
+    int valid[2];
+    uint32_t newest;          /* 0 or 1 */
+} ctxs__records;
+
+/* Reads the records of a file whose checked header gave lay and ring, from
+ * map (the file mapped from offset 0) or by pread from fd, while a writer
+ * may be committing, and finds the newest valid one. No lock is taken.
+ * Errors: CTXS_ECORRUPT (neither record valid, or no two reads agreed), and
+ * from fd: -errno, CTXS_ECORRUPT (the file is shorter). */
+int ctxs__records_from_map(ctxs__records *out, const uint8_t *map,
+                           const ctxs__file_layout *lay, int ring);
+int ctxs__records_from_fd(ctxs__records *out, int fd, const ctxs__file_layout *lay,
+                          int ring);
 
 /* The checksum chain of docs/FORMAT.md "Checksums" (recover.c), for n
  * consecutive positions from first_pos, wherever their bytes are: token i
@@ -226,7 +252,8 @@ typedef struct ctxs__span {
  * continues after the sinks. At most two runs when the positions fit in the
  * slots they can take (n <= capacity - first if first < n_sink, else
  * n <= capacity - n_sink), which callers guarantee. Returns the number of
- * runs written to out. */
+ * runs written to out. Whatever needs a range's slots asks here, the CUDA
+ * library too: inline, since it cannot link the core's internal symbols. */
 static inline uint32_t ctxs__slot_spans(ctxs__span out[2], uint64_t first,
                                         uint64_t n, uint32_t capacity,
                                         uint32_t n_sink)

@@ -34,10 +34,7 @@ static void report_header(ctxs_file_report *out, const ctxs__disk_header *h,
     out->header_status = ctxs__header_check(h, out->size_bytes, lay);
     if (out->header_status != 0)
         return;
-    ctxs_geometry g = { h->n_layers, h->n_kv_heads, h->head_dim, h->dtype };
-    out->model.geometry = g;
-    memcpy(out->model.model_hash, h->model_hash, 16);
-    memcpy(out->model.tokenizer_hash, h->tokenizer_hash, 16);
+    ctxs__header_model(&out->model, h);
     out->capacity = h->capacity;
     out->n_sink = h->n_sink;
     out->ring = (h->flags & CTXS__FLAG_RING) != 0;
@@ -50,7 +47,8 @@ static void report_records(ctxs_file_report *out, const uint8_t *page,
 {
     uint8_t boot[16], zero[16] = { 0 };
     ctxs__boot_id(boot);
-    int best = -1;
+    ctxs__disk_record seen[2];
+    int seen_valid[2];
     for (uint32_t i = 0; i < 2; i++) {
         ctxs__disk_record r;
         memcpy(&r, page + (i == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF), sizeof(r));
@@ -68,11 +66,12 @@ static void report_records(ctxs_file_report *out, const uint8_t *page,
         rr->written_unix_ms = r.written_unix_ms;
         rr->boot_known = memcmp(r.boot_id, zero, 16) != 0;
         rr->this_boot = rr->boot_known && memcmp(r.boot_id, boot, 16) == 0;
-        if (valid && (best < 0 || r.seq > out->records[best].seq))
-            best = (int)i;
+        seen[i] = r;
+        seen_valid[i] = valid;
     }
-    if (best >= 0)
-        out->records[best].current = 1;
+    int newest = ctxs__records_newest(seen, seen_valid);
+    if (newest >= 0)
+        out->records[newest].current = 1;
     else if (out->status == 0)
         out->status = CTXS_ECORRUPT;
 }

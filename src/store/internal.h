@@ -29,6 +29,12 @@ typedef struct ctxs__state {
     uint64_t verified_from;
 } ctxs__state;
 
+/* The state a (valid) record describes. */
+static inline ctxs__state ctxs__record_state(const ctxs__disk_record *r)
+{
+    return (ctxs__state){r->seq, r->n_tokens, r->ring_start, r->verified_from};
+}
+
 struct ctxs_session {
     int fd;
     int readonly;
@@ -152,9 +158,10 @@ uint64_t ctxs__held(const ctxs_session *s, const ctxs__state *st);
 /* Verifies held positions [from, to); returns the first that fails, or to. */
 uint64_t ctxs__first_bad(const ctxs_session *s, uint64_t from, uint64_t to);
 
-/* Reads both records and returns the valid one with the higher seq in *st
- * and its index in *index. Returns 0, or CTXS_ECORRUPT when neither holds.
- * *other_valid says whether the other record was valid too. */
+/* Reads both records from the mapping (ctxs__records_from_map) and returns
+ * the newest valid one's state in *st and its index in *index. Returns 0,
+ * or CTXS_ECORRUPT when neither holds. *other_valid says whether the other
+ * record was valid too. */
 int ctxs__records_read(const ctxs_session *s, ctxs__state *st, uint32_t *index,
                        int *other_valid, uint8_t boot_id[16]);
 

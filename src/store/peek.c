@@ -22,40 +22,17 @@ int ctxs__peek_fd(ctxs__peek *out, int fd)
         (rc = ctxs__header_check(&h, (uint64_t)st.st_size, &out->lay)) < 0)
         return rc;
     out->ring = (h.flags & CTXS__FLAG_RING) != 0;
-    out->model.geometry = (ctxs_geometry){h.n_layers, h.n_kv_heads, h.head_dim, h.dtype};
-    memcpy(out->model.model_hash, h.model_hash, 16);
-    memcpy(out->model.tokenizer_hash, h.tokenizer_hash, 16);
+    ctxs__header_model(&out->model, &h);
     out->format_minor = h.version_minor;
     out->created_unix_ms = h.created_unix_ms;
     out->disk_bytes = (uint64_t)st.st_blocks * 512u;
 
-    /* A writer may be rewriting the records while they are read: as in
-     * ctxs__records_read(), the pair counts only when a second read of both
-     * gives the same bytes, and both torn means look again. */
-    for (int attempt = 0; attempt < 100; attempt++) {
-        ctxs__disk_record r[2], again[2];
-        int valid[2];
-        for (int pass = 0; pass < 2; pass++)
-            for (uint32_t i = 0; i < 2; i++) {
-                ctxs__disk_record *into = pass ? &again[i] : &r[i];
-                if ((rc = ctxs__read_exact(fd, into, sizeof(*into), (off_t)h.record_off[i])) < 0)
-                    return rc;
-            }
-        if (memcmp(r, again, sizeof(r)) != 0)
-            continue;
-        for (uint32_t i = 0; i < 2; i++)
-            valid[i] = ctxs__record_valid(&r[i], i, &out->lay, out->ring);
-        if (!valid[0] && !valid[1])
-            continue;
-        uint32_t pick = !valid[0] || (valid[1] && r[1].seq > r[0].seq);
-        out->st.seq = r[pick].seq;
-        out->st.n_tokens = r[pick].n_tokens;
-        out->st.ring_start = r[pick].ring_start;
-        out->st.verified_from = r[pick].verified_from;
-        out->written_unix_ms = r[pick].written_unix_ms;
-        return 0;
-    }
-    return CTXS_ECORRUPT;
+    ctxs__records recs;
+    if ((rc = ctxs__records_from_fd(&recs, fd, &out->lay, out->ring)) < 0)
+        return rc;
+    out->st = ctxs__record_state(&recs.r[recs.newest]);
+    out->written_unix_ms = recs.r[recs.newest].written_unix_ms;
+    return 0;
 }
 
 uint64_t ctxs__peek_prefix_held(const ctxs__peek *p)

@@ -1,7 +1,7 @@
 /*
- * Reading commit records and verifying tokens: what open trusts, and why.
+ * The session's current record (format.c reads the pair) and verifying
+ * tokens: what open trusts, and why.
  */
-#include <stdatomic.h>
 /* Inlined: a commit hashes each token's 256-byte runs in their own call,
  * seeded with the chain so far (docs/FORMAT.md), and the library's calls
  * cost twice the inlined ones (measured: 2.4 ms against 1.25 ms for a
@@ -53,36 +53,14 @@ void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
 int ctxs__records_read(const ctxs_session *s, ctxs__state *st, uint32_t *index,
                        int *other_valid, uint8_t boot_id[16])
 {
-    ctxs__disk_record r[2];
-    int valid[2];
-    /* Copy first: another process may be writing the records. The two are
-     * copied one after the other, and a writer can commit twice in between:
-     * the first copy is then two commits old while the second is torn, and
-     * picking the first would take the state back. So the pair is copied
-     * again until both copies agree: then, at the moment between copying
-     * record 0 and record 1, the file held exactly these two (a torn one
-     * that stays the same is a write in progress, and the other is the
-     * newest complete record). */
-    const uint8_t *at[2] = {s->map + CTXS__RECORD0_OFF, s->map + CTXS__RECORD1_OFF};
-    for (int attempt = 0; attempt < 1000; attempt++) {
-        memcpy(&r[0], at[0], sizeof(r[0]));
-        memcpy(&r[1], at[1], sizeof(r[1]));
-        atomic_thread_fence(memory_order_acquire);
-        if (memcmp(&r[0], at[0], sizeof(r[0])) == 0 && memcmp(&r[1], at[1], sizeof(r[1])) == 0)
-            break;
-    }
-    for (uint32_t i = 0; i < 2; i++)
-        valid[i] = ctxs__record_valid(&r[i], i, &s->lay, s->ring);
-    if (!valid[0] && !valid[1])
-        return CTXS_ECORRUPT;
-    uint32_t pick = !valid[0] || (valid[1] && r[1].seq > r[0].seq);
-    *index = pick;
-    *other_valid = valid[!pick];
-    st->seq = r[pick].seq;
-    st->n_tokens = r[pick].n_tokens;
-    st->ring_start = r[pick].ring_start;
-    st->verified_from = r[pick].verified_from;
-    memcpy(boot_id, r[pick].boot_id, 16);
+    ctxs__records recs;
+    int rc = ctxs__records_from_map(&recs, s->map, &s->lay, s->ring);
+    if (rc < 0)
+        return rc;
+    *index = recs.newest;
+    *other_valid = recs.valid[!recs.newest];
+    *st = ctxs__record_state(&recs.r[recs.newest]);
+    memcpy(boot_id, recs.r[recs.newest].boot_id, 16);
     return 0;
 }
 

@@ -165,9 +165,7 @@ static int session_attach(ctxs_session **out, int fd, unsigned flags,
         session_free(s);
         return CTXS_EMODEL;
     }
-    s->model.geometry = (ctxs_geometry){h.n_layers, h.n_kv_heads, h.head_dim, h.dtype};
-    memcpy(s->model.model_hash, h.model_hash, 16);
-    memcpy(s->model.tokenizer_hash, h.tokenizer_hash, 16);
+    ctxs__header_model(&s->model, &h);
     s->format_minor = h.version_minor;
     s->created_unix_ms = h.created_unix_ms;
     s->ring = (h.flags & CTXS__FLAG_RING) != 0;
@@ -189,14 +187,10 @@ static int session_attach(ctxs_session **out, int fd, unsigned flags,
 
     int other_valid;
     uint8_t record_boot[16];
-    /* A reader may copy a record while the writer rewrites it; the CRC
-     * catches that and the other record is the previous commit. Both torn
-     * takes two commits during one copy: look again. */
-    for (int attempt = 0; attempt < (s->readonly ? 100 : 1); attempt++)
-        if ((rc = ctxs__records_read(s, &s->st, &s->cur_record, &other_valid,
-                                     record_boot)) == 0)
-            break;
-    if (rc < 0) {
+    /* A reader may copy the records while the writer rewrites them: format.c
+     * reads the pair until two reads agree. */
+    if ((rc = ctxs__records_read(s, &s->st, &s->cur_record, &other_valid,
+                                 record_boot)) < 0) {
         session_free(s);
         return rc;
     }
@@ -500,11 +494,9 @@ int ctxs_session_refresh(ctxs_session *s)
         return 0; /* a writer's state is always current */
     ctxs__state st;
     uint32_t index;
-    int other_valid, rc = CTXS_ECORRUPT;
+    int other_valid;
     uint8_t boot[16];
-    /* As at open: a torn copy of both records means look again. */
-    for (int attempt = 0; attempt < 100 && rc < 0; attempt++)
-        rc = ctxs__records_read(s, &st, &index, &other_valid, boot);
+    int rc = ctxs__records_read(s, &st, &index, &other_valid, boot);
     if (rc < 0)
         return rc;
     atomic_thread_fence(memory_order_acquire);

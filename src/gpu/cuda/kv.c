@@ -16,6 +16,8 @@
 #include <string.h>
 
 #include "cuda_internal.h"
+/* For ctxs__slot_spans(), inline: where the store puts a range of positions. */
+#include "../../store/format.h"
 
 #define CHECK(cond)                                                            \
     do {                                                                       \
@@ -151,28 +153,19 @@ static int held_ranges(const ctxs_cuda_kv *kv, uint32_t slot[3], uint32_t count[
     int rc = ctxs_session_get_info(&info, kv->s);
     if (rc < 0)
         return rc;
-    const uint64_t n = info.n_tokens, ns = info.n_sink, cap = info.capacity;
+    const uint64_t n = info.n_tokens, ns = info.n_sink;
     int k = 0;
     uint64_t sinks = n < ns ? n : ns;
     if (sinks)
         slot[k] = 0, count[k] = (uint32_t)sinks, k++;
     uint64_t lo = info.ring_start > ns ? info.ring_start : ns;
-    if (lo < n) {
-        uint32_t a;
-        if ((rc = ctxs_session_get_slot(&a, kv->s, lo)) < 0)
-            return rc;
-        uint64_t left = n - lo, first = cap - a < left ? cap - a : left;
-        if (k && slot[k - 1] + count[k - 1] == a)
-            count[k - 1] += (uint32_t)first;
+    ctxs__span recent[2];
+    uint32_t m = lo < n ? ctxs__slot_spans(recent, lo, n - lo, info.capacity, info.n_sink) : 0;
+    for (uint32_t i = 0; i < m; i++) {
+        if (k && slot[k - 1] + count[k - 1] == recent[i].slot)
+            count[k - 1] += recent[i].count;
         else
-            slot[k] = a, count[k] = (uint32_t)first, k++;
-        if (left > first) {
-            /* Wrapped: the rest starts after the sinks. */
-            if (k && slot[k - 1] + count[k - 1] == ns)
-                count[k - 1] += (uint32_t)(left - first);
-            else
-                slot[k] = (uint32_t)ns, count[k] = (uint32_t)(left - first), k++;
-        }
+            slot[k] = recent[i].slot, count[k] = recent[i].count, k++;
     }
     return k;
 }

@@ -120,7 +120,7 @@ static uint64_t next_random()
     return g_seed = x;
 }
 
-// As test_metal.m: either sign in [0.5, 1), now and then [8, 16).
+// As tests/test_metal.m: either sign in [0.5, 1), now and then [8, 16).
 static uint16_t random_half()
 {
     uint64_t r = next_random();

@@ -3,7 +3,7 @@
 # Metal's), against ctxs_attention() on real sessions, for several
 # threadgroup sizes and SIMD widths. Not a Metal test: it checks the
 # kernel's logic (runs, blocks, barriers, reductions, indexing) where no
-# Apple GPU is at hand; test_metal.m checks the real thing.
+# Apple GPU is at hand; tests/test_metal.m checks the real thing.
 #
 # Usage: src/gpu/metal/emulate/run.sh BUILD_DIR   (a meson build of ctxstore)
 # Needs a C++20 compiler (<barrier>) and the library's dependencies.

@@ -94,6 +94,13 @@ static inline float exp_le0(float x)
     return y * p2;
 }
 
+/* n (at most 16) fp16 elements of a K or V row, as float. */
+static inline void widen(float out[16], const uint16_t *h, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = half_to_float(h[i]);
+}
+
 /* The 16-lane tree every kernel reduces a dot product with: lane i with
  * i + 8, then i + 4, i + 2, i + 1. */
 static inline float reduce16(const float a[16])
@@ -126,8 +133,7 @@ void ctxs__attn_portable(ctxs__attn_row *rows, uint32_t n_q, const ctxs__attn_bl
         for (uint32_t d0 = 0; d0 < hd; d0 += 16) {
             uint32_t w = hd - d0 < 16 ? hd - d0 : 16;
             float k[16];
-            for (uint32_t i = 0; i < w; i++)
-                k[i] = half_to_float(blk->k[j][d0 + i]);
+            widen(k, &blk->k[j][d0], w);
             for (uint32_t g = 0; g < n_q; g++) {
                 const float *qg = rows[g].q + d0;
                 for (uint32_t i = 0; i < w; i++)
@@ -163,8 +169,7 @@ void ctxs__attn_portable(ctxs__attn_row *rows, uint32_t n_q, const ctxs__attn_bl
         for (uint32_t d0 = 0; d0 < hd; d0 += 16) {
             uint32_t w = hd - d0 < 16 ? hd - d0 : 16;
             float v[16];
-            for (uint32_t i = 0; i < w; i++)
-                v[i] = half_to_float(blk->v[j][d0 + i]);
+            widen(v, &blk->v[j][d0], w);
             for (uint32_t g = 0; g < n_q; g++) {
                 float *og = rows[g].out + d0;
                 for (uint32_t i = 0; i < w && j < nb[g]; i++)

@@ -116,6 +116,108 @@ static int needs_verify(const ctxs_session *s, const uint8_t record_boot[16])
            memcmp(this_boot, unknown_boot, 16) == 0;
 }
 
+/* The first bytes of a file too short for a header: a stub of ours is
+ * corrupt, anything else is foreign. */
+static int short_file(int fd, off_t size)
+{
+    char magic[8] = {0};
+    size_t have = (size_t)size < 8 ? (size_t)size : 8;
+    int rc = ctxs__read_exact(fd, magic, have, 0);
+    if (rc < 0 && rc != CTXS_ECORRUPT)
+        return rc;
+    return have == 8 && memcmp(magic, CTXS__FILE_MAGIC, 8) == 0 ? CTXS_ECORRUPT
+                                                              : CTXS_EFOREIGN;
+}
+
+/* Checks that s->fd is a regular file with a valid header (of model, when
+ * given) and takes the layout and the model from it. */
+static int attach_header(ctxs_session *s, const ctxs_model *model)
+{
+    struct stat st;
+    if (ctxs__fstat(s->fd, &st) != 0)
+        return -errno;
+    if (!S_ISREG(st.st_mode))
+        return S_ISDIR(st.st_mode) ? -EISDIR : CTXS_EFOREIGN;
+
+    ctxs__disk_header h;
+    int rc;
+    if ((uint64_t)st.st_size < sizeof(h))
+        return short_file(s->fd, st.st_size);
+    if ((rc = ctxs__read_exact(s->fd, &h, sizeof(h), 0)) < 0 ||
+        (rc = ctxs__header_check(&h, (uint64_t)st.st_size, &s->lay)) < 0)
+        return rc;
+    if (model && !same_model(model, &h))
+        return CTXS_EMODEL;
+    ctxs__header_model(&s->model, &h);
+    s->format_minor = h.version_minor;
+    s->created_unix_ms = h.created_unix_ms;
+    s->ring = (h.flags & CTXS__FLAG_RING) != 0;
+    return 0;
+}
+
+static int attach_map(ctxs_session *s)
+{
+    s->map_bytes = (size_t)s->lay.file_bytes;
+    void *map = map_aligned(s->fd, s->map_bytes, PROT_READ | (s->readonly ? 0 : PROT_WRITE));
+    if (map == MAP_FAILED)
+        return errno == ENOMEM ? CTXS_ENOMEM : -errno;
+    s->map = map;
+    /* No readahead on the KV: it fills the page cache with large folios, and
+     * a write fault dirties a whole folio, so that writeback of a 9.4 MB turn
+     * was measured writing 386 MB (Linux 6.18, ext4), and the first turn of
+     * a new 8k-token session read in its whole file. Attention reads spans
+     * it knows; it gains nothing from readahead's guesses. */
+    madvise(s->map + s->lay.kv_off, (size_t)s->lay.kv_bytes, MADV_RANDOM);
+    return 0;
+}
+
+/* Takes the current record as the state, and verifies the tokens past its
+ * watermark when this boot cannot vouch for them. */
+static int attach_state(ctxs_session *s, unsigned flags)
+{
+    int other_valid;
+    uint8_t record_boot[16];
+    /* A reader may copy the records while the writer rewrites them: format.c
+     * reads the pair until two reads agree. */
+    int rc = ctxs__records_read(s, &s->st, &s->cur_record, &other_valid, record_boot);
+    if (rc < 0)
+        return rc;
+    atomic_thread_fence(memory_order_acquire); /* the record, then the data */
+    if (!other_valid)
+        s->open_flags |= CTXS_INFO_RECOVERED;
+
+    s->verify_always = (flags & CTXS_OPEN_VERIFY) != 0;
+    if (needs_verify(s, record_boot)) {
+        s->open_flags |= CTXS_INFO_VERIFIED;
+        s->lost_tokens = ctxs__recover(s, &s->st);
+        if (s->lost_tokens)
+            s->open_flags |= CTXS_INFO_RECOVERED;
+    }
+    return 0;
+}
+
+/* A writer makes sure that no checksum outside the state can vouch for
+ * bytes a later record will claim, and persists what recovery settled on,
+ * durably, before it rewrites any slot. */
+static int attach_settle(ctxs_session *s)
+{
+    int rc = 0;
+    int stale = ctxs__forget_unheld(s);
+    if (s->open_flags & (CTXS_INFO_RECOVERED | CTXS_INFO_VERIFIED)) {
+        ctxs__state next = s->st;
+        if ((rc = ctxs__sync_data(s->fd)) == 0) {
+            next.verified_from = next.n_tokens;
+            if ((rc = ctxs__record_write_both(s, &next)) == 0)
+                rc = ctxs__sync_data(s->fd);
+        }
+    } else if (stale) {
+        rc = ctxs__sync_meta(s);
+    }
+    if (rc < 0)
+        ctxs__fail(s); /* this boot's id must not vouch for it */
+    return rc;
+}
+
 /*
  * Maps an open, locked session file and brings it to a committed state it
  * can vouch for. Takes ownership of fd (closed on failure).
@@ -131,80 +233,10 @@ static int session_attach(ctxs_session **out, int fd, unsigned flags,
     s->fd = fd;
     s->readonly = (flags & CTXS_OPEN_RDONLY) != 0;
 
-    struct stat st;
-    if (ctxs__fstat(fd, &st) != 0) {
-        int rc = -errno;
-        session_free(s);
-        return rc;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        session_free(s);
-        return S_ISDIR(st.st_mode) ? -EISDIR : CTXS_EFOREIGN;
-    }
-
-    ctxs__disk_header h;
     int rc;
-    if ((uint64_t)st.st_size < sizeof(h)) {
-        /* Too short for a header: a stub of ours is corrupt, anything else
-         * is foreign. */
-        char magic[8] = {0};
-        size_t have = (size_t)st.st_size < 8 ? (size_t)st.st_size : 8;
-        rc = ctxs__read_exact(fd, magic, have, 0);
-        session_free(s);
-        if (rc < 0 && rc != CTXS_ECORRUPT)
-            return rc;
-        return have == 8 && memcmp(magic, CTXS__FILE_MAGIC, 8) == 0 ? CTXS_ECORRUPT
-                                                                  : CTXS_EFOREIGN;
-    }
-    if ((rc = ctxs__read_exact(fd, &h, sizeof(h), 0)) < 0 ||
-        (rc = ctxs__header_check(&h, (uint64_t)st.st_size, &s->lay)) < 0) {
-        session_free(s);
-        return rc;
-    }
-    if (model && !same_model(model, &h)) {
-        session_free(s);
-        return CTXS_EMODEL;
-    }
-    ctxs__header_model(&s->model, &h);
-    s->format_minor = h.version_minor;
-    s->created_unix_ms = h.created_unix_ms;
-    s->ring = (h.flags & CTXS__FLAG_RING) != 0;
-
-    s->map_bytes = (size_t)s->lay.file_bytes;
-    void *map = map_aligned(fd, s->map_bytes, PROT_READ | (s->readonly ? 0 : PROT_WRITE));
-    if (map == MAP_FAILED) {
-        rc = errno == ENOMEM ? CTXS_ENOMEM : -errno;
-        session_free(s);
-        return rc;
-    }
-    s->map = map;
-    /* No readahead on the KV: it fills the page cache with large folios, and
-     * a write fault dirties a whole folio, so that writeback of a 9.4 MB turn
-     * was measured writing 386 MB (Linux 6.18, ext4), and the first turn of
-     * a new 8k-token session read in its whole file. Attention reads spans
-     * it knows; it gains nothing from readahead's guesses. */
-    madvise(s->map + s->lay.kv_off, (size_t)s->lay.kv_bytes, MADV_RANDOM);
-
-    int other_valid;
-    uint8_t record_boot[16];
-    /* A reader may copy the records while the writer rewrites them: format.c
-     * reads the pair until two reads agree. */
-    if ((rc = ctxs__records_read(s, &s->st, &s->cur_record, &other_valid,
-                                 record_boot)) < 0) {
-        session_free(s);
-        return rc;
-    }
-    atomic_thread_fence(memory_order_acquire); /* the record, then the data */
-    if (!other_valid)
-        s->open_flags |= CTXS_INFO_RECOVERED;
-
-    s->verify_always = (flags & CTXS_OPEN_VERIFY) != 0;
-    if (needs_verify(s, record_boot)) {
-        s->open_flags |= CTXS_INFO_VERIFIED;
-        s->lost_tokens = ctxs__recover(s, &s->st);
-        if (s->lost_tokens)
-            s->open_flags |= CTXS_INFO_RECOVERED;
-    }
+    if ((rc = attach_header(s, model)) < 0 || (rc = attach_map(s)) < 0 ||
+        (rc = attach_state(s, flags)) < 0)
+        goto fail;
 
     s->durability = opts->durability;
     s->background = opts->background;
@@ -214,28 +246,8 @@ static int session_attach(ctxs_session **out, int fd, unsigned flags,
     s->pressure_window = opts->pressure_window;
     s->alloc_end = s->st.n_tokens < s->lay.capacity ? (uint32_t)s->st.n_tokens
                                                     : s->lay.capacity;
-
-    /* A writer makes sure that no checksum outside the state can vouch for
-     * bytes a later record will claim, and persists what recovery settled
-     * on, durably, before it rewrites any slot. */
-    if (!s->readonly) {
-        int stale = ctxs__forget_unheld(s);
-        if (s->open_flags & (CTXS_INFO_RECOVERED | CTXS_INFO_VERIFIED)) {
-            ctxs__state next = s->st;
-            if ((rc = ctxs__sync_data(fd)) == 0) {
-                next.verified_from = next.n_tokens;
-                if ((rc = ctxs__record_write_both(s, &next)) == 0)
-                    rc = ctxs__sync_data(fd);
-            }
-        } else if (stale) {
-            rc = ctxs__sync_meta(s);
-        }
-        if (rc < 0) {
-            ctxs__fail(s); /* this boot's id must not vouch for it */
-            session_free(s);
-            return rc;
-        }
-    }
+    if (!s->readonly && (rc = attach_settle(s)) < 0)
+        goto fail;
 
     ctxs__registry_add(s);
     ctxs__background_join(s);
@@ -246,6 +258,10 @@ static int session_attach(ctxs_session **out, int fd, unsigned flags,
         ctxs__background_request(s, CTXS__JOB_WARM);
     *out = s;
     return 0;
+
+fail:
+    session_free(s);
+    return rc;
 }
 
 int ctxs__new_file_size(int fd, const ctxs__file_layout *lay)

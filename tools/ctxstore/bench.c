@@ -292,7 +292,15 @@ static void print_document(bench_program *const *run, int n_run,
 
 /* --- The command ---------------------------------------------------------- */
 
-int cmd_bench(cli *c, int argc, char **argv)
+typedef struct bench_options {
+    const char *only; /* --only, or NULL for all */
+    const char *dir;  /* --dir, or NULL */
+    int quick;        /* --quick */
+} bench_options;
+
+/* Returns -1 with *o filled in to go on, or an exit code (after --help or
+ * a usage error). */
+static int parse_options(cli *c, int argc, char **argv, bench_options *o)
 {
     enum { OPT_QUICK = 0x100, OPT_ONLY, OPT_DIR };
     static const struct option longopts[] = {
@@ -302,15 +310,7 @@ int cmd_bench(cli *c, int argc, char **argv)
         { "dir", required_argument, NULL, OPT_DIR },
         { NULL, 0, NULL, 0 },
     };
-    bench_program programs[] = {
-        { .name = "bench_session", .option = "session" },
-        { .name = "bench_index", .option = "index" },
-        { .name = "bench_attention", .option = "attention" },
-        { .name = "bench_tinychat", .option = "tinychat" },
-    };
-    enum { N_PROGRAMS = sizeof programs / sizeof programs[0] };
-    const char *only = NULL, *dir = NULL;
-    int quick = 0, opt;
+    int opt;
     opterr = 0;
     while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         if (opt == CLI_OPT_HELP || opt == 'h') {
@@ -323,13 +323,13 @@ int cmd_bench(cli *c, int argc, char **argv)
             continue;
         switch (opt) {
         case OPT_QUICK:
-            quick = 1;
+            o->quick = 1;
             break;
         case OPT_ONLY:
-            only = optarg;
+            o->only = optarg;
             break;
         case OPT_DIR:
-            dir = optarg;
+            o->dir = optarg;
             break;
         case ':':
             return cli_usage_error("bench", "%s needs a value",
@@ -341,17 +341,14 @@ int cmd_bench(cli *c, int argc, char **argv)
     }
     if (optind < argc)
         return cli_usage_error("bench", "unexpected argument %s", argv[optind]);
+    return -1;
+}
 
-    bench_program *run[N_PROGRAMS];
-    int n_run = 0;
-    for (int i = 0; i < N_PROGRAMS; i++)
-        if (!only || !strcmp(only, programs[i].option))
-            run[n_run++] = &programs[i];
-    if (n_run == 0)
-        return cli_usage_error("bench", "--only wants session, index, attention or "
-                               "tinychat, not %s", only);
-
-    /* All of them are found before any runs: bench_session takes minutes. */
+/* Finds every program of run[] before any runs: bench_session takes
+ * minutes. Returns CLI_OK, or CLI_ENOTFOUND after saying what is missing
+ * and how to build it. */
+static int find_all(bench_program *const *run, int n_run)
+{
     char dirs[N_PLACES][PATH_MAX];
     bench_dirs(dirs);
     int missing = 0, need_sqlite = 0;
@@ -360,30 +357,40 @@ int cmd_bench(cli *c, int argc, char **argv)
             report_missing(run[i], dirs);
             if (!missing)
                 missing = i + 1; /* the first, for the JSON error */
-            need_sqlite |= run[i] == &programs[0];
+            need_sqlite |= !strcmp(run[i]->name, "bench_session");
         }
-    if (missing) {
-        advise_build(need_sqlite);
-        char message[128];
-        snprintf(message, sizeof message, "%s not found", run[missing - 1]->name);
-        cli_note_error(CTXS_ENOTFOUND, message,
-                       "build them with the library (meson setup build && ninja -C build), "
-                       "or set CTXSTORE_BENCH_DIR to the directory that holds them");
-        return CLI_ENOTFOUND;
-    }
+    if (!missing)
+        return CLI_OK;
+    advise_build(need_sqlite);
+    char message[128];
+    snprintf(message, sizeof message, "%s not found", run[missing - 1]->name);
+    cli_note_error(CTXS_ENOTFOUND, message,
+                   "build them with the library (meson setup build && ninja -C build), "
+                   "or set CTXSTORE_BENCH_DIR to the directory that holds them");
+    return CLI_ENOTFOUND;
+}
 
-    /* The same options for every program. */
-    char *args[8];
+/* The same options for every program, into args[8]; returns how many. */
+static int program_args(char *args[8], const bench_options *o, const cli *c)
+{
     int n_args = 0;
-    if (quick)
+    if (o->quick)
         args[n_args++] = "--quick";
     if (c->json)
         args[n_args++] = "--json";
-    if (dir) {
+    if (o->dir) {
         args[n_args++] = "--dir";
-        args[n_args++] = (char *)dir;
+        args[n_args++] = (char *)o->dir;
     }
+    return n_args;
+}
 
+/* Runs the programs one after the other. Returns the exit code; a program
+ * killed by Ctrl-C cleaned up and died, and the rest are not run then
+ * (*interrupted = 1). */
+static int run_all(const cli *c, bench_program *const *run, int n_run,
+                   char *const *args, int n_args, int *interrupted)
+{
     int ec = CLI_OK;
     for (int i = 0; i < n_run; i++) {
         bench_program *p = run[i];
@@ -400,10 +407,7 @@ int cmd_bench(cli *c, int argc, char **argv)
             continue;
         }
         if (p->exit_status == 128 + SIGINT) {
-            /* Ctrl-C: the program cleaned up; stop here, as it did. */
-            for (int k = 0; k < n_run; k++)
-                free(run[k]->out);
-            raise(SIGINT);
+            *interrupted = 1;
             return CLI_EFAIL;
         }
         if (p->exit_status != 0) {
@@ -418,9 +422,46 @@ int cmd_bench(cli *c, int argc, char **argv)
         if (!c->json && i + 1 < n_run)
             putchar('\n');
     }
-    if (c->json)
+    return ec;
+}
+
+int cmd_bench(cli *c, int argc, char **argv)
+{
+    bench_options o = { 0 };
+    int ec = parse_options(c, argc, argv, &o);
+    if (ec >= 0)
+        return ec;
+
+    bench_program programs[] = {
+        { .name = "bench_session", .option = "session" },
+        { .name = "bench_index", .option = "index" },
+        { .name = "bench_attention", .option = "attention" },
+        { .name = "bench_tinychat", .option = "tinychat" },
+    };
+    enum { N_PROGRAMS = sizeof programs / sizeof programs[0] };
+    bench_program *run[N_PROGRAMS];
+    int n_run = 0;
+    for (int i = 0; i < N_PROGRAMS; i++)
+        if (!o.only || !strcmp(o.only, programs[i].option))
+            run[n_run++] = &programs[i];
+    if (n_run == 0)
+        return cli_usage_error("bench", "--only wants session, index, attention or "
+                               "tinychat, not %s", o.only);
+    if ((ec = find_all(run, n_run)) != CLI_OK)
+        return ec;
+
+    char *args[8];
+    int n_args = program_args(args, &o, c);
+    int interrupted = 0;
+    ec = run_all(c, run, n_run, args, n_args, &interrupted);
+    if (c->json && !interrupted)
         print_document(run, n_run, args, n_args);
     for (int i = 0; i < n_run; i++)
         free(run[i]->out);
+    if (interrupted) {
+        /* Ctrl-C: the program cleaned up; stop here, as it did. */
+        raise(SIGINT);
+        return CLI_EFAIL;
+    }
     return ec;
 }

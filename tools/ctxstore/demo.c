@@ -1848,7 +1848,16 @@ static void teardown(demo *d)
     free(d->staging);
 }
 
-int cmd_demo(cli *c, int argc, char **argv)
+typedef struct demo_options {
+    uint64_t turns; /* --turns, or 0 for the configuration's */
+    int quick;      /* --quick */
+    int keep;       /* --keep */
+    int synthetic;  /* --engine synthetic */
+} demo_options;
+
+/* Returns -1 with *o filled in to go on, or an exit code (after --help or
+ * a usage error). */
+static int parse_options(cli *c, int argc, char **argv, demo_options *o)
 {
     enum { OPT_TURNS = 0x100, OPT_QUICK, OPT_KEEP, OPT_ENGINE };
     static const struct option longopts[] = {
@@ -1859,8 +1868,7 @@ int cmd_demo(cli *c, int argc, char **argv)
         { "keep", no_argument, NULL, OPT_KEEP },
         { NULL, 0, NULL, 0 },
     };
-    uint64_t turns = 0;
-    int quick = 0, keep = 0, synthetic = 0, opt;
+    int opt;
     opterr = 0;
     while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         if (opt == CLI_OPT_HELP || opt == 'h') {
@@ -1871,20 +1879,20 @@ int cmd_demo(cli *c, int argc, char **argv)
             continue;
         switch (opt) {
         case OPT_TURNS:
-            if (parse_u64(optarg, &turns) < 0 || turns < 1
-                || turns > MAX_TURNS)
+            if (parse_u64(optarg, &o->turns) < 0 || o->turns < 1
+                || o->turns > MAX_TURNS)
                 return cli_usage_error("demo", "--turns wants a number from "
                                        "1 to %d", MAX_TURNS);
             break;
         case OPT_QUICK:
-            quick = 1;
+            o->quick = 1;
             break;
         case OPT_KEEP:
-            keep = 1;
+            o->keep = 1;
             break;
         case OPT_ENGINE:
             if (!strcmp(optarg, "synthetic") || !strcmp(optarg, "tinychat"))
-                synthetic = !strcmp(optarg, "synthetic");
+                o->synthetic = !strcmp(optarg, "synthetic");
             else
                 return cli_usage_error("demo", "--engine is tinychat or "
                                        "synthetic, not %s", optarg);
@@ -1899,31 +1907,41 @@ int cmd_demo(cli *c, int argc, char **argv)
     }
     if (optind < argc)
         return cli_usage_error("demo", "unexpected argument %s", argv[optind]);
+    return -1;
+}
+
+int cmd_demo(cli *c, int argc, char **argv)
+{
+    demo_options o = { 0 };
+    int ec = parse_options(c, argc, argv, &o);
+    if (ec >= 0)
+        return ec;
 
     demo d;
     memset(&d, 0, sizeof d);
     d.c = c;
-    d.cfg = quick ? k_quick : k_full;
-    d.quick = quick;
-    d.keep = keep;
+    d.cfg = o.quick ? k_quick : k_full;
+    d.quick = o.quick;
+    d.keep = o.keep;
     d.base_fd = -1;
-    int rc = synthetic ? synthetic_engine(&d.engine, &d.cfg)
-                       : tinychat_engine(&d.engine, quick);
+    int rc = o.synthetic ? synthetic_engine(&d.engine, &d.cfg)
+                         : tinychat_engine(&d.engine, o.quick);
     if (rc < 0)
-        return cli_fail(rc, "the %s engine", synthetic ? "synthetic" : "tinychat");
+        return cli_fail(rc, "the %s engine", o.synthetic ? "synthetic" : "tinychat");
     d.model = d.engine.model;
     const ctxs_geometry *g = &d.engine.model.geometry;
     d.n_runs = g->n_layers * 2 * g->n_kv_heads;
     d.token_bytes = (size_t)d.n_runs * g->head_dim * 2;
 
+    uint32_t turns = o.turns ? (uint32_t)o.turns : d.cfg.turns;
     struct sigaction old[N_SIGNALS];
     g_signal = 0;
     signals_catch(old);
-    int ec = plan_conversation(&d, turns ? (uint32_t)turns : d.cfg.turns);
+    ec = plan_conversation(&d, turns);
     if (ec == CLI_OK)
         ec = demo_setup_dirs(&d);
     if (ec == CLI_OK)
-        ec = play(&d, turns ? (uint32_t)turns : d.cfg.turns);
+        ec = play(&d, turns);
     teardown(&d);
     if (d.engine.destroy)
         d.engine.destroy(&d.engine);

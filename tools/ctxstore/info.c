@@ -42,6 +42,77 @@ static void record_json(json *j, const ctxs_record_report *r)
     json_object_end(j);
 }
 
+static void format_json(json *j, const ctxs_file_report *r)
+{
+    json_key(j, "format");
+    json_object_begin(j);
+    json_kv_u64(j, "major", r->format_major);
+    json_kv_u64(j, "minor", r->format_minor);
+    json_kv_bool(j, "header_crc_ok", r->header_crc_ok);
+    json_object_end(j);
+}
+
+/* What only a valid header tells: the tokenizer, the geometry, the sizes. */
+static void header_json(json *j, const ctxs_file_report *r)
+{
+    json_key(j, "tokenizer_hash");
+    json_hex(j, r->model.tokenizer_hash, 16);
+    json_key(j, "geometry");
+    json_object_begin(j);
+    json_kv_u64(j, "n_layers", r->model.geometry.n_layers);
+    json_kv_u64(j, "n_kv_heads", r->model.geometry.n_kv_heads);
+    json_kv_u64(j, "head_dim", r->model.geometry.head_dim);
+    json_kv_string(j, "dtype", dtype_name(r->model.geometry.dtype));
+    json_object_end(j);
+    json_kv_u64(j, "capacity", r->capacity);
+    json_kv_u64(j, "n_sink", r->n_sink);
+    json_kv_bool(j, "ring", r->ring);
+    json_kv_u64(j, "file_bytes", r->file_bytes);
+}
+
+static void window_json(json *j, const ctxs_window *win)
+{
+    json_key(j, "window");
+    json_object_begin(j);
+    json_kv_u64(j, "n_tokens", win->n_tokens);
+    json_key(j, "spans");
+    json_array_begin(j);
+    for (uint32_t i = 0; i < win->n_spans; i++) {
+        json_object_begin(j);
+        json_kv_u64(j, "slot", win->spans[i].slot);
+        json_kv_u64(j, "count", win->spans[i].count);
+        json_object_end(j);
+    }
+    json_array_end(j);
+    json_object_end(j);
+}
+
+static void parent_json(json *j, const view *v)
+{
+    json_key(j, "parent");
+    json_object_begin(j);
+    json_kv_u64(j, "id", v->e.parent_id);
+    if (v->parent[0])
+        json_kv_string(j, "name", v->parent);
+    json_kv_u64(j, "tokens", v->e.fork_tokens);
+    json_object_end(j);
+}
+
+static void checkpoints_json(json *j, const view *v)
+{
+    json_key(j, "checkpoints");
+    json_array_begin(j);
+    for (size_t i = 0; i < v->n_cps; i++) {
+        json_object_begin(j);
+        json_kv_string(j, "name", v->cps[i].name);
+        json_kv_u64(j, "n_tokens", v->cps[i].n_tokens);
+        json_kv_u64(j, "created_unix_ms", v->cps[i].created_unix_ms);
+        json_kv_bool(j, "stale", v->cps[i].stale);
+        json_object_end(j);
+    }
+    json_array_end(j);
+}
+
 static void print_json(const view *v, ctxs_store *st)
 {
     const ctxs_file_report *r = &v->rep;
@@ -52,31 +123,13 @@ static void print_json(const view *v, ctxs_store *st)
     json_kv_u64(&j, "id", v->e.id);
     json_kv_string(&j, "path", v->path);
     json_kv_string(&j, "status", ctxs_err_name(r->status));
-    json_key(&j, "format");
-    json_object_begin(&j);
-    json_kv_u64(&j, "major", r->format_major);
-    json_kv_u64(&j, "minor", r->format_minor);
-    json_kv_bool(&j, "header_crc_ok", r->header_crc_ok);
-    json_object_end(&j);
+    format_json(&j, r);
     char model[256];
     json_kv_string(&j, "model", cli_model_name(model, st, v->e.model_hash));
     json_key(&j, "model_hash");
     json_hex(&j, v->e.model_hash, 16);
-    if (r->header_status == 0) {
-        json_key(&j, "tokenizer_hash");
-        json_hex(&j, r->model.tokenizer_hash, 16);
-        json_key(&j, "geometry");
-        json_object_begin(&j);
-        json_kv_u64(&j, "n_layers", r->model.geometry.n_layers);
-        json_kv_u64(&j, "n_kv_heads", r->model.geometry.n_kv_heads);
-        json_kv_u64(&j, "head_dim", r->model.geometry.head_dim);
-        json_kv_string(&j, "dtype", dtype_name(r->model.geometry.dtype));
-        json_object_end(&j);
-        json_kv_u64(&j, "capacity", r->capacity);
-        json_kv_u64(&j, "n_sink", r->n_sink);
-        json_kv_bool(&j, "ring", r->ring);
-        json_kv_u64(&j, "file_bytes", r->file_bytes);
-    }
+    if (r->header_status == 0)
+        header_json(&j, r);
     json_kv_u64(&j, "disk_bytes", r->disk_bytes);
     if (v->cur) {
         json_kv_u64(&j, "n_tokens", v->cur->n_tokens);
@@ -88,45 +141,15 @@ static void print_json(const view *v, ctxs_store *st)
     record_json(&j, &r->records[0]);
     record_json(&j, &r->records[1]);
     json_array_end(&j);
-    if (v->open_rc == 0) {
-        json_key(&j, "window");
-        json_object_begin(&j);
-        json_kv_u64(&j, "n_tokens", v->win.n_tokens);
-        json_key(&j, "spans");
-        json_array_begin(&j);
-        for (uint32_t i = 0; i < v->win.n_spans; i++) {
-            json_object_begin(&j);
-            json_kv_u64(&j, "slot", v->win.spans[i].slot);
-            json_kv_u64(&j, "count", v->win.spans[i].count);
-            json_object_end(&j);
-        }
-        json_array_end(&j);
-        json_object_end(&j);
-    }
+    if (v->open_rc == 0)
+        window_json(&j, &v->win);
     json_kv_bool(&j, "writer_open", r->writer_open);
     json_kv_bool(&j, "reader_open", r->reader_open);
     json_kv_u64(&j, "created_unix_ms", v->e.created_unix_ms);
     json_kv_u64(&j, "last_used_unix_ms", v->e.last_used_unix_ms);
-    if (v->e.parent_id) {
-        json_key(&j, "parent");
-        json_object_begin(&j);
-        json_kv_u64(&j, "id", v->e.parent_id);
-        if (v->parent[0])
-            json_kv_string(&j, "name", v->parent);
-        json_kv_u64(&j, "tokens", v->e.fork_tokens);
-        json_object_end(&j);
-    }
-    json_key(&j, "checkpoints");
-    json_array_begin(&j);
-    for (size_t i = 0; i < v->n_cps; i++) {
-        json_object_begin(&j);
-        json_kv_string(&j, "name", v->cps[i].name);
-        json_kv_u64(&j, "n_tokens", v->cps[i].n_tokens);
-        json_kv_u64(&j, "created_unix_ms", v->cps[i].created_unix_ms);
-        json_kv_bool(&j, "stale", v->cps[i].stale);
-        json_object_end(&j);
-    }
-    json_array_end(&j);
+    if (v->e.parent_id)
+        parent_json(&j, v);
+    checkpoints_json(&j, v);
     json_object_end(&j);
     json_finish(&j);
 }

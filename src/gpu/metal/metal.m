@@ -222,6 +222,88 @@ void ctxs_metal_detach(ctxs_metal_kv *kv)
     (void)CFBridgingRelease(kv);
 }
 
+/* What a pass takes besides its arguments: the score scale, the size of q
+ * and of out, and the threadgroup memory. */
+typedef struct pass_sizes {
+    float scale;
+    size_t bytes;   /* of q and of out */
+    NSUInteger tg0; /* floats: acc, w, red */
+    NSUInteger tg1; /* uints: slot */
+} pass_sizes;
+
+/* The core library's checks, so that every kernel accepts the same passes
+ * and scales by the same float; then the sizes, overflow-checked, and the
+ * scratch against the device's threadgroup memory. */
+static int check_pass(pass_sizes *ps, CTXSMetalKV *h, const ctxs_attn_plan *plan,
+                      uint32_t layer, const ctxs_attn_query *q)
+{
+    const ctxs_layout *lay = &h->layout;
+    int rc = ctxs_attention_check(&ps->scale, lay, plan, layer, q);
+    if (rc < 0)
+        return rc;
+    const uint32_t hd = lay->geometry.head_dim;
+
+    if (__builtin_mul_overflow((size_t)q->n * q->n_heads, (size_t)hd, &ps->bytes) ||
+        __builtin_mul_overflow(ps->bytes, sizeof(float), &ps->bytes))
+        return CTXS_EINVAL;
+    /* acc[hd], w[threads], red[2 * simdgroups] floats; slot[threads]. */
+    const NSUInteger tg_floats = ((NSUInteger)hd + h->threads +
+                                  2 * h->simdgroups) * sizeof(float);
+    const NSUInteger tg_uints = h->threads * sizeof(uint32_t);
+    ps->tg0 = (tg_floats + 15) & ~(NSUInteger)15;
+    ps->tg1 = (tg_uints + 15) & ~(NSUInteger)15;
+    if (ps->tg0 + ps->tg1 > h->device.maxThreadgroupMemoryLength)
+        return CTXS_EINVAL;
+    return 0;
+}
+
+/* The kernel's argument block for one layer. */
+static metal_params pass_params(const ctxs_layout *lay, const ctxs_attn_plan *plan,
+                                uint32_t layer, const ctxs_attn_query *q, float scale)
+{
+    metal_params p = {
+        .k_off = (uint64_t)layer * lay->layer_stride,
+        .kv_stride = lay->kv_stride,
+        .head_stride = lay->head_stride,
+        .q_pos = q->pos,
+        .n_sink = plan->n_sink,
+        .window = plan->window,
+        .n_spans = plan->n_spans,
+        .head_dim = lay->geometry.head_dim,
+        .n_heads = q->n_heads,
+        .group = q->n_heads / lay->geometry.n_kv_heads,
+        .scale = scale,
+    };
+    for (uint32_t i = 0; i < plan->n_spans; i++) {
+        p.span_pos[i] = plan->spans[i].pos;
+        p.span_slot[i] = plan->spans[i].slot;
+        p.span_count[i] = plan->spans[i].count;
+    }
+    return p;
+}
+
+/* Encodes the pass into cb: one compute encoder, one threadgroup per
+ * (query head, query), ended before this returns. */
+static int encode_pass(id<MTLCommandBuffer> cb, CTXSMetalKV *h, id<MTLBuffer> qb,
+                       id<MTLBuffer> out, const metal_params *p, const pass_sizes *ps,
+                       const ctxs_attn_query *q)
+{
+    id<MTLComputeCommandEncoder> enc = [cb computeCommandEncoder];
+    if (!enc)
+        return CTXS_ENOMEM;
+    [enc setComputePipelineState:h->pipeline];
+    [enc setBuffer:h->buffer offset:0 atIndex:0];
+    [enc setBuffer:qb offset:0 atIndex:1];
+    [enc setBuffer:out offset:0 atIndex:2];
+    [enc setBytes:p length:sizeof *p atIndex:3];
+    [enc setThreadgroupMemoryLength:ps->tg0 atIndex:0];
+    [enc setThreadgroupMemoryLength:ps->tg1 atIndex:1];
+    [enc dispatchThreadgroups:MTLSizeMake(q->n_heads, q->n, 1)
+        threadsPerThreadgroup:MTLSizeMake(h->threads, 1, 1)];
+    [enc endEncoding];
+    return 0;
+}
+
 int ctxs_metal_attention(void *out_buffer, ctxs_metal_kv *kv, void *q_buffer,
                          const ctxs_attn_plan *plan, uint32_t layer,
                          const ctxs_attn_query *q, void *command_buffer)
@@ -231,60 +313,24 @@ int ctxs_metal_attention(void *out_buffer, ctxs_metal_kv *kv, void *q_buffer,
     if (!q_buffer && (command_buffer || !q->q))
         return CTXS_EINVAL;
     CTXSMetalKV *h = (__bridge CTXSMetalKV *)(void *)kv;
-    const ctxs_layout *lay = &h->layout;
-    /* The core library's checks, so that every kernel accepts the same
-     * passes and scales by the same float. */
-    float scale;
-    int rc = ctxs_attention_check(&scale, lay, plan, layer, q);
+    pass_sizes ps;
+    int rc = check_pass(&ps, h, plan, layer, q);
     if (rc < 0)
         return rc;
-    const uint32_t n_kv = lay->geometry.n_kv_heads;
-    const uint32_t hd = lay->geometry.head_dim;
-
-    size_t bytes; /* of q and of out */
-    if (__builtin_mul_overflow((size_t)q->n * q->n_heads, (size_t)hd, &bytes) ||
-        __builtin_mul_overflow(bytes, sizeof(float), &bytes))
-        return CTXS_EINVAL;
-    /* acc[hd], w[threads], red[2 * simdgroups] floats; slot[threads]. */
-    const NSUInteger tg_floats = ((NSUInteger)hd + h->threads +
-                                  2 * h->simdgroups) * sizeof(float);
-    const NSUInteger tg_uints = h->threads * sizeof(uint32_t);
-    const NSUInteger tg0 = (tg_floats + 15) & ~(NSUInteger)15;
-    const NSUInteger tg1 = (tg_uints + 15) & ~(NSUInteger)15;
-    if (tg0 + tg1 > h->device.maxThreadgroupMemoryLength)
-        return CTXS_EINVAL;
-
-    metal_params p = {
-        .k_off = (uint64_t)layer * lay->layer_stride,
-        .kv_stride = lay->kv_stride,
-        .head_stride = lay->head_stride,
-        .q_pos = q->pos,
-        .n_sink = plan->n_sink,
-        .window = plan->window,
-        .n_spans = plan->n_spans,
-        .head_dim = hd,
-        .n_heads = q->n_heads,
-        .group = q->n_heads / n_kv,
-        .scale = scale,
-    };
-    for (uint32_t i = 0; i < plan->n_spans; i++) {
-        p.span_pos[i] = plan->spans[i].pos;
-        p.span_slot[i] = plan->spans[i].slot;
-        p.span_count[i] = plan->spans[i].count;
-    }
+    metal_params p = pass_params(&h->layout, plan, layer, q, ps.scale);
 
     @autoreleasepool {
         id<MTLBuffer> out = (__bridge id<MTLBuffer>)out_buffer;
-        if (out.length < bytes)
+        if (out.length < ps.bytes)
             return CTXS_EINVAL;
         id<MTLBuffer> qb;
         if (q_buffer) {
             qb = (__bridge id<MTLBuffer>)q_buffer;
-            if (qb.length < bytes)
+            if (qb.length < ps.bytes)
                 return CTXS_EINVAL;
         } else {
             qb = [h->device newBufferWithBytes:q->q
-                                        length:bytes
+                                        length:ps.bytes
                                        options:MTLResourceStorageModeShared];
             if (!qb)
                 return CTXS_ENOMEM;
@@ -295,19 +341,8 @@ int ctxs_metal_attention(void *out_buffer, ctxs_metal_kv *kv, void *q_buffer,
                            : [h->queue commandBuffer];
         if (!cb)
             return CTXS_ENOMEM;
-        id<MTLComputeCommandEncoder> enc = [cb computeCommandEncoder];
-        if (!enc)
-            return CTXS_ENOMEM;
-        [enc setComputePipelineState:h->pipeline];
-        [enc setBuffer:h->buffer offset:0 atIndex:0];
-        [enc setBuffer:qb offset:0 atIndex:1];
-        [enc setBuffer:out offset:0 atIndex:2];
-        [enc setBytes:&p length:sizeof p atIndex:3];
-        [enc setThreadgroupMemoryLength:tg0 atIndex:0];
-        [enc setThreadgroupMemoryLength:tg1 atIndex:1];
-        [enc dispatchThreadgroups:MTLSizeMake(q->n_heads, q->n, 1)
-            threadsPerThreadgroup:MTLSizeMake(h->threads, 1, 1)];
-        [enc endEncoding];
+        if ((rc = encode_pass(cb, h, qb, out, &p, &ps, q)) < 0)
+            return rc;
         if (command_buffer)
             return 0;
 

@@ -201,6 +201,7 @@ int cmd_verify(cli *c, int argc, char **argv);
 int cmd_compact(cli *c, int argc, char **argv);
 int cmd_gc(cli *c, int argc, char **argv);
 int cmd_rm(cli *c, int argc, char **argv);
+int cmd_rename(cli *c, int argc, char **argv);
 int cmd_fork(cli *c, int argc, char **argv);
 int cmd_checkpoint(cli *c, int argc, char **argv);
 int cmd_reindex(cli *c, int argc, char **argv);

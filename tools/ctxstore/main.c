@@ -69,6 +69,11 @@ static const command k_commands[] = {
       "rm SESSION... [--json]\n\n"
       "Deletes sessions with their checkpoints and prefixes, and names each\n"
       "with its tokens. Refuses (exit 4) a session that a process has open.\n" },
+    { "rename", cmd_rename, "rename a session",
+      "rename OLD NEW [--json]\n\n"
+      "Renames the session OLD to NEW. Its file, tokens and checkpoints stay as\n"
+      "they are, and a process that has it open keeps using it. Refuses (exit 7)\n"
+      "a NEW that another session has.\n" },
     { "fork", cmd_fork, "copy a session's first tokens into a new session",
       "fork SRC DST [--at N | --checkpoint NAME]\n\n"
       "Creates DST holding the first N tokens of SRC (all of them by\n"

@@ -19,7 +19,7 @@
     "  0  success (verify: no damage found)\n"                                 \
     "  1  the operation failed (an I/O error, ...)\n"                          \
     "  2  bad command line or argument\n"                                      \
-    "  3  no such session, checkpoint or file\n"                               \
+    "  3  no such session, checkpoint, model or file\n"                        \
     "  4  busy: a writer or another process holds it\n"                        \
     "  5  damaged: verify found damage, or a file is corrupt, foreign,\n"      \
     "     from a newer version or of another model\n"                         \
@@ -86,6 +86,20 @@ static const command k_commands[] = {
       "       ctxstore checkpoint rm SESSION NAME [--json]\n\n"
       "A checkpoint names a session's current token count; restore rolls the\n"
       "session back to it (the session must not be open by a writer).\n" },
+    { "models", cmd_models, "list the models, or register one",
+      "models [ls] [--json]\n"
+      "       ctxstore models register FILE --name NAME --layers L --kv-heads H\n"
+      "                --head-dim D [--dtype fp16]\n"
+      "                [--tokenizer TFILE | --tokenizer-hash HEX] [--json]\n\n"
+      "Lists the registered models: hash, display name, geometry, dtype,\n"
+      "tokenizer hash and when each was registered. A session can be created\n"
+      "only for a registered model.\n\n"
+      "register hashes the weights file FILE (XXH3-128; the store remembers the\n"
+      "hash of a file that has not changed) and registers that hash with the\n"
+      "geometry of its KV cache: layers, KV heads per layer (after GQA) and\n"
+      "elements per head, each 1 to 4096. The tokenizer hash is TFILE's, or HEX\n"
+      "(32 hex digits), or zero. Registering a hash again changes its name; with\n"
+      "another geometry or tokenizer it is refused (exit 5). Prints the hash.\n" },
     { "reindex", cmd_reindex, "rebuild the index from the session files",
       "reindex [--json]\n\n"
       "Rebuilds the index from the session files: names, models, token counts\n"

@@ -18,7 +18,7 @@ enum {
     CLI_EFAIL = 1,     /* the operation failed (I/O error, ...) */
     CLI_EUSAGE = 2,    /* bad command line */
     CLI_ENOTFOUND = 3, /* no such session, checkpoint, model, store or
-                          file */
+                          file; no session holds the prompt's prefix */
     CLI_EBUSY = 4,     /* a writer or another process holds it */
     CLI_EDAMAGED = 5,  /* verify found damage; a file is corrupt, foreign or
                           from a newer version */
@@ -214,6 +214,7 @@ int cmd_rename(cli *c, int argc, char **argv);
 int cmd_fork(cli *c, int argc, char **argv);
 int cmd_checkpoint(cli *c, int argc, char **argv);
 int cmd_models(cli *c, int argc, char **argv);
+int cmd_prefix(cli *c, int argc, char **argv);
 int cmd_reindex(cli *c, int argc, char **argv);
 int cmd_export(cli *c, int argc, char **argv);
 int cmd_import(cli *c, int argc, char **argv);

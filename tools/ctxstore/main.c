@@ -19,7 +19,7 @@
     "  0  success (verify: no damage found)\n"                                 \
     "  1  the operation failed (an I/O error, ...)\n"                          \
     "  2  bad command line or argument\n"                                      \
-    "  3  no such session, checkpoint, model or file\n"                        \
+    "  3  no such session, checkpoint, model or file (prefix: no match)\n"     \
     "  4  busy: a writer or another process holds it\n"                        \
     "  5  damaged: verify found damage, or a file is corrupt, foreign,\n"      \
     "     from a newer version or of another model\n"                         \
@@ -100,6 +100,17 @@ static const command k_commands[] = {
       "elements per head, each 1 to 4096. The tokenizer hash is TFILE's, or HEX\n"
       "(32 hex digits), or zero. Registering a hash again changes its name; with\n"
       "another geometry or tokenizer it is refused (exit 5). Prints the hash.\n" },
+    { "prefix", cmd_prefix, "find the session holding a prompt's first tokens",
+      "prefix --model MODEL TOKEN... [--json]\n"
+      "       ctxstore prefix --model MODEL --tokens-file FILE [--json]\n\n"
+      "Finds the session of MODEL (a name or a 32-digit hash, as `models`\n"
+      "lists them) that holds the longest start of a prompt, and prints it\n"
+      "with how many of the prompt's tokens it holds: fork it there (`ctxstore\n"
+      "fork SESSION NEW --at N`) and prefill only the rest. The prompt is its\n"
+      "token ids in decimal, separated by whitespace, in the arguments (one may\n"
+      "hold several) or in FILE (- for standard input). Prefixes match in whole\n"
+      "chunks of 64 tokens and are indexed every 1024 tokens a session commits\n"
+      "and when it is closed. Exits 3 when no session holds the first 64.\n" },
     { "reindex", cmd_reindex, "rebuild the index from the session files",
       "reindex [--json]\n\n"
       "Rebuilds the index from the session files: names, models, token counts\n"

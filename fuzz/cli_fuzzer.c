@@ -75,6 +75,11 @@ static void init(void)
     char *work_store = fuzz_join(work_dir, "store");
     setenv("CTXSTORE_DIR", work_store, 1);
     free(work_store);
+    /* `prefix --tokens-file -` reads standard input: an empty one. */
+    int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null_fd < 0 || dup2(null_fd, STDIN_FILENO) < 0)
+        fail("opening /dev/null", 0);
+    close(null_fd);
     fuzz_silence(); /* opens /dev/null once, before fds are counted */
     fuzz_unsilence();
     home_fd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);

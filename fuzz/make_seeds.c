@@ -496,6 +496,16 @@ static void cli_seeds(void)
         L("import\0x.exp"), L("import\0x.exp\0new\0--json"), L("import\0junk"),
         L("import\0store"), L("help\0fork"), L("--help"), L("--version"), L("info\0--help"),
         L("--store\0other\0ls"), L("--store=store\0info\0a"), L("nosuchcommand"), L(""),
+        L("rename\0a\0z"), L("rename\0a\0b\0--json"), L("rename\0nope\0z"),
+        L("rename\0a\0a/b"), L("models"), L("models\0ls\0--json"),
+        L("models\0register\0x.exp\0--name\0w\0--layers\0" "1\0--kv-heads\0" "2\0--head-dim\0"
+          "4\0--tokenizer\0junk\0--json"),
+        L("models\0register\0junk\0--name\0w\0--layers\0" "4096\0--kv-heads\0" "4096\0"
+          "--head-dim\0" "4096\0--tokenizer-hash\0" "909192939495969798999a9b9c9d9e9f"),
+        L("models\0register\0store\0--name\0w\0--layers\0" "1\0--kv-heads\0" "1\0--head-dim\0" "1"),
+        L("prefix\0--model\0" "404142434445464748494a4b4c4d4e4f\0" "1 2\0" "3"),
+        L("prefix\0--model\0tiny\0--tokens-file\0junk"),
+        L("prefix\0--model\0tiny\0--tokens-file\0x.exp\0--json"),
     };
 #undef L
     for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
@@ -503,6 +513,15 @@ static void cli_seeds(void)
         snprintf(nm, sizeof(nm), "argv-%02zu", i);
         seed("cli", nm, lines[i].s, lines[i].n);
     }
+    /* The first chunk and a half of session a's ids: a prefix that the
+     * sample store finds. */
+    static const char start[] = "prefix\0--json\0--model\0tiny\0";
+    char line[1024];
+    size_t n = sizeof(start) - 1;
+    memcpy(line, start, n);
+    for (uint64_t pos = 0; pos < 100; pos++)
+        n += (size_t)snprintf(line + n, sizeof(line) - n, "%s%u", pos ? " " : "", fuzz_token(pos));
+    seed("cli", "argv-prefix-a", line, n);
 }
 
 /* --- format ----------------------------------------------------------------- */

@@ -47,8 +47,8 @@ enum {
 };
 
 static const char *const k_commands[] = {
-    "ls", "info", "verify", "compact", "gc", "rm", "fork",
-    "checkpoint", "reindex", "export", "import", "bench", "demo",
+    "ls", "info", "verify", "compact", "gc", "rm", "rename", "fork",
+    "checkpoint", "models", "prefix", "reindex", "export", "import", "bench", "demo",
 };
 enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };
 
@@ -560,7 +560,8 @@ static char *listing(const char *dir)
         names[n++] = strdup(line);
     }
     closedir(d);
-    qsort(names, n, sizeof(*names), cmp_str);
+    if (n) /* qsort's array may not be NULL, even empty */
+        qsort(names, n, sizeof(*names), cmp_str);
     size_t total = 1;
     for (size_t i = 0; i < n; i++)
         total += strlen(names[i]);
@@ -763,14 +764,33 @@ Test(cli, help_for_every_command_exits_0_and_documents_the_exit_codes)
     cr_assert_not(exists(store), "--help created the store %s", store);
 }
 
-Test(cli, usage_errors_exit_2_with_a_usage_line_and_create_nothing)
+/* A command line that is wrong: the arguments, then what stderr must
+ * say. */
+typedef struct usage_case {
+    const char *args[16];
+    const char *says;
+} usage_case;
+
+/* Runs each case on a store that does not exist: each must exit 2 with a
+ * usage line, print nothing on stdout, and create no store. */
+static void usage_errors(const usage_case *cases, size_t n)
 {
     const char *store = dir_of("never-made");
-    /* Each: the arguments, then what stderr must say. */
-    static const struct {
-        const char *args[8];
-        const char *says;
-    } cases[] = {
+    /* Every case is tried, whatever an earlier one did. */
+    for (size_t i = 0; i < n; i++) {
+        run_env(store, NULL, cases[i].args);
+        cr_expect_eq(R.code, EX_USAGE, "`%s` exited %d, expected 2.\nstdout:\n%s\nstderr:\n%s",
+                     R.what, R.code, R.out, R.err);
+        says(0, cases[i].says);
+        cr_expect_eq(R.out_len, 0, "`%s` wrote to stdout after a usage error:\n%s", R.what,
+                     R.out);
+        cr_assert_not(exists(store), "`%s` created the store %s", R.what, store);
+    }
+}
+
+Test(cli, usage_errors_exit_2_with_a_usage_line_and_create_nothing)
+{
+    static const usage_case cases[] = {
         { { "ls", "--bogus" }, "usage: ctxstore ls" },
         { { "ls", "extra" }, "usage: ctxstore ls" },
         { { "info" }, "usage: ctxstore info" },
@@ -813,16 +833,45 @@ Test(cli, usage_errors_exit_2_with_a_usage_line_and_create_nothing)
         { { "--bogus", "ls" }, "ctxstore --help" },
         { { NULL }, "usage: ctxstore" },
     };
-    /* Every case is tried, whatever an earlier one did. */
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        run_env(store, NULL, cases[i].args);
-        cr_expect_eq(R.code, EX_USAGE, "`%s` exited %d, expected 2.\nstdout:\n%s\nstderr:\n%s",
-                     R.what, R.code, R.out, R.err);
-        says(0, cases[i].says);
-        cr_expect_eq(R.out_len, 0, "`%s` wrote to stdout after a usage error:\n%s", R.what,
-                     R.out);
-        cr_assert_not(exists(store), "`%s` created the store %s", R.what, store);
-    }
+    usage_errors(cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+Test(cli, usage_errors_of_rename_models_and_prefix_exit_2_and_create_nothing)
+{
+    static const usage_case cases[] = {
+        { { "rename" }, "usage: ctxstore rename" },
+        { { "rename", "a" }, "usage: ctxstore rename" },
+        { { "rename", "a", "b", "c" }, "usage: ctxstore rename" },
+        { { "rename", "--bogus", "a", "b" }, "usage: ctxstore rename" },
+        { { "models", "frob" }, "usage: ctxstore models" },
+        { { "models", "ls", "x" }, "usage: ctxstore models" },
+        { { "models", "--layers", "2" }, "usage: ctxstore models" },
+        { { "models", "register" }, "usage: ctxstore models" },
+        { { "models", "register", "w", "--layers", "2", "--kv-heads", "2", "--head-dim", "16" },
+          "--name" },
+        { { "models", "register", "w", "--name", "n", "--layers", "2", "--kv-heads", "2" },
+          "--head-dim" },
+        { { "models", "register", "w", "--name", "n", "--layers", "0" }, "1 to 4096" },
+        { { "models", "register", "w", "--name", "n", "--head-dim", "4097" }, "1 to 4096" },
+        { { "models", "register", "w", "--name", "n", "--kv-heads", "two" }, "1 to 4096" },
+        { { "models", "register", "w", "--name", "n", "--dtype", "bf16" }, "fp16" },
+        { { "models", "register", "w", "--name", "n", "--tokenizer-hash", "abc" }, "32 hex" },
+        { { "models", "register", "w", "v", "--name", "n", "--layers", "1", "--kv-heads", "1" },
+          "usage: ctxstore models" },
+        { { "models", "register", "w", "--name", "n", "--layers", "1", "--kv-heads", "1",
+            "--head-dim", "1", "--tokenizer", "t", "--tokenizer-hash",
+            "00112233445566778899aabbccddeeff" },
+          "exclude each other" },
+        { { "prefix" }, "--model" },
+        { { "prefix", "1", "2" }, "--model" },
+        { { "prefix", "--model", "m" }, "token ids" },
+        { { "prefix", "--model", "m", "1", "2x" }, "'2x' is no token id" },
+        { { "prefix", "--model", "m", "4294967296" }, "'4294967296' is no token id" },
+        { { "prefix", "--model", "m", "1 +2" }, "'+2' is no token id" },
+        { { "prefix", "--model", "m", "--tokens-file", "f", "1" }, "not both" },
+        { { "prefix", "--model", "m", "--bogus", "1" }, "usage: ctxstore prefix" },
+    };
+    usage_errors(cases, sizeof(cases) / sizeof(cases[0]));
 }
 
 /* =============================================================================
@@ -1589,6 +1638,436 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
 }
 
 /* =============================================================================
+ * rename, models and prefix
+ * ========================================================================== */
+
+Test(cli, rename_says_what_it_did_and_why_it_refuses)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    ctxs_session *s = mk_open(st, "chat", 256, 1, 50);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
+    ctxs_session_close(s);
+    mk(st, "other", 256, 1, 20);
+    ctxs_session_entry e0;
+    cr_assert_eq(ctxs_store_session_get(&e0, st, "chat"), 0);
+    ctxs_store_close(st);
+    const char *file = file_of(S(), "chat");
+
+    CLI_EXPECT(EX_OK, S(), "rename", "chat", "talk");
+    contains(1, "renamed 'chat' to 'talk' (50 tokens)");
+    CLI_EXPECT(EX_OK, S(), "rename", "talk", ODD_NAME, "--json");
+    jc_value *v = json_out();
+    cr_assert_str_eq(js(v, "name"), ODD_NAME);
+    cr_assert_str_eq(js(v, "old_name"), "talk");
+    cr_assert_eq(ju(v, "id"), e0.id);
+    cr_assert_eq(ju(v, "n_tokens"), 50);
+    jc_free(v);
+    /* The same session: its file, tokens and checkpoints. */
+    st = store_open(S());
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "chat"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_get(&e, st, ODD_NAME), 0);
+    cr_assert_eq(e.id, e0.id);
+    ctxs_store_close(st);
+    cr_assert_str_eq(file_of(S(), ODD_NAME), file);
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "ls", ODD_NAME, "--json");
+    v = json_out();
+    cr_assert_eq(ju(must_by_name(v, "cp"), "n_tokens"), 50, "%s", R.out);
+    jc_free(v);
+
+    char *before = store_state(S());
+    CLI_EXPECT(EX_NOTFOUND, S(), "rename", "nobody", "x", "--json");
+    v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
+    cr_assert(strstr(js(v, "error.message"), "session 'nobody'"), "%s", R.out);
+    cr_assert_str_eq(hint_of(v), "`ctxstore ls` lists the sessions");
+    jc_free(v);
+    CLI_EXPECT(EX_EXIST, S(), "rename", ODD_NAME, "other", "--json");
+    v = json_error_out(-EEXIST, "EEXIST");
+    cr_assert(strstr(js(v, "error.message"), "to 'other'"), "%s", R.out);
+    cr_assert(strstr(hint_of(v), "choose another NEW"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_EXIST, S(), "rename", ODD_NAME, "other");
+    contains(0, "choose another NEW");
+    static const char *const refused[][2] = { { "other", "a/b" }, { "x..y", "fine" } };
+    for (size_t i = 0; i < 2; i++) {
+        CLI_EXPECT(EX_USAGE, S(), "rename", refused[i][0], refused[i][1], "--json");
+        v = json_error_out(CTXS_EINVAL, "CTXS_EINVAL");
+        cr_assert(strstr(hint_of(v), "1 to 255 bytes"), "%s", R.out);
+        jc_free(v);
+    }
+    same_state(before, S(), "renames that were refused");
+    free(before);
+
+    /* A writer's handle stays valid, and its tokens go with the name;
+     * the label in the file too, which reindex reads. */
+    st = store_open(S());
+    s = open_rw(st, "other");
+    CLI_EXPECT(EX_OK, S(), "rename", "other", "renamed");
+    ts_append_many(s, 10);
+    ctxs_session_close(s);
+    s = open_ro(st, "renamed");
+    cr_assert_eq(info_of(s).n_tokens, 30);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+    ts_rmtree(ts_path(S(), "index"));
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(ju(must_by_name(v, "renamed"), "n_tokens"), 30, "%s", R.out);
+    cr_assert_not_null(must_by_name(v, ODD_NAME));
+    jc_free(v);
+}
+
+/* 32 lowercase hex digits of h. */
+static const char *hex_of(const uint8_t h[16])
+{
+    static char bufs[4][33];
+    static unsigned next;
+    char *b = bufs[next++ % 4];
+    for (int i = 0; i < 16; i++)
+        snprintf(b + 2 * i, 3, "%02x", h[i]);
+    return b;
+}
+
+/* Writes a file of n bytes that seed makes different, in the scratch
+ * area, and returns its path and (in hash) its XXH3-128. */
+static const char *weights_file(const char *name, size_t n, uint8_t seed, uint8_t hash[16])
+{
+    uint8_t *buf = malloc(n);
+    cr_assert_not_null(buf);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (uint8_t)(i * 131 + seed * 7 + (i >> 9));
+    const char *path = dir_of(name);
+    cr_assert_eq(ts_write_file(path, buf, n), 0);
+    free(buf);
+    cr_assert_eq(ctxs_model_hash_file(hash, NULL, path), 0);
+    return path;
+}
+
+/* The registered model with hash h, read through the library. */
+static ctxs_model_entry model_of(const uint8_t h[16])
+{
+    ctxs_store *st = store_open(S());
+    ctxs_model_entry e;
+    int rc = ctxs_model_get(&e, st, h);
+    cr_assert_eq(rc, 0, "model %s: %s", hex_of(h), ctxs_err_name(rc));
+    ctxs_store_close(st);
+    return e;
+}
+
+Test(cli, models_lists_what_is_registered)
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    ctxs_model unnamed = ts_model(9);
+    cr_assert_eq(ctxs_model_register(st, &unnamed, NULL), 0);
+    ctxs_store_close(st);
+    ctxs_model m = model();
+
+    CLI_EXPECT(EX_OK, S(), "models", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(v->type, JC_ARRAY);
+    cr_assert_eq(v->n, 2, "%s", R.out);
+    const jc_value *a = by_name(v, MODEL_NAME);
+    cr_assert_not_null(a, "%s", R.out);
+    cr_assert_str_eq(js(a, "model_hash"), hex_of(m.model_hash));
+    cr_assert_eq(ju(a, "geometry.n_layers"), m.geometry.n_layers);
+    cr_assert_eq(ju(a, "geometry.n_kv_heads"), m.geometry.n_kv_heads);
+    cr_assert_eq(ju(a, "geometry.head_dim"), 16);
+    cr_assert_str_eq(js(a, "geometry.dtype"), "fp16");
+    cr_assert_str_eq(js(a, "tokenizer_hash"), hex_of(m.tokenizer_hash));
+    cr_assert_gt(ju(a, "registered_unix_ms"), 0);
+    const jc_value *b = jc_at(v, a == jc_at(v, 0) ? 1 : 0);
+    cr_assert_eq(jget(b, "name")->type, JC_NULL, "an unnamed model's name is null:\n%s", R.out);
+    cr_assert_str_eq(js(b, "model_hash"), hex_of(unnamed.model_hash));
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "models", "ls");
+    contains(1, "2 models");
+    char line[1024];
+    line_with(line, sizeof(line), hex_of(m.model_hash));
+    cr_assert(strstr(line, MODEL_NAME) && strstr(line, " fp16 ") && strstr(line, " 16 ") &&
+                  strstr(line, hex_of(m.tokenizer_hash)),
+              "the model's line: %s", line);
+}
+
+Test(cli, models_register_hashes_the_weights_and_refuses_another_geometry)
+{
+    uint8_t h1[16], h2[16], ht[16];
+    const char *w1 = weights_file("w1.bin", 300000, 1, h1);
+    const char *w2 = weights_file("w2.bin", 5000, 2, h2);
+    const char *tok = weights_file("tokenizer.json", 700, 3, ht);
+    static const char tok_hex[] = "00112233445566778899aabbccddeeff";
+
+    CLI_EXPECT(EX_OK, S(), "models", "register", w1, "--name", "w-one", "--layers", "4",
+               "--kv-heads", "2", "--head-dim", "32", "--tokenizer-hash", tok_hex, "--json");
+    jc_value *v = json_out();
+    cr_assert_str_eq(js(v, "action"), "registered");
+    cr_assert_str_eq(js(v, "model.model_hash"), hex_of(h1));
+    cr_assert_str_eq(js(v, "model.name"), "w-one");
+    cr_assert_eq(ju(v, "model.geometry.n_layers"), 4);
+    cr_assert_eq(ju(v, "model.geometry.head_dim"), 32);
+    cr_assert_str_eq(js(v, "model.tokenizer_hash"), tok_hex);
+    jc_free(v);
+    ctxs_model_entry e = model_of(h1);
+    cr_assert_str_eq(e.name, "w-one");
+    cr_assert_eq(e.model.geometry.n_layers, 4);
+    cr_assert_eq(e.model.geometry.n_kv_heads, 2);
+    cr_assert_eq(e.model.geometry.head_dim, 32);
+    cr_assert_eq(e.model.geometry.dtype, CTXS_DTYPE_F16);
+    cr_assert_str_eq(hex_of(e.model.tokenizer_hash), tok_hex);
+
+    /* A session can be made for it. */
+    ctxs_store *st = store_open(S());
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_store_session_create(&s, st, "on-w1", &e.model, NULL), 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+
+    CLI_EXPECT(EX_OK, S(), "models", "register", w2, "--name", "w-two", "--layers", "2",
+               "--kv-heads", "2", "--head-dim", "16", "--dtype", "fp16", "--tokenizer", tok);
+    contains(1, "registered model 'w-two': 2 layers x 2 KV heads x 16 dims, fp16");
+    char want[64];
+    snprintf(want, sizeof(want), "hash %s", hex_of(h2));
+    contains(1, want);
+    cr_assert_str_eq(hex_of(model_of(h2).model.tokenizer_hash), hex_of(ht));
+
+    /* Again: a new name, then nothing new. */
+    CLI_EXPECT(EX_OK, S(), "models", "register", w2, "--name", "w-2", "--layers", "2",
+               "--kv-heads", "2", "--head-dim", "16", "--tokenizer", tok);
+    contains(1, "renamed model 'w-two' to 'w-2'");
+    CLI_EXPECT(EX_OK, S(), "models", "register", w2, "--name", "w-2", "--layers", "2",
+               "--kv-heads", "2", "--head-dim", "16", "--tokenizer", tok, "--json");
+    v = json_out();
+    cr_assert_str_eq(js(v, "action"), "unchanged");
+    jc_free(v);
+
+    CLI_EXPECT(EX_OK, S(), "models", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 2, "w-one and w-2:\n%s", R.out);
+    cr_assert_not_null(by_name(v, "w-one"));
+    cr_assert_not_null(by_name(v, "w-2"));
+    jc_free(v);
+}
+
+Test(cli, models_register_refuses_another_geometry_files_that_are_no_weights_and_bad_names)
+{
+    uint8_t h1[16];
+    const char *w1 = weights_file("w1.bin", 300000, 1, h1);
+    static const char tok_hex[] = "00112233445566778899aabbccddeeff";
+    CLI_EXPECT(EX_OK, S(), "models", "register", w1, "--name", "w-one", "--layers", "4",
+               "--kv-heads", "2", "--head-dim", "32", "--tokenizer-hash", tok_hex);
+    char *before = store_state(S());
+
+    /* The same hash with another geometry, or another tokenizer. */
+    CLI_EXPECT(EX_DAMAGED, S(), "models", "register", w1, "--name", "w-one", "--layers", "5",
+               "--kv-heads", "2", "--head-dim", "32", "--tokenizer-hash", tok_hex, "--json");
+    jc_value *v = json_error_out(CTXS_EMODEL, "CTXS_EMODEL");
+    cr_assert(strstr(js(v, "error.message"), hex_of(h1)) &&
+                  strstr(js(v, "error.message"), "another geometry") &&
+                  strstr(js(v, "error.message"), "4 layers x 2 KV heads x 32 dims"),
+              "%s", R.out);
+    cr_assert(strstr(hint_of(v), "--layers"), "%s", R.out);
+    cr_assert_not(strstr(R.err, "session"), "no session is involved:\n%s", R.err);
+    jc_free(v);
+    CLI_EXPECT(EX_DAMAGED, S(), "models", "register", w1, "--name", "w-one", "--layers", "4",
+               "--kv-heads", "2", "--head-dim", "32");
+    ctxs_model_entry e = model_of(h1);
+    cr_assert_eq(e.model.geometry.n_layers, 4, "a refused register changed the model");
+    cr_assert_str_eq(hex_of(e.model.tokenizer_hash), tok_hex);
+
+    /* Files that are no weights, and a name that is refused. */
+    CLI_EXPECT(EX_NOTFOUND, S(), "models", "register", dir_of("missing.bin"), "--name", "m",
+               "--layers", "2", "--kv-heads", "2", "--head-dim", "16", "--json");
+    v = json_error_out(-ENOENT, "ENOENT");
+    cr_assert(strstr(js(v, "error.message"), "missing.bin"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_FAIL, S(), "models", "register", ts_scratch, "--name", "m", "--layers", "2",
+               "--kv-heads", "2", "--head-dim", "16");
+    contains(0, "regular file");
+    CLI_EXPECT(EX_NOTFOUND, S(), "models", "register", w1, "--name", "m", "--layers", "2",
+               "--kv-heads", "2", "--head-dim", "16", "--tokenizer", dir_of("missing.json"));
+    uint8_t h3[16];
+    const char *w3 = weights_file("w3.bin", 100, 4, h3);
+    CLI_EXPECT(EX_USAGE, S(), "models", "register", w3, "--name", "a/b", "--layers", "2",
+               "--kv-heads", "2", "--head-dim", "16", "--json");
+    v = json_error_out(CTXS_EINVAL, "CTXS_EINVAL");
+    cr_assert(strstr(hint_of(v), "1 to 255 bytes"), "%s", R.out);
+    jc_free(v);
+
+    CLI_EXPECT(EX_OK, S(), "models", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 1, "only w-one is registered:\n%s", R.out);
+    cr_assert_str_eq(js(v, "[0].name"), "w-one");
+    jc_free(v);
+    same_state(before, S(), "registers that were refused");
+    free(before);
+}
+
+/* Writes text to a file in the scratch area; returns its path. */
+static const char *text_file(const char *name, const char *text)
+{
+    const char *path = dir_of(name);
+    cr_assert_eq(ts_write_file(path, text, strlen(text)), 0);
+    return path;
+}
+
+/* Checks the last run's `prefix --json` document. */
+static void prefix_says(const char *session, uint64_t n_tokens, uint64_t prompt)
+{
+    jc_value *v = json_out();
+    cr_assert_str_eq(js(v, "session"), session, "%s", R.out);
+    cr_assert_eq(ju(v, "n_tokens"), n_tokens, "%s", R.out);
+    cr_assert_eq(ju(v, "prompt_tokens"), prompt, "%s", R.out);
+    ctxs_model m = model();
+    cr_assert_str_eq(js(v, "model_hash"), hex_of(m.model_hash));
+    jc_free(v);
+}
+
+/* The store the prefix tests use: "chat" holds 150 tokens, closed, so its
+ * prefixes are indexed; "short" holds 40, less than a chunk. prompt gets
+ * 200 ids, the first 150 chat's. Returns how many of them the library
+ * finds chat holds. */
+static uint64_t prefix_store(uint32_t prompt[200])
+{
+    ctxs_store *st = store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 1, 150);
+    mk(st, "short", 256, 1, 40);
+    for (uint64_t i = 0; i < 200; i++)
+        prompt[i] = ts_token(i) + (i < 150 ? 0 : 1);
+    ctxs_prefix_match want;
+    ctxs_model m = model();
+    cr_assert_eq(ctxs_prefix_find(&want, st, m.model_hash, prompt, 200), 0);
+    cr_assert_str_eq(want.session, "chat");
+    cr_assert_geq(want.n_tokens, 128);
+    ctxs_store_close(st);
+    return want.n_tokens;
+}
+
+/* The ids of prompt, separated by sep, in a malloc'ed string. */
+static char *prompt_text(const uint32_t *prompt, size_t n, const char *sep)
+{
+    size_t cap = n * (11 + strlen(sep)) + 1, len = 0;
+    char *s = malloc(cap);
+    cr_assert_not_null(s);
+    s[0] = '\0';
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)snprintf(s + len, cap - len, "%s%u", i ? sep : "", prompt[i]);
+    return s;
+}
+
+Test(cli, prefix_finds_the_session_holding_a_prompts_start)
+{
+    uint32_t prompt[200];
+    uint64_t want = prefix_store(prompt);
+    ctxs_model m = model();
+    char *all = prompt_text(prompt, 200, "\n"), *chunk = prompt_text(prompt, 64, " ");
+    char *before = store_state(S());
+
+    /* From a file, by the model's name. */
+    CLI_EXPECT(EX_OK, S(), "prefix", "--model", MODEL_NAME, "--tokens-file",
+               text_file("prompt.txt", all));
+    char line[128];
+    snprintf(line, sizeof(line), "'chat' holds the first %llu of the 200 tokens\n",
+             (unsigned long long)want);
+    contains(1, line);
+    /* One id an argument, by the model's hash. */
+    const char *args[208] = { "prefix", "--model", hex_of(m.model_hash), "--json" };
+    static char ids[200][12];
+    for (int i = 0; i < 200; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "%u", prompt[i]);
+        args[4 + i] = ids[i];
+    }
+    run_env(S(), NULL, args);
+    cr_assert_eq(R.code, EX_OK, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+    prefix_says("chat", want, 200);
+    /* All in one argument, as "$(cat prompt.txt)" passes them. */
+    CLI_EXPECT(EX_OK, S(), "prefix", "--model", MODEL_NAME, all, "--json");
+    prefix_says("chat", want, 200);
+    /* Exactly the first chunk. */
+    CLI_EXPECT(EX_OK, S(), "prefix", "--model", MODEL_NAME, chunk, "--json");
+    prefix_says("chat", 64, 64);
+    CLI_EXPECT(EX_OK, S(), "prefix", "--model", MODEL_NAME, chunk);
+    contains(1, "'chat' holds the first 64 of the 64 tokens");
+
+    /* Two models of one name: the hash decides. */
+    ctxs_store *st = store_open(S());
+    ctxs_model twin = ts_model(11);
+    cr_assert_eq(ctxs_model_register(st, &twin, MODEL_NAME), 0);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_USAGE, S(), "prefix", "--model", MODEL_NAME, chunk, "--json");
+    jc_value *v = json_error_out(CTXS_EINVAL, "CTXS_EINVAL");
+    cr_assert(strstr(hint_of(v), "give the hash"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "prefix", "--model", hex_of(m.model_hash), chunk, "--json");
+    prefix_says("chat", 64, 64);
+    free(before);
+    free(all);
+    free(chunk);
+}
+
+Test(cli, prefix_finds_nothing_for_other_tokens_and_says_why)
+{
+    uint32_t prompt[200];
+    prefix_store(prompt);
+    char *chunk = prompt_text(prompt, 64, " ");
+    char *before = store_state(S());
+
+    /* Other tokens; a first chunk that differs; less than a chunk. */
+    uint32_t other[200];
+    for (int i = 0; i < 200; i++)
+        other[i] = prompt[i] + 1;
+    char *text = prompt_text(other, 200, " ");
+    CLI_EXPECT(EX_NOTFOUND, S(), "prefix", "--model", MODEL_NAME, text, "--json");
+    jc_value *v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
+    cr_assert(strstr(js(v, "error.message"), "200 tokens"), "%s", R.out);
+    cr_assert(strstr(hint_of(v), "first 64"), "%s", R.out);
+    jc_free(v);
+    free(text);
+    prompt[0]++;
+    text = prompt_text(prompt, 200, " ");
+    CLI_EXPECT(EX_NOTFOUND, S(), "prefix", "--model", MODEL_NAME, text);
+    contains(0, "first 64");
+    prompt[0]--;
+    free(text);
+    text = prompt_text(prompt, 40, " "); /* all of short */
+    CLI_EXPECT(EX_NOTFOUND, S(), "prefix", "--model", MODEL_NAME, text, "--json");
+    v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
+    cr_assert(strstr(hint_of(v), "only 40"), "%s", R.out);
+    jc_free(v);
+    free(text);
+
+    /* A model that is not there; a file that is not there, or holds
+     * something else. */
+    CLI_EXPECT(EX_NOTFOUND, S(), "prefix", "--model", "nobody", chunk, "--json");
+    v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
+    cr_assert(strstr(js(v, "error.message"), "model 'nobody'"), "%s", R.out);
+    cr_assert(strstr(hint_of(v), "`ctxstore models`"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_NOTFOUND, S(), "prefix", "--model", "0123456789abcdef0123456789ABCDEF", chunk);
+    contains(0, "`ctxstore models`");
+    CLI_EXPECT(EX_NOTFOUND, S(), "prefix", "--model", MODEL_NAME, "--tokens-file",
+               dir_of("missing.txt"), "--json");
+    jc_free(json_error_out(-ENOENT, "ENOENT"));
+    CLI_EXPECT(EX_USAGE, S(), "prefix", "--model", MODEL_NAME, "--tokens-file",
+               text_file("bad.txt", "1 2 three 4"), "--json");
+    v = json_error_out(CTXS_EINVAL, "CTXS_EINVAL");
+    cr_assert(strstr(js(v, "error.message"), "'three'"), "%s", R.out);
+    cr_assert(strstr(hint_of(v), "decimal"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_USAGE, S(), "prefix", "--model", MODEL_NAME, "--tokens-file",
+               text_file("empty.txt", " \n"));
+    contains(0, "no token ids");
+    CLI_EXPECT(EX_USAGE, S(), "prefix", "--model", MODEL_NAME, "--tokens-file", "-");
+    contains(0, "standard input");
+    same_state(before, S(), "prefix lookups");
+    free(before);
+    free(chunk);
+}
+
+/* =============================================================================
  * Errors with --json, and the hints
  * ========================================================================== */
 
@@ -2049,6 +2528,8 @@ Test(cli, hostile_names_exit_2_and_create_nothing)
         CLI_EXPECT(EX_USAGE, S(), "import", file, name);
         CLI_EXPECT(EX_USAGE, S(), "info", name);
         CLI_EXPECT(EX_USAGE, S(), "rm", name);
+        CLI_EXPECT(EX_USAGE, S(), "rename", "base", name);
+        CLI_EXPECT(EX_USAGE, S(), "rename", name, "other");
     }
     same_state(before, S(), "commands with hostile names");
     CLI_EXPECT(EX_OK, S(), "checkpoint", "ls", "base", "--json");

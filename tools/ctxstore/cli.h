@@ -17,7 +17,8 @@ enum {
     CLI_OK = 0,
     CLI_EFAIL = 1,     /* the operation failed (I/O error, ...) */
     CLI_EUSAGE = 2,    /* bad command line */
-    CLI_ENOTFOUND = 3, /* no such session, checkpoint, store or file */
+    CLI_ENOTFOUND = 3, /* no such session, checkpoint, model, store or
+                          file; no session holds the prompt's prefix */
     CLI_EBUSY = 4,     /* a writer or another process holds it */
     CLI_EDAMAGED = 5,  /* verify found damage; a file is corrupt, foreign or
                           from a newer version */
@@ -79,6 +80,11 @@ int cli_exit_code(int rc);
 int cli_fail_hint(int rc, const char *hint, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 #define cli_fail(rc, ...) cli_fail_hint((rc), NULL, __VA_ARGS__)
+/* As cli_fail_hint(), with fmt the whole message: for a code whose own
+ * text would mislead (CTXS_EMODEL, "session belongs to another model",
+ * where no session is involved). */
+int cli_fail_said(int rc, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 #define CLI_NO_HINT ""
 
 /* What to do about rc, in one line, or NULL. */
@@ -131,6 +137,9 @@ const char *fmt_hash(char buf[33], const uint8_t hash[CTXS_HASH_BYTES]);
 /* Parses "1073741824", "512K", "100MiB", "1.5G", "2GB" (powers of 1024).
  * Returns 0 or -1. */
 int parse_size(const char *s, uint64_t *out);
+/* Parses 32 hex digits (either case), as fmt_hash() writes them. Returns
+ * 0 or -1. */
+int parse_hash(const char *s, uint8_t out[CTXS_HASH_BYTES]);
 /* Parses a non-negative decimal count. Returns 0 or -1. */
 int parse_u64(const char *s, uint64_t *out);
 
@@ -201,8 +210,11 @@ int cmd_verify(cli *c, int argc, char **argv);
 int cmd_compact(cli *c, int argc, char **argv);
 int cmd_gc(cli *c, int argc, char **argv);
 int cmd_rm(cli *c, int argc, char **argv);
+int cmd_rename(cli *c, int argc, char **argv);
 int cmd_fork(cli *c, int argc, char **argv);
 int cmd_checkpoint(cli *c, int argc, char **argv);
+int cmd_models(cli *c, int argc, char **argv);
+int cmd_prefix(cli *c, int argc, char **argv);
 int cmd_reindex(cli *c, int argc, char **argv);
 int cmd_export(cli *c, int argc, char **argv);
 int cmd_import(cli *c, int argc, char **argv);

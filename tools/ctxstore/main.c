@@ -19,7 +19,7 @@
     "  0  success (verify: no damage found)\n"                                 \
     "  1  the operation failed (an I/O error, ...)\n"                          \
     "  2  bad command line or argument\n"                                      \
-    "  3  no such session, checkpoint or file\n"                               \
+    "  3  no such session, checkpoint, model or file (prefix: no match)\n"     \
     "  4  busy: a writer or another process holds it\n"                        \
     "  5  damaged: verify found damage, or a file is corrupt, foreign,\n"      \
     "     from a newer version or of another model\n"                         \
@@ -69,6 +69,11 @@ static const command k_commands[] = {
       "rm SESSION... [--json]\n\n"
       "Deletes sessions with their checkpoints and prefixes, and names each\n"
       "with its tokens. Refuses (exit 4) a session that a process has open.\n" },
+    { "rename", cmd_rename, "rename a session",
+      "rename OLD NEW [--json]\n\n"
+      "Renames the session OLD to NEW. Its file, tokens and checkpoints stay as\n"
+      "they are, and a process that has it open keeps using it. Refuses (exit 7)\n"
+      "a NEW that another session has.\n" },
     { "fork", cmd_fork, "copy a session's first tokens into a new session",
       "fork SRC DST [--at N | --checkpoint NAME]\n\n"
       "Creates DST holding the first N tokens of SRC (all of them by\n"
@@ -81,6 +86,31 @@ static const command k_commands[] = {
       "       ctxstore checkpoint rm SESSION NAME [--json]\n\n"
       "A checkpoint names a session's current token count; restore rolls the\n"
       "session back to it (the session must not be open by a writer).\n" },
+    { "models", cmd_models, "list the models, or register one",
+      "models [ls] [--json]\n"
+      "       ctxstore models register FILE --name NAME --layers L --kv-heads H\n"
+      "                --head-dim D [--dtype fp16]\n"
+      "                [--tokenizer TFILE | --tokenizer-hash HEX] [--json]\n\n"
+      "Lists the registered models: hash, display name, geometry, dtype,\n"
+      "tokenizer hash and when each was registered. A session can be created\n"
+      "only for a registered model.\n\n"
+      "register hashes the weights file FILE (XXH3-128; the store remembers the\n"
+      "hash of a file that has not changed) and registers that hash with the\n"
+      "geometry of its KV cache: layers, KV heads per layer (after GQA) and\n"
+      "elements per head, each 1 to 4096. The tokenizer hash is TFILE's, or HEX\n"
+      "(32 hex digits), or zero. Registering a hash again changes its name; with\n"
+      "another geometry or tokenizer it is refused (exit 5). Prints the hash.\n" },
+    { "prefix", cmd_prefix, "find the session holding a prompt's first tokens",
+      "prefix --model MODEL TOKEN... [--json]\n"
+      "       ctxstore prefix --model MODEL --tokens-file FILE [--json]\n\n"
+      "Finds the session of MODEL (a name or a 32-digit hash, as `models`\n"
+      "lists them) that holds the longest start of a prompt, and prints it\n"
+      "with how many of the prompt's tokens it holds: fork it there (`ctxstore\n"
+      "fork SESSION NEW --at N`) and prefill only the rest. The prompt is its\n"
+      "token ids in decimal, separated by whitespace, in the arguments (one may\n"
+      "hold several) or in FILE (- for standard input). Prefixes match in whole\n"
+      "chunks of 64 tokens and are indexed every 1024 tokens a session commits\n"
+      "and when it is closed. Exits 3 when no session holds the first 64.\n" },
     { "reindex", cmd_reindex, "rebuild the index from the session files",
       "reindex [--json]\n\n"
       "Rebuilds the index from the session files: names, models, token counts\n"

@@ -1,6 +1,7 @@
 /*
- * Keeping a store healthy: compact, gc, rm, reindex.
+ * Keeping a store healthy: compact, gc, rm, rename, reindex.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -172,6 +173,54 @@ int cmd_rm(cli *c, int argc, char **argv)
         json_finish(&j);
     }
     return ex;
+}
+
+/* Reports a refused rename. The library answers CTXS_EINVAL for either
+ * name and CTXS_ENOTFOUND only for from; the advice for a taken name says
+ * what to do about it without repeating it. */
+static int rename_fail(int rc, const char *from, const char *to)
+{
+    if (rc == CTXS_ENOTFOUND)
+        return cli_fail(rc, "session '%s'", from);
+    if (rc == -EEXIST)
+        return cli_fail_hint(rc, "a session has that name; choose another NEW, or remove that "
+                                 "session first with `ctxstore rm`",
+                             "renaming '%s' to '%s'", from, to);
+    return cli_fail(rc, "renaming '%s' to '%s'", from, to);
+}
+
+int cmd_rename(cli *c, int argc, char **argv)
+{
+    int first, ex = cli_parse_common(c, argc, argv, &first);
+    if (ex >= 0)
+        return ex;
+    if (argc - first != 2)
+        return cli_usage_error("rename", "rename takes OLD and NEW");
+    const char *from = argv[first], *to = argv[first + 1];
+    ctxs_store *st;
+    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+        return ex;
+    ctxs_session_entry e;
+    int rc = ctxs_store_session_rename(st, from, to);
+    if (rc == 0)
+        rc = ctxs_store_session_get(&e, st, to);
+    ctxs_store_close(st);
+    if (rc < 0)
+        return rename_fail(rc, from, to);
+    if (c->json) {
+        json j;
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_kv_string(&j, "name", e.name);
+        json_kv_string(&j, "old_name", from);
+        json_kv_u64(&j, "id", e.id);
+        json_kv_u64(&j, "n_tokens", e.n_tokens);
+        json_object_end(&j);
+        json_finish(&j);
+    } else {
+        printf("renamed '%s' to '%s' (%" PRIu64 " tokens)\n", from, e.name, e.n_tokens);
+    }
+    return CLI_OK;
 }
 
 int cmd_reindex(cli *c, int argc, char **argv)

@@ -193,6 +193,20 @@ void cli_say(const char *fmt, ...)
     fprintf(stderr, "ctxstore: %s\n", g_report.said);
 }
 
+/* Says message and rc's name, then the hint (see cli_fail_hint()). */
+static int report_failure(int rc, const char *hint, const char *message)
+{
+    if (!hint)
+        hint = cli_advice(rc);
+    else if (!hint[0])
+        hint = NULL;
+    fprintf(stderr, "ctxstore: %s (%s)\n", message, ctxs_err_name(rc));
+    if (hint)
+        fprintf(stderr, "  hint: %s\n", hint);
+    cli_note_error(rc, message, hint);
+    return cli_exit_code(rc);
+}
+
 int cli_fail_hint(int rc, const char *hint, const char *fmt, ...)
 {
     char what[4480];
@@ -200,17 +214,19 @@ int cli_fail_hint(int rc, const char *hint, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
-    if (!hint)
-        hint = cli_advice(rc);
-    else if (!hint[0])
-        hint = NULL;
     char message[sizeof(g_report.message)];
     snprintf(message, sizeof(message), "%s: %s", what, ctxs_strerror(rc));
-    fprintf(stderr, "ctxstore: %s (%s)\n", message, ctxs_err_name(rc));
-    if (hint)
-        fprintf(stderr, "  hint: %s\n", hint);
-    cli_note_error(rc, message, hint);
-    return cli_exit_code(rc);
+    return report_failure(rc, hint, message);
+}
+
+int cli_fail_said(int rc, const char *hint, const char *fmt, ...)
+{
+    char message[sizeof(g_report.message)];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof(message), fmt, ap);
+    va_end(ap);
+    return report_failure(rc, hint, message);
 }
 
 int cli_store_open(const cli *c, ctxs_store **out)
@@ -384,6 +400,26 @@ const char *fmt_hash(char buf[33], const uint8_t hash[16])
     for (int i = 0; i < 16; i++)
         snprintf(buf + 2 * i, 3, "%02x", hash[i]);
     return buf;
+}
+
+int parse_hash(const char *s, uint8_t out[16])
+{
+    if (!s || strlen(s) != 32)
+        return -1;
+    for (int i = 0; i < 32; i++) {
+        char ch = s[i];
+        int v = ch >= '0' && ch <= '9'   ? ch - '0'
+                : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                         : -1;
+        if (v < 0)
+            return -1;
+        if (i % 2 == 0)
+            out[i / 2] = (uint8_t)(v << 4);
+        else
+            out[i / 2] |= (uint8_t)v;
+    }
+    return 0;
 }
 
 int parse_u64(const char *s, uint64_t *out)

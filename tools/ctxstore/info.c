@@ -23,11 +23,6 @@ typedef struct view {
     char parent[CTXS_NAME_MAX + 1];
 } view;
 
-static const char *dtype_name(uint32_t dtype)
-{
-    return dtype == CTXS_DTYPE_F16 ? "fp16" : "unknown";
-}
-
 static void record_json(json *j, const ctxs_record_report *r)
 {
     json_object_begin(j);
@@ -62,7 +57,7 @@ static void header_json(json *j, const ctxs_file_report *r)
     json_kv_u64(j, "n_layers", r->model.geometry.n_layers);
     json_kv_u64(j, "n_kv_heads", r->model.geometry.n_kv_heads);
     json_kv_u64(j, "head_dim", r->model.geometry.head_dim);
-    json_kv_string(j, "dtype", dtype_name(r->model.geometry.dtype));
+    json_kv_string(j, "dtype", fmt_dtype(r->model.geometry.dtype));
     json_object_end(j);
     json_kv_u64(j, "capacity", r->capacity);
     json_kv_u64(j, "n_sink", r->n_sink);
@@ -186,7 +181,7 @@ static void print_text(const view *v, ctxs_store *st)
         uint64_t per_token = 2ull * g->n_layers * g->n_kv_heads * g->head_dim * 2;
         printf("geometry     %" PRIu32 " layers x %" PRIu32 " KV heads x %" PRIu32
                " dims, %s: %s per token\n",
-               g->n_layers, g->n_kv_heads, g->head_dim, dtype_name(g->dtype),
+               g->n_layers, g->n_kv_heads, g->head_dim, fmt_dtype(g->dtype),
                fmt_size(a, per_token));
         printf("capacity     %" PRIu32 " slots, %" PRIu32 " sinks, %s\n", r->capacity,
                r->n_sink, r->ring ? "ring (overwrites the oldest tokens once full)"

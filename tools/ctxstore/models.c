@@ -20,16 +20,11 @@ typedef struct reg_args {
     int given;        /* options given that only register takes */
 } reg_args;
 
-static const char *dtype_name(uint32_t dtype)
-{
-    return dtype == CTXS_DTYPE_F16 ? "fp16" : "unknown";
-}
-
 /* "2 layers x 8 KV heads x 128 dims, fp16", as info says it. */
 static const char *fmt_geometry(char buf[96], const ctxs_geometry *g)
 {
     snprintf(buf, 96, "%" PRIu32 " layers x %" PRIu32 " KV heads x %" PRIu32 " dims, %s",
-             g->n_layers, g->n_kv_heads, g->head_dim, dtype_name(g->dtype));
+             g->n_layers, g->n_kv_heads, g->head_dim, fmt_dtype(g->dtype));
     return buf;
 }
 
@@ -49,7 +44,7 @@ static void model_json(json *j, const ctxs_model_entry *m)
     json_kv_u64(j, "n_layers", g->n_layers);
     json_kv_u64(j, "n_kv_heads", g->n_kv_heads);
     json_kv_u64(j, "head_dim", g->head_dim);
-    json_kv_string(j, "dtype", dtype_name(g->dtype));
+    json_kv_string(j, "dtype", fmt_dtype(g->dtype));
     json_object_end(j);
     json_key(j, "tokenizer_hash");
     json_hex(j, m->model.tokenizer_hash, CTXS_HASH_BYTES);
@@ -73,7 +68,7 @@ static void models_table(const ctxs_model_entry *list, size_t n)
         char hash[33], tok[33], t[32];
         printf("%-32s  %-*s %6" PRIu32 " %8" PRIu32 " %8" PRIu32 " %-5s  %-32s  %s\n",
                fmt_hash(hash, m->model.model_hash), name_w, m->name[0] ? m->name : "-",
-               g->n_layers, g->n_kv_heads, g->head_dim, dtype_name(g->dtype),
+               g->n_layers, g->n_kv_heads, g->head_dim, fmt_dtype(g->dtype),
                fmt_hash(tok, m->model.tokenizer_hash), fmt_time(t, m->registered_unix_ms));
     }
     printf("%zu model%s\n", n, n == 1 ? "" : "s");

@@ -385,6 +385,11 @@ const char *fmt_age(char buf[32], uint64_t unix_ms)
     return buf;
 }
 
+const char *fmt_dtype(uint32_t dtype)
+{
+    return dtype == CTXS_DTYPE_F16 ? "fp16" : "unknown";
+}
+
 const char *fmt_time(char buf[32], uint64_t unix_ms)
 {
     time_t t = (time_t)(unix_ms / 1000);

@@ -15,7 +15,6 @@
 
 #include "format.h"
 #include "index.h"
-#include "internal.h"
 #include "lock.h"
 #include "mdb_calls.h"
 #include "peek.h"

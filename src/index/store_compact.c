@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "index.h"
-#include "internal.h"
 #include "mdb_calls.h"
+#include "session_iface.h"
 
 /* Sets the index's disk_bytes of session id (named name) to bytes. A
  * session renamed or deleted meanwhile is left to its next update. */

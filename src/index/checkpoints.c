@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "index.h"
-#include "internal.h"
 #include "mdb_calls.h"
+#include "session_iface.h"
 
 static void checkpoint_key(uint8_t *out, uint64_t id, const char *name, size_t len)
 {
@@ -38,18 +38,20 @@ int ctxs__checkpoint_get(ctxs__checkpoint_rec *out, MDB_txn *txn, ctxs_store *st
 
 int ctxs__checkpoint_check(const ctxs_session *s, const ctxs__checkpoint_rec *cp)
 {
-    uint64_t n = cp->n_tokens, n_sink = s->lay.n_sink;
-    uint64_t first_recent = ctxs__first_recent(s, &s->st);
-    if (n > s->st.n_tokens)
-        return CTXS_ESTALE;
+    uint64_t n = cp->n_tokens, sum;
     if (n == 0)
         return 0;
-    /* Its last token overwritten, or a count rollback refuses. */
-    if ((n - 1 >= n_sink && n - 1 < first_recent) || (n > n_sink && n < first_recent))
-        return CTXS_EEVICTED;
-    if (ctxs__sum_table(s)[ctxs__slot(s, n - 1)] != cp->last_sum)
+    /* Its last token beyond the count: rolled back past it. Not held: the
+     * ring overwrote it. (A rollback to n refuses only then: n_sink < n <
+     * the first recent position leaves n - 1 unheld.) */
+    uint32_t slot;
+    int rc = ctxs_session_get_slot(&slot, s, n - 1);
+    if (rc == CTXS_ENOTFOUND)
         return CTXS_ESTALE;
-    return 0;
+    if (rc < 0)
+        return rc;
+    ctxs__session_tokens(NULL, &sum, s, n - 1, 1);
+    return sum == cp->last_sum ? 0 : CTXS_ESTALE;
 }
 
 int ctxs_checkpoint_create(ctxs_session *s, const char *name)
@@ -59,10 +61,12 @@ int ctxs_checkpoint_create(ctxs_session *s, const char *name)
     ctxs_store *st = ctxs__session_store(s, &id);
     if (!st || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
-    ctxs__checkpoint_rec cp = {.n_tokens = s->st.n_tokens,
+    ctxs_session_info info;
+    ctxs_session_get_info(&info, s);
+    ctxs__checkpoint_rec cp = {.n_tokens = info.n_tokens,
                                .created_unix_ms = ctxs__now_unix_ms()};
     if (cp.n_tokens > 0)
-        cp.last_sum = ctxs__sum_table(s)[ctxs__slot(s, cp.n_tokens - 1)];
+        ctxs__session_tokens(NULL, &cp.last_sum, s, cp.n_tokens - 1, 1);
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 0);
     if (rc < 0)
@@ -81,7 +85,9 @@ int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
     ctxs_store *st = ctxs__session_store(s, &id);
     if (!st || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
-    if (s->readonly)
+    ctxs_session_info info;
+    ctxs_session_get_info(&info, s);
+    if (info.flags & CTXS_INFO_READONLY)
         return CTXS_EREADONLY;
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 1);

@@ -21,9 +21,9 @@
 #include <unistd.h>
 
 #include "index.h"
-#include "internal.h"
 #include "lock.h"
 #include "mdb_calls.h"
+#include "session_iface.h"
 
 /* What a session handle opened through a store carries (hooks_arg). */
 typedef struct store_link {
@@ -287,15 +287,6 @@ int ctxs__session_unindex(MDB_txn *txn, ctxs_store *st, uint64_t id)
 
 /* --- What open sessions tell the index ------------------------------------ */
 
-/* Leading positions the session holds from 0, in slots 0.. (token table
- * order): all until the ring wraps, then the sinks. */
-static uint64_t held_prefix(const ctxs_session *s)
-{
-    if (s->st.ring_start <= s->lay.n_sink)
-        return s->st.n_tokens;
-    return s->st.n_tokens < s->lay.n_sink ? s->st.n_tokens : s->lay.n_sink;
-}
-
 /* Updates the session's prefix entries and, at close, its counters and
  * last use. A failure here only delays what find_prefix can find: the
  * next update, open or reindex catches up. */
@@ -308,13 +299,16 @@ static int index_update(store_link *link, ctxs_session *s, int closing)
         return rc;
     char name[CTXS_NAME_MAX + 1];
     ctxs__session_rec rec;
+    const uint32_t *ids;
+    uint64_t n_held = ctxs__session_prefix_held(&ids, s);
     if ((rc = session_by_id(txn, st, link->id, name, &rec)) == 0)
-        rc = ctxs__prefix_update(txn, st, link->id, &rec, ctxs__token_table(s),
-                                 held_prefix(s));
+        rc = ctxs__prefix_update(txn, st, link->id, &rec, ids, n_held);
     if (rc == 0) {
         struct stat sb;
-        rec.n_tokens = s->st.n_tokens;
-        if (ctxs__fstat(s->fd, &sb) == 0)
+        ctxs_session_info info;
+        ctxs_session_get_info(&info, s);
+        rec.n_tokens = info.n_tokens;
+        if (ctxs__fstat(ctxs__session_fd(s), &sb) == 0)
             rec.disk_bytes = (uint64_t)sb.st_blocks * 512u;
         if (closing)
             rec.last_used_unix_ms = ctxs__now_unix_ms();
@@ -329,7 +323,7 @@ static int index_update(store_link *link, ctxs_session *s, int closing)
 static void on_commit(ctxs_session *s, void *arg)
 {
     store_link *link = arg;
-    uint64_t chunks = held_prefix(s) / CTXS_PREFIX_CHUNK;
+    uint64_t chunks = ctxs__session_prefix_held(NULL, s) / CTXS_PREFIX_CHUNK;
     uint64_t had = link->indexed_chunks;
     /* A new conversation's first chunk (a system prompt) is worth finding at
      * once; after that the index is brought up to date in batches, so that
@@ -341,25 +335,26 @@ static void on_commit(ctxs_session *s, void *arg)
 static void on_close(ctxs_session *s, void *arg)
 {
     store_link *link = arg;
-    if (!s->readonly && !s->failed)
+    ctxs_session_info info;
+    ctxs_session_get_info(&info, s);
+    if (!(info.flags & (CTXS_INFO_READONLY | CTXS_INFO_FAILED)))
         index_update(link, s, 1);
-    s->hooks = NULL;
-    s->hooks_arg = NULL;
+    ctxs__session_set_hooks(s, NULL, NULL);
     link_free(link);
 }
 
 /* Cannot fail: whatever needs memory was done by link_new(). */
 static void link_attach(ctxs_session *s, store_link *link)
 {
-    s->hooks = &store_hooks;
-    s->hooks_arg = link;
+    ctxs__session_set_hooks(s, &store_hooks, link);
 }
 
 ctxs_store *ctxs__session_store(const ctxs_session *s, uint64_t *id)
 {
-    if (!s || s->hooks != &store_hooks)
+    void *arg;
+    if (!s || ctxs__session_get_hooks(s, &arg) != &store_hooks)
         return NULL;
-    const store_link *link = s->hooks_arg;
+    const store_link *link = arg;
     *id = link->id;
     return link->st;
 }
@@ -368,7 +363,8 @@ ctxs_store *ctxs__session_store(const ctxs_session *s, uint64_t *id)
  * crash, entries written in a batch may be missing). */
 static int prefix_behind(const ctxs_session *s, const ctxs__session_rec *rec)
 {
-    uint64_t chunks = held_prefix(s) / CTXS_PREFIX_CHUNK;
+    const uint32_t *ids;
+    uint64_t chunks = ctxs__session_prefix_held(&ids, s) / CTXS_PREFIX_CHUNK;
     uint64_t had = rec->prefix_tokens / CTXS_PREFIX_CHUNK;
     if (chunks != had)
         return 1;
@@ -377,7 +373,7 @@ static int prefix_behind(const ctxs_session *s, const ctxs__session_rec *rec)
     uint8_t (*chain)[16] = ctxs__malloc(had * 16);
     if (!chain)
         return 1;
-    ctxs__prefix_chains(chain, ctxs__token_table(s), had);
+    ctxs__prefix_chains(chain, ids, had);
     int behind = memcmp(chain[had - 1], rec->prefix_chain, 16) != 0;
     free(chain);
     return behind;
@@ -437,8 +433,10 @@ static int finish_create(ctxs_store *st, const char *name, size_t len,
     ctxs__session_rec other;
     rc = ctxs__session_get(&other, txn, st, name, len);
     rc = rc == 0 ? -EEXIST : rc == CTXS_ENOTFOUND ? 0 : rc;
+    const uint32_t *ids;
+    uint64_t n_held = ctxs__session_prefix_held(&ids, s);
     if (rc == 0)
-        rc = ctxs__prefix_update(txn, st, rec->id, rec, ctxs__token_table(s), held_prefix(s));
+        rc = ctxs__prefix_update(txn, st, rec->id, rec, ids, n_held);
     if (rc == 0 && (rc = session_put(txn, st, name, len, rec)) == 0)
         rc = intent_drop(txn, st, rec->id);
     /* A fork uses its source: gc must not take a prompt that is forked from
@@ -511,7 +509,9 @@ int ctxs_store_session_create(ctxs_session **out, ctxs_store *st, const char *na
         return rc;
     }
     uint64_t now = ctxs__now_unix_ms();
-    ctxs__session_rec rec = {.id = id, .created_unix_ms = s->created_unix_ms,
+    ctxs_session_info info;
+    ctxs_session_get_info(&info, s);
+    ctxs__session_rec rec = {.id = id, .created_unix_ms = info.created_unix_ms,
                              .last_used_unix_ms = now};
     memcpy(rec.model_hash, model->model_hash, 16);
     if ((rc = adopt_new(st, name, len, &rec, s)) == 0)
@@ -562,8 +562,10 @@ int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const 
         abandon_create(st, id, s);
         return rc;
     }
-    ctxs__session_rec rec = {.id = id, .n_tokens = s->st.n_tokens,
-                             .created_unix_ms = s->created_unix_ms,
+    ctxs_session_info info;
+    ctxs_session_get_info(&info, s);
+    ctxs__session_rec rec = {.id = id, .n_tokens = info.n_tokens,
+                             .created_unix_ms = info.created_unix_ms,
                              .last_used_unix_ms = ctxs__now_unix_ms()};
     memcpy(rec.model_hash, model->model_hash, 16);
     if ((rc = adopt_new(st, name, len, &rec, s)) == 0)
@@ -585,7 +587,7 @@ static int open_file(ctxs_session **out, ctxs_store *st, uint64_t id,
     if (rc == -ENOENT)
         return CTXS_ENOTFOUND;
     struct stat sb;
-    if (rc == 0 && ctxs__fstat((*out)->fd, &sb) == 0 && sb.st_nlink == 0) {
+    if (rc == 0 && ctxs__fstat(ctxs__session_fd(*out), &sb) == 0 && sb.st_nlink == 0) {
         ctxs_session_close(*out);
         *out = NULL;
         rc = CTXS_ENOTFOUND;
@@ -618,8 +620,10 @@ int ctxs_store_session_open(ctxs_session **out, ctxs_store *st, const char *name
         return CTXS_ENOMEM;
     }
     link_attach(s, link);
-    if (!s->readonly && prefix_behind(s, &rec))
-        index_update(s->hooks_arg, s, 0);
+    ctxs_session_info info;
+    ctxs_session_get_info(&info, s);
+    if (!(info.flags & CTXS_INFO_READONLY) && prefix_behind(s, &rec))
+        index_update(link, s, 0);
     *out = s;
     return 0;
 }
@@ -675,10 +679,13 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
         return rc;
     }
     /* All tokens: what the source held when the fork read it. */
+    ctxs_session_info info;
+    ctxs_session_get_info(&info, s);
     if (n_tokens == UINT64_MAX)
-        n_tokens = s->st.n_tokens;
+        n_tokens = info.n_tokens;
     uint64_t now = ctxs__now_unix_ms();
-    ctxs__session_rec rec = {.id = id, .n_tokens = n_tokens, .created_unix_ms = s->created_unix_ms,
+    ctxs__session_rec rec = {.id = id, .n_tokens = n_tokens,
+                             .created_unix_ms = info.created_unix_ms,
                              .last_used_unix_ms = now, .parent_id = src_rec.id,
                              .fork_tokens = n_tokens};
     memcpy(rec.model_hash, src_rec.model_hash, 16);
@@ -686,7 +693,7 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
      * transaction does not then wait for 288 MiB of new blocks. */
     if ((rc = adopt_new(st, dst, dst_len, &rec, s)) < 0)
         return rc;
-    if (s->durability == CTXS_SYNC_ASYNC)
+    if (info.durability == CTXS_SYNC_ASYNC)
         ctxs__writeback_request_all(s);
     if (out)
         *out = s;

@@ -36,7 +36,7 @@
 
 #include "aside.h"
 #include "index.h"
-#include "internal.h"
+#include "session_iface.h"
 #include "sys.h"
 #include "syscall.h"
 
@@ -344,13 +344,7 @@ static int block_copy(export_job *job, uint64_t first, uint32_t count)
     const xfer_plan *p = &job->plan;
     const ctxs_session *s = job->s;
     uint8_t *raw = job->raw;
-    uint64_t *sums = raw_sums(raw);
-    uint32_t *ids = raw_ids(raw, count);
-    for (uint32_t i = 0; i < count; i++) {
-        uint32_t slot = ctxs__slot(s, first + i);
-        ids[i] = ctxs__token_table(s)[slot];
-        sums[i] = ctxs__sum_table(s)[slot];
-    }
+    ctxs__session_tokens(raw_ids(raw, count), raw_sums(raw), s, first, count);
     /* By pread rather than through the mapping: the mapping reads no ahead
      * (MADV_RANDOM), and an I/O error is an error here, not a SIGBUS. */
     ctxs__span sp[2];
@@ -362,7 +356,7 @@ static int block_copy(export_job *job, uint64_t first, uint32_t count)
         size_t at = 0;
         for (uint32_t j = 0; j < n_sp; j++) {
             size_t len = (size_t)sp[j].count * sb;
-            int rc = ctxs__read_exact(s->fd, kv + (size_t)r * run_bytes + at, len,
+            int rc = ctxs__read_exact(ctxs__session_fd(s), kv + (size_t)r * run_bytes + at, len,
                                       (off_t)(base + (uint64_t)sp[j].slot * sb));
             if (rc < 0)
                 return rc;
@@ -372,19 +366,31 @@ static int block_copy(export_job *job, uint64_t first, uint32_t count)
     return 0;
 }
 
+/* Refreshes the session: CTXS_ESTALE unless it still holds every position
+ * the export's state holds. */
+static int refresh_holds_all(export_job *job)
+{
+    int rc = ctxs_session_refresh(job->s);
+    if (rc < 0)
+        return rc;
+    ctxs_session_info info;
+    ctxs_session_get_info(&info, job->s);
+    ctxs__state now = {.n_tokens = info.n_tokens, .ring_start = info.ring_start};
+    return holds_all(info.n_sink, &now, &job->plan.st) ? 0 : CTXS_ESTALE;
+}
+
 /* CTXS_ESTALE unless the session still holds the block's tokens with the
  * checksums copied. */
 static int block_still_held(export_job *job, uint64_t first, uint32_t count)
 {
-    ctxs_session *s = job->s;
-    int rc = ctxs_session_refresh(s);
+    int rc = refresh_holds_all(job);
     if (rc < 0)
         return rc;
-    if (!holds_all(s->lay.n_sink, &s->st, &job->plan.st))
-        return CTXS_ESTALE;
+    uint64_t now[XFER_MAX_BLOCK_TOKENS];
+    ctxs__session_tokens(NULL, now, job->s, first, count);
     const uint64_t *sums = raw_sums(job->raw);
     for (uint32_t i = 0; i < count; i++)
-        if (ctxs__sum_table(s)[ctxs__slot(s, first + i)] != sums[i])
+        if (now[i] != sums[i])
             return CTXS_ESTALE;
     return 0;
 }
@@ -447,20 +453,16 @@ static int export_block(export_job *job, uint32_t index, uint64_t first, uint32_
  * the checksum exported? Then the file holds what the session holds. */
 static int export_still_held(export_job *job)
 {
-    ctxs_session *s = job->s;
     const xfer_plan *p = &job->plan;
-    int rc = ctxs_session_refresh(s);
+    int rc = refresh_holds_all(job);
     if (rc < 0)
         return rc;
-    if (!holds_all(s->lay.n_sink, &s->st, &p->st))
-        return CTXS_ESTALE;
     uint64_t h = 0, first, sums[XFER_MAX_BLOCK_TOKENS];
     uint32_t count;
     block_walk w;
     block_walk_init(p, &w);
     while (block_next(p, &w, &first, &count)) {
-        for (uint32_t i = 0; i < count; i++)
-            sums[i] = ctxs__sum_table(s)[ctxs__slot(s, first + i)];
+        ctxs__session_tokens(NULL, sums, job->s, first, count);
         h = XXH3_64bits_withSeed(sums, (size_t)count * 8, h);
     }
     return h == job->sums_hash ? 0 : CTXS_ESTALE;
@@ -497,13 +499,13 @@ static int export_write(export_job *job, const xfer_header *h)
     return export_still_held(job);
 }
 
-static int export_session(export_job *job, const char *name, size_t len,
-                          const char *model_name, const char *path)
+static int export_session(export_job *job, const ctxs_session_info *info, const char *name,
+                          size_t len, const char *model_name, const char *path)
 {
-    ctxs_session *s = job->s;
     xfer_plan *p = &job->plan;
-    int rc = plan_make(p, &s->model.geometry, s->lay.capacity, s->lay.n_sink, s->ring,
-                       s->st.n_tokens, s->st.ring_start, 0);
+    int ring = (info->flags & CTXS_INFO_RING) != 0;
+    int rc = plan_make(p, &info->model.geometry, info->capacity, info->n_sink, ring,
+                       info->n_tokens, info->ring_start, 0);
     if (rc < 0)
         return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc; /* cannot be: the session opened */
 
@@ -513,22 +515,22 @@ static int export_session(export_job *job, const char *name, size_t len,
     h.version_major = XFER_MAJOR;
     h.version_minor = XFER_MINOR;
     h.header_bytes = XFER_HEADER_BYTES;
-    h.flags = s->ring ? XFER_FLAG_RING : 0;
-    h.dtype = s->model.geometry.dtype;
-    h.n_layers = s->model.geometry.n_layers;
-    h.n_kv_heads = s->model.geometry.n_kv_heads;
-    h.head_dim = s->model.geometry.head_dim;
-    h.capacity = s->lay.capacity;
-    h.n_sink = s->lay.n_sink;
+    h.flags = ring ? XFER_FLAG_RING : 0;
+    h.dtype = info->model.geometry.dtype;
+    h.n_layers = info->model.geometry.n_layers;
+    h.n_kv_heads = info->model.geometry.n_kv_heads;
+    h.head_dim = info->model.geometry.head_dim;
+    h.capacity = info->capacity;
+    h.n_sink = info->n_sink;
     h.block_tokens = p->block_tokens;
     h.n_tokens = p->st.n_tokens;
     h.ring_start = p->st.ring_start;
     h.n_held = p->n_held;
     h.n_blocks = p->n_blocks;
-    h.created_unix_ms = s->created_unix_ms;
+    h.created_unix_ms = info->created_unix_ms;
     h.exported_unix_ms = ctxs__now_unix_ms();
-    memcpy(h.model_hash, s->model.model_hash, 16);
-    memcpy(h.tokenizer_hash, s->model.tokenizer_hash, 16);
+    memcpy(h.model_hash, info->model.model_hash, 16);
+    memcpy(h.tokenizer_hash, info->model.tokenizer_hash, 16);
     size_t model_name_len = strlen(model_name);
     h.model_name_len = (uint16_t)model_name_len;
     memcpy(h.model_name, model_name, model_name_len);
@@ -583,14 +585,16 @@ int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path
     int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
     if (rc < 0)
         return rc;
+    ctxs_session_info info;
+    ctxs_session_get_info(&info, s);
     ctxs_model_entry model;
-    if ((rc = ctxs_model_get(&model, st, s->model.model_hash)) == CTXS_ENOTFOUND) {
+    if ((rc = ctxs_model_get(&model, st, info.model.model_hash)) == CTXS_ENOTFOUND) {
         model.name[0] = '\0';
         rc = 0;
     }
     export_job job = {.s = s, .fd = -1, .progress = progress, .progress_arg = progress_arg};
     if (rc == 0)
-        rc = export_session(&job, name, len, model.name, path);
+        rc = export_session(&job, &info, name, len, model.name, path);
     if (job.zs_ready)
         deflateEnd(&job.zs);
     free(job.raw);

@@ -6,7 +6,7 @@
  * by its descriptor), the file has no name at all until it is linked: a
  * process killed while writing leaves nothing behind. Elsewhere it is
  * "<path>.tmp-<pid>-<n>", which a crash can leave; inside a store the
- * create's intent and repair remove those (sessions.c, maintenance.c).
+ * create's intent and repair remove those (sessions.c, repair.c).
  *
  * Either way the file is write-locked (CTXS__LOCK_WRITER) from the start,
  * which is how a cleaner tells a live create's file from a dead one's.

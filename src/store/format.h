@@ -122,6 +122,20 @@ static_assert(sizeof(ctxs__disk_record) == CTXS__RECORD_BYTES, "record size");
 static_assert(offsetof(ctxs__disk_record, boot_id) == 40, "record layout");
 static_assert(offsetof(ctxs__disk_record, crc32) == 124, "record layout");
 
+/* The committed state a commit record describes. */
+typedef struct ctxs__state {
+    uint64_t seq;
+    uint64_t n_tokens;
+    uint64_t ring_start;
+    uint64_t verified_from;
+} ctxs__state;
+
+/* The state a (valid) record describes. */
+static inline ctxs__state ctxs__record_state(const ctxs__disk_record *r)
+{
+    return (ctxs__state){r->seq, r->n_tokens, r->ring_start, r->verified_from};
+}
+
 /*
  * The label (format 1.1): the name a store gave the file and the id it files
  * it under, so that the store's index can be rebuilt from the files alone.

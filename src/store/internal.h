@@ -1,5 +1,6 @@
 /*
- * The session handle and the helpers its files share.
+ * The session handle and the helpers its files share: src/store's own.
+ * What code outside src/store may ask of a session is session_iface.h.
  */
 #ifndef CTXS_STORE_INTERNAL_H
 #define CTXS_STORE_INTERNAL_H
@@ -11,29 +12,7 @@
 
 #include "ctxstore.h"
 #include "format.h"
-
-/* What the index (src/index) learns from a session opened through a store.
- * The store layer only calls these; it knows nothing of LMDB. */
-typedef struct ctxs__session_hooks {
-    /* After a commit succeeded, on the thread that committed. */
-    void (*committed)(ctxs_session *s, void *arg);
-    /* At close, before anything is unmapped. */
-    void (*closing)(ctxs_session *s, void *arg);
-} ctxs__session_hooks;
-
-/* The committed state a commit record describes. */
-typedef struct ctxs__state {
-    uint64_t seq;
-    uint64_t n_tokens;
-    uint64_t ring_start;
-    uint64_t verified_from;
-} ctxs__state;
-
-/* The state a (valid) record describes. */
-static inline ctxs__state ctxs__record_state(const ctxs__disk_record *r)
-{
-    return (ctxs__state){r->seq, r->n_tokens, r->ring_start, r->verified_from};
-}
+#include "session_iface.h"
 
 struct ctxs_session {
     int fd;
@@ -227,10 +206,6 @@ void ctxs__background_request(ctxs_session *s, unsigned jobs);
 int ctxs__background_map(ctxs_session *s, uint64_t from, uint64_t to);
 void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to);
 
-/* Asks for writeback of the whole file, at ASYNC: for a file written
- * before its handle was open (a fork's copy). */
-void ctxs__writeback_request_all(ctxs_session *s);
-
 /* A session with the background option joins and leaves the worker's
  * care: the first starts the worker, close of the last stops and joins it.
  * leave() returns once the worker no longer touches s. */
@@ -272,41 +247,6 @@ void ctxs__release_outside_window(const ctxs_session *s);
 int ctxs__open_options_resolve(const ctxs_open_options *in, ctxs_open_options *out);
 int ctxs__create_options_resolve(const ctxs_create_options *in, ctxs_create_options *out);
 
-/* Sizes a new file for lay and allocates its first page and tables (the KV
- * stays sparse). Errors: CTXS_EFULL, -errno. */
-int ctxs__new_file_size(int fd, const ctxs__file_layout *lay);
-
-/* Writes the first page of a new file in one pwrite: h, both records
- * holding st (record 0 with seq 1, record 1 with seq 0), label (zeros if
- * NULL), zeros elsewhere. Does not sync. Errors: CTXS_EFULL, CTXS_ENOMEM,
- * -errno. */
-int ctxs__new_file_first_page(int fd, const ctxs__disk_header *h,
-                              const ctxs__state *st, const ctxs__disk_label *label);
-
-/* Writes a whole new file into fd, durably; returns 0 or an error. */
-typedef int (*ctxs__fill_fn)(int fd, void *arg);
-
-/* Makes the session file path appear complete or not at all: fill writes it
- * aside, as path.tmp-<pid>-<n> (open read-write, writer lock held), it is
- * linked into place (-EEXIST if path exists) and its directory synced, then
- * opened read-write with options o (resolved). Leaves no file behind on
- * failure. *out is set on success only. */
-int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *model,
-                      const ctxs_open_options *o, ctxs__fill_fn fill, void *arg);
-
-/* ctxs_session_create() and ctxs_session_fork() with the label the new
- * file gets in its first page (NULL: none, or the source's), written and
- * synced with it: a label written later would have to wait for the data
- * the new file's first sync did not. The fork's ASYNC writeback is left to
- * the caller, to start after its own syncs (on ext4 a journal commit waits
- * for every block allocated since the last one: a 288 MiB copy). */
-int ctxs__session_create_labeled(ctxs_session **out, const char *path,
-                                 const ctxs_model *model, const ctxs_create_options *opts,
-                                 const ctxs__disk_label *label);
-int ctxs__session_fork_labeled(ctxs_session **out, const char *path, ctxs_session *src,
-                               uint64_t n_tokens, const ctxs_open_options *opts,
-                               const ctxs__disk_label *label);
-
 /* The state a rollback of s to n gives (commit.c; forks share it). Errors: CTXS_EINVAL (n above the count), CTXS_EEVICTED
  * (n_sink < n < the first recent position held). */
 int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n);
@@ -315,14 +255,5 @@ int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n);
  * under it. NULL in production. */
 enum { CTXS__FORK_STARTED = 1, CTXS__FORK_TABLES_COPIED, CTXS__FORK_KV_COPIED };
 extern void (*ctxs__fork_hook)(int step);
-
-/* Compacts the session file at path (compact.c): punches out the KV blocks
- * of the slots from min(n_tokens, capacity) on, which hold no token, after
- * a writer's open has settled the state; reserve allocates them again.
- * *bytes_before and *bytes_after get the file's disk space (blocks x 512).
- * Where the filesystem cannot punch holes, nothing changes and 0 is
- * returned. Errors: CTXS_EBUSY (a handle in any process has it open),
- * -ENOENT, -ELOOP, the errors of ctxs_session_open(), CTXS_EFULL, -errno. */
-int ctxs__session_compact(const char *path, uint64_t *bytes_before, uint64_t *bytes_after);
 
 #endif

@@ -1,6 +1,7 @@
 #include "peek.h"
 
 #include <errno.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "sys.h"

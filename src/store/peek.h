@@ -7,7 +7,7 @@
 #ifndef CTXS_STORE_PEEK_H
 #define CTXS_STORE_PEEK_H
 
-#include "internal.h"
+#include "format.h"
 
 typedef struct ctxs__peek {
     ctxs__file_layout lay;

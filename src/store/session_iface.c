@@ -1,0 +1,46 @@
+/*
+ * The answers to what session_iface.h lets code outside src/store ask of
+ * an open session.
+ */
+#include "session_iface.h"
+
+#include "internal.h"
+
+int ctxs__session_fd(const ctxs_session *s)
+{
+    return s->fd;
+}
+
+uint64_t ctxs__session_prefix_held(const uint32_t **ids, const ctxs_session *s)
+{
+    if (ids)
+        *ids = ctxs__token_table(s);
+    uint64_t ns = s->lay.n_sink;
+    if (s->st.ring_start <= ns)
+        return s->st.n_tokens;
+    return s->st.n_tokens < ns ? s->st.n_tokens : ns;
+}
+
+void ctxs__session_tokens(uint32_t *ids, uint64_t *sums, const ctxs_session *s, uint64_t first,
+                          uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t slot = ctxs__slot(s, first + i);
+        if (ids)
+            ids[i] = ctxs__token_table(s)[slot];
+        if (sums)
+            sums[i] = ctxs__sum_table(s)[slot];
+    }
+}
+
+void ctxs__session_set_hooks(ctxs_session *s, const ctxs__session_hooks *hooks, void *arg)
+{
+    s->hooks = hooks;
+    s->hooks_arg = arg;
+}
+
+const ctxs__session_hooks *ctxs__session_get_hooks(const ctxs_session *s, void **arg)
+{
+    *arg = s->hooks_arg;
+    return s->hooks;
+}

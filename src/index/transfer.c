@@ -37,7 +37,7 @@
 #include "aside.h"
 #include "index.h"
 #include "internal.h"
-#include "sys.h"
+#include "platform.h"
 #include "syscall.h"
 
 #define XFER_MAGIC "CTXSEXPT"

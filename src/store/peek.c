@@ -3,7 +3,7 @@
 #include <errno.h>
 #include <sys/stat.h>
 
-#include "sys.h"
+#include "platform.h"
 #include "syscall.h"
 
 int ctxs__peek_fd(ctxs__peek *out, int fd)

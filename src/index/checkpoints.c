@@ -14,6 +14,7 @@
 #include "index.h"
 #include "internal.h"
 #include "mdb_calls.h"
+#include "platform.h"
 
 static void checkpoint_key(uint8_t *out, uint64_t id, const char *name, size_t len)
 {
@@ -60,7 +61,7 @@ int ctxs_checkpoint_create(ctxs_session *s, const char *name)
     if (!st || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
     ctxs__checkpoint_rec cp = {.n_tokens = s->st.n_tokens,
-                               .created_unix_ms = ctxs__now_unix_ms()};
+                               .created_unix_ms = ctxs__now_ms()};
     if (cp.n_tokens > 0)
         cp.last_sum = ctxs__sum_table(s)[ctxs__slot(s, cp.n_tokens - 1)];
     MDB_txn *txn;

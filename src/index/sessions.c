@@ -24,6 +24,7 @@
 #include "internal.h"
 #include "lock.h"
 #include "mdb_calls.h"
+#include "platform.h"
 
 /* What a session handle opened through a store carries (hooks_arg). */
 typedef struct store_link {
@@ -317,7 +318,7 @@ static int index_update(store_link *link, ctxs_session *s, int closing)
         if (ctxs__fstat(s->fd, &sb) == 0)
             rec.disk_bytes = (uint64_t)sb.st_blocks * 512u;
         if (closing)
-            rec.last_used_unix_ms = ctxs__now_unix_ms();
+            rec.last_used_unix_ms = ctxs__now_ms();
     }
     if (rc == 0)
         rc = session_put(txn, st, name, strlen(name), &rec);
@@ -510,7 +511,7 @@ int ctxs_store_session_create(ctxs_session **out, ctxs_store *st, const char *na
         abandon_create(st, id, NULL);
         return rc;
     }
-    uint64_t now = ctxs__now_unix_ms();
+    uint64_t now = ctxs__now_ms();
     ctxs__session_rec rec = {.id = id, .created_unix_ms = s->created_unix_ms,
                              .last_used_unix_ms = now};
     memcpy(rec.model_hash, model->model_hash, 16);
@@ -564,7 +565,7 @@ int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const 
     }
     ctxs__session_rec rec = {.id = id, .n_tokens = s->st.n_tokens,
                              .created_unix_ms = s->created_unix_ms,
-                             .last_used_unix_ms = ctxs__now_unix_ms()};
+                             .last_used_unix_ms = ctxs__now_ms()};
     memcpy(rec.model_hash, model->model_hash, 16);
     if ((rc = adopt_new(st, name, len, &rec, s)) == 0)
         *out = s;
@@ -677,7 +678,7 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
     /* All tokens: what the source held when the fork read it. */
     if (n_tokens == UINT64_MAX)
         n_tokens = s->st.n_tokens;
-    uint64_t now = ctxs__now_unix_ms();
+    uint64_t now = ctxs__now_ms();
     ctxs__session_rec rec = {.id = id, .n_tokens = n_tokens, .created_unix_ms = s->created_unix_ms,
                              .last_used_unix_ms = now, .parent_id = src_rec.id,
                              .fork_tokens = n_tokens};

@@ -526,7 +526,7 @@ static int export_session(export_job *job, const char *name, size_t len,
     h.n_held = p->n_held;
     h.n_blocks = p->n_blocks;
     h.created_unix_ms = s->created_unix_ms;
-    h.exported_unix_ms = ctxs__now_unix_ms();
+    h.exported_unix_ms = ctxs__now_ms();
     memcpy(h.model_hash, s->model.model_hash, 16);
     memcpy(h.tokenizer_hash, s->model.tokenizer_hash, 16);
     size_t model_name_len = strlen(model_name);

@@ -16,7 +16,8 @@
  * all zero when unknown. Thread-safe. */
 void ctxs__boot_id(uint8_t out[16]);
 
-/* Wall-clock milliseconds since the epoch. */
+/* Wall-clock milliseconds since the Unix epoch: the clock of every
+ * *_unix_ms field, in the session files, the index and export files. */
 uint64_t ctxs__now_ms(void);
 
 /* Allocates disk blocks for [off, off + len) of fd without changing its

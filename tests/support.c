@@ -196,14 +196,6 @@ int ts_write_file(const char *path, const void *data, size_t len)
     return 0;
 }
 
-uint64_t ts_rng_next(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 uint64_t ts_seed(const char *test)
 {
     const char *e = getenv("CTXS_TEST_SEED");

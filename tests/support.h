@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ctxstore.h"
+#include "rng.h" /* ts_rng_next() */
 
 /* A fresh directory under $TMPDIR (or /tmp), malloc'ed; ts_rmtree() removes
  * the directory and everything in it. */
@@ -64,9 +65,6 @@ void ts_append_many(ctxs_session *s, uint64_t n);
  * clock; printed to stderr with the test's name, so that a failure can be
  * replayed. */
 uint64_t ts_seed(const char *test);
-
-/* The next number of a splitmix64 sequence. */
-uint64_t ts_rng_next(uint64_t *state);
 
 /* MurmurHash3's 64-bit finalizer: a well-mixed function of x. */
 uint64_t ts_mix64(uint64_t x);

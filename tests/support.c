@@ -67,6 +67,22 @@ const char *ts_path(const char *dir, const char *name)
     return b;
 }
 
+const char *ts_store_dir(void)
+{
+    static char buf[4096];
+    snprintf(buf, sizeof(buf), "%s/store", ts_scratch);
+    return buf;
+}
+
+ctxs_store *ts_store_open(const char *dir)
+{
+    ctxs_store *st = NULL;
+    int rc = ctxs_store_open(&st, dir, NULL);
+    cr_assert_eq(rc, 0, "ctxs_store_open(%s): %s", dir, ctxs_err_name(rc));
+    cr_assert_not_null(st);
+    return st;
+}
+
 uint64_t ts_mix64(uint64_t x)
 {
     x ^= x >> 33;
@@ -81,9 +97,9 @@ ctxs_model ts_model(uint32_t seed)
 {
     ctxs_model m;
     memset(&m, 0, sizeof(m));
-    m.geometry.n_layers = 2;
-    m.geometry.n_kv_heads = 2;
-    m.geometry.head_dim = 8;
+    m.geometry.n_layers = TS_N_LAYERS;
+    m.geometry.n_kv_heads = TS_N_KV_HEADS;
+    m.geometry.head_dim = TS_HEAD_DIM;
     m.geometry.dtype = CTXS_DTYPE_F16;
     for (int i = 0; i < 16; i++) {
         m.model_hash[i] = (uint8_t)ts_mix64(seed * 32u + (uint32_t)i);

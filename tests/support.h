@@ -26,8 +26,23 @@ void ts_scratch_fini(void);
 /* "dir/name" in a static buffer that rotates over 8 entries. */
 const char *ts_path(const char *dir, const char *name);
 
-/* A small model: 2 layers, 2 KV heads, head_dim 8, fp16; hashes from seed. */
+/* The store most tests use: "<ts_scratch>/store", in a static buffer. */
+const char *ts_store_dir(void);
+
+/* ctxs_store_open() of dir with default options; asserts that it opens. */
+ctxs_store *ts_store_open(const char *dir);
+
+/* A small model: TS_N_LAYERS layers, TS_N_KV_HEADS KV heads, head_dim
+ * TS_HEAD_DIM, fp16; hashes from seed. */
+#define TS_N_LAYERS 2u
+#define TS_N_KV_HEADS 2u
+#define TS_HEAD_DIM 8u
 ctxs_model ts_model(uint32_t seed);
+
+/* Elements per token of ts_model() in each of K and V (layers * heads *
+ * head_dim = 32): what one token's K or V array holds, for ts_fill_kv()
+ * and ctxs_session_read_token(). */
+#define TS_KV_MAX (TS_N_LAYERS * TS_N_KV_HEADS * TS_HEAD_DIM)
 
 /* The token id written at position pos in tests. */
 uint32_t ts_token(uint64_t pos);

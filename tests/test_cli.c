@@ -388,20 +388,11 @@ static const char *dir_of(const char *name)
     return b;
 }
 
-/* The store most tests use. */
+/* The store most tests use (ts_store_dir()), short: most command lines
+ * name it. */
 static const char *S(void)
 {
-    static char buf[1024];
-    snprintf(buf, sizeof(buf), "%s/store", ts_scratch);
-    return buf;
-}
-
-static ctxs_store *store_open(const char *dir)
-{
-    ctxs_store *st = NULL;
-    int rc = ctxs_store_open(&st, dir, NULL);
-    cr_assert_eq(rc, 0, "ctxs_store_open(%s): %s", dir, ctxs_err_name(rc));
-    return st;
+    return ts_store_dir();
 }
 
 /* ts_model with 16 dims a head: 2 layers x 2 KV heads x 16, fp16. */
@@ -472,7 +463,7 @@ static const char *file_of(const char *dir, const char *name)
 {
     static char bufs[4][1100];
     static unsigned next;
-    ctxs_store *st = store_open(dir);
+    ctxs_store *st = ts_store_open(dir);
     ctxs_session_entry e;
     int rc = ctxs_store_session_get(&e, st, name);
     cr_assert_eq(rc, 0, "get '%s': %s", name, ctxs_err_name(rc));
@@ -833,7 +824,7 @@ Test(cli, usage_errors_exit_2_with_a_usage_line_and_create_nothing)
 
 Test(cli, ls_lists_names_tokens_capacity_and_flags)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "alpha", 256, 0, 100);           /* no ring */
     mk(st, "beta", 256, 1, 300);            /* a ring that wrapped */
@@ -939,7 +930,7 @@ static void forget_boot_id(const char *path)
 
 Test(cli, ls_flags_failed_only_for_a_file_that_does_not_open)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "no-boot-id", 256, 1, 70);
     ctxs_store_close(st);
@@ -964,7 +955,7 @@ Test(cli, ls_flags_failed_only_for_a_file_that_does_not_open)
 
 Test(cli, ls_flags_rolled_back_while_the_index_remembers_more_tokens)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "undo", 256, 1, 150);
     ctxs_session *s = open_rw(st, "undo");
@@ -1000,7 +991,7 @@ Test(cli, ls_of_an_empty_store)
 
 Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     ctxs_session *s = mk_open(st, "base", 256, 1, 100);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp1"), 0);
@@ -1091,7 +1082,7 @@ Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)
 
 Test(cli, verify_of_a_clean_store_exits_0)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "one", 256, 1, 130);
     mk(st, "two", 256, 1, 400); /* wrapped */
@@ -1120,7 +1111,7 @@ Test(cli, verify_of_a_clean_store_exits_0)
 
 Test(cli, verify_names_the_session_chunks_and_tokens_of_flipped_kv_bytes)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "victim", 256, 1, 200);
     mk(st, "bystander", 256, 1, 200);
@@ -1181,7 +1172,7 @@ Test(cli, verify_names_the_session_chunks_and_tokens_of_flipped_kv_bytes)
 
 Test(cli, verify_names_the_tokens_an_open_after_a_reboot_would_drop)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "reboot", 256, 1, 70);
     ctxs_store_close(st);
@@ -1215,7 +1206,7 @@ Test(cli, verify_names_the_tokens_an_open_after_a_reboot_would_drop)
 
 Test(cli, verify_reports_a_damaged_commit_record)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "rec", 256, 1, 120);
     ctxs_store_close(st);
@@ -1250,7 +1241,7 @@ Test(cli, verify_reports_a_damaged_commit_record)
 
 Test(cli, verify_reports_a_header_with_a_flipped_byte)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "hdr", 256, 1, 50);
     mk(st, "fine", 256, 1, 50);
@@ -1281,7 +1272,7 @@ Test(cli, verify_reports_a_header_with_a_flipped_byte)
 
 Test(cli, verify_reports_a_session_file_deleted_behind_the_index)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "gone", 256, 1, 50);
     mk(st, "here", 256, 1, 50);
@@ -1306,7 +1297,7 @@ Test(cli, verify_reports_a_session_file_deleted_behind_the_index)
 
 Test(cli, verify_reports_a_session_file_the_index_does_not_know)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "known", 256, 1, 50);
     ctxs_store_close(st);
@@ -1334,7 +1325,7 @@ Test(cli, verify_reports_a_session_file_the_index_does_not_know)
 
 Test(cli, gc_deletes_least_recently_used_first_and_keeps_open_ones)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     static const char *const names[] = { "oldest", "older", "newer", "newest" };
     for (int i = 0; i < 4; i++) {
@@ -1388,7 +1379,7 @@ Test(cli, gc_deletes_least_recently_used_first_and_keeps_open_ones)
 
 Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     static const char *const names[] = { "a", "b", "c", "d", "e" };
     for (int i = 0; i < 5; i++)
@@ -1444,7 +1435,7 @@ Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
 
 Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     ctxs_session *s = mk_open(st, "src", 256, 1, 120);
     cr_assert_eq(ctxs_checkpoint_create(s, "mid"), 0);
@@ -1463,7 +1454,7 @@ Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
     CLI_EXPECT(EX_OK, S(), "fork", "src", "all");
     contains(1, "forked 'src' into 'all' at 150 tokens");
 
-    st = store_open(S());
+    st = ts_store_open(S());
     static const struct {
         const char *name;
         uint64_t n;
@@ -1494,7 +1485,7 @@ Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
 
 Test(cli, checkpoint_create_ls_restore_and_rm)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "chat", 256, 1, 100);
     ctxs_store_close(st);
@@ -1502,7 +1493,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "turn1");
     contains(1, "created checkpoint 'turn1' of 'chat' at 100 tokens");
     CLI_EXPECT(EX_EXIST, S(), "checkpoint", "create", "chat", "turn1");
-    st = store_open(S());
+    st = ts_store_open(S());
     ctxs_session *s = open_rw(st, "chat");
     ts_append_many(s, 40);
     ctxs_session_close(s);
@@ -1528,7 +1519,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     contains(1, "turn2");
 
     /* A writer holds the session: restore refuses, nothing moves. */
-    st = store_open(S());
+    st = ts_store_open(S());
     s = open_rw(st, "chat");
     CLI_EXPECT(EX_BUSY, S(), "checkpoint", "restore", "chat", "turn1");
     cr_assert_eq(info_of(s).n_tokens, 140);
@@ -1544,7 +1535,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
                   "the index was not brought up to date by the restore:\n%s", R.out);
     jc_free(v);
     /* A checkpoint of a session a writer holds names what it committed. */
-    st = store_open(S());
+    st = ts_store_open(S());
     s = open_rw(st, "chat");
     ts_append_many(s, 10);
     CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "live");
@@ -1564,7 +1555,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     jc_free(v);
     CLI_EXPECT(EX_OK, S(), "checkpoint", "rm", "chat", "live");
     contains(1, "removed checkpoint 'live' of 'chat' at 110 tokens");
-    st = store_open(S());
+    st = ts_store_open(S());
     s = open_ro(st, "chat");
     cr_assert_eq(info_of(s).n_tokens, 100);
     cr_assert_eq(ts_check_all(s), 0);
@@ -1594,7 +1585,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
 
 Test(cli, json_errors_name_the_code_the_message_and_the_hint)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "chat", 256, 1, 50);
     ctxs_store_close(st);
@@ -1668,7 +1659,7 @@ Test(cli, json_errors_name_the_code_the_message_and_the_hint)
     cr_assert_eq(R.out_len, 0, "%s", R.out);
 
     /* A busy session: the code and exit code of the library's error. */
-    st = store_open(S());
+    st = ts_store_open(S());
     ctxs_session *held = open_rw(st, "chat");
     CLI_EXPECT(EX_BUSY, S(), "checkpoint", "restore", "chat", "x", "--json");
     jc_free(json_error_out(CTXS_EBUSY, "CTXS_EBUSY"));
@@ -1680,7 +1671,7 @@ Test(cli, ls_shows_a_long_model_name_whole_and_aligned)
 {
     static const char long_model[] =
         "Qwen3-4B-Instruct-2507-Q4_K_M-with-a-rather-long-quantization-suffix";
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     ctxs_model m = ts_model(9);
     m.geometry.head_dim = 16;
@@ -1718,7 +1709,7 @@ Test(cli, ls_shows_a_long_model_name_whole_and_aligned)
 
 Test(cli, reindex_after_the_index_is_deleted_brings_the_names_back)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "first", 256, 1, 64);
     mk(st, "second", 256, 1, 300);
@@ -1746,7 +1737,7 @@ Test(cli, reindex_after_the_index_is_deleted_brings_the_names_back)
 
 Test(cli, compact_gives_back_a_rolled_back_sessions_blocks_and_refuses_an_open_one)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     ctxs_session *s = mk_open(st, "shrunk", 1024, 1, 900);
     cr_assert_eq(ctxs_session_rollback(s, 20), 0);
@@ -1781,7 +1772,7 @@ Test(cli, compact_gives_back_a_rolled_back_sessions_blocks_and_refuses_an_open_o
     ctxs_session_close(held);
     ctxs_store_close(st);
 
-    st = store_open(S());
+    st = ts_store_open(S());
     s = open_ro(st, "shrunk");
     cr_assert_eq(ts_check_all(s), 0, "compact lost held tokens");
     ctxs_session_close(s);
@@ -1797,7 +1788,7 @@ Test(cli, compact_gives_back_a_rolled_back_sessions_blocks_and_refuses_an_open_o
  * path. */
 static const char *make_export(void)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "trip", 256, 1, 333);
     ctxs_store_close(st);
@@ -1827,7 +1818,7 @@ Test(cli, export_then_import_into_another_store_keeps_every_token)
     contains(1, "imported 'again' (333 tokens)");
     CLI_EXPECT(EX_EXIST, other, "import", file);
 
-    ctxs_store *a = store_open(S()), *b = store_open(other);
+    ctxs_store *a = ts_store_open(S()), *b = ts_store_open(other);
     ctxs_session *src = open_ro(a, "trip");
     static const char *const names[] = { "trip", "again" };
     for (int i = 0; i < 2; i++) {
@@ -1894,7 +1885,7 @@ Test(cli, import_refuses_damaged_truncated_and_hostile_files_and_changes_nothing
     /* The target store already holds a session, so that "unchanged" has
      * something to keep. */
     const char *dst = dir_of("dst");
-    ctxs_store *st = store_open(dst);
+    ctxs_store *st = ts_store_open(dst);
     register_model(st);
     mk(st, "resident", 256, 1, 30);
     ctxs_store_close(st);
@@ -2026,7 +2017,7 @@ Test(cli, import_hints_fit_a_broken_file_and_a_name_taken)
 
 Test(cli, hostile_names_exit_2_and_create_nothing)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "base", 256, 1, 30);
     ctxs_store_close(st);

@@ -24,26 +24,9 @@
 #include "internal.h"
 #include "support.h"
 
-#define KV_MAX 64u /* elements per token of ts_model: 2 * 2 * 8 = 32 */
-
 TestSuite(compact, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 120);
 
 /* --- Helpers ---------------------------------------------------------------- */
-
-static const char *store_dir(void)
-{
-    static char buf[1024];
-    snprintf(buf, sizeof(buf), "%s/store", ts_scratch);
-    return buf;
-}
-
-static ctxs_store *store_open(void)
-{
-    ctxs_store *st = NULL;
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
-    cr_assert_eq(rc, 0, "ctxs_store_open: %s", ctxs_err_name(rc));
-    return st;
-}
 
 /* Creates name in st with n tokens, rolled back to keep (keep <= n); returns
  * it open. */
@@ -73,7 +56,8 @@ static const char *id_path(uint64_t id)
     static char bufs[8][1100];
     static unsigned next;
     char *b = bufs[next++ % 8];
-    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", store_dir(), (unsigned long long)id);
+    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", ts_store_dir(),
+             (unsigned long long)id);
     return b;
 }
 
@@ -196,7 +180,7 @@ static void on_progress(void *arg, uint64_t done, uint64_t total)
 Test(compact, a_rolled_back_session_gives_back_its_blocks_and_keeps_its_tokens)
 {
     need_punch();
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     ctxs_session *s = mk(st, "chat", &m, 2048, 1800, 100);
@@ -227,7 +211,7 @@ Test(compact, a_rolled_back_session_gives_back_its_blocks_and_keeps_its_tokens)
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     const ctxs_geometry *g = &info.model.geometry;
-    uint16_t k[KV_MAX], v[KV_MAX];
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX];
     uint32_t *ids = malloc(1700 * sizeof(*ids));
     cr_assert_not_null(ids);
     for (uint32_t i = 0; i < r.n_tokens; i++) {
@@ -255,7 +239,7 @@ Test(compact, uncommitted_reservations_are_given_back)
     ts_append_many(s, 10);
     ctxs_reservation r;
     cr_assert_eq(ctxs_session_reserve(&r, s, 900), 0);
-    uint16_t k[KV_MAX], v[KV_MAX];
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX];
     for (uint32_t i = 0; i < r.n_tokens; i++) {
         ts_fill_kv(&m.geometry, r.first_pos + i, k, v);
         cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v), 0);
@@ -329,7 +313,7 @@ Test(compact, a_wrapped_ring_keeps_every_slot_it_may_write)
 Test(compact, a_session_open_anywhere_is_ebusy_and_left_unchanged)
 {
     need_punch();
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(4);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     ctxs_session *s = mk(st, "busy", &m, 1024, 900, 50);
@@ -392,7 +376,7 @@ Test(compact, a_session_open_anywhere_is_ebusy_and_left_unchanged)
 
 Test(compact, bad_arguments_and_unknown_names)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_compact_result res;
     memset(&res, 0xff, sizeof(res));
     cr_assert_eq(ctxs_store_compact(&res, st, "nobody", NULL, NULL), CTXS_ENOTFOUND);
@@ -415,7 +399,7 @@ Test(compact, bad_arguments_and_unknown_names)
 Test(compact, all_skips_busy_sessions_and_compacts_the_rest)
 {
     need_punch();
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(6);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     const char *names[3] = {"a", "b", "c"};
@@ -454,7 +438,7 @@ Test(compact, all_skips_busy_sessions_and_compacts_the_rest)
      * index is left as it is. */
     ctxs_session *r;
     cr_assert_eq(ctxs_store_session_open(&r, st, "a", NULL, CTXS_OPEN_RDONLY, NULL), 0);
-    const char *data = ts_path(store_dir(), "index/data.mdb");
+    const char *data = ts_path(ts_store_dir(), "index/data.mdb");
     struct stat sb_before, sb_after;
     cr_assert_eq(stat(data, &sb_before), 0);
     res = compact(st, NULL, 0);
@@ -468,7 +452,7 @@ Test(compact, all_skips_busy_sessions_and_compacts_the_rest)
     ctxs_session_close(r);
 
     /* So is a second handle to the store. */
-    ctxs_store *again = store_open();
+    ctxs_store *again = ts_store_open(ts_store_dir());
     res = compact(st, NULL, 0);
     cr_assert_eq(res.index_busy, 1);
     ctxs_store_close(again);
@@ -520,7 +504,7 @@ static uint64_t entries(ctxs_store *st, MDB_dbi dbi)
 
 Test(compact, rows_and_files_that_nothing_owns_are_removed)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(7), other = ts_model(8);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     ctxs_session *s = mk(st, "keep", &m, 512, 200, 200);
@@ -629,7 +613,7 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
 
 Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(9);
     cr_assert_eq(ctxs_model_register(st, &m, "model"), 0);
     enum { N = 120 };
@@ -645,7 +629,7 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
         snprintf(name, sizeof(name), "%0200d", i);
         cr_assert_eq(ctxs_store_session_delete(st, name), 0);
     }
-    const char *data = ts_path(store_dir(), "index/data.mdb");
+    const char *data = ts_path(ts_store_dir(), "index/data.mdb");
     uint64_t size_before = file_size(data);
 
     ctxs_compact_result res = compact(st, NULL, 0);
@@ -655,7 +639,7 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
     cr_assert_eq(res.index_bytes_after, disk_bytes(data));
     cr_assert_lt(file_size(data) * 4, size_before, "data.mdb %llu -> %llu bytes",
                  (unsigned long long)size_before, (unsigned long long)file_size(data));
-    cr_assert_not(exists(ts_path(store_dir(), "index/compact.tmp")));
+    cr_assert_not(exists(ts_path(ts_store_dir(), "index/compact.tmp")));
 
     /* The handle goes on working: reads, writes, new sessions. */
     ctxs_session_entry *list;
@@ -680,7 +664,7 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
     ctxs_store_close(st);
 
     /* And after a reopen. */
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
     cr_assert_eq(n, 2);
     ctxs_free(list);
@@ -700,7 +684,7 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
 
 Test(compact, the_index_is_left_alone_while_another_process_has_the_store_open)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(10);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     for (int i = 0; i < 20; i++) {
@@ -718,7 +702,7 @@ Test(compact, the_index_is_left_alone_while_another_process_has_the_store_open)
     if (pid == 0) {
         /* Its own handle (the parent's is not for a child). */
         ctxs_store *mine = NULL;
-        char c = ctxs_store_open(&mine, store_dir(), NULL) == 0 ? 'r' : 'x';
+        char c = ctxs_store_open(&mine, ts_store_dir(), NULL) == 0 ? 'r' : 'x';
         if (write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) < 0)
             _exit(1);
         /* After the parent's attempt: its view of the index still holds. */
@@ -730,7 +714,7 @@ Test(compact, the_index_is_left_alone_while_another_process_has_the_store_open)
     char c = 0;
     cr_assert_eq(read(ready[0], &c, 1), 1);
     cr_assert_eq(c, 'r', "the child could not open the store");
-    const char *data = ts_path(store_dir(), "index/data.mdb");
+    const char *data = ts_path(ts_store_dir(), "index/data.mdb");
     struct stat sb_before, sb_after;
     cr_assert_eq(stat(data, &sb_before), 0);
 
@@ -768,8 +752,8 @@ Test(compact, an_open_waits_while_the_store_lock_is_held_exclusively)
 {
     /* What a compaction in another process looks like to an open: the
      * store lock held exclusively. The open waits, then goes on. */
-    ctxs_store_close(store_open());
-    int fd = open(ts_path(store_dir(), "index/store.lock"), O_RDWR | O_CLOEXEC);
+    ctxs_store_close(ts_store_open(ts_store_dir()));
+    int fd = open(ts_path(ts_store_dir(), "index/store.lock"), O_RDWR | O_CLOEXEC);
     cr_assert_geq(fd, 0, "index/store.lock: %s", strerror(errno));
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
     cr_assert_eq(fcntl(fd, F_OFD_SETLK, &fl), 0, "%s", strerror(errno));
@@ -779,7 +763,7 @@ Test(compact, an_open_waits_while_the_store_lock_is_held_exclusively)
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         ctxs_store *st = NULL;
-        char c = ctxs_store_open(&st, store_dir(), NULL) == 0 ? 'o' : 'x';
+        char c = ctxs_store_open(&st, ts_store_dir(), NULL) == 0 ? 'o' : 'x';
         ctxs_store_close(st);
         _exit(write(opened[1], &c, 1) == 1 ? 0 : 1);
     }
@@ -800,21 +784,21 @@ Test(compact, an_open_waits_while_the_store_lock_is_held_exclusively)
 
 Test(compact, a_copy_left_by_a_crash_is_removed_and_never_read)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(11);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     ctxs_session_close(mk(st, "early", &m, 256, 70, 70));
     ctxs_store_close(st);
     /* A complete copy of an older index, as a compaction killed before its
      * rename leaves it. */
-    const char *data = ts_path(store_dir(), "index/data.mdb");
-    const char *tmp = ts_path(store_dir(), "index/compact.tmp");
+    const char *data = ts_path(ts_store_dir(), "index/data.mdb");
+    const char *tmp = ts_path(ts_store_dir(), "index/compact.tmp");
     size_t len;
     uint8_t *old = ts_read_file(data, &len);
     cr_assert_eq(ts_write_file(tmp, old, len), 0);
     free(old);
 
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert_not(exists(tmp), "open left the copy");
     ctxs_session_close(mk(st, "late", &m, 256, 70, 70));
     /* Another one, garbage, while the store is open: compaction clears it
@@ -825,7 +809,7 @@ Test(compact, a_copy_left_by_a_crash_is_removed_and_never_read)
     cr_assert_not(exists(tmp));
     ctxs_store_close(st);
 
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     ctxs_session_entry *list;
     size_t n;
     cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);

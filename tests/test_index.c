@@ -28,28 +28,9 @@
 #include "index.h"
 #include "support.h"
 
-#define KV_MAX 64u /* elements per token of ts_model: 2 * 2 * 8 = 32 */
-
 TestSuite(index, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 60);
 
 /* --- Helpers ---------------------------------------------------------------- */
-
-/* The store directory of this test (each test runs in its own process). */
-static const char *store_dir(void)
-{
-    static char buf[1024];
-    snprintf(buf, sizeof(buf), "%s/store", ts_scratch);
-    return buf;
-}
-
-static ctxs_store *store_open(void)
-{
-    ctxs_store *st = NULL;
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
-    cr_assert_eq(rc, 0, "ctxs_store_open: %s", ctxs_err_name(rc));
-    cr_assert_not_null(st);
-    return st;
-}
 
 static ctxs_create_options small_opts(uint32_t capacity, uint32_t n_sink)
 {
@@ -115,7 +96,8 @@ static const char *id_path(uint64_t id)
     static char bufs[16][1100];
     static unsigned next;
     char *b = bufs[next++ % 16];
-    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", store_dir(), (unsigned long long)id);
+    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", ts_store_dir(),
+             (unsigned long long)id);
     return b;
 }
 
@@ -137,7 +119,7 @@ static void append_gen(ctxs_session *s, uint32_t n, uint32_t gen)
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     const ctxs_geometry *g = &info.model.geometry;
-    uint16_t k[KV_MAX], v[KV_MAX];
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX];
     while (n) {
         uint32_t c = n > 50 ? 50 : n, ids[50];
         ctxs_reservation r;
@@ -169,7 +151,7 @@ static uint32_t *prompt(uint64_t n, uint64_t from, uint32_t gen)
  * id, and that both hold them. */
 static void same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n)
 {
-    uint16_t ka[KV_MAX] = {0}, va[KV_MAX] = {0}, kb[KV_MAX] = {0}, vb[KV_MAX] = {0};
+    uint16_t ka[TS_KV_MAX] = {0}, va[TS_KV_MAX] = {0}, kb[TS_KV_MAX] = {0}, vb[TS_KV_MAX] = {0};
     ctxs_layout la, lb;
     cr_assert_eq(ctxs_session_get_layout(&la, a), 0);
     cr_assert_eq(ctxs_session_get_layout(&lb, b), 0);
@@ -226,7 +208,7 @@ static MDB_env *raw_env(void)
     cr_assert_eq(mdb_env_create(&env), 0);
     cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
     cr_assert_eq(mdb_env_set_mapsize(env, (size_t)1 << 30), 0);
-    int rc = mdb_env_open(env, ts_path(store_dir(), "index"), 0, 0600);
+    int rc = mdb_env_open(env, ts_path(ts_store_dir(), "index"), 0, 0600);
     cr_assert_eq(rc, 0, "mdb_env_open: %s", mdb_strerror(rc));
     return env;
 }
@@ -248,21 +230,22 @@ static void raw_put(MDB_env *env, const char *db, const void *k, size_t kl, cons
 Test(index, store_dir_is_created_0700_and_files_0600)
 {
     mode_t old = umask(0);
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     umask(old);
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "chat", &m, 256, 4, 10);
     ctxs_session_entry e = entry(st, "chat");
     struct stat sb;
-    const char *dirs[] = {store_dir(), ts_path(store_dir(), "index"), ts_path(store_dir(), "sessions")};
+    const char *dirs[] = {ts_store_dir(), ts_path(ts_store_dir(), "index"),
+                          ts_path(ts_store_dir(), "sessions")};
     for (size_t i = 0; i < 3; i++) {
         cr_assert_eq(stat(dirs[i], &sb), 0, "%s: %s", dirs[i], strerror(errno));
         cr_assert(S_ISDIR(sb.st_mode));
         cr_assert_eq(sb.st_mode & 07777, 0700, "%s has mode %o", dirs[i], sb.st_mode & 07777);
     }
-    const char *files[] = {ts_path(store_dir(), "index/data.mdb"),
-                           ts_path(store_dir(), "index/lock.mdb"), id_path(e.id)};
+    const char *files[] = {ts_path(ts_store_dir(), "index/data.mdb"),
+                           ts_path(ts_store_dir(), "index/lock.mdb"), id_path(e.id)};
     for (size_t i = 0; i < 3; i++) {
         cr_assert_eq(stat(files[i], &sb), 0, "%s: %s", files[i], strerror(errno));
         cr_assert_eq(sb.st_mode & 07777, 0600, "%s has mode %o", files[i], sb.st_mode & 07777);
@@ -277,16 +260,16 @@ Test(index, store_open_refuses_bad_arguments)
     cr_assert_eq(ctxs_store_open(&st, NULL, NULL), CTXS_EINVAL);
     cr_assert_null(st);
     cr_assert_eq(ctxs_store_open(&st, "", NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_open(NULL, store_dir(), NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_open(NULL, ts_store_dir(), NULL), CTXS_EINVAL);
     ctxs_store_options o = CTXS_STORE_OPTIONS_INIT;
     o.reserved[3] = 1;
-    cr_assert_eq(ctxs_store_open(&st, store_dir(), &o), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &o), CTXS_EINVAL);
     o = (ctxs_store_options)CTXS_STORE_OPTIONS_INIT;
     o.version = 99;
-    cr_assert_eq(ctxs_store_open(&st, store_dir(), &o), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &o), CTXS_EINVAL);
     /* A regular file where the directory should be. */
-    cr_assert_eq(ts_write_file(store_dir(), "x", 1), 0);
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    cr_assert_eq(ts_write_file(ts_store_dir(), "x", 1), 0);
+    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
     cr_assert_lt(rc, 0);
     cr_assert_null(st);
     ctxs_store_close(NULL);
@@ -294,7 +277,7 @@ Test(index, store_open_refuses_bad_arguments)
 
 Test(index, store_open_twice_shares_one_environment)
 {
-    ctxs_store *a = store_open(), *b = store_open();
+    ctxs_store *a = ts_store_open(ts_store_dir()), *b = ts_store_open(ts_store_dir());
     cr_assert_eq(a->env, b->env, "two handles of one store must share one MDB_env");
     ctxs_model m = ts_model(1);
     model_reg(a, &m);
@@ -313,7 +296,7 @@ Test(index, store_open_twice_shares_one_environment)
     cr_assert_eq(count_entries(b), 3);
     ctxs_store_close(b);
     /* And a later open finds everything. */
-    ctxs_store *c = store_open();
+    ctxs_store *c = ts_store_open(ts_store_dir());
     cr_assert_eq(count_entries(c), 3);
     ctxs_store_close(c);
 }
@@ -346,7 +329,7 @@ static void *thread_main(void *p)
         if (rc != 0)
             T_FAIL(a, "create %s: %s", name, ctxs_err_name(rc));
         ctxs_reservation r;
-        uint16_t k[KV_MAX], v[KV_MAX];
+        uint16_t k[TS_KV_MAX], v[TS_KV_MAX];
         uint32_t n = 70 + (uint32_t)i;
         if ((rc = ctxs_session_reserve(&r, s, n)) != 0)
             T_FAIL(a, "reserve: %s", ctxs_err_name(rc));
@@ -380,7 +363,7 @@ static void *thread_main(void *p)
 
 Test(index, one_store_by_two_paths_is_one_handle_and_two_stores_are_two)
 {
-    ctxs_store *a = store_open();
+    ctxs_store *a = ts_store_open(ts_store_dir());
     cr_assert_eq(chdir(ts_scratch), 0);
     ctxs_store *b;
     cr_assert_eq(ctxs_store_open(&b, "store", NULL), 0);
@@ -407,7 +390,7 @@ Test(index, one_store_by_two_paths_is_one_handle_and_two_stores_are_two)
 
 Test(index, two_threads_of_one_process_use_one_store)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     thread_arg args[2] = {{st, 0, 0, ""}, {st, 1, 0, ""}};
@@ -437,7 +420,7 @@ Test(index, two_threads_of_one_process_use_one_store)
 
 Test(index, hostile_names_are_einval_everywhere)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "good", &m, 256, 4, 70);
@@ -499,7 +482,7 @@ Test(index, hostile_names_are_einval_everywhere)
     cr_assert_eq(count_entries(st), 1);
     ctxs_session_close(s);
     cr_assert_eq(entry(st, "good").n_tokens, 70);
-    DIR *d = opendir(ts_path(store_dir(), "sessions"));
+    DIR *d = opendir(ts_path(ts_store_dir(), "sessions"));
     cr_assert_not_null(d);
     int files = 0;
     for (struct dirent *de; (de = readdir(d));)
@@ -511,7 +494,7 @@ Test(index, hostile_names_are_einval_everywhere)
 
 Test(index, utf8_names_up_to_255_bytes_are_accepted)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     char max_ascii[256], max_utf8[256];
@@ -556,7 +539,7 @@ Test(index, names_with_two_dots_anywhere_are_einval)
     /* The rule is "no '..' in a name", not only "not the name ..": tools
      * print and export names, and none of them should look like a step up
      * a path. Single dots are fine. */
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     const char *bad[] = {"wait...", "v1..v2", "..hidden", "trailing..", "..."};
@@ -584,7 +567,7 @@ Test(index, names_with_two_dots_anywhere_are_einval)
 
 Test(index, a_name_is_never_a_path)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     /* Names that look like the store's own files. */
@@ -608,10 +591,10 @@ Test(index, a_name_is_never_a_path)
         cr_assert_eq(n_tokens(s), 10 + i);
         ctxs_session_close(s);
     }
-    cr_assert(!exists(ts_path(store_dir(), "0000000000000002.ctxs")));
-    cr_assert(!exists(ts_path(store_dir(), "data.mdb")));
-    cr_assert(!exists(ts_path(store_dir(), "sessions/index")));
-    cr_assert(!exists(ts_path(store_dir(), "sessions/0000000000000001.ctxs.tmp-1-0")));
+    cr_assert(!exists(ts_path(ts_store_dir(), "0000000000000002.ctxs")));
+    cr_assert(!exists(ts_path(ts_store_dir(), "data.mdb")));
+    cr_assert(!exists(ts_path(ts_store_dir(), "sessions/index")));
+    cr_assert(!exists(ts_path(ts_store_dir(), "sessions/0000000000000001.ctxs.tmp-1-0")));
     /* A repair must not take those names for leftovers. */
     ctxs_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
@@ -626,7 +609,7 @@ Test(index, a_name_is_never_a_path)
 
 Test(index, create_open_list_report_model_tokens_size_and_last_use)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m1 = ts_model(1), m2 = ts_model(2);
     model_reg(st, &m1);
     model_reg(st, &m2);
@@ -684,7 +667,7 @@ Test(index, create_open_list_report_model_tokens_size_and_last_use)
 
 Test(index, create_with_a_taken_name_is_eexist)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "taken", &m, 256, 4, 5));
@@ -707,7 +690,7 @@ Test(index, create_with_a_taken_name_is_eexist)
 
 Test(index, a_second_writer_is_ebusy_and_readers_coexist)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *w = mk(st, "one", &m, 256, 4, 20);
@@ -729,7 +712,7 @@ Test(index, a_second_writer_is_ebusy_and_readers_coexist)
 
 Test(index, delete_of_an_open_session_is_ebusy)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *w = mk(st, "doomed", &m, 256, 4, 70);
@@ -765,7 +748,7 @@ Test(index, delete_of_an_open_session_is_ebusy)
 
 Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "before", &m, 256, 4, 70);
@@ -805,7 +788,7 @@ Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
 
 Test(index, open_of_a_missing_name_or_file_is_enotfound)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = (ctxs_session *)1;
@@ -827,7 +810,7 @@ Test(index, open_of_a_missing_name_or_file_is_enotfound)
 
 Test(index, model_register_same_hash_other_geometry_is_emodel)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     cr_assert_eq(ctxs_model_register(st, &m, "tiny"), 0);
     ctxs_model other = m;
@@ -873,7 +856,7 @@ Test(index, model_register_same_hash_other_geometry_is_emodel)
 
 Test(index, create_with_an_unregistered_model_is_enotfound)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     ctxs_create_options o = small_opts(256, 4);
     ctxs_session *s = (ctxs_session *)1;
@@ -890,7 +873,7 @@ Test(index, create_with_an_unregistered_model_is_enotfound)
 
 Test(index, open_with_another_models_hash_is_emodel)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m1 = ts_model(1), m2 = ts_model(2);
     model_reg(st, &m1);
     model_reg(st, &m2);
@@ -926,7 +909,7 @@ static uint8_t *pattern(size_t len, uint64_t seed)
 
 Test(index, model_hash_file_equals_xxh3_128_of_the_file)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     /* Sizes around the library's 1 MiB read. */
     const size_t sizes[] = {0, 1, 4096, (1u << 20) - 1, 1u << 20, (3u << 20) + 12345};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
@@ -951,7 +934,7 @@ Test(index, model_hash_file_equals_xxh3_128_of_the_file)
 
 Test(index, model_hash_file_is_cached_until_size_or_mtime_changes)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     const char *path = ts_path(ts_scratch, "weights.bin");
     const size_t len = (1u << 20) + 777;
     uint8_t *data = pattern(len, 42);
@@ -985,7 +968,7 @@ Test(index, model_hash_file_is_cached_until_size_or_mtime_changes)
     cr_assert_eq(memcmp(got, h_new, 16), 0);
     /* The cache lives in the index: a fresh handle still has it. */
     ctxs_store_close(st);
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
     cr_assert_eq(memcmp(got, h_old, 16), 0, "the cache did not survive a reopen");
 
@@ -1017,7 +1000,7 @@ static ctxs_checkpoint_entry *cp_find(ctxs_checkpoint_entry *list, size_t n, con
 
 Test(index, checkpoint_create_list_restore_delete)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 512, 4, 40);
@@ -1089,7 +1072,7 @@ Test(index, checkpoint_create_list_restore_delete)
 
 Test(index, checkpoint_with_a_taken_name_is_eexist)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 256, 4, 10);
@@ -1108,7 +1091,7 @@ Test(index, checkpoint_with_a_taken_name_is_eexist)
 
 Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 128, 4, 100);
@@ -1154,7 +1137,7 @@ Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
 
 Test(index, checkpoint_rolled_back_and_rewritten_is_stale_and_listed_stale)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 256, 4, 100);
@@ -1192,7 +1175,7 @@ Test(index, checkpoint_rolled_back_and_rewritten_is_stale_and_listed_stale)
 
 Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *src = mk(st, "src", &m, 512, 4, 200);
@@ -1253,7 +1236,7 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
 
 Test(index, fork_into_a_taken_name_is_eexist)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "src", &m, 256, 4, 80));
@@ -1277,7 +1260,7 @@ Test(index, fork_into_a_taken_name_is_eexist)
 
 Test(index, fork_from_a_session_open_by_a_writer_here)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *w = mk(st, "live", &m, 512, 4, 100);
@@ -1299,7 +1282,7 @@ Test(index, fork_from_a_session_open_by_a_writer_here)
 
 Test(index, prefix_find_returns_whole_chunks_plus_the_matching_tail)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "held", &m, 512, 4, 250));
@@ -1342,7 +1325,7 @@ Test(index, prefix_find_returns_whole_chunks_plus_the_matching_tail)
 
 Test(index, prefix_find_shorter_than_a_chunk_or_of_another_model_is_enotfound)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1), other = ts_model(2);
     model_reg(st, &m);
     model_reg(st, &other);
@@ -1372,7 +1355,7 @@ Test(index, prefix_find_shorter_than_a_chunk_or_of_another_model_is_enotfound)
 
 Test(index, prefix_find_picks_the_longest_of_several_sessions)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     /* Sessions sharing the first chunk, then going their own ways. */
@@ -1400,7 +1383,7 @@ Test(index, prefix_find_picks_the_longest_of_several_sessions)
 
 Test(index, prefix_find_after_a_rollback_never_returns_the_old_longer_prefix)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 512, 4, 250);
@@ -1449,7 +1432,7 @@ Test(index, prefix_find_after_a_rollback_never_returns_the_old_longer_prefix)
 
 Test(index, prefix_find_after_delete_never_returns_the_session)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "s", &m, 512, 4, 250));
@@ -1469,7 +1452,7 @@ Test(index, prefix_find_after_delete_never_returns_the_session)
 
 Test(index, prefix_find_after_the_ring_wraps_returns_only_what_is_held)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     uint32_t *t = prompt(400, 400, 0);
@@ -1519,7 +1502,7 @@ Test(index, prefix_find_after_the_ring_wraps_returns_only_what_is_held)
 
 Test(index, prefix_entries_are_written_at_the_first_chunk_while_the_writer_has_it_open)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     uint32_t *t = prompt(2000, 2000, 0);
@@ -1553,7 +1536,7 @@ Test(index, prefix_entries_are_written_at_the_first_chunk_while_the_writer_has_i
 
 Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     /* Closed in order s0..s4; then s0 used again: s1 s2 s3 s4 s0. */
@@ -1620,7 +1603,7 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
 
 Test(index, gc_stops_at_the_budget_in_last_use_order)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     /* Created in one order, last used in another. */
@@ -1657,7 +1640,7 @@ Test(index, gc_stops_at_the_budget_in_last_use_order)
 
 Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "kept", &m, 256, 4, 70));
@@ -1696,10 +1679,10 @@ Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
     cr_assert_eq(ts_write_file(live, "half", 4), 0);
     /* What is not ours. */
     char notes[1100], upper[1100], short_id[1100], sub[1100];
-    snprintf(notes, sizeof(notes), "%s/sessions/notes.txt", store_dir());
-    snprintf(upper, sizeof(upper), "%s/sessions/00000000000000AA.ctxs", store_dir());
-    snprintf(short_id, sizeof(short_id), "%s/sessions/abc.ctxs", store_dir());
-    snprintf(sub, sizeof(sub), "%s/sessions/subdir", store_dir());
+    snprintf(notes, sizeof(notes), "%s/sessions/notes.txt", ts_store_dir());
+    snprintf(upper, sizeof(upper), "%s/sessions/00000000000000AA.ctxs", ts_store_dir());
+    snprintf(short_id, sizeof(short_id), "%s/sessions/abc.ctxs", ts_store_dir());
+    snprintf(sub, sizeof(sub), "%s/sessions/subdir", ts_store_dir());
     cr_assert_eq(ts_write_file(notes, "mine", 4), 0);
     cr_assert_eq(ts_write_file(upper, "mine", 4), 0);
     cr_assert_eq(ts_write_file(short_id, "mine", 4), 0);
@@ -1764,7 +1747,7 @@ Test(index, create_is_not_refused_by_a_stray_file_at_the_next_id)
      * adopt because it was open) under the id the store would hand out
      * next: creating an unrelated, free name must still work (-EEXIST
      * means "the name is taken"), and the stray must stay as it was. */
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "first", &m, 256, 4, 1));
@@ -1792,7 +1775,7 @@ Test(index, create_is_not_refused_by_a_stray_file_at_the_next_id)
 
 Test(index, repair_drops_every_entry_of_a_session_whose_file_is_gone)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "lost", &m, 256, 4, 200);
@@ -1864,7 +1847,7 @@ static pid_t gone_pid(void)
 
 Test(index, store_open_removes_the_file_of_an_interrupted_create)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "a", &m, 256, 4, 70));
@@ -1888,7 +1871,7 @@ Test(index, store_open_removes_the_file_of_an_interrupted_create)
     cr_assert_eq(ctxs_session_create(&running, id_path(live), &m, &o), 0);
     ctxs_store_close(st);
 
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert(!exists(id_path(dead)), "the half-created file must go");
     cr_assert(!exists(tmp), "the create's temporary file must go");
     cr_assert(exists(id_path(live)), "a create in progress must not lose its file");
@@ -1898,7 +1881,7 @@ Test(index, store_open_removes_the_file_of_an_interrupted_create)
     ctxs_store_close(st);
 
     ctxs_session_close(running);
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert(!exists(id_path(live)));
     cr_assert_eq(ts_pending_intents(st), 0);
     /* Ids are not reused. */
@@ -1918,7 +1901,7 @@ static void create_left_aside(ctxs_store *st, uint64_t id, pid_t creator, char *
 
 Test(index, store_open_leaves_the_intent_of_a_live_creator)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "a", &m, 256, 4, 10));
@@ -1933,7 +1916,7 @@ Test(index, store_open_leaves_the_intent_of_a_live_creator)
     create_left_aside(st, dead, gone_pid(), dead_tmp, sizeof(dead_tmp));
     ctxs_store_close(st);
 
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert_eq(ts_pending_intents(st), 1, "only the gone creator's intent is resolved");
     cr_assert(!exists(dead_tmp), "a gone creator's file must go");
     cr_assert_eq(count_entries(st), 1);
@@ -1954,7 +1937,7 @@ static pid_t zombie_pid(void)
 
 Test(index, store_open_resolves_the_intent_of_a_creator_that_exited_unreaped)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "a", &m, 256, 4, 10));
@@ -1964,7 +1947,7 @@ Test(index, store_open_resolves_the_intent_of_a_creator_that_exited_unreaped)
     create_left_aside(st, id, zombie, tmp, sizeof(tmp));
     ctxs_store_close(st);
 
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     int pending = ts_pending_intents(st);
     ctxs_store_close(st);
     cr_assert_eq(waitpid(zombie, NULL, 0), zombie);
@@ -1974,7 +1957,7 @@ Test(index, store_open_resolves_the_intent_of_a_creator_that_exited_unreaped)
 
 Test(index, store_open_finishes_an_interrupted_delete)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "d", &m, 256, 4, 130);
@@ -1991,7 +1974,7 @@ Test(index, store_open_finishes_an_interrupted_delete)
     ctxs_store_close(st);
     cr_assert(exists(id_path(id)));
 
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert(!exists(id_path(id)), "the deleted session's file must go");
     cr_assert_eq(ts_pending_intents(st), 0);
     cr_assert_eq(count_entries(st), 1);
@@ -2002,7 +1985,7 @@ Test(index, store_open_finishes_an_interrupted_delete)
     /* One that died after the unlink: only the intent is left. */
     put_intent(st, id + 50, CTXS__INTENT_DELETE);
     ctxs_store_close(st);
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert_eq(ts_pending_intents(st), 0);
     ctxs_session *k = op(st, "keep", &m, 0);
     cr_assert_eq(ts_check_all(k), 0);
@@ -2014,7 +1997,7 @@ Test(index, store_open_finishes_an_interrupted_delete)
 
 Test(index, reindex_after_the_index_is_deleted_restores_sessions_from_their_files)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m1 = ts_model(1), m2 = ts_model(2);
     cr_assert_eq(ctxs_model_register(st, &m1, "one"), 0);
     model_reg(st, &m2);
@@ -2030,14 +2013,14 @@ Test(index, reindex_after_the_index_is_deleted_restores_sessions_from_their_file
         before[i] = entry(st, names[i]);
     ctxs_store_close(st);
 
-    ts_rmtree(ts_path(store_dir(), "index"));
+    ts_rmtree(ts_path(ts_store_dir(), "index"));
     /* The open sees a new index beside session files and rebuilds it. */
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert_eq(count_entries(st), 4, "a lost index is rebuilt at open");
     ctxs_store_close(st);
     /* And an explicit reindex does the same. */
-    ts_rmtree(ts_path(store_dir(), "index"));
-    st = store_open();
+    ts_rmtree(ts_path(ts_store_dir(), "index"));
+    st = ts_store_open(ts_store_dir());
     ctxs_reindex_result rr;
     int rc = ctxs_store_reindex(&rr, st);
     cr_assert_eq(rc, 0, "reindex: %s", ctxs_err_name(rc));
@@ -2091,7 +2074,7 @@ Test(index, reindex_after_the_index_is_deleted_restores_sessions_from_their_file
 
 Test(index, reindex_keeps_checkpoints_and_skips_files_that_are_not_sessions)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     cr_assert_eq(ctxs_model_register(st, &m, "tiny"), 0);
     ctxs_session *s = mk(st, "a", &m, 256, 4, 100);
@@ -2100,7 +2083,7 @@ Test(index, reindex_keeps_checkpoints_and_skips_files_that_are_not_sessions)
     ctxs_session_close(mk(st, "b", &m, 256, 4, 10));
     const char *junk = id_path(0x5000);
     cr_assert_eq(ts_write_file(junk, "not a session at all", 20), 0);
-    const char *notes = ts_path(store_dir(), "sessions/notes.txt");
+    const char *notes = ts_path(ts_store_dir(), "sessions/notes.txt");
     cr_assert_eq(ts_write_file(notes, "mine", 4), 0);
     /* b's file deleted by hand: it is not indexed again. */
     cr_assert_eq(unlink(id_path(entry(st, "b").id)), 0);
@@ -2137,7 +2120,7 @@ Test(index, reindex_keeps_checkpoints_and_skips_files_that_are_not_sessions)
 
 Test(index, reindex_names_a_session_whose_label_is_taken_or_lost_by_its_id)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "p", &m, 256, 4, 10));
@@ -2155,8 +2138,8 @@ Test(index, reindex_names_a_session_whose_label_is_taken_or_lost_by_its_id)
     cr_assert_geq(fd, 0);
     cr_assert_eq(pwrite(fd, "garbage!", 8, CTXS__LABEL_OFF + 20), 8);
     close(fd);
-    ts_rmtree(ts_path(store_dir(), "index"));
-    st = store_open();
+    ts_rmtree(ts_path(ts_store_dir(), "index"));
+    st = ts_store_open(ts_store_dir());
     ctxs_reindex_result rr;
     cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
     cr_assert_eq(rr.sessions, 3);
@@ -2173,8 +2156,8 @@ Test(index, reindex_names_a_session_whose_label_is_taken_or_lost_by_its_id)
     cr_assert_eq(ctxs_store_session_rename(st, qname, "q"), 0);
     cr_assert_eq(ctxs_store_session_rename(st, rname, "r"), 0);
     ctxs_store_close(st);
-    ts_rmtree(ts_path(store_dir(), "index"));
-    st = store_open();
+    ts_rmtree(ts_path(ts_store_dir(), "index"));
+    st = ts_store_open(ts_store_dir());
     cr_assert_eq(entry(st, "q").id, q, "a rename rewrites the label");
     cr_assert_eq(entry(st, "r").id, r, "a rename rewrites a damaged label");
     ctxs_store_close(st);
@@ -2184,7 +2167,7 @@ Test(index, reindex_names_a_session_whose_label_is_taken_or_lost_by_its_id)
 
 Test(index, an_index_of_a_newer_major_version_is_eversion)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_store_close(st);
@@ -2196,7 +2179,7 @@ Test(index, an_index_of_a_newer_major_version_is_eversion)
     raw_put(env, "meta", "format", 6, &f, sizeof(f));
     mdb_env_close(env);
     st = (ctxs_store *)1;
-    cr_assert_eq(ctxs_store_open(&st, store_dir(), NULL), CTXS_EVERSION);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), NULL), CTXS_EVERSION);
     cr_assert_null(st);
     /* A newer minor is fine. */
     env = raw_env();
@@ -2204,7 +2187,7 @@ Test(index, an_index_of_a_newer_major_version_is_eversion)
     f.minor = CTXS__INDEX_MINOR + 5;
     raw_put(env, "meta", "format", 6, &f, sizeof(f));
     mdb_env_close(env);
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     ctxs_model_entry me;
     cr_assert_eq(ctxs_model_get(&me, st, m.model_hash), 0);
     ctxs_store_close(st);
@@ -2213,25 +2196,25 @@ Test(index, an_index_of_a_newer_major_version_is_eversion)
     memcpy(f.magic, "NOTCTXS!", 8);
     raw_put(env, "meta", "format", 6, &f, sizeof(f));
     mdb_env_close(env);
-    cr_assert_eq(ctxs_store_open(&st, store_dir(), NULL), CTXS_EFOREIGN);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), NULL), CTXS_EFOREIGN);
     /* A short record. */
     env = raw_env();
     raw_put(env, "meta", "format", 6, "CTXS", 4);
     mdb_env_close(env);
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
     cr_assert(rc == CTXS_ECORRUPT || rc == CTXS_EFOREIGN, "short format record: %s", ctxs_err_name(rc));
 }
 
 Test(index, a_foreign_lmdb_environment_is_eforeign)
 {
-    cr_assert_eq(mkdir(store_dir(), 0700), 0);
-    cr_assert_eq(mkdir(ts_path(store_dir(), "index"), 0700), 0);
+    cr_assert_eq(mkdir(ts_store_dir(), 0700), 0);
+    cr_assert_eq(mkdir(ts_path(ts_store_dir(), "index"), 0700), 0);
     MDB_env *env = raw_env();
     raw_put(env, "users", "alice", 5, "1", 1);
     raw_put(env, "orders", "42", 2, "x", 1);
     mdb_env_close(env);
     ctxs_store *st = (ctxs_store *)1;
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
     cr_assert_eq(rc, CTXS_EFOREIGN, "named databases of another program: %s", ctxs_err_name(rc));
     cr_assert_null(st);
     /* Its data is untouched. */
@@ -2246,13 +2229,13 @@ Test(index, a_foreign_lmdb_environment_is_eforeign)
 
 Test(index, a_foreign_lmdb_environment_with_plain_keys_is_eforeign)
 {
-    cr_assert_eq(mkdir(store_dir(), 0700), 0);
-    cr_assert_eq(mkdir(ts_path(store_dir(), "index"), 0700), 0);
+    cr_assert_eq(mkdir(ts_store_dir(), 0700), 0);
+    cr_assert_eq(mkdir(ts_path(ts_store_dir(), "index"), 0700), 0);
     MDB_env *env = raw_env();
     raw_put(env, NULL, "config", 6, "{}", 2);
     mdb_env_close(env);
     ctxs_store *st = (ctxs_store *)1;
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
     cr_assert_eq(rc, CTXS_EFOREIGN, "plain keys of another program: %s", ctxs_err_name(rc));
     cr_assert_null(st);
 }
@@ -2261,31 +2244,31 @@ Test(index, a_foreign_lmdb_environment_named_like_ours_is_eforeign)
 {
     /* Another program's databases that happen to be called "meta" and
      * "sessions", with data in them but no format record. */
-    cr_assert_eq(mkdir(store_dir(), 0700), 0);
-    cr_assert_eq(mkdir(ts_path(store_dir(), "index"), 0700), 0);
+    cr_assert_eq(mkdir(ts_store_dir(), 0700), 0);
+    cr_assert_eq(mkdir(ts_path(ts_store_dir(), "index"), 0700), 0);
     MDB_env *env = raw_env();
     raw_put(env, "meta", "owner", 5, "someone", 7);
     raw_put(env, "sessions", "x", 1, "y", 1);
     mdb_env_close(env);
     ctxs_store *st = (ctxs_store *)1;
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
     cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "%s", ctxs_err_name(rc));
     cr_assert_null(st);
 }
 
 Test(index, garbage_data_mdb_is_refused_without_a_crash)
 {
-    cr_assert_eq(mkdir(store_dir(), 0700), 0);
-    cr_assert_eq(mkdir(ts_path(store_dir(), "index"), 0700), 0);
-    const char *data = ts_path(store_dir(), "index/data.mdb");
+    cr_assert_eq(mkdir(ts_store_dir(), 0700), 0);
+    cr_assert_eq(mkdir(ts_path(ts_store_dir(), "index"), 0700), 0);
+    const char *data = ts_path(ts_store_dir(), "index/data.mdb");
     const size_t sizes[] = {1, 100, 4096, 8192, 65536};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         uint8_t *junk = pattern(sizes[i], 1000 + i);
         cr_assert_eq(ts_write_file(data, junk, sizes[i]), 0);
         free(junk);
-        unlink(ts_path(store_dir(), "index/lock.mdb"));
+        unlink(ts_path(ts_store_dir(), "index/lock.mdb"));
         ctxs_store *st = (ctxs_store *)1;
-        int rc = ctxs_store_open(&st, store_dir(), NULL);
+        int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
         cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "%zu bytes of garbage: %s",
                   sizes[i], ctxs_err_name(rc));
         cr_assert_null(st);
@@ -2294,7 +2277,7 @@ Test(index, garbage_data_mdb_is_refused_without_a_crash)
     const char *text = "this is not an LMDB environment, it is a grocery list\n";
     cr_assert_eq(ts_write_file(data, text, strlen(text)), 0);
     ctxs_store *st;
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
     cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "text: %s", ctxs_err_name(rc));
 }
 
@@ -2305,7 +2288,7 @@ Test(index, a_full_index_is_efull_and_loses_nothing)
     so = (ctxs_store_options)CTXS_STORE_OPTIONS_INIT;
     so.map_bytes = 1u << 20;
     ctxs_store *st = NULL;
-    cr_assert_eq(ctxs_store_open(&st, store_dir(), &so), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &so), 0);
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_create_options o = small_opts(1024, 4);
@@ -2328,12 +2311,12 @@ Test(index, a_full_index_is_efull_and_loses_nothing)
     /* Reopened, with a bigger map: every session made is there and whole,
      * and no file is left without an entry. */
     so.map_bytes = 64u << 20;
-    cr_assert_eq(ctxs_store_open(&st, store_dir(), &so), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &so), 0);
     ctxs_session_entry *list;
     size_t n;
     cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
     cr_assert_eq(n, (size_t)made);
-    cr_assert_eq(ts_dir_entries(ts_path(store_dir(), "sessions")), made);
+    cr_assert_eq(ts_dir_entries(ts_path(ts_store_dir(), "sessions")), made);
     for (size_t i = 0; i < n; i++) {
         ctxs_session *s = NULL;
         cr_assert_eq(ctxs_store_session_open(&s, st, list[i].name, &m, CTXS_OPEN_RDONLY, NULL), 0);

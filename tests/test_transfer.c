@@ -23,8 +23,6 @@
 #include "internal.h"
 #include "support.h"
 
-#define KV_MAX 64u /* elements per token of ts_model: 2 * 2 * 8 = 32 */
-
 /* Where each field of the export file lies, and the sizes of its parts,
  * from the layout's one definition (src/index/export_format.h). */
 #define H_OFF(field) offsetof(ctxs__export_header, field)
@@ -40,10 +38,7 @@ TestSuite(transfer, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout =
 
 static ctxs_store *store_at(const char *name)
 {
-    ctxs_store *st = NULL;
-    int rc = ctxs_store_open(&st, ts_path(ts_scratch, name), NULL);
-    cr_assert_eq(rc, 0, "ctxs_store_open %s: %s", name, ctxs_err_name(rc));
-    return st;
+    return ts_store_open(ts_path(ts_scratch, name));
 }
 
 /* Creates name with n tokens in st (model registered as "tiny model");
@@ -95,7 +90,7 @@ static void same_session(const ctxs_session *a, const ctxs_session *b)
     cr_assert_eq(ia.flags & CTXS_INFO_RING, ib.flags & CTXS_INFO_RING);
     cr_assert_eq(ia.created_unix_ms, ib.created_unix_ms);
     cr_assert(memcmp(&ia.model, &ib.model, sizeof(ia.model)) == 0, "models differ");
-    uint16_t ka[KV_MAX], va[KV_MAX], kb[KV_MAX], vb[KV_MAX];
+    uint16_t ka[TS_KV_MAX], va[TS_KV_MAX], kb[TS_KV_MAX], vb[TS_KV_MAX];
     uint64_t held = 0;
     for (uint64_t p = 0; p < ia.n_tokens; p++) {
         int ra = ctxs_session_read_token(ka, va, a, p);

@@ -67,6 +67,12 @@ const char *ts_path(const char *dir, const char *name)
     return b;
 }
 
+int ts_exists(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0;
+}
+
 const char *ts_store_dir(void)
 {
     static char buf[4096];
@@ -81,6 +87,31 @@ ctxs_store *ts_store_open(const char *dir)
     cr_assert_eq(rc, 0, "ctxs_store_open(%s): %s", dir, ctxs_err_name(rc));
     cr_assert_not_null(st);
     return st;
+}
+
+const char *ts_id_path(uint64_t id)
+{
+    static char bufs[16][4200];
+    static unsigned next;
+    char *b = bufs[next++ % 16];
+    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", ts_store_dir(),
+             (unsigned long long)id);
+    return b;
+}
+
+ctxs_session_entry ts_session_entry(ctxs_store *st, const char *name)
+{
+    ctxs_session_entry e;
+    int rc = ctxs_store_session_get(&e, st, name);
+    cr_assert_eq(rc, 0, "get %s: %s", name, ctxs_err_name(rc));
+    return e;
+}
+
+uint64_t ts_n_tokens(const ctxs_session *s)
+{
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    return info.n_tokens;
 }
 
 uint64_t ts_mix64(uint64_t x)
@@ -175,6 +206,29 @@ uint64_t ts_check_all(const ctxs_session *s)
     free(ek);
     free(ev);
     return bad;
+}
+
+void ts_same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n, const char *what)
+{
+    uint16_t ka[TS_KV_MAX] = {0}, va[TS_KV_MAX] = {0}, kb[TS_KV_MAX] = {0}, vb[TS_KV_MAX] = {0};
+    ctxs_layout la, lb;
+    cr_assert_eq(ctxs_session_get_layout(&la, a), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lb, b), 0);
+    for (uint64_t p = 0; p < n; p++) {
+        int ra = ctxs_session_read_token(ka, va, a, p);
+        int rb = ctxs_session_read_token(kb, vb, b, p);
+        cr_assert_eq(ra, 0, "%s: source read_token(%llu): %s", what, (unsigned long long)p,
+                     ctxs_err_name(ra));
+        cr_assert_eq(rb, 0, "%s: fork read_token(%llu): %s", what, (unsigned long long)p,
+                     ctxs_err_name(rb));
+        cr_assert(memcmp(ka, kb, sizeof(ka)) == 0 && memcmp(va, vb, sizeof(va)) == 0,
+                  "%s: position %llu differs", what, (unsigned long long)p);
+        uint32_t sa, sb;
+        cr_assert_eq(ctxs_session_get_slot(&sa, a, p), 0);
+        cr_assert_eq(ctxs_session_get_slot(&sb, b, p), 0);
+        cr_assert_eq(la.token_ids[sa], lb.token_ids[sb], "%s: token id at %llu", what,
+                     (unsigned long long)p);
+    }
 }
 
 uint8_t *ts_read_file(const char *path, size_t *len)

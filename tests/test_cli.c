@@ -473,13 +473,6 @@ static const char *file_of(const char *dir, const char *name)
     return b;
 }
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
-
 /* XORs the byte at off of path with mask. */
 static void flip(const char *path, uint64_t off, uint8_t mask)
 {
@@ -515,12 +508,6 @@ static uint64_t kv_offset(const char *path, uint32_t layer, uint32_t kind, uint3
     uint64_t slot = ctxs__slot_of(pos, h.capacity, h.n_sink);
     return h.kv_off + layer * 2 * kv_stride + kind * kv_stride + head * head_stride +
            slot * slot_bytes;
-}
-
-static int exists(const char *path)
-{
-    struct stat sb;
-    return lstat(path, &sb) == 0;
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -751,7 +738,7 @@ Test(cli, help_for_every_command_exits_0_and_documents_the_exit_codes)
     }
     CLI_EXPECT(EX_OK, store, "--version");
     contains(1, "ctxstore 0.1.0");
-    cr_assert_not(exists(store), "--help created the store %s", store);
+    cr_assert_not(ts_exists(store), "--help created the store %s", store);
 }
 
 Test(cli, usage_errors_exit_2_with_a_usage_line_and_create_nothing)
@@ -812,7 +799,7 @@ Test(cli, usage_errors_exit_2_with_a_usage_line_and_create_nothing)
         says(0, cases[i].says);
         cr_expect_eq(R.out_len, 0, "`%s` wrote to stdout after a usage error:\n%s", R.what,
                      R.out);
-        cr_assert_not(exists(store), "`%s` created the store %s", R.what, store);
+        cr_assert_not(ts_exists(store), "`%s` created the store %s", R.what, store);
     }
 }
 
@@ -1330,7 +1317,7 @@ Test(cli, gc_deletes_least_recently_used_first_and_keeps_open_ones)
     static const char *const names[] = { "oldest", "older", "newer", "newest" };
     for (int i = 0; i < 4; i++) {
         mk(st, names[i], 256, 1, 100);
-        sleep_ms(15); /* distinct last-use times */
+        ts_sleep_us(15000); /* distinct last-use times */
     }
     ctxs_session *held = open_ro(st, "oldest");
 
@@ -1388,7 +1375,7 @@ Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
     const char *fa = file_of(S(), "a"), *fd = file_of(S(), "d");
 
     CLI_EXPECT(EX_OK, S(), "rm", "a");
-    cr_assert_not(exists(fa), "rm left the file of a");
+    cr_assert_not(ts_exists(fa), "rm left the file of a");
     contains(1, "removed 'a' (20 tokens)");
     CLI_EXPECT(EX_OK, S(), "rm", "b", "c", "--json");
     jc_value *v = json_out();
@@ -1403,7 +1390,7 @@ Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
     /* Every name is tried; the first failure decides the exit code, and
      * the one document has it beside what was removed. */
     CLI_EXPECT(EX_NOTFOUND, S(), "rm", "d", "missing", "e", "--json");
-    cr_assert_not(exists(fd));
+    cr_assert_not(ts_exists(fd));
     v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
     cr_assert(strstr(js(v, "error.message"), "'missing'"), "%s", R.out);
     cr_assert_eq(jget(v, "removed")->n, 2, "%s", R.out);
@@ -1716,7 +1703,7 @@ Test(cli, reindex_after_the_index_is_deleted_brings_the_names_back)
     mk(st, ODD_NAME, 256, 0, 5);
     ctxs_store_close(st);
     ts_rmtree(ts_path(S(), "index"));
-    cr_assert_not(exists(ts_path(S(), "index")));
+    cr_assert_not(ts_exists(ts_path(S(), "index")));
 
     CLI_EXPECT(EX_OK, S(), "reindex", "--json");
     jc_value *v = json_out();
@@ -1845,7 +1832,7 @@ Test(cli, export_then_import_into_another_store_keeps_every_token)
 
     CLI_EXPECT(EX_EXIST, S(), "export", "trip", file);
     CLI_EXPECT(EX_NOTFOUND, S(), "export", "nobody", dir_of("nobody.ctxx"));
-    cr_assert_not(exists(dir_of("nobody.ctxx")));
+    cr_assert_not(ts_exists(dir_of("nobody.ctxx")));
 }
 
 /* Imports path into dir and expects the refusal code, with the store as
@@ -2047,8 +2034,8 @@ Test(cli, hostile_names_exit_2_and_create_nothing)
     cr_assert_eq(v->n, 0, "a checkpoint was made: %s", R.out);
     jc_free(v);
     /* Nothing appeared beside the store either. */
-    cr_assert_not(exists(dir_of("b")));
-    cr_assert_not(exists(ts_path(S(), "up")));
+    cr_assert_not(ts_exists(dir_of("b")));
+    cr_assert_not(ts_exists(ts_path(S(), "up")));
     free(before);
 }
 
@@ -2067,7 +2054,7 @@ static int is_memory_fs(const char *dir)
 Test(cli, demo_quick_completes_on_a_fresh_directory_and_resumes_identically)
 {
     const char *fresh = dir_of("fresh");
-    cr_assert_not(exists(fresh));
+    cr_assert_not(ts_exists(fresh));
     CLI_EXPECT(EX_OK, NULL, "demo", "--quick", "--store", fresh, "--json");
     jc_value *v = json_out();
     cr_assert_eq(jb(v, "quick"), 1);
@@ -2198,7 +2185,7 @@ static const char *copy_binary(char *ld_path, size_t n)
     cr_assert_eq(ts_write_file(copy, data, len), 0);
     free(data);
     cr_assert_eq(chmod(copy, 0700), 0);
-    cr_assert_not(exists(ts_path(ts_scratch, "bench")));
+    cr_assert_not(ts_exists(ts_path(ts_scratch, "bench")));
     return copy;
 }
 

@@ -43,27 +43,9 @@ static ctxs_session *mk(ctxs_store *st, const char *name, const ctxs_model *m,
     return s;
 }
 
-static ctxs_session_entry entry(ctxs_store *st, const char *name)
-{
-    ctxs_session_entry e;
-    int rc = ctxs_store_session_get(&e, st, name);
-    cr_assert_eq(rc, 0, "get %s: %s", name, ctxs_err_name(rc));
-    return e;
-}
-
-static const char *id_path(uint64_t id)
-{
-    static char bufs[8][1100];
-    static unsigned next;
-    char *b = bufs[next++ % 8];
-    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", ts_store_dir(),
-             (unsigned long long)id);
-    return b;
-}
-
 static const char *session_path(ctxs_store *st, const char *name)
 {
-    return id_path(entry(st, name).id);
+    return ts_id_path(ts_session_entry(st, name).id);
 }
 
 /* Disk space of a file: blocks x 512. */
@@ -96,12 +78,6 @@ static void need_punch(void)
     unlink(path);
     if (!ok)
         cr_skip_test("the filesystem of %s does not punch holes", ts_scratch);
-}
-
-static int exists(const char *path)
-{
-    struct stat sb;
-    return lstat(path, &sb) == 0;
 }
 
 /* Opens the file at path read-write, verifying every token as after a power
@@ -194,7 +170,8 @@ Test(compact, a_rolled_back_session_gives_back_its_blocks_and_keeps_its_tokens)
     cr_assert_eq(res.bytes_before, before);
     cr_assert_eq(res.bytes_after, disk_bytes(path));
     cr_assert_lt(res.bytes_after, before);
-    cr_assert_eq(entry(st, "chat").disk_bytes, res.bytes_after, "the index has the new size");
+    cr_assert_eq(ts_session_entry(st, "chat").disk_bytes, res.bytes_after,
+                 "the index has the new size");
     cr_assert_eq(res.index_compacted, 0, "a named compaction leaves the index alone");
 
     /* Every held token is intact; new tokens land in the punched slots,
@@ -431,7 +408,8 @@ Test(compact, all_skips_busy_sessions_and_compacts_the_rest)
         ctxs_session *s = open_verified(session_path(st, names[i]), &m, 20 + (uint64_t)i);
         ctxs_session_close(s);
         if (i != 1)
-            cr_assert_eq(entry(st, names[i]).disk_bytes, disk_bytes(session_path(st, names[i])));
+            cr_assert_eq(ts_session_entry(st, names[i]).disk_bytes,
+                         disk_bytes(session_path(st, names[i])));
     }
 
     /* A session open through the store shares the index: skipped, and the
@@ -511,15 +489,15 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     ctxs_session_close(mk(st, "gone", &m, 512, 130, 130));
-    uint64_t keep_id = entry(st, "keep").id, gone_id = entry(st, "gone").id;
+    uint64_t keep_id = ts_session_entry(st, "keep").id, gone_id = ts_session_entry(st, "gone").id;
     /* Both hold the same tokens: keep is under 3 chain hashes, gone under
      * the first 2. */
     cr_assert_eq(entries(st, st->prefixes), 5);
-    cr_assert_eq(unlink(id_path(gone_id)), 0); /* by hand */
+    cr_assert_eq(unlink(ts_id_path(gone_id)), 0); /* by hand */
 
     /* A create that died after writing aside. */
     char tmp[1200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp-99999-0", id_path(gone_id + 100));
+    snprintf(tmp, sizeof(tmp), "%s.tmp-99999-0", ts_id_path(gone_id + 100));
     cr_assert_eq(ts_write_file(tmp, "partial", 7), 0);
 
     /* Rows of a session id that never was (or whose delete lost them). */
@@ -573,7 +551,7 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
      * entries, the ghost id, two stale hashes. */
     cr_assert_eq(res.orphans_removed, 9, "removed %llu", (unsigned long long)res.orphans_removed);
     cr_assert_eq(res.sessions, 1);
-    cr_assert_not(exists(tmp));
+    cr_assert_not(ts_exists(tmp));
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "gone"), CTXS_ENOTFOUND);
     ctxs__id_key(k, dead);
@@ -639,7 +617,7 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
     cr_assert_eq(res.index_bytes_after, disk_bytes(data));
     cr_assert_lt(file_size(data) * 4, size_before, "data.mdb %llu -> %llu bytes",
                  (unsigned long long)size_before, (unsigned long long)file_size(data));
-    cr_assert_not(exists(ts_path(ts_store_dir(), "index/compact.tmp")));
+    cr_assert_not(ts_exists(ts_path(ts_store_dir(), "index/compact.tmp")));
 
     /* The handle goes on working: reads, writes, new sessions. */
     ctxs_session_entry *list;
@@ -678,7 +656,7 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
     cr_assert_eq(ts_check_all(s), 0);
     ts_append_many(s, 100);
     ctxs_session_close(s);
-    cr_assert_eq(entry(st, "survivor").n_tokens, 300);
+    cr_assert_eq(ts_session_entry(st, "survivor").n_tokens, 300);
     ctxs_store_close(st);
 }
 
@@ -799,14 +777,14 @@ Test(compact, a_copy_left_by_a_crash_is_removed_and_never_read)
     free(old);
 
     st = ts_store_open(ts_store_dir());
-    cr_assert_not(exists(tmp), "open left the copy");
+    cr_assert_not(ts_exists(tmp), "open left the copy");
     ctxs_session_close(mk(st, "late", &m, 256, 70, 70));
     /* Another one, garbage, while the store is open: compaction clears it
      * before writing its own. */
     cr_assert_eq(ts_write_file(tmp, "garbage", 7), 0);
     ctxs_compact_result res = compact(st, NULL, 0);
     cr_assert_eq(res.index_compacted, 1);
-    cr_assert_not(exists(tmp));
+    cr_assert_not(ts_exists(tmp));
     ctxs_store_close(st);
 
     st = ts_store_open(ts_store_dir());

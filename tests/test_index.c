@@ -32,16 +32,6 @@ TestSuite(index, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 60
 
 /* --- Helpers ---------------------------------------------------------------- */
 
-static ctxs_create_options small_opts(uint32_t capacity, uint32_t n_sink)
-{
-    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
-    o.capacity = capacity;
-    o.n_sink = n_sink;
-    o.ring = 1;
-    o.open.durability = CTXS_SYNC_NONE;
-    return o;
-}
-
 static void model_reg(ctxs_store *st, const ctxs_model *m)
 {
     int rc = ctxs_model_register(st, m, NULL);
@@ -52,7 +42,7 @@ static void model_reg(ctxs_store *st, const ctxs_model *m)
 static ctxs_session *mk(ctxs_store *st, const char *name, const ctxs_model *m, uint32_t capacity,
                         uint32_t n_sink, uint32_t n)
 {
-    ctxs_create_options o = small_opts(capacity, n_sink);
+    ctxs_create_options o = ts_options(capacity, n_sink, 1, CTXS_SYNC_NONE);
     ctxs_session *s = NULL;
     int rc = ctxs_store_session_create(&s, st, name, m, &o);
     cr_assert_eq(rc, 0, "create %s: %s", name, ctxs_err_name(rc));
@@ -72,39 +62,6 @@ static ctxs_session *op(ctxs_store *st, const char *name, const ctxs_model *m, u
     int rc = ctxs_store_session_open(&s, st, name, m, flags, NULL);
     cr_assert_eq(rc, 0, "open %s: %s", name, ctxs_err_name(rc));
     return s;
-}
-
-static ctxs_session_entry entry(ctxs_store *st, const char *name)
-{
-    ctxs_session_entry e;
-    int rc = ctxs_store_session_get(&e, st, name);
-    cr_assert_eq(rc, 0, "get %s: %s", name, ctxs_err_name(rc));
-    return e;
-}
-
-static uint64_t n_tokens(const ctxs_session *s)
-{
-    ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    return info.n_tokens;
-}
-
-/* The file of a session id, as the header documents it; in a static buffer
- * that rotates over 16 entries. */
-static const char *id_path(uint64_t id)
-{
-    static char bufs[16][1100];
-    static unsigned next;
-    char *b = bufs[next++ % 16];
-    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", ts_store_dir(),
-             (unsigned long long)id);
-    return b;
-}
-
-static int exists(const char *path)
-{
-    struct stat sb;
-    return lstat(path, &sb) == 0;
 }
 
 /* Contents of generation gen at position pos; generation 0 is what
@@ -147,28 +104,6 @@ static uint32_t *prompt(uint64_t n, uint64_t from, uint32_t gen)
     return t;
 }
 
-/* Checks that positions [0, n) of a and b read back the same, K, V and token
- * id, and that both hold them. */
-static void same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n)
-{
-    uint16_t ka[TS_KV_MAX] = {0}, va[TS_KV_MAX] = {0}, kb[TS_KV_MAX] = {0}, vb[TS_KV_MAX] = {0};
-    ctxs_layout la, lb;
-    cr_assert_eq(ctxs_session_get_layout(&la, a), 0);
-    cr_assert_eq(ctxs_session_get_layout(&lb, b), 0);
-    for (uint64_t p = 0; p < n; p++) {
-        int ra = ctxs_session_read_token(ka, va, a, p);
-        int rb = ctxs_session_read_token(kb, vb, b, p);
-        cr_assert_eq(ra, 0, "source read_token(%llu): %s", (unsigned long long)p, ctxs_err_name(ra));
-        cr_assert_eq(rb, 0, "fork read_token(%llu): %s", (unsigned long long)p, ctxs_err_name(rb));
-        cr_assert(memcmp(ka, kb, sizeof(ka)) == 0 && memcmp(va, vb, sizeof(va)) == 0,
-                  "position %llu differs between source and fork", (unsigned long long)p);
-        uint32_t sa, sb;
-        cr_assert_eq(ctxs_session_get_slot(&sa, a, p), 0);
-        cr_assert_eq(ctxs_session_get_slot(&sb, b, p), 0);
-        cr_assert_eq(la.token_ids[sa], lb.token_ids[sb], "token id at %llu", (unsigned long long)p);
-    }
-}
-
 static int find(ctxs_prefix_match *m, ctxs_store *st, const ctxs_model *model,
                 const uint32_t *tokens, uint64_t n)
 {
@@ -183,13 +118,6 @@ static size_t count_entries(ctxs_store *st)
     cr_assert_eq(rc, 0, "list: %s", ctxs_err_name(rc));
     ctxs_free(list);
     return n;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
 }
 
 static uint64_t file_bytes(const char *path)
@@ -235,7 +163,7 @@ Test(index, store_dir_is_created_0700_and_files_0600)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "chat", &m, 256, 4, 10);
-    ctxs_session_entry e = entry(st, "chat");
+    ctxs_session_entry e = ts_session_entry(st, "chat");
     struct stat sb;
     const char *dirs[] = {ts_store_dir(), ts_path(ts_store_dir(), "index"),
                           ts_path(ts_store_dir(), "sessions")};
@@ -245,7 +173,7 @@ Test(index, store_dir_is_created_0700_and_files_0600)
         cr_assert_eq(sb.st_mode & 07777, 0700, "%s has mode %o", dirs[i], sb.st_mode & 07777);
     }
     const char *files[] = {ts_path(ts_store_dir(), "index/data.mdb"),
-                           ts_path(ts_store_dir(), "index/lock.mdb"), id_path(e.id)};
+                           ts_path(ts_store_dir(), "index/lock.mdb"), ts_id_path(e.id)};
     for (size_t i = 0; i < 3; i++) {
         cr_assert_eq(stat(files[i], &sb), 0, "%s: %s", files[i], strerror(errno));
         cr_assert_eq(sb.st_mode & 07777, 0600, "%s has mode %o", files[i], sb.st_mode & 07777);
@@ -292,7 +220,7 @@ Test(index, store_open_twice_shares_one_environment)
     cr_assert_eq(ts_append(s, 5), 0);
     ctxs_session_close(s);
     ctxs_session_close(mk(b, "after-close", &m, 256, 4, 3));
-    cr_assert_eq(entry(b, "from-a").n_tokens, 75);
+    cr_assert_eq(ts_session_entry(b, "from-a").n_tokens, 75);
     cr_assert_eq(count_entries(b), 3);
     ctxs_store_close(b);
     /* And a later open finds everything. */
@@ -319,7 +247,7 @@ static void *thread_main(void *p)
 {
     thread_arg *a = p;
     ctxs_model m = ts_model(1);
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     uint32_t *ids = prompt(130, 130, 0);
     for (int i = 0; i < 12; i++) {
         char name[64], prev[64];
@@ -380,8 +308,8 @@ Test(index, one_store_by_two_paths_is_one_handle_and_two_stores_are_two)
     model_reg(c, &m);
     ctxs_session_close(mk(a, "same-name", &m, 256, 4, 10));
     ctxs_session_close(mk(c, "same-name", &m, 256, 4, 20));
-    cr_assert_eq(entry(b, "same-name").n_tokens, 10);
-    cr_assert_eq(entry(c, "same-name").n_tokens, 20);
+    cr_assert_eq(ts_session_entry(b, "same-name").n_tokens, 10);
+    cr_assert_eq(ts_session_entry(c, "same-name").n_tokens, 20);
     ctxs_store_close(a);
     ctxs_store_close(c);
     cr_assert_eq(count_entries(b), 1);
@@ -407,7 +335,7 @@ Test(index, two_threads_of_one_process_use_one_store)
     cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
     cr_assert_eq(n, 16);
     for (size_t i = 0; i < n; i++) {
-        cr_assert(exists(id_path(list[i].id)), "%s has no file", list[i].name);
+        cr_assert(ts_exists(ts_id_path(list[i].id)), "%s has no file", list[i].name);
         for (size_t j = 0; j < i; j++)
             cr_assert_neq(list[i].id, list[j].id, "two sessions share id %llu",
                           (unsigned long long)list[i].id);
@@ -455,7 +383,7 @@ Test(index, hostile_names_are_einval_everywhere)
         "\xe2\x82",         /* truncated */
         "\x80",             /* lone continuation */
     };
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         const char *n = bad[i];
         ctxs_session *x = (ctxs_session *)1;
@@ -481,7 +409,7 @@ Test(index, hostile_names_are_einval_everywhere)
     /* Nothing was created, renamed or left behind. */
     cr_assert_eq(count_entries(st), 1);
     ctxs_session_close(s);
-    cr_assert_eq(entry(st, "good").n_tokens, 70);
+    cr_assert_eq(ts_session_entry(st, "good").n_tokens, 70);
     DIR *d = opendir(ts_path(ts_store_dir(), "sessions"));
     cr_assert_not_null(d);
     int files = 0;
@@ -515,16 +443,16 @@ Test(index, utf8_names_up_to_255_bytes_are_accepted)
         "\xef\xbf\xbf", /* U+FFFF */
         "\xf4\x8f\xbf\xbf", /* U+10FFFF */
     };
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         ctxs_session *s;
         int rc = ctxs_store_session_create(&s, st, good[i], &m, &o);
         cr_assert_eq(rc, 0, "create good[%zu]: %s", i, ctxs_err_name(rc));
         cr_assert_eq(ctxs_checkpoint_create(s, good[i]), 0, "checkpoint good[%zu]", i);
         ctxs_session_close(s);
-        ctxs_session_entry e = entry(st, good[i]);
+        ctxs_session_entry e = ts_session_entry(st, good[i]);
         cr_assert_str_eq(e.name, good[i]);
-        cr_assert(exists(id_path(e.id)));
+        cr_assert(ts_exists(ts_id_path(e.id)));
     }
     cr_assert_eq(ctxs_model_register(st, &m, max_utf8), 0);
     ctxs_model_entry me;
@@ -543,7 +471,7 @@ Test(index, names_with_two_dots_anywhere_are_einval)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     const char *bad[] = {"wait...", "v1..v2", "..hidden", "trailing..", "..."};
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ctxs_session *s = NULL;
         int rc = ctxs_store_session_create(&s, st, bad[i], &m, &o);
@@ -576,25 +504,25 @@ Test(index, a_name_is_never_a_path)
     uint64_t ids[6];
     for (size_t i = 0; i < 6; i++) {
         ctxs_session *s = mk(st, names[i], &m, 256, 4, (uint32_t)(10 + i));
-        ids[i] = entry(st, names[i]).id;
+        ids[i] = ts_session_entry(st, names[i]).id;
         ctxs_session_close(s);
     }
     /* Every session still has its own file, named by its id, with its own
      * tokens; nothing named after a name appeared anywhere. */
     for (size_t i = 0; i < 6; i++) {
-        ctxs_session_entry e = entry(st, names[i]);
+        ctxs_session_entry e = ts_session_entry(st, names[i]);
         cr_assert_eq(e.id, ids[i]);
         cr_assert_eq(e.n_tokens, 10 + i, "%s: %llu tokens", names[i], (unsigned long long)e.n_tokens);
         for (size_t j = 0; j < i; j++)
             cr_assert_neq(ids[i], ids[j]);
         ctxs_session *s = op(st, names[i], &m, CTXS_OPEN_RDONLY);
-        cr_assert_eq(n_tokens(s), 10 + i);
+        cr_assert_eq(ts_n_tokens(s), 10 + i);
         ctxs_session_close(s);
     }
-    cr_assert(!exists(ts_path(ts_store_dir(), "0000000000000002.ctxs")));
-    cr_assert(!exists(ts_path(ts_store_dir(), "data.mdb")));
-    cr_assert(!exists(ts_path(ts_store_dir(), "sessions/index")));
-    cr_assert(!exists(ts_path(ts_store_dir(), "sessions/0000000000000001.ctxs.tmp-1-0")));
+    cr_assert(!ts_exists(ts_path(ts_store_dir(), "0000000000000002.ctxs")));
+    cr_assert(!ts_exists(ts_path(ts_store_dir(), "data.mdb")));
+    cr_assert(!ts_exists(ts_path(ts_store_dir(), "sessions/index")));
+    cr_assert(!ts_exists(ts_path(ts_store_dir(), "sessions/0000000000000001.ctxs.tmp-1-0")));
     /* A repair must not take those names for leftovers. */
     ctxs_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
@@ -617,7 +545,7 @@ Test(index, create_open_list_report_model_tokens_size_and_last_use)
     ctxs_session *b = mk(st, "bravo", &m1, 256, 4, 120);
     ctxs_session *a = mk(st, "alpha", &m2, 512, 4, 30);
     ctxs_session_close(b);
-    sleep_ms(5);
+    ts_sleep_us(5000);
     ctxs_session_close(a);
     uint64_t t1 = (uint64_t)time(NULL) * 1000u + 1000u;
 
@@ -632,7 +560,7 @@ Test(index, create_open_list_report_model_tokens_size_and_last_use)
     cr_assert_eq(list[0].n_tokens, 30);
     cr_assert_eq(list[1].n_tokens, 120);
     for (size_t i = 0; i < 2; i++) {
-        cr_assert_eq(list[i].disk_bytes, file_bytes(id_path(list[i].id)), "%s: disk_bytes",
+        cr_assert_eq(list[i].disk_bytes, file_bytes(ts_id_path(list[i].id)), "%s: disk_bytes",
                      list[i].name);
         cr_assert_gt(list[i].disk_bytes, 0);
         cr_assert(list[i].created_unix_ms >= t0 && list[i].created_unix_ms <= t1);
@@ -651,12 +579,12 @@ Test(index, create_open_list_report_model_tokens_size_and_last_use)
     cr_assert_null(s);
     s = op(st, "bravo", NULL, CTXS_OPEN_RDONLY);
     cr_assert_eq(ts_check_all(s), 0);
-    cr_assert_eq(n_tokens(s), 120);
+    cr_assert_eq(ts_n_tokens(s), 120);
     ctxs_session_close(s);
     s = op(st, "bravo", &m1, 0);
     cr_assert_eq(ts_append(s, 7), 0);
     ctxs_session_close(s);
-    cr_assert_eq(entry(st, "bravo").n_tokens, 127);
+    cr_assert_eq(ts_session_entry(st, "bravo").n_tokens, 127);
     /* A model listing knows both. */
     ctxs_model_entry *models;
     cr_assert_eq(ctxs_model_list(&models, &n, st), 0);
@@ -671,11 +599,11 @@ Test(index, create_with_a_taken_name_is_eexist)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "taken", &m, 256, 4, 5));
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_create(&s, st, "taken", &m, &o), -EEXIST);
     cr_assert_null(s);
-    cr_assert_eq(entry(st, "taken").n_tokens, 5);
+    cr_assert_eq(ts_session_entry(st, "taken").n_tokens, 5);
     cr_assert_eq(count_entries(st), 1);
     /* Invalid options: nothing left behind, the name stays free. */
     o.capacity = 1;
@@ -701,7 +629,7 @@ Test(index, a_second_writer_is_ebusy_and_readers_coexist)
     ctxs_session *r2 = op(st, "one", NULL, CTXS_OPEN_RDONLY);
     cr_assert_eq(ts_append(w, 10), 0);
     cr_assert_eq(ctxs_session_refresh(r1), 0);
-    cr_assert_eq(n_tokens(r1), 30);
+    cr_assert_eq(ts_n_tokens(r1), 30);
     ctxs_session_close(w);
     w = op(st, "one", &m, 0); /* free again */
     ctxs_session_close(w);
@@ -717,17 +645,17 @@ Test(index, delete_of_an_open_session_is_ebusy)
     model_reg(st, &m);
     ctxs_session *w = mk(st, "doomed", &m, 256, 4, 70);
     cr_assert_eq(ctxs_checkpoint_create(w, "cp"), 0);
-    uint64_t id = entry(st, "doomed").id;
+    uint64_t id = ts_session_entry(st, "doomed").id;
     cr_assert_eq(ctxs_store_session_delete(st, "doomed"), CTXS_EBUSY, "open by a writer");
     ctxs_session_close(w);
     ctxs_session *r = op(st, "doomed", NULL, CTXS_OPEN_RDONLY);
     cr_assert_eq(ctxs_store_session_delete(st, "doomed"), CTXS_EBUSY, "open by a reader");
     /* Still intact after the refusals. */
     cr_assert_eq(ts_check_all(r), 0);
-    cr_assert_eq(entry(st, "doomed").n_tokens, 70);
+    cr_assert_eq(ts_session_entry(st, "doomed").n_tokens, 70);
     ctxs_session_close(r);
     cr_assert_eq(ctxs_store_session_delete(st, "doomed"), 0);
-    cr_assert(!exists(id_path(id)));
+    cr_assert(!ts_exists(ts_id_path(id)));
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "doomed"), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_delete(st, "doomed"), CTXS_ENOTFOUND);
@@ -737,7 +665,7 @@ Test(index, delete_of_an_open_session_is_ebusy)
     /* The name is free again, and the new session does not inherit the old
      * one's checkpoints. */
     ctxs_session *s = mk(st, "doomed", &m, 256, 4, 3);
-    cr_assert_neq(entry(st, "doomed").id, id);
+    cr_assert_neq(ts_session_entry(st, "doomed").id, id);
     cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), CTXS_ENOTFOUND);
     cr_assert_eq(ts_checkpoint_list(&cps, &n, st, "doomed"), 0);
     cr_assert_eq(n, 0);
@@ -754,20 +682,20 @@ Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
     ctxs_session *s = mk(st, "before", &m, 256, 4, 70);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(mk(st, "other", &m, 256, 4, 1));
-    ctxs_session_entry e1 = entry(st, "before");
+    ctxs_session_entry e1 = ts_session_entry(st, "before");
     cr_assert_eq(ctxs_store_session_rename(st, "before", "after"), 0);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "before"), CTXS_ENOTFOUND);
-    e = entry(st, "after");
+    e = ts_session_entry(st, "after");
     cr_assert_eq(e.id, e1.id);
     cr_assert_eq(e.created_unix_ms, e1.created_unix_ms);
     /* The open handle keeps working and its close updates the new name. */
     cr_assert_eq(ts_append(s, 10), 0);
     cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), 0);
-    cr_assert_eq(n_tokens(s), 70);
+    cr_assert_eq(ts_n_tokens(s), 70);
     cr_assert_eq(ts_append(s, 5), 0);
     ctxs_session_close(s);
-    cr_assert_eq(entry(st, "after").n_tokens, 75);
+    cr_assert_eq(ts_session_entry(st, "after").n_tokens, 75);
     cr_assert_eq(ctxs_store_session_get(&e, st, "before"), CTXS_ENOTFOUND);
     /* Checkpoints follow the session. */
     ctxs_checkpoint_entry *cps;
@@ -778,7 +706,7 @@ Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
     cr_assert_eq(ctxs_store_session_rename(st, "after", "other"), -EEXIST);
     cr_assert_eq(ctxs_store_session_rename(st, "missing", "new"), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_rename(st, "after", "after"), 0);
-    cr_assert_eq(entry(st, "other").n_tokens, 1);
+    cr_assert_eq(ts_session_entry(st, "other").n_tokens, 1);
     cr_assert_eq(count_entries(st), 2);
     s = op(st, "after", &m, 0);
     cr_assert_eq(ts_check_all(s), 0);
@@ -795,7 +723,7 @@ Test(index, open_of_a_missing_name_or_file_is_enotfound)
     cr_assert_eq(ctxs_store_session_open(&s, st, "nobody", &m, 0, NULL), CTXS_ENOTFOUND);
     cr_assert_null(s);
     ctxs_session_close(mk(st, "gone", &m, 256, 4, 5));
-    cr_assert_eq(unlink(id_path(entry(st, "gone").id)), 0);
+    cr_assert_eq(unlink(ts_id_path(ts_session_entry(st, "gone").id)), 0);
     cr_assert_eq(ctxs_store_session_open(&s, st, "gone", &m, 0, NULL), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_open(&s, st, "gone", NULL, CTXS_OPEN_RDONLY, NULL),
                  CTXS_ENOTFOUND);
@@ -823,7 +751,7 @@ Test(index, model_register_same_hash_other_geometry_is_emodel)
     ctxs_model_entry e1, e2;
     cr_assert_eq(ctxs_model_get(&e1, st, m.model_hash), 0);
     cr_assert_str_eq(e1.name, "tiny");
-    sleep_ms(2);
+    ts_sleep_us(2000);
     cr_assert_eq(ctxs_model_register(st, &m, "renamed"), 0);
     cr_assert_eq(ctxs_model_get(&e2, st, m.model_hash), 0);
     cr_assert_str_eq(e2.name, "renamed");
@@ -841,7 +769,7 @@ Test(index, model_register_same_hash_other_geometry_is_emodel)
     /* A session with the conflicting geometry is refused too. */
     other = m;
     other.geometry.n_kv_heads = 4;
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_create(&s, st, "s", &other, &o), CTXS_EMODEL);
     cr_assert_null(s);
@@ -858,7 +786,7 @@ Test(index, create_with_an_unregistered_model_is_enotfound)
 {
     ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_create(&s, st, "s", &m, &o), CTXS_ENOTFOUND);
     cr_assert_null(s);
@@ -1028,14 +956,14 @@ Test(index, checkpoint_create_list_restore_delete)
 
     /* Restore is a rollback: the count goes back, the tokens stay. */
     cr_assert_eq(ctxs_checkpoint_restore(s, "at100"), 0);
-    cr_assert_eq(n_tokens(s), 100);
+    cr_assert_eq(ts_n_tokens(s), 100);
     cr_assert_eq(ts_check_all(s), 0);
     /* Written again with the same tokens: at150 holds again. */
     cr_assert_eq(ts_append(s, 50), 0);
     cr_assert_eq(ctxs_checkpoint_restore(s, "at150"), 0);
-    cr_assert_eq(n_tokens(s), 150);
+    cr_assert_eq(ts_n_tokens(s), 150);
     cr_assert_eq(ctxs_checkpoint_restore(s, "at40"), 0);
-    cr_assert_eq(n_tokens(s), 40);
+    cr_assert_eq(ts_n_tokens(s), 40);
     cr_assert_eq(ctxs_checkpoint_restore(s, "nope"), CTXS_ENOTFOUND);
 
     cr_assert_eq(ts_checkpoint_delete(st, "s", "at150"), 0);
@@ -1054,7 +982,7 @@ Test(index, checkpoint_create_list_restore_delete)
     cr_assert_eq(ctxs_checkpoint_restore(s, "at40"), CTXS_EREADONLY);
     ctxs_session_close(s);
     ctxs_session *plain;
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     cr_assert_eq(ctxs_session_create(&plain, ts_path(ts_scratch, "plain.ctxs"), &m, &o), 0);
     cr_assert_eq(ctxs_checkpoint_create(plain, "x"), CTXS_EINVAL);
     cr_assert_eq(ctxs_checkpoint_restore(plain, "at40"), CTXS_EINVAL);
@@ -1113,7 +1041,7 @@ Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
     cr_assert(info.flags & CTXS_INFO_WRAPPED);
     cr_assert_eq(ctxs_checkpoint_restore(s, "early"), CTXS_EEVICTED);
     cr_assert_eq(ctxs_checkpoint_restore(s, "late"), CTXS_EEVICTED);
-    cr_assert_eq(n_tokens(s), 250, "a refused restore must not move the session");
+    cr_assert_eq(ts_n_tokens(s), 250, "a refused restore must not move the session");
     ctxs_checkpoint_entry *list;
     size_t n;
     cr_assert_eq(ts_checkpoint_list(&list, &n, st, "s"), 0);
@@ -1127,7 +1055,7 @@ Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "f"), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_checkpoint_restore(s, "sink"), 0);
-    cr_assert_eq(n_tokens(s), 3);
+    cr_assert_eq(ts_n_tokens(s), 3);
     ctxs_session_close(s);
     ctxs_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
@@ -1156,16 +1084,16 @@ Test(index, checkpoint_rolled_back_and_rewritten_is_stale_and_listed_stale)
     ctxs_free(list);
     /* Written again with other tokens, past the checkpoint's count. */
     append_gen(s, 70, 1);
-    cr_assert_eq(n_tokens(s), 110);
+    cr_assert_eq(ts_n_tokens(s), 110);
     cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), CTXS_ESTALE);
-    cr_assert_eq(n_tokens(s), 110);
+    cr_assert_eq(ts_n_tokens(s), 110);
     cr_assert_eq(ts_checkpoint_list(&list, &n, st, "s"), 0);
     cr_assert_eq(cp_find(list, n, "cp")->stale, 1);
     cr_assert_eq(cp_find(list, n, "early")->stale, 0);
     ctxs_free(list);
     cr_assert_eq(ctxs_store_session_fork_checkpoint(NULL, st, "f", "s", "cp", NULL), CTXS_ESTALE);
     cr_assert_eq(ctxs_checkpoint_restore(s, "early"), 0);
-    cr_assert_eq(n_tokens(s), 40);
+    cr_assert_eq(ts_n_tokens(s), 40);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
     ctxs_store_close(st);
@@ -1183,7 +1111,7 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
     cr_assert_eq(ts_append(src, 100), 0);
     ctxs_session_close(src);
     src = op(st, "src", &m, CTXS_OPEN_RDONLY);
-    uint64_t src_id = entry(st, "src").id;
+    uint64_t src_id = ts_session_entry(st, "src").id;
 
     struct {
         const char *name;
@@ -1204,7 +1132,7 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
     ctxs_session_info si;
     cr_assert_eq(ctxs_session_get_info(&si, src), 0);
     for (size_t i = 0; i < sizeof(forks) / sizeof(forks[0]); i++) {
-        ctxs_session_entry e = entry(st, forks[i].name);
+        ctxs_session_entry e = ts_session_entry(st, forks[i].name);
         cr_assert_eq(e.parent_id, src_id, "%s: parent_id", forks[i].name);
         cr_assert_eq(e.fork_tokens, forks[i].want, "%s: fork_tokens %llu", forks[i].name,
                      (unsigned long long)e.fork_tokens);
@@ -1218,17 +1146,17 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
         cr_assert_eq(fi.capacity, si.capacity);
         cr_assert_eq(fi.n_sink, si.n_sink);
         cr_assert_eq(fi.flags & CTXS_INFO_RING, si.flags & CTXS_INFO_RING);
-        same_tokens(src, f, forks[i].want);
+        ts_same_tokens(src, f, forks[i].want, "source and fork");
         cr_assert_eq(ctxs_session_verify(NULL, f), 0);
         /* A fork is a session of its own: it grows apart from the source. */
         append_gen(f, 20, 3);
         ctxs_session_close(f);
-        cr_assert_eq(entry(st, forks[i].name).n_tokens, forks[i].want + 20);
+        cr_assert_eq(ts_session_entry(st, forks[i].name).n_tokens, forks[i].want + 20);
     }
     /* The source did not move. */
     ctxs_session_close(src);
     src = op(st, "src", &m, 0);
-    cr_assert_eq(n_tokens(src), 300);
+    cr_assert_eq(ts_n_tokens(src), 300);
     cr_assert_eq(ts_check_all(src), 0);
     ctxs_session_close(src);
     ctxs_store_close(st);
@@ -1247,7 +1175,7 @@ Test(index, fork_into_a_taken_name_is_eexist)
     cr_assert_eq(ctxs_store_session_fork(&f, st, "src", "src", 50, NULL), -EEXIST);
     cr_assert_eq(ctxs_store_session_fork(&f, st, "new", "src", 81, NULL), CTXS_EINVAL);
     cr_assert_eq(ctxs_store_session_fork_checkpoint(&f, st, "new", "src", "nocp", NULL), CTXS_ENOTFOUND);
-    ctxs_session_entry e = entry(st, "taken");
+    ctxs_session_entry e = ts_session_entry(st, "taken");
     cr_assert_eq(e.n_tokens, 7);
     cr_assert_eq(e.parent_id, 0);
     cr_assert_eq(ctxs_store_session_get(&e, st, "new"), CTXS_ENOTFOUND);
@@ -1266,13 +1194,13 @@ Test(index, fork_from_a_session_open_by_a_writer_here)
     ctxs_session *w = mk(st, "live", &m, 512, 4, 100);
     ctxs_session *f;
     cr_assert_eq(ctxs_store_session_fork(&f, st, "snap", "live", UINT64_MAX, NULL), 0);
-    cr_assert_eq(n_tokens(f), 100, "a fork takes what is committed");
-    same_tokens(w, f, 100);
+    cr_assert_eq(ts_n_tokens(f), 100, "a fork takes what is committed");
+    ts_same_tokens(w, f, 100, "source and fork");
     cr_assert_eq(ts_append(w, 50), 0);
-    cr_assert_eq(n_tokens(f), 100);
+    cr_assert_eq(ts_n_tokens(f), 100);
     ctxs_session_close(f);
     cr_assert_eq(ctxs_store_session_fork(&f, st, "snap2", "live", 150, NULL), 0);
-    same_tokens(w, f, 150);
+    ts_same_tokens(w, f, 150, "source and fork");
     ctxs_session_close(f);
     ctxs_session_close(w);
     ctxs_store_close(st);
@@ -1316,7 +1244,7 @@ Test(index, prefix_find_returns_whole_chunks_plus_the_matching_tail)
     cr_assert_eq(find(&pm, st, &m, t, 300), 0);
     ctxs_session *f, *src = op(st, "held", &m, CTXS_OPEN_RDONLY);
     cr_assert_eq(ctxs_store_session_fork(&f, st, "reuse", pm.session, pm.n_tokens, NULL), 0);
-    same_tokens(src, f, want);
+    ts_same_tokens(src, f, want, "source and fork");
     ctxs_session_close(f);
     ctxs_session_close(src);
     free(t);
@@ -1493,7 +1421,7 @@ Test(index, prefix_find_after_the_ring_wraps_returns_only_what_is_held)
     ctxs_session_close(f);
     rc = ctxs_store_session_fork(&f, st, "f", "sinks", pm.n_tokens, NULL);
     cr_assert_eq(rc, 0, "fork of the held prefix: %s", ctxs_err_name(rc));
-    cr_assert_eq(n_tokens(f), 130);
+    cr_assert_eq(ts_n_tokens(f), 130);
     cr_assert_eq(ts_check_all(f), 0);
     ctxs_session_close(f);
     free(t);
@@ -1547,21 +1475,23 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
         s[i] = mk(st, names[i], &m, 256, 4, (uint32_t)(100 + 20 * i));
     }
     for (int i = 0; i < 5; i++) {
-        sleep_ms(3);
+        ts_sleep_us(3000);
         ctxs_session_close(s[i]);
     }
-    sleep_ms(3);
+    ts_sleep_us(3000);
     ctxs_session_close(op(st, "s0", &m, 0));
     uint64_t bytes[5], total = 0, id[5];
     for (int i = 0; i < 5; i++) {
-        ctxs_session_entry e = entry(st, names[i]);
+        ctxs_session_entry e = ts_session_entry(st, names[i]);
         id[i] = e.id;
-        bytes[i] = file_bytes(id_path(e.id));
+        bytes[i] = file_bytes(ts_id_path(e.id));
         total += bytes[i];
     }
     for (int i = 1; i < 4; i++)
-        cr_assert_lt(entry(st, names[i]).last_used_unix_ms, entry(st, names[i + 1]).last_used_unix_ms);
-    cr_assert_lt(entry(st, "s4").last_used_unix_ms, entry(st, "s0").last_used_unix_ms);
+        cr_assert_lt(ts_session_entry(st, names[i]).last_used_unix_ms,
+                     ts_session_entry(st, names[i + 1]).last_used_unix_ms);
+    cr_assert_lt(ts_session_entry(st, "s4").last_used_unix_ms,
+                 ts_session_entry(st, "s0").last_used_unix_ms);
 
     /* s1 open by a writer, s2 by a reader: gc passes them over. */
     ctxs_session *w = op(st, "s1", &m, 0), *r = op(st, "s2", NULL, CTXS_OPEN_RDONLY);
@@ -1571,10 +1501,10 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
     cr_assert_eq(g.deleted, 1);
     cr_assert_eq(g.skipped_open, 2);
     cr_assert_eq(g.bytes_after, total - bytes[3]);
-    cr_assert(!exists(id_path(id[3])), "s3 was the least recently used closed session");
+    cr_assert(!ts_exists(ts_id_path(id[3])), "s3 was the least recently used closed session");
     for (int i = 0; i < 5; i++)
         if (i != 3)
-            cr_assert(exists(id_path(id[i])), "%s must stay", names[i]);
+            cr_assert(ts_exists(ts_id_path(id[i])), "%s must stay", names[i]);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "s3"), CTXS_ENOTFOUND);
 
@@ -1590,8 +1520,8 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
     cr_assert_eq(g.skipped_open, 2);
     cr_assert_eq(g.bytes_before, total - bytes[3]);
     cr_assert_eq(g.bytes_after, bytes[1] + bytes[2]);
-    cr_assert(!exists(id_path(id[4])) && !exists(id_path(id[0])));
-    cr_assert(exists(id_path(id[1])) && exists(id_path(id[2])));
+    cr_assert(!ts_exists(ts_id_path(id[4])) && !ts_exists(ts_id_path(id[0])));
+    cr_assert(ts_exists(ts_id_path(id[1])) && ts_exists(ts_id_path(id[2])));
     cr_assert_eq(ts_check_all(w), 0);
     cr_assert_eq(ts_append(w, 1), 0);
     ctxs_session_close(w);
@@ -1615,12 +1545,12 @@ Test(index, gc_stops_at_the_budget_in_last_use_order)
         s[i] = mk(st, names[i], &m, 256, 4, 60);
     }
     for (int i = 0; i < 4; i++) {
-        sleep_ms(3);
+        ts_sleep_us(3000);
         ctxs_session_close(s[order[i]]);
     }
     uint64_t b[4], total = 0;
     for (int i = 0; i < 4; i++)
-        total += b[i] = file_bytes(id_path(entry(st, names[i]).id));
+        total += b[i] = file_bytes(ts_id_path(ts_session_entry(st, names[i]).id));
     ctxs_gc_result g;
     /* Room for two: the two used first go (n2, then n0). */
     cr_assert_eq(ctxs_store_gc(&g, st, b[3] + b[1]), 0);
@@ -1646,15 +1576,15 @@ Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
     ctxs_session_close(mk(st, "kept", &m, 256, 4, 70));
     ctxs_session_close(mk(st, "lost", &m, 256, 4, 70));
     ctxs_session *open_one = mk(st, "busy", &m, 256, 4, 10);
-    uint64_t kept = entry(st, "kept").id, lost = entry(st, "lost").id;
+    uint64_t kept = ts_session_entry(st, "kept").id, lost = ts_session_entry(st, "lost").id;
 
     /* A session file no entry names (copied in by hand, no label). */
     ctxs_session *stray;
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     char stray_path[1100], stray_open_path[1100], junk_path[1100];
-    snprintf(stray_path, sizeof(stray_path), "%s", id_path(0x7f00));
-    snprintf(stray_open_path, sizeof(stray_open_path), "%s", id_path(0x7f01));
-    snprintf(junk_path, sizeof(junk_path), "%s", id_path(0x7f04));
+    snprintf(stray_path, sizeof(stray_path), "%s", ts_id_path(0x7f00));
+    snprintf(stray_open_path, sizeof(stray_open_path), "%s", ts_id_path(0x7f01));
+    snprintf(junk_path, sizeof(junk_path), "%s", ts_id_path(0x7f04));
     cr_assert_eq(ctxs_session_create(&stray, stray_path, &m, &o), 0);
     cr_assert_eq(ts_append(stray, 130), 0);
     ctxs_session_close(stray);
@@ -1669,13 +1599,13 @@ Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
         _exit(0);
     cr_assert_eq(waitpid(gone, NULL, 0), gone);
     char tmp[1200], tmp2[1200], live[1200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-0", id_path(0x7f02), (long)gone);
-    snprintf(tmp2, sizeof(tmp2), "%s.tmp-%ld-7", id_path(kept), (long)gone);
+    snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-0", ts_id_path(0x7f02), (long)gone);
+    snprintf(tmp2, sizeof(tmp2), "%s.tmp-%ld-7", ts_id_path(kept), (long)gone);
     cr_assert_eq(ts_write_file(tmp, "half", 4), 0);
     cr_assert_eq(ts_write_file(tmp2, "half", 4), 0);
     /* One by a process that lives (the test runner): its create may be
      * under way, even before it locks the file. */
-    snprintf(live, sizeof(live), "%s.tmp-%ld-3", id_path(0x7f05), (long)getppid());
+    snprintf(live, sizeof(live), "%s.tmp-%ld-3", ts_id_path(0x7f05), (long)getppid());
     cr_assert_eq(ts_write_file(live, "half", 4), 0);
     /* What is not ours. */
     char notes[1100], upper[1100], short_id[1100], sub[1100];
@@ -1688,26 +1618,27 @@ Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
     cr_assert_eq(ts_write_file(short_id, "mine", 4), 0);
     cr_assert_eq(mkdir(sub, 0700), 0);
     /* An entry whose file was deleted by hand. */
-    cr_assert_eq(unlink(id_path(lost)), 0);
+    cr_assert_eq(unlink(ts_id_path(lost)), 0);
 
     ctxs_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.files_adopted, 1, "adopted %llu", (unsigned long long)rr.files_adopted);
     cr_assert_eq(rr.files_removed, 2, "2 tmp: %llu", (unsigned long long)rr.files_removed);
     cr_assert_eq(rr.entries_removed, 1);
-    cr_assert(exists(stray_path), "repair never deletes a session file");
-    cr_assert(exists(stray_open_path), "a stray with an open handle must stay");
-    cr_assert(!exists(tmp) && !exists(tmp2));
-    cr_assert(exists(live), "the file of a live process's create must stay");
-    cr_assert(exists(notes) && exists(upper) && exists(short_id) && exists(sub) && exists(junk_path));
-    cr_assert(exists(id_path(kept)));
+    cr_assert(ts_exists(stray_path), "repair never deletes a session file");
+    cr_assert(ts_exists(stray_open_path), "a stray with an open handle must stay");
+    cr_assert(!ts_exists(tmp) && !ts_exists(tmp2));
+    cr_assert(ts_exists(live), "the file of a live process's create must stay");
+    cr_assert(ts_exists(notes) && ts_exists(upper) && ts_exists(short_id) && ts_exists(sub) &&
+              ts_exists(junk_path));
+    cr_assert(ts_exists(ts_id_path(kept)));
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "lost"), CTXS_ENOTFOUND);
-    cr_assert_eq(entry(st, "kept").n_tokens, 70);
-    cr_assert(exists(id_path(entry(st, "busy").id)));
+    cr_assert_eq(ts_session_entry(st, "kept").n_tokens, 70);
+    cr_assert(ts_exists(ts_id_path(ts_session_entry(st, "busy").id)));
     /* The stray has no label: it is indexed as session-<id>, with its
      * tokens and prefixes. */
-    e = entry(st, "session-0000000000007f00");
+    e = ts_session_entry(st, "session-0000000000007f00");
     cr_assert_eq(e.id, 0x7f00);
     cr_assert_eq(e.n_tokens, 130);
     cr_assert_eq(memcmp(e.model_hash, m.model_hash, 16), 0);
@@ -1729,14 +1660,14 @@ Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.files_adopted, 1);
     cr_assert_eq(rr.files_removed + rr.entries_removed, 0);
-    cr_assert_eq(entry(st, "session-0000000000007f01").id, 0x7f01);
+    cr_assert_eq(ts_session_entry(st, "session-0000000000007f01").id, 0x7f01);
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.files_adopted + rr.files_removed + rr.entries_removed, 0);
     cr_assert_eq(count_entries(st), 4);
-    cr_assert(exists(junk_path));
+    cr_assert(ts_exists(junk_path));
     /* New sessions do not take the adopted ids. */
     ctxs_session_close(mk(st, "new", &m, 256, 4, 1));
-    cr_assert_gt(entry(st, "new").id, 0x7f01);
+    cr_assert_gt(ts_session_entry(st, "new").id, 0x7f01);
     ctxs_session_close(open_one);
     ctxs_store_close(st);
 }
@@ -1751,24 +1682,24 @@ Test(index, create_is_not_refused_by_a_stray_file_at_the_next_id)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "first", &m, 256, 4, 1));
-    uint64_t first = entry(st, "first").id;
+    uint64_t first = ts_session_entry(st, "first").id;
     ctxs_session *stray;
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     char stray_path[1100];
-    snprintf(stray_path, sizeof(stray_path), "%s", id_path(first + 1));
+    snprintf(stray_path, sizeof(stray_path), "%s", ts_id_path(first + 1));
     cr_assert_eq(ctxs_session_create(&stray, stray_path, &m, &o), 0);
     cr_assert_eq(ts_append(stray, 9), 0);
     ctxs_session_close(stray);
     ctxs_session *s = NULL;
     int rc = ctxs_store_session_create(&s, st, "second", &m, &o);
     cr_assert_eq(rc, 0, "create of a free name beside a stray file: %s", ctxs_err_name(rc));
-    cr_assert_neq(entry(st, "second").id, first + 1);
+    cr_assert_neq(ts_session_entry(st, "second").id, first + 1);
     ctxs_session_close(s);
     rc = ctxs_store_session_fork(NULL, st, "third", "first", 1, NULL);
     cr_assert_eq(rc, 0, "fork to a free name beside a stray file: %s", ctxs_err_name(rc));
-    cr_assert(exists(stray_path));
+    cr_assert(ts_exists(stray_path));
     cr_assert_eq(ctxs_session_open(&stray, stray_path, &m, CTXS_OPEN_RDONLY, NULL), 0);
-    cr_assert_eq(n_tokens(stray), 9, "the stray was touched");
+    cr_assert_eq(ts_n_tokens(stray), 9, "the stray was touched");
     ctxs_session_close(stray);
     ctxs_store_close(st);
 }
@@ -1781,8 +1712,8 @@ Test(index, repair_drops_every_entry_of_a_session_whose_file_is_gone)
     ctxs_session *s = mk(st, "lost", &m, 256, 4, 200);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
-    uint64_t id = entry(st, "lost").id;
-    cr_assert_eq(unlink(id_path(id)), 0);
+    uint64_t id = ts_session_entry(st, "lost").id;
+    cr_assert_eq(unlink(ts_id_path(id)), 0);
     ctxs_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.entries_removed, 1);
@@ -1851,16 +1782,16 @@ Test(index, store_open_removes_the_file_of_an_interrupted_create)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "a", &m, 256, 4, 70));
-    uint64_t a = entry(st, "a").id;
+    uint64_t a = ts_session_entry(st, "a").id;
     /* A create that died after its file was linked, before its entry. */
     const uint64_t dead = a + 1000;
     put_intent(st, dead, CTXS__INTENT_CREATE);
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
-    cr_assert_eq(ctxs_session_create(&s, id_path(dead), &m, &o), 0);
+    cr_assert_eq(ctxs_session_create(&s, ts_id_path(dead), &m, &o), 0);
     ctxs_session_close(s);
     char tmp[4096];
-    snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-3", id_path(dead), (long)gone_pid());
+    snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-3", ts_id_path(dead), (long)gone_pid());
     cr_assert_eq(ts_write_file(tmp, "x", 1), 0);
     /* One that died before its file appeared. */
     put_intent(st, dead + 1, CTXS__INTENT_CREATE);
@@ -1868,25 +1799,25 @@ Test(index, store_open_removes_the_file_of_an_interrupted_create)
     const uint64_t live = dead + 2;
     put_intent(st, live, CTXS__INTENT_CREATE);
     ctxs_session *running;
-    cr_assert_eq(ctxs_session_create(&running, id_path(live), &m, &o), 0);
+    cr_assert_eq(ctxs_session_create(&running, ts_id_path(live), &m, &o), 0);
     ctxs_store_close(st);
 
     st = ts_store_open(ts_store_dir());
-    cr_assert(!exists(id_path(dead)), "the half-created file must go");
-    cr_assert(!exists(tmp), "the create's temporary file must go");
-    cr_assert(exists(id_path(live)), "a create in progress must not lose its file");
-    cr_assert(exists(id_path(a)));
+    cr_assert(!ts_exists(ts_id_path(dead)), "the half-created file must go");
+    cr_assert(!ts_exists(tmp), "the create's temporary file must go");
+    cr_assert(ts_exists(ts_id_path(live)), "a create in progress must not lose its file");
+    cr_assert(ts_exists(ts_id_path(a)));
     cr_assert_eq(ts_pending_intents(st), 1);
     cr_assert_eq(count_entries(st), 1);
     ctxs_store_close(st);
 
     ctxs_session_close(running);
     st = ts_store_open(ts_store_dir());
-    cr_assert(!exists(id_path(live)));
+    cr_assert(!ts_exists(ts_id_path(live)));
     cr_assert_eq(ts_pending_intents(st), 0);
     /* Ids are not reused. */
     ctxs_session_close(mk(st, "b", &m, 256, 4, 1));
-    cr_assert_gt(entry(st, "b").id, a);
+    cr_assert_gt(ts_session_entry(st, "b").id, a);
     ctxs_store_close(st);
 }
 
@@ -1895,7 +1826,7 @@ Test(index, store_open_removes_the_file_of_an_interrupted_create)
 static void create_left_aside(ctxs_store *st, uint64_t id, pid_t creator, char *tmp, size_t size)
 {
     put_intent_of(st, id, CTXS__INTENT_CREATE, creator);
-    snprintf(tmp, size, "%s.tmp-%ld-0", id_path(id), (long)creator);
+    snprintf(tmp, size, "%s.tmp-%ld-0", ts_id_path(id), (long)creator);
     cr_assert_eq(ts_write_file(tmp, "x", 1), 0);
 }
 
@@ -1905,7 +1836,7 @@ Test(index, store_open_leaves_the_intent_of_a_live_creator)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "a", &m, 256, 4, 10));
-    uint64_t a = entry(st, "a").id;
+    uint64_t a = ts_session_entry(st, "a").id;
     /* A create whose intent is committed and whose file does not exist
      * yet, by a process that lives (the test runner): what a store open
      * elsewhere sees between the two. */
@@ -1918,7 +1849,7 @@ Test(index, store_open_leaves_the_intent_of_a_live_creator)
 
     st = ts_store_open(ts_store_dir());
     cr_assert_eq(ts_pending_intents(st), 1, "only the gone creator's intent is resolved");
-    cr_assert(!exists(dead_tmp), "a gone creator's file must go");
+    cr_assert(!ts_exists(dead_tmp), "a gone creator's file must go");
     cr_assert_eq(count_entries(st), 1);
     ctxs_store_close(st);
 }
@@ -1941,7 +1872,7 @@ Test(index, store_open_resolves_the_intent_of_a_creator_that_exited_unreaped)
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "a", &m, 256, 4, 10));
-    const uint64_t id = entry(st, "a").id + 100;
+    const uint64_t id = ts_session_entry(st, "a").id + 100;
     pid_t zombie = zombie_pid();
     char tmp[4096];
     create_left_aside(st, id, zombie, tmp, sizeof(tmp));
@@ -1952,7 +1883,7 @@ Test(index, store_open_resolves_the_intent_of_a_creator_that_exited_unreaped)
     ctxs_store_close(st);
     cr_assert_eq(waitpid(zombie, NULL, 0), zombie);
     cr_assert_eq(pending, 0, "the intent of a creator that exited waits for its reaping");
-    cr_assert(!exists(tmp), "the file of a creator that exited must go");
+    cr_assert(!ts_exists(tmp), "the file of a creator that exited must go");
 }
 
 Test(index, store_open_finishes_an_interrupted_delete)
@@ -1964,7 +1895,7 @@ Test(index, store_open_finishes_an_interrupted_delete)
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     ctxs_session_close(mk(st, "keep", &m, 256, 4, 10));
-    uint64_t id = entry(st, "d").id;
+    uint64_t id = ts_session_entry(st, "d").id;
     /* A delete that died after its transaction, before the unlink. */
     MDB_txn *txn;
     cr_assert_eq(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
@@ -1972,10 +1903,10 @@ Test(index, store_open_finishes_an_interrupted_delete)
     cr_assert_eq(mdb_txn_commit(txn), 0);
     put_intent(st, id, CTXS__INTENT_DELETE);
     ctxs_store_close(st);
-    cr_assert(exists(id_path(id)));
+    cr_assert(ts_exists(ts_id_path(id)));
 
     st = ts_store_open(ts_store_dir());
-    cr_assert(!exists(id_path(id)), "the deleted session's file must go");
+    cr_assert(!ts_exists(ts_id_path(id)), "the deleted session's file must go");
     cr_assert_eq(ts_pending_intents(st), 0);
     cr_assert_eq(count_entries(st), 1);
     uint32_t *t = prompt(130, 130, 0);
@@ -2010,7 +1941,7 @@ Test(index, reindex_after_the_index_is_deleted_restores_sessions_from_their_file
     const char *names[4] = {"alpha", "beta", "delta", "fork"};
     const uint64_t tokens[4] = {200, 70, 30, 150};
     for (int i = 0; i < 4; i++)
-        before[i] = entry(st, names[i]);
+        before[i] = ts_session_entry(st, names[i]);
     ctxs_store_close(st);
 
     ts_rmtree(ts_path(ts_store_dir(), "index"));
@@ -2061,14 +1992,14 @@ Test(index, reindex_after_the_index_is_deleted_restores_sessions_from_their_file
     cr_assert_eq(ts_check_all(s), 0);
     cr_assert_eq(ts_append(s, 5), 0);
     ctxs_session_close(s);
-    cr_assert_eq(entry(st, "delta").n_tokens, 35);
+    cr_assert_eq(ts_session_entry(st, "delta").n_tokens, 35);
     s = mk(st, "new", &m1, 256, 4, 3);
     ctxs_session_close(s);
-    e = entry(st, "new");
+    e = ts_session_entry(st, "new");
     for (int i = 0; i < 4; i++)
         cr_assert_neq(e.id, before[i].id, "a new session took the id of %s", names[i]);
     for (int i = 0; i < 4; i++)
-        cr_assert(exists(id_path(before[i].id)));
+        cr_assert(ts_exists(ts_id_path(before[i].id)));
     ctxs_store_close(st);
 }
 
@@ -2081,19 +2012,19 @@ Test(index, reindex_keeps_checkpoints_and_skips_files_that_are_not_sessions)
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     ctxs_session_close(mk(st, "b", &m, 256, 4, 10));
-    const char *junk = id_path(0x5000);
+    const char *junk = ts_id_path(0x5000);
     cr_assert_eq(ts_write_file(junk, "not a session at all", 20), 0);
     const char *notes = ts_path(ts_store_dir(), "sessions/notes.txt");
     cr_assert_eq(ts_write_file(notes, "mine", 4), 0);
     /* b's file deleted by hand: it is not indexed again. */
-    cr_assert_eq(unlink(id_path(entry(st, "b").id)), 0);
+    cr_assert_eq(unlink(ts_id_path(ts_session_entry(st, "b").id)), 0);
 
     ctxs_reindex_result rr;
     cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
     cr_assert_eq(rr.sessions, 1);
     cr_assert_eq(rr.skipped, 1);
-    cr_assert(exists(junk), "reindex must leave files that are not sessions alone");
-    cr_assert(exists(notes));
+    cr_assert(ts_exists(junk), "reindex must leave files that are not sessions alone");
+    cr_assert(ts_exists(notes));
     cr_assert_eq(count_entries(st), 1);
     ctxs_checkpoint_entry *list;
     size_t n;
@@ -2109,12 +2040,12 @@ Test(index, reindex_keeps_checkpoints_and_skips_files_that_are_not_sessions)
     s = op(st, "a", &m, 0);
     cr_assert_eq(ts_append(s, 20), 0);
     cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), 0);
-    cr_assert_eq(n_tokens(s), 100);
+    cr_assert_eq(ts_n_tokens(s), 100);
     ctxs_session_close(s);
     /* Reindexing twice changes nothing. */
     cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
     cr_assert_eq(rr.sessions, 1);
-    cr_assert_eq(entry(st, "a").n_tokens, 100);
+    cr_assert_eq(ts_session_entry(st, "a").n_tokens, 100);
     ctxs_store_close(st);
 }
 
@@ -2126,15 +2057,16 @@ Test(index, reindex_names_a_session_whose_label_is_taken_or_lost_by_its_id)
     ctxs_session_close(mk(st, "p", &m, 256, 4, 10));
     ctxs_session_close(mk(st, "q", &m, 256, 4, 20));
     ctxs_session_close(mk(st, "r", &m, 256, 4, 30));
-    uint64_t p = entry(st, "p").id, q = entry(st, "q").id, r = entry(st, "r").id;
+    uint64_t p = ts_session_entry(st, "p").id, q = ts_session_entry(st, "q").id;
+    uint64_t r = ts_session_entry(st, "r").id;
     ctxs_store_close(st);
     /* q's label says "p" (a rename that died between its label and its
      * transaction could leave that); r's label is damaged. */
-    int fd = open(id_path(q), O_RDWR);
+    int fd = open(ts_id_path(q), O_RDWR);
     cr_assert_geq(fd, 0);
     cr_assert_eq(ctxs__label_write(fd, q, "p", 1), 0);
     close(fd);
-    fd = open(id_path(r), O_RDWR);
+    fd = open(ts_id_path(r), O_RDWR);
     cr_assert_geq(fd, 0);
     cr_assert_eq(pwrite(fd, "garbage!", 8, CTXS__LABEL_OFF + 20), 8);
     close(fd);
@@ -2148,18 +2080,18 @@ Test(index, reindex_names_a_session_whose_label_is_taken_or_lost_by_its_id)
     char qname[64], rname[64];
     snprintf(qname, sizeof(qname), "session-%016llx", (unsigned long long)q);
     snprintf(rname, sizeof(rname), "session-%016llx", (unsigned long long)r);
-    cr_assert_eq(entry(st, "p").id, p);
-    cr_assert_eq(entry(st, "p").n_tokens, 10);
-    cr_assert_eq(entry(st, qname).n_tokens, 20);
-    cr_assert_eq(entry(st, rname).n_tokens, 30);
+    cr_assert_eq(ts_session_entry(st, "p").id, p);
+    cr_assert_eq(ts_session_entry(st, "p").n_tokens, 10);
+    cr_assert_eq(ts_session_entry(st, qname).n_tokens, 20);
+    cr_assert_eq(ts_session_entry(st, rname).n_tokens, 30);
     /* The fallback names are ordinary names: rename them back. */
     cr_assert_eq(ctxs_store_session_rename(st, qname, "q"), 0);
     cr_assert_eq(ctxs_store_session_rename(st, rname, "r"), 0);
     ctxs_store_close(st);
     ts_rmtree(ts_path(ts_store_dir(), "index"));
     st = ts_store_open(ts_store_dir());
-    cr_assert_eq(entry(st, "q").id, q, "a rename rewrites the label");
-    cr_assert_eq(entry(st, "r").id, r, "a rename rewrites a damaged label");
+    cr_assert_eq(ts_session_entry(st, "q").id, q, "a rename rewrites the label");
+    cr_assert_eq(ts_session_entry(st, "r").id, r, "a rename rewrites a damaged label");
     ctxs_store_close(st);
 }
 
@@ -2291,7 +2223,7 @@ Test(index, a_full_index_is_efull_and_loses_nothing)
     cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &so), 0);
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
-    ctxs_create_options o = small_opts(1024, 4);
+    ctxs_create_options o = ts_options(1024, 4, 1, CTXS_SYNC_NONE);
     char name[64];
     int rc = 0, made = 0;
     for (; made < 5000; made++) {

@@ -42,26 +42,6 @@ TestSuite(index_crash, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeou
 
 /* --- Helpers for both sides ------------------------------------------------ */
 
-static const char *id_path(uint64_t id)
-{
-    static char bufs[16][1100];
-    static unsigned next;
-    char *b = bufs[next++ % 16];
-    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", ts_store_dir(),
-             (unsigned long long)id);
-    return b;
-}
-
-static ctxs_create_options small_opts(uint32_t capacity, uint32_t n_sink)
-{
-    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
-    o.capacity = capacity;
-    o.n_sink = n_sink;
-    o.ring = 1;
-    o.open.durability = CTXS_SYNC_NONE;
-    return o;
-}
-
 static uint64_t vpos(uint64_t pos, uint32_t gen)
 {
     return pos + ((uint64_t)gen << 40);
@@ -216,8 +196,8 @@ static void check_agree(ctxs_store *st, const char *what)
     cr_assert_eq(rc, 0, "%s: list: %s", what, ctxs_err_name(rc));
     for (size_t i = 0; i < n; i++) {
         struct stat sb;
-        cr_assert_eq(lstat(id_path(list[i].id), &sb), 0, "%s: entry %s (id %llx) has no file", what,
-                     list[i].name, (unsigned long long)list[i].id);
+        cr_assert_eq(lstat(ts_id_path(list[i].id), &sb), 0, "%s: entry %s (id %llx) has no file",
+                     what, list[i].name, (unsigned long long)list[i].id);
         for (size_t j = 0; j < i; j++)
             cr_assert_neq(list[i].id, list[j].id, "%s: %s and %s share an id", what, list[i].name,
                           list[j].name);
@@ -344,7 +324,7 @@ static void duo_child(void *p)
     const duo_args *a = p;
     ctxs_store *st = child_store(NULL);
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_create_options o = small_opts(512, 4);
+    ctxs_create_options o = ts_options(512, 4, 1, CTXS_SYNC_NONE);
     uint64_t rng = a->seed;
     char c;
     if (read_byte(a->go_fd, &c) != 1)
@@ -527,7 +507,7 @@ typedef struct writer_thread {
 static void *writer_main(void *p)
 {
     writer_thread *w = p;
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s = NULL;
     w->rc = ctxs_store_session_create(&s, w->st, "waited", w->m, &o);
     if (w->rc == 0) {
@@ -555,7 +535,7 @@ Test(index_crash, a_process_killed_inside_a_write_transaction_does_not_block_the
     ctxs_model m = ts_model(MODEL_SEED);
     setup_store(&m);
     ctxs_store *st = ts_store_open(ts_store_dir());
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     cr_assert_eq(ctxs_store_session_create(&s, st, "before", &m, &o), 0);
     cr_assert_eq(c_append(s, 70), 0);
@@ -653,7 +633,7 @@ Test(index_crash, processes_killed_inside_read_transactions_do_not_use_up_the_re
         int rc = ctxs_model_get(&me, st, m.model_hash);
         cr_assert_eq(rc, 0, "after %d dead readers: model_get: %s", i + 1, ctxs_err_name(rc));
     }
-    ctxs_create_options so = small_opts(256, 4);
+    ctxs_create_options so = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     int rc = ctxs_store_session_create(&s, st, "still-works", &m, &so);
     cr_assert_eq(rc, 0, "after 12 dead readers: create: %s", ctxs_err_name(rc));
@@ -676,7 +656,7 @@ static void chaos_child(void *p)
     const chaos_args *a = p;
     ctxs_store *st = child_store(NULL);
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     uint64_t rng = a->seed;
     for (unsigned iter = 0;; iter++) {
         ctxs_session_entry *list;
@@ -843,36 +823,12 @@ static void live_writer(void *p)
     write_all(a->fd, "d", 1);
 }
 
-/* Positions [0, n) of a and b read back the same. */
-static void same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n, const char *what)
-{
-    uint16_t ka[TS_KV_MAX] = {0}, va[TS_KV_MAX] = {0}, kb[TS_KV_MAX] = {0}, vb[TS_KV_MAX] = {0};
-    ctxs_layout la, lb;
-    cr_assert_eq(ctxs_session_get_layout(&la, a), 0);
-    cr_assert_eq(ctxs_session_get_layout(&lb, b), 0);
-    for (uint64_t p = 0; p < n; p++) {
-        int ra = ctxs_session_read_token(ka, va, a, p);
-        int rb = ctxs_session_read_token(kb, vb, b, p);
-        cr_assert_eq(ra, 0, "%s: source read_token(%llu): %s", what, (unsigned long long)p,
-                     ctxs_err_name(ra));
-        cr_assert_eq(rb, 0, "%s: fork read_token(%llu): %s", what, (unsigned long long)p,
-                     ctxs_err_name(rb));
-        cr_assert(memcmp(ka, kb, sizeof(ka)) == 0 && memcmp(va, vb, sizeof(va)) == 0,
-                  "%s: position %llu differs", what, (unsigned long long)p);
-        uint32_t sa, sb;
-        cr_assert_eq(ctxs_session_get_slot(&sa, a, p), 0);
-        cr_assert_eq(ctxs_session_get_slot(&sb, b, p), 0);
-        cr_assert_eq(la.token_ids[sa], lb.token_ids[sb], "%s: token id at %llu", what,
-                     (unsigned long long)p);
-    }
-}
-
 Test(index_crash, fork_from_a_session_another_process_is_writing)
 {
     ctxs_model m = ts_model(MODEL_SEED);
     setup_store(&m);
     ctxs_store *st = ts_store_open(ts_store_dir());
-    ctxs_create_options o = small_opts(2048, 4);
+    ctxs_create_options o = ts_options(2048, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     cr_assert_eq(ctxs_store_session_create(&s, st, "live", &m, &o), 0);
     cr_assert_eq(c_append(s, 100), 0);
@@ -941,7 +897,7 @@ Test(index_crash, fork_from_a_session_another_process_is_writing)
         ctxs_session *src;
         cr_assert_eq(ctxs_store_session_open(&src, st, "live", NULL, CTXS_OPEN_RDONLY, NULL), 0);
         cr_assert_geq(c_tokens(src), n);
-        same_tokens(src, f, n, name);
+        ts_same_tokens(src, f, n, name);
         ctxs_session_close(src);
         ctxs_session_close(f);
         ctxs_session_entry e;
@@ -978,7 +934,7 @@ static void prefix_writer(void *p)
     const prefix_args *a = p;
     ctxs_store *st = child_store(NULL);
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_create_options o = small_opts(2048, 4);
+    ctxs_create_options o = ts_options(2048, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     int rc = ctxs_store_session_create(&s, st, "k", &m, &o);
     if (rc != 0)

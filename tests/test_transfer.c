@@ -70,12 +70,6 @@ static void export_ok(ctxs_store *st, const char *name, const char *path)
     cr_assert_eq(rc, 0, "export %s: %s", name, ctxs_err_name(rc));
 }
 
-static int exists(const char *path)
-{
-    struct stat sb;
-    return lstat(path, &sb) == 0;
-}
-
 /* Two sessions hold the same state, positions, ids, checksums and bytes. */
 static void same_session(const ctxs_session *a, const ctxs_session *b)
 {
@@ -489,7 +483,7 @@ Test(transfer, bad_arguments_are_einval)
     cr_assert_eq(ctxs_store_session_export(a, "chat", "", NULL, NULL), CTXS_EINVAL);
     cr_assert_eq(ctxs_store_session_export(a, "a/b", path, NULL, NULL), CTXS_EINVAL);
     cr_assert_eq(ctxs_store_session_export(a, "nobody", path, NULL, NULL), CTXS_ENOTFOUND);
-    cr_assert(!exists(path));
+    cr_assert(!ts_exists(path));
     export_ok(a, "chat", path);
     cr_assert_eq(ctxs_store_session_import(NULL, NULL, path, NULL, NULL, NULL), CTXS_EINVAL);
     cr_assert_eq(ctxs_store_session_import(NULL, a, NULL, NULL, NULL, NULL), CTXS_EINVAL);
@@ -647,13 +641,13 @@ Test(transfer, a_writer_rolling_back_or_wrapping_during_the_export_gives_estale)
             }
         } else {
             cr_assert_eq(rc, CTXS_ESTALE, "case %d: %s", what, ctxs_err_name(rc));
-            cr_assert(!exists(path), "a stale export was left at its path");
+            cr_assert(!ts_exists(path), "a stale export was left at its path");
         }
         ctxs_session_close(w);
     }
     /* Nothing written aside is left either. */
     cr_assert_eq(ts_dir_entries(ts_scratch),
-                 1 + exists(ts_path(ts_scratch, "s2")) + exists(ts_path(ts_scratch, "b")));
+                 1 + ts_exists(ts_path(ts_scratch, "s2")) + ts_exists(ts_path(ts_scratch, "b")));
     ctxs_store_close(a);
 }
 
@@ -667,7 +661,7 @@ Test(transfer, a_damaged_session_is_not_exported)
     ((uint8_t *)run)[70 * 16] ^= 1; /* position 70, outside any reservation */
     const char *path = ts_path(ts_scratch, "x");
     cr_assert_eq(ctxs_store_session_export(a, "chat", path, NULL, NULL), CTXS_ECORRUPT);
-    cr_assert(!exists(path));
+    cr_assert(!ts_exists(path));
     ctxs_session_close(w);
     ctxs_store_close(a);
 }

@@ -56,6 +56,7 @@
 #include "bench_util.h"
 #include "ctxstore.h"
 #include "peek.h" /* the naive scan reads token ids as the index's check does */
+#include "rng.h"
 
 const char *const bench_program = "bench_index";
 
@@ -268,17 +269,9 @@ static void progress(const char *fmt, ...)
 
 /* --- Random data ------------------------------------------------------------ */
 
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 static void random_ids(uint32_t *out, uint32_t n, uint64_t seed)
 {
-    uint64_t st = splitmix64(seed) | 1;
+    uint64_t st = ts_rng_next(&seed) | 1;
     for (uint32_t i = 0; i < n; i++)
         out[i] = (uint32_t)(xorshift64(&st) % VOCAB);
 }

@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "export_format.h"
 #include "fuzz.h"
 #include "index.h"
 #include "internal.h"
@@ -33,17 +34,14 @@ enum {
     CLASH_NAME = 0x20,    /* import as "a", which the store has: -EEXIST */
 };
 
-/* Offsets in the export header (transfer.c's xfer_header). */
-#define H_DTYPE 20
-#define H_LAYERS 24
-#define H_HEADS 28
-#define H_HEAD_DIM 32
-#define H_N_TOKENS 48
-#define H_MODEL_HASH 96
-#define H_TOKENIZER_HASH 112
-#define H_CRC 1020
-#define HEADER_BYTES 1024u
-#define BLOCK_BYTES 40u
+/* Where each field of the export file lies, and the sizes of its parts
+ * (src/index/export_format.h). */
+#define H_OFF(field) offsetof(ctxs__export_header, field)
+#define B_OFF(field) offsetof(ctxs__export_block, field)
+#define T_OFF(field) offsetof(ctxs__export_trailer, field)
+#define HEADER_BYTES sizeof(ctxs__export_header)
+#define BLOCK_BYTES sizeof(ctxs__export_block)
+#define TRAILER_BYTES sizeof(ctxs__export_trailer)
 #define MAX_RAW (1u << 20)
 
 static char *store_dir, *file_path, *export_path;
@@ -116,25 +114,28 @@ static void fix_up(out_buf *o, const uint8_t *data, size_t size, uint8_t ctl)
     }
     uint8_t h[HEADER_BYTES];
     memcpy(h, data, sizeof(h));
-    wr32(h + H_CRC, crc_of(h, H_CRC));
+    wr32(h + H_OFF(crc32), crc_of(h, H_OFF(crc32)));
     put(o, h, sizeof(h));
 
     /* The geometry, for the checksums. */
-    uint64_t layers = rd32(h + H_LAYERS), heads = rd32(h + H_HEADS), dim = rd32(h + H_HEAD_DIM);
-    uint32_t elem = ctxs__dtype_bytes(rd32(h + H_DTYPE));
+    uint64_t layers = rd32(h + H_OFF(n_layers)), heads = rd32(h + H_OFF(n_kv_heads));
+    uint64_t dim = rd32(h + H_OFF(head_dim));
+    uint32_t elem = ctxs__dtype_bytes(rd32(h + H_OFF(dtype)));
     uint64_t n_runs = 2 * layers * heads, slot_bytes = dim * elem;
     int geometry_ok = elem && layers && heads && dim && layers <= 4096 && heads <= 4096 &&
                       dim <= 4096;
 
     size_t off = HEADER_BYTES;
     uint8_t *raw = NULL, *comp = NULL;
-    while (size - off > BLOCK_BYTES && memcmp(data + off, "CXBK", 4) == 0) {
+    while (size - off > BLOCK_BYTES && memcmp(data + off, CTXS__EXPORT_BLOCK_MAGIC, 4) == 0) {
         uint8_t b[BLOCK_BYTES];
         memcpy(b, data + off, sizeof(b));
         size_t have = size - off - BLOCK_BYTES;
-        size_t comp_bytes = rd32(b + 24) < have ? rd32(b + 24) : have;
+        size_t comp_bytes = rd32(b + B_OFF(comp_bytes));
+        if (comp_bytes > have)
+            comp_bytes = have;
         const uint8_t *cdata = data + off + BLOCK_BYTES;
-        uint32_t count = rd32(b + 16), raw_bytes = rd32(b + 20);
+        uint32_t count = rd32(b + B_OFF(count)), raw_bytes = rd32(b + B_OFF(raw_bytes));
         int raw_ok = 0;
         uLongf got = raw_bytes;
         if (raw_bytes <= MAX_RAW && (raw = realloc(raw, raw_bytes ? raw_bytes : 1)) &&
@@ -142,16 +143,17 @@ static void fix_up(out_buf *o, const uint8_t *data, size_t size, uint8_t ctl)
             raw_ok = 1;
         const uint8_t *cout = cdata;
         size_t cout_bytes = comp_bytes;
-        if (raw_ok && (ctl & FIX_SUMS) && geometry_ok && count && count <= 64 &&
+        if (raw_ok && (ctl & FIX_SUMS) && geometry_ok && count &&
+            count <= CTXS__EXPORT_MAX_BLOCK_TOKENS &&
             (uint64_t)raw_bytes == count * (12 + n_runs * slot_bytes)) {
-            uint64_t sums[64];
-            uint32_t ids[64];
-            size_t at[64];
+            uint64_t sums[CTXS__EXPORT_MAX_BLOCK_TOKENS];
+            uint32_t ids[CTXS__EXPORT_MAX_BLOCK_TOKENS];
+            size_t at[CTXS__EXPORT_MAX_BLOCK_TOKENS];
             for (uint32_t i = 0; i < count; i++) {
                 at[i] = (size_t)i * slot_bytes;
                 memcpy(&ids[i], raw + (size_t)count * 8 + (size_t)i * 4, 4);
             }
-            ctxs__sums_chain(sums, rd64(b + 8), count, ids, raw + (size_t)count * 12,
+            ctxs__sums_chain(sums, rd64(b + B_OFF(first_pos)), count, ids, raw + (size_t)count * 12,
                              (size_t)count * slot_bytes, (uint32_t)n_runs, (size_t)slot_bytes,
                              at);
             memcpy(raw, sums, (size_t)count * 8);
@@ -160,14 +162,14 @@ static void fix_up(out_buf *o, const uint8_t *data, size_t size, uint8_t ctl)
                 compress2(comp, &bound, raw, raw_bytes, Z_BEST_SPEED) == Z_OK) {
                 cout = comp;
                 cout_bytes = bound;
-                wr32(b + 24, (uint32_t)cout_bytes);
+                wr32(b + B_OFF(comp_bytes), (uint32_t)cout_bytes);
             }
         }
         if (ctl & (FIX_CRCS | FIX_SUMS)) {
-            wr32(b + 28, crc_of(cout, cout_bytes));
+            wr32(b + B_OFF(data_crc32), crc_of(cout, cout_bytes));
             if (raw_ok)
-                wr32(b + 32, crc_of(raw, raw_bytes));
-            wr32(b + 36, crc_of(b, 36));
+                wr32(b + B_OFF(raw_crc32), crc_of(raw, raw_bytes));
+            wr32(b + B_OFF(crc32), crc_of(b, B_OFF(crc32)));
         }
         put(o, b, sizeof(b));
         put(o, cout, cout_bytes);
@@ -175,12 +177,12 @@ static void fix_up(out_buf *o, const uint8_t *data, size_t size, uint8_t ctl)
     }
     free(raw);
     free(comp);
-    if (size - off == 40 && memcmp(data + off, "CXEN", 4) == 0) {
-        uint8_t t[40];
+    if (size - off == TRAILER_BYTES && memcmp(data + off, CTXS__EXPORT_TRAILER_MAGIC, 4) == 0) {
+        uint8_t t[TRAILER_BYTES];
         memcpy(t, data + off, sizeof(t));
-        wr64(t + 24, o->n);
-        wr32(t + 32, crc_of(o->p, o->n));
-        wr32(t + 36, crc_of(t, 36));
+        wr64(t + T_OFF(body_bytes), o->n);
+        wr32(t + T_OFF(body_crc32), crc_of(o->p, o->n));
+        wr32(t + T_OFF(crc32), crc_of(t, T_OFF(crc32)));
         put(o, t, sizeof(t));
     } else {
         put(o, data + off, size - off);
@@ -241,7 +243,7 @@ static void check_imported(const char *name, const uint8_t *file, size_t size)
         fail("an imported session does not verify", rc);
     if (info.flags & CTXS_INFO_RECOVERED)
         fail("an imported session needed recovery", 0);
-    if (size >= HEADER_BYTES && info.n_tokens != rd64(file + H_N_TOKENS))
+    if (size >= HEADER_BYTES && info.n_tokens != rd64(file + H_OFF(n_tokens)))
         fail("an imported session holds another count", 0);
     ctxs_session_close(s);
 
@@ -281,9 +283,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if ((ctl & CLASH_MODEL) && o.n >= HEADER_BYTES) {
         ctxs_model m;
         memset(&m, 0, sizeof(m));
-        m.geometry = (ctxs_geometry){ 1 + (rd32(o.p + H_LAYERS) & 1), 1, 8, CTXS_DTYPE_F16 };
-        memcpy(m.model_hash, o.p + H_MODEL_HASH, 16);
-        memcpy(m.tokenizer_hash, o.p + H_TOKENIZER_HASH, 16);
+        m.geometry = (ctxs_geometry){ 1 + (rd32(o.p + H_OFF(n_layers)) & 1), 1, 8, CTXS_DTYPE_F16 };
+        memcpy(m.model_hash, o.p + H_OFF(model_hash), 16);
+        memcpy(m.tokenizer_hash, o.p + H_OFF(tokenizer_hash), 16);
         ctxs_model_register(st, &m, "clash");
     }
 

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "export_format.h"
 #include "format.h"
 #include "fuzz.h"
 #include "index.h"
@@ -260,15 +261,15 @@ static void import_seeds(void)
     memcpy(more + a_len, "xyz", 3);
     seed("import", "hostile-trailing", more, a_len + 3);
     memcpy(more, a, a_len);
-    more[1 + 8] = 2;
+    more[1 + offsetof(ctxs__export_header, version_major)] = 2;
     seed("import", "hostile-version", more, a_len);
     memcpy(more, a, a_len);
     more[0] = 0x01; /* CRCs fixed, a token's bytes changed */
-    more[1 + 1024 + 40 + 20] ^= 0x55;
+    more[1 + sizeof(ctxs__export_header) + sizeof(ctxs__export_block) + 20] ^= 0x55;
     seed("import", "hostile-block", more, a_len);
     memcpy(more, a, a_len);
     uint32_t v = 0xffffffffu;
-    memcpy(more + 1 + 36, &v, 4); /* capacity */
+    memcpy(more + 1 + offsetof(ctxs__export_header, capacity), &v, 4);
     more[0] = 0x01;
     seed("import", "hostile-capacity", more, a_len);
     memcpy(more, a, a_len);

@@ -29,7 +29,7 @@
 #include "internal.h"
 #include "label.h"
 #include "peek.h"
-#include "sys.h"
+#include "platform.h"
 
 /* The largest file an input may make by FUZZ_SESS_EXTEND. */
 #define MAX_FILE (4u << 20)

@@ -67,6 +67,53 @@ const char *ts_path(const char *dir, const char *name)
     return b;
 }
 
+int ts_exists(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0;
+}
+
+const char *ts_store_dir(void)
+{
+    static char buf[4096];
+    snprintf(buf, sizeof(buf), "%s/store", ts_scratch);
+    return buf;
+}
+
+ctxs_store *ts_store_open(const char *dir)
+{
+    ctxs_store *st = NULL;
+    int rc = ctxs_store_open(&st, dir, NULL);
+    cr_assert_eq(rc, 0, "ctxs_store_open(%s): %s", dir, ctxs_err_name(rc));
+    cr_assert_not_null(st);
+    return st;
+}
+
+const char *ts_id_path(uint64_t id)
+{
+    static char bufs[16][4200];
+    static unsigned next;
+    char *b = bufs[next++ % 16];
+    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", ts_store_dir(),
+             (unsigned long long)id);
+    return b;
+}
+
+ctxs_session_entry ts_session_entry(ctxs_store *st, const char *name)
+{
+    ctxs_session_entry e;
+    int rc = ctxs_store_session_get(&e, st, name);
+    cr_assert_eq(rc, 0, "get %s: %s", name, ctxs_err_name(rc));
+    return e;
+}
+
+uint64_t ts_n_tokens(const ctxs_session *s)
+{
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    return info.n_tokens;
+}
+
 uint64_t ts_mix64(uint64_t x)
 {
     x ^= x >> 33;
@@ -81,9 +128,9 @@ ctxs_model ts_model(uint32_t seed)
 {
     ctxs_model m;
     memset(&m, 0, sizeof(m));
-    m.geometry.n_layers = 2;
-    m.geometry.n_kv_heads = 2;
-    m.geometry.head_dim = 8;
+    m.geometry.n_layers = TS_N_LAYERS;
+    m.geometry.n_kv_heads = TS_N_KV_HEADS;
+    m.geometry.head_dim = TS_HEAD_DIM;
     m.geometry.dtype = CTXS_DTYPE_F16;
     for (int i = 0; i < 16; i++) {
         m.model_hash[i] = (uint8_t)ts_mix64(seed * 32u + (uint32_t)i);
@@ -161,6 +208,29 @@ uint64_t ts_check_all(const ctxs_session *s)
     return bad;
 }
 
+void ts_same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n, const char *what)
+{
+    uint16_t ka[TS_KV_MAX] = {0}, va[TS_KV_MAX] = {0}, kb[TS_KV_MAX] = {0}, vb[TS_KV_MAX] = {0};
+    ctxs_layout la, lb;
+    cr_assert_eq(ctxs_session_get_layout(&la, a), 0);
+    cr_assert_eq(ctxs_session_get_layout(&lb, b), 0);
+    for (uint64_t p = 0; p < n; p++) {
+        int ra = ctxs_session_read_token(ka, va, a, p);
+        int rb = ctxs_session_read_token(kb, vb, b, p);
+        cr_assert_eq(ra, 0, "%s: source read_token(%llu): %s", what, (unsigned long long)p,
+                     ctxs_err_name(ra));
+        cr_assert_eq(rb, 0, "%s: fork read_token(%llu): %s", what, (unsigned long long)p,
+                     ctxs_err_name(rb));
+        cr_assert(memcmp(ka, kb, sizeof(ka)) == 0 && memcmp(va, vb, sizeof(va)) == 0,
+                  "%s: position %llu differs", what, (unsigned long long)p);
+        uint32_t sa, sb;
+        cr_assert_eq(ctxs_session_get_slot(&sa, a, p), 0);
+        cr_assert_eq(ctxs_session_get_slot(&sb, b, p), 0);
+        cr_assert_eq(la.token_ids[sa], lb.token_ids[sb], "%s: token id at %llu", what,
+                     (unsigned long long)p);
+    }
+}
+
 uint8_t *ts_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -194,14 +264,6 @@ int ts_write_file(const char *path, const void *data, size_t len)
     }
     close(fd);
     return 0;
-}
-
-uint64_t ts_rng_next(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
 }
 
 uint64_t ts_seed(const char *test)

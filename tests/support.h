@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ctxstore.h"
+#include "rng.h" /* ts_rng_next() */
 
 /* A fresh directory under $TMPDIR (or /tmp), malloc'ed; ts_rmtree() removes
  * the directory and everything in it. */
@@ -25,8 +26,37 @@ void ts_scratch_fini(void);
 /* "dir/name" in a static buffer that rotates over 8 entries. */
 const char *ts_path(const char *dir, const char *name);
 
-/* A small model: 2 layers, 2 KV heads, head_dim 8, fp16; hashes from seed. */
+/* Whether something is at path (lstat: a dangling link counts). */
+int ts_exists(const char *path);
+
+/* The store most tests use: "<ts_scratch>/store", in a static buffer. */
+const char *ts_store_dir(void);
+
+/* ctxs_store_open() of dir with default options; asserts that it opens. */
+ctxs_store *ts_store_open(const char *dir);
+
+/* The file of session id in ts_store_dir(), as ctxstore.h documents it
+ * (sessions/<016x id>.ctxs), in a static buffer that rotates over 16
+ * entries. */
+const char *ts_id_path(uint64_t id);
+
+/* ctxs_store_session_get() of name, asserting that it succeeds. */
+ctxs_session_entry ts_session_entry(ctxs_store *st, const char *name);
+
+/* The committed token count of s (ctxs_session_get_info(), asserted). */
+uint64_t ts_n_tokens(const ctxs_session *s);
+
+/* A small model: TS_N_LAYERS layers, TS_N_KV_HEADS KV heads, head_dim
+ * TS_HEAD_DIM, fp16; hashes from seed. */
+#define TS_N_LAYERS 2u
+#define TS_N_KV_HEADS 2u
+#define TS_HEAD_DIM 8u
 ctxs_model ts_model(uint32_t seed);
+
+/* Elements per token of ts_model() in each of K and V (layers * heads *
+ * head_dim = 32): what one token's K or V array holds, for ts_fill_kv()
+ * and ctxs_session_read_token(). */
+#define TS_KV_MAX (TS_N_LAYERS * TS_N_KV_HEADS * TS_HEAD_DIM)
 
 /* The token id written at position pos in tests. */
 uint32_t ts_token(uint64_t pos);
@@ -60,13 +90,15 @@ int ts_checkpoint_delete(ctxs_store *st, const char *session, const char *name);
 /* ts_append() of n tokens in commits of at most 50, asserting each. */
 void ts_append_many(ctxs_session *s, uint64_t n);
 
+/* Asserts that positions [0, n) of a source session a and its fork b (of
+ * ts_model()) are held by both and read back the same: K, V and token id.
+ * what names the check in a failure's message. */
+void ts_same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n, const char *what);
+
 /* A seed for a randomized test: $CTXS_TEST_SEED if set, else from the
  * clock; printed to stderr with the test's name, so that a failure can be
  * replayed. */
 uint64_t ts_seed(const char *test);
-
-/* The next number of a splitmix64 sequence. */
-uint64_t ts_rng_next(uint64_t *state);
 
 /* MurmurHash3's 64-bit finalizer: a well-mixed function of x. */
 uint64_t ts_mix64(uint64_t x);

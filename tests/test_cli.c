@@ -388,20 +388,11 @@ static const char *dir_of(const char *name)
     return b;
 }
 
-/* The store most tests use. */
+/* The store most tests use (ts_store_dir()), short: most command lines
+ * name it. */
 static const char *S(void)
 {
-    static char buf[1024];
-    snprintf(buf, sizeof(buf), "%s/store", ts_scratch);
-    return buf;
-}
-
-static ctxs_store *store_open(const char *dir)
-{
-    ctxs_store *st = NULL;
-    int rc = ctxs_store_open(&st, dir, NULL);
-    cr_assert_eq(rc, 0, "ctxs_store_open(%s): %s", dir, ctxs_err_name(rc));
-    return st;
+    return ts_store_dir();
 }
 
 /* ts_model with 16 dims a head: 2 layers x 2 KV heads x 16, fp16. */
@@ -472,7 +463,7 @@ static const char *file_of(const char *dir, const char *name)
 {
     static char bufs[4][1100];
     static unsigned next;
-    ctxs_store *st = store_open(dir);
+    ctxs_store *st = ts_store_open(dir);
     ctxs_session_entry e;
     int rc = ctxs_store_session_get(&e, st, name);
     cr_assert_eq(rc, 0, "get '%s': %s", name, ctxs_err_name(rc));
@@ -480,13 +471,6 @@ static const char *file_of(const char *dir, const char *name)
     char *b = bufs[next++ % 4];
     snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", dir, (unsigned long long)e.id);
     return b;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
 }
 
 /* XORs the byte at off of path with mask. */
@@ -524,12 +508,6 @@ static uint64_t kv_offset(const char *path, uint32_t layer, uint32_t kind, uint3
     uint64_t slot = ctxs__slot_of(pos, h.capacity, h.n_sink);
     return h.kv_off + layer * 2 * kv_stride + kind * kv_stride + head * head_stride +
            slot * slot_bytes;
-}
-
-static int exists(const char *path)
-{
-    struct stat sb;
-    return lstat(path, &sb) == 0;
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -761,7 +739,7 @@ Test(cli, help_for_every_command_exits_0_and_documents_the_exit_codes)
     }
     CLI_EXPECT(EX_OK, store, "--version");
     contains(1, "ctxstore 0.1.0");
-    cr_assert_not(exists(store), "--help created the store %s", store);
+    cr_assert_not(ts_exists(store), "--help created the store %s", store);
 }
 
 /* A command line that is wrong: the arguments, then what stderr must
@@ -784,7 +762,7 @@ static void usage_errors(const usage_case *cases, size_t n)
         says(0, cases[i].says);
         cr_expect_eq(R.out_len, 0, "`%s` wrote to stdout after a usage error:\n%s", R.what,
                      R.out);
-        cr_assert_not(exists(store), "`%s` created the store %s", R.what, store);
+        cr_assert_not(ts_exists(store), "`%s` created the store %s", R.what, store);
     }
 }
 
@@ -882,7 +860,7 @@ Test(cli, usage_errors_of_rename_models_and_prefix_exit_2_and_create_nothing)
 
 Test(cli, ls_lists_names_tokens_capacity_and_flags)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "alpha", 256, 0, 100);           /* no ring */
     mk(st, "beta", 256, 1, 300);            /* a ring that wrapped */
@@ -988,7 +966,7 @@ static void forget_boot_id(const char *path)
 
 Test(cli, ls_flags_failed_only_for_a_file_that_does_not_open)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "no-boot-id", 256, 1, 70);
     ctxs_store_close(st);
@@ -1013,7 +991,7 @@ Test(cli, ls_flags_failed_only_for_a_file_that_does_not_open)
 
 Test(cli, ls_flags_rolled_back_while_the_index_remembers_more_tokens)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "undo", 256, 1, 150);
     ctxs_session *s = open_rw(st, "undo");
@@ -1049,7 +1027,7 @@ Test(cli, ls_of_an_empty_store)
 
 Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     ctxs_session *s = mk_open(st, "base", 256, 1, 100);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp1"), 0);
@@ -1140,7 +1118,7 @@ Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)
 
 Test(cli, verify_of_a_clean_store_exits_0)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "one", 256, 1, 130);
     mk(st, "two", 256, 1, 400); /* wrapped */
@@ -1169,7 +1147,7 @@ Test(cli, verify_of_a_clean_store_exits_0)
 
 Test(cli, verify_names_the_session_chunks_and_tokens_of_flipped_kv_bytes)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "victim", 256, 1, 200);
     mk(st, "bystander", 256, 1, 200);
@@ -1230,7 +1208,7 @@ Test(cli, verify_names_the_session_chunks_and_tokens_of_flipped_kv_bytes)
 
 Test(cli, verify_names_the_tokens_an_open_after_a_reboot_would_drop)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "reboot", 256, 1, 70);
     ctxs_store_close(st);
@@ -1264,7 +1242,7 @@ Test(cli, verify_names_the_tokens_an_open_after_a_reboot_would_drop)
 
 Test(cli, verify_reports_a_damaged_commit_record)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "rec", 256, 1, 120);
     ctxs_store_close(st);
@@ -1299,7 +1277,7 @@ Test(cli, verify_reports_a_damaged_commit_record)
 
 Test(cli, verify_reports_a_header_with_a_flipped_byte)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "hdr", 256, 1, 50);
     mk(st, "fine", 256, 1, 50);
@@ -1330,7 +1308,7 @@ Test(cli, verify_reports_a_header_with_a_flipped_byte)
 
 Test(cli, verify_reports_a_session_file_deleted_behind_the_index)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "gone", 256, 1, 50);
     mk(st, "here", 256, 1, 50);
@@ -1355,7 +1333,7 @@ Test(cli, verify_reports_a_session_file_deleted_behind_the_index)
 
 Test(cli, verify_reports_a_session_file_the_index_does_not_know)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "known", 256, 1, 50);
     ctxs_store_close(st);
@@ -1383,12 +1361,12 @@ Test(cli, verify_reports_a_session_file_the_index_does_not_know)
 
 Test(cli, gc_deletes_least_recently_used_first_and_keeps_open_ones)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     static const char *const names[] = { "oldest", "older", "newer", "newest" };
     for (int i = 0; i < 4; i++) {
         mk(st, names[i], 256, 1, 100);
-        sleep_ms(15); /* distinct last-use times */
+        ts_sleep_us(15000); /* distinct last-use times */
     }
     ctxs_session *held = open_ro(st, "oldest");
 
@@ -1437,7 +1415,7 @@ Test(cli, gc_deletes_least_recently_used_first_and_keeps_open_ones)
 
 Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     static const char *const names[] = { "a", "b", "c", "d", "e" };
     for (int i = 0; i < 5; i++)
@@ -1446,7 +1424,7 @@ Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
     const char *fa = file_of(S(), "a"), *fd = file_of(S(), "d");
 
     CLI_EXPECT(EX_OK, S(), "rm", "a");
-    cr_assert_not(exists(fa), "rm left the file of a");
+    cr_assert_not(ts_exists(fa), "rm left the file of a");
     contains(1, "removed 'a' (20 tokens)");
     CLI_EXPECT(EX_OK, S(), "rm", "b", "c", "--json");
     jc_value *v = json_out();
@@ -1461,7 +1439,7 @@ Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
     /* Every name is tried; the first failure decides the exit code, and
      * the one document has it beside what was removed. */
     CLI_EXPECT(EX_NOTFOUND, S(), "rm", "d", "missing", "e", "--json");
-    cr_assert_not(exists(fd));
+    cr_assert_not(ts_exists(fd));
     v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
     cr_assert(strstr(js(v, "error.message"), "'missing'"), "%s", R.out);
     cr_assert_eq(jget(v, "removed")->n, 2, "%s", R.out);
@@ -1493,7 +1471,7 @@ Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
 
 Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     ctxs_session *s = mk_open(st, "src", 256, 1, 120);
     cr_assert_eq(ctxs_checkpoint_create(s, "mid"), 0);
@@ -1512,7 +1490,7 @@ Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
     CLI_EXPECT(EX_OK, S(), "fork", "src", "all");
     contains(1, "forked 'src' into 'all' at 150 tokens");
 
-    st = store_open(S());
+    st = ts_store_open(S());
     static const struct {
         const char *name;
         uint64_t n;
@@ -1543,7 +1521,7 @@ Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
 
 Test(cli, checkpoint_create_ls_restore_and_rm)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "chat", 256, 1, 100);
     ctxs_store_close(st);
@@ -1551,7 +1529,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "turn1");
     contains(1, "created checkpoint 'turn1' of 'chat' at 100 tokens");
     CLI_EXPECT(EX_EXIST, S(), "checkpoint", "create", "chat", "turn1");
-    st = store_open(S());
+    st = ts_store_open(S());
     ctxs_session *s = open_rw(st, "chat");
     ts_append_many(s, 40);
     ctxs_session_close(s);
@@ -1577,7 +1555,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     contains(1, "turn2");
 
     /* A writer holds the session: restore refuses, nothing moves. */
-    st = store_open(S());
+    st = ts_store_open(S());
     s = open_rw(st, "chat");
     CLI_EXPECT(EX_BUSY, S(), "checkpoint", "restore", "chat", "turn1");
     cr_assert_eq(info_of(s).n_tokens, 140);
@@ -1593,7 +1571,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
                   "the index was not brought up to date by the restore:\n%s", R.out);
     jc_free(v);
     /* A checkpoint of a session a writer holds names what it committed. */
-    st = store_open(S());
+    st = ts_store_open(S());
     s = open_rw(st, "chat");
     ts_append_many(s, 10);
     CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "live");
@@ -1613,7 +1591,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     jc_free(v);
     CLI_EXPECT(EX_OK, S(), "checkpoint", "rm", "chat", "live");
     contains(1, "removed checkpoint 'live' of 'chat' at 110 tokens");
-    st = store_open(S());
+    st = ts_store_open(S());
     s = open_ro(st, "chat");
     cr_assert_eq(info_of(s).n_tokens, 100);
     cr_assert_eq(ts_check_all(s), 0);
@@ -1643,7 +1621,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
 
 Test(cli, rename_says_what_it_did_and_why_it_refuses)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     ctxs_session *s = mk_open(st, "chat", 256, 1, 50);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
@@ -1664,7 +1642,7 @@ Test(cli, rename_says_what_it_did_and_why_it_refuses)
     cr_assert_eq(ju(v, "n_tokens"), 50);
     jc_free(v);
     /* The same session: its file, tokens and checkpoints. */
-    st = store_open(S());
+    st = ts_store_open(S());
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "chat"), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_get(&e, st, ODD_NAME), 0);
@@ -1701,7 +1679,7 @@ Test(cli, rename_says_what_it_did_and_why_it_refuses)
 
     /* A writer's handle stays valid, and its tokens go with the name;
      * the label in the file too, which reindex reads. */
-    st = store_open(S());
+    st = ts_store_open(S());
     s = open_rw(st, "other");
     CLI_EXPECT(EX_OK, S(), "rename", "other", "renamed");
     ts_append_many(s, 10);
@@ -1749,7 +1727,7 @@ static const char *weights_file(const char *name, size_t n, uint8_t seed, uint8_
 /* The registered model with hash h, read through the library. */
 static ctxs_model_entry model_of(const uint8_t h[16])
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     ctxs_model_entry e;
     int rc = ctxs_model_get(&e, st, h);
     cr_assert_eq(rc, 0, "model %s: %s", hex_of(h), ctxs_err_name(rc));
@@ -1759,7 +1737,7 @@ static ctxs_model_entry model_of(const uint8_t h[16])
 
 Test(cli, models_lists_what_is_registered)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     ctxs_model unnamed = ts_model(9);
     cr_assert_eq(ctxs_model_register(st, &unnamed, NULL), 0);
@@ -1819,7 +1797,7 @@ Test(cli, models_register_hashes_the_weights_and_refuses_another_geometry)
     cr_assert_str_eq(hex_of(e.model.tokenizer_hash), tok_hex);
 
     /* A session can be made for it. */
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_store_session_create(&s, st, "on-w1", &e.model, NULL), 0);
     ctxs_session_close(s);
@@ -1931,7 +1909,7 @@ static void prefix_says(const char *session, uint64_t n_tokens, uint64_t prompt)
  * finds chat holds. */
 static uint64_t prefix_store(uint32_t prompt[200])
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "chat", 256, 1, 150);
     mk(st, "short", 256, 1, 40);
@@ -1993,7 +1971,7 @@ Test(cli, prefix_finds_the_session_holding_a_prompts_start)
     contains(1, "'chat' holds the first 64 of the 64 tokens");
 
     /* Two models of one name: the hash decides. */
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     ctxs_model twin = ts_model(11);
     cr_assert_eq(ctxs_model_register(st, &twin, MODEL_NAME), 0);
     ctxs_store_close(st);
@@ -2073,7 +2051,7 @@ Test(cli, prefix_finds_nothing_for_other_tokens_and_says_why)
 
 Test(cli, json_errors_name_the_code_the_message_and_the_hint)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "chat", 256, 1, 50);
     ctxs_store_close(st);
@@ -2147,7 +2125,7 @@ Test(cli, json_errors_name_the_code_the_message_and_the_hint)
     cr_assert_eq(R.out_len, 0, "%s", R.out);
 
     /* A busy session: the code and exit code of the library's error. */
-    st = store_open(S());
+    st = ts_store_open(S());
     ctxs_session *held = open_rw(st, "chat");
     CLI_EXPECT(EX_BUSY, S(), "checkpoint", "restore", "chat", "x", "--json");
     jc_free(json_error_out(CTXS_EBUSY, "CTXS_EBUSY"));
@@ -2159,7 +2137,7 @@ Test(cli, ls_shows_a_long_model_name_whole_and_aligned)
 {
     static const char long_model[] =
         "Qwen3-4B-Instruct-2507-Q4_K_M-with-a-rather-long-quantization-suffix";
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     ctxs_model m = ts_model(9);
     m.geometry.head_dim = 16;
@@ -2197,14 +2175,14 @@ Test(cli, ls_shows_a_long_model_name_whole_and_aligned)
 
 Test(cli, reindex_after_the_index_is_deleted_brings_the_names_back)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "first", 256, 1, 64);
     mk(st, "second", 256, 1, 300);
     mk(st, ODD_NAME, 256, 0, 5);
     ctxs_store_close(st);
     ts_rmtree(ts_path(S(), "index"));
-    cr_assert_not(exists(ts_path(S(), "index")));
+    cr_assert_not(ts_exists(ts_path(S(), "index")));
 
     CLI_EXPECT(EX_OK, S(), "reindex", "--json");
     jc_value *v = json_out();
@@ -2225,7 +2203,7 @@ Test(cli, reindex_after_the_index_is_deleted_brings_the_names_back)
 
 Test(cli, compact_gives_back_a_rolled_back_sessions_blocks_and_refuses_an_open_one)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     ctxs_session *s = mk_open(st, "shrunk", 1024, 1, 900);
     cr_assert_eq(ctxs_session_rollback(s, 20), 0);
@@ -2260,7 +2238,7 @@ Test(cli, compact_gives_back_a_rolled_back_sessions_blocks_and_refuses_an_open_o
     ctxs_session_close(held);
     ctxs_store_close(st);
 
-    st = store_open(S());
+    st = ts_store_open(S());
     s = open_ro(st, "shrunk");
     cr_assert_eq(ts_check_all(s), 0, "compact lost held tokens");
     ctxs_session_close(s);
@@ -2276,7 +2254,7 @@ Test(cli, compact_gives_back_a_rolled_back_sessions_blocks_and_refuses_an_open_o
  * path. */
 static const char *make_export(void)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "trip", 256, 1, 333);
     ctxs_store_close(st);
@@ -2306,7 +2284,7 @@ Test(cli, export_then_import_into_another_store_keeps_every_token)
     contains(1, "imported 'again' (333 tokens)");
     CLI_EXPECT(EX_EXIST, other, "import", file);
 
-    ctxs_store *a = store_open(S()), *b = store_open(other);
+    ctxs_store *a = ts_store_open(S()), *b = ts_store_open(other);
     ctxs_session *src = open_ro(a, "trip");
     static const char *const names[] = { "trip", "again" };
     for (int i = 0; i < 2; i++) {
@@ -2333,7 +2311,7 @@ Test(cli, export_then_import_into_another_store_keeps_every_token)
 
     CLI_EXPECT(EX_EXIST, S(), "export", "trip", file);
     CLI_EXPECT(EX_NOTFOUND, S(), "export", "nobody", dir_of("nobody.ctxx"));
-    cr_assert_not(exists(dir_of("nobody.ctxx")));
+    cr_assert_not(ts_exists(dir_of("nobody.ctxx")));
 }
 
 /* Imports path into dir and expects the refusal code, with the store as
@@ -2373,7 +2351,7 @@ Test(cli, import_refuses_damaged_truncated_and_hostile_files_and_changes_nothing
     /* The target store already holds a session, so that "unchanged" has
      * something to keep. */
     const char *dst = dir_of("dst");
-    ctxs_store *st = store_open(dst);
+    ctxs_store *st = ts_store_open(dst);
     register_model(st);
     mk(st, "resident", 256, 1, 30);
     ctxs_store_close(st);
@@ -2505,7 +2483,7 @@ Test(cli, import_hints_fit_a_broken_file_and_a_name_taken)
 
 Test(cli, hostile_names_exit_2_and_create_nothing)
 {
-    ctxs_store *st = store_open(S());
+    ctxs_store *st = ts_store_open(S());
     register_model(st);
     mk(st, "base", 256, 1, 30);
     ctxs_store_close(st);
@@ -2537,8 +2515,8 @@ Test(cli, hostile_names_exit_2_and_create_nothing)
     cr_assert_eq(v->n, 0, "a checkpoint was made: %s", R.out);
     jc_free(v);
     /* Nothing appeared beside the store either. */
-    cr_assert_not(exists(dir_of("b")));
-    cr_assert_not(exists(ts_path(S(), "up")));
+    cr_assert_not(ts_exists(dir_of("b")));
+    cr_assert_not(ts_exists(ts_path(S(), "up")));
     free(before);
 }
 
@@ -2557,7 +2535,7 @@ static int is_memory_fs(const char *dir)
 Test(cli, demo_quick_completes_on_a_fresh_directory_and_resumes_identically)
 {
     const char *fresh = dir_of("fresh");
-    cr_assert_not(exists(fresh));
+    cr_assert_not(ts_exists(fresh));
     CLI_EXPECT(EX_OK, NULL, "demo", "--quick", "--store", fresh, "--json");
     jc_value *v = json_out();
     cr_assert_eq(jb(v, "quick"), 1);
@@ -2688,7 +2666,7 @@ static const char *copy_binary(char *ld_path, size_t n)
     cr_assert_eq(ts_write_file(copy, data, len), 0);
     free(data);
     cr_assert_eq(chmod(copy, 0700), 0);
-    cr_assert_not(exists(ts_path(ts_scratch, "bench")));
+    cr_assert_not(ts_exists(ts_path(ts_scratch, "bench")));
     return copy;
 }
 

@@ -24,26 +24,9 @@
 #include "internal.h"
 #include "support.h"
 
-#define KV_MAX 64u /* elements per token of ts_model: 2 * 2 * 8 = 32 */
-
 TestSuite(compact, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 120);
 
 /* --- Helpers ---------------------------------------------------------------- */
-
-static const char *store_dir(void)
-{
-    static char buf[1024];
-    snprintf(buf, sizeof(buf), "%s/store", ts_scratch);
-    return buf;
-}
-
-static ctxs_store *store_open(void)
-{
-    ctxs_store *st = NULL;
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
-    cr_assert_eq(rc, 0, "ctxs_store_open: %s", ctxs_err_name(rc));
-    return st;
-}
 
 /* Creates name in st with n tokens, rolled back to keep (keep <= n); returns
  * it open. */
@@ -60,26 +43,9 @@ static ctxs_session *mk(ctxs_store *st, const char *name, const ctxs_model *m,
     return s;
 }
 
-static ctxs_session_entry entry(ctxs_store *st, const char *name)
-{
-    ctxs_session_entry e;
-    int rc = ctxs_store_session_get(&e, st, name);
-    cr_assert_eq(rc, 0, "get %s: %s", name, ctxs_err_name(rc));
-    return e;
-}
-
-static const char *id_path(uint64_t id)
-{
-    static char bufs[8][1100];
-    static unsigned next;
-    char *b = bufs[next++ % 8];
-    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", store_dir(), (unsigned long long)id);
-    return b;
-}
-
 static const char *session_path(ctxs_store *st, const char *name)
 {
-    return id_path(entry(st, name).id);
+    return ts_id_path(ts_session_entry(st, name).id);
 }
 
 /* Disk space of a file: blocks x 512. */
@@ -112,12 +78,6 @@ static void need_punch(void)
     unlink(path);
     if (!ok)
         cr_skip_test("the filesystem of %s does not punch holes", ts_scratch);
-}
-
-static int exists(const char *path)
-{
-    struct stat sb;
-    return lstat(path, &sb) == 0;
 }
 
 /* Opens the file at path read-write, verifying every token as after a power
@@ -196,7 +156,7 @@ static void on_progress(void *arg, uint64_t done, uint64_t total)
 Test(compact, a_rolled_back_session_gives_back_its_blocks_and_keeps_its_tokens)
 {
     need_punch();
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     ctxs_session *s = mk(st, "chat", &m, 2048, 1800, 100);
@@ -210,7 +170,8 @@ Test(compact, a_rolled_back_session_gives_back_its_blocks_and_keeps_its_tokens)
     cr_assert_eq(res.bytes_before, before);
     cr_assert_eq(res.bytes_after, disk_bytes(path));
     cr_assert_lt(res.bytes_after, before);
-    cr_assert_eq(entry(st, "chat").disk_bytes, res.bytes_after, "the index has the new size");
+    cr_assert_eq(ts_session_entry(st, "chat").disk_bytes, res.bytes_after,
+                 "the index has the new size");
     cr_assert_eq(res.index_compacted, 0, "a named compaction leaves the index alone");
 
     /* Every held token is intact; new tokens land in the punched slots,
@@ -227,7 +188,7 @@ Test(compact, a_rolled_back_session_gives_back_its_blocks_and_keeps_its_tokens)
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     const ctxs_geometry *g = &info.model.geometry;
-    uint16_t k[KV_MAX], v[KV_MAX];
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX];
     uint32_t *ids = malloc(1700 * sizeof(*ids));
     cr_assert_not_null(ids);
     for (uint32_t i = 0; i < r.n_tokens; i++) {
@@ -255,7 +216,7 @@ Test(compact, uncommitted_reservations_are_given_back)
     ts_append_many(s, 10);
     ctxs_reservation r;
     cr_assert_eq(ctxs_session_reserve(&r, s, 900), 0);
-    uint16_t k[KV_MAX], v[KV_MAX];
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX];
     for (uint32_t i = 0; i < r.n_tokens; i++) {
         ts_fill_kv(&m.geometry, r.first_pos + i, k, v);
         cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v), 0);
@@ -329,7 +290,7 @@ Test(compact, a_wrapped_ring_keeps_every_slot_it_may_write)
 Test(compact, a_session_open_anywhere_is_ebusy_and_left_unchanged)
 {
     need_punch();
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(4);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     ctxs_session *s = mk(st, "busy", &m, 1024, 900, 50);
@@ -392,7 +353,7 @@ Test(compact, a_session_open_anywhere_is_ebusy_and_left_unchanged)
 
 Test(compact, bad_arguments_and_unknown_names)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_compact_result res;
     memset(&res, 0xff, sizeof(res));
     cr_assert_eq(ctxs_store_compact(&res, st, "nobody", NULL, NULL), CTXS_ENOTFOUND);
@@ -415,7 +376,7 @@ Test(compact, bad_arguments_and_unknown_names)
 Test(compact, all_skips_busy_sessions_and_compacts_the_rest)
 {
     need_punch();
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(6);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     const char *names[3] = {"a", "b", "c"};
@@ -447,14 +408,15 @@ Test(compact, all_skips_busy_sessions_and_compacts_the_rest)
         ctxs_session *s = open_verified(session_path(st, names[i]), &m, 20 + (uint64_t)i);
         ctxs_session_close(s);
         if (i != 1)
-            cr_assert_eq(entry(st, names[i]).disk_bytes, disk_bytes(session_path(st, names[i])));
+            cr_assert_eq(ts_session_entry(st, names[i]).disk_bytes,
+                         disk_bytes(session_path(st, names[i])));
     }
 
     /* A session open through the store shares the index: skipped, and the
      * index is left as it is. */
     ctxs_session *r;
     cr_assert_eq(ctxs_store_session_open(&r, st, "a", NULL, CTXS_OPEN_RDONLY, NULL), 0);
-    const char *data = ts_path(store_dir(), "index/data.mdb");
+    const char *data = ts_path(ts_store_dir(), "index/data.mdb");
     struct stat sb_before, sb_after;
     cr_assert_eq(stat(data, &sb_before), 0);
     res = compact(st, NULL, 0);
@@ -468,7 +430,7 @@ Test(compact, all_skips_busy_sessions_and_compacts_the_rest)
     ctxs_session_close(r);
 
     /* So is a second handle to the store. */
-    ctxs_store *again = store_open();
+    ctxs_store *again = ts_store_open(ts_store_dir());
     res = compact(st, NULL, 0);
     cr_assert_eq(res.index_busy, 1);
     ctxs_store_close(again);
@@ -520,22 +482,22 @@ static uint64_t entries(ctxs_store *st, MDB_dbi dbi)
 
 Test(compact, rows_and_files_that_nothing_owns_are_removed)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(7), other = ts_model(8);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     ctxs_session *s = mk(st, "keep", &m, 512, 200, 200);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     ctxs_session_close(mk(st, "gone", &m, 512, 130, 130));
-    uint64_t keep_id = entry(st, "keep").id, gone_id = entry(st, "gone").id;
+    uint64_t keep_id = ts_session_entry(st, "keep").id, gone_id = ts_session_entry(st, "gone").id;
     /* Both hold the same tokens: keep is under 3 chain hashes, gone under
      * the first 2. */
     cr_assert_eq(entries(st, st->prefixes), 5);
-    cr_assert_eq(unlink(id_path(gone_id)), 0); /* by hand */
+    cr_assert_eq(unlink(ts_id_path(gone_id)), 0); /* by hand */
 
     /* A create that died after writing aside. */
     char tmp[1200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp-99999-0", id_path(gone_id + 100));
+    snprintf(tmp, sizeof(tmp), "%s.tmp-99999-0", ts_id_path(gone_id + 100));
     cr_assert_eq(ts_write_file(tmp, "partial", 7), 0);
 
     /* Rows of a session id that never was (or whose delete lost them). */
@@ -589,7 +551,7 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
      * entries, the ghost id, two stale hashes. */
     cr_assert_eq(res.orphans_removed, 9, "removed %llu", (unsigned long long)res.orphans_removed);
     cr_assert_eq(res.sessions, 1);
-    cr_assert_not(exists(tmp));
+    cr_assert_not(ts_exists(tmp));
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "gone"), CTXS_ENOTFOUND);
     ctxs__id_key(k, dead);
@@ -629,7 +591,7 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
 
 Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(9);
     cr_assert_eq(ctxs_model_register(st, &m, "model"), 0);
     enum { N = 120 };
@@ -645,7 +607,7 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
         snprintf(name, sizeof(name), "%0200d", i);
         cr_assert_eq(ctxs_store_session_delete(st, name), 0);
     }
-    const char *data = ts_path(store_dir(), "index/data.mdb");
+    const char *data = ts_path(ts_store_dir(), "index/data.mdb");
     uint64_t size_before = file_size(data);
 
     ctxs_compact_result res = compact(st, NULL, 0);
@@ -655,7 +617,7 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
     cr_assert_eq(res.index_bytes_after, disk_bytes(data));
     cr_assert_lt(file_size(data) * 4, size_before, "data.mdb %llu -> %llu bytes",
                  (unsigned long long)size_before, (unsigned long long)file_size(data));
-    cr_assert_not(exists(ts_path(store_dir(), "index/compact.tmp")));
+    cr_assert_not(ts_exists(ts_path(ts_store_dir(), "index/compact.tmp")));
 
     /* The handle goes on working: reads, writes, new sessions. */
     ctxs_session_entry *list;
@@ -680,7 +642,7 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
     ctxs_store_close(st);
 
     /* And after a reopen. */
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
     cr_assert_eq(n, 2);
     ctxs_free(list);
@@ -694,13 +656,13 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
     cr_assert_eq(ts_check_all(s), 0);
     ts_append_many(s, 100);
     ctxs_session_close(s);
-    cr_assert_eq(entry(st, "survivor").n_tokens, 300);
+    cr_assert_eq(ts_session_entry(st, "survivor").n_tokens, 300);
     ctxs_store_close(st);
 }
 
 Test(compact, the_index_is_left_alone_while_another_process_has_the_store_open)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(10);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     for (int i = 0; i < 20; i++) {
@@ -718,7 +680,7 @@ Test(compact, the_index_is_left_alone_while_another_process_has_the_store_open)
     if (pid == 0) {
         /* Its own handle (the parent's is not for a child). */
         ctxs_store *mine = NULL;
-        char c = ctxs_store_open(&mine, store_dir(), NULL) == 0 ? 'r' : 'x';
+        char c = ctxs_store_open(&mine, ts_store_dir(), NULL) == 0 ? 'r' : 'x';
         if (write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) < 0)
             _exit(1);
         /* After the parent's attempt: its view of the index still holds. */
@@ -730,7 +692,7 @@ Test(compact, the_index_is_left_alone_while_another_process_has_the_store_open)
     char c = 0;
     cr_assert_eq(read(ready[0], &c, 1), 1);
     cr_assert_eq(c, 'r', "the child could not open the store");
-    const char *data = ts_path(store_dir(), "index/data.mdb");
+    const char *data = ts_path(ts_store_dir(), "index/data.mdb");
     struct stat sb_before, sb_after;
     cr_assert_eq(stat(data, &sb_before), 0);
 
@@ -768,8 +730,8 @@ Test(compact, an_open_waits_while_the_store_lock_is_held_exclusively)
 {
     /* What a compaction in another process looks like to an open: the
      * store lock held exclusively. The open waits, then goes on. */
-    ctxs_store_close(store_open());
-    int fd = open(ts_path(store_dir(), "index/store.lock"), O_RDWR | O_CLOEXEC);
+    ctxs_store_close(ts_store_open(ts_store_dir()));
+    int fd = open(ts_path(ts_store_dir(), "index/store.lock"), O_RDWR | O_CLOEXEC);
     cr_assert_geq(fd, 0, "index/store.lock: %s", strerror(errno));
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
     cr_assert_eq(fcntl(fd, F_OFD_SETLK, &fl), 0, "%s", strerror(errno));
@@ -779,7 +741,7 @@ Test(compact, an_open_waits_while_the_store_lock_is_held_exclusively)
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         ctxs_store *st = NULL;
-        char c = ctxs_store_open(&st, store_dir(), NULL) == 0 ? 'o' : 'x';
+        char c = ctxs_store_open(&st, ts_store_dir(), NULL) == 0 ? 'o' : 'x';
         ctxs_store_close(st);
         _exit(write(opened[1], &c, 1) == 1 ? 0 : 1);
     }
@@ -800,32 +762,32 @@ Test(compact, an_open_waits_while_the_store_lock_is_held_exclusively)
 
 Test(compact, a_copy_left_by_a_crash_is_removed_and_never_read)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(11);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     ctxs_session_close(mk(st, "early", &m, 256, 70, 70));
     ctxs_store_close(st);
     /* A complete copy of an older index, as a compaction killed before its
      * rename leaves it. */
-    const char *data = ts_path(store_dir(), "index/data.mdb");
-    const char *tmp = ts_path(store_dir(), "index/compact.tmp");
+    const char *data = ts_path(ts_store_dir(), "index/data.mdb");
+    const char *tmp = ts_path(ts_store_dir(), "index/compact.tmp");
     size_t len;
     uint8_t *old = ts_read_file(data, &len);
     cr_assert_eq(ts_write_file(tmp, old, len), 0);
     free(old);
 
-    st = store_open();
-    cr_assert_not(exists(tmp), "open left the copy");
+    st = ts_store_open(ts_store_dir());
+    cr_assert_not(ts_exists(tmp), "open left the copy");
     ctxs_session_close(mk(st, "late", &m, 256, 70, 70));
     /* Another one, garbage, while the store is open: compaction clears it
      * before writing its own. */
     cr_assert_eq(ts_write_file(tmp, "garbage", 7), 0);
     ctxs_compact_result res = compact(st, NULL, 0);
     cr_assert_eq(res.index_compacted, 1);
-    cr_assert_not(exists(tmp));
+    cr_assert_not(ts_exists(tmp));
     ctxs_store_close(st);
 
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     ctxs_session_entry *list;
     size_t n;
     cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);

@@ -32,7 +32,6 @@
 #define CAPACITY 256u
 #define N_SINK 4u
 #define MAX_TURN 40u
-#define KV_MAX 64u /* elements per token of ts_model: 2 * 2 * 8 = 32 */
 
 /* Contents of generation gen at position pos: generation 0 is what
  * ts_fill_kv()/ts_token() write (so ts_check_all() applies); a position
@@ -124,7 +123,7 @@ static void send_msg(int fd, uint32_t type, uint32_t gen, uint64_t a, uint64_t b
 static int reserve_write(ctxs_session *s, const ctxs_geometry *g, uint32_t n, uint32_t gen,
                          ctxs_reservation *r, uint32_t *ids)
 {
-    uint16_t k[KV_MAX], v[KV_MAX];
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX];
     int rc = ctxs_session_reserve(r, s, n);
     if (rc != 0)
         return rc;
@@ -292,8 +291,8 @@ static uint64_t check_held(const ctxs_session *s, const ts_gens *gs, const char 
     cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     const ctxs_geometry *g = &info.model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
-    cr_assert(per <= KV_MAX);
-    uint16_t k[KV_MAX], v[KV_MAX], ek[KV_MAX], ev[KV_MAX];
+    cr_assert(per <= TS_KV_MAX);
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX], ek[TS_KV_MAX], ev[TS_KV_MAX];
     uint64_t bad = 0, n = info.n_tokens, rs = info.ring_start;
     uint32_t ns = info.n_sink;
     uint64_t first_recent = rs > ns ? rs : ns;

@@ -28,38 +28,9 @@
 #include "index.h"
 #include "support.h"
 
-#define KV_MAX 64u /* elements per token of ts_model: 2 * 2 * 8 = 32 */
-
 TestSuite(index, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 60);
 
 /* --- Helpers ---------------------------------------------------------------- */
-
-/* The store directory of this test (each test runs in its own process). */
-static const char *store_dir(void)
-{
-    static char buf[1024];
-    snprintf(buf, sizeof(buf), "%s/store", ts_scratch);
-    return buf;
-}
-
-static ctxs_store *store_open(void)
-{
-    ctxs_store *st = NULL;
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
-    cr_assert_eq(rc, 0, "ctxs_store_open: %s", ctxs_err_name(rc));
-    cr_assert_not_null(st);
-    return st;
-}
-
-static ctxs_create_options small_opts(uint32_t capacity, uint32_t n_sink)
-{
-    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
-    o.capacity = capacity;
-    o.n_sink = n_sink;
-    o.ring = 1;
-    o.open.durability = CTXS_SYNC_NONE;
-    return o;
-}
 
 static void model_reg(ctxs_store *st, const ctxs_model *m)
 {
@@ -71,7 +42,7 @@ static void model_reg(ctxs_store *st, const ctxs_model *m)
 static ctxs_session *mk(ctxs_store *st, const char *name, const ctxs_model *m, uint32_t capacity,
                         uint32_t n_sink, uint32_t n)
 {
-    ctxs_create_options o = small_opts(capacity, n_sink);
+    ctxs_create_options o = ts_options(capacity, n_sink, 1, CTXS_SYNC_NONE);
     ctxs_session *s = NULL;
     int rc = ctxs_store_session_create(&s, st, name, m, &o);
     cr_assert_eq(rc, 0, "create %s: %s", name, ctxs_err_name(rc));
@@ -93,38 +64,6 @@ static ctxs_session *op(ctxs_store *st, const char *name, const ctxs_model *m, u
     return s;
 }
 
-static ctxs_session_entry entry(ctxs_store *st, const char *name)
-{
-    ctxs_session_entry e;
-    int rc = ctxs_store_session_get(&e, st, name);
-    cr_assert_eq(rc, 0, "get %s: %s", name, ctxs_err_name(rc));
-    return e;
-}
-
-static uint64_t n_tokens(const ctxs_session *s)
-{
-    ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    return info.n_tokens;
-}
-
-/* The file of a session id, as the header documents it; in a static buffer
- * that rotates over 16 entries. */
-static const char *id_path(uint64_t id)
-{
-    static char bufs[16][1100];
-    static unsigned next;
-    char *b = bufs[next++ % 16];
-    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", store_dir(), (unsigned long long)id);
-    return b;
-}
-
-static int exists(const char *path)
-{
-    struct stat sb;
-    return lstat(path, &sb) == 0;
-}
-
 /* Contents of generation gen at position pos; generation 0 is what
  * ts_fill_kv()/ts_token() write, so ts_check_all() applies to it. */
 static uint64_t vpos(uint64_t pos, uint32_t gen)
@@ -137,7 +76,7 @@ static void append_gen(ctxs_session *s, uint32_t n, uint32_t gen)
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     const ctxs_geometry *g = &info.model.geometry;
-    uint16_t k[KV_MAX], v[KV_MAX];
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX];
     while (n) {
         uint32_t c = n > 50 ? 50 : n, ids[50];
         ctxs_reservation r;
@@ -165,28 +104,6 @@ static uint32_t *prompt(uint64_t n, uint64_t from, uint32_t gen)
     return t;
 }
 
-/* Checks that positions [0, n) of a and b read back the same, K, V and token
- * id, and that both hold them. */
-static void same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n)
-{
-    uint16_t ka[KV_MAX] = {0}, va[KV_MAX] = {0}, kb[KV_MAX] = {0}, vb[KV_MAX] = {0};
-    ctxs_layout la, lb;
-    cr_assert_eq(ctxs_session_get_layout(&la, a), 0);
-    cr_assert_eq(ctxs_session_get_layout(&lb, b), 0);
-    for (uint64_t p = 0; p < n; p++) {
-        int ra = ctxs_session_read_token(ka, va, a, p);
-        int rb = ctxs_session_read_token(kb, vb, b, p);
-        cr_assert_eq(ra, 0, "source read_token(%llu): %s", (unsigned long long)p, ctxs_err_name(ra));
-        cr_assert_eq(rb, 0, "fork read_token(%llu): %s", (unsigned long long)p, ctxs_err_name(rb));
-        cr_assert(memcmp(ka, kb, sizeof(ka)) == 0 && memcmp(va, vb, sizeof(va)) == 0,
-                  "position %llu differs between source and fork", (unsigned long long)p);
-        uint32_t sa, sb;
-        cr_assert_eq(ctxs_session_get_slot(&sa, a, p), 0);
-        cr_assert_eq(ctxs_session_get_slot(&sb, b, p), 0);
-        cr_assert_eq(la.token_ids[sa], lb.token_ids[sb], "token id at %llu", (unsigned long long)p);
-    }
-}
-
 static int find(ctxs_prefix_match *m, ctxs_store *st, const ctxs_model *model,
                 const uint32_t *tokens, uint64_t n)
 {
@@ -201,13 +118,6 @@ static size_t count_entries(ctxs_store *st)
     cr_assert_eq(rc, 0, "list: %s", ctxs_err_name(rc));
     ctxs_free(list);
     return n;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
 }
 
 static uint64_t file_bytes(const char *path)
@@ -226,7 +136,7 @@ static MDB_env *raw_env(void)
     cr_assert_eq(mdb_env_create(&env), 0);
     cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
     cr_assert_eq(mdb_env_set_mapsize(env, (size_t)1 << 30), 0);
-    int rc = mdb_env_open(env, ts_path(store_dir(), "index"), 0, 0600);
+    int rc = mdb_env_open(env, ts_path(ts_store_dir(), "index"), 0, 0600);
     cr_assert_eq(rc, 0, "mdb_env_open: %s", mdb_strerror(rc));
     return env;
 }
@@ -248,21 +158,22 @@ static void raw_put(MDB_env *env, const char *db, const void *k, size_t kl, cons
 Test(index, store_dir_is_created_0700_and_files_0600)
 {
     mode_t old = umask(0);
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     umask(old);
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "chat", &m, 256, 4, 10);
-    ctxs_session_entry e = entry(st, "chat");
+    ctxs_session_entry e = ts_session_entry(st, "chat");
     struct stat sb;
-    const char *dirs[] = {store_dir(), ts_path(store_dir(), "index"), ts_path(store_dir(), "sessions")};
+    const char *dirs[] = {ts_store_dir(), ts_path(ts_store_dir(), "index"),
+                          ts_path(ts_store_dir(), "sessions")};
     for (size_t i = 0; i < 3; i++) {
         cr_assert_eq(stat(dirs[i], &sb), 0, "%s: %s", dirs[i], strerror(errno));
         cr_assert(S_ISDIR(sb.st_mode));
         cr_assert_eq(sb.st_mode & 07777, 0700, "%s has mode %o", dirs[i], sb.st_mode & 07777);
     }
-    const char *files[] = {ts_path(store_dir(), "index/data.mdb"),
-                           ts_path(store_dir(), "index/lock.mdb"), id_path(e.id)};
+    const char *files[] = {ts_path(ts_store_dir(), "index/data.mdb"),
+                           ts_path(ts_store_dir(), "index/lock.mdb"), ts_id_path(e.id)};
     for (size_t i = 0; i < 3; i++) {
         cr_assert_eq(stat(files[i], &sb), 0, "%s: %s", files[i], strerror(errno));
         cr_assert_eq(sb.st_mode & 07777, 0600, "%s has mode %o", files[i], sb.st_mode & 07777);
@@ -277,16 +188,16 @@ Test(index, store_open_refuses_bad_arguments)
     cr_assert_eq(ctxs_store_open(&st, NULL, NULL), CTXS_EINVAL);
     cr_assert_null(st);
     cr_assert_eq(ctxs_store_open(&st, "", NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_open(NULL, store_dir(), NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_open(NULL, ts_store_dir(), NULL), CTXS_EINVAL);
     ctxs_store_options o = CTXS_STORE_OPTIONS_INIT;
     o.reserved[3] = 1;
-    cr_assert_eq(ctxs_store_open(&st, store_dir(), &o), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &o), CTXS_EINVAL);
     o = (ctxs_store_options)CTXS_STORE_OPTIONS_INIT;
     o.version = 99;
-    cr_assert_eq(ctxs_store_open(&st, store_dir(), &o), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &o), CTXS_EINVAL);
     /* A regular file where the directory should be. */
-    cr_assert_eq(ts_write_file(store_dir(), "x", 1), 0);
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    cr_assert_eq(ts_write_file(ts_store_dir(), "x", 1), 0);
+    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
     cr_assert_lt(rc, 0);
     cr_assert_null(st);
     ctxs_store_close(NULL);
@@ -294,7 +205,7 @@ Test(index, store_open_refuses_bad_arguments)
 
 Test(index, store_open_twice_shares_one_environment)
 {
-    ctxs_store *a = store_open(), *b = store_open();
+    ctxs_store *a = ts_store_open(ts_store_dir()), *b = ts_store_open(ts_store_dir());
     cr_assert_eq(a->env, b->env, "two handles of one store must share one MDB_env");
     ctxs_model m = ts_model(1);
     model_reg(a, &m);
@@ -309,11 +220,11 @@ Test(index, store_open_twice_shares_one_environment)
     cr_assert_eq(ts_append(s, 5), 0);
     ctxs_session_close(s);
     ctxs_session_close(mk(b, "after-close", &m, 256, 4, 3));
-    cr_assert_eq(entry(b, "from-a").n_tokens, 75);
+    cr_assert_eq(ts_session_entry(b, "from-a").n_tokens, 75);
     cr_assert_eq(count_entries(b), 3);
     ctxs_store_close(b);
     /* And a later open finds everything. */
-    ctxs_store *c = store_open();
+    ctxs_store *c = ts_store_open(ts_store_dir());
     cr_assert_eq(count_entries(c), 3);
     ctxs_store_close(c);
 }
@@ -336,7 +247,7 @@ static void *thread_main(void *p)
 {
     thread_arg *a = p;
     ctxs_model m = ts_model(1);
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     uint32_t *ids = prompt(130, 130, 0);
     for (int i = 0; i < 12; i++) {
         char name[64], prev[64];
@@ -346,7 +257,7 @@ static void *thread_main(void *p)
         if (rc != 0)
             T_FAIL(a, "create %s: %s", name, ctxs_err_name(rc));
         ctxs_reservation r;
-        uint16_t k[KV_MAX], v[KV_MAX];
+        uint16_t k[TS_KV_MAX], v[TS_KV_MAX];
         uint32_t n = 70 + (uint32_t)i;
         if ((rc = ctxs_session_reserve(&r, s, n)) != 0)
             T_FAIL(a, "reserve: %s", ctxs_err_name(rc));
@@ -380,7 +291,7 @@ static void *thread_main(void *p)
 
 Test(index, one_store_by_two_paths_is_one_handle_and_two_stores_are_two)
 {
-    ctxs_store *a = store_open();
+    ctxs_store *a = ts_store_open(ts_store_dir());
     cr_assert_eq(chdir(ts_scratch), 0);
     ctxs_store *b;
     cr_assert_eq(ctxs_store_open(&b, "store", NULL), 0);
@@ -397,8 +308,8 @@ Test(index, one_store_by_two_paths_is_one_handle_and_two_stores_are_two)
     model_reg(c, &m);
     ctxs_session_close(mk(a, "same-name", &m, 256, 4, 10));
     ctxs_session_close(mk(c, "same-name", &m, 256, 4, 20));
-    cr_assert_eq(entry(b, "same-name").n_tokens, 10);
-    cr_assert_eq(entry(c, "same-name").n_tokens, 20);
+    cr_assert_eq(ts_session_entry(b, "same-name").n_tokens, 10);
+    cr_assert_eq(ts_session_entry(c, "same-name").n_tokens, 20);
     ctxs_store_close(a);
     ctxs_store_close(c);
     cr_assert_eq(count_entries(b), 1);
@@ -407,7 +318,7 @@ Test(index, one_store_by_two_paths_is_one_handle_and_two_stores_are_two)
 
 Test(index, two_threads_of_one_process_use_one_store)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     thread_arg args[2] = {{st, 0, 0, ""}, {st, 1, 0, ""}};
@@ -424,7 +335,7 @@ Test(index, two_threads_of_one_process_use_one_store)
     cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
     cr_assert_eq(n, 16);
     for (size_t i = 0; i < n; i++) {
-        cr_assert(exists(id_path(list[i].id)), "%s has no file", list[i].name);
+        cr_assert(ts_exists(ts_id_path(list[i].id)), "%s has no file", list[i].name);
         for (size_t j = 0; j < i; j++)
             cr_assert_neq(list[i].id, list[j].id, "two sessions share id %llu",
                           (unsigned long long)list[i].id);
@@ -437,7 +348,7 @@ Test(index, two_threads_of_one_process_use_one_store)
 
 Test(index, hostile_names_are_einval_everywhere)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "good", &m, 256, 4, 70);
@@ -472,7 +383,7 @@ Test(index, hostile_names_are_einval_everywhere)
         "\xe2\x82",         /* truncated */
         "\x80",             /* lone continuation */
     };
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         const char *n = bad[i];
         ctxs_session *x = (ctxs_session *)1;
@@ -498,8 +409,8 @@ Test(index, hostile_names_are_einval_everywhere)
     /* Nothing was created, renamed or left behind. */
     cr_assert_eq(count_entries(st), 1);
     ctxs_session_close(s);
-    cr_assert_eq(entry(st, "good").n_tokens, 70);
-    DIR *d = opendir(ts_path(store_dir(), "sessions"));
+    cr_assert_eq(ts_session_entry(st, "good").n_tokens, 70);
+    DIR *d = opendir(ts_path(ts_store_dir(), "sessions"));
     cr_assert_not_null(d);
     int files = 0;
     for (struct dirent *de; (de = readdir(d));)
@@ -511,7 +422,7 @@ Test(index, hostile_names_are_einval_everywhere)
 
 Test(index, utf8_names_up_to_255_bytes_are_accepted)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     char max_ascii[256], max_utf8[256];
@@ -532,16 +443,16 @@ Test(index, utf8_names_up_to_255_bytes_are_accepted)
         "\xef\xbf\xbf", /* U+FFFF */
         "\xf4\x8f\xbf\xbf", /* U+10FFFF */
     };
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         ctxs_session *s;
         int rc = ctxs_store_session_create(&s, st, good[i], &m, &o);
         cr_assert_eq(rc, 0, "create good[%zu]: %s", i, ctxs_err_name(rc));
         cr_assert_eq(ctxs_checkpoint_create(s, good[i]), 0, "checkpoint good[%zu]", i);
         ctxs_session_close(s);
-        ctxs_session_entry e = entry(st, good[i]);
+        ctxs_session_entry e = ts_session_entry(st, good[i]);
         cr_assert_str_eq(e.name, good[i]);
-        cr_assert(exists(id_path(e.id)));
+        cr_assert(ts_exists(ts_id_path(e.id)));
     }
     cr_assert_eq(ctxs_model_register(st, &m, max_utf8), 0);
     ctxs_model_entry me;
@@ -556,11 +467,11 @@ Test(index, names_with_two_dots_anywhere_are_einval)
     /* The rule is "no '..' in a name", not only "not the name ..": tools
      * print and export names, and none of them should look like a step up
      * a path. Single dots are fine. */
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     const char *bad[] = {"wait...", "v1..v2", "..hidden", "trailing..", "..."};
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ctxs_session *s = NULL;
         int rc = ctxs_store_session_create(&s, st, bad[i], &m, &o);
@@ -584,7 +495,7 @@ Test(index, names_with_two_dots_anywhere_are_einval)
 
 Test(index, a_name_is_never_a_path)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     /* Names that look like the store's own files. */
@@ -593,25 +504,25 @@ Test(index, a_name_is_never_a_path)
     uint64_t ids[6];
     for (size_t i = 0; i < 6; i++) {
         ctxs_session *s = mk(st, names[i], &m, 256, 4, (uint32_t)(10 + i));
-        ids[i] = entry(st, names[i]).id;
+        ids[i] = ts_session_entry(st, names[i]).id;
         ctxs_session_close(s);
     }
     /* Every session still has its own file, named by its id, with its own
      * tokens; nothing named after a name appeared anywhere. */
     for (size_t i = 0; i < 6; i++) {
-        ctxs_session_entry e = entry(st, names[i]);
+        ctxs_session_entry e = ts_session_entry(st, names[i]);
         cr_assert_eq(e.id, ids[i]);
         cr_assert_eq(e.n_tokens, 10 + i, "%s: %llu tokens", names[i], (unsigned long long)e.n_tokens);
         for (size_t j = 0; j < i; j++)
             cr_assert_neq(ids[i], ids[j]);
         ctxs_session *s = op(st, names[i], &m, CTXS_OPEN_RDONLY);
-        cr_assert_eq(n_tokens(s), 10 + i);
+        cr_assert_eq(ts_n_tokens(s), 10 + i);
         ctxs_session_close(s);
     }
-    cr_assert(!exists(ts_path(store_dir(), "0000000000000002.ctxs")));
-    cr_assert(!exists(ts_path(store_dir(), "data.mdb")));
-    cr_assert(!exists(ts_path(store_dir(), "sessions/index")));
-    cr_assert(!exists(ts_path(store_dir(), "sessions/0000000000000001.ctxs.tmp-1-0")));
+    cr_assert(!ts_exists(ts_path(ts_store_dir(), "0000000000000002.ctxs")));
+    cr_assert(!ts_exists(ts_path(ts_store_dir(), "data.mdb")));
+    cr_assert(!ts_exists(ts_path(ts_store_dir(), "sessions/index")));
+    cr_assert(!ts_exists(ts_path(ts_store_dir(), "sessions/0000000000000001.ctxs.tmp-1-0")));
     /* A repair must not take those names for leftovers. */
     ctxs_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
@@ -626,7 +537,7 @@ Test(index, a_name_is_never_a_path)
 
 Test(index, create_open_list_report_model_tokens_size_and_last_use)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m1 = ts_model(1), m2 = ts_model(2);
     model_reg(st, &m1);
     model_reg(st, &m2);
@@ -634,7 +545,7 @@ Test(index, create_open_list_report_model_tokens_size_and_last_use)
     ctxs_session *b = mk(st, "bravo", &m1, 256, 4, 120);
     ctxs_session *a = mk(st, "alpha", &m2, 512, 4, 30);
     ctxs_session_close(b);
-    sleep_ms(5);
+    ts_sleep_us(5000);
     ctxs_session_close(a);
     uint64_t t1 = (uint64_t)time(NULL) * 1000u + 1000u;
 
@@ -649,7 +560,7 @@ Test(index, create_open_list_report_model_tokens_size_and_last_use)
     cr_assert_eq(list[0].n_tokens, 30);
     cr_assert_eq(list[1].n_tokens, 120);
     for (size_t i = 0; i < 2; i++) {
-        cr_assert_eq(list[i].disk_bytes, file_bytes(id_path(list[i].id)), "%s: disk_bytes",
+        cr_assert_eq(list[i].disk_bytes, file_bytes(ts_id_path(list[i].id)), "%s: disk_bytes",
                      list[i].name);
         cr_assert_gt(list[i].disk_bytes, 0);
         cr_assert(list[i].created_unix_ms >= t0 && list[i].created_unix_ms <= t1);
@@ -668,12 +579,12 @@ Test(index, create_open_list_report_model_tokens_size_and_last_use)
     cr_assert_null(s);
     s = op(st, "bravo", NULL, CTXS_OPEN_RDONLY);
     cr_assert_eq(ts_check_all(s), 0);
-    cr_assert_eq(n_tokens(s), 120);
+    cr_assert_eq(ts_n_tokens(s), 120);
     ctxs_session_close(s);
     s = op(st, "bravo", &m1, 0);
     cr_assert_eq(ts_append(s, 7), 0);
     ctxs_session_close(s);
-    cr_assert_eq(entry(st, "bravo").n_tokens, 127);
+    cr_assert_eq(ts_session_entry(st, "bravo").n_tokens, 127);
     /* A model listing knows both. */
     ctxs_model_entry *models;
     cr_assert_eq(ctxs_model_list(&models, &n, st), 0);
@@ -684,15 +595,15 @@ Test(index, create_open_list_report_model_tokens_size_and_last_use)
 
 Test(index, create_with_a_taken_name_is_eexist)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "taken", &m, 256, 4, 5));
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_create(&s, st, "taken", &m, &o), -EEXIST);
     cr_assert_null(s);
-    cr_assert_eq(entry(st, "taken").n_tokens, 5);
+    cr_assert_eq(ts_session_entry(st, "taken").n_tokens, 5);
     cr_assert_eq(count_entries(st), 1);
     /* Invalid options: nothing left behind, the name stays free. */
     o.capacity = 1;
@@ -707,7 +618,7 @@ Test(index, create_with_a_taken_name_is_eexist)
 
 Test(index, a_second_writer_is_ebusy_and_readers_coexist)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *w = mk(st, "one", &m, 256, 4, 20);
@@ -718,7 +629,7 @@ Test(index, a_second_writer_is_ebusy_and_readers_coexist)
     ctxs_session *r2 = op(st, "one", NULL, CTXS_OPEN_RDONLY);
     cr_assert_eq(ts_append(w, 10), 0);
     cr_assert_eq(ctxs_session_refresh(r1), 0);
-    cr_assert_eq(n_tokens(r1), 30);
+    cr_assert_eq(ts_n_tokens(r1), 30);
     ctxs_session_close(w);
     w = op(st, "one", &m, 0); /* free again */
     ctxs_session_close(w);
@@ -729,22 +640,22 @@ Test(index, a_second_writer_is_ebusy_and_readers_coexist)
 
 Test(index, delete_of_an_open_session_is_ebusy)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *w = mk(st, "doomed", &m, 256, 4, 70);
     cr_assert_eq(ctxs_checkpoint_create(w, "cp"), 0);
-    uint64_t id = entry(st, "doomed").id;
+    uint64_t id = ts_session_entry(st, "doomed").id;
     cr_assert_eq(ctxs_store_session_delete(st, "doomed"), CTXS_EBUSY, "open by a writer");
     ctxs_session_close(w);
     ctxs_session *r = op(st, "doomed", NULL, CTXS_OPEN_RDONLY);
     cr_assert_eq(ctxs_store_session_delete(st, "doomed"), CTXS_EBUSY, "open by a reader");
     /* Still intact after the refusals. */
     cr_assert_eq(ts_check_all(r), 0);
-    cr_assert_eq(entry(st, "doomed").n_tokens, 70);
+    cr_assert_eq(ts_session_entry(st, "doomed").n_tokens, 70);
     ctxs_session_close(r);
     cr_assert_eq(ctxs_store_session_delete(st, "doomed"), 0);
-    cr_assert(!exists(id_path(id)));
+    cr_assert(!ts_exists(ts_id_path(id)));
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "doomed"), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_delete(st, "doomed"), CTXS_ENOTFOUND);
@@ -754,7 +665,7 @@ Test(index, delete_of_an_open_session_is_ebusy)
     /* The name is free again, and the new session does not inherit the old
      * one's checkpoints. */
     ctxs_session *s = mk(st, "doomed", &m, 256, 4, 3);
-    cr_assert_neq(entry(st, "doomed").id, id);
+    cr_assert_neq(ts_session_entry(st, "doomed").id, id);
     cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), CTXS_ENOTFOUND);
     cr_assert_eq(ts_checkpoint_list(&cps, &n, st, "doomed"), 0);
     cr_assert_eq(n, 0);
@@ -765,26 +676,26 @@ Test(index, delete_of_an_open_session_is_ebusy)
 
 Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "before", &m, 256, 4, 70);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(mk(st, "other", &m, 256, 4, 1));
-    ctxs_session_entry e1 = entry(st, "before");
+    ctxs_session_entry e1 = ts_session_entry(st, "before");
     cr_assert_eq(ctxs_store_session_rename(st, "before", "after"), 0);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "before"), CTXS_ENOTFOUND);
-    e = entry(st, "after");
+    e = ts_session_entry(st, "after");
     cr_assert_eq(e.id, e1.id);
     cr_assert_eq(e.created_unix_ms, e1.created_unix_ms);
     /* The open handle keeps working and its close updates the new name. */
     cr_assert_eq(ts_append(s, 10), 0);
     cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), 0);
-    cr_assert_eq(n_tokens(s), 70);
+    cr_assert_eq(ts_n_tokens(s), 70);
     cr_assert_eq(ts_append(s, 5), 0);
     ctxs_session_close(s);
-    cr_assert_eq(entry(st, "after").n_tokens, 75);
+    cr_assert_eq(ts_session_entry(st, "after").n_tokens, 75);
     cr_assert_eq(ctxs_store_session_get(&e, st, "before"), CTXS_ENOTFOUND);
     /* Checkpoints follow the session. */
     ctxs_checkpoint_entry *cps;
@@ -795,7 +706,7 @@ Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
     cr_assert_eq(ctxs_store_session_rename(st, "after", "other"), -EEXIST);
     cr_assert_eq(ctxs_store_session_rename(st, "missing", "new"), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_rename(st, "after", "after"), 0);
-    cr_assert_eq(entry(st, "other").n_tokens, 1);
+    cr_assert_eq(ts_session_entry(st, "other").n_tokens, 1);
     cr_assert_eq(count_entries(st), 2);
     s = op(st, "after", &m, 0);
     cr_assert_eq(ts_check_all(s), 0);
@@ -805,14 +716,14 @@ Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
 
 Test(index, open_of_a_missing_name_or_file_is_enotfound)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_open(&s, st, "nobody", &m, 0, NULL), CTXS_ENOTFOUND);
     cr_assert_null(s);
     ctxs_session_close(mk(st, "gone", &m, 256, 4, 5));
-    cr_assert_eq(unlink(id_path(entry(st, "gone").id)), 0);
+    cr_assert_eq(unlink(ts_id_path(ts_session_entry(st, "gone").id)), 0);
     cr_assert_eq(ctxs_store_session_open(&s, st, "gone", &m, 0, NULL), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_open(&s, st, "gone", NULL, CTXS_OPEN_RDONLY, NULL),
                  CTXS_ENOTFOUND);
@@ -827,7 +738,7 @@ Test(index, open_of_a_missing_name_or_file_is_enotfound)
 
 Test(index, model_register_same_hash_other_geometry_is_emodel)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     cr_assert_eq(ctxs_model_register(st, &m, "tiny"), 0);
     ctxs_model other = m;
@@ -840,7 +751,7 @@ Test(index, model_register_same_hash_other_geometry_is_emodel)
     ctxs_model_entry e1, e2;
     cr_assert_eq(ctxs_model_get(&e1, st, m.model_hash), 0);
     cr_assert_str_eq(e1.name, "tiny");
-    sleep_ms(2);
+    ts_sleep_us(2000);
     cr_assert_eq(ctxs_model_register(st, &m, "renamed"), 0);
     cr_assert_eq(ctxs_model_get(&e2, st, m.model_hash), 0);
     cr_assert_str_eq(e2.name, "renamed");
@@ -858,7 +769,7 @@ Test(index, model_register_same_hash_other_geometry_is_emodel)
     /* A session with the conflicting geometry is refused too. */
     other = m;
     other.geometry.n_kv_heads = 4;
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_create(&s, st, "s", &other, &o), CTXS_EMODEL);
     cr_assert_null(s);
@@ -873,9 +784,9 @@ Test(index, model_register_same_hash_other_geometry_is_emodel)
 
 Test(index, create_with_an_unregistered_model_is_enotfound)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_create(&s, st, "s", &m, &o), CTXS_ENOTFOUND);
     cr_assert_null(s);
@@ -890,7 +801,7 @@ Test(index, create_with_an_unregistered_model_is_enotfound)
 
 Test(index, open_with_another_models_hash_is_emodel)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m1 = ts_model(1), m2 = ts_model(2);
     model_reg(st, &m1);
     model_reg(st, &m2);
@@ -926,7 +837,7 @@ static uint8_t *pattern(size_t len, uint64_t seed)
 
 Test(index, model_hash_file_equals_xxh3_128_of_the_file)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     /* Sizes around the library's 1 MiB read. */
     const size_t sizes[] = {0, 1, 4096, (1u << 20) - 1, 1u << 20, (3u << 20) + 12345};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
@@ -951,7 +862,7 @@ Test(index, model_hash_file_equals_xxh3_128_of_the_file)
 
 Test(index, model_hash_file_is_cached_until_size_or_mtime_changes)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     const char *path = ts_path(ts_scratch, "weights.bin");
     const size_t len = (1u << 20) + 777;
     uint8_t *data = pattern(len, 42);
@@ -985,7 +896,7 @@ Test(index, model_hash_file_is_cached_until_size_or_mtime_changes)
     cr_assert_eq(memcmp(got, h_new, 16), 0);
     /* The cache lives in the index: a fresh handle still has it. */
     ctxs_store_close(st);
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
     cr_assert_eq(memcmp(got, h_old, 16), 0, "the cache did not survive a reopen");
 
@@ -1017,7 +928,7 @@ static ctxs_checkpoint_entry *cp_find(ctxs_checkpoint_entry *list, size_t n, con
 
 Test(index, checkpoint_create_list_restore_delete)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 512, 4, 40);
@@ -1045,14 +956,14 @@ Test(index, checkpoint_create_list_restore_delete)
 
     /* Restore is a rollback: the count goes back, the tokens stay. */
     cr_assert_eq(ctxs_checkpoint_restore(s, "at100"), 0);
-    cr_assert_eq(n_tokens(s), 100);
+    cr_assert_eq(ts_n_tokens(s), 100);
     cr_assert_eq(ts_check_all(s), 0);
     /* Written again with the same tokens: at150 holds again. */
     cr_assert_eq(ts_append(s, 50), 0);
     cr_assert_eq(ctxs_checkpoint_restore(s, "at150"), 0);
-    cr_assert_eq(n_tokens(s), 150);
+    cr_assert_eq(ts_n_tokens(s), 150);
     cr_assert_eq(ctxs_checkpoint_restore(s, "at40"), 0);
-    cr_assert_eq(n_tokens(s), 40);
+    cr_assert_eq(ts_n_tokens(s), 40);
     cr_assert_eq(ctxs_checkpoint_restore(s, "nope"), CTXS_ENOTFOUND);
 
     cr_assert_eq(ts_checkpoint_delete(st, "s", "at150"), 0);
@@ -1071,7 +982,7 @@ Test(index, checkpoint_create_list_restore_delete)
     cr_assert_eq(ctxs_checkpoint_restore(s, "at40"), CTXS_EREADONLY);
     ctxs_session_close(s);
     ctxs_session *plain;
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     cr_assert_eq(ctxs_session_create(&plain, ts_path(ts_scratch, "plain.ctxs"), &m, &o), 0);
     cr_assert_eq(ctxs_checkpoint_create(plain, "x"), CTXS_EINVAL);
     cr_assert_eq(ctxs_checkpoint_restore(plain, "at40"), CTXS_EINVAL);
@@ -1089,7 +1000,7 @@ Test(index, checkpoint_create_list_restore_delete)
 
 Test(index, checkpoint_with_a_taken_name_is_eexist)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 256, 4, 10);
@@ -1108,7 +1019,7 @@ Test(index, checkpoint_with_a_taken_name_is_eexist)
 
 Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 128, 4, 100);
@@ -1130,7 +1041,7 @@ Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
     cr_assert(info.flags & CTXS_INFO_WRAPPED);
     cr_assert_eq(ctxs_checkpoint_restore(s, "early"), CTXS_EEVICTED);
     cr_assert_eq(ctxs_checkpoint_restore(s, "late"), CTXS_EEVICTED);
-    cr_assert_eq(n_tokens(s), 250, "a refused restore must not move the session");
+    cr_assert_eq(ts_n_tokens(s), 250, "a refused restore must not move the session");
     ctxs_checkpoint_entry *list;
     size_t n;
     cr_assert_eq(ts_checkpoint_list(&list, &n, st, "s"), 0);
@@ -1144,7 +1055,7 @@ Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "f"), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_checkpoint_restore(s, "sink"), 0);
-    cr_assert_eq(n_tokens(s), 3);
+    cr_assert_eq(ts_n_tokens(s), 3);
     ctxs_session_close(s);
     ctxs_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
@@ -1154,7 +1065,7 @@ Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
 
 Test(index, checkpoint_rolled_back_and_rewritten_is_stale_and_listed_stale)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 256, 4, 100);
@@ -1173,16 +1084,16 @@ Test(index, checkpoint_rolled_back_and_rewritten_is_stale_and_listed_stale)
     ctxs_free(list);
     /* Written again with other tokens, past the checkpoint's count. */
     append_gen(s, 70, 1);
-    cr_assert_eq(n_tokens(s), 110);
+    cr_assert_eq(ts_n_tokens(s), 110);
     cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), CTXS_ESTALE);
-    cr_assert_eq(n_tokens(s), 110);
+    cr_assert_eq(ts_n_tokens(s), 110);
     cr_assert_eq(ts_checkpoint_list(&list, &n, st, "s"), 0);
     cr_assert_eq(cp_find(list, n, "cp")->stale, 1);
     cr_assert_eq(cp_find(list, n, "early")->stale, 0);
     ctxs_free(list);
     cr_assert_eq(ctxs_store_session_fork_checkpoint(NULL, st, "f", "s", "cp", NULL), CTXS_ESTALE);
     cr_assert_eq(ctxs_checkpoint_restore(s, "early"), 0);
-    cr_assert_eq(n_tokens(s), 40);
+    cr_assert_eq(ts_n_tokens(s), 40);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
     ctxs_store_close(st);
@@ -1192,7 +1103,7 @@ Test(index, checkpoint_rolled_back_and_rewritten_is_stale_and_listed_stale)
 
 Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *src = mk(st, "src", &m, 512, 4, 200);
@@ -1200,7 +1111,7 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
     cr_assert_eq(ts_append(src, 100), 0);
     ctxs_session_close(src);
     src = op(st, "src", &m, CTXS_OPEN_RDONLY);
-    uint64_t src_id = entry(st, "src").id;
+    uint64_t src_id = ts_session_entry(st, "src").id;
 
     struct {
         const char *name;
@@ -1221,7 +1132,7 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
     ctxs_session_info si;
     cr_assert_eq(ctxs_session_get_info(&si, src), 0);
     for (size_t i = 0; i < sizeof(forks) / sizeof(forks[0]); i++) {
-        ctxs_session_entry e = entry(st, forks[i].name);
+        ctxs_session_entry e = ts_session_entry(st, forks[i].name);
         cr_assert_eq(e.parent_id, src_id, "%s: parent_id", forks[i].name);
         cr_assert_eq(e.fork_tokens, forks[i].want, "%s: fork_tokens %llu", forks[i].name,
                      (unsigned long long)e.fork_tokens);
@@ -1235,17 +1146,17 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
         cr_assert_eq(fi.capacity, si.capacity);
         cr_assert_eq(fi.n_sink, si.n_sink);
         cr_assert_eq(fi.flags & CTXS_INFO_RING, si.flags & CTXS_INFO_RING);
-        same_tokens(src, f, forks[i].want);
+        ts_same_tokens(src, f, forks[i].want, "source and fork");
         cr_assert_eq(ctxs_session_verify(NULL, f), 0);
         /* A fork is a session of its own: it grows apart from the source. */
         append_gen(f, 20, 3);
         ctxs_session_close(f);
-        cr_assert_eq(entry(st, forks[i].name).n_tokens, forks[i].want + 20);
+        cr_assert_eq(ts_session_entry(st, forks[i].name).n_tokens, forks[i].want + 20);
     }
     /* The source did not move. */
     ctxs_session_close(src);
     src = op(st, "src", &m, 0);
-    cr_assert_eq(n_tokens(src), 300);
+    cr_assert_eq(ts_n_tokens(src), 300);
     cr_assert_eq(ts_check_all(src), 0);
     ctxs_session_close(src);
     ctxs_store_close(st);
@@ -1253,7 +1164,7 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
 
 Test(index, fork_into_a_taken_name_is_eexist)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "src", &m, 256, 4, 80));
@@ -1264,7 +1175,7 @@ Test(index, fork_into_a_taken_name_is_eexist)
     cr_assert_eq(ctxs_store_session_fork(&f, st, "src", "src", 50, NULL), -EEXIST);
     cr_assert_eq(ctxs_store_session_fork(&f, st, "new", "src", 81, NULL), CTXS_EINVAL);
     cr_assert_eq(ctxs_store_session_fork_checkpoint(&f, st, "new", "src", "nocp", NULL), CTXS_ENOTFOUND);
-    ctxs_session_entry e = entry(st, "taken");
+    ctxs_session_entry e = ts_session_entry(st, "taken");
     cr_assert_eq(e.n_tokens, 7);
     cr_assert_eq(e.parent_id, 0);
     cr_assert_eq(ctxs_store_session_get(&e, st, "new"), CTXS_ENOTFOUND);
@@ -1277,19 +1188,19 @@ Test(index, fork_into_a_taken_name_is_eexist)
 
 Test(index, fork_from_a_session_open_by_a_writer_here)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *w = mk(st, "live", &m, 512, 4, 100);
     ctxs_session *f;
     cr_assert_eq(ctxs_store_session_fork(&f, st, "snap", "live", UINT64_MAX, NULL), 0);
-    cr_assert_eq(n_tokens(f), 100, "a fork takes what is committed");
-    same_tokens(w, f, 100);
+    cr_assert_eq(ts_n_tokens(f), 100, "a fork takes what is committed");
+    ts_same_tokens(w, f, 100, "source and fork");
     cr_assert_eq(ts_append(w, 50), 0);
-    cr_assert_eq(n_tokens(f), 100);
+    cr_assert_eq(ts_n_tokens(f), 100);
     ctxs_session_close(f);
     cr_assert_eq(ctxs_store_session_fork(&f, st, "snap2", "live", 150, NULL), 0);
-    same_tokens(w, f, 150);
+    ts_same_tokens(w, f, 150, "source and fork");
     ctxs_session_close(f);
     ctxs_session_close(w);
     ctxs_store_close(st);
@@ -1299,7 +1210,7 @@ Test(index, fork_from_a_session_open_by_a_writer_here)
 
 Test(index, prefix_find_returns_whole_chunks_plus_the_matching_tail)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "held", &m, 512, 4, 250));
@@ -1333,7 +1244,7 @@ Test(index, prefix_find_returns_whole_chunks_plus_the_matching_tail)
     cr_assert_eq(find(&pm, st, &m, t, 300), 0);
     ctxs_session *f, *src = op(st, "held", &m, CTXS_OPEN_RDONLY);
     cr_assert_eq(ctxs_store_session_fork(&f, st, "reuse", pm.session, pm.n_tokens, NULL), 0);
-    same_tokens(src, f, want);
+    ts_same_tokens(src, f, want, "source and fork");
     ctxs_session_close(f);
     ctxs_session_close(src);
     free(t);
@@ -1342,7 +1253,7 @@ Test(index, prefix_find_returns_whole_chunks_plus_the_matching_tail)
 
 Test(index, prefix_find_shorter_than_a_chunk_or_of_another_model_is_enotfound)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1), other = ts_model(2);
     model_reg(st, &m);
     model_reg(st, &other);
@@ -1372,7 +1283,7 @@ Test(index, prefix_find_shorter_than_a_chunk_or_of_another_model_is_enotfound)
 
 Test(index, prefix_find_picks_the_longest_of_several_sessions)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     /* Sessions sharing the first chunk, then going their own ways. */
@@ -1400,7 +1311,7 @@ Test(index, prefix_find_picks_the_longest_of_several_sessions)
 
 Test(index, prefix_find_after_a_rollback_never_returns_the_old_longer_prefix)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "s", &m, 512, 4, 250);
@@ -1449,7 +1360,7 @@ Test(index, prefix_find_after_a_rollback_never_returns_the_old_longer_prefix)
 
 Test(index, prefix_find_after_delete_never_returns_the_session)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "s", &m, 512, 4, 250));
@@ -1469,7 +1380,7 @@ Test(index, prefix_find_after_delete_never_returns_the_session)
 
 Test(index, prefix_find_after_the_ring_wraps_returns_only_what_is_held)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     uint32_t *t = prompt(400, 400, 0);
@@ -1510,7 +1421,7 @@ Test(index, prefix_find_after_the_ring_wraps_returns_only_what_is_held)
     ctxs_session_close(f);
     rc = ctxs_store_session_fork(&f, st, "f", "sinks", pm.n_tokens, NULL);
     cr_assert_eq(rc, 0, "fork of the held prefix: %s", ctxs_err_name(rc));
-    cr_assert_eq(n_tokens(f), 130);
+    cr_assert_eq(ts_n_tokens(f), 130);
     cr_assert_eq(ts_check_all(f), 0);
     ctxs_session_close(f);
     free(t);
@@ -1519,7 +1430,7 @@ Test(index, prefix_find_after_the_ring_wraps_returns_only_what_is_held)
 
 Test(index, prefix_entries_are_written_at_the_first_chunk_while_the_writer_has_it_open)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     uint32_t *t = prompt(2000, 2000, 0);
@@ -1553,7 +1464,7 @@ Test(index, prefix_entries_are_written_at_the_first_chunk_while_the_writer_has_i
 
 Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     /* Closed in order s0..s4; then s0 used again: s1 s2 s3 s4 s0. */
@@ -1564,21 +1475,23 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
         s[i] = mk(st, names[i], &m, 256, 4, (uint32_t)(100 + 20 * i));
     }
     for (int i = 0; i < 5; i++) {
-        sleep_ms(3);
+        ts_sleep_us(3000);
         ctxs_session_close(s[i]);
     }
-    sleep_ms(3);
+    ts_sleep_us(3000);
     ctxs_session_close(op(st, "s0", &m, 0));
     uint64_t bytes[5], total = 0, id[5];
     for (int i = 0; i < 5; i++) {
-        ctxs_session_entry e = entry(st, names[i]);
+        ctxs_session_entry e = ts_session_entry(st, names[i]);
         id[i] = e.id;
-        bytes[i] = file_bytes(id_path(e.id));
+        bytes[i] = file_bytes(ts_id_path(e.id));
         total += bytes[i];
     }
     for (int i = 1; i < 4; i++)
-        cr_assert_lt(entry(st, names[i]).last_used_unix_ms, entry(st, names[i + 1]).last_used_unix_ms);
-    cr_assert_lt(entry(st, "s4").last_used_unix_ms, entry(st, "s0").last_used_unix_ms);
+        cr_assert_lt(ts_session_entry(st, names[i]).last_used_unix_ms,
+                     ts_session_entry(st, names[i + 1]).last_used_unix_ms);
+    cr_assert_lt(ts_session_entry(st, "s4").last_used_unix_ms,
+                 ts_session_entry(st, "s0").last_used_unix_ms);
 
     /* s1 open by a writer, s2 by a reader: gc passes them over. */
     ctxs_session *w = op(st, "s1", &m, 0), *r = op(st, "s2", NULL, CTXS_OPEN_RDONLY);
@@ -1588,10 +1501,10 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
     cr_assert_eq(g.deleted, 1);
     cr_assert_eq(g.skipped_open, 2);
     cr_assert_eq(g.bytes_after, total - bytes[3]);
-    cr_assert(!exists(id_path(id[3])), "s3 was the least recently used closed session");
+    cr_assert(!ts_exists(ts_id_path(id[3])), "s3 was the least recently used closed session");
     for (int i = 0; i < 5; i++)
         if (i != 3)
-            cr_assert(exists(id_path(id[i])), "%s must stay", names[i]);
+            cr_assert(ts_exists(ts_id_path(id[i])), "%s must stay", names[i]);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "s3"), CTXS_ENOTFOUND);
 
@@ -1607,8 +1520,8 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
     cr_assert_eq(g.skipped_open, 2);
     cr_assert_eq(g.bytes_before, total - bytes[3]);
     cr_assert_eq(g.bytes_after, bytes[1] + bytes[2]);
-    cr_assert(!exists(id_path(id[4])) && !exists(id_path(id[0])));
-    cr_assert(exists(id_path(id[1])) && exists(id_path(id[2])));
+    cr_assert(!ts_exists(ts_id_path(id[4])) && !ts_exists(ts_id_path(id[0])));
+    cr_assert(ts_exists(ts_id_path(id[1])) && ts_exists(ts_id_path(id[2])));
     cr_assert_eq(ts_check_all(w), 0);
     cr_assert_eq(ts_append(w, 1), 0);
     ctxs_session_close(w);
@@ -1620,7 +1533,7 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
 
 Test(index, gc_stops_at_the_budget_in_last_use_order)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     /* Created in one order, last used in another. */
@@ -1632,12 +1545,12 @@ Test(index, gc_stops_at_the_budget_in_last_use_order)
         s[i] = mk(st, names[i], &m, 256, 4, 60);
     }
     for (int i = 0; i < 4; i++) {
-        sleep_ms(3);
+        ts_sleep_us(3000);
         ctxs_session_close(s[order[i]]);
     }
     uint64_t b[4], total = 0;
     for (int i = 0; i < 4; i++)
-        total += b[i] = file_bytes(id_path(entry(st, names[i]).id));
+        total += b[i] = file_bytes(ts_id_path(ts_session_entry(st, names[i]).id));
     ctxs_gc_result g;
     /* Room for two: the two used first go (n2, then n0). */
     cr_assert_eq(ctxs_store_gc(&g, st, b[3] + b[1]), 0);
@@ -1657,21 +1570,21 @@ Test(index, gc_stops_at_the_budget_in_last_use_order)
 
 Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "kept", &m, 256, 4, 70));
     ctxs_session_close(mk(st, "lost", &m, 256, 4, 70));
     ctxs_session *open_one = mk(st, "busy", &m, 256, 4, 10);
-    uint64_t kept = entry(st, "kept").id, lost = entry(st, "lost").id;
+    uint64_t kept = ts_session_entry(st, "kept").id, lost = ts_session_entry(st, "lost").id;
 
     /* A session file no entry names (copied in by hand, no label). */
     ctxs_session *stray;
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     char stray_path[1100], stray_open_path[1100], junk_path[1100];
-    snprintf(stray_path, sizeof(stray_path), "%s", id_path(0x7f00));
-    snprintf(stray_open_path, sizeof(stray_open_path), "%s", id_path(0x7f01));
-    snprintf(junk_path, sizeof(junk_path), "%s", id_path(0x7f04));
+    snprintf(stray_path, sizeof(stray_path), "%s", ts_id_path(0x7f00));
+    snprintf(stray_open_path, sizeof(stray_open_path), "%s", ts_id_path(0x7f01));
+    snprintf(junk_path, sizeof(junk_path), "%s", ts_id_path(0x7f04));
     cr_assert_eq(ctxs_session_create(&stray, stray_path, &m, &o), 0);
     cr_assert_eq(ts_append(stray, 130), 0);
     ctxs_session_close(stray);
@@ -1686,45 +1599,46 @@ Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
         _exit(0);
     cr_assert_eq(waitpid(gone, NULL, 0), gone);
     char tmp[1200], tmp2[1200], live[1200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-0", id_path(0x7f02), (long)gone);
-    snprintf(tmp2, sizeof(tmp2), "%s.tmp-%ld-7", id_path(kept), (long)gone);
+    snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-0", ts_id_path(0x7f02), (long)gone);
+    snprintf(tmp2, sizeof(tmp2), "%s.tmp-%ld-7", ts_id_path(kept), (long)gone);
     cr_assert_eq(ts_write_file(tmp, "half", 4), 0);
     cr_assert_eq(ts_write_file(tmp2, "half", 4), 0);
     /* One by a process that lives (the test runner): its create may be
      * under way, even before it locks the file. */
-    snprintf(live, sizeof(live), "%s.tmp-%ld-3", id_path(0x7f05), (long)getppid());
+    snprintf(live, sizeof(live), "%s.tmp-%ld-3", ts_id_path(0x7f05), (long)getppid());
     cr_assert_eq(ts_write_file(live, "half", 4), 0);
     /* What is not ours. */
     char notes[1100], upper[1100], short_id[1100], sub[1100];
-    snprintf(notes, sizeof(notes), "%s/sessions/notes.txt", store_dir());
-    snprintf(upper, sizeof(upper), "%s/sessions/00000000000000AA.ctxs", store_dir());
-    snprintf(short_id, sizeof(short_id), "%s/sessions/abc.ctxs", store_dir());
-    snprintf(sub, sizeof(sub), "%s/sessions/subdir", store_dir());
+    snprintf(notes, sizeof(notes), "%s/sessions/notes.txt", ts_store_dir());
+    snprintf(upper, sizeof(upper), "%s/sessions/00000000000000AA.ctxs", ts_store_dir());
+    snprintf(short_id, sizeof(short_id), "%s/sessions/abc.ctxs", ts_store_dir());
+    snprintf(sub, sizeof(sub), "%s/sessions/subdir", ts_store_dir());
     cr_assert_eq(ts_write_file(notes, "mine", 4), 0);
     cr_assert_eq(ts_write_file(upper, "mine", 4), 0);
     cr_assert_eq(ts_write_file(short_id, "mine", 4), 0);
     cr_assert_eq(mkdir(sub, 0700), 0);
     /* An entry whose file was deleted by hand. */
-    cr_assert_eq(unlink(id_path(lost)), 0);
+    cr_assert_eq(unlink(ts_id_path(lost)), 0);
 
     ctxs_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.files_adopted, 1, "adopted %llu", (unsigned long long)rr.files_adopted);
     cr_assert_eq(rr.files_removed, 2, "2 tmp: %llu", (unsigned long long)rr.files_removed);
     cr_assert_eq(rr.entries_removed, 1);
-    cr_assert(exists(stray_path), "repair never deletes a session file");
-    cr_assert(exists(stray_open_path), "a stray with an open handle must stay");
-    cr_assert(!exists(tmp) && !exists(tmp2));
-    cr_assert(exists(live), "the file of a live process's create must stay");
-    cr_assert(exists(notes) && exists(upper) && exists(short_id) && exists(sub) && exists(junk_path));
-    cr_assert(exists(id_path(kept)));
+    cr_assert(ts_exists(stray_path), "repair never deletes a session file");
+    cr_assert(ts_exists(stray_open_path), "a stray with an open handle must stay");
+    cr_assert(!ts_exists(tmp) && !ts_exists(tmp2));
+    cr_assert(ts_exists(live), "the file of a live process's create must stay");
+    cr_assert(ts_exists(notes) && ts_exists(upper) && ts_exists(short_id) && ts_exists(sub) &&
+              ts_exists(junk_path));
+    cr_assert(ts_exists(ts_id_path(kept)));
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "lost"), CTXS_ENOTFOUND);
-    cr_assert_eq(entry(st, "kept").n_tokens, 70);
-    cr_assert(exists(id_path(entry(st, "busy").id)));
+    cr_assert_eq(ts_session_entry(st, "kept").n_tokens, 70);
+    cr_assert(ts_exists(ts_id_path(ts_session_entry(st, "busy").id)));
     /* The stray has no label: it is indexed as session-<id>, with its
      * tokens and prefixes. */
-    e = entry(st, "session-0000000000007f00");
+    e = ts_session_entry(st, "session-0000000000007f00");
     cr_assert_eq(e.id, 0x7f00);
     cr_assert_eq(e.n_tokens, 130);
     cr_assert_eq(memcmp(e.model_hash, m.model_hash, 16), 0);
@@ -1746,14 +1660,14 @@ Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.files_adopted, 1);
     cr_assert_eq(rr.files_removed + rr.entries_removed, 0);
-    cr_assert_eq(entry(st, "session-0000000000007f01").id, 0x7f01);
+    cr_assert_eq(ts_session_entry(st, "session-0000000000007f01").id, 0x7f01);
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.files_adopted + rr.files_removed + rr.entries_removed, 0);
     cr_assert_eq(count_entries(st), 4);
-    cr_assert(exists(junk_path));
+    cr_assert(ts_exists(junk_path));
     /* New sessions do not take the adopted ids. */
     ctxs_session_close(mk(st, "new", &m, 256, 4, 1));
-    cr_assert_gt(entry(st, "new").id, 0x7f01);
+    cr_assert_gt(ts_session_entry(st, "new").id, 0x7f01);
     ctxs_session_close(open_one);
     ctxs_store_close(st);
 }
@@ -1764,42 +1678,42 @@ Test(index, create_is_not_refused_by_a_stray_file_at_the_next_id)
      * adopt because it was open) under the id the store would hand out
      * next: creating an unrelated, free name must still work (-EEXIST
      * means "the name is taken"), and the stray must stay as it was. */
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "first", &m, 256, 4, 1));
-    uint64_t first = entry(st, "first").id;
+    uint64_t first = ts_session_entry(st, "first").id;
     ctxs_session *stray;
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     char stray_path[1100];
-    snprintf(stray_path, sizeof(stray_path), "%s", id_path(first + 1));
+    snprintf(stray_path, sizeof(stray_path), "%s", ts_id_path(first + 1));
     cr_assert_eq(ctxs_session_create(&stray, stray_path, &m, &o), 0);
     cr_assert_eq(ts_append(stray, 9), 0);
     ctxs_session_close(stray);
     ctxs_session *s = NULL;
     int rc = ctxs_store_session_create(&s, st, "second", &m, &o);
     cr_assert_eq(rc, 0, "create of a free name beside a stray file: %s", ctxs_err_name(rc));
-    cr_assert_neq(entry(st, "second").id, first + 1);
+    cr_assert_neq(ts_session_entry(st, "second").id, first + 1);
     ctxs_session_close(s);
     rc = ctxs_store_session_fork(NULL, st, "third", "first", 1, NULL);
     cr_assert_eq(rc, 0, "fork to a free name beside a stray file: %s", ctxs_err_name(rc));
-    cr_assert(exists(stray_path));
+    cr_assert(ts_exists(stray_path));
     cr_assert_eq(ctxs_session_open(&stray, stray_path, &m, CTXS_OPEN_RDONLY, NULL), 0);
-    cr_assert_eq(n_tokens(stray), 9, "the stray was touched");
+    cr_assert_eq(ts_n_tokens(stray), 9, "the stray was touched");
     ctxs_session_close(stray);
     ctxs_store_close(st);
 }
 
 Test(index, repair_drops_every_entry_of_a_session_whose_file_is_gone)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "lost", &m, 256, 4, 200);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
-    uint64_t id = entry(st, "lost").id;
-    cr_assert_eq(unlink(id_path(id)), 0);
+    uint64_t id = ts_session_entry(st, "lost").id;
+    cr_assert_eq(unlink(ts_id_path(id)), 0);
     ctxs_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.entries_removed, 1);
@@ -1864,20 +1778,20 @@ static pid_t gone_pid(void)
 
 Test(index, store_open_removes_the_file_of_an_interrupted_create)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "a", &m, 256, 4, 70));
-    uint64_t a = entry(st, "a").id;
+    uint64_t a = ts_session_entry(st, "a").id;
     /* A create that died after its file was linked, before its entry. */
     const uint64_t dead = a + 1000;
     put_intent(st, dead, CTXS__INTENT_CREATE);
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
-    cr_assert_eq(ctxs_session_create(&s, id_path(dead), &m, &o), 0);
+    cr_assert_eq(ctxs_session_create(&s, ts_id_path(dead), &m, &o), 0);
     ctxs_session_close(s);
     char tmp[4096];
-    snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-3", id_path(dead), (long)gone_pid());
+    snprintf(tmp, sizeof(tmp), "%s.tmp-%ld-3", ts_id_path(dead), (long)gone_pid());
     cr_assert_eq(ts_write_file(tmp, "x", 1), 0);
     /* One that died before its file appeared. */
     put_intent(st, dead + 1, CTXS__INTENT_CREATE);
@@ -1885,25 +1799,25 @@ Test(index, store_open_removes_the_file_of_an_interrupted_create)
     const uint64_t live = dead + 2;
     put_intent(st, live, CTXS__INTENT_CREATE);
     ctxs_session *running;
-    cr_assert_eq(ctxs_session_create(&running, id_path(live), &m, &o), 0);
+    cr_assert_eq(ctxs_session_create(&running, ts_id_path(live), &m, &o), 0);
     ctxs_store_close(st);
 
-    st = store_open();
-    cr_assert(!exists(id_path(dead)), "the half-created file must go");
-    cr_assert(!exists(tmp), "the create's temporary file must go");
-    cr_assert(exists(id_path(live)), "a create in progress must not lose its file");
-    cr_assert(exists(id_path(a)));
+    st = ts_store_open(ts_store_dir());
+    cr_assert(!ts_exists(ts_id_path(dead)), "the half-created file must go");
+    cr_assert(!ts_exists(tmp), "the create's temporary file must go");
+    cr_assert(ts_exists(ts_id_path(live)), "a create in progress must not lose its file");
+    cr_assert(ts_exists(ts_id_path(a)));
     cr_assert_eq(ts_pending_intents(st), 1);
     cr_assert_eq(count_entries(st), 1);
     ctxs_store_close(st);
 
     ctxs_session_close(running);
-    st = store_open();
-    cr_assert(!exists(id_path(live)));
+    st = ts_store_open(ts_store_dir());
+    cr_assert(!ts_exists(ts_id_path(live)));
     cr_assert_eq(ts_pending_intents(st), 0);
     /* Ids are not reused. */
     ctxs_session_close(mk(st, "b", &m, 256, 4, 1));
-    cr_assert_gt(entry(st, "b").id, a);
+    cr_assert_gt(ts_session_entry(st, "b").id, a);
     ctxs_store_close(st);
 }
 
@@ -1912,17 +1826,17 @@ Test(index, store_open_removes_the_file_of_an_interrupted_create)
 static void create_left_aside(ctxs_store *st, uint64_t id, pid_t creator, char *tmp, size_t size)
 {
     put_intent_of(st, id, CTXS__INTENT_CREATE, creator);
-    snprintf(tmp, size, "%s.tmp-%ld-0", id_path(id), (long)creator);
+    snprintf(tmp, size, "%s.tmp-%ld-0", ts_id_path(id), (long)creator);
     cr_assert_eq(ts_write_file(tmp, "x", 1), 0);
 }
 
 Test(index, store_open_leaves_the_intent_of_a_live_creator)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "a", &m, 256, 4, 10));
-    uint64_t a = entry(st, "a").id;
+    uint64_t a = ts_session_entry(st, "a").id;
     /* A create whose intent is committed and whose file does not exist
      * yet, by a process that lives (the test runner): what a store open
      * elsewhere sees between the two. */
@@ -1933,9 +1847,9 @@ Test(index, store_open_leaves_the_intent_of_a_live_creator)
     create_left_aside(st, dead, gone_pid(), dead_tmp, sizeof(dead_tmp));
     ctxs_store_close(st);
 
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert_eq(ts_pending_intents(st), 1, "only the gone creator's intent is resolved");
-    cr_assert(!exists(dead_tmp), "a gone creator's file must go");
+    cr_assert(!ts_exists(dead_tmp), "a gone creator's file must go");
     cr_assert_eq(count_entries(st), 1);
     ctxs_store_close(st);
 }
@@ -1954,34 +1868,34 @@ static pid_t zombie_pid(void)
 
 Test(index, store_open_resolves_the_intent_of_a_creator_that_exited_unreaped)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "a", &m, 256, 4, 10));
-    const uint64_t id = entry(st, "a").id + 100;
+    const uint64_t id = ts_session_entry(st, "a").id + 100;
     pid_t zombie = zombie_pid();
     char tmp[4096];
     create_left_aside(st, id, zombie, tmp, sizeof(tmp));
     ctxs_store_close(st);
 
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     int pending = ts_pending_intents(st);
     ctxs_store_close(st);
     cr_assert_eq(waitpid(zombie, NULL, 0), zombie);
     cr_assert_eq(pending, 0, "the intent of a creator that exited waits for its reaping");
-    cr_assert(!exists(tmp), "the file of a creator that exited must go");
+    cr_assert(!ts_exists(tmp), "the file of a creator that exited must go");
 }
 
 Test(index, store_open_finishes_an_interrupted_delete)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session *s = mk(st, "d", &m, 256, 4, 130);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     ctxs_session_close(mk(st, "keep", &m, 256, 4, 10));
-    uint64_t id = entry(st, "d").id;
+    uint64_t id = ts_session_entry(st, "d").id;
     /* A delete that died after its transaction, before the unlink. */
     MDB_txn *txn;
     cr_assert_eq(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
@@ -1989,10 +1903,10 @@ Test(index, store_open_finishes_an_interrupted_delete)
     cr_assert_eq(mdb_txn_commit(txn), 0);
     put_intent(st, id, CTXS__INTENT_DELETE);
     ctxs_store_close(st);
-    cr_assert(exists(id_path(id)));
+    cr_assert(ts_exists(ts_id_path(id)));
 
-    st = store_open();
-    cr_assert(!exists(id_path(id)), "the deleted session's file must go");
+    st = ts_store_open(ts_store_dir());
+    cr_assert(!ts_exists(ts_id_path(id)), "the deleted session's file must go");
     cr_assert_eq(ts_pending_intents(st), 0);
     cr_assert_eq(count_entries(st), 1);
     uint32_t *t = prompt(130, 130, 0);
@@ -2002,7 +1916,7 @@ Test(index, store_open_finishes_an_interrupted_delete)
     /* One that died after the unlink: only the intent is left. */
     put_intent(st, id + 50, CTXS__INTENT_DELETE);
     ctxs_store_close(st);
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert_eq(ts_pending_intents(st), 0);
     ctxs_session *k = op(st, "keep", &m, 0);
     cr_assert_eq(ts_check_all(k), 0);
@@ -2014,7 +1928,7 @@ Test(index, store_open_finishes_an_interrupted_delete)
 
 Test(index, reindex_after_the_index_is_deleted_restores_sessions_from_their_files)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m1 = ts_model(1), m2 = ts_model(2);
     cr_assert_eq(ctxs_model_register(st, &m1, "one"), 0);
     model_reg(st, &m2);
@@ -2027,17 +1941,17 @@ Test(index, reindex_after_the_index_is_deleted_restores_sessions_from_their_file
     const char *names[4] = {"alpha", "beta", "delta", "fork"};
     const uint64_t tokens[4] = {200, 70, 30, 150};
     for (int i = 0; i < 4; i++)
-        before[i] = entry(st, names[i]);
+        before[i] = ts_session_entry(st, names[i]);
     ctxs_store_close(st);
 
-    ts_rmtree(ts_path(store_dir(), "index"));
+    ts_rmtree(ts_path(ts_store_dir(), "index"));
     /* The open sees a new index beside session files and rebuilds it. */
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert_eq(count_entries(st), 4, "a lost index is rebuilt at open");
     ctxs_store_close(st);
     /* And an explicit reindex does the same. */
-    ts_rmtree(ts_path(store_dir(), "index"));
-    st = store_open();
+    ts_rmtree(ts_path(ts_store_dir(), "index"));
+    st = ts_store_open(ts_store_dir());
     ctxs_reindex_result rr;
     int rc = ctxs_store_reindex(&rr, st);
     cr_assert_eq(rc, 0, "reindex: %s", ctxs_err_name(rc));
@@ -2078,39 +1992,39 @@ Test(index, reindex_after_the_index_is_deleted_restores_sessions_from_their_file
     cr_assert_eq(ts_check_all(s), 0);
     cr_assert_eq(ts_append(s, 5), 0);
     ctxs_session_close(s);
-    cr_assert_eq(entry(st, "delta").n_tokens, 35);
+    cr_assert_eq(ts_session_entry(st, "delta").n_tokens, 35);
     s = mk(st, "new", &m1, 256, 4, 3);
     ctxs_session_close(s);
-    e = entry(st, "new");
+    e = ts_session_entry(st, "new");
     for (int i = 0; i < 4; i++)
         cr_assert_neq(e.id, before[i].id, "a new session took the id of %s", names[i]);
     for (int i = 0; i < 4; i++)
-        cr_assert(exists(id_path(before[i].id)));
+        cr_assert(ts_exists(ts_id_path(before[i].id)));
     ctxs_store_close(st);
 }
 
 Test(index, reindex_keeps_checkpoints_and_skips_files_that_are_not_sessions)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     cr_assert_eq(ctxs_model_register(st, &m, "tiny"), 0);
     ctxs_session *s = mk(st, "a", &m, 256, 4, 100);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     ctxs_session_close(mk(st, "b", &m, 256, 4, 10));
-    const char *junk = id_path(0x5000);
+    const char *junk = ts_id_path(0x5000);
     cr_assert_eq(ts_write_file(junk, "not a session at all", 20), 0);
-    const char *notes = ts_path(store_dir(), "sessions/notes.txt");
+    const char *notes = ts_path(ts_store_dir(), "sessions/notes.txt");
     cr_assert_eq(ts_write_file(notes, "mine", 4), 0);
     /* b's file deleted by hand: it is not indexed again. */
-    cr_assert_eq(unlink(id_path(entry(st, "b").id)), 0);
+    cr_assert_eq(unlink(ts_id_path(ts_session_entry(st, "b").id)), 0);
 
     ctxs_reindex_result rr;
     cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
     cr_assert_eq(rr.sessions, 1);
     cr_assert_eq(rr.skipped, 1);
-    cr_assert(exists(junk), "reindex must leave files that are not sessions alone");
-    cr_assert(exists(notes));
+    cr_assert(ts_exists(junk), "reindex must leave files that are not sessions alone");
+    cr_assert(ts_exists(notes));
     cr_assert_eq(count_entries(st), 1);
     ctxs_checkpoint_entry *list;
     size_t n;
@@ -2126,37 +2040,38 @@ Test(index, reindex_keeps_checkpoints_and_skips_files_that_are_not_sessions)
     s = op(st, "a", &m, 0);
     cr_assert_eq(ts_append(s, 20), 0);
     cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), 0);
-    cr_assert_eq(n_tokens(s), 100);
+    cr_assert_eq(ts_n_tokens(s), 100);
     ctxs_session_close(s);
     /* Reindexing twice changes nothing. */
     cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
     cr_assert_eq(rr.sessions, 1);
-    cr_assert_eq(entry(st, "a").n_tokens, 100);
+    cr_assert_eq(ts_session_entry(st, "a").n_tokens, 100);
     ctxs_store_close(st);
 }
 
 Test(index, reindex_names_a_session_whose_label_is_taken_or_lost_by_its_id)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_session_close(mk(st, "p", &m, 256, 4, 10));
     ctxs_session_close(mk(st, "q", &m, 256, 4, 20));
     ctxs_session_close(mk(st, "r", &m, 256, 4, 30));
-    uint64_t p = entry(st, "p").id, q = entry(st, "q").id, r = entry(st, "r").id;
+    uint64_t p = ts_session_entry(st, "p").id, q = ts_session_entry(st, "q").id;
+    uint64_t r = ts_session_entry(st, "r").id;
     ctxs_store_close(st);
     /* q's label says "p" (a rename that died between its label and its
      * transaction could leave that); r's label is damaged. */
-    int fd = open(id_path(q), O_RDWR);
+    int fd = open(ts_id_path(q), O_RDWR);
     cr_assert_geq(fd, 0);
     cr_assert_eq(ctxs__label_write(fd, q, "p", 1), 0);
     close(fd);
-    fd = open(id_path(r), O_RDWR);
+    fd = open(ts_id_path(r), O_RDWR);
     cr_assert_geq(fd, 0);
     cr_assert_eq(pwrite(fd, "garbage!", 8, CTXS__LABEL_OFF + 20), 8);
     close(fd);
-    ts_rmtree(ts_path(store_dir(), "index"));
-    st = store_open();
+    ts_rmtree(ts_path(ts_store_dir(), "index"));
+    st = ts_store_open(ts_store_dir());
     ctxs_reindex_result rr;
     cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
     cr_assert_eq(rr.sessions, 3);
@@ -2165,18 +2080,18 @@ Test(index, reindex_names_a_session_whose_label_is_taken_or_lost_by_its_id)
     char qname[64], rname[64];
     snprintf(qname, sizeof(qname), "session-%016llx", (unsigned long long)q);
     snprintf(rname, sizeof(rname), "session-%016llx", (unsigned long long)r);
-    cr_assert_eq(entry(st, "p").id, p);
-    cr_assert_eq(entry(st, "p").n_tokens, 10);
-    cr_assert_eq(entry(st, qname).n_tokens, 20);
-    cr_assert_eq(entry(st, rname).n_tokens, 30);
+    cr_assert_eq(ts_session_entry(st, "p").id, p);
+    cr_assert_eq(ts_session_entry(st, "p").n_tokens, 10);
+    cr_assert_eq(ts_session_entry(st, qname).n_tokens, 20);
+    cr_assert_eq(ts_session_entry(st, rname).n_tokens, 30);
     /* The fallback names are ordinary names: rename them back. */
     cr_assert_eq(ctxs_store_session_rename(st, qname, "q"), 0);
     cr_assert_eq(ctxs_store_session_rename(st, rname, "r"), 0);
     ctxs_store_close(st);
-    ts_rmtree(ts_path(store_dir(), "index"));
-    st = store_open();
-    cr_assert_eq(entry(st, "q").id, q, "a rename rewrites the label");
-    cr_assert_eq(entry(st, "r").id, r, "a rename rewrites a damaged label");
+    ts_rmtree(ts_path(ts_store_dir(), "index"));
+    st = ts_store_open(ts_store_dir());
+    cr_assert_eq(ts_session_entry(st, "q").id, q, "a rename rewrites the label");
+    cr_assert_eq(ts_session_entry(st, "r").id, r, "a rename rewrites a damaged label");
     ctxs_store_close(st);
 }
 
@@ -2184,7 +2099,7 @@ Test(index, reindex_names_a_session_whose_label_is_taken_or_lost_by_its_id)
 
 Test(index, an_index_of_a_newer_major_version_is_eversion)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_store_close(st);
@@ -2196,7 +2111,7 @@ Test(index, an_index_of_a_newer_major_version_is_eversion)
     raw_put(env, "meta", "format", 6, &f, sizeof(f));
     mdb_env_close(env);
     st = (ctxs_store *)1;
-    cr_assert_eq(ctxs_store_open(&st, store_dir(), NULL), CTXS_EVERSION);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), NULL), CTXS_EVERSION);
     cr_assert_null(st);
     /* A newer minor is fine. */
     env = raw_env();
@@ -2204,7 +2119,7 @@ Test(index, an_index_of_a_newer_major_version_is_eversion)
     f.minor = CTXS__INDEX_MINOR + 5;
     raw_put(env, "meta", "format", 6, &f, sizeof(f));
     mdb_env_close(env);
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     ctxs_model_entry me;
     cr_assert_eq(ctxs_model_get(&me, st, m.model_hash), 0);
     ctxs_store_close(st);
@@ -2213,25 +2128,25 @@ Test(index, an_index_of_a_newer_major_version_is_eversion)
     memcpy(f.magic, "NOTCTXS!", 8);
     raw_put(env, "meta", "format", 6, &f, sizeof(f));
     mdb_env_close(env);
-    cr_assert_eq(ctxs_store_open(&st, store_dir(), NULL), CTXS_EFOREIGN);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), NULL), CTXS_EFOREIGN);
     /* A short record. */
     env = raw_env();
     raw_put(env, "meta", "format", 6, "CTXS", 4);
     mdb_env_close(env);
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
     cr_assert(rc == CTXS_ECORRUPT || rc == CTXS_EFOREIGN, "short format record: %s", ctxs_err_name(rc));
 }
 
 Test(index, a_foreign_lmdb_environment_is_eforeign)
 {
-    cr_assert_eq(mkdir(store_dir(), 0700), 0);
-    cr_assert_eq(mkdir(ts_path(store_dir(), "index"), 0700), 0);
+    cr_assert_eq(mkdir(ts_store_dir(), 0700), 0);
+    cr_assert_eq(mkdir(ts_path(ts_store_dir(), "index"), 0700), 0);
     MDB_env *env = raw_env();
     raw_put(env, "users", "alice", 5, "1", 1);
     raw_put(env, "orders", "42", 2, "x", 1);
     mdb_env_close(env);
     ctxs_store *st = (ctxs_store *)1;
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
     cr_assert_eq(rc, CTXS_EFOREIGN, "named databases of another program: %s", ctxs_err_name(rc));
     cr_assert_null(st);
     /* Its data is untouched. */
@@ -2246,13 +2161,13 @@ Test(index, a_foreign_lmdb_environment_is_eforeign)
 
 Test(index, a_foreign_lmdb_environment_with_plain_keys_is_eforeign)
 {
-    cr_assert_eq(mkdir(store_dir(), 0700), 0);
-    cr_assert_eq(mkdir(ts_path(store_dir(), "index"), 0700), 0);
+    cr_assert_eq(mkdir(ts_store_dir(), 0700), 0);
+    cr_assert_eq(mkdir(ts_path(ts_store_dir(), "index"), 0700), 0);
     MDB_env *env = raw_env();
     raw_put(env, NULL, "config", 6, "{}", 2);
     mdb_env_close(env);
     ctxs_store *st = (ctxs_store *)1;
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
     cr_assert_eq(rc, CTXS_EFOREIGN, "plain keys of another program: %s", ctxs_err_name(rc));
     cr_assert_null(st);
 }
@@ -2261,31 +2176,31 @@ Test(index, a_foreign_lmdb_environment_named_like_ours_is_eforeign)
 {
     /* Another program's databases that happen to be called "meta" and
      * "sessions", with data in them but no format record. */
-    cr_assert_eq(mkdir(store_dir(), 0700), 0);
-    cr_assert_eq(mkdir(ts_path(store_dir(), "index"), 0700), 0);
+    cr_assert_eq(mkdir(ts_store_dir(), 0700), 0);
+    cr_assert_eq(mkdir(ts_path(ts_store_dir(), "index"), 0700), 0);
     MDB_env *env = raw_env();
     raw_put(env, "meta", "owner", 5, "someone", 7);
     raw_put(env, "sessions", "x", 1, "y", 1);
     mdb_env_close(env);
     ctxs_store *st = (ctxs_store *)1;
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
     cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "%s", ctxs_err_name(rc));
     cr_assert_null(st);
 }
 
 Test(index, garbage_data_mdb_is_refused_without_a_crash)
 {
-    cr_assert_eq(mkdir(store_dir(), 0700), 0);
-    cr_assert_eq(mkdir(ts_path(store_dir(), "index"), 0700), 0);
-    const char *data = ts_path(store_dir(), "index/data.mdb");
+    cr_assert_eq(mkdir(ts_store_dir(), 0700), 0);
+    cr_assert_eq(mkdir(ts_path(ts_store_dir(), "index"), 0700), 0);
+    const char *data = ts_path(ts_store_dir(), "index/data.mdb");
     const size_t sizes[] = {1, 100, 4096, 8192, 65536};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         uint8_t *junk = pattern(sizes[i], 1000 + i);
         cr_assert_eq(ts_write_file(data, junk, sizes[i]), 0);
         free(junk);
-        unlink(ts_path(store_dir(), "index/lock.mdb"));
+        unlink(ts_path(ts_store_dir(), "index/lock.mdb"));
         ctxs_store *st = (ctxs_store *)1;
-        int rc = ctxs_store_open(&st, store_dir(), NULL);
+        int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
         cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "%zu bytes of garbage: %s",
                   sizes[i], ctxs_err_name(rc));
         cr_assert_null(st);
@@ -2294,7 +2209,7 @@ Test(index, garbage_data_mdb_is_refused_without_a_crash)
     const char *text = "this is not an LMDB environment, it is a grocery list\n";
     cr_assert_eq(ts_write_file(data, text, strlen(text)), 0);
     ctxs_store *st;
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
     cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "text: %s", ctxs_err_name(rc));
 }
 
@@ -2305,10 +2220,10 @@ Test(index, a_full_index_is_efull_and_loses_nothing)
     so = (ctxs_store_options)CTXS_STORE_OPTIONS_INIT;
     so.map_bytes = 1u << 20;
     ctxs_store *st = NULL;
-    cr_assert_eq(ctxs_store_open(&st, store_dir(), &so), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &so), 0);
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
-    ctxs_create_options o = small_opts(1024, 4);
+    ctxs_create_options o = ts_options(1024, 4, 1, CTXS_SYNC_NONE);
     char name[64];
     int rc = 0, made = 0;
     for (; made < 5000; made++) {
@@ -2328,12 +2243,12 @@ Test(index, a_full_index_is_efull_and_loses_nothing)
     /* Reopened, with a bigger map: every session made is there and whole,
      * and no file is left without an entry. */
     so.map_bytes = 64u << 20;
-    cr_assert_eq(ctxs_store_open(&st, store_dir(), &so), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &so), 0);
     ctxs_session_entry *list;
     size_t n;
     cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
     cr_assert_eq(n, (size_t)made);
-    cr_assert_eq(ts_dir_entries(ts_path(store_dir(), "sessions")), made);
+    cr_assert_eq(ts_dir_entries(ts_path(ts_store_dir(), "sessions")), made);
     for (size_t i = 0; i < n; i++) {
         ctxs_session *s = NULL;
         cr_assert_eq(ctxs_store_session_open(&s, st, list[i].name, &m, CTXS_OPEN_RDONLY, NULL), 0);

@@ -35,39 +35,12 @@
 #include "support.h"
 
 #define MODEL_SEED 11u
-#define KV_MAX 64u /* elements per token of ts_model: 2 * 2 * 8 = 32 */
 
 #define say(...) (fprintf(stderr, __VA_ARGS__), fputc('\n', stderr))
 
 TestSuite(index_crash, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 120);
 
 /* --- Helpers for both sides ------------------------------------------------ */
-
-static const char *store_dir(void)
-{
-    static char buf[1024];
-    snprintf(buf, sizeof(buf), "%s/store", ts_scratch);
-    return buf;
-}
-
-static const char *id_path(uint64_t id)
-{
-    static char bufs[16][1100];
-    static unsigned next;
-    char *b = bufs[next++ % 16];
-    snprintf(b, sizeof(bufs[0]), "%s/sessions/%016llx.ctxs", store_dir(), (unsigned long long)id);
-    return b;
-}
-
-static ctxs_create_options small_opts(uint32_t capacity, uint32_t n_sink)
-{
-    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
-    o.capacity = capacity;
-    o.n_sink = n_sink;
-    o.ring = 1;
-    o.open.durability = CTXS_SYNC_NONE;
-    return o;
-}
 
 static uint64_t vpos(uint64_t pos, uint32_t gen)
 {
@@ -83,7 +56,7 @@ static int c_append_gen(ctxs_session *s, uint32_t n, uint32_t gen)
     if (rc != 0)
         return rc;
     const ctxs_geometry *g = &info.model.geometry;
-    uint16_t k[KV_MAX], v[KV_MAX];
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX];
     while (n) {
         uint32_t c = n > 50 ? 50 : n, ids[50];
         ctxs_reservation r;
@@ -157,7 +130,7 @@ static _Noreturn void child_fail(int code, const char *what, int rc)
 static ctxs_store *child_store(const ctxs_store_options *o)
 {
     ctxs_store *st;
-    int rc = ctxs_store_open(&st, store_dir(), o);
+    int rc = ctxs_store_open(&st, ts_store_dir(), o);
     if (rc != 0)
         child_fail(CHILD_EOPEN, "ctxs_store_open", rc);
     return st;
@@ -205,15 +178,6 @@ static uint32_t *make_prompt(uint64_t n, uint64_t from, uint32_t gen)
     return t;
 }
 
-
-static ctxs_store *store_open(void)
-{
-    ctxs_store *st = NULL;
-    int rc = ctxs_store_open(&st, store_dir(), NULL);
-    cr_assert_eq(rc, 0, "ctxs_store_open: %s", ctxs_err_name(rc));
-    return st;
-}
-
 static int is_hex16(const char *s)
 {
     for (int i = 0; i < 16; i++)
@@ -232,13 +196,13 @@ static void check_agree(ctxs_store *st, const char *what)
     cr_assert_eq(rc, 0, "%s: list: %s", what, ctxs_err_name(rc));
     for (size_t i = 0; i < n; i++) {
         struct stat sb;
-        cr_assert_eq(lstat(id_path(list[i].id), &sb), 0, "%s: entry %s (id %llx) has no file", what,
-                     list[i].name, (unsigned long long)list[i].id);
+        cr_assert_eq(lstat(ts_id_path(list[i].id), &sb), 0, "%s: entry %s (id %llx) has no file",
+                     what, list[i].name, (unsigned long long)list[i].id);
         for (size_t j = 0; j < i; j++)
             cr_assert_neq(list[i].id, list[j].id, "%s: %s and %s share an id", what, list[i].name,
                           list[j].name);
     }
-    DIR *d = opendir(ts_path(store_dir(), "sessions"));
+    DIR *d = opendir(ts_path(ts_store_dir(), "sessions"));
     cr_assert_not_null(d);
     for (struct dirent *de; (de = readdir(d));) {
         const char *f = de->d_name;
@@ -292,7 +256,7 @@ static void check_prefix_honest(ctxs_store *st, const ctxs_model *m, const uint3
  * sessions. */
 static size_t check_store_as(const ctxs_model *m, const char *what, int gen0)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     cr_assert_eq(ts_pending_intents(st), 0, "%s: intents left after the store was opened", what);
     check_agree(st, what);
     ctxs_session_entry *list;
@@ -339,7 +303,7 @@ static size_t check_store(const ctxs_model *m, const char *what)
 
 static void setup_store(const ctxs_model *m)
 {
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     cr_assert_eq(ctxs_model_register(st, m, "tiny"), 0);
     ctxs_store_close(st);
 }
@@ -360,7 +324,7 @@ static void duo_child(void *p)
     const duo_args *a = p;
     ctxs_store *st = child_store(NULL);
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_create_options o = small_opts(512, 4);
+    ctxs_create_options o = ts_options(512, 4, 1, CTXS_SYNC_NONE);
     uint64_t rng = a->seed;
     char c;
     if (read_byte(a->go_fd, &c) != 1)
@@ -468,7 +432,7 @@ Test(index_crash, two_processes_create_fork_and_delete_at_once)
         cr_assert_eq(wins[i], 1, "shared-%d was created %d times", i, wins[i]);
 
     size_t n = check_store(&m, "after two processes");
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     for (int i = 0; i < SHARED_NAMES; i++) {
         char name[32];
         snprintf(name, sizeof(name), "shared-%d", i);
@@ -543,7 +507,7 @@ typedef struct writer_thread {
 static void *writer_main(void *p)
 {
     writer_thread *w = p;
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s = NULL;
     w->rc = ctxs_store_session_create(&s, w->st, "waited", w->m, &o);
     if (w->rc == 0) {
@@ -570,8 +534,8 @@ Test(index_crash, a_process_killed_inside_a_write_transaction_does_not_block_the
 {
     ctxs_model m = ts_model(MODEL_SEED);
     setup_store(&m);
-    ctxs_store *st = store_open();
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     cr_assert_eq(ctxs_store_session_create(&s, st, "before", &m, &o), 0);
     cr_assert_eq(c_append(s, 70), 0);
@@ -619,7 +583,7 @@ Test(index_crash, a_process_killed_inside_a_write_transaction_does_not_block_the
     /* 3. A fresh open, and a fresh process, work too. */
     size_t n = check_store(&m, "after kills inside write transactions");
     cr_assert_eq(n, 3);
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     check_no_ghost(st);
     ctxs_store_close(st);
 }
@@ -650,7 +614,7 @@ Test(index_crash, processes_killed_inside_read_transactions_do_not_use_up_the_re
     ctxs_store_options o = CTXS_STORE_OPTIONS_INIT;
     o.max_readers = 8;
     ctxs_store *st;
-    cr_assert_eq(ctxs_store_open(&st, store_dir(), &o), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &o), 0);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     for (int i = 0; i < 12; i++) {
         int p[2];
@@ -669,7 +633,7 @@ Test(index_crash, processes_killed_inside_read_transactions_do_not_use_up_the_re
         int rc = ctxs_model_get(&me, st, m.model_hash);
         cr_assert_eq(rc, 0, "after %d dead readers: model_get: %s", i + 1, ctxs_err_name(rc));
     }
-    ctxs_create_options so = small_opts(256, 4);
+    ctxs_create_options so = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     int rc = ctxs_store_session_create(&s, st, "still-works", &m, &so);
     cr_assert_eq(rc, 0, "after 12 dead readers: create: %s", ctxs_err_name(rc));
@@ -692,7 +656,7 @@ static void chaos_child(void *p)
     const chaos_args *a = p;
     ctxs_store *st = child_store(NULL);
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_create_options o = small_opts(256, 4);
+    ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     uint64_t rng = a->seed;
     for (unsigned iter = 0;; iter++) {
         ctxs_session_entry *list;
@@ -782,7 +746,7 @@ static void count_leftovers(size_t *intents, size_t *tmp_files)
     cr_assert_eq(mdb_env_create(&env), 0);
     cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
     cr_assert_eq(mdb_env_set_mapsize(env, (size_t)1 << 30), 0);
-    cr_assert_eq(mdb_env_open(env, ts_path(store_dir(), "index"), MDB_RDONLY, 0600), 0);
+    cr_assert_eq(mdb_env_open(env, ts_path(ts_store_dir(), "index"), MDB_RDONLY, 0600), 0);
     MDB_txn *txn;
     MDB_dbi dbi;
     MDB_stat ms;
@@ -792,7 +756,7 @@ static void count_leftovers(size_t *intents, size_t *tmp_files)
     *intents += ms.ms_entries;
     mdb_txn_abort(txn);
     mdb_env_close(env);
-    DIR *d = opendir(ts_path(store_dir(), "sessions"));
+    DIR *d = opendir(ts_path(ts_store_dir(), "sessions"));
     cr_assert_not_null(d);
     for (struct dirent *de; (de = readdir(d));)
         *tmp_files += strstr(de->d_name, ".tmp-") != NULL;
@@ -859,36 +823,12 @@ static void live_writer(void *p)
     write_all(a->fd, "d", 1);
 }
 
-/* Positions [0, n) of a and b read back the same. */
-static void same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n, const char *what)
-{
-    uint16_t ka[KV_MAX] = {0}, va[KV_MAX] = {0}, kb[KV_MAX] = {0}, vb[KV_MAX] = {0};
-    ctxs_layout la, lb;
-    cr_assert_eq(ctxs_session_get_layout(&la, a), 0);
-    cr_assert_eq(ctxs_session_get_layout(&lb, b), 0);
-    for (uint64_t p = 0; p < n; p++) {
-        int ra = ctxs_session_read_token(ka, va, a, p);
-        int rb = ctxs_session_read_token(kb, vb, b, p);
-        cr_assert_eq(ra, 0, "%s: source read_token(%llu): %s", what, (unsigned long long)p,
-                     ctxs_err_name(ra));
-        cr_assert_eq(rb, 0, "%s: fork read_token(%llu): %s", what, (unsigned long long)p,
-                     ctxs_err_name(rb));
-        cr_assert(memcmp(ka, kb, sizeof(ka)) == 0 && memcmp(va, vb, sizeof(va)) == 0,
-                  "%s: position %llu differs", what, (unsigned long long)p);
-        uint32_t sa, sb;
-        cr_assert_eq(ctxs_session_get_slot(&sa, a, p), 0);
-        cr_assert_eq(ctxs_session_get_slot(&sb, b, p), 0);
-        cr_assert_eq(la.token_ids[sa], lb.token_ids[sb], "%s: token id at %llu", what,
-                     (unsigned long long)p);
-    }
-}
-
 Test(index_crash, fork_from_a_session_another_process_is_writing)
 {
     ctxs_model m = ts_model(MODEL_SEED);
     setup_store(&m);
-    ctxs_store *st = store_open();
-    ctxs_create_options o = small_opts(2048, 4);
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_create_options o = ts_options(2048, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     cr_assert_eq(ctxs_store_session_create(&s, st, "live", &m, &o), 0);
     cr_assert_eq(c_append(s, 100), 0);
@@ -910,7 +850,7 @@ Test(index_crash, fork_from_a_session_another_process_is_writing)
     char c;
     cr_assert_eq(read_byte(p[0], &c), 1);
     cr_assert_eq(c, 's');
-    st = store_open();
+    st = ts_store_open(ts_store_dir());
     cr_assert_eq(ctxs_store_session_delete(st, "live"), CTXS_EBUSY,
                  "delete while another process writes it");
     ctxs_session *x;
@@ -957,7 +897,7 @@ Test(index_crash, fork_from_a_session_another_process_is_writing)
         ctxs_session *src;
         cr_assert_eq(ctxs_store_session_open(&src, st, "live", NULL, CTXS_OPEN_RDONLY, NULL), 0);
         cr_assert_geq(c_tokens(src), n);
-        same_tokens(src, f, n, name);
+        ts_same_tokens(src, f, n, name);
         ctxs_session_close(src);
         ctxs_session_close(f);
         ctxs_session_entry e;
@@ -994,7 +934,7 @@ static void prefix_writer(void *p)
     const prefix_args *a = p;
     ctxs_store *st = child_store(NULL);
     ctxs_model m = ts_model(MODEL_SEED);
-    ctxs_create_options o = small_opts(2048, 4);
+    ctxs_create_options o = ts_options(2048, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s;
     int rc = ctxs_store_session_create(&s, st, "k", &m, &o);
     if (rc != 0)
@@ -1012,7 +952,7 @@ static void prefix_writer(void *p)
         if ((rc = ctxs_session_rollback(s, 10)) != 0)
             child_fail(CHILD_EAPPEND, "rollback", rc);
         ctxs_reservation r;
-        uint16_t k[KV_MAX], v[KV_MAX];
+        uint16_t k[TS_KV_MAX], v[TS_KV_MAX];
         uint32_t ids[310];
         if ((rc = ctxs_session_reserve(&r, s, 310)) != 0)
             child_fail(CHILD_EAPPEND, "reserve", rc);
@@ -1051,7 +991,7 @@ static void prefix_after_kill(int mode)
     uint32_t *old = make_prompt(800, 800, 0);
     /* Before anyone opens the session: a miss is allowed, a wrong match is
      * not. */
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     check_prefix_honest(st, &m, now, held, "before the reopen");
     check_prefix_honest(st, &m, now, mode == 0 ? 800 : 400, "before the reopen");
     check_prefix_honest(st, &m, old, 800, "before the reopen (old tokens)");
@@ -1115,7 +1055,7 @@ Test(index_crash, repair_after_a_kill_also_catches_up_prefixes)
     cr_assert_eq(read_byte(p[0], &c), 1);
     close(p[0]);
     kill_and_reap(pid);
-    ctxs_store *st = store_open();
+    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.prefixes_updated, 1);

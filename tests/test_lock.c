@@ -70,13 +70,6 @@ static int open_rc(unsigned flags)
     return rc;
 }
 
-static uint64_t n_tokens(ctxs_session *s)
-{
-    ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    return info.n_tokens;
-}
-
 /* ts_append for children: no Criterion, errors returned. */
 static int child_append(ctxs_session *s, uint32_t n)
 {
@@ -216,12 +209,12 @@ Test(lock, second_writer_in_the_same_process_is_busy)
     for (int i = 0; i < 3; i++)
         cr_assert_eq(open_rc(RW), CTXS_EBUSY, "attempt %d", i);
     cr_assert_eq(ts_append(w, 5), 0);
-    cr_assert_eq(n_tokens(w), 15);
+    cr_assert_eq(ts_n_tokens(w), 15);
     ctxs_session_close(w);
 
     /* Refused opens leak no lock: the next writer gets in. */
     w = open_or_die(RW);
-    cr_assert_eq(n_tokens(w), 15);
+    cr_assert_eq(ts_n_tokens(w), 15);
     cr_assert_eq(ts_check_all(w), 0);
     ctxs_session_close(w);
 }
@@ -240,7 +233,7 @@ Test(lock, second_writer_in_another_process_is_busy)
     uint32_t n = 4;
     cr_assert_eq(in_child(child_open_and_append, &n), 0, "writer in a child after parent closed");
     w = open_or_die(RW);
-    cr_assert_eq(n_tokens(w), 14);
+    cr_assert_eq(ts_n_tokens(w), 14);
     cr_assert_eq(ts_check_all(w), 0);
     ctxs_session_close(w);
 }
@@ -280,7 +273,7 @@ Test(lock, writer_lock_is_released_when_its_process_dies)
 
     cr_assert_eq(open_rc(RW), CTXS_EBUSY, "writer while a live child holds it");
     ctxs_session *r = open_or_die(RO);
-    cr_assert_eq(n_tokens(r), 11, "a reader sees the child's commit, not its reservation");
+    cr_assert_eq(ts_n_tokens(r), 11, "a reader sees the child's commit, not its reservation");
     cr_assert_eq(ts_check_all(r), 0);
 
     cr_assert_eq(kill(pid, SIGKILL), 0);
@@ -289,14 +282,14 @@ Test(lock, writer_lock_is_released_when_its_process_dies)
     cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
 
     ctxs_session *w = open_or_die(RW);
-    cr_assert_eq(n_tokens(w), 11);
+    cr_assert_eq(ts_n_tokens(w), 11);
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, w), 0);
     cr_assert_eq(info.n_reserved, 0, "the dead writer's reservation survived");
     cr_assert_eq(ts_check_all(w), 0);
     cr_assert_eq(ts_append(w, 2), 0);
     cr_assert_eq(ctxs_session_refresh(r), 0);
-    cr_assert_eq(n_tokens(r), 13);
+    cr_assert_eq(ts_n_tokens(r), 13);
     ctxs_session_close(w);
     ctxs_session_close(r);
 }
@@ -321,7 +314,7 @@ Test(lock, readers_coexist_with_the_writer_and_each_other)
     ctxs_session *readers[] = { r1, r2, r3 };
     for (int i = 0; i < 3; i++) {
         cr_assert_eq(ctxs_session_refresh(readers[i]), 0);
-        cr_assert_eq(n_tokens(readers[i]), 20, "reader %d after refresh", i);
+        cr_assert_eq(ts_n_tokens(readers[i]), 20, "reader %d after refresh", i);
         cr_assert_eq(ts_check_all(readers[i]), 0);
     }
     cr_assert_eq(in_child(child_reader_count, NULL), 20);
@@ -330,7 +323,7 @@ Test(lock, readers_coexist_with_the_writer_and_each_other)
     ctxs_reservation res;
     cr_assert_eq(ctxs_session_reserve(&res, w, 4), 0);
     cr_assert_eq(ctxs_session_refresh(r1), 0);
-    cr_assert_eq(n_tokens(r1), 20);
+    cr_assert_eq(ts_n_tokens(r1), 20);
     cr_assert_eq(in_child(child_reader_count, NULL), 20);
 
     /* Readers see a rollback too (closing drops the reservation). */
@@ -338,13 +331,13 @@ Test(lock, readers_coexist_with_the_writer_and_each_other)
     w = open_or_die(RW);
     cr_assert_eq(ctxs_session_rollback(w, 10), 0);
     cr_assert_eq(ctxs_session_refresh(r2), 0);
-    cr_assert_eq(n_tokens(r2), 10);
+    cr_assert_eq(ts_n_tokens(r2), 10);
     cr_assert_eq(ts_check_all(r2), 0);
 
     ctxs_session_close(w);
     /* With the writer gone, readers still read. */
     cr_assert_eq(ctxs_session_refresh(r3), 0);
-    cr_assert_eq(n_tokens(r3), 10);
+    cr_assert_eq(ts_n_tokens(r3), 10);
     cr_assert_eq(ts_check_all(r3), 0);
     ctxs_session_close(r1);
     ctxs_session_close(r2);
@@ -530,7 +523,7 @@ Test(lock, reader_in_another_process_sees_only_committed_tokens, .timeout = 300)
     expect_clean_exit(pid);
     cr_assert_eq(acked, FOLLOW_COMMITS);
     cr_assert_eq(ctxs_session_refresh(r), 0);
-    cr_assert_eq(n_tokens(r), cum[FOLLOW_COMMITS]);
+    cr_assert_eq(ts_n_tokens(r), cum[FOLLOW_COMMITS]);
     cr_assert_eq(ts_check_all(r), 0);
     cr_log_info("%llu refreshes, %llu of them mid-stream", (unsigned long long)refreshes,
                 (unsigned long long)seen_mid);
@@ -585,7 +578,7 @@ Test(lock, read_only_session_refuses_writes)
     cr_assert_eq(ctxs_session_rollback(r, 0), CTXS_EREADONLY);
     cr_assert_eq(ts_append(w, 3), 0);
     cr_assert_eq(ctxs_session_refresh(r), 0);
-    cr_assert_eq(n_tokens(r), 15);
+    cr_assert_eq(ts_n_tokens(r), 15);
     cr_assert_eq(ts_check_all(r), 0);
     ctxs_session_close(r);
     ctxs_session_close(w);

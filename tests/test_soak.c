@@ -57,7 +57,6 @@
 #define say(...) (fprintf(stderr, __VA_ARGS__), fputc('\n', stderr))
 
 #define MODEL_SEED 23u
-#define KV_MAX 64u /* elements per token of ts_model: 2 * 2 * 8 = 32 */
 
 TestSuite(soak, .init = ts_scratch_init, .fini = ts_scratch_fini);
 
@@ -981,7 +980,7 @@ static void a_child(void *p)
             ctxs_reservation res;
             if ((rc = ctxs_session_reserve(&res, s, k)) != 0)
                 child_fail("dangling reserve", rc, n, k);
-            uint16_t kk[KV_MAX], vv[KV_MAX];
+            uint16_t kk[TS_KV_MAX], vv[TS_KV_MAX];
             for (uint32_t i = 0; i < k && (r >> 20) % 2; i++) {
                 ts_pat_kv(&m.geometry, res.first_pos + i, ts_pat_id(res.first_pos + i, gen + 1),
                           kk, vv);
@@ -1134,10 +1133,10 @@ static uint64_t a_check_exact(const ctxs_session *s, const ts_gens *gs, const a_
     ctxs_layout lay;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
-    uint16_t k[KV_MAX], v[KV_MAX], ek[KV_MAX], ev[KV_MAX];
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX], ek[TS_KV_MAX], ev[TS_KV_MAX];
     const ctxs_geometry *g = &info.model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
-    cr_assert_leq(per, KV_MAX);
+    cr_assert_leq(per, TS_KV_MAX);
     uint64_t bad = 0, first_recent = info.ring_start > A_SINK ? info.ring_start : A_SINK;
     for (uint64_t p = 0; p < info.n_tokens; p++) {
         if (p >= A_SINK && p < first_recent) {
@@ -2072,7 +2071,7 @@ static uint64_t b_check_exact(const ctxs_session *s, const ts_gens *g)
     ctxs_layout lay;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
-    uint16_t k[KV_MAX], v[KV_MAX], ek[KV_MAX], ev[KV_MAX];
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX], ek[TS_KV_MAX], ev[TS_KV_MAX];
     const ctxs_geometry *geo = &info.model.geometry;
     size_t per = (size_t)geo->n_layers * geo->n_kv_heads * geo->head_dim;
     uint64_t bad = 0;

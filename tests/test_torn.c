@@ -50,7 +50,6 @@
 #define SECTOR 512u
 #define N_SINK 4u
 #define MAX_TURN 40u
-#define KV_MAX 64u
 #define NO_POS UINT64_MAX
 #define GEN_BAD UINT32_MAX
 #define GEN_EVICTED (UINT32_MAX - 1)
@@ -268,7 +267,7 @@ static void op_append(scen *sc, uint32_t k)
     sc->evictions_needing_sync += need;
     note_state(sc, "reserve", 0, need);
 
-    uint16_t kk[KV_MAX], vv[KV_MAX];
+    uint16_t kk[TS_KV_MAX], vv[TS_KV_MAX];
     uint32_t ids[MAX_TURN];
     cr_assert(k <= MAX_TURN);
     for (uint32_t i = 0; i < k; i++) {
@@ -493,7 +492,7 @@ static uint32_t actual_gen(const scen *sc, const window *w, const ctxs_session *
 {
     const ctxs_geometry *g = &sc->model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
-    uint16_t k[KV_MAX], v[KV_MAX], ek[KV_MAX], ev[KV_MAX];
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX], ek[TS_KV_MAX], ev[TS_KV_MAX];
     state rec = {info->n_tokens, info->ring_start, 0};
     int rc = ctxs_session_read_token(k, v, s, p);
     if (!st_holds(&rec, p)) {
@@ -603,7 +602,7 @@ static void check_exact(const scen *sc, const ctxs_session *s, const uint32_t *e
     cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     const ctxs_geometry *g = &sc->model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
-    uint16_t k[KV_MAX], v[KV_MAX], ek[KV_MAX], ev[KV_MAX];
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX], ek[TS_KV_MAX], ev[TS_KV_MAX];
     state rec = {info.n_tokens, info.ring_start, 0};
     for (uint64_t p = 0; p < info.n_tokens; p++) {
         int rc = ctxs_session_read_token(k, v, s, p);
@@ -654,7 +653,7 @@ static void check_read_write(scen *sc, const window *w, const uint8_t *img,
     for (uint64_t p = 0; p < n0; p++)
         exp[p] = p < sc->snaps[match].st.n ? sc->snaps[match].gen[p] : 0;
     ctxs_reservation r;
-    uint16_t kk[KV_MAX], vv[KV_MAX];
+    uint16_t kk[TS_KV_MAX], vv[TS_KV_MAX];
     uint32_t ids[MAX_TURN];
     rc = ctxs_session_reserve(&r, s, more);
     cr_assert_eq(rc, 0, "%s: reserve after recovery: %s", tag, ctxs_err_name(rc));

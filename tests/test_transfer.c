@@ -3,8 +3,8 @@
  * writers during an export, and export files that are damaged, truncated
  * or hostile, which import refuses without changing the store.
  *
- * Hostile files are crafted at the offsets docs/FORMAT.md gives ("Export
- * file format"), so these tests also hold the page to the code.
+ * Hostile files are crafted at the offsets of src/index/export_format.h,
+ * whose static asserts hold them to docs/FORMAT.md ("Export file format").
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -19,41 +19,18 @@
 
 #include "ctxstore.h"
 #include "aside.h"
+#include "export_format.h"
 #include "internal.h"
 #include "support.h"
 
-#define KV_MAX 64u /* elements per token of ts_model: 2 * 2 * 8 = 32 */
-
-/* Offsets from docs/FORMAT.md. */
-#define H_BYTES 1024u
-#define H_VERSION_MAJOR 8
-#define H_FLAGS 16
-#define H_DTYPE 20
-#define H_N_LAYERS 24
-#define H_HEAD_DIM 32
-#define H_CAPACITY 36
-#define H_N_SINK 40
-#define H_BLOCK_TOKENS 44
-#define H_N_TOKENS 48
-#define H_RING_START 56
-#define H_N_HELD 64
-#define H_N_BLOCKS 72
-#define H_MODEL_NAME_LEN 128
-#define H_NAME_LEN 130
-#define H_NAME 392
-#define H_CRC 1020
-#define B_BYTES 40u
-#define B_FIRST_POS 8
-#define B_COUNT 16
-#define B_RAW_BYTES 20
-#define B_COMP_BYTES 24
-#define B_DATA_CRC 28
-#define B_RAW_CRC 32
-#define B_CRC 36
-#define T_BYTES 40u
-#define T_BODY_BYTES 24
-#define T_BODY_CRC 32
-#define T_CRC 36
+/* Where each field of the export file lies, and the sizes of its parts,
+ * from the layout's one definition (src/index/export_format.h). */
+#define H_OFF(field) offsetof(ctxs__export_header, field)
+#define B_OFF(field) offsetof(ctxs__export_block, field)
+#define T_OFF(field) offsetof(ctxs__export_trailer, field)
+#define H_BYTES sizeof(ctxs__export_header)
+#define B_BYTES sizeof(ctxs__export_block)
+#define T_BYTES sizeof(ctxs__export_trailer)
 
 TestSuite(transfer, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 60);
 
@@ -61,10 +38,7 @@ TestSuite(transfer, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout =
 
 static ctxs_store *store_at(const char *name)
 {
-    ctxs_store *st = NULL;
-    int rc = ctxs_store_open(&st, ts_path(ts_scratch, name), NULL);
-    cr_assert_eq(rc, 0, "ctxs_store_open %s: %s", name, ctxs_err_name(rc));
-    return st;
+    return ts_store_open(ts_path(ts_scratch, name));
 }
 
 /* Creates name with n tokens in st (model registered as "tiny model");
@@ -96,12 +70,6 @@ static void export_ok(ctxs_store *st, const char *name, const char *path)
     cr_assert_eq(rc, 0, "export %s: %s", name, ctxs_err_name(rc));
 }
 
-static int exists(const char *path)
-{
-    struct stat sb;
-    return lstat(path, &sb) == 0;
-}
-
 /* Two sessions hold the same state, positions, ids, checksums and bytes. */
 static void same_session(const ctxs_session *a, const ctxs_session *b)
 {
@@ -116,7 +84,7 @@ static void same_session(const ctxs_session *a, const ctxs_session *b)
     cr_assert_eq(ia.flags & CTXS_INFO_RING, ib.flags & CTXS_INFO_RING);
     cr_assert_eq(ia.created_unix_ms, ib.created_unix_ms);
     cr_assert(memcmp(&ia.model, &ib.model, sizeof(ia.model)) == 0, "models differ");
-    uint16_t ka[KV_MAX], va[KV_MAX], kb[KV_MAX], vb[KV_MAX];
+    uint16_t ka[TS_KV_MAX], va[TS_KV_MAX], kb[TS_KV_MAX], vb[TS_KV_MAX];
     uint64_t held = 0;
     for (uint64_t p = 0; p < ia.n_tokens; p++) {
         int ra = ctxs_session_read_token(ka, va, a, p);
@@ -210,7 +178,7 @@ static uint32_t crc(const uint8_t *p, size_t n)
 /* After an edit of the header at its documented offsets: a valid CRC. */
 static void reseal_header(uint8_t *f)
 {
-    put32(f + H_CRC, crc(f, H_CRC));
+    put32(f + H_OFF(crc32), crc(f, H_OFF(crc32)));
 }
 
 /* After an edit of a block or the header: every CRC valid again (block
@@ -221,14 +189,14 @@ static void reseal_all(uint8_t *f, size_t len)
     size_t off = H_BYTES;
     while (off + T_BYTES < len) {
         uint8_t *b = f + off;
-        put32(b + B_CRC, crc(b, B_CRC));
-        off += B_BYTES + get32(b + B_COMP_BYTES);
+        put32(b + B_OFF(crc32), crc(b, B_OFF(crc32)));
+        off += B_BYTES + get32(b + B_OFF(comp_bytes));
     }
     cr_assert_eq(off + T_BYTES, len);
     uint8_t *t = f + off;
-    put64(t + T_BODY_BYTES, off);
-    put32(t + T_BODY_CRC, crc(f, off));
-    put32(t + T_CRC, crc(t, T_CRC));
+    put64(t + T_OFF(body_bytes), off);
+    put32(t + T_OFF(body_crc32), crc(f, off));
+    put32(t + T_OFF(crc32), crc(t, T_OFF(crc32)));
 }
 
 /* The offset of block i. */
@@ -236,7 +204,7 @@ static size_t block_at(const uint8_t *f, uint32_t i)
 {
     size_t off = H_BYTES;
     while (i--)
-        off += B_BYTES + get32(f + off + B_COMP_BYTES);
+        off += B_BYTES + get32(f + off + B_OFF(comp_bytes));
     return off;
 }
 
@@ -515,7 +483,7 @@ Test(transfer, bad_arguments_are_einval)
     cr_assert_eq(ctxs_store_session_export(a, "chat", "", NULL, NULL), CTXS_EINVAL);
     cr_assert_eq(ctxs_store_session_export(a, "a/b", path, NULL, NULL), CTXS_EINVAL);
     cr_assert_eq(ctxs_store_session_export(a, "nobody", path, NULL, NULL), CTXS_ENOTFOUND);
-    cr_assert(!exists(path));
+    cr_assert(!ts_exists(path));
     export_ok(a, "chat", path);
     cr_assert_eq(ctxs_store_session_import(NULL, NULL, path, NULL, NULL, NULL), CTXS_EINVAL);
     cr_assert_eq(ctxs_store_session_import(NULL, a, NULL, NULL, NULL, NULL), CTXS_EINVAL);
@@ -673,13 +641,13 @@ Test(transfer, a_writer_rolling_back_or_wrapping_during_the_export_gives_estale)
             }
         } else {
             cr_assert_eq(rc, CTXS_ESTALE, "case %d: %s", what, ctxs_err_name(rc));
-            cr_assert(!exists(path), "a stale export was left at its path");
+            cr_assert(!ts_exists(path), "a stale export was left at its path");
         }
         ctxs_session_close(w);
     }
     /* Nothing written aside is left either. */
     cr_assert_eq(ts_dir_entries(ts_scratch),
-                 1 + exists(ts_path(ts_scratch, "s2")) + exists(ts_path(ts_scratch, "b")));
+                 1 + ts_exists(ts_path(ts_scratch, "s2")) + ts_exists(ts_path(ts_scratch, "b")));
     ctxs_store_close(a);
 }
 
@@ -693,7 +661,7 @@ Test(transfer, a_damaged_session_is_not_exported)
     ((uint8_t *)run)[70 * 16] ^= 1; /* position 70, outside any reservation */
     const char *path = ts_path(ts_scratch, "x");
     cr_assert_eq(ctxs_store_session_export(a, "chat", path, NULL, NULL), CTXS_ECORRUPT);
-    cr_assert(!exists(path));
+    cr_assert(!ts_exists(path));
     ctxs_session_close(w);
     ctxs_store_close(a);
 }
@@ -790,19 +758,19 @@ Test(transfer, foreign_and_future_files_are_refused)
     snapshot before;
     uint8_t *f = hostile_setup(&dst, &len, &before);
     /* A future major version, with a valid CRC or with another layout. */
-    f[H_VERSION_MAJOR] = 2;
+    f[H_OFF(version_major)] = 2;
     reseal_header(f);
     cr_assert_eq(import_bytes(dst, f, len, NULL), CTXS_EVERSION);
     cr_assert_eq(import_bytes(dst, f, 12, NULL), CTXS_EVERSION);
-    f[H_VERSION_MAJOR] = 0;
+    f[H_OFF(version_major)] = 0;
     reseal_header(f);
     cr_assert_eq(import_bytes(dst, f, len, NULL), CTXS_ECORRUPT);
-    f[H_VERSION_MAJOR] = 1;
+    f[H_OFF(version_major)] = 1;
     /* A newer minor is read. */
-    f[H_VERSION_MAJOR + 2] = 7;
+    f[H_OFF(version_minor)] = 7;
     reseal_header(f);
     cr_assert_eq(import_bytes(dst, f, len, "minor 7"), 0);
-    f[H_VERSION_MAJOR + 2] = 0;
+    f[H_OFF(version_minor)] = 0;
     reseal_header(f);
 
     /* Not an export file: a session file, text, nothing. */
@@ -856,37 +824,37 @@ Test(transfer, absurd_sizes_with_valid_crcs_are_refused)
     snapshot before;
     uint8_t *f = hostile_setup(&dst, &len, &before);
     struct { size_t off; int width; uint64_t value; } bad[] = {
-        {12, 4, 512},                       /* header_bytes */
-        {H_FLAGS, 4, 2},                    /* unknown flag */
-        {H_DTYPE, 4, 2},                    /* unknown dtype */
-        {H_N_LAYERS, 4, 0},
-        {H_N_LAYERS, 4, 4097},
-        {H_N_LAYERS, 4, UINT32_MAX},
-        {H_HEAD_DIM, 4, UINT32_MAX},
-        {H_CAPACITY, 4, UINT32_MAX},
-        {H_CAPACITY, 4, 1},
-        {H_CAPACITY, 4, 4},                 /* n_sink 4 >= capacity */
-        {H_N_SINK, 4, UINT32_MAX},
-        {H_BLOCK_TOKENS, 4, 0},
-        {H_BLOCK_TOKENS, 4, 65},
-        {H_BLOCK_TOKENS, 4, UINT32_MAX},
-        {H_BLOCK_TOKENS, 4, 32},            /* then the blocks do not match */
-        {H_N_TOKENS, 4, 199},               /* ditto */
-        {H_N_TOKENS, 8, UINT64_MAX},
-        {H_N_TOKENS, 8, 1ull << 62},
-        {H_N_TOKENS, 8, 1ull << 40},        /* more than the ring holds */
-        {H_RING_START, 8, 201},             /* above n_tokens */
-        {H_RING_START, 8, 100},             /* evicts what the blocks carry */
-        {H_N_HELD, 8, UINT64_MAX},
-        {H_N_HELD, 8, 199},
-        {H_N_BLOCKS, 8, UINT64_MAX},
-        {H_N_BLOCKS, 8, 5},
-        {H_MODEL_NAME_LEN, 2, 65535},
-        {H_MODEL_NAME_LEN, 2, 256},
-        {H_NAME_LEN, 2, 0},
-        {H_NAME_LEN, 2, 300},
-        {H_NAME_LEN, 2, 3},                 /* "cha" then "t": no zero padding */
-        {H_NAME, 4, 0x2f2f2f2f},            /* "////" */
+        {H_OFF(header_bytes), 4, 512},
+        {H_OFF(flags), 4, 2},               /* unknown flag */
+        {H_OFF(dtype), 4, 2},               /* unknown dtype */
+        {H_OFF(n_layers), 4, 0},
+        {H_OFF(n_layers), 4, 4097},
+        {H_OFF(n_layers), 4, UINT32_MAX},
+        {H_OFF(head_dim), 4, UINT32_MAX},
+        {H_OFF(capacity), 4, UINT32_MAX},
+        {H_OFF(capacity), 4, 1},
+        {H_OFF(capacity), 4, 4},            /* n_sink 4 >= capacity */
+        {H_OFF(n_sink), 4, UINT32_MAX},
+        {H_OFF(block_tokens), 4, 0},
+        {H_OFF(block_tokens), 4, 65},
+        {H_OFF(block_tokens), 4, UINT32_MAX},
+        {H_OFF(block_tokens), 4, 32},       /* then the blocks do not match */
+        {H_OFF(n_tokens), 4, 199},          /* ditto */
+        {H_OFF(n_tokens), 8, UINT64_MAX},
+        {H_OFF(n_tokens), 8, 1ull << 62},
+        {H_OFF(n_tokens), 8, 1ull << 40},   /* more than the ring holds */
+        {H_OFF(ring_start), 8, 201},        /* above n_tokens */
+        {H_OFF(ring_start), 8, 100},        /* evicts what the blocks carry */
+        {H_OFF(n_held), 8, UINT64_MAX},
+        {H_OFF(n_held), 8, 199},
+        {H_OFF(n_blocks), 8, UINT64_MAX},
+        {H_OFF(n_blocks), 8, 5},
+        {H_OFF(model_name_len), 2, 65535},
+        {H_OFF(model_name_len), 2, 256},
+        {H_OFF(name_len), 2, 0},
+        {H_OFF(name_len), 2, 300},
+        {H_OFF(name_len), 2, 3},            /* "cha" then "t": no zero padding */
+        {H_OFF(name), 4, 0x2f2f2f2f},       /* "////" */
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         refuse_header_field(dst, f, len, bad[i].off, bad[i].width, bad[i].value, CTXS_ECORRUPT);
@@ -895,11 +863,11 @@ Test(transfer, absurd_sizes_with_valid_crcs_are_refused)
      * missing block, without allocating for the slots. */
     uint8_t *g = malloc(len);
     memcpy(g, f, len);
-    put32(g + H_CAPACITY, 1u << 24);
-    put64(g + H_N_TOKENS, 1u << 24);
-    put64(g + H_RING_START, 0);
-    put64(g + H_N_HELD, 1u << 24);
-    put64(g + H_N_BLOCKS, (1u << 24) / 64);
+    put32(g + H_OFF(capacity), 1u << 24);
+    put64(g + H_OFF(n_tokens), 1u << 24);
+    put64(g + H_OFF(ring_start), 0);
+    put64(g + H_OFF(n_held), 1u << 24);
+    put64(g + H_OFF(n_blocks), (1u << 24) / 64);
     reseal_header(g);
     cr_assert_eq(import_bytes(dst, g, len, NULL), CTXS_ECORRUPT);
     free(g);
@@ -916,18 +884,18 @@ Test(transfer, absurd_block_headers_with_valid_crcs_are_refused)
     uint8_t *f = hostile_setup(&dst, &len, &before);
     uint8_t *g = malloc(len);
     struct { uint32_t block; size_t off; int width; uint64_t value; } bad[] = {
-        {0, 4, 4, 1},                        /* index */
-        {1, 4, 4, 0},
-        {0, B_FIRST_POS, 8, 1},
-        {2, B_FIRST_POS, 8, UINT64_MAX},
-        {0, B_COUNT, 4, 63},
-        {0, B_COUNT, 4, 65},
-        {3, B_COUNT, 4, UINT32_MAX},
-        {0, B_RAW_BYTES, 4, UINT32_MAX},
-        {0, B_RAW_BYTES, 4, 64 * 140 - 1},
-        {0, B_COMP_BYTES, 4, 0},
-        {0, B_COMP_BYTES, 4, UINT32_MAX},
-        {3, B_COMP_BYTES, 4, 1u << 20},
+        {0, B_OFF(index), 4, 1},
+        {1, B_OFF(index), 4, 0},
+        {0, B_OFF(first_pos), 8, 1},
+        {2, B_OFF(first_pos), 8, UINT64_MAX},
+        {0, B_OFF(count), 4, 63},
+        {0, B_OFF(count), 4, 65},
+        {3, B_OFF(count), 4, UINT32_MAX},
+        {0, B_OFF(raw_bytes), 4, UINT32_MAX},
+        {0, B_OFF(raw_bytes), 4, 64 * 140 - 1},
+        {0, B_OFF(comp_bytes), 4, 0},
+        {0, B_OFF(comp_bytes), 4, UINT32_MAX},
+        {3, B_OFF(comp_bytes), 4, 1u << 20},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         memcpy(g, f, len);
@@ -936,7 +904,7 @@ Test(transfer, absurd_block_headers_with_valid_crcs_are_refused)
             put32(b + bad[i].off, (uint32_t)bad[i].value);
         else
             put64(b + bad[i].off, bad[i].value);
-        put32(b + B_CRC, crc(b, B_CRC));
+        put32(b + B_OFF(crc32), crc(b, B_OFF(crc32)));
         int rc = import_bytes(dst, g, len, NULL);
         cr_assert_eq(rc, CTXS_ECORRUPT, "case %zu: %s", i, ctxs_err_name(rc));
     }
@@ -963,8 +931,8 @@ static uint8_t *rewrite_block(const uint8_t *f, size_t *len, uint32_t i,
 {
     size_t at = block_at(f, i);
     const uint8_t *b = f + at;
-    uint32_t count = get32(b + B_COUNT), raw_bytes = get32(b + B_RAW_BYTES);
-    uint32_t comp_bytes = get32(b + B_COMP_BYTES);
+    uint32_t count = get32(b + B_OFF(count)), raw_bytes = get32(b + B_OFF(raw_bytes));
+    uint32_t comp_bytes = get32(b + B_OFF(comp_bytes));
     uint8_t *raw = malloc(raw_bytes);
     uLongf got = raw_bytes;
     cr_assert_eq(uncompress(raw, &got, b + B_BYTES, comp_bytes), Z_OK);
@@ -980,9 +948,9 @@ static uint8_t *rewrite_block(const uint8_t *f, size_t *len, uint32_t i,
     memcpy(g + at + B_BYTES + comp, f + at + B_BYTES + comp_bytes,
            *len - (at + B_BYTES + comp_bytes));
     uint8_t *nb = g + at;
-    put32(nb + B_COMP_BYTES, (uint32_t)comp);
-    put32(nb + B_DATA_CRC, crc(z, comp));
-    put32(nb + B_RAW_CRC, crc(raw, raw_bytes));
+    put32(nb + B_OFF(comp_bytes), (uint32_t)comp);
+    put32(nb + B_OFF(data_crc32), crc(z, comp));
+    put32(nb + B_OFF(raw_crc32), crc(raw, raw_bytes));
     reseal_all(g, n);
     free(raw);
     free(z);

@@ -13,6 +13,7 @@
 
 #include "index.h"
 #include "mdb_calls.h"
+#include "platform.h"
 #include "session_iface.h"
 
 static void checkpoint_key(uint8_t *out, uint64_t id, const char *name, size_t len)
@@ -64,7 +65,7 @@ int ctxs_checkpoint_create(ctxs_session *s, const char *name)
     ctxs_session_info info;
     ctxs_session_get_info(&info, s);
     ctxs__checkpoint_rec cp = {.n_tokens = info.n_tokens,
-                               .created_unix_ms = ctxs__now_unix_ms()};
+                               .created_unix_ms = ctxs__now_ms()};
     if (cp.n_tokens > 0)
         ctxs__session_tokens(NULL, &cp.last_sum, s, cp.n_tokens - 1, 1);
     MDB_txn *txn;

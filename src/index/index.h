@@ -127,8 +127,6 @@ char *ctxs__file_path(const ctxs_store *st, uint64_t id);
 void ctxs__id_key(uint8_t out[8], uint64_t id);
 uint64_t ctxs__id_from_key(const void *key);
 
-uint64_t ctxs__now_unix_ms(void);
-
 /* Rewrites the index compacted (mdb_env_copyfd2 with MDB_CP_COMPACT, then
  * renamed over data.mdb) and reopens st's environment on it, when nothing
  * else uses it: no other process has the store open, and st is this

@@ -13,6 +13,7 @@
 #include "format.h"
 #include "index.h"
 #include "mdb_calls.h"
+#include "platform.h"
 
 static int geometry_valid(const ctxs_geometry *g)
 {
@@ -78,7 +79,7 @@ int ctxs__model_ensure(MDB_txn *txn, ctxs_store *st, const ctxs_model *model)
 {
     int rc = ctxs__model_check(txn, st, model);
     if (rc == CTXS_ENOTFOUND)
-        rc = model_write(txn, st, model, "", 0, ctxs__now_unix_ms());
+        rc = model_write(txn, st, model, "", 0, ctxs__now_ms());
     return rc;
 }
 
@@ -94,7 +95,7 @@ int ctxs_model_register(ctxs_store *st, const ctxs_model *model, const char *nam
     if (rc < 0)
         return rc;
     ctxs__model_rec rec;
-    uint64_t registered = ctxs__now_unix_ms();
+    uint64_t registered = ctxs__now_ms();
     rc = model_read(txn, st, model->model_hash, &rec, NULL);
     if (rc == 0) {
         registered = rec.registered_unix_ms;

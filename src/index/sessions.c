@@ -23,6 +23,7 @@
 #include "index.h"
 #include "lock.h"
 #include "mdb_calls.h"
+#include "platform.h"
 #include "session_iface.h"
 
 /* What a session handle opened through a store carries (hooks_arg). */
@@ -311,7 +312,7 @@ static int index_update(store_link *link, ctxs_session *s, int closing)
         if (ctxs__fstat(ctxs__session_fd(s), &sb) == 0)
             rec.disk_bytes = (uint64_t)sb.st_blocks * 512u;
         if (closing)
-            rec.last_used_unix_ms = ctxs__now_unix_ms();
+            rec.last_used_unix_ms = ctxs__now_ms();
     }
     if (rc == 0)
         rc = session_put(txn, st, name, strlen(name), &rec);
@@ -508,7 +509,7 @@ int ctxs_store_session_create(ctxs_session **out, ctxs_store *st, const char *na
         abandon_create(st, id, NULL);
         return rc;
     }
-    uint64_t now = ctxs__now_unix_ms();
+    uint64_t now = ctxs__now_ms();
     ctxs_session_info info;
     ctxs_session_get_info(&info, s);
     ctxs__session_rec rec = {.id = id, .created_unix_ms = info.created_unix_ms,
@@ -566,7 +567,7 @@ int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const 
     ctxs_session_get_info(&info, s);
     ctxs__session_rec rec = {.id = id, .n_tokens = info.n_tokens,
                              .created_unix_ms = info.created_unix_ms,
-                             .last_used_unix_ms = ctxs__now_unix_ms()};
+                             .last_used_unix_ms = ctxs__now_ms()};
     memcpy(rec.model_hash, model->model_hash, 16);
     if ((rc = adopt_new(st, name, len, &rec, s)) == 0)
         *out = s;
@@ -683,7 +684,7 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
     ctxs_session_get_info(&info, s);
     if (n_tokens == UINT64_MAX)
         n_tokens = info.n_tokens;
-    uint64_t now = ctxs__now_unix_ms();
+    uint64_t now = ctxs__now_ms();
     ctxs__session_rec rec = {.id = id, .n_tokens = n_tokens,
                              .created_unix_ms = info.created_unix_ms,
                              .last_used_unix_ms = now, .parent_id = src_rec.id,

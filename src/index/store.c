@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "index.h"
@@ -165,13 +164,6 @@ uint64_t ctxs__id_from_key(const void *key)
     for (int i = 0; i < 8; i++)
         id = id << 8 | k[i];
     return id;
-}
-
-uint64_t ctxs__now_unix_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 static int options_valid(const ctxs_store_options *o)

@@ -1,7 +1,7 @@
 /*
  * Export and import: one session in one portable, self-checking file, to
- * move it to another machine. docs/FORMAT.md, "Export file format", is the
- * prose version of the structs below; keep the two identical.
+ * move it to another machine. The file's layout is in export_format.h;
+ * docs/FORMAT.md, "Export file format", is its prose version.
  *
  * An export file is a header (the model, geometry and committed state),
  * then the held tokens in position order, in zlib-compressed blocks that
@@ -35,102 +35,11 @@
 #include <zlib.h>
 
 #include "aside.h"
+#include "export_format.h"
 #include "index.h"
 #include "session_iface.h"
-#include "sys.h"
+#include "platform.h"
 #include "syscall.h"
-
-#define XFER_MAGIC "CTXSEXPT"
-#define XFER_MAJOR 1
-#define XFER_MINOR 0
-#define XFER_HEADER_BYTES 1024u
-#define XFER_BLOCK_MAGIC "CXBK"
-#define XFER_TRAILER_MAGIC "CXEN"
-
-/* Tokens per block: at most this many, and at most what fits in
- * XFER_MAX_RAW bytes uncompressed, so that no block makes a reader
- * allocate more than about 2 x 64 MiB. */
-#define XFER_MAX_BLOCK_TOKENS 64u
-#define XFER_MAX_RAW (64u << 20)
-
-#define XFER_FLAG_RING 0x1u
-
-/*
- * The header, at offset 0. Names are UTF-8 without NUL, zero padded.
- */
-typedef struct xfer_header {
-    char magic[8];              /* XFER_MAGIC */
-    uint16_t version_major;     /* readers refuse a newer major */
-    uint16_t version_minor;     /* additions older readers may ignore */
-    uint32_t header_bytes;      /* XFER_HEADER_BYTES */
-    uint32_t flags;             /* XFER_FLAG_RING; other bits zero */
-    uint32_t dtype;             /* the session's geometry and slots */
-    uint32_t n_layers;
-    uint32_t n_kv_heads;
-    uint32_t head_dim;
-    uint32_t capacity;
-    uint32_t n_sink;
-    uint32_t block_tokens;      /* tokens per full block */
-    uint64_t n_tokens;          /* the committed state exported */
-    uint64_t ring_start;
-    uint64_t n_held;            /* tokens in the blocks */
-    uint64_t n_blocks;
-    uint64_t created_unix_ms;   /* the session's (its file header's) */
-    uint64_t exported_unix_ms;
-    uint8_t model_hash[16];
-    uint8_t tokenizer_hash[16];
-    uint16_t model_name_len;    /* 0..255: the display name, if registered */
-    uint16_t name_len;          /* 1..255: the session's name */
-    uint32_t reserved0;         /* zero when written; ignored when read */
-    char model_name[CTXS_NAME_MAX + 1];
-    char name[CTXS_NAME_MAX + 1];
-    uint8_t reserved[372];      /* zero when written; ignored when read */
-    uint32_t crc32;             /* zlib crc32 of bytes 0..1019 */
-} xfer_header;
-
-static_assert(sizeof(xfer_header) == XFER_HEADER_BYTES, "export header size");
-static_assert(offsetof(xfer_header, n_tokens) == 48, "export header layout");
-static_assert(offsetof(xfer_header, model_hash) == 96, "export header layout");
-static_assert(offsetof(xfer_header, model_name_len) == 128, "export header layout");
-static_assert(offsetof(xfer_header, model_name) == 136, "export header layout");
-static_assert(offsetof(xfer_header, name) == 392, "export header layout");
-static_assert(offsetof(xfer_header, reserved) == 648, "export header layout");
-static_assert(offsetof(xfer_header, crc32) == 1020, "export header layout");
-
-/*
- * A block: this header, then comp_bytes of zlib stream. Uncompressed, the
- * block is the checksums (u64[count]), the token ids (u32[count]), then
- * the KV of its tokens run by run, (layer, K|V, head) in file order, each
- * run count * slot_bytes long.
- */
-typedef struct xfer_block {
-    char magic[4];              /* XFER_BLOCK_MAGIC */
-    uint32_t index;             /* 0, 1, 2, ... */
-    uint64_t first_pos;         /* positions first_pos .. + count - 1 */
-    uint32_t count;
-    uint32_t raw_bytes;         /* count * (12 + runs * slot_bytes) */
-    uint32_t comp_bytes;
-    uint32_t data_crc32;        /* zlib crc32 of the comp_bytes */
-    uint32_t raw_crc32;         /* zlib crc32 of the raw_bytes */
-    uint32_t crc32;             /* zlib crc32 of bytes 0..35 */
-} xfer_block;
-
-static_assert(sizeof(xfer_block) == 40, "export block header size");
-static_assert(offsetof(xfer_block, crc32) == 36, "export block header layout");
-
-/* The trailer, the file's last 40 bytes. */
-typedef struct xfer_trailer {
-    char magic[4];              /* XFER_TRAILER_MAGIC */
-    uint32_t reserved0;         /* zero when written; ignored when read */
-    uint64_t n_blocks;
-    uint64_t n_held;
-    uint64_t body_bytes;        /* offset of the trailer */
-    uint32_t body_crc32;        /* zlib crc32 of bytes [0, body_bytes) */
-    uint32_t crc32;             /* zlib crc32 of bytes 0..35 */
-} xfer_trailer;
-
-static_assert(sizeof(xfer_trailer) == 40, "export trailer size");
-static_assert(offsetof(xfer_trailer, crc32) == 36, "export trailer layout");
 
 static uint32_t crc_of(const void *p, size_t n)
 {
@@ -208,12 +117,14 @@ static int plan_make(xfer_plan *p, const ctxs_geometry *g, uint32_t capacity, ui
     p->n_runs = 2 * p->lay.n_layers * p->lay.n_kv_heads;
     p->token_raw = 12 + (uint64_t)p->n_runs * p->lay.slot_bytes;
     if (block_tokens == 0) {
-        uint64_t fit = XFER_MAX_RAW / p->token_raw;
+        uint64_t fit = CTXS__EXPORT_MAX_RAW / p->token_raw;
         if (fit == 0)
             return CTXS_EINVAL;
-        block_tokens = fit < XFER_MAX_BLOCK_TOKENS ? (uint32_t)fit : XFER_MAX_BLOCK_TOKENS;
+        block_tokens = fit < CTXS__EXPORT_MAX_BLOCK_TOKENS ? (uint32_t)fit
+                                                           : CTXS__EXPORT_MAX_BLOCK_TOKENS;
     }
-    if (block_tokens > XFER_MAX_BLOCK_TOKENS || block_tokens * p->token_raw > XFER_MAX_RAW)
+    if (block_tokens > CTXS__EXPORT_MAX_BLOCK_TOKENS ||
+        block_tokens * p->token_raw > CTXS__EXPORT_MAX_RAW)
         return CTXS_ECORRUPT;
     p->block_tokens = block_tokens;
     for (uint32_t i = 0; i < p->n_ranges; i++) {
@@ -278,8 +189,8 @@ static uint8_t *raw_kv(uint8_t *raw, uint32_t count)
 /* 1 if the checksum of every token of the raw block is the one it carries. */
 static int raw_verifies(const xfer_plan *p, uint8_t *raw, uint64_t first, uint32_t count)
 {
-    uint64_t got[XFER_MAX_BLOCK_TOKENS];
-    size_t at[XFER_MAX_BLOCK_TOKENS];
+    uint64_t got[CTXS__EXPORT_MAX_BLOCK_TOKENS];
+    size_t at[CTXS__EXPORT_MAX_BLOCK_TOKENS];
     for (uint32_t i = 0; i < count; i++)
         at[i] = (size_t)i * p->lay.slot_bytes;
     ctxs__sums_chain(got, first, count, raw_ids(raw, count), raw_kv(raw, count),
@@ -386,7 +297,7 @@ static int block_still_held(export_job *job, uint64_t first, uint32_t count)
     int rc = refresh_holds_all(job);
     if (rc < 0)
         return rc;
-    uint64_t now[XFER_MAX_BLOCK_TOKENS];
+    uint64_t now[CTXS__EXPORT_MAX_BLOCK_TOKENS];
     ctxs__session_tokens(NULL, now, job->s, first, count);
     const uint64_t *sums = raw_sums(job->raw);
     for (uint32_t i = 0; i < count; i++)
@@ -420,7 +331,7 @@ static int export_block(export_job *job, uint32_t index, uint64_t first, uint32_
     deflateReset(zs);
     zs->next_in = job->raw;
     zs->avail_in = (uInt)raw_bytes;
-    zs->next_out = job->out + sizeof(xfer_block);
+    zs->next_out = job->out + sizeof(ctxs__export_block);
     zs->avail_out = (uInt)bound;
     int zrc = deflate(zs, Z_FINISH);
     if (zrc == Z_STREAM_END) {
@@ -428,14 +339,14 @@ static int export_block(export_job *job, uint32_t index, uint64_t first, uint32_
     } else {
         /* Readers take at most compressBound(); compress2() keeps to it
          * whatever the data (Huffman coding alone has never needed more). */
-        zrc = compress2(job->out + sizeof(xfer_block), &comp, job->raw, (uLong)raw_bytes,
+        zrc = compress2(job->out + sizeof(ctxs__export_block), &comp, job->raw, (uLong)raw_bytes,
                         Z_BEST_SPEED);
         if (zrc != Z_OK)
             return zrc == Z_MEM_ERROR ? CTXS_ENOMEM : CTXS_EINVAL;
     }
-    xfer_block b;
+    ctxs__export_block b;
     memset(&b, 0, sizeof(b));
-    memcpy(b.magic, XFER_BLOCK_MAGIC, 4);
+    memcpy(b.magic, CTXS__EXPORT_BLOCK_MAGIC, 4);
     b.index = index;
     b.first_pos = first;
     b.count = count;
@@ -443,7 +354,7 @@ static int export_block(export_job *job, uint32_t index, uint64_t first, uint32_
     b.comp_bytes = (uint32_t)comp;
     b.data_crc32 = crc_of(job->out + sizeof(b), comp);
     b.raw_crc32 = crc_of(job->raw, raw_bytes);
-    b.crc32 = crc_of(&b, offsetof(xfer_block, crc32));
+    b.crc32 = crc_of(&b, offsetof(ctxs__export_block, crc32));
     memcpy(job->out, &b, sizeof(b));
     job->sums_hash = XXH3_64bits_withSeed(raw_sums(job->raw), (size_t)count * 8, job->sums_hash);
     return put(job, job->out, sizeof(b) + comp);
@@ -457,7 +368,7 @@ static int export_still_held(export_job *job)
     int rc = refresh_holds_all(job);
     if (rc < 0)
         return rc;
-    uint64_t h = 0, first, sums[XFER_MAX_BLOCK_TOKENS];
+    uint64_t h = 0, first, sums[CTXS__EXPORT_MAX_BLOCK_TOKENS];
     uint32_t count;
     block_walk w;
     block_walk_init(p, &w);
@@ -468,7 +379,7 @@ static int export_still_held(export_job *job)
     return h == job->sums_hash ? 0 : CTXS_ESTALE;
 }
 
-static int export_write(export_job *job, const xfer_header *h)
+static int export_write(export_job *job, const ctxs__export_header *h)
 {
     const xfer_plan *p = &job->plan;
     int rc = put(job, h, sizeof(*h));
@@ -484,14 +395,14 @@ static int export_write(export_job *job, const xfer_header *h)
     }
     if (rc < 0)
         return rc;
-    xfer_trailer t;
+    ctxs__export_trailer t;
     memset(&t, 0, sizeof(t));
-    memcpy(t.magic, XFER_TRAILER_MAGIC, 4);
+    memcpy(t.magic, CTXS__EXPORT_TRAILER_MAGIC, 4);
     t.n_blocks = p->n_blocks;
     t.n_held = p->n_held;
     t.body_bytes = job->off;
     t.body_crc32 = job->body_crc;
-    t.crc32 = crc_of(&t, offsetof(xfer_trailer, crc32));
+    t.crc32 = crc_of(&t, offsetof(ctxs__export_trailer, crc32));
     if ((rc = put(job, &t, sizeof(t))) < 0)
         return rc;
     if ((rc = full_or(ctxs__sync_data(job->fd))) < 0)
@@ -509,13 +420,13 @@ static int export_session(export_job *job, const ctxs_session_info *info, const 
     if (rc < 0)
         return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc; /* cannot be: the session opened */
 
-    xfer_header h;
+    ctxs__export_header h;
     memset(&h, 0, sizeof(h));
-    memcpy(h.magic, XFER_MAGIC, 8);
-    h.version_major = XFER_MAJOR;
-    h.version_minor = XFER_MINOR;
-    h.header_bytes = XFER_HEADER_BYTES;
-    h.flags = ring ? XFER_FLAG_RING : 0;
+    memcpy(h.magic, CTXS__EXPORT_MAGIC, 8);
+    h.version_major = CTXS__EXPORT_MAJOR;
+    h.version_minor = CTXS__EXPORT_MINOR;
+    h.header_bytes = CTXS__EXPORT_HEADER_BYTES;
+    h.flags = ring ? CTXS__EXPORT_FLAG_RING : 0;
     h.dtype = info->model.geometry.dtype;
     h.n_layers = info->model.geometry.n_layers;
     h.n_kv_heads = info->model.geometry.n_kv_heads;
@@ -528,7 +439,7 @@ static int export_session(export_job *job, const ctxs_session_info *info, const 
     h.n_held = p->n_held;
     h.n_blocks = p->n_blocks;
     h.created_unix_ms = info->created_unix_ms;
-    h.exported_unix_ms = ctxs__now_unix_ms();
+    h.exported_unix_ms = ctxs__now_ms();
     memcpy(h.model_hash, info->model.model_hash, 16);
     memcpy(h.tokenizer_hash, info->model.tokenizer_hash, 16);
     size_t model_name_len = strlen(model_name);
@@ -536,10 +447,10 @@ static int export_session(export_job *job, const ctxs_session_info *info, const 
     memcpy(h.model_name, model_name, model_name_len);
     h.name_len = (uint16_t)len;
     memcpy(h.name, name, len);
-    h.crc32 = crc_of(&h, offsetof(xfer_header, crc32));
+    h.crc32 = crc_of(&h, offsetof(ctxs__export_header, crc32));
 
     size_t raw_max = (size_t)(p->block_tokens * p->token_raw);
-    job->out_cap = sizeof(xfer_block) + compressBound((uLong)raw_max);
+    job->out_cap = sizeof(ctxs__export_block) + compressBound((uLong)raw_max);
     job->raw = ctxs__malloc(raw_max);
     job->out = ctxs__malloc(job->out_cap);
     if (!job->raw || !job->out)
@@ -610,7 +521,7 @@ int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path
 typedef struct import_job {
     int fd;
     uint64_t size;              /* the file's, at pass 1 */
-    xfer_header h;              /* as pass 1 read it */
+    ctxs__export_header h;      /* as pass 1 read it */
     xfer_plan plan;
     ctxs_model model;
     char model_name[CTXS_NAME_MAX + 1];       /* NUL-terminated */
@@ -643,7 +554,7 @@ static int name_field(char out[256], const char field[256], uint16_t len, int ma
  * the plan. Errors: CTXS_EFOREIGN, CTXS_EVERSION, CTXS_ECORRUPT, -errno. */
 static int header_read(import_job *job)
 {
-    xfer_header *h = &job->h;
+    ctxs__export_header *h = &job->h;
     uint8_t head[12] = {0};
     size_t have = job->size < sizeof(head) ? (size_t)job->size : sizeof(head);
     int rc = ctxs__read_exact(job->fd, head, have, 0);
@@ -652,25 +563,26 @@ static int header_read(import_job *job)
     /* Too short for a magic: the start of ours is a truncated export,
      * anything else (an empty file) is foreign. */
     size_t cmp = have < 8 ? have : 8;
-    if (have == 0 || memcmp(head, XFER_MAGIC, cmp) != 0)
+    if (have == 0 || memcmp(head, CTXS__EXPORT_MAGIC, cmp) != 0)
         return CTXS_EFOREIGN;
     if (have < 10)
         return CTXS_ECORRUPT;
     /* The version before the CRC: a future major may move the CRC. */
     uint16_t major;
     memcpy(&major, head + 8, 2);
-    if (major > XFER_MAJOR)
+    if (major > CTXS__EXPORT_MAJOR)
         return CTXS_EVERSION;
     if (major == 0 || job->size < sizeof(*h))
         return CTXS_ECORRUPT;
     if ((rc = ctxs__read_exact(job->fd, h, sizeof(*h), 0)) < 0)
         return rc;
-    if (h->crc32 != crc_of(h, offsetof(xfer_header, crc32)) ||
-        h->header_bytes != XFER_HEADER_BYTES || (h->flags & ~XFER_FLAG_RING) != 0)
+    if (h->crc32 != crc_of(h, offsetof(ctxs__export_header, crc32)) ||
+        h->header_bytes != CTXS__EXPORT_HEADER_BYTES || (h->flags & ~CTXS__EXPORT_FLAG_RING) != 0)
         return CTXS_ECORRUPT;
     ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
-    if ((rc = plan_make(&job->plan, &g, h->capacity, h->n_sink, (h->flags & XFER_FLAG_RING) != 0,
-                        h->n_tokens, h->ring_start, h->block_tokens)) < 0)
+    if ((rc = plan_make(&job->plan, &g, h->capacity, h->n_sink,
+                        (h->flags & CTXS__EXPORT_FLAG_RING) != 0, h->n_tokens, h->ring_start,
+                        h->block_tokens)) < 0)
         return CTXS_ECORRUPT;
     if (h->block_tokens == 0 || h->n_held != job->plan.n_held ||
         h->n_blocks != job->plan.n_blocks)
@@ -735,7 +647,7 @@ static int block_store(import_job *job, uint64_t first, uint32_t count)
 static int blocks_read(import_job *job)
 {
     const xfer_plan *p = &job->plan;
-    uint64_t off = sizeof(xfer_header), first, size = job->size;
+    uint64_t off = sizeof(ctxs__export_header), first, size = job->size;
     uint64_t progress_base = job->pass == 2 ? size : 0;
     uint32_t body_crc = crc_of(&job->h, sizeof(job->h));
     uint32_t count, index = 0;
@@ -743,20 +655,20 @@ static int blocks_read(import_job *job)
     block_walk_init(p, &w);
     int rc;
     while (block_next(p, &w, &first, &count)) {
-        xfer_block b;
+        ctxs__export_block b;
         if (size - off < sizeof(b))
             return CTXS_ECORRUPT;
         if ((rc = ctxs__read_exact(job->fd, &b, sizeof(b), (off_t)off)) < 0)
             return rc;
-        uint64_t raw_bytes = count * p->token_raw; /* <= XFER_MAX_RAW */
-        if (memcmp(b.magic, XFER_BLOCK_MAGIC, 4) != 0 ||
-            b.crc32 != crc_of(&b, offsetof(xfer_block, crc32)) || b.index != index ||
+        uint64_t raw_bytes = count * p->token_raw; /* <= CTXS__EXPORT_MAX_RAW */
+        if (memcmp(b.magic, CTXS__EXPORT_BLOCK_MAGIC, 4) != 0 ||
+            b.crc32 != crc_of(&b, offsetof(ctxs__export_block, crc32)) || b.index != index ||
             b.first_pos != first || b.count != count || b.raw_bytes != raw_bytes ||
             b.comp_bytes == 0 || b.comp_bytes > compressBound((uLong)raw_bytes) ||
             b.comp_bytes > size - off - sizeof(b))
             return CTXS_ECORRUPT;
-        /* Both sizes are now bounded: raw by XFER_MAX_RAW, comp by that
-         * and by the bytes the file has. */
+        /* Both sizes are now bounded: raw by CTXS__EXPORT_MAX_RAW, comp by
+         * that and by the bytes the file has. */
         if ((rc = reserve_buf(&job->raw, &job->raw_cap, (size_t)raw_bytes)) < 0 ||
             (rc = reserve_buf(&job->comp, &job->comp_cap, b.comp_bytes)) < 0)
             return rc;
@@ -780,13 +692,13 @@ static int blocks_read(import_job *job)
         progress_call(job->progress, job->progress_arg, progress_base + off, 2 * size);
     }
 
-    xfer_trailer t;
+    ctxs__export_trailer t;
     if (size - off != sizeof(t)) /* truncated, or trailing bytes */
         return CTXS_ECORRUPT;
     if ((rc = ctxs__read_exact(job->fd, &t, sizeof(t), (off_t)off)) < 0)
         return rc;
-    if (memcmp(t.magic, XFER_TRAILER_MAGIC, 4) != 0 ||
-        t.crc32 != crc_of(&t, offsetof(xfer_trailer, crc32)) || t.n_blocks != p->n_blocks ||
+    if (memcmp(t.magic, CTXS__EXPORT_TRAILER_MAGIC, 4) != 0 ||
+        t.crc32 != crc_of(&t, offsetof(ctxs__export_trailer, crc32)) || t.n_blocks != p->n_blocks ||
         t.n_held != p->n_held || t.body_bytes != off || t.body_crc32 != body_crc)
         return CTXS_ECORRUPT;
     return 0;
@@ -800,7 +712,7 @@ static int import_fill(int fd, const ctxs__disk_label *label, void *arg)
     import_job *job = arg;
     const xfer_plan *p = &job->plan;
     /* The export file must be the one pass 1 checked. */
-    xfer_header again;
+    ctxs__export_header again;
     struct stat sb;
     int rc;
     if (ctxs__fstat(job->fd, &sb) != 0)

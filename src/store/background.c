@@ -33,7 +33,7 @@
 #include <stdatomic.h>
 
 #include "internal.h"
-#include "sys.h"
+#include "platform.h"
 
 /* Under the registry mutex: */
 static pthread_t worker;

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "sys.h"
+#include "platform.h"
 #include "syscall.h"
 
 /* Disk blocks are allocated ahead in steps of at least this many bytes of

@@ -21,7 +21,7 @@
 #include "internal.h"
 #include "lock.h"
 #include "peek.h"
-#include "sys.h"
+#include "platform.h"
 #include "syscall.h"
 
 static uint64_t disk_bytes(int fd)

@@ -35,7 +35,7 @@
 #endif
 
 #include "internal.h"
-#include "sys.h"
+#include "platform.h"
 #include "syscall.h"
 
 void (*ctxs__fork_hook)(int step);

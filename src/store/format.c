@@ -8,7 +8,7 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "sys.h"
+#include "platform.h"
 
 static uint32_t crc_of(const void *p, size_t n)
 {

@@ -15,7 +15,7 @@
 #include "internal.h"
 #include "label.h"
 #include "lock.h"
-#include "sys.h"
+#include "platform.h"
 #include "syscall.h"
 
 static int crc_holds(const void *p, size_t crc_off)

@@ -8,7 +8,7 @@
 #include <zlib.h>
 
 #include "ctxstore.h"
-#include "sys.h"
+#include "platform.h"
 
 static uint32_t label_crc(const ctxs__disk_label *l)
 {

@@ -4,7 +4,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "sys.h"
+#include "platform.h"
 #include "syscall.h"
 
 int ctxs__peek_fd(ctxs__peek *out, int fd)

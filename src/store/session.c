@@ -14,7 +14,7 @@
 #include "aside.h"
 #include "internal.h"
 #include "lock.h"
-#include "sys.h"
+#include "platform.h"
 #include "syscall.h"
 
 static int reserved_zero(const uint8_t *reserved, size_t n)

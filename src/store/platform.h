@@ -1,9 +1,12 @@
 /*
- * The system calls the store depends on for durability and space, in one
- * place: allocation, syncs, writeback hints, the boot identity.
+ * What the store asks of the operating system beyond one system call, each
+ * platform's way (Linux, Apple, other POSIX) behind one function: disk
+ * allocation, syncs, writeback hints, exact reads and writes, the clock and
+ * the boot identity. They make their calls through the wrappers of
+ * syscall.h, so that the fault hook reaches them too.
  */
-#ifndef CTXS_STORE_SYS_H
-#define CTXS_STORE_SYS_H
+#ifndef CTXS_STORE_PLATFORM_H
+#define CTXS_STORE_PLATFORM_H
 
 #include <stdint.h>
 #include <stddef.h>
@@ -13,7 +16,8 @@
  * all zero when unknown. Thread-safe. */
 void ctxs__boot_id(uint8_t out[16]);
 
-/* Wall-clock milliseconds since the epoch. */
+/* Wall-clock milliseconds since the Unix epoch: the clock of every
+ * *_unix_ms field, in the session files, the index and export files. */
 uint64_t ctxs__now_ms(void);
 
 /* Allocates disk blocks for [off, off + len) of fd without changing its

@@ -1,4 +1,4 @@
-#include "sys.h"
+#include "platform.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -27,14 +27,8 @@ int ctxs__checkpoint_get(ctxs__checkpoint_rec *out, MDB_txn *txn, ctxs_store *st
 {
     uint8_t k[8 + CTXS_NAME_MAX];
     checkpoint_key(k, id, name, len);
-    MDB_val key = {8 + len, k}, val;
-    int rc = mdb_get(txn, st->checkpoints, &key, &val);
-    if (rc != 0)
-        return ctxs__mdb_error(rc);
-    if (val.mv_size != sizeof(*out))
-        return CTXS_ECORRUPT;
-    memcpy(out, val.mv_data, sizeof(*out));
-    return 0;
+    MDB_val key = {8 + len, k};
+    return ctxs__record_get(out, sizeof(*out), txn, st->checkpoints, &key);
 }
 
 int ctxs__checkpoint_check(const ctxs_session *s, const ctxs__checkpoint_rec *cp)
@@ -55,12 +49,21 @@ int ctxs__checkpoint_check(const ctxs_session *s, const ctxs__checkpoint_rec *cp
     return sum == cp->last_sum ? 0 : CTXS_ESTALE;
 }
 
+/* The store and id of s, and the length of name; NULL when s was not
+ * opened through a store or name breaks the rule. */
+static ctxs_store *checkpoint_target(const ctxs_session *s, const char *name, size_t *len,
+                                     uint64_t *id)
+{
+    ctxs_store *st = ctxs__session_store(s, id);
+    return st && ctxs__name_check(name, len) == 0 ? st : NULL;
+}
+
 int ctxs_checkpoint_create(ctxs_session *s, const char *name)
 {
     size_t len;
     uint64_t id;
-    ctxs_store *st = ctxs__session_store(s, &id);
-    if (!st || ctxs__name_check(name, &len) < 0)
+    ctxs_store *st = checkpoint_target(s, name, &len, &id);
+    if (!st)
         return CTXS_EINVAL;
     ctxs_session_info info;
     ctxs_session_get_info(&info, s);
@@ -83,8 +86,8 @@ int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
 {
     size_t len;
     uint64_t id;
-    ctxs_store *st = ctxs__session_store(s, &id);
-    if (!st || ctxs__name_check(name, &len) < 0)
+    ctxs_store *st = checkpoint_target(s, name, &len, &id);
+    if (!st)
         return CTXS_EINVAL;
     ctxs_session_info info;
     ctxs_session_get_info(&info, s);
@@ -108,8 +111,8 @@ int ctxs_checkpoint_delete(const ctxs_session *s, const char *name)
 {
     size_t len;
     uint64_t id;
-    ctxs_store *st = ctxs__session_store(s, &id);
-    if (!st || ctxs__name_check(name, &len) < 0)
+    ctxs_store *st = checkpoint_target(s, name, &len, &id);
+    if (!st)
         return CTXS_EINVAL;
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 0);

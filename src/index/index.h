@@ -10,6 +10,7 @@
 #define CTXS_INDEX_H
 
 #include <assert.h>
+#include <dirent.h>
 #include <stddef.h>
 #include <lmdb.h>
 #include <pthread.h>
@@ -100,6 +101,15 @@ struct ctxs_store {
 
 /* Translates an LMDB or errno code to a ctxstore code. */
 int ctxs__mdb_error(int rc);
+
+/* Opens the sessions directory for reading (closedir() it).
+ * Errors: -errno. */
+int ctxs__sessions_dir_open(DIR **out, ctxs_store *st);
+
+/* Copies the fixed-size record under key in dbi into out. Errors:
+ * CTXS_ENOTFOUND, CTXS_ECORRUPT (a value of another size), as
+ * ctxs__mdb_error(). */
+int ctxs__record_get(void *out, size_t size, MDB_txn *txn, MDB_dbi dbi, MDB_val *key);
 
 /* Transactions with the codes translated. A write transaction is committed
  * durably (two fdatasyncs of the index). */

@@ -52,18 +52,13 @@ static int list_files(ctxs_store *st, uint64_t **out, size_t *n_out, int remove_
 {
     *out = NULL;
     *n_out = 0;
-    int dfd = ctxs__dup(st->sessions_fd);
-    DIR *dir = dfd >= 0 ? ctxs__fdopendir(dfd) : NULL;
-    if (!dir) {
-        int rc = -errno;
-        if (dfd >= 0)
-            close(dfd);
+    DIR *dir;
+    int rc = ctxs__sessions_dir_open(&dir, st);
+    if (rc < 0)
         return rc;
-    }
     rewinddir(dir);
     uint64_t *ids = NULL;
     size_t n = 0, cap = 0;
-    int rc = 0;
     struct dirent *de;
     while (rc == 0 && (errno = 0, de = ctxs__readdir(dir))) {
         uint64_t id = file_id(de->d_name);

@@ -63,14 +63,8 @@ static const ctxs__session_hooks store_hooks = {on_commit, on_close};
 int ctxs__session_get(ctxs__session_rec *out, MDB_txn *txn, ctxs_store *st,
                       const char *name, size_t len)
 {
-    MDB_val key = {len, (void *)name}, val;
-    int rc = mdb_get(txn, st->sessions, &key, &val);
-    if (rc != 0)
-        return ctxs__mdb_error(rc);
-    if (val.mv_size != sizeof(*out))
-        return CTXS_ECORRUPT;
-    memcpy(out, val.mv_data, sizeof(*out));
-    return 0;
+    MDB_val key = {len, (void *)name};
+    return ctxs__record_get(out, sizeof(*out), txn, st->sessions, &key);
 }
 
 static int session_put(MDB_txn *txn, ctxs_store *st, const char *name, size_t len,
@@ -868,14 +862,10 @@ static int remove_tmp_files(ctxs_store *st, uint64_t id)
 {
     char file[32];
     ctxs__file_name(file, id);
-    int dfd = ctxs__dup(st->sessions_fd);
-    DIR *dir = dfd >= 0 ? ctxs__fdopendir(dfd) : NULL;
-    if (!dir) {
-        int rc = -errno;
-        if (dfd >= 0)
-            close(dfd);
+    DIR *dir;
+    int rc = ctxs__sessions_dir_open(&dir, st);
+    if (rc < 0)
         return rc;
-    }
     size_t len = strlen(file);
     int held = 0;
     struct dirent *de;

@@ -35,6 +35,30 @@ static void install_atfork(void)
     pthread_atfork(NULL, NULL, forget_stores_in_child);
 }
 
+int ctxs__sessions_dir_open(DIR **out, ctxs_store *st)
+{
+    int dfd = ctxs__dup(st->sessions_fd);
+    *out = dfd >= 0 ? ctxs__fdopendir(dfd) : NULL;
+    if (*out)
+        return 0;
+    int rc = -errno;
+    if (dfd >= 0)
+        close(dfd);
+    return rc;
+}
+
+int ctxs__record_get(void *out, size_t size, MDB_txn *txn, MDB_dbi dbi, MDB_val *key)
+{
+    MDB_val val;
+    int rc = mdb_get(txn, dbi, key, &val);
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
+    if (val.mv_size != size)
+        return CTXS_ECORRUPT;
+    memcpy(out, val.mv_data, size);
+    return 0;
+}
+
 int ctxs__mdb_error(int rc)
 {
     switch (rc) {

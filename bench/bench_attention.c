@@ -427,8 +427,7 @@ static void cache_file(const char *path)
 
 static void open_session(bench *b, int background)
 {
-    ctxs_create_options o;
-    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.open.window = b->tokens;
     if (!background)
         o.open.background = 0;
@@ -450,8 +449,7 @@ static void open_session(bench *b, int background)
 static void create_session(bench *b)
 {
     progress(b, "filling the session");
-    ctxs_create_options o;
-    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = b->tokens;
     o.n_sink = N_SINK;
     o.ring = 0;

@@ -150,8 +150,7 @@ typedef struct bench {
 
 static void create_and_reopen(bench *b)
 {
-    ctxs_create_options o;
-    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = b->tokens + 1; /* and one for push / pull */
     o.n_sink = N_SINK;
     o.ring = 0;

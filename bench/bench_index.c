@@ -1403,8 +1403,7 @@ int main(int argc, char **argv)
     fflush(stdout);
     double t0 = now_us();
 
-    ctxs_store_options so;
-    so = (ctxs_store_options)CTXS_STORE_OPTIONS_INIT;
+    ctxs_store_options so = CTXS_STORE_OPTIONS_INIT;
     so.map_bytes = (uint64_t)4 << 30; /* room for --sessions 100000 */
     ctxs_store *st;
     check_ctxs(ctxs_store_open(&st, g_store_dir, &so), "ctxs_store_open");

@@ -316,8 +316,7 @@ static void copy_into_reservation(const ctxs_layout *lay,
 
 static ctxs_session *open_session(const bench *b, uint32_t durability, int background)
 {
-    ctxs_create_options o;
-    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.open.durability = durability;
     o.open.background = (uint32_t)background;
     ctxs_session *s;
@@ -353,8 +352,7 @@ static void prefill_session(const bench *b)
 {
     progress(b, "prefill", "");
     unlink(g_paths[F_SESSION]); /* the previous measurement's */
-    ctxs_create_options o;
-    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = b->capacity;
     o.n_sink = N_SINK;
     o.ring = 0; /* a wrap would reuse slots; fail loudly instead */

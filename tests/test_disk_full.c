@@ -387,8 +387,7 @@ Test(disk_full, capacity_reached_without_ring_is_efull)
 {
     const char *p = ts_path(ts_scratch, "noring.ctxs");
     ctxs_model m = ts_model(1);
-    ctxs_create_options o;
-    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = 64;
     o.n_sink = 4;
     o.ring = 0;

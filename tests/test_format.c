@@ -107,8 +107,7 @@ static void copy_file(const char *from, const char *to)
 
 static ctxs_create_options opts_for(uint32_t capacity, uint32_t n_sink, uint32_t ring)
 {
-    ctxs_create_options o;
-    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
     o.ring = ring;
@@ -828,8 +827,7 @@ Test(format, forged_record_is_rolled_back_by_verification)
     rec_read(pristine, 1, &r[1]);
     int newer = r[1].seq > r[0].seq;
     ctxs_model m = ts_model(1);
-    ctxs_create_options o;
-    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
 
     for (int which = 0; which < 3; which++) {
         copy_file(pristine, p);

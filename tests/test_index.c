@@ -2216,8 +2216,7 @@ Test(index, garbage_data_mdb_is_refused_without_a_crash)
 Test(index, a_full_index_is_efull_and_loses_nothing)
 {
     /* A 1 MiB index fills after some hundreds of sessions with prefixes. */
-    ctxs_store_options so;
-    so = (ctxs_store_options)CTXS_STORE_OPTIONS_INIT;
+    ctxs_store_options so = CTXS_STORE_OPTIONS_INIT;
     so.map_bytes = 1u << 20;
     ctxs_store *st = NULL;
     cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &so), 0);

@@ -35,8 +35,7 @@ static const char *session_path(void)
 static void make_session(uint32_t capacity, uint32_t n_tokens)
 {
     ctxs_model m = ts_model(1);
-    ctxs_create_options o;
-    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     ctxs_session *s = NULL;
     int rc = ctxs_session_create(&s, session_path(), &m, &o);

@@ -112,8 +112,7 @@ static ctxs_session *make_session(const ctxs_geometry *g, uint32_t capacity,
 {
     ctxs_model model = { .geometry = *g };
     memcpy(model.model_hash, "test-metal-model", 16);
-    ctxs_create_options o;
-    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
     o.window = window;

@@ -170,8 +170,7 @@ static ctxs_session *make_session(const char *dir, const ctxs_geometry *g,
     ctxs_model m{};
     m.geometry = *g;
     memcpy(m.model_hash, "emulate-metal---", 16);
-    ctxs_create_options o;
-    o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
     o.window = window;

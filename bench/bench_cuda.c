@@ -313,7 +313,7 @@ static void gpu_mode(bench *b, int mode)
     uint64_t seed = 42;
     fill_fp16_signed(k, TOKEN_BYTES / 2, &seed);
     fill_fp16_signed(v, TOKEN_BYTES / 2, &seed);
-    check_ctxs(ctxs_session_write_token(b->s, &r, 0, k, v), "ctxs_session_write_token");
+    check_ctxs(ctxs_session_write_token(b->s, &r, 0, k, v, CTXS_DTYPE_F16), "ctxs_session_write_token");
     free(k);
     free(v);
     if (mode == CTXS_CUDA_MIRROR) {

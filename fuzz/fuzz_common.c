@@ -314,7 +314,7 @@ int fuzz_append(ctxs_session *s, uint64_t n)
                 v[e] = (uint16_t)(0x3c00 | ((p * 11 + e * 5 + 3) & 0x3ff));
             }
             ids[i] = fuzz_token(p);
-            if ((rc = ctxs_session_write_token(s, &r, i, k, v)) < 0)
+            if ((rc = ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16)) < 0)
                 return rc;
         }
         if ((rc = ctxs_session_commit(s, ids, step)) < 0)

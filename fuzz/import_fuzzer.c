@@ -122,6 +122,7 @@ static void fix_up(out_buf *o, const uint8_t *data, size_t size, uint8_t ctl)
     uint64_t dim = rd32(h + H_OFF(head_dim));
     uint32_t elem = ctxs__dtype_bytes(rd32(h + H_OFF(dtype)));
     uint64_t n_runs = 2 * layers * heads, slot_bytes = dim * elem;
+    uint64_t scale_bytes = ctxs__dtype_has_scales(rd32(h + H_OFF(dtype))) ? 4 : 0;
     int geometry_ok = elem && layers && heads && dim && layers <= 4096 && heads <= 4096 &&
                       dim <= 4096;
 
@@ -145,17 +146,25 @@ static void fix_up(out_buf *o, const uint8_t *data, size_t size, uint8_t ctl)
         size_t cout_bytes = comp_bytes;
         if (raw_ok && (ctl & FIX_SUMS) && geometry_ok && count &&
             count <= CTXS__EXPORT_MAX_BLOCK_TOKENS &&
-            (uint64_t)raw_bytes == count * (12 + n_runs * slot_bytes)) {
+            (uint64_t)raw_bytes == count * (12 + n_runs * (slot_bytes + scale_bytes))) {
             uint64_t sums[CTXS__EXPORT_MAX_BLOCK_TOKENS];
             uint32_t ids[CTXS__EXPORT_MAX_BLOCK_TOKENS];
-            size_t at[CTXS__EXPORT_MAX_BLOCK_TOKENS];
+            uint32_t at[CTXS__EXPORT_MAX_BLOCK_TOKENS];
             for (uint32_t i = 0; i < count; i++) {
-                at[i] = (size_t)i * slot_bytes;
+                at[i] = i;
                 memcpy(&ids[i], raw + (size_t)count * 8 + (size_t)i * 4, 4);
             }
-            ctxs__sums_chain(sums, rd64(b + B_OFF(first_pos)), count, ids, raw + (size_t)count * 12,
-                             (size_t)count * slot_bytes, (uint32_t)n_runs, (size_t)slot_bytes,
-                             at);
+            const uint8_t *kv = raw + (size_t)count * 12;
+            ctxs__token_bytes tb = {
+                .kv = kv,
+                .run_stride = (size_t)count * slot_bytes,
+                .scales = scale_bytes ? kv + (size_t)(n_runs * count * slot_bytes) : NULL,
+                .scales_stride = (size_t)(count * scale_bytes),
+                .n_runs = (uint32_t)n_runs,
+                .slot_bytes = (size_t)slot_bytes,
+                .at = at,
+            };
+            ctxs__sums_chain(sums, rd64(b + B_OFF(first_pos)), count, ids, &tb);
             memcpy(raw, sums, (size_t)count * 8);
             uLongf bound = compressBound(raw_bytes);
             if ((comp = realloc(comp, bound)) &&

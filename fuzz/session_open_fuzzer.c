@@ -77,10 +77,17 @@ static void fix_sums(uint8_t *buf, size_t size)
     for (int k = 0; k < 2; k++) {
         for (uint64_t p = runs[k][0]; p < runs[k][1]; p++) {
             uint32_t slot = ctxs__slot_of(p, lay.capacity, lay.n_sink);
-            size_t at = (size_t)slot * lay.slot_bytes;
             uint32_t id = ids_table[slot];
-            ctxs__sums_chain(&sums_table[slot], p, 1, &id, buf + lay.kv_off, lay.head_stride,
-                             2 * lay.n_layers * lay.n_kv_heads, lay.slot_bytes, &at);
+            ctxs__token_bytes tb = {
+                .kv = buf + lay.kv_off,
+                .run_stride = lay.head_stride,
+                .scales = lay.scales_bytes ? buf + lay.scales_off : NULL,
+                .scales_stride = lay.scales_stride,
+                .n_runs = 2 * lay.n_layers * lay.n_kv_heads,
+                .slot_bytes = lay.slot_bytes,
+                .at = &slot,
+            };
+            ctxs__sums_chain(&sums_table[slot], p, 1, &id, &tb);
         }
     }
 }
@@ -234,7 +241,7 @@ static void read_all(ctxs_session *s, uint32_t window)
             uint32_t slot;
             if (ctxs_session_get_slot(&slot, s, pos[i]) == 0 && slot >= info.capacity)
                 fail("slot beyond the capacity", (int)slot);
-            ctxs_session_read_token(k, v, s, pos[i]);
+            ctxs_session_read_token(k, v, s, pos[i], CTXS_DTYPE_F16);
         }
         free(k);
         free(v);
@@ -323,7 +330,7 @@ static void append(ctxs_session *s, uint32_t n, uint8_t salt)
                 v[i * elems + e] = (uint16_t)(0x3800 | ((e * 5 + i + salt) & 0x3ff));
             }
             ids[i] = salt + i;
-            if ((rc = ctxs_session_write_token(s, &r, i, k + i * elems, v + i * elems)) < 0)
+            if ((rc = ctxs_session_write_token(s, &r, i, k + i * elems, v + i * elems, CTXS_DTYPE_F16)) < 0)
                 fail("write_token into a reservation", rc);
         }
         attend(s, &info, n);
@@ -335,7 +342,7 @@ static void append(ctxs_session *s, uint32_t n, uint8_t salt)
             if ((rc = ctxs_session_verify_range(&bad, s, r.first_pos, r.first_pos + n)) < 0)
                 fail("new tokens do not verify", rc);
             for (uint32_t i = 0; i < n; i++) {
-                if ((rc = ctxs_session_read_token(rk, rv, s, r.first_pos + i)) < 0)
+                if ((rc = ctxs_session_read_token(rk, rv, s, r.first_pos + i, CTXS_DTYPE_F16)) < 0)
                     fail("read of a new token", rc);
                 if (memcmp(rk, k + i * elems, elems * 2) || memcmp(rv, v + i * elems, elems * 2))
                     fail("a new token reads back different", 0);

@@ -94,8 +94,10 @@ extern "C" {
 /* The defaults of the _INIT macros. */
 #define CTXS_DEFAULT_CAPACITY 2048u        /* slots in a new session file */
 #define CTXS_DEFAULT_N_SINK 4u             /* slots never overwritten */
-#define CTXS_DEFAULT_WINDOW 2048u          /* recent tokens attention reads */
-#define CTXS_DEFAULT_PRESSURE_WINDOW 1024u /* the window under pressure */
+#define CTXS_DEFAULT_WINDOW 0u             /* recent tokens attention reads:
+                                              0 = the capacity (all held) */
+#define CTXS_DEFAULT_PRESSURE_WINDOW 0u    /* the window under pressure:
+                                              0 = half the window */
 #define CTXS_DEFAULT_MAX_READERS 126u      /* concurrent index readers */
 #define CTXS_DEFAULT_MAP_BYTES (1ull << 30) /* most bytes the index grows to */
 #define CTXS_DEFAULT_POLL_MS 1000u         /* pressure watcher's period */
@@ -142,8 +144,28 @@ CTXS_API const char *ctxs_err_name(int rc);
 /* ---------------------------------------------------------------------------
  * Models
  */
+/*
+ * How a session stores K and V (ctxs_geometry.dtype), and the forms an
+ * engine hands them over in (ctxs_session_write_token(), _read_token()).
+ *
+ * CTXS_DTYPE_Q8 keeps each element as an int8 in [-127, 127] and, for every
+ * (token, head) of K and of V, one float32 scale: element i of a head's
+ * slot is scale * q[i]. The scales live in a table of their own (the
+ * layout's `scales`), so that a slot stays head_dim bytes and the slots of
+ * one head stay one [capacity][head_dim] run that attention reads in place.
+ * ctxs_session_write_token() quantizes as
+ *     amax = max |x[i]| over the head_dim elements;
+ *     scale = amax / 127;  q[i] = round-half-even(x[i] * (127 / amax))
+ * (scale 0 and q = 0 when amax is 0), so |x[i] - scale * q[i]| <= scale / 2;
+ * an engine that writes the mapping itself may quantize any way it likes as
+ * long as scale * q[i] is what it means. Half the bytes of fp16 per token.
+ */
 typedef enum ctxs_dtype {
-    CTXS_DTYPE_F16 = 1, /* IEEE binary16; bf16 and 8-bit are reserved */
+    CTXS_DTYPE_F16 = 1,  /* IEEE binary16 */
+    CTXS_DTYPE_BF16 = 2, /* bfloat16: the high half of a float32 */
+    CTXS_DTYPE_Q8 = 3,   /* int8 with a float32 scale per (token, head) */
+    CTXS_DTYPE_F32 = 4,  /* float32: a form K/V are handed over in; not
+                            a session's dtype */
 } ctxs_dtype;
 
 typedef struct ctxs_geometry {
@@ -152,6 +174,13 @@ typedef struct ctxs_geometry {
     uint32_t head_dim;   /* elements per head, 1..4096 */
     uint32_t dtype;      /* ctxs_dtype */
 } ctxs_geometry;
+
+/* Bytes of one token's K (or V) in the form ctxs_session_write_token() and
+ * ctxs_session_read_token() take: [n_layers][n_kv_heads][head_dim] elements
+ * of dtype, and for CTXS_DTYPE_Q8 then the [n_layers][n_kv_heads] float32
+ * scales. 0 for an unknown dtype, a geometry out of range, or NULL.
+ * Thread-safe. */
+CTXS_API size_t ctxs_geometry_get_token_bytes(const ctxs_geometry *g, uint32_t dtype);
 
 /* What a session's KV belongs to. Opening a session with a model whose
  * geometry or hashes differ fails with CTXS_EMODEL. */
@@ -213,9 +242,9 @@ typedef enum ctxs_durability {
 typedef struct ctxs_open_options {
     uint32_t version;        /* CTXS_OPEN_OPTIONS_VERSION */
     uint32_t window;         /* recent tokens attention reads beside the
-                                sinks; 0 = CTXS_DEFAULT_WINDOW */
+                                sinks; 0 = the capacity: every token held */
     uint32_t pressure_window;/* the window under memory pressure;
-                                0 = CTXS_DEFAULT_PRESSURE_WINDOW */
+                                0 = half the window (at least 1) */
     uint32_t durability;     /* ctxs_durability */
     uint32_t background;     /* 1 = work off the caller's thread, 0 = none;
                                 see "Background work" above */
@@ -339,6 +368,9 @@ enum { CTXS_K = 0, CTXS_V = 1 };
 typedef struct ctxs_layout {
     void *kv;              /* the KV region; 16 KiB aligned, whole pages */
     size_t kv_bytes;
+    float *scales;         /* CTXS_DTYPE_Q8: the scale table (below); NULL
+                              for other dtypes */
+    size_t scales_bytes;
     size_t slot_bytes;     /* one slot of one head: head_dim * element size */
     size_t head_stride;    /* bytes from head h to h + 1: capacity*slot_bytes */
     size_t kv_stride;      /* bytes from K to V of a layer */
@@ -352,7 +384,9 @@ typedef struct ctxs_layout {
 /* The mapping's layout. Pointers are valid until ctxs_session_close(). The
  * KV of (layer, kind, head, slot) lives at
  *     kv + layer*layer_stride + kind*kv_stride + head*head_stride
- *        + slot*slot_bytes.
+ *        + slot*slot_bytes,
+ * and, for CTXS_DTYPE_Q8, its scale at
+ *     scales[((layer*2 + kind)*n_kv_heads + head)*capacity + slot].
  * Errors: CTXS_EINVAL. */
 CTXS_API int ctxs_session_get_layout(ctxs_layout *out, const ctxs_session *s);
 
@@ -361,6 +395,12 @@ CTXS_API int ctxs_session_get_layout(ctxs_layout *out, const ctxs_session *s);
  * Errors: CTXS_EINVAL (index out of range). */
 CTXS_API int ctxs_session_get_kv(void **out, ctxs_session *s, uint32_t layer,
                                  uint32_t kind, uint32_t head);
+
+/* The [capacity] scales of one (layer, CTXS_K|CTXS_V, head) of a
+ * CTXS_DTYPE_Q8 session, writable as ctxs_session_get_kv()'s run is.
+ * Errors: CTXS_EINVAL (index out of range, or a session of another dtype). */
+CTXS_API int ctxs_session_get_scales(float **out, ctxs_session *s, uint32_t layer,
+                                     uint32_t kind, uint32_t head);
 
 /* --- Write path ----------------------------------------------------------- */
 
@@ -392,19 +432,30 @@ typedef struct ctxs_reservation {
 CTXS_API int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s,
                                   uint32_t n);
 
-/* Copies token i of reservation r from the layout engines commonly keep:
- * k and v are [n_layers][n_kv_heads][head_dim] arrays of the session's
- * dtype. Errors: CTXS_EINVAL (i out of range, NULL), CTXS_EREADONLY,
- * CTXS_EFAILED (including a writeback error met since the last call). */
+/* Stores token i of reservation r from the layout engines commonly keep:
+ * k and v are [n_layers][n_kv_heads][head_dim] arrays of dtype (see
+ * ctxs_geometry_get_token_bytes()), which is CTXS_DTYPE_F32, F16 or BF16,
+ * converted to the session's dtype (rounded to nearest even; a Q8 session
+ * quantizes, see ctxs_dtype), or the session's own dtype, copied as it is
+ * (for Q8: the int8 elements, then the scales). Non-finite values are
+ * stored as they convert; a Q8 head with one is CTXS_EINVAL.
+ * Errors: CTXS_EINVAL (i out of range, NULL, a dtype not listed, a
+ * non-finite value for Q8), CTXS_EREADONLY, CTXS_EFAILED (including a
+ * writeback error met since the last call). */
 CTXS_API int ctxs_session_write_token(ctxs_session *s,
                                       const ctxs_reservation *r, uint32_t i,
-                                      const void *k, const void *v);
+                                      const void *k, const void *v,
+                                      uint32_t dtype);
 
-/* Copies the K and V of committed token pos into k and v (same layout as
- * ctxs_session_write_token()). Errors: CTXS_EINVAL, CTXS_EEVICTED (pos is
- * no longer held), CTXS_ENOTFOUND (pos is not committed). */
+/* Copies the K and V of committed token pos into k and v, in the layout of
+ * ctxs_session_write_token(), as dtype: CTXS_DTYPE_F32 (exact for every
+ * session dtype; Q8 gives scale * q), the session's own dtype (the stored
+ * bytes), or F16/BF16 from a session of F16 or BF16 (rounded to nearest
+ * even). Errors: CTXS_EINVAL (NULL, a dtype not listed), CTXS_EEVICTED
+ * (pos is no longer held), CTXS_ENOTFOUND (pos is not committed). */
 CTXS_API int ctxs_session_read_token(void *k, void *v,
-                                     const ctxs_session *s, uint64_t pos);
+                                     const ctxs_session *s, uint64_t pos,
+                                     uint32_t dtype);
 
 /* Commits the first n reserved tokens with their token ids: checksums them
  * (cost O(n)), writes the inactive commit record and syncs by the session's
@@ -467,6 +518,9 @@ CTXS_API int ctxs_session_get_slot(uint32_t *out, const ctxs_session *s,
 #define CTXS_INFO_FAILED 0x10u    /* a sync failed; reopen */
 #define CTXS_INFO_PRESSURE 0x20u  /* the pressure window is in force */
 #define CTXS_INFO_RING 0x40u      /* the session has a ring */
+#define CTXS_INFO_PARTIAL_WINDOW 0x80u /* the window is smaller than what
+                                     the session holds: attention does not
+                                     read every held token */
 
 typedef struct ctxs_session_info {
     ctxs_model model;
@@ -512,7 +566,8 @@ typedef struct ctxs_window {
 CTXS_API int ctxs_session_get_window(ctxs_window *out, const ctxs_session *s);
 
 /* Sets the window (recent tokens beside the sinks) outside memory pressure;
- * 0 means CTXS_DEFAULT_WINDOW. Errors: CTXS_EINVAL. */
+ * 0 means the capacity: every token held. The pressure window is not
+ * changed. Errors: CTXS_EINVAL. */
 CTXS_API int ctxs_session_set_window(ctxs_session *s, uint32_t window);
 
 /* Brings the current window's K/V in and maps it, and returns once it is
@@ -528,7 +583,7 @@ CTXS_API int ctxs_session_prefetch(const ctxs_session *s);
 /* --- Memory pressure -------------------------------------------------------
  *
  * Under pressure every open session uses its pressure window
- * (CTXS_DEFAULT_PRESSURE_WINDOW unless its options say otherwise) and the KV
+ * (half its window unless its options say otherwise) and the KV
  * pages outside it are released from memory with madvise; they stay in the
  * file and come back on the next access. When the pressure is gone the
  * windows grow back. New sessions opened under pressure start with the
@@ -633,8 +688,9 @@ typedef struct ctxs_attn_query {
  * [n][n_heads][head_dim] float32 and must not overlap q.
  *
  * kv is a session's layout (ctxs_session_get_layout()) or a copy of it whose kv
- * points at the same bytes elsewhere (anonymous memory, a snapshot). Only
- * CTXS_DTYPE_F16 is read today. The result depends only on the keys each
+ * points at the same bytes elsewhere (anonymous memory, a snapshot); its
+ * dtype is F16, BF16 or Q8 (whose scales are read from kv->scales). The
+ * result depends only on the keys each
  * query reads, in position order, not on how they split into spans, nor on
  * n: a token recomputed after a resume gets bit-identical output on the same
  * machine. The instruction set (AVX-512, AVX2+F16C, NEON, or portable C) is
@@ -649,9 +705,10 @@ typedef struct ctxs_attn_query {
  * multiple of the KV heads, queries outside [first_query, n_tokens), a plan
  * whose spans fall outside the capacity, overlap or are not in ascending
  * positions, or whose n_keys is not the sum of its counts; a layout whose
- * slot_bytes is not head_dim * 2, whose pointers or strides are not 2-byte
- * aligned, or whose layer does not fit in kv_bytes; a dtype other than
- * F16). out is untouched on error. The kernel allocates nothing.
+ * slot_bytes is not head_dim times the element size, whose pointers or
+ * strides are not aligned to the element (4 bytes for the scales), or whose
+ * layer does not fit in kv_bytes (nor its scales in scales_bytes); a dtype
+ * other than F16, BF16 and Q8). out is untouched on error. The kernel allocates nothing.
  * Thread-safe: threads may run passes over the same mapping at once. */
 CTXS_API int ctxs_attention(float *out, const ctxs_layout *kv,
                             const ctxs_attn_plan *plan, uint32_t layer,

@@ -57,7 +57,7 @@ int main(int argc, char **argv)
         check(ctxs_session_reserve(&r, s, N_TOKENS), "reserve"))
         goto leave;
     for (uint32_t i = 0; i < N_TOKENS; i++)
-        if (check(ctxs_session_write_token(s, &r, i, k[i], v[i]), "write_token"))
+        if (check(ctxs_session_write_token(s, &r, i, k[i], v[i], CTXS_DTYPE_F16), "write_token"))
             goto leave;
     if (check(ctxs_session_commit(s, ids, N_TOKENS), "commit"))
         goto leave;
@@ -68,7 +68,7 @@ int main(int argc, char **argv)
     uint16_t k_back[TOKEN_ELEMS], v_back[TOKEN_ELEMS];
     if (check(ctxs_session_open(&s, path, &model, 0, NULL), "reopen") ||
         check(ctxs_session_get_info(&info, s), "info_get") ||
-        check(ctxs_session_read_token(k_back, v_back, s, 1), "read_token"))
+        check(ctxs_session_read_token(k_back, v_back, s, 1, CTXS_DTYPE_F16), "read_token"))
         goto leave;
     if (info.n_tokens != N_TOKENS) {
         fprintf(stderr, "install_app: reopened with %llu tokens, committed %d\n",

@@ -169,7 +169,7 @@ int ts_append(ctxs_session *s, uint32_t n)
         for (uint32_t i = 0; i < n; i++) {
             ts_fill_kv(g, r.first_pos + i, k, v);
             ids[i] = ts_token(r.first_pos + i);
-            cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v), 0);
+            cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16), 0);
         }
         rc = ctxs_session_commit(s, ids, n);
     }
@@ -191,7 +191,7 @@ uint64_t ts_check_all(const ctxs_session *s)
     cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     uint64_t bad = 0;
     for (uint64_t p = 0; p < info.n_tokens; p++) {
-        int rc = ctxs_session_read_token(k, v, s, p);
+        int rc = ctxs_session_read_token(k, v, s, p, CTXS_DTYPE_F16);
         if (rc == CTXS_EEVICTED)
             continue;
         cr_assert_eq(rc, 0, "read_token(%llu): %s", (unsigned long long)p, ctxs_strerror(rc));
@@ -215,8 +215,8 @@ void ts_same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n, co
     cr_assert_eq(ctxs_session_get_layout(&la, a), 0);
     cr_assert_eq(ctxs_session_get_layout(&lb, b), 0);
     for (uint64_t p = 0; p < n; p++) {
-        int ra = ctxs_session_read_token(ka, va, a, p);
-        int rb = ctxs_session_read_token(kb, vb, b, p);
+        int ra = ctxs_session_read_token(ka, va, a, p, CTXS_DTYPE_F16);
+        int rb = ctxs_session_read_token(kb, vb, b, p, CTXS_DTYPE_F16);
         cr_assert_eq(ra, 0, "%s: source read_token(%llu): %s", what, (unsigned long long)p,
                      ctxs_err_name(ra));
         cr_assert_eq(rb, 0, "%s: fork read_token(%llu): %s", what, (unsigned long long)p,
@@ -521,7 +521,7 @@ int ts_pat_append(ctxs_session *s, uint32_t n, uint32_t gen, uint64_t *first_pos
         for (uint32_t i = 0; i < n && rc == 0; i++) {
             ids[i] = ts_pat_id(r.first_pos + i, gen);
             ts_pat_kv(g, r.first_pos + i, ids[i], k, v);
-            rc = ctxs_session_write_token(s, &r, i, k, v);
+            rc = ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16);
         }
         if (rc == 0)
             rc = ctxs_session_commit(s, ids, n);
@@ -554,7 +554,7 @@ uint64_t ts_pat_check(const ctxs_session *s, uint64_t *bad_pos)
         uint32_t slot;
         int rc = ctxs_session_get_slot(&slot, s, p);
         if (rc == 0)
-            rc = ctxs_session_read_token(k, v, s, p);
+            rc = ctxs_session_read_token(k, v, s, p, CTXS_DTYPE_F16);
         if (rc == 0) {
             ts_pat_kv(g, p, lay.token_ids[slot], ek, ev);
             rc = memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2);

@@ -235,7 +235,7 @@ static keyset visible(const ctxs_session *s, const ctxs_reservation *pend, uint3
             continue; /* evicted by the ring */
         uint16_t *dk = ks.k + ks.n * row, *dv = ks.v + ks.n * row;
         if (via_read_token) {
-            cr_assert_eq(ctxs_session_read_token(tk, tv, s, k), 0);
+            cr_assert_eq(ctxs_session_read_token(tk, tv, s, k, CTXS_DTYPE_F16), 0);
             memcpy(dk, tk + layer * row, row * 2);
             memcpy(dv, tv + layer * row, row * 2);
         } else {

@@ -617,8 +617,8 @@ static void same_tokens(const ctxs_session *a, const ctxs_session *b)
     cr_assert_eq(ctxs_session_get_layout(&la, a), 0);
     cr_assert_eq(ctxs_session_get_layout(&lb, b), 0);
     for (uint64_t p = 0; p < ia.n_tokens; p++) {
-        int ra = ctxs_session_read_token(k1, v1, a, p);
-        int rb = ctxs_session_read_token(k2, v2, b, p);
+        int ra = ctxs_session_read_token(k1, v1, a, p, CTXS_DTYPE_F16);
+        int rb = ctxs_session_read_token(k2, v2, b, p, CTXS_DTYPE_F16);
         cr_assert_eq(ra, rb, "position %llu: %s here, %s there", (unsigned long long)p,
                      ctxs_err_name(ra), ctxs_err_name(rb));
         if (ra == CTXS_EEVICTED)

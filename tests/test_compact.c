@@ -194,7 +194,7 @@ Test(compact, a_rolled_back_session_gives_back_its_blocks_and_keeps_its_tokens)
     for (uint32_t i = 0; i < r.n_tokens; i++) {
         ts_fill_kv(g, r.first_pos + i, k, v);
         ids[i] = ts_token(r.first_pos + i);
-        cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v), 0);
+        cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16), 0);
     }
     cr_assert_eq(ctxs_session_commit(s, ids, r.n_tokens), 0);
     cr_assert_eq(ctxs_session_sync(s), 0);
@@ -219,7 +219,7 @@ Test(compact, uncommitted_reservations_are_given_back)
     uint16_t k[TS_KV_MAX], v[TS_KV_MAX];
     for (uint32_t i = 0; i < r.n_tokens; i++) {
         ts_fill_kv(&m.geometry, r.first_pos + i, k, v);
-        cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v), 0);
+        cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16), 0);
     }
     ctxs_session_close(s); /* never committed */
 

@@ -130,7 +130,7 @@ static int reserve_write(ctxs_session *s, const ctxs_geometry *g, uint32_t n, ui
     for (uint32_t i = 0; i < n; i++) {
         ts_fill_kv(g, vpos(r->first_pos + i, gen), k, v);
         ids[i] = ts_token(vpos(r->first_pos + i, gen));
-        rc = ctxs_session_write_token(s, r, i, k, v);
+        rc = ctxs_session_write_token(s, r, i, k, v, CTXS_DTYPE_F16);
         if (rc != 0)
             return rc;
     }
@@ -300,7 +300,7 @@ static uint64_t check_held(const ctxs_session *s, const ts_gens *gs, const char 
         int held = p < ns || p >= first_recent;
         if (!held && p > ns && p + 1 < first_recent)
             p = first_recent - 1; /* evicted: check the two ends only */
-        int rc = ctxs_session_read_token(k, v, s, p);
+        int rc = ctxs_session_read_token(k, v, s, p, CTXS_DTYPE_F16);
         if (!held) {
             cr_assert_eq(rc, CTXS_EEVICTED, "%s: position %llu is below ring_start %llu but read_token says %s",
                          what, (unsigned long long)p, (unsigned long long)rs, ctxs_err_name(rc));
@@ -321,7 +321,7 @@ static uint64_t check_held(const ctxs_session *s, const ts_gens *gs, const char 
                              (unsigned long long)p, slot, gen);
         }
     }
-    int rc = ctxs_session_read_token(k, v, s, n);
+    int rc = ctxs_session_read_token(k, v, s, n, CTXS_DTYPE_F16);
     cr_assert_eq(rc, CTXS_ENOTFOUND, "%s: read_token(n_tokens) gives %s", what, ctxs_err_name(rc));
     return bad;
 }

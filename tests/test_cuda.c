@@ -140,7 +140,7 @@ static void write_random(ctxs_session *s, const ctxs_reservation *r, uint32_t fi
             k[e] = rand_half(rng);
             v[e] = rand_half(rng);
         }
-        CTXS_OK(ctxs_session_write_token(s, r, i, k, v));
+        CTXS_OK(ctxs_session_write_token(s, r, i, k, v, CTXS_DTYPE_F16));
     }
     free(k);
     free(v);
@@ -603,7 +603,7 @@ Test(cuda, mirror_pull_brings_device_writes_into_the_file)
     CTXS_OK(ctxs_session_verify(NULL, s));
     uint16_t *kr = malloc(per_token * 2), *vr = malloc(per_token * 2);
     for (uint32_t i = 0; i < n; i++) {
-        CTXS_OK(ctxs_session_read_token(kr, vr, s, r.first_pos + i));
+        CTXS_OK(ctxs_session_read_token(kr, vr, s, r.first_pos + i, CTXS_DTYPE_F16));
         cr_expect(memcmp(kr, k + i * per_token, per_token * 2) == 0, "K of token %u", i);
         cr_expect(memcmp(vr, v + i * per_token, per_token * 2) == 0, "V of token %u", i);
     }

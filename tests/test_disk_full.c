@@ -73,7 +73,7 @@ static int append_n(ctxs_session *s, uint32_t n, int *stage)
         for (uint32_t i = 0; rc == 0 && i < n; i++) {
             ts_fill_kv(g, r.first_pos + i, k, v);
             ids[i] = ts_token(r.first_pos + i);
-            rc = ctxs_session_write_token(s, &r, i, k, v);
+            rc = ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16);
         }
     }
     if (rc == 0) {
@@ -126,7 +126,7 @@ static int64_t check_all(const ctxs_session *s)
         return rc;
     int64_t bad = 0;
     for (uint64_t p = 0; p < info.n_tokens; p++) {
-        rc = ctxs_session_read_token(k, v, s, p);
+        rc = ctxs_session_read_token(k, v, s, p, CTXS_DTYPE_F16);
         if (rc == CTXS_EEVICTED)
             continue;
         if (rc)
@@ -344,7 +344,7 @@ static void body_commit_after_disk_fills(const char *mnt)
     for (uint32_t i = 0; i < 600; i++) {
         ts_fill_kv(g, 1000 + i, k, v);
         ids[i] = ts_token(1000 + i);
-        rc = ctxs_session_write_token(s, &r, i, k, v);
+        rc = ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16);
         TS_CHECK(rc == 0, "write_token %u: %s", i, ctxs_strerror(rc));
     }
     /* Writing straight into the mapping too, as an engine does (the same

@@ -73,7 +73,7 @@ static int append_gen(ctxs_session *s, uint32_t n, uint32_t g)
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
         gen_kv(&info.model.geometry, r.first_pos + i, g, k, v);
         ids[i] = gen_token(r.first_pos + i, g);
-        rc = ctxs_session_write_token(s, &r, i, k, v);
+        rc = ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16);
     }
     if (rc == 0)
         rc = ctxs_session_commit(s, ids, n);
@@ -105,7 +105,7 @@ static uint64_t wrong_gen(const ctxs_session *s, uint64_t from, uint64_t to, uin
         int rc = ctxs_session_get_slot(&slot, s, p);
         if (rc == CTXS_EEVICTED)
             continue;
-        if (rc || ctxs_session_read_token(k, v, s, p)) {
+        if (rc || ctxs_session_read_token(k, v, s, p, CTXS_DTYPE_F16)) {
             bad++;
             continue;
         }
@@ -316,7 +316,7 @@ Test(fork, a_fork_at_a_mid_count_holds_that_prefix)
     ctxs_session *f = fork_ok(src, 37, "mid", NULL);
     expect_fork(f, 37, 0);
     uint16_t k[32], v[32];
-    cr_assert_eq(ctxs_session_read_token(k, v, f, 37), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_session_read_token(k, v, f, 37, CTXS_DTYPE_F16), CTXS_ENOTFOUND);
     ctxs_session_close(f);
     f = fork_ok(src, 3, "in_sinks", NULL);
     expect_fork(f, 3, 0);
@@ -543,7 +543,7 @@ Test(fork, a_writer_source_does_not_copy_its_reservations)
     ctxs_geometry geo = small_geometry();
     for (uint32_t i = 0; i < 10; i++) {
         gen_kv(&geo, 100 + i, 0, k, v);
-        cr_assert_eq(ctxs_session_write_token(src, &r, i, k, v), 0);
+        cr_assert_eq(ctxs_session_write_token(src, &r, i, k, v, CTXS_DTYPE_F16), 0);
     }
     ctxs_session *f = fork_ok(src, UINT64_MAX, "f", NULL);
     expect_fork(f, 100, 0);

@@ -563,7 +563,7 @@ static const char *bad_edit(ctxs__disk_header *h, int which)
     case 14: h->n_sink = h->capacity + 1; return "n_sink > capacity";
     case 15: h->n_sink = UINT32_MAX; return "n_sink 0xffffffff";
     case 16: h->dtype = 0; return "dtype 0";
-    case 17: h->dtype = 2; return "dtype 2 (reserved)";
+    case 17: h->dtype = CTXS_DTYPE_F32; return "dtype 4 (f32: no session's)";
     case 18: h->dtype = UINT32_MAX; return "dtype 0xffffffff";
     case 19: h->elem_bytes = 4; return "elem_bytes 4 for f16";
     case 20: h->elem_bytes = 0; return "elem_bytes 0";
@@ -723,8 +723,19 @@ Test(format, header_check_survives_random_edits)
             b[at] ^= x;
             where[e] = at;
         }
+        /* fp16 and bf16 share a layout: a dtype edited from one to the
+         * other is an edit that no sizes reveal (the model's dtype does,
+         * at a read-write open). So is an fp16 file's major version edited
+         * to 1: 2.0 wrote fp16 files as 1.1 did. */
         for (size_t i = 0; i < 252; i++)
-            touched_must |= must[i] && ((uint8_t *)&h)[i] != ((uint8_t *)&h0)[i];
+            touched_must |= must[i] && ((uint8_t *)&h)[i] != ((uint8_t *)&h0)[i] &&
+                            !(i >= offsetof(ctxs__disk_header, dtype) &&
+                              i < offsetof(ctxs__disk_header, dtype) + 4 &&
+                              h.dtype == CTXS_DTYPE_BF16) &&
+                            !(i >= offsetof(ctxs__disk_header, version_major) &&
+                              i < offsetof(ctxs__disk_header, version_minor) &&
+                              h.version_major == 1);
+        touched_must |= h.dtype != h0.dtype && h.dtype != CTXS_DTYPE_BF16;
         h.crc32 = header_crc(&h);
         uint64_t fsize = (iter % 5 == 0) ? (uint64_t)(seed >> 40) : lay.file_bytes;
         int rc = ctxs__header_check(&h, fsize, &out);
@@ -1088,8 +1099,10 @@ Test(format, wrong_model_is_refused)
         free(after);
     }
     ctxs_model m = good;
-    m.geometry.dtype = 2;
+    m.geometry.dtype = 5;
     cr_assert_lt(try_open(p, &m, 0), 0, "opened with an unknown dtype");
+    m.geometry.dtype = CTXS_DTYPE_BF16;
+    cr_assert_eq(try_open(p, &m, 0), CTXS_EMODEL, "opened an fp16 file as bf16");
 
     /* Read-only with no model inspects any file and reports its model. */
     ctxs_session *s = NULL;
@@ -1169,7 +1182,7 @@ Test(format, create_rejects_bad_arguments)
         case 3: m.geometry.head_dim = CTXS__MAX_DIM + 1; what = "head_dim 4097"; break;
         case 4: m.geometry.n_layers = UINT32_MAX; what = "layers 0xffffffff"; break;
         case 5: m.geometry.dtype = 0; what = "dtype 0"; break;
-        case 6: m.geometry.dtype = 2; what = "dtype 2"; break;
+        case 6: m.geometry.dtype = CTXS_DTYPE_F32; what = "dtype f32"; break;
         case 7: m.geometry.dtype = UINT32_MAX; what = "dtype 0xffffffff"; break;
         case 8: o.capacity = 4; what = "capacity == n_sink"; break;
         case 9: o.capacity = 3; what = "capacity < n_sink"; break;
@@ -1292,7 +1305,10 @@ Test(format, layout_compute_matches_the_format)
     ctxs__file_layout lay;
     cr_assert_eq(ctxs__dtype_bytes(CTXS_DTYPE_F16), 2);
     cr_assert_eq(ctxs__dtype_bytes(0), 0);
-    cr_assert_eq(ctxs__dtype_bytes(2), 0);
+    cr_assert_eq(ctxs__dtype_bytes(CTXS_DTYPE_BF16), 2);
+    cr_assert_eq(ctxs__dtype_bytes(CTXS_DTYPE_Q8), 1);
+    cr_assert_eq(ctxs__dtype_bytes(CTXS_DTYPE_F32), 0);
+    cr_assert_eq(ctxs__dtype_bytes(5), 0);
     cr_assert_eq(ctxs__dtype_bytes(UINT32_MAX), 0);
 
     cr_assert_eq(ctxs__layout_compute(&lay, &g, 1000, 4), 0);
@@ -1334,7 +1350,8 @@ Test(format, layout_compute_rejects_out_of_range_and_overflow)
         { { 2, 4097, 8, 1 }, 64, 4, "4097 heads" },
         { { 2, 2, 4097, 1 }, 64, 4, "head_dim 4097" },
         { { 2, 2, 8, 0 }, 64, 4, "dtype 0" },
-        { { 2, 2, 8, 2 }, 64, 4, "dtype 2" },
+        { { 2, 2, 8, 4 }, 64, 4, "dtype 4 (f32)" },
+        { { 2, 2, 8, 5 }, 64, 4, "dtype 5" },
         { { 2, 2, 8, 1 }, 0, 0, "capacity 0" },
         { { 2, 2, 8, 1 }, 4, 4, "capacity == n_sink" },
         { { 2, 2, 8, 1 }, 3, 4, "capacity < n_sink" },
@@ -1403,42 +1420,84 @@ static int label_of(const char *path, uint64_t *id, char name[256])
     return rc;
 }
 
-Test(format, new_file_says_version_1_1)
+Test(format, new_file_says_version_2_0)
 {
-    cr_assert_eq(CTXS__FORMAT_MAJOR, 1);
-    cr_assert_eq(CTXS__FORMAT_MINOR, 1);
-    const char *p = make_pristine("v11.ctxs");
+    cr_assert_eq(CTXS__FORMAT_MAJOR, 2);
+    cr_assert_eq(CTXS__FORMAT_MINOR, 0);
+    const char *p = make_pristine("v20.ctxs");
     ctxs__disk_header h;
     hdr_read(p, &h);
-    cr_assert_eq(h.version_major, 1);
-    cr_assert_eq(h.version_minor, 1);
+    cr_assert_eq(h.version_major, 2);
+    cr_assert_eq(h.version_minor, 0);
     uint16_t raw[2];
     raw_read(p, 8, raw, sizeof(raw));
-    cr_assert(raw[0] == 1 && raw[1] == 1, "bytes 8..11 say %u.%u", raw[0], raw[1]);
+    cr_assert(raw[0] == 2 && raw[1] == 0, "bytes 8..11 say %u.%u", raw[0], raw[1]);
 
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_session_open(&s, p, NULL, CTXS_OPEN_RDONLY, NULL), 0);
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    cr_assert_eq(info.format_major, 1);
-    cr_assert_eq(info.format_minor, 1);
+    cr_assert_eq(info.format_major, 2);
+    cr_assert_eq(info.format_minor, 0);
     ctxs_session_close(s);
 }
 
-Test(format, header_check_accepts_every_minor_of_major_1)
+Test(format, header_check_accepts_every_minor_of_majors_1_and_2)
 {
     ctxs_model m = ts_model(1);
     ctxs__file_layout lay, out;
     cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK), 0);
     uint16_t minors[] = { 0, 1, 2, 0xffff };
-    for (size_t i = 0; i < sizeof(minors) / sizeof(minors[0]); i++) {
+    for (uint16_t major = 1; major <= 3; major++) {
+        for (size_t i = 0; i < sizeof(minors) / sizeof(minors[0]); i++) {
+            ctxs__disk_header h;
+            ctxs__header_init(&h, &lay, &m, CTXS__FLAG_RING, 1700000000000ull);
+            h.version_major = major;
+            h.version_minor = minors[i];
+            h.crc32 = header_crc(&h);
+            int rc = ctxs__header_check(&h, lay.file_bytes, &out);
+            cr_assert_eq(rc, major == 3 ? CTXS_EVERSION : 0, "%u.%u: %s", major, minors[i],
+                         ctxs_err_name(rc));
+        }
+    }
+}
+
+Test(format, major_1_knew_fp16_alone)
+{
+    static const uint32_t dtypes[] = { CTXS_DTYPE_BF16, CTXS_DTYPE_Q8 };
+    for (size_t i = 0; i < 2; i++) {
+        ctxs_model m = ts_model(1);
+        m.geometry.dtype = dtypes[i];
+        ctxs__file_layout lay, out;
+        cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK), 0);
         ctxs__disk_header h;
         ctxs__header_init(&h, &lay, &m, CTXS__FLAG_RING, 1700000000000ull);
-        h.version_minor = minors[i];
+        cr_assert_eq(ctxs__header_check(&h, lay.file_bytes, &out), 0);
+        h.version_major = 1;
         h.crc32 = header_crc(&h);
-        int rc = ctxs__header_check(&h, lay.file_bytes, &out);
-        cr_assert_eq(rc, 0, "minor %u: %s", minors[i], ctxs_err_name(rc));
+        cr_assert_eq(ctxs__header_check(&h, lay.file_bytes, &out), CTXS_ECORRUPT,
+                     "a 1.x header of dtype %u", dtypes[i]);
     }
+}
+
+Test(format, q8_layout_has_a_scale_table_before_the_kv)
+{
+    ctxs_geometry g = { 3, 2, 8, CTXS_DTYPE_Q8 };
+    ctxs__file_layout lay;
+    cr_assert_eq(ctxs__layout_compute(&lay, &g, 1000, 4), 0);
+    cr_assert_eq(lay.slot_bytes, 8);
+    cr_assert_eq(lay.scales_stride, 4000);
+    cr_assert_eq(lay.scales_off, lay.sums_off + lay.sums_bytes);
+    /* 12 runs of 1000 scales, rounded up to a page. */
+    cr_assert_eq(lay.scales_bytes, 49152);
+    cr_assert_eq(lay.kv_off, lay.scales_off + lay.scales_bytes);
+    cr_assert_eq(lay.kv_off % CTXS__PAGE, 0);
+
+    g.dtype = CTXS_DTYPE_BF16;
+    cr_assert_eq(ctxs__layout_compute(&lay, &g, 1000, 4), 0);
+    cr_assert_eq(lay.scales_off, 0);
+    cr_assert_eq(lay.scales_bytes, 0);
+    cr_assert_eq(lay.kv_off, lay.sums_off + lay.sums_bytes);
 }
 
 Test(format, a_file_without_a_label_is_enotfound)
@@ -1636,19 +1695,20 @@ static const char *old_file(const char *name)
     return p;
 }
 
-/* Opens path as the 1.0 file it is and checks what make_v1_0.c wrote. */
-static void expect_v1_0(const char *path, unsigned flags, uint32_t recovery, uint64_t n_tokens,
-                        uint64_t ring_start)
+/* Opens path as the 1.x file it is and checks what make_v1_0.c or
+ * make_v1_1.c wrote (the same contents). */
+static void expect_v1(uint32_t minor, const char *path, unsigned flags, uint32_t recovery,
+                      uint64_t n_tokens, uint64_t ring_start)
 {
     ctxs_model m = ts_model(1);
     ctxs_session *s = NULL;
     int rc = ctxs_session_open(&s, path, (flags & CTXS_OPEN_RDONLY) ? NULL : &m, flags | recovery,
                                NULL);
-    cr_assert_eq(rc, 0, "open a 1.0 file: %s", ctxs_strerror(rc));
+    cr_assert_eq(rc, 0, "open a 1.%u file: %s", minor, ctxs_strerror(rc));
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.format_major, 1);
-    cr_assert_eq(info.format_minor, 0);
+    cr_assert_eq(info.format_minor, minor);
     cr_assert(memcmp(&info.model, &m, sizeof(m)) == 0, "the model");
     cr_assert_eq(info.capacity, 64);
     cr_assert_eq(info.n_sink, 4);
@@ -1656,13 +1716,13 @@ static void expect_v1_0(const char *path, unsigned flags, uint32_t recovery, uin
     cr_assert_eq(info.ring_start, ring_start);
     cr_assert_eq(info.lost_tokens, 0);
     cr_assert_eq(info.flags & CTXS_INFO_RECOVERED, 0);
-    cr_assert_eq(ts_check_all(s), 0, "tokens of a 1.0 file do not read back");
+    cr_assert_eq(ts_check_all(s), 0, "tokens of a 1.%u file do not read back", minor);
     cr_assert_eq(ctxs_session_verify(NULL, s), 0);
     /* Every held token, one by one, and none of the evicted ones. */
     uint16_t k[32], v[32], ek[32], ev[32];
     uint64_t held = 0;
     for (uint64_t p = 0; p < n_tokens; p++) {
-        rc = ctxs_session_read_token(k, v, s, p);
+        rc = ctxs_session_read_token(k, v, s, p, CTXS_DTYPE_F16);
         if (p >= 4 && p < ring_start) {
             cr_assert_eq(rc, CTXS_EEVICTED, "position %llu", (unsigned long long)p);
             continue;
@@ -1688,10 +1748,10 @@ Test(format, version_1_0_file_opens_and_keeps_its_tokens)
     char name[256];
     cr_assert_eq(label_of(p, &id, name), CTXS_ENOTFOUND);
 
-    expect_v1_0(p, CTXS_OPEN_RDONLY, 0, 20, 0);
-    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 20, 0);
-    expect_v1_0(p, 0, CTXS_OPEN_VERIFY, 20, 0);
-    expect_v1_0(p, 0, 0, 20, 0);
+    expect_v1(0, p, CTXS_OPEN_RDONLY, 0, 20, 0);
+    expect_v1(0, p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 20, 0);
+    expect_v1(0, p, 0, CTXS_OPEN_VERIFY, 20, 0);
+    expect_v1(0, p, 0, 0, 20, 0);
 
     /* A writer of this version goes on with it; the header, and so its
      * version, is never rewritten. */
@@ -1700,7 +1760,7 @@ Test(format, version_1_0_file_opens_and_keeps_its_tokens)
     cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
     cr_assert_eq(ts_append(s, 30), 0);
     ctxs_session_close(s);
-    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 50, 0);
+    expect_v1(0, p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 50, 0);
     ctxs__disk_header after;
     hdr_read(p, &after);
     cr_assert(memcmp(&h, &after, sizeof(h)) == 0, "the 1.0 header was rewritten");
@@ -1711,7 +1771,7 @@ Test(format, version_1_0_file_opens_and_keeps_its_tokens)
     close(fd);
     cr_assert_eq(label_of(p, &id, name), 0);
     cr_assert_str_eq(name, "old");
-    expect_v1_0(p, 0, CTXS_OPEN_VERIFY, 50, 0);
+    expect_v1(0, p, 0, CTXS_OPEN_VERIFY, 50, 0);
 }
 
 Test(format, version_1_0_wrapped_ring_opens_and_keeps_its_tokens)
@@ -1723,14 +1783,68 @@ Test(format, version_1_0_wrapped_ring_opens_and_keeps_its_tokens)
     uint64_t id;
     char name[256];
     cr_assert_eq(label_of(p, &id, name), CTXS_ENOTFOUND);
-    expect_v1_0(p, CTXS_OPEN_RDONLY, 0, 100, 40);
-    expect_v1_0(p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 100, 40);
-    expect_v1_0(p, 0, CTXS_OPEN_VERIFY, 100, 40);
+    expect_v1(0, p, CTXS_OPEN_RDONLY, 0, 100, 40);
+    expect_v1(0, p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 100, 40);
+    expect_v1(0, p, 0, CTXS_OPEN_VERIFY, 100, 40);
 
     ctxs_model m = ts_model(1);
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
     cr_assert_eq(ts_append(s, 10), 0);
     ctxs_session_close(s);
-    expect_v1_0(p, 0, 0, 110, 50);
+    expect_v1(0, p, 0, 0, 110, 50);
+}
+
+Test(format, version_1_1_file_opens_and_keeps_its_tokens)
+{
+    const char *p = old_file("v1_1.ctxs");
+    ctxs__disk_header h;
+    hdr_read(p, &h);
+    cr_assert_eq(h.version_major, 1);
+    cr_assert_eq(h.version_minor, 1, "the data file is not a 1.1 file");
+    uint64_t id = 0;
+    char name[256];
+    cr_assert_eq(label_of(p, &id, name), 0);
+    cr_assert_eq(id, 11);
+    cr_assert_str_eq(name, "made by 1.1");
+
+    expect_v1(1, p, CTXS_OPEN_RDONLY, 0, 20, 0);
+    expect_v1(1, p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 20, 0);
+    expect_v1(1, p, 0, CTXS_OPEN_VERIFY, 20, 0);
+
+    /* A writer of this version goes on with it, as fp16, and keeps its
+     * header and so its version; the tokens read back as float too. */
+    ctxs_model m = ts_model(1);
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
+    cr_assert_eq(ts_append(s, 30), 0);
+    float k[TS_KV_MAX], v[TS_KV_MAX];
+    uint16_t ek[TS_KV_MAX], ev[TS_KV_MAX];
+    cr_assert_eq(ctxs_session_read_token(k, v, s, 7, CTXS_DTYPE_F32), 0);
+    ts_fill_kv(&m.geometry, 7, ek, ev);
+    size_t n = ctxs_geometry_get_token_bytes(&m.geometry, CTXS_DTYPE_F16) / 2;
+    for (size_t i = 0; i < n; i++)
+        cr_assert(k[i] == ctxs__f16_to_f32(ek[i]) && v[i] == ctxs__f16_to_f32(ev[i]), "element %zu", i);
+    ctxs_session_close(s);
+    expect_v1(1, p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 50, 0);
+    ctxs__disk_header after;
+    hdr_read(p, &after);
+    cr_assert(memcmp(&h, &after, sizeof(h)) == 0, "the 1.1 header was rewritten");
+}
+
+Test(format, version_1_1_wrapped_ring_opens_and_keeps_its_tokens)
+{
+    const char *p = old_file("v1_1_ring.ctxs");
+    ctxs__disk_header h;
+    hdr_read(p, &h);
+    cr_assert_eq(h.version_minor, 1, "the data file is not a 1.1 file");
+    expect_v1(1, p, CTXS_OPEN_RDONLY, 0, 100, 40);
+    expect_v1(1, p, 0, CTXS_OPEN_VERIFY, 100, 40);
+
+    ctxs_model m = ts_model(1);
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
+    cr_assert_eq(ts_append(s, 10), 0);
+    ctxs_session_close(s);
+    expect_v1(1, p, 0, 0, 110, 50);
 }

@@ -85,7 +85,7 @@ static void append_gen(ctxs_session *s, uint32_t n, uint32_t gen)
         for (uint32_t i = 0; i < c; i++) {
             ts_fill_kv(g, vpos(r.first_pos + i, gen), k, v);
             ids[i] = ts_token(vpos(r.first_pos + i, gen));
-            cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v), 0);
+            cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16), 0);
         }
         rc = ctxs_session_commit(s, ids, c);
         cr_assert_eq(rc, 0, "commit: %s", ctxs_err_name(rc));
@@ -265,7 +265,7 @@ static void *thread_main(void *p)
         for (uint32_t j = 0; j < n; j++) {
             ts_fill_kv(&m.geometry, j, k, v);
             tids[j] = ts_token(j);
-            ctxs_session_write_token(s, &r, j, k, v);
+            ctxs_session_write_token(s, &r, j, k, v, CTXS_DTYPE_F16);
         }
         if ((rc = ctxs_session_commit(s, tids, n)) != 0)
             T_FAIL(a, "commit: %s", ctxs_err_name(rc));

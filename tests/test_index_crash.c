@@ -65,7 +65,7 @@ static int c_append_gen(ctxs_session *s, uint32_t n, uint32_t gen)
         for (uint32_t i = 0; i < c; i++) {
             ts_fill_kv(g, vpos(r.first_pos + i, gen), k, v);
             ids[i] = ts_token(vpos(r.first_pos + i, gen));
-            if ((rc = ctxs_session_write_token(s, &r, i, k, v)) != 0)
+            if ((rc = ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16)) != 0)
                 return rc;
         }
         if ((rc = ctxs_session_commit(s, ids, c)) != 0)
@@ -959,7 +959,7 @@ static void prefix_writer(void *p)
         for (uint32_t i = 0; i < 310; i++) {
             ts_fill_kv(&m.geometry, vpos(r.first_pos + i, 1), k, v);
             ids[i] = ts_token(vpos(r.first_pos + i, 1));
-            if ((rc = ctxs_session_write_token(s, &r, i, k, v)) != 0)
+            if ((rc = ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16)) != 0)
                 child_fail(CHILD_EAPPEND, "write", rc);
         }
         if ((rc = ctxs_session_commit(s, ids, 310)) != 0)

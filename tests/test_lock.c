@@ -87,7 +87,7 @@ static int child_append(ctxs_session *s, uint32_t n)
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
         ts_fill_kv(g, r.first_pos + i, k, v);
         ids[i] = ts_token(r.first_pos + i);
-        rc = ctxs_session_write_token(s, &r, i, k, v);
+        rc = ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16);
     }
     if (rc == 0)
         rc = ctxs_session_commit(s, ids, n);
@@ -495,7 +495,7 @@ Test(lock, reader_in_another_process_sees_only_committed_tokens, .timeout = 300)
 
         /* New positions, and one older one, read back exactly. */
         for (uint64_t p = checked; p < n; p++) {
-            rc = ctxs_session_read_token(k, v, r, p);
+            rc = ctxs_session_read_token(k, v, r, p, CTXS_DTYPE_F16);
             cr_assert_eq(rc, 0, "read_token(%llu) of %llu: %s", (unsigned long long)p,
                          (unsigned long long)n, ctxs_strerror(rc));
             uint32_t slot;
@@ -511,7 +511,7 @@ Test(lock, reader_in_another_process_sees_only_committed_tokens, .timeout = 300)
         if (n) {
             rng = rng * 6364136223846793005ull + 1;
             uint64_t p = (rng >> 33) % n;
-            cr_assert_eq(ctxs_session_read_token(k, v, r, p), 0);
+            cr_assert_eq(ctxs_session_read_token(k, v, r, p, CTXS_DTYPE_F16), 0);
             ts_fill_kv(g, p, ek, ev);
             cr_assert(memcmp(k, ek, per * 2) == 0 && memcmp(v, ev, per * 2) == 0,
                       "old position %llu changed", (unsigned long long)p);

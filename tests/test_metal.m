@@ -97,7 +97,7 @@ static void append(ctxs_session *s, const ctxs_geometry *g, uint32_t n,
             k[e] = random_half(seed);
             v[e] = random_half(seed);
         }
-        cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v), 0);
+        cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16), 0);
         ids[i] = i;
     }
     if (commit)

@@ -269,8 +269,8 @@ Test(session, write_token_and_read_token_use_the_engine_layout)
     ctxs_reservation r;
     cr_assert_eq(ctxs_session_reserve(&r, s, 3), 0);
     ts_fill_kv(g, 1, k, v);
-    cr_assert_eq(ctxs_session_write_token(s, &r, 1, k, v), 0);
-    cr_expect_eq(ctxs_session_write_token(s, &r, 3, k, v), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_write_token(s, &r, 1, k, v, CTXS_DTYPE_F16), 0);
+    cr_expect_eq(ctxs_session_write_token(s, &r, 3, k, v, CTXS_DTYPE_F16), CTXS_EINVAL);
 
     /* The same bytes are where the layout says. */
     ctxs_layout lay;
@@ -283,9 +283,9 @@ Test(session, write_token_and_read_token_use_the_engine_layout)
     cr_expect_eq(((uintptr_t)lay.kv) % 16384, 0, "the KV region is page aligned");
     cr_expect_eq(ctxs_session_get_kv((void **)&run, s, 2, CTXS_K, 0), CTXS_EINVAL);
 
-    cr_expect_eq(ctxs_session_read_token(k2, v2, s, 1), CTXS_ENOTFOUND, "not committed");
+    cr_expect_eq(ctxs_session_read_token(k2, v2, s, 1, CTXS_DTYPE_F16), CTXS_ENOTFOUND, "not committed");
     cr_assert_eq(ctxs_session_commit(s, (uint32_t[]){7, 8, 9}, 3), 0);
-    cr_assert_eq(ctxs_session_read_token(k2, v2, s, 1), 0);
+    cr_assert_eq(ctxs_session_read_token(k2, v2, s, 1, CTXS_DTYPE_F16), 0);
     cr_expect_eq(memcmp(k, k2, sizeof(k)), 0);
     cr_expect_eq(memcmp(v, v2, sizeof(v)), 0);
     cr_expect_eq(lay.token_ids[1], 8);

@@ -984,7 +984,7 @@ static void a_child(void *p)
             for (uint32_t i = 0; i < k && (r >> 20) % 2; i++) {
                 ts_pat_kv(&m.geometry, res.first_pos + i, ts_pat_id(res.first_pos + i, gen + 1),
                           kk, vv);
-                if ((rc = ctxs_session_write_token(s, &res, i, kk, vv)) != 0)
+                if ((rc = ctxs_session_write_token(s, &res, i, kk, vv, CTXS_DTYPE_F16)) != 0)
                     child_fail("dangling write", rc, n, i);
             }
             child_say(M_WRITTEN, 0, gen, n, n + k, NULL, NULL);
@@ -1156,7 +1156,7 @@ static uint64_t a_check_exact(const ctxs_session *s, const ts_gens *gs, const a_
         }
         uint32_t id = ts_pat_id(p, gen);
         ts_pat_kv(&info.model.geometry, p, id, ek, ev);
-        if (ctxs_session_get_slot(&slot, s, p) != 0 || ctxs_session_read_token(k, v, s, p) != 0 ||
+        if (ctxs_session_get_slot(&slot, s, p) != 0 || ctxs_session_read_token(k, v, s, p, CTXS_DTYPE_F16) != 0 ||
             lay.token_ids[slot] != id || memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2))
             bad++;
     }
@@ -2078,7 +2078,7 @@ static uint64_t b_check_exact(const ctxs_session *s, const ts_gens *g)
     for (uint64_t p = 0; p < info.n_tokens; p++) {
         uint32_t id = ts_pat_id(p, ts_gens_get(g, p)), slot;
         ts_pat_kv(geo, p, id, ek, ev);
-        if (ctxs_session_get_slot(&slot, s, p) != 0 || ctxs_session_read_token(k, v, s, p) != 0 ||
+        if (ctxs_session_get_slot(&slot, s, p) != 0 || ctxs_session_read_token(k, v, s, p, CTXS_DTYPE_F16) != 0 ||
             lay.token_ids[slot] != id || memcmp(k, ek, per * 2) || memcmp(v, ev, per * 2))
             bad++;
     }

@@ -275,7 +275,7 @@ static void op_append(scen *sc, uint32_t k)
         gen_set(sc, p, sc->cur_gen);
         ts_fill_kv(&sc->model.geometry, vpos(p, sc->cur_gen), kk, vv);
         ids[i] = ts_token(vpos(p, sc->cur_gen));
-        cr_assert_eq(ctxs_session_write_token(sc->s, &r, i, kk, vv), 0);
+        cr_assert_eq(ctxs_session_write_token(sc->s, &r, i, kk, vv, CTXS_DTYPE_F16), 0);
     }
     note_state(sc, "write", 0, 0);
 
@@ -494,7 +494,7 @@ static uint32_t actual_gen(const scen *sc, const window *w, const ctxs_session *
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     uint16_t k[TS_KV_MAX], v[TS_KV_MAX], ek[TS_KV_MAX], ev[TS_KV_MAX];
     state rec = {info->n_tokens, info->ring_start, 0};
-    int rc = ctxs_session_read_token(k, v, s, p);
+    int rc = ctxs_session_read_token(k, v, s, p, CTXS_DTYPE_F16);
     if (!st_holds(&rec, p)) {
         cr_assert_eq(rc, CTXS_EEVICTED, "%s: position %llu is not held but read_token says %s", tag,
                      (unsigned long long)p, ctxs_err_name(rc));
@@ -605,7 +605,7 @@ static void check_exact(const scen *sc, const ctxs_session *s, const uint32_t *e
     uint16_t k[TS_KV_MAX], v[TS_KV_MAX], ek[TS_KV_MAX], ev[TS_KV_MAX];
     state rec = {info.n_tokens, info.ring_start, 0};
     for (uint64_t p = 0; p < info.n_tokens; p++) {
-        int rc = ctxs_session_read_token(k, v, s, p);
+        int rc = ctxs_session_read_token(k, v, s, p, CTXS_DTYPE_F16);
         if (!st_holds(&rec, p)) {
             cr_assert_eq(rc, CTXS_EEVICTED);
             continue;
@@ -662,7 +662,7 @@ static void check_read_write(scen *sc, const window *w, const uint8_t *img,
         exp[n0 + i] = GEN_AFTER;
         ts_fill_kv(&sc->model.geometry, vpos(n0 + i, GEN_AFTER), kk, vv);
         ids[i] = ts_token(vpos(n0 + i, GEN_AFTER));
-        cr_assert_eq(ctxs_session_write_token(s, &r, i, kk, vv), 0);
+        cr_assert_eq(ctxs_session_write_token(s, &r, i, kk, vv, CTXS_DTYPE_F16), 0);
     }
     rc = ctxs_session_commit(s, ids, more);
     cr_assert_eq(rc, 0, "%s: commit after recovery: %s", tag, ctxs_err_name(rc));
@@ -1187,7 +1187,7 @@ Test(torn, a_commit_that_died_before_its_record_leaves_nothing_to_splice)
     uint16_t k[PER], v[PER];
     for (uint32_t i = 0; i < DEAD; i++) {
         ts_fill_kv(&m.geometry, 1100 + i, k, v);
-        cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v), 0);
+        cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16), 0);
         ctxs__token_table(s)[100 + i] = ts_token(1100 + i);
     }
     uint64_t sums[DEAD];

@@ -87,8 +87,8 @@ static void same_session(const ctxs_session *a, const ctxs_session *b)
     uint16_t ka[TS_KV_MAX], va[TS_KV_MAX], kb[TS_KV_MAX], vb[TS_KV_MAX];
     uint64_t held = 0;
     for (uint64_t p = 0; p < ia.n_tokens; p++) {
-        int ra = ctxs_session_read_token(ka, va, a, p);
-        int rb = ctxs_session_read_token(kb, vb, b, p);
+        int ra = ctxs_session_read_token(ka, va, a, p, CTXS_DTYPE_F16);
+        int rb = ctxs_session_read_token(kb, vb, b, p, CTXS_DTYPE_F16);
         cr_assert_eq(ra, rb, "position %llu: %s vs %s", (unsigned long long)p, ctxs_err_name(ra),
                      ctxs_err_name(rb));
         if (ra == CTXS_EEVICTED)

@@ -72,6 +72,7 @@ typedef struct xfer_plan {
     uint32_t n_ranges;
     uint64_t n_held;
     uint32_t n_runs;            /* 2 * layers * heads */
+    uint32_t scale_bytes;       /* 4 with a scale table (Q8), else 0 */
     uint64_t token_raw;         /* uncompressed bytes per token */
     uint32_t block_tokens;
     uint64_t n_blocks;
@@ -115,7 +116,8 @@ static int plan_make(xfer_plan *p, const ctxs_geometry *g, uint32_t capacity, ui
 
     /* Below 2^25 runs of at most 8 KiB: no overflow in 64 bits. */
     p->n_runs = 2 * p->lay.n_layers * p->lay.n_kv_heads;
-    p->token_raw = 12 + (uint64_t)p->n_runs * p->lay.slot_bytes;
+    p->scale_bytes = p->lay.scales_bytes ? 4 : 0;
+    p->token_raw = 12 + (uint64_t)p->n_runs * (p->lay.slot_bytes + p->scale_bytes);
     if (block_tokens == 0) {
         uint64_t fit = CTXS__EXPORT_MAX_RAW / p->token_raw;
         if (fit == 0)
@@ -186,15 +188,29 @@ static uint8_t *raw_kv(uint8_t *raw, uint32_t count)
     return raw + (size_t)count * 12;
 }
 
+/* The scales, run by run, after the KV (with a scale table only). */
+static uint8_t *raw_scales(const xfer_plan *p, uint8_t *raw, uint32_t count)
+{
+    return raw_kv(raw, count) + (size_t)p->n_runs * count * p->lay.slot_bytes;
+}
+
 /* 1 if the checksum of every token of the raw block is the one it carries. */
 static int raw_verifies(const xfer_plan *p, uint8_t *raw, uint64_t first, uint32_t count)
 {
     uint64_t got[CTXS__EXPORT_MAX_BLOCK_TOKENS];
-    size_t at[CTXS__EXPORT_MAX_BLOCK_TOKENS];
+    uint32_t at[CTXS__EXPORT_MAX_BLOCK_TOKENS];
     for (uint32_t i = 0; i < count; i++)
-        at[i] = (size_t)i * p->lay.slot_bytes;
-    ctxs__sums_chain(got, first, count, raw_ids(raw, count), raw_kv(raw, count),
-                     (size_t)count * p->lay.slot_bytes, p->n_runs, p->lay.slot_bytes, at);
+        at[i] = i;
+    ctxs__token_bytes tb = {
+        .kv = raw_kv(raw, count),
+        .run_stride = (size_t)count * p->lay.slot_bytes,
+        .scales = p->scale_bytes ? raw_scales(p, raw, count) : NULL,
+        .scales_stride = (size_t)count * p->scale_bytes,
+        .n_runs = p->n_runs,
+        .slot_bytes = p->lay.slot_bytes,
+        .at = at,
+    };
+    ctxs__sums_chain(got, first, count, raw_ids(raw, count), &tb);
     const uint64_t *sums = raw_sums(raw);
     for (uint32_t i = 0; i < count; i++)
         if (got[i] != sums[i])
@@ -261,17 +277,25 @@ static int block_copy(export_job *job, uint64_t first, uint32_t count)
     ctxs__span sp[2];
     uint32_t n_sp = block_spans(sp, p, first, count);
     size_t sb = p->lay.slot_bytes, run_bytes = (size_t)count * sb;
-    uint8_t *kv = raw_kv(raw, count);
+    size_t scb = p->scale_bytes, scale_run_bytes = (size_t)count * scb;
+    uint8_t *kv = raw_kv(raw, count), *scales = raw_scales(p, raw, count);
     for (uint32_t r = 0; r < p->n_runs; r++) {
         uint64_t base = p->lay.kv_off + (uint64_t)r * p->lay.head_stride;
-        size_t at = 0;
+        uint64_t scale_base = p->lay.scales_off + (uint64_t)r * p->lay.scales_stride;
+        size_t at = 0, scale_at = 0;
         for (uint32_t j = 0; j < n_sp; j++) {
             size_t len = (size_t)sp[j].count * sb;
             int rc = ctxs__read_exact(ctxs__session_fd(s), kv + (size_t)r * run_bytes + at, len,
                                       (off_t)(base + (uint64_t)sp[j].slot * sb));
+            if (rc == 0 && scb)
+                rc = ctxs__read_exact(ctxs__session_fd(s),
+                                      scales + (size_t)r * scale_run_bytes + scale_at,
+                                      (size_t)sp[j].count * scb,
+                                      (off_t)(scale_base + (uint64_t)sp[j].slot * scb));
             if (rc < 0)
                 return rc;
             at += len;
+            scale_at += (size_t)sp[j].count * scb;
         }
     }
     return 0;
@@ -579,6 +603,9 @@ static int header_read(import_job *job)
     if (h->crc32 != crc_of(h, offsetof(ctxs__export_header, crc32)) ||
         h->header_bytes != CTXS__EXPORT_HEADER_BYTES || (h->flags & ~CTXS__EXPORT_FLAG_RING) != 0)
         return CTXS_ECORRUPT;
+    /* 1.x knew fp16 alone. */
+    if (major == 1 && h->dtype != CTXS_DTYPE_F16)
+        return CTXS_ECORRUPT;
     ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
     if ((rc = plan_make(&job->plan, &g, h->capacity, h->n_sink,
                         (h->flags & CTXS__EXPORT_FLAG_RING) != 0, h->n_tokens, h->ring_start,
@@ -616,7 +643,8 @@ static int block_store(import_job *job, uint64_t first, uint32_t count)
     ctxs__span sp[2];
     uint32_t n_sp = block_spans(sp, p, first, count);
     size_t sb = p->lay.slot_bytes, run_bytes = (size_t)count * sb;
-    const uint8_t *kv = raw_kv(job->raw, count);
+    size_t scb = p->scale_bytes, scale_run_bytes = (size_t)count * scb;
+    const uint8_t *kv = raw_kv(job->raw, count), *scales = raw_scales(p, job->raw, count);
     size_t at = 0;
     int rc;
     for (uint32_t j = 0; j < n_sp; j++) {
@@ -630,13 +658,21 @@ static int block_store(import_job *job, uint64_t first, uint32_t count)
     }
     for (uint32_t r = 0; r < p->n_runs; r++) {
         uint64_t base = p->lay.kv_off + (uint64_t)r * p->lay.head_stride;
+        uint64_t scale_base = p->lay.scales_off + (uint64_t)r * p->lay.scales_stride;
         at = 0;
+        size_t scale_at = 0;
         for (uint32_t j = 0; j < n_sp; j++) {
             size_t len = (size_t)sp[j].count * sb;
             if ((rc = ctxs__write_exact(job->out_fd, kv + (size_t)r * run_bytes + at, len,
                                         (off_t)(base + (uint64_t)sp[j].slot * sb))) < 0)
                 return rc;
+            if (scb && (rc = ctxs__write_exact(job->out_fd,
+                                               scales + (size_t)r * scale_run_bytes + scale_at,
+                                               (size_t)sp[j].count * scb,
+                                               (off_t)(scale_base + (uint64_t)sp[j].slot * scb))) < 0)
+                return rc;
             at += len;
+            scale_at += (size_t)sp[j].count * scb;
         }
     }
     return 0;

@@ -397,7 +397,7 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
 }
 
 int ctxs_session_write_token(ctxs_session *s, const ctxs_reservation *r, uint32_t i,
-                             const void *k, const void *v)
+                             const void *k, const void *v, uint32_t dtype)
 {
     CTXS__CHECK(s && r && k && v && i < r->n_tokens);
     uint64_t pos = r->first_pos + i;
@@ -405,17 +405,7 @@ int ctxs_session_write_token(ctxs_session *s, const ctxs_reservation *r, uint32_
     int rc = writable(s);
     if (rc < 0)
         return rc;
-    const ctxs__file_layout *lay = &s->lay;
-    size_t in_run = (size_t)ctxs__slot(s, pos) * lay->slot_bytes;
-    const uint8_t *kb = k, *vb = v;
-    for (uint32_t l = 0; l < lay->n_layers; l++) {
-        for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
-            size_t at = ((size_t)l * lay->n_kv_heads + h) * lay->slot_bytes;
-            memcpy(ctxs__run(s, l, CTXS_K, h) + in_run, kb + at, lay->slot_bytes);
-            memcpy(ctxs__run(s, l, CTXS_V, h) + in_run, vb + at, lay->slot_bytes);
-        }
-    }
-    return 0;
+    return ctxs__token_store(s, ctxs__slot(s, pos), k, v, dtype);
 }
 
 static void notify_committed(ctxs_session *s)

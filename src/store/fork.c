@@ -149,7 +149,8 @@ static int write_zeros(int fd, uint64_t off, uint64_t len)
     return 0;
 }
 
-/* Token ids and checksums of the held slots, from src's mapping. After a
+/* Token ids, checksums and (Q8) scales of the held slots, from src's
+ * mapping. After a
  * clone, the other slots' entries are zeroed too: the clone brought src's
  * checksums of slots the fork does not hold, which must not survive (a later
  * record of the fork could claim their positions while the pages still hold
@@ -169,6 +170,12 @@ static int write_tables(int fd, const ctxs_session *src, const ctxs__state *st, 
             (rc = ctxs__write_exact(fd, ctxs__sum_table(src) + slot, count * 8,
                                     (off_t)(lay->sums_off + slot * 8))) < 0)
             return rc;
+        for (uint64_t run = 0; lay->scales_bytes && run < 2ull * lay->n_layers * lay->n_kv_heads;
+             run++) {
+            uint64_t off = lay->scales_off + run * lay->scales_stride + slot * 4;
+            if ((rc = ctxs__write_exact(fd, src->map + off, count * 4, (off_t)off)) < 0)
+                return rc;
+        }
     }
     uint32_t n_unheld = cloned ? unheld_spans(unheld, src, st) : 0;
     for (uint32_t i = 0; i < n_unheld; i++) {

@@ -15,16 +15,6 @@ static uint32_t crc_of(const void *p, size_t n)
     return (uint32_t)crc32(0L, (const Bytef *)p, (uInt)n);
 }
 
-uint32_t ctxs__dtype_bytes(uint32_t dtype)
-{
-    switch (dtype) {
-    case CTXS_DTYPE_F16:
-        return 2;
-    default:
-        return 0;
-    }
-}
-
 static int mul_u64(uint64_t a, uint64_t b, uint64_t *out)
 {
     return __builtin_mul_overflow(a, b, out) ? -1 : 0;
@@ -57,6 +47,8 @@ int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
     uint64_t slot_bytes = (uint64_t)g->head_dim * elem;
     uint64_t head_stride, kv_stride, layer_stride, kv_exact, kv_bytes;
     uint64_t tokens_bytes, sums_bytes, off, file_bytes;
+    uint64_t scales_stride = 0, scales_exact = 0, scales_bytes = 0;
+    uint64_t n_runs = 2ull * g->n_layers * g->n_kv_heads; /* < 2^25 */
     if (mul_u64(slot_bytes, capacity, &head_stride) ||
         mul_u64(head_stride, g->n_kv_heads, &kv_stride) ||
         mul_u64(kv_stride, 2, &layer_stride) ||
@@ -65,6 +57,12 @@ int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
         round_page((uint64_t)capacity * 4, &tokens_bytes) ||
         round_page((uint64_t)capacity * 8, &sums_bytes))
         return CTXS_EINVAL;
+    if (ctxs__dtype_has_scales(g->dtype)) {
+        scales_stride = (uint64_t)capacity * 4;
+        if (mul_u64(scales_stride, n_runs, &scales_exact) ||
+            round_page(scales_exact, &scales_bytes))
+            return CTXS_EINVAL;
+    }
 
     off = CTXS__PAGE;
     out->tokens_off = off;
@@ -74,6 +72,12 @@ int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
     out->sums_bytes = sums_bytes;
     if (add_u64(off, sums_bytes, &off))
         return CTXS_EINVAL;
+    if (scales_bytes) {
+        out->scales_off = off;
+        out->scales_bytes = scales_bytes;
+        if (add_u64(off, scales_bytes, &off))
+            return CTXS_EINVAL;
+    }
     out->kv_off = off;
     out->kv_bytes = kv_bytes;
     /* The whole file is mapped: it must fit in the address space and leave
@@ -93,6 +97,7 @@ int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
     out->head_stride = (size_t)head_stride;
     out->kv_stride = (size_t)kv_stride;
     out->layer_stride = (size_t)layer_stride;
+    out->scales_stride = (size_t)scales_stride;
     return 0;
 }
 
@@ -121,6 +126,8 @@ void ctxs__header_init(ctxs__disk_header *h, const ctxs__file_layout *lay,
     h->tokens_bytes = lay->tokens_bytes;
     h->sums_off = lay->sums_off;
     h->sums_bytes = lay->sums_bytes;
+    h->scales_off = lay->scales_off;
+    h->scales_bytes = lay->scales_bytes;
     h->kv_off = lay->kv_off;
     h->kv_bytes = lay->kv_bytes;
     h->file_bytes = lay->file_bytes;
@@ -149,6 +156,9 @@ int ctxs__header_check(const ctxs__disk_header *h, uint64_t file_size,
         return CTXS_EVERSION;
     if (h->version_major == 0)
         return CTXS_ECORRUPT;
+    /* 1.x knew fp16 alone; its scale fields were reserved, hence zero. */
+    if (h->version_major == 1 && h->dtype != CTXS_DTYPE_F16)
+        return CTXS_ECORRUPT;
     if (h->crc32 != crc_of(h, offsetof(ctxs__disk_header, crc32)))
         return CTXS_ECORRUPT;
     if (h->header_bytes != CTXS__HEADER_BYTES || h->page_bytes != CTXS__PAGE ||
@@ -164,6 +174,7 @@ int ctxs__header_check(const ctxs__disk_header *h, uint64_t file_size,
         return CTXS_ECORRUPT;
     if (h->tokens_off != out->tokens_off || h->tokens_bytes != out->tokens_bytes ||
         h->sums_off != out->sums_off || h->sums_bytes != out->sums_bytes ||
+        h->scales_off != out->scales_off || h->scales_bytes != out->scales_bytes ||
         h->kv_off != out->kv_off || h->kv_bytes != out->kv_bytes ||
         h->file_bytes != out->file_bytes)
         return CTXS_ECORRUPT;

@@ -14,10 +14,11 @@
 #include <sys/types.h>
 
 #include "ctxstore.h"
+#include "dtype.h"
 
 #define CTXS__FILE_MAGIC "CTXSSESS"   /* 8 bytes, no terminator on disk */
-#define CTXS__FORMAT_MAJOR 1
-#define CTXS__FORMAT_MINOR 1           /* 1.1: the label page */
+#define CTXS__FORMAT_MAJOR 2           /* 2.0: bf16 and Q8, the scale table */
+#define CTXS__FORMAT_MINOR 0           /* 1.1: the label page */
 
 /* Every region starts on a 16 KiB boundary: Apple Silicon's page size, which
  * Metal's no-copy buffers need, and a multiple of the 4 KiB pages elsewhere. */
@@ -77,13 +78,19 @@ typedef struct ctxs__disk_header {
     uint8_t model_hash[16];
     uint8_t tokenizer_hash[16];
     uint64_t created_unix_ms;
-    uint8_t reserved[84];     /* zero when written; ignored when read */
+    uint64_t scales_off;      /* 2.0, Q8 only: the scale table, f32 per
+                                 (layer, kind, head, slot); else 0 */
+    uint64_t scales_bytes;    /* capacity * runs * 4, rounded up to
+                                 CTXS__PAGE; 0 without a table */
+    uint8_t reserved[68];     /* zero when written; ignored when read */
     uint32_t crc32;           /* zlib crc32 of bytes 0..251 */
 } ctxs__disk_header;
 
 static_assert(sizeof(ctxs__disk_header) == CTXS__HEADER_BYTES, "header size");
 static_assert(offsetof(ctxs__disk_header, record_off) == 56, "header layout");
 static_assert(offsetof(ctxs__disk_header, model_hash) == 128, "header layout");
+static_assert(offsetof(ctxs__disk_header, scales_off) == 168, "header layout");
+static_assert(offsetof(ctxs__disk_header, reserved) == 184, "header layout");
 static_assert(offsetof(ctxs__disk_header, crc32) == 252, "header layout");
 
 /*
@@ -177,14 +184,14 @@ typedef struct ctxs__file_layout {
     size_t head_stride;    /* capacity * slot_bytes */
     size_t kv_stride;      /* n_kv_heads * head_stride */
     size_t layer_stride;   /* 2 * kv_stride */
+    size_t scales_stride;  /* bytes from one run's scales to the next:
+                              capacity * 4, or 0 without a table */
     uint64_t tokens_off, tokens_bytes;
     uint64_t sums_off, sums_bytes;
+    uint64_t scales_off, scales_bytes; /* 0, 0 without a table */
     uint64_t kv_off, kv_bytes;
     uint64_t file_bytes;
 } ctxs__file_layout;
-
-/* Element size of a dtype, 0 if unknown. */
-uint32_t ctxs__dtype_bytes(uint32_t dtype);
 
 /* Computes the layout for a geometry and capacity. Returns 0, or CTXS_EINVAL
  * when a field is out of range or a size overflows. */
@@ -235,16 +242,27 @@ int ctxs__records_from_map(ctxs__records *out, const uint8_t *map,
 int ctxs__records_from_fd(ctxs__records *out, int fd, const ctxs__file_layout *lay,
                           int ring);
 
+/* Where the bytes of n tokens lie, for ctxs__sums_chain(): token i's bytes
+ * in run r (r = (layer * 2 + kind) * n_kv_heads + head, file order, n_runs
+ * of them) are the slot_bytes at kv + r * run_stride + at[i] * slot_bytes,
+ * and its scale, with a scale table, the 4 bytes at scales + r *
+ * scales_stride + at[i] * 4. A session's mapping has run_stride =
+ * head_stride and at[i] = its slot; an export block packs each run's tokens
+ * one after the other. */
+typedef struct ctxs__token_bytes {
+    const uint8_t *kv;
+    size_t run_stride;
+    const uint8_t *scales;    /* NULL without a table */
+    size_t scales_stride;
+    uint32_t n_runs;
+    size_t slot_bytes;
+    const uint32_t *at;
+} ctxs__token_bytes;
+
 /* The checksum chain of docs/FORMAT.md "Checksums" (recover.c), for n
- * consecutive positions from first_pos, wherever their bytes are: token i
- * has id ids[i], and its bytes in run r (r = (layer * 2 + kind) *
- * n_kv_heads + head, file order, n_runs of them) are the slot_bytes at
- * kv + r * run_stride + at[i]. A session's mapping has run_stride =
- * head_stride and at[i] = slot * slot_bytes; an export block packs each
- * run's tokens one after the other. */
+ * consecutive positions from first_pos; token i has id ids[i]. */
 void ctxs__sums_chain(uint64_t *out, uint64_t first_pos, uint32_t n, const uint32_t *ids,
-                      const uint8_t *kv, size_t run_stride, uint32_t n_runs,
-                      size_t slot_bytes, const size_t *at);
+                      const ctxs__token_bytes *bytes);
 
 /* The slot of position p (p must be held). */
 static inline uint32_t ctxs__slot_of(uint64_t p, uint32_t capacity,

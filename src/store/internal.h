@@ -24,6 +24,7 @@ struct ctxs_session {
     size_t map_bytes;
     ctxs__file_layout lay;
     ctxs_model model;
+    uint32_t format_major;
     uint32_t format_minor;
     uint64_t created_unix_ms;
 
@@ -36,7 +37,7 @@ struct ctxs_session {
     _Atomic uint32_t alloc_end;
 
     uint32_t window;
-    uint32_t pressure_window;
+    uint32_t pressure_window; /* 0: half of window */
     uint32_t durability;
     uint32_t open_flags;  /* CTXS_INFO_RECOVERED | CTXS_INFO_VERIFIED */
     uint64_t lost_tokens;
@@ -112,6 +113,14 @@ static inline uint8_t *ctxs__run(const ctxs_session *s, uint32_t layer,
            (size_t)kind * s->lay.kv_stride + (size_t)head * s->lay.head_stride;
 }
 
+/* The [capacity] scales of a run, for a session with a scale table. */
+static inline float *ctxs__scales_run(const ctxs_session *s, uint32_t layer,
+                                      uint32_t kind, uint32_t head)
+{
+    size_t run = ((size_t)layer * 2 + kind) * s->lay.n_kv_heads + head;
+    return (float *)(void *)(s->map + s->lay.scales_off + run * s->lay.scales_stride);
+}
+
 static inline uint32_t *ctxs__token_table(const ctxs_session *s)
 {
     return (uint32_t *)(void *)(s->map + s->lay.tokens_off);
@@ -128,6 +137,12 @@ static inline uint64_t *ctxs__sum_table(const ctxs_session *s)
  * run by run, so that memory is read in long sequential stretches.
  * n <= CTXS__SUM_BATCH. */
 #define CTXS__SUM_BATCH 256u
+/* Stores a token's K and V, handed over as src_dtype (see
+ * ctxs_session_write_token()), into slot `slot` (kv_io.c).
+ * Errors: CTXS_EINVAL. */
+int ctxs__token_store(ctxs_session *s, uint32_t slot, const void *k, const void *v,
+                      uint32_t src_dtype);
+
 void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
                       uint64_t *out);
 

@@ -13,8 +13,7 @@
 #include "internal.h"
 
 void ctxs__sums_chain(uint64_t *out, uint64_t first_pos, uint32_t n, const uint32_t *ids,
-                      const uint8_t *kv, size_t run_stride, uint32_t n_runs,
-                      size_t slot_bytes, const size_t *at)
+                      const ctxs__token_bytes *tb)
 {
     for (uint32_t i = 0; i < n; i++) {
         uint64_t pos = first_pos + i;
@@ -24,11 +23,17 @@ void ctxs__sums_chain(uint64_t *out, uint64_t first_pos, uint32_t n, const uint3
         out[i] = XXH3_64bits_withSeed(head, sizeof(head), CTXS__TOKEN_SEED);
     }
     /* Run by run: a run's slots for consecutive positions are contiguous
-     * (two stretches where the ring wraps), so the KV is read sequentially. */
-    for (uint32_t r = 0; r < n_runs; r++) {
-        const uint8_t *run = kv + (size_t)r * run_stride;
-        for (uint32_t i = 0; i < n; i++)
-            out[i] = XXH3_64bits_withSeed(run + at[i], slot_bytes, out[i]);
+     * (two stretches where the ring wraps), so the KV is read sequentially.
+     * A run's scale follows its slot in the chain. */
+    for (uint32_t r = 0; r < tb->n_runs; r++) {
+        const uint8_t *run = tb->kv + (size_t)r * tb->run_stride;
+        const uint8_t *scales = tb->scales ? tb->scales + (size_t)r * tb->scales_stride : NULL;
+        for (uint32_t i = 0; i < n; i++) {
+            out[i] = XXH3_64bits_withSeed(run + (size_t)tb->at[i] * tb->slot_bytes,
+                                          tb->slot_bytes, out[i]);
+            if (scales)
+                out[i] = XXH3_64bits_withSeed(scales + (size_t)tb->at[i] * 4, 4, out[i]);
+        }
     }
 }
 
@@ -38,16 +43,24 @@ void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
     const ctxs__file_layout *lay = &s->lay;
     const uint32_t *tokens = ctxs__token_table(s);
     uint32_t ids[CTXS__SUM_BATCH];
-    size_t at[CTXS__SUM_BATCH]; /* byte offset of each position's slot in a run */
+    uint32_t slots[CTXS__SUM_BATCH];
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t slot = ctxs__slot(s, first_pos + i);
-        ids[i] = tokens[slot];
-        at[i] = (size_t)slot * lay->slot_bytes;
+        slots[i] = ctxs__slot(s, first_pos + i);
+        ids[i] = tokens[slots[i]];
     }
     /* Run r of the mapping, (layer, kind, head) in file order, starts
-     * r * head_stride into the KV region. */
-    ctxs__sums_chain(out, first_pos, n, ids, s->map + lay->kv_off, lay->head_stride,
-                     2 * lay->n_layers * lay->n_kv_heads, lay->slot_bytes, at);
+     * r * head_stride into the KV region, its scales r * scales_stride into
+     * the scale table. */
+    ctxs__token_bytes tb = {
+        .kv = s->map + lay->kv_off,
+        .run_stride = lay->head_stride,
+        .scales = lay->scales_bytes ? s->map + lay->scales_off : NULL,
+        .scales_stride = lay->scales_stride,
+        .n_runs = 2 * lay->n_layers * lay->n_kv_heads,
+        .slot_bytes = lay->slot_bytes,
+        .at = slots,
+    };
+    ctxs__sums_chain(out, first_pos, n, ids, &tb);
 }
 
 int ctxs__records_read(const ctxs_session *s, ctxs__state *st, uint32_t *index,

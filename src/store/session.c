@@ -36,10 +36,6 @@ int ctxs__open_options_resolve(const ctxs_open_options *in, ctxs_open_options *o
         in->background > 1 || !reserved_zero(in->reserved, sizeof(in->reserved)))
         return CTXS_EINVAL;
     *out = *in;
-    if (!out->window)
-        out->window = CTXS_DEFAULT_WINDOW;
-    if (!out->pressure_window)
-        out->pressure_window = CTXS_DEFAULT_PRESSURE_WINDOW;
     return 0;
 }
 
@@ -149,6 +145,7 @@ static int attach_header(ctxs_session *s, const ctxs_model *model)
     if (model && !same_model(model, &h))
         return CTXS_EMODEL;
     ctxs__header_model(&s->model, &h);
+    s->format_major = h.version_major;
     s->format_minor = h.version_minor;
     s->created_unix_ms = h.created_unix_ms;
     s->ring = (h.flags & CTXS__FLAG_RING) != 0;
@@ -242,8 +239,8 @@ static int session_attach(ctxs_session **out, int fd, unsigned flags,
     s->background = opts->background;
     s->written_back_to = s->st.n_tokens;
     atomic_store(&s->writeback_rewind, UINT64_MAX);
-    s->window = opts->window;
-    s->pressure_window = opts->pressure_window;
+    s->window = opts->window ? opts->window : s->lay.capacity;
+    s->pressure_window = opts->pressure_window; /* 0: half the window */
     s->alloc_end = s->st.n_tokens < s->lay.capacity ? (uint32_t)s->st.n_tokens
                                                     : s->lay.capacity;
     if (!s->readonly && (rc = attach_settle(s)) < 0)
@@ -417,6 +414,8 @@ int ctxs_session_get_layout(ctxs_layout *out, const ctxs_session *s)
     CTXS__CHECK(s && out);
     out->kv = s->map + s->lay.kv_off;
     out->kv_bytes = (size_t)s->lay.kv_bytes;
+    out->scales = s->lay.scales_bytes ? (float *)(void *)(s->map + s->lay.scales_off) : NULL;
+    out->scales_bytes = (size_t)s->lay.scales_bytes;
     out->slot_bytes = s->lay.slot_bytes;
     out->head_stride = s->lay.head_stride;
     out->kv_stride = s->lay.kv_stride;
@@ -449,32 +448,12 @@ int ctxs_session_get_slot(uint32_t *out, const ctxs_session *s, uint64_t pos)
     return 0;
 }
 
-int ctxs_session_read_token(void *k, void *v, const ctxs_session *s, uint64_t pos)
-{
-    CTXS__CHECK(s && k && v);
-    uint32_t slot;
-    int rc = ctxs_session_get_slot(&slot, s, pos);
-    if (rc < 0)
-        return rc;
-    const ctxs__file_layout *lay = &s->lay;
-    uint8_t *kb = k, *vb = v;
-    for (uint32_t l = 0; l < lay->n_layers; l++) {
-        for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
-            size_t at = ((size_t)l * lay->n_kv_heads + h) * lay->slot_bytes;
-            size_t in_run = (size_t)slot * lay->slot_bytes;
-            memcpy(kb + at, ctxs__run(s, l, CTXS_K, h) + in_run, lay->slot_bytes);
-            memcpy(vb + at, ctxs__run(s, l, CTXS_V, h) + in_run, lay->slot_bytes);
-        }
-    }
-    return 0;
-}
-
 int ctxs_session_get_info(ctxs_session_info *out, const ctxs_session *s)
 {
     CTXS__CHECK(s && out);
     memset(out, 0, sizeof(*out));
     out->model = s->model;
-    out->format_major = CTXS__FORMAT_MAJOR;
+    out->format_major = s->format_major;
     out->format_minor = s->format_minor;
     out->capacity = s->lay.capacity;
     out->n_sink = s->lay.n_sink;
@@ -500,6 +479,10 @@ int ctxs_session_get_info(ctxs_session_info *out, const ctxs_session *s)
         out->flags |= CTXS_INFO_PRESSURE;
     if (s->ring)
         out->flags |= CTXS_INFO_RING;
+    ctxs_window w;
+    ctxs__window_spans(s, &s->st, out->window, &w);
+    if (w.n_tokens < out->n_held)
+        out->flags |= CTXS_INFO_PARTIAL_WINDOW;
     return 0;
 }
 

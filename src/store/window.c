@@ -16,8 +16,10 @@
 
 uint32_t ctxs__effective_window(const ctxs_session *s)
 {
-    if (ctxs_get_pressure() && s->pressure_window < s->window)
-        return s->pressure_window;
+    uint32_t small = s->pressure_window ? s->pressure_window
+                                        : (s->window > 1 ? s->window / 2 : 1);
+    if (ctxs_get_pressure() && small < s->window)
+        return small;
     return s->window;
 }
 
@@ -69,7 +71,7 @@ int ctxs_session_get_window(ctxs_window *out, const ctxs_session *s)
 int ctxs_session_set_window(ctxs_session *s, uint32_t window)
 {
     CTXS__CHECK(s);
-    ctxs__registry_set_window(s, window ? window : CTXS_DEFAULT_WINDOW);
+    ctxs__registry_set_window(s, window ? window : s->lay.capacity);
     return 0;
 }
 

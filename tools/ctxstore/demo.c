@@ -1043,7 +1043,7 @@ static int check_resumed(demo *d, const ctxs_session_info *info)
         uint64_t pos = i == 0 ? 0 : lo + (hi - lo) * (i - 1) / 6;
         uint8_t *k = buf, *v = buf + half;
         uint8_t *ek = buf + d->token_bytes, *ev = ek + half;
-        rc = ctxs_session_read_token(k, v, d->s, pos);
+        rc = ctxs_session_read_token(k, v, d->s, pos, CTXS_DTYPE_F16);
         if (rc == CTXS_EEVICTED)
             continue;
         if (rc < 0) {

@@ -156,7 +156,7 @@ static void append(ctxs_session *s, const ctxs_geometry *g, uint32_t n,
             k[j] = random_half();
             v[j] = random_half();
         }
-        check(ctxs_session_write_token(s, &r, i, k.data(), v.data()), "write");
+        check(ctxs_session_write_token(s, &r, i, k.data(), v.data(), CTXS_DTYPE_F16), "write");
         ids[i] = i;
     }
     if (commit)

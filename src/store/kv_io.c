@@ -1,0 +1,146 @@
+/*
+ * A token's K and V into and out of the mapping, in the form the engine
+ * hands them over in (ctxs_session_write_token(), _read_token()): converted
+ * element by element, or quantized to Q8 with a scale per (token, head).
+ */
+#include <math.h>
+
+#include "internal.h"
+
+/* One (layer, head) of a token's K or V array as the engine lays it out:
+ * [n_layers][n_kv_heads][head_dim] elements of dtype, then for Q8 the
+ * [n_layers][n_kv_heads] scales. */
+typedef struct engine_head {
+    uint8_t *elems;
+    uint8_t *scale; /* Q8 only; not aligned */
+} engine_head;
+
+static engine_head engine_head_at(const void *base, const ctxs__file_layout *lay,
+                                  uint32_t dtype, uint32_t layer, uint32_t head)
+{
+    size_t elem = dtype == CTXS_DTYPE_F32 ? 4 : ctxs__dtype_bytes(dtype);
+    size_t i = (size_t)layer * lay->n_kv_heads + head;
+    size_t heads = (size_t)lay->n_layers * lay->n_kv_heads;
+    uint8_t *b = (uint8_t *)(uintptr_t)base;
+    return (engine_head){b + i * lay->head_dim * elem,
+                         b + heads * lay->head_dim * elem + i * 4};
+}
+
+static int is_float_form(uint32_t dtype)
+{
+    return dtype == CTXS_DTYPE_F32 || dtype == CTXS_DTYPE_F16 || dtype == CTXS_DTYPE_BF16;
+}
+
+size_t ctxs_geometry_get_token_bytes(const ctxs_geometry *g, uint32_t dtype)
+{
+    if (!g || g->n_layers == 0 || g->n_layers > CTXS__MAX_DIM || g->n_kv_heads == 0 ||
+        g->n_kv_heads > CTXS__MAX_DIM || g->head_dim == 0 || g->head_dim > CTXS__MAX_DIM)
+        return 0;
+    size_t elem = dtype == CTXS_DTYPE_F32 ? 4 : ctxs__dtype_bytes(dtype);
+    size_t heads = (size_t)g->n_layers * g->n_kv_heads; /* < 2^24: no overflow */
+    size_t bytes = heads * g->head_dim * elem;
+    return ctxs__dtype_has_scales(dtype) ? bytes + heads * 4 : bytes;
+}
+
+/* Stores one head of the engine's form src_dtype into slot `slot` of a run
+ * (and its scale). */
+static int store_head(ctxs_session *s, uint32_t layer, uint32_t kind, uint32_t head,
+                      uint32_t slot, engine_head in, uint32_t src_dtype)
+{
+    const ctxs__file_layout *lay = &s->lay;
+    const uint32_t dtype = s->model.geometry.dtype;
+    uint8_t *dst = ctxs__run(s, layer, kind, head) + (size_t)slot * lay->slot_bytes;
+    if (src_dtype == dtype) {
+        memcpy(dst, in.elems, lay->slot_bytes);
+        if (ctxs__dtype_has_scales(dtype))
+            memcpy(ctxs__scales_run(s, layer, kind, head) + slot, in.scale, 4);
+        return 0;
+    }
+    float x[CTXS__MAX_DIM];
+    ctxs__widen(x, in.elems, src_dtype, lay->head_dim);
+    if (dtype != CTXS_DTYPE_Q8) {
+        ctxs__narrow(dst, x, dtype, lay->head_dim);
+        return 0;
+    }
+    float scale = ctxs__q8_quantize((int8_t *)dst, x, lay->head_dim);
+    if (scale < 0.0f)
+        return CTXS_EINVAL;
+    ctxs__scales_run(s, layer, kind, head)[slot] = scale;
+    return 0;
+}
+
+int ctxs__token_store(ctxs_session *s, uint32_t slot, const void *k, const void *v,
+                      uint32_t src_dtype)
+{
+    const ctxs__file_layout *lay = &s->lay;
+    CTXS__CHECK(src_dtype == s->model.geometry.dtype || is_float_form(src_dtype));
+    for (uint32_t l = 0; l < lay->n_layers; l++) {
+        for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
+            int rc = store_head(s, l, CTXS_K, h, slot, engine_head_at(k, lay, src_dtype, l, h),
+                                src_dtype);
+            if (rc == 0)
+                rc = store_head(s, l, CTXS_V, h, slot, engine_head_at(v, lay, src_dtype, l, h),
+                                src_dtype);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* Loads one head of slot `slot` of a run into the engine's form dst_dtype. */
+static void load_head(const ctxs_session *s, uint32_t layer, uint32_t kind, uint32_t head,
+                      uint32_t slot, engine_head out, uint32_t dst_dtype)
+{
+    const ctxs__file_layout *lay = &s->lay;
+    const uint32_t dtype = s->model.geometry.dtype;
+    const uint8_t *src = ctxs__run(s, layer, kind, head) + (size_t)slot * lay->slot_bytes;
+    if (dst_dtype == dtype) {
+        memcpy(out.elems, src, lay->slot_bytes);
+        if (ctxs__dtype_has_scales(dtype))
+            memcpy(out.scale, ctxs__scales_run(s, layer, kind, head) + slot, 4);
+        return;
+    }
+    float x[CTXS__MAX_DIM];
+    if (dtype == CTXS_DTYPE_Q8) {
+        const int8_t *q = (const int8_t *)src;
+        float scale = ctxs__scales_run(s, layer, kind, head)[slot];
+        for (uint32_t i = 0; i < lay->head_dim; i++)
+            x[i] = scale * (float)q[i];
+    } else {
+        ctxs__widen(x, src, dtype, lay->head_dim);
+    }
+    ctxs__narrow(out.elems, x, dst_dtype, lay->head_dim);
+}
+
+int ctxs_session_read_token(void *k, void *v, const ctxs_session *s, uint64_t pos,
+                            uint32_t dtype)
+{
+    CTXS__CHECK(s && k && v);
+    const uint32_t stored = s->model.geometry.dtype;
+    CTXS__CHECK(dtype == stored || dtype == CTXS_DTYPE_F32 ||
+               (is_float_form(dtype) && stored != CTXS_DTYPE_Q8));
+    uint32_t slot;
+    int rc = ctxs_session_get_slot(&slot, s, pos);
+    if (rc < 0)
+        return rc;
+    const ctxs__file_layout *lay = &s->lay;
+    for (uint32_t l = 0; l < lay->n_layers; l++) {
+        for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
+            load_head(s, l, CTXS_K, h, slot, engine_head_at(k, lay, dtype, l, h), dtype);
+            load_head(s, l, CTXS_V, h, slot, engine_head_at(v, lay, dtype, l, h), dtype);
+        }
+    }
+    return 0;
+}
+
+int ctxs_session_get_scales(float **out, ctxs_session *s, uint32_t layer, uint32_t kind,
+                            uint32_t head)
+{
+    CTXS__CHECK(out);
+    *out = NULL;
+    CTXS__CHECK(s && layer < s->lay.n_layers && kind <= CTXS_V && head < s->lay.n_kv_heads &&
+               s->lay.scales_bytes);
+    *out = ctxs__scales_run(s, layer, kind, head);
+    return 0;
+}

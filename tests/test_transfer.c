@@ -826,7 +826,8 @@ Test(transfer, absurd_sizes_with_valid_crcs_are_refused)
     struct { size_t off; int width; uint64_t value; } bad[] = {
         {H_OFF(header_bytes), 4, 512},
         {H_OFF(flags), 4, 2},               /* unknown flag */
-        {H_OFF(dtype), 4, 2},               /* unknown dtype */
+        {H_OFF(dtype), 4, 4},               /* f32: no session's dtype */
+        {H_OFF(dtype), 4, 5},               /* unknown dtype */
         {H_OFF(n_layers), 4, 0},
         {H_OFF(n_layers), 4, 4097},
         {H_OFF(n_layers), 4, UINT32_MAX},

@@ -1236,3 +1236,42 @@ Test(transfer, an_import_into_a_full_disk_is_efull_and_leaves_nothing)
 {
     ts_run_child(body_import_full, "import to a full disk");
 }
+
+/* --- Files written by earlier versions --------------------------------------- */
+
+/* tests/data/export_v1_0.ctxx was written by the 1.0 export code
+ * (tests/data/make_export_v1_0.c says how); meson passes the folder in
+ * CTXS_TEST_DATA. Import only reads it. */
+static const char *old_export(const char *name)
+{
+    const char *dir = getenv("CTXS_TEST_DATA");
+    cr_assert(dir && *dir, "CTXS_TEST_DATA is not set: run the suite through meson test");
+    return ts_path(dir, name);
+}
+
+Test(transfer, an_export_file_of_format_1_0_imports)
+{
+    ctxs_store *st = store_at("dst");
+    char name[CTXS_NAME_MAX + 1];
+    int rc = ctxs_store_session_import(name, st, old_export("export_v1_0.ctxx"), NULL, NULL, NULL);
+    cr_assert_eq(rc, 0, "import a 1.0 export: %s", ctxs_err_name(rc));
+    cr_assert_str_eq(name, "old chat");
+    ctxs_model m = ts_model(1);
+    ctxs_model_entry e;
+    cr_assert_eq(ctxs_model_get(&e, st, m.model_hash), 0);
+    cr_assert_str_eq(e.name, "tiny model");
+    ctxs_session *s = op(st, "old chat");
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert(memcmp(&info.model, &m, sizeof(m)) == 0, "the model");
+    cr_assert_eq(info.capacity, 64);
+    cr_assert_eq(info.n_sink, 4);
+    cr_assert(info.flags & CTXS_INFO_RING);
+    cr_assert_eq(info.n_tokens, 100);
+    cr_assert_eq(info.ring_start, 40);
+    cr_assert_eq(info.n_held, 64);
+    cr_assert_eq(ts_check_all(s), 0, "tokens of a 1.0 export do not read back");
+    cr_assert_eq(ctxs_session_verify(NULL, s), 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}

@@ -457,6 +457,18 @@ CTXS_API int ctxs_session_verify_range(uint64_t *bad_pos, const ctxs_session *s,
 CTXS_API int ctxs_session_get_slot(uint32_t *out, const ctxs_session *s,
                                    uint64_t pos);
 
+/* Copies the token ids of the committed positions [from, from + n) into
+ * out[0..n), in position order: what the app committed there, to show the
+ * conversation or tokenize after it without a table of its own. Reads the
+ * session's token table (a reader sees it as of its last open or refresh,
+ * with the caveat above on slots a writer rolls back or wraps over). n == 0
+ * with from <= the committed count copies nothing and succeeds.
+ * Errors: CTXS_EINVAL (s NULL, or out NULL with n > 0), CTXS_ENOTFOUND (the
+ * range runs past the committed count), CTXS_EEVICTED (the ring overwrote
+ * a position in it). Nothing is copied on error. */
+CTXS_API int ctxs_session_get_tokens(uint32_t *out, const ctxs_session *s,
+                                     uint64_t from, uint32_t n);
+
 /* --- Info ----------------------------------------------------------------- */
 
 #define CTXS_INFO_READONLY 0x01u  /* opened read-only */

@@ -88,6 +88,10 @@ extern "C" {
 /* Names of sessions, checkpoints and models: at most this many bytes, see
  * "Stores" for the rule. Buffers that receive one are CTXS_NAME_MAX + 1. */
 #define CTXS_NAME_MAX 255
+/* The rule, in words, for a program to show when a name is refused. */
+#define CTXS_NAME_RULE                                                         \
+    "a name is 1 to 255 bytes of UTF-8 text without '/', '..' or control "     \
+    "characters, and not '.'"
 /* Model and tokenizer hashes (XXH3-128 by ctxs_model_hash_file()). */
 #define CTXS_HASH_BYTES 16
 
@@ -697,6 +701,8 @@ CTXS_API const char *ctxs_attention_get_isa(void);
  * to CTXS_NAME_MAX bytes without control characters, '/' or ".." anywhere, and not
  * ".": CTXS_EINVAL otherwise. Names never become paths; the rule keeps them
  * from looking like one wherever tools print or export them.
+ * ctxs_name_check() says why a name is refused; CTXS_NAME_RULE is the
+ * rule in words.
  *
  * Caveats:
  *
@@ -709,6 +715,13 @@ CTXS_API const char *ctxs_attention_get_isa(void);
  * - Session handles opened through a store must be closed before the store.
  */
 typedef struct ctxs_store ctxs_store;
+
+/* Checks name against the rule above: NULL when it is a valid name, else a
+ * static sentence that says why not, to follow the name in a message
+ * ("contains '/'", "is longer than 255 bytes", "is not valid UTF-8", "is
+ * empty", "is missing (NULL)", ...). Every call that takes a name refuses
+ * with CTXS_EINVAL exactly the names this refuses. Thread-safe. */
+CTXS_API const char *ctxs_name_check(const char *name);
 
 #define CTXS_STORE_OPTIONS_VERSION 1
 

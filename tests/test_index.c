@@ -401,7 +401,9 @@ Test(index, hostile_names_are_einval_everywhere)
                      "fork at checkpoint bad[%zu]", i);
         cr_assert_eq(ctxs_model_register(st, &m, n[0] ? n : "\x02"), CTXS_EINVAL,
                      "model name bad[%zu]", i);
+        cr_assert_not_null(ctxs_name_check(n), "name_check bad[%zu]", i);
     }
+    cr_assert_not_null(ctxs_name_check(NULL));
     cr_assert_eq(ctxs_store_session_create(NULL, st, "x", &m, &o), CTXS_EINVAL);
     ctxs_session *x = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_create(&x, st, NULL, &m, &o), CTXS_EINVAL);
@@ -449,6 +451,8 @@ Test(index, utf8_names_up_to_255_bytes_are_accepted)
         int rc = ctxs_store_session_create(&s, st, good[i], &m, &o);
         cr_assert_eq(rc, 0, "create good[%zu]: %s", i, ctxs_err_name(rc));
         cr_assert_eq(ctxs_checkpoint_create(s, good[i]), 0, "checkpoint good[%zu]", i);
+        cr_assert_null(ctxs_name_check(good[i]), "name_check good[%zu]: %s", i,
+                       ctxs_name_check(good[i]));
         ctxs_session_close(s);
         ctxs_session_entry e = ts_session_entry(st, good[i]);
         cr_assert_str_eq(e.name, good[i]);
@@ -460,6 +464,36 @@ Test(index, utf8_names_up_to_255_bytes_are_accepted)
     cr_assert_str_eq(me.name, max_utf8);
     cr_assert_eq(count_entries(st), sizeof(good) / sizeof(good[0]));
     ctxs_store_close(st);
+}
+
+Test(index, the_name_check_says_why_a_name_is_refused)
+{
+    char long_name[300];
+    memset(long_name, 'a', 256);
+    long_name[256] = '\0';
+    const struct {
+        const char *name, *why;
+    } cases[] = {
+        {NULL, "is missing (NULL)"},
+        {"", "is empty"},
+        {long_name, "is longer than 255 bytes"},
+        {"a/b", "contains '/'"},
+        {"wait...", "contains '..'"},
+        {".", "is '.'"},
+        {"new\nline", "contains a control character"},
+        {"del\x7f", "contains a control character"},
+        {"bad\xfe", "is not valid UTF-8"},
+        {"\xc0\xaf", "is not valid UTF-8"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *why = ctxs_name_check(cases[i].name);
+        cr_assert_not_null(why, "case %zu accepted", i);
+        cr_expect_str_eq(why, cases[i].why, "case %zu", i);
+    }
+    cr_assert_null(ctxs_name_check("chat 1"));
+    /* The rule in words names the limits the check applies. */
+    cr_assert(strstr(CTXS_NAME_RULE, "255") && strstr(CTXS_NAME_RULE, "'/'") &&
+              strstr(CTXS_NAME_RULE, "'..'"));
 }
 
 Test(index, names_with_two_dots_anywhere_are_einval)

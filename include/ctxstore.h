@@ -92,7 +92,8 @@ extern "C" {
 #define CTXS_NAME_RULE                                                         \
     "a name is 1 to 255 bytes of UTF-8 text without '/', '..' or control "     \
     "characters, and not '.'"
-/* Model and tokenizer hashes (XXH3-128 by ctxs_model_hash_file()). */
+/* Model and tokenizer hashes (XXH3-128 by ctxs_model_hash_file() and
+ * ctxs_tokenizer_hash_file()). */
 #define CTXS_HASH_BYTES 16
 
 /* The defaults of the _INIT macros. */
@@ -784,6 +785,27 @@ CTXS_API int ctxs_model_list(ctxs_model_entry **out, size_t *n_out,
  * Errors: -errno from open or read, CTXS_EINVAL, CTXS_ENOMEM. */
 CTXS_API int ctxs_model_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st,
                                   const char *path);
+
+/* A tokenizer hash (for ctxs_model.tokenizer_hash) of the vocabulary file
+ * at path (tokenizer.json, tokenizer.model, ...): XXH3-128 of its bytes in
+ * a domain of its own (seeded), so that a file never gets the hash that
+ * ctxs_model_hash_file() gives it. Cached as ctxs_model_hash_file() caches,
+ * apart from weights hashes; st may be NULL.
+ * Errors: -errno from open or read, -EISDIR, CTXS_EINVAL (NULL, or not a
+ * regular file), CTXS_ENOMEM. */
+CTXS_API int ctxs_tokenizer_hash_file(uint8_t out[CTXS_HASH_BYTES],
+                                      ctxs_store *st, const char *path);
+
+/* A tokenizer hash of the token strings of a vocabulary, in id order:
+ * tokens[i] is the bytes of id i, lengths[i] bytes long (lengths NULL:
+ * each is NUL-terminated). Each token is hashed after its length, so
+ * ["ab", "c"] and ["a", "bc"] differ; the domain differs from both file
+ * hashes. Nothing is cached: it reads only memory.
+ * Errors: CTXS_EINVAL (out NULL, tokens NULL with n > 0, a NULL token with
+ * a nonzero length or without lengths), CTXS_ENOMEM. Thread-safe. */
+CTXS_API int ctxs_tokenizer_hash_strings(uint8_t out[CTXS_HASH_BYTES],
+                                         const char *const *tokens,
+                                         const size_t *lengths, size_t n);
 
 /* Releases an array returned by a listing function. Accepts NULL. */
 CTXS_API void ctxs_free(void *p);

@@ -545,11 +545,21 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
     ctxs__filehash_key fk_b = {.dev = 1, .ino = 4, .size = 2, .mtime_sec = 300};
     put_raw(st, st->filehash, &fk_a, sizeof(fk_a), v, 16);
     put_raw(st, st->filehash, &fk_b, sizeof(fk_b), v, 16);
+    /* Tokenizer hashes of the same files: a kind of their own, so one is
+     * kept beside the newest weights row, and of two states the older
+     * goes. */
+    ctxs__tokhash_key tk = {.file = fk}, tk_a = {.file = fk_a}, tk_b = {.file = fk_b};
+    memcpy(tk.kind, CTXS__TOKHASH_KIND, 8);
+    memcpy(tk_a.kind, CTXS__TOKHASH_KIND, 8);
+    memcpy(tk_b.kind, CTXS__TOKHASH_KIND, 8);
+    put_raw(st, st->filehash, &tk, sizeof(tk), v, 16);
+    put_raw(st, st->filehash, &tk_a, sizeof(tk_a), v, 16);
+    put_raw(st, st->filehash, &tk_b, sizeof(tk_b), v, 16);
 
     ctxs_compact_result res = compact(st, NULL, 0);
     /* gone's entries, the leftover, a checkpoint, a chunk, two prefix
-     * entries, the ghost id, two stale hashes. */
-    cr_assert_eq(res.orphans_removed, 9, "removed %llu", (unsigned long long)res.orphans_removed);
+     * entries, the ghost id, three stale hashes. */
+    cr_assert_eq(res.orphans_removed, 10, "removed %llu", (unsigned long long)res.orphans_removed);
     cr_assert_eq(res.sessions, 1);
     cr_assert_not(ts_exists(tmp));
     ctxs_session_entry e;
@@ -568,6 +578,9 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
     cr_assert(has_raw(st, st->filehash, &fk_other, sizeof(fk_other), NULL, 0));
     cr_assert_not(has_raw(st, st->filehash, &fk_a, sizeof(fk_a), NULL, 0));
     cr_assert(has_raw(st, st->filehash, &fk_b, sizeof(fk_b), NULL, 0));
+    cr_assert(has_raw(st, st->filehash, &tk, sizeof(tk), NULL, 0));
+    cr_assert_not(has_raw(st, st->filehash, &tk_a, sizeof(tk_a), NULL, 0));
+    cr_assert(has_raw(st, st->filehash, &tk_b, sizeof(tk_b), NULL, 0));
 
     /* What keep owns still works. */
     ctxs_checkpoint_entry *cps;

@@ -950,6 +950,105 @@ Test(index, model_hash_file_is_cached_until_size_or_mtime_changes)
     ctxs_store_close(st);
 }
 
+/* --- Tokenizer hashes ----------------------------------------------------- */
+
+static void xxh3_128_seeded(uint8_t out[16], const void *data, size_t len, uint64_t seed)
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_withSeed(data, len, seed));
+    memcpy(out, c.digest, 16);
+}
+
+Test(index, a_tokenizer_file_hashes_apart_from_weights_and_each_is_cached_apart)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    const char *path = ts_path(ts_scratch, "tokenizer.json");
+    const size_t len = (1u << 20) + 99;
+    uint8_t *data = pattern(len, 7);
+    cr_assert_eq(ts_write_file(path, data, len), 0);
+    uint8_t tok[16], weights[16], got[16];
+    xxh3_128_seeded(tok, data, len, CTXS__TOKENIZER_FILE_SEED);
+    xxh3_128(weights, data, len);
+    cr_assert_neq(memcmp(tok, weights, 16), 0);
+    /* Weights first: the tokenizer hash must not come from its row. */
+    cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, weights, 16), 0);
+    cr_assert_eq(ctxs_tokenizer_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, tok, 16), 0, "a tokenizer hash is not the seeded XXH3-128");
+    cr_assert_eq(ctxs_tokenizer_hash_file(got, NULL, path), 0);
+    cr_assert_eq(memcmp(got, tok, 16), 0);
+    cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, weights, 16), 0, "the weights row was taken over");
+
+    /* Change a byte and put the mtime back: both come from their own
+     * rows, as they were. */
+    struct stat before;
+    cr_assert_eq(stat(path, &before), 0);
+    data[3] ^= 0x5a;
+    int fd = open(path, O_WRONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(pwrite(fd, data + 3, 1, 3), 1);
+    struct timespec times[2] = {before.st_atim, before.st_mtim};
+    cr_assert_eq(futimens(fd, times), 0);
+    close(fd);
+    cr_assert_eq(ctxs_tokenizer_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, tok, 16), 0, "the tokenizer hash was not cached");
+    cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, weights, 16), 0, "the weights hash was not cached");
+    /* Another mtime: both hashed again. */
+    struct timespec later[2] = {before.st_atim, before.st_mtim};
+    later[1].tv_sec += 3;
+    cr_assert_eq(utimensat(AT_FDCWD, path, later, 0), 0);
+    xxh3_128_seeded(tok, data, len, CTXS__TOKENIZER_FILE_SEED);
+    cr_assert_eq(ctxs_tokenizer_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, tok, 16), 0, "a changed mtime must re-hash");
+
+    uint8_t out[16];
+    cr_assert_eq(ctxs_tokenizer_hash_file(out, st, ts_path(ts_scratch, "missing")), -ENOENT);
+    cr_assert_eq(ctxs_tokenizer_hash_file(out, st, ts_scratch), -EISDIR);
+    cr_assert_eq(ctxs_tokenizer_hash_file(NULL, st, path), CTXS_EINVAL);
+    cr_assert_eq(ctxs_tokenizer_hash_file(out, st, NULL), CTXS_EINVAL);
+    free(data);
+    ctxs_store_close(st);
+}
+
+Test(index, tokenizer_strings_hash_with_their_lengths)
+{
+    const char *ab_c[] = {"ab", "c"}, *a_bc[] = {"a", "bc"}, *abc[] = {"abc"};
+    const char *with_empty[] = {"abc", ""};
+    uint8_t h1[16], h2[16], h3[16], h4[16], h5[16];
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h1, ab_c, NULL, 2), 0);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h2, a_bc, NULL, 2), 0);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h3, abc, NULL, 1), 0);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h4, with_empty, NULL, 2), 0);
+    cr_assert_neq(memcmp(h1, h2, 16), 0, "[ab, c] and [a, bc] must differ");
+    cr_assert_neq(memcmp(h1, h3, 16), 0);
+    cr_assert_neq(memcmp(h3, h4, 16), 0, "an empty token counts");
+    /* Explicit lengths give the same; bytes after a NUL count with them. */
+    const size_t lens[] = {2, 1};
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h5, ab_c, lens, 2), 0);
+    cr_assert_eq(memcmp(h1, h5, 16), 0);
+    const char *nul[] = {"a\0b"};
+    const size_t nul_len[] = {3};
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h5, nul, nul_len, 1), 0);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h2, nul, NULL, 1), 0);
+    cr_assert_neq(memcmp(h5, h2, 16), 0);
+    /* The stream is each length (u64 LE) then the bytes, seeded. */
+    uint8_t stream[8 + 2 + 8 + 1] = {2, 0, 0, 0, 0, 0, 0, 0, 'a', 'b', 1, 0, 0, 0, 0, 0, 0, 0, 'c'};
+    xxh3_128_seeded(h2, stream, sizeof(stream), CTXS__TOKENIZER_STRINGS_SEED);
+    cr_assert_eq(memcmp(h1, h2, 16), 0);
+    /* No list: still a hash, the seeded hash of nothing. */
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h1, NULL, NULL, 0), 0);
+    xxh3_128_seeded(h2, "", 0, CTXS__TOKENIZER_STRINGS_SEED);
+    cr_assert_eq(memcmp(h1, h2, 16), 0);
+    const char *null_tok[] = {"a", NULL};
+    const size_t zero_len[] = {1, 0};
+    cr_assert_eq(ctxs_tokenizer_hash_strings(NULL, ab_c, NULL, 2), CTXS_EINVAL);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h1, NULL, NULL, 2), CTXS_EINVAL);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h1, null_tok, NULL, 2), CTXS_EINVAL);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h1, null_tok, zero_len, 2), 0);
+}
+
 /* --- Checkpoints ------------------------------------------------------------- */
 
 static ctxs_checkpoint_entry *cp_find(ctxs_checkpoint_entry *list, size_t n, const char *name)

@@ -72,12 +72,28 @@ typedef struct ctxs__checkpoint_rec {
 } ctxs__checkpoint_rec;
 static_assert(sizeof(ctxs__checkpoint_rec) == 24, "checkpoint record");
 
-/* filehash[key]: the cached XXH3-128 of a weights file. */
+/* filehash[key]: the cached XXH3-128 of a weights file (this key, 40
+ * bytes), or of a tokenizer file (ctxs__tokhash_key, 48 bytes): the kinds
+ * hash in different domains and never share a row. */
 typedef struct ctxs__filehash_key {
     uint64_t dev, ino, size;
     int64_t mtime_sec, mtime_nsec;
 } ctxs__filehash_key;
 static_assert(sizeof(ctxs__filehash_key) == 40, "file hash key");
+
+#define CTXS__TOKHASH_KIND "tokenizr"
+typedef struct ctxs__tokhash_key {
+    ctxs__filehash_key file;
+    char kind[8];               /* CTXS__TOKHASH_KIND */
+} ctxs__tokhash_key;
+static_assert(sizeof(ctxs__tokhash_key) == 48, "tokenizer hash key");
+
+/* XXH3-128 seeds: weights files hash with 0 (the plain XXH3-128 of the
+ * file, which apps may compute themselves); a tokenizer, from its file or
+ * its strings, with seeds of its own, so that no file hashes to the same
+ * value as weights and as a tokenizer. */
+#define CTXS__TOKENIZER_FILE_SEED 0x746f6b2d66696c65ull    /* "tok-file" */
+#define CTXS__TOKENIZER_STRINGS_SEED 0x746f6b2d73747273ull /* "tok-strs" */
 
 /* pending[id BE]: a file being created or deleted (ctxs__intent). */
 enum ctxs__intent { CTXS__INTENT_CREATE = 'C', CTXS__INTENT_DELETE = 'D' };

@@ -97,8 +97,9 @@ static const command k_commands[] = {
       "register hashes the weights file FILE (XXH3-128; the store remembers the\n"
       "hash of a file that has not changed) and registers that hash with the\n"
       "geometry of its KV cache: layers, KV heads per layer (after GQA) and\n"
-      "elements per head, each 1 to 4096. The tokenizer hash is TFILE's, or HEX\n"
-      "(32 hex digits), or zero. Registering a hash again changes its name; with\n"
+      "elements per head, each 1 to 4096. The tokenizer hash is TFILE's (the\n"
+      "vocabulary file: tokenizer.json, tokenizer.model; hashed apart from\n"
+      "weights), or HEX (32 hex digits), or zero. Registering a hash again changes its name; with\n"
       "another geometry or tokenizer it is refused (exit 5). Prints the hash.\n" },
     { "prefix", cmd_prefix, "find the session holding a prompt's first tokens",
       "prefix --model MODEL TOKEN... [--json]\n"

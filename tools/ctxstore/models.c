@@ -163,7 +163,7 @@ static int models_register(const cli *c, ctxs_store *st, reg_args *a)
     if (rc < 0)
         return hash_fail(rc, "weights file", a->file);
     if (a->tokenizer_file &&
-        (rc = ctxs_model_hash_file(a->model.tokenizer_hash, st, a->tokenizer_file)) < 0)
+        (rc = ctxs_tokenizer_hash_file(a->model.tokenizer_hash, st, a->tokenizer_file)) < 0)
         return hash_fail(rc, "tokenizer file", a->tokenizer_file);
     ctxs_model_entry before, after;
     int existed = ctxs_model_get(&before, st, a->model.model_hash) == 0;

@@ -129,7 +129,8 @@ extern "C" {
     XX(NOMEM, -32012, "out of memory")                                        \
     XX(STALE, -32013, "the session no longer holds those tokens")            \
     XX(NODEVICE, -32014, "no usable GPU device")                              \
-    XX(DEVICE, -32015, "GPU error")
+    XX(DEVICE, -32015, "GPU error")                                          \
+    XX(TOOBIG, -32016, "value or metadata above its size limit")
 
 typedef enum ctxs_error {
 #define CTXS_ERR_ENUM_(name, value, text) CTXS_E##name = (value),
@@ -860,10 +861,75 @@ CTXS_API int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out,
 CTXS_API int ctxs_store_session_rename(ctxs_store *st, const char *from,
                                        const char *to);
 
-/* Deletes a session, its checkpoints and its prefixes: the index first, then
- * the file. Errors: CTXS_ENOTFOUND, CTXS_EBUSY (a handle, writer or
+/* Deletes a session, its checkpoints, metadata and prefixes: the index
+ * first, then the file. Errors: CTXS_ENOTFOUND, CTXS_EBUSY (a handle, writer or
  * reader, in any process has it open), -errno. */
 CTXS_API int ctxs_store_session_delete(ctxs_store *st, const char *name);
+
+/* --- Metadata ----------------------------------------------------------------
+ *
+ * What an app keeps beside a conversation's tokens: its title, chat
+ * template, sampler settings, the app's own JSON. Each session has a map
+ * from keys (names, under the rule above) to values (any bytes, empty
+ * included), kept in the index with the session:
+ *
+ * - a rename keeps it; a delete (and gc) deletes it with the session;
+ *   ctxs_store_reindex() and ctxs_store_repair() keep it for every session
+ *   whose file is still there;
+ * - a fork does NOT copy it: a fork is a new conversation (and a prefix
+ *   match forks another conversation's tokens, whose title and settings
+ *   are not the new one's); copy what should carry over with these calls;
+ * - export and import carry it (export format 2.0).
+ *
+ * A value holds at most CTXS_META_VALUE_MAX bytes, and a session's keys and
+ * values together at most CTXS_META_SESSION_MAX bytes: CTXS_ETOOBIG past
+ * either, and nothing changes. The map is not meant for the conversation's
+ * text (the KV and token ids are), nor for anything large. Every call is
+ * one transaction and thread-safe; a session open by a writer may have its
+ * metadata read and changed meanwhile.
+ */
+#define CTXS_META_VALUE_MAX (64u << 10)    /* bytes of one value */
+#define CTXS_META_SESSION_MAX (256u << 10) /* bytes of a session's keys and
+                                              values together */
+
+typedef struct ctxs_meta_entry {
+    char key[CTXS_NAME_MAX + 1]; /* NUL-terminated */
+    const void *value;   /* value_bytes bytes, then a NUL not counted (so
+                            that a text value prints as a C string); in the
+                            listing's own allocation */
+    size_t value_bytes;
+} ctxs_meta_entry;
+
+/* Sets key of the session named name to value_bytes bytes of value
+ * (value_bytes may be 0), replacing what it held; with value NULL (and
+ * value_bytes 0) deletes key.
+ * Errors: CTXS_ENOTFOUND (no such session; or, deleting, no such key),
+ * CTXS_ETOOBIG (value above CTXS_META_VALUE_MAX, or the session's keys and
+ * values would pass CTXS_META_SESSION_MAX), CTXS_EINVAL (NULL st, a name
+ * or key that breaks the name rule, value NULL with value_bytes > 0),
+ * CTXS_EFULL (index full), -errno. Nothing changes on error. Thread-safe. */
+CTXS_API int ctxs_store_session_set_meta(ctxs_store *st, const char *name,
+                                         const char *key, const void *value,
+                                         size_t value_bytes);
+
+/* Reads key of the session named name. *value_bytes is, on entry, the
+ * size of the buffer out, and receives the value's size. With out NULL
+ * only the size is given; a buffer of CTXS_META_VALUE_MAX bytes always
+ * holds a value. Errors: CTXS_ENOTFOUND (no such session or key), -ERANGE
+ * (the value is larger than *value_bytes said: nothing copied,
+ * *value_bytes set to its size), CTXS_EINVAL (NULL value_bytes or st, a
+ * bad name or key), CTXS_ECORRUPT, -errno. Thread-safe. */
+CTXS_API int ctxs_store_session_get_meta(void *out, size_t *value_bytes,
+                                         ctxs_store *st, const char *name,
+                                         const char *key);
+
+/* Every key and value of the session named name, in key order (bytewise):
+ * *out is an array of *n_out entries whose values lie in the same
+ * allocation, released with one ctxs_free(*out) (NULL when there are
+ * none). One consistent snapshot. Errors: CTXS_ENOTFOUND (no such
+ * session), CTXS_EINVAL, CTXS_ENOMEM, CTXS_ECORRUPT. Thread-safe. */
+CTXS_API int ctxs_store_session_list_meta(ctxs_meta_entry **out, size_t *n_out,
+                                          ctxs_store *st, const char *name);
 
 /* --- Checkpoints -------------------------------------------------------- */
 

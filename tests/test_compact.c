@@ -523,6 +523,11 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
     /* An id naming a session that is not there. */
     ctxs__id_key(idk, dead + 1);
     put_raw(st, st->ids, idk, 8, "ghost", 5);
+    /* Metadata of the session gone (an older library's delete leaves it). */
+    uint8_t mk_[10];
+    ctxs__id_key(mk_, dead);
+    memcpy(mk_ + 8, "ti", 2);
+    put_raw(st, st->metadata, mk_, 10, "x", 1);
     /* keep's own id row lost: mended, not removed. */
     ctxs__id_key(idk, keep_id);
     MDB_txn *txn;
@@ -558,8 +563,8 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
 
     ctxs_compact_result res = compact(st, NULL, 0);
     /* gone's entries, the leftover, a checkpoint, a chunk, two prefix
-     * entries, the ghost id, three stale hashes. */
-    cr_assert_eq(res.orphans_removed, 10, "removed %llu", (unsigned long long)res.orphans_removed);
+     * entries, the ghost id, a metadata row, three stale hashes. */
+    cr_assert_eq(res.orphans_removed, 11, "removed %llu", (unsigned long long)res.orphans_removed);
     cr_assert_eq(res.sessions, 1);
     cr_assert_not(ts_exists(tmp));
     ctxs_session_entry e;
@@ -567,6 +572,7 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
     ctxs__id_key(k, dead);
     memcpy(k + 8, "cp", 2);
     cr_assert_not(has_raw(st, st->checkpoints, k, 10, NULL, 0));
+    cr_assert_not(has_raw(st, st->metadata, mk_, 10, NULL, 0));
     cr_assert_eq(entries(st, st->chunks), 3, "keep's 3 chunks stay");
     cr_assert_eq(entries(st, st->prefixes), 3);
     ctxs__id_key(idk, dead + 1);

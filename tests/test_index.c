@@ -2393,3 +2393,266 @@ Test(index, a_full_index_is_efull_and_loses_nothing)
     ctxs_session_close(s);
     ctxs_store_close(st);
 }
+
+/* --- Metadata ------------------------------------------------------------------ */
+
+static void meta_set(ctxs_store *st, const char *name, const char *key, const char *text)
+{
+    int rc = ctxs_store_session_set_meta(st, name, key, text, strlen(text));
+    cr_assert_eq(rc, 0, "set %s.%s: %s", name, key, ctxs_err_name(rc));
+}
+
+/* The value of key as a string ("" with *rc set when it cannot be read). */
+static const char *meta_str(ctxs_store *st, const char *name, const char *key, int *rc)
+{
+    static char buf[512];
+    size_t n = sizeof(buf) - 1;
+    *rc = ctxs_store_session_get_meta(buf, &n, st, name, key);
+    buf[*rc == 0 ? n : 0] = '\0';
+    return buf;
+}
+
+static size_t meta_count(ctxs_store *st, const char *name)
+{
+    ctxs_meta_entry *list;
+    size_t n;
+    int rc = ctxs_store_session_list_meta(&list, &n, st, name);
+    cr_assert_eq(rc, 0, "list %s: %s", name, ctxs_err_name(rc));
+    ctxs_free(list);
+    return n;
+}
+
+Test(index, metadata_is_set_read_listed_and_deleted)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "chat", &m, 256, 4, 10);
+    /* Set while a writer has the session open. */
+    meta_set(st, "chat", "title", "Trip to Lisbon");
+    meta_set(st, "chat", "sampler", "{\"temperature\":0.7}");
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "empty", "", 0), 0);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "bin", "a\0b", 3), 0);
+    ctxs_session_close(s);
+    int rc;
+    cr_assert_str_eq(meta_str(st, "chat", "title", &rc), "Trip to Lisbon");
+    meta_set(st, "chat", "title", "Lisbon, day 2");
+    cr_assert_str_eq(meta_str(st, "chat", "title", &rc), "Lisbon, day 2");
+    /* Sizing first, and a buffer too small. */
+    size_t n = 0;
+    cr_assert_eq(ctxs_store_session_get_meta(NULL, &n, st, "chat", "title"), 0);
+    cr_assert_eq(n, 13);
+    char small[4] = "xyz";
+    n = 4;
+    cr_assert_eq(ctxs_store_session_get_meta(small, &n, st, "chat", "title"), -ERANGE);
+    cr_assert_eq(n, 13);
+    cr_assert_str_eq(small, "xyz", "a buffer too small is left as it was");
+    char bin[8];
+    n = sizeof(bin);
+    cr_assert_eq(ctxs_store_session_get_meta(bin, &n, st, "chat", "bin"), 0);
+    cr_assert(n == 3 && memcmp(bin, "a\0b", 3) == 0);
+    n = sizeof(bin);
+    cr_assert_eq(ctxs_store_session_get_meta(bin, &n, st, "chat", "empty"), 0);
+    cr_assert_eq(n, 0);
+    /* The listing: key order, values NUL-terminated, one allocation. */
+    ctxs_meta_entry *list;
+    cr_assert_eq(ctxs_store_session_list_meta(&list, &n, st, "chat"), 0);
+    cr_assert_eq(n, 4);
+    const char *keys[] = {"bin", "empty", "sampler", "title"};
+    for (size_t i = 0; i < 4; i++)
+        cr_assert_str_eq(list[i].key, keys[i]);
+    cr_assert_eq(list[0].value_bytes, 3);
+    cr_assert(memcmp(list[0].value, "a\0b", 4) == 0);
+    cr_assert_eq(list[1].value_bytes, 0);
+    cr_assert_str_eq(list[1].value, "");
+    cr_assert_str_eq(list[3].value, "Lisbon, day 2");
+    ctxs_free(list);
+    /* Delete. */
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "sampler", NULL, 0), 0);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "sampler", NULL, 0), CTXS_ENOTFOUND);
+    meta_str(st, "chat", "sampler", &rc);
+    cr_assert_eq(rc, CTXS_ENOTFOUND);
+    cr_assert_eq(meta_count(st, "chat"), 3);
+    /* A session without any, and sessions that are not there. */
+    ctxs_session_close(mk(st, "bare", &m, 256, 4, 0));
+    cr_assert_eq(ctxs_store_session_list_meta(&list, &n, st, "bare"), 0);
+    cr_assert(n == 0 && list == NULL);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "nope", "k", "v", 1), CTXS_ENOTFOUND);
+    n = 8;
+    cr_assert_eq(ctxs_store_session_get_meta(bin, &n, st, "nope", "k"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_list_meta(&list, &n, st, "nope"), CTXS_ENOTFOUND);
+    ctxs_store_close(st);
+}
+
+Test(index, metadata_refuses_bad_arguments_and_changes_nothing)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "chat", &m, 256, 4, 0));
+    meta_set(st, "chat", "title", "t");
+    const char *bad[] = {"", ".", "a/b", "x..y", "new\nline", "\xff", NULL};
+    char buf[8];
+    size_t n = sizeof(buf);
+    ctxs_meta_entry *list;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_assert_eq(ctxs_store_session_set_meta(st, "chat", bad[i], "v", 1), CTXS_EINVAL, "%zu", i);
+        cr_assert_eq(ctxs_store_session_set_meta(st, bad[i], "k", "v", 1), CTXS_EINVAL, "%zu", i);
+        cr_assert_eq(ctxs_store_session_get_meta(buf, &n, st, "chat", bad[i]), CTXS_EINVAL, "%zu", i);
+        cr_assert_eq(ctxs_store_session_get_meta(buf, &n, st, bad[i], "title"), CTXS_EINVAL, "%zu", i);
+        cr_assert_eq(ctxs_store_session_list_meta(&list, &n, st, bad[i]), CTXS_EINVAL, "%zu", i);
+    }
+    cr_assert_eq(ctxs_store_session_set_meta(NULL, "chat", "k", "v", 1), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "k", NULL, 1), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_get_meta(buf, NULL, st, "chat", "title"), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_list_meta(NULL, &n, st, "chat"), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_list_meta(&list, NULL, st, "chat"), CTXS_EINVAL);
+    cr_assert_eq(meta_count(st, "chat"), 1);
+    ctxs_store_close(st);
+}
+
+Test(index, metadata_past_its_limits_is_etoobig_and_changes_nothing)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "chat", &m, 256, 4, 0));
+    uint8_t *big = calloc(1, CTXS_META_VALUE_MAX + 1);
+    memset(big, 'x', CTXS_META_VALUE_MAX + 1);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "a", big, CTXS_META_VALUE_MAX + 1),
+                 CTXS_ETOOBIG);
+    cr_assert_eq(meta_count(st, "chat"), 0);
+    /* Three whole values and their keys: 3 x (1 + 64 KiB). */
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "a", big, CTXS_META_VALUE_MAX), 0);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "b", big, CTXS_META_VALUE_MAX), 0);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "c", big, CTXS_META_VALUE_MAX), 0);
+    /* A fourth would pass 256 KiB by its key's bytes and more. */
+    size_t room = CTXS_META_SESSION_MAX - 3 * (1 + CTXS_META_VALUE_MAX) - 1;
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "d", big, room + 1), CTXS_ETOOBIG);
+    cr_assert_eq(meta_count(st, "chat"), 3);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "d", big, room), 0);
+    /* Full: replacing a value counts it once, not twice; a bigger one does
+     * not fit. */
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "a", big, CTXS_META_VALUE_MAX), 0);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "d", big, room + 1), CTXS_ETOOBIG);
+    size_t n = 0;
+    cr_assert_eq(ctxs_store_session_get_meta(NULL, &n, st, "chat", "d"), 0);
+    cr_assert_eq(n, room, "a refused set changed the value");
+    /* Another session has its own room. */
+    ctxs_session_close(mk(st, "other", &m, 256, 4, 0));
+    cr_assert_eq(ctxs_store_session_set_meta(st, "other", "a", big, CTXS_META_VALUE_MAX), 0);
+    free(big);
+    ctxs_store_close(st);
+}
+
+Test(index, metadata_goes_with_the_session)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "chat", &m, 256, 4, 70));
+    meta_set(st, "chat", "title", "first");
+    int rc;
+    /* A rename keeps it. */
+    cr_assert_eq(ctxs_store_session_rename(st, "chat", "renamed"), 0);
+    cr_assert_str_eq(meta_str(st, "renamed", "title", &rc), "first");
+    /* A fork is a new conversation: none. */
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "fork", "renamed", 64, NULL), 0);
+    cr_assert_eq(meta_count(st, "fork"), 0);
+    cr_assert_eq(meta_count(st, "renamed"), 1);
+    /* A delete drops it: a new session under the name starts empty. */
+    cr_assert_eq(ctxs_store_session_delete(st, "renamed"), 0);
+    ctxs_session_close(mk(st, "renamed", &m, 256, 4, 0));
+    cr_assert_eq(meta_count(st, "renamed"), 0);
+    /* gc too. */
+    meta_set(st, "fork", "title", "fork's");
+    ctxs_session_entry fork_e = ts_session_entry(st, "fork");
+    ctxs_gc_result res;
+    cr_assert_eq(ctxs_store_gc(&res, st, 0), 0);
+    cr_assert_eq(res.deleted, 2);
+    ctxs_store_close(st);
+    /* No row is left behind under the ids that are gone. */
+    MDB_env *env = raw_env();
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_stat ms;
+    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "metadata", 0, &dbi), 0);
+    cr_assert_eq(mdb_stat(txn, dbi, &ms), 0);
+    cr_assert_eq(ms.ms_entries, 0, "%zu metadata rows left (fork id %llu)", ms.ms_entries,
+                 (unsigned long long)fork_e.id);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+}
+
+Test(index, reindex_and_repair_keep_metadata_of_sessions_still_present)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "keep", &m, 256, 4, 70));
+    ctxs_session_close(mk(st, "lost", &m, 256, 4, 10));
+    ctxs_session_close(mk(st, "gone", &m, 256, 4, 10));
+    meta_set(st, "keep", "title", "kept");
+    meta_set(st, "lost", "title", "lost");
+    meta_set(st, "gone", "title", "gone");
+    ctxs_session_entry lost = ts_session_entry(st, "lost"), gone = ts_session_entry(st, "gone");
+    cr_assert_eq(unlink(ts_id_path(lost.id)), 0);
+    ctxs_reindex_result rr;
+    cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
+    cr_assert_eq(rr.sessions, 2);
+    int rc;
+    cr_assert_str_eq(meta_str(st, "keep", "title", &rc), "kept");
+    cr_assert_str_eq(meta_str(st, "gone", "title", &rc), "gone");
+    /* Repair drops an entry whose file is gone, with its metadata. */
+    cr_assert_eq(unlink(ts_id_path(gone.id)), 0);
+    ctxs_repair_result pr;
+    cr_assert_eq(ctxs_store_repair(&pr, st), 0);
+    cr_assert_eq(pr.entries_removed, 1);
+    cr_assert_str_eq(meta_str(st, "keep", "title", &rc), "kept");
+    ctxs_store_close(st);
+    MDB_env *env = raw_env();
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_stat ms;
+    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "metadata", 0, &dbi), 0);
+    cr_assert_eq(mdb_stat(txn, dbi, &ms), 0);
+    cr_assert_eq(ms.ms_entries, 1, "only keep's row is left");
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+}
+
+Test(index, an_index_from_before_metadata_opens_and_takes_it)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "chat", &m, 256, 4, 70));
+    ctxs_store_close(st);
+    /* As index 1.1 wrote it: no metadata table, minor 1. */
+    MDB_env *env = raw_env();
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "metadata", 0, &dbi), 0);
+    cr_assert_eq(mdb_drop(txn, dbi, 1), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    ctxs__index_format f;
+    memset(&f, 0, sizeof(f));
+    memcpy(f.magic, CTXS__INDEX_MAGIC, 8);
+    f.major = 1;
+    f.minor = 1;
+    raw_put(env, "meta", "format", 6, &f, sizeof(f));
+    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "metadata", 0, &dbi), MDB_NOTFOUND);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    st = ts_store_open(ts_store_dir());
+    cr_assert_eq(ts_session_entry(st, "chat").n_tokens, 70);
+    cr_assert_eq(meta_count(st, "chat"), 0);
+    meta_set(st, "chat", "title", "new");
+    int rc;
+    cr_assert_str_eq(meta_str(st, "chat", "title", &rc), "new");
+    ctxs_store_close(st);
+}

@@ -302,6 +302,7 @@ static int remove_orphan_rows(ctxs_store *st, uint64_t *removed)
     uint64_t count = 0;
     if ((rc = mend_names(txn, st, &own, &n, &count)) == 0 &&
         (rc = drop_unowned(txn, st->checkpoints, SIZE_MAX, own, n, &count)) == 0 &&
+        (rc = drop_unowned(txn, st->metadata, SIZE_MAX, own, n, &count)) == 0 &&
         (rc = drop_unowned(txn, st->chunks, 4, own, n, &count)) == 0 &&
         (rc = drop_unowned_prefixes(txn, st, own, n, &count)) == 0)
         rc = drop_stale_filehash(txn, st, &count);

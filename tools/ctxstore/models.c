@@ -253,6 +253,9 @@ static int register_check(const reg_args *a, int nargs)
         return cli_usage_error("models", "models register takes one FILE, the weights");
     if (!a->name)
         return cli_usage_error("models", "models register needs --name NAME");
+    int ex;
+    if ((ex = cli_check_name("model name", a->name)) >= 0)
+        return ex;
     if (!g->n_layers || !g->n_kv_heads || !g->head_dim)
         return cli_usage_error("models", "models register needs --layers, --kv-heads and "
                                          "--head-dim");

@@ -1117,8 +1117,8 @@ typedef struct ctxs_reindex_result {
 } ctxs_reindex_result;
 
 /* Rebuilds the index from the session files: names (each file keeps its
- * own), models, token counts and prefixes. Checkpoints of sessions still
- * present and models' display names are kept; sessions whose name is lost
+ * own), models, token counts and prefixes. Checkpoints and metadata of
+ * sessions still present and models' display names are kept; sessions whose name is lost
  * or taken are named "session-<id>". Files that are not valid sessions
  * (foreign, damaged, of a newer version) are left alone and counted; a
  * file that cannot be read (-EIO, -EACCES, ...) stops the rebuild before
@@ -1166,9 +1166,10 @@ CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
 /* --- Export and import ------------------------------------------------------
  *
  * An export file carries one session to another machine: its model (with
- * the display name), geometry, state and every held token's id, checksum
- * and KV, in zlib-compressed blocks that each carry a CRC-32. See
- * docs/FORMAT.md.
+ * the display name), geometry, metadata, state and every held token's id,
+ * checksum and KV, in zlib-compressed blocks that each carry a CRC-32
+ * (export format 2.0; import also reads 1.0 files, which have no
+ * metadata). See docs/FORMAT.md.
  */
 
 /* Writes the committed tokens of the session named name to a new file at
@@ -1188,9 +1189,10 @@ CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
                                        void *progress_arg);
 
 /* Reads the export file at path and checks all of it (every block's CRC,
- * every token's checksum, the model and geometry) before the store is
- * touched; then creates the session, named name (NULL: the name the file
- * carries), registering the model if the store does not know it. The
+ * every token's checksum, the model and geometry, the metadata) before the
+ * store is touched; then creates the session with its metadata, named name
+ * (NULL: the name the file carries), registering the model if the store
+ * does not know it. The
  * session appears complete or not at all. name_out (may be NULL) receives
  * the name used. progress counts bytes of the file, over both passes
  * (total is twice the file's size).

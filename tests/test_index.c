@@ -2560,12 +2560,16 @@ Test(index, metadata_goes_with_the_session)
     cr_assert_eq(ctxs_store_session_fork(NULL, st, "fork", "renamed", 64, NULL), 0);
     cr_assert_eq(meta_count(st, "fork"), 0);
     cr_assert_eq(meta_count(st, "renamed"), 1);
-    /* A delete drops it: a new session under the name starts empty. */
+    /* A delete drops it, every key: a new session under the name starts
+     * empty. */
+    meta_set(st, "renamed", "a", "1");
+    meta_set(st, "renamed", "z", "2");
     cr_assert_eq(ctxs_store_session_delete(st, "renamed"), 0);
     ctxs_session_close(mk(st, "renamed", &m, 256, 4, 0));
     cr_assert_eq(meta_count(st, "renamed"), 0);
     /* gc too. */
     meta_set(st, "fork", "title", "fork's");
+    meta_set(st, "fork", "app", "{}");
     ctxs_session_entry fork_e = ts_session_entry(st, "fork");
     ctxs_gc_result res;
     cr_assert_eq(ctxs_store_gc(&res, st, 0), 0);

@@ -95,15 +95,14 @@ static_assert(sizeof(ctxs__tokhash_key) == 48, "tokenizer hash key");
 #define CTXS__TOKENIZER_FILE_SEED 0x746f6b2d66696c65ull    /* "tok-file" */
 #define CTXS__TOKENIZER_STRINGS_SEED 0x746f6b2d73747273ull /* "tok-strs" */
 
-/* metadata[id BE || key]: the value's bytes (index 1.2). */
-/* One metadata entry, pointing into its owner's memory. */
+/* metadata[id BE || key]: the value's bytes (index 1.2). One entry, as
+ * the code passes it around, points into its owner's memory: */
 typedef struct ctxs__meta_item {
     const char *key;            /* key_len bytes, a valid name */
     size_t key_len;
     const void *value;
     size_t value_bytes;
 } ctxs__meta_item;
-
 
 /* pending[id BE]: a file being created or deleted (ctxs__intent). */
 enum ctxs__intent { CTXS__INTENT_CREATE = 'C', CTXS__INTENT_DELETE = 'D' };

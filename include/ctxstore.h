@@ -88,7 +88,12 @@ extern "C" {
 /* Names of sessions, checkpoints and models: at most this many bytes, see
  * "Stores" for the rule. Buffers that receive one are CTXS_NAME_MAX + 1. */
 #define CTXS_NAME_MAX 255
-/* Model and tokenizer hashes (XXH3-128 by ctxs_model_hash_file()). */
+/* The rule, in words, for a program to show when a name is refused. */
+#define CTXS_NAME_RULE                                                         \
+    "a name is 1 to 255 bytes of UTF-8 text without '/', '..' or control "     \
+    "characters, and not '.'"
+/* Model and tokenizer hashes (XXH3-128 by ctxs_model_hash_file() and
+ * ctxs_tokenizer_hash_file()). */
 #define CTXS_HASH_BYTES 16
 
 /* The defaults of the _INIT macros. */
@@ -126,7 +131,8 @@ extern "C" {
     XX(NOMEM, -32012, "out of memory")                                        \
     XX(STALE, -32013, "the session no longer holds those tokens")            \
     XX(NODEVICE, -32014, "no usable GPU device")                              \
-    XX(DEVICE, -32015, "GPU error")
+    XX(DEVICE, -32015, "GPU error")                                          \
+    XX(TOOBIG, -32016, "value or metadata above its size limit")
 
 typedef enum ctxs_error {
 #define CTXS_ERR_ENUM_(name, value, text) CTXS_E##name = (value),
@@ -508,6 +514,18 @@ CTXS_API int ctxs_session_verify_range(uint64_t *bad_pos, const ctxs_session *s,
 CTXS_API int ctxs_session_get_slot(uint32_t *out, const ctxs_session *s,
                                    uint64_t pos);
 
+/* Copies the token ids of the committed positions [from, from + n) into
+ * out[0..n), in position order: what the app committed there, to show the
+ * conversation or tokenize after it without a table of its own. Reads the
+ * session's token table (a reader sees it as of its last open or refresh,
+ * with the caveat above on slots a writer rolls back or wraps over). n == 0
+ * with from <= the committed count copies nothing and succeeds.
+ * Errors: CTXS_EINVAL (s NULL, or out NULL with n > 0), CTXS_ENOTFOUND (the
+ * range runs past the committed count), CTXS_EEVICTED (the ring overwrote
+ * a position in it). Nothing is copied on error. */
+CTXS_API int ctxs_session_get_tokens(uint32_t *out, const ctxs_session *s,
+                                     uint64_t from, uint32_t n);
+
 /* --- Info ----------------------------------------------------------------- */
 
 #define CTXS_INFO_READONLY 0x01u  /* opened read-only */
@@ -742,6 +760,8 @@ CTXS_API const char *ctxs_attention_get_isa(void);
  * to CTXS_NAME_MAX bytes without control characters, '/' or ".." anywhere, and not
  * ".": CTXS_EINVAL otherwise. Names never become paths; the rule keeps them
  * from looking like one wherever tools print or export them.
+ * ctxs_name_check() says why a name is refused; CTXS_NAME_RULE is the
+ * rule in words.
  *
  * Caveats:
  *
@@ -754,6 +774,13 @@ CTXS_API const char *ctxs_attention_get_isa(void);
  * - Session handles opened through a store must be closed before the store.
  */
 typedef struct ctxs_store ctxs_store;
+
+/* Checks name against the rule above: NULL when it is a valid name, else a
+ * static sentence that says why not, to follow the name in a message
+ * ("contains '/'", "is longer than 255 bytes", "is not valid UTF-8", "is
+ * empty", "is missing (NULL)", ...). Every call that takes a name refuses
+ * with CTXS_EINVAL exactly the names this refuses. Thread-safe. */
+CTXS_API const char *ctxs_name_check(const char *name);
 
 #define CTXS_STORE_OPTIONS_VERSION 1
 
@@ -817,6 +844,27 @@ CTXS_API int ctxs_model_list(ctxs_model_entry **out, size_t *n_out,
 CTXS_API int ctxs_model_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st,
                                   const char *path);
 
+/* A tokenizer hash (for ctxs_model.tokenizer_hash) of the vocabulary file
+ * at path (tokenizer.json, tokenizer.model, ...): XXH3-128 of its bytes in
+ * a domain of its own (seeded), so that a file never gets the hash that
+ * ctxs_model_hash_file() gives it. Cached as ctxs_model_hash_file() caches,
+ * apart from weights hashes; st may be NULL.
+ * Errors: -errno from open or read, -EISDIR, CTXS_EINVAL (NULL, or not a
+ * regular file), CTXS_ENOMEM. */
+CTXS_API int ctxs_tokenizer_hash_file(uint8_t out[CTXS_HASH_BYTES],
+                                      ctxs_store *st, const char *path);
+
+/* A tokenizer hash of the token strings of a vocabulary, in id order:
+ * tokens[i] is the bytes of id i, lengths[i] bytes long (lengths NULL:
+ * each is NUL-terminated). Each token is hashed after its length, so
+ * ["ab", "c"] and ["a", "bc"] differ; the domain differs from both file
+ * hashes. Nothing is cached: it reads only memory.
+ * Errors: CTXS_EINVAL (out NULL, tokens NULL with n > 0, a NULL token with
+ * a nonzero length or without lengths), CTXS_ENOMEM. Thread-safe. */
+CTXS_API int ctxs_tokenizer_hash_strings(uint8_t out[CTXS_HASH_BYTES],
+                                         const char *const *tokens,
+                                         const size_t *lengths, size_t n);
+
 /* Releases an array returned by a listing function. Accepts NULL. */
 CTXS_API void ctxs_free(void *p);
 
@@ -870,10 +918,75 @@ CTXS_API int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out,
 CTXS_API int ctxs_store_session_rename(ctxs_store *st, const char *from,
                                        const char *to);
 
-/* Deletes a session, its checkpoints and its prefixes: the index first, then
- * the file. Errors: CTXS_ENOTFOUND, CTXS_EBUSY (a handle, writer or
+/* Deletes a session, its checkpoints, metadata and prefixes: the index
+ * first, then the file. Errors: CTXS_ENOTFOUND, CTXS_EBUSY (a handle, writer or
  * reader, in any process has it open), -errno. */
 CTXS_API int ctxs_store_session_delete(ctxs_store *st, const char *name);
+
+/* --- Metadata ----------------------------------------------------------------
+ *
+ * What an app keeps beside a conversation's tokens: its title, chat
+ * template, sampler settings, the app's own JSON. Each session has a map
+ * from keys (names, under the rule above) to values (any bytes, empty
+ * included), kept in the index with the session:
+ *
+ * - a rename keeps it; a delete (and gc) deletes it with the session;
+ *   ctxs_store_reindex() and ctxs_store_repair() keep it for every session
+ *   whose file is still there;
+ * - a fork does NOT copy it: a fork is a new conversation (and a prefix
+ *   match forks another conversation's tokens, whose title and settings
+ *   are not the new one's); copy what should carry over with these calls;
+ * - export and import carry it (export format 2.0).
+ *
+ * A value holds at most CTXS_META_VALUE_MAX bytes, and a session's keys and
+ * values together at most CTXS_META_SESSION_MAX bytes: CTXS_ETOOBIG past
+ * either, and nothing changes. The map is not meant for the conversation's
+ * text (the KV and token ids are), nor for anything large. Every call is
+ * one transaction and thread-safe; a session open by a writer may have its
+ * metadata read and changed meanwhile.
+ */
+#define CTXS_META_VALUE_MAX (64u << 10)    /* bytes of one value */
+#define CTXS_META_SESSION_MAX (256u << 10) /* bytes of a session's keys and
+                                              values together */
+
+typedef struct ctxs_meta_entry {
+    char key[CTXS_NAME_MAX + 1]; /* NUL-terminated */
+    const void *value;   /* value_bytes bytes, then a NUL not counted (so
+                            that a text value prints as a C string); in the
+                            listing's own allocation */
+    size_t value_bytes;
+} ctxs_meta_entry;
+
+/* Sets key of the session named name to value_bytes bytes of value
+ * (value_bytes may be 0), replacing what it held; with value NULL (and
+ * value_bytes 0) deletes key.
+ * Errors: CTXS_ENOTFOUND (no such session; or, deleting, no such key),
+ * CTXS_ETOOBIG (value above CTXS_META_VALUE_MAX, or the session's keys and
+ * values would pass CTXS_META_SESSION_MAX), CTXS_EINVAL (NULL st, a name
+ * or key that breaks the name rule, value NULL with value_bytes > 0),
+ * CTXS_EFULL (index full), -errno. Nothing changes on error. Thread-safe. */
+CTXS_API int ctxs_store_session_set_meta(ctxs_store *st, const char *name,
+                                         const char *key, const void *value,
+                                         size_t value_bytes);
+
+/* Reads key of the session named name. *value_bytes is, on entry, the
+ * size of the buffer out, and receives the value's size. With out NULL
+ * only the size is given; a buffer of CTXS_META_VALUE_MAX bytes always
+ * holds a value. Errors: CTXS_ENOTFOUND (no such session or key), -ERANGE
+ * (the value is larger than *value_bytes said: nothing copied,
+ * *value_bytes set to its size), CTXS_EINVAL (NULL value_bytes or st, a
+ * bad name or key), CTXS_ECORRUPT, -errno. Thread-safe. */
+CTXS_API int ctxs_store_session_get_meta(void *out, size_t *value_bytes,
+                                         ctxs_store *st, const char *name,
+                                         const char *key);
+
+/* Every key and value of the session named name, in key order (bytewise):
+ * *out is an array of *n_out entries whose values lie in the same
+ * allocation, released with one ctxs_free(*out) (NULL when there are
+ * none). One consistent snapshot. Errors: CTXS_ENOTFOUND (no such
+ * session), CTXS_EINVAL, CTXS_ENOMEM, CTXS_ECORRUPT. Thread-safe. */
+CTXS_API int ctxs_store_session_list_meta(ctxs_meta_entry **out, size_t *n_out,
+                                          ctxs_store *st, const char *name);
 
 /* --- Checkpoints -------------------------------------------------------- */
 
@@ -1061,8 +1174,8 @@ typedef struct ctxs_reindex_result {
 } ctxs_reindex_result;
 
 /* Rebuilds the index from the session files: names (each file keeps its
- * own), models, token counts and prefixes. Checkpoints of sessions still
- * present and models' display names are kept; sessions whose name is lost
+ * own), models, token counts and prefixes. Checkpoints and metadata of
+ * sessions still present and models' display names are kept; sessions whose name is lost
  * or taken are named "session-<id>". Files that are not valid sessions
  * (foreign, damaged, of a newer version) are left alone and counted; a
  * file that cannot be read (-EIO, -EACCES, ...) stops the rebuild before
@@ -1110,9 +1223,10 @@ CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
 /* --- Export and import ------------------------------------------------------
  *
  * An export file carries one session to another machine: its model (with
- * the display name), geometry, state and every held token's id, checksum
- * and KV, in zlib-compressed blocks that each carry a CRC-32. See
- * docs/FORMAT.md.
+ * the display name), geometry, metadata, state and every held token's id,
+ * checksum and KV, in zlib-compressed blocks that each carry a CRC-32
+ * (export format 2.0; import also reads 1.0 files, which have no
+ * metadata). See docs/FORMAT.md.
  */
 
 /* Writes the committed tokens of the session named name to a new file at
@@ -1132,9 +1246,10 @@ CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
                                        void *progress_arg);
 
 /* Reads the export file at path and checks all of it (every block's CRC,
- * every token's checksum, the model and geometry) before the store is
- * touched; then creates the session, named name (NULL: the name the file
- * carries), registering the model if the store does not know it. The
+ * every token's checksum, the model and geometry, the metadata) before the
+ * store is touched; then creates the session with its metadata, named name
+ * (NULL: the name the file carries), registering the model if the store
+ * does not know it. The
  * session appears complete or not at all. name_out (may be NULL) receives
  * the name used. progress counts bytes of the file, over both passes
  * (total is twice the file's size).

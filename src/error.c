@@ -36,6 +36,7 @@ const char *ctxs_err_name(int rc)
             ERRNO_NAME_(EMFILE) ERRNO_NAME_(EFBIG) ERRNO_NAME_(ENOSPC)
             ERRNO_NAME_(EROFS) ERRNO_NAME_(ENAMETOOLONG) ERRNO_NAME_(ELOOP)
             ERRNO_NAME_(ENOTSUP) ERRNO_NAME_(EALREADY) ERRNO_NAME_(EDQUOT)
+            ERRNO_NAME_(ERANGE)
         }
 #undef ERRNO_NAME_
         return "ERRNO";

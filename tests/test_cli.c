@@ -48,7 +48,7 @@ enum {
 
 static const char *const k_commands[] = {
     "ls", "info", "verify", "compact", "gc", "rm", "rename", "fork",
-    "checkpoint", "models", "prefix", "reindex", "export", "import", "bench", "demo",
+    "checkpoint", "meta", "models", "prefix", "reindex", "export", "import", "bench", "demo",
 };
 enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };
 
@@ -1809,7 +1809,11 @@ Test(cli, models_register_hashes_the_weights_and_refuses_another_geometry)
     char want[64];
     snprintf(want, sizeof(want), "hash %s", hex_of(h2));
     contains(1, want);
-    cr_assert_str_eq(hex_of(model_of(h2).model.tokenizer_hash), hex_of(ht));
+    /* The tokenizer's hash, in its own domain: not the file's weights hash. */
+    uint8_t ht_tok[16];
+    cr_assert_eq(ctxs_tokenizer_hash_file(ht_tok, NULL, tok), 0);
+    cr_assert_str_eq(hex_of(model_of(h2).model.tokenizer_hash), hex_of(ht_tok));
+    cr_assert_str_neq(hex_of(ht_tok), hex_of(ht));
 
     /* Again: a new name, then nothing new. */
     CLI_EXPECT(EX_OK, S(), "models", "register", w2, "--name", "w-2", "--layers", "2",
@@ -2527,8 +2531,24 @@ Test(cli, hostile_names_exit_2_and_create_nothing)
         CLI_EXPECT(EX_USAGE, S(), "rm", name);
         CLI_EXPECT(EX_USAGE, S(), "rename", "base", name);
         CLI_EXPECT(EX_USAGE, S(), "rename", name, "other");
+        /* Each says what is wrong with the name, and the rule. */
+        says(0, ctxs_name_check(name));
+        says(0, CTXS_NAME_RULE);
+        CLI_EXPECT(EX_USAGE, S(), "meta", name);
+        says(0, ctxs_name_check(name));
+        CLI_EXPECT(EX_USAGE, S(), "meta", "base", name, "v");
+        says(0, ctxs_name_check(name));
+        CLI_EXPECT(EX_USAGE, S(), "export", name, dir_of("never.ctxx"));
+        CLI_EXPECT(EX_USAGE, S(), "verify", name);
+        CLI_EXPECT(EX_USAGE, S(), "compact", name);
+        CLI_EXPECT(EX_USAGE, S(), "checkpoint", "rm", "base", name);
+        CLI_EXPECT(EX_USAGE, S(), "fork", "base", "x", "--checkpoint", name);
+        CLI_EXPECT(EX_USAGE, S(), "prefix", "--model", name, "1");
+        CLI_EXPECT(EX_USAGE, S(), "rm", "base", name);
+        says(0, ctxs_name_check(name));
     }
     same_state(before, S(), "commands with hostile names");
+    cr_assert_not(ts_exists(dir_of("never.ctxx")));
     CLI_EXPECT(EX_OK, S(), "checkpoint", "ls", "base", "--json");
     jc_value *v = json_out();
     cr_assert_eq(v->n, 0, "a checkpoint was made: %s", R.out);
@@ -2825,4 +2845,117 @@ Test(cli, bench_runs_bench_tinychat_and_passes_its_json_through, .timeout = 400)
     free(want_path);
     cr_assert_eq(ts_dir_entries(dir), 0, "bench_tinychat left its scratch files:\n%s",
                  listing(dir));
+}
+
+/* =============================================================================
+ * meta
+ * ========================================================================== */
+
+Test(cli, meta_sets_prints_lists_and_deletes_what_an_app_keeps)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 1, 30);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "meta", "chat", "title", "Trip to Lisbon");
+    contains(1, "set key 'title' of 'chat' (14 bytes)");
+    const char *f = text_file("template.jinja", "{% for m in messages %}\n{{ m }}\n{% endfor %}\n");
+    CLI_EXPECT(EX_OK, S(), "meta", "chat", "chat_template", "--file", f, "--json");
+    jc_value *v = json_out();
+    cr_assert_str_eq(js(v, "action"), "set");
+    cr_assert_eq(ju(v, "bytes"), 45);
+    jc_free(v);
+    /* A value prints as it is, with nothing added. */
+    CLI_EXPECT(EX_OK, S(), "meta", "chat", "title");
+    cr_assert_str_eq(R.out, "Trip to Lisbon");
+    CLI_EXPECT(EX_OK, S(), "meta", "chat", "chat_template");
+    cr_assert_str_eq(R.out, "{% for m in messages %}\n{{ m }}\n{% endfor %}\n");
+    /* The library agrees. */
+    st = ts_store_open(S());
+    char buf[64];
+    size_t n = sizeof(buf);
+    cr_assert_eq(ctxs_store_session_get_meta(buf, &n, st, "chat", "title"), 0);
+    cr_assert(n == 14 && memcmp(buf, "Trip to Lisbon", 14) == 0);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "blob", "\0\1\2", 3), 0);
+    ctxs_store_close(st);
+    /* The listing: the start of each value; binary ones as their size. */
+    CLI_EXPECT(EX_OK, S(), "meta", "chat");
+    contains(1, "Trip to Lisbon");
+    contains(1, "{% for m in messages %} ...");
+    contains(1, "(3 bytes, binary)");
+    contains(1, "3 keys");
+    CLI_EXPECT(EX_OK, S(), "meta", "chat", "--json");
+    v = json_out();
+    const jc_value *list = jget(v, "meta");
+    cr_assert_eq(list->n, 3, "%s", R.out);
+    cr_assert_str_eq(js(jc_at(list, 0), "key"), "blob");
+    cr_assert_str_eq(js(jc_at(list, 0), "hex"), "000102");
+    cr_assert_str_eq(js(jc_at(list, 2), "text"), "Trip to Lisbon");
+    jc_free(v);
+    /* info shows the keys, values shortened. */
+    CLI_EXPECT(EX_OK, S(), "info", "chat");
+    contains(1, "metadata     3 keys");
+    contains(1, "title");
+    CLI_EXPECT(EX_OK, S(), "info", "chat", "--json");
+    v = json_out();
+    cr_assert_eq(jget(v, "meta")->n, 3);
+    cr_assert_str_eq(js(jc_at(jget(v, "meta"), 1), "preview"), "{% for m in messages %} ...");
+    jc_free(v);
+    /* Delete; then the key is not there. */
+    CLI_EXPECT(EX_OK, S(), "meta", "chat", "blob", "--delete");
+    contains(1, "deleted key 'blob' of 'chat'");
+    CLI_EXPECT(EX_NOTFOUND, S(), "meta", "chat", "blob");
+    CLI_EXPECT(EX_NOTFOUND, S(), "meta", "chat", "blob", "--delete");
+    CLI_EXPECT(EX_NOTFOUND, S(), "meta", "nope");
+    /* Usage. */
+    CLI_EXPECT(EX_USAGE, S(), "meta");
+    CLI_EXPECT(EX_USAGE, S(), "meta", "chat", "--delete");
+    CLI_EXPECT(EX_USAGE, S(), "meta", "chat", "k", "v", "--delete");
+    CLI_EXPECT(EX_USAGE, S(), "meta", "chat", "k", "--file", f, "--delete");
+    CLI_EXPECT(EX_NOTFOUND, S(), "meta", "chat", "k", "--file", dir_of("missing"));
+}
+
+Test(cli, meta_past_its_limit_exits_2_says_the_limit_and_changes_nothing)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 1, 0);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "meta", "chat", "title", "kept");
+    char *big = malloc(CTXS_META_VALUE_MAX + 2);
+    memset(big, 'x', CTXS_META_VALUE_MAX + 1);
+    big[CTXS_META_VALUE_MAX + 1] = '\0';
+    const char *f = text_file("big.txt", big);
+    CLI_EXPECT(EX_USAGE, S(), "meta", "chat", "title", "--file", f, "--json");
+    jc_value *v = json_error_out(CTXS_ETOOBIG, "CTXS_ETOOBIG");
+    cr_assert(strstr(hint_of(v), "64 KiB") && strstr(hint_of(v), "256 KiB"), "%s", R.out);
+    jc_free(v);
+    big[CTXS_META_VALUE_MAX] = '\0';
+    f = text_file("max.txt", big);
+    CLI_EXPECT(EX_OK, S(), "meta", "chat", "other", "--file", f);
+    CLI_EXPECT(EX_OK, S(), "meta", "chat", "title");
+    cr_assert_str_eq(R.out, "kept");
+    free(big);
+}
+
+Test(cli, export_and_import_carry_the_metadata)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 1, 100);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "meta", "chat", "title", "Trip to Lisbon");
+    CLI_EXPECT(EX_OK, S(), "meta", "chat", "app", "{\"pinned\":true}");
+    const char *file = dir_of("chat.ctxx");
+    CLI_EXPECT(EX_OK, S(), "export", "chat", file);
+    const char *other = dir_of("other");
+    CLI_EXPECT(EX_OK, other, "import", file);
+    CLI_EXPECT(EX_OK, other, "meta", "chat", "title");
+    cr_assert_str_eq(R.out, "Trip to Lisbon");
+    CLI_EXPECT(EX_OK, other, "meta", "chat", "app");
+    cr_assert_str_eq(R.out, "{\"pinned\":true}");
+    /* A fork starts without it. */
+    CLI_EXPECT(EX_OK, other, "fork", "chat", "fork");
+    CLI_EXPECT(EX_OK, other, "meta", "fork");
+    contains(1, "0 keys");
 }

@@ -523,6 +523,11 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
     /* An id naming a session that is not there. */
     ctxs__id_key(idk, dead + 1);
     put_raw(st, st->ids, idk, 8, "ghost", 5);
+    /* Metadata of the session gone (an older library's delete leaves it). */
+    uint8_t mk_[10];
+    ctxs__id_key(mk_, dead);
+    memcpy(mk_ + 8, "ti", 2);
+    put_raw(st, st->metadata, mk_, 10, "x", 1);
     /* keep's own id row lost: mended, not removed. */
     ctxs__id_key(idk, keep_id);
     MDB_txn *txn;
@@ -545,11 +550,21 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
     ctxs__filehash_key fk_b = {.dev = 1, .ino = 4, .size = 2, .mtime_sec = 300};
     put_raw(st, st->filehash, &fk_a, sizeof(fk_a), v, 16);
     put_raw(st, st->filehash, &fk_b, sizeof(fk_b), v, 16);
+    /* Tokenizer hashes of the same files: a kind of their own, so one is
+     * kept beside the newest weights row, and of two states the older
+     * goes. */
+    ctxs__tokhash_key tk = {.file = fk}, tk_a = {.file = fk_a}, tk_b = {.file = fk_b};
+    memcpy(tk.kind, CTXS__TOKHASH_KIND, 8);
+    memcpy(tk_a.kind, CTXS__TOKHASH_KIND, 8);
+    memcpy(tk_b.kind, CTXS__TOKHASH_KIND, 8);
+    put_raw(st, st->filehash, &tk, sizeof(tk), v, 16);
+    put_raw(st, st->filehash, &tk_a, sizeof(tk_a), v, 16);
+    put_raw(st, st->filehash, &tk_b, sizeof(tk_b), v, 16);
 
     ctxs_compact_result res = compact(st, NULL, 0);
     /* gone's entries, the leftover, a checkpoint, a chunk, two prefix
-     * entries, the ghost id, two stale hashes. */
-    cr_assert_eq(res.orphans_removed, 9, "removed %llu", (unsigned long long)res.orphans_removed);
+     * entries, the ghost id, a metadata row, three stale hashes. */
+    cr_assert_eq(res.orphans_removed, 11, "removed %llu", (unsigned long long)res.orphans_removed);
     cr_assert_eq(res.sessions, 1);
     cr_assert_not(ts_exists(tmp));
     ctxs_session_entry e;
@@ -557,6 +572,7 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
     ctxs__id_key(k, dead);
     memcpy(k + 8, "cp", 2);
     cr_assert_not(has_raw(st, st->checkpoints, k, 10, NULL, 0));
+    cr_assert_not(has_raw(st, st->metadata, mk_, 10, NULL, 0));
     cr_assert_eq(entries(st, st->chunks), 3, "keep's 3 chunks stay");
     cr_assert_eq(entries(st, st->prefixes), 3);
     ctxs__id_key(idk, dead + 1);
@@ -568,6 +584,9 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
     cr_assert(has_raw(st, st->filehash, &fk_other, sizeof(fk_other), NULL, 0));
     cr_assert_not(has_raw(st, st->filehash, &fk_a, sizeof(fk_a), NULL, 0));
     cr_assert(has_raw(st, st->filehash, &fk_b, sizeof(fk_b), NULL, 0));
+    cr_assert(has_raw(st, st->filehash, &tk, sizeof(tk), NULL, 0));
+    cr_assert_not(has_raw(st, st->filehash, &tk_a, sizeof(tk_a), NULL, 0));
+    cr_assert(has_raw(st, st->filehash, &tk_b, sizeof(tk_b), NULL, 0));
 
     /* What keep owns still works. */
     ctxs_checkpoint_entry *cps;

@@ -401,7 +401,9 @@ Test(index, hostile_names_are_einval_everywhere)
                      "fork at checkpoint bad[%zu]", i);
         cr_assert_eq(ctxs_model_register(st, &m, n[0] ? n : "\x02"), CTXS_EINVAL,
                      "model name bad[%zu]", i);
+        cr_assert_not_null(ctxs_name_check(n), "name_check bad[%zu]", i);
     }
+    cr_assert_not_null(ctxs_name_check(NULL));
     cr_assert_eq(ctxs_store_session_create(NULL, st, "x", &m, &o), CTXS_EINVAL);
     ctxs_session *x = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_create(&x, st, NULL, &m, &o), CTXS_EINVAL);
@@ -449,6 +451,8 @@ Test(index, utf8_names_up_to_255_bytes_are_accepted)
         int rc = ctxs_store_session_create(&s, st, good[i], &m, &o);
         cr_assert_eq(rc, 0, "create good[%zu]: %s", i, ctxs_err_name(rc));
         cr_assert_eq(ctxs_checkpoint_create(s, good[i]), 0, "checkpoint good[%zu]", i);
+        cr_assert_null(ctxs_name_check(good[i]), "name_check good[%zu]: %s", i,
+                       ctxs_name_check(good[i]));
         ctxs_session_close(s);
         ctxs_session_entry e = ts_session_entry(st, good[i]);
         cr_assert_str_eq(e.name, good[i]);
@@ -460,6 +464,36 @@ Test(index, utf8_names_up_to_255_bytes_are_accepted)
     cr_assert_str_eq(me.name, max_utf8);
     cr_assert_eq(count_entries(st), sizeof(good) / sizeof(good[0]));
     ctxs_store_close(st);
+}
+
+Test(index, the_name_check_says_why_a_name_is_refused)
+{
+    char long_name[300];
+    memset(long_name, 'a', 256);
+    long_name[256] = '\0';
+    const struct {
+        const char *name, *why;
+    } cases[] = {
+        {NULL, "is missing (NULL)"},
+        {"", "is empty"},
+        {long_name, "is longer than 255 bytes"},
+        {"a/b", "contains '/'"},
+        {"wait...", "contains '..'"},
+        {".", "is '.'"},
+        {"new\nline", "contains a control character"},
+        {"del\x7f", "contains a control character"},
+        {"bad\xfe", "is not valid UTF-8"},
+        {"\xc0\xaf", "is not valid UTF-8"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *why = ctxs_name_check(cases[i].name);
+        cr_assert_not_null(why, "case %zu accepted", i);
+        cr_expect_str_eq(why, cases[i].why, "case %zu", i);
+    }
+    cr_assert_null(ctxs_name_check("chat 1"));
+    /* The rule in words names the limits the check applies. */
+    cr_assert(strstr(CTXS_NAME_RULE, "255") && strstr(CTXS_NAME_RULE, "'/'") &&
+              strstr(CTXS_NAME_RULE, "'..'"));
 }
 
 Test(index, names_with_two_dots_anywhere_are_einval)
@@ -914,6 +948,105 @@ Test(index, model_hash_file_is_cached_until_size_or_mtime_changes)
     cr_assert_eq(memcmp(got, h_new, 16), 0, "a changed size must re-hash");
     free(data);
     ctxs_store_close(st);
+}
+
+/* --- Tokenizer hashes ----------------------------------------------------- */
+
+static void xxh3_128_seeded(uint8_t out[16], const void *data, size_t len, uint64_t seed)
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_withSeed(data, len, seed));
+    memcpy(out, c.digest, 16);
+}
+
+Test(index, a_tokenizer_file_hashes_apart_from_weights_and_each_is_cached_apart)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    const char *path = ts_path(ts_scratch, "tokenizer.json");
+    const size_t len = (1u << 20) + 99;
+    uint8_t *data = pattern(len, 7);
+    cr_assert_eq(ts_write_file(path, data, len), 0);
+    uint8_t tok[16], weights[16], got[16];
+    xxh3_128_seeded(tok, data, len, CTXS__TOKENIZER_FILE_SEED);
+    xxh3_128(weights, data, len);
+    cr_assert_neq(memcmp(tok, weights, 16), 0);
+    /* Weights first: the tokenizer hash must not come from its row. */
+    cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, weights, 16), 0);
+    cr_assert_eq(ctxs_tokenizer_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, tok, 16), 0, "a tokenizer hash is not the seeded XXH3-128");
+    cr_assert_eq(ctxs_tokenizer_hash_file(got, NULL, path), 0);
+    cr_assert_eq(memcmp(got, tok, 16), 0);
+    cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, weights, 16), 0, "the weights row was taken over");
+
+    /* Change a byte and put the mtime back: both come from their own
+     * rows, as they were. */
+    struct stat before;
+    cr_assert_eq(stat(path, &before), 0);
+    data[3] ^= 0x5a;
+    int fd = open(path, O_WRONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(pwrite(fd, data + 3, 1, 3), 1);
+    struct timespec times[2] = {before.st_atim, before.st_mtim};
+    cr_assert_eq(futimens(fd, times), 0);
+    close(fd);
+    cr_assert_eq(ctxs_tokenizer_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, tok, 16), 0, "the tokenizer hash was not cached");
+    cr_assert_eq(ctxs_model_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, weights, 16), 0, "the weights hash was not cached");
+    /* Another mtime: both hashed again. */
+    struct timespec later[2] = {before.st_atim, before.st_mtim};
+    later[1].tv_sec += 3;
+    cr_assert_eq(utimensat(AT_FDCWD, path, later, 0), 0);
+    xxh3_128_seeded(tok, data, len, CTXS__TOKENIZER_FILE_SEED);
+    cr_assert_eq(ctxs_tokenizer_hash_file(got, st, path), 0);
+    cr_assert_eq(memcmp(got, tok, 16), 0, "a changed mtime must re-hash");
+
+    uint8_t out[16];
+    cr_assert_eq(ctxs_tokenizer_hash_file(out, st, ts_path(ts_scratch, "missing")), -ENOENT);
+    cr_assert_eq(ctxs_tokenizer_hash_file(out, st, ts_scratch), -EISDIR);
+    cr_assert_eq(ctxs_tokenizer_hash_file(NULL, st, path), CTXS_EINVAL);
+    cr_assert_eq(ctxs_tokenizer_hash_file(out, st, NULL), CTXS_EINVAL);
+    free(data);
+    ctxs_store_close(st);
+}
+
+Test(index, tokenizer_strings_hash_with_their_lengths)
+{
+    const char *ab_c[] = {"ab", "c"}, *a_bc[] = {"a", "bc"}, *abc[] = {"abc"};
+    const char *with_empty[] = {"abc", ""};
+    uint8_t h1[16], h2[16], h3[16], h4[16], h5[16];
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h1, ab_c, NULL, 2), 0);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h2, a_bc, NULL, 2), 0);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h3, abc, NULL, 1), 0);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h4, with_empty, NULL, 2), 0);
+    cr_assert_neq(memcmp(h1, h2, 16), 0, "[ab, c] and [a, bc] must differ");
+    cr_assert_neq(memcmp(h1, h3, 16), 0);
+    cr_assert_neq(memcmp(h3, h4, 16), 0, "an empty token counts");
+    /* Explicit lengths give the same; bytes after a NUL count with them. */
+    const size_t lens[] = {2, 1};
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h5, ab_c, lens, 2), 0);
+    cr_assert_eq(memcmp(h1, h5, 16), 0);
+    const char *nul[] = {"a\0b"};
+    const size_t nul_len[] = {3};
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h5, nul, nul_len, 1), 0);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h2, nul, NULL, 1), 0);
+    cr_assert_neq(memcmp(h5, h2, 16), 0);
+    /* The stream is each length (u64 LE) then the bytes, seeded. */
+    uint8_t stream[8 + 2 + 8 + 1] = {2, 0, 0, 0, 0, 0, 0, 0, 'a', 'b', 1, 0, 0, 0, 0, 0, 0, 0, 'c'};
+    xxh3_128_seeded(h2, stream, sizeof(stream), CTXS__TOKENIZER_STRINGS_SEED);
+    cr_assert_eq(memcmp(h1, h2, 16), 0);
+    /* No list: still a hash, the seeded hash of nothing. */
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h1, NULL, NULL, 0), 0);
+    xxh3_128_seeded(h2, "", 0, CTXS__TOKENIZER_STRINGS_SEED);
+    cr_assert_eq(memcmp(h1, h2, 16), 0);
+    const char *null_tok[] = {"a", NULL};
+    const size_t zero_len[] = {1, 0};
+    cr_assert_eq(ctxs_tokenizer_hash_strings(NULL, ab_c, NULL, 2), CTXS_EINVAL);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h1, NULL, NULL, 2), CTXS_EINVAL);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h1, null_tok, NULL, 2), CTXS_EINVAL);
+    cr_assert_eq(ctxs_tokenizer_hash_strings(h1, null_tok, zero_len, 2), 0);
 }
 
 /* --- Checkpoints ------------------------------------------------------------- */
@@ -2258,5 +2391,272 @@ Test(index, a_full_index_is_efull_and_loses_nothing)
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_store_session_create(&s, st, "after the map grew", &m, &o), 0);
     ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
+/* --- Metadata ------------------------------------------------------------------ */
+
+static void meta_set(ctxs_store *st, const char *name, const char *key, const char *text)
+{
+    int rc = ctxs_store_session_set_meta(st, name, key, text, strlen(text));
+    cr_assert_eq(rc, 0, "set %s.%s: %s", name, key, ctxs_err_name(rc));
+}
+
+/* The value of key as a string ("" with *rc set when it cannot be read). */
+static const char *meta_str(ctxs_store *st, const char *name, const char *key, int *rc)
+{
+    static char buf[512];
+    size_t n = sizeof(buf) - 1;
+    *rc = ctxs_store_session_get_meta(buf, &n, st, name, key);
+    buf[*rc == 0 ? n : 0] = '\0';
+    return buf;
+}
+
+static size_t meta_count(ctxs_store *st, const char *name)
+{
+    ctxs_meta_entry *list;
+    size_t n;
+    int rc = ctxs_store_session_list_meta(&list, &n, st, name);
+    cr_assert_eq(rc, 0, "list %s: %s", name, ctxs_err_name(rc));
+    ctxs_free(list);
+    return n;
+}
+
+Test(index, metadata_is_set_read_listed_and_deleted)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "chat", &m, 256, 4, 10);
+    /* Set while a writer has the session open. */
+    meta_set(st, "chat", "title", "Trip to Lisbon");
+    meta_set(st, "chat", "sampler", "{\"temperature\":0.7}");
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "empty", "", 0), 0);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "bin", "a\0b", 3), 0);
+    ctxs_session_close(s);
+    int rc;
+    cr_assert_str_eq(meta_str(st, "chat", "title", &rc), "Trip to Lisbon");
+    meta_set(st, "chat", "title", "Lisbon, day 2");
+    cr_assert_str_eq(meta_str(st, "chat", "title", &rc), "Lisbon, day 2");
+    /* Sizing first, and a buffer too small. */
+    size_t n = 0;
+    cr_assert_eq(ctxs_store_session_get_meta(NULL, &n, st, "chat", "title"), 0);
+    cr_assert_eq(n, 13);
+    char small[4] = "xyz";
+    n = 4;
+    cr_assert_eq(ctxs_store_session_get_meta(small, &n, st, "chat", "title"), -ERANGE);
+    cr_assert_eq(n, 13);
+    cr_assert_str_eq(small, "xyz", "a buffer too small is left as it was");
+    char bin[8];
+    n = sizeof(bin);
+    cr_assert_eq(ctxs_store_session_get_meta(bin, &n, st, "chat", "bin"), 0);
+    cr_assert(n == 3 && memcmp(bin, "a\0b", 3) == 0);
+    n = sizeof(bin);
+    cr_assert_eq(ctxs_store_session_get_meta(bin, &n, st, "chat", "empty"), 0);
+    cr_assert_eq(n, 0);
+    /* The listing: key order, values NUL-terminated, one allocation. */
+    ctxs_meta_entry *list;
+    cr_assert_eq(ctxs_store_session_list_meta(&list, &n, st, "chat"), 0);
+    cr_assert_eq(n, 4);
+    const char *keys[] = {"bin", "empty", "sampler", "title"};
+    for (size_t i = 0; i < 4; i++)
+        cr_assert_str_eq(list[i].key, keys[i]);
+    cr_assert_eq(list[0].value_bytes, 3);
+    cr_assert(memcmp(list[0].value, "a\0b", 4) == 0);
+    cr_assert_eq(list[1].value_bytes, 0);
+    cr_assert_str_eq(list[1].value, "");
+    cr_assert_str_eq(list[3].value, "Lisbon, day 2");
+    ctxs_free(list);
+    /* Delete. */
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "sampler", NULL, 0), 0);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "sampler", NULL, 0), CTXS_ENOTFOUND);
+    meta_str(st, "chat", "sampler", &rc);
+    cr_assert_eq(rc, CTXS_ENOTFOUND);
+    cr_assert_eq(meta_count(st, "chat"), 3);
+    /* A session without any, and sessions that are not there. */
+    ctxs_session_close(mk(st, "bare", &m, 256, 4, 0));
+    cr_assert_eq(ctxs_store_session_list_meta(&list, &n, st, "bare"), 0);
+    cr_assert(n == 0 && list == NULL);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "nope", "k", "v", 1), CTXS_ENOTFOUND);
+    n = 8;
+    cr_assert_eq(ctxs_store_session_get_meta(bin, &n, st, "nope", "k"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_list_meta(&list, &n, st, "nope"), CTXS_ENOTFOUND);
+    ctxs_store_close(st);
+}
+
+Test(index, metadata_refuses_bad_arguments_and_changes_nothing)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "chat", &m, 256, 4, 0));
+    meta_set(st, "chat", "title", "t");
+    const char *bad[] = {"", ".", "a/b", "x..y", "new\nline", "\xff", NULL};
+    char buf[8];
+    size_t n = sizeof(buf);
+    ctxs_meta_entry *list;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_assert_eq(ctxs_store_session_set_meta(st, "chat", bad[i], "v", 1), CTXS_EINVAL, "%zu", i);
+        cr_assert_eq(ctxs_store_session_set_meta(st, bad[i], "k", "v", 1), CTXS_EINVAL, "%zu", i);
+        cr_assert_eq(ctxs_store_session_get_meta(buf, &n, st, "chat", bad[i]), CTXS_EINVAL, "%zu", i);
+        cr_assert_eq(ctxs_store_session_get_meta(buf, &n, st, bad[i], "title"), CTXS_EINVAL, "%zu", i);
+        cr_assert_eq(ctxs_store_session_list_meta(&list, &n, st, bad[i]), CTXS_EINVAL, "%zu", i);
+    }
+    cr_assert_eq(ctxs_store_session_set_meta(NULL, "chat", "k", "v", 1), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "k", NULL, 1), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_get_meta(buf, NULL, st, "chat", "title"), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_list_meta(NULL, &n, st, "chat"), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_list_meta(&list, NULL, st, "chat"), CTXS_EINVAL);
+    cr_assert_eq(meta_count(st, "chat"), 1);
+    ctxs_store_close(st);
+}
+
+Test(index, metadata_past_its_limits_is_etoobig_and_changes_nothing)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "chat", &m, 256, 4, 0));
+    uint8_t *big = calloc(1, CTXS_META_VALUE_MAX + 1);
+    memset(big, 'x', CTXS_META_VALUE_MAX + 1);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "a", big, CTXS_META_VALUE_MAX + 1),
+                 CTXS_ETOOBIG);
+    cr_assert_eq(meta_count(st, "chat"), 0);
+    /* Three whole values and their keys: 3 x (1 + 64 KiB). */
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "a", big, CTXS_META_VALUE_MAX), 0);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "b", big, CTXS_META_VALUE_MAX), 0);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "c", big, CTXS_META_VALUE_MAX), 0);
+    /* A fourth would pass 256 KiB by its key's bytes and more. */
+    size_t room = CTXS_META_SESSION_MAX - 3 * (1 + CTXS_META_VALUE_MAX) - 1;
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "d", big, room + 1), CTXS_ETOOBIG);
+    cr_assert_eq(meta_count(st, "chat"), 3);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "d", big, room), 0);
+    /* Full: replacing a value counts it once, not twice; a bigger one does
+     * not fit. */
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "a", big, CTXS_META_VALUE_MAX), 0);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "d", big, room + 1), CTXS_ETOOBIG);
+    size_t n = 0;
+    cr_assert_eq(ctxs_store_session_get_meta(NULL, &n, st, "chat", "d"), 0);
+    cr_assert_eq(n, room, "a refused set changed the value");
+    /* Another session has its own room. */
+    ctxs_session_close(mk(st, "other", &m, 256, 4, 0));
+    cr_assert_eq(ctxs_store_session_set_meta(st, "other", "a", big, CTXS_META_VALUE_MAX), 0);
+    free(big);
+    ctxs_store_close(st);
+}
+
+Test(index, metadata_goes_with_the_session)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "chat", &m, 256, 4, 70));
+    meta_set(st, "chat", "title", "first");
+    int rc;
+    /* A rename keeps it. */
+    cr_assert_eq(ctxs_store_session_rename(st, "chat", "renamed"), 0);
+    cr_assert_str_eq(meta_str(st, "renamed", "title", &rc), "first");
+    /* A fork is a new conversation: none. */
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "fork", "renamed", 64, NULL), 0);
+    cr_assert_eq(meta_count(st, "fork"), 0);
+    cr_assert_eq(meta_count(st, "renamed"), 1);
+    /* A delete drops it, every key: a new session under the name starts
+     * empty. */
+    meta_set(st, "renamed", "a", "1");
+    meta_set(st, "renamed", "z", "2");
+    cr_assert_eq(ctxs_store_session_delete(st, "renamed"), 0);
+    ctxs_session_close(mk(st, "renamed", &m, 256, 4, 0));
+    cr_assert_eq(meta_count(st, "renamed"), 0);
+    /* gc too. */
+    meta_set(st, "fork", "title", "fork's");
+    meta_set(st, "fork", "app", "{}");
+    ctxs_session_entry fork_e = ts_session_entry(st, "fork");
+    ctxs_gc_result res;
+    cr_assert_eq(ctxs_store_gc(&res, st, 0), 0);
+    cr_assert_eq(res.deleted, 2);
+    ctxs_store_close(st);
+    /* No row is left behind under the ids that are gone. */
+    MDB_env *env = raw_env();
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_stat ms;
+    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "metadata", 0, &dbi), 0);
+    cr_assert_eq(mdb_stat(txn, dbi, &ms), 0);
+    cr_assert_eq(ms.ms_entries, 0, "%zu metadata rows left (fork id %llu)", ms.ms_entries,
+                 (unsigned long long)fork_e.id);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+}
+
+Test(index, reindex_and_repair_keep_metadata_of_sessions_still_present)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "keep", &m, 256, 4, 70));
+    ctxs_session_close(mk(st, "lost", &m, 256, 4, 10));
+    ctxs_session_close(mk(st, "gone", &m, 256, 4, 10));
+    meta_set(st, "keep", "title", "kept");
+    meta_set(st, "lost", "title", "lost");
+    meta_set(st, "gone", "title", "gone");
+    ctxs_session_entry lost = ts_session_entry(st, "lost"), gone = ts_session_entry(st, "gone");
+    cr_assert_eq(unlink(ts_id_path(lost.id)), 0);
+    ctxs_reindex_result rr;
+    cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
+    cr_assert_eq(rr.sessions, 2);
+    int rc;
+    cr_assert_str_eq(meta_str(st, "keep", "title", &rc), "kept");
+    cr_assert_str_eq(meta_str(st, "gone", "title", &rc), "gone");
+    /* Repair drops an entry whose file is gone, with its metadata. */
+    cr_assert_eq(unlink(ts_id_path(gone.id)), 0);
+    ctxs_repair_result pr;
+    cr_assert_eq(ctxs_store_repair(&pr, st), 0);
+    cr_assert_eq(pr.entries_removed, 1);
+    cr_assert_str_eq(meta_str(st, "keep", "title", &rc), "kept");
+    ctxs_store_close(st);
+    MDB_env *env = raw_env();
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_stat ms;
+    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "metadata", 0, &dbi), 0);
+    cr_assert_eq(mdb_stat(txn, dbi, &ms), 0);
+    cr_assert_eq(ms.ms_entries, 1, "only keep's row is left");
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+}
+
+Test(index, an_index_from_before_metadata_opens_and_takes_it)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "chat", &m, 256, 4, 70));
+    ctxs_store_close(st);
+    /* As index 1.1 wrote it: no metadata table, minor 1. */
+    MDB_env *env = raw_env();
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "metadata", 0, &dbi), 0);
+    cr_assert_eq(mdb_drop(txn, dbi, 1), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    ctxs__index_format f;
+    memset(&f, 0, sizeof(f));
+    memcpy(f.magic, CTXS__INDEX_MAGIC, 8);
+    f.major = 1;
+    f.minor = 1;
+    raw_put(env, "meta", "format", 6, &f, sizeof(f));
+    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "metadata", 0, &dbi), MDB_NOTFOUND);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    st = ts_store_open(ts_store_dir());
+    cr_assert_eq(ts_session_entry(st, "chat").n_tokens, 70);
+    cr_assert_eq(meta_count(st, "chat"), 0);
+    meta_set(st, "chat", "title", "new");
+    int rc;
+    cr_assert_str_eq(meta_str(st, "chat", "title", &rc), "new");
     ctxs_store_close(st);
 }

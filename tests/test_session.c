@@ -360,3 +360,76 @@ Test(session, null_and_bad_arguments_are_invalid)
     cr_expect_eq(ctxs_session_get_info(NULL, NULL), CTXS_EINVAL);
     ctxs_session_close(NULL);
 }
+
+/* Every range [from, from + n) of s against what was committed: ids from
+ * ts_token() where every position is held (sinks below n_sink, and from
+ * first_recent on), CTXS_EEVICTED where one is not, CTXS_ENOTFOUND past the
+ * count; out untouched on error. */
+static void check_token_ranges(const ctxs_session *s, uint64_t n_sink, uint64_t first_recent)
+{
+    uint64_t count = info_of(s).n_tokens;
+    uint32_t out[128];
+    for (uint64_t from = 0; from <= count + 1; from++) {
+        for (uint64_t n = 0; n <= count + 1 - from && n <= 128; n++) {
+            int want = 0;
+            if (from + n > count)
+                want = CTXS_ENOTFOUND;
+            for (uint64_t p = from; want == 0 && p < from + n; p++)
+                if (p >= n_sink && p < first_recent)
+                    want = CTXS_EEVICTED;
+            memset(out, 0xab, sizeof(out));
+            int rc = ctxs_session_get_tokens(out, s, from, (uint32_t)n);
+            cr_assert_eq(rc, want, "[%llu, +%llu): %s, want %s", (unsigned long long)from,
+                         (unsigned long long)n, ctxs_err_name(rc), ctxs_err_name(want));
+            for (uint64_t i = 0; i < 128; i++) {
+                uint32_t expect = rc == 0 && i < n ? ts_token(from + i) : 0xababababu;
+                cr_assert_eq(out[i], expect, "[%llu, +%llu): out[%llu]", (unsigned long long)from,
+                             (unsigned long long)n, (unsigned long long)i);
+            }
+        }
+    }
+}
+
+Test(session, token_ids_by_position_follow_the_ring)
+{
+    ctxs_session *s = create("a", 16, 4, 1, CTXS_SYNC_NONE);
+    cr_assert_eq(ctxs_session_get_tokens(NULL, s, 0, 0), 0);
+    cr_assert_eq(ts_append(s, 10), 0);
+    check_token_ranges(s, 4, 4);
+    /* 40 tokens in 16 slots: the sinks 0..3 and the last 12, 28..39, in
+     * two slot runs. */
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(ts_append(s, 10), 0);
+    check_token_ranges(s, 4, 28);
+    /* Many times around. */
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(ts_append(s, 10), 0);
+    check_token_ranges(s, 4, 88);
+    ctxs_session_close(s);
+    /* A reader sees the same. */
+    s = reopen("a", CTXS_OPEN_RDONLY);
+    check_token_ranges(s, 4, 88);
+    uint32_t id;
+    cr_assert_eq(ctxs_session_get_tokens(&id, NULL, 0, 1), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_get_tokens(NULL, s, 0, 1), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_get_tokens(&id, s, UINT64_MAX, 1), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_session_get_tokens(&id, s, 99, UINT32_MAX), CTXS_ENOTFOUND);
+    ctxs_session_close(s);
+}
+
+Test(session, token_ids_without_sinks_or_ring)
+{
+    ctxs_session *s = create("a", 16, 0, 1, CTXS_SYNC_NONE);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(ts_append(s, 10), 0);
+    cr_assert_eq(ts_append(s, 7), 0);
+    check_token_ranges(s, 0, 21);
+    ctxs_session_close(s);
+    s = create("b", 16, 4, 0, CTXS_SYNC_NONE);
+    cr_assert_eq(ts_append(s, 16), 0);
+    check_token_ranges(s, 4, 4);
+    /* A rollback takes the later ids away. */
+    cr_assert_eq(ctxs_session_rollback(s, 9), 0);
+    check_token_ranges(s, 4, 4);
+    ctxs_session_close(s);
+}

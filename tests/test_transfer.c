@@ -186,7 +186,7 @@ static void reseal_header(uint8_t *f)
 static void reseal_all(uint8_t *f, size_t len)
 {
     reseal_header(f);
-    size_t off = H_BYTES;
+    size_t off = H_BYTES + get32(f + H_OFF(meta_bytes));
     while (off + T_BYTES < len) {
         uint8_t *b = f + off;
         put32(b + B_OFF(crc32), crc(b, B_OFF(crc32)));
@@ -202,7 +202,7 @@ static void reseal_all(uint8_t *f, size_t len)
 /* The offset of block i. */
 static size_t block_at(const uint8_t *f, uint32_t i)
 {
-    size_t off = H_BYTES;
+    size_t off = H_BYTES + get32(f + H_OFF(meta_bytes));
     while (i--)
         off += B_BYTES + get32(f + off + B_OFF(comp_bytes));
     return off;
@@ -758,14 +758,14 @@ Test(transfer, foreign_and_future_files_are_refused)
     snapshot before;
     uint8_t *f = hostile_setup(&dst, &len, &before);
     /* A future major version, with a valid CRC or with another layout. */
-    f[H_OFF(version_major)] = 2;
+    f[H_OFF(version_major)] = CTXS__EXPORT_MAJOR + 1;
     reseal_header(f);
     cr_assert_eq(import_bytes(dst, f, len, NULL), CTXS_EVERSION);
     cr_assert_eq(import_bytes(dst, f, 12, NULL), CTXS_EVERSION);
     f[H_OFF(version_major)] = 0;
     reseal_header(f);
     cr_assert_eq(import_bytes(dst, f, len, NULL), CTXS_ECORRUPT);
-    f[H_OFF(version_major)] = 1;
+    f[H_OFF(version_major)] = CTXS__EXPORT_MAJOR;
     /* A newer minor is read. */
     f[H_OFF(version_minor)] = 7;
     reseal_header(f);
@@ -1236,4 +1236,251 @@ static void body_import_full(const char *mnt)
 Test(transfer, an_import_into_a_full_disk_is_efull_and_leaves_nothing)
 {
     ts_run_child(body_import_full, "import to a full disk");
+}
+
+/* --- Files written by earlier versions --------------------------------------- */
+
+/* tests/data/export_v1_0.ctxx was written by the 1.0 export code
+ * (tests/data/make_export_v1_0.c says how); meson passes the folder in
+ * CTXS_TEST_DATA. Import only reads it. */
+static const char *old_export(const char *name)
+{
+    const char *dir = getenv("CTXS_TEST_DATA");
+    cr_assert(dir && *dir, "CTXS_TEST_DATA is not set: run the suite through meson test");
+    return ts_path(dir, name);
+}
+
+Test(transfer, an_export_file_of_format_1_0_imports)
+{
+    ctxs_store *st = store_at("dst");
+    char name[CTXS_NAME_MAX + 1];
+    int rc = ctxs_store_session_import(name, st, old_export("export_v1_0.ctxx"), NULL, NULL, NULL);
+    cr_assert_eq(rc, 0, "import a 1.0 export: %s", ctxs_err_name(rc));
+    cr_assert_str_eq(name, "old chat");
+    ctxs_model m = ts_model(1);
+    ctxs_model_entry e;
+    cr_assert_eq(ctxs_model_get(&e, st, m.model_hash), 0);
+    cr_assert_str_eq(e.name, "tiny model");
+    ctxs_session *s = op(st, "old chat");
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert(memcmp(&info.model, &m, sizeof(m)) == 0, "the model");
+    cr_assert_eq(info.capacity, 64);
+    cr_assert_eq(info.n_sink, 4);
+    cr_assert(info.flags & CTXS_INFO_RING);
+    cr_assert_eq(info.n_tokens, 100);
+    cr_assert_eq(info.ring_start, 40);
+    cr_assert_eq(info.n_held, 64);
+    cr_assert_eq(ts_check_all(s), 0, "tokens of a 1.0 export do not read back");
+    cr_assert_eq(ctxs_session_verify(NULL, s), 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
+/* --- Metadata (export 2.0) ------------------------------------------------- */
+
+static void set_meta(ctxs_store *st, const char *name, const char *key, const void *v, size_t n)
+{
+    int rc = ctxs_store_session_set_meta(st, name, key, v, n);
+    cr_assert_eq(rc, 0, "set %s: %s", key, ctxs_err_name(rc));
+}
+
+/* The two sessions' metadata are the same, key by key and byte by byte. */
+static void same_meta(ctxs_store *a, const char *an, ctxs_store *b, const char *bn, size_t want)
+{
+    ctxs_meta_entry *x, *y;
+    size_t nx, ny;
+    cr_assert_eq(ctxs_store_session_list_meta(&x, &nx, a, an), 0);
+    cr_assert_eq(ctxs_store_session_list_meta(&y, &ny, b, bn), 0);
+    cr_assert_eq(nx, want);
+    cr_assert_eq(ny, nx);
+    for (size_t i = 0; i < nx; i++) {
+        cr_assert_str_eq(x[i].key, y[i].key);
+        cr_assert_eq(x[i].value_bytes, y[i].value_bytes, "%s", x[i].key);
+        cr_assert(memcmp(x[i].value, y[i].value, x[i].value_bytes) == 0, "%s", x[i].key);
+    }
+    ctxs_free(x);
+    ctxs_free(y);
+}
+
+Test(transfer, metadata_round_trips_with_the_session)
+{
+    ctxs_store *src = store_at("src"), *dst = store_at("dst");
+    ctxs_model m = ts_model(1);
+    ctxs_session_close(mk(src, "chat", &m, 256, 4, 1, 150));
+    uint8_t *big = malloc(CTXS_META_VALUE_MAX);
+    for (size_t i = 0; i < CTXS_META_VALUE_MAX; i++)
+        big[i] = (uint8_t)(i * 7 + (i >> 8));
+    set_meta(src, "chat", "title", "Trip to Lisbon", 14);
+    set_meta(src, "chat", "app.json", "{\"pinned\":true}", 15);
+    set_meta(src, "chat", "empty", "", 0);
+    set_meta(src, "chat", "binary", "\0\1\2\0\377", 5);
+    set_meta(src, "chat", "template", big, CTXS_META_VALUE_MAX);
+    const char *path = ts_path(ts_scratch, "chat.ctxx");
+    export_ok(src, "chat", path);
+    size_t len;
+    uint8_t *f = ts_read_file(path, &len);
+    cr_assert_eq(get32(f + H_OFF(meta_count)), 5);
+    cr_assert_eq(f[H_OFF(version_major)], 2);
+    free(f);
+    char name[CTXS_NAME_MAX + 1];
+    cr_assert_eq(ctxs_store_session_import(name, dst, path, NULL, NULL, NULL), 0);
+    same_meta(src, "chat", dst, "chat", 5);
+    /* Under another name, in the same store. */
+    cr_assert_eq(ctxs_store_session_import(name, src, path, "copy", NULL, NULL), 0);
+    same_meta(src, "chat", src, "copy", 5);
+    ctxs_session *a = op(src, "chat"), *b = op(dst, "chat");
+    same_session(a, b);
+    ctxs_session_close(a);
+    ctxs_session_close(b);
+    free(big);
+    ctxs_store_close(src);
+    ctxs_store_close(dst);
+}
+
+Test(transfer, an_export_file_of_format_1_0_has_no_metadata_whatever_its_reserved_bytes)
+{
+    ctxs_store *st = store_at("dst");
+    size_t len;
+    uint8_t *f = ts_read_file(old_export("export_v1_0.ctxx"), &len);
+    cr_assert_not_null(f);
+    cr_assert_eq(f[H_OFF(version_major)], 1);
+    ctxs_meta_entry *list;
+    size_t n;
+    cr_assert_eq(import_bytes(st, f, len, "plain"), 0);
+    cr_assert_eq(ctxs_store_session_list_meta(&list, &n, st, "plain"), 0);
+    cr_assert_eq(n, 0);
+    cr_assert_null(list);
+    /* 1.0 reserved the bytes where 2.0 keeps the section's size: a 1.0
+     * file with anything there still imports, without metadata. */
+    put32(f + H_OFF(meta_bytes), 12);
+    put32(f + H_OFF(meta_crc32), 0xdeadbeef);
+    put32(f + H_OFF(meta_count), 1);
+    reseal_header(f);
+    uint8_t *t = f + len - T_BYTES;
+    put32(t + T_OFF(body_crc32), crc(f, len - T_BYTES));
+    put32(t + T_OFF(crc32), crc(t, T_OFF(crc32)));
+    cr_assert_eq(import_bytes(st, f, len, "reserved"), 0);
+    cr_assert_eq(ctxs_store_session_list_meta(&list, &n, st, "reserved"), 0);
+    cr_assert_eq(n, 0);
+    free(f);
+    ctxs_store_close(st);
+}
+
+/* f (an export without metadata) with section (sec_len bytes, count
+ * entries) spliced in after the header, every CRC valid; *out_len gets
+ * its size. */
+static uint8_t *with_section(const uint8_t *f, size_t len, const uint8_t *section, size_t sec_len,
+                             uint32_t count, size_t *out_len)
+{
+    cr_assert_eq(get32(f + H_OFF(meta_bytes)), 0);
+    uint8_t *g = malloc(len + sec_len);
+    memcpy(g, f, H_BYTES);
+    memcpy(g + H_BYTES, section, sec_len);
+    memcpy(g + H_BYTES + sec_len, f + H_BYTES, len - H_BYTES);
+    put32(g + H_OFF(meta_bytes), (uint32_t)sec_len);
+    put32(g + H_OFF(meta_crc32), sec_len ? crc(section, sec_len) : 0);
+    put32(g + H_OFF(meta_count), count);
+    *out_len = len + sec_len;
+    reseal_all(g, *out_len);
+    return g;
+}
+
+/* Appends an entry (key_len bytes of key, value_bytes of 'v') to sec. */
+static size_t entry(uint8_t *sec, size_t at, const char *key, uint16_t key_len, uint32_t value_bytes,
+                    uint16_t reserved0)
+{
+    ctxs__export_meta m = {key_len, reserved0, value_bytes};
+    memcpy(sec + at, &m, sizeof(m));
+    memcpy(sec + at + sizeof(m), key, key_len);
+    memset(sec + at + sizeof(m) + key_len, 'v', value_bytes);
+    return at + sizeof(m) + key_len + value_bytes;
+}
+
+Test(transfer, hostile_metadata_sections_are_refused_and_change_nothing)
+{
+    ctxs_store *dst;
+    size_t len, glen;
+    snapshot before;
+    uint8_t *f = hostile_setup(&dst, &len, &before);
+    uint8_t *sec = calloc(1, 6u << 20);
+    uint8_t *g;
+    size_t n;
+    /* The splice itself is sound: a good section imports. */
+    n = entry(sec, 0, "a", 1, 3, 0);
+    n = entry(sec, n, "b", 1, 0, 0);
+    g = with_section(f, len, sec, n, 2, &glen);
+    cr_assert_eq(import_bytes(dst, g, glen, "good"), 0);
+    uint8_t v[8];
+    size_t vb = sizeof(v);
+    cr_assert_eq(ctxs_store_session_get_meta(v, &vb, dst, "good", "a"), 0);
+    cr_assert(vb == 3 && memcmp(v, "vvv", 3) == 0);
+    cr_assert_eq(ctxs_store_session_delete(dst, "good"), 0);
+    free(g);
+
+    struct {
+        const char *what;
+        size_t len;
+        uint32_t count;
+    } bad[16];
+    uint8_t *secs[16];
+    int k = 0;
+#define BAD(what_, count_, ...)                                                                    \
+    do {                                                                                           \
+        secs[k] = calloc(1, 6u << 20);                                                             \
+        size_t at_ = 0;                                                                            \
+        uint8_t *s_ = secs[k];                                                                     \
+        __VA_ARGS__;                                                                               \
+        bad[k].what = what_;                                                                       \
+        bad[k].len = at_;                                                                          \
+        bad[k].count = count_;                                                                     \
+        k++;                                                                                       \
+    } while (0)
+    BAD("out of order", 2, at_ = entry(s_, at_, "b", 1, 1, 0); at_ = entry(s_, at_, "a", 1, 1, 0));
+    BAD("a key twice", 2, at_ = entry(s_, at_, "a", 1, 1, 0); at_ = entry(s_, at_, "a", 1, 2, 0));
+    BAD("a longer key first", 2,
+        at_ = entry(s_, at_, "ab", 2, 1, 0); at_ = entry(s_, at_, "a", 1, 1, 0));
+    BAD("a key that is no name", 1, at_ = entry(s_, at_, "a/b", 3, 1, 0));
+    BAD("an empty key", 1, at_ = entry(s_, at_, "", 0, 1, 0));
+    BAD("a NUL in a key", 1, at_ = entry(s_, at_, "a\0b", 3, 1, 0));
+    BAD("reserved bits", 1, at_ = entry(s_, at_, "a", 1, 1, 1));
+    BAD("a value too big", 1, at_ = entry(s_, at_, "a", 1, CTXS_META_VALUE_MAX + 1, 0));
+    BAD("a session too big", 5, for (int i_ = 0; i_ < 5; i_++) {
+        char key_[2] = {(char)('a' + i_), 0};
+        at_ = entry(s_, at_, key_, 1, CTXS_META_VALUE_MAX, 0);
+    });
+    BAD("more entries than said", 1,
+        at_ = entry(s_, at_, "a", 1, 1, 0); at_ = entry(s_, at_, "b", 1, 1, 0));
+    BAD("fewer entries than said", 3,
+        at_ = entry(s_, at_, "a", 1, 1, 0); at_ = entry(s_, at_, "b", 1, 1, 0));
+    BAD("an entry cut short", 1, at_ = entry(s_, at_, "abc", 3, 10, 0) - 1);
+    BAD("a count without bytes", 1, (void)s_);
+#undef BAD
+    for (int i = 0; i < k; i++) {
+        g = with_section(f, len, secs[i], bad[i].len, bad[i].count, &glen);
+        int rc = import_bytes(dst, g, glen, "x");
+        cr_expect_eq(rc, CTXS_ECORRUPT, "%s: %s", bad[i].what, ctxs_err_name(rc));
+        free(g);
+        free(secs[i]);
+    }
+    /* The section's CRC, and a size past the file or the bound. */
+    n = entry(sec, 0, "a", 1, 3, 0);
+    g = with_section(f, len, sec, n, 1, &glen);
+    put32(g + H_OFF(meta_crc32), get32(g + H_OFF(meta_crc32)) ^ 1);
+    reseal_all(g, glen);
+    cr_assert_eq(import_bytes(dst, g, glen, "x"), CTXS_ECORRUPT);
+    free(g);
+    g = malloc(len);
+    memcpy(g, f, len);
+    put32(g + H_OFF(meta_bytes), (uint32_t)len);
+    reseal_header(g);
+    cr_assert_eq(import_bytes(dst, g, len, "x"), CTXS_ECORRUPT);
+    put32(g + H_OFF(meta_bytes), UINT32_MAX);
+    reseal_header(g);
+    cr_assert_eq(import_bytes(dst, g, len, "x"), CTXS_ECORRUPT);
+    free(g);
+    unchanged(&before, dst, "dst", "hostile metadata");
+    free(sec);
+    free(f);
+    ctxs_store_close(dst);
 }

@@ -1,5 +1,5 @@
 /*
- * The export file's layout, version 1.0: the one definition that
+ * The export file's layout, version 2.0: the one definition that
  * transfer.c writes and reads, and that the tests and the fuzzers craft
  * files with. docs/FORMAT.md, "Export file format", is the prose version;
  * the static asserts below pin every offset it gives, so the two cannot
@@ -7,8 +7,10 @@
  *
  * All integers are little-endian (the build refuses big-endian hosts, so
  * the structs are written as they lie in memory); every CRC is zlib's
- * crc32. The file is the header, then n_blocks blocks (a block
- * header, then comp_bytes of zlib stream), then the trailer.
+ * crc32. The file is the header, then the metadata section (meta_bytes,
+ * 2.0), then n_blocks blocks (a block header, then comp_bytes of zlib
+ * stream), then the trailer. A 1.0 file has no metadata section: its
+ * meta_* fields lie in bytes 1.0 reserved, and are read as zero.
  */
 #ifndef CTXS_INDEX_EXPORT_FORMAT_H
 #define CTXS_INDEX_EXPORT_FORMAT_H
@@ -63,7 +65,10 @@ typedef struct ctxs__export_header {
     uint32_t reserved0;         /* zero when written; ignored when read */
     char model_name[CTXS_NAME_MAX + 1];
     char name[CTXS_NAME_MAX + 1];
-    uint8_t reserved[372];      /* zero when written; ignored when read */
+    uint32_t meta_bytes;        /* 2.0: the metadata section's size */
+    uint32_t meta_crc32;        /* 2.0: zlib crc32 of its meta_bytes */
+    uint32_t meta_count;        /* 2.0: entries in it */
+    uint8_t reserved[360];      /* zero when written; ignored when read */
     uint32_t crc32;             /* zlib crc32 of bytes 0..1019 */
 } ctxs__export_header;
 
@@ -92,8 +97,33 @@ static_assert(offsetof(ctxs__export_header, name_len) == 130, "export header lay
 static_assert(offsetof(ctxs__export_header, reserved0) == 132, "export header layout");
 static_assert(offsetof(ctxs__export_header, model_name) == 136, "export header layout");
 static_assert(offsetof(ctxs__export_header, name) == 392, "export header layout");
-static_assert(offsetof(ctxs__export_header, reserved) == 648, "export header layout");
+static_assert(offsetof(ctxs__export_header, meta_bytes) == 648, "export header layout");
+static_assert(offsetof(ctxs__export_header, meta_crc32) == 652, "export header layout");
+static_assert(offsetof(ctxs__export_header, meta_count) == 656, "export header layout");
+static_assert(offsetof(ctxs__export_header, reserved) == 660, "export header layout");
 static_assert(offsetof(ctxs__export_header, crc32) == 1020, "export header layout");
+
+/*
+ * The metadata section (2.0), right after the header: meta_count entries
+ * in ascending key order (bytewise, a shorter key first where one is the
+ * start of another), each this, then key_len bytes of key (a valid name),
+ * then value_bytes bytes of value. Keys and values together are at most
+ * CTXS_META_SESSION_MAX bytes, each value at most CTXS_META_VALUE_MAX; with
+ * every key at least a byte, the section is at most
+ * CTXS__EXPORT_MAX_META bytes.
+ */
+typedef struct ctxs__export_meta {
+    uint16_t key_len;           /* 1..255 */
+    uint16_t reserved0;         /* zero */
+    uint32_t value_bytes;       /* 0..CTXS_META_VALUE_MAX */
+} ctxs__export_meta;
+
+static_assert(sizeof(ctxs__export_meta) == 8, "export metadata entry size");
+static_assert(offsetof(ctxs__export_meta, reserved0) == 2, "export metadata entry layout");
+static_assert(offsetof(ctxs__export_meta, value_bytes) == 4, "export metadata entry layout");
+
+#define CTXS__EXPORT_MAX_META                                                  \
+    ((uint32_t)CTXS_META_SESSION_MAX * (1 + sizeof(ctxs__export_meta)))
 
 /*
  * A block: this header, then comp_bytes of zlib stream. Uncompressed, the

@@ -22,7 +22,7 @@
 
 #define CTXS__INDEX_MAGIC "CTXSINDX"
 #define CTXS__INDEX_MAJOR 1
-#define CTXS__INDEX_MINOR 1
+#define CTXS__INDEX_MINOR 2
 
 /* Sessions whose first chunk completes are indexed at once; after that, every
  * this many new chunks (and at close). */
@@ -72,12 +72,37 @@ typedef struct ctxs__checkpoint_rec {
 } ctxs__checkpoint_rec;
 static_assert(sizeof(ctxs__checkpoint_rec) == 24, "checkpoint record");
 
-/* filehash[key]: the cached XXH3-128 of a weights file. */
+/* filehash[key]: the cached XXH3-128 of a weights file (this key, 40
+ * bytes), or of a tokenizer file (ctxs__tokhash_key, 48 bytes): the kinds
+ * hash in different domains and never share a row. */
 typedef struct ctxs__filehash_key {
     uint64_t dev, ino, size;
     int64_t mtime_sec, mtime_nsec;
 } ctxs__filehash_key;
 static_assert(sizeof(ctxs__filehash_key) == 40, "file hash key");
+
+#define CTXS__TOKHASH_KIND "tokenizr"
+typedef struct ctxs__tokhash_key {
+    ctxs__filehash_key file;
+    char kind[8];               /* CTXS__TOKHASH_KIND */
+} ctxs__tokhash_key;
+static_assert(sizeof(ctxs__tokhash_key) == 48, "tokenizer hash key");
+
+/* XXH3-128 seeds: weights files hash with 0 (the plain XXH3-128 of the
+ * file, which apps may compute themselves); a tokenizer, from its file or
+ * its strings, with seeds of its own, so that no file hashes to the same
+ * value as weights and as a tokenizer. */
+#define CTXS__TOKENIZER_FILE_SEED 0x746f6b2d66696c65ull    /* "tok-file" */
+#define CTXS__TOKENIZER_STRINGS_SEED 0x746f6b2d73747273ull /* "tok-strs" */
+
+/* metadata[id BE || key]: the value's bytes (index 1.2). One entry, as
+ * the code passes it around, points into its owner's memory: */
+typedef struct ctxs__meta_item {
+    const char *key;            /* key_len bytes, a valid name */
+    size_t key_len;
+    const void *value;
+    size_t value_bytes;
+} ctxs__meta_item;
 
 /* pending[id BE]: a file being created or deleted (ctxs__intent). */
 enum ctxs__intent { CTXS__INTENT_CREATE = 'C', CTXS__INTENT_DELETE = 'D' };
@@ -86,6 +111,7 @@ struct ctxs_store {
     MDB_env *env;
     MDB_dbi meta, sessions, ids, models, filehash, checkpoints, prefixes,
         chunks, pending;
+    MDB_dbi metadata;           /* index 1.2 */
     char *dir;                  /* absolute */
     char *sessions_dir;         /* absolute */
     int sessions_fd;            /* O_DIRECTORY */
@@ -160,8 +186,8 @@ int ctxs__name_check(const char *name, size_t *len);
 int ctxs__session_get(ctxs__session_rec *out, MDB_txn *txn, ctxs_store *st,
                       const char *name, size_t len);
 
-/* Removes id's entries (name, id, checkpoints, chunks and their prefixes)
- * in txn. */
+/* Removes id's entries (name, id, checkpoints, metadata, chunks and their
+ * prefixes) in txn. */
 int ctxs__session_unindex(MDB_txn *txn, ctxs_store *st, uint64_t id);
 
 /* The store a session handle was opened through, and its id there; NULL
@@ -183,14 +209,16 @@ typedef int (*ctxs__label_fill_fn)(int fd, const ctxs__disk_label *label, void *
  * writes aside, as a create does: the intent first, then the file, linked
  * into place and opened read-write, then model registered under
  * model_name (NULL or "": none) if the store does not know its hash, then
- * the index entries. The session appears complete or not at all.
+ * the index entries with the n_meta entries of meta as its metadata
+ * (within the limits: the caller checked). The session appears complete or
+ * not at all.
  * Errors: -EEXIST, CTXS_EMODEL (the hash is registered with another
  * geometry or tokenizer), fill's errors, those of ctxs__create_file().
  * *out is set on success only. */
 int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const char *name,
                                       size_t len, const ctxs_model *model,
-                                      const char *model_name, ctxs__label_fill_fn fill,
-                                      void *arg);
+                                      const char *model_name, const ctxs__meta_item *meta,
+                                      size_t n_meta, ctxs__label_fill_fn fill, void *arg);
 
 /* Removes name, a file written aside for id ("<id>.ctxs.tmp-<pid>-<n>")
  * that a create left, unless that create may be under way: it holds the
@@ -223,6 +251,16 @@ int ctxs__checkpoint_get(ctxs__checkpoint_rec *out, MDB_txn *txn, ctxs_store *st
 /* Whether s still holds the checkpoint's tokens: 0, CTXS_EEVICTED (the ring
  * overwrote them) or CTXS_ESTALE (rolled back past it, or written again). */
 int ctxs__checkpoint_check(const ctxs_session *s, const ctxs__checkpoint_rec *cp);
+
+/* --- metadata.c ------------------------------------------------------- */
+
+/* Removes every metadata row of session id. */
+int ctxs__meta_drop(MDB_txn *txn, ctxs_store *st, uint64_t id);
+
+/* Writes the n items as session id's metadata (no rows before), checked by
+ * the caller against the limits. */
+int ctxs__meta_put_all(MDB_txn *txn, ctxs_store *st, uint64_t id, const ctxs__meta_item *items,
+                       size_t n);
 
 /* --- prefix.c --------------------------------------------------------- */
 

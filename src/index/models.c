@@ -1,6 +1,7 @@
 /*
- * Models: registered once under their model hash; and the weights-file hash,
- * cached so that a multi-gigabyte file is read once.
+ * Models: registered once under their model hash; and the hashes of
+ * weights and tokenizer files, cached so that a multi-gigabyte file is
+ * read once, and of a tokenizer's strings.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -157,14 +158,21 @@ int ctxs_model_list(ctxs_model_entry **out, size_t *n_out, ctxs_store *st)
     return ctxs__list((void **)out, n_out, st, st->models, sizeof(**out), model_entry_fill);
 }
 
-static int hash_stream(uint8_t out[CTXS_HASH_BYTES], int fd)
+static void digest(uint8_t out[CTXS_HASH_BYTES], XXH3_state_t *state)
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(state));
+    memcpy(out, c.digest, 16);
+}
+
+static int hash_stream(uint8_t out[CTXS_HASH_BYTES], int fd, uint64_t seed)
 {
     enum { CHUNK = 1 << 20 };
     uint8_t *buf = ctxs__malloc(CHUNK);
     XXH3_state_t *state = XXH3_createState();
     int rc = buf && state ? 0 : CTXS_ENOMEM;
     if (rc == 0)
-        XXH3_128bits_reset(state);
+        XXH3_128bits_reset_withSeed(state, seed);
 #ifdef POSIX_FADV_SEQUENTIAL
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 #endif
@@ -178,11 +186,8 @@ static int hash_stream(uint8_t out[CTXS_HASH_BYTES], int fd)
             break;
         XXH3_128bits_update(state, buf, (size_t)got);
     }
-    if (rc == 0) {
-        XXH128_canonical_t c;
-        XXH128_canonicalFromHash(&c, XXH3_128bits_digest(state));
-        memcpy(out, c.digest, 16);
-    }
+    if (rc == 0)
+        digest(out, state);
     XXH3_freeState(state);
     free(buf);
     return rc;
@@ -200,13 +205,31 @@ static ctxs__filehash_key filehash_key(const struct stat *sb)
     return k;
 }
 
-static int cache_get(ctxs_store *st, const ctxs__filehash_key *k, uint8_t out[CTXS_HASH_BYTES])
+/* The cache key of a file's state: a weights key, or a tokenizer key. */
+typedef union cache_key {
+    ctxs__filehash_key weights;
+    ctxs__tokhash_key tokenizer;
+} cache_key;
+
+static size_t cache_key_make(cache_key *out, const struct stat *sb, int tokenizer)
+{
+    memset(out, 0, sizeof(*out));
+    if (!tokenizer) {
+        out->weights = filehash_key(sb);
+        return sizeof(out->weights);
+    }
+    out->tokenizer.file = filehash_key(sb);
+    memcpy(out->tokenizer.kind, CTXS__TOKHASH_KIND, 8);
+    return sizeof(out->tokenizer);
+}
+
+static int cache_get(ctxs_store *st, const cache_key *k, size_t len, uint8_t out[CTXS_HASH_BYTES])
 {
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 1);
     if (rc < 0)
         return rc;
-    MDB_val key = {sizeof(*k), (void *)k}, val;
+    MDB_val key = {len, (void *)k}, val;
     rc = ctxs__mdb_error(mdb_get(txn, st->filehash, &key, &val));
     if (rc == 0 && val.mv_size != 16)
         rc = CTXS_ECORRUPT;
@@ -216,17 +239,20 @@ static int cache_get(ctxs_store *st, const ctxs__filehash_key *k, uint8_t out[CT
     return rc;
 }
 
-static int cache_put(ctxs_store *st, const ctxs__filehash_key *k, const uint8_t hash[CTXS_HASH_BYTES])
+static int cache_put(ctxs_store *st, const cache_key *k, size_t len,
+                     const uint8_t hash[CTXS_HASH_BYTES])
 {
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 0);
     if (rc < 0)
         return rc;
-    MDB_val key = {sizeof(*k), (void *)k}, val = {16, (void *)hash};
+    MDB_val key = {len, (void *)k}, val = {16, (void *)hash};
     return ctxs__txn_finish(txn, ctxs__mdb_error(ctxs__mdb_put(txn, st->filehash, &key, &val, 0)));
 }
 
-int ctxs_model_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *path)
+/* The hash of the file at path with seed, cached in st (may be NULL) under
+ * the file's state and the kind of hash. */
+static int hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *path, int tokenizer)
 {
     if (!out || !path)
         return CTXS_EINVAL;
@@ -237,19 +263,59 @@ int ctxs_model_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const cha
     int rc = ctxs__fstat(fd, &before) == 0 ? 0 : -errno;
     if (rc == 0 && !S_ISREG(before.st_mode))
         rc = S_ISDIR(before.st_mode) ? -EISDIR : CTXS_EINVAL;
-    ctxs__filehash_key k = filehash_key(&before);
-    if (rc == 0 && st && cache_get(st, &k, out) == 0) {
+    cache_key k;
+    size_t klen = cache_key_make(&k, &before, tokenizer);
+    if (rc == 0 && st && cache_get(st, &k, klen, out) == 0) {
         close(fd);
         return 0;
     }
     if (rc == 0)
-        rc = hash_stream(out, fd);
+        rc = hash_stream(out, fd, tokenizer ? CTXS__TOKENIZER_FILE_SEED : 0);
     /* A file that changed while it was read has no single hash to cache. */
     if (rc == 0 && st && ctxs__fstat(fd, &after) == 0) {
-        ctxs__filehash_key k2 = filehash_key(&after);
-        if (memcmp(&k, &k2, sizeof(k)) == 0)
-            cache_put(st, &k, out); /* a cache that cannot be written only costs time */
+        cache_key k2;
+        cache_key_make(&k2, &after, tokenizer);
+        if (memcmp(&k, &k2, klen) == 0)
+            cache_put(st, &k, klen, out); /* a cache that cannot be written only costs time */
     }
     close(fd);
     return rc;
+}
+
+int ctxs_model_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *path)
+{
+    return hash_file(out, st, path, 0);
+}
+
+int ctxs_tokenizer_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *path)
+{
+    return hash_file(out, st, path, 1);
+}
+
+int ctxs_tokenizer_hash_strings(uint8_t out[CTXS_HASH_BYTES], const char *const *tokens,
+                                const size_t *lengths, size_t n)
+{
+    if (!out || (!tokens && n))
+        return CTXS_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (!tokens[i] && (!lengths || lengths[i]))
+            return CTXS_EINVAL;
+    XXH3_state_t *state = XXH3_createState();
+    if (!state)
+        return CTXS_ENOMEM;
+    XXH3_128bits_reset_withSeed(state, CTXS__TOKENIZER_STRINGS_SEED);
+    /* Each token as its length (u64, little-endian), then its bytes: no
+     * two lists of strings give the same stream. */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t len = lengths ? (uint64_t)lengths[i] : (uint64_t)strlen(tokens[i]);
+        uint8_t le[8];
+        for (int b = 0; b < 8; b++)
+            le[b] = (uint8_t)(len >> (8 * b));
+        XXH3_128bits_update(state, le, 8);
+        if (len)
+            XXH3_128bits_update(state, tokens[i], (size_t)len);
+    }
+    digest(out, state);
+    XXH3_freeState(state);
+    return 0;
 }

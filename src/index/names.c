@@ -37,24 +37,42 @@ static size_t utf8_sequence(const unsigned char *s, size_t left)
     return n;
 }
 
-int ctxs__name_check(const char *name, size_t *len)
+/* Why name breaks the rule, or NULL; *len gets its length when it keeps it. */
+static const char *name_fault(const char *name, size_t *len)
 {
     if (!name)
-        return CTXS_EINVAL;
+        return "is missing (NULL)";
     size_t n = strnlen(name, CTXS_NAME_MAX + 1);
-    if (n == 0 || n > CTXS_NAME_MAX || strchr(name, '/') || strstr(name, ".."))
-        return CTXS_EINVAL;
+    if (n == 0)
+        return "is empty";
+    if (n > CTXS_NAME_MAX)
+        return "is longer than 255 bytes";
+    if (strchr(name, '/'))
+        return "contains '/'";
+    if (strstr(name, ".."))
+        return "contains '..'";
     if (strcmp(name, ".") == 0)
-        return CTXS_EINVAL;
+        return "is '.'";
     const unsigned char *s = (const unsigned char *)name;
     for (size_t i = 0; i < n;) {
         if (s[i] < 0x20 || s[i] == 0x7f)
-            return CTXS_EINVAL;
+            return "contains a control character";
         size_t step = utf8_sequence(s + i, n - i);
         if (step == 0)
-            return CTXS_EINVAL;
+            return "is not valid UTF-8";
         i += step;
     }
     *len = n;
-    return 0;
+    return NULL;
+}
+
+int ctxs__name_check(const char *name, size_t *len)
+{
+    return name_fault(name, len) ? CTXS_EINVAL : 0;
+}
+
+const char *ctxs_name_check(const char *name)
+{
+    size_t len;
+    return name_fault(name, &len);
 }

@@ -333,11 +333,12 @@ int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
 
 /* --- reindex ------------------------------------------------------------- */
 
-static int drop_checkpoints_of_absent(MDB_txn *txn, ctxs_store *st, const uint64_t *ids,
-                                      size_t n)
+/* Removes the rows of dbi (keyed by an id, then more) whose id is not in
+ * ids[0..n) (sorted): checkpoints and metadata of sessions gone. */
+static int drop_rows_of_absent(MDB_txn *txn, MDB_dbi dbi, const uint64_t *ids, size_t n)
 {
     MDB_cursor *cur;
-    int rc = ctxs__mdb_cursor_open(txn, st->checkpoints, &cur);
+    int rc = ctxs__mdb_cursor_open(txn, dbi, &cur);
     if (rc != 0)
         return ctxs__mdb_error(rc);
     MDB_val key, val;
@@ -432,7 +433,9 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
         for (size_t i = 0; rc == 0 && i < sizeof(rebuilt) / sizeof(rebuilt[0]); i++)
             rc = ctxs__mdb_error(ctxs__mdb_drop(txn, rebuilt[i], 0));
         if (rc == 0)
-            rc = drop_checkpoints_of_absent(txn, st, ids, kept);
+            rc = drop_rows_of_absent(txn, st->checkpoints, ids, kept);
+        if (rc == 0)
+            rc = drop_rows_of_absent(txn, st->metadata, ids, kept);
         for (size_t i = 0; rc == 0 && i < kept; i++)
             rc = reindex_one(txn, st, ids[i], &facts[i]);
         if (rc == 0 && kept)

@@ -277,7 +277,9 @@ int ctxs__session_unindex(MDB_txn *txn, ctxs_store *st, uint64_t id)
             break;
     }
     mdb_cursor_close(cur);
-    return rc == 0 || rc == MDB_NOTFOUND ? 0 : ctxs__mdb_error(rc);
+    if (rc != 0 && rc != MDB_NOTFOUND)
+        return ctxs__mdb_error(rc);
+    return ctxs__meta_drop(txn, st, id);
 }
 
 /* --- What open sessions tell the index ------------------------------------ */
@@ -414,10 +416,11 @@ static int begin_create(ctxs_store *st, const char *name, size_t len,
     return rc;
 }
 
-/* Last step: index the new file under name and drop the intent, in one
- * transaction. */
+/* Last step: index the new file under name, with its metadata (n_meta
+ * entries of meta), and drop the intent, in one transaction. */
 static int finish_create(ctxs_store *st, const char *name, size_t len,
-                         ctxs__session_rec *rec, ctxs_session *s)
+                         ctxs__session_rec *rec, ctxs_session *s,
+                         const ctxs__meta_item *meta, size_t n_meta)
 {
     char parent[CTXS_NAME_MAX + 1];
     ctxs__session_rec from;
@@ -434,6 +437,8 @@ static int finish_create(ctxs_store *st, const char *name, size_t len,
         rc = ctxs__prefix_update(txn, st, rec->id, rec, ids, n_held);
     if (rc == 0 && (rc = session_put(txn, st, name, len, rec)) == 0)
         rc = intent_drop(txn, st, rec->id);
+    if (rc == 0 && n_meta)
+        rc = ctxs__meta_put_all(txn, st, rec->id, meta, n_meta);
     /* A fork uses its source: gc must not take a prompt that is forked from
      * often for one nobody wants. (The source may be gone by now.) */
     if (rc == 0 && rec->parent_id && session_by_id(txn, st, rec->parent_id, parent, &from) == 0) {
@@ -465,11 +470,11 @@ static void abandon_create(ctxs_store *st, uint64_t id, ctxs_session *s)
 /* Indexes and links a session file just created as id (with its label);
  * on failure undoes it all. */
 static int adopt_new(ctxs_store *st, const char *name, size_t len, ctxs__session_rec *rec,
-                     ctxs_session *s)
+                     ctxs_session *s, const ctxs__meta_item *meta, size_t n_meta)
 {
     /* Nothing may fail once the entry is committed: the link is made first. */
     store_link *link = link_new(st, rec->id, rec);
-    int rc = link ? finish_create(st, name, len, rec, s) : CTXS_ENOMEM;
+    int rc = link ? finish_create(st, name, len, rec, s, meta, n_meta) : CTXS_ENOMEM;
     if (rc == 0) {
         link_attach(s, link);
         creating_leave(rec->id);
@@ -509,7 +514,7 @@ int ctxs_store_session_create(ctxs_session **out, ctxs_store *st, const char *na
     ctxs__session_rec rec = {.id = id, .created_unix_ms = info.created_unix_ms,
                              .last_used_unix_ms = now};
     memcpy(rec.model_hash, model->model_hash, 16);
-    if ((rc = adopt_new(st, name, len, &rec, s)) == 0)
+    if ((rc = adopt_new(st, name, len, &rec, s, NULL, 0)) == 0)
         *out = s;
     return rc;
 }
@@ -530,8 +535,8 @@ static int fill_labeled(int fd, void *arg)
 
 int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const char *name,
                                       size_t len, const ctxs_model *model,
-                                      const char *model_name, ctxs__label_fill_fn fill,
-                                      void *arg)
+                                      const char *model_name, const ctxs__meta_item *meta,
+                                      size_t n_meta, ctxs__label_fill_fn fill, void *arg)
 {
     *out = NULL;
     uint64_t id;
@@ -563,7 +568,7 @@ int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const 
                              .created_unix_ms = info.created_unix_ms,
                              .last_used_unix_ms = ctxs__now_ms()};
     memcpy(rec.model_hash, model->model_hash, 16);
-    if ((rc = adopt_new(st, name, len, &rec, s)) == 0)
+    if ((rc = adopt_new(st, name, len, &rec, s, meta, n_meta)) == 0)
         *out = s;
     return rc;
 }
@@ -686,7 +691,8 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
     memcpy(rec.model_hash, src_rec.model_hash, 16);
     /* The copy's writeback starts once the index is durable: its
      * transaction does not then wait for 288 MiB of new blocks. */
-    if ((rc = adopt_new(st, dst, dst_len, &rec, s)) < 0)
+    /* No metadata: a fork is a new conversation (ctxstore.h, "Metadata"). */
+    if ((rc = adopt_new(st, dst, dst_len, &rec, s, NULL, 0)) < 0)
         return rc;
     if (info.durability == CTXS_SYNC_ASYNC)
         ctxs__writeback_request_all(s);

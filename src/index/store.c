@@ -246,6 +246,7 @@ static const struct {
     {"prefixes", offsetof(ctxs_store, prefixes), MDB_DUPSORT | MDB_DUPFIXED},
     {"chunks", offsetof(ctxs_store, chunks), 0},
     {"pending", offsetof(ctxs_store, pending), 0},
+    {"metadata", offsetof(ctxs_store, metadata), 0},
 };
 
 /* A new index gets its format record; an existing one must be ours and not

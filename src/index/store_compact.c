@@ -6,6 +6,7 @@
  * compacted.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -214,10 +215,26 @@ static int newer_state(const ctxs__filehash_key *a, const ctxs__filehash_key *b)
     return a->size > b->size;
 }
 
-/* The weights-hash cache is keyed by (device, inode, size, mtime); a file
- * is in one state at a time, so of the rows of one (device, inode) all but
- * one are stale: the newest is kept. Rows of files that are gone cannot be
- * told from the rest without their paths and stay (a row costs 56 bytes). */
+/* The kind of a file-hash row: 0 a weights hash, 1 a tokenizer hash, -1
+ * neither (dropped). */
+static int filehash_kind(const MDB_val *key, const MDB_val *val)
+{
+    if (val->mv_size != 16)
+        return -1;
+    if (key->mv_size == sizeof(ctxs__filehash_key))
+        return 0;
+    if (key->mv_size == sizeof(ctxs__tokhash_key) &&
+        memcmp((const char *)key->mv_data + offsetof(ctxs__tokhash_key, kind), CTXS__TOKHASH_KIND,
+               8) == 0)
+        return 1;
+    return -1;
+}
+
+/* The file-hash cache is keyed by (device, inode, size, mtime) and the
+ * kind of hash; a file is in one state at a time, so of the rows of one
+ * (device, inode) and kind all but one are stale: the newest is kept. Rows
+ * of files that are gone cannot be told from the rest without their paths
+ * and stay (a row costs 56 bytes). */
 static int drop_stale_filehash(MDB_txn *txn, ctxs_store *st, uint64_t *removed)
 {
     MDB_cursor *cur;
@@ -225,33 +242,42 @@ static int drop_stale_filehash(MDB_txn *txn, ctxs_store *st, uint64_t *removed)
     if (rc != 0)
         return ctxs__mdb_error(rc);
     MDB_val key, val;
-    ctxs__filehash_key best;
-    int have = 0;
-    /* Rows of one (device, inode) are adjacent: the key starts with them. */
+    ctxs__tokhash_key best[2]; /* a weights key uses .file only */
+    int have[2] = {0, 0};
+    uint64_t dev = 0, ino = 0;
+    /* Rows of one (device, inode) are adjacent, whatever their kind: the
+     * key starts with them. */
     for (int op = MDB_FIRST; (rc = mdb_cursor_get(cur, &key, &val, op)) == 0; op = MDB_NEXT) {
-        ctxs__filehash_key k;
-        if (key.mv_size != sizeof(k) || val.mv_size != 16) {
+        int kind = filehash_kind(&key, &val);
+        if (kind < 0) {
             if ((rc = drop_here(cur, removed)) != 0)
                 break;
             continue;
         }
-        memcpy(&k, key.mv_data, sizeof(k));
-        if (!have || k.dev != best.dev || k.ino != best.ino) {
-            best = k;
-            have = 1;
+        ctxs__tokhash_key k;
+        memset(&k, 0, sizeof(k));
+        memcpy(&k, key.mv_data, key.mv_size);
+        if (k.file.dev != dev || k.file.ino != ino) {
+            dev = k.file.dev;
+            ino = k.file.ino;
+            have[0] = have[1] = 0;
+        }
+        if (!have[kind]) {
+            best[kind] = k;
+            have[kind] = 1;
             continue;
         }
         /* A second state of the same file: drop the older of the two. */
-        if (newer_state(&k, &best)) {
-            MDB_val old = {sizeof(best), &best};
-            ctxs__filehash_key now = k;
+        if (newer_state(&k.file, &best[kind].file)) {
+            size_t len = key.mv_size;
+            MDB_val old = {len, &best[kind]};
             if ((rc = ctxs__mdb_del(txn, st->filehash, &old, NULL)) != 0)
                 break;
             (*removed)++;
-            best = now;
+            best[kind] = k;
             /* The cursor is not moved by deleting another key's row: look
              * the current one up again to go on from it. */
-            MDB_val here = {sizeof(best), &best};
+            MDB_val here = {len, &best[kind]};
             if ((rc = mdb_cursor_get(cur, &here, &val, MDB_SET)) != 0)
                 break;
         } else if ((rc = drop_here(cur, removed)) != 0) {
@@ -276,6 +302,7 @@ static int remove_orphan_rows(ctxs_store *st, uint64_t *removed)
     uint64_t count = 0;
     if ((rc = mend_names(txn, st, &own, &n, &count)) == 0 &&
         (rc = drop_unowned(txn, st->checkpoints, SIZE_MAX, own, n, &count)) == 0 &&
+        (rc = drop_unowned(txn, st->metadata, SIZE_MAX, own, n, &count)) == 0 &&
         (rc = drop_unowned(txn, st->chunks, 4, own, n, &count)) == 0 &&
         (rc = drop_unowned_prefixes(txn, st, own, n, &count)) == 0)
         rc = drop_stale_filehash(txn, st, &count);

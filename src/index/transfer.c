@@ -241,6 +241,8 @@ typedef struct export_job {
      * compresses them as well, three times faster. */
     z_stream zs;
     int zs_ready;
+    uint8_t *meta;              /* the metadata section */
+    uint32_t meta_bytes, meta_count;
     ctxs_progress_fn progress;
     void *progress_arg;
 } export_job;
@@ -403,10 +405,36 @@ static int export_still_held(export_job *job)
     return h == job->sums_hash ? 0 : CTXS_ESTALE;
 }
 
+/* The metadata section of the session's n entries (in key order). */
+static int meta_section(export_job *job, const ctxs_meta_entry *e, size_t n)
+{
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        bytes += sizeof(ctxs__export_meta) + strlen(e[i].key) + e[i].value_bytes;
+    if (bytes > CTXS__EXPORT_MAX_META)
+        return CTXS_ECORRUPT; /* the index holds more than a set allows */
+    if (bytes && !(job->meta = ctxs__malloc(bytes)))
+        return CTXS_ENOMEM;
+    uint8_t *at = job->meta;
+    for (size_t i = 0; i < n; i++) {
+        ctxs__export_meta m = {(uint16_t)strlen(e[i].key), 0, (uint32_t)e[i].value_bytes};
+        memcpy(at, &m, sizeof(m));
+        memcpy(at + sizeof(m), e[i].key, m.key_len);
+        if (m.value_bytes)
+            memcpy(at + sizeof(m) + m.key_len, e[i].value, m.value_bytes);
+        at += sizeof(m) + m.key_len + m.value_bytes;
+    }
+    job->meta_bytes = (uint32_t)bytes;
+    job->meta_count = (uint32_t)n;
+    return 0;
+}
+
 static int export_write(export_job *job, const ctxs__export_header *h)
 {
     const xfer_plan *p = &job->plan;
     int rc = put(job, h, sizeof(*h));
+    if (rc == 0 && job->meta_bytes)
+        rc = put(job, job->meta, job->meta_bytes);
     uint64_t first, done = 0;
     uint32_t count, index = 0;
     block_walk w;
@@ -471,6 +499,9 @@ static int export_session(export_job *job, const ctxs_session_info *info, const 
     memcpy(h.model_name, model_name, model_name_len);
     h.name_len = (uint16_t)len;
     memcpy(h.name, name, len);
+    h.meta_bytes = job->meta_bytes;
+    h.meta_crc32 = job->meta_bytes ? crc_of(job->meta, job->meta_bytes) : 0;
+    h.meta_count = job->meta_count;
     h.crc32 = crc_of(&h, offsetof(ctxs__export_header, crc32));
 
     size_t raw_max = (size_t)(p->block_tokens * p->token_raw);
@@ -528,10 +559,16 @@ int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path
         rc = 0;
     }
     export_job job = {.s = s, .fd = -1, .progress = progress, .progress_arg = progress_arg};
+    ctxs_meta_entry *meta = NULL;
+    size_t n_meta = 0;
+    if (rc == 0 && (rc = ctxs_store_session_list_meta(&meta, &n_meta, st, name)) == 0)
+        rc = meta_section(&job, meta, n_meta);
+    ctxs_free(meta);
     if (rc == 0)
         rc = export_session(&job, &info, name, len, model.name, path);
     if (job.zs_ready)
         deflateEnd(&job.zs);
+    free(job.meta);
     free(job.raw);
     free(job.out);
     ctxs_session_close(s);
@@ -552,6 +589,9 @@ typedef struct import_job {
     char name[CTXS_NAME_MAX + 1];             /* the name the file carries */
     uint8_t *raw, *comp;
     size_t raw_cap, comp_cap;
+    uint32_t meta_bytes, meta_crc32, meta_count; /* 0 in a 1.0 file */
+    uint8_t *meta;              /* the metadata section, as pass 1 read it */
+    ctxs__meta_item *items;     /* its entries, pointing into meta */
     int out_fd;                 /* pass 2: the new session file */
     int pass;                   /* 1 or 2 */
     ctxs_progress_fn progress;
@@ -620,6 +660,68 @@ static int header_read(import_job *job)
     job->model.geometry = g;
     memcpy(job->model.model_hash, h->model_hash, 16);
     memcpy(job->model.tokenizer_hash, h->tokenizer_hash, 16);
+    /* 1.0 reserved these bytes: whatever they hold, there is no section. */
+    if (major >= 2) {
+        job->meta_bytes = h->meta_bytes;
+        job->meta_crc32 = h->meta_crc32;
+        job->meta_count = h->meta_count;
+    }
+    return 0;
+}
+
+/* Bytewise order, a key before the longer keys it starts: LMDB's. */
+static int key_cmp(const char *a, size_t a_len, const char *b, size_t b_len)
+{
+    int c = memcmp(a, b, a_len < b_len ? a_len : b_len);
+    return c ? c : (a_len > b_len) - (a_len < b_len);
+}
+
+/* Reads and checks the metadata section, in the order FORMAT.md gives, and
+ * lists its entries. Errors: CTXS_ECORRUPT, CTXS_ENOMEM, -errno. */
+static int meta_read(import_job *job)
+{
+    uint32_t bytes = job->meta_bytes;
+    if (bytes > CTXS__EXPORT_MAX_META || bytes > job->size - sizeof(job->h) ||
+        job->meta_count > bytes / (sizeof(ctxs__export_meta) + 1) ||
+        (bytes == 0) != (job->meta_count == 0))
+        return CTXS_ECORRUPT;
+    if (bytes == 0)
+        return 0;
+    int rc;
+    if (!(job->meta = ctxs__malloc(bytes)) ||
+        !(job->items = ctxs__calloc(job->meta_count, sizeof(*job->items))))
+        return CTXS_ENOMEM;
+    if ((rc = ctxs__read_exact(job->fd, job->meta, bytes, (off_t)sizeof(job->h))) < 0)
+        return rc;
+    if (crc_of(job->meta, bytes) != job->meta_crc32)
+        return CTXS_ECORRUPT;
+    size_t at = 0, total = 0;
+    for (uint32_t i = 0; i < job->meta_count; i++) {
+        ctxs__export_meta m;
+        if (bytes - at < sizeof(m))
+            return CTXS_ECORRUPT;
+        memcpy(&m, job->meta + at, sizeof(m));
+        at += sizeof(m);
+        if (m.reserved0 != 0 || m.key_len == 0 || m.key_len > CTXS_NAME_MAX ||
+            m.value_bytes > CTXS_META_VALUE_MAX || bytes - at < (size_t)m.key_len + m.value_bytes)
+            return CTXS_ECORRUPT;
+        char key[CTXS_NAME_MAX + 1];
+        size_t got;
+        memcpy(key, job->meta + at, m.key_len);
+        key[m.key_len] = '\0';
+        if (ctxs__name_check(key, &got) < 0 || got != m.key_len)
+            return CTXS_ECORRUPT;
+        ctxs__meta_item *it = &job->items[i];
+        *it = (ctxs__meta_item){(const char *)job->meta + at, m.key_len,
+                                job->meta + at + m.key_len, m.value_bytes};
+        /* Ascending: no key twice. */
+        if (i && key_cmp(it[-1].key, it[-1].key_len, it->key, it->key_len) >= 0)
+            return CTXS_ECORRUPT;
+        total += (size_t)m.key_len + m.value_bytes;
+        at += (size_t)m.key_len + m.value_bytes;
+    }
+    if (at != bytes || total > CTXS_META_SESSION_MAX)
+        return CTXS_ECORRUPT;
     return 0;
 }
 
@@ -683,13 +785,23 @@ static int block_store(import_job *job, uint64_t first, uint32_t count)
 static int blocks_read(import_job *job)
 {
     const xfer_plan *p = &job->plan;
-    uint64_t off = sizeof(ctxs__export_header), first, size = job->size;
+    uint64_t off = sizeof(ctxs__export_header) + job->meta_bytes, first, size = job->size;
     uint64_t progress_base = job->pass == 2 ? size : 0;
     uint32_t body_crc = crc_of(&job->h, sizeof(job->h));
     uint32_t count, index = 0;
     block_walk w;
     block_walk_init(p, &w);
     int rc;
+    /* The metadata section as pass 1 read it: what the index will get. */
+    if (job->pass == 2 && job->meta_bytes) {
+        if ((rc = reserve_buf(&job->comp, &job->comp_cap, job->meta_bytes)) < 0 ||
+            (rc = ctxs__read_exact(job->fd, job->comp, job->meta_bytes, (off_t)sizeof(job->h))) < 0)
+            return rc;
+        if (memcmp(job->comp, job->meta, job->meta_bytes) != 0)
+            return CTXS_ECORRUPT;
+    }
+    if (job->meta_bytes) /* crc32() of a NULL buffer is its initial value */
+        body_crc = crc_more(body_crc, job->meta, job->meta_bytes);
     while (block_next(p, &w, &first, &count)) {
         ctxs__export_block b;
         if (size - off < sizeof(b))
@@ -806,6 +918,8 @@ int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1], ctxs_store *st, 
         job.size = (uint64_t)sb.st_size;
         rc = header_read(&job);
     }
+    if (rc == 0)
+        rc = meta_read(&job);
     if (rc == 0 && !name) {
         name = job.name;
         len = strlen(name);
@@ -830,8 +944,10 @@ int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1], ctxs_store *st, 
     ctxs_session *s = NULL;
     if (rc == 0)
         rc = ctxs__store_session_create_filled(&s, st, name, len, &job.model, job.model_name,
-                                               import_fill, &job);
+                                               job.items, job.meta_count, import_fill, &job);
     ctxs_session_close(s);
+    free(job.meta);
+    free(job.items);
     free(job.raw);
     free(job.comp);
     close(job.fd);

@@ -91,6 +91,10 @@ int cli_fail_said(int rc, const char *hint, const char *fmt, ...)
 const char *cli_advice(int rc);
 /* The rule every session and checkpoint name must follow, in words. */
 extern const char *const cli_name_rule;
+/* Checks a name the user gave (what: "session name", "key", ...): -1 when
+ * it is valid, else reports why not (ctxs_name_check()) with the rule as
+ * the hint, and returns the exit code. */
+int cli_check_name(const char *what, const char *name);
 
 /* "ctxstore: " + message, to stderr. The last one is the message of the
  * JSON error object when a command fails without cli_fail(). */
@@ -209,6 +213,9 @@ void progress_end(progress *p);
 /* A ctxs_progress_fn whose argument is a progress *. */
 void progress_callback(void *arg, uint64_t done, uint64_t total);
 
+/* A value's first line, shortened, or "(N bytes, binary)", into buf. */
+void cli_meta_preview(char *buf, size_t cap, const void *value, size_t n);
+
 /* --- Subcommands ------------------------------------------------------------ */
 
 int cmd_ls(cli *c, int argc, char **argv);
@@ -220,6 +227,7 @@ int cmd_rm(cli *c, int argc, char **argv);
 int cmd_rename(cli *c, int argc, char **argv);
 int cmd_fork(cli *c, int argc, char **argv);
 int cmd_checkpoint(cli *c, int argc, char **argv);
+int cmd_meta(cli *c, int argc, char **argv);
 int cmd_models(cli *c, int argc, char **argv);
 int cmd_prefix(cli *c, int argc, char **argv);
 int cmd_reindex(cli *c, int argc, char **argv);

@@ -81,8 +81,13 @@ int cmd_fork(cli *c, int argc, char **argv)
     if (checkpoint && have_at)
         return cli_usage_error("fork", "--at and --checkpoint exclude each other");
     const char *src = argv[optind], *dst = argv[optind + 1];
+    int ex;
+    if ((ex = cli_check_name("session name", src)) >= 0 ||
+        (ex = cli_check_name("new session name", dst)) >= 0 ||
+        (checkpoint && (ex = cli_check_name("checkpoint name", checkpoint)) >= 0))
+        return ex;
     ctxs_store *st;
-    int ex = cli_store_open(c, &st);
+    ex = cli_store_open(c, &st);
     if (ex != CLI_OK)
         return ex;
     int rc = checkpoint ? ctxs_store_session_fork_checkpoint(NULL, st, dst, src, checkpoint, NULL)
@@ -244,6 +249,9 @@ int cmd_checkpoint(cli *c, int argc, char **argv)
         return cli_usage_error("checkpoint", "checkpoint %s takes SESSION%s", verb,
                                is_ls ? "" : " NAME");
     const char *session = argv[first + 1], *name = is_ls ? NULL : argv[first + 2];
+    if ((ex = cli_check_name("session name", session)) >= 0 ||
+        (name && (ex = cli_check_name("checkpoint name", name)) >= 0))
+        return ex;
     ctxs_store *st;
     if ((ex = cli_store_open(c, &st)) != CLI_OK)
         return ex;

@@ -21,6 +21,8 @@ typedef struct view {
     ctxs_session_info info;
     ctxs_checkpoint_entry *cps;
     size_t n_cps;
+    ctxs_meta_entry *meta;
+    size_t n_meta;
     char parent[CTXS_NAME_MAX + 1];
 } view;
 
@@ -109,6 +111,24 @@ static void checkpoints_json(json *j, const view *v)
     json_array_end(j);
 }
 
+/* The keys, each with its size and the start of its value: `ctxstore meta
+ * SESSION KEY` prints a whole one. */
+static void meta_json(json *j, const view *v)
+{
+    json_key(j, "meta");
+    json_array_begin(j);
+    for (size_t i = 0; i < v->n_meta; i++) {
+        char preview[128];
+        cli_meta_preview(preview, sizeof(preview), v->meta[i].value, v->meta[i].value_bytes);
+        json_object_begin(j);
+        json_kv_string(j, "key", v->meta[i].key);
+        json_kv_u64(j, "bytes", v->meta[i].value_bytes);
+        json_kv_string(j, "preview", preview);
+        json_object_end(j);
+    }
+    json_array_end(j);
+}
+
 static void print_json(const view *v, ctxs_store *st)
 {
     const ctxs_file_report *r = &v->rep;
@@ -146,6 +166,7 @@ static void print_json(const view *v, ctxs_store *st)
     if (v->e.parent_id)
         parent_json(&j, v);
     checkpoints_json(&j, v);
+    meta_json(&j, v);
     json_object_end(&j);
     json_finish(&j);
 }
@@ -238,6 +259,13 @@ static void print_text(const view *v, ctxs_store *st)
     for (size_t i = 0; i < v->n_cps; i++)
         printf("  %-20s %" PRIu64 " tokens, %s%s\n", v->cps[i].name, v->cps[i].n_tokens,
                fmt_time(a, v->cps[i].created_unix_ms), v->cps[i].stale ? ", stale" : "");
+    printf("metadata     %zu key%s%s\n", v->n_meta, v->n_meta == 1 ? "" : "s",
+           v->n_meta ? "; `ctxstore meta SESSION KEY` prints a whole value" : "");
+    for (size_t i = 0; i < v->n_meta; i++) {
+        char preview[128];
+        cli_meta_preview(preview, sizeof(preview), v->meta[i].value, v->meta[i].value_bytes);
+        printf("  %-20s %s\n", v->meta[i].key, preview);
+    }
 }
 
 /* The name of the session with id, or "" (a linear scan: info is rare). */
@@ -262,6 +290,8 @@ int cmd_info(cli *c, int argc, char **argv)
     if (argc - first != 1)
         return cli_usage_error("info", "info takes one session name");
     const char *name = argv[first];
+    if ((ex = cli_check_name("session name", name)) >= 0)
+        return ex;
     ctxs_store *st;
     if ((ex = cli_store_open(c, &st)) != CLI_OK)
         return ex;
@@ -292,6 +322,10 @@ int cmd_info(cli *c, int argc, char **argv)
         ex = cli_fail(rc, "checkpoints of '%s'", name);
         goto out;
     }
+    if ((rc = ctxs_store_session_list_meta(&v->meta, &v->n_meta, st, name)) < 0) {
+        ex = cli_fail(rc, "metadata of '%s'", name);
+        goto out;
+    }
     if (v->e.parent_id)
         name_of(v->parent, st, v->e.parent_id);
     if (c->json)
@@ -301,6 +335,7 @@ int cmd_info(cli *c, int argc, char **argv)
     ex = CLI_OK;
 out:
     ctxs_free(v->cps);
+    ctxs_free(v->meta);
     free(v);
     ctxs_store_close(st);
     return ex;

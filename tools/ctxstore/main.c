@@ -46,7 +46,8 @@ static const command k_commands[] = {
     { "info", cmd_info, "show a session in detail",
       "info SESSION [--json]\n\n"
       "Shows a session's header, geometry, both commit records, durability\n"
-      "watermark, attention window, checkpoints and checksum state.\n" },
+      "watermark, attention window, checkpoints, metadata keys (values\n"
+      "shortened) and checksum state.\n" },
     { "verify", cmd_verify, "check sessions and the index",
       "verify [SESSION | --all] [--json]\n\n"
       "Checks every held token's checksum, the header and commit record CRCs,\n"
@@ -86,6 +87,19 @@ static const command k_commands[] = {
       "       ctxstore checkpoint rm SESSION NAME [--json]\n\n"
       "A checkpoint names a session's current token count; restore rolls the\n"
       "session back to it (the session must not be open by a writer).\n" },
+    { "meta", cmd_meta, "show or change what an app keeps with a session",
+      "meta SESSION [--json]\n"
+      "       ctxstore meta SESSION KEY [--json]\n"
+      "       ctxstore meta SESSION KEY VALUE | --file FILE [--json]\n"
+      "       ctxstore meta SESSION KEY --delete [--json]\n\n"
+      "A session's metadata: what an app keeps beside its tokens (a title, the\n"
+      "chat template, sampler settings, its own JSON), as keys (named like\n"
+      "sessions) and values (any bytes). With SESSION alone, lists the keys and\n"
+      "the start of each value; with KEY, prints its value as it is; with VALUE,\n"
+      "or the bytes of FILE (- for standard input), sets it; --delete removes\n"
+      "it. A value holds at most 64 KiB, a session's keys and values together\n"
+      "256 KiB (exit 2 past either). Renames keep it, deletes take it, forks\n"
+      "start without it, export and import carry it.\n" },
     { "models", cmd_models, "list the models, or register one",
       "models [ls] [--json]\n"
       "       ctxstore models register FILE --name NAME --layers L --kv-heads H\n"
@@ -97,8 +111,9 @@ static const command k_commands[] = {
       "register hashes the weights file FILE (XXH3-128; the store remembers the\n"
       "hash of a file that has not changed) and registers that hash with the\n"
       "geometry of its KV cache: layers, KV heads per layer (after GQA) and\n"
-      "elements per head, each 1 to 4096. The tokenizer hash is TFILE's, or HEX\n"
-      "(32 hex digits), or zero. Registering a hash again changes its name; with\n"
+      "elements per head, each 1 to 4096. The tokenizer hash is TFILE's (the\n"
+      "vocabulary file: tokenizer.json, tokenizer.model; hashed apart from\n"
+      "weights), or HEX (32 hex digits), or zero. Registering a hash again changes its name; with\n"
       "another geometry or tokenizer it is refused (exit 5). Prints the hash.\n" },
     { "prefix", cmd_prefix, "find the session holding a prompt's first tokens",
       "prefix --model MODEL TOKEN... [--json]\n"

@@ -13,6 +13,8 @@ int cmd_compact(cli *c, int argc, char **argv)
 {
     const char *only = NULL;
     int ex = cli_parse_one_or_all(c, argc, argv, &only);
+    if (ex < 0 && only)
+        ex = cli_check_name("session name", only);
     if (ex >= 0)
         return ex;
     ctxs_store *st;
@@ -137,6 +139,10 @@ int cmd_rm(cli *c, int argc, char **argv)
         return ex;
     if (first >= argc)
         return cli_usage_error("rm", "rm takes one or more session names");
+    /* All or none: a bad name refuses the command before anything goes. */
+    for (int i = first; i < argc; i++)
+        if ((ex = cli_check_name("session name", argv[i])) >= 0)
+            return ex;
     ctxs_store *st;
     if ((ex = cli_store_open(c, &st)) != CLI_OK)
         return ex;
@@ -197,6 +203,9 @@ int cmd_rename(cli *c, int argc, char **argv)
     if (argc - first != 2)
         return cli_usage_error("rename", "rename takes OLD and NEW");
     const char *from = argv[first], *to = argv[first + 1];
+    if ((ex = cli_check_name("session name", from)) >= 0 ||
+        (ex = cli_check_name("new name", to)) >= 0)
+        return ex;
     ctxs_store *st;
     if ((ex = cli_store_open(c, &st)) != CLI_OK)
         return ex;

@@ -163,7 +163,7 @@ static int models_register(const cli *c, ctxs_store *st, reg_args *a)
     if (rc < 0)
         return hash_fail(rc, "weights file", a->file);
     if (a->tokenizer_file &&
-        (rc = ctxs_model_hash_file(a->model.tokenizer_hash, st, a->tokenizer_file)) < 0)
+        (rc = ctxs_tokenizer_hash_file(a->model.tokenizer_hash, st, a->tokenizer_file)) < 0)
         return hash_fail(rc, "tokenizer file", a->tokenizer_file);
     ctxs_model_entry before, after;
     int existed = ctxs_model_get(&before, st, a->model.model_hash) == 0;
@@ -251,6 +251,9 @@ static int register_check(const reg_args *a, int nargs)
         return cli_usage_error("models", "models register takes one FILE, the weights");
     if (!a->name)
         return cli_usage_error("models", "models register needs --name NAME");
+    int ex;
+    if ((ex = cli_check_name("model name", a->name)) >= 0)
+        return ex;
     if (!g->n_layers || !g->n_kv_heads || !g->head_dim)
         return cli_usage_error("models", "models register needs --layers, --kv-heads and "
                                          "--head-dim");

@@ -270,6 +270,9 @@ int cmd_prefix(cli *c, int argc, char **argv)
     int first = 0, ex = prefix_parse(c, argc, argv, &model, &file, &first);
     if (ex >= 0)
         return ex;
+    uint8_t hash[CTXS_HASH_BYTES];
+    if (parse_hash(model, hash) != 0 && (ex = cli_check_name("model name", model)) >= 0)
+        return ex;
     tokens t = { 0 };
     /* The prompt is read before the store is opened: a command line or a
      * file that is wrong leaves no store behind. */

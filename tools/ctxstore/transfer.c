@@ -16,6 +16,8 @@ int cmd_export(cli *c, int argc, char **argv)
     if (argc - first != 2)
         return cli_usage_error("export", "export takes SESSION and FILE");
     const char *name = argv[first], *path = argv[first + 1];
+    if ((ex = cli_check_name("session name", name)) >= 0)
+        return ex;
     ctxs_store *st;
     if ((ex = cli_store_open(c, &st)) != CLI_OK)
         return ex;
@@ -85,6 +87,8 @@ int cmd_import(cli *c, int argc, char **argv)
     if (argc - first < 1 || argc - first > 2)
         return cli_usage_error("import", "import takes FILE and an optional NAME");
     const char *path = argv[first], *name = argc - first == 2 ? argv[first + 1] : NULL;
+    if (name && (ex = cli_check_name("session name", name)) >= 0)
+        return ex;
     ctxs_store *st;
     if ((ex = cli_store_open(c, &st)) != CLI_OK)
         return ex;

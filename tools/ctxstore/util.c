@@ -42,6 +42,7 @@ int cli_exit_code(int rc)
     case -EEXIST:
         return CLI_EEXIST;
     case CTXS_EINVAL:
+    case CTXS_ETOOBIG:
         return CLI_EUSAGE;
     default:
         return CLI_EFAIL;
@@ -49,9 +50,7 @@ int cli_exit_code(int rc)
 }
 
 /* The rule names.c applies to every session and checkpoint name. */
-#define NAME_RULE                                                              \
-    "a name is 1 to 255 bytes of UTF-8 text without '/', '..' or control "     \
-    "characters, and not '.'"
+#define NAME_RULE CTXS_NAME_RULE
 
 const char *cli_advice(int rc)
 {
@@ -81,6 +80,8 @@ const char *cli_advice(int rc)
         return "the session no longer holds those tokens; pick a later point or another checkpoint";
     case CTXS_EFAILED:
         return "reopen the session";
+    case CTXS_ETOOBIG:
+        return "a value holds at most 64 KiB, and a session's keys and values together 256 KiB";
     case -EACCES:
     case -EPERM:
         return "check the permissions of the store directory";
@@ -92,6 +93,23 @@ const char *cli_advice(int rc)
 }
 
 const char *const cli_name_rule = NAME_RULE;
+
+int cli_check_name(const char *what, const char *name)
+{
+    const char *why = ctxs_name_check(name);
+    if (!why)
+        return -1;
+    /* The name as typed, but a control character would garble the
+     * terminal: shown as '?'. */
+    char shown[300];
+    size_t i = 0;
+    for (; name[i] && i < sizeof(shown) - 4; i++)
+        shown[i] = (unsigned char)name[i] < 0x20 || name[i] == 0x7f ? '?' : name[i];
+    if (name[i])
+        memcpy(shown + i, "...", 3), i += 3;
+    shown[i] = '\0';
+    return cli_fail_said(CTXS_EINVAL, NAME_RULE, "%s '%s' %s", what, shown, why);
+}
 
 /* What this run reported, for the one JSON document that --json promises
  * on stdout (see cli_report_begin() in cli.h). Process-wide because every

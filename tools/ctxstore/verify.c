@@ -245,6 +245,8 @@ int cmd_verify(cli *c, int argc, char **argv)
 {
     const char *only = NULL;
     int ex = cli_parse_one_or_all(c, argc, argv, &only);
+    if (ex < 0 && only)
+        ex = cli_check_name("session name", only);
     if (ex >= 0)
         return ex;
 

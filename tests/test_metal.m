@@ -115,8 +115,8 @@ static ctxs_session *make_session(const ctxs_geometry *g, uint32_t capacity,
     ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
-    o.window = window;
-    o.durability = CTXS_SYNC_NONE;
+    o.open.window = window;
+    o.open.durability = CTXS_SYNC_NONE;
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/s%u.ctxs", g_dir, capacity);
     ctxs_session *s = NULL;

@@ -173,8 +173,8 @@ static ctxs_session *make_session(const char *dir, const ctxs_geometry *g,
     ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
-    o.window = window;
-    o.durability = CTXS_SYNC_NONE;
+    o.open.window = window;
+    o.open.durability = CTXS_SYNC_NONE;
     char path[4096];
     snprintf(path, sizeof path, "%s/s%u.ctxs", dir, capacity);
     unlink(path);

@@ -70,15 +70,21 @@ static void session_seed(const char *name, const char *path, uint8_t ctl)
     free(buf);
 }
 
-static ctxs_session *create(const char *path, ctxs_create_options o)
+static ctxs_session *create_dtype(const char *path, ctxs_create_options o, uint32_t dtype)
 {
     ctxs_model m = fuzz_model(0);
+    m.geometry.dtype = dtype;
     ctxs_session *s;
     unlink(path);
     int rc = ctxs_session_create(&s, path, &m, &o);
     if (rc < 0)
         die(path, rc);
     return s;
+}
+
+static ctxs_session *create(const char *path, ctxs_create_options o)
+{
+    return create_dtype(path, o, CTXS_DTYPE_F16);
 }
 
 static void session_seeds(void)
@@ -127,6 +133,20 @@ static void session_seeds(void)
     session_seed("synced-fix-all", p,
                  E | W | FUZZ_SESS_FIX_HEADER | FUZZ_SESS_FIX_RECORDS | FUZZ_SESS_FIX_LABEL |
                      FUZZ_SESS_FIX_SUMS);
+
+    /* The other dtypes (format 2.0): bf16, and Q8 with its scale table,
+     * wrapped so that the scales of the ring's slots are rewritten. */
+    s = create_dtype(p, fuzz_options(16, 2, 1), CTXS_DTYPE_BF16);
+    if ((rc = fuzz_append(s, 20)) < 0)
+        die("append bf16", rc);
+    ctxs_session_close(s);
+    session_seed("bf16", p, E | W);
+    s = create_dtype(p, fuzz_options(16, 2, 1), CTXS_DTYPE_Q8);
+    if ((rc = fuzz_append(s, 25)) < 0)
+        die("append q8", rc);
+    ctxs_session_close(s);
+    session_seed("q8-wrapped", p, E | W);
+    session_seed("q8-fix-sums", p, E | W | FUZZ_SESS_FIX_SUMS);
 
     /* A labeled file with two prefix chunks: the sample store's "a". */
     char *store = fuzz_join(work, "store");
@@ -188,7 +208,7 @@ static void session_seeds(void)
         seed("session_open", nm, copy, len);
     }
     memcpy(copy, buf, len);
-    copy[1 + 8] = 2; /* version_major 2 */
+    copy[1 + 8] = 3; /* version_major 3 */
     seed("session_open", "hostile-version", copy, len);
     memcpy(copy, buf, len);
     copy[1 + 256 + 20] ^= 1; /* record 0's n_tokens */
@@ -251,6 +271,38 @@ static void import_seeds(void)
         unlink(path);
         free(path);
     }
+    /* A Q8 session, whose blocks carry scales, from a store of its own
+     * (the sample store stays as fuzz_common.c describes it). */
+    ctxs_model q8 = fuzz_model(0);
+    q8.geometry.dtype = CTXS_DTYPE_Q8;
+    q8.model_hash[15] ^= 0x80;
+    char *q8_store = fuzz_join(work, "q8-store");
+    fuzz_rmtree(q8_store);
+    ctxs_store *st8;
+    ctxs_session *s = NULL;
+    if ((rc = ctxs_store_open(&st8, q8_store, NULL)) < 0 ||
+        (rc = ctxs_model_register(st8, &q8, "tiny-q8")) < 0 ||
+        (rc = ctxs_store_session_create(&s, st8, "q8", &q8, NULL)) < 0 ||
+        (rc = fuzz_append(s, 30)) < 0)
+        die("q8 session", rc);
+    ctxs_session_close(s);
+    char *path = fuzz_join(work, "q8.exp");
+    unlink(path);
+    if ((rc = ctxs_store_session_export(st8, "q8", path, NULL, NULL)) < 0)
+        die("export q8", rc);
+    ctxs_store_close(st8);
+    fuzz_rmtree(q8_store);
+    free(q8_store);
+    size_t q8_len;
+    uint8_t *q8_file = slurp(path, &q8_len);
+    uint8_t *q8_in = malloc(q8_len + 1);
+    q8_in[0] = 0;
+    memcpy(q8_in + 1, q8_file, q8_len);
+    seed("import", "export-q8", q8_in, q8_len + 1);
+    free(q8_in);
+    free(q8_file);
+    unlink(path);
+    free(path);
     ctxs_store_close(st);
     free(store);
     /* Hostile: truncated, trailing bytes, a newer version, a damaged
@@ -261,7 +313,7 @@ static void import_seeds(void)
     memcpy(more + a_len, "xyz", 3);
     seed("import", "hostile-trailing", more, a_len + 3);
     memcpy(more, a, a_len);
-    more[1 + offsetof(ctxs__export_header, version_major)] = 2;
+    more[1 + offsetof(ctxs__export_header, version_major)] = CTXS__EXPORT_MAJOR + 1;
     seed("import", "hostile-version", more, a_len);
     memcpy(more, a, a_len);
     more[0] = 0x01; /* CRCs fixed, a token's bytes changed */

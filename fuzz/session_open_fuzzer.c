@@ -230,7 +230,7 @@ static void read_all(ctxs_session *s, uint32_t window)
     ctxs_session_verify_range(&bad, s, info.n_tokens / 2, info.n_tokens);
 
     const ctxs_geometry *g = &info.model.geometry;
-    size_t token_bytes = (size_t)g->n_layers * g->n_kv_heads * g->head_dim * 2;
+    size_t token_bytes = ctxs_geometry_get_token_bytes(g, CTXS_DTYPE_F32);
     if (token_bytes <= (1u << 20)) {
         uint8_t *k = malloc(token_bytes), *v = malloc(token_bytes);
         if (!k || !v)
@@ -241,7 +241,8 @@ static void read_all(ctxs_session *s, uint32_t window)
             uint32_t slot;
             if (ctxs_session_get_slot(&slot, s, pos[i]) == 0 && slot >= info.capacity)
                 fail("slot beyond the capacity", (int)slot);
-            ctxs_session_read_token(k, v, s, pos[i], CTXS_DTYPE_F16);
+            ctxs_session_read_token(k, v, s, pos[i], CTXS_DTYPE_F32);
+            ctxs_session_read_token(k, v, s, pos[i], g->dtype);
         }
         free(k);
         free(v);
@@ -307,7 +308,28 @@ static void fork_it(ctxs_session *s, uint64_t n)
     unlink(fork_path);
 }
 
-/* Appends n tokens and checks they read back. */
+/* One token's K or V in the session's own form (for Q8: its int8
+ * elements, then a scale per head), from i and salt. */
+static void own_form(uint8_t *out, const ctxs_geometry *g, size_t elems, size_t i, int kind,
+                     uint8_t salt)
+{
+    if (g->dtype == CTXS_DTYPE_Q8) {
+        for (size_t e = 0; e < elems; e++)
+            out[e] = (uint8_t)(e * (kind ? 5 : 3) + i + salt);
+        float scale = kind ? 0.25f : 0.5f;
+        for (size_t h = 0; h < elems / g->head_dim; h++)
+            memcpy(out + elems + h * 4, &scale, 4);
+        return;
+    }
+    for (size_t e = 0; e < elems; e++) {
+        uint16_t x = kind ? (uint16_t)(0x3800 | ((e * 5 + i + salt) & 0x3ff))
+                          : (uint16_t)(0x3c00 | ((e * 3 + i + salt) & 0x3ff));
+        memcpy(out + e * 2, &x, 2);
+    }
+}
+
+/* Appends n tokens in the session's own form and checks they read back
+ * byte for byte. */
 static void append(ctxs_session *s, uint32_t n, uint8_t salt)
 {
     ctxs_session_info info;
@@ -316,21 +338,19 @@ static void append(ctxs_session *s, uint32_t n, uint8_t salt)
     size_t elems = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     if (elems > (1u << 18))
         return;
-    uint16_t *k = malloc(elems * 2 * n), *v = malloc(elems * 2 * n), *rk = malloc(elems * 2),
-             *rv = malloc(elems * 2);
-    if (!k || !v || !rk || !rv)
+    size_t tb = ctxs_geometry_get_token_bytes(g, g->dtype);
+    uint8_t *k = malloc(tb * n), *v = malloc(tb * n), *rk = malloc(tb), *rv = malloc(tb);
+    if (!tb || !k || !v || !rk || !rv)
         abort();
     uint32_t ids[4];
     ctxs_reservation r;
     int rc = ctxs_session_reserve(&r, s, n);
     if (rc == 0) {
         for (uint32_t i = 0; i < n; i++) {
-            for (size_t e = 0; e < elems; e++) {
-                k[i * elems + e] = (uint16_t)(0x3c00 | ((e * 3 + i + salt) & 0x3ff));
-                v[i * elems + e] = (uint16_t)(0x3800 | ((e * 5 + i + salt) & 0x3ff));
-            }
+            own_form(k + i * tb, g, elems, i, 0, salt);
+            own_form(v + i * tb, g, elems, i, 1, salt);
             ids[i] = salt + i;
-            if ((rc = ctxs_session_write_token(s, &r, i, k + i * elems, v + i * elems, CTXS_DTYPE_F16)) < 0)
+            if ((rc = ctxs_session_write_token(s, &r, i, k + i * tb, v + i * tb, g->dtype)) < 0)
                 fail("write_token into a reservation", rc);
         }
         attend(s, &info, n);
@@ -342,9 +362,9 @@ static void append(ctxs_session *s, uint32_t n, uint8_t salt)
             if ((rc = ctxs_session_verify_range(&bad, s, r.first_pos, r.first_pos + n)) < 0)
                 fail("new tokens do not verify", rc);
             for (uint32_t i = 0; i < n; i++) {
-                if ((rc = ctxs_session_read_token(rk, rv, s, r.first_pos + i, CTXS_DTYPE_F16)) < 0)
+                if ((rc = ctxs_session_read_token(rk, rv, s, r.first_pos + i, g->dtype)) < 0)
                     fail("read of a new token", rc);
-                if (memcmp(rk, k + i * elems, elems * 2) || memcmp(rv, v + i * elems, elems * 2))
+                if (memcmp(rk, k + i * tb, tb) || memcmp(rv, v + i * tb, tb))
                     fail("a new token reads back different", 0);
             }
         }

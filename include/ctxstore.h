@@ -570,8 +570,8 @@ CTXS_API int ctxs_session_get_window(ctxs_window *out, const ctxs_session *s);
  * changed. Errors: CTXS_EINVAL. */
 CTXS_API int ctxs_session_set_window(ctxs_session *s, uint32_t window);
 
-/* Brings the current window's K/V in and maps it, and returns once it is
- * in: every run of slots is read ahead first (POSIX_FADV_WILLNEED), then
+/* Brings the current window's K/V (and a Q8 session's scale table) in and
+ * maps it, and returns once it is in: every run of slots is read ahead first (POSIX_FADV_WILLNEED), then
  * mapped (MADV_POPULATE_READ), so that the disk reads sequentially instead
  * of one 4 KiB fault at a time (the KV region is mapped for random access,
  * so that writeback writes only what a turn wrote). The background thread

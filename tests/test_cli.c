@@ -832,7 +832,7 @@ Test(cli, usage_errors_of_rename_models_and_prefix_exit_2_and_create_nothing)
         { { "models", "register", "w", "--name", "n", "--layers", "0" }, "1 to 4096" },
         { { "models", "register", "w", "--name", "n", "--head-dim", "4097" }, "1 to 4096" },
         { { "models", "register", "w", "--name", "n", "--kv-heads", "two" }, "1 to 4096" },
-        { { "models", "register", "w", "--name", "n", "--dtype", "bf16" }, "fp16" },
+        { { "models", "register", "w", "--name", "n", "--dtype", "fp8" }, "fp16, bf16 or q8" },
         { { "models", "register", "w", "--name", "n", "--tokenizer-hash", "abc" }, "32 hex" },
         { { "models", "register", "w", "v", "--name", "n", "--layers", "1", "--kv-heads", "1" },
           "usage: ctxstore models" },
@@ -1821,9 +1821,28 @@ Test(cli, models_register_hashes_the_weights_and_refuses_another_geometry)
     cr_assert_str_eq(js(v, "action"), "unchanged");
     jc_free(v);
 
+    /* A model whose sessions keep 8-bit K/V; info names its dtype. */
+    uint8_t h3[16];
+    const char *w3 = weights_file("w3.bin", 4000, 4, h3);
+    CLI_EXPECT(EX_OK, S(), "models", "register", w3, "--name", "w-q8", "--layers", "2",
+               "--kv-heads", "2", "--head-dim", "16", "--dtype", "q8");
+    contains(1, "registered model 'w-q8': 2 layers x 2 KV heads x 16 dims, q8");
+    ctxs_model_entry e3 = model_of(h3);
+    cr_assert_eq(e3.model.geometry.dtype, CTXS_DTYPE_Q8);
+    st = ts_store_open(S());
+    cr_assert_eq(ctxs_store_session_create(&s, st, "on-q8", &e3.model, NULL), 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "info", "on-q8");
+    contains(1, "x 16 dims, q8");
+    contains(1, ": all it holds");
+    cr_assert_neq(CLI(S(), "models", "register", w3, "--name", "w-q8", "--layers", "2",
+                      "--kv-heads", "2", "--head-dim", "16", "--dtype", "bf16"),
+                  EX_OK, "the same weights registered as another dtype");
+
     CLI_EXPECT(EX_OK, S(), "models", "--json");
     v = json_out();
-    cr_assert_eq(v->n, 2, "w-one and w-2:\n%s", R.out);
+    cr_assert_eq(v->n, 3, "w-one, w-2 and w-q8:\n%s", R.out);
     cr_assert_not_null(by_name(v, "w-one"));
     cr_assert_not_null(by_name(v, "w-2"));
     jc_free(v);

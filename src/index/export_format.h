@@ -20,7 +20,7 @@
 #include "ctxstore.h"
 
 #define CTXS__EXPORT_MAGIC "CTXSEXPT"   /* 8 bytes, no terminator on disk */
-#define CTXS__EXPORT_MAJOR 1
+#define CTXS__EXPORT_MAJOR 2
 #define CTXS__EXPORT_MINOR 0
 #define CTXS__EXPORT_HEADER_BYTES 1024u
 #define CTXS__EXPORT_BLOCK_MAGIC "CXBK"

@@ -144,6 +144,20 @@ static uint32_t map_runs(const ctxs_session *s, const ctxs_window *w, uint32_t f
     return to;
 }
 
+/* A Q8 session's scale table is read whole, ahead of the KV: it is small
+ * (4 bytes a slot of each run: 1/32 of the KV at 128 dims) and every step
+ * of attention reads the scales of its window. */
+static void map_scales(const ctxs_session *s)
+{
+    const ctxs__file_layout *lay = &s->lay;
+    if (!lay->scales_bytes)
+        return;
+    posix_fadvise(s->fd, (off_t)lay->scales_off, (off_t)lay->scales_bytes, POSIX_FADV_WILLNEED);
+#ifdef MADV_POPULATE_READ
+    madvise(s->map + lay->scales_off, (size_t)lay->scales_bytes, MADV_POPULATE_READ);
+#endif
+}
+
 int ctxs__warm_step(ctxs_session *s, const ctxs__state *st, uint32_t window)
 {
     ctxs_window w;
@@ -159,6 +173,8 @@ int ctxs__warm_step(ctxs_session *s, const ctxs__state *st, uint32_t window)
     uint32_t advise_to =
         (uint32_t)(n_runs - s->warm_mapped < ahead ? n_runs : s->warm_mapped + ahead);
     if (s->warm_advised < advise_to) {
+        if (s->warm_advised == 0)
+            map_scales(s);
         advise_runs(s, &w, s->warm_advised, advise_to);
         s->warm_advised = advise_to;
     }
@@ -171,6 +187,7 @@ int ctxs_session_prefetch(const ctxs_session *s)
     CTXS__CHECK(s);
     ctxs_window w;
     ctxs__window_spans(s, &s->st, ctxs__effective_window(s), &w);
+    map_scales(s);
     advise_runs(s, &w, 0, run_count(s));
     map_runs(s, &w, 0, run_count(s));
     return 0;

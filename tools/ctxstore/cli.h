@@ -132,8 +132,12 @@ const char *fmt_age(char buf[32], uint64_t unix_ms);
 /* ISO 8601 UTC: "2026-11-21T10:04:05Z". */
 const char *fmt_time(char buf[32], uint64_t unix_ms);
 
-/* A dtype as the tool names it: "fp16", or "unknown". */
+/* A dtype as the tool names it: "fp16", "bf16", "q8", or "unknown". */
 const char *fmt_dtype(uint32_t dtype);
+
+/* "fp16" (or "f16"), "bf16" or "q8" into a ctxs_dtype; -1 for anything
+ * else. */
+int parse_dtype(const char *s, uint32_t *out);
 /* 32 lowercase hex digits. */
 const char *fmt_hash(char buf[33], const uint8_t hash[CTXS_HASH_BYTES]);
 

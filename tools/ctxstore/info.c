@@ -18,6 +18,7 @@ typedef struct view {
     const ctxs_record_report *cur;
     int open_rc;          /* the read-only open's return */
     ctxs_window win;
+    ctxs_session_info info;
     ctxs_checkpoint_entry *cps;
     size_t n_cps;
     char parent[CTXS_NAME_MAX + 1];
@@ -209,6 +210,13 @@ static void print_text(const view *v, ctxs_store *st)
         for (uint32_t i = 0; i < v->win.n_spans; i++)
             printf("%s slots %" PRIu32 "..%" PRIu32, i ? "," : " in", v->win.spans[i].slot,
                    v->win.spans[i].slot + v->win.spans[i].count - 1);
+        if (v->info.flags & CTXS_INFO_PARTIAL_WINDOW)
+            printf("; SHORTER than the %" PRIu32 " held: attention does not read %" PRIu32
+                   " of them%s",
+                   v->info.n_held, v->info.n_held - v->win.n_tokens,
+                   (v->info.flags & CTXS_INFO_PRESSURE) ? " (memory pressure)" : "");
+        else
+            printf(": all it holds");
         printf("\n");
     }
     printf("checksums    one XXH3-64 per token over its id, position and KV; "
@@ -276,6 +284,7 @@ int cmd_info(cli *c, int argc, char **argv)
     v->open_rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
     if (v->open_rc == 0) {
         ctxs_session_get_window(&v->win, s);
+        ctxs_session_get_info(&v->info, s);
         rc = ctxs_checkpoint_list(&v->cps, &v->n_cps, s);
     }
     ctxs_session_close(s);

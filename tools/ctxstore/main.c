@@ -89,7 +89,7 @@ static const command k_commands[] = {
     { "models", cmd_models, "list the models, or register one",
       "models [ls] [--json]\n"
       "       ctxstore models register FILE --name NAME --layers L --kv-heads H\n"
-      "                --head-dim D [--dtype fp16]\n"
+      "                --head-dim D [--dtype fp16|bf16|q8]\n"
       "                [--tokenizer TFILE | --tokenizer-hash HEX] [--json]\n\n"
       "Lists the registered models: hash, display name, geometry, dtype,\n"
       "tokenizer hash and when each was registered. A session can be created\n"

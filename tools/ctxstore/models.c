@@ -200,10 +200,8 @@ static int register_option(reg_args *a, int opt, const char *arg)
     case 'D': return parse_dim("--head-dim", arg, &g->head_dim);
     case 't': a->tokenizer_file = arg; return -1;
     case 'd':
-        if (strcmp(arg, "fp16") != 0 && strcmp(arg, "f16") != 0)
-            return cli_usage_error("models", "--dtype takes fp16 (the only one there is), not '%s'",
-                                   arg);
-        g->dtype = CTXS_DTYPE_F16;
+        if (parse_dtype(arg, &g->dtype) != 0)
+            return cli_usage_error("models", "--dtype takes fp16, bf16 or q8, not '%s'", arg);
         return -1;
     case 'T':
         if (parse_hash(arg, a->model.tokenizer_hash) != 0)

@@ -387,7 +387,29 @@ const char *fmt_age(char buf[32], uint64_t unix_ms)
 
 const char *fmt_dtype(uint32_t dtype)
 {
-    return dtype == CTXS_DTYPE_F16 ? "fp16" : "unknown";
+    switch (dtype) {
+    case CTXS_DTYPE_F16:
+        return "fp16";
+    case CTXS_DTYPE_BF16:
+        return "bf16";
+    case CTXS_DTYPE_Q8:
+        return "q8";
+    default:
+        return "unknown";
+    }
+}
+
+int parse_dtype(const char *s, uint32_t *out)
+{
+    if (strcmp(s, "fp16") == 0 || strcmp(s, "f16") == 0)
+        *out = CTXS_DTYPE_F16;
+    else if (strcmp(s, "bf16") == 0)
+        *out = CTXS_DTYPE_BF16;
+    else if (strcmp(s, "q8") == 0)
+        *out = CTXS_DTYPE_Q8;
+    else
+        return -1;
+    return 0;
 }
 
 const char *fmt_time(char buf[32], uint64_t unix_ms)

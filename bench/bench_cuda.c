@@ -2,12 +2,15 @@
  * bench_cuda — decode attention on an NVIDIA GPU over a ctxstore session,
  * in both attachments (include/ctxstore_cuda.h), beside the CPU kernel.
  *
- * KV geometry of Qwen3-4B: 36 layers, 8 KV heads, head dim 128, fp16, with
- * 32 query heads (GQA 4:1): 147,456 bytes per token. For each context (2048
- * and 8192 held tokens) a real session file is created in a scratch
- * directory with room for the context and one more token, filled with
- * random fp16 values, committed, synced and reopened (a resume), its window
- * set to the whole context so that a query reads every held token. Then:
+ * KV geometry of Qwen3-4B: 36 layers, 8 KV heads, head dim 128, with 32
+ * query heads (GQA 4:1), in each session dtype (the dtype column): fp16 and
+ * bf16, 147,456 bytes per token, and Q8, 73,728 bytes plus 2,304 of
+ * scales. For each dtype and context (2048 and 8192 held tokens) a real
+ * session file is created in a scratch directory with room for the context
+ * and one more token, filled with random values (of either sign in [0.5, 1);
+ * Q8: random int8 with scale 1/127), committed, synced and reopened (a
+ * resume), its window set to the whole context so that a query reads every
+ * held token. Then:
  *
  *   attach       ctxs_cuda_attach, wall time. mirror: cudaMalloc of the KV
  *                region and the copy of every held token to the device (the
@@ -25,13 +28,14 @@
  *
  * The CPU kernel, ctxs_attention() on the calling thread, is timed on the
  * same plan and queries (decode_step and layer, wall time), and every GPU
- * output is checked against it. GB/s is the K/V bytes a step reads over its
- * median time. Every measurement is several timed repetitions after an
- * untimed warm-up; it reports median, min and max in microseconds.
+ * output is checked against it. GB/s is the K/V bytes (and Q8 scales) a
+ * step reads over its median time. Every measurement is several timed
+ * repetitions after an untimed warm-up; it reports median, min and max in
+ * microseconds.
  *
  * Without a CUDA device it says so and exits 0.
  *
- * Usage: bench_cuda [--quick] [--tokens N] [--dir DIR]
+ * Usage: bench_cuda [--quick] [--tokens N] [--dtype f16|bf16|q8] [--dir DIR]
  */
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
@@ -57,10 +61,9 @@ enum {
     N_KV_HEADS = 8,
     N_HEADS = 32,
     HEAD_DIM = 128,
-    SLOT_BYTES = HEAD_DIM * 2,
     N_RUNS = N_LAYERS * 2 * N_KV_HEADS,
-    TOKEN_BYTES = N_RUNS * SLOT_BYTES, /* 147,456 */
-    Q_FLOATS = N_HEADS * HEAD_DIM,     /* one layer's query, and output */
+    HALF_TOKEN = N_RUNS / 2 * HEAD_DIM * 2, /* K (or V) of a token, as fp16 */
+    Q_FLOATS = N_HEADS * HEAD_DIM,          /* one layer's query, and output */
     N_SINK = 4,
     MIN_TOKENS = 16,
     MAX_TOKENS = 32768,
@@ -68,20 +71,43 @@ enum {
 
 /* --- Results --------------------------------------------------------------- */
 
+static const uint32_t g_dtypes[3] = {CTXS_DTYPE_F16, CTXS_DTYPE_BF16, CTXS_DTYPE_Q8};
+
+static const char *dtype_name(uint32_t dtype)
+{
+    return dtype == CTXS_DTYPE_F16 ? "f16" : dtype == CTXS_DTYPE_BF16 ? "bf16" : "q8";
+}
+
 typedef struct result {
-    bench_result base; /* first, for results_add() and results_find() */
+    bench_result base; /* first, for results_add() */
+    uint32_t dtype;
     double bytes; /* K/V read, for GB/s; 0: not a read */
 } result;
 
-static result g_result_rows[64];
+static result g_result_rows[192];
 static result_table g_results = RESULT_TABLE(g_result_rows);
 
 /* One measurement into the table; the samples are spent. */
-static void record(const char *op, const char *method, uint32_t tokens, samples *s, double bytes)
+static void record(const char *op, const char *method, uint32_t tokens, uint32_t dtype,
+                   samples *s, double bytes)
 {
     result *r = results_add(&g_results, op, method, tokens, s);
+    r->dtype = dtype;
     r->bytes = bytes;
     samples_free(s);
+}
+
+/* The row of op, method, tokens and dtype; NULL if there is none
+ * (results_find() knows no dtype). */
+static const result *find(const char *op, const char *method, uint32_t tokens, uint32_t dtype)
+{
+    for (size_t i = 0; i < g_results.n; i++) {
+        const result *r = &g_result_rows[i];
+        if (!strcmp(r->base.op, op) && !strcmp(r->base.method, method) &&
+            r->base.tokens == tokens && r->dtype == dtype)
+            return r;
+    }
+    return NULL;
 }
 
 /* --- Scratch files ----------------------------------------------------------- */
@@ -92,14 +118,16 @@ static char g_path[PATH_MAX];
 typedef struct options {
     int quick;
     uint32_t only_tokens;
+    uint32_t only_dtype; /* 0: every dtype */
     const char *dir;
 } options;
 
 static void usage(FILE *f)
 {
-    fputs("usage: bench_cuda [--quick] [--tokens N] [--dir DIR]\n"
+    fputs("usage: bench_cuda [--quick] [--tokens N] [--dtype f16|bf16|q8] [--dir DIR]\n"
           "  --quick     fewer repetitions (the same contexts)\n"
           "  --tokens N  one context of N tokens (16..32768)\n"
+          "  --dtype D   one session dtype (default: each of f16, bf16, q8)\n"
           "  --dir DIR   put the session file in a new directory under DIR\n"
           "              (default $TMPDIR, else /var/tmp)\n",
           f);
@@ -108,12 +136,19 @@ static void usage(FILE *f)
 static options parse_options(int argc, char **argv)
 {
     options o = {0};
+    const char *dtype = NULL;
     for (int i = 1; i < argc; i++) {
         if (!flag_option(argv[i], "--quick", &o.quick) &&
             !string_option(argc, argv, &i, "--dir", &o.dir) &&
+            !string_option(argc, argv, &i, "--dtype", &dtype) &&
             !count_option(argc, argv, &i, "--tokens", MIN_TOKENS, MAX_TOKENS, &o.only_tokens))
             unknown_option(argv[i], usage);
     }
+    for (int d = 0; dtype && d < 3; d++)
+        if (!strcmp(dtype, dtype_name(g_dtypes[d])))
+            o.only_dtype = g_dtypes[d];
+    if (dtype && !o.only_dtype)
+        unknown_option(dtype, usage);
     return o;
 }
 
@@ -136,6 +171,7 @@ static void check_gpu(int rc, const char *what)
 
 typedef struct bench {
     uint32_t tokens;
+    uint32_t dtype;
     int reps;
     ctxs_model model;
     ctxs_session *s;
@@ -147,6 +183,27 @@ typedef struct bench {
     cudaEvent_t ev[2];
     double step_bytes; /* K/V one decode step reads */
 } bench;
+
+/* n bytes of random K/V of dtype: values of either sign in [0.5, 1) (fp16,
+ * bf16), or int8 in [-127, 127]. n is a multiple of 8. */
+static void fill_run(uint32_t dtype, uint8_t *p, size_t n, uint64_t *seed)
+{
+    if (dtype == CTXS_DTYPE_F16) {
+        fill_fp16_signed(p, n, seed);
+        return;
+    }
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t w = xorshift64(seed);
+        if (dtype == CTXS_DTYPE_BF16) {
+            w = (w & 0x807f807f807f807full) | 0x3f003f003f003f00ull;
+        } else {
+            for (int j = 0; j < 8; j++) /* -128 is not a Q8 value */
+                if (((w >> (8 * j)) & 0xff) == 0x80)
+                    w ^= (uint64_t)1 << (8 * j);
+        }
+        memcpy(p + i, &w, 8);
+    }
+}
 
 static void create_and_reopen(bench *b)
 {
@@ -162,7 +219,12 @@ static void create_and_reopen(bench *b)
     check_ctxs(ctxs_session_reserve(&r, b->s, b->tokens), "ctxs_session_reserve");
     uint64_t seed = 0x9e3779b97f4a7c15ull ^ b->tokens;
     for (uint32_t run = 0; run < N_RUNS; run++)
-        fill_fp16_signed(kv_run(&lay, N_KV_HEADS, run), (size_t)b->tokens * SLOT_BYTES, &seed);
+        fill_run(b->dtype, kv_run(&lay, N_KV_HEADS, run), (size_t)b->tokens * lay.slot_bytes,
+                 &seed);
+    /* Q8: every value scale * q, with q in [-127, 127] and scale 1/127. */
+    for (uint32_t run = 0; lay.scales && run < N_RUNS; run++)
+        for (uint32_t i = 0; i < b->tokens; i++)
+            lay.scales[(size_t)run * lay.capacity + i] = 1.0f / 127.0f;
     uint32_t *ids = xmalloc((size_t)b->tokens * sizeof ids[0]);
     for (uint32_t i = 0; i < b->tokens; i++)
         ids[i] = (uint32_t)(xorshift64(&seed) % 151936); /* Qwen3 vocab */
@@ -177,7 +239,8 @@ static void create_and_reopen(bench *b)
     check_ctxs(ctxs_session_get_attn_plan(&b->plan, b->s, 0), "ctxs_session_get_attn_plan");
     if (b->plan.n_keys != b->tokens)
         die("the plan reads %u keys, not %u", b->plan.n_keys, b->tokens);
-    b->step_bytes = (double)N_LAYERS * 2 * N_KV_HEADS * b->tokens * SLOT_BYTES;
+    b->step_bytes = (double)N_RUNS * b->tokens *
+                    (b->lay.slot_bytes + (b->lay.scales ? sizeof(float) : 0));
 
     const size_t n = (size_t)N_LAYERS * Q_FLOATS;
     b->q = xmalloc(n * sizeof(float));
@@ -217,8 +280,8 @@ static void cpu_kernel(bench *b)
     }
     char *method = xmalloc(32);
     snprintf(method, 32, "cpu_%s", ctxs_attention_get_isa());
-    record("decode_step", method, b->tokens, &step, b->step_bytes);
-    record("layer", method, b->tokens, &layer, b->step_bytes / N_LAYERS);
+    record("decode_step", method, b->tokens, b->dtype, &step, b->step_bytes);
+    record("layer", method, b->tokens, b->dtype, &layer, b->step_bytes / N_LAYERS);
 }
 
 /* The largest difference from the CPU's output, relative to the output's
@@ -264,7 +327,7 @@ static void gpu_mode(bench *b, int mode)
         if (i >= 0)
             samples_add(&us, now_us() - t0);
     }
-    record("attach", method, b->tokens, &us, mode == CTXS_CUDA_MIRROR ? b->step_bytes : 0);
+    record("attach", method, b->tokens, b->dtype, &us, mode == CTXS_CUDA_MIRROR ? b->step_bytes : 0);
     ctxs_cuda_info info;
     check_gpu(ctxs_cuda_get_info(&info, kv), "ctxs_cuda_get_info");
     if (mode == CTXS_CUDA_MAPPED)
@@ -288,11 +351,11 @@ static void gpu_mode(bench *b, int mode)
         if (i >= 0)
             samples_add(&us, t);
     }
-    record("decode_step", method, b->tokens, &us, b->step_bytes);
+    record("decode_step", method, b->tokens, b->dtype, &us, b->step_bytes);
     double err = check_output(b);
     if (err > 1e-3)
-        die("%s at %u tokens: the output differs from the CPU's by %.3g (relative)", method,
-            b->tokens, err);
+        die("%s at %u tokens, %s: the output differs from the CPU's by %.3g (relative)",
+            method, b->tokens, dtype_name(b->dtype), err);
     for (int i = -3; i < b->reps; i++) {
         ctxs_attn_query q = query(b, b->d_q, 0);
         check_cuda(cudaEventRecord(b->ev[0], b->stream), "cudaEventRecord");
@@ -303,16 +366,18 @@ static void gpu_mode(bench *b, int mode)
         if (i >= 0)
             samples_add(&us, t);
     }
-    record("layer", method, b->tokens, &us, b->step_bytes / N_LAYERS);
+    record("layer", method, b->tokens, b->dtype, &us, b->step_bytes / N_LAYERS);
 
     /* push and pull of one token of a reservation (written once on the
      * host; the copies are the same each time) */
     ctxs_reservation r;
     check_ctxs(ctxs_session_reserve(&r, b->s, 1), "ctxs_session_reserve");
-    uint8_t *k = xmalloc(TOKEN_BYTES / 2), *v = xmalloc(TOKEN_BYTES / 2);
+    /* Handed over as fp16, as an engine would: converted (or quantized)
+     * to the session's dtype. */
+    uint8_t *k = xmalloc(HALF_TOKEN), *v = xmalloc(HALF_TOKEN);
     uint64_t seed = 42;
-    fill_fp16_signed(k, TOKEN_BYTES / 2, &seed);
-    fill_fp16_signed(v, TOKEN_BYTES / 2, &seed);
+    fill_fp16_signed(k, HALF_TOKEN, &seed);
+    fill_fp16_signed(v, HALF_TOKEN, &seed);
     check_ctxs(ctxs_session_write_token(b->s, &r, 0, k, v, CTXS_DTYPE_F16), "ctxs_session_write_token");
     free(k);
     free(v);
@@ -324,7 +389,7 @@ static void gpu_mode(bench *b, int mode)
             if (i >= 0)
                 samples_add(&us, now_us() - t0);
         }
-        record("push_token", method, b->tokens, &us, 0);
+        record("push_token", method, b->tokens, b->dtype, &us, 0);
     }
     for (int i = -3; i < b->reps; i++) {
         double t0 = now_us();
@@ -332,30 +397,32 @@ static void gpu_mode(bench *b, int mode)
         if (i >= 0)
             samples_add(&us, now_us() - t0);
     }
-    record("pull_token", method, b->tokens, &us, 0);
+    record("pull_token", method, b->tokens, b->dtype, &us, 0);
     /* Drop the reservation: a rollback to the count releases it. */
     check_ctxs(ctxs_session_rollback(b->s, b->plan.n_tokens), "ctxs_session_rollback");
     ctxs_cuda_detach(kv);
 }
 
-static void run_context(const options *o, uint32_t tokens)
+static void run_context(const options *o, uint32_t tokens, uint32_t dtype)
 {
     bench b = {0};
     b.tokens = tokens;
+    b.dtype = dtype;
     b.reps = o->quick ? 10 : 40;
-    b.model.geometry = (ctxs_geometry){N_LAYERS, N_KV_HEADS, HEAD_DIM, CTXS_DTYPE_F16};
+    b.model.geometry = (ctxs_geometry){N_LAYERS, N_KV_HEADS, HEAD_DIM, dtype};
     memset(b.model.model_hash, 0xb5, 16);
     check_cuda(cudaSetDevice(0), "cudaSetDevice");
     check_cuda(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaEventCreate(&b.ev[0]), "cudaEventCreate");
     check_cuda(cudaEventCreate(&b.ev[1]), "cudaEventCreate");
-    fprintf(stderr, "%u tokens: filling the session\n", tokens);
+    const char *dn = dtype_name(dtype);
+    fprintf(stderr, "%u tokens, %s: filling the session\n", tokens, dn);
     create_and_reopen(&b);
-    fprintf(stderr, "%u tokens: CPU kernel\n", tokens);
+    fprintf(stderr, "%u tokens, %s: CPU kernel\n", tokens, dn);
     cpu_kernel(&b);
-    fprintf(stderr, "%u tokens: mirror\n", tokens);
+    fprintf(stderr, "%u tokens, %s: mirror\n", tokens, dn);
     gpu_mode(&b, CTXS_CUDA_MIRROR);
-    fprintf(stderr, "%u tokens: mapped\n", tokens);
+    fprintf(stderr, "%u tokens, %s: mapped\n", tokens, dn);
     gpu_mode(&b, CTXS_CUDA_MAPPED);
     ctxs_session_close(b.s);
     unlink(g_path);
@@ -369,10 +436,36 @@ static void run_context(const options *o, uint32_t tokens)
     free(b.gpu_out);
 }
 
+/* Rows by op (in the order of ops[]), tokens, dtype (as g_dtypes), method. */
+static const char *const g_ops[] = {"attach", "decode_step", "layer", "push_token",
+                                    "pull_token"};
+
+static int rank_of(const char *op)
+{
+    int i = 0;
+    while (i < (int)(sizeof g_ops / sizeof g_ops[0]) && strcmp(g_ops[i], op))
+        i++;
+    return i;
+}
+
+static int cmp_rows(const void *pa, const void *pb)
+{
+    const result *a = pa, *b = pb;
+    int ra = rank_of(a->base.op), rb = rank_of(b->base.op);
+    if (ra != rb)
+        return ra < rb ? -1 : 1;
+    if (a->base.tokens != b->base.tokens)
+        return a->base.tokens < b->base.tokens ? -1 : 1;
+    if (a->dtype != b->dtype) /* F16 < BF16 < Q8, the order of g_dtypes */
+        return a->dtype < b->dtype ? -1 : 1;
+    return strcmp(a->base.method, b->base.method);
+}
+
 static void print_table(void)
 {
-    printf("\n%-12s %6s  %-12s %12s %12s %12s %3s %8s\n", "op", "tokens", "method", "median_us",
-           "min_us", "max_us", "n", "GB/s");
+    qsort(g_result_rows, g_results.n, sizeof g_result_rows[0], cmp_rows);
+    printf("\n%-12s %6s %-5s %-12s %12s %12s %12s %3s %8s\n", "op", "tokens", "dtype", "method",
+           "median_us", "min_us", "max_us", "n", "GB/s");
     const char *last = "";
     for (size_t i = 0; i < g_results.n; i++) {
         const result *r = &g_result_rows[i];
@@ -383,8 +476,8 @@ static void print_table(void)
         char gbs[32] = "";
         if (r->bytes > 0 && m->median_us > 0)
             snprintf(gbs, sizeof gbs, "%.1f", r->bytes / m->median_us / 1e3);
-        printf("%-12s %6u  %-12s %12.1f %12.1f %12.1f %3zu %8s\n", m->op, m->tokens, m->method,
-               m->median_us, m->min_us, m->max_us, m->n, gbs);
+        printf("%-12s %6u %-5s %-12s %12.1f %12.1f %12.1f %3zu %8s\n", m->op, m->tokens,
+               dtype_name(r->dtype), m->method, m->median_us, m->min_us, m->max_us, m->n, gbs);
     }
 }
 
@@ -394,14 +487,19 @@ static void print_headlines(const uint32_t *contexts, int n)
     snprintf(cpu, sizeof cpu, "cpu_%s", ctxs_attention_get_isa());
     putchar('\n');
     for (int i = 0; i < n; i++) {
-        const bench_result *c = results_find(&g_results, "decode_step", cpu, contexts[i]);
-        const bench_result *mi = results_find(&g_results, "decode_step", "gpu_mirror", contexts[i]);
-        const bench_result *ma = results_find(&g_results, "decode_step", "gpu_mapped", contexts[i]);
-        if (c && mi && ma)
-            printf("decode_step, 36 layers, %u tokens: CPU (%s) %.0f us; GPU mirror %.0f us "
-                   "(%.1fx the CPU's speed), mapped %.0f us (%.1fx)\n",
-                   contexts[i], ctxs_attention_get_isa(), c->median_us, mi->median_us,
-                   c->median_us / mi->median_us, ma->median_us, c->median_us / ma->median_us);
+        for (int d = 0; d < 3; d++) {
+            const uint32_t dt = g_dtypes[d];
+            const result *c = find("decode_step", cpu, contexts[i], dt);
+            const result *mi = find("decode_step", "gpu_mirror", contexts[i], dt);
+            const result *ma = find("decode_step", "gpu_mapped", contexts[i], dt);
+            if (c && mi && ma)
+                printf("decode_step, 36 layers, %u tokens, %s: CPU (%s) %.0f us; GPU mirror %.0f "
+                       "us (%.1fx the CPU's speed), mapped %.0f us (%.1fx)\n",
+                       contexts[i], dtype_name(dt), ctxs_attention_get_isa(),
+                       c->base.median_us, mi->base.median_us,
+                       c->base.median_us / mi->base.median_us, ma->base.median_us,
+                       c->base.median_us / ma->base.median_us);
+        }
     }
 }
 
@@ -422,18 +520,15 @@ int main(int argc, char **argv)
     uint32_t contexts[2] = {2048, 8192};
     int n_contexts = pick_contexts(contexts, 2, o.only_tokens);
     printf("ctxstore bench_cuda: %s (%d SMs, %.0f GiB), Qwen3-4B KV geometry: %d layers x %d KV "
-           "heads x %d dim, fp16, %d query heads; one query token reads every held token; "
+           "heads x %d dim, %d query heads; one query token reads every held token; "
            "session in %s; times in us (GPU ops: CUDA events; attach, push, pull: wall)\n",
            prop.name, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1 << 30),
            N_LAYERS, N_KV_HEADS, HEAD_DIM, N_HEADS, g_dir);
     fflush(stdout);
     double t0 = now_us();
-    for (int i = 0; i < n_contexts; i++)
-        run_context(&o, contexts[i]);
-    /* Methods by name: the CPU's is named at run time, cpu_<isa>. */
-    static const char *const ops[] = {"attach", "decode_step", "layer", "push_token",
-                                      "pull_token"};
-    results_sort(&g_results, ops, sizeof ops / sizeof ops[0], NULL, 0);
+    for (int d = 0; d < 3; d++)
+        for (int i = 0; i < n_contexts && (!o.only_dtype || o.only_dtype == g_dtypes[d]); i++)
+            run_context(&o, contexts[i], g_dtypes[d]);
     print_table();
     print_headlines(contexts, n_contexts);
     printf("total run time: %.1f s\n", (now_us() - t0) / 1e6);

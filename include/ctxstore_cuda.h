@@ -18,6 +18,11 @@
  *   the host are pushed, tokens written on the device are pulled back into
  *   the mapping before the commit: only new tokens cross the bus.
  *
+ * Every session dtype is read in place: F16, BF16 and Q8. A Q8 session's
+ * scale table (ctxs_layout.scales, whole pages right before the KV region
+ * in the mapping) goes wherever its KV goes: registered with it, mirrored
+ * with it, and pushed and pulled with the tokens' K/V.
+ *
  * Usage, decode with a mirror (K/V computed on the device):
  *
  *     ctxs_cuda_kv *kv;
@@ -52,9 +57,10 @@
  * - Streams are cudaStream_t passed as void *; NULL is the legacy default
  *   stream. Work is queued on the stream and the call returns; the
  *   exceptions (attach, detach, pull) say so.
- * - Mapped mode on a discrete GPU pins kv_bytes of host memory (the file's
- *   page-cache pages, holes included: a sparse 32k-token Qwen3-4B session
- *   pins 4.5 GiB) for as long as the handle lives. Registration faults the
+ * - Mapped mode on a discrete GPU pins kv_bytes (plus scales_bytes for Q8)
+ *   of host memory (the file's page-cache pages, holes included: a sparse
+ *   32k-token fp16 Qwen3-4B session pins 4.5 GiB) for as long as the handle
+ *   lives. Registration faults the
  *   pages in read-only, so holes get zero-filled page-cache pages but no
  *   disk blocks, and nothing is dirtied; the CPU's later writes through the
  *   mapping land in the same pinned pages, which the GPU then reads. Memory
@@ -65,7 +71,7 @@
  * - Mapped mode on a discrete GPU is read-only for the device: engines that
  *   write K/V on the GPU use the mirror, or a coherent system
  *   (CTXS_CUDA_WRITABLE in ctxs_cuda_info).
- * - The mirror holds kv_bytes of device memory. It is as fresh as the last
+ * - The mirror holds kv_bytes (plus scales_bytes for Q8) of device memory. It is as fresh as the last
  *   attach, push, pull or resync: after the session changes under it
  *   (rollback, checkpoint restore, refresh of a read-only session following
  *   a writer), call ctxs_cuda_resync() before the next attention.
@@ -110,15 +116,16 @@ CTXS_API const char *ctxs_cuda_get_last_error(void);
  *
  * MAPPED: where the device reads pageable memory through the host's page
  * tables (cudaDevAttrPageableMemoryAccessUsesHostPageTables), the mapping is
- * used as it is, in O(1). Elsewhere the KV region is registered with
+ * used as it is, in O(1). Elsewhere the KV region, and for Q8 the scale
+ * table right before it, are registered as one range with
  * cudaHostRegister(cudaHostRegisterMapped | cudaHostRegisterReadOnly), which
- * faults in and pins every page of it: O(capacity) time and kv_bytes of
- * page-locked memory (see the Caveats). The device must support mapped and
- * read-only registration (-ENOTSUP otherwise).
- * MIRROR: allocates kv_bytes of device memory and copies the held tokens
- * (all of them, not only the window) into it, in one strided copy per slot
- * span: O(held tokens). Reserved tokens not yet committed are not copied;
- * push them.
+ * faults in and pins every page of it: O(capacity) time and kv_bytes +
+ * scales_bytes of page-locked memory (see the Caveats). The device must
+ * support mapped and read-only registration (-ENOTSUP otherwise).
+ * MIRROR: allocates kv_bytes + scales_bytes of device memory and copies the
+ * held tokens (all of them, not only the window), with their scales, into
+ * it, in one strided copy per slot span (two for Q8): O(held tokens).
+ * Reserved tokens not yet committed are not copied; push them.
  *
  * Attach completes before it returns (no stream). s may be read-only. The
  * handle holds s: keep s open until ctxs_cuda_detach(), and use them from
@@ -150,24 +157,27 @@ typedef struct ctxs_cuda_info {
     int32_t device;        /* the CUDA device */
     uint32_t flags;        /* CTXS_CUDA_* above */
     uint32_t reserved_;
-    uint64_t device_bytes; /* device memory the handle holds (the mirror) */
-    uint64_t pinned_bytes; /* host memory the handle keeps page-locked */
+    uint64_t device_bytes; /* device memory the handle holds (the mirror:
+                              KV region and scale table) */
+    uint64_t pinned_bytes; /* host memory the handle keeps page-locked
+                              (KV region and scale table) */
 } ctxs_cuda_info;
 
 /* Fills *out. Errors: CTXS_EINVAL. */
 CTXS_API int ctxs_cuda_get_info(ctxs_cuda_info *out, const ctxs_cuda_kv *kv);
 
-/* The session's layout with kv (and only kv) replaced by the device address
- * of the KV region: the mirror, the registered mapping's device alias, or
- * the mapping itself on a coherent system. token_ids stays a host pointer.
- * Device kernels may write K/V at this address only when the handle is
- * CTXS_CUDA_WRITABLE, and only into reserved slots. Valid until detach.
- * Errors: CTXS_EINVAL. */
+/* The session's layout with kv, and for Q8 scales, replaced by the device
+ * addresses of the KV region and the scale table: the mirror, the
+ * registered mapping's device alias, or the mapping itself on a coherent
+ * system. token_ids stays a host pointer. Device kernels may write K/V (and
+ * scales) at these addresses only when the handle is CTXS_CUDA_WRITABLE,
+ * and only into reserved slots. Valid until detach. Errors: CTXS_EINVAL. */
 CTXS_API int ctxs_cuda_get_layout(ctxs_layout *out, const ctxs_cuda_kv *kv);
 
 /* Copies tokens first .. first + n - 1 of reservation r (written into the
  * mapping on the host) to the mirror, on stream: one strided copy of every
- * (layer, K|V, head) run per slot span they occupy. The host bytes are
+ * (layer, K|V, head) run per slot span they occupy, and for Q8 one of their
+ * scales. The host bytes are
  * read before the call returns; the copy completes on the stream, before
  * later work on it (an attention) runs. Nothing to do in mapped mode,
  * where the device reads the mapping (0 is returned). r is a reservation
@@ -178,7 +188,8 @@ CTXS_API int ctxs_cuda_push(ctxs_cuda_kv *kv, const ctxs_reservation *r,
                             uint32_t first, uint32_t n, void *stream);
 
 /* Copies tokens first .. first + n - 1 of reservation r, written on the
- * device (through ctxs_cuda_get_layout()), from the mirror into the mapping,
+ * device (through ctxs_cuda_get_layout(); for Q8 their scales too), from
+ * the mirror into the mapping,
  * after the work already queued on stream, and waits for the stream: on
  * return the bytes are in the mapping and ctxs_session_commit() may
  * checksum them. In mapped mode there is nothing to copy; the stream is
@@ -197,10 +208,14 @@ CTXS_API int ctxs_cuda_resync(ctxs_cuda_kv *kv, void *stream);
 
 /* Attention of one layer on kv's device, queued on stream: the contract of
  * ctxs_attention() (which keys each query reads, the GQA mapping, the
- * scale, a stable softmax in float32), with q->q and out in memory the
- * device can address (device memory, managed memory, or mapped pinned host
- * memory), both [n][n_heads][head_dim] float32 and not overlapping. The
- * plan is read before the call returns.
+ * scale, a stable softmax in float32, every session dtype), with q->q and
+ * out in memory the device can address (device memory, managed memory, or
+ * mapped pinned host memory), both [n][n_heads][head_dim] float32 and not
+ * overlapping. The plan is read before the call returns.
+ *
+ * K and V are read as they are stored and widened to float32 in the
+ * kernel (fp16 and bf16 exactly; Q8 as its int8 values, each key's score
+ * multiplied by its K scale, each value row's weight by its V scale).
  *
  * The kernel is split-K "flash decoding": the keys are cut into chunks of
  * 128 positions, aligned on positions; each block reads a 32-key tile of

@@ -9,6 +9,10 @@
  * writing new tokens into the mapping as usual; ctxs_metal_attention() runs
  * a kernel with the semantics of ctxs_attention() (ctxstore.h) on it.
  *
+ * Every session dtype is read in place: F16, BF16 and Q8. A Q8 session's
+ * scale table (ctxs_layout.scales) is 16 KiB aligned whole pages too, and
+ * gets a no-copy buffer of its own beside the KV region's.
+ *
  * Usage (Objective-C, ARC):
  *
  *     ctxs_metal_kv *mkv;
@@ -60,19 +64,21 @@
 extern "C" {
 #endif
 
-/* A session's KV region wrapped as one MTLBuffer, the compiled kernel and
- * a command queue of its own. */
+/* A session's KV region wrapped as one MTLBuffer (and a Q8 session's scale
+ * table as another), the compiled kernel and a command queue of its own. */
 typedef struct ctxs_metal_kv ctxs_metal_kv;
 
 /* Wraps the KV region of session s (ctxs_session_get_layout()) in a no-copy
- * MTLBuffer on mtl_device (an id<MTLDevice>; NULL for the system default)
- * and compiles the kernel. s may be read-only. The handle keeps a copy of
+ * MTLBuffer on mtl_device (an id<MTLDevice>; NULL for the system default),
+ * and for CTXS_DTYPE_Q8 its scale table in another, and compiles the
+ * session dtype's kernel. s may be read-only. The handle keeps a copy of
  * the layout and does not use s again; it is valid until
  * ctxs_metal_detach(), which must come before ctxs_session_close(s).
  *
- * Errors: CTXS_EINVAL (NULL out or s, the region not aligned to or not a
- * whole number of the system's pages, a dtype other than F16, or a region
- * larger than the device's maxBufferLength), CTXS_ENODEVICE (no Metal
+ * Errors: CTXS_EINVAL (NULL out or s, the region or a Q8 scale table not
+ * aligned to or not a whole number of the system's pages, or missing, a
+ * dtype other than F16, BF16 and Q8, or a region larger than the device's
+ * maxBufferLength), CTXS_ENODEVICE (no Metal
  * device, a GPU without SIMD-group reductions, or the kernel did not
  * compile: set CTXS_METAL_DEBUG=1 in the environment to have the reason
  * printed on stderr), CTXS_ENOMEM (Metal refused the buffer or the queue).
@@ -81,9 +87,9 @@ CTXS_API int ctxs_metal_attach(ctxs_metal_kv **out, ctxs_session *s,
                                void *mtl_device);
 
 /* As ctxs_metal_attach(), for a layout given by the caller: a session's, or
- * a copy whose kv points at other page-aligned memory holding the same
- * bytes (anonymous memory, a snapshot), which must stay mapped until
- * ctxs_metal_detach(). Errors: as ctxs_metal_attach(). */
+ * a copy whose kv (and for Q8 scales) point at other page-aligned memory
+ * holding the same bytes (anonymous memory, a snapshot), which must stay
+ * mapped until ctxs_metal_detach(). Errors: as ctxs_metal_attach(). */
 CTXS_API int ctxs_metal_attach_layout(ctxs_metal_kv **out,
                                       const ctxs_layout *kv,
                                       void *mtl_device);
@@ -94,13 +100,23 @@ CTXS_API int ctxs_metal_attach_layout(ctxs_metal_kv **out,
  * ctxs_metal_detach(). NULL for NULL. Thread-safe. */
 CTXS_API void *ctxs_metal_get_buffer(const ctxs_metal_kv *kv);
 
+/* The id<MTLBuffer> over a Q8 session's scale table (its contents are the
+ * layout's scales; the scale of (layer, kind, head, slot) is float number
+ * ((layer*2 + kind)*n_kv_heads + head)*capacity + slot), or NULL for the
+ * other dtypes and for NULL. Not retained for the caller: valid until
+ * ctxs_metal_detach(). Thread-safe. */
+CTXS_API void *ctxs_metal_get_scales_buffer(const ctxs_metal_kv *kv);
+
 /* Attention of one layer on the GPU, with the semantics of
  * ctxs_attention(): query i, at position p = q->pos + i, reads the plan's
  * keys at positions up to p that are sinks or among the last plan->window
  * positions up to p; query head h reads KV head h / (n_heads / n_kv_heads);
  * scores are scaled by q->scale (0: 1 / sqrt(head_dim)); softmax in
  * float32, stable (max subtracted); float32 accumulation. A query that
- * reads no key (only a plan built by hand allows it) gets zeros.
+ * reads no key (only a plan built by hand allows it) gets zeros. K and V
+ * are read as stored and widened to float32 (fp16 and bf16 exactly; Q8 as
+ * its int8 values, a key's score times its K scale, a value row's weight
+ * times its V scale).
  *
  * out_buffer (id<MTLBuffer>) receives [n][n_heads][head_dim] float32 from
  * its offset 0. q_buffer (id<MTLBuffer>) holds the queries in the same
@@ -129,7 +145,7 @@ CTXS_API int ctxs_metal_attention(void *out_buffer, ctxs_metal_kv *kv,
                                   uint32_t layer, const ctxs_attn_query *q,
                                   void *command_buffer);
 
-/* Releases the buffer (the mapping itself is untouched: the buffer has no
+/* Releases the buffers (the mapping itself is untouched: they have no
  * deallocator), the kernel and the queue. Every command buffer that reads
  * the buffer must have completed. Accepts NULL. */
 CTXS_API void ctxs_metal_detach(ctxs_metal_kv *kv);

@@ -3,7 +3,8 @@
  * against the CPU kernel, ctxs_attention(), on real sessions: both modes,
  * decode and causal prefill, wrapped rings, GQA groups, windows shorter than
  * what is held, pending tokens of a reservation, the head dims of each code
- * path, and the mirror's copies both ways.
+ * path, and the mirror's copies both ways; for each session dtype (fp16,
+ * bf16, Q8 with its scale table).
  *
  * Tests that need a device skip, saying why, where there is none; those
  * that check arguments before CUDA is touched run everywhere.
@@ -98,6 +99,22 @@ int main(int argc, char *argv[])
 static const int modes[2] = {CTXS_CUDA_MAPPED, CTXS_CUDA_MIRROR};
 static const char *const mode_names[3] = {"", "mapped", "mirror"};
 
+#define N_DTYPES 3
+static const uint32_t dtypes[N_DTYPES] = {CTXS_DTYPE_F16, CTXS_DTYPE_BF16, CTXS_DTYPE_Q8};
+
+static const char *dtype_name(uint32_t dtype)
+{
+    return dtype == CTXS_DTYPE_F16 ? "f16" : dtype == CTXS_DTYPE_BF16 ? "bf16" : "q8";
+}
+
+/* A session file name per dtype, for tests that make one of each. */
+static const char *name_of(const char *base, uint32_t dtype)
+{
+    static char name[64];
+    snprintf(name, sizeof name, "%s-%s", base, dtype_name(dtype));
+    return name;
+}
+
 /* --- Sessions with random K/V ------------------------------------------------ */
 
 /* A valid fp16 of magnitude in [0.25, 2), either sign. */
@@ -107,11 +124,40 @@ static uint16_t rand_half(uint64_t *st)
     return (uint16_t)(((r & 1) << 15) | ((13 + (r >> 1) % 3) << 10) | ((r >> 8) & 0x3ff));
 }
 
-static ctxs_model model_of(uint32_t layers, uint32_t kv_heads, uint32_t head_dim)
+/* A stored element of dtype with a magnitude in [0.25, 2) (fp16, bf16), or
+ * an int8 in [-127, 127] (Q8), either sign. */
+static void rand_elem(void *out, uint32_t dtype, uint64_t *st)
+{
+    uint64_t r = ts_rng_next(st);
+    uint16_t bf = (uint16_t)(((r & 1) << 15) | ((125 + (r >> 1) % 3) << 7) | ((r >> 8) & 0x7f));
+    int8_t q = (int8_t)((int)((r >> 8) % 255) - 127);
+    if (dtype == CTXS_DTYPE_F16) {
+        uint16_t h = rand_half(st);
+        memcpy(out, &h, 2);
+    } else if (dtype == CTXS_DTYPE_BF16) {
+        memcpy(out, &bf, 2);
+    } else {
+        memcpy(out, &q, 1);
+    }
+}
+
+/* A Q8 scale: values of scale * q up to about 2.5, as rand_half's. */
+static float rand_scale(uint64_t *st)
+{
+    return 0.004f + (float)(ts_rng_next(st) % 1000) * 1.6e-5f;
+}
+
+static ctxs_model model_dt(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
+                           uint32_t dtype)
 {
     ctxs_model m = ts_model(7);
-    m.geometry = (ctxs_geometry){layers, kv_heads, head_dim, CTXS_DTYPE_F16};
+    m.geometry = (ctxs_geometry){layers, kv_heads, head_dim, dtype};
     return m;
+}
+
+static ctxs_model model_of(uint32_t layers, uint32_t kv_heads, uint32_t head_dim)
+{
+    return model_dt(layers, kv_heads, head_dim, CTXS_DTYPE_F16);
 }
 
 static ctxs_session *create(const char *name, const ctxs_model *m, uint32_t capacity,
@@ -125,7 +171,8 @@ static ctxs_session *create(const char *name, const ctxs_model *m, uint32_t capa
     return s;
 }
 
-/* Writes tokens [first, first + n) of reservation r with random K/V. */
+/* Writes tokens [first, first + n) of reservation r with random K/V,
+ * handed over as fp16: a bf16 session rounds them, a Q8 one quantizes. */
 static void write_random(ctxs_session *s, const ctxs_reservation *r, uint32_t first, uint32_t n,
                          uint64_t *rng)
 {
@@ -213,13 +260,14 @@ static void compare_q(ctxs_cuda_kv *kv, ctxs_session *s, const ctxs_attn_plan *p
             scale = fabs((double)cpu[i]) > scale ? fabs((double)cpu[i]) : scale;
         }
         cr_assert_eq(bad, 0,
-                     "%s, layer %u: %zu of %zu outputs differ from the CPU; first at query %zu "
-                     "head %zu dim %zu: cpu %.7g gpu %.7g",
-                     what, layer, bad, count, first_bad / ((size_t)p.n_heads * hd),
+                     "%s (%s), layer %u: %zu of %zu outputs differ from the CPU; first at "
+                     "query %zu head %zu dim %zu: cpu %.7g gpu %.7g",
+                     what, dtype_name(lay.geometry.dtype), layer, bad, count,
+                     first_bad / ((size_t)p.n_heads * hd),
                      first_bad / hd % p.n_heads, first_bad % hd, (double)cpu[first_bad],
                      (double)gpu[first_bad]);
-        cr_log_info("%s, layer %u: largest difference %.3g of outputs up to %.3g", what, layer,
-                    worst, scale);
+        cr_log_info("%s (%s), layer %u: largest difference %.3g of outputs up to %.3g", what,
+                    dtype_name(lay.geometry.dtype), layer, worst, scale);
     }
     if (gpu_last)
         memcpy(gpu_last, gpu, bytes);
@@ -309,22 +357,26 @@ Test(cuda, device_count_agrees_with_the_runtime)
 
 Test(cuda, attach_says_when_there_is_no_device)
 {
-    ctxs_model m = model_of(2, 2, 64);
-    ctxs_session *s = create("a", &m, 64, 4, 0);
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
-    ctxs_cuda_kv *kv = (ctxs_cuda_kv *)(uintptr_t)1;
-    if (e != cudaSuccess || n == 0) {
+    if (e != cudaSuccess || n == 0)
         fprintf(stderr, "no CUDA device: %s\n", cudaGetErrorString(e));
-        for (int i = 0; i < 2; i++) {
-            cr_expect_eq(ctxs_cuda_attach(&kv, s, modes[i], 0), CTXS_ENODEVICE);
+    for (int d = 0; d < N_DTYPES; d++) {
+        ctxs_model m = model_dt(2, 2, 64, dtypes[d]);
+        ctxs_session *s = create(name_of("a", dtypes[d]), &m, 64, 4, 0);
+        ctxs_cuda_kv *kv = (ctxs_cuda_kv *)(uintptr_t)1;
+        if (e != cudaSuccess || n == 0) {
+            for (int i = 0; i < 2; i++) {
+                cr_expect_eq(ctxs_cuda_attach(&kv, s, modes[i], 0), CTXS_ENODEVICE, "%s",
+                             dtype_name(dtypes[d]));
+                cr_expect_null(kv);
+            }
+        } else {
+            cr_expect_eq(ctxs_cuda_attach(&kv, s, CTXS_CUDA_MIRROR, n), CTXS_EINVAL);
             cr_expect_null(kv);
         }
-    } else {
-        cr_expect_eq(ctxs_cuda_attach(&kv, s, CTXS_CUDA_MIRROR, n), CTXS_EINVAL);
-        cr_expect_null(kv);
+        ctxs_session_close(s);
     }
-    ctxs_session_close(s);
 }
 
 /* --- Decode -------------------------------------------------------------------- */
@@ -333,32 +385,36 @@ Test(cuda, decode_matches_the_cpu)
 {
     need_device();
     uint64_t rng = ts_seed("cuda::decode_matches_the_cpu");
-    ctxs_model m = model_of(3, 2, 128);
-    ctxs_session *s = create("a", &m, 2048, 4, 0);
-    append(s, 1, &rng);
-    check_decode(s, 8, "one token");
-    append(s, 299, &rng);
-    check_decode(s, 8, "300 tokens");
-    append(s, 900, &rng); /* 1200 tokens: ten chunks, split-K */
-    check_decode(s, 8, "1200 tokens");
-    ctxs_session_close(s);
+    for (int d = 0; d < N_DTYPES; d++) {
+        ctxs_model m = model_dt(3, 2, 128, dtypes[d]);
+        ctxs_session *s = create(name_of("a", dtypes[d]), &m, 2048, 4, 0);
+        append(s, 1, &rng);
+        check_decode(s, 8, "one token");
+        append(s, 299, &rng);
+        check_decode(s, 8, "300 tokens");
+        append(s, 900, &rng); /* 1200 tokens: ten chunks, split-K */
+        check_decode(s, 8, "1200 tokens");
+        ctxs_session_close(s);
+    }
 }
 
 Test(cuda, decode_in_a_wrapped_ring)
 {
     need_device();
     uint64_t rng = ts_seed("cuda::decode_in_a_wrapped_ring");
-    ctxs_model m = model_of(2, 2, 64);
-    ctxs_session *s = create("a", &m, 300, 4, 0);
-    append(s, 1000, &rng);
-    ctxs_session_info info;
-    CTXS_OK(ctxs_session_get_info(&info, s));
-    cr_assert(info.flags & CTXS_INFO_WRAPPED);
-    ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 0));
-    cr_assert_geq(plan.n_spans, 3, "sinks and a recent run split at the wrap");
-    check_decode(s, 4, "wrapped ring");
-    ctxs_session_close(s);
+    for (int d = 0; d < N_DTYPES; d++) {
+        ctxs_model m = model_dt(2, 2, 64, dtypes[d]);
+        ctxs_session *s = create(name_of("a", dtypes[d]), &m, 300, 4, 0);
+        append(s, 1000, &rng);
+        ctxs_session_info info;
+        CTXS_OK(ctxs_session_get_info(&info, s));
+        cr_assert(info.flags & CTXS_INFO_WRAPPED);
+        ctxs_attn_plan plan;
+        CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 0));
+        cr_assert_geq(plan.n_spans, 3, "sinks and a recent run split at the wrap");
+        check_decode(s, 4, "wrapped ring");
+        ctxs_session_close(s);
+    }
 }
 
 Test(cuda, decode_with_a_window_shorter_than_what_is_held)
@@ -395,18 +451,20 @@ Test(cuda, head_dims_of_every_code_path)
 {
     need_device();
     uint64_t rng = ts_seed("cuda::head_dims_of_every_code_path");
-    /* 8: the smallest; 36: rows not 16-byte aligned (element loads); 64,
-     * 80, 128, 256: 2, 4, 4 and 8 elements per lane. */
+    /* 8: the smallest; 36: rows not aligned for piece loads (element
+     * loads); 64, 80, 128, 256: 2, 4, 4 and 8 elements per lane. */
     const uint32_t dims[] = {8, 36, 64, 80, 128, 256};
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
-        ctxs_model m = model_of(1, 2, dims[i]);
-        char name[32], label[64];
-        snprintf(name, sizeof name, "d%u", dims[i]);
-        ctxs_session *s = create(name, &m, 512, 4, 0);
-        append(s, 200, &rng);
-        snprintf(label, sizeof label, "head_dim %u", dims[i]);
-        check_decode(s, 4, label);
-        ctxs_session_close(s);
+    for (int d = 0; d < N_DTYPES; d++) {
+        for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+            ctxs_model m = model_dt(1, 2, dims[i], dtypes[d]);
+            char name[32], label[64];
+            snprintf(name, sizeof name, "d%u-%s", dims[i], dtype_name(dtypes[d]));
+            ctxs_session *s = create(name, &m, 512, 4, 0);
+            append(s, 200, &rng);
+            snprintf(label, sizeof label, "head_dim %u", dims[i]);
+            check_decode(s, 4, label);
+            ctxs_session_close(s);
+        }
     }
 }
 
@@ -465,43 +523,45 @@ Test(cuda, prefill_matches_the_cpu)
 {
     need_device();
     uint64_t rng = ts_seed("cuda::prefill_matches_the_cpu");
-    ctxs_model m = model_of(2, 2, 128);
-    ctxs_session *s = create("a", &m, 4096, 4, 0);
-    check_prefill(s, 40, 8, &rng, "empty session");
-    check_prefill(s, 600, 8, &rng, "after 40"); /* enough pairs to fold in the block */
-    check_prefill(s, 1, 8, &rng, "one more");
-    ctxs_session_close(s);
+    for (int d = 0; d < N_DTYPES; d++) {
+        ctxs_model m = model_dt(2, 2, 128, dtypes[d]);
+        ctxs_session *s = create(name_of("a", dtypes[d]), &m, 4096, 4, 0);
+        check_prefill(s, 40, 8, &rng, "empty session");
+        check_prefill(s, 600, 8, &rng, "after 40"); /* enough pairs to fold in the block */
+        check_prefill(s, 1, 8, &rng, "one more");
+        ctxs_session_close(s);
+    }
 }
 
 Test(cuda, prefill_in_a_wrapped_ring_with_a_short_window)
 {
     need_device();
     uint64_t rng = ts_seed("cuda::prefill_in_a_wrapped_ring_with_a_short_window");
-    ctxs_model m = model_of(2, 2, 64);
-    ctxs_session *s = create("a", &m, 256, 4, 90);
-    append(s, 500, &rng);
-    check_prefill(s, 70, 8, &rng, "wrapped, window 90");
-    check_prefill(s, 200, 4, &rng, "wrapped again");
-    ctxs_session_close(s);
+    for (int d = 0; d < N_DTYPES; d++) {
+        ctxs_model m = model_dt(2, 2, 64, dtypes[d]);
+        ctxs_session *s = create(name_of("a", dtypes[d]), &m, 256, 4, 90);
+        append(s, 500, &rng);
+        check_prefill(s, 70, 8, &rng, "wrapped, window 90");
+        check_prefill(s, 200, 4, &rng, "wrapped again");
+        ctxs_session_close(s);
+    }
 }
 
 /* The device's output for a token is the same bits in a prefill (blocks
  * fold their chunks) and in a decode after the commit (split-K, over
  * another plan), and the same in both modes. */
-Test(cuda, a_token_gets_the_same_bits_in_prefill_and_decode)
+static void check_same_bits(uint32_t dtype, uint64_t *rng)
 {
-    need_device();
-    uint64_t rng = ts_seed("cuda::a_token_gets_the_same_bits_in_prefill_and_decode");
-    ctxs_model m = model_of(1, 2, 128);
-    ctxs_session *s = create("a", &m, 2048, 4, 0);
-    append(s, 100, &rng);
+    ctxs_model m = model_dt(1, 2, 128, dtype);
+    ctxs_session *s = create(name_of("a", dtype), &m, 2048, 4, 0);
+    append(s, 100, rng);
     /* 600 queries x 4 heads per KV head fill a device of up to 150 SMs
      * without split-K; one query does not. */
     const uint32_t n = 600, heads = 8, hd = 128;
     const size_t row = (size_t)heads * hd;
     ctxs_reservation r;
     CTXS_OK(ctxs_session_reserve(&r, s, n));
-    write_random(s, &r, 0, n, &rng);
+    write_random(s, &r, 0, n, rng);
     ctxs_attn_plan plan;
     CTXS_OK(ctxs_session_get_attn_plan(&plan, s, n));
 
@@ -510,7 +570,7 @@ Test(cuda, a_token_gets_the_same_bits_in_prefill_and_decode)
     float *dec[3] = {malloc(row * sizeof(float)), malloc(row * sizeof(float)),
                      malloc(row * sizeof(float))};
     for (size_t i = 0; i < (size_t)n * row; i++)
-        q[i] = (float)((double)(ts_rng_next(&rng) >> 11) / 9007199254740992.0 * 8.0 - 4.0);
+        q[i] = (float)((double)(ts_rng_next(rng) >> 11) / 9007199254740992.0 * 8.0 - 4.0);
     const float *last = q + (size_t)(n - 1) * row;
 
     ctxs_cuda_kv *kv = attach(s, CTXS_CUDA_MIRROR);
@@ -532,11 +592,13 @@ Test(cuda, a_token_gets_the_same_bits_in_prefill_and_decode)
         ctxs_cuda_detach(kv);
     }
     const float *in_prefill = all + (size_t)(n - 1) * row;
+    const char *dn = dtype_name(dtype);
     cr_expect(memcmp(in_prefill, dec[0], row * sizeof(float)) == 0,
-              "the last token's output differs between the prefill and the decode");
+              "%s: the last token's output differs between the prefill and the decode", dn);
     cr_expect(memcmp(dec[2], dec[0], row * sizeof(float)) == 0,
-              "a pending token's decode differs from its decode after the commit");
-    cr_expect(memcmp(dec[0], dec[1], row * sizeof(float)) == 0, "mapped and mirror differ");
+              "%s: a pending token's decode differs from its decode after the commit", dn);
+    cr_expect(memcmp(dec[0], dec[1], row * sizeof(float)) == 0, "%s: mapped and mirror differ",
+              dn);
     free(q);
     free(all);
     free(ids);
@@ -545,44 +607,72 @@ Test(cuda, a_token_gets_the_same_bits_in_prefill_and_decode)
     ctxs_session_close(s);
 }
 
-/* --- The mirror's copies ------------------------------------------------------- */
-
-/* Tokens written on the device through ctxs_cuda_get_layout() reach the file
- * by pull, in a reservation that wraps around the ring's end. */
-Test(cuda, mirror_pull_brings_device_writes_into_the_file)
+Test(cuda, a_token_gets_the_same_bits_in_prefill_and_decode)
 {
     need_device();
-    uint64_t rng = ts_seed("cuda::mirror_pull_brings_device_writes_into_the_file");
-    ctxs_model m = model_of(2, 2, 64);
-    ctxs_session *s = create("a", &m, 128, 4, 0);
-    append(s, 122, &rng);
+    uint64_t rng = ts_seed("cuda::a_token_gets_the_same_bits_in_prefill_and_decode");
+    for (int d = 0; d < N_DTYPES; d++)
+        check_same_bits(dtypes[d], &rng);
+}
+
+/* --- The mirror's copies ------------------------------------------------------- */
+
+/* Tokens written on the device through ctxs_cuda_get_layout() (with their
+ * scales, for Q8) reach the file by pull, in a reservation that wraps
+ * around the ring's end. */
+static void check_pull(uint32_t dtype, uint64_t *rng)
+{
+    ctxs_model m = model_dt(2, 2, 64, dtype);
+    const char *name = name_of("a", dtype);
+    ctxs_session *s = create(name, &m, 128, 4, 0);
+    append(s, 122, rng);
     ctxs_cuda_kv *kv = attach(s, CTXS_CUDA_MIRROR);
     const uint32_t n = 10;
     ctxs_reservation r;
     CTXS_OK(ctxs_session_reserve(&r, s, n));
     cr_assert_eq(r.n_spans, 2, "the reservation wraps");
 
-    /* The engine's kernels would write these; cudaMemcpy stands in. */
+    /* The engine's kernels would write these; cudaMemcpy stands in. Each
+     * token in the form ctxs_session_read_token() gives back in the
+     * session's dtype: the elements, then (Q8) a scale per (layer, head). */
     ctxs_layout dl;
     CTXS_OK(ctxs_cuda_get_layout(&dl, kv));
     const ctxs_geometry *g = &dl.geometry;
-    const size_t per_token = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
-    uint16_t *k = malloc(n * per_token * 2), *v = malloc(n * per_token * 2);
-    for (size_t e = 0; e < n * per_token; e++) {
-        k[e] = rand_half(&rng);
-        v[e] = rand_half(&rng);
+    const uint32_t eb = dtype == CTXS_DTYPE_Q8 ? 1 : 2, runs = g->n_layers * g->n_kv_heads;
+    const size_t per_token = (size_t)runs * g->head_dim;
+    const size_t tb = ctxs_geometry_get_token_bytes(g, dtype);
+    cr_assert_eq(tb, per_token * eb + (dtype == CTXS_DTYPE_Q8 ? runs * sizeof(float) : 0));
+    cr_assert_eq(dl.scales != NULL, dtype == CTXS_DTYPE_Q8);
+    uint8_t *tok[2] = {malloc(n * tb), malloc(n * tb)}; /* K, V */
+    for (int kind = 0; kind < 2; kind++) {
+        for (uint32_t i = 0; i < n; i++) {
+            uint8_t *t = tok[kind] + i * tb;
+            for (size_t e = 0; e < per_token; e++)
+                rand_elem(t + e * eb, dtype, rng);
+            for (uint32_t j = 0; dtype == CTXS_DTYPE_Q8 && j < runs; j++) {
+                float sc = rand_scale(rng);
+                memcpy(t + per_token + j * sizeof(float), &sc, sizeof sc);
+            }
+        }
     }
     for (uint32_t i = 0; i < n; i++) {
         uint32_t slot = i < r.spans[0].count ? r.spans[0].slot + i
                                               : r.spans[1].slot + (i - r.spans[0].count);
         for (uint32_t l = 0; l < g->n_layers; l++) {
             for (uint32_t h = 0; h < g->n_kv_heads; h++) {
-                size_t at = l * dl.layer_stride + h * dl.head_stride + slot * dl.slot_bytes;
-                size_t src = i * per_token + ((size_t)l * g->n_kv_heads + h) * g->head_dim;
-                CUDA_OK(cudaMemcpy((uint8_t *)dl.kv + at, k + src, dl.slot_bytes,
-                                   cudaMemcpyHostToDevice));
-                CUDA_OK(cudaMemcpy((uint8_t *)dl.kv + at + dl.kv_stride, v + src, dl.slot_bytes,
-                                   cudaMemcpyHostToDevice));
+                for (uint32_t kind = 0; kind < 2; kind++) {
+                    const uint32_t run = l * g->n_kv_heads + h; /* in the token */
+                    const uint8_t *t = tok[kind] + i * tb;
+                    size_t at = l * dl.layer_stride + kind * dl.kv_stride + h * dl.head_stride +
+                                slot * dl.slot_bytes;
+                    CUDA_OK(cudaMemcpy((uint8_t *)dl.kv + at, t + (size_t)run * g->head_dim * eb,
+                                       dl.slot_bytes, cudaMemcpyHostToDevice));
+                    if (dtype != CTXS_DTYPE_Q8)
+                        continue;
+                    size_t sat = ((size_t)(l * 2 + kind) * g->n_kv_heads + h) * dl.capacity + slot;
+                    CUDA_OK(cudaMemcpy(dl.scales + sat, t + per_token + run * sizeof(float),
+                                       sizeof(float), cudaMemcpyHostToDevice));
+                }
             }
         }
     }
@@ -599,19 +689,29 @@ Test(cuda, mirror_pull_brings_device_writes_into_the_file)
     ctxs_cuda_detach(kv);
     ctxs_session_close(s);
 
-    CTXS_OK(ctxs_session_open(&s, ts_path(dir, "a"), &m, 0, NULL));
+    CTXS_OK(ctxs_session_open(&s, ts_path(dir, name), &m, 0, NULL));
     CTXS_OK(ctxs_session_verify(NULL, s));
-    uint16_t *kr = malloc(per_token * 2), *vr = malloc(per_token * 2);
+    uint8_t *kr = malloc(tb), *vr = malloc(tb);
     for (uint32_t i = 0; i < n; i++) {
-        CTXS_OK(ctxs_session_read_token(kr, vr, s, r.first_pos + i, CTXS_DTYPE_F16));
-        cr_expect(memcmp(kr, k + i * per_token, per_token * 2) == 0, "K of token %u", i);
-        cr_expect(memcmp(vr, v + i * per_token, per_token * 2) == 0, "V of token %u", i);
+        CTXS_OK(ctxs_session_read_token(kr, vr, s, r.first_pos + i, dtype));
+        cr_expect(memcmp(kr, tok[0] + i * tb, tb) == 0, "%s: K of token %u",
+                  dtype_name(dtype), i);
+        cr_expect(memcmp(vr, tok[1] + i * tb, tb) == 0, "%s: V of token %u",
+                  dtype_name(dtype), i);
     }
-    free(k);
-    free(v);
+    free(tok[0]);
+    free(tok[1]);
     free(kr);
     free(vr);
     ctxs_session_close(s);
+}
+
+Test(cuda, mirror_pull_brings_device_writes_into_the_file)
+{
+    need_device();
+    uint64_t rng = ts_seed("cuda::mirror_pull_brings_device_writes_into_the_file");
+    for (int d = 0; d < N_DTYPES; d++)
+        check_pull(dtypes[d], &rng);
 }
 
 /* Tokens written on the host reach the mirror by push, in pieces. */
@@ -619,38 +719,43 @@ Test(cuda, mirror_push_brings_host_writes_to_the_device)
 {
     need_device();
     uint64_t rng = ts_seed("cuda::mirror_push_brings_host_writes_to_the_device");
-    ctxs_model m = model_of(2, 2, 64);
-    ctxs_session *s = create("a", &m, 128, 4, 0);
-    append(s, 122, &rng);
-    ctxs_cuda_kv *kv = attach(s, CTXS_CUDA_MIRROR);
-    ctxs_reservation r;
-    CTXS_OK(ctxs_session_reserve(&r, s, 10));
-    write_random(s, &r, 0, 10, &rng);
-    CTXS_OK(ctxs_cuda_push(kv, &r, 4, 6, NULL));
-    CTXS_OK(ctxs_cuda_push(kv, &r, 0, 4, NULL));
-    ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 10));
-    compare(kv, s, &plan, (pass){plan.first_query, 10, 4, 0.0f}, 1, NULL, "pushed, pending");
-    ctxs_cuda_detach(kv);
-    ctxs_session_close(s);
+    for (int d = 0; d < N_DTYPES; d++) {
+        ctxs_model m = model_dt(2, 2, 64, dtypes[d]);
+        ctxs_session *s = create(name_of("a", dtypes[d]), &m, 128, 4, 0);
+        append(s, 122, &rng);
+        ctxs_cuda_kv *kv = attach(s, CTXS_CUDA_MIRROR);
+        ctxs_reservation r;
+        CTXS_OK(ctxs_session_reserve(&r, s, 10));
+        write_random(s, &r, 0, 10, &rng);
+        CTXS_OK(ctxs_cuda_push(kv, &r, 4, 6, NULL));
+        CTXS_OK(ctxs_cuda_push(kv, &r, 0, 4, NULL));
+        ctxs_attn_plan plan;
+        CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 10));
+        compare(kv, s, &plan, (pass){plan.first_query, 10, 4, 0.0f}, 1, NULL,
+                "pushed, pending");
+        ctxs_cuda_detach(kv);
+        ctxs_session_close(s);
+    }
 }
 
 Test(cuda, mirror_resync_follows_a_rollback)
 {
     need_device();
     uint64_t rng = ts_seed("cuda::mirror_resync_follows_a_rollback");
-    ctxs_model m = model_of(2, 2, 64);
-    ctxs_session *s = create("a", &m, 512, 4, 0);
-    append(s, 200, &rng);
-    ctxs_cuda_kv *kv = attach(s, CTXS_CUDA_MIRROR);
-    CTXS_OK(ctxs_session_rollback(s, 150));
-    append(s, 30, &rng); /* other K/V where the mirror has the old */
-    CTXS_OK(ctxs_cuda_resync(kv, NULL));
-    ctxs_attn_plan plan;
-    CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 0));
-    compare(kv, s, &plan, (pass){plan.n_tokens - 1, 1, 4, 0.0f}, 2, NULL, "resynced");
-    ctxs_cuda_detach(kv);
-    ctxs_session_close(s);
+    for (int d = 0; d < N_DTYPES; d++) {
+        ctxs_model m = model_dt(2, 2, 64, dtypes[d]);
+        ctxs_session *s = create(name_of("a", dtypes[d]), &m, 512, 4, 0);
+        append(s, 200, &rng);
+        ctxs_cuda_kv *kv = attach(s, CTXS_CUDA_MIRROR);
+        CTXS_OK(ctxs_session_rollback(s, 150));
+        append(s, 30, &rng); /* other K/V (and scales) where the mirror has the old */
+        CTXS_OK(ctxs_cuda_resync(kv, NULL));
+        ctxs_attn_plan plan;
+        CTXS_OK(ctxs_session_get_attn_plan(&plan, s, 0));
+        compare(kv, s, &plan, (pass){plan.n_tokens - 1, 1, 4, 0.0f}, 2, NULL, "resynced");
+        ctxs_cuda_detach(kv);
+        ctxs_session_close(s);
+    }
 }
 
 /* A reader following a writer attaches read-only mappings in both modes. */
@@ -686,41 +791,53 @@ Test(cuda, read_only_sessions_attach)
 Test(cuda, info_says_what_the_handle_holds)
 {
     need_device();
-    ctxs_model m = model_of(2, 2, 64);
-    ctxs_session *s = create("a", &m, 256, 4, 0);
-    ctxs_layout host;
-    CTXS_OK(ctxs_session_get_layout(&host, s));
-    for (int i = 0; i < 2; i++) {
-        ctxs_cuda_kv *kv = attach(s, modes[i]);
-        ctxs_cuda_info info;
-        ctxs_layout dl;
-        CTXS_OK(ctxs_cuda_get_info(&info, kv));
-        CTXS_OK(ctxs_cuda_get_layout(&dl, kv));
-        cr_expect_eq(info.mode, modes[i]);
-        cr_expect_eq(info.device, 0);
-        cr_expect_not_null(dl.kv);
-        cr_expect_eq(dl.kv_bytes, host.kv_bytes);
-        cr_expect_eq(dl.head_stride, host.head_stride);
-        cr_expect_eq(dl.token_ids, host.token_ids);
-        if (modes[i] == CTXS_CUDA_MIRROR) {
-            cr_expect_eq(info.flags, CTXS_CUDA_WRITABLE);
-            cr_expect_eq(info.device_bytes, host.kv_bytes);
-            cr_expect_eq(info.pinned_bytes, 0);
-            cr_expect_neq(dl.kv, host.kv);
-        } else if (info.flags & CTXS_CUDA_HOST_PAGE_TABLES) {
-            cr_log_info("mapped mode: the device walks the host's page tables");
-            cr_expect_eq(info.flags, CTXS_CUDA_HOST_PAGE_TABLES | CTXS_CUDA_WRITABLE);
-            cr_expect_eq(info.pinned_bytes, 0);
-            cr_expect_eq(dl.kv, host.kv);
-        } else {
-            cr_log_info("mapped mode: the KV region is registered and pinned");
-            cr_expect_eq(info.flags, CTXS_CUDA_PINNED);
-            cr_expect_eq(info.pinned_bytes, host.kv_bytes);
-            cr_expect_eq(info.device_bytes, 0);
+    for (int d = 0; d < N_DTYPES; d++) {
+        ctxs_model m = model_dt(2, 2, 64, dtypes[d]);
+        ctxs_session *s = create(name_of("a", dtypes[d]), &m, 256, 4, 0);
+        ctxs_layout host;
+        CTXS_OK(ctxs_session_get_layout(&host, s));
+        /* A Q8 session's scale table goes with its KV region. */
+        const uint64_t region = (uint64_t)host.kv_bytes + host.scales_bytes;
+        cr_assert_eq(host.scales != NULL, dtypes[d] == CTXS_DTYPE_Q8);
+        for (int i = 0; i < 2; i++) {
+            ctxs_cuda_kv *kv = attach(s, modes[i]);
+            ctxs_cuda_info info;
+            ctxs_layout dl;
+            CTXS_OK(ctxs_cuda_get_info(&info, kv));
+            CTXS_OK(ctxs_cuda_get_layout(&dl, kv));
+            cr_expect_eq(info.mode, modes[i]);
+            cr_expect_eq(info.device, 0);
+            cr_expect_not_null(dl.kv);
+            cr_expect_eq(dl.kv_bytes, host.kv_bytes);
+            cr_expect_eq(dl.head_stride, host.head_stride);
+            cr_expect_eq(dl.token_ids, host.token_ids);
+            cr_expect_eq(dl.scales_bytes, host.scales_bytes);
+            /* The device's copy keeps the file's order: scales, then KV. */
+            if (host.scales)
+                cr_expect_eq((uint8_t *)dl.scales + dl.scales_bytes, (uint8_t *)dl.kv);
+            else
+                cr_expect_null(dl.scales);
+            if (modes[i] == CTXS_CUDA_MIRROR) {
+                cr_expect_eq(info.flags, CTXS_CUDA_WRITABLE);
+                cr_expect_eq(info.device_bytes, region);
+                cr_expect_eq(info.pinned_bytes, 0);
+                cr_expect_neq(dl.kv, host.kv);
+            } else if (info.flags & CTXS_CUDA_HOST_PAGE_TABLES) {
+                cr_log_info("mapped mode: the device walks the host's page tables");
+                cr_expect_eq(info.flags, CTXS_CUDA_HOST_PAGE_TABLES | CTXS_CUDA_WRITABLE);
+                cr_expect_eq(info.pinned_bytes, 0);
+                cr_expect_eq(dl.kv, host.kv);
+                cr_expect_eq(dl.scales, host.scales);
+            } else {
+                cr_log_info("mapped mode: the KV region is registered and pinned");
+                cr_expect_eq(info.flags, CTXS_CUDA_PINNED);
+                cr_expect_eq(info.pinned_bytes, region);
+                cr_expect_eq(info.device_bytes, 0);
+            }
+            ctxs_cuda_detach(kv);
         }
-        ctxs_cuda_detach(kv);
+        ctxs_session_close(s);
     }
-    ctxs_session_close(s);
 }
 
 Test(cuda, a_region_is_registered_once)

@@ -1,8 +1,9 @@
 /*
  * The Metal kernel against the CPU reference, like dav1d's checkasm: the
  * same session, plan and queries through ctxs_metal_attention() and
- * ctxs_attention(), outputs equal to float rounding. Skipped where there
- * is no Metal device. Objective-C (ARC) because the test makes its own
+ * ctxs_attention(), outputs equal to float rounding, for each session dtype
+ * (fp16, bf16, Q8 with its scale table). Skipped where there is no Metal
+ * device. Objective-C (ARC) because the test makes its own
  * MTLBuffers; built by this directory's meson.build, suite 'gpu'.
  */
 #import <Foundation/Foundation.h>
@@ -30,14 +31,25 @@ static void make_dir(void)
     cr_assert_not_null(mkdtemp(g_dir));
 }
 
-/* The tests make only session files named s<capacity>.ctxs here. */
+static const uint32_t k_dtypes[3] = { CTXS_DTYPE_F16, CTXS_DTYPE_BF16,
+                                      CTXS_DTYPE_Q8 };
+
+static const char *dtype_name(uint32_t dtype)
+{
+    return dtype == CTXS_DTYPE_F16 ? "f16" : dtype == CTXS_DTYPE_BF16 ? "bf16" : "q8";
+}
+
+/* The tests make only session files named s<capacity>-<dtype>.ctxs here. */
 static void remove_dir(void)
 {
     static const unsigned capacities[] = { 32, 64, 256, 1024 };
     char path[PATH_MAX];
     for (size_t i = 0; i < sizeof capacities / sizeof capacities[0]; i++) {
-        snprintf(path, sizeof path, "%s/s%u.ctxs", g_dir, capacities[i]);
-        unlink(path);
+        for (int d = 0; d < 3; d++) {
+            snprintf(path, sizeof path, "%s/s%u-%s.ctxs", g_dir, capacities[i],
+                     dtype_name(k_dtypes[d]));
+            unlink(path);
+        }
     }
     rmdir(g_dir);
 }
@@ -81,8 +93,9 @@ static float random_float(uint64_t *s, float amp)
     return amp * (float)((double)(next_random(s) >> 11) / 0x1p52 - 1.0);
 }
 
-/* Reserves n tokens and writes random K/V into them; commits them, or
- * with commit == 0 leaves them pending (for a plan with n_pending). */
+/* Reserves n tokens and writes random K/V into them, handed over as fp16
+ * (a bf16 session rounds them, a Q8 one quantizes); commits them, or with
+ * commit == 0 leaves them pending (for a plan with n_pending). */
 static void append(ctxs_session *s, const ctxs_geometry *g, uint32_t n,
                    int commit, uint64_t *seed)
 {
@@ -115,10 +128,11 @@ static ctxs_session *make_session(const ctxs_geometry *g, uint32_t capacity,
     ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
-    o.window = window;
-    o.durability = CTXS_SYNC_NONE;
+    o.open.window = window;
+    o.open.durability = CTXS_SYNC_NONE;
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/s%u.ctxs", g_dir, capacity);
+    snprintf(path, sizeof path, "%s/s%u-%s.ctxs", g_dir, capacity,
+             dtype_name(g->dtype));
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_session_create(&s, path, &model, &o), 0);
     return s;
@@ -142,6 +156,11 @@ static void compare(id<MTLDevice> dev, ctxs_session *s,
     cr_assert_eq(ctxs_metal_attach(&mkv, s, (__bridge void *)dev), 0);
     id<MTLBuffer> kvbuf = (__bridge id<MTLBuffer>)ctxs_metal_get_buffer(mkv);
     cr_assert_eq(kvbuf.contents, lay.kv, "the buffer must be the mapping");
+    id<MTLBuffer> sbuf = (__bridge id<MTLBuffer>)ctxs_metal_get_scales_buffer(mkv);
+    if (lay.geometry.dtype == CTXS_DTYPE_Q8)
+        cr_assert_eq(sbuf.contents, lay.scales, "the scales must be the mapping");
+    else
+        cr_assert_null(sbuf);
 
     id<MTLBuffer> out = [dev newBufferWithLength:n * sizeof(float)
                                          options:MTLResourceStorageModeShared];
@@ -169,21 +188,21 @@ static void compare(id<MTLDevice> dev, ctxs_session *s,
     for (size_t i = 0; i < n; i++) {
         double err = fabs((double)got[i] - (double)want[i]);
         double tol = 2e-5 + 2e-4 * fabs((double)want[i]);
-        cr_assert(err <= tol, "element %zu: metal %.9g, cpu %.9g", i,
-                  (double)got[i], (double)want[i]);
+        cr_assert(err <= tol, "%s, element %zu: metal %.9g, cpu %.9g",
+                  dtype_name(lay.geometry.dtype), i, (double)got[i],
+                  (double)want[i]);
         if (err > worst)
             worst = err;
     }
-    cr_log_info("layer %u, %u queries: largest difference %.3g", layer, q->n,
-                worst);
+    cr_log_info("%s, layer %u, %u queries: largest difference %.3g",
+                dtype_name(lay.geometry.dtype), layer, q->n, worst);
     ctxs_metal_detach(mkv);
     free(want);
 }
 
-Test(metal, decode_matches_the_cpu_kernel)
+static void check_decode(id<MTLDevice> dev, uint32_t dtype)
 {
-    id<MTLDevice> dev = device_or_skip();
-    const ctxs_geometry g = { 3, 2, 128, CTXS_DTYPE_F16 };
+    const ctxs_geometry g = { 3, 2, 128, dtype };
     ctxs_session *s = make_session(&g, 1024, 4, 2048);
     uint64_t seed = 42;
     append(s, &g, 700, 1, &seed); /* several blocks of 128 keys */
@@ -203,11 +222,17 @@ Test(metal, decode_matches_the_cpu_kernel)
     ctxs_session_close(s);
 }
 
-Test(metal, prefill_in_a_wrapped_ring_matches)
+Test(metal, decode_matches_the_cpu_kernel)
 {
     id<MTLDevice> dev = device_or_skip();
+    for (int d = 0; d < 3; d++)
+        check_decode(dev, k_dtypes[d]);
+}
+
+static void check_prefill(id<MTLDevice> dev, uint32_t dtype)
+{
     /* head_dim 80: not a multiple of the SIMD width; GQA 3:1. */
-    const ctxs_geometry g = { 2, 2, 80, CTXS_DTYPE_F16 };
+    const ctxs_geometry g = { 2, 2, 80, dtype };
     ctxs_session *s = make_session(&g, 64, 4, 24);
     uint64_t seed = 7;
     for (int i = 0; i < 3; i++)
@@ -231,6 +256,13 @@ Test(metal, prefill_in_a_wrapped_ring_matches)
     compare(dev, s, &plan, 1, &q, 0);
     free(qv);
     ctxs_session_close(s);
+}
+
+Test(metal, prefill_in_a_wrapped_ring_matches)
+{
+    id<MTLDevice> dev = device_or_skip();
+    for (int d = 0; d < 3; d++)
+        check_prefill(dev, k_dtypes[d]);
 }
 
 typedef struct bad_pass {
@@ -320,9 +352,33 @@ Test(metal, attach_wants_whole_aligned_pages)
     short_by_one.kv_bytes -= 1;
     cr_expect_eq(ctxs_metal_attach_layout(&mkv, &short_by_one, NULL),
                  CTXS_EINVAL);
+    ctxs_layout f32 = lay;
+    f32.geometry.dtype = CTXS_DTYPE_F32; /* a form handed over, not stored */
+    cr_expect_eq(ctxs_metal_attach_layout(&mkv, &f32, NULL), CTXS_EINVAL);
     cr_expect_eq(ctxs_metal_attach(&mkv, NULL, NULL), CTXS_EINVAL);
     cr_expect_eq(ctxs_metal_attach(NULL, s, NULL), CTXS_EINVAL);
     ctxs_metal_detach(NULL);
     cr_expect_null(ctxs_metal_get_buffer(NULL));
+    cr_expect_null(ctxs_metal_get_scales_buffer(NULL));
+    ctxs_session_close(s);
+
+    /* A Q8 session's scale table is wrapped too: whole pages, aligned. */
+    const ctxs_geometry g8 = { 1, 1, 64, CTXS_DTYPE_Q8 };
+    s = make_session(&g8, 256, 4, 2048);
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    cr_assert_not_null(lay.scales);
+    ctxs_layout no_scales = lay;
+    no_scales.scales = NULL;
+    no_scales.scales_bytes = 0;
+    cr_expect_eq(ctxs_metal_attach_layout(&mkv, &no_scales, NULL), CTXS_EINVAL);
+    ctxs_layout scales_shifted = lay;
+    scales_shifted.scales = (float *)(void *)((char *)lay.scales + 4);
+    cr_expect_eq(ctxs_metal_attach_layout(&mkv, &scales_shifted, NULL),
+                 CTXS_EINVAL);
+    ctxs_layout scales_short = lay;
+    scales_short.scales_bytes -= 4;
+    cr_expect_eq(ctxs_metal_attach_layout(&mkv, &scales_short, NULL),
+                 CTXS_EINVAL);
+    cr_expect_null(mkv);
     ctxs_session_close(s);
 }

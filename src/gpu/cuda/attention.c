@@ -71,6 +71,15 @@ int ctxs_cuda_attention(float *out, const ctxs_cuda_kv *kv, const ctxs_attn_plan
     a.group = q->n_heads / n_kv;
     a.head_dim = hd;
     a.dim_pad = (hd + 7) & ~7u;
+    a.dtype = l->geometry.dtype;
+    a.capacity = l->capacity;
+    if (a.dtype == CTXS_DTYPE_Q8) {
+        /* The layer's runs of scales, as its runs of K and V: K of head g
+         * at run (layer*2 + 0)*n_kv + g, V at (layer*2 + 1)*n_kv + g. */
+        CHECK(kv->dev_scales);
+        a.k_scale = kv->dev_scales + (size_t)layer * 2 * n_kv * l->capacity;
+        a.v_scale = a.k_scale + (size_t)n_kv * l->capacity;
+    }
     a.n_sink = plan->n_sink;
     a.window = plan->window;
     a.scale_log2 = scale * 1.44269504088896341f;

@@ -30,8 +30,13 @@ struct ctxs_cuda_kv {
     int device;
     uint32_t flags;           /* CTXS_CUDA_* */
     ctxs_layout host;         /* the session's layout (host addresses) */
-    uint8_t *dev_kv;          /* what kernels read: mirror, alias or mapping */
-    int registered;           /* cudaHostRegister'ed host.kv */
+    uint8_t *host_region;     /* what the device reads of the mapping: the
+                                 KV region and (Q8) the scale table before it */
+    size_t region_bytes;      /* kv_bytes + scales_bytes in a session */
+    uint8_t *dev_region;      /* its device address: mirror, alias or mapping */
+    uint8_t *dev_kv;          /* what kernels read: dev_region's KV region */
+    float *dev_scales;        /* and its scale table; NULL but for Q8 */
+    int registered;           /* cudaHostRegister'ed host_region */
     int sm_count;
     int mem_pools;            /* cudaMallocAsync works on the device */
     size_t max_pitch;         /* cudaDevAttrMaxPitch */
@@ -41,6 +46,9 @@ struct ctxs_cuda_kv {
 typedef struct ctxs__cuda_attn {
     const uint8_t *k;      /* the layer's K: KV head g's run at k + g*head_stride */
     const uint8_t *v;      /* the layer's V, likewise */
+    const float *k_scale;  /* Q8: the layer's K scales, head g's run of
+                              `capacity` at k_scale + g*capacity; else NULL */
+    const float *v_scale;  /* Q8: the layer's V scales, likewise */
     const float *q;        /* [n][n_heads][head_dim] */
     float *out;            /* [n][n_heads][head_dim] */
     float *ws;             /* split: [n*n_heads][n_chunks] of {m, l}, then
@@ -66,12 +74,10 @@ typedef struct ctxs__cuda_attn {
     uint32_t pairs_per_block; /* (query, head) pairs of one KV head a block owns */
     uint32_t n_pair_tiles;    /* blocks per KV head (and per chunk, split) */
     uint32_t split;        /* 1: one block per chunk, merged by a 2nd kernel */
+    uint32_t dtype;        /* CTXS_DTYPE_F16, BF16 or Q8 */
+    uint32_t capacity;     /* slots per run (of K, V and scales) */
     float scale_log2;      /* softmax scale times log2(e) */
-    uint32_t reserved_;
 } ctxs__cuda_attn;
-
-/* Shared memory one block of the attention kernel takes. */
-size_t ctxs__cuda_attn_smem(uint32_t dim_pad);
 
 /* Queues the attention kernel (and with a->split the merge kernel) on
  * stream. Returns the launch's cudaError_t. */

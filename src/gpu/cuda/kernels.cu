@@ -1,6 +1,6 @@
 /*
  * The CUDA attention kernels: split-K "flash decoding" over the plan's keys,
- * fp16 K/V in, float32 arithmetic.
+ * fp16, bf16 or Q8 K/V in, float32 arithmetic.
  *
  * Work. A block owns one KV head g and up to 8 (query, query head) pairs of
  * g's GQA group, one per warp (pairs_per_block), and walks the keys those
@@ -28,9 +28,20 @@
  * Every thread of a block runs the same tile loop (the tile choice is the
  * same ballot in every warp), so the __syncthreads() are uniform; warps
  * without a pair only help to load.
+ *
+ * Element types. The kernel is one template over the session's dtype (DT):
+ * tiles are staged in shared memory as the bytes they are in the session,
+ * 8 elements to a piece (16 bytes of fp16 or bf16, 8 of Q8), and widened to
+ * float where they are used, by widen() alone: fp16 exactly by the
+ * hardware, bf16 by a shift, Q8's int8 exactly. A Q8 key's score is its
+ * scale times the dot product with its int8 values, and a Q8 value row is
+ * weighted by p times its scale: the scales of a tile's rows are staged
+ * beside the rows (see ctxs_dtype in ctxstore.h for what they mean).
  */
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "cuda_internal.h"
 
@@ -45,12 +56,40 @@ constexpr uint32_t TILES_PER_CHUNK = CHUNK / TILE;
 static_assert(TILE == 32, "a lane per key of a tile");
 static_assert(CHUNK % TILE == 0, "chunks are whole tiles");
 
-__host__ __device__ inline uint32_t k_pitch(uint32_t dim_pad)
+/* Bytes of one element of a session dtype. */
+__host__ __device__ constexpr uint32_t elem_bytes(uint32_t dt)
 {
-    /* Lane j reads K row j 16 bytes at a time; a quarter warp's 8 rows
-     * then start on distinct 4-bank groups when the pitch is an odd number
-     * of 16-byte units. */
-    return dim_pad * 2 + ((dim_pad / 8) % 2 == 0 ? 16 : 0);
+    return dt == CTXS_DTYPE_Q8 ? 1 : 2;
+}
+
+/* The unit of staging: 8 elements. */
+template <uint32_t DT>
+using piece_t = typename std::conditional<elem_bytes(DT) == 2, uint4, uint2>::type;
+
+/* A block's shared memory, in bytes: the tile's K rows (kp apart), its V
+ * rows (vp apart), the warps' prescaled queries ([WARPS][dim_pad] floats),
+ * and for Q8 the scales of the tile's K rows, then V rows ([2][TILE]
+ * floats). Every part starts 16-byte aligned. */
+struct smem_layout {
+    uint32_t kp, vp;
+    uint32_t vs, qs, ss, total; /* offsets of V, queries, scales; the size */
+};
+
+__host__ __device__ inline smem_layout smem_of(uint32_t dim_pad, uint32_t dt)
+{
+    const uint32_t eb = elem_bytes(dt);
+    smem_layout m;
+    /* Lane j reads K row j a piece (8 * eb bytes) at a time; the lanes that
+     * share a shared-memory wavefront (8 of them for 16-byte loads, 16 for
+     * 8-byte ones) then start on distinct banks when the pitch is an odd
+     * number of pieces. */
+    m.kp = dim_pad * eb + ((dim_pad / 8) % 2 == 0 ? 8 * eb : 0);
+    m.vp = dim_pad * eb;
+    m.vs = TILE * m.kp;
+    m.qs = m.vs + TILE * m.vp;
+    m.ss = m.qs + WARPS * dim_pad * (uint32_t)sizeof(float);
+    m.total = m.ss + (dt == CTXS_DTYPE_Q8 ? 2 * TILE * (uint32_t)sizeof(float) : 0);
+    return m;
 }
 
 __device__ __forceinline__ float neg_inf()
@@ -114,18 +153,35 @@ __device__ tile_at seek(const ctxs__cuda_attn &a, uint32_t ci, uint32_t t, uint3
     return tile_at{0, 0, 0, 0, false};
 }
 
-/* Staging of one tile's K and V rows: 16-byte pieces, piece i of a thread
- * is tid + i * THREADS over [K rows][V rows] x (dim_pad / 8). */
-template <int DPL> struct stage {
-    uint4 r[DPL];
+/* Q8: the scale of row `row` of the tile's K (kind 0) or V (kind 1) run
+ * of KV head g; 0 for a row no query of the block reads. */
+__device__ __forceinline__ float scale_of(const ctxs__cuda_attn &a, const tile_at &tl,
+                                          uint32_t g, uint32_t kind, uint32_t row)
+{
+    if (!((tl.rows >> row) & 1u))
+        return 0.0f;
+    const uint64_t slot = (uint64_t)plan_slot(a, tl.pos + row);
+    return (kind ? a.v_scale : a.k_scale)[(size_t)g * a.capacity + slot];
+}
+
+/* Staging of one tile's K and V rows: pieces of 8 elements, piece i of a
+ * thread is tid + i * THREADS over [K rows][V rows] x (dim_pad / 8); with
+ * Q8, thread tid < 2 * TILE also takes the scale of row tid % TILE of K
+ * (tid < TILE) or V. */
+template <uint32_t DT, int DPL> struct stage {
+    piece_t<DT> r[DPL];
+    float scale;
 };
 
-template <int DPL>
-__device__ __forceinline__ void stage_load(stage<DPL> &st, const ctxs__cuda_attn &a,
+template <uint32_t DT, int DPL>
+__device__ __forceinline__ void stage_load(stage<DT, DPL> &st, const ctxs__cuda_attn &a,
                                            const tile_at &tl, uint32_t g, uint32_t tid)
 {
+    constexpr uint32_t EB = elem_bytes(DT);
     const uint32_t per_row = a.dim_pad / 8, per_kind = TILE * per_row;
-    const size_t slot_bytes = (size_t)a.head_dim * 2;
+    const size_t slot_bytes = (size_t)a.head_dim * EB;
+    if (DT == CTXS_DTYPE_Q8 && tid < 2 * TILE)
+        st.scale = scale_of(a, tl, g, tid / TILE, tid % TILE);
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         const uint32_t pc = tid + (uint32_t)i * THREADS;
@@ -137,17 +193,21 @@ __device__ __forceinline__ void stage_load(stage<DPL> &st, const ctxs__cuda_attn
             continue;
         const uint64_t slot = (uint64_t)plan_slot(a, tl.pos + row);
         const uint8_t *src = (kind ? a.v : a.k) + (size_t)g * a.head_stride +
-                             slot * slot_bytes + (size_t)col * 16;
-        st.r[i] = *reinterpret_cast<const uint4 *>(src);
+                             slot * slot_bytes + (size_t)col * 8 * EB;
+        st.r[i] = *reinterpret_cast<const piece_t<DT> *>(src);
     }
 }
 
-template <int DPL>
-__device__ __forceinline__ void stage_store(const stage<DPL> &st, const ctxs__cuda_attn &a,
+template <uint32_t DT, int DPL>
+__device__ __forceinline__ void stage_store(const stage<DT, DPL> &st, const ctxs__cuda_attn &a,
                                             const tile_at &tl, uint32_t tid, uint8_t *ks,
-                                            uint8_t *vs, uint32_t kp_bytes, uint32_t vp_bytes)
+                                            uint8_t *vs, float *ss, uint32_t kp_bytes,
+                                            uint32_t vp_bytes)
 {
+    constexpr uint32_t EB = elem_bytes(DT);
     const uint32_t per_row = a.dim_pad / 8, per_kind = TILE * per_row;
+    if (DT == CTXS_DTYPE_Q8 && tid < 2 * TILE)
+        ss[tid] = st.scale;
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         const uint32_t pc = tid + (uint32_t)i * THREADS;
@@ -158,31 +218,37 @@ __device__ __forceinline__ void stage_store(const stage<DPL> &st, const ctxs__cu
         if (!((tl.rows >> row) & 1u))
             continue;
         uint8_t *dst = kind ? vs + row * vp_bytes : ks + row * kp_bytes;
-        *reinterpret_cast<uint4 *>(dst + col * 16) = st.r[i];
+        *reinterpret_cast<piece_t<DT> *>(dst + col * 8 * EB) = st.r[i];
     }
 }
 
-/* A head_dim that is not a multiple of 8 leaves rows unaligned for 16-byte
+/* A head_dim that is not a multiple of 8 leaves rows unaligned for piece
  * loads: load them element by element, padding with zeros to dim_pad. */
+template <uint32_t DT>
 __device__ void stage_direct(const ctxs__cuda_attn &a, const tile_at &tl, uint32_t g,
-                             uint32_t tid, uint8_t *ks, uint8_t *vs, uint32_t kp_bytes,
-                             uint32_t vp_bytes)
+                             uint32_t tid, uint8_t *ks, uint8_t *vs, float *ss,
+                             uint32_t kp_bytes, uint32_t vp_bytes)
 {
+    /* One element, as bits: the widening is widen()'s. */
+    using elem_t = typename std::conditional<elem_bytes(DT) == 2, unsigned short,
+                                             unsigned char>::type;
     const uint32_t dp = a.dim_pad, hd = a.head_dim, per_kind = TILE * dp;
+    if (DT == CTXS_DTYPE_Q8 && tid < 2 * TILE)
+        ss[tid] = scale_of(a, tl, g, tid / TILE, tid % TILE);
     for (uint32_t e = tid; e < 2 * per_kind; e += THREADS) {
         const uint32_t kind = e >= per_kind, rem = e - kind * per_kind;
         const uint32_t row = rem / dp, d = rem % dp;
         if (!((tl.rows >> row) & 1u))
             continue;
-        unsigned short x = 0;
+        elem_t x = 0;
         if (d < hd) {
             const uint64_t slot = (uint64_t)plan_slot(a, tl.pos + row);
-            const unsigned short *src = reinterpret_cast<const unsigned short *>(
+            const elem_t *src = reinterpret_cast<const elem_t *>(
                 (kind ? a.v : a.k) + (size_t)g * a.head_stride);
             x = src[slot * hd + d];
         }
         uint8_t *dst = kind ? vs + row * vp_bytes : ks + row * kp_bytes;
-        reinterpret_cast<unsigned short *>(dst)[d] = x;
+        reinterpret_cast<elem_t *>(dst)[d] = x;
     }
 }
 
@@ -210,52 +276,66 @@ __device__ __forceinline__ float2 h2f(uint32_t bits)
                                          __ushort_as_half((unsigned short)(bits >> 16))));
 }
 
-/* Score of one K row (16-byte pieces in shared memory) against the warp's
+/* The one place an element becomes a float: N (2, 4 or 8) elements of a
+ * row in shared memory at p (aligned to their size), by one vector load.
+ * Every conversion is exact. */
+template <uint32_t DT, int N>
+__device__ __forceinline__ void widen(const uint8_t *p, float (&f)[N])
+{
+    constexpr int BYTES = N * (int)elem_bytes(DT);
+    uint32_t w[(BYTES + 3) / 4];
+    if constexpr (BYTES == 16) {
+        const uint4 r = *reinterpret_cast<const uint4 *>(p);
+        w[0] = r.x, w[1] = r.y, w[2] = r.z, w[3] = r.w;
+    } else if constexpr (BYTES == 8) {
+        const uint2 r = *reinterpret_cast<const uint2 *>(p);
+        w[0] = r.x, w[1] = r.y;
+    } else if constexpr (BYTES == 4) {
+        w[0] = *reinterpret_cast<const uint32_t *>(p);
+    } else {
+        w[0] = *reinterpret_cast<const unsigned short *>(p);
+    }
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+        float2 x;
+        if constexpr (DT == CTXS_DTYPE_F16) {
+            x = h2f(w[i / 2]);
+        } else if constexpr (DT == CTXS_DTYPE_BF16) {
+            /* bf16 is the high half of a float32. */
+            x = make_float2(__uint_as_float(w[i / 2] << 16),
+                            __uint_as_float(w[i / 2] & 0xffff0000u));
+        } else {
+            const uint32_t b = w[i / 4] >> (8 * (i % 4));
+            x = make_float2((float)(int8_t)(b & 0xffu), (float)(int8_t)((b >> 8) & 0xffu));
+        }
+        f[i] = x.x, f[i + 1] = x.y;
+    }
+}
+
+/* Dot product of one K row (pieces in shared memory) with the warp's
  * prescaled query: four partial sums, element d into sum (d / 2) % 4,
- * combined as (s0 + s1) + (s2 + s3). */
+ * combined as (s0 + s1) + (s2 + s3). For Q8 the row's scale is the
+ * caller's to apply. */
+template <uint32_t DT>
 __device__ __forceinline__ float dot_row(const uint8_t *krow, const float *qw, uint32_t dp)
 {
-    const uint4 *k4 = reinterpret_cast<const uint4 *>(krow);
+    constexpr uint32_t EB = elem_bytes(DT);
     const float4 *q4 = reinterpret_cast<const float4 *>(qw);
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
     for (uint32_t c = 0; c < dp / 8; c++) {
-        const uint4 raw = k4[c];
+        float k[8];
+        widen<DT, 8>(krow + c * 8 * EB, k);
         const float4 qa = q4[2 * c], qb = q4[2 * c + 1];
-        const float2 k0 = h2f(raw.x), k1 = h2f(raw.y), k2 = h2f(raw.z), k3 = h2f(raw.w);
-        s0 = __fmaf_rn(qa.x, k0.x, s0);
-        s0 = __fmaf_rn(qa.y, k0.y, s0);
-        s1 = __fmaf_rn(qa.z, k1.x, s1);
-        s1 = __fmaf_rn(qa.w, k1.y, s1);
-        s2 = __fmaf_rn(qb.x, k2.x, s2);
-        s2 = __fmaf_rn(qb.y, k2.y, s2);
-        s3 = __fmaf_rn(qb.z, k3.x, s3);
-        s3 = __fmaf_rn(qb.w, k3.y, s3);
+        s0 = __fmaf_rn(qa.x, k[0], s0);
+        s0 = __fmaf_rn(qa.y, k[1], s0);
+        s1 = __fmaf_rn(qa.z, k[2], s1);
+        s1 = __fmaf_rn(qa.w, k[3], s1);
+        s2 = __fmaf_rn(qb.x, k[4], s2);
+        s2 = __fmaf_rn(qb.y, k[5], s2);
+        s3 = __fmaf_rn(qb.z, k[6], s3);
+        s3 = __fmaf_rn(qb.w, k[7], s3);
     }
     return __fadd_rn(__fadd_rn(s0, s1), __fadd_rn(s2, s3));
-}
-
-/* Elements lane * DPL .. + DPL - 1 of a V row in shared memory. */
-template <int DPL> __device__ __forceinline__ void v_load(const uint8_t *p, float (&f)[DPL]);
-
-template <> __device__ __forceinline__ void v_load<2>(const uint8_t *p, float (&f)[2])
-{
-    const float2 a = h2f(*reinterpret_cast<const uint32_t *>(p));
-    f[0] = a.x, f[1] = a.y;
-}
-
-template <> __device__ __forceinline__ void v_load<4>(const uint8_t *p, float (&f)[4])
-{
-    const uint2 raw = *reinterpret_cast<const uint2 *>(p);
-    const float2 a = h2f(raw.x), b = h2f(raw.y);
-    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
-}
-
-template <> __device__ __forceinline__ void v_load<8>(const uint8_t *p, float (&f)[8])
-{
-    const uint4 raw = *reinterpret_cast<const uint4 *>(p);
-    const float2 a = h2f(raw.x), b = h2f(raw.y), c = h2f(raw.z), d = h2f(raw.w);
-    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
-    f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
 }
 
 /* Folds a chunk's partial (m, l, acc) into the running (rm, rl, racc). An
@@ -297,15 +377,19 @@ __device__ __forceinline__ void write_out(float *o, uint32_t hd, uint32_t lane, 
     }
 }
 
-template <int DPL>
+template <uint32_t DT, int DPL>
 __global__ void __launch_bounds__(THREADS) attn_kernel(const ctxs__cuda_attn a)
 {
+    constexpr uint32_t EB = elem_bytes(DT);
+    constexpr bool Q8 = DT == CTXS_DTYPE_Q8;
     extern __shared__ __align__(16) uint8_t smem[];
     const uint32_t dp = a.dim_pad, hd = a.head_dim;
-    const uint32_t kp_bytes = k_pitch(dp), vp_bytes = dp * 2;
+    const smem_layout sm = smem_of(dp, DT);
+    const uint32_t kp_bytes = sm.kp, vp_bytes = sm.vp;
     uint8_t *ks = smem;
-    uint8_t *vs = ks + TILE * kp_bytes;
-    float *qs = reinterpret_cast<float *>(vs + TILE * vp_bytes);
+    uint8_t *vs = smem + sm.vs;
+    float *qs = reinterpret_cast<float *>(smem + sm.qs);
+    float *ss = reinterpret_cast<float *>(smem + sm.ss); /* Q8: [K rows][V rows] */
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const uint32_t g = blockIdx.y;
 
@@ -340,15 +424,15 @@ __global__ void __launch_bounds__(THREADS) attn_kernel(const ctxs__cuda_attn a)
     for (int k = 0; k < DPL; k++)
         acc[k] = 0.0f, racc[k] = 0.0f;
 
-    stage<DPL> st;
+    stage<DT, DPL> st;
     tile_at cur = seek(a, ci_begin, 0, ci_end, p_hi, win_lo, lane);
     if (cur.ok && vec)
         stage_load(st, a, cur, g, tid);
     while (cur.ok) {
         if (vec)
-            stage_store(st, a, cur, tid, ks, vs, kp_bytes, vp_bytes);
+            stage_store(st, a, cur, tid, ks, vs, ss, kp_bytes, vp_bytes);
         else
-            stage_direct(a, cur, g, tid, ks, vs, kp_bytes, vp_bytes);
+            stage_direct<DT>(a, cur, g, tid, ks, vs, ss, kp_bytes, vp_bytes);
         __syncthreads(); /* the tile (and at first the queries) in place */
 
         const tile_at next = seek(a, cur.ci, cur.t + 1, ci_end, p_hi, win_lo, lane);
@@ -361,7 +445,12 @@ __global__ void __launch_bounds__(THREADS) attn_kernel(const ctxs__cuda_attn a)
                               (kp < a.n_sink || qpos - kp < a.window);
             const uint32_t keys = __ballot_sync(FULL, read);
             if (keys) {
-                const float s = read ? dot_row(ks + lane * kp_bytes, qw, dp) : neg_inf();
+                float s = neg_inf();
+                if (read) {
+                    s = dot_row<DT>(ks + lane * kp_bytes, qw, dp);
+                    if (Q8)
+                        s = __fmul_rn(ss[lane], s);
+                }
                 const float mx = fmaxf(m, warp_max(s));
                 const float alpha = exp2f(__fsub_rn(m, mx));
                 const float p = read ? exp2f(__fsub_rn(s, mx)) : 0.0f;
@@ -372,10 +461,12 @@ __global__ void __launch_bounds__(THREADS) attn_kernel(const ctxs__cuda_attn a)
                 const bool dims = lane * DPL < dp;
                 for (uint32_t left = keys; left; left &= left - 1) {
                     const int j = __ffs(left) - 1;
-                    const float pj = __shfl_sync(FULL, p, j);
+                    float pj = __shfl_sync(FULL, p, j);
+                    if (Q8)
+                        pj = __fmul_rn(pj, ss[TILE + j]);
                     if (dims) {
                         float v[DPL];
-                        v_load<DPL>(vs + j * vp_bytes + lane * DPL * 2, v);
+                        widen<DT, DPL>(vs + j * vp_bytes + lane * DPL * EB, v);
 #pragma unroll
                         for (int k = 0; k < DPL; k++)
                             acc[k] = __fmaf_rn(pj, v[k], acc[k]);
@@ -447,13 +538,13 @@ __global__ void __launch_bounds__(THREADS) merge_kernel(const ctxs__cuda_attn a)
     write_out<DPL>(a.out + pg * hd, hd, lane, rm, rl, racc);
 }
 
-template <int DPL> cudaError_t launch(const ctxs__cuda_attn &a, cudaStream_t stream)
+template <uint32_t DT, int DPL> cudaError_t launch(const ctxs__cuda_attn &a, cudaStream_t stream)
 {
     const dim3 grid(a.n_pair_tiles, a.n_kv_heads, a.split ? a.n_chunks : 1);
     /* A launch reports through the thread's last error, which an earlier
      * failed call (a refused registration) may still hold: clear it. */
     (void)cudaGetLastError();
-    attn_kernel<DPL><<<grid, THREADS, ctxs__cuda_attn_smem(a.dim_pad), stream>>>(a);
+    attn_kernel<DT, DPL><<<grid, THREADS, smem_of(a.dim_pad, DT).total, stream>>>(a);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || !a.split)
         return e;
@@ -462,19 +553,25 @@ template <int DPL> cudaError_t launch(const ctxs__cuda_attn &a, cudaStream_t str
     return cudaGetLastError();
 }
 
-} // namespace
-
-extern "C" size_t ctxs__cuda_attn_smem(uint32_t dim_pad)
+template <uint32_t DT> cudaError_t launch_dtype(const ctxs__cuda_attn &a, cudaStream_t stream)
 {
-    return (size_t)TILE * k_pitch(dim_pad) + (size_t)TILE * dim_pad * 2 +
-           (size_t)WARPS * dim_pad * sizeof(float);
+    if (a.dim_pad <= 64)
+        return launch<DT, 2>(a, stream);
+    if (a.dim_pad <= 128)
+        return launch<DT, 4>(a, stream);
+    return launch<DT, 8>(a, stream);
 }
+
+} // namespace
 
 extern "C" cudaError_t ctxs__cuda_attn_launch(const ctxs__cuda_attn *a, cudaStream_t stream)
 {
-    if (a->dim_pad <= 64)
-        return launch<2>(*a, stream);
-    if (a->dim_pad <= 128)
-        return launch<4>(*a, stream);
-    return launch<8>(*a, stream);
+    switch (a->dtype) {
+    case CTXS_DTYPE_BF16:
+        return launch_dtype<CTXS_DTYPE_BF16>(*a, stream);
+    case CTXS_DTYPE_Q8:
+        return launch_dtype<CTXS_DTYPE_Q8>(*a, stream);
+    default:
+        return launch_dtype<CTXS_DTYPE_F16>(*a, stream);
+    }
 }

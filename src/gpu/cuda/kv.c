@@ -9,6 +9,13 @@
  * every run, and one strided copy (cudaMemcpy2DAsync: width = the slots'
  * bytes, height = the number of runs, pitch = head_stride) moves it for all
  * layers and heads at once, in both directions.
+ *
+ * A Q8 session has a second such table, its scales: one float per slot of
+ * every run, [runs][capacity], right before the KV region in the file (and
+ * so in the mapping), whole 16 KiB pages. The device gets both as one
+ * region, the bytes from the first to the end of the last: one
+ * registration, one allocation, and every copy of slots copies their
+ * scales too, as a second strided copy.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -106,7 +113,7 @@ void ctxs__cuda_leave(int prev, int device)
 enum { TO_DEVICE, TO_HOST };
 
 /* Copies slots [slot, slot + count) of every run between the mapping and
- * the mirror, on stream. */
+ * the mirror, on stream: their K/V, and their scales where there are. */
 static cudaError_t copy_slots(const ctxs_cuda_kv *kv, uint32_t slot, uint32_t count,
                               int dir, cudaStream_t stream)
 {
@@ -118,6 +125,25 @@ static cudaError_t copy_slots(const ctxs_cuda_kv *kv, uint32_t slot, uint32_t co
         dir == TO_DEVICE ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
     if (count == 0)
         return cudaSuccess;
+
+    if (l->scales) {
+        /* [runs][capacity] floats (the layout's formula): one 2D copy, or
+         * one per run past the device's largest pitch. */
+        const size_t runs = (size_t)l->geometry.n_layers * 2 * heads;
+        const size_t pitch = (size_t)l->capacity * sizeof(float);
+        const size_t step = pitch <= kv->max_pitch ? runs : 1;
+        uint8_t *hs = (uint8_t *)l->scales + (size_t)slot * sizeof(float);
+        uint8_t *ds = (uint8_t *)kv->dev_scales + (size_t)slot * sizeof(float);
+        const size_t sw = (size_t)count * sizeof(float);
+        for (size_t r = 0; r < runs; r += step) {
+            uint8_t *h = hs + r * pitch, *d = ds + r * pitch;
+            cudaError_t e = dir == TO_DEVICE
+                                ? cudaMemcpy2DAsync(d, pitch, h, pitch, sw, step, kind, stream)
+                                : cudaMemcpy2DAsync(h, pitch, d, pitch, sw, step, kind, stream);
+            if (e != cudaSuccess)
+                return e;
+        }
+    }
 
     /* Runs evenly spaced (the session's layout always is): one 2D copy. */
     if (l->kv_stride == heads * l->head_stride && l->layer_stride == 2 * l->kv_stride &&
@@ -218,6 +244,17 @@ static int attr(int *out, enum cudaDeviceAttr a, int device)
     return ctxs__cuda_err(cudaDeviceGetAttribute(out, a, device));
 }
 
+/* The device address of the region, and of its parts. */
+static void set_dev_region(ctxs_cuda_kv *kv, void *dev)
+{
+    kv->dev_region = dev;
+    kv->dev_kv = kv->dev_region + ((uint8_t *)kv->host.kv - kv->host_region);
+    kv->dev_scales = kv->host.scales ? (float *)(void *)(kv->dev_region +
+                                                         ((uint8_t *)kv->host.scales -
+                                                          kv->host_region))
+                                     : NULL;
+}
+
 /* Registers the mapping for the device to read (see ctxstore_cuda.h), or
  * takes it as it is where the device walks the host's page tables. */
 static int attach_mapped(ctxs_cuda_kv *kv)
@@ -228,7 +265,7 @@ static int attach_mapped(ctxs_cuda_kv *kv)
     if (ats) {
         /* Coherent (ATS): the device takes page faults on the mapping like
          * a CPU thread, writes included, and nothing needs pinning. */
-        kv->dev_kv = kv->host.kv;
+        set_dev_region(kv, kv->host_region);
         kv->flags = CTXS_CUDA_WRITABLE | CTXS_CUDA_HOST_PAGE_TABLES;
         return 0;
     }
@@ -246,15 +283,15 @@ static int attach_mapped(ctxs_cuda_kv *kv)
      * writeback), fails on a read-only session's PROT_READ mapping, and
      * Linux 6.5+ refuses long-term write pins of file mappings that need
      * dirty tracking (ext4, XFS, Btrfs) outright. */
-    rc = ctxs__cuda_err(cudaHostRegister(kv->host.kv, kv->host.kv_bytes,
+    rc = ctxs__cuda_err(cudaHostRegister(kv->host_region, kv->region_bytes,
                                          cudaHostRegisterMapped | cudaHostRegisterReadOnly));
     if (rc < 0)
         return rc;
     kv->registered = 1;
     void *dev = NULL;
-    if ((rc = ctxs__cuda_err(cudaHostGetDevicePointer(&dev, kv->host.kv, 0))) < 0)
+    if ((rc = ctxs__cuda_err(cudaHostGetDevicePointer(&dev, kv->host_region, 0))) < 0)
         return rc;
-    kv->dev_kv = dev;
+    set_dev_region(kv, dev);
     kv->flags = CTXS_CUDA_PINNED;
     return 0;
 }
@@ -262,10 +299,10 @@ static int attach_mapped(ctxs_cuda_kv *kv)
 static int attach_mirror(ctxs_cuda_kv *kv)
 {
     void *dev = NULL;
-    int rc = ctxs__cuda_err(cudaMalloc(&dev, kv->host.kv_bytes));
+    int rc = ctxs__cuda_err(cudaMalloc(&dev, kv->region_bytes));
     if (rc < 0)
         return rc;
-    kv->dev_kv = dev;
+    set_dev_region(kv, dev);
     kv->flags = CTXS_CUDA_WRITABLE;
     /* The per-thread stream: attach waits for its own copies only, not
      * for whatever the application has queued on other streams. */
@@ -279,9 +316,9 @@ static void release(ctxs_cuda_kv *kv)
     /* Kernels may still read the region: wait for them first. */
     cudaDeviceSynchronize();
     if (kv->registered)
-        cudaHostUnregister(kv->host.kv);
-    else if (kv->mode == CTXS_CUDA_MIRROR && kv->dev_kv)
-        cudaFree(kv->dev_kv);
+        cudaHostUnregister(kv->host_region);
+    else if (kv->mode == CTXS_CUDA_MIRROR && kv->dev_region)
+        cudaFree(kv->dev_region);
     free(kv);
 }
 
@@ -314,6 +351,16 @@ int ctxs_cuda_attach(ctxs_cuda_kv **out, ctxs_session *s, int mode, int device)
     kv->mode = mode;
     kv->device = device;
     kv->host = host;
+    /* The KV region and the scale table as one range: in a session file
+     * the table ends where the KV region starts, so nothing lies between. */
+    uint8_t *lo = host.kv, *hi = (uint8_t *)host.kv + host.kv_bytes;
+    if (host.scales) {
+        uint8_t *s_lo = (uint8_t *)host.scales, *s_hi = s_lo + host.scales_bytes;
+        lo = s_lo < lo ? s_lo : lo;
+        hi = s_hi > hi ? s_hi : hi;
+    }
+    kv->host_region = lo;
+    kv->region_bytes = (size_t)(hi - lo);
     int pitch = 0;
     if ((rc = attr(&kv->sm_count, cudaDevAttrMultiProcessorCount, device)) < 0 ||
         (rc = attr(&kv->mem_pools, cudaDevAttrMemoryPoolsSupported, device)) < 0 ||
@@ -352,9 +399,9 @@ int ctxs_cuda_get_info(ctxs_cuda_info *out, const ctxs_cuda_kv *kv)
     out->device = kv->device;
     out->flags = kv->flags;
     if (kv->mode == CTXS_CUDA_MIRROR)
-        out->device_bytes = kv->host.kv_bytes;
+        out->device_bytes = kv->region_bytes;
     if (kv->registered)
-        out->pinned_bytes = kv->host.kv_bytes;
+        out->pinned_bytes = kv->region_bytes;
     return 0;
 }
 
@@ -363,6 +410,7 @@ int ctxs_cuda_get_layout(ctxs_layout *out, const ctxs_cuda_kv *kv)
     CHECK(out && kv);
     *out = kv->host;
     out->kv = kv->dev_kv;
+    out->scales = kv->dev_scales;
     return 0;
 }
 

@@ -14,6 +14,13 @@
  *   values   thread t owns output elements t, t + nt, ...: acc = acc * c +
  *            sum of weight x V, key by key.
  *
+ * K and V are read as the session stores them (ctxs_dtype in ctxstore.h),
+ * one kernel per dtype around one body: fp16, bf16 (the high half of a
+ * float), or Q8, int8 values with a float scale per (token, head) of K and
+ * of V in a buffer of their own. A Q8 key's score is its K scale times the
+ * dot product with its int8 values; its weight, once the block's sum has
+ * been taken, is multiplied by its V scale before the V rows are added.
+ *
  * Threadgroup memory, set by the host (metal.m):
  *   [[threadgroup(0)]] float: acc[head_dim], w[nt], red[2 * n_sg]
  *   [[threadgroup(1)]] uint:  slot[nt]
@@ -31,8 +38,14 @@ using namespace metal;
 #define MAX_SPANS 4              /* CTXS_ATTN_MAX_SPANS */
 #define MAX_RUNS (2 * MAX_SPANS) /* each span cut to sinks and recent */
 
+/* ctxs_dtype */
+#define DTYPE_F16 1u
+#define DTYPE_BF16 2u
+#define DTYPE_Q8 3u
+
 /* The argument block; metal.m declares the same struct, field for field
- * (136 bytes, no padding). Byte offsets are into the KV buffer. */
+ * (152 bytes, no padding). Byte offsets are into the KV buffer; scale
+ * offsets count floats in the scale buffer (Q8 only, else 0). */
 struct ctxs_params {
     ulong k_off;       /* K of (layer, KV head 0): layer * layer_stride */
     ulong kv_stride;   /* K to V of a layer */
@@ -41,6 +54,8 @@ struct ctxs_params {
     ulong n_sink;
     ulong window;
     ulong span_pos[MAX_SPANS];
+    ulong k_scale_off; /* scales of (layer, K, KV head 0): layer*2*n_kv*capacity */
+    ulong v_scale_off; /* of (layer, V, KV head 0): k_scale_off + n_kv*capacity */
     uint span_slot[MAX_SPANS];
     uint span_count[MAX_SPANS];
     uint n_spans;
@@ -48,23 +63,36 @@ struct ctxs_params {
     uint n_heads;      /* query heads */
     uint group;        /* query heads per KV head */
     float scale;
-    uint reserved;
+    uint capacity;     /* Q8: scales from KV head h to h + 1; else 0 */
 };
 
-kernel void ctxs_attention_f16(
-    device const uchar *kv         [[buffer(0)]],
-    device const float *q          [[buffer(1)]],
-    device float *out              [[buffer(2)]],
-    constant ctxs_params &p        [[buffer(3)]],
-    threadgroup float *shm         [[threadgroup(0)]],
-    threadgroup uint *slot         [[threadgroup(1)]],
-    uint2 tg                       [[threadgroup_position_in_grid]],
-    uint tid                       [[thread_index_in_threadgroup]],
-    uint nt                        [[threads_per_threadgroup]],
-    uint sg                        [[simdgroup_index_in_threadgroup]],
-    uint n_sg                      [[simdgroups_per_threadgroup]],
-    uint lane                      [[thread_index_in_simdgroup]],
-    uint simd_w                    [[threads_per_simdgroup]])
+/* Element i of a K or V run, as a float: fp16 exactly, bf16 by a shift,
+ * Q8 its int8 value (the scale is the caller's). The only place where the
+ * dtype of the elements matters. */
+template <uint DT> inline float elem(device const uchar *run, ulong i);
+
+template <> inline float elem<DTYPE_F16>(device const uchar *run, ulong i)
+{
+    return float(((device const half *)run)[i]);
+}
+
+template <> inline float elem<DTYPE_BF16>(device const uchar *run, ulong i)
+{
+    return as_type<float>(uint(((device const ushort *)run)[i]) << 16);
+}
+
+template <> inline float elem<DTYPE_Q8>(device const uchar *run, ulong i)
+{
+    return float(((device const int8_t *)run)[i]);
+}
+
+/* The kernel, for elements of dtype DT; scales is NULL but for Q8. */
+template <uint DT>
+inline void attention(device const uchar *kv, device const float *scales,
+                      device const float *q, device float *out,
+                      constant ctxs_params &p, threadgroup float *shm,
+                      threadgroup uint *slot, uint2 tg, uint tid, uint nt,
+                      uint sg, uint n_sg, uint lane, uint simd_w)
 {
     const uint h = tg.x;
     const uint i = tg.y;
@@ -114,10 +142,17 @@ kernel void ctxs_attention_f16(
         return;
     }
 
-    const ulong head = p.k_off + ulong(h / p.group) * p.head_stride;
-    device const half *K = (device const half *)(kv + head);
-    device const half *V = (device const half *)(kv + head + p.kv_stride);
+    const uint kvh = h / p.group;
+    const ulong head = p.k_off + ulong(kvh) * p.head_stride;
+    device const uchar *K = kv + head;
+    device const uchar *V = kv + head + p.kv_stride;
     device const float *qh = q + (ulong(i) * p.n_heads + h) * hd;
+    /* Q8: the scales of this KV head's K and V runs. */
+    device const float *ks = scales, *vs = scales;
+    if (DT == DTYPE_Q8) {
+        ks = scales + p.k_scale_off + ulong(kvh) * p.capacity;
+        vs = scales + p.v_scale_off + ulong(kvh) * p.capacity;
+    }
 
     threadgroup float *acc = shm;    /* [hd] */
     threadgroup float *w = acc + hd; /* [nt] scores, then weights */
@@ -141,13 +176,13 @@ kernel void ctxs_attention_f16(
                 r++;
             }
             const uint s = run_slot[r] + k;
-            device const half *kr = K + ulong(s) * hd;
+            const ulong kr = ulong(s) * hd;
             float dot = 0.0f;
             for (uint d = lane; d < hd; d += lanes)
-                dot = fma(qh[d], float(kr[d]), dot);
+                dot = fma(qh[d], elem<DT>(K, kr + d), dot);
             dot = simd_sum(dot);
             if (lane == 0) {
-                w[j] = dot * p.scale;
+                w[j] = (DT == DTYPE_Q8 ? dot * ks[s] : dot) * p.scale;
                 slot[j] = s;
             }
         }
@@ -168,9 +203,10 @@ kernel void ctxs_attention_f16(
         m = nm;
         const float e = tid < nb ? exp(x - nm) : 0.0f;
         /* Every thread has read its score above (before the barrier), and
-         * w[tid] is this thread's alone until the next one. */
+         * w[tid] is this thread's alone until the next one. A Q8 key's V
+         * scale goes into its weight here, once, and not into the sum. */
         if (tid < nb)
-            w[tid] = e;
+            w[tid] = DT == DTYPE_Q8 ? e * vs[slot[tid]] : e;
         const float bs = simd_sum(e);
         if (lane == 0)
             red[n_sg + sg] = bs;
@@ -183,7 +219,7 @@ kernel void ctxs_attention_f16(
         for (uint d = tid; d < hd; d += nt) {
             float a = acc[d] * c;
             for (uint j = 0; j < nb; j++)
-                a = fma(w[j], float(V[ulong(slot[j]) * hd + d]), a);
+                a = fma(w[j], elem<DT>(V, ulong(slot[j]) * hd + d), a);
             acc[d] = a;
         }
         /* w, slot and red are written again by the next block. */
@@ -194,4 +230,63 @@ kernel void ctxs_attention_f16(
     const float inv = 1.0f / l;
     for (uint d = tid; d < hd; d += nt)
         o[d] = acc[d] * inv;
+}
+
+/* One kernel per dtype; metal.m picks the session's by name. */
+kernel void ctxs_attention_f16(
+    device const uchar *kv         [[buffer(0)]],
+    device const float *q          [[buffer(1)]],
+    device float *out              [[buffer(2)]],
+    constant ctxs_params &p        [[buffer(3)]],
+    threadgroup float *shm         [[threadgroup(0)]],
+    threadgroup uint *slot         [[threadgroup(1)]],
+    uint2 tg                       [[threadgroup_position_in_grid]],
+    uint tid                       [[thread_index_in_threadgroup]],
+    uint nt                        [[threads_per_threadgroup]],
+    uint sg                        [[simdgroup_index_in_threadgroup]],
+    uint n_sg                      [[simdgroups_per_threadgroup]],
+    uint lane                      [[thread_index_in_simdgroup]],
+    uint simd_w                    [[threads_per_simdgroup]])
+{
+    attention<DTYPE_F16>(kv, nullptr, q, out, p, shm, slot, tg, tid, nt, sg,
+                         n_sg, lane, simd_w);
+}
+
+kernel void ctxs_attention_bf16(
+    device const uchar *kv         [[buffer(0)]],
+    device const float *q          [[buffer(1)]],
+    device float *out              [[buffer(2)]],
+    constant ctxs_params &p        [[buffer(3)]],
+    threadgroup float *shm         [[threadgroup(0)]],
+    threadgroup uint *slot         [[threadgroup(1)]],
+    uint2 tg                       [[threadgroup_position_in_grid]],
+    uint tid                       [[thread_index_in_threadgroup]],
+    uint nt                        [[threads_per_threadgroup]],
+    uint sg                        [[simdgroup_index_in_threadgroup]],
+    uint n_sg                      [[simdgroups_per_threadgroup]],
+    uint lane                      [[thread_index_in_simdgroup]],
+    uint simd_w                    [[threads_per_simdgroup]])
+{
+    attention<DTYPE_BF16>(kv, nullptr, q, out, p, shm, slot, tg, tid, nt, sg,
+                          n_sg, lane, simd_w);
+}
+
+kernel void ctxs_attention_q8(
+    device const uchar *kv         [[buffer(0)]],
+    device const float *q          [[buffer(1)]],
+    device float *out              [[buffer(2)]],
+    constant ctxs_params &p        [[buffer(3)]],
+    device const float *scales     [[buffer(4)]],
+    threadgroup float *shm         [[threadgroup(0)]],
+    threadgroup uint *slot         [[threadgroup(1)]],
+    uint2 tg                       [[threadgroup_position_in_grid]],
+    uint tid                       [[thread_index_in_threadgroup]],
+    uint nt                        [[threads_per_threadgroup]],
+    uint sg                        [[simdgroup_index_in_threadgroup]],
+    uint n_sg                      [[simdgroups_per_threadgroup]],
+    uint lane                      [[thread_index_in_simdgroup]],
+    uint simd_w                    [[threads_per_simdgroup]])
+{
+    attention<DTYPE_Q8>(kv, scales, q, out, p, shm, slot, tg, tid, nt, sg,
+                        n_sg, lane, simd_w);
 }

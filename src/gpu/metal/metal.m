@@ -1,7 +1,8 @@
 /*
  * Metal decode attention over a session's mapping (ctxstore_metal.h): the
- * KV region wrapped in one no-copy MTLBuffer, and attention.metal run on
- * it with the semantics of ctxs_attention().
+ * KV region wrapped in one no-copy MTLBuffer (and a Q8 session's scale
+ * table in another), and attention.metal run on it with the semantics of
+ * ctxs_attention().
  *
  * Memory management is ARC (the file refuses to build without
  * -fobjc-arc). A handle is an Objective-C object handed to C as a retained
@@ -52,6 +53,8 @@ typedef struct metal_params {
     uint64_t n_sink;
     uint64_t window;
     uint64_t span_pos[CTXS_ATTN_MAX_SPANS];
+    uint64_t k_scale_off;
+    uint64_t v_scale_off;
     uint32_t span_slot[CTXS_ATTN_MAX_SPANS];
     uint32_t span_count[CTXS_ATTN_MAX_SPANS];
     uint32_t n_spans;
@@ -59,16 +62,17 @@ typedef struct metal_params {
     uint32_t n_heads;
     uint32_t group;
     float scale;
-    uint32_t reserved;
+    uint32_t capacity;
 } metal_params;
 
 _Static_assert(CTXS_ATTN_MAX_SPANS == 4, "attention.metal's MAX_SPANS");
-_Static_assert(sizeof(metal_params) == 136, "attention.metal's ctxs_params");
+_Static_assert(sizeof(metal_params) == 152, "attention.metal's ctxs_params");
 
 @interface CTXSMetalKV : NSObject {
 @public
     id<MTLDevice> device;
     id<MTLBuffer> buffer;
+    id<MTLBuffer> scales; /* Q8: the scale table; nil for other dtypes */
     id<MTLComputePipelineState> pipeline;
     id<MTLCommandQueue> queue;
     NSUInteger threads;   /* per threadgroup */
@@ -121,7 +125,11 @@ static int make_pipeline(CTXSMetalKV *h)
     id<MTLLibrary> lib = [h->device newLibraryWithSource:src
                                                  options:opts
                                                    error:&err];
-    id<MTLFunction> fn = [lib newFunctionWithName:@"ctxs_attention_f16"];
+    /* One kernel per dtype, around one body (attention.metal). */
+    NSString *name = h->layout.geometry.dtype == CTXS_DTYPE_Q8     ? @"ctxs_attention_q8"
+                     : h->layout.geometry.dtype == CTXS_DTYPE_BF16 ? @"ctxs_attention_bf16"
+                                                                   : @"ctxs_attention_f16";
+    id<MTLFunction> fn = [lib newFunctionWithName:name];
     if (!fn) {
         debug_log("compiling attention.metal", err);
         return CTXS_ENODEVICE;
@@ -150,13 +158,20 @@ int ctxs_metal_attach_layout(ctxs_metal_kv **out, const ctxs_layout *kv,
     if (!out)
         return CTXS_EINVAL;
     *out = NULL;
-    if (!kv || !kv->kv || kv->kv_bytes == 0 ||
-        kv->geometry.dtype != CTXS_DTYPE_F16)
+    if (!kv || !kv->kv || kv->kv_bytes == 0)
         return CTXS_EINVAL;
-    /* newBufferWithBytesNoCopy wants whole pages; the session's region is
-     * 16 KiB aligned and sized, a multiple of every Apple page size. */
+    const uint32_t dt = kv->geometry.dtype;
+    const int q8 = dt == CTXS_DTYPE_Q8;
+    if (dt != CTXS_DTYPE_F16 && dt != CTXS_DTYPE_BF16 && !q8)
+        return CTXS_EINVAL;
+    /* newBufferWithBytesNoCopy wants whole pages; the session's regions
+     * (the KV region, a Q8 session's scale table) are 16 KiB aligned and
+     * sized, a multiple of every Apple page size. */
     const uintptr_t page = (uintptr_t)getpagesize();
     if ((uintptr_t)kv->kv % page != 0 || kv->kv_bytes % page != 0)
+        return CTXS_EINVAL;
+    if (q8 && (!kv->scales || kv->scales_bytes == 0 ||
+               (uintptr_t)kv->scales % page != 0 || kv->scales_bytes % page != 0))
         return CTXS_EINVAL;
 
     @autoreleasepool {
@@ -167,7 +182,8 @@ int ctxs_metal_attach_layout(ctxs_metal_kv **out, const ctxs_layout *kv,
         if (![dev supportsFamily:MTLGPUFamilyApple7] &&
             ![dev supportsFamily:MTLGPUFamilyMac2])
             return CTXS_ENODEVICE; /* no simd_sum / simd_max */
-        if (kv->kv_bytes > dev.maxBufferLength)
+        if (kv->kv_bytes > dev.maxBufferLength ||
+            (q8 && kv->scales_bytes > dev.maxBufferLength))
             return CTXS_EINVAL;
 
         CTXSMetalKV *h = [CTXSMetalKV new];
@@ -182,6 +198,14 @@ int ctxs_metal_attach_layout(ctxs_metal_kv **out, const ctxs_layout *kv,
                                       deallocator:nil];
         if (!h->buffer)
             return CTXS_ENOMEM;
+        if (q8) {
+            h->scales = [dev newBufferWithBytesNoCopy:kv->scales
+                                               length:kv->scales_bytes
+                                              options:MTLResourceStorageModeShared
+                                          deallocator:nil];
+            if (!h->scales)
+                return CTXS_ENOMEM;
+        }
         int rc = make_pipeline(h);
         if (rc < 0)
             return rc;
@@ -211,6 +235,14 @@ void *ctxs_metal_get_buffer(const ctxs_metal_kv *kv)
         return NULL;
     CTXSMetalKV *h = (__bridge CTXSMetalKV *)(void *)kv;
     return (__bridge void *)h->buffer;
+}
+
+void *ctxs_metal_get_scales_buffer(const ctxs_metal_kv *kv)
+{
+    if (!kv)
+        return NULL;
+    CTXSMetalKV *h = (__bridge CTXSMetalKV *)(void *)kv;
+    return (__bridge void *)h->scales;
 }
 
 void ctxs_metal_detach(ctxs_metal_kv *kv)
@@ -274,6 +306,13 @@ static metal_params pass_params(const ctxs_layout *lay, const ctxs_attn_plan *pl
         .group = q->n_heads / lay->geometry.n_kv_heads,
         .scale = scale,
     };
+    if (lay->geometry.dtype == CTXS_DTYPE_Q8) {
+        /* Floats into the scale buffer: run (layer*2 + kind)*n_kv + head. */
+        const uint64_t n_kv = lay->geometry.n_kv_heads;
+        p.k_scale_off = (uint64_t)layer * 2 * n_kv * lay->capacity;
+        p.v_scale_off = p.k_scale_off + n_kv * lay->capacity;
+        p.capacity = lay->capacity;
+    }
     for (uint32_t i = 0; i < plan->n_spans; i++) {
         p.span_pos[i] = plan->spans[i].pos;
         p.span_slot[i] = plan->spans[i].slot;
@@ -296,6 +335,8 @@ static int encode_pass(id<MTLCommandBuffer> cb, CTXSMetalKV *h, id<MTLBuffer> qb
     [enc setBuffer:qb offset:0 atIndex:1];
     [enc setBuffer:out offset:0 atIndex:2];
     [enc setBytes:p length:sizeof *p atIndex:3];
+    if (h->scales)
+        [enc setBuffer:h->scales offset:0 atIndex:4];
     [enc setThreadgroupMemoryLength:ps->tg0 atIndex:0];
     [enc setThreadgroupMemoryLength:ps->tg1 atIndex:1];
     [enc dispatchThreadgroups:MTLSizeMake(q->n_heads, q->n, 1)

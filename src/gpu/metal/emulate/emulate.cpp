@@ -1,10 +1,12 @@
 // attention.metal run on the CPU (see run.sh): one OS thread per GPU
 // thread of a threadgroup, std::barrier for threadgroup_barrier, and
 // SIMD-group reductions through a per-SIMD-group barrier. The output is
-// compared with ctxs_attention() on the same sessions and plans, for
-// threadgroup sizes and SIMD widths that Apple GPUs (32), and others a
-// Mac may have, would give.
+// compared with an fp64 reference computed here and with ctxs_attention()
+// (where it accepts the session's dtype) on the same sessions and plans,
+// for each session dtype (fp16, bf16, Q8) and for threadgroup sizes and
+// SIMD widths that Apple GPUs (32), and others a Mac may have, would give.
 #include <barrier>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -52,7 +54,7 @@ float simd_sum(float x) { return simd_reduce(x, false); }
 float simd_max(float x) { return simd_reduce(x, true); }
 } // namespace metal
 
-static_assert(sizeof(ctxs_params) == 136, "metal.m's metal_params");
+static_assert(sizeof(ctxs_params) == 152, "metal.m's metal_params");
 
 // What ctxs_metal_attention() does, with threads per threadgroup nt and a
 // SIMD width w; the argument block is filled as metal.m fills it.
@@ -78,6 +80,12 @@ static void run_kernel(float *out, const ctxs_layout *lay,
         p.span_slot[i] = plan->spans[i].slot;
         p.span_count[i] = plan->spans[i].count;
     }
+    const uint32_t dt = lay->geometry.dtype, n_kv = lay->geometry.n_kv_heads;
+    if (dt == CTXS_DTYPE_Q8) {
+        p.k_scale_off = (uint64_t)layer * 2 * n_kv * lay->capacity;
+        p.v_scale_off = p.k_scale_off + (uint64_t)n_kv * lay->capacity;
+        p.capacity = lay->capacity;
+    }
     const uint n_sg = (nt + w - 1) / w;
     for (uint i = 0; i < q->n; i++) {
         for (uint h = 0; h < q->n_heads; h++) {
@@ -98,9 +106,17 @@ static void run_kernel(float *out, const ctxs_layout *lay,
                     t_group = &g;
                     t_sg = t / w;
                     t_lane = t % w;
-                    ctxs_attention_f16((const uchar *)lay->kv, q->q, out, p,
-                                       shm.data(), slot.data(), uint2{h, i},
-                                       t, nt, t / w, n_sg, t % w, w);
+                    const uchar *kv = (const uchar *)lay->kv;
+                    if (dt == CTXS_DTYPE_Q8)
+                        ctxs_attention_q8(kv, q->q, out, p, lay->scales, shm.data(),
+                                          slot.data(), uint2{h, i}, t, nt, t / w, n_sg,
+                                          t % w, w);
+                    else if (dt == CTXS_DTYPE_BF16)
+                        ctxs_attention_bf16(kv, q->q, out, p, shm.data(), slot.data(),
+                                            uint2{h, i}, t, nt, t / w, n_sg, t % w, w);
+                    else
+                        ctxs_attention_f16(kv, q->q, out, p, shm.data(), slot.data(),
+                                           uint2{h, i}, t, nt, t / w, n_sg, t % w, w);
                 });
             }
             for (auto &th : threads)
@@ -163,6 +179,85 @@ static void append(ctxs_session *s, const ctxs_geometry *g, uint32_t n,
         check(ctxs_session_commit(s, ids.data(), n), "commit");
 }
 
+static const char *dtype_name(uint32_t dtype)
+{
+    return dtype == CTXS_DTYPE_F16 ? "f16" : dtype == CTXS_DTYPE_BF16 ? "bf16" : "q8";
+}
+
+// Element i of a run of the layout's dtype, as the session means it (Q8
+// before its scale).
+static double element(const ctxs_layout *lay, const uint8_t *run, size_t i)
+{
+    uint16_t h;
+    switch (lay->geometry.dtype) {
+    case CTXS_DTYPE_BF16: {
+        std::memcpy(&h, run + 2 * i, 2);
+        uint32_t b = (uint32_t)h << 16;
+        float f;
+        std::memcpy(&f, &b, 4);
+        return f;
+    }
+    case CTXS_DTYPE_Q8:
+        return (int8_t)run[i];
+    default:
+        std::memcpy(&h, run + 2 * i, 2);
+        return (float)half{h};
+    }
+}
+
+// What the kernel should give, in double: every query's keys (its sinks
+// and window, up to itself, that the plan holds), softmax, weighted V.
+static void reference(double *out, const ctxs_layout *lay, const ctxs_attn_plan *plan,
+                      uint32_t layer, const ctxs_attn_query *q)
+{
+    const uint32_t hd = lay->geometry.head_dim, n_kv = lay->geometry.n_kv_heads;
+    const uint32_t group = q->n_heads / n_kv;
+    const double scale = q->scale != 0.0f ? q->scale : 1.0 / std::sqrt((double)hd);
+    const bool q8 = lay->geometry.dtype == CTXS_DTYPE_Q8;
+    for (uint32_t i = 0; i < q->n; i++) {
+        const uint64_t pos = q->pos + i;
+        for (uint32_t h = 0; h < q->n_heads; h++) {
+            const uint32_t g = h / group;
+            const uint8_t *K = (const uint8_t *)lay->kv + layer * lay->layer_stride +
+                               g * lay->head_stride;
+            const uint8_t *V = K + lay->kv_stride;
+            const float *ks = q8 ? lay->scales + ((size_t)layer * 2 * n_kv + g) * lay->capacity
+                                 : nullptr;
+            const float *vs = q8 ? ks + (size_t)n_kv * lay->capacity : nullptr;
+            const float *qh = q->q + ((size_t)i * q->n_heads + h) * hd;
+            std::vector<uint32_t> slots;
+            for (uint32_t sp = 0; sp < plan->n_spans; sp++) {
+                for (uint32_t c = 0; c < plan->spans[sp].count; c++) {
+                    const uint64_t kp = plan->spans[sp].pos + c;
+                    if (kp <= pos && (kp < plan->n_sink || kp + plan->window > pos))
+                        slots.push_back(plan->spans[sp].slot + c);
+                }
+            }
+            std::vector<double> sc(slots.size());
+            double m = -INFINITY, l = 0;
+            for (size_t j = 0; j < slots.size(); j++) {
+                double dot = 0;
+                for (uint32_t d = 0; d < hd; d++)
+                    dot += qh[d] * element(lay, K, (size_t)slots[j] * hd + d);
+                sc[j] = scale * dot * (q8 ? ks[slots[j]] : 1.0);
+                m = std::max(m, sc[j]);
+            }
+            double *o = out + ((size_t)i * q->n_heads + h) * hd;
+            for (uint32_t d = 0; d < hd; d++)
+                o[d] = 0;
+            for (size_t j = 0; j < slots.size(); j++) {
+                const double e = std::exp(sc[j] - m);
+                l += e;
+                const double wv = e * (q8 ? vs[slots[j]] : 1.0);
+                for (uint32_t d = 0; d < hd; d++)
+                    o[d] += wv * element(lay, V, (size_t)slots[j] * hd + d);
+            }
+            for (uint32_t d = 0; d < hd && l > 0; d++)
+                o[d] /= l;
+        }
+    }
+}
+
 static ctxs_session *make_session(const char *dir, const ctxs_geometry *g,
                                   uint32_t capacity, uint32_t n_sink,
                                   uint32_t window)
@@ -173,10 +268,10 @@ static ctxs_session *make_session(const char *dir, const ctxs_geometry *g,
     ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
-    o.window = window;
-    o.durability = CTXS_SYNC_NONE;
+    o.open.window = window;
+    o.open.durability = CTXS_SYNC_NONE;
     char path[4096];
-    snprintf(path, sizeof path, "%s/s%u.ctxs", dir, capacity);
+    snprintf(path, sizeof path, "%s/s%u-%s.ctxs", dir, capacity, dtype_name(g->dtype));
     unlink(path);
     ctxs_session *s;
     check(ctxs_session_create(&s, path, &m, &o), "create");
@@ -192,27 +287,38 @@ static void compare(ctxs_session *s, const ctxs_attn_plan *plan,
     ctxs_layout lay;
     check(ctxs_session_get_layout(&lay, s), "layout");
     size_t n = (size_t)q->n * q->n_heads * lay.geometry.head_dim;
-    std::vector<float> want(n), got(n, NAN);
-    check(ctxs_attention(want.data(), &lay, plan, layer, q), "ctxs_attention");
+    std::vector<float> cpu(n), got(n, NAN);
+    std::vector<double> ref(n);
+    // The CPU kernel may not read every dtype yet: then the reference
+    // alone judges.
+    const bool have_cpu = ctxs_attention(cpu.data(), &lay, plan, layer, q) == 0;
+    reference(ref.data(), &lay, plan, layer, q);
     run_kernel(got.data(), &lay, plan, layer, q, nt, w);
-    double worst = 0;
+    double worst[2] = {0, 0};
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) {
-        double err = std::fabs((double)got[i] - (double)want[i]);
-        if (!(err <= 2e-5 + 2e-4 * std::fabs((double)want[i]))) // NaN too
-            bad++;
-        if (!(err <= worst))
-            worst = err;
+        const double want[2] = {ref[i], cpu[i]};
+        for (int k = 0; k < (have_cpu ? 2 : 1); k++) {
+            double err = std::fabs((double)got[i] - want[k]);
+            if (!(err <= 2e-5 + 2e-4 * std::fabs(want[k]))) // NaN too
+                bad++;
+            if (!(err <= worst[k]))
+                worst[k] = err;
+        }
     }
-    printf("%-38s nt %3u  simd %2u  layer %u  n %u: largest diff %.3g, "
-           "%zu of %zu out of tolerance\n",
-           what, nt, w, layer, q->n, worst, bad, n);
+    char cpu_diff[32] = "(refused)";
+    if (have_cpu)
+        snprintf(cpu_diff, sizeof cpu_diff, "%.3g", worst[1]);
+    printf("%-4s %-36s nt %3u  simd %2u  layer %u  n %u: largest diff fp64 %.3g, "
+           "cpu %s; %zu out of tolerance\n",
+           dtype_name(lay.geometry.dtype), what, nt, w, layer, q->n, worst[0], cpu_diff, bad);
     g_failures += bad != 0;
 }
 
-int main(int argc, char **argv)
+// Every case, on sessions of one dtype (written as fp16 and converted, or
+// quantized, by the session).
+static void run_cases(const char *dir, uint32_t dtype)
 {
-    const char *dir = argc > 1 ? argv[1] : "/tmp";
     // Threads per threadgroup and SIMD width: Apple GPUs (32 wide), with a
     // partial last SIMD-group (100), and other widths a Mac's GPU may have.
     static const uint configs[][2] = {
@@ -220,7 +326,7 @@ int main(int argc, char **argv)
     };
 
     {
-        const ctxs_geometry g = {3, 2, 128, CTXS_DTYPE_F16};
+        const ctxs_geometry g = {3, 2, 128, dtype};
         ctxs_session *s = make_session(dir, &g, 1024, 4, 2048);
         append(s, &g, 700, true);
         ctxs_attn_plan plan;
@@ -240,7 +346,7 @@ int main(int argc, char **argv)
         ctxs_session_close(s);
     }
     {
-        const ctxs_geometry g = {2, 2, 80, CTXS_DTYPE_F16};
+        const ctxs_geometry g = {2, 2, 80, dtype};
         ctxs_session *s = make_session(dir, &g, 64, 4, 24);
         for (int i = 0; i < 3; i++)
             append(s, &g, 50, true); // the ring wraps
@@ -264,7 +370,7 @@ int main(int argc, char **argv)
         ctxs_session_close(s);
     }
     {
-        const ctxs_geometry g = {1, 1, 32, CTXS_DTYPE_F16};
+        const ctxs_geometry g = {1, 1, 32, dtype};
         ctxs_session *s = make_session(dir, &g, 256, 4, 1);
         append(s, &g, 200, true);
         ctxs_attn_plan plan;
@@ -285,6 +391,13 @@ int main(int argc, char **argv)
         compare(s, &none, 0, &q, 128, 32, "a query that reads no key");
         ctxs_session_close(s);
     }
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = argc > 1 ? argv[1] : "/tmp";
+    for (uint32_t dtype : {CTXS_DTYPE_F16, CTXS_DTYPE_BF16, CTXS_DTYPE_Q8})
+        run_cases(dir, dtype);
     printf(g_failures ? "emulate: %d FAILED\n" : "emulate: all passed\n",
            g_failures);
     return g_failures != 0;

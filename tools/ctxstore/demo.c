@@ -1311,8 +1311,6 @@ static int restart(demo *d)
 
 /* --- The session in each dtype ------------------------------------------- */
 
-enum { SIZE_CHUNK = 256 }; /* tokens per reservation of the copies */
-
 /* A session file of d's model with another dtype, beside the store (in
  * the run's scratch directory, not in the store: a store gives a model
  * hash one geometry). Durability NONE and no background thread: the file
@@ -1384,8 +1382,14 @@ static int size_dtypes(demo *d)
             ids[n++] = d->lay.token_ids[slot];
         }
     }
-    for (uint32_t c = 0; ec == CLI_OK && c < n; c += SIZE_CHUNK) {
-        uint32_t m = n - c < SIZE_CHUNK ? n - c : SIZE_CHUNK;
+    /* As few reservations as the ring allows (one, unless it wrapped):
+     * each allocates a block range in every run, and a file of fewer,
+     * longer ranges is quicker to delete. Measured on ext4 mounted with
+     * discard, on a virtual disk: deleting the three files of 2,019
+     * tokens took 22 s with a reservation per 256 tokens, 0.4 s with one. */
+    const uint32_t chunk = info.capacity - info.n_sink;
+    for (uint32_t c = 0; ec == CLI_OK && c < n; c += chunk) {
+        uint32_t m = n - c < chunk ? n - c : chunk;
         ctxs_reservation r[N_SIZE_DTYPES];
         int rc = 0;
         for (uint32_t i = 0; rc == 0 && i < N_SIZE_DTYPES; i++)

@@ -8,11 +8,12 @@
  *            [--text]
  *
  * A new FILE is created (a ring of --capacity slots, 128 by default, K/V
- * kept as --dtype, f16 by default) and needs --prompt. An existing FILE
- * keeps the dtype it was created with; --dtype, if given, must name it. An existing FILE is opened and continued: with --prompt
- * the prompt is appended, without it the prediction after its last token is
- * recomputed (tinychat_resume()) and generation goes on from there, the
- * same tokens an uninterrupted run would have produced.
+ * kept as --dtype, f16 by default) and needs --prompt. An existing FILE is
+ * opened and continued, in the dtype it was created with (--dtype, if
+ * given, must name it): with --prompt the prompt is appended, without it
+ * the prediction after its last token is recomputed (tinychat_resume())
+ * and generation goes on from there, the same tokens an uninterrupted run
+ * would have produced.
  *
  * Each generated token is committed, then printed to stdout: its id, one
  * per line (--text: the byte itself). So after a kill the output stops at

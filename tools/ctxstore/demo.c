@@ -483,7 +483,7 @@ typedef struct demo {
     resume_result resume;
     dtype_size sizes[N_SIZE_DTYPES];
     uint32_t sizes_held; /* the tokens each of them holds */
-    double sizes_s;      /* writing them all, untimed elsewhere */
+    double sizes_s;      /* seconds the three files took, after the chat */
 } demo;
 
 /* --- Files ---------------------------------------------------------------- */

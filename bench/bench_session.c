@@ -24,6 +24,14 @@
  *   scan          summing all K/V of the context through the mapping vs the
  *                 same bytes in anonymous memory.
  *
+ * All of that with K/V in fp16. With bf16 and Q8 sessions (--dtype, all
+ * three by default) it measures save_turn (ctxstore_async, and
+ * memcpy_resident of that dtype's bytes) and resume_ready (ctxstore_async)
+ * again: the engine hands the turn over in the session's own form (bf16
+ * elements; Q8's int8 elements and, per (token, head), a float32 scale into
+ * the layout's scale table), one memcpy per run, as with fp16. Every row
+ * carries its dtype.
+ *
  * Every measurement is several timed iterations after one untimed warm-up
  * (sqlite_blob's is the row that sqlite_select stored just before);
  * it reports median, min and max in microseconds. Page caches cannot be
@@ -31,7 +39,7 @@
  * is settled (syncfs) before each timed block so that no method pays for
  * another's writeback.
  *
- * Usage: bench_session [--quick] [--tokens N] [--dir DIR] [--json]
+ * Usage: bench_session [--quick] [--tokens N] [--dir DIR] [--dtype D] [--json]
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -61,11 +69,11 @@ enum {
     N_LAYERS = 36,
     N_KV_HEADS = 8,
     HEAD_DIM = 128,
-    ELEM_BYTES = 2, /* fp16 */
+    ELEM_BYTES = 2, /* fp16, bf16; Q8 has 1 and a scale per run */
     SLOT_BYTES = HEAD_DIM * ELEM_BYTES,
     /* One run = the [seq][dim] K or V of one (layer, head). */
     N_RUNS = N_LAYERS * 2 * N_KV_HEADS,
-    TOKEN_BYTES = N_RUNS * SLOT_BYTES, /* 147,456 */
+    TOKEN_BYTES = N_RUNS * SLOT_BYTES, /* 147,456 in fp16 */
     TURN_TOKENS = 64,
     N_SINK = 4,
     /* Slots past what the benchmark appends, as an app would leave some. */
@@ -88,9 +96,39 @@ static const char *const k_methods[] = {
     "read_file", "sqlite_select", "mapping", "anonymous",
 };
 
-/* No fields of its own: a row is a bench_result. */
-static bench_result g_result_rows[256];
+static const char *const k_dtype_names[] = { "f16", "bf16", "q8" };
+static const uint32_t k_dtypes[] = { CTXS_DTYPE_F16, CTXS_DTYPE_BF16, CTXS_DTYPE_Q8 };
+#define N_DTYPES (sizeof k_dtypes / sizeof k_dtypes[0])
+
+/* A row: the measurement, and the dtype of the K/V it moved. */
+typedef struct session_row {
+    bench_result r;
+    const char *dtype; /* k_dtype_names[] */
+} session_row;
+
+static session_row g_result_rows[256];
 static result_table g_results = RESULT_TABLE(g_result_rows);
+
+static const char *dtype_name(uint32_t dtype)
+{
+    for (size_t i = 0; i < N_DTYPES; i++)
+        if (k_dtypes[i] == dtype)
+            return k_dtype_names[i];
+    return "?";
+}
+
+/* The row of op, method, tokens and dtype; NULL if there is none. */
+static const session_row *find_row(const char *op, const char *method,
+                                   uint32_t tokens, const char *dtype)
+{
+    for (size_t i = 0; i < g_results.n; i++) {
+        const session_row *r = &g_result_rows[i];
+        if (!strcmp(r->r.op, op) && !strcmp(r->r.method, method)
+            && r->r.tokens == tokens && !strcmp(r->dtype, dtype))
+            return r;
+    }
+    return NULL;
+}
 
 /* --- Files ----------------------------------------------------------------- */
 
@@ -123,11 +161,13 @@ typedef struct options {
     const char *dir;      /* parent of our temporary directory */
     int progress;         /* stderr is a terminal */
     uint32_t gap_ms;      /* untimed pause before each timed save */
+    int dtypes[N_DTYPES]; /* 1: measure K/V of k_dtypes[i] */
 } options;
 
 static void usage(FILE *f)
 {
-    fputs("usage: bench_session [--quick] [--tokens N] [--dir DIR] [--gap-ms N] [--json]\n"
+    fputs("usage: bench_session [--quick] [--tokens N] [--dir DIR] [--gap-ms N]\n"
+          "                     [--dtype f16|bf16|q8|all] [--json]\n"
           "  --quick     contexts 512 and 2048 only, fewer iterations\n"
           "  --tokens N  one context of N tokens (64..32768)\n"
           "  --dir DIR   put the files in a new directory under DIR (a real\n"
@@ -135,6 +175,8 @@ static void usage(FILE *f)
           "  --gap-ms N  untimed pause before each timed save, standing for\n"
           "              the time a turn takes to generate (default 50; 0 runs\n"
           "              saves back to back, each meeting the last one's writeback)\n"
+          "  --dtype D   the K/V's dtype: every measurement in f16, save_turn and\n"
+          "              resume_ready in bf16 and q8; all (default) is the three\n"
           "  --json      one JSON object per measurement on stdout\n",
           f);
 }
@@ -142,14 +184,26 @@ static void usage(FILE *f)
 static options parse_options(int argc, char **argv)
 {
     options o = { .gap_ms = 50 };
+    const char *dtype = "all";
     for (int i = 1; i < argc; i++) {
         if (!flag_option(argv[i], "--json", &o.json)
+            && !string_option(argc, argv, &i, "--dtype", &dtype)
             && !flag_option(argv[i], "--quick", &o.quick)
             && !count_option(argc, argv, &i, "--gap-ms", 0, 10000, &o.gap_ms)
             && !string_option(argc, argv, &i, "--dir", &o.dir)
             && !count_option(argc, argv, &i, "--tokens", TURN_TOKENS, MAX_TOKENS,
                              &o.only_tokens))
             unknown_option(argv[i], usage);
+    }
+    int known = !strcmp(dtype, "all");
+    for (size_t i = 0; i < N_DTYPES; i++) {
+        o.dtypes[i] = known || !strcmp(dtype, k_dtype_names[i]);
+        known |= o.dtypes[i];
+    }
+    if (!known) {
+        fprintf(stderr, "bench_session: --dtype takes f16, bf16, q8 or all, not %s\n", dtype);
+        usage(stderr);
+        exit(2);
     }
     o.progress = isatty(STDERR_FILENO);
     return o;
@@ -167,12 +221,13 @@ static void think(void)
     pause_ms(g_gap_ms);
 }
 
-/* One measurement into the table; the samples are spent. */
-static void record(const char *op, const char *method, uint32_t tokens,
-                   samples *s)
+/* One measurement into the table, with the dtype it moved; the samples are
+ * kept (results_add() copies what it needs). */
+static void add_row(const char *op, const char *method, uint32_t tokens,
+                    uint32_t dtype, const samples *s)
 {
-    results_add(&g_results, op, method, tokens, s);
-    samples_free(s);
+    session_row *r = results_add(&g_results, op, method, tokens, s);
+    r->dtype = dtype_name(dtype);
 }
 
 /* --- K/V data -------------------------------------------------------------- */
@@ -216,6 +271,10 @@ static volatile uint64_t g_sink; /* where sums go so they are computed */
 typedef struct bench {
     const options *opt;
     uint32_t tokens;       /* context length */
+    uint32_t dtype;        /* the K/V's: F16, BF16 or Q8 */
+    size_t slot_bytes;     /* one head of one token: HEAD_DIM elements */
+    size_t token_bytes;    /* a token's elements, N_RUNS slots (not Q8's
+                              scales) */
     int iters;             /* timed iterations of the cheap measurements */
     uint32_t capacity;     /* session slots */
     /* The engine's copy of the whole state, context + one turn of tokens,
@@ -227,12 +286,25 @@ typedef struct bench {
     size_t state_bytes;
     /* One turn of new K/V in the same layout, TURN_TOKENS per run. */
     uint8_t *turn;
+    /* Q8: the scales of state and turn, [run][token] as the session's
+     * scale table keeps them (runs tokens + TURN_TOKENS and TURN_TOKENS
+     * apart); NULL for other dtypes. */
+    float *state_scales;
+    float *turn_scales;
     uint32_t *ids;         /* token ids, tokens + TURN_TOKENS */
     ctxs_model model;
     size_t page;
 } bench;
 
-/* Bytes a context of n tokens holds. */
+/* One measurement of b into the table; the samples are spent. */
+static void record(const bench *b, const char *op, const char *method,
+                   samples *s)
+{
+    add_row(op, method, b->tokens, b->dtype, s);
+    samples_free(s);
+}
+
+/* Bytes a context of n fp16 tokens holds. */
 static size_t context_bytes(uint32_t n)
 {
     return (size_t)n * TOKEN_BYTES;
@@ -252,35 +324,64 @@ static int iters_for_bytes(const bench *b, size_t bytes)
 static void progress(const bench *b, const char *op, const char *method)
 {
     if (b->opt->progress)
-        fprintf(stderr, "\r\033[K  %5u tokens: %s %s ...", b->tokens, op,
-                method);
+        fprintf(stderr, "\r\033[K  %5u tokens, %s: %s %s ...", b->tokens,
+                dtype_name(b->dtype), op, method);
 }
 
-static void bench_init(bench *b, const options *o, uint32_t tokens, int iters)
+/* Q8 values: int8 in [-127, 127] (n a multiple of 8), and scales of
+ * about what a real model's K/V give, 0.01 to 0.05. */
+static void fill_q8(uint8_t *p, size_t n, float *scales, size_t n_scales,
+                    uint64_t *seed)
+{
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t w = xorshift64(seed);
+        for (int j = 0; j < 8; j++) {
+            uint8_t q = (uint8_t)(w >> (8 * j));
+            p[i + j] = q == 0x80 ? 0x81 : q; /* -128 is not a Q8 value */
+        }
+    }
+    for (size_t i = 0; i < n_scales; i++)
+        scales[i] = 0.01f + (float)(xorshift64(seed) >> 40) * 0x1p-24f * 0.04f;
+}
+
+static void bench_init(bench *b, const options *o, uint32_t tokens, int iters,
+                       uint32_t dtype)
 {
     memset(b, 0, sizeof *b);
     b->opt = o;
     b->tokens = tokens;
+    b->dtype = dtype;
+    b->slot_bytes = dtype == CTXS_DTYPE_Q8 ? HEAD_DIM : SLOT_BYTES;
+    b->token_bytes = N_RUNS * b->slot_bytes;
     b->iters = iters;
     b->page = (size_t)sysconf(_SC_PAGESIZE);
     /* Each ctxstore measurement gets its own freshly prefilled session with
      * room for its turns (warm-up included): every timed turn lands in
      * slots never written before, and no rollback reuses them. */
     b->capacity = tokens + (uint32_t)(iters + 1) * TURN_TOKENS + ROOM_TOKENS;
-    b->state_run_stride = (size_t)(tokens + TURN_TOKENS) * SLOT_BYTES;
-    b->state_bytes = context_bytes(tokens + TURN_TOKENS);
+    b->state_run_stride = (size_t)(tokens + TURN_TOKENS) * b->slot_bytes;
+    b->state_bytes = (size_t)(tokens + TURN_TOKENS) * b->token_bytes;
     b->state = xmalloc(b->state_bytes);
-    b->turn = xmalloc(TURN_BYTES);
+    b->turn = xmalloc((size_t)TURN_TOKENS * b->token_bytes);
     b->ids = xmalloc((tokens + TURN_TOKENS) * sizeof b->ids[0]);
 
     uint64_t seed = 0x9e3779b97f4a7c15ull ^ tokens;
-    fill_fp16(b->state, b->state_bytes, &seed); /* also pre-faults it */
-    fill_fp16(b->turn, TURN_BYTES, &seed);
+    if (dtype == CTXS_DTYPE_Q8) {
+        size_t n_state = (size_t)N_RUNS * (tokens + TURN_TOKENS);
+        b->state_scales = xmalloc(n_state * sizeof(float));
+        b->turn_scales = xmalloc((size_t)N_RUNS * TURN_TOKENS * sizeof(float));
+        fill_q8(b->state, b->state_bytes, b->state_scales, n_state, &seed);
+        fill_q8(b->turn, (size_t)TURN_TOKENS * b->token_bytes, b->turn_scales,
+                (size_t)N_RUNS * TURN_TOKENS, &seed);
+    } else {
+        /* fp16 in [1, 2): as bf16 bits, finite values too. */
+        fill_fp16(b->state, b->state_bytes, &seed); /* also pre-faults it */
+        fill_fp16(b->turn, (size_t)TURN_TOKENS * b->token_bytes, &seed);
+    }
     for (uint32_t i = 0; i < tokens + TURN_TOKENS; i++)
         b->ids[i] = (uint32_t)(xorshift64(&seed) % 151936); /* Qwen3 vocab */
 
-    b->model.geometry = (ctxs_geometry){ N_LAYERS, N_KV_HEADS, HEAD_DIM,
-                                         CTXS_DTYPE_F16 };
+    b->model.geometry = (ctxs_geometry){ N_LAYERS, N_KV_HEADS, HEAD_DIM, dtype };
     memcpy(b->model.model_hash, "bench-qwen3-4b!!", 16);
     memcpy(b->model.tokenizer_hash, "bench-tokenizer!", 16);
 }
@@ -289,6 +390,8 @@ static void bench_free(bench *b)
 {
     free(b->state);
     free(b->turn);
+    free(b->state_scales);
+    free(b->turn_scales);
     free(b->ids);
     remove_scratch_files();
 }
@@ -297,19 +400,28 @@ static void bench_free(bench *b)
 
 /* Copies src (runs src_run_stride bytes apart, starting at token src_tok)
  * into the slots of reservation r, one memcpy per span and run: the way an
- * engine that keeps its new K/V per (layer, head) hands them over. */
+ * engine that keeps its new K/V per (layer, head) hands them over. For Q8,
+ * src_scales ([run][token], runs src_run_tokens apart) go into the scale
+ * table the same way, one memcpy per span and run. */
 static void copy_into_reservation(const ctxs_layout *lay,
                                   const ctxs_reservation *r,
                                   const uint8_t *src, size_t src_run_stride,
-                                  uint32_t src_tok)
+                                  const float *src_scales,
+                                  size_t src_run_tokens, uint32_t src_tok)
 {
+    const size_t sb = lay->slot_bytes;
     for (uint32_t j = 0; j < r->n_spans; j++) {
-        size_t bytes = (size_t)r->spans[j].count * SLOT_BYTES;
-        size_t dst_off = (size_t)r->spans[j].slot * SLOT_BYTES;
+        size_t bytes = (size_t)r->spans[j].count * sb;
+        size_t dst_off = (size_t)r->spans[j].slot * sb;
         for (uint32_t run = 0; run < N_RUNS; run++)
             memcpy(kv_run(lay, N_KV_HEADS, run) + dst_off,
-                   src + run * src_run_stride + (size_t)src_tok * SLOT_BYTES,
+                   src + run * src_run_stride + (size_t)src_tok * sb,
                    bytes);
+        /* The table is [layer][K/V][head][capacity]: run after run. */
+        for (uint32_t run = 0; src_scales && run < N_RUNS; run++)
+            memcpy(lay->scales + (size_t)run * lay->capacity + r->spans[j].slot,
+                   src_scales + run * src_run_tokens + src_tok,
+                   (size_t)r->spans[j].count * sizeof(float));
         src_tok += r->spans[j].count;
     }
 }
@@ -335,8 +447,8 @@ static void write_turn(ctxs_session *s, const ctxs_layout *lay,
     if (r.n_tokens != TURN_TOKENS)
         die("ctxs_session_reserve: %u tokens reserved, asked %d", r.n_tokens,
             TURN_TOKENS);
-    copy_into_reservation(lay, &r, b->turn, (size_t)TURN_TOKENS * SLOT_BYTES,
-                          0);
+    copy_into_reservation(lay, &r, b->turn, (size_t)TURN_TOKENS * b->slot_bytes,
+                          b->turn_scales, TURN_TOKENS, 0);
 }
 
 static void commit_turn(ctxs_session *s, const bench *b)
@@ -360,10 +472,11 @@ static void prefill_session(const bench *b)
     check_ctxs(ctxs_session_create(&s, g_paths[F_SESSION], &b->model, &o),
                "ctxs_session_create");
     ctxs_layout lay;
-    get_layout(&lay, s, SLOT_BYTES);
+    get_layout(&lay, s, b->slot_bytes);
     ctxs_reservation r;
     check_ctxs(ctxs_session_reserve(&r, s, b->tokens), "ctxs_session_reserve");
-    copy_into_reservation(&lay, &r, b->state, b->state_run_stride, 0);
+    copy_into_reservation(&lay, &r, b->state, b->state_run_stride,
+                          b->state_scales, (size_t)b->tokens + TURN_TOKENS, 0);
     check_ctxs(ctxs_session_commit(s, b->ids, b->tokens),
                "ctxs_session_commit");
     check_ctxs(ctxs_session_sync(s), "ctxs_session_sync");
@@ -405,7 +518,7 @@ static void measure_save_turn_ctxstore(const bench *b, uint32_t durability, int 
     progress(b, "save_turn", method);
     ctxs_session *s = open_session(b, durability, background);
     ctxs_layout lay;
-    get_layout(&lay, s, SLOT_BYTES);
+    get_layout(&lay, s, b->slot_bytes);
     write_turn(s, &lay, b); /* warm-up */
     commit_turn(s, b);
     settle_disk();
@@ -424,7 +537,7 @@ static void measure_save_turn_ctxstore(const bench *b, uint32_t durability, int 
     if (background)
         add_note("save_turn %s at %u tokens: background thread CPU %.0f us per turn",
                  method, b->tokens, beside / b->iters);
-    record("save_turn", method, b->tokens, &sm);
+    record(b, "save_turn", method, &sm);
 }
 
 static void measure_commit_ctxstore(const bench *b, uint32_t durability)
@@ -433,7 +546,7 @@ static void measure_commit_ctxstore(const bench *b, uint32_t durability)
     progress(b, "commit", method);
     ctxs_session *s = open_session(b, durability, 1);
     ctxs_layout lay;
-    get_layout(&lay, s, SLOT_BYTES);
+    get_layout(&lay, s, b->slot_bytes);
     write_turn(s, &lay, b); /* warm-up */
     commit_turn(s, b);
     settle_disk();
@@ -446,7 +559,7 @@ static void measure_commit_ctxstore(const bench *b, uint32_t durability)
         samples_add(&sm, now_us() - t0);
     }
     ctxs_session_close(s);
-    record("commit", method, b->tokens, &sm);
+    record(b, "commit", method, &sm);
 }
 
 /* The least any mapped store can cost: the turn's bytes copied, run by run,
@@ -500,42 +613,54 @@ static samples floor_samples(const bench *b, int small_pages)
 
 /* The floor of floors: the turn copied run by run into pages already
  * faulted in and writable (written once, untimed), as a store's runway
- * leaves them; each iteration gets its own region. Then, as a commit meets
+ * leaves them (for Q8, then the scales run by run, as into the scale
+ * table); each iteration gets its own region. Then, as a commit meets
  * the turn it checksums (written, then a pause), the hashing floor: one
- * XXH3-64 over the turn's bytes, after the same pause. */
+ * XXH3-64 over the turn's bytes, after the same pause (fp16 only, where
+ * the commit is measured). */
 static void measure_memcpy_resident_and_xxh3(const bench *b)
 {
     progress(b, "save_turn", "memcpy_resident");
-    size_t bytes = (size_t)(b->iters + 1) * TURN_BYTES;
+    const size_t turn_bytes = (size_t)TURN_TOKENS * b->token_bytes;
+    const size_t scale_bytes = b->turn_scales ? (size_t)N_RUNS * TURN_TOKENS * sizeof(float) : 0;
+    const size_t stride = turn_bytes + scale_bytes;
+    size_t bytes = (size_t)(b->iters + 1) * stride;
     uint8_t *area = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (area == MAP_FAILED)
         die("mmap %zu anonymous bytes failed: %s", bytes, strerror(errno));
     memset(area, 1, bytes);
-    const size_t run_bytes = (size_t)TURN_TOKENS * SLOT_BYTES;
+    const size_t run_bytes = (size_t)TURN_TOKENS * b->slot_bytes;
+    const size_t run_scales = (size_t)TURN_TOKENS * sizeof(float);
     samples sm = { 0 }, hash = { 0 };
     for (int i = 0; i < b->iters; i++) {
-        uint8_t *dst = area + (size_t)i * TURN_BYTES;
+        uint8_t *dst = area + (size_t)i * stride;
         think();
         double t0 = now_us();
         for (uint32_t run = 0; run < N_RUNS; run++)
             memcpy(dst + run * run_bytes, b->turn + run * run_bytes, run_bytes);
+        for (uint32_t run = 0; scale_bytes && run < N_RUNS; run++)
+            memcpy(dst + turn_bytes + run * run_scales,
+                   (const uint8_t *)b->turn_scales + run * run_scales, run_scales);
         samples_add(&sm, now_us() - t0);
         think();
         t0 = now_us();
-        g_sink += XXH3_64bits(dst, TURN_BYTES);
+        g_sink += XXH3_64bits(dst, stride);
         samples_add(&hash, now_us() - t0);
     }
     g_sink += area[bytes - 1];
     check_sys(munmap(area, bytes), "munmap memcpy_resident");
-    record("save_turn", "memcpy_resident", b->tokens, &sm);
-    record("commit", "xxh3", b->tokens, &hash);
+    record(b, "save_turn", "memcpy_resident", &sm);
+    if (b->dtype == CTXS_DTYPE_F16)
+        record(b, "commit", "xxh3", &hash);
+    else
+        samples_free(&hash);
 }
 
 static void measure_floor(const bench *b)
 {
     progress(b, "save_turn", "floor");
     samples sm = floor_samples(b, 0);
-    record("save_turn", "floor", b->tokens, &sm);
+    record(b, "save_turn", "floor", &sm);
     samples small = floor_samples(b, 1);
     bench_result r = summarize("save_turn", "floor (4 KiB pages)", b->tokens,
                                &small);
@@ -569,7 +694,7 @@ static void measure_rewrite(const bench *b)
         samples_add(&sm, now_us() - t0);
     }
     check_sys(unlink(g_paths[F_REWRITE]), "unlink state file");
-    record("save_turn", "rewrite_fdatasync", b->tokens, &sm);
+    record(b, "save_turn", "rewrite_fdatasync", &sm);
 }
 
 /* --- SQLite ---------------------------------------------------------------- */
@@ -676,7 +801,7 @@ static void measure_sqlite_blob(const bench *b)
     }
     sqlite3_finalize(st);
     check_sqlite(db, sqlite3_close(db), SQLITE_OK, "sqlite3_close");
-    record("save_turn", "sqlite_blob", b->tokens, &sm);
+    record(b, "save_turn", "sqlite_blob", &sm);
 }
 
 /* A resumed app: open the database, select the row, copy it into its own
@@ -724,7 +849,7 @@ static void measure_resume_open(const bench *b)
         if (i > 0) /* the first is the warm-up */
             samples_add(&sm, now_us() - t0);
     }
-    record("resume_open", "ctxstore_async", b->tokens, &sm);
+    record(b, "resume_open", "ctxstore_async", &sm);
 }
 
 /* Ready for attention: every page of the window's spans, in every run, is
@@ -734,14 +859,20 @@ static uint64_t touch_window(ctxs_session *s, const bench *b)
     ctxs_window w;
     ctxs_layout lay;
     check_ctxs(ctxs_session_get_window(&w, s), "ctxs_session_get_window");
-    get_layout(&lay, s, SLOT_BYTES);
+    get_layout(&lay, s, b->slot_bytes);
     uint64_t acc = 0;
     for (uint32_t run = 0; run < N_RUNS; run++) {
         const uint8_t *base = kv_run(&lay, N_KV_HEADS, run);
         for (uint32_t j = 0; j < w.n_spans; j++)
-            acc += touch_pages(base + (size_t)w.spans[j].slot * SLOT_BYTES,
-                               (size_t)w.spans[j].count * SLOT_BYTES, b->page);
+            acc += touch_pages(base + (size_t)w.spans[j].slot * b->slot_bytes,
+                               (size_t)w.spans[j].count * b->slot_bytes, b->page);
     }
+    /* Q8: attention reads the scales of the same slots. */
+    for (uint32_t run = 0; lay.scales && run < N_RUNS; run++)
+        for (uint32_t j = 0; j < w.n_spans; j++)
+            acc += touch_pages((const uint8_t *)(lay.scales + (size_t)run * lay.capacity
+                                                 + w.spans[j].slot),
+                               (size_t)w.spans[j].count * sizeof(float), b->page);
     return acc;
 }
 
@@ -757,7 +888,7 @@ static void measure_resume_ready(const bench *b)
         if (i > 0)
             samples_add(&sm, now_us() - t0);
     }
-    record("resume_ready", "ctxstore_async", b->tokens, &sm);
+    record(b, "resume_ready", "ctxstore_async", &sm);
 }
 
 static uint8_t *read_whole_file(const char *path, size_t *n)
@@ -786,8 +917,8 @@ static uint8_t *read_whole_file(const char *path, size_t *n)
 static void record_both_resumes(const char *method, const bench *b,
                                 samples *sm)
 {
-    results_add(&g_results, "resume_open", method, b->tokens, sm);
-    record("resume_ready", method, b->tokens, sm);
+    add_row("resume_open", method, b->tokens, b->dtype, sm);
+    record(b, "resume_ready", method, sm);
 }
 
 static void measure_read_file(const bench *b)
@@ -862,7 +993,7 @@ static void measure_scan(const bench *b)
     progress(b, "scan", "mapping");
     ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC, 1);
     ctxs_layout lay;
-    get_layout(&lay, s, SLOT_BYTES);
+    get_layout(&lay, s, b->slot_bytes);
     uint64_t mapped_sum = scan_mapping(&lay, b->tokens); /* warm-up */
     samples sm = { 0 };
     for (int i = 0; i < b->iters; i++) {
@@ -871,7 +1002,7 @@ static void measure_scan(const bench *b)
         samples_add(&sm, now_us() - t0);
     }
     ctxs_session_close(s);
-    record("scan", "mapping", b->tokens, &sm);
+    record(b, "scan", "mapping", &sm);
 
     progress(b, "scan", "anonymous");
     uint64_t anon_sum = scan_anonymous(b); /* warm-up */
@@ -880,7 +1011,7 @@ static void measure_scan(const bench *b)
         g_sink += scan_anonymous(b);
         samples_add(&sm, now_us() - t0);
     }
-    record("scan", "anonymous", b->tokens, &sm);
+    record(b, "scan", "anonymous", &sm);
     if (mapped_sum != anon_sum)
         die("the session's K/V differ from what was written (sum %016" PRIx64
             " through the mapping, %016" PRIx64 " written)",
@@ -903,10 +1034,11 @@ static void verify_session(const bench *b)
 
 /* --- Driver ---------------------------------------------------------------- */
 
+/* Everything, with fp16 K/V. */
 static void run_context(const options *o, uint32_t tokens, int iters)
 {
     bench b;
-    bench_init(&b, o, tokens, iters);
+    bench_init(&b, o, tokens, iters, CTXS_DTYPE_F16);
     static const uint32_t levels[] = { CTXS_SYNC_NONE, CTXS_SYNC_ASYNC,
                                        CTXS_SYNC_FULL };
 
@@ -940,25 +1072,74 @@ static void run_context(const options *o, uint32_t tokens, int iters)
     settle_disk();
 }
 
+/* A turn saved and a resume made ready with K/V of another dtype. */
+static void run_context_dtype(const options *o, uint32_t tokens, int iters,
+                              uint32_t dtype)
+{
+    bench b;
+    bench_init(&b, o, tokens, iters, dtype);
+    prefill_session(&b);
+    measure_resume_ready(&b);
+    remove_session();
+    prefill_session(&b);
+    measure_save_turn_ctxstore(&b, CTXS_SYNC_ASYNC, 1);
+    verify_session(&b);
+    remove_session();
+    measure_memcpy_resident_and_xxh3(&b);
+    bench_free(&b);
+    settle_disk();
+}
+
 /* --- Report ---------------------------------------------------------------- */
 
-/* What each op's ratio column divides by. */
-static const bench_result *baseline_of(const bench_result *r)
+/* What each op's ratio column divides by: a row of the same dtype. */
+static const bench_result *baseline_of(const session_row *r)
 {
-    if (!strcmp(r->op, "save_turn"))
-        return results_find(&g_results, "save_turn", "memcpy_resident", r->tokens);
-    if (!strcmp(r->op, "commit"))
-        return results_find(&g_results, "commit", "xxh3", r->tokens);
-    if (!strcmp(r->op, "scan"))
-        return results_find(&g_results, "scan", "anonymous", r->tokens);
-    return results_find(&g_results, r->op, "ctxstore_async", r->tokens);
+    const char *op = r->r.op, *method = "ctxstore_async";
+    if (!strcmp(op, "save_turn"))
+        method = "memcpy_resident";
+    else if (!strcmp(op, "commit"))
+        method = "xxh3";
+    else if (!strcmp(op, "scan"))
+        method = "anonymous";
+    const session_row *base = find_row(op, method, r->r.tokens, r->dtype);
+    return base ? &base->r : NULL;
+}
+
+static size_t index_in(const char *const *list, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(list[i], name))
+            return i;
+    return n;
+}
+
+/* Rows by op, tokens, method, then dtype, in the orders of k_ops,
+ * k_methods and k_dtype_names. */
+static int cmp_rows(const void *pa, const void *pb)
+{
+    const session_row *a = pa, *b = pb;
+    const size_t n_ops = sizeof k_ops / sizeof k_ops[0];
+    const size_t n_methods = sizeof k_methods / sizeof k_methods[0];
+    size_t x = index_in(k_ops, n_ops, a->r.op), y = index_in(k_ops, n_ops, b->r.op);
+    if (x != y)
+        return x < y ? -1 : 1;
+    if (a->r.tokens != b->r.tokens)
+        return a->r.tokens < b->r.tokens ? -1 : 1;
+    x = index_in(k_methods, n_methods, a->r.method);
+    y = index_in(k_methods, n_methods, b->r.method);
+    if (x != y)
+        return x < y ? -1 : 1;
+    x = index_in(k_dtype_names, N_DTYPES, a->dtype);
+    y = index_in(k_dtype_names, N_DTYPES, b->dtype);
+    return (x > y) - (x < y);
 }
 
 static void print_json(void)
 {
     for (size_t i = 0; i < g_results.n; i++) {
-        json_result_begin(&g_result_rows[i]);
-        printf("}\n");
+        json_result_begin(&g_result_rows[i].r);
+        printf(",\"dtype\":\"%s\"}\n", g_result_rows[i].dtype);
     }
 }
 
@@ -1005,7 +1186,13 @@ static void print_header(FILE *f, const char *dir)
         " session mapping vs a pre-faulted malloc'ed copy; both resident.\n"
         "ratio: save_turn vs memcpy_resident; commit vs xxh3; resume_* vs"
         " ctxstore_async;"
-        " scan vs anonymous.\n\n",
+        " scan vs anonymous; each against the row of its own dtype.\n"
+        "dtype: all of the above in f16; in bf16 (as many bytes) and q8 (int8"
+        " elements, half the bytes, and a float32 scale per (token, head) of"
+        " K and of V, one more memcpy per run into the scale table),"
+        " save_turn ctxstore_async and memcpy_resident, and resume_ready"
+        " ctxstore_async (q8: the window's scales are touched too), each in a"
+        " session of that dtype prefilled as above (--dtype).\n\n",
         N_LAYERS, N_KV_HEADS, HEAD_DIM, TOKEN_BYTES, TURN_TOKENS, TURN_BYTES,
         dir, TURN_TOKENS, ROOM_TOKENS, N_SINK, TURN_TOKENS, N_RUNS, g_gap_ms,
         sqlite3_libversion(), N_RUNS);
@@ -1013,22 +1200,23 @@ static void print_header(FILE *f, const char *dir)
 
 static void print_table(void)
 {
-    printf("%-13s %6s  %-18s %12s %12s %12s %3s %9s\n", "op", "tokens",
-           "method", "median_us", "min_us", "max_us", "n", "ratio");
+    printf("%-13s %6s  %-18s %-5s %12s %12s %12s %3s %9s\n", "op", "tokens",
+           "method", "dtype", "median_us", "min_us", "max_us", "n", "ratio");
     const char *last_op = "";
     for (size_t i = 0; i < g_results.n; i++) {
-        const bench_result *r = &g_result_rows[i];
+        const session_row *row = &g_result_rows[i];
+        const bench_result *r = &row->r;
         if (strcmp(r->op, last_op) && *last_op)
             putchar('\n');
         last_op = r->op;
-        const bench_result *base = baseline_of(r);
+        const bench_result *base = baseline_of(row);
         char ratio[32] = "";
         if (base && base->median_us > 0)
             snprintf(ratio, sizeof ratio, "%.2fx",
                      r->median_us / base->median_us);
-        printf("%-13s %6u  %-18s %12.1f %12.1f %12.1f %3zu %9s\n", r->op,
-               r->tokens, r->method, r->median_us, r->min_us, r->max_us, r->n,
-               ratio);
+        printf("%-13s %6u  %-18s %-5s %12.1f %12.1f %12.1f %3zu %9s\n", r->op,
+               r->tokens, r->method, row->dtype, r->median_us, r->min_us,
+               r->max_us, r->n, ratio);
     }
     print_notes(stdout);
 }
@@ -1042,9 +1230,15 @@ static uint32_t headline_tokens(const uint32_t *contexts, int n)
     return contexts[n - 1];
 }
 
-static double ratio_of(const bench_result *a, const bench_result *b)
+static double ratio_of(const session_row *a, const session_row *b)
 {
-    return a && b && b->median_us > 0 ? a->median_us / b->median_us : -1;
+    return a && b && b->r.median_us > 0 ? a->r.median_us / b->r.median_us : -1;
+}
+
+/* The fp16 row of op, method and tokens, or NULL. */
+static const session_row *f16_row(const char *op, const char *method, uint32_t tokens)
+{
+    return find_row(op, method, tokens, "f16");
 }
 
 static void print_ratio_line(const char *label, double ratio)
@@ -1061,38 +1255,46 @@ static void print_headlines(const uint32_t *contexts, int n)
     uint32_t lo = contexts[0], hi = contexts[n - 1];
     char label[128];
     putchar('\n');
-    const result_table *res = &g_results;
     for (int i = 0; i < n; i++) {
         uint32_t c = contexts[i];
         snprintf(label, sizeof label, "save_turn ASYNC vs memcpy_resident (%u tokens)", c);
         print_ratio_line(label,
-                         ratio_of(results_find(res, "save_turn", "ctxstore_async", c),
-                                  results_find(res, "save_turn", "memcpy_resident", c)));
+                         ratio_of(f16_row("save_turn", "ctxstore_async", c),
+                                  f16_row("save_turn", "memcpy_resident", c)));
     }
     snprintf(label, sizeof label, "save_turn ASYNC without vs with the background (%u tokens)", t);
-    print_ratio_line(label, ratio_of(results_find(res, "save_turn", "ctxstore_async_nobg", t),
-                                     results_find(res, "save_turn", "ctxstore_async", t)));
+    print_ratio_line(label, ratio_of(f16_row("save_turn", "ctxstore_async_nobg", t),
+                                     f16_row("save_turn", "ctxstore_async", t)));
     snprintf(label, sizeof label, "commit ASYNC vs xxh3 of the turn (%u tokens)", t);
-    print_ratio_line(label, ratio_of(results_find(res, "commit", "ctxstore_async", t),
-                                     results_find(res, "commit", "xxh3", t)));
+    print_ratio_line(label, ratio_of(f16_row("commit", "ctxstore_async", t),
+                                     f16_row("commit", "xxh3", t)));
     snprintf(label, sizeof label, "rewrite vs ctxstore_async at %u", t);
     print_ratio_line(label,
-                     ratio_of(results_find(res, "save_turn", "rewrite_fdatasync", t),
-                              results_find(res, "save_turn", "ctxstore_async", t)));
+                     ratio_of(f16_row("save_turn", "rewrite_fdatasync", t),
+                              f16_row("save_turn", "ctxstore_async", t)));
     snprintf(label, sizeof label, "resume_open %u vs %u", hi, lo);
     print_ratio_line(label,
-                     n > 1 ? ratio_of(results_find(res, "resume_open",
-                                                   "ctxstore_async", hi),
-                                      results_find(res, "resume_open",
-                                                   "ctxstore_async", lo))
+                     n > 1 ? ratio_of(f16_row("resume_open", "ctxstore_async", hi),
+                                      f16_row("resume_open", "ctxstore_async", lo))
                            : -1);
-    double scan = ratio_of(results_find(res, "scan", "mapping", hi),
-                           results_find(res, "scan", "anonymous", hi));
+    double scan = ratio_of(f16_row("scan", "mapping", hi),
+                           f16_row("scan", "anonymous", hi));
     if (scan < 0)
         printf("scan mapping vs anonymous (%u tokens): n/a\n", hi);
     else
         printf("scan mapping vs anonymous (%u tokens): %+.1f%%\n", hi,
                (scan - 1) * 100);
+    for (size_t d = 1; d < N_DTYPES; d++) {
+        const char *dt = k_dtype_names[d];
+        if (!find_row("save_turn", "ctxstore_async", t, dt))
+            continue;
+        snprintf(label, sizeof label, "save_turn ASYNC %s vs f16 (%u tokens)", dt, t);
+        print_ratio_line(label, ratio_of(find_row("save_turn", "ctxstore_async", t, dt),
+                                         f16_row("save_turn", "ctxstore_async", t)));
+        snprintf(label, sizeof label, "resume_ready %s vs f16 (%u tokens)", dt, t);
+        print_ratio_line(label, ratio_of(find_row("resume_ready", "ctxstore_async", t, dt),
+                                         f16_row("resume_ready", "ctxstore_async", t)));
+    }
 }
 
 int main(int argc, char **argv)
@@ -1112,13 +1314,17 @@ int main(int argc, char **argv)
     print_header(o.json ? stderr : stdout, g_dir);
     fflush(stdout);
     double t0 = now_us();
-    for (int i = 0; i < n_contexts; i++)
-        run_context(&o, contexts[i], iters);
+    for (int i = 0; i < n_contexts; i++) {
+        if (o.dtypes[0])
+            run_context(&o, contexts[i], iters);
+        for (size_t d = 1; d < N_DTYPES; d++)
+            if (o.dtypes[d])
+                run_context_dtype(&o, contexts[i], iters, k_dtypes[d]);
+    }
     if (o.progress)
         fputs("\r\033[K", stderr);
 
-    results_sort(&g_results, k_ops, sizeof k_ops / sizeof k_ops[0], k_methods,
-                 sizeof k_methods / sizeof k_methods[0]);
+    qsort(g_result_rows, g_results.n, sizeof g_result_rows[0], cmp_rows);
     if (o.json) {
         print_json();
         print_notes(stderr);

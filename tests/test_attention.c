@@ -1,7 +1,9 @@
 /*
  * The CPU attention kernel against a plain double-precision reference,
- * computed here from the raw fp16 bytes of real session files, for every
- * instruction set this CPU has; the determinism that a resume relies on
+ * computed here from the raw bytes of real session files (fp16, bf16 and
+ * Q8, each decoded here by its definition) and of layouts built by hand,
+ * for every instruction set this CPU has; Q8 also against the float32 K/V
+ * it was quantized from, within the bound derived below; the determinism that a resume relies on
  * (bit-identical output whatever the plan's shape and the call's n); the
  * argument checks; and the plans ctxs_session_get_attn_plan() builds.
  */
@@ -50,15 +52,71 @@ static uint16_t rand_half(void)
     return (uint16_t)(((r >> 16) & 1) << 15 | e << 10 | ((r >> 20) & 0x3ff));
 }
 
+/* The same for bf16 (exponent bias 127, 7 mantissa bits). */
+static uint16_t rand_bf16(void)
+{
+    uint64_t r = ts_rng_next(&rng);
+    if (r % 97 == 0)
+        return 0;
+    uint16_t e = (uint16_t)(122 + (r >> 8) % 6);
+    return (uint16_t)(((r >> 16) & 1) << 15 | e << 7 | ((r >> 20) & 0x7f));
+}
+
+/* Sessions of the dtype that g_dtype names; the tests that cover every
+ * dtype set it in FOR_EACH_DTYPE (each test runs in its own process). */
+static uint32_t g_dtype = CTXS_DTYPE_F16;
+static const uint32_t all_dtypes[] = {CTXS_DTYPE_F16, CTXS_DTYPE_BF16, CTXS_DTYPE_Q8};
+#define N_DTYPES (sizeof(all_dtypes) / sizeof(all_dtypes[0]))
+#define FOR_EACH_DTYPE                                                          \
+    for (size_t dti_ = 0; dti_ < N_DTYPES && (g_dtype = all_dtypes[dti_], 1); dti_++)
+
+static const char *dtype_name(uint32_t dt)
+{
+    return dt == CTXS_DTYPE_F16 ? "f16" : dt == CTXS_DTYPE_BF16 ? "bf16" : dt == CTXS_DTYPE_Q8 ? "q8" : "?";
+}
+
+static size_t elem_bytes(uint32_t dt)
+{
+    return dt == CTXS_DTYPE_Q8 ? 1 : 2;
+}
+
+/* Random elements of dtype dt, n of them, and for Q8 a random scale: values
+ * of magnitude up to 2 in every dtype. */
+static void rand_row(uint8_t *row, uint32_t n, uint32_t dt)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (dt == CTXS_DTYPE_Q8) {
+            ((int8_t *)row)[i] = (int8_t)((int)(ts_rng_next(&rng) % 255) - 127);
+        } else {
+            uint16_t h = dt == CTXS_DTYPE_BF16 ? rand_bf16() : rand_half();
+            memcpy(row + 2 * (size_t)i, &h, 2);
+        }
+    }
+}
+
+static float rand_scale(void)
+{
+    return frand(1.0f / 32, 2.0f) / 127.0f;
+}
+
+/* The scratch file `name` of a session of g_dtype. */
+static const char *dtype_path(const char *name)
+{
+    char buf[64];
+    snprintf(buf, sizeof(buf), "%s-%s", dtype_name(g_dtype), name);
+    return ts_path(ts_scratch, buf);
+}
+
 static ctxs_session *create(const char *name, uint32_t n_layers, uint32_t n_kv,
                             uint32_t head_dim, ctxs_create_options o)
 {
     ctxs_model m = ts_model(7);
+    m.geometry.dtype = g_dtype;
     m.geometry.n_layers = n_layers;
     m.geometry.n_kv_heads = n_kv;
     m.geometry.head_dim = head_dim;
     ctxs_session *s = NULL;
-    int rc = ctxs_session_create(&s, ts_path(ts_scratch, name), &m, &o);
+    int rc = ctxs_session_create(&s, dtype_path(name), &m, &o);
     cr_assert_eq(rc, 0, "create: %s", ctxs_strerror(rc));
     return s;
 }
@@ -69,7 +127,8 @@ static ctxs_session *create_plain(const char *name, uint32_t n_layers, uint32_t 
     return create(name, n_layers, n_kv, head_dim, ts_options(1024, 4, 1, CTXS_SYNC_NONE));
 }
 
-/* Reserves n slots and writes random K/V into them through ctxs_session_get_kv. */
+/* Reserves n slots and writes random K/V into them through ctxs_session_get_kv
+ * (and their scales through ctxs_session_get_scales for Q8). */
 static ctxs_reservation reserve_random(ctxs_session *s, uint32_t n)
 {
     ctxs_layout lay;
@@ -82,11 +141,17 @@ static ctxs_reservation reserve_random(ctxs_session *s, uint32_t n)
         for (uint32_t kind = 0; kind < 2; kind++)
             for (uint32_t h = 0; h < g->n_kv_heads; h++) {
                 void *p;
+                float *sc = NULL;
                 cr_assert_eq(ctxs_session_get_kv(&p, s, l, kind, h), 0);
+                if (g->dtype == CTXS_DTYPE_Q8)
+                    cr_assert_eq(ctxs_session_get_scales(&sc, s, l, kind, h), 0);
                 for (uint32_t sp = 0; sp < r.n_spans; sp++) {
-                    uint16_t *row = (uint16_t *)p + (size_t)r.spans[sp].slot * g->head_dim;
-                    for (size_t i = 0; i < (size_t)r.spans[sp].count * g->head_dim; i++)
-                        row[i] = rand_half();
+                    for (uint32_t t = 0; t < r.spans[sp].count; t++) {
+                        const size_t slot = (size_t)r.spans[sp].slot + t;
+                        rand_row((uint8_t *)p + slot * lay.slot_bytes, g->head_dim, g->dtype);
+                        if (sc)
+                            sc[slot] = rand_scale();
+                    }
                 }
             }
     return r;
@@ -180,12 +245,47 @@ static double half_value(uint16_t h)
     return (h & 0x8000) ? -v : v;
 }
 
-/* The keys a query reads, gathered by the test: rows[i] points at the K
- * (and V) rows of the i-th visible position for every KV head. */
+/* bfloat16 to double by its definition: 8 exponent bits (bias 127), 7
+ * mantissa bits. */
+static double bf16_value(uint16_t h)
+{
+    int e = (h >> 7) & 0xff, m = h & 0x7f;
+    double v;
+    if (e == 0)
+        v = m * pow2(-133);
+    else if (e == 255)
+        v = m ? NAN : INFINITY;
+    else
+        v = (128 + m) * pow2(e - 134);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* Element e of a row of dtype dt; scale is the row's Q8 scale. */
+static double elem_value(const uint8_t *row, uint32_t e, uint32_t dt, float scale)
+{
+    if (dt == CTXS_DTYPE_Q8)
+        return (double)scale * ((const int8_t *)row)[e];
+    uint16_t h;
+    memcpy(&h, row + 2 * (size_t)e, 2);
+    return dt == CTXS_DTYPE_BF16 ? bf16_value(h) : half_value(h);
+}
+
+/* The scale of (layer, kind, head, slot) in a Q8 layout, by the header's
+ * formula; 0 for the other dtypes (unused). */
+static float scale_at(const ctxs_layout *lay, uint32_t layer, uint32_t kind, uint32_t h,
+                      uint32_t slot)
+{
+    if (lay->geometry.dtype != CTXS_DTYPE_Q8)
+        return 0.0f;
+    return lay->scales[((size_t)(layer * 2 + kind) * lay->geometry.n_kv_heads + h) *
+                           lay->capacity + slot];
+}
+
+/* The keys a query reads, gathered by the test and decoded to double. */
 typedef struct keyset {
     uint32_t n;
     uint32_t n_kv, hd;
-    uint16_t *k, *v; /* [n][n_kv][hd] */
+    double *k, *v; /* [n][n_kv][hd] */
 } keyset;
 
 static void keyset_free(keyset *ks)
@@ -222,10 +322,10 @@ static keyset visible(const ctxs_session *s, const ctxs_reservation *pend, uint3
     const ctxs_geometry *g = &lay.geometry;
     keyset ks = {0, g->n_kv_heads, g->head_dim, NULL, NULL};
     size_t row = (size_t)g->n_kv_heads * g->head_dim;
-    ks.k = malloc((p + 1) * row * 2);
-    ks.v = malloc((p + 1) * row * 2);
+    ks.k = malloc((p + 1) * row * sizeof(double));
+    ks.v = malloc((p + 1) * row * sizeof(double));
     size_t tok = (size_t)g->n_layers * row;
-    uint16_t *tk = malloc(tok * 2), *tv = malloc(tok * 2);
+    float *tk = malloc(tok * sizeof(float)), *tv = malloc(tok * sizeof(float));
     cr_assert(ks.k && ks.v && tk && tv);
     for (uint64_t k = 0; k <= p; k++) {
         if (!(k < n_sink || k + window > p))
@@ -233,17 +333,24 @@ static keyset visible(const ctxs_session *s, const ctxs_reservation *pend, uint3
         uint32_t slot;
         if (slot_of(&slot, s, pend, k) != 0)
             continue; /* evicted by the ring */
-        uint16_t *dk = ks.k + ks.n * row, *dv = ks.v + ks.n * row;
+        double *dk = ks.k + ks.n * row, *dv = ks.v + ks.n * row;
         if (via_read_token) {
-            cr_assert_eq(ctxs_session_read_token(tk, tv, s, k, CTXS_DTYPE_F16), 0);
-            memcpy(dk, tk + layer * row, row * 2);
-            memcpy(dv, tv + layer * row, row * 2);
+            /* float32 is exact for every session dtype */
+            cr_assert_eq(ctxs_session_read_token(tk, tv, s, k, CTXS_DTYPE_F32), 0);
+            for (size_t i = 0; i < row; i++) {
+                dk[i] = tk[layer * row + i];
+                dv[i] = tv[layer * row + i];
+            }
         } else {
             for (uint32_t h = 0; h < g->n_kv_heads; h++) {
                 const uint8_t *base = (const uint8_t *)lay.kv + layer * lay.layer_stride +
                                       h * lay.head_stride + slot * lay.slot_bytes;
-                memcpy(dk + h * g->head_dim, base, lay.slot_bytes);
-                memcpy(dv + h * g->head_dim, base + lay.kv_stride, lay.slot_bytes);
+                const float sk = scale_at(&lay, layer, CTXS_K, h, slot);
+                const float sv = scale_at(&lay, layer, CTXS_V, h, slot);
+                for (uint32_t e = 0; e < g->head_dim; e++) {
+                    dk[h * g->head_dim + e] = elem_value(base, e, g->dtype, sk);
+                    dv[h * g->head_dim + e] = elem_value(base + lay.kv_stride, e, g->dtype, sv);
+                }
             }
         }
         ks.n++;
@@ -264,10 +371,10 @@ static void reference(double *out, const float *q, uint32_t n_heads, double scal
         const uint32_t kvh = h / group;
         double mx = -INFINITY, sum = 0;
         for (uint32_t j = 0; j < ks->n; j++) {
-            const uint16_t *k = ks->k + ((size_t)j * ks->n_kv + kvh) * hd;
+            const double *k = ks->k + ((size_t)j * ks->n_kv + kvh) * hd;
             double d = 0;
             for (uint32_t e = 0; e < hd; e++)
-                d += (double)q[(size_t)h * hd + e] * half_value(k[e]);
+                d += (double)q[(size_t)h * hd + e] * k[e];
             w[j] = d * scale;
             if (w[j] > mx)
                 mx = w[j];
@@ -277,7 +384,7 @@ static void reference(double *out, const float *q, uint32_t n_heads, double scal
         for (uint32_t e = 0; e < hd; e++) {
             double o = 0;
             for (uint32_t j = 0; j < ks->n; j++)
-                o += w[j] * half_value(ks->v[((size_t)j * ks->n_kv + kvh) * hd + e]);
+                o += w[j] * ks->v[((size_t)j * ks->n_kv + kvh) * hd + e];
             out[(size_t)h * hd + e] = ks->n ? o / sum : 0.0;
         }
     }
@@ -315,8 +422,9 @@ static void expect_reference(const float *out, const ctxs_session *s,
         keyset ks = visible(s, pend, layer, q->pos + i, info.window, info.n_sink, via_read_token);
         reference(want, q->q + i * row, q->n_heads, scale, &ks);
         char buf[160];
-        snprintf(buf, sizeof(buf), "%s, query at %llu (%u keys), isa %s", what,
-                 (unsigned long long)(q->pos + i), ks.n, ctxs_attention_get_isa());
+        snprintf(buf, sizeof(buf), "%s, query at %llu (%u keys), %s, isa %s", what,
+                 (unsigned long long)(q->pos + i), ks.n, dtype_name(info.model.geometry.dtype),
+                 ctxs_attention_get_isa());
         expect_close(out + i * row, want, row, buf);
         keyset_free(&ks);
     }
@@ -385,7 +493,16 @@ static void expect_plan_sane(const ctxs_attn_plan *p)
 
 /* --- Decode ---------------------------------------------------------------- */
 
+static void decode_matches_the_reference_for_every_head_dim_and_gqa_ratio_in(void);
+
+/* For every dtype. */
 Test(attention, decode_matches_the_reference_for_every_head_dim_and_gqa_ratio)
+{
+    FOR_EACH_DTYPE
+        decode_matches_the_reference_for_every_head_dim_and_gqa_ratio_in();
+}
+
+static void decode_matches_the_reference_for_every_head_dim_and_gqa_ratio_in(void)
 {
     rng = ts_seed("decode_matches_the_reference");
     static const uint32_t dims[] = {1, 40, 64, 128, 256};
@@ -423,7 +540,16 @@ Test(attention, decode_matches_the_reference_for_every_head_dim_and_gqa_ratio)
     }
 }
 
+static void one_kv_head_per_query_head_and_an_explicit_scale_in(void);
+
+/* For every dtype. */
 Test(attention, one_kv_head_per_query_head_and_an_explicit_scale)
+{
+    FOR_EACH_DTYPE
+        one_kv_head_per_query_head_and_an_explicit_scale_in();
+}
+
+static void one_kv_head_per_query_head_and_an_explicit_scale_in(void)
 {
     rng = ts_seed("explicit_scale");
     ctxs_session *s = create_plain("a", 3, 4, 72);
@@ -454,7 +580,16 @@ Test(attention, one_kv_head_per_query_head_and_an_explicit_scale)
 
 /* --- Windows, sinks, rings, pressure ------------------------------------- */
 
+static void sinks_and_a_small_window_skip_the_keys_between_in(void);
+
+/* For every dtype. */
 Test(attention, sinks_and_a_small_window_skip_the_keys_between)
+{
+    FOR_EACH_DTYPE
+        sinks_and_a_small_window_skip_the_keys_between_in();
+}
+
+static void sinks_and_a_small_window_skip_the_keys_between_in(void)
 {
     rng = ts_seed("small_window");
     ctxs_session *s = create_plain("a", 2, 2, 64);
@@ -495,7 +630,16 @@ Test(attention, sinks_and_a_small_window_skip_the_keys_between)
     ctxs_session_close(s);
 }
 
+static void a_wrapped_ring_reads_its_spans_in_position_order_in(void);
+
+/* For every dtype. */
 Test(attention, a_wrapped_ring_reads_its_spans_in_position_order)
+{
+    FOR_EACH_DTYPE
+        a_wrapped_ring_reads_its_spans_in_position_order_in();
+}
+
+static void a_wrapped_ring_reads_its_spans_in_position_order_in(void)
 {
     rng = ts_seed("wrapped_ring");
     ctxs_session *s = create("a", 2, 2, 48, ts_options(128, 4, 1, CTXS_SYNC_NONE));
@@ -534,7 +678,16 @@ Test(attention, a_wrapped_ring_reads_its_spans_in_position_order)
     ctxs_session_close(s);
 }
 
+static void memory_pressure_shrinks_the_plan_and_the_keys_read_in(void);
+
+/* For every dtype. */
 Test(attention, memory_pressure_shrinks_the_plan_and_the_keys_read)
+{
+    FOR_EACH_DTYPE
+        memory_pressure_shrinks_the_plan_and_the_keys_read_in();
+}
+
+static void memory_pressure_shrinks_the_plan_and_the_keys_read_in(void)
 {
     rng = ts_seed("pressure");
     ctxs_create_options o = ts_options(1024, 4, 1, CTXS_SYNC_NONE);
@@ -656,10 +809,19 @@ static void prefill_case(uint32_t capacity, uint32_t n_sink, uint32_t window,
     free(q);
     ctxs_session_close(s);
     /* so that a test may run several cases */
-    cr_assert_eq(remove(ts_path(ts_scratch, "a")), 0);
+    cr_assert_eq(remove(dtype_path("a")), 0);
 }
 
+static void prefill_matches_the_reference_and_each_decode_bit_for_bit_in(void);
+
+/* For every dtype. */
 Test(attention, prefill_matches_the_reference_and_each_decode_bit_for_bit)
+{
+    FOR_EACH_DTYPE
+        prefill_matches_the_reference_and_each_decode_bit_for_bit_in();
+}
+
+static void prefill_matches_the_reference_and_each_decode_bit_for_bit_in(void)
 {
     rng = ts_seed("prefill");
     /* 200 committed, 70 pending, window 150: the first query reads keys
@@ -668,7 +830,16 @@ Test(attention, prefill_matches_the_reference_and_each_decode_bit_for_bit)
     prefill_case(1024, 4, 150, 200, 70, 2, 4, 64);
 }
 
+static void prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic_in(void);
+
+/* For every dtype. */
 Test(attention, prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic)
+{
+    FOR_EACH_DTYPE
+        prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic_in();
+}
+
+static void prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic_in(void)
 {
     rng = ts_seed("prefill_ring");
     /* The pending tokens wrap the ring; head_dim and the group size are not
@@ -681,7 +852,16 @@ Test(attention, prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic)
  * groups wider than a tile, windows that cut every query's keys (each
  * query walks alone, its blocks offset from its neighbour's) or only the
  * later queries' (the switch inside a block of queries), a wrapped ring. */
+static void blocked_prefill_of_many_queries_equals_each_decode_in(void);
+
+/* For every dtype. */
 Test(attention, blocked_prefill_of_many_queries_equals_each_decode)
+{
+    FOR_EACH_DTYPE
+        blocked_prefill_of_many_queries_equals_each_decode_in();
+}
+
+static void blocked_prefill_of_many_queries_equals_each_decode_in(void)
 {
     rng = ts_seed("blocked_prefill");
     const uint32_t QB = CTXS__ATTN_QBLOCK, T = CTXS__ATTN_TILE;
@@ -694,7 +874,16 @@ Test(attention, blocked_prefill_of_many_queries_equals_each_decode)
     prefill_case(1024, 4, 64, 30, 4 * QB + 7, 2, 3, 16);
 }
 
+static void blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode_in(void);
+
+/* For every dtype. */
 Test(attention, blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode)
+{
+    FOR_EACH_DTYPE
+        blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode_in();
+}
+
+static void blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode_in(void)
 {
     rng = ts_seed("blocked_prefill_ring");
     /* The pending tokens wrap the ring; the plan's spans are the sinks and
@@ -752,7 +941,16 @@ Test(attention, keys_after_a_query_never_touch_its_output_in_a_prefill)
     ctxs_session_close(s);
 }
 
+static void splitting_a_span_does_not_change_a_bit_in(void);
+
+/* For every dtype. */
 Test(attention, splitting_a_span_does_not_change_a_bit)
+{
+    FOR_EACH_DTYPE
+        splitting_a_span_does_not_change_a_bit_in();
+}
+
+static void splitting_a_span_does_not_change_a_bit_in(void)
 {
     rng = ts_seed("split");
     ctxs_session *s = create_plain("a", 1, 2, 64);
@@ -785,7 +983,16 @@ Test(attention, splitting_a_span_does_not_change_a_bit)
     ctxs_session_close(s);
 }
 
+static void a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits_in(void);
+
+/* For every dtype. */
 Test(attention, a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits)
+{
+    FOR_EACH_DTYPE
+        a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits_in();
+}
+
+static void a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits_in(void)
 {
     rng = ts_seed("anon_copy");
     ctxs_session *s = create_plain("a", 2, 2, 40);
@@ -799,6 +1006,14 @@ Test(attention, a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits)
     memcpy(anon, lay.kv, lay.kv_bytes);
     ctxs_layout copy = lay;
     copy.kv = anon;
+    float *scales = NULL;
+    if (g_dtype == CTXS_DTYPE_Q8) {
+        /* the scales too: the copy reads nothing of the session's */
+        scales = malloc(lay.scales_bytes);
+        cr_assert(scales);
+        memcpy(scales, lay.scales, lay.scales_bytes);
+        copy.scales = scales;
+    }
     float *q = rand_q(1, 4, 40, 2.0f);
     float *a = alloc_out(4 * 40), *b = alloc_out(4 * 40);
     FOR_EACH_ISA(isa)
@@ -807,12 +1022,27 @@ Test(attention, a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits)
         cr_assert_eq(ctxs_attention(a, &lay, &plan, 1, &qq), 0);
         cr_assert_eq(ctxs_attention(b, &copy, &plan, 1, &qq), 0);
         cr_expect_eq(memcmp(a, b, 4 * 40 * sizeof(float)), 0, "isa %s", all_isas[isa]);
-        /* and the copy is what is read: change it, the answer changes */
-        ((uint16_t *)anon)[lay.layer_stride / 2 + 5] ^= 0x4000;
+        /* and the copy is what is read: change it, the answer changes
+         * (byte 11 of layer 1's first K row: an exponent bit of fp16 and
+         * bf16 element 5, bit 6 of int8 element 11) */
+        ((uint8_t *)anon)[lay.layer_stride + 11] ^= 0x40;
         cr_assert_eq(ctxs_attention(b, &copy, &plan, 1, &qq), 0);
         cr_expect_neq(memcmp(a, b, 4 * 40 * sizeof(float)), 0, "isa %s", all_isas[isa]);
-        ((uint16_t *)anon)[lay.layer_stride / 2 + 5] ^= 0x4000;
+        ((uint8_t *)anon)[lay.layer_stride + 11] ^= 0x40;
+        if (scales) {
+            /* layer 1's first V scale, slot 0 */
+            float *sv = &scales[(size_t)(1 * 2 + 1) * 2 * lay.capacity];
+            const float keep = *sv;
+            *sv *= 2;
+            cr_assert_eq(ctxs_attention(b, &copy, &plan, 1, &qq), 0);
+            cr_expect_neq(memcmp(a, b, 4 * 40 * sizeof(float)), 0, "isa %s: V scale",
+                          all_isas[isa]);
+            *sv = keep;
+            cr_assert_eq(ctxs_attention(b, &copy, &plan, 1, &qq), 0);
+            cr_expect_eq(memcmp(a, b, 4 * 40 * sizeof(float)), 0, "isa %s", all_isas[isa]);
+        }
     }
+    free(scales);
     munmap(anon, lay.kv_bytes);
     free(q);
     free(a);
@@ -820,7 +1050,16 @@ Test(attention, a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits)
     ctxs_session_close(s);
 }
 
+static void the_kernels_of_different_isas_agree_closely_in(void);
+
+/* For every dtype. */
 Test(attention, the_kernels_of_different_isas_agree_closely)
+{
+    FOR_EACH_DTYPE
+        the_kernels_of_different_isas_agree_closely_in();
+}
+
+static void the_kernels_of_different_isas_agree_closely_in(void)
 {
     rng = ts_seed("isas_agree");
     ctxs_session *s = create_plain("a", 1, 2, 128);
@@ -849,7 +1088,16 @@ Test(attention, the_kernels_of_different_isas_agree_closely)
     ctxs_session_close(s);
 }
 
+static void avx2_and_avx512_give_the_same_bits_in(void);
+
+/* For every dtype. */
 Test(attention, avx2_and_avx512_give_the_same_bits)
+{
+    FOR_EACH_DTYPE
+        avx2_and_avx512_give_the_same_bits_in();
+}
+
+static void avx2_and_avx512_give_the_same_bits_in(void)
 {
     /* Not promised by the header, but by design: both sum each dot product
      * in 16 lanes with one tree and take the same exp() steps, so a
@@ -903,7 +1151,16 @@ static void *run_pass(void *arg)
     return NULL;
 }
 
+static void threads_may_run_passes_over_one_mapping_at_once_in(void);
+
+/* For every dtype. */
 Test(attention, threads_may_run_passes_over_one_mapping_at_once)
+{
+    FOR_EACH_DTYPE
+        threads_may_run_passes_over_one_mapping_at_once_in();
+}
+
+static void threads_may_run_passes_over_one_mapping_at_once_in(void)
 {
     rng = ts_seed("threads");
     ctxs_session *s = create_plain("a", 1, 2, 64);
@@ -1000,6 +1257,502 @@ Test(attention, scores_near_plus_minus_6e4_stay_finite_and_match)
     ctxs_session_close(s);
 }
 
+/* --- Element types through float32 ---------------------------------------- */
+
+/* Appends n tokens of random float32 K/V through ctxs_session_write_token(),
+ * which stores them in the session's dtype, in commits of at most 50; the
+ * floats are kept in ok and ov ([position][n_layers][n_kv][hd]). K has
+ * `outliers` channels (the same in every head) `outlier_gain` times larger
+ * than the rest, as real models' keys have; V has none. */
+static void append_floats(ctxs_session *s, float *ok, float *ov, uint32_t n, uint32_t outliers,
+                          float outlier_gain)
+{
+    ctxs_layout lay;
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    const ctxs_geometry *g = &lay.geometry;
+    const size_t tok = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
+    for (uint32_t done = 0; done < n;) {
+        uint32_t k = n - done > 50 ? 50 : n - done;
+        ctxs_reservation r;
+        cr_assert_eq(ctxs_session_reserve(&r, s, k), 0);
+        for (uint32_t i = 0; i < k; i++) {
+            const uint64_t pos = r.first_pos + i;
+            float *kt = ok + pos * tok, *vt = ov + pos * tok;
+            for (size_t e = 0; e < tok; e++) {
+                const uint32_t ch = (uint32_t)(e % g->head_dim);
+                kt[e] = frand(-1.0f, 1.0f) * (ch * 7 % g->head_dim < outliers ? outlier_gain : 1.0f);
+                vt[e] = frand(-1.0f, 1.0f);
+            }
+            int rc = ctxs_session_write_token(s, &r, i, kt, vt, CTXS_DTYPE_F32);
+            cr_assert_eq(rc, 0, "write_token: %s", ctxs_strerror(rc));
+        }
+        commit(s, &r, k);
+        done += k;
+    }
+}
+
+/* bf16 by the definition of round to nearest, ties to even: the two bf16
+ * values around f, the nearer (the even one on a tie). Not the library's
+ * bit trick. */
+static uint16_t bf16_round(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t lo = (uint16_t)(x >> 16), hi = (uint16_t)(lo + 1);
+    double dl = fabs(bf16_value(lo) - f), dh = fabs(bf16_value(hi) - f);
+    return dl < dh ? lo : dh < dl ? hi : (lo & 1) ? hi : lo;
+}
+
+/* What the Q8 error bound is made of, for one query head against the
+ * original float K/V of its keys:
+ *
+ *   Each element is off by at most half a step: |x - scale*q| <= scale/2 =
+ *   amax/254 of its (token, head) (a little more for the float rounding of
+ *   x * (127 / amax) and of the scale: 1e-4 of a step, covered by the
+ *   factor (1 + 1e-3) below). With c the softmax scale, key j's logit
+ *   c * q.k_j is then off by at most
+ *       d_j = c * sum_i |q_i| * amax_kj / 254,   d = max_j d_j.
+ *   Shifting every logit by at most d changes each softmax weight by a
+ *   factor in [e^-2d, e^2d], so |p'_j - p_j| <= (e^2d - 1) p_j, and output
+ *   element i, o_i = sum_j p_j v_ji, moves by
+ *       |o'_i - o_i| <= sum_j |p'_j - p_j| |v_ji| + sum_j p'_j |v'_ji - v_ji|
+ *                    <= (e^2d - 1) sum_j p_j |v_ji|  +  max_j amax_vj / 254.
+ *   Float32 accumulation adds what the fp16 tests allow, 1e-4 (1 + |o_i|).
+ *
+ * The bound is a worst case (every element's error of one sign, aligned
+ * with q): random rounding errors cancel, and the measured error is well
+ * below it. */
+typedef struct q8_bound {
+    double worst_ratio; /* the largest error / bound seen */
+    double worst_err;   /* the largest error seen */
+} q8_bound;
+
+/* Checks out (one query, [n_heads][hd]) against the reference from the
+ * original floats of positions 0 .. p (all visible), within the bound. */
+static void expect_q8_bound(const float *out, const float *q, uint32_t n_heads, double c,
+                            const float *ok, const float *ov, const ctxs_geometry *g,
+                            uint32_t layer, uint64_t p, q8_bound *b, const char *what)
+{
+    const uint32_t hd = g->head_dim, n_kv = g->n_kv_heads, group = n_heads / n_kv;
+    const size_t tok = (size_t)g->n_layers * n_kv * hd;
+    const uint64_t n = p + 1;
+    double *w = malloc(n * sizeof(double));
+    cr_assert(w);
+    for (uint32_t h = 0; h < n_heads; h++) {
+        const uint32_t kvh = h / group;
+        const float *qh = q + (size_t)h * hd;
+        double qabs = 0;
+        for (uint32_t e = 0; e < hd; e++)
+            qabs += fabs(qh[e]);
+        double mx = -INFINITY, sum = 0, d = 0, ev = 0;
+        for (uint64_t j = 0; j < n; j++) {
+            const float *k = ok + j * tok + ((size_t)layer * n_kv + kvh) * hd;
+            const float *v = ov + j * tok + ((size_t)layer * n_kv + kvh) * hd;
+            double dot = 0, ak = 0, av = 0;
+            for (uint32_t e = 0; e < hd; e++) {
+                dot += (double)qh[e] * k[e];
+                ak = fabs(k[e]) > ak ? fabs(k[e]) : ak;
+                av = fabs(v[e]) > av ? fabs(v[e]) : av;
+            }
+            w[j] = dot * c;
+            mx = w[j] > mx ? w[j] : mx;
+            const double dj = c * qabs * ak / 254 * (1 + 1e-3);
+            d = dj > d ? dj : d;
+            ev = av / 254 * (1 + 1e-3) > ev ? av / 254 * (1 + 1e-3) : ev;
+        }
+        for (uint64_t j = 0; j < n; j++)
+            sum += (w[j] = ref_exp(w[j] - mx));
+        const double grow = ref_exp(-2 * d) > 0 ? 1 / ref_exp(-2 * d) - 1 : INFINITY;
+        for (uint32_t e = 0; e < hd; e++) {
+            double o = 0, pv = 0;
+            for (uint64_t j = 0; j < n; j++) {
+                const double v = ov[j * tok + ((size_t)layer * n_kv + kvh) * hd + e];
+                o += w[j] * v;
+                pv += w[j] * fabs(v);
+            }
+            o /= sum;
+            pv /= sum;
+            const double bound = grow * pv + ev + 1e-4 * (1 + fabs(o));
+            const double err = fabs((double)out[(size_t)h * hd + e] - o);
+            if (err / bound > b->worst_ratio)
+                b->worst_ratio = err / bound;
+            if (err > b->worst_err)
+                b->worst_err = err;
+            if (!(err <= bound)) {
+                cr_expect_fail("%s: head %u element %u is %.9g, from the original floats %.9g:"
+                               " off by %.3g, bound %.3g (isa %s)",
+                               what, h, e, (double)out[(size_t)h * hd + e], o, err, bound,
+                               ctxs_attention_get_isa());
+                free(w);
+                return;
+            }
+        }
+    }
+    free(w);
+}
+
+Test(attention, bf16_written_as_float32_matches_the_reference_of_its_rounding)
+{
+    rng = ts_seed("bf16_float32");
+    g_dtype = CTXS_DTYPE_BF16;
+    const uint32_t n_layers = 2, n_kv = 2, hd = 96, n = 230, n_heads = 6;
+    ctxs_session *s = create_plain("a", n_layers, n_kv, hd);
+    const size_t tok = (size_t)n_layers * n_kv * hd;
+    float *ok = malloc(n * tok * sizeof(float)), *ov = malloc(n * tok * sizeof(float));
+    cr_assert(ok && ov);
+    append_floats(s, ok, ov, n, 4, 20.0f);
+
+    /* What the session holds is each float rounded to nearest even. */
+    ctxs_layout lay;
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    for (uint32_t p = 0; p < n; p++)
+        for (uint32_t l = 0; l < n_layers; l++)
+            for (uint32_t h = 0; h < n_kv; h++) {
+                uint32_t slot;
+                cr_assert_eq(ctxs_session_get_slot(&slot, s, p), 0);
+                const uint16_t *k =
+                    (const uint16_t *)(const void *)((const uint8_t *)lay.kv +
+                                                     l * lay.layer_stride + h * lay.head_stride +
+                                                     slot * lay.slot_bytes);
+                for (uint32_t e = 0; e < hd; e += 7)
+                    cr_assert_eq(k[e], bf16_round(ok[p * tok + (l * n_kv + h) * hd + e]),
+                                 "position %u layer %u head %u element %u", p, l, h, e);
+            }
+
+    ctxs_attn_plan plan = plan_of(s, 0);
+    float *q = rand_q(1, n_heads, hd, 2.0f);
+    float *out = alloc_out(n_heads * hd);
+    double worst = 0;
+    FOR_EACH_ISA(isa)
+    {
+        ctxs_attn_query qq = {q, n - 1, 1, n_heads, 0.0f};
+        cr_assert_eq(ctxs_attention(out, &lay, &plan, 1, &qq), 0);
+        /* exact to the rounding: the reference from the bf16 values */
+        expect_reference(out, s, NULL, 1, &qq, 0, "bf16 from float32");
+        expect_reference(out, s, NULL, 1, &qq, 1, "bf16 from float32, read_token");
+        expect_canary(out, n_heads * hd);
+        keyset ks = visible(s, NULL, 1, n - 1, n, 0, 0);
+        double want[6 * 96];
+        reference(want, q, n_heads, 1.0 / ref_sqrt(hd), &ks);
+        keyset_free(&ks);
+        for (uint32_t i = 0; i < n_heads * hd; i++)
+            worst = fabs(out[i] - want[i]) > worst ? fabs(out[i] - want[i]) : worst;
+    }
+    cr_log_info("bf16: largest error against the fp64 reference of the stored values: %.3g",
+                worst);
+    free(q);
+    free(out);
+    free(ok);
+    free(ov);
+    ctxs_session_close(s);
+}
+
+/* Q8 through a real session: the engine's float32 K/V quantized by
+ * ctxs_session_write_token(), then decode and a prefill of n > 1 against
+ * two references: the stored values (int8 times scale, decoded here), to
+ * float32 accumulation; and the original floats, within the bound above.
+ * GQA, a head_dim that is not a multiple of 16, K with outlier channels. */
+Test(attention, q8_written_as_float32_stays_within_the_derived_bound)
+{
+    rng = ts_seed("q8_float32");
+    g_dtype = CTXS_DTYPE_Q8;
+    static const struct {
+        uint32_t hd, group, outliers;
+        float gain;
+    } cases[] = {{128, 4, 0, 1.0f}, {128, 4, 4, 20.0f}, {40, 3, 2, 8.0f}, {1, 2, 0, 1.0f}};
+    q8_bound b = {0, 0};
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        const uint32_t n_layers = 2, n_kv = 2, hd = cases[ci].hd;
+        const uint32_t n_heads = n_kv * cases[ci].group, committed = 150, n = 40;
+        char name[16];
+        snprintf(name, sizeof(name), "c%zu", ci);
+        ctxs_session *s = create_plain(name, n_layers, n_kv, hd);
+        const size_t tok = (size_t)n_layers * n_kv * hd, row = (size_t)n_heads * hd;
+        float *ok = malloc((committed + n) * tok * sizeof(float));
+        float *ov = malloc((committed + n) * tok * sizeof(float));
+        cr_assert(ok && ov);
+        append_floats(s, ok, ov, committed + n, cases[ci].outliers, cases[ci].gain);
+        ctxs_layout lay;
+        cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+        /* Every query of the last n as one prefill (the plan of the
+         * committed state serves the last query only, so a hand-made plan
+         * with first_query lowered: the same single span). */
+        ctxs_attn_plan plan = plan_of(s, 0);
+        cr_assert_eq(plan.n_spans, 1);
+        plan.first_query = committed;
+        float *q = rand_q(n, n_heads, hd, 2.0f);
+        float *pre = alloc_out(n * row), *one = alloc_out(row);
+        char what[96];
+        FOR_EACH_ISA(isa)
+        {
+            ctxs_attn_query qq = {q, committed, n, n_heads, 0.0f};
+            cr_assert_eq(ctxs_attention(pre, &lay, &plan, 1, &qq), 0);
+            expect_canary(pre, n * row);
+            snprintf(what, sizeof(what), "q8 case %zu (head_dim %u, %u outliers x%g)", ci, hd,
+                     cases[ci].outliers, (double)cases[ci].gain);
+            expect_reference(pre, s, NULL, 1, &qq, 0, what);
+            for (uint32_t i = 0; i < n; i++) {
+                expect_q8_bound(pre + i * row, q + i * row, n_heads, 1.0 / ref_sqrt(hd), ok, ov,
+                                &lay.geometry, 1, committed + i, &b, what);
+                ctxs_attn_query q1 = {q + i * row, committed + i, 1, n_heads, 0.0f};
+                cr_assert_eq(ctxs_attention(one, &lay, &plan, 1, &q1), 0);
+                cr_expect_eq(memcmp(one, pre + i * row, row * sizeof(float)), 0,
+                             "%s, isa %s: decode of %u differs from its prefill", what,
+                             all_isas[isa], committed + i);
+            }
+        }
+        free(q);
+        free(pre);
+        free(one);
+        free(ok);
+        free(ov);
+        ctxs_session_close(s);
+    }
+    /* The bound must be met, and must not be so loose that a broken scale
+     * would pass it: the error is a real fraction of it. */
+    cr_log_info("q8: largest error against the original floats %.3g, %.3f of the bound",
+                b.worst_err, b.worst_ratio);
+    cr_expect_gt(b.worst_ratio, 0.005, "the quantization left no trace: was it Q8?");
+}
+
+/* --- Layouts built by hand -------------------------------------------------- */
+
+/* A layout of dtype dt in anonymous memory, not a session's: its own
+ * strides (heads, K/V and layers apart by gaps), Q8 at an odd address, the
+ * scale table elsewhere; K/V quantized or rounded here from random floats
+ * by the test's own code. */
+typedef struct hand_layout {
+    ctxs_layout lay;
+    void *map;
+    size_t map_bytes;
+    float *scales;
+    float *ok, *ov; /* the floats: [layer][kind][head][slot][hd] as ok/ov */
+} hand_layout;
+
+static hand_layout hand_build(uint32_t dt, uint32_t n_layers, uint32_t n_kv, uint32_t hd,
+                              uint32_t cap)
+{
+    hand_layout hl = {0};
+    const size_t eb = elem_bytes(dt), slot = hd * eb;
+    ctxs_layout *l = &hl.lay;
+    l->geometry = (ctxs_geometry){n_layers, n_kv, hd, dt};
+    l->capacity = cap;
+    l->slot_bytes = slot;
+    l->head_stride = cap * slot + 6 * eb;       /* a gap after each head */
+    l->kv_stride = n_kv * l->head_stride + 10 * eb;
+    l->layer_stride = 2 * l->kv_stride + 4 * eb;
+    l->kv_bytes = n_layers * l->layer_stride;
+    hl.map_bytes = l->kv_bytes + 64;
+    hl.map = mmap(NULL, hl.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(hl.map, MAP_FAILED);
+    memset(hl.map, 0x5a, hl.map_bytes); /* the gaps hold garbage */
+    l->kv = (uint8_t *)hl.map + (dt == CTXS_DTYPE_Q8 ? 3 : 2);
+    const size_t n_elem = (size_t)n_layers * 2 * n_kv * cap * hd;
+    hl.ok = malloc(n_elem * sizeof(float));
+    cr_assert(hl.ok);
+    if (dt == CTXS_DTYPE_Q8) {
+        l->scales_bytes = (size_t)n_layers * 2 * n_kv * cap * sizeof(float);
+        hl.scales = malloc(l->scales_bytes);
+        cr_assert(hl.scales);
+        l->scales = hl.scales;
+    }
+    for (uint32_t ly = 0; ly < n_layers; ly++)
+        for (uint32_t kind = 0; kind < 2; kind++)
+            for (uint32_t h = 0; h < n_kv; h++)
+                for (uint32_t t = 0; t < cap; t++) {
+                    const size_t run = ((size_t)ly * 2 + kind) * n_kv + h;
+                    float *x = hl.ok + (run * cap + t) * hd;
+                    uint8_t *row = (uint8_t *)l->kv + ly * l->layer_stride + kind * l->kv_stride +
+                                   h * l->head_stride + t * slot;
+                    double amax = 0;
+                    for (uint32_t e = 0; e < hd; e++) {
+                        /* K: channel 3 an outlier */
+                        x[e] = frand(-1.0f, 1.0f) * (kind == 0 && e == 3 ? 12.0f : 1.0f);
+                        amax = fabs(x[e]) > amax ? fabs(x[e]) : amax;
+                    }
+                    for (uint32_t e = 0; e < hd; e++) {
+                        if (dt == CTXS_DTYPE_Q8) {
+                            double r = x[e] * 127.0 / amax;
+                            int qi = (int)(r + (r >= 0 ? 0.5 : -0.5)); /* ties away: any rounding
+                                                                          is a valid Q8 */
+                            ((int8_t *)row)[e] = (int8_t)(qi > 127 ? 127 : qi < -127 ? -127 : qi);
+                        } else {
+                            uint16_t b16 = dt == CTXS_DTYPE_BF16 ? bf16_round(x[e]) : 0;
+                            if (dt == CTXS_DTYPE_F16) {
+                                /* nearest fp16 by search over the two around it */
+                                uint16_t lo = 0;
+                                for (int bit = 14; bit >= 0; bit--)
+                                    if (half_value((uint16_t)(lo | 1u << bit)) <= fabs(x[e]))
+                                        lo |= (uint16_t)(1u << bit);
+                                uint16_t hi = (uint16_t)(lo + 1);
+                                b16 = fabs(x[e]) - half_value(lo) <= half_value(hi) - fabs(x[e])
+                                          ? lo : hi;
+                                if (x[e] < 0)
+                                    b16 |= 0x8000;
+                            }
+                            memcpy(row + 2 * (size_t)e, &b16, 2);
+                        }
+                    }
+                    if (hl.scales)
+                        hl.scales[run * cap + t] = (float)(amax / 127.0);
+                }
+    return hl;
+}
+
+static void hand_free(hand_layout *hl)
+{
+    munmap(hl->map, hl->map_bytes);
+    free(hl->scales);
+    free(hl->ok);
+}
+
+/* The reference from the stored values of a hand-built layout, for query
+ * position p over a plan of one span from slot 0 (position = slot). */
+static void hand_reference(double *want, const hand_layout *hl, uint32_t layer, const float *q,
+                           uint32_t n_heads, uint64_t p, int from_floats)
+{
+    const ctxs_layout *l = &hl->lay;
+    const uint32_t hd = l->geometry.head_dim, n_kv = l->geometry.n_kv_heads;
+    keyset ks = {(uint32_t)(p + 1), n_kv, hd, NULL, NULL};
+    const size_t row = (size_t)n_kv * hd;
+    ks.k = malloc(ks.n * row * sizeof(double));
+    ks.v = malloc(ks.n * row * sizeof(double));
+    cr_assert(ks.k && ks.v);
+    for (uint32_t t = 0; t < ks.n; t++)
+        for (uint32_t h = 0; h < n_kv; h++)
+            for (uint32_t kind = 0; kind < 2; kind++) {
+                const size_t run = ((size_t)layer * 2 + kind) * n_kv + h;
+                const uint8_t *r = (const uint8_t *)l->kv + layer * l->layer_stride +
+                                   kind * l->kv_stride + h * l->head_stride + t * l->slot_bytes;
+                double *dst = (kind ? ks.v : ks.k) + t * row + (size_t)h * hd;
+                for (uint32_t e = 0; e < hd; e++)
+                    dst[e] = from_floats ? hl->ok[(run * l->capacity + t) * hd + e]
+                                         : elem_value(r, e, l->geometry.dtype,
+                                                      hl->scales ? hl->scales[run * l->capacity + t]
+                                                                 : 0.0f);
+            }
+    reference(want, q, n_heads, 1.0 / ref_sqrt(hd), &ks);
+    keyset_free(&ks);
+}
+
+Test(attention, hand_built_layouts_of_every_dtype_in_anonymous_memory)
+{
+    rng = ts_seed("hand_built");
+    const uint32_t n_layers = 2, n_kv = 3, hd = 72, cap = 150, group = 5;
+    const uint32_t n_heads = n_kv * group, n = 20;
+    const size_t row = (size_t)n_heads * hd;
+    for (size_t di = 0; di < N_DTYPES; di++) {
+        const uint32_t dt = all_dtypes[di];
+        hand_layout hl = hand_build(dt, n_layers, n_kv, hd, cap);
+        /* positions = slots, 0 .. cap - 1; the last n queries */
+        ctxs_attn_plan plan = {0};
+        plan.n_tokens = cap;
+        plan.first_query = cap - n;
+        plan.window = cap;
+        plan.n_spans = 1;
+        plan.spans[0] = (ctxs_attn_span){0, 0, cap};
+        plan.n_keys = cap;
+        /* and the same keys cut in three spans, off the block boundaries */
+        ctxs_attn_plan cut = plan;
+        cut.n_spans = 3;
+        cut.spans[0] = (ctxs_attn_span){0, 0, 33};
+        cut.spans[1] = (ctxs_attn_span){33, 33, 100};
+        cut.spans[2] = (ctxs_attn_span){133, 133, cap - 133};
+        float *q = rand_q(n, n_heads, hd, 1.5f);
+        float *a = alloc_out(n * row), *b = alloc_out(n * row);
+        double *want = malloc(row * sizeof(double)), *orig = malloc(row * sizeof(double));
+        cr_assert(want && orig);
+        double worst = 0;
+        FOR_EACH_ISA(isa)
+        {
+            ctxs_attn_query qq = {q, cap - n, n, n_heads, 0.0f};
+            cr_assert_eq(ctxs_attention(a, &hl.lay, &plan, 1, &qq), 0);
+            cr_assert_eq(ctxs_attention(b, &hl.lay, &cut, 1, &qq), 0);
+            cr_expect_eq(memcmp(a, b, n * row * sizeof(float)), 0, "%s, isa %s: spans",
+                         dtype_name(dt), all_isas[isa]);
+            expect_canary(a, n * row);
+            for (uint32_t i = 0; i < n; i += 3) {
+                char what[64];
+                snprintf(what, sizeof(what), "hand-built %s, query %u, isa %s", dtype_name(dt),
+                         cap - n + i, all_isas[isa]);
+                hand_reference(want, &hl, 1, q + i * row, n_heads, cap - n + i, 0);
+                expect_close(a + i * row, want, row, what);
+                hand_reference(orig, &hl, 1, q + i * row, n_heads, cap - n + i, 1);
+                for (size_t e = 0; e < row; e++)
+                    worst = fabs(a[i * row + e] - orig[e]) > worst ? fabs(a[i * row + e] - orig[e])
+                                                                  : worst;
+            }
+        }
+        cr_log_info("hand-built %s: largest error against the original floats: %.3g",
+                    dtype_name(dt), worst);
+        free(q);
+        free(a);
+        free(b);
+        free(want);
+        free(orig);
+        hand_free(&hl);
+    }
+}
+
+Test(attention, q8_and_bf16_layouts_are_checked_for_their_elements_and_scales)
+{
+    rng = ts_seed("dtype_einval");
+    for (size_t di = 1; di < N_DTYPES; di++) {
+        g_dtype = all_dtypes[di];
+        ctxs_session *s = create_plain("a", 2, 2, 16);
+        append_random(s, 50);
+        ctxs_attn_plan plan = plan_of(s, 0);
+        ctxs_layout lay;
+        cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+        float *q = rand_q(1, 4, 16, 1.0f);
+        float *out = alloc_out(4 * 16);
+        const ctxs_attn_query good = {q, 49, 1, 4, 0.0f};
+        float scale;
+#define EXPECT_BOTH(l, layer, want)                                                  \
+    do {                                                                             \
+        cr_expect_eq(ctxs_attention(out, l, &plan, layer, &good), want, "%s, line %d", \
+                     dtype_name(g_dtype), __LINE__);                                \
+        cr_expect_eq(ctxs_attention_check(&scale, l, &plan, layer, &good), want,     \
+                     "%s, line %d", dtype_name(g_dtype), __LINE__);                  \
+    } while (0)
+        FOR_EACH_ISA(isa)
+        {
+            EXPECT_BOTH(&lay, 1, 0);
+            ctxs_layout l = lay;
+            l.slot_bytes = g_dtype == CTXS_DTYPE_Q8 ? 32 : 16;  /* another element size */
+            EXPECT_BOTH(&l, 0, CTXS_EINVAL);
+            l = lay, l.geometry.dtype = CTXS_DTYPE_F16 + CTXS_DTYPE_Q8 - g_dtype; /* q8<->f16 */
+            if (g_dtype == CTXS_DTYPE_Q8)
+                EXPECT_BOTH(&l, 0, CTXS_EINVAL);
+            if (g_dtype == CTXS_DTYPE_BF16) {
+                l = lay, l.kv = (uint8_t *)lay.kv + 1, l.kv_bytes -= 2;
+                EXPECT_BOTH(&l, 0, CTXS_EINVAL);              /* a bf16 row at an odd address */
+                l = lay, l.head_stride += 1;
+                EXPECT_BOTH(&l, 0, CTXS_EINVAL);
+                l = lay, l.scales = NULL, l.scales_bytes = 0; /* bf16 has none */
+                EXPECT_BOTH(&l, 1, 0);
+            } else {
+                l = lay, l.scales = NULL;
+                EXPECT_BOTH(&l, 0, CTXS_EINVAL);
+                l = lay, l.scales = (float *)(void *)((uint8_t *)lay.scales + 2);
+                EXPECT_BOTH(&l, 0, CTXS_EINVAL);               /* not 4-byte aligned */
+                /* layer 1's scales cut by one float: layer 0 still reads */
+                l = lay, l.scales_bytes = (size_t)2 * 2 * 2 * lay.capacity * sizeof(float) - 4;
+                EXPECT_BOTH(&l, 1, CTXS_EINVAL);
+                EXPECT_BOTH(&l, 0, 0);
+                l.scales_bytes += 4;
+                EXPECT_BOTH(&l, 1, 0);
+                l = lay, l.kv = (uint8_t *)lay.kv + 1, l.kv_bytes -= 1;
+                EXPECT_BOTH(&l, 0, 0);                          /* int8 needs no alignment */
+            }
+        }
+#undef EXPECT_BOTH
+        free(q);
+        free(out);
+        ctxs_session_close(s);
+    }
+}
+
 /* --- Argument checks -------------------------------------------------------- */
 
 Test(attention, bad_arguments_are_einval_and_leave_out_alone)
@@ -1088,7 +1841,12 @@ Test(attention, bad_arguments_are_einval_and_leave_out_alone)
 
         /* Layouts that are not a session's. */
         ctxs_layout l = lay;
-        l.geometry.dtype = CTXS_DTYPE_F16 + 1;
+        static const uint32_t not_session_dtypes[] = {0, CTXS_DTYPE_F32, 5, UINT32_MAX};
+        for (size_t i = 0; i < sizeof(not_session_dtypes) / sizeof(not_session_dtypes[0]); i++) {
+            l.geometry.dtype = not_session_dtypes[i];
+            EXPECT_EINVAL(out, &l, &plan, 0, &good);
+        }
+        l = lay, l.geometry.dtype = CTXS_DTYPE_Q8;          /* slot_bytes is 2 * head_dim */
         EXPECT_EINVAL(out, &l, &plan, 0, &good);
         l = lay, l.kv = NULL;
         EXPECT_EINVAL(out, &l, &plan, 0, &good);

@@ -2618,6 +2618,22 @@ Test(cli, demo_quick_completes_on_a_fresh_directory_and_resumes_identically)
     }
     cr_assert(resumed, "no turn came after the resume:\n%s", R.out);
     cr_assert_geq(jd(v, "summary.save_median_s"), jd(v, "summary.commit_median_s"), "%s", R.out);
+    /* The conversation as a file of each dtype: bf16 as big as fp16, Q8
+     * half the elements plus a float scale per head, on disk too. */
+    cr_assert_eq(ju(v, "dtype_sizes.held_tokens"), ju(jc_at(turns, turns->n - 1), "held_tokens"),
+                 "%s", R.out);
+    cr_assert_str_eq(js(v, "dtype_sizes.files[0].dtype"), "f16");
+    cr_assert_str_eq(js(v, "dtype_sizes.files[1].dtype"), "bf16");
+    cr_assert_str_eq(js(v, "dtype_sizes.files[2].dtype"), "q8");
+    uint64_t f16_token = ju(v, "dtype_sizes.files[0].token_bytes");
+    cr_assert_eq(f16_token, ju(v, "model.token_bytes"), "%s", R.out);
+    cr_assert_eq(ju(v, "dtype_sizes.files[1].token_bytes"), f16_token);
+    uint64_t heads = ju(v, "model.n_layers") * ju(v, "model.n_kv_heads");
+    cr_assert_eq(ju(v, "dtype_sizes.files[2].token_bytes"), f16_token / 2 + 2 * heads * 4);
+    cr_assert_eq(ju(v, "dtype_sizes.files[1].disk_bytes"), ju(v, "dtype_sizes.files[0].disk_bytes"),
+                 "%s", R.out);
+    cr_assert_lt(ju(v, "dtype_sizes.files[2].disk_bytes"), ju(v, "dtype_sizes.files[0].disk_bytes"),
+                 "%s", R.out);
     jc_free(v);
     /* Without --keep the demo's session and scratch files are gone. */
     CLI_EXPECT(EX_OK, fresh, "ls", "--json");

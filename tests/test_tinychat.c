@@ -8,6 +8,9 @@
  *
  * The session is a ring of 128 slots with 4 sinks and a window of 93, so a
  * 44-token prompt and 200 tokens wrap the ring and read through the window.
+ * The streams, the kills and the program run for each dtype a session can
+ * keep K/V in (fp16, bf16, Q8); tinychat's conversions are checked against
+ * what the library's ctxs_session_write_token() stores.
  *
  * Runs with --jobs 1 (the kill test forks). Seeds of the kill points come
  * from CTXS_TEST_SEED when set, else from the clock, and are logged.
@@ -40,6 +43,14 @@ TestSuite(tinychat, .init = ts_scratch_init, .fini = ts_scratch_fini);
 
 #define say(...) (fprintf(stderr, __VA_ARGS__), fputc('\n', stderr))
 
+static const uint32_t k_dtypes[] = {CTXS_DTYPE_F16, CTXS_DTYPE_BF16, CTXS_DTYPE_Q8};
+#define N_DTYPES (sizeof(k_dtypes) / sizeof(k_dtypes[0]))
+
+static const char *dtype_name(uint32_t dtype)
+{
+    return dtype == CTXS_DTYPE_Q8 ? "q8" : dtype == CTXS_DTYPE_BF16 ? "bf16" : "f16";
+}
+
 /* --- Helpers ------------------------------------------------------------------ */
 
 static void prompt_ids(uint32_t *ids)
@@ -48,15 +59,21 @@ static void prompt_ids(uint32_t *ids)
         ids[i] = (uint8_t)k_prompt[i];
 }
 
-static tinychat_model *model_new(uint64_t seed)
+static tinychat_model *model_new_dtype(uint64_t seed, uint32_t dtype)
 {
     tinychat_config cfg;
     tinychat_config_default(&cfg);
     cfg.seed = seed;
+    cfg.dtype = dtype;
     tinychat_model *m = NULL;
     int rc = tinychat_model_create(&m, &cfg);
     cr_assert_eq(rc, 0, "model_create: %s", ctxs_err_name(rc));
     return m;
+}
+
+static tinychat_model *model_new(uint64_t seed)
+{
+    return model_new_dtype(seed, CTXS_DTYPE_F16);
 }
 
 static ctxs_session *session_create(tinychat_model *m, const char *path, uint32_t capacity)
@@ -95,9 +112,9 @@ typedef float logit_row[VOCAB];
  * and the resumed prediction is checked against the one the run had, token
  * and logits bit for bit. */
 static void generate_n(uint32_t *out, logit_row *logits, uint32_t n_gen, uint64_t seed,
-                       const char *path, uint32_t reopen_every)
+                       uint32_t dtype, const char *path, uint32_t reopen_every)
 {
-    tinychat_model *m = model_new(seed);
+    tinychat_model *m = model_new_dtype(seed, dtype);
     cr_assert_eq(tinychat_model_config(m)->vocab, VOCAB);
     ctxs_session *s = session_create(m, path, CAPACITY);
     uint32_t ids[N_PROMPT], next;
@@ -141,7 +158,7 @@ static void generate_n(uint32_t *out, logit_row *logits, uint32_t n_gen, uint64_
 
 static void generate(uint32_t *out, uint64_t seed, const char *path, uint32_t reopen_every)
 {
-    generate_n(out, NULL, N_GEN, seed, path, reopen_every);
+    generate_n(out, NULL, N_GEN, seed, CTXS_DTYPE_F16, path, reopen_every);
 }
 
 static uint32_t distinct(const uint32_t *v, uint32_t n)
@@ -204,6 +221,87 @@ Test(tinychat, half_conversion_is_exact_and_rounds_to_even)
 #endif
 }
 
+/* tinychat writes the mapping itself (a layer's K/V before that layer's
+ * attention reads them), converting as the library would: the bf16 and Q8
+ * it stores must be the bytes (and scales) that ctxs_session_write_token()
+ * stores from the same floats, on values of every size, ties, zeros and
+ * a head that is all zero. */
+Test(tinychat, conversions_store_what_write_token_stores)
+{
+    enum { HD = 64, TOKENS = 400 };
+    const ctxs_geometry g = {1, 1, HD, 0};
+    uint64_t st = 99;
+    for (size_t d = 0; d < N_DTYPES; d++) {
+        const uint32_t dtype = k_dtypes[d];
+        ctxs_model cm = {.geometry = g};
+        cm.geometry.dtype = dtype;
+        memcpy(cm.model_hash, "tinychat-dtypes!", 16);
+        ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+        o.capacity = TOKENS;
+        o.open.background = 0;
+        char name[64];
+        snprintf(name, sizeof(name), "conv-%s.ctxs", dtype_name(dtype));
+        ctxs_session *s;
+        cr_assert_eq(ctxs_session_create(&s, ts_path(ts_scratch, name), &cm, &o), 0);
+        ctxs_reservation r;
+        cr_assert_eq(ctxs_session_reserve(&r, s, TOKENS), 0);
+        static float k[TOKENS][HD], v[TOKENS][HD];
+        static uint32_t ids[TOKENS];
+        for (uint32_t t = 0; t < TOKENS; t++) {
+            ids[t] = t;
+            for (uint32_t i = 0; i < HD; i++) {
+                uint64_t x = ts_rng_next(&st);
+                /* Magnitudes from 2^-30 to 2^10, some exact halves of the
+                 * target's last place, some equal to the head's max. */
+                float f = ldexpf((float)(x & 0xffffff) * 0x1p-24f + 0.5f, (int)(x >> 32) % 41 - 30);
+                if (x >> 60 == 1)
+                    f = 1.0f + 0x1p-9f;  /* a bf16 tie: rounds to even */
+                if (x >> 60 == 2)
+                    f = 0.0f;
+                k[t][i] = x >> 59 & 1 ? -f : f;
+                v[t][i] = t % 50 == 0 ? 0.0f : (float)((int)(x % 255) - 127) * 0.25f;
+            }
+            cr_assert_eq(ctxs_session_write_token(s, &r, t, k[t], v[t], CTXS_DTYPE_F32), 0);
+        }
+        cr_assert_eq(ctxs_session_commit(s, ids, TOKENS), 0);
+        for (uint32_t t = 0; t < TOKENS; t++) {
+            /* The session's own form: the elements, then (Q8) the scale. */
+            uint8_t sk[HD * 2 + 4], sv[HD * 2 + 4], want[HD * 2 + 4];
+            cr_assert_eq(ctxs_session_read_token(sk, sv, s, t, dtype), 0);
+            for (int kind = 0; kind < 2; kind++) {
+                const float *x = kind ? v[t] : k[t];
+                size_t n = HD * 2;
+                if (dtype == CTXS_DTYPE_Q8) {
+                    float scale = tinychat_q8_quantize((int8_t *)want, x, HD);
+                    memcpy(want + HD, &scale, 4);
+                    n = HD + 4;
+                } else {
+                    for (uint32_t i = 0; i < HD; i++) {
+                        uint16_t h = dtype == CTXS_DTYPE_BF16 ? tinychat_f32_to_bf16(x[i])
+                                                              : tinychat_f32_to_f16(x[i]);
+                        memcpy(want + 2 * i, &h, 2);
+                    }
+                }
+                cr_assert(memcmp(kind ? sv : sk, want, n) == 0,
+                          "%s: token %u's %c differs from the library's", dtype_name(dtype), t,
+                          kind ? 'V' : 'K');
+            }
+        }
+        ctxs_session_close(s);
+    }
+    /* bf16 round trips, and a NaN stays one. */
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        float f = tinychat_bf16_to_f32((uint16_t)h);
+        if (isnan(f))
+            cr_assert(isnan(tinychat_bf16_to_f32(tinychat_f32_to_bf16(f))));
+        else
+            cr_assert_eq(tinychat_f32_to_bf16(f), h);
+    }
+    float bad[4] = {1.0f, NAN, 2.0f, 3.0f};
+    int8_t q[4];
+    cr_assert_lt(tinychat_q8_quantize(q, bad, 4), 0.0f, "Q8 refuses a NaN");
+}
+
 /* --- Streams --------------------------------------------------------------------- */
 
 Test(tinychat, uninterrupted_run_is_varied_and_seeded)
@@ -234,6 +332,82 @@ Test(tinychat, close_and_reopen_every_7_tokens_gives_the_same_stream)
     assert_same_stream(want, got, "reopened every 7 tokens");
     generate(got, MODEL_SEED, ts_path(ts_scratch, "c.ctxs"), 1);
     assert_same_stream(want, got, "reopened after every token");
+}
+
+/* In bf16 and Q8 the stream is another (the K/V keep fewer bits), but as
+ * deterministic, and a reopened session resumes it bit for bit. */
+Test(tinychat, every_dtype_resumes_to_the_same_stream)
+{
+    uint32_t want[N_DTYPES][N_GEN], got[N_GEN];
+    logit_row *logits = malloc(N_DTYPES * (N_GEN + 1) * sizeof(logit_row));
+    cr_assert_not_null(logits);
+    for (size_t d = 0; d < N_DTYPES; d++) {
+        char a[32], b[32], what[64];
+        snprintf(a, sizeof(a), "%s-a.ctxs", dtype_name(k_dtypes[d]));
+        snprintf(b, sizeof(b), "%s-b.ctxs", dtype_name(k_dtypes[d]));
+        logit_row *mine = logits + d * (N_GEN + 1);
+        generate_n(want[d], mine, N_GEN, MODEL_SEED, k_dtypes[d], ts_path(ts_scratch, a), 0);
+        generate_n(got, NULL, N_GEN, MODEL_SEED, k_dtypes[d], ts_path(ts_scratch, b), 5);
+        snprintf(what, sizeof(what), "%s, reopened every 5 tokens", dtype_name(k_dtypes[d]));
+        assert_same_stream(want[d], got, what);
+        uint32_t dd = distinct(want[d], N_GEN), same = 0;
+        for (uint32_t i = 0; i < N_GEN; i++)
+            same += want[d][i] == want[0][i];
+        float most = 0.0f; /* the largest logit difference from fp16's */
+        for (uint32_t i = 0; i <= N_GEN; i++)
+            for (uint32_t j = 0; j < VOCAB; j++)
+                most = fmaxf(most, fabsf(mine[i][j] - logits[i][j]));
+        say("tinychat: %s: %u distinct tokens in %u, %u the same as fp16's (logits within %g)",
+            dtype_name(k_dtypes[d]), dd, N_GEN, same, (double)most);
+        cr_assert_geq(dd, 20, "%s: only %u distinct tokens in %u", dtype_name(k_dtypes[d]), dd,
+                      N_GEN);
+        /* The greedy choices of this random model rarely flip, but the
+         * logits show that attention read K/V of fewer bits. */
+        if (d > 0)
+            cr_assert(memcmp(mine, logits, (N_GEN + 1) * sizeof(logit_row)) != 0,
+                      "%s: the logits are fp16's, bit for bit", dtype_name(k_dtypes[d]));
+    }
+    free(logits);
+}
+
+/* A session keeps its dtype: the same weights with another dtype are
+ * another model, refused at open, and each dtype's file is sized by it. */
+Test(tinychat, a_session_opens_only_with_its_dtype)
+{
+    ctxs_layout lay[N_DTYPES];
+    for (size_t d = 0; d < N_DTYPES; d++) {
+        tinychat_model *m = model_new_dtype(MODEL_SEED, k_dtypes[d]);
+        char name[32];
+        snprintf(name, sizeof(name), "%s.ctxs", dtype_name(k_dtypes[d]));
+        ctxs_session *s = session_create(m, ts_path(ts_scratch, name), CAPACITY);
+        cr_assert_eq(ctxs_session_get_layout(&lay[d], s), 0);
+        cr_assert_eq(lay[d].geometry.dtype, k_dtypes[d]);
+        cr_assert_eq(lay[d].scales != NULL, k_dtypes[d] == CTXS_DTYPE_Q8);
+        uint32_t ids[N_PROMPT], next;
+        prompt_ids(ids);
+        int rc = tinychat_prefill(m, s, ids, N_PROMPT, &next);
+        cr_assert_eq(rc, 0, "%s: prefill: %s", dtype_name(k_dtypes[d]), ctxs_err_name(rc));
+        ctxs_session_close(s);
+        for (size_t e = 0; e < N_DTYPES; e++) {
+            if (e == d)
+                continue;
+            tinychat_model *other = model_new_dtype(MODEL_SEED, k_dtypes[e]);
+            rc = session_open(&s, other, ts_path(ts_scratch, name), 0, 0);
+            cr_assert_eq(rc, CTXS_EMODEL, "a %s session opened as %s: %s",
+                         dtype_name(k_dtypes[d]), dtype_name(k_dtypes[e]), ctxs_err_name(rc));
+            /* Read-only without a model it opens; tinychat refuses it. */
+            cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, name), NULL, CTXS_OPEN_RDONLY,
+                                           NULL), 0);
+            rc = tinychat_resume(other, s, &next);
+            cr_assert_eq(rc, CTXS_EMODEL, "a %s session resumed as %s: %s",
+                         dtype_name(k_dtypes[d]), dtype_name(k_dtypes[e]), ctxs_err_name(rc));
+            ctxs_session_close(s);
+            tinychat_model_destroy(other);
+        }
+        tinychat_model_destroy(m);
+    }
+    cr_assert_eq(lay[1].slot_bytes, lay[0].slot_bytes, "bf16 is as wide as fp16");
+    cr_assert_eq(lay[2].slot_bytes * 2, lay[0].slot_bytes, "Q8 is half of fp16");
 }
 
 Test(tinychat, another_model_does_not_open_the_session)
@@ -290,19 +464,47 @@ Test(tinychat, resume_refuses_a_session_it_cannot_reproduce)
     tinychat_model_destroy(m);
 }
 
+/* In Q8 the scales are part of what resume checks: one flipped bit of the
+ * last token's K scale is refused, as a flipped element is. */
+Test(tinychat, resume_refuses_a_changed_q8_scale)
+{
+    uint32_t a[N_GEN];
+    const char *path = ts_path(ts_scratch, "q8.ctxs");
+    generate_n(a, NULL, N_GEN, MODEL_SEED, CTXS_DTYPE_Q8, path, 0);
+    tinychat_model *m = model_new_dtype(MODEL_SEED, CTXS_DTYPE_Q8);
+    ctxs_session *s;
+    uint32_t next, slot;
+    cr_assert_eq(session_open(&s, m, path, 0, 0), 0);
+    cr_assert_eq(tinychat_resume(m, s, &next), 0);
+    cr_assert_eq(ctxs_session_get_slot(&slot, s, N_PROMPT + N_GEN - 1), 0);
+    float *scales;
+    cr_assert_eq(ctxs_session_get_scales(&scales, s, 0, CTXS_K, 1), 0);
+    uint32_t bits;
+    memcpy(&bits, &scales[slot], 4);
+    bits ^= 1;
+    memcpy(&scales[slot], &bits, 4);
+    int rc = tinychat_resume(m, s, &next);
+    cr_assert_eq(rc, CTXS_ECORRUPT, "resume over a changed scale: %s", ctxs_err_name(rc));
+    ctxs_session_close(s);
+    tinychat_model_destroy(m);
+}
+
 /* A prompt longer than the ring is prefilled in chunks; every chunk, and
  * every position of the result, must be what one token at a time gives. */
-Test(tinychat, prefill_in_chunks_equals_stepping_token_by_token)
+static void prefill_equals_steps(uint32_t dtype)
 {
     enum { N = 300 };
     uint32_t ids[N];
     uint64_t st = 7;
     for (uint32_t i = 0; i < N; i++)
         ids[i] = (uint32_t)(ts_rng_next(&st) % 256);
-    tinychat_model *m = model_new(MODEL_SEED);
+    tinychat_model *m = model_new_dtype(MODEL_SEED, dtype);
     const uint32_t vocab = tinychat_model_config(m)->vocab;
-    ctxs_session *a = session_create(m, ts_path(ts_scratch, "prefill.ctxs"), CAPACITY);
-    ctxs_session *b = session_create(m, ts_path(ts_scratch, "steps.ctxs"), CAPACITY);
+    char pa[32], pb[32];
+    snprintf(pa, sizeof(pa), "prefill-%s.ctxs", dtype_name(dtype));
+    snprintf(pb, sizeof(pb), "steps-%s.ctxs", dtype_name(dtype));
+    ctxs_session *a = session_create(m, ts_path(ts_scratch, pa), CAPACITY);
+    ctxs_session *b = session_create(m, ts_path(ts_scratch, pb), CAPACITY);
 
     uint32_t na, nb;
     float la[256], lb[256];
@@ -311,8 +513,9 @@ Test(tinychat, prefill_in_chunks_equals_stepping_token_by_token)
     for (uint32_t i = 0; i < N; i++)
         cr_assert_eq(tinychat_step(m, b, ids[i], &nb), 0);
     memcpy(lb, tinychat_logits(m), vocab * sizeof(float));
-    cr_assert_eq(na, nb, "prefill predicts %u, stepping %u", na, nb);
-    cr_assert(memcmp(la, lb, vocab * sizeof(float)) == 0, "the logits differ in their bits");
+    cr_assert_eq(na, nb, "%s: prefill predicts %u, stepping %u", dtype_name(dtype), na, nb);
+    cr_assert(memcmp(la, lb, vocab * sizeof(float)) == 0, "%s: the logits differ in their bits",
+              dtype_name(dtype));
 
     /* The sessions hold the same bytes, token ids and all. */
     ctxs_session_info ia, ib;
@@ -324,7 +527,12 @@ Test(tinychat, prefill_in_chunks_equals_stepping_token_by_token)
     cr_assert_eq(ia.ring_start, ib.ring_start);
     cr_assert_eq(ctxs_session_get_layout(&ya, a), 0);
     cr_assert_eq(ctxs_session_get_layout(&yb, b), 0);
-    cr_assert(memcmp(ya.kv, yb.kv, ya.kv_bytes) == 0, "the KV regions differ");
+    cr_assert(memcmp(ya.kv, yb.kv, ya.kv_bytes) == 0, "%s: the KV regions differ",
+              dtype_name(dtype));
+    cr_assert_eq(ya.scales_bytes, yb.scales_bytes);
+    cr_assert_eq(ya.scales_bytes != 0, dtype == CTXS_DTYPE_Q8);
+    cr_assert(ya.scales_bytes == 0 || memcmp(ya.scales, yb.scales, ya.scales_bytes) == 0,
+              "%s: the scales differ", dtype_name(dtype));
     cr_assert(memcmp(ya.token_ids, yb.token_ids, CAPACITY * sizeof(uint32_t)) == 0);
 
     /* And a resume of either gives the same again. */
@@ -334,6 +542,12 @@ Test(tinychat, prefill_in_chunks_equals_stepping_token_by_token)
     ctxs_session_close(a);
     ctxs_session_close(b);
     tinychat_model_destroy(m);
+}
+
+Test(tinychat, prefill_in_chunks_equals_stepping_token_by_token)
+{
+    for (size_t d = 0; d < N_DTYPES; d++)
+        prefill_equals_steps(k_dtypes[d]);
 }
 
 /* The engine interface of the ctxstore tool's demo: the caller reserves a
@@ -495,12 +709,14 @@ static void sleep_us(long us)
 }
 
 /* No Criterion here: the child reports by its exit code and stderr. */
-static _Noreturn void child_main(const char *path, int create, int go_fd, int out_fd)
+static _Noreturn void child_main(const char *path, uint32_t dtype, int create, int go_fd,
+                                 int out_fd)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     tinychat_config cfg;
     tinychat_config_default(&cfg);
     cfg.seed = MODEL_SEED;
+    cfg.dtype = dtype;
     tinychat_model *m;
     if (tinychat_model_create(&m, &cfg) != 0)
         _exit(CHILD_EOPEN);
@@ -547,8 +763,8 @@ static _Noreturn void child_main(const char *path, int create, int go_fd, int ou
  * delay_us after it was allowed its last token; appends
  * the ids it reported to stream (*n_stream of them so far, counted from the
  * end of the prompt). Returns the committed count after the kill. */
-static uint64_t run_and_kill(const char *path, int create, uint64_t at, long delay_us,
-                             uint32_t *stream, uint32_t *n_stream)
+static uint64_t run_and_kill(const char *path, uint32_t dtype, int create, uint64_t at,
+                             long delay_us, uint32_t *stream, uint32_t *n_stream)
 {
     int go[2], out[2];
     cr_assert_eq(pipe2(go, O_CLOEXEC), 0);
@@ -559,7 +775,7 @@ static uint64_t run_and_kill(const char *path, int create, uint64_t at, long del
     if (pid == 0) {
         close(go[1]);
         close(out[0]);
-        child_main(path, create, go[0], out[1]);
+        child_main(path, dtype, create, go[0], out[1]);
     }
     close(go[0]);
     close(out[1]);
@@ -648,15 +864,15 @@ static void check_after_kill(tinychat_model *m, const char *path, uint64_t n, ui
     ctxs_session_close(s);
 }
 
-Test(tinychat, sigkill_mid_generation_then_resume_gives_the_same_stream, .timeout = 120)
+static void sigkill_then_resume(uint32_t dtype)
 {
     uint32_t want[N_GEN], got[N_GEN], n_got = 0;
     logit_row *ref = malloc((N_GEN + 1) * sizeof(logit_row));
     cr_assert_not_null(ref);
-    generate_n(want, ref, N_GEN, MODEL_SEED, ts_path(ts_scratch, "ref.ctxs"), 0);
+    generate_n(want, ref, N_GEN, MODEL_SEED, dtype, ts_path(ts_scratch, "ref.ctxs"), 0);
 
     /* How long one token takes here, to aim the kills inside one. */
-    tinychat_model *m = model_new(MODEL_SEED);
+    tinychat_model *m = model_new_dtype(MODEL_SEED, dtype);
     ctxs_session *s = session_create(m, ts_path(ts_scratch, "time.ctxs"), CAPACITY);
     uint32_t next = 'a';
     struct timespec t0, t1;
@@ -670,7 +886,9 @@ Test(tinychat, sigkill_mid_generation_then_resume_gives_the_same_stream, .timeou
     /* Five kill points in the 200 tokens, seeded, increasing, each after a
      * random part of a token's time (+50%: some land after the commit). */
     enum { KILLS = 5 };
-    uint64_t rng = ts_seed("tinychat sigkill");
+    char seed_name[64];
+    snprintf(seed_name, sizeof(seed_name), "tinychat sigkill %s", dtype_name(dtype));
+    uint64_t rng = ts_seed(seed_name);
     uint64_t at[KILLS];
     long delay[KILLS];
     for (int i = 0; i < KILLS; i++) {
@@ -682,14 +900,16 @@ Test(tinychat, sigkill_mid_generation_then_resume_gives_the_same_stream, .timeou
     snprintf(path, sizeof(path), "%s", ts_path(ts_scratch, "killed.ctxs"));
     uint32_t mid_token = 0;
     for (int i = 0; i < KILLS; i++) {
-        uint64_t n = run_and_kill(path, i == 0, at[i], delay[i], got, &n_got);
+        uint64_t n = run_and_kill(path, dtype, i == 0, at[i], delay[i], got, &n_got);
         check_after_kill(m, path, n, got, &n_got, ref, i);
         mid_token += n + 1 == at[i];
-        say("tinychat sigkill: kill %d: allowed %llu tokens, %ld us into the last (a token "
+        say("tinychat sigkill %s: kill %d: allowed %llu tokens, %ld us into the last (a token "
             "takes %ld us): %llu committed",
-            i, (unsigned long long)at[i], delay[i], token_us, (unsigned long long)n);
+            dtype_name(dtype), i, (unsigned long long)at[i], delay[i], token_us,
+            (unsigned long long)n);
     }
-    say("tinychat sigkill: %u of %d kills landed inside a token", mid_token, KILLS);
+    say("tinychat sigkill %s: %u of %d kills landed inside a token", dtype_name(dtype),
+        mid_token, KILLS);
 
     /* The parent finishes the run. */
     cr_assert_eq(session_open(&s, m, path, 0, 0), 0);
@@ -705,8 +925,25 @@ Test(tinychat, sigkill_mid_generation_then_resume_gives_the_same_stream, .timeou
     cr_assert_eq(rc, 0, "verify: %s at %llu", ctxs_err_name(rc), (unsigned long long)bad);
     ctxs_session_close(s);
     tinychat_model_destroy(m);
-    assert_same_stream(want, got, "killed and resumed");
+    char what[64];
+    snprintf(what, sizeof(what), "%s, killed and resumed", dtype_name(dtype));
+    assert_same_stream(want, got, what);
     free(ref);
+}
+
+Test(tinychat, sigkill_mid_generation_then_resume_gives_the_same_stream, .timeout = 120)
+{
+    sigkill_then_resume(CTXS_DTYPE_F16);
+}
+
+Test(tinychat, sigkill_then_resume_gives_the_same_stream_in_bf16, .timeout = 120)
+{
+    sigkill_then_resume(CTXS_DTYPE_BF16);
+}
+
+Test(tinychat, sigkill_then_resume_gives_the_same_stream_in_q8, .timeout = 120)
+{
+    sigkill_then_resume(CTXS_DTYPE_Q8);
 }
 
 /* --- The program -------------------------------------------------------------------- */
@@ -759,7 +996,38 @@ static uint32_t run_program(const char *const *args, uint32_t *out, uint32_t max
     return n;
 }
 
-Test(tinychat, program_continues_a_killed_run)
+/* The exit status of the tinychat program run with args, its output
+ * discarded. */
+static int program_status(const char *const *args)
+{
+    const char *bin = getenv("TINYCHAT_BIN");
+    cr_assert_not_null(bin, "TINYCHAT_BIN is not set");
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+            _exit(127);
+        char *argv[32];
+        int k = 0;
+        argv[k++] = (char *)bin;
+        for (; args[k - 1] && k < 31; k++)
+            argv[k] = (char *)args[k - 1];
+        argv[k] = NULL;
+        execv(bin, argv);
+        _exit(127);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    cr_assert(WIFEXITED(st), "tinychat died (status %d)", st);
+    return WEXITSTATUS(st);
+}
+
+/* The program created with --dtype (NULL: none, fp16), killed, then
+ * continued without --dtype: it takes the file's. */
+static void program_continues(uint32_t dtype, const char *dtype_arg)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s", ts_path(ts_scratch, "prog.ctxs"));
@@ -770,7 +1038,7 @@ Test(tinychat, program_continues_a_killed_run)
     /* Killed somewhere past 30 tokens; it cannot be held back, so the
      * reference is generated afterwards, as long as it needs to be. */
     const char *first[] = {"--session", path, "--prompt", k_prompt, "--generate", "20000",
-                           NULL};
+                           dtype_arg ? "--dtype" : NULL, dtype_arg, NULL};
     uint32_t printed = run_program(first, got, MAX, N_PROMPT + 30, path);
     int64_t n = committed(path);
     cr_assert_geq(n, N_PROMPT + 30);
@@ -778,7 +1046,7 @@ Test(tinychat, program_continues_a_killed_run)
     say("tinychat program: killed after %u tokens", done);
     uint32_t *want = malloc((done + MORE) * sizeof(uint32_t));
     cr_assert_not_null(want);
-    generate_n(want, NULL, done + MORE, MODEL_SEED, ts_path(ts_scratch, "ref.ctxs"), 0);
+    generate_n(want, NULL, done + MORE, MODEL_SEED, dtype, ts_path(ts_scratch, "ref.ctxs"), 0);
 
     /* Printed after each commit: what it printed is a prefix of the
      * stream, at most one token short of what it committed. */
@@ -793,6 +1061,28 @@ Test(tinychat, program_continues_a_killed_run)
     cr_assert_eq(run_program(second, got + done, MORE, 0, path), MORE);
     for (uint32_t i = done; i < done + MORE; i++)
         cr_assert_eq(got[i], want[i], "token %u after the restart", i);
+
+    /* Another --dtype is another model: refused, the file untouched. */
+    const char *other = dtype == CTXS_DTYPE_Q8 ? "f16" : "q8";
+    const char *third[] = {"--session", path, "--generate", "1", "--dtype", other, NULL};
+    cr_assert_eq(program_status(third), 1, "a %s session continued as %s",
+                 dtype_name(dtype), other);
+    cr_assert_eq(committed(path), n + MORE);
     free(want);
     free(got);
+}
+
+Test(tinychat, program_continues_a_killed_run)
+{
+    program_continues(CTXS_DTYPE_F16, NULL);
+}
+
+Test(tinychat, program_continues_a_killed_run_in_bf16)
+{
+    program_continues(CTXS_DTYPE_BF16, "bf16");
+}
+
+Test(tinychat, program_continues_a_killed_run_in_q8)
+{
+    program_continues(CTXS_DTYPE_Q8, "q8");
 }

@@ -117,28 +117,63 @@ static uint32_t argmax(const float *v, uint32_t n)
 
 typedef enum { KV_WRITE, KV_CHECK } kv_mode;
 
+/* One head of K or V, x[0 .. head_dim), in the session's dtype: the
+ * elements into enc (slot_bytes), the Q8 scale into *scale. Returns 0, or
+ * CTXS_EINVAL for a value Q8 cannot hold (not finite), as
+ * ctxs_session_write_token() would. */
+static int encode_head(uint8_t *enc, float *scale, const float *x, uint32_t dtype,
+                       uint32_t head_dim)
+{
+    uint16_t h;
+    switch (dtype) {
+    case CTXS_DTYPE_Q8:
+        *scale = tinychat_q8_quantize((int8_t *)enc, x, head_dim);
+        return *scale < 0.0f ? CTXS_EINVAL : 0;
+    case CTXS_DTYPE_BF16:
+        for (uint32_t i = 0; i < head_dim; i++) {
+            h = tinychat_f32_to_bf16(x[i]);
+            memcpy(enc + 2 * i, &h, 2);
+        }
+        return 0;
+    default:
+        for (uint32_t i = 0; i < head_dim; i++) {
+            h = tinychat_f32_to_f16(x[i]);
+            memcpy(enc + 2 * i, &h, 2);
+        }
+        return 0;
+    }
+}
+
 /* K and V of row t of layer l: into slot slots[t] (KV_WRITE), or compared
- * with what that slot holds (KV_CHECK). Returns 1 when they differ. */
+ * with what that slot holds (KV_CHECK), elements and (Q8) scales. Returns
+ * 1 when they differ, 0, or CTXS_EINVAL from encode_head(). */
 static int put_kv(tinychat_model *m, const ctxs_layout *lay, uint32_t l, uint32_t t,
                   uint32_t slot, kv_mode mode)
 {
-    const uint32_t hd = m->cfg.head_dim, kvd = m->kv_dim;
-    uint16_t *k16 = m->kv16, *v16 = m->kv16 + kvd;
-    const float *k = m->k + (size_t)t * kvd, *v = m->v + (size_t)t * kvd;
-    for (uint32_t i = 0; i < kvd; i++) {
-        k16[i] = tinychat_f32_to_f16(k[i]);
-        v16[i] = tinychat_f32_to_f16(v[i]);
-    }
+    const uint32_t hd = m->cfg.head_dim, kvd = m->kv_dim, n_kv = m->cfg.n_kv_heads;
     int differ = 0;
     for (uint32_t kind = 0; kind < 2; kind++)
-        for (uint32_t h = 0; h < m->cfg.n_kv_heads; h++) {
+        for (uint32_t h = 0; h < n_kv; h++) {
+            const float *x = (kind ? m->v : m->k) + (size_t)t * kvd + (size_t)h * hd;
             uint8_t *dst = (uint8_t *)lay->kv + l * lay->layer_stride + kind * lay->kv_stride +
                            h * lay->head_stride + (size_t)slot * lay->slot_bytes;
-            const uint16_t *src = (kind ? v16 : k16) + (size_t)h * hd;
-            if (mode == KV_WRITE)
-                memcpy(dst, src, (size_t)hd * 2);
-            else
-                differ |= memcmp(dst, src, (size_t)hd * 2) != 0;
+            /* The layout's table: [layer][K/V][head][capacity]. */
+            float *sdst = lay->scales ? lay->scales + ((size_t)(l * 2 + kind) * n_kv + h) *
+                                                          lay->capacity + slot
+                                      : NULL;
+            float scale = 0.0f;
+            int rc = encode_head(m->kv_enc, &scale, x, lay->geometry.dtype, hd);
+            if (rc < 0)
+                return rc;
+            if (mode == KV_WRITE) {
+                memcpy(dst, m->kv_enc, lay->slot_bytes);
+                if (sdst)
+                    *sdst = scale;
+            } else {
+                differ |= memcmp(dst, m->kv_enc, lay->slot_bytes) != 0;
+                /* Bits, not values: a stored -0 or NaN is not ours. */
+                differ |= sdst && memcmp(sdst, &scale, sizeof(scale)) != 0;
+            }
         }
     return differ;
 }
@@ -156,6 +191,12 @@ static int forward(tinychat_model *m, const ctxs_layout *lay, const ctxs_attn_pl
     const uint32_t d = c->d_model, qd = m->q_dim, kvd = m->kv_dim, F = c->ffn;
     const uint32_t hd = c->head_dim;
     int differ = 0, rc;
+
+    /* A session opened without a model (read-only) may be another's. */
+    const ctxs_geometry *g = &lay->geometry;
+    if (g->n_layers != c->n_layers || g->n_kv_heads != c->n_kv_heads || g->head_dim != hd ||
+        g->dtype != c->dtype)
+        return CTXS_EMODEL;
 
     for (uint32_t t = 0; t < n; t++)
         memcpy(m->x + (size_t)t * d, m->embed + (size_t)ids[t] * d, d * sizeof(float));
@@ -175,7 +216,9 @@ static int forward(tinychat_model *m, const ctxs_layout *lay, const ctxs_attn_pl
             const float *cs = m->rope_cs + (size_t)t * hd;
             rope(m->q + (size_t)t * qd, c->n_heads, hd, cs);
             rope(m->k + (size_t)t * kvd, c->n_kv_heads, hd, cs);
-            differ |= put_kv(m, lay, l, t, slots[t], mode);
+            if ((rc = put_kv(m, lay, l, t, slots[t], mode)) < 0)
+                return rc;
+            differ |= rc;
         }
         const ctxs_attn_query q = {
             .q = m->q, .pos = pos0, .n = n, .n_heads = c->n_heads, .scale = 0.0f,

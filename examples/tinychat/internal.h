@@ -50,7 +50,7 @@ struct tinychat_model {
     float *rope_cs;   /* [rows][head_dim]: cos, sin of each row's angles */
     uint32_t *slots;  /* [rows] the slot of each row's K/V */
     float *logits;    /* [vocab] */
-    uint16_t *kv16;   /* [2][kv_dim] a token's K and V as fp16 */
+    uint8_t *kv_enc;  /* one head of K or V in the session's dtype */
 };
 
 /* Grows the scratch buffers to hold n tokens. Returns 0 or CTXS_ENOMEM. */

@@ -4,13 +4,16 @@
  *
  *   tinychat --session FILE [--prompt TEXT] [--generate N] [--reopen-every K]
  *            [--seed S] [--config default|qwen3-4b-kv] [--capacity N]
- *            [--window W] [--sync none|async|full] [--text]
+ *            [--window W] [--dtype f16|bf16|q8] [--sync none|async|full]
+ *            [--text]
  *
- * A new FILE is created (a ring of --capacity slots, 128 by default) and
- * needs --prompt. An existing FILE is opened and continued: with --prompt
- * the prompt is appended, without it the prediction after its last token is
- * recomputed (tinychat_resume()) and generation goes on from there, the
- * same tokens an uninterrupted run would have produced.
+ * A new FILE is created (a ring of --capacity slots, 128 by default, K/V
+ * kept as --dtype, f16 by default) and needs --prompt. An existing FILE is
+ * opened and continued, in the dtype it was created with (--dtype, if
+ * given, must name it): with --prompt the prompt is appended, without it
+ * the prediction after its last token is recomputed (tinychat_resume())
+ * and generation goes on from there, the same tokens an uninterrupted run
+ * would have produced.
  *
  * Each generated token is committed, then printed to stdout: its id, one
  * per line (--text: the byte itself). So after a kill the output stops at
@@ -34,7 +37,8 @@
 static const char *const usage_text =
     "usage: tinychat --session FILE [--prompt TEXT] [--generate N]\n"
     "                [--reopen-every K] [--seed S] [--config default|qwen3-4b-kv]\n"
-    "                [--capacity N] [--window W] [--sync none|async|full] [--text]\n";
+    "                [--capacity N] [--window W] [--dtype f16|bf16|q8]\n"
+    "                [--sync none|async|full] [--text]\n";
 
 #if defined(__GNUC__)
 __attribute__((format(printf, 1, 2)))
@@ -84,6 +88,7 @@ typedef struct options {
     uint32_t capacity;
     uint32_t window;
     uint32_t sync;
+    uint32_t dtype; /* 0: the file's, or f16 for a new one */
     int text;
 } options;
 
@@ -102,7 +107,7 @@ static void parse(options *o, int argc, char **argv)
         }
         static const char *const with_value[] = {
             "--session", "--prompt", "--generate", "--reopen-every", "--seed",
-            "--config", "--capacity", "--window", "--sync",
+            "--config", "--capacity", "--window", "--sync", "--dtype",
         };
         int known = 0;
         for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]); k++)
@@ -128,7 +133,16 @@ static void parse(options *o, int argc, char **argv)
             o->capacity = (uint32_t)parse_u64(v, a, 1u << 24);
         else if (!strcmp(a, "--window"))
             o->window = (uint32_t)parse_u64(v, a, UINT32_MAX);
-        else if (!strcmp(a, "--sync")) {
+        else if (!strcmp(a, "--dtype")) {
+            if (!strcmp(v, "f16"))
+                o->dtype = CTXS_DTYPE_F16;
+            else if (!strcmp(v, "bf16"))
+                o->dtype = CTXS_DTYPE_BF16;
+            else if (!strcmp(v, "q8"))
+                o->dtype = CTXS_DTYPE_Q8;
+            else
+                usage("--dtype takes f16, bf16 or q8, not %s", v);
+        } else if (!strcmp(a, "--sync")) {
             if (!strcmp(v, "none"))
                 o->sync = CTXS_SYNC_NONE;
             else if (!strcmp(v, "async"))
@@ -157,7 +171,9 @@ static ctxs_session *open_session(const options *o, const ctxs_model *cm)
     ctxs_session *s;
     int rc = ctxs_session_open(&s, o->path, cm, 0, &so.open);
     if (rc == CTXS_EMODEL)
-        fail_hint(rc, "open", o->path, "was it written with another --config or --seed?");
+        fail_hint(rc, "open", o->path,
+                  o->dtype ? "was it written with another --config, --seed or --dtype?"
+                           : "was it written with another --config or --seed?");
     if (rc < 0)
         fail(rc, "open", o->path);
     ctxs_session_info info;
@@ -171,6 +187,18 @@ static ctxs_session *open_session(const options *o, const ctxs_model *cm)
     if ((rc = ctxs_session_prefetch(s)) < 0)
         fail(rc, "prefetch", o->path);
     return s;
+}
+
+/* The dtype an existing session file keeps its K/V in, so that a run
+ * without --dtype continues it; a file that does not describe itself is
+ * left for the open to refuse, with its own error. */
+static uint32_t file_dtype(const char *path)
+{
+    ctxs_file_report rep;
+    int rc = ctxs_file_inspect(&rep, path);
+    if (rc < 0)
+        fail(rc, "inspect", path);
+    return rep.header_status == 0 ? rep.model.geometry.dtype : CTXS_DTYPE_F16;
 }
 
 static void print_token(const options *o, uint32_t id)
@@ -195,6 +223,10 @@ int main(int argc, char **argv)
     else
         tinychat_config_default(&cfg);
     cfg.seed = o.seed;
+    const int exists = access(o.path, F_OK) == 0;
+    if (!exists && errno != ENOENT)
+        fail(-errno, "access", o.path);
+    cfg.dtype = o.dtype ? o.dtype : exists ? file_dtype(o.path) : CTXS_DTYPE_F16;
     tinychat_model *m;
     int rc = tinychat_model_create(&m, &cfg);
     if (rc < 0)
@@ -204,9 +236,7 @@ int main(int argc, char **argv)
 
     ctxs_session *s = NULL;
     uint32_t next;
-    if (access(o.path, F_OK) != 0) {
-        if (errno != ENOENT)
-            fail(-errno, "access", o.path);
+    if (!exists) {
         if (!o.prompt)
             usage("%s does not exist: a new session needs --prompt", o.path);
         ctxs_create_options so;

@@ -21,6 +21,7 @@ void tinychat_config_default(tinychat_config *cfg)
         .ffn = 128,
         .rope_theta = 10000.0f,
         .seed = 1,
+        .dtype = CTXS_DTYPE_F16,
     };
 }
 
@@ -89,6 +90,8 @@ static int config_valid(const tinychat_config *c)
         (uint64_t)c->ffn * c->d_model > (1ull << 31))
         return 0;
     if (!(c->rope_theta > 1.0f) || !isfinite(c->rope_theta))
+        return 0;
+    if (c->dtype != CTXS_DTYPE_F16 && c->dtype != CTXS_DTYPE_BF16 && c->dtype != CTXS_DTYPE_Q8)
         return 0;
     return 1;
 }
@@ -186,7 +189,7 @@ void tinychat_model_destroy(tinychat_model *m)
         return;
     free_scratch(m);
     free(m->logits);
-    free(m->kv16);
+    free(m->kv_enc);
     free(m->inv_freq);
     free(m->layers);
     free(m->weights);
@@ -213,10 +216,10 @@ int tc__scratch_reserve(tinychat_model *m, uint32_t n)
     m->slots = malloc((size_t)n * sizeof(uint32_t));
     if (!m->logits)
         m->logits = malloc((size_t)c->vocab * sizeof(float));
-    if (!m->kv16)
-        m->kv16 = malloc((size_t)2 * m->kv_dim * sizeof(uint16_t));
+    if (!m->kv_enc)
+        m->kv_enc = malloc((size_t)c->head_dim * 2); /* 2 bytes an element at most */
     if (!m->x || !m->h || !m->q || !m->k || !m->v || !m->att || !m->o || !m->gate || !m->up ||
-        !m->rope_cs || !m->slots || !m->logits || !m->kv16) {
+        !m->rope_cs || !m->slots || !m->logits || !m->kv_enc) {
         free_scratch(m);
         m->x = m->h = m->q = m->k = m->v = m->att = m->o = m->gate = m->up = NULL;
         m->rope_cs = NULL;
@@ -247,11 +250,11 @@ void tinychat_model_ctxs(ctxs_model *out, const tinychat_model *m)
 {
     const tinychat_config *c = &m->cfg;
     memset(out, 0, sizeof(*out));
-    out->geometry = (ctxs_geometry){c->n_layers, c->n_kv_heads, c->head_dim, CTXS_DTYPE_F16};
+    out->geometry = (ctxs_geometry){c->n_layers, c->n_kv_heads, c->head_dim, c->dtype};
 
     /* The fields one by one, little-endian: no padding, no host order. */
     static const char tag[] = "tinychat-model-v1";
-    uint8_t buf[sizeof(tag) + 10 * 4], *p = buf;
+    uint8_t buf[sizeof(tag) + 11 * 4], *p = buf;
     memcpy(p, tag, sizeof(tag));
     p += sizeof(tag);
     uint32_t theta_bits;
@@ -261,6 +264,11 @@ void tinychat_model_ctxs(ctxs_model *out, const tinychat_model *m)
                           (uint32_t)(c->seed >> 32)};
     for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
         p = put32(p, f[i]);
+    /* A store registers a hash with one geometry, dtype included: each
+     * dtype hashes apart. fp16 adds nothing, so that the sessions written
+     * before there were dtypes keep their model. */
+    if (c->dtype != CTXS_DTYPE_F16)
+        p = put32(p, c->dtype);
     hash128(out->model_hash, buf, (size_t)(p - buf));
 
     static const char ttag[] = "tinychat-bytes-v1";

@@ -32,7 +32,8 @@
  * Model. Byte-level by default (vocab 256). Token embedding; per layer:
  * RMSNorm, Q/K/V projections, rotary position encoding (NeoX halves, by
  * absolute position) on Q and K, attention over the session (K stored after
- * the rotation, K and V in fp16), output projection, residual, RMSNorm,
+ * the rotation, K and V in the session's dtype: fp16 by default, bf16 or
+ * Q8, see cfg.dtype), output projection, residual, RMSNorm,
  * SwiGLU MLP, residual; final RMSNorm, an untied unembedding; greedy
  * decoding (ties go to the lowest id). Weights are float32, in memory,
  * drawn from splitmix64 streams of cfg.seed: matrices uniform in
@@ -59,6 +60,17 @@
  * tinychat_resume() checks the result: it recomputes the last token's K and
  * V and refuses (CTXS_ECORRUPT) a session whose stored ones differ.
  *
+ * Dtypes. The K and V of a layer are written into the mapping as the layer
+ * computes them, before its attention call reads them (a token's own key
+ * is among those its query reads), so they cannot go through
+ * ctxs_session_write_token(), which takes a token's every layer at once.
+ * tinychat converts them itself, with the roundings the library uses
+ * (tinychat_f32_to_f16(), tinychat_f32_to_bf16(), tinychat_q8_quantize()):
+ * the bytes, and the Q8 scales in the layout's scale table, are those that
+ * ctxs_session_write_token() would store from the same float32 K/V. The
+ * stored form is a function of the float32 K/V alone, so resumes are exact
+ * in every dtype, as in fp16.
+ *
  * Threads: a model is used by one thread at a time (it owns scratch
  * buffers); sessions are ctxstore's rules.
  */
@@ -83,12 +95,14 @@ typedef struct tinychat_config {
     uint32_t ffn;        /* SwiGLU hidden width */
     float rope_theta;    /* rotary base, 10000 */
     uint64_t seed;       /* the weights */
+    uint32_t dtype;      /* how the session keeps K/V: CTXS_DTYPE_F16,
+                            BF16 or Q8 */
 } tinychat_config;
 
 typedef struct tinychat_model tinychat_model;
 
 /* The default geometry: vocab 256, d_model 64, 4 layers, 4 query heads,
- * 2 KV heads, head_dim 16, ffn 128, theta 10000, seed 1. */
+ * 2 KV heads, head_dim 16, ffn 128, theta 10000, seed 1, K/V in fp16. */
 void tinychat_config_default(tinychat_config *cfg);
 
 /* Qwen3-4B's KV shape (36 layers, 8 KV heads, head_dim 128, 16 query
@@ -98,7 +112,8 @@ void tinychat_config_qwen3_4b_kv(tinychat_config *cfg);
 
 /* Draws the weights of cfg (copied). Errors: CTXS_EINVAL (a zero size,
  * n_heads not a multiple of n_kv_heads, an odd head_dim, a geometry
- * ctxstore refuses, weights above 2^31 floats per matrix), CTXS_ENOMEM.
+ * ctxstore refuses, weights above 2^31 floats per matrix, a dtype other
+ * than F16, BF16 and Q8), CTXS_ENOMEM.
  * *out is NULL on failure. */
 int tinychat_model_create(tinychat_model **out, const tinychat_config *cfg);
 
@@ -109,10 +124,12 @@ void tinychat_model_destroy(tinychat_model *m);
 const tinychat_config *tinychat_model_config(const tinychat_model *m);
 
 /* What a session of this model is: geometry {n_layers, n_kv_heads,
- * head_dim, F16}; model_hash = XXH3-128 of "tinychat-model-v1" and the
- * config's fields (little-endian u32s, theta's bits, the u64 seed), so two
- * configs or seeds never share a session; tokenizer_hash = XXH3-128 of
- * "tinychat-bytes-v1" and the vocab. */
+ * head_dim, cfg.dtype}; model_hash = XXH3-128 of "tinychat-model-v1" and
+ * the config's fields (little-endian u32s, theta's bits, the u64 seed, then
+ * the dtype unless it is F16), so two configs or seeds never share a
+ * session, and each dtype is a model of its own in a store (whose registry
+ * gives a hash one geometry), while fp16's hash is the one it had before
+ * dtypes; tokenizer_hash = XXH3-128 of "tinychat-bytes-v1" and the vocab. */
 void tinychat_model_ctxs(ctxs_model *out, const tinychat_model *m);
 
 /* Options for a tinychat session: a ring of `capacity` slots (0: 128) with
@@ -157,7 +174,8 @@ int tinychat_step(tinychat_model *m, ctxs_session *s, uint32_t id,
  * token's forward pass. The K and V it recomputes on the way must match the
  * stored ones bit for bit, or the session was not written by this model
  * with this window: CTXS_ECORRUPT. A session open read-only is fine.
- * Errors: CTXS_EINVAL (no committed token, NULL), CTXS_ECORRUPT, the errors
+ * Errors: CTXS_EINVAL (no committed token, NULL), CTXS_ECORRUPT,
+ * CTXS_EMODEL (a session of another geometry or dtype), the errors
  * of ctxs_session_get_attn_plan(), ctxs_attention(). */
 int tinychat_resume(tinychat_model *m, ctxs_session *s, uint32_t *next_id);
 
@@ -188,6 +206,17 @@ const float *tinychat_logits(const tinychat_model *m);
  * gives infinity, NaN stays NaN. */
 uint16_t tinychat_f32_to_f16(float f);
 float tinychat_f16_to_f32(uint16_t h);
+
+/* bfloat16 (the high half of a binary32) <-> binary32, rounding to
+ * nearest, ties to even; NaN stays NaN (quiet). */
+uint16_t tinychat_f32_to_bf16(float f);
+float tinychat_bf16_to_f32(uint16_t h);
+
+/* Quantizes x[0 .. n) into q as CTXS_DTYPE_Q8 does (see ctxs_dtype in
+ * ctxstore.h): returns the scale, max |x| / 127 (0, and q all zero, when x
+ * is all zero), with q[i] = x[i] * (127 / max |x|) rounded to nearest,
+ * ties to even; -1 (q untouched) when an x[i] is not finite. */
+float tinychat_q8_quantize(int8_t *q, const float *x, uint32_t n);
 
 #ifdef __cplusplus
 }

@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "dtype.h"
 #include "internal.h"
 
 /* --- Portable kernel ------------------------------------------------------ */
@@ -94,11 +95,25 @@ static inline float exp_le0(float x)
     return y * p2;
 }
 
-/* n (at most 16) fp16 elements of a K or V row, as float. */
-static inline void widen(float out[16], const uint16_t *h, uint32_t n)
+/* n (at most 16) elements of a K or V row from element d, as float: fp16,
+ * bf16 (the high half of a float) or int8 (exact), each read as its own
+ * type from the mapping. */
+static inline void widen(float out[16], const uint8_t *row, uint32_t d, uint32_t n,
+                         uint32_t dtype)
 {
-    for (uint32_t i = 0; i < n; i++)
-        out[i] = half_to_float(h[i]);
+    if (dtype == CTXS_DTYPE_Q8) {
+        const int8_t *q = (const int8_t *)(const void *)row + d;
+        for (uint32_t i = 0; i < n; i++)
+            out[i] = (float)q[i];
+    } else if (dtype == CTXS_DTYPE_BF16) {
+        const uint16_t *h = (const uint16_t *)(const void *)row + d;
+        for (uint32_t i = 0; i < n; i++)
+            out[i] = ctxs__bf16_to_f32(h[i]);
+    } else {
+        const uint16_t *h = (const uint16_t *)(const void *)row + d;
+        for (uint32_t i = 0; i < n; i++)
+            out[i] = half_to_float(h[i]);
+    }
 }
 
 /* The 16-lane tree every kernel reduces a dot product with: lane i with
@@ -117,7 +132,8 @@ static inline float reduce16(const float a[16])
 void ctxs__attn_portable(ctxs__attn_row *rows, uint32_t n_q, const ctxs__attn_block *blk)
 {
     enum { B = CTXS__ATTN_BLOCK, T = CTXS__ATTN_TILE };
-    const uint32_t hd = blk->head_dim, done = blk->done;
+    const uint32_t hd = blk->head_dim, done = blk->done, dt = blk->dtype;
+    const int q8 = dt == CTXS_DTYPE_Q8;
     float s[T][B], c[T];
     uint32_t nb[T], hi = 0;
     for (uint32_t g = 0; g < n_q; g++) {
@@ -133,7 +149,7 @@ void ctxs__attn_portable(ctxs__attn_row *rows, uint32_t n_q, const ctxs__attn_bl
         for (uint32_t d0 = 0; d0 < hd; d0 += 16) {
             uint32_t w = hd - d0 < 16 ? hd - d0 : 16;
             float k[16];
-            widen(k, &blk->k[j][d0], w);
+            widen(k, blk->k[j], d0, w, dt);
             for (uint32_t g = 0; g < n_q; g++) {
                 const float *qg = rows[g].q + d0;
                 for (uint32_t i = 0; i < w; i++)
@@ -141,7 +157,7 @@ void ctxs__attn_portable(ctxs__attn_row *rows, uint32_t n_q, const ctxs__attn_bl
             }
         }
         for (uint32_t g = 0; g < n_q; g++)
-            s[g][j] = reduce16(lane[g]) * blk->scale;
+            s[g][j] = ctxs__attn_score(reduce16(lane[g]), blk->ks, j, blk->scale, q8);
     }
 
     for (uint32_t g = 0; g < n_q; g++) {
@@ -158,6 +174,10 @@ void ctxs__attn_portable(ctxs__attn_row *rows, uint32_t n_q, const ctxs__attn_bl
             s[g][j] = exp_le0(s[g][j] - nm);
             r->l += s[g][j];
         }
+        /* Q8: V row j is added with the weight times its scale, once per
+         * (key, row) rather than per element. */
+        for (uint32_t j = 0; q8 && j < nb[g]; j++)
+            s[g][j] *= blk->vs[j];
     }
 
     /* Each element: rescaled once, then plus weight times V key by key,
@@ -169,7 +189,7 @@ void ctxs__attn_portable(ctxs__attn_row *rows, uint32_t n_q, const ctxs__attn_bl
         for (uint32_t d0 = 0; d0 < hd; d0 += 16) {
             uint32_t w = hd - d0 < 16 ? hd - d0 : 16;
             float v[16];
-            widen(v, &blk->v[j][d0], w);
+            widen(v, blk->v[j], d0, w, dt);
             for (uint32_t g = 0; g < n_q; g++) {
                 float *og = rows[g].out + d0;
                 for (uint32_t i = 0; i < w && j < nb[g]; i++)
@@ -297,17 +317,29 @@ static int plan_valid(const ctxs_attn_plan *plan, uint32_t capacity)
 }
 
 /* Checks that the bytes of layer `layer` that a pass may read lie inside
- * kv->kv_bytes, for a layout copied or built by the caller. */
+ * kv->kv_bytes (and, for Q8, its scales inside scales_bytes), for a layout
+ * copied or built by the caller. */
 static int layout_valid(const ctxs_layout *kv, uint32_t layer)
 {
     const ctxs_geometry *g = &kv->geometry;
-    CTXS__CHECK(kv->kv && g->dtype == CTXS_DTYPE_F16);
+    const uint32_t eb = ctxs__dtype_bytes(g->dtype); /* 0: not a session dtype */
+    CTXS__CHECK(kv->kv && eb > 0);
     CTXS__CHECK(layer < g->n_layers && g->n_kv_heads > 0 && g->head_dim > 0);
-    CTXS__CHECK(kv->slot_bytes == (size_t)g->head_dim * 2);
-    /* fp16 rows are read as uint16_t: every row must be 2-byte aligned. */
+    CTXS__CHECK(kv->slot_bytes == (size_t)g->head_dim * eb);
+    /* Elements are read as their own type (uint16_t for fp16 and bf16):
+     * every row must be aligned to the element. */
     CTXS__CHECK((((uintptr_t)kv->kv | kv->head_stride | kv->kv_stride |
-                  kv->layer_stride) & 1) == 0);
+                  kv->layer_stride) & (eb - 1)) == 0);
     size_t a, b, end;
+    if (ctxs__dtype_has_scales(g->dtype)) {
+        /* The layer's [2][n_kv_heads][capacity] floats, after those of the
+         * layers before it. */
+        CTXS__CHECK(kv->scales && ((uintptr_t)kv->scales & 3) == 0);
+        CTXS__CHECK(!__builtin_mul_overflow((size_t)g->n_kv_heads * 2, (size_t)kv->capacity, &a));
+        CTXS__CHECK(!__builtin_mul_overflow(a, (size_t)layer + 1, &end));
+        CTXS__CHECK(!__builtin_mul_overflow(end, sizeof(float), &end));
+        CTXS__CHECK(end <= kv->scales_bytes);
+    }
     CTXS__CHECK(!__builtin_mul_overflow((size_t)layer, kv->layer_stride, &a));
     CTXS__CHECK(!__builtin_mul_overflow((size_t)(g->n_kv_heads - 1), kv->head_stride, &b));
     CTXS__CHECK(!__builtin_add_overflow(a, b, &end));
@@ -456,6 +488,8 @@ typedef struct pass {
     ctxs__attn_fn *fn;
     const ctxs_layout *kv;
     const uint8_t *base;   /* the layer's K/V */
+    const float *scales;   /* Q8: the layer's [2][n_kv_heads][capacity]
+                              scales; NULL for the other dtypes */
     size_t row;            /* floats per query */
     uint32_t group, hd;
     float scale;
@@ -472,6 +506,12 @@ static uint32_t qblock_rows(ctxs__attn_row *rows, qblock *qb, const pass *ps, ui
         G->keys.k = ps->base + (size_t)h * ps->kv->head_stride;
         G->keys.v = G->keys.k + ps->kv->kv_stride;
         G->keys.slot_bytes = ps->kv->slot_bytes;
+        G->keys.ks = G->keys.vs = NULL;
+        if (ps->scales) {
+            const uint32_t n_kv = ps->kv->geometry.n_kv_heads, cap = ps->kv->capacity;
+            G->keys.ks = ps->scales + (size_t)h * cap;
+            G->keys.vs = ps->scales + ((size_t)n_kv + h) * cap;
+        }
         G->cur = (ctxs__attn_cursor){0};
         G->row = n;
         for (; i < qb->group_end[gi]; i++) {
@@ -495,6 +535,7 @@ static void qblock_walk(qblock *qb, const pass *ps, uint32_t h, uint32_t g0, uin
     const uint32_t n_rows = qblock_rows(rows, qb, ps, h, g0, nh);
     ctxs__attn_block blk;
     blk.head_dim = ps->hd;
+    blk.dtype = ps->kv->geometry.dtype;
     blk.scale = ps->scale;
     for (int more = 1; more;) {
         more = 0;
@@ -533,6 +574,9 @@ int ctxs_attention(float *out, const ctxs_layout *kv, const ctxs_attn_plan *plan
         .fn = isa_current()->fn,
         .kv = kv,
         .base = (const uint8_t *)kv->kv + (size_t)layer * kv->layer_stride,
+        .scales = ctxs__dtype_has_scales(kv->geometry.dtype)
+                      ? kv->scales + (size_t)layer * 2 * n_kv * kv->capacity
+                      : NULL,
         .row = (size_t)q->n_heads * hd,
         .group = q->n_heads / n_kv,
         .hd = hd,

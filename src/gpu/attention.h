@@ -41,7 +41,9 @@
 typedef struct ctxs__attn_keys {
     const uint8_t *k;    /* slot 0 of the head's K run */
     const uint8_t *v;    /* slot 0 of the head's V run */
-    size_t slot_bytes;   /* head_dim * 2 */
+    const float *ks;     /* CTXS_DTYPE_Q8: slot 0's scale of the head's K */
+    const float *vs;     /*   and of its V; NULL for the other dtypes */
+    size_t slot_bytes;   /* head_dim * element size */
     uint32_t n_runs;
     uint32_t n_keys;     /* sum of the runs' counts */
     struct {
@@ -57,13 +59,23 @@ typedef struct ctxs__attn_cursor {
     uint32_t done; /* keys taken in all */
 } ctxs__attn_cursor;
 
-/* One logical block of a key sequence, as the kernels take it. */
+/* One logical block of a key sequence, as the kernels take it. The rows
+ * are head_dim elements of dtype: IEEE binary16, bfloat16 (widened by a
+ * 16-bit shift) or, for CTXS_DTYPE_Q8, int8 that the scales ks[] and vs[]
+ * multiply. A Q8 scale is applied once per (key, row), never per element:
+ * the score is (sum of q[i] * k[i]) * ks[j] * scale, and V row j is added
+ * with the weight p[j] * vs[j], so that the int8 rows convert to float
+ * exactly and the dot products and V sums are the same code as for the
+ * other dtypes. */
 typedef struct ctxs__attn_block {
-    const uint16_t *k[CTXS__ATTN_BLOCK]; /* the K rows, in sequence order */
-    const uint16_t *v[CTXS__ATTN_BLOCK];
+    const uint8_t *k[CTXS__ATTN_BLOCK]; /* the K rows, in sequence order */
+    const uint8_t *v[CTXS__ATTN_BLOCK];
+    float ks[CTXS__ATTN_BLOCK]; /* CTXS_DTYPE_Q8: the rows' scales; unset */
+    float vs[CTXS__ATTN_BLOCK]; /*   for the other dtypes */
     uint32_t nb;       /* rows in k[] and v[]: 1 .. CTXS__ATTN_BLOCK */
     uint32_t done;     /* keys of the sequence before this block */
     uint32_t head_dim;
+    uint32_t dtype;    /* CTXS_DTYPE_F16, BF16 or Q8 */
     float scale;
 } ctxs__attn_block;
 
@@ -91,9 +103,14 @@ static inline uint32_t ctxs__attn_next_block(const ctxs__attn_keys *keys,
     uint32_t nb = 0;
     blk->done = c->done;
     while (nb < CTXS__ATTN_BLOCK && c->done < keys->n_keys) {
-        size_t off = (size_t)(keys->runs[c->run].slot + c->at) * keys->slot_bytes;
-        blk->k[nb] = (const uint16_t *)(const void *)(keys->k + off);
-        blk->v[nb] = (const uint16_t *)(const void *)(keys->v + off);
+        const uint32_t slot = keys->runs[c->run].slot + c->at;
+        const size_t off = (size_t)slot * keys->slot_bytes;
+        blk->k[nb] = keys->k + off;
+        blk->v[nb] = keys->v + off;
+        if (keys->ks) {
+            blk->ks[nb] = keys->ks[slot];
+            blk->vs[nb] = keys->vs[slot];
+        }
         nb++;
         c->done++;
         if (++c->at == keys->runs[c->run].count) {
@@ -130,6 +147,15 @@ ctxs__attn_fn ctxs__attn_avx512;
 #if defined(__aarch64__)
 ctxs__attn_fn ctxs__attn_neon;
 #endif
+
+/* A score from the dot product of a query and a key: times the key's Q8
+ * scale (q8), then times the softmax scale. Every kernel rounds these two
+ * products in this order. */
+static inline float ctxs__attn_score(float dot, const float *ks, uint32_t j, float scale,
+                                     int q8)
+{
+    return q8 ? dot * ks[j] * scale : dot * scale;
+}
 
 /* The exp() every kernel uses, on x <= 0 (a score minus the running max):
  * Cephes' expf reduction and polynomial, 0 below -87 (where expf would go
@@ -169,12 +195,15 @@ int ctxs__attention_force_isa(const char *name);
  *                        in flight to cover the FMA latency
  *   V(op)                the name of the ISA's helper `op` (see the x86 file
  *                        for the list: a v16 type and zero, set1, load,
- *                        loadn, store, storen, half, halfn, add, mul, fma,
+ *                        loadn, store, storen, half, bf16, i8, add, mul, fma,
  *                        max, hmax, floor, pow2i, keep_ge, reduce,
  *                        reduce_chains, lane0)
  *
  * It follows ctxs__attn_portable() step by step, with fused multiply-adds;
  * see the notes at the top of attention.c on why every step is where it is.
+ * The element type is a constant argument (DT) of every function below, so
+ * that each dtype gets its own copy of the loops with its conversion in
+ * them, and nothing else differs between dtypes.
  */
 #ifdef CTXS__SIMD_FN
 
@@ -197,13 +226,34 @@ CTXS__SIMD_INLINE v16 V(exp)(v16 x)
     return V(keep_ge)(x, CTXS__EXP_MIN, V(mul)(y, V(pow2i)(n)));
 }
 
+/* 16 elements of a K or V row from element d, as float. */
+CTXS__SIMD_INLINE v16 V(row)(const uint8_t *r, uint32_t d, const uint32_t DT)
+{
+    if (DT == CTXS_DTYPE_Q8)
+        return V(i8)((const int8_t *)(const void *)r + d);
+    if (DT == CTXS_DTYPE_BF16)
+        return V(bf16)((const uint16_t *)(const void *)(r + 2 * (size_t)d));
+    return V(half)((const uint16_t *)(const void *)(r + 2 * (size_t)d));
+}
+
+/* n < 16 elements of a row from element d, the other lanes 0. Through a
+ * copy: a whole vector's load could run past the row into an unmapped
+ * page. */
+CTXS__SIMD_INLINE v16 V(rown)(const uint8_t *r, uint32_t d, uint32_t n, const uint32_t DT)
+{
+    const size_t eb = DT == CTXS_DTYPE_Q8 ? 1 : 2;
+    uint8_t t[32] __attribute__((aligned(16))) = {0};
+    memcpy(t, r + d * eb, n * eb);
+    return V(row)(t, 0, DT);
+}
+
 /* Scores of KJ keys (kr[0 .. KJ-1]) against NQ rows. KJ > 1 only gives
  * the CPU independent chains to overlap: each (key, row) has its own
  * accumulator, summed in the same order whatever KJ is. */
 CTXS__SIMD_INLINE void V(scores)(float *s, size_t s_stride,
-                                 const uint16_t *const *kr, const float *const *q,
-                                 uint32_t hd, float scale, const uint32_t NQ,
-                                 const uint32_t KJ)
+                                 const uint8_t *const *kr, const float *ks,
+                                 const float *const *q, uint32_t hd, float scale,
+                                 const uint32_t NQ, const uint32_t KJ, const uint32_t DT)
 {
     v16 acc[CTXS__SIMD_CHAINS][CTXS__SIMD_TILE];
     for (uint32_t kj = 0; kj < KJ; kj++)
@@ -212,7 +262,7 @@ CTXS__SIMD_INLINE void V(scores)(float *s, size_t s_stride,
     uint32_t d = 0;
     for (; d + 16 <= hd; d += 16) {
         for (uint32_t kj = 0; kj < KJ; kj++) {
-            v16 k = V(half)(kr[kj] + d);
+            v16 k = V(row)(kr[kj], d, DT);
             for (uint32_t g = 0; g < NQ; g++)
                 acc[kj][g] = V(fma)(V(load)(q[g] + d), k, acc[kj][g]);
         }
@@ -220,7 +270,7 @@ CTXS__SIMD_INLINE void V(scores)(float *s, size_t s_stride,
     if (d < hd) {
         /* Zeros in the missing lanes add +0 to their partial sums. */
         for (uint32_t kj = 0; kj < KJ; kj++) {
-            v16 k = V(halfn)(kr[kj] + d, hd - d);
+            v16 k = V(rown)(kr[kj], d, hd - d, DT);
             for (uint32_t g = 0; g < NQ; g++)
                 acc[kj][g] = V(fma)(V(loadn)(q[g] + d, hd - d), k, acc[kj][g]);
         }
@@ -236,11 +286,13 @@ CTXS__SIMD_INLINE void V(scores)(float *s, size_t s_stride,
         V(reduce_chains)(flat, sum);
         for (uint32_t kj = 0; kj < KJ; kj++)
             for (uint32_t g = 0; g < NQ; g++)
-                s[g * s_stride + kj] = sum[kj * NQ + g] * scale;
+                s[g * s_stride + kj] =
+                    ctxs__attn_score(sum[kj * NQ + g], ks, kj, scale, DT == CTXS_DTYPE_Q8);
     } else {
         for (uint32_t kj = 0; kj < KJ; kj++)
             for (uint32_t g = 0; g < NQ; g++)
-                s[g * s_stride + kj] = V(reduce)(acc[kj][g]) * scale;
+                s[g * s_stride + kj] =
+                    ctxs__attn_score(V(reduce)(acc[kj][g]), ks, kj, scale, DT == CTXS_DTYPE_Q8);
     }
 }
 
@@ -255,10 +307,10 @@ typedef struct V(span) {
  * the portable kernel; CH > 1 only gives the CPU independent chains. Keys
  * past a row's own are skipped, not weighted by 0: 0 * inf would be NaN. */
 CTXS__SIMD_INLINE void V(vacc)(float *const *out, uint32_t d,
-                               const uint16_t *const *vr, const V(span) *sp,
+                               const uint8_t *const *vr, const V(span) *sp,
                                const float (*p)[CTXS__ATTN_BLOCK],
                                const float *c, int first, const uint32_t NQ,
-                               const uint32_t CH, uint32_t tail)
+                               const uint32_t CH, uint32_t tail, const uint32_t DT)
 {
     v16 a[CTXS__SIMD_CHAINS][CTXS__SIMD_TILE];
     for (uint32_t ch = 0; ch < CH; ch++) {
@@ -274,14 +326,14 @@ CTXS__SIMD_INLINE void V(vacc)(float *const *out, uint32_t d,
     }
     for (uint32_t j = 0; j < sp->lo; j++) {
         for (uint32_t ch = 0; ch < CH; ch++) {
-            v16 v = tail ? V(halfn)(vr[j] + d, tail) : V(half)(vr[j] + d + 16 * ch);
+            v16 v = tail ? V(rown)(vr[j], d, tail, DT) : V(row)(vr[j], d + 16 * ch, DT);
             for (uint32_t g = 0; g < NQ; g++)
                 a[ch][g] = V(fma)(V(set1)(p[g][j]), v, a[ch][g]);
         }
     }
     for (uint32_t j = sp->lo; j < sp->hi; j++) {
         for (uint32_t ch = 0; ch < CH; ch++) {
-            v16 v = tail ? V(halfn)(vr[j] + d, tail) : V(half)(vr[j] + d + 16 * ch);
+            v16 v = tail ? V(rown)(vr[j], d, tail, DT) : V(row)(vr[j], d + 16 * ch, DT);
             for (uint32_t g = 0; g < NQ; g++)
                 if (j < sp->nb[g])
                     a[ch][g] = V(fma)(V(set1)(p[g][j]), v, a[ch][g]);
@@ -322,7 +374,7 @@ CTXS__SIMD_INLINE void V(weights)(float *s, ctxs__attn_row *row, float *c,
 }
 
 CTXS__SIMD_INLINE void V(tile)(ctxs__attn_row *rows, const ctxs__attn_block *blk,
-                               const uint32_t NQ)
+                               const uint32_t NQ, const uint32_t DT)
 {
     enum { B = CTXS__ATTN_BLOCK };
     const uint32_t hd = blk->head_dim;
@@ -347,9 +399,9 @@ CTXS__SIMD_INLINE void V(tile)(ctxs__attn_row *rows, const ctxs__attn_block *blk
      * then dropped: V(weights) pads over them. */
     uint32_t j = 0;
     for (; j + KJ <= sp.hi; j += KJ)
-        V(scores)(&s[0][j], B, blk->k + j, q, hd, blk->scale, NQ, KJ);
+        V(scores)(&s[0][j], B, blk->k + j, blk->ks + j, q, hd, blk->scale, NQ, KJ, DT);
     for (; j < sp.hi; j++)
-        V(scores)(&s[0][j], B, blk->k + j, q, hd, blk->scale, NQ, 1);
+        V(scores)(&s[0][j], B, blk->k + j, blk->ks + j, q, hd, blk->scale, NQ, 1, DT);
     for (uint32_t g = 0; g < NQ; g++)
         V(weights)(s[g], &rows[g], &c[g], sp.nb[g], first);
     /* The sums of weights stay scalar and in key order, as in the portable
@@ -361,19 +413,24 @@ CTXS__SIMD_INLINE void V(tile)(ctxs__attn_row *rows, const ctxs__attn_block *blk
         for (uint32_t g = 0; g < NQ; g++)
             if (j < sp.nb[g])
                 rows[g].l += s[g][j];
+    /* Q8: V row j is added with the weight times its scale. */
+    if (DT == CTXS_DTYPE_Q8)
+        for (uint32_t g = 0; g < NQ; g++)
+            for (j = 0; j < sp.nb[g]; j++)
+                s[g][j] *= blk->vs[j];
 
     const float(*p)[B] = (const float(*)[B])s;
     uint32_t d = 0;
     for (; d + 16 * CH <= hd; d += 16 * CH)
-        V(vacc)(out, d, blk->v, &sp, p, c, first, NQ, CH, 0);
+        V(vacc)(out, d, blk->v, &sp, p, c, first, NQ, CH, 0, DT);
     for (; d + 16 <= hd; d += 16)
-        V(vacc)(out, d, blk->v, &sp, p, c, first, NQ, 1, 0);
+        V(vacc)(out, d, blk->v, &sp, p, c, first, NQ, 1, 0, DT);
     if (d < hd)
-        V(vacc)(out, d, blk->v, &sp, p, c, first, NQ, 1, hd - d);
+        V(vacc)(out, d, blk->v, &sp, p, c, first, NQ, 1, hd - d, DT);
 }
 
-CTXS__SIMD_ATTR void CTXS__SIMD_FN(ctxs__attn_row *rows, uint32_t n_q,
-                                   const ctxs__attn_block *blk)
+CTXS__SIMD_INLINE void V(tiles)(ctxs__attn_row *rows, uint32_t n_q,
+                                const ctxs__attn_block *blk, const uint32_t DT)
 {
     /* Tiles of fixed sizes, so that each is compiled with its loops over
      * rows unrolled and its accumulators in registers. */
@@ -381,22 +438,39 @@ CTXS__SIMD_ATTR void CTXS__SIMD_FN(ctxs__attn_row *rows, uint32_t n_q,
         uint32_t t;
         if (n_q >= 8 && CTXS__SIMD_TILE >= 8) {
             t = 8;
-            V(tile)(rows, blk, CTXS__SIMD_TILE >= 8 ? 8 : 1);
+            V(tile)(rows, blk, CTXS__SIMD_TILE >= 8 ? 8 : 1, DT);
         } else if (n_q >= 4) {
             t = 4;
-            V(tile)(rows, blk, 4);
+            V(tile)(rows, blk, 4, DT);
         } else if (n_q == 3) {
             t = 3;
-            V(tile)(rows, blk, 3);
+            V(tile)(rows, blk, 3, DT);
         } else if (n_q == 2) {
             t = 2;
-            V(tile)(rows, blk, 2);
+            V(tile)(rows, blk, 2, DT);
         } else {
             t = 1;
-            V(tile)(rows, blk, 1);
+            V(tile)(rows, blk, 1, DT);
         }
         rows += t;
         n_q -= t;
+    }
+}
+
+CTXS__SIMD_ATTR void CTXS__SIMD_FN(ctxs__attn_row *rows, uint32_t n_q,
+                                   const ctxs__attn_block *blk)
+{
+    /* One instantiation per dtype, the dtype a constant inside each. */
+    switch (blk->dtype) {
+    case CTXS_DTYPE_Q8:
+        V(tiles)(rows, n_q, blk, CTXS_DTYPE_Q8);
+        break;
+    case CTXS_DTYPE_BF16:
+        V(tiles)(rows, n_q, blk, CTXS_DTYPE_BF16);
+        break;
+    default:
+        V(tiles)(rows, n_q, blk, CTXS_DTYPE_F16);
+        break;
     }
 }
 

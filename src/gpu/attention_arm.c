@@ -2,8 +2,9 @@
  * The attention kernel for AArch64 (Advanced SIMD, baseline there): the
  * template at the end of attention.h over a 16-lane vector of four q
  * registers, lanes 0-3, 4-7, 8-11, 12-15. fp16 to fp32 is vcvt_f32_f16,
- * multiply-adds are fused (vfmaq_f32). No target attribute is needed: NEON
- * and the conversion are part of every AArch64 CPU.
+ * bf16 a widening shift (vshll_n_u16 by 16), int8 two widenings and
+ * vcvtq_f32_s32; multiply-adds are fused (vfmaq_f32). No target attribute
+ * is needed: NEON and the conversions are part of every AArch64 CPU.
  */
 #if defined(__aarch64__)
 
@@ -64,11 +65,25 @@ AN neon_v16 neon_half(const uint16_t *p)
         r.v[i] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * i)));
     return r;
 }
-AN neon_v16 neon_halfn(const uint16_t *p, uint32_t n)
+/* bfloat16 is the high half of a float32: a widening shift by 16. */
+AN neon_v16 neon_bf16(const uint16_t *p)
 {
-    uint16_t t[16] = {0};
-    memcpy(t, p, n * sizeof(uint16_t));
-    return neon_half(t);
+    neon_v16 r;
+    for (int i = 0; i < 4; i++)
+        r.v[i] = vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p + 4 * i), 16));
+    return r;
+}
+/* int8 to float, exact: widened to 16, then 32 bits, then converted. */
+AN neon_v16 neon_i8(const int8_t *p)
+{
+    int8x16_t x = vld1q_s8(p);
+    int16x8_t lo = vmovl_s8(vget_low_s8(x)), hi = vmovl_s8(vget_high_s8(x));
+    neon_v16 r;
+    r.v[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
+    r.v[1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo)));
+    r.v[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
+    r.v[3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi)));
+    return r;
 }
 AN neon_v16 neon_add(neon_v16 a, neon_v16 b)
 {

@@ -1,7 +1,9 @@
 /*
  * The attention kernel for x86-64 with AVX2 + F16C + FMA, and with AVX-512F:
  * the template at the end of attention.h over a 16-lane vector, which is two
- * ymm registers for AVX2 and one zmm for AVX-512. The functions carry
+ * ymm registers for AVX2 and one zmm for AVX-512, with the conversions of
+ * each element type: fp16 by F16C, bf16 by a zero extension and a 16-bit
+ * shift, int8 by a sign extension and an exact int-to-float conversion. The functions carry
  * target attributes, so the file builds with the baseline flags and
  * attention.c picks a kernel at run time from what the CPU has.
  */
@@ -56,11 +58,20 @@ A2 avx2_v16 avx2_half(const uint16_t *p)
     return (avx2_v16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)),
                       _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 8)))};
 }
-A2 avx2_v16 avx2_halfn(const uint16_t *p, uint32_t n)
+/* bfloat16 is the high half of a float32: widened by a 16-bit shift. */
+A2 avx2_v16 avx2_bf16(const uint16_t *p)
 {
-    uint16_t t[16] = {0};
-    memcpy(t, p, n * sizeof(uint16_t));
-    return avx2_half(t);
+    __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p + 8)));
+    return (avx2_v16){_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
+                      _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+}
+/* int8 to float, exact. */
+A2 avx2_v16 avx2_i8(const int8_t *p)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)p);
+    return (avx2_v16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)),
+                      _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(x, 8)))};
 }
 A2 avx2_v16 avx2_add(avx2_v16 a, avx2_v16 b)
 {
@@ -192,12 +203,15 @@ A5 __m512 avx512_half(const uint16_t *p)
 {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
 }
-/* A masked 16-bit load needs AVX512BW; a copy does for a row's tail. */
-A5 __m512 avx512_halfn(const uint16_t *p, uint32_t n)
+A5 __m512 avx512_bf16(const uint16_t *p)
 {
-    uint16_t t[16] = {0};
-    memcpy(t, p, n * sizeof(uint16_t));
-    return avx512_half(t);
+    __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+}
+A5 __m512 avx512_i8(const int8_t *p)
+{
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)));
 }
 A5 __m512 avx512_add(__m512 a, __m512 b)
 {

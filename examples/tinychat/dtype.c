@@ -1,8 +1,12 @@
 /*
- * IEEE binary16 conversions, our own so that the rounding is the same on
- * every host and compiler (no F16C or _Float16 needed): round to nearest,
- * ties to even, as the hardware converters do.
+ * The forms K and V are stored in: IEEE binary16 and bfloat16 conversions,
+ * our own so that the rounding is the same on every host and compiler (no
+ * F16C or _Float16 needed): round to nearest, ties to even, as the hardware
+ * converters do; and the Q8 quantizer of a head, as ctxstore.h's ctxs_dtype
+ * spells it out, so that what tinychat stores in the mapping is what
+ * ctxs_session_write_token() would store from the same floats.
  */
+#include <math.h>
 #include <string.h>
 
 #include "tinychat.h"
@@ -65,4 +69,47 @@ float tinychat_f16_to_f32(uint16_t h)
     float f;
     memcpy(&f, &x, 4);
     return f;
+}
+
+uint16_t tinychat_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it one, and quiet */
+        return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u); /* ties to even; may carry to infinity */
+    return (uint16_t)(x >> 16);
+}
+
+float tinychat_bf16_to_f32(uint16_t h)
+{
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+/* x * (127 / amax) rather than x / scale: the header's formula, and one
+ * rounding fewer. rintf rounds ties to even in the default rounding mode,
+ * which nothing here changes; with -ffp-contract=off the product is
+ * rounded to float before rintf sees it, as in the library. */
+float tinychat_q8_quantize(int8_t *q, const float *x, uint32_t n)
+{
+    float amax = 0.0f;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!isfinite(x[i]))
+            return -1.0f;
+        const float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    if (amax == 0.0f) {
+        memset(q, 0, n);
+        return 0.0f;
+    }
+    const float inv = 127.0f / amax;
+    for (uint32_t i = 0; i < n; i++) {
+        const float r = rintf(x[i] * inv);
+        q[i] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r);
+    }
+    return amax / 127.0f;
 }

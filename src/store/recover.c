@@ -23,17 +23,30 @@ void ctxs__sums_chain(uint64_t *out, uint64_t first_pos, uint32_t n, const uint3
         out[i] = XXH3_64bits_withSeed(head, sizeof(head), CTXS__TOKEN_SEED);
     }
     /* Run by run: a run's slots for consecutive positions are contiguous
-     * (two stretches where the ring wraps), so the KV is read sequentially.
-     * A run's scale follows its slot in the chain. */
+     * (two stretches where the ring wraps), so the KV is read sequentially. */
     for (uint32_t r = 0; r < tb->n_runs; r++) {
         const uint8_t *run = tb->kv + (size_t)r * tb->run_stride;
-        const uint8_t *scales = tb->scales ? tb->scales + (size_t)r * tb->scales_stride : NULL;
-        for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t i = 0; i < n; i++)
             out[i] = XXH3_64bits_withSeed(run + (size_t)tb->at[i] * tb->slot_bytes,
                                           tb->slot_bytes, out[i]);
-            if (scales)
-                out[i] = XXH3_64bits_withSeed(scales + (size_t)tb->at[i] * 4, 4, out[i]);
+    }
+    if (!tb->scales)
+        return;
+    /* Then a token's scales, one per run in file order, as one input:
+     * gathered a piece at a time, since a hash call per 4-byte scale would
+     * cost more than the token's KV. */
+    XXH3_state_t state;
+    uint8_t piece[4096];
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *scale = tb->scales + (size_t)tb->at[i] * 4;
+        XXH3_64bits_reset_withSeed(&state, out[i]);
+        for (uint32_t r = 0; r < tb->n_runs;) {
+            size_t len = 0;
+            for (; r < tb->n_runs && len < sizeof(piece); r++, len += 4)
+                memcpy(piece + len, scale + (size_t)r * tb->scales_stride, 4);
+            XXH3_64bits_update(&state, piece, len);
         }
+        out[i] = XXH3_64bits_digest(&state);
     }
 }
 

@@ -1326,6 +1326,249 @@ static void print_headlines(const uint32_t *contexts, int n)
     }
 }
 
+/* --- Accuracy (--errors) ------------------------------------------------- *
+ *
+ * Why Q8 keeps one scale per (token, head) rather than one per block of 32
+ * elements: the attention output of each form against fp64 attention over
+ * the original floats, on data shaped like a real model's: keys with a few
+ * outlier channels (4 of 128, 20x the rest, the same channels in every
+ * token, as trained models' keys have), values without. f16, bf16 and q8
+ * go through a real session (ctxs_session_write_token() of the floats,
+ * which rounds or quantizes them), and are measured twice: fp64 attention
+ * over what the session holds (the error of the form alone) and
+ * ctxs_attention() over the mapping (what an engine gets). q8 with one
+ * scale per 32 elements exists only here, in fp64. */
+
+enum { E_TOKENS = 2048, E_QUERIES = 8, E_OUTLIERS = 4, E_BLOCK = 32 };
+
+static double e_uniform(uint64_t *seed)
+{
+    return (double)(xorshift64(seed) >> 11) / 0x1p53;
+}
+
+/* Close to a standard normal (Irwin-Hall, 12 uniforms): no libm here. */
+static double e_normal(uint64_t *seed)
+{
+    double x = -6;
+    for (int i = 0; i < 12; i++)
+        x += e_uniform(seed);
+    return x;
+}
+
+static double e_sqrt(double x)
+{
+    double r = x > 1 ? x : 1;
+    for (int i = 0; i < 100 && x > 0; i++)
+        r = 0.5 * (r + x / r);
+    return x > 0 ? r : 0;
+}
+
+/* e^x for x <= 0 to double precision (Taylor after a reduction by ln 2). */
+static double e_exp(double x)
+{
+    if (x < -700)
+        return 0;
+    const double ln2 = 0.693147180559945309417;
+    int k = (int)(x / ln2 - 0.5);
+    double r = x - k * ln2, term = 1, sum = 1;
+    for (int i = 1; i < 30; i++) {
+        term *= r / i;
+        sum += term;
+    }
+    for (; k < 0; k++)
+        sum *= 0.5;
+    return sum;
+}
+
+/* fp64 attention of query q (N_HEADS x HEAD_DIM) over T tokens of k, v
+ * ([T][N_KV_HEADS][HEAD_DIM] doubles) into out. */
+static void e_attend(double *out, const float *q, const double *k, const double *v, uint32_t T)
+{
+    const double c = 1 / e_sqrt(HEAD_DIM);
+    double *w = xmalloc(T * sizeof w[0]);
+    for (uint32_t h = 0; h < N_HEADS; h++) {
+        const uint32_t kh = h / (N_HEADS / N_KV_HEADS);
+        double mx = -1e300, sum = 0;
+        for (uint32_t t = 0; t < T; t++) {
+            const double *kr = k + ((size_t)t * N_KV_HEADS + kh) * HEAD_DIM;
+            double d = 0;
+            for (uint32_t i = 0; i < HEAD_DIM; i++)
+                d += (double)q[h * HEAD_DIM + i] * kr[i];
+            w[t] = d * c;
+            mx = w[t] > mx ? w[t] : mx;
+        }
+        for (uint32_t t = 0; t < T; t++)
+            sum += (w[t] = e_exp(w[t] - mx));
+        for (uint32_t i = 0; i < HEAD_DIM; i++) {
+            double o = 0;
+            for (uint32_t t = 0; t < T; t++)
+                o += w[t] * v[((size_t)t * N_KV_HEADS + kh) * HEAD_DIM + i];
+            out[h * HEAD_DIM + i] = o / sum;
+        }
+    }
+    free(w);
+}
+
+/* Q8 with one scale per block of n elements: amax / 127, round half away. */
+static void e_q8_blocks(double *out, const float *x, size_t len, uint32_t n)
+{
+    for (size_t b = 0; b < len; b += n) {
+        double amax = 0;
+        for (uint32_t i = 0; i < n; i++)
+            amax = x[b + i] < 0 ? (-x[b + i] > amax ? -x[b + i] : amax)
+                                : (x[b + i] > amax ? x[b + i] : amax);
+        const double scale = (float)(amax / 127);
+        for (uint32_t i = 0; i < n; i++) {
+            double r = amax > 0 ? x[b + i] * 127 / amax : 0;
+            out[b + i] = scale * (double)(long)(r + (r < 0 ? -0.5 : 0.5));
+        }
+    }
+}
+
+typedef struct e_err {
+    double se, sref, max; /* sum of squared errors, of squared references */
+} e_err;
+
+static void e_add(e_err *e, const double *got, const double *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double d = got[i] - want[i];
+        e->se += d * d;
+        e->sref += want[i] * want[i];
+        d = d < 0 ? -d : d;
+        e->max = d > e->max ? d : e->max;
+    }
+}
+
+/* One data set: K's outlier channels `gain` times the rest (1: none). */
+static void measure_errors_at(const options *o, double gain)
+{
+    const size_t per = (size_t)N_KV_HEADS * HEAD_DIM; /* one token, one layer */
+    const size_t len = (size_t)E_TOKENS * per;
+    uint64_t seed = 0x2545f4914f6cdd1dull;
+    float *k = xmalloc(len * sizeof(float)), *v = xmalloc(len * sizeof(float));
+    int outlier[HEAD_DIM] = { 0 };
+    for (int i = 0; i < E_OUTLIERS; i++)
+        outlier[(17 + 37 * i) % HEAD_DIM] = 1;
+    for (size_t i = 0; i < len; i++) {
+        k[i] = (float)(e_normal(&seed) * (outlier[i % HEAD_DIM] ? gain : 1));
+        v[i] = (float)e_normal(&seed);
+    }
+    float *q = xmalloc((size_t)E_QUERIES * Q_FLOATS * sizeof(float));
+    for (size_t i = 0; i < (size_t)E_QUERIES * Q_FLOATS; i++)
+        q[i] = (float)e_normal(&seed);
+
+    double *dk = xmalloc(len * sizeof(double)), *dv = xmalloc(len * sizeof(double));
+    double *want = xmalloc((size_t)E_QUERIES * Q_FLOATS * sizeof(double));
+    double *got = xmalloc(Q_FLOATS * sizeof(double));
+    float *out = xmalloc(Q_FLOATS * sizeof(float));
+    for (size_t i = 0; i < len; i++)
+        dk[i] = k[i], dv[i] = v[i];
+    for (int j = 0; j < E_QUERIES; j++)
+        e_attend(want + (size_t)j * Q_FLOATS, q + (size_t)j * Q_FLOATS, dk, dv, E_TOKENS);
+
+    /* f16, bf16, q8 per (token, head): through a session; then q8 per block */
+    static const char *const names[] = { "f16", "bf16", "q8", "q8" };
+    static const char *const scales[] = { "none", "none", "token_head", "block32" };
+    const double bytes[] = { HEAD_DIM * 2, HEAD_DIM * 2, HEAD_DIM + 4,
+                             HEAD_DIM + 4.0 * HEAD_DIM / E_BLOCK };
+    if (!o->json)
+        printf("attention-output error against fp64 of the original floats: %d tokens,"
+               " %d KV heads x %d dim, %d query heads, %d decode queries; K has %d"
+               " outlier channels of %gx, V none\n"
+               "%-5s %-11s %15s %14s %12s %14s %12s\n", E_TOKENS, N_KV_HEADS, HEAD_DIM,
+               N_HEADS, E_QUERIES, E_OUTLIERS, gain, "dtype", "scales", "bytes/tok/head",
+               "rel_rms_fp64", "max_fp64", "rel_rms_kernel", "max_kernel");
+    for (int f = 0; f < 4; f++) {
+        e_err form = { 0, 0, 0 }, kern = { 0, 0, 0 };
+        if (f < 3) {
+            ctxs_model m = { .geometry = { 1, N_KV_HEADS, HEAD_DIM, k_dtypes[f].dtype } };
+            ctxs_create_options co = CTXS_CREATE_OPTIONS_INIT;
+            co.capacity = E_TOKENS;
+            co.ring = 0;
+            co.open.durability = CTXS_SYNC_NONE;
+            co.open.window = E_TOKENS;
+            ctxs_session *s;
+            check_ctxs(ctxs_session_create(&s, g_path[f], &m, &co), "ctxs_session_create");
+            ctxs_reservation r;
+            check_ctxs(ctxs_session_reserve(&r, s, E_TOKENS), "ctxs_session_reserve");
+            float *tk = xmalloc(per * sizeof(float)), *tv = xmalloc(per * sizeof(float));
+            uint32_t *ids = xmalloc(E_TOKENS * sizeof ids[0]);
+            for (uint32_t t = 0; t < E_TOKENS; t++) {
+                check_ctxs(ctxs_session_write_token(s, &r, t, k + t * per, v + t * per,
+                                                    CTXS_DTYPE_F32), "ctxs_session_write_token");
+                ids[t] = t;
+            }
+            check_ctxs(ctxs_session_commit(s, ids, E_TOKENS), "ctxs_session_commit");
+            for (uint32_t t = 0; t < E_TOKENS; t++) {
+                /* float32 is exact for every session dtype */
+                check_ctxs(ctxs_session_read_token(tk, tv, s, t, CTXS_DTYPE_F32),
+                           "ctxs_session_read_token");
+                for (size_t i = 0; i < per; i++)
+                    dk[t * per + i] = tk[i], dv[t * per + i] = tv[i];
+            }
+            ctxs_layout lay;
+            ctxs_attn_plan plan;
+            check_ctxs(ctxs_session_get_layout(&lay, s), "ctxs_session_get_layout");
+            check_ctxs(ctxs_session_get_attn_plan(&plan, s, 0), "ctxs_session_get_attn_plan");
+            for (int j = 0; j < E_QUERIES; j++) {
+                ctxs_attn_query aq = { q + (size_t)j * Q_FLOATS, E_TOKENS - 1, 1, N_HEADS, 0 };
+                check_ctxs(ctxs_attention(out, &lay, &plan, 0, &aq), "ctxs_attention");
+                for (size_t i = 0; i < Q_FLOATS; i++)
+                    got[i] = out[i];
+                e_add(&kern, got, want + (size_t)j * Q_FLOATS, Q_FLOATS);
+            }
+            ctxs_session_close(s);
+            check_sys(unlink(g_path[f]), "unlink session");
+            free(tk);
+            free(tv);
+            free(ids);
+        } else {
+            e_q8_blocks(dk, k, len, E_BLOCK);
+            e_q8_blocks(dv, v, len, E_BLOCK);
+        }
+        for (int j = 0; j < E_QUERIES; j++) {
+            e_attend(got, q + (size_t)j * Q_FLOATS, dk, dv, E_TOKENS);
+            e_add(&form, got, want + (size_t)j * Q_FLOATS, Q_FLOATS);
+        }
+        const double rf = e_sqrt(form.se / form.sref);
+        const double rk = kern.sref > 0 ? e_sqrt(kern.se / kern.sref) : -1;
+        if (o->json) {
+            printf("{\"op\":\"attention_error\",\"dtype\":\"%s\",\"scales\":\"%s\","
+                   "\"tokens\":%d,\"k_outlier_gain\":%g,\"bytes_per_token_head\":%.0f,"
+                   "\"rel_rms_fp64\":%.4g,\"max_abs_fp64\":%.4g", names[f], scales[f],
+                   E_TOKENS, gain, bytes[f], rf, form.max);
+            if (rk >= 0)
+                printf(",\"rel_rms_kernel\":%.4g,\"max_abs_kernel\":%.4g", rk, kern.max);
+            printf("}\n");
+        } else {
+            char a[32] = "-", b[32] = "-";
+            if (rk >= 0) {
+                snprintf(a, sizeof a, "%.3g", rk);
+                snprintf(b, sizeof b, "%.3g", kern.max);
+            }
+            printf("%-5s %-11s %15.0f %14.3g %12.3g %14s %12s\n", names[f], scales[f],
+                   bytes[f], rf, form.max, a, b);
+        }
+    }
+    free(k);
+    free(v);
+    free(q);
+    free(dk);
+    free(dv);
+    free(want);
+    free(got);
+    free(out);
+}
+
+static void measure_errors(const options *o)
+{
+    measure_errors_at(o, 20);
+    if (!o->json)
+        putchar('\n');
+    measure_errors_at(o, 1);
+}
+
 int main(int argc, char **argv)
 {
     options o = parse_options(argc, argv);
@@ -1338,6 +1581,11 @@ int main(int argc, char **argv)
         scratch_file(g_path[d], name);
     }
     scratch_file(g_state_path, "attention.state");
+    if (o.errors) {
+        measure_errors(&o);
+        cleanup();
+        return 0;
+    }
 
     uint32_t contexts[2] = { 2048, 8192 };
     int n_contexts = pick_contexts(contexts, 2, o.only_tokens);

@@ -6,16 +6,23 @@
  * and what the first token after a resume waits for, against loading a
  * state file.
  *
- * KV geometry of Qwen3-4B: 36 layers, 8 KV heads, head dim 128, fp16, with
- * 32 query heads (GQA 4:1). For each context (2048 and 8192 held tokens) a
- * real session file is created in a scratch directory with capacity for
- * the context, filled with random fp16 values (reserve, write through the
- * layout, commit, sync), and its window set to the whole context, so that a
- * query reads every held token. It measures:
+ * KV geometry of Qwen3-4B: 36 layers, 8 KV heads, head dim 128, with 32
+ * query heads (GQA 4:1). For each context (2048 and 8192 held tokens) and
+ * each session dtype (f16, bf16, q8: int8 with a float32 scale per token
+ * and head, half the bytes) a real session file is created in a scratch
+ * directory with capacity for the context, filled with random values
+ * (reserve, write through the layout, commit, sync), and its window set to
+ * the whole context, so that a query reads every held token. It measures:
  *
  *   decode_step   attention of all 36 layers for one query token (the last
  *                 position, as after a resume), one ctxs_attention() call
- *                 per layer, on the calling thread, everything resident.
+ *                 per layer, on the calling thread, everything resident;
+ *                 per dtype, all dtypes and methods interleaved in the same
+ *                 rounds. GB/s counts K, V and q8's scales. bf16 and q8
+ *                 rows carry speedup_vs_f16: the median of the per-round
+ *                 ratios of f16's time to theirs, same method (target,
+ *                 issue 14: q8 >= 1.6x at 8192 tokens; each dtype through
+ *                 the mapping within 5% of anonymous).
  *   layer         each of those calls alone (the median over every layer
  *                 of every timed step).
  *   first_step    the first decode step after a resume: the session is
@@ -37,16 +44,17 @@
  *   anonymous       a copy of the KV region in a private anonymous mapping,
  *                   as malloc would give it, and a copy of the layout whose
  *                   kv points there.
+ *   anonymous       (with q8's scale table copied after the KV bytes)
  *   anonymous_huge  the same with MADV_HUGEPAGE: what 2 MiB pages would
- *                   give (a diagnostic; ctxstore's mapping uses 4 KiB
- *                   pages, see docs/ARCHITECTURE.md).
+ *                   give (a diagnostic, f16 only; ctxstore's mapping uses
+ *                   4 KiB pages, see docs/ARCHITECTURE.md).
  *
  * Every page of each copy is touched and one untimed step run on each
  * before timing, so all are resident. The timed steps are interleaved, the
  * order rotating every round, so that drift and noise fall on all methods
  * alike.
  *
- * Methods for first_step (think 0 unless said):
+ * Methods for first_step (f16 sessions; think 0 unless said):
  *
  *   mapping                open with the default options: the window is
  *                          brought in on a background thread (readahead
@@ -81,8 +89,11 @@
  * warm decode step's through the mapping (same bytes, same kernel):
  * checked, and the program dies if one is not.
  *
- * Usage: bench_attention [--quick] [--tokens N] [--dir DIR] [--cpu-time]
- *                        [--json]
+ * --errors measures accuracy instead of time: see "Accuracy" below.
+ *
+ * Usage: bench_attention [--quick] [--tokens N] [--dtype D] [--dir DIR]
+ *                        [--cpu-time] [--json]
+ *        bench_attention --errors [--json]
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -1095,19 +1106,24 @@ static void print_header(FILE *f, const options *o)
     rep_counts large = reps_for(o, MAX_TOKENS);
     fprintf(f,
         "ctxstore bench_attention: decode attention, Qwen3-4B geometry: %d"
-        " layers x %d KV heads x %d dim, fp16 = %d bytes/token; %d query"
+        " layers x %d KV heads x %d dim, fp16 = %d bytes/token (bf16 the same,"
+        " q8 half plus a float32 scale per token and head); %d query"
         " heads (GQA %d:1); one query token at the last position, reading"
         " every held token (window = context, %d sinks)\n"
         "kernel: ctxs_attention, ISA \"%s\", one thread; page size %ld;"
         " transparent huge pages: %s; decode_step and layer timed in %s\n"
-        "session file in %s (capacity = context, filled with random fp16,"
+        "session file in %s (capacity = context, filled with random values,"
         " committed and synced, untimed); times in us\n"
+        "decode_step and layer: a row per session dtype (f16, bf16, q8), all"
+        " interleaved in the same rounds; vs_f16: bf16 and q8, the median of"
+        " the per-round ratios f16 time / theirs, same method (target, issue"
+        " 14: q8 >= 1.6x at 8192 tokens). first_step rows: f16.\n"
         "decode_step: %d ctxs_attention calls, one per layer; layer: each"
         " call alone (median over all layers of all steps). Methods:"
         " mapping (the session's layout: the file's pages, MADV_RANDOM,"
         " 4 KiB), anonymous (the same bytes copied into a private anonymous"
-        " mapping, default pages), anonymous_huge (the copy with"
-        " MADV_HUGEPAGE). All resident (every page touched, one untimed"
+        " mapping, default pages; q8's scales copied after them),"
+        " anonymous_huge (the copy with MADV_HUGEPAGE; f16 only). All resident (every page touched, one untimed"
         " step each); %d timed steps each (%d above %d tokens), interleaved,"
         " the order rotating every round.\n"
         "first_step: the first decode step after a resume, in wall time,"

@@ -6,16 +6,23 @@
  * and what the first token after a resume waits for, against loading a
  * state file.
  *
- * KV geometry of Qwen3-4B: 36 layers, 8 KV heads, head dim 128, fp16, with
- * 32 query heads (GQA 4:1). For each context (2048 and 8192 held tokens) a
- * real session file is created in a scratch directory with capacity for
- * the context, filled with random fp16 values (reserve, write through the
- * layout, commit, sync), and its window set to the whole context, so that a
- * query reads every held token. It measures:
+ * KV geometry of Qwen3-4B: 36 layers, 8 KV heads, head dim 128, with 32
+ * query heads (GQA 4:1). For each context (2048 and 8192 held tokens) and
+ * each session dtype (f16, bf16, q8: int8 with a float32 scale per token
+ * and head, half the bytes) a real session file is created in a scratch
+ * directory with capacity for the context, filled with random values
+ * (reserve, write through the layout, commit, sync), and its window set to
+ * the whole context, so that a query reads every held token. It measures:
  *
  *   decode_step   attention of all 36 layers for one query token (the last
  *                 position, as after a resume), one ctxs_attention() call
- *                 per layer, on the calling thread, everything resident.
+ *                 per layer, on the calling thread, everything resident;
+ *                 per dtype, all dtypes and methods interleaved in the same
+ *                 rounds. GB/s counts K, V and q8's scales. bf16 and q8
+ *                 rows carry speedup_vs_f16: the median of the per-round
+ *                 ratios of f16's time to theirs, same method (target,
+ *                 issue 14: q8 >= 1.6x at 8192 tokens; each dtype through
+ *                 the mapping within 5% of anonymous).
  *   layer         each of those calls alone (the median over every layer
  *                 of every timed step).
  *   first_step    the first decode step after a resume: the session is
@@ -37,16 +44,17 @@
  *   anonymous       a copy of the KV region in a private anonymous mapping,
  *                   as malloc would give it, and a copy of the layout whose
  *                   kv points there.
+ *   anonymous       (with q8's scale table copied after the KV bytes)
  *   anonymous_huge  the same with MADV_HUGEPAGE: what 2 MiB pages would
- *                   give (a diagnostic; ctxstore's mapping uses 4 KiB
- *                   pages, see docs/ARCHITECTURE.md).
+ *                   give (a diagnostic, f16 only; ctxstore's mapping uses
+ *                   4 KiB pages, see docs/ARCHITECTURE.md).
  *
  * Every page of each copy is touched and one untimed step run on each
  * before timing, so all are resident. The timed steps are interleaved, the
  * order rotating every round, so that drift and noise fall on all methods
  * alike.
  *
- * Methods for first_step (think 0 unless said):
+ * Methods for first_step (f16 sessions; think 0 unless said):
  *
  *   mapping                open with the default options: the window is
  *                          brought in on a background thread (readahead
@@ -81,8 +89,11 @@
  * warm decode step's through the mapping (same bytes, same kernel):
  * checked, and the program dies if one is not.
  *
- * Usage: bench_attention [--quick] [--tokens N] [--dir DIR] [--cpu-time]
- *                        [--json]
+ * --errors measures accuracy instead of time: see "Accuracy" below.
+ *
+ * Usage: bench_attention [--quick] [--tokens N] [--dtype D] [--dir DIR]
+ *                        [--cpu-time] [--json]
+ *        bench_attention --errors [--json]
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -125,6 +136,28 @@ enum {
 
 enum { M_MAPPING, M_ANON, M_ANON_HUGE, N_METHODS };
 
+/* The session dtypes of the decode rows. first_step rows are fp16. */
+enum { D_F16, D_BF16, D_Q8, N_DTYPES };
+
+static const struct {
+    const char *name;
+    uint32_t dtype;
+    size_t slot_bytes;   /* one slot of one head */
+    size_t scale_bytes;  /* per slot of one head: Q8's float32 scale */
+} k_dtypes[N_DTYPES] = {
+    { "f16", CTXS_DTYPE_F16, HEAD_DIM * 2, 0 },
+    { "bf16", CTXS_DTYPE_BF16, HEAD_DIM * 2, 0 },
+    { "q8", CTXS_DTYPE_Q8, HEAD_DIM, 4 },
+};
+
+/* The methods each dtype's decode rows have: anonymous_huge (a
+ * diagnostic) for fp16 only, which keeps the 8192-token run within memory
+ * (each copy of an fp16 context is 1.2 GB). */
+static int dtype_methods(int d)
+{
+    return d == D_F16 ? N_METHODS : M_ANON_HUGE;
+}
+
 static const char *const k_method_names[N_METHODS] = {
     "mapping", "anonymous", "anonymous_huge",
 };
@@ -133,7 +166,12 @@ static const char *const k_method_names[N_METHODS] = {
 
 typedef struct result {
     bench_result base; /* first, for results_add() */
-    double bytes; /* KV bytes one operation reads */
+    const char *dtype; /* the session's: "f16", "bf16", "q8" */
+    double bytes; /* KV bytes one operation reads (with Q8's scales) */
+    /* decode_step and layer of bf16 and q8: how many times faster than
+     * f16 by the same method in the same round (same layer for layer): the
+     * median of the per-round ratios f16 / this, and their middle half. */
+    double speedup, speedup_lo, speedup_hi;
     /* Against anonymous, measured in the same round (decode_step) or the
      * same layer of the same round (layer): the median of the per-pair
      * ratios and their middle half. 0 when not paired. */
@@ -149,32 +187,35 @@ typedef struct result {
 } result;
 
 static const char *const k_ops[] = { "decode_step", "layer", "first_step" };
+static const char *const k_dtype_names[] = { "f16", "bf16", "q8" };
 static const char *const k_all_methods[] = {
     "mapping", "anonymous", "anonymous_huge", "mapping_no_background",
     "mapping_prefetch", "read_file", "read_file_cold",
 };
 
-static result g_result_rows[64];
+static result g_result_rows[128];
 static result_table g_results = RESULT_TABLE(g_result_rows);
 
 static result *record(const char *op, const char *method, uint32_t tokens,
-                      const samples *s, double bytes)
+                      const char *dtype, const samples *s, double bytes)
 {
     result *r = results_add(&g_results, op, method, tokens, s);
+    r->dtype = dtype;
     r->bytes = bytes;
     return r;
 }
 
-/* results_find() with the first_step key: think_ms and cache (NULL for
- * the ops that have none). */
+/* results_find() with the dtype and the first_step key: think_ms and cache
+ * (NULL for the ops that have none). */
 static const result *find(const char *op, const char *method,
-                          uint32_t tokens, uint32_t think_ms,
-                          const char *cache)
+                          uint32_t tokens, const char *dtype,
+                          uint32_t think_ms, const char *cache)
 {
     for (size_t i = 0; i < g_results.n; i++) {
         const result *r = &g_result_rows[i];
         if (!strcmp(r->base.op, op) && !strcmp(r->base.method, method)
-            && r->base.tokens == tokens && r->think_ms == think_ms
+            && r->base.tokens == tokens && !strcmp(r->dtype, dtype)
+            && r->think_ms == think_ms
             && (r->cache == cache
                 || (r->cache && cache && !strcmp(r->cache, cache))))
             return r;
@@ -190,9 +231,9 @@ static size_t rank(const char *const *list, size_t n, const char *name)
     return n;
 }
 
-/* results_sort()'s order (op, tokens, method) with the cache (warm first)
- * after tokens and the think time after the method, so that each context's
- * warm first steps come together, then its cold ones. */
+/* results_sort()'s order (op, tokens, method) with the dtype and the cache
+ * (warm first) after tokens and the think time after the method, so that
+ * each context's warm first steps come together, then its cold ones. */
 static int cmp_rows(const void *pa, const void *pb)
 {
     const result *a = pa, *b = pb;
@@ -204,6 +245,10 @@ static int cmp_rows(const void *pa, const void *pb)
         return x < y ? -1 : 1;
     if (a->base.tokens != b->base.tokens)
         return a->base.tokens < b->base.tokens ? -1 : 1;
+    x = rank(k_dtype_names, N_DTYPES, a->dtype);
+    y = rank(k_dtype_names, N_DTYPES, b->dtype);
+    if (x != y)
+        return x < y ? -1 : 1;
     int ca = a->cache && !strcmp(a->cache, "cold");
     int cb = b->cache && !strcmp(b->cache, "cold");
     if (ca != cb)
@@ -219,7 +264,8 @@ static int cmp_rows(const void *pa, const void *pb)
  * quartiles go into r (a's result). Drift and noise that hit a round hit
  * both of its samples, so these are steadier than the ratio of two
  * medians. */
-static void record_paired(result *r, const samples *a, const samples *b)
+static void paired_ratios(double *med, double *lo, double *hi, const result *r,
+                          const samples *a, const samples *b)
 {
     if (a->n != b->n || a->n == 0)
         die("unpaired samples for %s %s", r->base.op, r->base.method);
@@ -227,17 +273,28 @@ static void record_paired(result *r, const samples *a, const samples *b)
     for (size_t i = 0; i < a->n; i++)
         q[i] = b->us[i] > 0 ? a->us[i] / b->us[i] : 1;
     qsort(q, a->n, sizeof q[0], cmp_double);
-    r->paired = median_of_sorted(q, a->n);
-    r->paired_lo = q[a->n / 4];
-    r->paired_hi = q[(3 * a->n) / 4];
+    *med = median_of_sorted(q, a->n);
+    *lo = q[a->n / 4];
+    *hi = q[(3 * a->n) / 4];
     free(q);
+}
+
+static void record_paired(result *r, const samples *a, const samples *b)
+{
+    paired_ratios(&r->paired, &r->paired_lo, &r->paired_hi, r, a, b);
+}
+
+/* r's speedup over f16: the per-round ratios f16 / r. */
+static void record_speedup(result *r, const samples *self, const samples *f16)
+{
+    paired_ratios(&r->speedup, &r->speedup_lo, &r->speedup_hi, r, f16, self);
 }
 
 /* --- Files ----------------------------------------------------------------- */
 
 /* The session file, and the state file that read_file loads: scratch
  * files, removed on a signal. */
-static char g_path[PATH_MAX];
+static char g_path[N_DTYPES][PATH_MAX]; /* one session file per dtype */
 static char g_state_path[PATH_MAX];
 
 /* --- Options --------------------------------------------------------------- */
@@ -249,14 +306,24 @@ typedef struct options {
     const char *dir;
     int progress;
     int cpu_time;         /* time warm steps in thread CPU time */
+    int dtype[N_DTYPES];  /* the dtypes whose decode rows run */
+    int errors;           /* --errors: the accuracy table instead */
 } options;
 
 static void usage(FILE *f)
 {
-    fputs("usage: bench_attention [--quick] [--tokens N] [--dir DIR] [--cpu-time] [--json]\n"
+    fputs("usage: bench_attention [--quick] [--tokens N] [--dtype D] [--dir DIR]\n"
+          "                       [--cpu-time] [--json]\n"
+          "       bench_attention --errors [--json]\n"
           "  --quick     fewer timed steps (the same contexts; no cold first\n"
           "              steps above 4096 tokens)\n"
           "  --tokens N  one context of N tokens (16..32768)\n"
+          "  --dtype D   decode rows of one session dtype: f16, bf16, q8 or all\n"
+          "              (default all); first_step rows run with f16\n"
+          "  --errors    no timing: attention-output error against fp64 of\n"
+          "              the original floats for f16, bf16, q8 (one scale per\n"
+          "              token and head) and q8 with one scale per 32 elements,\n"
+          "              on keys with outlier channels\n"
           "  --dir DIR   put the session file in a new directory under DIR\n"
           "              (a real disk, not tmpfs; default $TMPDIR, else /var/tmp)\n"
           "  --cpu-time  time decode_step and layer in the thread's CPU time\n"
@@ -269,14 +336,25 @@ static void usage(FILE *f)
 static options parse_options(int argc, char **argv)
 {
     options o = { 0 };
+    const char *dtype = "all";
     for (int i = 1; i < argc; i++) {
         if (!flag_option(argv[i], "--json", &o.json)
             && !flag_option(argv[i], "--quick", &o.quick)
             && !flag_option(argv[i], "--cpu-time", &o.cpu_time)
+            && !flag_option(argv[i], "--errors", &o.errors)
             && !string_option(argc, argv, &i, "--dir", &o.dir)
+            && !string_option(argc, argv, &i, "--dtype", &dtype)
             && !count_option(argc, argv, &i, "--tokens", MIN_TOKENS, MAX_TOKENS,
                              &o.only_tokens))
             unknown_option(argv[i], usage);
+    }
+    int any = 0;
+    for (int d = 0; d < N_DTYPES; d++)
+        any |= o.dtype[d] = !strcmp(dtype, "all") || !strcmp(dtype, k_dtypes[d].name);
+    if (!any) {
+        fprintf(stderr, "bench_attention: --dtype %s: not f16, bf16, q8 or all\n", dtype);
+        usage(stderr);
+        exit(2);
     }
     o.progress = isatty(STDERR_FILENO);
     return o;
@@ -309,6 +387,8 @@ static rep_counts reps_for(const options *o, uint32_t tokens)
 typedef struct bench {
     const options *o;
     uint32_t tokens;
+    int d;                 /* D_F16, D_BF16, D_Q8 */
+    const char *path;      /* the session file */
     rep_counts n;
     ctxs_model model;
     ctxs_session *s;
@@ -333,7 +413,7 @@ static volatile uint64_t g_sink;
 static void progress(const bench *b, const char *what)
 {
     if (b->o->progress)
-        fprintf(stderr, "\r\033[K%u tokens: %s", b->tokens, what);
+        fprintf(stderr, "\r\033[K%u tokens, %s: %s", b->tokens, k_dtypes[b->d].name, what);
 }
 
 /* Reads one byte of every page, so that the region is resident and mapped
@@ -425,13 +505,41 @@ static void cache_file(const char *path)
     check_sys(close(fd), "close");
 }
 
+/* Random K/V of magnitude below 1 in the first `tokens` slots of one run
+ * (layer, K/V, head), written through the layout: fp16 and bf16 values
+ * +-[0.5, 1), int8 in [-127, 127] with the scale 1/127. */
+static void fill_run(int d, const ctxs_layout *lay, uint32_t run, uint32_t tokens,
+                     uint64_t *seed)
+{
+    uint8_t *p = kv_run(lay, N_KV_HEADS, run);
+    const size_t n = (size_t)tokens * k_dtypes[d].slot_bytes;
+    if (d == D_F16) {
+        fill_fp16_signed(p, n, seed);
+    } else if (d == D_BF16) {
+        for (size_t i = 0; i + 8 <= n; i += 8) {
+            uint64_t w = (xorshift64(seed) & 0x807f807f807f807full)
+                         | 0x3f003f003f003f00ull;
+            memcpy(p + i, &w, 8);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint8_t x = (uint8_t)xorshift64(seed);
+            p[i] = x == 0x80 ? 0x81 : x; /* -128 is not a Q8 value */
+        }
+        /* The run's scales: run * capacity in the table (see
+         * ctxs_session_get_layout()). */
+        for (uint32_t t = 0; t < tokens; t++)
+            lay->scales[(size_t)run * lay->capacity + t] = 1.0f / 127;
+    }
+}
+
 static void open_session(bench *b, int background)
 {
     ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.open.window = b->tokens;
     if (!background)
         o.open.background = 0;
-    check_ctxs(ctxs_session_open(&b->s, g_path, &b->model, 0, &o.open),
+    check_ctxs(ctxs_session_open(&b->s, b->path, &b->model, 0, &o.open),
                "ctxs_session_open");
     check_ctxs(ctxs_session_get_layout(&b->lay[M_MAPPING], b->s),
                "ctxs_session_get_layout");
@@ -454,10 +562,10 @@ static void create_session(bench *b)
     o.n_sink = N_SINK;
     o.ring = 0;
     o.open.window = b->tokens; /* every held token is read */
-    check_ctxs(ctxs_session_create(&b->s, g_path, &b->model, &o),
+    check_ctxs(ctxs_session_create(&b->s, b->path, &b->model, &o),
                "ctxs_session_create");
     ctxs_layout lay;
-    get_layout(&lay, b->s, SLOT_BYTES);
+    get_layout(&lay, b->s, k_dtypes[b->d].slot_bytes);
     ctxs_reservation r;
     check_ctxs(ctxs_session_reserve(&r, b->s, b->tokens),
                "ctxs_session_reserve");
@@ -465,8 +573,7 @@ static void create_session(bench *b)
         die("ctxs_session_reserve: expected one span from slot 0");
     uint64_t seed = 0x9e3779b97f4a7c15ull ^ b->tokens;
     for (uint32_t run = 0; run < N_RUNS; run++)
-        fill_fp16_signed(kv_run(&lay, N_KV_HEADS, run),
-                         (size_t)b->tokens * SLOT_BYTES, &seed);
+        fill_run(b->d, &lay, run, b->tokens, &seed);
     uint32_t *ids = xmalloc((size_t)b->tokens * sizeof ids[0]);
     for (uint32_t i = 0; i < b->tokens; i++)
         ids[i] = (uint32_t)(xorshift64(&seed) % 151936); /* Qwen3 vocab */
@@ -508,7 +615,10 @@ static uint8_t *map_anonymous(size_t n, uint8_t **base, size_t *base_bytes)
 static void make_copy(bench *b, int m, int huge)
 {
     const ctxs_layout *src = &b->lay[M_MAPPING];
-    uint8_t *p = map_anonymous(src->kv_bytes, &b->area[m], &b->area_bytes);
+    /* Q8's scales after the KV bytes, on a page of their own. */
+    const size_t scales_at = (src->kv_bytes + 4095) & ~(size_t)4095;
+    const size_t total = src->scales ? scales_at + src->scales_bytes : src->kv_bytes;
+    uint8_t *p = map_anonymous(total, &b->area[m], &b->area_bytes);
     if (huge) {
 #ifdef MADV_HUGEPAGE
         if (madvise(p, src->kv_bytes, MADV_HUGEPAGE) < 0)
@@ -521,6 +631,10 @@ static void make_copy(bench *b, int m, int huge)
     memcpy(p, src->kv, src->kv_bytes);
     b->lay[m] = *src;
     b->lay[m].kv = p;
+    if (src->scales) {
+        memcpy(p + scales_at, src->scales, src->scales_bytes);
+        b->lay[m].scales = (float *)(void *)(p + scales_at);
+    }
 }
 
 static double cpu_us(void)
@@ -574,67 +688,99 @@ static long long anon_huge_bytes(void)
     return kb < 0 ? -1 : kb * 1024;
 }
 
-static void measure_warm(bench *b)
+/* The decode steps of every dtype's session, each through the mapping and
+ * its anonymous copies: all of them in every round, the order rotating,
+ * so that drift and noise fall on every dtype and method alike, and the
+ * ratios between dtypes are taken within a round too. */
+static void measure_warm(bench *bs, int nb)
 {
-    progress(b, "copying into anonymous memory");
-    long long huge_before = anon_huge_bytes();
-    make_copy(b, M_ANON, 0);
-    make_copy(b, M_ANON_HUGE, 1);
-    long long huge_after = anon_huge_bytes();
-    if (huge_before >= 0 && huge_after >= 0)
-        add_note("%u tokens: anonymous huge pages in the copies: %lld MiB"
-                 " (a copy is %zu MiB)", b->tokens,
-                 (huge_after - huge_before) >> 20,
-                 b->lay[M_MAPPING].kv_bytes >> 20);
+    typedef struct wcase {
+        bench *b;
+        int m;
+        samples step, layer;
+    } wcase;
+    wcase cs[N_DTYPES * N_METHODS];
+    int nc = 0;
+    for (int i = 0; i < nb; i++) {
+        bench *b = &bs[i];
+        progress(b, "copying into anonymous memory");
+        long long huge_before = anon_huge_bytes();
+        make_copy(b, M_ANON, 0);
+        if (dtype_methods(b->d) > M_ANON_HUGE)
+            make_copy(b, M_ANON_HUGE, 1);
+        long long huge_after = anon_huge_bytes();
+        if (dtype_methods(b->d) > M_ANON_HUGE && huge_before >= 0 && huge_after >= 0)
+            add_note("%u tokens, %s: anonymous huge pages in the copies: %lld MiB"
+                     " (a copy is %zu MiB)", b->tokens, k_dtypes[b->d].name,
+                     (huge_after - huge_before) >> 20,
+                     b->lay[M_MAPPING].kv_bytes >> 20);
 
-    progress(b, "warming up");
-    for (int m = 0; m < N_METHODS; m++) {
-        g_sink += touch_pages(b->lay[m].kv, b->lay[m].kv_bytes);
-        decode_step(b, &b->lay[m], b->out[m], NULL);
+        progress(b, "warming up");
+        for (int m = 0; m < dtype_methods(b->d); m++) {
+            g_sink += touch_pages(b->lay[m].kv, b->lay[m].kv_bytes);
+            if (b->lay[m].scales)
+                g_sink += touch_pages(b->lay[m].scales, b->lay[m].scales_bytes);
+            decode_step(b, &b->lay[m], b->out[m], NULL);
+            cs[nc++] = (wcase){ b, m, { 0 }, { 0 } };
+        }
+        /* Same bytes, same kernel, same plan: the outputs must not differ
+         * in a single bit. */
+        for (int m = 1; m < dtype_methods(b->d); m++)
+            if (memcmp(b->out[M_MAPPING], b->out[m],
+                       (size_t)N_LAYERS * Q_FLOATS * sizeof(float)))
+                die("%u tokens, %s: attention over %s differs from the mapping",
+                    b->tokens, k_dtypes[b->d].name, k_method_names[m]);
     }
-    /* Same bytes, same kernel, same plan: the outputs must not differ in a
-     * single bit. */
-    for (int m = 1; m < N_METHODS; m++)
-        if (memcmp(b->out[M_MAPPING], b->out[m],
-                   (size_t)N_LAYERS * Q_FLOATS * sizeof(float)))
-            die("%u tokens: attention over %s differs from the mapping",
-                b->tokens, k_method_names[m]);
 
-    samples step[N_METHODS] = { { 0 } }, layer[N_METHODS] = { { 0 } };
     double layer_us[N_LAYERS];
-    for (int round = 0; round < b->n.rounds; round++) {
-        if (b->o->progress && round % 4 == 0) {
+    const int rounds = bs[0].n.rounds;
+    for (int round = 0; round < rounds; round++) {
+        if (bs[0].o->progress && round % 4 == 0) {
             char what[64];
-            snprintf(what, sizeof what, "decode steps, round %d/%d", round + 1,
-                     b->n.rounds);
-            progress(b, what);
+            snprintf(what, sizeof what, "decode steps, round %d/%d", round + 1, rounds);
+            progress(&bs[0], what);
         }
-        for (int i = 0; i < N_METHODS; i++) {
-            int m = (round + i) % N_METHODS; /* the order rotates */
-            samples_add(&step[m],
-                        decode_step(b, &b->lay[m], b->out[m], layer_us));
+        for (int i = 0; i < nc; i++) {
+            wcase *c = &cs[(round + i) % nc]; /* the order rotates */
+            samples_add(&c->step, decode_step(c->b, &c->b->lay[c->m], c->b->out[c->m],
+                                              layer_us));
             for (int l = 0; l < N_LAYERS; l++)
-                samples_add(&layer[m], layer_us[l]);
+                samples_add(&c->layer, layer_us[l]);
         }
     }
-    for (int m = 0; m < N_METHODS; m++) {
-        result *r = record("decode_step", k_method_names[m], b->tokens,
-                           &step[m], b->step_bytes);
-        if (m != M_ANON)
-            record_paired(r, &step[m], &step[M_ANON]);
-        r = record("layer", k_method_names[m], b->tokens, &layer[m],
-                   b->step_bytes / N_LAYERS);
-        if (m != M_ANON)
-            record_paired(r, &layer[m], &layer[M_ANON]);
+    for (int i = 0; i < nc; i++) {
+        wcase *c = &cs[i];
+        const char *dt = k_dtypes[c->b->d].name;
+        /* the anonymous copy of the same dtype, and f16 by the same method */
+        const wcase *anon = NULL, *f16 = NULL;
+        for (int j = 0; j < nc; j++) {
+            if (cs[j].b == c->b && cs[j].m == M_ANON)
+                anon = &cs[j];
+            if (cs[j].b->d == D_F16 && cs[j].m == c->m)
+                f16 = &cs[j];
+        }
+        result *r = record("decode_step", k_method_names[c->m], c->b->tokens, dt,
+                           &c->step, c->b->step_bytes);
+        if (c->m != M_ANON)
+            record_paired(r, &c->step, &anon->step);
+        if (f16 && f16 != c)
+            record_speedup(r, &c->step, &f16->step);
+        r = record("layer", k_method_names[c->m], c->b->tokens, dt, &c->layer,
+                   c->b->step_bytes / N_LAYERS);
+        if (c->m != M_ANON)
+            record_paired(r, &c->layer, &anon->layer);
+        if (f16 && f16 != c)
+            record_speedup(r, &c->layer, &f16->layer);
     }
-    for (int m = 0; m < N_METHODS; m++) {
-        samples_free(&step[m]);
-        samples_free(&layer[m]);
+    for (int i = 0; i < nc; i++) {
+        samples_free(&cs[i].step);
+        samples_free(&cs[i].layer);
     }
-    for (int m = M_ANON; m < N_METHODS; m++) {
-        check_sys(munmap(b->area[m], b->area_bytes), "munmap copy");
-        b->area[m] = NULL;
-    }
+    for (int i = 0; i < nb; i++)
+        for (int m = M_ANON; m < dtype_methods(bs[i].d); m++) {
+            check_sys(munmap(bs[i].area[m], bs[i].area_bytes), "munmap copy");
+            bs[i].area[m] = NULL;
+        }
 }
 
 /* --- First steps ----------------------------------------------------------- */
@@ -726,7 +872,7 @@ static double median_or_unknown(const samples *s)
 static double first_step(bench *b, fs_case *c, double *warm_us)
 {
     const int file = c->kind == FS_READ_FILE;
-    const char *path = file ? g_state_path : g_path;
+    const char *path = file ? g_state_path : b->path;
     if (c->cold)
         drop_cached_pages(path);
     else
@@ -826,7 +972,7 @@ static void measure_first_steps(bench *b)
             samples_add(&c->warm, warm_us);
         }
     for (int i = 0; i < n; i++) {
-        result *r = record("first_step", cases[i].method, b->tokens,
+        result *r = record("first_step", cases[i].method, b->tokens, "f16",
                            &cases[i].s, b->step_bytes);
         r->think_ms = cases[i].think_ms;
         r->cache = cases[i].cold ? "cold" : "warm";
@@ -861,28 +1007,44 @@ static void measure_first_steps(bench *b)
 
 static void run_context(const options *o, uint32_t tokens)
 {
-    bench b = { .o = o, .tokens = tokens, .n = reps_for(o, tokens) };
-    b.model.geometry = (ctxs_geometry){ N_LAYERS, N_KV_HEADS, HEAD_DIM,
-                                        CTXS_DTYPE_F16 };
-    memcpy(b.model.model_hash, "bench-qwen3-4b!!", 16);
-    memcpy(b.model.tokenizer_hash, "bench-tokenizer!", 16);
-    b.step_bytes = (double)N_RUNS * tokens * SLOT_BYTES;
-
-    create_session(&b);
-    open_session(&b, 1);
-    measure_warm(&b);
-    measure_first_steps(&b);
-    if (!b.n.cold)
-        add_note("%u tokens: cold first_step rows skipped with --quick (above"
-                 " %d tokens: mapping_no_background alone reads the window"
-                 " from the disk 4 KiB at a time, half a minute and more)",
-                 tokens, LARGE_TOKENS);
-
-    check_sys(unlink(g_path), "unlink session");
-    free(b.q);
-    for (int m = 0; m < N_METHODS; m++)
-        free(b.out[m]);
-    free(b.out_first);
+    bench bs[N_DTYPES];
+    int nb = 0;
+    for (int d = 0; d < N_DTYPES; d++) {
+        if (!o->dtype[d])
+            continue;
+        bench *b = &bs[nb++];
+        *b = (bench){ .o = o, .tokens = tokens, .n = reps_for(o, tokens), .d = d,
+                      .path = g_path[d] };
+        b->model.geometry = (ctxs_geometry){ N_LAYERS, N_KV_HEADS, HEAD_DIM,
+                                             k_dtypes[d].dtype };
+        memcpy(b->model.model_hash, "bench-qwen3-4b!!", 16);
+        memcpy(b->model.tokenizer_hash, "bench-tokenizer!", 16);
+        /* what a step reads: K and V of every held token, and Q8's scales */
+        b->step_bytes = (double)N_RUNS * tokens
+                        * (double)(k_dtypes[d].slot_bytes + k_dtypes[d].scale_bytes);
+        create_session(b);
+        open_session(b, 1);
+    }
+    measure_warm(bs, nb);
+    for (int i = 0; i < nb; i++) {
+        bench *b = &bs[i];
+        if (b->d == D_F16) {
+            measure_first_steps(b);
+            if (!b->n.cold)
+                add_note("%u tokens: cold first_step rows skipped with --quick (above"
+                         " %d tokens: mapping_no_background alone reads the window"
+                         " from the disk 4 KiB at a time, half a minute and more)",
+                         tokens, LARGE_TOKENS);
+        } else {
+            ctxs_session_close(b->s);
+            b->s = NULL;
+        }
+        check_sys(unlink(b->path), "unlink session");
+        free(b->q);
+        for (int m = 0; m < N_METHODS; m++)
+            free(b->out[m]);
+        free(b->out_first);
+    }
 }
 
 /* --- Report ---------------------------------------------------------------- */
@@ -896,9 +1058,9 @@ static const result *baseline_of(const result *r)
 {
     if (!strcmp(r->base.op, "first_step"))
         return g_cpu_time ? NULL
-                          : find("decode_step", "mapping", r->base.tokens, 0,
-                                 NULL);
-    return find(r->base.op, "anonymous", r->base.tokens, 0, NULL);
+                          : find("decode_step", "mapping", r->base.tokens,
+                                 r->dtype, 0, NULL);
+    return find(r->base.op, "anonymous", r->base.tokens, r->dtype, 0, NULL);
 }
 
 /* A first step against loading the state file with the same cache,
@@ -909,7 +1071,7 @@ static const result *file_baseline_of(const result *r)
         return NULL;
     int cold = !strcmp(r->cache, "cold");
     return find("first_step", cold ? "read_file_cold" : "read_file",
-                r->base.tokens, 0, r->cache);
+                r->base.tokens, r->dtype, 0, r->cache);
 }
 
 static double ratio_to(const result *r, const result *base)
@@ -944,19 +1106,24 @@ static void print_header(FILE *f, const options *o)
     rep_counts large = reps_for(o, MAX_TOKENS);
     fprintf(f,
         "ctxstore bench_attention: decode attention, Qwen3-4B geometry: %d"
-        " layers x %d KV heads x %d dim, fp16 = %d bytes/token; %d query"
+        " layers x %d KV heads x %d dim, fp16 = %d bytes/token (bf16 the same,"
+        " q8 half plus a float32 scale per token and head); %d query"
         " heads (GQA %d:1); one query token at the last position, reading"
         " every held token (window = context, %d sinks)\n"
         "kernel: ctxs_attention, ISA \"%s\", one thread; page size %ld;"
         " transparent huge pages: %s; decode_step and layer timed in %s\n"
-        "session file in %s (capacity = context, filled with random fp16,"
+        "session file in %s (capacity = context, filled with random values,"
         " committed and synced, untimed); times in us\n"
+        "decode_step and layer: a row per session dtype (f16, bf16, q8), all"
+        " interleaved in the same rounds; vs_f16: bf16 and q8, the median of"
+        " the per-round ratios f16 time / theirs, same method (target, issue"
+        " 14: q8 >= 1.6x at 8192 tokens). first_step rows: f16.\n"
         "decode_step: %d ctxs_attention calls, one per layer; layer: each"
         " call alone (median over all layers of all steps). Methods:"
         " mapping (the session's layout: the file's pages, MADV_RANDOM,"
         " 4 KiB), anonymous (the same bytes copied into a private anonymous"
-        " mapping, default pages), anonymous_huge (the copy with"
-        " MADV_HUGEPAGE). All resident (every page touched, one untimed"
+        " mapping, default pages; q8's scales copied after them),"
+        " anonymous_huge (the copy with MADV_HUGEPAGE; f16 only). All resident (every page touched, one untimed"
         " step each); %d timed steps each (%d above %d tokens), interleaved,"
         " the order rotating every round.\n"
         "first_step: the first decode step after a resume, in wall time,"
@@ -1013,7 +1180,14 @@ static void print_json(void)
     for (size_t i = 0; i < g_results.n; i++) {
         const result *r = &g_result_rows[i];
         json_result_begin(&r->base);
-        printf(",\"n\":%zu,\"isa\":\"%s\"", r->base.n, ctxs_attention_get_isa());
+        printf(",\"dtype\":\"%s\",\"n\":%zu,\"isa\":\"%s\",\"bytes\":%.0f",
+               r->dtype, r->base.n, ctxs_attention_get_isa(), r->bytes);
+        if (r->base.median_us > 0)
+            printf(",\"gb_per_s\":%.3f", r->bytes / (r->base.median_us * 1e3));
+        if (r->speedup > 0)
+            printf(",\"speedup_vs_f16\":%.4f,\"speedup_vs_f16_q1\":%.4f,"
+                   "\"speedup_vs_f16_q3\":%.4f",
+                   r->speedup, r->speedup_lo, r->speedup_hi);
         if (r->cache) {
             printf(",\"think_ms\":%u,\"cache\":\"%s\"", r->think_ms, r->cache);
             double w = ratio_to(r, baseline_of(r));
@@ -1036,10 +1210,10 @@ static void print_json(void)
 
 static void print_table(void)
 {
-    printf("%-12s %6s  %-22s %-5s %5s %11s %11s %11s %5s %8s %8s %8s %7s"
-           " %13s\n", "op", "tokens", "method", "cache", "think", "median_us",
-           "min_us", "max_us", "n", "ratio", "vs_file", "paired", "GB/s",
-           "faults");
+    printf("%-12s %6s %-5s %-22s %-5s %5s %11s %11s %11s %5s %8s %8s %8s %7s"
+           " %8s %13s\n", "op", "tokens", "dtype", "method", "cache", "think",
+           "median_us", "min_us", "max_us", "n", "ratio", "vs_file", "paired",
+           "GB/s", "vs_f16", "faults");
     const char *last_op = "";
     for (size_t i = 0; i < g_results.n; i++) {
         const result *r = &g_result_rows[i];
@@ -1048,7 +1222,9 @@ static void print_table(void)
             putchar('\n');
         last_op = m->op;
         char ratio[32] = "", vs_file[32] = "", paired[32] = "", think[16] = "";
-        char faults[48] = "";
+        char faults[48] = "", vs_f16[32] = "";
+        if (r->speedup > 0)
+            snprintf(vs_f16, sizeof vs_f16, "%.3fx", r->speedup);
         double x = ratio_to(r, baseline_of(r));
         if (x > 0)
             snprintf(ratio, sizeof ratio, "%.3fx", x);
@@ -1062,12 +1238,12 @@ static void print_table(void)
         if (r->cache && r->faults_minor >= 0)
             snprintf(faults, sizeof faults, "%.0f/%.0f", r->faults_minor,
                      r->faults_major);
-        printf("%-12s %6u  %-22s %-5s %5s %11.1f %11.1f %11.1f %5zu %8s %8s"
-               " %8s %7.2f %13s\n",
-               m->op, m->tokens, m->method, r->cache ? r->cache : "", think,
-               m->median_us, m->min_us, m->max_us, m->n, ratio, vs_file,
+        printf("%-12s %6u %-5s %-22s %-5s %5s %11.1f %11.1f %11.1f %5zu %8s %8s"
+               " %8s %7.2f %8s %13s\n",
+               m->op, m->tokens, r->dtype, m->method, r->cache ? r->cache : "",
+               think, m->median_us, m->min_us, m->max_us, m->n, ratio, vs_file,
                paired, m->median_us > 0 ? r->bytes / (m->median_us * 1e3) : 0.0,
-               faults);
+               vs_f16, faults);
     }
     print_notes(stdout);
 }
@@ -1091,22 +1267,41 @@ static void print_headlines(const uint32_t *contexts, int n)
     for (int i = 0; i < n; i++) {
         uint32_t t = contexts[i];
         static const char *const ops[] = { "decode_step", "layer" };
-        for (int k = 0; k < 2; k++) {
-            const result *a = find(ops[k], "mapping", t, 0, NULL);
-            const result *b = find(ops[k], "anonymous", t, 0, NULL);
-            if (a && b && b->base.median_us > 0)
-                printf("%s mapping vs anonymous (%u tokens): %+.1f%% by"
-                       " medians; paired: %+.1f%% (middle half %+.1f%% to"
-                       " %+.1f%%)\n",
-                       ops[k], t,
-                       (a->base.median_us / b->base.median_us - 1) * 100,
-                       (a->paired - 1) * 100, (a->paired_lo - 1) * 100,
-                       (a->paired_hi - 1) * 100);
+        for (int d = 0; d < N_DTYPES; d++)
+            for (int k = 0; k < 2; k++) {
+                const char *dt = k_dtypes[d].name;
+                const result *a = find(ops[k], "mapping", t, dt, 0, NULL);
+                const result *b = find(ops[k], "anonymous", t, dt, 0, NULL);
+                if (a && b && b->base.median_us > 0)
+                    printf("%s %s mapping vs anonymous (%u tokens): %+.1f%% by"
+                           " medians; paired: %+.1f%% (middle half %+.1f%% to"
+                           " %+.1f%%) (target: within 5%%)\n",
+                           ops[k], dt, t,
+                           (a->base.median_us / b->base.median_us - 1) * 100,
+                           (a->paired - 1) * 100, (a->paired_lo - 1) * 100,
+                           (a->paired_hi - 1) * 100);
+            }
+        for (int d = D_BF16; d < N_DTYPES; d++) {
+            const result *a = find("decode_step", "mapping", t, k_dtypes[d].name, 0, NULL);
+            const result *f = find("decode_step", "mapping", t, "f16", 0, NULL);
+            if (a && f && a->speedup > 0)
+                printf("decode_step %s vs f16, mapping (%u tokens): %.1f vs %.1f ms,"
+                       " %.2f vs %.2f GB/s; %.3fx faster by medians, paired %.3fx"
+                       " (middle half %.3fx to %.3fx)%s\n",
+                       k_dtypes[d].name, t, a->base.median_us / 1e3,
+                       f->base.median_us / 1e3, a->bytes / (a->base.median_us * 1e3),
+                       f->bytes / (f->base.median_us * 1e3),
+                       f->base.median_us / a->base.median_us, a->speedup,
+                       a->speedup_lo, a->speedup_hi,
+                       d == D_Q8 && t == 8192
+                           ? (a->speedup >= 1.6 ? " (target >= 1.6x: met)"
+                                                : " (target >= 1.6x: NOT met)")
+                           : "");
         }
         char v[96];
-        const result *w = find("decode_step", "mapping", t, 0, NULL);
-        const result *c0 = find("first_step", "mapping", t, 0, "cold");
-        const result *rf = find("first_step", "read_file_cold", t, 0, "cold");
+        const result *w = find("decode_step", "mapping", t, "f16", 0, NULL);
+        const result *c0 = find("first_step", "mapping", t, "f16", 0, "cold");
+        const result *rf = find("first_step", "read_file_cold", t, "f16", 0, "cold");
         if (c0 && rf)
             printf("first_step cold, think 0 (%u tokens): mapping %.1f ms vs"
                    " read_file_cold %.1f ms: %s\n", t, c0->base.median_us / 1e3,
@@ -1114,7 +1309,7 @@ static void print_headlines(const uint32_t *contexts, int n)
                    verdict(v, sizeof v, ratio_to(c0, rf),
                            t == 2048 || t == 8192 ? 1.2 : 0));
         for (int cold = 0; cold <= 1 && w; cold++) {
-            const result *th = find("first_step", "mapping", t, THINK_MS,
+            const result *th = find("first_step", "mapping", t, "f16", THINK_MS,
                                     cold ? "cold" : "warm");
             if (th)
                 printf("first_step %s, think %d ms (%u tokens): mapping %.1f"
@@ -1129,13 +1324,13 @@ static void print_headlines(const uint32_t *contexts, int n)
         for (int cold = 0; cold <= 1; cold++) {
             const char *cache = cold ? "cold" : "warm";
             const result *nb = find("first_step", "mapping_no_background", t,
-                                    0, cache);
-            const result *mp = find("first_step", "mapping", t, 0, cache);
-            const result *pf = find("first_step", "mapping_prefetch", t, 0,
+                                    "f16", 0, cache);
+            const result *mp = find("first_step", "mapping", t, "f16", 0, cache);
+            const result *pf = find("first_step", "mapping_prefetch", t, "f16", 0,
                                     cache);
             const result *file = find("first_step",
                                       cold ? "read_file_cold" : "read_file",
-                                      t, 0, cache);
+                                      t, "f16", 0, cache);
             if (nb && mp && pf && file)
                 printf("first_step %s, think 0 (%u tokens): mapping %.1f ms;"
                        " mapping_no_background %.1f ms = %.3fx mapping;"
@@ -1147,14 +1342,266 @@ static void print_headlines(const uint32_t *contexts, int n)
     }
 }
 
+/* --- Accuracy (--errors) ------------------------------------------------- *
+ *
+ * Why Q8 keeps one scale per (token, head) rather than one per block of 32
+ * elements: the attention output of each form against fp64 attention over
+ * the original floats, on data shaped like a real model's: keys with a few
+ * outlier channels (4 of 128, 20x the rest, the same channels in every
+ * token, as trained models' keys have), values without. f16, bf16 and q8
+ * go through a real session (ctxs_session_write_token() of the floats,
+ * which rounds or quantizes them), and are measured twice: fp64 attention
+ * over what the session holds (the error of the form alone) and
+ * ctxs_attention() over the mapping (what an engine gets). q8 with one
+ * scale per 32 elements exists only here, in fp64. */
+
+enum { E_TOKENS = 2048, E_QUERIES = 8, E_OUTLIERS = 4, E_BLOCK = 32 };
+
+static double e_uniform(uint64_t *seed)
+{
+    return (double)(xorshift64(seed) >> 11) / 0x1p53;
+}
+
+/* Close to a standard normal (Irwin-Hall, 12 uniforms): no libm here. */
+static double e_normal(uint64_t *seed)
+{
+    double x = -6;
+    for (int i = 0; i < 12; i++)
+        x += e_uniform(seed);
+    return x;
+}
+
+static double e_sqrt(double x)
+{
+    double r = x > 1 ? x : 1;
+    for (int i = 0; i < 100 && x > 0; i++)
+        r = 0.5 * (r + x / r);
+    return x > 0 ? r : 0;
+}
+
+/* e^x for x <= 0 to double precision (Taylor after a reduction by ln 2). */
+static double e_exp(double x)
+{
+    if (x < -700)
+        return 0;
+    const double ln2 = 0.693147180559945309417;
+    int k = (int)(x / ln2 - 0.5);
+    double r = x - k * ln2, term = 1, sum = 1;
+    for (int i = 1; i < 30; i++) {
+        term *= r / i;
+        sum += term;
+    }
+    for (; k < 0; k++)
+        sum *= 0.5;
+    return sum;
+}
+
+/* fp64 attention of query q (N_HEADS x HEAD_DIM) over T tokens of k, v
+ * ([T][N_KV_HEADS][HEAD_DIM] doubles) into out. */
+static void e_attend(double *out, const float *q, const double *k, const double *v, uint32_t T)
+{
+    const double c = 1 / e_sqrt(HEAD_DIM);
+    double *w = xmalloc(T * sizeof w[0]);
+    for (uint32_t h = 0; h < N_HEADS; h++) {
+        const uint32_t kh = h / (N_HEADS / N_KV_HEADS);
+        double mx = -1e300, sum = 0;
+        for (uint32_t t = 0; t < T; t++) {
+            const double *kr = k + ((size_t)t * N_KV_HEADS + kh) * HEAD_DIM;
+            double d = 0;
+            for (uint32_t i = 0; i < HEAD_DIM; i++)
+                d += (double)q[h * HEAD_DIM + i] * kr[i];
+            w[t] = d * c;
+            mx = w[t] > mx ? w[t] : mx;
+        }
+        for (uint32_t t = 0; t < T; t++)
+            sum += (w[t] = e_exp(w[t] - mx));
+        for (uint32_t i = 0; i < HEAD_DIM; i++) {
+            double o = 0;
+            for (uint32_t t = 0; t < T; t++)
+                o += w[t] * v[((size_t)t * N_KV_HEADS + kh) * HEAD_DIM + i];
+            out[h * HEAD_DIM + i] = o / sum;
+        }
+    }
+    free(w);
+}
+
+/* Q8 with one scale per block of n elements: amax / 127, round half away. */
+static void e_q8_blocks(double *out, const float *x, size_t len, uint32_t n)
+{
+    for (size_t b = 0; b < len; b += n) {
+        double amax = 0;
+        for (uint32_t i = 0; i < n; i++)
+            amax = x[b + i] < 0 ? (-x[b + i] > amax ? -x[b + i] : amax)
+                                : (x[b + i] > amax ? x[b + i] : amax);
+        const double scale = (float)(amax / 127);
+        for (uint32_t i = 0; i < n; i++) {
+            double r = amax > 0 ? x[b + i] * 127 / amax : 0;
+            out[b + i] = scale * (double)(long)(r + (r < 0 ? -0.5 : 0.5));
+        }
+    }
+}
+
+typedef struct e_err {
+    double se, sref, max; /* sum of squared errors, of squared references */
+} e_err;
+
+static void e_add(e_err *e, const double *got, const double *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double d = got[i] - want[i];
+        e->se += d * d;
+        e->sref += want[i] * want[i];
+        d = d < 0 ? -d : d;
+        e->max = d > e->max ? d : e->max;
+    }
+}
+
+/* One data set: K's outlier channels `gain` times the rest (1: none). */
+static void measure_errors_at(const options *o, double gain)
+{
+    const size_t per = (size_t)N_KV_HEADS * HEAD_DIM; /* one token, one layer */
+    const size_t len = (size_t)E_TOKENS * per;
+    uint64_t seed = 0x2545f4914f6cdd1dull;
+    float *k = xmalloc(len * sizeof(float)), *v = xmalloc(len * sizeof(float));
+    int outlier[HEAD_DIM] = { 0 };
+    for (int i = 0; i < E_OUTLIERS; i++)
+        outlier[(17 + 37 * i) % HEAD_DIM] = 1;
+    for (size_t i = 0; i < len; i++) {
+        k[i] = (float)(e_normal(&seed) * (outlier[i % HEAD_DIM] ? gain : 1));
+        v[i] = (float)e_normal(&seed);
+    }
+    float *q = xmalloc((size_t)E_QUERIES * Q_FLOATS * sizeof(float));
+    for (size_t i = 0; i < (size_t)E_QUERIES * Q_FLOATS; i++)
+        q[i] = (float)e_normal(&seed);
+
+    double *dk = xmalloc(len * sizeof(double)), *dv = xmalloc(len * sizeof(double));
+    double *want = xmalloc((size_t)E_QUERIES * Q_FLOATS * sizeof(double));
+    double *got = xmalloc(Q_FLOATS * sizeof(double));
+    float *out = xmalloc(Q_FLOATS * sizeof(float));
+    for (size_t i = 0; i < len; i++)
+        dk[i] = k[i], dv[i] = v[i];
+    for (int j = 0; j < E_QUERIES; j++)
+        e_attend(want + (size_t)j * Q_FLOATS, q + (size_t)j * Q_FLOATS, dk, dv, E_TOKENS);
+
+    /* f16, bf16, q8 per (token, head): through a session; then q8 per block */
+    static const char *const names[] = { "f16", "bf16", "q8", "q8" };
+    static const char *const scales[] = { "none", "none", "token_head", "block32" };
+    const double bytes[] = { HEAD_DIM * 2, HEAD_DIM * 2, HEAD_DIM + 4,
+                             HEAD_DIM + 4.0 * HEAD_DIM / E_BLOCK };
+    if (!o->json)
+        printf("attention-output error against fp64 of the original floats: %d tokens,"
+               " %d KV heads x %d dim, %d query heads, %d decode queries; K has %d"
+               " outlier channels of %gx, V none\n"
+               "%-5s %-11s %15s %14s %12s %14s %12s\n", E_TOKENS, N_KV_HEADS, HEAD_DIM,
+               N_HEADS, E_QUERIES, E_OUTLIERS, gain, "dtype", "scales", "bytes/tok/head",
+               "rel_rms_fp64", "max_fp64", "rel_rms_kernel", "max_kernel");
+    for (int f = 0; f < 4; f++) {
+        e_err form = { 0, 0, 0 }, kern = { 0, 0, 0 };
+        if (f < 3) {
+            ctxs_model m = { .geometry = { 1, N_KV_HEADS, HEAD_DIM, k_dtypes[f].dtype } };
+            ctxs_create_options co = CTXS_CREATE_OPTIONS_INIT;
+            co.capacity = E_TOKENS;
+            co.ring = 0;
+            co.open.durability = CTXS_SYNC_NONE;
+            co.open.window = E_TOKENS;
+            ctxs_session *s;
+            check_ctxs(ctxs_session_create(&s, g_path[f], &m, &co), "ctxs_session_create");
+            ctxs_reservation r;
+            check_ctxs(ctxs_session_reserve(&r, s, E_TOKENS), "ctxs_session_reserve");
+            float *tk = xmalloc(per * sizeof(float)), *tv = xmalloc(per * sizeof(float));
+            uint32_t *ids = xmalloc(E_TOKENS * sizeof ids[0]);
+            for (uint32_t t = 0; t < E_TOKENS; t++) {
+                check_ctxs(ctxs_session_write_token(s, &r, t, k + t * per, v + t * per,
+                                                    CTXS_DTYPE_F32), "ctxs_session_write_token");
+                ids[t] = t;
+            }
+            check_ctxs(ctxs_session_commit(s, ids, E_TOKENS), "ctxs_session_commit");
+            for (uint32_t t = 0; t < E_TOKENS; t++) {
+                /* float32 is exact for every session dtype */
+                check_ctxs(ctxs_session_read_token(tk, tv, s, t, CTXS_DTYPE_F32),
+                           "ctxs_session_read_token");
+                for (size_t i = 0; i < per; i++)
+                    dk[t * per + i] = tk[i], dv[t * per + i] = tv[i];
+            }
+            ctxs_layout lay;
+            ctxs_attn_plan plan;
+            check_ctxs(ctxs_session_get_layout(&lay, s), "ctxs_session_get_layout");
+            check_ctxs(ctxs_session_get_attn_plan(&plan, s, 0), "ctxs_session_get_attn_plan");
+            for (int j = 0; j < E_QUERIES; j++) {
+                ctxs_attn_query aq = { q + (size_t)j * Q_FLOATS, E_TOKENS - 1, 1, N_HEADS, 0 };
+                check_ctxs(ctxs_attention(out, &lay, &plan, 0, &aq), "ctxs_attention");
+                for (size_t i = 0; i < Q_FLOATS; i++)
+                    got[i] = out[i];
+                e_add(&kern, got, want + (size_t)j * Q_FLOATS, Q_FLOATS);
+            }
+            ctxs_session_close(s);
+            check_sys(unlink(g_path[f]), "unlink session");
+            free(tk);
+            free(tv);
+            free(ids);
+        } else {
+            e_q8_blocks(dk, k, len, E_BLOCK);
+            e_q8_blocks(dv, v, len, E_BLOCK);
+        }
+        for (int j = 0; j < E_QUERIES; j++) {
+            e_attend(got, q + (size_t)j * Q_FLOATS, dk, dv, E_TOKENS);
+            e_add(&form, got, want + (size_t)j * Q_FLOATS, Q_FLOATS);
+        }
+        const double rf = e_sqrt(form.se / form.sref);
+        const double rk = kern.sref > 0 ? e_sqrt(kern.se / kern.sref) : -1;
+        if (o->json) {
+            printf("{\"op\":\"attention_error\",\"dtype\":\"%s\",\"scales\":\"%s\","
+                   "\"tokens\":%d,\"k_outlier_gain\":%g,\"bytes_per_token_head\":%.0f,"
+                   "\"rel_rms_fp64\":%.4g,\"max_abs_fp64\":%.4g", names[f], scales[f],
+                   E_TOKENS, gain, bytes[f], rf, form.max);
+            if (rk >= 0)
+                printf(",\"rel_rms_kernel\":%.4g,\"max_abs_kernel\":%.4g", rk, kern.max);
+            printf("}\n");
+        } else {
+            char a[32] = "-", b[32] = "-";
+            if (rk >= 0) {
+                snprintf(a, sizeof a, "%.3g", rk);
+                snprintf(b, sizeof b, "%.3g", kern.max);
+            }
+            printf("%-5s %-11s %15.0f %14.3g %12.3g %14s %12s\n", names[f], scales[f],
+                   bytes[f], rf, form.max, a, b);
+        }
+    }
+    free(k);
+    free(v);
+    free(q);
+    free(dk);
+    free(dv);
+    free(want);
+    free(got);
+    free(out);
+}
+
+static void measure_errors(const options *o)
+{
+    measure_errors_at(o, 20);
+    if (!o->json)
+        putchar('\n');
+    measure_errors_at(o, 1);
+}
+
 int main(int argc, char **argv)
 {
     options o = parse_options(argc, argv);
     g_cpu_time = o.cpu_time;
     catch_signals(remove_scratch_on_signal);
     make_scratch_dir(o.dir, "ctxstore-bench");
-    scratch_file(g_path, "attention.ctxs");
+    for (int d = 0; d < N_DTYPES; d++) {
+        char name[32];
+        snprintf(name, sizeof name, "attention-%s.ctxs", k_dtypes[d].name);
+        scratch_file(g_path[d], name);
+    }
     scratch_file(g_state_path, "attention.state");
+    if (o.errors) {
+        measure_errors(&o);
+        cleanup();
+        return 0;
+    }
 
     uint32_t contexts[2] = { 2048, 8192 };
     int n_contexts = pick_contexts(contexts, 2, o.only_tokens);

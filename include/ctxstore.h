@@ -707,8 +707,17 @@ typedef struct ctxs_attn_query {
  *
  * kv is a session's layout (ctxs_session_get_layout()) or a copy of it whose kv
  * points at the same bytes elsewhere (anonymous memory, a snapshot); its
- * dtype is F16, BF16 or Q8 (whose scales are read from kv->scales). The
- * result depends only on the keys each
+ * dtype is F16, BF16 or Q8 (whose scales are read from kv->scales), all
+ * read in place. Elements widen to float32 exactly (bf16 by a 16-bit
+ * shift, int8 as is); a Q8 scale is applied once per key and head: the
+ * score is scale_k * sum(q[i] * k[i]) times the softmax scale, and V is
+ * added with the weight p * scale_v. Against the floats a Q8 session was
+ * quantized from (each element off by at most amax/254 of its token and
+ * head), a key's score is off by at most d_j = softmax_scale *
+ * sum_i |q[i]| * amax_kj / 254, and with d = max_j d_j each output element
+ * by at most (e^(2d) - 1) * sum_j p_j |v_j[i]| + max_j amax_vj / 254
+ * (plus float32 rounding; derived in tests/test_attention.c, where it is
+ * checked). The result depends only on the keys each
  * query reads, in position order, not on how they split into spans, nor on
  * n: a token recomputed after a resume gets bit-identical output on the same
  * machine. The instruction set (AVX-512, AVX2+F16C, NEON, or portable C) is

@@ -22,6 +22,13 @@
  * that shares a tile with rows of later queries takes only its own keys of
  * the block, and skips the others rather than weighting them by 0.
  *
+ * Element types. K and V are read in place as fp16, bf16 or int8 (Q8),
+ * each widened to float exactly; the dtype is a constant inside each SIMD
+ * instantiation (see the template in attention.h), so that the dtypes
+ * share every line but the conversion. A Q8 scale multiplies a key's dot
+ * product once, and a V row's weight once: never per element, which would
+ * cost a multiply per element and round differently.
+ *
  * The SIMD kernels also follow the portable one's arithmetic: a dot product
  * sums into 16 lanes (element d into lane d % 16) reduced by the same tree,
  * exp() is the same polynomial, the sums of weights are scalar and in key

@@ -107,7 +107,7 @@ static void take_baseline(void)
 
 static void open_store(void)
 {
-    int rc = ctxs_store_open(&st, store_dir, NULL);
+    int rc = ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL);
     if (rc < 0)
         fail("opening the sample store", rc);
 }
@@ -278,9 +278,9 @@ static void run_ops(unsigned ops)
         prefix_lookups();
     ctxs_gc_result gc;
     if (ops & OP_GC_DRY)
-        ctxs_store_gc(&gc, st, UINT64_MAX);
+        ctxs_store_gc(&gc, st, UINT64_MAX, 0);
     if (ops & OP_GC)
-        ctxs_store_gc(&gc, st, 100000);
+        ctxs_store_gc(&gc, st, 100000, 0);
     if (ops & OP_REPAIR) {
         ctxs_repair_result r;
         ctxs_store_repair(&r, st);
@@ -337,7 +337,7 @@ static void run_ops(unsigned ops)
     if (ops & OP_REOPEN) {
         ctxs_store_close(st);
         st = NULL;
-        if (ctxs_store_open(&st, store_dir, NULL) < 0)
+        if (ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL) < 0)
             restore_store(); /* a hostile format record: start again */
     }
 }

@@ -135,7 +135,7 @@ static void session_seeds(void)
         die("sample store", rc);
     ctxs_store *st;
     ctxs_session_entry e;
-    if ((rc = ctxs_store_open(&st, store, NULL)) < 0 ||
+    if ((rc = ctxs_store_open(&st, store, CTXS_STORE_CREATE, NULL)) < 0 ||
         (rc = ctxs_store_session_get(&e, st, "a")) < 0)
         die("sample store", rc);
     ctxs_store_close(st);
@@ -222,7 +222,7 @@ static void import_seeds(void)
     char *store = fuzz_join(work, "store");
     ctxs_store *st;
     int rc;
-    if ((rc = ctxs_store_open(&st, store, NULL)) < 0)
+    if ((rc = ctxs_store_open(&st, store, CTXS_STORE_CREATE, NULL)) < 0)
         die("sample store", rc);
     static const char *names[] = { "a", "b", "c", "d" };
     static const uint8_t ctls[] = { 0x00, 0x01, 0x0a, 0x10 };
@@ -318,7 +318,7 @@ static void index_seeds(void)
     char *store = fuzz_join(work, "store");
     ctxs_store *st;
     int rc;
-    if ((rc = ctxs_store_open(&st, store, NULL)) < 0)
+    if ((rc = ctxs_store_open(&st, store, CTXS_STORE_CREATE, NULL)) < 0)
         die("sample store", rc);
     uint64_t ids[4];
     static const char *names[] = { "a", "b", "c", "d" };

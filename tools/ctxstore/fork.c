@@ -82,7 +82,7 @@ int cmd_fork(cli *c, int argc, char **argv)
         return cli_usage_error("fork", "--at and --checkpoint exclude each other");
     const char *src = argv[optind], *dst = argv[optind + 1];
     ctxs_store *st;
-    int ex = cli_store_open(c, &st);
+    int ex = cli_store_open(c, &st, CLI_STORE_WRITE);
     if (ex != CLI_OK)
         return ex;
     int rc = checkpoint ? ctxs_store_session_fork_checkpoint(NULL, st, dst, src, checkpoint, NULL)
@@ -245,7 +245,7 @@ int cmd_checkpoint(cli *c, int argc, char **argv)
                                is_ls ? "" : " NAME");
     const char *session = argv[first + 1], *name = is_ls ? NULL : argv[first + 2];
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, is_ls ? CLI_STORE_READ : CLI_STORE_WRITE)) != CLI_OK)
         return ex;
     ex = is_ls ? checkpoint_ls(c, st, session) : checkpoint_change(c, st, verb, session, name);
     ctxs_store_close(st);

@@ -255,7 +255,7 @@ int cmd_info(cli *c, int argc, char **argv)
         return cli_usage_error("info", "info takes one session name");
     const char *name = argv[first];
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, CLI_STORE_READ)) != CLI_OK)
         return ex;
     view *v = calloc(1, sizeof(*v));
     int rc = v ? ctxs_store_session_get(&v->e, st, name) : CTXS_ENOMEM;

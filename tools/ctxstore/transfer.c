@@ -17,7 +17,7 @@ int cmd_export(cli *c, int argc, char **argv)
         return cli_usage_error("export", "export takes SESSION and FILE");
     const char *name = argv[first], *path = argv[first + 1];
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, CLI_STORE_READ)) != CLI_OK)
         return ex;
     progress bar;
     progress_start(&bar, c, "export", 0, 0);
@@ -86,7 +86,7 @@ int cmd_import(cli *c, int argc, char **argv)
         return cli_usage_error("import", "import takes FILE and an optional NAME");
     const char *path = argv[first], *name = argc - first == 2 ? argv[first + 1] : NULL;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, CLI_STORE_CREATE)) != CLI_OK)
         return ex;
     progress bar;
     progress_start(&bar, c, "import", 0, 1);

@@ -81,6 +81,11 @@ enum cli_store_mode {
 /* Opens c->store_dir as mode says, reporting a failure (a directory that
  * is not a store: exit 3, with what to do). Returns an exit code. */
 int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode);
+/* After a CLI_STORE_CREATE command closed the store: when the open made
+ * it, says so on stderr if the command succeeded (ok), and otherwise
+ * removes it again (while it holds nothing), so that bad input leaves no
+ * store behind. */
+void cli_store_made(const cli *c, int ok);
 
 /* The exit code for a library return code. */
 int cli_exit_code(int rc);

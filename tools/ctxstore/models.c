@@ -284,5 +284,7 @@ int cmd_models(cli *c, int argc, char **argv)
         return ex;
     ex = is_register ? models_register(c, st, &a) : models_ls(c, st);
     ctxs_store_close(st);
+    if (is_register)
+        cli_store_made(c, ex == CLI_OK);
     return ex;
 }

@@ -99,6 +99,7 @@ int cmd_import(cli *c, int argc, char **argv)
     if (rc == 0)
         rc = ctxs_store_session_get(&e, st, used);
     ctxs_store_close(st);
+    cli_store_made(c, rc == 0);
     if (rc < 0) {
         char hint[512];
         if (name)

@@ -231,6 +231,33 @@ int cli_fail_said(int rc, const char *hint, const char *fmt, ...)
     return report_failure(rc, hint, message);
 }
 
+/* What the last cli_store_open() made: 0 nothing, 1 a store in an existing
+ * directory, 2 the directory too. */
+static int g_made;
+
+void cli_store_made(const cli *c, int ok)
+{
+    static const char *const made[] = { "index/data.mdb", "index/lock.mdb", "index/store.lock",
+                                        "index", "sessions" };
+    if (!g_made)
+        return;
+    if (ok) {
+        fprintf(stderr, "ctxstore: created store %s\n", c->store_dir);
+        return;
+    }
+    /* Only what the open made, and only while the store holds nothing. */
+    for (size_t i = 0; i < sizeof(made) / sizeof(made[0]); i++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof(path), "%s/%s", c->store_dir, made[i]);
+        if (i < 3)
+            unlink(path);
+        else if (rmdir(path) != 0)
+            return;
+    }
+    if (g_made == 2)
+        rmdir(c->store_dir);
+}
+
 /* Whether dir/name exists, as a directory (want_dir) or a regular file. */
 static int store_has(const char *dir, const char *name, int want_dir)
 {
@@ -249,8 +276,10 @@ static int store_has(const char *dir, const char *name, int want_dir)
 int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
 {
     const char *dir = c->store_dir;
+    int had_dir = store_has(dir, ".", 1);
     int had_index = store_has(dir, "index/data.mdb", 0);
     int had_sessions = store_has(dir, "sessions", 1);
+    g_made = 0;
     unsigned flags = 0;
     if (mode == CLI_STORE_READ)
         flags = CTXS_STORE_RDONLY;
@@ -258,13 +287,13 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
         flags = CTXS_STORE_CREATE;
     int rc = ctxs_store_open(out, dir, flags, NULL);
     if (rc == 0) {
-        if ((flags & CTXS_STORE_CREATE) && !had_index)
-            fprintf(stderr, had_sessions ? "ctxstore: %s had no index; made a new one\n"
-                                         : "ctxstore: created store %s\n",
-                    dir);
+        if ((flags & CTXS_STORE_CREATE) && !had_index && had_sessions)
+            fprintf(stderr, "ctxstore: %s had no index; made a new one\n", dir);
+        else if ((flags & CTXS_STORE_CREATE) && !had_index)
+            g_made = had_dir ? 1 : 2;
         return CLI_OK;
     }
-    if (rc == -ENOENT && !store_has(dir, ".", 1)) {
+    if (rc == -ENOENT && !had_dir) {
         cli_fail_said(rc, MAKE_STORE_HINT, "no store at %s: the directory does not exist", dir);
         return CLI_ENOTFOUND;
     }

@@ -695,6 +695,11 @@ CTXS_API const char *ctxs_attention_get_isa(void);
  * - After fork(), the child must not use or close a store handle of its
  *   parent; it opens its own.
  * - Session handles opened through a store must be closed before the store.
+ * - Through a store opened with CTXS_STORE_RDONLY, every call below that
+ *   would write the index or a session file fails with CTXS_EREADONLY and
+ *   changes nothing: creates, read-write opens, forks, imports, renames,
+ *   deletes, pins, model registrations, checkpoint creates, restores and
+ *   deletes, gc (but for a dry run), repair, reindex and compact.
  */
 typedef struct ctxs_store ctxs_store;
 
@@ -781,7 +786,8 @@ typedef struct ctxs_model_entry {
 /* Registers model under its model hash with a display name (may be NULL).
  * Registering the same model again updates the display name; the same hash
  * with another geometry or tokenizer hash is CTXS_EMODEL.
- * Errors: CTXS_EMODEL, CTXS_EINVAL, CTXS_EFULL (index full), -errno. */
+ * Errors: CTXS_EMODEL, CTXS_EINVAL, CTXS_EFULL (index full),
+ * CTXS_EREADONLY, -errno. */
 CTXS_API int ctxs_model_register(ctxs_store *st, const ctxs_model *model,
                                  const char *name);
 
@@ -826,8 +832,9 @@ typedef struct ctxs_session_entry {
 /* Creates a session named name for model, which must be registered, and
  * opens it read-write. The file is created first and indexed second.
  * Errors: -EEXIST (the name is taken), CTXS_ENOTFOUND (model not
- * registered), CTXS_EMODEL (registered with another geometry), the errors
- * of ctxs_session_create(). *out is NULL on failure. Thread-safe. */
+ * registered), CTXS_EMODEL (registered with another geometry),
+ * CTXS_EREADONLY, the errors of ctxs_session_create(). *out is NULL on
+ * failure. Thread-safe. */
 CTXS_API int ctxs_store_session_create(ctxs_session **out, ctxs_store *st,
                                        const char *name,
                                        const ctxs_model *model,
@@ -837,7 +844,8 @@ CTXS_API int ctxs_store_session_create(ctxs_session **out, ctxs_store *st,
  * NULL only with CTXS_OPEN_RDONLY). A read-write open indexes the prefixes
  * of tokens committed after the last index update (after a crash).
  * Errors: CTXS_ENOTFOUND (no such name, or its file is gone), CTXS_EMODEL,
- * the errors of ctxs_session_open(). *out is NULL on failure. */
+ * CTXS_EREADONLY (a read-only store, without CTXS_OPEN_RDONLY), the
+ * errors of ctxs_session_open(). *out is NULL on failure. */
 CTXS_API int ctxs_store_session_open(ctxs_session **out, ctxs_store *st,
                                      const char *name, const ctxs_model *model,
                                      unsigned flags,
@@ -1068,7 +1076,7 @@ typedef struct ctxs_repair_result {
  * store already resolves what crashes leave; this also mends what a person
  * did to the files. A file that cannot be read (-EIO, -EACCES, ...) stops
  * the repair with its error; what was mended before it stays mended.
- * out may be NULL. Errors: -errno, CTXS_ENOMEM. */
+ * out may be NULL. Errors: CTXS_EREADONLY, -errno, CTXS_ENOMEM. */
 CTXS_API int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st);
 
 typedef struct ctxs_reindex_result {
@@ -1083,7 +1091,7 @@ typedef struct ctxs_reindex_result {
  * (foreign, damaged, of a newer version) are left alone and counted; a
  * file that cannot be read (-EIO, -EACCES, ...) stops the rebuild before
  * the index changes, and its error is returned. out may be NULL.
- * Errors: -errno, CTXS_ENOMEM. */
+ * Errors: CTXS_EREADONLY, -errno, CTXS_ENOMEM. */
 CTXS_API int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st);
 
 typedef struct ctxs_compact_result {
@@ -1117,8 +1125,9 @@ typedef struct ctxs_compact_result {
  * do not open as sessions are left alone. progress counts sessions. out may
  * be NULL; it holds what was done, also on failure. With name == NULL no
  * other thread may use st during the call.
- * Errors: CTXS_ENOTFOUND, CTXS_EBUSY, CTXS_EINVAL, CTXS_EFULL, CTXS_EFAILED
- * (the index was rewritten but could not be reopened: close st), -errno. */
+ * Errors: CTXS_ENOTFOUND, CTXS_EBUSY, CTXS_EINVAL, CTXS_EFULL, CTXS_EREADONLY,
+ * CTXS_EFAILED (the index was rewritten but could not be reopened: close
+ * st), -errno. */
 CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
                                 const char *name, ctxs_progress_fn progress,
                                 void *progress_arg);
@@ -1158,7 +1167,7 @@ CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
  * CTXS_EVERSION (a newer export format), CTXS_ECORRUPT (damaged or
  * truncated: nothing imported), CTXS_EMODEL (the store knows the model
  * hash with another geometry), -EEXIST (the name is taken), CTXS_EINVAL,
- * CTXS_EFULL, CTXS_ENOMEM, -errno. */
+ * CTXS_EFULL, CTXS_EREADONLY, CTXS_ENOMEM, -errno. */
 CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
                                        ctxs_store *st, const char *path,
                                        const char *name,

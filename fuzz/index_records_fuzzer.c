@@ -30,7 +30,7 @@ enum {
     OP_OPEN_RO = 1 << 1,    /* open every listed session read-only, verify */
     OP_OPEN_RW = 1 << 2,    /* open every listed session read-write */
     OP_PREFIX = 1 << 3,     /* prefix lookups */
-    OP_GC_DRY = 1 << 4,     /* gc with a budget that deletes nothing */
+    OP_GC_DRY = 1 << 4,     /* a dry-run gc: deletes nothing */
     OP_GC = 1 << 5,         /* gc that deletes */
     OP_REPAIR = 1 << 6,
     OP_REINDEX = 1 << 7,
@@ -277,10 +277,14 @@ static void run_ops(unsigned ops)
     if (ops & OP_PREFIX)
         prefix_lookups();
     ctxs_gc_result gc;
-    if (ops & OP_GC_DRY)
-        ctxs_store_gc(&gc, st, UINT64_MAX, 0);
-    if (ops & OP_GC)
+    if (ops & OP_GC_DRY) {
+        ctxs_store_gc(&gc, st, 0, CTXS_GC_DRY_RUN);
+        ctxs_free(gc.sessions);
+    }
+    if (ops & OP_GC) {
         ctxs_store_gc(&gc, st, 100000, 0);
+        ctxs_free(gc.sessions);
+    }
     if (ops & OP_REPAIR) {
         ctxs_repair_result r;
         ctxs_store_repair(&r, st);

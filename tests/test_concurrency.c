@@ -524,6 +524,7 @@ static void worker_run(worker *w, const env *e)
                 break;
             }
             w->gc_deleted += g.deleted;
+            ctxs_free(g.sessions);
             ctxs_session_entry en;
             if ((rc = ctxs_store_session_get(&en, st, w->own)) != 0)
                 WFAIL(w, "gc took %s, which is open: %s", w->own, ctxs_err_name(rc));
@@ -704,6 +705,7 @@ static void maint_run(maint_args *a)
                        ctxs_err_name(rc));
             else
                 m->gc_deleted += g.deleted;
+            ctxs_free(g.sessions);
             m->gcs++;
             break;
         }

@@ -342,7 +342,9 @@ static void prepare_gc(world *w)
 static int run_gc(world *w)
 {
     ctxs_gc_result r;
-    return ctxs_store_gc(&r, w->st, 0, 0);
+    int rc = ctxs_store_gc(&r, w->st, 0, 0);
+    ctxs_free(r.sessions);
+    return rc;
 }
 
 static bool happened_gc(world *w)

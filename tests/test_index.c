@@ -1501,6 +1501,9 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
     cr_assert_eq(g.deleted, 1);
     cr_assert_eq(g.skipped_open, 2);
     cr_assert_eq(g.bytes_after, total - bytes[3]);
+    cr_assert_eq(g.n_sessions, 1);
+    cr_assert_str_eq(g.sessions[0].name, "s3");
+    ctxs_free(g.sessions);
     cr_assert(!ts_exists(ts_id_path(id[3])), "s3 was the least recently used closed session");
     for (int i = 0; i < 5; i++)
         if (i != 3)
@@ -1520,6 +1523,10 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
     cr_assert_eq(g.skipped_open, 2);
     cr_assert_eq(g.bytes_before, total - bytes[3]);
     cr_assert_eq(g.bytes_after, bytes[1] + bytes[2]);
+    cr_assert_eq(g.n_sessions, 2);
+    cr_assert_str_eq(g.sessions[0].name, "s4");
+    cr_assert_str_eq(g.sessions[1].name, "s0");
+    ctxs_free(g.sessions);
     cr_assert(!ts_exists(ts_id_path(id[4])) && !ts_exists(ts_id_path(id[0])));
     cr_assert(ts_exists(ts_id_path(id[1])) && ts_exists(ts_id_path(id[2])));
     cr_assert_eq(ts_check_all(w), 0);
@@ -1558,6 +1565,10 @@ Test(index, gc_stops_at_the_budget_in_last_use_order)
     cr_assert_eq(g.skipped_open, 0);
     cr_assert_eq(g.bytes_before, total);
     cr_assert_eq(g.bytes_after, b[3] + b[1]);
+    cr_assert_eq(g.n_sessions, 2);
+    cr_assert_str_eq(g.sessions[0].name, "n2");
+    cr_assert_str_eq(g.sessions[1].name, "n0");
+    ctxs_free(g.sessions);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "n2"), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_get(&e, st, "n0"), CTXS_ENOTFOUND);

@@ -862,6 +862,7 @@ Test(index_crash, fork_from_a_session_another_process_is_writing)
     cr_assert_eq(g.skipped_open, 1);
     cr_assert_gt(g.bytes_before, 0);
     cr_assert_eq(g.bytes_after, g.bytes_before);
+    cr_assert_null(g.sessions);
     /* Its prefixes are found from here while it is being written. */
     uint32_t *prompt = make_prompt(2000, 2000, 0);
     ctxs_prefix_match pm;

@@ -1655,6 +1655,7 @@ static void b_child_main(void *p)
             ctxs_gc_result g;
             if ((rc = ctxs_store_gc(&g, c->st, budget, 0)) != 0)
                 child_fail("gc", rc, budget, 0);
+            ctxs_free(g.sessions);
             uint64_t gone = 0;
             for (int j = 0; j < c->n; j++) {
                 ctxs_session_entry e;

@@ -1406,7 +1406,7 @@ int main(int argc, char **argv)
     ctxs_store_options so = CTXS_STORE_OPTIONS_INIT;
     so.map_bytes = (uint64_t)4 << 30; /* room for --sessions 100000 */
     ctxs_store *st;
-    check_ctxs(ctxs_store_open(&st, g_store_dir, &so), "ctxs_store_open");
+    check_ctxs(ctxs_store_open(&st, g_store_dir, CTXS_STORE_CREATE, &so), "ctxs_store_open");
 
     run_find_prefix(st, &o);
     /* The fork and the commits run in the same, populated store: their

@@ -61,7 +61,7 @@ static void init(void)
     if (rc < 0)
         fail("building the sample store", rc);
     ctxs_store *st;
-    if ((rc = ctxs_store_open(&st, store, NULL)) < 0 ||
+    if ((rc = ctxs_store_open(&st, store, CTXS_STORE_CREATE, NULL)) < 0 ||
         (rc = ctxs_store_session_export(st, "b", exp, NULL, NULL)) < 0)
         fail("exporting a sample session", rc);
     ctxs_store_close(st);

@@ -334,7 +334,7 @@ void fuzz_sample_tokens(uint32_t *out, uint64_t n)
 int fuzz_build_store(const char *dir)
 {
     ctxs_store *st;
-    int rc = ctxs_store_open(&st, dir, NULL);
+    int rc = ctxs_store_open(&st, dir, CTXS_STORE_CREATE, NULL);
     if (rc < 0)
         return rc;
     ctxs_model m0 = fuzz_model(0), m1 = fuzz_model(1);

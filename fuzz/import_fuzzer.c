@@ -209,7 +209,7 @@ static void progress_fn(void *arg, uint64_t done, uint64_t total)
 static void open_store(void)
 {
     int rc;
-    if ((rc = fuzz_build_store(store_dir)) < 0 || (rc = ctxs_store_open(&st, store_dir, NULL)) < 0)
+    if ((rc = fuzz_build_store(store_dir)) < 0 || (rc = ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL)) < 0)
         fail("the sample store", rc);
 }
 

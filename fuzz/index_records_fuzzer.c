@@ -30,7 +30,7 @@ enum {
     OP_OPEN_RO = 1 << 1,    /* open every listed session read-only, verify */
     OP_OPEN_RW = 1 << 2,    /* open every listed session read-write */
     OP_PREFIX = 1 << 3,     /* prefix lookups */
-    OP_GC_DRY = 1 << 4,     /* gc with a budget that deletes nothing */
+    OP_GC_DRY = 1 << 4,     /* a dry-run gc: deletes nothing */
     OP_GC = 1 << 5,         /* gc that deletes */
     OP_REPAIR = 1 << 6,
     OP_REINDEX = 1 << 7,
@@ -107,7 +107,7 @@ static void take_baseline(void)
 
 static void open_store(void)
 {
-    int rc = ctxs_store_open(&st, store_dir, NULL);
+    int rc = ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL);
     if (rc < 0)
         fail("opening the sample store", rc);
 }
@@ -277,10 +277,14 @@ static void run_ops(unsigned ops)
     if (ops & OP_PREFIX)
         prefix_lookups();
     ctxs_gc_result gc;
-    if (ops & OP_GC_DRY)
-        ctxs_store_gc(&gc, st, UINT64_MAX);
-    if (ops & OP_GC)
-        ctxs_store_gc(&gc, st, 100000);
+    if (ops & OP_GC_DRY) {
+        ctxs_store_gc(&gc, st, 0, CTXS_GC_DRY_RUN);
+        ctxs_free(gc.sessions);
+    }
+    if (ops & OP_GC) {
+        ctxs_store_gc(&gc, st, 100000, 0);
+        ctxs_free(gc.sessions);
+    }
     if (ops & OP_REPAIR) {
         ctxs_repair_result r;
         ctxs_store_repair(&r, st);
@@ -337,7 +341,7 @@ static void run_ops(unsigned ops)
     if (ops & OP_REOPEN) {
         ctxs_store_close(st);
         st = NULL;
-        if (ctxs_store_open(&st, store_dir, NULL) < 0)
+        if (ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL) < 0)
             restore_store(); /* a hostile format record: start again */
     }
 }

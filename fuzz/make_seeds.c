@@ -155,7 +155,7 @@ static void session_seeds(void)
         die("sample store", rc);
     ctxs_store *st;
     ctxs_session_entry e;
-    if ((rc = ctxs_store_open(&st, store, NULL)) < 0 ||
+    if ((rc = ctxs_store_open(&st, store, CTXS_STORE_CREATE, NULL)) < 0 ||
         (rc = ctxs_store_session_get(&e, st, "a")) < 0)
         die("sample store", rc);
     ctxs_store_close(st);
@@ -242,7 +242,7 @@ static void import_seeds(void)
     char *store = fuzz_join(work, "store");
     ctxs_store *st;
     int rc;
-    if ((rc = ctxs_store_open(&st, store, NULL)) < 0)
+    if ((rc = ctxs_store_open(&st, store, CTXS_STORE_CREATE, NULL)) < 0)
         die("sample store", rc);
     static const char *names[] = { "a", "b", "c", "d" };
     static const uint8_t ctls[] = { 0x00, 0x01, 0x0a, 0x10 };
@@ -280,7 +280,7 @@ static void import_seeds(void)
     fuzz_rmtree(q8_store);
     ctxs_store *st8;
     ctxs_session *s = NULL;
-    if ((rc = ctxs_store_open(&st8, q8_store, NULL)) < 0 ||
+    if ((rc = ctxs_store_open(&st8, q8_store, CTXS_STORE_CREATE, NULL)) < 0 ||
         (rc = ctxs_model_register(st8, &q8, "tiny-q8")) < 0 ||
         (rc = ctxs_store_session_create(&s, st8, "q8", &q8, NULL)) < 0 ||
         (rc = fuzz_append(s, 30)) < 0)
@@ -370,7 +370,7 @@ static void index_seeds(void)
     char *store = fuzz_join(work, "store");
     ctxs_store *st;
     int rc;
-    if ((rc = ctxs_store_open(&st, store, NULL)) < 0)
+    if ((rc = ctxs_store_open(&st, store, CTXS_STORE_CREATE, NULL)) < 0)
         die("sample store", rc);
     uint64_t ids[4];
     static const char *names[] = { "a", "b", "c", "d" };

@@ -118,14 +118,14 @@ extern "C" {
  */
 #define CTXS_ERRNO_MAP(XX)                                                     \
     XX(CORRUPT, -32001, "session file is corrupt")                             \
-    XX(FOREIGN, -32002, "not a ctxstore session file")                         \
+    XX(FOREIGN, -32002, "not a ctxstore file or store")                        \
     XX(VERSION, -32003, "session file format version is not supported")       \
     XX(MODEL, -32004, "session belongs to another model")                      \
     XX(BUSY, -32005, "session is open by another writer")                      \
     XX(FULL, -32006, "no space: disk full or capacity reached without ring")  \
     XX(NOTFOUND, -32007, "not found")                                          \
     XX(INVAL, -32008, "invalid argument")                                      \
-    XX(READONLY, -32009, "session is open read-only")                          \
+    XX(READONLY, -32009, "session or store is open read-only")                 \
     XX(FAILED, -32010, "session failed after an I/O error; reopen it")         \
     XX(EVICTED, -32011, "tokens were overwritten by the ring")                 \
     XX(NOMEM, -32012, "out of memory")                                        \
@@ -781,6 +781,11 @@ CTXS_API const char *ctxs_attention_get_isa(void);
  * - After fork(), the child must not use or close a store handle of its
  *   parent; it opens its own.
  * - Session handles opened through a store must be closed before the store.
+ * - Through a store opened with CTXS_STORE_RDONLY, every call below that
+ *   would write the index or a session file fails with CTXS_EREADONLY and
+ *   changes nothing: creates, read-write opens, forks, imports, renames,
+ *   deletes, pins, model registrations, checkpoint creates, restores and
+ *   deletes, gc (but for a dry run), repair, reindex and compact.
  */
 typedef struct ctxs_store ctxs_store;
 
@@ -805,17 +810,59 @@ typedef struct ctxs_store_options {
     { CTXS_STORE_OPTIONS_VERSION, CTXS_DEFAULT_MAX_READERS,                   \
       CTXS_DEFAULT_MAP_BYTES, { 0 } }
 
-/* Opens the store in directory dir, creating it (0700, files 0600) if it is
- * missing. Finishes or undoes what a process that crashed left half done: a
- * session file created but not indexed, or dropped from the index but not
- * yet deleted. A new index beside existing session files (the index was
- * lost) is rebuilt from them, as ctxs_store_reindex() does.
+#define CTXS_STORE_CREATE 0x1u /* make the store where there is none */
+#define CTXS_STORE_RDONLY 0x2u /* read the store, never write it */
+
+/* Opens the store in directory dir. A store is a directory holding index/
+ * with a ctxstore index (an LMDB environment: index/data.mdb) and
+ * sessions/.
  *
- * Errors: CTXS_EFOREIGN (index/ holds something that is not a ctxstore
- * index), CTXS_EVERSION (an index written by a newer major version),
- * CTXS_ECORRUPT, CTXS_EINVAL, CTXS_ENOMEM, -errno. *out is NULL on failure.
- * Thread-safe. */
-CTXS_API int ctxs_store_open(ctxs_store **out, const char *dir,
+ * Without CTXS_STORE_CREATE, nothing is created where no store is: a
+ * missing dir is -ENOENT, and a directory that is neither a store nor a
+ * half-made one is CTXS_EFOREIGN. A half-made store has index/data.mdb but
+ * no sessions/: creating a store makes index/ first, so this is what a
+ * create that died (or a sessions/ removed by hand) leaves. A read-write
+ * open makes sessions/ again; a read-only one fails with -ENOENT. A
+ * directory with sessions/ and no index (index/ removed: the index was
+ * lost) is not taken for a store: CTXS_EFOREIGN, so that no directory that
+ * merely has a sessions/ gets an index; open it with CTXS_STORE_CREATE to
+ * rebuild the index from the session files.
+ *
+ * With CTXS_STORE_CREATE, a missing dir is made (0700; files 0600) and so
+ * are index/ and sessions/ in an existing one. A new index beside session
+ * files is rebuilt from them, as ctxs_store_reindex() does.
+ *
+ * A read-write open finishes or undoes what a process that crashed left
+ * half done: a session file created but not indexed, or dropped from the
+ * index but not yet deleted.
+ *
+ * With CTXS_STORE_RDONLY (not with CTXS_STORE_CREATE) the store is only
+ * read: the index is opened read-only, what crashes left is left as it is,
+ * and every call that would write the index or a session file fails with
+ * CTXS_EREADONLY (sessions are opened with CTXS_OPEN_RDONLY only; gc runs
+ * only with CTXS_GC_DRY_RUN; ctxs_model_hash_file() does not cache). It
+ * needs read access alone: where LMDB's lock file (index/lock.mdb) cannot
+ * be opened for writing, on a read-only filesystem the index is read
+ * without locks, which is safe since nobody can write it; elsewhere (the
+ * user may read the store but not write it) the same is done only when
+ * no other process has the store open at that moment, else CTXS_EBUSY.
+ * Caveat: such a lock-less handle is not seen by the store's writers, so a
+ * process that opens the store read-write afterwards and writes it while
+ * the handle reads may make the handle's reads fail or see a mix of two
+ * states of the index (the session files are checked on open as always).
+ *
+ * One process shares one LMDB environment between its handles to a store:
+ * a read-only open while the store is open read-write in the process
+ * shares its environment (the handle still refuses writes); a read-write
+ * open while it is open only read-only is CTXS_EBUSY.
+ *
+ * Errors: -ENOENT (no dir; a half-made store opened read-only),
+ * -ENOTDIR, CTXS_EFOREIGN (not a store, or index/ holds something that is
+ * not a ctxstore index), CTXS_EVERSION (an index written by a newer major
+ * version), CTXS_EBUSY (see above), CTXS_ECORRUPT, CTXS_EINVAL (bad
+ * options, unknown flags, CREATE with RDONLY), CTXS_ENOMEM, -EACCES,
+ * -errno. *out is NULL on failure. Thread-safe. */
+CTXS_API int ctxs_store_open(ctxs_store **out, const char *dir, unsigned flags,
                              const ctxs_store_options *opts);
 
 /* Closes the handle. Accepts NULL. */
@@ -832,7 +879,8 @@ typedef struct ctxs_model_entry {
 /* Registers model under its model hash with a display name (may be NULL).
  * Registering the same model again updates the display name; the same hash
  * with another geometry or tokenizer hash is CTXS_EMODEL.
- * Errors: CTXS_EMODEL, CTXS_EINVAL, CTXS_EFULL (index full), -errno. */
+ * Errors: CTXS_EMODEL, CTXS_EINVAL, CTXS_EFULL (index full),
+ * CTXS_EREADONLY, -errno. */
 CTXS_API int ctxs_model_register(ctxs_store *st, const ctxs_model *model,
                                  const char *name);
 
@@ -891,13 +939,16 @@ typedef struct ctxs_session_entry {
                                   through a store, or last fork from it */
     uint64_t parent_id;        /* the session it was forked from, or 0 */
     uint64_t fork_tokens;      /* tokens taken from the parent */
+    uint32_t pinned;           /* 1: gc never deletes it (ctxs_store_session_pin()) */
+    uint32_t reserved_;
 } ctxs_session_entry;
 
 /* Creates a session named name for model, which must be registered, and
  * opens it read-write. The file is created first and indexed second.
  * Errors: -EEXIST (the name is taken), CTXS_ENOTFOUND (model not
- * registered), CTXS_EMODEL (registered with another geometry), the errors
- * of ctxs_session_create(). *out is NULL on failure. Thread-safe. */
+ * registered), CTXS_EMODEL (registered with another geometry),
+ * CTXS_EREADONLY, the errors of ctxs_session_create(). *out is NULL on
+ * failure. Thread-safe. */
 CTXS_API int ctxs_store_session_create(ctxs_session **out, ctxs_store *st,
                                        const char *name,
                                        const ctxs_model *model,
@@ -907,7 +958,8 @@ CTXS_API int ctxs_store_session_create(ctxs_session **out, ctxs_store *st,
  * NULL only with CTXS_OPEN_RDONLY). A read-write open indexes the prefixes
  * of tokens committed after the last index update (after a crash).
  * Errors: CTXS_ENOTFOUND (no such name, or its file is gone), CTXS_EMODEL,
- * the errors of ctxs_session_open(). *out is NULL on failure. */
+ * CTXS_EREADONLY (a read-only store, without CTXS_OPEN_RDONLY), the
+ * errors of ctxs_session_open(). *out is NULL on failure. */
 CTXS_API int ctxs_store_session_open(ctxs_session **out, ctxs_store *st,
                                      const char *name, const ctxs_model *model,
                                      unsigned flags,
@@ -922,15 +974,26 @@ CTXS_API int ctxs_store_session_get(ctxs_session_entry *out, ctxs_store *st,
 CTXS_API int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out,
                                      ctxs_store *st);
 
-/* Renames a session; open handles stay valid. Errors: CTXS_ENOTFOUND,
- * -EEXIST (to is taken), CTXS_EINVAL, -errno. */
+/* Renames a session; open handles stay valid, and so does its pin.
+ * Errors: CTXS_ENOTFOUND, -EEXIST (to is taken), CTXS_EINVAL,
+ * CTXS_EREADONLY, -errno. */
 CTXS_API int ctxs_store_session_rename(ctxs_store *st, const char *from,
                                        const char *to);
 
-/* Deletes a session, its checkpoints, metadata and prefixes: the index
- * first, then the file. Errors: CTXS_ENOTFOUND, CTXS_EBUSY (a handle, writer or
- * reader, in any process has it open), -errno. */
+/* Deletes a session, its checkpoints, metadata, prefixes and pin: the
+ * index first, then the file. A pinned session is deleted too: the pin only
+ * keeps gc away. Errors: CTXS_ENOTFOUND, CTXS_EBUSY (a handle, writer or
+ * reader, in any process has it open), CTXS_EREADONLY, -errno. */
 CTXS_API int ctxs_store_session_delete(ctxs_store *st, const char *name);
+
+/* Pins (pinned = 1) or unpins (0) the session named name: ctxs_store_gc()
+ * never deletes a pinned session. The pin belongs to the session, not to
+ * its name: it stays through a rename, a reindex and a compaction, and
+ * goes with the session. Pinning a pinned session, or unpinning one that
+ * is not, changes nothing and returns 0.
+ * Errors: CTXS_ENOTFOUND, CTXS_EINVAL (bad name, pinned neither 0 nor 1),
+ * CTXS_EREADONLY, CTXS_EFULL, -errno. Thread-safe. */
+CTXS_API int ctxs_store_session_pin(ctxs_store *st, const char *name, int pinned);
 
 /* --- Metadata ----------------------------------------------------------------
  *
@@ -1146,17 +1209,35 @@ typedef void (*ctxs_progress_fn)(void *arg, uint64_t done, uint64_t total);
 
 typedef struct ctxs_gc_result {
     uint64_t bytes_before;   /* disk space of the session files */
-    uint64_t bytes_after;
-    uint64_t deleted;        /* sessions deleted */
+    uint64_t bytes_after;    /* after the deletes (a dry run: had it deleted) */
+    uint64_t deleted;        /* sessions deleted (would be, in a dry run) */
     uint64_t skipped_open;   /* sessions kept because a handle had them open */
+    uint64_t skipped_pinned; /* pinned sessions passed over, still above the
+                                budget, that gc would otherwise have deleted */
+    ctxs_session_entry *sessions; /* the deleted sessions (a dry run: those
+                                it would delete), in the order gc took
+                                them: least recently used first; n_sessions
+                                == deleted; release with ctxs_free() */
+    size_t n_sessions;
 } ctxs_gc_result;
 
+#define CTXS_GC_DRY_RUN 0x1u /* delete nothing; report what would go */
+
 /* Deletes sessions, least recently used first, until the session files take
- * at most budget_bytes of disk, never one that a handle has open.
- * Errors: -errno (also where a session's size cannot be read). out may be
- * NULL. */
+ * at most budget_bytes of disk, never one that is pinned
+ * (ctxs_store_session_pin()) or that a handle has open. out receives what
+ * was deleted, also when a later delete fails (out->sessions is then NULL
+ * or the sessions deleted before it); out may be NULL.
+ *
+ * With CTXS_GC_DRY_RUN nothing is deleted: out says what a gc would delete
+ * now (sessions open now are counted in skipped_open, as gc would find
+ * them); a dry run works on a read-only store.
+ *
+ * Errors: CTXS_EINVAL (unknown flags), CTXS_EREADONLY (a read-only store,
+ * without CTXS_GC_DRY_RUN), CTXS_ENOMEM, -errno (also where a session's
+ * size cannot be read). */
 CTXS_API int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st,
-                           uint64_t budget_bytes);
+                           uint64_t budget_bytes, unsigned flags);
 
 typedef struct ctxs_repair_result {
     uint64_t files_adopted;    /* session files no entry named, now indexed */
@@ -1174,7 +1255,7 @@ typedef struct ctxs_repair_result {
  * store already resolves what crashes leave; this also mends what a person
  * did to the files. A file that cannot be read (-EIO, -EACCES, ...) stops
  * the repair with its error; what was mended before it stays mended.
- * out may be NULL. Errors: -errno, CTXS_ENOMEM. */
+ * out may be NULL. Errors: CTXS_EREADONLY, -errno, CTXS_ENOMEM. */
 CTXS_API int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st);
 
 typedef struct ctxs_reindex_result {
@@ -1189,7 +1270,7 @@ typedef struct ctxs_reindex_result {
  * (foreign, damaged, of a newer version) are left alone and counted; a
  * file that cannot be read (-EIO, -EACCES, ...) stops the rebuild before
  * the index changes, and its error is returned. out may be NULL.
- * Errors: -errno, CTXS_ENOMEM. */
+ * Errors: CTXS_EREADONLY, -errno, CTXS_ENOMEM. */
 CTXS_API int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st);
 
 typedef struct ctxs_compact_result {
@@ -1223,8 +1304,9 @@ typedef struct ctxs_compact_result {
  * do not open as sessions are left alone. progress counts sessions. out may
  * be NULL; it holds what was done, also on failure. With name == NULL no
  * other thread may use st during the call.
- * Errors: CTXS_ENOTFOUND, CTXS_EBUSY, CTXS_EINVAL, CTXS_EFULL, CTXS_EFAILED
- * (the index was rewritten but could not be reopened: close st), -errno. */
+ * Errors: CTXS_ENOTFOUND, CTXS_EBUSY, CTXS_EINVAL, CTXS_EFULL, CTXS_EREADONLY,
+ * CTXS_EFAILED (the index was rewritten but could not be reopened: close
+ * st), -errno. */
 CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
                                 const char *name, ctxs_progress_fn progress,
                                 void *progress_arg);
@@ -1266,7 +1348,7 @@ CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
  * CTXS_EVERSION (a newer export format), CTXS_ECORRUPT (damaged or
  * truncated: nothing imported), CTXS_EMODEL (the store knows the model
  * hash with another geometry), -EEXIST (the name is taken), CTXS_EINVAL,
- * CTXS_EFULL, CTXS_ENOMEM, -errno. */
+ * CTXS_EFULL, CTXS_EREADONLY, CTXS_ENOMEM, -errno. */
 CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
                                        ctxs_store *st, const char *path,
                                        const char *name,

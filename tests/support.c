@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <grp.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -38,10 +39,50 @@ static int rm_one(const char *path, const struct stat *st, int flag, struct FTW 
     return remove(path);
 }
 
+static int chmod_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)ftw;
+    if (flag == FTW_D)
+        chmod(path, (sb->st_mode & 07777) | S_IRWXU);
+    else if (flag == FTW_F)
+        chmod(path, (sb->st_mode & 07777) | S_IRUSR | S_IWUSR);
+    return 0;
+}
+
 void ts_rmtree(const char *dir)
 {
-    if (dir)
-        nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    if (!dir)
+        return;
+    /* Directories a test made unwritable (ts_make_unwritable()) first take
+     * their owner's rights back, before the walk that needs them. */
+    nftw(dir, chmod_one, 16, FTW_PHYS);
+    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static int unwritable_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)ftw;
+    if (flag != FTW_D && flag != FTW_DP && flag != FTW_F)
+        return 0;
+    mode_t mode = S_ISDIR(sb->st_mode) ? 0555 : 0444;
+    return chmod(path, mode) == 0 ? 0 : -1;
+}
+
+int ts_make_unwritable(const char *dir)
+{
+    /* Depth first: a directory loses its write bit after what it holds. */
+    if (chmod(ts_scratch, 0755) != 0 || nftw(dir, unwritable_one, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return -errno;
+    return 0;
+}
+
+int ts_drop_privileges(void)
+{
+    if (geteuid() != 0)
+        return 0;
+    if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)
+        return -errno;
+    return 0;
 }
 
 char *ts_scratch;
@@ -83,7 +124,7 @@ const char *ts_store_dir(void)
 ctxs_store *ts_store_open(const char *dir)
 {
     ctxs_store *st = NULL;
-    int rc = ctxs_store_open(&st, dir, NULL);
+    int rc = ctxs_store_open(&st, dir, CTXS_STORE_CREATE, NULL);
     cr_assert_eq(rc, 0, "ctxs_store_open(%s): %s", dir, ctxs_err_name(rc));
     cr_assert_not_null(st);
     return st;

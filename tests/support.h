@@ -144,6 +144,17 @@ void ts_enter_small_disk(const char *mnt, const char *size);
  * child's log, 77 skips it loudly. */
 void ts_run_child(void (*body)(const char *mnt), const char *what);
 
+/* A store (or any tree) the user may read but not write: everything under
+ * dir becomes 0555 (directories) or 0444 (files), and ts_scratch 0755 so
+ * that another user can reach it. ts_rmtree() still removes it. Returns 0
+ * or -errno. */
+int ts_make_unwritable(const char *dir);
+
+/* In a child: become an unprivileged user (uid and gid 65534) when running
+ * as root, who would ignore the permissions ts_make_unwritable() set;
+ * nothing otherwise. Returns 0 or -errno. */
+int ts_drop_privileges(void);
+
 /* Reads a whole file into malloc'ed memory; *len gets its size. */
 uint8_t *ts_read_file(const char *path, size_t *len);
 /* Writes len bytes to path (created or truncated). Returns 0 or -errno. */

@@ -49,6 +49,7 @@ enum {
 static const char *const k_commands[] = {
     "ls", "info", "verify", "compact", "gc", "rm", "rename", "fork",
     "checkpoint", "meta", "models", "prefix", "reindex", "export", "import", "bench", "demo",
+    "pin", "unpin",
 };
 enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };
 
@@ -64,6 +65,8 @@ typedef struct run_result {
 } run_result;
 
 static run_result R;
+/* 1: the next runs drop to an unprivileged user (ts_drop_privileges()). */
+static int run_unprivileged;
 
 /* Another binary to run instead of $CTXSTORE_BIN (a copy of it), or
  * NULL. */
@@ -175,6 +178,8 @@ static int run_env(const char *store, const char *const *env, const char *const 
     if (pid == 0) {
         int in = open("/dev/null", O_RDONLY);
         if (in < 0 || dup2(in, 0) < 0 || dup2(out_pipe[1], 1) < 0 || dup2(err_pipe[1], 2) < 0)
+            _exit(126);
+        if (run_unprivileged && ts_drop_privileges() != 0)
             _exit(126);
         execve(path, argv, envp);
         _exit(127);
@@ -1016,6 +1021,7 @@ Test(cli, ls_flags_rolled_back_while_the_index_remembers_more_tokens)
 
 Test(cli, ls_of_an_empty_store)
 {
+    ctxs_store_close(ts_store_open(S()));
     CLI_EXPECT(EX_OK, S(), "ls", "--json");
     jc_value *v = json_out();
     cr_assert_eq(v->type, JC_ARRAY);
@@ -1023,6 +1029,220 @@ Test(cli, ls_of_an_empty_store)
     jc_free(v);
     CLI_EXPECT(EX_OK, S(), "ls");
     contains(1, "0 sessions");
+}
+
+/* =============================================================================
+ * Stores the tool must not make, and stores it cannot write
+ * ========================================================================== */
+
+static const char *weights_file(const char *name, size_t n, uint8_t seed, uint8_t hash[16]);
+
+/* Every command that needs a store, on dir: none makes one. */
+static void no_store_here(const char *dir, int want_dir)
+{
+    static const char *const cases[][8] = {
+        { "ls" }, { "info", "s" }, { "verify" }, { "verify", "s" },
+        { "export", "s", "out.export" }, { "models" }, { "prefix", "--model", "m", "1" },
+        { "checkpoint", "ls", "s" }, { "gc", "--max-size", "0", "--dry-run" },
+        { "gc", "--max-size", "0" }, { "compact" }, { "rm", "s" }, { "rename", "s", "t" },
+        { "fork", "s", "t" }, { "checkpoint", "create", "s", "c" }, { "pin", "s" },
+        { "unpin", "s" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *args[10] = { 0 };
+        size_t n = 0;
+        while (n < 8 && cases[i][n])
+            args[n] = cases[i][n], n++;
+        args[n++] = "--json";
+        run_env(dir, NULL, args);
+        cr_assert_eq(R.code, EX_NOTFOUND, "`%s` exited %d, expected 3.\nstdout:\n%s\nstderr:\n%s",
+                     R.what, R.code, R.out, R.err);
+        jc_value *v = json_error_out(want_dir ? CTXS_EFOREIGN : -ENOENT,
+                                     want_dir ? "CTXS_EFOREIGN" : "ENOENT");
+        cr_assert(strstr(hint_of(v), "import"), "`%s` says how to make a store: %s", R.what,
+                  R.out);
+        jc_free(v);
+        cr_assert(!strstr(R.err, "created store"), "`%s`: %s", R.what, R.err);
+        if (want_dir)
+            cr_assert_eq(ts_dir_entries(dir), 1, "`%s` made something in %s", R.what, dir);
+        else
+            cr_assert(!ts_exists(dir), "`%s` made %s", R.what, dir);
+    }
+}
+
+Test(cli, commands_make_no_store_where_there_is_none_and_say_why)
+{
+    no_store_here(dir_of("missing"), 0);
+    const char *other = dir_of("other");
+    cr_assert_eq(mkdir(other, 0755), 0);
+    cr_assert_eq(ts_write_file(ts_path(other, "notes.txt"), "mine", 4), 0);
+    no_store_here(other, 1);
+    CLI_EXPECT(EX_NOTFOUND, other, "ls");
+    says(0, "is not a ctxstore store");
+}
+
+Test(cli, import_and_models_register_make_a_store_and_say_so)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "carried", 256, 1, 70);
+    ctxs_store_close(st);
+    const char *file = dir_of("carried.export");
+    CLI_EXPECT(EX_OK, S(), "export", "carried", file);
+
+    /* A damaged export file leaves no store behind... */
+    const char *fresh = dir_of("fresh");
+    const char *junk = dir_of("junk.export");
+    cr_assert_eq(ts_write_file(junk, "not an export", 13), 0);
+    CLI_EXPECT(EX_DAMAGED, fresh, "import", junk);
+    cr_assert(!ts_exists(fresh), "a failed import left a store");
+    cr_assert(!strstr(R.err, "created store"), "%s", R.err);
+    /* ...and one that is good makes it, and says so. */
+    CLI_EXPECT(EX_OK, fresh, "import", file);
+    says(0, "created store");
+    CLI_EXPECT(EX_OK, fresh, "ls", "--json");
+    jc_value *v = json_out();
+    cr_assert_not_null(by_name(v, "carried"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, fresh, "import", file, "again");
+    cr_assert(!strstr(R.err, "created store"), "only a new store is announced: %s", R.err);
+
+    uint8_t h[16];
+    const char *weights = weights_file("w.bin", 4096, 3, h);
+    const char *other = dir_of("for-models");
+    cr_assert_eq(mkdir(other, 0700), 0);
+    CLI_EXPECT(EX_NOTFOUND, other, "models", "register", dir_of("no-such-weights"), "--name",
+               "m", "--layers", "2", "--kv-heads", "2", "--head-dim", "16");
+    cr_assert_eq(ts_dir_entries(other), 0, "a failed register left a store");
+    CLI_EXPECT(EX_OK, other, "models", "register", weights, "--name", "m", "--layers", "2",
+               "--kv-heads", "2", "--head-dim", "16");
+    says(0, "created store");
+    CLI_EXPECT(EX_OK, other, "models", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 1, "%s", R.out);
+    jc_free(v);
+}
+
+Test(cli, reindex_rebuilds_a_lost_index_beside_the_session_files)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "survivor", 256, 1, 70);
+    ctxs_store_close(st);
+    ts_rmtree(ts_path(S(), "index"));
+    CLI_EXPECT(EX_NOTFOUND, S(), "ls", "--json");
+    jc_value *v = json_error_out(CTXS_EFOREIGN, "CTXS_EFOREIGN");
+    cr_assert(strstr(hint_of(v), "reindex"), "%s", R.out);
+    jc_free(v);
+    cr_assert(!ts_exists(ts_path(S(), "index")));
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    says(0, "no index");
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_not_null(by_name(v, "survivor"), "%s", R.out);
+    jc_free(v);
+}
+
+Test(cli, read_commands_work_on_a_store_the_user_cannot_write)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "kept", 256, 1, 130);
+    mk(st, "other", 256, 1, 70);
+    cr_assert_eq(ctxs_store_session_pin(st, "kept", 1), 0);
+    ctxs_store_close(st);
+    const char *out = dir_of("out");
+    cr_assert_eq(mkdir(out, 0777), 0);
+    cr_assert_eq(chmod(out, 0777), 0);
+    cr_assert_eq(ts_make_unwritable(S()), 0);
+    char *before = store_state(S());
+
+    run_unprivileged = 1;
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(v->n, 2, "%s", R.out);
+    cr_assert(jb(must_by_name(v, "kept"), "pinned"));
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "info", "kept");
+    CLI_EXPECT(EX_OK, S(), "verify");
+    CLI_EXPECT(EX_OK, S(), "verify", "kept");
+    CLI_EXPECT(EX_OK, S(), "models");
+    CLI_EXPECT(EX_OK, S(), "checkpoint", "ls", "kept");
+    CLI_EXPECT(EX_OK, S(), "gc", "--max-size", "0", "--dry-run", "--json");
+    v = json_out();
+    cr_assert_eq(ju(v, "deleted"), 1, "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "export", "kept", ts_path(out, "kept.export"));
+    /* What writes fails, and says why. */
+    CLI_EXPECT(EX_FAIL, S(), "rm", "other");
+    says(0, "permission");
+    CLI_EXPECT(EX_FAIL, S(), "pin", "other");
+    CLI_EXPECT(EX_FAIL, S(), "gc", "--max-size", "0");
+    run_unprivileged = 0;
+
+    same_state(before, S(), "read commands on a store the user cannot write");
+    free(before);
+    CLI_EXPECT(EX_OK, dir_of("again"), "import", ts_path(out, "kept.export"));
+}
+
+Test(cli, pin_keeps_a_session_from_gc_and_gc_names_what_it_deletes)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    static const char *const names[] = { "oldest", "older", "newer" };
+    for (int i = 0; i < 3; i++) {
+        mk(st, names[i], 256, 1, 100);
+        ts_sleep_us(15000); /* distinct last-use times */
+    }
+    ctxs_store_close(st);
+
+    CLI_EXPECT(EX_OK, S(), "pin", "oldest", "--json");
+    jc_value *v = json_out();
+    cr_assert(jc_has_string(jget(v, "pinned"), "oldest"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_NOTFOUND, S(), "pin", "nobody");
+    CLI_EXPECT(EX_OK, S(), "ls");
+    char line[1024];
+    line_with(line, sizeof(line), "oldest");
+    cr_assert(strstr(line, "pinned"), "ls shows the pin: %s", line);
+    line_with(line, sizeof(line), "older");
+    cr_assert(!strstr(line, "pinned"), "%s", line);
+
+    /* A dry run lists, least recently used first, and deletes nothing. */
+    CLI_EXPECT(EX_OK, S(), "gc", "--max-size", "0", "--dry-run");
+    contains(1, "would delete 'older'");
+    contains(1, "would delete 'newer'");
+    contains(1, "kept 1 pinned session");
+    cr_assert(!strstr(R.out, "'oldest'"), "%s", R.out);
+    cr_assert_lt(strstr(R.out, "'older'"), strstr(R.out, "'newer'"));
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 3, "a dry run deleted something: %s", R.out);
+    jc_free(v);
+
+    /* The pin stays through a rename; gc names what it deleted. */
+    CLI_EXPECT(EX_OK, S(), "rename", "oldest", "kept");
+    CLI_EXPECT(EX_OK, S(), "gc", "--max-size", "0", "--json");
+    v = json_out();
+    cr_assert_eq(jb(v, "dry_run"), 0);
+    cr_assert_eq(ju(v, "deleted"), 2, "%s", R.out);
+    cr_assert_eq(ju(v, "skipped_pinned"), 1, "%s", R.out);
+    const jc_value *del = jget(v, "sessions");
+    cr_assert_eq(del->n, 2, "%s", R.out);
+    cr_assert_str_eq(js(jc_at(del, 0), "name"), "older");
+    cr_assert_str_eq(js(jc_at(del, 1), "name"), "newer");
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 1, "%s", R.out);
+    cr_assert(jb(must_by_name(v, "kept"), "pinned"));
+    jc_free(v);
+
+    CLI_EXPECT(EX_OK, S(), "unpin", "kept");
+    contains(1, "unpinned 'kept'");
+    CLI_EXPECT(EX_OK, S(), "gc", "--max-size", "0");
+    contains(1, "deleted 'kept'");
+    contains(1, "deleted 1 session");
 }
 
 Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)

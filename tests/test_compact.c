@@ -699,7 +699,7 @@ Test(compact, the_index_is_left_alone_while_another_process_has_the_store_open)
     if (pid == 0) {
         /* Its own handle (the parent's is not for a child). */
         ctxs_store *mine = NULL;
-        char c = ctxs_store_open(&mine, ts_store_dir(), NULL) == 0 ? 'r' : 'x';
+        char c = ctxs_store_open(&mine, ts_store_dir(), CTXS_STORE_CREATE, NULL) == 0 ? 'r' : 'x';
         if (write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) < 0)
             _exit(1);
         /* After the parent's attempt: its view of the index still holds. */
@@ -760,7 +760,7 @@ Test(compact, an_open_waits_while_the_store_lock_is_held_exclusively)
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         ctxs_store *st = NULL;
-        char c = ctxs_store_open(&st, ts_store_dir(), NULL) == 0 ? 'o' : 'x';
+        char c = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL) == 0 ? 'o' : 'x';
         ctxs_store_close(st);
         _exit(write(opened[1], &c, 1) == 1 ? 0 : 1);
     }

@@ -519,11 +519,12 @@ static void worker_run(worker *w, const env *e)
         case OP_GC: {
             ctxs_gc_result g;
             uint64_t budget = (r >> 8) % (4u << 20);
-            if ((rc = ctxs_store_gc(&g, st, budget)) != 0) {
+            if ((rc = ctxs_store_gc(&g, st, budget, 0)) != 0) {
                 WFAIL(w, "gc: %s", ctxs_err_name(rc));
                 break;
             }
             w->gc_deleted += g.deleted;
+            ctxs_free(g.sessions);
             ctxs_session_entry en;
             if ((rc = ctxs_store_session_get(&en, st, w->own)) != 0)
                 WFAIL(w, "gc took %s, which is open: %s", w->own, ctxs_err_name(rc));
@@ -619,7 +620,7 @@ static void worker_run(worker *w, const env *e)
             /* Another handle of the store, in this process, opened and
              * closed while the others work. */
             ctxs_store *st2;
-            if ((rc = ctxs_store_open(&st2, e->store_dir, NULL)) != 0) {
+            if ((rc = ctxs_store_open(&st2, e->store_dir, CTXS_STORE_CREATE, NULL)) != 0) {
                 WFAIL(w, "second store open: %s", ctxs_err_name(rc));
                 break;
             }
@@ -651,7 +652,7 @@ static void maint_run(maint_args *a)
     maint *m = a->m;
     uint64_t rng = m->seed;
     ctxs_store *st;
-    int rc = ctxs_store_open(&st, a->store_dir, NULL);
+    int rc = ctxs_store_open(&st, a->store_dir, CTXS_STORE_CREATE, NULL);
     if (rc != 0) {
         w_fail(&m->failures, m->failure, sizeof(m->failure), "maintenance store open: %s",
                ctxs_err_name(rc));
@@ -699,17 +700,18 @@ static void maint_run(maint_args *a)
         }
         case 2: {
             ctxs_gc_result g;
-            if ((rc = ctxs_store_gc(&g, st, (r >> 8) % (6u << 20))) != 0)
+            if ((rc = ctxs_store_gc(&g, st, (r >> 8) % (6u << 20), 0)) != 0)
                 w_fail(&m->failures, m->failure, sizeof(m->failure), "gc: %s",
                        ctxs_err_name(rc));
             else
                 m->gc_deleted += g.deleted;
+            ctxs_free(g.sessions);
             m->gcs++;
             break;
         }
         default:
             ctxs_store_close(st);
-            if ((rc = ctxs_store_open(&st, a->store_dir, NULL)) != 0) {
+            if ((rc = ctxs_store_open(&st, a->store_dir, CTXS_STORE_CREATE, NULL)) != 0) {
                 w_fail(&m->failures, m->failure, sizeof(m->failure), "store reopen: %s",
                        ctxs_err_name(rc));
                 return;
@@ -745,7 +747,7 @@ static final_counts check_store(const char *store_dir, const worker *all, int n_
 {
     final_counts fc = {0};
     ctxs_store *st;
-    cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL), 0);
     cr_assert_eq(ts_pending_intents(st), 0, "intents left after every worker finished");
     ctxs_session_entry *l;
     size_t n;
@@ -881,7 +883,7 @@ static final_counts check_store(const char *store_dir, const worker *all, int n_
 static void setup_store(const char *store_dir, const ctxs_model *m)
 {
     ctxs_store *st;
-    cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL), 0);
     cr_assert_eq(ctxs_model_register(st, m, "concurrency"), 0);
     ctxs_store_close(st);
 }
@@ -981,7 +983,7 @@ Test(concurrency, threads_share_one_store, .timeout = 3600)
     cr_assert_not_null(all);
     atomic_int finished = 0, release = 0;
     env e = {NULL, store_dir, ts_scratch, all, THREADS, m, &finished, &release};
-    cr_assert_eq(ctxs_store_open(&e.st, store_dir, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&e.st, store_dir, CTXS_STORE_CREATE, NULL), 0);
     unsigned n_rounds = rounds(60);
     for (int i = 0; i < THREADS; i++) {
         all[i].proc = 0;
@@ -1038,7 +1040,7 @@ static void proc_main(shared *sh, int proc, const char *store_dir, const char *s
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     env e = {NULL, store_dir, scratch, sh->w, PROCS * PROC_THREADS, ts_model(MODEL_SEED),
              &sh->finished, &sh->release};
-    int rc = ctxs_store_open(&e.st, store_dir, NULL);
+    int rc = ctxs_store_open(&e.st, store_dir, CTXS_STORE_CREATE, NULL);
     if (rc != 0) {
         fprintf(stderr, "process %d: store open: %s\n", proc, ctxs_err_name(rc));
         _exit(10);

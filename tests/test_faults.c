@@ -140,7 +140,7 @@ static size_t heap_in_use(void)
 /* Opens the store and "a" (read-write), as a process starting would. */
 static void world_open(world *w)
 {
-    int rc = ctxs_store_open(&w->st, w->dir, NULL);
+    int rc = ctxs_store_open(&w->st, w->dir, CTXS_STORE_CREATE, NULL);
     cr_assert_eq(rc, 0, "store open after a fault: %s [%s]", ctxs_err_name(rc), run_context);
     rc = open_session(&w->a, w, "a", 0);
     cr_assert_eq(rc, 0, "\"a\" open after a fault: %s [%s]", ctxs_err_name(rc), run_context);
@@ -160,7 +160,7 @@ static void world_make(world *w, const fault_op *op)
     snprintf(w->export_path, sizeof(w->export_path), "%s/a.ctxs-export", ts_scratch);
     ts_rmtree(w->dir);
     unlink(w->export_path);
-    cr_assert_eq(ctxs_store_open(&w->st, w->dir, NULL), 0, "[%s]", run_context);
+    cr_assert_eq(ctxs_store_open(&w->st, w->dir, CTXS_STORE_CREATE, NULL), 0, "[%s]", run_context);
     cr_assert_eq(ctxs_model_register(w->st, model(), "faults"), 0, "[%s]", run_context);
     ctxs_create_options o = options();
     cr_assert_eq(ctxs_store_session_create(&w->a, w->st, "a", model(), &o), 0, "[%s]", run_context);
@@ -342,7 +342,9 @@ static void prepare_gc(world *w)
 static int run_gc(world *w)
 {
     ctxs_gc_result r;
-    return ctxs_store_gc(&r, w->st, 0);
+    int rc = ctxs_store_gc(&r, w->st, 0, 0);
+    ctxs_free(r.sessions);
+    return rc;
 }
 
 static bool happened_gc(world *w)

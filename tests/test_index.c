@@ -185,19 +185,19 @@ Test(index, store_dir_is_created_0700_and_files_0600)
 Test(index, store_open_refuses_bad_arguments)
 {
     ctxs_store *st = (ctxs_store *)1;
-    cr_assert_eq(ctxs_store_open(&st, NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_open(&st, NULL, CTXS_STORE_CREATE, NULL), CTXS_EINVAL);
     cr_assert_null(st);
-    cr_assert_eq(ctxs_store_open(&st, "", NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_open(NULL, ts_store_dir(), NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_open(&st, "", CTXS_STORE_CREATE, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_open(NULL, ts_store_dir(), CTXS_STORE_CREATE, NULL), CTXS_EINVAL);
     ctxs_store_options o = CTXS_STORE_OPTIONS_INIT;
     o.reserved[3] = 1;
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &o), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, &o), CTXS_EINVAL);
     o = (ctxs_store_options)CTXS_STORE_OPTIONS_INIT;
     o.version = 99;
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &o), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, &o), CTXS_EINVAL);
     /* A regular file where the directory should be. */
     cr_assert_eq(ts_write_file(ts_store_dir(), "x", 1), 0);
-    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL);
     cr_assert_lt(rc, 0);
     cr_assert_null(st);
     ctxs_store_close(NULL);
@@ -294,12 +294,12 @@ Test(index, one_store_by_two_paths_is_one_handle_and_two_stores_are_two)
     ctxs_store *a = ts_store_open(ts_store_dir());
     cr_assert_eq(chdir(ts_scratch), 0);
     ctxs_store *b;
-    cr_assert_eq(ctxs_store_open(&b, "store", NULL), 0);
+    cr_assert_eq(ctxs_store_open(&b, "store", CTXS_STORE_CREATE, NULL), 0);
     cr_assert_eq(a->env, b->env, "a relative path to the same store must share its environment");
     char other[1100];
     snprintf(other, sizeof(other), "%s/other", ts_scratch);
     ctxs_store *c;
-    cr_assert_eq(ctxs_store_open(&c, other, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&c, other, CTXS_STORE_CREATE, NULL), 0);
     cr_assert_neq(c->env, a->env);
     ctxs_model m = ts_model(1);
     model_reg(a, &m);
@@ -1629,11 +1629,14 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
     /* s1 open by a writer, s2 by a reader: gc passes them over. */
     ctxs_session *w = op(st, "s1", &m, 0), *r = op(st, "s2", NULL, CTXS_OPEN_RDONLY);
     ctxs_gc_result g;
-    cr_assert_eq(ctxs_store_gc(&g, st, total - bytes[3]), 0);
+    cr_assert_eq(ctxs_store_gc(&g, st, total - bytes[3], 0), 0);
     cr_assert_eq(g.bytes_before, total);
     cr_assert_eq(g.deleted, 1);
     cr_assert_eq(g.skipped_open, 2);
     cr_assert_eq(g.bytes_after, total - bytes[3]);
+    cr_assert_eq(g.n_sessions, 1);
+    cr_assert_str_eq(g.sessions[0].name, "s3");
+    ctxs_free(g.sessions);
     cr_assert(!ts_exists(ts_id_path(id[3])), "s3 was the least recently used closed session");
     for (int i = 0; i < 5; i++)
         if (i != 3)
@@ -1642,24 +1645,28 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
     cr_assert_eq(ctxs_store_session_get(&e, st, "s3"), CTXS_ENOTFOUND);
 
     /* Within budget: nothing happens. */
-    cr_assert_eq(ctxs_store_gc(&g, st, total), 0);
+    cr_assert_eq(ctxs_store_gc(&g, st, total, 0), 0);
     cr_assert_eq(g.deleted, 0);
     cr_assert_eq(g.bytes_before, total - bytes[3]);
     cr_assert_eq(g.bytes_after, g.bytes_before);
 
     /* Budget 0: everything that is not open goes, s4 before s0. */
-    cr_assert_eq(ctxs_store_gc(&g, st, 0), 0);
+    cr_assert_eq(ctxs_store_gc(&g, st, 0, 0), 0);
     cr_assert_eq(g.deleted, 2);
     cr_assert_eq(g.skipped_open, 2);
     cr_assert_eq(g.bytes_before, total - bytes[3]);
     cr_assert_eq(g.bytes_after, bytes[1] + bytes[2]);
+    cr_assert_eq(g.n_sessions, 2);
+    cr_assert_str_eq(g.sessions[0].name, "s4");
+    cr_assert_str_eq(g.sessions[1].name, "s0");
+    ctxs_free(g.sessions);
     cr_assert(!ts_exists(ts_id_path(id[4])) && !ts_exists(ts_id_path(id[0])));
     cr_assert(ts_exists(ts_id_path(id[1])) && ts_exists(ts_id_path(id[2])));
     cr_assert_eq(ts_check_all(w), 0);
     cr_assert_eq(ts_append(w, 1), 0);
     ctxs_session_close(w);
     ctxs_session_close(r);
-    cr_assert_eq(ctxs_store_gc(NULL, st, 0), 0);
+    cr_assert_eq(ctxs_store_gc(NULL, st, 0, 0), 0);
     cr_assert_eq(count_entries(st), 0);
     ctxs_store_close(st);
 }
@@ -1686,11 +1693,15 @@ Test(index, gc_stops_at_the_budget_in_last_use_order)
         total += b[i] = file_bytes(ts_id_path(ts_session_entry(st, names[i]).id));
     ctxs_gc_result g;
     /* Room for two: the two used first go (n2, then n0). */
-    cr_assert_eq(ctxs_store_gc(&g, st, b[3] + b[1]), 0);
+    cr_assert_eq(ctxs_store_gc(&g, st, b[3] + b[1], 0), 0);
     cr_assert_eq(g.deleted, 2);
     cr_assert_eq(g.skipped_open, 0);
     cr_assert_eq(g.bytes_before, total);
     cr_assert_eq(g.bytes_after, b[3] + b[1]);
+    cr_assert_eq(g.n_sessions, 2);
+    cr_assert_str_eq(g.sessions[0].name, "n2");
+    cr_assert_str_eq(g.sessions[1].name, "n0");
+    ctxs_free(g.sessions);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "n2"), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_get(&e, st, "n0"), CTXS_ENOTFOUND);
@@ -2244,7 +2255,7 @@ Test(index, an_index_of_a_newer_major_version_is_eversion)
     raw_put(env, "meta", "format", 6, &f, sizeof(f));
     mdb_env_close(env);
     st = (ctxs_store *)1;
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), NULL), CTXS_EVERSION);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL), CTXS_EVERSION);
     cr_assert_null(st);
     /* A newer minor is fine. */
     env = raw_env();
@@ -2261,12 +2272,12 @@ Test(index, an_index_of_a_newer_major_version_is_eversion)
     memcpy(f.magic, "NOTCTXS!", 8);
     raw_put(env, "meta", "format", 6, &f, sizeof(f));
     mdb_env_close(env);
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), NULL), CTXS_EFOREIGN);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL), CTXS_EFOREIGN);
     /* A short record. */
     env = raw_env();
     raw_put(env, "meta", "format", 6, "CTXS", 4);
     mdb_env_close(env);
-    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL);
     cr_assert(rc == CTXS_ECORRUPT || rc == CTXS_EFOREIGN, "short format record: %s", ctxs_err_name(rc));
 }
 
@@ -2279,7 +2290,7 @@ Test(index, a_foreign_lmdb_environment_is_eforeign)
     raw_put(env, "orders", "42", 2, "x", 1);
     mdb_env_close(env);
     ctxs_store *st = (ctxs_store *)1;
-    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL);
     cr_assert_eq(rc, CTXS_EFOREIGN, "named databases of another program: %s", ctxs_err_name(rc));
     cr_assert_null(st);
     /* Its data is untouched. */
@@ -2300,7 +2311,7 @@ Test(index, a_foreign_lmdb_environment_with_plain_keys_is_eforeign)
     raw_put(env, NULL, "config", 6, "{}", 2);
     mdb_env_close(env);
     ctxs_store *st = (ctxs_store *)1;
-    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL);
     cr_assert_eq(rc, CTXS_EFOREIGN, "plain keys of another program: %s", ctxs_err_name(rc));
     cr_assert_null(st);
 }
@@ -2316,7 +2327,7 @@ Test(index, a_foreign_lmdb_environment_named_like_ours_is_eforeign)
     raw_put(env, "sessions", "x", 1, "y", 1);
     mdb_env_close(env);
     ctxs_store *st = (ctxs_store *)1;
-    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL);
     cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "%s", ctxs_err_name(rc));
     cr_assert_null(st);
 }
@@ -2333,7 +2344,7 @@ Test(index, garbage_data_mdb_is_refused_without_a_crash)
         free(junk);
         unlink(ts_path(ts_store_dir(), "index/lock.mdb"));
         ctxs_store *st = (ctxs_store *)1;
-        int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
+        int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL);
         cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "%zu bytes of garbage: %s",
                   sizes[i], ctxs_err_name(rc));
         cr_assert_null(st);
@@ -2342,7 +2353,7 @@ Test(index, garbage_data_mdb_is_refused_without_a_crash)
     const char *text = "this is not an LMDB environment, it is a grocery list\n";
     cr_assert_eq(ts_write_file(data, text, strlen(text)), 0);
     ctxs_store *st;
-    int rc = ctxs_store_open(&st, ts_store_dir(), NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL);
     cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "text: %s", ctxs_err_name(rc));
 }
 
@@ -2352,7 +2363,7 @@ Test(index, a_full_index_is_efull_and_loses_nothing)
     ctxs_store_options so = CTXS_STORE_OPTIONS_INIT;
     so.map_bytes = 1u << 20;
     ctxs_store *st = NULL;
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &so), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, &so), 0);
     ctxs_model m = ts_model(1);
     model_reg(st, &m);
     ctxs_create_options o = ts_options(1024, 4, 1, CTXS_SYNC_NONE);
@@ -2375,7 +2386,7 @@ Test(index, a_full_index_is_efull_and_loses_nothing)
     /* Reopened, with a bigger map: every session made is there and whole,
      * and no file is left without an entry. */
     so.map_bytes = 64u << 20;
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &so), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, &so), 0);
     ctxs_session_entry *list;
     size_t n;
     cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
@@ -2572,8 +2583,9 @@ Test(index, metadata_goes_with_the_session)
     meta_set(st, "fork", "app", "{}");
     ctxs_session_entry fork_e = ts_session_entry(st, "fork");
     ctxs_gc_result res;
-    cr_assert_eq(ctxs_store_gc(&res, st, 0), 0);
+    cr_assert_eq(ctxs_store_gc(&res, st, 0, 0), 0);
     cr_assert_eq(res.deleted, 2);
+    ctxs_free(res.sessions);
     ctxs_store_close(st);
     /* No row is left behind under the ids that are gone. */
     MDB_env *env = raw_env();
@@ -2652,11 +2664,487 @@ Test(index, an_index_from_before_metadata_opens_and_takes_it)
     cr_assert_eq(mdb_dbi_open(txn, "metadata", 0, &dbi), MDB_NOTFOUND);
     mdb_txn_abort(txn);
     mdb_env_close(env);
+    /* Read-only, the index stays as it is and reads as one without
+     * metadata. */
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    ctxs_meta_entry *none = NULL;
+    size_t n_none = 1;
+    cr_assert_eq(ctxs_store_session_list_meta(&none, &n_none, st, "chat"), 0);
+    cr_assert(n_none == 0 && none == NULL);
+    size_t vb = 0;
+    cr_assert_eq(ctxs_store_session_get_meta(NULL, &vb, st, "chat", "title"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "title", "x", 1), CTXS_EREADONLY);
+    ctxs_store_close(st);
     st = ts_store_open(ts_store_dir());
     cr_assert_eq(ts_session_entry(st, "chat").n_tokens, 70);
     cr_assert_eq(meta_count(st, "chat"), 0);
     meta_set(st, "chat", "title", "new");
     int rc;
     cr_assert_str_eq(meta_str(st, "chat", "title", &rc), "new");
+    ctxs_store_close(st);
+}
+
+/* --- A store that protects itself ----------------------------------------- */
+
+Test(index, open_without_create_makes_nothing_where_no_store_is)
+{
+    ctxs_store *st = (ctxs_store *)1;
+    const char *missing = ts_path(ts_scratch, "missing");
+    cr_assert_eq(ctxs_store_open(&st, missing, 0, NULL), -ENOENT);
+    cr_assert_null(st);
+    cr_assert_eq(ctxs_store_open(&st, missing, CTXS_STORE_RDONLY, NULL), -ENOENT);
+    cr_assert(!ts_exists(missing));
+
+    /* A directory of someone else's, read-write or read-only. */
+    const char *other = ts_path(ts_scratch, "other");
+    cr_assert_eq(mkdir(other, 0755), 0);
+    cr_assert_eq(ts_write_file(ts_path(other, "notes.txt"), "hi", 2), 0);
+    cr_assert_eq(ctxs_store_open(&st, other, 0, NULL), CTXS_EFOREIGN);
+    cr_assert_eq(ctxs_store_open(&st, other, CTXS_STORE_RDONLY, NULL), CTXS_EFOREIGN);
+    cr_assert_eq(ts_dir_entries(other), 1, "something was made in a directory that is no store");
+    cr_assert_str_eq(ctxs_strerror(CTXS_EFOREIGN), "not a ctxstore file or store");
+
+    /* An index/ of its own (no LMDB environment in it) is not ours. */
+    cr_assert_eq(mkdir(ts_path(other, "index"), 0755), 0);
+    cr_assert_eq(ctxs_store_open(&st, other, 0, NULL), CTXS_EFOREIGN);
+    cr_assert_eq(ts_dir_entries(ts_path(other, "index")), 0);
+
+    /* A file is no directory. */
+    cr_assert_eq(ctxs_store_open(&st, ts_path(other, "notes.txt"), 0, NULL), -ENOTDIR);
+
+    /* Bad flags. */
+    cr_assert_eq(ctxs_store_open(&st, other, CTXS_STORE_CREATE | CTXS_STORE_RDONLY, NULL),
+                 CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_open(&st, other, 0x80, NULL), CTXS_EINVAL);
+    cr_assert_null(st);
+
+    /* Asked to, it makes the store, in an existing directory too. */
+    cr_assert_eq(ctxs_store_open(&st, other, CTXS_STORE_CREATE, NULL), 0);
+    ctxs_store_close(st);
+    cr_assert(ts_exists(ts_path(other, "sessions")) && ts_exists(ts_path(other, "index/data.mdb")));
+    cr_assert(ts_exists(ts_path(other, "notes.txt")));
+    cr_assert_eq(ctxs_store_open(&st, other, 0, NULL), 0);
+    ctxs_store_close(st);
+    cr_assert_eq(ctxs_store_open(&st, other, CTXS_STORE_RDONLY, NULL), 0);
+    ctxs_store_close(st);
+}
+
+Test(index, a_half_made_store_is_completed_by_a_read_write_open_only)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_store_close(st);
+    /* What a create that died after the index leaves. */
+    cr_assert_eq(rmdir(ts_path(ts_store_dir(), "sessions")), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), -ENOENT);
+    cr_assert(!ts_exists(ts_path(ts_store_dir(), "sessions")));
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), 0, NULL), 0);
+    ctxs_store_close(st);
+    struct stat sb;
+    cr_assert_eq(stat(ts_path(ts_store_dir(), "sessions"), &sb), 0);
+    cr_assert(S_ISDIR(sb.st_mode));
+    cr_assert_eq(sb.st_mode & 0777, 0700);
+}
+
+Test(index, a_lost_index_is_rebuilt_only_when_asked_to_create)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "kept", &m, 256, 4, 70));
+    ctxs_store_close(st);
+    ts_rmtree(ts_path(ts_store_dir(), "index"));
+
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), 0, NULL), CTXS_EFOREIGN);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), CTXS_EFOREIGN);
+    cr_assert(!ts_exists(ts_path(ts_store_dir(), "index")));
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL), 0);
+    ctxs_session *s = op(st, "kept", &m, CTXS_OPEN_RDONLY);
+    cr_assert_eq(ts_n_tokens(s), 70);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
+/* The bytes of the store's index and the names and sizes of its files:
+ * what a read-only store must leave as it found. lock.mdb is LMDB's, and
+ * written by readers too. */
+static char *store_snapshot(void)
+{
+    size_t len;
+    uint8_t *data = ts_read_file(ts_path(ts_store_dir(), "index/data.mdb"), &len);
+    cr_assert_not_null(data);
+    XXH64_hash_t h = XXH3_64bits(data, len);
+    free(data);
+    char *out = malloc(8192);
+    cr_assert_not_null(out);
+    int n = snprintf(out, 8192, "data.mdb %zu %016llx;", len, (unsigned long long)h);
+    DIR *d = opendir(ts_path(ts_store_dir(), "sessions"));
+    cr_assert_not_null(d);
+    struct dirent *de;
+    char *names[64];
+    int k = 0;
+    while ((de = readdir(d)) && k < 64)
+        if (de->d_name[0] != '.')
+            names[k++] = strdup(de->d_name);
+    closedir(d);
+    for (int i = 0; i < k; i++)
+        for (int j = i + 1; j < k; j++)
+            if (strcmp(names[j], names[i]) < 0) {
+                char *t = names[i];
+                names[i] = names[j];
+                names[j] = t;
+            }
+    for (int i = 0; i < k; i++) {
+        struct stat sb;
+        cr_assert_eq(stat(ts_path(ts_path(ts_store_dir(), "sessions"), names[i]), &sb), 0);
+        n += snprintf(out + n, 8192 - (size_t)n, " %s %lld %lld;", names[i], (long long)sb.st_size,
+                      (long long)sb.st_mtim.tv_nsec + (long long)sb.st_mtim.tv_sec * 1000000000ll);
+        free(names[i]);
+    }
+    return out;
+}
+
+/* A store with two sessions (one pinned, one with a checkpoint), closed. */
+static ctxs_model protect_store(void)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "a", &m, 256, 4, 130);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
+    ctxs_session_close(s);
+    ctxs_session_close(mk(st, "b", &m, 256, 4, 70));
+    cr_assert_eq(ctxs_store_session_pin(st, "b", 1), 0);
+    ctxs_store_close(st);
+    return m;
+}
+
+Test(index, a_read_only_store_reads_everything_and_refuses_every_write)
+{
+    ctxs_model m = protect_store();
+    char *before = store_snapshot();
+    ctxs_store *st;
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+
+    /* Reads. */
+    ctxs_session_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(list[0].pinned, 0);
+    cr_assert_eq(list[1].pinned, 1);
+    ctxs_free(list);
+    ctxs_model_entry me;
+    cr_assert_eq(ctxs_model_get(&me, st, m.model_hash), 0);
+    ctxs_gc_result g;
+    cr_assert_eq(ctxs_store_gc(&g, st, 0, CTXS_GC_DRY_RUN), 0);
+    cr_assert_eq(g.deleted, 1);
+    cr_assert_eq(g.skipped_pinned, 1);
+    cr_assert_eq(g.n_sessions, 1);
+    cr_assert_str_eq(g.sessions[0].name, "a");
+    ctxs_free(g.sessions);
+    ctxs_session *s = op(st, "a", NULL, CTXS_OPEN_RDONLY);
+    cr_assert_eq(ts_check_all(s), 0);
+    cr_assert_eq(ctxs_session_verify(NULL, s), 0);
+    ctxs_checkpoint_entry *cps;
+    cr_assert_eq(ctxs_checkpoint_list(&cps, &n, s), 0);
+    cr_assert_eq(n, 1);
+    ctxs_free(cps);
+    uint32_t prompt[64];
+    for (uint32_t i = 0; i < 64; i++)
+        prompt[i] = ts_token(i);
+    ctxs_prefix_match pm;
+    cr_assert_eq(ctxs_prefix_find(&pm, st, m.model_hash, prompt, 64), 0);
+    const char *exported = ts_path(ts_scratch, "a.export");
+    cr_assert_eq(ctxs_store_session_export(st, "a", exported, NULL, NULL), 0);
+    uint8_t hash[CTXS_HASH_BYTES];
+    cr_assert_eq(ctxs_model_hash_file(hash, st, exported), 0); /* not cached */
+
+    /* Writes, each refused. */
+    ctxs_session *w = (ctxs_session *)1;
+    cr_assert_eq(ctxs_store_session_open(&w, st, "a", &m, 0, NULL), CTXS_EREADONLY);
+    cr_assert_null(w);
+    cr_assert_eq(ctxs_store_session_create(&w, st, "new", &m, NULL), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_session_fork(&w, st, "f", "a", 64, NULL), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_session_fork_checkpoint(&w, st, "f", "a", "cp", NULL), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp2"), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_checkpoint_delete(s, "cp"), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_session_rename(st, "a", "c"), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_session_delete(st, "a"), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_session_pin(st, "a", 1), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_session_pin(st, "b", 0), CTXS_EREADONLY);
+    ctxs_model other = ts_model(2);
+    cr_assert_eq(ctxs_model_register(st, &other, "other"), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_model_register(st, &m, "renamed"), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_gc(&g, st, 0, 0), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_repair(NULL, st), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_reindex(NULL, st), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_compact(NULL, st, NULL, NULL, NULL), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_compact(NULL, st, "a", NULL, NULL), CTXS_EREADONLY);
+    char used[CTXS_NAME_MAX + 1];
+    cr_assert_eq(ctxs_store_session_import(used, st, exported, "imported", NULL, NULL),
+                 CTXS_EREADONLY);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+
+    char *after = store_snapshot();
+    cr_assert_str_eq(before, after, "a read-only store changed");
+    free(before);
+    free(after);
+}
+
+Test(index, a_read_only_open_leaves_a_crashed_create_for_a_writer)
+{
+    protect_store();
+    /* A create whose process died: its intent and its file, no entry. */
+    MDB_env *env = raw_env();
+    uint8_t idk[8] = {0, 0, 0, 0, 0, 0, 0, 99};
+    uint8_t intent[5] = {'C', 0xff, 0xff, 0xff, 0x7f}; /* a pid no process has */
+    raw_put(env, "pending", idk, 8, intent, sizeof(intent));
+    mdb_env_close(env);
+    cr_assert_eq(ts_write_file(ts_id_path(99), "left by a crash", 15), 0);
+    ctxs_store *st;
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    ctxs_store_close(st);
+    cr_assert(ts_exists(ts_id_path(99)), "a read-only open removed a file");
+    st = ts_store_open(ts_store_dir());
+    ctxs_store_close(st);
+    cr_assert(!ts_exists(ts_id_path(99)), "a read-write open must finish what the crash left");
+}
+
+Test(index, a_read_only_handle_beside_a_read_write_one_shares_it_and_still_refuses_writes)
+{
+    ctxs_model m = protect_store();
+    ctxs_store *rw = ts_store_open(ts_store_dir()), *ro;
+    cr_assert_eq(ctxs_store_open(&ro, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_neq(ro, rw);
+    ctxs_session_close(mk(rw, "c", &m, 256, 4, 10));
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, ro, "c"), 0, "the read-only handle sees the writes");
+    cr_assert_eq(ctxs_store_session_delete(ro, "c"), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_session_pin(ro, "c", 1), CTXS_EREADONLY);
+    ctxs_session *s = (ctxs_session *)1;
+    cr_assert_eq(ctxs_store_session_open(&s, ro, "c", &m, 0, NULL), CTXS_EREADONLY);
+    s = op(ro, "c", NULL, CTXS_OPEN_RDONLY);
+    /* Either handle closes first. */
+    ctxs_store_close(rw);
+    cr_assert_eq(ts_n_tokens(s), 10);
+    ctxs_session_close(s);
+    ctxs_store_close(ro);
+
+    /* Open read-only alone, the environment cannot write: a read-write
+     * open in the same process is refused until it is closed. */
+    cr_assert_eq(ctxs_store_open(&ro, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&rw, ts_store_dir(), 0, NULL), CTXS_EBUSY);
+    ctxs_store *ro2;
+    cr_assert_eq(ctxs_store_open(&ro2, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    ctxs_store_close(ro2);
+    ctxs_store_close(ro);
+    rw = ts_store_open(ts_store_dir());
+    ctxs_store_close(rw);
+}
+
+/* In a child that may read the store but not write it: what works. */
+static void read_unwritable_store(const char *out_dir)
+{
+    TS_CHECK(chmod(out_dir, 0777) == 0, "chmod: %s", strerror(errno));
+    TS_CHECK(ts_drop_privileges() == 0, "cannot drop privileges: %s", strerror(errno));
+    ctxs_store *st = NULL;
+    int rc = ctxs_store_open(&st, ts_store_dir(), 0, NULL);
+    TS_CHECK(rc == -EACCES, "a read-write open: %s", ctxs_err_name(rc));
+    rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL);
+    TS_CHECK(rc == 0, "a read-only open: %s", ctxs_err_name(rc));
+    ctxs_session_entry *list;
+    size_t n;
+    rc = ctxs_store_session_list(&list, &n, st);
+    TS_CHECK(rc == 0 && n == 2 && list[1].pinned, "list: %s, %zu", ctxs_err_name(rc), n);
+    ctxs_free(list);
+    ctxs_session *s = NULL;
+    rc = ctxs_store_session_open(&s, st, "a", NULL, CTXS_OPEN_RDONLY, NULL);
+    TS_CHECK(rc == 0, "session open: %s", ctxs_err_name(rc));
+    uint64_t bad = 0;
+    rc = ctxs_session_verify(&bad, s);
+    TS_CHECK(rc == 0, "verify: %s", ctxs_err_name(rc));
+    ctxs_session_close(s);
+    rc = ctxs_store_session_export(st, "a", ts_path(out_dir, "a.export"), NULL, NULL);
+    TS_CHECK(rc == 0, "export: %s", ctxs_err_name(rc));
+    rc = ctxs_store_session_pin(st, "a", 1);
+    TS_CHECK(rc == CTXS_EREADONLY, "pin: %s", ctxs_err_name(rc));
+    ctxs_store_close(st);
+    _exit(0);
+}
+
+Test(index, a_store_the_user_cannot_write_opens_read_only)
+{
+    protect_store();
+    cr_assert_eq(ts_make_unwritable(ts_store_dir()), 0);
+    char *before = store_snapshot();
+    ts_run_child(read_unwritable_store, "a store the user may read but not write");
+    char *after = store_snapshot();
+    cr_assert_str_eq(before, after);
+    free(before);
+    free(after);
+}
+
+/* In a child that cannot write the store, while the parent has it open. */
+static void open_unwritable_store_in_use(const char *unused)
+{
+    (void)unused;
+    TS_CHECK(ts_drop_privileges() == 0, "cannot drop privileges: %s", strerror(errno));
+    ctxs_store *st = NULL;
+    int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL);
+    TS_CHECK(rc == CTXS_EBUSY, "read without LMDB's locks beside a writer: %s",
+             ctxs_err_name(rc));
+    _exit(0);
+}
+
+Test(index, a_store_the_user_cannot_write_is_not_read_beside_a_process_using_it)
+{
+    protect_store();
+    /* Opened before the permissions change, as a process that had it. */
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    cr_assert_eq(ts_make_unwritable(ts_store_dir()), 0);
+    ts_run_child(open_unwritable_store_in_use, "a store in use that the user cannot write");
+    ctxs_store_close(st);
+}
+
+/* --- Pins and gc's report --------------------------------------------------- */
+
+Test(index, gc_never_deletes_a_pinned_session_and_names_what_it_deleted)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    static const char *const names[] = {"old", "pinned", "mid", "new"};
+    for (int i = 0; i < 4; i++) {
+        ctxs_session_close(mk(st, names[i], &m, 256, 4, 40));
+        ts_sleep_us(3000); /* distinct last-use times */
+    }
+    cr_assert_eq(ctxs_store_session_pin(st, "pinned", 1), 0);
+    cr_assert_eq(ctxs_store_session_pin(st, "pinned", 1), 0, "pinning twice is no error");
+    cr_assert_eq(ctxs_store_session_pin(st, "new", 0), 0, "unpinning the unpinned is none");
+    cr_assert_eq(ctxs_store_session_pin(st, "none", 1), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_pin(st, "old", 2), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_pin(st, "bad/name", 1), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_pin(NULL, "old", 1), CTXS_EINVAL);
+    cr_assert(ts_session_entry(st, "pinned").pinned);
+    cr_assert_not(ts_session_entry(st, "old").pinned);
+    uint64_t pinned_id = ts_session_entry(st, "pinned").id;
+
+    /* A dry run names what would go, least recently used first, and
+     * deletes nothing. */
+    ctxs_gc_result g;
+    cr_assert_eq(ctxs_store_gc(&g, st, 0, CTXS_GC_DRY_RUN), 0);
+    cr_assert_eq(g.deleted, 3);
+    cr_assert_eq(g.n_sessions, 3);
+    cr_assert_eq(g.skipped_pinned, 1);
+    cr_assert_str_eq(g.sessions[0].name, "old");
+    cr_assert_str_eq(g.sessions[1].name, "mid");
+    cr_assert_str_eq(g.sessions[2].name, "new");
+    cr_assert_eq(g.bytes_after, file_bytes(ts_id_path(pinned_id)));
+    ctxs_free(g.sessions);
+    cr_assert_eq(count_entries(st), 4);
+    cr_assert_eq(ctxs_store_gc(&g, st, 0, 0x4), CTXS_EINVAL);
+
+    /* The dry run counts an open session as gc would. */
+    ctxs_session *held = op(st, "mid", NULL, CTXS_OPEN_RDONLY);
+    cr_assert_eq(ctxs_store_gc(&g, st, 0, CTXS_GC_DRY_RUN), 0);
+    cr_assert_eq(g.deleted, 2);
+    cr_assert_eq(g.skipped_open, 1);
+    ctxs_free(g.sessions);
+    ctxs_session_close(held);
+
+    /* The pin stays through a rename, and gc says what it deleted. */
+    cr_assert_eq(ctxs_store_session_rename(st, "pinned", "kept"), 0);
+    cr_assert(ts_session_entry(st, "kept").pinned);
+    cr_assert_eq(ctxs_store_gc(&g, st, 0, 0), 0);
+    cr_assert_eq(g.deleted, 3);
+    cr_assert_eq(g.n_sessions, 3);
+    cr_assert_eq(g.skipped_pinned, 1);
+    cr_assert_str_eq(g.sessions[0].name, "old");
+    cr_assert_str_eq(g.sessions[2].name, "new");
+    ctxs_free(g.sessions);
+    cr_assert_eq(count_entries(st), 1);
+    cr_assert(ts_exists(ts_id_path(pinned_id)));
+
+    /* Unpinned, it goes; with out NULL too. */
+    cr_assert_eq(ctxs_store_session_pin(st, "kept", 0), 0);
+    cr_assert_eq(ctxs_store_gc(NULL, st, 0, 0), 0);
+    cr_assert_eq(count_entries(st), 0);
+    cr_assert(!ts_exists(ts_id_path(pinned_id)));
+    ctxs_store_close(st);
+}
+
+Test(index, a_pin_outlives_a_reindex_and_a_compaction_and_goes_with_its_session)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "p", &m, 256, 4, 40));
+    ctxs_session_close(mk(st, "q", &m, 256, 4, 40));
+    cr_assert_eq(ctxs_store_session_pin(st, "p", 1), 0);
+    cr_assert_eq(ctxs_store_reindex(NULL, st), 0);
+    cr_assert(ts_session_entry(st, "p").pinned);
+    cr_assert_not(ts_session_entry(st, "q").pinned);
+    ctxs_compact_result cr;
+    cr_assert_eq(ctxs_store_compact(&cr, st, NULL, NULL, NULL), 0);
+    cr_assert(ts_session_entry(st, "p").pinned);
+    /* Deleted by name, pinned or not; a session made later with the name
+     * is not pinned. */
+    cr_assert_eq(ctxs_store_session_delete(st, "p"), 0);
+    ctxs_session_close(mk(st, "p", &m, 256, 4, 10));
+    cr_assert_not(ts_session_entry(st, "p").pinned);
+    ctxs_store_close(st);
+    /* No pin row is left without its session. */
+    MDB_env *env = raw_env();
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_stat ms;
+    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "pins", 0, &dbi), 0);
+    cr_assert_eq(mdb_stat(txn, dbi, &ms), 0);
+    cr_assert_eq(ms.ms_entries, 0);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+}
+
+Test(index, an_index_from_before_pins_opens_read_only_and_read_write)
+{
+    ctxs_model m = protect_store();
+    /* Index 1.1: no pins table, minor 1. */
+    MDB_env *env = raw_env();
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "pins", 0, &dbi), 0);
+    cr_assert_eq(mdb_drop(txn, dbi, 1), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    ctxs__index_format f;
+    memset(&f, 0, sizeof(f));
+    memcpy(f.magic, CTXS__INDEX_MAGIC, 8);
+    f.major = 1;
+    f.minor = 1;
+    raw_put(env, "meta", "format", 6, &f, sizeof(f));
+    mdb_env_close(env);
+
+    ctxs_store *st;
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    ctxs_session_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
+    cr_assert_eq(n, 2);
+    cr_assert(!list[0].pinned && !list[1].pinned);
+    ctxs_free(list);
+    ctxs_gc_result g;
+    cr_assert_eq(ctxs_store_gc(&g, st, 0, CTXS_GC_DRY_RUN), 0);
+    cr_assert_eq(g.deleted, 2);
+    ctxs_free(g.sessions);
+    ctxs_store_close(st);
+
+    st = ts_store_open(ts_store_dir());
+    cr_assert_eq(ctxs_store_session_pin(st, "a", 1), 0);
+    cr_assert(ts_session_entry(st, "a").pinned);
+    ctxs_session *s = op(st, "a", &m, 0);
+    cr_assert_eq(ts_n_tokens(s), 130);
+    ctxs_session_close(s);
     ctxs_store_close(st);
 }

@@ -130,7 +130,7 @@ static _Noreturn void child_fail(int code, const char *what, int rc)
 static ctxs_store *child_store(const ctxs_store_options *o)
 {
     ctxs_store *st;
-    int rc = ctxs_store_open(&st, ts_store_dir(), o);
+    int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, o);
     if (rc != 0)
         child_fail(CHILD_EOPEN, "ctxs_store_open", rc);
     return st;
@@ -614,7 +614,7 @@ Test(index_crash, processes_killed_inside_read_transactions_do_not_use_up_the_re
     ctxs_store_options o = CTXS_STORE_OPTIONS_INIT;
     o.max_readers = 8;
     ctxs_store *st;
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), &o), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, &o), 0);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     for (int i = 0; i < 12; i++) {
         int p[2];
@@ -729,7 +729,7 @@ static void chaos_child(void *p)
             if ((r >> 16) % 2) {
                 if ((rc = ctxs_store_repair(NULL, st)) != 0)
                     child_fail(CHILD_EREPAIR, "repair", rc);
-            } else if ((rc = ctxs_store_gc(NULL, st, 200000)) != 0) {
+            } else if ((rc = ctxs_store_gc(NULL, st, 200000, 0)) != 0) {
                 child_fail(CHILD_EGC, "gc", rc);
             }
             break;
@@ -857,11 +857,12 @@ Test(index_crash, fork_from_a_session_another_process_is_writing)
     cr_assert_eq(ctxs_store_session_open(&x, st, "live", &m, 0, NULL), CTXS_EBUSY);
     /* gc never takes a session another process has open. */
     ctxs_gc_result g;
-    cr_assert_eq(ctxs_store_gc(&g, st, 0), 0);
+    cr_assert_eq(ctxs_store_gc(&g, st, 0, 0), 0);
     cr_assert_eq(g.deleted, 0);
     cr_assert_eq(g.skipped_open, 1);
     cr_assert_gt(g.bytes_before, 0);
     cr_assert_eq(g.bytes_after, g.bytes_before);
+    cr_assert_null(g.sessions);
     /* Its prefixes are found from here while it is being written. */
     uint32_t *prompt = make_prompt(2000, 2000, 0);
     ctxs_prefix_match pm;

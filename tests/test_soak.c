@@ -679,7 +679,7 @@ static void reader_store(const reader_args *a)
     struct obs last = {0, 0, 0};
     while (!atomic_load(a->stop)) {
         ctxs_store *st;
-        int rc = ctxs_store_open(&st, a->store_dir, NULL);
+        int rc = ctxs_store_open(&st, a->store_dir, CTXS_STORE_CREATE, NULL);
         atomic_fetch_add(&a->slot->opens, 1);
         if (rc != 0) {
             reader_violation(a->slot, "reader %d: store open: %s", a->idx, ctxs_err_name(rc));
@@ -1502,7 +1502,7 @@ static void b_child_main(void *p)
     c->rng = a->seed;
     c->gen = a->gen;
     c->serial = a->serial;
-    int rc = ctxs_store_open(&c->st, a->store_dir, NULL);
+    int rc = ctxs_store_open(&c->st, a->store_dir, CTXS_STORE_CREATE, NULL);
     if (rc != 0)
         child_fail("store open", rc, 0, 0);
     ctxs_session_entry *list;
@@ -1653,8 +1653,9 @@ static void b_child_main(void *p)
             uint64_t budget = (r >> 16) % (3u << 20);
             child_say(B_GC, 0, 0, budget, 0, NULL, NULL);
             ctxs_gc_result g;
-            if ((rc = ctxs_store_gc(&g, c->st, budget)) != 0)
+            if ((rc = ctxs_store_gc(&g, c->st, budget, 0)) != 0)
                 child_fail("gc", rc, budget, 0);
+            ctxs_free(g.sessions);
             uint64_t gone = 0;
             for (int j = 0; j < c->n; j++) {
                 ctxs_session_entry e;
@@ -2240,7 +2241,7 @@ static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, 
     soak_stats *sst = c->st;
     b_leftovers(store_dir, &tot->intents, &tot->aside);
     ctxs_store *st;
-    int rc = ctxs_store_open(&st, store_dir, NULL);
+    int rc = ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL);
     cr_assert_eq(rc, 0, "%s: store open: %s", what, ctxs_err_name(rc));
     sst->images++;
     /* An intent stays while another process holds its file: a reader that
@@ -2249,7 +2250,7 @@ static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, 
     for (int tries = 0; ts_pending_intents(st) != 0 && tries < 20; tries++) {
         ctxs_store_close(st);
         ts_sleep_us(10000);
-        rc = ctxs_store_open(&st, store_dir, NULL);
+        rc = ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL);
         cr_assert_eq(rc, 0, "%s: store open: %s", what, ctxs_err_name(rc));
     }
     if (ts_pending_intents(st) != 0)
@@ -2457,7 +2458,7 @@ Test(soak, store_writers_killed_during_index_transactions_and_maintenance, .time
     cr_assert_eq(mkdir(exports, 0700), 0);
     {
         ctxs_store *st;
-        cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
+        cr_assert_eq(ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL), 0);
         ctxs_model m = ts_model(MODEL_SEED);
         cr_assert_eq(ctxs_model_register(st, &m, "soak"), 0);
         ctxs_store_close(st);
@@ -2567,7 +2568,7 @@ static void held_body(void *p)
 {
     const held_args *a = p;
     ctxs_store *st;
-    int rc = ctxs_store_open(&st, a->store_dir, NULL);
+    int rc = ctxs_store_open(&st, a->store_dir, CTXS_STORE_CREATE, NULL);
     if (rc != 0)
         child_fail("store open", rc, 0, 0);
     atomic_store(&kp_only, a->call);
@@ -2693,7 +2694,7 @@ static void intent_of_a_create_in_progress_as(int what, int after, int then, boo
     snprintf(export_path, sizeof(export_path), "%s/base-%s.ctxx", dir, as);
     ctxs_model m = ts_model(MODEL_SEED);
     ctxs_store *st;
-    cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL), 0);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     ctxs_session *s;
     cr_assert_eq(ctxs_store_session_create(&s, st, "base", &m, NULL), 0);
@@ -2705,14 +2706,14 @@ static void intent_of_a_create_in_progress_as(int what, int after, int then, boo
     held_args a = {store_dir, what, export_path, KP_LINK, after, named};
     held h = held_start(&a);
     /* Another process (this one) opens the store meanwhile. */
-    cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL), 0);
     size_t pending = ts_pending_intents(st);
     ctxs_store_close(st);
     if (then >= 0)
         held_next(&h, then);
     held_kill(&h);
 
-    cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL), 0);
     ctxs_session_entry *l;
     size_t n;
     cr_assert_eq(ctxs_store_session_list(&l, &n, st), 0);
@@ -2723,7 +2724,7 @@ static void intent_of_a_create_in_progress_as(int what, int after, int then, boo
     int files = sessions_dir_entries(store_dir, first, sizeof(first));
     ctxs_repair_result rr = {0};
     if ((size_t)files != n) {
-        cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
+        cr_assert_eq(ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL), 0);
         cr_assert_eq(ctxs_store_repair(&rr, st), 0);
         ctxs_store_close(st);
     }
@@ -2784,7 +2785,7 @@ static void create_file_removed_before_its_lock(int by_repair)
     snprintf(store_dir, sizeof(store_dir), "%s/store", dir);
     ctxs_model m = ts_model(MODEL_SEED);
     ctxs_store *st;
-    cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL), 0);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     if (!by_repair)
         ctxs_store_close(st); /* else kept open: a later open resolves nothing */
@@ -2796,7 +2797,7 @@ static void create_file_removed_before_its_lock(int by_repair)
     if (by_repair)
         cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     else
-        cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
+        cr_assert_eq(ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL), 0);
     ctxs_store_close(st);
     int rc = held_finish(&h);
     say("a create stopped between open() and the lock of its file; %s elsewhere meanwhile "
@@ -2830,7 +2831,7 @@ Test(soak, a_fork_of_all_tokens_while_the_writer_rolls_back_is_not_einval)
     ctxs_model m = ts_model(MODEL_SEED);
     ctxs_store *st;
     ctxs_session *s;
-    cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL), 0);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     cr_assert_eq(ctxs_store_session_create(&s, st, "base", &m, NULL), 0);
     cr_assert_eq(ts_pat_append(s, 200, 1, NULL), 0);
@@ -2841,7 +2842,7 @@ Test(soak, a_fork_of_all_tokens_while_the_writer_rolls_back_is_not_einval)
      * new file), after it looked "base" up. */
     held_args a = {store_dir, 1, NULL, KP_MDB_COMMIT, 1, false};
     held h = held_start(&a);
-    cr_assert_eq(ctxs_store_open(&st, store_dir, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL), 0);
     cr_assert_eq(ctxs_store_session_open(&s, st, "base", &m, 0, NULL), 0);
     cr_assert_eq(ctxs_session_rollback(s, 150), 0);
     ctxs_session_close(s);

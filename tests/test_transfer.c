@@ -1082,7 +1082,7 @@ static void import_killed_in_pass_two(bool named)
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         ctxs_store *st;
-        if (ctxs_store_open(&st, ts_path(ts_scratch, "dst"), NULL) != 0)
+        if (ctxs_store_open(&st, ts_path(ts_scratch, "dst"), CTXS_STORE_CREATE, NULL) != 0)
             _exit(2);
         ctxs_store_session_import(NULL, st, path, NULL, die_in_pass_two, NULL);
         _exit(3); /* the import finished: it was not killed in pass 2 */
@@ -1176,7 +1176,7 @@ static void body_export_full(const char *mnt)
     ctxs_store *a;
     char dir[1200], out[1200];
     snprintf(dir, sizeof(dir), "%s/a", ts_scratch);
-    TS_CHECK(ctxs_store_open(&a, dir, NULL) == 0, "store");
+    TS_CHECK(ctxs_store_open(&a, dir, CTXS_STORE_CREATE, NULL) == 0, "store");
     ctxs_model m = ts_model(1);
     TS_CHECK(ctxs_model_register(a, &m, NULL) == 0, "register");
     ctxs_create_options o = ts_options(4096, 4, 1, CTXS_SYNC_NONE);
@@ -1206,7 +1206,7 @@ static void body_import_full(const char *mnt)
     snprintf(dir, sizeof(dir), "%s/a", ts_scratch);
     snprintf(path, sizeof(path), "%s/chat.ctxx", ts_scratch);
     ctxs_store *a, *b;
-    TS_CHECK(ctxs_store_open(&a, dir, NULL) == 0, "store a");
+    TS_CHECK(ctxs_store_open(&a, dir, CTXS_STORE_CREATE, NULL) == 0, "store a");
     ctxs_model m = ts_model(1);
     TS_CHECK(ctxs_model_register(a, &m, NULL) == 0, "register");
     ctxs_create_options o = ts_options(16384, 4, 1, CTXS_SYNC_NONE);
@@ -1217,7 +1217,7 @@ static void body_import_full(const char *mnt)
     ctxs_session_close(s);
     TS_CHECK(ctxs_store_session_export(a, "chat", path, NULL, NULL) == 0, "export");
     snprintf(dir, sizeof(dir), "%s/store", mnt);
-    TS_CHECK(ctxs_store_open(&b, dir, NULL) == 0, "store b");
+    TS_CHECK(ctxs_store_open(&b, dir, CTXS_STORE_CREATE, NULL) == 0, "store b");
     int rc = ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL);
     TS_CHECK(rc == CTXS_EFULL, "import of 1.3 MiB of KV into 1 MiB: %s", ctxs_err_name(rc));
     ctxs_session_entry *list;

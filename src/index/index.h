@@ -104,6 +104,8 @@ typedef struct ctxs__meta_item {
     size_t value_bytes;
 } ctxs__meta_item;
 
+/* pins[id BE]: an empty value; the session is pinned (index 1.2). */
+
 /* pending[id BE]: a file being created or deleted (ctxs__intent). */
 enum ctxs__intent { CTXS__INTENT_CREATE = 'C', CTXS__INTENT_DELETE = 'D' };
 
@@ -112,6 +114,12 @@ struct ctxs_store {
     MDB_dbi meta, sessions, ids, models, filehash, checkpoints, prefixes,
         chunks, pending;
     MDB_dbi metadata;           /* index 1.2 */
+    MDB_dbi pins;               /* 0 in a read-only handle to an index from
+                                   before 1.2, which has no such table */
+    int rdonly;                 /* CTXS_STORE_RDONLY: every write refused */
+    struct ctxs_store *owner;   /* a read-only handle sharing the environment
+                                   of owner, which this process has open
+                                   read-write (ctxs_store_open()); NULL */
     char *dir;                  /* absolute */
     char *sessions_dir;         /* absolute */
     int sessions_fd;            /* O_DIRECTORY */
@@ -174,6 +182,14 @@ uint64_t ctxs__id_from_key(const void *key);
  * after the swap (st is then unusable). */
 int ctxs__index_compact(ctxs_store *st, uint64_t *bytes_before, uint64_t *bytes_after);
 
+/* --- pins.c ------------------------------------------------------------ */
+
+/* Sets the pinned field of the n entries from the pins table, in txn. */
+int ctxs__pins_fill(ctxs_session_entry *entries, size_t n, MDB_txn *txn, ctxs_store *st);
+
+/* Removes the pin of session id, if it has one, in txn. */
+int ctxs__pin_drop(MDB_txn *txn, ctxs_store *st, uint64_t id);
+
 /* --- names.c ---------------------------------------------------------- */
 
 /* Checks a user-given name: UTF-8, 1..255 bytes, no control character, no
@@ -197,9 +213,10 @@ ctxs_store *ctxs__session_store(const ctxs_session *s, uint64_t *id);
 /* Deletes the file of id, whose entries txn-less callers already looked up:
  * takes the exclusive lock (CTXS_EBUSY when a handle has it), drops the
  * entries (if expect_name is set, only while it still names id), then the
- * file. */
+ * file. With keep_pinned, a pinned session is left as it is and 1 is
+ * returned. */
 int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name,
-                            size_t expect_len);
+                            size_t expect_len, int keep_pinned);
 
 /* Writes a whole new session file into fd, durably, with label in its
  * first page; returns 0 or an error. */

@@ -30,6 +30,8 @@ typedef int (*row_fn)(void *arg, MDB_cursor *cur, const MDB_val *key, const MDB_
 
 static int each_row(MDB_txn *txn, ctxs_store *st, uint64_t id, row_fn fn, void *arg)
 {
+    if (!st->metadata)
+        return 0; /* a read-only handle to an index from before 1.2 */
     MDB_cursor *cur;
     int rc = ctxs__mdb_cursor_open(txn, st->metadata, &cur);
     if (rc != 0)
@@ -156,7 +158,8 @@ int ctxs_store_session_get_meta(void *out, size_t *value_bytes, ctxs_store *st, 
     MDB_val val;
     if ((rc = meta_target(txn, st, name, &id)) == 0) {
         MDB_val mkey = {meta_key(k, id, key, key_len), k};
-        rc = ctxs__mdb_error(mdb_get(txn, st->metadata, &mkey, &val));
+        rc = st->metadata ? ctxs__mdb_error(mdb_get(txn, st->metadata, &mkey, &val))
+                          : CTXS_ENOTFOUND;
     }
     if (rc == 0 && val.mv_size > CTXS_META_VALUE_MAX)
         rc = CTXS_ECORRUPT;

@@ -301,6 +301,8 @@ int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
         *out = res;
     if (!st)
         return CTXS_EINVAL;
+    if (st->rdonly)
+        return CTXS_EREADONLY;
     uint64_t *files = NULL, *ids = NULL;
     size_t n_files, n_ids;
     int rc = list_files(st, &files, &n_files, 1, &res.files_removed);
@@ -333,9 +335,11 @@ int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
 
 /* --- reindex ------------------------------------------------------------- */
 
-/* Removes the rows of dbi (keyed by an id, then more) whose id is not in
- * ids[0..n) (sorted): checkpoints and metadata of sessions gone. */
-static int drop_rows_of_absent(MDB_txn *txn, MDB_dbi dbi, const uint64_t *ids, size_t n)
+/* Drops the rows of dbi (keyed by an id, then at least key_rest bytes)
+ * whose id is not among ids[0..n), sorted: checkpoints and pins outlive a
+ * rebuild only with their session. */
+static int drop_rows_of_absent(MDB_txn *txn, MDB_dbi dbi, size_t key_rest, const uint64_t *ids,
+                               size_t n)
 {
     MDB_cursor *cur;
     int rc = ctxs__mdb_cursor_open(txn, dbi, &cur);
@@ -344,7 +348,7 @@ static int drop_rows_of_absent(MDB_txn *txn, MDB_dbi dbi, const uint64_t *ids, s
     MDB_val key, val;
     size_t at = 0;
     for (rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST); rc == 0;) {
-        uint64_t id = key.mv_size > 8 ? ctxs__id_from_key(key.mv_data) : 0;
+        uint64_t id = key.mv_size >= 8 + key_rest ? ctxs__id_from_key(key.mv_data) : 0;
         while (at < n && ids[at] < id)
             at++;
         if (at < n && ids[at] == id) {
@@ -404,6 +408,8 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
         *out = res;
     if (!st)
         return CTXS_EINVAL;
+    if (st->rdonly)
+        return CTXS_EREADONLY;
     uint64_t *ids, removed = 0;
     size_t n;
     int rc = list_files(st, &ids, &n, 0, &removed);
@@ -433,9 +439,11 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
         for (size_t i = 0; rc == 0 && i < sizeof(rebuilt) / sizeof(rebuilt[0]); i++)
             rc = ctxs__mdb_error(ctxs__mdb_drop(txn, rebuilt[i], 0));
         if (rc == 0)
-            rc = drop_rows_of_absent(txn, st->checkpoints, ids, kept);
+            rc = drop_rows_of_absent(txn, st->checkpoints, 1, ids, kept);
         if (rc == 0)
-            rc = drop_rows_of_absent(txn, st->metadata, ids, kept);
+            rc = drop_rows_of_absent(txn, st->metadata, 1, ids, kept);
+        if (rc == 0)
+            rc = drop_rows_of_absent(txn, st->pins, 0, ids, kept);
         for (size_t i = 0; rc == 0 && i < kept; i++)
             rc = reindex_one(txn, st, ids[i], &facts[i]);
         if (rc == 0 && kept)

@@ -262,6 +262,7 @@ int ctxs__session_unindex(MDB_txn *txn, ctxs_store *st, uint64_t id)
     MDB_val ikey = {8, idk};
     if ((rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->sessions, &key, NULL))) < 0 ||
         (rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->ids, &ikey, NULL))) < 0 ||
+        (rc = ctxs__pin_drop(txn, st, id)) < 0 ||
         (rc = ctxs__prefix_drop(txn, st, id, rec.model_hash)) < 0)
         return rc;
     /* Its checkpoints: every key that starts with the id. */
@@ -605,6 +606,8 @@ int ctxs_store_session_open(ctxs_session **out, ctxs_store *st, const char *name
     size_t len;
     if (!st || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
+    if (st->rdonly && !(flags & CTXS_OPEN_RDONLY))
+        return CTXS_EREADONLY;
     ctxs__session_rec rec;
     int rc = session_lookup(&rec, st, name, len);
     if (rc < 0)
@@ -745,8 +748,10 @@ int ctxs_store_session_get(ctxs_session_entry *out, ctxs_store *st, const char *
     if (rc < 0)
         return rc;
     ctxs__session_rec rec;
-    if ((rc = ctxs__session_get(&rec, txn, st, name, len)) == 0)
+    if ((rc = ctxs__session_get(&rec, txn, st, name, len)) == 0) {
         entry_fill(out, name, len, &rec);
+        rc = ctxs__pins_fill(out, 1, txn, st);
+    }
     mdb_txn_abort(txn);
     return rc;
 }
@@ -769,7 +774,20 @@ int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out, ctxs_store 
     *n_out = 0;
     if (!st)
         return CTXS_EINVAL;
-    return ctxs__list((void **)out, n_out, st, st->sessions, sizeof(**out), session_entry_fill);
+    int rc = ctxs__list((void **)out, n_out, st, st->sessions, sizeof(**out), session_entry_fill);
+    /* The pins in a transaction of their own: a pin or unpin in between
+     * shows one way or the other, as it would a moment later. */
+    MDB_txn *txn;
+    if (rc == 0 && *n_out && (rc = ctxs__txn_begin(&txn, st, 1)) == 0) {
+        rc = ctxs__pins_fill(*out, *n_out, txn, st);
+        mdb_txn_abort(txn);
+    }
+    if (rc < 0) {
+        free(*out);
+        *out = NULL;
+        *n_out = 0;
+    }
+    return rc;
 }
 
 int ctxs_store_session_rename(ctxs_store *st, const char *from, const char *to)
@@ -810,7 +828,7 @@ int ctxs_store_session_rename(ctxs_store *st, const char *from, const char *to)
 }
 
 int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name,
-                            size_t expect_len)
+                            size_t expect_len, int keep_pinned)
 {
     char file[32];
     ctxs__file_name(file, id);
@@ -827,11 +845,19 @@ int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name
             rec.id != id)
             rc = CTXS_ENOTFOUND;
     }
+    /* Asked in the transaction that deletes: a pin taken since the caller
+     * looked is seen. */
+    if (rc == 0 && keep_pinned) {
+        ctxs_session_entry e = {.id = id};
+        if ((rc = ctxs__pins_fill(&e, 1, txn, st)) == 0 && e.pinned)
+            rc = 1;
+    }
     if (rc == 0 && (rc = ctxs__session_unindex(txn, st, id)) == 0 && fd >= 0)
         rc = intent_put(txn, st, id, CTXS__INTENT_DELETE);
-    if (txn) {
+    if (txn && rc == 1)
+        mdb_txn_abort(txn);
+    else if (txn)
         rc = ctxs__txn_finish(txn, rc);
-    }
     if (rc == 0 && fd >= 0) {
         /* Unlinked before the lock goes with the descriptor: whoever opened
          * the file meanwhile finds it unlinked (open_file). Where the unlink
@@ -854,11 +880,13 @@ int ctxs_store_session_delete(ctxs_store *st, const char *name)
     size_t len;
     if (!st || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
+    if (st->rdonly)
+        return CTXS_EREADONLY;
     ctxs__session_rec rec;
     int rc = session_lookup(&rec, st, name, len);
     if (rc < 0)
         return rc;
-    return ctxs__session_delete_id(st, rec.id, name, len);
+    return ctxs__session_delete_id(st, rec.id, name, len, 0);
 }
 
 /* Removes the leftovers of interrupted creates of id: files written aside

@@ -99,6 +99,13 @@ int ctxs__txn_begin(MDB_txn **out, ctxs_store *st, int readonly)
         *out = NULL;
         return CTXS_EFAILED;
     }
+    /* Every write of the index begins here: a read-only store refuses them
+     * all, whatever its environment would allow (a handle may share a
+     * read-write one, see ctxs_store_open()). */
+    if (!readonly && st->rdonly) {
+        *out = NULL;
+        return CTXS_EREADONLY;
+    }
     int rc = ctxs__mdb_txn_begin(st->env, NULL, readonly ? MDB_RDONLY : 0, out);
     if (rc == MDB_MAP_RESIZED) {
         /* Another process grew the map; adopt its size. */
@@ -221,7 +228,7 @@ static char *join(const char *a, const char *b)
 
 static void store_free(ctxs_store *st)
 {
-    if (st->env)
+    if (st->env && !st->owner) /* a view's belongs to its owner */
         mdb_env_close(st->env);
     if (st->lock_fd >= 0)
         close(st->lock_fd); /* after the environment: see "The store lock" */
@@ -247,6 +254,7 @@ static const struct {
     {"chunks", offsetof(ctxs_store, chunks), 0},
     {"pending", offsetof(ctxs_store, pending), 0},
     {"metadata", offsetof(ctxs_store, metadata), 0},
+    {"pins", offsetof(ctxs_store, pins), 0},
 };
 
 /* A new index gets its format record; an existing one must be ours and not
@@ -286,11 +294,14 @@ static int write_format(MDB_txn *txn, ctxs_store *st)
 }
 
 /* Opens (creating where missing) every table, in one transaction whose
- * handles then serve every later one. */
+ * handles then serve every later one. A read-only store creates nothing:
+ * an index from before 1.2 has no pins and no metadata (st->pins and
+ * st->metadata stay 0), and one whose
+ * creation never wrote its first transaction is not finished (-ENOENT). */
 static int open_tables(ctxs_store *st, int *fresh)
 {
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 0);
+    int rc = ctxs__txn_begin(&txn, st, st->rdonly);
     if (rc < 0)
         return rc;
     /* Someone else's environment has tables, or data, of its own. */
@@ -302,13 +313,20 @@ static int open_tables(ctxs_store *st, int *fresh)
         if (mdb_get(txn, main_dbi, &key, &val) != 0)
             rc = CTXS_EFOREIGN;
     }
+    if (rc == 0 && st->rdonly && ms.ms_entries == 0)
+        rc = -ENOENT;
     for (size_t i = 0; rc == 0 && i < sizeof(dbis) / sizeof(dbis[0]); i++) {
         MDB_dbi *dbi = (MDB_dbi *)(void *)((char *)st + dbis[i].offset);
-        rc = ctxs__mdb_dbi_open(txn, dbis[i].name, dbis[i].flags | MDB_CREATE, dbi);
+        unsigned create = st->rdonly ? 0 : MDB_CREATE;
+        rc = ctxs__mdb_dbi_open(txn, dbis[i].name, dbis[i].flags | create, dbi);
+        if (rc == MDB_NOTFOUND && (dbi == &st->pins || dbi == &st->metadata)) {
+            *dbi = 0;
+            rc = 0;
+        }
         rc = rc == MDB_INCOMPATIBLE ? CTXS_EFOREIGN : ctxs__mdb_error(rc);
     }
     if (rc == 0 && (rc = check_format(txn, st, fresh)) == 0 && *fresh)
-        rc = write_format(txn, st);
+        rc = st->rdonly ? -ENOENT : write_format(txn, st);
     return ctxs__txn_finish(txn, rc);
 }
 
@@ -397,17 +415,45 @@ static int store_lock(int fd, short type, int wait)
     return (errno == EAGAIN || errno == EACCES) ? CTXS_EBUSY : -errno;
 }
 
-/* Opens index/store.lock and waits for the shared lock. */
+/* Opens index/store.lock and waits for the shared lock. A read-only
+ * store opens it for reading, which a shared lock needs; where it is
+ * missing, no process has ever opened the store read-write (each makes
+ * it), so none can be compacting it: st->lock_fd stays -1. */
 static int store_lock_take(ctxs_store *st, const char *index_dir)
 {
     char *path = join(index_dir, STORE_LOCK_FILE);
     if (!path)
         return CTXS_ENOMEM;
-    st->lock_fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (st->rdonly)
+        st->lock_fd = ctxs__open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    else
+        st->lock_fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     free(path);
     if (st->lock_fd < 0)
-        return -errno;
+        return st->rdonly && errno == ENOENT ? 0 : -errno;
     return store_lock(st->lock_fd, F_RDLCK, 1);
+}
+
+/* Whether another process (another open file description) has the store
+ * open: it holds the shared lock of index/store.lock. 1, 0 or -errno. */
+static int store_in_use(const ctxs_store *st)
+{
+    if (st->lock_fd < 0)
+        return 0;
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 0;
+    fl.l_len = 1;
+#ifdef F_OFD_GETLK
+    int cmd = F_OFD_GETLK;
+#else
+    int cmd = F_GETLK;
+#endif
+    if (ctxs__fcntl_lock(st->lock_fd, cmd, &fl) != 0)
+        return -errno;
+    return fl.l_type != F_UNLCK;
 }
 
 /* Removes the copy a compaction that died left behind. Holding the shared
@@ -422,22 +468,65 @@ static int remove_compact_tmp(const char *index_dir)
     return rc;
 }
 
-/* Creates and opens st->env on index_dir; st->env stays NULL on failure. */
-static int env_open(ctxs_store *st, const char *index_dir, unsigned max_readers,
-                    size_t map_bytes)
+/* Creates and opens an environment on index_dir with flags. */
+static int env_open_flags(MDB_env **out, const char *index_dir, unsigned flags,
+                          unsigned max_readers, size_t map_bytes)
 {
     MDB_env *env;
     int rc = mdb_env_create(&env);
     if (rc != 0)
-        return ctxs__mdb_error(rc);
+        return rc;
     if ((rc = mdb_env_set_maxdbs(env, 16)) == 0 &&
         (rc = mdb_env_set_maxreaders(env, max_readers)) == 0 &&
         (rc = mdb_env_set_mapsize(env, map_bytes)) == 0)
-        rc = ctxs__mdb_env_open(env, index_dir, MDB_NOTLS, 0600);
-    if (rc != 0) {
+        rc = ctxs__mdb_env_open(env, index_dir, flags, 0600);
+    if (rc != 0)
         mdb_env_close(env);
-        return ctxs__mdb_error(rc);
+    else
+        *out = env;
+    return rc;
+}
+
+/*
+ * A read-only store. MDB_RDONLY still writes LMDB's lock file
+ * (index/lock.mdb: the reader table through which writers know which
+ * pages readers still use), opened read-write; LMDB skips it only on a
+ * read-only filesystem, where nobody can write the index. A user who may
+ * read the store but not write it gets EACCES there. The way around is
+ * MDB_NOLOCK, and its danger is the reader table: a writer that does not
+ * see this reader may reuse the pages it reads (LMDB's author: "using
+ * NOLOCK here would allow this process to get corrupted reads"). So it is
+ * taken only when no other process has the store open now, as the store
+ * lock tells; a writer that comes later is the caveat ctxstore.h states.
+ */
+static int env_open_rdonly(ctxs_store *st, const char *index_dir, unsigned max_readers,
+                           size_t map_bytes)
+{
+    MDB_env *env;
+    int rc = env_open_flags(&env, index_dir, MDB_NOTLS | MDB_RDONLY, max_readers, map_bytes);
+    if (rc == EACCES || rc == EPERM) {
+        int busy = store_in_use(st);
+        if (busy != 0)
+            return busy > 0 ? CTXS_EBUSY : busy;
+        rc = env_open_flags(&env, index_dir, MDB_NOTLS | MDB_RDONLY | MDB_NOLOCK, max_readers,
+                            map_bytes);
     }
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
+    st->env = env;
+    return 0;
+}
+
+/* Creates and opens st->env on index_dir; st->env stays NULL on failure. */
+static int env_open(ctxs_store *st, const char *index_dir, unsigned max_readers,
+                    size_t map_bytes)
+{
+    if (st->rdonly)
+        return env_open_rdonly(st, index_dir, max_readers, map_bytes);
+    MDB_env *env;
+    int rc = env_open_flags(&env, index_dir, MDB_NOTLS, max_readers, map_bytes);
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
     /* Reader slots of processes that died would pin old pages forever. */
     int dead;
     mdb_reader_check(env, &dead);
@@ -445,23 +534,50 @@ static int env_open(ctxs_store *st, const char *index_dir, unsigned max_readers,
     return 0;
 }
 
-static int store_init(ctxs_store *st, const char *dir, const ctxs_store_options *o)
+/* Whether path is a regular file (1), is not (0), or cannot be told. */
+static int is_file(const char *path)
 {
-    int rc;
+    struct stat sb;
+    if (ctxs__stat(path, &sb) == 0)
+        return S_ISREG(sb.st_mode);
+    return errno == ENOENT || errno == ENOTDIR ? 0 : -errno;
+}
+
+/* Where no store is, without CTXS_STORE_CREATE: nothing is made. The index
+ * is what makes a directory a store (a sessions/ alone could be anybody's,
+ * and it is also what a lost index leaves; see ctxs_store_open()). */
+static int check_is_store(const char *index_dir)
+{
+    char *data = join(index_dir, "data.mdb");
+    if (!data)
+        return CTXS_ENOMEM;
+    int rc = is_file(data);
+    free(data);
+    return rc < 0 ? rc : rc ? 0 : CTXS_EFOREIGN;
+}
+
+/* A store is made index first: a create that dies leaves a directory that
+ * is either no store or one whose sessions/ a read-write open makes. */
+static int store_init(ctxs_store *st, const char *dir, unsigned flags,
+                      const ctxs_store_options *o)
+{
+    int rc, create = (flags & CTXS_STORE_CREATE) != 0;
     char *index_dir = NULL;
-    if ((rc = make_dir(dir)) < 0)
+    st->rdonly = (flags & CTXS_STORE_RDONLY) != 0;
+    if (create && (rc = make_dir(dir)) < 0)
         return rc;
     if (!(st->dir = realpath(dir, NULL)))
         return -errno;
+    struct stat sb;
+    if (ctxs__stat(st->dir, &sb) != 0)
+        return -errno;
+    if (!S_ISDIR(sb.st_mode))
+        return -ENOTDIR;
     if (!(st->sessions_dir = join(st->dir, "sessions")) ||
         !(index_dir = join(st->dir, "index")))
         rc = CTXS_ENOMEM;
-    if (rc == 0 && (rc = make_dir(st->sessions_dir)) == 0 && (rc = make_dir(index_dir)) == 0) {
-        st->sessions_fd =
-            ctxs__open(st->sessions_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-        if (st->sessions_fd < 0)
-            rc = -errno;
-    }
+    else
+        rc = create ? make_dir(index_dir) : check_is_store(index_dir);
     if (rc == 0)
         rc = store_lock_take(st, index_dir);
     if (rc == 0)
@@ -470,23 +586,64 @@ static int store_init(ctxs_store *st, const char *dir, const ctxs_store_options 
     if (rc == 0)
         rc = open_tables(st, &fresh);
     /* Only once the index is known to be ours: the file is ours too. */
-    if (rc == 0)
+    if (rc == 0 && !st->rdonly)
         rc = remove_compact_tmp(index_dir);
     free(index_dir);
-    if (rc == 0)
+    /* Made here in a half-made store; a read-only one cannot. */
+    if (rc == 0 && !st->rdonly)
+        rc = make_dir(st->sessions_dir);
+    if (rc == 0) {
+        st->sessions_fd =
+            ctxs__open(st->sessions_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        if (st->sessions_fd < 0)
+            rc = -errno;
+    }
+    /* What crashes left, and the index of a new store beside session files
+     * (the old one was lost): only a store that may write mends. */
+    if (rc == 0 && !st->rdonly)
         rc = resolve_intents(st);
-    /* A new index beside session files: the old one was lost. */
     if (rc == 0 && fresh)
         rc = ctxs_store_reindex(NULL, st);
     return rc;
 }
 
-int ctxs_store_open(ctxs_store **out, const char *dir, const ctxs_store_options *opts)
+/* A read-only handle to owner, which this process has open read-write:
+ * LMDB allows one environment per file per process, so it shares owner's
+ * and holds a reference on it. Called with stores_mutex held. */
+static int view_new(ctxs_store **out, ctxs_store *owner)
+{
+    ctxs_store *v = ctxs__calloc(1, sizeof(*v));
+    if (!v)
+        return CTXS_ENOMEM;
+    *v = *owner;
+    v->dir = v->sessions_dir = NULL;
+    v->lock_fd = -1;
+    v->next = NULL;
+    v->refs = 1;
+    v->rdonly = 1;
+    v->owner = owner;
+    v->sessions_fd = ctxs__dup(owner->sessions_fd);
+    if (v->sessions_fd < 0 || !(v->dir = strdup(owner->dir)) ||
+        !(v->sessions_dir = strdup(owner->sessions_dir))) {
+        int rc = v->sessions_fd < 0 ? -errno : CTXS_ENOMEM;
+        v->owner = NULL;
+        v->env = NULL;
+        store_free(v);
+        return rc;
+    }
+    owner->refs++;
+    *out = v;
+    return 0;
+}
+
+int ctxs_store_open(ctxs_store **out, const char *dir, unsigned flags,
+                    const ctxs_store_options *opts)
 {
     if (!out)
         return CTXS_EINVAL;
     *out = NULL;
-    if (!dir || !*dir)
+    if (!dir || !*dir || (flags & ~(CTXS_STORE_CREATE | CTXS_STORE_RDONLY)) ||
+        (flags & CTXS_STORE_CREATE && flags & CTXS_STORE_RDONLY))
         return CTXS_EINVAL;
     ctxs_store_options o = CTXS_STORE_OPTIONS_INIT;
     if (opts) {
@@ -496,15 +653,21 @@ int ctxs_store_open(ctxs_store **out, const char *dir, const ctxs_store_options 
     }
     pthread_once(&atfork_once, install_atfork);
 
+    int rdonly = (flags & CTXS_STORE_RDONLY) != 0;
     pthread_mutex_lock(&stores_mutex);
     struct stat sb;
     if (ctxs__stat(dir, &sb) == 0) {
         for (ctxs_store *st = stores_head; st; st = st->next)
             if (st->dev == sb.st_dev && st->ino == sb.st_ino) {
-                st->refs++;
+                int rc = 0;
+                if (st->rdonly && !rdonly)
+                    rc = CTXS_EBUSY; /* its environment cannot write */
+                else if (rdonly && !st->rdonly)
+                    rc = view_new(out, st);
+                else
+                    st->refs++, *out = st;
                 pthread_mutex_unlock(&stores_mutex);
-                *out = st;
-                return 0;
+                return rc;
             }
     }
     ctxs_store *st = ctxs__calloc(1, sizeof(*st));
@@ -512,7 +675,7 @@ int ctxs_store_open(ctxs_store **out, const char *dir, const ctxs_store_options 
     if (st) {
         st->sessions_fd = -1;
         st->lock_fd = -1;
-        if ((rc = store_init(st, dir, &o)) == 0 && ctxs__stat(st->dir, &sb) != 0)
+        if ((rc = store_init(st, dir, flags, &o)) == 0 && ctxs__stat(st->dir, &sb) != 0)
             rc = -errno;
     }
     if (rc < 0) {
@@ -551,7 +714,10 @@ void ctxs__store_unref(ctxs_store *st)
             break;
         }
     pthread_mutex_unlock(&stores_mutex);
+    ctxs_store *owner = st->owner;
     store_free(st);
+    if (owner)
+        ctxs__store_unref(owner);
 }
 
 void ctxs_store_close(ctxs_store *st)

@@ -304,6 +304,7 @@ static int remove_orphan_rows(ctxs_store *st, uint64_t *removed)
         (rc = drop_unowned(txn, st->checkpoints, SIZE_MAX, own, n, &count)) == 0 &&
         (rc = drop_unowned(txn, st->metadata, SIZE_MAX, own, n, &count)) == 0 &&
         (rc = drop_unowned(txn, st->chunks, 4, own, n, &count)) == 0 &&
+        (rc = drop_unowned(txn, st->pins, 0, own, n, &count)) == 0 &&
         (rc = drop_unowned_prefixes(txn, st, own, n, &count)) == 0)
         rc = drop_stale_filehash(txn, st, &count);
     free(own);
@@ -386,6 +387,8 @@ int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st, const char *nam
     size_t len = 0;
     if (!st || (name && ctxs__name_check(name, &len) < 0))
         return CTXS_EINVAL;
+    if (st->rdonly)
+        return CTXS_EREADONLY;
     int rc;
     if (name) {
         ctxs_session_entry e;

@@ -66,8 +66,26 @@ int cli_usage_error(const char *command, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void cli_print_help(const char *command);
 
-/* Opens c->store_dir, reporting a failure. Returns an exit code. */
-int cli_store_open(const cli *c, ctxs_store **out);
+/* How a command opens the store: only a command that adds to a store
+ * makes one where there is none. */
+enum cli_store_mode {
+    CLI_STORE_READ,    /* read-only (CTXS_STORE_RDONLY): reads a store the
+                          user cannot write, and never changes one */
+    CLI_STORE_WRITE,   /* read-write; no store is made */
+    CLI_STORE_CREATE,  /* read-write; a store is made where there is none,
+                          and stderr says so */
+    CLI_STORE_REBUILD, /* read-write; an index is made only beside an
+                          existing sessions/ (the index was lost) */
+};
+
+/* Opens c->store_dir as mode says, reporting a failure (a directory that
+ * is not a store: exit 3, with what to do). Returns an exit code. */
+int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode);
+/* After a CLI_STORE_CREATE command closed the store: when the open made
+ * it, says so on stderr if the command succeeded (ok), and otherwise
+ * removes it again (while it holds nothing), so that bad input leaves no
+ * store behind. */
+void cli_store_made(const cli *c, int ok);
 
 /* The exit code for a library return code. */
 int cli_exit_code(int rc);
@@ -225,6 +243,7 @@ int cmd_compact(cli *c, int argc, char **argv);
 int cmd_gc(cli *c, int argc, char **argv);
 int cmd_rm(cli *c, int argc, char **argv);
 int cmd_rename(cli *c, int argc, char **argv);
+int cmd_pin(cli *c, int argc, char **argv);
 int cmd_fork(cli *c, int argc, char **argv);
 int cmd_checkpoint(cli *c, int argc, char **argv);
 int cmd_meta(cli *c, int argc, char **argv);

@@ -540,7 +540,7 @@ static int demo_setup_dirs(demo *d)
     int ec;
     if (d->c->store_given) {
         snprintf(d->store_dir, sizeof d->store_dir, "%s", d->c->store_dir);
-        int rc = ctxs_store_open(&d->st, d->store_dir, NULL);
+        int rc = ctxs_store_open(&d->st, d->store_dir, CTXS_STORE_CREATE, NULL);
         if (rc < 0)
             return cli_fail(rc, "%s", d->store_dir);
         /* The comparison files go beside the sessions, on the same disk;
@@ -576,7 +576,7 @@ static int demo_setup_dirs(demo *d)
         d->store_temporary = 1;
         if ((ec = join(d->store_dir, d->base, "store")))
             return ec;
-        int rc = ctxs_store_open(&d->st, d->store_dir, NULL);
+        int rc = ctxs_store_open(&d->st, d->store_dir, CTXS_STORE_CREATE, NULL);
         if (rc < 0)
             return cli_fail(rc, "%s", d->store_dir);
     }
@@ -1117,7 +1117,7 @@ static int first_token(demo *d, uint32_t n_held, uint32_t *next_id)
 static int reopen(demo *d, resume_pass *pass, ctxs_session_info *info)
 {
     double t0 = cli_now_s();
-    int rc = ctxs_store_open(&d->st, d->store_dir, NULL);
+    int rc = ctxs_store_open(&d->st, d->store_dir, CTXS_STORE_CREATE, NULL);
     if (rc < 0)
         return cli_fail(rc, "%s", d->store_dir);
     int ec = open_session(d);

@@ -87,7 +87,7 @@ int cmd_fork(cli *c, int argc, char **argv)
         (checkpoint && (ex = cli_check_name("checkpoint name", checkpoint)) >= 0))
         return ex;
     ctxs_store *st;
-    ex = cli_store_open(c, &st);
+    ex = cli_store_open(c, &st, CLI_STORE_WRITE);
     if (ex != CLI_OK)
         return ex;
     int rc = checkpoint ? ctxs_store_session_fork_checkpoint(NULL, st, dst, src, checkpoint, NULL)
@@ -253,7 +253,7 @@ int cmd_checkpoint(cli *c, int argc, char **argv)
         (name && (ex = cli_check_name("checkpoint name", name)) >= 0))
         return ex;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, is_ls ? CLI_STORE_READ : CLI_STORE_WRITE)) != CLI_OK)
         return ex;
     ex = is_ls ? checkpoint_ls(c, st, session) : checkpoint_change(c, st, verb, session, name);
     ctxs_store_close(st);

@@ -293,7 +293,7 @@ int cmd_info(cli *c, int argc, char **argv)
     if ((ex = cli_check_name("session name", name)) >= 0)
         return ex;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, CLI_STORE_READ)) != CLI_OK)
         return ex;
     view *v = calloc(1, sizeof(*v));
     int rc = v ? ctxs_store_session_get(&v->e, st, name) : CTXS_ENOMEM;

@@ -39,6 +39,7 @@ static void row_fill(row *r, const cli *c, ctxs_store *st, const ctxs_session_en
             f += k, left -= (size_t)k;                                         \
         }                                                                      \
     } while (0)
+    FLAG(e->pinned, "pinned");
     FLAG(r->cur && r->rep.ring, "ring");
     FLAG(r->cur && r->cur->ring_start > r->rep.n_sink, "wrapped");
     FLAG(r->cur && r->cur->n_tokens < e->n_tokens, "rolled-back");
@@ -71,6 +72,7 @@ static void print_json(json *j, const row *rows, size_t n)
         json_kv_u64(j, "disk_bytes", r->inspect_rc == 0 ? r->rep.disk_bytes : 0);
         json_kv_u64(j, "created_unix_ms", r->e->created_unix_ms);
         json_kv_u64(j, "last_used_unix_ms", r->e->last_used_unix_ms);
+        json_kv_bool(j, "pinned", r->e->pinned);
         json_key(j, "flags");
         json_array_begin(j);
         if (strcmp(r->flags, "-") != 0) {
@@ -128,7 +130,7 @@ int cmd_ls(cli *c, int argc, char **argv)
     if (first < argc)
         return cli_usage_error("ls", "ls takes no arguments");
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, CLI_STORE_READ)) != CLI_OK)
         return ex;
     ctxs_session_entry *list = NULL;
     size_t n = 0;

@@ -19,7 +19,8 @@
     "  0  success (verify: no damage found)\n"                                 \
     "  1  the operation failed (an I/O error, ...)\n"                          \
     "  2  bad command line or argument\n"                                      \
-    "  3  no such session, checkpoint, model or file (prefix: no match)\n"     \
+    "  3  no such session, checkpoint, model, file or store (prefix: no\n"    \
+    "     match)\n"                                                          \
     "  4  busy: a writer or another process holds it\n"                        \
     "  5  damaged: verify found damage, or a file is corrupt, foreign,\n"      \
     "     from a newer version or of another model\n"                         \
@@ -38,6 +39,7 @@ static const command k_commands[] = {
       "ls [--json]\n\n"
       "Lists the sessions: model, tokens held and committed, capacity, size on\n"
       "disk, last used, and flags:\n"
+      "  pinned    gc never deletes it (`ctxstore pin`)\n"
       "  ring      the session overwrites its oldest tokens once full\n"
       "  wrapped   the ring has overwritten tokens\n"
       "  rolled-back  the index remembers more tokens than the file holds\n"
@@ -62,10 +64,20 @@ static const command k_commands[] = {
       "compacted when no other process has the store open. Refuses (exit 4) a\n"
       "session that a process has open.\n" },
     { "gc", cmd_gc, "delete least recently used sessions",
-      "gc --max-size SIZE [--json]\n\n"
+      "gc --max-size SIZE [--dry-run] [--json]\n\n"
       "Deletes sessions, least recently used first, until the session files\n"
-      "take at most SIZE on disk (e.g. 10G, 512MiB). Sessions that a process\n"
-      "has open are kept.\n" },
+      "take at most SIZE on disk (e.g. 10G, 512MiB), and names each session it\n"
+      "deleted. Pinned sessions (`ctxstore pin`) and those that a process has\n"
+      "open are kept. With --dry-run nothing is deleted: it names the sessions\n"
+      "gc would delete now (and works on a store you cannot write).\n" },
+    { "pin", cmd_pin, "keep sessions from gc",
+      "pin SESSION... [--json]\n\n"
+      "Pins sessions: gc never deletes a pinned session. The pin stays when the\n"
+      "session is renamed; `ctxstore rm` still deletes it. `ctxstore ls` shows\n"
+      "pins.\n" },
+    { "unpin", cmd_pin, "let gc delete sessions again",
+      "unpin SESSION... [--json]\n\n"
+      "Takes the pin off sessions, so that gc may delete them again.\n" },
     { "rm", cmd_rm, "delete sessions",
       "rm SESSION... [--json]\n\n"
       "Deletes sessions with their checkpoints and prefixes, and names each\n"

@@ -1,5 +1,5 @@
 /*
- * Keeping a store healthy: compact, gc, rm, rename, reindex.
+ * Keeping a store healthy: compact, gc, rm, pin and unpin, rename, reindex.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -18,7 +18,7 @@ int cmd_compact(cli *c, int argc, char **argv)
     if (ex >= 0)
         return ex;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
         return ex;
     progress bar;
     progress_start(&bar, c, "compact", 0, 0);
@@ -62,22 +62,44 @@ int cmd_compact(cli *c, int argc, char **argv)
     return res.skipped_busy && only ? CLI_EBUSY : CLI_OK;
 }
 
+/* One session gc deleted, or would delete. */
+static void gc_session_print(const cli *c, json *j, const ctxs_session_entry *e, int dry)
+{
+    if (c->json) {
+        json_object_begin(j);
+        json_kv_string(j, "name", e->name);
+        json_kv_u64(j, "id", e->id);
+        json_kv_u64(j, "n_tokens", e->n_tokens);
+        json_kv_u64(j, "disk_bytes", e->disk_bytes);
+        json_kv_u64(j, "last_used_unix_ms", e->last_used_unix_ms);
+        json_object_end(j);
+    } else {
+        char size[32], age[32];
+        printf("%s '%s' (%" PRIu64 " tokens, %s, last used %s)\n",
+               dry ? "would delete" : "deleted", e->name, e->n_tokens,
+               fmt_size(size, e->disk_bytes), fmt_age(age, e->last_used_unix_ms));
+    }
+}
+
 int cmd_gc(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
         CLI_COMMON_LONGOPTS,
         { "max-size", required_argument, NULL, 'm' },
+        { "dry-run", no_argument, NULL, 'n' },
         { NULL, 0, NULL, 0 },
     };
-    int opt, have_budget = 0;
+    int opt, have_budget = 0, dry = 0;
     uint64_t budget = 0;
-    while ((opt = getopt_long(argc, argv, "m:h", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "m:nh", longopts, NULL)) != -1) {
         if (cli_common_option(c, opt, optarg))
             continue;
         if (opt == 'm') {
             if (parse_size(optarg, &budget) != 0)
                 return cli_usage_error("gc", "'%s' is not a size (e.g. 10G, 512MiB)", optarg);
             have_budget = 1;
+        } else if (opt == 'n') {
+            dry = 1;
         } else if (opt == 'h' || opt == CLI_OPT_HELP) {
             cli_print_help("gc");
             return CLI_OK;
@@ -87,37 +109,52 @@ int cmd_gc(cli *c, int argc, char **argv)
     if (!have_budget || optind < argc)
         return cli_usage_error("gc", "gc takes --max-size SIZE and no arguments");
     ctxs_store *st;
-    int ex = cli_store_open(c, &st);
+    int ex = cli_store_open(c, &st, dry ? CLI_STORE_READ : CLI_STORE_WRITE);
     if (ex != CLI_OK)
         return ex;
     ctxs_gc_result res;
-    int rc = ctxs_store_gc(&res, st, budget);
+    int rc = ctxs_store_gc(&res, st, budget, dry ? CTXS_GC_DRY_RUN : 0);
     ctxs_store_close(st);
+    /* What was deleted before a failure is said too: it is gone. */
     if (rc < 0)
-        return cli_fail(rc, "gc of %s", c->store_dir);
+        ex = cli_fail(rc, "gc of %s", c->store_dir);
+    json j = { 0 };
     if (c->json) {
-        json j;
         json_init(&j, stdout);
         json_object_begin(&j);
+        json_kv_bool(&j, "dry_run", dry);
         json_kv_u64(&j, "budget_bytes", budget);
         json_kv_u64(&j, "bytes_before", res.bytes_before);
         json_kv_u64(&j, "bytes_after", res.bytes_after);
         json_kv_u64(&j, "deleted", res.deleted);
         json_kv_u64(&j, "skipped_open", res.skipped_open);
+        json_kv_u64(&j, "skipped_pinned", res.skipped_pinned);
+        json_key(&j, "sessions");
+        json_array_begin(&j);
+    }
+    for (size_t i = 0; i < res.n_sessions; i++)
+        gc_session_print(c, &j, &res.sessions[i], dry);
+    if (c->json) {
+        json_array_end(&j);
+        json_error(&j);
         json_object_end(&j);
         json_finish(&j);
-    } else {
+    } else if (rc == 0) {
         char a[32], b[32], d[32];
-        printf("deleted %" PRIu64 " session%s: %s -> %s (budget %s)\n", res.deleted,
-               res.deleted == 1 ? "" : "s", fmt_size(a, res.bytes_before),
-               fmt_size(b, res.bytes_after), fmt_size(d, budget));
+        printf("%s %" PRIu64 " session%s: %s -> %s (budget %s)\n",
+               dry ? "would delete" : "deleted", res.deleted, res.deleted == 1 ? "" : "s",
+               fmt_size(a, res.bytes_before), fmt_size(b, res.bytes_after), fmt_size(d, budget));
         if (res.skipped_open)
             printf("kept %" PRIu64 " open session%s\n", res.skipped_open,
                    res.skipped_open == 1 ? "" : "s");
+        if (res.skipped_pinned)
+            printf("kept %" PRIu64 " pinned session%s\n", res.skipped_pinned,
+                   res.skipped_pinned == 1 ? "" : "s");
         if (res.bytes_after > budget)
-            printf("still above the budget: the open sessions take the rest\n");
+            printf("still above the budget: the open and pinned sessions take the rest\n");
     }
-    return CLI_OK;
+    ctxs_free(res.sessions);
+    return ex;
 }
 
 /* Deletes the session name. Returns 0 with what it held in *e, or the
@@ -144,7 +181,7 @@ int cmd_rm(cli *c, int argc, char **argv)
         if ((ex = cli_check_name("session name", argv[i])) >= 0)
             return ex;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
         return ex;
     json j;
     if (c->json) {
@@ -169,6 +206,47 @@ int cmd_rm(cli *c, int argc, char **argv)
             json_object_end(&j);
         } else {
             printf("removed '%s' (%" PRIu64 " tokens)\n", e.name, e.n_tokens);
+        }
+    }
+    ctxs_store_close(st);
+    if (c->json) {
+        json_array_end(&j);
+        json_error(&j);
+        json_object_end(&j);
+        json_finish(&j);
+    }
+    return ex;
+}
+
+int cmd_pin(cli *c, int argc, char **argv)
+{
+    int first, ex = cli_parse_common(c, argc, argv, &first);
+    if (ex >= 0)
+        return ex;
+    int pinned = strcmp(argv[0], "pin") == 0;
+    if (first >= argc)
+        return cli_usage_error(argv[0], "%s takes one or more session names", argv[0]);
+    ctxs_store *st;
+    if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
+        return ex;
+    json j;
+    if (c->json) {
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_key(&j, pinned ? "pinned" : "unpinned");
+        json_array_begin(&j);
+    }
+    /* As rm: every name is tried, the first failure decides the exit code. */
+    for (int i = first; i < argc; i++) {
+        int rc = ctxs_store_session_pin(st, argv[i], pinned);
+        if (rc < 0) {
+            int code = cli_fail(rc, "session '%s'", argv[i]);
+            if (ex == CLI_OK)
+                ex = code;
+        } else if (c->json) {
+            json_string(&j, argv[i]);
+        } else {
+            printf("%s '%s'\n", pinned ? "pinned" : "unpinned", argv[i]);
         }
     }
     ctxs_store_close(st);
@@ -207,7 +285,7 @@ int cmd_rename(cli *c, int argc, char **argv)
         (ex = cli_check_name("new name", to)) >= 0)
         return ex;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
         return ex;
     ctxs_session_entry e;
     int rc = ctxs_store_session_rename(st, from, to);
@@ -240,7 +318,7 @@ int cmd_reindex(cli *c, int argc, char **argv)
     if (first < argc)
         return cli_usage_error("reindex", "reindex takes no arguments");
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, CLI_STORE_REBUILD)) != CLI_OK)
         return ex;
     ctxs_reindex_result res;
     int rc = ctxs_store_reindex(&res, st);

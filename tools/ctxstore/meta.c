@@ -221,11 +221,12 @@ int cmd_meta(cli *c, int argc, char **argv)
         (key && (ex = cli_check_name("key", key)) >= 0))
         return ex;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    int writes = value || file || del;
+    if ((ex = cli_store_open(c, &st, writes ? CLI_STORE_WRITE : CLI_STORE_READ)) != CLI_OK)
         return ex;
     if (!key)
         ex = meta_list(c, st, name);
-    else if (value || file || del)
+    else if (writes)
         ex = meta_set(c, st, name, key, value, file, del);
     else
         ex = meta_get(c, st, name, key);

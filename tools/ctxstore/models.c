@@ -281,9 +281,11 @@ int cmd_models(cli *c, int argc, char **argv)
         return ex;
     a.file = is_register ? argv[first + 1] : NULL;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, is_register ? CLI_STORE_CREATE : CLI_STORE_READ)) != CLI_OK)
         return ex;
     ex = is_register ? models_register(c, st, &a) : models_ls(c, st);
     ctxs_store_close(st);
+    if (is_register)
+        cli_store_made(c, ex == CLI_OK);
     return ex;
 }

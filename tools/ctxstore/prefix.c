@@ -285,7 +285,7 @@ int cmd_prefix(cli *c, int argc, char **argv)
                                   strcmp(file, "-") == 0 ? "- (standard input)" : file)
                   : cli_usage_error("prefix", "prefix takes the prompt's token ids");
     ctxs_store *st;
-    if (ex == CLI_OK && (ex = cli_store_open(c, &st)) == CLI_OK) {
+    if (ex == CLI_OK && (ex = cli_store_open(c, &st, CLI_STORE_READ)) == CLI_OK) {
         ex = prefix_find(c, st, model, &t);
         ctxs_store_close(st);
     }

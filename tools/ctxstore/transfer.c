@@ -19,7 +19,7 @@ int cmd_export(cli *c, int argc, char **argv)
     if ((ex = cli_check_name("session name", name)) >= 0)
         return ex;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, CLI_STORE_READ)) != CLI_OK)
         return ex;
     progress bar;
     progress_start(&bar, c, "export", 0, 0);
@@ -90,7 +90,7 @@ int cmd_import(cli *c, int argc, char **argv)
     if (name && (ex = cli_check_name("session name", name)) >= 0)
         return ex;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, CLI_STORE_CREATE)) != CLI_OK)
         return ex;
     progress bar;
     progress_start(&bar, c, "import", 0, 1);
@@ -103,6 +103,7 @@ int cmd_import(cli *c, int argc, char **argv)
     if (rc == 0)
         rc = ctxs_store_session_get(&e, st, used);
     ctxs_store_close(st);
+    cli_store_made(c, rc == 0);
     if (rc < 0) {
         char hint[512];
         if (name)

@@ -5,11 +5,13 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -247,12 +249,92 @@ int cli_fail_said(int rc, const char *hint, const char *fmt, ...)
     return report_failure(rc, hint, message);
 }
 
-int cli_store_open(const cli *c, ctxs_store **out)
+/* What the last cli_store_open() made: 0 nothing, 1 a store in an existing
+ * directory, 2 the directory too. */
+static int g_made;
+
+void cli_store_made(const cli *c, int ok)
 {
-    int rc = ctxs_store_open(out, c->store_dir, NULL);
-    if (rc < 0)
-        return cli_fail(rc, "store %s", c->store_dir);
-    return CLI_OK;
+    static const char *const made[] = { "index/data.mdb", "index/lock.mdb", "index/store.lock",
+                                        "index", "sessions" };
+    if (!g_made)
+        return;
+    if (ok) {
+        fprintf(stderr, "ctxstore: created store %s\n", c->store_dir);
+        return;
+    }
+    /* Only what the open made, and only while the store holds nothing. */
+    for (size_t i = 0; i < sizeof(made) / sizeof(made[0]); i++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof(path), "%s/%s", c->store_dir, made[i]);
+        if (i < 3)
+            unlink(path);
+        else if (rmdir(path) != 0)
+            return;
+    }
+    if (g_made == 2)
+        rmdir(c->store_dir);
+}
+
+/* Whether dir/name exists, as a directory (want_dir) or a regular file. */
+static int store_has(const char *dir, const char *name, int want_dir)
+{
+    char path[PATH_MAX];
+    struct stat sb;
+    if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) >= sizeof(path) ||
+        stat(path, &sb) != 0)
+        return 0;
+    return want_dir ? S_ISDIR(sb.st_mode) : S_ISREG(sb.st_mode);
+}
+
+#define MAKE_STORE_HINT                                                        \
+    "give the store with --store DIR (or $CTXSTORE_DIR); `ctxstore import` "  \
+    "and `ctxstore models register` make a new one"
+
+int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
+{
+    const char *dir = c->store_dir;
+    int had_dir = store_has(dir, ".", 1);
+    int had_index = store_has(dir, "index/data.mdb", 0);
+    int had_sessions = store_has(dir, "sessions", 1);
+    g_made = 0;
+    unsigned flags = 0;
+    if (mode == CLI_STORE_READ)
+        flags = CTXS_STORE_RDONLY;
+    else if (mode == CLI_STORE_CREATE || (mode == CLI_STORE_REBUILD && had_sessions))
+        flags = CTXS_STORE_CREATE;
+    int rc = ctxs_store_open(out, dir, flags, NULL);
+    if (rc == 0) {
+        if ((flags & CTXS_STORE_CREATE) && !had_index && had_sessions)
+            fprintf(stderr, "ctxstore: %s had no index; made a new one\n", dir);
+        else if ((flags & CTXS_STORE_CREATE) && !had_index)
+            g_made = had_dir ? 1 : 2;
+        return CLI_OK;
+    }
+    if (rc == -ENOENT && !had_dir) {
+        cli_fail_said(rc, MAKE_STORE_HINT, "no store at %s: the directory does not exist", dir);
+        return CLI_ENOTFOUND;
+    }
+    if (rc == CTXS_EFOREIGN && !had_index) {
+        if (had_sessions)
+            cli_fail_said(rc, "`ctxstore reindex` rebuilds it from the session files",
+                          "%s is not a store: it has sessions/ but no index", dir);
+        else
+            cli_fail_said(rc, MAKE_STORE_HINT, "%s is not a ctxstore store", dir);
+        return CLI_ENOTFOUND;
+    }
+    if (rc == CTXS_EFOREIGN)
+        return cli_fail_said(rc, "check the path; ctxstore leaves it alone",
+                             "%s/index holds something that is not a ctxstore index", dir);
+    if (rc == -ENOENT && mode == CLI_STORE_READ)
+        return cli_fail_said(rc, "a command that writes (e.g. `ctxstore reindex`) completes it",
+                             "the store %s is not complete: its creation did not finish, "
+                             "or sessions/ is gone", dir);
+    if (rc == CTXS_EBUSY && mode == CLI_STORE_READ)
+        return cli_fail_hint(rc, "you may read this store but not write it, and another "
+                                 "process has it open; try again once it is closed",
+                             "store %s", dir);
+    return cli_fail(rc, "store %s", dir);
 }
 
 int cli_common_option(cli *c, int opt, const char *arg)

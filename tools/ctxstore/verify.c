@@ -251,7 +251,7 @@ int cmd_verify(cli *c, int argc, char **argv)
         return ex;
 
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, CLI_STORE_READ)) != CLI_OK)
         return ex;
     ctxs_session_entry *list = NULL;
     size_t n = 0;

@@ -207,6 +207,18 @@ static void prefault_spans(const ctxs_session *s, const ctxs__span *spans, uint3
                 return; /* EINVAL before Linux 5.14: fault on access */
         }
     }
+    /* A Q8 session's scales of the same slots: a page of each run's table,
+     * which would otherwise cost a write fault per run in the turn (the
+     * table was allocated at create, and is read ahead with the window). */
+    for (uint32_t run = 0; lay->scales_bytes && run < n_runs; run++) {
+        uintptr_t base = (uintptr_t)(s->map + lay->scales_off + (size_t)run * lay->scales_stride);
+        for (uint32_t i = 0; i < n_spans; i++) {
+            uintptr_t a = (base + (uintptr_t)spans[i].slot * 4) & ~(page - 1);
+            uintptr_t b = base + (uintptr_t)(spans[i].slot + spans[i].count) * 4;
+            if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) != 0)
+                return;
+        }
+    }
 #else
     (void)s, (void)spans, (void)n_spans;
 #endif

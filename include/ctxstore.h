@@ -408,6 +408,18 @@ CTXS_API int ctxs_session_get_kv(void **out, ctxs_session *s, uint32_t layer,
 CTXS_API int ctxs_session_get_scales(float **out, ctxs_session *s, uint32_t layer,
                                      uint32_t kind, uint32_t head);
 
+/* Encodes n float32 values, one head of one token, as a session of dtype
+ * (CTXS_DTYPE_F16, BF16 or Q8) stores them: what ctxs_session_write_token()
+ * would store, bit for bit (rounded to nearest even; for Q8 quantized as
+ * ctxs_dtype says). For an engine that writes K and V into the mapping
+ * itself (ctxs_session_get_kv(), ctxs_session_get_scales()): n elements of
+ * dtype go to out, and for Q8 the head's scale to *scale (which may be NULL
+ * for the other dtypes). Errors: CTXS_EINVAL (NULL, n == 0 or above 4096,
+ * another dtype, a value that is not finite for Q8); out is then
+ * unspecified. Thread-safe. */
+CTXS_API int ctxs_dtype_encode(void *out, float *scale, const float *in, uint32_t n,
+                               uint32_t dtype);
+
 /* --- Write path ----------------------------------------------------------- */
 
 /* Slots handed out by ctxs_session_reserve(): tokens first_pos ..

@@ -16,6 +16,7 @@
 #include "ctxstore.h"
 #include "dtype.h"
 #include "format.h"
+#include "rng.h"
 #include "support.h"
 
 TestSuite(dtype, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 120);
@@ -490,4 +491,119 @@ Test(dtype, full_attention_by_default_and_half_under_pressure)
     ctxs_set_pressure(0);
     cr_assert_eq(info.window, 10);
     ctxs_session_close(s);
+}
+
+Test(dtype, f16_conversion_is_exact_and_rounds_to_even)
+{
+    /* Every binary16 value survives the round trip. */
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        float f = ctxs__f16_to_f32((uint16_t)h);
+        uint16_t back = ctxs__f32_to_f16(f);
+        if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu))
+            cr_assert(isnan(f) && (back & 0x7c00u) == 0x7c00u && (back & 0x3ffu),
+                      "NaN %04x came back as %04x", h, back);
+        else
+            cr_assert_eq(back, h, "%04x -> %a -> %04x", h, (double)f, back);
+    }
+    /* Halfway cases go to the even neighbour; overflow and underflow. */
+    cr_assert_eq(ctxs__f32_to_f16(1.0f + 0x1p-11f), 0x3c00u);
+    cr_assert_eq(ctxs__f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02u);
+    cr_assert_eq(ctxs__f32_to_f16(65504.0f), 0x7bffu);
+    cr_assert_eq(ctxs__f32_to_f16(65519.0f), 0x7bffu);
+    cr_assert_eq(ctxs__f32_to_f16(-1e9f), 0xfc00u);
+    cr_assert_eq(ctxs__f32_to_f16(0x1p-25f), 0x0000u);     /* tie: even (zero) */
+    cr_assert_eq(ctxs__f32_to_f16(0x1.8p-25f), 0x0001u);
+    cr_assert_eq(ctxs__f32_to_f16(3 * 0x1p-25f), 0x0002u); /* tie: even */
+    cr_assert_eq(ctxs__f32_to_f16(-0.0f), 0x8000u);
+#if defined(__FLT16_MAX__) && !defined(__clang__)
+    /* Against the compiler's own conversion, on random floats around the
+     * binary16 range. */
+    uint64_t st = 42;
+    for (int i = 0; i < 1000000; i++) {
+        uint32_t bits = (uint32_t)ts_rng_next(&st);
+        bits = (bits & 0x807fffffu) | ((100u + (bits >> 23) % 60u) << 23);
+        float f;
+        memcpy(&f, &bits, 4);
+        _Float16 ref = (_Float16)f;
+        uint16_t rb;
+        memcpy(&rb, &ref, 2);
+        cr_assert_eq(ctxs__f32_to_f16(f), rb, "%a: %04x, the compiler says %04x", (double)f,
+                     ctxs__f32_to_f16(f), rb);
+    }
+#endif
+    /* bf16 round trips, and a NaN stays one. */
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        float f = ctxs__bf16_to_f32((uint16_t)h);
+        if (isnan(f))
+            cr_assert(isnan(ctxs__bf16_to_f32(ctxs__f32_to_bf16(f))));
+        else
+            cr_assert_eq(ctxs__f32_to_bf16(f), h);
+    }
+}
+
+/* An engine that writes the mapping itself encodes with ctxs_dtype_encode():
+ * it must give the bytes (and scales) that ctxs_session_write_token()
+ * stores from the same floats, on values of every size, ties, zeros and a
+ * head that is all zero. */
+Test(dtype, encode_gives_what_write_token_stores)
+{
+    enum { HD = 64, TOKENS = 400 };
+    uint64_t st = 99;
+    for (int d = 0; d < N_DTYPES; d++) {
+        const uint32_t dtype = dtypes[d];
+        ctxs_model cm = { .geometry = { 1, 1, HD, dtype } };
+        memcpy(cm.model_hash, "ctxs-encode-test", 16);
+        ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+        o.capacity = TOKENS;
+        o.open.background = 0;
+        char name[64];
+        snprintf(name, sizeof(name), "encode-%s.ctxs", dtype_names[d]);
+        ctxs_session *s;
+        cr_assert_eq(ctxs_session_create(&s, ts_path(ts_scratch, name), &cm, &o), 0);
+        ctxs_reservation r;
+        cr_assert_eq(ctxs_session_reserve(&r, s, TOKENS), 0);
+        static float k[TOKENS][HD], v[TOKENS][HD];
+        static uint32_t ids[TOKENS];
+        for (uint32_t t = 0; t < TOKENS; t++) {
+            ids[t] = t;
+            for (uint32_t i = 0; i < HD; i++) {
+                uint64_t x = ts_rng_next(&st);
+                /* Magnitudes from 2^-30 to 2^10, some exact halves of the
+                 * target's last place, some equal to the head's max. */
+                float f = ldexpf((float)(x & 0xffffff) * 0x1p-24f + 0.5f, (int)(x >> 32) % 41 - 30);
+                if (x >> 60 == 1)
+                    f = 1.0f + 0x1p-9f; /* a bf16 tie: rounds to even */
+                if (x >> 60 == 2)
+                    f = 0.0f;
+                k[t][i] = x >> 59 & 1 ? -f : f;
+                v[t][i] = t % 50 == 0 ? 0.0f : (float)((int)(x % 255) - 127) * 0.25f;
+            }
+            cr_assert_eq(ctxs_session_write_token(s, &r, t, k[t], v[t], CTXS_DTYPE_F32), 0);
+        }
+        cr_assert_eq(ctxs_session_commit(s, ids, TOKENS), 0);
+        for (uint32_t t = 0; t < TOKENS; t++) {
+            /* The session's own form: the elements, then (Q8) the scale. */
+            uint8_t sk[HD * 2 + 4], sv[HD * 2 + 4], want[HD * 2 + 4];
+            cr_assert_eq(ctxs_session_read_token(sk, sv, s, t, dtype), 0);
+            for (int kind = 0; kind < 2; kind++) {
+                float scale = -1.0f;
+                cr_assert_eq(ctxs_dtype_encode(want, &scale, kind ? v[t] : k[t], HD, dtype), 0);
+                size_t n = (size_t)HD * ctxs__dtype_bytes(dtype);
+                if (dtype == CTXS_DTYPE_Q8)
+                    memcpy(want + n, &scale, 4), n += 4;
+                cr_assert(memcmp(kind ? sv : sk, want, n) == 0,
+                          "%s: token %u's %c differs from the library's", dtype_names[d], t,
+                          kind ? 'V' : 'K');
+            }
+        }
+        ctxs_session_close(s);
+    }
+    float x[4] = { 1.0f, NAN, 2.0f, 3.0f }, scale;
+    uint8_t out[8];
+    cr_assert_eq(ctxs_dtype_encode(out, &scale, x, 4, CTXS_DTYPE_Q8), CTXS_EINVAL, "Q8 and a NaN");
+    x[1] = 0.5f;
+    cr_assert_eq(ctxs_dtype_encode(out, NULL, x, 4, CTXS_DTYPE_Q8), CTXS_EINVAL, "no scale");
+    cr_assert_eq(ctxs_dtype_encode(out, NULL, x, 4, CTXS_DTYPE_F32), CTXS_EINVAL, "f32");
+    cr_assert_eq(ctxs_dtype_encode(out, NULL, x, 0, CTXS_DTYPE_F16), CTXS_EINVAL, "n == 0");
+    cr_assert_eq(ctxs_dtype_encode(out, NULL, x, 4, CTXS_DTYPE_BF16), 0, "bf16 needs no scale");
 }

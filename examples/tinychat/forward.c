@@ -117,36 +117,10 @@ static uint32_t argmax(const float *v, uint32_t n)
 
 typedef enum { KV_WRITE, KV_CHECK } kv_mode;
 
-/* One head of K or V, x[0 .. head_dim), in the session's dtype: the
- * elements into enc (slot_bytes), the Q8 scale into *scale. Returns 0, or
- * CTXS_EINVAL for a value Q8 cannot hold (not finite), as
- * ctxs_session_write_token() would. */
-static int encode_head(uint8_t *enc, float *scale, const float *x, uint32_t dtype,
-                       uint32_t head_dim)
-{
-    uint16_t h;
-    switch (dtype) {
-    case CTXS_DTYPE_Q8:
-        *scale = tinychat_q8_quantize((int8_t *)enc, x, head_dim);
-        return *scale < 0.0f ? CTXS_EINVAL : 0;
-    case CTXS_DTYPE_BF16:
-        for (uint32_t i = 0; i < head_dim; i++) {
-            h = tinychat_f32_to_bf16(x[i]);
-            memcpy(enc + 2 * i, &h, 2);
-        }
-        return 0;
-    default:
-        for (uint32_t i = 0; i < head_dim; i++) {
-            h = tinychat_f32_to_f16(x[i]);
-            memcpy(enc + 2 * i, &h, 2);
-        }
-        return 0;
-    }
-}
-
 /* K and V of row t of layer l: into slot slots[t] (KV_WRITE), or compared
  * with what that slot holds (KV_CHECK), elements and (Q8) scales. Returns
- * 1 when they differ, 0, or CTXS_EINVAL from encode_head(). */
+ * 1 when they differ, 0, or CTXS_EINVAL from ctxs_dtype_encode() (a value
+ * that Q8 cannot hold). */
 static int put_kv(tinychat_model *m, const ctxs_layout *lay, uint32_t l, uint32_t t,
                   uint32_t slot, kv_mode mode)
 {
@@ -162,7 +136,7 @@ static int put_kv(tinychat_model *m, const ctxs_layout *lay, uint32_t l, uint32_
                                                           lay->capacity + slot
                                       : NULL;
             float scale = 0.0f;
-            int rc = encode_head(m->kv_enc, &scale, x, lay->geometry.dtype, hd);
+            int rc = ctxs_dtype_encode(m->kv_enc, &scale, x, hd, lay->geometry.dtype);
             if (rc < 0)
                 return rc;
             if (mode == KV_WRITE) {

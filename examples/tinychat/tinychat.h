@@ -64,9 +64,8 @@
  * computes them, before its attention call reads them (a token's own key
  * is among those its query reads), so they cannot go through
  * ctxs_session_write_token(), which takes a token's every layer at once.
- * tinychat converts them itself, with the roundings the library uses
- * (tinychat_f32_to_f16(), tinychat_f32_to_bf16(), tinychat_q8_quantize()):
- * the bytes, and the Q8 scales in the layout's scale table, are those that
+ * tinychat encodes them with ctxs_dtype_encode(): the bytes, and the Q8
+ * scales in the layout's scale table, are those that
  * ctxs_session_write_token() would store from the same float32 K/V. The
  * stored form is a function of the float32 K/V alone, so resumes are exact
  * in every dtype, as in fp16.
@@ -201,22 +200,6 @@ int tinychat_write(tinychat_model *m, ctxs_session *s, const ctxs_reservation *r
 /* The logits ([vocab] floats) behind the last *next_id the model returned;
  * valid until the next call on m. */
 const float *tinychat_logits(const tinychat_model *m);
-
-/* IEEE binary16 <-> binary32, rounding to nearest, ties to even; overflow
- * gives infinity, NaN stays NaN. */
-uint16_t tinychat_f32_to_f16(float f);
-float tinychat_f16_to_f32(uint16_t h);
-
-/* bfloat16 (the high half of a binary32) <-> binary32, rounding to
- * nearest, ties to even; NaN stays NaN (quiet). */
-uint16_t tinychat_f32_to_bf16(float f);
-float tinychat_bf16_to_f32(uint16_t h);
-
-/* Quantizes x[0 .. n) into q as CTXS_DTYPE_Q8 does (see ctxs_dtype in
- * ctxstore.h): returns the scale, max |x| / 127 (0, and q all zero, when x
- * is all zero), with q[i] = x[i] * (127 / max |x|) rounded to nearest,
- * ties to even; -1 (q untouched) when an x[i] is not finite. */
-float tinychat_q8_quantize(int8_t *q, const float *x, uint32_t n);
 
 #ifdef __cplusplus
 }

@@ -42,6 +42,21 @@ size_t ctxs_geometry_get_token_bytes(const ctxs_geometry *g, uint32_t dtype)
     return ctxs__dtype_has_scales(dtype) ? bytes + heads * 4 : bytes;
 }
 
+int ctxs_dtype_encode(void *out, float *scale, const float *in, uint32_t n, uint32_t dtype)
+{
+    CTXS__CHECK(out && in && n && n <= CTXS__MAX_DIM && ctxs__dtype_bytes(dtype) &&
+               (scale || dtype != CTXS_DTYPE_Q8));
+    if (dtype != CTXS_DTYPE_Q8) {
+        ctxs__narrow(out, in, dtype, n);
+        return 0;
+    }
+    float sc = ctxs__q8_quantize(out, in, n);
+    if (sc < 0.0f)
+        return CTXS_EINVAL;
+    *scale = sc;
+    return 0;
+}
+
 /* Stores one head of the engine's form src_dtype into slot `slot` of a run
  * (and its scale). */
 static int store_head(ctxs_session *s, uint32_t layer, uint32_t kind, uint32_t head,
@@ -58,15 +73,9 @@ static int store_head(ctxs_session *s, uint32_t layer, uint32_t kind, uint32_t h
     }
     float x[CTXS__MAX_DIM];
     ctxs__widen(x, in.elems, src_dtype, lay->head_dim);
-    if (dtype != CTXS_DTYPE_Q8) {
-        ctxs__narrow(dst, x, dtype, lay->head_dim);
-        return 0;
-    }
-    float scale = ctxs__q8_quantize((int8_t *)dst, x, lay->head_dim);
-    if (scale < 0.0f)
-        return CTXS_EINVAL;
-    ctxs__scales_run(s, layer, kind, head)[slot] = scale;
-    return 0;
+    float *scale = ctxs__dtype_has_scales(dtype) ? ctxs__scales_run(s, layer, kind, head) + slot
+                                                 : NULL;
+    return ctxs_dtype_encode(dst, scale, x, lay->head_dim, dtype);
 }
 
 int ctxs__token_store(ctxs_session *s, uint32_t slot, const void *k, const void *v,

@@ -19,7 +19,8 @@
  *     ctxs_reservation r;
  *     ctxs_session_reserve(&r, s, n_new);        // slots for n_new tokens
  *     for (uint32_t i = 0; i < n_new; i++)       // or write through
- *         ctxs_session_write_token(s, &r, i, k[i], v[i]);  // ctxs_session_get_kv
+ *         ctxs_session_write_token(s, &r, i, k[i], v[i],   // ctxs_session_get_kv
+ *                                  CTXS_DTYPE_F32); // the engine's floats
  *     ctxs_session_commit(s, token_ids, n_new);  // durable per the level
  *     ctxs_session_close(s);
  *
@@ -162,6 +163,7 @@ CTXS_API const char *ctxs_err_name(int rc);
  * ctxs_session_write_token() quantizes as
  *     amax = max |x[i]| over the head_dim elements;
  *     scale = amax / 127;  q[i] = round-half-even(x[i] * (127 / amax))
+ * (x[i] / amax * 127 when 127 / amax overflows a float)
  * (scale 0 and q = 0 when amax is 0), so |x[i] - scale * q[i]| <= scale / 2;
  * an engine that writes the mapping itself may quantize any way it likes as
  * long as scale * q[i] is what it means. Half the bytes of fp16 per token.
@@ -797,7 +799,8 @@ CTXS_API const char *ctxs_attention_get_isa(void);
  *   would write the index or a session file fails with CTXS_EREADONLY and
  *   changes nothing: creates, read-write opens, forks, imports, renames,
  *   deletes, pins, model registrations, checkpoint creates, restores and
- *   deletes, gc (but for a dry run), repair, reindex and compact.
+ *   deletes, metadata changes, gc (but for a dry run), repair, reindex and
+ *   compact.
  */
 typedef struct ctxs_store ctxs_store;
 
@@ -1048,7 +1051,8 @@ typedef struct ctxs_meta_entry {
  * CTXS_ETOOBIG (value above CTXS_META_VALUE_MAX, or the session's keys and
  * values would pass CTXS_META_SESSION_MAX), CTXS_EINVAL (NULL st, a name
  * or key that breaks the name rule, value NULL with value_bytes > 0),
- * CTXS_EFULL (index full), -errno. Nothing changes on error. Thread-safe. */
+ * CTXS_EFULL (index full), CTXS_EREADONLY, -errno. Nothing changes on
+ * error. Thread-safe. */
 CTXS_API int ctxs_store_session_set_meta(ctxs_store *st, const char *name,
                                          const char *key, const void *value,
                                          size_t value_bytes);
@@ -1092,7 +1096,7 @@ typedef struct ctxs_checkpoint_entry {
  * of its last token, so that a restore after the tokens were rolled back
  * and written differently is refused.
  * Errors: -EEXIST, CTXS_EINVAL (s not opened through a store, bad name),
- * -errno. */
+ * CTXS_EREADONLY (the store is read-only), -errno. */
 CTXS_API int ctxs_checkpoint_create(ctxs_session *s, const char *name);
 
 /* Rolls s (read-write) back to the checkpoint, in O(1).
@@ -1107,7 +1111,8 @@ CTXS_API int ctxs_checkpoint_restore(ctxs_session *s, const char *name);
 CTXS_API int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out,
                                   const ctxs_session *s);
 
-/* Deletes a checkpoint of s. Errors: CTXS_ENOTFOUND, CTXS_EINVAL. */
+/* Deletes a checkpoint of s. Errors: CTXS_ENOTFOUND, CTXS_EINVAL,
+ * CTXS_EREADONLY (the store is read-only). */
 CTXS_API int ctxs_checkpoint_delete(const ctxs_session *s, const char *name);
 
 /* --- Forks ---------------------------------------------------------------- */

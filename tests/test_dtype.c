@@ -162,6 +162,16 @@ Test(dtype, q8_quantizes_within_half_a_step)
         cr_assert_eq(q[i], 0);
     x[3] = NAN;
     cr_assert_lt(ctxs__q8_quantize(q, x, HEAD_DIM), 0.0f);
+
+    /* A head so small that 127 / amax overflows a float keeps the bound. */
+    float tiny[4] = { 1e-37f, 5e-39f, 0.0f, -2e-38f };
+    scale = ctxs__q8_quantize(q, tiny, 4);
+    cr_assert_gt(scale, 0.0f);
+    for (uint32_t i = 0; i < 4; i++)
+        cr_assert_leq(fabsf(tiny[i] - scale * (float)q[i]), scale / 2 * 1.0001f + 1e-45f,
+                      "element %u: %d", i, q[i]);
+    cr_assert_eq(q[0], 127);
+    cr_assert_eq(q[2], 0);
 }
 
 Test(dtype, every_dtype_writes_commits_reopens_and_verifies)

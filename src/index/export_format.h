@@ -129,14 +129,16 @@ static_assert(offsetof(ctxs__export_meta, value_bytes) == 4, "export metadata en
  * A block: this header, then comp_bytes of zlib stream. Uncompressed, the
  * block is the checksums (u64[count]), the token ids (u32[count]), then
  * the KV of its tokens run by run, (layer, K|V, head) in file order, each
- * run count * slot_bytes long.
+ * run count * slot_bytes long, then for Q8 (2.0) their scales run by run,
+ * each run count * 4 bytes.
  */
 typedef struct ctxs__export_block {
     char magic[4];              /* CTXS__EXPORT_BLOCK_MAGIC */
     uint32_t index;             /* 0, 1, 2, ... */
     uint64_t first_pos;         /* positions first_pos .. + count - 1 */
     uint32_t count;
-    uint32_t raw_bytes;         /* count * (12 + runs * slot_bytes) */
+    uint32_t raw_bytes;         /* count * (12 + runs * (slot_bytes + 4 for
+                                   Q8, else 0)) */
     uint32_t comp_bytes;
     uint32_t data_crc32;        /* zlib crc32 of the comp_bytes */
     uint32_t raw_crc32;         /* zlib crc32 of the raw_bytes */

@@ -102,8 +102,10 @@ float ctxs__q8_quantize(int8_t *q, const float *x, uint32_t n)
         return 0.0f;
     }
     float inv = 127.0f / amax;
+    int tiny = !isfinite(inv); /* amax below ~3.7e-37: 127 / amax overflows */
     for (uint32_t i = 0; i < n; i++) {
-        float r = rintf(x[i] * inv); /* the default mode: ties to even */
+        /* The default rounding mode: ties to even. */
+        float r = tiny ? rintf(x[i] / amax * 127.0f) : rintf(x[i] * inv);
         q[i] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r);
     }
     return amax / 127.0f;

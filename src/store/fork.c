@@ -150,13 +150,13 @@ static int write_zeros(int fd, uint64_t off, uint64_t len)
 }
 
 /* Token ids, checksums and (Q8) scales of the held slots, from src's
- * mapping. After a
- * clone, the other slots' entries are zeroed too: the clone brought src's
- * checksums of slots the fork does not hold, which must not survive (a later
- * record of the fork could claim their positions while the pages still hold
- * src's bytes), and so every entry is rewritten and the table pages become
- * the fork's own blocks rather than src's shared ones, which commits write
- * through the mapping with no allocation to report a full disk. */
+ * mapping. After a clone, the other slots' entries are zeroed too: the
+ * clone brought src's checksums of slots the fork does not hold, which must
+ * not survive (a later record of the fork could claim their positions while
+ * the pages still hold src's bytes), and so every entry is rewritten and
+ * the table pages become the fork's own blocks rather than src's shared
+ * ones, which commits (and an engine's Q8 scales) write through the mapping
+ * with no allocation to report a full disk. */
 static int write_tables(int fd, const ctxs_session *src, const ctxs__state *st, int cloned)
 {
     const ctxs__file_layout *lay = &src->lay;
@@ -183,6 +183,11 @@ static int write_tables(int fd, const ctxs_session *src, const ctxs__state *st, 
         if ((rc = write_zeros(fd, lay->tokens_off + slot * 4, count * 4)) < 0 ||
             (rc = write_zeros(fd, lay->sums_off + slot * 8, count * 8)) < 0)
             return rc;
+        for (uint64_t run = 0; lay->scales_bytes && run < 2ull * lay->n_layers * lay->n_kv_heads;
+             run++)
+            if ((rc = write_zeros(fd, lay->scales_off + run * lay->scales_stride + slot * 4,
+                                  count * 4)) < 0)
+                return rc;
     }
     return 0;
 }

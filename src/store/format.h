@@ -18,7 +18,7 @@
 
 #define CTXS__FILE_MAGIC "CTXSSESS"   /* 8 bytes, no terminator on disk */
 #define CTXS__FORMAT_MAJOR 2           /* 2.0: bf16 and Q8, the scale table */
-#define CTXS__FORMAT_MINOR 0           /* 1.1: the label page */
+#define CTXS__FORMAT_MINOR 0           /* (1.1 added the label page) */
 
 /* Every region starts on a 16 KiB boundary: Apple Silicon's page size, which
  * Metal's no-copy buffers need, and a multiple of the 4 KiB pages elsewhere. */

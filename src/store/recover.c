@@ -36,6 +36,7 @@ void ctxs__sums_chain(uint64_t *out, uint64_t first_pos, uint32_t n, const uint3
      * gathered a piece at a time, since a hash call per 4-byte scale would
      * cost more than the token's KV. */
     XXH3_state_t state;
+    XXH3_INITSTATE(&state); /* reset reads the seed it had */
     uint8_t piece[4096];
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *scale = tb->scales + (size_t)tb->at[i] * 4;

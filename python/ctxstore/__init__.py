@@ -149,7 +149,7 @@ class Model(_ModelFields):
 
     def __new__(cls, n_layers: int, n_kv_heads: int, head_dim: int,
                 dtype: Union[int, str] = 1, model_hash: bytes = bytes(16),
-                tokenizer_hash: bytes = bytes(16)) -> "Model":
+                tokenizer_hash: bytes = bytes(16)) -> Model:
         return super().__new__(cls, int(n_layers), int(n_kv_heads), int(head_dim),
                                _dtype(dtype), bytes(model_hash), bytes(tokenizer_hash))
 
@@ -367,7 +367,7 @@ class Session(_ctxstore.SessionBase):
     def create(cls, path: PathLike, model: Model, *, capacity: int = 2048,
                n_sink: int = 4, ring: bool = True, window: int = 0,
                pressure_window: int = 0, durability: Union[str, int] = "async",
-               background: bool = True) -> "Session":
+               background: bool = True) -> Session:
         """Create a session file at ``path`` for ``model`` and open it read-write.
 
         Args:
@@ -395,7 +395,7 @@ class Session(_ctxstore.SessionBase):
     def open(cls, path: PathLike, model: Optional[Model] = None, *,
              readonly: bool = False, verify: bool = False, window: int = 0,
              pressure_window: int = 0, durability: Union[str, int] = "async",
-             background: bool = True) -> "Session":
+             background: bool = True) -> Session:
         """Open a session file. A writer (default) takes the file's one
         writer lock (``EBUSY`` if another holds it) and needs ``model``
         (``EMODEL`` if it differs); ``readonly=True`` coexists with a writer
@@ -410,7 +410,7 @@ class Session(_ctxstore.SessionBase):
 
     def fork(self, path: PathLike, n_tokens: Optional[int] = None, *,
              window: int = 0, pressure_window: int = 0,
-             durability: Union[str, int] = "async", background: bool = True) -> "Session":
+             durability: Union[str, int] = "async", background: bool = True) -> Session:
         """A new session file at ``path`` holding this session's first
         ``n_tokens`` committed tokens (None: all), opened read-write."""
         new = type(self).__new__(type(self))
@@ -418,7 +418,7 @@ class Session(_ctxstore.SessionBase):
                       _open_opts(window, pressure_window, durability, background))
         return new
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -528,7 +528,7 @@ class Store(_ctxstore.StoreBase):
         flags = (STORE_CREATE if create else 0) | (STORE_RDONLY if readonly else 0)  # noqa: F821
         self._open(path, flags)
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 

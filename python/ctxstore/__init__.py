@@ -492,7 +492,11 @@ class Session(_ctxstore.SessionBase):
     # PyTorch: the same memory as the NumPy views.
     def torch_k(self, layer: int):
         """``k(layer)`` as a torch.Tensor over the same memory (bf16 sessions
-        as torch.bfloat16; Q8 as torch.int8, scales in torch_k_scales())."""
+        as torch.bfloat16; Q8 as torch.int8, scales in torch_k_scales()).
+
+        Caveat: torch has no read-only tensors. For a read-only session the
+        tensor's memory is mapped PROT_READ, and writing into it kills the
+        process (SIGSEGV) where the NumPy view raises ValueError."""
         return _to_torch(self.k(layer), self.dtype == DTYPE_BF16)  # noqa: F821
 
     def torch_v(self, layer: int):

@@ -1,0 +1,615 @@
+"""ctxstore: a persistent, memory-mapped KV cache for transformer inference.
+
+A session is one conversation's KV cache in one file, laid out per layer as
+``[2][n_kv_heads][capacity][head_dim]`` (K, then V) and mapped MAP_SHARED.
+``Session.k(layer)`` and ``Session.v(layer)`` are NumPy arrays
+``[n_kv_heads, capacity, head_dim]`` over that mapping, no copy: the
+``[heads, seq, dim]`` that attention consumes. ``torch_k()``/``torch_v()``
+are the same memory as PyTorch tensors. An engine reserves slots, writes
+new keys and values into them (through the views, or ``write_token()``),
+and commits; resuming after a crash or a reboot is an open.
+
+Example::
+
+    import numpy as np, ctxstore
+
+    model = ctxstore.Model(n_layers=2, n_kv_heads=2, head_dim=64)
+    with ctxstore.Session.create("chat.ctxs", model, capacity=1024) as s:
+        r = s.reserve(3)
+        k = np.random.rand(2, 2, 64).astype(np.float32)
+        for i in range(3):
+            s.write_token(r, i, k, k)
+        s.commit([101, 102, 103])
+    with ctxstore.Session.open("chat.ctxs", model) as s:
+        keys = s.k(0)[:, :s.n_tokens]          # float16 [heads, 3, 64], in place
+
+Stores (``Store``) keep sessions by name in a directory with an LMDB index:
+models, checkpoints, shared prefixes, metadata, pins, gc, export/import.
+
+Errors: every failure of the library raises ``ctxstore.Error``, whose
+``.code`` is the library's negative code (``ctxstore.EBUSY``, ``-errno``),
+``.name`` its name ("CTXS_EBUSY", "ENOENT") and whose message ends with
+``ctxs_strerror()``. Arguments of the wrong type, shape or range raise
+TypeError/ValueError/IndexError before the library is called.
+
+Lifetime of views: a view keeps the session's mapping alive. ``close()``
+closes the Session for every call at once; the file itself is unmapped and
+its lock released when the last view is gone too (see ``Session.close``).
+
+Threads: a session is used by one call at a time (calls on one session
+from several threads wait for each other); I/O releases the GIL. A store
+may be used from any thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _ctxstore
+from ._ctxstore import (
+    attention_isa,
+    err_name,
+    get_pressure,
+    name_check,
+    set_pressure,
+    strerror,
+)
+
+__all__ = [
+    "Error", "Model", "Reservation", "Span", "Window", "AttnSpan", "AttnPlan",
+    "SessionInfo", "Session", "Store", "SessionEntry", "ModelEntry",
+    "Checkpoint", "GcResult", "CompactResult",
+    "strerror", "err_name", "name_check", "set_pressure", "get_pressure",
+    "attention_isa",
+    "DTYPE_F16", "DTYPE_BF16", "DTYPE_Q8", "DTYPE_F32",
+    "SYNC_NONE", "SYNC_ASYNC", "SYNC_FULL",
+]
+
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+# Constants of the C header, without their CTXS_ prefix: DTYPE_*, SYNC_*,
+# the error codes E* (ECORRUPT, EBUSY, ...), INFO_* flags, OPEN_*, STORE_*.
+_g = globals()
+for _name in dir(_ctxstore):
+    if _name.isupper():
+        _g[_name] = getattr(_ctxstore, _name)
+        if _name.startswith("E") or _name.startswith("DTYPE_") or _name.startswith("SYNC_"):
+            if _name not in __all__:
+                __all__.append(_name)
+del _g, _name
+
+__version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"  # noqa: F821
+
+
+class Error(Exception):
+    """A failure reported by the library.
+
+    Attributes:
+        code: the negative return code: ``-errno`` (``-errno.ENOENT``) or one
+            of the library's codes (``ctxstore.ECORRUPT``, ``EBUSY``, ...).
+        name: the code's name, "CTXS_EBUSY" or "ENOENT" (``ctxs_err_name``).
+        pos: for ``Session.verify()``, the first position that failed.
+
+    ``str(e)`` says what was being done, then ``ctxs_strerror(code)``; for a
+    refused name, why it is refused.
+    """
+
+    code: Optional[int] = None
+    name: Optional[str] = None
+    pos: Optional[int] = None
+
+
+_ctxstore._set_error_class(Error)
+
+
+# --- Small types -------------------------------------------------------------
+
+_DTYPE_NAMES = {1: "f16", 2: "bf16", 3: "q8", 4: "f32"}
+_DTYPES = {"f16": 1, "float16": 1, "fp16": 1, "bf16": 2, "bfloat16": 2,
+           "q8": 3, "int8": 3, "f32": 4, "float32": 4}
+_DURABILITY = {"none": 0, "async": 1, "full": 2}
+_DURABILITY_NAMES = {v: k for k, v in _DURABILITY.items()}
+
+
+def _dtype(d: Union[int, str]) -> int:
+    if isinstance(d, str):
+        try:
+            return _DTYPES[d.lower()]
+        except KeyError:
+            raise ValueError(f"unknown dtype {d!r}: one of f16, bf16, q8") from None
+    return int(d)
+
+
+class _ModelFields(NamedTuple):
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    dtype: int = 1
+    model_hash: bytes = bytes(16)
+    tokenizer_hash: bytes = bytes(16)
+
+
+class Model(_ModelFields):
+    """What a session's KV belongs to: geometry, dtype and two hashes.
+
+    ``Model(n_layers, n_kv_heads, head_dim, dtype=DTYPE_F16,
+    model_hash=bytes(16), tokenizer_hash=bytes(16))``, a named tuple.
+    ``dtype`` is ``DTYPE_F16`` (default), ``DTYPE_BF16`` or ``DTYPE_Q8`` (or
+    "f16", "bf16", "q8"). ``model_hash`` is 16 bytes (``Store.hash_file()``
+    of the weights, or the app's own); ``tokenizer_hash`` likewise. A session
+    opened with another model fails with ``EMODEL``.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, n_layers: int, n_kv_heads: int, head_dim: int,
+                dtype: Union[int, str] = 1, model_hash: bytes = bytes(16),
+                tokenizer_hash: bytes = bytes(16)) -> "Model":
+        return super().__new__(cls, int(n_layers), int(n_kv_heads), int(head_dim),
+                               _dtype(dtype), bytes(model_hash), bytes(tokenizer_hash))
+
+    @property
+    def dtype_name(self) -> str:
+        """"f16", "bf16" or "q8"."""
+        return _DTYPE_NAMES.get(self.dtype, str(self.dtype))
+
+
+class Span(NamedTuple):
+    """A run of ``count`` slots from ``slot``."""
+    slot: int
+    count: int
+
+
+class Reservation(NamedTuple):
+    """Slots for tokens ``first_pos .. first_pos + n_tokens - 1``, in at most
+    two spans (a ring wraps after the sinks). Token i of the reservation
+    lives in slot ``spans[0].slot + i`` while i < ``spans[0].count``."""
+    first_pos: int
+    n_tokens: int
+    spans: Tuple[Span, ...]
+
+    def slot(self, i: int) -> int:
+        """The slot of token i of the reservation."""
+        if not 0 <= i < self.n_tokens:
+            raise IndexError(f"token {i} of a reservation of {self.n_tokens}")
+        for sp in self.spans:
+            if i < sp.count:
+                return sp.slot + i
+            i -= sp.count
+        raise IndexError(i)  # unreachable for a reservation from reserve()
+
+
+class Window(NamedTuple):
+    """The attention window: ``n_tokens`` slots in at most two spans."""
+    n_tokens: int
+    spans: Tuple[Span, ...]
+
+
+class AttnSpan(NamedTuple):
+    """Consecutive slots holding consecutive positions from ``pos``."""
+    pos: int
+    slot: int
+    count: int
+
+
+class AttnPlan(NamedTuple):
+    """The slots one attention pass reads, in position order (ctxs_attn_plan)."""
+    n_tokens: int
+    first_query: int
+    n_sink: int
+    window: int
+    n_keys: int
+    spans: Tuple[AttnSpan, ...]
+
+    def slots(self) -> np.ndarray:
+        """The plan's slots in position order, as an index array."""
+        if not self.spans:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([np.arange(s.slot, s.slot + s.count) for s in self.spans])
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionInfo:
+    """``ctxs_session_info``: the state of an open session."""
+    model: Model
+    format_major: int
+    format_minor: int
+    capacity: int
+    n_sink: int
+    n_tokens: int
+    ring_start: int
+    n_held: int
+    n_reserved: int
+    window: int
+    durability: str
+    seq: int
+    verified_from: int
+    lost_tokens: int
+    file_bytes: int
+    created_unix_ms: int
+    flags: int
+
+    readonly = property(lambda self: bool(self.flags & INFO_READONLY),  # noqa: F821
+                        doc="Opened read-only.")
+    wrapped = property(lambda self: bool(self.flags & INFO_WRAPPED),  # noqa: F821
+                       doc="The ring has evicted tokens.")
+    recovered = property(lambda self: bool(self.flags & INFO_RECOVERED),  # noqa: F821
+                         doc="The last open fell back to an older state.")
+    verified = property(lambda self: bool(self.flags & INFO_VERIFIED),  # noqa: F821
+                        doc="The last open verified tokens.")
+    ring = property(lambda self: bool(self.flags & INFO_RING),  # noqa: F821
+                    doc="The session has a ring.")
+    partial_window = property(lambda self: bool(self.flags & INFO_PARTIAL_WINDOW),  # noqa: F821
+                              doc="Attention reads fewer tokens than are held.")
+
+
+class Checkpoint(NamedTuple):
+    """A named token count of a session."""
+    name: str
+    n_tokens: int
+    created_unix_ms: int
+    stale: bool
+
+
+class SessionEntry(NamedTuple):
+    """A session as the store's index knows it (``ctxs_session_entry``)."""
+    name: str
+    id: int
+    model_hash: bytes
+    n_tokens: int
+    disk_bytes: int
+    created_unix_ms: int
+    last_used_unix_ms: int
+    parent_id: int
+    fork_tokens: int
+    pinned: bool
+
+
+class ModelEntry(NamedTuple):
+    """A registered model."""
+    model: Model
+    name: str
+    registered_unix_ms: int
+
+
+class GcResult(NamedTuple):
+    """What ``Store.gc()`` deleted (or would delete, in a dry run)."""
+    bytes_before: int
+    bytes_after: int
+    skipped_open: int
+    skipped_pinned: int
+    sessions: List[SessionEntry]
+
+    @property
+    def deleted(self) -> List[str]:
+        """Names of the sessions deleted, least recently used first."""
+        return [e.name for e in self.sessions]
+
+
+class CompactResult(NamedTuple):
+    """``ctxs_compact_result``."""
+    sessions: int
+    skipped_busy: int
+    bytes_before: int
+    bytes_after: int
+    index_bytes_before: int
+    index_bytes_after: int
+    index_compacted: bool
+    index_busy: bool
+    orphans_removed: int
+
+
+def _durability(d: Union[str, int]) -> int:
+    if isinstance(d, str):
+        try:
+            return _DURABILITY[d.lower()]
+        except KeyError:
+            raise ValueError(f"durability {d!r}: one of 'none', 'async', 'full'") from None
+    return int(d)
+
+
+def _open_opts(window: int = 0, pressure_window: int = 0,
+               durability: Union[str, int] = "async",
+               background: bool = True) -> Tuple[int, int, int, int]:
+    return (window, pressure_window, _durability(durability), 1 if background else 0)
+
+
+def _create_opts(capacity: int = 2048, n_sink: int = 4, ring: bool = True,
+                 **open_kw: Any) -> Tuple[int, int, int, Tuple[int, int, int, int]]:
+    return (capacity, n_sink, 1 if ring else 0, _open_opts(**open_kw))
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - torch is optional
+        raise ImportError("ctxstore's torch views need PyTorch (python3-torch)") from e
+    return torch
+
+
+def _to_torch(a: np.ndarray, bf16: bool):
+    torch = _torch()
+    with warnings.catch_warnings():
+        # A read-only view stays read-only in spirit: torch has no such flag
+        # and warns; writing through it would fault, as for any PROT_READ map.
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(a)
+    return t.view(torch.bfloat16) if bf16 else t
+
+
+# --- Session -----------------------------------------------------------------
+
+
+class Session(_ctxstore.SessionBase):
+    """An open session: one conversation's KV cache in one mapped file.
+
+    Made by ``Session.create()``, ``Session.open()``, ``Store.create_session()``,
+    ``Store.open_session()``, ``Store.fork(..., open=True)``; a context manager
+    (``with`` closes it). Methods raise ``Error`` on a closed session.
+
+    Write path: ``r = s.reserve(n)``; write each token's K/V (``write_token``,
+    or into ``s.k(layer)[:, r.slot(i)]`` in the session's dtype); then
+    ``s.commit(token_ids)``.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        raise TypeError("use Session.create(), Session.open() or a Store")
+
+    @classmethod
+    def create(cls, path: PathLike, model: Model, *, capacity: int = 2048,
+               n_sink: int = 4, ring: bool = True, window: int = 0,
+               pressure_window: int = 0, durability: Union[str, int] = "async",
+               background: bool = True) -> "Session":
+        """Create a session file at ``path`` for ``model`` and open it read-write.
+
+        Args:
+            capacity: slots in the file (sparse on disk until reserved).
+            n_sink: leading slots a ring never overwrites.
+            ring: when full, overwrite the oldest tokens after the sinks;
+                False: ``reserve()`` fails with ``EFULL``.
+            window: recent tokens attention reads beside the sinks; 0 = all.
+            pressure_window: the window under memory pressure; 0 = half.
+            durability: "none", "async" (default) or "full" (survives power
+                loss), or ``SYNC_*``.
+            background: let the library's thread read ahead and allocate the
+                next turn's slots off the caller's thread.
+
+        Raises ``Error`` (``-EEXIST`` if the file exists, ``EINVAL``, ...).
+        """
+        self = cls.__new__(cls)
+        self._create(path, model,
+                     _create_opts(capacity, n_sink, ring, window=window,
+                                  pressure_window=pressure_window,
+                                  durability=durability, background=background))
+        return self
+
+    @classmethod
+    def open(cls, path: PathLike, model: Optional[Model] = None, *,
+             readonly: bool = False, verify: bool = False, window: int = 0,
+             pressure_window: int = 0, durability: Union[str, int] = "async",
+             background: bool = True) -> "Session":
+        """Open a session file. A writer (default) takes the file's one
+        writer lock (``EBUSY`` if another holds it) and needs ``model``
+        (``EMODEL`` if it differs); ``readonly=True`` coexists with a writer
+        and accepts ``model=None``. ``verify=True`` checks the tokens since
+        the last durable point as after a power loss. Other options as for
+        ``create()``."""
+        flags = (OPEN_RDONLY if readonly else 0) | (OPEN_VERIFY if verify else 0)  # noqa: F821
+        self = cls.__new__(cls)
+        self._open(path, model, flags,
+                   _open_opts(window, pressure_window, durability, background))
+        return self
+
+    def fork(self, path: PathLike, n_tokens: Optional[int] = None, *,
+             window: int = 0, pressure_window: int = 0,
+             durability: Union[str, int] = "async", background: bool = True) -> "Session":
+        """A new session file at ``path`` holding this session's first
+        ``n_tokens`` committed tokens (None: all), opened read-write."""
+        new = type(self).__new__(type(self))
+        self._fork_to(new, path, n_tokens,
+                      _open_opts(window, pressure_window, durability, background))
+        return new
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<ctxstore.Session closed>"
+        m = self.model
+        return (f"<ctxstore.Session {m.n_layers}x{m.n_kv_heads}x{m.head_dim} "
+                f"{m.dtype_name} capacity={self.capacity} n_tokens={self.n_tokens}"
+                f"{' readonly' if self.readonly else ''}>")
+
+    # Geometry, from the layout read at open.
+    @property
+    def model(self) -> Model:
+        """The session's model as stored in its file (hashes from info())."""
+        return self.info().model
+
+    @property
+    def capacity(self) -> int:
+        """Slots in the file: the second axis of the views."""
+        return self._layout()[4]
+
+    @property
+    def n_sink(self) -> int:
+        """Leading slots never overwritten by the ring."""
+        return self._layout()[5]
+
+    @property
+    def shape(self) -> Tuple[int, int, int]:
+        """The shape of one layer's view: (n_kv_heads, capacity, head_dim)."""
+        L = self._layout()
+        return (L[1], L[4], L[2])
+
+    @property
+    def dtype(self) -> int:
+        """The session's dtype: DTYPE_F16, DTYPE_BF16 or DTYPE_Q8."""
+        return self._layout()[3]
+
+    def reserve(self, n: int) -> Reservation:
+        """Reserve slots for ``n`` more tokens (allocating their disk blocks;
+        in a full ring, evicting the oldest tokens after the sinks). The
+        engine writes the tokens' K/V, then commits. Releases the GIL."""
+        first, count, spans = self._reserve(n)
+        return Reservation(first, count, tuple(Span(*s) for s in spans))
+
+    def info(self) -> SessionInfo:
+        """The session's state (``ctxs_session_get_info``)."""
+        t = self._info()
+        return SessionInfo(Model(*t[0]), *t[1:10],
+                           _DURABILITY_NAMES.get(t[10], str(t[10])), *t[11:])
+
+    def window(self) -> Window:
+        """The current attention window: the slots beside the sinks attention reads."""
+        n, spans = self._window()
+        return Window(n, tuple(Span(*s) for s in spans))
+
+    def attn_plan(self, n_pending: int = 0) -> AttnPlan:
+        """The plan of the next attention passes: committed tokens plus the
+        first ``n_pending`` reserved (and written) ones, in position order.
+        Valid until the next reserve, commit, rollback or refresh."""
+        n, first, sink, window, n_keys, spans = self._attn_plan(n_pending)
+        return AttnPlan(n, first, sink, window, n_keys,
+                        tuple(AttnSpan(*s) for s in spans))
+
+    def checkpoints(self) -> List[Checkpoint]:
+        """The session's checkpoints, in name order, each marked stale or not."""
+        return [Checkpoint(*c) for c in self._checkpoints()]
+
+    # PyTorch: the same memory as the NumPy views.
+    def torch_k(self, layer: int):
+        """``k(layer)`` as a torch.Tensor over the same memory (bf16 sessions
+        as torch.bfloat16; Q8 as torch.int8, scales in torch_k_scales())."""
+        return _to_torch(self.k(layer), self.dtype == DTYPE_BF16)  # noqa: F821
+
+    def torch_v(self, layer: int):
+        """``v(layer)`` as a torch.Tensor over the same memory."""
+        return _to_torch(self.v(layer), self.dtype == DTYPE_BF16)  # noqa: F821
+
+    def torch_k_scales(self, layer: int):
+        """A Q8 session's ``k_scales(layer)`` as a float32 torch.Tensor."""
+        return _to_torch(self.k_scales(layer), False)
+
+    def torch_v_scales(self, layer: int):
+        """A Q8 session's ``v_scales(layer)`` as a float32 torch.Tensor."""
+        return _to_torch(self.v_scales(layer), False)
+
+
+# --- Store -------------------------------------------------------------------
+
+
+class Store(_ctxstore.StoreBase):
+    """A directory of sessions known by name (an LMDB index + session files).
+
+    ``Store(path)`` opens an existing store (``-ENOENT``/``EFOREIGN``
+    otherwise); ``create=True`` makes it where there is none;
+    ``readonly=True`` reads it without writing (every write: ``EREADONLY``).
+    A context manager. Thread-safe. Sessions opened through it keep it
+    open until they (and their views) are closed, even after ``close()``.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, path: PathLike, *, create: bool = False,
+                 readonly: bool = False) -> None:
+        flags = (STORE_CREATE if create else 0) | (STORE_RDONLY if readonly else 0)  # noqa: F821
+        self._open(path, flags)
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ctxstore.Store{' closed' if self.closed else ''}>"
+
+    def models(self) -> List[ModelEntry]:
+        """Registered models, in hash order."""
+        return [ModelEntry(Model(*m), name, ms) for m, name, ms in self._models()]
+
+    def create_session(self, name: str, model: Model, *, capacity: int = 2048,
+                       n_sink: int = 4, ring: bool = True, window: int = 0,
+                       pressure_window: int = 0, durability: Union[str, int] = "async",
+                       background: bool = True) -> Session:
+        """Create the session ``name`` for a registered ``model`` and open it
+        read-write (options as ``Session.create()``). ``-EEXIST`` if the
+        name is taken, ``ENOTFOUND`` if the model is not registered."""
+        s = Session.__new__(Session)
+        self._session_create(s, name, tuple(model),
+                             _create_opts(capacity, n_sink, ring, window=window,
+                                          pressure_window=pressure_window,
+                                          durability=durability, background=background))
+        return s
+
+    def open_session(self, name: str, model: Optional[Model] = None,
+                     readonly: bool = False, *, verify: bool = False,
+                     window: int = 0, pressure_window: int = 0,
+                     durability: Union[str, int] = "async",
+                     background: bool = True) -> Session:
+        """Open the session ``name`` (as ``Session.open()``; ``model`` may be
+        None only with ``readonly=True``). ``ENOTFOUND`` if there is none."""
+        flags = (OPEN_RDONLY if readonly else 0) | (OPEN_VERIFY if verify else 0)  # noqa: F821
+        s = Session.__new__(Session)
+        self._session_open(s, name, None if model is None else tuple(model), flags,
+                           _open_opts(window, pressure_window, durability, background))
+        return s
+
+    def fork(self, name: str, src: str, n_tokens: Optional[int] = None,
+             checkpoint: Optional[str] = None, *, open: bool = False,
+             window: int = 0, pressure_window: int = 0,
+             durability: Union[str, int] = "async",
+             background: bool = True) -> Optional[Session]:
+        """Create session ``name`` from the first ``n_tokens`` tokens of
+        ``src`` (None: all it holds), or from its ``checkpoint``. With
+        ``open=True`` returns the new session open read-write, else None.
+        Releases the GIL."""
+        if n_tokens is not None and checkpoint is not None:
+            raise ValueError("fork: n_tokens or checkpoint, not both")
+        s = Session.__new__(Session) if open else None
+        self._fork(s, name, src, n_tokens, checkpoint,
+                   _open_opts(window, pressure_window, durability, background))
+        return s
+
+    def sessions(self) -> List[SessionEntry]:
+        """Every session, in name order."""
+        return [SessionEntry(*e) for e in self._sessions()]
+
+    def session(self, name: str) -> SessionEntry:
+        """The index's entry of one session (``ENOTFOUND`` without it)."""
+        return SessionEntry(*self._session(name))
+
+    def __contains__(self, name: str) -> bool:
+        try:
+            self._session(name)
+        except Error as e:
+            if e.code == ENOTFOUND:  # noqa: F821
+                return False
+            raise
+        return True
+
+    def gc(self, budget_bytes: int, dry_run: bool = False) -> GcResult:
+        """Delete least recently used sessions (never pinned or open ones)
+        until the session files take at most ``budget_bytes``; ``dry_run``
+        deletes nothing and says what would go. Releases the GIL."""
+        before, after, _deleted, s_open, s_pinned, entries = self._gc(budget_bytes, dry_run)
+        return GcResult(before, after, s_open, s_pinned,
+                        [SessionEntry(*e) for e in entries])
+
+    def compact(self, name: Optional[str] = None) -> CompactResult:
+        """Give back the disk blocks sessions do not use; with no name, every
+        session and then the index itself (no other thread may use the store
+        meanwhile). Releases the GIL."""
+        return CompactResult(*self._compact(name))

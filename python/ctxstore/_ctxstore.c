@@ -1,0 +1,2077 @@
+/*
+ * ctxstore._ctxstore: the C half of the Python package, over the public
+ * header alone. The pure-Python half (__init__.py) subclasses SessionBase
+ * and StoreBase, turns the tuples returned here into named types, and
+ * parses options; everything that touches a handle or the mapping is here.
+ *
+ * Lifetime. A session's library handle (ctxs_session) belongs to a small
+ * Mapping object, not to the Session: the Session holds one reference to
+ * it, and every NumPy view over the mapping holds another (as its base).
+ * Session.close() drops the Session's reference and marks the Session
+ * closed for every call; ctxs_session_close() runs in Mapping's dealloc,
+ * that is once the last view is gone too. So a view never points at
+ * unmapped memory, and while one lives the file stays mapped and a
+ * writer's lock stays held. The same rule, one level up: a Mapping opened
+ * through a store holds a use of the Store, whose ctxs_store_close() waits
+ * for its last use (the header asks that sessions be closed before their
+ * store).
+ *
+ * Threads. A session handle is used by one thread at a time: each Session
+ * has a lock, taken by every call that reaches the handle, so calls that
+ * release the GIL (I/O: open, reserve, commit, sync, verify, fork, ...)
+ * cannot run beside another call on the same session. A store handle is
+ * thread-safe; the Store counts the calls in flight so that close() never
+ * pulls it from under one.
+ *
+ * fork(): a child must not close its parent's handles (the header: "the
+ * child must not use or close a store handle of its parent"), so handles
+ * remember the pid that opened them and a child's dealloc leaves them be.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pythread.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <ctxstore.h>
+
+static PyObject *Error; /* ctxstore.Error */
+
+/* --- Errors --------------------------------------------------------------- */
+
+/* Raises ctxstore.Error for rc: message "<context>: <ctxs_strerror(rc)>",
+ * with .code = rc and .name = ctxs_err_name(rc). Returns NULL. */
+static PyObject *raise_rc_obj(int rc, PyObject *context)
+{
+    PyObject *msg, *exc, *v;
+    if (context)
+        msg = PyUnicode_FromFormat("%U: %s", context, ctxs_strerror(rc));
+    else
+        msg = PyUnicode_FromString(ctxs_strerror(rc));
+    if (!msg)
+        return NULL;
+    exc = PyObject_CallOneArg(Error, msg);
+    Py_DECREF(msg);
+    if (!exc)
+        return NULL;
+    v = PyLong_FromLong(rc);
+    if (!v || PyObject_SetAttrString(exc, "code", v) < 0)
+        goto fail;
+    Py_DECREF(v);
+    v = PyUnicode_FromString(ctxs_err_name(rc));
+    if (!v || PyObject_SetAttrString(exc, "name", v) < 0)
+        goto fail;
+    Py_DECREF(v);
+    PyErr_SetObject(Error, exc);
+    Py_DECREF(exc);
+    return NULL;
+fail:
+    Py_XDECREF(v);
+    Py_DECREF(exc);
+    return NULL;
+}
+
+static PyObject *raise_rc(int rc, const char *fmt, ...)
+{
+    PyObject *context = NULL;
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        context = PyUnicode_FromFormatV(fmt, ap);
+        va_end(ap);
+        if (!context)
+            return NULL;
+    }
+    raise_rc_obj(rc, context);
+    Py_XDECREF(context);
+    return NULL;
+}
+
+/* As raise_rc(), and for CTXS_EINVAL names the first of the names given
+ * (NULL ends the list) that breaks the rule, and why (ctxs_name_check()). */
+static PyObject *raise_names(int rc, const char *op, const char *n1,
+                             const char *n2)
+{
+    const char *names[2] = {n1, n2};
+    if (rc == CTXS_EINVAL) {
+        for (int i = 0; i < 2; i++) {
+            const char *why = names[i] ? ctxs_name_check(names[i]) : NULL;
+            if (why)
+                return raise_rc(rc, "%s: name '%s' %s (%s)", op, names[i], why,
+                                CTXS_NAME_RULE);
+        }
+    }
+    if (n1)
+        return raise_rc(rc, "%s '%s'", op, n1);
+    return raise_rc(rc, "%s", op);
+}
+
+static PyObject *raise_closed(const char *what)
+{
+    return raise_rc(CTXS_EINVAL, "the %s is closed", what);
+}
+
+/* --- Argument converters (for "O&") -------------------------------------- */
+
+static int conv_u64_range(PyObject *o, unsigned long long *out,
+                          unsigned long long max)
+{
+    PyObject *i = PyNumber_Index(o);
+    if (!i)
+        return 0;
+    /* Negative values raise OverflowError here too. */
+    unsigned long long v = PyLong_AsUnsignedLongLong(i);
+    Py_DECREF(i);
+    if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > max) {
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_OverflowError))
+            return 0;
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%R is out of range (0 .. %llu)", o, max);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static int conv_u32(PyObject *o, void *out)
+{
+    unsigned long long v;
+    if (!conv_u64_range(o, &v, UINT32_MAX))
+        return 0;
+    *(uint32_t *)out = (uint32_t)v;
+    return 1;
+}
+
+static int conv_u64(PyObject *o, void *out)
+{
+    unsigned long long v;
+    if (!conv_u64_range(o, &v, UINT64_MAX))
+        return 0;
+    *(uint64_t *)out = (uint64_t)v;
+    return 1;
+}
+
+/* None or an int: UINT64_MAX for None ("all"). */
+static int conv_u64_or_all(PyObject *o, void *out)
+{
+    if (o == Py_None) {
+        *(uint64_t *)out = UINT64_MAX;
+        return 1;
+    }
+    return conv_u64(o, out);
+}
+
+/* A hash: a bytes-like object of CTXS_HASH_BYTES bytes. */
+static int conv_hash(PyObject *o, void *out)
+{
+    Py_buffer b;
+    if (PyObject_GetBuffer(o, &b, PyBUF_SIMPLE) < 0)
+        return 0;
+    int ok = b.len == CTXS_HASH_BYTES;
+    if (ok)
+        memcpy(out, b.buf, CTXS_HASH_BYTES);
+    PyBuffer_Release(&b);
+    if (!ok)
+        PyErr_Format(PyExc_ValueError, "a hash is %d bytes", CTXS_HASH_BYTES);
+    return ok;
+}
+
+/* A model: the tuple ctxstore.Model is, (n_layers, n_kv_heads, head_dim,
+ * dtype, model_hash, tokenizer_hash). */
+static int conv_model(PyObject *o, void *out)
+{
+    ctxs_model *m = out;
+    memset(m, 0, sizeof *m);
+    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 6) {
+        PyErr_SetString(PyExc_TypeError, "model must be a ctxstore.Model");
+        return 0;
+    }
+    return conv_u32(PyTuple_GET_ITEM(o, 0), &m->geometry.n_layers) &&
+           conv_u32(PyTuple_GET_ITEM(o, 1), &m->geometry.n_kv_heads) &&
+           conv_u32(PyTuple_GET_ITEM(o, 2), &m->geometry.head_dim) &&
+           conv_u32(PyTuple_GET_ITEM(o, 3), &m->geometry.dtype) &&
+           conv_hash(PyTuple_GET_ITEM(o, 4), m->model_hash) &&
+           conv_hash(PyTuple_GET_ITEM(o, 5), m->tokenizer_hash);
+}
+
+/* A path: str, bytes or os.PathLike, to a PyBytes the caller releases. */
+static int conv_path(PyObject *o, void *out)
+{
+    return PyUnicode_FSConverter(o, out);
+}
+
+/* The open options, as four ints: window, pressure_window, durability,
+ * background. */
+static int parse_open_opts(PyObject *t, ctxs_open_options *o)
+{
+    *o = (ctxs_open_options)CTXS_OPEN_OPTIONS_INIT;
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+        PyErr_SetString(PyExc_TypeError, "open options: a tuple of 4 ints");
+        return 0;
+    }
+    return conv_u32(PyTuple_GET_ITEM(t, 0), &o->window) &&
+           conv_u32(PyTuple_GET_ITEM(t, 1), &o->pressure_window) &&
+           conv_u32(PyTuple_GET_ITEM(t, 2), &o->durability) &&
+           conv_u32(PyTuple_GET_ITEM(t, 3), &o->background);
+}
+
+static int conv_open_opts(PyObject *t, void *out)
+{
+    return parse_open_opts(t, out);
+}
+
+/* The create options: capacity, n_sink, ring, then the open options. */
+static int conv_create_opts(PyObject *t, void *out)
+{
+    ctxs_create_options *o = out;
+    *o = (ctxs_create_options)CTXS_CREATE_OPTIONS_INIT;
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "create options: (capacity, n_sink, ring, open options)");
+        return 0;
+    }
+    return conv_u32(PyTuple_GET_ITEM(t, 0), &o->capacity) &&
+           conv_u32(PyTuple_GET_ITEM(t, 1), &o->n_sink) &&
+           conv_u32(PyTuple_GET_ITEM(t, 2), &o->ring) &&
+           parse_open_opts(PyTuple_GET_ITEM(t, 3), &o->open);
+}
+
+/* Token ids: any 1-D sequence of ints in 0 .. 2^32-1 (a np.uint32 array is
+ * taken as it is). *out is a new 1-D C-contiguous uint32 array. */
+static PyArrayObject *token_array(PyObject *o)
+{
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(o, NPY_NOTYPE, 0, 0, 0);
+    if (!a)
+        return NULL;
+    if (PyArray_NDIM(a) != 1) {
+        PyErr_Format(PyExc_ValueError, "token ids: a 1-D sequence, not %d-D",
+                     PyArray_NDIM(a));
+        goto fail;
+    }
+    if (PyArray_TYPE(a) == NPY_UINT32 && PyArray_ISCARRAY_RO(a))
+        return a;
+    if (PyArray_SIZE(a) > 0 && !PyArray_ISINTEGER(a)) {
+        PyErr_Format(PyExc_TypeError, "token ids must be integers, not %s",
+                     PyArray_DESCR(a)->typeobj->tp_name);
+        goto fail;
+    }
+    /* Through int64: a uint64 above 2^63 wraps negative and is refused. */
+    PyArrayObject *w = (PyArrayObject *)PyArray_FROMANY((PyObject *)a, NPY_INT64,
+                                                        1, 1, NPY_ARRAY_CARRAY_RO |
+                                                              NPY_ARRAY_FORCECAST);
+    Py_DECREF(a);
+    if (!w)
+        return NULL;
+    npy_intp n = PyArray_SIZE(w);
+    const int64_t *src = PyArray_DATA(w);
+    PyArrayObject *u = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT32);
+    if (!u) {
+        Py_DECREF(w);
+        return NULL;
+    }
+    uint32_t *dst = PyArray_DATA(u);
+    for (npy_intp i = 0; i < n; i++) {
+        if (src[i] < 0 || src[i] > (int64_t)UINT32_MAX) {
+            PyErr_Format(PyExc_ValueError,
+                         "token id %lld (at %zd) is not in 0 .. 4294967295",
+                         (long long)src[i], (Py_ssize_t)i);
+            Py_DECREF(w);
+            Py_DECREF(u);
+            return NULL;
+        }
+        dst[i] = (uint32_t)src[i];
+    }
+    Py_DECREF(w);
+    return u;
+fail:
+    Py_DECREF(a);
+    return NULL;
+}
+
+/* --- Tuples out ----------------------------------------------------------- */
+
+static PyObject *model_tuple(const ctxs_model *m)
+{
+    return Py_BuildValue("(IIIIy#y#)", m->geometry.n_layers, m->geometry.n_kv_heads,
+                         m->geometry.head_dim, m->geometry.dtype,
+                         (const char *)m->model_hash, (Py_ssize_t)CTXS_HASH_BYTES,
+                         (const char *)m->tokenizer_hash, (Py_ssize_t)CTXS_HASH_BYTES);
+}
+
+static PyObject *entry_tuple(const ctxs_session_entry *e)
+{
+    return Py_BuildValue("(sKy#KKKKKKO)", e->name, (unsigned long long)e->id,
+                         (const char *)e->model_hash, (Py_ssize_t)CTXS_HASH_BYTES,
+                         (unsigned long long)e->n_tokens,
+                         (unsigned long long)e->disk_bytes,
+                         (unsigned long long)e->created_unix_ms,
+                         (unsigned long long)e->last_used_unix_ms,
+                         (unsigned long long)e->parent_id,
+                         (unsigned long long)e->fork_tokens,
+                         e->pinned ? Py_True : Py_False);
+}
+
+static PyObject *entries_list(const ctxs_session_entry *e, size_t n)
+{
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *t = entry_tuple(&e[i]);
+        if (!t) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+    }
+    return l;
+}
+
+/* --- Store ---------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    ctxs_store *st;    /* NULL before open and once really closed */
+    int closed;        /* close() was called: every call refuses */
+    Py_ssize_t users;  /* calls in flight + open sessions' mappings */
+    pid_t pid;         /* the process that opened st */
+} StoreObject;
+
+static void store_really_close(StoreObject *self)
+{
+    ctxs_store *st = self->st;
+    self->st = NULL;
+    if (st && self->pid == getpid()) {
+        Py_BEGIN_ALLOW_THREADS
+        ctxs_store_close(st);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+/* Takes a use of the store for a call; 0, or -1 with Error set. */
+static int store_enter(StoreObject *self)
+{
+    if (!self->st || self->closed) {
+        raise_closed("store");
+        return -1;
+    }
+    self->users++;
+    return 0;
+}
+
+static void store_leave(StoreObject *self)
+{
+    if (--self->users == 0 && self->closed)
+        store_really_close(self);
+}
+
+static PyObject *Store_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)args;
+    (void)kw;
+    StoreObject *self = (StoreObject *)type->tp_alloc(type, 0);
+    if (self)
+        self->closed = 1;
+    return (PyObject *)self;
+}
+
+static void Store_dealloc(StoreObject *self)
+{
+    /* Sessions hold a reference, so nothing uses st any more. */
+    store_really_close(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* --- Mapping: owns the session handle; views keep it alive ----------------- */
+
+typedef struct {
+    PyObject_HEAD
+    ctxs_session *s;
+    StoreObject *store; /* a use of it, or NULL */
+    pid_t pid;
+} MappingObject;
+
+static void Mapping_dealloc(MappingObject *self)
+{
+    ctxs_session *s = self->s;
+    self->s = NULL;
+    if (s && self->pid == getpid()) {
+        Py_BEGIN_ALLOW_THREADS
+        ctxs_session_close(s);
+        Py_END_ALLOW_THREADS
+    }
+    if (self->store) {
+        store_leave(self->store);
+        Py_CLEAR(self->store);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject MappingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ctxstore._ctxstore.Mapping",
+    .tp_doc = "A session's mapping: what views over it keep alive. "
+              "The session's file is closed when the last reference goes.",
+    .tp_basicsize = sizeof(MappingObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)Mapping_dealloc,
+};
+
+/* --- Session -------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    MappingObject *map;  /* NULL before open and after close */
+    ctxs_session *s;     /* map->s while open, else NULL */
+    ctxs_layout layout;  /* valid while map is: pointers into the mapping */
+    int readonly;
+    PyThread_type_lock lock; /* one call at a time on s */
+} SessionObject;
+
+static PyTypeObject SessionType;
+
+/* Takes the session's lock (waiting without the GIL); 0, or -1 with Error
+ * set when the session is closed. Arguments that may call back into Python
+ * are converted before this, never while the lock is held. */
+static int sess_enter(SessionObject *self)
+{
+    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    if (!self->s) {
+        PyThread_release_lock(self->lock);
+        raise_closed("session");
+        return -1;
+    }
+    return 0;
+}
+
+static void sess_leave(SessionObject *self)
+{
+    PyThread_release_lock(self->lock);
+}
+
+static PyObject *Session_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)args;
+    (void)kw;
+    SessionObject *self = (SessionObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->lock = PyThread_allocate_lock();
+    if (!self->lock) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)self;
+}
+
+static void Session_dealloc(SessionObject *self)
+{
+    self->s = NULL;
+    Py_CLEAR(self->map);
+    if (self->lock)
+        PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Gives a freshly opened handle to self (which must not be open yet):
+ * makes its Mapping, reads the layout. On failure closes s. */
+static PyObject *sess_attach(SessionObject *self, ctxs_session *s,
+                             StoreObject *store)
+{
+    MappingObject *m = PyObject_New(MappingObject, &MappingType);
+    if (!m) {
+        Py_BEGIN_ALLOW_THREADS
+        ctxs_session_close(s);
+        Py_END_ALLOW_THREADS
+        return NULL;
+    }
+    m->s = s;
+    m->pid = getpid();
+    m->store = NULL;
+    if (store) {
+        Py_INCREF(store);
+        store->users++;
+        m->store = store;
+    }
+    ctxs_session_info info;
+    int rc = ctxs_session_get_layout(&self->layout, s);
+    if (rc == 0)
+        rc = ctxs_session_get_info(&info, s);
+    if (rc < 0) {
+        Py_DECREF(m);
+        return raise_rc(rc, "session layout");
+    }
+    self->readonly = (info.flags & CTXS_INFO_READONLY) != 0;
+    self->map = m;
+    self->s = s;
+    Py_RETURN_NONE;
+}
+
+static int sess_check_fresh(SessionObject *self)
+{
+    if (self->map) {
+        PyErr_SetString(PyExc_RuntimeError, "the session object is already open");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Session__create(SessionObject *self, PyObject *args)
+{
+    PyObject *path = NULL;
+    ctxs_model model;
+    ctxs_create_options o;
+    if (!PyArg_ParseTuple(args, "O&O&O&:_create", conv_path, &path, conv_model,
+                          &model, conv_create_opts, &o))
+        goto out;
+    if (sess_check_fresh(self) < 0)
+        goto out;
+    ctxs_session *s;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_session_create(&s, PyBytes_AS_STRING(path), &model, &o);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        raise_rc(rc, "create '%s'", PyBytes_AS_STRING(path));
+        goto out;
+    }
+    Py_DECREF(path);
+    return sess_attach(self, s, NULL);
+out:
+    Py_XDECREF(path);
+    return NULL;
+}
+
+static PyObject *Session__open(SessionObject *self, PyObject *args)
+{
+    PyObject *path = NULL, *model_o;
+    ctxs_model model;
+    unsigned flags;
+    ctxs_open_options o;
+    if (!PyArg_ParseTuple(args, "O&OIO&:_open", conv_path, &path, &model_o,
+                          &flags, conv_open_opts, &o))
+        goto out;
+    if (model_o != Py_None && !conv_model(model_o, &model))
+        goto out;
+    if (sess_check_fresh(self) < 0)
+        goto out;
+    ctxs_session *s;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_session_open(&s, PyBytes_AS_STRING(path),
+                           model_o == Py_None ? NULL : &model, flags, &o);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        raise_rc(rc, "open '%s'", PyBytes_AS_STRING(path));
+        goto out;
+    }
+    Py_DECREF(path);
+    return sess_attach(self, s, NULL);
+out:
+    Py_XDECREF(path);
+    return NULL;
+}
+
+static PyObject *Session__fork_to(SessionObject *self, PyObject *args)
+{
+    SessionObject *dst;
+    PyObject *path = NULL;
+    uint64_t n;
+    ctxs_open_options o;
+    if (!PyArg_ParseTuple(args, "O!O&O&O&:_fork_to", &SessionType, &dst, conv_path,
+                          &path, conv_u64_or_all, &n, conv_open_opts, &o))
+        goto out;
+    if (sess_check_fresh(dst) < 0 || sess_enter(self) < 0)
+        goto out;
+    ctxs_session *s;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_session_fork(&s, PyBytes_AS_STRING(path), self->s, n, &o);
+    Py_END_ALLOW_THREADS
+    sess_leave(self);
+    if (rc < 0) {
+        raise_rc(rc, "fork to '%s'", PyBytes_AS_STRING(path));
+        goto out;
+    }
+    Py_DECREF(path);
+    return sess_attach(dst, s, NULL);
+out:
+    Py_XDECREF(path);
+    return NULL;
+}
+
+static PyObject *Session_close(SessionObject *self, PyObject *unused)
+{
+    (void)unused;
+    /* Waits for a call in flight on another thread; then the handle is
+     * closed now, or by the last view (Mapping_dealloc). */
+    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    MappingObject *m = self->map;
+    self->map = NULL;
+    self->s = NULL;
+    PyThread_release_lock(self->lock);
+    Py_XDECREF(m);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Session_get_closed(SessionObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(self->s == NULL);
+}
+
+static PyObject *Session_get_readonly(SessionObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(self->readonly);
+}
+
+static PyObject *Session_get_n_tokens(SessionObject *self, void *c)
+{
+    (void)c;
+    ctxs_session_info info;
+    if (sess_enter(self) < 0)
+        return NULL;
+    int rc = ctxs_session_get_info(&info, self->s);
+    sess_leave(self);
+    if (rc < 0)
+        return raise_rc(rc, "n_tokens");
+    return PyLong_FromUnsignedLongLong(info.n_tokens);
+}
+
+static PyObject *Session__layout(SessionObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->s)
+        return raise_closed("session");
+    const ctxs_layout *L = &self->layout;
+    return Py_BuildValue("(IIIIII)", L->geometry.n_layers, L->geometry.n_kv_heads,
+                         L->geometry.head_dim, L->geometry.dtype, L->capacity,
+                         L->n_sink);
+}
+
+static PyObject *Session__reserve(SessionObject *self, PyObject *arg)
+{
+    uint32_t n;
+    ctxs_reservation r;
+    int rc;
+    if (!conv_u32(arg, &n) || sess_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_session_reserve(&r, self->s, n);
+    Py_END_ALLOW_THREADS
+    sess_leave(self);
+    if (rc < 0)
+        return raise_rc(rc, "reserve(%u)", n);
+    PyObject *spans = PyTuple_New(r.n_spans);
+    for (uint32_t i = 0; spans && i < r.n_spans; i++) {
+        PyObject *t = Py_BuildValue("(II)", r.spans[i].slot, r.spans[i].count);
+        if (!t) {
+            Py_CLEAR(spans);
+            break;
+        }
+        PyTuple_SET_ITEM(spans, i, t);
+    }
+    if (!spans)
+        return NULL;
+    return Py_BuildValue("(KIN)", (unsigned long long)r.first_pos, r.n_tokens, spans);
+}
+
+/* k or v of write_token: float32 or float16, [n_layers, n_kv_heads,
+ * head_dim], made C-contiguous. */
+static PyArrayObject *token_kv(SessionObject *self, PyObject *o, const char *what)
+{
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(o, NPY_NOTYPE, 0, 0, 0);
+    if (!a)
+        return NULL;
+    int t = PyArray_TYPE(a);
+    if (t != NPY_FLOAT32 && t != NPY_FLOAT16) {
+        PyErr_Format(PyExc_TypeError, "%s must be float32 or float16, not %s", what,
+                     PyArray_DESCR(a)->typeobj->tp_name);
+        goto fail;
+    }
+    const ctxs_geometry *g = &self->layout.geometry;
+    npy_intp want[3] = {g->n_layers, g->n_kv_heads, g->head_dim};
+    if (PyArray_NDIM(a) != 3 || PyArray_DIM(a, 0) != want[0] ||
+        PyArray_DIM(a, 1) != want[1] || PyArray_DIM(a, 2) != want[2]) {
+        PyObject *shape = PyObject_GetAttrString((PyObject *)a, "shape");
+        PyErr_Format(PyExc_ValueError,
+                     "%s must have shape (%zd, %zd, %zd) [n_layers, n_kv_heads, head_dim], not %R",
+                     what, (Py_ssize_t)want[0], (Py_ssize_t)want[1],
+                     (Py_ssize_t)want[2], shape ? shape : Py_None);
+        Py_XDECREF(shape);
+        goto fail;
+    }
+    PyArrayObject *c = (PyArrayObject *)PyArray_FROMANY((PyObject *)a, t, 3, 3,
+                                                        NPY_ARRAY_CARRAY_RO);
+    Py_DECREF(a);
+    return c;
+fail:
+    Py_DECREF(a);
+    return NULL;
+}
+
+static PyObject *Session_write_token(SessionObject *self, PyObject *args,
+                                     PyObject *kw)
+{
+    static char *kwlist[] = {"reservation", "i", "k", "v", NULL};
+    PyObject *res, *ko, *vo;
+    uint32_t i;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO&OO:write_token", kwlist, &res,
+                                     conv_u32, &i, &ko, &vo))
+        return NULL;
+    if (!self->s)
+        return raise_closed("session");
+    ctxs_reservation r = {0};
+    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 3 ||
+        !conv_u64(PyTuple_GET_ITEM(res, 0), &r.first_pos) ||
+        !conv_u32(PyTuple_GET_ITEM(res, 1), &r.n_tokens)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError,
+                            "reservation must be what Session.reserve() returned");
+        return NULL;
+    }
+    PyArrayObject *k = token_kv(self, ko, "k"), *v = k ? token_kv(self, vo, "v") : NULL;
+    PyObject *ret = NULL;
+    if (!v)
+        goto out;
+    if (PyArray_TYPE(k) != PyArray_TYPE(v)) {
+        PyErr_SetString(PyExc_TypeError, "k and v must have the same dtype");
+        goto out;
+    }
+    uint32_t dtype = PyArray_TYPE(k) == NPY_FLOAT32 ? CTXS_DTYPE_F32 : CTXS_DTYPE_F16;
+    if (sess_enter(self) < 0)
+        goto out;
+    int rc = ctxs_session_write_token(self->s, &r, i, PyArray_DATA(k),
+                                      PyArray_DATA(v), dtype);
+    sess_leave(self);
+    if (rc < 0) {
+        raise_rc(rc, "write_token(i=%u) of a reservation of %u at %llu", i,
+                 r.n_tokens, (unsigned long long)r.first_pos);
+        goto out;
+    }
+    ret = Py_NewRef(Py_None);
+out:
+    Py_XDECREF(k);
+    Py_XDECREF(v);
+    return ret;
+}
+
+static PyObject *Session_commit(SessionObject *self, PyObject *arg)
+{
+    PyArrayObject *ids = token_array(arg);
+    if (!ids)
+        return NULL;
+    npy_intp n = PyArray_SIZE(ids);
+    if (n > (npy_intp)UINT32_MAX) {
+        Py_DECREF(ids);
+        return raise_rc(CTXS_EINVAL, "commit of %zd tokens", (Py_ssize_t)n);
+    }
+    if (sess_enter(self) < 0) {
+        Py_DECREF(ids);
+        return NULL;
+    }
+    int rc;
+    const uint32_t *p = PyArray_DATA(ids);
+    /* An empty array's data may be NULL; the library refuses n == 0 itself. */
+    static const uint32_t none[1];
+    if (n == 0)
+        p = none;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_session_commit(self->s, p, (uint32_t)n);
+    Py_END_ALLOW_THREADS
+    sess_leave(self);
+    Py_DECREF(ids);
+    if (rc < 0)
+        return raise_rc(rc, "commit of %zd tokens", (Py_ssize_t)n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Session_rollback(SessionObject *self, PyObject *arg)
+{
+    uint64_t n;
+    int rc;
+    if (!conv_u64(arg, &n) || sess_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_session_rollback(self->s, n);
+    Py_END_ALLOW_THREADS
+    sess_leave(self);
+    if (rc < 0)
+        return raise_rc(rc, "rollback(%llu)", (unsigned long long)n);
+    Py_RETURN_NONE;
+}
+
+/* The calls that take only the session: sync, refresh, prefetch. */
+#define SESSION_SIMPLE(pyname, call, nogil)                                    \
+    static PyObject *Session_##pyname(SessionObject *self, PyObject *unused)   \
+    {                                                                          \
+        (void)unused;                                                          \
+        int rc;                                                                \
+        if (sess_enter(self) < 0)                                              \
+            return NULL;                                                       \
+        Py_BEGIN_ALLOW_THREADS                                                 \
+        rc = call(self->s);                                                    \
+        Py_END_ALLOW_THREADS                                                   \
+        sess_leave(self);                                                      \
+        if (rc < 0)                                                            \
+            return raise_rc(rc, #pyname "()");                                 \
+        Py_RETURN_NONE;                                                        \
+    }
+
+SESSION_SIMPLE(sync, ctxs_session_sync, 1)
+SESSION_SIMPLE(refresh, ctxs_session_refresh, 1)
+SESSION_SIMPLE(prefetch, ctxs_session_prefetch, 1)
+
+static PyObject *verify_error(int rc, uint64_t bad, const char *what)
+{
+    raise_rc(rc, "%s: the token at position %llu does not match its checksum",
+             what, (unsigned long long)bad);
+    if (rc == CTXS_ECORRUPT) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        PyObject *pos = PyLong_FromUnsignedLongLong(bad);
+        if (pos && value)
+            PyObject_SetAttrString(value, "pos", pos);
+        Py_XDECREF(pos);
+        PyErr_Restore(type, value, tb);
+    }
+    return NULL;
+}
+
+static PyObject *Session_verify(SessionObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"from_pos", "to_pos", NULL};
+    uint64_t from = 0, to = UINT64_MAX, bad = 0;
+    int rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&O&:verify", kwlist, conv_u64,
+                                     &from, conv_u64_or_all, &to))
+        return NULL;
+    if (sess_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_session_verify_range(&bad, self->s, from, to);
+    Py_END_ALLOW_THREADS
+    sess_leave(self);
+    if (rc == CTXS_ECORRUPT)
+        return verify_error(rc, bad, "verify");
+    if (rc < 0)
+        return raise_rc(rc, "verify");
+    Py_RETURN_NONE;
+}
+
+static PyObject *Session__info(SessionObject *self, PyObject *unused)
+{
+    (void)unused;
+    ctxs_session_info i;
+    if (sess_enter(self) < 0)
+        return NULL;
+    int rc = ctxs_session_get_info(&i, self->s);
+    sess_leave(self);
+    if (rc < 0)
+        return raise_rc(rc, "info");
+    return Py_BuildValue("(NIIIIKKIIIIKKKKKI)", model_tuple(&i.model), i.format_major,
+                         i.format_minor, i.capacity, i.n_sink,
+                         (unsigned long long)i.n_tokens,
+                         (unsigned long long)i.ring_start, i.n_held, i.n_reserved,
+                         i.window, i.durability, (unsigned long long)i.seq,
+                         (unsigned long long)i.verified_from,
+                         (unsigned long long)i.lost_tokens,
+                         (unsigned long long)i.file_bytes,
+                         (unsigned long long)i.created_unix_ms, i.flags);
+}
+
+static PyObject *Session__window(SessionObject *self, PyObject *unused)
+{
+    (void)unused;
+    ctxs_window w;
+    if (sess_enter(self) < 0)
+        return NULL;
+    int rc = ctxs_session_get_window(&w, self->s);
+    sess_leave(self);
+    if (rc < 0)
+        return raise_rc(rc, "window");
+    PyObject *spans = PyTuple_New(w.n_spans);
+    for (uint32_t i = 0; spans && i < w.n_spans; i++) {
+        PyObject *t = Py_BuildValue("(II)", w.spans[i].slot, w.spans[i].count);
+        if (!t) {
+            Py_CLEAR(spans);
+            break;
+        }
+        PyTuple_SET_ITEM(spans, i, t);
+    }
+    if (!spans)
+        return NULL;
+    return Py_BuildValue("(IN)", w.n_tokens, spans);
+}
+
+static PyObject *Session_set_window(SessionObject *self, PyObject *arg)
+{
+    uint32_t w;
+    if (!conv_u32(arg, &w) || sess_enter(self) < 0)
+        return NULL;
+    int rc = ctxs_session_set_window(self->s, w);
+    sess_leave(self);
+    if (rc < 0)
+        return raise_rc(rc, "set_window(%u)", w);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Session__attn_plan(SessionObject *self, PyObject *arg)
+{
+    uint32_t n_pending;
+    ctxs_attn_plan p;
+    if (!conv_u32(arg, &n_pending) || sess_enter(self) < 0)
+        return NULL;
+    int rc = ctxs_session_get_attn_plan(&p, self->s, n_pending);
+    sess_leave(self);
+    if (rc < 0)
+        return raise_rc(rc, "attn_plan(n_pending=%u)", n_pending);
+    PyObject *spans = PyTuple_New(p.n_spans);
+    for (uint32_t i = 0; spans && i < p.n_spans; i++) {
+        PyObject *t = Py_BuildValue("(KII)", (unsigned long long)p.spans[i].pos,
+                                    p.spans[i].slot, p.spans[i].count);
+        if (!t) {
+            Py_CLEAR(spans);
+            break;
+        }
+        PyTuple_SET_ITEM(spans, i, t);
+    }
+    if (!spans)
+        return NULL;
+    return Py_BuildValue("(KKIIIN)", (unsigned long long)p.n_tokens,
+                         (unsigned long long)p.first_query, p.n_sink, p.window,
+                         p.n_keys, spans);
+}
+
+static PyObject *Session_read_token(SessionObject *self, PyObject *arg)
+{
+    uint64_t pos;
+    if (!conv_u64(arg, &pos))
+        return NULL;
+    if (!self->s)
+        return raise_closed("session");
+    const ctxs_geometry *g = &self->layout.geometry;
+    npy_intp dims[3] = {g->n_layers, g->n_kv_heads, g->head_dim};
+    PyObject *k = PyArray_SimpleNew(3, dims, NPY_FLOAT32);
+    PyObject *v = k ? PyArray_SimpleNew(3, dims, NPY_FLOAT32) : NULL;
+    if (!v || sess_enter(self) < 0) {
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        return NULL;
+    }
+    int rc = ctxs_session_read_token(PyArray_DATA((PyArrayObject *)k),
+                                     PyArray_DATA((PyArrayObject *)v), self->s, pos,
+                                     CTXS_DTYPE_F32);
+    sess_leave(self);
+    if (rc < 0) {
+        Py_DECREF(k);
+        Py_DECREF(v);
+        return raise_rc(rc, "read_token(%llu)", (unsigned long long)pos);
+    }
+    return Py_BuildValue("(NN)", k, v);
+}
+
+static PyObject *Session_tokens(SessionObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"from_pos", "n", NULL};
+    uint64_t from = 0, n = UINT64_MAX;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&O&:tokens", kwlist, conv_u64,
+                                     &from, conv_u64_or_all, &n))
+        return NULL;
+    if (sess_enter(self) < 0)
+        return NULL;
+    if (n == UINT64_MAX) {
+        ctxs_session_info info;
+        int rc = ctxs_session_get_info(&info, self->s);
+        if (rc < 0) {
+            sess_leave(self);
+            return raise_rc(rc, "tokens");
+        }
+        n = info.n_tokens > from ? info.n_tokens - from : 0;
+    }
+    if (n > UINT32_MAX) {
+        sess_leave(self);
+        return raise_rc(CTXS_EINVAL, "tokens(%llu, %llu)", (unsigned long long)from,
+                        (unsigned long long)n);
+    }
+    npy_intp dims[1] = {(npy_intp)n};
+    PyObject *a = PyArray_SimpleNew(1, dims, NPY_UINT32);
+    if (!a) {
+        sess_leave(self);
+        return NULL;
+    }
+    static uint32_t none[1];
+    int rc = ctxs_session_get_tokens(n ? PyArray_DATA((PyArrayObject *)a) : none,
+                                     self->s, from, (uint32_t)n);
+    sess_leave(self);
+    if (rc < 0) {
+        Py_DECREF(a);
+        return raise_rc(rc, "tokens(%llu, %llu)", (unsigned long long)from,
+                        (unsigned long long)n);
+    }
+    return a;
+}
+
+static PyObject *Session_slot(SessionObject *self, PyObject *arg)
+{
+    uint64_t pos;
+    uint32_t slot;
+    if (!conv_u64(arg, &pos) || sess_enter(self) < 0)
+        return NULL;
+    int rc = ctxs_session_get_slot(&slot, self->s, pos);
+    sess_leave(self);
+    if (rc < 0)
+        return raise_rc(rc, "slot(%llu)", (unsigned long long)pos);
+    return PyLong_FromUnsignedLong(slot);
+}
+
+/* A view over the mapping: K or V of one layer [kv_heads, capacity,
+ * head_dim], or its Q8 scales [kv_heads, capacity]; base = the Mapping. */
+static PyObject *sess_view(SessionObject *self, PyObject *arg, int kind, int scales)
+{
+    uint32_t layer;
+    if (!conv_u32(arg, &layer))
+        return NULL;
+    if (!self->map)
+        return raise_closed("session");
+    const ctxs_layout *L = &self->layout;
+    const ctxs_geometry *g = &L->geometry;
+    if (layer >= g->n_layers) {
+        PyErr_Format(PyExc_IndexError, "layer %u out of range (the session has %u)",
+                     layer, g->n_layers);
+        return NULL;
+    }
+    npy_intp dims[3], strides[3];
+    int nd, type;
+    char *data;
+    if (scales) {
+        if (g->dtype != CTXS_DTYPE_Q8 || !L->scales)
+            return raise_rc(CTXS_EINVAL, "%s_scales(%u): only a Q8 session has scales",
+                            kind ? "v" : "k", layer);
+        nd = 2;
+        type = NPY_FLOAT32;
+        dims[0] = g->n_kv_heads;
+        dims[1] = L->capacity;
+        strides[0] = (npy_intp)L->capacity * 4;
+        strides[1] = 4;
+        data = (char *)(L->scales +
+                        ((size_t)layer * 2 + (size_t)kind) * g->n_kv_heads * L->capacity);
+    } else {
+        switch (g->dtype) {
+        case CTXS_DTYPE_F16: type = NPY_FLOAT16; break;
+        case CTXS_DTYPE_BF16: type = NPY_UINT16; break;
+        case CTXS_DTYPE_Q8: type = NPY_INT8; break;
+        default: return raise_rc(CTXS_EINVAL, "a session of dtype %u", g->dtype);
+        }
+        nd = 3;
+        dims[0] = g->n_kv_heads;
+        dims[1] = L->capacity;
+        dims[2] = g->head_dim;
+        strides[0] = (npy_intp)L->head_stride;
+        strides[1] = (npy_intp)L->slot_bytes;
+        strides[2] = (npy_intp)(L->slot_bytes / g->head_dim);
+        data = (char *)L->kv + (size_t)layer * L->layer_stride +
+               (size_t)kind * L->kv_stride;
+    }
+    int flags = NPY_ARRAY_ALIGNED | (self->readonly ? 0 : NPY_ARRAY_WRITEABLE);
+    PyObject *a = PyArray_New(&PyArray_Type, nd, dims, type, strides, data, 0, flags,
+                              NULL);
+    if (!a)
+        return NULL;
+    Py_INCREF(self->map);
+    if (PyArray_SetBaseObject((PyArrayObject *)a, (PyObject *)self->map) < 0) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    return a;
+}
+
+static PyObject *Session_k(SessionObject *self, PyObject *arg)
+{
+    return sess_view(self, arg, CTXS_K, 0);
+}
+
+static PyObject *Session_v(SessionObject *self, PyObject *arg)
+{
+    return sess_view(self, arg, CTXS_V, 0);
+}
+
+static PyObject *Session_k_scales(SessionObject *self, PyObject *arg)
+{
+    return sess_view(self, arg, CTXS_K, 1);
+}
+
+static PyObject *Session_v_scales(SessionObject *self, PyObject *arg)
+{
+    return sess_view(self, arg, CTXS_V, 1);
+}
+
+/* --- Checkpoints ---------------------------------------------------------- */
+
+#define SESSION_NAMED(pyname, call, op)                                        \
+    static PyObject *Session_##pyname(SessionObject *self, PyObject *args)     \
+    {                                                                          \
+        const char *name;                                                      \
+        int rc;                                                                \
+        if (!PyArg_ParseTuple(args, "s:" #pyname, &name) || sess_enter(self) < 0) \
+            return NULL;                                                       \
+        Py_BEGIN_ALLOW_THREADS                                                 \
+        rc = call(self->s, name);                                              \
+        Py_END_ALLOW_THREADS                                                   \
+        sess_leave(self);                                                      \
+        if (rc < 0)                                                            \
+            return raise_names(rc, op, name, NULL);                            \
+        Py_RETURN_NONE;                                                        \
+    }
+
+SESSION_NAMED(checkpoint, ctxs_checkpoint_create, "checkpoint")
+SESSION_NAMED(restore, ctxs_checkpoint_restore, "restore checkpoint")
+SESSION_NAMED(delete_checkpoint, ctxs_checkpoint_delete, "delete checkpoint")
+
+static PyObject *Session__checkpoints(SessionObject *self, PyObject *unused)
+{
+    (void)unused;
+    ctxs_checkpoint_entry *e;
+    size_t n;
+    if (sess_enter(self) < 0)
+        return NULL;
+    int rc = ctxs_checkpoint_list(&e, &n, self->s);
+    sess_leave(self);
+    if (rc < 0)
+        return raise_rc(rc, "checkpoints");
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *t = Py_BuildValue("(sKKO)", e[i].name, (unsigned long long)e[i].n_tokens,
+                                    (unsigned long long)e[i].created_unix_ms,
+                                    e[i].stale ? Py_True : Py_False);
+        if (!t) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+    }
+    ctxs_free(e);
+    return l;
+}
+
+#define NOARGS(f) (PyCFunction)(void (*)(void))(f), METH_NOARGS
+#define ONEARG(f) (PyCFunction)(void (*)(void))(f), METH_O
+#define VARARGS(f) (PyCFunction)(void (*)(void))(f), METH_VARARGS
+#define KWARGS(f) (PyCFunction)(void (*)(void))(f), METH_VARARGS | METH_KEYWORDS
+
+static PyMethodDef Session_methods[] = {
+    {"_create", VARARGS(Session__create), NULL},
+    {"_open", VARARGS(Session__open), NULL},
+    {"_fork_to", VARARGS(Session__fork_to), NULL},
+    {"_layout", NOARGS(Session__layout), NULL},
+    {"_reserve", ONEARG(Session__reserve), NULL},
+    {"_info", NOARGS(Session__info), NULL},
+    {"_window", NOARGS(Session__window), NULL},
+    {"_attn_plan", ONEARG(Session__attn_plan), NULL},
+    {"_checkpoints", NOARGS(Session__checkpoints), NULL},
+    {"close", NOARGS(Session_close),
+     "close($self, /)\n--\n\n"
+     "Close the session. Every later call on it raises ctxstore.Error. The\n"
+     "file itself is closed (ctxs_session_close: unmapped, writer lock\n"
+     "released) at once when no view of it (k(), v(), ..., torch_k(), ...)\n"
+     "is alive, else when the last one is garbage-collected: views stay\n"
+     "valid. Idempotent."},
+    {"write_token", KWARGS(Session_write_token),
+     "write_token($self, reservation, i, k, v, /)\n--\n\n"
+     "Store token i of a reservation (from reserve()). k and v are NumPy\n"
+     "arrays (or anything np.asarray takes) of float32 or float16, shaped\n"
+     "[n_layers, n_kv_heads, head_dim], converted to the session's dtype\n"
+     "(Q8 is quantized). TypeError/ValueError for another dtype or shape."},
+    {"commit", ONEARG(Session_commit),
+     "commit($self, token_ids, /)\n--\n\n"
+     "Commit the first len(token_ids) reserved tokens with their ids (a\n"
+     "sequence of ints in 0..2**32-1 or a np.uint32 array): checksums them,\n"
+     "writes the commit record, syncs by the durability. Reserved tokens past\n"
+     "them are released. Releases the GIL."},
+    {"rollback", ONEARG(Session_rollback),
+     "rollback($self, n_tokens, /)\n--\n\n"
+     "Roll the committed token count back to n_tokens (durable at return)."},
+    {"sync", NOARGS(Session_sync),
+     "sync($self, /)\n--\n\nMake everything committed durable, as a FULL commit does."},
+    {"refresh", NOARGS(Session_refresh),
+     "refresh($self, /)\n--\n\nRe-read the newest commit record (a reader following a writer)."},
+    {"prefetch", NOARGS(Session_prefetch),
+     "prefetch($self, /)\n--\n\nBring the attention window into memory and return once it is in."},
+    {"verify", KWARGS(Session_verify),
+     "verify($self, /, from_pos=0, to_pos=None)\n--\n\n"
+     "Check the checksum of every held token (in [from_pos, to_pos)). A bad\n"
+     "token raises ctxstore.Error CTXS_ECORRUPT whose .pos is its position.\n"
+     "Reads the whole KV region; releases the GIL."},
+    {"set_window", ONEARG(Session_set_window),
+     "set_window($self, window, /)\n--\n\n"
+     "Set the attention window (recent tokens beside the sinks); 0 = all held."},
+    {"read_token", ONEARG(Session_read_token),
+     "read_token($self, pos, /)\n--\n\n"
+     "(k, v) of committed token pos: two float32 arrays [n_layers, n_kv_heads,\n"
+     "head_dim], copies (Q8 gives scale * q)."},
+    {"tokens", KWARGS(Session_tokens),
+     "tokens($self, /, from_pos=0, n=None)\n--\n\n"
+     "The token ids of committed positions [from_pos, from_pos + n) as a\n"
+     "np.uint32 array; n=None: up to the last committed one."},
+    {"slot", ONEARG(Session_slot),
+     "slot($self, pos, /)\n--\n\nThe slot (index in the capacity axis) that holds position pos."},
+    {"k", ONEARG(Session_k),
+     "k($self, layer, /)\n--\n\n"
+     "The keys of one layer, in place: a NumPy array [n_kv_heads, capacity,\n"
+     "head_dim] over the mapping (no copy): float16 for an f16 session,\n"
+     "uint16 holding bfloat16 bits for bf16, int8 for Q8 (scales in\n"
+     "k_scales()). Writable for a writer (write only reserved slots), read-\n"
+     "only for a read-only open. It keeps the mapping alive (see close())."},
+    {"v", ONEARG(Session_v),
+     "v($self, layer, /)\n--\n\nThe values of one layer, in place: as k()."},
+    {"k_scales", ONEARG(Session_k_scales),
+     "k_scales($self, layer, /)\n--\n\n"
+     "A Q8 session's key scales of one layer: float32 [n_kv_heads, capacity]\n"
+     "over the mapping; element e of a slot is scale * q[e]."},
+    {"v_scales", ONEARG(Session_v_scales),
+     "v_scales($self, layer, /)\n--\n\nA Q8 session's value scales of one layer, as k_scales()."},
+    {"checkpoint", VARARGS(Session_checkpoint),
+     "checkpoint($self, name, /)\n--\n\n"
+     "Name the current token count (a session opened through a Store)."},
+    {"restore", VARARGS(Session_restore),
+     "restore($self, name, /)\n--\n\nRoll back to a checkpoint, in O(1)."},
+    {"delete_checkpoint", VARARGS(Session_delete_checkpoint),
+     "delete_checkpoint($self, name, /)\n--\n\nDelete a checkpoint."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Session_getset[] = {
+    {"closed", (getter)Session_get_closed, NULL, "True once close() was called.", NULL},
+    {"readonly", (getter)Session_get_readonly, NULL, "True for a read-only open.", NULL},
+    {"n_tokens", (getter)Session_get_n_tokens, NULL,
+     "Tokens committed since the start (positions 0 .. n_tokens - 1).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SessionType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ctxstore._ctxstore.SessionBase",
+    .tp_doc = "The C half of ctxstore.Session.",
+    .tp_basicsize = sizeof(SessionObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = Session_new,
+    .tp_dealloc = (destructor)Session_dealloc,
+    .tp_methods = Session_methods,
+    .tp_getset = Session_getset,
+};
+
+/* --- Store methods -------------------------------------------------------- */
+
+static PyObject *Store__open(StoreObject *self, PyObject *args)
+{
+    PyObject *path = NULL;
+    unsigned flags;
+    if (!PyArg_ParseTuple(args, "O&I:_open", conv_path, &path, &flags))
+        return NULL;
+    if (self->st) {
+        Py_DECREF(path);
+        PyErr_SetString(PyExc_RuntimeError, "the store object is already open");
+        return NULL;
+    }
+    ctxs_store *st;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_open(&st, PyBytes_AS_STRING(path), flags, NULL);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        raise_rc(rc, "store '%s'", PyBytes_AS_STRING(path));
+        Py_DECREF(path);
+        return NULL;
+    }
+    Py_DECREF(path);
+    self->st = st;
+    self->closed = 0;
+    self->pid = getpid();
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_close(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->closed)
+        Py_RETURN_NONE;
+    self->closed = 1;
+    if (self->users == 0)
+        store_really_close(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_get_closed(StoreObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(self->closed);
+}
+
+static PyObject *Store_register_model(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"model", "name", NULL};
+    ctxs_model m;
+    const char *name = NULL;
+    int rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|z:register_model", kwlist,
+                                     conv_model, &m, &name) ||
+        store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_model_register(self->st, &m, name);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    if (rc < 0)
+        return raise_names(rc, "register model", name, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store__models(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    ctxs_model_entry *e;
+    size_t n;
+    int rc;
+    if (store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_model_list(&e, &n, self->st);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    if (rc < 0)
+        return raise_rc(rc, "models");
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *t = Py_BuildValue("(NsK)", model_tuple(&e[i].model), e[i].name,
+                                    (unsigned long long)e[i].registered_unix_ms);
+        if (!t) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+    }
+    ctxs_free(e);
+    return l;
+}
+
+typedef int (*hash_file_fn)(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st,
+                            const char *path);
+
+static PyObject *store_hash(StoreObject *self, PyObject *arg, hash_file_fn fn,
+                            const char *op)
+{
+    PyObject *path = NULL;
+    uint8_t h[CTXS_HASH_BYTES];
+    int rc;
+    if (!conv_path(arg, &path))
+        return NULL;
+    if (store_enter(self) < 0) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = fn(h, self->st, PyBytes_AS_STRING(path));
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    if (rc < 0) {
+        raise_rc(rc, "%s '%s'", op, PyBytes_AS_STRING(path));
+        Py_DECREF(path);
+        return NULL;
+    }
+    Py_DECREF(path);
+    return PyBytes_FromStringAndSize((const char *)h, CTXS_HASH_BYTES);
+}
+
+static PyObject *Store_hash_file(StoreObject *self, PyObject *arg)
+{
+    return store_hash(self, arg, ctxs_model_hash_file, "hash");
+}
+
+static PyObject *Store_tokenizer_hash_file(StoreObject *self, PyObject *arg)
+{
+    return store_hash(self, arg, ctxs_tokenizer_hash_file, "tokenizer hash");
+}
+
+static PyObject *Store__session_create(StoreObject *self, PyObject *args)
+{
+    SessionObject *sess;
+    const char *name;
+    ctxs_model m;
+    ctxs_create_options o;
+    ctxs_session *s;
+    int rc;
+    if (!PyArg_ParseTuple(args, "O!sO&O&:_session_create", &SessionType, &sess, &name,
+                          conv_model, &m, conv_create_opts, &o) ||
+        sess_check_fresh(sess) < 0 || store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_session_create(&s, self->st, name, &m, &o);
+    Py_END_ALLOW_THREADS
+    PyObject *ret = rc < 0 ? raise_names(rc, "create session", name, NULL)
+                           : sess_attach(sess, s, self);
+    store_leave(self);
+    return ret;
+}
+
+static PyObject *Store__session_open(StoreObject *self, PyObject *args)
+{
+    SessionObject *sess;
+    const char *name;
+    PyObject *model_o;
+    ctxs_model m;
+    unsigned flags;
+    ctxs_open_options o;
+    ctxs_session *s;
+    int rc;
+    if (!PyArg_ParseTuple(args, "O!sOIO&:_session_open", &SessionType, &sess, &name,
+                          &model_o, &flags, conv_open_opts, &o) ||
+        (model_o != Py_None && !conv_model(model_o, &m)) ||
+        sess_check_fresh(sess) < 0 || store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_session_open(&s, self->st, name, model_o == Py_None ? NULL : &m,
+                                 flags, &o);
+    Py_END_ALLOW_THREADS
+    PyObject *ret = rc < 0 ? raise_names(rc, "open session", name, NULL)
+                           : sess_attach(sess, s, self);
+    store_leave(self);
+    return ret;
+}
+
+static PyObject *Store__fork(StoreObject *self, PyObject *args)
+{
+    PyObject *sess_o;
+    const char *name, *src, *checkpoint;
+    uint64_t n;
+    ctxs_open_options o;
+    ctxs_session *s = NULL;
+    int rc;
+    if (!PyArg_ParseTuple(args, "OssO&zO&:_fork", &sess_o, &name, &src,
+                          conv_u64_or_all, &n, &checkpoint, conv_open_opts, &o))
+        return NULL;
+    if (sess_o != Py_None && (!PyObject_TypeCheck(sess_o, &SessionType) ||
+                              sess_check_fresh((SessionObject *)sess_o) < 0)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "a Session or None");
+        return NULL;
+    }
+    if (store_enter(self) < 0)
+        return NULL;
+    ctxs_session **out = sess_o == Py_None ? NULL : &s;
+    Py_BEGIN_ALLOW_THREADS
+    if (checkpoint)
+        rc = ctxs_store_session_fork_checkpoint(out, self->st, name, src, checkpoint, &o);
+    else
+        rc = ctxs_store_session_fork(out, self->st, name, src, n, &o);
+    Py_END_ALLOW_THREADS
+    PyObject *ret;
+    if (rc < 0) {
+        const char *bad = name;
+        if (rc == CTXS_EINVAL && !ctxs_name_check(name))
+            bad = ctxs_name_check(src) ? src : checkpoint;
+        ret = raise_names(rc, "fork", bad, NULL);
+        if (ret == NULL && rc != CTXS_EINVAL) {
+            PyErr_Clear();
+            ret = raise_rc(rc, "fork '%s' from '%s'", name, src);
+        }
+    } else {
+        ret = out ? sess_attach((SessionObject *)sess_o, s, self) : Py_NewRef(Py_None);
+    }
+    store_leave(self);
+    return ret;
+}
+
+static PyObject *Store__sessions(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    ctxs_session_entry *e;
+    size_t n;
+    int rc;
+    if (store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_session_list(&e, &n, self->st);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    if (rc < 0)
+        return raise_rc(rc, "sessions");
+    PyObject *l = entries_list(e, n);
+    ctxs_free(e);
+    return l;
+}
+
+static PyObject *Store__session(StoreObject *self, PyObject *args)
+{
+    const char *name;
+    ctxs_session_entry e;
+    int rc;
+    if (!PyArg_ParseTuple(args, "s:session", &name) || store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_session_get(&e, self->st, name);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    if (rc < 0)
+        return raise_names(rc, "session", name, NULL);
+    return entry_tuple(&e);
+}
+
+static PyObject *Store_rename(StoreObject *self, PyObject *args)
+{
+    const char *a, *b;
+    int rc;
+    if (!PyArg_ParseTuple(args, "ss:rename", &a, &b) || store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_session_rename(self->st, a, b);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    if (rc == CTXS_EINVAL)
+        return raise_names(rc, "rename", a, b);
+    if (rc < 0)
+        return raise_rc(rc, "rename '%s' to '%s'", a, b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_delete(StoreObject *self, PyObject *args)
+{
+    const char *name;
+    int rc;
+    if (!PyArg_ParseTuple(args, "s:delete", &name) || store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_session_delete(self->st, name);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    if (rc < 0)
+        return raise_names(rc, "delete", name, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_pin(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"name", "pinned", NULL};
+    const char *name;
+    int pinned = 1, rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|p:pin", kwlist, &name, &pinned) ||
+        store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_session_pin(self->st, name, pinned);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    if (rc < 0)
+        return raise_names(rc, pinned ? "pin" : "unpin", name, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_prefix_find(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"model_hash", "tokens", NULL};
+    uint8_t h[CTXS_HASH_BYTES];
+    PyObject *tok_o;
+    ctxs_prefix_match m;
+    int rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O:prefix_find", kwlist, conv_hash,
+                                     h, &tok_o))
+        return NULL;
+    PyArrayObject *t = token_array(tok_o);
+    if (!t)
+        return NULL;
+    if (store_enter(self) < 0) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    static const uint32_t none[1];
+    npy_intp n = PyArray_SIZE(t);
+    const uint32_t *p = n ? PyArray_DATA(t) : none;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_prefix_find(&m, self->st, h, p, (uint64_t)n);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    Py_DECREF(t);
+    if (rc == CTXS_ENOTFOUND)
+        Py_RETURN_NONE;
+    if (rc < 0)
+        return raise_rc(rc, "prefix_find");
+    return Py_BuildValue("(sK)", m.session, (unsigned long long)m.n_tokens);
+}
+
+static PyObject *Store__gc(StoreObject *self, PyObject *args)
+{
+    uint64_t budget;
+    int dry = 0, rc;
+    ctxs_gc_result r;
+    memset(&r, 0, sizeof r);
+    if (!PyArg_ParseTuple(args, "O&p:_gc", conv_u64, &budget, &dry) ||
+        store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_gc(&r, self->st, budget, dry ? CTXS_GC_DRY_RUN : 0);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    PyObject *ret;
+    if (rc < 0)
+        ret = raise_rc(rc, "gc");
+    else
+        ret = Py_BuildValue("(KKKKKN)", (unsigned long long)r.bytes_before,
+                            (unsigned long long)r.bytes_after,
+                            (unsigned long long)r.deleted,
+                            (unsigned long long)r.skipped_open,
+                            (unsigned long long)r.skipped_pinned,
+                            entries_list(r.sessions, r.n_sessions));
+    ctxs_free(r.sessions);
+    return ret;
+}
+
+static PyObject *Store__compact(StoreObject *self, PyObject *args)
+{
+    const char *name = NULL;
+    ctxs_compact_result r;
+    int rc;
+    memset(&r, 0, sizeof r);
+    if (!PyArg_ParseTuple(args, "z:_compact", &name) || store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_compact(&r, self->st, name, NULL, NULL);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    if (rc < 0)
+        return raise_names(rc, "compact", name, NULL);
+    return Py_BuildValue("(KKKKKKOOK)", (unsigned long long)r.sessions,
+                         (unsigned long long)r.skipped_busy,
+                         (unsigned long long)r.bytes_before,
+                         (unsigned long long)r.bytes_after,
+                         (unsigned long long)r.index_bytes_before,
+                         (unsigned long long)r.index_bytes_after,
+                         r.index_compacted ? Py_True : Py_False,
+                         r.index_busy ? Py_True : Py_False,
+                         (unsigned long long)r.orphans_removed);
+}
+
+static PyObject *Store_repair(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    ctxs_repair_result r;
+    int rc;
+    memset(&r, 0, sizeof r);
+    if (store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_repair(&r, self->st);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    if (rc < 0)
+        return raise_rc(rc, "repair");
+    return Py_BuildValue("{sKsKsKsK}", "files_adopted",
+                         (unsigned long long)r.files_adopted, "files_removed",
+                         (unsigned long long)r.files_removed, "entries_removed",
+                         (unsigned long long)r.entries_removed, "prefixes_updated",
+                         (unsigned long long)r.prefixes_updated);
+}
+
+static PyObject *Store_reindex(StoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    ctxs_reindex_result r;
+    int rc;
+    memset(&r, 0, sizeof r);
+    if (store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_reindex(&r, self->st);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    if (rc < 0)
+        return raise_rc(rc, "reindex");
+    return Py_BuildValue("{sKsK}", "sessions", (unsigned long long)r.sessions,
+                         "skipped", (unsigned long long)r.skipped);
+}
+
+static PyObject *Store_export(StoreObject *self, PyObject *args)
+{
+    const char *name;
+    PyObject *path = NULL;
+    int rc;
+    if (!PyArg_ParseTuple(args, "sO&:export", &name, conv_path, &path))
+        return NULL;
+    if (store_enter(self) < 0) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_session_export(self->st, name, PyBytes_AS_STRING(path), NULL, NULL);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    PyObject *ret = Py_None;
+    if (rc == CTXS_EINVAL && ctxs_name_check(name))
+        ret = raise_names(rc, "export", name, NULL);
+    else if (rc < 0)
+        ret = raise_rc(rc, "export '%s' to '%s'", name, PyBytes_AS_STRING(path));
+    Py_DECREF(path);
+    return Py_XNewRef(ret);
+}
+
+static PyObject *Store_import_(StoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"path", "name", NULL};
+    const char *name = NULL;
+    PyObject *path = NULL;
+    char out[CTXS_NAME_MAX + 1];
+    int rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|z:import_", kwlist, conv_path, &path,
+                                     &name))
+        return NULL;
+    if (store_enter(self) < 0) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_session_import(out, self->st, PyBytes_AS_STRING(path), name, NULL,
+                                   NULL);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    PyObject *ret;
+    if (rc == CTXS_EINVAL && name && ctxs_name_check(name))
+        ret = raise_names(rc, "import", name, NULL);
+    else if (rc < 0)
+        ret = raise_rc(rc, "import '%s'", PyBytes_AS_STRING(path));
+    else
+        ret = PyUnicode_FromString(out);
+    Py_DECREF(path);
+    return ret;
+}
+
+static PyObject *Store_set_meta(StoreObject *self, PyObject *args)
+{
+    const char *name, *key;
+    Py_buffer val;
+    int rc;
+    if (!PyArg_ParseTuple(args, "sss*:set_meta", &name, &key, &val))
+        return NULL;
+    if (store_enter(self) < 0) {
+        PyBuffer_Release(&val);
+        return NULL;
+    }
+    /* A value of 0 bytes is stored as such: NULL only deletes. */
+    static const char empty[1];
+    const void *p = val.len ? val.buf : empty;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_session_set_meta(self->st, name, key, p, (size_t)val.len);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    PyBuffer_Release(&val);
+    if (rc < 0)
+        return raise_names(rc, "set_meta", name, key);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_get_meta(StoreObject *self, PyObject *args)
+{
+    const char *name, *key;
+    size_t n = CTXS_META_VALUE_MAX;
+    int rc;
+    if (!PyArg_ParseTuple(args, "ss:get_meta", &name, &key) || store_enter(self) < 0)
+        return NULL;
+    char *buf = PyMem_RawMalloc(CTXS_META_VALUE_MAX);
+    if (!buf) {
+        store_leave(self);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_session_get_meta(buf, &n, self->st, name, key);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    PyObject *ret = rc < 0 ? raise_names(rc, "get_meta", name, key)
+                           : PyBytes_FromStringAndSize(buf, (Py_ssize_t)n);
+    PyMem_RawFree(buf);
+    return ret;
+}
+
+static PyObject *Store_delete_meta(StoreObject *self, PyObject *args)
+{
+    const char *name, *key;
+    int rc;
+    if (!PyArg_ParseTuple(args, "ss:delete_meta", &name, &key) || store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_session_set_meta(self->st, name, key, NULL, 0);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    if (rc < 0)
+        return raise_names(rc, "delete_meta", name, key);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Store_list_meta(StoreObject *self, PyObject *args)
+{
+    const char *name;
+    ctxs_meta_entry *e;
+    size_t n;
+    int rc;
+    if (!PyArg_ParseTuple(args, "s:list_meta", &name) || store_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_store_session_list_meta(&e, &n, self->st, name);
+    Py_END_ALLOW_THREADS
+    store_leave(self);
+    if (rc < 0)
+        return raise_names(rc, "list_meta", name, NULL);
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && i < n; i++) {
+        PyObject *v = PyBytes_FromStringAndSize(e[i].value, (Py_ssize_t)e[i].value_bytes);
+        if (!v || PyDict_SetItemString(d, e[i].key, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    ctxs_free(e);
+    return d;
+}
+
+static PyMethodDef Store_methods[] = {
+    {"_open", VARARGS(Store__open), NULL},
+    {"_models", NOARGS(Store__models), NULL},
+    {"_session_create", VARARGS(Store__session_create), NULL},
+    {"_session_open", VARARGS(Store__session_open), NULL},
+    {"_fork", VARARGS(Store__fork), NULL},
+    {"_sessions", NOARGS(Store__sessions), NULL},
+    {"_session", VARARGS(Store__session), NULL},
+    {"_gc", VARARGS(Store__gc), NULL},
+    {"_compact", VARARGS(Store__compact), NULL},
+    {"close", NOARGS(Store_close),
+     "close($self, /)\n--\n\n"
+     "Close the store: every later call on it raises ctxstore.Error. The\n"
+     "index itself is closed once no session opened through it is left open\n"
+     "(nor a view of one). Idempotent."},
+    {"register_model", KWARGS(Store_register_model),
+     "register_model($self, /, model, name=None)\n--\n\n"
+     "Register a Model under its model hash with a display name; again\n"
+     "updates the name. The same hash with another geometry: CTXS_EMODEL."},
+    {"hash_file", ONEARG(Store_hash_file),
+     "hash_file($self, path, /)\n--\n\n"
+     "XXH3-128 of a weights file (16 bytes), cached by the store under the\n"
+     "file's inode, size and mtime. Releases the GIL."},
+    {"tokenizer_hash_file", ONEARG(Store_tokenizer_hash_file),
+     "tokenizer_hash_file($self, path, /)\n--\n\n"
+     "A tokenizer hash (16 bytes) of a vocabulary file, cached like hash_file()."},
+    {"rename", VARARGS(Store_rename),
+     "rename($self, old, new, /)\n--\n\nRename a session; open handles stay valid."},
+    {"delete", VARARGS(Store_delete),
+     "delete($self, name, /)\n--\n\n"
+     "Delete a session with its checkpoints, metadata and pin. CTXS_EBUSY\n"
+     "while a handle (or a view of one) has it open."},
+    {"pin", KWARGS(Store_pin),
+     "pin($self, /, name, pinned=True)\n--\n\nPin (or unpin) a session: gc never deletes it."},
+    {"prefix_find", KWARGS(Store_prefix_find),
+     "prefix_find($self, /, model_hash, tokens)\n--\n\n"
+     "The session holding the longest cached prefix of tokens for the model:\n"
+     "(session_name, n_tokens), or None. Fork it at n_tokens and prefill only\n"
+     "the rest."},
+    {"repair", NOARGS(Store_repair),
+     "repair($self, /)\n--\n\nCompare the index with the session files and mend it; a dict of counts."},
+    {"reindex", NOARGS(Store_reindex),
+     "reindex($self, /)\n--\n\nRebuild the index from the session files; a dict of counts."},
+    {"export", VARARGS(Store_export),
+     "export($self, name, path, /)\n--\n\n"
+     "Write the session's committed tokens, model and metadata to a new,\n"
+     "self-checking export file at path. Releases the GIL."},
+    {"import_", KWARGS(Store_import_),
+     "import_($self, /, path, name=None)\n--\n\n"
+     "Check an export file whole, then create its session (named name, or\n"
+     "the name it carries); returns the name used. Releases the GIL."},
+    {"set_meta", VARARGS(Store_set_meta),
+     "set_meta($self, name, key, value, /)\n--\n\n"
+     "Set a metadata key of a session to value (bytes, or str as UTF-8)."},
+    {"get_meta", VARARGS(Store_get_meta),
+     "get_meta($self, name, key, /)\n--\n\n"
+     "A metadata value of a session (bytes); CTXS_ENOTFOUND without it."},
+    {"delete_meta", VARARGS(Store_delete_meta),
+     "delete_meta($self, name, key, /)\n--\n\nDelete a metadata key of a session."},
+    {"list_meta", VARARGS(Store_list_meta),
+     "list_meta($self, name, /)\n--\n\nA session's metadata: a dict of key -> bytes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Store_getset[] = {
+    {"closed", (getter)Store_get_closed, NULL, "True once close() was called.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject StoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ctxstore._ctxstore.StoreBase",
+    .tp_doc = "The C half of ctxstore.Store.",
+    .tp_basicsize = sizeof(StoreObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = Store_new,
+    .tp_dealloc = (destructor)Store_dealloc,
+    .tp_methods = Store_methods,
+    .tp_getset = Store_getset,
+};
+
+/* --- Module functions ----------------------------------------------------- */
+
+static PyObject *mod_strerror(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    int overflow;
+    long rc = PyLong_AsLongAndOverflow(arg, &overflow);
+    if (rc == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow || rc < INT32_MIN || rc > INT32_MAX)
+        rc = INT32_MIN;
+    return PyUnicode_FromString(ctxs_strerror((int)rc));
+}
+
+static PyObject *mod_err_name(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    int overflow;
+    long rc = PyLong_AsLongAndOverflow(arg, &overflow);
+    if (rc == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow || rc < INT32_MIN || rc > INT32_MAX)
+        rc = INT32_MIN;
+    return PyUnicode_FromString(ctxs_err_name((int)rc));
+}
+
+static PyObject *mod_name_check(PyObject *m, PyObject *args)
+{
+    (void)m;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s:name_check", &name))
+        return NULL;
+    const char *why = ctxs_name_check(name);
+    if (!why)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(why);
+}
+
+static PyObject *mod_set_pressure(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    ctxs_set_pressure(on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_get_pressure(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return PyBool_FromLong(ctxs_get_pressure());
+}
+
+static PyObject *mod_attention_isa(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return PyUnicode_FromString(ctxs_attention_get_isa());
+}
+
+static PyObject *mod_set_error_class(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    if (!PyType_Check(arg) ||
+        !PyType_IsSubtype((PyTypeObject *)arg, (PyTypeObject *)PyExc_Exception)) {
+        PyErr_SetString(PyExc_TypeError, "an Exception subclass");
+        return NULL;
+    }
+    Py_INCREF(arg);
+    Py_XSETREF(Error, arg);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"strerror", ONEARG(mod_strerror),
+     "strerror(code, /)\n--\n\nThe library's message for a return code (ctxs_strerror)."},
+    {"err_name", ONEARG(mod_err_name),
+     "err_name(code, /)\n--\n\nA return code's name: 'CTXS_EBUSY', 'ENOENT', 'OK'."},
+    {"name_check", VARARGS(mod_name_check),
+     "name_check(name, /)\n--\n\nNone for a valid name, else why it is refused."},
+    {"set_pressure", ONEARG(mod_set_pressure),
+     "set_pressure(on, /)\n--\n\n"
+     "Tell the library the process is (or no longer is) under memory pressure:\n"
+     "every open session's window halves, and grows back when cleared."},
+    {"get_pressure", NOARGS(mod_get_pressure),
+     "get_pressure($module, /)\n--\n\nTrue while memory pressure is in force."},
+    {"attention_isa", NOARGS(mod_attention_isa),
+     "attention_isa($module, /)\n--\n\nThe CPU attention kernel's instruction set."},
+    {"_set_error_class", ONEARG(mod_set_error_class), NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "ctxstore._ctxstore",
+    .m_doc = "The C extension under the ctxstore package; use ctxstore itself.",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__ctxstore(void);
+PyMODINIT_FUNC PyInit__ctxstore(void)
+{
+    import_array();
+    if (PyType_Ready(&MappingType) < 0 || PyType_Ready(&SessionType) < 0 ||
+        PyType_Ready(&StoreType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (!m)
+        return NULL;
+    /* A plain Exception until __init__.py hands over ctxstore.Error. */
+    Error = Py_NewRef(PyExc_Exception);
+    if (PyModule_AddObjectRef(m, "SessionBase", (PyObject *)&SessionType) < 0 ||
+        PyModule_AddObjectRef(m, "StoreBase", (PyObject *)&StoreType) < 0 ||
+        PyModule_AddObjectRef(m, "Mapping", (PyObject *)&MappingType) < 0)
+        goto fail;
+    struct { const char *name; long value; } ints[] = {
+#define CTXS_PY_ERR_(name, value, text) {"E" #name, value},
+        CTXS_ERRNO_MAP(CTXS_PY_ERR_)
+#undef CTXS_PY_ERR_
+        {"DTYPE_F16", CTXS_DTYPE_F16}, {"DTYPE_BF16", CTXS_DTYPE_BF16},
+        {"DTYPE_Q8", CTXS_DTYPE_Q8}, {"DTYPE_F32", CTXS_DTYPE_F32},
+        {"SYNC_NONE", CTXS_SYNC_NONE}, {"SYNC_ASYNC", CTXS_SYNC_ASYNC},
+        {"SYNC_FULL", CTXS_SYNC_FULL},
+        {"OPEN_RDONLY", CTXS_OPEN_RDONLY}, {"OPEN_VERIFY", CTXS_OPEN_VERIFY},
+        {"STORE_CREATE", CTXS_STORE_CREATE}, {"STORE_RDONLY", CTXS_STORE_RDONLY},
+        {"INFO_READONLY", CTXS_INFO_READONLY}, {"INFO_WRAPPED", CTXS_INFO_WRAPPED},
+        {"INFO_RECOVERED", CTXS_INFO_RECOVERED}, {"INFO_VERIFIED", CTXS_INFO_VERIFIED},
+        {"INFO_FAILED", CTXS_INFO_FAILED}, {"INFO_PRESSURE", CTXS_INFO_PRESSURE},
+        {"INFO_RING", CTXS_INFO_RING}, {"INFO_PARTIAL_WINDOW", CTXS_INFO_PARTIAL_WINDOW},
+        {"HASH_BYTES", CTXS_HASH_BYTES}, {"NAME_MAX", CTXS_NAME_MAX},
+        {"PREFIX_CHUNK", CTXS_PREFIX_CHUNK},
+        {"META_VALUE_MAX", CTXS_META_VALUE_MAX},
+        {"META_SESSION_MAX", CTXS_META_SESSION_MAX},
+        {"DEFAULT_CAPACITY", CTXS_DEFAULT_CAPACITY},
+        {"DEFAULT_N_SINK", CTXS_DEFAULT_N_SINK},
+        {"VERSION_MAJOR", CTXS_VERSION_MAJOR}, {"VERSION_MINOR", CTXS_VERSION_MINOR},
+        {"VERSION_PATCH", CTXS_VERSION_PATCH},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (PyModule_AddIntConstant(m, ints[i].name, ints[i].value) < 0)
+            goto fail;
+    if (PyModule_AddStringConstant(m, "NAME_RULE", CTXS_NAME_RULE) < 0)
+        goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}

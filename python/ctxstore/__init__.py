@@ -338,9 +338,9 @@ def _to_torch(a: np.ndarray, bf16: bool):
         # A read-only view stays read-only in spirit: torch has no such flag
         # and warns; writing through it would fault, as for any PROT_READ map.
         warnings.simplefilter("ignore", UserWarning)
-        # torch 1.13 takes no uint16 array: bf16's bits go through int16.
-        t = torch.from_numpy(a.view(np.int16) if bf16 else a)
-    return t.view(torch.bfloat16) if bf16 else t
+        if bf16:  # torch has no uint16: int16 bits, reinterpreted
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
 
 
 # --- Session -----------------------------------------------------------------

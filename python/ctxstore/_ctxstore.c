@@ -340,6 +340,7 @@ typedef struct {
     int closed;        /* close() was called: every call refuses */
     Py_ssize_t users;  /* calls in flight + open sessions' mappings */
     pid_t pid;         /* the process that opened st */
+    PyObject *weakrefs;
 } StoreObject;
 
 static void store_really_close(StoreObject *self)
@@ -383,6 +384,8 @@ static PyObject *Store_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static void Store_dealloc(StoreObject *self)
 {
     /* Sessions hold a reference, so nothing uses st any more. */
+    if (self->weakrefs)
+        PyObject_ClearWeakRefs((PyObject *)self);
     store_really_close(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -431,6 +434,7 @@ typedef struct {
     ctxs_layout layout;  /* valid while map is: pointers into the mapping */
     int readonly;
     PyThread_type_lock lock; /* one call at a time on s */
+    PyObject *weakrefs;
 } SessionObject;
 
 static PyTypeObject SessionType;
@@ -475,6 +479,8 @@ static PyObject *Session_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 
 static void Session_dealloc(SessionObject *self)
 {
+    if (self->weakrefs)
+        PyObject_ClearWeakRefs((PyObject *)self);
     self->s = NULL;
     Py_CLEAR(self->map);
     if (self->lock)
@@ -1268,6 +1274,7 @@ static PyTypeObject SessionType = {
     .tp_name = "ctxstore._ctxstore.SessionBase",
     .tp_doc = "The C half of ctxstore.Session.",
     .tp_basicsize = sizeof(SessionObject),
+    .tp_weaklistoffset = offsetof(SessionObject, weakrefs),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_new = Session_new,
     .tp_dealloc = (destructor)Session_dealloc,
@@ -1917,6 +1924,7 @@ static PyTypeObject StoreType = {
     .tp_name = "ctxstore._ctxstore.StoreBase",
     .tp_doc = "The C half of ctxstore.Store.",
     .tp_basicsize = sizeof(StoreObject),
+    .tp_weaklistoffset = offsetof(StoreObject, weakrefs),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_new = Store_new,
     .tp_dealloc = (destructor)Store_dealloc,

@@ -45,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -300,7 +299,8 @@ class Engine:
         """Appends ids (a prompt, or one generated token) in one reservation
         and one commit, and returns the greedy prediction after the last. All
         but the last are computed as one batch, the last alone (see the
-        module on exact resumes)."""
+        module on exact resumes). One reservation holds at most the ring
+        (capacity - n_sink tokens; ctxstore.Error CTXS_EINVAL beyond)."""
         ids = [int(i) for i in ids]
         if not ids or any(not 0 <= i < self.model.cfg.vocab for i in ids):
             raise ValueError(f"ids must be 1 or more values in [0, {self.model.cfg.vocab})")
@@ -338,6 +338,8 @@ class Engine:
     def generate(self, n: int, on_token=None) -> List[int]:
         """Feeds the pending prediction n times (each committed before
         on_token(id) hears of it); returns the ids."""
+        if self.next_id is None:
+            raise ValueError("nothing to generate from: feed() or resume() first")
         out = []
         for _ in range(n):
             tok = self.next_id

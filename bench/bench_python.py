@@ -30,8 +30,8 @@ Every measurement is one untimed warm-up and then --iters timed iterations
 never-written slots of a session freshly prefilled to the context (untimed,
 synced), after an untimed pause of --gap-ms (50) standing for the turn's
 generation, as bench_session does; C, NumPy and torch alternate, three
-rounds of each, each round its own session. The page cache is warm for every read
-(caches cannot be dropped here). ratio: python_* / c (save_turn,
+rounds of each, each round its own session. The page cache is warm for
+every read (caches cannot be dropped here). ratio: python_* / c (save_turn,
 open_views; save_turn's ratio_min: of the fastest turns, less moved by a
 busy machine), torch_load / ctxstore_open (resume; ratio_ready: torch_load /
 ctxstore_ready), torch_save / python_numpy.

@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -149,7 +149,7 @@ class Model(_ModelFields):
 
     def __new__(cls, n_layers: int, n_kv_heads: int, head_dim: int,
                 dtype: Union[int, str] = 1, model_hash: bytes = bytes(16),
-                tokenizer_hash: bytes = bytes(16)) -> "Model":
+                tokenizer_hash: bytes = bytes(16)) -> Model:
         return super().__new__(cls, int(n_layers), int(n_kv_heads), int(head_dim),
                                _dtype(dtype), bytes(model_hash), bytes(tokenizer_hash))
 
@@ -367,7 +367,7 @@ class Session(_ctxstore.SessionBase):
     def create(cls, path: PathLike, model: Model, *, capacity: int = 2048,
                n_sink: int = 4, ring: bool = True, window: int = 0,
                pressure_window: int = 0, durability: Union[str, int] = "async",
-               background: bool = True) -> "Session":
+               background: bool = True) -> Session:
         """Create a session file at ``path`` for ``model`` and open it read-write.
 
         Args:
@@ -395,7 +395,7 @@ class Session(_ctxstore.SessionBase):
     def open(cls, path: PathLike, model: Optional[Model] = None, *,
              readonly: bool = False, verify: bool = False, window: int = 0,
              pressure_window: int = 0, durability: Union[str, int] = "async",
-             background: bool = True) -> "Session":
+             background: bool = True) -> Session:
         """Open a session file. A writer (default) takes the file's one
         writer lock (``EBUSY`` if another holds it) and needs ``model``
         (``EMODEL`` if it differs); ``readonly=True`` coexists with a writer
@@ -410,7 +410,7 @@ class Session(_ctxstore.SessionBase):
 
     def fork(self, path: PathLike, n_tokens: Optional[int] = None, *,
              window: int = 0, pressure_window: int = 0,
-             durability: Union[str, int] = "async", background: bool = True) -> "Session":
+             durability: Union[str, int] = "async", background: bool = True) -> Session:
         """A new session file at ``path`` holding this session's first
         ``n_tokens`` committed tokens (None: all), opened read-write."""
         new = type(self).__new__(type(self))
@@ -418,7 +418,7 @@ class Session(_ctxstore.SessionBase):
                       _open_opts(window, pressure_window, durability, background))
         return new
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -492,7 +492,11 @@ class Session(_ctxstore.SessionBase):
     # PyTorch: the same memory as the NumPy views.
     def torch_k(self, layer: int):
         """``k(layer)`` as a torch.Tensor over the same memory (bf16 sessions
-        as torch.bfloat16; Q8 as torch.int8, scales in torch_k_scales())."""
+        as torch.bfloat16; Q8 as torch.int8, scales in torch_k_scales()).
+
+        Caveat: torch has no read-only tensors. For a read-only session the
+        tensor's memory is mapped PROT_READ, and writing into it kills the
+        process (SIGSEGV) where the NumPy view raises ValueError."""
         return _to_torch(self.k(layer), self.dtype == DTYPE_BF16)  # noqa: F821
 
     def torch_v(self, layer: int):
@@ -528,7 +532,7 @@ class Store(_ctxstore.StoreBase):
         flags = (STORE_CREATE if create else 0) | (STORE_RDONLY if readonly else 0)  # noqa: F821
         self._open(path, flags)
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: Any) -> None:

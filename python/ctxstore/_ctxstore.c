@@ -999,26 +999,27 @@ static PyObject *Session_tokens(SessionObject *self, PyObject *args, PyObject *k
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&O&:tokens", kwlist, conv_u64,
                                      &from, conv_u64_or_all, &n))
         return NULL;
-    if (sess_enter(self) < 0)
-        return NULL;
     if (n == UINT64_MAX) {
         ctxs_session_info info;
+        if (sess_enter(self) < 0)
+            return NULL;
         int rc = ctxs_session_get_info(&info, self->s);
-        if (rc < 0) {
-            sess_leave(self);
+        sess_leave(self);
+        if (rc < 0)
             return raise_rc(rc, "tokens");
-        }
         n = info.n_tokens > from ? info.n_tokens - from : 0;
     }
-    if (n > UINT32_MAX) {
-        sess_leave(self);
+    if (n > UINT32_MAX)
         return raise_rc(CTXS_EINVAL, "tokens(%llu, %llu)", (unsigned long long)from,
                         (unsigned long long)n);
-    }
+    /* Allocated before the lock is taken: an allocation may run a
+     * collection, and a finalizer could call back into this session. */
     npy_intp dims[1] = {(npy_intp)n};
     PyObject *a = PyArray_SimpleNew(1, dims, NPY_UINT32);
-    if (!a) {
-        sess_leave(self);
+    if (!a)
+        return NULL;
+    if (sess_enter(self) < 0) {
+        Py_DECREF(a);
         return NULL;
     }
     static uint32_t none[1];
@@ -1198,7 +1199,7 @@ static PyMethodDef Session_methods[] = {
      "is alive, else when the last one is garbage-collected: views stay\n"
      "valid. Idempotent."},
     {"write_token", KWARGS(Session_write_token),
-     "write_token($self, reservation, i, k, v, /)\n--\n\n"
+     "write_token($self, /, reservation, i, k, v)\n--\n\n"
      "Store token i of a reservation (from reserve()). k and v are NumPy\n"
      "arrays (or anything np.asarray takes) of float32 or float16, shaped\n"
      "[n_layers, n_kv_heads, head_dim], converted to the session's dtype\n"
@@ -1487,18 +1488,14 @@ static PyObject *Store__fork(StoreObject *self, PyObject *args)
         rc = ctxs_store_session_fork(out, self->st, name, src, n, &o);
     Py_END_ALLOW_THREADS
     PyObject *ret;
-    if (rc < 0) {
-        const char *bad = name;
-        if (rc == CTXS_EINVAL && !ctxs_name_check(name))
-            bad = ctxs_name_check(src) ? src : checkpoint;
-        ret = raise_names(rc, "fork", bad, NULL);
-        if (ret == NULL && rc != CTXS_EINVAL) {
-            PyErr_Clear();
-            ret = raise_rc(rc, "fork '%s' from '%s'", name, src);
-        }
-    } else {
+    if (rc == CTXS_EINVAL && checkpoint && !ctxs_name_check(name) && !ctxs_name_check(src))
+        ret = raise_names(rc, "fork", checkpoint, NULL);
+    else if (rc == CTXS_EINVAL)
+        ret = raise_names(rc, "fork", name, src);
+    else if (rc < 0)
+        ret = raise_rc(rc, "fork '%s' from '%s'", name, src);
+    else
         ret = out ? sess_attach((SessionObject *)sess_o, s, self) : Py_NewRef(Py_None);
-    }
     store_leave(self);
     return ret;
 }

@@ -202,6 +202,15 @@ int ctxs__record_valid(const ctxs__disk_record *r, uint32_t index,
     /* Positions are counted in 64 bits; leave room for any arithmetic. */
     if (r->n_tokens >= CTXS__MAX_POSITION)
         return 0;
+    /* What bounds every walk over positions (verify, recovery, fork,
+     * export, compact, the index's prefixes, the tool's verify): a record
+     * holds [0, min(n_sink, n)) and [max(ring_start, n_sink), n), and the
+     * checks below keep those within the capacity, so a walk over the held
+     * runs costs at most capacity tokens whatever n_tokens claims (up to
+     * 2^62 in a ring). A walk from 0, or from verified_from, to n_tokens
+     * would cost the claim: none may be written. Without the ring, or
+     * while ring_start <= n_sink, the same checks give n <= capacity, which
+     * is what lets the index read the first n token ids as the prefix. */
     uint64_t n = r->n_tokens, rs = r->ring_start, ns = lay->n_sink;
     uint64_t ring_len = lay->capacity - lay->n_sink;
     if (rs > n || r->verified_from > n)

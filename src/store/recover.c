@@ -92,7 +92,9 @@ int ctxs__records_read(const ctxs_session *s, ctxs__state *st, uint32_t *index,
 }
 
 /* The first position in [from, to) whose checksum holds (want_good) or
- * fails (!want_good), or to. */
+ * fails (!want_good), or to. Its cost is to - from tokens: callers pass
+ * held runs only (at most the capacity, see ctxs__record_valid), never a
+ * range that starts at 0 or at verified_from below the ring's front. */
 static uint64_t scan(const ctxs_session *s, uint64_t from, uint64_t to, int want_good)
 {
     uint64_t sums[CTXS__SUM_BATCH];
@@ -130,6 +132,8 @@ uint64_t ctxs__recover(const ctxs_session *s, ctxs__state *st)
     if (vf < sink_end && (bad = ctxs__first_bad(s, vf, sink_end)) == sink_end)
         bad = n;
     if (bad == n) {
+        /* From the front of the recent run at the lowest: a watermark of
+         * 0 under a claim of 2^62 still costs at most the ring's length. */
         uint64_t first = ctxs__first_recent(s, st);
         uint64_t from = vf > first ? vf : first;
         /* In a ring that has wrapped, reserve may have reused slots at the

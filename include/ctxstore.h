@@ -1270,9 +1270,13 @@ typedef struct ctxs_repair_result {
  * still running are left: its create may be under way); prefix entries are
  * brought up to date. Files that are not sessions are left alone. Opening a
  * store already resolves what crashes leave; this also mends what a person
- * did to the files. A file that cannot be read (-EIO, -EACCES, ...) stops
- * the repair with its error; what was mended before it stays mended.
- * out may be NULL. Errors: CTXS_EREADONLY, -errno, CTXS_ENOMEM. */
+ * did to the files. A damaged next id (0, past the largest, or not above
+ * every id in use) is mended first, and a session file named with id 0 (or
+ * above 2^63 - 1) is given a new id with its entries (docs/FORMAT.md), so
+ * that no id is ever handed out twice. A file that cannot be read (-EIO,
+ * -EACCES, ...) stops the repair with its error; what was mended before it
+ * stays mended. out may be NULL. Errors: CTXS_EREADONLY, -errno,
+ * CTXS_ENOMEM, CTXS_EFULL (no id left: a file of id 2^63 - 1 exists). */
 CTXS_API int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st);
 
 typedef struct ctxs_reindex_result {
@@ -1285,9 +1289,11 @@ typedef struct ctxs_reindex_result {
  * sessions still present and models' display names are kept; sessions whose name is lost
  * or taken are named "session-<id>". Files that are not valid sessions
  * (foreign, damaged, of a newer version) are left alone and counted; a
- * file that cannot be read (-EIO, -EACCES, ...) stops the rebuild before
- * the index changes, and its error is returned. out may be NULL.
- * Errors: CTXS_EREADONLY, -errno, CTXS_ENOMEM. */
+ * file named with id 0 (or above 2^63 - 1) is given a new id first and
+ * indexed as any other; a file that cannot be read (-EIO, -EACCES, ...)
+ * stops the rebuild before the index changes, and its error is returned.
+ * out may be NULL. Errors: CTXS_EREADONLY, -errno, CTXS_ENOMEM,
+ * CTXS_EFULL (no id left). */
 CTXS_API int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st);
 
 typedef struct ctxs_compact_result {

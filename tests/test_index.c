@@ -3148,3 +3148,265 @@ Test(index, an_index_from_before_pins_opens_read_only_and_read_write)
     ctxs_session_close(s);
     ctxs_store_close(st);
 }
+
+/* --- Ids never repeat (issue 16) ----------------------------------------- */
+
+static void raw_del(MDB_env *env, const char *db, const void *k, size_t kl)
+{
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, db, 0, &dbi), 0);
+    MDB_val key = {kl, (void *)k};
+    int rc = mdb_del(txn, dbi, &key, NULL);
+    cr_assert(rc == 0 || rc == MDB_NOTFOUND, "mdb_del: %s", mdb_strerror(rc));
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+}
+
+/* The value of db[k] copied into out (at most size bytes); its size. */
+static size_t raw_get(MDB_env *env, const char *db, const void *k, size_t kl, void *out,
+                      size_t size)
+{
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, db, 0, &dbi), 0);
+    MDB_val key = {kl, (void *)k}, val;
+    int rc = mdb_get(txn, dbi, &key, &val);
+    cr_assert_eq(rc, 0, "mdb_get(%s): %s", db, mdb_strerror(rc));
+    memcpy(out, val.mv_data, val.mv_size < size ? val.mv_size : size);
+    mdb_txn_abort(txn);
+    return val.mv_size;
+}
+
+static void be_key(uint8_t out[8], uint64_t id)
+{
+    for (int i = 0; i < 8; i++)
+        out[i] = (uint8_t)(id >> (56 - 8 * i));
+}
+
+/* Three sessions a, b, c (ids 1..3), then next_id set to the value
+ * (size bytes of it) with the store closed. */
+static ctxs_model three_then_next_id(const void *value, size_t size)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    const char *names[] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++)
+        ctxs_session_close(mk(st, names[i], &m, 64, 4, 5));
+    cr_assert_eq(ts_session_entry(st, "c").id, 3);
+    ctxs_store_close(st);
+    MDB_env *env = raw_env();
+    raw_put(env, "meta", "next_id", 7, value, size);
+    mdb_env_close(env);
+    return m;
+}
+
+/* Creates and forks after the damage: every new id is above 3 and new. */
+static void new_ids_are_fresh(const ctxs_model *m, uint64_t above)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_session_close(mk(st, "new", m, 64, 4, 2));
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "forked", "a", 3, NULL), 0);
+    uint64_t n1 = ts_session_entry(st, "new").id, n2 = ts_session_entry(st, "forked").id;
+    cr_assert_gt(n1, above, "new id %llu", (unsigned long long)n1);
+    cr_assert_gt(n2, above, "forked id %llu", (unsigned long long)n2);
+    cr_assert_neq(n1, n2);
+    cr_assert_leq(n1, (uint64_t)INT64_MAX);
+    ctxs_session_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
+    cr_assert_eq(n, 5);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_neq(list[i].id, 0, "%s has id 0", list[i].name);
+        for (size_t j = 0; j < i; j++)
+            cr_assert_neq(list[i].id, list[j].id, "%s and %s share an id", list[i].name,
+                          list[j].name);
+    }
+    ctxs_free(list);
+    ctxs_session *s = op(st, "a", m, CTXS_OPEN_RDONLY);
+    cr_assert_eq(ts_n_tokens(s), 5, "a new session took a's file");
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
+Test(index, a_next_id_of_0_is_repaired_and_never_handed_out)
+{
+    uint64_t zero = 0;
+    ctxs_model m = three_then_next_id(&zero, 8);
+    new_ids_are_fresh(&m, 3);
+}
+
+Test(index, a_next_id_at_its_maximum_does_not_wrap)
+{
+    uint64_t top = UINT64_MAX;
+    ctxs_model m = three_then_next_id(&top, 8);
+    new_ids_are_fresh(&m, 3);
+    /* And one just below the maximum: taken up to above the ids in use,
+     * not handed out next to a wrap. */
+    ts_rmtree(ts_store_dir());
+    top = UINT64_MAX - 1;
+    m = three_then_next_id(&top, 8);
+    new_ids_are_fresh(&m, 3);
+}
+
+Test(index, a_next_id_below_an_existing_id_is_repaired)
+{
+    uint64_t one = 1;
+    ctxs_model m = three_then_next_id(&one, 8);
+    new_ids_are_fresh(&m, 3);
+    /* Of another size: damaged too. */
+    ts_rmtree(ts_store_dir());
+    m = three_then_next_id("\x01\x00", 2);
+    new_ids_are_fresh(&m, 3);
+}
+
+Test(index, no_new_session_takes_the_id_of_rows_left_behind)
+{
+    /* A checkpoint row of id 40 that nothing owns (an older build's
+     * leftover, a restored index): a new session must not inherit it. */
+    uint64_t one = 1;
+    ctxs_model m = three_then_next_id(&one, 8);
+    MDB_env *env = raw_env();
+    uint8_t k[8 + 2];
+    be_key(k, 40);
+    memcpy(k + 8, "cp", 2);
+    uint64_t cp[3] = {1, 0, 0};
+    raw_put(env, "checkpoints", k, sizeof(k), cp, sizeof(cp));
+    mdb_env_close(env);
+    new_ids_are_fresh(&m, 40);
+}
+
+Test(index, repair_mends_next_id)
+{
+    uint64_t zero = 0;
+    three_then_next_id(&zero, 8);
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    cr_assert_eq(ctxs_store_repair(NULL, st), 0);
+    ctxs_store_close(st);
+    MDB_env *env = raw_env();
+    uint64_t next = 0;
+    cr_assert_eq(raw_get(env, "meta", "next_id", 7, &next, 8), 8);
+    mdb_env_close(env);
+    cr_assert_eq(next, 4, "next_id after repair: %llu", (unsigned long long)next);
+}
+
+/* Moves session name's file and index entries to id 0, as a store whose
+ * next_id was 0 left them (its checkpoint too), with the store closed. */
+static void move_to_id_0(const char *name, uint64_t id)
+{
+    char from[1100], to[1100];
+    snprintf(from, sizeof(from), "%s", ts_id_path(id));
+    snprintf(to, sizeof(to), "%s", ts_id_path(0));
+    cr_assert_eq(rename(from, to), 0);
+    MDB_env *env = raw_env();
+    uint8_t rec[96];
+    cr_assert_eq(raw_get(env, "sessions", name, strlen(name), rec, sizeof(rec)), 96);
+    memset(rec, 0, 8);
+    raw_put(env, "sessions", name, strlen(name), rec, sizeof(rec));
+    uint8_t k[8], k0[8];
+    be_key(k, id);
+    be_key(k0, 0);
+    raw_del(env, "ids", k, 8);
+    raw_put(env, "ids", k0, 8, name, strlen(name));
+    uint8_t ck[8 + 2], ck0[8 + 2];
+    memcpy(ck, k, 8);
+    memcpy(ck + 8, "cp", 2);
+    memcpy(ck0, k0, 8);
+    memcpy(ck0 + 8, "cp", 2);
+    uint8_t cp[24];
+    cr_assert_eq(raw_get(env, "checkpoints", ck, sizeof(ck), cp, sizeof(cp)), 24);
+    raw_del(env, "checkpoints", ck, sizeof(ck));
+    raw_put(env, "checkpoints", ck0, sizeof(ck0), cp, sizeof(cp));
+    mdb_env_close(env);
+}
+
+/* b: 40 tokens and a checkpoint "cp" at 30, then moved to id 0. */
+static ctxs_model b_at_id_0(void)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "a", &m, 64, 4, 5));
+    ctxs_session *s = mk(st, "b", &m, 256, 4, 30);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
+    cr_assert_eq(ts_append(s, 10), 0);
+    ctxs_session_close(s);
+    uint64_t id = ts_session_entry(st, "b").id;
+    ctxs_store_close(st);
+    move_to_id_0("b", id);
+    return m;
+}
+
+/* b is back under an id of its own, whole, with its checkpoint. */
+static void b_renumbered(const ctxs_model *m)
+{
+    cr_assert_not(ts_exists(ts_id_path(0)), "the file of id 0 is still there");
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_session_entry e = ts_session_entry(st, "b");
+    cr_assert_gt(e.id, 2);
+    cr_assert(ts_exists(ts_id_path(e.id)));
+    ctxs_session *s = op(st, "b", m, 0);
+    cr_assert_eq(ts_n_tokens(s), 40);
+    uint64_t bad;
+    cr_assert_eq(ctxs_session_verify(&bad, s), 0);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "cp"), 0, "the checkpoint was lost");
+    cr_assert_eq(ts_n_tokens(s), 30);
+    ctxs_session_close(s);
+    ctxs_session_close(mk(st, "later", m, 64, 4, 1));
+    cr_assert_gt(ts_session_entry(st, "later").id, e.id);
+    ctxs_store_close(st);
+}
+
+Test(index, repair_gives_a_session_filed_under_id_0_an_id_of_its_own)
+{
+    ctxs_model m = b_at_id_0();
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    cr_assert_eq(ctxs_store_repair(NULL, st), 0);
+    ctxs_store_close(st);
+    b_renumbered(&m);
+}
+
+Test(index, reindex_adopts_a_file_named_with_id_0_under_a_new_id)
+{
+    /* Reindex keeps checkpoints of sessions still present by id: the one
+     * moved to id 0 moves with the file. */
+    ctxs_model m = b_at_id_0();
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_reindex_result r;
+    cr_assert_eq(ctxs_store_reindex(&r, st), 0);
+    cr_assert_eq(r.sessions, 2);
+    cr_assert_eq(r.skipped, 0);
+    ctxs_store_close(st);
+    b_renumbered(&m);
+}
+
+Test(index, reindex_adopts_a_file_named_past_the_largest_id)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session_close(mk(st, "a", &m, 64, 4, 5));
+    ctxs_session_close(mk(st, "b", &m, 64, 4, 7));
+    uint64_t id = ts_session_entry(st, "b").id;
+    ctxs_store_close(st);
+    char from[1100], to[1100];
+    snprintf(from, sizeof(from), "%s", ts_id_path(id));
+    snprintf(to, sizeof(to), "%s", ts_id_path(UINT64_MAX));
+    cr_assert_eq(rename(from, to), 0);
+    st = ts_store_open(ts_store_dir());
+    ctxs_reindex_result r;
+    cr_assert_eq(ctxs_store_reindex(&r, st), 0);
+    cr_assert_eq(r.sessions, 2);
+    ctxs_session_entry e = ts_session_entry(st, "b");
+    cr_assert(e.id > 0 && e.id <= (uint64_t)INT64_MAX);
+    cr_assert_not(ts_exists(to));
+    ctxs_session *s = op(st, "b", &m, CTXS_OPEN_RDONLY);
+    cr_assert_eq(ts_n_tokens(s), 7);
+    ctxs_session_close(s);
+    /* And new sessions go on from there. */
+    ctxs_session_close(mk(st, "c", &m, 64, 4, 1));
+    cr_assert_gt(ts_session_entry(st, "c").id, e.id);
+    ctxs_store_close(st);
+}

@@ -198,6 +198,29 @@ int ctxs__name_check(const char *name, size_t *len);
 
 /* --- sessions.c -------------------------------------------------------- */
 
+/* Session ids run from 1 to CTXS__ID_MAX: 0 names no session (a parent id
+ * of 0 is "none"), and the largest id plus one must not wrap. A file named
+ * with an id outside that range is renumbered by repair and reindex. */
+#define CTXS__ID_MAX ((uint64_t)INT64_MAX)
+
+/* One above the largest id (up to CTXS__ID_MAX) that any row of the index
+ * names: an entry, an intent, a checkpoint, metadata, a pin, a prefix
+ * chunk. No id below it may be handed out: a row left by a deleted or
+ * damaged session would attach itself to the new one. */
+int ctxs__ids_floor(MDB_txn *txn, ctxs_store *st, uint64_t *out);
+
+/* Makes meta["next_id"] at least at_least and above every id in use
+ * (ctxs__ids_floor), repairing a value of 0, one past CTXS__ID_MAX, or
+ * one at or below an id in use. Sets *out (may be NULL) to the value it
+ * holds afterwards. Errors: CTXS_EFULL (no id left: an id at CTXS__ID_MAX
+ * is in use), LMDB's, translated. */
+int ctxs__next_id_repair(MDB_txn *txn, ctxs_store *st, uint64_t at_least, uint64_t *out);
+
+/* Takes the next session id in txn: never 0, never one in use or whose
+ * file exists in sessions/ (a stray file is skipped), and next_id moves
+ * past it. Errors: as ctxs__next_id_repair. */
+int ctxs__id_take(MDB_txn *txn, ctxs_store *st, uint64_t *out);
+
 /* Reads sessions[name]. Errors: CTXS_ENOTFOUND, ... */
 int ctxs__session_get(ctxs__session_rec *out, MDB_txn *txn, ctxs_store *st,
                       const char *name, size_t len);

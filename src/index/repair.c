@@ -15,12 +15,14 @@
 
 #include "format.h"
 #include "index.h"
+#include "label.h"
 #include "lock.h"
 #include "mdb_calls.h"
 #include "peek.h"
 
-/* Reads 16 lowercase hex digits; 0 if name does not start with them. */
-static uint64_t hex16(const char *name)
+/* Reads 16 lowercase hex digits into *out; 0 if name does not start with
+ * them. */
+static int hex16_ok(const char *name, uint64_t *out)
 {
     uint64_t id = 0;
     for (int i = 0; i < 16; i++) {
@@ -30,14 +32,32 @@ static uint64_t hex16(const char *name)
             return 0;
         id = id << 4 | (uint64_t)v;
     }
-    return id;
+    *out = id;
+    return 1;
 }
 
-/* The id of a file named exactly "<id as 16 hex digits>.ctxs", or 0. */
+/* The id, 0 if name does not start with 16 hex digits. */
+static uint64_t hex16(const char *name)
+{
+    uint64_t id = 0;
+    return hex16_ok(name, &id) ? id : 0;
+}
+
+/* The id of a file named exactly "<id as 16 hex digits>.ctxs" with an id a
+ * store hands out (1..CTXS__ID_MAX), or 0. */
 static uint64_t file_id(const char *name)
 {
     uint64_t id = hex16(name);
-    return id && strcmp(name + 16, ".ctxs") == 0 ? id : 0;
+    return id && id <= CTXS__ID_MAX && strcmp(name + 16, ".ctxs") == 0 ? id : 0;
+}
+
+/* 1 if name is a session file's name with an id no store hands out: 0
+ * (an index whose next_id was 0 handed it out) or above CTXS__ID_MAX (one
+ * that wrapped, or a file named by hand). *id gets it. */
+static int misnumbered(const char *name, uint64_t *id)
+{
+    return hex16_ok(name, id) && strcmp(name + 16, ".ctxs") == 0 &&
+           (*id == 0 || *id > CTXS__ID_MAX);
 }
 
 /* 1 if name is a file written aside by a create or fork. */
@@ -115,17 +135,10 @@ static int read_facts(ctxs_store *st, uint64_t id, file_facts *f);
 static int reindex_one(MDB_txn *txn, ctxs_store *st, uint64_t id, const file_facts *f);
 
 /* New ids must stay above every file's: a create whose file name is taken
- * fails. */
+ * fails. (ctxs__next_id_repair also mends a damaged next_id.) */
 static int raise_next_id(MDB_txn *txn, ctxs_store *st, uint64_t at_least)
 {
-    MDB_val key = {7, (void *)"next_id"}, val;
-    uint64_t have = 0;
-    if (mdb_get(txn, st->meta, &key, &val) == 0 && val.mv_size == 8)
-        memcpy(&have, val.mv_data, 8);
-    if (have >= at_least)
-        return 0;
-    val = (MDB_val){8, &at_least};
-    return ctxs__mdb_error(ctxs__mdb_put(txn, st->meta, &key, &val, 0));
+    return ctxs__next_id_repair(txn, st, at_least, NULL);
 }
 
 static int id_fill(void *entry, const MDB_val *key, const MDB_val *val)
@@ -293,6 +306,221 @@ static int adopt_orphan(ctxs_store *st, uint64_t id, uint64_t *adopted)
     return rc == CTXS_EBUSY ? 0 : rc;
 }
 
+/* --- files whose id no store hands out ------------------------------------ */
+
+/* Moves the rows of dbi whose key starts with id `from` to id `to`, in
+ * txn. Collected first: a put under an open cursor of the same table would
+ * move it. */
+static int move_rows(MDB_txn *txn, MDB_dbi dbi, uint64_t from, uint64_t to)
+{
+    if (!dbi)
+        return 0;
+    MDB_cursor *cur;
+    int rc = ctxs__mdb_cursor_open(txn, dbi, &cur);
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
+    typedef struct row { MDB_val k, v; } row;
+    row *rows = NULL;
+    size_t n = 0, cap = 0;
+    uint8_t start[8];
+    ctxs__id_key(start, from);
+    MDB_val key = {8, start}, val;
+    for (rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); rc == 0;
+         rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+        if (key.mv_size < 8 || ctxs__id_from_key(key.mv_data) != from)
+            break;
+        if (n == cap) {
+            size_t grown = cap ? cap * 2 : 16;
+            row *bigger = ctxs__realloc(rows, grown * sizeof(*rows));
+            if (!bigger) {
+                rc = CTXS_ENOMEM;
+                break;
+            }
+            rows = bigger, cap = grown;
+        }
+        uint8_t *copy = ctxs__malloc(key.mv_size + val.mv_size + 1);
+        if (!copy) {
+            rc = CTXS_ENOMEM;
+            break;
+        }
+        memcpy(copy, key.mv_data, key.mv_size);
+        memcpy(copy + key.mv_size, val.mv_data, val.mv_size);
+        rows[n++] = (row){{key.mv_size, copy}, {val.mv_size, copy + key.mv_size}};
+    }
+    mdb_cursor_close(cur);
+    rc = rc == 0 || rc == MDB_NOTFOUND ? 0 : rc < 0 ? rc : ctxs__mdb_error(rc);
+    for (size_t i = 0; i < n; i++) {
+        if (rc == 0)
+            rc = ctxs__mdb_error(ctxs__mdb_del(txn, dbi, &rows[i].k, NULL));
+        if (rc == 0) {
+            ctxs__id_key(rows[i].k.mv_data, to);
+            rc = ctxs__mdb_error(ctxs__mdb_put(txn, dbi, &rows[i].k, &rows[i].v, 0));
+        }
+        free(rows[i].k.mv_data);
+    }
+    free(rows);
+    return rc;
+}
+
+/* Gives the session file `fname` (id `old`, 0 or above CTXS__ID_MAX) a new
+ * id: its label first (durable), then the new name linked to it, its index
+ * rows moved, next_id raised, in one transaction, then the old name
+ * unlinked. A run cut short after the link leaves the file under both
+ * names with a label naming the new id: the next run finds it so and only
+ * finishes the move. Files that are no readable session, and files a
+ * handle has open, are left as they are. Sets *done to 1 when renumbered. */
+static int renumber_one(ctxs_store *st, const char *fname, uint64_t old, int *done)
+{
+    *done = 0;
+    int fd = ctxs__openat(st->sessions_fd, fname, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return errno == ENOENT || errno == ELOOP || errno == EISDIR ? 0 : -errno;
+    ctxs__peek p;
+    struct stat me;
+    int rc = ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE);
+    if (rc == 0 && (rc = ctxs__peek_fd(&p, fd)) == 0 && ctxs__fstat(fd, &me) != 0)
+        rc = -errno;
+    if (rc == CTXS_EBUSY || not_a_session(rc)) {
+        close(fd);
+        return 0;
+    }
+    uint64_t label_id = 0;
+    char name[CTXS_NAME_MAX + 1];
+    size_t len = 0;
+    if (rc == 0 && (ctxs__label_read(fd, &label_id, name) < 0 || ctxs__name_check(name, &len) < 0))
+        name[0] = '\0', len = 0, label_id = 0;
+
+    MDB_txn *txn;
+    if (rc < 0 || (rc = ctxs__txn_begin(&txn, st, 0)) < 0) {
+        close(fd);
+        return rc;
+    }
+    /* The index's entry under the old id, if any: its name wins. */
+    uint8_t idk[8];
+    ctxs__id_key(idk, old);
+    MDB_val key = {8, idk}, val;
+    ctxs__session_rec rec;
+    int indexed = 0;
+    if (mdb_get(txn, st->ids, &key, &val) == 0 && val.mv_size >= 1 &&
+        val.mv_size <= CTXS_NAME_MAX &&
+        ctxs__session_get(&rec, txn, st, val.mv_data, val.mv_size) == 0 && rec.id == old) {
+        indexed = 1;
+        memcpy(name, val.mv_data, val.mv_size);
+        name[val.mv_size] = '\0';
+        len = val.mv_size;
+    }
+    uint64_t to = 0;
+    char to_name[32];
+    struct stat there;
+    if (label_id && label_id <= CTXS__ID_MAX) {
+        ctxs__file_name(to_name, label_id);
+        if (ctxs__fstatat(st->sessions_fd, to_name, &there, AT_SYMLINK_NOFOLLOW) == 0 &&
+            there.st_dev == me.st_dev && there.st_ino == me.st_ino)
+            to = label_id; /* linked by a run cut short */
+    }
+    int linked = 0;
+    if (to) {
+        rc = raise_next_id(txn, st, to + 1);
+    } else if ((rc = ctxs__id_take(txn, st, &to)) == 0) {
+        ctxs__file_name(to_name, to);
+        if (!len)
+            len = (size_t)snprintf(name, sizeof(name), "session-%016llx", (unsigned long long)to);
+        if ((rc = ctxs__label_write(fd, to, name, len)) == 0) {
+            if (ctxs__linkat(st->sessions_fd, fname, st->sessions_fd, to_name, 0) == 0)
+                linked = 1;
+            else
+                rc = -errno;
+        }
+    }
+    if (rc == 0 && indexed) {
+        MDB_val skey = {len, name}, sval = {sizeof(rec), &rec};
+        /* Prefix entries go (repair and reindex write them again from the
+         * file); everything else follows the session to its new id. */
+        rc = ctxs__prefix_drop(txn, st, old, rec.model_hash);
+        rec.id = to;
+        rec.prefix_tokens = 0;
+        memset(rec.prefix_chain, 0, sizeof(rec.prefix_chain));
+        MDB_dbi moved[] = {st->ids, st->checkpoints, st->metadata, st->pins};
+        for (size_t i = 0; rc == 0 && i < sizeof(moved) / sizeof(moved[0]); i++)
+            rc = move_rows(txn, moved[i], old, to);
+        if (rc == 0)
+            rc = ctxs__mdb_error(ctxs__mdb_put(txn, st->sessions, &skey, &sval, 0));
+    }
+    if (rc == 0) {
+        int r = ctxs__mdb_del(txn, st->pending, &key, NULL);
+        rc = r == MDB_NOTFOUND ? 0 : ctxs__mdb_error(r);
+    }
+    rc = ctxs__txn_finish(txn, rc);
+    if (rc == 0) {
+        if (ctxs__unlinkat(st->sessions_fd, fname, 0) != 0 && errno != ENOENT)
+            rc = -errno;
+        else if (ctxs__fsync(st->sessions_fd) != 0)
+            rc = -errno;
+        *done = rc == 0;
+    } else if (linked) {
+        ctxs__unlinkat(st->sessions_fd, to_name, 0);
+    }
+    close(fd);
+    return rc;
+}
+
+/* Renumbers every session file whose name carries an id no store hands
+ * out (0, or above CTXS__ID_MAX), so that repair and reindex see it under
+ * a real id: they would otherwise skip it, and verify would go on naming
+ * it as a file the index does not know. */
+static int renumber_misnumbered(ctxs_store *st, uint64_t *renumbered)
+{
+    DIR *dir;
+    int rc = ctxs__sessions_dir_open(&dir, st);
+    if (rc < 0)
+        return rc;
+    rewinddir(dir);
+    char (*names)[32] = NULL;
+    uint64_t *olds = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while (rc == 0 && (errno = 0, de = ctxs__readdir(dir))) {
+        uint64_t id;
+        if (strlen(de->d_name) != 21 || !misnumbered(de->d_name, &id))
+            continue;
+        if (n == cap) {
+            size_t grown = cap ? cap * 2 : 4;
+            char (*bn)[32] = ctxs__realloc(names, grown * sizeof(*names));
+            if (bn)
+                names = bn;
+            uint64_t *bo = bn ? ctxs__realloc(olds, grown * sizeof(*olds)) : NULL;
+            if (!bo) {
+                rc = CTXS_ENOMEM;
+                break;
+            }
+            olds = bo, cap = grown;
+        }
+        memcpy(names[n], de->d_name, 22);
+        olds[n++] = id;
+    }
+    if (rc == 0 && errno != 0)
+        rc = -errno;
+    closedir(dir);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        int done;
+        if ((rc = renumber_one(st, names[i], olds[i], &done)) == 0 && renumbered)
+            *renumbered += (uint64_t)done;
+    }
+    free(names);
+    free(olds);
+    return rc;
+}
+
+/* Mends next_id (0, past the range, or not above an id in use). */
+static int mend_next_id(ctxs_store *st)
+{
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 0);
+    if (rc < 0)
+        return rc;
+    return ctxs__txn_finish(txn, raise_next_id(txn, st, 1));
+}
+
 int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
 {
     ctxs_repair_result res;
@@ -305,7 +533,12 @@ int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
         return CTXS_EREADONLY;
     uint64_t *files = NULL, *ids = NULL;
     size_t n_files, n_ids;
-    int rc = list_files(st, &files, &n_files, 1, &res.files_removed);
+    /* Ids first: a renumbered file is then adopted or refreshed below. */
+    int rc = mend_next_id(st);
+    if (rc == 0)
+        rc = renumber_misnumbered(st, NULL);
+    if (rc == 0)
+        rc = list_files(st, &files, &n_files, 1, &res.files_removed);
     if (rc < 0)
         return rc;
     for (size_t i = 0; rc == 0 && i < n_files; i++) {
@@ -410,9 +643,14 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
         return CTXS_EINVAL;
     if (st->rdonly)
         return CTXS_EREADONLY;
-    uint64_t *ids, removed = 0;
-    size_t n;
-    int rc = list_files(st, &ids, &n, 0, &removed);
+    uint64_t *ids = NULL, removed = 0;
+    size_t n = 0;
+    /* A file named with id 0 (or past the range) is renumbered, then
+     * indexed as any other: skipped, it would stay a file that verify
+     * names and nothing adopts. */
+    int rc = renumber_misnumbered(st, NULL);
+    if (rc == 0)
+        rc = list_files(st, &ids, &n, 0, &removed);
     if (rc < 0)
         return rc;
     if (n)
@@ -446,8 +684,8 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
             rc = drop_rows_of_absent(txn, st->pins, 0, ids, kept);
         for (size_t i = 0; rc == 0 && i < kept; i++)
             rc = reindex_one(txn, st, ids[i], &facts[i]);
-        if (rc == 0 && kept)
-            rc = raise_next_id(txn, st, ids[kept - 1] + 1);
+        if (rc == 0)
+            rc = raise_next_id(txn, st, kept ? ids[kept - 1] + 1 : 1);
         rc = ctxs__txn_finish(txn, rc);
     }
     for (size_t i = 0; i < kept; i++)

@@ -234,19 +234,103 @@ static int intent_drop(MDB_txn *txn, ctxs_store *st, uint64_t id)
     return rc == MDB_NOTFOUND ? 0 : ctxs__mdb_error(rc);
 }
 
-static int next_id(MDB_txn *txn, ctxs_store *st, uint64_t *out)
+/* The largest id key of dbi at or below CTXS__ID_MAX, or 0. */
+static int largest_id(MDB_txn *txn, MDB_dbi dbi, uint64_t *out)
+{
+    *out = 0;
+    MDB_cursor *cur;
+    int rc = ctxs__mdb_cursor_open(txn, dbi, &cur);
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
+    uint8_t above[8];
+    ctxs__id_key(above, CTXS__ID_MAX + 1);
+    MDB_val key = {8, above}, val;
+    /* Keys sort by id (big-endian first): the last key before the first
+     * one past the range. */
+    rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE);
+    rc = rc == 0 ? mdb_cursor_get(cur, &key, &val, MDB_PREV)
+                 : rc == MDB_NOTFOUND ? mdb_cursor_get(cur, &key, &val, MDB_LAST) : rc;
+    if (rc == 0 && key.mv_size >= 8)
+        *out = ctxs__id_from_key(key.mv_data);
+    mdb_cursor_close(cur);
+    return rc == 0 || rc == MDB_NOTFOUND ? 0 : ctxs__mdb_error(rc);
+}
+
+int ctxs__ids_floor(MDB_txn *txn, ctxs_store *st, uint64_t *out)
+{
+    /* One read per table: keys lead with the id in big-endian, so the
+     * largest is found at the end (O(log n) pages). pins and metadata are
+     * 0 only in a read-only handle, which takes no ids. */
+    MDB_dbi dbis[] = {st->ids, st->pending, st->checkpoints, st->chunks, st->metadata, st->pins};
+    uint64_t top = 0;
+    for (size_t i = 0; i < sizeof(dbis) / sizeof(dbis[0]); i++) {
+        uint64_t id;
+        int rc = dbis[i] ? largest_id(txn, dbis[i], &id) : 0;
+        if (rc < 0)
+            return rc;
+        if (dbis[i] && id > top)
+            top = id;
+    }
+    *out = top + 1; /* at most CTXS__ID_MAX + 1: no wrap */
+    return 0;
+}
+
+int ctxs__next_id_repair(MDB_txn *txn, ctxs_store *st, uint64_t at_least, uint64_t *out)
 {
     MDB_val key = {7, (void *)"next_id"}, val;
-    uint64_t id = 1;
+    uint64_t have = 1, floor;
     int rc = mdb_get(txn, st->meta, &key, &val);
     if (rc == 0 && val.mv_size == 8)
-        memcpy(&id, val.mv_data, 8);
+        memcpy(&have, val.mv_data, 8);
+    else if (rc == 0)
+        have = 0; /* a value of another size: damaged */
     else if (rc != MDB_NOTFOUND)
-        return rc == 0 ? CTXS_ECORRUPT : ctxs__mdb_error(rc);
-    uint64_t after = id + 1;
-    val = (MDB_val){8, &after};
-    *out = id;
-    return ctxs__mdb_error(ctxs__mdb_put(txn, st->meta, &key, &val, 0));
+        return ctxs__mdb_error(rc);
+    if ((rc = ctxs__ids_floor(txn, st, &floor)) < 0)
+        return rc;
+    /* next_id only grows, and stays above every id in use. A value of 0
+     * (an index written by hand, or a count that wrapped), one past the
+     * largest id, or one at or below an id some row names (an index
+     * restored from an old copy) is damage: it is taken up to just above
+     * the largest id in use. That may give a deleted session's id again,
+     * but only one no row of the index remembers. */
+    uint64_t want = have;
+    if (want == 0 || want > CTXS__ID_MAX || want < floor)
+        want = floor;
+    if (want < at_least)
+        want = at_least;
+    if (want > CTXS__ID_MAX)
+        return CTXS_EFULL;
+    if (out)
+        *out = want;
+    if (rc == MDB_NOTFOUND || want != have || val.mv_size != 8) {
+        val = (MDB_val){8, &want};
+        return ctxs__mdb_error(ctxs__mdb_put(txn, st->meta, &key, &val, 0));
+    }
+    return 0;
+}
+
+int ctxs__id_take(MDB_txn *txn, ctxs_store *st, uint64_t *out)
+{
+    /* A file someone put at the next id (or an index restored from an old
+     * copy) must not make creates fail: such ids are skipped. */
+    int rc;
+    for (int tries = 0;; tries++) {
+        uint64_t id;
+        if ((rc = ctxs__next_id_repair(txn, st, 1, &id)) < 0)
+            return rc;
+        if (id == CTXS__ID_MAX)
+            return CTXS_EFULL; /* next_id would pass the range */
+        uint64_t after = id + 1;
+        MDB_val key = {7, (void *)"next_id"}, val = {8, &after};
+        if ((rc = ctxs__mdb_error(ctxs__mdb_put(txn, st->meta, &key, &val, 0))) < 0)
+            return rc;
+        *out = id;
+        char file[32];
+        ctxs__file_name(file, id);
+        if (faccessat(st->sessions_fd, file, F_OK, AT_SYMLINK_NOFOLLOW) != 0 || tries == 1000)
+            return 0;
+    }
 }
 
 int ctxs__session_unindex(MDB_txn *txn, ctxs_store *st, uint64_t id)
@@ -395,14 +479,8 @@ static int begin_create(ctxs_store *st, const char *name, size_t len,
         rc = ctxs__session_get(&rec, txn, st, name, len);
         rc = rc == 0 ? -EEXIST : rc == CTXS_ENOTFOUND ? 0 : rc;
     }
-    /* A file someone put at the next id (or an index restored from an old
-     * copy) must not make creates fail: such ids are skipped. */
-    for (int tries = 0; rc == 0 && (rc = next_id(txn, st, id)) == 0; tries++) {
-        char file[32];
-        ctxs__file_name(file, *id);
-        if (faccessat(st->sessions_fd, file, F_OK, AT_SYMLINK_NOFOLLOW) != 0 || tries == 1000)
-            break;
-    }
+    if (rc == 0)
+        rc = ctxs__id_take(txn, st, id);
     /* Known here as being created before any store open can see the
      * intent, and until it is adopted or abandoned. */
     creating *c = NULL;

@@ -133,7 +133,8 @@ extern "C" {
     XX(STALE, -32013, "the session no longer holds those tokens")            \
     XX(NODEVICE, -32014, "no usable GPU device")                              \
     XX(DEVICE, -32015, "GPU error")                                          \
-    XX(TOOBIG, -32016, "value or metadata above its size limit")
+    XX(TOOBIG, -32016, "value or metadata above its size limit")           \
+    XX(INDEX, -32017, "the store's index is damaged")
 
 typedef enum ctxs_error {
 #define CTXS_ERR_ENUM_(name, value, text) CTXS_E##name = (value),
@@ -795,6 +796,10 @@ CTXS_API const char *ctxs_attention_get_isa(void);
  * - After fork(), the child must not use or close a store handle of its
  *   parent; it opens its own.
  * - Session handles opened through a store must be closed before the store.
+ * - Any call below that reads the index may fail with CTXS_EINDEX where a
+ *   page or record of the index is damaged (ctxs_store_open() says how to
+ *   get out); the lists of errors below leave it out. CTXS_ECORRUPT is
+ *   always about a session file.
  * - Through a store opened with CTXS_STORE_RDONLY, every call below that
  *   would write the index or a session file fails with CTXS_EREADONLY and
  *   changes nothing: creates, read-write opens, forks, imports, renames,
@@ -871,12 +876,28 @@ typedef struct ctxs_store_options {
  * shares its environment (the handle still refuses writes); a read-write
  * open while it is open only read-only is CTXS_EBUSY.
  *
+ * The index is checked before LMDB reads any of it: index/data.mdb must
+ * hold every page its meta pages claim (a file cut short, say a backup
+ * restored short or a copy onto a full disk, would otherwise kill the
+ * process with SIGBUS), both meta pages must be intact, and the index's
+ * format record must be whole. A damaged index is CTXS_EINDEX, never
+ * CTXS_ECORRUPT (which is about a session file): the session files are
+ * not touched and not at fault. The way out today: move index/ aside
+ * (mv STORE/index STORE/index.damaged) and open the store with
+ * CTXS_STORE_CREATE (`ctxstore reindex`), which rebuilds the index from the
+ * session files: every session comes back under the name its file
+ * remembers, with its model, tokens and prefixes; the damaged index's
+ * checkpoints, metadata, pins and models' display names are lost. Damage
+ * inside pages the file does hold is found as LMDB reads them, by
+ * whichever call reads them: CTXS_EINDEX as well.
+ *
  * Errors: -ENOENT (no dir; a half-made store opened read-only),
  * -ENOTDIR, CTXS_EFOREIGN (not a store, or index/ holds something that is
- * not a ctxstore index), CTXS_EVERSION (an index written by a newer major
- * version), CTXS_EBUSY (see above), CTXS_ECORRUPT, CTXS_EINVAL (bad
- * options, unknown flags, CREATE with RDONLY), CTXS_ENOMEM, -EACCES,
- * -errno. *out is NULL on failure. Thread-safe. */
+ * not a ctxstore index), CTXS_EINDEX (the index is damaged: see above),
+ * CTXS_EVERSION (an index written by a newer major version), CTXS_EBUSY
+ * (see above), CTXS_EINVAL (bad options, unknown flags, CREATE with
+ * RDONLY), CTXS_ENOMEM, -EACCES, -errno. *out is NULL on failure.
+ * Thread-safe. */
 CTXS_API int ctxs_store_open(ctxs_store **out, const char *dir, unsigned flags,
                              const ctxs_store_options *opts);
 
@@ -1063,7 +1084,7 @@ CTXS_API int ctxs_store_session_set_meta(ctxs_store *st, const char *name,
  * holds a value. Errors: CTXS_ENOTFOUND (no such session or key), -ERANGE
  * (the value is larger than *value_bytes said: nothing copied,
  * *value_bytes set to its size), CTXS_EINVAL (NULL value_bytes or st, a
- * bad name or key), CTXS_ECORRUPT, -errno. Thread-safe. */
+ * bad name or key), CTXS_EINDEX (a damaged record), -errno. Thread-safe. */
 CTXS_API int ctxs_store_session_get_meta(void *out, size_t *value_bytes,
                                          ctxs_store *st, const char *name,
                                          const char *key);
@@ -1072,7 +1093,8 @@ CTXS_API int ctxs_store_session_get_meta(void *out, size_t *value_bytes,
  * *out is an array of *n_out entries whose values lie in the same
  * allocation, released with one ctxs_free(*out) (NULL when there are
  * none). One consistent snapshot. Errors: CTXS_ENOTFOUND (no such
- * session), CTXS_EINVAL, CTXS_ENOMEM, CTXS_ECORRUPT. Thread-safe. */
+ * session), CTXS_EINVAL, CTXS_ENOMEM, CTXS_EINDEX (a damaged record).
+ * Thread-safe. */
 CTXS_API int ctxs_store_session_list_meta(ctxs_meta_entry **out, size_t *n_out,
                                           ctxs_store *st, const char *name);
 

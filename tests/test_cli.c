@@ -44,6 +44,7 @@ enum {
     EX_DAMAGED = 5,
     EX_FULL = 6,
     EX_EXIST = 7,
+    EX_INDEX = 8,
 };
 
 static const char *const k_commands[] = {
@@ -735,6 +736,7 @@ Test(cli, help_for_every_command_exits_0_and_documents_the_exit_codes)
         says(1, "Exit codes");
         says(1, "5  damaged");
         says(1, "7  the name or file already exists");
+        says(1, "8  the store's index is damaged");
         CLI(store, "help", k_commands[i]);
         cr_expect_eq(R.code, EX_OK, "`%s` exited %d:\n%s", R.what, R.code, R.err);
         says(1, want);
@@ -3198,4 +3200,69 @@ Test(cli, export_and_import_carry_the_metadata)
     CLI_EXPECT(EX_OK, other, "fork", "chat", "fork");
     CLI_EXPECT(EX_OK, other, "meta", "fork");
     contains(1, "0 keys");
+}
+
+/* --- A damaged index -------------------------------------------------------- */
+
+Test(cli, every_command_on_a_cut_index_exits_8_with_the_index_hint)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 1, 150);
+    mk(st, "notes", 256, 1, 80);
+    ctxs_store_close(st);
+    const char *exp = dir_of("chat.ctxsx");
+    CLI_EXPECT(EX_OK, S(), "export", "chat", exp);
+    char *before = listing(ts_path(S(), "sessions"));
+    /* Cut to half a page past its meta pages: LMDB would read past the end. */
+    const char *data = ts_path(S(), "index/data.mdb");
+    struct stat sb;
+    cr_assert_eq(stat(data, &sb), 0);
+    cr_assert_eq(truncate(data, 3 * 4096 + 100), 0);
+
+    const char *const lines[][8] = {
+        {"ls"}, {"info", "chat"}, {"verify", "--all"}, {"verify", "chat"},
+        {"compact", "--all"}, {"gc", "--max-size", "1G"}, {"gc", "--max-size", "1G", "--dry-run"},
+        {"pin", "chat"}, {"unpin", "chat"}, {"rm", "notes"}, {"rename", "chat", "talk"},
+        {"fork", "chat", "copy"}, {"checkpoint", "create", "chat", "t1"},
+        {"checkpoint", "ls", "chat"}, {"meta", "chat"}, {"meta", "chat", "k", "v"},
+        {"models"}, {"prefix", "--model", "00000000000000000000000000000000", "1", "2"},
+        {"reindex"}, {"import", exp, "again"},
+    };
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
+        const char *args[12] = {"--store", S(), "--json"};
+        size_t n = 3;
+        for (size_t k = 0; k < 8 && lines[i][k]; k++)
+            args[n++] = lines[i][k];
+        run_env(S(), NULL, args);
+        cr_expect_eq(R.code, EX_INDEX, "`%s` exited %d:\n%s\n%s", R.what, R.code, R.out, R.err);
+        if (R.code != EX_INDEX)
+            continue;
+        says(0, "is damaged");
+        says(0, "index.damaged");
+        says(0, "reindex");
+        cr_expect(!strstr(R.err, "session file is corrupt"), "`%s`:\n%s", R.what, R.err);
+        cr_expect(!strstr(R.err, "ctxstore verify"), "`%s`:\n%s", R.what, R.err);
+        jc_value *v = json_error_out(CTXS_EINDEX, "CTXS_EINDEX");
+        cr_expect(strstr(hint_of(v), "reindex") != NULL, "`%s`:\n%s", R.what, R.out);
+        jc_free(v);
+    }
+    /* Without --json too, the words a person reads. */
+    CLI_EXPECT(EX_INDEX, S(), "ls");
+    contains(0, "the index of store");
+    contains(0, "hint:");
+    char *after = listing(ts_path(S(), "sessions"));
+    cr_assert_str_eq(before, after, "the session files changed");
+    free(after);
+
+    /* The way out the hint gives. */
+    cr_assert_eq(rename(ts_path(S(), "index"), ts_path(S(), "index.damaged")), 0);
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    CLI_EXPECT(EX_OK, S(), "verify", "--all");
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    jc_value *v = json_out();
+    cr_assert_not_null(by_name(v, "chat"), "%s", R.out);
+    cr_assert_not_null(by_name(v, "notes"), "%s", R.out);
+    jc_free(v);
+    free(before);
 }

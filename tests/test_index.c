@@ -2272,13 +2272,14 @@ Test(index, an_index_of_a_newer_major_version_is_eversion)
     memcpy(f.magic, "NOTCTXS!", 8);
     raw_put(env, "meta", "format", 6, &f, sizeof(f));
     mdb_env_close(env);
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL), CTXS_EFOREIGN);
+    /* In our own tables, the record is damaged: the index is. */
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL), CTXS_EINDEX);
     /* A short record. */
     env = raw_env();
     raw_put(env, "meta", "format", 6, "CTXS", 4);
     mdb_env_close(env);
     int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL);
-    cr_assert(rc == CTXS_ECORRUPT || rc == CTXS_EFOREIGN, "short format record: %s", ctxs_err_name(rc));
+    cr_assert_eq(rc, CTXS_EINDEX, "short format record: %s", ctxs_err_name(rc));
 }
 
 Test(index, a_foreign_lmdb_environment_is_eforeign)
@@ -2328,7 +2329,7 @@ Test(index, a_foreign_lmdb_environment_named_like_ours_is_eforeign)
     mdb_env_close(env);
     ctxs_store *st = (ctxs_store *)1;
     int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL);
-    cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_ECORRUPT, "%s", ctxs_err_name(rc));
+    cr_assert(rc == CTXS_EFOREIGN || rc == CTXS_EINDEX, "%s", ctxs_err_name(rc));
     cr_assert_null(st);
 }
 
@@ -3408,5 +3409,245 @@ Test(index, reindex_adopts_a_file_named_past_the_largest_id)
     /* And new sessions go on from there. */
     ctxs_session_close(mk(st, "c", &m, 64, 4, 1));
     cr_assert_gt(ts_session_entry(st, "c").id, e.id);
+    ctxs_store_close(st);
+}
+
+/* --- A damaged index ------------------------------------------------------ */
+
+/* What every session file is, by name, size and content. */
+static uint64_t sessions_digest(void)
+{
+    const char *dir = ts_path(ts_store_dir(), "sessions");
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d);
+    uint64_t sum = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        size_t len;
+        uint8_t *bytes = ts_read_file(ts_path(dir, e->d_name), &len);
+        cr_assert_not_null(bytes, "%s", e->d_name);
+        /* Order-free: a sum of each file's hash. */
+        sum += XXH3_64bits_withSeed(bytes, len, XXH3_64bits(e->d_name, strlen(e->d_name)));
+        free(bytes);
+    }
+    closedir(d);
+    return sum;
+}
+
+/* Opens the store with flags in a child and lists its sessions, checkpoints
+ * and metadata there: the first error, or 0. A signal (SIGBUS from a page
+ * past the end of the file) fails the test instead of killing the suite. */
+static int open_in_child(unsigned flags, const char *what)
+{
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        ctxs_store *st = NULL;
+        int rc = ctxs_store_open(&st, ts_store_dir(), flags, NULL);
+        ctxs_session_entry *list = NULL;
+        size_t n = 0;
+        if (rc == 0)
+            rc = ctxs_store_session_list(&list, &n, st);
+        for (size_t i = 0; rc == 0 && i < n; i++) {
+            ctxs_meta_entry *meta = NULL;
+            size_t n_meta = 0;
+            rc = ctxs_store_session_list_meta(&meta, &n_meta, st, list[i].name);
+            ctxs_free(meta);
+        }
+        ctxs_free(list);
+        ctxs_store_close(st);
+        ssize_t w = write(pfd[1], &rc, sizeof(rc));
+        _exit(w == (ssize_t)sizeof(rc) ? 0 : 1);
+    }
+    close(pfd[1]);
+    int status, rc = 1;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status), "%s: the open was killed by signal %d", what,
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    cr_assert_eq(WEXITSTATUS(status), 0, "%s", what);
+    cr_assert_eq(read(pfd[0], &rc, sizeof(rc)), (ssize_t)sizeof(rc));
+    close(pfd[0]);
+    return rc;
+}
+
+/* A store with sessions, checkpoints and metadata over a few dozen pages;
+ * its data.mdb's bytes, and its page size and the bytes its newest meta
+ * claims (LMDB's own word, through mdb_env_info). */
+static uint8_t *damage_fixture(size_t *len, size_t *psize, size_t *needed)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    for (int i = 0; i < 6; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "chat-%d", i);
+        ctxs_session *s = mk(st, name, &m, 512, 4, 130 + 40 * i);
+        cr_assert_eq(ctxs_checkpoint_create(s, "turn"), 0);
+        ctxs_session_close(s);
+        char value[600];
+        memset(value, 'a' + i, sizeof(value));
+        cr_assert_eq(ctxs_store_session_set_meta(st, name, "title", value, sizeof(value)), 0);
+    }
+    ctxs_store_close(st);
+    MDB_env *env = raw_env();
+    MDB_envinfo info;
+    MDB_stat ms;
+    cr_assert_eq(mdb_env_info(env, &info), 0);
+    cr_assert_eq(mdb_env_stat(env, &ms), 0);
+    mdb_env_close(env);
+    *psize = ms.ms_psize;
+    *needed = (info.me_last_pgno + 1) * ms.ms_psize;
+    uint8_t *bytes = ts_read_file(ts_path(ts_store_dir(), "index/data.mdb"), len);
+    cr_assert_not_null(bytes);
+    cr_assert_geq(*len, *needed);
+    cr_assert_geq(*needed / *psize, 8, "too few pages to cut: %zu", *needed / *psize);
+    return bytes;
+}
+
+static void put_index(const uint8_t *bytes, size_t len)
+{
+    cr_assert_eq(ts_write_file(ts_path(ts_store_dir(), "index/data.mdb"), bytes, len), 0);
+}
+
+Test(index, a_truncated_index_is_eindex_at_every_size_never_a_signal)
+{
+    size_t len, psize, needed;
+    uint8_t *bytes = damage_fixture(&len, &psize, &needed);
+    uint64_t before = sessions_digest();
+    /* Every page boundary, and sizes inside the meta pages and pages. */
+    size_t odd[] = {1, 15, 16, 100, 151, 152, psize - 1, psize + 1, psize + 100,
+                    2 * psize + 7, needed - 1, needed - psize / 2, needed - 17};
+    size_t n_cuts = needed / psize + sizeof(odd) / sizeof(odd[0]);
+    for (size_t i = 0; i < n_cuts; i++) {
+        size_t cut = i < needed / psize ? i * psize : odd[i - needed / psize];
+        if (cut == 0)
+            continue; /* below */
+        put_index(bytes, cut);
+        char what[64];
+        snprintf(what, sizeof(what), "cut to %zu of %zu bytes", cut, needed);
+        /* Cut before LMDB's magic (20 bytes in), nothing says the file was
+         * ever an LMDB environment: someone else's. */
+        int want = cut < 20 ? CTXS_EFOREIGN : CTXS_EINDEX;
+        const unsigned flags[] = {0, CTXS_STORE_RDONLY, CTXS_STORE_CREATE};
+        for (size_t k = 0; k < 3; k++) {
+            int rc = open_in_child(flags[k], what);
+            cr_assert_eq(rc, want, "%s (flags %u): %s", what, flags[k], ctxs_err_name(rc));
+        }
+        cr_assert_eq(sessions_digest(), before, "%s: sessions/ changed", what);
+    }
+    /* Cut to nothing beside session files: no new empty index in its place
+     * (what LMDB would make of an empty file), which would lose the
+     * checkpoints and metadata without a word. */
+    put_index(bytes, 0);
+    cr_assert_eq(open_in_child(0, "cut to 0"), CTXS_EINDEX);
+    cr_assert_eq(open_in_child(CTXS_STORE_RDONLY, "cut to 0, read-only"), CTXS_EINDEX);
+    cr_assert_eq(sessions_digest(), before);
+    /* Whole again (longer is fine too: LMDB never shrinks its file). */
+    put_index(bytes, len);
+    cr_assert_eq(open_in_child(0, "whole"), 0);
+    uint8_t *longer = calloc(1, len + 3 * psize);
+    memcpy(longer, bytes, len);
+    put_index(longer, len + 3 * psize);
+    cr_assert_eq(open_in_child(CTXS_STORE_RDONLY, "longer"), 0);
+    free(longer);
+    free(bytes);
+}
+
+Test(index, a_lost_meta_page_is_eindex_and_sessions_are_untouched)
+{
+    size_t len, psize, needed;
+    uint8_t *bytes = damage_fixture(&len, &psize, &needed);
+    uint64_t before = sessions_digest();
+    uint8_t *copy = malloc(len);
+    const char *cases[] = {"meta page 0 zeroed", "meta page 1 zeroed", "both zeroed",
+                           "meta page 0's magic flipped", "meta page 1's page size changed",
+                           "meta page 0 claims pages past the end"};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        memcpy(copy, bytes, len);
+        switch (c) {
+        case 0: memset(copy, 0, psize); break;
+        case 1: memset(copy + psize, 0, psize); break;
+        case 2: memset(copy, 0, 2 * psize); break;
+        case 3: copy[16] ^= 0xff; break;           /* MDB_meta.mm_magic */
+        case 4: copy[psize + 16 + 24 + 1] ^= 0x30; break; /* mm_psize */
+        case 5: {
+            /* mm_last_pg of both, past the file: whichever LMDB picks. */
+            size_t off = 16 + 120, far = len / psize + 10;
+            memcpy(copy + off, &far, sizeof(far));
+            memcpy(copy + psize + off, &far, sizeof(far));
+            break;
+        }
+        }
+        put_index(copy, len);
+        for (int rd = 0; rd < 2; rd++) {
+            int rc = open_in_child(rd ? CTXS_STORE_RDONLY : 0, cases[c]);
+            cr_assert_eq(rc, CTXS_EINDEX, "%s%s: %s", cases[c], rd ? ", read-only" : "",
+                         ctxs_err_name(rc));
+        }
+        cr_assert_eq(sessions_digest(), before, "%s: sessions/ changed", cases[c]);
+    }
+    free(copy);
+    free(bytes);
+}
+
+Test(index, a_damaged_format_record_is_eindex)
+{
+    size_t len, psize, needed;
+    free(damage_fixture(&len, &psize, &needed));
+    uint64_t before = sessions_digest();
+    ctxs__index_format f = {.major = CTXS__INDEX_MAJOR, .minor = CTXS__INDEX_MINOR};
+    memcpy(f.magic, CTXS__INDEX_MAGIC, 8);
+    uint8_t longer[sizeof(f) + 4] = {0};
+    memcpy(longer, &f, sizeof(f));
+    f.magic[3] ^= 0x20;
+    MDB_env *env = raw_env();
+    raw_put(env, "meta", "format", 6, &f, sizeof(f));
+    mdb_env_close(env);
+    cr_assert_eq(open_in_child(0, "magic"), CTXS_EINDEX);
+    cr_assert_eq(open_in_child(CTXS_STORE_RDONLY, "magic, read-only"), CTXS_EINDEX);
+    env = raw_env();
+    raw_put(env, "meta", "format", 6, longer, sizeof(longer));
+    mdb_env_close(env);
+    cr_assert_eq(open_in_child(0, "lengthened"), CTXS_EINDEX);
+    /* Gone, beside sessions: not a new index to fill in. */
+    env = raw_env();
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    MDB_val key = {6, (void *)"format"};
+    cr_assert_eq(mdb_del(txn, dbi, &key, NULL), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    cr_assert_eq(open_in_child(0, "missing"), CTXS_EINDEX);
+    cr_assert_eq(sessions_digest(), before);
+    cr_assert_str_eq(ctxs_err_name(CTXS_EINDEX), "CTXS_EINDEX");
+    cr_assert_str_eq(ctxs_strerror(CTXS_EINDEX), "the store's index is damaged");
+}
+
+Test(index, a_damaged_index_moved_aside_is_rebuilt_from_the_files)
+{
+    size_t len, psize, needed;
+    uint8_t *bytes = damage_fixture(&len, &psize, &needed);
+    put_index(bytes, needed / 2);
+    free(bytes);
+    cr_assert_eq(open_in_child(0, "cut"), CTXS_EINDEX);
+    /* The way out ctxs_store_open() documents. */
+    cr_assert_eq(rename(ts_path(ts_store_dir(), "index"), ts_path(ts_store_dir(), "index.damaged")),
+                 0);
+    ctxs_store *st = NULL;
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL), 0);
+    ctxs_session_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
+    cr_assert_eq(n, 6);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "chat-5"), 0);
+    cr_assert_eq(e.n_tokens, 130 + 40 * 5);
+    ctxs_free(list);
     ctxs_store_close(st);
 }

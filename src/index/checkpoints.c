@@ -151,7 +151,7 @@ int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, const ctxs_
             if (key.mv_size <= 8 || memcmp(key.mv_data, idk, 8) != 0)
                 break;
             if (key.mv_size > 8 + CTXS_NAME_MAX || val.mv_size != sizeof(ctxs__checkpoint_rec)) {
-                rc = CTXS_ECORRUPT;
+                rc = CTXS_EINDEX;
                 break;
             }
             if (n == cap) {

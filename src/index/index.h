@@ -136,12 +136,23 @@ struct ctxs_store {
 /* Translates an LMDB or errno code to a ctxstore code. */
 int ctxs__mdb_error(int rc);
 
+/* --- index_check.c ---------------------------------------------------- */
+
+/* Checks the index's data file at data_path before LMDB maps it: both
+ * meta pages, and that the file holds every page the meta LMDB will use
+ * claims. 0 for a file LMDB may open (a missing one too, and an empty one
+ * if empty_ok: a store whose creation died before LMDB wrote it),
+ * CTXS_EINDEX (a damaged index: cut short, a meta page lost),
+ * CTXS_EFOREIGN (nothing of LMDB's in it), CTXS_EVERSION (another LMDB
+ * data version), -errno. */
+int ctxs__index_file_check(const char *data_path, int empty_ok);
+
 /* Opens the sessions directory for reading (closedir() it).
  * Errors: -errno. */
 int ctxs__sessions_dir_open(DIR **out, ctxs_store *st);
 
 /* Copies the fixed-size record under key in dbi into out. Errors:
- * CTXS_ENOTFOUND, CTXS_ECORRUPT (a value of another size), as
+ * CTXS_ENOTFOUND, CTXS_EINDEX (a value of another size), as
  * ctxs__mdb_error(). */
 int ctxs__record_get(void *out, size_t size, MDB_txn *txn, MDB_dbi dbi, MDB_val *key);
 
@@ -154,7 +165,7 @@ int ctxs__txn_finish(MDB_txn *txn, int rc);
 
 /* Every entry of dbi, in key order, as an array of n_out entries of
  * entry_size bytes (calloc'd, NULL when empty) that fill() makes from each
- * key and value; fill returns 0 or CTXS_ECORRUPT. */
+ * key and value; fill returns 0 or CTXS_EINDEX. */
 typedef int (*ctxs__entry_fill)(void *entry, const MDB_val *key, const MDB_val *val);
 int ctxs__list(void **out, size_t *n_out, ctxs_store *st, MDB_dbi dbi, size_t entry_size,
                ctxs__entry_fill fill);

@@ -46,7 +46,7 @@ static int each_row(MDB_txn *txn, ctxs_store *st, uint64_t id, row_fn fn, void *
             break;
         if (key.mv_size == 8 || key.mv_size > 8 + CTXS_NAME_MAX ||
             val.mv_size > CTXS_META_VALUE_MAX) {
-            r = CTXS_ECORRUPT;
+            r = CTXS_EINDEX;
             break;
         }
         r = fn(arg, cur, &key, &val);
@@ -162,7 +162,7 @@ int ctxs_store_session_get_meta(void *out, size_t *value_bytes, ctxs_store *st, 
                           : CTXS_ENOTFOUND;
     }
     if (rc == 0 && val.mv_size > CTXS_META_VALUE_MAX)
-        rc = CTXS_ECORRUPT;
+        rc = CTXS_EINDEX;
     if (rc == 0) {
         *value_bytes = val.mv_size;
         if (out && val.mv_size > cap)

@@ -32,10 +32,10 @@ static int same_model(const ctxs__model_rec *r, const ctxs_model *m)
 static int model_parse(const MDB_val *val, ctxs__model_rec *rec, const char **name)
 {
     if (val->mv_size < sizeof(*rec))
-        return CTXS_ECORRUPT;
+        return CTXS_EINDEX;
     memcpy(rec, val->mv_data, sizeof(*rec));
     if (rec->name_len > CTXS_NAME_MAX || val->mv_size != sizeof(*rec) + rec->name_len)
-        return CTXS_ECORRUPT;
+        return CTXS_EINDEX;
     if (name)
         *name = (const char *)val->mv_data + sizeof(*rec);
     return 0;
@@ -142,7 +142,7 @@ static int model_entry_fill(void *entry, const MDB_val *key, const MDB_val *val)
     ctxs__model_rec rec;
     const char *name;
     if (key->mv_size != 16 || model_parse(val, &rec, &name) < 0)
-        return CTXS_ECORRUPT;
+        return CTXS_EINDEX;
     entry_fill(entry, key->mv_data, &rec, name);
     return 0;
 }
@@ -232,7 +232,7 @@ static int cache_get(ctxs_store *st, const cache_key *k, size_t len, uint8_t out
     MDB_val key = {len, (void *)k}, val;
     rc = ctxs__mdb_error(mdb_get(txn, st->filehash, &key, &val));
     if (rc == 0 && val.mv_size != 16)
-        rc = CTXS_ECORRUPT;
+        rc = CTXS_EINDEX;
     if (rc == 0)
         memcpy(out, val.mv_data, 16);
     mdb_txn_abort(txn);

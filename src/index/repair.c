@@ -145,7 +145,7 @@ static int id_fill(void *entry, const MDB_val *key, const MDB_val *val)
 {
     (void)val;
     if (key->mv_size != 8)
-        return CTXS_ECORRUPT;
+        return CTXS_EINDEX;
     *(uint64_t *)entry = ctxs__id_from_key(key->mv_data);
     return 0;
 }

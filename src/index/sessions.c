@@ -91,11 +91,11 @@ static int session_by_id(MDB_txn *txn, ctxs_store *st, uint64_t id, char name[CT
     if (rc != 0)
         return ctxs__mdb_error(rc);
     if (val.mv_size == 0 || val.mv_size > CTXS_NAME_MAX)
-        return CTXS_ECORRUPT;
+        return CTXS_EINDEX;
     memcpy(name, val.mv_data, val.mv_size);
     name[val.mv_size] = '\0';
     if ((rc = ctxs__session_get(rec, txn, st, name, val.mv_size)) == 0 && rec->id != id)
-        rc = CTXS_ECORRUPT;
+        rc = CTXS_EINDEX;
     return rc;
 }
 
@@ -838,7 +838,7 @@ static int session_entry_fill(void *entry, const MDB_val *key, const MDB_val *va
 {
     ctxs__session_rec rec;
     if (key->mv_size == 0 || key->mv_size > CTXS_NAME_MAX || val->mv_size != sizeof(rec))
-        return CTXS_ECORRUPT;
+        return CTXS_EINDEX;
     memcpy(&rec, val->mv_data, sizeof(rec));
     entry_fill(entry, key->mv_data, key->mv_size, &rec);
     return 0;

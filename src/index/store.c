@@ -54,7 +54,7 @@ int ctxs__record_get(void *out, size_t size, MDB_txn *txn, MDB_dbi dbi, MDB_val 
     if (rc != 0)
         return ctxs__mdb_error(rc);
     if (val.mv_size != size)
-        return CTXS_ECORRUPT;
+        return CTXS_EINDEX;
     memcpy(out, val.mv_data, size);
     return 0;
 }
@@ -78,11 +78,15 @@ int ctxs__mdb_error(int rc)
         return CTXS_EFOREIGN;
     case MDB_VERSION_MISMATCH:
         return CTXS_EVERSION;
+    /* Damage LMDB found in its own pages: the index's, never a session
+     * file's. A transaction that an earlier failure spoiled (MDB_BAD_TXN)
+     * is a failed operation, not damage. */
     case MDB_CORRUPTED:
     case MDB_PAGE_NOTFOUND:
     case MDB_PANIC:
+        return CTXS_EINDEX;
     case MDB_BAD_TXN:
-        return CTXS_ECORRUPT;
+        return -EIO;
     case MDB_READERS_FULL:
     case MDB_DBS_FULL:
         return CTXS_EBUSY;
@@ -258,7 +262,9 @@ static const struct {
 };
 
 /* A new index gets its format record; an existing one must be ours and not
- * newer. An LMDB environment of someone else's is foreign. */
+ * newer. An LMDB environment of someone else's is foreign (open_tables()
+ * tells it by its tables); in ours, a format record that is missing beside
+ * sessions, of another size, or without our magic is a damaged index. */
 static int check_format(MDB_txn *txn, ctxs_store *st, int *fresh)
 {
     MDB_val key = {6, (void *)"format"}, val;
@@ -268,18 +274,18 @@ static int check_format(MDB_txn *txn, ctxs_store *st, int *fresh)
         if ((rc = mdb_stat(txn, st->sessions, &ms)) != 0)
             return ctxs__mdb_error(rc);
         if (ms.ms_entries != 0)
-            return CTXS_ECORRUPT;
+            return CTXS_EINDEX;
         *fresh = 1;
         return 0;
     }
     if (rc != 0)
         return ctxs__mdb_error(rc);
     ctxs__index_format f;
-    if (val.mv_size < sizeof(f))
-        return CTXS_ECORRUPT;
+    if (val.mv_size != sizeof(f))
+        return CTXS_EINDEX;
     memcpy(&f, val.mv_data, sizeof(f));
     if (memcmp(f.magic, CTXS__INDEX_MAGIC, 8) != 0)
-        return CTXS_EFOREIGN;
+        return CTXS_EINDEX;
     if (f.major > CTXS__INDEX_MAJOR)
         return CTXS_EVERSION;
     return 0;
@@ -517,14 +523,44 @@ static int env_open_rdonly(ctxs_store *st, const char *index_dir, unsigned max_r
     return 0;
 }
 
-/* Creates and opens st->env on index_dir; st->env stays NULL on failure. */
+/* Whether st's sessions/ holds no session file (or is missing): what a
+ * store whose creation died before its index was written looks like
+ * (the index is made first). 1, 0, or -errno. */
+static int no_session_files(const ctxs_store *st)
+{
+    DIR *d = opendir(st->sessions_dir);
+    if (!d)
+        return errno == ENOENT ? 1 : -errno;
+    int none = 1;
+    for (struct dirent *e; none && (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        none = !(len > 5 && strcmp(e->d_name + len - 5, ".ctxs") == 0);
+    }
+    closedir(d);
+    return none;
+}
+
+/* Creates and opens st->env on index_dir; st->env stays NULL on failure.
+ * The data file is checked first (index_check.c): LMDB would read a page
+ * past the end of one cut short, and die of SIGBUS. The store lock is
+ * held, so no compaction replaces the file between the check and the
+ * open. */
 static int env_open(ctxs_store *st, const char *index_dir, unsigned max_readers,
                     size_t map_bytes)
 {
+    char *data = join(index_dir, "data.mdb");
+    if (!data)
+        return CTXS_ENOMEM;
+    int rc = no_session_files(st);
+    if (rc >= 0)
+        rc = ctxs__index_file_check(data, rc);
+    free(data);
+    if (rc < 0)
+        return rc;
     if (st->rdonly)
         return env_open_rdonly(st, index_dir, max_readers, map_bytes);
     MDB_env *env;
-    int rc = env_open_flags(&env, index_dir, MDB_NOTLS, max_readers, map_bytes);
+    rc = env_open_flags(&env, index_dir, MDB_NOTLS, max_readers, map_bytes);
     if (rc != 0)
         return ctxs__mdb_error(rc);
     /* Reader slots of processes that died would pin old pages forever. */

@@ -24,6 +24,7 @@ enum {
                           from a newer version */
     CLI_EFULL = 6,     /* disk or index full */
     CLI_EEXIST = 7,    /* the name or file already exists */
+    CLI_EINDEX = 8,    /* the store's index is damaged (not a session file) */
 };
 
 typedef struct cli {

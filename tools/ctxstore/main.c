@@ -25,7 +25,8 @@
     "  5  damaged: verify found damage, or a file is corrupt, foreign,\n"      \
     "     from a newer version or of another model\n"                         \
     "  6  no space: the disk or the index is full\n"                           \
-    "  7  the name or file already exists\n"
+    "  7  the name or file already exists\n"                                   \
+    "  8  the store's index is damaged (not a session file); see the hint\n"
 
 typedef struct command {
     const char *name;

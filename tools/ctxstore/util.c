@@ -46,6 +46,8 @@ int cli_exit_code(int rc)
     case CTXS_EINVAL:
     case CTXS_ETOOBIG:
         return CLI_EUSAGE;
+    case CTXS_EINDEX:
+        return CLI_EINDEX;
     default:
         return CLI_EFAIL;
     }
@@ -54,9 +56,20 @@ int cli_exit_code(int rc)
 /* The rule names.c applies to every session and checkpoint name. */
 #define NAME_RULE CTXS_NAME_RULE
 
+/* A damaged index: the session files are fine, and the index is rebuilt
+ * from them once the damaged one is out of the way (what a read-write
+ * open does where sessions/ has no index beside it). */
+#define INDEX_HINT                                                             \
+    "the session files are not at fault: move the store's index/ aside "       \
+    "(e.g. to index.damaged) and run `ctxstore reindex` to rebuild it from "   \
+    "them; sessions keep their names and tokens, checkpoints, metadata, pins " \
+    "and model names are lost"
+
 const char *cli_advice(int rc)
 {
     switch (rc) {
+    case CTXS_EINDEX:
+        return INDEX_HINT;
     case CTXS_ECORRUPT:
         return "run `ctxstore verify` to see what is damaged; restore the session from an export, or delete it with `ctxstore rm`";
     case CTXS_EFOREIGN:
@@ -179,6 +192,8 @@ static int code_of_exit(int ex)
         return CTXS_EFULL;
     case CLI_EEXIST:
         return -EEXIST;
+    case CLI_EINDEX:
+        return CTXS_EINDEX;
     default:
         return CTXS_EFAILED;
     }
@@ -326,6 +341,17 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
     if (rc == CTXS_EFOREIGN)
         return cli_fail_said(rc, "check the path; ctxstore leaves it alone",
                              "%s/index holds something that is not a ctxstore index", dir);
+    if (rc == CTXS_EINDEX) {
+        char hint[PATH_MAX * 2 + 256];
+        snprintf(hint, sizeof(hint),
+                 "the session files are not at fault: `mv %s/index %s/index.damaged`, then "
+                 "`ctxstore --store %s reindex` rebuilds the index from them; sessions keep "
+                 "their names and tokens, checkpoints, metadata, pins and model names are lost",
+                 dir, dir, dir);
+        return cli_fail_said(rc, hint,
+                             "the index of store %s (%s/index/data.mdb) is damaged: cut short, "
+                             "or a page or record of it is unreadable", dir, dir);
+    }
     if (rc == -ENOENT && mode == CLI_STORE_READ)
         return cli_fail_said(rc, "a command that writes (e.g. `ctxstore reindex`) completes it",
                              "the store %s is not complete: its creation did not finish, "

@@ -1,0 +1,204 @@
+/*
+ * The index's data file checked before LMDB is let near it.
+ *
+ * LMDB maps index/data.mdb and trusts it: it reads the page that a meta
+ * page or a branch page names without asking whether the file still
+ * holds it. It bounds page numbers by the last page its meta claims
+ * (mm_last_pg), not by the file's size, so a file cut short -- a backup
+ * restored short, a copy onto a full disk -- is read past its end and the
+ * process dies of SIGBUS in whatever call first touches a lost page,
+ * reindex included. Nothing LMDB returns can be checked first; the file
+ * can. So before mdb_env_open() this reads the two meta pages with
+ * pread() and asks of them what LMDB would need to be true:
+ *
+ * - each is a meta page (P_META) with LMDB's magic and a data version;
+ * - both agree on the page size, a power of two LMDB could have written;
+ * - the one LMDB will use (the higher transaction id; page 0 on a tie,
+ *   as mdb_env_read_header() picks) claims pages that the file holds:
+ *   (mm_last_pg + 1) * mm_psize bytes at least, and roots of the free and
+ *   main trees below that. This is the check that keeps LMDB's reads
+ *   inside the file; a file may be longer (LMDB never shrinks it).
+ *
+ * What it cannot see is damage inside pages the file does hold: LMDB
+ * returns MDB_CORRUPTED or MDB_PAGE_NOTFOUND for most of that, which
+ * ctxs__mdb_error() reports as CTXS_EINDEX too.
+ *
+ * The meta layout (lmdb's mdb.c, 0.9: MDB_page, MDB_meta, MDB_db) is
+ * mirrored below with the platform's word size, as LMDB writes it; an
+ * LMDB file is not portable between word sizes or byte orders anyway.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "index.h"
+#include "syscall.h"
+
+#define LMDB_MAGIC 0xBEEFC0DEu  /* MDB_MAGIC */
+#define LMDB_DATA_VERSION 1u    /* MDB_DATA_VERSION of every 0.9 release */
+#define LMDB_P_BRANCH 0x01u
+#define LMDB_P_LEAF 0x02u
+#define LMDB_P_OVERFLOW 0x04u
+#define LMDB_P_META 0x08u
+#define LMDB_P_INVALID (~(size_t)0)
+#define LMDB_MIN_PSIZE 512u
+#define LMDB_MAX_PSIZE 65536u
+
+/* MDB_page's header: what precedes a meta page's MDB_meta (PAGEHDRSZ). */
+typedef struct lmdb_page_head {
+    size_t pgno;       /* the page's own number */
+    uint16_t pad;
+    uint16_t flags;    /* P_META, P_BRANCH, ... */
+    uint32_t bounds;   /* lower and upper, or an overflow page count */
+} lmdb_page_head;
+
+/* MDB_db: one tree's root and counts. */
+typedef struct lmdb_db {
+    uint32_t pad;      /* in the free tree's: the page size (mm_psize) */
+    uint16_t flags;
+    uint16_t depth;
+    size_t branch_pages, leaf_pages, overflow_pages, entries;
+    size_t root;       /* P_INVALID for an empty tree */
+} lmdb_db;
+
+/* MDB_meta. */
+typedef struct lmdb_meta {
+    uint32_t magic;
+    uint32_t version;
+    void *address;
+    size_t mapsize;
+    lmdb_db dbs[2];    /* the free pages' tree, the main tree */
+    size_t last_pg;    /* the last page any tree uses: the file holds it */
+    size_t txnid;      /* the transaction that wrote this meta */
+} lmdb_meta;
+
+typedef struct lmdb_meta_page {
+    lmdb_page_head head;
+    lmdb_meta meta;
+} lmdb_meta_page;
+
+/* Reads up to len bytes at off; the count read, or -errno. */
+static ssize_t read_at(int fd, void *buf, size_t len, off_t off)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = ctxs__pread(fd, (char *)buf + done, len - done, off + (off_t)done);
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            break;
+        done += (size_t)n;
+    }
+    return (ssize_t)done;
+}
+
+static int psize_valid(uint32_t psize)
+{
+    return psize >= LMDB_MIN_PSIZE && psize <= LMDB_MAX_PSIZE && (psize & (psize - 1)) == 0;
+}
+
+/* Whether the meta page p (n bytes of it were read) is one LMDB wrote. */
+static int meta_page_ok(const lmdb_meta_page *p, ssize_t n, size_t pgno)
+{
+    return n == (ssize_t)sizeof(*p) && (p->head.flags & LMDB_P_META) && p->head.pgno == pgno &&
+           p->meta.magic == LMDB_MAGIC && psize_valid(p->meta.dbs[0].pad);
+}
+
+/* Whether page 2 at page size psize is a tree page LMDB wrote: what is
+ * left to tell a damaged index from someone else's file when both meta
+ * pages are gone. A page numbers itself, so chance agreement of 8 bytes
+ * and a flag is no worry. */
+static int tree_page_at(int fd, uint32_t psize)
+{
+    lmdb_page_head h;
+    if (read_at(fd, &h, sizeof(h), (off_t)2 * psize) != (ssize_t)sizeof(h))
+        return 0;
+    return h.pgno == 2 && !(h.flags & LMDB_P_META) &&
+           (h.flags & (LMDB_P_BRANCH | LMDB_P_LEAF | LMDB_P_OVERFLOW));
+}
+
+static int root_ok(size_t root, size_t last_pg)
+{
+    return root == LMDB_P_INVALID || (root >= 2 && root <= last_pg);
+}
+
+int ctxs__index_file_check(const char *data_path, int empty_ok)
+{
+    int fd = ctxs__open(data_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -errno; /* LMDB makes a missing one */
+    int rc = 0;
+    struct stat sb;
+    lmdb_meta_page m[2];
+    ssize_t n[2] = {0, 0};
+    if (ctxs__fstat(fd, &sb) != 0) {
+        rc = -errno;
+        goto leave;
+    }
+    /* An empty file is an environment whose creation wrote nothing yet,
+     * which LMDB initialises as it does a missing one; or an index cut to
+     * nothing, which would be silently replaced by an empty one. The
+     * caller tells them apart. */
+    if (sb.st_size == 0) {
+        rc = empty_ok ? 0 : CTXS_EINDEX;
+        goto leave;
+    }
+    memset(m, 0, sizeof(m));
+    if ((n[0] = read_at(fd, &m[0], sizeof(m[0]), 0)) < 0) {
+        rc = (int)n[0];
+        goto leave;
+    }
+    int ok0 = meta_page_ok(&m[0], n[0], 0);
+    int lmdb_magic0 = n[0] >= (ssize_t)(offsetof(lmdb_meta_page, meta.magic) + 4) &&
+                      (m[0].head.flags & LMDB_P_META) && m[0].meta.magic == LMDB_MAGIC;
+    /* Page 1 sits one page in; without a page size from page 0, at each
+     * size LMDB could have used. */
+    int ok1 = 0;
+    for (uint32_t ps = LMDB_MIN_PSIZE; ps <= LMDB_MAX_PSIZE && !ok1; ps *= 2) {
+        if (ok0 && ps != m[0].meta.dbs[0].pad)
+            continue;
+        if ((n[1] = read_at(fd, &m[1], sizeof(m[1]), (off_t)ps)) < 0) {
+            rc = (int)n[1];
+            goto leave;
+        }
+        ok1 = meta_page_ok(&m[1], n[1], 1) && m[1].meta.dbs[0].pad == ps;
+    }
+    if (!ok0 || !ok1) {
+        /* Nothing of LMDB's anywhere is a file of someone else's;
+         * anything of it, an index that lost a meta page or was cut
+         * inside them. */
+        int ours = lmdb_magic0 || ok0 || ok1;
+        for (uint32_t ps = 4096; ps <= LMDB_MAX_PSIZE && !ours; ps *= 2)
+            ours = tree_page_at(fd, ps);
+        rc = ours ? CTXS_EINDEX : CTXS_EFOREIGN;
+        goto leave;
+    }
+    const lmdb_meta *a = &m[0].meta, *b = &m[1].meta;
+    if (a->dbs[0].pad != b->dbs[0].pad) {
+        rc = CTXS_EINDEX;
+        goto leave;
+    }
+    if (a->version != b->version) {
+        rc = CTXS_EINDEX;
+        goto leave;
+    }
+    if (a->version != LMDB_DATA_VERSION) {
+        rc = CTXS_EVERSION; /* what LMDB says of both: another LMDB's file */
+        goto leave;
+    }
+    const lmdb_meta *use = b->txnid > a->txnid ? b : a;
+    uint64_t psize = use->dbs[0].pad;
+    /* mm_last_pg is at least 1 (the meta pages) and its byte count must
+     * not overflow before it is compared. */
+    if (use->last_pg < 1 || use->last_pg >= (uint64_t)INT64_MAX / psize ||
+        (use->last_pg + 1) * psize > (uint64_t)sb.st_size ||
+        !root_ok(use->dbs[0].root, use->last_pg) || !root_ok(use->dbs[1].root, use->last_pg))
+        rc = CTXS_EINDEX;
+leave:
+    close(fd);
+    return rc;
+}

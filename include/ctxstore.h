@@ -109,6 +109,10 @@ extern "C" {
 #define CTXS_DEFAULT_POLL_MS 1000u         /* pressure watcher's period */
 #define CTXS_DEFAULT_MIN_AVAILABLE (512ull << 20) /* MemAvailable floor */
 #define CTXS_DEFAULT_PSI_SOME_AVG10 20u    /* PSI "some avg10" percent */
+#define CTXS_DEFAULT_REMOTE_TIMEOUT_MS 2000u /* connect and per-command timeout */
+#define CTXS_DEFAULT_REMOTE_RETRIES 5u     /* tries of a background push */
+#define CTXS_DEFAULT_REMOTE_BACKOFF_MS 50u /* first retry's wait, then doubled */
+#define CTXS_DEFAULT_REMOTE_QUEUE_MAX 4096u /* background push jobs waiting */
 
 /* ---------------------------------------------------------------------------
  * Errors
@@ -134,7 +138,8 @@ extern "C" {
     XX(NODEVICE, -32014, "no usable GPU device")                              \
     XX(DEVICE, -32015, "GPU error")                                          \
     XX(TOOBIG, -32016, "value or metadata above its size limit")           \
-    XX(INDEX, -32017, "the store's index is damaged")
+    XX(INDEX, -32017, "the store's index is damaged")                      \
+    XX(REMOTE, -32018, "the remote store refused a request or holds damaged data")
 
 typedef enum ctxs_error {
 #define CTXS_ERR_ENUM_(name, value, text) CTXS_E##name = (value),
@@ -1399,6 +1404,200 @@ CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
                                        const char *name,
                                        ctxs_progress_fn progress,
                                        void *progress_arg);
+
+/* ---------------------------------------------------------------------------
+ * Remote tier (Redis)
+ *
+ * A store may push its sessions to a Redis server (or Valkey, or a Redis
+ * Cluster's node through a proxy) and pull them back on another machine,
+ * so that a conversation resumes on any server of a fleet. Nothing here
+ * coordinates machines: Redis is the shared tier, and may evict anything.
+ *
+ * Chunks are content-addressed: every CTXS_PREFIX_CHUNK committed tokens
+ * from position 0 make one value, keyed by the model hash and the chained
+ * hash of the token ids up to and including the chunk (the chain
+ * ctxs_prefix_find() uses), holding the chunk's token ids, the checksum
+ * and the K/V of every token for every layer and head. Two conversations
+ * that share a system prompt share its chunks. A session's name maps to a
+ * small record: its model, token ids and metadata, and whether its last
+ * partial chunk (the tail) was pushed. docs/FORMAT.md, "Remote values",
+ * gives the bytes.
+ *
+ * Pushing is off the user's path: with push_on_commit, a background thread
+ * pushes the chunks a commit completed (pipelined, a bounded queue, retries
+ * with backoff), and a session's tail and record when it is closed. It
+ * reads what it pushes from the session file and checks it against the
+ * tokens' checksums, so a commit never waits for the network and a failed
+ * or slow Redis never loses or blocks local data. Pulling verifies every
+ * chunk before a byte of it is written locally; the first chunk missing
+ * (evicted) or damaged ends a pull, and the caller prefills the rest:
+ * shorter, never wrong.
+ *
+ * Network failures are -errno: -ECONNREFUSED, -ETIMEDOUT, -ECONNRESET,
+ * -EHOSTUNREACH, ...; a password refused or required is -EACCES;
+ * CTXS_EREMOTE is a server that answered with an error (out of memory with
+ * a noeviction policy, not a Redis) or holds a damaged session record.
+ */
+typedef struct ctxs_remote ctxs_remote;
+
+#define CTXS_REMOTE_OPTIONS_VERSION 1
+
+typedef struct ctxs_remote_options {
+    uint32_t version;        /* CTXS_REMOTE_OPTIONS_VERSION */
+    uint32_t timeout_ms;     /* connect and per-command timeout */
+    uint32_t retries;        /* tries of a failed background push before
+                                its chunks are dropped (counted) */
+    uint32_t backoff_ms;     /* wait before the first retry, doubled each
+                                time up to 2 s */
+    uint32_t queue_max;      /* background push jobs waiting at most; new
+                                ones beyond are dropped (counted) */
+    uint32_t push_on_commit; /* 1: read-write sessions opened through the
+                                store push the chunks their commits
+                                complete, and their tail and record at
+                                close; 0: only ctxs_remote_push() pushes */
+    const char *key_prefix;  /* every key starts "<key_prefix>:"; NULL:
+                                "ctxs"; a valid name (CTXS_NAME_RULE) */
+    uint8_t reserved[32];    /* must be zero */
+} ctxs_remote_options;
+
+#define CTXS_REMOTE_OPTIONS_INIT                                               \
+    { CTXS_REMOTE_OPTIONS_VERSION, CTXS_DEFAULT_REMOTE_TIMEOUT_MS,           \
+      CTXS_DEFAULT_REMOTE_RETRIES, CTXS_DEFAULT_REMOTE_BACKOFF_MS,           \
+      CTXS_DEFAULT_REMOTE_QUEUE_MAX, 1, NULL, { 0 } }
+
+/* Connects st to the Redis server at url and starts its push thread.
+ * url is "redis://[[user]:password@]host[:port][/db]" (port 6379, db 0;
+ * a user for Redis 6 ACLs) or "unix:///path/to/redis.sock[?db=N]";
+ * "rediss://" (TLS) is CTXS_EINVAL: the hiredis of Debian 12 has no TLS
+ * (reach a remote server through a TLS tunnel or a private network). The
+ * connection is checked (AUTH, SELECT, PING) before this returns. A store
+ * handle has at most one remote. opts may be NULL for
+ * CTXS_REMOTE_OPTIONS_INIT.
+ * Errors: CTXS_EINVAL (a malformed url, bad options), -ECONNREFUSED,
+ * -ETIMEDOUT, -EACCES (password refused or required), CTXS_EREMOTE
+ * (answered, but not as Redis), CTXS_EBUSY (st has a remote), CTXS_ENOMEM,
+ * -errno. *out is NULL on failure. */
+CTXS_API int ctxs_remote_open(ctxs_remote **out, ctxs_store *st, const char *url,
+                              const ctxs_remote_options *opts);
+
+typedef struct ctxs_remote_stats {
+    uint64_t chunks_pushed;   /* chunk values SET */
+    uint64_t chunks_present;  /* found in Redis already, not sent again */
+    uint64_t bytes_pushed;    /* value bytes SET, chunks and records */
+    uint64_t records_pushed;  /* session records SET */
+    uint64_t jobs_queued;     /* background jobs waiting now */
+    uint64_t chunks_dropped;  /* not pushed: queue full, tries exhausted,
+                                 session deleted or rewritten, or left at
+                                 close; the local sessions are intact, and
+                                 ctxs_remote_push() sends what is missing */
+    uint64_t retries;         /* reconnects and resends */
+    int32_t last_error;       /* the last background error, or 0 */
+    uint32_t connected;       /* 1: the push connection is up */
+} ctxs_remote_stats;
+
+/* The counters since ctxs_remote_open(). Errors: CTXS_EINVAL. */
+CTXS_API int ctxs_remote_get_stats(ctxs_remote_stats *out, ctxs_remote *r);
+
+/* Waits until the background queue is empty, or timeout_ms has passed:
+ * -ETIMEDOUT with jobs left. out (may be NULL) gets the counters. */
+CTXS_API int ctxs_remote_flush(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_ms);
+
+/* Flushes for at most timeout_ms, stops the push thread, detaches r from
+ * its store and frees it. out (may be NULL) gets the final counters, in
+ * which what was left is counted in chunks_dropped. Returns 0, or
+ * -ETIMEDOUT when jobs were left (r is freed all the same). Close the
+ * sessions opened through the store first: their close queues their tail
+ * and record. Accepts NULL. */
+CTXS_API int ctxs_remote_close(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_ms);
+
+typedef struct ctxs_remote_push_result {
+    uint64_t n_tokens;        /* tokens of the session Redis now holds */
+    uint64_t chunks_sent;
+    uint64_t chunks_present;  /* there already: shared, or pushed before */
+    uint64_t bytes_sent;
+} ctxs_remote_push_result;
+
+/* Pushes the local session name now, on the calling thread: every chunk
+ * Redis lacks, the tail (its last n_tokens % CTXS_PREFIX_CHUNK tokens, as
+ * a partial chunk), then its record. A writer may keep appending
+ * meanwhile; what it had committed when the push began is pushed.
+ * progress counts tokens. out may be NULL.
+ * Errors: CTXS_ENOTFOUND, CTXS_EEVICTED (a ring that wrapped: only a
+ * session that holds every token from position 0 pushes), CTXS_ESTALE
+ * (rolled back during the push), CTXS_ECORRUPT, the network's errors,
+ * CTXS_EREMOTE, CTXS_ENOMEM. */
+CTXS_API int ctxs_remote_push(ctxs_remote_push_result *out, ctxs_remote *r, const char *name,
+                              ctxs_progress_fn progress, void *progress_arg);
+
+typedef struct ctxs_remote_pull_result {
+    uint64_t n_tokens;        /* tokens now in the local session */
+    uint64_t remote_tokens;   /* tokens the record lists (pull), or the
+                                 prompt's n (pull_prefix) */
+    uint64_t chunks_pulled;   /* whole and tail chunks written locally */
+    uint64_t chunks_missing;  /* 1: the pull stopped at a chunk not found
+                                 (evicted); else 0 */
+    uint64_t chunks_refused;  /* 1: the pull stopped at a chunk that did
+                                 not verify; else 0 */
+    uint32_t *rest_ids;       /* pull: the record's token ids from n_tokens
+                                 on, to prefill; release with ctxs_free().
+                                 NULL for pull_prefix */
+    uint64_t n_rest;
+    ctxs_model model;         /* the remote session's model */
+} ctxs_remote_pull_result;
+
+/* Creates the local session local_name (NULL: remote_name) from the remote
+ * session remote_name: its record, then its chunks in order, each verified
+ * (its header, its place in the chain, every token's checksum) before it
+ * is written. The first chunk missing or refused ends the pull there. The
+ * session appears complete or not at all, as an import does. The model is
+ * registered if the store does not know it. opts NULL: the defaults, with
+ * the capacity raised to hold the remote tokens. out (may be NULL: the
+ * session is closed) gets it open read-write; res (may be NULL) what was
+ * pulled and what is left to prefill. progress counts tokens.
+ * Errors: CTXS_ENOTFOUND (no such remote session), -EEXIST (local_name is
+ * taken), CTXS_EMODEL, CTXS_EREMOTE (a damaged record), CTXS_EFULL, the
+ * network's errors, CTXS_EREADONLY, CTXS_EINVAL, CTXS_ENOMEM. */
+CTXS_API int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res,
+                              ctxs_remote *r, const char *remote_name,
+                              const char *local_name, const ctxs_create_options *opts,
+                              ctxs_progress_fn progress, void *progress_arg);
+
+/* Pulls the longest prefix of tokens[0..n) that Redis holds for model
+ * into a new local session local_name, as ctxs_remote_pull() does: its
+ * whole chunks, and a tail chunk that ends exactly at n when one does.
+ * Errors: CTXS_ENOTFOUND (not even the first chunk), as
+ * ctxs_remote_pull(). */
+CTXS_API int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res,
+                                     ctxs_remote *r, const char *local_name,
+                                     const ctxs_model *model, const uint32_t *tokens,
+                                     uint64_t n, const ctxs_create_options *opts);
+
+typedef struct ctxs_remote_entry {
+    char name[CTXS_NAME_MAX + 1];
+    uint8_t model_hash[CTXS_HASH_BYTES];
+    uint64_t n_tokens;
+    uint64_t updated_unix_ms;
+    uint32_t tail_pushed;     /* 1: the partial last chunk is there too */
+    int32_t status;           /* 0, or CTXS_EREMOTE: a damaged record */
+} ctxs_remote_entry;
+
+/* Every session record under the key prefix (SCAN: the server is never
+ * blocked), in name order: an array to release with ctxs_free().
+ * Errors: the network's, CTXS_ENOMEM. */
+CTXS_API int ctxs_remote_list(ctxs_remote_entry **out, size_t *n_out, ctxs_remote *r);
+
+typedef struct ctxs_remote_info {
+    char server_version[32];  /* redis_version */
+    uint64_t used_memory;
+    uint64_t maxmemory;       /* 0: no limit */
+    char maxmemory_policy[32];
+    uint64_t evicted_keys;
+    uint64_t keys;            /* keys in the database (DBSIZE) */
+} ctxs_remote_info;
+
+/* What the server says of itself (INFO, DBSIZE).
+ * Errors: the network's, CTXS_EREMOTE. */
+CTXS_API int ctxs_remote_get_info(ctxs_remote_info *out, ctxs_remote *r);
 
 #ifdef __cplusplus
 }

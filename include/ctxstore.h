@@ -887,12 +887,11 @@ typedef struct ctxs_store_options {
  * process with SIGBUS), both meta pages must be intact, and the index's
  * format record must be whole. A damaged index is CTXS_EINDEX, never
  * CTXS_ECORRUPT (which is about a session file): the session files are
- * not touched and not at fault. The way out today: move index/ aside
- * (mv STORE/index STORE/index.damaged) and open the store with
- * CTXS_STORE_CREATE (`ctxstore reindex`), which rebuilds the index from the
- * session files: every session comes back under the name its file
- * remembers, with its model, tokens and prefixes; the damaged index's
- * checkpoints, metadata, pins and models' display names are lost. Damage
+ * not touched and not at fault. The way out: ctxs_store_repair_index()
+ * (`ctxstore repair-index`), which moves the damaged index aside,
+ * rebuilds the index from the session files and puts back what of the
+ * damaged one still reads: names, checkpoints, metadata, pins and models'
+ * display names, saying what it kept and lost. Damage
  * inside pages the file does hold is found as LMDB reads them, by
  * whichever call reads them: CTXS_EINDEX as well.
  *
@@ -1322,6 +1321,96 @@ typedef struct ctxs_reindex_result {
  * out may be NULL. Errors: CTXS_EREADONLY, -errno, CTXS_ENOMEM,
  * CTXS_EFULL (no id left). */
 CTXS_API int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st);
+
+/* What a repair of the index kept of one kind of row of the damaged one. */
+typedef struct ctxs_salvage_count {
+    uint64_t kept;      /* in the new index */
+    uint64_t dropped;   /* read, but not kept: malformed, beyond a limit, or
+                           of a session whose file is gone */
+    uint64_t unread;    /* lost to the damage: rows the damaged table
+                           counted but could not be read (names: sessions
+                           whose name in the index could not be read) */
+    uint32_t whole;     /* 1: the damaged table was read to its end */
+    uint32_t reserved_;
+} ctxs_salvage_count;
+
+/* A session that did not get back the name the damaged index gave it. */
+typedef struct ctxs_salvage_name {
+    uint64_t id;                    /* its file: sessions/<id, 16 hex>.ctxs */
+    char name[CTXS_NAME_MAX + 1];   /* the name it has now: its label's, or
+                                       "session-<id>" */
+} ctxs_salvage_name;
+
+typedef struct ctxs_salvage_result {
+    uint64_t sessions;            /* session files indexed */
+    uint64_t skipped;             /* files that are not readable sessions,
+                                     left alone (see ctxs_store_reindex()) */
+    ctxs_salvage_count names;     /* sessions' names */
+    ctxs_salvage_count checkpoints;
+    ctxs_salvage_count metadata;  /* metadata rows (one key's value) */
+    ctxs_salvage_count pins;
+    ctxs_salvage_count models;    /* registrations with their display names */
+    uint32_t meta_pages;          /* intact meta pages the salvage could
+                                     read through (0: none; nothing of the
+                                     damaged index could be read) */
+    uint32_t tables_failed;       /* tables whose reader stopped early: a
+                                     fault, damage LMDB found, or time */
+    char *moved_to;               /* where the damaged index/data.mdb now
+                                     is (absolute; NULL when there was none);
+                                     release with ctxs_free() */
+    ctxs_salvage_name *renamed;   /* the sessions counted in names.unread,
+                                     by id; release with ctxs_free() */
+    size_t n_renamed;
+} ctxs_salvage_result;
+
+/* Repairs the damaged index of the store in directory dir, keeping what
+ * it can: the way out of CTXS_EINDEX. It works from the directory, since
+ * a damaged index does not open. In order:
+ *
+ * 1. Takes the store lock exclusively: CTXS_EBUSY while any process (this
+ *    one included) has the store open, and nothing is changed.
+ * 2. Reads what still reads of index/data.mdb, from a private copy made
+ *    readable (a lost meta page replaced by the other, a file cut short
+ *    extended with zeros), each table in a child process of its own under
+ *    a time bound (60 s): a fault inside LMDB on a page it cannot validate ends
+ *    that child and loses the rest of that table, never the caller. Every
+ *    row the children send is checked again here.
+ * 3. Moves the damaged data.mdb (and LMDB's lock.mdb) into
+ *    dir/index.damaged-<unix seconds>/ (out->moved_to): it is never
+ *    deleted.
+ * 4. Builds a new index from the session files, as ctxs_store_reindex()
+ *    does, then puts back what was read, within the usual rules: each
+ *    session's name (over the one its file's label holds), creation and
+ *    last-use times and parent; checkpoints (the staleness rules still
+ *    judge them when used), metadata (within its limits), pins, models'
+ *    registrations with display names (a file's model registration wins
+ *    over a salvaged one with another geometry), and next_id (never
+ *    lowered). Rows of sessions whose file is gone are dropped.
+ *
+ * out says, kind by kind, what was kept, dropped and lost, and which
+ * sessions came back under another name. An intact index comes back
+ * whole (all kept; prefix entries and the file hash cache are rebuilt as
+ * they are used). The store opens afterwards. A repair cut short after
+ * step 3 leaves a store without index/data.mdb: ctxs_store_open() with
+ * CTXS_STORE_CREATE (`ctxstore reindex`) rebuilds it from the files, and
+ * the damaged index stays in out->moved_to.
+ *
+ * The children are made with fork() and use only LMDB and malloc; they
+ * never return into the caller's code. Not to be called from a process
+ * whose other threads hold locks that LMDB or malloc take (glibc's malloc
+ * is made safe across fork()). SIGCHLD must not be ignored (SIG_IGN): the
+ * exit status is how a child's fault is known.
+ *
+ * flags must be 0. out may be NULL. On failure out->renamed is NULL, and
+ * out->moved_to says where the damaged index went if it was moved before
+ * the failure (release it too).
+ * Errors: CTXS_EBUSY, CTXS_EFOREIGN (dir is no store: neither index/ nor
+ * sessions/), CTXS_EVERSION (the index says it was written by a newer
+ * major version: nothing is changed), CTXS_EINVAL, -ENOENT, CTXS_ENOMEM,
+ * CTXS_EFULL, -errno; and those of ctxs_store_reindex(). Thread-safe as
+ * far as it goes: it refuses a store open in this process. */
+CTXS_API int ctxs_store_repair_index(ctxs_salvage_result *out, const char *dir,
+                                     unsigned flags);
 
 typedef struct ctxs_compact_result {
     uint64_t sessions;          /* session files compacted */

@@ -3239,12 +3239,11 @@ Test(cli, every_command_on_a_cut_index_exits_8_with_the_index_hint)
         if (R.code != EX_INDEX)
             continue;
         says(0, "is damaged");
-        says(0, "index.damaged");
-        says(0, "reindex");
+        says(0, "repair-index");
         cr_expect(!strstr(R.err, "session file is corrupt"), "`%s`:\n%s", R.what, R.err);
         cr_expect(!strstr(R.err, "ctxstore verify"), "`%s`:\n%s", R.what, R.err);
         jc_value *v = json_error_out(CTXS_EINDEX, "CTXS_EINDEX");
-        cr_expect(strstr(hint_of(v), "reindex") != NULL, "`%s`:\n%s", R.what, R.out);
+        cr_expect(strstr(hint_of(v), "repair-index") != NULL, "`%s`:\n%s", R.what, R.out);
         jc_free(v);
     }
     /* Without --json too, the words a person reads. */
@@ -3255,14 +3254,46 @@ Test(cli, every_command_on_a_cut_index_exits_8_with_the_index_hint)
     cr_assert_str_eq(before, after, "the session files changed");
     free(after);
 
-    /* The way out the hint gives. */
-    cr_assert_eq(rename(ts_path(S(), "index"), ts_path(S(), "index.damaged")), 0);
-    CLI_EXPECT(EX_OK, S(), "reindex");
+    /* The way out the hint gives: the index cut short still held both
+     * meta pages, so the repair reads through the newer one (the file
+     * extended with zeros) and says what it kept and lost. */
+    CLI_EXPECT(EX_OK, S(), "repair-index", "--json");
+    jc_value *r = json_out();
+    uint64_t u;
+    cr_assert_eq(jc_u64(jc_get(r, "sessions"), &u), 0, "%s", R.out);
+    cr_assert_eq(u, 2, "%s", R.out);
+    cr_assert_eq(jc_u64(jc_get(r, "meta_pages"), &u), 0, "%s", R.out);
+    cr_assert_eq(u, 2, "%s", R.out);
+    const char *moved = jc_str(jc_get(r, "moved_to"));
+    cr_assert_not_null(moved, "%s", R.out);
+    cr_assert(strstr(moved, "/index.damaged-") != NULL, "%s", moved);
+    cr_assert(ts_exists(ts_path(moved, "data.mdb")), "%s", moved);
+    const char *kinds[] = {"names", "checkpoints", "metadata", "pins", "models"};
+    uint64_t names_kept = 0;
+    for (size_t i = 0; i < 5; i++) {
+        const jc_value *k = jc_get(r, kinds[i]);
+        cr_assert_not_null(k, "no %s:\n%s", kinds[i], R.out);
+        cr_assert_eq(jc_u64(jc_get(k, "kept"), &u), 0, "%s", R.out);
+        if (i == 0)
+            names_kept = u;
+        cr_assert_eq(jc_u64(jc_get(k, "dropped"), &u), 0, "%s", R.out);
+        cr_assert_eq(jc_u64(jc_get(k, "unread"), &u), 0, "%s", R.out);
+        cr_assert_neq(jc_bool(jc_get(k, "whole")), -1, "%s", R.out);
+    }
+    const jc_value *renamed = jc_get(r, "renamed");
+    cr_assert(renamed && renamed->type == JC_ARRAY, "%s", R.out);
+    cr_assert_eq(names_kept + renamed->n, 2, "%s", R.out);
+    jc_free(r);
     CLI_EXPECT(EX_OK, S(), "verify", "--all");
     CLI_EXPECT(EX_OK, S(), "ls", "--json");
     jc_value *v = json_out();
     cr_assert_not_null(by_name(v, "chat"), "%s", R.out);
     cr_assert_not_null(by_name(v, "notes"), "%s", R.out);
     jc_free(v);
+    /* Refused while another process (this one) has the store open. */
+    st = ts_store_open(S());
+    CLI_EXPECT(EX_BUSY, S(), "repair-index");
+    contains(0, "open in another process");
+    ctxs_store_close(st);
     free(before);
 }

@@ -15,6 +15,7 @@
 #include <lmdb.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "ctxstore.h"
@@ -147,6 +148,15 @@ int ctxs__mdb_error(int rc);
  * data version), -errno. */
 int ctxs__index_file_check(const char *data_path, int empty_ok);
 
+/* Copies the data file at data_path to copy_path in a form LMDB can open
+ * read-only, for salvage: a lost meta page replaced by the other, a file
+ * cut short extended with zeros to the pages its meta claims, unreadable
+ * blocks as zeros. *mapsize gets the copy's size, *metas the number of
+ * meta pages that were intact (1 or 2). Errors: CTXS_EINDEX (no
+ * usable meta page: LMDB can read nothing of it), CTXS_EFULL, -errno. */
+int ctxs__index_salvage_copy(const char *data_path, const char *copy_path, uint64_t *mapsize,
+                             uint32_t *metas);
+
 /* Opens the sessions directory for reading (closedir() it).
  * Errors: -errno. */
 int ctxs__sessions_dir_open(DIR **out, ctxs_store *st);
@@ -169,6 +179,17 @@ int ctxs__txn_finish(MDB_txn *txn, int rc);
 typedef int (*ctxs__entry_fill)(void *entry, const MDB_val *key, const MDB_val *val);
 int ctxs__list(void **out, size_t *n_out, ctxs_store *st, MDB_dbi dbi, size_t entry_size,
                ctxs__entry_fill fill);
+
+/* The store lock taken for a repair of the index (salvage.c), which
+ * works on the directory because a damaged index cannot be opened: opens
+ * <index_dir>/store.lock and takes it exclusively without waiting, after
+ * making sure this process has no handle to the store at dir_sb. *fd gets
+ * the lock's descriptor. Errors: CTXS_EBUSY (a process has the store
+ * open), -errno. ctxs__store_lock_share() turns it into the shared lock a
+ * store handle holds, so that the repair can open the store itself while
+ * compactions stay out; close(*fd) drops it. */
+int ctxs__store_lock_exclusive(int *fd, const char *index_dir, const struct stat *dir_sb);
+void ctxs__store_lock_share(int fd);
 
 /* Takes or drops a reference on st (open sessions hold one). */
 void ctxs__store_ref(ctxs_store *st);
@@ -289,6 +310,9 @@ int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent);
 /* Checks that model is registered with the same geometry and tokenizer.
  * Errors: CTXS_ENOTFOUND, CTXS_EMODEL. */
 int ctxs__model_check(MDB_txn *txn, ctxs_store *st, const ctxs_model *model);
+
+/* Whether g is a geometry a session file can have. */
+int ctxs__model_geometry_valid(const ctxs_geometry *g);
 
 /* Registers model if it is not (no display name). */
 int ctxs__model_ensure(MDB_txn *txn, ctxs_store *st, const ctxs_model *model);

@@ -31,6 +31,7 @@
 #include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -200,5 +201,152 @@ int ctxs__index_file_check(const char *data_path, int empty_ok)
         rc = CTXS_EINDEX;
 leave:
     close(fd);
+    return rc;
+}
+
+/*
+ * A copy of a damaged data file that LMDB can be let read, for salvage
+ * (salvage.c). What LMDB needs of the file is what the check above asks;
+ * here each failure is mended in the copy instead of refused:
+ *
+ * - a meta page lost (zeroed, overwritten) is given the other's contents:
+ *   mdb_env_open() refuses a file with either meta page bad, though one
+ *   suffices to find every tree. Both slots get the chosen meta, so LMDB
+ *   cannot pick the other;
+ * - a file cut short is extended with zeros to the pages its meta claims:
+ *   a lost page then reads as a page of zeros, which LMDB reports as
+ *   MDB_CORRUPTED where a read past the file's end would be SIGBUS;
+ * - a block the disk cannot read is copied as zeros, likewise.
+ *
+ * The meta chosen is the newer if the file holds its pages, else the
+ * older if the file holds its pages (the newer claims more than was ever
+ * written: damaged), else the newer extended, as long as what it claims
+ * is a plausible size for this file; a claim far past it (a damaged
+ * mm_last_pg) would map terabytes of zeros. *mapsize gets the copy's size
+ * in bytes. Errors: CTXS_EINDEX (no meta page left that LMDB could
+ * use: nothing to salvage through it), -errno.
+ */
+#define SALVAGE_COPY_BLOCK (1u << 20)
+
+/* Whether m could be the meta of a file of file_bytes: its own fields
+ * agree, and the pages it claims are at most a plausible extension. */
+static int meta_usable(const lmdb_meta_page *p, ssize_t n, size_t pgno, uint32_t psize)
+{
+    if (!meta_page_ok(p, n, pgno) || p->meta.dbs[0].pad != psize ||
+        p->meta.version != LMDB_DATA_VERSION)
+        return 0;
+    const lmdb_meta *m = &p->meta;
+    return m->last_pg >= 1 && m->last_pg < (uint64_t)INT64_MAX / psize &&
+           root_ok(m->dbs[0].root, m->last_pg) && root_ok(m->dbs[1].root, m->last_pg);
+}
+
+static int copy_bytes(int in, int out, uint64_t size)
+{
+    uint8_t *buf = ctxs__malloc(SALVAGE_COPY_BLOCK);
+    if (!buf)
+        return CTXS_ENOMEM;
+    int rc = 0;
+    for (uint64_t off = 0; rc == 0 && off < size; off += SALVAGE_COPY_BLOCK) {
+        size_t want = size - off < SALVAGE_COPY_BLOCK ? (size_t)(size - off) : SALVAGE_COPY_BLOCK;
+        ssize_t got = read_at(in, buf, want, (off_t)off);
+        if (got == -EIO)
+            got = 0; /* unreadable: zeros, as a lost page */
+        if (got < 0) {
+            rc = (int)got;
+            break;
+        }
+        memset(buf + got, 0, want - (size_t)got);
+        for (size_t done = 0; rc == 0 && done < want;) {
+            ssize_t w = ctxs__pwrite(out, buf + done, want - done, (off_t)(off + done));
+            if (w < 0)
+                rc = errno == ENOSPC || errno == EDQUOT ? CTXS_EFULL : -errno;
+            else
+                done += (size_t)w;
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+int ctxs__index_salvage_copy(const char *data_path, const char *copy_path, uint64_t *mapsize,
+                             uint32_t *metas)
+{
+    *mapsize = 0;
+    *metas = 0;
+    int in = ctxs__open(data_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (in < 0)
+        return -errno;
+    int out = -1, rc = 0;
+    struct stat sb;
+    lmdb_meta_page m[2];
+    ssize_t n[2] = {0, 0};
+    if (ctxs__fstat(in, &sb) != 0) {
+        rc = -errno;
+        goto leave;
+    }
+    uint64_t size = (uint64_t)sb.st_size;
+    memset(m, 0, sizeof(m));
+    if ((n[0] = read_at(in, &m[0], sizeof(m[0]), 0)) < 0)
+        n[0] = 0;
+    /* The page size: page 0's, else whichever page 1 is found at. */
+    uint32_t psize = 0;
+    int ok[2] = {0, 0};
+    for (uint32_t ps = LMDB_MIN_PSIZE; ps <= LMDB_MAX_PSIZE && !psize; ps *= 2) {
+        if (meta_page_ok(&m[0], n[0], 0) && ps != m[0].meta.dbs[0].pad)
+            continue;
+        if ((n[1] = read_at(in, &m[1], sizeof(m[1]), (off_t)ps)) < 0)
+            n[1] = 0;
+        ok[0] = meta_usable(&m[0], n[0], 0, ps);
+        ok[1] = meta_usable(&m[1], n[1], 1, ps);
+        if (ok[0] || ok[1])
+            psize = ps;
+    }
+    if (!psize) {
+        rc = CTXS_EINDEX;
+        goto leave;
+    }
+    *metas = (uint32_t)(ok[0] + ok[1]);
+    uint64_t claim[2];
+    int fits[2], plausible[2];
+    for (int i = 0; i < 2; i++) {
+        claim[i] = ok[i] ? (m[i].meta.last_pg + 1) * psize : 0;
+        fits[i] = ok[i] && claim[i] <= size;
+        /* A file cut short claims what it held; far more is damage. */
+        plausible[i] = ok[i] && claim[i] <= size * 8 + ((uint64_t)64 << 20);
+    }
+    int newer = ok[0] && ok[1] ? m[1].meta.txnid > m[0].meta.txnid : ok[1];
+    int older = !newer;
+    int use = fits[newer] ? newer : fits[older] ? older
+            : plausible[newer] ? newer : plausible[older] ? older : -1;
+    if (use < 0) {
+        rc = CTXS_EINDEX;
+        goto leave;
+    }
+    out = ctxs__open(copy_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (out < 0) {
+        rc = -errno;
+        goto leave;
+    }
+    if ((rc = copy_bytes(in, out, size)) < 0)
+        goto leave;
+    uint64_t copy_size = size < claim[use] ? claim[use] : size;
+    if (copy_size < 2 * (uint64_t)psize)
+        copy_size = 2 * (uint64_t)psize;
+    if (ctxs__ftruncate(out, (off_t)copy_size) != 0) {
+        rc = errno == ENOSPC || errno == EDQUOT ? CTXS_EFULL : -errno;
+        goto leave;
+    }
+    for (size_t pg = 0; pg < 2 && rc == 0; pg++) {
+        lmdb_meta_page page = m[use];
+        page.head.pgno = pg;
+        if (ctxs__pwrite(out, &page, sizeof(page), (off_t)(pg * psize)) != (ssize_t)sizeof(page))
+            rc = -EIO;
+    }
+    if (rc == 0)
+        *mapsize = copy_size;
+leave:
+    if (out >= 0)
+        close(out);
+    close(in);
     return rc;
 }

@@ -16,7 +16,7 @@
 #include "mdb_calls.h"
 #include "platform.h"
 
-static int geometry_valid(const ctxs_geometry *g)
+int ctxs__model_geometry_valid(const ctxs_geometry *g)
 {
     ctxs__file_layout lay;
     return ctxs__layout_compute(&lay, g, 2, 0) == 0;
@@ -86,7 +86,7 @@ int ctxs__model_ensure(MDB_txn *txn, ctxs_store *st, const ctxs_model *model)
 
 int ctxs_model_register(ctxs_store *st, const ctxs_model *model, const char *name)
 {
-    if (!st || !model || !geometry_valid(&model->geometry))
+    if (!st || !model || !ctxs__model_geometry_valid(&model->geometry))
         return CTXS_EINVAL;
     size_t name_len = 0;
     if (name && ctxs__name_check(name, &name_len) < 0)

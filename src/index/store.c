@@ -421,6 +421,33 @@ static int store_lock(int fd, short type, int wait)
     return (errno == EAGAIN || errno == EACCES) ? CTXS_EBUSY : -errno;
 }
 
+int ctxs__store_lock_exclusive(int *fd, const char *index_dir, const struct stat *dir_sb)
+{
+    *fd = -1;
+    pthread_mutex_lock(&stores_mutex);
+    int rc = 0;
+    for (ctxs_store *st = stores_head; st && rc == 0; st = st->next)
+        if (st->dev == dir_sb->st_dev && st->ino == dir_sb->st_ino)
+            rc = CTXS_EBUSY;
+    pthread_mutex_unlock(&stores_mutex);
+    char *path = rc == 0 ? join(index_dir, STORE_LOCK_FILE) : NULL;
+    if (rc == 0 && !path)
+        rc = CTXS_ENOMEM;
+    if (rc == 0 && (*fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0)
+        rc = -errno;
+    free(path);
+    if (rc == 0 && (rc = store_lock(*fd, F_WRLCK, 0)) < 0) {
+        close(*fd);
+        *fd = -1;
+    }
+    return rc;
+}
+
+void ctxs__store_lock_share(int fd)
+{
+    store_lock(fd, F_RDLCK, 0); /* the same description's: no conflict */
+}
+
 /* Opens index/store.lock and waits for the shared lock. A read-only
  * store opens it for reading, which a shared lock needs; where it is
  * missing, no process has ever opened the store read-write (each makes

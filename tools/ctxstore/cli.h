@@ -251,6 +251,7 @@ int cmd_meta(cli *c, int argc, char **argv);
 int cmd_models(cli *c, int argc, char **argv);
 int cmd_prefix(cli *c, int argc, char **argv);
 int cmd_reindex(cli *c, int argc, char **argv);
+int cmd_repair_index(cli *c, int argc, char **argv);
 int cmd_export(cli *c, int argc, char **argv);
 int cmd_import(cli *c, int argc, char **argv);
 int cmd_bench(cli *c, int argc, char **argv);

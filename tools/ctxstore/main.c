@@ -143,6 +143,17 @@ static const command k_commands[] = {
       "reindex [--json]\n\n"
       "Rebuilds the index from the session files: names, models, token counts\n"
       "and prefixes. Checkpoints and model names are kept.\n" },
+    { "repair-index", cmd_repair_index, "repair a damaged index, keeping what still reads",
+      "repair-index [--json]\n\n"
+      "The way out when the index is damaged (exit 8). Moves index/data.mdb to\n"
+      "index.damaged-TIME/ (never deletes it), rebuilds the index from the\n"
+      "session files, and puts back what of the damaged one still reads:\n"
+      "sessions' names, checkpoints, metadata, pins and models' display names.\n"
+      "The damaged index is read in child processes, so damage that would crash\n"
+      "a reader costs what it holds, never the repair. Prints, kind by kind,\n"
+      "what was kept, dropped (malformed, or of a session whose file is gone)\n"
+      "and lost to the damage, and the sessions that came back under another\n"
+      "name. Refused (exit 4) while any process has the store open.\n" },
     { "export", cmd_export, "write a session to a portable file",
       "export SESSION FILE\n\n"
       "Writes SESSION's committed tokens to FILE: a self-checking file\n"

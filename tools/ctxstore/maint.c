@@ -1,5 +1,6 @@
 /*
- * Keeping a store healthy: compact, gc, rm, pin and unpin, rename, reindex.
+ * Keeping a store healthy: compact, gc, rm, pin and unpin, rename, reindex,
+ * repair-index.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -340,5 +341,103 @@ int cmd_reindex(cli *c, int argc, char **argv)
                    res.skipped, res.skipped == 1 ? "" : "s");
         printf("\n");
     }
+    return CLI_OK;
+}
+
+static void salvage_count_print(const cli *c, json *j, const char *kind,
+                                const ctxs_salvage_count *n)
+{
+    if (c->json) {
+        json_key(j, kind);
+        json_object_begin(j);
+        json_kv_u64(j, "kept", n->kept);
+        json_kv_u64(j, "dropped", n->dropped);
+        json_kv_u64(j, "unread", n->unread);
+        json_kv_bool(j, "whole", n->whole);
+        json_object_end(j);
+    } else {
+        printf("%-12s %" PRIu64 " kept", kind, n->kept);
+        if (n->dropped)
+            printf(", %" PRIu64 " dropped", n->dropped);
+        if (n->unread)
+            printf(", %" PRIu64 " lost to the damage", n->unread);
+        if (!n->whole)
+            printf(" (the table did not read to its end)");
+        printf("\n");
+    }
+}
+
+int cmd_repair_index(cli *c, int argc, char **argv)
+{
+    int first, ex = cli_parse_common(c, argc, argv, &first);
+    if (ex >= 0)
+        return ex;
+    if (first < argc)
+        return cli_usage_error("repair-index", "repair-index takes no arguments");
+    ctxs_salvage_result res;
+    int rc = ctxs_store_repair_index(&res, c->store_dir, 0);
+    if (rc == CTXS_EBUSY) {
+        ctxs_free(res.moved_to);
+        return cli_fail_hint(rc, "close the programs that use it, then run repair-index again",
+                             "store %s is open in another process", c->store_dir);
+    }
+    if (rc < 0) {
+        if (res.moved_to)
+            fprintf(stderr, "ctxstore: the damaged index is in %s\n", res.moved_to);
+        ctxs_free(res.moved_to);
+        return cli_fail(rc, "repairing the index of %s", c->store_dir);
+    }
+    json j;
+    if (c->json) {
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_kv_u64(&j, "sessions", res.sessions);
+        json_kv_u64(&j, "skipped", res.skipped);
+        json_kv_u64(&j, "meta_pages", res.meta_pages);
+        json_kv_u64(&j, "tables_failed", res.tables_failed);
+        if (res.moved_to)
+            json_kv_string(&j, "moved_to", res.moved_to);
+        else {
+            json_key(&j, "moved_to");
+            json_null(&j);
+        }
+    } else {
+        if (res.moved_to)
+            printf("damaged index moved to %s\n", res.moved_to);
+        printf("indexed %" PRIu64 " session file%s", res.sessions, res.sessions == 1 ? "" : "s");
+        if (res.skipped)
+            printf("; %" PRIu64 " that do not open left alone (see `ctxstore verify`)",
+                   res.skipped);
+        printf("\n");
+        if (res.moved_to && !res.meta_pages)
+            printf("nothing of the damaged index could be read: both meta pages are lost\n");
+    }
+    salvage_count_print(c, &j, "names", &res.names);
+    salvage_count_print(c, &j, "checkpoints", &res.checkpoints);
+    salvage_count_print(c, &j, "metadata", &res.metadata);
+    salvage_count_print(c, &j, "pins", &res.pins);
+    salvage_count_print(c, &j, "models", &res.models);
+    if (c->json) {
+        json_key(&j, "renamed");
+        json_array_begin(&j);
+    }
+    for (size_t i = 0; i < res.n_renamed; i++) {
+        if (c->json) {
+            json_object_begin(&j);
+            json_kv_u64(&j, "id", res.renamed[i].id);
+            json_kv_string(&j, "name", res.renamed[i].name);
+            json_object_end(&j);
+        } else {
+            printf("name lost: session %016" PRIx64 " is now '%s'\n", res.renamed[i].id,
+                   res.renamed[i].name);
+        }
+    }
+    if (c->json) {
+        json_array_end(&j);
+        json_object_end(&j);
+        json_finish(&j);
+    }
+    ctxs_free(res.moved_to);
+    ctxs_free(res.renamed);
     return CLI_OK;
 }

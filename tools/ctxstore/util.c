@@ -60,10 +60,9 @@ int cli_exit_code(int rc)
  * from them once the damaged one is out of the way (what a read-write
  * open does where sessions/ has no index beside it). */
 #define INDEX_HINT                                                             \
-    "the session files are not at fault: move the store's index/ aside "       \
-    "(e.g. to index.damaged) and run `ctxstore reindex` to rebuild it from "   \
-    "them; sessions keep their names and tokens, checkpoints, metadata, pins " \
-    "and model names are lost"
+    "the session files are not at fault: `ctxstore repair-index` moves the "  \
+    "damaged index aside, rebuilds it from them and keeps what of it still "  \
+    "reads (names, checkpoints, metadata, pins, model names)"
 
 const char *cli_advice(int rc)
 {
@@ -344,10 +343,10 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
     if (rc == CTXS_EINDEX) {
         char hint[PATH_MAX * 2 + 256];
         snprintf(hint, sizeof(hint),
-                 "the session files are not at fault: `mv %s/index %s/index.damaged`, then "
-                 "`ctxstore --store %s reindex` rebuilds the index from them; sessions keep "
-                 "their names and tokens, checkpoints, metadata, pins and model names are lost",
-                 dir, dir, dir);
+                 "the session files are not at fault: `ctxstore --store %s repair-index` "
+                 "moves the damaged index aside, rebuilds it from them and keeps what of it "
+                 "still reads (names, checkpoints, metadata, pins, model names)",
+                 dir);
         return cli_fail_said(rc, hint,
                              "the index of store %s (%s/index/data.mdb) is damaged: cut short, "
                              "or a page or record of it is unreadable", dir, dir);

@@ -1318,6 +1318,52 @@ typedef struct ctxs_reindex_result {
  * CTXS_EFULL (no id left). */
 CTXS_API int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st);
 
+/* One malformed record of the index, as ctxs_store_check() reports it. */
+typedef struct ctxs_index_problem {
+    char table[16];   /* the index's table: "meta", "sessions", "ids",
+                         "models", "filehash", "checkpoints", "metadata",
+                         "pins", "prefixes", "chunks" or "pending" */
+    char key[560];    /* the record's key, printable: 'text' when every
+                         byte is printable ASCII (names, "next_id"), else
+                         0x and hex; a key that leads with a session id is
+                         "id N" then, after ", ", the rest so written; ""
+                         when LMDB could not read the table on */
+    char what[192];   /* what is wrong, one sentence without a period */
+} ctxs_index_problem;
+
+#define CTXS_CHECK_MAX_PROBLEMS 1024u /* problems listed; all are counted */
+
+typedef struct ctxs_store_check_result {
+    uint64_t records;              /* records read, all tables together */
+    uint64_t n_problems;           /* malformed records found, all counted */
+    ctxs_index_problem *problems;  /* the first n_listed of them, in table
+                                      then key order; release with
+                                      ctxs_free() (NULL when none) */
+    size_t n_listed;               /* min(n_problems, CTXS_CHECK_MAX_PROBLEMS) */
+} ctxs_store_check_result;
+
+/* Reads every record of every table of the index (sessions, ids, models,
+ * file hashes, checkpoints, metadata, pins, prefixes and chunks, pending
+ * intents, and meta's format and next_id) in one read transaction, and
+ * reports each malformed one without stopping at the first. A record is
+ * malformed when a call that reads it would fail with CTXS_EINDEX: a value
+ * or key of the wrong size, a session record whose id is 0 or above
+ * 2^63 - 1 or that ids[] does not name back, a model record whose name
+ * does not fit, a metadata value above CTXS_META_VALUE_MAX, a pin with a
+ * value, an intent that is neither a create nor a delete. A next_id of 0,
+ * above 2^63 - 1, or not above every id in use is reported too, although
+ * no read refuses it (the next create, repair or reindex mends it). Damage
+ * LMDB finds in its own pages ends the walk of that table, as a problem of
+ * it (key ""); the other tables are still read. The session files are not
+ * read: ctxs_store_repair() and the session calls judge them.
+ *
+ * out is filled (out->problems, to release) on 0 and on CTXS_EINDEX only.
+ * Changes nothing; works on a read-only store. The way out of a damaged
+ * index is ctxs_store_open()'s.
+ * Returns 0 (no problem found) or CTXS_EINDEX (out lists what was found).
+ * Errors: CTXS_EINVAL (NULL out or st), CTXS_ENOMEM, -errno. Thread-safe. */
+CTXS_API int ctxs_store_check(ctxs_store_check_result *out, ctxs_store *st);
+
 typedef struct ctxs_compact_result {
     uint64_t sessions;          /* session files compacted */
     uint64_t skipped_busy;      /* sessions skipped: a handle had them open */

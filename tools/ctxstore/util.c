@@ -65,6 +65,15 @@ int cli_exit_code(int rc)
     "them; sessions keep their names and tokens, checkpoints, metadata, pins " \
     "and model names are lost"
 
+void cli_index_hint(char *buf, size_t n, const char *dir)
+{
+    snprintf(buf, n,
+             "the session files are not at fault: `mv %s/index %s/index.damaged`, then "
+             "`ctxstore --store %s reindex` rebuilds the index from them; sessions keep "
+             "their names and tokens, checkpoints, metadata, pins and model names are lost",
+             dir, dir, dir);
+}
+
 const char *cli_advice(int rc)
 {
     switch (rc) {
@@ -342,12 +351,8 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
         return cli_fail_said(rc, "check the path; ctxstore leaves it alone",
                              "%s/index holds something that is not a ctxstore index", dir);
     if (rc == CTXS_EINDEX) {
-        char hint[PATH_MAX * 2 + 256];
-        snprintf(hint, sizeof(hint),
-                 "the session files are not at fault: `mv %s/index %s/index.damaged`, then "
-                 "`ctxstore --store %s reindex` rebuilds the index from them; sessions keep "
-                 "their names and tokens, checkpoints, metadata, pins and model names are lost",
-                 dir, dir, dir);
+        char hint[PATH_MAX * 3 + 256];
+        cli_index_hint(hint, sizeof(hint), dir);
         return cli_fail_said(rc, hint,
                              "the index of store %s (%s/index/data.mdb) is damaged: cut short, "
                              "or a page or record of it is unreadable", dir, dir);

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <inttypes.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -3649,5 +3650,115 @@ Test(index, a_damaged_index_moved_aside_is_rebuilt_from_the_files)
     cr_assert_eq(ctxs_store_session_get(&e, st, "chat-5"), 0);
     cr_assert_eq(e.n_tokens, 130 + 40 * 5);
     ctxs_free(list);
+    ctxs_store_close(st);
+}
+
+/* --- ctxs_store_check (issue 16) ------------------------------------------ */
+
+static int has_problem(const ctxs_store_check_result *r, const char *table, const char *key)
+{
+    for (size_t i = 0; i < r->n_listed; i++)
+        if (strcmp(r->problems[i].table, table) == 0 && strcmp(r->problems[i].key, key) == 0)
+            return 1;
+    return 0;
+}
+
+Test(index, check_reports_every_malformed_record_of_every_table_and_goes_on)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "chat", &m, 256, 4, 70);
+    cr_assert_eq(ctxs_checkpoint_create(s, "t1"), 0);
+    ctxs_session_close(s);
+    ctxs_session_close(mk(st, "notes", &m, 256, 4, 3));
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "title", "hi", 2), 0);
+    cr_assert_eq(ctxs_store_session_pin(st, "chat", 1), 0);
+
+    ctxs_store_check_result r;
+    cr_assert_eq(ctxs_store_check(&r, st), 0);
+    cr_assert_eq(r.n_problems, 0);
+    cr_assert_null(r.problems);
+    /* format, next_id, 2 sessions, 2 ids, a model, a checkpoint, a meta
+     * row, a pin, a prefix and a chunk of chat's first 64 tokens */
+    cr_assert_geq(r.records, 12, "%" PRIu64 " records", r.records);
+    ctxs_store_close(st);
+
+    /* One malformed record in every table, several in one. */
+    MDB_env *env = raw_env();
+    uint8_t id1[8], id9[8], big[96] = {0}, k[16];
+    be_key(id1, 1);
+    be_key(id9, 9);
+    raw_put(env, "sessions", "chat", 4, big, 95);
+    raw_put(env, "sessions", "a/b", 3, big, 96);           /* not a name, id 0 */
+    raw_put(env, "ids", id9, 8, "ghost", 5);                 /* names no session */
+    memset(k, 0xab, 16);
+    raw_put(env, "models", k, 16, big, 47);
+    raw_put(env, "filehash", k, 16, big, 16);
+    uint8_t cpk[10];
+    memcpy(cpk, id1, 8), memcpy(cpk + 8, "t1", 2);
+    raw_put(env, "checkpoints", cpk, 10, big, 25);
+    raw_put(env, "metadata", id1, 8, "v", 1);
+    raw_put(env, "pins", id1, 8, "x", 1);
+    raw_put(env, "chunks", id9, 8, big, 16);
+    raw_put(env, "pending", id9, 8, "Z", 1);
+    uint64_t zero = 0;
+    raw_put(env, "meta", "next_id", 7, &zero, 8);
+    mdb_env_close(env);
+
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_check(&r, st), CTXS_EINDEX);
+    const char *want[][2] = {
+        {"sessions", "'chat'"}, {"sessions", "'a/b'"}, {"ids", "id 9"},
+        {"models", "0xabababababababababababababababab"}, {"filehash", "0xabababababababababababababababab"},
+        {"checkpoints", "id 1, 't1'"}, {"metadata", "id 1"}, {"pins", "id 1"},
+        {"chunks", "id 9"}, {"pending", "id 9"}, {"meta", "'next_id'"},
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        cr_expect(has_problem(&r, want[i][0], want[i][1]), "no problem in %s %s", want[i][0],
+                  want[i][1]);
+    for (size_t i = 0; i < r.n_listed; i++)
+        cr_log_info("%s %s: %s", r.problems[i].table, r.problems[i].key, r.problems[i].what);
+    cr_assert_eq(r.n_listed, r.n_problems);
+    cr_assert_geq(r.n_problems, sizeof(want) / sizeof(want[0]));
+    for (size_t i = 0; i < r.n_listed; i++)
+        cr_assert_gt(strlen(r.problems[i].what), 0);
+    ctxs_free(r.problems);
+    /* What a reader of those records says. */
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "chat"), CTXS_EINDEX);
+    ctxs_session_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_store_session_list(&list, &n, st), CTXS_EINDEX);
+    cr_assert_eq(ctxs_store_check(NULL, st), CTXS_EINVAL);
+    ctxs_store_close(st);
+}
+
+Test(index, check_lists_the_first_problems_and_counts_them_all)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_store_close(st);
+    MDB_env *env = raw_env();
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "pins", 0, &dbi), 0);
+    size_t many = CTXS_CHECK_MAX_PROBLEMS + 100;
+    for (size_t i = 1; i <= many; i++) {
+        uint8_t idk[8];
+        be_key(idk, i);
+        MDB_val key = {8, idk}, val = {1, "x"};
+        cr_assert_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    }
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    st = ts_store_open(ts_store_dir());
+    ctxs_store_check_result r;
+    cr_assert_eq(ctxs_store_check(&r, st), CTXS_EINDEX);
+    cr_assert_eq(r.n_problems, many + 1, "%" PRIu64, r.n_problems); /* and next_id */
+    cr_assert_eq(r.n_listed, CTXS_CHECK_MAX_PROBLEMS);
+    cr_assert_str_eq(r.problems[0].key, "'next_id'"); /* meta is read first */
+    cr_assert_str_eq(r.problems[1].key, "id 1");
+    ctxs_free(r.problems);
     ctxs_store_close(st);
 }

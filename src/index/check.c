@@ -277,7 +277,8 @@ static void judge_prefixes(walk *w, const MDB_val *key, const MDB_val *val)
 static void judge_chunks(walk *w, const MDB_val *key, const MDB_val *val)
 {
     if (key->mv_size != 12)
-        problem(w, "chunks", key, 0, "the key has %zu bytes, not an id and a chunk number (12)",
+        problem(w, "chunks", key, key->mv_size >= 8,
+                "the key has %zu bytes, not an id and a chunk number (12)",
                 key->mv_size);
     else if (val->mv_size != 16)
         problem(w, "chunks", key, 1, "the chain hash has %zu bytes, not 16", val->mv_size);

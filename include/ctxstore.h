@@ -146,7 +146,11 @@ typedef enum ctxs_error {
  * -errno). Thread-safe. */
 CTXS_API const char *ctxs_strerror(int rc);
 
-/* The code's name ("CTXS_EBUSY", "ENOENT", "OK"), for logs. Thread-safe. */
+/* The code's name ("CTXS_EBUSY", "ENOENT", "OK"), for logs: every code
+ * above and every errno the platform defines has its own (an alias such
+ * as EWOULDBLOCK reads as the name the C library gives its value,
+ * EAGAIN); "ERRNO" for a value in -4095..-1 that is no errno, "UNKNOWN"
+ * for anything else. A static string. Thread-safe. */
 CTXS_API const char *ctxs_err_name(int rc);
 
 /* ---------------------------------------------------------------------------

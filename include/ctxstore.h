@@ -1287,6 +1287,15 @@ typedef struct ctxs_repair_result {
     uint64_t files_removed;    /* leftovers of interrupted creates */
     uint64_t entries_removed;  /* index entries whose file was gone */
     uint64_t prefixes_updated; /* sessions whose prefix entries were fixed */
+    uint64_t files_renumbered; /* session files named with id 0 or above
+                                  2^63 - 1, given a new id with their rows */
+    uint64_t next_id_mended;   /* 1: the index's next id was damaged (0,
+                                  above 2^63 - 1, of another size, or not
+                                  above an id the index names) and was set
+                                  right; 0: it was not */
+    uint64_t next_id_was;      /* the damaged value (0 for one of another
+                                  size) when next_id_mended, else 0 */
+    uint64_t next_id;          /* the next session id after the repair */
 } ctxs_repair_result;
 
 /* Compares the whole index with the session files. A session file that no
@@ -1308,6 +1317,11 @@ CTXS_API int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st);
 typedef struct ctxs_reindex_result {
     uint64_t sessions;         /* files indexed */
     uint64_t skipped;          /* files that are not readable sessions */
+    uint64_t files_renumbered; /* as in ctxs_repair_result */
+    uint64_t next_id_mended;   /* 1: next id was damaged, or not above the
+                                  id of a file indexed, and was set right */
+    uint64_t next_id_was;      /* the value before, when next_id_mended */
+    uint64_t next_id;          /* the next session id after the rebuild */
 } ctxs_reindex_result;
 
 /* Rebuilds the index from the session files: names (each file keeps its

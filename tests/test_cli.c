@@ -3412,3 +3412,27 @@ Test(cli, info_ls_checkpoint_ls_meta_and_verify_agree_on_each_malformed_record)
         jc_free(v);
     }
 }
+
+Test(cli, reindex_says_it_mended_next_id_and_renumbered_nothing)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "a", 64, 0, 2);
+    mk(st, "b", 64, 0, 2);
+    ctxs_store_close(st);
+    uint64_t zero = 0;
+    ts_raw_put(S(), "meta", "next_id", 7, &zero, 8);
+    CLI_EXPECT(EX_OK, S(), "reindex", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(ju(v, "sessions"), 2);
+    cr_assert_eq(jb(v, "next_id_mended"), 1);
+    cr_assert_eq(ju(v, "next_id_was"), 0);
+    cr_assert_eq(ju(v, "next_id"), 3);
+    cr_assert_eq(ju(v, "files_renumbered"), 0);
+    jc_free(v);
+    ts_raw_put(S(), "meta", "next_id", 7, &zero, 8);
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    contains(1, "mended the next session id: it was 0, it is 3");
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    cr_assert(!strstr(R.out, "mended"), "%s", R.out);
+}

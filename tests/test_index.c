@@ -3285,13 +3285,40 @@ Test(index, repair_mends_next_id)
     uint64_t zero = 0;
     three_then_next_id(&zero, 8);
     ctxs_store *st = ts_store_open(ts_store_dir());
-    cr_assert_eq(ctxs_store_repair(NULL, st), 0);
+    ctxs_repair_result r;
+    cr_assert_eq(ctxs_store_repair(&r, st), 0);
+    cr_assert_eq(r.next_id_mended, 1);
+    cr_assert_eq(r.next_id_was, 0);
+    cr_assert_eq(r.next_id, 4);
+    cr_assert_eq(r.files_renumbered, 0);
+    /* Mended once: a second repair finds nothing to say. */
+    cr_assert_eq(ctxs_store_repair(&r, st), 0);
+    cr_assert_eq(r.next_id_mended, 0);
+    cr_assert_eq(r.next_id_was, 0);
+    cr_assert_eq(r.next_id, 4);
     ctxs_store_close(st);
     MDB_env *env = raw_env();
     uint64_t next = 0;
     cr_assert_eq(raw_get(env, "meta", "next_id", 7, &next, 8), 8);
     mdb_env_close(env);
     cr_assert_eq(next, 4, "next_id after repair: %llu", (unsigned long long)next);
+}
+
+Test(index, reindex_says_it_mended_next_id)
+{
+    uint64_t one = 1; /* at or below ids 1..3 in use */
+    three_then_next_id(&one, 8);
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_reindex_result r;
+    cr_assert_eq(ctxs_store_reindex(&r, st), 0);
+    cr_assert_eq(r.sessions, 3);
+    cr_assert_eq(r.next_id_mended, 1);
+    cr_assert_eq(r.next_id_was, 1);
+    cr_assert_eq(r.next_id, 4);
+    cr_assert_eq(ctxs_store_reindex(&r, st), 0);
+    cr_assert_eq(r.next_id_mended, 0, "a healthy next_id is not mended");
+    cr_assert_eq(r.next_id, 4);
+    ctxs_store_close(st);
 }
 
 /* Moves session name's file and index entries to id 0, as a store whose
@@ -3365,7 +3392,11 @@ Test(index, repair_gives_a_session_filed_under_id_0_an_id_of_its_own)
 {
     ctxs_model m = b_at_id_0();
     ctxs_store *st = ts_store_open(ts_store_dir());
-    cr_assert_eq(ctxs_store_repair(NULL, st), 0);
+    ctxs_repair_result r;
+    cr_assert_eq(ctxs_store_repair(&r, st), 0);
+    cr_assert_eq(r.files_renumbered, 1);
+    cr_assert_eq(r.next_id_mended, 0);
+    cr_assert_gt(r.next_id, ts_session_entry(st, "b").id);
     ctxs_store_close(st);
     b_renumbered(&m);
 }
@@ -3380,6 +3411,7 @@ Test(index, reindex_adopts_a_file_named_with_id_0_under_a_new_id)
     cr_assert_eq(ctxs_store_reindex(&r, st), 0);
     cr_assert_eq(r.sessions, 2);
     cr_assert_eq(r.skipped, 0);
+    cr_assert_eq(r.files_renumbered, 1);
     ctxs_store_close(st);
     b_renumbered(&m);
 }

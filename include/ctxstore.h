@@ -852,6 +852,14 @@ typedef struct ctxs_store_options {
  * merely has a sessions/ gets an index; open it with CTXS_STORE_CREATE to
  * rebuild the index from the session files.
  *
+ * dir may be a symbolic link to the store's directory, or a chain of
+ * them: it is resolved once, here (realpath), and the handle knows the
+ * store by its real path and by the device and inode of the directory, so
+ * two paths to one store are one store (see "One process shares" below).
+ * A link that leads nowhere is -ENOENT, with CTXS_STORE_CREATE too (no
+ * store is made at the far end of a link), a loop -ELOOP. index/ and
+ * sessions/ inside the store are never followed as links.
+ *
  * With CTXS_STORE_CREATE, a missing dir is made (0700; files 0600) and so
  * are index/ and sessions/ in an existing one. A new index beside session
  * files is rebuilt from them, as ctxs_store_reindex() does.
@@ -895,8 +903,8 @@ typedef struct ctxs_store_options {
  * inside pages the file does hold is found as LMDB reads them, by
  * whichever call reads them: CTXS_EINDEX as well.
  *
- * Errors: -ENOENT (no dir; a half-made store opened read-only),
- * -ENOTDIR, CTXS_EFOREIGN (not a store, or index/ holds something that is
+ * Errors: -ENOENT (no dir, or a dangling link; a half-made store opened
+ * read-only), -ELOOP (a loop of links), -ENOTDIR, CTXS_EFOREIGN (not a store, or index/ holds something that is
  * not a ctxstore index), CTXS_EINDEX (the index is damaged: see above),
  * CTXS_EVERSION (an index written by a newer major version), CTXS_EBUSY
  * (see above), CTXS_EINVAL (bad options, unknown flags, CREATE with

@@ -3436,3 +3436,33 @@ Test(cli, reindex_says_it_mended_next_id_and_renumbered_nothing)
     CLI_EXPECT(EX_OK, S(), "reindex");
     cr_assert(!strstr(R.out, "mended"), "%s", R.out);
 }
+
+Test(cli, a_store_given_as_a_symlink_works_and_a_dangling_one_is_refused_with_why)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 64, 0, 5);
+    ctxs_store_close(st);
+    const char *l1 = dir_of("link"), *l2 = dir_of("link2"), *dang = dir_of("dangling");
+    const char *nowhere = dir_of("nowhere");
+    cr_assert_eq(symlink(S(), l1), 0);
+    cr_assert_eq(symlink(l1, l2), 0);
+    cr_assert_eq(symlink(nowhere, dang), 0);
+    CLI_EXPECT(EX_OK, l2, "ls", "--json");
+    jc_value *v = json_out();
+    cr_assert_not_null(by_name(v, "chat"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, l1, "verify", "--all");
+    CLI_EXPECT(EX_OK, l2, "rename", "chat", "talk"); /* a write, through two links */
+    CLI_EXPECT(EX_OK, S(), "info", "talk");
+    /* Nowhere: said, and nothing made there, by a read or a write. */
+    CLI_EXPECT(EX_NOTFOUND, dang, "ls");
+    contains(0, "symbolic link to");
+    contains(0, "does not exist");
+    char w[1100];
+    snprintf(w, sizeof(w), "%s", weights_file("w.bin", 4096, 3, (uint8_t[16]){0}));
+    CLI_EXPECT(EX_NOTFOUND, dang, "models", "register", w, "--name", "w", "--layers", "2",
+               "--kv-heads", "2", "--head-dim", "16", "--dtype", "fp16");
+    contains(0, "symbolic link to");
+    cr_assert_not(ts_exists(nowhere), "a store was made at the end of a dangling link");
+}

@@ -3794,3 +3794,66 @@ Test(index, check_lists_the_first_problems_and_counts_them_all)
     ctxs_free(r.problems);
     ctxs_store_close(st);
 }
+
+/* --- A store reached through a symlink (issue 16) -------------------------- */
+
+Test(index, a_store_through_a_symlink_or_two_is_the_store_and_a_dangling_one_is_enoent)
+{
+    ctxs_store *a = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(a, &m);
+    ctxs_session_close(mk(a, "chat", &m, 64, 4, 5));
+    char l1[1100], l2[1100], dang[1100], loop[1100], target[1100], newdir[1100], l3[1100];
+    snprintf(l1, sizeof(l1), "%s/link", ts_scratch);
+    snprintf(l2, sizeof(l2), "%s/link2", ts_scratch);
+    snprintf(dang, sizeof(dang), "%s/dangling", ts_scratch);
+    snprintf(target, sizeof(target), "%s/nowhere", ts_scratch);
+    snprintf(loop, sizeof(loop), "%s/loop", ts_scratch);
+    snprintf(newdir, sizeof(newdir), "%s/empty", ts_scratch);
+    snprintf(l3, sizeof(l3), "%s/link-to-empty", ts_scratch);
+    cr_assert_eq(symlink(ts_store_dir(), l1), 0);
+    cr_assert_eq(symlink(l1, l2), 0);
+    cr_assert_eq(symlink(target, dang), 0);
+    cr_assert_eq(symlink(loop, loop), 0);
+
+    /* Through one link and through two, with and without CREATE: the same
+     * store, one handle (one LMDB environment per store per process). */
+    const char *paths[] = {l1, l2};
+    for (int i = 0; i < 2; i++) {
+        for (int create = 0; create < 2; create++) {
+            ctxs_store *b;
+            int rc = ctxs_store_open(&b, paths[i], create ? CTXS_STORE_CREATE : 0, NULL);
+            cr_assert_eq(rc, 0, "%s%s: %s", paths[i], create ? " (create)" : "",
+                         ctxs_err_name(rc));
+            cr_assert_eq(b, a, "%s is another handle", paths[i]);
+            cr_assert_eq(ts_session_entry(b, "chat").n_tokens, 5);
+            ctxs_store_close(b);
+        }
+    }
+    ctxs_store_close(a);
+    /* The store closed: a handle through the link works on its own. */
+    ctxs_store *b;
+    cr_assert_eq(ctxs_store_open(&b, l2, 0, NULL), 0);
+    ctxs_session_close(mk(b, "via-link", &m, 64, 4, 3));
+    ctxs_store_close(b);
+    a = ts_store_open(ts_store_dir());
+    cr_assert_eq(ts_session_entry(a, "via-link").n_tokens, 3);
+    ctxs_store_close(a);
+
+    /* A new store through a link to an empty directory is made there. */
+    cr_assert_eq(mkdir(newdir, 0700), 0);
+    cr_assert_eq(symlink(newdir, l3), 0);
+    cr_assert_eq(ctxs_store_open(&b, l3, CTXS_STORE_CREATE, NULL), 0);
+    ctxs_store_close(b);
+    cr_assert(ts_exists(ts_path(newdir, "index/data.mdb")));
+
+    /* A dangling link: -ENOENT, and nothing is made at its far end. */
+    cr_assert_eq(ctxs_store_open(&b, dang, 0, NULL), -ENOENT);
+    cr_assert_null(b);
+    cr_assert_eq(ctxs_store_open(&b, dang, CTXS_STORE_CREATE, NULL), -ENOENT);
+    cr_assert_eq(ctxs_store_open(&b, dang, CTXS_STORE_RDONLY, NULL), -ENOENT);
+    cr_assert_not(ts_exists(target), "a store was made at the end of a dangling link");
+    /* A loop: -ELOOP. */
+    cr_assert_eq(ctxs_store_open(&b, loop, 0, NULL), -ELOOP);
+    cr_assert_eq(ctxs_store_open(&b, loop, CTXS_STORE_CREATE, NULL), -ELOOP);
+}

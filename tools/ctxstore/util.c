@@ -335,6 +335,21 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
             g_made = had_dir ? 1 : 2;
         return CLI_OK;
     }
+    /* A store given as a symlink is followed (ctxs_store_open()); one that
+     * leads nowhere is said as such, never made at its far end. */
+    struct stat lsb;
+    if ((rc == -ENOENT || rc == -ELOOP) && lstat(dir, &lsb) == 0 && S_ISLNK(lsb.st_mode)) {
+        char target[PATH_MAX];
+        ssize_t n = readlink(dir, target, sizeof(target) - 1);
+        target[n > 0 ? n : 0] = '\0';
+        cli_fail_said(rc, "point the link at a store's directory, or give the store's own path",
+                      rc == -ELOOP ? "no store at %s: it is a symbolic link in a loop (to '%s')"
+                                   : "no store at %s: it is a symbolic link to '%s', which "
+                                     "does not exist (a dangling link is never followed to "
+                                     "make a store)",
+                      dir, target);
+        return CLI_ENOTFOUND;
+    }
     if (rc == -ENOENT && !had_dir) {
         cli_fail_said(rc, MAKE_STORE_HINT, "no store at %s: the directory does not exist", dir);
         return CLI_ENOTFOUND;

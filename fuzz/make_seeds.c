@@ -87,6 +87,73 @@ static ctxs_session *create(const char *path, ctxs_create_options o)
     return create_dtype(path, o, CTXS_DTYPE_F16);
 }
 
+/* Sets n_tokens, ring_start and verified_from in both commit records of
+ * a compact-form seed (records at 256 and 384 after the control byte). */
+static void records_claim(uint8_t *in, uint64_t n, uint64_t ring_start, uint64_t verified_from)
+{
+    for (int r = 0; r < 2; r++) {
+        uint8_t *rec = in + 1 + 256 + 128 * r;
+        memcpy(rec + 16, &n, 8);
+        memcpy(rec + 24, &ring_start, 8);
+        memcpy(rec + 32, &verified_from, 8);
+    }
+}
+
+/* Bounded work (issue 16): commit records whose CRCs hold (the control
+ * byte recomputes them) and whose claims are extreme, n_tokens at the top
+ * of the range, ring_start and verified_from near it or past 2^64 - 2,
+ * while what the file can hold is 16 slots. Every operation on them must
+ * cost what the file holds; the replay driver's time budget makes a slow
+ * one a failure. */
+static void extreme_record_seeds(void)
+{
+    const uint8_t E = FUZZ_SESS_EXTEND, W = FUZZ_SESS_WRITE, R = FUZZ_SESS_FIX_RECORDS;
+    char *p = fuzz_join(work, "x.ctxs");
+    ctxs_session *s = create(p, fuzz_options(16, 2, 1)); /* a ring: 2 sinks, 14 recent */
+    int rc;
+    if ((rc = fuzz_append(s, 45)) < 0)
+        die("append", rc);
+    ctxs_session_close(s);
+    uint8_t *buf, *in;
+    size_t len;
+    if ((rc = fuzz_session_encode(&buf, &len, p, E | W)) < 0)
+        die(p, rc);
+    if (!(in = malloc(len)))
+        die("malloc", CTXS_ENOMEM);
+    const uint64_t N = (1ull << 62) - 1; /* the largest n_tokens a record may claim */
+    static const struct {
+        const char *name;
+        uint8_t extra;
+        uint64_t n_off, ring_off, verified; /* n = N - n_off, ring_start = n - ring_off */
+    } cases[] = {
+        {"extreme-ring-full", 0, 0, 14, 0},                      /* verify all it holds */
+        {"extreme-ring-full-sums", FUZZ_SESS_FIX_SUMS, 0, 14, 0}, /* ... and they verify */
+        {"extreme-ring-verified-top", 0, 0, 14, N - 1},
+        {"extreme-ring-this-boot", FUZZ_SESS_THIS_BOOT, 0, 14, N - 14},
+        {"extreme-ring-sinks-only", 0, 0, 0, 0},                 /* ring_start = n */
+        {"extreme-ring-one-held", FUZZ_SESS_FIX_SUMS, 1, 1, 0},
+        {"extreme-verified-past-2-64", 0, 0, 14, UINT64_MAX - 1}, /* refused */
+        {"extreme-ring-start-past-2-64", 0, 0, 0, 0},             /* refused, below */
+        {"extreme-n-past-range", 0, 0, 14, 0},                    /* refused, below */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        memcpy(in, buf, len);
+        uint64_t n = N - cases[i].n_off;
+        uint64_t ring = n - cases[i].ring_off;
+        if (strcmp(cases[i].name, "extreme-ring-start-past-2-64") == 0)
+            ring = UINT64_MAX - 1;
+        if (strcmp(cases[i].name, "extreme-n-past-range") == 0)
+            n = UINT64_MAX - 1, ring = n - 14;
+        records_claim(in, n, ring, cases[i].verified);
+        in[0] = E | W | R | cases[i].extra;
+        seed("session_open", cases[i].name, in, len);
+    }
+    free(in);
+    free(buf);
+    unlink(p);
+    free(p);
+}
+
 static void session_seeds(void)
 {
     const uint8_t E = FUZZ_SESS_EXTEND, W = FUZZ_SESS_WRITE;
@@ -225,6 +292,7 @@ static void session_seeds(void)
     copy[0] = E | W;
     seed("session_open", "hostile-kv", copy, len);
     seed("session_open", "hostile-short", "\x80" "CTXSSES", 8);
+    extreme_record_seeds();
     seed("session_open", "hostile-header-only", copy, 1 + 256);
     free(copy);
     free(buf);

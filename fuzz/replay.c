@@ -5,13 +5,21 @@
  * tests/fuzz/regression_driver.c). A crash, a sanitizer report or an
  * abort from the target fails the test; the file being run is printed
  * first when CTXS_FUZZ_VERBOSE is set, and always named on a read error.
+ *
+ * Each input runs under a time budget (alarm(): CTXS_FUZZ_TIMEOUT seconds,
+ * 30 by default, as libFuzzer's -timeout= in scripts/fuzz.sh): work on any
+ * input is bounded by what the input can hold, so one that runs past it is
+ * a finding, and fails the test naming the file, not a hang for meson's
+ * timeout to kill.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "fuzz.h"
 
@@ -22,6 +30,18 @@ __attribute__((weak)) int LLVMFuzzerInitialize(int *argc, char ***argv)
 }
 
 static int verbose;
+static unsigned budget_s = 30;
+static char slow_msg[4200]; /* said by the alarm: the input being run */
+static size_t slow_len;
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    /* async-signal-safe: a prepared message, then out */
+    ssize_t w = write(2, slow_msg, slow_len);
+    (void)w;
+    _exit(1);
+}
 
 static int run_file(const char *path, size_t *n_run)
 {
@@ -61,7 +81,14 @@ static int run_file(const char *path, size_t *n_run)
     }
     memcpy(in, buf, len);
     free(buf);
+    int said = snprintf(slow_msg, sizeof(slow_msg),
+                        "replay: %s ran past its budget of %u s: work on an input must be "
+                        "bounded by what it holds (a slow input is a finding)\n",
+                        path, budget_s);
+    slow_len = said > 0 && (size_t)said < sizeof(slow_msg) ? (size_t)said : sizeof(slow_msg) - 1;
+    alarm(budget_s);
     LLVMFuzzerTestOneInput(in, len);
+    alarm(0);
     free(in);
     (*n_run)++;
     return 0;
@@ -114,6 +141,13 @@ static int run_path(const char *path, size_t *n_run)
 int main(int argc, char **argv)
 {
     verbose = getenv("CTXS_FUZZ_VERBOSE") != NULL;
+    const char *t = getenv("CTXS_FUZZ_TIMEOUT");
+    if (t && atoi(t) > 0)
+        budget_s = (unsigned)atoi(t);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_alarm;
+    sigaction(SIGALRM, &sa, NULL);
     LLVMFuzzerInitialize(&argc, &argv);
     size_t n_run = 0;
     int rc = 0;

@@ -151,7 +151,11 @@ typedef enum ctxs_error {
  * -errno). Thread-safe. */
 CTXS_API const char *ctxs_strerror(int rc);
 
-/* The code's name ("CTXS_EBUSY", "ENOENT", "OK"), for logs. Thread-safe. */
+/* The code's name ("CTXS_EBUSY", "ENOENT", "OK"), for logs: every code
+ * above and every errno the platform defines has its own (an alias such
+ * as EWOULDBLOCK reads as the name the C library gives its value,
+ * EAGAIN); "ERRNO" for a value in -4095..-1 that is no errno, "UNKNOWN"
+ * for anything else. A static string. Thread-safe. */
 CTXS_API const char *ctxs_err_name(int rc);
 
 /* ---------------------------------------------------------------------------
@@ -853,6 +857,14 @@ typedef struct ctxs_store_options {
  * merely has a sessions/ gets an index; open it with CTXS_STORE_CREATE to
  * rebuild the index from the session files.
  *
+ * dir may be a symbolic link to the store's directory, or a chain of
+ * them: it is resolved once, here (realpath), and the handle knows the
+ * store by its real path and by the device and inode of the directory, so
+ * two paths to one store are one store (see "One process shares" below).
+ * A link that leads nowhere is -ENOENT, with CTXS_STORE_CREATE too (no
+ * store is made at the far end of a link), a loop -ELOOP. index/ and
+ * sessions/ inside the store are never followed as links.
+ *
  * With CTXS_STORE_CREATE, a missing dir is made (0700; files 0600) and so
  * are index/ and sessions/ in an existing one. A new index beside session
  * files is rebuilt from them, as ctxs_store_reindex() does.
@@ -895,8 +907,8 @@ typedef struct ctxs_store_options {
  * inside pages the file does hold is found as LMDB reads them, by
  * whichever call reads them: CTXS_EINDEX as well.
  *
- * Errors: -ENOENT (no dir; a half-made store opened read-only),
- * -ENOTDIR, CTXS_EFOREIGN (not a store, or index/ holds something that is
+ * Errors: -ENOENT (no dir, or a dangling link; a half-made store opened
+ * read-only), -ELOOP (a loop of links), -ENOTDIR, CTXS_EFOREIGN (not a store, or index/ holds something that is
  * not a ctxstore index), CTXS_EINDEX (the index is damaged: see above),
  * CTXS_EVERSION (an index written by a newer major version), CTXS_EBUSY
  * (see above), CTXS_EINVAL (bad options, unknown flags, CREATE with
@@ -1287,6 +1299,15 @@ typedef struct ctxs_repair_result {
     uint64_t files_removed;    /* leftovers of interrupted creates */
     uint64_t entries_removed;  /* index entries whose file was gone */
     uint64_t prefixes_updated; /* sessions whose prefix entries were fixed */
+    uint64_t files_renumbered; /* session files named with id 0 or above
+                                  2^63 - 1, given a new id with their rows */
+    uint64_t next_id_mended;   /* 1: the index's next id was damaged (0,
+                                  above 2^63 - 1, of another size, or not
+                                  above an id the index names) and was set
+                                  right; 0: it was not */
+    uint64_t next_id_was;      /* the damaged value (0 for one of another
+                                  size) when next_id_mended, else 0 */
+    uint64_t next_id;          /* the next session id after the repair */
 } ctxs_repair_result;
 
 /* Compares the whole index with the session files. A session file that no
@@ -1308,6 +1329,11 @@ CTXS_API int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st);
 typedef struct ctxs_reindex_result {
     uint64_t sessions;         /* files indexed */
     uint64_t skipped;          /* files that are not readable sessions */
+    uint64_t files_renumbered; /* as in ctxs_repair_result */
+    uint64_t next_id_mended;   /* 1: next id was damaged, or not above the
+                                  id of a file indexed, and was set right */
+    uint64_t next_id_was;      /* the value before, when next_id_mended */
+    uint64_t next_id;          /* the next session id after the rebuild */
 } ctxs_reindex_result;
 
 /* Rebuilds the index from the session files: names (each file keeps its
@@ -1411,6 +1437,51 @@ typedef struct ctxs_salvage_result {
  * far as it goes: it refuses a store open in this process. */
 CTXS_API int ctxs_store_repair_index(ctxs_salvage_result *out, const char *dir,
                                      unsigned flags);
+/* One malformed record of the index, as ctxs_store_check() reports it. */
+typedef struct ctxs_index_problem {
+    char table[16];   /* the index's table: "meta", "sessions", "ids",
+                         "models", "filehash", "checkpoints", "metadata",
+                         "pins", "prefixes", "chunks" or "pending" */
+    char key[560];    /* the record's key, printable: 'text' when every
+                         byte is printable ASCII (names, "next_id"), else
+                         0x and hex; a key that leads with a session id is
+                         "id N" then, after ", ", the rest so written; ""
+                         when LMDB could not read the table on */
+    char what[192];   /* what is wrong, one sentence without a period */
+} ctxs_index_problem;
+
+#define CTXS_CHECK_MAX_PROBLEMS 1024u /* problems listed; all are counted */
+
+typedef struct ctxs_store_check_result {
+    uint64_t records;              /* records read, all tables together */
+    uint64_t n_problems;           /* malformed records found, all counted */
+    ctxs_index_problem *problems;  /* the first n_listed of them, in table
+                                      then key order; release with
+                                      ctxs_free() (NULL when none) */
+    size_t n_listed;               /* min(n_problems, CTXS_CHECK_MAX_PROBLEMS) */
+} ctxs_store_check_result;
+
+/* Reads every record of every table of the index (sessions, ids, models,
+ * file hashes, checkpoints, metadata, pins, prefixes and chunks, pending
+ * intents, and meta's format and next_id) in one read transaction, and
+ * reports each malformed one without stopping at the first. A record is
+ * malformed when a call that reads it would fail with CTXS_EINDEX: a value
+ * or key of the wrong size, a session record whose id is 0 or above
+ * 2^63 - 1 or that ids[] does not name back, a model record whose name
+ * does not fit, a metadata value above CTXS_META_VALUE_MAX, a pin with a
+ * value, an intent that is neither a create nor a delete. A next_id of 0,
+ * above 2^63 - 1, or not above every id in use is reported too, although
+ * no read refuses it (the next create, repair or reindex mends it). Damage
+ * LMDB finds in its own pages ends the walk of that table, as a problem of
+ * it (key ""); the other tables are still read. The session files are not
+ * read: ctxs_store_repair() and the session calls judge them.
+ *
+ * out is filled (out->problems, to release) on 0 and on CTXS_EINDEX only.
+ * Changes nothing; works on a read-only store. The way out of a damaged
+ * index is ctxs_store_open()'s.
+ * Returns 0 (no problem found) or CTXS_EINDEX (out lists what was found).
+ * Errors: CTXS_EINVAL (NULL out or st), CTXS_ENOMEM, -errno. Thread-safe. */
+CTXS_API int ctxs_store_check(ctxs_store_check_result *out, ctxs_store *st);
 
 typedef struct ctxs_compact_result {
     uint64_t sessions;          /* session files compacted */

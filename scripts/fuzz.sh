@@ -67,7 +67,7 @@ run_one() {
     rm -rf "$w"
     mkdir -p "$w/corpus" "$w/artifacts"
     cp "$root/fuzz/corpus/$t/"* "$w/corpus/" 2>/dev/null || true
-    "$exe" -max_total_time="$secs" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
+    "$exe" -max_total_time="$secs" -timeout="${CTXS_FUZZ_TIMEOUT:-30}" -rss_limit_mb=4096 -print_final_stats=1 \
         -artifact_prefix="$w/artifacts/" "$w/corpus" >"$w/log" 2>&1 || true
     before=$(ls "$root/fuzz/corpus/$t" | wc -l)
     "$exe" -merge=1 -artifact_prefix="$w/artifacts/merge-" "$root/fuzz/corpus/$t" "$w/corpus" \

@@ -107,6 +107,13 @@ uint64_t ts_mix64(uint64_t x);
  * with raw LMDB. */
 size_t ts_pending_intents(ctxs_store *st);
 
+/* Writes db[key] = val straight into the index of the store at dir with
+ * raw LMDB (what another program, or damage, could leave), creating the
+ * table if needed; val NULL deletes the key. The store must not be open in
+ * this process: LMDB forbids two opens of one environment in a process. */
+void ts_raw_put(const char *dir, const char *db, const void *key, size_t key_len,
+                const void *val, size_t val_len);
+
 /* The entries of a directory, "." and ".." aside; -1 if it cannot be read. */
 int ts_dir_entries(const char *dir);
 

@@ -3297,3 +3297,203 @@ Test(cli, every_command_on_a_cut_index_exits_8_with_the_index_hint)
     ctxs_store_close(st);
     free(before);
 }
+
+/* --- One verdict on a malformed index record (issue 16) --------------------- */
+
+/* "chat" (id 1: 70 tokens, checkpoint "t1", metadata "title", pinned) and
+ * "notes" (id 2), the store closed. */
+static const char *VD; /* the store of the case under test */
+
+static void verdict_store(void)
+{
+    ctxs_store *st = ts_store_open(VD);
+    register_model(st);
+    ctxs_session *s = mk_open(st, "chat", 256, 0, 70);
+    cr_assert_eq(ctxs_checkpoint_create(s, "t1"), 0);
+    ctxs_session_close(s);
+    mk(st, "notes", 256, 0, 3);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "title", "hello", 5), 0);
+    cr_assert_eq(ctxs_store_session_pin(st, "chat", 1), 0);
+    ctxs_store_close(st);
+}
+
+typedef struct verdict_case {
+    const char *what;
+    const char *table;           /* the table verify --all names */
+    const char *key;             /* and the key, as it prints it */
+    void (*damage)(void);
+    /* exit codes of ls, info chat, checkpoint ls chat, meta chat: the
+     * commands that read the record say CTXS_EINDEX, the others are not
+     * concerned */
+    int ls, info, cp_ls, meta;
+} verdict_case;
+
+static const uint8_t k_id1[8] = {0, 0, 0, 0, 0, 0, 0, 1};
+
+static void damage_session_record(void)
+{
+    uint8_t rec[95] = {1};
+    ts_raw_put(VD, "sessions", "chat", 4, rec, sizeof(rec));
+}
+
+static void damage_checkpoint_record(void)
+{
+    uint8_t key[10], rec[23] = {0};
+    memcpy(key, k_id1, 8);
+    memcpy(key + 8, "t1", 2);
+    ts_raw_put(VD, "checkpoints", key, sizeof(key), rec, sizeof(rec));
+}
+
+static void damage_metadata_value(void)
+{
+    uint8_t key[13];
+    memcpy(key, k_id1, 8);
+    memcpy(key + 8, "title", 5);
+    static uint8_t big[CTXS_META_VALUE_MAX + 1];
+    ts_raw_put(VD, "metadata", key, sizeof(key), big, sizeof(big));
+}
+
+static void damage_metadata_key(void)
+{
+    ts_raw_put(VD, "metadata", k_id1, 8, "v", 1); /* no key after the id */
+}
+
+static void damage_pin(void)
+{
+    ts_raw_put(VD, "pins", k_id1, 8, "x", 1);
+}
+
+static void damage_ids_row(void)
+{
+    ts_raw_put(VD, "ids", k_id1, 8, "", 0); /* names no session */
+}
+
+static const verdict_case k_verdicts[] = {
+    {"a session record of 95 bytes", "sessions", "'chat'", damage_session_record,
+     EX_INDEX, EX_INDEX, EX_INDEX, EX_INDEX},
+    {"a checkpoint record of 23 bytes", "checkpoints", "id 1, 't1'", damage_checkpoint_record,
+     EX_OK, EX_INDEX, EX_INDEX, EX_OK},
+    {"a metadata value above the limit", "metadata", "id 1, 'title'", damage_metadata_value,
+     EX_OK, EX_INDEX, EX_OK, EX_INDEX},
+    {"a metadata row without a key", "metadata", "id 1", damage_metadata_key,
+     EX_OK, EX_INDEX, EX_OK, EX_INDEX},
+    {"a pin with a value", "pins", "id 1", damage_pin,
+     EX_INDEX, EX_INDEX, EX_OK, EX_OK},
+    {"an empty ids row", "ids", "id 1", damage_ids_row,
+     EX_OK, EX_OK, EX_OK, EX_OK},
+};
+
+Test(cli, info_ls_checkpoint_ls_meta_and_verify_agree_on_each_malformed_record)
+{
+    for (size_t i = 0; i < sizeof(k_verdicts) / sizeof(k_verdicts[0]); i++) {
+        const verdict_case *vc = &k_verdicts[i];
+        char name[16];
+        snprintf(name, sizeof(name), "v%zu", i);
+        VD = dir_of(name);
+        verdict_store();
+        CLI_EXPECT(EX_OK, VD, "verify", "--all");
+        vc->damage();
+        const struct {
+            const char *args[4];
+            int want;
+        } lines[] = {
+            {{"ls"}, vc->ls},
+            {{"info", "chat"}, vc->info},
+            {{"checkpoint", "ls", "chat"}, vc->cp_ls},
+            {{"meta", "chat"}, vc->meta},
+        };
+        for (size_t l = 0; l < sizeof(lines) / sizeof(lines[0]); l++) {
+            const char *args[12] = {"--store", VD, "--json"};
+            size_t n = 3;
+            for (size_t k = 0; k < 4 && lines[l].args[k]; k++)
+                args[n++] = lines[l].args[k];
+            run_env(VD, NULL, args);
+            cr_expect_eq(R.code, lines[l].want, "%s: `%s` exited %d, not %d:\n%s\n%s", vc->what,
+                         R.what, R.code, lines[l].want, R.out, R.err);
+            if (R.code == EX_INDEX) {
+                jc_value *v = json_error_out(CTXS_EINDEX, "CTXS_EINDEX");
+                cr_expect(strstr(hint_of(v), "reindex") != NULL, "%s: `%s`:\n%s", vc->what,
+                          R.what, R.out);
+                jc_free(v);
+            }
+        }
+        /* verify --all: index damage, every time, named by table and key,
+         * with the way out; never a session file's damage. */
+        CLI_EXPECT(EX_INDEX, VD, "verify", "--all");
+        char line[1024];
+        snprintf(line, sizeof(line), "DAMAGED  index: %s %s: ", vc->table, vc->key);
+        contains(1, line);
+        contains(1, "INDEX DAMAGED");
+        contains(0, "hint:");
+        contains(0, "reindex");
+        cr_expect(!strstr(R.err, "session file is corrupt"), "%s:\n%s", vc->what, R.err);
+        CLI_EXPECT(EX_INDEX, VD, "verify", "--all", "--json");
+        jc_value *v = json_error_out(CTXS_EINDEX, "CTXS_EINDEX");
+        cr_expect_eq(jb(v, "ok"), 0, "%s", vc->what);
+        cr_expect_eq(jb(v, "index.ok"), 0, "%s", vc->what);
+        const jc_value *probs = jget(v, "index.problems");
+        cr_assert_geq(probs->n, 1, "%s: %s", vc->what, R.out);
+        int named = 0;
+        for (size_t p = 0; p < probs->n; p++)
+            named |= strcmp(js(&probs->items[p], "table"), vc->table) == 0 &&
+                     strcmp(js(&probs->items[p], "key"), vc->key) == 0;
+        cr_expect(named, "%s: no problem names %s %s:\n%s", vc->what, vc->table, vc->key,
+                  R.out);
+        cr_expect_eq(ju(v, "index.problems_found"), probs->n, "%s", vc->what);
+        jc_free(v);
+    }
+}
+
+Test(cli, reindex_says_it_mended_next_id_and_renumbered_nothing)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "a", 64, 0, 2);
+    mk(st, "b", 64, 0, 2);
+    ctxs_store_close(st);
+    uint64_t zero = 0;
+    ts_raw_put(S(), "meta", "next_id", 7, &zero, 8);
+    CLI_EXPECT(EX_OK, S(), "reindex", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(ju(v, "sessions"), 2);
+    cr_assert_eq(jb(v, "next_id_mended"), 1);
+    cr_assert_eq(ju(v, "next_id_was"), 0);
+    cr_assert_eq(ju(v, "next_id"), 3);
+    cr_assert_eq(ju(v, "files_renumbered"), 0);
+    jc_free(v);
+    ts_raw_put(S(), "meta", "next_id", 7, &zero, 8);
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    contains(1, "mended the next session id: it was 0, it is 3");
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    cr_assert(!strstr(R.out, "mended"), "%s", R.out);
+}
+
+Test(cli, a_store_given_as_a_symlink_works_and_a_dangling_one_is_refused_with_why)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 64, 0, 5);
+    ctxs_store_close(st);
+    const char *l1 = dir_of("link"), *l2 = dir_of("link2"), *dang = dir_of("dangling");
+    const char *nowhere = dir_of("nowhere");
+    cr_assert_eq(symlink(S(), l1), 0);
+    cr_assert_eq(symlink(l1, l2), 0);
+    cr_assert_eq(symlink(nowhere, dang), 0);
+    CLI_EXPECT(EX_OK, l2, "ls", "--json");
+    jc_value *v = json_out();
+    cr_assert_not_null(by_name(v, "chat"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, l1, "verify", "--all");
+    CLI_EXPECT(EX_OK, l2, "rename", "chat", "talk"); /* a write, through two links */
+    CLI_EXPECT(EX_OK, S(), "info", "talk");
+    /* Nowhere: said, and nothing made there, by a read or a write. */
+    CLI_EXPECT(EX_NOTFOUND, dang, "ls");
+    contains(0, "symbolic link to");
+    contains(0, "does not exist");
+    char w[1100];
+    snprintf(w, sizeof(w), "%s", weights_file("w.bin", 4096, 3, (uint8_t[16]){0}));
+    CLI_EXPECT(EX_NOTFOUND, dang, "models", "register", w, "--name", "w", "--layers", "2",
+               "--kv-heads", "2", "--head-dim", "16", "--dtype", "fp16");
+    contains(0, "symbolic link to");
+    cr_assert_not(ts_exists(nowhere), "a store was made at the end of a dangling link");
+}

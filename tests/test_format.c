@@ -24,6 +24,7 @@
 
 #include "format.h"
 #include "label.h"
+#include "platform.h"
 #include "support.h"
 
 
@@ -1847,4 +1848,48 @@ Test(format, version_1_1_wrapped_ring_opens_and_keeps_its_tokens)
     cr_assert_eq(ts_append(s, 10), 0);
     ctxs_session_close(s);
     expect_v1(1, p, 0, 0, 110, 50);
+}
+
+/* Every errno the system can return has its name, from the C library
+ * where it names errnos and from the table otherwise, and the two agree
+ * (issue 16). */
+Test(format, err_name_names_every_errno_and_every_code)
+{
+    int named = 0;
+    for (int e = 1; e <= 133; e++) {
+        char unknown[64];
+        snprintf(unknown, sizeof(unknown), "Unknown error %d", e);
+        int real = strcmp(strerror(e), unknown) != 0; /* 41 and 58 are no errno on Linux */
+        const char *n = ctxs_err_name(-e);
+        cr_assert_not_null(n);
+        if (!real) {
+            cr_assert_str_eq(n, "ERRNO", "%d is no errno", e);
+            continue;
+        }
+        named++;
+        cr_assert(n[0] == 'E' && strcmp(n, "ERRNO") != 0, "errno %d (%s) is named %s", e,
+                  strerror(e), n);
+        const char *t = ctxs__errno_name(e);
+        cr_assert_not_null(t, "the table has no name for errno %d (%s)", e, strerror(e));
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+        cr_assert_str_eq(t, strerrorname_np(e), "errno %d", e);
+#endif
+        cr_assert_str_eq(t, n, "errno %d", e);
+    }
+    cr_assert_geq(named, 100);
+    const struct {
+        int e;
+        const char *name;
+    } some[] = {{ENOENT, "ENOENT"}, {EAGAIN, "EAGAIN"}, {EOPNOTSUPP, "EOPNOTSUPP"},
+                {ENOTRECOVERABLE, "ENOTRECOVERABLE"}, {EUCLEAN, "EUCLEAN"}, {ESTALE, "ESTALE"},
+                {ETIMEDOUT, "ETIMEDOUT"}, {EOVERFLOW, "EOVERFLOW"}};
+    for (size_t i = 0; i < sizeof(some) / sizeof(some[0]); i++)
+        cr_assert_str_eq(ctxs_err_name(-some[i].e), some[i].name);
+#define CODE_NAMED_(name, value, text)                                                        \
+    cr_assert_str_eq(ctxs_err_name(value), "CTXS_E" #name);                                  \
+    cr_assert_str_neq(ctxs_strerror(value), "unknown error");
+    CTXS_ERRNO_MAP(CODE_NAMED_)
+#undef CODE_NAMED_
+    cr_assert_str_eq(ctxs_err_name(-4096), "UNKNOWN");
+    cr_assert_str_eq(ctxs_err_name(1), "UNKNOWN");
 }

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <inttypes.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -3284,13 +3285,40 @@ Test(index, repair_mends_next_id)
     uint64_t zero = 0;
     three_then_next_id(&zero, 8);
     ctxs_store *st = ts_store_open(ts_store_dir());
-    cr_assert_eq(ctxs_store_repair(NULL, st), 0);
+    ctxs_repair_result r;
+    cr_assert_eq(ctxs_store_repair(&r, st), 0);
+    cr_assert_eq(r.next_id_mended, 1);
+    cr_assert_eq(r.next_id_was, 0);
+    cr_assert_eq(r.next_id, 4);
+    cr_assert_eq(r.files_renumbered, 0);
+    /* Mended once: a second repair finds nothing to say. */
+    cr_assert_eq(ctxs_store_repair(&r, st), 0);
+    cr_assert_eq(r.next_id_mended, 0);
+    cr_assert_eq(r.next_id_was, 0);
+    cr_assert_eq(r.next_id, 4);
     ctxs_store_close(st);
     MDB_env *env = raw_env();
     uint64_t next = 0;
     cr_assert_eq(raw_get(env, "meta", "next_id", 7, &next, 8), 8);
     mdb_env_close(env);
     cr_assert_eq(next, 4, "next_id after repair: %llu", (unsigned long long)next);
+}
+
+Test(index, reindex_says_it_mended_next_id)
+{
+    uint64_t one = 1; /* at or below ids 1..3 in use */
+    three_then_next_id(&one, 8);
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_reindex_result r;
+    cr_assert_eq(ctxs_store_reindex(&r, st), 0);
+    cr_assert_eq(r.sessions, 3);
+    cr_assert_eq(r.next_id_mended, 1);
+    cr_assert_eq(r.next_id_was, 1);
+    cr_assert_eq(r.next_id, 4);
+    cr_assert_eq(ctxs_store_reindex(&r, st), 0);
+    cr_assert_eq(r.next_id_mended, 0, "a healthy next_id is not mended");
+    cr_assert_eq(r.next_id, 4);
+    ctxs_store_close(st);
 }
 
 /* Moves session name's file and index entries to id 0, as a store whose
@@ -3364,7 +3392,11 @@ Test(index, repair_gives_a_session_filed_under_id_0_an_id_of_its_own)
 {
     ctxs_model m = b_at_id_0();
     ctxs_store *st = ts_store_open(ts_store_dir());
-    cr_assert_eq(ctxs_store_repair(NULL, st), 0);
+    ctxs_repair_result r;
+    cr_assert_eq(ctxs_store_repair(&r, st), 0);
+    cr_assert_eq(r.files_renumbered, 1);
+    cr_assert_eq(r.next_id_mended, 0);
+    cr_assert_gt(r.next_id, ts_session_entry(st, "b").id);
     ctxs_store_close(st);
     b_renumbered(&m);
 }
@@ -3379,6 +3411,7 @@ Test(index, reindex_adopts_a_file_named_with_id_0_under_a_new_id)
     cr_assert_eq(ctxs_store_reindex(&r, st), 0);
     cr_assert_eq(r.sessions, 2);
     cr_assert_eq(r.skipped, 0);
+    cr_assert_eq(r.files_renumbered, 1);
     ctxs_store_close(st);
     b_renumbered(&m);
 }
@@ -3650,4 +3683,177 @@ Test(index, a_damaged_index_moved_aside_is_rebuilt_from_the_files)
     cr_assert_eq(e.n_tokens, 130 + 40 * 5);
     ctxs_free(list);
     ctxs_store_close(st);
+}
+
+/* --- ctxs_store_check (issue 16) ------------------------------------------ */
+
+static int has_problem(const ctxs_store_check_result *r, const char *table, const char *key)
+{
+    for (size_t i = 0; i < r->n_listed; i++)
+        if (strcmp(r->problems[i].table, table) == 0 && strcmp(r->problems[i].key, key) == 0)
+            return 1;
+    return 0;
+}
+
+Test(index, check_reports_every_malformed_record_of_every_table_and_goes_on)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(st, &m);
+    ctxs_session *s = mk(st, "chat", &m, 256, 4, 70);
+    cr_assert_eq(ctxs_checkpoint_create(s, "t1"), 0);
+    ctxs_session_close(s);
+    ctxs_session_close(mk(st, "notes", &m, 256, 4, 3));
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "title", "hi", 2), 0);
+    cr_assert_eq(ctxs_store_session_pin(st, "chat", 1), 0);
+
+    ctxs_store_check_result r;
+    cr_assert_eq(ctxs_store_check(&r, st), 0);
+    cr_assert_eq(r.n_problems, 0);
+    cr_assert_null(r.problems);
+    /* format, next_id, 2 sessions, 2 ids, a model, a checkpoint, a meta
+     * row, a pin, a prefix and a chunk of chat's first 64 tokens */
+    cr_assert_geq(r.records, 12, "%" PRIu64 " records", r.records);
+    ctxs_store_close(st);
+
+    /* One malformed record in every table, several in one. */
+    MDB_env *env = raw_env();
+    uint8_t id1[8], id9[8], big[96] = {0}, k[16];
+    be_key(id1, 1);
+    be_key(id9, 9);
+    raw_put(env, "sessions", "chat", 4, big, 95);
+    raw_put(env, "sessions", "a/b", 3, big, 96);           /* not a name, id 0 */
+    raw_put(env, "ids", id9, 8, "ghost", 5);                 /* names no session */
+    memset(k, 0xab, 16);
+    raw_put(env, "models", k, 16, big, 47);
+    raw_put(env, "filehash", k, 16, big, 16);
+    uint8_t cpk[10];
+    memcpy(cpk, id1, 8), memcpy(cpk + 8, "t1", 2);
+    raw_put(env, "checkpoints", cpk, 10, big, 25);
+    raw_put(env, "metadata", id1, 8, "v", 1);
+    raw_put(env, "pins", id1, 8, "x", 1);
+    raw_put(env, "chunks", id9, 8, big, 16);
+    raw_put(env, "pending", id9, 8, "Z", 1);
+    uint64_t zero = 0;
+    raw_put(env, "meta", "next_id", 7, &zero, 8);
+    mdb_env_close(env);
+
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_check(&r, st), CTXS_EINDEX);
+    const char *want[][2] = {
+        {"sessions", "'chat'"}, {"sessions", "'a/b'"}, {"ids", "id 9"},
+        {"models", "0xabababababababababababababababab"}, {"filehash", "0xabababababababababababababababab"},
+        {"checkpoints", "id 1, 't1'"}, {"metadata", "id 1"}, {"pins", "id 1"},
+        {"chunks", "id 9"}, {"pending", "id 9"}, {"meta", "'next_id'"},
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        cr_expect(has_problem(&r, want[i][0], want[i][1]), "no problem in %s %s", want[i][0],
+                  want[i][1]);
+    for (size_t i = 0; i < r.n_listed; i++)
+        cr_log_info("%s %s: %s", r.problems[i].table, r.problems[i].key, r.problems[i].what);
+    cr_assert_eq(r.n_listed, r.n_problems);
+    cr_assert_geq(r.n_problems, sizeof(want) / sizeof(want[0]));
+    for (size_t i = 0; i < r.n_listed; i++)
+        cr_assert_gt(strlen(r.problems[i].what), 0);
+    ctxs_free(r.problems);
+    /* What a reader of those records says. */
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "chat"), CTXS_EINDEX);
+    ctxs_session_entry *list;
+    size_t n;
+    cr_assert_eq(ctxs_store_session_list(&list, &n, st), CTXS_EINDEX);
+    cr_assert_eq(ctxs_store_check(NULL, st), CTXS_EINVAL);
+    ctxs_store_close(st);
+}
+
+Test(index, check_lists_the_first_problems_and_counts_them_all)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_store_close(st);
+    MDB_env *env = raw_env();
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "pins", 0, &dbi), 0);
+    size_t many = CTXS_CHECK_MAX_PROBLEMS + 100;
+    for (size_t i = 1; i <= many; i++) {
+        uint8_t idk[8];
+        be_key(idk, i);
+        MDB_val key = {8, idk}, val = {1, "x"};
+        cr_assert_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    }
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    st = ts_store_open(ts_store_dir());
+    ctxs_store_check_result r;
+    cr_assert_eq(ctxs_store_check(&r, st), CTXS_EINDEX);
+    cr_assert_eq(r.n_problems, many + 1, "%" PRIu64, r.n_problems); /* and next_id */
+    cr_assert_eq(r.n_listed, CTXS_CHECK_MAX_PROBLEMS);
+    cr_assert_str_eq(r.problems[0].key, "'next_id'"); /* meta is read first */
+    cr_assert_str_eq(r.problems[1].key, "id 1");
+    ctxs_free(r.problems);
+    ctxs_store_close(st);
+}
+
+/* --- A store reached through a symlink (issue 16) -------------------------- */
+
+Test(index, a_store_through_a_symlink_or_two_is_the_store_and_a_dangling_one_is_enoent)
+{
+    ctxs_store *a = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    model_reg(a, &m);
+    ctxs_session_close(mk(a, "chat", &m, 64, 4, 5));
+    char l1[1100], l2[1100], dang[1100], loop[1100], target[1100], newdir[1100], l3[1100];
+    snprintf(l1, sizeof(l1), "%s/link", ts_scratch);
+    snprintf(l2, sizeof(l2), "%s/link2", ts_scratch);
+    snprintf(dang, sizeof(dang), "%s/dangling", ts_scratch);
+    snprintf(target, sizeof(target), "%s/nowhere", ts_scratch);
+    snprintf(loop, sizeof(loop), "%s/loop", ts_scratch);
+    snprintf(newdir, sizeof(newdir), "%s/empty", ts_scratch);
+    snprintf(l3, sizeof(l3), "%s/link-to-empty", ts_scratch);
+    cr_assert_eq(symlink(ts_store_dir(), l1), 0);
+    cr_assert_eq(symlink(l1, l2), 0);
+    cr_assert_eq(symlink(target, dang), 0);
+    cr_assert_eq(symlink(loop, loop), 0);
+
+    /* Through one link and through two, with and without CREATE: the same
+     * store, one handle (one LMDB environment per store per process). */
+    const char *paths[] = {l1, l2};
+    for (int i = 0; i < 2; i++) {
+        for (int create = 0; create < 2; create++) {
+            ctxs_store *b;
+            int rc = ctxs_store_open(&b, paths[i], create ? CTXS_STORE_CREATE : 0, NULL);
+            cr_assert_eq(rc, 0, "%s%s: %s", paths[i], create ? " (create)" : "",
+                         ctxs_err_name(rc));
+            cr_assert_eq(b, a, "%s is another handle", paths[i]);
+            cr_assert_eq(ts_session_entry(b, "chat").n_tokens, 5);
+            ctxs_store_close(b);
+        }
+    }
+    ctxs_store_close(a);
+    /* The store closed: a handle through the link works on its own. */
+    ctxs_store *b;
+    cr_assert_eq(ctxs_store_open(&b, l2, 0, NULL), 0);
+    ctxs_session_close(mk(b, "via-link", &m, 64, 4, 3));
+    ctxs_store_close(b);
+    a = ts_store_open(ts_store_dir());
+    cr_assert_eq(ts_session_entry(a, "via-link").n_tokens, 3);
+    ctxs_store_close(a);
+
+    /* A new store through a link to an empty directory is made there. */
+    cr_assert_eq(mkdir(newdir, 0700), 0);
+    cr_assert_eq(symlink(newdir, l3), 0);
+    cr_assert_eq(ctxs_store_open(&b, l3, CTXS_STORE_CREATE, NULL), 0);
+    ctxs_store_close(b);
+    cr_assert(ts_exists(ts_path(newdir, "index/data.mdb")));
+
+    /* A dangling link: -ENOENT, and nothing is made at its far end. */
+    cr_assert_eq(ctxs_store_open(&b, dang, 0, NULL), -ENOENT);
+    cr_assert_null(b);
+    cr_assert_eq(ctxs_store_open(&b, dang, CTXS_STORE_CREATE, NULL), -ENOENT);
+    cr_assert_eq(ctxs_store_open(&b, dang, CTXS_STORE_RDONLY, NULL), -ENOENT);
+    cr_assert_not(ts_exists(target), "a store was made at the end of a dangling link");
+    /* A loop: -ELOOP. */
+    cr_assert_eq(ctxs_store_open(&b, loop, 0, NULL), -ELOOP);
+    cr_assert_eq(ctxs_store_open(&b, loop, CTXS_STORE_CREATE, NULL), -ELOOP);
 }

@@ -20,6 +20,8 @@ int ctxs__pins_fill(ctxs_session_entry *entries, size_t n, MDB_txn *txn, ctxs_st
         ctxs__id_key(idk, entries[i].id);
         MDB_val key = {8, idk}, val;
         int rc = mdb_get(txn, st->pins, &key, &val);
+        if (rc == 0 && val.mv_size != 0)
+            return CTXS_EINDEX; /* a pin is an empty value (ctxs_store_check()) */
         if (rc == 0)
             entries[i].pinned = 1;
         else if (rc != MDB_NOTFOUND)

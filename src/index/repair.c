@@ -512,13 +512,54 @@ static int renumber_misnumbered(ctxs_store *st, uint64_t *renumbered)
 }
 
 /* Mends next_id (0, past the range, or not above an id in use). */
-static int mend_next_id(ctxs_store *st)
+/* meta["next_id"] as ctxs__next_id_repair reads it: 1 when missing (a
+ * store that never made a session), 0 when of another size (damage). */
+static int next_id_value(MDB_txn *txn, ctxs_store *st, uint64_t *out)
+{
+    MDB_val key = {7, (void *)"next_id"}, val;
+    int rc = mdb_get(txn, st->meta, &key, &val);
+    *out = rc == MDB_NOTFOUND ? 1 : 0;
+    if (rc == 0 && val.mv_size == 8)
+        memcpy(out, val.mv_data, 8);
+    return rc == 0 || rc == MDB_NOTFOUND ? 0 : ctxs__mdb_error(rc);
+}
+
+/* raise_next_id(), and what it did for the result: *mended set to 1 and
+ * *was to the value before when it changed next_id, *now to the value
+ * after. */
+static int raise_next_id_said(MDB_txn *txn, ctxs_store *st, uint64_t at_least, uint64_t *was,
+                              uint64_t *mended, uint64_t *now)
+{
+    uint64_t before;
+    int rc = next_id_value(txn, st, &before);
+    if (rc == 0)
+        rc = ctxs__next_id_repair(txn, st, at_least, now);
+    if (rc == 0 && *now != before && !*mended) {
+        *mended = 1;
+        *was = before;
+    }
+    return rc;
+}
+
+static int mend_next_id(ctxs_store *st, uint64_t *was, uint64_t *mended, uint64_t *now)
 {
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 0);
     if (rc < 0)
         return rc;
-    return ctxs__txn_finish(txn, raise_next_id(txn, st, 1));
+    return ctxs__txn_finish(txn, raise_next_id_said(txn, st, 1, was, mended, now));
+}
+
+/* The next id once repair is done, for its result. */
+static int next_id_now(ctxs_store *st, uint64_t *out)
+{
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    rc = next_id_value(txn, st, out);
+    mdb_txn_abort(txn);
+    return rc;
 }
 
 int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
@@ -534,9 +575,9 @@ int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
     uint64_t *files = NULL, *ids = NULL;
     size_t n_files, n_ids;
     /* Ids first: a renumbered file is then adopted or refreshed below. */
-    int rc = mend_next_id(st);
+    int rc = mend_next_id(st, &res.next_id_was, &res.next_id_mended, &res.next_id);
     if (rc == 0)
-        rc = renumber_misnumbered(st, NULL);
+        rc = renumber_misnumbered(st, &res.files_renumbered);
     if (rc == 0)
         rc = list_files(st, &files, &n_files, 1, &res.files_removed);
     if (rc < 0)
@@ -561,6 +602,8 @@ int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
             rc = refresh_prefixes(st, ids[i], &res.prefixes_updated);
     }
     free(ids);
+    if (rc == 0)
+        rc = next_id_now(st, &res.next_id);
     if (out)
         *out = res;
     return rc;
@@ -648,7 +691,9 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
     /* A file named with id 0 (or past the range) is renumbered, then
      * indexed as any other: skipped, it would stay a file that verify
      * names and nothing adopts. */
-    int rc = renumber_misnumbered(st, NULL);
+    int rc = mend_next_id(st, &res.next_id_was, &res.next_id_mended, &res.next_id);
+    if (rc == 0)
+        rc = renumber_misnumbered(st, &res.files_renumbered);
     if (rc == 0)
         rc = list_files(st, &ids, &n, 0, &removed);
     if (rc < 0)
@@ -685,7 +730,8 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
         for (size_t i = 0; rc == 0 && i < kept; i++)
             rc = reindex_one(txn, st, ids[i], &facts[i]);
         if (rc == 0)
-            rc = raise_next_id(txn, st, kept ? ids[kept - 1] + 1 : 1);
+            rc = raise_next_id_said(txn, st, kept ? ids[kept - 1] + 1 : 1, &res.next_id_was,
+                                    &res.next_id_mended, &res.next_id);
         rc = ctxs__txn_finish(txn, rc);
     }
     for (size_t i = 0; i < kept; i++)

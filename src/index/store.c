@@ -221,6 +221,20 @@ static int make_dir(const char *path)
     return -errno;
 }
 
+/* make_dir() for the store directory itself, which may be a symlink to a
+ * directory: followed, where make_dir() refuses one. */
+static int make_store_dir(const char *path)
+{
+    if (ctxs__mkdir(path, 0700) == 0)
+        return 0;
+    if (errno != EEXIST)
+        return -errno;
+    struct stat sb;
+    if (ctxs__stat(path, &sb) != 0)
+        return -errno; /* -ENOENT: a dangling symlink; -ELOOP: a loop */
+    return S_ISDIR(sb.st_mode) ? 0 : -ENOTDIR;
+}
+
 static char *join(const char *a, const char *b)
 {
     size_t len = strlen(a) + 1 + strlen(b) + 1;
@@ -627,7 +641,13 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
     int rc, create = (flags & CTXS_STORE_CREATE) != 0;
     char *index_dir = NULL;
     st->rdonly = (flags & CTXS_STORE_RDONLY) != 0;
-    if (create && (rc = make_dir(dir)) < 0)
+    /* The store directory may be a symlink (or a chain of them) to one:
+     * it is followed here, once, and the handle knows the store by the
+     * real path and by the target's device and inode, so two paths to one
+     * store share a handle. A dangling link is refused (-ENOENT), even
+     * with CTXS_STORE_CREATE: a store is never made at the far end of a
+     * link. Inside the store, index/ and sessions/ are never followed. */
+    if (create && (rc = make_store_dir(dir)) < 0)
         return rc;
     if (!(st->dir = realpath(dir, NULL)))
         return -errno;

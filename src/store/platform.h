@@ -53,4 +53,9 @@ int ctxs__writeback_start(int fd, uint8_t *map, uint64_t off, uint64_t len);
 int ctxs__read_exact(int fd, void *buf, size_t len, off_t off);
 int ctxs__write_exact(int fd, const void *buf, size_t len, off_t off);
 
+/* The name of errno value e ("ENOENT") from a table of every name this
+ * platform defines, or NULL: ctxs_err_name()'s where the C library cannot
+ * name an errno (src/error.c). */
+const char *ctxs__errno_name(int e);
+
 #endif

@@ -108,6 +108,9 @@ int cli_fail_said(int rc, const char *hint, const char *fmt, ...)
 
 /* What to do about rc, in one line, or NULL. */
 const char *cli_advice(int rc);
+/* The way out of a damaged index of the store in dir (CTXS_EINDEX), with
+ * its paths, into buf. */
+void cli_index_hint(char *buf, size_t n, const char *dir);
 /* The rule every session and checkpoint name must follow, in words. */
 extern const char *const cli_name_rule;
 /* Checks a name the user gave (what: "session name", "key", ...): -1 when

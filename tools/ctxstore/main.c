@@ -54,9 +54,12 @@ static const command k_commands[] = {
     { "verify", cmd_verify, "check sessions and the index",
       "verify [SESSION | --all] [--json]\n\n"
       "Checks every held token's checksum, the header and commit record CRCs,\n"
-      "and the index against the session files (with --all, the default).\n"
-      "Reads every KV byte. Exits 0 when nothing is wrong, 5 when something\n"
-      "is damaged, naming the session, the tokens and what to do.\n" },
+      "and (with --all, the default) every record of the index and the index\n"
+      "against the session files. Reads every KV byte. Exits 0 when nothing is\n"
+      "wrong, 8 when a record of the index is malformed (each one named by\n"
+      "table and key; the other commands refuse the same records with 8), 5\n"
+      "when a session file is damaged, naming the session, the tokens and what\n"
+      "to do.\n" },
     { "compact", cmd_compact, "give back unused disk space",
       "compact [SESSION | --all] [--json]\n\n"
       "Punches out the KV blocks of slots that hold no token (after rollbacks\n"

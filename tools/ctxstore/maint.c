@@ -332,6 +332,10 @@ int cmd_reindex(cli *c, int argc, char **argv)
         json_object_begin(&j);
         json_kv_u64(&j, "sessions", res.sessions);
         json_kv_u64(&j, "skipped", res.skipped);
+        json_kv_u64(&j, "files_renumbered", res.files_renumbered);
+        json_kv_bool(&j, "next_id_mended", res.next_id_mended != 0);
+        json_kv_u64(&j, "next_id_was", res.next_id_was);
+        json_kv_u64(&j, "next_id", res.next_id);
         json_object_end(&j);
         json_finish(&j);
     } else {
@@ -340,6 +344,12 @@ int cmd_reindex(cli *c, int argc, char **argv)
             printf("; %" PRIu64 " file%s that do not open were left alone (see `ctxstore verify`)",
                    res.skipped, res.skipped == 1 ? "" : "s");
         printf("\n");
+        if (res.files_renumbered)
+            printf("renumbered %" PRIu64 " session file%s named with id 0 or past the range\n",
+                   res.files_renumbered, res.files_renumbered == 1 ? "" : "s");
+        if (res.next_id_mended)
+            printf("mended the next session id: it was %" PRIu64 ", it is %" PRIu64 "\n",
+                   res.next_id_was, res.next_id);
     }
     return CLI_OK;
 }

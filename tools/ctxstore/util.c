@@ -64,6 +64,15 @@ int cli_exit_code(int rc)
     "damaged index aside, rebuilds it from them and keeps what of it still "  \
     "reads (names, checkpoints, metadata, pins, model names)"
 
+void cli_index_hint(char *buf, size_t n, const char *dir)
+{
+    snprintf(buf, n,
+             "the session files are not at fault: `ctxstore --store %s repair-index` "
+             "moves the damaged index aside, rebuilds it from them and keeps what of it "
+             "still reads (names, checkpoints, metadata, pins, model names)",
+             dir);
+}
+
 const char *cli_advice(int rc)
 {
     switch (rc) {
@@ -325,6 +334,21 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
             g_made = had_dir ? 1 : 2;
         return CLI_OK;
     }
+    /* A store given as a symlink is followed (ctxs_store_open()); one that
+     * leads nowhere is said as such, never made at its far end. */
+    struct stat lsb;
+    if ((rc == -ENOENT || rc == -ELOOP) && lstat(dir, &lsb) == 0 && S_ISLNK(lsb.st_mode)) {
+        char target[PATH_MAX];
+        ssize_t n = readlink(dir, target, sizeof(target) - 1);
+        target[n > 0 ? n : 0] = '\0';
+        cli_fail_said(rc, "point the link at a store's directory, or give the store's own path",
+                      rc == -ELOOP ? "no store at %s: it is a symbolic link in a loop (to '%s')"
+                                   : "no store at %s: it is a symbolic link to '%s', which "
+                                     "does not exist (a dangling link is never followed to "
+                                     "make a store)",
+                      dir, target);
+        return CLI_ENOTFOUND;
+    }
     if (rc == -ENOENT && !had_dir) {
         cli_fail_said(rc, MAKE_STORE_HINT, "no store at %s: the directory does not exist", dir);
         return CLI_ENOTFOUND;
@@ -341,12 +365,8 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
         return cli_fail_said(rc, "check the path; ctxstore leaves it alone",
                              "%s/index holds something that is not a ctxstore index", dir);
     if (rc == CTXS_EINDEX) {
-        char hint[PATH_MAX * 2 + 256];
-        snprintf(hint, sizeof(hint),
-                 "the session files are not at fault: `ctxstore --store %s repair-index` "
-                 "moves the damaged index aside, rebuilds it from them and keeps what of it "
-                 "still reads (names, checkpoints, metadata, pins, model names)",
-                 dir);
+        char hint[PATH_MAX * 3 + 256];
+        cli_index_hint(hint, sizeof(hint), dir);
         return cli_fail_said(rc, hint,
                              "the index of store %s (%s/index/data.mdb) is damaged: cut short, "
                              "or a page or record of it is unreadable", dir, dir);

@@ -1,7 +1,9 @@
 /*
  * ctxstore verify [SESSION | --all]: the header and record CRCs, every held
- * token's checksum, and (for --all) the index against the session files.
- * The exit code is the verdict: 0 nothing wrong, 5 damage found.
+ * token's checksum, and (for --all) every record of the index
+ * (ctxs_store_check()) and the index against the session files. The exit
+ * code is the verdict: 0 nothing wrong, 8 the index is damaged (whatever
+ * else was found: its way out comes first), 5 damage in session files.
  *
  * A bad token is reported with the 64-token chunk it falls in (the unit
  * the prefix index uses), and verification goes on past it, so the report
@@ -253,6 +255,40 @@ static int unindexed_files(run *rn, const ctxs_session_entry *list, size_t n)
     return found;
 }
 
+/* Every malformed record of the index, in the report. */
+static void index_report(run *rn, const ctxs_store_check_result *chk)
+{
+    if (rn->c->json) {
+        json *j = &rn->j;
+        json_key(j, "index");
+        json_object_begin(j);
+        json_kv_bool(j, "ok", chk->n_problems == 0);
+        json_kv_u64(j, "records_checked", chk->records);
+        json_kv_u64(j, "problems_found", chk->n_problems);
+        json_key(j, "problems");
+        json_array_begin(j);
+        for (size_t i = 0; i < chk->n_listed; i++) {
+            json_object_begin(j);
+            json_kv_string(j, "table", chk->problems[i].table);
+            json_kv_string(j, "key", chk->problems[i].key);
+            json_kv_string(j, "problem", chk->problems[i].what);
+            json_object_end(j);
+        }
+        json_array_end(j);
+        json_object_end(j);
+        return;
+    }
+    for (size_t i = 0; i < chk->n_listed; i++) {
+        const ctxs_index_problem *p = &chk->problems[i];
+        printf("DAMAGED  index: %s%s%s: %s\n", p->table, p->key[0] ? " " : "", p->key, p->what);
+    }
+    if (chk->n_problems > chk->n_listed)
+        printf("DAMAGED  index: and %" PRIu64 " more malformed records\n",
+               chk->n_problems - chk->n_listed);
+    if (chk->n_problems == 0)
+        printf("ok       index: %" PRIu64 " records well-formed\n", chk->records);
+}
+
 int cmd_verify(cli *c, int argc, char **argv)
 {
     const char *only = NULL;
@@ -268,14 +304,27 @@ int cmd_verify(cli *c, int argc, char **argv)
     ctxs_session_entry *list = NULL;
     size_t n = 0;
     int rc;
+    /* --all reads the index's records first: a malformed one is index
+     * damage, reported as such, and the walk finds every one of them,
+     * where the list below would stop at the first. */
+    ctxs_store_check_result chk = { 0 };
+    if (!only && (rc = ctxs_store_check(&chk, st)) < 0 && rc != CTXS_EINDEX) {
+        ctxs_store_close(st);
+        return cli_fail(rc, "checking the index of %s", c->store_dir);
+    }
     if (only) {
         list = malloc(sizeof(*list));
         rc = list ? ctxs_store_session_get(list, st, only) : CTXS_ENOMEM;
         n = 1;
     } else {
         rc = ctxs_store_session_list(&list, &n, st);
+        /* A session record the walk found malformed: the report says so,
+         * and no session can be listed to verify. */
+        if (rc == CTXS_EINDEX && chk.n_problems)
+            rc = 0, list = NULL, n = 0;
     }
     if (rc < 0) {
+        ctxs_free(chk.problems);
         ctxs_free(list);
         ctxs_store_close(st);
         return cli_fail(rc, only ? "session '%s'" : "listing the sessions of %s",
@@ -289,6 +338,7 @@ int cmd_verify(cli *c, int argc, char **argv)
     progress_start(&rn.bar, c, "verify", total, 0);
     result *r = malloc(sizeof(*r));
     if (!r) {
+        ctxs_free(chk.problems);
         ctxs_free(list);
         ctxs_store_close(st);
         return cli_fail(CTXS_ENOMEM, "verify");
@@ -324,17 +374,32 @@ int cmd_verify(cli *c, int argc, char **argv)
     }
     if (!only && unindexed_files(&rn, list, n) > 0)
         rn.damaged = 1;
+    if (c->json && !only)
+        json_array_end(&rn.j);
+    if (!only)
+        index_report(&rn, &chk);
+    ex = rn.damaged ? CLI_EDAMAGED : CLI_OK;
+    if (chk.n_problems) {
+        char hint[PATH_MAX * 3 + 256];
+        cli_index_hint(hint, sizeof(hint), c->store_dir);
+        ex = cli_fail_said(CTXS_EINDEX, hint,
+                           "the index of store %s has %" PRIu64 " malformed record%s "
+                           "(listed above)", c->store_dir, chk.n_problems,
+                           chk.n_problems == 1 ? "" : "s");
+    }
     if (c->json) {
-        if (!only)
-            json_array_end(&rn.j);
-        json_kv_bool(&rn.j, "ok", !rn.damaged);
+        json_kv_bool(&rn.j, "ok", ex == CLI_OK);
+        json_error(&rn.j);
         json_object_end(&rn.j);
         json_finish(&rn.j);
     } else {
-        printf("%s: %zu session%s checked%s\n", rn.damaged ? "DAMAGE FOUND" : "all good", n,
-               n == 1 ? "" : "s", only ? "" : ", index compared with the files");
+        printf("%s: %zu session%s checked%s\n",
+               chk.n_problems ? "INDEX DAMAGED" : rn.damaged ? "DAMAGE FOUND" : "all good", n,
+               n == 1 ? "" : "s",
+               only ? "" : ", index records read and compared with the files");
     }
+    ctxs_free(chk.problems);
     ctxs_free(list);
     ctxs_store_close(st);
-    return rn.damaged ? CLI_EDAMAGED : CLI_OK;
+    return ex;
 }

@@ -3412,7 +3412,7 @@ Test(cli, info_ls_checkpoint_ls_meta_and_verify_agree_on_each_malformed_record)
                          R.what, R.code, lines[l].want, R.out, R.err);
             if (R.code == EX_INDEX) {
                 jc_value *v = json_error_out(CTXS_EINDEX, "CTXS_EINDEX");
-                cr_expect(strstr(hint_of(v), "reindex") != NULL, "%s: `%s`:\n%s", vc->what,
+                cr_expect(strstr(hint_of(v), "repair-index") != NULL, "%s: `%s`:\n%s", vc->what,
                           R.what, R.out);
                 jc_free(v);
             }
@@ -3425,7 +3425,7 @@ Test(cli, info_ls_checkpoint_ls_meta_and_verify_agree_on_each_malformed_record)
         contains(1, line);
         contains(1, "INDEX DAMAGED");
         contains(0, "hint:");
-        contains(0, "reindex");
+        contains(0, "repair-index");
         cr_expect(!strstr(R.err, "session file is corrupt"), "%s:\n%s", vc->what, R.err);
         CLI_EXPECT(EX_INDEX, VD, "verify", "--all", "--json");
         jc_value *v = json_error_out(CTXS_EINDEX, "CTXS_EINDEX");

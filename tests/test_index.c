@@ -2377,13 +2377,13 @@ Test(index, a_full_index_is_efull_and_loses_nothing)
      * rather than hundreds. */
     static char value[CTXS_META_VALUE_MAX];
     memset(value, 'v', sizeof(value));
-    for (int filled = 0; rc == 0; made++) {
+    for (; rc == 0; made++) {
         snprintf(name, sizeof(name), "filler %d", made);
         ctxs_session *s = NULL;
         if ((rc = ctxs_store_session_create(&s, st, name, &m, &o)) < 0)
             break;
         ctxs_session_close(s);
-        for (int k = 0; k < 3 && rc == 0; k++, filled++) {
+        for (int k = 0; k < 3 && rc == 0; k++) {
             char key[16];
             snprintf(key, sizeof(key), "k%d", k);
             rc = ctxs_store_session_set_meta(st, name, key, value, sizeof(value));

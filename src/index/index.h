@@ -313,12 +313,30 @@ int ctxs__meta_drop(MDB_txn *txn, ctxs_store *st, uint64_t id);
 int ctxs__meta_put_all(MDB_txn *txn, ctxs_store *st, uint64_t id, const ctxs__meta_item *items,
                        size_t n);
 
+/* The metadata section of export files and remote session records
+ * (docs/FORMAT.md, "Metadata section"): the n entries of e (in key order)
+ * into *out (malloc'd, NULL when empty), *bytes and *count set.
+ * Errors: CTXS_ECORRUPT (more than a session may hold), CTXS_ENOMEM. */
+int ctxs__meta_section_make(uint8_t **out, uint32_t *bytes, uint32_t *count,
+                            const ctxs_meta_entry *e, size_t n);
+
+/* Checks a metadata section of bytes bytes holding count entries, in the
+ * order FORMAT.md gives, and lists them into *items (calloc'd, pointing
+ * into buf; NULL when empty). Errors: CTXS_ECORRUPT, CTXS_ENOMEM. */
+int ctxs__meta_section_parse(ctxs__meta_item **items, const uint8_t *buf, uint32_t bytes,
+                             uint32_t count);
+
 /* --- prefix.c --------------------------------------------------------- */
 
 /* chain[k] = XXH3-128(chain[k-1] || token ids of chunk k), chain[-1] = 0:
  * writes the chains of the n_chunks whole chunks of ids. */
 void ctxs__prefix_chains(uint8_t (*chain)[16], const uint32_t *ids,
                          uint64_t n_chunks);
+
+/* One link of that chain: out = XXH3-128(prev || ids[0..count)), count at
+ * most CTXS_PREFIX_CHUNK (fewer: the remote tier's tail chunks). */
+void ctxs__prefix_chain_next(uint8_t out[16], const uint8_t prev[16], const uint32_t *ids,
+                             uint32_t count);
 
 /* Brings the prefix entries of session id (record rec, updated in place) in
  * line with its leading held token ids ids[0..n_held). */

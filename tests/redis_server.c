@@ -4,7 +4,9 @@
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,6 +130,15 @@ static int spawn(ts_redis *r)
     pid_t pid = fork();
     cr_assert(pid >= 0, "fork: %s", strerror(errno));
     if (pid == 0) {
+        /* The server goes with the test process, even one that failed an
+         * assertion and exited; and it holds none of the test's output. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0) {
+            dup2(null, 0);
+            dup2(null, 1);
+            dup2(null, 2);
+        }
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }

@@ -38,6 +38,7 @@
 #include <hiredis/hiredis.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -312,6 +313,43 @@ static int url_parse(endpoint *ep, const char *url)
 static struct timeval tv_ms(uint32_t ms)
 {
     return (struct timeval){(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+}
+
+/* A write to a connection the server closed raises SIGPIPE, whose default
+ * action ends the process: a library call must return -EPIPE instead.
+ * Linux has no SO_NOSIGPIPE and hiredis 0.14 writes without MSG_NOSIGNAL,
+ * so the calls on the caller's thread block SIGPIPE around their
+ * network traffic and take back a SIGPIPE they caused (the pending signal
+ * is per thread: one raised by a write is this thread's), leaving the
+ * application's disposition and mask as they were; the push thread
+ * blocks every signal from its start. */
+typedef struct sigpipe_guard {
+    sigset_t old;
+    int was_pending;
+} sigpipe_guard;
+
+static void sigpipe_block(sigpipe_guard *g)
+{
+    sigset_t set, pending;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pending);
+    g->was_pending = sigismember(&pending, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+}
+
+static void sigpipe_restore(sigpipe_guard *g)
+{
+    sigset_t set, pending;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pending);
+    if (!g->was_pending && sigismember(&pending, SIGPIPE)) {
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 }
 
 /* One command with a status or integer reply expected. */
@@ -741,8 +779,8 @@ static int open_id(ctxs_session **out, ctxs_store *st, uint64_t id)
     return rc == -ENOENT ? CTXS_ENOTFOUND : rc;
 }
 
-int ctxs_remote_push(ctxs_remote_push_result *out, ctxs_remote *r, const char *name,
-                     ctxs_progress_fn progress, void *progress_arg)
+static int remote_push_impl(ctxs_remote_push_result *out, ctxs_remote *r, const char *name,
+                             ctxs_progress_fn progress, void *progress_arg)
 {
     if (out)
         memset(out, 0, sizeof(*out));
@@ -1025,8 +1063,8 @@ static int options_valid(const ctxs_remote_options *o)
     return !o->key_prefix || ctxs__name_check(o->key_prefix, &len) == 0;
 }
 
-int ctxs_remote_open(ctxs_remote **out, ctxs_store *st, const char *url,
-                     const ctxs_remote_options *opts)
+static int remote_open_impl(ctxs_remote **out, ctxs_store *st, const char *url,
+                            const ctxs_remote_options *opts)
 {
     if (!out)
         return CTXS_EINVAL;
@@ -1058,8 +1096,16 @@ int ctxs_remote_open(ctxs_remote **out, ctxs_store *st, const char *url,
     pthread_mutex_lock(&attach_lock);
     if (st->remote)
         rc = CTXS_EBUSY;
-    else if (pthread_create(&r->thread, NULL, push_thread, r) != 0)
-        rc = CTXS_ENOMEM;
+    else {
+        /* The thread takes no signal of the application's (SIGPIPE from
+         * a dead server's socket included): it inherits a full mask. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        if (pthread_create(&r->thread, NULL, push_thread, r) != 0)
+            rc = CTXS_ENOMEM;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
     if (rc == 0) {
         r->thread_started = 1;
         st->remote = r;
@@ -1415,10 +1461,10 @@ static int local_name_free(ctxs_store *st, const char *name)
     return rc == 0 ? -EEXIST : rc == CTXS_ENOTFOUND ? 0 : rc;
 }
 
-int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
-                     const char *remote_name, const char *local_name,
-                     const ctxs_create_options *opts, ctxs_progress_fn progress,
-                     void *progress_arg)
+static int remote_pull_impl(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
+                             const char *remote_name, const char *local_name,
+                             const ctxs_create_options *opts, ctxs_progress_fn progress,
+                             void *progress_arg)
 {
     if (out)
         *out = NULL;
@@ -1492,9 +1538,10 @@ int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remo
     return 0;
 }
 
-int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
-                            const char *local_name, const ctxs_model *model,
-                            const uint32_t *tokens, uint64_t n, const ctxs_create_options *opts)
+static int remote_pull_prefix_impl(ctxs_session **out, ctxs_remote_pull_result *res,
+                                   ctxs_remote *r, const char *local_name,
+                                   const ctxs_model *model, const uint32_t *tokens, uint64_t n,
+                                   const ctxs_create_options *opts)
 {
     if (out)
         *out = NULL;
@@ -1549,7 +1596,7 @@ static int entry_cmp(const void *a, const void *b)
     return strcmp(((const ctxs_remote_entry *)a)->name, ((const ctxs_remote_entry *)b)->name);
 }
 
-int ctxs_remote_list(ctxs_remote_entry **out, size_t *n_out, ctxs_remote *r)
+static int remote_list_impl(ctxs_remote_entry **out, size_t *n_out, ctxs_remote *r)
 {
     if (!out || !n_out)
         return CTXS_EINVAL;
@@ -1661,7 +1708,7 @@ static void info_field(char *out, size_t cap, const char *info, const char *fiel
     }
 }
 
-int ctxs_remote_get_info(ctxs_remote_info *out, ctxs_remote *r)
+static int remote_get_info_impl(ctxs_remote_info *out, ctxs_remote *r)
 {
     if (!out || !r)
         return CTXS_EINVAL;
@@ -1710,5 +1757,66 @@ int ctxs_remote_get_info(ctxs_remote_info *out, ctxs_remote *r)
             freeReplyObject(rep);
     }
     redisFree(c);
+    return rc;
+}
+
+int ctxs_remote_push(ctxs_remote_push_result *out, ctxs_remote *r, const char *name,
+                     ctxs_progress_fn progress, void *progress_arg)
+{
+    sigpipe_guard g;
+    sigpipe_block(&g);
+    int rc = remote_push_impl(out, r, name, progress, progress_arg);
+    sigpipe_restore(&g);
+    return rc;
+}
+
+int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
+                     const char *remote_name, const char *local_name,
+                     const ctxs_create_options *opts, ctxs_progress_fn progress,
+                     void *progress_arg)
+{
+    sigpipe_guard g;
+    sigpipe_block(&g);
+    int rc = remote_pull_impl(out, res, r, remote_name, local_name, opts, progress, progress_arg);
+    sigpipe_restore(&g);
+    return rc;
+}
+
+int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
+                            const char *local_name, const ctxs_model *model,
+                            const uint32_t *tokens, uint64_t n, const ctxs_create_options *opts)
+{
+    sigpipe_guard g;
+    sigpipe_block(&g);
+    int rc = remote_pull_prefix_impl(out, res, r, local_name, model, tokens, n, opts);
+    sigpipe_restore(&g);
+    return rc;
+}
+
+int ctxs_remote_list(ctxs_remote_entry **out, size_t *n_out, ctxs_remote *r)
+{
+    sigpipe_guard g;
+    sigpipe_block(&g);
+    int rc = remote_list_impl(out, n_out, r);
+    sigpipe_restore(&g);
+    return rc;
+}
+
+int ctxs_remote_get_info(ctxs_remote_info *out, ctxs_remote *r)
+{
+    sigpipe_guard g;
+    sigpipe_block(&g);
+    int rc = remote_get_info_impl(out, r);
+    sigpipe_restore(&g);
+    return rc;
+}
+
+int ctxs_remote_open(ctxs_remote **out, ctxs_store *st, const char *url,
+                     const ctxs_remote_options *opts)
+{
+    sigpipe_guard g;
+    sigpipe_block(&g);
+    int rc = remote_open_impl(out, st, url, opts);
+    sigpipe_restore(&g);
     return rc;
 }

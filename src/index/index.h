@@ -209,6 +209,11 @@ int ctxs__pin_drop(MDB_txn *txn, ctxs_store *st, uint64_t id);
  * '/', no "..". Sets *len. Returns 0 or CTXS_EINVAL. */
 int ctxs__name_check(const char *name, size_t *len);
 
+/* A fixed name field of a file or value (CTXS_NAME_MAX + 1 bytes): len
+ * bytes that make a valid name (none if may_be_empty), then zeros; copied
+ * NUL-terminated into out[CTXS_NAME_MAX + 1]. Errors: CTXS_ECORRUPT. */
+int ctxs__name_field(char *out, const char *field, uint16_t len, int may_be_empty);
+
 /* --- sessions.c -------------------------------------------------------- */
 
 /* Session ids run from 1 to CTXS__ID_MAX: 0 names no session (a parent id

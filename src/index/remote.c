@@ -1216,23 +1216,6 @@ static void record_free(record *rec)
     free(rec->items);
 }
 
-/* A name field of a record: len bytes that make a valid name, then zeros. */
-static int name_field(char out[CTXS_NAME_MAX + 1], const char *field, uint16_t len,
-                      int may_be_empty)
-{
-    if (len > CTXS_NAME_MAX || (len == 0 && !may_be_empty))
-        return CTXS_EREMOTE;
-    for (size_t i = len; i <= CTXS_NAME_MAX; i++)
-        if (field[i])
-            return CTXS_EREMOTE;
-    memcpy(out, field, len);
-    out[len] = '\0';
-    size_t got;
-    if (len && (ctxs__name_check(out, &got) < 0 || got != len))
-        return CTXS_EREMOTE;
-    return 0;
-}
-
 /* Checks a record's header (the first CTXS__RSESSION_HEADER_BYTES of v).
  * Errors: CTXS_EREMOTE. */
 static int record_header_check(ctxs__rsession_header *h, const void *v, size_t len)
@@ -1248,8 +1231,8 @@ static int record_header_check(ctxs__rsession_header *h, const void *v, size_t l
         h->crc32 != crc_of(h, offsetof(ctxs__rsession_header, crc32)) ||
         (h->flags & ~CTXS__RSESSION_FLAG_TAIL) || h->n_tokens > CTXS__REMOTE_MAX_TOKENS ||
         ctxs__layout_compute(&lay, &g, CTXS_PREFIX_CHUNK, 0) < 0 ||
-        name_field(name, h->name, h->name_len, 0) < 0 ||
-        name_field(name, h->model_name, h->model_name_len, 1) < 0)
+        ctxs__name_field(name, h->name, h->name_len, 0) < 0 ||
+        ctxs__name_field(name, h->model_name, h->model_name_len, 1) < 0)
         return CTXS_EREMOTE;
     return 0;
 }

@@ -332,22 +332,6 @@ typedef struct import_job {
     void *progress_arg;
 } import_job;
 
-/* A name field: len bytes that make a valid name, then zeros. */
-static int name_field(char out[256], const char field[256], uint16_t len, int may_be_empty)
-{
-    if (len > CTXS_NAME_MAX || (len == 0 && !may_be_empty))
-        return CTXS_ECORRUPT;
-    for (size_t i = len; i < 256; i++)
-        if (field[i])
-            return CTXS_ECORRUPT;
-    memcpy(out, field, len);
-    out[len] = '\0';
-    size_t got;
-    if (len && (ctxs__name_check(out, &got) < 0 || got != len))
-        return CTXS_ECORRUPT;
-    return 0;
-}
-
 /* Reads and checks the header, in the order FORMAT.md gives, and derives
  * the plan. Errors: CTXS_EFOREIGN, CTXS_EVERSION, CTXS_ECORRUPT, -errno. */
 static int header_read(import_job *job)
@@ -388,8 +372,8 @@ static int header_read(import_job *job)
     if (h->block_tokens == 0 || h->n_held != job->plan.n_held ||
         h->n_blocks != job->plan.n_blocks)
         return CTXS_ECORRUPT;
-    if ((rc = name_field(job->model_name, h->model_name, h->model_name_len, 1)) < 0 ||
-        (rc = name_field(job->name, h->name, h->name_len, 0)) < 0)
+    if ((rc = ctxs__name_field(job->model_name, h->model_name, h->model_name_len, 1)) < 0 ||
+        (rc = ctxs__name_field(job->name, h->name, h->name_len, 0)) < 0)
         return rc;
     job->model.geometry = g;
     memcpy(job->model.model_hash, h->model_hash, 16);

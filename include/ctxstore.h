@@ -1613,8 +1613,14 @@ typedef struct ctxs_remote_options {
                                 ones beyond are dropped (counted) */
     uint32_t push_on_commit; /* 1: read-write sessions opened through the
                                 store push the chunks their commits
-                                complete, and their tail and record at
-                                close; 0: only ctxs_remote_push() pushes */
+                                complete (from chunk 0 at a handle's first
+                                commit or close: Redis is asked which it
+                                lacks) and their record, and their tail
+                                and record at a close after commits (a
+                                session closed untouched sends no record,
+                                so that a partial pull never replaces a
+                                longer record); 0: only ctxs_remote_push()
+                                pushes */
     const char *key_prefix;  /* every key starts "<key_prefix>:"; NULL:
                                 "ctxs"; a valid name (CTXS_NAME_RULE) */
     uint8_t reserved[32];    /* must be zero */
@@ -1632,7 +1638,11 @@ typedef struct ctxs_remote_options {
  * (reach a remote server through a TLS tunnel or a private network). The
  * connection is checked (AUTH, SELECT, PING) before this returns. A store
  * handle has at most one remote. opts may be NULL for
- * CTXS_REMOTE_OPTIONS_INIT.
+ * CTXS_REMOTE_OPTIONS_INIT. The remote starts one thread (every signal
+ * blocked) and holds a reference on st: ctxs_store_close(st) while it is
+ * attached leaves the store open until ctxs_remote_close(). The calls on
+ * the caller's thread (push, pull, list, info) each use a connection of
+ * their own, and block SIGPIPE around it: thread-safe.
  * Errors: CTXS_EINVAL (a malformed url, bad options), -ECONNREFUSED,
  * -ETIMEDOUT, -EACCES (password refused or required), CTXS_EREMOTE
  * (answered, but not as Redis), CTXS_EBUSY (st has a remote), CTXS_ENOMEM,
@@ -1711,7 +1721,10 @@ typedef struct ctxs_remote_pull_result {
  * is written. The first chunk missing or refused ends the pull there. The
  * session appears complete or not at all, as an import does. The model is
  * registered if the store does not know it. opts NULL: the defaults, with
- * the capacity raised to hold the remote tokens. out (may be NULL: the
+ * the capacity raised to hold the remote tokens (the next multiple of
+ * CTXS_DEFAULT_CAPACITY above them); with opts, at most the whole chunks
+ * that fit its capacity are pulled. The handle has the default open
+ * options (opts->open is not used). out (may be NULL: the
  * session is closed) gets it open read-write; res (may be NULL) what was
  * pulled and what is left to prefill. progress counts tokens.
  * Errors: CTXS_ENOTFOUND (no such remote session), -EEXIST (local_name is

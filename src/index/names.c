@@ -76,3 +76,18 @@ const char *ctxs_name_check(const char *name)
     size_t len;
     return name_fault(name, &len);
 }
+
+int ctxs__name_field(char *out, const char *field, uint16_t len, int may_be_empty)
+{
+    if (len > CTXS_NAME_MAX || (len == 0 && !may_be_empty))
+        return CTXS_ECORRUPT;
+    for (size_t i = len; i <= CTXS_NAME_MAX; i++)
+        if (field[i])
+            return CTXS_ECORRUPT;
+    memcpy(out, field, len);
+    out[len] = '\0';
+    size_t got;
+    if (len && (ctxs__name_check(out, &got) < 0 || got != len))
+        return CTXS_ECORRUPT;
+    return 0;
+}

@@ -1,0 +1,623 @@
+/*
+ * The remote tier against a real redis-server on 127.0.0.1
+ * (tests/redis_server.c), with two stores in two directories as two
+ * machines. No timing assertions: every wait is a bounded flush, and
+ * what a test checks is what was stored and what came back.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctxstore.h"
+#include "index.h"
+#include "redis_server.h"
+#include "remote_format.h"
+#include "support.h"
+
+TestSuite(remote, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 120);
+
+#define FLUSH_MS 20000u
+
+static ctxs_store *store_at(const char *name)
+{
+    return ts_store_open(ts_path(ts_scratch, name));
+}
+
+static ctxs_remote *remote_open(ctxs_store *st, const char *url, uint32_t push_on_commit)
+{
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.push_on_commit = push_on_commit;
+    o.timeout_ms = 1000;
+    o.retries = 3;
+    o.backoff_ms = 5;
+    ctxs_remote *r = NULL;
+    int rc = ctxs_remote_open(&r, st, url, &o);
+    cr_assert_eq(rc, 0, "ctxs_remote_open(%s): %s", url, ctxs_err_name(rc));
+    return r;
+}
+
+/* Commits n tokens from the session's end in commits of step; tokens at
+ * positions >= fork_at differ by seed (ids and K/V), so that sessions
+ * built with another seed share exactly their first fork_at tokens. */
+static void append_seeded(ctxs_session *s, uint64_t n, uint32_t step, uint64_t fork_at,
+                          uint32_t seed)
+{
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    const ctxs_geometry *g = &info.model.geometry;
+    size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
+    uint16_t *k = malloc(per * 2), *v = malloc(per * 2);
+    uint32_t *ids = malloc((size_t)step * 4);
+    cr_assert(k && v && ids);
+    for (uint64_t done = 0; done < n;) {
+        uint32_t m = (uint32_t)(n - done < step ? n - done : step);
+        ctxs_reservation res;
+        cr_assert_eq(ctxs_session_reserve(&res, s, m), 0);
+        for (uint32_t i = 0; i < m; i++) {
+            uint64_t pos = res.first_pos + i;
+            ts_fill_kv(g, pos, k, v);
+            ids[i] = ts_token(pos);
+            if (pos >= fork_at && seed) {
+                ids[i] ^= seed * 0x9e3779b9u;
+                k[0] = (uint16_t)(0x3c00 + (seed & 0xff));
+            }
+            cr_assert_eq(ctxs_session_write_token(s, &res, i, k, v, CTXS_DTYPE_F16), 0);
+        }
+        int rc = ctxs_session_commit(s, ids, m);
+        cr_assert_eq(rc, 0, "commit: %s", ctxs_err_name(rc));
+        done += m;
+    }
+    free(k);
+    free(v);
+    free(ids);
+}
+
+static ctxs_session *make_session(ctxs_store *st, const char *name, const ctxs_model *m,
+                                  uint64_t n, uint32_t step, uint64_t fork_at, uint32_t seed)
+{
+    ctxs_create_options o = ts_options(8192, 4, 0, CTXS_SYNC_NONE);
+    ctxs_session *s = NULL;
+    ctxs_model_entry known;
+    if (ctxs_model_get(&known, st, m->model_hash) == CTXS_ENOTFOUND)
+        cr_assert_eq(ctxs_model_register(st, m, NULL), 0);
+    int rc = ctxs_store_session_create(&s, st, name, m, &o);
+    cr_assert_eq(rc, 0, "create %s: %s", name, ctxs_err_name(rc));
+    append_seeded(s, n, step, fork_at, seed);
+    return s;
+}
+
+/* Positions [0, n) of a and b: the same ids, and the same stored bytes in
+ * the sessions' dtype (scales included for Q8). */
+static void assert_same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n)
+{
+    ctxs_session_info ia;
+    cr_assert_eq(ctxs_session_get_info(&ia, a), 0);
+    size_t tb = ctxs_geometry_get_token_bytes(&ia.model.geometry, ia.model.geometry.dtype);
+    cr_assert(tb > 0);
+    uint8_t *ka = malloc(tb), *va = malloc(tb), *kb = malloc(tb), *vb = malloc(tb);
+    cr_assert(ka && va && kb && vb);
+    for (uint64_t p = 0; p < n; p++) {
+        uint32_t ida, idb;
+        cr_assert_eq(ctxs_session_get_tokens(&ida, a, p, 1), 0);
+        cr_assert_eq(ctxs_session_get_tokens(&idb, b, p, 1), 0);
+        cr_assert_eq(ida, idb, "id at %llu", (unsigned long long)p);
+        cr_assert_eq(ctxs_session_read_token(ka, va, a, p, ia.model.geometry.dtype), 0);
+        cr_assert_eq(ctxs_session_read_token(kb, vb, b, p, ia.model.geometry.dtype), 0);
+        cr_assert(memcmp(ka, kb, tb) == 0 && memcmp(va, vb, tb) == 0, "KV at %llu",
+                  (unsigned long long)p);
+    }
+    free(ka);
+    free(va);
+    free(kb);
+    free(vb);
+}
+
+static ctxs_session *open_ro(ctxs_store *st, const char *name)
+{
+    ctxs_session *s = NULL;
+    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+    cr_assert_eq(rc, 0, "open %s: %s", name, ctxs_err_name(rc));
+    return s;
+}
+
+/* The Redis key of chunk k (0-based) of ids under model m. */
+static void key_of_chunk(char *key, size_t cap, const ctxs_model *m, const uint32_t *ids,
+                         uint64_t k)
+{
+    uint8_t(*chain)[16] = malloc((k + 1) * 16);
+    ctxs__prefix_chains(chain, ids, k + 1);
+    char mh[33], ch[33];
+    for (int i = 0; i < 16; i++) {
+        snprintf(mh + 2 * i, 3, "%02x", m->model_hash[i]);
+        snprintf(ch + 2 * i, 3, "%02x", chain[k][i]);
+    }
+    snprintf(key, cap, "ctxs:chunk:%s:%s", mh, ch);
+    free(chain);
+}
+
+static uint32_t *ids_of(const ctxs_session *s, uint64_t n)
+{
+    uint32_t *ids = malloc(n * 4 + 4);
+    cr_assert_eq(ctxs_session_get_tokens(ids, s, 0, (uint32_t)n), 0);
+    return ids;
+}
+
+/* A session pushed by its commits and close in store A comes back
+ * bit-identical in store B, tail included. */
+static void round_trip(uint32_t dtype)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(1);
+    m.geometry.dtype = dtype;
+    ctxs_remote *ra = remote_open(a, rs.url, 1);
+    ctxs_session *s = make_session(a, "chat", &m, 200, 50, 0, 0);
+    ctxs_session_close(s);
+    ctxs_remote_stats stats;
+    cr_assert_eq(ctxs_remote_close(&stats, ra, FLUSH_MS), 0);
+    cr_assert_eq(stats.chunks_dropped, 0);
+    cr_assert_eq(stats.chunks_pushed, 4, "3 whole chunks and the tail: %llu",
+                 (unsigned long long)stats.chunks_pushed);
+    cr_assert_geq(stats.records_pushed, 1);
+
+    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    ctxs_remote_pull_result res;
+    ctxs_session *got = NULL;
+    int rc = ctxs_remote_pull(&got, &res, rb, "chat", NULL, NULL, NULL, NULL);
+    cr_assert_eq(rc, 0, "pull: %s", ctxs_err_name(rc));
+    cr_assert_eq(res.n_tokens, 200);
+    cr_assert_eq(res.remote_tokens, 200);
+    cr_assert_eq(res.chunks_pulled, 4);
+    cr_assert_eq(res.chunks_missing + res.chunks_refused + res.n_rest, 0);
+    cr_assert_null(res.rest_ids);
+    cr_assert(memcmp(&res.model, &m, sizeof(m)) == 0);
+    cr_assert_eq(ts_n_tokens(got), 200);
+    ctxs_session *src = open_ro(a, "chat");
+    assert_same_tokens(src, got, 200);
+    if (dtype == CTXS_DTYPE_F16)
+        cr_assert_eq(ts_check_all(got), 0);
+    ctxs_session_close(src);
+    ctxs_session_close(got);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+Test(remote, a_session_pushed_on_commit_resumes_bit_identical_elsewhere_f16)
+{
+    round_trip(CTXS_DTYPE_F16);
+}
+
+Test(remote, a_session_pushed_on_commit_resumes_bit_identical_elsewhere_q8)
+{
+    round_trip(CTXS_DTYPE_Q8);
+}
+
+Test(remote, a_session_made_before_the_remote_pushes_on_demand)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(2);
+    m.geometry.dtype = CTXS_DTYPE_BF16;
+    ctxs_session_close(make_session(a, "old", &m, 150, 150, 0, 0));
+    cr_assert_eq(ctxs_store_session_set_meta(a, "old", "title", "hello", 5), 0);
+    ctxs_remote *ra = remote_open(a, rs.url, 0);
+    ctxs_remote_push_result pr;
+    cr_assert_eq(ctxs_remote_push(&pr, ra, "old", NULL, NULL), 0);
+    cr_assert_eq(pr.n_tokens, 150);
+    cr_assert_eq(pr.chunks_sent, 3);
+    cr_assert_eq(pr.chunks_present, 0);
+    /* Again: everything is there already. */
+    cr_assert_eq(ctxs_remote_push(&pr, ra, "old", NULL, NULL), 0);
+    cr_assert_eq(pr.chunks_sent, 0);
+    cr_assert_eq(pr.chunks_present, 3);
+
+    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    ctxs_remote_pull_result res;
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "old", "new", NULL, NULL, NULL), 0);
+    cr_assert_eq(res.n_tokens, 150);
+    ctxs_session *src = open_ro(a, "old"), *got = open_ro(b, "new");
+    assert_same_tokens(src, got, 150);
+    static char value[CTXS_META_VALUE_MAX];
+    size_t vlen = sizeof(value);
+    cr_assert_eq(ctxs_store_session_get_meta(value, &vlen, b, "new", "title"), 0);
+    cr_assert_eq(vlen, 5);
+    cr_assert(memcmp(value, "hello", 5) == 0);
+    ctxs_session_close(src);
+    ctxs_session_close(got);
+
+    ctxs_remote_entry *e;
+    size_t n;
+    cr_assert_eq(ctxs_remote_list(&e, &n, rb), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_str_eq(e[0].name, "old");
+    cr_assert_eq(e[0].n_tokens, 150);
+    cr_assert_eq(e[0].tail_pushed, 1);
+    cr_assert_eq(e[0].status, 0);
+    ctxs_free(e);
+    ctxs_remote_info info;
+    cr_assert_eq(ctxs_remote_get_info(&info, rb), 0);
+    cr_assert_eq(info.keys, 4); /* 2 chunks, a tail, a record */
+    cr_assert(info.server_version[0]);
+
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+Test(remote, a_shared_system_prompt_is_stored_once)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_model m = ts_model(3);
+    ctxs_session_close(make_session(a, "x", &m, 192, 64, 128, 1));
+    ctxs_session_close(make_session(a, "y", &m, 192, 64, 128, 2));
+    ctxs_remote *ra = remote_open(a, rs.url, 0);
+    ctxs_remote_push_result pr;
+    cr_assert_eq(ctxs_remote_push(&pr, ra, "x", NULL, NULL), 0);
+    cr_assert_eq(pr.chunks_sent, 3);
+    cr_assert_eq(ctxs_remote_push(&pr, ra, "y", NULL, NULL), 0);
+    cr_assert_eq(pr.chunks_sent, 1);
+    cr_assert_eq(pr.chunks_present, 2);
+    cr_assert_eq(ts_redis_count(&rs, "ctxs:chunk:*"), 4);
+    cr_assert_eq(ts_redis_count(&rs, "ctxs:session:*"), 2);
+
+    /* A prompt that shares the 2 chunks, then goes its own way. */
+    ctxs_session *x = open_ro(a, "x");
+    uint32_t whole[192], prompt[300];
+    cr_assert_eq(ctxs_session_get_tokens(whole, x, 0, 192), 0);
+    memcpy(prompt, whole, 128 * 4);
+    for (int i = 128; i < 300; i++)
+        prompt[i] = 7000000u + (uint32_t)i;
+    ctxs_store *b = store_at("b");
+    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    ctxs_remote_pull_result res;
+    ctxs_session *got;
+    cr_assert_eq(ctxs_remote_pull_prefix(&got, &res, rb, "hit", &m, prompt, 300, NULL), 0);
+    cr_assert_eq(res.n_tokens, 128);
+    cr_assert_eq(res.remote_tokens, 300);
+    cr_assert_eq(res.chunks_pulled, 2);
+    cr_assert_eq(res.chunks_missing, 1);
+    assert_same_tokens(x, got, 128);
+    ctxs_session_close(got);
+    /* The whole of x, its tail-less end exactly at 192. */
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "all", &m, whole, 192, NULL), 0);
+    cr_assert_eq(res.n_tokens, 192);
+    /* Taken locally: -EEXIST, before any traffic. */
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "all", &m, whole, 192, NULL), -EEXIST);
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "x", "all", NULL, NULL, NULL), -EEXIST);
+    /* Nothing shared: no session. */
+    uint32_t other[64];
+    for (int i = 0; i < 64; i++)
+        other[i] = 9000000u + (uint32_t)i;
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "none", &m, other, 64, NULL),
+                 CTXS_ENOTFOUND);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, b, "none"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "nobody", NULL, NULL, NULL, NULL),
+                 CTXS_ENOTFOUND);
+    ctxs_session_close(x);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+/* Pushes "c" (320 tokens: 5 chunks) and returns its ids. */
+static uint32_t *pushed_session(ts_redis *rs, ctxs_store *a, const ctxs_model *m)
+{
+    ctxs_session_close(make_session(a, "c", m, 320, 320, 0, 0));
+    ctxs_remote *ra = remote_open(a, rs->url, 0);
+    cr_assert_eq(ctxs_remote_push(NULL, ra, "c", NULL, NULL), 0);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_session *s = open_ro(a, "c");
+    uint32_t *ids = ids_of(s, 320);
+    ctxs_session_close(s);
+    return ids;
+}
+
+/* Pulls "c" as local, expecting it to stop before chunk 2 (refused). */
+static void pull_stops_at_chunk_2(ts_redis *rs, ctxs_store *a, ctxs_store *b, const char *local,
+                                  const uint32_t *ids)
+{
+    ctxs_remote *rb = remote_open(b, rs->url, 0);
+    ctxs_remote_pull_result res;
+    ctxs_session *got;
+    int rc = ctxs_remote_pull(&got, &res, rb, "c", local, NULL, NULL, NULL);
+    cr_assert_eq(rc, 0, "pull: %s", ctxs_err_name(rc));
+    cr_assert_eq(res.n_tokens, 128);
+    cr_assert_eq(res.chunks_pulled, 2);
+    cr_assert_eq(res.chunks_refused, 1);
+    cr_assert_eq(res.chunks_missing, 0);
+    cr_assert_eq(res.n_rest, 320 - 128);
+    cr_assert(memcmp(res.rest_ids, ids + 128, (320 - 128) * 4) == 0);
+    ctxs_free(res.rest_ids);
+    cr_assert_eq(ts_n_tokens(got), 128);
+    ctxs_session *src = open_ro(a, "c");
+    assert_same_tokens(src, got, 128);
+    ctxs_session_close(src);
+    ctxs_session_close(got);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+}
+
+Test(remote, a_chunk_damaged_in_redis_is_refused)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(4);
+    uint32_t *ids = pushed_session(&rs, a, &m);
+    char key[256];
+    key_of_chunk(key, sizeof(key), &m, ids, 2);
+    size_t len;
+    void *good = ts_redis_get(&rs, key, &len);
+    cr_assert_not_null(good, "chunk 2 is not in Redis");
+
+    /* One byte of the KV. */
+    char off[16];
+    snprintf(off, sizeof(off), "%u", CTXS__RCHUNK_HEADER_BYTES + 12 * 64 + 5);
+    free(ts_redis_cmd(&rs, "SETRANGE", key, off, "\x7f", NULL));
+    pull_stops_at_chunk_2(&rs, a, b, "kv", ids);
+
+    /* One byte of the header (first_pos). */
+    const char *set[] = {"SET", key, good};
+    size_t lens[] = {3, strlen(key), len};
+    free(ts_redis_cmd_argv(&rs, 3, set, lens));
+    free(ts_redis_cmd(&rs, "SETRANGE", key, "40", "\x01", NULL));
+    pull_stops_at_chunk_2(&rs, a, b, "header", ids);
+
+    /* Cut short by a byte. */
+    lens[2] = len - 1;
+    free(ts_redis_cmd_argv(&rs, 3, set, lens));
+    pull_stops_at_chunk_2(&rs, a, b, "short", ids);
+
+    /* Another chunk's value under this key (chunk 3's bytes: valid in
+     * themselves, in the wrong place). */
+    char key3[256];
+    key_of_chunk(key3, sizeof(key3), &m, ids, 3);
+    size_t len3;
+    void *v3 = ts_redis_get(&rs, key3, &len3);
+    cr_assert_not_null(v3);
+    set[2] = v3;
+    lens[2] = len3;
+    free(ts_redis_cmd_argv(&rs, 3, set, lens));
+    pull_stops_at_chunk_2(&rs, a, b, "moved", ids);
+    free(v3);
+    free(good);
+    free(ids);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+Test(remote, a_damaged_session_record_is_eremote)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(5);
+    free(pushed_session(&rs, a, &m));
+    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    /* In the ids (body CRC), then in the header (header CRC). */
+    const char *offs[] = {"700", "70"};
+    for (int i = 0; i < 2; i++) {
+        free(ts_redis_cmd(&rs, "SETRANGE", "ctxs:session:c", offs[i], "\x55", NULL));
+        ctxs_remote_pull_result res;
+        cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "c", NULL, NULL, NULL, NULL), CTXS_EREMOTE);
+        ctxs_session_entry e;
+        cr_assert_eq(ctxs_store_session_get(&e, b, "c"), CTXS_ENOTFOUND);
+    }
+    ctxs_remote_entry *e;
+    size_t n;
+    cr_assert_eq(ctxs_remote_list(&e, &n, rb), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(e[0].status, CTXS_EREMOTE);
+    ctxs_free(e);
+    /* Cut to a few bytes: still a clear error, no allocation from it. */
+    free(ts_redis_cmd(&rs, "SET", "ctxs:session:c", "CTXSRSES", NULL));
+    cr_assert_eq(ctxs_remote_pull(NULL, NULL, rb, "c", NULL, NULL, NULL, NULL), CTXS_EREMOTE);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+Test(remote, redis_killed_mid_push_loses_nothing_locally_and_never_a_partial_chunk)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(6);
+    m.geometry.head_dim = 128; /* chunks of 132 KiB */
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.timeout_ms = 500;
+    o.retries = 2;
+    o.backoff_ms = 1;
+    ctxs_remote *ra;
+    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
+    ctxs_session *s = make_session(a, "big", &m, 1024, 64, 0, 0);
+    ts_redis_kill(&rs); /* the queue is likely still pushing */
+    append_seeded(s, 1024, 64, 0, 0); /* commits succeed all the same */
+    ts_redis_restart(&rs);
+    append_seeded(s, 1024, 64, 0, 0);
+    cr_assert_eq(ts_check_all(s), 0);
+    cr_assert_eq(ts_n_tokens(s), 3072);
+    ctxs_session_close(s);
+    ctxs_remote_stats st;
+    ctxs_remote_flush(&st, ra, FLUSH_MS);
+
+    /* Whatever Redis holds now pulls as a verified prefix. */
+    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    ctxs_remote_pull_result res;
+    ctxs_session *got = NULL;
+    int rc = ctxs_remote_pull(&got, &res, rb, "big", NULL, NULL, NULL, NULL);
+    cr_assert(rc == 0 || rc == CTXS_ENOTFOUND, "pull: %s", ctxs_err_name(rc));
+    ctxs_session *src = open_ro(a, "big");
+    if (rc == 0) {
+        cr_assert_eq(res.chunks_refused, 0);
+        cr_assert_eq(res.n_tokens + res.n_rest, 3072);
+        cr_assert_eq(ts_n_tokens(got), res.n_tokens);
+        assert_same_tokens(src, got, res.n_tokens);
+        ctxs_free(res.rest_ids);
+        ctxs_session_close(got);
+        cr_assert_eq(ctxs_store_session_delete(b, "big"), 0);
+    }
+    /* A push completes it. */
+    ctxs_remote_push_result pr;
+    cr_assert_eq(ctxs_remote_push(&pr, ra, "big", NULL, NULL), 0);
+    cr_assert_eq(pr.chunks_sent + pr.chunks_present, 48);
+    cr_assert_eq(ctxs_remote_pull(&got, &res, rb, "big", NULL, NULL, NULL, NULL), 0);
+    cr_assert_eq(res.n_tokens, 3072);
+    assert_same_tokens(src, got, 3072);
+    ctxs_session_close(got);
+    ctxs_session_close(src);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+Test(remote, commits_while_redis_is_down_succeed_and_count_what_was_dropped)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_model m = ts_model(7);
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.timeout_ms = 200;
+    o.retries = 2;
+    o.backoff_ms = 1;
+    ctxs_remote *ra;
+    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
+    ts_redis_kill(&rs);
+    ctxs_session *s = make_session(a, "down", &m, 640, 64, 0, 0);
+    ctxs_session_close(s);
+    ctxs_remote_stats st;
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_gt(st.chunks_dropped, 0);
+    cr_assert_gt(st.retries, 0);
+    cr_assert_neq(st.last_error, 0);
+    cr_assert_eq(st.chunks_pushed, 0);
+    cr_assert_eq(st.connected, 0);
+    s = open_ro(a, "down");
+    cr_assert_eq(ts_check_all(s), 0);
+    cr_assert_eq(ts_n_tokens(s), 640);
+    ctxs_session_close(s);
+    cr_assert_eq(ctxs_remote_close(&st, ra, FLUSH_MS), 0);
+    ctxs_store_close(a);
+    ts_redis_stop(&rs);
+}
+
+Test(remote, eviction_gives_a_shorter_prefix_not_an_error)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(8);
+    m.geometry.head_dim = 128;
+    ctxs_session_close(make_session(a, "e", &m, 4096, 512, 0, 0));
+    free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory", "4mb", NULL));
+    free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru", NULL));
+    ctxs_remote *ra = remote_open(a, rs.url, 0);
+    /* 64 chunks of 132 KiB: twice what fits. Redis evicts as it goes. */
+    int rc = ctxs_remote_push(NULL, ra, "e", NULL, NULL);
+    cr_assert_eq(rc, 0, "push: %s", ctxs_err_name(rc));
+    ctxs_remote_info info;
+    cr_assert_eq(ctxs_remote_get_info(&info, ra), 0);
+    cr_assert_gt(info.evicted_keys, 0);
+    cr_assert_str_eq(info.maxmemory_policy, "allkeys-lru");
+
+    ctxs_session *src = open_ro(a, "e");
+    uint32_t *ids = ids_of(src, 4096);
+    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    ctxs_remote_pull_result res;
+    ctxs_session *got = NULL;
+    /* The record (written last) may survive or not; either way, no
+     * error beyond "not found", and never a wrong token. */
+    rc = ctxs_remote_pull(&got, &res, rb, "e", NULL, NULL, NULL, NULL);
+    cr_assert(rc == 0 || rc == CTXS_ENOTFOUND, "pull: %s", ctxs_err_name(rc));
+    if (rc == 0) {
+        cr_assert_lt(res.n_tokens, 4096);
+        cr_assert_eq(res.chunks_missing, 1);
+        cr_assert_eq(res.chunks_refused, 0);
+        assert_same_tokens(src, got, res.n_tokens);
+        ctxs_free(res.rest_ids);
+        ctxs_session_close(got);
+    }
+    rc = ctxs_remote_pull_prefix(&got, &res, rb, "p", &m, ids, 4096, NULL);
+    cr_assert(rc == 0 || rc == CTXS_ENOTFOUND, "pull_prefix: %s", ctxs_err_name(rc));
+    if (rc == 0) {
+        cr_assert_lt(res.n_tokens, 4096);
+        assert_same_tokens(src, got, res.n_tokens);
+        ctxs_session_close(got);
+    }
+    free(ids);
+    ctxs_session_close(src);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+Test(remote, a_wrong_or_missing_password_is_eacces)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, "s3cret", 0);
+    ctxs_store *a = store_at("a");
+    ctxs_remote *r = NULL;
+    char url[200];
+    snprintf(url, sizeof(url), "redis://:wrong@127.0.0.1:%d", rs.port);
+    cr_assert_eq(ctxs_remote_open(&r, a, url, NULL), -EACCES);
+    cr_assert_null(r);
+    cr_assert_eq(ctxs_remote_open(&r, a, rs.url_nopass, NULL), -EACCES);
+    /* Percent-encoded, and as user "default". */
+    snprintf(url, sizeof(url), "redis://default:s3%%63ret@127.0.0.1:%d/0", rs.port);
+    cr_assert_eq(ctxs_remote_open(&r, a, url, NULL), 0);
+    ctxs_remote *again;
+    cr_assert_eq(ctxs_remote_open(&again, a, rs.url, NULL), CTXS_EBUSY);
+    ctxs_remote_close(NULL, r, FLUSH_MS);
+    ctxs_store_close(a);
+    ts_redis_stop(&rs);
+}
+
+Test(remote, an_unreachable_server_and_bad_urls_are_clear_errors)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ts_redis_kill(&rs); /* its port: nobody listens there now */
+    ctxs_store *a = store_at("a");
+    ctxs_remote *r = NULL;
+    cr_assert_eq(ctxs_remote_open(&r, a, rs.url, NULL), -ECONNREFUSED);
+    const char *bad[] = {"rediss://127.0.0.1:6379", "http://x", "redis://", "redis://h:0",
+                         "redis://h:99999", "redis://h/x", "unix://relative", "redis://:%zz@h"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_assert_eq(ctxs_remote_open(&r, a, bad[i], NULL), CTXS_EINVAL, "%s", bad[i]);
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.key_prefix = "a/b";
+    cr_assert_eq(ctxs_remote_open(&r, a, rs.url, &o), CTXS_EINVAL);
+    ctxs_store_close(a);
+    ts_redis_stop(&rs);
+}
+
+Test(remote, the_fixture_starts_and_restarts_a_server)
+{
+    ts_redis r;
+    ts_redis_start(&r, NULL, 0);
+    char *s = ts_redis_cmd(&r, "SET", "k", "v", NULL);
+    cr_assert_str_eq(s, "OK");
+    free(s);
+    ts_redis_restart(&r);
+    cr_assert_eq(ts_redis_count(&r, "*"), 0);
+    ts_redis_stop(&r);
+}

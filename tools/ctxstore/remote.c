@@ -85,7 +85,9 @@ static int fail_open(remote_run *rr, int rc)
     case CTXS_EBUSY:
         return cli_fail(rc, "remote %s", rr->shown);
     default:
-        return cli_fail(rc, "cannot reach remote %s", rr->shown);
+        if (cli_is_network_error(rc))
+            return cli_fail(rc, "cannot reach remote %s", rr->shown);
+        return cli_fail(rc, "connecting to remote %s", rr->shown);
     }
 }
 

@@ -37,9 +37,14 @@
 #include "aside.h"
 #include "export_format.h"
 #include "index.h"
+#include "kv_block.h"
 #include "session_iface.h"
 #include "platform.h"
 #include "syscall.h"
+
+/* Export blocks are kv_block.h's raw blocks, bounded alike. */
+static_assert(CTXS__EXPORT_MAX_BLOCK_TOKENS == CTXS__KV_BLOCK_MAX_TOKENS, "export block tokens");
+static_assert(CTXS__EXPORT_MAX_RAW == CTXS__KV_BLOCK_MAX_RAW, "export block bytes");
 
 static uint32_t crc_of(const void *p, size_t n)
 {
@@ -56,168 +61,6 @@ static int full_or(int rc)
     return rc == -ENOSPC || rc == -EDQUOT || rc == -EFBIG ? CTXS_EFULL : rc;
 }
 
-/* --- What a header implies ------------------------------------------------ */
-
-/* A run of consecutive held positions [start, end). */
-typedef struct xfer_range {
-    uint64_t start, end;
-} xfer_range;
-
-/* Everything the blocks must be, derived from checked header fields. */
-typedef struct xfer_plan {
-    ctxs__file_layout lay;
-    int ring;
-    ctxs__state st;             /* n_tokens and ring_start */
-    xfer_range ranges[2];       /* the held positions, maximal runs */
-    uint32_t n_ranges;
-    uint64_t n_held;
-    uint32_t n_runs;            /* 2 * layers * heads */
-    uint32_t scale_bytes;       /* 4 with a scale table (Q8), else 0 */
-    uint64_t token_raw;         /* uncompressed bytes per token */
-    uint32_t block_tokens;
-    uint64_t n_blocks;
-} xfer_plan;
-
-/* Fills *p for a geometry, slots and state; block_tokens 0 picks the most
- * that fit. Errors: CTXS_ECORRUPT (fields out of range or inconsistent),
- * CTXS_EINVAL (block_tokens 0 and not even one token fits a block). */
-static int plan_make(xfer_plan *p, const ctxs_geometry *g, uint32_t capacity, uint32_t n_sink,
-                     int ring, uint64_t n_tokens, uint64_t ring_start, uint32_t block_tokens)
-{
-    memset(p, 0, sizeof(*p));
-    if (ctxs__layout_compute(&p->lay, g, capacity, n_sink) < 0)
-        return CTXS_ECORRUPT;
-    p->ring = ring;
-    /* The state obeys the rules of a commit record: judge it as one. */
-    ctxs__disk_record r;
-    memset(&r, 0, sizeof(r));
-    r.seq = 1;
-    r.n_tokens = n_tokens;
-    r.ring_start = ring_start;
-    r.verified_from = n_tokens;
-    ctxs__record_seal(&r, 0);
-    if (!ctxs__record_valid(&r, 0, &p->lay, ring))
-        return CTXS_ECORRUPT;
-    p->st.n_tokens = n_tokens;
-    p->st.ring_start = ring_start;
-    p->st.verified_from = n_tokens;
-
-    uint64_t ns = n_sink;
-    uint64_t sinks = n_tokens < ns ? n_tokens : ns;
-    uint64_t first = ring_start > ns ? ring_start : ns;
-    if (sinks)
-        p->ranges[p->n_ranges++] = (xfer_range){0, sinks};
-    if (first < n_tokens) {
-        if (p->n_ranges && p->ranges[0].end == first)
-            p->ranges[0].end = n_tokens;
-        else
-            p->ranges[p->n_ranges++] = (xfer_range){first, n_tokens};
-    }
-
-    /* Below 2^25 runs of at most 8 KiB: no overflow in 64 bits. */
-    p->n_runs = 2 * p->lay.n_layers * p->lay.n_kv_heads;
-    p->scale_bytes = p->lay.scales_bytes ? 4 : 0;
-    p->token_raw = 12 + (uint64_t)p->n_runs * (p->lay.slot_bytes + p->scale_bytes);
-    if (block_tokens == 0) {
-        uint64_t fit = CTXS__EXPORT_MAX_RAW / p->token_raw;
-        if (fit == 0)
-            return CTXS_EINVAL;
-        block_tokens = fit < CTXS__EXPORT_MAX_BLOCK_TOKENS ? (uint32_t)fit
-                                                           : CTXS__EXPORT_MAX_BLOCK_TOKENS;
-    }
-    if (block_tokens > CTXS__EXPORT_MAX_BLOCK_TOKENS ||
-        block_tokens * p->token_raw > CTXS__EXPORT_MAX_RAW)
-        return CTXS_ECORRUPT;
-    p->block_tokens = block_tokens;
-    for (uint32_t i = 0; i < p->n_ranges; i++) {
-        uint64_t len = p->ranges[i].end - p->ranges[i].start;
-        p->n_held += len;
-        p->n_blocks += (len + block_tokens - 1) / block_tokens;
-    }
-    return 0;
-}
-
-/* Walks the blocks of a plan: block b holds positions first .. + count - 1. */
-typedef struct block_walk {
-    uint32_t range;
-    uint64_t next;
-} block_walk;
-
-static int block_next(const xfer_plan *p, block_walk *w, uint64_t *first, uint32_t *count)
-{
-    while (w->range < p->n_ranges && w->next >= p->ranges[w->range].end) {
-        w->range++;
-        if (w->range < p->n_ranges)
-            w->next = p->ranges[w->range].start;
-    }
-    if (w->range >= p->n_ranges)
-        return 0;
-    uint64_t left = p->ranges[w->range].end - w->next;
-    *first = w->next;
-    *count = (uint32_t)(left < p->block_tokens ? left : p->block_tokens);
-    w->next += *count;
-    return 1;
-}
-
-static void block_walk_init(const xfer_plan *p, block_walk *w)
-{
-    w->range = 0;
-    w->next = p->n_ranges ? p->ranges[0].start : 0;
-}
-
-/* The slots of a block's positions: one or two runs of consecutive slots,
- * since a block lies within one range of held positions. */
-static uint32_t block_spans(ctxs__span out[2], const xfer_plan *p, uint64_t first, uint32_t count)
-{
-    return ctxs__slot_spans(out, first, count, p->lay.capacity, p->lay.n_sink);
-}
-
-/* The raw block's parts. */
-static uint64_t *raw_sums(uint8_t *raw)
-{
-    return (uint64_t *)(void *)raw;
-}
-
-static uint32_t *raw_ids(uint8_t *raw, uint32_t count)
-{
-    return (uint32_t *)(void *)(raw + (size_t)count * 8);
-}
-
-static uint8_t *raw_kv(uint8_t *raw, uint32_t count)
-{
-    return raw + (size_t)count * 12;
-}
-
-/* The scales, run by run, after the KV (with a scale table only). */
-static uint8_t *raw_scales(const xfer_plan *p, uint8_t *raw, uint32_t count)
-{
-    return raw_kv(raw, count) + (size_t)p->n_runs * count * p->lay.slot_bytes;
-}
-
-/* 1 if the checksum of every token of the raw block is the one it carries. */
-static int raw_verifies(const xfer_plan *p, uint8_t *raw, uint64_t first, uint32_t count)
-{
-    uint64_t got[CTXS__EXPORT_MAX_BLOCK_TOKENS];
-    uint32_t at[CTXS__EXPORT_MAX_BLOCK_TOKENS];
-    for (uint32_t i = 0; i < count; i++)
-        at[i] = i;
-    ctxs__token_bytes tb = {
-        .kv = raw_kv(raw, count),
-        .run_stride = (size_t)count * p->lay.slot_bytes,
-        .scales = p->scale_bytes ? raw_scales(p, raw, count) : NULL,
-        .scales_stride = (size_t)count * p->scale_bytes,
-        .n_runs = p->n_runs,
-        .slot_bytes = p->lay.slot_bytes,
-        .at = at,
-    };
-    ctxs__sums_chain(got, first, count, raw_ids(raw, count), &tb);
-    const uint64_t *sums = raw_sums(raw);
-    for (uint32_t i = 0; i < count; i++)
-        if (got[i] != sums[i])
-            return 0;
-    return 1;
-}
-
 static void progress_call(ctxs_progress_fn fn, void *arg, uint64_t done, uint64_t total)
 {
     if (fn && done < total)
@@ -228,7 +71,7 @@ static void progress_call(ctxs_progress_fn fn, void *arg, uint64_t done, uint64_
 
 typedef struct export_job {
     ctxs_session *s;            /* read-only, through the store */
-    xfer_plan plan;
+    ctxs__kv_plan plan;
     int fd;                     /* the file written aside */
     uint64_t off;               /* bytes written so far */
     uint32_t body_crc;
@@ -257,100 +100,13 @@ static int put(export_job *job, const void *p, size_t n)
     return 0;
 }
 
-/* 1 if now holds every position want holds (fork.c's rule). */
-static int holds_all(uint32_t n_sink, const ctxs__state *now, const ctxs__state *want)
-{
-    uint64_t ns = n_sink;
-    uint64_t first_want = want->ring_start > ns ? want->ring_start : ns;
-    uint64_t first_now = now->ring_start > ns ? now->ring_start : ns;
-    return want->n_tokens <= now->n_tokens &&
-           (first_want >= want->n_tokens || first_want >= first_now);
-}
-
-/* Copies the ids, checksums and KV of a block's tokens from the session. */
-static int block_copy(export_job *job, uint64_t first, uint32_t count)
-{
-    const xfer_plan *p = &job->plan;
-    const ctxs_session *s = job->s;
-    uint8_t *raw = job->raw;
-    ctxs__session_tokens(raw_ids(raw, count), raw_sums(raw), s, first, count);
-    /* By pread rather than through the mapping: the mapping reads no ahead
-     * (MADV_RANDOM), and an I/O error is an error here, not a SIGBUS. */
-    ctxs__span sp[2];
-    uint32_t n_sp = block_spans(sp, p, first, count);
-    size_t sb = p->lay.slot_bytes, run_bytes = (size_t)count * sb;
-    size_t scb = p->scale_bytes, scale_run_bytes = (size_t)count * scb;
-    uint8_t *kv = raw_kv(raw, count), *scales = raw_scales(p, raw, count);
-    for (uint32_t r = 0; r < p->n_runs; r++) {
-        uint64_t base = p->lay.kv_off + (uint64_t)r * p->lay.head_stride;
-        uint64_t scale_base = p->lay.scales_off + (uint64_t)r * p->lay.scales_stride;
-        size_t at = 0, scale_at = 0;
-        for (uint32_t j = 0; j < n_sp; j++) {
-            size_t len = (size_t)sp[j].count * sb;
-            int rc = ctxs__read_exact(ctxs__session_fd(s), kv + (size_t)r * run_bytes + at, len,
-                                      (off_t)(base + (uint64_t)sp[j].slot * sb));
-            if (rc == 0 && scb)
-                rc = ctxs__read_exact(ctxs__session_fd(s),
-                                      scales + (size_t)r * scale_run_bytes + scale_at,
-                                      (size_t)sp[j].count * scb,
-                                      (off_t)(scale_base + (uint64_t)sp[j].slot * scb));
-            if (rc < 0)
-                return rc;
-            at += len;
-            scale_at += (size_t)sp[j].count * scb;
-        }
-    }
-    return 0;
-}
-
-/* Refreshes the session: CTXS_ESTALE unless it still holds every position
- * the export's state holds. */
-static int refresh_holds_all(export_job *job)
-{
-    int rc = ctxs_session_refresh(job->s);
-    if (rc < 0)
-        return rc;
-    ctxs_session_info info;
-    ctxs_session_get_info(&info, job->s);
-    ctxs__state now = {.n_tokens = info.n_tokens, .ring_start = info.ring_start};
-    return holds_all(info.n_sink, &now, &job->plan.st) ? 0 : CTXS_ESTALE;
-}
-
-/* CTXS_ESTALE unless the session still holds the block's tokens with the
- * checksums copied. */
-static int block_still_held(export_job *job, uint64_t first, uint32_t count)
-{
-    int rc = refresh_holds_all(job);
-    if (rc < 0)
-        return rc;
-    uint64_t now[CTXS__EXPORT_MAX_BLOCK_TOKENS];
-    ctxs__session_tokens(NULL, now, job->s, first, count);
-    const uint64_t *sums = raw_sums(job->raw);
-    for (uint32_t i = 0; i < count; i++)
-        if (now[i] != sums[i])
-            return CTXS_ESTALE;
-    return 0;
-}
-
 /* Copies, checks, compresses and writes one block. */
 static int export_block(export_job *job, uint32_t index, uint64_t first, uint32_t count)
 {
-    const xfer_plan *p = &job->plan;
+    const ctxs__kv_plan *p = &job->plan;
     int rc;
-    /* A token whose bytes do not match its checksum was being rewritten
-     * under the copy (the writer rolled back or its ring moved on), or the
-     * session file is damaged. Which: the session tells once refreshed. A
-     * second try covers a rewrite that went back to the same tokens. */
-    for (int attempt = 0;; attempt++) {
-        if ((rc = block_copy(job, first, count)) < 0)
-            return rc;
-        if (raw_verifies(p, job->raw, first, count))
-            break;
-        if ((rc = block_still_held(job, first, count)) < 0)
-            return rc;
-        if (attempt == 1)
-            return CTXS_ECORRUPT;
-    }
+    if ((rc = ctxs__kv_block_read(job->raw, p, job->s, first, count)) < 0)
+        return rc;
     size_t raw_bytes = (size_t)(count * p->token_raw);
     uLongf bound = compressBound((uLong)raw_bytes), comp = bound;
     z_stream *zs = &job->zs;
@@ -382,7 +138,8 @@ static int export_block(export_job *job, uint32_t index, uint64_t first, uint32_
     b.raw_crc32 = crc_of(job->raw, raw_bytes);
     b.crc32 = crc_of(&b, offsetof(ctxs__export_block, crc32));
     memcpy(job->out, &b, sizeof(b));
-    job->sums_hash = XXH3_64bits_withSeed(raw_sums(job->raw), (size_t)count * 8, job->sums_hash);
+    job->sums_hash =
+        XXH3_64bits_withSeed(ctxs__raw_sums(job->raw), (size_t)count * 8, job->sums_hash);
     return put(job, job->out, sizeof(b) + comp);
 }
 
@@ -390,15 +147,15 @@ static int export_block(export_job *job, uint32_t index, uint64_t first, uint32_
  * the checksum exported? Then the file holds what the session holds. */
 static int export_still_held(export_job *job)
 {
-    const xfer_plan *p = &job->plan;
-    int rc = refresh_holds_all(job);
+    const ctxs__kv_plan *p = &job->plan;
+    int rc = ctxs__kv_still_holds(&job->plan, job->s);
     if (rc < 0)
         return rc;
-    uint64_t h = 0, first, sums[CTXS__EXPORT_MAX_BLOCK_TOKENS];
+    uint64_t h = 0, first, sums[CTXS__KV_BLOCK_MAX_TOKENS];
     uint32_t count;
-    block_walk w;
-    block_walk_init(p, &w);
-    while (block_next(p, &w, &first, &count)) {
+    ctxs__kv_walk w;
+    ctxs__kv_walk_init(p, &w);
+    while (ctxs__kv_walk_next(p, &w, &first, &count)) {
         ctxs__session_tokens(NULL, sums, job->s, first, count);
         h = XXH3_64bits_withSeed(sums, (size_t)count * 8, h);
     }
@@ -431,15 +188,15 @@ static int meta_section(export_job *job, const ctxs_meta_entry *e, size_t n)
 
 static int export_write(export_job *job, const ctxs__export_header *h)
 {
-    const xfer_plan *p = &job->plan;
+    const ctxs__kv_plan *p = &job->plan;
     int rc = put(job, h, sizeof(*h));
     if (rc == 0 && job->meta_bytes)
         rc = put(job, job->meta, job->meta_bytes);
     uint64_t first, done = 0;
     uint32_t count, index = 0;
-    block_walk w;
-    block_walk_init(p, &w);
-    while (rc == 0 && block_next(p, &w, &first, &count)) {
+    ctxs__kv_walk w;
+    ctxs__kv_walk_init(p, &w);
+    while (rc == 0 && ctxs__kv_walk_next(p, &w, &first, &count)) {
         rc = export_block(job, index++, first, count);
         done += count;
         if (rc == 0)
@@ -465,9 +222,9 @@ static int export_write(export_job *job, const ctxs__export_header *h)
 static int export_session(export_job *job, const ctxs_session_info *info, const char *name,
                           size_t len, const char *model_name, const char *path)
 {
-    xfer_plan *p = &job->plan;
+    ctxs__kv_plan *p = &job->plan;
     int ring = (info->flags & CTXS_INFO_RING) != 0;
-    int rc = plan_make(p, &info->model.geometry, info->capacity, info->n_sink, ring,
+    int rc = ctxs__kv_plan_make(p, &info->model.geometry, info->capacity, info->n_sink, ring,
                        info->n_tokens, info->ring_start, 0);
     if (rc < 0)
         return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc; /* cannot be: the session opened */
@@ -583,7 +340,7 @@ typedef struct import_job {
     int fd;
     uint64_t size;              /* the file's, at pass 1 */
     ctxs__export_header h;      /* as pass 1 read it */
-    xfer_plan plan;
+    ctxs__kv_plan plan;
     ctxs_model model;
     char model_name[CTXS_NAME_MAX + 1];       /* NUL-terminated */
     char name[CTXS_NAME_MAX + 1];             /* the name the file carries */
@@ -647,7 +404,7 @@ static int header_read(import_job *job)
     if (major == 1 && h->dtype != CTXS_DTYPE_F16)
         return CTXS_ECORRUPT;
     ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
-    if ((rc = plan_make(&job->plan, &g, h->capacity, h->n_sink,
+    if ((rc = ctxs__kv_plan_make(&job->plan, &g, h->capacity, h->n_sink,
                         (h->flags & CTXS__EXPORT_FLAG_RING) != 0, h->n_tokens, h->ring_start,
                         h->block_tokens)) < 0)
         return CTXS_ECORRUPT;
@@ -738,59 +495,17 @@ static int reserve_buf(uint8_t **buf, size_t *cap, size_t n)
     return 0;
 }
 
-/* Pass 2: the block's ids, checksums and KV into the new file's slots. */
-static int block_store(import_job *job, uint64_t first, uint32_t count)
-{
-    const xfer_plan *p = &job->plan;
-    ctxs__span sp[2];
-    uint32_t n_sp = block_spans(sp, p, first, count);
-    size_t sb = p->lay.slot_bytes, run_bytes = (size_t)count * sb;
-    size_t scb = p->scale_bytes, scale_run_bytes = (size_t)count * scb;
-    const uint8_t *kv = raw_kv(job->raw, count), *scales = raw_scales(p, job->raw, count);
-    size_t at = 0;
-    int rc;
-    for (uint32_t j = 0; j < n_sp; j++) {
-        uint64_t slot = sp[j].slot, n = sp[j].count;
-        if ((rc = ctxs__write_exact(job->out_fd, raw_ids(job->raw, count) + at, n * 4,
-                                    (off_t)(p->lay.tokens_off + slot * 4))) < 0 ||
-            (rc = ctxs__write_exact(job->out_fd, raw_sums(job->raw) + at, n * 8,
-                                    (off_t)(p->lay.sums_off + slot * 8))) < 0)
-            return rc;
-        at += n;
-    }
-    for (uint32_t r = 0; r < p->n_runs; r++) {
-        uint64_t base = p->lay.kv_off + (uint64_t)r * p->lay.head_stride;
-        uint64_t scale_base = p->lay.scales_off + (uint64_t)r * p->lay.scales_stride;
-        at = 0;
-        size_t scale_at = 0;
-        for (uint32_t j = 0; j < n_sp; j++) {
-            size_t len = (size_t)sp[j].count * sb;
-            if ((rc = ctxs__write_exact(job->out_fd, kv + (size_t)r * run_bytes + at, len,
-                                        (off_t)(base + (uint64_t)sp[j].slot * sb))) < 0)
-                return rc;
-            if (scb && (rc = ctxs__write_exact(job->out_fd,
-                                               scales + (size_t)r * scale_run_bytes + scale_at,
-                                               (size_t)sp[j].count * scb,
-                                               (off_t)(scale_base + (uint64_t)sp[j].slot * scb))) < 0)
-                return rc;
-            at += len;
-            scale_at += (size_t)sp[j].count * scb;
-        }
-    }
-    return 0;
-}
-
 /* Reads and checks every block and the trailer, in the order FORMAT.md
  * gives; in pass 2 stores each block as it is checked. */
 static int blocks_read(import_job *job)
 {
-    const xfer_plan *p = &job->plan;
+    const ctxs__kv_plan *p = &job->plan;
     uint64_t off = sizeof(ctxs__export_header) + job->meta_bytes, first, size = job->size;
     uint64_t progress_base = job->pass == 2 ? size : 0;
     uint32_t body_crc = crc_of(&job->h, sizeof(job->h));
     uint32_t count, index = 0;
-    block_walk w;
-    block_walk_init(p, &w);
+    ctxs__kv_walk w;
+    ctxs__kv_walk_init(p, &w);
     int rc;
     /* The metadata section as pass 1 read it: what the index will get. */
     if (job->pass == 2 && job->meta_bytes) {
@@ -802,7 +517,7 @@ static int blocks_read(import_job *job)
     }
     if (job->meta_bytes) /* crc32() of a NULL buffer is its initial value */
         body_crc = crc_more(body_crc, job->meta, job->meta_bytes);
-    while (block_next(p, &w, &first, &count)) {
+    while (ctxs__kv_walk_next(p, &w, &first, &count)) {
         ctxs__export_block b;
         if (size - off < sizeof(b))
             return CTXS_ECORRUPT;
@@ -829,9 +544,10 @@ static int blocks_read(import_job *job)
         uLong used = b.comp_bytes;
         if (uncompress2(job->raw, &got, job->comp, &used) != Z_OK || got != raw_bytes ||
             used != b.comp_bytes || crc_of(job->raw, (size_t)raw_bytes) != b.raw_crc32 ||
-            !raw_verifies(p, job->raw, first, count))
+            !ctxs__kv_raw_verifies(p, job->raw, first, count))
             return CTXS_ECORRUPT;
-        if (job->pass == 2 && (rc = block_store(job, first, count)) < 0)
+        if (job->pass == 2 &&
+            (rc = ctxs__kv_block_store(job->out_fd, p, job->raw, first, count)) < 0)
             return rc;
         body_crc = crc_more(body_crc, &b, sizeof(b));
         body_crc = crc_more(body_crc, job->comp, b.comp_bytes);
@@ -858,7 +574,7 @@ static int blocks_read(import_job *job)
 static int import_fill(int fd, const ctxs__disk_label *label, void *arg)
 {
     import_job *job = arg;
-    const xfer_plan *p = &job->plan;
+    const ctxs__kv_plan *p = &job->plan;
     /* The export file must be the one pass 1 checked. */
     ctxs__export_header again;
     struct stat sb;
@@ -872,21 +588,8 @@ static int import_fill(int fd, const ctxs__disk_label *label, void *arg)
     if (memcmp(&again, &job->h, sizeof(again)) != 0)
         return CTXS_ECORRUPT;
 
-    /* The records hold the imported state with verified_from = n_tokens:
-     * everything is synced below before the file has its name, so every
-     * held token is durable once any record is. */
-    ctxs__disk_header h;
-    ctxs__header_init(&h, &p->lay, &job->model, p->ring ? CTXS__FLAG_RING : 0,
-                      job->h.created_unix_ms);
-    if ((rc = full_or(ctxs__new_file_size(fd, &p->lay))) < 0 ||
-        (rc = ctxs__new_file_first_page(fd, &h, &p->st, label)) < 0)
+    if ((rc = ctxs__kv_file_begin(fd, p, &job->model, job->h.created_unix_ms, label)) < 0)
         return rc;
-    /* Slots below min(n_tokens, capacity) have blocks in any session. */
-    uint64_t alloc = p->st.n_tokens < p->lay.capacity ? p->st.n_tokens : p->lay.capacity;
-    for (uint32_t r = 0; alloc && r < p->n_runs; r++)
-        if ((rc = ctxs__allocate(fd, p->lay.kv_off + (uint64_t)r * p->lay.head_stride,
-                                 alloc * p->lay.slot_bytes)) < 0)
-            return rc;
     job->out_fd = fd;
     job->pass = 2;
     if ((rc = blocks_read(job)) < 0)

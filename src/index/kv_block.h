@@ -1,0 +1,107 @@
+/*
+ * Blocks of tokens outside a session file: a session's held tokens in
+ * position order, cut into blocks of at most block_tokens, each block
+ * packed as the "raw block" (docs/FORMAT.md, "Export file format",
+ * "Blocks"): the checksums u64[count], the token ids u32[count], the KV
+ * run by run ((layer, K|V, head) in file order, each run count *
+ * slot_bytes), then for Q8 the scales run by run (count * 4 each).
+ *
+ * Export and import (transfer.c) and the remote tier (remote.c) move
+ * tokens in this form: copied from a live session race-free, checked
+ * against the tokens' own checksums, and written into a new file.
+ */
+#ifndef CTXS_INDEX_KV_BLOCK_H
+#define CTXS_INDEX_KV_BLOCK_H
+
+#include <stdint.h>
+
+#include "ctxstore.h"
+#include "format.h"
+
+/* Tokens per block at most, and raw bytes per block at most: no block
+ * makes a reader allocate more than about 64 MiB. */
+#define CTXS__KV_BLOCK_MAX_TOKENS 64u
+#define CTXS__KV_BLOCK_MAX_RAW (64u << 20)
+
+/* A run of consecutive held positions [start, end). */
+typedef struct ctxs__kv_range {
+    uint64_t start, end;
+} ctxs__kv_range;
+
+/* Everything the blocks of a session state must be, derived from checked
+ * fields. */
+typedef struct ctxs__kv_plan {
+    ctxs__file_layout lay;
+    int ring;
+    ctxs__state st;             /* n_tokens and ring_start */
+    ctxs__kv_range ranges[2];   /* the held positions, maximal runs */
+    uint32_t n_ranges;
+    uint64_t n_held;
+    uint32_t n_runs;            /* 2 * layers * heads */
+    uint32_t scale_bytes;       /* 4 with a scale table (Q8), else 0 */
+    uint64_t token_raw;         /* raw bytes per token */
+    uint32_t block_tokens;
+    uint64_t n_blocks;
+} ctxs__kv_plan;
+
+/* Fills *p for a geometry, slots and state; block_tokens 0 picks the most
+ * that fit. Errors: CTXS_ECORRUPT (fields out of range or inconsistent,
+ * or block_tokens tokens above CTXS__KV_BLOCK_MAX_RAW), CTXS_EINVAL
+ * (block_tokens 0 and not even one token fits a block). */
+int ctxs__kv_plan_make(ctxs__kv_plan *p, const ctxs_geometry *g, uint32_t capacity,
+                       uint32_t n_sink, int ring, uint64_t n_tokens, uint64_t ring_start,
+                       uint32_t block_tokens);
+
+/* Walks the blocks of a plan in position order. */
+typedef struct ctxs__kv_walk {
+    uint32_t range;
+    uint64_t next;
+} ctxs__kv_walk;
+void ctxs__kv_walk_init(const ctxs__kv_plan *p, ctxs__kv_walk *w);
+/* 1 and the next block's positions first .. first + count - 1, or 0. */
+int ctxs__kv_walk_next(const ctxs__kv_plan *p, ctxs__kv_walk *w, uint64_t *first,
+                       uint32_t *count);
+
+/* The raw block's parts, for count tokens. */
+static inline uint64_t *ctxs__raw_sums(uint8_t *raw)
+{
+    return (uint64_t *)(void *)raw;
+}
+
+static inline uint32_t *ctxs__raw_ids(uint8_t *raw, uint32_t count)
+{
+    return (uint32_t *)(void *)(raw + (size_t)count * 8);
+}
+
+/* 1 if the checksum of every token of the raw block (positions first ..
+ * first + count - 1) is the one it carries. */
+int ctxs__kv_raw_verifies(const ctxs__kv_plan *p, uint8_t *raw, uint64_t first, uint32_t count);
+
+/* Copies the raw block of positions first .. + count - 1 (within one
+ * range of p, which s's state held when p was made) from s, a handle
+ * opened read-only, by pread; and checks it. A token whose bytes do not
+ * match its checksum was being rewritten under the copy (a rollback, the
+ * ring moving on) or the file is damaged: the session, refreshed, tells
+ * which, and a second copy covers a rewrite back to the same tokens.
+ * Errors: CTXS_ESTALE (s no longer holds p's tokens, or holds others),
+ * CTXS_ECORRUPT, the errors of ctxs_session_refresh(), -errno. */
+int ctxs__kv_block_read(uint8_t *raw, const ctxs__kv_plan *p, ctxs_session *s, uint64_t first,
+                        uint32_t count);
+
+/* Refreshes s: CTXS_ESTALE unless it still holds every position p's state
+ * holds. */
+int ctxs__kv_still_holds(const ctxs__kv_plan *p, ctxs_session *s);
+
+/* Writes a raw block's ids, checksums and KV into the slots of a new
+ * session file laid out as p (pwrite). Errors: -errno. */
+int ctxs__kv_block_store(int fd, const ctxs__kv_plan *p, uint8_t *raw, uint64_t first,
+                         uint32_t count);
+
+/* Sizes the new session file fd for p, writes its first page (header for
+ * model, created_unix_ms; both records holding p's state; label) and
+ * allocates the KV blocks of its held slots, for ctxs__kv_block_store().
+ * Errors: CTXS_EFULL, CTXS_ENOMEM, -errno. */
+int ctxs__kv_file_begin(int fd, const ctxs__kv_plan *p, const ctxs_model *model,
+                        uint64_t created_unix_ms, const ctxs__disk_label *label);
+
+#endif

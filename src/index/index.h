@@ -128,6 +128,8 @@ struct ctxs_store {
     int refs;                   /* ctxs_store_open()s plus open sessions */
     int lock_fd;                /* index/store.lock, read-locked while env
                                    is open (store.c, "The store lock") */
+    struct ctxs_remote *remote; /* remote.c: the attached remote, or NULL;
+                                   read and written under its lock */
     struct ctxs_store *next;
 };
 
@@ -284,6 +286,10 @@ int ctxs__aside_remove(ctxs_store *st, uint64_t id, const char *name);
  * 1.1) is alive. Returns 0, CTXS_EBUSY (left for later) or an error. */
 int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent);
 
+/* The name of session id (into name[CTXS_NAME_MAX + 1]), in a read
+ * transaction of its own. Errors: CTXS_ENOTFOUND, CTXS_EINDEX, LMDB's. */
+int ctxs__session_name_of(char *name, ctxs_store *st, uint64_t id);
+
 /* --- models.c --------------------------------------------------------- */
 
 /* Checks that model is registered with the same geometry and tokenizer.
@@ -313,12 +319,30 @@ int ctxs__meta_drop(MDB_txn *txn, ctxs_store *st, uint64_t id);
 int ctxs__meta_put_all(MDB_txn *txn, ctxs_store *st, uint64_t id, const ctxs__meta_item *items,
                        size_t n);
 
+/* The metadata section of export files and remote session records
+ * (docs/FORMAT.md, "Metadata section"): the n entries of e (in key order)
+ * into *out (malloc'd, NULL when empty), *bytes and *count set.
+ * Errors: CTXS_ECORRUPT (more than a session may hold), CTXS_ENOMEM. */
+int ctxs__meta_section_make(uint8_t **out, uint32_t *bytes, uint32_t *count,
+                            const ctxs_meta_entry *e, size_t n);
+
+/* Checks a metadata section of bytes bytes holding count entries, in the
+ * order FORMAT.md gives, and lists them into *items (calloc'd, pointing
+ * into buf; NULL when empty). Errors: CTXS_ECORRUPT, CTXS_ENOMEM. */
+int ctxs__meta_section_parse(ctxs__meta_item **items, const uint8_t *buf, uint32_t bytes,
+                             uint32_t count);
+
 /* --- prefix.c --------------------------------------------------------- */
 
 /* chain[k] = XXH3-128(chain[k-1] || token ids of chunk k), chain[-1] = 0:
  * writes the chains of the n_chunks whole chunks of ids. */
 void ctxs__prefix_chains(uint8_t (*chain)[16], const uint32_t *ids,
                          uint64_t n_chunks);
+
+/* One link of that chain: out = XXH3-128(prev || ids[0..count)), count at
+ * most CTXS_PREFIX_CHUNK (fewer: the remote tier's tail chunks). */
+void ctxs__prefix_chain_next(uint8_t out[16], const uint8_t prev[16], const uint32_t *ids,
+                             uint32_t count);
 
 /* Brings the prefix entries of session id (record rec, updated in place) in
  * line with its leading held token ids ids[0..n_held). */
@@ -329,5 +353,24 @@ int ctxs__prefix_update(MDB_txn *txn, ctxs_store *st, uint64_t id,
 /* Removes every prefix entry of session id. */
 int ctxs__prefix_drop(MDB_txn *txn, ctxs_store *st, uint64_t id,
                       const uint8_t model_hash[16]);
+
+/* --- remote.c ---------------------------------------------------------- */
+
+/* What a read-write session opened through a store tells its remote. */
+enum ctxs__remote_event {
+    CTXS__REMOTE_COMMIT,            /* a commit succeeded */
+    CTXS__REMOTE_CLOSE_CHANGED,     /* closing, after commits */
+    CTXS__REMOTE_CLOSE_UNCHANGED,   /* closing, no commit since the open */
+};
+
+/* Tells st's remote, if one is attached with push_on_commit, that session
+ * id holds n_held leading tokens, at event: the chunks not queued yet are
+ * queued, and at a commit that completed a chunk or a close after
+ * commits, the record (at close with the tail). *noted is the caller's
+ * count of the chunks queued for id since the handle opened (0 at first:
+ * the first note reconciles every chunk). Takes a mutex and queues small
+ * descriptors: never waits for the network. */
+void ctxs__remote_note(ctxs_store *st, uint64_t id, uint64_t n_held, int event,
+                       uint64_t *noted);
 
 #endif

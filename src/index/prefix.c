@@ -25,17 +25,23 @@
 /* Candidates checked at one chunk count before looking at shorter ones. */
 #define MAX_CANDIDATES 8
 
-void ctxs__prefix_chains(uint8_t (*chain)[16], const uint32_t *ids, uint64_t n_chunks)
+void ctxs__prefix_chain_next(uint8_t out[16], const uint8_t prev[16], const uint32_t *ids,
+                             uint32_t count)
 {
     uint8_t buf[16 + CTXS_PREFIX_CHUNK * 4];
-    memset(buf, 0, 16);
-    for (uint64_t k = 0; k < n_chunks; k++) {
-        memcpy(buf + 16, ids + k * CTXS_PREFIX_CHUNK, CTXS_PREFIX_CHUNK * 4);
-        XXH128_canonical_t c;
-        XXH128_canonicalFromHash(&c, XXH3_128bits(buf, sizeof(buf)));
-        memcpy(chain[k], c.digest, 16);
-        memcpy(buf, c.digest, 16);
-    }
+    memcpy(buf, prev, 16);
+    memcpy(buf + 16, ids, (size_t)count * 4);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(buf, 16 + (size_t)count * 4));
+    memcpy(out, c.digest, 16);
+}
+
+void ctxs__prefix_chains(uint8_t (*chain)[16], const uint32_t *ids, uint64_t n_chunks)
+{
+    static const uint8_t zero[16];
+    for (uint64_t k = 0; k < n_chunks; k++)
+        ctxs__prefix_chain_next(chain[k], k ? chain[k - 1] : zero, ids + k * CTXS_PREFIX_CHUNK,
+                                CTXS_PREFIX_CHUNK);
 }
 
 static void chunk_key(uint8_t out[12], uint64_t id, uint32_t chunk)

@@ -1,56 +1,1418 @@
 /*
- * The remote tier: sessions pushed to and pulled from a Redis server
- * (docs/FORMAT.md, "Remote values"). Skeleton: every call refuses.
+ * The remote tier: sessions pushed to a Redis server and pulled back on
+ * another machine. remote_format.h has the values; docs/FORMAT.md,
+ * "Remote values", their prose.
+ *
+ * Two rules hold everything up:
+ *
+ * - A chunk value is a fact that never goes stale: "the KV of these 64
+ *   token ids, after the prefix whose chain is prev_chain". It is keyed
+ *   by its content (model hash, chain), so writing it twice, from two
+ *   machines or two sessions that share a prompt, writes the same bytes,
+ *   and a value is never updated in place. What is pushed must therefore
+ *   be a consistent state of a session: the pusher takes the ids and
+ *   checksums of a committed state (a snapshot), copies each block
+ *   race-free (kv_block.c) and checks it against that snapshot, and
+ *   before anything is sent checks that the session still holds the
+ *   snapshot's tokens with the same checksums (a rollback and rewrite in
+ *   between changes them). The session record, the one mutable value,
+ *   only names token ids; a puller trusts nothing in it beyond that.
+ *
+ * - A puller uses no byte it has not verified: every chunk's header, its
+ *   place in the chain, the ids against the record (or the prompt), the
+ *   payload's CRC and every token's checksum, before the block is written
+ *   into the new file, which appears complete or not at all. The first
+ *   chunk missing (evicted) or refused ends the pull: shorter, never
+ *   wrong.
+ *
+ * Threads: ctxs_remote_open() starts one push thread per remote, with its
+ * own connection. Sessions opened read-write through the store queue
+ * small descriptors (a session id and a chunk range; never KV bytes) from
+ * their commit and close hooks, under the queue's mutex; the thread opens
+ * the session file read-only by id itself. The calls on the caller's
+ * thread (push, pull, list, info) each open a connection of their own,
+ * so they are thread-safe and need no lock beyond the counters'.
  */
+#include <ctype.h>
 #include <errno.h>
+#include <hiredis/hiredis.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
 
 #include "index.h"
+#include "kv_block.h"
+#include "label.h"
+#include "platform.h"
+#include "remote_format.h"
+#include "session_iface.h"
+#include "syscall.h"
 
-int ctxs_remote_open(ctxs_remote **out, ctxs_store *st, const char *url,
-                     const ctxs_remote_options *opts)
+static_assert(CTXS_PREFIX_CHUNK == CTXS__KV_BLOCK_MAX_TOKENS, "a chunk is one raw block");
+
+/* Bytes of values in flight in one pipeline, each way: bounds the memory
+ * a push or pull holds (a chunk of a large model is ~20 MiB). */
+#define PIPELINE_BYTES (64u << 20)
+#define BACKOFF_MAX_MS 2000u
+
+static uint32_t crc_of(const void *p, size_t n)
 {
-    if (out)
-        *out = NULL;
-    (void)st;
-    (void)url;
-    (void)opts;
-    return -ENOSYS;
+    return (uint32_t)crc32(0L, (const Bytef *)p, (uInt)n);
 }
 
-int ctxs_remote_get_stats(ctxs_remote_stats *out, ctxs_remote *r)
+/* --- The handle ------------------------------------------------------------ */
+
+enum job_kind { JOB_CHUNKS, JOB_RECORD };
+
+/* A background push: the chunks [from, to) of session id, or its record
+ * (with its tail first when tail is set). */
+typedef struct job {
+    enum job_kind kind;
+    int tail;
+    uint64_t id;
+    uint64_t from, to;
+    struct job *next;
+} job;
+
+typedef struct endpoint {
+    int is_unix;
+    char host[256];             /* or the socket's path */
+    int port;
+    int db;
+    char user[256];             /* "" for none */
+    char password[512];         /* "" for none */
+} endpoint;
+
+struct ctxs_remote {
+    ctxs_store *st;             /* referenced while r lives */
+    ctxs_remote_options o;
+    char prefix[CTXS_NAME_MAX + 1];
+    endpoint ep;
+
+    pthread_mutex_t mu;         /* the queue, the counters */
+    pthread_cond_t wake;        /* work or stop, for the thread */
+    pthread_cond_t idle;        /* the queue drained, for flush */
+    job *head, *tail, *tail_prev;
+    uint64_t n_jobs;
+    int busy;                   /* the thread runs a job it took */
+    int stop;
+    int thread_started;
+    pthread_t thread;
+    ctxs_remote_stats stats;
+};
+
+/* The chunks a job would push (a record's tail counts as one). */
+static uint64_t job_chunks(const job *j)
 {
-    (void)out;
-    (void)r;
-    return CTXS_EINVAL;
+    return j->kind == JOB_CHUNKS ? j->to - j->from : (uint64_t)(j->tail != 0);
 }
 
-int ctxs_remote_flush(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_ms)
+/* Remotes attach to and detach from their stores under this lock, which
+ * the hooks take to read st->remote: a remote is never freed under a hook
+ * that found it. */
+static pthread_mutex_t attach_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* --- Errors -------------------------------------------------------------- */
+
+/* hiredis 0.14 reports an I/O error as REDIS_ERR_IO with errno set and
+ * its text in errstr; errno may not survive the calls after it, so the
+ * text decides where errno was lost. */
+static int errno_of(const char *errstr, int saved)
 {
-    (void)out;
-    (void)r;
-    (void)timeout_ms;
-    return CTXS_EINVAL;
+    static const int known[] = {ECONNREFUSED, ETIMEDOUT, ECONNRESET, EHOSTUNREACH, ENETUNREACH,
+                                ENOENT, EACCES, EPIPE, EADDRNOTAVAIL, ECONNABORTED};
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+        if (strstr(errstr, strerror(known[i])))
+            return -known[i];
+    if (strstr(errstr, "timed out") || strstr(errstr, "Timeout"))
+        return -ETIMEDOUT;
+    if (saved == EAGAIN || saved == EWOULDBLOCK || saved == EINPROGRESS)
+        return -ETIMEDOUT; /* a read or write that the socket timeout ended */
+    return saved > 0 ? -saved : -EIO;
 }
 
-int ctxs_remote_close(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_ms)
+static int context_error(const redisContext *c, int saved)
 {
-    (void)out;
-    (void)r;
-    (void)timeout_ms;
+    if (!c)
+        return CTXS_ENOMEM;
+    switch (c->err) {
+    case REDIS_ERR_IO:
+        return errno_of(c->errstr, saved);
+    case REDIS_ERR_EOF:
+        return -ECONNRESET;
+    case REDIS_ERR_OOM:
+        return CTXS_ENOMEM;
+    case REDIS_ERR_PROTOCOL:
+        return CTXS_EREMOTE; /* not a Redis */
+    default:
+        return strstr(c->errstr, "imed out") ? -ETIMEDOUT : -EIO;
+    }
+}
+
+/* An error reply: a password refused or required is -EACCES (Redis 6+
+ * "WRONGPASS", older "ERR invalid password", "NOAUTH" without AUTH, and
+ * "ERR ... no password is set" when AUTH was sent to a server without
+ * one), the rest CTXS_EREMOTE. */
+static int reply_error(const redisReply *rep)
+{
+    if (!strncmp(rep->str, "WRONGPASS", 9) || !strncmp(rep->str, "NOAUTH", 6) ||
+        strstr(rep->str, "invalid password") || strstr(rep->str, "no password is set") ||
+        strstr(rep->str, "invalid username-password"))
+        return -EACCES;
+    return CTXS_EREMOTE;
+}
+
+/* The result of one command's reply: 0, or an error. */
+static int reply_check(redisContext *c, redisReply *rep, int saved)
+{
+    if (!rep)
+        return context_error(c, saved);
+    if (rep->type == REDIS_REPLY_ERROR)
+        return reply_error(rep);
     return 0;
+}
+
+/* Reads the next pipelined reply into *out (freeReplyObject() it). */
+static int reply_next(redisReply **out, redisContext *c)
+{
+    void *rep = NULL;
+    *out = NULL;
+    errno = 0;
+    if (redisGetReply(c, &rep) != REDIS_OK)
+        return context_error(c, errno);
+    *out = rep;
+    return 0;
+}
+
+/* --- URLs -------------------------------------------------------------- */
+
+static int hex_val(int ch)
+{
+    return isdigit(ch) ? ch - '0' : isxdigit(ch) ? (tolower(ch) - 'a' + 10) : -1;
+}
+
+/* Copies [s, s + n) percent-decoded into out[cap]. CTXS_EINVAL if it does
+ * not fit or a %xx is malformed. */
+static int decode(char *out, size_t cap, const char *s, size_t n)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int ch = (unsigned char)s[i];
+        if (ch == '%') {
+            if (i + 2 >= n)
+                return CTXS_EINVAL;
+            int hi = hex_val((unsigned char)s[i + 1]), lo = hex_val((unsigned char)s[i + 2]);
+            if (hi < 0 || lo < 0)
+                return CTXS_EINVAL;
+            ch = hi * 16 + lo;
+            i += 2;
+        }
+        if (ch == 0 || o + 1 >= cap)
+            return CTXS_EINVAL;
+        out[o++] = (char)ch;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
+static int parse_uint(const char *s, size_t n, long max, long *out)
+{
+    if (n == 0 || n > 9)
+        return CTXS_EINVAL;
+    long v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i]))
+            return CTXS_EINVAL;
+        v = v * 10 + (s[i] - '0');
+    }
+    if (v > max)
+        return CTXS_EINVAL;
+    *out = v;
+    return 0;
+}
+
+/* "redis://[[user]:password@]host[:port][/db]" or
+ * "unix:///path[?db=N]". TLS ("rediss://") is refused: Debian 12's
+ * hiredis 0.14 has none. */
+static int url_parse(endpoint *ep, const char *url)
+{
+    memset(ep, 0, sizeof(*ep));
+    ep->port = 6379;
+    long v;
+    if (!strncmp(url, "unix://", 7)) {
+        const char *path = url + 7, *q = strchr(path, '?');
+        size_t n = q ? (size_t)(q - path) : strlen(path);
+        if (n == 0 || path[0] != '/' || decode(ep->host, sizeof(ep->host), path, n) < 0)
+            return CTXS_EINVAL;
+        ep->is_unix = 1;
+        if (q) {
+            if (strncmp(q, "?db=", 4) || parse_uint(q + 4, strlen(q + 4), INT_MAX, &v) < 0)
+                return CTXS_EINVAL;
+            ep->db = (int)v;
+        }
+        return 0;
+    }
+    if (strncmp(url, "redis://", 8))
+        return CTXS_EINVAL; /* rediss:// included */
+    const char *s = url + 8, *end = s + strlen(s);
+    const char *at = memchr(s, '@', (size_t)(end - s));
+    if (at) {
+        /* user:password or :password or password (the Redis CLI's form) */
+        const char *colon = memchr(s, ':', (size_t)(at - s));
+        if (colon) {
+            if (decode(ep->user, sizeof(ep->user), s, (size_t)(colon - s)) < 0 ||
+                decode(ep->password, sizeof(ep->password), colon + 1,
+                       (size_t)(at - colon - 1)) < 0)
+                return CTXS_EINVAL;
+        } else if (decode(ep->password, sizeof(ep->password), s, (size_t)(at - s)) < 0) {
+            return CTXS_EINVAL;
+        }
+        s = at + 1;
+    }
+    const char *slash = memchr(s, '/', (size_t)(end - s));
+    const char *hend = slash ? slash : end;
+    const char *colon = NULL;
+    if (*s == '[') { /* [IPv6]:port */
+        const char *rb = memchr(s, ']', (size_t)(hend - s));
+        if (!rb)
+            return CTXS_EINVAL;
+        if (decode(ep->host, sizeof(ep->host), s + 1, (size_t)(rb - s - 1)) < 0)
+            return CTXS_EINVAL;
+        colon = rb + 1 < hend && rb[1] == ':' ? rb + 1 : NULL;
+        if (rb + 1 != hend && !colon)
+            return CTXS_EINVAL;
+    } else {
+        colon = memchr(s, ':', (size_t)(hend - s));
+        if (decode(ep->host, sizeof(ep->host), s, (size_t)((colon ? colon : hend) - s)) < 0)
+            return CTXS_EINVAL;
+    }
+    if (!ep->host[0])
+        return CTXS_EINVAL;
+    if (colon) {
+        if (parse_uint(colon + 1, (size_t)(hend - colon - 1), 65535, &v) < 0 || v == 0)
+            return CTXS_EINVAL;
+        ep->port = (int)v;
+    }
+    if (slash && slash + 1 < end) {
+        if (parse_uint(slash + 1, (size_t)(end - slash - 1), INT_MAX, &v) < 0)
+            return CTXS_EINVAL;
+        ep->db = (int)v;
+    }
+    return 0;
+}
+
+/* --- Connections ----------------------------------------------------------- */
+
+static struct timeval tv_ms(uint32_t ms)
+{
+    return (struct timeval){(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+}
+
+/* One command with a status or integer reply expected. */
+static int simple_cmd(redisContext *c, int argc, const char **argv)
+{
+    errno = 0;
+    redisReply *rep = redisCommandArgv(c, argc, argv, NULL);
+    int rc = reply_check(c, rep, errno);
+    if (rep)
+        freeReplyObject(rep);
+    return rc;
+}
+
+/* Connects, authenticates, selects the database and checks that the
+ * server answers PING as Redis does. */
+static int conn_open(redisContext **out, const ctxs_remote *r)
+{
+    *out = NULL;
+    const endpoint *ep = &r->ep;
+    struct timeval tv = tv_ms(r->o.timeout_ms);
+    errno = 0;
+    redisContext *c = ep->is_unix ? redisConnectUnixWithTimeout(ep->host, tv)
+                                  : redisConnectWithTimeout(ep->host, ep->port, tv);
+    int saved = errno;
+    if (!c || c->err) {
+        int rc = context_error(c, saved);
+        if (c)
+            redisFree(c);
+        return rc;
+    }
+    int rc = redisSetTimeout(c, tv) == REDIS_OK ? 0 : context_error(c, errno);
+    if (rc == 0 && ep->password[0]) {
+        const char *auth_user[] = {"AUTH", ep->user, ep->password};
+        const char *auth[] = {"AUTH", ep->password};
+        rc = ep->user[0] ? simple_cmd(c, 3, auth_user) : simple_cmd(c, 2, auth);
+    }
+    if (rc == 0 && ep->db) {
+        char db[16];
+        snprintf(db, sizeof(db), "%d", ep->db);
+        const char *sel[] = {"SELECT", db};
+        rc = simple_cmd(c, 2, sel);
+    }
+    if (rc == 0) {
+        errno = 0;
+        redisReply *rep = redisCommand(c, "PING");
+        rc = reply_check(c, rep, errno);
+        if (rc == 0 && (rep->type != REDIS_REPLY_STATUS || strcmp(rep->str, "PONG")))
+            rc = CTXS_EREMOTE;
+        if (rep)
+            freeReplyObject(rep);
+    }
+    if (rc < 0) {
+        redisFree(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+/* --- Keys ------------------------------------------------------------------ */
+
+static void hex32(char out[33], const uint8_t b[16])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = digits[b[i] >> 4];
+        out[2 * i + 1] = digits[b[i] & 15];
+    }
+    out[32] = '\0';
+}
+
+/* "<prefix>:chunk:<model>:<chain>" into key[CHUNK_KEY_MAX]. */
+#define CHUNK_KEY_MAX (CTXS_NAME_MAX + 80)
+static void chunk_key(char *key, const ctxs_remote *r, const uint8_t model[16],
+                      const uint8_t chain[16])
+{
+    char m[33], c[33];
+    hex32(m, model);
+    hex32(c, chain);
+    snprintf(key, CHUNK_KEY_MAX, "%s:chunk:%s:%s", r->prefix, m, c);
+}
+
+#define SESSION_KEY_MAX (2 * CTXS_NAME_MAX + 16)
+static void session_key(char *key, const ctxs_remote *r, const char *name)
+{
+    snprintf(key, SESSION_KEY_MAX, "%s:session:%s", r->prefix, name);
+}
+
+/* --- Counters ---------------------------------------------------------------- */
+
+static void count(ctxs_remote *r, uint64_t *field, uint64_t n)
+{
+    pthread_mutex_lock(&r->mu);
+    *field += n;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* --- Pushing one session ----------------------------------------------------- */
+
+/* A consistent committed state of a session being pushed: its plan in
+ * chunks, and the ids, checksums and chains of its tokens as of one
+ * refresh. Every block sent is checked against it, and it against the
+ * session again before anything is sent. */
+typedef struct snapshot {
+    ctxs_session *s;            /* read-only */
+    uint64_t id;
+    ctxs_model model;
+    ctxs__kv_plan plan;         /* n_tokens = n, 64-token blocks */
+    uint64_t n;
+    uint32_t *ids;              /* [n] */
+    uint64_t *sums;             /* [n] */
+    uint8_t (*chain)[16];       /* [n / 64 + 1]: whole chunks, then the tail */
+} snapshot;
+
+static void snapshot_free(snapshot *sn)
+{
+    free(sn->ids);
+    free(sn->sums);
+    free(sn->chain);
+    sn->ids = NULL;
+    sn->sums = NULL;
+    sn->chain = NULL;
+}
+
+/* Refreshes s and takes its state. Errors: CTXS_EEVICTED (a ring that
+ * wrapped), CTXS_ENOMEM, refresh's. */
+static int snapshot_take(snapshot *sn, ctxs_session *s, uint64_t id)
+{
+    memset(sn, 0, sizeof(*sn));
+    sn->s = s;
+    sn->id = id;
+    int rc = ctxs_session_refresh(s);
+    if (rc < 0)
+        return rc;
+    ctxs_session_info info;
+    ctxs_session_get_info(&info, s);
+    sn->model = info.model;
+    /* Only a session that holds every token from position 0 pushes: a
+     * chunk is keyed by the chain from the start. */
+    if (ctxs__session_prefix_held(NULL, s) != info.n_tokens)
+        return CTXS_EEVICTED;
+    sn->n = info.n_tokens;
+    if ((rc = ctxs__kv_plan_make(&sn->plan, &info.model.geometry, info.capacity, info.n_sink,
+                                 (info.flags & CTXS_INFO_RING) != 0, info.n_tokens,
+                                 info.ring_start, CTXS_PREFIX_CHUNK)) < 0)
+        return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc; /* 64 tokens above 64 MiB */
+    uint64_t n_chunks = sn->n / CTXS_PREFIX_CHUNK;
+    if (!(sn->ids = ctxs__malloc(sn->n * 4 + 4)) || !(sn->sums = ctxs__malloc(sn->n * 8 + 8)) ||
+        !(sn->chain = ctxs__malloc((n_chunks + 1) * 16)))
+        return CTXS_ENOMEM;
+    ctxs__session_tokens(sn->ids, sn->sums, s, 0, sn->n);
+    static const uint8_t zero[16];
+    ctxs__prefix_chains(sn->chain, sn->ids, n_chunks);
+    if (sn->n % CTXS_PREFIX_CHUNK)
+        ctxs__prefix_chain_next(sn->chain[n_chunks], n_chunks ? sn->chain[n_chunks - 1] : zero,
+                                sn->ids + n_chunks * CTXS_PREFIX_CHUNK,
+                                (uint32_t)(sn->n % CTXS_PREFIX_CHUNK));
+    return 0;
+}
+
+/* CTXS_ESTALE unless the session still holds the snapshot's tokens with
+ * the same checksums: then every block checked against the snapshot is
+ * part of one committed state (a held slot is never rewritten before a
+ * record stops holding it). */
+static int snapshot_still_held(snapshot *sn)
+{
+    int rc = ctxs__kv_still_holds(&sn->plan, sn->s);
+    if (rc < 0)
+        return rc;
+    uint64_t now[CTXS_PREFIX_CHUNK];
+    for (uint64_t at = 0; at < sn->n; at += CTXS_PREFIX_CHUNK) {
+        uint32_t k = (uint32_t)(sn->n - at < CTXS_PREFIX_CHUNK ? sn->n - at : CTXS_PREFIX_CHUNK);
+        ctxs__session_tokens(NULL, now, sn->s, at, k);
+        if (memcmp(now, sn->sums + at, (size_t)k * 8))
+            return CTXS_ESTALE;
+    }
+    return 0;
+}
+
+static uint64_t chunk_value_bytes(const ctxs__kv_plan *p, uint32_t count)
+{
+    return CTXS__RCHUNK_HEADER_BYTES + count * p->token_raw;
+}
+
+/* Builds chunk k's value (k = n / 64 is the tail) into v, which has
+ * chunk_value_bytes() bytes: the block copied from the session and
+ * checked against the snapshot. */
+static int chunk_value(uint8_t *v, snapshot *sn, uint64_t k)
+{
+    uint64_t first = k * CTXS_PREFIX_CHUNK;
+    uint32_t count = (uint32_t)(sn->n - first < CTXS_PREFIX_CHUNK ? sn->n - first
+                                                                   : CTXS_PREFIX_CHUNK);
+    uint8_t *raw = v + CTXS__RCHUNK_HEADER_BYTES;
+    int rc = ctxs__kv_block_read(raw, &sn->plan, sn->s, first, count);
+    if (rc < 0)
+        return rc;
+    if (memcmp(ctxs__raw_ids(raw, count), sn->ids + first, (size_t)count * 4) ||
+        memcmp(ctxs__raw_sums(raw), sn->sums + first, (size_t)count * 8))
+        return CTXS_ESTALE;
+    ctxs__rchunk_header h;
+    memset(&h, 0, sizeof(h));
+    memcpy(h.magic, CTXS__RCHUNK_MAGIC, 8);
+    h.version_major = CTXS__REMOTE_MAJOR;
+    h.version_minor = CTXS__REMOTE_MINOR;
+    h.header_bytes = CTXS__RCHUNK_HEADER_BYTES;
+    h.dtype = sn->model.geometry.dtype;
+    h.n_layers = sn->model.geometry.n_layers;
+    h.n_kv_heads = sn->model.geometry.n_kv_heads;
+    h.head_dim = sn->model.geometry.head_dim;
+    h.count = count;
+    h.raw_bytes = (uint32_t)(count * sn->plan.token_raw);
+    h.first_pos = first;
+    memcpy(h.model_hash, sn->model.model_hash, 16);
+    if (k)
+        memcpy(h.prev_chain, sn->chain[k - 1], 16);
+    memcpy(h.chain, sn->chain[k], 16);
+    h.raw_crc32 = crc_of(raw, h.raw_bytes);
+    h.crc32 = crc_of(&h, offsetof(ctxs__rchunk_header, crc32));
+    memcpy(v, &h, sizeof(h));
+    return 0;
+}
+
+typedef struct push_counts {
+    uint64_t sent, present, bytes, dropped;
+} push_counts;
+
+/* Pushes chunks [from, to) of the snapshot (to = n / 64 + 1: the tail
+ * too) that Redis lacks, a pipeline of at most PIPELINE_BYTES of values
+ * at a time: EXISTS for the batch, then SET for those missing. */
+static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t from, uint64_t to,
+                       push_counts *pc, ctxs_progress_fn progress, void *progress_arg)
+{
+    uint64_t whole = sn->n / CTXS_PREFIX_CHUNK;
+    if (to > whole + (sn->n % CTXS_PREFIX_CHUNK != 0))
+        to = whole + (sn->n % CTXS_PREFIX_CHUNK != 0);
+    uint64_t vbytes = chunk_value_bytes(&sn->plan, CTXS_PREFIX_CHUNK);
+    uint64_t batch = PIPELINE_BYTES / vbytes ? PIPELINE_BYTES / vbytes : 1;
+    uint8_t *values = NULL;
+    uint8_t *missing = NULL;
+    char(*keys)[CHUNK_KEY_MAX] = NULL;
+    int rc = 0;
+    if (from < to &&
+        (!(values = ctxs__malloc((size_t)(batch < to - from ? batch : to - from) * vbytes)) ||
+         !(missing = ctxs__malloc((size_t)batch)) ||
+         !(keys = ctxs__malloc((size_t)batch * CHUNK_KEY_MAX))))
+        rc = CTXS_ENOMEM;
+    for (uint64_t b0 = from; rc == 0 && b0 < to; b0 += batch) {
+        uint64_t nb = to - b0 < batch ? to - b0 : batch;
+        for (uint64_t i = 0; i < nb; i++) {
+            chunk_key(keys[i], r, sn->model.model_hash, sn->chain[b0 + i]);
+            const char *argv[] = {"EXISTS", keys[i]};
+            if (redisAppendCommandArgv(c, 2, argv, NULL) != REDIS_OK)
+                rc = context_error(c, errno);
+        }
+        uint64_t n_missing = 0;
+        for (uint64_t i = 0; i < nb && rc == 0; i++) {
+            redisReply *rep;
+            if ((rc = reply_next(&rep, c)) == 0 && (rc = reply_check(c, rep, 0)) == 0 &&
+                rep->type != REDIS_REPLY_INTEGER)
+                rc = CTXS_EREMOTE;
+            missing[i] = rc == 0 && rep->integer == 0;
+            n_missing += missing[i];
+            if (rep)
+                freeReplyObject(rep);
+        }
+        /* The values, then the check that the session still holds what
+         * they were copied from, then the network. */
+        size_t used = 0;
+        for (uint64_t i = 0; i < nb && rc == 0; i++) {
+            if (!missing[i])
+                continue;
+            rc = chunk_value(values + used, sn, b0 + i);
+            used += (size_t)vbytes;
+        }
+        if (rc == 0 && n_missing)
+            rc = snapshot_still_held(sn);
+        used = 0;
+        uint64_t sent_bytes = 0;
+        for (uint64_t i = 0; i < nb && rc == 0; i++) {
+            if (!missing[i])
+                continue;
+            uint64_t first = (b0 + i) * CTXS_PREFIX_CHUNK;
+            uint32_t cnt = (uint32_t)(sn->n - first < CTXS_PREFIX_CHUNK ? sn->n - first
+                                                                         : CTXS_PREFIX_CHUNK);
+            size_t len = (size_t)chunk_value_bytes(&sn->plan, cnt);
+            const char *argv[] = {"SET", keys[i], (const char *)values + used};
+            size_t lens[] = {3, strlen(keys[i]), len};
+            if (redisAppendCommandArgv(c, 3, argv, lens) != REDIS_OK)
+                rc = context_error(c, errno);
+            used += (size_t)vbytes;
+            sent_bytes += len;
+        }
+        for (uint64_t i = 0; i < nb && n_missing && rc == 0; i++) {
+            if (!missing[i])
+                continue;
+            redisReply *rep;
+            if ((rc = reply_next(&rep, c)) == 0)
+                rc = reply_check(c, rep, 0);
+            if (rep)
+                freeReplyObject(rep);
+        }
+        if (rc == 0) {
+            pc->sent += n_missing;
+            pc->present += nb - n_missing;
+            pc->bytes += sent_bytes;
+            if (progress)
+                progress(progress_arg, (b0 + nb) * CTXS_PREFIX_CHUNK, sn->n);
+        }
+    }
+    free(values);
+    free(missing);
+    free(keys);
+    return rc;
+}
+
+/* The session record of the snapshot, named name, into *out (malloc'd). */
+static int record_make(uint8_t **out, size_t *len, ctxs_remote *r, snapshot *sn,
+                       const char *name, int tail)
+{
+    *out = NULL;
+    ctxs_meta_entry *meta = NULL;
+    size_t n_meta = 0;
+    uint8_t *section = NULL;
+    uint32_t meta_bytes = 0, meta_count = 0;
+    ctxs_model_entry me;
+    int rc = ctxs_model_get(&me, r->st, sn->model.model_hash);
+    if (rc == CTXS_ENOTFOUND) {
+        me.name[0] = '\0';
+        rc = 0;
+    }
+    if (rc == 0 && (rc = ctxs_store_session_list_meta(&meta, &n_meta, r->st, name)) == 0)
+        rc = ctxs__meta_section_make(&section, &meta_bytes, &meta_count, meta, n_meta);
+    ctxs_free(meta);
+    if (rc < 0)
+        return rc;
+    if (sn->n > CTXS__REMOTE_MAX_TOKENS) {
+        free(section);
+        return CTXS_EINVAL;
+    }
+    ctxs__rsession_header h;
+    memset(&h, 0, sizeof(h));
+    memcpy(h.magic, CTXS__RSESSION_MAGIC, 8);
+    h.version_major = CTXS__REMOTE_MAJOR;
+    h.version_minor = CTXS__REMOTE_MINOR;
+    h.header_bytes = CTXS__RSESSION_HEADER_BYTES;
+    h.dtype = sn->model.geometry.dtype;
+    h.n_layers = sn->model.geometry.n_layers;
+    h.n_kv_heads = sn->model.geometry.n_kv_heads;
+    h.head_dim = sn->model.geometry.head_dim;
+    memcpy(h.model_hash, sn->model.model_hash, 16);
+    memcpy(h.tokenizer_hash, sn->model.tokenizer_hash, 16);
+    h.n_tokens = sn->n;
+    h.updated_unix_ms = ctxs__now_ms();
+    h.flags = tail || sn->n % CTXS_PREFIX_CHUNK == 0 ? CTXS__RSESSION_FLAG_TAIL : 0;
+    h.name_len = (uint16_t)strlen(name);
+    memcpy(h.name, name, h.name_len);
+    h.model_name_len = (uint16_t)strlen(me.name);
+    memcpy(h.model_name, me.name, h.model_name_len);
+    h.meta_bytes = meta_bytes;
+    h.meta_count = meta_count;
+    size_t total = sizeof(h) + (size_t)sn->n * 4 + meta_bytes;
+    uint8_t *v = ctxs__malloc(total);
+    if (!v) {
+        free(section);
+        return CTXS_ENOMEM;
+    }
+    memcpy(v + sizeof(h), sn->ids, (size_t)sn->n * 4);
+    if (meta_bytes)
+        memcpy(v + sizeof(h) + sn->n * 4, section, meta_bytes);
+    free(section);
+    h.body_crc32 = crc_of(v + sizeof(h), total - sizeof(h));
+    h.crc32 = crc_of(&h, offsetof(ctxs__rsession_header, crc32));
+    memcpy(v, &h, sizeof(h));
+    *out = v;
+    *len = total;
+    return 0;
+}
+
+static int record_push(redisContext *c, ctxs_remote *r, snapshot *sn, const char *name,
+                       int tail, push_counts *pc)
+{
+    uint8_t *v;
+    size_t len;
+    int rc = record_make(&v, &len, r, sn, name, tail);
+    if (rc < 0)
+        return rc;
+    char key[SESSION_KEY_MAX];
+    session_key(key, r, name);
+    const char *argv[] = {"SET", key, (const char *)v};
+    size_t lens[] = {3, strlen(key), len};
+    errno = 0;
+    redisReply *rep = redisCommandArgv(c, 3, argv, lens);
+    rc = reply_check(c, rep, errno);
+    if (rep)
+        freeReplyObject(rep);
+    free(v);
+    if (rc == 0) {
+        pc->bytes += len;
+        count(r, &r->stats.records_pushed, 1);
+    }
+    return rc;
+}
+
+static ctxs_open_options push_open_options(void)
+{
+    ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
+    o.background = 0; /* the push reads what it needs by pread */
+    return o;
+}
+
+/* Opens the file of session id read-only, if it is still the indexed one. */
+static int open_id(ctxs_session **out, ctxs_store *st, uint64_t id)
+{
+    *out = NULL;
+    char *path = ctxs__file_path(st, id);
+    if (!path)
+        return CTXS_ENOMEM;
+    ctxs_open_options o = push_open_options();
+    int rc = ctxs_session_open(out, path, NULL, CTXS_OPEN_RDONLY, &o);
+    free(path);
+    struct stat sb;
+    if (rc == 0 && ctxs__fstat(ctxs__session_fd(*out), &sb) == 0 && sb.st_nlink == 0) {
+        ctxs_session_close(*out); /* deleted meanwhile */
+        *out = NULL;
+        rc = CTXS_ENOTFOUND;
+    }
+    return rc == -ENOENT ? CTXS_ENOTFOUND : rc;
 }
 
 int ctxs_remote_push(ctxs_remote_push_result *out, ctxs_remote *r, const char *name,
                      ctxs_progress_fn progress, void *progress_arg)
 {
-    (void)out;
-    (void)r;
-    (void)name;
-    (void)progress;
-    (void)progress_arg;
-    return -ENOSYS;
+    if (out)
+        memset(out, 0, sizeof(*out));
+    size_t len;
+    if (!r || !name || ctxs__name_check(name, &len) < 0)
+        return CTXS_EINVAL;
+    ctxs_session *s;
+    ctxs_open_options o = push_open_options();
+    int rc = ctxs_store_session_open(&s, r->st, name, NULL, CTXS_OPEN_RDONLY, &o);
+    if (rc < 0)
+        return rc;
+    uint64_t id = 0;
+    ctxs__session_store(s, &id);
+    snapshot sn;
+    push_counts pc = {0};
+    redisContext *c = NULL;
+    if ((rc = snapshot_take(&sn, s, id)) == 0 && (rc = conn_open(&c, r)) == 0) {
+        uint64_t to = sn.n / CTXS_PREFIX_CHUNK + (sn.n % CTXS_PREFIX_CHUNK != 0);
+        if ((rc = push_chunks(c, r, &sn, 0, to, &pc, progress, progress_arg)) == 0)
+            rc = record_push(c, r, &sn, name, 1, &pc);
+    }
+    if (c)
+        redisFree(c);
+    pthread_mutex_lock(&r->mu);
+    r->stats.chunks_pushed += pc.sent;
+    r->stats.chunks_present += pc.present;
+    r->stats.bytes_pushed += pc.bytes;
+    pthread_mutex_unlock(&r->mu);
+    if (rc == 0 && out) {
+        out->n_tokens = sn.n;
+        out->chunks_sent = pc.sent;
+        out->chunks_present = pc.present;
+        out->bytes_sent = pc.bytes;
+    }
+    if (rc == 0 && progress)
+        progress(progress_arg, sn.n, sn.n);
+    snapshot_free(&sn);
+    ctxs_session_close(s);
+    return rc;
+}
+
+/* --- The push thread ---------------------------------------------------------- */
+
+/* Queues j (r->mu held), merging it into the job before when both push
+ * chunks of one session end to end, and keeping one record job per
+ * session at the queue's end: a burst of commits costs one record. */
+static void enqueue_locked(ctxs_remote *r, job *j)
+{
+    job *t = r->tail, *tp = r->tail_prev;
+    if (j->kind == JOB_CHUNKS) {
+        job *chunks = t && t->kind == JOB_RECORD && t->id == j->id ? tp : t;
+        if (chunks && chunks->kind == JOB_CHUNKS && chunks->id == j->id && chunks->to == j->from) {
+            chunks->to = j->to;
+            free(j);
+            return;
+        }
+    } else if (t && t->kind == JOB_RECORD && t->id == j->id) {
+        t->tail |= j->tail;
+        free(j);
+        return;
+    } else if (t && t->kind == JOB_CHUNKS && t->id == j->id && tp && tp->kind == JOB_RECORD &&
+               tp->id == j->id) {
+        /* [record, chunks] + record: the queued record serves, since a
+         * record is made from the session as it is when the job runs. */
+        tp->tail |= j->tail;
+        free(j);
+        j = NULL;
+    }
+    if (!j)
+        return;
+    if (r->n_jobs >= r->o.queue_max) {
+        r->stats.chunks_dropped += job_chunks(j);
+        free(j);
+        return;
+    }
+    j->next = NULL;
+    if (t)
+        t->next = j;
+    else
+        r->head = j;
+    r->tail_prev = t;
+    r->tail = j;
+    r->n_jobs++;
+    pthread_cond_signal(&r->wake);
+}
+
+static void enqueue(ctxs_remote *r, enum job_kind kind, uint64_t id, uint64_t from, uint64_t to,
+                    int tail)
+{
+    job *j = ctxs__calloc(1, sizeof(*j));
+    if (!j) {
+        pthread_mutex_lock(&r->mu);
+        r->stats.chunks_dropped += kind == JOB_CHUNKS ? to - from : (uint64_t)tail;
+        r->stats.last_error = CTXS_ENOMEM;
+        pthread_mutex_unlock(&r->mu);
+        return;
+    }
+    *j = (job){kind, tail, id, from, to, NULL};
+    pthread_mutex_lock(&r->mu);
+    enqueue_locked(r, j);
+    pthread_mutex_unlock(&r->mu);
+}
+
+void ctxs__remote_note(ctxs_store *st, uint64_t id, uint64_t n_held, int event,
+                       uint64_t *noted)
+{
+    pthread_mutex_lock(&attach_lock);
+    ctxs_remote *r = st->remote;
+    if (r && r->o.push_on_commit) {
+        uint64_t chunks = n_held / CTXS_PREFIX_CHUNK;
+        /* The first note of a handle starts from chunk 0: the thread asks
+         * Redis which of the session's chunks it has (one EXISTS each,
+         * pipelined) and sends the others. After a rollback, likewise
+         * from where the session now ends. */
+        if (chunks > *noted)
+            enqueue(r, JOB_CHUNKS, id, *noted, chunks, 0);
+        /* A record only for a session that changed: one pulled and
+         * closed untouched must not replace the fleet's longer record. */
+        if ((event == CTXS__REMOTE_COMMIT && chunks != *noted) ||
+            event == CTXS__REMOTE_CLOSE_CHANGED)
+            enqueue(r, JOB_RECORD, id, 0, 0, event == CTXS__REMOTE_CLOSE_CHANGED);
+        *noted = chunks;
+    }
+    pthread_mutex_unlock(&attach_lock);
+}
+
+/* Sleeps ms unless r is stopping; 1 if it is. */
+static int backoff_wait(ctxs_remote *r, uint32_t ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&r->mu);
+    while (!r->stop && pthread_cond_timedwait(&r->wake, &r->mu, &until) == 0)
+        ;
+    int stop = r->stop;
+    pthread_mutex_unlock(&r->mu);
+    return stop;
+}
+
+/* Whether rc is the network's (worth a reconnect and another try). */
+static int network_error(int rc)
+{
+    return rc == -ECONNREFUSED || rc == -ETIMEDOUT || rc == -ECONNRESET || rc == -EPIPE ||
+           rc == -EHOSTUNREACH || rc == -ENETUNREACH || rc == -EIO || rc == -ECONNABORTED ||
+           rc == -ENOENT || rc == -EADDRNOTAVAIL;
+}
+
+/* The thread's state between jobs: its connection and the session it
+ * last opened (kept while jobs for it follow). */
+typedef struct worker {
+    ctxs_remote *r;
+    redisContext *c;
+    ctxs_session *s;
+    uint64_t s_id;
+} worker;
+
+static int run_job(worker *w, const job *j)
+{
+    ctxs_remote *r = w->r;
+    int rc = 0;
+    if (!w->s || w->s_id != j->id) {
+        ctxs_session_close(w->s);
+        w->s = NULL;
+        if ((rc = open_id(&w->s, r->st, j->id)) < 0)
+            return rc;
+        w->s_id = j->id;
+    }
+    char name[CTXS_NAME_MAX + 1];
+    if (j->kind == JOB_RECORD && (rc = ctxs__session_name_of(name, r->st, j->id)) < 0)
+        return rc;
+    snapshot sn;
+    push_counts pc = {0};
+    if ((rc = snapshot_take(&sn, w->s, j->id)) == 0 && !w->c)
+        rc = conn_open(&w->c, r);
+    if (rc == 0 && j->kind == JOB_CHUNKS) {
+        rc = push_chunks(w->c, r, &sn, j->from, j->to, &pc, NULL, NULL);
+    } else if (rc == 0) {
+        uint64_t whole = sn.n / CTXS_PREFIX_CHUNK;
+        if (j->tail && sn.n % CTXS_PREFIX_CHUNK)
+            rc = push_chunks(w->c, r, &sn, whole, whole + 1, &pc, NULL, NULL);
+        if (rc == 0)
+            rc = record_push(w->c, r, &sn, name, j->tail, &pc);
+    }
+    snapshot_free(&sn);
+    pthread_mutex_lock(&r->mu);
+    r->stats.chunks_pushed += pc.sent;
+    r->stats.chunks_present += pc.present;
+    r->stats.bytes_pushed += pc.bytes;
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+static void *push_thread(void *arg)
+{
+    worker w = {.r = arg};
+    ctxs_remote *r = w.r;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->head && !r->stop) {
+            /* Idle: the session file is closed, so that a delete or a
+             * writer's compaction is not held up by this handle. */
+            if (w.s) {
+                pthread_mutex_unlock(&r->mu);
+                ctxs_session_close(w.s);
+                w.s = NULL;
+                pthread_mutex_lock(&r->mu);
+                continue;
+            }
+            pthread_cond_broadcast(&r->idle);
+            pthread_cond_wait(&r->wake, &r->mu);
+        }
+        if (r->stop)
+            break;
+        job *j = r->head;
+        r->head = j->next;
+        if (!r->head)
+            r->tail = r->tail_prev = NULL;
+        else if (r->tail_prev == j)
+            r->tail_prev = NULL;
+        r->n_jobs--;
+        r->busy = 1;
+        pthread_mutex_unlock(&r->mu);
+
+        uint32_t wait = r->o.backoff_ms;
+        int rc;
+        for (uint32_t attempt = 1;; attempt++) {
+            rc = run_job(&w, j);
+            if (rc == 0 || !network_error(rc) || attempt >= r->o.retries)
+                break;
+            if (w.c) {
+                redisFree(w.c);
+                w.c = NULL;
+            }
+            count(r, &r->stats.retries, 1);
+            if (backoff_wait(r, wait))
+                break;
+            wait = wait * 2 < BACKOFF_MAX_MS ? wait * 2 : BACKOFF_MAX_MS;
+        }
+        pthread_mutex_lock(&r->mu);
+        if (rc < 0) {
+            /* The local session is intact; ctxs_remote_push() or the next
+             * open of the session sends what is missing. */
+            r->stats.chunks_dropped += job_chunks(j);
+            r->stats.last_error = rc;
+            if (w.c && network_error(rc)) {
+                redisFree(w.c);
+                w.c = NULL;
+            }
+        }
+        r->stats.connected = w.c != NULL;
+        r->busy = 0;
+        free(j);
+    }
+    r->busy = 0;
+    pthread_cond_broadcast(&r->idle);
+    pthread_mutex_unlock(&r->mu);
+    ctxs_session_close(w.s);
+    if (w.c)
+        redisFree(w.c);
+    return NULL;
+}
+
+/* --- Open, flush, close --------------------------------------------------------- */
+
+static int options_valid(const ctxs_remote_options *o)
+{
+    if (o->version != CTXS_REMOTE_OPTIONS_VERSION || o->timeout_ms == 0 || o->retries == 0 ||
+        o->queue_max == 0 || o->push_on_commit > 1)
+        return 0;
+    for (size_t i = 0; i < sizeof(o->reserved); i++)
+        if (o->reserved[i])
+            return 0;
+    size_t len;
+    return !o->key_prefix || ctxs__name_check(o->key_prefix, &len) == 0;
+}
+
+int ctxs_remote_open(ctxs_remote **out, ctxs_store *st, const char *url,
+                     const ctxs_remote_options *opts)
+{
+    if (!out)
+        return CTXS_EINVAL;
+    *out = NULL;
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    if (opts)
+        o = *opts;
+    if (!st || !url || !options_valid(&o))
+        return CTXS_EINVAL;
+    ctxs_remote *r = ctxs__calloc(1, sizeof(*r));
+    if (!r)
+        return CTXS_ENOMEM;
+    r->o = o;
+    r->o.key_prefix = NULL; /* copied: the caller's string may go */
+    snprintf(r->prefix, sizeof(r->prefix), "%s", o.key_prefix ? o.key_prefix : "ctxs");
+    int rc = url_parse(&r->ep, url);
+    redisContext *c = NULL;
+    if (rc == 0 && (rc = conn_open(&c, r)) == 0)
+        redisFree(c);
+    if (rc < 0) {
+        free(r);
+        return rc;
+    }
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->wake, NULL);
+    pthread_cond_init(&r->idle, NULL);
+    r->st = st;
+    r->stats.connected = 1;
+    pthread_mutex_lock(&attach_lock);
+    if (st->remote)
+        rc = CTXS_EBUSY;
+    else if (pthread_create(&r->thread, NULL, push_thread, r) != 0)
+        rc = CTXS_ENOMEM;
+    if (rc == 0) {
+        r->thread_started = 1;
+        st->remote = r;
+        ctxs__store_ref(st);
+    }
+    pthread_mutex_unlock(&attach_lock);
+    if (rc < 0) {
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->wake);
+        pthread_cond_destroy(&r->idle);
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+int ctxs_remote_get_stats(ctxs_remote_stats *out, ctxs_remote *r)
+{
+    if (!out || !r)
+        return CTXS_EINVAL;
+    pthread_mutex_lock(&r->mu);
+    *out = r->stats;
+    out->jobs_queued = r->n_jobs + (uint64_t)r->busy;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+int ctxs_remote_flush(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_ms)
+{
+    if (!r)
+        return CTXS_EINVAL;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    int rc = 0;
+    pthread_mutex_lock(&r->mu);
+    while ((r->head || r->busy) && !r->stop && rc == 0)
+        if (pthread_cond_timedwait(&r->idle, &r->mu, &until) == ETIMEDOUT)
+            rc = -ETIMEDOUT;
+    if (r->head || r->busy)
+        rc = -ETIMEDOUT;
+    if (out) {
+        *out = r->stats;
+        out->jobs_queued = r->n_jobs + (uint64_t)r->busy;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+int ctxs_remote_close(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_ms)
+{
+    if (!r)
+        return 0;
+    /* Detached first: hooks queue nothing more. */
+    pthread_mutex_lock(&attach_lock);
+    if (r->st->remote == r)
+        r->st->remote = NULL;
+    pthread_mutex_unlock(&attach_lock);
+    int rc = ctxs_remote_flush(NULL, r, timeout_ms);
+    pthread_mutex_lock(&r->mu);
+    r->stop = 1;
+    pthread_cond_broadcast(&r->wake);
+    pthread_mutex_unlock(&r->mu);
+    /* The job under way ends within its commands' timeouts. */
+    pthread_join(r->thread, NULL);
+    for (job *j = r->head, *next; j; j = next) {
+        next = j->next;
+        r->stats.chunks_dropped += job_chunks(j);
+        free(j);
+    }
+    r->head = r->tail = r->tail_prev = NULL;
+    r->n_jobs = 0;
+    r->stats.connected = 0;
+    if (out) {
+        *out = r->stats;
+        out->jobs_queued = 0;
+    }
+    ctxs__store_unref(r->st);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->wake);
+    pthread_cond_destroy(&r->idle);
+    free(r);
+    return rc;
+}
+
+/* --- Pulling ------------------------------------------------------------------ */
+
+/* A session record, checked. */
+typedef struct record {
+    ctxs__rsession_header h;
+    ctxs_model model;
+    char model_name[CTXS_NAME_MAX + 1];
+    uint32_t *ids;              /* [h.n_tokens], malloc'd */
+    uint8_t *meta;              /* the metadata section, malloc'd */
+    ctxs__meta_item *items;     /* pointing into meta */
+} record;
+
+static void record_free(record *rec)
+{
+    free(rec->ids);
+    free(rec->meta);
+    free(rec->items);
+}
+
+/* A name field of a record: len bytes that make a valid name, then zeros. */
+static int name_field(char out[CTXS_NAME_MAX + 1], const char *field, uint16_t len,
+                      int may_be_empty)
+{
+    if (len > CTXS_NAME_MAX || (len == 0 && !may_be_empty))
+        return CTXS_EREMOTE;
+    for (size_t i = len; i <= CTXS_NAME_MAX; i++)
+        if (field[i])
+            return CTXS_EREMOTE;
+    memcpy(out, field, len);
+    out[len] = '\0';
+    size_t got;
+    if (len && (ctxs__name_check(out, &got) < 0 || got != len))
+        return CTXS_EREMOTE;
+    return 0;
+}
+
+/* Checks a record's header (the first CTXS__RSESSION_HEADER_BYTES of v).
+ * Errors: CTXS_EREMOTE. */
+static int record_header_check(ctxs__rsession_header *h, const void *v, size_t len)
+{
+    if (len < sizeof(*h))
+        return CTXS_EREMOTE;
+    memcpy(h, v, sizeof(*h));
+    char name[CTXS_NAME_MAX + 1];
+    ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
+    ctxs__file_layout lay;
+    if (memcmp(h->magic, CTXS__RSESSION_MAGIC, 8) || h->version_major != CTXS__REMOTE_MAJOR ||
+        h->header_bytes != sizeof(*h) ||
+        h->crc32 != crc_of(h, offsetof(ctxs__rsession_header, crc32)) ||
+        (h->flags & ~CTXS__RSESSION_FLAG_TAIL) || h->n_tokens > CTXS__REMOTE_MAX_TOKENS ||
+        ctxs__layout_compute(&lay, &g, CTXS_PREFIX_CHUNK, 0) < 0 ||
+        name_field(name, h->name, h->name_len, 0) < 0 ||
+        name_field(name, h->model_name, h->model_name_len, 1) < 0)
+        return CTXS_EREMOTE;
+    return 0;
+}
+
+static int record_parse(record *rec, const void *v, size_t len, const char *name)
+{
+    memset(rec, 0, sizeof(*rec));
+    ctxs__rsession_header *h = &rec->h;
+    int rc = record_header_check(h, v, len);
+    if (rc < 0)
+        return rc;
+    const uint8_t *body = (const uint8_t *)v + sizeof(*h);
+    if (len != sizeof(*h) + h->n_tokens * 4 + h->meta_bytes ||
+        crc_of(body, len - sizeof(*h)) != h->body_crc32 || h->name_len != strlen(name) ||
+        memcmp(h->name, name, h->name_len))
+        return CTXS_EREMOTE;
+    rec->model.geometry = (ctxs_geometry){h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
+    memcpy(rec->model.model_hash, h->model_hash, 16);
+    memcpy(rec->model.tokenizer_hash, h->tokenizer_hash, 16);
+    memcpy(rec->model_name, h->model_name, h->model_name_len);
+    rec->model_name[h->model_name_len] = '\0';
+    if (!(rec->ids = ctxs__malloc(h->n_tokens * 4 + 4)) ||
+        (h->meta_bytes && !(rec->meta = ctxs__malloc(h->meta_bytes))))
+        return CTXS_ENOMEM;
+    memcpy(rec->ids, body, h->n_tokens * 4);
+    if (h->meta_bytes)
+        memcpy(rec->meta, body + h->n_tokens * 4, h->meta_bytes);
+    rc = ctxs__meta_section_parse(&rec->items, rec->meta, h->meta_bytes, h->meta_count);
+    return rc == CTXS_ECORRUPT ? CTXS_EREMOTE : rc;
+}
+
+/* What a pull writes: the chunks of ids[0..n) for model, into a new file
+ * laid out for capacity slots. */
+typedef struct pull_job {
+    ctxs_remote *r;
+    redisContext *c;
+    ctxs_model model;
+    const uint32_t *ids;
+    uint64_t n;                 /* ids the pull may take */
+    int try_tail;               /* also a tail chunk ending at n */
+    int prefix;                 /* pull_prefix: no good chunk is ENOTFOUND */
+    uint32_t capacity, n_sink;
+    int ring;
+    uint64_t created_unix_ms;
+    /* results */
+    uint64_t got;               /* tokens written */
+    uint64_t chunks, missing, refused;
+    ctxs_progress_fn progress;
+    void *progress_arg;
+} pull_job;
+
+/* Checks one chunk value against where the chain puts it. 0: good, 1:
+ * refused. */
+static int chunk_check(const pull_job *pj, const ctxs__kv_plan *p, const redisReply *rep,
+                       uint64_t first, uint32_t count, const uint8_t prev[16],
+                       const uint8_t chain[16])
+{
+    uint64_t want = chunk_value_bytes(p, count);
+    if (rep->type != REDIS_REPLY_STRING || rep->len != want)
+        return 1;
+    ctxs__rchunk_header h;
+    memcpy(&h, rep->str, sizeof(h));
+    uint8_t *raw = (uint8_t *)rep->str + sizeof(h);
+    const ctxs_geometry *g = &pj->model.geometry;
+    static const uint8_t zero[24];
+    if (h.crc32 != crc_of(&h, offsetof(ctxs__rchunk_header, crc32)) ||
+        memcmp(h.magic, CTXS__RCHUNK_MAGIC, 8) || h.version_major != CTXS__REMOTE_MAJOR ||
+        h.header_bytes != sizeof(h) || h.dtype != g->dtype || h.n_layers != g->n_layers ||
+        h.n_kv_heads != g->n_kv_heads || h.head_dim != g->head_dim || h.count != count ||
+        h.first_pos != first || h.raw_bytes != want - sizeof(h) ||
+        memcmp(h.model_hash, pj->model.model_hash, 16) || memcmp(h.prev_chain, prev, 16) ||
+        memcmp(h.chain, chain, 16) || memcmp(h.reserved, zero, sizeof(zero)))
+        return 1;
+    uint8_t again[16];
+    ctxs__prefix_chain_next(again, prev, ctxs__raw_ids(raw, count), count);
+    if (memcmp(again, chain, 16) ||
+        memcmp(ctxs__raw_ids(raw, count), pj->ids + first, (size_t)count * 4) ||
+        crc_of(raw, h.raw_bytes) != h.raw_crc32 || !ctxs__kv_raw_verifies(p, raw, first, count))
+        return 1;
+    return 0;
+}
+
+/* Fetches and writes chunks in order, a pipeline of GETs of at most
+ * PIPELINE_BYTES of values at a time, until the first one missing or
+ * refused. No EXISTS, and no binary search over the chain: the GETs are
+ * needed anyway for what is present, and LRU eviction can take a middle
+ * chunk, so presence is not monotone in the chunk count (a binary search
+ * would step over the hole). */
+static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
+{
+    uint64_t whole = pj->n / CTXS_PREFIX_CHUNK;
+    uint64_t total = whole + (pj->try_tail && pj->n % CTXS_PREFIX_CHUNK != 0);
+    uint64_t vbytes = chunk_value_bytes(p, CTXS_PREFIX_CHUNK);
+    uint64_t batch = PIPELINE_BYTES / vbytes ? PIPELINE_BYTES / vbytes : 1;
+    uint8_t prev[16] = {0}, chain[16];
+    uint8_t(*chains)[16] = ctxs__malloc((size_t)(batch < total ? batch : total) * 16 + 16);
+    if (!chains)
+        return CTXS_ENOMEM;
+    int rc = 0, stopped = 0;
+    for (uint64_t b0 = 0; rc == 0 && !stopped && b0 < total; b0 += batch) {
+        uint64_t nb = total - b0 < batch ? total - b0 : batch;
+        memcpy(chain, prev, 16);
+        for (uint64_t i = 0; i < nb && rc == 0; i++) {
+            uint64_t first = (b0 + i) * CTXS_PREFIX_CHUNK;
+            uint32_t cnt = (uint32_t)(pj->n - first < CTXS_PREFIX_CHUNK ? pj->n - first
+                                                                         : CTXS_PREFIX_CHUNK);
+            ctxs__prefix_chain_next(chains[i], chain, pj->ids + first, cnt);
+            memcpy(chain, chains[i], 16);
+            char key[CHUNK_KEY_MAX];
+            chunk_key(key, pj->r, pj->model.model_hash, chains[i]);
+            const char *argv[] = {"GET", key};
+            if (redisAppendCommandArgv(pj->c, 2, argv, NULL) != REDIS_OK)
+                rc = context_error(pj->c, errno);
+        }
+        /* Every reply is read, also after the pull stopped: the
+         * connection must be left in step. */
+        for (uint64_t i = 0; i < nb && rc == 0; i++) {
+            redisReply *rep;
+            if ((rc = reply_next(&rep, pj->c)) == 0 && (rc = reply_check(pj->c, rep, 0)) == 0 &&
+                !stopped) {
+                uint64_t first = (b0 + i) * CTXS_PREFIX_CHUNK;
+                uint32_t cnt = (uint32_t)(pj->n - first < CTXS_PREFIX_CHUNK ? pj->n - first
+                                                                             : CTXS_PREFIX_CHUNK);
+                if (rep->type == REDIS_REPLY_NIL) {
+                    pj->missing = 1;
+                    stopped = 1;
+                } else if (chunk_check(pj, p, rep, first, cnt, prev, chains[i])) {
+                    pj->refused = 1;
+                    stopped = 1;
+                } else if ((rc = ctxs__kv_block_store(fd, p,
+                                                      (uint8_t *)rep->str +
+                                                          CTXS__RCHUNK_HEADER_BYTES,
+                                                      first, cnt)) == 0) {
+                    memcpy(prev, chains[i], 16);
+                    pj->got = first + cnt;
+                    pj->chunks++;
+                    if (pj->progress)
+                        pj->progress(pj->progress_arg, pj->got, pj->n);
+                }
+            }
+            if (rep)
+                freeReplyObject(rep);
+        }
+    }
+    free(chains);
+    return rc;
+}
+
+static int full_or(int rc)
+{
+    return rc == -ENOSPC || rc == -EDQUOT || rc == -EFBIG ? CTXS_EFULL : rc;
+}
+
+/* The new session file's fill: the verified chunks, then the first page
+ * holding as many tokens as verified, then a sync. */
+static int pull_fill(int fd, const ctxs__disk_label *label, void *arg)
+{
+    pull_job *pj = arg;
+    ctxs__kv_plan p;
+    /* The layout of every state the pull may end with is that of the
+     * largest: the blocks are placed by it first. */
+    int rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, pj->ring,
+                                pj->n, 0, CTXS_PREFIX_CHUNK);
+    if (rc < 0)
+        return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc;
+    if ((rc = full_or(ctxs__new_file_size(fd, &p.lay))) < 0 || (rc = pull_chunks(pj, &p, fd)) < 0)
+        return rc;
+    if (pj->got == 0 && pj->prefix)
+        return CTXS_ENOTFOUND;
+    if ((rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, pj->ring,
+                                 pj->got, 0, CTXS_PREFIX_CHUNK)) < 0 ||
+        (rc = ctxs__kv_file_begin(fd, &p, &pj->model, pj->created_unix_ms, label)) < 0)
+        return rc;
+    return full_or(ctxs__sync_data(fd));
+}
+
+/* The slots of the new session: opts's, or the defaults with a capacity
+ * raised to hold n tokens with room to go on. The pull takes at most
+ * what fits. */
+static int pull_layout(pull_job *pj, const ctxs_create_options *opts, uint64_t n)
+{
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+    if (opts) {
+        if (opts->version != CTXS_CREATE_OPTIONS_VERSION)
+            return CTXS_EINVAL;
+        o = *opts;
+    } else if (n >= o.capacity) {
+        uint64_t cap = (n / CTXS_DEFAULT_CAPACITY + 1) * CTXS_DEFAULT_CAPACITY;
+        o.capacity = (uint32_t)(cap < CTXS__REMOTE_MAX_TOKENS ? cap : CTXS__REMOTE_MAX_TOKENS);
+    }
+    ctxs__file_layout lay;
+    if (ctxs__layout_compute(&lay, &pj->model.geometry, o.capacity, o.n_sink) < 0 || o.ring > 1)
+        return CTXS_EINVAL;
+    pj->capacity = o.capacity;
+    pj->n_sink = o.n_sink;
+    pj->ring = (int)o.ring;
+    if (pj->n > o.capacity) {
+        pj->n = o.capacity / CTXS_PREFIX_CHUNK * CTXS_PREFIX_CHUNK;
+        pj->try_tail = 0;
+    }
+    return 0;
+}
+
+/* Whether name is free locally, before any network traffic. */
+static int local_name_free(ctxs_store *st, const char *name)
+{
+    ctxs_session_entry e;
+    int rc = ctxs_store_session_get(&e, st, name);
+    return rc == 0 ? -EEXIST : rc == CTXS_ENOTFOUND ? 0 : rc;
 }
 
 int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
@@ -62,13 +1424,72 @@ int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remo
         *out = NULL;
     if (res)
         memset(res, 0, sizeof(*res));
-    (void)r;
-    (void)remote_name;
-    (void)local_name;
-    (void)opts;
-    (void)progress;
-    (void)progress_arg;
-    return -ENOSYS;
+    size_t len, rlen;
+    if (!local_name)
+        local_name = remote_name;
+    if (!r || !remote_name || ctxs__name_check(remote_name, &rlen) < 0 ||
+        ctxs__name_check(local_name, &len) < 0)
+        return CTXS_EINVAL;
+    if (r->st->rdonly)
+        return CTXS_EREADONLY;
+    int rc = local_name_free(r->st, local_name);
+    if (rc < 0)
+        return rc;
+    redisContext *c;
+    if ((rc = conn_open(&c, r)) < 0)
+        return rc;
+    char key[SESSION_KEY_MAX];
+    session_key(key, r, remote_name);
+    const char *argv[] = {"GET", key};
+    errno = 0;
+    redisReply *rep = redisCommandArgv(c, 2, argv, NULL);
+    record rec = {0};
+    if ((rc = reply_check(c, rep, errno)) == 0)
+        rc = rep->type == REDIS_REPLY_NIL      ? CTXS_ENOTFOUND
+             : rep->type != REDIS_REPLY_STRING ? CTXS_EREMOTE
+                                               : record_parse(&rec, rep->str, rep->len,
+                                                              remote_name);
+    if (rep)
+        freeReplyObject(rep);
+    pull_job pj = {.r = r, .c = c, .model = rec.model, .ids = rec.ids, .n = rec.h.n_tokens,
+                   .try_tail = (rec.h.flags & CTXS__RSESSION_FLAG_TAIL) != 0,
+                   .created_unix_ms = ctxs__now_ms(), .progress = progress,
+                   .progress_arg = progress_arg};
+    if (rc == 0)
+        rc = pull_layout(&pj, opts, rec.h.n_tokens);
+    ctxs_session *s = NULL;
+    if (rc == 0)
+        rc = ctxs__store_session_create_filled(&s, r->st, local_name, len, &rec.model,
+                                               rec.model_name, rec.items, rec.h.meta_count,
+                                               pull_fill, &pj);
+    redisFree(c);
+    if (rc == 0 && res) {
+        res->n_tokens = pj.got;
+        res->remote_tokens = rec.h.n_tokens;
+        res->chunks_pulled = pj.chunks;
+        res->chunks_missing = pj.missing;
+        res->chunks_refused = pj.refused;
+        res->model = rec.model;
+        res->n_rest = rec.h.n_tokens - pj.got;
+        if (res->n_rest && !(res->rest_ids = ctxs__malloc(res->n_rest * 4)))
+            rc = CTXS_ENOMEM;
+        else if (res->n_rest)
+            memcpy(res->rest_ids, rec.ids + pj.got, res->n_rest * 4);
+    }
+    record_free(&rec);
+    if (rc < 0) {
+        ctxs_session_close(s);
+        if (s)
+            ctxs_store_session_delete(r->st, local_name);
+        if (res)
+            memset(res, 0, sizeof(*res));
+        return rc;
+    }
+    if (out)
+        *out = s;
+    else
+        ctxs_session_close(s);
+    return 0;
 }
 
 int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
@@ -79,28 +1500,215 @@ int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res, ct
         *out = NULL;
     if (res)
         memset(res, 0, sizeof(*res));
-    (void)r;
-    (void)local_name;
-    (void)model;
-    (void)tokens;
-    (void)n;
-    (void)opts;
-    return -ENOSYS;
+    size_t len;
+    if (!r || !model || (!tokens && n) || !local_name || ctxs__name_check(local_name, &len) < 0 ||
+        n > CTXS__REMOTE_MAX_TOKENS)
+        return CTXS_EINVAL;
+    if (r->st->rdonly)
+        return CTXS_EREADONLY;
+    ctxs__file_layout lay;
+    if (ctxs__layout_compute(&lay, &model->geometry, CTXS_PREFIX_CHUNK, 0) < 0)
+        return CTXS_EINVAL;
+    int rc = local_name_free(r->st, local_name);
+    if (rc < 0)
+        return rc;
+    if (n == 0)
+        return CTXS_ENOTFOUND;
+    redisContext *c;
+    if ((rc = conn_open(&c, r)) < 0)
+        return rc;
+    pull_job pj = {.r = r, .c = c, .model = *model, .ids = tokens, .n = n, .try_tail = 1,
+                   .prefix = 1, .created_unix_ms = ctxs__now_ms()};
+    rc = pull_layout(&pj, opts, n);
+    ctxs_session *s = NULL;
+    if (rc == 0)
+        rc = ctxs__store_session_create_filled(&s, r->st, local_name, len, model, NULL, NULL, 0,
+                                               pull_fill, &pj);
+    redisFree(c);
+    if (rc < 0)
+        return rc;
+    if (res) {
+        res->n_tokens = pj.got;
+        res->remote_tokens = n;
+        res->chunks_pulled = pj.chunks;
+        res->chunks_missing = pj.missing;
+        res->chunks_refused = pj.refused;
+        res->model = *model;
+    }
+    if (out)
+        *out = s;
+    else
+        ctxs_session_close(s);
+    return 0;
+}
+
+/* --- Listing and the server's own words ------------------------------------------ */
+
+static int entry_cmp(const void *a, const void *b)
+{
+    return strcmp(((const ctxs_remote_entry *)a)->name, ((const ctxs_remote_entry *)b)->name);
 }
 
 int ctxs_remote_list(ctxs_remote_entry **out, size_t *n_out, ctxs_remote *r)
 {
-    if (out)
-        *out = NULL;
-    if (n_out)
-        *n_out = 0;
-    (void)r;
-    return -ENOSYS;
+    if (!out || !n_out)
+        return CTXS_EINVAL;
+    *out = NULL;
+    *n_out = 0;
+    if (!r)
+        return CTXS_EINVAL;
+    redisContext *c;
+    int rc = conn_open(&c, r);
+    if (rc < 0)
+        return rc;
+    char pattern[SESSION_KEY_MAX + 2];
+    snprintf(pattern, sizeof(pattern), "%s:session:*", r->prefix);
+    size_t plen = strlen(pattern) - 1;
+    ctxs_remote_entry *v = NULL;
+    size_t n = 0, cap = 0;
+    char cursor[32] = "0";
+    do {
+        const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "100"};
+        errno = 0;
+        redisReply *rep = redisCommandArgv(c, 6, argv, NULL);
+        if ((rc = reply_check(c, rep, errno)) == 0 &&
+            (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+             rep->element[0]->type != REDIS_REPLY_STRING || rep->element[0]->len >= 32 ||
+             rep->element[1]->type != REDIS_REPLY_ARRAY))
+            rc = CTXS_EREMOTE;
+        size_t got = rc == 0 ? rep->element[1]->elements : 0;
+        if (rc == 0)
+            snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
+        /* The headers only (GETRANGE): a record's ids may be megabytes. */
+        for (size_t i = 0; i < got && rc == 0; i++) {
+            const redisReply *k = rep->element[1]->element[i];
+            char end[16];
+            snprintf(end, sizeof(end), "%u", CTXS__RSESSION_HEADER_BYTES - 1);
+            const char *ga[] = {"GETRANGE", k->str, "0", end};
+            size_t gl[] = {8, k->len, 1, strlen(end)};
+            if (redisAppendCommandArgv(c, 4, ga, gl) != REDIS_OK)
+                rc = context_error(c, errno);
+        }
+        for (size_t i = 0; i < got && rc == 0; i++) {
+            const redisReply *k = rep->element[1]->element[i];
+            redisReply *hr;
+            if ((rc = reply_next(&hr, c)) == 0 && (rc = reply_check(c, hr, 0)) == 0) {
+                size_t nl = k->len - plen;
+                if (k->len > plen && nl <= CTXS_NAME_MAX && hr->type == REDIS_REPLY_STRING &&
+                    hr->len > 0) { /* a key deleted since SCAN reads as "" */
+                    if (n == cap) {
+                        cap = cap ? 2 * cap : 16;
+                        ctxs_remote_entry *nv = ctxs__realloc(v, cap * sizeof(*v));
+                        if (!nv)
+                            rc = CTXS_ENOMEM;
+                        else
+                            v = nv;
+                    }
+                    if (rc == 0) {
+                        ctxs_remote_entry *e = &v[n++];
+                        memset(e, 0, sizeof(*e));
+                        memcpy(e->name, k->str + plen, nl);
+                        ctxs__rsession_header h;
+                        if (record_header_check(&h, hr->str, hr->len) < 0 ||
+                            h.name_len != nl || memcmp(h.name, e->name, nl)) {
+                            e->status = CTXS_EREMOTE;
+                        } else {
+                            memcpy(e->model_hash, h.model_hash, 16);
+                            e->n_tokens = h.n_tokens;
+                            e->updated_unix_ms = h.updated_unix_ms;
+                            e->tail_pushed = (h.flags & CTXS__RSESSION_FLAG_TAIL) != 0;
+                        }
+                    }
+                }
+            }
+            if (hr)
+                freeReplyObject(hr);
+        }
+        if (rep)
+            freeReplyObject(rep);
+    } while (rc == 0 && strcmp(cursor, "0") != 0);
+    redisFree(c);
+    if (rc < 0) {
+        free(v);
+        return rc;
+    }
+    /* SCAN may return a key twice: sorted, then the repeats dropped. */
+    if (n)
+        qsort(v, n, sizeof(*v), entry_cmp);
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++)
+        if (w == 0 || strcmp(v[w - 1].name, v[i].name))
+            v[w++] = v[i];
+    *out = v;
+    *n_out = w;
+    return 0;
+}
+
+/* The value of "field:" in an INFO reply, into out[cap] ("" if absent). */
+static void info_field(char *out, size_t cap, const char *info, const char *field)
+{
+    out[0] = '\0';
+    size_t fl = strlen(field);
+    for (const char *at = info; at && *at; at = strchr(at, '\n') ? strchr(at, '\n') + 1 : NULL) {
+        if (!strncmp(at, field, fl) && at[fl] == ':') {
+            size_t n = strcspn(at + fl + 1, "\r\n");
+            if (n >= cap)
+                n = cap - 1;
+            memcpy(out, at + fl + 1, n);
+            out[n] = '\0';
+            return;
+        }
+    }
 }
 
 int ctxs_remote_get_info(ctxs_remote_info *out, ctxs_remote *r)
 {
-    (void)out;
-    (void)r;
-    return -ENOSYS;
+    if (!out || !r)
+        return CTXS_EINVAL;
+    memset(out, 0, sizeof(*out));
+    redisContext *c;
+    int rc = conn_open(&c, r);
+    if (rc < 0)
+        return rc;
+    static const char *sections[] = {"server", "memory", "stats"};
+    for (size_t i = 0; i < 3 && rc == 0; i++) {
+        const char *argv[] = {"INFO", sections[i]};
+        errno = 0;
+        redisReply *rep = redisCommandArgv(c, 2, argv, NULL);
+        if ((rc = reply_check(c, rep, errno)) == 0 && rep->type != REDIS_REPLY_STRING &&
+            rep->type != REDIS_REPLY_STATUS)
+            rc = CTXS_EREMOTE;
+        if (rc == 0) {
+            char v[64];
+            if (i == 0)
+                info_field(out->server_version, sizeof(out->server_version), rep->str,
+                           "redis_version");
+            if (i == 1) {
+                info_field(v, sizeof(v), rep->str, "used_memory");
+                out->used_memory = strtoull(v, NULL, 10);
+                info_field(v, sizeof(v), rep->str, "maxmemory");
+                out->maxmemory = strtoull(v, NULL, 10);
+                info_field(out->maxmemory_policy, sizeof(out->maxmemory_policy), rep->str,
+                           "maxmemory_policy");
+            }
+            if (i == 2) {
+                info_field(v, sizeof(v), rep->str, "evicted_keys");
+                out->evicted_keys = strtoull(v, NULL, 10);
+            }
+        }
+        if (rep)
+            freeReplyObject(rep);
+    }
+    if (rc == 0) {
+        errno = 0;
+        redisReply *rep = redisCommand(c, "DBSIZE");
+        if ((rc = reply_check(c, rep, errno)) == 0 && rep->type != REDIS_REPLY_INTEGER)
+            rc = CTXS_EREMOTE;
+        if (rc == 0)
+            out->keys = (uint64_t)rep->integer;
+        if (rep)
+            freeReplyObject(rep);
+    }
+    redisFree(c);
+    return rc;
 }

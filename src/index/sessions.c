@@ -31,6 +31,8 @@ typedef struct store_link {
     ctxs_store *st;
     uint64_t id;
     uint64_t indexed_chunks; /* prefix chunks as of the last index update */
+    uint64_t remote_chunks;  /* chunks queued for the remote (remote.c) */
+    int committed;           /* a commit since the open */
 } store_link;
 
 /* The link of a session to its store entry; ctxs__store_ref()s st. */
@@ -96,6 +98,18 @@ static int session_by_id(MDB_txn *txn, ctxs_store *st, uint64_t id, char name[CT
     name[val.mv_size] = '\0';
     if ((rc = ctxs__session_get(rec, txn, st, name, val.mv_size)) == 0 && rec->id != id)
         rc = CTXS_EINDEX;
+    return rc;
+}
+
+int ctxs__session_name_of(char *name, ctxs_store *st, uint64_t id)
+{
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    ctxs__session_rec rec;
+    rc = session_by_id(txn, st, id, name, &rec);
+    mdb_txn_abort(txn);
     return rc;
 }
 
@@ -412,6 +426,9 @@ static void on_commit(ctxs_session *s, void *arg)
      * an LMDB transaction is not on every commit's path. */
     if (chunks < had || (chunks > had && (had == 0 || chunks - had >= CTXS__PREFIX_FLUSH_CHUNKS)))
         index_update(link, s, 0);
+    link->committed = 1;
+    ctxs__remote_note(link->st, link->id, ctxs__session_prefix_held(NULL, s), CTXS__REMOTE_COMMIT,
+                      &link->remote_chunks);
 }
 
 static void on_close(ctxs_session *s, void *arg)
@@ -419,8 +436,13 @@ static void on_close(ctxs_session *s, void *arg)
     store_link *link = arg;
     ctxs_session_info info;
     ctxs_session_get_info(&info, s);
-    if (!(info.flags & (CTXS_INFO_READONLY | CTXS_INFO_FAILED)))
+    if (!(info.flags & (CTXS_INFO_READONLY | CTXS_INFO_FAILED))) {
         index_update(link, s, 1);
+        ctxs__remote_note(link->st, link->id, ctxs__session_prefix_held(NULL, s),
+                          link->committed ? CTXS__REMOTE_CLOSE_CHANGED
+                                          : CTXS__REMOTE_CLOSE_UNCHANGED,
+                          &link->remote_chunks);
+    }
     ctxs__session_set_hooks(s, NULL, NULL);
     link_free(link);
 }

@@ -655,6 +655,7 @@ static int view_new(ctxs_store **out, ctxs_store *owner)
     v->dir = v->sessions_dir = NULL;
     v->lock_fd = -1;
     v->next = NULL;
+    v->remote = NULL;
     v->refs = 1;
     v->rdonly = 1;
     v->owner = owner;

@@ -162,30 +162,6 @@ static int export_still_held(export_job *job)
     return h == job->sums_hash ? 0 : CTXS_ESTALE;
 }
 
-/* The metadata section of the session's n entries (in key order). */
-static int meta_section(export_job *job, const ctxs_meta_entry *e, size_t n)
-{
-    size_t bytes = 0;
-    for (size_t i = 0; i < n; i++)
-        bytes += sizeof(ctxs__export_meta) + strlen(e[i].key) + e[i].value_bytes;
-    if (bytes > CTXS__EXPORT_MAX_META)
-        return CTXS_ECORRUPT; /* the index holds more than a set allows */
-    if (bytes && !(job->meta = ctxs__malloc(bytes)))
-        return CTXS_ENOMEM;
-    uint8_t *at = job->meta;
-    for (size_t i = 0; i < n; i++) {
-        ctxs__export_meta m = {(uint16_t)strlen(e[i].key), 0, (uint32_t)e[i].value_bytes};
-        memcpy(at, &m, sizeof(m));
-        memcpy(at + sizeof(m), e[i].key, m.key_len);
-        if (m.value_bytes)
-            memcpy(at + sizeof(m) + m.key_len, e[i].value, m.value_bytes);
-        at += sizeof(m) + m.key_len + m.value_bytes;
-    }
-    job->meta_bytes = (uint32_t)bytes;
-    job->meta_count = (uint32_t)n;
-    return 0;
-}
-
 static int export_write(export_job *job, const ctxs__export_header *h)
 {
     const ctxs__kv_plan *p = &job->plan;
@@ -319,7 +295,8 @@ int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path
     ctxs_meta_entry *meta = NULL;
     size_t n_meta = 0;
     if (rc == 0 && (rc = ctxs_store_session_list_meta(&meta, &n_meta, st, name)) == 0)
-        rc = meta_section(&job, meta, n_meta);
+        rc = ctxs__meta_section_make(&job.meta, &job.meta_bytes, &job.meta_count, meta,
+                                     n_meta);
     ctxs_free(meta);
     if (rc == 0)
         rc = export_session(&job, &info, name, len, model.name, path);
@@ -426,60 +403,24 @@ static int header_read(import_job *job)
     return 0;
 }
 
-/* Bytewise order, a key before the longer keys it starts: LMDB's. */
-static int key_cmp(const char *a, size_t a_len, const char *b, size_t b_len)
-{
-    int c = memcmp(a, b, a_len < b_len ? a_len : b_len);
-    return c ? c : (a_len > b_len) - (a_len < b_len);
-}
-
 /* Reads and checks the metadata section, in the order FORMAT.md gives, and
  * lists its entries. Errors: CTXS_ECORRUPT, CTXS_ENOMEM, -errno. */
 static int meta_read(import_job *job)
 {
     uint32_t bytes = job->meta_bytes;
     if (bytes > CTXS__EXPORT_MAX_META || bytes > job->size - sizeof(job->h) ||
-        job->meta_count > bytes / (sizeof(ctxs__export_meta) + 1) ||
         (bytes == 0) != (job->meta_count == 0))
         return CTXS_ECORRUPT;
     if (bytes == 0)
         return 0;
     int rc;
-    if (!(job->meta = ctxs__malloc(bytes)) ||
-        !(job->items = ctxs__calloc(job->meta_count, sizeof(*job->items))))
+    if (!(job->meta = ctxs__malloc(bytes)))
         return CTXS_ENOMEM;
     if ((rc = ctxs__read_exact(job->fd, job->meta, bytes, (off_t)sizeof(job->h))) < 0)
         return rc;
     if (crc_of(job->meta, bytes) != job->meta_crc32)
         return CTXS_ECORRUPT;
-    size_t at = 0, total = 0;
-    for (uint32_t i = 0; i < job->meta_count; i++) {
-        ctxs__export_meta m;
-        if (bytes - at < sizeof(m))
-            return CTXS_ECORRUPT;
-        memcpy(&m, job->meta + at, sizeof(m));
-        at += sizeof(m);
-        if (m.reserved0 != 0 || m.key_len == 0 || m.key_len > CTXS_NAME_MAX ||
-            m.value_bytes > CTXS_META_VALUE_MAX || bytes - at < (size_t)m.key_len + m.value_bytes)
-            return CTXS_ECORRUPT;
-        char key[CTXS_NAME_MAX + 1];
-        size_t got;
-        memcpy(key, job->meta + at, m.key_len);
-        key[m.key_len] = '\0';
-        if (ctxs__name_check(key, &got) < 0 || got != m.key_len)
-            return CTXS_ECORRUPT;
-        ctxs__meta_item *it = &job->items[i];
-        *it = (ctxs__meta_item){(const char *)job->meta + at, m.key_len,
-                                job->meta + at + m.key_len, m.value_bytes};
-        /* Ascending: no key twice. */
-        if (i && key_cmp(it[-1].key, it[-1].key_len, it->key, it->key_len) >= 0)
-            return CTXS_ECORRUPT;
-        total += (size_t)m.key_len + m.value_bytes;
-        at += (size_t)m.key_len + m.value_bytes;
-    }
-    if (at != bytes || total > CTXS_META_SESSION_MAX)
-        return CTXS_ECORRUPT;
-    return 0;
+    return ctxs__meta_section_parse(&job->items, job->meta, bytes, job->meta_count);
 }
 
 /* Grows *buf to at least n bytes (n already bounded by the caller). */

@@ -1,0 +1,131 @@
+/*
+ * The values the remote tier keeps in Redis, version 1.0: the one
+ * definition remote.c writes and reads and the tests craft values with.
+ * docs/FORMAT.md, "Remote values", is the prose version; the static
+ * asserts pin every offset it gives.
+ *
+ * Little-endian, as the session files; every CRC is zlib's crc32.
+ *
+ *   <prefix>:chunk:<model hash, 32 hex>:<chain, 32 hex>
+ *       a chunk: ctxs__rchunk_header, then raw_bytes of raw block
+ *       (kv_block.h) holding count tokens from first_pos.
+ *   <prefix>:session:<name>
+ *       a session record: ctxs__rsession_header, then u32 token ids
+ *       [n_tokens], then the metadata section (meta_bytes, FORMAT.md
+ *       "Metadata section").
+ */
+#ifndef CTXS_INDEX_REMOTE_FORMAT_H
+#define CTXS_INDEX_REMOTE_FORMAT_H
+
+#include <assert.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctxstore.h"
+
+#define CTXS__RCHUNK_MAGIC "CTXSRCHK"
+#define CTXS__RSESSION_MAGIC "CTXSRSES"
+#define CTXS__REMOTE_MAJOR 1
+#define CTXS__REMOTE_MINOR 0
+#define CTXS__RCHUNK_HEADER_BYTES 128u
+#define CTXS__RSESSION_HEADER_BYTES 640u
+
+/* A record lists at most this many tokens (the largest capacity): a
+ * damaged record never makes a reader allocate more than 64 MiB of ids. */
+#define CTXS__REMOTE_MAX_TOKENS (16u << 20)
+
+#define CTXS__RSESSION_FLAG_TAIL 0x1u /* the tail chunk was pushed */
+
+/* A chunk's header. chain = XXH3-128(prev_chain || the count token ids,
+ * u32 LE), the chain of ctxs_prefix_find(); prev_chain is the previous
+ * chunk's chain, 16 zero bytes for the chunk at position 0. A whole chunk
+ * has count = CTXS_PREFIX_CHUNK; a tail, fewer. */
+typedef struct ctxs__rchunk_header {
+    char magic[8];              /* CTXS__RCHUNK_MAGIC */
+    uint16_t version_major;     /* readers refuse another major */
+    uint16_t version_minor;
+    uint32_t header_bytes;      /* CTXS__RCHUNK_HEADER_BYTES */
+    uint32_t dtype;             /* the model's geometry */
+    uint32_t n_layers;
+    uint32_t n_kv_heads;
+    uint32_t head_dim;
+    uint32_t count;             /* 1..CTXS_PREFIX_CHUNK tokens */
+    uint32_t raw_bytes;         /* count * (12 + runs * (slot_bytes + 4 for
+                                   Q8, else 0)) */
+    uint64_t first_pos;         /* a multiple of CTXS_PREFIX_CHUNK */
+    uint8_t model_hash[16];
+    uint8_t prev_chain[16];
+    uint8_t chain[16];          /* also in the key */
+    uint32_t raw_crc32;         /* of the raw_bytes */
+    uint8_t reserved[24];       /* zero */
+    uint32_t crc32;             /* of bytes 0..123 */
+} ctxs__rchunk_header;
+
+static_assert(sizeof(ctxs__rchunk_header) == CTXS__RCHUNK_HEADER_BYTES, "chunk header size");
+static_assert(offsetof(ctxs__rchunk_header, version_major) == 8, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, version_minor) == 10, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, header_bytes) == 12, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, dtype) == 16, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, n_layers) == 20, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, n_kv_heads) == 24, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, head_dim) == 28, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, count) == 32, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, raw_bytes) == 36, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, first_pos) == 40, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, model_hash) == 48, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, prev_chain) == 64, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, chain) == 80, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, raw_crc32) == 96, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, reserved) == 100, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, crc32) == 124, "chunk header layout");
+
+/* A session record's header. Names are UTF-8 without NUL, zero padded. */
+typedef struct ctxs__rsession_header {
+    char magic[8];              /* CTXS__RSESSION_MAGIC */
+    uint16_t version_major;
+    uint16_t version_minor;
+    uint32_t header_bytes;      /* CTXS__RSESSION_HEADER_BYTES */
+    uint32_t dtype;             /* the model */
+    uint32_t n_layers;
+    uint32_t n_kv_heads;
+    uint32_t head_dim;
+    uint8_t model_hash[16];
+    uint8_t tokenizer_hash[16];
+    uint64_t n_tokens;          /* ids that follow, <= CTXS__REMOTE_MAX_TOKENS */
+    uint64_t updated_unix_ms;   /* when the record was pushed */
+    uint32_t flags;             /* CTXS__RSESSION_FLAG_TAIL; others zero */
+    uint16_t name_len;          /* 1..255, the key's name */
+    uint16_t model_name_len;    /* 0..255, the model's display name */
+    uint32_t meta_bytes;        /* the metadata section's size */
+    uint32_t meta_count;        /* entries in it */
+    char name[CTXS_NAME_MAX + 1];
+    char model_name[CTXS_NAME_MAX + 1];
+    uint32_t body_crc32;        /* of the ids and the metadata section */
+    uint8_t reserved[24];       /* zero */
+    uint32_t crc32;             /* of bytes 0..635 */
+} ctxs__rsession_header;
+
+static_assert(sizeof(ctxs__rsession_header) == CTXS__RSESSION_HEADER_BYTES, "record size");
+static_assert(offsetof(ctxs__rsession_header, version_major) == 8, "record layout");
+static_assert(offsetof(ctxs__rsession_header, version_minor) == 10, "record layout");
+static_assert(offsetof(ctxs__rsession_header, header_bytes) == 12, "record layout");
+static_assert(offsetof(ctxs__rsession_header, dtype) == 16, "record layout");
+static_assert(offsetof(ctxs__rsession_header, n_layers) == 20, "record layout");
+static_assert(offsetof(ctxs__rsession_header, n_kv_heads) == 24, "record layout");
+static_assert(offsetof(ctxs__rsession_header, head_dim) == 28, "record layout");
+static_assert(offsetof(ctxs__rsession_header, model_hash) == 32, "record layout");
+static_assert(offsetof(ctxs__rsession_header, tokenizer_hash) == 48, "record layout");
+static_assert(offsetof(ctxs__rsession_header, n_tokens) == 64, "record layout");
+static_assert(offsetof(ctxs__rsession_header, updated_unix_ms) == 72, "record layout");
+static_assert(offsetof(ctxs__rsession_header, flags) == 80, "record layout");
+static_assert(offsetof(ctxs__rsession_header, name_len) == 84, "record layout");
+static_assert(offsetof(ctxs__rsession_header, model_name_len) == 86, "record layout");
+static_assert(offsetof(ctxs__rsession_header, meta_bytes) == 88, "record layout");
+static_assert(offsetof(ctxs__rsession_header, meta_count) == 92, "record layout");
+static_assert(offsetof(ctxs__rsession_header, name) == 96, "record layout");
+static_assert(offsetof(ctxs__rsession_header, model_name) == 352, "record layout");
+static_assert(offsetof(ctxs__rsession_header, body_crc32) == 608, "record layout");
+static_assert(offsetof(ctxs__rsession_header, reserved) == 612, "record layout");
+static_assert(offsetof(ctxs__rsession_header, crc32) == 636, "record layout");
+
+#endif

@@ -50,7 +50,7 @@ enum {
 static const char *const k_commands[] = {
     "ls", "info", "verify", "compact", "gc", "rm", "rename", "fork",
     "checkpoint", "meta", "models", "prefix", "reindex", "export", "import", "bench", "demo",
-    "pin", "unpin",
+    "pin", "unpin", "remote",
 };
 enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };
 

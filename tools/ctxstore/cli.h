@@ -25,6 +25,11 @@ enum {
     CLI_EFULL = 6,     /* disk or index full */
     CLI_EEXIST = 7,    /* the name or file already exists */
     CLI_EINDEX = 8,    /* the store's index is damaged (not a session file) */
+    CLI_EREMOTE_DOWN = 9, /* the remote cannot be reached, or it refused the
+                             connection or the password */
+    CLI_EREMOTE = 10,  /* the remote answered with an error (out of memory
+                          under noeviction, not a Redis) or holds a damaged
+                          session record */
 };
 
 typedef struct cli {
@@ -90,6 +95,9 @@ void cli_store_made(const cli *c, int ok);
 
 /* The exit code for a library return code. */
 int cli_exit_code(int rc);
+/* 1 for a -errno of the network (-ECONNREFUSED, -ETIMEDOUT, ...): only
+ * the remote tier returns those. */
+int cli_is_network_error(int rc);
 
 /* Reports rc to stderr: "ctxstore: <what>: <error text> (<NAME>)", then a
  * line of advice, hint, or cli_advice(rc) when hint is NULL, none when it
@@ -259,5 +267,6 @@ int cmd_export(cli *c, int argc, char **argv);
 int cmd_import(cli *c, int argc, char **argv);
 int cmd_bench(cli *c, int argc, char **argv);
 int cmd_demo(cli *c, int argc, char **argv);
+int cmd_remote(cli *c, int argc, char **argv);
 
 #endif

@@ -26,7 +26,11 @@
     "     from a newer version or of another model\n"                         \
     "  6  no space: the disk or the index is full\n"                           \
     "  7  the name or file already exists\n"                                   \
-    "  8  the store's index is damaged (not a session file); see the hint\n"
+    "  8  the store's index is damaged (not a session file); see the hint\n"    \
+    "  9  remote: the server cannot be reached, or it refused the connection\n" \
+    "     or the password\n"                                                  \
+    "  10 remote: the server answered with an error (full under noeviction,\n" \
+    "     not a Redis) or holds a damaged session record\n"
 
 typedef struct command {
     const char *name;
@@ -167,6 +171,30 @@ static const command k_commands[] = {
       "Checks all of FILE, then creates the session NAME (by default the name\n"
       "it was exported under). A damaged, truncated or foreign file is refused\n"
       "(exit 5) and the store is left unchanged.\n" },
+    { "remote", cmd_remote, "push sessions to Redis, pull them back, list them",
+      "remote push SESSION... [--remote URL] [--json]\n"
+      "       ctxstore remote pull SESSION [--as LOCAL] [--remote URL] [--json]\n"
+      "       ctxstore remote ls [--remote URL] [--json]\n"
+      "       ctxstore remote stat [--remote URL] [--json]\n\n"
+      "The remote tier: a Redis server that the machines of a fleet share, so\n"
+      "that a conversation saved on one resumes on another. URL is\n"
+      "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] or\n"
+      "unix:///PATH/TO/redis.sock[?db=N]; without --remote, $CTXSTORE_REMOTE.\n"
+      "Messages show it without its password.\n\n"
+      "push sends each session's chunks of 64 tokens that Redis lacks (chunks\n"
+      "are keyed by their content: shared prefixes are stored once), its last\n"
+      "partial chunk and its record, and says how many chunks it sent, how many\n"
+      "were there already and the bytes. It only reads the store. A ring that\n"
+      "has overwritten its first tokens is refused (exit 5).\n\n"
+      "pull creates the local session LOCAL (default: SESSION) from the remote\n"
+      "one, every chunk verified before it is written. Redis may have evicted\n"
+      "a chunk: the pull then stops there, and says how many tokens it pulled\n"
+      "and how many are left to prefill (in JSON, their ids). It makes the\n"
+      "store if there is none.\n\n"
+      "ls lists the remote sessions: model, tokens, whether the partial last\n"
+      "chunk is there, when pushed. stat shows the server: version, memory used\n"
+      "and maxmemory, eviction policy, keys evicted, keys held. Neither needs\n"
+      "a local store.\n" },
     { "bench", cmd_bench, "run the benchmark comparisons",
       "bench [--quick] [--only session|index|attention|tinychat]\n"
       "      [--dir DIR] [--json]\n\n"

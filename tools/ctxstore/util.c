@@ -48,8 +48,30 @@ int cli_exit_code(int rc)
         return CLI_EUSAGE;
     case CTXS_EINDEX:
         return CLI_EINDEX;
+    case CTXS_EREMOTE:
+        return CLI_EREMOTE;
     default:
-        return CLI_EFAIL;
+        return cli_is_network_error(rc) ? CLI_EREMOTE_DOWN : CLI_EFAIL;
+    }
+}
+
+int cli_is_network_error(int rc)
+{
+    switch (rc) {
+    case -ECONNREFUSED:
+    case -ECONNRESET:
+    case -ECONNABORTED:
+    case -ETIMEDOUT:
+    case -EHOSTUNREACH:
+    case -EHOSTDOWN:
+    case -ENETUNREACH:
+    case -ENETDOWN:
+    case -ENETRESET:
+    case -ENOTCONN:
+    case -EPIPE:
+        return 1;
+    default:
+        return 0;
     }
 }
 
@@ -110,7 +132,13 @@ const char *cli_advice(int rc)
         return "check the permissions of the store directory";
     case -EEXIST:
         return "choose another name, or remove the existing one first";
+    case CTXS_EREMOTE:
+        return "the server refused a command (full under maxmemory-policy noeviction? see "
+               "`ctxstore remote stat`) or holds a damaged record";
     default:
+        if (cli_is_network_error(rc))
+            return "check that the Redis server runs there and that this machine reaches it "
+                   "(host, port, firewall); `ctxstore remote stat` tries the connection";
         return NULL;
     }
 }
@@ -202,6 +230,10 @@ static int code_of_exit(int ex)
         return -EEXIST;
     case CLI_EINDEX:
         return CTXS_EINDEX;
+    case CLI_EREMOTE_DOWN:
+        return -ECONNREFUSED;
+    case CLI_EREMOTE:
+        return CTXS_EREMOTE;
     default:
         return CTXS_EFAILED;
     }

@@ -19,13 +19,14 @@
  *   main trees below that. This is the check that keeps LMDB's reads
  *   inside the file; a file may be longer (LMDB never shrinks it).
  *
- * What it cannot see is damage inside pages the file does hold: LMDB
- * returns MDB_CORRUPTED or MDB_PAGE_NOTFOUND for most of that, which
- * ctxs__mdb_error() reports as CTXS_EINDEX too.
+ * Then the pages of the trees that meta reaches are walked
+ * (index_pages.c): LMDB trusts what is inside a page as much as the file's
+ * size, and a garbled node sends its reads past the page, the map or the
+ * file. What neither sees -- records of the right shape with wrong
+ * contents -- LMDB or the index's readers report as CTXS_EINDEX.
  *
- * The meta layout (lmdb's mdb.c, 0.9: MDB_page, MDB_meta, MDB_db) is
- * mirrored below with the platform's word size, as LMDB writes it; an
- * LMDB file is not portable between word sizes or byte orders anyway.
+ * The layout (lmdb's mdb.c, 0.9: MDB_page, MDB_meta, MDB_db) is mirrored
+ * in lmdb_layout.h.
  */
 #include <errno.h>
 #include <fcntl.h>

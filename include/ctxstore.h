@@ -896,16 +896,23 @@ typedef struct ctxs_store_options {
  * The index is checked before LMDB reads any of it: index/data.mdb must
  * hold every page its meta pages claim (a file cut short, say a backup
  * restored short or a copy onto a full disk, would otherwise kill the
- * process with SIGBUS), both meta pages must be intact, and the index's
- * format record must be whole. A damaged index is CTXS_EINDEX, never
+ * process with SIGBUS), both meta pages must be intact, every page of
+ * every tree the current meta reaches must be one LMDB can read without
+ * leaving it (its header, node offsets, key and data sizes, overflow
+ * runs, tables' and duplicates' roots and sub-pages; no cycle), and the
+ * index's format record must be whole. The page check reads every page
+ * the trees use, by pread(), on the first open of the store in a process
+ * (measured: about 3 ms for a 7.7 MB index, page cache warm). Another
+ * process committing meanwhile never makes it report damage. A damaged index is CTXS_EINDEX, never
  * CTXS_ECORRUPT (which is about a session file): the session files are
  * not touched and not at fault. The way out: ctxs_store_repair_index()
  * (`ctxstore repair-index`), which moves the damaged index aside,
  * rebuilds the index from the session files and puts back what of the
  * damaged one still reads: names, checkpoints, metadata, pins and models'
- * display names, saying what it kept and lost. Damage
- * inside pages the file does hold is found as LMDB reads them, by
- * whichever call reads them: CTXS_EINDEX as well.
+ * display names, saying what it kept and lost. What no check of the
+ * layout sees -- records of the right shape with wrong contents, keys out
+ * of order -- is found by whichever call reads them: CTXS_EINDEX as well
+ * (ctxs_store_check() judges every record).
  *
  * Errors: -ENOENT (no dir, or a dangling link; a half-made store opened
  * read-only), -ELOOP (a loop of links), -ENOTDIR, CTXS_EFOREIGN (not a store, or index/ holds something that is

@@ -142,13 +142,29 @@ int ctxs__mdb_error(int rc);
 /* --- index_check.c ---------------------------------------------------- */
 
 /* Checks the index's data file at data_path before LMDB maps it: both
- * meta pages, and that the file holds every page the meta LMDB will use
- * claims. 0 for a file LMDB may open (a missing one too, and an empty one
- * if empty_ok: a store whose creation died before LMDB wrote it),
- * CTXS_EINDEX (a damaged index: cut short, a meta page lost),
- * CTXS_EFOREIGN (nothing of LMDB's in it), CTXS_EVERSION (another LMDB
- * data version), -errno. */
+ * meta pages, that the file holds every page the meta LMDB will use
+ * claims, and every page of the trees that meta reaches
+ * (ctxs__index_pages_check()); damage found while other processes commit
+ * counts only if the metas held still meanwhile. 0 for a file LMDB may
+ * open (a missing one too, and an empty one if empty_ok: a store whose
+ * creation died before LMDB wrote it), CTXS_EINDEX (a damaged index: cut
+ * short, a meta page lost, a page garbled), CTXS_EFOREIGN (nothing of
+ * LMDB's in it), CTXS_EVERSION (another LMDB data version), CTXS_ENOMEM,
+ * -errno. */
 int ctxs__index_file_check(const char *data_path, int empty_ok);
+
+/* --- index_pages.c ---------------------------------------------------- */
+
+/* Walks, by pread() on fd, the free tree and the main tree of a meta
+ * (free_db, main_db: its MDB_db records; lmdb_layout.h) and every named
+ * tree and tree of duplicates below them, checking every page they reach
+ * against what LMDB's reads of it assume, within the psize-byte pages 0
+ * to last_pg, which the caller knows the file holds. 0, CTXS_EINDEX (a
+ * page or record LMDB would read out of bounds, a cycle, a page reached
+ * twice), CTXS_ENOMEM, -errno. */
+struct lmdb_db;
+int ctxs__index_pages_check(int fd, uint32_t psize, uint64_t last_pg,
+                            const struct lmdb_db *free_db, const struct lmdb_db *main_db);
 
 /* Copies the data file at data_path to copy_path in a form LMDB can open
  * read-only, for salvage: a lost meta page replaced by the other, a file

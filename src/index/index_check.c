@@ -19,13 +19,14 @@
  *   main trees below that. This is the check that keeps LMDB's reads
  *   inside the file; a file may be longer (LMDB never shrinks it).
  *
- * What it cannot see is damage inside pages the file does hold: LMDB
- * returns MDB_CORRUPTED or MDB_PAGE_NOTFOUND for most of that, which
- * ctxs__mdb_error() reports as CTXS_EINDEX too.
+ * Then the pages of the trees that meta reaches are walked
+ * (index_pages.c): LMDB trusts what is inside a page as much as the file's
+ * size, and a garbled node sends its reads past the page, the map or the
+ * file. What neither sees -- records of the right shape with wrong
+ * contents -- LMDB or the index's readers report as CTXS_EINDEX.
  *
- * The meta layout (lmdb's mdb.c, 0.9: MDB_page, MDB_meta, MDB_db) is
- * mirrored below with the platform's word size, as LMDB writes it; an
- * LMDB file is not portable between word sizes or byte orders anyway.
+ * The layout (lmdb's mdb.c, 0.9: MDB_page, MDB_meta, MDB_db) is mirrored
+ * in lmdb_layout.h.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,50 +38,8 @@
 #include <unistd.h>
 
 #include "index.h"
+#include "lmdb_layout.h"
 #include "syscall.h"
-
-#define LMDB_MAGIC 0xBEEFC0DEu  /* MDB_MAGIC */
-#define LMDB_DATA_VERSION 1u    /* MDB_DATA_VERSION of every 0.9 release */
-#define LMDB_P_BRANCH 0x01u
-#define LMDB_P_LEAF 0x02u
-#define LMDB_P_OVERFLOW 0x04u
-#define LMDB_P_META 0x08u
-#define LMDB_P_INVALID (~(size_t)0)
-#define LMDB_MIN_PSIZE 512u
-#define LMDB_MAX_PSIZE 65536u
-
-/* MDB_page's header: what precedes a meta page's MDB_meta (PAGEHDRSZ). */
-typedef struct lmdb_page_head {
-    size_t pgno;       /* the page's own number */
-    uint16_t pad;
-    uint16_t flags;    /* P_META, P_BRANCH, ... */
-    uint32_t bounds;   /* lower and upper, or an overflow page count */
-} lmdb_page_head;
-
-/* MDB_db: one tree's root and counts. */
-typedef struct lmdb_db {
-    uint32_t pad;      /* in the free tree's: the page size (mm_psize) */
-    uint16_t flags;
-    uint16_t depth;
-    size_t branch_pages, leaf_pages, overflow_pages, entries;
-    size_t root;       /* P_INVALID for an empty tree */
-} lmdb_db;
-
-/* MDB_meta. */
-typedef struct lmdb_meta {
-    uint32_t magic;
-    uint32_t version;
-    void *address;
-    size_t mapsize;
-    lmdb_db dbs[2];    /* the free pages' tree, the main tree */
-    size_t last_pg;    /* the last page any tree uses: the file holds it */
-    size_t txnid;      /* the transaction that wrote this meta */
-} lmdb_meta;
-
-typedef struct lmdb_meta_page {
-    lmdb_page_head head;
-    lmdb_meta meta;
-} lmdb_meta_page;
 
 /* Reads up to len bytes at off; the count read, or -errno. */
 static ssize_t read_at(int fd, void *buf, size_t len, off_t off)
@@ -127,15 +86,16 @@ static int root_ok(size_t root, size_t last_pg)
     return root == LMDB_P_INVALID || (root >= 2 && root <= last_pg);
 }
 
-int ctxs__index_file_check(const char *data_path, int empty_ok)
+/* One pass of the check over fd: the metas, the size, the trees. m gets
+ * the two meta pages as read (zeros past what was), *p1_at where page 1
+ * was read, for the caller to tell whether a writer committed meanwhile. */
+static int check_once(int fd, int empty_ok, lmdb_meta_page m[2], uint32_t *p1_at)
 {
-    int fd = ctxs__open(data_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
-        return errno == ENOENT ? 0 : -errno; /* LMDB makes a missing one */
     int rc = 0;
     struct stat sb;
-    lmdb_meta_page m[2];
     ssize_t n[2] = {0, 0};
+    memset(m, 0, 2 * sizeof(*m));
+    *p1_at = 0;
     if (ctxs__fstat(fd, &sb) != 0) {
         rc = -errno;
         goto leave;
@@ -148,7 +108,6 @@ int ctxs__index_file_check(const char *data_path, int empty_ok)
         rc = empty_ok ? 0 : CTXS_EINDEX;
         goto leave;
     }
-    memset(m, 0, sizeof(m));
     if ((n[0] = read_at(fd, &m[0], sizeof(m[0]), 0)) < 0) {
         rc = (int)n[0];
         goto leave;
@@ -162,6 +121,8 @@ int ctxs__index_file_check(const char *data_path, int empty_ok)
     for (uint32_t ps = LMDB_MIN_PSIZE; ps <= LMDB_MAX_PSIZE && !ok1; ps *= 2) {
         if (ok0 && ps != m[0].meta.dbs[0].pad)
             continue;
+        memset(&m[1], 0, sizeof(m[1]));
+        *p1_at = ps;
         if ((n[1] = read_at(fd, &m[1], sizeof(m[1]), (off_t)ps)) < 0) {
             rc = (int)n[1];
             goto leave;
@@ -199,7 +160,55 @@ int ctxs__index_file_check(const char *data_path, int empty_ok)
         (use->last_pg + 1) * psize > (uint64_t)sb.st_size ||
         !root_ok(use->dbs[0].root, use->last_pg) || !root_ok(use->dbs[1].root, use->last_pg))
         rc = CTXS_EINDEX;
+    else
+        rc = ctxs__index_pages_check(fd, (uint32_t)psize, use->last_pg, &use->dbs[0],
+                                     &use->dbs[1]);
 leave:
+    return rc;
+}
+
+/*
+ * Other processes may commit while the file is read: we are no reader
+ * LMDB knows of, so nothing holds the pages of the snapshot we walk. What
+ * holds them is LMDB's own rule: a page the snapshot of transaction T
+ * reaches is rewritten only after a later transaction has committed (it
+ * first frees the page, and a writer reuses only pages freed before the
+ * oldest snapshot still in use). So a pass that found damage is judged
+ * again after reading both meta pages anew: if they are byte for byte
+ * those the pass started from, no transaction committed while it ran and
+ * what it read was the snapshot itself -- the damage is real. If a writer
+ * did commit, the pass runs again on the new metas; after a few passes
+ * that writers always overtook, LMDB is trusted as it was before this
+ * check existed. A pass that finds nothing is not repeated: a commit
+ * under it can only hide damage, never invent it.
+ */
+#define CHECK_PASSES 4
+
+int ctxs__index_file_check(const char *data_path, int empty_ok)
+{
+    int fd = ctxs__open(data_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -errno; /* LMDB makes a missing one */
+    lmdb_meta_page m[2], again[2];
+    uint32_t p1_at = 0;
+    int rc = check_once(fd, empty_ok, m, &p1_at);
+    for (int pass = 1; rc == CTXS_EINDEX; pass++) {
+        memset(again, 0, sizeof(again));
+        ssize_t n0 = read_at(fd, &again[0], sizeof(again[0]), 0);
+        ssize_t n1 = p1_at ? read_at(fd, &again[1], sizeof(again[1]), (off_t)p1_at) : 0;
+        if (n0 < 0 || n1 < 0) {
+            rc = (int)(n0 < 0 ? n0 : n1);
+            break;
+        }
+        if (memcmp(&again[0], &m[0], sizeof(m[0])) == 0 &&
+            memcmp(&again[1], &m[1], sizeof(m[1])) == 0)
+            break; /* the metas held still: damaged */
+        if (pass == CHECK_PASSES) {
+            rc = 0; /* writers kept committing: LMDB as before */
+            break;
+        }
+        rc = check_once(fd, empty_ok, m, &p1_at);
+    }
     close(fd);
     return rc;
 }

@@ -1,0 +1,370 @@
+/*
+ * The index's B-trees walked with pread() before LMDB maps the file.
+ *
+ * LMDB checks a page number against the last page of its snapshot and
+ * trusts everything inside a page: the node offsets, key and data sizes,
+ * an overflow node's page and its page count, a sub-database's root, a
+ * sub-page's header. A garbled one makes it (or the index code reading
+ * what it returns) read past the page, the map or the file: SIGSEGV or
+ * SIGBUS in an ordinary open and listing. So every page that the trees of
+ * the meta LMDB will use reach is read here first and asked what LMDB's
+ * reads of it will need:
+ *
+ * - it is reached once (a bitmap of pages: a page reached twice is a
+ *   cycle or two trees sharing a page, which a copy-on-write snapshot
+ *   never has), within the pages the meta claims, and numbers itself;
+ * - it is of the kind its place calls for: branch pages above md_depth
+ *   levels, leaf pages (LEAF2 where duplicates are fixed-size) at it, no
+ *   deeper than a cursor's stack (32);
+ * - its lower and upper bounds lie in the page, its node offsets between
+ *   upper and the page's end, and each node's header, key and data (or
+ *   overflow page number) inside the page;
+ * - a node's flags are ones its tree may hold: a sub-database record
+ *   (F_SUBDATA, 48 bytes) only in the main tree, duplicates (F_DUPDATA)
+ *   only in a DUPSORT tree, as an inline sub-page (checked as a page, its
+ *   size the node's data) or as a sub-tree (an MDB_db, walked);
+ * - an overflow run lies in the file's pages and its first page's count
+ *   covers the data;
+ * - the free tree's records are page lists whose count fits the record
+ *   and whose pages are the file's (a writer merges them without asking);
+ * - a tree's depth (md_depth) is where all its leaves are, and at most 32.
+ *
+ * Entry and page counts (md_entries, ...) are not judged: LMDB 0.9.24
+ * miscounts some duplicates (later releases fixed how a put counts them),
+ * so a count that disagrees with the walk is no proof of damage, and no
+ * read goes past a page for one.
+ * Keys are not compared for order: a tree out of order finds the wrong
+ * record, and still reads inside its pages.
+ *
+ * The walk reads the file while other processes may commit to it; the
+ * caller (index_check.c) judges a failure only against a meta that stayed
+ * the same while it ran.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "index.h"
+#include "lmdb_layout.h"
+#include "syscall.h"
+
+/* Nesting of page buffers: the main tree, a named tree below one of its
+ * leaves, a sub-tree of duplicates below one of those. */
+#define MAX_NEST (3 * LMDB_MAX_DEPTH + 1)
+
+typedef struct walker {
+    int fd;
+    uint32_t psize;
+    uint64_t last_pg;
+    uint8_t *seen;              /* a bit per page */
+    uint8_t *buf[MAX_NEST];     /* a page per nesting level, made on use */
+} walker;
+
+enum tree_kind { TREE_FREE, TREE_MAIN, TREE_NAMED, TREE_DUPS };
+
+typedef struct tree {
+    enum tree_kind kind;
+    uint16_t flags;             /* LMDB_DB_* of the tree, or of the tree
+                                   whose duplicates it holds (TREE_DUPS) */
+    uint16_t depth;
+    uint32_t ksize;             /* a LEAF2 page's key size */
+} tree;
+
+#define DAMAGED CTXS_EINDEX
+
+static ssize_t read_at(int fd, void *buf, size_t len, uint64_t off)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = ctxs__pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            break;
+        done += (size_t)n;
+    }
+    return (ssize_t)done;
+}
+
+/* Marks pages [pgno, pgno + n) as reached; DAMAGED when one is outside
+ * the snapshot's pages or was reached before. */
+static int claim(walker *w, uint64_t pgno, uint64_t n)
+{
+    if (pgno < 2 || n == 0 || pgno > w->last_pg || n > w->last_pg - pgno + 1)
+        return DAMAGED;
+    for (uint64_t p = pgno; p < pgno + n; p++) {
+        uint8_t bit = (uint8_t)(1u << (p & 7));
+        if (w->seen[p >> 3] & bit)
+            return DAMAGED;
+        w->seen[p >> 3] |= bit;
+    }
+    return 0;
+}
+
+/* Reads page pgno into the buffer of nesting level nest. */
+static int page_read(walker *w, uint64_t pgno, unsigned nest, uint8_t **out)
+{
+    if (nest >= MAX_NEST)
+        return DAMAGED;
+    int rc = claim(w, pgno, 1);
+    if (rc < 0)
+        return rc;
+    if (!w->buf[nest] && !(w->buf[nest] = ctxs__malloc(w->psize)))
+        return CTXS_ENOMEM;
+    ssize_t n = read_at(w->fd, w->buf[nest], w->psize, pgno * w->psize);
+    if (n < 0)
+        return (int)n;
+    if ((size_t)n != w->psize)
+        return DAMAGED; /* shorter than the size the caller checked */
+    lmdb_page_head h;
+    memcpy(&h, w->buf[nest], sizeof(h));
+    if (h.pgno != pgno)
+        return DAMAGED;
+    *out = w->buf[nest];
+    return 0;
+}
+
+static uint16_t u16_at(const uint8_t *p, size_t off)
+{
+    uint16_t v;
+    memcpy(&v, p + off, sizeof(v));
+    return v;
+}
+
+/* The number of offsets (or LEAF2 keys) of the page p of size bytes (a
+ * sub-page's size is its node's data size), from its bounds. */
+static int page_count(const uint8_t *p, size_t size, unsigned *n)
+{
+    lmdb_page_head h;
+    memcpy(&h, p, sizeof(h));
+    if (h.u.b.lower < LMDB_PAGE_HEAD || h.u.b.lower > h.u.b.upper || h.u.b.upper > size ||
+        (h.u.b.lower - LMDB_PAGE_HEAD) % 2 != 0)
+        return DAMAGED;
+    *n = (h.u.b.lower - (unsigned)LMDB_PAGE_HEAD) / 2;
+    /* No page LMDB keeps is empty: a tree left empty has no root, a
+     * last duplicate deleted takes its node. A cursor reads node 0 of a
+     * page it lands on without counting first. */
+    return *n == 0 ? DAMAGED : 0;
+}
+
+/* Node i of p: its header, and the offset of its key. Checks that the
+ * header and the key lie in the page. */
+static int node_at(const uint8_t *p, size_t size, unsigned i, lmdb_node_head *nh, size_t *key)
+{
+    lmdb_page_head h;
+    memcpy(&h, p, sizeof(h));
+    size_t off = u16_at(p, LMDB_PAGE_HEAD + 2 * (size_t)i);
+    if (off < h.u.b.upper || off + LMDB_NODE_HEAD > size)
+        return DAMAGED;
+    memcpy(nh, p + off, sizeof(*nh));
+    *key = off + LMDB_NODE_HEAD;
+    return *key + nh->ksize > size ? DAMAGED : 0;
+}
+
+static int tree_walk(walker *w, const lmdb_db *db, tree t, unsigned nest);
+
+/* A tree's MDB_db record, as a node's data or a meta's, before it is
+ * walked: a root in the file's pages and a depth a cursor can follow. */
+static int db_plausible(const walker *w, const lmdb_db *db)
+{
+    if (db->root == LMDB_P_INVALID)
+        return 0;
+    if (db->root < 2 || db->root > w->last_pg || db->depth < 1 || db->depth > LMDB_MAX_DEPTH)
+        return DAMAGED;
+    return 0;
+}
+
+/* The data of an overflow node of dsize bytes, whose run starts at
+ * pgno: the run is in the file, unclaimed, and covers the data. */
+static int overflow_check(walker *w, uint64_t pgno, uint32_t dsize)
+{
+    if (pgno < 2 || pgno > w->last_pg)
+        return DAMAGED;
+    lmdb_page_head h;
+    ssize_t n = read_at(w->fd, &h, sizeof(h), pgno * w->psize);
+    if (n < 0)
+        return (int)n;
+    uint64_t need = ((uint64_t)LMDB_PAGE_HEAD - 1 + dsize) / w->psize + 1; /* OVPAGES */
+    if ((size_t)n != sizeof(h) || h.pgno != pgno ||
+        (h.flags & (LMDB_P_BRANCH | LMDB_P_LEAF | LMDB_P_OVERFLOW | LMDB_P_META)) !=
+            LMDB_P_OVERFLOW ||
+        h.u.pages < need)
+        return DAMAGED;
+    return claim(w, pgno, h.u.pages);
+}
+
+/* A free-tree record: a page list (MDB_IDL: a count, then the pages),
+ * inline at data or on the overflow run at pgno. A writer merges it
+ * trusting its count. */
+static int free_list_check(walker *w, const uint8_t *data, uint64_t pgno, uint32_t dsize)
+{
+    if (dsize < sizeof(size_t) || dsize % sizeof(size_t) != 0)
+        return DAMAGED;
+    size_t *ids = ctxs__malloc(dsize);
+    if (!ids)
+        return CTXS_ENOMEM;
+    int rc = 0;
+    if (data) {
+        memcpy(ids, data, dsize);
+    } else {
+        ssize_t n = read_at(w->fd, ids, dsize, pgno * w->psize + LMDB_PAGE_HEAD);
+        rc = n < 0 ? (int)n : (size_t)n != dsize ? DAMAGED : 0;
+    }
+    size_t count = dsize / sizeof(size_t) - 1;
+    if (rc == 0 && ids[0] > count)
+        rc = DAMAGED;
+    for (size_t i = 1; rc == 0 && i <= ids[0]; i++)
+        if (ids[i] < 2 || ids[i] > w->last_pg)
+            rc = DAMAGED;
+    free(ids);
+    return rc;
+}
+
+/* The LEAF2 keys of p (size bytes, n keys of ksize bytes). */
+static int leaf2_check(size_t size, unsigned n, uint32_t ksize)
+{
+    return LMDB_PAGE_HEAD + (uint64_t)n * ksize > size ? DAMAGED : 0;
+}
+
+/* An inline page of duplicates: the data of a leaf node of tree t
+ * (DUPSORT), dsize bytes at sp. */
+static int subpage_check(const tree *t, const uint8_t *sp, uint32_t dsize)
+{
+    if (dsize < LMDB_PAGE_HEAD)
+        return DAMAGED;
+    lmdb_page_head h;
+    memcpy(&h, sp, sizeof(h));
+    unsigned want = LMDB_P_LEAF | LMDB_P_SUBP | (t->flags & LMDB_DB_DUPFIXED ? LMDB_P_LEAF2 : 0);
+    unsigned kind = h.flags & (LMDB_P_BRANCH | LMDB_P_LEAF | LMDB_P_OVERFLOW | LMDB_P_META |
+                               LMDB_P_LEAF2 | LMDB_P_SUBP);
+    unsigned n;
+    int rc = kind != want ? DAMAGED : page_count(sp, dsize, &n);
+    if (rc < 0)
+        return rc;
+    if (kind & LMDB_P_LEAF2)
+        return leaf2_check(dsize, n, h.pad); /* a sub-page keeps its key size */
+    for (unsigned i = 0; i < n; i++) {
+        lmdb_node_head nh;
+        size_t key;
+        if ((rc = node_at(sp, dsize, i, &nh, &key)) < 0)
+            return rc;
+        uint32_t ds = nh.lo | (uint32_t)nh.hi << 16;
+        if (nh.flags != 0 || key + nh.ksize + (uint64_t)ds > dsize)
+            return DAMAGED;
+    }
+    return 0;
+}
+
+/* The nodes of leaf page p of tree t, n of them. */
+static int leaf_check(walker *w, const tree *t, const uint8_t *p, unsigned n, unsigned nest)
+{
+    int rc = 0;
+    for (unsigned i = 0; rc == 0 && i < n; i++) {
+        lmdb_node_head nh;
+        size_t key;
+        if ((rc = node_at(p, w->psize, i, &nh, &key)) < 0)
+            break;
+        uint32_t dsize = nh.lo | (uint32_t)nh.hi << 16;
+        size_t data = key + nh.ksize;
+        unsigned f = nh.flags;
+        int dupsort = t->kind != TREE_FREE && t->kind != TREE_DUPS &&
+                      (t->flags & LMDB_DB_DUPSORT);
+        if (f == LMDB_F_BIGDATA) {
+            uint64_t pgno;
+            if (data + sizeof(pgno) > w->psize || t->kind == TREE_DUPS)
+                return DAMAGED;
+            memcpy(&pgno, p + data, sizeof(pgno));
+            if ((rc = overflow_check(w, pgno, dsize)) == 0 && t->kind == TREE_FREE)
+                rc = free_list_check(w, NULL, pgno, dsize);
+            continue;
+        }
+        if (data + (uint64_t)dsize > w->psize)
+            return DAMAGED;
+        if (t->kind == TREE_FREE) {
+            rc = f != 0 || nh.ksize != sizeof(size_t) ? DAMAGED
+                                                      : free_list_check(w, p + data, 0, dsize);
+        } else if (f == 0) {
+            /* plain data, in the page */
+        } else if (f == LMDB_F_SUBDATA && t->kind == TREE_MAIN && !dupsort) {
+            lmdb_db db;
+            if (dsize != sizeof(db))
+                return DAMAGED;
+            memcpy(&db, p + data, sizeof(db));
+            if (db.flags & ~LMDB_DB_FLAGS)
+                return DAMAGED;
+            tree sub = {TREE_NAMED, db.flags, db.depth, db.pad};
+            rc = tree_walk(w, &db, sub, nest + 1);
+        } else if (f == LMDB_F_DUPDATA && dupsort) {
+            rc = subpage_check(t, p + data, dsize);
+        } else if (f == (LMDB_F_DUPDATA | LMDB_F_SUBDATA) && dupsort) {
+            lmdb_db db;
+            if (dsize != sizeof(db))
+                return DAMAGED;
+            memcpy(&db, p + data, sizeof(db));
+            tree sub = {TREE_DUPS, t->flags, db.depth, db.pad};
+            rc = tree_walk(w, &db, sub, nest + 1);
+        } else {
+            return DAMAGED;
+        }
+    }
+    return rc;
+}
+
+/* Page pgno of tree t at level (1: the root), its buffers at nest. */
+static int page_walk(walker *w, const tree *t, uint64_t pgno, unsigned level, unsigned nest)
+{
+    uint8_t *p;
+    int rc = page_read(w, pgno, nest, &p);
+    if (rc < 0)
+        return rc;
+    lmdb_page_head h;
+    memcpy(&h, p, sizeof(h));
+    unsigned kind = h.flags & (LMDB_P_BRANCH | LMDB_P_LEAF | LMDB_P_OVERFLOW | LMDB_P_META |
+                               LMDB_P_LEAF2 | LMDB_P_SUBP);
+    unsigned want = level < t->depth ? LMDB_P_BRANCH
+                    : LMDB_P_LEAF | (t->kind == TREE_DUPS && (t->flags & LMDB_DB_DUPFIXED)
+                                         ? LMDB_P_LEAF2 : 0);
+    unsigned n;
+    if (kind != want || (rc = page_count(p, w->psize, &n)) < 0)
+        return DAMAGED;
+    if (kind & LMDB_P_LEAF2)
+        return leaf2_check(w->psize, n, t->ksize);
+    if (kind & LMDB_P_LEAF)
+        return leaf_check(w, t, p, n, nest);
+    for (unsigned i = 0; i < n; i++) {
+        lmdb_node_head nh;
+        size_t key;
+        if ((rc = node_at(p, w->psize, i, &nh, &key)) < 0)
+            return rc;
+        uint64_t child = nh.lo | (uint64_t)nh.hi << 16 | (uint64_t)nh.flags << 32;
+        /* The page under p's buffer is read into the next one: p stays. */
+        if ((rc = page_walk(w, t, child, level + 1, nest + 1)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int tree_walk(walker *w, const lmdb_db *db, tree t, unsigned nest)
+{
+    int rc = db_plausible(w, db);
+    if (rc < 0 || db->root == LMDB_P_INVALID)
+        return rc;
+    return page_walk(w, &t, db->root, 1, nest);
+}
+
+int ctxs__index_pages_check(int fd, uint32_t psize, uint64_t last_pg, const lmdb_db *free_db,
+                            const lmdb_db *main_db)
+{
+    walker w = {.fd = fd, .psize = psize, .last_pg = last_pg};
+    if (!(w.seen = ctxs__calloc(last_pg / 8 + 1, 1)))
+        return CTXS_ENOMEM;
+    tree ft = {TREE_FREE, 0, free_db->depth, 0};
+    tree mt = {TREE_MAIN, main_db->flags, main_db->depth, main_db->pad};
+    int rc = main_db->flags & ~LMDB_DB_FLAGS ? DAMAGED : tree_walk(&w, free_db, ft, 0);
+    if (rc == 0)
+        rc = tree_walk(&w, main_db, mt, 0);
+    for (unsigned i = 0; i < MAX_NEST; i++)
+        free(w.buf[i]);
+    free(w.seen);
+    return rc;
+}

@@ -18,9 +18,13 @@
  *   push_session  ctxs_remote_push into an empty Redis: 32 chunks and the
  *                 record  vs  raw_set: 32 SETs of 9 MiB, pipelined.
  *   pull_session  ctxs_remote_pull into a new local session (created,
- *                 every chunk verified, written, the session closed)  vs
- *                 raw_get: 32 GETs, pipelined, into memory, and
- *                 raw_get_write: the same, each value written to a file.
+ *                 every chunk verified, written, the file synced and
+ *                 linked, the session closed)  vs
+ *                 raw_get_sync: 32 GETs, pipelined, each value written to
+ *                 a file, then fdatasync: the same durability (the ratio
+ *                 is against this row); and, to show what durability
+ *                 costs, raw_get_write: the same without the fdatasync,
+ *                 and raw_get: into memory only.
  *   resume        what a resume on a machine costs before the first token:
  *                 remote: ctxs_remote_pull, session left open  vs
  *                 local_warm / local_cold: ctxs_store_session_open of the
@@ -29,12 +33,16 @@
  *                 the worker brings the window in behind it)  vs
  *                 state_file: one GET of the whole KV as one value (the
  *                 way a llama.cpp state file would be kept in Redis),
- *                 written to a file.
+ *                 written to a file and fdatasynced.
  *
- * Local files are not synced in either column (ctxstore's pulls commit at
- * the default durability, ASYNC: writeback started, not waited for).
- * Medians of several runs; the untimed cleanup between runs (FLUSHALL,
- * deleting the pulled session, syncing the disk) is outside the timings.
+ * A pull's new session file appears complete or not at all: written
+ * aside, fdatasynced, then linked. The raw rows that write a file give it
+ * the same fdatasync, so that both columns wait for the disk; the
+ * raw_get_write row, without it, shows what that wait costs.
+ *
+ * Medians of several runs, the methods of a comparison taking turns run
+ * by run; the untimed cleanup between runs (FLUSHALL, deleting the pulled
+ * session, syncing the disk) is outside the timings.
  * ratio = ctxstore median / raw median (push and pull), or the resume's
  * median over local_warm's.
  *
@@ -328,8 +336,8 @@ static double time_raw_set(bench *b, int n)
 }
 
 /* N_CHUNKS GETs, pipelined; each value copied out (memory), or written
- * to a file at its offset (fd >= 0). */
-static double time_raw_get(bench *b, int to_file)
+ * to a file at its offset (to_file), then fdatasynced (sync). */
+static double time_raw_get(bench *b, int to_file, int sync)
 {
     double t0 = now_us();
     int fd = -1;
@@ -349,6 +357,8 @@ static double time_raw_get(bench *b, int to_file)
             memcpy(b->buf, r->str, CHUNK_BYTES);
         freeReplyObject(r);
     }
+    if (sync)
+        check_sys(fdatasync(fd), "fdatasync");
     if (fd >= 0)
         close(fd);
     double t = now_us() - t0;
@@ -368,6 +378,7 @@ static double time_state_file(bench *b)
         die("GET raw:state: not the value SET");
     write_all(fd, (const uint8_t *)r->str, STATE_BYTES, "write");
     freeReplyObject(r);
+    check_sys(fdatasync(fd), "fdatasync");
     close(fd);
     double t = now_us() - t0;
     check_sys(unlink(b->out_path), "unlink");
@@ -498,22 +509,23 @@ int main(int argc, char **argv)
     const int iters = o->quick ? 3 : 7;
     samples s = { 0 };
 
+    /* Each comparison alternates its methods run by run, so that a slow
+     * spell of a shared machine falls on both columns alike. */
     /* (a) a turn: one chunk. */
+    samples s2 = { 0 }, s3 = { 0 }, s4 = { 0 };
     for (int i = 0; i < iters + 1; i++) {
         flushall(b.raw);
         (void)time_push(&b, "base", N_CHUNKS - 1);
         double t = time_push(&b, "conv", 1);
-        if (i > 0) /* the first is a warm-up */
+        flushall(b.raw);
+        double t2 = time_raw_set(&b, 1);
+        if (i > 0) { /* the first is a warm-up */
             samples_add(&s, t);
+            samples_add(&s2, t2);
+        }
     }
     bench_result *turn = add("push_turn", "ctxstore", &s);
-    for (int i = 0; i < iters + 1; i++) {
-        flushall(b.raw);
-        double t = time_raw_set(&b, 1);
-        if (i > 0)
-            samples_add(&s, t);
-    }
-    bench_result *turn_raw = add("push_turn", "raw_set", &s);
+    bench_result *turn_raw = add("push_turn", "raw_set", &s2);
     print_row(o, turn_raw, CHUNK_BYTES, NULL, NULL);
     print_row(o, turn, CHUNK_BYTES, turn_raw, NULL);
 
@@ -521,17 +533,15 @@ int main(int argc, char **argv)
     for (int i = 0; i < iters + 1; i++) {
         flushall(b.raw);
         double t = time_push(&b, "conv", N_CHUNKS);
-        if (i > 0)
+        flushall(b.raw);
+        double t2 = time_raw_set(&b, N_CHUNKS);
+        if (i > 0) {
             samples_add(&s, t);
+            samples_add(&s2, t2);
+        }
     }
     bench_result *push = add("push_session", "ctxstore", &s);
-    for (int i = 0; i < iters + 1; i++) {
-        flushall(b.raw);
-        double t = time_raw_set(&b, N_CHUNKS);
-        if (i > 0)
-            samples_add(&s, t);
-    }
-    bench_result *push_raw = add("push_session", "raw_set", &s);
+    bench_result *push_raw = add("push_session", "raw_set", &s2);
     print_row(o, push_raw, STATE_BYTES, NULL, NULL);
     print_row(o, push, STATE_BYTES, push_raw, NULL);
 
@@ -539,26 +549,26 @@ int main(int argc, char **argv)
     (void)time_push(&b, "conv", 0);
     for (int i = 0; i < iters + 1; i++) {
         double t = time_pull(&b, 0);
-        if (i > 0)
+        double t2 = time_raw_get(&b, 0, 0);
+        double t3 = time_raw_get(&b, 1, 0);
+        settle_disk();
+        double t4 = time_raw_get(&b, 1, 1);
+        settle_disk();
+        if (i > 0) {
             samples_add(&s, t);
+            samples_add(&s2, t2);
+            samples_add(&s3, t3);
+            samples_add(&s4, t4);
+        }
     }
     bench_result *pull = add("pull_session", "ctxstore", &s);
-    for (int i = 0; i < iters + 1; i++) {
-        double t = time_raw_get(&b, 0);
-        if (i > 0)
-            samples_add(&s, t);
-    }
-    bench_result *pull_raw = add("pull_session", "raw_get", &s);
-    for (int i = 0; i < iters + 1; i++) {
-        double t = time_raw_get(&b, 1);
-        settle_disk();
-        if (i > 0)
-            samples_add(&s, t);
-    }
-    bench_result *pull_raw_w = add("pull_session", "raw_get_write", &s);
+    bench_result *pull_raw = add("pull_session", "raw_get", &s2);
+    bench_result *pull_raw_w = add("pull_session", "raw_get_write", &s3);
+    bench_result *pull_raw_ws = add("pull_session", "raw_get_sync", &s4);
     print_row(o, pull_raw, STATE_BYTES, NULL, NULL);
     print_row(o, pull_raw_w, STATE_BYTES, NULL, NULL);
-    print_row(o, pull, STATE_BYTES, pull_raw_w, pull_raw);
+    print_row(o, pull_raw_ws, STATE_BYTES, NULL, NULL);
+    print_row(o, pull, STATE_BYTES, pull_raw_ws, pull_raw_w);
 
     /* (d) resume. */
     for (int i = 0; i < iters + 1; i++) {

@@ -19,9 +19,9 @@
  *   only names token ids; a puller trusts nothing in it beyond that.
  *
  * - A puller uses no byte it has not verified: every chunk's header, its
- *   place in the chain, the ids against the record (or the prompt), the
- *   payload's CRC and every token's checksum, before the block is written
- *   into the new file, which appears complete or not at all. The first
+ *   place in the chain, the ids against the record (or the prompt) and
+ *   every token's checksum, before the block is written into the new
+ *   file, which appears complete or not at all. The first
  *   chunk missing (evicted) or refused ends the pull: shorter, never
  *   wrong.
  *
@@ -566,7 +566,6 @@ static int chunk_value(uint8_t *v, snapshot *sn, uint64_t k)
     if (k)
         memcpy(h.prev_chain, sn->chain[k - 1], 16);
     memcpy(h.chain, sn->chain[k], 16);
-    h.raw_crc32 = crc_of(raw, h.raw_bytes);
     h.crc32 = crc_of(&h, offsetof(ctxs__rchunk_header, crc32));
     memcpy(v, &h, sizeof(h));
     return 0;
@@ -1297,7 +1296,7 @@ static int chunk_check(const pull_job *pj, const ctxs__kv_plan *p, const redisRe
     memcpy(&h, rep->str, sizeof(h));
     uint8_t *raw = (uint8_t *)rep->str + sizeof(h);
     const ctxs_geometry *g = &pj->model.geometry;
-    static const uint8_t zero[24];
+    static const uint8_t zero[sizeof(h.reserved)];
     if (h.crc32 != crc_of(&h, offsetof(ctxs__rchunk_header, crc32)) ||
         memcmp(h.magic, CTXS__RCHUNK_MAGIC, 8) || h.version_major != CTXS__REMOTE_MAJOR ||
         h.header_bytes != sizeof(h) || h.dtype != g->dtype || h.n_layers != g->n_layers ||
@@ -1310,7 +1309,7 @@ static int chunk_check(const pull_job *pj, const ctxs__kv_plan *p, const redisRe
     ctxs__prefix_chain_next(again, prev, ctxs__raw_ids(raw, count), count);
     if (memcmp(again, chain, 16) ||
         memcmp(ctxs__raw_ids(raw, count), pj->ids + first, (size_t)count * 4) ||
-        crc_of(raw, h.raw_bytes) != h.raw_crc32 || !ctxs__kv_raw_verifies(p, raw, first, count))
+        !ctxs__kv_raw_verifies(p, raw, first, count))
         return 1;
     return 0;
 }

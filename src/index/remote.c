@@ -58,8 +58,9 @@
 
 static_assert(CTXS_PREFIX_CHUNK == CTXS__KV_BLOCK_MAX_TOKENS, "a chunk is one raw block");
 
-/* Bytes of values in flight in one pipeline, each way: bounds the memory
- * a push or pull holds (a chunk of a large model is ~20 MiB). */
+/* Bytes of values asked for in one pipeline: bounds what the server
+ * buffers for a pull's GETs (a chunk of a large model is ~20 MiB). This
+ * side holds one chunk's value at a time either way. */
 #define PIPELINE_BYTES (64u << 20)
 #define BACKOFF_MAX_MS 2000u
 

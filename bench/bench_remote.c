@@ -17,10 +17,21 @@
  *                 64 tokens' K/V (9 MiB).
  *   push_session  ctxs_remote_push into an empty Redis: 32 chunks and the
  *                 record  vs  raw_set: 32 SETs of 9 MiB, pipelined.
+ *                 Both with a raw_set_direct row: the same SETs sent from
+ *                 the bytes by sendmsg, around hiredis's output buffer, as
+ *                 ctxstore sends its chunks (the wire's floor; second
+ *                 ratio).
  *   pull_session  ctxs_remote_pull into a new local session (created,
- *                 every chunk verified, written, the session closed)  vs
- *                 raw_get: 32 GETs, pipelined, into memory, and
- *                 raw_get_write: the same, each value written to a file.
+ *                 every chunk verified, written, the file synced and
+ *                 linked, the session closed)  vs
+ *                 raw_get_sync: 32 GETs, pipelined, each value written to
+ *                 a file, then fdatasync: the same durability (the ratio
+ *                 is against this row); raw_get_sync_direct: the same,
+ *                 each reply read by recv into one buffer, around
+ *                 hiredis's reader, as ctxstore reads its chunks (the
+ *                 second ratio); and, to show what durability costs,
+ *                 raw_get_write: raw_get_sync without the fdatasync, and
+ *                 raw_get: into memory only.
  *   resume        what a resume on a machine costs before the first token:
  *                 remote: ctxs_remote_pull, session left open  vs
  *                 local_warm / local_cold: ctxs_store_session_open of the
@@ -29,12 +40,16 @@
  *                 the worker brings the window in behind it)  vs
  *                 state_file: one GET of the whole KV as one value (the
  *                 way a llama.cpp state file would be kept in Redis),
- *                 written to a file.
+ *                 written to a file and fdatasynced.
  *
- * Local files are not synced in either column (ctxstore's pulls commit at
- * the default durability, ASYNC: writeback started, not waited for).
- * Medians of several runs; the untimed cleanup between runs (FLUSHALL,
- * deleting the pulled session, syncing the disk) is outside the timings.
+ * A pull's new session file appears complete or not at all: written
+ * aside, fdatasynced, then linked. The raw rows that write a file give it
+ * the same fdatasync, so that both columns wait for the disk; the
+ * raw_get_write row, without it, shows what that wait costs.
+ *
+ * Medians of several runs, the methods of a comparison taking turns run
+ * by run; the untimed cleanup between runs (FLUSHALL, deleting the pulled
+ * session, syncing the disk) is outside the timings.
  * ratio = ctxstore median / raw median (push and pull), or the resume's
  * median over local_warm's.
  *
@@ -57,6 +72,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -327,9 +343,104 @@ static double time_raw_set(bench *b, int n)
     return now_us() - t0;
 }
 
+/* hiredis copies a large value twice each way (a SET formatted into a new
+ * allocation, then appended to its output buffer; a reply read 16 KiB at
+ * a time into a growing buffer, then copied into the reply object), and
+ * ctxstore's push and pull move chunk values around those buffers. The
+ * _direct rows move the raw bytes the same way, on the same connection:
+ * the floor of the wire, against which ctxstore's own work shows. */
+static void send_all(int fd, struct iovec *iov, int n)
+{
+    while (n > 0) {
+        struct msghdr m = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+        ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR)
+            continue;
+        check_sys(k, "sendmsg");
+        while (n > 0 && (size_t)k >= iov->iov_len) {
+            k -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + k;
+            iov->iov_len -= (size_t)k;
+        }
+    }
+}
+
+static void recv_all(int fd, uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = recv(fd, p, n, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        check_sys(k, "recv");
+        if (k == 0)
+            die("recv: the server closed the connection");
+        p += k;
+        n -= (size_t)k;
+    }
+}
+
+/* n SETs of CHUNK_BYTES, pipelined, each sent from the chunk's bytes. */
+static double time_raw_set_direct(bench *b, int n)
+{
+    double t0 = now_us();
+    for (int c = 0; c < n; c++) {
+        char head[96];
+        int hn = snprintf(head, sizeof(head), "*3\r\n$3\r\nSET\r\n$%d\r\nraw:%d\r\n$%zu\r\n",
+                          snprintf(NULL, 0, "raw:%d", c), c, CHUNK_BYTES);
+        struct iovec iov[3] = {
+            { head, (size_t)hn },
+            { b->chunks + (size_t)(N_CHUNKS - n + c) * CHUNK_BYTES, CHUNK_BYTES },
+            { (void *)"\r\n", 2 },
+        };
+        send_all(b->raw->fd, iov, 3);
+    }
+    for (int c = 0; c < n; c++) {
+        redisReply *r;
+        if (redisGetReply(b->raw, (void **)&r) != REDIS_OK)
+            die("SET: %s", b->raw->errstr);
+        raw_ok(r, "SET");
+    }
+    return now_us() - t0;
+}
+
+/* N_CHUNKS GETs, pipelined (hiredis sends them); each reply read into one
+ * buffer by recv, written to a file at its offset, then fdatasync. */
+static double time_raw_get_direct(bench *b)
+{
+    double t0 = now_us();
+    int fd;
+    check_sys(fd = open(b->out_path, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600), "open");
+    for (int c = 0; c < N_CHUNKS; c++)
+        redisAppendCommand(b->raw, "GET raw:%d", c);
+    int done = 0;
+    while (!done)
+        if (redisBufferWrite(b->raw, &done) != REDIS_OK)
+            die("GET: %s", b->raw->errstr);
+    char head[32];
+    int hn = snprintf(head, sizeof(head), "$%zu\r\n", CHUNK_BYTES);
+    for (int c = 0; c < N_CHUNKS; c++) {
+        uint8_t got[32];
+        recv_all(b->raw->fd, got, (size_t)hn);
+        if (memcmp(got, head, (size_t)hn))
+            die("GET raw:%d: not the value SET", c);
+        recv_all(b->raw->fd, b->buf, CHUNK_BYTES);
+        recv_all(b->raw->fd, got, 2);
+        write_all(fd, b->buf, CHUNK_BYTES, "write");
+    }
+    check_sys(fdatasync(fd), "fdatasync");
+    close(fd);
+    double t = now_us() - t0;
+    check_sys(unlink(b->out_path), "unlink");
+    return t;
+}
+
 /* N_CHUNKS GETs, pipelined; each value copied out (memory), or written
- * to a file at its offset (fd >= 0). */
-static double time_raw_get(bench *b, int to_file)
+ * to a file at its offset (to_file), then fdatasynced (sync). */
+static double time_raw_get(bench *b, int to_file, int sync)
 {
     double t0 = now_us();
     int fd = -1;
@@ -349,6 +460,8 @@ static double time_raw_get(bench *b, int to_file)
             memcpy(b->buf, r->str, CHUNK_BYTES);
         freeReplyObject(r);
     }
+    if (sync)
+        check_sys(fdatasync(fd), "fdatasync");
     if (fd >= 0)
         close(fd);
     double t = now_us() - t0;
@@ -368,6 +481,7 @@ static double time_state_file(bench *b)
         die("GET raw:state: not the value SET");
     write_all(fd, (const uint8_t *)r->str, STATE_BYTES, "write");
     freeReplyObject(r);
+    check_sys(fdatasync(fd), "fdatasync");
     close(fd);
     double t = now_us() - t0;
     check_sys(unlink(b->out_path), "unlink");
@@ -498,67 +612,81 @@ int main(int argc, char **argv)
     const int iters = o->quick ? 3 : 7;
     samples s = { 0 };
 
+    /* Each comparison alternates its methods run by run, so that a slow
+     * spell of a shared machine falls on both columns alike. */
     /* (a) a turn: one chunk. */
+    samples s2 = { 0 }, s3 = { 0 }, s4 = { 0 }, s5 = { 0 };
     for (int i = 0; i < iters + 1; i++) {
         flushall(b.raw);
         (void)time_push(&b, "base", N_CHUNKS - 1);
         double t = time_push(&b, "conv", 1);
-        if (i > 0) /* the first is a warm-up */
+        flushall(b.raw);
+        double t2 = time_raw_set(&b, 1);
+        flushall(b.raw);
+        double t3 = time_raw_set_direct(&b, 1);
+        if (i > 0) { /* the first is a warm-up */
             samples_add(&s, t);
+            samples_add(&s2, t2);
+            samples_add(&s3, t3);
+        }
     }
     bench_result *turn = add("push_turn", "ctxstore", &s);
-    for (int i = 0; i < iters + 1; i++) {
-        flushall(b.raw);
-        double t = time_raw_set(&b, 1);
-        if (i > 0)
-            samples_add(&s, t);
-    }
-    bench_result *turn_raw = add("push_turn", "raw_set", &s);
+    bench_result *turn_raw = add("push_turn", "raw_set", &s2);
+    bench_result *turn_direct = add("push_turn", "raw_set_direct", &s3);
     print_row(o, turn_raw, CHUNK_BYTES, NULL, NULL);
-    print_row(o, turn, CHUNK_BYTES, turn_raw, NULL);
+    print_row(o, turn_direct, CHUNK_BYTES, NULL, NULL);
+    print_row(o, turn, CHUNK_BYTES, turn_raw, turn_direct);
 
     /* (b) the whole session. */
     for (int i = 0; i < iters + 1; i++) {
         flushall(b.raw);
         double t = time_push(&b, "conv", N_CHUNKS);
-        if (i > 0)
+        flushall(b.raw);
+        double t2 = time_raw_set(&b, N_CHUNKS);
+        flushall(b.raw);
+        double t3 = time_raw_set_direct(&b, N_CHUNKS);
+        if (i > 0) {
             samples_add(&s, t);
+            samples_add(&s2, t2);
+            samples_add(&s3, t3);
+        }
     }
     bench_result *push = add("push_session", "ctxstore", &s);
-    for (int i = 0; i < iters + 1; i++) {
-        flushall(b.raw);
-        double t = time_raw_set(&b, N_CHUNKS);
-        if (i > 0)
-            samples_add(&s, t);
-    }
-    bench_result *push_raw = add("push_session", "raw_set", &s);
+    bench_result *push_raw = add("push_session", "raw_set", &s2);
+    bench_result *push_direct = add("push_session", "raw_set_direct", &s3);
     print_row(o, push_raw, STATE_BYTES, NULL, NULL);
-    print_row(o, push, STATE_BYTES, push_raw, NULL);
+    print_row(o, push_direct, STATE_BYTES, NULL, NULL);
+    print_row(o, push, STATE_BYTES, push_raw, push_direct);
 
     /* (c) pull of the whole session; Redis holds both copies now. */
     (void)time_push(&b, "conv", 0);
     for (int i = 0; i < iters + 1; i++) {
         double t = time_pull(&b, 0);
-        if (i > 0)
+        double t2 = time_raw_get(&b, 0, 0);
+        double t3 = time_raw_get(&b, 1, 0);
+        settle_disk();
+        double t4 = time_raw_get(&b, 1, 1);
+        settle_disk();
+        double t5 = time_raw_get_direct(&b);
+        settle_disk();
+        if (i > 0) {
             samples_add(&s, t);
+            samples_add(&s2, t2);
+            samples_add(&s3, t3);
+            samples_add(&s4, t4);
+            samples_add(&s5, t5);
+        }
     }
     bench_result *pull = add("pull_session", "ctxstore", &s);
-    for (int i = 0; i < iters + 1; i++) {
-        double t = time_raw_get(&b, 0);
-        if (i > 0)
-            samples_add(&s, t);
-    }
-    bench_result *pull_raw = add("pull_session", "raw_get", &s);
-    for (int i = 0; i < iters + 1; i++) {
-        double t = time_raw_get(&b, 1);
-        settle_disk();
-        if (i > 0)
-            samples_add(&s, t);
-    }
-    bench_result *pull_raw_w = add("pull_session", "raw_get_write", &s);
+    bench_result *pull_raw = add("pull_session", "raw_get", &s2);
+    bench_result *pull_raw_w = add("pull_session", "raw_get_write", &s3);
+    bench_result *pull_raw_ws = add("pull_session", "raw_get_sync", &s4);
+    bench_result *pull_direct = add("pull_session", "raw_get_sync_direct", &s5);
     print_row(o, pull_raw, STATE_BYTES, NULL, NULL);
     print_row(o, pull_raw_w, STATE_BYTES, NULL, NULL);
-    print_row(o, pull, STATE_BYTES, pull_raw_w, pull_raw);
+    print_row(o, pull_raw_ws, STATE_BYTES, NULL, NULL);
+    print_row(o, pull_direct, STATE_BYTES, NULL, NULL);
+    print_row(o, pull, STATE_BYTES, pull_raw_ws, pull_direct);
 
     /* (d) resume. */
     for (int i = 0; i < iters + 1; i++) {

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "ctxstore.h"
 #include "index.h"
@@ -374,6 +375,33 @@ Test(remote, a_chunk_damaged_in_redis_is_refused)
     free(ts_redis_cmd_argv(&rs, 3, set, lens));
     free(ts_redis_cmd(&rs, "SETRANGE", key, "40", "\x01", NULL));
     pull_stops_at_chunk_2(&rs, a, b, "header", ids);
+
+    /* One byte of a token's checksum, then of a token id: the payload
+     * has no CRC, the checksums and the chain catch these. */
+    snprintf(off, sizeof(off), "%u", CTXS__RCHUNK_HEADER_BYTES + 8 * 17 + 3);
+    free(ts_redis_cmd_argv(&rs, 3, set, lens));
+    free(ts_redis_cmd(&rs, "SETRANGE", key, off, "\x5a", NULL));
+    pull_stops_at_chunk_2(&rs, a, b, "sum", ids);
+    snprintf(off, sizeof(off), "%u", CTXS__RCHUNK_HEADER_BYTES + 8 * 64 + 4 * 40 + 1);
+    free(ts_redis_cmd_argv(&rs, 3, set, lens));
+    free(ts_redis_cmd(&rs, "SETRANGE", key, off, "\x5a", NULL));
+    pull_stops_at_chunk_2(&rs, a, b, "id", ids);
+
+    /* A reserved byte of the header, its CRC made good again. */
+    {
+        uint8_t *bad = malloc(len);
+        cr_assert_not_null(bad);
+        memcpy(bad, good, len);
+        ctxs__rchunk_header h;
+        memcpy(&h, bad, sizeof(h));
+        h.reserved[0] = 1;
+        h.crc32 = (uint32_t)crc32(0L, (const Bytef *)&h, offsetof(ctxs__rchunk_header, crc32));
+        memcpy(bad, &h, sizeof(h));
+        const char *setb[] = {"SET", key, (const char *)bad};
+        free(ts_redis_cmd_argv(&rs, 3, setb, lens));
+        pull_stops_at_chunk_2(&rs, a, b, "reserved", ids);
+        free(bad);
+    }
 
     /* Cut short by a byte. */
     lens[2] = len - 1;

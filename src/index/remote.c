@@ -19,9 +19,9 @@
  *   only names token ids; a puller trusts nothing in it beyond that.
  *
  * - A puller uses no byte it has not verified: every chunk's header, its
- *   place in the chain, the ids against the record (or the prompt), the
- *   payload's CRC and every token's checksum, before the block is written
- *   into the new file, which appears complete or not at all. The first
+ *   place in the chain, the ids against the record (or the prompt) and
+ *   every token's checksum, before the block is written into the new
+ *   file, which appears complete or not at all. The first
  *   chunk missing (evicted) or refused ends the pull: shorter, never
  *   wrong.
  *
@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -57,8 +58,9 @@
 
 static_assert(CTXS_PREFIX_CHUNK == CTXS__KV_BLOCK_MAX_TOKENS, "a chunk is one raw block");
 
-/* Bytes of values in flight in one pipeline, each way: bounds the memory
- * a push or pull holds (a chunk of a large model is ~20 MiB). */
+/* Bytes of values asked for in one pipeline: bounds what the server
+ * buffers for a pull's GETs (a chunk of a large model is ~20 MiB). This
+ * side holds one chunk's value at a time either way. */
 #define PIPELINE_BYTES (64u << 20)
 #define BACKOFF_MAX_MS 2000u
 
@@ -160,13 +162,18 @@ static int context_error(const redisContext *c, int saved)
  * "WRONGPASS", older "ERR invalid password", "NOAUTH" without AUTH, and
  * "ERR ... no password is set" when AUTH was sent to a server without
  * one), the rest CTXS_EREMOTE. */
-static int reply_error(const redisReply *rep)
+static int error_text(const char *str)
 {
-    if (!strncmp(rep->str, "WRONGPASS", 9) || !strncmp(rep->str, "NOAUTH", 6) ||
-        strstr(rep->str, "invalid password") || strstr(rep->str, "no password is set") ||
-        strstr(rep->str, "invalid username-password"))
+    if (!strncmp(str, "WRONGPASS", 9) || !strncmp(str, "NOAUTH", 6) ||
+        strstr(str, "invalid password") || strstr(str, "no password is set") ||
+        strstr(str, "invalid username-password"))
         return -EACCES;
     return CTXS_EREMOTE;
+}
+
+static int reply_error(const redisReply *rep)
+{
+    return error_text(rep->str);
 }
 
 /* The result of one command's reply: 0, or an error. */
@@ -438,6 +445,195 @@ static void session_key(char *key, const ctxs_remote *r, const char *name)
     snprintf(key, SESSION_KEY_MAX, "%s:session:%s", r->prefix, name);
 }
 
+/* --- Large values, around hiredis's buffers ------------------------------------ */
+
+/* hiredis 0.14 reads 16 KiB at a time into a reader buffer (an sds that
+ * grows by 1 MiB steps past 1 MiB, and is freed once empty), then copies
+ * each bulk reply into a new allocation; it formats a command into a new
+ * allocation, then appends that to its output buffer. A 9 MiB chunk thus
+ * costs two copies each way, ~600 read calls and ~4,600 page faults of
+ * fresh memory per value. The pull and the push move chunk values
+ * themselves instead: GET replies read straight into one buffer that the
+ * pull reuses, SET commands sent straight from the value the push built.
+ * hiredis still sends the small commands (GET, EXISTS) and reads the
+ * small replies (EXISTS, SET): each side starts with hiredis's buffers
+ * empty and leaves them so, at a reply boundary. */
+
+/* Sends hiredis's output buffer. */
+static int obuf_flush(redisContext *c)
+{
+    int done = 0;
+    do {
+        errno = 0;
+        if (redisBufferWrite(c, &done) != REDIS_OK)
+            return context_error(c, errno);
+    } while (!done);
+    return 0;
+}
+
+/* What a failed recv or send means: a socket timeout is EAGAIN. */
+static int sock_error(ssize_t k)
+{
+    if (k == 0)
+        return -ECONNRESET; /* the server closed the connection */
+    return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : errno ? -errno : -EIO;
+}
+
+/* Sends a SET of key to the value v[len], after what hiredis holds,
+ * without copying v. */
+static int send_set(redisContext *c, const char *key, const uint8_t *v, size_t len)
+{
+    int rc = obuf_flush(c);
+    if (rc < 0)
+        return rc;
+    char head[CHUNK_KEY_MAX + 64];
+    size_t klen = strlen(key);
+    int hn = snprintf(head, sizeof(head), "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n", klen, key,
+                      len);
+    if (hn < 0 || (size_t)hn >= sizeof(head))
+        return CTXS_EINVAL;
+    static const char crlf[2] = {'\r', '\n'};
+    struct iovec iov[3] = {{head, (size_t)hn}, {(void *)v, len}, {(void *)crlf, 2}};
+    struct iovec *at = iov;
+    int n = 3;
+    while (n > 0) {
+        ssize_t k = ctxs__sendv(c->fd, at, n);
+        if (k <= 0)
+            return sock_error(k < 0 ? k : -1);
+        while (n > 0 && (size_t)k >= at->iov_len) {
+            k -= (ssize_t)at->iov_len;
+            at++;
+            n--;
+        }
+        if (n > 0) {
+            at->iov_base = (uint8_t *)at->iov_base + k;
+            at->iov_len -= (size_t)k;
+        }
+    }
+    return 0;
+}
+
+/* Reads pipelined bulk replies from c's socket: the lines through a small
+ * buffer, a value's bytes straight into the caller's memory. */
+typedef struct bulk_in {
+    redisContext *c;
+    size_t at, len;             /* stage[at, len): read, not yet used */
+    char stage[4096];
+} bulk_in;
+
+/* CTXS_EREMOTE if hiredis holds bytes it has not made replies of: the
+ * server said more than it was asked. */
+static int bulk_begin(bulk_in *in, redisContext *c)
+{
+    in->c = c;
+    in->at = in->len = 0;
+    return c->reader && c->reader->len != c->reader->pos ? CTXS_EREMOTE : 0;
+}
+
+static int bulk_fill(bulk_in *in)
+{
+    if (in->at == in->len)
+        in->at = in->len = 0;
+    if (in->len == sizeof(in->stage))
+        return CTXS_EREMOTE; /* a line longer than any Redis sends here */
+    ssize_t k = ctxs__recv(in->c->fd, in->stage + in->len, sizeof(in->stage) - in->len);
+    if (k <= 0)
+        return sock_error(k);
+    in->len += (size_t)k;
+    return 0;
+}
+
+/* Copies n bytes into dst (NULL: drops them): what the stage holds, then
+ * straight from the socket. */
+static int bulk_bytes(bulk_in *in, uint8_t *dst, size_t n)
+{
+    size_t have = in->len - in->at < n ? in->len - in->at : n;
+    if (dst)
+        memcpy(dst, in->stage + in->at, have);
+    in->at += have;
+    for (size_t got = have; got < n;) {
+        ssize_t k;
+        if (dst) {
+            k = ctxs__recv(in->c->fd, dst + got, n - got);
+        } else {
+            size_t want = n - got < sizeof(in->stage) ? n - got : sizeof(in->stage);
+            k = ctxs__recv(in->c->fd, in->stage, want);
+            in->at = in->len = 0;
+        }
+        if (k <= 0)
+            return sock_error(k);
+        got += (size_t)k;
+    }
+    return 0;
+}
+
+/* The next reply's first line, without its CRLF, NUL-terminated. */
+static int bulk_line(bulk_in *in, char **line)
+{
+    for (;;) {
+        char *s = in->stage + in->at;
+        char *nl = memchr(s, '\n', in->len - in->at);
+        if (nl) {
+            if (nl == s || nl[-1] != '\r')
+                return CTXS_EREMOTE;
+            nl[-1] = '\0';
+            in->at = (size_t)(nl + 1 - in->stage);
+            *line = s;
+            return 0;
+        }
+        if (in->at > 0) { /* the partial line to the front */
+            memmove(in->stage, s, in->len - in->at);
+            in->len -= in->at;
+            in->at = 0;
+        }
+        int rc = bulk_fill(in);
+        if (rc < 0)
+            return rc;
+    }
+}
+
+/* The header of the next reply, which must be a bulk string: *len its
+ * length, or -1 for nil. An error reply is its error. */
+static int bulk_head(bulk_in *in, int64_t *len)
+{
+    char *line;
+    int rc = bulk_line(in, &line);
+    if (rc < 0)
+        return rc;
+    if (line[0] == '-')
+        return error_text(line + 1);
+    if (line[0] != '$')
+        return CTXS_EREMOTE;
+    if (!strcmp(line + 1, "-1")) {
+        *len = -1;
+        return 0;
+    }
+    /* A Redis string is at most 512 MiB. */
+    size_t n = strlen(line + 1);
+    if (n == 0 || n > 10 || strspn(line + 1, "0123456789") != n)
+        return CTXS_EREMOTE;
+    *len = strtoll(line + 1, NULL, 10);
+    return *len <= (int64_t)1 << 32 ? 0 : CTXS_EREMOTE;
+}
+
+/* The value of the bulk reply whose header said len (>= 0) into dst
+ * (NULL: dropped), and its CRLF. */
+static int bulk_body(bulk_in *in, uint8_t *dst, int64_t len)
+{
+    char crlf[2];
+    int rc = bulk_bytes(in, dst, (size_t)len);
+    if (rc == 0 && (rc = bulk_bytes(in, (uint8_t *)crlf, 2)) == 0 &&
+        (crlf[0] != '\r' || crlf[1] != '\n'))
+        rc = CTXS_EREMOTE;
+    return rc;
+}
+
+/* CTXS_EREMOTE if the server sent more than the replies read. */
+static int bulk_end(bulk_in *in)
+{
+    return in->at == in->len ? 0 : CTXS_EREMOTE;
+}
+
 /* --- Counters ---------------------------------------------------------------- */
 
 static void count(ctxs_remote *r, uint64_t *field, uint64_t n)
@@ -445,6 +641,14 @@ static void count(ctxs_remote *r, uint64_t *field, uint64_t n)
     pthread_mutex_lock(&r->mu);
     *field += n;
     pthread_mutex_unlock(&r->mu);
+}
+
+/* Whether rc is the network's (worth a reconnect and another try). */
+static int network_error(int rc)
+{
+    return rc == -ECONNREFUSED || rc == -ETIMEDOUT || rc == -ECONNRESET || rc == -EPIPE ||
+           rc == -EHOSTUNREACH || rc == -ENETUNREACH || rc == -EIO || rc == -ECONNABORTED ||
+           rc == -ENOENT || rc == -EADDRNOTAVAIL;
 }
 
 /* --- Pushing one session ----------------------------------------------------- */
@@ -566,7 +770,6 @@ static int chunk_value(uint8_t *v, snapshot *sn, uint64_t k)
     if (k)
         memcpy(h.prev_chain, sn->chain[k - 1], 16);
     memcpy(h.chain, sn->chain[k], 16);
-    h.raw_crc32 = crc_of(raw, h.raw_bytes);
     h.crc32 = crc_of(&h, offsetof(ctxs__rchunk_header, crc32));
     memcpy(v, &h, sizeof(h));
     return 0;
@@ -578,7 +781,11 @@ typedef struct push_counts {
 
 /* Pushes chunks [from, to) of the snapshot (to = n / 64 + 1: the tail
  * too) that Redis lacks, a pipeline of at most PIPELINE_BYTES of values
- * at a time: EXISTS for the batch, then SET for those missing. */
+ * at a time: EXISTS for the batch, then a SET of each one missing. Each
+ * value is built in one buffer (copied from the session, checked against
+ * the snapshot), the session checked to still hold the snapshot, and the
+ * value sent from there (send_set) before the next is built: one chunk's
+ * memory, whatever the batch. */
 static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t from, uint64_t to,
                        push_counts *pc, ctxs_progress_fn progress, void *progress_arg)
 {
@@ -587,14 +794,12 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
         to = whole + (sn->n % CTXS_PREFIX_CHUNK != 0);
     uint64_t vbytes = chunk_value_bytes(&sn->plan, CTXS_PREFIX_CHUNK);
     uint64_t batch = PIPELINE_BYTES / vbytes ? PIPELINE_BYTES / vbytes : 1;
-    uint8_t *values = NULL;
+    uint8_t *value = NULL;
     uint8_t *missing = NULL;
     char(*keys)[CHUNK_KEY_MAX] = NULL;
     int rc = 0;
-    if (from < to &&
-        (!(values = ctxs__malloc((size_t)(batch < to - from ? batch : to - from) * vbytes)) ||
-         !(missing = ctxs__malloc((size_t)batch)) ||
-         !(keys = ctxs__malloc((size_t)batch * CHUNK_KEY_MAX))))
+    if (from < to && (!(missing = ctxs__malloc((size_t)batch)) ||
+                      !(keys = ctxs__malloc((size_t)batch * CHUNK_KEY_MAX))))
         rc = CTXS_ENOMEM;
     for (uint64_t b0 = from; rc == 0 && b0 < to; b0 += batch) {
         uint64_t nb = to - b0 < batch ? to - b0 : batch;
@@ -615,19 +820,11 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
             if (rep)
                 freeReplyObject(rep);
         }
-        /* The values, then the check that the session still holds what
-         * they were copied from, then the network. */
-        size_t used = 0;
-        for (uint64_t i = 0; i < nb && rc == 0; i++) {
-            if (!missing[i])
-                continue;
-            rc = chunk_value(values + used, sn, b0 + i);
-            used += (size_t)vbytes;
-        }
-        if (rc == 0 && n_missing)
-            rc = snapshot_still_held(sn);
-        used = 0;
-        uint64_t sent_bytes = 0;
+        if (rc == 0 && n_missing && !value && !(value = ctxs__malloc((size_t)vbytes)))
+            rc = CTXS_ENOMEM;
+        /* Each value, then the check that the session still holds what it
+         * was copied from, then the network. */
+        uint64_t sent = 0, sent_bytes = 0;
         for (uint64_t i = 0; i < nb && rc == 0; i++) {
             if (!missing[i])
                 continue;
@@ -635,22 +832,24 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
             uint32_t cnt = (uint32_t)(sn->n - first < CTXS_PREFIX_CHUNK ? sn->n - first
                                                                          : CTXS_PREFIX_CHUNK);
             size_t len = (size_t)chunk_value_bytes(&sn->plan, cnt);
-            const char *argv[] = {"SET", keys[i], (const char *)values + used};
-            size_t lens[] = {3, strlen(keys[i]), len};
-            if (redisAppendCommandArgv(c, 3, argv, lens) != REDIS_OK)
-                rc = context_error(c, errno);
-            used += (size_t)vbytes;
-            sent_bytes += len;
+            if ((rc = chunk_value(value, sn, b0 + i)) == 0 &&
+                (rc = snapshot_still_held(sn)) == 0 && (rc = send_set(c, keys[i], value, len)) == 0) {
+                sent++;
+                sent_bytes += len;
+            }
         }
-        for (uint64_t i = 0; i < nb && n_missing && rc == 0; i++) {
-            if (!missing[i])
-                continue;
+        /* The replies of what was sent, also after an error that left the
+         * connection usable: it must be left in step. */
+        int rc2 = 0;
+        for (uint64_t i = 0; i < sent && rc2 == 0 && (rc == 0 || !network_error(rc)); i++) {
             redisReply *rep;
-            if ((rc = reply_next(&rep, c)) == 0)
-                rc = reply_check(c, rep, 0);
+            if ((rc2 = reply_next(&rep, c)) == 0)
+                rc2 = reply_check(c, rep, 0);
             if (rep)
                 freeReplyObject(rep);
         }
+        if (rc == 0)
+            rc = rc2;
         if (rc == 0) {
             pc->sent += n_missing;
             pc->present += nb - n_missing;
@@ -659,7 +858,7 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
                 progress(progress_arg, (b0 + nb) * CTXS_PREFIX_CHUNK, sn->n);
         }
     }
-    free(values);
+    free(value);
     free(missing);
     free(keys);
     return rc;
@@ -924,14 +1123,6 @@ static int backoff_wait(ctxs_remote *r, uint32_t ms)
     int stop = r->stop;
     pthread_mutex_unlock(&r->mu);
     return stop;
-}
-
-/* Whether rc is the network's (worth a reconnect and another try). */
-static int network_error(int rc)
-{
-    return rc == -ECONNREFUSED || rc == -ETIMEDOUT || rc == -ECONNRESET || rc == -EPIPE ||
-           rc == -EHOSTUNREACH || rc == -ENETUNREACH || rc == -EIO || rc == -ECONNABORTED ||
-           rc == -ENOENT || rc == -EADDRNOTAVAIL;
 }
 
 /* The thread's state between jobs: its connection and the session it
@@ -1286,18 +1477,18 @@ typedef struct pull_job {
 
 /* Checks one chunk value against where the chain puts it. 0: good, 1:
  * refused. */
-static int chunk_check(const pull_job *pj, const ctxs__kv_plan *p, const redisReply *rep,
+static int chunk_check(const pull_job *pj, const ctxs__kv_plan *p, uint8_t *v, uint64_t len,
                        uint64_t first, uint32_t count, const uint8_t prev[16],
                        const uint8_t chain[16])
 {
     uint64_t want = chunk_value_bytes(p, count);
-    if (rep->type != REDIS_REPLY_STRING || rep->len != want)
+    if (len != want)
         return 1;
     ctxs__rchunk_header h;
-    memcpy(&h, rep->str, sizeof(h));
-    uint8_t *raw = (uint8_t *)rep->str + sizeof(h);
+    memcpy(&h, v, sizeof(h));
+    uint8_t *raw = v + sizeof(h);
     const ctxs_geometry *g = &pj->model.geometry;
-    static const uint8_t zero[24];
+    static const uint8_t zero[sizeof(h.reserved)];
     if (h.crc32 != crc_of(&h, offsetof(ctxs__rchunk_header, crc32)) ||
         memcmp(h.magic, CTXS__RCHUNK_MAGIC, 8) || h.version_major != CTXS__REMOTE_MAJOR ||
         h.header_bytes != sizeof(h) || h.dtype != g->dtype || h.n_layers != g->n_layers ||
@@ -1310,7 +1501,7 @@ static int chunk_check(const pull_job *pj, const ctxs__kv_plan *p, const redisRe
     ctxs__prefix_chain_next(again, prev, ctxs__raw_ids(raw, count), count);
     if (memcmp(again, chain, 16) ||
         memcmp(ctxs__raw_ids(raw, count), pj->ids + first, (size_t)count * 4) ||
-        crc_of(raw, h.raw_bytes) != h.raw_crc32 || !ctxs__kv_raw_verifies(p, raw, first, count))
+        !ctxs__kv_raw_verifies(p, raw, first, count))
         return 1;
     return 0;
 }
@@ -1320,7 +1511,8 @@ static int chunk_check(const pull_job *pj, const ctxs__kv_plan *p, const redisRe
  * refused. No EXISTS, and no binary search over the chain: the GETs are
  * needed anyway for what is present, and LRU eviction can take a middle
  * chunk, so presence is not monotone in the chunk count (a binary search
- * would step over the hole). */
+ * would step over the hole). Each value is read into one buffer, checked
+ * there and written from there (bulk_in). */
 static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
 {
     uint64_t whole = pj->n / CTXS_PREFIX_CHUNK;
@@ -1329,9 +1521,10 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
     uint64_t batch = PIPELINE_BYTES / vbytes ? PIPELINE_BYTES / vbytes : 1;
     uint8_t prev[16] = {0}, chain[16];
     uint8_t(*chains)[16] = ctxs__malloc((size_t)(batch < total ? batch : total) * 16 + 16);
-    if (!chains)
-        return CTXS_ENOMEM;
-    int rc = 0, stopped = 0;
+    uint8_t *value = total ? ctxs__malloc((size_t)vbytes) : NULL;
+    bulk_in *in = ctxs__malloc(sizeof(*in));
+    int rc = chains && (value || !total) && in ? bulk_begin(in, pj->c) : CTXS_ENOMEM;
+    int stopped = 0;
     for (uint64_t b0 = 0; rc == 0 && !stopped && b0 < total; b0 += batch) {
         uint64_t nb = total - b0 < batch ? total - b0 : batch;
         memcpy(chain, prev, 16);
@@ -1347,36 +1540,43 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
             if (redisAppendCommandArgv(pj->c, 2, argv, NULL) != REDIS_OK)
                 rc = context_error(pj->c, errno);
         }
+        if (rc == 0)
+            rc = obuf_flush(pj->c);
         /* Every reply is read, also after the pull stopped: the
          * connection must be left in step. */
         for (uint64_t i = 0; i < nb && rc == 0; i++) {
-            redisReply *rep;
-            if ((rc = reply_next(&rep, pj->c)) == 0 && (rc = reply_check(pj->c, rep, 0)) == 0 &&
-                !stopped) {
-                uint64_t first = (b0 + i) * CTXS_PREFIX_CHUNK;
-                uint32_t cnt = (uint32_t)(pj->n - first < CTXS_PREFIX_CHUNK ? pj->n - first
-                                                                             : CTXS_PREFIX_CHUNK);
-                if (rep->type == REDIS_REPLY_NIL) {
-                    pj->missing = 1;
-                    stopped = 1;
-                } else if (chunk_check(pj, p, rep, first, cnt, prev, chains[i])) {
-                    pj->refused = 1;
-                    stopped = 1;
-                } else if ((rc = ctxs__kv_block_store(fd, p,
-                                                      (uint8_t *)rep->str +
-                                                          CTXS__RCHUNK_HEADER_BYTES,
-                                                      first, cnt)) == 0) {
-                    memcpy(prev, chains[i], 16);
-                    pj->got = first + cnt;
-                    pj->chunks++;
-                    if (pj->progress)
-                        pj->progress(pj->progress_arg, pj->got, pj->n);
-                }
+            int64_t len;
+            if ((rc = bulk_head(in, &len)) < 0)
+                break;
+            uint64_t first = (b0 + i) * CTXS_PREFIX_CHUNK;
+            uint32_t cnt = (uint32_t)(pj->n - first < CTXS_PREFIX_CHUNK ? pj->n - first
+                                                                         : CTXS_PREFIX_CHUNK);
+            int take = !stopped && len == (int64_t)chunk_value_bytes(p, cnt);
+            if (len >= 0 && (rc = bulk_body(in, take ? value : NULL, len)) < 0)
+                break;
+            if (stopped)
+                continue;
+            if (len < 0) {
+                pj->missing = 1;
+                stopped = 1;
+            } else if (!take || chunk_check(pj, p, value, (uint64_t)len, first, cnt, prev,
+                                            chains[i])) {
+                pj->refused = 1;
+                stopped = 1;
+            } else if ((rc = ctxs__kv_block_store(fd, p, value + CTXS__RCHUNK_HEADER_BYTES, first,
+                                                  cnt)) == 0) {
+                memcpy(prev, chains[i], 16);
+                pj->got = first + cnt;
+                pj->chunks++;
+                if (pj->progress)
+                    pj->progress(pj->progress_arg, pj->got, pj->n);
             }
-            if (rep)
-                freeReplyObject(rep);
         }
     }
+    if (rc == 0)
+        rc = bulk_end(in);
+    free(in);
+    free(value);
     free(chains);
     return rc;
 }

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #ifdef __linux__
@@ -357,6 +359,19 @@ int ctxs__sys_msync(CTXS__SITE_PARAMS, void *addr, size_t len, int flags)
 {
     SYSCALL(int, "msync", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_ENOMEM,
             msync(addr, len, flags));
+}
+
+ssize_t ctxs__sys_recv(CTXS__SITE_PARAMS, int fd, void *buf, size_t len)
+{
+    SYSCALL(ssize_t, "recv", CTXS__CAN_EIO | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM,
+            recv(fd, buf, len, 0));
+}
+
+ssize_t ctxs__sys_sendv(CTXS__SITE_PARAMS, int fd, const struct iovec *iov, int n)
+{
+    struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+    SYSCALL(ssize_t, "sendmsg", CTXS__CAN_EIO | CTXS__CAN_EINTR | CTXS__CAN_ENOMEM,
+            sendmsg(fd, &m, MSG_NOSIGNAL));
 }
 
 void *ctxs__sys_malloc(CTXS__SITE_PARAMS, size_t size)

@@ -92,6 +92,16 @@ int ctxs__sys_msync(CTXS__SITE_PARAMS, void *addr, size_t len, int flags);
     ctxs__sys_mmap(CTXS__SITE, addr, len, prot, flags, fd, off)
 #define ctxs__msync(addr, len, flags) ctxs__sys_msync(CTXS__SITE, addr, len, flags)
 
+/* Sockets: the remote tier's large values, which it moves itself rather
+ * than through hiredis's buffers (src/index/remote.c). */
+struct iovec;
+ssize_t ctxs__sys_recv(CTXS__SITE_PARAMS, int fd, void *buf, size_t len);
+ssize_t ctxs__sys_sendv(CTXS__SITE_PARAMS, int fd, const struct iovec *iov, int n);
+
+#define ctxs__recv(fd, buf, len) ctxs__sys_recv(CTXS__SITE, fd, buf, len)
+/* sendmsg with MSG_NOSIGNAL: a closed peer is EPIPE, never SIGPIPE. */
+#define ctxs__sendv(fd, iov, n) ctxs__sys_sendv(CTXS__SITE, fd, iov, n)
+
 /* Memory. */
 void *ctxs__sys_malloc(CTXS__SITE_PARAMS, size_t size);
 void *ctxs__sys_calloc(CTXS__SITE_PARAMS, size_t n, size_t size);

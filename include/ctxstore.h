@@ -1016,6 +1016,14 @@ CTXS_API int ctxs_store_session_create(ctxs_session **out, ctxs_store *st,
 /* Opens the session named name, as ctxs_session_open() does (model may be
  * NULL only with CTXS_OPEN_RDONLY). A read-write open indexes the prefixes
  * of tokens committed after the last index update (after a crash).
+ * With a remote attached (ctxs_remote_open(), pull_on_open) to a store
+ * that is not read-only, a name the store lacks is pulled from Redis
+ * first (ctxs_remote_pull()), then opened: a conversation that began on
+ * another machine resumes here. The pulled session may hold fewer tokens
+ * than the conversation (chunks evicted): compare its n_tokens with the
+ * conversation and prefill the rest. Where Redis has no such session or
+ * cannot be reached, the open fails with CTXS_ENOTFOUND as without a
+ * remote (the remote's stats keep the network error in last_error).
  * Errors: CTXS_ENOTFOUND (no such name, or its file is gone), CTXS_EMODEL,
  * CTXS_EREADONLY (a read-only store, without CTXS_OPEN_RDONLY), the
  * errors of ctxs_session_open(). *out is NULL on failure. */
@@ -1628,6 +1636,9 @@ typedef struct ctxs_remote_options {
                                 so that a partial pull never replaces a
                                 longer record); 0: only ctxs_remote_push()
                                 pushes */
+    uint32_t pull_on_open;   /* 1: ctxs_store_session_open() of a name the
+                                store lacks pulls it first, as
+                                ctxs_remote_pull() does; 0: never */
     const char *key_prefix;  /* every key starts "<key_prefix>:"; NULL:
                                 "ctxs"; a valid name (CTXS_NAME_RULE) */
     uint8_t reserved[32];    /* must be zero */
@@ -1636,7 +1647,7 @@ typedef struct ctxs_remote_options {
 #define CTXS_REMOTE_OPTIONS_INIT                                               \
     { CTXS_REMOTE_OPTIONS_VERSION, CTXS_DEFAULT_REMOTE_TIMEOUT_MS,           \
       CTXS_DEFAULT_REMOTE_RETRIES, CTXS_DEFAULT_REMOTE_BACKOFF_MS,           \
-      CTXS_DEFAULT_REMOTE_QUEUE_MAX, 1, NULL, { 0 } }
+      CTXS_DEFAULT_REMOTE_QUEUE_MAX, 1, 1, NULL, { 0 } }
 
 /* Connects st to the Redis server at url and starts its push thread.
  * url is "redis://[[user]:password@]host[:port][/db]" (port 6379, db 0;

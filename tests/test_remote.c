@@ -649,3 +649,45 @@ Test(remote, the_fixture_starts_and_restarts_a_server)
     cr_assert_eq(ts_redis_count(&r, "*"), 0);
     ts_redis_stop(&r);
 }
+
+/* With a remote attached, opening a name the store lacks pulls it: the
+ * conversation begun in store A opens in store B as it was; a name Redis
+ * lacks, or a remote without pull_on_open, is CTXS_ENOTFOUND as without
+ * a remote, and nothing is made. */
+Test(remote, an_open_of_a_name_the_store_lacks_pulls_it)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(1);
+    ctxs_remote *ra = remote_open(a, rs.url, 1);
+    ctxs_session_close(make_session(a, "chat", &m, 150, 40, 0, 0));
+    cr_assert_eq(ctxs_remote_close(NULL, ra, FLUSH_MS), 0);
+
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.pull_on_open = 0;
+    ctxs_remote *rb = NULL;
+    cr_assert_eq(ctxs_remote_open(&rb, b, rs.url, &o), 0);
+    ctxs_session *got = NULL;
+    cr_assert_eq(ctxs_store_session_open(&got, b, "chat", &m, 0, NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_remote_close(NULL, rb, FLUSH_MS), 0);
+
+    rb = remote_open(b, rs.url, 0);
+    cr_assert_eq(ctxs_store_session_open(&got, b, "no such chat", &m, 0, NULL), CTXS_ENOTFOUND);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, b, "no such chat"), CTXS_ENOTFOUND);
+    int rc = ctxs_store_session_open(&got, b, "chat", &m, 0, NULL);
+    cr_assert_eq(rc, 0, "open pulling: %s", ctxs_err_name(rc));
+    cr_assert_eq(ts_n_tokens(got), 150);
+    ctxs_session *src = open_ro(a, "chat");
+    assert_same_tokens(src, got, 150);
+    ctxs_session_close(src);
+    /* The pulled session is local now: it goes on as any other. */
+    append_seeded(got, 10, 10, 0, 0);
+    cr_assert_eq(ts_n_tokens(got), 160);
+    ctxs_session_close(got);
+    cr_assert_eq(ctxs_remote_close(NULL, rb, FLUSH_MS), 0);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}

@@ -418,4 +418,11 @@ enum ctxs__remote_event {
 void ctxs__remote_note(ctxs_store *st, uint64_t id, uint64_t n_held, int event,
                        uint64_t *noted);
 
+/* Pulls the session name from st's remote when one is attached with
+ * pull_on_open: 0 when the store now has it (pulled here, or by another
+ * thread meanwhile), else CTXS_ENOTFOUND (no remote, no such remote
+ * session, or Redis out of reach: its error is kept in the remote's
+ * last_error). */
+int ctxs__remote_pull_missing(ctxs_store *st, const char *name);
+
 #endif

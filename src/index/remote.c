@@ -108,6 +108,7 @@ struct ctxs_remote {
     int thread_started;
     pthread_t thread;
     ctxs_remote_stats stats;
+    int users;                  /* opens pulling through r (attach_lock) */
 };
 
 /* The chunks a job would push (a record's tail counts as one). */
@@ -120,6 +121,9 @@ static uint64_t job_chunks(const job *j)
  * the hooks take to read st->remote: a remote is never freed under a hook
  * that found it. */
 static pthread_mutex_t attach_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Signalled under attach_lock when the last pull of an open through a
+ * remote ends (ctxs__remote_pull_missing()). */
+static pthread_cond_t users_done = PTHREAD_COND_INITIALIZER;
 
 /* --- Errors -------------------------------------------------------------- */
 
@@ -1245,7 +1249,7 @@ static void *push_thread(void *arg)
 static int options_valid(const ctxs_remote_options *o)
 {
     if (o->version != CTXS_REMOTE_OPTIONS_VERSION || o->timeout_ms == 0 || o->retries == 0 ||
-        o->queue_max == 0 || o->push_on_commit > 1)
+        o->queue_max == 0 || o->push_on_commit > 1 || o->pull_on_open > 1)
         return 0;
     for (size_t i = 0; i < sizeof(o->reserved); i++)
         if (o->reserved[i])
@@ -1360,6 +1364,8 @@ int ctxs_remote_close(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_m
     pthread_mutex_lock(&attach_lock);
     if (r->st->remote == r)
         r->st->remote = NULL;
+    while (r->users > 0)
+        pthread_cond_wait(&users_done, &attach_lock);
     pthread_mutex_unlock(&attach_lock);
     int rc = ctxs_remote_flush(NULL, r, timeout_ms);
     pthread_mutex_lock(&r->mu);
@@ -2002,4 +2008,31 @@ int ctxs_remote_open(ctxs_remote **out, ctxs_store *st, const char *url,
     int rc = remote_open_impl(out, st, url, opts);
     sigpipe_restore(&g);
     return rc;
+}
+
+/* --- Pulling on an open's miss ------------------------------------------------ */
+
+int ctxs__remote_pull_missing(ctxs_store *st, const char *name)
+{
+    pthread_mutex_lock(&attach_lock);
+    ctxs_remote *r = st->remote;
+    if (r && r->o.pull_on_open)
+        r->users++; /* ctxs_remote_close() waits for it */
+    else
+        r = NULL;
+    pthread_mutex_unlock(&attach_lock);
+    if (!r)
+        return CTXS_ENOTFOUND;
+    int rc = ctxs_remote_pull(NULL, NULL, r, name, NULL, NULL, NULL, NULL);
+    if (rc < 0 && rc != CTXS_ENOTFOUND && rc != -EEXIST) {
+        pthread_mutex_lock(&r->mu);
+        r->stats.last_error = rc;
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_lock(&attach_lock);
+    if (--r->users == 0)
+        pthread_cond_broadcast(&users_done);
+    pthread_mutex_unlock(&attach_lock);
+    /* -EEXIST: another thread pulled or created it meanwhile. */
+    return rc == 0 || rc == -EEXIST ? 0 : CTXS_ENOTFOUND;
 }

@@ -710,6 +710,8 @@ int ctxs_store_session_open(ctxs_session **out, ctxs_store *st, const char *name
         return CTXS_EREADONLY;
     ctxs__session_rec rec;
     int rc = session_lookup(&rec, st, name, len);
+    if (rc == CTXS_ENOTFOUND && !st->rdonly && ctxs__remote_pull_missing(st, name) == 0)
+        rc = session_lookup(&rec, st, name, len);
     if (rc < 0)
         return rc;
     if (model && memcmp(model->model_hash, rec.model_hash, 16) != 0)

@@ -621,3 +621,57 @@ Test(remote, the_fixture_starts_and_restarts_a_server)
     cr_assert_eq(ts_redis_count(&r, "*"), 0);
     ts_redis_stop(&r);
 }
+
+/* Pulls remote name from b's remote rb as local and checks it is the
+ * whole of name in a: n tokens, each one's id and KV the same. */
+static void assert_pulls_whole(ctxs_remote *rb, ctxs_store *a, const char *name,
+                               const char *local, uint64_t n)
+{
+    ctxs_remote_pull_result res;
+    ctxs_session *got = NULL;
+    int rc = ctxs_remote_pull(&got, &res, rb, name, local, NULL, NULL, NULL);
+    cr_assert_eq(rc, 0, "pull %s: %s", name, ctxs_err_name(rc));
+    cr_assert_eq(res.n_tokens, n, "pull %s: %llu of %llu tokens (missing %llu, refused %llu)",
+                 name, (unsigned long long)res.n_tokens, (unsigned long long)n,
+                 (unsigned long long)res.chunks_missing, (unsigned long long)res.chunks_refused);
+    cr_assert_eq(res.remote_tokens, n);
+    ctxs_session *src = open_ro(a, name);
+    assert_same_tokens(src, got, n);
+    ctxs_session_close(src);
+    ctxs_session_close(got);
+}
+
+/* Redis out of memory answers every SET with an error reply: the push
+ * thread must leave its connection in step (every pipelined reply read,
+ * or the connection dropped), or the jobs after it read stale replies
+ * and fail, or take an old reply as their answer, for good. */
+Test(remote, error_replies_leave_the_push_thread_in_step)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(9);
+    free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory-policy", "noeviction", NULL));
+    free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory", "1", NULL));
+    ctxs_remote *ra = remote_open(a, rs.url, 1);
+    ctxs_session_close(make_session(a, "oom", &m, 512, 512, 0, 0));
+    ctxs_remote_stats st;
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(st.chunks_pushed, 0);
+    cr_assert_geq(st.chunks_dropped, 8, "dropped: %llu", (unsigned long long)st.chunks_dropped);
+    cr_assert_eq(st.last_error, CTXS_EREMOTE);
+    free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory", "0", NULL));
+
+    ctxs_session_close(make_session(a, "after", &m, 256, 64, 0, 7));
+    uint64_t dropped = st.chunks_dropped;
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(st.chunks_dropped, dropped, "the new session's chunks were dropped too");
+    cr_assert_eq(st.chunks_pushed, 4);
+    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    assert_pulls_whole(rb, a, "after", NULL, 256);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}

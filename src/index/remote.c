@@ -598,20 +598,33 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
         rc = CTXS_ENOMEM;
     for (uint64_t b0 = from; rc == 0 && b0 < to; b0 += batch) {
         uint64_t nb = to - b0 < batch ? to - b0 : batch;
-        for (uint64_t i = 0; i < nb; i++) {
+        /* Every reply to what was appended is read, also after an error
+         * reply: a connection left out of step would hand the next job
+         * this one's replies. Only an I/O error (no reply) ends the
+         * reading, and the caller then drops the connection. */
+        uint64_t appended = 0;
+        for (uint64_t i = 0; i < nb && rc == 0; i++) {
             chunk_key(keys[i], r, sn->model.model_hash, sn->chain[b0 + i]);
             const char *argv[] = {"EXISTS", keys[i]};
             if (redisAppendCommandArgv(c, 2, argv, NULL) != REDIS_OK)
                 rc = context_error(c, errno);
+            else
+                appended++;
         }
         uint64_t n_missing = 0;
-        for (uint64_t i = 0; i < nb && rc == 0; i++) {
+        int io = 0;
+        for (uint64_t i = 0; i < appended && !io; i++) {
             redisReply *rep;
-            if ((rc = reply_next(&rep, c)) == 0 && (rc = reply_check(c, rep, 0)) == 0 &&
-                rep->type != REDIS_REPLY_INTEGER)
-                rc = CTXS_EREMOTE;
-            missing[i] = rc == 0 && rep->integer == 0;
+            int r1 = reply_next(&rep, c);
+            io = r1 < 0;
+            if (r1 == 0)
+                r1 = reply_check(c, rep, 0);
+            if (r1 == 0 && rep->type != REDIS_REPLY_INTEGER)
+                r1 = CTXS_EREMOTE;
+            missing[i] = r1 == 0 && rep->integer == 0;
             n_missing += missing[i];
+            if (rc == 0)
+                rc = r1;
             if (rep)
                 freeReplyObject(rep);
         }
@@ -628,6 +641,7 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
             rc = snapshot_still_held(sn);
         used = 0;
         uint64_t sent_bytes = 0;
+        appended = 0;
         for (uint64_t i = 0; i < nb && rc == 0; i++) {
             if (!missing[i])
                 continue;
@@ -639,15 +653,21 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
             size_t lens[] = {3, strlen(keys[i]), len};
             if (redisAppendCommandArgv(c, 3, argv, lens) != REDIS_OK)
                 rc = context_error(c, errno);
+            else
+                appended++;
             used += (size_t)vbytes;
             sent_bytes += len;
         }
-        for (uint64_t i = 0; i < nb && n_missing && rc == 0; i++) {
-            if (!missing[i])
-                continue;
+        /* As above: every SET's reply, an error reply (OOM) included. */
+        io = 0;
+        for (uint64_t i = 0; i < appended && !io; i++) {
             redisReply *rep;
-            if ((rc = reply_next(&rep, c)) == 0)
-                rc = reply_check(c, rep, 0);
+            int r1 = reply_next(&rep, c);
+            io = r1 < 0;
+            if (r1 == 0)
+                r1 = reply_check(c, rep, 0);
+            if (rc == 0)
+                rc = r1;
             if (rep)
                 freeReplyObject(rep);
         }
@@ -1031,7 +1051,12 @@ static void *push_thread(void *arg)
              * open of the session sends what is missing. */
             r->stats.chunks_dropped += job_chunks(j);
             r->stats.last_error = rc;
-            if (w.c && network_error(rc)) {
+            /* Whatever failed, the connection is dropped: after an error
+             * midway through a pipeline (a reply not read, a command
+             * left in hiredis's buffer) the next job would read this
+             * one's replies as its own. A new connection costs little
+             * next to a job that failed. */
+            if (w.c) {
                 redisFree(w.c);
                 w.c = NULL;
             }

@@ -675,3 +675,32 @@ Test(remote, error_replies_leave_the_push_thread_in_step)
     ctxs_store_close(b);
     ts_redis_stop(&rs);
 }
+
+/* A rollback into a pushed chunk, then commits of other tokens that
+ * regain the chunk count: the rewritten chunks are pushed again, and the
+ * remote copy is the session as it now is, not cut at the rollback. */
+Test(remote, a_rollback_and_rewrite_is_pushed_whole)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(10);
+    ctxs_remote *ra = remote_open(a, rs.url, 1);
+    ctxs_session *s = make_session(a, "rw", &m, 640, 64, 0, 0);
+    ctxs_remote_stats st;
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(st.chunks_pushed, 10);
+    cr_assert_eq(ctxs_session_rollback(s, 600), 0);
+    append_seeded(s, 200, 50, 600, 3);
+    cr_assert_eq(ts_n_tokens(s), 800);
+    ctxs_session_close(s);
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(st.chunks_dropped, 0);
+    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    assert_pulls_whole(rb, a, "rw", NULL, 800);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}

@@ -913,8 +913,9 @@ void ctxs__remote_note(ctxs_store *st, uint64_t id, uint64_t n_held, int event,
         uint64_t chunks = n_held / CTXS_PREFIX_CHUNK;
         /* The first note of a handle starts from chunk 0: the thread asks
          * Redis which of the session's chunks it has (one EXISTS each,
-         * pipelined) and sends the others. After a rollback, likewise
-         * from where the session now ends. */
+         * pipelined) and sends the others. A rollback lowered *noted to
+         * the chunks it left whole (sessions.c, on_rollback), so the
+         * chunks rewritten after it are queued here like new ones. */
         if (chunks > *noted)
             enqueue(r, JOB_CHUNKS, id, *noted, chunks, 0);
         /* A record only for a session that changed: one pulled and

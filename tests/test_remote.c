@@ -133,7 +133,9 @@ static void key_of_chunk(char *key, size_t cap, const ctxs_model *m, const uint3
         snprintf(mh + 2 * i, 3, "%02x", m->model_hash[i]);
         snprintf(ch + 2 * i, 3, "%02x", chain[k][i]);
     }
-    snprintf(key, cap, "ctxs:chunk:%s:%s", mh, ch);
+    static const char *dt[] = {"", "f16", "bf16", "q8"};
+    snprintf(key, cap, "ctxs:chunk:%s:%s-%ux%ux%u:%s", mh, dt[m->geometry.dtype],
+             m->geometry.n_layers, m->geometry.n_kv_heads, m->geometry.head_dim, ch);
     free(chain);
 }
 
@@ -702,5 +704,51 @@ Test(remote, a_rollback_and_rewrite_is_pushed_whole)
     ctxs_remote_close(NULL, rb, FLUSH_MS);
     ctxs_store_close(a);
     ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+/* One model (one model hash) kept as fp16 in one store and as Q8 in
+ * another: the same ids make the same chain, yet other bytes. Each
+ * store's chunks must be its own, or the second push finds the first's
+ * "present" and every pull of it refuses them. */
+Test(remote, one_model_in_two_dtypes_keeps_two_sets_of_chunks)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *c = store_at("c"), *b = store_at("b");
+    ctxs_model f16 = ts_model(11), q8 = f16;
+    q8.geometry.dtype = CTXS_DTYPE_Q8;
+    ctxs_session_close(make_session(a, "as-f16", &f16, 200, 50, 0, 0));
+    ctxs_session_close(make_session(c, "as-q8", &q8, 200, 50, 0, 0));
+    ctxs_remote *ra = remote_open(a, rs.url, 0), *rc_ = remote_open(c, rs.url, 0);
+    ctxs_remote_push_result pr;
+    cr_assert_eq(ctxs_remote_push(&pr, ra, "as-f16", NULL, NULL), 0);
+    cr_assert_eq(pr.chunks_sent, 4);
+    cr_assert_eq(ctxs_remote_push(&pr, rc_, "as-q8", NULL, NULL), 0);
+    cr_assert_eq(pr.chunks_sent, 4, "Q8 chunks taken for present: %llu sent",
+                 (unsigned long long)pr.chunks_sent);
+    cr_assert_eq(ts_redis_count(&rs, "ctxs:chunk:*"), 8);
+    char key[256];
+    ctxs_session *s = open_ro(c, "as-q8");
+    uint32_t *ids = ids_of(s, 200);
+    ctxs_session_close(s);
+    key_of_chunk(key, sizeof(key), &q8, ids, 1);
+    char *exists = ts_redis_cmd(&rs, "EXISTS", key, NULL);
+    cr_assert_str_eq(exists, "1", "%s", key);
+    free(exists);
+    free(ids);
+    /* Two pulling stores: a store registers a model hash with one form. */
+    ctxs_store *d = store_at("d");
+    ctxs_remote *rb = remote_open(b, rs.url, 0), *rd = remote_open(d, rs.url, 0);
+    assert_pulls_whole(rb, a, "as-f16", NULL, 200);
+    assert_pulls_whole(rd, c, "as-q8", NULL, 200);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_remote_close(NULL, rc_, FLUSH_MS);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_remote_close(NULL, rd, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ctxs_store_close(c);
+    ctxs_store_close(d);
     ts_redis_stop(&rs);
 }

@@ -7,7 +7,7 @@
  *
  * - A chunk value is a fact that never goes stale: "the KV of these 64
  *   token ids, after the prefix whose chain is prev_chain". It is keyed
- *   by its content (model hash, chain), so writing it twice, from two
+ *   by its content (model hash, KV form, chain), so writing it twice, from two
  *   machines or two sessions that share a prompt, writes the same bytes,
  *   and a value is never updated in place. What is pushed must therefore
  *   be a consistent state of a session: the pusher takes the ids and
@@ -36,6 +36,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -421,15 +422,26 @@ static void hex32(char out[33], const uint8_t b[16])
     out[32] = '\0';
 }
 
-/* "<prefix>:chunk:<model>:<chain>" into key[CHUNK_KEY_MAX]. */
-#define CHUNK_KEY_MAX (CTXS_NAME_MAX + 80)
-static void chunk_key(char *key, const ctxs_remote *r, const uint8_t model[16],
+/* "<prefix>:chunk:<model hash>:<form>:<chain>" into key[CHUNK_KEY_MAX],
+ * the form "<dtype>-<layers>x<kv heads>x<head dim>" ("f16-32x8x128").
+ * The model hash names the weights, not the form of their KV: an fp16
+ * and a Q8 store of one model compute the same chain for the same ids,
+ * and without the form in the key each would find the other's chunks
+ * "present" and refuse them at every pull, for good. */
+#define CHUNK_KEY_MAX (CTXS_NAME_MAX + 128)
+static void chunk_key(char *key, const ctxs_remote *r, const ctxs_model *model,
                       const uint8_t chain[16])
 {
     char m[33], c[33];
-    hex32(m, model);
+    hex32(m, model->model_hash);
     hex32(c, chain);
-    snprintf(key, CHUNK_KEY_MAX, "%s:chunk:%s:%s", r->prefix, m, c);
+    const ctxs_geometry *g = &model->geometry;
+    const char *dt = g->dtype == CTXS_DTYPE_F16    ? "f16"
+                     : g->dtype == CTXS_DTYPE_BF16 ? "bf16"
+                     : g->dtype == CTXS_DTYPE_Q8   ? "q8"
+                                                   : "dtype?"; /* refused before */
+    snprintf(key, CHUNK_KEY_MAX, "%s:chunk:%s:%s-%" PRIu32 "x%" PRIu32 "x%" PRIu32 ":%s",
+             r->prefix, m, dt, g->n_layers, g->n_kv_heads, g->head_dim, c);
 }
 
 #define SESSION_KEY_MAX (2 * CTXS_NAME_MAX + 16)
@@ -604,7 +616,7 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
          * reading, and the caller then drops the connection. */
         uint64_t appended = 0;
         for (uint64_t i = 0; i < nb && rc == 0; i++) {
-            chunk_key(keys[i], r, sn->model.model_hash, sn->chain[b0 + i]);
+            chunk_key(keys[i], r, &sn->model, sn->chain[b0 + i]);
             const char *argv[] = {"EXISTS", keys[i]};
             if (redisAppendCommandArgv(c, 2, argv, NULL) != REDIS_OK)
                 rc = context_error(c, errno);
@@ -1368,7 +1380,7 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
             ctxs__prefix_chain_next(chains[i], chain, pj->ids + first, cnt);
             memcpy(chain, chains[i], 16);
             char key[CHUNK_KEY_MAX];
-            chunk_key(key, pj->r, pj->model.model_hash, chains[i]);
+            chunk_key(key, pj->r, &pj->model, chains[i]);
             const char *argv[] = {"GET", key};
             if (redisAppendCommandArgv(pj->c, 2, argv, NULL) != REDIS_OK)
                 rc = context_error(pj->c, errno);

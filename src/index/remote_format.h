@@ -6,7 +6,7 @@
  *
  * Little-endian, as the session files; every CRC is zlib's crc32.
  *
- *   <prefix>:chunk:<model hash, 32 hex>:<chain, 32 hex>
+ *   <prefix>:chunk:<model hash, 32 hex>:<dtype>-<L>x<H>x<D>:<chain, 32 hex>
  *       a chunk: ctxs__rchunk_header, then raw_bytes of raw block
  *       (kv_block.h) holding count tokens from first_pos.
  *   <prefix>:session:<name>

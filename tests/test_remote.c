@@ -6,9 +6,11 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ctxstore.h"
 #include "index.h"
@@ -750,5 +752,45 @@ Test(remote, one_model_in_two_dtypes_keeps_two_sets_of_chunks)
     ctxs_store_close(b);
     ctxs_store_close(c);
     ctxs_store_close(d);
+    ts_redis_stop(&rs);
+}
+
+/* Redis stopped (SIGSTOP: connections hang rather than fail): the push
+ * thread waits on the network for a job of a session, and meanwhile the
+ * session can be deleted; the thread holds its file only while it copies
+ * blocks. Before, the thread kept it open for the whole job, and the
+ * delete was CTXS_EBUSY until the job gave up. */
+Test(remote, a_slow_redis_does_not_hold_up_a_local_delete)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_model m = ts_model(12);
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.push_on_commit = 1;
+    o.timeout_ms = 5000;
+    o.retries = 1;
+    ctxs_remote *ra;
+    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
+    cr_assert_eq(kill(rs.pid, SIGSTOP), 0);
+    ctxs_session_close(make_session(a, "gone", &m, 256, 64, 0, 0));
+    /* Until the thread has taken its snapshot the file is open: the
+     * delete may be CTXS_EBUSY, but not for as long as the job runs. */
+    int rc;
+    for (;;) {
+        ctxs_remote_stats st;
+        cr_assert_eq(ctxs_remote_get_stats(&st, ra), 0);
+        cr_assert_gt(st.jobs_queued, 0, "the jobs ended before the delete could run");
+        if ((rc = ctxs_store_session_delete(a, "gone")) != CTXS_EBUSY)
+            break;
+        usleep(1000);
+    }
+    cr_assert_eq(rc, 0, "delete: %s", ctxs_err_name(rc));
+    cr_assert_eq(kill(rs.pid, SIGCONT), 0);
+    ctxs_remote_stats st;
+    cr_assert_eq(ctxs_remote_close(&st, ra, FLUSH_MS), 0);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, a, "gone"), CTXS_ENOTFOUND);
+    ctxs_store_close(a);
     ts_redis_stop(&rs);
 }

@@ -466,7 +466,8 @@ static void count(ctxs_remote *r, uint64_t *field, uint64_t n)
  * refresh. Every block sent is checked against it, and it against the
  * session again before anything is sent. */
 typedef struct snapshot {
-    ctxs_session *s;            /* read-only */
+    ctxs_session *s;            /* read-only; NULL between holds */
+    ctxs_store *reopen;         /* non-NULL: s is opened by id for each hold */
     uint64_t id;
     ctxs_model model;
     ctxs__kv_plan plan;         /* n_tokens = n, 64-token blocks */
@@ -475,6 +476,40 @@ typedef struct snapshot {
     uint64_t *sums;             /* [n] */
     uint8_t (*chain)[16];       /* [n / 64 + 1]: whole chunks, then the tail */
 } snapshot;
+
+static int open_id(ctxs_session **out, ctxs_store *st, uint64_t id);
+
+/* The push thread holds the session file only while it copies and
+ * checks blocks, never while it waits on the network: a handle open for
+ * a job held up a local delete or gc (CTXS_EBUSY) for as long as Redis
+ * took to answer, seconds per job when Redis is slow or stopped. The
+ * file reopened by id is the snapshot's if it has the plan's layout;
+ * every block copied from it is then checked against the snapshot's
+ * checksums, and the session against the snapshot, as with one handle.
+ * A caller that keeps its handle (reopen NULL) holds it throughout. */
+static int snapshot_hold(snapshot *sn)
+{
+    if (sn->s || !sn->reopen)
+        return 0;
+    int rc = open_id(&sn->s, sn->reopen, sn->id);
+    if (rc < 0)
+        return rc;
+    ctxs_session_info info;
+    ctxs_session_get_info(&info, sn->s);
+    if (info.capacity != sn->plan.lay.capacity || info.n_sink != sn->plan.lay.n_sink ||
+        ((info.flags & CTXS_INFO_RING) != 0) != (sn->plan.ring != 0) ||
+        memcmp(&info.model, &sn->model, sizeof(info.model)))
+        return CTXS_ESTALE; /* another file under the id (a compaction) */
+    return 0;
+}
+
+static void snapshot_release(snapshot *sn)
+{
+    if (sn->reopen) {
+        ctxs_session_close(sn->s);
+        sn->s = NULL;
+    }
+}
 
 static void snapshot_free(snapshot *sn)
 {
@@ -643,6 +678,8 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
         /* The values, then the check that the session still holds what
          * they were copied from, then the network. */
         size_t used = 0;
+        if (rc == 0 && n_missing)
+            rc = snapshot_hold(sn);
         for (uint64_t i = 0; i < nb && rc == 0; i++) {
             if (!missing[i])
                 continue;
@@ -651,6 +688,7 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
         }
         if (rc == 0 && n_missing)
             rc = snapshot_still_held(sn);
+        snapshot_release(sn);
         used = 0;
         uint64_t sent_bytes = 0;
         appended = 0;
@@ -967,32 +1005,30 @@ static int network_error(int rc)
            rc == -ENOENT || rc == -EADDRNOTAVAIL;
 }
 
-/* The thread's state between jobs: its connection and the session it
- * last opened (kept while jobs for it follow). */
+/* The thread's state between jobs: its connection. */
 typedef struct worker {
     ctxs_remote *r;
     redisContext *c;
-    ctxs_session *s;
-    uint64_t s_id;
 } worker;
 
 static int run_job(worker *w, const job *j)
 {
     ctxs_remote *r = w->r;
-    int rc = 0;
-    if (!w->s || w->s_id != j->id) {
-        ctxs_session_close(w->s);
-        w->s = NULL;
-        if ((rc = open_id(&w->s, r->st, j->id)) < 0)
-            return rc;
-        w->s_id = j->id;
-    }
     char name[CTXS_NAME_MAX + 1];
+    int rc = 0;
     if (j->kind == JOB_RECORD && (rc = ctxs__session_name_of(name, r->st, j->id)) < 0)
+        return rc;
+    ctxs_session *s;
+    if ((rc = open_id(&s, r->st, j->id)) < 0)
         return rc;
     snapshot sn;
     push_counts pc = {0};
-    if ((rc = snapshot_take(&sn, w->s, j->id)) == 0 && !w->c)
+    rc = snapshot_take(&sn, s, j->id);
+    /* Closed before any network traffic: see snapshot_hold(). */
+    ctxs_session_close(s);
+    sn.s = NULL;
+    sn.reopen = r->st;
+    if (rc == 0 && !w->c)
         rc = conn_open(&w->c, r);
     if (rc == 0 && j->kind == JOB_CHUNKS) {
         rc = push_chunks(w->c, r, &sn, j->from, j->to, &pc, NULL, NULL);
@@ -1019,15 +1055,6 @@ static void *push_thread(void *arg)
     pthread_mutex_lock(&r->mu);
     for (;;) {
         while (!r->head && !r->stop) {
-            /* Idle: the session file is closed, so that a delete or a
-             * writer's compaction is not held up by this handle. */
-            if (w.s) {
-                pthread_mutex_unlock(&r->mu);
-                ctxs_session_close(w.s);
-                w.s = NULL;
-                pthread_mutex_lock(&r->mu);
-                continue;
-            }
             pthread_cond_broadcast(&r->idle);
             pthread_cond_wait(&r->wake, &r->mu);
         }
@@ -1081,7 +1108,6 @@ static void *push_thread(void *arg)
     r->busy = 0;
     pthread_cond_broadcast(&r->idle);
     pthread_mutex_unlock(&r->mu);
-    ctxs_session_close(w.s);
     if (w.c)
         redisFree(w.c);
     return NULL;

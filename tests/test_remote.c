@@ -595,6 +595,23 @@ Test(remote, a_wrong_or_missing_password_is_eacces)
     ts_redis_stop(&rs);
 }
 
+/* A password sent to a server that has none is a configuration error of
+ * the same kind as a wrong one (Redis 7: "ERR AUTH <password> called
+ * without any password configured for the default user"). */
+Test(remote, a_password_for_a_server_without_one_is_eacces)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_remote *r = NULL;
+    char url[200];
+    snprintf(url, sizeof(url), "redis://:unneeded@127.0.0.1:%d", rs.port);
+    cr_assert_eq(ctxs_remote_open(&r, a, url, NULL), -EACCES);
+    cr_assert_null(r);
+    ctxs_store_close(a);
+    ts_redis_stop(&rs);
+}
+
 Test(remote, an_unreachable_server_and_bad_urls_are_clear_errors)
 {
     ts_redis rs;

@@ -158,13 +158,16 @@ static int context_error(const redisContext *c, int saved)
 }
 
 /* An error reply: a password refused or required is -EACCES (Redis 6+
- * "WRONGPASS", older "ERR invalid password", "NOAUTH" without AUTH, and
- * "ERR ... no password is set" when AUTH was sent to a server without
- * one), the rest CTXS_EREMOTE. */
+ * "WRONGPASS", older "ERR invalid password", "NOAUTH" without AUTH), and
+ * so is a password given to a server that has none (Redis < 6 "ERR
+ * Client sent AUTH, but no password is set", Redis 6+ "ERR AUTH
+ * <password> called without any password configured for the default
+ * user"); the rest CTXS_EREMOTE. */
 static int reply_error(const redisReply *rep)
 {
     if (!strncmp(rep->str, "WRONGPASS", 9) || !strncmp(rep->str, "NOAUTH", 6) ||
         strstr(rep->str, "invalid password") || strstr(rep->str, "no password is set") ||
+        strstr(rep->str, "called without any password configured") ||
         strstr(rep->str, "invalid username-password"))
         return -EACCES;
     return CTXS_EREMOTE;

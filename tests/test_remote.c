@@ -5,7 +5,9 @@
  * what a test checks is what was stored and what came back.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -808,6 +810,52 @@ Test(remote, a_slow_redis_does_not_hold_up_a_local_delete)
     cr_assert_eq(ctxs_remote_close(&st, ra, FLUSH_MS), 0);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, a, "gone"), CTXS_ENOTFOUND);
+    ctxs_store_close(a);
+    ts_redis_stop(&rs);
+}
+
+/* Counts the sockets this process has open and those among them without
+ * FD_CLOEXEC, from /proc/self/fd. */
+static void count_sockets(void *arg, uint64_t done, uint64_t total)
+{
+    (void)done;
+    (void)total;
+    int *counts = arg; /* [0] sockets, [1] inheritable ones */
+    DIR *d = opendir("/proc/self/fd");
+    cr_assert_not_null(d);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char path[300], target[64];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(path, target, sizeof(target) - 1);
+        if (n <= 0)
+            continue;
+        target[n] = '\0';
+        if (strncmp(target, "socket:", 7))
+            continue;
+        int flags = fcntl(atoi(e->d_name), F_GETFD);
+        counts[0]++;
+        counts[1] += flags >= 0 && !(flags & FD_CLOEXEC);
+    }
+    closedir(d);
+}
+
+/* A child the application forks and execs must not inherit a connection
+ * to Redis (hiredis 0.14 opens its sockets without SOCK_CLOEXEC). The
+ * progress callback runs while the push's connection is open. */
+Test(remote, connections_are_close_on_exec)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_model m = ts_model(13);
+    ctxs_session_close(make_session(a, "fd", &m, 128, 128, 0, 0));
+    ctxs_remote *ra = remote_open(a, rs.url, 0);
+    int counts[2] = {0, 0};
+    cr_assert_eq(ctxs_remote_push(NULL, ra, "fd", count_sockets, counts), 0);
+    cr_assert_gt(counts[0], 0, "no socket open during the push");
+    cr_assert_eq(counts[1], 0, "%d of %d sockets without FD_CLOEXEC", counts[1], counts[0]);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
     ctxs_store_close(a);
     ts_redis_stop(&rs);
 }

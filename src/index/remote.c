@@ -35,6 +35,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -384,7 +385,12 @@ static int conn_open(redisContext **out, const ctxs_remote *r)
             redisFree(c);
         return rc;
     }
-    int rc = redisSetTimeout(c, tv) == REDIS_OK ? 0 : context_error(c, errno);
+    /* hiredis 0.14 opens its socket without SOCK_CLOEXEC: a child the
+     * application forks and execs would inherit the connection (and keep
+     * it up after we close it). Set before the first byte is sent. */
+    int rc = fcntl(c->fd, F_SETFD, FD_CLOEXEC) == 0 ? 0 : -errno;
+    if (rc == 0)
+        rc = redisSetTimeout(c, tv) == REDIS_OK ? 0 : context_error(c, errno);
     if (rc == 0 && ep->password[0]) {
         const char *auth_user[] = {"AUTH", ep->user, ep->password};
         const char *auth[] = {"AUTH", ep->password};

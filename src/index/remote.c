@@ -1471,7 +1471,10 @@ static int pull_fill(int fd, const ctxs__disk_label *label, void *arg)
                                 pj->n, 0, CTXS_PREFIX_CHUNK);
     if (rc < 0)
         return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc;
-    if ((rc = full_or(ctxs__new_file_size(fd, &p.lay))) < 0 || (rc = pull_chunks(pj, &p, fd)) < 0)
+    /* A block written into the new file may find the disk full: the
+     * header promises CTXS_EFULL for that, as for an import. */
+    if ((rc = full_or(ctxs__new_file_size(fd, &p.lay))) < 0 ||
+        (rc = full_or(pull_chunks(pj, &p, fd))) < 0)
         return rc;
     if (pj->got == 0 && pj->prefix)
         return CTXS_ENOTFOUND;

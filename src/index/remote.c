@@ -468,6 +468,14 @@ static void count(ctxs_remote *r, uint64_t *field, uint64_t n)
     pthread_mutex_unlock(&r->mu);
 }
 
+static int stopping(ctxs_remote *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int stop = r->stop;
+    pthread_mutex_unlock(&r->mu);
+    return stop;
+}
+
 /* --- Pushing one session ----------------------------------------------------- */
 
 /* A consistent committed state of a session being pushed: its plan in
@@ -653,6 +661,12 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
          !(keys = ctxs__malloc((size_t)batch * CHUNK_KEY_MAX))))
         rc = CTXS_ENOMEM;
     for (uint64_t b0 = from; rc == 0 && b0 < to; b0 += batch) {
+        /* ctxs_remote_close() waits for the job under way: a job of many
+         * batches ends at the next one, within one batch's timeouts. */
+        if (stopping(r)) {
+            rc = -ECANCELED;
+            break;
+        }
         uint64_t nb = to - b0 < batch ? to - b0 : batch;
         /* Every reply to what was appended is read, also after an error
          * reply: a connection left out of step would hand the next job

@@ -1589,8 +1589,10 @@ CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
  * coordinates machines: Redis is the shared tier, and may evict anything.
  *
  * Chunks are content-addressed: every CTXS_PREFIX_CHUNK committed tokens
- * from position 0 make one value, keyed by the model hash and the chained
- * hash of the token ids up to and including the chunk (the chain
+ * from position 0 make one value, keyed by the model hash, the form of
+ * the KV (dtype and geometry: an fp16 and a Q8 store of one model keep
+ * separate chunks) and the chained hash of the token ids up to and
+ * including the chunk (the chain
  * ctxs_prefix_find() uses), holding the chunk's token ids, the checksum
  * and the K/V of every token for every layer and head. Two conversations
  * that share a system prompt share its chunks. A session's name maps to a

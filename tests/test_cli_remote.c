@@ -596,6 +596,12 @@ Test(cli_remote, a_missing_or_bad_url_is_a_usage_error)
     contains(0, "--remote URL");
     EXPECT(EX_USAGE, store_a(), "rediss://:tls-pw@127.0.0.1:6380", "remote", "stat");
     lacks("tls-pw");
+    /* Not a URL at all ("://" mistyped): nothing before the host shows. */
+    EXPECT(EX_USAGE, store_a(), "redis:/:hunter2@127.0.0.1:1", "remote", "stat");
+    lacks("hunter2");
+    contains(0, "@127.0.0.1:1");
+    EXPECT(EX_USAGE, store_a(), "redis:/:hunter2@127.0.0.1:1", "remote", "ls", "--json");
+    lacks("hunter2");
     contains(0, "TLS");
     EXPECT(EX_USAGE, store_a(), "redis://127.0.0.1:1", "remote", "frobnicate");
     EXPECT(EX_USAGE, store_a(), "redis://127.0.0.1:1", "remote", "pull");

@@ -5,10 +5,14 @@
  * what a test checks is what was stored and what came back.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "ctxstore.h"
@@ -134,7 +138,9 @@ static void key_of_chunk(char *key, size_t cap, const ctxs_model *m, const uint3
         snprintf(mh + 2 * i, 3, "%02x", m->model_hash[i]);
         snprintf(ch + 2 * i, 3, "%02x", chain[k][i]);
     }
-    snprintf(key, cap, "ctxs:chunk:%s:%s", mh, ch);
+    static const char *dt[] = {"", "f16", "bf16", "q8"};
+    snprintf(key, cap, "ctxs:chunk:%s:%s-%ux%ux%u:%s", mh, dt[m->geometry.dtype],
+             m->geometry.n_layers, m->geometry.n_kv_heads, m->geometry.head_dim, ch);
     free(chain);
 }
 
@@ -619,6 +625,23 @@ Test(remote, a_wrong_or_missing_password_is_eacces)
     ts_redis_stop(&rs);
 }
 
+/* A password sent to a server that has none is a configuration error of
+ * the same kind as a wrong one (Redis 7: "ERR AUTH <password> called
+ * without any password configured for the default user"). */
+Test(remote, a_password_for_a_server_without_one_is_eacces)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_remote *r = NULL;
+    char url[200];
+    snprintf(url, sizeof(url), "redis://:unneeded@127.0.0.1:%d", rs.port);
+    cr_assert_eq(ctxs_remote_open(&r, a, url, NULL), -EACCES);
+    cr_assert_null(r);
+    ctxs_store_close(a);
+    ts_redis_stop(&rs);
+}
+
 Test(remote, an_unreachable_server_and_bad_urls_are_clear_errors)
 {
     ts_redis rs;
@@ -689,5 +712,220 @@ Test(remote, an_open_of_a_name_the_store_lacks_pulls_it)
     cr_assert_eq(ctxs_remote_close(NULL, rb, FLUSH_MS), 0);
     ctxs_store_close(a);
     ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+/* Pulls remote name from b's remote rb as local and checks it is the
+ * whole of name in a: n tokens, each one's id and KV the same. */
+static void assert_pulls_whole(ctxs_remote *rb, ctxs_store *a, const char *name,
+                               const char *local, uint64_t n)
+{
+    ctxs_remote_pull_result res;
+    ctxs_session *got = NULL;
+    int rc = ctxs_remote_pull(&got, &res, rb, name, local, NULL, NULL, NULL);
+    cr_assert_eq(rc, 0, "pull %s: %s", name, ctxs_err_name(rc));
+    cr_assert_eq(res.n_tokens, n, "pull %s: %llu of %llu tokens (missing %llu, refused %llu)",
+                 name, (unsigned long long)res.n_tokens, (unsigned long long)n,
+                 (unsigned long long)res.chunks_missing, (unsigned long long)res.chunks_refused);
+    cr_assert_eq(res.remote_tokens, n);
+    ctxs_session *src = open_ro(a, name);
+    assert_same_tokens(src, got, n);
+    ctxs_session_close(src);
+    ctxs_session_close(got);
+}
+
+/* Redis out of memory answers every SET with an error reply: the push
+ * thread must leave its connection in step (every pipelined reply read,
+ * or the connection dropped), or the jobs after it read stale replies
+ * and fail, or take an old reply as their answer, for good. */
+Test(remote, error_replies_leave_the_push_thread_in_step)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(9);
+    free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory-policy", "noeviction", NULL));
+    free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory", "1", NULL));
+    ctxs_remote *ra = remote_open(a, rs.url, 1);
+    ctxs_session_close(make_session(a, "oom", &m, 512, 512, 0, 0));
+    ctxs_remote_stats st;
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(st.chunks_pushed, 0);
+    cr_assert_geq(st.chunks_dropped, 8, "dropped: %llu", (unsigned long long)st.chunks_dropped);
+    cr_assert_eq(st.last_error, CTXS_EREMOTE);
+    free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory", "0", NULL));
+
+    ctxs_session_close(make_session(a, "after", &m, 256, 64, 0, 7));
+    uint64_t dropped = st.chunks_dropped;
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(st.chunks_dropped, dropped, "the new session's chunks were dropped too");
+    cr_assert_eq(st.chunks_pushed, 4);
+    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    assert_pulls_whole(rb, a, "after", NULL, 256);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+/* A rollback into a pushed chunk, then commits of other tokens that
+ * regain the chunk count: the rewritten chunks are pushed again, and the
+ * remote copy is the session as it now is, not cut at the rollback. */
+Test(remote, a_rollback_and_rewrite_is_pushed_whole)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(10);
+    ctxs_remote *ra = remote_open(a, rs.url, 1);
+    ctxs_session *s = make_session(a, "rw", &m, 640, 64, 0, 0);
+    ctxs_remote_stats st;
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(st.chunks_pushed, 10);
+    cr_assert_eq(ctxs_session_rollback(s, 600), 0);
+    append_seeded(s, 200, 50, 600, 3);
+    cr_assert_eq(ts_n_tokens(s), 800);
+    ctxs_session_close(s);
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(st.chunks_dropped, 0);
+    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    assert_pulls_whole(rb, a, "rw", NULL, 800);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+/* One model (one model hash) kept as fp16 in one store and as Q8 in
+ * another: the same ids make the same chain, yet other bytes. Each
+ * store's chunks must be its own, or the second push finds the first's
+ * "present" and every pull of it refuses them. */
+Test(remote, one_model_in_two_dtypes_keeps_two_sets_of_chunks)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *c = store_at("c"), *b = store_at("b");
+    ctxs_model f16 = ts_model(11), q8 = f16;
+    q8.geometry.dtype = CTXS_DTYPE_Q8;
+    ctxs_session_close(make_session(a, "as-f16", &f16, 200, 50, 0, 0));
+    ctxs_session_close(make_session(c, "as-q8", &q8, 200, 50, 0, 0));
+    ctxs_remote *ra = remote_open(a, rs.url, 0), *rc_ = remote_open(c, rs.url, 0);
+    ctxs_remote_push_result pr;
+    cr_assert_eq(ctxs_remote_push(&pr, ra, "as-f16", NULL, NULL), 0);
+    cr_assert_eq(pr.chunks_sent, 4);
+    cr_assert_eq(ctxs_remote_push(&pr, rc_, "as-q8", NULL, NULL), 0);
+    cr_assert_eq(pr.chunks_sent, 4, "Q8 chunks taken for present: %llu sent",
+                 (unsigned long long)pr.chunks_sent);
+    cr_assert_eq(ts_redis_count(&rs, "ctxs:chunk:*"), 8);
+    char key[256];
+    ctxs_session *s = open_ro(c, "as-q8");
+    uint32_t *ids = ids_of(s, 200);
+    ctxs_session_close(s);
+    key_of_chunk(key, sizeof(key), &q8, ids, 1);
+    char *exists = ts_redis_cmd(&rs, "EXISTS", key, NULL);
+    cr_assert_str_eq(exists, "1", "%s", key);
+    free(exists);
+    free(ids);
+    /* Two pulling stores: a store registers a model hash with one form. */
+    ctxs_store *d = store_at("d");
+    ctxs_remote *rb = remote_open(b, rs.url, 0), *rd = remote_open(d, rs.url, 0);
+    assert_pulls_whole(rb, a, "as-f16", NULL, 200);
+    assert_pulls_whole(rd, c, "as-q8", NULL, 200);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_remote_close(NULL, rc_, FLUSH_MS);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_remote_close(NULL, rd, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ctxs_store_close(c);
+    ctxs_store_close(d);
+    ts_redis_stop(&rs);
+}
+
+/* Redis stopped (SIGSTOP: connections hang rather than fail): the push
+ * thread waits on the network for a job of a session, and meanwhile the
+ * session can be deleted; the thread holds its file only while it copies
+ * blocks. Before, the thread kept it open for the whole job, and the
+ * delete was CTXS_EBUSY until the job gave up. */
+Test(remote, a_slow_redis_does_not_hold_up_a_local_delete)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_model m = ts_model(12);
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.push_on_commit = 1;
+    o.timeout_ms = 5000;
+    o.retries = 1;
+    ctxs_remote *ra;
+    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
+    cr_assert_eq(kill(rs.pid, SIGSTOP), 0);
+    ctxs_session_close(make_session(a, "gone", &m, 256, 64, 0, 0));
+    /* Until the thread has taken its snapshot the file is open: the
+     * delete may be CTXS_EBUSY, but not for as long as the job runs. */
+    int rc;
+    for (;;) {
+        ctxs_remote_stats st;
+        cr_assert_eq(ctxs_remote_get_stats(&st, ra), 0);
+        cr_assert_gt(st.jobs_queued, 0, "the jobs ended before the delete could run");
+        if ((rc = ctxs_store_session_delete(a, "gone")) != CTXS_EBUSY)
+            break;
+        usleep(1000);
+    }
+    cr_assert_eq(rc, 0, "delete: %s", ctxs_err_name(rc));
+    cr_assert_eq(kill(rs.pid, SIGCONT), 0);
+    ctxs_remote_stats st;
+    cr_assert_eq(ctxs_remote_close(&st, ra, FLUSH_MS), 0);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, a, "gone"), CTXS_ENOTFOUND);
+    ctxs_store_close(a);
+    ts_redis_stop(&rs);
+}
+
+/* Counts the sockets this process has open and those among them without
+ * FD_CLOEXEC, from /proc/self/fd. */
+static void count_sockets(void *arg, uint64_t done, uint64_t total)
+{
+    (void)done;
+    (void)total;
+    int *counts = arg; /* [0] sockets, [1] inheritable ones */
+    DIR *d = opendir("/proc/self/fd");
+    cr_assert_not_null(d);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char path[300], target[64];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(path, target, sizeof(target) - 1);
+        if (n <= 0)
+            continue;
+        target[n] = '\0';
+        if (strncmp(target, "socket:", 7))
+            continue;
+        int flags = fcntl(atoi(e->d_name), F_GETFD);
+        counts[0]++;
+        counts[1] += flags >= 0 && !(flags & FD_CLOEXEC);
+    }
+    closedir(d);
+}
+
+/* A child the application forks and execs must not inherit a connection
+ * to Redis (hiredis 0.14 opens its sockets without SOCK_CLOEXEC). The
+ * progress callback runs while the push's connection is open. */
+Test(remote, connections_are_close_on_exec)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_model m = ts_model(13);
+    ctxs_session_close(make_session(a, "fd", &m, 128, 128, 0, 0));
+    ctxs_remote *ra = remote_open(a, rs.url, 0);
+    int counts[2] = {0, 0};
+    cr_assert_eq(ctxs_remote_push(NULL, ra, "fd", count_sockets, counts), 0);
+    cr_assert_gt(counts[0], 0, "no socket open during the push");
+    cr_assert_eq(counts[1], 0, "%d of %d sockets without FD_CLOEXEC", counts[1], counts[0]);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_store_close(a);
     ts_redis_stop(&rs);
 }

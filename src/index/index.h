@@ -413,7 +413,8 @@ enum ctxs__remote_event {
  * queued, and at a commit that completed a chunk or a close after
  * commits, the record (at close with the tail). *noted is the caller's
  * count of the chunks queued for id since the handle opened (0 at first:
- * the first note reconciles every chunk). Takes a mutex and queues small
+ * the first note reconciles every chunk), which the caller lowers to
+ * the chunks a rollback left whole. Takes a mutex and queues small
  * descriptors: never waits for the network. */
 void ctxs__remote_note(ctxs_store *st, uint64_t id, uint64_t n_held, int event,
                        uint64_t *noted);

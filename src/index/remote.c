@@ -7,7 +7,7 @@
  *
  * - A chunk value is a fact that never goes stale: "the KV of these 64
  *   token ids, after the prefix whose chain is prev_chain". It is keyed
- *   by its content (model hash, chain), so writing it twice, from two
+ *   by its content (model hash, KV form, chain), so writing it twice, from two
  *   machines or two sessions that share a prompt, writes the same bytes,
  *   and a value is never updated in place. What is pushed must therefore
  *   be a consistent state of a session: the pusher takes the ids and
@@ -35,7 +35,9 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -163,13 +165,16 @@ static int context_error(const redisContext *c, int saved)
 }
 
 /* An error reply: a password refused or required is -EACCES (Redis 6+
- * "WRONGPASS", older "ERR invalid password", "NOAUTH" without AUTH, and
- * "ERR ... no password is set" when AUTH was sent to a server without
- * one), the rest CTXS_EREMOTE. */
+ * "WRONGPASS", older "ERR invalid password", "NOAUTH" without AUTH), and
+ * so is a password given to a server that has none (Redis < 6 "ERR
+ * Client sent AUTH, but no password is set", Redis 6+ "ERR AUTH
+ * <password> called without any password configured for the default
+ * user"); the rest CTXS_EREMOTE. */
 static int error_text(const char *str)
 {
     if (!strncmp(str, "WRONGPASS", 9) || !strncmp(str, "NOAUTH", 6) ||
         strstr(str, "invalid password") || strstr(str, "no password is set") ||
+        strstr(str, "called without any password configured") ||
         strstr(str, "invalid username-password"))
         return -EACCES;
     return CTXS_EREMOTE;
@@ -391,7 +396,12 @@ static int conn_open(redisContext **out, const ctxs_remote *r)
             redisFree(c);
         return rc;
     }
-    int rc = redisSetTimeout(c, tv) == REDIS_OK ? 0 : context_error(c, errno);
+    /* hiredis 0.14 opens its socket without SOCK_CLOEXEC: a child the
+     * application forks and execs would inherit the connection (and keep
+     * it up after we close it). Set before the first byte is sent. */
+    int rc = fcntl(c->fd, F_SETFD, FD_CLOEXEC) == 0 ? 0 : -errno;
+    if (rc == 0)
+        rc = redisSetTimeout(c, tv) == REDIS_OK ? 0 : context_error(c, errno);
     if (rc == 0 && ep->password[0]) {
         const char *auth_user[] = {"AUTH", ep->user, ep->password};
         const char *auth[] = {"AUTH", ep->password};
@@ -432,15 +442,26 @@ static void hex32(char out[33], const uint8_t b[16])
     out[32] = '\0';
 }
 
-/* "<prefix>:chunk:<model>:<chain>" into key[CHUNK_KEY_MAX]. */
-#define CHUNK_KEY_MAX (CTXS_NAME_MAX + 80)
-static void chunk_key(char *key, const ctxs_remote *r, const uint8_t model[16],
+/* "<prefix>:chunk:<model hash>:<form>:<chain>" into key[CHUNK_KEY_MAX],
+ * the form "<dtype>-<layers>x<kv heads>x<head dim>" ("f16-32x8x128").
+ * The model hash names the weights, not the form of their KV: an fp16
+ * and a Q8 store of one model compute the same chain for the same ids,
+ * and without the form in the key each would find the other's chunks
+ * "present" and refuse them at every pull, for good. */
+#define CHUNK_KEY_MAX (CTXS_NAME_MAX + 128)
+static void chunk_key(char *key, const ctxs_remote *r, const ctxs_model *model,
                       const uint8_t chain[16])
 {
     char m[33], c[33];
-    hex32(m, model);
+    hex32(m, model->model_hash);
     hex32(c, chain);
-    snprintf(key, CHUNK_KEY_MAX, "%s:chunk:%s:%s", r->prefix, m, c);
+    const ctxs_geometry *g = &model->geometry;
+    const char *dt = g->dtype == CTXS_DTYPE_F16    ? "f16"
+                     : g->dtype == CTXS_DTYPE_BF16 ? "bf16"
+                     : g->dtype == CTXS_DTYPE_Q8   ? "q8"
+                                                   : "dtype?"; /* refused before */
+    snprintf(key, CHUNK_KEY_MAX, "%s:chunk:%s:%s-%" PRIu32 "x%" PRIu32 "x%" PRIu32 ":%s",
+             r->prefix, m, dt, g->n_layers, g->n_kv_heads, g->head_dim, c);
 }
 
 #define SESSION_KEY_MAX (2 * CTXS_NAME_MAX + 16)
@@ -647,12 +668,12 @@ static void count(ctxs_remote *r, uint64_t *field, uint64_t n)
     pthread_mutex_unlock(&r->mu);
 }
 
-/* Whether rc is the network's (worth a reconnect and another try). */
-static int network_error(int rc)
+static int stopping(ctxs_remote *r)
 {
-    return rc == -ECONNREFUSED || rc == -ETIMEDOUT || rc == -ECONNRESET || rc == -EPIPE ||
-           rc == -EHOSTUNREACH || rc == -ENETUNREACH || rc == -EIO || rc == -ECONNABORTED ||
-           rc == -ENOENT || rc == -EADDRNOTAVAIL;
+    pthread_mutex_lock(&r->mu);
+    int stop = r->stop;
+    pthread_mutex_unlock(&r->mu);
+    return stop;
 }
 
 /* --- Pushing one session ----------------------------------------------------- */
@@ -662,7 +683,8 @@ static int network_error(int rc)
  * refresh. Every block sent is checked against it, and it against the
  * session again before anything is sent. */
 typedef struct snapshot {
-    ctxs_session *s;            /* read-only */
+    ctxs_session *s;            /* read-only; NULL between holds */
+    ctxs_store *reopen;         /* non-NULL: s is opened by id for each hold */
     uint64_t id;
     ctxs_model model;
     ctxs__kv_plan plan;         /* n_tokens = n, 64-token blocks */
@@ -671,6 +693,40 @@ typedef struct snapshot {
     uint64_t *sums;             /* [n] */
     uint8_t (*chain)[16];       /* [n / 64 + 1]: whole chunks, then the tail */
 } snapshot;
+
+static int open_id(ctxs_session **out, ctxs_store *st, uint64_t id);
+
+/* The push thread holds the session file only while it copies and
+ * checks blocks, never while it waits on the network: a handle open for
+ * a job held up a local delete or gc (CTXS_EBUSY) for as long as Redis
+ * took to answer, seconds per job when Redis is slow or stopped. The
+ * file reopened by id is the snapshot's if it has the plan's layout;
+ * every block copied from it is then checked against the snapshot's
+ * checksums, and the session against the snapshot, as with one handle.
+ * A caller that keeps its handle (reopen NULL) holds it throughout. */
+static int snapshot_hold(snapshot *sn)
+{
+    if (sn->s || !sn->reopen)
+        return 0;
+    int rc = open_id(&sn->s, sn->reopen, sn->id);
+    if (rc < 0)
+        return rc;
+    ctxs_session_info info;
+    ctxs_session_get_info(&info, sn->s);
+    if (info.capacity != sn->plan.lay.capacity || info.n_sink != sn->plan.lay.n_sink ||
+        ((info.flags & CTXS_INFO_RING) != 0) != (sn->plan.ring != 0) ||
+        memcmp(&info.model, &sn->model, sizeof(info.model)))
+        return CTXS_ESTALE; /* another file under the id (a compaction) */
+    return 0;
+}
+
+static void snapshot_release(snapshot *sn)
+{
+    if (sn->reopen) {
+        ctxs_session_close(sn->s);
+        sn->s = NULL;
+    }
+}
 
 static void snapshot_free(snapshot *sn)
 {
@@ -806,28 +862,48 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
                       !(keys = ctxs__malloc((size_t)batch * CHUNK_KEY_MAX))))
         rc = CTXS_ENOMEM;
     for (uint64_t b0 = from; rc == 0 && b0 < to; b0 += batch) {
+        /* ctxs_remote_close() waits for the job under way: a job of many
+         * batches ends at the next one, within one batch's timeouts. */
+        if (stopping(r)) {
+            rc = -ECANCELED;
+            break;
+        }
         uint64_t nb = to - b0 < batch ? to - b0 : batch;
-        for (uint64_t i = 0; i < nb; i++) {
-            chunk_key(keys[i], r, sn->model.model_hash, sn->chain[b0 + i]);
+        /* Every reply to what was appended is read, also after an error
+         * reply: a connection left out of step would hand the next job
+         * this one's replies. Only an I/O error (no reply) ends the
+         * reading, and the caller then drops the connection. */
+        uint64_t appended = 0;
+        for (uint64_t i = 0; i < nb && rc == 0; i++) {
+            chunk_key(keys[i], r, &sn->model, sn->chain[b0 + i]);
             const char *argv[] = {"EXISTS", keys[i]};
             if (redisAppendCommandArgv(c, 2, argv, NULL) != REDIS_OK)
                 rc = context_error(c, errno);
+            else
+                appended++;
         }
         uint64_t n_missing = 0;
-        for (uint64_t i = 0; i < nb && rc == 0; i++) {
+        int io = 0;
+        for (uint64_t i = 0; i < appended && !io; i++) {
             redisReply *rep;
-            if ((rc = reply_next(&rep, c)) == 0 && (rc = reply_check(c, rep, 0)) == 0 &&
-                rep->type != REDIS_REPLY_INTEGER)
-                rc = CTXS_EREMOTE;
-            missing[i] = rc == 0 && rep->integer == 0;
+            int r1 = reply_next(&rep, c);
+            io = r1 < 0;
+            if (r1 == 0)
+                r1 = reply_check(c, rep, 0);
+            if (r1 == 0 && rep->type != REDIS_REPLY_INTEGER)
+                r1 = CTXS_EREMOTE;
+            missing[i] = r1 == 0 && rep->integer == 0;
             n_missing += missing[i];
+            if (rc == 0)
+                rc = r1;
             if (rep)
                 freeReplyObject(rep);
         }
         if (rc == 0 && n_missing && !value && !(value = ctxs__malloc((size_t)vbytes)))
             rc = CTXS_ENOMEM;
-        /* Each value, then the check that the session still holds what it
-         * was copied from, then the network. */
+        /* Each value: copied and checked with the session file held, which
+         * is closed again before the value goes out (a slow Redis must not
+         * keep a local delete waiting), then sent. */
         uint64_t sent = 0, sent_bytes = 0;
         for (uint64_t i = 0; i < nb && rc == 0; i++) {
             if (!missing[i])
@@ -836,24 +912,27 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
             uint32_t cnt = (uint32_t)(sn->n - first < CTXS_PREFIX_CHUNK ? sn->n - first
                                                                          : CTXS_PREFIX_CHUNK);
             size_t len = (size_t)chunk_value_bytes(&sn->plan, cnt);
-            if ((rc = chunk_value(value, sn, b0 + i)) == 0 &&
-                (rc = snapshot_still_held(sn)) == 0 && (rc = send_set(c, keys[i], value, len)) == 0) {
+            if ((rc = snapshot_hold(sn)) == 0 && (rc = chunk_value(value, sn, b0 + i)) == 0)
+                rc = snapshot_still_held(sn);
+            snapshot_release(sn);
+            if (rc == 0 && (rc = send_set(c, keys[i], value, len)) == 0) {
                 sent++;
                 sent_bytes += len;
             }
         }
-        /* The replies of what was sent, also after an error that left the
-         * connection usable: it must be left in step. */
-        int rc2 = 0;
-        for (uint64_t i = 0; i < sent && rc2 == 0 && (rc == 0 || !network_error(rc)); i++) {
+        /* As above: every SET's reply, an error reply (OOM) included. */
+        io = 0;
+        for (uint64_t i = 0; i < sent && !io; i++) {
             redisReply *rep;
-            if ((rc2 = reply_next(&rep, c)) == 0)
-                rc2 = reply_check(c, rep, 0);
+            int r1 = reply_next(&rep, c);
+            io = r1 < 0;
+            if (r1 == 0)
+                r1 = reply_check(c, rep, 0);
+            if (rc == 0)
+                rc = r1;
             if (rep)
                 freeReplyObject(rep);
         }
-        if (rc == 0)
-            rc = rc2;
         if (rc == 0) {
             pc->sent += n_missing;
             pc->present += nb - n_missing;
@@ -1096,8 +1175,9 @@ void ctxs__remote_note(ctxs_store *st, uint64_t id, uint64_t n_held, int event,
         uint64_t chunks = n_held / CTXS_PREFIX_CHUNK;
         /* The first note of a handle starts from chunk 0: the thread asks
          * Redis which of the session's chunks it has (one EXISTS each,
-         * pipelined) and sends the others. After a rollback, likewise
-         * from where the session now ends. */
+         * pipelined) and sends the others. A rollback lowered *noted to
+         * the chunks it left whole (sessions.c, on_rollback), so the
+         * chunks rewritten after it are queued here like new ones. */
         if (chunks > *noted)
             enqueue(r, JOB_CHUNKS, id, *noted, chunks, 0);
         /* A record only for a session that changed: one pulled and
@@ -1129,32 +1209,38 @@ static int backoff_wait(ctxs_remote *r, uint32_t ms)
     return stop;
 }
 
-/* The thread's state between jobs: its connection and the session it
- * last opened (kept while jobs for it follow). */
+/* Whether rc is the network's (worth a reconnect and another try). */
+static int network_error(int rc)
+{
+    return rc == -ECONNREFUSED || rc == -ETIMEDOUT || rc == -ECONNRESET || rc == -EPIPE ||
+           rc == -EHOSTUNREACH || rc == -ENETUNREACH || rc == -EIO || rc == -ECONNABORTED ||
+           rc == -ENOENT || rc == -EADDRNOTAVAIL;
+}
+
+/* The thread's state between jobs: its connection. */
 typedef struct worker {
     ctxs_remote *r;
     redisContext *c;
-    ctxs_session *s;
-    uint64_t s_id;
 } worker;
 
 static int run_job(worker *w, const job *j)
 {
     ctxs_remote *r = w->r;
-    int rc = 0;
-    if (!w->s || w->s_id != j->id) {
-        ctxs_session_close(w->s);
-        w->s = NULL;
-        if ((rc = open_id(&w->s, r->st, j->id)) < 0)
-            return rc;
-        w->s_id = j->id;
-    }
     char name[CTXS_NAME_MAX + 1];
+    int rc = 0;
     if (j->kind == JOB_RECORD && (rc = ctxs__session_name_of(name, r->st, j->id)) < 0)
+        return rc;
+    ctxs_session *s;
+    if ((rc = open_id(&s, r->st, j->id)) < 0)
         return rc;
     snapshot sn;
     push_counts pc = {0};
-    if ((rc = snapshot_take(&sn, w->s, j->id)) == 0 && !w->c)
+    rc = snapshot_take(&sn, s, j->id);
+    /* Closed before any network traffic: see snapshot_hold(). */
+    ctxs_session_close(s);
+    sn.s = NULL;
+    sn.reopen = r->st;
+    if (rc == 0 && !w->c)
         rc = conn_open(&w->c, r);
     if (rc == 0 && j->kind == JOB_CHUNKS) {
         rc = push_chunks(w->c, r, &sn, j->from, j->to, &pc, NULL, NULL);
@@ -1181,15 +1267,6 @@ static void *push_thread(void *arg)
     pthread_mutex_lock(&r->mu);
     for (;;) {
         while (!r->head && !r->stop) {
-            /* Idle: the session file is closed, so that a delete or a
-             * writer's compaction is not held up by this handle. */
-            if (w.s) {
-                pthread_mutex_unlock(&r->mu);
-                ctxs_session_close(w.s);
-                w.s = NULL;
-                pthread_mutex_lock(&r->mu);
-                continue;
-            }
             pthread_cond_broadcast(&r->idle);
             pthread_cond_wait(&r->wake, &r->mu);
         }
@@ -1226,7 +1303,12 @@ static void *push_thread(void *arg)
              * open of the session sends what is missing. */
             r->stats.chunks_dropped += job_chunks(j);
             r->stats.last_error = rc;
-            if (w.c && network_error(rc)) {
+            /* Whatever failed, the connection is dropped: after an error
+             * midway through a pipeline (a reply not read, a command
+             * left in hiredis's buffer) the next job would read this
+             * one's replies as its own. A new connection costs little
+             * next to a job that failed. */
+            if (w.c) {
                 redisFree(w.c);
                 w.c = NULL;
             }
@@ -1238,7 +1320,6 @@ static void *push_thread(void *arg)
     r->busy = 0;
     pthread_cond_broadcast(&r->idle);
     pthread_mutex_unlock(&r->mu);
-    ctxs_session_close(w.s);
     if (w.c)
         redisFree(w.c);
     return NULL;
@@ -1541,7 +1622,7 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
             ctxs__prefix_chain_next(chains[i], chain, pj->ids + first, cnt);
             memcpy(chain, chains[i], 16);
             char key[CHUNK_KEY_MAX];
-            chunk_key(key, pj->r, pj->model.model_hash, chains[i]);
+            chunk_key(key, pj->r, &pj->model, chains[i]);
             const char *argv[] = {"GET", key};
             if (redisAppendCommandArgv(pj->c, 2, argv, NULL) != REDIS_OK)
                 rc = context_error(pj->c, errno);
@@ -1604,7 +1685,10 @@ static int pull_fill(int fd, const ctxs__disk_label *label, void *arg)
                                 pj->n, 0, CTXS_PREFIX_CHUNK);
     if (rc < 0)
         return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc;
-    if ((rc = full_or(ctxs__new_file_size(fd, &p.lay))) < 0 || (rc = pull_chunks(pj, &p, fd)) < 0)
+    /* A block written into the new file may find the disk full: the
+     * header promises CTXS_EFULL for that, as for an import. */
+    if ((rc = full_or(ctxs__new_file_size(fd, &p.lay))) < 0 ||
+        (rc = full_or(pull_chunks(pj, &p, fd))) < 0)
         return rc;
     if (pj->got == 0 && pj->prefix)
         return CTXS_ENOTFOUND;

@@ -11,7 +11,7 @@
  * it is refused without a pass of crc32 over ~9 MiB (2.9 ms, against
  * 0.4 ms for the checksums, at Qwen3-4B's geometry).
  *
- *   <prefix>:chunk:<model hash, 32 hex>:<chain, 32 hex>
+ *   <prefix>:chunk:<model hash, 32 hex>:<dtype>-<L>x<H>x<D>:<chain, 32 hex>
  *       a chunk: ctxs__rchunk_header, then raw_bytes of raw block
  *       (kv_block.h) holding count tokens from first_pos.
  *   <prefix>:session:<name>

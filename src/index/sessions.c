@@ -58,7 +58,8 @@ static void link_free(store_link *link)
 
 static void on_commit(ctxs_session *s, void *arg);
 static void on_close(ctxs_session *s, void *arg);
-static const ctxs__session_hooks store_hooks = {on_commit, on_close};
+static void on_rollback(ctxs_session *s, uint64_t n_tokens, void *arg);
+static const ctxs__session_hooks store_hooks = {on_commit, on_close, on_rollback};
 
 /* --- Records ------------------------------------------------------------ */
 
@@ -429,6 +430,19 @@ static void on_commit(ctxs_session *s, void *arg)
     link->committed = 1;
     ctxs__remote_note(link->st, link->id, ctxs__session_prefix_held(NULL, s), CTXS__REMOTE_COMMIT,
                       &link->remote_chunks);
+}
+
+/* The chunks from the rollback point on will hold other tokens: the
+ * remote's count of chunks queued comes down to it, so that the next
+ * commit queues the rewritten chunks (and a record) again. Without it a
+ * commit that only regains the chunk count queues nothing, and the
+ * remote copy stays cut at the rollback. */
+static void on_rollback(ctxs_session *s, uint64_t n_tokens, void *arg)
+{
+    (void)s;
+    store_link *link = arg;
+    if (link->remote_chunks > n_tokens / CTXS_PREFIX_CHUNK)
+        link->remote_chunks = n_tokens / CTXS_PREFIX_CHUNK;
 }
 
 static void on_close(ctxs_session *s, void *arg)

@@ -548,5 +548,7 @@ int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
         return ctxs__fail(s);
     if (forget_held_from(s, &dropped, n_tokens) && (rc = ctxs__sync_meta(s)) < 0)
         return ctxs__fail(s);
+    if (s->hooks)
+        s->hooks->rolled_back(s, n_tokens, s->hooks_arg);
     return 0;
 }

@@ -47,6 +47,10 @@ typedef struct ctxs__session_hooks {
     void (*committed)(ctxs_session *s, void *arg);
     /* At close, before anything is unmapped. */
     void (*closing)(ctxs_session *s, void *arg);
+    /* After a rollback to n_tokens succeeded (fewer than were held), on
+     * the thread that rolled back: what was noted of the positions from
+     * n_tokens on no longer describes the session. */
+    void (*rolled_back)(ctxs_session *s, uint64_t n_tokens, void *arg);
 } ctxs__session_hooks;
 
 /* Sets the hooks of s, and the argument they get (NULL hooks: none). Not

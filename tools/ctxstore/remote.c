@@ -34,11 +34,19 @@
 /* The URL as it may be shown: "redis://user:***@host:6379/0". The user
  * info runs from "://" to the last '@' (a password may hold '@' or '/'),
  * and the password is what follows its first ':'; user info without a ':'
- * is hidden whole, in case a mistyped URL put a password there. */
+ * is hidden whole, in case a mistyped URL put a password there; without
+ * "://", everything before the last '@' (or all of it). */
 static void redact_url(char *buf, size_t n, const char *url)
 {
     const char *auth = strstr(url, "://");
-    const char *at = auth ? strrchr(auth + 3, '@') : NULL;
+    if (!auth) {
+        /* Not a URL we parse ("redis:/:pw@host"): where a password sits
+         * in it is anyone's guess, so everything before the host goes. */
+        const char *last = strrchr(url, '@');
+        snprintf(buf, n, "***%s", last ? last : "");
+        return;
+    }
+    const char *at = strrchr(auth + 3, '@');
     if (!at) {
         snprintf(buf, n, "%s", url);
         return;

@@ -1632,7 +1632,7 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
         /* Every reply is read, also after the pull stopped: the
          * connection must be left in step. */
         for (uint64_t i = 0; i < nb && rc == 0; i++) {
-            int64_t len;
+            int64_t len = -1;
             if ((rc = bulk_head(in, &len)) < 0)
                 break;
             uint64_t first = (b0 + i) * CTXS_PREFIX_CHUNK;

@@ -929,3 +929,56 @@ Test(remote, connections_are_close_on_exec)
     ctxs_store_close(a);
     ts_redis_stop(&rs);
 }
+
+static ctxs_remote *remote_open_prefixed(ctxs_store *st, const char *url, const char *prefix)
+{
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.push_on_commit = 0;
+    o.timeout_ms = 1000;
+    o.key_prefix = prefix;
+    ctxs_remote *r = NULL;
+    int rc = ctxs_remote_open(&r, st, url, &o);
+    cr_assert_eq(rc, 0, "ctxs_remote_open(%s): %s", prefix, ctxs_err_name(rc));
+    return r;
+}
+
+/* A key prefix is a name, and a name may hold the characters SCAN's
+ * MATCH reads as a glob: "a*" must not list "ab"'s records (it did, as
+ * damaged ones), nor "a?" or "[ab]" theirs. */
+Test(remote, a_key_prefix_with_glob_characters_lists_only_its_own)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    static const char *prefixes[] = {"a*", "ab", "a?", "[ab]", "a\\"};
+    enum { N = sizeof(prefixes) / sizeof(prefixes[0]) };
+    ctxs_model m = ts_model(14);
+    ctxs_store *st[N];
+    ctxs_remote *r[N];
+    for (int i = 0; i < N; i++) {
+        char dir[8], name[8];
+        snprintf(dir, sizeof(dir), "s%d", i);
+        snprintf(name, sizeof(name), "n%d", i);
+        st[i] = store_at(dir);
+        r[i] = remote_open_prefixed(st[i], rs.url, prefixes[i]);
+        ctxs_session_close(make_session(st[i], name, &m, 64, 64, 0, 0));
+        int rc = ctxs_remote_push(NULL, r[i], name, NULL, NULL);
+        cr_assert_eq(rc, 0, "push %s: %s", name, ctxs_err_name(rc));
+    }
+    for (int i = 0; i < N; i++) {
+        ctxs_remote_entry *e;
+        size_t n;
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        cr_assert_eq(ctxs_remote_list(&e, &n, r[i]), 0);
+        cr_assert_eq(n, 1, "prefix %s lists %zu records", prefixes[i], n);
+        cr_assert_str_eq(e[0].name, name);
+        cr_assert_eq(e[0].status, 0);
+        cr_assert_eq(e[0].n_tokens, 64);
+        ctxs_free(e);
+    }
+    for (int i = 0; i < N; i++) {
+        ctxs_remote_close(NULL, r[i], FLUSH_MS);
+        ctxs_store_close(st[i]);
+    }
+    ts_redis_stop(&rs);
+}

@@ -1881,9 +1881,19 @@ static int remote_list_impl(ctxs_remote_entry **out, size_t *n_out, ctxs_remote 
     int rc = conn_open(&c, r);
     if (rc < 0)
         return rc;
-    char pattern[SESSION_KEY_MAX + 2];
-    snprintf(pattern, sizeof(pattern), "%s:session:*", r->prefix);
-    size_t plen = strlen(pattern) - 1;
+    /* A name may hold the glob characters * ? [ ] \ that MATCH reads as a
+     * pattern: escaped, or the prefix "a*" would list "ab"'s records (as
+     * damaged ones). Each key is still checked to start with exactly
+     * "<prefix>:session:" below: what SCAN returns is the server's word. */
+    char head[SESSION_KEY_MAX], pattern[2 * SESSION_KEY_MAX + 2];
+    session_key(head, r, "");
+    size_t plen = strlen(head), at = 0;
+    for (const char *p = r->prefix; *p; p++) {
+        if (strchr("*?[]\\", *p))
+            pattern[at++] = '\\';
+        pattern[at++] = *p;
+    }
+    snprintf(pattern + at, sizeof(pattern) - at, ":session:*");
     ctxs_remote_entry *v = NULL;
     size_t n = 0, cap = 0;
     char cursor[32] = "0";
@@ -1914,7 +1924,8 @@ static int remote_list_impl(ctxs_remote_entry **out, size_t *n_out, ctxs_remote 
             redisReply *hr;
             if ((rc = reply_next(&hr, c)) == 0 && (rc = reply_check(c, hr, 0)) == 0) {
                 size_t nl = k->len - plen;
-                if (k->len > plen && nl <= CTXS_NAME_MAX && hr->type == REDIS_REPLY_STRING &&
+                if (k->len > plen && nl <= CTXS_NAME_MAX && !memcmp(k->str, head, plen) &&
+                    hr->type == REDIS_REPLY_STRING &&
                     hr->len > 0) { /* a key deleted since SCAN reads as "" */
                     if (n == cap) {
                         cap = cap ? 2 * cap : 16;

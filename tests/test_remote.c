@@ -982,3 +982,27 @@ Test(remote, a_key_prefix_with_glob_characters_lists_only_its_own)
     }
     ts_redis_stop(&rs);
 }
+
+/* A chunk's key that holds a list (another client's, or a damaged
+ * server's) answers GET with a WRONGTYPE error: the pull stops there as
+ * at a damaged chunk, with the chunks before it, rather than failing
+ * whole. */
+Test(remote, a_chunk_key_of_another_type_is_refused)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(15);
+    uint32_t *ids = pushed_session(&rs, a, &m);
+    char key[256];
+    key_of_chunk(key, sizeof(key), &m, ids, 2);
+    free(ts_redis_cmd(&rs, "DEL", key, NULL));
+    char *n = ts_redis_cmd(&rs, "RPUSH", key, "x", NULL);
+    cr_assert_str_eq(n, "1");
+    free(n);
+    pull_stops_at_chunk_2(&rs, a, b, "list", ids);
+    free(ids);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}

@@ -617,16 +617,23 @@ static int bulk_line(bulk_in *in, char **line)
     }
 }
 
-/* The header of the next reply, which must be a bulk string: *len its
- * length, or -1 for nil. An error reply is its error. */
-static int bulk_head(bulk_in *in, int64_t *len)
+/* The header of the next reply, which must be a bulk string or an
+ * error: *len its length, or -1 for nil or an error. *err is 0, or for
+ * an error reply (read whole: the connection stays in step) its error,
+ * or WRONGTYPE where the key holds a list, a hash, ... */
+#define WRONGTYPE 1
+static int bulk_head(bulk_in *in, int64_t *len, int *err)
 {
     char *line;
+    *len = -1;
+    *err = 0;
     int rc = bulk_line(in, &line);
     if (rc < 0)
         return rc;
-    if (line[0] == '-')
-        return error_text(line + 1);
+    if (line[0] == '-') {
+        *err = !strncmp(line + 1, "WRONGTYPE", 9) ? WRONGTYPE : error_text(line + 1);
+        return 0;
+    }
     if (line[0] != '$')
         return CTXS_EREMOTE;
     if (!strcmp(line + 1, "-1")) {
@@ -1611,7 +1618,7 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
     uint8_t *value = total ? ctxs__malloc((size_t)vbytes) : NULL;
     bulk_in *in = ctxs__malloc(sizeof(*in));
     int rc = chains && (value || !total) && in ? bulk_begin(in, pj->c) : CTXS_ENOMEM;
-    int stopped = 0;
+    int stopped = 0, failed = 0;
     for (uint64_t b0 = 0; rc == 0 && !stopped && b0 < total; b0 += batch) {
         uint64_t nb = total - b0 < batch ? total - b0 : batch;
         memcpy(chain, prev, 16);
@@ -1629,11 +1636,12 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
         }
         if (rc == 0)
             rc = obuf_flush(pj->c);
-        /* Every reply is read, also after the pull stopped: the
-         * connection must be left in step. */
+        /* Every reply is read, also after the pull stopped and after
+         * an error reply: the connection must be left in step. */
         for (uint64_t i = 0; i < nb && rc == 0; i++) {
-            int64_t len = -1;
-            if ((rc = bulk_head(in, &len)) < 0)
+            int64_t len;
+            int err;
+            if ((rc = bulk_head(in, &len, &err)) < 0)
                 break;
             uint64_t first = (b0 + i) * CTXS_PREFIX_CHUNK;
             uint32_t cnt = (uint32_t)(pj->n - first < CTXS_PREFIX_CHUNK ? pj->n - first
@@ -1643,7 +1651,16 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
                 break;
             if (stopped)
                 continue;
-            if (len < 0) {
+            if (err == WRONGTYPE) {
+                /* Not a string: whatever holds the key, it is no chunk. */
+                pj->refused = 1;
+                stopped = 1;
+            } else if (err < 0) {
+                /* The server's own error: the pull fails with it, once
+                 * the replies after it are read. */
+                failed = err;
+                stopped = 1;
+            } else if (len < 0) {
                 pj->missing = 1;
                 stopped = 1;
             } else if (!take || chunk_check(pj, p, value, (uint64_t)len, first, cnt, prev,
@@ -1662,6 +1679,8 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
     }
     if (rc == 0)
         rc = bulk_end(in);
+    if (rc == 0)
+        rc = failed;
     free(in);
     free(value);
     free(chains);

@@ -1006,3 +1006,32 @@ Test(remote, a_chunk_key_of_another_type_is_refused)
     ctxs_store_close(b);
     ts_redis_stop(&rs);
 }
+
+/* The header promises waits "doubled each time up to 2 s": a first wait
+ * above that was taken as given (UINT32_MAX ms, seven weeks), and its
+ * doubling overflowed. With every wait capped, jobs against a dead
+ * server give up within a few seconds: well inside the flush's bound. */
+Test(remote, every_backoff_wait_is_capped_at_two_seconds)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_model m = ts_model(16);
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.timeout_ms = 200;
+    o.retries = 2;
+    o.backoff_ms = UINT32_MAX;
+    ctxs_remote *ra;
+    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
+    ts_redis_kill(&rs);
+    ctxs_session *s = make_session(a, "wait", &m, 64, 64, 0, 0);
+    ctxs_remote_stats st;
+    int rc = ctxs_remote_flush(&st, ra, FLUSH_MS);
+    cr_assert_eq(rc, 0, "flush: %s (a wait was not capped)", ctxs_err_name(rc));
+    cr_assert_gt(st.retries, 0);
+    cr_assert_gt(st.chunks_dropped, 0);
+    ctxs_session_close(s);
+    ctxs_remote_close(NULL, ra, 0);
+    ctxs_store_close(a);
+    ts_redis_stop(&rs);
+}

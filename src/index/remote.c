@@ -666,6 +666,35 @@ static int bulk_end(bulk_in *in)
     return in->at == in->len ? 0 : CTXS_EREMOTE;
 }
 
+/* --- Waits ------------------------------------------------------------------- */
+
+/* The condition variables r waits on time out on CLOCK_MONOTONIC: a step
+ * of the wall clock (NTP, an administrator) must neither stretch a
+ * flush's wait nor a backoff by the step, nor cut them short. */
+static int cond_init_monotonic(pthread_cond_t *cv)
+{
+    pthread_condattr_t a;
+    int rc = pthread_condattr_init(&a);
+    if (rc == 0 && (rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC)) == 0)
+        rc = pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+    return rc;
+}
+
+/* ms from now on CLOCK_MONOTONIC, for those condition variables. */
+static struct timespec deadline_in(uint32_t ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    return until;
+}
+
 /* --- Counters ---------------------------------------------------------------- */
 
 static void count(ctxs_remote *r, uint64_t *field, uint64_t n)
@@ -1200,14 +1229,7 @@ void ctxs__remote_note(ctxs_store *st, uint64_t id, uint64_t n_held, int event,
 /* Sleeps ms unless r is stopping; 1 if it is. */
 static int backoff_wait(ctxs_remote *r, uint32_t ms)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += ms / 1000;
-    until.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = deadline_in(ms);
     pthread_mutex_lock(&r->mu);
     while (!r->stop && pthread_cond_timedwait(&r->wake, &r->mu, &until) == 0)
         ;
@@ -1289,7 +1311,9 @@ static void *push_thread(void *arg)
         r->busy = 1;
         pthread_mutex_unlock(&r->mu);
 
-        uint32_t wait = r->o.backoff_ms;
+        /* Every wait at most BACKOFF_MAX_MS, the first one too, and the
+         * doubling never overflows. */
+        uint32_t wait = r->o.backoff_ms < BACKOFF_MAX_MS ? r->o.backoff_ms : BACKOFF_MAX_MS;
         int rc;
         for (uint32_t attempt = 1;; attempt++) {
             rc = run_job(&w, j);
@@ -1302,7 +1326,7 @@ static void *push_thread(void *arg)
             count(r, &r->stats.retries, 1);
             if (backoff_wait(r, wait))
                 break;
-            wait = wait * 2 < BACKOFF_MAX_MS ? wait * 2 : BACKOFF_MAX_MS;
+            wait = wait < BACKOFF_MAX_MS / 2 ? wait * 2 : BACKOFF_MAX_MS;
         }
         pthread_mutex_lock(&r->mu);
         if (rc < 0) {
@@ -1372,8 +1396,17 @@ static int remote_open_impl(ctxs_remote **out, ctxs_store *st, const char *url,
         return rc;
     }
     pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->wake, NULL);
-    pthread_cond_init(&r->idle, NULL);
+    if (cond_init_monotonic(&r->wake) != 0) {
+        pthread_mutex_destroy(&r->mu);
+        free(r);
+        return CTXS_ENOMEM;
+    }
+    if (cond_init_monotonic(&r->idle) != 0) {
+        pthread_cond_destroy(&r->wake);
+        pthread_mutex_destroy(&r->mu);
+        free(r);
+        return CTXS_ENOMEM;
+    }
     r->st = st;
     r->stats.connected = 1;
     pthread_mutex_lock(&attach_lock);
@@ -1421,14 +1454,7 @@ int ctxs_remote_flush(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_m
 {
     if (!r)
         return CTXS_EINVAL;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = deadline_in(timeout_ms);
     int rc = 0;
     pthread_mutex_lock(&r->mu);
     while ((r->head || r->busy) && !r->stop && rc == 0)

@@ -1035,3 +1035,41 @@ Test(remote, every_backoff_wait_is_capped_at_two_seconds)
     ctxs_store_close(a);
     ts_redis_stop(&rs);
 }
+
+/* With room for one job, a commit's record job finds the queue full
+ * (behind the commit's own chunk job, or another session's job) while
+ * the thread waits on a stopped Redis. A record job with no tail counted
+ * nothing when dropped: no counter and no last_error said it was lost.
+ * Whatever order the thread takes the jobs in, two sessions' commits
+ * drop at least two values here (see the cases below). */
+Test(remote, a_record_dropped_for_a_full_queue_is_counted)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_model m = ts_model(17);
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.push_on_commit = 1;
+    o.timeout_ms = 20000; /* the thread's first job waits on Redis throughout */
+    o.retries = 1;
+    o.queue_max = 1;
+    ctxs_remote *ra;
+    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
+    cr_assert_eq(kill(rs.pid, SIGSTOP), 0);
+    /* Each commit queues [chunks 0..1) then the record. x's record is
+     * dropped behind x's chunks unless the thread took them first; then
+     * x's record waits in the queue and y's chunks are dropped behind
+     * it. y's record is dropped in every case. */
+    ctxs_session *x = make_session(a, "x", &m, 64, 64, 0, 0);
+    ctxs_session *y = make_session(a, "y", &m, 64, 64, 0, 1);
+    ctxs_remote_stats st;
+    cr_assert_eq(ctxs_remote_get_stats(&st, ra), 0);
+    cr_assert_geq(st.chunks_dropped, 2, "dropped: %llu", (unsigned long long)st.chunks_dropped);
+    cr_assert_eq(st.last_error, -ENOBUFS, "last_error: %s", ctxs_err_name(st.last_error));
+    cr_assert_eq(kill(rs.pid, SIGCONT), 0);
+    ctxs_session_close(x);
+    ctxs_session_close(y);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_store_close(a);
+    ts_redis_stop(&rs);
+}

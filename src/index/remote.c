@@ -113,10 +113,13 @@ struct ctxs_remote {
     int users;                  /* opens pulling through r (attach_lock) */
 };
 
-/* The chunks a job would push (a record's tail counts as one). */
-static uint64_t job_chunks(const job *j)
+/* The values a job would push, as chunks_dropped counts them: each chunk,
+ * and for a record job the record and its tail. A record job without a
+ * tail counted nothing, so a record dropped for a full queue left no
+ * trace in the counters. */
+static uint64_t job_values(const job *j)
 {
-    return j->kind == JOB_CHUNKS ? j->to - j->from : (uint64_t)(j->tail != 0);
+    return j->kind == JOB_CHUNKS ? j->to - j->from : 1 + (uint64_t)(j->tail != 0);
 }
 
 /* Remotes attach to and detach from their stores under this lock, which
@@ -1170,7 +1173,8 @@ static void enqueue_locked(ctxs_remote *r, job *j)
     if (!j)
         return;
     if (r->n_jobs >= r->o.queue_max) {
-        r->stats.chunks_dropped += job_chunks(j);
+        r->stats.chunks_dropped += job_values(j);
+        r->stats.last_error = -ENOBUFS;
         free(j);
         return;
     }
@@ -1190,8 +1194,9 @@ static void enqueue(ctxs_remote *r, enum job_kind kind, uint64_t id, uint64_t fr
 {
     job *j = ctxs__calloc(1, sizeof(*j));
     if (!j) {
+        job lost = {kind, tail, id, from, to, NULL};
         pthread_mutex_lock(&r->mu);
-        r->stats.chunks_dropped += kind == JOB_CHUNKS ? to - from : (uint64_t)tail;
+        r->stats.chunks_dropped += job_values(&lost);
         r->stats.last_error = CTXS_ENOMEM;
         pthread_mutex_unlock(&r->mu);
         return;
@@ -1332,7 +1337,7 @@ static void *push_thread(void *arg)
         if (rc < 0) {
             /* The local session is intact; ctxs_remote_push() or the next
              * open of the session sends what is missing. */
-            r->stats.chunks_dropped += job_chunks(j);
+            r->stats.chunks_dropped += job_values(j);
             r->stats.last_error = rc;
             /* Whatever failed, the connection is dropped: after an error
              * midway through a pipeline (a reply not read, a command
@@ -1490,7 +1495,7 @@ int ctxs_remote_close(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_m
     pthread_join(r->thread, NULL);
     for (job *j = r->head, *next; j; j = next) {
         next = j->next;
-        r->stats.chunks_dropped += job_chunks(j);
+        r->stats.chunks_dropped += job_values(j);
         free(j);
     }
     r->head = r->tail = r->tail_prev = NULL;

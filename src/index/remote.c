@@ -1210,6 +1210,14 @@ static void enqueue(ctxs_remote *r, enum job_kind kind, uint64_t id, uint64_t fr
 void ctxs__remote_note(ctxs_store *st, uint64_t id, uint64_t n_held, int event,
                        uint64_t *noted)
 {
+    /* Every commit of every session comes here: a store with no remote
+     * must not take a process-wide lock for it. st->remote is written
+     * under attach_lock with atomic stores; a NULL read here is a commit
+     * that came before the attach, as if it had taken the lock first.
+     * A remote found is read again under the lock, which keeps it from
+     * being freed while it is used. */
+    if (!__atomic_load_n(&st->remote, __ATOMIC_ACQUIRE))
+        return;
     pthread_mutex_lock(&attach_lock);
     ctxs_remote *r = st->remote;
     if (r && r->o.push_on_commit) {
@@ -1429,7 +1437,7 @@ static int remote_open_impl(ctxs_remote **out, ctxs_store *st, const char *url,
     }
     if (rc == 0) {
         r->thread_started = 1;
-        st->remote = r;
+        __atomic_store_n(&st->remote, r, __ATOMIC_RELEASE); /* ctxs__remote_note() */
         ctxs__store_ref(st);
     }
     pthread_mutex_unlock(&attach_lock);
@@ -1482,7 +1490,7 @@ int ctxs_remote_close(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_m
     /* Detached first: hooks queue nothing more. */
     pthread_mutex_lock(&attach_lock);
     if (r->st->remote == r)
-        r->st->remote = NULL;
+        __atomic_store_n(&r->st->remote, NULL, __ATOMIC_RELEASE); /* ctxs__remote_note() */
     while (r->users > 0)
         pthread_cond_wait(&users_done, &attach_lock);
     pthread_mutex_unlock(&attach_lock);

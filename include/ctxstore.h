@@ -1685,7 +1685,9 @@ typedef struct ctxs_remote_stats {
                                  ctxs_remote_push() sends what is missing */
     uint64_t retries;         /* reconnects and resends */
     int32_t last_error;       /* the last background error, or 0 */
-    uint32_t connected;       /* 1: the push connection is up */
+    uint32_t connected;       /* 1: the push thread's connection is up
+                                 (it connects at its first job, and again
+                                 at the next job after it dropped one) */
 } ctxs_remote_stats;
 
 /* The counters since ctxs_remote_open(). Errors: CTXS_EINVAL. */

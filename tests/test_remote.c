@@ -1073,3 +1073,37 @@ Test(remote, a_record_dropped_for_a_full_queue_is_counted)
     ctxs_store_close(a);
     ts_redis_stop(&rs);
 }
+
+/* connected says whether the push thread holds a connection: none until
+ * its first job (it was 1 from the open on), one after a job, none once
+ * the server is gone. */
+Test(remote, connected_follows_the_push_threads_connection)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_model m = ts_model(18);
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.timeout_ms = 1000;
+    o.retries = 2;
+    o.backoff_ms = 1;
+    ctxs_remote *ra;
+    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
+    ctxs_remote_stats st;
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(st.connected, 0, "connected before the thread connected");
+    ctxs_session *s = make_session(a, "up", &m, 64, 64, 0, 0);
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(st.chunks_pushed, 1);
+    cr_assert_eq(st.connected, 1);
+    ts_redis_kill(&rs);
+    append_seeded(s, 64, 64, 0, 0);
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_gt(st.chunks_dropped, 0);
+    cr_assert_eq(st.connected, 0);
+    ctxs_session_close(s);
+    ctxs_remote_close(&st, ra, 0);
+    cr_assert_eq(st.connected, 0);
+    ctxs_store_close(a);
+    ts_redis_stop(&rs);
+}

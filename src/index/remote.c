@@ -1265,6 +1265,18 @@ typedef struct worker {
     redisContext *c;
 } worker;
 
+/* Drops w's connection (r->mu not held). */
+static void worker_drop(worker *w)
+{
+    if (!w->c)
+        return;
+    redisFree(w->c);
+    w->c = NULL;
+    pthread_mutex_lock(&w->r->mu);
+    w->r->stats.connected = 0;
+    pthread_mutex_unlock(&w->r->mu);
+}
+
 static int run_job(worker *w, const job *j)
 {
     ctxs_remote *r = w->r;
@@ -1282,8 +1294,11 @@ static int run_job(worker *w, const job *j)
     ctxs_session_close(s);
     sn.s = NULL;
     sn.reopen = r->st;
-    if (rc == 0 && !w->c)
-        rc = conn_open(&w->c, r);
+    if (rc == 0 && !w->c && (rc = conn_open(&w->c, r)) == 0) {
+        pthread_mutex_lock(&r->mu);
+        r->stats.connected = 1;
+        pthread_mutex_unlock(&r->mu);
+    }
     if (rc == 0 && j->kind == JOB_CHUNKS) {
         rc = push_chunks(w->c, r, &sn, j->from, j->to, &pc, NULL, NULL);
     } else if (rc == 0) {
@@ -1332,10 +1347,7 @@ static void *push_thread(void *arg)
             rc = run_job(&w, j);
             if (rc == 0 || !network_error(rc) || attempt >= r->o.retries)
                 break;
-            if (w.c) {
-                redisFree(w.c);
-                w.c = NULL;
-            }
+            worker_drop(&w);
             count(r, &r->stats.retries, 1);
             if (backoff_wait(r, wait))
                 break;
@@ -1421,7 +1433,6 @@ static int remote_open_impl(ctxs_remote **out, ctxs_store *st, const char *url,
         return CTXS_ENOMEM;
     }
     r->st = st;
-    r->stats.connected = 1;
     pthread_mutex_lock(&attach_lock);
     if (st->remote)
         rc = CTXS_EBUSY;

@@ -1627,7 +1627,8 @@ typedef struct ctxs_remote_options {
     uint32_t backoff_ms;     /* wait before the first retry, doubled each
                                 time up to 2 s */
     uint32_t queue_max;      /* background push jobs waiting at most; new
-                                ones beyond are dropped (counted) */
+                                ones beyond are dropped (counted in
+                                chunks_dropped, last_error -ENOBUFS) */
     uint32_t push_on_commit; /* 1: read-write sessions opened through the
                                 store push the chunks their commits
                                 complete (from chunk 0 at a handle's first
@@ -1676,13 +1677,17 @@ typedef struct ctxs_remote_stats {
     uint64_t bytes_pushed;    /* value bytes SET, chunks and records */
     uint64_t records_pushed;  /* session records SET */
     uint64_t jobs_queued;     /* background jobs waiting now */
-    uint64_t chunks_dropped;  /* not pushed: queue full, tries exhausted,
-                                 session deleted or rewritten, or left at
-                                 close; the local sessions are intact, and
+    uint64_t chunks_dropped;  /* values not pushed (each chunk, tail and
+                                 session record counts one): queue full,
+                                 tries exhausted, session deleted or
+                                 rewritten, or left at close; the local
+                                 sessions are intact, and
                                  ctxs_remote_push() sends what is missing */
     uint64_t retries;         /* reconnects and resends */
     int32_t last_error;       /* the last background error, or 0 */
-    uint32_t connected;       /* 1: the push connection is up */
+    uint32_t connected;       /* 1: the push thread's connection is up
+                                 (it connects at its first job, and again
+                                 at the next job after it dropped one) */
 } ctxs_remote_stats;
 
 /* The counters since ctxs_remote_open(). Errors: CTXS_EINVAL. */

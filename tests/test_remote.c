@@ -929,3 +929,181 @@ Test(remote, connections_are_close_on_exec)
     ctxs_store_close(a);
     ts_redis_stop(&rs);
 }
+
+static ctxs_remote *remote_open_prefixed(ctxs_store *st, const char *url, const char *prefix)
+{
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.push_on_commit = 0;
+    o.timeout_ms = 1000;
+    o.key_prefix = prefix;
+    ctxs_remote *r = NULL;
+    int rc = ctxs_remote_open(&r, st, url, &o);
+    cr_assert_eq(rc, 0, "ctxs_remote_open(%s): %s", prefix, ctxs_err_name(rc));
+    return r;
+}
+
+/* A key prefix is a name, and a name may hold the characters SCAN's
+ * MATCH reads as a glob: "a*" must not list "ab"'s records (it did, as
+ * damaged ones), nor "a?" or "[ab]" theirs. */
+Test(remote, a_key_prefix_with_glob_characters_lists_only_its_own)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    static const char *prefixes[] = {"a*", "ab", "a?", "[ab]", "a\\"};
+    enum { N = sizeof(prefixes) / sizeof(prefixes[0]) };
+    ctxs_model m = ts_model(14);
+    ctxs_store *st[N];
+    ctxs_remote *r[N];
+    for (int i = 0; i < N; i++) {
+        char dir[8], name[8];
+        snprintf(dir, sizeof(dir), "s%d", i);
+        snprintf(name, sizeof(name), "n%d", i);
+        st[i] = store_at(dir);
+        r[i] = remote_open_prefixed(st[i], rs.url, prefixes[i]);
+        ctxs_session_close(make_session(st[i], name, &m, 64, 64, 0, 0));
+        int rc = ctxs_remote_push(NULL, r[i], name, NULL, NULL);
+        cr_assert_eq(rc, 0, "push %s: %s", name, ctxs_err_name(rc));
+    }
+    for (int i = 0; i < N; i++) {
+        ctxs_remote_entry *e;
+        size_t n;
+        char name[8];
+        snprintf(name, sizeof(name), "n%d", i);
+        cr_assert_eq(ctxs_remote_list(&e, &n, r[i]), 0);
+        cr_assert_eq(n, 1, "prefix %s lists %zu records", prefixes[i], n);
+        cr_assert_str_eq(e[0].name, name);
+        cr_assert_eq(e[0].status, 0);
+        cr_assert_eq(e[0].n_tokens, 64);
+        ctxs_free(e);
+    }
+    for (int i = 0; i < N; i++) {
+        ctxs_remote_close(NULL, r[i], FLUSH_MS);
+        ctxs_store_close(st[i]);
+    }
+    ts_redis_stop(&rs);
+}
+
+/* A chunk's key that holds a list (another client's, or a damaged
+ * server's) answers GET with a WRONGTYPE error: the pull stops there as
+ * at a damaged chunk, with the chunks before it, rather than failing
+ * whole. */
+Test(remote, a_chunk_key_of_another_type_is_refused)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(15);
+    uint32_t *ids = pushed_session(&rs, a, &m);
+    char key[256];
+    key_of_chunk(key, sizeof(key), &m, ids, 2);
+    free(ts_redis_cmd(&rs, "DEL", key, NULL));
+    char *n = ts_redis_cmd(&rs, "RPUSH", key, "x", NULL);
+    cr_assert_str_eq(n, "1");
+    free(n);
+    pull_stops_at_chunk_2(&rs, a, b, "list", ids);
+    free(ids);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+/* The header promises waits "doubled each time up to 2 s": a first wait
+ * above that was taken as given (UINT32_MAX ms, seven weeks), and its
+ * doubling overflowed. With every wait capped, jobs against a dead
+ * server give up within a few seconds: well inside the flush's bound. */
+Test(remote, every_backoff_wait_is_capped_at_two_seconds)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_model m = ts_model(16);
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.timeout_ms = 200;
+    o.retries = 2;
+    o.backoff_ms = UINT32_MAX;
+    ctxs_remote *ra;
+    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
+    ts_redis_kill(&rs);
+    ctxs_session *s = make_session(a, "wait", &m, 64, 64, 0, 0);
+    ctxs_remote_stats st;
+    int rc = ctxs_remote_flush(&st, ra, FLUSH_MS);
+    cr_assert_eq(rc, 0, "flush: %s (a wait was not capped)", ctxs_err_name(rc));
+    cr_assert_gt(st.retries, 0);
+    cr_assert_gt(st.chunks_dropped, 0);
+    ctxs_session_close(s);
+    ctxs_remote_close(NULL, ra, 0);
+    ctxs_store_close(a);
+    ts_redis_stop(&rs);
+}
+
+/* With room for one job, a commit's record job finds the queue full
+ * (behind the commit's own chunk job, or another session's job) while
+ * the thread waits on a stopped Redis. A record job with no tail counted
+ * nothing when dropped: no counter and no last_error said it was lost.
+ * Whatever order the thread takes the jobs in, two sessions' commits
+ * drop at least two values here (see the cases below). */
+Test(remote, a_record_dropped_for_a_full_queue_is_counted)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_model m = ts_model(17);
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.push_on_commit = 1;
+    o.timeout_ms = 20000; /* the thread's first job waits on Redis throughout */
+    o.retries = 1;
+    o.queue_max = 1;
+    ctxs_remote *ra;
+    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
+    cr_assert_eq(kill(rs.pid, SIGSTOP), 0);
+    /* Each commit queues [chunks 0..1) then the record. x's record is
+     * dropped behind x's chunks unless the thread took them first; then
+     * x's record waits in the queue and y's chunks are dropped behind
+     * it. y's record is dropped in every case. */
+    ctxs_session *x = make_session(a, "x", &m, 64, 64, 0, 0);
+    ctxs_session *y = make_session(a, "y", &m, 64, 64, 0, 1);
+    ctxs_remote_stats st;
+    cr_assert_eq(ctxs_remote_get_stats(&st, ra), 0);
+    cr_assert_geq(st.chunks_dropped, 2, "dropped: %llu", (unsigned long long)st.chunks_dropped);
+    cr_assert_eq(st.last_error, -ENOBUFS, "last_error: %s", ctxs_err_name(st.last_error));
+    cr_assert_eq(kill(rs.pid, SIGCONT), 0);
+    ctxs_session_close(x);
+    ctxs_session_close(y);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_store_close(a);
+    ts_redis_stop(&rs);
+}
+
+/* connected says whether the push thread holds a connection: none until
+ * its first job (it was 1 from the open on), one after a job, none once
+ * the server is gone. */
+Test(remote, connected_follows_the_push_threads_connection)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a");
+    ctxs_model m = ts_model(18);
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    o.timeout_ms = 1000;
+    o.retries = 2;
+    o.backoff_ms = 1;
+    ctxs_remote *ra;
+    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
+    ctxs_remote_stats st;
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(st.connected, 0, "connected before the thread connected");
+    ctxs_session *s = make_session(a, "up", &m, 64, 64, 0, 0);
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(st.chunks_pushed, 1);
+    cr_assert_eq(st.connected, 1);
+    ts_redis_kill(&rs);
+    append_seeded(s, 64, 64, 0, 0);
+    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_gt(st.chunks_dropped, 0);
+    cr_assert_eq(st.connected, 0);
+    ctxs_session_close(s);
+    ctxs_remote_close(&st, ra, 0);
+    cr_assert_eq(st.connected, 0);
+    ctxs_store_close(a);
+    ts_redis_stop(&rs);
+}

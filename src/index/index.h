@@ -130,7 +130,9 @@ struct ctxs_store {
     int lock_fd;                /* index/store.lock, read-locked while env
                                    is open (store.c, "The store lock") */
     struct ctxs_remote *remote; /* remote.c: the attached remote, or NULL;
-                                   read and written under its lock */
+                                   written under its lock with atomic
+                                   stores, read under it or with an
+                                   atomic load (ctxs__remote_note()) */
     struct ctxs_store *next;
 };
 

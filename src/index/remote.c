@@ -113,10 +113,13 @@ struct ctxs_remote {
     int users;                  /* opens pulling through r (attach_lock) */
 };
 
-/* The chunks a job would push (a record's tail counts as one). */
-static uint64_t job_chunks(const job *j)
+/* The values a job would push, as chunks_dropped counts them: each chunk,
+ * and for a record job the record and its tail. A record job without a
+ * tail counted nothing, so a record dropped for a full queue left no
+ * trace in the counters. */
+static uint64_t job_values(const job *j)
 {
-    return j->kind == JOB_CHUNKS ? j->to - j->from : (uint64_t)(j->tail != 0);
+    return j->kind == JOB_CHUNKS ? j->to - j->from : 1 + (uint64_t)(j->tail != 0);
 }
 
 /* Remotes attach to and detach from their stores under this lock, which
@@ -617,16 +620,23 @@ static int bulk_line(bulk_in *in, char **line)
     }
 }
 
-/* The header of the next reply, which must be a bulk string: *len its
- * length, or -1 for nil. An error reply is its error. */
-static int bulk_head(bulk_in *in, int64_t *len)
+/* The header of the next reply, which must be a bulk string or an
+ * error: *len its length, or -1 for nil or an error. *err is 0, or for
+ * an error reply (read whole: the connection stays in step) its error,
+ * or WRONGTYPE where the key holds a list, a hash, ... */
+#define WRONGTYPE 1
+static int bulk_head(bulk_in *in, int64_t *len, int *err)
 {
     char *line;
+    *len = -1;
+    *err = 0;
     int rc = bulk_line(in, &line);
     if (rc < 0)
         return rc;
-    if (line[0] == '-')
-        return error_text(line + 1);
+    if (line[0] == '-') {
+        *err = !strncmp(line + 1, "WRONGTYPE", 9) ? WRONGTYPE : error_text(line + 1);
+        return 0;
+    }
     if (line[0] != '$')
         return CTXS_EREMOTE;
     if (!strcmp(line + 1, "-1")) {
@@ -657,6 +667,35 @@ static int bulk_body(bulk_in *in, uint8_t *dst, int64_t len)
 static int bulk_end(bulk_in *in)
 {
     return in->at == in->len ? 0 : CTXS_EREMOTE;
+}
+
+/* --- Waits ------------------------------------------------------------------- */
+
+/* The condition variables r waits on time out on CLOCK_MONOTONIC: a step
+ * of the wall clock (NTP, an administrator) must neither stretch a
+ * flush's wait nor a backoff by the step, nor cut them short. */
+static int cond_init_monotonic(pthread_cond_t *cv)
+{
+    pthread_condattr_t a;
+    int rc = pthread_condattr_init(&a);
+    if (rc == 0 && (rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC)) == 0)
+        rc = pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+    return rc;
+}
+
+/* ms from now on CLOCK_MONOTONIC, for those condition variables. */
+static struct timespec deadline_in(uint32_t ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    return until;
 }
 
 /* --- Counters ---------------------------------------------------------------- */
@@ -1134,7 +1173,8 @@ static void enqueue_locked(ctxs_remote *r, job *j)
     if (!j)
         return;
     if (r->n_jobs >= r->o.queue_max) {
-        r->stats.chunks_dropped += job_chunks(j);
+        r->stats.chunks_dropped += job_values(j);
+        r->stats.last_error = -ENOBUFS;
         free(j);
         return;
     }
@@ -1154,8 +1194,9 @@ static void enqueue(ctxs_remote *r, enum job_kind kind, uint64_t id, uint64_t fr
 {
     job *j = ctxs__calloc(1, sizeof(*j));
     if (!j) {
+        job lost = {kind, tail, id, from, to, NULL};
         pthread_mutex_lock(&r->mu);
-        r->stats.chunks_dropped += kind == JOB_CHUNKS ? to - from : (uint64_t)tail;
+        r->stats.chunks_dropped += job_values(&lost);
         r->stats.last_error = CTXS_ENOMEM;
         pthread_mutex_unlock(&r->mu);
         return;
@@ -1169,6 +1210,14 @@ static void enqueue(ctxs_remote *r, enum job_kind kind, uint64_t id, uint64_t fr
 void ctxs__remote_note(ctxs_store *st, uint64_t id, uint64_t n_held, int event,
                        uint64_t *noted)
 {
+    /* Every commit of every session comes here: a store with no remote
+     * must not take a process-wide lock for it. st->remote is written
+     * under attach_lock with atomic stores; a NULL read here is a commit
+     * that came before the attach, as if it had taken the lock first.
+     * A remote found is read again under the lock, which keeps it from
+     * being freed while it is used. */
+    if (!__atomic_load_n(&st->remote, __ATOMIC_ACQUIRE))
+        return;
     pthread_mutex_lock(&attach_lock);
     ctxs_remote *r = st->remote;
     if (r && r->o.push_on_commit) {
@@ -1193,14 +1242,7 @@ void ctxs__remote_note(ctxs_store *st, uint64_t id, uint64_t n_held, int event,
 /* Sleeps ms unless r is stopping; 1 if it is. */
 static int backoff_wait(ctxs_remote *r, uint32_t ms)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += ms / 1000;
-    until.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = deadline_in(ms);
     pthread_mutex_lock(&r->mu);
     while (!r->stop && pthread_cond_timedwait(&r->wake, &r->mu, &until) == 0)
         ;
@@ -1223,6 +1265,18 @@ typedef struct worker {
     redisContext *c;
 } worker;
 
+/* Drops w's connection (r->mu not held). */
+static void worker_drop(worker *w)
+{
+    if (!w->c)
+        return;
+    redisFree(w->c);
+    w->c = NULL;
+    pthread_mutex_lock(&w->r->mu);
+    w->r->stats.connected = 0;
+    pthread_mutex_unlock(&w->r->mu);
+}
+
 static int run_job(worker *w, const job *j)
 {
     ctxs_remote *r = w->r;
@@ -1240,8 +1294,11 @@ static int run_job(worker *w, const job *j)
     ctxs_session_close(s);
     sn.s = NULL;
     sn.reopen = r->st;
-    if (rc == 0 && !w->c)
-        rc = conn_open(&w->c, r);
+    if (rc == 0 && !w->c && (rc = conn_open(&w->c, r)) == 0) {
+        pthread_mutex_lock(&r->mu);
+        r->stats.connected = 1;
+        pthread_mutex_unlock(&r->mu);
+    }
     if (rc == 0 && j->kind == JOB_CHUNKS) {
         rc = push_chunks(w->c, r, &sn, j->from, j->to, &pc, NULL, NULL);
     } else if (rc == 0) {
@@ -1282,26 +1339,25 @@ static void *push_thread(void *arg)
         r->busy = 1;
         pthread_mutex_unlock(&r->mu);
 
-        uint32_t wait = r->o.backoff_ms;
+        /* Every wait at most BACKOFF_MAX_MS, the first one too, and the
+         * doubling never overflows. */
+        uint32_t wait = r->o.backoff_ms < BACKOFF_MAX_MS ? r->o.backoff_ms : BACKOFF_MAX_MS;
         int rc;
         for (uint32_t attempt = 1;; attempt++) {
             rc = run_job(&w, j);
             if (rc == 0 || !network_error(rc) || attempt >= r->o.retries)
                 break;
-            if (w.c) {
-                redisFree(w.c);
-                w.c = NULL;
-            }
+            worker_drop(&w);
             count(r, &r->stats.retries, 1);
             if (backoff_wait(r, wait))
                 break;
-            wait = wait * 2 < BACKOFF_MAX_MS ? wait * 2 : BACKOFF_MAX_MS;
+            wait = wait < BACKOFF_MAX_MS / 2 ? wait * 2 : BACKOFF_MAX_MS;
         }
         pthread_mutex_lock(&r->mu);
         if (rc < 0) {
             /* The local session is intact; ctxs_remote_push() or the next
              * open of the session sends what is missing. */
-            r->stats.chunks_dropped += job_chunks(j);
+            r->stats.chunks_dropped += job_values(j);
             r->stats.last_error = rc;
             /* Whatever failed, the connection is dropped: after an error
              * midway through a pipeline (a reply not read, a command
@@ -1365,10 +1421,18 @@ static int remote_open_impl(ctxs_remote **out, ctxs_store *st, const char *url,
         return rc;
     }
     pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->wake, NULL);
-    pthread_cond_init(&r->idle, NULL);
+    if (cond_init_monotonic(&r->wake) != 0) {
+        pthread_mutex_destroy(&r->mu);
+        free(r);
+        return CTXS_ENOMEM;
+    }
+    if (cond_init_monotonic(&r->idle) != 0) {
+        pthread_cond_destroy(&r->wake);
+        pthread_mutex_destroy(&r->mu);
+        free(r);
+        return CTXS_ENOMEM;
+    }
     r->st = st;
-    r->stats.connected = 1;
     pthread_mutex_lock(&attach_lock);
     if (st->remote)
         rc = CTXS_EBUSY;
@@ -1384,7 +1448,7 @@ static int remote_open_impl(ctxs_remote **out, ctxs_store *st, const char *url,
     }
     if (rc == 0) {
         r->thread_started = 1;
-        st->remote = r;
+        __atomic_store_n(&st->remote, r, __ATOMIC_RELEASE); /* ctxs__remote_note() */
         ctxs__store_ref(st);
     }
     pthread_mutex_unlock(&attach_lock);
@@ -1414,14 +1478,7 @@ int ctxs_remote_flush(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_m
 {
     if (!r)
         return CTXS_EINVAL;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = deadline_in(timeout_ms);
     int rc = 0;
     pthread_mutex_lock(&r->mu);
     while ((r->head || r->busy) && !r->stop && rc == 0)
@@ -1444,7 +1501,7 @@ int ctxs_remote_close(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_m
     /* Detached first: hooks queue nothing more. */
     pthread_mutex_lock(&attach_lock);
     if (r->st->remote == r)
-        r->st->remote = NULL;
+        __atomic_store_n(&r->st->remote, NULL, __ATOMIC_RELEASE); /* ctxs__remote_note() */
     while (r->users > 0)
         pthread_cond_wait(&users_done, &attach_lock);
     pthread_mutex_unlock(&attach_lock);
@@ -1457,7 +1514,7 @@ int ctxs_remote_close(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_m
     pthread_join(r->thread, NULL);
     for (job *j = r->head, *next; j; j = next) {
         next = j->next;
-        r->stats.chunks_dropped += job_chunks(j);
+        r->stats.chunks_dropped += job_values(j);
         free(j);
     }
     r->head = r->tail = r->tail_prev = NULL;
@@ -1611,7 +1668,7 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
     uint8_t *value = total ? ctxs__malloc((size_t)vbytes) : NULL;
     bulk_in *in = ctxs__malloc(sizeof(*in));
     int rc = chains && (value || !total) && in ? bulk_begin(in, pj->c) : CTXS_ENOMEM;
-    int stopped = 0;
+    int stopped = 0, failed = 0;
     for (uint64_t b0 = 0; rc == 0 && !stopped && b0 < total; b0 += batch) {
         uint64_t nb = total - b0 < batch ? total - b0 : batch;
         memcpy(chain, prev, 16);
@@ -1629,11 +1686,12 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
         }
         if (rc == 0)
             rc = obuf_flush(pj->c);
-        /* Every reply is read, also after the pull stopped: the
-         * connection must be left in step. */
+        /* Every reply is read, also after the pull stopped and after
+         * an error reply: the connection must be left in step. */
         for (uint64_t i = 0; i < nb && rc == 0; i++) {
-            int64_t len = -1;
-            if ((rc = bulk_head(in, &len)) < 0)
+            int64_t len;
+            int err;
+            if ((rc = bulk_head(in, &len, &err)) < 0)
                 break;
             uint64_t first = (b0 + i) * CTXS_PREFIX_CHUNK;
             uint32_t cnt = (uint32_t)(pj->n - first < CTXS_PREFIX_CHUNK ? pj->n - first
@@ -1643,7 +1701,16 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
                 break;
             if (stopped)
                 continue;
-            if (len < 0) {
+            if (err == WRONGTYPE) {
+                /* Not a string: whatever holds the key, it is no chunk. */
+                pj->refused = 1;
+                stopped = 1;
+            } else if (err < 0) {
+                /* The server's own error: the pull fails with it, once
+                 * the replies after it are read. */
+                failed = err;
+                stopped = 1;
+            } else if (len < 0) {
                 pj->missing = 1;
                 stopped = 1;
             } else if (!take || chunk_check(pj, p, value, (uint64_t)len, first, cnt, prev,
@@ -1662,6 +1729,8 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
     }
     if (rc == 0)
         rc = bulk_end(in);
+    if (rc == 0)
+        rc = failed;
     free(in);
     free(value);
     free(chains);
@@ -1881,9 +1950,19 @@ static int remote_list_impl(ctxs_remote_entry **out, size_t *n_out, ctxs_remote 
     int rc = conn_open(&c, r);
     if (rc < 0)
         return rc;
-    char pattern[SESSION_KEY_MAX + 2];
-    snprintf(pattern, sizeof(pattern), "%s:session:*", r->prefix);
-    size_t plen = strlen(pattern) - 1;
+    /* A name may hold the glob characters * ? [ ] \ that MATCH reads as a
+     * pattern: escaped, or the prefix "a*" would list "ab"'s records (as
+     * damaged ones). Each key is still checked to start with exactly
+     * "<prefix>:session:" below: what SCAN returns is the server's word. */
+    char head[SESSION_KEY_MAX], pattern[2 * SESSION_KEY_MAX + 2];
+    session_key(head, r, "");
+    size_t plen = strlen(head), at = 0;
+    for (const char *p = r->prefix; *p; p++) {
+        if (strchr("*?[]\\", *p))
+            pattern[at++] = '\\';
+        pattern[at++] = *p;
+    }
+    snprintf(pattern + at, sizeof(pattern) - at, ":session:*");
     ctxs_remote_entry *v = NULL;
     size_t n = 0, cap = 0;
     char cursor[32] = "0";
@@ -1914,7 +1993,8 @@ static int remote_list_impl(ctxs_remote_entry **out, size_t *n_out, ctxs_remote 
             redisReply *hr;
             if ((rc = reply_next(&hr, c)) == 0 && (rc = reply_check(c, hr, 0)) == 0) {
                 size_t nl = k->len - plen;
-                if (k->len > plen && nl <= CTXS_NAME_MAX && hr->type == REDIS_REPLY_STRING &&
+                if (k->len > plen && nl <= CTXS_NAME_MAX && !memcmp(k->str, head, plen) &&
+                    hr->type == REDIS_REPLY_STRING &&
                     hr->len > 0) { /* a key deleted since SCAN reads as "" */
                     if (n == cap) {
                         cap = cap ? 2 * cap : 16;

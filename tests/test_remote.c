@@ -456,6 +456,16 @@ Test(remote, a_damaged_session_record_is_eremote)
     cr_assert_eq(n, 1);
     cr_assert_eq(e[0].status, CTXS_EREMOTE);
     ctxs_free(e);
+    /* A key of another type under the prefix: listed as damaged, beside
+     * the others, and its pull is a clear error. */
+    free(ts_redis_cmd(&rs, "RPUSH", "ctxs:session:a list", "x", NULL));
+    cr_assert_eq(ctxs_remote_list(&e, &n, rb), 0);
+    cr_assert_eq(n, 2);
+    cr_assert_str_eq(e[0].name, "a list");
+    cr_assert_eq(e[0].status, CTXS_EREMOTE);
+    cr_assert_str_eq(e[1].name, "c");
+    ctxs_free(e);
+    cr_assert_eq(ctxs_remote_pull(NULL, NULL, rb, "a list", NULL, NULL, NULL, NULL), CTXS_EREMOTE);
     /* Cut to a few bytes: still a clear error, no allocation from it. */
     free(ts_redis_cmd(&rs, "SET", "ctxs:session:c", "CTXSRSES", NULL));
     cr_assert_eq(ctxs_remote_pull(NULL, NULL, rb, "c", NULL, NULL, NULL, NULL), CTXS_EREMOTE);

@@ -1991,11 +1991,19 @@ static int remote_list_impl(ctxs_remote_entry **out, size_t *n_out, ctxs_remote 
         for (size_t i = 0; i < got && rc == 0; i++) {
             const redisReply *k = rep->element[1]->element[i];
             redisReply *hr;
-            if ((rc = reply_next(&hr, c)) == 0 && (rc = reply_check(c, hr, 0)) == 0) {
+            /* A key of another type under the prefix (WRONGTYPE) is a
+             * damaged record, listed as one. */
+            int wrong_type = 0;
+            if ((rc = reply_next(&hr, c)) == 0) {
+                wrong_type = hr->type == REDIS_REPLY_ERROR && !strncmp(hr->str, "WRONGTYPE", 9);
+                if (!wrong_type)
+                    rc = reply_check(c, hr, 0);
+            }
+            if (rc == 0) {
                 size_t nl = k->len - plen;
                 if (k->len > plen && nl <= CTXS_NAME_MAX && !memcmp(k->str, head, plen) &&
-                    hr->type == REDIS_REPLY_STRING &&
-                    hr->len > 0) { /* a key deleted since SCAN reads as "" */
+                    (wrong_type || (hr->type == REDIS_REPLY_STRING &&
+                                    hr->len > 0))) { /* a key deleted since SCAN reads as "" */
                     if (n == cap) {
                         cap = cap ? 2 * cap : 16;
                         ctxs_remote_entry *nv = ctxs__realloc(v, cap * sizeof(*v));
@@ -2009,7 +2017,7 @@ static int remote_list_impl(ctxs_remote_entry **out, size_t *n_out, ctxs_remote 
                         memset(e, 0, sizeof(*e));
                         memcpy(e->name, k->str + plen, nl);
                         ctxs__rsession_header h;
-                        if (record_header_check(&h, hr->str, hr->len) < 0 ||
+                        if (wrong_type || record_header_check(&h, hr->str, hr->len) < 0 ||
                             h.name_len != nl || memcmp(h.name, e->name, nl)) {
                             e->status = CTXS_EREMOTE;
                         } else {

@@ -1643,7 +1643,9 @@ typedef struct ctxs_remote_options {
                                 store lacks pulls it first, as
                                 ctxs_remote_pull() does; 0: never */
     const char *key_prefix;  /* every key starts "<key_prefix>:"; NULL:
-                                "ctxs"; a valid name (CTXS_NAME_RULE) */
+                                "ctxs"; a valid name (CTXS_NAME_RULE)
+                                without ':', so that no prefix and
+                                session name make another's key */
     uint8_t reserved[32];    /* must be zero */
 } ctxs_remote_options;
 

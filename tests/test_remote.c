@@ -667,6 +667,8 @@ Test(remote, an_unreachable_server_and_bad_urls_are_clear_errors)
     ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
     o.key_prefix = "a/b";
     cr_assert_eq(ctxs_remote_open(&r, a, rs.url, &o), CTXS_EINVAL);
+    o.key_prefix = "a:session:b"; /* would share keys with prefix "a" */
+    cr_assert_eq(ctxs_remote_open(&r, a, rs.url, &o), CTXS_EINVAL);
     ctxs_store_close(a);
     ts_redis_stop(&rs);
 }

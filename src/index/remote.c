@@ -1392,7 +1392,10 @@ static int options_valid(const ctxs_remote_options *o)
         if (o->reserved[i])
             return 0;
     size_t len;
-    return !o->key_prefix || ctxs__name_check(o->key_prefix, &len) == 0;
+    /* Without ':': prefix "a" and session "b:session:c" would otherwise
+     * share the key of prefix "a:session:b" and session "c". */
+    return !o->key_prefix ||
+           (ctxs__name_check(o->key_prefix, &len) == 0 && !strchr(o->key_prefix, ':'));
 }
 
 static int remote_open_impl(ctxs_remote **out, ctxs_store *st, const char *url,

@@ -1119,3 +1119,55 @@ Test(remote, connected_follows_the_push_threads_connection)
     ctxs_store_close(a);
     ts_redis_stop(&rs);
 }
+
+/* The bytes the server has sent to its clients so far (INFO stats). */
+static uint64_t net_output_bytes(ts_redis *rs)
+{
+    char *info = ts_redis_cmd(rs, "INFO", "stats", NULL);
+    const char *at = info ? strstr(info, "total_net_output_bytes:") : NULL;
+    cr_assert_not_null(at, "INFO stats: %s", info ? info : "(none)");
+    uint64_t n = strtoull(at + strlen("total_net_output_bytes:"), NULL, 10);
+    free(info);
+    return n;
+}
+
+/* A store that knows the model's hash with another form refuses the pull
+ * before any chunk is fetched, and makes nothing. */
+Test(remote, a_pull_into_a_store_with_another_form_of_the_model_is_emodel)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(21);
+    m.geometry.dtype = CTXS_DTYPE_Q8;
+    ctxs_remote *ra = remote_open(a, rs.url, 1);
+    ctxs_session_close(make_session(a, "c", &m, 130, 65, 0, 0));
+    cr_assert_eq(ctxs_remote_close(NULL, ra, FLUSH_MS), 0);
+
+    ctxs_model other = m;
+    other.geometry.dtype = CTXS_DTYPE_F16;
+    cr_assert_eq(ctxs_model_register(b, &other, NULL), 0);
+    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    ctxs_remote_pull_result res;
+    uint64_t sent_before = net_output_bytes(&rs);
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "c", NULL, NULL, NULL, NULL), CTXS_EMODEL);
+    /* The record (and an INFO reply) only: less than one chunk's KV. */
+    uint64_t sent = net_output_bytes(&rs) - sent_before;
+    uint64_t chunk_kv = 2 * CTXS_PREFIX_CHUNK * ctxs_geometry_get_token_bytes(&m.geometry,
+                                                                             CTXS_DTYPE_Q8);
+    cr_assert_lt(sent, chunk_kv, "%llu bytes sent, a chunk's KV is %llu",
+                 (unsigned long long)sent, (unsigned long long)chunk_kv);
+    uint32_t *ids = NULL;
+    ctxs_session *src = open_ro(a, "c");
+    ids = ids_of(src, 128);
+    ctxs_session_close(src);
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "p", &m, ids, 128, NULL), CTXS_EMODEL);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, b, "c"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_get(&e, b, "p"), CTXS_ENOTFOUND);
+    free(ids);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}

@@ -976,8 +976,9 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
             pc->sent += n_missing;
             pc->present += nb - n_missing;
             pc->bytes += sent_bytes;
-            if (progress)
-                progress(progress_arg, (b0 + nb) * CTXS_PREFIX_CHUNK, sn->n);
+            uint64_t done = (b0 + nb) * CTXS_PREFIX_CHUNK; /* a tail counts whole */
+            if (progress && done < sn->n)
+                progress(progress_arg, done, sn->n);
         }
     }
     free(value);
@@ -1806,6 +1807,22 @@ static int local_name_free(ctxs_store *st, const char *name)
     return rc == 0 ? -EEXIST : rc == CTXS_ENOTFOUND ? 0 : rc;
 }
 
+/* CTXS_EMODEL if st knows model's hash with another geometry or tokenizer:
+ * found before the transfer, not after it. */
+static int local_model_fits(ctxs_store *st, const ctxs_model *model)
+{
+    ctxs_model_entry known;
+    int rc = ctxs_model_get(&known, st, model->model_hash);
+    if (rc == CTXS_ENOTFOUND)
+        return 0;
+    if (rc < 0)
+        return rc;
+    return memcmp(&known.model.geometry, &model->geometry, sizeof(model->geometry)) ||
+                   memcmp(known.model.tokenizer_hash, model->tokenizer_hash, 16)
+               ? CTXS_EMODEL
+               : 0;
+}
+
 static int remote_pull_impl(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
                              const char *remote_name, const char *local_name,
                              const ctxs_create_options *opts, ctxs_progress_fn progress,
@@ -1846,6 +1863,8 @@ static int remote_pull_impl(ctxs_session **out, ctxs_remote_pull_result *res, ct
                    .try_tail = (rec.h.flags & CTXS__RSESSION_FLAG_TAIL) != 0,
                    .created_unix_ms = ctxs__now_ms(), .progress = progress,
                    .progress_arg = progress_arg};
+    if (rc == 0)
+        rc = local_model_fits(r->st, &rec.model);
     if (rc == 0)
         rc = pull_layout(&pj, opts, rec.h.n_tokens);
     ctxs_session *s = NULL;
@@ -1902,6 +1921,8 @@ static int remote_pull_prefix_impl(ctxs_session **out, ctxs_remote_pull_result *
     if (ctxs__layout_compute(&lay, &model->geometry, CTXS_PREFIX_CHUNK, 0) < 0)
         return CTXS_EINVAL;
     int rc = local_name_free(r->st, local_name);
+    if (rc == 0)
+        rc = local_model_fits(r->st, model);
     if (rc < 0)
         return rc;
     if (n == 0)

@@ -14,7 +14,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,10 +26,10 @@
 
 #include "ctxstore.h"
 #include "format.h"
+#include "cli_run.h"
 #include "json_check.h"
 #include "support.h"
 
-extern char **environ;
 
 TestSuite(cli, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 120);
 
@@ -58,14 +57,7 @@ enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };
 
 /* What the last run left: its exit code, stdout and stderr (NUL-terminated;
  * the next run replaces them). */
-typedef struct run_result {
-    int code;
-    char *out, *err;
-    size_t out_len, err_len;
-    char what[512]; /* the command line, for messages */
-} run_result;
-
-static run_result R;
+static cli_result R;
 /* 1: the next runs drop to an unprivileged user (ts_drop_privileges()). */
 static int run_unprivileged;
 
@@ -73,158 +65,12 @@ static int run_unprivileged;
  * NULL. */
 static const char *bin_override;
 
-static const char *bin(void)
-{
-    const char *b = getenv("CTXSTORE_BIN");
-    cr_assert(b && *b,
-              "CTXSTORE_BIN is not set: it must name the ctxstore binary to test "
-              "(meson sets it: env: 'CTXSTORE_BIN=' + tool.full_path())");
-    cr_assert_eq(access(b, X_OK), 0, "CTXSTORE_BIN=%s is not an executable: %s", b,
-                 strerror(errno));
-    return b;
-}
-
-static int env_is(const char *entry, const char *name)
-{
-    size_t n = strlen(name);
-    return strncmp(entry, name, n) == 0 && entry[n] == '=';
-}
-
-/* Appends what fd has to *buf (kept NUL-terminated, grown as needed);
- * *open_ = 0 at the end of the stream. */
-static void drain(int fd, char **buf, size_t *len, size_t *cap, int *open_)
-{
-    while (*len + 4096 + 1 > *cap) {
-        *cap *= 2;
-        *buf = realloc(*buf, *cap);
-        cr_assert_not_null(*buf);
-    }
-    ssize_t r = read(fd, *buf + *len, *cap - *len - 1);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN))
-        return;
-    cr_assert_geq(r, 0, "read from the child: %s", strerror(errno));
-    if (r == 0)
-        *open_ = 0;
-    *len += (size_t)r;
-    (*buf)[*len] = '\0';
-}
-
-/* Runs the binary with args (NULL-terminated, without argv[0]) and the
- * environment of this process, except: $CTXSTORE_DIR is store (removed
- * when store is NULL), $HOME a directory in the scratch area (so that
- * nothing can reach the user's store), and then each "NAME=value" of env
- * (NULL-terminated, may be NULL) replaces or adds one. stdin is /dev/null.
- * Fills R and returns the exit code; a death by a signal fails the test. */
+/* Runs the binary (cli_run()) on store, with env's changes to the
+ * environment; fills R and returns the exit code. */
 static int run_env(const char *store, const char *const *env, const char *const *args)
 {
-    free(R.out);
-    free(R.err);
-    memset(&R, 0, sizeof(R));
-    const char *path = bin();
-    if (bin_override)
-        path = bin_override;
-
-    size_t n_args = 0;
-    while (args[n_args])
-        n_args++;
-    char **argv = calloc(n_args + 2, sizeof(*argv));
-    cr_assert_not_null(argv);
-    argv[0] = (char *)"ctxstore";
-    size_t w = (size_t)snprintf(R.what, sizeof(R.what), "ctxstore");
-    for (size_t i = 0; i < n_args; i++) {
-        argv[i + 1] = (char *)args[i];
-        if (w < sizeof(R.what))
-            w += (size_t)snprintf(R.what + w, sizeof(R.what) - w, " %s", args[i]);
-    }
-
-    static const char *const replaced[] = { "CTXSTORE_DIR", "HOME", "XDG_DATA_HOME" };
-    size_t n_env = 0, n_extra = 0;
-    while (environ[n_env])
-        n_env++;
-    while (env && env[n_extra])
-        n_extra++;
-    char **envp = calloc(n_env + n_extra + 4, sizeof(*envp));
-    cr_assert_not_null(envp);
-    size_t k = 0;
-    for (size_t i = 0; i < n_env; i++) {
-        int skip = 0;
-        for (size_t j = 0; j < 3; j++)
-            skip |= env_is(environ[i], replaced[j]);
-        for (size_t j = 0; j < n_extra; j++) {
-            size_t len = strcspn(env[j], "=");
-            skip |= strncmp(environ[i], env[j], len + 1) == 0;
-        }
-        if (!skip)
-            envp[k++] = environ[i];
-    }
-    static char store_env[4200], home_env[4200];
-    const char *home = ts_path(ts_scratch, "home");
-    mkdir(home, 0700);
-    snprintf(home_env, sizeof(home_env), "HOME=%s", home);
-    envp[k++] = home_env;
-    if (store) {
-        snprintf(store_env, sizeof(store_env), "CTXSTORE_DIR=%s", store);
-        envp[k++] = store_env;
-    }
-    for (size_t j = 0; j < n_extra; j++)
-        envp[k++] = (char *)env[j];
-    envp[k] = NULL;
-
-    int out_pipe[2], err_pipe[2];
-    cr_assert_eq(pipe2(out_pipe, O_CLOEXEC), 0);
-    cr_assert_eq(pipe2(err_pipe, O_CLOEXEC), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        int in = open("/dev/null", O_RDONLY);
-        if (in < 0 || dup2(in, 0) < 0 || dup2(out_pipe[1], 1) < 0 || dup2(err_pipe[1], 2) < 0)
-            _exit(126);
-        if (run_unprivileged && ts_drop_privileges() != 0)
-            _exit(126);
-        execve(path, argv, envp);
-        _exit(127);
-    }
-    close(out_pipe[1]);
-    close(err_pipe[1]);
-    /* Both pipes at once: a child that fills one while the test waits on
-     * the other would never finish. */
-    size_t out_cap = 1, err_cap = 1;
-    int out_open = 1, err_open = 1;
-    R.out = calloc(1, 1);
-    R.err = calloc(1, 1);
-    cr_assert(R.out && R.err);
-    while (out_open || err_open) {
-        struct pollfd p[2] = { { out_open ? out_pipe[0] : -1, POLLIN, 0 },
-                               { err_open ? err_pipe[0] : -1, POLLIN, 0 } };
-        int n = poll(p, 2, -1);
-        if (n < 0 && errno == EINTR)
-            continue;
-        cr_assert_geq(n, 0, "poll: %s", strerror(errno));
-        if (out_open && p[0].revents)
-            drain(out_pipe[0], &R.out, &R.out_len, &out_cap, &out_open);
-        if (err_open && p[1].revents)
-            drain(err_pipe[0], &R.err, &R.err_len, &err_cap, &err_open);
-    }
-    close(out_pipe[0]);
-    close(err_pipe[0]);
-    int st;
-    pid_t got;
-    while ((got = waitpid(pid, &st, 0)) < 0 && errno == EINTR)
-        ;
-    cr_assert_eq(got, pid);
-    free(argv);
-    free(envp);
-    if (WIFSIGNALED(st))
-        cr_assert_fail("`%s` died of signal %d (%s).\nstdout:\n%s\nstderr:\n%s", R.what,
-                       WTERMSIG(st), strsignal(WTERMSIG(st)), R.out, R.err);
-    cr_assert(WIFEXITED(st));
-    cr_assert_neq(WEXITSTATUS(st), 127, "could not execute %s", path);
-    /* A binary built with sanitizers reports on stderr. */
-    cr_assert(!strstr(R.err, "Sanitizer") && !strstr(R.err, "runtime error:"),
-              "`%s`: a sanitizer found an error:\n%s", R.what, R.err);
-    R.code = WEXITSTATUS(st);
-    return R.code;
+    return cli_run(&R, bin_override ? bin_override : cli_bin(), store, env, args,
+                   run_unprivileged);
 }
 
 #define ARGS(...) ((const char *const[]){ __VA_ARGS__, NULL })
@@ -2943,7 +2789,7 @@ static const char *copy_binary(char *ld_path, size_t n)
     cr_assert_eq(mkdir(copy, 0700), 0);
     snprintf(copy, sizeof(copy), "%s/copy/bin/ctxstore", ts_scratch);
     size_t len;
-    uint8_t *data = ts_read_file(bin(), &len);
+    uint8_t *data = ts_read_file(cli_bin(), &len);
     cr_assert_eq(ts_write_file(copy, data, len), 0);
     free(data);
     cr_assert_eq(chmod(copy, 0700), 0);

@@ -21,7 +21,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,12 +30,12 @@
 #include <unistd.h>
 
 #include "ctxstore.h"
+#include "cli_run.h"
 #include "json_check.h"
 #include "redis_server.h"
 #include "support.h"
 #include "tinychat.h"
 
-extern char **environ;
 
 /* Exit codes, as tools/ctxstore/cli.h and `ctxstore --help` document them. */
 enum {
@@ -66,129 +65,16 @@ TestSuite(cli_remote, .init = suite_init, .fini = suite_fini, .timeout = 120);
 
 /* --- Running the binary ----------------------------------------------------- */
 
-typedef struct run_result {
-    int code;
-    char *out, *err;
-    size_t out_len, err_len;
-    char what[1024];
-} run_result;
+static cli_result R;
 
-static run_result R;
-
-static void drain(int fd, char **buf, size_t *len, size_t *cap, int *open_)
-{
-    while (*len + 4096 + 1 > *cap) {
-        *cap *= 2;
-        *buf = realloc(*buf, *cap);
-        cr_assert_not_null(*buf);
-    }
-    ssize_t r = read(fd, *buf + *len, *cap - *len - 1);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN))
-        return;
-    cr_assert_geq(r, 0, "read from the child: %s", strerror(errno));
-    if (r == 0)
-        *open_ = 0;
-    *len += (size_t)r;
-    (*buf)[*len] = '\0';
-}
-
-/* Runs $CTXSTORE_BIN with args (NULL-terminated) and this process's
- * environment, but $CTXSTORE_DIR = store, $HOME in the scratch area, and
- * $CTXSTORE_REMOTE = remote_env (removed when NULL). Fills R; a death by
- * a signal fails the test. */
+/* Runs $CTXSTORE_BIN with args (cli_run()) on store, with $CTXSTORE_REMOTE
+ * = remote_env (removed when NULL). Fills R and returns the exit code. */
 static int run(const char *store, const char *remote_env, const char *const *args)
 {
-    free(R.out);
-    free(R.err);
-    memset(&R, 0, sizeof(R));
-    const char *bin = getenv("CTXSTORE_BIN");
-    cr_assert(bin && *bin, "CTXSTORE_BIN is not set: it must name the ctxstore binary");
-
-    size_t n_args = 0;
-    while (args[n_args])
-        n_args++;
-    char **argv = calloc(n_args + 2, sizeof(*argv));
-    cr_assert_not_null(argv);
-    argv[0] = (char *)"ctxstore";
-    size_t w = (size_t)snprintf(R.what, sizeof(R.what), "ctxstore");
-    for (size_t i = 0; i < n_args; i++) {
-        argv[i + 1] = (char *)args[i];
-        if (w < sizeof(R.what))
-            w += (size_t)snprintf(R.what + w, sizeof(R.what) - w, " %s", args[i]);
-    }
-    size_t n_env = 0;
-    while (environ[n_env])
-        n_env++;
-    char **envp = calloc(n_env + 4, sizeof(*envp));
-    cr_assert_not_null(envp);
-    size_t k = 0;
-    for (size_t i = 0; i < n_env; i++)
-        if (strncmp(environ[i], "CTXSTORE_DIR=", 13) && strncmp(environ[i], "HOME=", 5) &&
-            strncmp(environ[i], "CTXSTORE_REMOTE=", 16) && strncmp(environ[i], "XDG_DATA_HOME=", 14))
-            envp[k++] = environ[i];
-    static char store_env[4200], home_env[4200], remote_env_buf[512];
-    const char *home = ts_path(ts_scratch, "home");
-    mkdir(home, 0700);
-    snprintf(home_env, sizeof(home_env), "HOME=%s", home);
-    envp[k++] = home_env;
-    snprintf(store_env, sizeof(store_env), "CTXSTORE_DIR=%s", store);
-    envp[k++] = store_env;
-    if (remote_env) {
-        snprintf(remote_env_buf, sizeof(remote_env_buf), "CTXSTORE_REMOTE=%s", remote_env);
-        envp[k++] = remote_env_buf;
-    }
-    envp[k] = NULL;
-
-    int out_pipe[2], err_pipe[2];
-    cr_assert_eq(pipe2(out_pipe, O_CLOEXEC), 0);
-    cr_assert_eq(pipe2(err_pipe, O_CLOEXEC), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        int in = open("/dev/null", O_RDONLY);
-        if (in < 0 || dup2(in, 0) < 0 || dup2(out_pipe[1], 1) < 0 || dup2(err_pipe[1], 2) < 0)
-            _exit(126);
-        execve(bin, argv, envp);
-        _exit(127);
-    }
-    close(out_pipe[1]);
-    close(err_pipe[1]);
-    size_t out_cap = 1, err_cap = 1;
-    int out_open = 1, err_open = 1;
-    R.out = calloc(1, 1);
-    R.err = calloc(1, 1);
-    cr_assert(R.out && R.err);
-    while (out_open || err_open) {
-        struct pollfd p[2] = { { out_open ? out_pipe[0] : -1, POLLIN, 0 },
-                               { err_open ? err_pipe[0] : -1, POLLIN, 0 } };
-        int n = poll(p, 2, -1);
-        if (n < 0 && errno == EINTR)
-            continue;
-        cr_assert_geq(n, 0, "poll: %s", strerror(errno));
-        if (out_open && p[0].revents)
-            drain(out_pipe[0], &R.out, &R.out_len, &out_cap, &out_open);
-        if (err_open && p[1].revents)
-            drain(err_pipe[0], &R.err, &R.err_len, &err_cap, &err_open);
-    }
-    close(out_pipe[0]);
-    close(err_pipe[0]);
-    int st;
-    pid_t got;
-    while ((got = waitpid(pid, &st, 0)) < 0 && errno == EINTR)
-        ;
-    cr_assert_eq(got, pid);
-    free(argv);
-    free(envp);
-    if (WIFSIGNALED(st))
-        cr_assert_fail("`%s` died of signal %d (%s).\nstdout:\n%s\nstderr:\n%s", R.what,
-                       WTERMSIG(st), strsignal(WTERMSIG(st)), R.out, R.err);
-    cr_assert(WIFEXITED(st));
-    cr_assert_neq(WEXITSTATUS(st), 127, "could not execute %s", bin);
-    cr_assert(!strstr(R.err, "Sanitizer") && !strstr(R.err, "runtime error:"),
-              "`%s`: a sanitizer found an error:\n%s", R.what, R.err);
-    R.code = WEXITSTATUS(st);
-    return R.code;
+    char remote[512];
+    snprintf(remote, sizeof(remote), "CTXSTORE_REMOTE=%s", remote_env ? remote_env : "");
+    const char *env[] = {remote_env ? remote : "CTXSTORE_REMOTE", NULL};
+    return cli_run(&R, cli_bin(), store, env, args, 0);
 }
 
 #define ARGS(...) ((const char *const[]){ __VA_ARGS__, NULL })

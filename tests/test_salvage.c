@@ -722,3 +722,32 @@ Test(salvage, no_index_at_all)
     cr_assert_eq(res.n_renamed, N_WANT);
     result_free(&res);
 }
+
+/* A metadata value may be empty (ctxs_store_session_set_meta() takes 0
+ * bytes): the repair keeps it as it keeps any other. */
+Test(salvage, an_empty_metadata_value_is_kept)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
+    ctxs_create_options o = ts_options(256, 4, 0, CTXS_SYNC_NONE);
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_store_session_create(&s, st, "chat", &m, &o), 0);
+    ctxs_session_close(s);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "empty", "", 0), 0);
+    cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "title", "hello", 5), 0);
+    ctxs_store_close(st);
+
+    ctxs_salvage_result res;
+    cr_assert_eq(ctxs_store_repair_index(&res, ts_store_dir(), 0), 0);
+    cr_assert_eq(res.metadata.kept, 2, "kept %llu, dropped %llu",
+                 (unsigned long long)res.metadata.kept, (unsigned long long)res.metadata.dropped);
+    cr_assert_eq(res.metadata.dropped, 0);
+    result_free(&res);
+    st = ts_store_open(ts_store_dir());
+    char buf[16];
+    size_t n = sizeof(buf);
+    cr_assert_eq(ctxs_store_session_get_meta(buf, &n, st, "chat", "empty"), 0);
+    cr_assert_eq(n, 0);
+    ctxs_store_close(st);
+}

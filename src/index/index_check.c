@@ -152,6 +152,16 @@ static int check_once(int fd, int empty_ok, lmdb_meta_page m[2], uint32_t *p1_at
         rc = CTXS_EVERSION; /* what LMDB says of both: another LMDB's file */
         goto leave;
     }
+    /* The size again, now: a writer may have grown the file and
+     * committed a meta that claims the new pages between the first fstat
+     * and the reads of the metas (the pass would then see a meta that
+     * claims more than the file it measured, and the metas holding still
+     * since would confirm damage that is not there). The file never
+     * shrinks under a reader. */
+    if (ctxs__fstat(fd, &sb) != 0) {
+        rc = -errno;
+        goto leave;
+    }
     const lmdb_meta *use = b->txnid > a->txnid ? b : a;
     uint64_t psize = use->dbs[0].pad;
     /* mm_last_pg is at least 1 (the meta pages) and its byte count must

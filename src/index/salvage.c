@@ -551,7 +551,7 @@ static int metadata_apply(salvage *sv, MDB_txn *txn, ctxs_store *st, const live 
             id_at = id, total = 0;
         /* Rows come in key order, so a session's rows in a row: the limit
          * keeps the first that fit, as the writes that made them did. */
-        if (r->klen < 9 || r->vlen == 0 || r->vlen > CTXS_META_VALUE_MAX ||
+        if (r->klen < 9 || r->vlen > CTXS_META_VALUE_MAX ||
             !name_ok(key, r->key + 8, r->klen - 8) || !is_live(l, n, id) ||
             total + (r->klen - 8) + r->vlen > CTXS_META_SESSION_MAX) {
             c->dropped++;

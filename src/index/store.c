@@ -646,7 +646,9 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
      * real path and by the target's device and inode, so two paths to one
      * store share a handle. A dangling link is refused (-ENOENT), even
      * with CTXS_STORE_CREATE: a store is never made at the far end of a
-     * link. Inside the store, index/ and sessions/ are never followed. */
+     * link. Inside the store, sessions/ is opened without following a link,
+ * and a create refuses an index/ that is one (-ENOTDIR); an existing
+ * store whose index/ was made a link by hand is opened through it. */
     if (create && (rc = make_store_dir(dir)) < 0)
         return rc;
     if (!(st->dir = realpath(dir, NULL)))

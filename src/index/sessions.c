@@ -295,7 +295,8 @@ int ctxs__next_id_repair(MDB_txn *txn, ctxs_store *st, uint64_t at_least, uint64
     MDB_val key = {7, (void *)"next_id"}, val;
     uint64_t have = 1, floor;
     int rc = mdb_get(txn, st->meta, &key, &val);
-    if (rc == 0 && val.mv_size == 8)
+    int whole = rc == 0 && val.mv_size == 8; /* present, of its size */
+    if (whole)
         memcpy(&have, val.mv_data, 8);
     else if (rc == 0)
         have = 0; /* a value of another size: damaged */
@@ -318,7 +319,7 @@ int ctxs__next_id_repair(MDB_txn *txn, ctxs_store *st, uint64_t at_least, uint64
         return CTXS_EFULL;
     if (out)
         *out = want;
-    if (rc == MDB_NOTFOUND || want != have || val.mv_size != 8) {
+    if (!whole || want != have) {
         val = (MDB_val){8, &want};
         return ctxs__mdb_error(ctxs__mdb_put(txn, st->meta, &key, &val, 0));
     }

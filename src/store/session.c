@@ -97,6 +97,8 @@ static void session_free(ctxs_session *s)
         munmap(s->map, s->map_bytes);
     if (s->fd >= 0)
         close(s->fd);
+    free(s->bounce);
+    free(s->file_written);
     free(s);
 }
 

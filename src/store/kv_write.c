@@ -40,9 +40,9 @@
 #include "platform.h"
 #include "syscall.h"
 
-/* The staging buffer for one run's slots: bytes of elements, then as many
- * scales as it holds slots. */
-#define BOUNCE_BYTES 65536u
+/* Bytes of slots the file path stages at a time: 128 tokens of a layer's
+ * K (or V) for Qwen3-4B's 8 heads of 128 fp16 elements. */
+#define BOUNCE_BYTES 262144u
 
 int ctxs__write_path_force;
 
@@ -68,132 +68,149 @@ static const uint8_t *src_scale(const ctxs__kv_src *src, uint32_t kind, uint32_t
                 : NULL;
 }
 
-/* n slots of sb bytes from src, stride apart, to dst, one after another.
- * The common slot sizes get a copy of constant size, which the compiler
- * turns into a few vector moves: a call of memcpy() per 256-byte slot cost
- * twice the copy (36,864 of them in a 64-token turn of Qwen3-4B). */
-static void copy_slots(uint8_t *dst, const uint8_t *src, size_t stride, size_t sb, uint32_t n)
+/* One slot of sb bytes. The common sizes get a copy of constant size,
+ * which the compiler turns into a few vector moves: a call of memcpy() per
+ * 256-byte slot cost twice the copy (36,864 of them in a 64-token turn of
+ * Qwen3-4B). */
+static inline void copy_slot(uint8_t *dst, const uint8_t *src, size_t sb)
 {
-#define COPY_SLOTS(size)                                                                           \
-    for (uint32_t t = 0; t < n; t++)                                                               \
-        memcpy(dst + (size_t)t * (size), src + t * stride, (size));                                \
-    return
     switch (sb) {
-    case 64: COPY_SLOTS(64);
-    case 128: COPY_SLOTS(128);
-    case 256: COPY_SLOTS(256);
-    case 512: COPY_SLOTS(512);
-    default: COPY_SLOTS(sb);
+    case 128: memcpy(dst, src, 128); break;
+    case 256: memcpy(dst, src, 256); break;
+    case 512: memcpy(dst, src, 512); break;
+    default: memcpy(dst, src, sb); break;
     }
-#undef COPY_SLOTS
 }
 
-/* Straight into the mapping, run by run. */
+/* Where put_tokens() puts head h's slot j: at base + h * stride + j * sb,
+ * its scale at scales + h * scale_stride + j: a (layer, kind) of the
+ * mapping, or the staging buffer. */
+typedef struct slots_dst {
+    uint8_t *base;
+    size_t stride;
+    float *scales; /* NULL without scales */
+    size_t scale_stride;
+} slots_dst;
+
+/* Tokens t0 .. t0 + c - 1 of the call's layer rel and kind, every head,
+ * into slots 0 .. c - 1 of d: converted, or copied as they are. Token by
+ * token, every head of a token after the other, so that the engine's
+ * [n][n_kv_heads][head_dim] is read in order (reading it a head at a time,
+ * strided, cost 1.5x as much). */
+static int put_tokens(const ctxs_session *s, const ctxs__kv_src *src, uint32_t kind, uint32_t rel,
+                      uint32_t t0, uint32_t c, const slots_dst *d)
+{
+    const ctxs__file_layout *lay = &s->lay;
+    const size_t sb = lay->slot_bytes;
+    const int own = src->dtype == s->model.geometry.dtype;
+    for (uint32_t j = 0; j < c; j++)
+        for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
+            const uint8_t *from = src_head(s, src, kind, rel, t0 + j, h);
+            uint8_t *to = d->base + h * d->stride + (size_t)j * sb;
+            float *scale = d->scales ? d->scales + h * d->scale_stride + j : NULL;
+            if (own) {
+                copy_slot(to, from, sb);
+                if (scale)
+                    memcpy(scale, src_scale(src, kind, rel, t0 + j, h), 4);
+                continue;
+            }
+            int rc = ctxs__head_encode(s, to, scale, from, src_scale(src, kind, rel, t0 + j, h),
+                                       src->dtype);
+            if (rc < 0)
+                return rc;
+        }
+    return 0;
+}
+
+/* Straight into the mapping. */
 static int put_mapped(ctxs_session *s, const ctxs__span *spans, uint32_t n_spans, uint32_t l0,
                       uint32_t l1, const ctxs__kv_src *src)
 {
     const ctxs__file_layout *lay = &s->lay;
-    if (src->dtype == s->model.geometry.dtype) {
-        /* As they are: elements and (Q8) scales copied. */
-        for (uint32_t l = l0; l < l1; l++)
-            for (uint32_t kind = 0; kind < 2; kind++)
-                for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
-                    uint8_t *run = ctxs__run(s, l, kind, h);
-                    float *scales = lay->scales_bytes ? ctxs__scales_run(s, l, kind, h) : NULL;
-                    for (uint32_t i = 0, t = 0; i < n_spans; t += spans[i++].count) {
-                        copy_slots(run + (size_t)spans[i].slot * lay->slot_bytes,
-                                   src_head(s, src, kind, l - l0, t, h), src->token_stride,
-                                   lay->slot_bytes, spans[i].count);
-                        for (uint32_t j = 0; scales && j < spans[i].count; j++)
-                            memcpy(scales + spans[i].slot + j, src_scale(src, kind, l - l0, t + j, h),
-                                   4);
-                    }
-                }
-        return 0;
-    }
     for (uint32_t l = l0; l < l1; l++)
         for (uint32_t kind = 0; kind < 2; kind++)
-            for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
-                uint8_t *run = ctxs__run(s, l, kind, h);
-                float *scales = lay->scales_bytes ? ctxs__scales_run(s, l, kind, h) : NULL;
-                uint32_t t = 0;
-                for (uint32_t i = 0; i < n_spans; i++)
-                    for (uint32_t j = 0; j < spans[i].count; j++, t++) {
-                        uint32_t slot = spans[i].slot + j;
-                        int rc = ctxs__head_encode(s, run + (size_t)slot * lay->slot_bytes,
-                                                   scales ? scales + slot : NULL,
-                                                   src_head(s, src, kind, l - l0, t, h),
-                                                   src_scale(src, kind, l - l0, t, h), src->dtype);
-                        if (rc < 0)
-                            return rc;
-                    }
+            for (uint32_t i = 0, t = 0; i < n_spans; t += spans[i++].count) {
+                const uint32_t slot = spans[i].slot;
+                slots_dst d = {ctxs__run(s, l, kind, 0) + (size_t)slot * lay->slot_bytes,
+                               lay->head_stride, NULL, lay->scales_stride / 4};
+                if (lay->scales_bytes)
+                    d.scales = ctxs__scales_run(s, l, kind, 0) + slot;
+                int rc = put_tokens(s, src, kind, l - l0, t, spans[i].count, &d);
+                if (rc < 0)
+                    return rc;
             }
     return 0;
 }
 
-/* The buffers of the file path, made at its first use. */
+/* The staging buffer of the file path: BOUNCE_BYTES of slots, [head][chunk]
+ * of them, then the chunk's scales of each head; and a stamp per layer. */
+static uint32_t bounce_chunk(const ctxs_session *s)
+{
+    uint32_t c = BOUNCE_BYTES / ((uint32_t)s->lay.slot_bytes * s->lay.n_kv_heads);
+    return c ? c : 1;
+}
+
 static int file_path_ready(ctxs_session *s)
 {
     if (!s->file_written &&
         !(s->file_written = ctxs__calloc(s->lay.n_layers, sizeof(*s->file_written))))
         return CTXS_ENOMEM;
-    if (!s->bounce &&
-        !(s->bounce = ctxs__malloc(BOUNCE_BYTES + BOUNCE_BYTES / s->lay.slot_bytes * 4)))
+    const size_t slots = (size_t)bounce_chunk(s) * s->lay.n_kv_heads;
+    if (!s->bounce && !(s->bounce = ctxs__malloc(slots * (s->lay.slot_bytes + 4))))
         return CTXS_ENOMEM;
     return 0;
 }
 
-/* Slots [slot, slot + c) of one run from tokens t.. of the source: into
- * the file at their offsets, elements then (Q8) scales. Where the engine's
- * bytes are the stored ones and lie contiguous, they are written from
- * where they are. */
-static int put_run_chunk(ctxs_session *s, const ctxs__kv_src *src, uint32_t kind, uint32_t l,
-                         uint32_t rel, uint32_t h, uint32_t t, uint32_t slot, uint32_t c)
+/* Tokens t .. t + c - 1 of the call's layer rel (the session's layer l)
+ * and kind into slots [slot, slot + c) of each head's run in the file,
+ * elements then (Q8) scales, one pwrite each: gathered and converted into
+ * the staging buffer, or, for one token handed over in the session's own
+ * dtype, written from where they are. */
+static int put_chunk(ctxs_session *s, const ctxs__kv_src *src, uint32_t kind, uint32_t l,
+                     uint32_t rel, uint32_t t, uint32_t slot, uint32_t c)
 {
     const ctxs__file_layout *lay = &s->lay;
     const size_t sb = lay->slot_bytes;
-    const uint64_t run = ((uint64_t)l * 2 + kind) * lay->n_kv_heads + h;
-    const int own = src->dtype == s->model.geometry.dtype;
-    float *scales = (float *)(void *)(s->bounce + BOUNCE_BYTES);
-    const uint8_t *elems = src_head(s, src, kind, rel, t, h);
-    const uint8_t *scale_from = (const uint8_t *)scales;
-    if (own && (c == 1 || src->token_stride == sb)) {
-        /* Elements as they are; a Q8 token's scales beside them, gathered
-         * where they are not contiguous. */
-        const uint8_t *sc = src_scale(src, kind, rel, t, h);
-        if (sc && (c == 1 || src->scale_token_stride == 4))
-            scale_from = sc;
-        else
-            for (uint32_t j = 0; sc && j < c; j++)
-                memcpy(scales + j, src_scale(src, kind, rel, t + j, h), 4);
-    } else {
-        for (uint32_t j = 0; j < c; j++) {
-            int rc = ctxs__head_encode(s, s->bounce + j * sb, lay->scales_bytes ? scales + j : NULL,
-                                       src_head(s, src, kind, rel, t + j, h),
-                                       src_scale(src, kind, rel, t + j, h), src->dtype);
-            if (rc < 0)
-                return rc;
-        }
-        elems = s->bounce;
+    const uint32_t chunk = bounce_chunk(s), heads = lay->n_kv_heads;
+    const int direct = c == 1 && src->dtype == s->model.geometry.dtype;
+    const slots_dst d = {s->bounce, (size_t)chunk * sb,
+                         lay->scales_bytes ? (float *)(void *)(s->bounce + (size_t)chunk * heads * sb)
+                                           : NULL,
+                         chunk};
+    if (!direct) {
+        int rc = put_tokens(s, src, kind, rel, t, c, &d);
+        if (rc < 0)
+            return rc;
     }
-    int rc = ctxs__write_exact(s->fd, elems, c * sb,
-                               (off_t)(lay->kv_off + run * lay->head_stride + (uint64_t)slot * sb));
-    if (rc == 0 && lay->scales_bytes)
-        rc = ctxs__write_exact(s->fd, scale_from, c * 4u,
-                               (off_t)(lay->scales_off + run * lay->scales_stride +
-                                       (uint64_t)slot * 4u));
-    return rc;
+    for (uint32_t h = 0; h < heads; h++) {
+        const uint64_t run = ((uint64_t)l * 2 + kind) * heads + h;
+        const void *elems = direct ? (const void *)src_head(s, src, kind, rel, t, h)
+                                   : (const void *)(d.base + h * d.stride);
+        int rc = ctxs__write_exact(s->fd, elems, c * sb,
+                                   (off_t)(lay->kv_off + run * lay->head_stride +
+                                           (uint64_t)slot * sb));
+        if (rc == 0 && d.scales) {
+            const void *sc = direct ? (const void *)src_scale(src, kind, rel, t, h)
+                                    : (const void *)(d.scales + h * d.scale_stride);
+            rc = ctxs__write_exact(s->fd, sc, c * 4u,
+                                   (off_t)(lay->scales_off + run * lay->scales_stride +
+                                           (uint64_t)slot * 4u));
+        }
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
 }
 
-/* Through the file: a run at a time, in chunks of the staging buffer. */
+/* Through the file: a (layer, kind) at a time, in chunks of the staging
+ * buffer, one pwrite per head and chunk. */
 static int put_through_file(ctxs_session *s, const ctxs__span *spans, uint32_t n_spans,
                             uint32_t l0, uint32_t l1, const ctxs__kv_src *src)
 {
     int rc = file_path_ready(s);
     if (rc < 0)
         return rc;
-    const ctxs__file_layout *lay = &s->lay;
-    const uint32_t chunk = BOUNCE_BYTES / lay->slot_bytes;
+    const uint32_t chunk = bounce_chunk(s);
     /* Before the first write: a pass that begins after this stamp maps
      * these pages writable again, one that began before may not have. */
     uint64_t stamp = atomic_fetch_add(&s->stamp, 1) + 1;
@@ -201,18 +218,14 @@ static int put_through_file(ctxs_session *s, const ctxs__span *spans, uint32_t n
         s->file_written[l] = stamp;
     for (uint32_t l = l0; l < l1; l++)
         for (uint32_t kind = 0; kind < 2; kind++)
-            for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
-                uint32_t t = 0;
-                for (uint32_t i = 0; i < n_spans; i++)
-                    for (uint32_t done = 0; done < spans[i].count;) {
-                        uint32_t c = spans[i].count - done < chunk ? spans[i].count - done : chunk;
-                        if ((rc = put_run_chunk(s, src, kind, l, l - l0, h, t, spans[i].slot + done,
-                                                c)) < 0)
-                            return rc;
-                        done += c;
-                        t += c;
-                    }
-            }
+            for (uint32_t i = 0, t = 0; i < n_spans; i++)
+                for (uint32_t done = 0; done < spans[i].count;) {
+                    uint32_t c = spans[i].count - done < chunk ? spans[i].count - done : chunk;
+                    if ((rc = put_chunk(s, src, kind, l, l - l0, t, spans[i].slot + done, c)) < 0)
+                        return rc;
+                    done += c;
+                    t += c;
+                }
     return 0;
 }
 

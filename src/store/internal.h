@@ -71,6 +71,9 @@ struct ctxs_session {
      * the first such write. */
     uint8_t *bounce;
     uint64_t *file_written;
+    /* Owner only: K/V came through write_layer/write_token in this turn,
+     * and did in the last committed one. */
+    uint8_t calls_this_turn, calls_last_turn;
     /* Worker only. */
     uint64_t written_back_to;     /* positions below: writeback started */
     uint32_t warm_advised;        /* runs of the bring-in read ahead */

@@ -234,6 +234,7 @@ int ctxs__kv_put(ctxs_session *s, uint64_t pos, uint32_t n, uint32_t l0, uint32_
 {
     ctxs__span spans[2];
     uint32_t n_spans = ctxs__slot_spans(spans, pos, n, s->lay.capacity, s->lay.n_sink);
+    s->calls_this_turn = 1;
     int mapped = ctxs__write_path_force ? ctxs__write_path_force == 1
                                         : ctxs__kv_writable(s, pos, pos + n, l0, l1,
                                                             CTXS__ASK_OWNER);

@@ -369,17 +369,31 @@ static ctxs_session *create_big(uint32_t background)
     return s;
 }
 
-/* Writes a 64-token turn of create_big()'s session, a layer at a time (or
- * through the mapping, one memcpy per run), from buffers filled by fill. */
+/* How big_turn_write() writes a turn. */
+enum { BY_LAYER, BY_TOKEN, THROUGH_MAPPING };
+
+/* Writes a 64-token turn of create_big()'s session from kv: a layer of all
+ * its tokens at a time, one token's layer at a time (a reply decoded token
+ * by token), or through the mapping, one memcpy per run. */
 static void big_turn_write(ctxs_session *s, const ctxs_reservation *r, const uint16_t *kv,
-                           int mapping)
+                           int how)
 {
     const size_t per_kind = 64 * 4 * 128;
-    if (!mapping) {
+    if (how == BY_LAYER) {
         for (uint32_t l = 0; l < 4; l++)
             cr_assert_eq(ctxs_session_write_layer(s, r, l, 0, 64, kv + 2 * l * per_kind,
                                                   kv + (2 * l + 1) * per_kind, CTXS_DTYPE_F16),
                          0);
+        return;
+    }
+    if (how == BY_TOKEN) {
+        for (uint32_t t = 0; t < 64; t++)
+            for (uint32_t l = 0; l < 4; l++) {
+                const uint16_t *k = kv + 2 * l * per_kind + t * 4 * 128;
+                cr_assert_eq(ctxs_session_write_layer(s, r, l, t, 1, k, k + per_kind,
+                                                      CTXS_DTYPE_F16),
+                             0);
+            }
         return;
     }
     ctxs_layout lay;
@@ -401,7 +415,8 @@ static void big_commit(ctxs_session *s, const ctxs_reservation *r)
 /* After a writeback cleaned every page (as the kernel's flusher does after
  * a pause of half a minute), stores through the mapping fault on the
  * caller's thread; write_layer takes none, there or after a short pause,
- * whatever way it chooses. */
+ * whatever way it chooses, a layer of the turn at a time or a token's
+ * layer at a time (while the worker maps the tokens ahead). */
 Test(write, layer_takes_no_page_fault_on_the_callers_thread)
 {
 #ifndef RUSAGE_THREAD
@@ -414,14 +429,15 @@ Test(write, layer_takes_no_page_fault_on_the_callers_thread)
         ctxs_session *s = create_big(background);
         ctxs_reservation r;
         cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
-        big_turn_write(s, &r, kv, 0);
+        big_turn_write(s, &r, kv, BY_LAYER);
         big_commit(s, &r); /* a sync now has something to write back */
-        for (int turn = 0; turn < 6; turn++) {
-            /* Turns 0, 2, 4: after a writeback of everything (the worker
-             * idle first, so that nothing maps the pages again); 1, 3, 5:
-             * right after the last commit, its runway mapped. The first
-             * two are a warm-up (the write path's buffer is made once). */
-            int cleaned = turn % 2 == 0;
+        for (int turn = 0; turn < 10; turn++) {
+            /* Even turns: after a writeback of everything (the worker idle
+             * first, so that nothing maps the pages again); odd ones: right
+             * after the last commit, its runway mapped. The first two are a
+             * warm-up (the write path's buffer is made once); from turn 6
+             * on, a token at a time. */
+            int cleaned = turn % 2 == 0, how = turn < 6 ? BY_LAYER : BY_TOKEN;
             ctxs__background_wait_idle();
             cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
             if (cleaned) {
@@ -429,12 +445,13 @@ Test(write, layer_takes_no_page_fault_on_the_callers_thread)
                 cr_assert_eq(ctxs_session_sync(s), 0);
             }
             long before = thread_faults();
-            big_turn_write(s, &r, kv, 0);
+            big_turn_write(s, &r, kv, how);
             long faults = thread_faults() - before;
             if (turn >= 2)
-                cr_expect_eq(faults, 0, "background %u, turn %d (%s): %ld page faults in write_layer",
-                             background, turn, cleaned ? "after a writeback" : "right after a commit",
-                             faults);
+                cr_expect_eq(faults, 0, "background %u, turn %d (%s, %s): %ld page faults in"
+                             " write_layer", background, turn,
+                             cleaned ? "after a writeback" : "right after a commit",
+                             how == BY_LAYER ? "by layer" : "by token", faults);
             big_commit(s, &r);
         }
         /* The measure counts faults: stores through the mapping after the
@@ -444,7 +461,7 @@ Test(write, layer_takes_no_page_fault_on_the_callers_thread)
         ctxs__background_wait_idle();
         cr_assert_eq(ctxs_session_sync(s), 0);
         long before = thread_faults();
-        big_turn_write(s, &r, kv, 1);
+        big_turn_write(s, &r, kv, THROUGH_MAPPING);
         cr_expect_geq(thread_faults() - before, 32, "stores through the mapping after a writeback"
                       " took no fault: the count measures nothing");
         big_commit(s, &r);

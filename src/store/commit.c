@@ -250,15 +250,13 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
         return rc;
     }
     /* The runway has them mapped already, unless a writeback or the
-     * flusher has cleaned its pages since. Else, for an engine that stores
-     * through the mapping, the worker maps them, layer after layer, the
-     * order an engine writes them in: its faults then land on the worker's
-     * thread while the engine computes. Not for one that hands its K/V to
-     * the write path, which then writes through the file: mapping the same
-     * pages beside those writes made a 64-token turn of Qwen3-4B cost
-     * 11.5-13 ms instead of 4.6-6.7 ms (2 cores, Linux 6.18 ext4). */
-    if (!s->calls_last_turn &&
-        !ctxs__kv_writable(s, start, end, 0, s->lay.n_layers, CTXS__ASK_OWNER | CTXS__ASK_BY_AGE) &&
+     * flusher has cleaned its pages since. Else the worker maps them, layer
+     * after layer, the order an engine writes them in: its faults then land
+     * on the worker's thread while the engine computes, and the write path
+     * stores into each layer mapped by then (one that overtakes the worker
+     * stops it, see kv_write.c). */
+    if (!ctxs__kv_writable(s, start, end, 0, s->lay.n_layers, CTXS__ASK_OWNER | CTXS__ASK_BY_AGE,
+                           NULL) &&
         ctxs__background_map(s, start, end) < 0)
         ctxs__map_positions(s, start, end);
     ctxs__runway_adapt(s, n);
@@ -317,8 +315,6 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
             table[ctxs__slot(s, first + done + i)] = sums[i];
     }
     s->n_reserved = 0;
-    s->calls_last_turn = s->calls_this_turn;
-    s->calls_this_turn = 0;
 
     ctxs__state next = s->st;
     next.n_tokens = first + n;

@@ -66,14 +66,15 @@ struct ctxs_session {
     uint64_t map_from, map_to;    /* CTXS__JOB_MAP's positions (mutex) */
     uint32_t recent_reserves[4];  /* owner: the last reservations' sizes */
     uint32_t recent_next;
-    /* Owner only: the write path's staging buffer and, per layer, the
-     * stamp of its last write through the file (kv_write.c); NULL until
-     * the first such write. */
+    /* Per layer, the stamp of the write path's last write through the file
+     * (kv_write.c): set by the owner, read by the worker's passes, which
+     * skip a layer written after they began. A writer's only. */
+    _Atomic uint64_t *file_written;
+    /* Owner only: per layer, the positions last found writable
+     * (ctxs__kv_writable()); and the write path's staging buffer, made at
+     * its first use. */
+    struct ctxs__layer_seen *seen;
     uint8_t *bounce;
-    uint64_t *file_written;
-    /* Owner only: K/V came through write_layer/write_token in this turn,
-     * and did in the last committed one. */
-    uint8_t calls_this_turn, calls_last_turn;
     /* Worker only. */
     uint64_t written_back_to;     /* positions below: writeback started */
     uint32_t warm_advised;        /* runs of the bring-in read ahead */
@@ -245,6 +246,12 @@ int ctxs__kv_put(ctxs_session *s, uint64_t pos, uint32_t n, uint32_t l0, uint32_
  * CTXS_EFAILED (commit.c). */
 int ctxs__writable(ctxs_session *s);
 
+/* A layer found writable: positions [from, to) of the pass of stamp, at
+ * at_ms (monotonic), with `committed` tokens committed. */
+typedef struct ctxs__layer_seen {
+    uint64_t stamp, committed, from, to, at_ms;
+} ctxs__layer_seen;
+
 /* How ctxs__kv_writable() may judge. */
 enum {
     CTXS__ASK_OWNER = 1u << 0,  /* the owner's thread: knows its writes */
@@ -255,9 +262,11 @@ enum {
 
 /* Whether positions [from, to) of layers [l0, l1) are mapped writable by
  * this handle: a pass mapped them, and their pages are still dirty, so no
- * writeback has write-protected them since (runway.c). */
+ * writeback has write-protected them since (runway.c). When not yet, but a
+ * pass under way will map them, *pending (if not NULL) gets its stamp,
+ * else 0. */
 int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, uint32_t l1,
-                      unsigned how);
+                      unsigned how, uint64_t *pending);
 
 /* Forgets what was mapped writable: before a sync write-protects every
  * page, or a rollback moves positions back. */

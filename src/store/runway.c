@@ -34,6 +34,12 @@
 
 /* --- What was mapped -------------------------------------------------------- */
 
+/* How long a layer found writable is taken to stay so without asking the
+ * page cache again (ctxs__kv_writable()). The flusher wakes every 5 s
+ * (vm.dirty_writeback_centisecs); one that cleans the pages within this
+ * costs the calls after it some page faults, never a wrong byte. */
+#define SEEN_MS 50u
+
 static uint64_t monotonic_ms(void)
 {
     struct timespec ts;
@@ -90,20 +96,46 @@ static int run_dirty(const ctxs_session *s, uint32_t run, uint32_t slot, uint32_
 }
 
 int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, uint32_t l1,
-                      unsigned how)
+                      unsigned how, uint64_t *pending)
 {
+    if (pending)
+        *pending = 0;
     pthread_mutex_lock(&ctxs__registry_mutex);
     uint64_t pop_from = s->pop_from, pop_to = s->pop_to, stamp = s->pop_stamp;
     uint32_t layers = s->pop_layers;
     pthread_mutex_unlock(&ctxs__registry_mutex);
-    if (!(pop_to && pop_from <= from && to <= pop_to && l1 <= layers))
+    if (!(pop_to && pop_from <= from && to <= pop_to))
         return 0;
     /* A page written through the file after the pass mapped it may have
      * been cleaned in between, then dirtied by the write with its entry
      * still write-protected. */
     for (uint32_t l = l0; (how & CTXS__ASK_OWNER) && s->file_written && l < l1; l++)
-        if (s->file_written[l] > stamp)
+        if (atomic_load_explicit(&s->file_written[l], memory_order_relaxed) > stamp)
             return 0;
+    if (l1 > layers) {
+        /* A pass on its way: it maps these layers after whatever the
+         * caller writes now. */
+        if (pending)
+            *pending = stamp;
+        return 0;
+    }
+    /* One layer asked again soon after it was found writable, within what
+     * the page cache was asked about then: a reply decoded a token at a
+     * time asks 2 * n_layers times a token, and two cachestat calls each
+     * would cost more than its copies. What the page cache is asked about
+     * is the rest of what the pass mapped, where the next calls fall. */
+    ctxs__layer_seen *seen =
+        (how & CTXS__ASK_OWNER) && s->seen && l1 == l0 + 1 ? &s->seen[l0] : NULL;
+    uint64_t now = 0;
+    if (seen) {
+        /* A commit since starts writeback, which cleans the page its last
+         * slots share with the next ones. */
+        now = monotonic_ms();
+        if (seen->stamp == stamp && seen->committed == s->st.n_tokens && seen->from <= from &&
+            to <= seen->to && now - seen->at_ms < SEEN_MS)
+            return 1;
+        to = pop_to;
+    }
     /* The flusher cleans the pages of an inode in file order, so the first
      * and the last run of the range tell for the runs between (a race
      * with it costs some faults, never a wrong byte). */
@@ -120,6 +152,8 @@ int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, 
         if (b == 0)
             return 0;
     }
+    if (seen)
+        *seen = (ctxs__layer_seen){stamp, s->st.n_tokens, from, to, now};
     return 1;
 }
 
@@ -149,6 +183,12 @@ static void populate(ctxs_session *s, uint64_t from, uint64_t to)
     const uint64_t stamp = pass_begin(s, from, to);
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (uint32_t layer = 0; layer < lay->n_layers; layer++) {
+        /* The engine has written this layer through the file since this
+         * pass began, and nothing will store into it again (kv_write.c). */
+        if (s->file_written && atomic_load(&s->file_written[layer]) > stamp) {
+            pass_progress(s, stamp, layer + 1);
+            continue;
+        }
         for (uint32_t run = layer * runs_per_layer; run < (layer + 1) * runs_per_layer; run++) {
             uintptr_t base = (uintptr_t)(s->map + lay->kv_off + (size_t)run * lay->head_stride);
             for (uint32_t i = 0; i < n_spans; i++) {
@@ -228,7 +268,8 @@ void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
     uint64_t first = st->n_tokens, end = first + (len ? len : runway_clamp(s, 0));
     if (!s->ring && end > s->lay.capacity)
         end = s->lay.capacity;
-    if (first >= end || ctxs__kv_writable(s, first, end, 0, s->lay.n_layers, CTXS__ASK_BY_AGE))
+    if (first >= end ||
+        ctxs__kv_writable(s, first, end, 0, s->lay.n_layers, CTXS__ASK_BY_AGE, NULL))
         return;
     ctxs__span spans[2];
     ctxs__slot_spans(spans, first, end - first, s->lay.capacity, s->lay.n_sink);

@@ -13,8 +13,9 @@
  *                 handed over a layer at a time (ctxs_session_write_layer,
  *                 from [token][head][dim] as a forward pass makes them),
  *                 both after pauses of 50 ms, 2.5 s and 35 s (the last
- *                 stood for by a flusher made to write back after 1 s,
- *                 where the sysctls can be set); rewriting the whole state with
+ *                 stood for by the session file written back during the
+ *                 pause, as the kernel's flusher does after 30 s);
+ *                 rewriting the whole state with
  *                 write() + fdatasync (what llama.cpp state files do); the
  *                 whole state as one SQLite BLOB row; and two floors: the
  *                 same bytes copied into fresh pages of a plain mapped file
@@ -50,7 +51,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -573,6 +573,16 @@ static double cpu_us(clockid_t clock)
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
+/* What the kernel's flusher does to a file left alone for 30 s: every
+ * dirty page written back, clean and write-protected (see k_pauses_ms). */
+static void write_back_session(void)
+{
+    int fd = open(g_paths[F_SESSION], O_RDONLY | O_CLOEXEC);
+    check_sys(fd, "open session for writeback");
+    check_sys(fdatasync(fd), "fdatasync session");
+    check_sys(close(fd), "close session");
+}
+
 /* Pages of the file at path dirty in the page cache (cachestat(2), Linux
  * 6.5); -1 where that cannot be asked. */
 static long dirty_pages(const char *path)
@@ -618,6 +628,7 @@ static void measure_save_turn_ctxstore(const bench *b, uint32_t durability, int 
     for (int i = 0; i < b->iters; i++) {
         think();
         if (g_pause_label_ms != g_pause_ms) {
+            write_back_session();
             long d = dirty_pages(g_paths[F_SESSION]);
             dirty_max = d > dirty_max ? d : dirty_max;
         }
@@ -1144,82 +1155,16 @@ static void verify_session(const bench *b)
  * the runway, and with it write-protects its pages. */
 static const uint32_t k_pauses_ms[] = { 50, 2500, 35000 };
 
-/* The last stands for its length: the flusher made to write back what has
- * been dirty for 1 s, and to wake every 1 s, and a pause of 2.5 s, which
- * leaves the pages as 35 s at the defaults would. The sysctls are restored
- * right after, and on exit and on a signal. */
+/* The last stands for its length: after a pause of 2.5 s the session file
+ * is written back (fdatasync), as the kernel's flusher writes back a file
+ * whose pages have been dirty for vm.dirty_expire_centisecs (30 s): every
+ * page clean and write-protected, the runway's too. (Lowering that sysctl
+ * for the run instead makes the flusher write back everything of every
+ * process on the machine every second; on the shared 2-core VM that
+ * scattered these timings 2-4x.) A note says how many pages of the file
+ * were still dirty before each turn (none, when the stand-in holds). */
 #define LONG_PAUSE_MS 35000u
 #define STAND_IN_PAUSE_MS 2500u
-
-static const char *const k_sysctls[2] = {
-    "/proc/sys/vm/dirty_expire_centisecs",
-    "/proc/sys/vm/dirty_writeback_centisecs",
-};
-static char g_sysctl_saved[2][32];
-static volatile sig_atomic_t g_sysctl_changed;
-
-static int sysctl_read(const char *path, char *out, size_t n)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t r = read(fd, out, n - 1);
-    close(fd);
-    if (r <= 0)
-        return -1;
-    out[r] = '\0';
-    return 0;
-}
-
-/* open, write and close only: also called from a signal handler. */
-static int sysctl_write(const char *path, const char *value)
-{
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    size_t n = strlen(value);
-    ssize_t w = write(fd, value, n);
-    int rc = close(fd);
-    return w == (ssize_t)n && rc == 0 ? 0 : -1;
-}
-
-static void stand_in_end(void)
-{
-    if (!g_sysctl_changed)
-        return;
-    for (int i = 0; i < 2; i++)
-        sysctl_write(k_sysctls[i], g_sysctl_saved[i]);
-    g_sysctl_changed = 0;
-}
-
-/* Lowers the flusher's sysctls; 0 when they cannot be set (not root, a
- * read-only /proc), with a note, and nothing changed. */
-static int stand_in_begin(void)
-{
-    for (int i = 0; i < 2; i++)
-        if (sysctl_read(k_sysctls[i], g_sysctl_saved[i], sizeof g_sysctl_saved[i]) != 0) {
-            add_note("pause of %u ms skipped: %s cannot be read (%s)", LONG_PAUSE_MS,
-                     k_sysctls[i], strerror(errno));
-            return 0;
-        }
-    g_sysctl_changed = 1;
-    for (int i = 0; i < 2; i++)
-        if (sysctl_write(k_sysctls[i], "100\n") != 0) {
-            int e = errno;
-            stand_in_end();
-            add_note("pause of %u ms skipped: %s cannot be set (%s); it stands for the pause"
-                     " by making the flusher write back after 1 s (run as root)",
-                     LONG_PAUSE_MS, k_sysctls[i], strerror(e));
-            return 0;
-        }
-    return 1;
-}
-
-static void on_signal(int sig)
-{
-    stand_in_end();
-    remove_scratch_on_signal(sig);
-}
 
 /* save_turn at every pause: per layer, through the mapping, and the
  * memcpy floor, each turn after the pause (at LONG_PAUSE_MS, as it stands
@@ -1238,8 +1183,6 @@ static void measure_pauses(bench *b)
         pauses[n++] = k_pauses_ms[i];
     for (size_t i = 0; i < n; i++) {
         int stand_in = pauses[i] == LONG_PAUSE_MS && pauses[i] != g_gap_ms;
-        if (stand_in && !stand_in_begin())
-            continue;
         g_pause_label_ms = pauses[i];
         g_pause_ms = stand_in ? STAND_IN_PAUSE_MS : pauses[i];
         int iters = b->iters;
@@ -1253,7 +1196,6 @@ static void measure_pauses(bench *b)
         }
         measure_memcpy_resident_and_xxh3(b);
         b->iters = iters;
-        stand_in_end();
     }
     g_pause_ms = g_pause_label_ms = g_gap_ms;
 }
@@ -1398,10 +1340,10 @@ static void print_header(FILE *f, const char *dir)
         " ctxs_session_write_layer, a layer at a time from [token][head][dim]"
         " (the session's dtype; Q8's scales after the elements); it and"
         " ctxstore_async and memcpy_resident after pauses of 50, 2500 and 35000 ms (the"
-        " pause_ms column; 35000 stood for by vm.dirty_expire_centisecs ="
-        " vm.dirty_writeback_centisecs = 100 and a %u ms pause: the flusher"
-        " has written back and write-protected the runway, as after 35 s at"
-        " the defaults; restored after). floor: the same %d memcpys into a fresh"
+        " pause_ms column; 35000 stood for by a %u ms pause and an fdatasync"
+        " of the session file before the turn, untimed: every page written"
+        " back and write-protected, the runway's too, as the kernel's"
+        " flusher leaves them after 30 s). floor: the same %d memcpys into a fresh"
         " contiguous region of a mapped file (ftruncate + fallocate"
         " untimed, MAP_SHARED), no sync. memcpy_resident: the same memcpys"
         " into anonymous pages already written once (no fault). Every save"
@@ -1558,8 +1500,7 @@ int main(int argc, char **argv)
 {
     options o = parse_options(argc, argv);
     g_gap_ms = g_pause_ms = g_pause_label_ms = o.gap_ms;
-    catch_signals(on_signal);
-    atexit(stand_in_end); /* die() exits too */
+    catch_signals(remove_scratch_on_signal);
     make_scratch_dir(o.dir, "ctxstore-bench");
     for (int i = 0; i < N_FILES; i++)
         scratch_file(g_paths[i], k_file_names[i]);

@@ -18,9 +18,9 @@
  *
  *     ctxs_reservation r;
  *     ctxs_session_reserve(&r, s, n_new);        // slots for n_new tokens
- *     for (uint32_t i = 0; i < n_new; i++)       // or write through
- *         ctxs_session_write_token(s, &r, i, k[i], v[i],   // ctxs_session_get_kv
- *                                  CTXS_DTYPE_F32); // the engine's floats
+ *     for (uint32_t l = 0; l < n_layers; l++)    // a layer at a time, as a
+ *         ctxs_session_write_layer(s, &r, l, 0, n_new, k[l], v[l],
+ *                                  CTXS_DTYPE_F32); // forward pass makes them
  *     ctxs_session_commit(s, token_ids, n_new);  // durable per the level
  *     ctxs_session_close(s);
  *
@@ -233,9 +233,14 @@ typedef enum ctxs_durability {
  *   it too); an attention pass right after the open waits only for the
  *   pages not yet in, and one after a pause finds them all in;
  * - after a commit: at ASYNC, writeback of the committed tokens is started;
- *   at every level, the next slots are allocated and mapped writable (a
+ *   the next slots are allocated and (at NONE and ASYNC) mapped writable (a
  *   "runway" of twice the largest recent reservation, at most 128 MiB), so
- *   that the next ctxs_session_reserve() costs microseconds.
+ *   that the next ctxs_session_reserve() costs microseconds and the next
+ *   turn's K/V go straight into mapped pages;
+ * - after a reserve beyond the runway, or once writeback has cleaned it:
+ *   the reserved slots are mapped, a layer at a time, while the engine
+ *   computes; and ahead of an engine that writes a few tokens at a time
+ *   through ctxs_session_write_layer() (a reply decoded token by token).
  *
  * The thread is started by the first open or create with the option in the
  * process, and stopped and joined by the close of the last such session; a

@@ -138,6 +138,19 @@ struct ctxs_store {
 
 /* --- store.c ---------------------------------------------------------- */
 
+/* The named tables of the index, as every handle opens them: the name,
+ * where ctxs_store keeps the handle, the flags the table persists, and
+ * for a table of fixed-size duplicates (MDB_DUPFIXED) the size of each;
+ * the page walk (index_pages.c) holds a file to the same. */
+typedef struct ctxs__table {
+    const char *name;
+    size_t offset;
+    unsigned flags;
+    uint32_t dup_bytes;
+} ctxs__table;
+extern const ctxs__table ctxs__tables[];
+extern const size_t ctxs__n_tables;
+
 /* Translates an LMDB or errno code to a ctxstore code. */
 int ctxs__mdb_error(int rc);
 
@@ -157,16 +170,17 @@ int ctxs__index_file_check(const char *data_path, int empty_ok);
 
 /* --- index_pages.c ---------------------------------------------------- */
 
-/* Walks, by pread() on fd, the free tree and the main tree of a meta
- * (free_db, main_db: its MDB_db records; lmdb_layout.h) and every named
- * tree and tree of duplicates below them, checking every page they reach
- * against what LMDB's reads of it assume, within the psize-byte pages 0
- * to last_pg, which the caller knows the file holds. 0, CTXS_EINDEX (a
- * page or record LMDB would read out of bounds, a cycle, a page reached
- * twice), CTXS_ENOMEM, -errno. */
-struct lmdb_db;
-int ctxs__index_pages_check(int fd, uint32_t psize, uint64_t last_pg,
-                            const struct lmdb_db *free_db, const struct lmdb_db *main_db);
+/* Walks, by pread() on fd, the free tree and the main tree of meta (the
+ * one LMDB will use; lmdb_layout.h) and every named tree and tree of
+ * duplicates below them, checking every page they reach against what
+ * LMDB's reads and writes of it assume, within the pages 0 to
+ * meta->last_pg, which the caller knows the file holds; then the free
+ * lists against the pages the trees reached. 0, CTXS_EINDEX (a page or
+ * record LMDB would read out of bounds, a cycle, a page reached twice, a
+ * flag or size a writer would act on wrongly, a free page in use),
+ * CTXS_ENOMEM, -errno. */
+struct lmdb_meta;
+int ctxs__index_pages_check(int fd, const struct lmdb_meta *meta);
 
 /* Copies the data file at data_path to copy_path in a form LMDB can open
  * read-only, for salvage: a lost meta page replaced by the other, a file

@@ -17,7 +17,11 @@
  *   as mdb_env_read_header() picks) claims pages that the file holds:
  *   (mm_last_pg + 1) * mm_psize bytes at least, and roots of the free and
  *   main trees below that. This is the check that keeps LMDB's reads
- *   inside the file; a file may be longer (LMDB never shrinks it).
+ *   inside the file; a file may be longer (LMDB never shrinks it);
+ * - its transaction id is one a writer can count on from (at most
+ *   2^63 - 1: a writer's is one more, and 2^64 - 1 marks a free reader
+ *   slot), and it sits on the page that id's parity names, where LMDB
+ *   looks for it once the environment is open.
  *
  * Then the pages of the trees that meta reaches are walked
  * (index_pages.c): LMDB trusts what is inside a page as much as the file's
@@ -162,17 +166,22 @@ static int check_once(int fd, int empty_ok, lmdb_meta_page m[2], uint32_t *p1_at
         rc = -errno;
         goto leave;
     }
-    const lmdb_meta *use = b->txnid > a->txnid ? b : a;
+    int use_page = b->txnid > a->txnid;
+    const lmdb_meta *use = use_page ? b : a;
     uint64_t psize = use->dbs[0].pad;
     /* mm_last_pg is at least 1 (the meta pages) and its byte count must
-     * not overflow before it is compared. */
+     * not overflow before it is compared. The meta of transaction T is
+     * written at page T & 1, and an environment with a lock file finds
+     * it there again: a newest meta on the other page sends readers and
+     * writers to the older one's trees, whose pages the newer may have
+     * reused. */
     if (use->last_pg < 1 || use->last_pg >= (uint64_t)INT64_MAX / psize ||
         (use->last_pg + 1) * psize > (uint64_t)sb.st_size ||
-        !root_ok(use->dbs[0].root, use->last_pg) || !root_ok(use->dbs[1].root, use->last_pg))
+        !root_ok(use->dbs[0].root, use->last_pg) || !root_ok(use->dbs[1].root, use->last_pg) ||
+        use->txnid > LMDB_TXNID_MAX || (use->txnid & 1) != (uint64_t)use_page)
         rc = CTXS_EINDEX;
     else
-        rc = ctxs__index_pages_check(fd, (uint32_t)psize, use->last_pg, &use->dbs[0],
-                                     &use->dbs[1]);
+        rc = ctxs__index_pages_check(fd, use);
 leave:
     return rc;
 }

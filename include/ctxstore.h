@@ -899,8 +899,15 @@ typedef struct ctxs_store_options {
  * process with SIGBUS), both meta pages must be intact, every page of
  * every tree the current meta reaches must be one LMDB can read without
  * leaving it (its header, node offsets, key and data sizes, overflow
- * runs, tables' and duplicates' roots and sub-pages; no cycle), and the
- * index's format record must be whole. The page check reads every page
+ * runs, tables' and duplicates' roots and sub-pages; no cycle) or that a
+ * writer can change without harm (page and tree flags as LMDB writes
+ * them, duplicates of the size the table holds, free lists naming only
+ * free pages, once each, a transaction id below 2^63), and the index's
+ * format record must be whole. The files of index/ (data.mdb, lock.mdb,
+ * store.lock) must be regular files: a FIFO, socket, device, directory
+ * or symbolic link there is CTXS_EINDEX at once (it is never opened as
+ * the file, nor a link followed out of the store, so no open blocks on
+ * one), and ctxs_store_repair_index() mends it. The page check reads every page
  * the trees use, by pread(), on the first open of the store in a process
  * (measured: about 3 ms for a 7.7 MB index, page cache warm). Another
  * process committing meanwhile never makes it report damage. A damaged index is CTXS_EINDEX, never
@@ -1409,13 +1416,19 @@ typedef struct ctxs_salvage_result {
  * a damaged index does not open. In order:
  *
  * 1. Takes the store lock exclusively: CTXS_EBUSY while any process (this
- *    one included) has the store open, and nothing is changed.
+ *    one included) has the store open, and nothing is changed. A
+ *    store.lock or lock.mdb that is no regular file (a FIFO, socket,
+ *    device, symbolic link or empty directory) is removed first and made
+ *    anew (neither holds anything the store needs); one that is a
+ *    directory with something in it is CTXS_EINDEX, and left.
  * 2. Reads what still reads of index/data.mdb, from a private copy made
  *    readable (a lost meta page replaced by the other, a file cut short
  *    extended with zeros), each table in a child process of its own under
  *    a time bound (60 s): a fault inside LMDB on a page it cannot validate ends
  *    that child and loses the rest of that table, never the caller. Every
- *    row the children send is checked again here.
+ *    row the children send is checked again here. A data.mdb that is no
+ *    regular file (a FIFO, a symbolic link, ...) is neither opened nor
+ *    followed: nothing is read of it.
  * 3. Moves the damaged data.mdb (and LMDB's lock.mdb) into
  *    dir/index.damaged-<unix seconds>/ (out->moved_to): it is never
  *    deleted.
@@ -1446,7 +1459,8 @@ typedef struct ctxs_salvage_result {
  * out->moved_to says where the damaged index went if it was moved before
  * the failure (release it too).
  * Errors: CTXS_EBUSY, CTXS_EFOREIGN (dir is no store: neither index/ nor
- * sessions/), CTXS_EVERSION (the index says it was written by a newer
+ * sessions/), CTXS_EINDEX (index/store.lock or lock.mdb is a directory
+ * that is not empty), CTXS_EVERSION (the index says it was written by a newer
  * major version: nothing is changed), CTXS_EINVAL, -ENOENT, CTXS_ENOMEM,
  * CTXS_EFULL, -errno; and those of ctxs_store_reindex(). Thread-safe as
  * far as it goes: it refuses a store open in this process. */

@@ -156,6 +156,18 @@ int ctxs__mdb_error(int rc);
 
 /* --- index_check.c ---------------------------------------------------- */
 
+/* Whether the files of index_dir that exist (data.mdb, lock.mdb,
+ * store.lock) are regular files, looked at without following a link:
+ * 0, CTXS_EINDEX (one is a FIFO, socket, device, directory or symbolic
+ * link), CTXS_ENOMEM, -errno. A missing index_dir is 0. */
+int ctxs__index_dir_check(const char *index_dir);
+
+/* Opens path, a file of index/, with flags | O_CLOEXEC | O_NOFOLLOW |
+ * O_NONBLOCK (mode 0600 where flags create it), and checks that it is a
+ * regular file. The descriptor, or CTXS_EINDEX (not a regular file: a
+ * symbolic link, a FIFO, ...), -errno. */
+int ctxs__index_file_open(const char *path, int flags);
+
 /* Checks the index's data file at data_path before LMDB maps it: both
  * meta pages, that the file holds every page the meta LMDB will use
  * claims, and every page of the trees that meta reaches
@@ -163,7 +175,8 @@ int ctxs__mdb_error(int rc);
  * counts only if the metas held still meanwhile. 0 for a file LMDB may
  * open (a missing one too, and an empty one if empty_ok: a store whose
  * creation died before LMDB wrote it), CTXS_EINDEX (a damaged index: cut
- * short, a meta page lost, a page garbled), CTXS_EFOREIGN (nothing of
+ * short, a meta page lost, a page garbled; or not a regular file),
+ * CTXS_EFOREIGN (nothing of
  * LMDB's in it), CTXS_EVERSION (another LMDB data version), CTXS_ENOMEM,
  * -errno. */
 int ctxs__index_file_check(const char *data_path, int empty_ok);

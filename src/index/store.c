@@ -444,8 +444,10 @@ int ctxs__store_lock_exclusive(int *fd, const char *index_dir, const struct stat
     char *path = rc == 0 ? join(index_dir, STORE_LOCK_FILE) : NULL;
     if (rc == 0 && !path)
         rc = CTXS_ENOMEM;
-    if (rc == 0 && (*fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0)
-        rc = -errno;
+    if (rc == 0 && (rc = ctxs__index_file_open(path, O_RDWR | O_CREAT)) >= 0) {
+        *fd = rc;
+        rc = 0;
+    }
     free(path);
     if (rc == 0 && (rc = store_lock(*fd, F_WRLCK, 0)) < 0) {
         close(*fd);
@@ -468,13 +470,11 @@ static int store_lock_take(ctxs_store *st, const char *index_dir)
     char *path = join(index_dir, STORE_LOCK_FILE);
     if (!path)
         return CTXS_ENOMEM;
-    if (st->rdonly)
-        st->lock_fd = ctxs__open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    else
-        st->lock_fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int fd = ctxs__index_file_open(path, st->rdonly ? O_RDONLY : O_RDWR | O_CREAT);
     free(path);
-    if (st->lock_fd < 0)
-        return st->rdonly && errno == ENOENT ? 0 : -errno;
+    st->lock_fd = fd < 0 ? -1 : fd;
+    if (fd < 0)
+        return st->rdonly && fd == -ENOENT ? 0 : fd;
     return store_lock(st->lock_fd, F_RDLCK, 1);
 }
 
@@ -658,7 +658,7 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
     if (!(st->sessions_dir = join(st->dir, "sessions")) ||
         !(index_dir = join(st->dir, "index")))
         rc = CTXS_ENOMEM;
-    else
+    else if ((rc = ctxs__index_dir_check(index_dir)) == 0)
         rc = create ? make_dir(index_dir) : check_is_store(index_dir);
     if (rc == 0)
         rc = store_lock_take(st, index_dir);

@@ -113,6 +113,7 @@ extern "C" {
 #define CTXS_DEFAULT_REMOTE_RETRIES 5u     /* tries of a background push */
 #define CTXS_DEFAULT_REMOTE_BACKOFF_MS 50u /* first retry's wait, then doubled */
 #define CTXS_DEFAULT_REMOTE_QUEUE_MAX 4096u /* background push jobs waiting */
+#define CTXS_DEFAULT_REMOTE_CALL_MS 300000u /* one remote call, all of it */
 
 /* ---------------------------------------------------------------------------
  * Errors
@@ -1628,6 +1629,21 @@ CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
  * -EHOSTUNREACH, ...; a password refused or required is -EACCES;
  * CTXS_EREMOTE is a server that answered with an error (out of memory with
  * a noeviction policy, not a Redis) or holds a damaged session record.
+ *
+ * A server is trusted with nothing but its data, which is verified: every
+ * call ends by its deadline (call_ms) whatever the server sends or holds
+ * back (-ETIMEDOUT), each read waits at most timeout_ms, and every reply
+ * has a size cap from what a valid one can be, checked before it is
+ * buffered: a chunk at most what a chunk of the model holds, a session
+ * record at most a record of 2^24 tokens with a full metadata section
+ * (66 MiB), a SCAN reply 4096 keys of at most a key's length, an INFO
+ * section 1 MiB, a status or integer 64 KiB, no array where none is
+ * expected; a listing walks at most 1,000,000 SCAN rounds and takes at
+ * most 100,000 keys from them (what it keeps of each is ~300 bytes). A
+ * reply past its cap, or a listing past its
+ * bounds, ends the call with CTXS_EREMOTE, and nothing local is touched
+ * (a pull leaves no session, or a complete and verified one).
+ * ctxs_remote_get_message() says which limit, and what the server sent.
  */
 typedef struct ctxs_remote ctxs_remote;
 
@@ -1660,13 +1676,29 @@ typedef struct ctxs_remote_options {
                                 "ctxs"; a valid name (CTXS_NAME_RULE)
                                 without ':', so that no prefix and
                                 session name make another's key */
-    uint8_t reserved[32];    /* must be zero */
+    uint32_t call_ms;        /* the deadline of one call, all its commands
+                                and replies together: a push, a pull, a
+                                list, an info, a background job, the
+                                connection check; 0: the default
+                                (CTXS_DEFAULT_REMOTE_CALL_MS, 5 minutes:
+                                a 288 MiB session over 10 Mbit/s). A server
+                                that answers a byte at a time ends the call
+                                at it (-ETIMEDOUT), and so does one that
+                                never ends a SCAN */
+    uint8_t reserved[28];    /* must be zero */
 } ctxs_remote_options;
 
 #define CTXS_REMOTE_OPTIONS_INIT                                               \
     { CTXS_REMOTE_OPTIONS_VERSION, CTXS_DEFAULT_REMOTE_TIMEOUT_MS,           \
       CTXS_DEFAULT_REMOTE_RETRIES, CTXS_DEFAULT_REMOTE_BACKOFF_MS,           \
-      CTXS_DEFAULT_REMOTE_QUEUE_MAX, 1, 1, NULL, { 0 } }
+      CTXS_DEFAULT_REMOTE_QUEUE_MAX, 1, 1, NULL, 0, { 0 } }
+
+/* What the last remote call of the calling thread that failed found, in
+ * one sentence ("the SCAN reply holds an array of 2147483647 elements,
+ * above 4096", "no reply within the call's deadline of 2000 ms", ...), or
+ * "" when it said nothing more than its code. Per thread, until that
+ * thread's next remote call; never NULL. Thread-safe. */
+CTXS_API const char *ctxs_remote_get_message(void);
 
 /* Connects st to the Redis server at url and starts its push thread.
  * url is "redis://[[user]:password@]host[:port][/db]" (port 6379, db 0;

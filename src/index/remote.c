@@ -403,19 +403,21 @@ static int reader_error(redisContext *c, int saved)
     return context_error(c, saved);
 }
 
-/* Sends hiredis's output buffer, within the call's deadline. */
+/* Sends hiredis's output buffer, within the call's deadline: a write
+ * that did not take it all waits for the socket first. */
 static int obuf_flush(redisContext *c)
 {
-    int done = 0;
-    do {
-        int rc = conn_wait(c, POLLOUT);
-        if (rc < 0)
-            return rc;
+    for (;;) {
+        int done = 0;
         errno = 0;
         if (redisBufferWrite(c, &done) != REDIS_OK)
             return context_error(c, errno);
-    } while (!done);
-    return 0;
+        if (done)
+            return 0;
+        int rc = conn_wait(c, POLLOUT);
+        if (rc < 0)
+            return rc;
+    }
 }
 
 /* Reads the next pipelined reply into *out (freeReplyObject() it), held

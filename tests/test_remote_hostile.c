@@ -39,8 +39,15 @@ TestSuite(remote_hostile, .init = ts_scratch_init, .fini = ts_scratch_fini, .tim
 
 /* The peak memory a hostile call may add to this process: well below
  * what the server offers (2 GiB, 50 MiB, 2^31 slots) and above the
- * caps a reply may fill legitimately here. */
+ * caps a reply may fill legitimately here. Under AddressSanitizer, what
+ * is freed stays in its quarantine (256 MiB by default) instead of being
+ * used again: a call that reads reply after reply (the endless SCAN)
+ * holds that much more at its peak, and still far less than unbounded. */
+#if defined(__SANITIZE_ADDRESS__)
+#define PEAK_MAX ((24u << 20) + (256u << 20))
+#else
 #define PEAK_MAX (24u << 20)
+#endif
 
 enum scenario {
     S_REDIS,          /* answers as the real server did */

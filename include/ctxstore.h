@@ -113,6 +113,7 @@ extern "C" {
 #define CTXS_DEFAULT_REMOTE_RETRIES 5u     /* tries of a background push */
 #define CTXS_DEFAULT_REMOTE_BACKOFF_MS 50u /* first retry's wait, then doubled */
 #define CTXS_DEFAULT_REMOTE_QUEUE_MAX 4096u /* background push jobs waiting */
+#define CTXS_DEFAULT_REMOTE_CALL_MS 300000u /* one remote call, all of it */
 
 /* ---------------------------------------------------------------------------
  * Errors
@@ -899,8 +900,15 @@ typedef struct ctxs_store_options {
  * process with SIGBUS), both meta pages must be intact, every page of
  * every tree the current meta reaches must be one LMDB can read without
  * leaving it (its header, node offsets, key and data sizes, overflow
- * runs, tables' and duplicates' roots and sub-pages; no cycle), and the
- * index's format record must be whole. The page check reads every page
+ * runs, tables' and duplicates' roots and sub-pages; no cycle) or that a
+ * writer can change without harm (page and tree flags as LMDB writes
+ * them, duplicates of the size the table holds, free lists naming only
+ * free pages, once each, a transaction id below 2^63), and the index's
+ * format record must be whole. The files of index/ (data.mdb, lock.mdb,
+ * store.lock) must be regular files: a FIFO, socket, device, directory
+ * or symbolic link there is CTXS_EINDEX at once (it is never opened as
+ * the file, nor a link followed out of the store, so no open blocks on
+ * one), and ctxs_store_repair_index() mends it. The page check reads every page
  * the trees use, by pread(), on the first open of the store in a process
  * (measured: about 3 ms for a 7.7 MB index, page cache warm). Another
  * process committing meanwhile never makes it report damage. A damaged index is CTXS_EINDEX, never
@@ -1409,13 +1417,19 @@ typedef struct ctxs_salvage_result {
  * a damaged index does not open. In order:
  *
  * 1. Takes the store lock exclusively: CTXS_EBUSY while any process (this
- *    one included) has the store open, and nothing is changed.
+ *    one included) has the store open, and nothing is changed. A
+ *    store.lock or lock.mdb that is no regular file (a FIFO, socket,
+ *    device, symbolic link or empty directory) is removed first and made
+ *    anew (neither holds anything the store needs); one that is a
+ *    directory with something in it is CTXS_EINDEX, and left.
  * 2. Reads what still reads of index/data.mdb, from a private copy made
  *    readable (a lost meta page replaced by the other, a file cut short
  *    extended with zeros), each table in a child process of its own under
  *    a time bound (60 s): a fault inside LMDB on a page it cannot validate ends
  *    that child and loses the rest of that table, never the caller. Every
- *    row the children send is checked again here.
+ *    row the children send is checked again here. A data.mdb that is no
+ *    regular file (a FIFO, a symbolic link, ...) is neither opened nor
+ *    followed: nothing is read of it.
  * 3. Moves the damaged data.mdb (and LMDB's lock.mdb) into
  *    dir/index.damaged-<unix seconds>/ (out->moved_to): it is never
  *    deleted.
@@ -1446,7 +1460,8 @@ typedef struct ctxs_salvage_result {
  * out->moved_to says where the damaged index went if it was moved before
  * the failure (release it too).
  * Errors: CTXS_EBUSY, CTXS_EFOREIGN (dir is no store: neither index/ nor
- * sessions/), CTXS_EVERSION (the index says it was written by a newer
+ * sessions/), CTXS_EINDEX (index/store.lock or lock.mdb is a directory
+ * that is not empty), CTXS_EVERSION (the index says it was written by a newer
  * major version: nothing is changed), CTXS_EINVAL, -ENOENT, CTXS_ENOMEM,
  * CTXS_EFULL, -errno; and those of ctxs_store_reindex(). Thread-safe as
  * far as it goes: it refuses a store open in this process. */
@@ -1614,6 +1629,21 @@ CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
  * -EHOSTUNREACH, ...; a password refused or required is -EACCES;
  * CTXS_EREMOTE is a server that answered with an error (out of memory with
  * a noeviction policy, not a Redis) or holds a damaged session record.
+ *
+ * A server is trusted with nothing but its data, which is verified: every
+ * call ends by its deadline (call_ms) whatever the server sends or holds
+ * back (-ETIMEDOUT), each read waits at most timeout_ms, and every reply
+ * has a size cap from what a valid one can be, checked before it is
+ * buffered: a chunk at most what a chunk of the model holds, a session
+ * record at most a record of 2^24 tokens with a full metadata section
+ * (66 MiB), a SCAN reply 4096 keys of at most a key's length, an INFO
+ * section 1 MiB, a status or integer 64 KiB, no array where none is
+ * expected; a listing walks at most 1,000,000 SCAN rounds and takes at
+ * most 100,000 keys from them (what it keeps of each is ~300 bytes). A
+ * reply past its cap, or a listing past its
+ * bounds, ends the call with CTXS_EREMOTE, and nothing local is touched
+ * (a pull leaves no session, or a complete and verified one).
+ * ctxs_remote_get_message() says which limit, and what the server sent.
  */
 typedef struct ctxs_remote ctxs_remote;
 
@@ -1646,13 +1676,29 @@ typedef struct ctxs_remote_options {
                                 "ctxs"; a valid name (CTXS_NAME_RULE)
                                 without ':', so that no prefix and
                                 session name make another's key */
-    uint8_t reserved[32];    /* must be zero */
+    uint32_t call_ms;        /* the deadline of one call, all its commands
+                                and replies together: a push, a pull, a
+                                list, an info, a background job, the
+                                connection check; 0: the default
+                                (CTXS_DEFAULT_REMOTE_CALL_MS, 5 minutes:
+                                a 288 MiB session over 10 Mbit/s). A server
+                                that answers a byte at a time ends the call
+                                at it (-ETIMEDOUT), and so does one that
+                                never ends a SCAN */
+    uint8_t reserved[28];    /* must be zero */
 } ctxs_remote_options;
 
 #define CTXS_REMOTE_OPTIONS_INIT                                               \
     { CTXS_REMOTE_OPTIONS_VERSION, CTXS_DEFAULT_REMOTE_TIMEOUT_MS,           \
       CTXS_DEFAULT_REMOTE_RETRIES, CTXS_DEFAULT_REMOTE_BACKOFF_MS,           \
-      CTXS_DEFAULT_REMOTE_QUEUE_MAX, 1, 1, NULL, { 0 } }
+      CTXS_DEFAULT_REMOTE_QUEUE_MAX, 1, 1, NULL, 0, { 0 } }
+
+/* What the last remote call of the calling thread that failed found, in
+ * one sentence ("the SCAN reply holds an array of 2147483647 elements,
+ * above 4096", "no reply within the call's deadline of 2000 ms", ...), or
+ * "" when it said nothing more than its code. Per thread, until that
+ * thread's next remote call; never NULL. Thread-safe. */
+CTXS_API const char *ctxs_remote_get_message(void);
 
 /* Connects st to the Redis server at url and starts its push thread.
  * url is "redis://[[user]:password@]host[:port][/db]" (port 6379, db 0;

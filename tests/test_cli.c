@@ -991,6 +991,150 @@ Test(cli, reindex_rebuilds_a_lost_index_beside_the_session_files)
     jc_free(v);
 }
 
+/* Whether path is a regular file (lstat: a link is not). */
+static int is_regular(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* A store with one session, "chat", renamed so that only the index
+ * knows its name (a rebuild from the files alone would call it
+ * otherwise) -- and so whether an index came back whole shows. */
+static void special_store(void)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "first", 256, 1, 70);
+    cr_assert_eq(ctxs_store_session_rename(st, "first", "chat"), 0);
+    ctxs_store_close(st);
+}
+
+/* ls lists "chat" (exits 0). */
+static void lists_chat(void)
+{
+    CLI_EXPECT(EX_OK, S(), "ls");
+    contains(1, "chat");
+}
+
+/* ls lists one session: the store's one file, indexed again. */
+static void lists_one(void)
+{
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    jc_value *v = json_out();
+    const jc_value *list = v->type == JC_ARRAY ? v : jc_find_key(v, "sessions");
+    cr_assert(list && list->type == JC_ARRAY && list->n == 1, "%s", R.out);
+    jc_free(v);
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    size_t len;
+    uint8_t *bytes = ts_read_file(from, &len);
+    cr_assert_not_null(bytes, "%s", from);
+    cr_assert_eq(ts_write_file(to, bytes, len), 0);
+    free(bytes);
+}
+
+Test(cli, special_files_in_the_index_are_refused_in_bounded_time_and_repair_index_mends_them)
+{
+    /* Each of these blocked every command forever, or followed a link
+     * out of the store: a run that does not end fails the test. */
+    cli_run_limit_s = 60;
+    special_store();
+    char index[4200], lock[4300], data[4300], lmdb_lock[4300], aside[4300], victim[4300];
+    snprintf(index, sizeof(index), "%s/index", S());
+    snprintf(lock, sizeof(lock), "%s/store.lock", index);
+    snprintf(data, sizeof(data), "%s/data.mdb", index);
+    snprintf(lmdb_lock, sizeof(lmdb_lock), "%s/lock.mdb", index);
+    snprintf(aside, sizeof(aside), "%s/index-data.mdb", ts_scratch);
+    snprintf(victim, sizeof(victim), "%s/victim", ts_scratch);
+
+    /* A FIFO at store.lock: read and write commands alike. */
+    cr_assert_eq(unlink(lock), 0);
+    cr_assert_eq(mkfifo(lock, 0600), 0);
+    CLI_EXPECT(EX_INDEX, S(), "ls");
+    contains(0, "index/store.lock is a FIFO (named pipe)");
+    contains(0, "repair-index");
+    CLI_EXPECT(EX_INDEX, S(), "pin", "chat");
+    contains(0, "index/store.lock is a FIFO");
+    CLI_EXPECT(EX_OK, S(), "repair-index");
+    contains(0, "index/store.lock was a FIFO (named pipe)");
+    cr_assert(is_regular(lock));
+    lists_chat();
+
+    /* A FIFO at data.mdb: repair-index blocked too, and once killed left
+     * the store without an index. */
+    cr_assert_eq(rename(data, aside), 0);
+    cr_assert_eq(mkfifo(data, 0600), 0);
+    CLI_EXPECT(EX_INDEX, S(), "ls");
+    contains(0, "index/data.mdb is a FIFO (named pipe)");
+    contains(0, "repair-index");
+    CLI_EXPECT(EX_INDEX, S(), "verify", "--all");
+    CLI_EXPECT(EX_OK, S(), "repair-index");
+    contains(0, "index/data.mdb was a FIFO (named pipe)");
+    contains(1, "indexed 1 session file");
+    cr_assert(is_regular(data));
+    lists_one();
+
+    /* data.mdb a symbolic link to the index itself, moved out: never
+     * followed; the first way out is to put the file back. */
+    cr_assert_eq(unlink(data), 0);
+    copy_file(aside, data);
+    CLI_EXPECT(EX_OK, S(), "ls");
+    contains(1, "chat");
+    cr_assert_eq(rename(data, aside), 0);
+    cr_assert_eq(symlink(aside, data), 0);
+    CLI_EXPECT(EX_INDEX, S(), "ls");
+    contains(0, "index/data.mdb is a symbolic link to '");
+    contains(0, "mv TARGET");
+    cr_assert(!strstr(R.err, "ELOOP") && !strstr(R.err, "symbolic links"), "%s", R.err);
+    cr_assert_eq(unlink(data), 0);
+    cr_assert_eq(rename(aside, data), 0);
+    lists_chat();
+    /* The other: repair-index moves the link aside and rebuilds. */
+    copy_file(data, aside);
+    cr_assert_eq(unlink(data), 0);
+    cr_assert_eq(symlink(aside, data), 0);
+    CLI_EXPECT(EX_OK, S(), "repair-index");
+    contains(0, "index/data.mdb was a symbolic link");
+    cr_assert(is_regular(data));
+    lists_one();
+
+    /* lock.mdb a symbolic link out of the store: LMDB would truncate and
+     * map the far file as its reader table. */
+    cr_assert_eq(ts_write_file(victim, "precious\n", 9), 0);
+    unlink(lmdb_lock);
+    cr_assert_eq(symlink(victim, lmdb_lock), 0);
+    CLI_EXPECT(EX_INDEX, S(), "ls");
+    contains(0, "index/lock.mdb is a symbolic link to '");
+    CLI_EXPECT(EX_OK, S(), "repair-index");
+    contains(0, "index/lock.mdb was a symbolic link");
+    cr_assert(is_regular(lmdb_lock));
+    size_t len;
+    uint8_t *bytes = ts_read_file(victim, &len);
+    cr_assert(bytes && len == 9 && memcmp(bytes, "precious\n", 9) == 0,
+              "the link's target was written");
+    free(bytes);
+    CLI_EXPECT(EX_OK, S(), "ls");
+
+    /* A directory with something in it at store.lock: repair-index
+     * leaves it, and says to remove it by hand. */
+    char inside[4400];
+    cr_assert_eq(unlink(lock), 0);
+    cr_assert_eq(mkdir(lock, 0700), 0);
+    snprintf(inside, sizeof(inside), "%s/x", lock);
+    cr_assert_eq(ts_write_file(inside, "x", 1), 0);
+    CLI_EXPECT(EX_INDEX, S(), "ls");
+    contains(0, "index/store.lock is a directory");
+    contains(0, "rm -r");
+    CLI_EXPECT(EX_INDEX, S(), "repair-index");
+    contains(0, "remove it by hand");
+    ts_rmtree(lock);
+    lists_one();
+    cli_run_limit_s = 0;
+}
+
 Test(cli, read_commands_work_on_a_store_the_user_cannot_write)
 {
     ctxs_store *st = ts_store_open(S());

@@ -257,23 +257,20 @@ static void store_free(ctxs_store *st)
     free(st);
 }
 
-static const struct {
-    const char *name;
-    size_t offset;
-    unsigned flags;
-} dbis[] = {
-    {"meta", offsetof(ctxs_store, meta), 0},
-    {"sessions", offsetof(ctxs_store, sessions), 0},
-    {"ids", offsetof(ctxs_store, ids), 0},
-    {"models", offsetof(ctxs_store, models), 0},
-    {"filehash", offsetof(ctxs_store, filehash), 0},
-    {"checkpoints", offsetof(ctxs_store, checkpoints), 0},
-    {"prefixes", offsetof(ctxs_store, prefixes), MDB_DUPSORT | MDB_DUPFIXED},
-    {"chunks", offsetof(ctxs_store, chunks), 0},
-    {"pending", offsetof(ctxs_store, pending), 0},
-    {"metadata", offsetof(ctxs_store, metadata), 0},
-    {"pins", offsetof(ctxs_store, pins), 0},
+const ctxs__table ctxs__tables[] = {
+    {"meta", offsetof(ctxs_store, meta), 0, 0},
+    {"sessions", offsetof(ctxs_store, sessions), 0, 0},
+    {"ids", offsetof(ctxs_store, ids), 0, 0},
+    {"models", offsetof(ctxs_store, models), 0, 0},
+    {"filehash", offsetof(ctxs_store, filehash), 0, 0},
+    {"checkpoints", offsetof(ctxs_store, checkpoints), 0, 0},
+    {"prefixes", offsetof(ctxs_store, prefixes), MDB_DUPSORT | MDB_DUPFIXED, 8},
+    {"chunks", offsetof(ctxs_store, chunks), 0, 0},
+    {"pending", offsetof(ctxs_store, pending), 0, 0},
+    {"metadata", offsetof(ctxs_store, metadata), 0, 0},
+    {"pins", offsetof(ctxs_store, pins), 0, 0},
 };
+const size_t ctxs__n_tables = sizeof(ctxs__tables) / sizeof(ctxs__tables[0]);
 
 /* A new index gets its format record; an existing one must be ours and not
  * newer. An LMDB environment of someone else's is foreign (open_tables()
@@ -335,10 +332,10 @@ static int open_tables(ctxs_store *st, int *fresh)
     }
     if (rc == 0 && st->rdonly && ms.ms_entries == 0)
         rc = -ENOENT;
-    for (size_t i = 0; rc == 0 && i < sizeof(dbis) / sizeof(dbis[0]); i++) {
-        MDB_dbi *dbi = (MDB_dbi *)(void *)((char *)st + dbis[i].offset);
+    for (size_t i = 0; rc == 0 && i < ctxs__n_tables; i++) {
+        MDB_dbi *dbi = (MDB_dbi *)(void *)((char *)st + ctxs__tables[i].offset);
         unsigned create = st->rdonly ? 0 : MDB_CREATE;
-        rc = ctxs__mdb_dbi_open(txn, dbis[i].name, dbis[i].flags | create, dbi);
+        rc = ctxs__mdb_dbi_open(txn, ctxs__tables[i].name, ctxs__tables[i].flags | create, dbi);
         if (rc == MDB_NOTFOUND && (dbi == &st->pins || dbi == &st->metadata)) {
             *dbi = 0;
             rc = 0;
@@ -447,8 +444,10 @@ int ctxs__store_lock_exclusive(int *fd, const char *index_dir, const struct stat
     char *path = rc == 0 ? join(index_dir, STORE_LOCK_FILE) : NULL;
     if (rc == 0 && !path)
         rc = CTXS_ENOMEM;
-    if (rc == 0 && (*fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0)
-        rc = -errno;
+    if (rc == 0 && (rc = ctxs__index_file_open(path, O_RDWR | O_CREAT)) >= 0) {
+        *fd = rc;
+        rc = 0;
+    }
     free(path);
     if (rc == 0 && (rc = store_lock(*fd, F_WRLCK, 0)) < 0) {
         close(*fd);
@@ -471,13 +470,11 @@ static int store_lock_take(ctxs_store *st, const char *index_dir)
     char *path = join(index_dir, STORE_LOCK_FILE);
     if (!path)
         return CTXS_ENOMEM;
-    if (st->rdonly)
-        st->lock_fd = ctxs__open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    else
-        st->lock_fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int fd = ctxs__index_file_open(path, st->rdonly ? O_RDONLY : O_RDWR | O_CREAT);
     free(path);
-    if (st->lock_fd < 0)
-        return st->rdonly && errno == ENOENT ? 0 : -errno;
+    st->lock_fd = fd < 0 ? -1 : fd;
+    if (fd < 0)
+        return st->rdonly && fd == -ENOENT ? 0 : fd;
     return store_lock(st->lock_fd, F_RDLCK, 1);
 }
 
@@ -661,7 +658,7 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
     if (!(st->sessions_dir = join(st->dir, "sessions")) ||
         !(index_dir = join(st->dir, "index")))
         rc = CTXS_ENOMEM;
-    else
+    else if ((rc = ctxs__index_dir_check(index_dir)) == 0)
         rc = create ? make_dir(index_dir) : check_is_store(index_dir);
     if (rc == 0)
         rc = store_lock_take(st, index_dir);
@@ -849,11 +846,11 @@ static int copy_matches(ctxs_store *st, const char *path, size_t map_bytes)
         (rc = ctxs__mdb_env_open(env, path, MDB_NOSUBDIR | MDB_RDONLY | MDB_NOLOCK, 0600)) == 0 &&
         (rc = ctxs__mdb_txn_begin(env, NULL, MDB_RDONLY, &copy)) == 0)
         rc = ctxs__mdb_txn_begin(st->env, NULL, MDB_RDONLY, &orig);
-    for (size_t i = 0; rc == 0 && i < sizeof(dbis) / sizeof(dbis[0]); i++) {
-        const MDB_dbi *mine = (const MDB_dbi *)(const void *)((const char *)st + dbis[i].offset);
+    for (size_t i = 0; rc == 0 && i < ctxs__n_tables; i++) {
+        const MDB_dbi *mine = (const MDB_dbi *)(const void *)((const char *)st + ctxs__tables[i].offset);
         MDB_dbi dbi;
         MDB_stat a, b;
-        if ((rc = ctxs__mdb_dbi_open(copy, dbis[i].name, dbis[i].flags, &dbi)) == 0 &&
+        if ((rc = ctxs__mdb_dbi_open(copy, ctxs__tables[i].name, ctxs__tables[i].flags, &dbi)) == 0 &&
             (rc = mdb_stat(copy, dbi, &a)) == 0 && (rc = mdb_stat(orig, *mine, &b)) == 0 &&
             a.ms_entries != b.ms_entries)
             rc = EIO;

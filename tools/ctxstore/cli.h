@@ -119,6 +119,11 @@ const char *cli_advice(int rc);
 /* The way out of a damaged index of the store in dir (CTXS_EINDEX), with
  * its paths, into buf. */
 void cli_index_hint(char *buf, size_t n, const char *dir);
+/* The first of dir/index/data.mdb, lock.mdb and store.lock that is there
+ * and is not a regular file: *name gets its name, what what it is in
+ * words ("a FIFO (named pipe)", "a symbolic link to 'X'", ...). 1, or 0
+ * when there is none. */
+int cli_index_special(const char *dir, const char **name, char *what, size_t n);
 /* The rule every session and checkpoint name must follow, in words. */
 extern const char *const cli_name_rule;
 /* Checks a name the user gave (what: "session name", "key", ...): -1 when

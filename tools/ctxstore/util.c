@@ -342,6 +342,67 @@ static int store_has(const char *dir, const char *name, int want_dir)
     return want_dir ? S_ISDIR(sb.st_mode) : S_ISREG(sb.st_mode);
 }
 
+int cli_index_special(const char *dir, const char **name, char *what, size_t n)
+{
+    static const char *const files[] = { "data.mdb", "lock.mdb", "store.lock" };
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        char path[PATH_MAX];
+        struct stat sb;
+        if ((size_t)snprintf(path, sizeof(path), "%s/index/%s", dir, files[i]) >= sizeof(path) ||
+            lstat(path, &sb) != 0 || S_ISREG(sb.st_mode))
+            continue;
+        *name = files[i];
+        if (S_ISLNK(sb.st_mode)) {
+            char target[PATH_MAX];
+            ssize_t k = readlink(path, target, sizeof(target) - 1);
+            target[k > 0 ? k : 0] = '\0';
+            snprintf(what, n, "a symbolic link to '%s'", target);
+        } else {
+            snprintf(what, n, "%s",
+                     S_ISFIFO(sb.st_mode)  ? "a FIFO (named pipe)"
+                     : S_ISSOCK(sb.st_mode) ? "a socket"
+                     : S_ISCHR(sb.st_mode)  ? "a character device"
+                     : S_ISBLK(sb.st_mode)  ? "a block device"
+                     : S_ISDIR(sb.st_mode)  ? "a directory"
+                                            : "not a regular file");
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* A file of DIR/index that is not a regular file: what it is, and the
+ * way out. Returns the exit code, or -1 when there is none. */
+static int index_special_fail(int rc, const char *dir)
+{
+    const char *name;
+    char what[PATH_MAX + 64], hint[PATH_MAX * 3 + 256];
+    if (!cli_index_special(dir, &name, what, sizeof(what)))
+        return -1;
+    if (strcmp(what, "a directory") == 0 && strcmp(name, "data.mdb") != 0)
+        snprintf(hint, sizeof(hint),
+                 "remove it (`rm -r %s/index/%s`: it holds nothing the store needs), and the "
+                 "next command makes the file again", dir, name);
+    else if (strcmp(name, "data.mdb") != 0)
+        snprintf(hint, sizeof(hint),
+                 "`ctxstore --store %s repair-index` removes it "
+                 "(it holds nothing the store needs) and the store makes it anew; or remove it, and the next command "
+                 "makes it again", dir);
+    else if (strncmp(what, "a symbolic link", 15) == 0)
+        snprintf(hint, sizeof(hint),
+                 "if the link's target is this store's index, move that file into its place "
+                 "(`mv TARGET %s/index/data.mdb`); else `ctxstore --store %s repair-index` "
+                 "moves the link aside and rebuilds the index from the session files", dir, dir);
+    else
+        snprintf(hint, sizeof(hint),
+                 "`ctxstore --store %s repair-index` moves it aside and rebuilds the index "
+                 "from the session files", dir);
+    return cli_fail_said(rc, hint,
+                         "%s/index/%s is %s, where ctxstore keeps a regular file (it never "
+                         "opens anything else there, nor follows a link out of the store)",
+                         dir, name, what);
+}
+
 #define MAKE_STORE_HINT                                                        \
     "give the store with --store DIR (or $CTXSTORE_DIR); `ctxstore import` "  \
     "and `ctxstore models register` make a new one"
@@ -396,6 +457,9 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
     if (rc == CTXS_EFOREIGN)
         return cli_fail_said(rc, "check the path; ctxstore leaves it alone",
                              "%s/index holds something that is not a ctxstore index", dir);
+    int special = rc == CTXS_EINDEX ? index_special_fail(rc, dir) : -1;
+    if (special >= 0)
+        return special;
     if (rc == CTXS_EINDEX) {
         char hint[PATH_MAX * 3 + 256];
         cli_index_hint(hint, sizeof(hint), dir);

@@ -110,7 +110,9 @@ typedef struct ctxs_llama_options {
     int32_t seq_id;         /* the app's sequence (default 0) */
     int32_t spare_seq_id;   /* a sequence the app never uses, for the
                                adapter's reads; -1: llama_n_seq_max() - 1 */
-    uint32_t reserved_;
+    uint32_t open_flags;    /* ctxs_llama_start()'s open of a stored session:
+                               CTXS_OPEN_VERIFY checks every token not yet
+                               durable, as after a power loss */
     const ctxs_create_options *create; /* for new sessions (ctxs_llama_start);
                                NULL: capacity llama_n_ctx(), no ring */
 } ctxs_llama_options;

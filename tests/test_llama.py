@@ -7,6 +7,7 @@ meson sets LLAMA_CHAT_BIN, CTXSTORE_BIN, CTXS_SMOLLM2 and CTXS_GEMMA3 (the
 GGUF files scripts/build-llama.sh installs); a test skips, saying why, where
 a model is absent. CTXS_TEST_SEED replays a run's kill points.
 """
+import json
 import os
 import random
 import signal
@@ -243,32 +244,30 @@ def test_flipped_byte_rolls_back_and_generation_matches_a_fresh_prefill(tmp_path
     model = model_path("smollm2")
     store = str(tmp_path / "s")
     Run(model, store, "chat", messages=MESSAGES[:2]).run()
-    info = subprocess.run([CTXSTORE, "--store", store, "info", "chat", "--json"],
-                          capture_output=True, text=True, check=True).stdout
-    import json
-    j = json.loads(info)
-    n = j["n_tokens"]
-    # A byte of K in the middle of the conversation: token n // 2, layer 0.
-    path = os.path.join(store, j["file"]) if "file" in j else j["path"]
+    info = json.loads(subprocess.run([CTXSTORE, "--store", store, "info", "chat", "--json"],
+                                     capture_output=True, text=True, check=True).stdout)
+    n, path, head_dim = info["n_tokens"], info["path"], info["geometry"]["head_dim"]
+    assert info["verified_from"] < n // 2, "nothing to verify: the tokens are durable"
+    # One byte of layer 0's K, head 0, at a token in the middle: the
+    # header's kv_off (u64 at byte 104), then slot = position (no ring).
     victim = n // 2
     with open(path, "r+b") as f:
-        kv = j["kv_offset"] + victim * j["slot_bytes"]
-        f.seek(kv)
+        kv_off = struct.unpack("<Q", f.read(112)[104:112])[0]
+        at = kv_off + victim * head_dim * 2 + 1
+        f.seek(at)
         b = f.read(1)
-        f.seek(kv)
+        f.seek(at)
         f.write(bytes([b[0] ^ 0x40]))
     v = subprocess.run([CTXSTORE, "--store", store, "verify", "chat"], capture_output=True, text=True)
     assert v.returncode == 5, v.stdout + v.stderr
-    # Recovery keeps what verifies; the chat goes on from there exactly as a
-    # fresh prefill of those tokens would.
-    subprocess.run([CTXSTORE, "--store", store, "repair", "chat"], capture_output=True, text=True)
-    events, _o, _k = Run(model, store, "chat", ["--tokens-out", str(tmp_path / "a.ids")],
+    # Opened as after a power loss, the chat keeps what verifies and goes on
+    # from there exactly as a fresh prefill of those tokens does.
+    events, _o, _k = Run(model, store, "chat", ["--verify", "--tokens-out", str(tmp_path / "a.ids")],
                          messages=MESSAGES[:3]).run()
     resumed = Run.numbers(events, "resumed")[0]
     assert resumed <= victim
-    breaks = Run.numbers(events, "batch break")
     extra = ["--tokens-out", str(tmp_path / "b.ids")]
-    for b in breaks + [resumed]:
+    for b in Run.numbers(events, "batch break") + [resumed]:
         extra += ["--break-at", str(b)]
     Run(model, str(tmp_path / "fresh"), "chat", extra, messages=MESSAGES[:3]).run()
     assert read_tokens(tmp_path / "a.ids") == read_tokens(tmp_path / "b.ids")

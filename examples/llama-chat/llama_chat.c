@@ -18,6 +18,8 @@
  * ctxs_llama_model_init() and ctxs_model_register(), ctxs_llama_start(),
  * then ctxs_llama_decode() for every batch.
  *
+ * --verify checks every token of a stored chat that is not yet durable (as
+ * after a power loss) and resumes from the longest part that verifies.
  * Options for tests and measurements: --break-at N (decode so that a batch
  * ends at token N, as a run killed there does when it resumes),
  * --dump-state-at N:FILE (llama.cpp's own state of the sequence when the
@@ -51,7 +53,7 @@ typedef struct options {
     size_t n_dumps;
     const char *dump_resumed, *tokens_out;
     int flash_attn; /* llama_flash_attn_type */
-    int verbose;
+    int verbose, verify;
 } options;
 
 typedef struct chat {
@@ -106,7 +108,8 @@ static void usage(void)
     fputs("usage: llama-chat --model GGUF --store DIR [--system TEXT] [--max-tokens N]\n"
           "                  [--ctx N] [--batch N] [--threads N] [--break-at N]...\n"
           "                  [--flash-attn on|off] [--dump-state-at N:FILE]...\n"
-          "                  [--dump-resumed FILE] [--tokens-out FILE] [--verbose] NAME\n",
+          "                  [--dump-resumed FILE] [--tokens-out FILE] [--verify]\n"
+          "                  [--verbose] NAME\n",
           stderr);
     exit(2);
 }
@@ -119,6 +122,10 @@ static options parse(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--verbose")) {
             o.verbose = 1;
+            continue;
+        }
+        if (!strcmp(a, "--verify")) {
+            o.verify = 1;
             continue;
         }
         if (a[0] != '-') {
@@ -358,7 +365,9 @@ static void start(chat *c, const char *first_message)
     check(ctxs_llama_model_init(&model, c->st, c->o.model_path, c->model, &cp), "model");
     check(ctxs_model_register(c->st, &model, "llama-chat"), "registering the model");
     ctxs_llama_start_info info;
-    check(ctxs_llama_start(&c->lc, c->st, c->o.name, c->ctx, &model, prompt, n_prompt, NULL,
+    ctxs_llama_options lo = CTXS_LLAMA_OPTIONS_INIT;
+    lo.open_flags = c->o.verify ? CTXS_OPEN_VERIFY : 0;
+    check(ctxs_llama_start(&c->lc, c->st, c->o.name, c->ctx, &model, prompt, n_prompt, &lo,
                            &info),
           c->o.name);
     free(prompt);

@@ -526,7 +526,7 @@ static int open_conversation(ctxs_session **s, uint32_t *how, char *from, ctxs_s
                              const ctxs_model *model, const int32_t *prompt, uint32_t n_prompt,
                              const ctxs_llama_options *o)
 {
-    int rc = ctxs_store_session_open(s, st, name, model, 0, NULL);
+    int rc = ctxs_store_session_open(s, st, name, model, o->open_flags & CTXS_OPEN_VERIFY, NULL);
     if (rc != CTXS_ENOTFOUND) {
         *how = CTXS_LLAMA_RESUMED;
         return rc < 0 ? ctxs__llama_fail(rc, "opening '%s': %s", name, ctxs_strerror(rc)) : 0;

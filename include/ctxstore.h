@@ -140,7 +140,8 @@ extern "C" {
     XX(DEVICE, -32015, "GPU error")                                          \
     XX(TOOBIG, -32016, "value or metadata above its size limit")           \
     XX(INDEX, -32017, "the store's index is damaged")                      \
-    XX(REMOTE, -32018, "the remote store refused a request or holds damaged data")
+    XX(REMOTE, -32018, "the remote store refused a request or holds damaged data") \
+    XX(ENGINE, -32019, "the inference engine refused a request or its state was not understood")
 
 typedef enum ctxs_error {
 #define CTXS_ERR_ENUM_(name, value, text) CTXS_E##name = (value),

@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -658,7 +659,7 @@ Test(cli, usage_errors_exit_2_with_a_usage_line_and_create_nothing)
         { { "demo", "--turns", "0" }, "usage: ctxstore demo" },
         { { "demo", "--bogus" }, "usage: ctxstore demo" },
         { { "demo", "extra" }, "usage: ctxstore demo" },
-        { { "demo", "--engine", "llama" }, "usage: ctxstore demo" },
+        { { "demo", "--engine", "gpt" }, "usage: ctxstore demo" },
         { { "bench", "--bogus" }, "usage: ctxstore bench" },
         { { "frobnicate" }, "'frobnicate' is not a command" },
         { { "--bogus", "ls" }, "ctxstore --help" },
@@ -2862,7 +2863,7 @@ Test(cli, demo_quick_completes_on_a_fresh_directory_and_resumes_identically)
 
     /* With --keep its session stays, and verifies. */
     const char *kept = dir_of("kept");
-    CLI_EXPECT(EX_OK, kept, "demo", "--quick", "--keep");
+    CLI_EXPECT(EX_OK, kept, "demo", "--quick", "--keep", "--engine", "tinychat");
     contains(1, "identical");
     CLI_EXPECT(EX_OK, kept, "ls", "--json");
     v = json_out();
@@ -2881,6 +2882,46 @@ Test(cli, demo_quick_completes_on_a_fresh_directory_and_resumes_identically)
     cr_assert_eq(ju(v, "resume.tokens_checked"), 8, "%s", R.out);
     cr_assert_null(jc_path(v, "resume.next_token_s"), "%s", R.out);
     jc_free(v);
+}
+
+/* The llama.cpp demo, a program beside the tool in the build tree where
+ * llama.cpp was found: the default engine there. */
+static int llama_demo_is_built(void)
+{
+    char path[PATH_MAX];
+    const char *bin = getenv("CTXSTORE_BIN");
+    const char *slash = bin ? strrchr(bin, '/') : NULL;
+    if (!slash)
+        return 0;
+    snprintf(path, sizeof path, "%.*s/../demo-llama/ctxstore-demo-llama", (int)(slash - bin), bin);
+    return access(path, X_OK) == 0;
+}
+
+Test(cli, demo_chats_with_a_real_model_through_llama_cpp_and_resumes)
+{
+    if (!llama_demo_is_built())
+        cr_skip_test("the llama.cpp demo is not built (llama.cpp not found); "
+                     "scripts/bootstrap.sh builds it");
+    const char *store = dir_of("llama");
+    cr_assert_eq(mkdir(store, 0700), 0);
+    CLI_EXPECT(EX_OK, store, "demo", "--quick");
+    contains(1, "SmolLM2: ");
+    contains(1, "the app quits and starts again");
+    contains(1, "the chat goes on from ctxstore's resume");
+    contains(1, "llama.cpp's state file");
+    /* the user's store is left as it was */
+    CLI_EXPECT(EX_OK, store, "ls", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(v->n, 0, "the demo left its session:\n%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, store, "demo", "--quick", "--keep", "--engine", "llama");
+    CLI_EXPECT(EX_OK, store, "verify", "paris");
+    CLI_EXPECT(EX_OK, store, "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 1, "%s", R.out);
+    cr_assert_gt(ju(jc_at(v, 0), "n_tokens"), 200);
+    jc_free(v);
+    CLI_EXPECT(EX_USAGE, store, "demo", "--engine", "llama", "--turns", "2");
 }
 
 Test(cli, demo_without_a_store_works_in_a_temporary_directory_and_removes_it)

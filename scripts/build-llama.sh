@@ -33,12 +33,13 @@ if [ ! -f "$prefix/lib/pkgconfig/llama.pc" ]; then
     [ -f "$sdist" ] ||
         "${pip[@]}" download --no-deps --no-binary :all: -d "$root/dl" \
             "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+    # The whole source distribution: its .git holds llama.cpp's commit,
+    # which llama.cpp's build records (llama_print_system_info and logs).
     rm -rf "$root/src"
     mkdir -p "$root/src"
-    tar -xzf "$sdist" -C "$root/src" --strip-components=3 \
-        "llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
+    tar -xzf "$sdist" -C "$root/src" --strip-components=1
     echo "build-llama: building llama.cpp (CPU) into $root/prefix"
-    cmake -S "$root/src" -B "$root/build" -G Ninja -Wno-dev \
+    cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" -G Ninja -Wno-dev \
         -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$prefix" \
         -DCMAKE_INSTALL_LIBDIR=lib -DBUILD_SHARED_LIBS=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' \
         -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF \

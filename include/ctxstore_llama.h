@@ -15,8 +15,9 @@
  *     ctxs_llama_start_info info;                         // fork a stored
  *     ctxs_llama_start(&lc, st, "chat", lctx, &model,     // prompt's prefix,
  *                      prompt, n_prompt, NULL, &info);    // or start empty
- *     // info.n_tokens of the prompt are in the context already:
- *     ctxs_llama_decode(lc, prompt + info.n_tokens, n_prompt - info.n_tokens);
+ *     if (info.how != CTXS_LLAMA_RESUMED)                 // info.n_tokens of
+ *         ctxs_llama_decode(lc, prompt + info.n_tokens,   // the prompt are in
+ *                           n_prompt - info.n_tokens);    // the context
  *     for (;;) {                                          // generate
  *         llama_token t = llama_sampler_sample(smpl, lctx, -1);
  *         ctxs_llama_decode(lc, &t, 1);                   // decode + save

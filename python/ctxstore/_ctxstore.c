@@ -42,19 +42,24 @@
 
 #include <ctxstore.h>
 
+#include "_ctxstore_api.h"
+
 static PyObject *Error; /* ctxstore.Error */
 
 /* --- Errors --------------------------------------------------------------- */
 
 /* Raises ctxstore.Error for rc: message "<context>: <ctxs_strerror(rc)>",
  * with .code = rc and .name = ctxs_err_name(rc). Returns NULL. */
-static PyObject *raise_rc_obj(int rc, PyObject *context)
+static PyObject *raise_rc_obj(int rc, PyObject *context, const char *detail)
 {
     PyObject *msg, *exc, *v;
+    const char *sep = detail && *detail ? ": " : "";
+    if (!detail)
+        detail = "";
     if (context)
-        msg = PyUnicode_FromFormat("%U: %s", context, ctxs_strerror(rc));
+        msg = PyUnicode_FromFormat("%U: %s%s%s", context, ctxs_strerror(rc), sep, detail);
     else
-        msg = PyUnicode_FromString(ctxs_strerror(rc));
+        msg = PyUnicode_FromFormat("%s%s%s", ctxs_strerror(rc), sep, detail);
     if (!msg)
         return NULL;
     exc = PyObject_CallOneArg(Error, msg);
@@ -78,19 +83,33 @@ fail:
     return NULL;
 }
 
-static PyObject *raise_rc(int rc, const char *fmt, ...)
+static PyObject *raise_rc_v(int rc, const char *detail, const char *fmt, va_list ap)
 {
     PyObject *context = NULL;
-    if (fmt) {
-        va_list ap;
-        va_start(ap, fmt);
-        context = PyUnicode_FromFormatV(fmt, ap);
-        va_end(ap);
-        if (!context)
-            return NULL;
-    }
-    raise_rc_obj(rc, context);
+    if (fmt && !(context = PyUnicode_FromFormatV(fmt, ap)))
+        return NULL;
+    raise_rc_obj(rc, context, detail);
     Py_XDECREF(context);
+    return NULL;
+}
+
+static PyObject *raise_rc(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    raise_rc_v(rc, NULL, fmt, ap);
+    va_end(ap);
+    return NULL;
+}
+
+/* As raise_rc(), the message ending with what the library said beyond the
+ * code (ctxs_remote_get_message(), ctxs_llama_get_last_error()). */
+static PyObject *raise_rc_detail(int rc, const char *detail, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    raise_rc_v(rc, detail, fmt, ap);
+    va_end(ap);
     return NULL;
 }
 
@@ -330,6 +349,111 @@ static PyObject *entries_list(const ctxs_session_entry *e, size_t n)
         PyList_SET_ITEM(l, (Py_ssize_t)i, t);
     }
     return l;
+}
+
+/* --- Structs as dicts ---------------------------------------------------------
+ *
+ * A result struct of the library goes to Python as a dict of its fields,
+ * described once by a table; __init__.py makes its named type from it. */
+
+typedef enum { F_U32, F_I32, F_U64, F_BOOL, F_STR, F_HASH } field_kind;
+
+typedef struct field {
+    const char *name;
+    size_t off;
+    field_kind kind;
+} field;
+
+#define FIELD(type, member, kind) {#member, offsetof(type, member), kind}
+#define FIELDS_END {NULL, 0, F_U32}
+
+static PyObject *field_value(const char *p, field_kind kind)
+{
+    switch (kind) {
+    case F_U32: return PyLong_FromUnsignedLong(*(const uint32_t *)p);
+    case F_I32: return PyLong_FromLong(*(const int32_t *)p);
+    case F_U64: return PyLong_FromUnsignedLongLong(*(const uint64_t *)p);
+    case F_BOOL: return PyBool_FromLong(*(const uint32_t *)p != 0);
+    case F_STR: return PyUnicode_DecodeUTF8(p, (Py_ssize_t)strlen(p), "replace");
+    case F_HASH: return PyBytes_FromStringAndSize(p, CTXS_HASH_BYTES);
+    }
+    Py_UNREACHABLE();
+}
+
+static PyObject *struct_dict(const void *st, const field *f)
+{
+    PyObject *d = PyDict_New();
+    for (; d && f->name; f++) {
+        PyObject *v = field_value((const char *)st + f->off, f->kind);
+        if (!v || PyDict_SetItemString(d, f->name, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
+/* --- Progress callbacks -------------------------------------------------------
+ *
+ * A long call runs without the GIL; its progress callback takes the GIL
+ * back only to call the Python callable. An exception in the callable ends
+ * the calls to it and is raised when the operation returns (the library's
+ * callback cannot stop the operation). */
+
+typedef struct progress {
+    PyObject *fn;       /* the callable, or NULL */
+    PyThreadState *ts;  /* the caller's thread state while the GIL is out */
+    PyObject *type, *value, *tb; /* the callable's exception */
+} progress;
+
+static void progress_cb(void *arg, uint64_t done, uint64_t total)
+{
+    progress *p = arg;
+    if (p->type)
+        return;
+    PyEval_RestoreThread(p->ts);
+    PyObject *r = PyObject_CallFunction(p->fn, "KK", (unsigned long long)done,
+                                        (unsigned long long)total);
+    if (r)
+        Py_DECREF(r);
+    else
+        PyErr_Fetch(&p->type, &p->value, &p->tb);
+    p->ts = PyEval_SaveThread();
+}
+
+/* "O&" converter: None or a callable. */
+static int conv_progress(PyObject *o, void *out)
+{
+    progress *p = out;
+    memset(p, 0, sizeof *p);
+    if (o == Py_None)
+        return 1;
+    if (!PyCallable_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "progress must be a callable(done, total) or None, not %R",
+                     o);
+        return 0;
+    }
+    p->fn = o;
+    return 1;
+}
+
+#define PROGRESS_FN(p) ((p)->fn ? progress_cb : NULL)
+
+/* Releases the GIL; the call between progress_begin() and progress_end()
+ * may call back. */
+static void progress_begin(progress *p)
+{
+    p->ts = PyEval_SaveThread();
+}
+
+/* Takes the GIL back; -1 (the callable's exception set) if it raised. */
+static int progress_end(progress *p)
+{
+    PyEval_RestoreThread(p->ts);
+    if (!p->type)
+        return 0;
+    PyErr_Restore(p->type, p->value, p->tb);
+    p->type = p->value = p->tb = NULL;
+    return -1;
 }
 
 /* --- Store ---------------------------------------------------------------- */
@@ -1647,14 +1771,18 @@ static PyObject *Store__compact(StoreObject *self, PyObject *args)
 {
     const char *name = NULL;
     ctxs_compact_result r;
+    progress prog;
     int rc;
     memset(&r, 0, sizeof r);
-    if (!PyArg_ParseTuple(args, "z:_compact", &name) || store_enter(self) < 0)
+    if (!PyArg_ParseTuple(args, "zO&:_compact", &name, conv_progress, &prog) ||
+        store_enter(self) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_compact(&r, self->st, name, NULL, NULL);
-    Py_END_ALLOW_THREADS
+    progress_begin(&prog);
+    rc = ctxs_store_compact(&r, self->st, name, PROGRESS_FN(&prog), &prog);
+    int raised = progress_end(&prog);
     store_leave(self);
+    if (raised)
+        return NULL;
     if (rc < 0)
         return raise_names(rc, "compact", name, NULL);
     return Py_BuildValue("(KKKKKKOOK)", (unsigned long long)r.sessions,
@@ -1707,23 +1835,29 @@ static PyObject *Store_reindex(StoreObject *self, PyObject *unused)
                          "skipped", (unsigned long long)r.skipped);
 }
 
-static PyObject *Store_export(StoreObject *self, PyObject *args)
+static PyObject *Store_export(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    static char *kwlist[] = {"name", "path", "progress", NULL};
     const char *name;
-    PyObject *path = NULL;
+    PyObject *path = NULL, *prog_o = Py_None;
+    progress prog;
     int rc;
-    if (!PyArg_ParseTuple(args, "sO&:export", &name, conv_path, &path))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO&|O:export", kwlist, &name, conv_path, &path,
+                                     &prog_o))
         return NULL;
-    if (store_enter(self) < 0) {
+    if (!conv_progress(prog_o, &prog) || store_enter(self) < 0) {
         Py_DECREF(path);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_export(self->st, name, PyBytes_AS_STRING(path), NULL, NULL);
-    Py_END_ALLOW_THREADS
+    progress_begin(&prog);
+    rc = ctxs_store_session_export(self->st, name, PyBytes_AS_STRING(path), PROGRESS_FN(&prog),
+                                   &prog);
+    int raised = progress_end(&prog);
     store_leave(self);
     PyObject *ret = Py_None;
-    if (rc == CTXS_EINVAL && ctxs_name_check(name))
+    if (raised)
+        ret = NULL;
+    else if (rc == CTXS_EINVAL && ctxs_name_check(name))
         ret = raise_names(rc, "export", name, NULL);
     else if (rc < 0)
         ret = raise_rc(rc, "export '%s' to '%s'", name, PyBytes_AS_STRING(path));
@@ -1733,25 +1867,28 @@ static PyObject *Store_export(StoreObject *self, PyObject *args)
 
 static PyObject *Store_import_(StoreObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"path", "name", NULL};
+    static char *kwlist[] = {"path", "name", "progress", NULL};
     const char *name = NULL;
-    PyObject *path = NULL;
+    PyObject *path = NULL, *prog_o = Py_None;
+    progress prog;
     char out[CTXS_NAME_MAX + 1];
     int rc;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|z:import_", kwlist, conv_path, &path,
-                                     &name))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|zO:import_", kwlist, conv_path, &path,
+                                     &name, &prog_o))
         return NULL;
-    if (store_enter(self) < 0) {
+    if (!conv_progress(prog_o, &prog) || store_enter(self) < 0) {
         Py_DECREF(path);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_import(out, self->st, PyBytes_AS_STRING(path), name, NULL,
-                                   NULL);
-    Py_END_ALLOW_THREADS
+    progress_begin(&prog);
+    rc = ctxs_store_session_import(out, self->st, PyBytes_AS_STRING(path), name,
+                                   PROGRESS_FN(&prog), &prog);
+    int raised = progress_end(&prog);
     store_leave(self);
     PyObject *ret;
-    if (rc == CTXS_EINVAL && name && ctxs_name_check(name))
+    if (raised)
+        ret = NULL;
+    else if (rc == CTXS_EINVAL && name && ctxs_name_check(name))
         ret = raise_names(rc, "import", name, NULL);
     else if (rc < 0)
         ret = raise_rc(rc, "import '%s'", PyBytes_AS_STRING(path));
@@ -1890,14 +2027,17 @@ static PyMethodDef Store_methods[] = {
      "repair($self, /)\n--\n\nCompare the index with the session files and mend it; a dict of counts."},
     {"reindex", NOARGS(Store_reindex),
      "reindex($self, /)\n--\n\nRebuild the index from the session files; a dict of counts."},
-    {"export", VARARGS(Store_export),
-     "export($self, name, path, /)\n--\n\n"
+    {"export", KWARGS(Store_export),
+     "export($self, /, name, path, progress=None)\n--\n\n"
      "Write the session's committed tokens, model and metadata to a new,\n"
-     "self-checking export file at path. Releases the GIL."},
+     "self-checking export file at path. progress: None or a callable\n"
+     "(done, total), in tokens, called now and then and once at the end.\n"
+     "Releases the GIL (taken back only to call progress)."},
     {"import_", KWARGS(Store_import_),
-     "import_($self, /, path, name=None)\n--\n\n"
+     "import_($self, /, path, name=None, progress=None)\n--\n\n"
      "Check an export file whole, then create its session (named name, or\n"
-     "the name it carries); returns the name used. Releases the GIL."},
+     "the name it carries); returns the name used. progress: as export(),\n"
+     "in bytes of the file over both passes. Releases the GIL."},
     {"set_meta", VARARGS(Store_set_meta),
      "set_meta($self, name, key, value, /)\n--\n\n"
      "Set a metadata key of a session to value (bytes, or str as UTF-8)."},
@@ -1927,6 +2067,454 @@ static PyTypeObject StoreType = {
     .tp_dealloc = (destructor)Store_dealloc,
     .tp_methods = Store_methods,
     .tp_getset = Store_getset,
+};
+
+/* --- Remote (the Redis tier) ---------------------------------------------------
+ *
+ * A Remote holds a use of its Store (sessions it pulls are opened through
+ * that store) and counts its calls in flight, as a Store does, so that
+ * close() never frees the handle under a call on another thread. */
+
+typedef struct {
+    PyObject_HEAD
+    ctxs_remote *r;
+    StoreObject *store; /* a use of it while r is open */
+    int closed;
+    Py_ssize_t users;
+    pid_t pid;
+} RemoteObject;
+
+static const field remote_stats_fields[] = {
+    FIELD(ctxs_remote_stats, chunks_pushed, F_U64),
+    FIELD(ctxs_remote_stats, chunks_present, F_U64),
+    FIELD(ctxs_remote_stats, bytes_pushed, F_U64),
+    FIELD(ctxs_remote_stats, records_pushed, F_U64),
+    FIELD(ctxs_remote_stats, jobs_queued, F_U64),
+    FIELD(ctxs_remote_stats, chunks_dropped, F_U64),
+    FIELD(ctxs_remote_stats, retries, F_U64),
+    FIELD(ctxs_remote_stats, last_error, F_I32),
+    FIELD(ctxs_remote_stats, connected, F_BOOL),
+    FIELDS_END,
+};
+
+static const field remote_push_fields[] = {
+    FIELD(ctxs_remote_push_result, n_tokens, F_U64),
+    FIELD(ctxs_remote_push_result, chunks_sent, F_U64),
+    FIELD(ctxs_remote_push_result, chunks_present, F_U64),
+    FIELD(ctxs_remote_push_result, bytes_sent, F_U64),
+    FIELDS_END,
+};
+
+static const field remote_pull_fields[] = {
+    FIELD(ctxs_remote_pull_result, n_tokens, F_U64),
+    FIELD(ctxs_remote_pull_result, remote_tokens, F_U64),
+    FIELD(ctxs_remote_pull_result, chunks_pulled, F_U64),
+    FIELD(ctxs_remote_pull_result, chunks_missing, F_U64),
+    FIELD(ctxs_remote_pull_result, chunks_refused, F_U64),
+    FIELDS_END,
+};
+
+static const field remote_entry_fields[] = {
+    FIELD(ctxs_remote_entry, name, F_STR),
+    FIELD(ctxs_remote_entry, model_hash, F_HASH),
+    FIELD(ctxs_remote_entry, n_tokens, F_U64),
+    FIELD(ctxs_remote_entry, updated_unix_ms, F_U64),
+    FIELD(ctxs_remote_entry, tail_pushed, F_BOOL),
+    FIELD(ctxs_remote_entry, status, F_I32),
+    FIELDS_END,
+};
+
+static const field remote_info_fields[] = {
+    FIELD(ctxs_remote_info, server_version, F_STR),
+    FIELD(ctxs_remote_info, used_memory, F_U64),
+    FIELD(ctxs_remote_info, maxmemory, F_U64),
+    FIELD(ctxs_remote_info, maxmemory_policy, F_STR),
+    FIELD(ctxs_remote_info, evicted_keys, F_U64),
+    FIELD(ctxs_remote_info, keys, F_U64),
+    FIELDS_END,
+};
+
+static PyObject *raise_remote(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    raise_rc_v(rc, ctxs_remote_get_message(), fmt, ap);
+    va_end(ap);
+    return NULL;
+}
+
+static int remote_enter(RemoteObject *self)
+{
+    if (!self->r || self->closed) {
+        raise_closed("remote");
+        return -1;
+    }
+    self->users++;
+    return 0;
+}
+
+static void remote_really_close(RemoteObject *self, ctxs_remote_stats *out, uint32_t timeout_ms,
+                                int *rc)
+{
+    ctxs_remote *r = self->r;
+    self->r = NULL;
+    if (r && self->pid == getpid()) {
+        Py_BEGIN_ALLOW_THREADS
+        *rc = ctxs_remote_close(out, r, timeout_ms);
+        Py_END_ALLOW_THREADS
+    }
+    if (self->store) {
+        store_leave(self->store);
+        Py_CLEAR(self->store);
+    }
+}
+
+static void remote_leave(RemoteObject *self)
+{
+    int rc = 0;
+    if (--self->users == 0 && self->closed)
+        remote_really_close(self, NULL, CTXS_DEFAULT_REMOTE_TIMEOUT_MS, &rc);
+}
+
+static PyObject *Remote_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)args;
+    (void)kw;
+    RemoteObject *self = (RemoteObject *)type->tp_alloc(type, 0);
+    if (self)
+        self->closed = 1;
+    return (PyObject *)self;
+}
+
+static void Remote_dealloc(RemoteObject *self)
+{
+    int rc = 0;
+    remote_really_close(self, NULL, CTXS_DEFAULT_REMOTE_TIMEOUT_MS, &rc);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* _open(store, url, (timeout_ms, retries, backoff_ms, queue_max,
+ * push_on_commit, pull_on_open, key_prefix, call_ms)) */
+static PyObject *Remote__open(RemoteObject *self, PyObject *args)
+{
+    StoreObject *store;
+    const char *url, *prefix;
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    int push, pull, rc;
+    if (!PyArg_ParseTuple(args, "O!s(O&O&O&O&ppzO&):_open", &StoreType, &store, &url, conv_u32,
+                          &o.timeout_ms, conv_u32, &o.retries, conv_u32, &o.backoff_ms,
+                          conv_u32, &o.queue_max, &push, &pull, &prefix, conv_u32, &o.call_ms))
+        return NULL;
+    o.push_on_commit = (uint32_t)push;
+    o.pull_on_open = (uint32_t)pull;
+    o.key_prefix = prefix;
+    if (self->r) {
+        PyErr_SetString(PyExc_RuntimeError, "the remote object is already open");
+        return NULL;
+    }
+    if (store_enter(store) < 0)
+        return NULL;
+    ctxs_remote *r;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_remote_open(&r, store->st, url, &o);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        store_leave(store);
+        return raise_remote(rc, "remote %s", url);
+    }
+    Py_INCREF(store);
+    self->store = store; /* keeps the use taken above */
+    self->r = r;
+    self->closed = 0;
+    self->pid = getpid();
+    Py_RETURN_NONE;
+}
+
+static PyObject *Remote_close(RemoteObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"timeout_ms", NULL};
+    uint32_t timeout_ms = CTXS_DEFAULT_REMOTE_TIMEOUT_MS;
+    ctxs_remote_stats st;
+    int rc = 0;
+    memset(&st, 0, sizeof st);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&:close", kwlist, conv_u32, &timeout_ms))
+        return NULL;
+    if (self->closed)
+        Py_RETURN_NONE;
+    self->closed = 1;
+    if (self->users > 0) /* a call on another thread: the last one closes */
+        Py_RETURN_NONE;
+    remote_really_close(self, &st, timeout_ms, &rc);
+    if (rc < 0)
+        return raise_remote(rc, "close: background pushes left (counted in chunks_dropped)");
+    return struct_dict(&st, remote_stats_fields);
+}
+
+static PyObject *Remote_get_closed(RemoteObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(self->closed);
+}
+
+static PyObject *Remote_stats(RemoteObject *self, PyObject *unused)
+{
+    (void)unused;
+    ctxs_remote_stats st;
+    if (remote_enter(self) < 0)
+        return NULL;
+    int rc = ctxs_remote_get_stats(&st, self->r);
+    remote_leave(self);
+    if (rc < 0)
+        return raise_remote(rc, "stats");
+    return struct_dict(&st, remote_stats_fields);
+}
+
+static PyObject *Remote_flush(RemoteObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"timeout_ms", NULL};
+    uint32_t timeout_ms = CTXS_DEFAULT_REMOTE_TIMEOUT_MS;
+    ctxs_remote_stats st;
+    int rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&:flush", kwlist, conv_u32, &timeout_ms) ||
+        remote_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_remote_flush(&st, self->r, timeout_ms);
+    Py_END_ALLOW_THREADS
+    remote_leave(self);
+    if (rc < 0)
+        return raise_remote(rc, "flush (%u ms)", timeout_ms);
+    return struct_dict(&st, remote_stats_fields);
+}
+
+static PyObject *Remote_push(RemoteObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"name", "progress", NULL};
+    const char *name;
+    progress prog;
+    ctxs_remote_push_result res;
+    PyObject *prog_o = Py_None;
+    int rc;
+    memset(&res, 0, sizeof res);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:push", kwlist, &name, &prog_o) ||
+        !conv_progress(prog_o, &prog) || remote_enter(self) < 0)
+        return NULL;
+    progress_begin(&prog);
+    rc = ctxs_remote_push(&res, self->r, name, PROGRESS_FN(&prog), &prog);
+    int raised = progress_end(&prog);
+    remote_leave(self);
+    if (raised)
+        return NULL;
+    if (rc < 0)
+        return raise_remote(rc, "push '%s'", name);
+    return struct_dict(&res, remote_push_fields);
+}
+
+static PyObject *pull_result(ctxs_remote_pull_result *res)
+{
+    PyObject *d = struct_dict(res, remote_pull_fields);
+    npy_intp n = (npy_intp)res->n_rest;
+    PyObject *rest = PyArray_SimpleNew(1, &n, NPY_UINT32);
+    PyObject *model = model_tuple(&res->model);
+    if (d && rest && model) {
+        if (n)
+            memcpy(PyArray_DATA((PyArrayObject *)rest), res->rest_ids, (size_t)n * 4);
+        if (PyDict_SetItemString(d, "rest_ids", rest) < 0 ||
+            PyDict_SetItemString(d, "model", model) < 0)
+            Py_CLEAR(d);
+    } else {
+        Py_CLEAR(d);
+    }
+    Py_XDECREF(rest);
+    Py_XDECREF(model);
+    ctxs_free(res->rest_ids);
+    res->rest_ids = NULL;
+    return d;
+}
+
+/* A Session not yet open, or None: where a pulled session goes. */
+static int conv_fresh_session(PyObject *o, void *out)
+{
+    if (o == Py_None) {
+        *(SessionObject **)out = NULL;
+        return 1;
+    }
+    if (!PyObject_TypeCheck(o, &SessionType)) {
+        PyErr_SetString(PyExc_TypeError, "a Session or None");
+        return 0;
+    }
+    if (sess_check_fresh((SessionObject *)o) < 0)
+        return 0;
+    *(SessionObject **)out = (SessionObject *)o;
+    return 1;
+}
+
+/* None, or the create options (conv_create_opts). */
+static int conv_create_opts_or_none(PyObject *o, void *out)
+{
+    ctxs_create_options **pp = out;
+    if (o == Py_None) {
+        *pp = NULL;
+        return 1;
+    }
+    return conv_create_opts(o, *pp);
+}
+
+/* The pulled session to its Session object (or closed), and the result. */
+static PyObject *pulled(RemoteObject *self, SessionObject *sess, ctxs_session *s,
+                        ctxs_remote_pull_result *res)
+{
+    PyObject *d = pull_result(res);
+    if (!sess) {
+        Py_BEGIN_ALLOW_THREADS
+        ctxs_session_close(s);
+        Py_END_ALLOW_THREADS
+        return d;
+    }
+    PyObject *ok = sess_attach(sess, s, self->store);
+    if (!ok) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    Py_DECREF(ok);
+    return d;
+}
+
+static PyObject *Remote__pull(RemoteObject *self, PyObject *args)
+{
+    SessionObject *sess;
+    const char *remote_name, *local_name;
+    ctxs_create_options co, *cop = &co;
+    progress prog;
+    ctxs_remote_pull_result res;
+    ctxs_session *s = NULL;
+    int rc;
+    memset(&res, 0, sizeof res);
+    if (!PyArg_ParseTuple(args, "O&szO&O&:_pull", conv_fresh_session, &sess, &remote_name,
+                          &local_name, conv_create_opts_or_none, &cop, conv_progress, &prog) ||
+        remote_enter(self) < 0)
+        return NULL;
+    progress_begin(&prog);
+    rc = ctxs_remote_pull(&s, &res, self->r, remote_name, local_name, cop, PROGRESS_FN(&prog),
+                          &prog);
+    int raised = progress_end(&prog);
+    PyObject *ret;
+    if (rc < 0) {
+        ret = raised ? NULL : raise_remote(rc, "pull '%s'", remote_name);
+        ctxs_free(res.rest_ids);
+    } else {
+        ret = pulled(self, sess, s, &res);
+        if (raised)
+            Py_CLEAR(ret);
+    }
+    remote_leave(self);
+    return ret;
+}
+
+static PyObject *Remote__pull_prefix(RemoteObject *self, PyObject *args)
+{
+    SessionObject *sess;
+    const char *local_name;
+    ctxs_model m;
+    PyObject *tok_o;
+    ctxs_create_options co, *cop = &co;
+    ctxs_remote_pull_result res;
+    ctxs_session *s = NULL;
+    int rc;
+    memset(&res, 0, sizeof res);
+    if (!PyArg_ParseTuple(args, "O&sO&OO&:_pull_prefix", conv_fresh_session, &sess, &local_name,
+                          conv_model, &m, &tok_o, conv_create_opts_or_none, &cop))
+        return NULL;
+    PyArrayObject *t = token_array(tok_o);
+    if (!t)
+        return NULL;
+    if (remote_enter(self) < 0) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    static const uint32_t none[1];
+    npy_intp n = PyArray_SIZE(t);
+    const uint32_t *p = n ? PyArray_DATA(t) : none;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_remote_pull_prefix(&s, &res, self->r, local_name, &m, p, (uint64_t)n, cop);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(t);
+    PyObject *ret = rc < 0 ? raise_remote(rc, "pull_prefix into '%s'", local_name)
+                           : pulled(self, sess, s, &res);
+    remote_leave(self);
+    return ret;
+}
+
+static PyObject *Remote__list(RemoteObject *self, PyObject *unused)
+{
+    (void)unused;
+    ctxs_remote_entry *e = NULL;
+    size_t n = 0;
+    int rc;
+    if (remote_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_remote_list(&e, &n, self->r);
+    Py_END_ALLOW_THREADS
+    remote_leave(self);
+    if (rc < 0)
+        return raise_remote(rc, "ls");
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *d = struct_dict(&e[i], remote_entry_fields);
+        if (!d)
+            Py_CLEAR(l);
+        else
+            PyList_SET_ITEM(l, (Py_ssize_t)i, d);
+    }
+    ctxs_free(e);
+    return l;
+}
+
+static PyObject *Remote__info(RemoteObject *self, PyObject *unused)
+{
+    (void)unused;
+    ctxs_remote_info info;
+    int rc;
+    if (remote_enter(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_remote_get_info(&info, self->r);
+    Py_END_ALLOW_THREADS
+    remote_leave(self);
+    if (rc < 0)
+        return raise_remote(rc, "info");
+    return struct_dict(&info, remote_info_fields);
+}
+
+static PyMethodDef Remote_methods[] = {
+    {"_open", VARARGS(Remote__open), NULL},
+    {"_pull", VARARGS(Remote__pull), NULL},
+    {"_pull_prefix", VARARGS(Remote__pull_prefix), NULL},
+    {"_list", NOARGS(Remote__list), NULL},
+    {"_info", NOARGS(Remote__info), NULL},
+    {"_stats", NOARGS(Remote_stats), NULL},
+    {"_flush", KWARGS(Remote_flush), NULL},
+    {"_close", KWARGS(Remote_close), NULL},
+    {"_push", KWARGS(Remote_push), NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Remote_getset[] = {
+    {"closed", (getter)Remote_get_closed, NULL, "True once close() was called.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject RemoteType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ctxstore._ctxstore.RemoteBase",
+    .tp_doc = "The C half of ctxstore.Remote.",
+    .tp_basicsize = sizeof(RemoteObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = Remote_new,
+    .tp_dealloc = (destructor)Remote_dealloc,
+    .tp_methods = Remote_methods,
+    .tp_getset = Remote_getset,
 };
 
 /* --- Module functions ----------------------------------------------------- */
@@ -1991,6 +2579,146 @@ static PyObject *mod_attention_isa(PyObject *m, PyObject *unused)
     return PyUnicode_FromString(ctxs_attention_get_isa());
 }
 
+static const field record_report_fields[] = {
+    FIELD(ctxs_record_report, status, F_I32),
+    FIELD(ctxs_record_report, current, F_BOOL),
+    FIELD(ctxs_record_report, seq, F_U64),
+    FIELD(ctxs_record_report, n_tokens, F_U64),
+    FIELD(ctxs_record_report, ring_start, F_U64),
+    FIELD(ctxs_record_report, verified_from, F_U64),
+    FIELD(ctxs_record_report, written_unix_ms, F_U64),
+    FIELD(ctxs_record_report, this_boot, F_BOOL),
+    FIELD(ctxs_record_report, boot_known, F_BOOL),
+    FIELDS_END,
+};
+
+static const field file_report_fields[] = {
+    FIELD(ctxs_file_report, status, F_I32),
+    FIELD(ctxs_file_report, format_major, F_U32),
+    FIELD(ctxs_file_report, format_minor, F_U32),
+    FIELD(ctxs_file_report, header_status, F_I32),
+    FIELD(ctxs_file_report, header_crc_ok, F_BOOL),
+    FIELD(ctxs_file_report, capacity, F_U32),
+    FIELD(ctxs_file_report, n_sink, F_U32),
+    FIELD(ctxs_file_report, ring, F_BOOL),
+    FIELD(ctxs_file_report, created_unix_ms, F_U64),
+    FIELD(ctxs_file_report, file_bytes, F_U64),
+    FIELD(ctxs_file_report, size_bytes, F_U64),
+    FIELD(ctxs_file_report, disk_bytes, F_U64),
+    FIELD(ctxs_file_report, label_status, F_I32),
+    FIELD(ctxs_file_report, label_id, F_U64),
+    FIELD(ctxs_file_report, label_name, F_STR),
+    FIELD(ctxs_file_report, writer_open, F_BOOL),
+    FIELD(ctxs_file_report, reader_open, F_BOOL),
+    FIELDS_END,
+};
+
+static PyObject *mod_inspect(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    PyObject *path = NULL;
+    ctxs_file_report r;
+    int rc;
+    if (!conv_path(arg, &path))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_file_inspect(&r, PyBytes_AS_STRING(path));
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        raise_rc(rc, "inspect '%s'", PyBytes_AS_STRING(path));
+        Py_DECREF(path);
+        return NULL;
+    }
+    Py_DECREF(path);
+    PyObject *d = struct_dict(&r, file_report_fields);
+    PyObject *model = r.header_status == 0 ? model_tuple(&r.model) : Py_NewRef(Py_None);
+    PyObject *r0 = struct_dict(&r.records[0], record_report_fields);
+    PyObject *r1 = struct_dict(&r.records[1], record_report_fields);
+    PyObject *recs = r0 && r1 ? PyTuple_Pack(2, r0, r1) : NULL;
+    if (!d || !model || !recs || PyDict_SetItemString(d, "model", model) < 0 ||
+        PyDict_SetItemString(d, "records", recs) < 0)
+        Py_CLEAR(d);
+    Py_XDECREF(model);
+    Py_XDECREF(r0);
+    Py_XDECREF(r1);
+    Py_XDECREF(recs);
+    return d;
+}
+
+/* The token strings of a vocabulary, in id order: str (as UTF-8) or bytes. */
+static PyObject *mod_tokenizer_hash_strings(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    PyObject *seq = PySequence_Fast(arg, "tokens must be a sequence of str or bytes");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    const char **ptrs = PyMem_Calloc((size_t)n + 1, sizeof *ptrs);
+    size_t *lens = PyMem_Calloc((size_t)n + 1, sizeof *lens);
+    PyObject *ret = NULL;
+    if (!ptrs || !lens) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len;
+        if (PyUnicode_Check(items[i])) {
+            ptrs[i] = PyUnicode_AsUTF8AndSize(items[i], &len);
+            if (!ptrs[i])
+                goto out;
+        } else if (PyBytes_Check(items[i])) {
+            ptrs[i] = PyBytes_AS_STRING(items[i]);
+            len = PyBytes_GET_SIZE(items[i]);
+        } else {
+            PyErr_Format(PyExc_TypeError, "token %zd is %s, not str or bytes", i,
+                         Py_TYPE(items[i])->tp_name);
+            goto out;
+        }
+        lens[i] = (size_t)len;
+    }
+    uint8_t h[CTXS_HASH_BYTES];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_tokenizer_hash_strings(h, ptrs, lens, (size_t)n);
+    Py_END_ALLOW_THREADS
+    ret = rc < 0 ? raise_rc(rc, "tokenizer_hash_strings of %zd tokens", n)
+                 : PyBytes_FromStringAndSize((const char *)h, CTXS_HASH_BYTES);
+out:
+    PyMem_Free(ptrs);
+    PyMem_Free(lens);
+    Py_DECREF(seq);
+    return ret;
+}
+
+static PyObject *mod_watcher_start(PyObject *m, PyObject *args, PyObject *kw)
+{
+    (void)m;
+    static char *kwlist[] = {"poll_ms", "min_available", "psi_some_avg10", NULL};
+    ctxs_watcher_options o = CTXS_WATCHER_OPTIONS_INIT;
+    int rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&O&O&:watcher_start", kwlist, conv_u32,
+                                     &o.poll_ms, conv_u64, &o.min_available, conv_u32,
+                                     &o.psi_some_avg10))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ctxs_watcher_start(&o);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return raise_rc(rc, "watcher_start");
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_watcher_stop(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    ctxs_watcher_stop();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *mod_set_error_class(PyObject *m, PyObject *arg)
 {
     (void)m;
@@ -2019,8 +2747,90 @@ static PyMethodDef module_methods[] = {
      "get_pressure($module, /)\n--\n\nTrue while memory pressure is in force."},
     {"attention_isa", NOARGS(mod_attention_isa),
      "attention_isa($module, /)\n--\n\nThe CPU attention kernel's instruction set."},
+    {"inspect", ONEARG(mod_inspect),
+     "inspect(path, /)\n--\n\n"
+     "What the session file at path says of itself (ctxs_file_inspect): its\n"
+     "header, both commit records, its label, whether a handle has it open;\n"
+     "also for a file that does not open. A dict; takes no lock."},
+    {"tokenizer_hash_strings", ONEARG(mod_tokenizer_hash_strings),
+     "tokenizer_hash_strings(tokens, /)\n--\n\n"
+     "A tokenizer hash (16 bytes) of a vocabulary's token strings in id\n"
+     "order (str as UTF-8, or bytes)."},
+    {"watcher_start", KWARGS(mod_watcher_start),
+     "watcher_start($module, /, poll_ms=..., min_available=..., psi_some_avg10=...)\n--\n\n"
+     "Start the process's memory-pressure watcher thread (MemAvailable,\n"
+     "PSI), which sets the pressure state on changes."},
+    {"watcher_stop", NOARGS(mod_watcher_stop),
+     "watcher_stop($module, /)\n--\n\n"
+     "Stop the watcher; the pressure state it set stays until set_pressure()."},
     {"_set_error_class", ONEARG(mod_set_error_class), NULL},
     {NULL, NULL, 0, NULL},
+};
+
+/* --- What the package's other extension modules borrow (_ctxstore_api.h) -- */
+
+static ctxs_store *api_store_enter(PyObject *o)
+{
+    if (!PyObject_TypeCheck(o, &StoreType)) {
+        PyErr_Format(PyExc_TypeError, "a ctxstore.Store, not %s", Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    return store_enter((StoreObject *)o) < 0 ? NULL : ((StoreObject *)o)->st;
+}
+
+static void api_store_leave(PyObject *o)
+{
+    store_leave((StoreObject *)o);
+}
+
+static ctxs_session *api_session_enter(PyObject *o)
+{
+    if (!PyObject_TypeCheck(o, &SessionType)) {
+        PyErr_Format(PyExc_TypeError, "a ctxstore.Session, not %s", Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    return sess_enter((SessionObject *)o) < 0 ? NULL : ((SessionObject *)o)->s;
+}
+
+static void api_session_leave(PyObject *o)
+{
+    sess_leave((SessionObject *)o);
+}
+
+static int api_session_adopt(PyObject *o, ctxs_session *s, PyObject *store)
+{
+    SessionObject *sess = NULL;
+    PyObject *ok = NULL;
+    if (!conv_fresh_session(o, &sess) || !sess ||
+        (store && !PyObject_TypeCheck(store, &StoreType))) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "a fresh ctxstore.Session and a ctxstore.Store");
+        Py_BEGIN_ALLOW_THREADS
+        ctxs_session_close(s);
+        Py_END_ALLOW_THREADS
+        return -1;
+    }
+    ok = sess_attach(sess, s, (StoreObject *)store);
+    Py_XDECREF(ok);
+    return ok ? 0 : -1;
+}
+
+static PyObject *api_token_array(PyObject *o)
+{
+    return (PyObject *)token_array(o);
+}
+
+static const ctxs_py_api py_api = {
+    .version = CTXS_PY_API_VERSION,
+    .raise_rc = raise_rc_detail,
+    .store_enter = api_store_enter,
+    .store_leave = api_store_leave,
+    .session_enter = api_session_enter,
+    .session_leave = api_session_leave,
+    .session_adopt = api_session_adopt,
+    .conv_model = conv_model,
+    .conv_path = conv_path,
+    .token_array = api_token_array,
 };
 
 static struct PyModuleDef module_def = {
@@ -2036,7 +2846,7 @@ PyMODINIT_FUNC PyInit__ctxstore(void)
 {
     import_array();
     if (PyType_Ready(&MappingType) < 0 || PyType_Ready(&SessionType) < 0 ||
-        PyType_Ready(&StoreType) < 0)
+        PyType_Ready(&StoreType) < 0 || PyType_Ready(&RemoteType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
@@ -2045,7 +2855,13 @@ PyMODINIT_FUNC PyInit__ctxstore(void)
     Error = Py_NewRef(PyExc_Exception);
     if (PyModule_AddObjectRef(m, "SessionBase", (PyObject *)&SessionType) < 0 ||
         PyModule_AddObjectRef(m, "StoreBase", (PyObject *)&StoreType) < 0 ||
-        PyModule_AddObjectRef(m, "Mapping", (PyObject *)&MappingType) < 0)
+        PyModule_AddObjectRef(m, "Mapping", (PyObject *)&MappingType) < 0 ||
+        PyModule_AddObjectRef(m, "RemoteBase", (PyObject *)&RemoteType) < 0)
+        goto fail;
+    PyObject *capsule = PyCapsule_New((void *)&py_api, CTXS_PY_API_CAPSULE, NULL);
+    int added = capsule ? PyModule_AddObjectRef(m, "_api", capsule) : -1;
+    Py_XDECREF(capsule);
+    if (added < 0)
         goto fail;
     struct { const char *name; long value; } ints[] = {
 #define CTXS_PY_ERR_(name, value, text) {"E" #name, value},
@@ -2067,6 +2883,14 @@ PyMODINIT_FUNC PyInit__ctxstore(void)
         {"META_SESSION_MAX", CTXS_META_SESSION_MAX},
         {"DEFAULT_CAPACITY", CTXS_DEFAULT_CAPACITY},
         {"DEFAULT_N_SINK", CTXS_DEFAULT_N_SINK},
+        {"DEFAULT_POLL_MS", CTXS_DEFAULT_POLL_MS},
+        {"DEFAULT_MIN_AVAILABLE", (long)CTXS_DEFAULT_MIN_AVAILABLE},
+        {"DEFAULT_PSI_SOME_AVG10", CTXS_DEFAULT_PSI_SOME_AVG10},
+        {"DEFAULT_REMOTE_TIMEOUT_MS", CTXS_DEFAULT_REMOTE_TIMEOUT_MS},
+        {"DEFAULT_REMOTE_RETRIES", CTXS_DEFAULT_REMOTE_RETRIES},
+        {"DEFAULT_REMOTE_BACKOFF_MS", CTXS_DEFAULT_REMOTE_BACKOFF_MS},
+        {"DEFAULT_REMOTE_QUEUE_MAX", CTXS_DEFAULT_REMOTE_QUEUE_MAX},
+        {"DEFAULT_REMOTE_CALL_MS", CTXS_DEFAULT_REMOTE_CALL_MS},
         {"VERSION_MAJOR", CTXS_VERSION_MAJOR}, {"VERSION_MINOR", CTXS_VERSION_MINOR},
         {"VERSION_PATCH", CTXS_VERSION_PATCH},
     };

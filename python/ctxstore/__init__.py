@@ -511,10 +511,11 @@ class Session(_ctxstore.SessionBase):
         Raises ``Error`` (``-EEXIST`` if the file exists, ``EINVAL``, ...).
         """
         self = cls.__new__(cls)
-        self._create(path, model,
-                     _create_opts(capacity, n_sink, ring, window=window,
-                                  pressure_window=pressure_window,
-                                  durability=durability, background=background))
+        self._file(path, model, 0,
+                   _create_opts(capacity, n_sink, ring, window=window,
+                                pressure_window=pressure_window,
+                                durability=durability, background=background),
+                   _open_opts())
         return self
 
     @classmethod
@@ -530,7 +531,7 @@ class Session(_ctxstore.SessionBase):
         ``create()``."""
         flags = (OPEN_RDONLY if readonly else 0) | (OPEN_VERIFY if verify else 0)  # noqa: F821
         self = cls.__new__(cls)
-        self._open(path, model, flags,
+        self._file(path, model, flags, None,
                    _open_opts(window, pressure_window, durability, background))
         return self
 
@@ -717,11 +718,11 @@ class Store(_ctxstore.StoreBase):
 
     def sessions(self) -> List[SessionEntry]:
         """Every session, in name order."""
-        return [SessionEntry(*e) for e in self._sessions()]
+        return [SessionEntry(**e) for e in self._sessions()]
 
     def session(self, name: str) -> SessionEntry:
         """The index's entry of one session (``ENOTFOUND`` without it)."""
-        return SessionEntry(*self._session(name))
+        return SessionEntry(**self._session(name))
 
     def __contains__(self, name: str) -> bool:
         try:
@@ -736,9 +737,9 @@ class Store(_ctxstore.StoreBase):
         """Delete least recently used sessions (never pinned or open ones)
         until the session files take at most ``budget_bytes``; ``dry_run``
         deletes nothing and says what would go. Releases the GIL."""
-        before, after, _deleted, s_open, s_pinned, entries = self._gc(budget_bytes, dry_run)
-        return GcResult(before, after, s_open, s_pinned,
-                        [SessionEntry(*e) for e in entries])
+        d = self._gc(budget_bytes, dry_run)
+        d["sessions"] = [SessionEntry(**e) for e in d["sessions"]]
+        return GcResult(**d)
 
     def compact(self, name: Optional[str] = None, *,
                 progress: Optional[Progress] = None) -> CompactResult:
@@ -748,7 +749,7 @@ class Store(_ctxstore.StoreBase):
         called now and then and once at the end (an exception it raises is
         raised when compact returns; the compaction is not stopped).
         Releases the GIL (taken back only to call progress)."""
-        return CompactResult(*self._compact(name, progress))
+        return CompactResult(**self._compact(name, progress))
 
     def remote(self, url: str, *, timeout_ms: int = DEFAULT_REMOTE_TIMEOUT_MS,  # noqa: F821
                retries: int = DEFAULT_REMOTE_RETRIES,  # noqa: F821

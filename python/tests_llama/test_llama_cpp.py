@@ -225,3 +225,30 @@ def test_a_session_of_another_model_is_refused(tmp_path, llm):
             assert e.value.code == ctxstore.EMODEL
         finally:
             g.close()
+
+
+def readme_llama_block():
+    root = os.path.join(HERE, "..", "..")
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    section = text[text.index("\n## Python\n"):]
+    section = section[:section.index("\n## ", 1)]
+    blocks = [b.split("\n```", 1)[0] for b in section.split("```python\n")[1:]]
+    [block] = [b for b in blocks if "ctxstore.llama" in b]
+    return block
+
+
+def test_readme_llama_block_runs_and_resumes(tmp_path):
+    model = model_path("smollm2")
+    os.symlink(model, tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    code = readme_llama_block()
+    outs = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 0, p.stdout + p.stderr
+        outs.append(p.stdout.splitlines())
+    assert outs[0][0] == "created 0"
+    how, n = outs[1][0].split()
+    assert how == "resumed" and int(n) > 10
+    assert outs[0][1:] == outs[1][1:] and outs[0][1].strip()

@@ -259,6 +259,21 @@ class Bench:
         return us
 
 
+def print_rows(rows, as_json, op_w, method_w):
+    """The rows as JSON lines, or a table with their ratios."""
+    if as_json:
+        for r in rows:
+            print(json.dumps(r, separators=(",", ":")))
+        return
+    print(f"\n{'op':<{op_w}} {'method':<{method_w}} {'tokens':>6} {'median_us':>11} "
+          f"{'min_us':>11} {'max_us':>11} {'n':>3}  ratio")
+    for r in rows:
+        ratio = f"{r['ratio']}x vs {r['vs']}" if "ratio" in r else ""
+        print(f"{r['op']:<{op_w}} {r['method']:<{method_w}} {r['tokens']:>6} "
+              f"{r['median_us']:>11.1f} {r['min_us']:>11.1f} {r['max_us']:>11.1f} {r['n']:>3}  "
+              f"{ratio}")
+
+
 def bench_llama(o):
     """ctxstore.llama against what llama-cpp-python users do today, on a real
     model: a turn's save (Conversation's save of the decoded turn; against
@@ -359,16 +374,7 @@ def bench_llama(o):
     finally:
         llm.close()
         shutil.rmtree(scratch, ignore_errors=True)
-    if o.json:
-        for r in rows:
-            print(json.dumps(r, separators=(",", ":")))
-    else:
-        print(f"\n{'op':<13} {'method':<18} {'tokens':>6} {'median_us':>11} {'min_us':>11} "
-              f"{'max_us':>11} {'n':>3}  ratio")
-        for r in rows:
-            ratio = f"{r['ratio']}x vs {r['vs']}" if "ratio" in r else ""
-            print(f"{r['op']:<13} {r['method']:<18} {r['tokens']:>6} {r['median_us']:>11.1f} "
-                  f"{r['min_us']:>11.1f} {r['max_us']:>11.1f} {r['n']:>3}  {ratio}")
+    print_rows(rows, o.json, 13, 18)
     return 0
 
 
@@ -422,16 +428,7 @@ def main():
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    if o.json:
-        for r in rows:
-            print(json.dumps(r, separators=(",", ":")))
-    else:
-        print(f"\n{'op':<11} {'method':<15} {'tokens':>6} {'median_us':>11} {'min_us':>11} "
-              f"{'max_us':>11} {'n':>3}  ratio")
-        for r in rows:
-            ratio = f"{r['ratio']}x vs {r['vs']}" if "ratio" in r else ""
-            print(f"{r['op']:<11} {r['method']:<15} {r['tokens']:>6} {r['median_us']:>11.1f} "
-                  f"{r['min_us']:>11.1f} {r['max_us']:>11.1f} {r['n']:>3}  {ratio}")
+    print_rows(rows, o.json, 11, 15)
     by = {(r["op"], r["method"]): r for r in rows}
     o_us = by[("open_views", "python_torch")]["median_us"]
     print(f"\nopen + torch views of {N_LAYERS} layers: {o_us:.0f} us "

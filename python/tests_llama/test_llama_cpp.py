@@ -27,17 +27,14 @@ import ctxstore.llama as cl  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHAT = os.path.join(HERE, "..", "..", "examples", "python", "llama_cpp_chat.py")
 MODELS = {"smollm2": os.environ.get("CTXS_SMOLLM2", ""), "gemma3": os.environ.get("CTXS_GEMMA3", "")}
-SYSTEM = ("You are a careful travel assistant. " * 10 +
-          "Answer in one short sentence. Use plain words. " * 5).strip()
-# Gemma 3's window layers see 512 positions: its chat goes past them, where
-# what they hold and what the session holds part ways.
-LONG_SYSTEM = SYSTEM + " " + ("Mention the weather only when asked. Keep a friendly tone. " * 30).strip()
-MESSAGES = [
-    "What is the capital of France?",
-    "Name a river that flows through it.",
-    "What is the capital of Italy, and which river runs through it?",
-    "Which of the two cities is older?",
-]
+# The conversation of the C adapter's tests (tests/test_llama.py), four turns
+# of it. Gemma 3's window layers see 512 positions: its chat goes past them,
+# where what they hold and what the session holds part ways.
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))
+from test_llama import MESSAGES as C_MESSAGES, SYSTEM  # noqa: E402
+
+MESSAGES = C_MESSAGES[:4]
+LONG_SYSTEM = SYSTEM + " " + " ".join(["Keep a friendly tone."] * 60)
 
 
 def model_path(name):

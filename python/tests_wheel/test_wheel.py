@@ -29,6 +29,9 @@ REQS = os.path.join(ROOT, "python", "requirements")
 LLAMA_PREFIX = os.path.join(BUILD, "llama.cpp", "prefix")
 LLAMA_SDIST = os.path.join(BUILD, "llama.cpp", "dl", "llama_cpp_python-0.3.36.tar.gz")
 SMOLLM2 = os.environ.get("CTXS_SMOLLM2", "")
+# The README's block as examples/python/test_readme.py takes it.
+sys.path.insert(0, os.path.join(ROOT, "examples", "python"))
+from test_readme import readme_python_block  # noqa: E402
 
 # What goes into the wheel; its hash names the cached wheel.
 SOURCES = ["meson.build", "meson_options.txt", "pyproject.toml", "include", "src",
@@ -88,16 +91,6 @@ def venv(wheel, tmp_path_factory):
     run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", wheel,
          "-r", os.path.join(REQS, "wheel-test.txt")], timeout=900)
     return py
-
-
-def readme_python_block():
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        text = f.read()
-    section = re.search(r"^## Python\n(.*?)(?=^## |\Z)", text, re.S | re.M)
-    assert section, "README.md has no '## Python' section"
-    blocks = re.findall(r"^```python\n(.*?)^```", section.group(1), re.S | re.M)
-    assert blocks, "no python block in README's Python section"
-    return blocks[0]
 
 
 def test_wheel_holds_the_library_and_the_version(wheel):

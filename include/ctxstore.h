@@ -41,6 +41,20 @@
  *   checksums catch them after a power loss or with ctxs_session_verify();
  *   after a process crash the page cache is trusted and they are not looked
  *   for.
+ * - Within one boot of the machine the page cache is trusted: a commit
+ *   record written in the running boot vouches for every page written
+ *   before it, so an open after a process crash or an unclean close
+ *   verifies nothing. Only a record from another boot (or from an unknown
+ *   one) makes open verify the tokens above its durability watermark. A
+ *   test of power loss that does not reboot (a device that drops unflushed
+ *   writes, a file damaged on purpose) must open as a new boot would:
+ *   CTXS_OPEN_VERIFY does it for one open; the environment variable
+ *   CTXS_TEST_BOOT=<text> does it for a whole process (read once, the
+ *   first time the library needs the boot id): its boot id is then
+ *   XXH3-128 of the machine's boot id and <text>, so it verifies what any
+ *   process with another value (or none) wrote, and they verify what it
+ *   writes. It can only add verification, which is why every build reads
+ *   it; where the machine has no boot id, every open verifies anyway.
  * - Files are little-endian; ctxstore builds only on little-endian hosts.
  * - The library never installs signal handlers. Disk space for reserved slots
  *   is allocated by ctxs_session_reserve(), so a full disk is an error there

@@ -12,9 +12,16 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-/* The running boot's identity (Linux: /proc/sys/kernel/random/boot_id);
- * all zero when unknown. Thread-safe. */
+/* The running boot's identity (Linux: /proc/sys/kernel/random/boot_id,
+ * or with CTXS_TEST_BOOT set a hash of it and that text); all zero when
+ * unknown. Read once per process. Thread-safe. */
 void ctxs__boot_id(uint8_t out[16]);
+
+/* 1 when a record written under record_boot was written in this boot, so
+ * that the page cache still holds everything written before it (the boot
+ * is known and the ids are equal); 0 when a power loss or a reboot may
+ * have come between. Thread-safe. */
+int ctxs__boot_vouches(const uint8_t record_boot[16]);
 
 /* Wall-clock milliseconds since the Unix epoch: the clock of every
  * *_unix_ms field, in the session files, the index and export files. */

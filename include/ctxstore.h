@@ -1227,6 +1227,13 @@ typedef struct ctxs_prefix_match {
  * index reads), then the tokens after the last whole chunk are compared with
  * the file's. Fork the match (ctxs_store_session_fork() at out->n_tokens) and
  * prefill only the rest. At least one whole chunk must match.
+ *
+ * The match counts only tokens an open of the session keeps, so that the
+ * fork at it succeeds unless the session changes in between: after a power
+ * loss, the tokens its newest record claims above its durability watermark
+ * are verified against their checksums first, as the open that a fork
+ * makes would (it reads their KV; once the session has been opened
+ * read-write, its records vouch for them again and nothing is read).
  * Errors: CTXS_ENOTFOUND (no match), CTXS_EINVAL, CTXS_ENOMEM. Thread-safe. */
 CTXS_API int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st,
                               const uint8_t model_hash[CTXS_HASH_BYTES],

@@ -1594,6 +1594,86 @@ Test(index, prefix_entries_are_written_at_the_first_chunk_while_the_writer_has_i
     ctxs_store_close(st);
 }
 
+/* The writer's side of the power-loss test below, in a child booted as
+ * "before": a session of 64 synced tokens and 6 more that are not, at
+ * ASYNC, closed; what the index learned of it is written at once. */
+static void power_loss_writer(void)
+{
+    setenv("CTXS_TEST_BOOT", "before", 1);
+    ctxs_store *st;
+    ctxs_model m = ts_model(1);
+    ctxs_create_options o = ts_options(256, 4, 0, CTXS_SYNC_ASYNC);
+    ctxs_session *s;
+    if (ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL) != 0 ||
+        ctxs_model_register(st, &m, NULL) != 0 ||
+        ctxs_store_session_create(&s, st, "chat", &m, &o) != 0)
+        _exit(2);
+    if (ts_append(s, 64) != 0 || ctxs_session_sync(s) != 0 || ts_append(s, 6) != 0)
+        _exit(3);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+    _exit(0);
+}
+
+/* The reader's side, booted as "after": exits with the match's token count
+ * (255: no match), or 254 when a fork at the match fails. */
+static void power_loss_reader(void)
+{
+    setenv("CTXS_TEST_BOOT", "after", 1);
+    ctxs_store *st;
+    ctxs_model m = ts_model(1);
+    uint32_t t[70];
+    for (uint32_t p = 0; p < 70; p++)
+        t[p] = ts_token(p);
+    ctxs_prefix_match pm;
+    if (ctxs_store_open(&st, ts_store_dir(), 0, NULL) != 0)
+        _exit(253);
+    if (ctxs_prefix_find(&pm, st, m.model_hash, t, 70) != 0)
+        _exit(255);
+    ctxs_session *f;
+    if (ctxs_store_session_fork(&f, st, "fork", pm.session, pm.n_tokens, NULL) != 0)
+        _exit(254);
+    ctxs_session_close(f);
+    ctxs_store_close(st);
+    _exit((int)pm.n_tokens);
+}
+
+static int run_child(void (*fn)(void))
+{
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0)
+        fn();
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status), "child status %d", status);
+    return WEXITSTATUS(status);
+}
+
+Test(index, a_prefix_match_after_a_power_loss_counts_only_what_an_open_keeps)
+{
+    cr_assert_eq(run_child(power_loss_writer), 0);
+    /* The power loss: the record claiming 70 tokens reached the disk, the
+     * KV of the last 6 did not. */
+    ctxs_model m = ts_model(1);
+    ctxs__file_layout lay;
+    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, 256, 4), 0);
+    int fd = open(ts_id_path(1), O_RDWR);
+    cr_assert_geq(fd, 0);
+    uint8_t zeros[64] = {0};
+    uint32_t runs = 2 * m.geometry.n_layers * m.geometry.n_kv_heads;
+    for (uint32_t r = 0; r < runs; r++)
+        for (uint64_t p = 64; p < 70; p++)
+            cr_assert_eq(pwrite(fd, zeros, lay.slot_bytes,
+                                (off_t)(lay.kv_off + r * lay.head_stride + p * lay.slot_bytes)),
+                         (ssize_t)lay.slot_bytes);
+    close(fd);
+    /* The match stops where the session recovers, and forks. */
+    int got = run_child(power_loss_reader);
+    cr_assert_neq(got, 254, "the fork at the match failed");
+    cr_assert_eq(got, 64, "the match counts %d tokens; an open keeps 64", got);
+}
+
 /* --- gc ---------------------------------------------------------------------- */
 
 Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)

@@ -28,6 +28,7 @@
 #include "format.h"
 #include "index.h"
 #include "support.h"
+#include "syscall.h"
 
 TestSuite(index, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 60);
 
@@ -2147,6 +2148,74 @@ Test(index, store_open_finishes_an_interrupted_delete)
     cr_assert_eq(ts_check_all(k), 0);
     ctxs_session_close(k);
     ctxs_store_close(st);
+}
+
+/* Whether the call the fault hook failed last is the sync of sessions/
+ * that an unlink in sessions.c needs before an intent may go. */
+static int failed_the_directory_sync(void)
+{
+    const struct ctxs__fault_site *f = ctxs__fault_last_failed();
+    return f && strcmp(f->call, "fsync") == 0 && strstr(f->file, "index/sessions.c");
+}
+
+/* A delete's intent goes only once its unlink is durable. An unlink is a
+ * change to sessions/ that a power loss undoes until the directory is
+ * synced, and the index's own syncs do not cover it: without the sync, a
+ * deleted session's file comes back with neither an entry nor an intent
+ * (and a repair adopts it). So where that sync fails, the intent stays
+ * for the next open of the store to finish, for a delete and for the
+ * open's own resolution of a delete that died. */
+Test(index, an_intent_stays_until_the_unlink_it_stands_for_is_durable)
+{
+    ctxs_model m = ts_model(1);
+    int found_delete = 0, found_resolve = 0;
+    for (uint64_t nth = 1; nth < 200 && !(found_delete && found_resolve); nth++) {
+        ctxs_store *st = ts_store_open(ts_store_dir());
+        model_reg(st, &m);
+        ctxs_session_close(mk(st, "d", &m, 256, 4, 10));
+        uint64_t id = ts_session_entry(st, "d").id;
+        if (!found_delete) {
+            ctxs__fault_arm(nth, EIO, false);
+            ctxs_store_session_delete(st, "d");
+            ctxs__fault_disarm();
+            if (failed_the_directory_sync()) {
+                found_delete = 1;
+                cr_assert(!ts_exists(ts_id_path(id)), "the delete unlinked the file");
+                cr_assert_eq(ts_pending_intents(st), 1,
+                             "the delete's intent must stay while its unlink is not durable");
+            }
+            ctxs_store_close(st);
+        } else {
+            /* A delete that died after its transaction, before the unlink:
+             * the next open finishes it. */
+            MDB_txn *txn;
+            cr_assert_eq(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
+            cr_assert_eq(ctxs__session_unindex(txn, st, id), 0);
+            cr_assert_eq(mdb_txn_commit(txn), 0);
+            put_intent(st, id, CTXS__INTENT_DELETE);
+            ctxs_store_close(st);
+            ctxs__fault_arm(nth, EIO, false);
+            int rc = ctxs_store_open(&st, ts_store_dir(), 0, NULL);
+            ctxs__fault_disarm();
+            if (rc == 0)
+                ctxs_store_close(st);
+            if (failed_the_directory_sync()) {
+                found_resolve = 1;
+                cr_assert(!ts_exists(ts_id_path(id)), "the open unlinked the file");
+                cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+                cr_assert_eq(ts_pending_intents(st), 1,
+                             "the intent must stay while the unlink is not durable");
+                ctxs_store_close(st);
+                st = ts_store_open(ts_store_dir());
+                cr_assert_eq(ts_pending_intents(st), 0, "the next open finishes it");
+                cr_assert_eq(count_entries(st), 0);
+                ctxs_store_close(st);
+            }
+        }
+        ts_rmtree(ts_store_dir());
+    }
+    cr_assert(found_delete, "a delete never synced sessions/ between its unlink and its intent's drop");
+    cr_assert(found_resolve, "a store open never synced sessions/ before dropping a delete's intent");
 }
 
 /* --- reindex ------------------------------------------------------------------ */

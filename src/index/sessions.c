@@ -8,6 +8,13 @@
  * A delete drops the entries and records its intent in one transaction, then
  * unlinks the file, then drops the intent. Opening a store resolves what
  * intents remain (ctxs__intent_resolve): a file with no entry goes.
+ *
+ * An intent is dropped only once what it stands for is durable: an unlink
+ * is a change to sessions/, which a power loss undoes until the directory
+ * is synced (the index's own syncs cover data.mdb, not it), so the
+ * directory is synced between the unlink and the transaction that drops
+ * the intent. Otherwise a deleted session's file could come back with
+ * neither an entry nor an intent, for a repair or reindex to adopt.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -564,17 +571,21 @@ static int finish_create(ctxs_store *st, const char *name, size_t len,
     return ctxs__txn_finish(txn, rc);
 }
 
-/* Undoes a create that failed after begin_create(). */
+/* Undoes a create that failed after begin_create(). The intent goes only
+ * once the unlink is durable: a file that came back without it would be
+ * adopted by the next repair as a session nobody created. */
 static void abandon_create(ctxs_store *st, uint64_t id, ctxs_session *s)
 {
     char file[32];
     ctxs__file_name(file, id);
+    int gone = 1;
     if (s) {
-        ctxs__unlinkat(st->sessions_fd, file, 0);
+        gone = (ctxs__unlinkat(st->sessions_fd, file, 0) == 0 || errno == ENOENT) &&
+               ctxs__fsync(st->sessions_fd) == 0;
         ctxs_session_close(s);
     }
     MDB_txn *txn;
-    if (ctxs__txn_begin(&txn, st, 0) == 0) {
+    if (gone && ctxs__txn_begin(&txn, st, 0) == 0) {
         if (intent_drop(txn, st, id) == 0)
             ctxs__txn_commit(txn);
         else
@@ -978,9 +989,10 @@ int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name
     if (rc == 0 && fd >= 0) {
         /* Unlinked before the lock goes with the descriptor: whoever opened
          * the file meanwhile finds it unlinked (open_file). Where the unlink
-         * fails, the intent stays: the next open of the store finishes it. */
+         * or the directory's sync fails, the intent stays: the next open of
+         * the store finishes it. */
         if ((ctxs__unlinkat(st->sessions_fd, file, 0) == 0 || errno == ENOENT) &&
-            ctxs__txn_begin(&txn, st, 0) == 0) {
+            ctxs__fsync(st->sessions_fd) == 0 && ctxs__txn_begin(&txn, st, 0) == 0) {
             if (intent_drop(txn, st, id) == 0)
                 ctxs__txn_commit(txn);
             else
@@ -1008,7 +1020,8 @@ int ctxs_store_session_delete(ctxs_store *st, const char *name)
 
 /* Removes the leftovers of interrupted creates of id: files written aside
  * (<file>.tmp-<pid>-<n>) that no live process holds. Returns how many a
- * live process holds (a create of id in progress), or -errno. */
+ * live process holds (a create of id in progress), or -errno. The caller
+ * syncs the directory. */
 static int remove_tmp_files(ctxs_store *st, uint64_t id)
 {
     char file[32];
@@ -1058,13 +1071,17 @@ int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent)
         int indexed = mdb_get(txn, st->ids, &key, &val) == 0;
         if (!indexed && fd >= 0 && ctxs__unlinkat(st->sessions_fd, file, 0) != 0)
             rc = -errno;
+        if (rc == 0 && fd >= 0)
+            remove_tmp_files(st, id);
+        /* What was unlinked is durable before the intent goes (see the
+         * top of this file). */
+        if (rc == 0 && ctxs__fsync(st->sessions_fd) != 0)
+            rc = -errno;
         if (rc == 0)
             rc = intent_drop(txn, st, id);
         rc = ctxs__txn_finish(txn, rc);
     }
     if (fd >= 0)
         close(fd);
-    if (rc == 0 && fd >= 0)
-        remove_tmp_files(st, id);
     return rc;
 }

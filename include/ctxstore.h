@@ -59,7 +59,26 @@
  * - The library never installs signal handlers. Disk space for reserved slots
  *   is allocated by ctxs_session_reserve(), so a full disk is an error there
  *   and not a SIGBUS during a write; a file truncated by someone else while
- *   mapped can still raise SIGBUS, as with any mapping.
+ *   mapped can still raise SIGBUS, as with any mapping. That holds on ext4,
+ *   XFS and tmpfs. On a copy-on-write filesystem an allocated block is good
+ *   for one write only, and every later write through the mapping takes new
+ *   space at the write fault:
+ *   - btrfs: session files, and LMDB's lock file in a store, are made NOCOW
+ *     when created (they lose btrfs's data checksums, not ctxstore's), so
+ *     their blocks are written in place and the promise holds; forks copy
+ *     there instead of sharing blocks. On a btrfs with no byte free a write
+ *     fault is slow (btrfs first tries to free space), not an error. Blocks
+ *     shared by means outside the library (a snapshot of the subvolume, a
+ *     reflink copy) need new space when first written again, and a full
+ *     disk then raises SIGBUS.
+ *   - XFS with reflink: a fork shares its held tokens' blocks with its
+ *     source; either session rewriting them (after a rollback below the
+ *     fork point, or its ring wrapping over them) needs new space at the
+ *     write fault, and a full disk then raises SIGBUS.
+ *   - ZFS allocates nothing ahead (fallocate reserves no space) and
+ *     bcachefs copies on write unless its nocow option is set: nothing is
+ *     promised there; keep the store where space is guaranteed (a ZFS
+ *     reservation on its dataset, for one).
  */
 #ifndef CTXSTORE_H
 #define CTXSTORE_H

@@ -14,6 +14,7 @@
 
 #include "index.h"
 #include "mdb_calls.h"
+#include "platform.h"
 
 /* LMDB forbids opening one environment twice in a process (closing either
  * would drop the other's POSIX locks), so handles to the same store share
@@ -515,10 +516,51 @@ static int remove_compact_tmp(const char *index_dir)
     return rc;
 }
 
+/*
+ * LMDB keeps its reader table in index/lock.mdb, a shared mapping that it
+ * writes at every transaction, through the mapping: a page that needs a
+ * block when written faults with SIGBUS on a full disk (a sparse file's
+ * hole; on btrfs, any page once written back, since copy on write puts
+ * every write in a new block). So its blocks are allocated before LMDB
+ * maps it, and a new one is made to be written in place (btrfs NOCOW, only
+ * while empty; a store's older lock file gets it when compaction removes
+ * the file). A full disk is then CTXS_EFULL here. Where the file cannot be
+ * opened for writing (a read-only store), LMDB decides what to do.
+ */
+static int lock_file_prepare(const char *index_dir, unsigned max_readers)
+{
+    char *path = join(index_dir, "lock.mdb");
+    if (!path)
+        return CTXS_ENOMEM;
+    int fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    free(path);
+    if (fd < 0)
+        return 0;
+    struct stat sb;
+    if (ctxs__fstat(fd, &sb) == 0 && sb.st_size == 0)
+        ctxs__file_in_place(fd);
+    /* LMDB's size for it: a header and one 64-byte slot per reader, each
+     * on its own cache line; twice that, in whole pages, is room enough. */
+    uint64_t bytes = ((uint64_t)max_readers + 4) * 128;
+    bytes = (bytes + 4095) / 4096 * 4096;
+    int rc = 0;
+#ifdef __linux__
+    if (ctxs__fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)bytes) != 0)
+        rc = errno == ENOSPC || errno == EDQUOT ? CTXS_EFULL : 0;
+#endif
+    close(fd);
+    return rc;
+}
+
 /* Creates and opens an environment on index_dir with flags. */
 static int env_open_flags(MDB_env **out, const char *index_dir, unsigned flags,
                           unsigned max_readers, size_t map_bytes)
 {
+    if (!(flags & MDB_NOLOCK)) {
+        int prep = lock_file_prepare(index_dir, max_readers);
+        if (prep < 0)
+            return prep == CTXS_EFULL ? ENOSPC : ENOMEM;
+    }
     MDB_env *env;
     int rc = mdb_env_create(&env);
     if (rc != 0)

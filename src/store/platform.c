@@ -10,6 +10,12 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <linux/fs.h>    /* FS_IOC_GETFLAGS, FS_NOCOW_FL */
+#include <linux/magic.h> /* BTRFS_SUPER_MAGIC */
+#include <sys/ioctl.h>
+#include <sys/vfs.h>
+#endif
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
@@ -125,6 +131,35 @@ int ctxs__allocate(int fd, uint64_t off, uint64_t len)
     return space_error(errno);
 #else
     return allocate_by_writing(fd, off, len);
+#endif
+}
+
+int ctxs__file_in_place(int fd)
+{
+#if defined(__linux__) && defined(FS_NOCOW_FL) && defined(BTRFS_SUPER_MAGIC)
+    /* Btrfs writes every block to a new place (copy on write), so a block
+     * fallocate() allocated is only good for its first write: every later
+     * write through a mapping takes new space at the write fault, where a
+     * full disk is a SIGBUS. A NOCOW file's blocks are written in place
+     * (while no other file shares them), which makes reserve's allocation
+     * a promise; btrfs takes the flag only while the file is empty. The
+     * file loses btrfs's data checksums, not ctxstore's own. Failures are
+     * ignored: the file is then as any other. */
+    struct statfs sfs;
+    if (fstatfs(fd, &sfs) != 0 || (unsigned long)sfs.f_type != (unsigned long)BTRFS_SUPER_MAGIC)
+        return 0;
+    int flags = 0;
+    if (ioctl(fd, FS_IOC_GETFLAGS, &flags) != 0)
+        return 0;
+    if (!(flags & FS_NOCOW_FL)) {
+        flags |= FS_NOCOW_FL;
+        if (ioctl(fd, FS_IOC_SETFLAGS, &flags) != 0 || ioctl(fd, FS_IOC_GETFLAGS, &flags) != 0)
+            return 0;
+    }
+    return (flags & FS_NOCOW_FL) != 0;
+#else
+    (void)fd;
+    return 0;
 #endif
 }
 

@@ -31,6 +31,13 @@ uint64_t ctxs__now_ms(void);
  * size. Returns 0, CTXS_EFULL (no space, quota, file size limit) or -errno. */
 int ctxs__allocate(int fd, uint64_t off, uint64_t len);
 
+/* Asks the filesystem to write the blocks of fd, a new and still empty
+ * file, in place rather than to new blocks (btrfs: the NOCOW flag), so
+ * that blocks allocated once stay good for every later write. Returns 1
+ * when the file is so, 0 where the filesystem does so anyway or cannot
+ * (ext4, XFS, tmpfs) or the flag was refused. */
+int ctxs__file_in_place(int fd);
+
 /* Makes the file's data durable (fdatasync; F_FULLFSYNC on Apple).
  * Returns 0 or -errno. */
 int ctxs__sync_data(int fd);

@@ -259,6 +259,8 @@ fail:
 
 int ctxs__new_file_size(int fd, const ctxs__file_layout *lay)
 {
+    /* Before any byte: btrfs takes NOCOW only on an empty file. */
+    ctxs__file_in_place(fd);
     if (ctxs__ftruncate(fd, (off_t)lay->file_bytes) != 0)
         return (errno == EFBIG || errno == ENOSPC) ? CTXS_EFULL : -errno;
     /* The first page and the two tables take disk space now: commits write

@@ -1349,6 +1349,50 @@ typedef struct ctxs_gc_result {
 CTXS_API int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st,
                            uint64_t budget_bytes, unsigned flags);
 
+/* An operation a crash (of the process, or of the machine) interrupted:
+ * a create, fork, import or pull, or a delete (a gc's too), which records
+ * its intent in the index before it touches a file and drops it when done.
+ * Between the two, the store may hold a session file that no index entry
+ * names: not damage, but what the next read-write open of the store
+ * finishes or undoes (ctxs_store_open()). */
+typedef enum ctxs_intent_kind {
+    CTXS_INTENT_CREATE = 1, /* a create, fork, import or pull */
+    CTXS_INTENT_DELETE = 2, /* a delete, or gc deleting */
+} ctxs_intent_kind;
+
+/* What the next read-write open of the store does with an intent. */
+typedef enum ctxs_intent_action {
+    CTXS_INTENT_WAIT = 1,        /* nothing: the process that recorded it
+                                    is running, or a handle has the file
+                                    open (the operation may be under way) */
+    CTXS_INTENT_REMOVE_FILE = 2, /* removes the file, which no entry names,
+                                    then the intent */
+    CTXS_INTENT_DROP = 3,        /* drops the intent alone: the file is
+                                    gone, or an entry names it */
+} ctxs_intent_action;
+
+typedef struct ctxs_intent_entry {
+    uint64_t id;           /* the file: sessions/<id, 16 hex>.ctxs */
+    uint32_t kind;         /* ctxs_intent_kind */
+    uint32_t action;       /* ctxs_intent_action, as of this call */
+    uint32_t pid;          /* the process that recorded it; 0: unknown (a
+                              store made by index 1.0) */
+    uint32_t file_present; /* 1: sessions/<id>.ctxs exists */
+    uint32_t indexed;      /* 1: an index entry names id */
+    uint32_t reserved_;
+} ctxs_intent_entry;
+
+/* The store's pending intents, in id order, each with what the next
+ * read-write open of the store would do with it now: an array to release
+ * with ctxs_free() (NULL when there are none). Changes nothing and takes
+ * no lock; works on a read-only store, whose opens leave intents as they
+ * are: how a read-only look tells a crash's leftover (a session file that
+ * no entry names, with an intent) from damage. Malformed intents are left
+ * to ctxs_store_check(). Errors: CTXS_EINVAL, CTXS_ENOMEM, -errno.
+ * Thread-safe. */
+CTXS_API int ctxs_store_intent_list(ctxs_intent_entry **out, size_t *n_out,
+                                    ctxs_store *st);
+
 typedef struct ctxs_repair_result {
     uint64_t files_adopted;    /* session files no entry named, now indexed */
     uint64_t files_removed;    /* leftovers of interrupted creates */

@@ -211,9 +211,12 @@ static int options_valid(const ctxs_store_options *o)
 }
 
 /* mkdir -m 0700 that accepts an existing directory. */
+/* Returns 1 when it made path, 0 when a directory was there. */
 static int make_dir(const char *path)
 {
-    if (ctxs__mkdir(path, 0700) == 0 || errno == EEXIST) {
+    if (ctxs__mkdir(path, 0700) == 0)
+        return 1;
+    if (errno == EEXIST) {
         struct stat sb;
         if (lstat(path, &sb) != 0)
             return -errno;
@@ -227,7 +230,7 @@ static int make_dir(const char *path)
 static int make_store_dir(const char *path)
 {
     if (ctxs__mkdir(path, 0700) == 0)
-        return 0;
+        return 1;
     if (errno != EEXIST)
         return -errno;
     struct stat sb;
@@ -235,6 +238,8 @@ static int make_store_dir(const char *path)
         return -errno; /* -ENOENT: a dangling symlink; -ELOOP: a loop */
     return S_ISDIR(sb.st_mode) ? 0 : -ENOTDIR;
 }
+
+static int sync_dir(const char *path); /* fsync of a directory (compaction's) */
 
 static char *join(const char *a, const char *b)
 {
@@ -691,8 +696,16 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
      * link. Inside the store, sessions/ is opened without following a link,
  * and a create refuses an index/ that is one (-ENOTDIR); an existing
  * store whose index/ was made a link by hand is opened through it. */
-    if (create && (rc = make_store_dir(dir)) < 0)
-        return rc;
+    /* What this open makes is durable before it returns: a store whose
+     * directories a power loss took back would not open (index/) or would
+     * not open read-only (sessions/), and the files in them would go with
+     * them. made: 1 the store directory, 2 a directory in it. */
+    int made = 0;
+    if (create) {
+        if ((rc = make_store_dir(dir)) < 0)
+            return rc;
+        made = rc;
+    }
     if (!(st->dir = realpath(dir, NULL)))
         return -errno;
     struct stat sb;
@@ -705,6 +718,8 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
         rc = CTXS_ENOMEM;
     else
         rc = create ? make_dir(index_dir) : check_is_store(index_dir);
+    made |= rc > 0 ? 2 : 0;
+    rc = rc > 0 ? 0 : rc;
     if (rc == 0)
         rc = store_lock_take(st, index_dir);
     if (rc == 0)
@@ -717,8 +732,12 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
         rc = remove_compact_tmp(index_dir);
     free(index_dir);
     /* Made here in a half-made store; a read-only one cannot. */
-    if (rc == 0 && !st->rdonly)
-        rc = make_dir(st->sessions_dir);
+    if (rc == 0 && !st->rdonly && (rc = make_dir(st->sessions_dir)) > 0)
+        made |= 2, rc = 0;
+    if (rc == 0 && (made & 2))
+        rc = sync_dir(st->dir);
+    if (rc == 0 && (made & 1))
+        rc = ctxs__sync_parent_dir(st->dir);
     if (rc == 0) {
         st->sessions_fd =
             ctxs__open(st->sessions_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);

@@ -904,7 +904,8 @@ typedef struct ctxs_store_options {
  *
  * A read-write open finishes or undoes what a process that crashed left
  * half done: a session file created but not indexed, or dropped from the
- * index but not yet deleted.
+ * index but not yet deleted (ctxs_store_intent_list() says what it would
+ * do). The directories it makes are durable when it returns.
  *
  * With CTXS_STORE_RDONLY (not with CTXS_STORE_CREATE) the store is only
  * read: the index is opened read-only, what crashes left is left as it is,

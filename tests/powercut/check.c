@@ -18,7 +18,8 @@
  *   Every held token verifies; a read-write open keeps what a read-only
  *   one saw.
  * - A prefix match is forkable, and what the fork holds is the prompt.
- * - Metadata acknowledged is there (or the value in flight).
+ * - Metadata acknowledged is there (or the value in flight), and so is the
+ *   model registered when the store was made.
  * - A read-only look finds no file that neither an entry nor an intent
  *   explains; after a read-write open no intent is left and every file is
  *   indexed; ctxs_store_check() finds no damage.
@@ -530,6 +531,9 @@ int pc_check_run(const pc_check *c)
         violation("the store does not open read-write: %s", ctxs_err_name(rc));
         return violations;
     }
+    ctxs_model_entry me;
+    if ((rc = ctxs_model_get(&me, st, x.model.model_hash)) != 0)
+        violation("the model registered with the store is not there: %s", ctxs_err_name(rc));
     ctxs_session_entry *list = NULL;
     size_t n = 0;
     if ((rc = ctxs_store_session_list(&list, &n, st)) != 0)

@@ -5,7 +5,8 @@
  *   powercut calibrate          the disk drops what it should, and only that
  *   powercut run FS [CUTS]      CUTS power cuts (default $CTXS_POWERCUT_CUTS,
  *                               else 72) under the workload on FS, at each
- *                               durability level and dtype in turn
+ *                               durability level and dtype in turn; one in
+ *                               four cut again while the next boot recovers
  *   powercut scenario NAME FS   one cut at a chosen moment (see scenarios)
  *   powercut scenarios          every scenario on ext4, XFS and btrfs
  *   powercut check FS IMAGE LOG LEVEL DTYPE
@@ -295,6 +296,10 @@ typedef struct one {
     pc_cut cut;
     const char *script;   /* a scenario's, or NULL */
     const char *bin;      /* the ctxstore tool for the checker, or NULL */
+    int twice;            /* cut again while the next boot recovers */
+    uint32_t mode2;       /* that cut: MODE_TIME, _WRITE or _FLUSH */
+    uint64_t at2;
+    pc_cut cut2;
 } one;
 
 typedef struct outcome {
@@ -302,6 +307,7 @@ typedef struct outcome {
     pc_disk_stats st;
     uint64_t ms;
     uint64_t acks[PC_OP_KINDS]; /* what the workload was told, by kind */
+    pc_disk_stats st2;    /* the second cut's, when there is one */
 } outcome;
 
 /* Counts the acknowledgements in the log, by kind. */
@@ -329,6 +335,10 @@ static pid_t start_workload(const one *o, const char *store, const char *log)
                      .script = o->script};
     _exit(pc_workload_run(&w));
 }
+
+/* The checker's exit status: its violations (at most 100), or this when
+ * it could not check (the log unreadable). */
+enum { CHECKER_FAILED = 200 };
 
 /* A checker that crashes says where. */
 static void on_fault(int sig)
@@ -360,7 +370,7 @@ static int run_checker(const one *o, const char *store, const char *log, uint64_
                       .dtype = dtypes[o->dtype_i]};
         int v = pc_check_run(&c);
         fflush(NULL);
-        _exit(v < 0 ? 3 : v > 100 ? 100 : v);
+        _exit(v < 0 ? CHECKER_FAILED : v > 100 ? 100 : v);
     }
     int st;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
@@ -369,7 +379,75 @@ static int run_checker(const one *o, const char *store, const char *log, uint64_
         printf("VIOLATION: the checker died of signal %d\n", WTERMSIG(st));
         return 1;
     }
-    return WEXITSTATUS(st) == 3 ? -1 : WEXITSTATUS(st);
+    return WEXITSTATUS(st) == CHECKER_FAILED ? -1 : WEXITSTATUS(st);
+}
+
+/* The next boot's first steps: the store opened read-write (what the cut
+ * left resolved), every session opened read-write (recovered, and its
+ * state written back) and closed. */
+static _Noreturn void recover(const one *o, const char *store, uint64_t boot)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    char b[64];
+    snprintf(b, sizeof(b), "recovery-%" PRIu64, boot);
+    setenv("CTXS_TEST_BOOT", b, 1);
+    ctxs_store *st;
+    ctxs_session_entry *list;
+    size_t n;
+    ctxs_model m = pc_model(dtypes[o->dtype_i]);
+    if (ctxs_store_open(&st, store, 0, NULL) != 0)
+        _exit(0); /* a store the first cut left unmade */
+    if (ctxs_store_session_list(&list, &n, st) == 0) {
+        for (size_t i = 0; i < n; i++) {
+            ctxs_session *s;
+            if (ctxs_store_session_open(&s, st, list[i].name, &m, 0, NULL) == 0)
+                ctxs_session_close(s);
+        }
+        ctxs_free(list);
+    }
+    ctxs_store_close(st);
+    _exit(0);
+}
+
+/* A second cut, while the next boot recovers from the first: the image is
+ * served again, recover() runs on it, and the power goes as o says. */
+static int cut_recovery(const one *o, const char *image, uint64_t n, pc_disk_stats *st)
+{
+    pc_disk d;
+    char dev[32], store[PATH_MAX + 64];
+    snprintf(store, sizeof(store), "%s/store", at("live"));
+    if (pc_disk_start(&d, image, at("fuse")) != 0)
+        return -1;
+    int loop = pc_loop_attach(d.file, 1, dev);
+    int mounted = loop >= 0 && pc_mount(dev, o->fs, at("live")) == 0;
+    if (loop >= 0)
+        close(loop);
+    if (!mounted) {
+        /* The first cut's image must mount: the checker says so. */
+        pc_disk_stop(&d);
+        return 0;
+    }
+    if (o->mode2 != MODE_TIME)
+        pc_disk_arm(&d, o->mode2 == MODE_WRITE ? o->at2 : 0, o->mode2 == MODE_FLUSH ? o->at2 : 0,
+                    &o->cut2);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0)
+        recover(o, store, n);
+    uint64_t deadline = pc_now_ms() + (o->mode2 == MODE_TIME ? o->at2 : 4000);
+    int cut = 0, exited = 0, status;
+    while (!cut && !exited && pc_now_ms() < deadline) {
+        cut = pc_disk_wait_cut(&d, 5, st) == 1;
+        exited = waitpid(pid, &status, WNOHANG) == pid;
+    }
+    pc_disk_cut(&d, &o->cut2, st);
+    if (!exited) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    pc_umount(at("live"));
+    pc_disk_stop(&d);
+    return 0;
 }
 
 static outcome cut_once(const one *o, const char *template, uint64_t n)
@@ -432,6 +510,10 @@ static outcome cut_once(const one *o, const char *template, uint64_t n)
     pc_umount(at("live"));
     pc_disk_stop(&d);
     count_acks(log, out.acks);
+    if (o->twice && cut_recovery(o, image, n, &out.st2) != 0) {
+        out.violations = -1;
+        return out;
+    }
 
     /* As a reboot finds the disk: the image alone. The checker writes (a
      * read-write open settles what the cut left): it works on a copy, and
@@ -514,6 +596,7 @@ static int run(const char *fs, uint64_t cuts)
     uint64_t tally[3][3][2] = {{{0}}}, by_mode[MODES] = {0}, by_keep[PC_KEEP_KINDS] = {0};
     uint64_t writes_seen = 400, flushes_seen = 60, total_ms = 0, acks[PC_OP_KINDS] = {0};
     int bad = 0, rig_failed = 0;
+    uint64_t doubles = 0;
     for (uint64_t i = 0; i < cuts; i++) {
         one o = {.fs = fs, .level = (uint32_t)(i % 3), .dtype_i = (uint32_t)(i / 3 % 3),
                  .seed = ts_rng_next(&rng), .bin = tool_bin()};
@@ -524,6 +607,16 @@ static int run(const char *fs, uint64_t cuts)
         o.cut.keep = (uint32_t)(ts_rng_next(&rng) % PC_KEEP_KINDS);
         o.cut.piece = ts_rng_next(&rng) % 2 ? 4096 : 512;
         o.cut.seed = ts_rng_next(&rng);
+        /* One cut in four is a double one: the power goes again while the
+         * next boot recovers. */
+        o.twice = ts_rng_next(&rng) % 4 == 0;
+        o.mode2 = (uint32_t)(ts_rng_next(&rng) % 3);
+        o.at2 = o.mode2 == MODE_TIME    ? 1 + ts_rng_next(&rng) % 150
+                : o.mode2 == MODE_WRITE ? 1 + ts_rng_next(&rng) % 150
+                                        : 1 + ts_rng_next(&rng) % 12;
+        o.cut2.keep = (uint32_t)(ts_rng_next(&rng) % PC_KEEP_KINDS);
+        o.cut2.piece = ts_rng_next(&rng) % 2 ? 4096 : 512;
+        o.cut2.seed = ts_rng_next(&rng);
         outcome r = cut_once(&o, template, i);
         if (r.violations < 0) {
             printf("cut %" PRIu64 ": the rig failed\n", i);
@@ -538,6 +631,7 @@ static int run(const char *fs, uint64_t cuts)
                 : r.st.reason == PC_CUT_AT_FLUSH ? MODE_FLUSH
                                                  : MODE_TIME]++;
         by_keep[o.cut.keep]++;
+        doubles += o.twice;
         total_ms += r.ms;
         for (int k = 0; k < PC_OP_KINDS; k++)
             acks[k] += r.acks[k];
@@ -547,6 +641,11 @@ static int run(const char *fs, uint64_t cuts)
                    " pieces of %u bytes, seed %" PRIu64 "): %d violations\n",
                    i, fs, level_name[o.level], dtype_name[o.dtype_i], mode_name[o.mode], o.at,
                    pc_keep_name[o.cut.keep], r.st.pieces, o.cut.piece, o.seed, r.violations);
+            if (o.twice)
+                printf("  then cut again while recovering, %s %" PRIu64 ", keep %s of %" PRIu64
+                       " pieces of %u bytes\n",
+                       mode_name[o.mode2], o.at2, pc_keep_name[o.cut2.keep], r.st2.pieces,
+                       o.cut2.piece);
         }
     }
     printf("powercut %s: tallies (cuts, cuts with a violation):\n", fs);
@@ -560,6 +659,7 @@ static int run(const char *fs, uint64_t cuts)
            mode_name[MODE_TIME], by_mode[MODE_TIME], mode_name[MODE_WRITE], by_mode[MODE_WRITE],
            mode_name[MODE_FLUSH], by_mode[MODE_FLUSH], by_keep[PC_KEEP_NONE], by_keep[PC_KEEP_ALL],
            by_keep[PC_KEEP_PREFIX], by_keep[PC_KEEP_RANDOM]);
+    printf("  %" PRIu64 " of them cut again while the next boot recovered\n", doubles);
     printf("  acknowledged before the cuts:");
     for (int k = PC_OP_CREATE; k < PC_OP_KINDS; k++)
         printf(" %s %" PRIu64 "%s", pc_op_name[k], acks[k], k + 1 < PC_OP_KINDS ? "," : "\n");

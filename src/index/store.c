@@ -210,8 +210,8 @@ static int options_valid(const ctxs_store_options *o)
            memcmp(o->reserved, zero, sizeof(zero)) == 0;
 }
 
-/* mkdir -m 0700 that accepts an existing directory. */
-/* Returns 1 when it made path, 0 when a directory was there. */
+/* mkdir -m 0700 that accepts an existing directory: 1 when it made path,
+ * 0 when a directory was there. */
 static int make_dir(const char *path)
 {
     if (ctxs__mkdir(path, 0700) == 0)

@@ -1,8 +1,9 @@
 /*
  * Reading what a session file says without opening it as a session: no
- * mapping, no lock, no verification. The index uses it to check prefix
- * entries and checkpoints and to size files cheaply; anything it finds is a
- * hint that a real open confirms before data is trusted.
+ * lock, no state kept, and no mapping or verification but for
+ * ctxs__peek_kept(). The index uses it to check prefix entries and
+ * checkpoints and to size files cheaply; anything it finds is a hint that
+ * a real open confirms before data is trusted.
  */
 #ifndef CTXS_STORE_PEEK_H
 #define CTXS_STORE_PEEK_H

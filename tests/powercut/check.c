@@ -159,6 +159,9 @@ static void begin(replay *rp, const pc_rec *r)
         csess *src = sess(rp, r->other);
         s->seen = 1;
         set_next(s, state_copy(newest(src), r->a));
+        /* An export carries the metadata; a fork starts without. */
+        for (int k = 0; k < MAX_META && r->op == PC_OP_IMPORT; k++)
+            s->meta_next[k] = src->meta[k];
         break;
     }
     case PC_OP_COMMIT: {
@@ -200,6 +203,8 @@ static void ack(replay *rp, const pc_rec *r)
         s->id = r->id;
         push_state(s, s->next);
         s->has_next = 0;
+        for (int k = 0; k < MAX_META && r->op == PC_OP_IMPORT; k++)
+            s->meta[k] = s->meta_next[k], s->meta_next[k] = -1;
         /* An import is durable whole; a fork's KV only at FULL. */
         s->floor = r->op == PC_OP_IMPORT || (r->op == PC_OP_FORK && rp->level == CTXS_SYNC_FULL)
                        ? r->a

@@ -765,8 +765,11 @@ static int check_kept(const char *fs, const char *image, const char *log, const 
         if (strcmp(dtype, dtype_name[i]) == 0)
             o.dtype_i = i;
     }
-    char dev[32], store[PATH_MAX + 64];
-    int loop = pc_loop_attach(image, 0, dev);
+    char dev[32], store[PATH_MAX + 64], checked[PATH_MAX + 64];
+    snprintf(checked, sizeof(checked), "%s", at("check.img"));
+    if (pc_copy_sparse(image, checked) != 0) /* the checker writes */
+        return 1;
+    int loop = pc_loop_attach(checked, 0, dev);
     if (loop < 0 || pc_mount(dev, fs, at("check")) != 0) {
         fprintf(stderr, "powercut: mount %s: %s\n", image, strerror(errno));
         return 1;

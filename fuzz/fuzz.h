@@ -106,6 +106,13 @@ enum {
     FUZZ_SESS_RAW = 0x80,         /* the rest is the file, as is */
 };
 
+/* The control byte that leads an index_file input (then index/data.mdb,
+ * as is). */
+enum {
+    FUZZ_INDEX_WRITE = 0x01,  /* also write through the store */
+    FUZZ_INDEX_RDONLY = 0x02, /* open it read-only (no writes then) */
+};
+
 /* In the compact form (no FUZZ_SESS_RAW), the bytes after the control
  * byte are, in order, the file's header (256 bytes at offset 0), record 0
  * (128 at 4096), record 1 (128 at 8192), the label (512 at 12288), then

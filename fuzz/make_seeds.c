@@ -21,6 +21,7 @@
 #include "format.h"
 #include "fuzz.h"
 #include "index.h"
+#include "lmdb_layout.h"
 
 static const char *out_root;
 static char *work;
@@ -645,6 +646,136 @@ static void cli_seeds(void)
     seed("cli", "argv-prefix-a", line, n);
 }
 
+/* --- index_file -------------------------------------------------------------- */
+
+/* The meta LMDB uses in the image of psize-byte pages: its page. */
+static int meta_page(const uint8_t *img, size_t psize, lmdb_meta *m)
+{
+    lmdb_meta_page a, b;
+    memcpy(&a, img, sizeof(a));
+    memcpy(&b, img + psize, sizeof(b));
+    int page = b.meta.txnid > a.meta.txnid;
+    *m = page ? b.meta : a.meta;
+    return page;
+}
+
+static void index_file_seed(const char *name, uint8_t ctl, const uint8_t *img, size_t len)
+{
+    uint8_t *in = malloc(len + 1);
+    if (!in)
+        die("memory", CTXS_ENOMEM);
+    in[0] = ctl;
+    memcpy(in + 1, img, len);
+    seed("index_file", name, in, len + 1);
+    free(in);
+}
+
+/* The first node of a leaf page (in a page numbering itself) whose flags
+ * are nflags: its offset in the image, or 0. */
+static size_t leaf_node(const uint8_t *img, size_t len, size_t psize, unsigned nflags)
+{
+    for (size_t pg = 2; pg < len / psize; pg++) {
+        lmdb_page_head h;
+        memcpy(&h, img + pg * psize, sizeof(h));
+        if (h.pgno != pg || h.flags != LMDB_P_LEAF)
+            continue;
+        for (unsigned i = 0; i < (h.u.b.lower - (unsigned)LMDB_PAGE_HEAD) / 2; i++) {
+            uint16_t off;
+            memcpy(&off, img + pg * psize + LMDB_PAGE_HEAD + 2 * i, 2);
+            lmdb_node_head nh;
+            memcpy(&nh, img + pg * psize + off, sizeof(nh));
+            if (nh.flags == nflags)
+                return pg * psize + off;
+        }
+    }
+    return 0;
+}
+
+static void index_file_seeds(void)
+{
+    char *store = fuzz_join(work, "index-file-store");
+    int rc = fuzz_build_store(store);
+    if (rc < 0)
+        die("sample store", rc);
+    char *index = fuzz_join(store, "index");
+    char *data = fuzz_join(index, "data.mdb");
+    size_t len;
+    uint8_t *img = slurp(data, &len);
+    index_file_seed("as-written", FUZZ_INDEX_WRITE, img, len);
+    index_file_seed("as-written-read-only", FUZZ_INDEX_RDONLY, img, len);
+    const size_t psize = 4096;
+    lmdb_meta m;
+    int page = meta_page(img, psize, &m);
+    /* Hostile: a free list naming the main tree's root (its first
+     * inline list made that page alone). */
+    if (m.dbs[0].root != LMDB_P_INVALID && m.dbs[0].depth == 1) {
+        uint8_t *p = img + m.dbs[0].root * psize;
+        uint16_t off;
+        memcpy(&off, p + LMDB_PAGE_HEAD, 2);
+        lmdb_node_head nh;
+        memcpy(&nh, p + off, sizeof(nh));
+        if (nh.flags == 0 && nh.lo >= 16) {
+            uint64_t list[2] = { 1, m.dbs[1].root };
+            uint8_t *copy = malloc(len);
+            memcpy(copy, img, len);
+            memcpy(copy + m.dbs[0].root * psize + off + LMDB_NODE_HEAD + nh.ksize, list, 16);
+            index_file_seed("hostile-free-page-in-use", FUZZ_INDEX_WRITE, copy, len);
+            free(copy);
+        }
+    }
+    free(img);
+
+    /* Compacted: every page the snapshot's. */
+    MDB_env *env;
+    char *tmp = fuzz_join(work, "index-file-compact");
+    mkdir(tmp, 0700);
+    if (mdb_env_create(&env) != 0 || mdb_env_set_maxdbs(env, 16) != 0 ||
+        mdb_env_open(env, index, MDB_RDONLY, 0600) != 0 ||
+        mdb_env_copy2(env, tmp, MDB_CP_COMPACT) != 0)
+        die("compacting the sample index", -EIO);
+    mdb_env_close(env);
+    char *copied = fuzz_join(tmp, "data.mdb");
+    img = slurp(copied, &len);
+    index_file_seed("compacted", FUZZ_INDEX_WRITE, img, len);
+    page = meta_page(img, psize, &m);
+    uint8_t *copy = malloc(len);
+    /* Hostile: what passed the page walk once and then broke a writer. */
+    struct { const char *name; size_t at; uint64_t value; size_t width; } edits[] = {
+        { "hostile-dirty-root", m.dbs[1].root * psize + offsetof(lmdb_page_head, flags),
+          LMDB_P_LEAF | LMDB_P_DIRTY, 2 },
+        { "hostile-free-dupsort",
+          (size_t)page * psize + offsetof(lmdb_meta_page, meta.dbs[0].flags),
+          LMDB_DB_INTEGERKEY | LMDB_DB_DUPSORT, 2 },
+        { "hostile-txnid-max", (size_t)page * psize + offsetof(lmdb_meta_page, meta.txnid),
+          UINT64_MAX, 8 },
+    };
+    for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
+        memcpy(copy, img, len);
+        memcpy(copy + edits[i].at, &edits[i].value, edits[i].width);
+        index_file_seed(edits[i].name, FUZZ_INDEX_WRITE, copy, len);
+    }
+    /* A LEAF2 sub-page of prefixes (two sessions share chunk 1) whose
+     * keys claim 9 bytes. */
+    size_t node = leaf_node(img, len, psize, LMDB_F_DUPDATA);
+    if (node) {
+        lmdb_node_head nh;
+        memcpy(&nh, img + node, sizeof(nh));
+        memcpy(copy, img, len);
+        uint16_t pad = 9;
+        memcpy(copy + node + LMDB_NODE_HEAD + nh.ksize + offsetof(lmdb_page_head, pad), &pad, 2);
+        index_file_seed("hostile-leaf2-size-9", FUZZ_INDEX_WRITE, copy, len);
+    }
+    free(copy);
+    free(img);
+    unlink(copied);
+    rmdir(tmp);
+    free(copied);
+    free(tmp);
+    free(data);
+    free(index);
+    free(store);
+}
+
 /* --- format ----------------------------------------------------------------- */
 
 static void format_seeds(void)
@@ -699,6 +830,7 @@ int main(int argc, char **argv)
     session_seeds();
     import_seeds();
     index_seeds();
+    index_file_seeds();
     cli_seeds();
     format_seeds();
     printf("make_seeds: seeds written under %s\n", out_root);

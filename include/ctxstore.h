@@ -41,11 +41,44 @@
  *   checksums catch them after a power loss or with ctxs_session_verify();
  *   after a process crash the page cache is trusted and they are not looked
  *   for.
+ * - Within one boot of the machine the page cache is trusted: a commit
+ *   record written in the running boot vouches for every page written
+ *   before it, so an open after a process crash or an unclean close
+ *   verifies nothing. Only a record from another boot (or from an unknown
+ *   one) makes open verify the tokens above its durability watermark. A
+ *   test of power loss that does not reboot (a device that drops unflushed
+ *   writes, a file damaged on purpose) must open as a new boot would:
+ *   CTXS_OPEN_VERIFY does it for one open; the environment variable
+ *   CTXS_TEST_BOOT=<text> does it for a whole process (read once, the
+ *   first time the library needs the boot id): its boot id is then
+ *   XXH3-128 of the machine's boot id and <text>, so it verifies what any
+ *   process with another value (or none) wrote, and they verify what it
+ *   writes. It can only add verification, which is why every build reads
+ *   it; where the machine has no boot id, every open verifies anyway.
  * - Files are little-endian; ctxstore builds only on little-endian hosts.
  * - The library never installs signal handlers. Disk space for reserved slots
  *   is allocated by ctxs_session_reserve(), so a full disk is an error there
  *   and not a SIGBUS during a write; a file truncated by someone else while
- *   mapped can still raise SIGBUS, as with any mapping.
+ *   mapped can still raise SIGBUS, as with any mapping. That holds on ext4,
+ *   XFS and tmpfs. On a copy-on-write filesystem an allocated block is good
+ *   for one write only, and every later write through the mapping takes new
+ *   space at the write fault:
+ *   - btrfs: session files, and LMDB's lock file in a store, are made NOCOW
+ *     when created (they lose btrfs's data checksums, not ctxstore's), so
+ *     their blocks are written in place and the promise holds; forks copy
+ *     there instead of sharing blocks. On a btrfs with no byte free a write
+ *     fault is slow (btrfs first tries to free space), not an error. Blocks
+ *     shared by means outside the library (a snapshot of the subvolume, a
+ *     reflink copy) need new space when first written again, and a full
+ *     disk then raises SIGBUS.
+ *   - XFS with reflink: a fork shares its held tokens' blocks with its
+ *     source; either session rewriting them (after a rollback below the
+ *     fork point, or its ring wrapping over them) needs new space at the
+ *     write fault, and a full disk then raises SIGBUS.
+ *   - ZFS allocates nothing ahead (fallocate reserves no space) and
+ *     bcachefs copies on write unless its nocow option is set: nothing is
+ *     promised there; keep the store where space is guaranteed (a ZFS
+ *     reservation on its dataset, for one).
  */
 #ifndef CTXSTORE_H
 #define CTXSTORE_H
@@ -113,6 +146,7 @@ extern "C" {
 #define CTXS_DEFAULT_REMOTE_RETRIES 5u     /* tries of a background push */
 #define CTXS_DEFAULT_REMOTE_BACKOFF_MS 50u /* first retry's wait, then doubled */
 #define CTXS_DEFAULT_REMOTE_QUEUE_MAX 4096u /* background push jobs waiting */
+#define CTXS_DEFAULT_REMOTE_CALL_MS 300000u /* one remote call, all of it */
 
 /* ---------------------------------------------------------------------------
  * Errors
@@ -139,7 +173,8 @@ extern "C" {
     XX(DEVICE, -32015, "GPU error")                                          \
     XX(TOOBIG, -32016, "value or metadata above its size limit")           \
     XX(INDEX, -32017, "the store's index is damaged")                      \
-    XX(REMOTE, -32018, "the remote store refused a request or holds damaged data")
+    XX(REMOTE, -32018, "the remote store refused a request or holds damaged data") \
+    XX(ENGINE, -32019, "the inference engine refused a request or its state was not understood")
 
 typedef enum ctxs_error {
 #define CTXS_ERR_ENUM_(name, value, text) CTXS_E##name = (value),
@@ -947,7 +982,8 @@ typedef struct ctxs_store_options {
  *
  * A read-write open finishes or undoes what a process that crashed left
  * half done: a session file created but not indexed, or dropped from the
- * index but not yet deleted.
+ * index but not yet deleted (ctxs_store_intent_list() says what it would
+ * do). The directories it makes are durable when it returns.
  *
  * With CTXS_STORE_RDONLY (not with CTXS_STORE_CREATE) the store is only
  * read: the index is opened read-only, what crashes left is left as it is,
@@ -975,8 +1011,15 @@ typedef struct ctxs_store_options {
  * process with SIGBUS), both meta pages must be intact, every page of
  * every tree the current meta reaches must be one LMDB can read without
  * leaving it (its header, node offsets, key and data sizes, overflow
- * runs, tables' and duplicates' roots and sub-pages; no cycle), and the
- * index's format record must be whole. The page check reads every page
+ * runs, tables' and duplicates' roots and sub-pages; no cycle) or that a
+ * writer can change without harm (page and tree flags as LMDB writes
+ * them, duplicates of the size the table holds, free lists naming only
+ * free pages, once each, a transaction id below 2^63), and the index's
+ * format record must be whole. The files of index/ (data.mdb, lock.mdb,
+ * store.lock) must be regular files: a FIFO, socket, device, directory
+ * or symbolic link there is CTXS_EINDEX at once (it is never opened as
+ * the file, nor a link followed out of the store, so no open blocks on
+ * one), and ctxs_store_repair_index() mends it. The page check reads every page
  * the trees use, by pread(), on the first open of the store in a process
  * (measured: about 3 ms for a 7.7 MB index, page cache warm). Another
  * process committing meanwhile never makes it report damage. A damaged index is CTXS_EINDEX, never
@@ -1289,6 +1332,13 @@ typedef struct ctxs_prefix_match {
  * index reads), then the tokens after the last whole chunk are compared with
  * the file's. Fork the match (ctxs_store_session_fork() at out->n_tokens) and
  * prefill only the rest. At least one whole chunk must match.
+ *
+ * The match counts only tokens an open of the session keeps, so that the
+ * fork at it succeeds unless the session changes in between: after a power
+ * loss, the tokens its newest record claims above its durability watermark
+ * are verified against their checksums first, as the open that a fork
+ * makes would (it reads their KV; once the session has been opened
+ * read-write, its records vouch for them again and nothing is read).
  * Errors: CTXS_ENOTFOUND (no match), CTXS_EINVAL, CTXS_ENOMEM. Thread-safe. */
 CTXS_API int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st,
                               const uint8_t model_hash[CTXS_HASH_BYTES],
@@ -1384,6 +1434,50 @@ typedef struct ctxs_gc_result {
  * size cannot be read). */
 CTXS_API int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st,
                            uint64_t budget_bytes, unsigned flags);
+
+/* An operation a crash (of the process, or of the machine) interrupted:
+ * a create, fork, import or pull, or a delete (a gc's too), which records
+ * its intent in the index before it touches a file and drops it when done.
+ * Between the two, the store may hold a session file that no index entry
+ * names: not damage, but what the next read-write open of the store
+ * finishes or undoes (ctxs_store_open()). */
+typedef enum ctxs_intent_kind {
+    CTXS_INTENT_CREATE = 1, /* a create, fork, import or pull */
+    CTXS_INTENT_DELETE = 2, /* a delete, or gc deleting */
+} ctxs_intent_kind;
+
+/* What the next read-write open of the store does with an intent. */
+typedef enum ctxs_intent_action {
+    CTXS_INTENT_WAIT = 1,        /* nothing: the process that recorded it
+                                    is running, or a handle has the file
+                                    open (the operation may be under way) */
+    CTXS_INTENT_REMOVE_FILE = 2, /* removes the file, which no entry names,
+                                    then the intent */
+    CTXS_INTENT_DROP = 3,        /* drops the intent alone: the file is
+                                    gone, or an entry names it */
+} ctxs_intent_action;
+
+typedef struct ctxs_intent_entry {
+    uint64_t id;           /* the file: sessions/<id, 16 hex>.ctxs */
+    uint32_t kind;         /* ctxs_intent_kind */
+    uint32_t action;       /* ctxs_intent_action, as of this call */
+    uint32_t pid;          /* the process that recorded it; 0: unknown (a
+                              store made by index 1.0) */
+    uint32_t file_present; /* 1: sessions/<id>.ctxs exists */
+    uint32_t indexed;      /* 1: an index entry names id */
+    uint32_t reserved_;
+} ctxs_intent_entry;
+
+/* The store's pending intents, in id order, each with what the next
+ * read-write open of the store would do with it now: an array to release
+ * with ctxs_free() (NULL when there are none). Changes nothing and takes
+ * no lock; works on a read-only store, whose opens leave intents as they
+ * are: how a read-only look tells a crash's leftover (a session file that
+ * no entry names, with an intent) from damage. Malformed intents are left
+ * to ctxs_store_check(). Errors: CTXS_EINVAL, CTXS_ENOMEM, -errno.
+ * Thread-safe. */
+CTXS_API int ctxs_store_intent_list(ctxs_intent_entry **out, size_t *n_out,
+                                    ctxs_store *st);
 
 typedef struct ctxs_repair_result {
     uint64_t files_adopted;    /* session files no entry named, now indexed */
@@ -1485,13 +1579,19 @@ typedef struct ctxs_salvage_result {
  * a damaged index does not open. In order:
  *
  * 1. Takes the store lock exclusively: CTXS_EBUSY while any process (this
- *    one included) has the store open, and nothing is changed.
+ *    one included) has the store open, and nothing is changed. A
+ *    store.lock or lock.mdb that is no regular file (a FIFO, socket,
+ *    device, symbolic link or empty directory) is removed first and made
+ *    anew (neither holds anything the store needs); one that is a
+ *    directory with something in it is CTXS_EINDEX, and left.
  * 2. Reads what still reads of index/data.mdb, from a private copy made
  *    readable (a lost meta page replaced by the other, a file cut short
  *    extended with zeros), each table in a child process of its own under
  *    a time bound (60 s): a fault inside LMDB on a page it cannot validate ends
  *    that child and loses the rest of that table, never the caller. Every
- *    row the children send is checked again here.
+ *    row the children send is checked again here. A data.mdb that is no
+ *    regular file (a FIFO, a symbolic link, ...) is neither opened nor
+ *    followed: nothing is read of it.
  * 3. Moves the damaged data.mdb (and LMDB's lock.mdb) into
  *    dir/index.damaged-<unix seconds>/ (out->moved_to): it is never
  *    deleted.
@@ -1522,7 +1622,8 @@ typedef struct ctxs_salvage_result {
  * out->moved_to says where the damaged index went if it was moved before
  * the failure (release it too).
  * Errors: CTXS_EBUSY, CTXS_EFOREIGN (dir is no store: neither index/ nor
- * sessions/), CTXS_EVERSION (the index says it was written by a newer
+ * sessions/), CTXS_EINDEX (index/store.lock or lock.mdb is a directory
+ * that is not empty), CTXS_EVERSION (the index says it was written by a newer
  * major version: nothing is changed), CTXS_EINVAL, -ENOENT, CTXS_ENOMEM,
  * CTXS_EFULL, -errno; and those of ctxs_store_reindex(). Thread-safe as
  * far as it goes: it refuses a store open in this process. */
@@ -1690,6 +1791,21 @@ CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
  * -EHOSTUNREACH, ...; a password refused or required is -EACCES;
  * CTXS_EREMOTE is a server that answered with an error (out of memory with
  * a noeviction policy, not a Redis) or holds a damaged session record.
+ *
+ * A server is trusted with nothing but its data, which is verified: every
+ * call ends by its deadline (call_ms) whatever the server sends or holds
+ * back (-ETIMEDOUT), each read waits at most timeout_ms, and every reply
+ * has a size cap from what a valid one can be, checked before it is
+ * buffered: a chunk at most what a chunk of the model holds, a session
+ * record at most a record of 2^24 tokens with a full metadata section
+ * (66 MiB), a SCAN reply 4096 keys of at most a key's length, an INFO
+ * section 1 MiB, a status or integer 64 KiB, no array where none is
+ * expected; a listing walks at most 1,000,000 SCAN rounds and takes at
+ * most 100,000 keys from them (what it keeps of each is ~300 bytes). A
+ * reply past its cap, or a listing past its
+ * bounds, ends the call with CTXS_EREMOTE, and nothing local is touched
+ * (a pull leaves no session, or a complete and verified one).
+ * ctxs_remote_get_message() says which limit, and what the server sent.
  */
 typedef struct ctxs_remote ctxs_remote;
 
@@ -1722,13 +1838,29 @@ typedef struct ctxs_remote_options {
                                 "ctxs"; a valid name (CTXS_NAME_RULE)
                                 without ':', so that no prefix and
                                 session name make another's key */
-    uint8_t reserved[32];    /* must be zero */
+    uint32_t call_ms;        /* the deadline of one call, all its commands
+                                and replies together: a push, a pull, a
+                                list, an info, a background job, the
+                                connection check; 0: the default
+                                (CTXS_DEFAULT_REMOTE_CALL_MS, 5 minutes:
+                                a 288 MiB session over 10 Mbit/s). A server
+                                that answers a byte at a time ends the call
+                                at it (-ETIMEDOUT), and so does one that
+                                never ends a SCAN */
+    uint8_t reserved[28];    /* must be zero */
 } ctxs_remote_options;
 
 #define CTXS_REMOTE_OPTIONS_INIT                                               \
     { CTXS_REMOTE_OPTIONS_VERSION, CTXS_DEFAULT_REMOTE_TIMEOUT_MS,           \
       CTXS_DEFAULT_REMOTE_RETRIES, CTXS_DEFAULT_REMOTE_BACKOFF_MS,           \
-      CTXS_DEFAULT_REMOTE_QUEUE_MAX, 1, 1, NULL, { 0 } }
+      CTXS_DEFAULT_REMOTE_QUEUE_MAX, 1, 1, NULL, 0, { 0 } }
+
+/* What the last remote call of the calling thread that failed found, in
+ * one sentence ("the SCAN reply holds an array of 2147483647 elements,
+ * above 4096", "no reply within the call's deadline of 2000 ms", ...), or
+ * "" when it said nothing more than its code. Per thread, until that
+ * thread's next remote call; never NULL. Thread-safe. */
+CTXS_API const char *ctxs_remote_get_message(void);
 
 /* Connects st to the Redis server at url and starts its push thread.
  * url is "redis://[[user]:password@]host[:port][/db]" (port 6379, db 0;

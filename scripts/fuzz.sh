@@ -19,7 +19,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build-fuzz
 secs=${1:-60}
 if [ $# -gt 0 ]; then shift; fi
-targets=${*:-"session_open import index_records format cli"}
+targets=${*:-"session_open import index_records index_file format cli"}
 jobs=${CTXS_FUZZ_JOBS:-2}
 work=${CTXS_FUZZ_WORK:-$build/fuzz-work}
 

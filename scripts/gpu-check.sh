@@ -12,7 +12,9 @@
 #       on the GPU machine, from that folder (default gpu-check/): nvidia-smi
 #       once, test_cuda, then bench_cuda --json at 2048 and 8192 tokens for
 #       each session dtype, each program under its own time limit; logs and
-#       JSON go to $OUT (default DIR/out). Exits 1 if any step failed.
+#       JSON go to $OUT (default DIR/out): host.txt, nvidia-smi.txt, ldd.log,
+#       test_cuda.log, bench_cuda.log and bench_cuda.json (every row of
+#       every run). Exits 1 if any step failed.
 #
 # The GPU machine's C library and loader run the programs (glibc keeps old
 # symbol versions: they need what `prepare` prints), and its C++ runtime
@@ -154,6 +156,7 @@ run() {
     [ -x "$dir/bin/test_cuda" ] || die "$dir: no prepared folder (run 'gpu-check.sh prepare' first)"
     local out=${OUT:-$dir/out}
     mkdir -p "$out"
+    rm -f "$out/bench_cuda.json" "$out/bench_cuda.log"
     local failed=0 started=$SECONDS step status
     # Scratch for the test's stores and the benchmark's sessions (1.2 GiB
     # at 8192 tokens), kept out of $OUT, whose files travel back.
@@ -192,12 +195,15 @@ run() {
             step="bench_cuda-$tokens-$dtype"
             echo "== $step ($((SECONDS - started)) s in)"
             status=0
-            launch $((tokens > 2048 ? 60 : 40)) "$out/$step.log" "$dir/bin/bench_cuda" --json --tokens "$tokens" \
-                --dtype "$dtype" --dir "$scratch" || status=$?
-            # stdout and stderr share the log: the objects are its lines that start with {
-            grep '^{' "$out/$step.log" >"$out/$step.json" || true
-            grep -v '^{' "$out/$step.log" | tail -n 8
-            echo "$step: exit $status, $(wc -l <"$out/$step.json") measurements"
+            launch $((tokens > 2048 ? 60 : 40)) "$scratch/$step.log" "$dir/bin/bench_cuda" --json \
+                --tokens "$tokens" --dtype "$dtype" --dir "$scratch" || status=$?
+            # stdout and stderr share the log: the objects are its lines
+            # that start with {; every step's go into one file, and its
+            # text into another (few files travel back from a GPU machine)
+            grep '^{' "$scratch/$step.log" >>"$out/bench_cuda.json" || true
+            { echo "== $step (exit $status)"; grep -v '^{' "$scratch/$step.log"; } >>"$out/bench_cuda.log"
+            grep -v '^{' "$scratch/$step.log" | tail -n 8
+            echo "$step: exit $status, $(grep -c '^{' "$scratch/$step.log") measurements"
             ((status == 0)) || failed=1
         done
     done

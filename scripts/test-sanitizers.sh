@@ -9,9 +9,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh >/dev/null || exit 1
 
+# llama.cpp as bootstrap.sh built it (uninstrumented): the adapter and the
+# programs around it are.
+llama_pc=$PWD/build/llama.cpp/prefix/lib/pkgconfig
 if [ ! -f build-asan/build.ninja ]; then
     meson setup build-asan -Dbuildtype=debugoptimized -Db_sanitize=address,undefined \
-        -Dcuda=disabled >/dev/null || exit 1
+        -Dcuda=disabled -Dpkg_config_path="$llama_pc" >/dev/null || exit 1
+elif ! grep -qF "$llama_pc" build-asan/meson-info/intro-buildoptions.json 2>/dev/null; then
+    meson configure build-asan -Dpkg_config_path="$llama_pc" >/dev/null || exit 1
 fi
 ninja -C build-asan || exit 1
 

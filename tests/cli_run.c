@@ -5,11 +5,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli_run.h"
@@ -52,6 +54,8 @@ static void drain(int fd, char **buf, size_t *len, size_t *cap, int *open_)
     *len += (size_t)r;
     (*buf)[*len] = '\0';
 }
+
+unsigned cli_run_limit_s;
 
 int cli_run(cli_result *r, const char *path, const char *store, const char *const *env,
             const char *const *args, int unprivileged)
@@ -132,10 +136,26 @@ int cli_run(cli_result *r, const char *path, const char *store, const char *cons
     R.out = calloc(1, 1);
     R.err = calloc(1, 1);
     cr_assert(R.out && R.err);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     while (out_open || err_open) {
         struct pollfd p[2] = { { out_open ? out_pipe[0] : -1, POLLIN, 0 },
                                { err_open ? err_pipe[0] : -1, POLLIN, 0 } };
-        int n = poll(p, 2, -1);
+        int wait_ms = -1;
+        if (cli_run_limit_s) {
+            struct timespec t;
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            double left = cli_run_limit_s - ((double)(t.tv_sec - t0.tv_sec) +
+                                             (double)(t.tv_nsec - t0.tv_nsec) / 1e9);
+            if (left <= 0) {
+                kill(pid, SIGKILL);
+                waitpid(pid, NULL, 0);
+                cr_assert_fail("`%s` was still running after %u s: killed.\nstdout:\n%s\n"
+                               "stderr:\n%s", R.what, cli_run_limit_s, R.out, R.err);
+            }
+            wait_ms = (int)(left * 1000) + 1;
+        }
+        int n = poll(p, 2, wait_ms);
         if (n < 0 && errno == EINTR)
             continue;
         cr_assert_geq(n, 0, "poll: %s", strerror(errno));

@@ -31,4 +31,9 @@ const char *cli_bin(void);
 int cli_run(cli_result *r, const char *path, const char *store, const char *const *env,
             const char *const *args, int unprivileged);
 
+/* When not 0, a run still going after this many seconds is killed
+ * (SIGKILL) and fails the test as one that would never have ended: for
+ * the runs whose failure would be to block forever. 0 by default. */
+extern unsigned cli_run_limit_s;
+
 #endif

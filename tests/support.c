@@ -459,8 +459,8 @@ void ts_run_child(void (*body)(const char *mnt), const char *what)
                        strsignal(WTERMSIG(st)), msg);
     cr_assert(WIFEXITED(st));
     if (WEXITSTATUS(st) == 77) {
-        cr_log_warn("SKIPPED %s: no private user+mount namespace with a tmpfs here: %s", what, msg);
-        cr_skip_test("SKIPPED %s: cannot mount a small tmpfs in a user namespace (%s)", what, msg);
+        cr_log_warn("SKIPPED %s: the small disk it needs cannot be made here: %s", what, msg);
+        cr_skip_test("SKIPPED %s: the small disk it needs cannot be made here (%s)", what, msg);
     }
     cr_assert_eq(WEXITSTATUS(st), 0, "%s: %s", what, msg);
     cr_log_info("%s: %s", what, msg);

@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@
 
 #include "ctxstore.h"
 #include "format.h"
+#include "index.h"
 #include "cli_run.h"
 #include "json_check.h"
 #include "support.h"
@@ -658,7 +660,7 @@ Test(cli, usage_errors_exit_2_with_a_usage_line_and_create_nothing)
         { { "demo", "--turns", "0" }, "usage: ctxstore demo" },
         { { "demo", "--bogus" }, "usage: ctxstore demo" },
         { { "demo", "extra" }, "usage: ctxstore demo" },
-        { { "demo", "--engine", "llama" }, "usage: ctxstore demo" },
+        { { "demo", "--engine", "gpt" }, "usage: ctxstore demo" },
         { { "bench", "--bogus" }, "usage: ctxstore bench" },
         { { "frobnicate" }, "'frobnicate' is not a command" },
         { { "--bogus", "ls" }, "ctxstore --help" },
@@ -991,6 +993,150 @@ Test(cli, reindex_rebuilds_a_lost_index_beside_the_session_files)
     jc_free(v);
 }
 
+/* Whether path is a regular file (lstat: a link is not). */
+static int is_regular(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* A store with one session, "chat", renamed so that only the index
+ * knows its name (a rebuild from the files alone would call it
+ * otherwise) -- and so whether an index came back whole shows. */
+static void special_store(void)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "first", 256, 1, 70);
+    cr_assert_eq(ctxs_store_session_rename(st, "first", "chat"), 0);
+    ctxs_store_close(st);
+}
+
+/* ls lists "chat" (exits 0). */
+static void lists_chat(void)
+{
+    CLI_EXPECT(EX_OK, S(), "ls");
+    contains(1, "chat");
+}
+
+/* ls lists one session: the store's one file, indexed again. */
+static void lists_one(void)
+{
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    jc_value *v = json_out();
+    const jc_value *list = v->type == JC_ARRAY ? v : jc_find_key(v, "sessions");
+    cr_assert(list && list->type == JC_ARRAY && list->n == 1, "%s", R.out);
+    jc_free(v);
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    size_t len;
+    uint8_t *bytes = ts_read_file(from, &len);
+    cr_assert_not_null(bytes, "%s", from);
+    cr_assert_eq(ts_write_file(to, bytes, len), 0);
+    free(bytes);
+}
+
+Test(cli, special_files_in_the_index_are_refused_in_bounded_time_and_repair_index_mends_them)
+{
+    /* Each of these blocked every command forever, or followed a link
+     * out of the store: a run that does not end fails the test. */
+    cli_run_limit_s = 60;
+    special_store();
+    char index[4200], lock[4300], data[4300], lmdb_lock[4300], aside[4300], victim[4300];
+    snprintf(index, sizeof(index), "%s/index", S());
+    snprintf(lock, sizeof(lock), "%s/store.lock", index);
+    snprintf(data, sizeof(data), "%s/data.mdb", index);
+    snprintf(lmdb_lock, sizeof(lmdb_lock), "%s/lock.mdb", index);
+    snprintf(aside, sizeof(aside), "%s/index-data.mdb", ts_scratch);
+    snprintf(victim, sizeof(victim), "%s/victim", ts_scratch);
+
+    /* A FIFO at store.lock: read and write commands alike. */
+    cr_assert_eq(unlink(lock), 0);
+    cr_assert_eq(mkfifo(lock, 0600), 0);
+    CLI_EXPECT(EX_INDEX, S(), "ls");
+    contains(0, "index/store.lock is a FIFO (named pipe)");
+    contains(0, "repair-index");
+    CLI_EXPECT(EX_INDEX, S(), "pin", "chat");
+    contains(0, "index/store.lock is a FIFO");
+    CLI_EXPECT(EX_OK, S(), "repair-index");
+    contains(0, "index/store.lock was a FIFO (named pipe)");
+    cr_assert(is_regular(lock));
+    lists_chat();
+
+    /* A FIFO at data.mdb: repair-index blocked too, and once killed left
+     * the store without an index. */
+    cr_assert_eq(rename(data, aside), 0);
+    cr_assert_eq(mkfifo(data, 0600), 0);
+    CLI_EXPECT(EX_INDEX, S(), "ls");
+    contains(0, "index/data.mdb is a FIFO (named pipe)");
+    contains(0, "repair-index");
+    CLI_EXPECT(EX_INDEX, S(), "verify", "--all");
+    CLI_EXPECT(EX_OK, S(), "repair-index");
+    contains(0, "index/data.mdb was a FIFO (named pipe)");
+    contains(1, "indexed 1 session file");
+    cr_assert(is_regular(data));
+    lists_one();
+
+    /* data.mdb a symbolic link to the index itself, moved out: never
+     * followed; the first way out is to put the file back. */
+    cr_assert_eq(unlink(data), 0);
+    copy_file(aside, data);
+    CLI_EXPECT(EX_OK, S(), "ls");
+    contains(1, "chat");
+    cr_assert_eq(rename(data, aside), 0);
+    cr_assert_eq(symlink(aside, data), 0);
+    CLI_EXPECT(EX_INDEX, S(), "ls");
+    contains(0, "index/data.mdb is a symbolic link to '");
+    contains(0, "mv TARGET");
+    cr_assert(!strstr(R.err, "ELOOP") && !strstr(R.err, "symbolic links"), "%s", R.err);
+    cr_assert_eq(unlink(data), 0);
+    cr_assert_eq(rename(aside, data), 0);
+    lists_chat();
+    /* The other: repair-index moves the link aside and rebuilds. */
+    copy_file(data, aside);
+    cr_assert_eq(unlink(data), 0);
+    cr_assert_eq(symlink(aside, data), 0);
+    CLI_EXPECT(EX_OK, S(), "repair-index");
+    contains(0, "index/data.mdb was a symbolic link");
+    cr_assert(is_regular(data));
+    lists_one();
+
+    /* lock.mdb a symbolic link out of the store: LMDB would truncate and
+     * map the far file as its reader table. */
+    cr_assert_eq(ts_write_file(victim, "precious\n", 9), 0);
+    unlink(lmdb_lock);
+    cr_assert_eq(symlink(victim, lmdb_lock), 0);
+    CLI_EXPECT(EX_INDEX, S(), "ls");
+    contains(0, "index/lock.mdb is a symbolic link to '");
+    CLI_EXPECT(EX_OK, S(), "repair-index");
+    contains(0, "index/lock.mdb was a symbolic link");
+    cr_assert(is_regular(lmdb_lock));
+    size_t len;
+    uint8_t *bytes = ts_read_file(victim, &len);
+    cr_assert(bytes && len == 9 && memcmp(bytes, "precious\n", 9) == 0,
+              "the link's target was written");
+    free(bytes);
+    CLI_EXPECT(EX_OK, S(), "ls");
+
+    /* A directory with something in it at store.lock: repair-index
+     * leaves it, and says to remove it by hand. */
+    char inside[4400];
+    cr_assert_eq(unlink(lock), 0);
+    cr_assert_eq(mkdir(lock, 0700), 0);
+    snprintf(inside, sizeof(inside), "%s/x", lock);
+    cr_assert_eq(ts_write_file(inside, "x", 1), 0);
+    CLI_EXPECT(EX_INDEX, S(), "ls");
+    contains(0, "index/store.lock is a directory");
+    contains(0, "rm -r");
+    CLI_EXPECT(EX_INDEX, S(), "repair-index");
+    contains(0, "remove it by hand");
+    ts_rmtree(lock);
+    lists_one();
+    cli_run_limit_s = 0;
+}
+
 Test(cli, read_commands_work_on_a_store_the_user_cannot_write)
 {
     ctxs_store *st = ts_store_open(S());
@@ -1183,6 +1329,101 @@ Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)
 /* =============================================================================
  * verify
  * ========================================================================== */
+
+/* What an operation killed between writing its file and updating the
+ * index leaves: sessions/<id>.ctxs that no entry names, and its intent
+ * (kind 'C': a create, fork or import killed after linking its file; 'D':
+ * a delete killed after dropping the entry, before the unlink), recorded by
+ * a process that is gone. Returns the id. */
+static uint64_t leave_interrupted(ctxs_store *st, const char *name, char kind)
+{
+    pid_t gone = fork();
+    cr_assert_geq(gone, 0);
+    if (gone == 0)
+        _exit(0);
+    cr_assert_eq(waitpid(gone, NULL, 0), gone);
+    mk(st, name, 256, 1, 70);
+    uint64_t id = ts_session_entry(st, name).id;
+    MDB_txn *txn;
+    cr_assert_eq(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
+    cr_assert_eq(ctxs__session_unindex(txn, st, id), 0);
+    uint8_t idk[8], intent[5] = {(uint8_t)kind, (uint8_t)gone, (uint8_t)(gone >> 8),
+                                 (uint8_t)(gone >> 16), (uint8_t)(gone >> 24)};
+    ctxs__id_key(idk, id);
+    MDB_val key = {8, idk}, val = {sizeof(intent), intent};
+    cr_assert_eq(mdb_put(txn, st->pending, &key, &val, 0), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    return id;
+}
+
+/* A read-only look (ls, verify --all) does not resolve what crashes left:
+ * it must say what each leftover is and what a read-write open does with
+ * it, and never count it as damage (whose advice, `compact`, would have the
+ * file removed as the leftover it is). */
+Test(cli, a_crash_leftover_is_an_interrupted_operation_not_damage)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "kept", 256, 1, 30);
+    uint64_t created = leave_interrupted(st, "half-made", 'C');
+    uint64_t deleted = leave_interrupted(st, "half-gone", 'D');
+    ctxs_store_close(st);
+    cr_assert(ts_exists(ts_id_path(created)) && ts_exists(ts_id_path(deleted)));
+
+    CLI_EXPECT(EX_OK, S(), "verify", "--all");
+    cr_expect_eq(count_of(R.out, "DAMAGED"), 0, "verify calls a crash leftover damage:\n%s", R.out);
+    cr_expect_eq(count_of(R.out, "pending  "), 2, "verify --all:\n%s", R.out);
+    says(1, "a create, fork or import of ");
+    says(1, "a delete of ");
+    says(1, "removes the file");
+    says(1, "all good: 1 session checked");
+
+    CLI_EXPECT(EX_OK, S(), "verify", "--all", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(jb(v, "ok"), 1);
+    cr_assert_eq(jget(v, "unindexed_files")->n, 0);
+    const jc_value *in = jget(v, "interrupted");
+    cr_assert_eq(in->n, 2);
+    for (size_t i = 0; i < in->n; i++) {
+        const jc_value *e = &in->items[i];
+        uint64_t id = ju(e, "id");
+        cr_assert(id == created || id == deleted);
+        cr_assert_str_eq(js(e, "kind"), id == created ? "create" : "delete");
+        cr_assert_str_eq(js(e, "action"), "remove_file");
+        cr_assert_eq(jb(e, "file_present"), 1);
+    }
+    jc_free(v);
+
+    CLI_EXPECT(EX_OK, S(), "ls");
+    cr_expect_eq(count_of(R.out, "pending: "), 2, "ls:\n%s", R.out);
+    cr_assert(ts_exists(ts_id_path(created)) && ts_exists(ts_id_path(deleted)),
+              "a read-only command changed the store");
+
+    /* What a read-write open does with them is what they said. */
+    CLI_EXPECT(EX_OK, S(), "compact", "--all");
+    cr_assert(!ts_exists(ts_id_path(created)) && !ts_exists(ts_id_path(deleted)));
+    CLI_EXPECT(EX_OK, S(), "verify", "--all");
+    cr_expect_eq(count_of(R.out, "pending"), 0, "%s", R.out);
+    CLI_EXPECT(EX_OK, S(), "ls");
+    cr_expect_eq(count_of(R.out, "pending"), 0, "%s", R.out);
+    contains(1, "kept");
+}
+
+/* A file no entry names and no intent explains is damage, as before. */
+Test(cli, an_unindexed_file_without_an_intent_is_damage)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    uint64_t id = leave_interrupted(st, "orphan", 'C');
+    ctxs_store_close(st);
+    /* The intent gone (by hand), the file stays: nobody owns it. */
+    uint8_t idk[8];
+    ctxs__id_key(idk, id);
+    ts_raw_put(S(), "pending", idk, 8, NULL, 0);
+    CLI_EXPECT(EX_DAMAGED, S(), "verify", "--all");
+    says(1, "is a session file the index does not know");
+    cr_expect_eq(count_of(R.out, "pending"), 0, "%s", R.out);
+}
 
 Test(cli, verify_of_a_clean_store_exits_0)
 {
@@ -2718,7 +2959,7 @@ Test(cli, demo_quick_completes_on_a_fresh_directory_and_resumes_identically)
 
     /* With --keep its session stays, and verifies. */
     const char *kept = dir_of("kept");
-    CLI_EXPECT(EX_OK, kept, "demo", "--quick", "--keep");
+    CLI_EXPECT(EX_OK, kept, "demo", "--quick", "--keep", "--engine", "tinychat");
     contains(1, "identical");
     CLI_EXPECT(EX_OK, kept, "ls", "--json");
     v = json_out();
@@ -2737,6 +2978,46 @@ Test(cli, demo_quick_completes_on_a_fresh_directory_and_resumes_identically)
     cr_assert_eq(ju(v, "resume.tokens_checked"), 8, "%s", R.out);
     cr_assert_null(jc_path(v, "resume.next_token_s"), "%s", R.out);
     jc_free(v);
+}
+
+/* The llama.cpp demo, a program beside the tool in the build tree where
+ * llama.cpp was found: the default engine there. */
+static int llama_demo_is_built(void)
+{
+    char path[PATH_MAX];
+    const char *bin = getenv("CTXSTORE_BIN");
+    const char *slash = bin ? strrchr(bin, '/') : NULL;
+    if (!slash)
+        return 0;
+    snprintf(path, sizeof path, "%.*s/../demo-llama/ctxstore-demo-llama", (int)(slash - bin), bin);
+    return access(path, X_OK) == 0;
+}
+
+Test(cli, demo_chats_with_a_real_model_through_llama_cpp_and_resumes)
+{
+    if (!llama_demo_is_built())
+        cr_skip_test("the llama.cpp demo is not built (llama.cpp not found); "
+                     "scripts/bootstrap.sh builds it");
+    const char *store = dir_of("llama");
+    cr_assert_eq(mkdir(store, 0700), 0);
+    CLI_EXPECT(EX_OK, store, "demo", "--quick");
+    contains(1, "SmolLM2: ");
+    contains(1, "the app quits and starts again");
+    contains(1, "the chat goes on from ctxstore's resume");
+    contains(1, "llama.cpp's state file");
+    /* the user's store is left as it was */
+    CLI_EXPECT(EX_OK, store, "ls", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(v->n, 0, "the demo left its session:\n%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, store, "demo", "--quick", "--keep", "--engine", "llama");
+    CLI_EXPECT(EX_OK, store, "verify", "paris");
+    CLI_EXPECT(EX_OK, store, "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 1, "%s", R.out);
+    cr_assert_gt(ju(jc_at(v, 0), "n_tokens"), 200);
+    jc_free(v);
+    CLI_EXPECT(EX_USAGE, store, "demo", "--engine", "llama", "--turns", "2");
 }
 
 Test(cli, demo_without_a_store_works_in_a_temporary_directory_and_removes_it)

@@ -5,7 +5,16 @@
  * child, a table's root, a page's bounds, a sub-page's header, a tree of
  * duplicates' record -- each refused as CTXS_EINDEX by an ordinary open
  * (in a child: a crash fails the test), and repair-index brings the store
- * back. An index of every shape the store makes (overflow values, a
+ * back. Then damage that every read takes in its stride and a writer
+ * does not (LMDB asserts, writes through its read-only map, or hands out
+ * a page in use): page flags of a writer's memory (P_DIRTY, P_LOOSE,
+ * P_KEEP), tree flags (the free tree claiming DUPSORT, a table of the
+ * store's claiming other comparators), duplicates of another size than
+ * the store writes (a LEAF2 sub-page of prefixes with 9-byte keys), a key
+ * longer than LMDB writes, transaction ids (2^64 - 1, the other page's
+ * parity), free lists naming pages in use, twice, out of order or under a
+ * later transaction: each is refused by the check itself before LMDB maps
+ * the file. An index of every shape the store makes (overflow values, a
  * DUPSORT table whose duplicates need a tree of their own) opens, and
  * opens while another process commits to it.
  */
@@ -435,6 +444,393 @@ Test(index_pages, sub_page_headers_edited)
         memcpy(copy + sp + cases[i].at, &cases[i].value, cases[i].width);
         damaged_case(copy, len, cases[i].what);
     }
+    free(copy);
+    free(bytes);
+}
+
+/* --- what a writer acts on ------------------------------------------------ */
+
+/* Damage that reads fine and breaks a writer: the check before LMDB maps
+ * the file (index_check.c) must be what refuses it, since nothing an
+ * ordinary open reads would; then as damaged_case(). */
+static void writer_case(const uint8_t *bytes, size_t len, const char *what)
+{
+    put_index(bytes, len);
+    int rc = ctxs__index_file_check(ts_path(ts_store_dir(), "index/data.mdb"), 0);
+    cr_assert_eq(rc, CTXS_EINDEX, "%s: the check says %s", what, ctxs_err_name(rc));
+    damaged_case(bytes, len, what);
+}
+
+/* The meta LMDB will use in the image: its page (0 or 1) and contents. */
+static int meta_current(const uint8_t *bytes, size_t psize, lmdb_meta *m)
+{
+    lmdb_meta_page a, b;
+    memcpy(&a, bytes, sizeof(a));
+    memcpy(&b, bytes + psize, sizeof(b));
+    int page = b.meta.txnid > a.meta.txnid;
+    *m = page ? b.meta : a.meta;
+    return page;
+}
+
+static void meta_put(uint8_t *bytes, size_t psize, int page, const lmdb_meta *m)
+{
+    memcpy(bytes + (size_t)page * psize + offsetof(lmdb_meta_page, meta), m, sizeof(*m));
+}
+
+/* The leaf page a tree's first key is on: node 0 followed from its root. */
+static size_t first_leaf(const uint8_t *bytes, size_t psize, const lmdb_db *db)
+{
+    size_t pg = db->root;
+    for (unsigned level = 1; level < db->depth; level++) {
+        const uint8_t *p = bytes + pg * psize;
+        cr_assert_eq(kind_of(p), LMDB_P_BRANCH);
+        lmdb_node_head nh;
+        memcpy(&nh, p + node_off(p, 0), sizeof(nh));
+        pg = nh.lo | (size_t)nh.hi << 16 | (size_t)nh.flags << 32;
+    }
+    return pg;
+}
+
+/* The offset in the image of the MDB_db record of the store's table
+ * name, in the main tree of the current meta (one leaf: eleven tables). */
+static size_t table_record(const uint8_t *bytes, size_t psize, const char *name)
+{
+    lmdb_meta m;
+    meta_current(bytes, psize, &m);
+    cr_assert_eq(m.dbs[1].depth, 1);
+    const uint8_t *p = bytes + m.dbs[1].root * psize;
+    for (unsigned i = 0; i < n_nodes(p); i++) {
+        lmdb_node_head nh;
+        memcpy(&nh, p + node_off(p, i), sizeof(nh));
+        if (nh.flags == LMDB_F_SUBDATA && nh.ksize == strlen(name) &&
+            memcmp(p + node_off(p, i) + LMDB_NODE_HEAD, name, nh.ksize) == 0)
+            return m.dbs[1].root * psize + node_off(p, i) + LMDB_NODE_HEAD + nh.ksize;
+    }
+    cr_assert_fail("no table %s", name);
+    return 0;
+}
+
+static lmdb_db db_at(const uint8_t *bytes, size_t off)
+{
+    lmdb_db db;
+    memcpy(&db, bytes + off, sizeof(db));
+    return db;
+}
+
+/* Sets flag bits in the header of page pg. */
+static void page_flags_add(uint8_t *bytes, size_t psize, size_t pg, uint16_t bits)
+{
+    lmdb_page_head h = head_at(bytes + pg * psize);
+    h.flags |= bits;
+    memcpy(bytes + pg * psize, &h, sizeof(h));
+}
+
+Test(index_pages, page_flags_of_a_writers_memory_edited)
+{
+    size_t len, psize;
+    uint8_t *bytes = fixture(&len, &psize);
+    lmdb_db sessions = db_at(bytes, table_record(bytes, psize, "sessions"));
+    cr_assert_geq(sessions.depth, 2, "the sessions table has a branch level");
+    size_t leaf = first_leaf(bytes, psize, &sessions);
+    size_t over = find_page(bytes, len, psize, LMDB_P_OVERFLOW);
+    size_t leaf2 = find_page(bytes, len, psize, LMDB_P_LEAF | LMDB_P_LEAF2);
+    cr_assert(over && leaf2);
+    struct { const char *what; size_t pg; uint16_t bits; } cases[] = {
+        {"P_DIRTY on a leaf page of sessions", leaf, LMDB_P_DIRTY},
+        {"P_DIRTY on the root of sessions (a branch)", sessions.root, LMDB_P_DIRTY},
+        {"P_DIRTY on an overflow page", over, LMDB_P_DIRTY},
+        {"P_DIRTY on a LEAF2 page", leaf2, LMDB_P_DIRTY},
+        {"P_LOOSE on a leaf page", leaf, LMDB_P_LOOSE},
+        {"P_KEEP on a leaf page", leaf, LMDB_P_KEEP},
+        {"P_SUBP on a leaf page", leaf, LMDB_P_SUBP},
+    };
+    uint8_t *copy = malloc(len);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        memcpy(copy, bytes, len);
+        page_flags_add(copy, psize, cases[i].pg, cases[i].bits);
+        writer_case(copy, len, cases[i].what);
+    }
+    free(copy);
+    free(bytes);
+}
+
+Test(index_pages, tree_flags_edited)
+{
+    size_t len, psize;
+    uint8_t *bytes = fixture(&len, &psize);
+    lmdb_meta m;
+    int page = meta_current(bytes, psize, &m);
+    uint8_t *copy = malloc(len);
+    struct { const char *what; int tree; uint16_t flags; } metas[] = {
+        {"the free tree's flags claim DUPSORT", 0, LMDB_DB_DUPSORT},
+        {"the free tree's flags claim DUPFIXED", 0, LMDB_DB_DUPFIXED},
+        {"the free tree without INTEGERKEY", 0, 0x8000},
+        {"the main tree's flags claim REVERSEKEY", 1, LMDB_DB_REVERSEKEY},
+        {"the main tree's flags claim DUPSORT", 1, LMDB_DB_DUPSORT},
+    };
+    for (size_t i = 0; i < sizeof(metas) / sizeof(metas[0]); i++) {
+        memcpy(copy, bytes, len);
+        lmdb_meta e = m;
+        if (metas[i].tree == 0 && metas[i].flags == 0x8000)
+            e.dbs[0].flags = 0;
+        else
+            e.dbs[metas[i].tree].flags |= metas[i].flags;
+        meta_put(copy, psize, page, &e);
+        writer_case(copy, len, metas[i].what);
+    }
+    struct { const char *what, *table; uint16_t flags; } tables[] = {
+        {"sessions claiming INTEGERKEY", "sessions", LMDB_DB_INTEGERKEY},
+        {"sessions claiming DUPSORT", "sessions", LMDB_DB_DUPSORT},
+        {"prefixes without DUPFIXED", "prefixes", LMDB_DB_DUPSORT},
+        {"prefixes claiming INTEGERDUP", "prefixes",
+         LMDB_DB_DUPSORT | LMDB_DB_DUPFIXED | LMDB_DB_INTEGERDUP},
+    };
+    for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
+        memcpy(copy, bytes, len);
+        size_t at = table_record(copy, psize, tables[i].table) + offsetof(lmdb_db, flags);
+        memcpy(copy + at, &tables[i].flags, 2);
+        writer_case(copy, len, tables[i].what);
+    }
+    free(copy);
+    free(bytes);
+}
+
+/* The first node of the first leaf of the prefixes table whose flags are
+ * nflags: its offset in the image. */
+static size_t prefixes_node(const uint8_t *bytes, size_t len, size_t psize, unsigned nflags)
+{
+    (void)len;
+    lmdb_db db = db_at(bytes, table_record(bytes, psize, "prefixes"));
+    /* Every leaf of the table, left to right, through the branch above. */
+    size_t pgs[512], n = 0;
+    if (db.depth == 1) {
+        pgs[n++] = db.root;
+    } else {
+        cr_assert_eq(db.depth, 2);
+        const uint8_t *b = bytes + db.root * psize;
+        for (unsigned i = 0; i < n_nodes(b) && n < 512; i++) {
+            lmdb_node_head nh;
+            memcpy(&nh, b + node_off(b, i), sizeof(nh));
+            pgs[n++] = nh.lo | (size_t)nh.hi << 16 | (size_t)nh.flags << 32;
+        }
+    }
+    for (size_t k = 0; k < n; k++) {
+        const uint8_t *p = bytes + pgs[k] * psize;
+        for (unsigned i = 0; i < n_nodes(p); i++) {
+            lmdb_node_head nh;
+            memcpy(&nh, p + node_off(p, i), sizeof(nh));
+            if (nh.flags == nflags)
+                return pgs[k] * psize + node_off(p, i);
+        }
+    }
+    cr_assert_fail("no prefixes node with flags %u", nflags);
+    return 0;
+}
+
+Test(index_pages, duplicate_sizes_edited)
+{
+    size_t len, psize;
+    uint8_t *bytes = fixture(&len, &psize);
+    uint8_t *copy = malloc(len);
+    /* A LEAF2 sub-page of prefixes: its keys are the 8-byte ids a writer
+     * puts; a size of 9 makes mdb_put() read 9 bytes of the caller's 8. */
+    size_t node = prefixes_node(bytes, len, psize, LMDB_F_DUPDATA);
+    lmdb_node_head nh;
+    memcpy(&nh, bytes + node, sizeof(nh));
+    size_t sp = node + LMDB_NODE_HEAD + nh.ksize;
+    cr_assert_eq(head_at(bytes + sp).pad, 8);
+    struct { const char *what; uint16_t pad; } subs[] = {
+        {"a LEAF2 sub-page of prefixes with keys of 9 bytes", 9},
+        {"a LEAF2 sub-page of prefixes with keys of 7 bytes", 7},
+        {"a LEAF2 sub-page of prefixes with keys of 0 bytes", 0},
+    };
+    for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
+        memcpy(copy, bytes, len);
+        memcpy(copy + sp + offsetof(lmdb_page_head, pad), &subs[i].pad, 2);
+        writer_case(copy, len, subs[i].what);
+    }
+    /* The tree of the shared chunk's 300 duplicates: its record. */
+    node = prefixes_node(bytes, len, psize, LMDB_F_DUPDATA | LMDB_F_SUBDATA);
+    memcpy(&nh, bytes + node, sizeof(nh));
+    size_t rec = node + LMDB_NODE_HEAD + nh.ksize;
+    cr_assert_eq(db_at(bytes, rec).pad, 8);
+    cr_assert_eq(db_at(bytes, rec).flags, LMDB_DB_DUPFIXED);
+    struct { const char *what; size_t at; uint32_t value; size_t width; } trees[] = {
+        {"a tree of prefixes' duplicates with keys of 9 bytes", offsetof(lmdb_db, pad), 9, 4},
+        {"a tree of duplicates claiming DUPSORT", offsetof(lmdb_db, flags),
+         LMDB_DB_DUPFIXED | LMDB_DB_DUPSORT, 2},
+        {"a tree of duplicates without DUPFIXED", offsetof(lmdb_db, flags), 0, 2},
+    };
+    for (size_t i = 0; i < sizeof(trees) / sizeof(trees[0]); i++) {
+        memcpy(copy, bytes, len);
+        memcpy(copy + rec + trees[i].at, &trees[i].value, trees[i].width);
+        writer_case(copy, len, trees[i].what);
+    }
+    free(copy);
+    free(bytes);
+}
+
+Test(index_pages, a_key_longer_than_lmdb_writes)
+{
+    size_t len, psize;
+    uint8_t *bytes = fixture(&len, &psize);
+    /* A leaf node of sessions with room for 600 bytes of key and its
+     * data after it in its page: inside the page, and longer than any
+     * key LMDB writes (511). */
+    lmdb_db sessions = db_at(bytes, table_record(bytes, psize, "sessions"));
+    size_t pg = first_leaf(bytes, psize, &sessions), node = 0;
+    const uint8_t *p = bytes + pg * psize;
+    for (unsigned i = 0; !node && i < n_nodes(p); i++) {
+        lmdb_node_head nh;
+        memcpy(&nh, p + node_off(p, i), sizeof(nh));
+        if (node_off(p, i) + LMDB_NODE_HEAD + 600 + nh.lo <= psize)
+            node = pg * psize + node_off(p, i);
+    }
+    cr_assert_neq(node, 0);
+    uint8_t *copy = malloc(len);
+    memcpy(copy, bytes, len);
+    uint16_t ksize = 600;
+    memcpy(copy + node + offsetof(lmdb_node_head, ksize), &ksize, 2);
+    writer_case(copy, len, "a key of 600 bytes in sessions");
+    free(copy);
+    free(bytes);
+}
+
+Test(index_pages, transaction_ids_edited)
+{
+    size_t len, psize;
+    uint8_t *bytes = fixture(&len, &psize);
+    lmdb_meta m;
+    int page = meta_current(bytes, psize, &m);
+    cr_assert_eq(page, 1, "a compacted index's meta is on page 1");
+    uint8_t *copy = malloc(len);
+    struct { const char *what; uint64_t txnid; } cases[] = {
+        {"the current meta's txnid 2^64 - 1", UINT64_MAX},
+        {"the current meta's txnid 2^63 + 1", (1ull << 63) + 1},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        memcpy(copy, bytes, len);
+        lmdb_meta e = m;
+        e.txnid = cases[i].txnid;
+        meta_put(copy, psize, page, &e);
+        writer_case(copy, len, cases[i].what);
+    }
+    /* The newest meta on the page of the other parity: page 0 says
+     * transaction 3, where LMDB writes odd ones on page 1. */
+    memcpy(copy, bytes, len);
+    lmdb_meta other;
+    memcpy(&other, bytes + offsetof(lmdb_meta_page, meta), sizeof(other));
+    other = m;
+    other.txnid = m.txnid + 2;
+    meta_put(copy, psize, 0, &other);
+    writer_case(copy, len, "the newest meta on the other parity's page");
+    free(copy);
+    free(bytes);
+}
+
+/* The free tree of an index as written (not compacted: the pages its
+ * transactions freed are listed there). Its first leaf's nodes that hold
+ * a list inline, up to max: their offsets in the image. */
+static size_t free_records(const uint8_t *bytes, size_t psize, size_t *at, size_t max)
+{
+    lmdb_meta m;
+    meta_current(bytes, psize, &m);
+    cr_assert_neq(m.dbs[0].root, LMDB_P_INVALID, "nothing in the free tree");
+    size_t pg = first_leaf(bytes, psize, &m.dbs[0]);
+    const uint8_t *p = bytes + pg * psize;
+    size_t n = 0;
+    for (unsigned i = 0; i < n_nodes(p) && n < max; i++) {
+        lmdb_node_head nh;
+        memcpy(&nh, p + node_off(p, i), sizeof(nh));
+        if (nh.flags == 0)
+            at[n++] = pg * psize + node_off(p, i);
+    }
+    return n;
+}
+
+/* A free record's page list: where its count is in the image. */
+static size_t free_list_at(const uint8_t *bytes, size_t rec)
+{
+    lmdb_node_head nh;
+    memcpy(&nh, bytes + rec, sizeof(nh));
+    return rec + LMDB_NODE_HEAD + nh.ksize;
+}
+
+static uint64_t u64_at(const uint8_t *bytes, size_t off)
+{
+    uint64_t v;
+    memcpy(&v, bytes + off, 8);
+    return v;
+}
+
+static void u64_put(uint8_t *bytes, size_t off, uint64_t v)
+{
+    memcpy(bytes + off, &v, 8);
+}
+
+Test(index_pages, free_lists_edited)
+{
+    fixture_build();
+    size_t len;
+    uint8_t *bytes = ts_read_file(ts_path(ts_store_dir(), "index/data.mdb"), &len);
+    cr_assert_not_null(bytes);
+    size_t psize = 4096;
+    lmdb_meta m;
+    meta_current(bytes, psize, &m);
+    size_t recs[16];
+    size_t n = free_records(bytes, psize, recs, 16);
+    cr_assert_geq(n, 2, "%zu free records with their lists inline", n);
+    size_t list0 = free_list_at(bytes, recs[0]), list1 = free_list_at(bytes, recs[1]);
+    cr_assert_geq(u64_at(bytes, list0), 1);
+    cr_assert_geq(u64_at(bytes, list1), 1);
+    lmdb_db sessions = db_at(bytes, table_record(bytes, psize, "sessions"));
+    size_t sessions_leaf = first_leaf(bytes, psize, &sessions);
+    size_t over = 0; /* a page inside the overflow run of the big value */
+    {
+        size_t node = find_node(bytes, len, psize, LMDB_P_LEAF, LMDB_F_BIGDATA);
+        cr_assert_neq(node, 0);
+        lmdb_node_head nh;
+        memcpy(&nh, bytes + node, sizeof(nh));
+        over = u64_at(bytes, node + LMDB_NODE_HEAD + nh.ksize) + 1;
+    }
+    struct { const char *what; size_t page; } in_use[] = {
+        {"a free list naming the main tree's root", m.dbs[1].root},
+        {"a free list naming the root of sessions", sessions.root},
+        {"a free list naming a leaf of sessions", sessions_leaf},
+        {"a free list naming a page of an overflow run", over},
+        {"a free list naming the free tree's root", m.dbs[0].root},
+    };
+    uint8_t *copy = malloc(len);
+    for (size_t i = 0; i < sizeof(in_use) / sizeof(in_use[0]); i++) {
+        memcpy(copy, bytes, len);
+        /* A list of that page alone: count 1, in order. */
+        u64_put(copy, list0, 1);
+        u64_put(copy, list0 + 8, in_use[i].page);
+        writer_case(copy, len, in_use[i].what);
+    }
+    /* A page in two lists. */
+    memcpy(copy, bytes, len);
+    u64_put(copy, list1, 1);
+    u64_put(copy, list1 + 8, u64_at(bytes, list0 + 8));
+    writer_case(copy, len, "a page in two free lists");
+    /* A list out of LMDB's order (descending). */
+    size_t longest = 0;
+    for (size_t i = 0; i < n; i++)
+        if (u64_at(bytes, free_list_at(bytes, recs[i])) >= 2)
+            longest = free_list_at(bytes, recs[i]);
+    cr_assert_neq(longest, 0, "no free list of two pages");
+    memcpy(copy, bytes, len);
+    uint64_t a = u64_at(bytes, longest + 8), b = u64_at(bytes, longest + 16);
+    u64_put(copy, longest + 8, b);
+    u64_put(copy, longest + 16, a);
+    writer_case(copy, len, "a free list in ascending order");
+    /* A record filed under a transaction after the meta's. */
+    memcpy(copy, bytes, len);
+    lmdb_node_head nh;
+    memcpy(&nh, bytes + recs[n - 1], sizeof(nh));
+    cr_assert_eq(nh.ksize, 8);
+    u64_put(copy, recs[n - 1] + LMDB_NODE_HEAD, m.txnid + 1);
+    writer_case(copy, len, "a free record of a later transaction");
     free(copy);
     free(bytes);
 }

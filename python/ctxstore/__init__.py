@@ -46,8 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
-from typing import Any, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -59,14 +58,19 @@ from ._ctxstore import (
     name_check,
     set_pressure,
     strerror,
+    tokenizer_hash_strings,
+    watcher_start,
+    watcher_stop,
 )
 
 __all__ = [
     "Error", "Model", "Reservation", "Span", "Window", "AttnSpan", "AttnPlan",
     "SessionInfo", "Session", "Store", "SessionEntry", "ModelEntry",
-    "Checkpoint", "GcResult", "CompactResult",
+    "Checkpoint", "GcResult", "CompactResult", "Remote", "RemoteStats",
+    "RemotePush", "RemotePull", "RemoteEntry", "RemoteInfo", "FileReport",
+    "RecordReport", "inspect",
     "strerror", "err_name", "name_check", "set_pressure", "get_pressure",
-    "attention_isa",
+    "watcher_start", "watcher_stop", "tokenizer_hash_strings", "attention_isa",
     "DTYPE_F16", "DTYPE_BF16", "DTYPE_Q8", "DTYPE_F32",
     "SYNC_NONE", "SYNC_ASYNC", "SYNC_FULL",
 ]
@@ -106,6 +110,13 @@ class Error(Exception):
 
 
 _ctxstore._set_error_class(Error)
+
+
+def _error(code: int, message: str) -> Error:
+    """An Error raised here rather than by the library, with its code."""
+    e = Error(f"{message}: {strerror(code)}")
+    e.code, e.name = code, err_name(code)
+    return e
 
 
 # --- Small types -------------------------------------------------------------
@@ -305,6 +316,117 @@ class CompactResult(NamedTuple):
     orphans_removed: int
 
 
+Progress = Callable[[int, int], Any]
+"""A progress callable: ``progress(done, total)``, in the operation's units."""
+
+
+class RecordReport(NamedTuple):
+    """One of a session file's two commit records (``ctxs_record_report``)."""
+    status: int
+    current: bool
+    seq: int
+    n_tokens: int
+    ring_start: int
+    verified_from: int
+    written_unix_ms: int
+    this_boot: bool
+    boot_known: bool
+
+
+class FileReport(NamedTuple):
+    """What a session file says of itself (``ctxs_file_report``): ``status``
+    is 0 when it opens, else why not (``EFOREIGN``, ``EVERSION``,
+    ``ECORRUPT``, ``-errno``); ``model`` is None when the header is bad."""
+    status: int
+    format_major: int
+    format_minor: int
+    header_status: int
+    header_crc_ok: bool
+    model: Optional[Model]
+    capacity: int
+    n_sink: int
+    ring: bool
+    created_unix_ms: int
+    file_bytes: int
+    size_bytes: int
+    disk_bytes: int
+    records: Tuple[RecordReport, RecordReport]
+    label_status: int
+    label_id: int
+    label_name: str
+    writer_open: bool
+    reader_open: bool
+
+
+def inspect(path: PathLike) -> FileReport:
+    """Describe the session file at ``path`` without opening it as a session
+    (``ctxs_file_inspect``): its header, both commit records, its label, and
+    whether a handle in any process has it open now. Works on a file that
+    does not open; takes no lock. ``Error`` (``-ENOENT``, ``-EACCES``, ...)
+    only when the file cannot be read at all."""
+    d = _ctxstore.inspect(path)
+    d["model"] = None if d["model"] is None else Model(*d["model"])
+    d["records"] = tuple(RecordReport(**r) for r in d["records"])
+    return FileReport(**d)
+
+
+class RemoteStats(NamedTuple):
+    """The remote's counters since it was opened (``ctxs_remote_stats``)."""
+    chunks_pushed: int
+    chunks_present: int
+    bytes_pushed: int
+    records_pushed: int
+    jobs_queued: int
+    chunks_dropped: int
+    retries: int
+    last_error: int
+    connected: bool
+
+
+class RemotePush(NamedTuple):
+    """What ``Remote.push()`` did (``ctxs_remote_push_result``)."""
+    n_tokens: int
+    chunks_sent: int
+    chunks_present: int
+    bytes_sent: int
+
+
+class RemotePull(NamedTuple):
+    """What a pull made (``ctxs_remote_pull_result``): ``n_tokens`` in the
+    local session, ``rest_ids`` the token ids left to prefill (a chunk
+    Redis evicted, or one that did not verify, ends a pull), ``session`` the
+    new session when ``open=True``, else None."""
+    n_tokens: int
+    remote_tokens: int
+    chunks_pulled: int
+    chunks_missing: int
+    chunks_refused: int
+    rest_ids: np.ndarray
+    model: Model
+    session: Optional[Session]
+
+
+class RemoteEntry(NamedTuple):
+    """A session record Redis holds (``ctxs_remote_entry``); ``status``
+    ``EREMOTE`` marks a damaged record."""
+    name: str
+    model_hash: bytes
+    n_tokens: int
+    updated_unix_ms: int
+    tail_pushed: bool
+    status: int
+
+
+class RemoteInfo(NamedTuple):
+    """What the server says of itself (``ctxs_remote_info``)."""
+    server_version: str
+    used_memory: int
+    maxmemory: int
+    maxmemory_policy: str
+    evicted_keys: int
+    keys: int
+
+
 def _durability(d: Union[str, int]) -> int:
     if isinstance(d, str):
         try:
@@ -334,14 +456,18 @@ def _torch():
 
 
 def _to_torch(a: np.ndarray, bf16: bool):
+    # torch has no read-only tensors: a tensor over a read-only session's
+    # pages (mapped PROT_READ) would look writable, and a write into it
+    # would kill the process with SIGSEGV. So there is none.
+    if not a.flags.writeable:
+        raise _error(EREADONLY, "torch views of a read-only session: torch has no read-only "
+                     "tensors, and a write into one would kill the process (its pages are "
+                     "mapped read-only); use the NumPy view (k(), v(): writes raise "
+                     "ValueError), or torch.from_numpy(view.copy()) for a copy")  # noqa: F821
     torch = _torch()
-    with warnings.catch_warnings():
-        # A read-only view stays read-only in spirit: torch has no such flag
-        # and warns; writing through it would fault, as for any PROT_READ map.
-        warnings.simplefilter("ignore", UserWarning)
-        if bf16:  # torch has no uint16: int16 bits, reinterpreted
-            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(a)
+    if bf16:  # torch has no uint16: int16 bits, reinterpreted
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 # --- Session -----------------------------------------------------------------
@@ -388,10 +514,11 @@ class Session(_ctxstore.SessionBase):
         Raises ``Error`` (``-EEXIST`` if the file exists, ``EINVAL``, ...).
         """
         self = cls.__new__(cls)
-        self._create(path, model,
-                     _create_opts(capacity, n_sink, ring, window=window,
-                                  pressure_window=pressure_window,
-                                  durability=durability, background=background))
+        self._file(path, model, 0,
+                   _create_opts(capacity, n_sink, ring, window=window,
+                                pressure_window=pressure_window,
+                                durability=durability, background=background),
+                   _open_opts())
         return self
 
     @classmethod
@@ -407,7 +534,7 @@ class Session(_ctxstore.SessionBase):
         ``create()``."""
         flags = (OPEN_RDONLY if readonly else 0) | (OPEN_VERIFY if verify else 0)  # noqa: F821
         self = cls.__new__(cls)
-        self._open(path, model, flags,
+        self._file(path, model, flags, None,
                    _open_opts(window, pressure_window, durability, background))
         return self
 
@@ -497,9 +624,10 @@ class Session(_ctxstore.SessionBase):
         """``k(layer)`` as a torch.Tensor over the same memory (bf16 sessions
         as torch.bfloat16; Q8 as torch.int8, scales in torch_k_scales()).
 
-        Caveat: torch has no read-only tensors. For a read-only session the
-        tensor's memory is mapped PROT_READ, and writing into it kills the
-        process (SIGSEGV) where the NumPy view raises ValueError."""
+        A read-only session has no torch views (``Error``, code
+        ``EREADONLY``): torch has no read-only tensors, and its pages are
+        mapped PROT_READ, so a write into such a tensor would kill the
+        process. Read it through ``k()``, a read-only NumPy array."""
         return _to_torch(self.k(layer), self.dtype == DTYPE_BF16)  # noqa: F821
 
     def torch_v(self, layer: int):
@@ -593,11 +721,11 @@ class Store(_ctxstore.StoreBase):
 
     def sessions(self) -> List[SessionEntry]:
         """Every session, in name order."""
-        return [SessionEntry(*e) for e in self._sessions()]
+        return [SessionEntry(**e) for e in self._sessions()]
 
     def session(self, name: str) -> SessionEntry:
         """The index's entry of one session (``ENOTFOUND`` without it)."""
-        return SessionEntry(*self._session(name))
+        return SessionEntry(**self._session(name))
 
     def __contains__(self, name: str) -> bool:
         try:
@@ -612,12 +740,128 @@ class Store(_ctxstore.StoreBase):
         """Delete least recently used sessions (never pinned or open ones)
         until the session files take at most ``budget_bytes``; ``dry_run``
         deletes nothing and says what would go. Releases the GIL."""
-        before, after, _deleted, s_open, s_pinned, entries = self._gc(budget_bytes, dry_run)
-        return GcResult(before, after, s_open, s_pinned,
-                        [SessionEntry(*e) for e in entries])
+        d = self._gc(budget_bytes, dry_run)
+        d["sessions"] = [SessionEntry(**e) for e in d["sessions"]]
+        return GcResult(**d)
 
-    def compact(self, name: Optional[str] = None) -> CompactResult:
+    def compact(self, name: Optional[str] = None, *,
+                progress: Optional[Progress] = None) -> CompactResult:
         """Give back the disk blocks sessions do not use; with no name, every
         session and then the index itself (no other thread may use the store
-        meanwhile). Releases the GIL."""
-        return CompactResult(*self._compact(name))
+        meanwhile). ``progress``: a callable(done, total), in sessions,
+        called now and then and once at the end (an exception it raises is
+        raised when compact returns; the compaction is not stopped).
+        Releases the GIL (taken back only to call progress)."""
+        return CompactResult(**self._compact(name, progress))
+
+    def remote(self, url: str, *, timeout_ms: int = DEFAULT_REMOTE_TIMEOUT_MS,  # noqa: F821
+               retries: int = DEFAULT_REMOTE_RETRIES,  # noqa: F821
+               backoff_ms: int = DEFAULT_REMOTE_BACKOFF_MS,  # noqa: F821
+               queue_max: int = DEFAULT_REMOTE_QUEUE_MAX,  # noqa: F821
+               push_on_commit: bool = True, pull_on_open: bool = True,
+               key_prefix: Optional[str] = None, call_ms: int = 0) -> Remote:
+        """Attach the Redis server at ``url`` to this store (``ctxs_remote_open``).
+
+        ``url`` is ``redis://[[user]:password@]host[:port][/db]`` or
+        ``unix:///path/redis.sock[?db=N]``. With ``push_on_commit`` (default)
+        read-write sessions opened through this store push each 64-token
+        chunk their commits complete, on the library's background thread,
+        and their tail and record at close; with ``pull_on_open`` (default)
+        ``open_session()`` of a name the store lacks pulls it from Redis
+        first. ``timeout_ms``: connect and per-command timeout; ``call_ms``:
+        the deadline of one whole call (0: 5 minutes); ``retries``,
+        ``backoff_ms``, ``queue_max``: the background pusher's;
+        ``key_prefix``: every key's prefix ("ctxs"). The connection is
+        checked before this returns. One remote per store; a context
+        manager. Errors: ``Error`` with ``-ECONNREFUSED``, ``-ETIMEDOUT``,
+        ``-EACCES`` (password), ``EREMOTE`` (the server's error), ``EBUSY``
+        (the store has a remote), ``EINVAL`` (the url); the message ends
+        with what the library found."""
+        r = Remote.__new__(Remote)
+        r._open(self, url, (timeout_ms, retries, backoff_ms, queue_max, push_on_commit,
+                            pull_on_open, key_prefix, call_ms))
+        return r
+
+
+# --- Remote ------------------------------------------------------------------
+
+
+class Remote(_ctxstore.RemoteBase):
+    """A Redis server attached to a Store (``Store.remote()``): the fleet's
+    shared tier. Thread-safe; a context manager (``close()`` at the end).
+
+    Every call runs without the GIL and ends within the remote's deadline;
+    a failure is ``Error`` with the library's code and, at the end of the
+    message, what it found (``ctxs_remote_get_message()``).
+    """
+
+    __slots__ = ()
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        raise TypeError("use Store.remote(url)")
+
+    def __enter__(self) -> Remote:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ctxstore.Remote{' closed' if self.closed else ''}>"
+
+    def push(self, name: str, *, progress: Optional[Progress] = None) -> RemotePush:
+        """Push the local session ``name`` now: every chunk Redis lacks, its
+        tail, its record. ``progress(done, total)`` counts tokens."""
+        return RemotePush(**self._push(name, progress))
+
+    def pull(self, remote_name: str, local_name: Optional[str] = None, *,
+             open: bool = False, capacity: Optional[int] = None, n_sink: int = 4,
+             ring: bool = False, progress: Optional[Progress] = None) -> RemotePull:
+        """Make the local session ``local_name`` (default: ``remote_name``)
+        from the remote session ``remote_name``, every chunk verified before
+        it is written; the first chunk missing or refused ends it (see
+        ``RemotePull.rest_ids``). The capacity is raised to hold the remote
+        tokens unless ``capacity`` is given. ``open=True``: the result's
+        ``session`` is the new session, open read-write."""
+        s = Session.__new__(Session) if open else None
+        opts = None if capacity is None else _create_opts(capacity, n_sink, ring)
+        d = self._pull(s, remote_name, local_name, opts, progress)
+        return RemotePull(**d, session=s)._replace(model=Model(*d["model"]))
+
+    def pull_prefix(self, local_name: str, model: Model, tokens: Any, *,
+                    open: bool = False, capacity: Optional[int] = None, n_sink: int = 4,
+                    ring: bool = False) -> RemotePull:
+        """Make the local session ``local_name`` from the longest prefix of
+        ``tokens`` that Redis holds for ``model`` (``ENOTFOUND``: not even
+        its first chunk)."""
+        s = Session.__new__(Session) if open else None
+        opts = None if capacity is None else _create_opts(capacity, n_sink, ring)
+        d = self._pull_prefix(s, local_name, tuple(model), tokens, opts)
+        return RemotePull(**d, session=s)._replace(model=Model(*d["model"]))
+
+    def ls(self) -> List[RemoteEntry]:
+        """Every session record Redis holds under the key prefix, in name order."""
+        return [RemoteEntry(**e) for e in self._list()]
+
+    def stats(self) -> RemoteStats:
+        """The counters since the remote was opened (pushes, drops, retries)."""
+        return RemoteStats(**self._stats())
+
+    def info(self) -> RemoteInfo:
+        """The server's version, memory, maxmemory and policy, evictions, keys."""
+        return RemoteInfo(**self._info())
+
+    def flush(self, timeout_ms: int = DEFAULT_REMOTE_TIMEOUT_MS) -> RemoteStats:  # noqa: F821
+        """Wait until the background queue is empty (``-ETIMEDOUT`` with jobs
+        left after ``timeout_ms``); the counters."""
+        return RemoteStats(**self._flush(timeout_ms))
+
+    def close(self, timeout_ms: int = DEFAULT_REMOTE_TIMEOUT_MS) -> Optional[RemoteStats]:  # noqa: F821
+        """Flush for at most ``timeout_ms``, stop the push thread, detach from
+        the store: the final counters (None when already closed, or when a
+        call on another thread is still running: it closes when that ends).
+        ``-ETIMEDOUT`` when jobs were left (counted in chunks_dropped).
+        Close the sessions opened through the store first: their close
+        queues their tail and record. Idempotent."""
+        d = self._close(timeout_ms)
+        return None if d is None else RemoteStats(**d)

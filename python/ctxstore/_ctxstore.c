@@ -42,19 +42,24 @@
 
 #include <ctxstore.h>
 
+#include "_ctxstore_api.h"
+
 static PyObject *Error; /* ctxstore.Error */
 
 /* --- Errors --------------------------------------------------------------- */
 
 /* Raises ctxstore.Error for rc: message "<context>: <ctxs_strerror(rc)>",
  * with .code = rc and .name = ctxs_err_name(rc). Returns NULL. */
-static PyObject *raise_rc_obj(int rc, PyObject *context)
+static PyObject *raise_rc_obj(int rc, PyObject *context, const char *detail)
 {
     PyObject *msg, *exc, *v;
+    const char *sep = detail && *detail ? ": " : "";
+    if (!detail)
+        detail = "";
     if (context)
-        msg = PyUnicode_FromFormat("%U: %s", context, ctxs_strerror(rc));
+        msg = PyUnicode_FromFormat("%U: %s%s%s", context, ctxs_strerror(rc), sep, detail);
     else
-        msg = PyUnicode_FromString(ctxs_strerror(rc));
+        msg = PyUnicode_FromFormat("%s%s%s", ctxs_strerror(rc), sep, detail);
     if (!msg)
         return NULL;
     exc = PyObject_CallOneArg(Error, msg);
@@ -78,19 +83,33 @@ fail:
     return NULL;
 }
 
-static PyObject *raise_rc(int rc, const char *fmt, ...)
+static PyObject *raise_rc_v(int rc, const char *detail, const char *fmt, va_list ap)
 {
     PyObject *context = NULL;
-    if (fmt) {
-        va_list ap;
-        va_start(ap, fmt);
-        context = PyUnicode_FromFormatV(fmt, ap);
-        va_end(ap);
-        if (!context)
-            return NULL;
-    }
-    raise_rc_obj(rc, context);
+    if (fmt && !(context = PyUnicode_FromFormatV(fmt, ap)))
+        return NULL;
+    raise_rc_obj(rc, context, detail);
     Py_XDECREF(context);
+    return NULL;
+}
+
+static PyObject *raise_rc(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    raise_rc_v(rc, NULL, fmt, ap);
+    va_end(ap);
+    return NULL;
+}
+
+/* As raise_rc(), the message ending with what the library said beyond the
+ * code (ctxs_remote_get_message(), ctxs_llama_get_last_error()). */
+static PyObject *raise_rc_detail(int rc, const char *detail, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    raise_rc_v(rc, detail, fmt, ap);
+    va_end(ap);
     return NULL;
 }
 
@@ -295,6 +314,37 @@ fail:
     return NULL;
 }
 
+/* "O&" (cleanup supported): token ids to a new uint32 array (token_array()),
+ * released by the caller. */
+static int conv_tokens(PyObject *o, void *out)
+{
+    PyArrayObject **a = out;
+    if (!o) { /* cleanup after a later argument failed */
+        Py_CLEAR(*a);
+        return 0;
+    }
+    *a = token_array(o);
+    return *a ? Py_CLEANUP_SUPPORTED : 0;
+}
+
+/* The ids of a token array, never NULL (an empty array's data may be). */
+static const uint32_t *tokens_data(PyArrayObject *a)
+{
+    static const uint32_t none[1];
+    return PyArray_SIZE(a) ? PyArray_DATA(a) : none;
+}
+
+/* "O&": None (*out set to NULL), or a model (conv_model into **out). */
+static int conv_model_or_none(PyObject *o, void *out)
+{
+    ctxs_model **mp = out;
+    if (o == Py_None) {
+        *mp = NULL;
+        return 1;
+    }
+    return conv_model(o, *mp);
+}
+
 /* --- Tuples out ----------------------------------------------------------- */
 
 static PyObject *model_tuple(const ctxs_model *m)
@@ -305,31 +355,204 @@ static PyObject *model_tuple(const ctxs_model *m)
                          (const char *)m->tokenizer_hash, (Py_ssize_t)CTXS_HASH_BYTES);
 }
 
-static PyObject *entry_tuple(const ctxs_session_entry *e)
+/* --- Structs as dicts ---------------------------------------------------------
+ *
+ * A result struct of the library goes to Python as a dict of its fields,
+ * described once by a table; __init__.py makes its named type from it. */
+
+typedef enum { F_U32, F_I32, F_U64, F_BOOL, F_STR, F_HASH } field_kind;
+
+typedef struct field {
+    const char *name;
+    size_t off;
+    field_kind kind;
+} field;
+
+/* A field of the struct T (#define T before each table). */
+#define F(member, kind) {#member, offsetof(T, member), F_##kind}
+#define FIELDS_END {NULL, 0, F_U32}
+
+static PyObject *field_value(const char *p, field_kind kind)
 {
-    return Py_BuildValue("(sKy#KKKKKKO)", e->name, (unsigned long long)e->id,
-                         (const char *)e->model_hash, (Py_ssize_t)CTXS_HASH_BYTES,
-                         (unsigned long long)e->n_tokens,
-                         (unsigned long long)e->disk_bytes,
-                         (unsigned long long)e->created_unix_ms,
-                         (unsigned long long)e->last_used_unix_ms,
-                         (unsigned long long)e->parent_id,
-                         (unsigned long long)e->fork_tokens,
-                         e->pinned ? Py_True : Py_False);
+    switch (kind) {
+    case F_U32: return PyLong_FromUnsignedLong(*(const uint32_t *)p);
+    case F_I32: return PyLong_FromLong(*(const int32_t *)p);
+    case F_U64: return PyLong_FromUnsignedLongLong(*(const uint64_t *)p);
+    case F_BOOL: return PyBool_FromLong(*(const uint32_t *)p != 0);
+    case F_STR: return PyUnicode_DecodeUTF8(p, (Py_ssize_t)strlen(p), "replace");
+    case F_HASH: return PyBytes_FromStringAndSize(p, CTXS_HASH_BYTES);
+    }
+    Py_UNREACHABLE();
 }
 
-static PyObject *entries_list(const ctxs_session_entry *e, size_t n)
+static PyObject *struct_dict(const void *st, const field *f)
 {
-    PyObject *l = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; l && i < n; i++) {
-        PyObject *t = entry_tuple(&e[i]);
-        if (!t) {
-            Py_CLEAR(l);
-            break;
-        }
-        PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+    PyObject *d = PyDict_New();
+    for (; d && f->name; f++) {
+        PyObject *v = field_value((const char *)st + f->off, f->kind);
+        if (!v || PyDict_SetItemString(d, f->name, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
     }
+    return d;
+}
+
+/* d[key] = v, both references taken over; NULL (and neither kept) if
+ * either is NULL or the set fails. */
+static PyObject *with_item(PyObject *d, const char *key, PyObject *v)
+{
+    if (d && v && PyDict_SetItemString(d, key, v) == 0) {
+        Py_DECREF(v);
+        return d;
+    }
+    Py_XDECREF(d);
+    Py_XDECREF(v);
+    return NULL;
+}
+
+#define T ctxs_session_entry
+static const field entry_fields[] = {
+    F(name, STR), F(id, U64), F(model_hash, HASH), F(n_tokens, U64), F(disk_bytes, U64),
+    F(created_unix_ms, U64), F(last_used_unix_ms, U64), F(parent_id, U64), F(fork_tokens, U64),
+    F(pinned, BOOL), FIELDS_END,
+};
+#undef T
+
+static PyObject *entry_dict(const void *e)
+{
+    return struct_dict(e, entry_fields);
+}
+
+/* A listing the library returned (rc, and n items of size bytes, released
+ * here): a list of one(item) each, or ctxstore.Error for rc < 0. */
+static PyObject *listing(int rc, void *items, size_t n, size_t size,
+                         PyObject *(*one)(const void *), const char *what)
+{
+    PyObject *l = rc < 0 ? raise_rc(rc, "%s", what) : PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *v = one((const char *)items + i * size);
+        if (!v)
+            Py_CLEAR(l);
+        else
+            PyList_SET_ITEM(l, (Py_ssize_t)i, v);
+    }
+    ctxs_free(items);
     return l;
+}
+
+/* A tuple of n items of size bytes, each made by one(). */
+static PyObject *tuple_of(const void *items, size_t n, size_t size, PyObject *(*one)(const void *))
+{
+    PyObject *t = PyTuple_New((Py_ssize_t)n);
+    for (size_t i = 0; t && i < n; i++) {
+        PyObject *v = one((const char *)items + i * size);
+        if (!v)
+            Py_CLEAR(t);
+        else
+            PyTuple_SET_ITEM(t, (Py_ssize_t)i, v);
+    }
+    return t;
+}
+
+/* A slot span of a reservation or a window: two uint32, slot and count. */
+static PyObject *slot_span(const void *p)
+{
+    const uint32_t *sp = p;
+    return Py_BuildValue("(II)", sp[0], sp[1]);
+}
+
+static PyObject *attn_span(const void *p)
+{
+    const ctxs_attn_span *sp = p;
+    return Py_BuildValue("(KII)", (unsigned long long)sp->pos, sp->slot, sp->count);
+}
+
+/* Runs stmt (a library call) with the GIL released. */
+#define NOGIL(stmt)                                                            \
+    do {                                                                       \
+        PyThreadState *nogil_ts_ = PyEval_SaveThread();                        \
+        stmt;                                                                  \
+        PyEval_RestoreThread(nogil_ts_);                                       \
+    } while (0)
+
+/* stmt (a library call on the handle) within a use of the store, a use of
+ * the remote or the session's lock, the GIL released around it (but for
+ * SESS_CALL); the method returns NULL (Error set) when the handle is
+ * closed. Only where nothing is to be released before such a return. */
+#define CALL_WITH(enter, leave, self, stmt)                                    \
+    do {                                                                       \
+        if (enter(self) < 0)                                                   \
+            return NULL;                                                       \
+        stmt;                                                                  \
+        leave(self);                                                           \
+    } while (0)
+#define STORE_CALL(self, stmt) CALL_WITH(store_enter, store_leave, self, NOGIL(stmt))
+#define REMOTE_CALL(self, stmt) CALL_WITH(remote_enter, remote_leave, self, NOGIL(stmt))
+#define SESS_CALL(self, stmt) CALL_WITH(sess_enter, sess_leave, self, stmt)
+#define SESS_CALL_NOGIL(self, stmt) SESS_CALL(self, NOGIL(stmt))
+
+/* --- Progress callbacks -------------------------------------------------------
+ *
+ * A long call runs without the GIL; its progress callback takes the GIL
+ * back only to call the Python callable. An exception in the callable ends
+ * the calls to it and is raised when the operation returns (the library's
+ * callback cannot stop the operation). */
+
+typedef struct progress {
+    PyObject *fn;       /* the callable, or NULL */
+    PyThreadState *ts;  /* the caller's thread state while the GIL is out */
+    PyObject *type, *value, *tb; /* the callable's exception */
+} progress;
+
+static void progress_cb(void *arg, uint64_t done, uint64_t total)
+{
+    progress *p = arg;
+    if (p->type)
+        return;
+    PyEval_RestoreThread(p->ts);
+    PyObject *r = PyObject_CallFunction(p->fn, "KK", (unsigned long long)done,
+                                        (unsigned long long)total);
+    if (r)
+        Py_DECREF(r);
+    else
+        PyErr_Fetch(&p->type, &p->value, &p->tb);
+    p->ts = PyEval_SaveThread();
+}
+
+/* "O&" converter: None or a callable. */
+static int conv_progress(PyObject *o, void *out)
+{
+    progress *p = out;
+    memset(p, 0, sizeof *p);
+    if (o == Py_None)
+        return 1;
+    if (!PyCallable_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "progress must be a callable(done, total) or None, not %R",
+                     o);
+        return 0;
+    }
+    p->fn = o;
+    return 1;
+}
+
+#define PROGRESS_FN(p) ((p)->fn ? progress_cb : NULL)
+
+/* Releases the GIL; the call between progress_begin() and progress_end()
+ * may call back. */
+static void progress_begin(progress *p)
+{
+    p->ts = PyEval_SaveThread();
+}
+
+/* Takes the GIL back; -1 (the callable's exception set) if it raised. */
+static int progress_end(progress *p)
+{
+    PyEval_RestoreThread(p->ts);
+    if (!p->type)
+        return 0;
+    PyErr_Restore(p->type, p->value, p->tb);
+    p->type = p->value = p->tb = NULL;
+    return -1;
 }
 
 /* --- Store ---------------------------------------------------------------- */
@@ -348,9 +571,7 @@ static void store_really_close(StoreObject *self)
     ctxs_store *st = self->st;
     self->st = NULL;
     if (st && self->pid == getpid()) {
-        Py_BEGIN_ALLOW_THREADS
-        ctxs_store_close(st);
-        Py_END_ALLOW_THREADS
+        NOGIL(ctxs_store_close(st));
     }
 }
 
@@ -404,9 +625,7 @@ static void Mapping_dealloc(MappingObject *self)
     ctxs_session *s = self->s;
     self->s = NULL;
     if (s && self->pid == getpid()) {
-        Py_BEGIN_ALLOW_THREADS
-        ctxs_session_close(s);
-        Py_END_ALLOW_THREADS
+        NOGIL(ctxs_session_close(s));
     }
     if (self->store) {
         store_leave(self->store);
@@ -445,9 +664,7 @@ static PyTypeObject SessionType;
 static int sess_enter(SessionObject *self)
 {
     if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(self->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
+        NOGIL(PyThread_acquire_lock(self->lock, WAIT_LOCK));
     }
     if (!self->s) {
         PyThread_release_lock(self->lock);
@@ -495,9 +712,7 @@ static PyObject *sess_attach(SessionObject *self, ctxs_session *s,
 {
     MappingObject *m = PyObject_New(MappingObject, &MappingType);
     if (!m) {
-        Py_BEGIN_ALLOW_THREADS
-        ctxs_session_close(s);
-        Py_END_ALLOW_THREADS
+        NOGIL(ctxs_session_close(s));
         return NULL;
     }
     m->s = s;
@@ -531,60 +746,65 @@ static int sess_check_fresh(SessionObject *self)
     return 0;
 }
 
-static PyObject *Session__create(SessionObject *self, PyObject *args)
+/* "O&": a Session not yet open (what Session.__new__ made), or None. */
+static int conv_fresh_session(PyObject *o, void *out)
 {
-    PyObject *path = NULL;
-    ctxs_model model;
-    ctxs_create_options o;
-    if (!PyArg_ParseTuple(args, "O&O&O&:_create", conv_path, &path, conv_model,
-                          &model, conv_create_opts, &o))
-        goto out;
-    if (sess_check_fresh(self) < 0)
-        goto out;
-    ctxs_session *s;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_session_create(&s, PyBytes_AS_STRING(path), &model, &o);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        raise_rc(rc, "create '%s'", PyBytes_AS_STRING(path));
-        goto out;
+    if (o == Py_None) {
+        *(SessionObject **)out = NULL;
+        return 1;
     }
-    Py_DECREF(path);
-    return sess_attach(self, s, NULL);
-out:
-    Py_XDECREF(path);
-    return NULL;
+    if (!PyObject_TypeCheck(o, &SessionType)) {
+        PyErr_SetString(PyExc_TypeError, "a Session or None");
+        return 0;
+    }
+    if (sess_check_fresh((SessionObject *)o) < 0)
+        return 0;
+    *(SessionObject **)out = (SessionObject *)o;
+    return 1;
 }
 
-static PyObject *Session__open(SessionObject *self, PyObject *args)
+/* "O&": a Session not yet open (None refused). */
+static int conv_new_session(PyObject *o, void *out)
 {
-    PyObject *path = NULL, *model_o;
-    ctxs_model model;
-    unsigned flags;
-    ctxs_open_options o;
-    if (!PyArg_ParseTuple(args, "O&OIO&:_open", conv_path, &path, &model_o,
-                          &flags, conv_open_opts, &o))
-        goto out;
-    if (model_o != Py_None && !conv_model(model_o, &model))
-        goto out;
-    if (sess_check_fresh(self) < 0)
-        goto out;
-    ctxs_session *s;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_session_open(&s, PyBytes_AS_STRING(path),
-                           model_o == Py_None ? NULL : &model, flags, &o);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        raise_rc(rc, "open '%s'", PyBytes_AS_STRING(path));
-        goto out;
+    if (o == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "a Session, not None");
+        return 0;
     }
-    Py_DECREF(path);
-    return sess_attach(self, s, NULL);
+    return conv_fresh_session(o, out);
+}
+
+/* None, or the create options (conv_create_opts). */
+static int conv_create_opts_or_none(PyObject *o, void *out)
+{
+    ctxs_create_options **pp = out;
+    if (o == Py_None) {
+        *pp = NULL;
+        return 1;
+    }
+    return conv_create_opts(o, *pp);
+}
+
+/* _file(path, model or None, flags, create_opts or None, open_opts): creates
+ * the session file (with create options) or opens it. */
+static PyObject *Session__file(SessionObject *self, PyObject *args)
+{
+    PyObject *path = NULL, *ret = NULL;
+    ctxs_model model, *mp = &model;
+    unsigned flags;
+    ctxs_create_options co, *cop = &co;
+    ctxs_open_options oo;
+    ctxs_session *s = NULL;
+    int rc;
+    if (!PyArg_ParseTuple(args, "O&O&IO&O&:_file", conv_path, &path, conv_model_or_none, &mp,
+                          &flags, conv_create_opts_or_none, &cop, conv_open_opts, &oo) ||
+        sess_check_fresh(self) < 0)
+        goto out;
+    const char *p = PyBytes_AS_STRING(path);
+    NOGIL(rc = cop ? ctxs_session_create(&s, p, mp, cop) : ctxs_session_open(&s, p, mp, flags, &oo));
+    ret = rc < 0 ? raise_rc(rc, "%s '%s'", cop ? "create" : "open", p) : sess_attach(self, s, NULL);
 out:
     Py_XDECREF(path);
-    return NULL;
+    return ret;
 }
 
 static PyObject *Session__fork_to(SessionObject *self, PyObject *args)
@@ -600,9 +820,7 @@ static PyObject *Session__fork_to(SessionObject *self, PyObject *args)
         goto out;
     ctxs_session *s;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_session_fork(&s, PyBytes_AS_STRING(path), self->s, n, &o);
-    Py_END_ALLOW_THREADS
+    NOGIL(rc = ctxs_session_fork(&s, PyBytes_AS_STRING(path), self->s, n, &o));
     sess_leave(self);
     if (rc < 0) {
         raise_rc(rc, "fork to '%s'", PyBytes_AS_STRING(path));
@@ -621,9 +839,7 @@ static PyObject *Session_close(SessionObject *self, PyObject *unused)
     /* Waits for a call in flight on another thread; then the handle is
      * closed now, or by the last view (Mapping_dealloc). */
     if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(self->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
+        NOGIL(PyThread_acquire_lock(self->lock, WAIT_LOCK));
     }
     MappingObject *m = self->map;
     self->map = NULL;
@@ -649,10 +865,8 @@ static PyObject *Session_get_n_tokens(SessionObject *self, void *c)
 {
     (void)c;
     ctxs_session_info info;
-    if (sess_enter(self) < 0)
-        return NULL;
-    int rc = ctxs_session_get_info(&info, self->s);
-    sess_leave(self);
+    int rc;
+    SESS_CALL(self, rc = ctxs_session_get_info(&info, self->s));
     if (rc < 0)
         return raise_rc(rc, "n_tokens");
     return PyLong_FromUnsignedLongLong(info.n_tokens);
@@ -674,26 +888,13 @@ static PyObject *Session__reserve(SessionObject *self, PyObject *arg)
     uint32_t n;
     ctxs_reservation r;
     int rc;
-    if (!conv_u32(arg, &n) || sess_enter(self) < 0)
+    if (!conv_u32(arg, &n))
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_session_reserve(&r, self->s, n);
-    Py_END_ALLOW_THREADS
-    sess_leave(self);
+    SESS_CALL_NOGIL(self, rc = ctxs_session_reserve(&r, self->s, n));
     if (rc < 0)
         return raise_rc(rc, "reserve(%u)", n);
-    PyObject *spans = PyTuple_New(r.n_spans);
-    for (uint32_t i = 0; spans && i < r.n_spans; i++) {
-        PyObject *t = Py_BuildValue("(II)", r.spans[i].slot, r.spans[i].count);
-        if (!t) {
-            Py_CLEAR(spans);
-            break;
-        }
-        PyTuple_SET_ITEM(spans, i, t);
-    }
-    if (!spans)
-        return NULL;
-    return Py_BuildValue("(KIN)", (unsigned long long)r.first_pos, r.n_tokens, spans);
+    return Py_BuildValue("(KIN)", (unsigned long long)r.first_pos, r.n_tokens,
+                         tuple_of(r.spans, r.n_spans, sizeof r.spans[0], slot_span));
 }
 
 /* k or v of write_token (lead = n_layers) or write_layer (lead = 0: any
@@ -858,51 +1059,35 @@ static PyObject *Session_commit(SessionObject *self, PyObject *arg)
     static const uint32_t none[1];
     if (n == 0)
         p = none;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_session_commit(self->s, p, (uint32_t)n);
-    Py_END_ALLOW_THREADS
+    NOGIL(rc = ctxs_session_commit(self->s, p, (uint32_t)n));
     sess_leave(self);
     Py_DECREF(ids);
-    if (rc < 0)
-        return raise_rc(rc, "commit of %zd tokens", (Py_ssize_t)n);
-    Py_RETURN_NONE;
+    return rc < 0 ? raise_rc(rc, "commit of %zd tokens", (Py_ssize_t)n) : Py_NewRef(Py_None);
 }
 
 static PyObject *Session_rollback(SessionObject *self, PyObject *arg)
 {
     uint64_t n;
     int rc;
-    if (!conv_u64(arg, &n) || sess_enter(self) < 0)
+    if (!conv_u64(arg, &n))
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_session_rollback(self->s, n);
-    Py_END_ALLOW_THREADS
-    sess_leave(self);
-    if (rc < 0)
-        return raise_rc(rc, "rollback(%llu)", (unsigned long long)n);
-    Py_RETURN_NONE;
+    SESS_CALL_NOGIL(self, rc = ctxs_session_rollback(self->s, n));
+    return rc < 0 ? raise_rc(rc, "rollback(%llu)", (unsigned long long)n) : Py_NewRef(Py_None);
 }
 
 /* The calls that take only the session: sync, refresh, prefetch. */
-#define SESSION_SIMPLE(pyname, call, nogil)                                    \
+#define SESSION_SIMPLE(pyname, call)                                           \
     static PyObject *Session_##pyname(SessionObject *self, PyObject *unused)   \
     {                                                                          \
         (void)unused;                                                          \
         int rc;                                                                \
-        if (sess_enter(self) < 0)                                              \
-            return NULL;                                                       \
-        Py_BEGIN_ALLOW_THREADS                                                 \
-        rc = call(self->s);                                                    \
-        Py_END_ALLOW_THREADS                                                   \
-        sess_leave(self);                                                      \
-        if (rc < 0)                                                            \
-            return raise_rc(rc, #pyname "()");                                 \
-        Py_RETURN_NONE;                                                        \
+        SESS_CALL_NOGIL(self, rc = call(self->s));                             \
+        return rc < 0 ? raise_rc(rc, #pyname "()") : Py_NewRef(Py_None);       \
     }
 
-SESSION_SIMPLE(sync, ctxs_session_sync, 1)
-SESSION_SIMPLE(refresh, ctxs_session_refresh, 1)
-SESSION_SIMPLE(prefetch, ctxs_session_prefetch, 1)
+SESSION_SIMPLE(sync, ctxs_session_sync)
+SESSION_SIMPLE(refresh, ctxs_session_refresh)
+SESSION_SIMPLE(prefetch, ctxs_session_prefetch)
 
 static PyObject *verify_error(int rc, uint64_t bad, const char *what)
 {
@@ -929,27 +1114,18 @@ static PyObject *Session_verify(SessionObject *self, PyObject *args, PyObject *k
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&O&:verify", kwlist, conv_u64,
                                      &from, conv_u64_or_all, &to))
         return NULL;
-    if (sess_enter(self) < 0)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_session_verify_range(&bad, self->s, from, to);
-    Py_END_ALLOW_THREADS
-    sess_leave(self);
+    SESS_CALL_NOGIL(self, rc = ctxs_session_verify_range(&bad, self->s, from, to));
     if (rc == CTXS_ECORRUPT)
         return verify_error(rc, bad, "verify");
-    if (rc < 0)
-        return raise_rc(rc, "verify");
-    Py_RETURN_NONE;
+    return rc < 0 ? raise_rc(rc, "verify") : Py_NewRef(Py_None);
 }
 
 static PyObject *Session__info(SessionObject *self, PyObject *unused)
 {
     (void)unused;
     ctxs_session_info i;
-    if (sess_enter(self) < 0)
-        return NULL;
-    int rc = ctxs_session_get_info(&i, self->s);
-    sess_leave(self);
+    int rc;
+    SESS_CALL(self, rc = ctxs_session_get_info(&i, self->s));
     if (rc < 0)
         return raise_rc(rc, "info");
     return Py_BuildValue("(NIIIIKKIIIIKKKKKI)", model_tuple(&i.model), i.format_major,
@@ -967,63 +1143,37 @@ static PyObject *Session__window(SessionObject *self, PyObject *unused)
 {
     (void)unused;
     ctxs_window w;
-    if (sess_enter(self) < 0)
-        return NULL;
-    int rc = ctxs_session_get_window(&w, self->s);
-    sess_leave(self);
+    int rc;
+    SESS_CALL(self, rc = ctxs_session_get_window(&w, self->s));
     if (rc < 0)
         return raise_rc(rc, "window");
-    PyObject *spans = PyTuple_New(w.n_spans);
-    for (uint32_t i = 0; spans && i < w.n_spans; i++) {
-        PyObject *t = Py_BuildValue("(II)", w.spans[i].slot, w.spans[i].count);
-        if (!t) {
-            Py_CLEAR(spans);
-            break;
-        }
-        PyTuple_SET_ITEM(spans, i, t);
-    }
-    if (!spans)
-        return NULL;
-    return Py_BuildValue("(IN)", w.n_tokens, spans);
+    return Py_BuildValue("(IN)", w.n_tokens,
+                         tuple_of(w.spans, w.n_spans, sizeof w.spans[0], slot_span));
 }
 
 static PyObject *Session_set_window(SessionObject *self, PyObject *arg)
 {
     uint32_t w;
-    if (!conv_u32(arg, &w) || sess_enter(self) < 0)
+    if (!conv_u32(arg, &w))
         return NULL;
-    int rc = ctxs_session_set_window(self->s, w);
-    sess_leave(self);
-    if (rc < 0)
-        return raise_rc(rc, "set_window(%u)", w);
-    Py_RETURN_NONE;
+    int rc;
+    SESS_CALL(self, rc = ctxs_session_set_window(self->s, w));
+    return rc < 0 ? raise_rc(rc, "set_window(%u)", w) : Py_NewRef(Py_None);
 }
 
 static PyObject *Session__attn_plan(SessionObject *self, PyObject *arg)
 {
     uint32_t n_pending;
     ctxs_attn_plan p;
-    if (!conv_u32(arg, &n_pending) || sess_enter(self) < 0)
+    if (!conv_u32(arg, &n_pending))
         return NULL;
-    int rc = ctxs_session_get_attn_plan(&p, self->s, n_pending);
-    sess_leave(self);
+    int rc;
+    SESS_CALL(self, rc = ctxs_session_get_attn_plan(&p, self->s, n_pending));
     if (rc < 0)
         return raise_rc(rc, "attn_plan(n_pending=%u)", n_pending);
-    PyObject *spans = PyTuple_New(p.n_spans);
-    for (uint32_t i = 0; spans && i < p.n_spans; i++) {
-        PyObject *t = Py_BuildValue("(KII)", (unsigned long long)p.spans[i].pos,
-                                    p.spans[i].slot, p.spans[i].count);
-        if (!t) {
-            Py_CLEAR(spans);
-            break;
-        }
-        PyTuple_SET_ITEM(spans, i, t);
-    }
-    if (!spans)
-        return NULL;
     return Py_BuildValue("(KKIIIN)", (unsigned long long)p.n_tokens,
-                         (unsigned long long)p.first_query, p.n_sink, p.window,
-                         p.n_keys, spans);
+                         (unsigned long long)p.first_query, p.n_sink, p.window, p.n_keys,
+                         tuple_of(p.spans, p.n_spans, sizeof p.spans[0], attn_span));
 }
 
 static PyObject *Session_read_token(SessionObject *self, PyObject *arg)
@@ -1100,10 +1250,10 @@ static PyObject *Session_slot(SessionObject *self, PyObject *arg)
 {
     uint64_t pos;
     uint32_t slot;
-    if (!conv_u64(arg, &pos) || sess_enter(self) < 0)
+    if (!conv_u64(arg, &pos))
         return NULL;
-    int rc = ctxs_session_get_slot(&slot, self->s, pos);
-    sess_leave(self);
+    int rc;
+    SESS_CALL(self, rc = ctxs_session_get_slot(&slot, self->s, pos));
     if (rc < 0)
         return raise_rc(rc, "slot(%llu)", (unsigned long long)pos);
     return PyLong_FromUnsignedLong(slot);
@@ -1197,15 +1347,10 @@ static PyObject *Session_v_scales(SessionObject *self, PyObject *arg)
     {                                                                          \
         const char *name;                                                      \
         int rc;                                                                \
-        if (!PyArg_ParseTuple(args, "s:" #pyname, &name) || sess_enter(self) < 0) \
+        if (!PyArg_ParseTuple(args, "s:" #pyname, &name))                      \
             return NULL;                                                       \
-        Py_BEGIN_ALLOW_THREADS                                                 \
-        rc = call(self->s, name);                                              \
-        Py_END_ALLOW_THREADS                                                   \
-        sess_leave(self);                                                      \
-        if (rc < 0)                                                            \
-            return raise_names(rc, op, name, NULL);                            \
-        Py_RETURN_NONE;                                                        \
+        SESS_CALL_NOGIL(self, rc = call(self->s, name));                       \
+        return rc < 0 ? raise_names(rc, op, name, NULL) : Py_NewRef(Py_None);  \
     }
 
 SESSION_NAMED(checkpoint, ctxs_checkpoint_create, "checkpoint")
@@ -1217,10 +1362,8 @@ static PyObject *Session__checkpoints(SessionObject *self, PyObject *unused)
     (void)unused;
     ctxs_checkpoint_entry *e;
     size_t n;
-    if (sess_enter(self) < 0)
-        return NULL;
-    int rc = ctxs_checkpoint_list(&e, &n, self->s);
-    sess_leave(self);
+    int rc;
+    SESS_CALL(self, rc = ctxs_checkpoint_list(&e, &n, self->s));
     if (rc < 0)
         return raise_rc(rc, "checkpoints");
     PyObject *l = PyList_New((Py_ssize_t)n);
@@ -1244,8 +1387,7 @@ static PyObject *Session__checkpoints(SessionObject *self, PyObject *unused)
 #define KWARGS(f) (PyCFunction)(void (*)(void))(f), METH_VARARGS | METH_KEYWORDS
 
 static PyMethodDef Session_methods[] = {
-    {"_create", VARARGS(Session__create), NULL},
-    {"_open", VARARGS(Session__open), NULL},
+    {"_file", VARARGS(Session__file), NULL},
     {"_fork_to", VARARGS(Session__fork_to), NULL},
     {"_layout", NOARGS(Session__layout), NULL},
     {"_reserve", ONEARG(Session__reserve), NULL},
@@ -1341,18 +1483,23 @@ static PyGetSetDef Session_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject SessionType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "ctxstore._ctxstore.SessionBase",
-    .tp_doc = "The C half of ctxstore.Session.",
-    .tp_basicsize = sizeof(SessionObject),
-    .tp_weaklistoffset = offsetof(SessionObject, weakrefs),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_new = Session_new,
-    .tp_dealloc = (destructor)Session_dealloc,
-    .tp_methods = Session_methods,
-    .tp_getset = Session_getset,
-};
+/* The base types that __init__.py subclasses: Prefix_new, _dealloc,
+ * _methods and _getset, a weakrefs field in PrefixObject. */
+#define BASE_TYPE(Prefix, pyname)                                              \
+    static PyTypeObject Prefix##Type = {                                       \
+        PyVarObject_HEAD_INIT(NULL, 0)                                         \
+        .tp_name = "ctxstore._ctxstore." #Prefix "Base",                       \
+        .tp_doc = "The C half of ctxstore." pyname ".",                        \
+        .tp_basicsize = sizeof(Prefix##Object),                                \
+        .tp_weaklistoffset = offsetof(Prefix##Object, weakrefs),               \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,                  \
+        .tp_new = Prefix##_new,                                                \
+        .tp_dealloc = (destructor)Prefix##_dealloc,                            \
+        .tp_methods = Prefix##_methods,                                        \
+        .tp_getset = Prefix##_getset,                                          \
+    }
+
+BASE_TYPE(Session, "Session");
 
 /* --- Store methods -------------------------------------------------------- */
 
@@ -1360,6 +1507,8 @@ static PyObject *Store__open(StoreObject *self, PyObject *args)
 {
     PyObject *path = NULL;
     unsigned flags;
+    ctxs_store *st = NULL;
+    int rc;
     if (!PyArg_ParseTuple(args, "O&I:_open", conv_path, &path, &flags))
         return NULL;
     if (self->st) {
@@ -1367,17 +1516,11 @@ static PyObject *Store__open(StoreObject *self, PyObject *args)
         PyErr_SetString(PyExc_RuntimeError, "the store object is already open");
         return NULL;
     }
-    ctxs_store *st;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_open(&st, PyBytes_AS_STRING(path), flags, NULL);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        raise_rc(rc, "store '%s'", PyBytes_AS_STRING(path));
-        Py_DECREF(path);
-        return NULL;
-    }
+    NOGIL(rc = ctxs_store_open(&st, PyBytes_AS_STRING(path), flags, NULL));
+    PyObject *ret = rc < 0 ? raise_rc(rc, "store '%s'", PyBytes_AS_STRING(path)) : Py_None;
     Py_DECREF(path);
+    if (rc < 0)
+        return ret;
     self->st = st;
     self->closed = 0;
     self->pid = getpid();
@@ -1401,6 +1544,70 @@ static PyObject *Store_get_closed(StoreObject *self, void *c)
     return PyBool_FromLong(self->closed);
 }
 
+/* The calls that take a store and one or two names (or a name and a flag)
+ * and return only a code: one method each, this table says how. */
+typedef int (*names_fn)(ctxs_store *st, const char *a, const char *b, int flag);
+
+typedef struct names_op {
+    const char *format; /* PyArg format: the names, or a name and "|p" */
+    char *kwlist[3];
+    const char *what;   /* for the error message */
+    names_fn fn;
+    int flag_arg;       /* the second argument is the flag, not a name */
+} names_op;
+
+static int op_rename(ctxs_store *st, const char *a, const char *b, int f)
+{
+    (void)f;
+    return ctxs_store_session_rename(st, a, b);
+}
+
+static int op_delete(ctxs_store *st, const char *a, const char *b, int f)
+{
+    (void)b, (void)f;
+    return ctxs_store_session_delete(st, a);
+}
+
+static int op_pin(ctxs_store *st, const char *a, const char *b, int f)
+{
+    (void)b;
+    return ctxs_store_session_pin(st, a, f);
+}
+
+static int op_delete_meta(ctxs_store *st, const char *a, const char *b, int f)
+{
+    (void)f;
+    return ctxs_store_session_set_meta(st, a, b, NULL, 0);
+}
+
+static const names_op rename_op = {"ss:rename", {"old", "new", NULL}, "rename", op_rename, 0};
+static const names_op delete_op = {"s:delete", {"name", NULL}, "delete", op_delete, 0};
+static const names_op pin_op = {"s|p:pin", {"name", "pinned", NULL}, "pin", op_pin, 1};
+static const names_op delete_meta_op = {"ss:delete_meta", {"name", "key", NULL}, "delete_meta",
+                                        op_delete_meta, 0};
+
+static PyObject *store_names(StoreObject *self, PyObject *args, PyObject *kw, const names_op *op)
+{
+    const char *a = NULL, *b = NULL;
+    int flag = 1, rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, op->format, (char **)op->kwlist, &a,
+                                     op->flag_arg ? (void *)&flag : (void *)&b))
+        return NULL;
+    STORE_CALL(self, rc = op->fn(self->st, a, b, flag));
+    return rc < 0 ? raise_names(rc, op->what, a, b) : Py_NewRef(Py_None);
+}
+
+#define STORE_NAMES(name)                                                      \
+    static PyObject *Store_##name(StoreObject *self, PyObject *args, PyObject *kw) \
+    {                                                                          \
+        return store_names(self, args, kw, &name##_op);                        \
+    }
+
+STORE_NAMES(rename)
+STORE_NAMES(delete)
+STORE_NAMES(pin)
+STORE_NAMES(delete_meta)
+
 static PyObject *Store_register_model(StoreObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"model", "name", NULL};
@@ -1408,53 +1615,35 @@ static PyObject *Store_register_model(StoreObject *self, PyObject *args, PyObjec
     const char *name = NULL;
     int rc;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|z:register_model", kwlist,
-                                     conv_model, &m, &name) ||
-        store_enter(self) < 0)
+                                     conv_model, &m, &name))
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_model_register(self->st, &m, name);
-    Py_END_ALLOW_THREADS
-    store_leave(self);
-    if (rc < 0)
-        return raise_names(rc, "register model", name, NULL);
-    Py_RETURN_NONE;
+    STORE_CALL(self, rc = ctxs_model_register(self->st, &m, name));
+    return rc < 0 ? raise_names(rc, "register model", name, NULL) : Py_NewRef(Py_None);
+}
+
+static PyObject *model_entry(const void *p)
+{
+    const ctxs_model_entry *e = p;
+    return Py_BuildValue("(NsK)", model_tuple(&e->model), e->name,
+                         (unsigned long long)e->registered_unix_ms);
 }
 
 static PyObject *Store__models(StoreObject *self, PyObject *unused)
 {
     (void)unused;
-    ctxs_model_entry *e;
-    size_t n;
+    ctxs_model_entry *e = NULL;
+    size_t n = 0;
     int rc;
-    if (store_enter(self) < 0)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_model_list(&e, &n, self->st);
-    Py_END_ALLOW_THREADS
-    store_leave(self);
-    if (rc < 0)
-        return raise_rc(rc, "models");
-    PyObject *l = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; l && i < n; i++) {
-        PyObject *t = Py_BuildValue("(NsK)", model_tuple(&e[i].model), e[i].name,
-                                    (unsigned long long)e[i].registered_unix_ms);
-        if (!t) {
-            Py_CLEAR(l);
-            break;
-        }
-        PyList_SET_ITEM(l, (Py_ssize_t)i, t);
-    }
-    ctxs_free(e);
-    return l;
+    STORE_CALL(self, rc = ctxs_model_list(&e, &n, self->st));
+    return listing(rc, e, n, sizeof *e, model_entry, "models");
 }
 
-typedef int (*hash_file_fn)(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st,
-                            const char *path);
+/* hash_file(), tokenizer_hash_file(): 16 bytes of a file, cached. */
+typedef int (*hash_file_fn)(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *path);
 
-static PyObject *store_hash(StoreObject *self, PyObject *arg, hash_file_fn fn,
-                            const char *op)
+static PyObject *store_hash(StoreObject *self, PyObject *arg, hash_file_fn fn, const char *op)
 {
-    PyObject *path = NULL;
+    PyObject *path = NULL, *ret;
     uint8_t h[CTXS_HASH_BYTES];
     int rc;
     if (!conv_path(arg, &path))
@@ -1463,17 +1652,12 @@ static PyObject *store_hash(StoreObject *self, PyObject *arg, hash_file_fn fn,
         Py_DECREF(path);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    rc = fn(h, self->st, PyBytes_AS_STRING(path));
-    Py_END_ALLOW_THREADS
+    NOGIL(rc = fn(h, self->st, PyBytes_AS_STRING(path)));
     store_leave(self);
-    if (rc < 0) {
-        raise_rc(rc, "%s '%s'", op, PyBytes_AS_STRING(path));
-        Py_DECREF(path);
-        return NULL;
-    }
+    ret = rc < 0 ? raise_rc(rc, "%s '%s'", op, PyBytes_AS_STRING(path))
+                 : PyBytes_FromStringAndSize((const char *)h, CTXS_HASH_BYTES);
     Py_DECREF(path);
-    return PyBytes_FromStringAndSize((const char *)h, CTXS_HASH_BYTES);
+    return ret;
 }
 
 static PyObject *Store_hash_file(StoreObject *self, PyObject *arg)
@@ -1486,78 +1670,65 @@ static PyObject *Store_tokenizer_hash_file(StoreObject *self, PyObject *arg)
     return store_hash(self, arg, ctxs_tokenizer_hash_file, "tokenizer hash");
 }
 
+/* _session_create(session, name, model, create_opts) */
 static PyObject *Store__session_create(StoreObject *self, PyObject *args)
 {
     SessionObject *sess;
     const char *name;
     ctxs_model m;
     ctxs_create_options o;
-    ctxs_session *s;
+    ctxs_session *s = NULL;
     int rc;
-    if (!PyArg_ParseTuple(args, "O!sO&O&:_session_create", &SessionType, &sess, &name,
+    if (!PyArg_ParseTuple(args, "O&sO&O&:_session_create", conv_new_session, &sess, &name,
                           conv_model, &m, conv_create_opts, &o) ||
-        sess_check_fresh(sess) < 0 || store_enter(self) < 0)
+        store_enter(self) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_create(&s, self->st, name, &m, &o);
-    Py_END_ALLOW_THREADS
+    NOGIL(rc = ctxs_store_session_create(&s, self->st, name, &m, &o));
     PyObject *ret = rc < 0 ? raise_names(rc, "create session", name, NULL)
                            : sess_attach(sess, s, self);
     store_leave(self);
     return ret;
 }
 
+/* _session_open(session, name, model or None, flags, open_opts) */
 static PyObject *Store__session_open(StoreObject *self, PyObject *args)
 {
     SessionObject *sess;
     const char *name;
-    PyObject *model_o;
-    ctxs_model m;
+    ctxs_model m, *mp = &m;
     unsigned flags;
     ctxs_open_options o;
-    ctxs_session *s;
+    ctxs_session *s = NULL;
     int rc;
-    if (!PyArg_ParseTuple(args, "O!sOIO&:_session_open", &SessionType, &sess, &name,
-                          &model_o, &flags, conv_open_opts, &o) ||
-        (model_o != Py_None && !conv_model(model_o, &m)) ||
-        sess_check_fresh(sess) < 0 || store_enter(self) < 0)
+    if (!PyArg_ParseTuple(args, "O&sO&IO&:_session_open", conv_new_session, &sess, &name,
+                          conv_model_or_none, &mp, &flags, conv_open_opts, &o) ||
+        store_enter(self) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_open(&s, self->st, name, model_o == Py_None ? NULL : &m,
-                                 flags, &o);
-    Py_END_ALLOW_THREADS
+    NOGIL(rc = ctxs_store_session_open(&s, self->st, name, mp, flags, &o));
     PyObject *ret = rc < 0 ? raise_names(rc, "open session", name, NULL)
                            : sess_attach(sess, s, self);
     store_leave(self);
     return ret;
 }
 
+/* _fork(session or None, name, src, n_tokens or None, checkpoint or None,
+ * open_opts) */
 static PyObject *Store__fork(StoreObject *self, PyObject *args)
 {
-    PyObject *sess_o;
+    SessionObject *sess;
     const char *name, *src, *checkpoint;
     uint64_t n;
     ctxs_open_options o;
     ctxs_session *s = NULL;
     int rc;
-    if (!PyArg_ParseTuple(args, "OssO&zO&:_fork", &sess_o, &name, &src,
-                          conv_u64_or_all, &n, &checkpoint, conv_open_opts, &o))
+    if (!PyArg_ParseTuple(args, "O&ssO&zO&:_fork", conv_fresh_session, &sess, &name, &src,
+                          conv_u64_or_all, &n, &checkpoint, conv_open_opts, &o) ||
+        store_enter(self) < 0)
         return NULL;
-    if (sess_o != Py_None && (!PyObject_TypeCheck(sess_o, &SessionType) ||
-                              sess_check_fresh((SessionObject *)sess_o) < 0)) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "a Session or None");
-        return NULL;
-    }
-    if (store_enter(self) < 0)
-        return NULL;
-    ctxs_session **out = sess_o == Py_None ? NULL : &s;
-    Py_BEGIN_ALLOW_THREADS
-    if (checkpoint)
-        rc = ctxs_store_session_fork_checkpoint(out, self->st, name, src, checkpoint, &o);
-    else
-        rc = ctxs_store_session_fork(out, self->st, name, src, n, &o);
-    Py_END_ALLOW_THREADS
+    ctxs_session **out = sess ? &s : NULL;
+    NOGIL(rc = checkpoint
+                   ? ctxs_store_session_fork_checkpoint(out, self->st, name, src, checkpoint, &o)
+                   : ctxs_store_session_fork(out, self->st, name, src, n, &o));
     PyObject *ret;
     if (rc == CTXS_EINVAL && checkpoint && !ctxs_name_check(name) && !ctxs_name_check(src))
         ret = raise_names(rc, "fork", checkpoint, NULL);
@@ -1566,7 +1737,7 @@ static PyObject *Store__fork(StoreObject *self, PyObject *args)
     else if (rc < 0)
         ret = raise_rc(rc, "fork '%s' from '%s'", name, src);
     else
-        ret = out ? sess_attach((SessionObject *)sess_o, s, self) : Py_NewRef(Py_None);
+        ret = sess ? sess_attach(sess, s, self) : Py_NewRef(Py_None);
     store_leave(self);
     return ret;
 }
@@ -1574,20 +1745,11 @@ static PyObject *Store__fork(StoreObject *self, PyObject *args)
 static PyObject *Store__sessions(StoreObject *self, PyObject *unused)
 {
     (void)unused;
-    ctxs_session_entry *e;
-    size_t n;
+    ctxs_session_entry *e = NULL;
+    size_t n = 0;
     int rc;
-    if (store_enter(self) < 0)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_list(&e, &n, self->st);
-    Py_END_ALLOW_THREADS
-    store_leave(self);
-    if (rc < 0)
-        return raise_rc(rc, "sessions");
-    PyObject *l = entries_list(e, n);
-    ctxs_free(e);
-    return l;
+    STORE_CALL(self, rc = ctxs_store_session_list(&e, &n, self->st));
+    return listing(rc, e, n, sizeof *e, entry_dict, "sessions");
 }
 
 static PyObject *Store__session(StoreObject *self, PyObject *args)
@@ -1595,89 +1757,27 @@ static PyObject *Store__session(StoreObject *self, PyObject *args)
     const char *name;
     ctxs_session_entry e;
     int rc;
-    if (!PyArg_ParseTuple(args, "s:session", &name) || store_enter(self) < 0)
+    if (!PyArg_ParseTuple(args, "s:session", &name))
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_get(&e, self->st, name);
-    Py_END_ALLOW_THREADS
-    store_leave(self);
-    if (rc < 0)
-        return raise_names(rc, "session", name, NULL);
-    return entry_tuple(&e);
-}
-
-static PyObject *Store_rename(StoreObject *self, PyObject *args)
-{
-    const char *a, *b;
-    int rc;
-    if (!PyArg_ParseTuple(args, "ss:rename", &a, &b) || store_enter(self) < 0)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_rename(self->st, a, b);
-    Py_END_ALLOW_THREADS
-    store_leave(self);
-    if (rc == CTXS_EINVAL)
-        return raise_names(rc, "rename", a, b);
-    if (rc < 0)
-        return raise_rc(rc, "rename '%s' to '%s'", a, b);
-    Py_RETURN_NONE;
-}
-
-static PyObject *Store_delete(StoreObject *self, PyObject *args)
-{
-    const char *name;
-    int rc;
-    if (!PyArg_ParseTuple(args, "s:delete", &name) || store_enter(self) < 0)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_delete(self->st, name);
-    Py_END_ALLOW_THREADS
-    store_leave(self);
-    if (rc < 0)
-        return raise_names(rc, "delete", name, NULL);
-    Py_RETURN_NONE;
-}
-
-static PyObject *Store_pin(StoreObject *self, PyObject *args, PyObject *kw)
-{
-    static char *kwlist[] = {"name", "pinned", NULL};
-    const char *name;
-    int pinned = 1, rc;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|p:pin", kwlist, &name, &pinned) ||
-        store_enter(self) < 0)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_pin(self->st, name, pinned);
-    Py_END_ALLOW_THREADS
-    store_leave(self);
-    if (rc < 0)
-        return raise_names(rc, pinned ? "pin" : "unpin", name, NULL);
-    Py_RETURN_NONE;
+    STORE_CALL(self, rc = ctxs_store_session_get(&e, self->st, name));
+    return rc < 0 ? raise_names(rc, "session", name, NULL) : entry_dict(&e);
 }
 
 static PyObject *Store_prefix_find(StoreObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"model_hash", "tokens", NULL};
     uint8_t h[CTXS_HASH_BYTES];
-    PyObject *tok_o;
+    PyArrayObject *t;
     ctxs_prefix_match m;
     int rc;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O:prefix_find", kwlist, conv_hash,
-                                     h, &tok_o))
-        return NULL;
-    PyArrayObject *t = token_array(tok_o);
-    if (!t)
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&:prefix_find", kwlist, conv_hash, h,
+                                     conv_tokens, &t))
         return NULL;
     if (store_enter(self) < 0) {
         Py_DECREF(t);
         return NULL;
     }
-    static const uint32_t none[1];
-    npy_intp n = PyArray_SIZE(t);
-    const uint32_t *p = n ? PyArray_DATA(t) : none;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_prefix_find(&m, self->st, h, p, (uint64_t)n);
-    Py_END_ALLOW_THREADS
+    NOGIL(rc = ctxs_prefix_find(&m, self->st, h, tokens_data(t), (uint64_t)PyArray_SIZE(t)));
     store_leave(self);
     Py_DECREF(t);
     if (rc == CTXS_ENOTFOUND)
@@ -1687,57 +1787,67 @@ static PyObject *Store_prefix_find(StoreObject *self, PyObject *args, PyObject *
     return Py_BuildValue("(sK)", m.session, (unsigned long long)m.n_tokens);
 }
 
+#define T ctxs_gc_result
+static const field gc_fields[] = {
+    F(bytes_before, U64), F(bytes_after, U64), F(skipped_open, U64), F(skipped_pinned, U64),
+    FIELDS_END,
+};
+#undef T
+
 static PyObject *Store__gc(StoreObject *self, PyObject *args)
 {
     uint64_t budget;
     int dry = 0, rc;
     ctxs_gc_result r;
     memset(&r, 0, sizeof r);
-    if (!PyArg_ParseTuple(args, "O&p:_gc", conv_u64, &budget, &dry) ||
-        store_enter(self) < 0)
+    if (!PyArg_ParseTuple(args, "O&p:_gc", conv_u64, &budget, &dry))
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_gc(&r, self->st, budget, dry ? CTXS_GC_DRY_RUN : 0);
-    Py_END_ALLOW_THREADS
-    store_leave(self);
-    PyObject *ret;
-    if (rc < 0)
-        ret = raise_rc(rc, "gc");
-    else
-        ret = Py_BuildValue("(KKKKKN)", (unsigned long long)r.bytes_before,
-                            (unsigned long long)r.bytes_after,
-                            (unsigned long long)r.deleted,
-                            (unsigned long long)r.skipped_open,
-                            (unsigned long long)r.skipped_pinned,
-                            entries_list(r.sessions, r.n_sessions));
-    ctxs_free(r.sessions);
-    return ret;
+    STORE_CALL(self, rc = ctxs_store_gc(&r, self->st, budget, dry ? CTXS_GC_DRY_RUN : 0));
+    PyObject *d = rc < 0 ? raise_rc(rc, "gc") : struct_dict(&r, gc_fields);
+    /* listing() releases r.sessions, also after a failure */
+    PyObject *l = listing(0, r.sessions, r.n_sessions, sizeof *r.sessions, entry_dict, "gc");
+    return with_item(d, "sessions", l);
 }
+
+#define T ctxs_compact_result
+static const field compact_fields[] = {
+    F(sessions, U64), F(skipped_busy, U64), F(bytes_before, U64), F(bytes_after, U64),
+    F(index_bytes_before, U64), F(index_bytes_after, U64), F(index_compacted, BOOL),
+    F(index_busy, BOOL), F(orphans_removed, U64), FIELDS_END,
+};
+#undef T
 
 static PyObject *Store__compact(StoreObject *self, PyObject *args)
 {
     const char *name = NULL;
     ctxs_compact_result r;
+    progress prog = {0};
     int rc;
     memset(&r, 0, sizeof r);
-    if (!PyArg_ParseTuple(args, "z:_compact", &name) || store_enter(self) < 0)
+    if (!PyArg_ParseTuple(args, "zO&:_compact", &name, conv_progress, &prog) ||
+        store_enter(self) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_compact(&r, self->st, name, NULL, NULL);
-    Py_END_ALLOW_THREADS
+    progress_begin(&prog);
+    rc = ctxs_store_compact(&r, self->st, name, PROGRESS_FN(&prog), &prog);
+    int raised = progress_end(&prog);
     store_leave(self);
-    if (rc < 0)
-        return raise_names(rc, "compact", name, NULL);
-    return Py_BuildValue("(KKKKKKOOK)", (unsigned long long)r.sessions,
-                         (unsigned long long)r.skipped_busy,
-                         (unsigned long long)r.bytes_before,
-                         (unsigned long long)r.bytes_after,
-                         (unsigned long long)r.index_bytes_before,
-                         (unsigned long long)r.index_bytes_after,
-                         r.index_compacted ? Py_True : Py_False,
-                         r.index_busy ? Py_True : Py_False,
-                         (unsigned long long)r.orphans_removed);
+    if (raised)
+        return NULL;
+    return rc < 0 ? raise_names(rc, "compact", name, NULL) : struct_dict(&r, compact_fields);
 }
+
+#define T ctxs_repair_result
+static const field repair_fields[] = {
+    F(files_adopted, U64), F(files_removed, U64), F(entries_removed, U64),
+    F(prefixes_updated, U64), FIELDS_END,
+};
+#undef T
+
+#define T ctxs_reindex_result
+static const field reindex_fields[] = {
+    F(sessions, U64), F(skipped, U64), FIELDS_END,
+};
+#undef T
 
 static PyObject *Store_repair(StoreObject *self, PyObject *unused)
 {
@@ -1745,19 +1855,8 @@ static PyObject *Store_repair(StoreObject *self, PyObject *unused)
     ctxs_repair_result r;
     int rc;
     memset(&r, 0, sizeof r);
-    if (store_enter(self) < 0)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_repair(&r, self->st);
-    Py_END_ALLOW_THREADS
-    store_leave(self);
-    if (rc < 0)
-        return raise_rc(rc, "repair");
-    return Py_BuildValue("{sKsKsKsK}", "files_adopted",
-                         (unsigned long long)r.files_adopted, "files_removed",
-                         (unsigned long long)r.files_removed, "entries_removed",
-                         (unsigned long long)r.entries_removed, "prefixes_updated",
-                         (unsigned long long)r.prefixes_updated);
+    STORE_CALL(self, rc = ctxs_store_repair(&r, self->st));
+    return rc < 0 ? raise_rc(rc, "repair") : struct_dict(&r, repair_fields);
 }
 
 static PyObject *Store_reindex(StoreObject *self, PyObject *unused)
@@ -1766,69 +1865,66 @@ static PyObject *Store_reindex(StoreObject *self, PyObject *unused)
     ctxs_reindex_result r;
     int rc;
     memset(&r, 0, sizeof r);
-    if (store_enter(self) < 0)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_reindex(&r, self->st);
-    Py_END_ALLOW_THREADS
-    store_leave(self);
-    if (rc < 0)
-        return raise_rc(rc, "reindex");
-    return Py_BuildValue("{sKsK}", "sessions", (unsigned long long)r.sessions,
-                         "skipped", (unsigned long long)r.skipped);
+    STORE_CALL(self, rc = ctxs_store_reindex(&r, self->st));
+    return rc < 0 ? raise_rc(rc, "reindex") : struct_dict(&r, reindex_fields);
 }
 
-static PyObject *Store_export(StoreObject *self, PyObject *args)
+static PyObject *Store_export(StoreObject *self, PyObject *args, PyObject *kw)
 {
+    static char *kwlist[] = {"name", "path", "progress", NULL};
     const char *name;
-    PyObject *path = NULL;
+    PyObject *path = NULL, *ret = NULL;
+    progress prog = {0};
     int rc;
-    if (!PyArg_ParseTuple(args, "sO&:export", &name, conv_path, &path))
-        return NULL;
-    if (store_enter(self) < 0) {
-        Py_DECREF(path);
-        return NULL;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_export(self->st, name, PyBytes_AS_STRING(path), NULL, NULL);
-    Py_END_ALLOW_THREADS
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO&|O&:export", kwlist, &name, conv_path, &path,
+                                     conv_progress, &prog))
+        goto out;
+    if (store_enter(self) < 0)
+        goto out;
+    progress_begin(&prog);
+    rc = ctxs_store_session_export(self->st, name, PyBytes_AS_STRING(path), PROGRESS_FN(&prog),
+                                   &prog);
+    int raised = progress_end(&prog);
     store_leave(self);
-    PyObject *ret = Py_None;
+    if (raised)
+        goto out;
     if (rc == CTXS_EINVAL && ctxs_name_check(name))
         ret = raise_names(rc, "export", name, NULL);
-    else if (rc < 0)
-        ret = raise_rc(rc, "export '%s' to '%s'", name, PyBytes_AS_STRING(path));
-    Py_DECREF(path);
-    return Py_XNewRef(ret);
+    else
+        ret = rc < 0 ? raise_rc(rc, "export '%s' to '%s'", name, PyBytes_AS_STRING(path))
+                     : Py_NewRef(Py_None);
+out:
+    Py_XDECREF(path);
+    return ret;
 }
 
 static PyObject *Store_import_(StoreObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"path", "name", NULL};
+    static char *kwlist[] = {"path", "name", "progress", NULL};
     const char *name = NULL;
-    PyObject *path = NULL;
+    PyObject *path = NULL, *ret = NULL;
+    progress prog = {0};
     char out[CTXS_NAME_MAX + 1];
     int rc;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|z:import_", kwlist, conv_path, &path,
-                                     &name))
-        return NULL;
-    if (store_enter(self) < 0) {
-        Py_DECREF(path);
-        return NULL;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_import(out, self->st, PyBytes_AS_STRING(path), name, NULL,
-                                   NULL);
-    Py_END_ALLOW_THREADS
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|zO&:import_", kwlist, conv_path, &path,
+                                     &name, conv_progress, &prog))
+        goto out;
+    if (store_enter(self) < 0)
+        goto out;
+    progress_begin(&prog);
+    rc = ctxs_store_session_import(out, self->st, PyBytes_AS_STRING(path), name,
+                                   PROGRESS_FN(&prog), &prog);
+    int raised = progress_end(&prog);
     store_leave(self);
-    PyObject *ret;
+    if (raised)
+        goto out;
     if (rc == CTXS_EINVAL && name && ctxs_name_check(name))
         ret = raise_names(rc, "import", name, NULL);
-    else if (rc < 0)
-        ret = raise_rc(rc, "import '%s'", PyBytes_AS_STRING(path));
     else
-        ret = PyUnicode_FromString(out);
-    Py_DECREF(path);
+        ret = rc < 0 ? raise_rc(rc, "import '%s'", PyBytes_AS_STRING(path))
+                     : PyUnicode_FromString(out);
+out:
+    Py_XDECREF(path);
     return ret;
 }
 
@@ -1846,14 +1942,10 @@ static PyObject *Store_set_meta(StoreObject *self, PyObject *args)
     /* A value of 0 bytes is stored as such: NULL only deletes. */
     static const char empty[1];
     const void *p = val.len ? val.buf : empty;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_set_meta(self->st, name, key, p, (size_t)val.len);
-    Py_END_ALLOW_THREADS
+    NOGIL(rc = ctxs_store_session_set_meta(self->st, name, key, p, (size_t)val.len));
     store_leave(self);
     PyBuffer_Release(&val);
-    if (rc < 0)
-        return raise_names(rc, "set_meta", name, key);
-    Py_RETURN_NONE;
+    return rc < 0 ? raise_names(rc, "set_meta", name, key) : Py_NewRef(Py_None);
 }
 
 static PyObject *Store_get_meta(StoreObject *self, PyObject *args)
@@ -1861,50 +1953,29 @@ static PyObject *Store_get_meta(StoreObject *self, PyObject *args)
     const char *name, *key;
     size_t n = CTXS_META_VALUE_MAX;
     int rc;
-    if (!PyArg_ParseTuple(args, "ss:get_meta", &name, &key) || store_enter(self) < 0)
-        return NULL;
     char *buf = PyMem_RawMalloc(CTXS_META_VALUE_MAX);
-    if (!buf) {
-        store_leave(self);
+    if (!buf)
         return PyErr_NoMemory();
+    PyObject *ret = NULL;
+    if (PyArg_ParseTuple(args, "ss:get_meta", &name, &key) && store_enter(self) == 0) {
+        NOGIL(rc = ctxs_store_session_get_meta(buf, &n, self->st, name, key));
+        store_leave(self);
+        ret = rc < 0 ? raise_names(rc, "get_meta", name, key)
+                     : PyBytes_FromStringAndSize(buf, (Py_ssize_t)n);
     }
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_get_meta(buf, &n, self->st, name, key);
-    Py_END_ALLOW_THREADS
-    store_leave(self);
-    PyObject *ret = rc < 0 ? raise_names(rc, "get_meta", name, key)
-                           : PyBytes_FromStringAndSize(buf, (Py_ssize_t)n);
     PyMem_RawFree(buf);
     return ret;
-}
-
-static PyObject *Store_delete_meta(StoreObject *self, PyObject *args)
-{
-    const char *name, *key;
-    int rc;
-    if (!PyArg_ParseTuple(args, "ss:delete_meta", &name, &key) || store_enter(self) < 0)
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_set_meta(self->st, name, key, NULL, 0);
-    Py_END_ALLOW_THREADS
-    store_leave(self);
-    if (rc < 0)
-        return raise_names(rc, "delete_meta", name, key);
-    Py_RETURN_NONE;
 }
 
 static PyObject *Store_list_meta(StoreObject *self, PyObject *args)
 {
     const char *name;
-    ctxs_meta_entry *e;
-    size_t n;
+    ctxs_meta_entry *e = NULL;
+    size_t n = 0;
     int rc;
-    if (!PyArg_ParseTuple(args, "s:list_meta", &name) || store_enter(self) < 0)
+    if (!PyArg_ParseTuple(args, "s:list_meta", &name))
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ctxs_store_session_list_meta(&e, &n, self->st, name);
-    Py_END_ALLOW_THREADS
-    store_leave(self);
+    STORE_CALL(self, rc = ctxs_store_session_list_meta(&e, &n, self->st, name));
     if (rc < 0)
         return raise_names(rc, "list_meta", name, NULL);
     PyObject *d = PyDict_New();
@@ -1944,9 +2015,9 @@ static PyMethodDef Store_methods[] = {
     {"tokenizer_hash_file", ONEARG(Store_tokenizer_hash_file),
      "tokenizer_hash_file($self, path, /)\n--\n\n"
      "A tokenizer hash (16 bytes) of a vocabulary file, cached like hash_file()."},
-    {"rename", VARARGS(Store_rename),
+    {"rename", KWARGS(Store_rename),
      "rename($self, old, new, /)\n--\n\nRename a session; open handles stay valid."},
-    {"delete", VARARGS(Store_delete),
+    {"delete", KWARGS(Store_delete),
      "delete($self, name, /)\n--\n\n"
      "Delete a session with its checkpoints, metadata and pin. CTXS_EBUSY\n"
      "while a handle (or a view of one) has it open."},
@@ -1961,21 +2032,24 @@ static PyMethodDef Store_methods[] = {
      "repair($self, /)\n--\n\nCompare the index with the session files and mend it; a dict of counts."},
     {"reindex", NOARGS(Store_reindex),
      "reindex($self, /)\n--\n\nRebuild the index from the session files; a dict of counts."},
-    {"export", VARARGS(Store_export),
-     "export($self, name, path, /)\n--\n\n"
+    {"export", KWARGS(Store_export),
+     "export($self, /, name, path, progress=None)\n--\n\n"
      "Write the session's committed tokens, model and metadata to a new,\n"
-     "self-checking export file at path. Releases the GIL."},
+     "self-checking export file at path. progress: None or a callable\n"
+     "(done, total), in tokens, called now and then and once at the end.\n"
+     "Releases the GIL (taken back only to call progress)."},
     {"import_", KWARGS(Store_import_),
-     "import_($self, /, path, name=None)\n--\n\n"
+     "import_($self, /, path, name=None, progress=None)\n--\n\n"
      "Check an export file whole, then create its session (named name, or\n"
-     "the name it carries); returns the name used. Releases the GIL."},
+     "the name it carries); returns the name used. progress: as export(),\n"
+     "in bytes of the file over both passes. Releases the GIL."},
     {"set_meta", VARARGS(Store_set_meta),
      "set_meta($self, name, key, value, /)\n--\n\n"
      "Set a metadata key of a session to value (bytes, or str as UTF-8)."},
     {"get_meta", VARARGS(Store_get_meta),
      "get_meta($self, name, key, /)\n--\n\n"
      "A metadata value of a session (bytes); CTXS_ENOTFOUND without it."},
-    {"delete_meta", VARARGS(Store_delete_meta),
+    {"delete_meta", KWARGS(Store_delete_meta),
      "delete_meta($self, name, key, /)\n--\n\nDelete a metadata key of a session."},
     {"list_meta", VARARGS(Store_list_meta),
      "list_meta($self, name, /)\n--\n\nA session's metadata: a dict of key -> bytes."},
@@ -1987,43 +2061,409 @@ static PyGetSetDef Store_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject StoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "ctxstore._ctxstore.StoreBase",
-    .tp_doc = "The C half of ctxstore.Store.",
-    .tp_basicsize = sizeof(StoreObject),
-    .tp_weaklistoffset = offsetof(StoreObject, weakrefs),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_new = Store_new,
-    .tp_dealloc = (destructor)Store_dealloc,
-    .tp_methods = Store_methods,
-    .tp_getset = Store_getset,
+BASE_TYPE(Store, "Store");
+
+/* --- Remote (the Redis tier) ---------------------------------------------------
+ *
+ * A Remote holds a use of its Store (sessions it pulls are opened through
+ * that store) and counts its calls in flight, as a Store does, so that
+ * close() never frees the handle under a call on another thread. */
+
+typedef struct {
+    PyObject_HEAD
+    ctxs_remote *r;
+    StoreObject *store; /* a use of it while r is open */
+    int closed;
+    Py_ssize_t users;
+    pid_t pid;
+    PyObject *weakrefs;
+} RemoteObject;
+
+#define T ctxs_remote_stats
+static const field remote_stats_fields[] = {
+    F(chunks_pushed, U64), F(chunks_present, U64), F(bytes_pushed, U64), F(records_pushed, U64),
+    F(jobs_queued, U64), F(chunks_dropped, U64), F(retries, U64), F(last_error, I32),
+    F(connected, BOOL), FIELDS_END,
+};
+#undef T
+
+#define T ctxs_remote_push_result
+static const field remote_push_fields[] = {
+    F(n_tokens, U64), F(chunks_sent, U64), F(chunks_present, U64), F(bytes_sent, U64), FIELDS_END,
+};
+#undef T
+
+#define T ctxs_remote_pull_result
+static const field remote_pull_fields[] = {
+    F(n_tokens, U64), F(remote_tokens, U64), F(chunks_pulled, U64), F(chunks_missing, U64),
+    F(chunks_refused, U64), FIELDS_END,
+};
+#undef T
+
+#define T ctxs_remote_entry
+static const field remote_entry_fields[] = {
+    F(name, STR), F(model_hash, HASH), F(n_tokens, U64), F(updated_unix_ms, U64),
+    F(tail_pushed, BOOL), F(status, I32), FIELDS_END,
+};
+#undef T
+
+#define T ctxs_remote_info
+static const field remote_info_fields[] = {
+    F(server_version, STR), F(used_memory, U64), F(maxmemory, U64), F(maxmemory_policy, STR),
+    F(evicted_keys, U64), F(keys, U64), FIELDS_END,
+};
+#undef T
+
+static PyObject *raise_remote(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    raise_rc_v(rc, ctxs_remote_get_message(), fmt, ap);
+    va_end(ap);
+    return NULL;
+}
+
+static int remote_enter(RemoteObject *self)
+{
+    if (!self->r || self->closed) {
+        raise_closed("remote");
+        return -1;
+    }
+    self->users++;
+    return 0;
+}
+
+static void remote_really_close(RemoteObject *self, ctxs_remote_stats *out, uint32_t timeout_ms,
+                                int *rc)
+{
+    ctxs_remote *r = self->r;
+    self->r = NULL;
+    if (r && self->pid == getpid()) {
+        NOGIL(*rc = ctxs_remote_close(out, r, timeout_ms));
+    }
+    if (self->store) {
+        store_leave(self->store);
+        Py_CLEAR(self->store);
+    }
+}
+
+static void remote_leave(RemoteObject *self)
+{
+    int rc = 0;
+    if (--self->users == 0 && self->closed)
+        remote_really_close(self, NULL, CTXS_DEFAULT_REMOTE_TIMEOUT_MS, &rc);
+}
+
+static PyObject *Remote_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)args;
+    (void)kw;
+    RemoteObject *self = (RemoteObject *)type->tp_alloc(type, 0);
+    if (self)
+        self->closed = 1;
+    return (PyObject *)self;
+}
+
+static void Remote_dealloc(RemoteObject *self)
+{
+    int rc = 0;
+    if (self->weakrefs)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    remote_really_close(self, NULL, CTXS_DEFAULT_REMOTE_TIMEOUT_MS, &rc);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* _open(store, url, (timeout_ms, retries, backoff_ms, queue_max,
+ * push_on_commit, pull_on_open, key_prefix, call_ms)) */
+static PyObject *Remote__open(RemoteObject *self, PyObject *args)
+{
+    StoreObject *store;
+    const char *url, *prefix;
+    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
+    int push, pull, rc;
+    if (!PyArg_ParseTuple(args, "O!s(O&O&O&O&ppzO&):_open", &StoreType, &store, &url, conv_u32,
+                          &o.timeout_ms, conv_u32, &o.retries, conv_u32, &o.backoff_ms,
+                          conv_u32, &o.queue_max, &push, &pull, &prefix, conv_u32, &o.call_ms))
+        return NULL;
+    o.push_on_commit = (uint32_t)push;
+    o.pull_on_open = (uint32_t)pull;
+    o.key_prefix = prefix;
+    if (self->r) {
+        PyErr_SetString(PyExc_RuntimeError, "the remote object is already open");
+        return NULL;
+    }
+    if (store_enter(store) < 0)
+        return NULL;
+    ctxs_remote *r;
+    NOGIL(rc = ctxs_remote_open(&r, store->st, url, &o));
+    if (rc < 0) {
+        store_leave(store);
+        return raise_remote(rc, "remote %s", url);
+    }
+    Py_INCREF(store);
+    self->store = store; /* keeps the use taken above */
+    self->r = r;
+    self->closed = 0;
+    self->pid = getpid();
+    Py_RETURN_NONE;
+}
+
+static PyObject *Remote_close(RemoteObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"timeout_ms", NULL};
+    uint32_t timeout_ms = CTXS_DEFAULT_REMOTE_TIMEOUT_MS;
+    ctxs_remote_stats st;
+    int rc = 0;
+    memset(&st, 0, sizeof st);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&:close", kwlist, conv_u32, &timeout_ms))
+        return NULL;
+    if (self->closed)
+        Py_RETURN_NONE;
+    self->closed = 1;
+    if (self->users > 0) /* a call on another thread: the last one closes */
+        Py_RETURN_NONE;
+    remote_really_close(self, &st, timeout_ms, &rc);
+    if (rc < 0)
+        return raise_remote(rc, "close: background pushes left (counted in chunks_dropped)");
+    return struct_dict(&st, remote_stats_fields);
+}
+
+static PyObject *Remote_get_closed(RemoteObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(self->closed);
+}
+
+static PyObject *Remote_stats(RemoteObject *self, PyObject *unused)
+{
+    (void)unused;
+    ctxs_remote_stats st;
+    if (remote_enter(self) < 0)
+        return NULL;
+    int rc = ctxs_remote_get_stats(&st, self->r);
+    remote_leave(self);
+    if (rc < 0)
+        return raise_remote(rc, "stats");
+    return struct_dict(&st, remote_stats_fields);
+}
+
+static PyObject *Remote_flush(RemoteObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"timeout_ms", NULL};
+    uint32_t timeout_ms = CTXS_DEFAULT_REMOTE_TIMEOUT_MS;
+    ctxs_remote_stats st;
+    int rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&:flush", kwlist, conv_u32, &timeout_ms))
+        return NULL;
+    REMOTE_CALL(self, rc = ctxs_remote_flush(&st, self->r, timeout_ms));
+    if (rc < 0)
+        return raise_remote(rc, "flush (%u ms)", timeout_ms);
+    return struct_dict(&st, remote_stats_fields);
+}
+
+static PyObject *Remote_push(RemoteObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"name", "progress", NULL};
+    const char *name;
+    progress prog = {0};
+    ctxs_remote_push_result res;
+    PyObject *prog_o = Py_None;
+    int rc;
+    memset(&res, 0, sizeof res);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:push", kwlist, &name, &prog_o) ||
+        !conv_progress(prog_o, &prog) || remote_enter(self) < 0)
+        return NULL;
+    progress_begin(&prog);
+    rc = ctxs_remote_push(&res, self->r, name, PROGRESS_FN(&prog), &prog);
+    int raised = progress_end(&prog);
+    remote_leave(self);
+    if (raised)
+        return NULL;
+    if (rc < 0)
+        return raise_remote(rc, "push '%s'", name);
+    return struct_dict(&res, remote_push_fields);
+}
+
+static PyObject *pull_result(ctxs_remote_pull_result *res)
+{
+    PyObject *d = struct_dict(res, remote_pull_fields);
+    npy_intp n = (npy_intp)res->n_rest;
+    PyObject *rest = PyArray_SimpleNew(1, &n, NPY_UINT32);
+    PyObject *model = model_tuple(&res->model);
+    if (d && rest && model) {
+        if (n)
+            memcpy(PyArray_DATA((PyArrayObject *)rest), res->rest_ids, (size_t)n * 4);
+        if (PyDict_SetItemString(d, "rest_ids", rest) < 0 ||
+            PyDict_SetItemString(d, "model", model) < 0)
+            Py_CLEAR(d);
+    } else {
+        Py_CLEAR(d);
+    }
+    Py_XDECREF(rest);
+    Py_XDECREF(model);
+    ctxs_free(res->rest_ids);
+    res->rest_ids = NULL;
+    return d;
+}
+
+/* The pulled session to its Session object (or closed), and the result. */
+static PyObject *pulled(RemoteObject *self, SessionObject *sess, ctxs_session *s,
+                        ctxs_remote_pull_result *res)
+{
+    PyObject *d = pull_result(res);
+    if (!sess) {
+        NOGIL(ctxs_session_close(s));
+        return d;
+    }
+    PyObject *ok = sess_attach(sess, s, self->store);
+    if (!ok) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    Py_DECREF(ok);
+    return d;
+}
+
+static PyObject *Remote__pull(RemoteObject *self, PyObject *args)
+{
+    SessionObject *sess;
+    const char *remote_name, *local_name;
+    ctxs_create_options co, *cop = &co;
+    progress prog = {0};
+    ctxs_remote_pull_result res;
+    ctxs_session *s = NULL;
+    int rc;
+    memset(&res, 0, sizeof res);
+    if (!PyArg_ParseTuple(args, "O&szO&O&:_pull", conv_fresh_session, &sess, &remote_name,
+                          &local_name, conv_create_opts_or_none, &cop, conv_progress, &prog) ||
+        remote_enter(self) < 0)
+        return NULL;
+    progress_begin(&prog);
+    rc = ctxs_remote_pull(&s, &res, self->r, remote_name, local_name, cop, PROGRESS_FN(&prog),
+                          &prog);
+    int raised = progress_end(&prog);
+    PyObject *ret;
+    if (rc < 0) {
+        ret = raised ? NULL : raise_remote(rc, "pull '%s'", remote_name);
+        ctxs_free(res.rest_ids);
+    } else {
+        ret = pulled(self, sess, s, &res);
+        if (raised)
+            Py_CLEAR(ret);
+    }
+    remote_leave(self);
+    return ret;
+}
+
+static PyObject *Remote__pull_prefix(RemoteObject *self, PyObject *args)
+{
+    SessionObject *sess;
+    const char *local_name;
+    ctxs_model m;
+    PyObject *tok_o;
+    ctxs_create_options co, *cop = &co;
+    ctxs_remote_pull_result res;
+    ctxs_session *s = NULL;
+    int rc;
+    memset(&res, 0, sizeof res);
+    if (!PyArg_ParseTuple(args, "O&sO&OO&:_pull_prefix", conv_fresh_session, &sess, &local_name,
+                          conv_model, &m, &tok_o, conv_create_opts_or_none, &cop))
+        return NULL;
+    PyArrayObject *t = token_array(tok_o);
+    if (!t)
+        return NULL;
+    if (remote_enter(self) < 0) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    static const uint32_t none[1];
+    npy_intp n = PyArray_SIZE(t);
+    const uint32_t *p = n ? PyArray_DATA(t) : none;
+    NOGIL(rc = ctxs_remote_pull_prefix(&s, &res, self->r, local_name, &m, p, (uint64_t)n, cop));
+    Py_DECREF(t);
+    PyObject *ret = rc < 0 ? raise_remote(rc, "pull_prefix into '%s'", local_name)
+                           : pulled(self, sess, s, &res);
+    remote_leave(self);
+    return ret;
+}
+
+static PyObject *Remote__list(RemoteObject *self, PyObject *unused)
+{
+    (void)unused;
+    ctxs_remote_entry *e = NULL;
+    size_t n = 0;
+    int rc;
+    REMOTE_CALL(self, rc = ctxs_remote_list(&e, &n, self->r));
+    if (rc < 0)
+        return raise_remote(rc, "ls");
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+        PyObject *d = struct_dict(&e[i], remote_entry_fields);
+        if (!d)
+            Py_CLEAR(l);
+        else
+            PyList_SET_ITEM(l, (Py_ssize_t)i, d);
+    }
+    ctxs_free(e);
+    return l;
+}
+
+static PyObject *Remote__info(RemoteObject *self, PyObject *unused)
+{
+    (void)unused;
+    ctxs_remote_info info;
+    int rc;
+    REMOTE_CALL(self, rc = ctxs_remote_get_info(&info, self->r));
+    if (rc < 0)
+        return raise_remote(rc, "info");
+    return struct_dict(&info, remote_info_fields);
+}
+
+static PyMethodDef Remote_methods[] = {
+    {"_open", VARARGS(Remote__open), NULL},
+    {"_pull", VARARGS(Remote__pull), NULL},
+    {"_pull_prefix", VARARGS(Remote__pull_prefix), NULL},
+    {"_list", NOARGS(Remote__list), NULL},
+    {"_info", NOARGS(Remote__info), NULL},
+    {"_stats", NOARGS(Remote_stats), NULL},
+    {"_flush", KWARGS(Remote_flush), NULL},
+    {"_close", KWARGS(Remote_close), NULL},
+    {"_push", KWARGS(Remote_push), NULL},
+    {NULL, NULL, 0, NULL},
 };
 
+static PyGetSetDef Remote_getset[] = {
+    {"closed", (getter)Remote_get_closed, NULL, "True once close() was called.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+BASE_TYPE(Remote, "Remote");
+
 /* --- Module functions ----------------------------------------------------- */
+
+/* A return code from Python: an int; past int32 it is no code (INT32_MIN). */
+static int rc_arg(PyObject *arg, int *rc)
+{
+    int overflow;
+    long v = PyLong_AsLongAndOverflow(arg, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return 0;
+    *rc = overflow || v < INT32_MIN || v > INT32_MAX ? INT32_MIN : (int)v;
+    return 1;
+}
 
 static PyObject *mod_strerror(PyObject *m, PyObject *arg)
 {
     (void)m;
-    int overflow;
-    long rc = PyLong_AsLongAndOverflow(arg, &overflow);
-    if (rc == -1 && PyErr_Occurred())
-        return NULL;
-    if (overflow || rc < INT32_MIN || rc > INT32_MAX)
-        rc = INT32_MIN;
-    return PyUnicode_FromString(ctxs_strerror((int)rc));
+    int rc;
+    return rc_arg(arg, &rc) ? PyUnicode_FromString(ctxs_strerror(rc)) : NULL;
 }
 
 static PyObject *mod_err_name(PyObject *m, PyObject *arg)
 {
     (void)m;
-    int overflow;
-    long rc = PyLong_AsLongAndOverflow(arg, &overflow);
-    if (rc == -1 && PyErr_Occurred())
-        return NULL;
-    if (overflow || rc < INT32_MIN || rc > INT32_MAX)
-        rc = INT32_MIN;
-    return PyUnicode_FromString(ctxs_err_name((int)rc));
+    int rc;
+    return rc_arg(arg, &rc) ? PyUnicode_FromString(ctxs_err_name(rc)) : NULL;
 }
 
 static PyObject *mod_name_check(PyObject *m, PyObject *args)
@@ -2062,6 +2502,120 @@ static PyObject *mod_attention_isa(PyObject *m, PyObject *unused)
     return PyUnicode_FromString(ctxs_attention_get_isa());
 }
 
+#define T ctxs_record_report
+static const field record_report_fields[] = {
+    F(status, I32), F(current, BOOL), F(seq, U64), F(n_tokens, U64), F(ring_start, U64),
+    F(verified_from, U64), F(written_unix_ms, U64), F(this_boot, BOOL), F(boot_known, BOOL),
+    FIELDS_END,
+};
+#undef T
+
+#define T ctxs_file_report
+static const field file_report_fields[] = {
+    F(status, I32), F(format_major, U32), F(format_minor, U32), F(header_status, I32),
+    F(header_crc_ok, BOOL), F(capacity, U32), F(n_sink, U32), F(ring, BOOL),
+    F(created_unix_ms, U64), F(file_bytes, U64), F(size_bytes, U64), F(disk_bytes, U64),
+    F(label_status, I32), F(label_id, U64), F(label_name, STR), F(writer_open, BOOL),
+    F(reader_open, BOOL), FIELDS_END,
+};
+#undef T
+
+static PyObject *mod_inspect(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    PyObject *path = NULL;
+    ctxs_file_report r;
+    int rc;
+    if (!conv_path(arg, &path))
+        return NULL;
+    NOGIL(rc = ctxs_file_inspect(&r, PyBytes_AS_STRING(path)));
+    if (rc < 0) {
+        raise_rc(rc, "inspect '%s'", PyBytes_AS_STRING(path));
+        Py_DECREF(path);
+        return NULL;
+    }
+    Py_DECREF(path);
+    PyObject *d = struct_dict(&r, file_report_fields);
+    PyObject *model = r.header_status == 0 ? model_tuple(&r.model) : Py_NewRef(Py_None);
+    PyObject *r0 = struct_dict(&r.records[0], record_report_fields);
+    PyObject *r1 = struct_dict(&r.records[1], record_report_fields);
+    PyObject *recs = r0 && r1 ? PyTuple_Pack(2, r0, r1) : NULL;
+    if (!d || !model || !recs || PyDict_SetItemString(d, "model", model) < 0 ||
+        PyDict_SetItemString(d, "records", recs) < 0)
+        Py_CLEAR(d);
+    Py_XDECREF(model);
+    Py_XDECREF(r0);
+    Py_XDECREF(r1);
+    Py_XDECREF(recs);
+    return d;
+}
+
+/* The token strings of a vocabulary, in id order: str (as UTF-8) or bytes. */
+static PyObject *mod_tokenizer_hash_strings(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    PyObject *seq = PySequence_Fast(arg, "tokens must be a sequence of str or bytes");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    const char **ptrs = PyMem_Calloc((size_t)n + 1, sizeof *ptrs);
+    size_t *lens = PyMem_Calloc((size_t)n + 1, sizeof *lens);
+    PyObject *ret = NULL;
+    if (!ptrs || !lens) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len;
+        if (PyUnicode_Check(items[i])) {
+            ptrs[i] = PyUnicode_AsUTF8AndSize(items[i], &len);
+            if (!ptrs[i])
+                goto out;
+        } else if (PyBytes_Check(items[i])) {
+            ptrs[i] = PyBytes_AS_STRING(items[i]);
+            len = PyBytes_GET_SIZE(items[i]);
+        } else {
+            PyErr_Format(PyExc_TypeError, "token %zd is %s, not str or bytes", i,
+                         Py_TYPE(items[i])->tp_name);
+            goto out;
+        }
+        lens[i] = (size_t)len;
+    }
+    uint8_t h[CTXS_HASH_BYTES];
+    int rc;
+    NOGIL(rc = ctxs_tokenizer_hash_strings(h, ptrs, lens, (size_t)n));
+    ret = rc < 0 ? raise_rc(rc, "tokenizer_hash_strings of %zd tokens", n)
+                 : PyBytes_FromStringAndSize((const char *)h, CTXS_HASH_BYTES);
+out:
+    PyMem_Free(ptrs);
+    PyMem_Free(lens);
+    Py_DECREF(seq);
+    return ret;
+}
+
+static PyObject *mod_watcher_start(PyObject *m, PyObject *args, PyObject *kw)
+{
+    (void)m;
+    static char *kwlist[] = {"poll_ms", "min_available", "psi_some_avg10", NULL};
+    ctxs_watcher_options o = CTXS_WATCHER_OPTIONS_INIT;
+    int rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&O&O&:watcher_start", kwlist, conv_u32,
+                                     &o.poll_ms, conv_u64, &o.min_available, conv_u32,
+                                     &o.psi_some_avg10))
+        return NULL;
+    NOGIL(rc = ctxs_watcher_start(&o));
+    return rc < 0 ? raise_rc(rc, "watcher_start") : Py_NewRef(Py_None);
+}
+
+static PyObject *mod_watcher_stop(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    NOGIL(ctxs_watcher_stop());
+    Py_RETURN_NONE;
+}
+
 static PyObject *mod_set_error_class(PyObject *m, PyObject *arg)
 {
     (void)m;
@@ -2090,8 +2644,88 @@ static PyMethodDef module_methods[] = {
      "get_pressure($module, /)\n--\n\nTrue while memory pressure is in force."},
     {"attention_isa", NOARGS(mod_attention_isa),
      "attention_isa($module, /)\n--\n\nThe CPU attention kernel's instruction set."},
+    {"inspect", ONEARG(mod_inspect),
+     "inspect(path, /)\n--\n\n"
+     "What the session file at path says of itself (ctxs_file_inspect): its\n"
+     "header, both commit records, its label, whether a handle has it open;\n"
+     "also for a file that does not open. A dict; takes no lock."},
+    {"tokenizer_hash_strings", ONEARG(mod_tokenizer_hash_strings),
+     "tokenizer_hash_strings(tokens, /)\n--\n\n"
+     "A tokenizer hash (16 bytes) of a vocabulary's token strings in id\n"
+     "order (str as UTF-8, or bytes)."},
+    {"watcher_start", KWARGS(mod_watcher_start),
+     "watcher_start($module, /, poll_ms=..., min_available=..., psi_some_avg10=...)\n--\n\n"
+     "Start the process's memory-pressure watcher thread (MemAvailable,\n"
+     "PSI), which sets the pressure state on changes."},
+    {"watcher_stop", NOARGS(mod_watcher_stop),
+     "watcher_stop($module, /)\n--\n\n"
+     "Stop the watcher; the pressure state it set stays until set_pressure()."},
     {"_set_error_class", ONEARG(mod_set_error_class), NULL},
     {NULL, NULL, 0, NULL},
+};
+
+/* --- What the package's other extension modules borrow (_ctxstore_api.h) -- */
+
+static ctxs_store *api_store_enter(PyObject *o)
+{
+    if (!PyObject_TypeCheck(o, &StoreType)) {
+        PyErr_Format(PyExc_TypeError, "a ctxstore.Store, not %s", Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    return store_enter((StoreObject *)o) < 0 ? NULL : ((StoreObject *)o)->st;
+}
+
+static void api_store_leave(PyObject *o)
+{
+    store_leave((StoreObject *)o);
+}
+
+static ctxs_session *api_session_enter(PyObject *o)
+{
+    if (!PyObject_TypeCheck(o, &SessionType)) {
+        PyErr_Format(PyExc_TypeError, "a ctxstore.Session, not %s", Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    return sess_enter((SessionObject *)o) < 0 ? NULL : ((SessionObject *)o)->s;
+}
+
+static void api_session_leave(PyObject *o)
+{
+    sess_leave((SessionObject *)o);
+}
+
+static int api_session_adopt(PyObject *o, ctxs_session *s, PyObject *store)
+{
+    SessionObject *sess = NULL;
+    PyObject *ok = NULL;
+    if (!conv_fresh_session(o, &sess) || !sess ||
+        (store && !PyObject_TypeCheck(store, &StoreType))) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "a fresh ctxstore.Session and a ctxstore.Store");
+        NOGIL(ctxs_session_close(s));
+        return -1;
+    }
+    ok = sess_attach(sess, s, (StoreObject *)store);
+    Py_XDECREF(ok);
+    return ok ? 0 : -1;
+}
+
+static PyObject *api_token_array(PyObject *o)
+{
+    return (PyObject *)token_array(o);
+}
+
+static const ctxs_py_api py_api = {
+    .version = CTXS_PY_API_VERSION,
+    .raise_rc = raise_rc_detail,
+    .store_enter = api_store_enter,
+    .store_leave = api_store_leave,
+    .session_enter = api_session_enter,
+    .session_leave = api_session_leave,
+    .session_adopt = api_session_adopt,
+    .conv_model = conv_model,
+    .conv_path = conv_path,
+    .token_array = api_token_array,
 };
 
 static struct PyModuleDef module_def = {
@@ -2107,7 +2741,7 @@ PyMODINIT_FUNC PyInit__ctxstore(void)
 {
     import_array();
     if (PyType_Ready(&MappingType) < 0 || PyType_Ready(&SessionType) < 0 ||
-        PyType_Ready(&StoreType) < 0)
+        PyType_Ready(&StoreType) < 0 || PyType_Ready(&RemoteType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
@@ -2116,7 +2750,13 @@ PyMODINIT_FUNC PyInit__ctxstore(void)
     Error = Py_NewRef(PyExc_Exception);
     if (PyModule_AddObjectRef(m, "SessionBase", (PyObject *)&SessionType) < 0 ||
         PyModule_AddObjectRef(m, "StoreBase", (PyObject *)&StoreType) < 0 ||
-        PyModule_AddObjectRef(m, "Mapping", (PyObject *)&MappingType) < 0)
+        PyModule_AddObjectRef(m, "Mapping", (PyObject *)&MappingType) < 0 ||
+        PyModule_AddObjectRef(m, "RemoteBase", (PyObject *)&RemoteType) < 0)
+        goto fail;
+    PyObject *capsule = PyCapsule_New((void *)&py_api, CTXS_PY_API_CAPSULE, NULL);
+    int added = capsule ? PyModule_AddObjectRef(m, "_api", capsule) : -1;
+    Py_XDECREF(capsule);
+    if (added < 0)
         goto fail;
     struct { const char *name; long value; } ints[] = {
 #define CTXS_PY_ERR_(name, value, text) {"E" #name, value},
@@ -2138,6 +2778,14 @@ PyMODINIT_FUNC PyInit__ctxstore(void)
         {"META_SESSION_MAX", CTXS_META_SESSION_MAX},
         {"DEFAULT_CAPACITY", CTXS_DEFAULT_CAPACITY},
         {"DEFAULT_N_SINK", CTXS_DEFAULT_N_SINK},
+        {"DEFAULT_POLL_MS", CTXS_DEFAULT_POLL_MS},
+        {"DEFAULT_MIN_AVAILABLE", (long)CTXS_DEFAULT_MIN_AVAILABLE},
+        {"DEFAULT_PSI_SOME_AVG10", CTXS_DEFAULT_PSI_SOME_AVG10},
+        {"DEFAULT_REMOTE_TIMEOUT_MS", CTXS_DEFAULT_REMOTE_TIMEOUT_MS},
+        {"DEFAULT_REMOTE_RETRIES", CTXS_DEFAULT_REMOTE_RETRIES},
+        {"DEFAULT_REMOTE_BACKOFF_MS", CTXS_DEFAULT_REMOTE_BACKOFF_MS},
+        {"DEFAULT_REMOTE_QUEUE_MAX", CTXS_DEFAULT_REMOTE_QUEUE_MAX},
+        {"DEFAULT_REMOTE_CALL_MS", CTXS_DEFAULT_REMOTE_CALL_MS},
         {"VERSION_MAJOR", CTXS_VERSION_MAJOR}, {"VERSION_MINOR", CTXS_VERSION_MINOR},
         {"VERSION_PATCH", CTXS_VERSION_PATCH},
     };

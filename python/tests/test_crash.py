@@ -17,7 +17,9 @@ CHILD = textwrap.dedent("""
     from conftest import append, token_kv
     path, mode = sys.argv[1], sys.argv[2]
     model = ctxstore.Model(2, 2, 16, model_hash=b"m" * 16)
-    s = ctxstore.Session.create(path, model, capacity=512, n_sink=4)
+    # Room for a thousand turns and no ring: a kill that lands a moment
+    # after the parent asked for it still finds every token from the first.
+    s = ctxstore.Session.create(path, model, capacity=8192, n_sink=4, ring=False)
     turn = 0
     while True:
         ids = [turn * 100 + i for i in range(7)]

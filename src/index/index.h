@@ -138,10 +138,35 @@ struct ctxs_store {
 
 /* --- store.c ---------------------------------------------------------- */
 
+/* The named tables of the index, as every handle opens them: the name,
+ * where ctxs_store keeps the handle, the flags the table persists, and
+ * for a table of fixed-size duplicates (MDB_DUPFIXED) the size of each;
+ * the page walk (index_pages.c) holds a file to the same. */
+typedef struct ctxs__table {
+    const char *name;
+    size_t offset;
+    unsigned flags;
+    uint32_t dup_bytes;
+} ctxs__table;
+extern const ctxs__table ctxs__tables[];
+extern const size_t ctxs__n_tables;
+
 /* Translates an LMDB or errno code to a ctxstore code. */
 int ctxs__mdb_error(int rc);
 
 /* --- index_check.c ---------------------------------------------------- */
+
+/* Whether the files of index_dir that exist (data.mdb, lock.mdb,
+ * store.lock) are regular files, looked at without following a link:
+ * 0, CTXS_EINDEX (one is a FIFO, socket, device, directory or symbolic
+ * link), CTXS_ENOMEM, -errno. A missing index_dir is 0. */
+int ctxs__index_dir_check(const char *index_dir);
+
+/* Opens path, a file of index/, with flags | O_CLOEXEC | O_NOFOLLOW |
+ * O_NONBLOCK (mode 0600 where flags create it), and checks that it is a
+ * regular file. The descriptor, or CTXS_EINDEX (not a regular file: a
+ * symbolic link, a FIFO, ...), -errno. */
+int ctxs__index_file_open(const char *path, int flags);
 
 /* Checks the index's data file at data_path before LMDB maps it: both
  * meta pages, that the file holds every page the meta LMDB will use
@@ -150,23 +175,25 @@ int ctxs__mdb_error(int rc);
  * counts only if the metas held still meanwhile. 0 for a file LMDB may
  * open (a missing one too, and an empty one if empty_ok: a store whose
  * creation died before LMDB wrote it), CTXS_EINDEX (a damaged index: cut
- * short, a meta page lost, a page garbled), CTXS_EFOREIGN (nothing of
+ * short, a meta page lost, a page garbled; or not a regular file),
+ * CTXS_EFOREIGN (nothing of
  * LMDB's in it), CTXS_EVERSION (another LMDB data version), CTXS_ENOMEM,
  * -errno. */
 int ctxs__index_file_check(const char *data_path, int empty_ok);
 
 /* --- index_pages.c ---------------------------------------------------- */
 
-/* Walks, by pread() on fd, the free tree and the main tree of a meta
- * (free_db, main_db: its MDB_db records; lmdb_layout.h) and every named
- * tree and tree of duplicates below them, checking every page they reach
- * against what LMDB's reads of it assume, within the psize-byte pages 0
- * to last_pg, which the caller knows the file holds. 0, CTXS_EINDEX (a
- * page or record LMDB would read out of bounds, a cycle, a page reached
- * twice), CTXS_ENOMEM, -errno. */
-struct lmdb_db;
-int ctxs__index_pages_check(int fd, uint32_t psize, uint64_t last_pg,
-                            const struct lmdb_db *free_db, const struct lmdb_db *main_db);
+/* Walks, by pread() on fd, the free tree and the main tree of meta (the
+ * one LMDB will use; lmdb_layout.h) and every named tree and tree of
+ * duplicates below them, checking every page they reach against what
+ * LMDB's reads and writes of it assume, within the pages 0 to
+ * meta->last_pg, which the caller knows the file holds; then the free
+ * lists against the pages the trees reached. 0, CTXS_EINDEX (a page or
+ * record LMDB would read out of bounds, a cycle, a page reached twice, a
+ * flag or size a writer would act on wrongly, a free page in use),
+ * CTXS_ENOMEM, -errno. */
+struct lmdb_meta;
+int ctxs__index_pages_check(int fd, const struct lmdb_meta *meta);
 
 /* Copies the data file at data_path to copy_path in a form LMDB can open
  * read-only, for salvage: a lost meta page replaced by the other, a file

@@ -17,7 +17,11 @@
  *   as mdb_env_read_header() picks) claims pages that the file holds:
  *   (mm_last_pg + 1) * mm_psize bytes at least, and roots of the free and
  *   main trees below that. This is the check that keeps LMDB's reads
- *   inside the file; a file may be longer (LMDB never shrinks it).
+ *   inside the file; a file may be longer (LMDB never shrinks it);
+ * - its transaction id is one a writer can count on from (at most
+ *   2^63 - 1: a writer's is one more, and 2^64 - 1 marks a free reader
+ *   slot), and it sits on the page that id's parity names, where LMDB
+ *   looks for it once the environment is open.
  *
  * Then the pages of the trees that meta reaches are walked
  * (index_pages.c): LMDB trusts what is inside a page as much as the file's
@@ -32,6 +36,7 @@
 #include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -40,6 +45,56 @@
 #include "index.h"
 #include "lmdb_layout.h"
 #include "syscall.h"
+
+/*
+ * The files of index/ are regular files the store made: data.mdb,
+ * lock.mdb, store.lock. Anything else there -- a FIFO, a socket, a device,
+ * a directory, a symbolic link -- was put there by hand, and each kind
+ * does harm of its own if opened as the file: a FIFO blocks the open
+ * until someone writes to it (every command hangs), a link leads LMDB
+ * out of the store (it would truncate and map the far file as its lock
+ * table), a device is read as an index. So the names are looked at
+ * without following a link before anything opens them, and every open
+ * here is O_NOFOLLOW | O_NONBLOCK with the type checked on the
+ * descriptor (a FIFO opened O_NONBLOCK returns at once). What to do is
+ * ctxs_store_repair_index()'s: it replaces store.lock and lock.mdb (they
+ * hold nothing) and moves a data.mdb that is not a file aside with the
+ * damaged index.
+ */
+static const char *const index_files[] = {"data.mdb", "lock.mdb", "store.lock"};
+
+int ctxs__index_file_open(const char *path, int flags)
+{
+    int fd = ctxs__open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+    if (fd < 0)
+        return errno == ELOOP ? CTXS_EINDEX : -errno; /* ELOOP: a symbolic link */
+    struct stat sb;
+    int rc = ctxs__fstat(fd, &sb) != 0 ? -errno : S_ISREG(sb.st_mode) ? 0 : CTXS_EINDEX;
+    if (rc < 0) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+int ctxs__index_dir_check(const char *index_dir)
+{
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < sizeof(index_files) / sizeof(index_files[0]); i++) {
+        size_t len = strlen(index_dir) + 1 + strlen(index_files[i]) + 1;
+        char *path = ctxs__malloc(len);
+        if (!path)
+            return CTXS_ENOMEM;
+        snprintf(path, len, "%s/%s", index_dir, index_files[i]);
+        struct stat sb;
+        if (ctxs__fstatat(AT_FDCWD, path, &sb, AT_SYMLINK_NOFOLLOW) == 0)
+            rc = S_ISREG(sb.st_mode) ? 0 : CTXS_EINDEX;
+        else if (errno != ENOENT && errno != ENOTDIR)
+            rc = -errno;
+        free(path);
+    }
+    return rc;
+}
 
 /* Reads up to len bytes at off; the count read, or -errno. */
 static ssize_t read_at(int fd, void *buf, size_t len, off_t off)
@@ -162,17 +217,22 @@ static int check_once(int fd, int empty_ok, lmdb_meta_page m[2], uint32_t *p1_at
         rc = -errno;
         goto leave;
     }
-    const lmdb_meta *use = b->txnid > a->txnid ? b : a;
+    int use_page = b->txnid > a->txnid;
+    const lmdb_meta *use = use_page ? b : a;
     uint64_t psize = use->dbs[0].pad;
     /* mm_last_pg is at least 1 (the meta pages) and its byte count must
-     * not overflow before it is compared. */
+     * not overflow before it is compared. The meta of transaction T is
+     * written at page T & 1, and an environment with a lock file finds
+     * it there again: a newest meta on the other page sends readers and
+     * writers to the older one's trees, whose pages the newer may have
+     * reused. */
     if (use->last_pg < 1 || use->last_pg >= (uint64_t)INT64_MAX / psize ||
         (use->last_pg + 1) * psize > (uint64_t)sb.st_size ||
-        !root_ok(use->dbs[0].root, use->last_pg) || !root_ok(use->dbs[1].root, use->last_pg))
+        !root_ok(use->dbs[0].root, use->last_pg) || !root_ok(use->dbs[1].root, use->last_pg) ||
+        use->txnid > LMDB_TXNID_MAX || (use->txnid & 1) != (uint64_t)use_page)
         rc = CTXS_EINDEX;
     else
-        rc = ctxs__index_pages_check(fd, (uint32_t)psize, use->last_pg, &use->dbs[0],
-                                     &use->dbs[1]);
+        rc = ctxs__index_pages_check(fd, use);
 leave:
     return rc;
 }
@@ -196,9 +256,9 @@ leave:
 
 int ctxs__index_file_check(const char *data_path, int empty_ok)
 {
-    int fd = ctxs__open(data_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = ctxs__index_file_open(data_path, O_RDONLY);
     if (fd < 0)
-        return errno == ENOENT ? 0 : -errno; /* LMDB makes a missing one */
+        return fd == -ENOENT ? 0 : fd; /* LMDB makes a missing one */
     lmdb_meta_page m[2], again[2];
     uint32_t p1_at = 0;
     int rc = check_once(fd, empty_ok, m, &p1_at);
@@ -292,9 +352,9 @@ int ctxs__index_salvage_copy(const char *data_path, const char *copy_path, uint6
 {
     *mapsize = 0;
     *metas = 0;
-    int in = ctxs__open(data_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int in = ctxs__index_file_open(data_path, O_RDONLY);
     if (in < 0)
-        return -errno;
+        return in;
     int out = -1, rc = 0;
     struct stat sb;
     lmdb_meta_page m[2];

@@ -15,7 +15,11 @@
  *   never has), within the pages the meta claims, and numbers itself;
  * - it is of the kind its place calls for: branch pages above md_depth
  *   levels, leaf pages (LEAF2 where duplicates are fixed-size) at it, no
- *   deeper than a cursor's stack (32);
+ *   deeper than a cursor's stack (32); and its flags are that kind's
+ *   alone. A writer acts on the flags of its memory (P_DIRTY: "written
+ *   in this transaction, change it in place") that LMDB clears before a
+ *   page is written: a page of the file carrying one is written through
+ *   the read-only map (SIGSEGV), or freed as the writer's own;
  * - its lower and upper bounds lie in the page, its node offsets between
  *   upper and the page's end, and each node's header, key and data (or
  *   overflow page number) inside the page;
@@ -23,10 +27,29 @@
  *   (F_SUBDATA, 48 bytes) only in the main tree, duplicates (F_DUPDATA)
  *   only in a DUPSORT tree, as an inline sub-page (checked as a page, its
  *   size the node's data) or as a sub-tree (an MDB_db, walked);
+ * - keys are no longer than LMDB writes them (511 bytes);
+ * - each tree's flags are those LMDB and the store give it: the free
+ *   tree's MDB_INTEGERKEY (a writer takes them from the meta, and a
+ *   DUPSORT there sends it down a cursor without the sub-cursor the flag
+ *   needs: an assertion); the main tree's none; a named table of the
+ *   store's the flags it is opened with (mdb_dbi_open() takes a table's
+ *   flags, and so its comparators, from the file, and the store's keys
+ *   are not the integers MDB_INTEGERKEY would compare); a tree of
+ *   duplicates the flags LMDB gives one;
+ * - the duplicates of a DUPFIXED table are of its one size (a LEAF2
+ *   sub-page's mp_pad, a sub-tree's md_pad): a writer copies that many
+ *   bytes from the caller's value, 8 for the store's prefixes table,
+ *   and one of 9 reads past it;
  * - an overflow run lies in the file's pages and its first page's count
  *   covers the data;
  * - the free tree's records are page lists whose count fits the record
- *   and whose pages are the file's (a writer merges them without asking);
+ *   and whose pages are the file's (a writer merges them without asking),
+ *   in descending order as LMDB keeps them (a writer takes a run of pages
+ *   where a list says they follow each other), each page in one list
+ *   once, keyed by a transaction no later than the meta's; and, once
+ *   every tree is walked, no free page is one a tree reaches: a writer
+ *   hands a free page out as new, and the tree using it is overwritten
+ *   (LMDB asserts, or another table silently changes);
  * - a tree's depth (md_depth) is where all its leaves are, and at most 32.
  *
  * Entry and page counts (md_entries, ...) are not judged: LMDB 0.9.24
@@ -56,7 +79,9 @@ typedef struct walker {
     int fd;
     uint32_t psize;
     uint64_t last_pg;
-    uint8_t *seen;              /* a bit per page */
+    uint64_t txnid;             /* the meta's */
+    uint8_t *seen;              /* a bit per page a tree reaches */
+    uint8_t *freed;             /* a bit per page a free list names */
     uint8_t *buf[MAX_NEST];     /* a page per nesting level, made on use */
 } walker;
 
@@ -68,6 +93,8 @@ typedef struct tree {
                                    whose duplicates it holds (TREE_DUPS) */
     uint16_t depth;
     uint32_t ksize;             /* a LEAF2 page's key size */
+    uint32_t dup_bytes;         /* the size every duplicate of a DUPFIXED
+                                   table of the store's has; 0: any */
 } tree;
 
 #define DAMAGED CTXS_EINDEX
@@ -131,6 +158,25 @@ static uint16_t u16_at(const uint8_t *p, size_t off)
     return v;
 }
 
+/* The flags a page of kind (its LMDB_P_* kind bits) has on disk: the
+ * kind alone, except that a sub-page may keep P_DIRTY. */
+static int flags_ok(uint16_t flags, unsigned kind)
+{
+    if (kind & LMDB_P_SUBP)
+        flags &= (uint16_t)~LMDB_P_DIRTY;
+    return flags == kind;
+}
+
+/* Whether a DUPFIXED key size (a LEAF2 page's) is one a writer of tree t
+ * can use: the table's size where the store knows it, else any that
+ * LMDB writes. */
+static int dup_size_ok(const tree *t, uint32_t ksize)
+{
+    if (t->dup_bytes)
+        return ksize == t->dup_bytes;
+    return ksize >= 1 && ksize <= LMDB_MAX_KEY;
+}
+
 /* The number of offsets (or LEAF2 keys) of the page p of size bytes (a
  * sub-page's size is its node's data size), from its bounds. */
 static int page_count(const uint8_t *p, size_t size, unsigned *n)
@@ -158,7 +204,7 @@ static int node_at(const uint8_t *p, size_t size, unsigned i, lmdb_node_head *nh
         return DAMAGED;
     memcpy(nh, p + off, sizeof(*nh));
     *key = off + LMDB_NODE_HEAD;
-    return *key + nh->ksize > size ? DAMAGED : 0;
+    return *key + nh->ksize > size || nh->ksize > LMDB_MAX_KEY ? DAMAGED : 0;
 }
 
 static int tree_walk(walker *w, const lmdb_db *db, tree t, unsigned nest);
@@ -185,17 +231,16 @@ static int overflow_check(walker *w, uint64_t pgno, uint32_t dsize)
     if (n < 0)
         return (int)n;
     uint64_t need = ((uint64_t)LMDB_PAGE_HEAD - 1 + dsize) / w->psize + 1; /* OVPAGES */
-    if ((size_t)n != sizeof(h) || h.pgno != pgno ||
-        (h.flags & (LMDB_P_BRANCH | LMDB_P_LEAF | LMDB_P_OVERFLOW | LMDB_P_META)) !=
-            LMDB_P_OVERFLOW ||
+    if ((size_t)n != sizeof(h) || h.pgno != pgno || !flags_ok(h.flags, LMDB_P_OVERFLOW) ||
         h.u.pages < need)
         return DAMAGED;
     return claim(w, pgno, h.u.pages);
 }
 
-/* A free-tree record: a page list (MDB_IDL: a count, then the pages),
- * inline at data or on the overflow run at pgno. A writer merges it
- * trusting its count. */
+/* A free-tree record: a page list (MDB_IDL: a count, then the pages,
+ * descending), inline at data or on the overflow run at pgno. A writer
+ * merges it trusting its count and its order. Each page is marked in
+ * w->freed, once. */
 static int free_list_check(walker *w, const uint8_t *data, uint64_t pgno, uint32_t dsize)
 {
     if (dsize < sizeof(size_t) || dsize % sizeof(size_t) != 0)
@@ -213,9 +258,15 @@ static int free_list_check(walker *w, const uint8_t *data, uint64_t pgno, uint32
     size_t count = dsize / sizeof(size_t) - 1;
     if (rc == 0 && ids[0] > count)
         rc = DAMAGED;
-    for (size_t i = 1; rc == 0 && i <= ids[0]; i++)
-        if (ids[i] < 2 || ids[i] > w->last_pg)
+    for (size_t i = 1; rc == 0 && i <= ids[0]; i++) {
+        size_t pg = ids[i];
+        uint8_t bit = (uint8_t)(1u << (pg & 7));
+        if (pg < 2 || pg > w->last_pg || (i > 1 && pg >= ids[i - 1]) ||
+            (w->freed[pg >> 3] & bit))
             rc = DAMAGED;
+        else
+            w->freed[pg >> 3] |= bit;
+    }
     free(ids);
     return rc;
 }
@@ -235,14 +286,12 @@ static int subpage_check(const tree *t, const uint8_t *sp, uint32_t dsize)
     lmdb_page_head h;
     memcpy(&h, sp, sizeof(h));
     unsigned want = LMDB_P_LEAF | LMDB_P_SUBP | (t->flags & LMDB_DB_DUPFIXED ? LMDB_P_LEAF2 : 0);
-    unsigned kind = h.flags & (LMDB_P_BRANCH | LMDB_P_LEAF | LMDB_P_OVERFLOW | LMDB_P_META |
-                               LMDB_P_LEAF2 | LMDB_P_SUBP);
     unsigned n;
-    int rc = kind != want ? DAMAGED : page_count(sp, dsize, &n);
+    int rc = !flags_ok(h.flags, want) ? DAMAGED : page_count(sp, dsize, &n);
     if (rc < 0)
         return rc;
-    if (kind & LMDB_P_LEAF2)
-        return leaf2_check(dsize, n, h.pad); /* a sub-page keeps its key size */
+    if (want & LMDB_P_LEAF2) /* a sub-page keeps its key size */
+        return dup_size_ok(t, h.pad) ? leaf2_check(dsize, n, h.pad) : DAMAGED;
     for (unsigned i = 0; i < n; i++) {
         lmdb_node_head nh;
         size_t key;
@@ -253,6 +302,51 @@ static int subpage_check(const tree *t, const uint8_t *sp, uint32_t dsize)
             return DAMAGED;
     }
     return 0;
+}
+
+/* A free-tree record's key: the id of the transaction that freed its
+ * pages, 8 bytes, at most the meta's (a writer files what it frees
+ * under its own id, one past the meta's). */
+static int free_key_check(const walker *w, const uint8_t *key, uint16_t ksize)
+{
+    uint64_t txnid;
+    if (ksize != sizeof(txnid))
+        return DAMAGED;
+    memcpy(&txnid, key, sizeof(txnid));
+    return txnid >= 1 && txnid <= w->txnid ? 0 : DAMAGED;
+}
+
+/* A named table's record (db, under the name of nlen bytes at name): its
+ * flags are ones a table may have, and those the store opens it with if
+ * it is one of the store's. *dup_bytes gets the size of its duplicates
+ * where the store fixes one. */
+static int named_flags_check(const lmdb_db *db, const uint8_t *name, uint16_t nlen,
+                             uint32_t *dup_bytes)
+{
+    if (db->flags & ~LMDB_DB_FLAGS)
+        return DAMAGED;
+    for (size_t i = 0; i < ctxs__n_tables; i++) {
+        const ctxs__table *tb = &ctxs__tables[i];
+        if (strlen(tb->name) == nlen && memcmp(tb->name, name, nlen) == 0) {
+            *dup_bytes = tb->dup_bytes;
+            return db->flags == tb->flags ? 0 : DAMAGED;
+        }
+    }
+    return 0; /* not the store's: no handle opens it */
+}
+
+/* A tree of duplicates' record (db), below a node of tree t: the flags
+ * LMDB gives one (mdb_cursor_put(): MDB_DUPFIXED, with MDB_INTEGERKEY
+ * for MDB_INTEGERDUP, else none), which a writer's sub-cursor takes as
+ * they are, and the key size of a DUPFIXED one. */
+static int dups_db_check(const tree *t, const lmdb_db *db)
+{
+    uint16_t want = 0;
+    if (t->flags & LMDB_DB_DUPFIXED)
+        want = LMDB_DB_DUPFIXED | (t->flags & LMDB_DB_INTEGERDUP ? LMDB_DB_INTEGERKEY : 0);
+    if (db->flags != want)
+        return DAMAGED;
+    return !(want & LMDB_DB_DUPFIXED) || dup_size_ok(t, db->pad) ? 0 : DAMAGED;
 }
 
 /* The nodes of leaf page p of tree t, n of them. */
@@ -274,15 +368,17 @@ static int leaf_check(walker *w, const tree *t, const uint8_t *p, unsigned n, un
             if (data + sizeof(pgno) > w->psize || t->kind == TREE_DUPS)
                 return DAMAGED;
             memcpy(&pgno, p + data, sizeof(pgno));
-            if ((rc = overflow_check(w, pgno, dsize)) == 0 && t->kind == TREE_FREE)
+            if ((rc = overflow_check(w, pgno, dsize)) == 0 && t->kind == TREE_FREE &&
+                (rc = free_key_check(w, p + key, nh.ksize)) == 0)
                 rc = free_list_check(w, NULL, pgno, dsize);
             continue;
         }
         if (data + (uint64_t)dsize > w->psize)
             return DAMAGED;
         if (t->kind == TREE_FREE) {
-            rc = f != 0 || nh.ksize != sizeof(size_t) ? DAMAGED
-                                                      : free_list_check(w, p + data, 0, dsize);
+            rc = f != 0 ? DAMAGED : free_key_check(w, p + key, nh.ksize);
+            if (rc == 0)
+                rc = free_list_check(w, p + data, 0, dsize);
         } else if (f == 0) {
             /* plain data, in the page */
         } else if (f == LMDB_F_SUBDATA && t->kind == TREE_MAIN && !dupsort) {
@@ -290,9 +386,10 @@ static int leaf_check(walker *w, const tree *t, const uint8_t *p, unsigned n, un
             if (dsize != sizeof(db))
                 return DAMAGED;
             memcpy(&db, p + data, sizeof(db));
-            if (db.flags & ~LMDB_DB_FLAGS)
-                return DAMAGED;
-            tree sub = {TREE_NAMED, db.flags, db.depth, db.pad};
+            uint32_t dup_bytes = 0;
+            if ((rc = named_flags_check(&db, p + key, nh.ksize, &dup_bytes)) < 0)
+                return rc;
+            tree sub = {TREE_NAMED, db.flags, db.depth, db.pad, dup_bytes};
             rc = tree_walk(w, &db, sub, nest + 1);
         } else if (f == LMDB_F_DUPDATA && dupsort) {
             rc = subpage_check(t, p + data, dsize);
@@ -301,7 +398,9 @@ static int leaf_check(walker *w, const tree *t, const uint8_t *p, unsigned n, un
             if (dsize != sizeof(db))
                 return DAMAGED;
             memcpy(&db, p + data, sizeof(db));
-            tree sub = {TREE_DUPS, t->flags, db.depth, db.pad};
+            if ((rc = dups_db_check(t, &db)) < 0)
+                return rc;
+            tree sub = {TREE_DUPS, t->flags, db.depth, db.pad, t->dup_bytes};
             rc = tree_walk(w, &db, sub, nest + 1);
         } else {
             return DAMAGED;
@@ -319,17 +418,15 @@ static int page_walk(walker *w, const tree *t, uint64_t pgno, unsigned level, un
         return rc;
     lmdb_page_head h;
     memcpy(&h, p, sizeof(h));
-    unsigned kind = h.flags & (LMDB_P_BRANCH | LMDB_P_LEAF | LMDB_P_OVERFLOW | LMDB_P_META |
-                               LMDB_P_LEAF2 | LMDB_P_SUBP);
     unsigned want = level < t->depth ? LMDB_P_BRANCH
                     : LMDB_P_LEAF | (t->kind == TREE_DUPS && (t->flags & LMDB_DB_DUPFIXED)
                                          ? LMDB_P_LEAF2 : 0);
     unsigned n;
-    if (kind != want || (rc = page_count(p, w->psize, &n)) < 0)
+    if (!flags_ok(h.flags, want) || (rc = page_count(p, w->psize, &n)) < 0)
         return DAMAGED;
-    if (kind & LMDB_P_LEAF2)
+    if (want & LMDB_P_LEAF2)
         return leaf2_check(w->psize, n, t->ksize);
-    if (kind & LMDB_P_LEAF)
+    if (want & LMDB_P_LEAF)
         return leaf_check(w, t, p, n, nest);
     for (unsigned i = 0; i < n; i++) {
         lmdb_node_head nh;
@@ -352,19 +449,33 @@ static int tree_walk(walker *w, const lmdb_db *db, tree t, unsigned nest)
     return page_walk(w, &t, db->root, 1, nest);
 }
 
-int ctxs__index_pages_check(int fd, uint32_t psize, uint64_t last_pg, const lmdb_db *free_db,
-                            const lmdb_db *main_db)
+int ctxs__index_pages_check(int fd, const lmdb_meta *meta)
 {
-    walker w = {.fd = fd, .psize = psize, .last_pg = last_pg};
-    if (!(w.seen = ctxs__calloc(last_pg / 8 + 1, 1)))
+    const lmdb_db *free_db = &meta->dbs[0], *main_db = &meta->dbs[1];
+    walker w = {.fd = fd, .psize = free_db->pad, .last_pg = meta->last_pg, .txnid = meta->txnid};
+    size_t bytes = meta->last_pg / 8 + 1;
+    w.seen = ctxs__calloc(bytes, 1);
+    w.freed = w.seen ? ctxs__calloc(bytes, 1) : NULL;
+    if (!w.freed) {
+        free(w.seen);
         return CTXS_ENOMEM;
-    tree ft = {TREE_FREE, 0, free_db->depth, 0};
-    tree mt = {TREE_MAIN, main_db->flags, main_db->depth, main_db->pad};
-    int rc = main_db->flags & ~LMDB_DB_FLAGS ? DAMAGED : tree_walk(&w, free_db, ft, 0);
+    }
+    tree ft = {TREE_FREE, 0, free_db->depth, 0, 0};
+    tree mt = {TREE_MAIN, main_db->flags, main_db->depth, main_db->pad, 0};
+    int rc = (free_db->flags & LMDB_DB_FLAGS) != LMDB_FREE_DB_FLAGS ||
+                     (free_db->flags & ~(LMDB_DB_FLAGS | LMDB_FREE_ENV_FLAGS)) ||
+                     main_db->flags != 0
+                 ? DAMAGED
+                 : tree_walk(&w, free_db, ft, 0);
     if (rc == 0)
         rc = tree_walk(&w, main_db, mt, 0);
+    /* A page both free and reached by a tree. */
+    for (size_t i = 0; rc == 0 && i < bytes; i++)
+        if (w.seen[i] & w.freed[i])
+            rc = DAMAGED;
     for (unsigned i = 0; i < MAX_NEST; i++)
         free(w.buf[i]);
     free(w.seen);
+    free(w.freed);
     return rc;
 }

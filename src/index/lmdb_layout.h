@@ -17,14 +17,21 @@
 #define LMDB_MAX_PSIZE 65536u
 #define LMDB_P_INVALID (~(size_t)0) /* the root of an empty tree */
 
-/* Page kinds (mp_flags). P_DIRTY (0x10) is set in sub-pages and means
- * nothing on disk; the checks ignore it and the bits above 0x40. */
+/* Page kinds (mp_flags). The rest are states of a page in a writer's
+ * memory, cleared before a page is written (mdb_page_flush()): a page of
+ * the file that carries one is taken by a writer for one of its own (a
+ * P_DIRTY page is written in place, through the read-only map). Only a
+ * sub-page, which is no page of the file, keeps P_DIRTY: LMDB writes it
+ * with it, and sets it again before it writes one. */
 #define LMDB_P_BRANCH 0x01u
 #define LMDB_P_LEAF 0x02u
 #define LMDB_P_OVERFLOW 0x04u
 #define LMDB_P_META 0x08u
+#define LMDB_P_DIRTY 0x10u      /* in memory: written in this transaction */
 #define LMDB_P_LEAF2 0x20u      /* a leaf of MDB_DUPFIXED duplicates */
 #define LMDB_P_SUBP 0x40u       /* a page inline in a leaf node */
+#define LMDB_P_LOOSE 0x4000u    /* in memory: freed again, reusable */
+#define LMDB_P_KEEP 0x8000u     /* in memory: not to be spilled */
 
 /* Node flags (mn_flags of a leaf node). */
 #define LMDB_F_BIGDATA 0x01u    /* the data is on overflow pages */
@@ -42,6 +49,24 @@
 
 /* CURSOR_STACK: a cursor holds at most this many pages, root to leaf. */
 #define LMDB_MAX_DEPTH 32u
+
+/* MDB_MAXKEYSIZE: no key LMDB 0.9 writes is longer, nor any duplicate of
+ * an MDB_DUPSORT tree (the key of its sub-tree). */
+#define LMDB_MAX_KEY 511u
+
+/* The free tree's flags: MDB_INTEGERKEY, and what the environment had of
+ * MDB_FIXEDMAP (0x01) and MDB_NOSUBDIR (0x4000) when it was made
+ * (mdb_env_init_meta0()). A writer takes them from the meta as they are:
+ * MDB_DUPSORT there sends its first put down a cursor without the
+ * sub-cursor that flag needs. */
+#define LMDB_FREE_DB_FLAGS LMDB_DB_INTEGERKEY
+#define LMDB_FREE_ENV_FLAGS 0x4001u
+
+/* Transaction ids. A writer's is the meta's plus one, and (txnid_t)-1
+ * marks a free reader slot, so a meta near 2^64 wraps a writer onto ids
+ * LMDB takes for other things. No file reaches 2^63 commits (292,000
+ * years at a million a second): a meta that claims more is damaged. */
+#define LMDB_TXNID_MAX ((uint64_t)INT64_MAX)
 
 /* MDB_page's header (PAGEHDRSZ bytes). In a branch or leaf page an array
  * of 16-bit node offsets (from the page's start) follows, growing up to
@@ -92,7 +117,8 @@ typedef struct lmdb_meta {
     size_t mapsize;
     lmdb_db dbs[2];    /* the free pages' tree, the main tree */
     size_t last_pg;    /* the last page any tree uses: the file holds it */
-    size_t txnid;      /* the transaction that wrote this meta */
+    size_t txnid;      /* the transaction that wrote this meta, which is
+                          written at page txnid & 1 (mdb_env_write_meta()) */
 } lmdb_meta;
 
 typedef struct lmdb_meta_page {

@@ -39,8 +39,10 @@
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,16 +200,261 @@ static int reply_check(redisContext *c, redisReply *rep, int saved)
     return 0;
 }
 
-/* Reads the next pipelined reply into *out (freeReplyObject() it). */
+/* --- Deadlines and caps ------------------------------------------------------
+ *
+ * A server is trusted with nothing but its data, which is verified. What
+ * it could still do is take its time and send too much: hiredis 0.14
+ * waits for a reply as long as bytes keep coming (SO_RCVTIMEO bounds one
+ * read, not a reply), buffers a bulk string whole before it looks at it,
+ * and allocates an array's slots from the count in its header. So no
+ * reply is read through redisGetReply(): every wait for the socket is a
+ * poll() bounded by the call's deadline (call_ms, from the start of the
+ * call or background job) and by timeout_ms, and before each read the
+ * reply so far is held to the cap of the command it answers -- a bulk
+ * string's length from its header, the bytes of a reply still
+ * incomplete, an array's count, through hiredis's createArray hook,
+ * before it allocates. The caps come from what a valid value can be
+ * (remote_format.h): a reply past one is no server of ours, and ends the
+ * call with CTXS_EREMOTE before the memory is spent. Each violation is
+ * said in words for ctxs_remote_get_message().
+ */
+
+/* What one command's reply may be. */
+typedef struct reply_cap {
+    const char *what;       /* the command, in messages */
+    uint64_t bulk;          /* a bulk string's length at most */
+    uint64_t bytes;         /* an incomplete reply's bytes at most */
+    long long elements;     /* an array's count at most */
+} reply_cap;
+
+/* Statuses, integers, errors: "+OK", ":1", "-OOM command not allowed
+ * when used memory > 'maxmemory'". */
+static const reply_cap CAP_SMALL = {"reply", 4096, 65536, 0};
+/* An INFO section: a few KiB from any Redis. */
+static const reply_cap CAP_INFO = {"INFO reply", 1u << 20, (1u << 20) + 64, 0};
+/* The first 640 bytes of a record (GETRANGE). */
+static const reply_cap CAP_RECORD_HEAD = {"record header", CTXS__RSESSION_HEADER_BYTES,
+                                          CTXS__RSESSION_HEADER_BYTES + 64, 0};
+/* A session record: its header, 4 bytes an id for at most
+ * CTXS__REMOTE_MAX_TOKENS ids, a metadata section of at most 9 x 256 KiB
+ * (docs/FORMAT.md, "Metadata section"). */
+#define RECORD_MAX \
+    ((uint64_t)CTXS__RSESSION_HEADER_BYTES + 4ull * CTXS__REMOTE_MAX_TOKENS + 9ull * CTXS_META_SESSION_MAX)
+static const reply_cap CAP_RECORD = {"session record", RECORD_MAX, RECORD_MAX + 64, 0};
+/* A SCAN reply: the cursor and at most SCAN_KEYS_MAX keys (COUNT asks
+ * for 100; Redis returns about as many, more for a bucket's chain). */
+#define SCAN_KEYS_MAX 4096
+#define SCAN_KEY_MAX 1024 /* above "<prefix>:session:<name>" of any name */
+static const reply_cap CAP_SCAN = {"SCAN reply", SCAN_KEY_MAX,
+                                   (uint64_t)SCAN_KEYS_MAX * (SCAN_KEY_MAX + 16) + 64,
+                                   SCAN_KEYS_MAX};
+/* A listing's bounds: SCAN rounds, and keys taken from them. */
+#define SCAN_ROUNDS_MAX 1000000u
+#define LIST_KEYS_MAX 100000u
+
+/* A connection's state, in its reader's privdata (hiredis passes it to
+ * the reply hooks): the call's deadline and the cap of the reply being
+ * read. */
+typedef struct conn_state {
+    uint64_t deadline_ns;   /* CLOCK_MONOTONIC */
+    uint32_t call_ms, read_ms;
+    reply_cap cap;
+    long long refused;      /* an array count the hook refused, or -1 */
+} conn_state;
+
+static _Thread_local char message[256];
+
+const char *ctxs_remote_get_message(void)
+{
+    return message;
+}
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof(message), fmt, ap);
+    va_end(ap);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static conn_state *state_of(redisContext *c)
+{
+    return c->reader->privdata;
+}
+
+/* Starts a call on c: its deadline is call_ms from now. */
+static void call_begin(redisContext *c)
+{
+    conn_state *cs = state_of(c);
+    cs->deadline_ns = now_ns() + (uint64_t)cs->call_ms * 1000000u;
+}
+
+static void cap_set(redisContext *c, const reply_cap *cap)
+{
+    state_of(c)->cap = *cap;
+    state_of(c)->refused = -1;
+}
+
+/* hiredis's own reply hooks, and ours: its createArray, after the count
+ * is held to the cap. */
+static redisReplyObjectFunctions hiredis_fn, capped_fn;
+static pthread_once_t capped_once = PTHREAD_ONCE_INIT;
+
+static void *capped_array(const redisReadTask *task, int elements)
+{
+    conn_state *cs = task->privdata;
+    if (cs && elements > cs->cap.elements) {
+        cs->refused = elements;
+        return NULL; /* hiredis: out of memory; the reply ends there */
+    }
+    return hiredis_fn.createArray(task, elements);
+}
+
+static void capped_init(void)
+{
+    redisReader *rd = redisReaderCreate();
+    if (!rd)
+        return;
+    hiredis_fn = *rd->fn;
+    redisReaderFree(rd);
+    capped_fn = hiredis_fn;
+    capped_fn.createArray = capped_array;
+}
+
+/* Waits until c's socket is ready for events (POLLIN, POLLOUT), at most
+ * until the call's deadline and timeout_ms. 0, -ETIMEDOUT, -errno. */
+static int conn_wait(redisContext *c, short events)
+{
+    conn_state *cs = state_of(c);
+    for (;;) {
+        uint64_t now = now_ns();
+        if (now >= cs->deadline_ns) {
+            say("no %s within the call's deadline of %u ms", cs->cap.what, cs->call_ms);
+            return -ETIMEDOUT;
+        }
+        uint64_t left_ms = (cs->deadline_ns - now) / 1000000u + 1;
+        int wait_ms = left_ms < cs->read_ms ? (int)left_ms : (int)cs->read_ms;
+        struct pollfd p = {c->fd, events, 0};
+        int n = poll(&p, 1, wait_ms);
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return -errno;
+        if (n == 0 && (uint64_t)wait_ms < left_ms) {
+            say("nothing for %u ms in a %s", cs->read_ms, cs->cap.what);
+            return -ETIMEDOUT;
+        }
+    }
+}
+
+/* The reply hiredis holds part of, against its cap: its bytes so far,
+ * and a bulk string's length as soon as its header is there. */
+static int cap_check(redisContext *c)
+{
+    conn_state *cs = state_of(c);
+    const redisReader *rd = c->reader;
+    size_t have = rd->len - rd->pos;
+    if (have > cs->cap.bytes) {
+        say("a %s of more than %" PRIu64 " bytes", cs->cap.what, cs->cap.bytes);
+        return CTXS_EREMOTE;
+    }
+    /* hiredis takes a reply's type byte when it starts the reply, and its
+     * length line with the whole bulk: a bulk under way is its digits
+     * at pos, one not started its '$'. */
+    const char *p = rd->buf + rd->pos;
+    int started = rd->ridx >= 0 && rd->rstack[rd->ridx].type == REDIS_REPLY_STRING;
+    if (have > 0 && !started && p[0] == '$')
+        p++, have--;
+    else if (!started)
+        have = 0;
+    if (have > 0) {
+        const char *nl = memchr(p, '\r', have);
+        uint64_t len = 0;
+        int digits = 0;
+        for (const char *d = p; (nl ? d < nl : d < p + have) && *d >= '0' && *d <= '9';
+             d++, digits++)
+            len = digits < 20 ? len * 10 + (uint64_t)(*d - '0') : UINT64_MAX;
+        if (len > cs->cap.bulk) {
+            say("a %s of %s%" PRIu64 " bytes, above the %" PRIu64 " a valid one holds",
+                cs->cap.what, nl ? "" : "at least ", len, cs->cap.bulk);
+            return CTXS_EREMOTE;
+        }
+    }
+    return 0;
+}
+
+/* What a failed hiredis read means, the array hook's refusal first. */
+static int reader_error(redisContext *c, int saved)
+{
+    conn_state *cs = state_of(c);
+    if (cs->refused >= 0) {
+        say("a %s holding an array of %lld elements, above %lld", cs->cap.what, cs->refused,
+            cs->cap.elements);
+        return CTXS_EREMOTE;
+    }
+    return context_error(c, saved);
+}
+
+/* Sends hiredis's output buffer, within the call's deadline: a write
+ * that did not take it all waits for the socket first. */
+static int obuf_flush(redisContext *c)
+{
+    for (;;) {
+        int done = 0;
+        errno = 0;
+        if (redisBufferWrite(c, &done) != REDIS_OK)
+            return context_error(c, errno);
+        if (done)
+            return 0;
+        int rc = conn_wait(c, POLLOUT);
+        if (rc < 0)
+            return rc;
+    }
+}
+
+/* Reads the next pipelined reply into *out (freeReplyObject() it), held
+ * to the cap last set, within the call's deadline. */
 static int reply_next(redisReply **out, redisContext *c)
 {
     void *rep = NULL;
     *out = NULL;
-    errno = 0;
-    if (redisGetReply(c, &rep) != REDIS_OK)
-        return context_error(c, errno);
+    int rc = obuf_flush(c);
+    while (rc == 0) {
+        errno = 0;
+        if (redisGetReplyFromReader(c, &rep) != REDIS_OK)
+            return reader_error(c, errno);
+        if (rep)
+            break;
+        if ((rc = cap_check(c)) < 0 || (rc = conn_wait(c, POLLIN)) < 0)
+            break;
+        errno = 0;
+        if (redisBufferRead(c) != REDIS_OK)
+            rc = reader_error(c, errno);
+    }
+    if (rc < 0)
+        return rc;
     *out = rep;
     return 0;
+}
+
+/* One command, and its reply held to cap. 0 with *out (which may be an
+ * error reply), or an error with *out NULL. */
+static int command(redisReply **out, redisContext *c, const reply_cap *cap, int argc,
+                   const char **argv, const size_t *lens)
+{
+    *out = NULL;
+    cap_set(c, cap);
+    if (redisAppendCommandArgv(c, argc, argv, lens) != REDIS_OK)
+        return context_error(c, errno);
+    return reply_next(out, c);
 }
 
 /* --- URLs -------------------------------------------------------------- */
@@ -374,12 +621,23 @@ static void sigpipe_restore(sigpipe_guard *g)
 /* One command with a status or integer reply expected. */
 static int simple_cmd(redisContext *c, int argc, const char **argv)
 {
-    errno = 0;
-    redisReply *rep = redisCommandArgv(c, argc, argv, NULL);
-    int rc = reply_check(c, rep, errno);
+    redisReply *rep;
+    int rc = command(&rep, c, &CAP_SMALL, argc, argv, NULL);
+    if (rc == 0)
+        rc = reply_check(c, rep, 0);
     if (rep)
         freeReplyObject(rep);
     return rc;
+}
+
+/* Closes a connection conn_open() made. */
+static void conn_close(redisContext *c)
+{
+    if (!c)
+        return;
+    free(c->reader->privdata);
+    c->reader->privdata = NULL;
+    redisFree(c);
 }
 
 /* Connects, authenticates, selects the database and checks that the
@@ -396,13 +654,26 @@ static int conn_open(redisContext **out, const ctxs_remote *r)
     if (!c || c->err) {
         int rc = context_error(c, saved);
         if (c)
-            redisFree(c);
+            conn_close(c);
         return rc;
     }
     /* hiredis 0.14 opens its socket without SOCK_CLOEXEC: a child the
      * application forks and execs would inherit the connection (and keep
      * it up after we close it). Set before the first byte is sent. */
     int rc = fcntl(c->fd, F_SETFD, FD_CLOEXEC) == 0 ? 0 : -errno;
+    pthread_once(&capped_once, capped_init);
+    conn_state *cs = rc == 0 ? ctxs__calloc(1, sizeof(*cs)) : NULL;
+    if (rc == 0 && (!cs || !capped_fn.createArray))
+        rc = CTXS_ENOMEM;
+    if (rc == 0) {
+        cs->call_ms = r->o.call_ms ? r->o.call_ms : CTXS_DEFAULT_REMOTE_CALL_MS;
+        cs->read_ms = r->o.timeout_ms;
+        c->reader->privdata = cs;
+        c->reader->fn = &capped_fn;
+        cs = NULL;
+        call_begin(c);
+    }
+    free(cs);
     if (rc == 0)
         rc = redisSetTimeout(c, tv) == REDIS_OK ? 0 : context_error(c, errno);
     if (rc == 0 && ep->password[0]) {
@@ -417,16 +688,19 @@ static int conn_open(redisContext **out, const ctxs_remote *r)
         rc = simple_cmd(c, 2, sel);
     }
     if (rc == 0) {
-        errno = 0;
-        redisReply *rep = redisCommand(c, "PING");
-        rc = reply_check(c, rep, errno);
-        if (rc == 0 && (rep->type != REDIS_REPLY_STATUS || strcmp(rep->str, "PONG")))
+        const char *ping[] = {"PING"};
+        redisReply *rep;
+        if ((rc = command(&rep, c, &CAP_SMALL, 1, ping, NULL)) == 0)
+            rc = reply_check(c, rep, 0);
+        if (rc == 0 && (rep->type != REDIS_REPLY_STATUS || strcmp(rep->str, "PONG"))) {
+            say("PING answered otherwise than PONG: not a Redis");
             rc = CTXS_EREMOTE;
+        }
         if (rep)
             freeReplyObject(rep);
     }
     if (rc < 0) {
-        redisFree(c);
+        conn_close(c);
         return rc;
     }
     *out = c;
@@ -487,18 +761,6 @@ static void session_key(char *key, const ctxs_remote *r, const char *name)
  * small replies (EXISTS, SET): each side starts with hiredis's buffers
  * empty and leaves them so, at a reply boundary. */
 
-/* Sends hiredis's output buffer. */
-static int obuf_flush(redisContext *c)
-{
-    int done = 0;
-    do {
-        errno = 0;
-        if (redisBufferWrite(c, &done) != REDIS_OK)
-            return context_error(c, errno);
-    } while (!done);
-    return 0;
-}
-
 /* What a failed recv or send means: a socket timeout is EAGAIN. */
 static int sock_error(ssize_t k)
 {
@@ -525,6 +787,8 @@ static int send_set(redisContext *c, const char *key, const uint8_t *v, size_t l
     struct iovec *at = iov;
     int n = 3;
     while (n > 0) {
+        if ((rc = conn_wait(c, POLLOUT)) < 0)
+            return rc;
         ssize_t k = ctxs__sendv(c->fd, at, n);
         if (k <= 0)
             return sock_error(k < 0 ? k : -1);
@@ -564,6 +828,9 @@ static int bulk_fill(bulk_in *in)
         in->at = in->len = 0;
     if (in->len == sizeof(in->stage))
         return CTXS_EREMOTE; /* a line longer than any Redis sends here */
+    int rc = conn_wait(in->c, POLLIN);
+    if (rc < 0)
+        return rc;
     ssize_t k = ctxs__recv(in->c->fd, in->stage + in->len, sizeof(in->stage) - in->len);
     if (k <= 0)
         return sock_error(k);
@@ -581,6 +848,9 @@ static int bulk_bytes(bulk_in *in, uint8_t *dst, size_t n)
     in->at += have;
     for (size_t got = have; got < n;) {
         ssize_t k;
+        int rc = conn_wait(in->c, POLLIN);
+        if (rc < 0)
+            return rc;
         if (dst) {
             k = ctxs__recv(in->c->fd, dst + got, n - got);
         } else {
@@ -645,10 +915,13 @@ static int bulk_head(bulk_in *in, int64_t *len, int *err)
     }
     /* A Redis string is at most 512 MiB. */
     size_t n = strlen(line + 1);
-    if (n == 0 || n > 10 || strspn(line + 1, "0123456789") != n)
+    if (n == 0 || n > 10 || strspn(line + 1, "0123456789") != n ||
+        (*len = strtoll(line + 1, NULL, 10)) > (int64_t)1 << 32) {
+        say("a bulk reply of %.24s bytes, above any string Redis holds", line + 1);
+        *len = -1;
         return CTXS_EREMOTE;
-    *len = strtoll(line + 1, NULL, 10);
-    return *len <= (int64_t)1 << 32 ? 0 : CTXS_EREMOTE;
+    }
+    return 0;
 }
 
 /* The value of the bulk reply whose header said len (>= 0) into dst
@@ -913,6 +1186,7 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
          * this one's replies. Only an I/O error (no reply) ends the
          * reading, and the caller then drops the connection. */
         uint64_t appended = 0;
+        cap_set(c, &CAP_SMALL);
         for (uint64_t i = 0; i < nb && rc == 0; i++) {
             chunk_key(keys[i], r, &sn->model, sn->chain[b0 + i]);
             const char *argv[] = {"EXISTS", keys[i]};
@@ -1062,9 +1336,9 @@ static int record_push(redisContext *c, ctxs_remote *r, snapshot *sn, const char
     session_key(key, r, name);
     const char *argv[] = {"SET", key, (const char *)v};
     size_t lens[] = {3, strlen(key), len};
-    errno = 0;
-    redisReply *rep = redisCommandArgv(c, 3, argv, lens);
-    rc = reply_check(c, rep, errno);
+    redisReply *rep;
+    if ((rc = command(&rep, c, &CAP_SMALL, 3, argv, lens)) == 0)
+        rc = reply_check(c, rep, 0);
     if (rep)
         freeReplyObject(rep);
     free(v);
@@ -1125,7 +1399,7 @@ static int remote_push_impl(ctxs_remote_push_result *out, ctxs_remote *r, const 
             rc = record_push(c, r, &sn, name, 1, &pc);
     }
     if (c)
-        redisFree(c);
+        conn_close(c);
     pthread_mutex_lock(&r->mu);
     r->stats.chunks_pushed += pc.sent;
     r->stats.chunks_present += pc.present;
@@ -1271,7 +1545,7 @@ static void worker_drop(worker *w)
 {
     if (!w->c)
         return;
-    redisFree(w->c);
+    conn_close(w->c);
     w->c = NULL;
     pthread_mutex_lock(&w->r->mu);
     w->r->stats.connected = 0;
@@ -1300,6 +1574,8 @@ static int run_job(worker *w, const job *j)
         r->stats.connected = 1;
         pthread_mutex_unlock(&r->mu);
     }
+    if (rc == 0)
+        call_begin(w->c); /* a job is a call: its own deadline */
     if (rc == 0 && j->kind == JOB_CHUNKS) {
         rc = push_chunks(w->c, r, &sn, j->from, j->to, &pc, NULL, NULL);
     } else if (rc == 0) {
@@ -1366,7 +1642,7 @@ static void *push_thread(void *arg)
              * one's replies as its own. A new connection costs little
              * next to a job that failed. */
             if (w.c) {
-                redisFree(w.c);
+                conn_close(w.c);
                 w.c = NULL;
             }
         }
@@ -1378,7 +1654,7 @@ static void *push_thread(void *arg)
     pthread_cond_broadcast(&r->idle);
     pthread_mutex_unlock(&r->mu);
     if (w.c)
-        redisFree(w.c);
+        conn_close(w.c);
     return NULL;
 }
 
@@ -1419,7 +1695,7 @@ static int remote_open_impl(ctxs_remote **out, ctxs_store *st, const char *url,
     int rc = url_parse(&r->ep, url);
     redisContext *c = NULL;
     if (rc == 0 && (rc = conn_open(&c, r)) == 0)
-        redisFree(c);
+        conn_close(c);
     if (rc < 0) {
         free(r);
         return rc;
@@ -1671,6 +1947,9 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
     uint8_t(*chains)[16] = ctxs__malloc((size_t)(batch < total ? batch : total) * 16 + 16);
     uint8_t *value = total ? ctxs__malloc((size_t)vbytes) : NULL;
     bulk_in *in = ctxs__malloc(sizeof(*in));
+    /* A chunk reply holds at most a whole chunk of this model. */
+    reply_cap cap = {"chunk reply", vbytes, 4096, 0};
+    cap_set(pj->c, &cap);
     int rc = chains && (value || !total) && in ? bulk_begin(in, pj->c) : CTXS_ENOMEM;
     int stopped = 0, failed = 0;
     for (uint64_t b0 = 0; rc == 0 && !stopped && b0 < total; b0 += batch) {
@@ -1697,6 +1976,12 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
             int err;
             if ((rc = bulk_head(in, &len, &err)) < 0)
                 break;
+            if (len > (int64_t)vbytes) {
+                say("a chunk reply of %" PRId64 " bytes, above the %" PRIu64
+                    " a chunk of this model holds", len, vbytes);
+                rc = CTXS_EREMOTE;
+                break;
+            }
             uint64_t first = (b0 + i) * CTXS_PREFIX_CHUNK;
             uint32_t cnt = (uint32_t)(pj->n - first < CTXS_PREFIX_CHUNK ? pj->n - first
                                                                          : CTXS_PREFIX_CHUNK);
@@ -1849,10 +2134,10 @@ static int remote_pull_impl(ctxs_session **out, ctxs_remote_pull_result *res, ct
     char key[SESSION_KEY_MAX];
     session_key(key, r, remote_name);
     const char *argv[] = {"GET", key};
-    errno = 0;
-    redisReply *rep = redisCommandArgv(c, 2, argv, NULL);
+    redisReply *rep;
     record rec = {0};
-    if ((rc = reply_check(c, rep, errno)) == 0)
+    if ((rc = command(&rep, c, &CAP_RECORD, 2, argv, NULL)) == 0 &&
+        (rc = reply_check(c, rep, 0)) == 0)
         rc = rep->type == REDIS_REPLY_NIL      ? CTXS_ENOTFOUND
              : rep->type != REDIS_REPLY_STRING ? CTXS_EREMOTE
                                                : record_parse(&rec, rep->str, rep->len,
@@ -1872,7 +2157,7 @@ static int remote_pull_impl(ctxs_session **out, ctxs_remote_pull_result *res, ct
         rc = ctxs__store_session_create_filled(&s, r->st, local_name, len, &rec.model,
                                                rec.model_name, rec.items, rec.h.meta_count,
                                                pull_fill, &pj);
-    redisFree(c);
+    conn_close(c);
     if (rc == 0 && res) {
         res->n_tokens = pj.got;
         res->remote_tokens = rec.h.n_tokens;
@@ -1937,7 +2222,7 @@ static int remote_pull_prefix_impl(ctxs_session **out, ctxs_remote_pull_result *
     if (rc == 0)
         rc = ctxs__store_session_create_filled(&s, r->st, local_name, len, model, NULL, NULL, 0,
                                                pull_fill, &pj);
-    redisFree(c);
+    conn_close(c);
     if (rc < 0)
         return rc;
     if (res) {
@@ -1990,19 +2275,33 @@ static int remote_list_impl(ctxs_remote_entry **out, size_t *n_out, ctxs_remote 
     ctxs_remote_entry *v = NULL;
     size_t n = 0, cap = 0;
     char cursor[32] = "0";
+    /* A server whose cursor never comes back to 0, or that returns keys
+     * without end, meets the bounds (and the call's deadline). */
+    uint64_t rounds = 0, keys = 0;
     do {
         const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "100"};
-        errno = 0;
-        redisReply *rep = redisCommandArgv(c, 6, argv, NULL);
-        if ((rc = reply_check(c, rep, errno)) == 0 &&
+        redisReply *rep;
+        if ((rc = command(&rep, c, &CAP_SCAN, 6, argv, NULL)) == 0 &&
+            (rc = reply_check(c, rep, 0)) == 0 &&
             (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
              rep->element[0]->type != REDIS_REPLY_STRING || rep->element[0]->len >= 32 ||
-             rep->element[1]->type != REDIS_REPLY_ARRAY))
+             rep->element[1]->type != REDIS_REPLY_ARRAY)) {
+            say("a SCAN reply that is not a cursor and an array of keys");
             rc = CTXS_EREMOTE;
+        }
         size_t got = rc == 0 ? rep->element[1]->elements : 0;
         if (rc == 0)
             snprintf(cursor, sizeof(cursor), "%s", rep->element[0]->str);
+        if (rc == 0 && ++rounds > SCAN_ROUNDS_MAX) {
+            say("SCAN's cursor still not back to 0 after %u rounds", SCAN_ROUNDS_MAX);
+            rc = CTXS_EREMOTE;
+        }
+        if (rc == 0 && (keys += got) > LIST_KEYS_MAX) {
+            say("SCAN returned more than %u keys", LIST_KEYS_MAX);
+            rc = CTXS_EREMOTE;
+        }
         /* The headers only (GETRANGE): a record's ids may be megabytes. */
+        cap_set(c, &CAP_RECORD_HEAD);
         for (size_t i = 0; i < got && rc == 0; i++) {
             const redisReply *k = rep->element[1]->element[i];
             char end[16];
@@ -2059,7 +2358,7 @@ static int remote_list_impl(ctxs_remote_entry **out, size_t *n_out, ctxs_remote 
         if (rep)
             freeReplyObject(rep);
     } while (rc == 0 && strcmp(cursor, "0") != 0);
-    redisFree(c);
+    conn_close(c);
     if (rc < 0) {
         free(v);
         return rc;
@@ -2105,9 +2404,9 @@ static int remote_get_info_impl(ctxs_remote_info *out, ctxs_remote *r)
     static const char *sections[] = {"server", "memory", "stats"};
     for (size_t i = 0; i < 3 && rc == 0; i++) {
         const char *argv[] = {"INFO", sections[i]};
-        errno = 0;
-        redisReply *rep = redisCommandArgv(c, 2, argv, NULL);
-        if ((rc = reply_check(c, rep, errno)) == 0 && rep->type != REDIS_REPLY_STRING &&
+        redisReply *rep;
+        if ((rc = command(&rep, c, &CAP_INFO, 2, argv, NULL)) == 0 &&
+            (rc = reply_check(c, rep, 0)) == 0 && rep->type != REDIS_REPLY_STRING &&
             rep->type != REDIS_REPLY_STATUS)
             rc = CTXS_EREMOTE;
         if (rc == 0) {
@@ -2132,16 +2431,17 @@ static int remote_get_info_impl(ctxs_remote_info *out, ctxs_remote *r)
             freeReplyObject(rep);
     }
     if (rc == 0) {
-        errno = 0;
-        redisReply *rep = redisCommand(c, "DBSIZE");
-        if ((rc = reply_check(c, rep, errno)) == 0 && rep->type != REDIS_REPLY_INTEGER)
+        const char *argv[] = {"DBSIZE"};
+        redisReply *rep;
+        if ((rc = command(&rep, c, &CAP_SMALL, 1, argv, NULL)) == 0 &&
+            (rc = reply_check(c, rep, 0)) == 0 && rep->type != REDIS_REPLY_INTEGER)
             rc = CTXS_EREMOTE;
         if (rc == 0)
             out->keys = (uint64_t)rep->integer;
         if (rep)
             freeReplyObject(rep);
     }
-    redisFree(c);
+    conn_close(c);
     return rc;
 }
 
@@ -2149,6 +2449,7 @@ int ctxs_remote_push(ctxs_remote_push_result *out, ctxs_remote *r, const char *n
                      ctxs_progress_fn progress, void *progress_arg)
 {
     sigpipe_guard g;
+    message[0] = '\0';
     sigpipe_block(&g);
     int rc = remote_push_impl(out, r, name, progress, progress_arg);
     sigpipe_restore(&g);
@@ -2161,6 +2462,7 @@ int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remo
                      void *progress_arg)
 {
     sigpipe_guard g;
+    message[0] = '\0';
     sigpipe_block(&g);
     int rc = remote_pull_impl(out, res, r, remote_name, local_name, opts, progress, progress_arg);
     sigpipe_restore(&g);
@@ -2172,6 +2474,7 @@ int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res, ct
                             const uint32_t *tokens, uint64_t n, const ctxs_create_options *opts)
 {
     sigpipe_guard g;
+    message[0] = '\0';
     sigpipe_block(&g);
     int rc = remote_pull_prefix_impl(out, res, r, local_name, model, tokens, n, opts);
     sigpipe_restore(&g);
@@ -2181,6 +2484,7 @@ int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res, ct
 int ctxs_remote_list(ctxs_remote_entry **out, size_t *n_out, ctxs_remote *r)
 {
     sigpipe_guard g;
+    message[0] = '\0';
     sigpipe_block(&g);
     int rc = remote_list_impl(out, n_out, r);
     sigpipe_restore(&g);
@@ -2190,6 +2494,7 @@ int ctxs_remote_list(ctxs_remote_entry **out, size_t *n_out, ctxs_remote *r)
 int ctxs_remote_get_info(ctxs_remote_info *out, ctxs_remote *r)
 {
     sigpipe_guard g;
+    message[0] = '\0';
     sigpipe_block(&g);
     int rc = remote_get_info_impl(out, r);
     sigpipe_restore(&g);
@@ -2200,6 +2505,7 @@ int ctxs_remote_open(ctxs_remote **out, ctxs_store *st, const char *url,
                      const ctxs_remote_options *opts)
 {
     sigpipe_guard g;
+    message[0] = '\0';
     sigpipe_block(&g);
     int rc = remote_open_impl(out, st, url, opts);
     sigpipe_restore(&g);

@@ -769,6 +769,29 @@ static int move_aside(char **moved_to, const char *dir, const char *index_dir)
     return rc;
 }
 
+/* Removes index_dir/name when it is there and is no regular file (a FIFO,
+ * a socket, a device, a symbolic link, an empty directory): store.lock and
+ * lock.mdb hold nothing the store needs, and are made again by the next
+ * open. No process can have the store open through one of those (an open
+ * refuses them), so nothing is taken from under anyone. 0, CTXS_EINDEX
+ * (a directory that is not empty: left for the user), -errno. */
+static int special_remove(const char *index_dir, const char *name)
+{
+    char *path = join(index_dir, name);
+    if (!path)
+        return CTXS_ENOMEM;
+    struct stat sb;
+    int rc = 0;
+    if (ctxs__fstatat(AT_FDCWD, path, &sb, AT_SYMLINK_NOFOLLOW) != 0)
+        rc = errno == ENOENT ? 0 : -errno;
+    else if (S_ISDIR(sb.st_mode))
+        rc = rmdir(path) == 0 ? 0 : errno == ENOTEMPTY || errno == EEXIST ? CTXS_EINDEX : -errno;
+    else if (!S_ISREG(sb.st_mode))
+        rc = ctxs__unlink(path) == 0 ? 0 : -errno;
+    free(path);
+    return rc;
+}
+
 /* Whether path is a directory (1), is not or is missing (0), or -errno. */
 static int is_dir(const char *path)
 {
@@ -818,14 +841,18 @@ int ctxs_store_repair_index(ctxs_salvage_result *out, const char *dir, unsigned 
             rc = -errno;
     }
     if (rc == 0)
+        rc = special_remove(index_dir, "store.lock");
+    if (rc == 0)
         rc = ctxs__store_lock_exclusive(&lock_fd, index_dir, &sb);
+    if (rc == 0)
+        rc = special_remove(index_dir, "lock.mdb");
 
     /* Read everything before changing anything. */
     uint64_t mapsize = 0;
     int found = 0;
     if (rc == 0) {
-        struct stat db;
-        found = ctxs__stat(data, &db) == 0;
+        struct stat db; /* the name, whatever it is: moved aside below */
+        found = ctxs__fstatat(AT_FDCWD, data, &db, AT_SYMLINK_NOFOLLOW) == 0;
         ctxs__unlink(copy);
         int r = found ? ctxs__index_salvage_copy(data, copy, &mapsize, &res.meta_pages)
                       : CTXS_EINDEX;

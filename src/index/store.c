@@ -14,6 +14,7 @@
 
 #include "index.h"
 #include "mdb_calls.h"
+#include "platform.h"
 
 /* LMDB forbids opening one environment twice in a process (closing either
  * would drop the other's POSIX locks), so handles to the same store share
@@ -209,10 +210,13 @@ static int options_valid(const ctxs_store_options *o)
            memcmp(o->reserved, zero, sizeof(zero)) == 0;
 }
 
-/* mkdir -m 0700 that accepts an existing directory. */
+/* mkdir -m 0700 that accepts an existing directory: 1 when it made path,
+ * 0 when a directory was there. */
 static int make_dir(const char *path)
 {
-    if (ctxs__mkdir(path, 0700) == 0 || errno == EEXIST) {
+    if (ctxs__mkdir(path, 0700) == 0)
+        return 1;
+    if (errno == EEXIST) {
         struct stat sb;
         if (lstat(path, &sb) != 0)
             return -errno;
@@ -226,7 +230,7 @@ static int make_dir(const char *path)
 static int make_store_dir(const char *path)
 {
     if (ctxs__mkdir(path, 0700) == 0)
-        return 0;
+        return 1;
     if (errno != EEXIST)
         return -errno;
     struct stat sb;
@@ -234,6 +238,8 @@ static int make_store_dir(const char *path)
         return -errno; /* -ENOENT: a dangling symlink; -ELOOP: a loop */
     return S_ISDIR(sb.st_mode) ? 0 : -ENOTDIR;
 }
+
+static int sync_dir(const char *path); /* fsync of a directory (compaction's) */
 
 static char *join(const char *a, const char *b)
 {
@@ -257,23 +263,20 @@ static void store_free(ctxs_store *st)
     free(st);
 }
 
-static const struct {
-    const char *name;
-    size_t offset;
-    unsigned flags;
-} dbis[] = {
-    {"meta", offsetof(ctxs_store, meta), 0},
-    {"sessions", offsetof(ctxs_store, sessions), 0},
-    {"ids", offsetof(ctxs_store, ids), 0},
-    {"models", offsetof(ctxs_store, models), 0},
-    {"filehash", offsetof(ctxs_store, filehash), 0},
-    {"checkpoints", offsetof(ctxs_store, checkpoints), 0},
-    {"prefixes", offsetof(ctxs_store, prefixes), MDB_DUPSORT | MDB_DUPFIXED},
-    {"chunks", offsetof(ctxs_store, chunks), 0},
-    {"pending", offsetof(ctxs_store, pending), 0},
-    {"metadata", offsetof(ctxs_store, metadata), 0},
-    {"pins", offsetof(ctxs_store, pins), 0},
+const ctxs__table ctxs__tables[] = {
+    {"meta", offsetof(ctxs_store, meta), 0, 0},
+    {"sessions", offsetof(ctxs_store, sessions), 0, 0},
+    {"ids", offsetof(ctxs_store, ids), 0, 0},
+    {"models", offsetof(ctxs_store, models), 0, 0},
+    {"filehash", offsetof(ctxs_store, filehash), 0, 0},
+    {"checkpoints", offsetof(ctxs_store, checkpoints), 0, 0},
+    {"prefixes", offsetof(ctxs_store, prefixes), MDB_DUPSORT | MDB_DUPFIXED, 8},
+    {"chunks", offsetof(ctxs_store, chunks), 0, 0},
+    {"pending", offsetof(ctxs_store, pending), 0, 0},
+    {"metadata", offsetof(ctxs_store, metadata), 0, 0},
+    {"pins", offsetof(ctxs_store, pins), 0, 0},
 };
+const size_t ctxs__n_tables = sizeof(ctxs__tables) / sizeof(ctxs__tables[0]);
 
 /* A new index gets its format record; an existing one must be ours and not
  * newer. An LMDB environment of someone else's is foreign (open_tables()
@@ -335,10 +338,10 @@ static int open_tables(ctxs_store *st, int *fresh)
     }
     if (rc == 0 && st->rdonly && ms.ms_entries == 0)
         rc = -ENOENT;
-    for (size_t i = 0; rc == 0 && i < sizeof(dbis) / sizeof(dbis[0]); i++) {
-        MDB_dbi *dbi = (MDB_dbi *)(void *)((char *)st + dbis[i].offset);
+    for (size_t i = 0; rc == 0 && i < ctxs__n_tables; i++) {
+        MDB_dbi *dbi = (MDB_dbi *)(void *)((char *)st + ctxs__tables[i].offset);
         unsigned create = st->rdonly ? 0 : MDB_CREATE;
-        rc = ctxs__mdb_dbi_open(txn, dbis[i].name, dbis[i].flags | create, dbi);
+        rc = ctxs__mdb_dbi_open(txn, ctxs__tables[i].name, ctxs__tables[i].flags | create, dbi);
         if (rc == MDB_NOTFOUND && (dbi == &st->pins || dbi == &st->metadata)) {
             *dbi = 0;
             rc = 0;
@@ -447,8 +450,10 @@ int ctxs__store_lock_exclusive(int *fd, const char *index_dir, const struct stat
     char *path = rc == 0 ? join(index_dir, STORE_LOCK_FILE) : NULL;
     if (rc == 0 && !path)
         rc = CTXS_ENOMEM;
-    if (rc == 0 && (*fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0)
-        rc = -errno;
+    if (rc == 0 && (rc = ctxs__index_file_open(path, O_RDWR | O_CREAT)) >= 0) {
+        *fd = rc;
+        rc = 0;
+    }
     free(path);
     if (rc == 0 && (rc = store_lock(*fd, F_WRLCK, 0)) < 0) {
         close(*fd);
@@ -471,13 +476,11 @@ static int store_lock_take(ctxs_store *st, const char *index_dir)
     char *path = join(index_dir, STORE_LOCK_FILE);
     if (!path)
         return CTXS_ENOMEM;
-    if (st->rdonly)
-        st->lock_fd = ctxs__open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    else
-        st->lock_fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int fd = ctxs__index_file_open(path, st->rdonly ? O_RDONLY : O_RDWR | O_CREAT);
     free(path);
-    if (st->lock_fd < 0)
-        return st->rdonly && errno == ENOENT ? 0 : -errno;
+    st->lock_fd = fd < 0 ? -1 : fd;
+    if (fd < 0)
+        return st->rdonly && fd == -ENOENT ? 0 : fd;
     return store_lock(st->lock_fd, F_RDLCK, 1);
 }
 
@@ -515,10 +518,51 @@ static int remove_compact_tmp(const char *index_dir)
     return rc;
 }
 
+/*
+ * LMDB keeps its reader table in index/lock.mdb, a shared mapping that it
+ * writes at every transaction, through the mapping: a page that needs a
+ * block when written faults with SIGBUS on a full disk (a sparse file's
+ * hole; on btrfs, any page once written back, since copy on write puts
+ * every write in a new block). So its blocks are allocated before LMDB
+ * maps it, and a new one is made to be written in place (btrfs NOCOW, only
+ * while empty; a store's older lock file gets it when compaction removes
+ * the file). A full disk is then CTXS_EFULL here. Where the file cannot be
+ * opened for writing (a read-only store), LMDB decides what to do.
+ */
+static int lock_file_prepare(const char *index_dir, unsigned max_readers)
+{
+    char *path = join(index_dir, "lock.mdb");
+    if (!path)
+        return CTXS_ENOMEM;
+    int fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    free(path);
+    if (fd < 0)
+        return 0;
+    struct stat sb;
+    if (ctxs__fstat(fd, &sb) == 0 && sb.st_size == 0)
+        ctxs__file_in_place(fd);
+    /* LMDB's size for it: a header and one 64-byte slot per reader, each
+     * on its own cache line; twice that, in whole pages, is room enough. */
+    uint64_t bytes = ((uint64_t)max_readers + 4) * 128;
+    bytes = (bytes + 4095) / 4096 * 4096;
+    int rc = 0;
+#ifdef __linux__
+    if (ctxs__fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)bytes) != 0)
+        rc = errno == ENOSPC || errno == EDQUOT ? CTXS_EFULL : 0;
+#endif
+    close(fd);
+    return rc;
+}
+
 /* Creates and opens an environment on index_dir with flags. */
 static int env_open_flags(MDB_env **out, const char *index_dir, unsigned flags,
                           unsigned max_readers, size_t map_bytes)
 {
+    if (!(flags & MDB_NOLOCK)) {
+        int prep = lock_file_prepare(index_dir, max_readers);
+        if (prep < 0)
+            return prep == CTXS_EFULL ? ENOSPC : ENOMEM;
+    }
     MDB_env *env;
     int rc = mdb_env_create(&env);
     if (rc != 0)
@@ -649,8 +693,16 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
      * link. Inside the store, sessions/ is opened without following a link,
  * and a create refuses an index/ that is one (-ENOTDIR); an existing
  * store whose index/ was made a link by hand is opened through it. */
-    if (create && (rc = make_store_dir(dir)) < 0)
-        return rc;
+    /* What this open makes is durable before it returns: a store whose
+     * directories a power loss took back would not open (index/) or would
+     * not open read-only (sessions/), and the files in them would go with
+     * them. made: 1 the store directory, 2 a directory in it. */
+    int made = 0;
+    if (create) {
+        if ((rc = make_store_dir(dir)) < 0)
+            return rc;
+        made = rc;
+    }
     if (!(st->dir = realpath(dir, NULL)))
         return -errno;
     struct stat sb;
@@ -661,8 +713,10 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
     if (!(st->sessions_dir = join(st->dir, "sessions")) ||
         !(index_dir = join(st->dir, "index")))
         rc = CTXS_ENOMEM;
-    else
+    else if ((rc = ctxs__index_dir_check(index_dir)) == 0)
         rc = create ? make_dir(index_dir) : check_is_store(index_dir);
+    made |= rc > 0 ? 2 : 0;
+    rc = rc > 0 ? 0 : rc;
     if (rc == 0)
         rc = store_lock_take(st, index_dir);
     if (rc == 0)
@@ -675,8 +729,12 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
         rc = remove_compact_tmp(index_dir);
     free(index_dir);
     /* Made here in a half-made store; a read-only one cannot. */
-    if (rc == 0 && !st->rdonly)
-        rc = make_dir(st->sessions_dir);
+    if (rc == 0 && !st->rdonly && (rc = make_dir(st->sessions_dir)) > 0)
+        made |= 2, rc = 0;
+    if (rc == 0 && (made & 2))
+        rc = sync_dir(st->dir);
+    if (rc == 0 && (made & 1))
+        rc = ctxs__sync_parent_dir(st->dir);
     if (rc == 0) {
         st->sessions_fd =
             ctxs__open(st->sessions_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
@@ -849,11 +907,11 @@ static int copy_matches(ctxs_store *st, const char *path, size_t map_bytes)
         (rc = ctxs__mdb_env_open(env, path, MDB_NOSUBDIR | MDB_RDONLY | MDB_NOLOCK, 0600)) == 0 &&
         (rc = ctxs__mdb_txn_begin(env, NULL, MDB_RDONLY, &copy)) == 0)
         rc = ctxs__mdb_txn_begin(st->env, NULL, MDB_RDONLY, &orig);
-    for (size_t i = 0; rc == 0 && i < sizeof(dbis) / sizeof(dbis[0]); i++) {
-        const MDB_dbi *mine = (const MDB_dbi *)(const void *)((const char *)st + dbis[i].offset);
+    for (size_t i = 0; rc == 0 && i < ctxs__n_tables; i++) {
+        const MDB_dbi *mine = (const MDB_dbi *)(const void *)((const char *)st + ctxs__tables[i].offset);
         MDB_dbi dbi;
         MDB_stat a, b;
-        if ((rc = ctxs__mdb_dbi_open(copy, dbis[i].name, dbis[i].flags, &dbi)) == 0 &&
+        if ((rc = ctxs__mdb_dbi_open(copy, ctxs__tables[i].name, ctxs__tables[i].flags, &dbi)) == 0 &&
             (rc = mdb_stat(copy, dbi, &a)) == 0 && (rc = mdb_stat(orig, *mine, &b)) == 0 &&
             a.ms_entries != b.ms_entries)
             rc = EIO;

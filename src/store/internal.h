@@ -169,6 +169,13 @@ uint64_t ctxs__first_bad(const ctxs_session *s, uint64_t from, uint64_t to);
 int ctxs__records_read(const ctxs_session *s, ctxs__state *st, uint32_t *index,
                        int *other_valid, uint8_t boot_id[16]);
 
+/* What recovery would keep of the leading positions [0, n) of a file
+ * mapped read-only at map, with layout lay and state st (n at most the
+ * leading positions st holds): the first at or above st->verified_from
+ * whose checksum fails, or n. For the index's cheap checks (peek.c). */
+uint64_t ctxs__leading_kept(const uint8_t *map, const ctxs__file_layout *lay, int ring,
+                            const ctxs__state *st, uint64_t n);
+
 /* Recovery at open: verifies held tokens at or above st->verified_from;
  * evicts failing tokens at the front of a wrapped ring, then cuts *st at
  * the first failing token. Returns the number of held tokens dropped. */

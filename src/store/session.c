@@ -108,11 +108,7 @@ static void session_free(ctxs_session *s)
  * Another boot (or an unknown one) may have lost pages. */
 static int needs_verify(const ctxs_session *s, const uint8_t record_boot[16])
 {
-    static const uint8_t unknown_boot[16];
-    uint8_t this_boot[16];
-    ctxs__boot_id(this_boot);
-    return s->verify_always || memcmp(record_boot, this_boot, 16) != 0 ||
-           memcmp(this_boot, unknown_boot, 16) == 0;
+    return s->verify_always || !ctxs__boot_vouches(record_boot);
 }
 
 /* The first bytes of a file too short for a header: a stub of ours is
@@ -272,6 +268,8 @@ fail:
 
 int ctxs__new_file_size(int fd, const ctxs__file_layout *lay)
 {
+    /* Before any byte: btrfs takes NOCOW only on an empty file. */
+    ctxs__file_in_place(fd);
     if (ctxs__ftruncate(fd, (off_t)lay->file_bytes) != 0)
         return (errno == EFBIG || errno == ENOSPC) ? CTXS_EFULL : -errno;
     /* The first page and the two tables take disk space now: commits write

@@ -119,6 +119,11 @@ const char *cli_advice(int rc);
 /* The way out of a damaged index of the store in dir (CTXS_EINDEX), with
  * its paths, into buf. */
 void cli_index_hint(char *buf, size_t n, const char *dir);
+/* The first of dir/index/data.mdb, lock.mdb and store.lock that is there
+ * and is not a regular file: *name gets its name, what what it is in
+ * words ("a FIFO (named pipe)", "a symbolic link to 'X'", ...). 1, or 0
+ * when there is none. */
+int cli_index_special(const char *dir, const char **name, char *what, size_t n);
 /* The rule every session and checkpoint name must follow, in words. */
 extern const char *const cli_name_rule;
 /* Checks a name the user gave (what: "session name", "key", ...): -1 when
@@ -223,6 +228,20 @@ void json_kv_u64(json *j, const char *key, uint64_t v);
 void json_kv_i64(json *j, const char *key, int64_t v);
 void json_kv_double(json *j, const char *key, double v);
 void json_kv_bool(json *j, const char *key, int v);
+
+/* --- Operations a crash interrupted -------------------------------------- */
+
+/* An operation a crash interrupted (ctxs_store_intent_list()), in words,
+ * into buf: what it was, its file, and what the next read-write open of
+ * the store does with it; and the names a JSON report gives its kind
+ * ("create", "delete") and action ("wait", "remove_file", "drop"). */
+void cli_intent_sentence(char *buf, size_t n, const cli *c, const ctxs_intent_entry *e);
+const char *cli_intent_kind(const ctxs_intent_entry *e);
+const char *cli_intent_action(const ctxs_intent_entry *e);
+/* The intents as the value of key in the open object j: an array of
+ * {id, file, kind, pid, file_present, action, what}. */
+void cli_intents_json(json *j, const char *key, const cli *c, const ctxs_intent_entry *list,
+                      size_t n);
 
 /* --- Progress bar (stderr) ------------------------------------------------
  *

@@ -2058,6 +2058,8 @@ typedef struct demo_options {
     int quick;      /* --quick */
     int keep;       /* --keep */
     int synthetic;  /* --engine synthetic */
+    int engine;     /* --engine given */
+    int llama;      /* --engine llama */
 } demo_options;
 
 /* Returns -1 with *o filled in to go on, or an exit code (after --help or
@@ -2096,11 +2098,15 @@ static int parse_options(cli *c, int argc, char **argv, demo_options *o)
             o->keep = 1;
             break;
         case OPT_ENGINE:
-            if (!strcmp(optarg, "synthetic") || !strcmp(optarg, "tinychat"))
+            o->engine = 1;
+            if (!strcmp(optarg, "synthetic") || !strcmp(optarg, "tinychat") ||
+                !strcmp(optarg, "llama")) {
                 o->synthetic = !strcmp(optarg, "synthetic");
-            else
-                return cli_usage_error("demo", "--engine is tinychat or "
+                o->llama = !strcmp(optarg, "llama");
+            } else {
+                return cli_usage_error("demo", "--engine is llama, tinychat or "
                                        "synthetic, not %s", optarg);
+            }
             break;
         case ':':
             return cli_usage_error("demo", "%s needs a value",
@@ -2115,12 +2121,70 @@ static int parse_options(cli *c, int argc, char **argv, demo_options *o)
     return -1;
 }
 
+/* The llama.cpp demo (tools/demo-llama/demo_llama.c): a program of its
+ * own, so that this tool never links llama.cpp, found beside the tool in a
+ * build tree (where scripts/build-llama.sh put llama.cpp and the model). */
+static int find_llama_demo(char *out, size_t len)
+{
+#ifdef __linux__
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return 0;
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (!slash)
+        return 0;
+    *slash = '\0';
+    if (snprintf(out, len, "%s/../demo-llama/ctxstore-demo-llama", exe) >= (int)len)
+        return 0;
+    return access(out, X_OK) == 0;
+#else
+    (void)out;
+    (void)len;
+    return 0;
+#endif
+}
+
+/* Runs the llama.cpp demo in this process's place. */
+static int exec_llama_demo(cli *c, const demo_options *o, const char *path)
+{
+    char *args[8];
+    int n = 0;
+    args[n++] = (char *)path;
+    if (c->store_given) {
+        args[n++] = "--store";
+        args[n++] = (char *)c->store_dir;
+    }
+    if (o->keep)
+        args[n++] = "--keep";
+    if (o->quick)
+        args[n++] = "--quick";
+    args[n] = NULL;
+    fflush(stdout);
+    execv(path, args);
+    return cli_fail(-errno, "%s", path);
+}
+
 int cmd_demo(cli *c, int argc, char **argv)
 {
     demo_options o = { 0 };
     int ec = parse_options(c, argc, argv, &o);
     if (ec >= 0)
         return ec;
+    char llama_demo[PATH_MAX];
+    const int have_llama = find_llama_demo(llama_demo, sizeof llama_demo);
+    if (o.llama && !have_llama) {
+        cli_say("the llama.cpp demo is not built here (scripts/bootstrap.sh builds "
+                "llama.cpp and fetches the model)");
+        return CLI_EUSAGE;
+    }
+    if (o.llama && (o.turns || c->json))
+        return cli_usage_error("demo", "--turns and --json are for --engine tinychat or "
+                               "synthetic");
+    /* A real model where there is one; tinychat for --turns and --json. */
+    if (o.llama || (!o.engine && have_llama && !o.turns && !c->json))
+        return exec_llama_demo(c, &o, llama_demo);
 
     demo d;
     memset(&d, 0, sizeof d);

@@ -208,17 +208,20 @@ static const command k_commands[] = {
       "build tree, or where they are installed. With --json, one document:\n"
       "{\"programs\": [{\"program\", \"exit_status\", \"results\": [...]}]}.\n" },
     { "demo", cmd_demo, "play a chat, save each turn, resume it (the main job)",
-      "demo [--store DIR] [--turns N] [--quick] [--keep]\n"
-      "     [--engine tinychat|synthetic] [--json]\n\n"
-      "Plays a chat of several turns into a session with Qwen3-4B's KV\n"
-      "geometry, closes it, reopens it and continues, and prints each turn's\n"
-      "save time and the resume time beside what rewriting a state file and a\n"
-      "SQLite blob cost on the same data. The engine is examples/tinychat, a\n"
-      "tiny transformer with random weights whose attention reads the session\n"
-      "(after the resume it predicts from the session alone); --engine\n"
-      "synthetic writes made-up K/V instead, with no model. Without --store\n"
-      "(or CTXSTORE_DIR) it works in a temporary directory, removed at the end\n"
-      "unless --keep.\n" },
+      "demo [--store DIR] [--quick] [--keep] [--engine llama|tinychat|synthetic]\n"
+      "     [--turns N] [--json]\n\n"
+      "Plays a chat of several turns, saving each turn into a session, quits,\n"
+      "resumes and continues, and prints each save and the resume beside what\n"
+      "the ways people save a KV cache today cost on the same conversation.\n"
+      "The engine is llama.cpp with SmolLM2-135M where scripts/bootstrap.sh\n"
+      "built them (the default there): the model's real replies, against\n"
+      "llama.cpp's own state files and a re-prefill. --engine tinychat is a\n"
+      "tiny transformer with random weights and Qwen3-4B's KV geometry whose\n"
+      "attention reads the session, against a state file and a SQLite blob;\n"
+      "--engine synthetic writes made-up K/V, with no model; --turns and\n"
+      "--json are theirs. Without --store (or CTXSTORE_DIR) it works in a\n"
+      "temporary directory, removed at the end unless --keep; with --store\n"
+      "its session stays only with --keep.\n" },
 };
 
 enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };

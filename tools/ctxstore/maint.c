@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -384,8 +385,23 @@ int cmd_repair_index(cli *c, int argc, char **argv)
         return ex;
     if (first < argc)
         return cli_usage_error("repair-index", "repair-index takes no arguments");
+    /* What is there that is no regular file, to say what became of it. */
+    const char *special = NULL;
+    char what[PATH_MAX + 64];
+    if (!cli_index_special(c->store_dir, &special, what, sizeof(what)))
+        special = NULL;
     ctxs_salvage_result res;
     int rc = ctxs_store_repair_index(&res, c->store_dir, 0);
+    if (rc == CTXS_EINDEX && cli_index_special(c->store_dir, &special, what, sizeof(what))) {
+        ctxs_free(res.moved_to);
+        return cli_fail_said(rc, "remove it by hand, then run repair-index again",
+                             "%s/index/%s is %s, which repair-index does not remove",
+                             c->store_dir, special, what);
+    }
+    if (rc == 0 && special)
+        fprintf(stderr, "ctxstore: index/%s was %s, not a regular file: %s\n", special, what,
+                strcmp(special, "data.mdb") == 0 ? "moved aside with the damaged index"
+                                                 : "removed, and made anew");
     if (rc == CTXS_EBUSY) {
         ctxs_free(res.moved_to);
         return cli_fail_hint(rc, "close the programs that use it, then run repair-index again",
@@ -419,7 +435,7 @@ int cmd_repair_index(cli *c, int argc, char **argv)
             printf("; %" PRIu64 " that do not open left alone (see `ctxstore verify`)",
                    res.skipped);
         printf("\n");
-        if (res.moved_to && !res.meta_pages)
+        if (res.moved_to && !res.meta_pages && !(special && strcmp(special, "data.mdb") == 0))
             printf("nothing of the damaged index could be read: both meta pages are lost\n");
     }
     salvage_count_print(c, &j, "names", &res.names);

@@ -342,6 +342,67 @@ static int store_has(const char *dir, const char *name, int want_dir)
     return want_dir ? S_ISDIR(sb.st_mode) : S_ISREG(sb.st_mode);
 }
 
+int cli_index_special(const char *dir, const char **name, char *what, size_t n)
+{
+    static const char *const files[] = { "data.mdb", "lock.mdb", "store.lock" };
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        char path[PATH_MAX];
+        struct stat sb;
+        if ((size_t)snprintf(path, sizeof(path), "%s/index/%s", dir, files[i]) >= sizeof(path) ||
+            lstat(path, &sb) != 0 || S_ISREG(sb.st_mode))
+            continue;
+        *name = files[i];
+        if (S_ISLNK(sb.st_mode)) {
+            char target[PATH_MAX];
+            ssize_t k = readlink(path, target, sizeof(target) - 1);
+            target[k > 0 ? k : 0] = '\0';
+            snprintf(what, n, "a symbolic link to '%s'", target);
+        } else {
+            snprintf(what, n, "%s",
+                     S_ISFIFO(sb.st_mode)  ? "a FIFO (named pipe)"
+                     : S_ISSOCK(sb.st_mode) ? "a socket"
+                     : S_ISCHR(sb.st_mode)  ? "a character device"
+                     : S_ISBLK(sb.st_mode)  ? "a block device"
+                     : S_ISDIR(sb.st_mode)  ? "a directory"
+                                            : "not a regular file");
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* A file of DIR/index that is not a regular file: what it is, and the
+ * way out. Returns the exit code, or -1 when there is none. */
+static int index_special_fail(int rc, const char *dir)
+{
+    const char *name;
+    char what[PATH_MAX + 64], hint[PATH_MAX * 3 + 256];
+    if (!cli_index_special(dir, &name, what, sizeof(what)))
+        return -1;
+    if (strcmp(what, "a directory") == 0 && strcmp(name, "data.mdb") != 0)
+        snprintf(hint, sizeof(hint),
+                 "remove it (`rm -r %s/index/%s`: it holds nothing the store needs), and the "
+                 "next command makes the file again", dir, name);
+    else if (strcmp(name, "data.mdb") != 0)
+        snprintf(hint, sizeof(hint),
+                 "`ctxstore --store %s repair-index` removes it "
+                 "(it holds nothing the store needs) and the store makes it anew; or remove it, and the next command "
+                 "makes it again", dir);
+    else if (strncmp(what, "a symbolic link", 15) == 0)
+        snprintf(hint, sizeof(hint),
+                 "if the link's target is this store's index, move that file into its place "
+                 "(`mv TARGET %s/index/data.mdb`); else `ctxstore --store %s repair-index` "
+                 "moves the link aside and rebuilds the index from the session files", dir, dir);
+    else
+        snprintf(hint, sizeof(hint),
+                 "`ctxstore --store %s repair-index` moves it aside and rebuilds the index "
+                 "from the session files", dir);
+    return cli_fail_said(rc, hint,
+                         "%s/index/%s is %s, where ctxstore keeps a regular file (it never "
+                         "opens anything else there, nor follows a link out of the store)",
+                         dir, name, what);
+}
+
 #define MAKE_STORE_HINT                                                        \
     "give the store with --store DIR (or $CTXSTORE_DIR); `ctxstore import` "  \
     "and `ctxstore models register` make a new one"
@@ -396,6 +457,9 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
     if (rc == CTXS_EFOREIGN)
         return cli_fail_said(rc, "check the path; ctxstore leaves it alone",
                              "%s/index holds something that is not a ctxstore index", dir);
+    int special = rc == CTXS_EINDEX ? index_special_fail(rc, dir) : -1;
+    if (special >= 0)
+        return special;
     if (rc == CTXS_EINDEX) {
         char hint[PATH_MAX * 3 + 256];
         cli_index_hint(hint, sizeof(hint), dir);
@@ -476,6 +540,74 @@ int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only)
 void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id)
 {
     snprintf(buf, n, "%s/sessions/%016" PRIx64 ".ctxs", c->store_dir, id);
+}
+
+const char *cli_intent_kind(const ctxs_intent_entry *e)
+{
+    return e->kind == CTXS_INTENT_CREATE ? "create" : "delete";
+}
+
+const char *cli_intent_action(const ctxs_intent_entry *e)
+{
+    return e->action == CTXS_INTENT_WAIT          ? "wait"
+           : e->action == CTXS_INTENT_REMOVE_FILE ? "remove_file"
+                                                  : "drop";
+}
+
+void cli_intent_sentence(char *buf, size_t n, const cli *c, const ctxs_intent_entry *e)
+{
+    char path[4096], pid[48] = "";
+    cli_session_path(path, sizeof(path), c, e->id);
+    if (e->pid)
+        snprintf(pid, sizeof(pid), " by process %" PRIu32, e->pid);
+    const char *what = e->kind == CTXS_INTENT_CREATE
+                           ? "a create, fork or import"
+                           : "a delete";
+    switch (e->action) {
+    case CTXS_INTENT_WAIT:
+        snprintf(buf, n, "%s of %s%s is under way (its process is running, or a handle has the "
+                 "file open); the next read-write open of the store leaves it alone",
+                 what, path, pid);
+        break;
+    case CTXS_INTENT_REMOVE_FILE:
+        snprintf(buf, n, "%s of %s%s was interrupted by a crash before %s; the next read-write "
+                 "open of the store (any command that writes, `ctxstore compact` among them) "
+                 "removes the file, which no session owns",
+                 what, path, pid,
+                 e->kind == CTXS_INTENT_CREATE ? "the index named the file"
+                                               : "the file was removed");
+        break;
+    default:
+        snprintf(buf, n, "%s of %s%s was interrupted by a crash %s; the next read-write open "
+                 "of the store drops the index's record of it",
+                 what, path, pid,
+                 e->file_present                  ? "when it was done but for that record"
+                 : e->kind == CTXS_INTENT_CREATE ? "before its file was in place"
+                                                 : "after its file was removed");
+        break;
+    }
+}
+
+void cli_intents_json(json *j, const char *key, const cli *c, const ctxs_intent_entry *list,
+                      size_t n)
+{
+    json_key(j, key);
+    json_array_begin(j);
+    for (size_t i = 0; i < n; i++) {
+        char path[4096], what[4096 + 512];
+        cli_session_path(path, sizeof(path), c, list[i].id);
+        cli_intent_sentence(what, sizeof(what), c, &list[i]);
+        json_object_begin(j);
+        json_kv_u64(j, "id", list[i].id);
+        json_kv_string(j, "file", path);
+        json_kv_string(j, "kind", cli_intent_kind(&list[i]));
+        json_kv_u64(j, "pid", list[i].pid);
+        json_kv_bool(j, "file_present", (int)list[i].file_present);
+        json_kv_string(j, "action", cli_intent_action(&list[i]));
+        json_kv_string(j, "what", what);
+        json_object_end(j);
+    }
+    json_array_end(j);
 }
 
 const ctxs_record_report *cli_current_record(const ctxs_file_report *r)

@@ -53,6 +53,7 @@ constexpr uint32_t TILE = CTXS__CUDA_TILE;
 constexpr uint32_t THREADS = CTXS__CUDA_THREADS;
 constexpr uint32_t WARPS = CTXS__CUDA_WARPS;
 constexpr uint32_t TILES_PER_CHUNK = CHUNK / TILE;
+constexpr uint32_t MERGE_BATCH = 8;
 static_assert(TILE == 32, "a lane per key of a tile");
 static_assert(CHUNK % TILE == 0, "chunks are whole tiles");
 
@@ -523,17 +524,27 @@ __global__ void __launch_bounds__(THREADS) merge_kernel(const ctxs__cuda_attn a)
 #pragma unroll
     for (int k = 0; k < DPL; k++)
         racc[k] = 0.0f;
-    for (uint32_t c = 0; c < a.n_chunks; c++) {
-        const float m = ml[2 * c], l = ml[2 * c + 1];
-        if (m == neg_inf())
-            continue;
-        float acc[DPL];
+    /* MERGE_BATCH chunks' loads in flight at once, then folded one by one
+     * in position order (the bits stay those of a fold chunk by chunk): a
+     * fold waits on its loads, and one chunk at a time made the merge a
+     * chain of memory latencies, 41 us beside the attention kernel's 66 at
+     * 8192 tokens on an H200 (ncu). */
+    for (uint32_t c0 = 0; c0 < a.n_chunks; c0 += MERGE_BATCH) {
+        float m[MERGE_BATCH], l[MERGE_BATCH], acc[MERGE_BATCH][DPL];
 #pragma unroll
-        for (int k = 0; k < DPL; k++) {
-            const uint32_t d = lane * DPL + k;
-            acc[k] = d < hd ? sums[(size_t)c * hd + d] : 0.0f;
+        for (uint32_t j = 0; j < MERGE_BATCH; j++) {
+            const uint32_t c = c0 + j;
+            m[j] = c < a.n_chunks ? ml[2 * c] : neg_inf();
+            l[j] = c < a.n_chunks ? ml[2 * c + 1] : 0.0f;
+#pragma unroll
+            for (int k = 0; k < DPL; k++) {
+                const uint32_t d = lane * DPL + k;
+                acc[j][k] = c < a.n_chunks && d < hd ? sums[(size_t)c * hd + d] : 0.0f;
+            }
         }
-        fold<DPL>(rm, rl, racc, m, l, acc);
+#pragma unroll
+        for (uint32_t j = 0; j < MERGE_BATCH; j++)
+            fold<DPL>(rm, rl, racc, m[j], l[j], acc[j]); /* skips an empty chunk */
     }
     write_out<DPL>(a.out + pg * hd, hd, lane, rm, rl, racc);
 }

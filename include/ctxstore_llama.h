@@ -1,0 +1,218 @@
+/*
+ * ctxstore_llama.h — llama.cpp's conversations kept in ctxstore sessions.
+ *
+ * libctxstore_llama (pkg-config ctxstore-llama) binds one sequence of a
+ * llama_context to a ctxstore session: what llama.cpp decodes into that
+ * sequence is saved into the session, token by token as it is decoded, and a
+ * session is put back into a sequence so that the next llama_decode()
+ * continues exactly as if the process had never stopped.
+ *
+ *     ctxs_model model;                                   // from the GGUF
+ *     ctxs_llama_model_init(&model, st, "SmolLM2.gguf", lmodel, &cparams);
+ *     ctxs_model_register(st, &model, "SmolLM2-135M");
+ *
+ *     ctxs_llama *lc;                                     // resume "chat", or
+ *     ctxs_llama_start_info info;                         // fork a stored
+ *     ctxs_llama_start(&lc, st, "chat", lctx, &model,     // prompt's prefix,
+ *                      prompt, n_prompt, NULL, &info);    // or start empty
+ *     if (info.how != CTXS_LLAMA_RESUMED)                 // info.n_tokens of
+ *         ctxs_llama_decode(lc, prompt + info.n_tokens,   // the prompt are in
+ *                           n_prompt - info.n_tokens);    // the context
+ *     for (;;) {                                          // generate
+ *         llama_token t = llama_sampler_sample(smpl, lctx, -1);
+ *         ctxs_llama_decode(lc, &t, 1);                   // decode + save
+ *     }
+ *     ctxs_llama_close(lc);
+ *
+ * What it relies on in llama.cpp (public C API only; no patched engine):
+ *
+ * - The context has a unified KV cache (llama_context_params.kv_unified =
+ *   true) and room for one sequence more than the app uses (n_seq_max >= 2):
+ *   the adapter tags the new tokens' cells with that spare sequence
+ *   (llama_memory_seq_cp, which copies no K/V in a unified cache), reads
+ *   that sequence's state (llama_state_seq_get_data: only the tagged cells'
+ *   rows), and drops the tag (llama_memory_seq_rm).
+ * - The byte layout of a sequence's state as llama.cpp writes it (magic,
+ *   sequence, then per cache block: streams, cells with their positions,
+ *   then per layer the K rows and the V rows or, with a transposed V cache,
+ *   V by element). It is read and written by src/llama/seq_state.c and
+ *   checked on every call: a layout it does not know is refused with
+ *   CTXS_EENGINE and a message, never misread. Written against llama.cpp
+ *   0c1e570 (vendored by llama-cpp-python 0.3.36).
+ * - Positions: token i of the conversation is at position i of the
+ *   sequence (no context shift; llama_memory_seq_add breaks the binding).
+ * - Cache types: f16 or bf16 for both K and V (type_k == type_v), stored in
+ *   the session as they are, bit for bit; quantized caches (q8_0, q4_0, ...)
+ *   use llama.cpp's block formats, which a session does not hold, and are
+ *   refused (CTXS_EINVAL).
+ * - Sliding-window models (Gemma 2 and 3, ...; llama.cpp's iSWA cache): every
+ *   layer keeps the whole history in the session. llama.cpp's window layers
+ *   keep only the last n_swa positions, so new tokens must be saved while
+ *   their window layers still hold them: ctxs_llama_decode() decodes in
+ *   pieces of at most n_swa tokens; an app that calls llama_decode() itself
+ *   with longer batches must set swa_full = true (llama.cpp then keeps every
+ *   position in those layers) or ctxs_llama_save() refuses.
+ *
+ * Costs, per call:
+ * - ctxs_llama_save() of n new tokens: llama.cpp serializes the n tagged
+ *   cells (a scan of its cell table, n_ctx entries, and n tokens' rows), the
+ *   rows are written into the session (ctxs_session_write_layer: no page
+ *   faults on the caller's thread) and committed with their ids: O(n), not
+ *   O(context). With the session's durability (ASYNC by default).
+ * - ctxs_llama_restore(): the session's held tokens are read from the
+ *   mapping into one buffer in llama.cpp's state layout and handed to
+ *   llama_state_seq_set_data(): O(context), the copy into llama.cpp's own
+ *   cache, which holds its own copy of K/V (see docs/LLAMA.md for what
+ *   zero-copy would need from llama.cpp).
+ * - ctxs_llama_rollback(): llama_memory_seq_rm() and the session's
+ *   rollback; a sliding-window model whose window layers no longer hold what
+ *   the rolled-back state needs is restored from the session.
+ *
+ * Errors are the library's codes (ctxstore.h); ctxs_llama_get_last_error()
+ * says why in words. A handle is used by one thread at a time, as the
+ * llama_context is.
+ */
+#ifndef CTXSTORE_LLAMA_H
+#define CTXSTORE_LLAMA_H
+
+#include <stdint.h>
+
+#include "ctxstore.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct llama_model;
+struct llama_context;
+struct llama_context_params;
+
+typedef struct ctxs_llama ctxs_llama;
+
+/* Why the calling thread's last failed call of this library failed, in
+ * words ("" before any failure). Valid until the thread's next call. */
+CTXS_API const char *ctxs_llama_get_last_error(void);
+
+/* The identity of a GGUF model for sessions of a context made with cparams:
+ * geometry from the model's metadata (llama_model_n_layer, n_head_kv, and
+ * the head dim that <arch>.attention.key_length states, else n_embd /
+ * n_head), dtype from cparams->type_k, the weights hash of the file at
+ * gguf_path (cached in st, which may be NULL), and the tokenizer hash of the
+ * vocabulary's token strings in id order (ctxs_tokenizer_hash_strings).
+ * Errors: CTXS_EINVAL (NULL; a cache type other than f16 or bf16, or K and V
+ * of different types; K and V head dims that differ, or per-layer KV heads),
+ * -errno and CTXS_ENOMEM from hashing the file. */
+CTXS_API int ctxs_llama_model_init(ctxs_model *out, ctxs_store *st, const char *gguf_path,
+                                   const struct llama_model *model,
+                                   const struct llama_context_params *cparams);
+
+typedef struct ctxs_llama_options {
+    uint32_t version;       /* CTXS_LLAMA_OPTIONS_VERSION */
+    int32_t seq_id;         /* the app's sequence (default 0) */
+    int32_t spare_seq_id;   /* a sequence the app never uses, for the
+                               adapter's reads; -1: llama_n_seq_max() - 1 */
+    uint32_t open_flags;    /* ctxs_llama_start()'s open of a stored session:
+                               CTXS_OPEN_VERIFY checks every token not yet
+                               durable, as after a power loss */
+    const ctxs_create_options *create; /* for new sessions (ctxs_llama_start);
+                               NULL: capacity llama_n_ctx(), no ring */
+} ctxs_llama_options;
+
+#define CTXS_LLAMA_OPTIONS_VERSION 1u
+#define CTXS_LLAMA_OPTIONS_INIT { CTXS_LLAMA_OPTIONS_VERSION, 0, -1, 0, NULL }
+
+/* Binds the sequence opts->seq_id of ctx to the session s (read-write,
+ * opened for the model of ctx). Nothing moves: see ctxs_llama_restore().
+ * The handle keeps pointers to ctx and s; it closes neither, and both must
+ * outlive it.
+ * Errors: CTXS_EINVAL (NULL, sequences out of range or equal, n_seq_max < 2,
+ * a context whose cache is not unified, a session of another geometry than
+ * ctx's model), CTXS_EREADONLY (s read-only), CTXS_EENGINE (llama.cpp's
+ * state layout not recognised), CTXS_ENOMEM. */
+CTXS_API int ctxs_llama_attach(ctxs_llama **out, struct llama_context *ctx, ctxs_session *s,
+                               const ctxs_llama_options *opts);
+
+/* Releases the binding; the session and the context stay as they are.
+ * Accepts NULL. */
+CTXS_API void ctxs_llama_detach(ctxs_llama *lc);
+
+/* ctxs_llama_detach() and ctxs_session_close() of the session that
+ * ctxs_llama_start() opened. Accepts NULL. */
+CTXS_API void ctxs_llama_close(ctxs_llama *lc);
+
+/* The session of lc. */
+CTXS_API ctxs_session *ctxs_llama_get_session(const ctxs_llama *lc);
+
+/* Puts the session's committed tokens into the bound sequence, which is
+ * cleared first: their positions, K and V (llama_state_seq_set_data). The
+ * next llama_decode() of position n_tokens continues as the process that
+ * saved them would have.
+ * Errors: CTXS_EFULL (more tokens than the context holds), CTXS_EEVICTED (a
+ * ring session that no longer holds its first tokens), CTXS_EENGINE
+ * (llama.cpp refused the state), CTXS_ENOMEM. On error the sequence is
+ * empty. */
+CTXS_API int ctxs_llama_restore(ctxs_llama *lc);
+
+/* Saves the n tokens that the sequence holds after the session's committed
+ * ones (positions n_tokens .. n_tokens + n - 1, decoded by llama_decode()
+ * since the last save), with their ids: their K/V rows as llama.cpp holds
+ * them, bit for bit, written into the session and committed.
+ * Errors: CTXS_EINVAL (NULL, n == 0; the sequence does not hold those
+ * positions, or a window layer no longer does: see the header's note),
+ * CTXS_EFULL (the session is full: the context's n_ctx is reached, or no
+ * disk space), CTXS_EENGINE, the errors of ctxs_session_commit(). Nothing
+ * is committed on error. */
+CTXS_API int ctxs_llama_save(ctxs_llama *lc, const int32_t *tokens, uint32_t n);
+
+/* llama_decode() of tokens[0..n) at the sequence's next positions, in
+ * batches the context allows (and, for a sliding-window model, of at most
+ * n_swa tokens), each saved as it is decoded; logits are computed for the
+ * last token only. Errors: those of ctxs_llama_save(); CTXS_EENGINE
+ * (llama_decode failed: its status is in the message). On error, the tokens
+ * saved before it stay saved and the sequence holds exactly those. */
+CTXS_API int ctxs_llama_decode(ctxs_llama *lc, const int32_t *tokens, uint32_t n);
+
+/* Rolls both the session and the sequence back to n_tokens (a regenerated
+ * answer). Errors: those of ctxs_session_rollback(), CTXS_EENGINE. */
+CTXS_API int ctxs_llama_rollback(ctxs_llama *lc, uint64_t n_tokens);
+
+/* ctxs_checkpoint_restore() of the session, then the sequence brought to
+ * the same count. Errors: those of ctxs_checkpoint_restore(),
+ * CTXS_EENGINE. */
+CTXS_API int ctxs_llama_checkpoint_restore(ctxs_llama *lc, const char *name);
+
+typedef struct ctxs_llama_start_info {
+    uint64_t n_tokens;         /* tokens in the sequence after the start */
+    uint32_t how;              /* CTXS_LLAMA_RESUMED, _FORKED or _CREATED */
+    uint32_t reserved_;
+    char from[CTXS_NAME_MAX + 1]; /* _FORKED: the session whose prefix it took */
+} ctxs_llama_start_info;
+
+#define CTXS_LLAMA_RESUMED 1u /* the session existed: restored */
+#define CTXS_LLAMA_FORKED 2u  /* a new session forked from a stored prompt */
+#define CTXS_LLAMA_CREATED 3u /* a new, empty session */
+
+/* Opens the conversation name of store st in the bound sequence of ctx:
+ * - if st has a session of that name, it is opened and restored
+ *   (CTXS_LLAMA_RESUMED; prompt is not looked at);
+ * - else, where ctxs_prefix_find() finds a stored session that starts like
+ *   prompt[0..n_prompt), name is forked from it at the shared tokens (never
+ *   the whole prompt: its last token is left to decode, for its logits) and
+ *   restored (CTXS_LLAMA_FORKED);
+ * - else name is created empty (CTXS_LLAMA_CREATED), capacity llama_n_ctx()
+ *   and no ring unless opts->create says otherwise.
+ * info->n_tokens of the conversation are then in the sequence; the app
+ * decodes the rest. model must be what ctxs_llama_model_init() gave, and
+ * registered in st.
+ * Errors: those of ctxs_store_session_open(), _create(), _fork(),
+ * ctxs_llama_attach() and ctxs_llama_restore(). */
+CTXS_API int ctxs_llama_start(ctxs_llama **out, ctxs_store *st, const char *name,
+                              struct llama_context *ctx, const ctxs_model *model,
+                              const int32_t *prompt, uint32_t n_prompt,
+                              const ctxs_llama_options *opts, ctxs_llama_start_info *info);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

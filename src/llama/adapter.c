@@ -1,0 +1,601 @@
+/*
+ * One sequence of a llama_context bound to a ctxstore session: save,
+ * restore, decode, rollback and start (include/ctxstore_llama.h).
+ *
+ * The new tokens' K/V come out of llama.cpp through a spare sequence: their
+ * cells are tagged with it (llama_memory_seq_cp, which in a unified cache
+ * adds a sequence id to the cells and copies nothing), that sequence's state
+ * is read (llama_state_seq_get_data writes only its cells' rows), and the
+ * tag is dropped. So a save costs the new tokens' bytes plus a scan of
+ * llama.cpp's cell table, never the context's bytes.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <llama.h>
+
+#include "llama_internal.h"
+
+struct ctxs_llama {
+    struct llama_context *ctx;
+    llama_memory_t mem;
+    ctxs_session *s;
+    int owns_session; /* ctxs_llama_start() opened it: ctxs_llama_close() closes it */
+    int32_t seq, spare;
+    uint32_t v_trans;  /* llama.cpp keeps V transposed (no flash attention) */
+    uint32_t n_batch;  /* most tokens one llama_decode() takes */
+    uint32_t capacity; /* the session's slots */
+    int window_cache_full; /* a restore may give window layers every
+                              position (until llama.cpp says no room) */
+    ctxs__llama_shape shape;
+    ctxs__seq_state parsed;
+    uint8_t *buf; /* llama.cpp's state of a sequence */
+    size_t buf_cap;
+    uint8_t *rows; /* one layer's K then V rows, in position order */
+    size_t rows_cap;
+};
+
+static int grow(uint8_t **p, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return 0;
+    uint8_t *q = realloc(*p, n);
+    if (!q)
+        return ctxs__llama_fail(CTXS_ENOMEM, "out of memory for %zu bytes of K/V", n);
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+/* --- The V layout of the context ----------------------------------------- */
+
+/* Whether the context keeps V transposed is not in llama.cpp's API (it
+ * follows flash attention, which "auto" decides at context creation): one
+ * cell for the spare sequence is offered in each layout, and llama.cpp
+ * accepts only its own. Its log is held back meanwhile: the refusal of the
+ * other layout is expected. */
+static void quiet_log(enum ggml_log_level level, const char *text, void *user)
+{
+    (void)level;
+    (void)text;
+    (void)user;
+}
+
+static int probe_v_layout(ctxs_llama *lc)
+{
+    const ctxs__seq_shape *shape = &lc->shape.seq;
+    uint32_t cells[CTXS__SEQ_MAX_BLOCKS] = {1, 1};
+    int32_t first[CTXS__SEQ_MAX_BLOCKS] = {0, 0};
+    const size_t size = ctxs__seq_size(shape, cells);
+    int rc = grow(&lc->buf, &lc->buf_cap, size);
+    if (rc < 0)
+        return rc;
+    ggml_log_callback prev_cb;
+    void *prev_user;
+    llama_log_get(&prev_cb, &prev_user);
+    llama_log_set(quiet_log, NULL);
+    int found = -1;
+    for (uint32_t trans = 0; trans < 2 && found < 0; trans++) {
+        uint8_t *k[CTXS__SEQ_MAX_BLOCKS][CTXS__SEQ_MAX_LAYERS];
+        uint8_t *v[CTXS__SEQ_MAX_BLOCKS][CTXS__SEQ_MAX_LAYERS];
+        memset(lc->buf, 0, size);
+        ctxs__seq_build(lc->buf, shape, lc->spare, cells, first, trans, k, v);
+        if (llama_state_seq_set_data(lc->ctx, lc->buf, size, lc->spare) == size)
+            found = (int)trans;
+        llama_memory_seq_rm(lc->mem, lc->spare, -1, -1);
+    }
+    llama_log_set(prev_cb, prev_user);
+    if (found < 0)
+        return ctxs__llama_fail(CTXS_EENGINE,
+                                "llama.cpp accepts a sequence state in neither V layout: its "
+                                "state format is not the one this adapter knows, or the "
+                                "context's cache is not unified");
+    lc->v_trans = (uint32_t)found;
+    return 0;
+}
+
+/* --- Attach --------------------------------------------------------------- */
+
+int ctxs_llama_attach(ctxs_llama **out, struct llama_context *ctx, ctxs_session *s,
+                      const ctxs_llama_options *opts)
+{
+    ctxs__llama_clear_error();
+    if (!out)
+        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_attach: out is NULL");
+    *out = NULL;
+    if (!ctx || !s)
+        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_attach: a NULL context or session");
+    ctxs_llama_options o = CTXS_LLAMA_OPTIONS_INIT;
+    if (opts) {
+        if (opts->version != CTXS_LLAMA_OPTIONS_VERSION)
+            return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_options.version is %u, not %u",
+                                    opts->version, CTXS_LLAMA_OPTIONS_VERSION);
+        o = *opts;
+    }
+    const int32_t n_seq = (int32_t)llama_n_seq_max(ctx);
+    if (o.spare_seq_id < 0)
+        o.spare_seq_id = n_seq - 1;
+    if (n_seq < 2)
+        return ctxs__llama_fail(CTXS_EINVAL,
+                                "the context has n_seq_max = %d: the adapter needs one sequence "
+                                "besides the app's (create it with n_seq_max >= 2 and "
+                                "kv_unified = true)",
+                                n_seq);
+    if (o.seq_id < 0 || o.seq_id >= n_seq || o.spare_seq_id >= n_seq || o.seq_id == o.spare_seq_id)
+        return ctxs__llama_fail(CTXS_EINVAL,
+                                "sequences %d (the app's) and %d (spare) must differ and be "
+                                "below n_seq_max = %d",
+                                o.seq_id, o.spare_seq_id, n_seq);
+    ctxs_session_info info;
+    int rc = ctxs_session_get_info(&info, s);
+    if (rc < 0)
+        return ctxs__llama_fail(rc, "the session: %s", ctxs_strerror(rc));
+    if (info.flags & CTXS_INFO_READONLY)
+        return ctxs__llama_fail(CTXS_EREADONLY, "the session is open read-only");
+
+    ctxs_llama *lc = calloc(1, sizeof(*lc));
+    if (!lc)
+        return ctxs__llama_fail(CTXS_ENOMEM, "out of memory");
+    lc->ctx = ctx;
+    lc->mem = llama_get_memory(ctx);
+    lc->s = s;
+    lc->seq = o.seq_id;
+    lc->spare = o.spare_seq_id;
+    lc->n_batch = llama_n_batch(ctx);
+    lc->capacity = info.capacity;
+    lc->window_cache_full = 1;
+    if ((rc = ctxs__llama_shape_of(&lc->shape, llama_get_model(ctx), &info.model.geometry)) < 0 ||
+        (rc = probe_v_layout(lc)) < 0) {
+        ctxs_llama_detach(lc);
+        return rc;
+    }
+    *out = lc;
+    return 0;
+}
+
+void ctxs_llama_detach(ctxs_llama *lc)
+{
+    if (!lc)
+        return;
+    free(lc->buf);
+    free(lc->rows);
+    free(lc);
+}
+
+void ctxs_llama_close(ctxs_llama *lc)
+{
+    if (!lc)
+        return;
+    ctxs_session *s = lc->owns_session ? lc->s : NULL;
+    ctxs_llama_detach(lc);
+    ctxs_session_close(s);
+}
+
+ctxs_session *ctxs_llama_get_session(const ctxs_llama *lc)
+{
+    return lc ? lc->s : NULL;
+}
+
+/* --- Save ------------------------------------------------------------------ */
+
+/* Gathers one layer's K and V rows of block b's cells into lc->rows, K
+ * then V, each [n][n_kv_heads][head_dim] in position order: cell i holds
+ * position first + order[i]. */
+static void gather_layer(ctxs_llama *lc, const ctxs__seq_block *b, uint32_t j, int32_t first)
+{
+    const size_t row = lc->shape.seq.row_bytes, n = b->n_cells;
+    uint8_t *k = lc->rows, *v = lc->rows + n * row;
+    for (uint32_t i = 0; i < n; i++) {
+        const size_t at = (size_t)(ctxs__seq_cell_pos(b, i) - first) * row;
+        memcpy(k + at, b->k[j] + i * row, row);
+        if (!b->v_trans) {
+            memcpy(v + at, b->v[j] + i * row, row);
+            continue;
+        }
+        /* transposed: element e of every cell is one run of n */
+        for (size_t e = 0; e < row / 2; e++)
+            memcpy(v + at + 2 * e, b->v[j] + (e * n + i) * 2, 2);
+    }
+}
+
+/* Checks that every block holds positions first .. first + n - 1, each
+ * once. */
+static int check_cells(const ctxs_llama *lc, uint32_t n, int32_t first)
+{
+    for (uint32_t b = 0; b < lc->parsed.n_blocks; b++) {
+        const ctxs__seq_block *blk = &lc->parsed.block[b];
+        if (blk->n_cells != n)
+            return ctxs__llama_fail(
+                CTXS_EINVAL,
+                "llama.cpp's %s layers hold %u of the %u positions %d..%d: %s",
+                b ? "window" : "global", blk->n_cells, n, first, first + (int32_t)n - 1,
+                b ? "decode at most n_swa tokens per llama_decode() (ctxs_llama_decode does) "
+                    "or create the context with swa_full = true"
+                  : "save the tokens right after decoding them, at the positions after the "
+                    "session's");
+        for (uint32_t i = 0; i < n; i++) {
+            const int32_t pos = ctxs__seq_cell_pos(blk, i);
+            if (pos < first || pos >= first + (int32_t)n)
+                return ctxs__llama_fail(CTXS_EINVAL, "llama.cpp holds position %d among %d..%d",
+                                        pos, first, first + (int32_t)n - 1);
+        }
+    }
+    return 0;
+}
+
+/* One layer's rows (K then V, [n][n_kv_heads][head_dim]) into tokens
+ * i .. i + n - 1 of reservation r. */
+static int store_layer(ctxs_llama *lc, const ctxs_reservation *r, uint32_t layer, uint32_t i,
+                       uint32_t n, const uint8_t *rows)
+{
+    const size_t row = lc->shape.seq.row_bytes, hd = row / lc->shape.n_kv_heads;
+    for (uint32_t kind = 0; kind < 2; kind++) {
+        for (uint32_t h = 0; h < lc->shape.n_kv_heads; h++) {
+            void *run;
+            int rc = ctxs_session_get_kv(&run, lc->s, layer, kind, h);
+            if (rc < 0)
+                return rc;
+            for (uint32_t t = 0; t < n; t++) {
+                uint32_t at = i + t, slot = 0;
+                for (uint32_t sp = 0; sp < r->n_spans; sp++) {
+                    if (at < r->spans[sp].count) {
+                        slot = r->spans[sp].slot + at;
+                        break;
+                    }
+                    at -= r->spans[sp].count;
+                }
+                memcpy((uint8_t *)run + (size_t)slot * hd,
+                       rows + (size_t)kind * n * row + (size_t)t * row + h * hd, hd);
+            }
+        }
+    }
+    return 0;
+}
+
+/* Copies positions first .. first + n - 1 of the app's sequence into the
+ * session as tokens i .. i + n - 1 of reservation r. */
+static int save_piece(ctxs_llama *lc, const ctxs_reservation *r, uint32_t i, uint32_t n,
+                      int32_t first)
+{
+    const ctxs__seq_shape *shape = &lc->shape.seq;
+    uint32_t cells[CTXS__SEQ_MAX_BLOCKS] = {n, n};
+    const size_t size = ctxs__seq_size(shape, cells);
+    int rc = grow(&lc->buf, &lc->buf_cap, size);
+    if (rc < 0 || (rc = grow(&lc->rows, &lc->rows_cap, 2 * (size_t)n * shape->row_bytes)) < 0)
+        return rc;
+    llama_memory_seq_cp(lc->mem, lc->seq, lc->spare, first, first + (int32_t)n);
+    const size_t got = llama_state_seq_get_data(lc->ctx, lc->buf, lc->buf_cap, lc->spare);
+    llama_memory_seq_rm(lc->mem, lc->spare, -1, -1);
+    if (got == 0)
+        return ctxs__llama_fail(CTXS_EINVAL,
+                                "llama.cpp holds more than positions %d..%d for the sequence "
+                                "(its state did not fit %zu bytes)",
+                                first, first + (int32_t)n - 1, lc->buf_cap);
+    const char *why;
+    if (ctxs__seq_parse(&lc->parsed, lc->buf, got, shape, &why) < 0)
+        return ctxs__llama_fail(CTXS_EENGINE, "llama.cpp's sequence state: %s", why);
+    if ((rc = check_cells(lc, n, first)) < 0)
+        return rc;
+    for (uint32_t b = 0; b < lc->parsed.n_blocks; b++) {
+        const ctxs__seq_block *blk = &lc->parsed.block[b];
+        for (uint32_t j = 0; j < blk->n_layers; j++) {
+            gather_layer(lc, blk, j, first);
+            rc = store_layer(lc, r, lc->shape.layer_of[b][j], i, n, lc->rows);
+            if (rc < 0)
+                return ctxs__llama_fail(rc, "writing layer %u into the session: %s",
+                                        lc->shape.layer_of[b][j], ctxs_strerror(rc));
+        }
+    }
+    return 0;
+}
+
+int ctxs_llama_save(ctxs_llama *lc, const int32_t *tokens, uint32_t n)
+{
+    ctxs__llama_clear_error();
+    if (!lc || !tokens || n == 0)
+        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_save: NULL, or no tokens");
+    ctxs_session_info info;
+    int rc = ctxs_session_get_info(&info, lc->s);
+    if (rc < 0)
+        return ctxs__llama_fail(rc, "the session: %s", ctxs_strerror(rc));
+    if (info.n_tokens + n > (uint64_t)INT32_MAX)
+        return ctxs__llama_fail(CTXS_EINVAL, "positions past llama.cpp's range");
+    const int32_t first = (int32_t)info.n_tokens;
+    if (llama_memory_seq_pos_max(lc->mem, lc->seq) < first + (int32_t)n - 1)
+        return ctxs__llama_fail(CTXS_EINVAL,
+                                "the sequence ends at position %d; the session holds %d tokens, "
+                                "so %u more need positions up to %d",
+                                llama_memory_seq_pos_max(lc->mem, lc->seq), first, n,
+                                first + (int32_t)n - 1);
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0)
+            return ctxs__llama_fail(CTXS_EINVAL, "token %u is %d", i, tokens[i]);
+    ctxs_reservation r;
+    if ((rc = ctxs_session_reserve(&r, lc->s, n)) < 0)
+        return ctxs__llama_fail(rc,
+                                rc == CTXS_EFULL
+                                    ? "the session has no room for %u more tokens after %d "
+                                      "(its capacity, the context's n_ctx, or the disk)"
+                                    : "reserving %u tokens after %d: failed",
+                                n, first);
+    /* A window layer keeps its last n_swa positions: read them before a
+     * later piece's cells push them out of what llama.cpp serializes. */
+    const uint32_t step = lc->shape.n_swa ? lc->shape.n_swa : n;
+    for (uint32_t i = 0; i < n && rc >= 0; i += step) {
+        const uint32_t m = n - i < step ? n - i : step;
+        rc = save_piece(lc, &r, i, m, first + (int32_t)i);
+    }
+    if (rc >= 0 && (rc = ctxs_session_commit(lc->s, (const uint32_t *)tokens, n)) < 0)
+        return ctxs__llama_fail(rc, "committing %u tokens: %s", n, ctxs_strerror(rc));
+    if (rc < 0)
+        ctxs_session_rollback(lc->s, info.n_tokens); /* releases the reservation */
+    return rc < 0 ? rc : 0;
+}
+
+int ctxs_llama_decode(ctxs_llama *lc, const int32_t *tokens, uint32_t n)
+{
+    ctxs__llama_clear_error();
+    if (!lc || (!tokens && n))
+        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_decode: a NULL argument");
+    ctxs_session_info info;
+    int rc = ctxs_session_get_info(&info, lc->s);
+    if (rc < 0)
+        return ctxs__llama_fail(rc, "the session: %s", ctxs_strerror(rc));
+    uint32_t step = lc->n_batch;
+    if (lc->shape.n_swa && lc->shape.n_swa < step)
+        step = lc->shape.n_swa;
+    llama_batch batch = llama_batch_init((int32_t)step, 0, 1);
+    for (uint32_t i = 0; i < n; i += step) {
+        const uint32_t m = n - i < step ? n - i : step;
+        batch.n_tokens = (int32_t)m;
+        for (uint32_t t = 0; t < m; t++) {
+            batch.token[t] = tokens[i + t];
+            batch.pos[t] = (llama_pos)(info.n_tokens + i + t);
+            batch.n_seq_id[t] = 1;
+            batch.seq_id[t][0] = lc->seq;
+            batch.logits[t] = i + t == n - 1;
+        }
+        const int32_t status = llama_decode(lc->ctx, batch);
+        if (status != 0) {
+            /* The sequence keeps exactly what was saved. */
+            llama_memory_seq_rm(lc->mem, lc->seq, (llama_pos)(info.n_tokens + i), -1);
+            rc = ctxs__llama_fail(CTXS_EENGINE, "llama_decode of %u tokens at position %llu: %d",
+                                  m, (unsigned long long)(info.n_tokens + i), status);
+            break;
+        }
+        if ((rc = ctxs_llama_save(lc, tokens + i, m)) < 0) {
+            llama_memory_seq_rm(lc->mem, lc->seq, (llama_pos)(info.n_tokens + i), -1);
+            break;
+        }
+    }
+    llama_batch_free(batch);
+    return rc < 0 ? rc : 0;
+}
+
+/* --- Restore ------------------------------------------------------------- */
+
+/* Builds the state of the session's first n tokens, the window layers'
+ * block holding its last n_window of them, and hands it to llama.cpp.
+ * Returns 0, or 1 if llama.cpp refused it. */
+static int put_state(ctxs_llama *lc, const ctxs_layout *lay, uint32_t n, uint32_t n_window,
+                     int quiet)
+{
+    const ctxs__seq_shape *shape = &lc->shape.seq;
+    const uint32_t cells[CTXS__SEQ_MAX_BLOCKS] = {n, n_window};
+    const int32_t first[CTXS__SEQ_MAX_BLOCKS] = {0, (int32_t)(n - n_window)};
+    const size_t size = ctxs__seq_size(shape, cells);
+    int rc = grow(&lc->buf, &lc->buf_cap, size);
+    if (rc < 0)
+        return rc;
+    uint8_t *k[CTXS__SEQ_MAX_BLOCKS][CTXS__SEQ_MAX_LAYERS];
+    uint8_t *v[CTXS__SEQ_MAX_BLOCKS][CTXS__SEQ_MAX_LAYERS];
+    ctxs__seq_build(lc->buf, shape, lc->seq, cells, first, lc->v_trans, k, v);
+    const size_t hd_bytes = lay->slot_bytes, row = shape->row_bytes, hd = lc->shape.head_dim;
+    for (uint32_t b = 0; b < shape->n_blocks; b++) {
+        for (uint32_t j = 0; j < shape->n_layers[b]; j++) {
+            const uint32_t il = lc->shape.layer_of[b][j];
+            for (uint32_t h = 0; h < lc->shape.n_kv_heads; h++) {
+                /* Slot = position: the session is not a wrapped ring. */
+                const uint8_t *kr = (const uint8_t *)lay->kv + il * lay->layer_stride +
+                                    h * lay->head_stride + (size_t)first[b] * hd_bytes;
+                const uint8_t *vr = kr + lay->kv_stride;
+                for (uint32_t i = 0; i < cells[b]; i++)
+                    memcpy(k[b][j] + i * row + h * hd_bytes, kr + i * hd_bytes, hd_bytes);
+                if (!lc->v_trans) {
+                    for (uint32_t i = 0; i < cells[b]; i++)
+                        memcpy(v[b][j] + i * row + h * hd_bytes, vr + i * hd_bytes, hd_bytes);
+                    continue;
+                }
+                /* transposed: element e of head h is run h * head_dim + e */
+                for (uint32_t e = 0; e < hd; e++) {
+                    uint8_t *dst = v[b][j] + ((size_t)h * hd + e) * cells[b] * 2;
+                    for (uint32_t i = 0; i < cells[b]; i++)
+                        memcpy(dst + 2 * i, vr + i * hd_bytes + 2 * e, 2);
+                }
+            }
+        }
+    }
+    ggml_log_callback prev_cb = NULL;
+    void *prev_user = NULL;
+    if (quiet) {
+        llama_log_get(&prev_cb, &prev_user);
+        llama_log_set(quiet_log, NULL);
+    }
+    const size_t got = llama_state_seq_set_data(lc->ctx, lc->buf, size, lc->seq);
+    if (quiet)
+        llama_log_set(prev_cb, prev_user);
+    if (got == size)
+        return 0;
+    llama_memory_seq_rm(lc->mem, lc->seq, -1, -1);
+    return 1;
+}
+
+int ctxs_llama_restore(ctxs_llama *lc)
+{
+    ctxs__llama_clear_error();
+    if (!lc)
+        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_restore: NULL");
+    llama_memory_seq_rm(lc->mem, lc->seq, -1, -1);
+    ctxs_session_info info;
+    int rc = ctxs_session_get_info(&info, lc->s);
+    if (rc < 0)
+        return ctxs__llama_fail(rc, "the session: %s", ctxs_strerror(rc));
+    const uint64_t n = info.n_tokens;
+    if (n == 0)
+        return 0;
+    if (info.n_held < n)
+        return ctxs__llama_fail(CTXS_EEVICTED,
+                                "the session holds %u of its %llu tokens (a ring that wrapped): "
+                                "llama.cpp needs them all",
+                                info.n_held, (unsigned long long)n);
+    if (n > llama_n_ctx(lc->ctx))
+        return ctxs__llama_fail(CTXS_EFULL, "the session holds %llu tokens; the context, %u",
+                                (unsigned long long)n, llama_n_ctx(lc->ctx));
+    ctxs_layout lay;
+    if ((rc = ctxs_session_get_layout(&lay, lc->s)) < 0)
+        return ctxs__llama_fail(rc, "the session's layout: %s", ctxs_strerror(rc));
+    /* The window layers get the whole history where their cache has room
+     * (swa_full): their cells then lie as an uninterrupted run's do, and
+     * llama.cpp, which sums attention in cell order, computes what that run
+     * computes. Otherwise they get what they read, the last n_swa. */
+    const uint32_t all = (uint32_t)n, window = lc->shape.n_swa;
+    rc = 1;
+    if (window && lc->window_cache_full && n > window) {
+        rc = put_state(lc, &lay, all, all, 1);
+        if (rc == 1) /* "not enough cells": a cache of the window's size */
+            lc->window_cache_full = 0;
+    }
+    if (rc == 1)
+        rc = put_state(lc, &lay, all, window && n > window ? window : all, 0);
+    if (rc == 1)
+        return ctxs__llama_fail(CTXS_EENGINE,
+                                "llama.cpp refused the %llu tokens' state (its log says why)",
+                                (unsigned long long)n);
+    return rc;
+}
+
+/* --- Rollback -------------------------------------------------------------- */
+
+/* After the session went back to n tokens: the sequence follows, from the
+ * session where llama.cpp's window layers no longer hold what it needs. */
+static int follow_rollback(ctxs_llama *lc, uint64_t n)
+{
+    llama_memory_seq_rm(lc->mem, lc->seq, (llama_pos)n, -1);
+    if (!lc->shape.n_swa || n == 0)
+        return 0;
+    const llama_pos need = n > lc->shape.n_swa ? (llama_pos)(n - lc->shape.n_swa) : 0;
+    const llama_pos have = llama_memory_seq_pos_min(lc->mem, lc->seq);
+    if (have >= 0 && have <= need && llama_memory_seq_pos_max(lc->mem, lc->seq) == (llama_pos)n - 1)
+        return 0;
+    return ctxs_llama_restore(lc);
+}
+
+int ctxs_llama_rollback(ctxs_llama *lc, uint64_t n_tokens)
+{
+    ctxs__llama_clear_error();
+    if (!lc)
+        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_rollback: NULL");
+    int rc = ctxs_session_rollback(lc->s, n_tokens);
+    if (rc < 0)
+        return ctxs__llama_fail(rc, "rolling the session back to %llu tokens: %s",
+                                (unsigned long long)n_tokens, ctxs_strerror(rc));
+    return follow_rollback(lc, n_tokens);
+}
+
+int ctxs_llama_checkpoint_restore(ctxs_llama *lc, const char *name)
+{
+    ctxs__llama_clear_error();
+    if (!lc || !name)
+        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_checkpoint_restore: a NULL argument");
+    int rc = ctxs_checkpoint_restore(lc->s, name);
+    if (rc < 0)
+        return ctxs__llama_fail(rc, "checkpoint '%s': %s", name, ctxs_strerror(rc));
+    ctxs_session_info info;
+    if ((rc = ctxs_session_get_info(&info, lc->s)) < 0)
+        return ctxs__llama_fail(rc, "the session: %s", ctxs_strerror(rc));
+    return follow_rollback(lc, info.n_tokens);
+}
+
+/* --- Start ------------------------------------------------------------------ */
+
+/* Opens, forks or creates the session of ctxs_llama_start(); *how says
+ * which. */
+static int open_conversation(ctxs_session **s, uint32_t *how, char *from, ctxs_store *st,
+                             const char *name, struct llama_context *ctx,
+                             const ctxs_model *model, const int32_t *prompt, uint32_t n_prompt,
+                             const ctxs_llama_options *o)
+{
+    int rc = ctxs_store_session_open(s, st, name, model, o->open_flags & CTXS_OPEN_VERIFY, NULL);
+    if (rc != CTXS_ENOTFOUND) {
+        *how = CTXS_LLAMA_RESUMED;
+        return rc < 0 ? ctxs__llama_fail(rc, "opening '%s': %s", name, ctxs_strerror(rc)) : 0;
+    }
+    ctxs_prefix_match m;
+    if (n_prompt > 1 &&
+        ctxs_prefix_find(&m, st, model->model_hash, (const uint32_t *)prompt, n_prompt) == 0) {
+        /* The prompt's last token is decoded again: its logits start the
+         * reply. */
+        const uint64_t n = m.n_tokens < n_prompt ? m.n_tokens : n_prompt - 1u;
+        rc = ctxs_store_session_fork(s, st, name, m.session, n, NULL);
+        if (rc == 0) {
+            *how = CTXS_LLAMA_FORKED;
+            memcpy(from, m.session, sizeof m.session);
+            return 0;
+        }
+        if (rc == -EEXIST)
+            return ctxs__llama_fail(rc, "'%s' appeared meanwhile", name);
+        /* A match that cannot be forked is no reason to fail: prefill. */
+    }
+    ctxs_create_options co = CTXS_CREATE_OPTIONS_INIT;
+    if (o->create) {
+        co = *o->create;
+    } else {
+        co.capacity = llama_n_ctx(ctx);
+        co.ring = 0;
+        co.n_sink = 0;
+    }
+    *how = CTXS_LLAMA_CREATED;
+    rc = ctxs_store_session_create(s, st, name, model, &co);
+    return rc < 0 ? ctxs__llama_fail(rc, "creating '%s': %s", name, ctxs_strerror(rc)) : 0;
+}
+
+int ctxs_llama_start(ctxs_llama **out, ctxs_store *st, const char *name,
+                     struct llama_context *ctx, const ctxs_model *model,
+                     const int32_t *prompt, uint32_t n_prompt,
+                     const ctxs_llama_options *opts, ctxs_llama_start_info *info)
+{
+    ctxs__llama_clear_error();
+    if (!out)
+        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_start: out is NULL");
+    *out = NULL;
+    if (!st || !name || !ctx || !model || (!prompt && n_prompt))
+        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_start: a NULL argument");
+    ctxs_llama_options o = CTXS_LLAMA_OPTIONS_INIT;
+    if (opts)
+        o = *opts;
+    ctxs_llama_start_info local;
+    if (!info)
+        info = &local;
+    memset(info, 0, sizeof(*info));
+    ctxs_session *s = NULL;
+    int rc = open_conversation(&s, &info->how, info->from, st, name, ctx, model, prompt,
+                               n_prompt, &o);
+    if (rc < 0)
+        return rc;
+    ctxs_llama *lc;
+    if ((rc = ctxs_llama_attach(&lc, ctx, s, &o)) < 0) {
+        ctxs_session_close(s);
+        return rc;
+    }
+    lc->owns_session = 1;
+    if ((rc = ctxs_llama_restore(lc)) < 0) {
+        ctxs_llama_close(lc);
+        return rc;
+    }
+    ctxs_session_info si;
+    ctxs_session_get_info(&si, s);
+    info->n_tokens = si.n_tokens;
+    *out = lc;
+    return 0;
+}

@@ -1,0 +1,273 @@
+"""The llama.cpp adapter with real models (SmolLM2-135M, Llama architecture;
+Gemma 3 270M, with sliding-window layers) through the real llama-chat
+program: SIGKILLed at seeded random moments and resumed, prefix reuse, a
+session of another model, a flipped byte.
+
+meson sets LLAMA_CHAT_BIN, CTXSTORE_BIN, CTXS_SMOLLM2 and CTXS_GEMMA3 (the
+GGUF files scripts/build-llama.sh installs); a test skips, saying why, where
+a model is absent. CTXS_TEST_SEED replays a run's kill points.
+"""
+import json
+import os
+import random
+import signal
+import struct
+import subprocess
+import tempfile
+
+import pytest
+
+LLAMA_CHAT = os.environ.get("LLAMA_CHAT_BIN", "")
+CTXSTORE = os.environ.get("CTXSTORE_BIN", "")
+MODELS = {"smollm2": os.environ.get("CTXS_SMOLLM2", ""), "gemma3": os.environ.get("CTXS_GEMMA3", "")}
+
+SYSTEM = ("You are a careful travel assistant. " * 12 +
+          "Answer in one short sentence. Use plain words. " * 6).strip()
+# Gemma 3's window layers see 512 tokens, and llama.cpp's cache for them
+# holds 2 x 512 + a batch, rounded up to 256 (1280 cells here): a
+# conversation past that is where a window layer's save and restore, and a
+# cache that reuses its cells, can go wrong.
+LONG_SYSTEM = SYSTEM + " " + ("Mention the weather only when asked. Keep a friendly tone. " * 90).strip()
+MESSAGES = [
+    "What is the capital of France?",
+    "Name a river that flows through it.",
+    "What is the capital of Italy, and which river runs through it?",
+    "Which of the two cities is older?",
+    "Suggest one museum in each city.",
+]
+COMMON = ["--max-tokens", "40", "--batch", "32", "--ctx", "2048"]
+
+
+def model_path(name):
+    path = MODELS[name]
+    if not path or not os.path.exists(path):
+        pytest.skip(f"{name}: no GGUF file ({path or 'not configured'}); "
+                    "scripts/build-llama.sh installs it")
+    if not os.access(LLAMA_CHAT, os.X_OK):
+        pytest.skip("llama-chat is not built (llama.cpp was not found)")
+    return path
+
+
+def seed():
+    s = int(os.environ.get("CTXS_TEST_SEED", "0")) or random.SystemRandom().randrange(1, 2**31)
+    print(f"seed {s} (CTXS_TEST_SEED={s} replays it)")
+    return s
+
+
+class Run:
+    """One llama-chat process over a store, its stderr events read as they
+    come; killed with SIGKILL once a predicate on an event holds."""
+
+    def __init__(self, model, store, name, extra=(), messages=MESSAGES, flash="on"):
+        system = LONG_SYSTEM if model == MODELS["gemma3"] else SYSTEM
+        self.args = [LLAMA_CHAT, "--model", model, "--store", store, "--flash-attn", flash,
+                     "--system", system, *COMMON, *extra, name]
+        self.messages = messages
+
+    def run(self, kill_when=None):
+        with tempfile.TemporaryFile("w+") as stdin:
+            stdin.write("".join(m + "\n" for m in self.messages))
+            stdin.flush()
+            stdin.seek(0)
+            p = subprocess.Popen(self.args, stdin=stdin, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        events, killed = [], False
+        for line in p.stderr:
+            line = line.rstrip("\n")
+            events.append(line)
+            if kill_when and kill_when(line):
+                p.send_signal(signal.SIGKILL)
+                killed = True
+                break
+        out = p.stdout.read()
+        rc = p.wait()
+        if not killed:
+            assert rc == 0, f"llama-chat exited {rc}: {events[-5:]}"
+        return events, out, killed
+
+    @staticmethod
+    def numbers(events, word):
+        return [int(e.split()[len(word.split())]) for e in events if e.startswith(word + " ")]
+
+
+def read_tokens(path):
+    with open(path) as f:
+        return [int(x) for x in f.read().split()]
+
+
+def parse_state(path):
+    """llama.cpp's sequence state (the layout of src/llama/seq_state.h) as
+    {block: {position: [(k_row, v_row) per layer]}}: cells in position
+    order, whatever order llama.cpp's cache keeps them in."""
+    data = open(path, "rb").read()
+    magic, _seq = struct.unpack_from("<Ii", data, 0)
+    assert magic == 0xAF143CD8
+    at, blocks = 8, []
+    while at < len(data):
+        n_stream, cells = struct.unpack_from("<II", data, at)
+        at += 8
+        assert n_stream == 1
+        block = {}
+        blocks.append(block)
+        if not cells:
+            continue
+        pos = [struct.unpack_from("<iIi", data, at + 12 * i)[0] for i in range(cells)]
+        at += 12 * cells
+        v_trans, n_layer = struct.unpack_from("<II", data, at)
+        at += 8
+        ks = []
+        for _ in range(n_layer):
+            _t, row = struct.unpack_from("<iQ", data, at)
+            at += 12
+            ks.append([data[at + i * row:at + (i + 1) * row] for i in range(cells)])
+            at += row * cells
+        vs = []
+        for _ in range(n_layer):
+            if not v_trans:
+                _t, row = struct.unpack_from("<iQ", data, at)
+                at += 12
+                vs.append([data[at + i * row:at + (i + 1) * row] for i in range(cells)])
+                at += row * cells
+            else:
+                _t, el, n_embd = struct.unpack_from("<iII", data, at)
+                at += 12
+                runs = [data[at + e * el * cells:at + (e + 1) * el * cells] for e in range(n_embd)]
+                vs.append([b"".join(r[i * el:(i + 1) * el] for r in runs) for i in range(cells)])
+                at += el * n_embd * cells
+        for i, p in enumerate(pos):
+            block[p] = [(ks[l][i], vs[l][i]) for l in range(n_layer)]
+    return blocks
+
+
+def run_with_kills(model, store, name, kills, extra=(), flash="on"):
+    """Runs the chat to its end, killed once at each of `kills` (a predicate
+    on an event, in order), restarted after each. Returns the breaks and
+    restart counts the resumed runs reported, and the dumps taken at each
+    restart."""
+    breaks, restarts = [], []
+    for k, when in enumerate(kills + [None]):
+        dump = os.path.join(store, f"resumed-{k}.state")
+        events, _out, killed = Run(model, store, name, ["--dump-resumed", dump, *extra],
+                                   flash=flash).run(when)
+        breaks += Run.numbers(events, "batch break")
+        resumed = Run.numbers(events, "resumed")
+        if resumed:
+            restarts.append((resumed[0], dump))
+        assert killed or when is None, "the chat ended before the kill point"
+    return breaks, restarts
+
+
+def kill_points(model, rng):
+    """Three kill predicates, from a calibration run's events: mid-prefill
+    (after a batch of a message's prefill that is not its last), mid-reply,
+    and between turns (right after a reply)."""
+    with tempfile.TemporaryDirectory() as d:
+        events, _out, _k = Run(model, d, "calibration").run()
+    saved = Run.numbers(events, "saved")
+    prefill = [n for i, n in enumerate(saved[1:-1], 1)
+               if n - saved[i - 1] > 1 and saved[i + 1] - n > 1]
+    reply = [n for i, n in enumerate(saved[1:], 1) if n - saved[i - 1] == 1]
+    turns = Run.numbers(events, "reply done")[:-1]
+    assert prefill and reply and turns
+    points = sorted([rng.choice(prefill), rng.choice(reply), rng.choice(turns)])
+    preds = []
+    for n in points:
+        preds.append(lambda e, n=n: (e.startswith("saved ") and int(e.split()[1]) >= n) or
+                     (e.startswith("reply done ") and int(e.split()[2]) >= n))
+    return points, preds
+
+
+@pytest.mark.parametrize("name,flash", [("smollm2", "on"), ("smollm2", "off"), ("gemma3", "on")])
+def test_killed_chat_resumes_exactly(name, flash, tmp_path):
+    model = model_path(name)
+    rng = random.Random(seed())
+    points, preds = kill_points(model, rng)
+    print(f"kills at {points}")
+    resumed_store, ref_store = str(tmp_path / "resumed"), str(tmp_path / "reference")
+    breaks, restarts = run_with_kills(model, resumed_store, "chat", preds, flash=flash)
+    assert len(restarts) == 3
+    # The run that never stopped, with the batches the resumed run decoded.
+    extra = []
+    for b in breaks:
+        extra += ["--break-at", str(b)]
+    for n, _dump in restarts:
+        extra += ["--dump-state-at", f"{n}:{ref_store}-{n}.state"]
+    ref_tokens, got_tokens = str(tmp_path / "ref.ids"), str(tmp_path / "got.ids")
+    Run(model, ref_store, "chat", [*extra, "--tokens-out", ref_tokens], flash=flash).run()
+    Run(model, resumed_store, "chat", ["--tokens-out", got_tokens], flash=flash).run()
+    ref, got = read_tokens(ref_tokens), read_tokens(got_tokens)
+    assert got == ref, f"the resumed chat diverges at token {next(i for i, (a, b) in enumerate(zip(got, ref)) if a != b) if len(got) == len(ref) else min(len(got), len(ref))}"
+    assert len(ref) > (1400 if name == "gemma3" else 200)
+    for n, dump in restarts:
+        mine, theirs = parse_state(dump), parse_state(f"{ref_store}-{n}.state")
+        assert len(mine) == len(theirs)
+        for b, (m, t) in enumerate(zip(mine, theirs)):
+            assert sorted(m) == sorted(t), f"block {b} at {n} tokens: other positions"
+            assert m == t, f"block {b} at {n} tokens: K/V differ from the run that never stopped"
+
+
+def test_prefix_is_reused_and_matches_a_cold_prefill(tmp_path):
+    model = model_path("smollm2")
+    store = str(tmp_path / "s")
+    Run(model, store, "first", messages=MESSAGES[:1]).run()
+    second = ["Tell me about Spain."]
+    events, _o, _k = Run(model, store, "second", ["--tokens-out", str(tmp_path / "b.ids")],
+                         messages=second).run()
+    forked = [e for e in events if e.startswith("forked ")]
+    assert forked and forked[0].endswith(" from first"), events[:3]
+    shared = int(forked[0].split()[1])
+    assert shared >= 64
+    saved = Run.numbers(events, "saved")
+    cold_events, _o, _k = Run(model, str(tmp_path / "cold"), "second",
+                              ["--tokens-out", str(tmp_path / "c.ids"), "--break-at", str(shared)],
+                              messages=second).run()
+    # Decoded only what came after the shared tokens: the first save after
+    # the fork is a batch that starts there.
+    prompt_end = Run.numbers(cold_events, "saved")[0]
+    assert saved[0] - shared <= 32 and saved[0] > shared
+    assert read_tokens(tmp_path / "b.ids") == read_tokens(tmp_path / "c.ids")
+    assert prompt_end <= saved[0] or prompt_end > shared
+
+
+def test_another_models_session_is_refused(tmp_path):
+    smol, gemma = model_path("smollm2"), model_path("gemma3")
+    store = str(tmp_path / "s")
+    Run(smol, store, "chat", messages=MESSAGES[:1]).run()
+    p = subprocess.run([LLAMA_CHAT, "--model", gemma, "--store", store, "--system", SYSTEM,
+                        *COMMON, "chat"],
+                       input=MESSAGES[0] + "\n", capture_output=True, text=True)
+    assert p.returncode == 1
+    assert "another model" in p.stderr or "geometry" in p.stderr, p.stderr
+
+
+def test_flipped_byte_rolls_back_and_generation_matches_a_fresh_prefill(tmp_path):
+    model = model_path("smollm2")
+    store = str(tmp_path / "s")
+    Run(model, store, "chat", messages=MESSAGES[:2]).run()
+    info = json.loads(subprocess.run([CTXSTORE, "--store", store, "info", "chat", "--json"],
+                                     capture_output=True, text=True, check=True).stdout)
+    n, path, head_dim = info["n_tokens"], info["path"], info["geometry"]["head_dim"]
+    assert info["verified_from"] < n // 2, "nothing to verify: the tokens are durable"
+    # One byte of layer 0's K, head 0, at a token in the middle: the
+    # header's kv_off (u64 at byte 104), then slot = position (no ring).
+    victim = n // 2
+    with open(path, "r+b") as f:
+        kv_off = struct.unpack("<Q", f.read(112)[104:112])[0]
+        at = kv_off + victim * head_dim * 2 + 1
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x40]))
+    v = subprocess.run([CTXSTORE, "--store", store, "verify", "chat"], capture_output=True, text=True)
+    assert v.returncode == 5, v.stdout + v.stderr
+    # Opened as after a power loss, the chat keeps what verifies and goes on
+    # from there exactly as a fresh prefill of those tokens does.
+    events, _o, _k = Run(model, store, "chat", ["--verify", "--tokens-out", str(tmp_path / "a.ids")],
+                         messages=MESSAGES[:3]).run()
+    resumed = Run.numbers(events, "resumed")[0]
+    assert resumed <= victim
+    extra = ["--tokens-out", str(tmp_path / "b.ids")]
+    for b in Run.numbers(events, "batch break") + [resumed]:
+        extra += ["--break-at", str(b)]
+    Run(model, str(tmp_path / "fresh"), "chat", extra, messages=MESSAGES[:3]).run()
+    assert read_tokens(tmp_path / "a.ids") == read_tokens(tmp_path / "b.ids")

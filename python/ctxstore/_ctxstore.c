@@ -897,6 +897,19 @@ static PyObject *Session__reserve(SessionObject *self, PyObject *arg)
                          tuple_of(r.spans, r.n_spans, sizeof r.spans[0], slot_span));
 }
 
+/* The reservation tuple that Session.reserve() returned: 1, or 0 with an
+ * error set. Its spans are not needed by the write calls. */
+static int reservation_arg(PyObject *res, ctxs_reservation *r)
+{
+    if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 3 &&
+        conv_u64(PyTuple_GET_ITEM(res, 0), &r->first_pos) &&
+        conv_u32(PyTuple_GET_ITEM(res, 1), &r->n_tokens))
+        return 1;
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "reservation must be what Session.reserve() returned");
+    return 0;
+}
+
 /* k or v of write_token (lead = n_layers) or write_layer (lead = 0: any
  * number of tokens): float32 or float16, [lead, n_kv_heads, head_dim],
  * made C-contiguous. */
@@ -950,14 +963,8 @@ static PyObject *Session_write_token(SessionObject *self, PyObject *args,
     if (!self->s)
         return raise_closed("session");
     ctxs_reservation r = {0};
-    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 3 ||
-        !conv_u64(PyTuple_GET_ITEM(res, 0), &r.first_pos) ||
-        !conv_u32(PyTuple_GET_ITEM(res, 1), &r.n_tokens)) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError,
-                            "reservation must be what Session.reserve() returned");
+    if (!reservation_arg(res, &r))
         return NULL;
-    }
     PyArrayObject *k = kv_array(self, ko, "k", self->layout.geometry.n_layers);
     PyArrayObject *v = k ? kv_array(self, vo, "v", self->layout.geometry.n_layers) : NULL;
     PyObject *ret = NULL;
@@ -970,8 +977,9 @@ static PyObject *Session_write_token(SessionObject *self, PyObject *args,
     uint32_t dtype = PyArray_TYPE(k) == NPY_FLOAT32 ? CTXS_DTYPE_F32 : CTXS_DTYPE_F16;
     if (sess_enter(self) < 0)
         goto out;
-    int rc = ctxs_session_write_token(self->s, &r, i, PyArray_DATA(k),
-                                      PyArray_DATA(v), dtype);
+    int rc;
+    NOGIL(rc = ctxs_session_write_token(self->s, &r, i, PyArray_DATA(k), PyArray_DATA(v),
+                                        dtype)); /* it may write the file */
     sess_leave(self);
     if (rc < 0) {
         raise_rc(rc, "write_token(i=%u) of a reservation of %u at %llu", i,
@@ -997,14 +1005,8 @@ static PyObject *Session_write_layer(SessionObject *self, PyObject *args,
     if (!self->s)
         return raise_closed("session");
     ctxs_reservation r = {0};
-    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 3 ||
-        !conv_u64(PyTuple_GET_ITEM(res, 0), &r.first_pos) ||
-        !conv_u32(PyTuple_GET_ITEM(res, 1), &r.n_tokens)) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError,
-                            "reservation must be what Session.reserve() returned");
+    if (!reservation_arg(res, &r))
         return NULL;
-    }
     PyArrayObject *k = kv_array(self, ko, "k", 0), *v = k ? kv_array(self, vo, "v", 0) : NULL;
     PyObject *ret = NULL;
     if (!v)
@@ -1022,10 +1024,8 @@ static PyObject *Session_write_layer(SessionObject *self, PyObject *args,
     if (sess_enter(self) < 0)
         goto out;
     int rc;
-    Py_BEGIN_ALLOW_THREADS /* it may write into the file */
-    rc = ctxs_session_write_layer(self->s, &r, layer, i, n, PyArray_DATA(k), PyArray_DATA(v),
-                                  dtype);
-    Py_END_ALLOW_THREADS
+    NOGIL(rc = ctxs_session_write_layer(self->s, &r, layer, i, n, PyArray_DATA(k),
+                                        PyArray_DATA(v), dtype)); /* it may write the file */
     sess_leave(self);
     if (rc < 0) {
         raise_rc(rc, "write_layer(layer=%u, i=%u, n=%u) of a reservation of %u at %llu", layer,

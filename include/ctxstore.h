@@ -18,9 +18,9 @@
  *
  *     ctxs_reservation r;
  *     ctxs_session_reserve(&r, s, n_new);        // slots for n_new tokens
- *     for (uint32_t i = 0; i < n_new; i++)       // or write through
- *         ctxs_session_write_token(s, &r, i, k[i], v[i],   // ctxs_session_get_kv
- *                                  CTXS_DTYPE_F32); // the engine's floats
+ *     for (uint32_t l = 0; l < n_layers; l++)    // a layer at a time, as a
+ *         ctxs_session_write_layer(s, &r, l, 0, n_new, k[l], v[l],
+ *                                  CTXS_DTYPE_F32); // forward pass makes them
  *     ctxs_session_commit(s, token_ids, n_new);  // durable per the level
  *     ctxs_session_close(s);
  *
@@ -268,9 +268,14 @@ typedef enum ctxs_durability {
  *   it too); an attention pass right after the open waits only for the
  *   pages not yet in, and one after a pause finds them all in;
  * - after a commit: at ASYNC, writeback of the committed tokens is started;
- *   at every level, the next slots are allocated and mapped writable (a
+ *   the next slots are allocated and (at NONE and ASYNC) mapped writable (a
  *   "runway" of twice the largest recent reservation, at most 128 MiB), so
- *   that the next ctxs_session_reserve() costs microseconds.
+ *   that the next ctxs_session_reserve() costs microseconds and the next
+ *   turn's K/V go straight into mapped pages;
+ * - after a reserve beyond the runway, or once writeback has cleaned it:
+ *   the reserved slots are mapped, a layer at a time, while the engine
+ *   computes; and ahead of an engine that writes a few tokens at a time
+ *   through ctxs_session_write_layer() (a reply decoded token by token).
  *
  * The thread is started by the first open or create with the option in the
  * process, and stopped and joined by the close of the last such session; a
@@ -482,13 +487,54 @@ typedef struct ctxs_reservation {
     } spans[2];
 } ctxs_reservation;
 
+/*
+ * Writing K and V: three ways into the same slots.
+ *
+ * Between reserve and commit the engine puts the new tokens' K and V into
+ * their slots. It can store them itself, through the mapping
+ * (ctxs_session_get_kv(), ctxs_session_get_scales(), ctxs_dtype_encode()),
+ * or hand them over: a layer of several tokens with
+ * ctxs_session_write_layer(), the way a forward pass produces them, or one
+ * token of every layer with ctxs_session_write_token(). The bytes are the
+ * same either way; what differs is who pays for the pages.
+ *
+ * - Through the mapping, a store into a page that is not mapped writable
+ *   takes a page fault on the engine's thread (about 3 us a 4 KiB page on
+ *   Linux ext4, more than copying the page). The library maps the next
+ *   turn's slots writable after each commit (the runway, see "Background
+ *   work"), but the kernel write-protects every page it writes back, and
+ *   its flusher writes back whatever has been dirty for 30 s
+ *   (vm.dirty_expire_centisecs): after a pause of half a minute the next
+ *   turn faults on every 4 KiB page it stores into.
+ * - ctxs_session_write_layer() and ctxs_session_write_token() never fault
+ *   the mapping on the caller's thread. Where the slots' pages are still
+ *   mapped writable (a turn after a short pause) they convert straight
+ *   into them, as fast as the stores above. Elsewhere they write each
+ *   (layer, K|V, head) run of the call with one pwrite(2) into the page
+ *   cache, which the mapping shows at once, at a cost that does not depend
+ *   on what writeback did meanwhile. Where the system cannot tell which
+ *   pages are still writable (Linux before 6.5, other systems) they always
+ *   write through the file.
+ * - ctxs_session_write_token() is that for one token:
+ *   2 * n_layers * n_kv_heads system calls a token when it goes through
+ *   the file. Use it for a token at a time, write_layer for more.
+ *
+ * So an engine that has a layer's K/V in its own memory before attention
+ * reads them (every CPU forward pass; a GPU engine that copies K/V back to
+ * the host) calls ctxs_session_write_layer() for each layer; one whose
+ * kernels must store in place writes through the mapping and pays the
+ * faults after long pauses. README.md "Numbers" has the costs measured.
+ */
+
 /* Reserves slots for n more tokens after the committed ones (and after any
  * earlier reservation not yet committed) and allocates their disk blocks.
  * In a full ring the oldest tokens after the sinks are evicted first, and the
  * eviction is committed before this returns, so the engine may overwrite
- * their slots at once. The reserved pages are mapped writable, so the
- * engine's writes take no page faults: by the background runway when it
- * covers them (then reserve costs microseconds), else here.
+ * their slots at once. The reserved pages are mapped writable ahead of the
+ * engine's writes: by the background runway when it covers them and no
+ * writeback has cleaned them since (then reserve costs microseconds), else
+ * by the background thread, layer after layer, from this call on (here,
+ * for a session without one).
  *
  * Errors: CTXS_EINVAL (n == 0, or more than the ring holds),
  * CTXS_EFULL (no disk space, or the capacity is reached and the session has
@@ -503,14 +549,44 @@ CTXS_API int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s,
  * converted to the session's dtype (rounded to nearest even; a Q8 session
  * quantizes, see ctxs_dtype), or the session's own dtype, copied as it is
  * (for Q8: the int8 elements, then the scales). Non-finite values are
- * stored as they convert; a Q8 head with one is CTXS_EINVAL.
+ * stored as they convert; a Q8 head with one is CTXS_EINVAL. It is
+ * ctxs_session_write_layer() of one token for every layer, and takes the
+ * same way into the slots (see "Writing K and V" above).
  * Errors: CTXS_EINVAL (i out of range, NULL, a dtype not listed, a
  * non-finite value for Q8), CTXS_EREADONLY, CTXS_EFAILED (including a
- * writeback error met since the last call). */
+ * writeback error met since the last call), CTXS_ENOMEM, CTXS_EFULL or
+ * -errno (a write into the file failed); as for write_layer, the token's
+ * slots are then unspecified and nothing else changed. */
 CTXS_API int ctxs_session_write_token(ctxs_session *s,
                                       const ctxs_reservation *r, uint32_t i,
                                       const void *k, const void *v,
                                       uint32_t dtype);
+
+/* Stores tokens i .. i + n - 1 of reservation r for one layer, as a forward
+ * pass produces them: k and v are each [n][n_kv_heads][head_dim] elements
+ * of dtype, which is CTXS_DTYPE_F32, F16 or BF16, converted to the
+ * session's dtype exactly as ctxs_session_write_token() converts them, bit
+ * for bit (a Q8 session quantizes, see ctxs_dtype); or the session's own
+ * dtype, copied as it is (for Q8: the [n][n_kv_heads][head_dim] int8
+ * elements, then the [n][n_kv_heads] float32 scales). The bytes are in the
+ * slots when it returns: an attention plan whose n_pending covers them
+ * reads them, and so does the mapping. It never write-faults the mapping
+ * on the caller's thread (see "Writing K and V" above). Tokens and layers
+ * may be written in any order, and again; a commit takes what the slots
+ * hold then.
+ *
+ * Errors: CTXS_EINVAL (NULL, layer out of range, n == 0, tokens past the
+ * reservation or no longer reserved, a dtype not listed, a non-finite
+ * value for Q8), CTXS_EREADONLY, CTXS_EFAILED (including a writeback error
+ * met since the last call), CTXS_ENOMEM, CTXS_EFULL or -errno (a write
+ * into the file failed, e.g. -EIO). After an error the slots of those
+ * tokens in that layer hold unspecified bytes until a call that succeeds
+ * writes them again; nothing committed changes, and the session stays
+ * usable. Not thread-safe: one thread per handle. */
+CTXS_API int ctxs_session_write_layer(ctxs_session *s,
+                                      const ctxs_reservation *r, uint32_t layer,
+                                      uint32_t i, uint32_t n, const void *k,
+                                      const void *v, uint32_t dtype);
 
 /* Copies the K and V of committed token pos into k and v, in the layout of
  * ctxs_session_write_token(), as dtype: CTXS_DTYPE_F32 (exact for every

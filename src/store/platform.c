@@ -232,6 +232,45 @@ int ctxs__writeback_start(int fd, uint8_t *map, uint64_t off, uint64_t len)
 #endif
 }
 
+#ifdef __linux__
+#include <stdatomic.h>
+#include <sys/syscall.h>
+/* cachestat(2) is 451 on every architecture that numbers its calls from
+ * the common table; the C library may not know it yet. */
+#if !defined(SYS_cachestat) && (defined(__x86_64__) || defined(__i386__) ||                       \
+                                defined(__aarch64__) || defined(__arm__) ||                       \
+                                defined(__riscv) || defined(__loongarch__) ||                     \
+                                defined(__powerpc__) || defined(__s390__))
+#define SYS_cachestat 451
+#endif
+#endif
+
+int ctxs__range_dirty(int fd, uint64_t off, uint64_t len)
+{
+#if defined(__linux__) && defined(SYS_cachestat)
+    static atomic_int refused; /* ENOSYS once is ENOSYS for good */
+    if (len == 0 || atomic_load_explicit(&refused, memory_order_relaxed))
+        return -1;
+    struct {
+        uint64_t off, len;
+    } range = {off, len};
+    struct {
+        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+    } cs;
+    if (syscall(SYS_cachestat, fd, &range, &cs, 0) != 0) {
+        if (errno == ENOSYS || errno == EPERM)
+            atomic_store_explicit(&refused, 1, memory_order_relaxed);
+        return -1;
+    }
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t pages = (off + len + page - 1) / page - off / page;
+    return cs.nr_dirty >= pages;
+#else
+    (void)fd, (void)off, (void)len;
+    return -1;
+#endif
+}
+
 int ctxs__read_exact(int fd, void *buf, size_t len, off_t off)
 {
     uint8_t *p = buf;

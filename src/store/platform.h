@@ -61,6 +61,12 @@ int ctxs__writeback_wait(int fd);
  * nothing there; elsewhere msync(MS_ASYNC)). Returns 0 or -errno. */
 int ctxs__writeback_start(int fd, uint8_t *map, uint64_t off, uint64_t len);
 
+/* Whether every page of [off, off + len) of fd is in the page cache and
+ * dirty: 1, 0, or -1 where the system cannot tell (Linux before 6.5, which
+ * has no cachestat(2); other systems; a sandbox that refuses the call).
+ * A query, not an action: not a fault-hook site. Thread-safe. */
+int ctxs__range_dirty(int fd, uint64_t off, uint64_t len);
+
 /* pread/pwrite of exactly len bytes, retried across EINTR and short
  * transfers. Reading past the end is CTXS_ECORRUPT (the file is shorter
  * than its header says); writing into a full disk is CTXS_EFULL. */

@@ -97,6 +97,9 @@ static void session_free(ctxs_session *s)
         munmap(s->map, s->map_bytes);
     if (s->fd >= 0)
         close(s->fd);
+    free(s->bounce);
+    free((void *)s->file_written);
+    free(s->seen);
     free(s);
 }
 
@@ -241,6 +244,12 @@ static int session_attach(ctxs_session **out, int fd, unsigned flags,
                                                     : s->lay.capacity;
     if (!s->readonly && (rc = attach_settle(s)) < 0)
         goto fail;
+    if (!s->readonly &&
+        (!(s->file_written = ctxs__calloc(s->lay.n_layers, sizeof(*s->file_written))) ||
+         !(s->seen = ctxs__calloc(s->lay.n_layers, sizeof(*s->seen))))) {
+        rc = CTXS_ENOMEM;
+        goto fail;
+    }
 
     ctxs__registry_add(s);
     ctxs__background_join(s);

@@ -1850,6 +1850,85 @@ Test(format, version_1_1_wrapped_ring_opens_and_keeps_its_tokens)
     expect_v1(1, p, 0, 0, 110, 50);
 }
 
+/* Opens path, a file make_v2_0.c wrote with dtype, and checks it against a
+ * file the running code makes the same way: the same held tokens, read
+ * back the same, and it verifies. */
+static void expect_v2(const char *path, uint32_t dtype, const uint32_t *commits, int n_commits,
+                      uint64_t n_tokens, uint64_t ring_start, unsigned flags)
+{
+    ctxs_model m = ts_model(1);
+    m.geometry.dtype = dtype;
+    ctxs_session *s = NULL, *fresh = NULL;
+    int rc = ctxs_session_open(&s, path, (flags & CTXS_OPEN_RDONLY) ? NULL : &m, flags, NULL);
+    cr_assert_eq(rc, 0, "open a 2.0 file: %s", ctxs_strerror(rc));
+    ctxs_create_options o = ts_options(64, 4, 1, CTXS_SYNC_NONE);
+    cr_assert_eq(ctxs_session_create(&fresh, ts_path(ts_scratch, "fresh-v2"), &m, &o), 0);
+    for (int i = 0; i < n_commits; i++)
+        cr_assert_eq(ts_append(fresh, commits[i]), 0);
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(info.format_major, 2);
+    cr_assert_eq(info.format_minor, 0);
+    cr_assert(memcmp(&info.model, &m, sizeof(m)) == 0, "the model");
+    cr_assert_eq(info.capacity, 64);
+    cr_assert_eq(info.n_tokens, n_tokens);
+    cr_assert_eq(info.ring_start, ring_start);
+    cr_assert_eq(info.flags & CTXS_INFO_RECOVERED, 0);
+    cr_assert_eq(ctxs_session_verify(NULL, s), 0);
+    float k[TS_KV_MAX], v[TS_KV_MAX], fk[TS_KV_MAX], fv[TS_KV_MAX];
+    for (uint64_t p = 0; p < n_tokens; p++) {
+        int a = ctxs_session_read_token(k, v, s, p, CTXS_DTYPE_F32);
+        int b = ctxs_session_read_token(fk, fv, fresh, p, CTXS_DTYPE_F32);
+        cr_assert_eq(a, b, "position %llu", (unsigned long long)p);
+        if (a == 0)
+            cr_assert(memcmp(k, fk, sizeof(k)) == 0 && memcmp(v, fv, sizeof(v)) == 0,
+                      "position %llu reads back otherwise", (unsigned long long)p);
+    }
+    uint32_t ids[100], fids[100];
+    uint64_t first = ring_start > 4 ? ring_start : 4;
+    cr_assert_eq(ctxs_session_get_tokens(ids, s, first, (uint32_t)(n_tokens - first)), 0);
+    cr_assert_eq(ctxs_session_get_tokens(fids, fresh, first, (uint32_t)(n_tokens - first)), 0);
+    cr_assert(memcmp(ids, fids, (n_tokens - first) * 4) == 0, "token ids");
+    ctxs_session_close(fresh);
+    ctxs_session_close(s);
+    unlink(ts_path(ts_scratch, "fresh-v2"));
+}
+
+Test(format, version_2_0_files_open_and_keep_their_tokens)
+{
+    static const uint32_t few[] = {5, 7, 8}, wrap[] = {30, 30, 40};
+    const char *p = old_file("v2_0_bf16.ctxs");
+    ctxs__disk_header h;
+    hdr_read(p, &h);
+    cr_assert(h.version_major == 2 && h.version_minor == 0, "the data file is not a 2.0 file");
+    uint64_t id = 0;
+    char name[256];
+    cr_assert_eq(label_of(p, &id, name), 0);
+    cr_assert_eq(id, 21);
+    cr_assert_str_eq(name, "made by 2.0");
+    expect_v2(p, CTXS_DTYPE_BF16, few, 3, 20, 0, CTXS_OPEN_RDONLY);
+    expect_v2(p, CTXS_DTYPE_BF16, few, 3, 20, 0, CTXS_OPEN_VERIFY);
+
+    const char *q = old_file("v2_0_q8.ctxs");
+    hdr_read(q, &h);
+    cr_assert(h.version_major == 2 && h.dtype == CTXS_DTYPE_Q8, "the data file is not 2.0 Q8");
+    expect_v2(q, CTXS_DTYPE_Q8, wrap, 3, 100, 40, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY);
+    expect_v2(q, CTXS_DTYPE_Q8, wrap, 3, 100, 40, CTXS_OPEN_VERIFY);
+
+    /* A writer goes on with it and never rewrites its header. */
+    ctxs_model m = ts_model(1);
+    m.geometry.dtype = CTXS_DTYPE_Q8;
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_open(&s, q, &m, 0, NULL), 0);
+    cr_assert_eq(ts_append(s, 10), 0);
+    ctxs_session_close(s);
+    static const uint32_t more[] = {30, 30, 40, 10};
+    expect_v2(q, CTXS_DTYPE_Q8, more, 4, 110, 50, CTXS_OPEN_VERIFY);
+    ctxs__disk_header after;
+    hdr_read(q, &after);
+    cr_assert(memcmp(&h, &after, sizeof(h)) == 0, "the 2.0 header was rewritten");
+}
+
 /* Every errno the system can return has its name, from the C library
  * where it names errnos and from the table otherwise, and the two agree
  * (issue 16). */

@@ -432,7 +432,7 @@ static void bench_init(bench *b, const options *o, uint32_t tokens, int iters,
         }
     }
 
-    b->model.geometry = (ctxs_geometry){ N_LAYERS, N_KV_HEADS, HEAD_DIM, dtype };
+    b->model.geometry = (ctxs_geometry){ N_LAYERS, N_KV_HEADS, HEAD_DIM, dtype, 0, { 0 } };
     memcpy(b->model.model_hash, "bench-qwen3-4b!!", 16);
     memcpy(b->model.tokenizer_hash, "bench-tokenizer!", 16);
 }

@@ -258,7 +258,7 @@ static void session_seeds(void)
         m.geometry = huge[i];
         memcpy(m.model_hash, h.model_hash, 16);
         memcpy(m.tokenizer_hash, h.tokenizer_hash, 16);
-        if (ctxs__layout_compute(&lay, &huge[i], caps[i], 1) < 0) {
+        if (ctxs__layout_compute(&lay, &huge[i], caps[i], 1, 0) < 0) {
             /* Too big to be a file: claim it anyway, sizes wrapped. */
             h.n_layers = huge[i].n_layers;
             h.n_kv_heads = huge[i].n_kv_heads;

@@ -138,6 +138,7 @@ extern "C" {
 #define CTXS_DEFAULT_PRESSURE_WINDOW 0u    /* the window under pressure:
                                               0 = half the window */
 #define CTXS_DEFAULT_MAX_READERS 126u      /* concurrent index readers */
+#define CTXS_DEFAULT_BATCH 512u            /* ctxs_create_options.batch */
 #define CTXS_DEFAULT_MAP_BYTES (1ull << 30) /* most bytes the index grows to */
 #define CTXS_DEFAULT_POLL_MS 1000u         /* pressure watcher's period */
 #define CTXS_DEFAULT_MIN_AVAILABLE (512ull << 20) /* MemAvailable floor */
@@ -221,12 +222,40 @@ typedef enum ctxs_dtype {
                             a session's dtype */
 } ctxs_dtype;
 
+/* The most layers a layer schedule's pattern has (ctxs_geometry.period). */
+#define CTXS_SCHEDULE_MAX 8
+
+/*
+ * A model's KV geometry, and its layer schedule.
+ *
+ * The schedule says which layers attend to every token (global layers)
+ * and which to their last W positions only (sliding-window layers, as in
+ * Gemma 2 and 3, gpt-oss, Mistral 7B): layer l has the window
+ * window[l % period], 0 meaning global. period 0 (every window[] zero)
+ * means every layer is global, the only schedule before format 3.0; else
+ * period is 1..CTXS_SCHEDULE_MAX and at least one of window[0 .. period-1]
+ * is not 0, the rest of window[] zero. Each window is 1..16 Mi.
+ *
+ * A sliding-window layer keeps only what it can read: its own ring of
+ * window + batch slots (ctxs_create_options.batch), its oldest slots
+ * overwritten as tokens arrive, where that is smaller than the session's
+ * slots; else it is laid out as a global layer and its window bounds only
+ * what attention reads. The schedule is part of the model: a session of
+ * another schedule is refused (CTXS_EMODEL).
+ */
 typedef struct ctxs_geometry {
     uint32_t n_layers;   /* transformer layers, 1..4096 */
     uint32_t n_kv_heads; /* KV heads per layer (after GQA), 1..4096 */
     uint32_t head_dim;   /* elements per head, 1..4096 */
     uint32_t dtype;      /* ctxs_dtype */
+    uint32_t period;     /* layers in the schedule's pattern; 0: all global */
+    uint32_t window[CTXS_SCHEDULE_MAX]; /* per pattern layer: 0 = global,
+                                           else its sliding window */
 } ctxs_geometry;
+
+/* The window of layer `layer` under g's schedule: 0 for a global layer.
+ * Thread-safe. */
+CTXS_API uint32_t ctxs_geometry_get_window(const ctxs_geometry *g, uint32_t layer);
 
 /* Bytes of one token's K (or V) in the form ctxs_session_write_token() and
  * ctxs_session_read_token() take: [n_layers][n_kv_heads][head_dim] elements
@@ -324,13 +353,18 @@ typedef struct ctxs_create_options {
     uint32_t ring;           /* 1 = once full, overwrite the oldest tokens
                                 after the sinks; 0 = reserve fails with
                                 CTXS_EFULL */
-    uint8_t reserved[32];    /* must be zero */
+    uint32_t batch;          /* the most tokens reserved and not yet
+                                committed at once in a session whose
+                                schedule has sliding-window layers: the
+                                slots such a layer keeps beyond its window;
+                                0 = CTXS_DEFAULT_BATCH */
+    uint8_t reserved[28];    /* must be zero */
     ctxs_open_options open;  /* the handle create returns */
 } ctxs_create_options;
 
 #define CTXS_CREATE_OPTIONS_INIT                                               \
     { CTXS_CREATE_OPTIONS_VERSION, CTXS_DEFAULT_CAPACITY, CTXS_DEFAULT_N_SINK, \
-      1, { 0 }, CTXS_OPEN_OPTIONS_INIT }
+      1, CTXS_DEFAULT_BATCH, { 0 }, CTXS_OPEN_OPTIONS_INIT }
 
 /* Creates a session file at path for model and opens it read-write.
  * The file appears complete or not at all (written aside, then linked into
@@ -439,7 +473,11 @@ typedef struct ctxs_layout {
     ctxs_geometry geometry;
 } ctxs_layout;
 
-/* The mapping's layout. Pointers are valid until ctxs_session_close(). The
+/* The mapping's layout. Pointers are valid until ctxs_session_close(). In a
+ * session whose schedule has windowed layers (geometry.period not 0) the
+ * layers differ: take each with ctxs_session_get_kv(),
+ * ctxs_session_get_scales() and ctxs_session_get_layer_attn(); the strides
+ * below then describe its global layers only. Else the
  * KV of (layer, kind, head, slot) lives at
  *     kv + layer*layer_stride + kind*kv_stride + head*head_stride
  *        + slot*slot_bytes,
@@ -824,6 +862,20 @@ typedef struct ctxs_attn_plan {
 CTXS_API int ctxs_session_get_attn_plan(ctxs_attn_plan *out, const ctxs_session *s,
                                         uint32_t n_pending);
 
+/* What attention reads in one layer, for a session of any schedule: *kv
+ * gets the layer alone, as a one-layer layout (pass layer 0 to the
+ * kernels: its geometry has n_layers 1 and no schedule; its capacity and
+ * n_sink are the layer's slots, a windowed layer's own ring having no
+ * sinks; token_ids is NULL for such a ring, whose slots are not the
+ * token table's), and *plan the plan for it as ctxs_session_get_attn_plan()
+ * makes one: for a global layer that very plan; for a sliding-window
+ * layer its last min(window, the session's window) positions and no
+ * sinks. Valid as the plan is. Errors: CTXS_EINVAL (NULL, layer out of
+ * range, n_pending above what is reserved, no token at all). */
+CTXS_API int ctxs_session_get_layer_attn(ctxs_layout *kv, ctxs_attn_plan *plan,
+                                         const ctxs_session *s, uint32_t layer,
+                                         uint32_t n_pending);
+
 /* Queries of one attention pass. */
 typedef struct ctxs_attn_query {
     const float *q;   /* [n][n_heads][head_dim] float32 */
@@ -866,7 +918,9 @@ typedef struct ctxs_attn_query {
  * Errors: CTXS_EINVAL (NULL, layer out of range, n == 0, n_heads not a
  * multiple of the KV heads, queries outside [first_query, n_tokens), a plan
  * whose spans fall outside the capacity, overlap or are not in ascending
- * positions, or whose n_keys is not the sum of its counts; a layout whose
+ * positions, or whose n_keys is not the sum of its counts; a layout of a
+ * session whose schedule has windowed layers (its layers differ: take
+ * each from ctxs_session_get_layer_attn()); a layout whose
  * slot_bytes is not head_dim times the element size, whose pointers or
  * strides are not aligned to the element (4 bytes for the scales), or whose
  * layer does not fit in kv_bytes (nor its scales in scales_bytes); a dtype

@@ -1658,7 +1658,7 @@ Test(index, a_prefix_match_after_a_power_loss_counts_only_what_an_open_keeps)
      * KV of the last 6 did not. */
     ctxs_model m = ts_model(1);
     ctxs__file_layout lay;
-    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, 256, 4), 0);
+    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, 256, 4, 0), 0);
     int fd = open(ts_id_path(1), O_RDWR);
     cr_assert_geq(fd, 0);
     uint8_t zeros[64] = {0};

@@ -254,7 +254,7 @@ void tinychat_model_ctxs(ctxs_model *out, const tinychat_model *m)
 {
     const tinychat_config *c = &m->cfg;
     memset(out, 0, sizeof(*out));
-    out->geometry = (ctxs_geometry){c->n_layers, c->n_kv_heads, c->head_dim, c->dtype};
+    out->geometry = (ctxs_geometry){c->n_layers, c->n_kv_heads, c->head_dim, c->dtype, 0, {0}};
 
     /* The fields one by one, little-endian: no padding, no host order. */
     static const char tag[] = "tinychat-model-v1";

@@ -55,15 +55,24 @@ static_assert(sizeof(ctxs__session_rec) == 96, "session record");
 static_assert(offsetof(ctxs__session_rec, n_tokens) == 24, "session record");
 static_assert(offsetof(ctxs__session_rec, prefix_chain) == 80, "session record");
 
-/* models[model_hash]: this, then name_len bytes of display name. */
+/* models[model_hash]: this, then name_len bytes of display name, then
+ * (1.3, flags bit 0) the layer schedule: u32 period, u32 window[8]. */
 typedef struct ctxs__model_rec {
-    ctxs_geometry geometry;
+    uint32_t n_layers, n_kv_heads, head_dim, dtype;
     uint8_t tokenizer_hash[16];
     uint64_t registered_unix_ms;
     uint16_t name_len;
-    uint8_t reserved[6];
+    uint8_t flags;              /* bit 0: a schedule follows the name */
+    uint8_t reserved[5];
 } ctxs__model_rec;
 static_assert(sizeof(ctxs__model_rec) == 48, "model record");
+#define CTXS__MODEL_SCHEDULE 0x1u
+#define CTXS__MODEL_SCHEDULE_BYTES 36u
+
+/* Decodes a models value of len bytes: *rec, the geometry it gives (with
+ * its schedule) in *g, and *name (into val). Returns 0 or CTXS_EINDEX. */
+int ctxs__model_decode(const void *val, size_t len, ctxs__model_rec *rec, ctxs_geometry *g,
+                       const char **name);
 
 /* checkpoints[id BE || name] */
 typedef struct ctxs__checkpoint_rec {

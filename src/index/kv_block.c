@@ -22,7 +22,7 @@ int ctxs__kv_plan_make(ctxs__kv_plan *p, const ctxs_geometry *g, uint32_t capaci
                        uint32_t block_tokens)
 {
     memset(p, 0, sizeof(*p));
-    if (ctxs__layout_compute(&p->lay, g, capacity, n_sink) < 0)
+    if (ctxs__layout_compute(&p->lay, g, capacity, n_sink, 0) < 0)
         return CTXS_ECORRUPT;
     p->ring = ring;
     /* The state obeys the rules of a commit record: judge it as one. */

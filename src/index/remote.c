@@ -1839,13 +1839,13 @@ static int record_header_check(ctxs__rsession_header *h, const void *v, size_t l
         return CTXS_EREMOTE;
     memcpy(h, v, sizeof(*h));
     char name[CTXS_NAME_MAX + 1];
-    ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
+    ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype, 0, {0}};
     ctxs__file_layout lay;
     if (memcmp(h->magic, CTXS__RSESSION_MAGIC, 8) || h->version_major != CTXS__REMOTE_MAJOR ||
         h->header_bytes != sizeof(*h) ||
         h->crc32 != crc_of(h, offsetof(ctxs__rsession_header, crc32)) ||
         (h->flags & ~CTXS__RSESSION_FLAG_TAIL) || h->n_tokens > CTXS__REMOTE_MAX_TOKENS ||
-        ctxs__layout_compute(&lay, &g, CTXS_PREFIX_CHUNK, 0) < 0 ||
+        ctxs__layout_compute(&lay, &g, CTXS_PREFIX_CHUNK, 0, 0) < 0 ||
         ctxs__name_field(name, h->name, h->name_len, 0) < 0 ||
         ctxs__name_field(name, h->model_name, h->model_name_len, 1) < 0)
         return CTXS_EREMOTE;
@@ -1864,7 +1864,7 @@ static int record_parse(record *rec, const void *v, size_t len, const char *name
         crc_of(body, len - sizeof(*h)) != h->body_crc32 || h->name_len != strlen(name) ||
         memcmp(h->name, name, h->name_len))
         return CTXS_EREMOTE;
-    rec->model.geometry = (ctxs_geometry){h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
+    rec->model.geometry = (ctxs_geometry){h->n_layers, h->n_kv_heads, h->head_dim, h->dtype, 0, {0}};
     memcpy(rec->model.model_hash, h->model_hash, 16);
     memcpy(rec->model.tokenizer_hash, h->tokenizer_hash, 16);
     memcpy(rec->model_name, h->model_name, h->model_name_len);
@@ -2072,7 +2072,7 @@ static int pull_layout(pull_job *pj, const ctxs_create_options *opts, uint64_t n
         o.capacity = (uint32_t)(cap < CTXS__REMOTE_MAX_TOKENS ? cap : CTXS__REMOTE_MAX_TOKENS);
     }
     ctxs__file_layout lay;
-    if (ctxs__layout_compute(&lay, &pj->model.geometry, o.capacity, o.n_sink) < 0 || o.ring > 1)
+    if (ctxs__layout_compute(&lay, &pj->model.geometry, o.capacity, o.n_sink, 0) < 0 || o.ring > 1)
         return CTXS_EINVAL;
     pj->capacity = o.capacity;
     pj->n_sink = o.n_sink;
@@ -2203,7 +2203,7 @@ static int remote_pull_prefix_impl(ctxs_session **out, ctxs_remote_pull_result *
     if (r->st->rdonly)
         return CTXS_EREADONLY;
     ctxs__file_layout lay;
-    if (ctxs__layout_compute(&lay, &model->geometry, CTXS_PREFIX_CHUNK, 0) < 0)
+    if (ctxs__layout_compute(&lay, &model->geometry, CTXS_PREFIX_CHUNK, 0, 0) < 0)
         return CTXS_EINVAL;
     int rc = local_name_free(r->st, local_name);
     if (rc == 0)

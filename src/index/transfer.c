@@ -364,7 +364,7 @@ static int header_read(import_job *job)
     /* 1.x knew fp16 alone. */
     if (major == 1 && h->dtype != CTXS_DTYPE_F16)
         return CTXS_ECORRUPT;
-    ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
+    ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype, 0, {0}};
     if ((rc = ctxs__kv_plan_make(&job->plan, &g, h->capacity, h->n_sink,
                         (h->flags & CTXS__EXPORT_FLAG_RING) != 0, h->n_tokens, h->ring_start,
                         h->block_tokens)) < 0)

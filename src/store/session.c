@@ -50,14 +50,21 @@ int ctxs__create_options_resolve(const ctxs_create_options *in, ctxs_create_opti
         !reserved_zero(in->reserved, sizeof(in->reserved)))
         return CTXS_EINVAL;
     *out = *in;
+    if (!out->batch)
+        out->batch = CTXS_DEFAULT_BATCH;
     return ctxs__open_options_resolve(&in->open, &out->open);
 }
 
+/* The schedule is the model's too: a session of another one holds other
+ * layers' tokens. */
 static int same_model(const ctxs_model *m, const ctxs__disk_header *h)
 {
-    return m->geometry.n_layers == h->n_layers &&
-           m->geometry.n_kv_heads == h->n_kv_heads &&
-           m->geometry.head_dim == h->head_dim && m->geometry.dtype == h->dtype &&
+    ctxs_model file;
+    ctxs__header_model(&file, h);
+    const ctxs_geometry *a = &m->geometry, *b = &file.geometry;
+    return a->n_layers == b->n_layers && a->n_kv_heads == b->n_kv_heads &&
+           a->head_dim == b->head_dim && a->dtype == b->dtype && a->period == b->period &&
+           memcmp(a->window, b->window, sizeof(a->window)) == 0 &&
            memcmp(m->model_hash, h->model_hash, 16) == 0 &&
            memcmp(m->tokenizer_hash, h->tokenizer_hash, 16) == 0;
 }
@@ -210,8 +217,17 @@ static int attach_settle(ctxs_session *s)
         rc = ctxs__sync_meta(s);
     }
     if (rc < 0)
-        ctxs__fail(s); /* this boot's id must not vouch for it */
-    return rc;
+        return ctxs__fail(s), rc; /* this boot's id must not vouch for it */
+    /* Either record may be what a power loss leaves: the smaller count. */
+    ctxs__records recs;
+    s->claim_floor = 0;
+    if (ctxs__records_from_map(&recs, s->map, &s->lay, s->ring) == 0) {
+        s->claim_floor = s->st.n_tokens;
+        for (uint32_t i = 0; i < 2; i++)
+            if (recs.valid[i] && recs.r[i].n_tokens < s->claim_floor)
+                s->claim_floor = recs.r[i].n_tokens;
+    }
+    return 0;
 }
 
 /*
@@ -372,7 +388,7 @@ int ctxs__session_create_labeled(ctxs_session **out, const char *path,
         return rc;
 
     ctxs__file_layout lay;
-    if ((rc = ctxs__layout_compute(&lay, &model->geometry, o.capacity, o.n_sink)) < 0)
+    if ((rc = ctxs__layout_compute(&lay, &model->geometry, o.capacity, o.n_sink, o.batch)) < 0)
         return rc;
     ctxs__disk_header h;
     ctxs__header_init(&h, &lay, model, o.ring ? CTXS__FLAG_RING : 0, ctxs__now_ms());
@@ -548,6 +564,20 @@ int ctxs_session_verify_range(uint64_t *bad_pos, const ctxs_session *s, uint64_t
                 *bad_pos = bad;
             return CTXS_ECORRUPT;
         }
+    }
+    /* And the windowed layers' windows, over their own checksums. */
+    uint64_t worst = UINT64_MAX;
+    for (uint32_t g = 0; g < s->lay.n_groups; g++) {
+        uint64_t lo = ctxs__group_from(s, &s->st, g);
+        lo = lo > from ? lo : from;
+        uint64_t bad = lo < to ? ctxs__group_first_bad(s, g, lo, to) : to;
+        if (bad < to && bad < worst)
+            worst = bad;
+    }
+    if (worst != UINT64_MAX) {
+        if (bad_pos)
+            *bad_pos = worst;
+        return CTXS_ECORRUPT;
     }
     return 0;
 }

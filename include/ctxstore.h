@@ -1785,8 +1785,9 @@ CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
  * Errors: CTXS_ENOTFOUND, CTXS_ESTALE, CTXS_EBUSY (a gc, compact or delete
  * is working on the session), CTXS_ECORRUPT (a held token does not match
  * its checksum, or both records are damaged), CTXS_EFULL, -EEXIST,
- * CTXS_EINVAL (bad argument, or a geometry whose one token's KV is above
- * 64 MiB), CTXS_ENOMEM, -errno. */
+ * CTXS_EINVAL (bad argument, a geometry whose one token's KV is above
+ * 64 MiB, or a session whose schedule has windowed layers: an export
+ * carries every layer of each token), CTXS_ENOMEM, -errno. */
 CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
                                        const char *path,
                                        ctxs_progress_fn progress,

@@ -467,5 +467,10 @@ Test(schedule, a_store_keeps_the_schedule_with_the_model)
     cr_assert_eq(ctxs_store_session_open(&s, st, "chat", &m, 0, NULL), 0);
     check(s, CTXS_DTYPE_BF16);
     ctxs_session_close(s);
+    /* An export carries every layer of every token: refused, and nothing
+     * is left behind. */
+    const char *x = ts_path(ts_scratch, "chat.ctxx");
+    cr_assert_eq(ctxs_store_session_export(st, "chat", x, NULL, NULL), CTXS_EINVAL);
+    cr_assert(!ts_exists(x));
     ctxs_store_close(st);
 }

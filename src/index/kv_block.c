@@ -22,6 +22,11 @@ int ctxs__kv_plan_make(ctxs__kv_plan *p, const ctxs_geometry *g, uint32_t capaci
                        uint32_t block_tokens)
 {
     memset(p, 0, sizeof(*p));
+    /* A block carries every layer's K and V of each token; a session whose
+     * windowed layers keep only their window has no such tokens to give
+     * beyond it. Exports and the remote tier refuse it. */
+    if (g->period)
+        return CTXS_EINVAL;
     if (ctxs__layout_compute(&p->lay, g, capacity, n_sink, 0) < 0)
         return CTXS_ECORRUPT;
     p->ring = ring;

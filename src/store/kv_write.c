@@ -300,11 +300,12 @@ static int reserved_range(uint64_t *pos, const ctxs_session *s, const ctxs_reser
     return 0;
 }
 
-int ctxs_session_write_layer(ctxs_session *s, const ctxs_reservation *r, uint32_t layer,
-                             uint32_t i, uint32_t n, const void *k, const void *v, uint32_t dtype)
+/* Tokens [i, i + n) of r, layers [l0, l1), from the engine's
+ * [l1 - l0][n][n_kv_heads][head_dim] in dtype (Q8: each array's scales
+ * after its elements, [l1 - l0][n][n_kv_heads]). */
+static int write_engine_kv(ctxs_session *s, const ctxs_reservation *r, uint32_t i, uint32_t n,
+                           uint32_t l0, uint32_t l1, const void *k, const void *v, uint32_t dtype)
 {
-    CTXS__CHECK(s && r && k && v && layer < s->lay.n_layers &&
-                ctxs__src_dtype_ok(dtype, s->model.geometry.dtype));
     uint64_t pos;
     int rc = reserved_range(&pos, s, r, i, n);
     if (rc < 0)
@@ -312,7 +313,8 @@ int ctxs_session_write_layer(ctxs_session *s, const ctxs_reservation *r, uint32_
     if ((rc = ctxs__writable(s)) < 0)
         return rc;
     const ctxs__file_layout *lay = &s->lay;
-    const size_t elems = (size_t)n * lay->n_kv_heads * lay->head_dim;
+    const size_t heads = lay->n_kv_heads, token_elems = heads * lay->head_dim;
+    const size_t elems = (size_t)(l1 - l0) * n * token_elems;
     const int scales = dtype == CTXS_DTYPE_Q8; /* the session's own Q8 */
     const ctxs__kv_src src = {
         .k = k,
@@ -320,33 +322,25 @@ int ctxs_session_write_layer(ctxs_session *s, const ctxs_reservation *r, uint32_
         .k_scales = scales ? (const uint8_t *)k + elems : NULL,
         .v_scales = scales ? (const uint8_t *)v + elems : NULL,
         .dtype = dtype,
-        .token_stride = (size_t)lay->n_kv_heads * lay->head_dim * src_elem_bytes(dtype),
-        .scale_token_stride = (size_t)lay->n_kv_heads * 4,
+        .token_stride = token_elems * src_elem_bytes(dtype),
+        .layer_stride = (size_t)n * token_elems * src_elem_bytes(dtype),
+        .scale_token_stride = heads * 4,
+        .scale_layer_stride = (size_t)n * heads * 4,
     };
-    return ctxs__kv_put(s, pos, n, layer, layer + 1, &src);
+    return ctxs__kv_put(s, pos, n, l0, l1, &src);
+}
+
+int ctxs_session_write_layer(ctxs_session *s, const ctxs_reservation *r, uint32_t layer,
+                             uint32_t i, uint32_t n, const void *k, const void *v, uint32_t dtype)
+{
+    CTXS__CHECK(s && r && k && v && layer < s->lay.n_layers &&
+                ctxs__src_dtype_ok(dtype, s->model.geometry.dtype));
+    return write_engine_kv(s, r, i, n, layer, layer + 1, k, v, dtype);
 }
 
 int ctxs_session_write_token(ctxs_session *s, const ctxs_reservation *r, uint32_t i,
                              const void *k, const void *v, uint32_t dtype)
 {
     CTXS__CHECK(s && r && k && v && ctxs__src_dtype_ok(dtype, s->model.geometry.dtype));
-    uint64_t pos;
-    int rc = reserved_range(&pos, s, r, i, 1);
-    if (rc < 0)
-        return rc;
-    if ((rc = ctxs__writable(s)) < 0)
-        return rc;
-    const ctxs__file_layout *lay = &s->lay;
-    const size_t elems = (size_t)lay->n_layers * lay->n_kv_heads * lay->head_dim;
-    const int scales = dtype == CTXS_DTYPE_Q8;
-    const ctxs__kv_src src = {
-        .k = k,
-        .v = v,
-        .k_scales = scales ? (const uint8_t *)k + elems : NULL,
-        .v_scales = scales ? (const uint8_t *)v + elems : NULL,
-        .dtype = dtype,
-        .layer_stride = (size_t)lay->n_kv_heads * lay->head_dim * src_elem_bytes(dtype),
-        .scale_layer_stride = (size_t)lay->n_kv_heads * 4,
-    };
-    return ctxs__kv_put(s, pos, 1, 0, lay->n_layers, &src);
+    return write_engine_kv(s, r, i, 1, 0, s->lay.n_layers, k, v, dtype);
 }

@@ -216,8 +216,10 @@ static int attach_settle(ctxs_session *s)
     } else if (stale) {
         rc = ctxs__sync_meta(s);
     }
-    if (rc < 0)
-        return ctxs__fail(s), rc; /* this boot's id must not vouch for it */
+    if (rc < 0) {
+        ctxs__fail(s); /* this boot's id must not vouch for it */
+        return rc;
+    }
     /* Either record may be what a power loss leaves: the smaller count. */
     ctxs__records recs;
     s->claim_floor = 0;

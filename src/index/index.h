@@ -22,8 +22,11 @@
 #include "label.h"
 
 #define CTXS__INDEX_MAGIC "CTXSINDX"
-#define CTXS__INDEX_MAJOR 1
-#define CTXS__INDEX_MINOR 2
+/* 2.0: model records with a layer schedule, which a 1.x build takes for
+ * damage. New indexes are 2.0; a 1.x index stays 1.x until a model with a
+ * schedule is written into it (ctxs__index_format_raise()). */
+#define CTXS__INDEX_MAJOR 2
+#define CTXS__INDEX_MINOR 0
 
 /* Sessions whose first chunk completes are indexed at once; after that, every
  * this many new chunks (and at close). */
@@ -56,7 +59,7 @@ static_assert(offsetof(ctxs__session_rec, n_tokens) == 24, "session record");
 static_assert(offsetof(ctxs__session_rec, prefix_chain) == 80, "session record");
 
 /* models[model_hash]: this, then name_len bytes of display name, then
- * (1.3, flags bit 0) the layer schedule: u32 period, u32 window[8]. */
+ * (2.0, flags bit 0) the layer schedule: u32 period, u32 window[8]. */
 typedef struct ctxs__model_rec {
     uint32_t n_layers, n_kv_heads, head_dim, dtype;
     uint8_t tokenizer_hash[16];
@@ -68,6 +71,12 @@ typedef struct ctxs__model_rec {
 static_assert(sizeof(ctxs__model_rec) == 48, "model record");
 #define CTXS__MODEL_SCHEDULE 0x1u
 #define CTXS__MODEL_SCHEDULE_BYTES 36u
+
+/* Raises a 1.x index's format record to 2.0 (within txn), before a model
+ * record with a layer schedule is written into it, so that a 1.x build
+ * refuses the index as newer (CTXS_EVERSION) rather than take the record
+ * for damage. Returns 0 or a negative error. */
+int ctxs__index_format_raise(MDB_txn *txn, ctxs_store *st);
 
 /* Decodes a models value of len bytes: *rec, the geometry it gives (with
  * its schedule) in *g, and *name (into val). Returns 0 or CTXS_EINDEX. */

@@ -92,6 +92,9 @@ static int model_write(MDB_txn *txn, ctxs_store *st, const ctxs_model *model,
     memcpy(buf + sizeof(rec), name, name_len);
     size_t len = sizeof(rec) + name_len;
     if (g->period) {
+        int rc = ctxs__index_format_raise(txn, st);
+        if (rc < 0)
+            return rc;
         memcpy(buf + len, &g->period, 4);
         memcpy(buf + len + 4, g->window, sizeof(g->window));
         len += CTXS__MODEL_SCHEDULE_BYTES;

@@ -247,8 +247,8 @@ static void session_seeds(void)
     uint8_t *copy = malloc(len);
     ctxs__disk_header h;
     ctxs__file_layout lay;
-    static const ctxs_geometry huge[] = { { 4096, 4096, 4096, 1 }, { 64, 8, 128, 1 },
-                                          { 1, 1, 1, 1 } };
+    static const ctxs_geometry huge[] = { { 4096, 4096, 4096, 1, 0, {0} }, { 64, 8, 128, 1, 0, {0} },
+                                          { 1, 1, 1, 1, 0, {0} } };
     static const uint32_t caps[] = { 16777216, 131072, 2 };
     for (int i = 0; i < 3; i++) {
         memcpy(copy, buf, len);

@@ -151,7 +151,7 @@ static ctxs_model model_dt(uint32_t layers, uint32_t kv_heads, uint32_t head_dim
                            uint32_t dtype)
 {
     ctxs_model m = ts_model(7);
-    m.geometry = (ctxs_geometry){layers, kv_heads, head_dim, dtype};
+    m.geometry = (ctxs_geometry){layers, kv_heads, head_dim, dtype, 0, {0}};
     return m;
 }
 

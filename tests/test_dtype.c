@@ -33,7 +33,7 @@ static const char *const dtype_names[] = { "f16", "bf16", "q8" };
 static ctxs_model model_of(uint32_t dtype)
 {
     ctxs_model m = ts_model(7);
-    m.geometry = (ctxs_geometry){ N_LAYERS, N_HEADS, HEAD_DIM, dtype };
+    m.geometry = (ctxs_geometry){ N_LAYERS, N_HEADS, HEAD_DIM, dtype, 0, {0} };
     return m;
 }
 
@@ -115,7 +115,7 @@ static ctxs_session *create(const char *name, uint32_t dtype, uint32_t capacity)
 
 Test(dtype, token_bytes_size_every_form)
 {
-    ctxs_geometry g = { N_LAYERS, N_HEADS, HEAD_DIM, CTXS_DTYPE_Q8 };
+    ctxs_geometry g = { N_LAYERS, N_HEADS, HEAD_DIM, CTXS_DTYPE_Q8, 0, {0} };
     cr_assert_eq(ctxs_geometry_get_token_bytes(&g, CTXS_DTYPE_F32), ELEMS * 4);
     cr_assert_eq(ctxs_geometry_get_token_bytes(&g, CTXS_DTYPE_F16), ELEMS * 2);
     cr_assert_eq(ctxs_geometry_get_token_bytes(&g, CTXS_DTYPE_BF16), ELEMS * 2);

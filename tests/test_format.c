@@ -318,7 +318,7 @@ Test(format, large_capacity_file_is_sparse)
 {
     const char *p = ts_path(ts_scratch, "big.ctxs");
     ctxs_model m = ts_model(2);
-    m.geometry = (ctxs_geometry){ 8, 8, 128, CTXS_DTYPE_F16 }; /* 128 MiB of KV */
+    m.geometry = (ctxs_geometry){ 8, 8, 128, CTXS_DTYPE_F16, 0, {0} }; /* 128 MiB of KV */
     ctxs_create_options o = opts_for(4096, 4, 1);
     ctxs_session *s = NULL;
     int rc = ctxs_session_create(&s, p, &m, &o);
@@ -535,7 +535,7 @@ static const char *bad_edit(ctxs__disk_header *h, int which)
     case 7: {
         /* The largest geometry in range: 2^62 bytes of KV; the offsets agree
          * with it, the file does not. */
-        ctxs_geometry g = { CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS_DTYPE_F16 };
+        ctxs_geometry g = { CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS_DTYPE_F16, 0, {0} };
         ctxs__file_layout lay;
         h->n_layers = h->n_kv_heads = h->head_dim = CTXS__MAX_DIM;
         h->capacity = CTXS__MAX_CAPACITY;
@@ -1311,7 +1311,7 @@ Test(format, error_strings_cover_every_code)
 
 Test(format, layout_compute_matches_the_format)
 {
-    ctxs_geometry g = { 2, 2, 8, CTXS_DTYPE_F16 };
+    ctxs_geometry g = { 2, 2, 8, CTXS_DTYPE_F16, 0, {0} };
     ctxs__file_layout lay;
     cr_assert_eq(ctxs__dtype_bytes(CTXS_DTYPE_F16), 2);
     cr_assert_eq(ctxs__dtype_bytes(0), 0);
@@ -1353,22 +1353,22 @@ Test(format, layout_compute_rejects_out_of_range_and_overflow)
         uint32_t cap, sink;
         const char *what;
     } bad[] = {
-        { { 0, 2, 8, 1 }, 64, 4, "zero layers" },
-        { { 2, 0, 8, 1 }, 64, 4, "zero heads" },
-        { { 2, 2, 0, 1 }, 64, 4, "zero head_dim" },
-        { { 4097, 2, 8, 1 }, 64, 4, "4097 layers" },
-        { { 2, 4097, 8, 1 }, 64, 4, "4097 heads" },
-        { { 2, 2, 4097, 1 }, 64, 4, "head_dim 4097" },
-        { { 2, 2, 8, 0 }, 64, 4, "dtype 0" },
-        { { 2, 2, 8, 4 }, 64, 4, "dtype 4 (f32)" },
-        { { 2, 2, 8, 5 }, 64, 4, "dtype 5" },
-        { { 2, 2, 8, 1 }, 0, 0, "capacity 0" },
-        { { 2, 2, 8, 1 }, 4, 4, "capacity == n_sink" },
-        { { 2, 2, 8, 1 }, 3, 4, "capacity < n_sink" },
-        { { 2, 2, 8, 1 }, CTXS__MAX_CAPACITY + 1, 4, "capacity 16 Mi + 1" },
-        { { UINT32_MAX, UINT32_MAX, UINT32_MAX, 1 }, UINT32_MAX, 0, "everything 2^32-1" },
-        { { 1u << 16, 1u << 16, 1u << 16, 1 }, 1u << 30, 0, "products past 2^64" },
-        { { 1u << 31, 1, 1u << 31, 1 }, 1u << 31, 0, "slot bytes past 2^32" },
+        { { 0, 2, 8, 1, 0, {0} }, 64, 4, "zero layers" },
+        { { 2, 0, 8, 1, 0, {0} }, 64, 4, "zero heads" },
+        { { 2, 2, 0, 1, 0, {0} }, 64, 4, "zero head_dim" },
+        { { 4097, 2, 8, 1, 0, {0} }, 64, 4, "4097 layers" },
+        { { 2, 4097, 8, 1, 0, {0} }, 64, 4, "4097 heads" },
+        { { 2, 2, 4097, 1, 0, {0} }, 64, 4, "head_dim 4097" },
+        { { 2, 2, 8, 0, 0, {0} }, 64, 4, "dtype 0" },
+        { { 2, 2, 8, 4, 0, {0} }, 64, 4, "dtype 4 (f32)" },
+        { { 2, 2, 8, 5, 0, {0} }, 64, 4, "dtype 5" },
+        { { 2, 2, 8, 1, 0, {0} }, 0, 0, "capacity 0" },
+        { { 2, 2, 8, 1, 0, {0} }, 4, 4, "capacity == n_sink" },
+        { { 2, 2, 8, 1, 0, {0} }, 3, 4, "capacity < n_sink" },
+        { { 2, 2, 8, 1, 0, {0} }, CTXS__MAX_CAPACITY + 1, 4, "capacity 16 Mi + 1" },
+        { { UINT32_MAX, UINT32_MAX, UINT32_MAX, 1, 0, {0} }, UINT32_MAX, 0, "everything 2^32-1" },
+        { { 1u << 16, 1u << 16, 1u << 16, 1, 0, {0} }, 1u << 30, 0, "products past 2^64" },
+        { { 1u << 31, 1, 1u << 31, 1, 0, {0} }, 1u << 31, 0, "slot bytes past 2^32" },
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         int rc = ctxs__layout_compute(&lay, &bad[i].g, bad[i].cap, bad[i].sink, 0);
@@ -1377,7 +1377,7 @@ Test(format, layout_compute_rejects_out_of_range_and_overflow)
 
     /* The largest geometry in range: 2^62 bytes of KV, which fits a 64-bit
      * size_t and must be computed exactly, and must not fit a 32-bit one. */
-    ctxs_geometry big = { CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS_DTYPE_F16 };
+    ctxs_geometry big = { CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS_DTYPE_F16, 0, {0} };
     int rc = ctxs__layout_compute(&lay, &big, CTXS__MAX_CAPACITY, 4, 0);
     if (SIZE_MAX >= UINT64_MAX) {
         cr_assert_eq(rc, 0, "max geometry: %d", rc);
@@ -1492,7 +1492,7 @@ Test(format, major_1_knew_fp16_alone)
 
 Test(format, q8_layout_has_a_scale_table_before_the_kv)
 {
-    ctxs_geometry g = { 3, 2, 8, CTXS_DTYPE_Q8 };
+    ctxs_geometry g = { 3, 2, 8, CTXS_DTYPE_Q8, 0, {0} };
     ctxs__file_layout lay;
     cr_assert_eq(ctxs__layout_compute(&lay, &g, 1000, 4, 0), 0);
     cr_assert_eq(lay.slot_bytes, 8);

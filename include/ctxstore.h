@@ -141,7 +141,9 @@ extern "C" {
     XX(TOOBIG, -32016, "value or metadata above its size limit")           \
     XX(INDEX, -32017, "the store's index is damaged")                      \
     XX(REMOTE, -32018, "the remote store refused a request or holds damaged data") \
-    XX(ENGINE, -32019, "the inference engine refused a request or its state was not understood")
+    XX(ENGINE, -32019, "the inference engine refused a request or its state was not understood") \
+    XX(NOMODEL, -32020, "the model is not registered in the store")       \
+    XX(TAKEN, -32021, "the name is taken")
 
 typedef enum ctxs_error {
 #define CTXS_ERR_ENUM_(name, value, text) CTXS_E##name = (value),
@@ -159,6 +161,52 @@ CTXS_API const char *ctxs_strerror(int rc);
  * EAGAIN); "ERRNO" for a value in -4095..-1 that is no errno, "UNKNOWN"
  * for anything else. A static string. Thread-safe. */
 CTXS_API const char *ctxs_err_name(int rc);
+
+/*
+ * Why a call failed, in words.
+ *
+ * A code says what kind of failure it was; the calling thread's last
+ * error says why, in one sentence that names what was refused and the
+ * rule it broke, for a program to print beside ctxs_strerror():
+ *
+ *     int rc = ctxs_session_commit(s, ids, n);
+ *     if (rc < 0)
+ *         fprintf(stderr, "commit: %s: %s\n", ctxs_strerror(rc),
+ *                 ctxs_get_last_error());
+ *     // commit: invalid argument: commit of 3 tokens, but 0 are reserved:
+ *     // reserve them first (ctxs_session_reserve())
+ *
+ * Every call of this library (and of the libraries beside it: the
+ * llama.cpp adapter, the remote tier) clears it when it starts and sets it
+ * where it fails, so after a call that returned an error it is that
+ * call's reason, and never an older call's. Kept per thread, like errno,
+ * sqlite3_errmsg() and dlerror(): a failure on one thread is never read
+ * on another.
+ */
+
+/* The reason the calling thread's last call failed: one sentence without
+ * a final period, valid until the thread's next call into the library;
+ * "" when that call said nothing beyond its code (an -errno from the
+ * system that ctxs_strerror() says in full), or did not fail. Never NULL.
+ * Thread-safe (per thread). */
+CTXS_API const char *ctxs_get_last_error(void);
+
+/* The code that ctxs_get_last_error() explains: the return value of the
+ * call that failed; 0 when it is "". A program that reports codes from
+ * elsewhere too checks that it is the code at hand before printing the
+ * reason. Thread-safe (per thread). */
+CTXS_API int ctxs_get_last_error_code(void);
+
+/* Sets the calling thread's last error to rc with the reason fmt says
+ * (printf-style; rc 0 clears it), and returns rc: for a library built on
+ * this one whose calls fail in its own terms (the llama.cpp adapter does
+ * this), so that its callers read one ctxs_get_last_error(). A reason
+ * longer than 511 bytes is cut. Thread-safe (per thread). */
+CTXS_API int ctxs_set_last_error(int rc, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 /* ---------------------------------------------------------------------------
  * Models
@@ -1644,7 +1692,9 @@ CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
  * reply past its cap, or a listing past its
  * bounds, ends the call with CTXS_EREMOTE, and nothing local is touched
  * (a pull leaves no session, or a complete and verified one).
- * ctxs_remote_get_message() says which limit, and what the server sent.
+ * ctxs_get_last_error() says which limit, and what the server sent ("the
+ * SCAN reply holds an array of 2147483647 elements, above 4096", "no
+ * reply within the call's deadline of 2000 ms", ...).
  */
 typedef struct ctxs_remote ctxs_remote;
 
@@ -1693,13 +1743,6 @@ typedef struct ctxs_remote_options {
     { CTXS_REMOTE_OPTIONS_VERSION, CTXS_DEFAULT_REMOTE_TIMEOUT_MS,           \
       CTXS_DEFAULT_REMOTE_RETRIES, CTXS_DEFAULT_REMOTE_BACKOFF_MS,           \
       CTXS_DEFAULT_REMOTE_QUEUE_MAX, 1, 1, NULL, 0, { 0 } }
-
-/* What the last remote call of the calling thread that failed found, in
- * one sentence ("the SCAN reply holds an array of 2147483647 elements,
- * above 4096", "no reply within the call's deadline of 2000 ms", ...), or
- * "" when it said nothing more than its code. Per thread, until that
- * thread's next remote call; never NULL. Thread-safe. */
-CTXS_API const char *ctxs_remote_get_message(void);
 
 /* Connects st to the Redis server at url and starts its push thread.
  * url is "redis://[[user]:password@]host[:port][/db]" (port 6379, db 0;

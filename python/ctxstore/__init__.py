@@ -789,7 +789,7 @@ class Remote(_ctxstore.RemoteBase):
 
     Every call runs without the GIL and ends within the remote's deadline;
     a failure is ``Error`` with the library's code and, at the end of the
-    message, what it found (``ctxs_remote_get_message()``).
+    message, what it found (``ctxs_get_last_error()``).
     """
 
     __slots__ = ()

@@ -48,11 +48,15 @@ static PyObject *Error; /* ctxstore.Error */
 
 /* --- Errors --------------------------------------------------------------- */
 
-/* Raises ctxstore.Error for rc: message "<context>: <ctxs_strerror(rc)>",
- * with .code = rc and .name = ctxs_err_name(rc). Returns NULL. */
+/* Raises ctxstore.Error for rc: message "<context>: <ctxs_strerror(rc)>:
+ * <detail>", with .code = rc and .name = ctxs_err_name(rc). detail NULL:
+ * why the library's call failed (ctxs_get_last_error()), when it said so
+ * for this code. Returns NULL. */
 static PyObject *raise_rc_obj(int rc, PyObject *context, const char *detail)
 {
     PyObject *msg, *exc, *v;
+    if (!detail && ctxs_get_last_error_code() == rc)
+        detail = ctxs_get_last_error();
     const char *sep = detail && *detail ? ": " : "";
     if (!detail)
         detail = "";
@@ -2047,7 +2051,7 @@ static PyObject *raise_remote(int rc, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    raise_rc_v(rc, ctxs_remote_get_message(), fmt, ap);
+    raise_rc_v(rc, NULL, fmt, ap);
     va_end(ap);
     return NULL;
 }

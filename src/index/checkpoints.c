@@ -60,6 +60,7 @@ static ctxs_store *checkpoint_target(const ctxs_session *s, const char *name, si
 
 int ctxs_checkpoint_create(ctxs_session *s, const char *name)
 {
+    ctxs__error_begin();
     size_t len;
     uint64_t id;
     ctxs_store *st = checkpoint_target(s, name, &len, &id);
@@ -84,6 +85,7 @@ int ctxs_checkpoint_create(ctxs_session *s, const char *name)
 
 int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
 {
+    ctxs__error_begin();
     size_t len;
     uint64_t id;
     ctxs_store *st = checkpoint_target(s, name, &len, &id);
@@ -109,6 +111,7 @@ int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
 
 int ctxs_checkpoint_delete(const ctxs_session *s, const char *name)
 {
+    ctxs__error_begin();
     size_t len;
     uint64_t id;
     ctxs_store *st = checkpoint_target(s, name, &len, &id);
@@ -127,6 +130,7 @@ int ctxs_checkpoint_delete(const ctxs_session *s, const char *name)
 
 int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, const ctxs_session *s)
 {
+    ctxs__error_begin();
     if (!out || !n_out)
         return CTXS_EINVAL;
     *out = NULL;

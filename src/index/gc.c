@@ -46,6 +46,7 @@ static int would_delete(ctxs_store *st, uint64_t id)
 
 int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st, uint64_t budget_bytes, unsigned flags)
 {
+    ctxs__error_begin();
     ctxs_gc_result res;
     memset(&res, 0, sizeof(res));
     if (out)

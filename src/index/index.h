@@ -20,6 +20,7 @@
 
 #include "ctxstore.h"
 #include "label.h"
+#include "last_error.h"
 
 #define CTXS__INDEX_MAGIC "CTXSINDX"
 #define CTXS__INDEX_MAJOR 1

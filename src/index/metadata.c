@@ -115,6 +115,7 @@ static int meta_target(MDB_txn *txn, ctxs_store *st, const char *name, uint64_t 
 int ctxs_store_session_set_meta(ctxs_store *st, const char *name, const char *key,
                                 const void *value, size_t value_bytes)
 {
+    ctxs__error_begin();
     size_t key_len;
     if (!st || ctxs__name_check(name, &key_len) < 0 || ctxs__name_check(key, &key_len) < 0 ||
         (!value && value_bytes))
@@ -146,6 +147,7 @@ int ctxs_store_session_set_meta(ctxs_store *st, const char *name, const char *ke
 int ctxs_store_session_get_meta(void *out, size_t *value_bytes, ctxs_store *st, const char *name,
                                 const char *key)
 {
+    ctxs__error_begin();
     size_t key_len;
     if (!value_bytes || !st || ctxs__name_check(key, &key_len) < 0)
         return CTXS_EINVAL;
@@ -205,6 +207,7 @@ static int list_row(void *arg, MDB_cursor *cur, const MDB_val *key, const MDB_va
 int ctxs_store_session_list_meta(ctxs_meta_entry **out, size_t *n_out, ctxs_store *st,
                                  const char *name)
 {
+    ctxs__error_begin();
     if (!out || !n_out)
         return CTXS_EINVAL;
     *out = NULL;

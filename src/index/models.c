@@ -86,6 +86,7 @@ int ctxs__model_ensure(MDB_txn *txn, ctxs_store *st, const ctxs_model *model)
 
 int ctxs_model_register(ctxs_store *st, const ctxs_model *model, const char *name)
 {
+    ctxs__error_begin();
     if (!st || !model || !ctxs__model_geometry_valid(&model->geometry))
         return CTXS_EINVAL;
     size_t name_len = 0;
@@ -123,6 +124,7 @@ static void entry_fill(ctxs_model_entry *out, const uint8_t hash[CTXS_HASH_BYTES
 
 int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st, const uint8_t model_hash[CTXS_HASH_BYTES])
 {
+    ctxs__error_begin();
     if (!out || !st || !model_hash)
         return CTXS_EINVAL;
     MDB_txn *txn;
@@ -149,6 +151,7 @@ static int model_entry_fill(void *entry, const MDB_val *key, const MDB_val *val)
 
 int ctxs_model_list(ctxs_model_entry **out, size_t *n_out, ctxs_store *st)
 {
+    ctxs__error_begin();
     if (!out || !n_out)
         return CTXS_EINVAL;
     *out = NULL;
@@ -284,17 +287,20 @@ static int hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *p
 
 int ctxs_model_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *path)
 {
+    ctxs__error_begin();
     return hash_file(out, st, path, 0);
 }
 
 int ctxs_tokenizer_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *path)
 {
+    ctxs__error_begin();
     return hash_file(out, st, path, 1);
 }
 
 int ctxs_tokenizer_hash_strings(uint8_t out[CTXS_HASH_BYTES], const char *const *tokens,
                                 const size_t *lengths, size_t n)
 {
+    ctxs__error_begin();
     if (!out || (!tokens && n))
         return CTXS_EINVAL;
     for (size_t i = 0; i < n; i++)

@@ -564,6 +564,7 @@ static int next_id_now(ctxs_store *st, uint64_t *out)
 
 int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
 {
+    ctxs__error_begin();
     ctxs_repair_result res;
     memset(&res, 0, sizeof(res));
     if (out)
@@ -678,6 +679,7 @@ static int reindex_one(MDB_txn *txn, ctxs_store *st, uint64_t id, const file_fac
 
 int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
 {
+    ctxs__error_begin();
     ctxs_reindex_result res;
     memset(&res, 0, sizeof(res));
     if (out)

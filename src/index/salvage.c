@@ -803,6 +803,7 @@ static int is_dir(const char *path)
 
 int ctxs_store_repair_index(ctxs_salvage_result *out, const char *dir, unsigned flags)
 {
+    ctxs__error_begin();
     ctxs_salvage_result res;
     memset(&res, 0, sizeof(res));
     if (out)

@@ -604,6 +604,7 @@ static int adopt_new(ctxs_store *st, const char *name, size_t len, ctxs__session
 int ctxs_store_session_create(ctxs_session **out, ctxs_store *st, const char *name,
                               const ctxs_model *model, const ctxs_create_options *opts)
 {
+    ctxs__error_begin();
     if (!out)
         return CTXS_EINVAL;
     *out = NULL;
@@ -715,6 +716,7 @@ int ctxs_store_session_open(ctxs_session **out, ctxs_store *st, const char *name
                             const ctxs_model *model, unsigned flags,
                             const ctxs_open_options *opts)
 {
+    ctxs__error_begin();
     if (!out)
         return CTXS_EINVAL;
     *out = NULL;
@@ -826,6 +828,7 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
 int ctxs_store_session_fork(ctxs_session **out, ctxs_store *st, const char *name,
                             const char *src, uint64_t n_tokens, const ctxs_open_options *opts)
 {
+    ctxs__error_begin();
     return fork_at(out, st, src, n_tokens, NULL, name, opts);
 }
 
@@ -833,6 +836,7 @@ int ctxs_store_session_fork_checkpoint(ctxs_session **out, ctxs_store *st, const
                                        const char *src, const char *checkpoint,
                                        const ctxs_open_options *opts)
 {
+    ctxs__error_begin();
     if (!checkpoint)
         return CTXS_EINVAL;
     return fork_at(out, st, src, 0, checkpoint, name, opts);
@@ -857,6 +861,7 @@ static void entry_fill(ctxs_session_entry *out, const char *name, size_t len,
 
 int ctxs_store_session_get(ctxs_session_entry *out, ctxs_store *st, const char *name)
 {
+    ctxs__error_begin();
     size_t len;
     if (!out || !st || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
@@ -885,6 +890,7 @@ static int session_entry_fill(void *entry, const MDB_val *key, const MDB_val *va
 
 int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out, ctxs_store *st)
 {
+    ctxs__error_begin();
     if (!out || !n_out)
         return CTXS_EINVAL;
     *out = NULL;
@@ -909,6 +915,7 @@ int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out, ctxs_store 
 
 int ctxs_store_session_rename(ctxs_store *st, const char *from, const char *to)
 {
+    ctxs__error_begin();
     size_t from_len, to_len;
     if (!st || ctxs__name_check(from, &from_len) < 0 || ctxs__name_check(to, &to_len) < 0)
         return CTXS_EINVAL;
@@ -994,6 +1001,7 @@ int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name
 
 int ctxs_store_session_delete(ctxs_store *st, const char *name)
 {
+    ctxs__error_begin();
     size_t len;
     if (!st || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;

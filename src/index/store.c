@@ -722,6 +722,7 @@ static int view_new(ctxs_store **out, ctxs_store *owner)
 int ctxs_store_open(ctxs_store **out, const char *dir, unsigned flags,
                     const ctxs_store_options *opts)
 {
+    ctxs__error_begin();
     if (!out)
         return CTXS_EINVAL;
     *out = NULL;

@@ -271,6 +271,7 @@ static int export_session(export_job *job, const ctxs_session_info *info, const 
 int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path,
                               ctxs_progress_fn progress, void *progress_arg)
 {
+    ctxs__error_begin();
     size_t len;
     if (!st || !path || !*path || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
@@ -525,6 +526,7 @@ static int import_fill(int fd, const ctxs__disk_label *label, void *arg)
 int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1], ctxs_store *st, const char *path,
                               const char *name, ctxs_progress_fn progress, void *progress_arg)
 {
+    ctxs__error_begin();
     if (name_out)
         name_out[0] = '\0';
     size_t len = 0;

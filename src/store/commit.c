@@ -343,6 +343,7 @@ void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st)
 
 int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
 {
+    ctxs__error_begin();
     CTXS__CHECK(out);
     memset(out, 0, sizeof(*out));
     CTXS__CHECK(s && n > 0);
@@ -411,6 +412,7 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
 int ctxs_session_write_token(ctxs_session *s, const ctxs_reservation *r, uint32_t i,
                              const void *k, const void *v, uint32_t dtype)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s && r && k && v && i < r->n_tokens);
     uint64_t pos = r->first_pos + i;
     CTXS__CHECK(pos >= s->st.n_tokens && pos < s->st.n_tokens + s->n_reserved);
@@ -428,6 +430,7 @@ static void notify_committed(ctxs_session *s)
 
 int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s && token_ids && n > 0);
     int rc = writable(s);
     if (rc < 0)
@@ -479,6 +482,7 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
 
 int ctxs_session_sync(ctxs_session *s)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s);
     int rc = writable(s);
     if (rc < 0)
@@ -515,6 +519,7 @@ int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n)
 
 int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s);
     int rc = writable(s);
     if (rc < 0)

@@ -356,6 +356,7 @@ static int fork_fill(int fd, void *arg)
 int ctxs_session_fork(ctxs_session **out, const char *path, ctxs_session *src,
                       uint64_t n_tokens, const ctxs_open_options *opts)
 {
+    ctxs__error_begin();
     int rc = ctxs__session_fork_labeled(out, path, src, n_tokens, opts, NULL);
     if (rc == 0 && (*out)->durability == CTXS_SYNC_ASYNC)
         ctxs__writeback_request_all(*out);

@@ -12,6 +12,7 @@
 
 #include "ctxstore.h"
 #include "format.h"
+#include "last_error.h"
 #include "session_iface.h"
 
 struct ctxs_session {
@@ -71,13 +72,6 @@ struct ctxs_session {
     struct ctxs_session *prev, *next;
 };
 
-
-/* Argument checks at the API boundary, once (dav1d's validate.h). */
-#define CTXS__CHECK(cond)                                                       \
-    do {                                                                       \
-        if (!(cond))                                                           \
-            return CTXS_EINVAL;                                                \
-    } while (0)
 
 static inline uint64_t ctxs__ring_len(const ctxs_session *s)
 {

@@ -44,6 +44,7 @@ size_t ctxs_geometry_get_token_bytes(const ctxs_geometry *g, uint32_t dtype)
 
 int ctxs_dtype_encode(void *out, float *scale, const float *in, uint32_t n, uint32_t dtype)
 {
+    ctxs__error_begin();
     CTXS__CHECK(out && in && n && n <= CTXS__MAX_DIM && ctxs__dtype_bytes(dtype) &&
                (scale || dtype != CTXS_DTYPE_Q8));
     if (dtype != CTXS_DTYPE_Q8) {
@@ -125,6 +126,7 @@ static void load_head(const ctxs_session *s, uint32_t layer, uint32_t kind, uint
 int ctxs_session_read_token(void *k, void *v, const ctxs_session *s, uint64_t pos,
                             uint32_t dtype)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s && k && v);
     const uint32_t stored = s->model.geometry.dtype;
     CTXS__CHECK(dtype == stored || dtype == CTXS_DTYPE_F32 ||
@@ -146,6 +148,7 @@ int ctxs_session_read_token(void *k, void *v, const ctxs_session *s, uint64_t po
 int ctxs_session_get_scales(float **out, ctxs_session *s, uint32_t layer, uint32_t kind,
                             uint32_t head)
 {
+    ctxs__error_begin();
     CTXS__CHECK(out);
     *out = NULL;
     CTXS__CHECK(s && layer < s->lay.n_layers && kind <= CTXS_V && head < s->lay.n_kv_heads &&

@@ -349,6 +349,7 @@ int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *mo
 int ctxs_session_create(ctxs_session **out, const char *path,
                         const ctxs_model *model, const ctxs_create_options *opts)
 {
+    ctxs__error_begin();
     return ctxs__session_create_labeled(out, path, model, opts, NULL);
 }
 
@@ -376,6 +377,7 @@ int ctxs__session_create_labeled(ctxs_session **out, const char *path,
 int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *model,
                       unsigned flags, const ctxs_open_options *opts)
 {
+    ctxs__error_begin();
     CTXS__CHECK(out);
     *out = NULL;
     CTXS__CHECK(path && *path && (flags & ~(CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY)) == 0);
@@ -411,6 +413,7 @@ void ctxs_session_close(ctxs_session *s)
 
 int ctxs_session_get_layout(ctxs_layout *out, const ctxs_session *s)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s && out);
     out->kv = s->map + s->lay.kv_off;
     out->kv_bytes = (size_t)s->lay.kv_bytes;
@@ -429,6 +432,7 @@ int ctxs_session_get_layout(ctxs_layout *out, const ctxs_session *s)
 
 int ctxs_session_get_kv(void **out, ctxs_session *s, uint32_t layer, uint32_t kind, uint32_t head)
 {
+    ctxs__error_begin();
     CTXS__CHECK(out);
     *out = NULL;
     CTXS__CHECK(s && layer < s->lay.n_layers && kind <= CTXS_V &&
@@ -439,6 +443,7 @@ int ctxs_session_get_kv(void **out, ctxs_session *s, uint32_t layer, uint32_t ki
 
 int ctxs_session_get_slot(uint32_t *out, const ctxs_session *s, uint64_t pos)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s && out);
     if (pos >= s->st.n_tokens)
         return CTXS_ENOTFOUND;
@@ -450,6 +455,7 @@ int ctxs_session_get_slot(uint32_t *out, const ctxs_session *s, uint64_t pos)
 
 int ctxs_session_get_info(ctxs_session_info *out, const ctxs_session *s)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s && out);
     memset(out, 0, sizeof(*out));
     out->model = s->model;
@@ -488,6 +494,7 @@ int ctxs_session_get_info(ctxs_session_info *out, const ctxs_session *s)
 
 int ctxs_session_refresh(ctxs_session *s)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s);
     if (!s->readonly)
         return 0; /* a writer's state is always current */
@@ -516,12 +523,14 @@ int ctxs_session_refresh(ctxs_session *s)
 
 int ctxs_session_verify(uint64_t *bad_pos, const ctxs_session *s)
 {
+    ctxs__error_begin();
     return ctxs_session_verify_range(bad_pos, s, 0, UINT64_MAX);
 }
 
 int ctxs_session_verify_range(uint64_t *bad_pos, const ctxs_session *s, uint64_t from,
                               uint64_t to)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s && from <= to);
     uint64_t n = s->st.n_tokens;
     if (to > n)

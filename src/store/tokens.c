@@ -6,6 +6,7 @@
 
 int ctxs_session_get_tokens(uint32_t *out, const ctxs_session *s, uint64_t from, uint32_t n)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s && (out || n == 0));
     /* Past the count, or a range that runs past it: nothing is copied. */
     if (from > s->st.n_tokens || n > s->st.n_tokens - from)

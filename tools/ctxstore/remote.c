@@ -73,11 +73,11 @@ typedef struct remote_run {
 } remote_run;
 
 /* What the library said of the remote's last failure on this thread
- * (ctxs_remote_get_message()): ": <message>", or "" when nothing. */
+ * (ctxs_get_last_error()): ": <message>", or "" when nothing. */
 static const char *why(void)
 {
     static char buf[300];
-    const char *m = ctxs_remote_get_message();
+    const char *m = ctxs_get_last_error();
     snprintf(buf, sizeof(buf), "%s%s", *m ? ": " : "", m);
     return buf;
 }

@@ -82,7 +82,7 @@ static void die(const char *fmt, ...)
 static void check(int rc, const char *what)
 {
     if (rc < 0)
-        die("%s: %s: %s", what, ctxs_strerror(rc), ctxs_llama_get_last_error());
+        die("%s: %s: %s", what, ctxs_strerror(rc), ctxs_get_last_error());
 }
 
 static double now_ms(void)

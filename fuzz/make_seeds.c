@@ -170,7 +170,7 @@ static void session_seeds(void)
     if ((rc = fuzz_append(s, 20)) < 0)
         die("append", rc);
     unlink(f);
-    if ((rc = ctxs_session_fork(&fk, f, s, 10, NULL)) < 0)
+    if ((rc = ctxs_session_fork(&fk, s, f, 10, NULL)) < 0)
         die("fork", rc);
     ctxs_session_close(fk);
     ctxs_session_close(s);

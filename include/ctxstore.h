@@ -425,8 +425,8 @@ CTXS_API void ctxs_session_close(ctxs_session *s);
  * that failed), CTXS_ECORRUPT (refreshing src found both its records
  * damaged), -EEXIST, CTXS_EFULL, CTXS_ENOMEM, -errno. *out is NULL on
  * failure. src is used as by any other call on it: one thread at a time. */
-CTXS_API int ctxs_session_fork(ctxs_session **out, const char *path,
-                               ctxs_session *src, uint64_t n_tokens,
+CTXS_API int ctxs_session_fork(ctxs_session **out, ctxs_session *src,
+                               const char *path, uint64_t n_tokens,
                                const ctxs_open_options *opts);
 
 /* --- Layout and zero-copy access ---------------------------------------- */
@@ -1225,7 +1225,11 @@ CTXS_API int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out,
  * CTXS_EREADONLY (the store is read-only). */
 CTXS_API int ctxs_checkpoint_delete(const ctxs_session *s, const char *name);
 
-/* --- Forks ---------------------------------------------------------------- */
+/* --- Forks ----------------------------------------------------------------
+ *
+ * Every fork takes its source before the new session, as `cp SRC DST` and
+ * `ctxstore fork SRC DST` do (out, the handle, comes first as everywhere).
+ */
 
 /* Creates the session name holding the first n_tokens tokens of the session
  * src (UINT64_MAX: all it holds) and opens it read-write (out may be NULL
@@ -1235,7 +1239,7 @@ CTXS_API int ctxs_checkpoint_delete(const ctxs_session *s, const char *name);
  * gc, compact or delete is working on src), the errors of
  * ctxs_session_fork(). */
 CTXS_API int ctxs_store_session_fork(ctxs_session **out, ctxs_store *st,
-                                     const char *name, const char *src,
+                                     const char *src, const char *name,
                                      uint64_t n_tokens,
                                      const ctxs_open_options *opts);
 
@@ -1243,9 +1247,9 @@ CTXS_API int ctxs_store_session_fork(ctxs_session **out, ctxs_store *st,
  * CTXS_ESTALE and CTXS_EEVICTED for a stale checkpoint. */
 CTXS_API int ctxs_store_session_fork_checkpoint(ctxs_session **out,
                                                 ctxs_store *st,
-                                                const char *name,
                                                 const char *src,
                                                 const char *checkpoint,
+                                                const char *name,
                                                 const ctxs_open_options *opts);
 
 /* --- Shared prefixes -------------------------------------------------------

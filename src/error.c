@@ -50,7 +50,7 @@ int ctxs__error_code(void)
 int ctxs__error_more(int rc, const char *fmt, ...)
 {
     char inner[sizeof(g_last.text)] = "";
-    if (g_last.code == rc && g_last.text[0])
+    if (g_last.code != 0 && g_last.text[0])
         memcpy(inner, g_last.text, sizeof(inner));
     char text[sizeof(g_last.text)];
     va_list ap;

@@ -24,9 +24,9 @@ void ctxs__error_begin(void);
  * gave (ctxs__error_more()). */
 int ctxs__error_code(void);
 
-/* As ctxs__error(), keeping what the inner call that returned rc said after
- * the new text ("<new>: <inner reason>") when it recorded rc, else just
- * the new text. */
+/* As ctxs__error(), keeping the reason an inner call recorded (whatever
+ * its code) after the new text: "<new>: <inner reason>"; just the new
+ * text when there is none. */
 int ctxs__error_more(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Where a call returns an error it got from an inner one that may have

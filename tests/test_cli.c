@@ -1246,7 +1246,7 @@ Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)
     cr_assert_eq(ctxs_checkpoint_create(s, "cp1"), 0);
     ts_append_many(s, 50);
     ctxs_session_close(s);
-    cr_assert_eq(ctxs_store_session_fork(NULL, st, "child", "base", 80, NULL), 0);
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "base", "child", 80, NULL), 0);
     ctxs_session *ro = open_ro(st, "base");
     ctxs_window win;
     cr_assert_eq(ctxs_session_get_window(&win, ro), 0);
@@ -1874,7 +1874,7 @@ Test(cli, rename_says_what_it_did_and_why_it_refuses)
     cr_assert_str_eq(hint_of(v), "`ctxstore ls` lists the sessions");
     jc_free(v);
     CLI_EXPECT(EX_EXIST, S(), "rename", ODD_NAME, "other", "--json");
-    v = json_error_out(-EEXIST, "EEXIST");
+    v = json_error_out(CTXS_ETAKEN, "CTXS_ETAKEN");
     cr_assert(strstr(js(v, "error.message"), "to 'other'"), "%s", R.out);
     cr_assert(strstr(hint_of(v), "choose another NEW"), "%s", R.out);
     jc_free(v);
@@ -2698,7 +2698,7 @@ Test(cli, import_hints_fit_a_broken_file_and_a_name_taken)
 
     /* NAME taken: said once, not again in the hint. */
     CLI_EXPECT(EX_EXIST, S(), "import", file, "trip", "--json");
-    v = json_error_out(-EEXIST, "EEXIST");
+    v = json_error_out(CTXS_ETAKEN, "CTXS_ETAKEN");
     cr_assert_eq(count_of(js(v, "error.message"), "'trip'"), 1, "%s", R.out);
     cr_assert_eq(count_of(hint_of(v), "trip"), 0, "%s", R.out);
     cr_assert_eq(count_of(R.err, "trip'"), 1, "the name is said more than once:\n%s", R.err);

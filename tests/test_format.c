@@ -1269,7 +1269,7 @@ Test(format, error_strings_cover_every_code)
     int n_codes = 0;
     CTXS_ERRNO_MAP(CHECK_CODE_)
 #undef CHECK_CODE_
-    cr_assert_eq(n_codes, 19);
+    cr_assert_eq(n_codes, 21);
 
     cr_assert_str_eq(ctxs_err_name(0), "OK");
     cr_assert_not_null(ctxs_strerror(0));

@@ -678,8 +678,8 @@ class Store(_ctxstore.StoreBase):
                        pressure_window: int = 0, durability: Union[str, int] = "async",
                        background: bool = True) -> Session:
         """Create the session ``name`` for a registered ``model`` and open it
-        read-write (options as ``Session.create()``). ``-EEXIST`` if the
-        name is taken, ``ENOTFOUND`` if the model is not registered."""
+        read-write (options as ``Session.create()``). ``ETAKEN`` if the
+        name is taken, ``ENOMODEL`` if the model is not registered."""
         s = Session.__new__(Session)
         self._session_create(s, name, tuple(model),
                              _create_opts(capacity, n_sink, ring, window=window,
@@ -700,15 +700,16 @@ class Store(_ctxstore.StoreBase):
                            _open_opts(window, pressure_window, durability, background))
         return s
 
-    def fork(self, name: str, src: str, n_tokens: Optional[int] = None,
+    def fork(self, src: str, name: str, n_tokens: Optional[int] = None,
              checkpoint: Optional[str] = None, *, open: bool = False,
              window: int = 0, pressure_window: int = 0,
              durability: Union[str, int] = "async",
              background: bool = True) -> Optional[Session]:
         """Create session ``name`` from the first ``n_tokens`` tokens of
-        ``src`` (None: all it holds), or from its ``checkpoint``. With
-        ``open=True`` returns the new session open read-write, else None.
-        Releases the GIL."""
+        ``src`` (None: all it holds), or from its ``checkpoint``: the source
+        first, as ``ctxstore fork SRC DST`` and ``ctxs_store_session_fork()``
+        take it. With ``open=True`` returns the new session open read-write,
+        else None. Releases the GIL."""
         if n_tokens is not None and checkpoint is not None:
             raise ValueError("fork: n_tokens or checkpoint, not both")
         s = Session.__new__(Session) if open else None

@@ -824,7 +824,7 @@ static PyObject *Session__fork_to(SessionObject *self, PyObject *args)
         goto out;
     ctxs_session *s;
     int rc;
-    NOGIL(rc = ctxs_session_fork(&s, PyBytes_AS_STRING(path), self->s, n, &o));
+    NOGIL(rc = ctxs_session_fork(&s, self->s, PyBytes_AS_STRING(path), n, &o));
     sess_leave(self);
     if (rc < 0) {
         raise_rc(rc, "fork to '%s'", PyBytes_AS_STRING(path));
@@ -1660,8 +1660,8 @@ static PyObject *Store__fork(StoreObject *self, PyObject *args)
         return NULL;
     ctxs_session **out = sess ? &s : NULL;
     NOGIL(rc = checkpoint
-                   ? ctxs_store_session_fork_checkpoint(out, self->st, name, src, checkpoint, &o)
-                   : ctxs_store_session_fork(out, self->st, name, src, n, &o));
+                   ? ctxs_store_session_fork_checkpoint(out, self->st, src, checkpoint, name, &o)
+                   : ctxs_store_session_fork(out, self->st, src, name, n, &o));
     PyObject *ret;
     if (rc == CTXS_EINVAL && checkpoint && !ctxs_name_check(name) && !ctxs_name_check(src))
         ret = raise_names(rc, "fork", checkpoint, NULL);

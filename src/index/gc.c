@@ -55,7 +55,7 @@ int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st, uint64_t budget_bytes, un
         return CTXS_EINVAL;
     int dry = (flags & CTXS_GC_DRY_RUN) != 0;
     if (st->rdonly && !dry)
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     ctxs_session_entry *list;
     size_t n;
     int rc = ctxs_store_session_list(&list, &n, st);

@@ -2104,7 +2104,7 @@ static int local_name_free(ctxs_store *st, const char *name)
 {
     ctxs_session_entry e;
     int rc = ctxs_store_session_get(&e, st, name);
-    return rc == 0 ? -EEXIST : rc == CTXS_ENOTFOUND ? 0 : rc;
+    return rc == 0 ? ctxs__name_taken(name) : rc == CTXS_ENOTFOUND ? 0 : rc;
 }
 
 /* CTXS_EMODEL if st knows model's hash with another geometry or tokenizer:
@@ -2139,7 +2139,7 @@ static int remote_pull_impl(ctxs_session **out, ctxs_remote_pull_result *res, ct
         ctxs__name_check(local_name, &len) < 0)
         return CTXS_EINVAL;
     if (r->st->rdonly)
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     int rc = local_name_free(r->st, local_name);
     if (rc < 0)
         return rc;
@@ -2216,7 +2216,7 @@ static int remote_pull_prefix_impl(ctxs_session **out, ctxs_remote_pull_result *
         n > CTXS__REMOTE_MAX_TOKENS)
         return CTXS_EINVAL;
     if (r->st->rdonly)
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     ctxs__file_layout lay;
     if (ctxs__layout_compute(&lay, &model->geometry, CTXS_PREFIX_CHUNK, 0) < 0)
         return CTXS_EINVAL;
@@ -2541,7 +2541,7 @@ int ctxs__remote_pull_missing(ctxs_store *st, const char *name)
     if (!r)
         return CTXS_ENOTFOUND;
     int rc = ctxs_remote_pull(NULL, NULL, r, name, NULL, NULL, NULL, NULL);
-    if (rc < 0 && rc != CTXS_ENOTFOUND && rc != -EEXIST) {
+    if (rc < 0 && rc != CTXS_ENOTFOUND && rc != CTXS_ETAKEN) {
         pthread_mutex_lock(&r->mu);
         r->stats.last_error = rc;
         pthread_mutex_unlock(&r->mu);
@@ -2550,6 +2550,6 @@ int ctxs__remote_pull_missing(ctxs_store *st, const char *name)
     if (--r->users == 0)
         pthread_cond_broadcast(&users_done);
     pthread_mutex_unlock(&attach_lock);
-    /* -EEXIST: another thread pulled or created it meanwhile. */
-    return rc == 0 || rc == -EEXIST ? 0 : CTXS_ENOTFOUND;
+    /* CTXS_ETAKEN: another thread pulled or created it meanwhile. */
+    return rc == 0 || rc == CTXS_ETAKEN ? 0 : CTXS_ENOTFOUND;
 }

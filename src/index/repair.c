@@ -572,7 +572,7 @@ int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
     if (!st)
         return CTXS_EINVAL;
     if (st->rdonly)
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     uint64_t *files = NULL, *ids = NULL;
     size_t n_files, n_ids;
     /* Ids first: a renumbered file is then adopted or refreshed below. */
@@ -687,7 +687,7 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
     if (!st)
         return CTXS_EINVAL;
     if (st->rdonly)
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     uint64_t *ids = NULL, removed = 0;
     size_t n = 0;
     /* A file named with id 0 (or past the range) is renumbered, then

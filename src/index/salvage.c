@@ -608,8 +608,8 @@ static int models_apply(salvage *sv, MDB_txn *txn, ctxs_store *st)
                  ctxs__model_geometry_valid(&m.geometry);
         if (ok) {
             int have = ctxs__model_check(txn, st, &m);
-            ok = have == 0 || have == CTXS_ENOTFOUND;
-            if (have < 0 && have != CTXS_ENOTFOUND && have != CTXS_EMODEL)
+            ok = have == 0 || have == CTXS_ENOMODEL;
+            if (have < 0 && have != CTXS_ENOMODEL && have != CTXS_EMODEL)
                 rc = have;
         }
         if (rc == 0 && !ok) {

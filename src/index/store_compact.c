@@ -389,7 +389,7 @@ int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st, const char *nam
     if (!st || (name && ctxs__name_check(name, &len) < 0))
         return CTXS_EINVAL;
     if (st->rdonly)
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     int rc;
     if (name) {
         ctxs_session_entry e;

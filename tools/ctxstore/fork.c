@@ -90,8 +90,8 @@ int cmd_fork(cli *c, int argc, char **argv)
     ex = cli_store_open(c, &st, CLI_STORE_WRITE);
     if (ex != CLI_OK)
         return ex;
-    int rc = checkpoint ? ctxs_store_session_fork_checkpoint(NULL, st, dst, src, checkpoint, NULL)
-                        : ctxs_store_session_fork(NULL, st, dst, src, at, NULL);
+    int rc = checkpoint ? ctxs_store_session_fork_checkpoint(NULL, st, src, checkpoint, dst, NULL)
+                        : ctxs_store_session_fork(NULL, st, src, dst, at, NULL);
     ctxs_session_entry e;
     if (rc == 0)
         rc = ctxs_store_session_get(&e, st, dst);

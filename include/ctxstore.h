@@ -1061,7 +1061,7 @@ typedef struct ctxs_session_entry {
 
 /* Creates a session named name for model, which must be registered, and
  * opens it read-write. The file is created first and indexed second.
- * Errors: -EEXIST (the name is taken), CTXS_ENOTFOUND (model not
+ * Errors: CTXS_ETAKEN (the name is taken), CTXS_ENOMODEL (the model is not
  * registered), CTXS_EMODEL (registered with another geometry),
  * CTXS_EREADONLY, the errors of ctxs_session_create(). *out is NULL on
  * failure. Thread-safe. */
@@ -1099,7 +1099,7 @@ CTXS_API int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out,
                                      ctxs_store *st);
 
 /* Renames a session; open handles stay valid, and so does its pin.
- * Errors: CTXS_ENOTFOUND, -EEXIST (to is taken), CTXS_EINVAL,
+ * Errors: CTXS_ENOTFOUND, CTXS_ETAKEN (to is taken), CTXS_EINVAL,
  * CTXS_EREADONLY, -errno. */
 CTXS_API int ctxs_store_session_rename(ctxs_store *st, const char *from,
                                        const char *to);
@@ -1205,7 +1205,8 @@ typedef struct ctxs_checkpoint_entry {
  * Names the current token count of s. A checkpoint remembers the checksum
  * of its last token, so that a restore after the tokens were rolled back
  * and written differently is refused.
- * Errors: -EEXIST, CTXS_EINVAL (s not opened through a store, bad name),
+ * Errors: CTXS_ETAKEN (s has a checkpoint of that name), CTXS_EINVAL (s not
+ * opened through a store, bad name),
  * CTXS_EREADONLY (the store is read-only), -errno. */
 CTXS_API int ctxs_checkpoint_create(ctxs_session *s, const char *name);
 
@@ -1235,7 +1236,7 @@ CTXS_API int ctxs_checkpoint_delete(const ctxs_session *s, const char *name);
  * src (UINT64_MAX: all it holds) and opens it read-write (out may be NULL
  * to leave it closed). See ctxs_session_fork() for how the bytes travel;
  * src may be open by a writer meanwhile.
- * Errors: -EEXIST, CTXS_ENOTFOUND, CTXS_EEVICTED, CTXS_ESTALE, CTXS_EBUSY (a
+ * Errors: CTXS_ETAKEN, CTXS_ENOTFOUND, CTXS_EEVICTED, CTXS_ESTALE, CTXS_EBUSY (a
  * gc, compact or delete is working on src), the errors of
  * ctxs_session_fork(). */
 CTXS_API int ctxs_store_session_fork(ctxs_session **out, ctxs_store *st,
@@ -1640,7 +1641,7 @@ CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
  * Errors: CTXS_EFOREIGN (not an export file, or not a regular file),
  * CTXS_EVERSION (a newer export format), CTXS_ECORRUPT (damaged or
  * truncated: nothing imported), CTXS_EMODEL (the store knows the model
- * hash with another geometry), -EEXIST (the name is taken), CTXS_EINVAL,
+ * hash with another geometry), CTXS_ETAKEN (the name is taken), CTXS_EINVAL,
  * CTXS_EFULL, CTXS_EREADONLY, CTXS_ENOMEM, -errno. */
 CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
                                        ctxs_store *st, const char *path,
@@ -1848,7 +1849,7 @@ typedef struct ctxs_remote_pull_result {
  * options (opts->open is not used). out (may be NULL: the
  * session is closed) gets it open read-write; res (may be NULL) what was
  * pulled and what is left to prefill. progress counts tokens.
- * Errors: CTXS_ENOTFOUND (no such remote session), -EEXIST (local_name is
+ * Errors: CTXS_ENOTFOUND (no such remote session), CTXS_ETAKEN (local_name is
  * taken), CTXS_EMODEL, CTXS_EREMOTE (a damaged record), CTXS_EFULL, the
  * network's errors, CTXS_EREADONLY, CTXS_EINVAL, CTXS_ENOMEM. */
 CTXS_API int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res,

@@ -99,7 +99,12 @@ int cli_exit_code(int rc);
  * the remote tier returns those. */
 int cli_is_network_error(int rc);
 
-/* Reports rc to stderr: "ctxstore: <what>: <error text> (<NAME>)", then a
+/* Why the library's last call on this thread failed with rc
+ * (ctxs_get_last_error()), or NULL when it said nothing for rc. */
+const char *cli_reason(int rc);
+
+/* Reports rc to stderr: "ctxstore: <what>: <why> (<NAME>)" -- why is the
+ * library's reason (cli_reason()), else rc's text -- then a
  * line of advice, hint, or cli_advice(rc) when hint is NULL, none when it
  * is CLI_NO_HINT. what names the session or file. The first failure of a
  * run is also kept for its JSON error object (cli_report_end()). Returns

@@ -268,7 +268,7 @@ static int rename_fail(int rc, const char *from, const char *to)
 {
     if (rc == CTXS_ENOTFOUND)
         return cli_fail(rc, "session '%s'", from);
-    if (rc == -EEXIST)
+    if (rc == CTXS_ETAKEN)
         return cli_fail_hint(rc, "a session has that name; choose another NEW, or remove that "
                                  "session first with `ctxstore rm`",
                              "renaming '%s' to '%s'", from, to);

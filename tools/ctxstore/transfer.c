@@ -67,7 +67,7 @@ static const char *import_hint(char *buf, size_t n, int rc, int named)
     case CTXS_EINVAL:
         a = named ? cli_name_rule : "the file is not a valid ctxstore export";
         break;
-    case -EEXIST:
+    case CTXS_ETAKEN:
         a = named ? "a session has that name; choose another NAME, or remove it with `ctxstore rm`"
                   : "a session has the name it was exported under; give another: "
                     "`ctxstore import FILE NAME`";

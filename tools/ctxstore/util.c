@@ -25,6 +25,7 @@ int cli_exit_code(int rc)
     case 0:
         return CLI_OK;
     case CTXS_ENOTFOUND:
+    case CTXS_ENOMODEL:
     case -ENOENT:
         return CLI_ENOTFOUND;
     case CTXS_EBUSY:
@@ -42,6 +43,7 @@ int cli_exit_code(int rc)
     case -EDQUOT:
         return CLI_EFULL;
     case -EEXIST:
+    case CTXS_ETAKEN:
         return CLI_EEXIST;
     case CTXS_EINVAL:
     case CTXS_ETOOBIG:
@@ -131,7 +133,12 @@ const char *cli_advice(int rc)
     case -EPERM:
         return "check the permissions of the store directory";
     case -EEXIST:
-        return "choose another name, or remove the existing one first";
+        return "choose another path, or move the existing file away first";
+    case CTXS_ETAKEN:
+        return "choose another name, or rename or remove the session that has it";
+    case CTXS_ENOMODEL:
+        return "`ctxstore models` lists the registered models; `ctxstore models register` "
+               "adds one";
     case CTXS_EREMOTE:
         return "the server refused a command (full under maxmemory-policy noeviction? see "
                "`ctxstore remote stat`) or holds a damaged record";
@@ -282,6 +289,12 @@ static int report_failure(int rc, const char *hint, const char *message)
     return cli_exit_code(rc);
 }
 
+const char *cli_reason(int rc)
+{
+    const char *why = ctxs_get_last_error();
+    return rc != 0 && ctxs_get_last_error_code() == rc && why[0] ? why : NULL;
+}
+
 int cli_fail_hint(int rc, const char *hint, const char *fmt, ...)
 {
     char what[4480];
@@ -289,8 +302,19 @@ int cli_fail_hint(int rc, const char *hint, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
+    /* The library's reason says more than the code's text: it names the
+     * argument and the rule (a name's rule included, so the generic hint
+     * of CTXS_EINVAL would only repeat or mislead). */
+    const char *why = cli_reason(rc);
+    /* A taken name's reason names it and says what to do, which every
+     * caller here says already (the name in what, the way out in the
+     * hint): the code's text is enough. */
+    if (rc == CTXS_ETAKEN)
+        why = NULL;
+    if (why && rc == CTXS_EINVAL && !hint)
+        hint = CLI_NO_HINT;
     char message[sizeof(g_report.message)];
-    snprintf(message, sizeof(message), "%s: %s", what, ctxs_strerror(rc));
+    snprintf(message, sizeof(message), "%s: %s", what, why ? why : ctxs_strerror(rc));
     return report_failure(rc, hint, message);
 }
 

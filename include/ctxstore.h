@@ -1348,8 +1348,10 @@ typedef struct ctxs_gc_result {
                                 budget, that gc would otherwise have deleted */
     ctxs_session_entry *sessions; /* the deleted sessions (a dry run: those
                                 it would delete), in the order gc took
-                                them: least recently used first; n_sessions
-                                == deleted; release with ctxs_free() */
+                                them: least recently used first, each
+                                with the disk_bytes gc counted for it;
+                                n_sessions == deleted; release with
+                                ctxs_free() */
     size_t n_sessions;
 } ctxs_gc_result;
 

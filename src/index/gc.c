@@ -98,8 +98,12 @@ int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st, uint64_t budget_bytes, un
         } else if (r == 0 || r == CTXS_ENOTFOUND) { /* or deleted meanwhile */
             if (r == 0) {
                 res.deleted++;
-                if (res.sessions)
-                    res.sessions[res.n_sessions++] = *e;
+                /* The size gc counted, not the index's older note of
+                 * it: the lines a caller prints add up to the total. */
+                if (res.sessions) {
+                    res.sessions[res.n_sessions] = *e;
+                    res.sessions[res.n_sessions++].disk_bytes = items[i].bytes;
+                }
             }
             res.bytes_after -= items[i].bytes;
         } else {

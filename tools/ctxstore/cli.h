@@ -54,6 +54,11 @@ enum { CLI_OPT_STORE = 0x1000, CLI_OPT_JSON, CLI_OPT_HELP };
     { "help", no_argument, NULL, CLI_OPT_HELP }
 int cli_common_option(cli *c, int opt, const char *arg);
 
+/* The usage error for what getopt_long() refused (opt '?' or ':'):
+ * names the option, and says whether it is unknown, needs a value or
+ * takes none. getopt itself says nothing (main() clears opterr). */
+int cli_option_error(const char *command, int opt, char **argv);
+
 /* Parses argv (argv[0] the command) for a command that has only the common
  * options: returns -1 with *first set to the first positional argument, or
  * an exit code (after --help, or a usage error). */
@@ -161,10 +166,26 @@ void cli_note_error(int rc, const char *message, const char *hint);
 const ctxs_record_report *cli_current_record(const ctxs_file_report *r);
 /* Tokens a record holds in slots (the sinks and the recent run). */
 uint64_t cli_held(const ctxs_file_report *r, const ctxs_record_report *rec);
+/* A session's tokens now, from its file (the index's count may be older):
+ * *positions committed since its start, *held in its slots (fewer once a
+ * ring wrapped). Returns 0, or the library's code (nothing reported). */
+int cli_session_tokens(const cli *c, uint64_t id, uint64_t *positions, uint64_t *held);
+/* "N tokens" when every position is held, else "H tokens held of N
+ * positions", into buf. */
+const char *fmt_tokens(char buf[64], uint64_t positions, uint64_t held);
 /* The model's display name in st, or the first 8 hex digits of its hash. */
 const char *cli_model_name(char buf[CTXS_NAME_MAX + 1], ctxs_store *st, const uint8_t hash[CTXS_HASH_BYTES]);
 
+/* The hash of the model named by arg, its 32 hex digits or its display
+ * name, into out. Returns an exit code (reported). */
+int cli_model_resolve(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *arg);
+
 /* --- Human-readable values ----------------------------------------------- */
+
+/* The columns s takes on a terminal: UTF-8 decoded, East Asian wide and
+ * fullwidth characters 2, combining marks and zero-width ones 0, any other
+ * character (and a byte that is not UTF-8) 1. */
+int cli_display_width(const char *s);
 
 /* "0 B", "512 B", "1.5 KiB", "288 MiB", "1.2 GiB". */
 const char *fmt_size(char buf[32], uint64_t bytes);
@@ -259,6 +280,7 @@ void cli_meta_preview(char *buf, size_t cap, const void *value, size_t n);
 /* --- Subcommands ------------------------------------------------------------ */
 
 int cmd_ls(cli *c, int argc, char **argv);
+int cmd_create(cli *c, int argc, char **argv);
 int cmd_info(cli *c, int argc, char **argv);
 int cmd_verify(cli *c, int argc, char **argv);
 int cmd_compact(cli *c, int argc, char **argv);

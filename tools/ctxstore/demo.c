@@ -2072,7 +2072,6 @@ static int parse_options(cli *c, int argc, char **argv, demo_options *o)
         { NULL, 0, NULL, 0 },
     };
     int opt;
-    opterr = 0;
     while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         if (opt == CLI_OPT_HELP || opt == 'h') {
             cli_print_help("demo");
@@ -2104,12 +2103,8 @@ static int parse_options(cli *c, int argc, char **argv, demo_options *o)
                                        "synthetic, not %s", optarg);
             }
             break;
-        case ':':
-            return cli_usage_error("demo", "%s needs a value",
-                                   argv[optind - 1]);
         default:
-            return cli_usage_error("demo", "unknown option %s",
-                                   argv[optind - 1]);
+            return cli_option_error("demo", opt, argv);
         }
     }
     if (optind < argc)

@@ -88,35 +88,54 @@ static void print_json(json *j, const row *rows, size_t n)
     json_finish(j);
 }
 
+/* s, then spaces up to width columns of a terminal (as many as s takes
+ * already: none). */
+static void put_padded(const char *s, int width)
+{
+    fputs(s, stdout);
+    for (int w = cli_display_width(s); w < width; w++)
+        putchar(' ');
+}
+
 static void print_table(const row *rows, size_t n)
 {
     /* Model names are shown whole: two models whose names share their
      * first characters (a family's sizes, quantizations) must not look the
-     * same. Session names beyond 40 are whole too, only out of line. */
+     * same. Session names beyond 40 columns are whole too, only out of
+     * line. Widths are the terminal's columns, not bytes: a name in CJK
+     * takes two a character, an accent none. */
     int name_w = 4, model_w = 5;
     for (size_t i = 0; i < n; i++) {
-        int len = (int)strlen(rows[i].e->name);
+        int len = cli_display_width(rows[i].e->name);
         if (len > name_w)
             name_w = len > 40 ? 40 : len;
-        len = (int)strlen(rows[i].model);
+        len = cli_display_width(rows[i].model);
         if (len > model_w)
             model_w = len;
     }
-    printf("%-*s  %-*s %9s %9s %10s  %-12s %s\n", name_w, "NAME", model_w, "MODEL", "TOKENS",
-           "CAPACITY", "DISK", "LAST USED", "FLAGS");
+    /* HELD: tokens in the session's slots now; POSITIONS: tokens committed
+     * since its start, more than it holds once a ring has wrapped. */
+    put_padded("NAME", name_w);
+    fputs("  ", stdout);
+    put_padded("MODEL", model_w);
+    printf(" %9s %9s %9s %10s  %-12s %s\n", "HELD", "POSITIONS", "CAPACITY", "DISK",
+           "LAST USED", "FLAGS");
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
         const row *r = &rows[i];
-        char size[32], age[32], tokens[32] = "?", cap[32] = "?";
+        char size[32], age[32], held[32] = "?", positions[32] = "?", cap[32] = "?";
         if (r->cur) {
-            snprintf(tokens, sizeof(tokens), "%" PRIu64, r->cur->n_tokens);
+            snprintf(held, sizeof(held), "%" PRIu64, cli_held(&r->rep, r->cur));
+            snprintf(positions, sizeof(positions), "%" PRIu64, r->cur->n_tokens);
             snprintf(cap, sizeof(cap), "%" PRIu32, r->rep.capacity);
         }
         uint64_t disk = r->inspect_rc == 0 ? r->rep.disk_bytes : 0;
         total += disk;
-        printf("%-*s  %-*s %9s %9s %10s  %-12s %s\n", name_w, r->e->name, model_w, r->model,
-               tokens, cap, fmt_size(size, disk), fmt_age(age, r->e->last_used_unix_ms),
-               r->flags);
+        put_padded(r->e->name, name_w);
+        fputs("  ", stdout);
+        put_padded(r->model, model_w);
+        printf(" %9s %9s %9s %10s  %-12s %s\n", held, positions, cap, fmt_size(size, disk),
+               fmt_age(age, r->e->last_used_unix_ms), r->flags);
     }
     char size[32];
     printf("%zu session%s, %s on disk\n", n, n == 1 ? "" : "s", fmt_size(size, total));

@@ -42,14 +42,24 @@ typedef struct command {
 static const command k_commands[] = {
     { "ls", cmd_ls, "list sessions",
       "ls [--json]\n\n"
-      "Lists the sessions: model, tokens held and committed, capacity, size on\n"
-      "disk, last used, and flags:\n"
+      "Lists the sessions: model, HELD (tokens in the session's slots now),\n"
+      "POSITIONS (tokens committed since its start: more than it holds once a\n"
+      "ring has wrapped), capacity (slots), size on disk, last used, and flags:\n"
       "  pinned    gc never deletes it (`ctxstore pin`)\n"
       "  ring      the session overwrites its oldest tokens once full\n"
       "  wrapped   the ring has overwritten tokens\n"
       "  rolled-back  the index remembers more tokens than the file holds\n"
       "  writer    a process has it open for writing now\n"
       "  failed    the file does not open (damaged, missing); see `verify`\n" },
+    { "create", cmd_create, "create an empty session for a registered model",
+      "create NAME --model MODEL [--capacity N] [--dtype fp16|bf16|q8] [--json]\n\n"
+      "Creates the session NAME for MODEL (a name or a 32-digit hash, as\n"
+      "`ctxstore models` lists them), empty, with N token slots (default 2048;\n"
+      "5 to 16777216). Once full it overwrites its oldest tokens after the\n"
+      "first 4 (a ring). The session holds K and V as the model was registered\n"
+      "(--dtype, when given, must be that one: a store keeps one form of a\n"
+      "model's KV). The store must exist (`ctxstore models register` makes\n"
+      "one). Refuses (exit 7) a NAME that another session has.\n" },
     { "info", cmd_info, "show a session in detail",
       "info SESSION [--json]\n\n"
       "Shows a session's header, geometry, both commit records, durability\n"
@@ -333,11 +343,27 @@ static int run(cli *c, int argc, char **argv)
             print_main_help(stdout);
             return CLI_OK;
         case 'V':
-            printf("ctxstore %d.%d.%d\n", CTXS_VERSION_MAJOR, CTXS_VERSION_MINOR,
-                   CTXS_VERSION_PATCH);
+            /* --json may follow: getopt has not reached it yet. */
+            if (c->json || c->json_later) {
+                char v[32];
+                snprintf(v, sizeof(v), "%d.%d.%d", CTXS_VERSION_MAJOR, CTXS_VERSION_MINOR,
+                         CTXS_VERSION_PATCH);
+                json j;
+                json_init(&j, stdout);
+                json_object_begin(&j);
+                json_kv_string(&j, "version", v);
+                json_kv_u64(&j, "major", CTXS_VERSION_MAJOR);
+                json_kv_u64(&j, "minor", CTXS_VERSION_MINOR);
+                json_kv_u64(&j, "patch", CTXS_VERSION_PATCH);
+                json_object_end(&j);
+                json_finish(&j);
+            } else {
+                printf("ctxstore %d.%d.%d\n", CTXS_VERSION_MAJOR, CTXS_VERSION_MINOR,
+                       CTXS_VERSION_PATCH);
+            }
             return CLI_OK;
         default:
-            return cli_usage_error("", "unknown option");
+            return cli_option_error("", opt, argv);
         }
     }
     if (optind >= argc) {
@@ -375,5 +401,8 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
         c.json_later |= strcmp(argv[i], "--json") == 0;
     cli_report_begin(&c);
+    /* Each command says what is wrong with an option itself
+     * (cli_option_error()), once. */
+    opterr = 0;
     return cli_report_end(run(&c, argc, argv));
 }

@@ -93,7 +93,7 @@ int cmd_gc(cli *c, int argc, char **argv)
     };
     int opt, have_budget = 0, dry = 0;
     uint64_t budget = 0;
-    while ((opt = getopt_long(argc, argv, "m:nh", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":m:nh", longopts, NULL)) != -1) {
         if (cli_common_option(c, opt, optarg))
             continue;
         if (opt == 'm') {
@@ -106,7 +106,7 @@ int cmd_gc(cli *c, int argc, char **argv)
             cli_print_help("gc");
             return CLI_OK;
         } else
-            return cli_usage_error("gc", "unknown option");
+            return cli_option_error("gc", opt, argv);
     }
     if (!have_budget || optind < argc)
         return cli_usage_error("gc", "gc takes --max-size SIZE and no arguments");
@@ -296,6 +296,10 @@ int cmd_rename(cli *c, int argc, char **argv)
     ctxs_store_close(st);
     if (rc < 0)
         return rename_fail(rc, from, to);
+    /* What the file holds now: the index's count is as of the session's
+     * last close, and a writer may be adding to it. */
+    uint64_t positions = e.n_tokens, held = e.n_tokens;
+    cli_session_tokens(c, e.id, &positions, &held);
     if (c->json) {
         json j;
         json_init(&j, stdout);
@@ -303,11 +307,13 @@ int cmd_rename(cli *c, int argc, char **argv)
         json_kv_string(&j, "name", e.name);
         json_kv_string(&j, "old_name", from);
         json_kv_u64(&j, "id", e.id);
-        json_kv_u64(&j, "n_tokens", e.n_tokens);
+        json_kv_u64(&j, "n_tokens", positions);
+        json_kv_u64(&j, "held", held);
         json_object_end(&j);
         json_finish(&j);
     } else {
-        printf("renamed '%s' to '%s' (%" PRIu64 " tokens)\n", from, e.name, e.n_tokens);
+        char t[64];
+        printf("renamed '%s' to '%s' (%s)\n", from, e.name, fmt_tokens(t, positions, held));
     }
     return CLI_OK;
 }

@@ -498,7 +498,7 @@ int cmd_remote(cli *c, int argc, char **argv)
             cli_print_help("remote");
             return CLI_OK;
         default:
-            return cli_usage_error("remote", "unknown option");
+            return cli_option_error("remote", opt, argv);
         }
     }
     int nargs = argc - optind;

@@ -518,6 +518,22 @@ int cli_common_option(cli *c, int opt, const char *arg)
     }
 }
 
+int cli_option_error(const char *command, int opt, char **argv)
+{
+    const char *arg = optind > 0 ? argv[optind - 1] : "";
+    if (strncmp(arg, "--", 2) == 0) {
+        int n = (int)strcspn(arg, "=");
+        if (optopt != 0 && arg[n] == '=')
+            return cli_usage_error(command, "%.*s takes no value", n, arg);
+        if (optopt != 0 || opt == ':')
+            return cli_usage_error(command, "%.*s needs a value", n, arg);
+        return cli_usage_error(command, "unknown option '%.*s'", n, arg);
+    }
+    if (opt == ':')
+        return cli_usage_error(command, "-%c needs a value", optopt);
+    return cli_usage_error(command, "unknown option '-%c'", optopt ? optopt : '?');
+}
+
 int cli_parse_common(cli *c, int argc, char **argv, int *first)
 {
     static const struct option longopts[] = { CLI_COMMON_LONGOPTS, { NULL, 0, NULL, 0 } };
@@ -529,7 +545,7 @@ int cli_parse_common(cli *c, int argc, char **argv, int *first)
             cli_print_help(argv[0]);
             return CLI_OK;
         }
-        return cli_usage_error(argv[0], "unknown option");
+        return cli_option_error(argv[0], opt, argv);
     }
     *first = optind;
     return -1;
@@ -552,7 +568,7 @@ int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only)
             cli_print_help(argv[0]);
             return CLI_OK;
         } else
-            return cli_usage_error(argv[0], "unknown option");
+            return cli_option_error(argv[0], opt, argv);
     }
     if (argc - optind > 1 || (all && argc - optind == 1))
         return cli_usage_error(argv[0], "%s takes one session, or --all", argv[0]);
@@ -581,6 +597,29 @@ uint64_t cli_held(const ctxs_file_report *r, const ctxs_record_report *rec)
     return (n < ns ? n : ns) + (n > first ? n - first : 0);
 }
 
+int cli_session_tokens(const cli *c, uint64_t id, uint64_t *positions, uint64_t *held)
+{
+    char path[PATH_MAX];
+    ctxs_file_report rep;
+    cli_session_path(path, sizeof(path), c, id);
+    int rc = ctxs_file_inspect(&rep, path);
+    const ctxs_record_report *cur = rc == 0 && rep.status == 0 ? cli_current_record(&rep) : NULL;
+    if (!cur)
+        return rc < 0 ? rc : rep.status < 0 ? rep.status : CTXS_ECORRUPT;
+    *positions = cur->n_tokens;
+    *held = cli_held(&rep, cur);
+    return 0;
+}
+
+const char *fmt_tokens(char buf[64], uint64_t positions, uint64_t held)
+{
+    if (held == positions)
+        snprintf(buf, 64, "%" PRIu64 " token%s", held, held == 1 ? "" : "s");
+    else
+        snprintf(buf, 64, "%" PRIu64 " tokens held of %" PRIu64 " positions", held, positions);
+    return buf;
+}
+
 const char *cli_model_name(char buf[256], ctxs_store *st, const uint8_t hash[16])
 {
     ctxs_model_entry e;
@@ -594,6 +633,48 @@ const char *cli_model_name(char buf[256], ctxs_store *st, const uint8_t hash[16]
 }
 
 /* --- Human-readable values ------------------------------------------------- */
+
+/* Whether code point cp takes two columns: the East Asian Wide and
+ * Fullwidth blocks of Unicode's EastAsianWidth.txt, by block. */
+static int is_wide(uint32_t cp)
+{
+    return (cp >= 0x1100 && cp <= 0x115f) || (cp >= 0x2e80 && cp <= 0x303e) ||
+           (cp >= 0x3041 && cp <= 0x33ff) || (cp >= 0x3400 && cp <= 0x4dbf) ||
+           (cp >= 0x4e00 && cp <= 0x9fff) || (cp >= 0xa000 && cp <= 0xa4cf) ||
+           (cp >= 0xac00 && cp <= 0xd7a3) || (cp >= 0xf900 && cp <= 0xfaff) ||
+           (cp >= 0xfe30 && cp <= 0xfe4f) || (cp >= 0xff00 && cp <= 0xff60) ||
+           (cp >= 0xffe0 && cp <= 0xffe6) || (cp >= 0x1f300 && cp <= 0x1f64f) ||
+           (cp >= 0x1f900 && cp <= 0x1f9ff) || (cp >= 0x20000 && cp <= 0x3fffd);
+}
+
+/* Combining marks and zero-width characters: no column of their own. */
+static int is_zero_width(uint32_t cp)
+{
+    return (cp >= 0x0300 && cp <= 0x036f) || (cp >= 0x1ab0 && cp <= 0x1aff) ||
+           (cp >= 0x1dc0 && cp <= 0x1dff) || (cp >= 0x200b && cp <= 0x200f) ||
+           (cp >= 0x20d0 && cp <= 0x20ff) || (cp >= 0xfe00 && cp <= 0xfe0f) ||
+           (cp >= 0xfe20 && cp <= 0xfe2f);
+}
+
+int cli_display_width(const char *s)
+{
+    int w = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        uint32_t cp = *p;
+        size_t n = cp < 0x80 ? 1 : cp >= 0xf0 ? 4 : cp >= 0xe0 ? 3 : cp >= 0xc0 ? 2 : 0;
+        size_t k = 1;
+        if (n > 1) {
+            cp &= 0x3fu >> (n - 1);
+            for (; k < n && (p[k] & 0xc0) == 0x80; k++)
+                cp = cp << 6 | (p[k] & 0x3fu);
+        }
+        if (n == 0 || k < n) /* not UTF-8: a byte, a column */
+            w++, p += n == 0 ? 1 : k;
+        else
+            w += is_wide(cp) ? 2 : is_zero_width(cp) ? 0 : 1, p += n;
+    }
+    return w;
+}
 
 const char *fmt_size(char buf[32], uint64_t bytes)
 {

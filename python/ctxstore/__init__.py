@@ -161,8 +161,14 @@ class Model(_ModelFields):
     def __new__(cls, n_layers: int, n_kv_heads: int, head_dim: int,
                 dtype: Union[int, str] = 1, model_hash: bytes = bytes(16),
                 tokenizer_hash: bytes = bytes(16)) -> Model:
+        # Checked here, not when a session is made with it much later.
+        hashes = bytes(model_hash), bytes(tokenizer_hash)
+        for what, h in zip(("model_hash", "tokenizer_hash"), hashes):
+            if len(h) != 16:
+                raise ValueError(f"{what} is 16 bytes (XXH3-128, as Store.hash_file() "
+                                 f"gives), not {len(h)}")
         return super().__new__(cls, int(n_layers), int(n_kv_heads), int(head_dim),
-                               _dtype(dtype), bytes(model_hash), bytes(tokenizer_hash))
+                               _dtype(dtype), *hashes)
 
     @property
     def dtype_name(self) -> str:
@@ -615,6 +621,27 @@ class Session(_ctxstore.SessionBase):
     def checkpoints(self) -> List[Checkpoint]:
         """The session's checkpoints, in name order, each marked stale or not."""
         return [Checkpoint(*c) for c in self._checkpoints()]
+
+    def write_token(self, reservation: Reservation, i: int, k: Any, v: Any) -> None:
+        """Write token ``i`` of ``reservation``: ``k`` and ``v`` are
+        [n_layers, n_kv_heads, head_dim] arrays (NumPy, or anything NumPy
+        converts) of float32 (any session; rounded to its dtype) or float16,
+        or torch.bfloat16 tensors on a bf16 session (copied as they are).
+        Releases the GIL."""
+        return super().write_token(reservation, i, self._token_in(k, "k"),
+                                   self._token_in(v, "v"))
+
+    def _token_in(self, x: Any, what: str) -> Any:
+        # NumPy has no bfloat16, so torch's cannot become an array: it goes
+        # in as float32, which holds every bfloat16 exactly and which the
+        # library rounds back to the same bits.
+        if str(getattr(x, "dtype", "")) != "torch.bfloat16":
+            return x
+        if self.dtype != DTYPE_BF16:  # noqa: F821
+            raise TypeError(f"{what} is a bfloat16 tensor, and this session holds "
+                            f"{_DTYPE_NAMES.get(self.dtype, self.dtype)}: give float32 "
+                            f"(rounded to the session's dtype) or float16")
+        return x.detach().to("cpu").float().numpy()
 
     # PyTorch: the same memory as the NumPy views.
     def torch_k(self, layer: int):

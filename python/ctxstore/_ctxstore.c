@@ -1205,18 +1205,25 @@ static PyObject *Session_slot(SessionObject *self, PyObject *arg)
  * head_dim], or its Q8 scales [kv_heads, capacity]; base = the Mapping. */
 static PyObject *sess_view(SessionObject *self, PyObject *arg, int kind, int scales)
 {
-    uint32_t layer;
-    if (!conv_u32(arg, &layer))
-        return NULL;
+    /* Any integer: a layer below 0 is out of range as one past the last
+     * is (an IndexError either way), not a conversion's ValueError. */
+    long long want = PyLong_AsLongLong(arg);
+    if (want == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();
+        want = LLONG_MAX;
+    }
     if (!self->map)
         return raise_closed("session");
     const ctxs_layout *L = &self->layout;
     const ctxs_geometry *g = &L->geometry;
-    if (layer >= g->n_layers) {
-        PyErr_Format(PyExc_IndexError, "layer %u out of range (the session has %u)",
-                     layer, g->n_layers);
+    if (want < 0 || want >= (long long)g->n_layers) {
+        PyErr_Format(PyExc_IndexError, "layer %R out of range: the session has %u layers, "
+                     "0 to %u", arg, g->n_layers, g->n_layers - 1);
         return NULL;
     }
+    uint32_t layer = (uint32_t)want;
     npy_intp dims[3], strides[3];
     int nd, type;
     char *data;

@@ -72,7 +72,7 @@ def test_sessions_by_name(store, model):
     assert e.value.code == ctxstore.ETAKEN
     with pytest.raises(ctxstore.Error) as e:
         store.create_session("x", model._replace(model_hash=b"z" * 16))
-    assert e.value.code == ctxstore.ENOTFOUND
+    assert e.value.code == ctxstore.ENOMODEL
     store.rename("chat", "chat 2")
     assert [e.name for e in store.sessions()] == ["chat 2"]
     with pytest.raises(ctxstore.Error) as e:

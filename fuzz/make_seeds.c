@@ -100,7 +100,7 @@ static void records_claim(uint8_t *in, uint64_t n, uint64_t ring_start, uint64_t
     }
 }
 
-/* Bounded work (issue 16): commit records whose CRCs hold (the control
+/* Bounded work: commit records whose CRCs hold (the control
  * byte recomputes them) and whose claims are extreme, n_tokens at the top
  * of the range, ring_start and verified_from near it or past 2^64 - 2,
  * while what the file can hold is 16 slots. Every operation on them must

@@ -1,5 +1,5 @@
 /*
- * Work bounded by the file, whatever its records claim (issue 16): records
+ * Work bounded by the file, whatever its records claim: records
  * with extreme but CRC-valid fields (n_tokens near 2^62, a ring_start far
  * past the sinks with a small held range, verified_from 0) are opened,
  * verified (the library and `ctxstore verify`), forked, exported,

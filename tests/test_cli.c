@@ -3329,7 +3329,7 @@ Test(cli, every_command_on_a_cut_index_exits_8_with_the_index_hint)
     free(before);
 }
 
-/* --- One verdict on a malformed index record (issue 16) --------------------- */
+/* --- One verdict on a malformed index record --------------------- */
 
 /* "chat" (id 1: 70 tokens, checkpoint "t1", metadata "title", pinned) and
  * "notes" (id 2), the store closed. */

@@ -1851,8 +1851,7 @@ Test(format, version_1_1_wrapped_ring_opens_and_keeps_its_tokens)
 }
 
 /* Every errno the system can return has its name, from the C library
- * where it names errnos and from the table otherwise, and the two agree
- * (issue 16). */
+ * where it names errnos and from the table otherwise, and the two agree. */
 Test(format, err_name_names_every_errno_and_every_code)
 {
     int named = 0;

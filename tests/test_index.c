@@ -3174,7 +3174,7 @@ Test(index, an_index_from_before_pins_opens_read_only_and_read_write)
     ctxs_store_close(st);
 }
 
-/* --- Ids never repeat (issue 16) ----------------------------------------- */
+/* --- Ids never repeat ----------------------------------------- */
 
 static void raw_del(MDB_env *env, const char *db, const void *k, size_t kl)
 {
@@ -3708,7 +3708,7 @@ Test(index, a_damaged_index_moved_aside_is_rebuilt_from_the_files)
     ctxs_store_close(st);
 }
 
-/* --- ctxs_store_check (issue 16) ------------------------------------------ */
+/* --- ctxs_store_check ------------------------------------------ */
 
 static int has_problem(const ctxs_store_check_result *r, const char *table, const char *key)
 {
@@ -3818,7 +3818,7 @@ Test(index, check_lists_the_first_problems_and_counts_them_all)
     ctxs_store_close(st);
 }
 
-/* --- A store reached through a symlink (issue 16) -------------------------- */
+/* --- A store reached through a symlink -------------------------- */
 
 Test(index, a_store_through_a_symlink_or_two_is_the_store_and_a_dangling_one_is_enoent)
 {

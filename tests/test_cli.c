@@ -2865,12 +2865,25 @@ Test(cli, demo_quick_completes_on_a_fresh_directory_and_resumes_identically)
     const char *kept = dir_of("kept");
     CLI_EXPECT(EX_OK, kept, "demo", "--quick", "--keep", "--engine", "tinychat");
     contains(1, "identical");
+    /* Why its numbers are not the headline's. */
+    contains(1, "--quick is a test run: a tiny model (512 B a token");
+    contains(1, "kept: ctxstore --store");
     CLI_EXPECT(EX_OK, kept, "ls", "--json");
     v = json_out();
     cr_assert_eq(v->n, 1, "%s", R.out);
     cr_assert_gt(ju(jc_at(v, 0), "n_tokens"), 0);
     jc_free(v);
     CLI_EXPECT(EX_OK, kept, "verify");
+
+    /* In a store of the user's, without --keep, the demo deletes its
+     * session and says so, with how to keep it; the header said so too. */
+    CLI_EXPECT(EX_OK, kept, "demo", "--quick", "--engine", "synthetic");
+    contains(1, "the demo's session is deleted at the end; --keep keeps it");
+    contains(1, "deleted the demo's session");
+    CLI_EXPECT(EX_OK, kept, "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 1, "the first demo's session is still there, alone:\n%s", R.out);
+    jc_free(v);
 
     /* The synthetic engine has no model: the resumed K/V are compared with
      * what it recomputes. */

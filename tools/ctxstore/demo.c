@@ -1460,9 +1460,11 @@ static void print_header(const demo *d)
     printf("ctxstore demo: a chat saved turn by turn, closed, resumed and "
            "continued\n\n");
     printf("  store    %s%s\n", d->store_dir,
-           !d->store_temporary ? ""
+           !d->store_temporary ? (d->keep ? " (the demo's session is kept)"
+                                          : " (the demo's session is deleted at the end; "
+                                            "--keep keeps it)")
            : d->keep           ? " (temporary, kept)"
-                               : " (temporary)");
+                               : " (temporary, removed at the end; --keep keeps it)");
     printf("  model    %s: %u layers x %u KV heads\n"
            "           x %u dims, fp16 = %s a token\n",
            d->engine.model_name, g->n_layers, g->n_kv_heads, g->head_dim,
@@ -1474,6 +1476,14 @@ static void print_header(const demo *d)
         printf("  note     a memory file system (tmpfs): syncs cost nothing "
                "here, so the\n           state file and SQLite look cheaper "
                "than on a disk\n");
+    if (d->quick)
+        printf("  note     --quick is a test run: a tiny model (%s a token, where\n"
+               "           Qwen3-4B's geometry takes 144 KiB) and a short chat. At\n"
+               "           this size each save moves a few KiB, fixed costs (a\n"
+               "           commit record, the index) dominate, and ctxstore may\n"
+               "           look slower than a state file or SQLite; without\n"
+               "           --quick the demo measures the real geometry\n",
+               fmt_size(a, d->token_bytes));
     printf("\n");
 }
 
@@ -2021,6 +2031,11 @@ static void teardown(demo *d)
         int rc = ctxs_store_session_delete(d->st, d->name);
         if (rc < 0)
             cli_fail(rc, "deleting the demo session %s", d->name);
+        else if (!d->c->json && !g_signal)
+            printf("\ndeleted the demo's session '%s' from %s (--keep keeps it)\n", d->name,
+                   d->store_dir);
+    } else if (d->st && d->session_created && !d->store_temporary && !d->c->json) {
+        printf("\nkept: ctxstore --store %s info %s\n", d->store_dir, d->name);
     }
     ctxs_store_close(d->st);
     d->st = NULL;

@@ -230,8 +230,9 @@ static const command k_commands[] = {
       "attention reads the session, against a state file and a SQLite blob;\n"
       "--engine synthetic writes made-up K/V, with no model; --turns and\n"
       "--json are theirs. Without --store (or CTXSTORE_DIR) it works in a\n"
-      "temporary directory, removed at the end unless --keep; with --store\n"
-      "its session stays only with --keep.\n" },
+      "temporary directory, removed at the end unless --keep. With --store\n"
+      "it works in that store and deletes its session at the end unless\n"
+      "--keep (the store and its other sessions are left as they were).\n" },
 };
 
 enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };

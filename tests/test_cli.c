@@ -3741,3 +3741,89 @@ Test(cli, ls_aligns_wide_names_and_names_held_and_positions)
     line_with(line, sizeof(line), "wrapped");
     cr_assert(strstr(line, " 64       150 "), "held then positions:\n%s", R.out);
 }
+
+Test(cli, info_and_verify_read_a_session_file_by_its_path)
+{
+    /* A file made outside any store, as the README's first example does. */
+    const char *path = dir_of("chat.ctxs");
+    ctxs_model m = model();
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+    o.capacity = 256;
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
+    ts_append_many(s, 70);
+    ctxs_session_close(s);
+    const char *nowhere = dir_of("no-store");
+    CLI_EXPECT(EX_OK, nowhere, "info", path);
+    contains(1, "a session file, read by its path");
+    contains(1, "70 committed, 70 held");
+    CLI_EXPECT(EX_OK, nowhere, "info", path, "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(ju(v, "n_tokens"), 70);
+    cr_assert_str_eq(js(v, "path"), path);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, nowhere, "verify", path, "--json");
+    v = json_out();
+    cr_assert(jb(v, "ok"), "%s", R.out);
+    cr_assert_eq(ju(jc_at(jget(v, "sessions"), 0), "tokens_checked"), 70, "%s", R.out);
+    jc_free(v);
+    cr_assert_not(ts_exists(nowhere), "reading a file made a store");
+
+    /* Damage is found and named, with exit 5. */
+    flip(path, offsetof(ctxs__disk_header, capacity), 0x10);
+    CLI_EXPECT(EX_DAMAGED, nowhere, "verify", path);
+    contains(1, "DAMAGE FOUND");
+    contains(1, "header");
+    CLI_EXPECT(EX_OK, nowhere, "info", path); /* described from its bytes */
+    contains(1, "DOES NOT OPEN");
+    /* A path that is not there is said as a path. */
+    CLI_EXPECT(EX_NOTFOUND, nowhere, "info", dir_of("gone.ctxs"));
+    contains(0, "session file ");
+}
+
+Test(cli, a_store_that_is_a_file_empty_or_under_a_missing_parent_is_said_as_such)
+{
+    const char *file = dir_of("plain");
+    cr_assert_eq(ts_write_file(file, "x", 1), 0);
+    CLI_EXPECT(EX_NOTFOUND, file, "ls", "--json");
+    jc_value *v = json_error_out(-ENOTDIR, "ENOTDIR");
+    cr_assert(strstr(js(v, "error.message"), "it is a file, not a directory"), "%s", R.out);
+    cr_assert(strstr(hint_of(v), "`ctxstore info FILE`"), "%s", R.out);
+    jc_free(v);
+
+    CLI_EXPECT(EX_USAGE, NULL, "--store", "", "ls");
+    contains(0, "--store is empty");
+    cr_assert_not(strstr(R.err, "a name is"), "the session-name rule:\n%s", R.err);
+
+    /* A command that makes a store does not advise running itself. */
+    char w[1100], under[1100];
+    snprintf(w, sizeof(w), "%s", weights_file("w.bin", 4096, 3, (uint8_t[16]){0}));
+    snprintf(under, sizeof(under), "%s/sub", dir_of("missing"));
+    CLI_EXPECT(EX_NOTFOUND, under, "models", "register", w, "--name", "w", "--layers", "2",
+               "--kv-heads", "2", "--head-dim", "16");
+    contains(0, "its parent directory");
+    contains(0, "mkdir -p");
+    cr_assert_not(strstr(R.err, "models register` make"), "advises itself:\n%s", R.err);
+    cr_assert_not(ts_exists(under));
+}
+
+Test(cli, export_to_a_place_the_user_cannot_write_names_the_destination)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 0, 20);
+    ctxs_store_close(st);
+    cr_assert_eq(ts_make_unwritable(S()), 0); /* and readable by the user below */
+    const char *ro = dir_of("ro");
+    cr_assert_eq(mkdir(ro, 0555), 0);
+    cr_assert_eq(chmod(ro, 0555), 0);
+    char dest[1100];
+    snprintf(dest, sizeof(dest), "%s/chat.export", ro);
+    run_unprivileged = 1;
+    CLI(S(), "export", "chat", dest);
+    run_unprivileged = 0;
+    cr_assert_eq(R.code, EX_FAIL, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+    contains(0, ro);
+    contains(0, "(the destination)");
+    cr_assert_not(strstr(R.err, "store directory"), "blames the store:\n%s", R.err);
+}

@@ -61,19 +61,21 @@ static const command k_commands[] = {
       "model's KV). The store must exist (`ctxstore models register` makes\n"
       "one). Refuses (exit 7) a NAME that another session has.\n" },
     { "info", cmd_info, "show a session in detail",
-      "info SESSION [--json]\n\n"
+      "info SESSION | FILE [--json]\n\n"
       "Shows a session's header, geometry, both commit records, durability\n"
       "watermark, attention window, checkpoints, metadata keys (values\n"
-      "shortened) and checksum state.\n" },
+      "shortened) and checksum state. FILE, a path with a '/' or ending in\n"
+      ".ctxs, is a session file read by its path (one made outside a store,\n"
+      "e.g. by ctxs_session_create()); no store is needed.\n" },
     { "verify", cmd_verify, "check sessions and the index",
-      "verify [SESSION | --all] [--json]\n\n"
+      "verify [SESSION | FILE | --all] [--json]\n\n"
       "Checks every held token's checksum, the header and commit record CRCs,\n"
       "and (with --all, the default) every record of the index and the index\n"
       "against the session files. Reads every KV byte. Exits 0 when nothing is\n"
       "wrong, 8 when a record of the index is malformed (each one named by\n"
       "table and key; the other commands refuse the same records with 8), 5\n"
       "when a session file is damaged, naming the session, the tokens and what\n"
-      "to do.\n" },
+      "to do. FILE (a path, as for info) checks that session file alone.\n" },
     { "compact", cmd_compact, "give back unused disk space",
       "compact [SESSION | --all] [--json]\n\n"
       "Punches out the KV blocks of slots that hold no token (after rollbacks\n"

@@ -434,6 +434,19 @@ static int index_special_fail(int rc, const char *dir)
 int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
 {
     const char *dir = c->store_dir;
+    if (!dir[0])
+        return cli_fail_said(CTXS_EINVAL, "give the store's directory: --store DIR",
+                             "--store is empty: it takes the store's directory");
+    /* A file given as the store: most likely a session file meant for a
+     * command that reads one. */
+    struct stat fsb;
+    if (stat(dir, &fsb) == 0 && !S_ISDIR(fsb.st_mode)) {
+        cli_fail_said(-ENOTDIR, "--store takes the store's directory (index/ and sessions/); "
+                                "`ctxstore info FILE` and `ctxstore verify FILE` read a "
+                                "session file by its path",
+                      "no store at %s: it is a file, not a directory", dir);
+        return CLI_ENOTFOUND;
+    }
     int had_dir = store_has(dir, ".", 1);
     int had_index = store_has(dir, "index/data.mdb", 0);
     int had_sessions = store_has(dir, "sessions", 1);
@@ -464,6 +477,22 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
                                      "does not exist (a dangling link is never followed to "
                                      "make a store)",
                       dir, target);
+        return CLI_ENOTFOUND;
+    }
+    if (rc == -ENOENT && !had_dir && mode == CLI_STORE_CREATE) {
+        /* This command makes a store, but only in a directory that is
+         * there or whose parent is. */
+        char parent[PATH_MAX], hint[PATH_MAX + 128];
+        snprintf(parent, sizeof(parent), "%s", dir);
+        char *slash = strrchr(parent, '/');
+        while (slash && slash > parent && slash[1] == '\0') /* trailing '/' */
+            *slash = '\0', slash = strrchr(parent, '/');
+        if (slash)
+            slash[slash == parent] = '\0';
+        snprintf(hint, sizeof(hint), "make its parent first (`mkdir -p %s`), or give "
+                 "another --store", slash ? parent : ".");
+        cli_fail_said(rc, hint, "cannot make a store at %s: its parent directory %s does not "
+                      "exist", dir, slash ? parent : ".");
         return CLI_ENOTFOUND;
     }
     if (rc == -ENOENT && !had_dir) {
@@ -576,6 +605,15 @@ int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only)
     return -1;
 }
 
+
+int cli_is_session_path(const char *arg)
+{
+    size_t n = strlen(arg);
+    struct stat sb;
+    return strchr(arg, '/') != NULL ||
+           (n > 5 && strcmp(arg + n - 5, ".ctxs") == 0 && stat(arg, &sb) == 0 &&
+            S_ISREG(sb.st_mode));
+}
 
 void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id)
 {

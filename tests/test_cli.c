@@ -3776,9 +3776,10 @@ Test(cli, info_and_verify_read_a_session_file_by_its_path)
     contains(1, "header");
     CLI_EXPECT(EX_OK, nowhere, "info", path); /* described from its bytes */
     contains(1, "DOES NOT OPEN");
-    /* A path that is not there is said as a path. */
-    CLI_EXPECT(EX_NOTFOUND, nowhere, "info", dir_of("gone.ctxs"));
-    contains(0, "session file ");
+    /* A path where nothing is: said as a path and as a name. */
+    CLI_EXPECT(EX_USAGE, nowhere, "info", dir_of("gone.ctxs"));
+    contains(0, "no session file at");
+    contains(0, "contains '/'");
 }
 
 Test(cli, a_store_that_is_a_file_empty_or_under_a_missing_parent_is_said_as_such)

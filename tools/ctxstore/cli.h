@@ -69,9 +69,12 @@ int cli_parse_common(cli *c, int argc, char **argv, int *first);
 int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only);
 
 /* Whether the argument arg names a session file by its path rather than a
- * session of the store: it has a '/' (which no name has), or it ends in
- * ".ctxs" and a regular file is there. */
+ * session of the store: it has a '/' (which no name has) or ends in
+ * ".ctxs", and a file is there. */
 int cli_is_session_path(const char *arg);
+/* As cli_check_name("session name", arg), for a command that also takes a
+ * session file's path: a name with a '/' is said to be neither. */
+int cli_check_session_or_path(const char *arg);
 
 /* The path of a session's file in c's store: <store>/sessions/<id>.ctxs. */
 void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id);

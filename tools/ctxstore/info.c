@@ -337,7 +337,7 @@ int cmd_info(cli *c, int argc, char **argv)
     const char *name = argv[first];
     if (cli_is_session_path(name))
         return info_file(c, name);
-    if ((ex = cli_check_name("session name", name)) >= 0)
+    if ((ex = cli_check_session_or_path(name)) >= 0)
         return ex;
     ctxs_store *st;
     if ((ex = cli_store_open(c, &st, CLI_STORE_READ)) != CLI_OK)

@@ -610,9 +610,22 @@ int cli_is_session_path(const char *arg)
 {
     size_t n = strlen(arg);
     struct stat sb;
-    return strchr(arg, '/') != NULL ||
-           (n > 5 && strcmp(arg + n - 5, ".ctxs") == 0 && stat(arg, &sb) == 0 &&
-            S_ISREG(sb.st_mode));
+    return (strchr(arg, '/') != NULL || (n > 5 && strcmp(arg + n - 5, ".ctxs") == 0)) &&
+           stat(arg, &sb) == 0 && !S_ISDIR(sb.st_mode);
+}
+
+int cli_check_session_or_path(const char *arg)
+{
+    const char *why = ctxs_name_check(arg);
+    if (!why || !strchr(arg, '/'))
+        return cli_check_name("session name", arg);
+    char shown[300];
+    snprintf(shown, sizeof(shown), "%s", arg);
+    for (char *p = shown; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            *p = '?';
+    return cli_fail_said(CTXS_EINVAL, NAME_RULE,
+                         "no session file at '%s', and as a session name it %s", shown, why);
 }
 
 void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id)

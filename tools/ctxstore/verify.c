@@ -353,7 +353,7 @@ int cmd_verify(cli *c, int argc, char **argv)
     if (ex < 0 && only && cli_is_session_path(only))
         return verify_file(c, only);
     if (ex < 0 && only)
-        ex = cli_check_name("session name", only);
+        ex = cli_check_session_or_path(only);
     if (ex >= 0)
         return ex;
 

@@ -9,7 +9,13 @@
  *   save_turn     ctxstore reserve + write through the layout + commit, at
  *                 durability NONE, ASYNC and FULL, and ASYNC without the
  *                 background thread (what reserve and commit cost on the
- *                 caller's thread alone); rewriting the whole state with
+ *                 caller's thread alone); at ASYNC, the same with the K/V
+ *                 handed over a layer at a time (ctxs_session_write_layer,
+ *                 from [token][head][dim] as a forward pass makes them),
+ *                 both after pauses of 50 ms, 2.5 s and 35 s (the last
+ *                 stood for by the session file written back during the
+ *                 pause, as the kernel's flusher does after 30 s);
+ *                 rewriting the whole state with
  *                 write() + fdatasync (what llama.cpp state files do); the
  *                 whole state as one SQLite BLOB row; and two floors: the
  *                 same bytes copied into fresh pages of a plain mapped file
@@ -51,6 +57,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
@@ -91,7 +98,7 @@ static const char *const k_ops[] = {
 };
 
 static const char *const k_methods[] = {
-    "ctxstore_none", "ctxstore_async", "ctxstore_async_nobg", "ctxstore_full",
+    "ctxstore_none", "ctxstore_async", "ctxstore_layer", "ctxstore_async_nobg", "ctxstore_full",
     "rewrite_fdatasync", "sqlite_blob", "floor", "memcpy_resident", "xxh3",
     "read_file", "sqlite_select", "mapping", "anonymous",
 };
@@ -100,10 +107,12 @@ static const char *const k_dtype_names[] = { "f16", "bf16", "q8" };
 static const uint32_t k_dtypes[] = { CTXS_DTYPE_F16, CTXS_DTYPE_BF16, CTXS_DTYPE_Q8 };
 #define N_DTYPES (sizeof k_dtypes / sizeof k_dtypes[0])
 
-/* A row: the measurement, and the dtype of the K/V it moved. */
+/* A row: the measurement, the dtype of the K/V it moved, and the pause
+ * before each timed iteration (the one it stands for, see k_pauses). */
 typedef struct session_row {
     bench_result r;
     const char *dtype; /* k_dtype_names[] */
+    uint32_t pause_ms;
 } session_row;
 
 static session_row g_result_rows[256];
@@ -117,17 +126,28 @@ static const char *dtype_name(uint32_t dtype)
     return "?";
 }
 
-/* The row of op, method, tokens and dtype; NULL if there is none. */
-static const session_row *find_row(const char *op, const char *method,
-                                   uint32_t tokens, const char *dtype)
+/* The row of op, method, tokens, dtype and pause; NULL if there is none. */
+static const session_row *find_row_at(const char *op, const char *method,
+                                      uint32_t tokens, const char *dtype,
+                                      uint32_t pause_ms)
 {
     for (size_t i = 0; i < g_results.n; i++) {
         const session_row *r = &g_result_rows[i];
         if (!strcmp(r->r.op, op) && !strcmp(r->r.method, method)
-            && r->r.tokens == tokens && !strcmp(r->dtype, dtype))
+            && r->r.tokens == tokens && !strcmp(r->dtype, dtype)
+            && r->pause_ms == pause_ms)
             return r;
     }
     return NULL;
+}
+
+static unsigned g_gap_ms;
+
+/* The row of op, method, tokens and dtype at the --gap-ms pause. */
+static const session_row *find_row(const char *op, const char *method,
+                                   uint32_t tokens, const char *dtype)
+{
+    return find_row_at(op, method, tokens, dtype, g_gap_ms);
 }
 
 /* --- Files ----------------------------------------------------------------- */
@@ -162,13 +182,17 @@ typedef struct options {
     int progress;         /* stderr is a terminal */
     uint32_t gap_ms;      /* untimed pause before each timed save */
     int dtypes[N_DTYPES]; /* 1: measure K/V of k_dtypes[i] */
+    int save_only;        /* save_turn at every pause, nothing else */
 } options;
 
 static void usage(FILE *f)
 {
     fputs("usage: bench_session [--quick] [--tokens N] [--dir DIR] [--gap-ms N]\n"
-          "                     [--dtype f16|bf16|q8|all] [--json]\n"
-          "  --quick     contexts 512 and 2048 only, fewer iterations\n"
+          "                     [--dtype f16|bf16|q8|all] [--save-only] [--json]\n"
+          "  --quick     contexts 512 and 2048 only, fewer iterations, save_turn\n"
+          "              after the --gap-ms pause only\n"
+          "  --save-only save_turn after each pause (50 ms, 2.5 s, 35 s), per layer,\n"
+          "              through the mapping and memcpy_resident; nothing else\n"
           "  --tokens N  one context of N tokens (64..32768)\n"
           "  --dir DIR   put the files in a new directory under DIR (a real\n"
           "              disk, not tmpfs; default $TMPDIR, else /var/tmp)\n"
@@ -189,6 +213,7 @@ static options parse_options(int argc, char **argv)
         if (!flag_option(argv[i], "--json", &o.json)
             && !string_option(argc, argv, &i, "--dtype", &dtype)
             && !flag_option(argv[i], "--quick", &o.quick)
+            && !flag_option(argv[i], "--save-only", &o.save_only)
             && !count_option(argc, argv, &i, "--gap-ms", 0, 10000, &o.gap_ms)
             && !string_option(argc, argv, &i, "--dir", &o.dir)
             && !count_option(argc, argv, &i, "--tokens", TURN_TOKENS, MAX_TOKENS,
@@ -211,23 +236,27 @@ static options parse_options(int argc, char **argv)
 
 /* --- Timing and statistics ------------------------------------------------- */
 
-static unsigned g_gap_ms;
+/* The pause before each timed iteration, and the pause the rows say it
+ * stands for (see k_pauses): --gap-ms, unless a measurement of save_turn at
+ * another pause is running. */
+static unsigned g_pause_ms, g_pause_label_ms;
 
 /* A chat app saves a turn after generating it, which takes far longer than
  * the pause here: writeback started by one save has had time to run before
  * the next. Every save method gets the same pause. */
 static void think(void)
 {
-    pause_ms(g_gap_ms);
+    pause_ms(g_pause_ms);
 }
 
-/* One measurement into the table, with the dtype it moved; the samples are
- * kept (results_add() copies what it needs). */
+/* One measurement into the table, with the dtype it moved and the pause it
+ * followed; the samples are kept (results_add() copies what it needs). */
 static void add_row(const char *op, const char *method, uint32_t tokens,
                     uint32_t dtype, const samples *s)
 {
     session_row *r = results_add(&g_results, op, method, tokens, s);
     r->dtype = dtype_name(dtype);
+    r->pause_ms = g_pause_label_ms;
 }
 
 /* --- K/V data -------------------------------------------------------------- */
@@ -291,6 +320,12 @@ typedef struct bench {
      * apart); NULL for other dtypes. */
     float *state_scales;
     float *turn_scales;
+    /* The same turn as an engine's forward pass hands it over, a layer at a
+     * time (ctxs_session_write_layer()): for each layer, K then V, each
+     * [TURN_TOKENS][N_KV_HEADS][HEAD_DIM] and, for Q8, then its
+     * [TURN_TOKENS][N_KV_HEADS] scales; kind_bytes apart. */
+    uint8_t *turn_layers;
+    size_t kind_bytes;
     uint32_t *ids;         /* token ids, tokens + TURN_TOKENS */
     ctxs_model model;
     size_t page;
@@ -381,6 +416,22 @@ static void bench_init(bench *b, const options *o, uint32_t tokens, int iters,
     for (uint32_t i = 0; i < tokens + TURN_TOKENS; i++)
         b->ids[i] = (uint32_t)(xorshift64(&seed) % 151936); /* Qwen3 vocab */
 
+    /* The layer form of the turn: the same bytes, transposed. */
+    size_t elems = (size_t)TURN_TOKENS * N_KV_HEADS * b->slot_bytes;
+    b->kind_bytes = elems + (b->turn_scales ? (size_t)TURN_TOKENS * N_KV_HEADS * 4 : 0);
+    b->turn_layers = xmalloc((size_t)N_LAYERS * 2 * b->kind_bytes);
+    for (uint32_t run = 0; run < N_RUNS; run++) {
+        uint8_t *kind = b->turn_layers + (size_t)(run / N_KV_HEADS) * b->kind_bytes;
+        uint32_t h = run % N_KV_HEADS;
+        for (uint32_t t = 0; t < TURN_TOKENS; t++) {
+            memcpy(kind + ((size_t)t * N_KV_HEADS + h) * b->slot_bytes,
+                   b->turn + ((size_t)run * TURN_TOKENS + t) * b->slot_bytes, b->slot_bytes);
+            if (b->turn_scales)
+                memcpy(kind + elems + ((size_t)t * N_KV_HEADS + h) * 4,
+                       b->turn_scales + (size_t)run * TURN_TOKENS + t, 4);
+        }
+    }
+
     b->model.geometry = (ctxs_geometry){ N_LAYERS, N_KV_HEADS, HEAD_DIM, dtype };
     memcpy(b->model.model_hash, "bench-qwen3-4b!!", 16);
     memcpy(b->model.tokenizer_hash, "bench-tokenizer!", 16);
@@ -392,6 +443,7 @@ static void bench_free(bench *b)
     free(b->turn);
     free(b->state_scales);
     free(b->turn_scales);
+    free(b->turn_layers);
     free(b->ids);
     remove_scratch_files();
 }
@@ -451,6 +503,20 @@ static void write_turn(ctxs_session *s, const ctxs_layout *lay,
                           b->turn_scales, TURN_TOKENS, 0);
 }
 
+/* Reserves one turn and hands its K/V over a layer at a time, as a
+ * forward pass would; the commit is the caller's. */
+static void write_turn_layers(ctxs_session *s, const bench *b)
+{
+    ctxs_reservation r;
+    check_ctxs(ctxs_session_reserve(&r, s, TURN_TOKENS), "ctxs_session_reserve");
+    for (uint32_t l = 0; l < N_LAYERS; l++) {
+        const uint8_t *k = b->turn_layers + (size_t)l * 2 * b->kind_bytes;
+        check_ctxs(ctxs_session_write_layer(s, &r, l, 0, TURN_TOKENS, k, k + b->kind_bytes,
+                                            b->dtype),
+                   "ctxs_session_write_layer");
+    }
+}
+
 static void commit_turn(ctxs_session *s, const bench *b)
 {
     check_ctxs(ctxs_session_commit(s, b->ids, TURN_TOKENS),
@@ -507,14 +573,48 @@ static double cpu_us(clockid_t clock)
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
-/* Each iteration appends a turn into never-written slots; the context grows
- * by one turn per iteration (commit cost does not depend on it). The CPU
- * time the process spent beside this thread over the turns (the background
- * thread's writeback and runway: this program runs no other thread) is
- * noted per turn. */
-static void measure_save_turn_ctxstore(const bench *b, uint32_t durability, int background)
+/* What the kernel's flusher does to a file left alone for 30 s: every
+ * dirty page written back, clean and write-protected (see k_pauses_ms). */
+static void write_back_session(void)
 {
-    const char *method = background ? durability_method(durability) : "ctxstore_async_nobg";
+    int fd = open(g_paths[F_SESSION], O_RDONLY | O_CLOEXEC);
+    check_sys(fd, "open session for writeback");
+    check_sys(fdatasync(fd), "fdatasync session");
+    check_sys(close(fd), "close session");
+}
+
+/* Pages of the file at path dirty in the page cache (cachestat(2), Linux
+ * 6.5); -1 where that cannot be asked. */
+static long dirty_pages(const char *path)
+{
+#if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct { uint64_t off, len; } range = { 0, 0 }; /* 0: to the end */
+    struct { uint64_t cache, dirty, writeback, evicted, recently_evicted; } cs;
+    long rc = syscall(451 /* cachestat */, fd, &range, &cs, 0);
+    close(fd);
+    return rc == 0 ? (long)cs.dirty : -1;
+#else
+    (void)path;
+    return -1;
+#endif
+}
+
+/* Each iteration appends a turn into never-written slots; the context grows
+ * by one turn per iteration (commit cost does not depend on it). A turn is
+ * stored through the mapping (one memcpy per run), or with layers, handed
+ * over with ctxs_session_write_layer() a layer at a time. The CPU time the
+ * process spent beside this thread over the turns (the background thread's
+ * writeback and runway: this program runs no other thread) is noted per
+ * turn, and where the pause stands for a longer one, the dirty pages of the
+ * session file before each turn (the flusher should have left none). */
+static void measure_save_turn_ctxstore(const bench *b, uint32_t durability, int background,
+                                       int layers)
+{
+    const char *method = layers ? "ctxstore_layer"
+                         : background ? durability_method(durability) : "ctxstore_async_nobg";
     progress(b, "save_turn", method);
     ctxs_session *s = open_session(b, durability, background);
     ctxs_layout lay;
@@ -523,11 +623,20 @@ static void measure_save_turn_ctxstore(const bench *b, uint32_t durability, int 
     commit_turn(s, b);
     settle_disk();
     samples sm = { 0 };
+    long dirty_max = -1;
     double beside0 = cpu_us(CLOCK_PROCESS_CPUTIME_ID) - cpu_us(CLOCK_THREAD_CPUTIME_ID);
     for (int i = 0; i < b->iters; i++) {
         think();
+        if (g_pause_label_ms != g_pause_ms) {
+            write_back_session();
+            long d = dirty_pages(g_paths[F_SESSION]);
+            dirty_max = d > dirty_max ? d : dirty_max;
+        }
         double t0 = now_us();
-        write_turn(s, &lay, b);
+        if (layers)
+            write_turn_layers(s, b);
+        else
+            write_turn(s, &lay, b);
         commit_turn(s, b);
         samples_add(&sm, now_us() - t0);
     }
@@ -535,8 +644,13 @@ static void measure_save_turn_ctxstore(const bench *b, uint32_t durability, int 
     double beside = cpu_us(CLOCK_PROCESS_CPUTIME_ID) - cpu_us(CLOCK_THREAD_CPUTIME_ID) - beside0;
     ctxs_session_close(s);
     if (background)
-        add_note("save_turn %s at %u tokens: background thread CPU %.0f us per turn",
-                 method, b->tokens, beside / b->iters);
+        add_note("save_turn %s %s at %u tokens after %u ms: background thread CPU %.0f us per"
+                 " turn", method, dtype_name(b->dtype), b->tokens, g_pause_label_ms,
+                 beside / b->iters);
+    if (g_pause_label_ms != g_pause_ms && dirty_max >= 0)
+        add_note("save_turn %s %s at %u tokens after %u ms (stood for): at most %ld dirty pages"
+                 " in the session file before a turn", method, dtype_name(b->dtype), b->tokens,
+                 g_pause_label_ms, dirty_max);
     record(b, "save_turn", method, &sm);
 }
 
@@ -650,7 +764,7 @@ static void measure_memcpy_resident_and_xxh3(const bench *b)
     g_sink += area[bytes - 1];
     check_sys(munmap(area, bytes), "munmap memcpy_resident");
     record(b, "save_turn", "memcpy_resident", &sm);
-    if (b->dtype == CTXS_DTYPE_F16)
+    if (b->dtype == CTXS_DTYPE_F16 && g_pause_label_ms == g_gap_ms)
         record(b, "commit", "xxh3", &hash);
     else
         samples_free(&hash);
@@ -1032,6 +1146,60 @@ static void verify_session(const bench *b)
     ctxs_session_close(s);
 }
 
+/* --- Pauses ---------------------------------------------------------------- */
+
+/* save_turn through the mapping and with ctxs_session_write_layer(), and
+ * memcpy_resident, after each of these pauses: a turn's generation, a user
+ * who types the next message, one who reads for longer than the kernel's
+ * flusher waits (vm.dirty_expire_centisecs, 30 s) before it writes back
+ * the runway, and with it write-protects its pages. */
+static const uint32_t k_pauses_ms[] = { 50, 2500, 35000 };
+
+/* The last stands for its length: after a pause of 2.5 s the session file
+ * is written back (fdatasync), as the kernel's flusher writes back a file
+ * whose pages have been dirty for vm.dirty_expire_centisecs (30 s): every
+ * page clean and write-protected, the runway's too. (Lowering that sysctl
+ * for the run instead makes the flusher write back everything of every
+ * process on the machine every second; on the shared 2-core VM that
+ * scattered these timings 2-4x.) A note says how many pages of the file
+ * were still dirty before each turn (none, when the stand-in holds). */
+#define LONG_PAUSE_MS 35000u
+#define STAND_IN_PAUSE_MS 2500u
+
+/* save_turn at every pause: per layer, through the mapping, and the
+ * memcpy floor, each turn after the pause (at LONG_PAUSE_MS, as it stands
+ * for it). At the --gap-ms pause too, when it is not one of them; at that
+ * one alone with --quick. */
+static void measure_pauses(bench *b)
+{
+    uint32_t pauses[4];
+    size_t n = 0;
+    int gap_listed = 0;
+    for (size_t i = 0; !b->opt->quick && i < sizeof k_pauses_ms / sizeof k_pauses_ms[0]; i++)
+        gap_listed |= k_pauses_ms[i] == g_gap_ms;
+    if (!gap_listed)
+        pauses[n++] = g_gap_ms;
+    for (size_t i = 0; !b->opt->quick && i < sizeof k_pauses_ms / sizeof k_pauses_ms[0]; i++)
+        pauses[n++] = k_pauses_ms[i];
+    for (size_t i = 0; i < n; i++) {
+        int stand_in = pauses[i] == LONG_PAUSE_MS && pauses[i] != g_gap_ms;
+        g_pause_label_ms = pauses[i];
+        g_pause_ms = stand_in ? STAND_IN_PAUSE_MS : pauses[i];
+        int iters = b->iters;
+        if (g_pause_ms >= 1000 && b->iters > 7)
+            b->iters = 7; /* a minute a row is enough */
+        for (int layers = 1; layers >= 0; layers--) {
+            prefill_session(b);
+            measure_save_turn_ctxstore(b, CTXS_SYNC_ASYNC, 1, layers);
+            verify_session(b);
+            remove_session();
+        }
+        measure_memcpy_resident_and_xxh3(b);
+        b->iters = iters;
+    }
+    g_pause_ms = g_pause_label_ms = g_gap_ms;
+}
+
 /* --- Driver ---------------------------------------------------------------- */
 
 /* Everything, with fp16 K/V. */
@@ -1042,6 +1210,12 @@ static void run_context(const options *o, uint32_t tokens, int iters)
     static const uint32_t levels[] = { CTXS_SYNC_NONE, CTXS_SYNC_ASYNC,
                                        CTXS_SYNC_FULL };
 
+    measure_pauses(&b);
+    if (o->save_only) {
+        bench_free(&b);
+        settle_disk();
+        return;
+    }
     prefill_session(&b);
     measure_resume_open(&b);
     measure_resume_ready(&b);
@@ -1049,14 +1223,14 @@ static void run_context(const options *o, uint32_t tokens, int iters)
     remove_session();
     measure_read_file(&b);
 
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 3; i++) {
+        uint32_t level = i < 2 ? levels[2 * i] : CTXS_SYNC_ASYNC; /* NONE, FULL */
         prefill_session(&b);
-        measure_save_turn_ctxstore(&b, i < 3 ? levels[i] : CTXS_SYNC_ASYNC, i < 3);
+        measure_save_turn_ctxstore(&b, level, i < 2, 0);
         verify_session(&b);
         remove_session();
     }
     measure_floor(&b);
-    measure_memcpy_resident_and_xxh3(&b);
     measure_rewrite(&b);
     measure_sqlite_select(&b); /* then sqlite_blob replaces its row */
     measure_sqlite_blob(&b);
@@ -1078,21 +1252,20 @@ static void run_context_dtype(const options *o, uint32_t tokens, int iters,
 {
     bench b;
     bench_init(&b, o, tokens, iters, dtype);
-    prefill_session(&b);
-    measure_resume_ready(&b);
-    remove_session();
-    prefill_session(&b);
-    measure_save_turn_ctxstore(&b, CTXS_SYNC_ASYNC, 1);
-    verify_session(&b);
-    remove_session();
-    measure_memcpy_resident_and_xxh3(&b);
+    if (!o->save_only) {
+        prefill_session(&b);
+        measure_resume_ready(&b);
+        remove_session();
+    }
+    measure_pauses(&b);
     bench_free(&b);
     settle_disk();
 }
 
 /* --- Report ---------------------------------------------------------------- */
 
-/* What each op's ratio column divides by: a row of the same dtype. */
+/* What each op's ratio column divides by: a row of the same dtype and
+ * pause. */
 static const bench_result *baseline_of(const session_row *r)
 {
     const char *op = r->r.op, *method = "ctxstore_async";
@@ -1102,7 +1275,7 @@ static const bench_result *baseline_of(const session_row *r)
         method = "xxh3";
     else if (!strcmp(op, "scan"))
         method = "anonymous";
-    const session_row *base = find_row(op, method, r->r.tokens, r->dtype);
+    const session_row *base = find_row_at(op, method, r->r.tokens, r->dtype, r->pause_ms);
     return base ? &base->r : NULL;
 }
 
@@ -1132,14 +1305,17 @@ static int cmp_rows(const void *pa, const void *pb)
         return x < y ? -1 : 1;
     x = index_in(k_dtype_names, N_DTYPES, a->dtype);
     y = index_in(k_dtype_names, N_DTYPES, b->dtype);
-    return (x > y) - (x < y);
+    if (x != y)
+        return x < y ? -1 : 1;
+    return (a->pause_ms > b->pause_ms) - (a->pause_ms < b->pause_ms);
 }
 
 static void print_json(void)
 {
     for (size_t i = 0; i < g_results.n; i++) {
         json_result_begin(&g_result_rows[i].r);
-        printf(",\"dtype\":\"%s\"}\n", g_result_rows[i].dtype);
+        printf(",\"dtype\":\"%s\",\"pause_ms\":%u}\n", g_result_rows[i].dtype,
+               g_result_rows[i].pause_ms);
     }
 }
 
@@ -1160,7 +1336,14 @@ static void print_header(FILE *f, const char *dir)
         " rollback, so the context grows by %d per turn from the listed"
         " size. ctxstore_async_nobg: ASYNC with options.background = 0"
         " (reserve allocates and faults, commit starts writeback, on the"
-        " caller's thread). floor: the same %d memcpys into a fresh"
+        " caller's thread). ctxstore_layer: ASYNC, the turn handed over with"
+        " ctxs_session_write_layer, a layer at a time from [token][head][dim]"
+        " (the session's dtype; Q8's scales after the elements); it and"
+        " ctxstore_async and memcpy_resident after pauses of 50, 2500 and 35000 ms (the"
+        " pause_ms column; 35000 stood for by a %u ms pause and an fdatasync"
+        " of the session file before the turn, untimed: every page written"
+        " back and write-protected, the runway's too, as the kernel's"
+        " flusher leaves them after 30 s). floor: the same %d memcpys into a fresh"
         " contiguous region of a mapped file (ftruncate + fallocate"
         " untimed, MAP_SHARED), no sync. memcpy_resident: the same memcpys"
         " into anonymous pages already written once (no fault). Every save"
@@ -1194,14 +1377,14 @@ static void print_header(FILE *f, const char *dir)
         " ctxstore_async (q8: the window's scales are touched too), each in a"
         " session of that dtype prefilled as above (--dtype).\n\n",
         N_LAYERS, N_KV_HEADS, HEAD_DIM, TOKEN_BYTES, TURN_TOKENS, TURN_BYTES,
-        dir, TURN_TOKENS, ROOM_TOKENS, N_SINK, TURN_TOKENS, N_RUNS, g_gap_ms,
-        sqlite3_libversion(), N_RUNS);
+        dir, TURN_TOKENS, ROOM_TOKENS, N_SINK, TURN_TOKENS,
+        STAND_IN_PAUSE_MS, N_RUNS, g_gap_ms, sqlite3_libversion(), N_RUNS);
 }
 
 static void print_table(void)
 {
-    printf("%-13s %6s  %-18s %-5s %12s %12s %12s %3s %9s\n", "op", "tokens",
-           "method", "dtype", "median_us", "min_us", "max_us", "n", "ratio");
+    printf("%-13s %6s  %-19s %-5s %8s %12s %12s %12s %3s %9s\n", "op", "tokens",
+           "method", "dtype", "pause_ms", "median_us", "min_us", "max_us", "n", "ratio");
     const char *last_op = "";
     for (size_t i = 0; i < g_results.n; i++) {
         const session_row *row = &g_result_rows[i];
@@ -1214,8 +1397,8 @@ static void print_table(void)
         if (base && base->median_us > 0)
             snprintf(ratio, sizeof ratio, "%.2fx",
                      r->median_us / base->median_us);
-        printf("%-13s %6u  %-18s %-5s %12.1f %12.1f %12.1f %3zu %9s\n", r->op,
-               r->tokens, r->method, row->dtype, r->median_us, r->min_us,
+        printf("%-13s %6u  %-19s %-5s %8u %12.1f %12.1f %12.1f %3zu %9s\n", r->op,
+               r->tokens, r->method, row->dtype, row->pause_ms, r->median_us, r->min_us,
                r->max_us, r->n, ratio);
     }
     print_notes(stdout);
@@ -1262,6 +1445,22 @@ static void print_headlines(const uint32_t *contexts, int n)
                          ratio_of(f16_row("save_turn", "ctxstore_async", c),
                                   f16_row("save_turn", "memcpy_resident", c)));
     }
+    /* Per layer and through the mapping, vs the floor, after each pause. */
+    for (int i = 0; i < n; i++)
+        for (size_t d = 0; d < N_DTYPES; d++)
+            for (size_t p = 0; p < sizeof k_pauses_ms / sizeof k_pauses_ms[0]; p++) {
+                const char *dt = k_dtype_names[d];
+                uint32_t c = contexts[i], ms = k_pauses_ms[p];
+                const session_row *base = find_row_at("save_turn", "memcpy_resident", c, dt, ms);
+                if (!base)
+                    continue;
+                snprintf(label, sizeof label,
+                         "save_turn per layer | mapping vs memcpy_resident (%u tokens, %s,"
+                         " %u ms)", c, dt, ms);
+                double a = ratio_of(find_row_at("save_turn", "ctxstore_layer", c, dt, ms), base);
+                double m = ratio_of(find_row_at("save_turn", "ctxstore_async", c, dt, ms), base);
+                printf("%s: %.2fx | %.2fx\n", label, a, m);
+            }
     snprintf(label, sizeof label, "save_turn ASYNC without vs with the background (%u tokens)", t);
     print_ratio_line(label, ratio_of(f16_row("save_turn", "ctxstore_async_nobg", t),
                                      f16_row("save_turn", "ctxstore_async", t)));
@@ -1300,7 +1499,7 @@ static void print_headlines(const uint32_t *contexts, int n)
 int main(int argc, char **argv)
 {
     options o = parse_options(argc, argv);
-    g_gap_ms = o.gap_ms;
+    g_gap_ms = g_pause_ms = g_pause_label_ms = o.gap_ms;
     catch_signals(remove_scratch_on_signal);
     make_scratch_dir(o.dir, "ctxstore-bench");
     for (int i = 0; i < N_FILES; i++)

@@ -18,9 +18,9 @@
  *
  *     ctxs_reservation r;
  *     ctxs_session_reserve(&r, s, n_new);        // slots for n_new tokens
- *     for (uint32_t i = 0; i < n_new; i++)       // or write through
- *         ctxs_session_write_token(s, &r, i, k[i], v[i],   // ctxs_session_get_kv
- *                                  CTXS_DTYPE_F32); // the engine's floats
+ *     for (uint32_t l = 0; l < n_layers; l++)    // a layer at a time, as a
+ *         ctxs_session_write_layer(s, &r, l, 0, n_new, k[l], v[l],
+ *                                  CTXS_DTYPE_F32); // forward pass makes them
  *     ctxs_session_commit(s, token_ids, n_new);  // durable per the level
  *     ctxs_session_close(s);
  *
@@ -41,11 +41,44 @@
  *   checksums catch them after a power loss or with ctxs_session_verify();
  *   after a process crash the page cache is trusted and they are not looked
  *   for.
+ * - Within one boot of the machine the page cache is trusted: a commit
+ *   record written in the running boot vouches for every page written
+ *   before it, so an open after a process crash or an unclean close
+ *   verifies nothing. Only a record from another boot (or from an unknown
+ *   one) makes open verify the tokens above its durability watermark. A
+ *   test of power loss that does not reboot (a device that drops unflushed
+ *   writes, a file damaged on purpose) must open as a new boot would:
+ *   CTXS_OPEN_VERIFY does it for one open; the environment variable
+ *   CTXS_TEST_BOOT=<text> does it for a whole process (read once, the
+ *   first time the library needs the boot id): its boot id is then
+ *   XXH3-128 of the machine's boot id and <text>, so it verifies what any
+ *   process with another value (or none) wrote, and they verify what it
+ *   writes. It can only add verification, which is why every build reads
+ *   it; where the machine has no boot id, every open verifies anyway.
  * - Files are little-endian; ctxstore builds only on little-endian hosts.
  * - The library never installs signal handlers. Disk space for reserved slots
  *   is allocated by ctxs_session_reserve(), so a full disk is an error there
  *   and not a SIGBUS during a write; a file truncated by someone else while
- *   mapped can still raise SIGBUS, as with any mapping.
+ *   mapped can still raise SIGBUS, as with any mapping. That holds on ext4,
+ *   XFS and tmpfs. On a copy-on-write filesystem an allocated block is good
+ *   for one write only, and every later write through the mapping takes new
+ *   space at the write fault:
+ *   - btrfs: session files, and LMDB's lock file in a store, are made NOCOW
+ *     when created (they lose btrfs's data checksums, not ctxstore's), so
+ *     their blocks are written in place and the promise holds; forks copy
+ *     there instead of sharing blocks. On a btrfs with no byte free a write
+ *     fault is slow (btrfs first tries to free space), not an error. Blocks
+ *     shared by means outside the library (a snapshot of the subvolume, a
+ *     reflink copy) need new space when first written again, and a full
+ *     disk then raises SIGBUS.
+ *   - XFS with reflink: a fork shares its held tokens' blocks with its
+ *     source; either session rewriting them (after a rollback below the
+ *     fork point, or its ring wrapping over them) needs new space at the
+ *     write fault, and a full disk then raises SIGBUS.
+ *   - ZFS allocates nothing ahead (fallocate reserves no space) and
+ *     bcachefs copies on write unless its nocow option is set: nothing is
+ *     promised there; keep the store where space is guaranteed (a ZFS
+ *     reservation on its dataset, for one).
  */
 #ifndef CTXSTORE_H
 #define CTXSTORE_H
@@ -283,9 +316,14 @@ typedef enum ctxs_durability {
  *   it too); an attention pass right after the open waits only for the
  *   pages not yet in, and one after a pause finds them all in;
  * - after a commit: at ASYNC, writeback of the committed tokens is started;
- *   at every level, the next slots are allocated and mapped writable (a
+ *   the next slots are allocated and (at NONE and ASYNC) mapped writable (a
  *   "runway" of twice the largest recent reservation, at most 128 MiB), so
- *   that the next ctxs_session_reserve() costs microseconds.
+ *   that the next ctxs_session_reserve() costs microseconds and the next
+ *   turn's K/V go straight into mapped pages;
+ * - after a reserve beyond the runway, or once writeback has cleaned it:
+ *   the reserved slots are mapped, a layer at a time, while the engine
+ *   computes; and ahead of an engine that writes a few tokens at a time
+ *   through ctxs_session_write_layer() (a reply decoded token by token).
  *
  * The thread is started by the first open or create with the option in the
  * process, and stopped and joined by the close of the last such session; a
@@ -497,13 +535,54 @@ typedef struct ctxs_reservation {
     } spans[2];
 } ctxs_reservation;
 
+/*
+ * Writing K and V: three ways into the same slots.
+ *
+ * Between reserve and commit the engine puts the new tokens' K and V into
+ * their slots. It can store them itself, through the mapping
+ * (ctxs_session_get_kv(), ctxs_session_get_scales(), ctxs_dtype_encode()),
+ * or hand them over: a layer of several tokens with
+ * ctxs_session_write_layer(), the way a forward pass produces them, or one
+ * token of every layer with ctxs_session_write_token(). The bytes are the
+ * same either way; what differs is who pays for the pages.
+ *
+ * - Through the mapping, a store into a page that is not mapped writable
+ *   takes a page fault on the engine's thread (about 3 us a 4 KiB page on
+ *   Linux ext4, more than copying the page). The library maps the next
+ *   turn's slots writable after each commit (the runway, see "Background
+ *   work"), but the kernel write-protects every page it writes back, and
+ *   its flusher writes back whatever has been dirty for 30 s
+ *   (vm.dirty_expire_centisecs): after a pause of half a minute the next
+ *   turn faults on every 4 KiB page it stores into.
+ * - ctxs_session_write_layer() and ctxs_session_write_token() never fault
+ *   the mapping on the caller's thread. Where the slots' pages are still
+ *   mapped writable (a turn after a short pause) they convert straight
+ *   into them, as fast as the stores above. Elsewhere they write each
+ *   (layer, K|V, head) run of the call with one pwrite(2) into the page
+ *   cache, which the mapping shows at once, at a cost that does not depend
+ *   on what writeback did meanwhile. Where the system cannot tell which
+ *   pages are still writable (Linux before 6.5, other systems) they always
+ *   write through the file.
+ * - ctxs_session_write_token() is that for one token:
+ *   2 * n_layers * n_kv_heads system calls a token when it goes through
+ *   the file. Use it for a token at a time, write_layer for more.
+ *
+ * So an engine that has a layer's K/V in its own memory before attention
+ * reads them (every CPU forward pass; a GPU engine that copies K/V back to
+ * the host) calls ctxs_session_write_layer() for each layer; one whose
+ * kernels must store in place writes through the mapping and pays the
+ * faults after long pauses. README.md "Numbers" has the costs measured.
+ */
+
 /* Reserves slots for n more tokens after the committed ones (and after any
  * earlier reservation not yet committed) and allocates their disk blocks.
  * In a full ring the oldest tokens after the sinks are evicted first, and the
  * eviction is committed before this returns, so the engine may overwrite
- * their slots at once. The reserved pages are mapped writable, so the
- * engine's writes take no page faults: by the background runway when it
- * covers them (then reserve costs microseconds), else here.
+ * their slots at once. The reserved pages are mapped writable ahead of the
+ * engine's writes: by the background runway when it covers them and no
+ * writeback has cleaned them since (then reserve costs microseconds), else
+ * by the background thread, layer after layer, from this call on (here,
+ * for a session without one).
  *
  * Errors: CTXS_EINVAL (n == 0, or more than the ring holds),
  * CTXS_EFULL (no disk space, or the capacity is reached and the session has
@@ -518,14 +597,44 @@ CTXS_API int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s,
  * converted to the session's dtype (rounded to nearest even; a Q8 session
  * quantizes, see ctxs_dtype), or the session's own dtype, copied as it is
  * (for Q8: the int8 elements, then the scales). Non-finite values are
- * stored as they convert; a Q8 head with one is CTXS_EINVAL.
+ * stored as they convert; a Q8 head with one is CTXS_EINVAL. It is
+ * ctxs_session_write_layer() of one token for every layer, and takes the
+ * same way into the slots (see "Writing K and V" above).
  * Errors: CTXS_EINVAL (i out of range, NULL, a dtype not listed, a
  * non-finite value for Q8), CTXS_EREADONLY, CTXS_EFAILED (including a
- * writeback error met since the last call). */
+ * writeback error met since the last call), CTXS_ENOMEM, CTXS_EFULL or
+ * -errno (a write into the file failed); as for write_layer, the token's
+ * slots are then unspecified and nothing else changed. */
 CTXS_API int ctxs_session_write_token(ctxs_session *s,
                                       const ctxs_reservation *r, uint32_t i,
                                       const void *k, const void *v,
                                       uint32_t dtype);
+
+/* Stores tokens i .. i + n - 1 of reservation r for one layer, as a forward
+ * pass produces them: k and v are each [n][n_kv_heads][head_dim] elements
+ * of dtype, which is CTXS_DTYPE_F32, F16 or BF16, converted to the
+ * session's dtype exactly as ctxs_session_write_token() converts them, bit
+ * for bit (a Q8 session quantizes, see ctxs_dtype); or the session's own
+ * dtype, copied as it is (for Q8: the [n][n_kv_heads][head_dim] int8
+ * elements, then the [n][n_kv_heads] float32 scales). The bytes are in the
+ * slots when it returns: an attention plan whose n_pending covers them
+ * reads them, and so does the mapping. It never write-faults the mapping
+ * on the caller's thread (see "Writing K and V" above). Tokens and layers
+ * may be written in any order, and again; a commit takes what the slots
+ * hold then.
+ *
+ * Errors: CTXS_EINVAL (NULL, layer out of range, n == 0, tokens past the
+ * reservation or no longer reserved, a dtype not listed, a non-finite
+ * value for Q8), CTXS_EREADONLY, CTXS_EFAILED (including a writeback error
+ * met since the last call), CTXS_ENOMEM, CTXS_EFULL or -errno (a write
+ * into the file failed, e.g. -EIO). After an error the slots of those
+ * tokens in that layer hold unspecified bytes until a call that succeeds
+ * writes them again; nothing committed changes, and the session stays
+ * usable. Not thread-safe: one thread per handle. */
+CTXS_API int ctxs_session_write_layer(ctxs_session *s,
+                                      const ctxs_reservation *r, uint32_t layer,
+                                      uint32_t i, uint32_t n, const void *k,
+                                      const void *v, uint32_t dtype);
 
 /* Copies the K and V of committed token pos into k and v, in the layout of
  * ctxs_session_write_token(), as dtype: CTXS_DTYPE_F32 (exact for every
@@ -921,7 +1030,8 @@ typedef struct ctxs_store_options {
  *
  * A read-write open finishes or undoes what a process that crashed left
  * half done: a session file created but not indexed, or dropped from the
- * index but not yet deleted.
+ * index but not yet deleted (ctxs_store_intent_list() says what it would
+ * do). The directories it makes are durable when it returns.
  *
  * With CTXS_STORE_RDONLY (not with CTXS_STORE_CREATE) the store is only
  * read: the index is opened read-only, what crashes left is left as it is,
@@ -1275,6 +1385,13 @@ typedef struct ctxs_prefix_match {
  * index reads), then the tokens after the last whole chunk are compared with
  * the file's. Fork the match (ctxs_store_session_fork() at out->n_tokens) and
  * prefill only the rest. At least one whole chunk must match.
+ *
+ * The match counts only tokens an open of the session keeps, so that the
+ * fork at it succeeds unless the session changes in between: after a power
+ * loss, the tokens its newest record claims above its durability watermark
+ * are verified against their checksums first, as the open that a fork
+ * makes would (it reads their KV; once the session has been opened
+ * read-write, its records vouch for them again and nothing is read).
  * Errors: CTXS_ENOTFOUND (no match), CTXS_EINVAL, CTXS_ENOMEM. Thread-safe. */
 CTXS_API int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st,
                               const uint8_t model_hash[CTXS_HASH_BYTES],
@@ -1372,6 +1489,50 @@ typedef struct ctxs_gc_result {
  * size cannot be read). */
 CTXS_API int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st,
                            uint64_t budget_bytes, unsigned flags);
+
+/* An operation a crash (of the process, or of the machine) interrupted:
+ * a create, fork, import or pull, or a delete (a gc's too), which records
+ * its intent in the index before it touches a file and drops it when done.
+ * Between the two, the store may hold a session file that no index entry
+ * names: not damage, but what the next read-write open of the store
+ * finishes or undoes (ctxs_store_open()). */
+typedef enum ctxs_intent_kind {
+    CTXS_INTENT_CREATE = 1, /* a create, fork, import or pull */
+    CTXS_INTENT_DELETE = 2, /* a delete, or gc deleting */
+} ctxs_intent_kind;
+
+/* What the next read-write open of the store does with an intent. */
+typedef enum ctxs_intent_action {
+    CTXS_INTENT_WAIT = 1,        /* nothing: the process that recorded it
+                                    is running, or a handle has the file
+                                    open (the operation may be under way) */
+    CTXS_INTENT_REMOVE_FILE = 2, /* removes the file, which no entry names,
+                                    then the intent */
+    CTXS_INTENT_DROP = 3,        /* drops the intent alone: the file is
+                                    gone, or an entry names it */
+} ctxs_intent_action;
+
+typedef struct ctxs_intent_entry {
+    uint64_t id;           /* the file: sessions/<id, 16 hex>.ctxs */
+    uint32_t kind;         /* ctxs_intent_kind */
+    uint32_t action;       /* ctxs_intent_action, as of this call */
+    uint32_t pid;          /* the process that recorded it; 0: unknown (a
+                              store made by index 1.0) */
+    uint32_t file_present; /* 1: sessions/<id>.ctxs exists */
+    uint32_t indexed;      /* 1: an index entry names id */
+    uint32_t reserved_;
+} ctxs_intent_entry;
+
+/* The store's pending intents, in id order, each with what the next
+ * read-write open of the store would do with it now: an array to release
+ * with ctxs_free() (NULL when there are none). Changes nothing and takes
+ * no lock; works on a read-only store, whose opens leave intents as they
+ * are: how a read-only look tells a crash's leftover (a session file that
+ * no entry names, with an intent) from damage. Malformed intents are left
+ * to ctxs_store_check(). Errors: CTXS_EINVAL, CTXS_ENOMEM, -errno.
+ * Thread-safe. */
+CTXS_API int ctxs_store_intent_list(ctxs_intent_entry **out, size_t *n_out,
+                                    ctxs_store *st);
 
 typedef struct ctxs_repair_result {
     uint64_t files_adopted;    /* session files no entry named, now indexed */

@@ -8,7 +8,8 @@ packages=(build-essential meson ninja-build pkg-config
           liblmdb-dev libxxhash-dev zlib1g-dev libcriterion-dev libsqlite3-dev
           python3-dev python3-numpy python3-pytest python3-torch python3-venv
           redis-server libhiredis-dev
-          cmake python3-pip)
+          cmake python3-pip
+          libfuse3-dev xfsprogs btrfs-progs)  # the power-cut suite's disk and filesystems
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

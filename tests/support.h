@@ -67,8 +67,13 @@ void ts_fill_kv(const ctxs_geometry *g, uint64_t pos, uint16_t *k,
                 uint16_t *v);
 
 /* Reserves, writes and commits positions n_tokens .. n_tokens+n-1 with
- * ts_fill_kv contents and ts_token ids. Returns the commit's result. */
+ * ts_fill_kv contents and ts_token ids. Returns the first error (of the
+ * reserve, a write or the commit), or 0. */
 int ts_append(ctxs_session *s, uint32_t n);
+
+/* ts_append() with the K/V handed over a layer at a time
+ * (ctxs_session_write_layer()): the same contents, the same ids. */
+int ts_append_layers(ctxs_session *s, uint32_t n);
 
 /* Checks that every held position reads back as ts_fill_kv wrote it.
  * Returns the number of wrong positions. */

@@ -27,6 +27,7 @@
 
 #include "ctxstore.h"
 #include "format.h"
+#include "index.h"
 #include "cli_run.h"
 #include "json_check.h"
 #include "support.h"
@@ -1328,6 +1329,101 @@ Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)
 /* =============================================================================
  * verify
  * ========================================================================== */
+
+/* What an operation killed between writing its file and updating the
+ * index leaves: sessions/<id>.ctxs that no entry names, and its intent
+ * (kind 'C': a create, fork or import killed after linking its file; 'D':
+ * a delete killed after dropping the entry, before the unlink), recorded by
+ * a process that is gone. Returns the id. */
+static uint64_t leave_interrupted(ctxs_store *st, const char *name, char kind)
+{
+    pid_t gone = fork();
+    cr_assert_geq(gone, 0);
+    if (gone == 0)
+        _exit(0);
+    cr_assert_eq(waitpid(gone, NULL, 0), gone);
+    mk(st, name, 256, 1, 70);
+    uint64_t id = ts_session_entry(st, name).id;
+    MDB_txn *txn;
+    cr_assert_eq(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
+    cr_assert_eq(ctxs__session_unindex(txn, st, id), 0);
+    uint8_t idk[8], intent[5] = {(uint8_t)kind, (uint8_t)gone, (uint8_t)(gone >> 8),
+                                 (uint8_t)(gone >> 16), (uint8_t)(gone >> 24)};
+    ctxs__id_key(idk, id);
+    MDB_val key = {8, idk}, val = {sizeof(intent), intent};
+    cr_assert_eq(mdb_put(txn, st->pending, &key, &val, 0), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    return id;
+}
+
+/* A read-only look (ls, verify --all) does not resolve what crashes left:
+ * it must say what each leftover is and what a read-write open does with
+ * it, and never count it as damage (whose advice, `compact`, would have the
+ * file removed as the leftover it is). */
+Test(cli, a_crash_leftover_is_an_interrupted_operation_not_damage)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "kept", 256, 1, 30);
+    uint64_t created = leave_interrupted(st, "half-made", 'C');
+    uint64_t deleted = leave_interrupted(st, "half-gone", 'D');
+    ctxs_store_close(st);
+    cr_assert(ts_exists(ts_id_path(created)) && ts_exists(ts_id_path(deleted)));
+
+    CLI_EXPECT(EX_OK, S(), "verify", "--all");
+    cr_expect_eq(count_of(R.out, "DAMAGED"), 0, "verify calls a crash leftover damage:\n%s", R.out);
+    cr_expect_eq(count_of(R.out, "pending  "), 2, "verify --all:\n%s", R.out);
+    says(1, "a create, fork or import of ");
+    says(1, "a delete of ");
+    says(1, "removes the file");
+    says(1, "all good: 1 session checked");
+
+    CLI_EXPECT(EX_OK, S(), "verify", "--all", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(jb(v, "ok"), 1);
+    cr_assert_eq(jget(v, "unindexed_files")->n, 0);
+    const jc_value *in = jget(v, "interrupted");
+    cr_assert_eq(in->n, 2);
+    for (size_t i = 0; i < in->n; i++) {
+        const jc_value *e = &in->items[i];
+        uint64_t id = ju(e, "id");
+        cr_assert(id == created || id == deleted);
+        cr_assert_str_eq(js(e, "kind"), id == created ? "create" : "delete");
+        cr_assert_str_eq(js(e, "action"), "remove_file");
+        cr_assert_eq(jb(e, "file_present"), 1);
+    }
+    jc_free(v);
+
+    CLI_EXPECT(EX_OK, S(), "ls");
+    cr_expect_eq(count_of(R.out, "pending: "), 2, "ls:\n%s", R.out);
+    cr_assert(ts_exists(ts_id_path(created)) && ts_exists(ts_id_path(deleted)),
+              "a read-only command changed the store");
+
+    /* What a read-write open does with them is what they said. */
+    CLI_EXPECT(EX_OK, S(), "compact", "--all");
+    cr_assert(!ts_exists(ts_id_path(created)) && !ts_exists(ts_id_path(deleted)));
+    CLI_EXPECT(EX_OK, S(), "verify", "--all");
+    cr_expect_eq(count_of(R.out, "pending"), 0, "%s", R.out);
+    CLI_EXPECT(EX_OK, S(), "ls");
+    cr_expect_eq(count_of(R.out, "pending"), 0, "%s", R.out);
+    contains(1, "kept");
+}
+
+/* A file no entry names and no intent explains is damage, as before. */
+Test(cli, an_unindexed_file_without_an_intent_is_damage)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    uint64_t id = leave_interrupted(st, "orphan", 'C');
+    ctxs_store_close(st);
+    /* The intent gone (by hand), the file stays: nobody owns it. */
+    uint8_t idk[8];
+    ctxs__id_key(idk, id);
+    ts_raw_put(S(), "pending", idk, 8, NULL, 0);
+    CLI_EXPECT(EX_DAMAGED, S(), "verify", "--all");
+    says(1, "is a session file the index does not know");
+    cr_expect_eq(count_of(R.out, "pending"), 0, "%s", R.out);
+}
 
 Test(cli, verify_of_a_clean_store_exits_0)
 {

@@ -5,7 +5,9 @@
  * The full disk is a small tmpfs mounted in a private user + mount namespace
  * (no root needed where unprivileged user namespaces are allowed; the test
  * is skipped, loudly, where they are not). The session file is sparse and
- * larger than the tmpfs, so create succeeds and reserve runs out.
+ * larger than the tmpfs, so create succeeds and reserve runs out. A small
+ * btrfs on a loop device (root, btrfs-progs; skipped loudly without them)
+ * is the copy-on-write case.
  *
  * The namespace work happens in a forked child, which uses only the public
  * API (no Criterion assertions), writes its log to a pipe and exits 0 (pass),
@@ -370,6 +372,168 @@ static void body_commit_after_disk_fills(const char *mnt)
     _exit(0);
 }
 
+/* --- a full btrfs ------------------------------------------------------ */
+
+/* Runs argv (found in PATH, /sbin and /usr/sbin) with its output to the
+ * log; returns its exit status, 127 when it is not there. */
+static int run_quiet(char *const argv[])
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(ts_child_log_fd, 1);
+        dup2(ts_child_log_fd, 2);
+        setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 1);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* In the child: a private mount namespace with a new 256 MiB btrfs on mnt
+ * (a loop device over a sparse file beside it). Exits 77, saying why,
+ * where that cannot be had: not root, no loop devices, no btrfs-progs, no
+ * btrfs in the kernel. */
+static void enter_small_btrfs(const char *mnt)
+{
+    if (geteuid() != 0) {
+        ts_say("not root: a btrfs on a loop device needs it");
+        _exit(77);
+    }
+    if (access("/dev/loop-control", R_OK | W_OK) != 0) {
+        ts_say("/dev/loop-control: %s", strerror(errno));
+        _exit(77);
+    }
+    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+        ts_say("a private mount namespace: %s", strerror(errno));
+        _exit(77);
+    }
+    char img[4096];
+    snprintf(img, sizeof(img), "%s.img", mnt);
+    int fd = open(img, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    TS_CHECK(fd >= 0 && ftruncate(fd, 256 << 20) == 0, "%s: %s", img, strerror(errno));
+    close(fd);
+    char *mkfs[] = {"mkfs.btrfs", "-q", "-f", "-K", img, NULL};
+    int rc = run_quiet(mkfs);
+    if (rc == 127) {
+        ts_say("mkfs.btrfs is not installed (btrfs-progs)");
+        _exit(77);
+    }
+    TS_CHECK(rc == 0, "mkfs.btrfs exited %d", rc);
+    char *mnt_argv[] = {"mount", "-t", "btrfs", "-o", "loop,nodiscard", img, (char *)mnt, NULL};
+    rc = run_quiet(mnt_argv);
+    if (rc != 0) {
+        ts_say("mount -t btrfs -o loop exited %d (no btrfs in this kernel?)", rc);
+        _exit(77);
+    }
+}
+
+/* Writes every dirty page of the filesystem back: pages the library wrote
+ * are clean afterwards, so that writing them again faults, which is where
+ * a copy-on-write filesystem takes new space. */
+static void clean_pages(const char *mnt)
+{
+    int fd = open(mnt, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    TS_CHECK(fd >= 0 && syncfs(fd) == 0, "syncfs: %s", strerror(errno));
+    close(fd);
+}
+
+/* Btrfs writes every block to a new place, so a block fallocate() gave is
+ * good for one write: a write fault into a page written before takes new
+ * space, and on a full disk faults with SIGBUS. The header's promise
+ * (CTXS_EFULL from reserve, never a signal) holds there because session
+ * files and LMDB's lock file are written in place (NOCOW). Every step
+ * below rewrites pages already written back, on a disk with no byte free:
+ * the store's reopen (LMDB's reader table), a read-write open as after a
+ * reboot (the records and checksums), a ring going round, a rollback and
+ * the turns after it; and a session growing past the disk is CTXS_EFULL
+ * from reserve. */
+static void body_full_btrfs(const char *mnt)
+{
+    enter_small_btrfs(mnt);
+    char dir[4096], filler[4096];
+    snprintf(dir, sizeof(dir), "%s/store", mnt);
+    snprintf(filler, sizeof(filler), "%s/filler", mnt);
+    ctxs_model m = ts_model(1);
+    ctxs_store *st;
+    int rc = ctxs_store_open(&st, dir, CTXS_STORE_CREATE, NULL);
+    TS_CHECK(rc == 0, "store open: %s", ctxs_strerror(rc));
+    TS_CHECK(ctxs_model_register(st, &m, NULL) == 0, "model register");
+    ctxs_create_options ro = ts_options(4096, 4, 1, CTXS_SYNC_ASYNC);
+    /* Without a runway, nothing is allocated ahead of grow's first
+     * reserve, which is then the one that meets the full disk. */
+    ctxs_create_options flat = ts_options(1u << 20, 4, 0, CTXS_SYNC_ASYNC);
+    flat.open.background = 0;
+    ctxs_session *ring, *grow;
+    TS_CHECK(ctxs_store_session_create(&ring, st, "ring", &m, &ro) == 0, "create ring");
+    TS_CHECK(ctxs_store_session_create(&grow, st, "grow", &m, &flat) == 0, "create grow");
+    int stage;
+    uint64_t n_ring = 0, n_grow = 0;
+    for (int i = 0; i < 80; i++, n_ring += 64) /* 5120 > 4096: wrapped */
+        TS_CHECK(append_n(ring, 64, &stage) == 0, "ring append %d", i);
+    ctxs_session_close(ring);
+
+    uint64_t filled = fill_disk(filler);
+    clean_pages(mnt);
+    ts_say("the filler took %llu MiB\n", (unsigned long long)(filled >> 20));
+
+    /* A write fault on a btrfs without a free byte is slow (it first tries
+     * to free space, then writes in place): a few turns a round. */
+    for (int round = 0; round < 2; round++) {
+        ctxs_store_close(st);
+        rc = ctxs_store_open(&st, dir, 0, NULL);
+        TS_CHECK(rc == 0, "round %d: store reopen on a full disk: %s", round, ctxs_strerror(rc));
+        rc = ctxs_store_session_open(&ring, st, "ring", &m, CTXS_OPEN_VERIFY, NULL);
+        TS_CHECK(rc == 0, "round %d: open as after a reboot: %s", round, ctxs_strerror(rc));
+        for (int i = 0; i < 6; i++, n_ring += 64) {
+            rc = append_n(ring, 64, &stage);
+            TS_CHECK(rc == 0, "round %d: ring turn %d on a full disk: %s in %s", round, i,
+                     ctxs_err_name(rc), stage_name[stage]);
+            if (i % 3 == 2)
+                clean_pages(mnt);
+        }
+        TS_CHECK(ctxs_session_rollback(ring, n_ring - 100) == 0, "round %d: rollback", round);
+        n_ring -= 100;
+        clean_pages(mnt);
+        for (int i = 0; i < 2; i++, n_ring += 50)
+            TS_CHECK(append_n(ring, 50, &stage) == 0, "round %d: a turn after the rollback", round);
+        TS_CHECK(ctxs_session_sync(ring) == 0, "round %d: sync", round);
+        ctxs_session_close(ring);
+        clean_pages(mnt);
+    }
+    append_until_full(grow, 64, &n_grow, "growing on a full btrfs");
+    ctxs_session_close(grow);
+    ctxs_session *f = NULL;
+    rc = ctxs_store_session_fork(&f, st, "fork", "grow", UINT64_MAX, NULL);
+    TS_CHECK(rc == CTXS_EFULL, "a fork on a full btrfs: %s, want CTXS_EFULL", ctxs_err_name(rc));
+    ctxs_store_close(st);
+
+    /* What was committed reads back, after the store opens once more. */
+    TS_CHECK(ctxs_store_open(&st, dir, 0, NULL) == 0, "last store open");
+    TS_CHECK(ctxs_store_session_open(&grow, st, "grow", &m, CTXS_OPEN_VERIFY, NULL) == 0,
+             "last open of grow");
+    expect_state(grow, n_grow, "grow after the disk filled");
+    ctxs_session_close(grow);
+    TS_CHECK(ctxs_store_session_open(&ring, st, "ring", &m, CTXS_OPEN_VERIFY, NULL) == 0,
+             "last open of ring");
+    ctxs_session_info info;
+    TS_CHECK(ctxs_session_get_info(&info, ring) == 0 && info.n_tokens == n_ring,
+             "ring holds %llu tokens, want %llu", (unsigned long long)info.n_tokens,
+             (unsigned long long)n_ring);
+    uint64_t bad_pos;
+    TS_CHECK(ctxs_session_verify(&bad_pos, ring) == 0, "ring verify: bad at %llu",
+             (unsigned long long)bad_pos);
+    ctxs_session_close(ring);
+    ctxs_store_close(st);
+    ts_say("ok: %llu tokens in grow, %llu in ring\n", (unsigned long long)n_grow,
+           (unsigned long long)n_ring);
+    _exit(0);
+}
+
 /* --- the parent's side -------------------------------------------------- */
 
 Test(disk_full, full_disk_is_efull_from_reserve_and_the_session_survives)
@@ -380,6 +544,11 @@ Test(disk_full, full_disk_is_efull_from_reserve_and_the_session_survives)
 Test(disk_full, commit_after_the_disk_fills_up_uses_the_reserved_blocks)
 {
     ts_run_child(body_commit_after_disk_fills, "commit on a full disk");
+}
+
+Test(disk_full, a_full_btrfs_is_efull_from_reserve_and_never_a_signal)
+{
+    ts_run_child(body_full_btrfs, "full btrfs");
 }
 
 /* Capacity reached without a ring: CTXS_EFULL, tokens kept. */

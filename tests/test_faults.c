@@ -23,6 +23,7 @@
 #include "ctxstore.h"
 #include "support.h"
 #include "aside.h"
+#include "internal.h"
 #include "syscall.h"
 
 #if defined(__has_feature)
@@ -67,6 +68,11 @@ typedef struct fault_op {
     bool (*happened)(world *w);
     /* Tokens of "a" that are acknowledged once run returned 0. */
     uint64_t acked_after;
+    /* K/V written into the file (one pwrite per run, the way a turn goes
+     * after a long pause) rather than chosen by the page cache's state,
+     * so that every run makes the same calls; and its writes also made
+     * short. */
+    bool file_writes;
 } fault_op;
 
 /* The run being checked, for every failure message (kept off the heap:
@@ -253,6 +259,11 @@ static bool happened_create(world *w)
 static int run_commit(world *w)
 {
     return ts_append(w->a, MORE_TOKENS);
+}
+
+static int run_write_layer(world *w)
+{
+    return ts_append_layers(w->a, MORE_TOKENS);
 }
 
 static bool happened_commit(world *w)
@@ -560,24 +571,25 @@ static bool happened_model_register(world *w)
 }
 
 static const fault_op ops[] = {
-    {"create", NULL, run_create, happened_create, BASE_TOKENS},
-    {"commit", NULL, run_commit, happened_commit, BASE_TOKENS + MORE_TOKENS},
-    {"rollback", prepare_rollback, run_rollback, happened_rollback, BASE_TOKENS},
-    {"checkpoint", NULL, run_checkpoint, happened_checkpoint, BASE_TOKENS},
-    {"fork", NULL, run_fork, happened_fork, BASE_TOKENS},
-    {"gc", prepare_gc, run_gc, happened_gc, BASE_TOKENS},
-    {"compact", prepare_compact, run_compact, happened_compact, BASE_TOKENS},
-    {"import", prepare_import, run_import, happened_import, BASE_TOKENS},
-    {"open", NULL, run_open, happened_open, BASE_TOKENS},
-    {"export", NULL, run_export, happened_export, BASE_TOKENS},
-    {"delete", prepare_b, run_delete, happened_delete, BASE_TOKENS},
-    {"rename", prepare_b, run_rename, happened_rename, BASE_TOKENS},
-    {"restore", prepare_restore, run_restore, happened_restore, BASE_TOKENS},
+    {"create", NULL, run_create, happened_create, BASE_TOKENS, false},
+    {"commit", NULL, run_commit, happened_commit, BASE_TOKENS + MORE_TOKENS, true},
+    {"write_layer", NULL, run_write_layer, happened_commit, BASE_TOKENS + MORE_TOKENS, true},
+    {"rollback", prepare_rollback, run_rollback, happened_rollback, BASE_TOKENS, false},
+    {"checkpoint", NULL, run_checkpoint, happened_checkpoint, BASE_TOKENS, false},
+    {"fork", NULL, run_fork, happened_fork, BASE_TOKENS, false},
+    {"gc", prepare_gc, run_gc, happened_gc, BASE_TOKENS, false},
+    {"compact", prepare_compact, run_compact, happened_compact, BASE_TOKENS, false},
+    {"import", prepare_import, run_import, happened_import, BASE_TOKENS, false},
+    {"open", NULL, run_open, happened_open, BASE_TOKENS, false},
+    {"export", NULL, run_export, happened_export, BASE_TOKENS, false},
+    {"delete", prepare_b, run_delete, happened_delete, BASE_TOKENS, false},
+    {"rename", prepare_b, run_rename, happened_rename, BASE_TOKENS, false},
+    {"restore", prepare_restore, run_restore, happened_restore, BASE_TOKENS, false},
     {"checkpoint_delete", prepare_checkpoint_delete, run_checkpoint_delete,
-     happened_checkpoint_delete, BASE_TOKENS},
-    {"reindex", prepare_b, run_reindex, b_kept, BASE_TOKENS},
-    {"repair", prepare_b, run_repair, b_kept, BASE_TOKENS},
-    {"model_register", NULL, run_model_register, happened_model_register, BASE_TOKENS},
+     happened_checkpoint_delete, BASE_TOKENS, false},
+    {"reindex", prepare_b, run_reindex, b_kept, BASE_TOKENS, false},
+    {"repair", prepare_b, run_repair, b_kept, BASE_TOKENS, false},
+    {"model_register", NULL, run_model_register, happened_model_register, BASE_TOKENS, false},
 };
 
 static const fault_op *find_op(const char *name)
@@ -599,6 +611,9 @@ typedef struct fault_mode {
 static const fault_mode modes[] = {
     {EIO, false},    {EIO, true},    {ENOSPC, false}, {ENOSPC, true},
     {ENOMEM, false}, {ENOMEM, true}, {EINTR, false}, /* retried inside: must change nothing */
+    /* A write that moves half its bytes; from then on, every write fails
+     * (only for the operations that write K/V: file_writes). */
+    {CTXS__FAULT_SHORT, false}, {CTXS__FAULT_SHORT, true},
 };
 
 /* One run of op with the nth eligible call failing; returns whether a
@@ -609,14 +624,17 @@ static bool run_once(const fault_op *op, const fault_mode *mode, uint64_t nth, i
     world w = {0};
     world_make(&w, op);
 
+    ctxs__write_path_force = op->file_writes ? 2 : 0;
     ctxs__fault_arm(nth, mode->error, mode->persistent);
     int rc = op->run(&w);
     ctxs__fault_disarm();
+    ctxs__write_path_force = 0;
     bool injected = ctxs__fault_failed() > 0;
     const struct ctxs__fault_site *site = ctxs__fault_last_failed();
     snprintf(run_context, sizeof(run_context), "%s, call %llu (%s:%d %s) failing with %s%s: %s",
              op->name, (unsigned long long)nth, site ? site->file : "-", site ? site->line : 0,
-             site ? site->call : "none", strerror(mode->error),
+             site ? site->call : "none",
+             mode->error == CTXS__FAULT_SHORT ? "a short write" : strerror(mode->error),
              mode->persistent ? " from then on" : "", ctxs_err_name(rc));
 
     if (!injected || mode->error == EINTR)
@@ -689,12 +707,15 @@ static void fault_loop(const char *name)
     size_t heap = heap_in_use();
     uint64_t total = 0;
     for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+        if (modes[m].error == CTXS__FAULT_SHORT && !op->file_writes)
+            continue;
         uint64_t nth = 1;
         while (run_once(op, &modes[m], nth, fds, heap)) {
             nth++;
             cr_assert_lt(nth, MAX_RUNS, "%s never completes under faults [%s]", name, run_context);
         }
-        fprintf(stderr, "faults %s: %s %s: %llu runs\n", name, strerror(modes[m].error),
+        fprintf(stderr, "faults %s: %s %s: %llu runs\n", name,
+                modes[m].error == CTXS__FAULT_SHORT ? "short write" : strerror(modes[m].error),
                 modes[m].persistent ? "from then on" : "once", (unsigned long long)nth);
         total += nth;
     }
@@ -710,6 +731,10 @@ Test(faults, create)
 Test(faults, commit)
 {
     fault_loop("commit");
+}
+Test(faults, write_layer)
+{
+    fault_loop("write_layer");
 }
 Test(faults, rollback)
 {

@@ -28,6 +28,7 @@
 #include "format.h"
 #include "index.h"
 #include "support.h"
+#include "syscall.h"
 
 TestSuite(index, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 60);
 
@@ -1595,6 +1596,86 @@ Test(index, prefix_entries_are_written_at_the_first_chunk_while_the_writer_has_i
     ctxs_store_close(st);
 }
 
+/* The writer's side of the power-loss test below, in a child booted as
+ * "before": a session of 64 synced tokens and 6 more that are not, at
+ * ASYNC, closed; what the index learned of it is written at once. */
+static void power_loss_writer(void)
+{
+    setenv("CTXS_TEST_BOOT", "before", 1);
+    ctxs_store *st;
+    ctxs_model m = ts_model(1);
+    ctxs_create_options o = ts_options(256, 4, 0, CTXS_SYNC_ASYNC);
+    ctxs_session *s;
+    if (ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL) != 0 ||
+        ctxs_model_register(st, &m, NULL) != 0 ||
+        ctxs_store_session_create(&s, st, "chat", &m, &o) != 0)
+        _exit(2);
+    if (ts_append(s, 64) != 0 || ctxs_session_sync(s) != 0 || ts_append(s, 6) != 0)
+        _exit(3);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+    _exit(0);
+}
+
+/* The reader's side, booted as "after": exits with the match's token count
+ * (255: no match), or 254 when a fork at the match fails. */
+static void power_loss_reader(void)
+{
+    setenv("CTXS_TEST_BOOT", "after", 1);
+    ctxs_store *st;
+    ctxs_model m = ts_model(1);
+    uint32_t t[70];
+    for (uint32_t p = 0; p < 70; p++)
+        t[p] = ts_token(p);
+    ctxs_prefix_match pm;
+    if (ctxs_store_open(&st, ts_store_dir(), 0, NULL) != 0)
+        _exit(253);
+    if (ctxs_prefix_find(&pm, st, m.model_hash, t, 70) != 0)
+        _exit(255);
+    ctxs_session *f;
+    if (ctxs_store_session_fork(&f, st, "fork", pm.session, pm.n_tokens, NULL) != 0)
+        _exit(254);
+    ctxs_session_close(f);
+    ctxs_store_close(st);
+    _exit((int)pm.n_tokens);
+}
+
+static int run_child(void (*fn)(void))
+{
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0)
+        fn();
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status), "child status %d", status);
+    return WEXITSTATUS(status);
+}
+
+Test(index, a_prefix_match_after_a_power_loss_counts_only_what_an_open_keeps)
+{
+    cr_assert_eq(run_child(power_loss_writer), 0);
+    /* The power loss: the record claiming 70 tokens reached the disk, the
+     * KV of the last 6 did not. */
+    ctxs_model m = ts_model(1);
+    ctxs__file_layout lay;
+    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, 256, 4), 0);
+    int fd = open(ts_id_path(1), O_RDWR);
+    cr_assert_geq(fd, 0);
+    uint8_t zeros[64] = {0};
+    uint32_t runs = 2 * m.geometry.n_layers * m.geometry.n_kv_heads;
+    for (uint32_t r = 0; r < runs; r++)
+        for (uint64_t p = 64; p < 70; p++)
+            cr_assert_eq(pwrite(fd, zeros, lay.slot_bytes,
+                                (off_t)(lay.kv_off + r * lay.head_stride + p * lay.slot_bytes)),
+                         (ssize_t)lay.slot_bytes);
+    close(fd);
+    /* The match stops where the session recovers, and forks. */
+    int got = run_child(power_loss_reader);
+    cr_assert_neq(got, 254, "the fork at the match failed");
+    cr_assert_eq(got, 64, "the match counts %d tokens; an open keeps 64", got);
+}
+
 /* --- gc ---------------------------------------------------------------------- */
 
 Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
@@ -2068,6 +2149,74 @@ Test(index, store_open_finishes_an_interrupted_delete)
     cr_assert_eq(ts_check_all(k), 0);
     ctxs_session_close(k);
     ctxs_store_close(st);
+}
+
+/* Whether the call the fault hook failed last is the sync of sessions/
+ * that an unlink in sessions.c needs before an intent may go. */
+static int failed_the_directory_sync(void)
+{
+    const struct ctxs__fault_site *f = ctxs__fault_last_failed();
+    return f && strcmp(f->call, "fsync") == 0 && strstr(f->file, "index/sessions.c");
+}
+
+/* A delete's intent goes only once its unlink is durable. An unlink is a
+ * change to sessions/ that a power loss undoes until the directory is
+ * synced, and the index's own syncs do not cover it: without the sync, a
+ * deleted session's file comes back with neither an entry nor an intent
+ * (and a repair adopts it). So where that sync fails, the intent stays
+ * for the next open of the store to finish, for a delete and for the
+ * open's own resolution of a delete that died. */
+Test(index, an_intent_stays_until_the_unlink_it_stands_for_is_durable)
+{
+    ctxs_model m = ts_model(1);
+    int found_delete = 0, found_resolve = 0;
+    for (uint64_t nth = 1; nth < 200 && !(found_delete && found_resolve); nth++) {
+        ctxs_store *st = ts_store_open(ts_store_dir());
+        model_reg(st, &m);
+        ctxs_session_close(mk(st, "d", &m, 256, 4, 10));
+        uint64_t id = ts_session_entry(st, "d").id;
+        if (!found_delete) {
+            ctxs__fault_arm(nth, EIO, false);
+            ctxs_store_session_delete(st, "d");
+            ctxs__fault_disarm();
+            if (failed_the_directory_sync()) {
+                found_delete = 1;
+                cr_assert(!ts_exists(ts_id_path(id)), "the delete unlinked the file");
+                cr_assert_eq(ts_pending_intents(st), 1,
+                             "the delete's intent must stay while its unlink is not durable");
+            }
+            ctxs_store_close(st);
+        } else {
+            /* A delete that died after its transaction, before the unlink:
+             * the next open finishes it. */
+            MDB_txn *txn;
+            cr_assert_eq(mdb_txn_begin(st->env, NULL, 0, &txn), 0);
+            cr_assert_eq(ctxs__session_unindex(txn, st, id), 0);
+            cr_assert_eq(mdb_txn_commit(txn), 0);
+            put_intent(st, id, CTXS__INTENT_DELETE);
+            ctxs_store_close(st);
+            ctxs__fault_arm(nth, EIO, false);
+            int rc = ctxs_store_open(&st, ts_store_dir(), 0, NULL);
+            ctxs__fault_disarm();
+            if (rc == 0)
+                ctxs_store_close(st);
+            if (failed_the_directory_sync()) {
+                found_resolve = 1;
+                cr_assert(!ts_exists(ts_id_path(id)), "the open unlinked the file");
+                cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+                cr_assert_eq(ts_pending_intents(st), 1,
+                             "the intent must stay while the unlink is not durable");
+                ctxs_store_close(st);
+                st = ts_store_open(ts_store_dir());
+                cr_assert_eq(ts_pending_intents(st), 0, "the next open finishes it");
+                cr_assert_eq(count_entries(st), 0);
+                ctxs_store_close(st);
+            }
+        }
+        ts_rmtree(ts_store_dir());
+    }
+    cr_assert(found_delete, "a delete never synced sessions/ between its unlink and its intent's drop");
+    cr_assert(found_resolve, "a store open never synced sessions/ before dropping a delete's intent");
 }
 
 /* --- reindex ------------------------------------------------------------------ */

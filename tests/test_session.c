@@ -4,6 +4,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "format.h"
 #include "support.h"
 
 TestSuite(session, .init = ts_scratch_init, .fini = ts_scratch_fini);
@@ -432,4 +434,80 @@ Test(session, token_ids_without_sinks_or_ring)
     cr_assert_eq(ctxs_session_rollback(s, 9), 0);
     check_token_ranges(s, 4, 4);
     ctxs_session_close(s);
+}
+
+/* Opens a's file in a child whose CTXS_TEST_BOOT is boot (NULL: unset),
+ * read-only, and exits with its token count, or 255 when it does not
+ * open; 254 when the open verified nothing although boot differs from
+ * the writer's, 253 when it verified although boot is the writer's. */
+static int tokens_seen_as_boot(const char *boot, int same_boot_as_writer)
+{
+    pid_t child = fork();
+    cr_assert_neq(child, -1);
+    if (child == 0) {
+        if (boot)
+            setenv("CTXS_TEST_BOOT", boot, 1);
+        else
+            unsetenv("CTXS_TEST_BOOT");
+        ctxs_session *c;
+        if (ctxs_session_open(&c, ts_path(ts_scratch, "a"), NULL, CTXS_OPEN_RDONLY, NULL) != 0)
+            _exit(255);
+        ctxs_session_info info;
+        ctxs_session_get_info(&info, c);
+        int verified = (info.flags & CTXS_INFO_VERIFIED) != 0;
+        ctxs_session_close(c);
+        if (verified == same_boot_as_writer)
+            _exit(same_boot_as_writer ? 253 : 254);
+        _exit((int)info.n_tokens);
+    }
+    int status;
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    cr_assert(WIFEXITED(status), "child status %d", status);
+    return WEXITSTATUS(status);
+}
+
+/* A test of power loss runs its checker as a new boot: the page cache of
+ * this machine's boot would otherwise vouch for pages that the simulated
+ * power loss dropped. */
+Test(session, a_process_of_another_test_boot_verifies_as_after_a_power_loss)
+{
+    /* Written by a process booted as "first", at NONE: nothing is durable
+     * and the records trust the page cache of that boot. */
+    pid_t child = fork();
+    cr_assert_neq(child, -1);
+    if (child == 0) {
+        setenv("CTXS_TEST_BOOT", "first", 1);
+        ctxs_session *s = NULL;
+        ctxs_model m = ts_model(1);
+        ctxs_create_options o = ts_options(64, 4, 0, CTXS_SYNC_NONE);
+        if (ctxs_session_create(&s, ts_path(ts_scratch, "a"), &m, &o) != 0)
+            _exit(2);
+        for (int i = 0; i < 10; i++)
+            if (ts_append(s, 1) != 0)
+                _exit(3);
+        ctxs_session_close(s);
+        _exit(0);
+    }
+    int status;
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "writer: status %d", status);
+
+    /* The last token's KV as a power loss may leave it: never written. */
+    ctxs_model m = ts_model(1);
+    ctxs__file_layout lay;
+    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, 64, 4), 0);
+    int fd = open(ts_path(ts_scratch, "a"), O_RDWR);
+    cr_assert_geq(fd, 0);
+    uint8_t junk[16];
+    memset(junk, 0x5a, sizeof(junk));
+    cr_assert_eq(pwrite(fd, junk, lay.slot_bytes, (off_t)(lay.kv_off + 9 * lay.slot_bytes)),
+                 (ssize_t)lay.slot_bytes);
+    close(fd);
+
+    cr_expect_eq(tokens_seen_as_boot("first", 1), 10,
+                 "the writer's own boot trusts its page cache");
+    cr_expect_eq(tokens_seen_as_boot("second", 0), 9,
+                 "another test boot verifies and drops the unwritten token");
+    cr_expect_eq(tokens_seen_as_boot(NULL, 0), 9,
+                 "the machine's own boot is another boot than a test boot");
 }

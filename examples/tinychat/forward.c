@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -117,12 +118,21 @@ static uint32_t argmax(const float *v, uint32_t n)
 
 typedef enum { KV_WRITE, KV_CHECK } kv_mode;
 
-/* K and V of row t of layer l: into slot slots[t] (KV_WRITE), or compared
- * with what that slot holds (KV_CHECK), elements and (Q8) scales. Returns
- * 1 when they differ, 0, or CTXS_EINVAL from ctxs_dtype_encode() (a value
- * that Q8 cannot hold). */
-static int put_kv(tinychat_model *m, const ctxs_layout *lay, uint32_t l, uint32_t t,
-                  uint32_t slot, kv_mode mode)
+/* Where a pass's K and V go: tokens i0 .. of reservation r of s
+ * (KV_WRITE), or compared with what slots[] hold (KV_CHECK). */
+typedef struct kv_dest {
+    kv_mode mode;
+    ctxs_session *s;
+    const ctxs_reservation *r;
+    uint32_t i0;
+    const uint32_t *slots;
+} kv_dest;
+
+/* K and V of row t of layer l compared with what slot `slot` holds,
+ * elements and (Q8) scales. Returns 1 when they differ, 0, or CTXS_EINVAL
+ * from ctxs_dtype_encode() (a value that Q8 cannot hold). */
+static int check_kv(tinychat_model *m, const ctxs_layout *lay, uint32_t l, uint32_t t,
+                    uint32_t slot)
 {
     const uint32_t hd = m->cfg.head_dim, kvd = m->kv_dim, n_kv = m->cfg.n_kv_heads;
     int differ = 0;
@@ -139,27 +149,55 @@ static int put_kv(tinychat_model *m, const ctxs_layout *lay, uint32_t l, uint32_
             int rc = ctxs_dtype_encode(m->kv_enc, &scale, x, hd, lay->geometry.dtype);
             if (rc < 0)
                 return rc;
-            if (mode == KV_WRITE) {
-                memcpy(dst, m->kv_enc, lay->slot_bytes);
-                if (sdst)
-                    *sdst = scale;
-            } else {
-                differ |= memcmp(dst, m->kv_enc, lay->slot_bytes) != 0;
-                /* Bits, not values: a stored -0 or NaN is not ours. */
-                differ |= sdst && memcmp(sdst, &scale, sizeof(scale)) != 0;
-            }
+            differ |= memcmp(dst, m->kv_enc, lay->slot_bytes) != 0;
+            /* Bits, not values: a stored -0 or NaN is not ours. */
+            differ |= sdst && memcmp(sdst, &scale, sizeof(scale)) != 0;
         }
     return differ;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The K and V of rows 0 .. n of layer l, encoded in the session's dtype,
+ * into tokens d->i0 .. of d->r with ctxs_session_write_layer(), which
+ * stores what write_token would store from the same floats. */
+static int write_kv(tinychat_model *m, const ctxs_layout *lay, uint32_t l, uint32_t n,
+                    const kv_dest *d)
+{
+    const uint32_t hd = m->cfg.head_dim, n_kv = m->cfg.n_kv_heads, dtype = lay->geometry.dtype;
+    const size_t heads = (size_t)n * n_kv;
+    for (uint32_t kind = 0; kind < 2; kind++) {
+        uint8_t *out = kind ? m->kv_v : m->kv_k;
+        float *scales = (float *)(void *)(out + heads * lay->slot_bytes);
+        for (size_t i = 0; i < heads; i++) {
+            float scale = 0.0f;
+            int rc = ctxs_dtype_encode(out + i * lay->slot_bytes, &scale,
+                                       (kind ? m->v : m->k) + i * hd, hd, dtype);
+            if (rc < 0)
+                return rc;
+            if (dtype == CTXS_DTYPE_Q8)
+                memcpy(scales + i, &scale, sizeof(scale)); /* [n][n_kv] after the elements */
+        }
+    }
+    const double t0 = now_s();
+    int rc = ctxs_session_write_layer(d->s, d->r, l, d->i0, n, m->kv_k, m->kv_v, dtype);
+    m->kv_write_s += now_s() - t0;
+    return rc;
+}
+
 /* Runs tokens ids[0 .. n) at positions pos0 .. through every layer, their
- * K/V going to (or checked against) slots[0 .. n), attention by plan;
- * *next_id gets the greedy token after the last one, m->logits its logits.
- * Returns 0, CTXS_ECORRUPT (KV_CHECK found a difference), or the kernel's
- * error. */
+ * K/V going to (or checked against) dest, attention by plan; *next_id gets the
+ * greedy token after the last one, m->logits its logits. Returns 0,
+ * CTXS_ECORRUPT (KV_CHECK found a difference), or the error of the write or
+ * the kernel. */
 static int forward(tinychat_model *m, const ctxs_layout *lay, const ctxs_attn_plan *plan,
-                   uint64_t pos0, const uint32_t *ids, uint32_t n, const uint32_t *slots,
-                   kv_mode mode, uint32_t *next_id)
+                   uint64_t pos0, const uint32_t *ids, uint32_t n, const kv_dest *dest,
+                   uint32_t *next_id)
 {
     const tinychat_config *c = &m->cfg;
     const uint32_t d = c->d_model, qd = m->q_dim, kvd = m->kv_dim, F = c->ffn;
@@ -190,10 +228,14 @@ static int forward(tinychat_model *m, const ctxs_layout *lay, const ctxs_attn_pl
             const float *cs = m->rope_cs + (size_t)t * hd;
             rope(m->q + (size_t)t * qd, c->n_heads, hd, cs);
             rope(m->k + (size_t)t * kvd, c->n_kv_heads, hd, cs);
-            if ((rc = put_kv(m, lay, l, t, slots[t], mode)) < 0)
-                return rc;
-            differ |= rc;
+            if (dest->mode == KV_CHECK) {
+                if ((rc = check_kv(m, lay, l, t, dest->slots[t])) < 0)
+                    return rc;
+                differ |= rc;
+            }
         }
+        if (dest->mode == KV_WRITE && (rc = write_kv(m, lay, l, n, dest)) < 0)
+            return rc;
         const ctxs_attn_query q = {
             .q = m->q, .pos = pos0, .n = n, .n_heads = c->n_heads, .scale = 0.0f,
         };
@@ -245,15 +287,6 @@ static uint32_t chunk_len(const ctxs_session_info *info, uint64_t a, uint64_t le
     return (uint32_t)(c < MAX_CHUNK ? c : MAX_CHUNK);
 }
 
-/* The slot of each token of reservation r, in order. */
-static void reservation_slots(uint32_t *slots, const ctxs_reservation *r)
-{
-    uint32_t t = 0;
-    for (uint32_t j = 0; j < r->n_spans; j++)
-        for (uint32_t i = 0; i < r->spans[j].count; i++)
-            slots[t++] = r->spans[j].slot + i;
-}
-
 int tinychat_prefill(tinychat_model *m, ctxs_session *s, const uint32_t *ids, uint32_t n,
                      uint32_t *next_id)
 {
@@ -285,9 +318,9 @@ int tinychat_prefill(tinychat_model *m, ctxs_session *s, const uint32_t *ids, ui
         ctxs_attn_plan plan;
         if ((rc = ctxs_session_reserve(&r, s, c)) < 0)
             return rc;
-        reservation_slots(m->slots, &r);
+        const kv_dest d = {KV_WRITE, s, &r, 0, NULL};
         if ((rc = ctxs_session_get_attn_plan(&plan, s, c)) < 0 ||
-            (rc = forward(m, &lay, &plan, pos, ids + done, c, m->slots, KV_WRITE, &next)) < 0 ||
+            (rc = forward(m, &lay, &plan, pos, ids + done, c, &d, &next)) < 0 ||
             (rc = ctxs_session_commit(s, ids + done, c)) < 0)
             return rc;
         done += c;
@@ -327,8 +360,8 @@ int tinychat_resume(tinychat_model *m, ctxs_session *s, uint32_t *next_id)
     /* The plan with nothing pending serves the last committed position:
      * the query it recomputes. Its K and V are in the session already; the
      * pass recomputes them anyway and checks them against the stored ones. */
-    m->slots[0] = slot;
-    return forward(m, &lay, &plan, pos, &id, 1, m->slots, KV_CHECK, next_id);
+    const kv_dest d = {KV_CHECK, NULL, NULL, 0, &slot};
+    return forward(m, &lay, &plan, pos, &id, 1, &d, next_id);
 }
 
 int tinychat_write(tinychat_model *m, ctxs_session *s, const ctxs_reservation *r, uint32_t *ids,
@@ -355,23 +388,17 @@ int tinychat_write(tinychat_model *m, ctxs_session *s, const ctxs_reservation *r
     if ((rc = tc__scratch_reserve(m, generate ? 1 : (r->n_tokens < MAX_CHUNK ? r->n_tokens
                                                                             : MAX_CHUNK))) < 0)
         return rc;
-    uint32_t *slots = malloc(r->n_tokens * sizeof(*slots));
-    if (!slots)
-        return CTXS_ENOMEM;
-    reservation_slots(slots, r);
 
     uint32_t next = 0;
     if (generate) {
         /* The first new token is the prediction after the token before it,
          * which is in the session (committed or pending): recompute it, as
          * a resume does, checking its stored K and V on the way. */
-        if (first == 0 || ids[first - 1] >= m->cfg.vocab) {
-            rc = CTXS_EINVAL;
-            goto out;
-        }
+        if (first == 0 || ids[first - 1] >= m->cfg.vocab)
+            return CTXS_EINVAL;
         uint32_t prev_slot;
         if ((rc = ctxs_session_get_attn_plan(&plan, s, before)) < 0)
-            goto out;
+            return rc;
         /* Its slot, from the plan: pending tokens have no other public
          * position-to-slot map, and the plan always holds the position it
          * serves. */
@@ -381,31 +408,35 @@ int tinychat_write(tinychat_model *m, ctxs_session *s, const ctxs_reservation *r
                 prev_slot = plan.spans[j].slot + (uint32_t)(first - 1 - plan.spans[j].pos);
                 rc = 0;
             }
-        if (rc < 0 || (rc = forward(m, &lay, &plan, first - 1, &ids[first - 1], 1, &prev_slot,
-                                    KV_CHECK, &next)) < 0)
-            goto out;
+        const kv_dest check = {KV_CHECK, NULL, NULL, 0, &prev_slot};
+        if (rc < 0 || (rc = forward(m, &lay, &plan, first - 1, &ids[first - 1], 1, &check,
+                                    &next)) < 0)
+            return rc;
         for (uint32_t i = 0; i < r->n_tokens; i++) {
             ids[first + i] = next;
+            const kv_dest d = {KV_WRITE, s, r, i, NULL};
             if ((rc = ctxs_session_get_attn_plan(&plan, s, before + i + 1)) < 0 ||
-                (rc = forward(m, &lay, &plan, first + i, &ids[first + i], 1, &slots[i], KV_WRITE,
-                              &next)) < 0)
-                goto out;
+                (rc = forward(m, &lay, &plan, first + i, &ids[first + i], 1, &d, &next)) < 0)
+                return rc;
         }
     } else {
         for (uint32_t done = 0; done < r->n_tokens;) {
             const uint32_t c = r->n_tokens - done < MAX_CHUNK ? r->n_tokens - done : MAX_CHUNK;
+            const kv_dest d = {KV_WRITE, s, r, done, NULL};
             if ((rc = ctxs_session_get_attn_plan(&plan, s, before + done + c)) < 0 ||
-                (rc = forward(m, &lay, &plan, first + done, &ids[first + done], c, slots + done,
-                              KV_WRITE, &next)) < 0)
-                goto out;
+                (rc = forward(m, &lay, &plan, first + done, &ids[first + done], c, &d, &next)) < 0)
+                return rc;
             done += c;
         }
     }
     if (next_id)
         *next_id = next;
-out:
-    free(slots);
-    return rc;
+    return 0;
+}
+
+double tinychat_kv_write_seconds(const tinychat_model *m)
+{
+    return m->kv_write_s;
 }
 
 const float *tinychat_logits(const tinychat_model *m)

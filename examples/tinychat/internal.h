@@ -48,9 +48,13 @@ struct tinychat_model {
     float *gate;      /* [rows][ffn] */
     float *up;        /* [rows][ffn] */
     float *rope_cs;   /* [rows][head_dim]: cos, sin of each row's angles */
-    uint32_t *slots;  /* [rows] the slot of each row's K/V */
     float *logits;    /* [vocab] */
     uint8_t *kv_enc;  /* one head of K or V in the session's dtype */
+    /* A layer's K and V of up to `rows` tokens as ctxs_session_write_layer()
+     * takes them: [rows][n_kv_heads][head_dim] in the session's dtype, then
+     * for Q8 the [rows][n_kv_heads] scales. */
+    uint8_t *kv_k, *kv_v;
+    double kv_write_s; /* seconds spent in ctxs_session_write_layer() */
 };
 
 /* Grows the scratch buffers to hold n tokens. Returns 0 or CTXS_ENOMEM. */

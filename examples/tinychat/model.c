@@ -180,7 +180,8 @@ static void free_scratch(tinychat_model *m)
     free(m->gate);
     free(m->up);
     free(m->rope_cs);
-    free(m->slots);
+    free(m->kv_k);
+    free(m->kv_v);
 }
 
 void tinychat_model_destroy(tinychat_model *m)
@@ -213,17 +214,20 @@ int tc__scratch_reserve(tinychat_model *m, uint32_t n)
     m->gate = malloc((size_t)n * c->ffn * sizeof(float));
     m->up = malloc((size_t)n * c->ffn * sizeof(float));
     m->rope_cs = malloc((size_t)n * c->head_dim * sizeof(float));
-    m->slots = malloc((size_t)n * sizeof(uint32_t));
+    /* 2 bytes an element at most, and Q8's scales. */
+    size_t kv_bytes = (size_t)n * c->n_kv_heads * (c->head_dim * 2 + sizeof(float));
+    m->kv_k = malloc(kv_bytes);
+    m->kv_v = malloc(kv_bytes);
     if (!m->logits)
         m->logits = malloc((size_t)c->vocab * sizeof(float));
     if (!m->kv_enc)
         m->kv_enc = malloc((size_t)c->head_dim * 2); /* 2 bytes an element at most */
     if (!m->x || !m->h || !m->q || !m->k || !m->v || !m->att || !m->o || !m->gate || !m->up ||
-        !m->rope_cs || !m->slots || !m->logits || !m->kv_enc) {
+        !m->rope_cs || !m->logits || !m->kv_enc || !m->kv_k || !m->kv_v) {
         free_scratch(m);
         m->x = m->h = m->q = m->k = m->v = m->att = m->o = m->gate = m->up = NULL;
         m->rope_cs = NULL;
-        m->slots = NULL;
+        m->kv_k = m->kv_v = NULL;
         return CTXS_ENOMEM;
     }
     m->rows = n;

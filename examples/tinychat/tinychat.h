@@ -60,12 +60,12 @@
  * tinychat_resume() checks the result: it recomputes the last token's K and
  * V and refuses (CTXS_ECORRUPT) a session whose stored ones differ.
  *
- * Dtypes. The K and V of a layer are written into the mapping as the layer
- * computes them, before its attention call reads them (a token's own key
- * is among those its query reads), so they cannot go through
- * ctxs_session_write_token(), which takes a token's every layer at once.
- * tinychat encodes them with ctxs_dtype_encode(): the bytes, and the Q8
- * scales in the layout's scale table, are those that
+ * Dtypes. The K and V of a layer go into the session as the layer computes
+ * them, before its attention call reads them (a token's own key is among
+ * those its query reads): tinychat encodes them into the session's dtype
+ * with ctxs_dtype_encode() and hands them over with
+ * ctxs_session_write_layer(), which never faults the mapping, whatever the
+ * pause since the last turn. The bytes, and the Q8 scales, are those that
  * ctxs_session_write_token() would store from the same float32 K/V. The
  * stored form is a function of the float32 K/V alone, so resumes are exact
  * in every dtype, as in fp16.
@@ -196,6 +196,11 @@ int tinychat_resume(tinychat_model *m, ctxs_session *s, uint32_t *next_id);
  * ctxs_session_get_attn_plan() and ctxs_attention(). */
 int tinychat_write(tinychat_model *m, ctxs_session *s, const ctxs_reservation *r,
                    uint32_t *ids, int generate, uint32_t *next_id);
+
+/* Seconds the model has spent in ctxs_session_write_layer() since it was
+ * created: what handing its K/V to the session cost, apart from computing
+ * and encoding them (the ctxstore tool's demo times a save with it). */
+double tinychat_kv_write_seconds(const tinychat_model *m);
 
 /* The logits ([vocab] floats) behind the last *next_id the model returned;
  * valid until the next call on m. */

@@ -6,8 +6,9 @@ A session is one conversation's KV cache in one file, laid out per layer as
 ``[n_kv_heads, capacity, head_dim]`` over that mapping, no copy: the
 ``[heads, seq, dim]`` that attention consumes. ``torch_k()``/``torch_v()``
 are the same memory as PyTorch tensors. An engine reserves slots, writes
-new keys and values into them (through the views, or ``write_token()``),
-and commits; resuming after a crash or a reboot is an open.
+new keys and values into them (``write_layer()`` a layer at a time,
+``write_token()``, or through the views), and commits; resuming after a
+crash or a reboot is an open.
 
 Example::
 
@@ -485,9 +486,11 @@ class Session(_ctxstore.SessionBase):
     ``Store.open_session()``, ``Store.fork(..., open=True)``; a context manager
     (``with`` closes it). Methods raise ``Error`` on a closed session.
 
-    Write path: ``r = s.reserve(n)``; write each token's K/V (``write_token``,
-    or into ``s.k(layer)[:, r.slot(i)]`` in the session's dtype); then
-    ``s.commit(token_ids)``.
+    Write path: ``r = s.reserve(n)``; write the new K/V a layer at a time as
+    a forward pass makes them (``write_layer``: never a page fault on the
+    mapping, whatever the pause since the last turn), a token at a time
+    (``write_token``), or into ``s.k(layer)[:, r.slot(i)]`` in the
+    session's dtype; then ``s.commit(token_ids)``.
     """
 
     __slots__ = ()
@@ -629,6 +632,15 @@ class Session(_ctxstore.SessionBase):
         or torch.bfloat16 tensors on a bf16 session (copied as they are).
         Releases the GIL."""
         return super().write_token(reservation, i, self._token_in(k, "k"),
+                                   self._token_in(v, "v"))
+
+    def write_layer(self, reservation: Reservation, layer: int, i: int, k: Any,
+                    v: Any) -> None:
+        """Write one layer's K and V of tokens ``i`` onward of
+        ``reservation``: [n, n_kv_heads, head_dim] arrays, in the forms
+        ``write_token()`` takes (a torch.bfloat16 tensor on a bf16 session
+        included). Releases the GIL."""
+        return super().write_layer(reservation, layer, i, self._token_in(k, "k"),
                                    self._token_in(v, "v"))
 
     def _token_in(self, x: Any, what: str) -> Any:

@@ -901,9 +901,24 @@ static PyObject *Session__reserve(SessionObject *self, PyObject *arg)
                          tuple_of(r.spans, r.n_spans, sizeof r.spans[0], slot_span));
 }
 
-/* k or v of write_token: float32 or float16, [n_layers, n_kv_heads,
- * head_dim], made C-contiguous. */
-static PyArrayObject *token_kv(SessionObject *self, PyObject *o, const char *what)
+/* The reservation tuple that Session.reserve() returned: 1, or 0 with an
+ * error set. Its spans are not needed by the write calls. */
+static int reservation_arg(PyObject *res, ctxs_reservation *r)
+{
+    if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 3 &&
+        conv_u64(PyTuple_GET_ITEM(res, 0), &r->first_pos) &&
+        conv_u32(PyTuple_GET_ITEM(res, 1), &r->n_tokens))
+        return 1;
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "reservation must be what Session.reserve() returned");
+    return 0;
+}
+
+/* k or v of write_token (lead = n_layers) or write_layer (lead = 0: any
+ * number of tokens): float32 or float16, [lead, n_kv_heads, head_dim],
+ * made C-contiguous. */
+static PyArrayObject *kv_array(SessionObject *self, PyObject *o, const char *what,
+                               npy_intp lead)
 {
     PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(o, NPY_NOTYPE, 0, 0, 0);
     if (!a)
@@ -915,14 +930,19 @@ static PyArrayObject *token_kv(SessionObject *self, PyObject *o, const char *wha
         goto fail;
     }
     const ctxs_geometry *g = &self->layout.geometry;
-    npy_intp want[3] = {g->n_layers, g->n_kv_heads, g->head_dim};
-    if (PyArray_NDIM(a) != 3 || PyArray_DIM(a, 0) != want[0] ||
+    npy_intp want[3] = {lead, g->n_kv_heads, g->head_dim};
+    if (PyArray_NDIM(a) != 3 || (lead ? PyArray_DIM(a, 0) != lead : PyArray_DIM(a, 0) < 1) ||
         PyArray_DIM(a, 1) != want[1] || PyArray_DIM(a, 2) != want[2]) {
         PyObject *shape = PyObject_GetAttrString((PyObject *)a, "shape");
-        PyErr_Format(PyExc_ValueError,
-                     "%s must have shape (%zd, %zd, %zd) [n_layers, n_kv_heads, head_dim], not %R",
-                     what, (Py_ssize_t)want[0], (Py_ssize_t)want[1],
-                     (Py_ssize_t)want[2], shape ? shape : Py_None);
+        if (lead)
+            PyErr_Format(PyExc_ValueError,
+                         "%s must have shape (%zd, %zd, %zd) [n_layers, n_kv_heads, head_dim], not %R",
+                         what, (Py_ssize_t)want[0], (Py_ssize_t)want[1],
+                         (Py_ssize_t)want[2], shape ? shape : Py_None);
+        else
+            PyErr_Format(PyExc_ValueError,
+                         "%s must have shape (n, %zd, %zd) [tokens, n_kv_heads, head_dim], not %R",
+                         what, (Py_ssize_t)want[1], (Py_ssize_t)want[2], shape ? shape : Py_None);
         Py_XDECREF(shape);
         goto fail;
     }
@@ -947,15 +967,10 @@ static PyObject *Session_write_token(SessionObject *self, PyObject *args,
     if (!self->s)
         return raise_closed("session");
     ctxs_reservation r = {0};
-    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 3 ||
-        !conv_u64(PyTuple_GET_ITEM(res, 0), &r.first_pos) ||
-        !conv_u32(PyTuple_GET_ITEM(res, 1), &r.n_tokens)) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError,
-                            "reservation must be what Session.reserve() returned");
+    if (!reservation_arg(res, &r))
         return NULL;
-    }
-    PyArrayObject *k = token_kv(self, ko, "k"), *v = k ? token_kv(self, vo, "v") : NULL;
+    PyArrayObject *k = kv_array(self, ko, "k", self->layout.geometry.n_layers);
+    PyArrayObject *v = k ? kv_array(self, vo, "v", self->layout.geometry.n_layers) : NULL;
     PyObject *ret = NULL;
     if (!v)
         goto out;
@@ -966,12 +981,59 @@ static PyObject *Session_write_token(SessionObject *self, PyObject *args,
     uint32_t dtype = PyArray_TYPE(k) == NPY_FLOAT32 ? CTXS_DTYPE_F32 : CTXS_DTYPE_F16;
     if (sess_enter(self) < 0)
         goto out;
-    int rc = ctxs_session_write_token(self->s, &r, i, PyArray_DATA(k),
-                                      PyArray_DATA(v), dtype);
+    int rc;
+    NOGIL(rc = ctxs_session_write_token(self->s, &r, i, PyArray_DATA(k), PyArray_DATA(v),
+                                        dtype)); /* it may write the file */
     sess_leave(self);
     if (rc < 0) {
         raise_rc(rc, "write_token(i=%u) of a reservation of %u at %llu", i,
                  r.n_tokens, (unsigned long long)r.first_pos);
+        goto out;
+    }
+    ret = Py_NewRef(Py_None);
+out:
+    Py_XDECREF(k);
+    Py_XDECREF(v);
+    return ret;
+}
+
+static PyObject *Session_write_layer(SessionObject *self, PyObject *args,
+                                     PyObject *kw)
+{
+    static char *kwlist[] = {"reservation", "layer", "i", "k", "v", NULL};
+    PyObject *res, *ko, *vo;
+    uint32_t layer, i;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO&O&OO:write_layer", kwlist, &res,
+                                     conv_u32, &layer, conv_u32, &i, &ko, &vo))
+        return NULL;
+    if (!self->s)
+        return raise_closed("session");
+    ctxs_reservation r = {0};
+    if (!reservation_arg(res, &r))
+        return NULL;
+    PyArrayObject *k = kv_array(self, ko, "k", 0), *v = k ? kv_array(self, vo, "v", 0) : NULL;
+    PyObject *ret = NULL;
+    if (!v)
+        goto out;
+    if (PyArray_TYPE(k) != PyArray_TYPE(v) || PyArray_DIM(k, 0) != PyArray_DIM(v, 0)) {
+        PyErr_SetString(PyExc_TypeError, "k and v must have the same dtype and shape");
+        goto out;
+    }
+    if (PyArray_DIM(k, 0) > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "too many tokens");
+        goto out;
+    }
+    uint32_t n = (uint32_t)PyArray_DIM(k, 0);
+    uint32_t dtype = PyArray_TYPE(k) == NPY_FLOAT32 ? CTXS_DTYPE_F32 : CTXS_DTYPE_F16;
+    if (sess_enter(self) < 0)
+        goto out;
+    int rc;
+    NOGIL(rc = ctxs_session_write_layer(self->s, &r, layer, i, n, PyArray_DATA(k),
+                                        PyArray_DATA(v), dtype)); /* it may write the file */
+    sess_leave(self);
+    if (rc < 0) {
+        raise_rc(rc, "write_layer(layer=%u, i=%u, n=%u) of a reservation of %u at %llu", layer,
+                 i, n, r.n_tokens, (unsigned long long)r.first_pos);
         goto out;
     }
     ret = Py_NewRef(Py_None);
@@ -1357,6 +1419,15 @@ static PyMethodDef Session_methods[] = {
      "arrays (or anything np.asarray takes) of float32 or float16, shaped\n"
      "[n_layers, n_kv_heads, head_dim], converted to the session's dtype\n"
      "(Q8 is quantized). TypeError/ValueError for another dtype or shape."},
+    {"write_layer", KWARGS(Session_write_layer),
+     "write_layer($self, /, reservation, layer, i, k, v)\n--\n\n"
+     "Store tokens i .. i + n - 1 of a reservation (from reserve()) for one\n"
+     "layer, as a forward pass produces them: k and v are NumPy arrays (or\n"
+     "anything np.asarray takes) of float32 or float16, shaped [n, n_kv_heads,\n"
+     "head_dim], converted to the session's dtype exactly as write_token\n"
+     "converts (Q8 is quantized). In the session, and in the views, when it\n"
+     "returns; never a page fault on the mapping (ctxs_session_write_layer).\n"
+     "TypeError/ValueError for another dtype or shape. Releases the GIL."},
     {"commit", ONEARG(Session_commit),
      "commit($self, token_ids, /)\n--\n\n"
      "Commit the first len(token_ids) reserved tokens with their ids (a\n"

@@ -117,6 +117,54 @@ def test_write_token_checks_dtype_and_shape(tmp_path, model):
         np.testing.assert_array_equal(s.read_token(0)[0], k)
 
 
+def test_write_layer_stores_what_write_token_stores(tmp_path, model):
+    """A layer at a time, in two calls, in any order: the bytes write_token
+    gives, in every session dtype, visible in the views before the commit."""
+    for dtype in ("f16", "bf16", "q8"):
+        m = ctxstore.Model(L, H, D, dtype=dtype, model_hash=b"m" * 16)
+        with ctxstore.Session.create(tmp_path / f"t-{dtype}.ctxs", m, capacity=64) as a, \
+                ctxstore.Session.create(tmp_path / f"l-{dtype}.ctxs", m, capacity=64) as b:
+            append(a, range(10))
+            r = b.reserve(10)
+            kv = [token_kv(r.first_pos + i) for i in range(10)]
+            for layer in reversed(range(L)):
+                k = np.stack([kv[i][0][layer] for i in range(10)])  # [n, H, D]
+                v = np.stack([kv[i][1][layer] for i in range(10)])
+                b.write_layer(r, layer, 4, k[4:], v[4:].astype(np.float32))
+                b.write_layer(r, layer, 0, k[:4].astype(np.float16), v[:4].astype(np.float16))
+            # In the mapping already, where attention reads it.
+            np.testing.assert_array_equal(np.asarray(b.k(1)[:, r.slot(3)]),
+                                          np.asarray(a.k(1)[:, 3]))
+            b.commit(list(range(10)))
+            for pos in range(10):
+                for x, y in zip(a.read_token(pos), b.read_token(pos)):
+                    np.testing.assert_array_equal(x, y)
+            assert b.verify() is None
+
+
+def test_write_layer_checks_its_arguments(tmp_path, model):
+    with ctxstore.Session.create(tmp_path / "w.ctxs", model, capacity=32) as s:
+        r = s.reserve(3)
+        k = np.zeros((3, H, D), np.float32)
+        with pytest.raises(TypeError, match="float32 or float16"):
+            s.write_layer(r, 0, 0, k.astype(np.float64), k)
+        with pytest.raises(TypeError, match="same dtype and shape"):
+            s.write_layer(r, 0, 0, k, k[:2])
+        with pytest.raises(ValueError, match="shape"):
+            s.write_layer(r, 0, 0, k.reshape(3, -1), k.reshape(3, -1))
+        with pytest.raises(ValueError, match="shape"):
+            s.write_layer(r, 0, 0, k[:0], k[:0])
+        with pytest.raises(ctxstore.Error) as e:
+            s.write_layer(r, L, 0, k, k)  # no such layer
+        assert e.value.code == ctxstore.EINVAL and "write_layer(layer=2" in str(e.value)
+        with pytest.raises(ctxstore.Error) as e:
+            s.write_layer(r, 0, 1, k, k)  # past the reservation
+        assert e.value.code == ctxstore.EINVAL
+        with pytest.raises(ValueError):
+            s.write_layer(r, 0, -1, k, k)
+        s.write_layer(r, 0, 0, np.asfortranarray(k), k)
+
+
 def test_rollback_and_errors(tmp_path, model):
     with ctxstore.Session.create(tmp_path / "r.ctxs", model, capacity=32) as s:
         append(s, range(6))
@@ -197,6 +245,13 @@ def test_write_token_takes_a_bf16_tensor_on_a_bf16_session(tmp_path, model):
         # The very bits: bf16 goes in as it is.
         assert torch.equal(s.torch_k(1)[:, r.slot(0)], k[1])
         assert torch.equal(s.torch_v(0)[:, r.slot(0)], v[0])
+        # A layer at a time too.
+        r = s.reserve(2)
+        kl = torch.randn(2, H, D).to(torch.bfloat16)
+        for layer in range(L):
+            s.write_layer(r, layer, 0, kl, kl)
+        s.commit([8, 9])
+        assert torch.equal(s.torch_k(L - 1)[:, r.slot(1)], kl[1])
     # Another dtype's session says what it takes, in its own terms.
     with ctxstore.Session.create(tmp_path / "f.ctxs", model, capacity=16) as s:
         r = s.reserve(1)

@@ -10,6 +10,17 @@
  * (they are written in batches) and may outlive a rollback or a ring wrap
  * until the next update, so every candidate is checked against its file's
  * token ids before it is returned: late, never wrong.
+ *
+ * A match is also cut to what an open of the file keeps, since the next
+ * step is a fork at the match and a fork takes no more than its source
+ * holds after the open. After a power loss the newest record may claim
+ * tokens whose pages never reached the disk: an open drops them (its
+ * recovery stops at the first token above the watermark that fails its
+ * checksum), and until a writer's open writes that back, the record still
+ * claims them. So a record of another boot has its matched tokens above
+ * the watermark verified here, by the same rule (ctxs__peek_kept): a cost
+ * of the matched tokens' KV, paid only until the session is next opened
+ * read-write, and never more than the fork that follows reads.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -183,11 +194,23 @@ static int has_chunks(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[CTX
     return mdb_get(txn, st->prefixes, &key, &val) == 0;
 }
 
-/* How many leading tokens of tokens[0..n) the file of id holds (it should
- * be at least the `whole` its entry claims, unless the entry is stale). */
+/* Candidates already checked during one lookup, so that a session met again
+ * at a shorter chunk count is not read (nor verified) again. */
+#define MEMO_MAX 64
+typedef struct memo {
+    size_t n;
+    struct { uint64_t id, got; } at[MEMO_MAX];
+} memo;
+
+/* How many leading tokens of tokens[0..n) the file of id holds and an open
+ * of it would keep (it should be at least the `whole` its entry claims,
+ * unless the entry is stale or the file lost pages). */
 static uint64_t check_candidate(ctxs_store *st, uint64_t id, const uint8_t model_hash[CTXS_HASH_BYTES],
-                                const uint32_t *tokens, uint64_t n)
+                                const uint32_t *tokens, uint64_t n, memo *m)
 {
+    for (size_t i = 0; i < m->n; i++)
+        if (m->at[i].id == id)
+            return m->at[i].got;
     char name[32];
     ctxs__file_name(name, id);
     int fd = ctxs__openat(st->sessions_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
@@ -202,9 +225,13 @@ static uint64_t check_candidate(ctxs_store *st, uint64_t id, const uint8_t model
         if ((ids = ctxs__malloc(len ? len * 4 : 1)) && ctxs__peek_tokens(ids, fd, &p, 0, len) == 0)
             while (matched < len && ids[matched] == tokens[matched])
                 matched++;
+        if (matched && ctxs__peek_kept(&matched, fd, &p, matched) < 0)
+            matched = 0;
     }
     free(ids);
     close(fd);
+    if (m->n < MEMO_MAX)
+        m->at[m->n].id = id, m->at[m->n++].got = matched;
     return matched;
 }
 
@@ -212,7 +239,7 @@ static uint64_t check_candidate(ctxs_store *st, uint64_t id, const uint8_t model
  * 0 when none of them holds those tokens any more. */
 static int best_at(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[CTXS_HASH_BYTES],
                    const uint8_t chain[16], const uint32_t *tokens, uint64_t n,
-                   uint64_t whole, ctxs_prefix_match *out)
+                   uint64_t whole, ctxs_prefix_match *out, memo *m)
 {
     MDB_cursor *cur;
     if (ctxs__mdb_cursor_open(txn, st->prefixes, &cur) != 0)
@@ -235,7 +262,7 @@ static int best_at(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[CTXS_H
         MDB_val ikey = {8, idk}, name;
         if (mdb_get(txn, st->ids, &ikey, &name) != 0 || name.mv_size > CTXS_NAME_MAX)
             continue;
-        uint64_t got = check_candidate(st, id, model_hash, tokens, n);
+        uint64_t got = check_candidate(st, id, model_hash, tokens, n, m);
         if (got >= whole && got > best) {
             best = got;
             memcpy(out->session, name.mv_data, name.mv_size);
@@ -286,9 +313,10 @@ int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st, const uint8_t model
      * Stale entries live until their session's next index update, so this
      * walk is short and rare. */
     rc = CTXS_ENOTFOUND;
+    memo m = {0};
     for (uint64_t k = lo; k > 0; k--)
         if (best_at(txn, st, model_hash, chain[k - 1], tokens, n,
-                    k * CTXS_PREFIX_CHUNK, out)) {
+                    k * CTXS_PREFIX_CHUNK, out, &m)) {
             rc = 0;
             break;
         }

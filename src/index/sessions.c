@@ -8,6 +8,13 @@
  * A delete drops the entries and records its intent in one transaction, then
  * unlinks the file, then drops the intent. Opening a store resolves what
  * intents remain (ctxs__intent_resolve): a file with no entry goes.
+ *
+ * An intent is dropped only once what it stands for is durable: an unlink
+ * is a change to sessions/, which a power loss undoes until the directory
+ * is synced (the index's own syncs cover data.mdb, not it), so the
+ * directory is synced between the unlink and the transaction that drops
+ * the intent. Otherwise a deleted session's file could come back with
+ * neither an entry nor an intent, for a repair or reindex to adopt.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -579,17 +586,21 @@ static int finish_create(ctxs_store *st, const char *name, size_t len,
     return ctxs__txn_finish(txn, rc);
 }
 
-/* Undoes a create that failed after begin_create(). */
+/* Undoes a create that failed after begin_create(). The intent goes only
+ * once the unlink is durable: a file that came back without it would be
+ * adopted by the next repair as a session nobody created. */
 static void abandon_create(ctxs_store *st, uint64_t id, ctxs_session *s)
 {
     char file[32];
     ctxs__file_name(file, id);
+    int gone = 1;
     if (s) {
-        ctxs__unlinkat(st->sessions_fd, file, 0);
+        gone = (ctxs__unlinkat(st->sessions_fd, file, 0) == 0 || errno == ENOENT) &&
+               ctxs__fsync(st->sessions_fd) == 0;
         ctxs_session_close(s);
     }
     MDB_txn *txn;
-    if (ctxs__txn_begin(&txn, st, 0) == 0) {
+    if (gone && ctxs__txn_begin(&txn, st, 0) == 0) {
         if (intent_drop(txn, st, id) == 0)
             ctxs__txn_commit(txn);
         else
@@ -1030,9 +1041,10 @@ int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name
     if (rc == 0 && fd >= 0) {
         /* Unlinked before the lock goes with the descriptor: whoever opened
          * the file meanwhile finds it unlinked (open_file). Where the unlink
-         * fails, the intent stays: the next open of the store finishes it. */
+         * or the directory's sync fails, the intent stays: the next open of
+         * the store finishes it. */
         if ((ctxs__unlinkat(st->sessions_fd, file, 0) == 0 || errno == ENOENT) &&
-            ctxs__txn_begin(&txn, st, 0) == 0) {
+            ctxs__fsync(st->sessions_fd) == 0 && ctxs__txn_begin(&txn, st, 0) == 0) {
             if (intent_drop(txn, st, id) == 0)
                 ctxs__txn_commit(txn);
             else
@@ -1069,7 +1081,8 @@ int ctxs_store_session_delete(ctxs_store *st, const char *name)
 
 /* Removes the leftovers of interrupted creates of id: files written aside
  * (<file>.tmp-<pid>-<n>) that no live process holds. Returns how many a
- * live process holds (a create of id in progress), or -errno. */
+ * live process holds (a create of id in progress), or -errno. The caller
+ * syncs the directory. */
 static int remove_tmp_files(ctxs_store *st, uint64_t id)
 {
     char file[32];
@@ -1090,12 +1103,19 @@ static int remove_tmp_files(ctxs_store *st, uint64_t id)
     return held;
 }
 
+/* The pid in an intent's value (index 1.1), or 0 (1.0 wrote none). */
+static uint32_t intent_pid(const MDB_val *intent)
+{
+    const uint8_t *v = intent->mv_data;
+    return intent->mv_size >= 5 ? (uint32_t)v[1] | (uint32_t)v[2] << 8 | (uint32_t)v[3] << 16 |
+                                      (uint32_t)v[4] << 24
+                                : 0;
+}
+
 int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent)
 {
     const uint8_t *v = intent->mv_data;
-    uint32_t pid = intent->mv_size >= 5 ? (uint32_t)v[1] | (uint32_t)v[2] << 8 |
-                                              (uint32_t)v[3] << 16 | (uint32_t)v[4] << 24
-                                        : 0; /* index 1.0: no pid */
+    uint32_t pid = intent_pid(intent);
     if (pid && v[0] == CTXS__INTENT_CREATE && creator_alive(pid, id))
         return CTXS_EBUSY;
     char file[32];
@@ -1119,13 +1139,128 @@ int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent)
         int indexed = mdb_get(txn, st->ids, &key, &val) == 0;
         if (!indexed && fd >= 0 && ctxs__unlinkat(st->sessions_fd, file, 0) != 0)
             rc = -errno;
+        if (rc == 0 && fd >= 0)
+            remove_tmp_files(st, id);
+        /* What was unlinked is durable before the intent goes (see the
+         * top of this file). */
+        if (rc == 0 && ctxs__fsync(st->sessions_fd) != 0)
+            rc = -errno;
         if (rc == 0)
             rc = intent_drop(txn, st, id);
         rc = ctxs__txn_finish(txn, rc);
     }
     if (fd >= 0)
         close(fd);
-    if (rc == 0 && fd >= 0)
-        remove_tmp_files(st, id);
     return rc;
+}
+
+/* --- Listing intents (what a read-write open would do) --------------------- */
+
+/* Whether a file written aside for id is held by a create that may be under
+ * way: what keeps remove_tmp_files() from removing it. */
+static int aside_held(ctxs_store *st, uint64_t id)
+{
+    char file[32];
+    ctxs__file_name(file, id);
+    size_t len = strlen(file);
+    DIR *dir;
+    if (ctxs__sessions_dir_open(&dir, st) < 0)
+        return 0;
+    int held = 0;
+    struct dirent *de;
+    while (!held && (de = ctxs__readdir(dir))) {
+        if (strncmp(de->d_name, file, len) != 0 || strncmp(de->d_name + len, ".tmp-", 5) != 0)
+            continue;
+        held = create_under_way(id, de->d_name);
+        int fd = held ? -1 : ctxs__openat(st->sessions_fd, de->d_name,
+                                          O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd >= 0) {
+            held = ctxs__lock_probe(fd, CTXS__LOCK_WRITER) > 0;
+            close(fd);
+        }
+    }
+    closedir(dir);
+    return held;
+}
+
+/* Fills e with what ctxs__intent_resolve() would do with the intent of id
+ * now, taking nothing and changing nothing. */
+static void intent_judge(ctxs_intent_entry *e, ctxs_store *st, MDB_txn *txn, uint64_t id,
+                         const MDB_val *intent)
+{
+    const uint8_t *v = intent->mv_data;
+    memset(e, 0, sizeof(*e));
+    e->id = id;
+    e->kind = v[0] == CTXS__INTENT_CREATE ? CTXS_INTENT_CREATE : CTXS_INTENT_DELETE;
+    e->pid = intent_pid(intent);
+    uint8_t idk[8];
+    ctxs__id_key(idk, id);
+    MDB_val key = {8, idk}, val;
+    e->indexed = mdb_get(txn, st->ids, &key, &val) == 0;
+    char file[32];
+    ctxs__file_name(file, id);
+    int fd = ctxs__openat(st->sessions_fd, file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    e->file_present = fd >= 0 || errno != ENOENT;
+    int busy = 0;
+    if (e->kind == CTXS_INTENT_CREATE && e->pid && creator_alive(e->pid, id))
+        busy = 1;
+    else if (fd >= 0)
+        busy = ctxs__lock_probe(fd, CTXS__LOCK_WRITER) > 0 ||
+               ctxs__lock_probe(fd, CTXS__LOCK_READER) > 0;
+    else
+        busy = aside_held(st, id);
+    if (fd >= 0)
+        close(fd);
+    e->action = busy ? CTXS_INTENT_WAIT
+                     : e->file_present && !e->indexed ? CTXS_INTENT_REMOVE_FILE : CTXS_INTENT_DROP;
+}
+
+int ctxs_store_intent_list(ctxs_intent_entry **out, size_t *n_out, ctxs_store *st)
+{
+    if (!out || !n_out)
+        return CTXS_EINVAL;
+    *out = NULL;
+    *n_out = 0;
+    if (!st)
+        return CTXS_EINVAL;
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    MDB_cursor *cur;
+    ctxs_intent_entry *list = NULL;
+    size_t n = 0, cap = 0;
+    if ((rc = ctxs__mdb_error(ctxs__mdb_cursor_open(txn, st->pending, &cur))) == 0) {
+        MDB_val key, val;
+        int r;
+        for (r = mdb_cursor_get(cur, &key, &val, MDB_FIRST); r == 0 && rc == 0;
+             r = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+            const uint8_t *v = val.mv_data;
+            /* Malformed ones are ctxs_store_check()'s to report. */
+            if (key.mv_size != 8 || val.mv_size == 0 ||
+                (v[0] != CTXS__INTENT_CREATE && v[0] != CTXS__INTENT_DELETE))
+                continue;
+            if (n == cap) {
+                size_t grown = cap ? 2 * cap : 8;
+                ctxs_intent_entry *more = ctxs__realloc(list, grown * sizeof(*list));
+                if (!more) {
+                    rc = CTXS_ENOMEM;
+                    break;
+                }
+                list = more, cap = grown;
+            }
+            intent_judge(&list[n++], st, txn, ctxs__id_from_key(key.mv_data), &val);
+        }
+        if (rc == 0 && r != 0 && r != MDB_NOTFOUND)
+            rc = ctxs__mdb_error(r);
+        mdb_cursor_close(cur);
+    }
+    mdb_txn_abort(txn);
+    if (rc < 0 || n == 0) {
+        free(list);
+        return rc;
+    }
+    *out = list;
+    *n_out = n;
+    return 0;
 }

@@ -14,6 +14,7 @@
 
 #include "index.h"
 #include "mdb_calls.h"
+#include "platform.h"
 
 /* LMDB forbids opening one environment twice in a process (closing either
  * would drop the other's POSIX locks), so handles to the same store share
@@ -216,10 +217,13 @@ static int options_valid(const ctxs_store_options *o)
            memcmp(o->reserved, zero, sizeof(zero)) == 0;
 }
 
-/* mkdir -m 0700 that accepts an existing directory. */
+/* mkdir -m 0700 that accepts an existing directory: 1 when it made path,
+ * 0 when a directory was there. */
 static int make_dir(const char *path)
 {
-    if (ctxs__mkdir(path, 0700) == 0 || errno == EEXIST) {
+    if (ctxs__mkdir(path, 0700) == 0)
+        return 1;
+    if (errno == EEXIST) {
         struct stat sb;
         if (lstat(path, &sb) != 0)
             return -errno;
@@ -233,7 +237,7 @@ static int make_dir(const char *path)
 static int make_store_dir(const char *path)
 {
     if (ctxs__mkdir(path, 0700) == 0)
-        return 0;
+        return 1;
     if (errno != EEXIST)
         return -errno;
     struct stat sb;
@@ -241,6 +245,8 @@ static int make_store_dir(const char *path)
         return -errno; /* -ENOENT: a dangling symlink; -ELOOP: a loop */
     return S_ISDIR(sb.st_mode) ? 0 : -ENOTDIR;
 }
+
+static int sync_dir(const char *path); /* fsync of a directory (compaction's) */
 
 static char *join(const char *a, const char *b)
 {
@@ -519,10 +525,51 @@ static int remove_compact_tmp(const char *index_dir)
     return rc;
 }
 
+/*
+ * LMDB keeps its reader table in index/lock.mdb, a shared mapping that it
+ * writes at every transaction, through the mapping: a page that needs a
+ * block when written faults with SIGBUS on a full disk (a sparse file's
+ * hole; on btrfs, any page once written back, since copy on write puts
+ * every write in a new block). So its blocks are allocated before LMDB
+ * maps it, and a new one is made to be written in place (btrfs NOCOW, only
+ * while empty; a store's older lock file gets it when compaction removes
+ * the file). A full disk is then CTXS_EFULL here. Where the file cannot be
+ * opened for writing (a read-only store), LMDB decides what to do.
+ */
+static int lock_file_prepare(const char *index_dir, unsigned max_readers)
+{
+    char *path = join(index_dir, "lock.mdb");
+    if (!path)
+        return CTXS_ENOMEM;
+    int fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    free(path);
+    if (fd < 0)
+        return 0;
+    struct stat sb;
+    if (ctxs__fstat(fd, &sb) == 0 && sb.st_size == 0)
+        ctxs__file_in_place(fd);
+    /* LMDB's size for it: a header and one 64-byte slot per reader, each
+     * on its own cache line; twice that, in whole pages, is room enough. */
+    uint64_t bytes = ((uint64_t)max_readers + 4) * 128;
+    bytes = (bytes + 4095) / 4096 * 4096;
+    int rc = 0;
+#ifdef __linux__
+    if (ctxs__fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)bytes) != 0)
+        rc = errno == ENOSPC || errno == EDQUOT ? CTXS_EFULL : 0;
+#endif
+    close(fd);
+    return rc;
+}
+
 /* Creates and opens an environment on index_dir with flags. */
 static int env_open_flags(MDB_env **out, const char *index_dir, unsigned flags,
                           unsigned max_readers, size_t map_bytes)
 {
+    if (!(flags & MDB_NOLOCK)) {
+        int prep = lock_file_prepare(index_dir, max_readers);
+        if (prep < 0)
+            return prep == CTXS_EFULL ? ENOSPC : ENOMEM;
+    }
     MDB_env *env;
     int rc = mdb_env_create(&env);
     if (rc != 0)
@@ -653,8 +700,16 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
      * link. Inside the store, sessions/ is opened without following a link,
  * and a create refuses an index/ that is one (-ENOTDIR); an existing
  * store whose index/ was made a link by hand is opened through it. */
-    if (create && (rc = make_store_dir(dir)) < 0)
-        return rc;
+    /* What this open makes is durable before it returns: a store whose
+     * directories a power loss took back would not open (index/) or would
+     * not open read-only (sessions/), and the files in them would go with
+     * them. made: 1 the store directory, 2 a directory in it. */
+    int made = 0;
+    if (create) {
+        if ((rc = make_store_dir(dir)) < 0)
+            return rc;
+        made = rc;
+    }
     if (!(st->dir = realpath(dir, NULL)))
         return -errno;
     struct stat sb;
@@ -667,6 +722,8 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
         rc = CTXS_ENOMEM;
     else if ((rc = ctxs__index_dir_check(index_dir)) == 0)
         rc = create ? make_dir(index_dir) : check_is_store(index_dir);
+    made |= rc > 0 ? 2 : 0;
+    rc = rc > 0 ? 0 : rc;
     if (rc == 0)
         rc = store_lock_take(st, index_dir);
     if (rc == 0)
@@ -679,8 +736,12 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
         rc = remove_compact_tmp(index_dir);
     free(index_dir);
     /* Made here in a half-made store; a read-only one cannot. */
-    if (rc == 0 && !st->rdonly)
-        rc = make_dir(st->sessions_dir);
+    if (rc == 0 && !st->rdonly && (rc = make_dir(st->sessions_dir)) > 0)
+        made |= 2, rc = 0;
+    if (rc == 0 && (made & 2))
+        rc = sync_dir(st->dir);
+    if (rc == 0 && (made & 1))
+        rc = ctxs__sync_parent_dir(st->dir);
     if (rc == 0) {
         st->sessions_fd =
             ctxs__open(st->sessions_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);

@@ -26,6 +26,7 @@ struct ctxs_llama {
     uint32_t v_trans;  /* llama.cpp keeps V transposed (no flash attention) */
     uint32_t n_batch;  /* most tokens one llama_decode() takes */
     uint32_t capacity; /* the session's slots */
+    uint32_t dtype;    /* the session's, and the cache's, element type */
     int window_cache_full; /* a restore may give window layers every
                               position (until llama.cpp says no room) */
     ctxs__llama_shape shape;
@@ -144,6 +145,7 @@ int ctxs_llama_attach(ctxs_llama **out, struct llama_context *ctx, ctxs_session 
     lc->spare = o.spare_seq_id;
     lc->n_batch = llama_n_batch(ctx);
     lc->capacity = info.capacity;
+    lc->dtype = info.model.geometry.dtype;
     lc->window_cache_full = 1;
     if ((rc = ctxs__llama_shape_of(&lc->shape, llama_get_model(ctx), &info.model.geometry)) < 0 ||
         (rc = probe_v_layout(lc)) < 0) {
@@ -224,35 +226,6 @@ static int check_cells(const ctxs_llama *lc, uint32_t n, int32_t first)
     return 0;
 }
 
-/* One layer's rows (K then V, [n][n_kv_heads][head_dim]) into tokens
- * i .. i + n - 1 of reservation r. */
-static int store_layer(ctxs_llama *lc, const ctxs_reservation *r, uint32_t layer, uint32_t i,
-                       uint32_t n, const uint8_t *rows)
-{
-    const size_t row = lc->shape.seq.row_bytes, hd = row / lc->shape.n_kv_heads;
-    for (uint32_t kind = 0; kind < 2; kind++) {
-        for (uint32_t h = 0; h < lc->shape.n_kv_heads; h++) {
-            void *run;
-            int rc = ctxs_session_get_kv(&run, lc->s, layer, kind, h);
-            if (rc < 0)
-                return rc;
-            for (uint32_t t = 0; t < n; t++) {
-                uint32_t at = i + t, slot = 0;
-                for (uint32_t sp = 0; sp < r->n_spans; sp++) {
-                    if (at < r->spans[sp].count) {
-                        slot = r->spans[sp].slot + at;
-                        break;
-                    }
-                    at -= r->spans[sp].count;
-                }
-                memcpy((uint8_t *)run + (size_t)slot * hd,
-                       rows + (size_t)kind * n * row + (size_t)t * row + h * hd, hd);
-            }
-        }
-    }
-    return 0;
-}
-
 /* Copies positions first .. first + n - 1 of the app's sequence into the
  * session as tokens i .. i + n - 1 of reservation r. */
 static int save_piece(ctxs_llama *lc, const ctxs_reservation *r, uint32_t i, uint32_t n,
@@ -281,7 +254,8 @@ static int save_piece(ctxs_llama *lc, const ctxs_reservation *r, uint32_t i, uin
         const ctxs__seq_block *blk = &lc->parsed.block[b];
         for (uint32_t j = 0; j < blk->n_layers; j++) {
             gather_layer(lc, blk, j, first);
-            rc = store_layer(lc, r, lc->shape.layer_of[b][j], i, n, lc->rows);
+            rc = ctxs_session_write_layer(lc->s, r, lc->shape.layer_of[b][j], i, n, lc->rows,
+                                          lc->rows + (size_t)n * shape->row_bytes, lc->dtype);
             if (rc < 0)
                 return ctxs__llama_fail(rc, "writing layer %u into the session: %s",
                                         lc->shape.layer_of[b][j], ctxs_strerror(rc));

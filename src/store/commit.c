@@ -129,7 +129,7 @@ int ctxs__fail(ctxs_session *s)
                        "committed before is safe: close the session and open it again");
 }
 
-static int writable(ctxs_session *s)
+int ctxs__writable(ctxs_session *s)
 {
     if (s->readonly)
         return ctxs__error(CTXS_EREADONLY, "the session was opened read-only "
@@ -182,131 +182,6 @@ int ctxs__allocate_slots(ctxs_session *s, uint32_t end_slot)
     return 0;
 }
 
-/* Maps the spans' pages writable, one call per run, instead of a page fault
- * per 4 KiB page while the engine writes (a fault costs about as much as
- * copying the page). Pages whose blocks hold data, such as the page a turn
- * shares with the last one, or slots written back after a runway, are read
- * ahead first: the KV is mapped MADV_RANDOM, and after a cold open each of
- * them would otherwise be its own 4 KiB read (measured: 1.2 s for the first
- * reserve of a resumed demo chat). Unwritten blocks read as zeros, without
- * I/O. Only an optimisation: errors are ignored. */
-static void prefault_spans(const ctxs_session *s, const ctxs__span *spans, uint32_t n_spans)
-{
-#ifdef MADV_POPULATE_WRITE
-    const ctxs__file_layout *lay = &s->lay;
-    const uint32_t n_runs = 2 * lay->n_layers * lay->n_kv_heads;
-    for (uint32_t run = 0; run < n_runs; run++)
-        for (uint32_t i = 0; i < n_spans; i++)
-            posix_fadvise(s->fd,
-                          (off_t)(lay->kv_off + (uint64_t)run * lay->head_stride +
-                                  (uint64_t)spans[i].slot * lay->slot_bytes),
-                          (off_t)((uint64_t)spans[i].count * lay->slot_bytes), POSIX_FADV_WILLNEED);
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    for (uint32_t run = 0; run < n_runs; run++) {
-        uintptr_t base = (uintptr_t)(s->map + lay->kv_off + (size_t)run * lay->head_stride);
-        for (uint32_t i = 0; i < n_spans; i++) {
-            uintptr_t a = (base + (uintptr_t)spans[i].slot * lay->slot_bytes) & ~(page - 1);
-            uintptr_t b = base + (uintptr_t)(spans[i].slot + spans[i].count) * lay->slot_bytes;
-            if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) != 0)
-                return; /* EINVAL before Linux 5.14: fault on access */
-        }
-    }
-    /* A Q8 session's scales of the same slots: a page of each run's table,
-     * which would otherwise cost a write fault per run in the turn (the
-     * table was allocated at create, and is read ahead with the window). */
-    for (uint32_t run = 0; lay->scales_bytes && run < n_runs; run++) {
-        uintptr_t base = (uintptr_t)(s->map + lay->scales_off + (size_t)run * lay->scales_stride);
-        for (uint32_t i = 0; i < n_spans; i++) {
-            uintptr_t a = (base + (uintptr_t)spans[i].slot * 4) & ~(page - 1);
-            uintptr_t b = base + (uintptr_t)(spans[i].slot + spans[i].count) * 4;
-            if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) != 0)
-                return;
-        }
-    }
-#else
-    (void)s, (void)spans, (void)n_spans;
-#endif
-}
-
-/* --- The runway ------------------------------------------------------------
- *
- * After each commit the worker allocates and maps writable the slots of the
- * next positions, as many as twice the largest of the last reservations
- * (at least RUNWAY_MIN_TOKENS, at most RUNWAY_MAX_BYTES of KV), so that the
- * next reserve finds them ready and costs microseconds. A reserve beyond
- * the runway does the work itself, as it always did, and a full disk is
- * still CTXS_EFULL from reserve: the runway gives up quietly and maps only
- * slots that have blocks. Mapping a page writable dirties it, so the
- * worker's writeback covers committed slots only (not the runway's zeros),
- * and at FULL, whose fdatasync would write those zeros on the commit's
- * path, the runway only allocates.
- */
-#define RUNWAY_MIN_TOKENS 64u
-#define RUNWAY_MAX_BYTES (128u << 20)
-
-/* The kernel's flusher writes back pages dirty for longer than
- * vm.dirty_expire_centisecs (30 s by default), the runway's zeros too, and
- * write-protects them: a runway older than this is mapped again, by the
- * worker, when a reservation takes it. */
-#define RUNWAY_FRESH_MS 25000u
-
-static uint64_t monotonic_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* want tokens, within the bounds above. */
-static uint32_t runway_clamp(const ctxs_session *s, uint64_t want)
-{
-    const ctxs__file_layout *lay = &s->lay;
-    uint64_t most = RUNWAY_MAX_BYTES / ((uint64_t)lay->slot_bytes * 2 * lay->n_layers * lay->n_kv_heads);
-    want = want < RUNWAY_MIN_TOKENS ? RUNWAY_MIN_TOKENS : want;
-    want = want > most ? most : want;
-    /* Never more than a ring can hold without overwriting itself. */
-    uint64_t room = s->ring ? ctxs__ring_len(s) : lay->capacity;
-    want = want > room ? room : want;
-    return (uint32_t)(want ? want : 1);
-}
-
-static void runway_adapt(ctxs_session *s, uint32_t n)
-{
-    s->recent_reserves[s->recent_next++ % 4] = n;
-    uint32_t most = 0;
-    for (int i = 0; i < 4; i++)
-        most = s->recent_reserves[i] > most ? s->recent_reserves[i] : most;
-    atomic_store(&s->runway_tokens, runway_clamp(s, 2ull * most));
-}
-
-void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
-{
-    if (s->readonly)
-        return;
-    uint32_t len = atomic_load(&s->runway_tokens);
-    uint64_t first = st->n_tokens, end = first + (len ? len : runway_clamp(s, 0));
-    if (!s->ring && end > s->lay.capacity)
-        end = s->lay.capacity;
-    if (first >= end || atomic_load(&s->runway_end) >= end)
-        return;
-    ctxs__span spans[2];
-    uint32_t n_spans = ctxs__slot_spans(spans, first, end - first, s->lay.capacity, s->lay.n_sink);
-    if (ctxs__allocate_slots(s, spans[0].slot + spans[0].count) < 0)
-        return;
-    if (s->durability == CTXS_SYNC_FULL)
-        return;
-    prefault_spans(s, spans, n_spans);
-    atomic_store(&s->runway_at_ms, monotonic_ms());
-    atomic_store(&s->runway_end, end);
-}
-
-void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to)
-{
-    ctxs__span spans[2];
-    uint32_t n_spans = ctxs__slot_spans(spans, from, to - from, s->lay.capacity, s->lay.n_sink);
-    prefault_spans(s, spans, n_spans);
-}
-
 /* --- Writeback of what was committed (the worker's, at ASYNC) ------------- */
 
 void ctxs__writeback_request_all(ctxs_session *s)
@@ -317,8 +192,12 @@ void ctxs__writeback_request_all(ctxs_session *s)
 
 void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st)
 {
-    /* Writeback write-protects the pages it starts on, the runway's too. */
-    atomic_store(&s->runway_end, 0);
+    /* Writeback write-protects the pages it starts on: the committed
+     * slots, the page each run's next slots share with them, and (Q8) the
+     * scale table. The record of what was mapped stays: ctxs__kv_writable()
+     * finds those pages clean, and the runway maps them again. Where it
+     * cannot ask the page cache it judges by age: say the runway is old. */
+    atomic_store(&s->runway_at_ms, 0);
     int rc = ctxs__writeback_wait(s->fd);
     const ctxs__file_layout *lay = &s->lay;
     uint64_t from = s->written_back_to, to = st->n_tokens;
@@ -352,7 +231,7 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
     memset(out, 0, sizeof(*out));
     CTXS__REQUIRE(s, "the session is NULL");
     CTXS__REQUIRE(n > 0, "n is 0: reserve at least one slot");
-    int rc = writable(s);
+    int rc = ctxs__writable(s);
     if (rc < 0)
         return rc;
 
@@ -383,16 +262,17 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
         memset(out, 0, sizeof(*out));
         return rc;
     }
-    /* The runway has them mapped already, unless a writeback came since or
-     * it is old enough for the flusher to have cleaned it. Else the worker
-     * maps them, run by run in file order, which is the order an engine
-     * writes them in, layer after layer: its faults then land on the
-     * worker's thread while the engine computes. */
-    int ready = end <= atomic_load(&s->runway_end) &&
-                monotonic_ms() - atomic_load(&s->runway_at_ms) < RUNWAY_FRESH_MS;
-    if (!ready && ctxs__background_map(s, start, end) < 0)
-        prefault_spans(s, spans, out->n_spans);
-    runway_adapt(s, n);
+    /* The runway has them mapped already, unless a writeback or the
+     * flusher has cleaned its pages since. Else the worker maps them, layer
+     * after layer, the order an engine writes them in: its faults then land
+     * on the worker's thread while the engine computes, and the write path
+     * stores into each layer mapped by then (one that overtakes the worker
+     * stops it, see kv_write.c). */
+    if (!ctxs__kv_writable(s, start, end, 0, s->lay.n_layers, CTXS__ASK_OWNER | CTXS__ASK_BY_AGE,
+                           NULL) &&
+        ctxs__background_map(s, start, end) < 0)
+        ctxs__map_positions(s, start, end);
+    ctxs__runway_adapt(s, n);
 
     /* Evict, and commit the eviction, before the engine may overwrite. */
     uint64_t first = ctxs__first_recent(s, &s->st);
@@ -421,25 +301,6 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
     return 0;
 }
 
-int ctxs_session_write_token(ctxs_session *s, const ctxs_reservation *r, uint32_t i,
-                             const void *k, const void *v, uint32_t dtype)
-{
-    ctxs__error_begin();
-    CTXS__REQUIRE(s && r, "the %s is NULL", s ? "reservation" : "session");
-    CTXS__REQUIRE(k && v, "%s is NULL", k ? "v" : "k");
-    CTXS__REQUIRE(i < r->n_tokens, "token %u of a reservation of %u", i, r->n_tokens);
-    uint64_t pos = r->first_pos + i;
-    CTXS__REQUIRE(pos >= s->st.n_tokens && pos < s->st.n_tokens + s->n_reserved,
-                  "position %" PRIu64 " is not reserved now (reserved: %" PRIu64
-                  " to %" PRIu64 "): the reservation was committed, rolled back or "
-                  "is another session's", pos, s->st.n_tokens,
-                  s->st.n_tokens + s->n_reserved);
-    int rc = writable(s);
-    if (rc < 0)
-        return rc;
-    return ctxs__token_store(s, ctxs__slot(s, pos), k, v, dtype);
-}
-
 static void notify_committed(ctxs_session *s)
 {
     if (s->hooks)
@@ -452,7 +313,7 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
     CTXS__REQUIRE(s, "the session is NULL");
     CTXS__REQUIRE(token_ids, "token_ids is NULL");
     CTXS__REQUIRE(n > 0, "n is 0: commit at least one token");
-    int rc = writable(s);
+    int rc = ctxs__writable(s);
     if (rc < 0)
         return rc;
     CTXS__REQUIRE(n <= s->n_reserved,
@@ -506,12 +367,12 @@ int ctxs_session_sync(ctxs_session *s)
 {
     ctxs__error_begin();
     CTXS__CHECK(s);
-    int rc = writable(s);
+    int rc = ctxs__writable(s);
     if (rc < 0)
         return rc;
     if (s->st.verified_from == s->st.n_tokens)
         return 0;
-    atomic_store(&s->runway_end, 0); /* the sync write-protects its pages */
+    ctxs__populated_forget(s); /* the sync write-protects its pages */
     if ((rc = ctxs__sync_data(s->fd)) < 0)
         return ctxs__fail(s);
     ctxs__state next = s->st;
@@ -547,7 +408,7 @@ int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
 {
     ctxs__error_begin();
     CTXS__CHECK(s);
-    int rc = writable(s);
+    int rc = ctxs__writable(s);
     if (rc < 0)
         return rc;
     ctxs__state next;
@@ -559,7 +420,7 @@ int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
     /* The positions from n_tokens on will be committed again: the worker's
      * next writeback starts there, and their pages may be write-protected
      * by the last one. */
-    atomic_store(&s->runway_end, 0);
+    ctxs__populated_forget(s);
     uint64_t rewind = atomic_load(&s->writeback_rewind);
     while (n_tokens < rewind &&
            !atomic_compare_exchange_weak(&s->writeback_rewind, &rewind, n_tokens))

@@ -332,7 +332,11 @@ static int fork_fill(int fd, void *arg)
 {
     const fork_job *job = arg;
     const ctxs_session *src = job->src;
-    int cloned = try_clone(fd, src);
+    /* Where blocks are written in place only while no other file shares
+     * them (btrfs NOCOW, ctxs__file_in_place), a clone would make every
+     * later write into the shared blocks need new space at the write
+     * fault, where a full disk is a SIGBUS: such a fork copies. */
+    int cloned = ctxs__file_in_place(fd) ? 0 : try_clone(fd, src);
     if (cloned < 0)
         return cloned;
     int sync_before_kv = !cloned && job->durability != CTXS_SYNC_FULL;

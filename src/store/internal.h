@@ -51,15 +51,31 @@ struct ctxs_session {
     atomic_int writeback_error;   /* -errno the worker met, for the owner */
     _Atomic uint64_t writeback_rewind; /* a rollback's point: write back from
                                           there (UINT64_MAX: none) */
-    /* Positions below runway_end have their slots allocated and mapped
-     * writable (0: nothing known); the worker sets it, and clears it before
-     * anything that write-protects pages again. */
-    _Atomic uint64_t runway_end;
-    _Atomic uint64_t runway_at_ms;  /* when it was mapped (monotonic) */
+    /* What this handle has mapped writable (runway.c's passes: the runway,
+     * a reservation's map job, or reserve itself without a worker), for
+     * the write path (kv_write.c): positions [pop_from, pop_to) in every
+     * layer below pop_layers, by the pass that began at stamp pop_stamp;
+     * pop_to == 0: nothing known. Under the registry mutex; forgotten
+     * (ctxs__populated_forget()) by a sync, a rollback and memory
+     * pressure. The worker's writeback leaves it: the pages it cleans are
+     * found clean (ctxs__kv_writable()). */
+    uint64_t pop_from, pop_to, pop_stamp;
+    uint32_t pop_layers;
+    _Atomic uint64_t stamp;         /* counts passes and writes through the file */
+    _Atomic uint64_t runway_at_ms;  /* when the last pass ended (monotonic) */
     _Atomic uint32_t runway_tokens; /* how far ahead the runway reaches */
     uint64_t map_from, map_to;    /* CTXS__JOB_MAP's positions (mutex) */
     uint32_t recent_reserves[4];  /* owner: the last reservations' sizes */
     uint32_t recent_next;
+    /* Per layer, the stamp of the write path's last write through the file
+     * (kv_write.c): set by the owner, read by the worker's passes, which
+     * skip a layer written after they began. A writer's only. */
+    _Atomic uint64_t *file_written;
+    /* Owner only: per layer, the positions last found writable
+     * (ctxs__kv_writable()); and the write path's staging buffer, made at
+     * its first use. */
+    struct ctxs__layer_seen *seen;
+    uint8_t *bounce;
     /* Worker only. */
     uint64_t written_back_to;     /* positions below: writeback started */
     uint32_t warm_advised;        /* runs of the bring-in read ahead */
@@ -148,12 +164,6 @@ static inline uint64_t *ctxs__sum_table(const ctxs_session *s)
  * run by run, so that memory is read in long sequential stretches.
  * n <= CTXS__SUM_BATCH. */
 #define CTXS__SUM_BATCH 256u
-/* Stores a token's K and V, handed over as src_dtype (see
- * ctxs_session_write_token()), into slot `slot` (kv_io.c).
- * Errors: CTXS_EINVAL. */
-int ctxs__token_store(ctxs_session *s, uint32_t slot, const void *k, const void *v,
-                      uint32_t src_dtype);
-
 void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
                       uint64_t *out);
 
@@ -173,6 +183,13 @@ uint64_t ctxs__first_bad(const ctxs_session *s, uint64_t from, uint64_t to);
  * record was valid too. */
 int ctxs__records_read(const ctxs_session *s, ctxs__state *st, uint32_t *index,
                        int *other_valid, uint8_t boot_id[16]);
+
+/* What recovery would keep of the leading positions [0, n) of a file
+ * mapped read-only at map, with layout lay and state st (n at most the
+ * leading positions st holds): the first at or above st->verified_from
+ * whose checksum fails, or n. For the index's cheap checks (peek.c). */
+uint64_t ctxs__leading_kept(const uint8_t *map, const ctxs__file_layout *lay, int ring,
+                            const ctxs__state *st, uint64_t n);
 
 /* Recovery at open: verifies held tokens at or above st->verified_from;
  * evicts failing tokens at the front of a wrapped ring, then cuts *st at
@@ -211,6 +228,81 @@ void ctxs__registry_remove(ctxs_session *s);
 void ctxs__registry_set_state(ctxs_session *s, const ctxs__state *st, uint32_t cur_record);
 void ctxs__registry_set_window(ctxs_session *s, uint32_t window);
 
+/* --- The write path (kv_write.c, kv_io.c, runway.c) -------------------- */
+
+/* Where the K and V of the tokens being written lie in the engine's memory:
+ * head h of token t of layer l (counted from the call's first layer) at
+ * k + l * layer_stride + t * token_stride + h * head_dim elements of
+ * dtype (the same offsets into v); for Q8 handed over as Q8, its scale at
+ * k_scales + l * scale_layer_stride + t * scale_token_stride + h * 4 (not
+ * necessarily aligned). */
+typedef struct ctxs__kv_src {
+    const uint8_t *k, *v;
+    const uint8_t *k_scales, *v_scales;
+    uint32_t dtype;
+    size_t token_stride, layer_stride;
+    size_t scale_token_stride, scale_layer_stride;
+} ctxs__kv_src;
+
+/* 1 for the forms K/V may be handed over in to a session of dtype stored:
+ * F32, F16, BF16, or stored itself. */
+int ctxs__src_dtype_ok(uint32_t src_dtype, uint32_t stored);
+
+/* One head of one token in the engine's form src_dtype (elements at src,
+ * for Q8 its scale at src_scale) as the session stores it: head_dim
+ * elements to dst and, for Q8, the scale to *dst_scale (kv_io.c).
+ * Errors: CTXS_EINVAL (a value Q8 cannot hold). */
+int ctxs__head_encode(const ctxs_session *s, uint8_t *dst, float *dst_scale,
+                      const uint8_t *src, const uint8_t *src_scale, uint32_t src_dtype);
+
+/* Stores tokens at positions [pos, pos + n), all reserved, of layers
+ * [l0, l1) from src: into the mapping where its pages are mapped writable,
+ * else through the file (kv_write.c). Errors: CTXS_EINVAL (a value Q8
+ * cannot hold), CTXS_ENOMEM, CTXS_EFULL, -errno; the slots written are
+ * then unspecified, and nothing else changed. */
+int ctxs__kv_put(ctxs_session *s, uint64_t pos, uint32_t n, uint32_t l0, uint32_t l1,
+                 const ctxs__kv_src *src);
+
+/* Refuses writes to a session that is read-only, failed, or whose worker
+ * met a writeback error (which fails it). Returns 0, CTXS_EREADONLY or
+ * CTXS_EFAILED (commit.c). */
+int ctxs__writable(ctxs_session *s);
+
+/* A layer found writable: positions [from, to) of the pass of stamp, at
+ * at_ms (monotonic), with `committed` tokens committed. */
+typedef struct ctxs__layer_seen {
+    uint64_t stamp, committed, from, to, at_ms;
+} ctxs__layer_seen;
+
+/* How ctxs__kv_writable() may judge. */
+enum {
+    CTXS__ASK_OWNER = 1u << 0,  /* the owner's thread: knows its writes */
+    CTXS__ASK_BY_AGE = 1u << 1, /* where the page cache cannot be asked,
+                                   trust a pass younger than the flusher's
+                                   30 s (else: not writable) */
+};
+
+/* Whether positions [from, to) of layers [l0, l1) are mapped writable by
+ * this handle: a pass mapped them, and their pages are still dirty, so no
+ * writeback has write-protected them since (runway.c). When not yet, but a
+ * pass under way will map them, *pending (if not NULL) gets its stamp,
+ * else 0. */
+int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, uint32_t l1,
+                      unsigned how, uint64_t *pending);
+
+/* Forgets what was mapped writable: before a sync write-protects every
+ * page, or a rollback moves positions back. */
+void ctxs__populated_forget(ctxs_session *s);
+
+/* Tests only: 1 makes every write take the mapped way, 2 the file's;
+ * 0 (production) lets ctxs__kv_writable() choose (kv_write.c). */
+extern int ctxs__write_path_force;
+
+/* A pass older than this may have been cleaned by the flusher
+ * (vm.dirty_expire_centisecs, 30 s by default, less some margin): where
+ * the page cache cannot be asked, its pages are mapped again. */
+#define CTXS__RUNWAY_FRESH_MS 25000u
+
 /* --- Background work (background.c) ------------------------------------ */
 
 /* What the worker thread can be asked to do for a session, most urgent
@@ -234,6 +326,7 @@ void ctxs__background_request(ctxs_session *s, unsigned jobs);
  * engine's writes into them (CTXS__JOB_MAP). Returns 0 when the worker
  * will, -1 when the caller must (no worker). */
 int ctxs__background_map(ctxs_session *s, uint64_t from, uint64_t to);
+/* Maps positions [from, to) writable, and records it (runway.c). */
 void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to);
 
 /* A session with the background option joins and leaves the worker's
@@ -253,6 +346,8 @@ void ctxs__background_forget(void);
  * saw them under the registry mutex. */
 int ctxs__warm_step(ctxs_session *s, const ctxs__state *st, uint32_t window);
 void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st);
+/* The owner notes a reservation of n, which sizes the next runway. */
+void ctxs__runway_adapt(ctxs_session *s, uint32_t n);
 void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st);
 
 /* Allocates disk blocks so that slots [0, end_slot) are all backed.
@@ -268,7 +363,7 @@ uint32_t ctxs__effective_window(const ctxs_session *s);
 
 /* Releases from memory the KV pages of s outside the window in force
  * (window.c; memory pressure calls it). */
-void ctxs__release_outside_window(const ctxs_session *s);
+void ctxs__release_outside_window(ctxs_session *s);
 
 /* --- New files: create and fork (session.c, fork.c) --------------------- */
 

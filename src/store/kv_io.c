@@ -1,7 +1,8 @@
 /*
- * A token's K and V into and out of the mapping, in the form the engine
- * hands them over in (ctxs_session_write_token(), _read_token()): converted
+ * K and V in the form the engine hands them over in, and back: converted
  * element by element, or quantized to Q8 with a scale per (token, head).
+ * Where the converted bytes go is the write path's (kv_write.c);
+ * ctxs_session_read_token() reads a token back from the mapping.
  */
 #include <math.h>
 
@@ -62,52 +63,25 @@ int ctxs_dtype_encode(void *out, float *scale, const float *in, uint32_t n, uint
     return 0;
 }
 
-/* Stores one head of the engine's form src_dtype into slot `slot` of a run
- * (and its scale). */
-static int store_head(ctxs_session *s, uint32_t layer, uint32_t kind, uint32_t head,
-                      uint32_t slot, engine_head in, uint32_t src_dtype)
+int ctxs__src_dtype_ok(uint32_t src_dtype, uint32_t stored)
+{
+    return src_dtype == stored || is_float_form(src_dtype);
+}
+
+int ctxs__head_encode(const ctxs_session *s, uint8_t *dst, float *dst_scale,
+                      const uint8_t *src, const uint8_t *src_scale, uint32_t src_dtype)
 {
     const ctxs__file_layout *lay = &s->lay;
     const uint32_t dtype = s->model.geometry.dtype;
-    uint8_t *dst = ctxs__run(s, layer, kind, head) + (size_t)slot * lay->slot_bytes;
     if (src_dtype == dtype) {
-        memcpy(dst, in.elems, lay->slot_bytes);
+        memcpy(dst, src, lay->slot_bytes);
         if (ctxs__dtype_has_scales(dtype))
-            memcpy(ctxs__scales_run(s, layer, kind, head) + slot, in.scale, 4);
+            memcpy(dst_scale, src_scale, 4);
         return 0;
     }
     float x[CTXS__MAX_DIM];
-    ctxs__widen(x, in.elems, src_dtype, lay->head_dim);
-    float *scale = ctxs__dtype_has_scales(dtype) ? ctxs__scales_run(s, layer, kind, head) + slot
-                                                 : NULL;
-    int rc = ctxs_dtype_encode(dst, scale, x, lay->head_dim, dtype);
-    if (rc < 0)
-        return ctxs__error(rc, "%c of layer %u, head %u holds a value that is not finite, "
-                           "which a Q8 session cannot store", kind == CTXS_K ? 'K' : 'V',
-                           layer, head);
-    return 0;
-}
-
-int ctxs__token_store(ctxs_session *s, uint32_t slot, const void *k, const void *v,
-                      uint32_t src_dtype)
-{
-    const ctxs__file_layout *lay = &s->lay;
-    CTXS__REQUIRE(src_dtype == s->model.geometry.dtype || is_float_form(src_dtype),
-                  "K and V handed over as dtype %u (%s): a session of %s takes "
-                  "CTXS_DTYPE_F32, F16, BF16 or its own dtype", src_dtype,
-                  ctxs__dtype_name(src_dtype), ctxs__dtype_name(s->model.geometry.dtype));
-    for (uint32_t l = 0; l < lay->n_layers; l++) {
-        for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
-            int rc = store_head(s, l, CTXS_K, h, slot, engine_head_at(k, lay, src_dtype, l, h),
-                                src_dtype);
-            if (rc == 0)
-                rc = store_head(s, l, CTXS_V, h, slot, engine_head_at(v, lay, src_dtype, l, h),
-                                src_dtype);
-            if (rc < 0)
-                return rc;
-        }
-    }
-    return 0;
+    ctxs__widen(x, src, src_dtype, lay->head_dim);
+    return ctxs_dtype_encode(dst, dst_scale, x, lay->head_dim, dtype);
 }
 
 /* Loads one head of slot `slot` of a run into the engine's form dst_dtype. */

@@ -2,8 +2,10 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
+#include "internal.h"
 #include "platform.h"
 #include "syscall.h"
 
@@ -33,6 +35,7 @@ int ctxs__peek_fd(ctxs__peek *out, int fd)
         return rc;
     out->st = ctxs__record_state(&recs.r[recs.newest]);
     out->written_unix_ms = recs.r[recs.newest].written_unix_ms;
+    memcpy(out->boot_id, recs.r[recs.newest].boot_id, 16);
     return 0;
 }
 
@@ -65,4 +68,19 @@ int ctxs__peek_sum(uint64_t *out, int fd, const ctxs__peek *p, uint64_t pos)
         return CTXS_EEVICTED;
     uint32_t slot = ctxs__slot_of(pos, p->lay.capacity, p->lay.n_sink);
     return ctxs__read_exact(fd, out, 8, (off_t)(p->lay.sums_off + (uint64_t)slot * 8u));
+}
+
+int ctxs__peek_kept(uint64_t *out, int fd, const ctxs__peek *p, uint64_t n)
+{
+    uint64_t from = p->st.verified_from;
+    *out = n;
+    if (from >= n || ctxs__boot_vouches(p->boot_id))
+        return 0;
+    size_t len = (size_t)p->lay.file_bytes;
+    uint8_t *map = ctxs__mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED)
+        return errno == ENOMEM ? CTXS_ENOMEM : -errno;
+    *out = ctxs__leading_kept(map, &p->lay, p->ring, &p->st, n);
+    munmap(map, len);
+    return 0;
 }

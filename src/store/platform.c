@@ -10,6 +10,14 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <linux/fs.h>    /* FS_IOC_GETFLAGS, FS_NOCOW_FL */
+#include <linux/magic.h> /* BTRFS_SUPER_MAGIC */
+#include <sys/ioctl.h>
+#include <sys/vfs.h>
+#endif
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 #include "ctxstore.h"
 #include "syscall.h"
@@ -49,8 +57,25 @@ static void read_boot_id(void)
             id[nibbles / 2] |= (uint8_t)v;
         nibbles++;
     }
-    if (nibbles == 32)
-        memcpy(boot_id, id, 16);
+    if (nibbles != 32)
+        return;
+    /* CTXS_TEST_BOOT makes the process a boot of its own, for tests of
+     * power loss (ctxstore.h, "Caveats"): its boot id is a hash of the
+     * machine's and the text. It can only add verification: records
+     * written under any other id, the machine's included, are verified,
+     * and an unknown machine boot id stays unknown. */
+    const char *test_boot = getenv("CTXS_TEST_BOOT");
+    if (test_boot && *test_boot) {
+        XXH3_state_t state;
+        XXH3_INITSTATE(&state);
+        XXH3_128bits_reset(&state);
+        XXH3_128bits_update(&state, id, 16);
+        XXH3_128bits_update(&state, test_boot, strlen(test_boot));
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&state));
+        memcpy(id, c.digest, 16);
+    }
+    memcpy(boot_id, id, 16);
 #endif
 }
 
@@ -58,6 +83,14 @@ void ctxs__boot_id(uint8_t out[16])
 {
     pthread_once(&boot_once, read_boot_id);
     memcpy(out, boot_id, 16);
+}
+
+int ctxs__boot_vouches(const uint8_t record_boot[16])
+{
+    static const uint8_t unknown[16];
+    uint8_t this_boot[16];
+    ctxs__boot_id(this_boot);
+    return memcmp(this_boot, unknown, 16) != 0 && memcmp(record_boot, this_boot, 16) == 0;
 }
 
 uint64_t ctxs__now_ms(void)
@@ -98,6 +131,35 @@ int ctxs__allocate(int fd, uint64_t off, uint64_t len)
     return space_error(errno);
 #else
     return allocate_by_writing(fd, off, len);
+#endif
+}
+
+int ctxs__file_in_place(int fd)
+{
+#if defined(__linux__) && defined(FS_NOCOW_FL) && defined(BTRFS_SUPER_MAGIC)
+    /* Btrfs writes every block to a new place (copy on write), so a block
+     * fallocate() allocated is only good for its first write: every later
+     * write through a mapping takes new space at the write fault, where a
+     * full disk is a SIGBUS. A NOCOW file's blocks are written in place
+     * (while no other file shares them), which makes reserve's allocation
+     * a promise; btrfs takes the flag only while the file is empty. The
+     * file loses btrfs's data checksums, not ctxstore's own. Failures are
+     * ignored: the file is then as any other. */
+    struct statfs sfs;
+    if (fstatfs(fd, &sfs) != 0 || (unsigned long)sfs.f_type != (unsigned long)BTRFS_SUPER_MAGIC)
+        return 0;
+    int flags = 0;
+    if (ioctl(fd, FS_IOC_GETFLAGS, &flags) != 0)
+        return 0;
+    if (!(flags & FS_NOCOW_FL)) {
+        flags |= FS_NOCOW_FL;
+        if (ioctl(fd, FS_IOC_SETFLAGS, &flags) != 0 || ioctl(fd, FS_IOC_GETFLAGS, &flags) != 0)
+            return 0;
+    }
+    return (flags & FS_NOCOW_FL) != 0;
+#else
+    (void)fd;
+    return 0;
 #endif
 }
 
@@ -167,6 +229,45 @@ int ctxs__writeback_start(int fd, uint8_t *map, uint64_t off, uint64_t len)
     return ctxs__msync((void *)a, (size_t)((uintptr_t)(map + off + len) - a), MS_ASYNC) == 0
                ? 0
                : -errno;
+#endif
+}
+
+#ifdef __linux__
+#include <stdatomic.h>
+#include <sys/syscall.h>
+/* cachestat(2) is 451 on every architecture that numbers its calls from
+ * the common table; the C library may not know it yet. */
+#if !defined(SYS_cachestat) && (defined(__x86_64__) || defined(__i386__) ||                       \
+                                defined(__aarch64__) || defined(__arm__) ||                       \
+                                defined(__riscv) || defined(__loongarch__) ||                     \
+                                defined(__powerpc__) || defined(__s390__))
+#define SYS_cachestat 451
+#endif
+#endif
+
+int ctxs__range_dirty(int fd, uint64_t off, uint64_t len)
+{
+#if defined(__linux__) && defined(SYS_cachestat)
+    static atomic_int refused; /* ENOSYS once is ENOSYS for good */
+    if (len == 0 || atomic_load_explicit(&refused, memory_order_relaxed))
+        return -1;
+    struct {
+        uint64_t off, len;
+    } range = {off, len};
+    struct {
+        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+    } cs;
+    if (syscall(SYS_cachestat, fd, &range, &cs, 0) != 0) {
+        if (errno == ENOSYS || errno == EPERM)
+            atomic_store_explicit(&refused, 1, memory_order_relaxed);
+        return -1;
+    }
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t pages = (off + len + page - 1) / page - off / page;
+    return cs.nr_dirty >= pages;
+#else
+    (void)fd, (void)off, (void)len;
+    return -1;
 #endif
 }
 

@@ -12,9 +12,16 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-/* The running boot's identity (Linux: /proc/sys/kernel/random/boot_id);
- * all zero when unknown. Thread-safe. */
+/* The running boot's identity (Linux: /proc/sys/kernel/random/boot_id,
+ * or with CTXS_TEST_BOOT set a hash of it and that text); all zero when
+ * unknown. Read once per process. Thread-safe. */
 void ctxs__boot_id(uint8_t out[16]);
+
+/* 1 when a record written under record_boot was written in this boot, so
+ * that the page cache still holds everything written before it (the boot
+ * is known and the ids are equal); 0 when a power loss or a reboot may
+ * have come between. Thread-safe. */
+int ctxs__boot_vouches(const uint8_t record_boot[16]);
 
 /* Wall-clock milliseconds since the Unix epoch: the clock of every
  * *_unix_ms field, in the session files, the index and export files. */
@@ -23,6 +30,13 @@ uint64_t ctxs__now_ms(void);
 /* Allocates disk blocks for [off, off + len) of fd without changing its
  * size. Returns 0, CTXS_EFULL (no space, quota, file size limit) or -errno. */
 int ctxs__allocate(int fd, uint64_t off, uint64_t len);
+
+/* Asks the filesystem to write the blocks of fd, a new and still empty
+ * file, in place rather than to new blocks (btrfs: the NOCOW flag), so
+ * that blocks allocated once stay good for every later write. Returns 1
+ * when the file is so, 0 where the filesystem does so anyway or cannot
+ * (ext4, XFS, tmpfs) or the flag was refused. */
+int ctxs__file_in_place(int fd);
 
 /* Makes the file's data durable (fdatasync; F_FULLFSYNC on Apple).
  * Returns 0 or -errno. */
@@ -46,6 +60,12 @@ int ctxs__writeback_wait(int fd);
  * without waiting (Linux: sync_file_range, since msync(MS_ASYNC) does
  * nothing there; elsewhere msync(MS_ASYNC)). Returns 0 or -errno. */
 int ctxs__writeback_start(int fd, uint8_t *map, uint64_t off, uint64_t len);
+
+/* Whether every page of [off, off + len) of fd is in the page cache and
+ * dirty: 1, 0, or -1 where the system cannot tell (Linux before 6.5, which
+ * has no cachestat(2); other systems; a sandbox that refuses the call).
+ * A query, not an action: not a fault-hook site. Thread-safe. */
+int ctxs__range_dirty(int fd, uint64_t off, uint64_t len);
 
 /* pread/pwrite of exactly len bytes, retried across EINTR and short
  * transfers. Reading past the end is CTXS_ECORRUPT (the file is shorter

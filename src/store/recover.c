@@ -114,6 +114,20 @@ uint64_t ctxs__first_bad(const ctxs_session *s, uint64_t from, uint64_t to)
     return scan(s, from, to, 0);
 }
 
+uint64_t ctxs__leading_kept(const uint8_t *map, const ctxs__file_layout *lay, int ring,
+                            const ctxs__state *st, uint64_t n)
+{
+    /* A read-only view of the file, enough for the checksums: the same
+     * code as recovery's, so that what this says an open keeps is what it
+     * keeps. The leading positions are the sinks, then (until the ring
+     * wraps) the recent run from n_sink on: ctxs__recover cuts the state
+     * at the first of them at or above the watermark that fails. */
+    ctxs_session view = {.fd = -1, .readonly = 1, .ring = ring, .map = (uint8_t *)map,
+                         .lay = *lay, .st = *st};
+    uint64_t from = st->verified_from;
+    return from < n ? ctxs__first_bad(&view, from, n) : n;
+}
+
 uint64_t ctxs__held(const ctxs_session *s, const ctxs__state *st)
 {
     uint64_t n = st->n_tokens, ns = s->lay.n_sink, first = ctxs__first_recent(s, st);

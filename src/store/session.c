@@ -113,6 +113,9 @@ static void session_free(ctxs_session *s)
         munmap(s->map, s->map_bytes);
     if (s->fd >= 0)
         close(s->fd);
+    free(s->bounce);
+    free((void *)s->file_written);
+    free(s->seen);
     free(s);
 }
 
@@ -121,11 +124,7 @@ static void session_free(ctxs_session *s)
  * Another boot (or an unknown one) may have lost pages. */
 static int needs_verify(const ctxs_session *s, const uint8_t record_boot[16])
 {
-    static const uint8_t unknown_boot[16];
-    uint8_t this_boot[16];
-    ctxs__boot_id(this_boot);
-    return s->verify_always || memcmp(record_boot, this_boot, 16) != 0 ||
-           memcmp(this_boot, unknown_boot, 16) == 0;
+    return s->verify_always || !ctxs__boot_vouches(record_boot);
 }
 
 /* CTXS_EMODEL for a model that is not the header's, saying how. */
@@ -274,6 +273,12 @@ static int session_attach(ctxs_session **out, int fd, unsigned flags,
                                                     : s->lay.capacity;
     if (!s->readonly && (rc = attach_settle(s)) < 0)
         goto fail;
+    if (!s->readonly &&
+        (!(s->file_written = ctxs__calloc(s->lay.n_layers, sizeof(*s->file_written))) ||
+         !(s->seen = ctxs__calloc(s->lay.n_layers, sizeof(*s->seen))))) {
+        rc = CTXS_ENOMEM;
+        goto fail;
+    }
 
     ctxs__registry_add(s);
     ctxs__background_join(s);
@@ -292,6 +297,8 @@ fail:
 
 int ctxs__new_file_size(int fd, const ctxs__file_layout *lay)
 {
+    /* Before any byte: btrfs takes NOCOW only on an empty file. */
+    ctxs__file_in_place(fd);
     if (ctxs__ftruncate(fd, (off_t)lay->file_bytes) != 0)
         return (errno == EFBIG || errno == ENOSPC) ? CTXS_EFULL : -errno;
     /* The first page and the two tables take disk space now: commits write

@@ -39,6 +39,8 @@ static unsigned error_bit(int error)
         return CTXS__CAN_EINTR;
     case ENOMEM:
         return CTXS__CAN_ENOMEM;
+    case CTXS__FAULT_SHORT:
+        return CTXS__CAN_SHORT;
     default:
         return 0;
     }
@@ -118,6 +120,8 @@ int ctxs__fault(const char *file, int line, const char *call, unsigned can_fail)
         fail = n == nth || (n > nth && atomic_load(&armed_persistent));
         if (fail)
             atomic_fetch_add(&calls_failed, 1);
+        if (fail && n > nth && error == CTXS__FAULT_SHORT)
+            error = EIO; /* after the short write, the disk is gone */
     }
     note_site(file, line, call, fail);
     return fail ? error : 0;
@@ -289,8 +293,24 @@ ssize_t ctxs__sys_pread(CTXS__SITE_PARAMS, int fd, void *buf, size_t len, off_t 
 
 ssize_t ctxs__sys_pwrite(CTXS__SITE_PARAMS, int fd, const void *buf, size_t len, off_t off)
 {
-    SYSCALL(ssize_t, "pwrite", CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR,
-            pwrite(fd, buf, len, off));
+    /* SYSCALL's body, and a short write when the hook asks for one. */
+    for (;;) {
+        int injected = ctxs__fault(site_file, site_line, "pwrite",
+                                   CTXS__CAN_EIO | CTXS__CAN_ENOSPC | CTXS__CAN_EINTR |
+                                       CTXS__CAN_SHORT);
+        ssize_t r;
+        if (injected == CTXS__FAULT_SHORT) {
+            r = pwrite(fd, buf, len > 1 ? len / 2 : len, off);
+        } else if (injected) {
+            errno = injected;
+            r = -1;
+        } else {
+            r = pwrite(fd, buf, len, off);
+        }
+        if (r == -1 && errno == EINTR)
+            continue;
+        return r;
+    }
 }
 
 int ctxs__sys_ftruncate(CTXS__SITE_PARAMS, int fd, off_t len)

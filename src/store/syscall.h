@@ -119,7 +119,14 @@ enum {
     CTXS__CAN_ENOSPC = 1u << 1,
     CTXS__CAN_EINTR = 1u << 2,
     CTXS__CAN_ENOMEM = 1u << 3,
+    CTXS__CAN_SHORT = 1u << 4, /* a write that may move fewer bytes than asked */
 };
+
+/* Not an errno: what ctxs__fault_arm() takes to make the nth write short
+ * (half its bytes written, the rest left to the caller's next call);
+ * persistent, every eligible call after it then fails with EIO, as writes
+ * do once a disk has given out partway. */
+#define CTXS__FAULT_SHORT 0x7fff
 
 /* For a wrapper: the error the call at this site must fail with, or 0 to
  * make it. can_fail: the CTXS__CAN_ errors it can fail with. One relaxed
@@ -127,8 +134,9 @@ enum {
 int ctxs__fault(CTXS__SITE_PARAMS, const char *call, unsigned can_fail);
 
 /*
- * The fault hook, for tests. Armed with an error (EIO, ENOSPC, EINTR or
- * ENOMEM), it counts the calls that can fail with that error and fails the
+ * The fault hook, for tests. Armed with an error (EIO, ENOSPC, EINTR,
+ * ENOMEM, or CTXS__FAULT_SHORT for writes), it counts the calls that can
+ * fail with that error and fails the
  * nth of them (1-based); persistent, also every one after it (not EINTR: a
  * signal interrupts one call). What each call fails with is what the
  * system would say: an allocation returns NULL (ENOMEM), an LMDB call

@@ -271,8 +271,12 @@ static void release_slots(const ctxs_session *s, uint32_t lo, uint32_t hi)
  * stay in the page cache until written back; they come back on access.
  * (No MADV_WILLNEED when the pressure ends: its readahead would bring back
  * the large folios that session.c keeps out.) */
-void ctxs__release_outside_window(const ctxs_session *s)
+void ctxs__release_outside_window(ctxs_session *s)
 {
+    /* The reserved slots and the runway are outside too: their pages are
+     * no longer mapped, writable or not. Under the registry mutex. */
+    s->pop_from = s->pop_to = s->pop_stamp = 0;
+    s->pop_layers = 0;
     ctxs_window w;
     ctxs__window_spans(s, &s->st, ctxs__effective_window(s), &w);
     uint32_t at = 0;

@@ -263,6 +263,20 @@ void json_kv_i64(json *j, const char *key, int64_t v);
 void json_kv_double(json *j, const char *key, double v);
 void json_kv_bool(json *j, const char *key, int v);
 
+/* --- Operations a crash interrupted -------------------------------------- */
+
+/* An operation a crash interrupted (ctxs_store_intent_list()), in words,
+ * into buf: what it was, its file, and what the next read-write open of
+ * the store does with it; and the names a JSON report gives its kind
+ * ("create", "delete") and action ("wait", "remove_file", "drop"). */
+void cli_intent_sentence(char *buf, size_t n, const cli *c, const ctxs_intent_entry *e);
+const char *cli_intent_kind(const ctxs_intent_entry *e);
+const char *cli_intent_action(const ctxs_intent_entry *e);
+/* The intents as the value of key in the open object j: an array of
+ * {id, file, kind, pid, file_present, action, what}. */
+void cli_intents_json(json *j, const char *key, const cli *c, const ctxs_intent_entry *list,
+                      size_t n);
+
 /* --- Progress bar (stderr) ------------------------------------------------
  *
  * Drawn only when c->progress (stderr is a terminal and --json is not

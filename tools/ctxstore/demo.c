@@ -140,8 +140,9 @@ static uint32_t script_token(uint64_t pos, uint32_t vocab)
 typedef struct demo_engine demo_engine;
 
 /* What produces the K/V of new tokens. The demo reserves slots for each
- * message and the engine writes the message's K/V into them, the way an
- * inference engine writes its KV cache in place; the demo then commits.
+ * message and the engine's K/V go into them through
+ * ctxs_session_write_layer(), a layer at a time, as a forward pass makes
+ * them; the demo then commits.
  * Token ids live in one array indexed by position (the conversation so
  * far), which is all an engine gets after a resume besides the session. */
 struct demo_engine {
@@ -150,9 +151,9 @@ struct demo_engine {
     const char *model_name;  /* registered in the store */
     /* Computes the K/V of tokens r->first_pos .. + r->n_tokens - 1 of
      * reservation r of session s. An engine that stages (stages = 1) puts
-     * them into kv, [token][run][head_dim] (runs as run_base() numbers
-     * them), and the demo stores them into the slots; one that does not
-     * stores them into the slots itself and ignores kv. ids[0 .. first_pos)
+     * them into kv, [layer][K|V][token][head][head_dim], and the demo hands
+     * them over; one that does not (tinychat) hands them over itself, each
+     * layer before its attention reads it, and ignores kv. ids[0 .. first_pos)
      * is the conversation so far. For a prompt (generate == 0) the ids of
      * the new tokens are given in ids[first_pos ..]; for a reply the engine
      * chooses them, one after another, and stores them there. Returns 0 or
@@ -171,6 +172,9 @@ struct demo_engine {
      * stored ones (CTXS_ECORRUPT if they differ); NULL if the engine has no
      * model to predict with. */
     int (*resume)(demo_engine *e, ctxs_session *s, uint32_t *next_id);
+    /* For an engine that hands its K/V over itself: seconds it has spent
+     * doing so, ever. */
+    double (*write_seconds)(demo_engine *e);
     void (*destroy)(demo_engine *e);
     ctxs_model model;        /* geometry and hashes */
     uint32_t vocab;          /* token ids 0 .. vocab - 1 */
@@ -217,14 +221,20 @@ static uint8_t *run_base(const ctxs_layout *lay, const ctxs_geometry *g,
            + kind * lay->kv_stride + head * lay->head_stride;
 }
 
-/* One token's K/V in run order, as the synthetic engine stages them. */
+/* Token i of n's K/V, as the synthetic engine stages them: head h of run
+ * (layer, kind) at ((layer * 2 + kind) * n + i) * n_kv_heads + h heads
+ * into kv, the layout ctxs_session_write_layer() takes a layer's K (or V)
+ * in. */
 static void synth_token(const ctxs_geometry *g, const uint32_t *ids,
-                        uint64_t pos, uint8_t *dst)
+                        uint64_t pos, uint8_t *kv, uint32_t i, uint32_t n)
 {
     size_t head_bytes = (size_t)g->head_dim * 2;
     uint32_t n_runs = g->n_layers * 2 * g->n_kv_heads;
-    for (uint32_t run = 0; run < n_runs; run++)
-        synth_head(dst + run * head_bytes, head_bytes, pos, ids[pos], run);
+    for (uint32_t run = 0; run < n_runs; run++) {
+        uint32_t lk = run / g->n_kv_heads, h = run % g->n_kv_heads;
+        size_t at = ((size_t)lk * n + i) * g->n_kv_heads + h;
+        synth_head(kv + at * head_bytes, head_bytes, pos, ids[pos], run);
+    }
 }
 
 static int synth_write(demo_engine *e, ctxs_session *s,
@@ -233,13 +243,11 @@ static int synth_write(demo_engine *e, ctxs_session *s,
 {
     (void)s;
     const ctxs_geometry *g = &e->model.geometry;
-    size_t token_bytes = (size_t)g->n_layers * 2 * g->n_kv_heads
-                         * g->head_dim * 2;
     uint64_t pos = r->first_pos;
     for (uint32_t i = 0; i < r->n_tokens; i++) {
         if (generate)
             ids[pos + i] = synth_next(pos + i ? ids[pos + i - 1] : 0, pos + i);
-        synth_token(g, ids, pos + i, kv + i * token_bytes);
+        synth_token(g, ids, pos + i, kv, i, r->n_tokens);
     }
     return 0;
 }
@@ -295,6 +303,11 @@ static int tiny_resume(demo_engine *e, ctxs_session *s, uint32_t *next_id)
     return tinychat_resume(e->impl, s, next_id);
 }
 
+static double tiny_write_seconds(demo_engine *e)
+{
+    return tinychat_kv_write_seconds(e->impl);
+}
+
 static void tiny_destroy(demo_engine *e)
 {
     tinychat_model_destroy(e->impl);
@@ -322,6 +335,7 @@ static int tinychat_engine(demo_engine *e, int quick)
                             : "tinychat with Qwen3-4B's KV shape",
         .write = tiny_write,
         .resume = tiny_resume,
+        .write_seconds = tiny_write_seconds,
         .destroy = tiny_destroy,
         .vocab = tc.vocab,
         .impl = m,
@@ -383,8 +397,9 @@ typedef struct turn_result {
     uint32_t n_held;
     uint64_t state_bytes;  /* the K/V of the held tokens */
     double reserve_s;      /* ctxs_session_reserve, before the engine wrote */
-    double write_s;        /* the first stores of the new K/V */
-    double copy_s;         /* the same stores again: the copies alone */
+    double write_s;        /* the new K/V handed over (write_layer) */
+    double copy_s;         /* the same bytes copied in memory: the copies
+                              alone */
     double commit_s;       /* ctxs_session_commit alone */
     double save_s;         /* reserve + write + commit: ctxstore's headline */
     double state_file_s;
@@ -472,6 +487,7 @@ typedef struct demo {
     uint8_t *state;     /* the held K/V packed, as an engine would hold it */
     size_t state_cap;
     uint8_t *staging;   /* a message's K/V in the engine's memory */
+    uint8_t *copy_to;   /* as large, for the copies alone */
 
 #ifdef CTXS_HAVE_SQLITE
     sqlite3 *db;
@@ -817,63 +833,41 @@ static int plan_conversation(demo *d, uint32_t turns)
     if (!(d->ids = calloc(total, sizeof d->ids[0])))
         return cli_fail(CTXS_ENOMEM, "%" PRIu64 " token ids", total);
     size_t staging = (size_t)longest * d->token_bytes;
-    if (!(d->staging = malloc(staging)))
+    if (!(d->staging = malloc(staging)) || !(d->copy_to = malloc(staging)))
         return cli_fail(CTXS_ENOMEM, "the K/V of %u tokens", longest);
     /* Faulted in now, so that a timed store reads from memory the engine
      * has, as its own buffers would be. */
     memset(d->staging, 0, staging);
+    memset(d->copy_to, 0, staging);
     return CLI_OK;
 }
 
-/* Stores a message's K/V from the engine's memory, [token][run][head_dim],
- * into the reserved slots in tinychat's order: a layer at a time (it
- * stores a layer's K/V between the attention calls that read them), a
- * token's heads one after another, one head_dim of fp16 a copy. */
-static void copy_slots(const demo *d, const ctxs_reservation *r,
-                       const uint8_t *buf)
+/* What the writes of a message's K/V cost beside copying the same bytes
+ * in memory: a layer's K and V at a time, from the engine's buffer into
+ * another already faulted in. What no store can beat. */
+static double copies_alone(demo *d, uint32_t n)
 {
-    const ctxs_geometry *g = &d->engine.model.geometry;
-    const ctxs_layout *lay = &d->lay;
-    size_t sb = lay->slot_bytes;
-    uint32_t per_layer = 2 * g->n_kv_heads;
-    for (uint32_t layer = 0; layer < g->n_layers; layer++) {
-        const uint8_t *p = buf + (size_t)layer * per_layer * sb;
-        for (uint32_t j = 0; j < r->n_spans; j++)
-            for (uint32_t t = 0; t < r->spans[j].count; t++) {
-                uint8_t *slot = (uint8_t *)lay->kv + layer * lay->layer_stride
-                                + (size_t)(r->spans[j].slot + t) * sb;
-                for (uint32_t i = 0; i < per_layer; i++) {
-                    uint8_t *dst = slot + i / g->n_kv_heads * lay->kv_stride
-                                   + i % g->n_kv_heads * lay->head_stride;
-                    memcpy(dst, p + i * sb, sb);
-                }
-                p += d->token_bytes;
-            }
-    }
+    size_t layer = (size_t)n * d->token_bytes / d->engine.model.geometry.n_layers;
+    double t0 = cli_now_s();
+    for (uint32_t l = 0; l < d->engine.model.geometry.n_layers; l++)
+        memcpy(d->copy_to + l * layer, d->staging + l * layer, layer);
+    return cli_now_s() - t0;
 }
 
-/* Times the first stores into a message's reserved slots, apart from the
- * engine's compute. They are what a store can cost beyond the copy: a
- * fault on each page not mapped writable when it is stored into, such as
- * one that writeback cleaned since reserve (or the background runway)
- * mapped it, as the kernel's flusher does within 30 s and settle_disk()
- * before every turn. The synthetic engine
- * computes into its own memory, and these are its stores. tinychat stores
- * inside its forward pass, where the copies cannot be timed apart from the
- * model; so the demo makes the first stores just before it, with the same
- * copies in the same order, and tinychat's stores then overwrite them at
- * the cost of the copy alone, counted as compute. */
-static void store_message(demo *d, const ctxs_reservation *r, double *write_s,
-                          double *copy_s)
+/* Hands a staged message's K/V, [layer][K|V][token][head][head_dim], to
+ * the session a layer at a time. */
+static int hand_over(demo *d, const ctxs_reservation *r)
 {
-    double t0 = cli_now_s();
-    copy_slots(d, r, d->staging);
-    double t1 = cli_now_s();
-    /* The same stores again take no fault: what the copies alone cost, to
-     * tell apart in write_s. */
-    copy_slots(d, r, d->staging);
-    *write_s += t1 - t0;
-    *copy_s += cli_now_s() - t1;
+    const ctxs_geometry *g = &d->engine.model.geometry;
+    size_t kind = (size_t)r->n_tokens * g->n_kv_heads * g->head_dim * 2;
+    for (uint32_t l = 0; l < g->n_layers; l++) {
+        const uint8_t *k = d->staging + (size_t)l * 2 * kind;
+        int rc = ctxs_session_write_layer(d->s, r, l, 0, r->n_tokens, k, k + kind,
+                                          g->dtype);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
 }
 
 /* Reserves n slots and has the engine write its K/V there. */
@@ -896,14 +890,21 @@ static int append_message(demo *d, uint32_t n, int generate,
     if (!generate)
         for (uint32_t i = 0; i < n; i++)
             d->ids[r.first_pos + i] = script_token(r.first_pos + i, d->engine.vocab);
-    if (!d->engine.stages)
-        store_message(d, &r, &res->write_s, &res->copy_s);
+    double engine_s = d->engine.write_seconds ? d->engine.write_seconds(&d->engine) : 0;
     rc = d->engine.write(&d->engine, d->s, &r, d->ids, generate, d->staging);
     if (rc < 0)
         return cli_fail(rc, "session %s: the %s engine", d->name,
                         d->engine.name);
-    if (d->engine.stages)
-        store_message(d, &r, &res->write_s, &res->copy_s);
+    if (d->engine.stages) {
+        t0 = cli_now_s();
+        rc = hand_over(d, &r);
+        res->write_s += cli_now_s() - t0;
+        if (rc < 0)
+            return cli_fail(rc, "session %s: writing the K/V of %u tokens", d->name, n);
+    } else {
+        res->write_s += d->engine.write_seconds(&d->engine) - engine_s;
+    }
+    res->copy_s += copies_alone(d, n);
     return CLI_OK;
 }
 
@@ -1676,21 +1677,23 @@ static void print_notes(const demo *d)
     const resume_result *r = &d->resume;
     char a[32], b[32], c[32];
     char e[32];
-    print_note("ctxstore", "all of a save, medians: reserve (%s), the first "
-               "stores of the new K/V into the mapping (%s, of which the "
-               "copies %s, the rest page faults) and "
+    print_note("ctxstore", "all of a save, medians: reserve (%s), the writes "
+               "of the new K/V, a layer at a time with ctxs_session_write_layer"
+               " (%s, where copying the same bytes in memory takes %s) and "
                "ctxs_session_commit (%s, the commit column). ASYNC: checksums"
                " the new tokens, writes a 128-byte record, starts writeback; "
                "survives a process crash, and after a power loss the open "
                "keeps what verifies. reserve takes slots that the background "
-               "thread allocated and mapped after the last commit.%s",
+               "thread allocated and mapped after the last commit; the writes "
+               "go into them where they are still mapped writable, else "
+               "through the file (the demo writes the disk back before each "
+               "turn, as the kernel does after a pause of 30 s).%s",
                fmt_secs(a, MEDIAN(d, reserve_s)),
                fmt_secs(b, MEDIAN(d, write_s)), fmt_secs(e, MEDIAN(d, copy_s)),
                fmt_secs(c, MEDIAN(d, commit_s)),
-               d->engine.stages ? "" : " tinychat stores inside its forward "
-               "pass: the demo makes the first stores into the reserved "
-               "slots just before it, the same copies, timed apart from the "
-               "model.");
+               d->engine.stages ? "" : " tinychat hands each layer over inside "
+               "its forward pass, before its attention reads it: the time in "
+               "those calls, apart from the model.");
     const turn_result *next = resumed_turn(d);
     if (next && next->reserve_s > 10 * MEDIAN(d, reserve_s)
         && next->reserve_s > 0.01)
@@ -2062,6 +2065,7 @@ static void teardown(demo *d)
     free(d->ids);
     free(d->state);
     free(d->staging);
+    free(d->copy_to);
 }
 
 typedef struct demo_options {

@@ -1,6 +1,8 @@
 /*
  * ctxstore ls: one line per session, from the index and, for what the
- * index does not know (the tokens now, locks, damage), from the file.
+ * index does not know (the tokens now, locks, damage), from the file; then
+ * a line per operation a crash interrupted, with what a read-write open
+ * does with it.
  */
 #include <inttypes.h>
 #include <limits.h>
@@ -141,6 +143,23 @@ static void print_table(const row *rows, size_t n)
     printf("%zu session%s, %s on disk\n", n, n == 1 ? "" : "s", fmt_size(size, total));
 }
 
+/* Operations a crash interrupted, which a read-only open leaves as they
+ * are: their files are not listed above (no entry names them), and are
+ * not damage. A failure to read them only leaves them out. */
+static void print_intents(const cli *c, ctxs_store *st)
+{
+    ctxs_intent_entry *list;
+    size_t n;
+    if (ctxs_store_intent_list(&list, &n, st) < 0)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        char what[4096 + 512];
+        cli_intent_sentence(what, sizeof(what), c, &list[i]);
+        printf("pending: %s\n", what);
+    }
+    ctxs_free(list);
+}
+
 int cmd_ls(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
@@ -172,6 +191,7 @@ int cmd_ls(cli *c, int argc, char **argv)
         print_json(&j, rows, n);
     } else {
         print_table(rows, n);
+        print_intents(c, st);
     }
     free(rows);
     ctxs_free(list);

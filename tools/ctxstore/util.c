@@ -633,6 +633,74 @@ void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id)
     snprintf(buf, n, "%s/sessions/%016" PRIx64 ".ctxs", c->store_dir, id);
 }
 
+const char *cli_intent_kind(const ctxs_intent_entry *e)
+{
+    return e->kind == CTXS_INTENT_CREATE ? "create" : "delete";
+}
+
+const char *cli_intent_action(const ctxs_intent_entry *e)
+{
+    return e->action == CTXS_INTENT_WAIT          ? "wait"
+           : e->action == CTXS_INTENT_REMOVE_FILE ? "remove_file"
+                                                  : "drop";
+}
+
+void cli_intent_sentence(char *buf, size_t n, const cli *c, const ctxs_intent_entry *e)
+{
+    char path[4096], pid[48] = "";
+    cli_session_path(path, sizeof(path), c, e->id);
+    if (e->pid)
+        snprintf(pid, sizeof(pid), " by process %" PRIu32, e->pid);
+    const char *what = e->kind == CTXS_INTENT_CREATE
+                           ? "a create, fork or import"
+                           : "a delete";
+    switch (e->action) {
+    case CTXS_INTENT_WAIT:
+        snprintf(buf, n, "%s of %s%s is under way (its process is running, or a handle has the "
+                 "file open); the next read-write open of the store leaves it alone",
+                 what, path, pid);
+        break;
+    case CTXS_INTENT_REMOVE_FILE:
+        snprintf(buf, n, "%s of %s%s was interrupted by a crash before %s; the next read-write "
+                 "open of the store (any command that writes, `ctxstore compact` among them) "
+                 "removes the file, which no session owns",
+                 what, path, pid,
+                 e->kind == CTXS_INTENT_CREATE ? "the index named the file"
+                                               : "the file was removed");
+        break;
+    default:
+        snprintf(buf, n, "%s of %s%s was interrupted by a crash %s; the next read-write open "
+                 "of the store drops the index's record of it",
+                 what, path, pid,
+                 e->file_present                  ? "when it was done but for that record"
+                 : e->kind == CTXS_INTENT_CREATE ? "before its file was in place"
+                                                 : "after its file was removed");
+        break;
+    }
+}
+
+void cli_intents_json(json *j, const char *key, const cli *c, const ctxs_intent_entry *list,
+                      size_t n)
+{
+    json_key(j, key);
+    json_array_begin(j);
+    for (size_t i = 0; i < n; i++) {
+        char path[4096], what[4096 + 512];
+        cli_session_path(path, sizeof(path), c, list[i].id);
+        cli_intent_sentence(what, sizeof(what), c, &list[i]);
+        json_object_begin(j);
+        json_kv_u64(j, "id", list[i].id);
+        json_kv_string(j, "file", path);
+        json_kv_string(j, "kind", cli_intent_kind(&list[i]));
+        json_kv_u64(j, "pid", list[i].pid);
+        json_kv_bool(j, "file_present", (int)list[i].file_present);
+        json_kv_string(j, "action", cli_intent_action(&list[i]));
+        json_kv_string(j, "what", what);
+        json_object_end(j);
+    }
+    json_array_end(j);
+}
+
 const ctxs_record_report *cli_current_record(const ctxs_file_report *r)
 {
     for (int i = 0; i < 2; i++)

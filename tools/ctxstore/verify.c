@@ -4,6 +4,8 @@
  * (ctxs_store_check()) and the index against the session files. The exit
  * code is the verdict: 0 nothing wrong, 8 the index is damaged (whatever
  * else was found: its way out comes first), 5 damage in session files.
+ * Operations a crash interrupted (ctxs_store_intent_list()) are listed
+ * with what the next read-write open does with them, never as damage.
  *
  * A bad token is reported with the 64-token chunk it falls in (the unit
  * the prefix index uses), and verification goes on past it, so the report
@@ -219,9 +221,23 @@ static void verify_one(run *rn, ctxs_store *st, const ctxs_session_entry *e, res
         r->status = CTXS_ECORRUPT; /* a damaged record */
 }
 
+/* The intent of id among the store's, or NULL. */
+static const ctxs_intent_entry *intent_of(const ctxs_intent_entry *intents, size_t n_intents,
+                                          uint64_t id)
+{
+    for (size_t i = 0; i < n_intents; i++)
+        if (intents[i].id == id)
+            return &intents[i];
+    return NULL;
+}
+
 /* Session files that no index entry names, and entries whose file is gone
- * are found by verify_one; this finds the first kind. */
-static int unindexed_files(run *rn, const ctxs_session_entry *list, size_t n)
+ * are found by verify_one; this finds the first kind. A file that an
+ * operation interrupted by a crash left (its intent is pending) is no
+ * damage: it is reported with the intents, with what a read-write open
+ * does with it, and not counted here. */
+static int unindexed_files(run *rn, const ctxs_session_entry *list, size_t n,
+                           const ctxs_intent_entry *intents, size_t n_intents)
 {
     char dir[PATH_MAX];
     snprintf(dir, sizeof(dir), "%s/sessions", rn->c->store_dir);
@@ -239,7 +255,7 @@ static int unindexed_files(run *rn, const ctxs_session_entry *list, size_t n)
         uint64_t id = strtoull(nm, &end, 16);
         if (end != nm + 16)
             continue;
-        int known = 0;
+        int known = intent_of(intents, n_intents, id) != NULL;
         for (size_t i = 0; i < n && !known; i++)
             known = list[i].id == id;
         if (known)
@@ -254,6 +270,21 @@ static int unindexed_files(run *rn, const ctxs_session_entry *list, size_t n)
     }
     closedir(d);
     return found;
+}
+
+/* Operations a crash interrupted: not damage, but what the next read-write
+ * open of the store finishes or undoes. */
+static void intents_report(run *rn, const ctxs_intent_entry *intents, size_t n)
+{
+    if (rn->c->json) {
+        cli_intents_json(&rn->j, "interrupted", rn->c, intents, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char what[4096 + 512];
+        cli_intent_sentence(what, sizeof(what), rn->c, &intents[i]);
+        printf("pending  %s\n", what);
+    }
 }
 
 /* Every malformed record of the index, in the report. */
@@ -371,6 +402,16 @@ int cmd_verify(cli *c, int argc, char **argv)
         ctxs_store_close(st);
         return cli_fail(rc, "checking the index of %s", c->store_dir);
     }
+    /* What crashes left half done, which a read-only open leaves as it
+     * is: the files they left are theirs, not damage. */
+    ctxs_intent_entry *intents = NULL;
+    size_t n_intents = 0;
+    if (!only && (rc = ctxs_store_intent_list(&intents, &n_intents, st)) < 0 &&
+        rc != CTXS_EINDEX) {
+        ctxs_free(chk.problems);
+        ctxs_store_close(st);
+        return cli_fail(rc, "reading the interrupted operations of %s", c->store_dir);
+    }
     if (only) {
         list = malloc(sizeof(*list));
         rc = list ? ctxs_store_session_get(list, st, only) : CTXS_ENOMEM;
@@ -384,6 +425,7 @@ int cmd_verify(cli *c, int argc, char **argv)
     }
     if (rc < 0) {
         ctxs_free(chk.problems);
+        ctxs_free(intents);
         ctxs_free(list);
         ctxs_store_close(st);
         return cli_fail(rc, only ? "session '%s'" : "listing the sessions of %s",
@@ -398,6 +440,7 @@ int cmd_verify(cli *c, int argc, char **argv)
     result *r = malloc(sizeof(*r));
     if (!r) {
         ctxs_free(chk.problems);
+        ctxs_free(intents);
         ctxs_free(list);
         ctxs_store_close(st);
         return cli_fail(CTXS_ENOMEM, "verify");
@@ -431,10 +474,12 @@ int cmd_verify(cli *c, int argc, char **argv)
             json_array_begin(&rn.j);
         }
     }
-    if (!only && unindexed_files(&rn, list, n) > 0)
+    if (!only && unindexed_files(&rn, list, n, intents, n_intents) > 0)
         rn.damaged = 1;
     if (c->json && !only)
         json_array_end(&rn.j);
+    if (!only)
+        intents_report(&rn, intents, n_intents);
     if (!only)
         index_report(&rn, &chk);
     ex = rn.damaged ? CLI_EDAMAGED : CLI_OK;
@@ -458,6 +503,7 @@ int cmd_verify(cli *c, int argc, char **argv)
                only ? "" : ", index records read and compared with the files");
     }
     ctxs_free(chk.problems);
+    ctxs_free(intents);
     ctxs_free(list);
     ctxs_store_close(st);
     return ex;

@@ -1,0 +1,281 @@
+/*
+ * Slots mapped writable ahead of the engine's writes, and what the write
+ * path may assume about them.
+ *
+ * A store into a page of the shared mapping that is not mapped writable
+ * costs a page fault (about 2.8 us a 4 KiB page on Linux 6.18 ext4, as
+ * much as copying the page three times): ext4's page_mkwrite marks the
+ * page dirty and makes the entry writable. So the worker maps the slots of
+ * the next turn writable after each commit (the runway), and a reservation
+ * beyond it as soon as it is made. The kernel undoes that whenever it
+ * writes a page back: writeback write-protects every page it cleans, ours
+ * after a commit, the flusher's for any dirty page of an inode dirty for
+ * longer than vm.dirty_expire_centisecs (30 s) -- which the runway's own
+ * zeros keep it. After a pause of half a minute the next turn's pages are
+ * clean again, and every store into them faults.
+ *
+ * ctxs__populate() records which positions this handle mapped and when,
+ * and ctxs__kv_writable() asks the page cache whether those pages are still
+ * dirty (cachestat(2), Linux 6.5): a dirty page of a range this handle
+ * mapped since it last wrote the range through the file is still mapped
+ * writable, since writeback write-protects a page only as it cleans it.
+ * The write path (kv_write.c) stores straight into such pages and writes
+ * every other range through the file, where no fault can happen.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "platform.h"
+
+/* --- What was mapped -------------------------------------------------------- */
+
+/* How long a layer found writable is taken to stay so without asking the
+ * page cache again (ctxs__kv_writable()). The flusher wakes every 5 s
+ * (vm.dirty_writeback_centisecs); one that cleans the pages within this
+ * costs the calls after it some page faults, never a wrong byte. */
+#define SEEN_MS 50u
+
+static uint64_t monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void ctxs__populated_forget(ctxs_session *s)
+{
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    s->pop_from = s->pop_to = s->pop_stamp = 0;
+    s->pop_layers = 0;
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+}
+
+/* A pass over [from, to) begins: returns its stamp. */
+static uint64_t pass_begin(ctxs_session *s, uint64_t from, uint64_t to)
+{
+    uint64_t stamp = atomic_fetch_add(&s->stamp, 1) + 1;
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    s->pop_from = from;
+    s->pop_to = to;
+    s->pop_layers = 0;
+    s->pop_stamp = stamp;
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+    return stamp;
+}
+
+/* The pass of stamp has mapped the layers below `layers`; nothing, if the
+ * record was forgotten or another pass began meanwhile. */
+static void pass_progress(ctxs_session *s, uint64_t stamp, uint32_t layers)
+{
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    if (s->pop_stamp == stamp)
+        s->pop_layers = layers;
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+}
+
+/* Whether every page holding [slot, slot + count) of run `run` (file order)
+ * is dirty: 1, 0, or -1 when the system cannot tell. */
+static int run_dirty(const ctxs_session *s, uint32_t run, uint32_t slot, uint32_t count)
+{
+    const ctxs__file_layout *lay = &s->lay;
+    int d = ctxs__range_dirty(s->fd,
+                              lay->kv_off + (uint64_t)run * lay->head_stride +
+                                  (uint64_t)slot * lay->slot_bytes,
+                              (uint64_t)count * lay->slot_bytes);
+    if (d != 1 || !lay->scales_bytes)
+        return d;
+    return ctxs__range_dirty(s->fd,
+                             lay->scales_off + (uint64_t)run * lay->scales_stride +
+                                 (uint64_t)slot * 4,
+                             (uint64_t)count * 4);
+}
+
+int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, uint32_t l1,
+                      unsigned how, uint64_t *pending)
+{
+    if (pending)
+        *pending = 0;
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    uint64_t pop_from = s->pop_from, pop_to = s->pop_to, stamp = s->pop_stamp;
+    uint32_t layers = s->pop_layers;
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+    if (!(pop_to && pop_from <= from && to <= pop_to))
+        return 0;
+    /* A page written through the file after the pass mapped it may have
+     * been cleaned in between, then dirtied by the write with its entry
+     * still write-protected. */
+    for (uint32_t l = l0; (how & CTXS__ASK_OWNER) && s->file_written && l < l1; l++)
+        if (atomic_load_explicit(&s->file_written[l], memory_order_relaxed) > stamp)
+            return 0;
+    if (l1 > layers) {
+        /* A pass on its way: it maps these layers after whatever the
+         * caller writes now. */
+        if (pending)
+            *pending = stamp;
+        return 0;
+    }
+    /* One layer asked again soon after it was found writable, within what
+     * the page cache was asked about then: a reply decoded a token at a
+     * time asks 2 * n_layers times a token, and two cachestat calls each
+     * would cost more than its copies. What the page cache is asked about
+     * is the rest of what the pass mapped, where the next calls fall. */
+    ctxs__layer_seen *seen =
+        (how & CTXS__ASK_OWNER) && s->seen && l1 == l0 + 1 ? &s->seen[l0] : NULL;
+    uint64_t now = 0;
+    if (seen) {
+        /* A commit since starts writeback, which cleans the page its last
+         * slots share with the next ones. */
+        now = monotonic_ms();
+        if (seen->stamp == stamp && seen->committed == s->st.n_tokens && seen->from <= from &&
+            to <= seen->to && now - seen->at_ms < SEEN_MS)
+            return 1;
+        to = pop_to;
+    }
+    /* The flusher cleans the pages of an inode in file order, so the first
+     * and the last run of the range tell for the runs between (a race
+     * with it costs some faults, never a wrong byte). */
+    const uint32_t heads = s->lay.n_kv_heads;
+    const uint32_t first_run = l0 * 2 * heads, last_run = l1 * 2 * heads - 1;
+    ctxs__span spans[2];
+    uint32_t n_spans = ctxs__slot_spans(spans, from, to - from, s->lay.capacity, s->lay.n_sink);
+    for (uint32_t i = 0; i < n_spans; i++) {
+        int a = run_dirty(s, first_run, spans[i].slot, spans[i].count);
+        int b = a == 1 ? run_dirty(s, last_run, spans[i].slot, spans[i].count) : a;
+        if (b < 0)
+            return (how & CTXS__ASK_BY_AGE) &&
+                   monotonic_ms() - atomic_load(&s->runway_at_ms) < CTXS__RUNWAY_FRESH_MS;
+        if (b == 0)
+            return 0;
+    }
+    if (seen)
+        *seen = (ctxs__layer_seen){stamp, s->st.n_tokens, from, to, now};
+    return 1;
+}
+
+/* --- Mapping ---------------------------------------------------------------- */
+
+/* Maps the spans' pages of positions [from, to) writable, one call per run
+ * and span, layer after layer (the order an engine writes in), publishing
+ * each layer as it is done. Pages whose blocks hold data, such as the page
+ * a turn shares with the last one, or slots written back after a runway,
+ * are read ahead first: the KV is mapped MADV_RANDOM, and after a cold open
+ * each of them would otherwise be its own 4 KiB read (measured: 1.2 s for
+ * the first reserve of a resumed demo chat). Unwritten blocks read as
+ * zeros, without I/O. Only an optimisation: errors are ignored. */
+static void populate(ctxs_session *s, uint64_t from, uint64_t to)
+{
+#ifdef MADV_POPULATE_WRITE
+    const ctxs__file_layout *lay = &s->lay;
+    const uint32_t runs_per_layer = 2 * lay->n_kv_heads;
+    ctxs__span spans[2];
+    uint32_t n_spans = ctxs__slot_spans(spans, from, to - from, lay->capacity, lay->n_sink);
+    for (uint32_t run = 0; run < lay->n_layers * runs_per_layer; run++)
+        for (uint32_t i = 0; i < n_spans; i++)
+            posix_fadvise(s->fd,
+                          (off_t)(lay->kv_off + (uint64_t)run * lay->head_stride +
+                                  (uint64_t)spans[i].slot * lay->slot_bytes),
+                          (off_t)((uint64_t)spans[i].count * lay->slot_bytes), POSIX_FADV_WILLNEED);
+    const uint64_t stamp = pass_begin(s, from, to);
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (uint32_t layer = 0; layer < lay->n_layers; layer++) {
+        /* The engine has written this layer through the file since this
+         * pass began, and nothing will store into it again (kv_write.c). */
+        if (s->file_written && atomic_load(&s->file_written[layer]) > stamp) {
+            pass_progress(s, stamp, layer + 1);
+            continue;
+        }
+        for (uint32_t run = layer * runs_per_layer; run < (layer + 1) * runs_per_layer; run++) {
+            uintptr_t base = (uintptr_t)(s->map + lay->kv_off + (size_t)run * lay->head_stride);
+            for (uint32_t i = 0; i < n_spans; i++) {
+                uintptr_t a = (base + (uintptr_t)spans[i].slot * lay->slot_bytes) & ~(page - 1);
+                uintptr_t b = base + (uintptr_t)(spans[i].slot + spans[i].count) * lay->slot_bytes;
+                if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) != 0)
+                    return; /* EINVAL before Linux 5.14: fault on access */
+            }
+            /* A Q8 session's scales of the same slots: a page of each run's
+             * table, which would otherwise cost a write fault per run in
+             * the turn (the table was allocated at create, and is read
+             * ahead with the window). */
+            base = (uintptr_t)(s->map + lay->scales_off + (size_t)run * lay->scales_stride);
+            for (uint32_t i = 0; lay->scales_bytes && i < n_spans; i++) {
+                uintptr_t a = (base + (uintptr_t)spans[i].slot * 4) & ~(page - 1);
+                uintptr_t b = base + (uintptr_t)(spans[i].slot + spans[i].count) * 4;
+                if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) != 0)
+                    return;
+            }
+        }
+        pass_progress(s, stamp, layer + 1);
+    }
+    atomic_store(&s->runway_at_ms, monotonic_ms());
+#else
+    (void)s, (void)from, (void)to;
+#endif
+}
+
+void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to)
+{
+    populate(s, from, to);
+}
+
+/* --- The runway --------------------------------------------------------------
+ *
+ * After each commit the worker allocates and maps writable the slots of the
+ * next positions, as many as twice the largest of the last reservations
+ * (at least RUNWAY_MIN_TOKENS, at most RUNWAY_MAX_BYTES of KV), so that the
+ * next reserve finds them ready and costs microseconds. A reserve beyond
+ * the runway does the work itself, as it always did, and a full disk is
+ * still CTXS_EFULL from reserve: the runway gives up quietly and maps only
+ * slots that have blocks. Mapping a page writable dirties it, so the
+ * worker's writeback covers committed slots only (not the runway's zeros),
+ * and at FULL, whose fdatasync would write those zeros on the commit's
+ * path, the runway only allocates.
+ */
+#define RUNWAY_MIN_TOKENS 64u
+#define RUNWAY_MAX_BYTES (128u << 20)
+
+/* want tokens, within the bounds above. */
+static uint32_t runway_clamp(const ctxs_session *s, uint64_t want)
+{
+    const ctxs__file_layout *lay = &s->lay;
+    uint64_t most = RUNWAY_MAX_BYTES / ((uint64_t)lay->slot_bytes * 2 * lay->n_layers * lay->n_kv_heads);
+    want = want < RUNWAY_MIN_TOKENS ? RUNWAY_MIN_TOKENS : want;
+    want = want > most ? most : want;
+    /* Never more than a ring can hold without overwriting itself. */
+    uint64_t room = s->ring ? ctxs__ring_len(s) : lay->capacity;
+    want = want > room ? room : want;
+    return (uint32_t)(want ? want : 1);
+}
+
+void ctxs__runway_adapt(ctxs_session *s, uint32_t n)
+{
+    s->recent_reserves[s->recent_next++ % 4] = n;
+    uint32_t most = 0;
+    for (int i = 0; i < 4; i++)
+        most = s->recent_reserves[i] > most ? s->recent_reserves[i] : most;
+    atomic_store(&s->runway_tokens, runway_clamp(s, 2ull * most));
+}
+
+void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
+{
+    if (s->readonly)
+        return;
+    uint32_t len = atomic_load(&s->runway_tokens);
+    uint64_t first = st->n_tokens, end = first + (len ? len : runway_clamp(s, 0));
+    if (!s->ring && end > s->lay.capacity)
+        end = s->lay.capacity;
+    if (first >= end ||
+        ctxs__kv_writable(s, first, end, 0, s->lay.n_layers, CTXS__ASK_BY_AGE, NULL))
+        return;
+    ctxs__span spans[2];
+    ctxs__slot_spans(spans, first, end - first, s->lay.capacity, s->lay.n_sink);
+    if (ctxs__allocate_slots(s, spans[0].slot + spans[0].count) < 0)
+        return;
+    if (s->durability == CTXS_SYNC_FULL)
+        return;
+    populate(s, first, end);
+}

@@ -1,0 +1,516 @@
+/*
+ * The write path (src/store/kv_write.c): ctxs_session_write_layer() and
+ * ctxs_session_write_token(), both ways into the slots (stores into pages
+ * still mapped writable, pwrite() through the file elsewhere): the bytes
+ * each dtype and form give, what the mapping shows before the commit, the
+ * arguments refused, the page faults never taken on the caller's thread,
+ * and what a write into the file that fails leaves behind.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "ctxstore.h"
+#include "dtype.h"
+#include "internal.h"
+#include "support.h"
+#include "syscall.h"
+
+TestSuite(write, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 300);
+
+#define N_LAYERS 3u
+#define N_HEADS 2u
+#define HEAD_DIM 64u
+#define HEADS (N_LAYERS * N_HEADS)
+#define MAX_TOKENS 96u
+
+static const uint32_t dtypes[] = { CTXS_DTYPE_F16, CTXS_DTYPE_BF16, CTXS_DTYPE_Q8 };
+
+static ctxs_model model_of(uint32_t dtype)
+{
+    ctxs_model m = ts_model(11);
+    m.geometry = (ctxs_geometry){ N_LAYERS, N_HEADS, HEAD_DIM, dtype };
+    return m;
+}
+
+static void path_reset(void)
+{
+    ctxs__write_path_force = 0;
+}
+
+/* The float32 K (kind 0) or V (kind 1) element the engine has for (pos,
+ * layer, head, i): either sign, several orders of magnitude, now and then
+ * a value fp16 rounds or a tiny one. */
+static float value(uint64_t pos, uint32_t kind, uint32_t layer, uint32_t head, uint32_t i)
+{
+    uint64_t x = ts_mix64(((pos * 2 + kind) * N_LAYERS + layer) * 1000003u + head * 4099u + i);
+    float a = (float)((int64_t)(x % 200001) - 100000) / 1000.0f;
+    switch ((x >> 20) % 8) {
+    case 0: return a * 1e-6f;
+    case 1: return a * 37.0f;
+    case 2: return a + 0.00048828125f; /* half an fp16 ulp at 1 */
+    default: return a;
+    }
+}
+
+/* One head of one token in the form `form` for a session of dtype: the
+ * floats narrowed, or for the session's own Q8 encoded (into out, and the
+ * scale into *scale). Returns the bytes of the elements. */
+static size_t head_in_form(uint8_t *out, float *scale, uint64_t pos, uint32_t kind,
+                           uint32_t layer, uint32_t head, uint32_t form)
+{
+    float x[HEAD_DIM];
+    for (uint32_t i = 0; i < HEAD_DIM; i++)
+        x[i] = value(pos, kind, layer, head, i);
+    if (form == CTXS_DTYPE_Q8) {
+        cr_assert_eq(ctxs_dtype_encode(out, scale, x, HEAD_DIM, form), 0);
+        return HEAD_DIM;
+    }
+    ctxs__narrow(out, x, form, HEAD_DIM);
+    return HEAD_DIM * (form == CTXS_DTYPE_F32 ? 4u : 2u);
+}
+
+/* Bytes of one head of one token handed over in form. */
+static size_t head_bytes(uint32_t form)
+{
+    return HEAD_DIM * (form == CTXS_DTYPE_F32 ? 4u : form == CTXS_DTYPE_Q8 ? 1u : 2u);
+}
+
+/* Token pos as write_token takes it: [layers][heads][dim] of form, then for
+ * Q8 the [layers][heads] scales. */
+static void token_form(uint8_t *k, uint8_t *v, uint64_t pos, uint32_t form)
+{
+    const size_t eb = head_bytes(form);
+    for (uint32_t kind = 0; kind < 2; kind++) {
+        uint8_t *p = kind ? v : k;
+        for (uint32_t l = 0; l < N_LAYERS; l++)
+            for (uint32_t h = 0; h < N_HEADS; h++) {
+                float sc = 0;
+                head_in_form(p + (l * N_HEADS + h) * eb, &sc, pos, kind, l, h, form);
+                if (form == CTXS_DTYPE_Q8)
+                    memcpy(p + HEADS * eb + (l * N_HEADS + h) * 4, &sc, 4);
+            }
+    }
+}
+
+/* Tokens [first, first + n) of one layer as write_layer takes them:
+ * [n][heads][dim] of form, then for Q8 the [n][heads] scales. */
+static void layer_form(uint8_t *k, uint8_t *v, uint64_t first, uint32_t n, uint32_t layer,
+                       uint32_t form)
+{
+    const size_t eb = head_bytes(form);
+    for (uint32_t kind = 0; kind < 2; kind++) {
+        uint8_t *p = kind ? v : k;
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t h = 0; h < N_HEADS; h++) {
+                float sc = 0;
+                head_in_form(p + (t * N_HEADS + h) * eb, &sc, first + t, kind, layer, h, form);
+                if (form == CTXS_DTYPE_Q8)
+                    memcpy(p + (size_t)n * N_HEADS * eb + (t * N_HEADS + h) * 4, &sc, 4);
+            }
+    }
+}
+
+static uint8_t g_k[MAX_TOKENS * HEADS * HEAD_DIM * 4 + MAX_TOKENS * HEADS * 4];
+static uint8_t g_v[sizeof(g_k)];
+
+static ctxs_session *create(const char *name, uint32_t dtype, uint32_t capacity, uint32_t n_sink,
+                            uint32_t ring, uint32_t background)
+{
+    ctxs_model m = model_of(dtype);
+    ctxs_create_options o = ts_options(capacity, n_sink, ring, CTXS_SYNC_ASYNC);
+    o.open.background = background;
+    ctxs_session *s = NULL;
+    int rc = ctxs_session_create(&s, ts_path(ts_scratch, name), &m, &o);
+    cr_assert_eq(rc, 0, "create %s: %s", name, ctxs_err_name(rc));
+    return s;
+}
+
+static uint32_t id_of(uint64_t pos)
+{
+    return ts_token(pos);
+}
+
+/* Reserves n, writes them with write_token in form, commits. */
+static void append_tokens(ctxs_session *s, uint32_t n, uint32_t form)
+{
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, n), 0);
+    uint32_t ids[MAX_TOKENS];
+    for (uint32_t i = 0; i < n; i++) {
+        token_form(g_k, g_v, r.first_pos + i, form);
+        int rc = ctxs_session_write_token(s, &r, i, g_k, g_v, form);
+        cr_assert_eq(rc, 0, "write_token: %s", ctxs_err_name(rc));
+        ids[i] = id_of(r.first_pos + i);
+    }
+    cr_assert_eq(ctxs_session_commit(s, ids, n), 0);
+}
+
+/* Writes tokens [i, i + n) of r for every layer, last layer first, with
+ * write_layer in form. */
+static void write_layers(ctxs_session *s, const ctxs_reservation *r, uint32_t i, uint32_t n,
+                         uint32_t form)
+{
+    for (uint32_t l = N_LAYERS; l-- > 0;) {
+        layer_form(g_k, g_v, r->first_pos + i, n, l, form);
+        int rc = ctxs_session_write_layer(s, r, l, i, n, g_k, g_v, form);
+        cr_assert_eq(rc, 0, "write_layer(%u, %u, %u): %s", l, i, n, ctxs_err_name(rc));
+    }
+}
+
+/* Reserves n, writes them with write_layer in form, in two calls a layer
+ * (split tokens apart), commits. */
+static void append_layers(ctxs_session *s, uint32_t n, uint32_t split, uint32_t form)
+{
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, n), 0);
+    write_layers(s, &r, split, n - split, form);
+    if (split)
+        write_layers(s, &r, 0, split, form);
+    uint32_t ids[MAX_TOKENS];
+    for (uint32_t i = 0; i < n; i++)
+        ids[i] = id_of(r.first_pos + i);
+    cr_assert_eq(ctxs_session_commit(s, ids, n), 0);
+}
+
+/* Both sessions hold the same positions with the same stored bytes (K, V
+ * and Q8 scales, as the session keeps them), and verify. */
+static void same_bytes(const ctxs_session *a, const ctxs_session *b, uint32_t dtype,
+                       const char *what)
+{
+    ctxs_session_info ia, ib;
+    cr_assert_eq(ctxs_session_get_info(&ia, a), 0);
+    cr_assert_eq(ctxs_session_get_info(&ib, b), 0);
+    cr_assert_eq(ia.n_tokens, ib.n_tokens, "%s", what);
+    static uint8_t ka[sizeof(g_k)], va[sizeof(g_k)], kb[sizeof(g_k)], vb[sizeof(g_k)];
+    size_t bytes = ctxs_geometry_get_token_bytes(&ia.model.geometry, dtype);
+    for (uint64_t p = 0; p < ia.n_tokens; p++) {
+        int ra = ctxs_session_read_token(ka, va, a, p, dtype);
+        int rb = ctxs_session_read_token(kb, vb, b, p, dtype);
+        if (ra == CTXS_EEVICTED && rb == CTXS_EEVICTED)
+            continue;
+        cr_assert_eq(ra, 0, "%s: read %llu: %s", what, (unsigned long long)p, ctxs_err_name(ra));
+        cr_assert_eq(rb, 0, "%s: read %llu: %s", what, (unsigned long long)p, ctxs_err_name(rb));
+        cr_assert(memcmp(ka, kb, bytes) == 0 && memcmp(va, vb, bytes) == 0,
+                  "%s: position %llu differs", what, (unsigned long long)p);
+    }
+    uint64_t bad = 0;
+    cr_assert_eq(ctxs_session_verify(&bad, a), 0, "%s", what);
+    cr_assert_eq(ctxs_session_verify(&bad, b), 0, "%s at %llu", what, (unsigned long long)bad);
+}
+
+Test(write, layer_stores_what_write_token_stores_in_every_dtype_form_and_way)
+{
+    static const uint32_t forms[] = { CTXS_DTYPE_F32, CTXS_DTYPE_F16, CTXS_DTYPE_BF16, 0 };
+    static const char *const ways[] = { "chosen", "mapped", "file" };
+    for (size_t d = 0; d < 3; d++)
+        for (size_t f = 0; f < 4; f++)
+            for (int way = 0; way < 3; way++) {
+                uint32_t dtype = dtypes[d], form = forms[f] ? forms[f] : dtype;
+                char what[128];
+                snprintf(what, sizeof(what), "dtype %u, form %u, %s", dtype, form, ways[way]);
+                ctxs__write_path_force = 0;
+                ctxs_session *a = create("a", dtype, 256, 4, 0, 1);
+                append_tokens(a, 50, form);
+                append_tokens(a, 41, form);
+                ctxs__write_path_force = way;
+                ctxs_session *b = create("b", dtype, 256, 4, 0, 1);
+                append_layers(b, 50, 17, form);
+                append_layers(b, 41, 0, form);
+                same_bytes(a, b, dtype, what);
+                path_reset();
+                ctxs_session_close(a);
+                ctxs_session_close(b);
+                unlink(ts_path(ts_scratch, "a"));
+                unlink(ts_path(ts_scratch, "b"));
+            }
+}
+
+/* A reservation across the end of a ring's slots has two spans; a call of
+ * write_layer may straddle them. */
+Test(write, layer_writes_across_the_wrap_of_a_ring)
+{
+    for (int way = 1; way <= 2; way++) {
+        ctxs_session *a = create("a", CTXS_DTYPE_Q8, 64, 4, 1, 1);
+        ctxs_session *b = create("b", CTXS_DTYPE_Q8, 64, 4, 1, 1);
+        append_tokens(a, 50, CTXS_DTYPE_F32);
+        append_tokens(b, 50, CTXS_DTYPE_F32);
+        ctxs__write_path_force = way;
+        append_tokens(a, 40, CTXS_DTYPE_F32);
+        append_layers(b, 40, 9, CTXS_DTYPE_F32); /* slots 50..59, then 4.. */
+        path_reset();
+        same_bytes(a, b, CTXS_DTYPE_Q8, way == 1 ? "mapped" : "file");
+        ctxs_session_close(a);
+        ctxs_session_close(b);
+        unlink(ts_path(ts_scratch, "a"));
+        unlink(ts_path(ts_scratch, "b"));
+    }
+}
+
+/* What a call writes is in the slots when it returns: the layout shows it,
+ * and the attention plan of the pending tokens covers it. */
+Test(write, layer_is_in_the_mapping_when_it_returns, .fini = path_reset)
+{
+    for (int way = 1; way <= 2; way++) {
+        ctxs__write_path_force = way;
+        ctxs_session *s = create("s", CTXS_DTYPE_F16, 256, 4, 0, 1);
+        append_layers(s, 30, 0, CTXS_DTYPE_F32);
+        ctxs_reservation r;
+        cr_assert_eq(ctxs_session_reserve(&r, s, 20), 0);
+        layer_form(g_k, g_v, r.first_pos, 20, 1, CTXS_DTYPE_F32);
+        cr_assert_eq(ctxs_session_write_layer(s, &r, 1, 0, 20, g_k, g_v, CTXS_DTYPE_F32), 0);
+        ctxs_attn_plan plan;
+        cr_assert_eq(ctxs_session_get_attn_plan(&plan, s, 20), 0);
+        cr_assert_eq(plan.n_tokens, 50);
+        for (uint32_t kind = 0; kind < 2; kind++)
+            for (uint32_t h = 0; h < N_HEADS; h++) {
+                void *run;
+                cr_assert_eq(ctxs_session_get_kv(&run, s, 1, kind, h), 0);
+                for (uint32_t t = 0; t < 20; t++) {
+                    uint16_t want[HEAD_DIM];
+                    float x[HEAD_DIM];
+                    for (uint32_t i = 0; i < HEAD_DIM; i++)
+                        x[i] = value(r.first_pos + t, kind, 1, h, i);
+                    ctxs__narrow(want, x, CTXS_DTYPE_F16, HEAD_DIM);
+                    cr_assert(memcmp((uint8_t *)run + (r.spans[0].slot + t) * HEAD_DIM * 2, want,
+                                     sizeof(want)) == 0,
+                              "%s way: layer 1 kind %u head %u token %u not in the mapping",
+                              way == 1 ? "mapped" : "file", kind, h, t);
+                }
+            }
+        ctxs_session_close(s);
+        unlink(ts_path(ts_scratch, "s"));
+    }
+}
+
+Test(write, layer_refuses_what_it_cannot_store)
+{
+    ctxs_session *s = create("s", CTXS_DTYPE_Q8, 256, 4, 0, 1);
+    append_tokens(s, 10, CTXS_DTYPE_F32);
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 8), 0);
+    layer_form(g_k, g_v, r.first_pos, 8, 0, CTXS_DTYPE_F32);
+    cr_expect_eq(ctxs_session_write_layer(NULL, &r, 0, 0, 8, g_k, g_v, CTXS_DTYPE_F32), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_write_layer(s, NULL, 0, 0, 8, g_k, g_v, CTXS_DTYPE_F32), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_write_layer(s, &r, 0, 0, 8, NULL, g_v, CTXS_DTYPE_F32), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_write_layer(s, &r, 0, 0, 8, g_k, NULL, CTXS_DTYPE_F32), CTXS_EINVAL);
+    cr_expect_eq(ctxs_session_write_layer(s, &r, N_LAYERS, 0, 8, g_k, g_v, CTXS_DTYPE_F32),
+                 CTXS_EINVAL, "a layer past the model's");
+    cr_expect_eq(ctxs_session_write_layer(s, &r, 0, 0, 0, g_k, g_v, CTXS_DTYPE_F32), CTXS_EINVAL,
+                 "no token");
+    cr_expect_eq(ctxs_session_write_layer(s, &r, 0, 1, 8, g_k, g_v, CTXS_DTYPE_F32), CTXS_EINVAL,
+                 "past the reservation");
+    cr_expect_eq(ctxs_session_write_layer(s, &r, 0, 8, 1, g_k, g_v, CTXS_DTYPE_F32), CTXS_EINVAL,
+                 "starting past the reservation");
+    cr_expect_eq(ctxs_session_write_layer(s, &r, 0, UINT32_MAX, 2, g_k, g_v, CTXS_DTYPE_F32),
+                 CTXS_EINVAL, "i + n wraps");
+    cr_expect_eq(ctxs_session_write_layer(s, &r, 0, 0, 8, g_k, g_v, 5), CTXS_EINVAL, "dtype 5");
+    ctxs_reservation forged = r;
+    forged.first_pos = 2;
+    cr_expect_eq(ctxs_session_write_layer(s, &forged, 0, 0, 8, g_k, g_v, CTXS_DTYPE_F32),
+                 CTXS_EINVAL, "committed positions");
+    forged.first_pos = UINT64_MAX - 3;
+    cr_expect_eq(ctxs_session_write_layer(s, &forged, 0, 0, 8, g_k, g_v, CTXS_DTYPE_F32),
+                 CTXS_EINVAL, "positions never reserved");
+    /* Q8 cannot hold what is not finite: refused in both ways. */
+    for (int way = 1; way <= 2; way++) {
+        ctxs__write_path_force = way;
+        ((float *)(void *)g_k)[5 * N_HEADS * HEAD_DIM + 3] = INFINITY;
+        cr_expect_eq(ctxs_session_write_layer(s, &r, 0, 0, 8, g_k, g_v, CTXS_DTYPE_F32), CTXS_EINVAL,
+                     "infinity into Q8");
+        layer_form(g_k, g_v, r.first_pos, 8, 0, CTXS_DTYPE_F32);
+        cr_expect_eq(ctxs_session_write_layer(s, &r, 0, 0, 8, g_k, g_v, CTXS_DTYPE_F32), 0);
+    }
+    path_reset();
+    uint32_t ids[8];
+    for (uint32_t i = 0; i < 8; i++)
+        ids[i] = id_of(r.first_pos + i);
+    for (uint32_t l = 1; l < N_LAYERS; l++) {
+        layer_form(g_k, g_v, r.first_pos, 8, l, CTXS_DTYPE_F32);
+        cr_assert_eq(ctxs_session_write_layer(s, &r, l, 0, 8, g_k, g_v, CTXS_DTYPE_F32), 0);
+    }
+    cr_assert_eq(ctxs_session_commit(s, ids, 8), 0);
+    cr_expect_eq(ctxs_session_write_layer(s, &r, 0, 0, 8, g_k, g_v, CTXS_DTYPE_F32), CTXS_EINVAL,
+                 "a reservation already committed");
+    uint64_t bad;
+    cr_assert_eq(ctxs_session_verify(&bad, s), 0);
+    ctxs_session_close(s);
+
+    ctxs_model m = model_of(CTXS_DTYPE_Q8);
+    cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "s"), &m, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_expect_eq(ctxs_session_write_layer(s, &r, 0, 0, 8, g_k, g_v, CTXS_DTYPE_F32), CTXS_EINVAL,
+                 "a reader has no reservation");
+    ctxs_session_close(s);
+}
+
+#ifdef RUSAGE_THREAD
+static long thread_faults(void)
+{
+    struct rusage ru;
+    cr_assert_eq(getrusage(RUSAGE_THREAD, &ru), 0);
+    return ru.ru_minflt + ru.ru_majflt;
+}
+#endif
+
+/* Geometry large enough that a turn spans many pages: 4 layers x 4 heads
+ * x 128 dims of fp16, a 64-token run 16 KiB. */
+static ctxs_session *create_big(uint32_t background)
+{
+    ctxs_model m = ts_model(12);
+    m.geometry = (ctxs_geometry){ 4, 4, 128, CTXS_DTYPE_F16 };
+    ctxs_create_options o = ts_options(1024, 4, 0, CTXS_SYNC_ASYNC);
+    o.open.background = background;
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_create(&s, ts_path(ts_scratch, "big"), &m, &o), 0);
+    return s;
+}
+
+/* How big_turn_write() writes a turn. */
+enum { BY_LAYER, BY_TOKEN, THROUGH_MAPPING };
+
+/* Writes a 64-token turn of create_big()'s session from kv: a layer of all
+ * its tokens at a time, one token's layer at a time (a reply decoded token
+ * by token), or through the mapping, one memcpy per run. */
+static void big_turn_write(ctxs_session *s, const ctxs_reservation *r, const uint16_t *kv,
+                           int how)
+{
+    const size_t per_kind = 64 * 4 * 128;
+    if (how == BY_LAYER) {
+        for (uint32_t l = 0; l < 4; l++)
+            cr_assert_eq(ctxs_session_write_layer(s, r, l, 0, 64, kv + 2 * l * per_kind,
+                                                  kv + (2 * l + 1) * per_kind, CTXS_DTYPE_F16),
+                         0);
+        return;
+    }
+    if (how == BY_TOKEN) {
+        for (uint32_t t = 0; t < 64; t++)
+            for (uint32_t l = 0; l < 4; l++) {
+                const uint16_t *k = kv + 2 * l * per_kind + t * 4 * 128;
+                cr_assert_eq(ctxs_session_write_layer(s, r, l, t, 1, k, k + per_kind,
+                                                      CTXS_DTYPE_F16),
+                             0);
+            }
+        return;
+    }
+    ctxs_layout lay;
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    for (uint32_t run = 0; run < 32; run++) {
+        uint8_t *dst = (uint8_t *)lay.kv + run * lay.head_stride + r->spans[0].slot * lay.slot_bytes;
+        memcpy(dst, kv + run * 64 * 128, 64 * lay.slot_bytes);
+    }
+}
+
+static void big_commit(ctxs_session *s, const ctxs_reservation *r)
+{
+    uint32_t ids[64];
+    for (uint32_t i = 0; i < 64; i++)
+        ids[i] = id_of(r->first_pos + i);
+    cr_assert_eq(ctxs_session_commit(s, ids, 64), 0);
+}
+
+/* After a writeback cleaned every page (as the kernel's flusher does after
+ * a pause of half a minute), stores through the mapping fault on the
+ * caller's thread; write_layer takes none, there or after a short pause,
+ * whatever way it chooses, a layer of the turn at a time or a token's
+ * layer at a time (while the worker maps the tokens ahead). */
+Test(write, layer_takes_no_page_fault_on_the_callers_thread)
+{
+#ifndef RUSAGE_THREAD
+    cr_skip_test("no per-thread fault counts on this system");
+#else
+    static uint16_t kv[8 * 64 * 4 * 128];
+    for (size_t i = 0; i < sizeof(kv) / 2; i++)
+        kv[i] = (uint16_t)(0x3c00u | (ts_mix64(i) & 0x3ffu));
+    for (uint32_t background = 0; background <= 1; background++) {
+        ctxs_session *s = create_big(background);
+        ctxs_reservation r;
+        cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+        big_turn_write(s, &r, kv, BY_LAYER);
+        big_commit(s, &r); /* a sync now has something to write back */
+        for (int turn = 0; turn < 10; turn++) {
+            /* Even turns: after a writeback of everything (the worker idle
+             * first, so that nothing maps the pages again); odd ones: right
+             * after the last commit, its runway mapped. The first two are a
+             * warm-up (the write path's buffer is made once); from turn 6
+             * on, a token at a time. */
+            int cleaned = turn % 2 == 0, how = turn < 6 ? BY_LAYER : BY_TOKEN;
+            ctxs__background_wait_idle();
+            cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+            if (cleaned) {
+                ctxs__background_wait_idle();
+                cr_assert_eq(ctxs_session_sync(s), 0);
+            }
+            long before = thread_faults();
+            big_turn_write(s, &r, kv, how);
+            long faults = thread_faults() - before;
+            if (turn >= 2)
+                cr_expect_eq(faults, 0, "background %u, turn %d (%s, %s): %ld page faults in"
+                             " write_layer", background, turn,
+                             cleaned ? "after a writeback" : "right after a commit",
+                             how == BY_LAYER ? "by layer" : "by token", faults);
+            big_commit(s, &r);
+        }
+        /* The measure counts faults: stores through the mapping after the
+         * same writeback take them. */
+        ctxs__background_wait_idle();
+        cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+        ctxs__background_wait_idle();
+        cr_assert_eq(ctxs_session_sync(s), 0);
+        long before = thread_faults();
+        big_turn_write(s, &r, kv, THROUGH_MAPPING);
+        cr_expect_geq(thread_faults() - before, 32, "stores through the mapping after a writeback"
+                      " took no fault: the count measures nothing");
+        big_commit(s, &r);
+        uint64_t bad;
+        cr_assert_eq(ctxs_session_verify(&bad, s), 0);
+        ctxs_session_close(s);
+        unlink(ts_path(ts_scratch, "big"));
+    }
+#endif
+}
+
+/* A write into the file that fails partway (an error, or a short write and
+ * then an error) is reported; the slots are written again by the next call,
+ * and nothing committed changes. */
+Test(write, a_failed_write_into_the_file_is_reported_and_loses_nothing, .fini = path_reset)
+{
+    static const struct {
+        int error;
+        bool persistent;
+    } faults[] = { { EIO, false }, { ENOSPC, false }, { CTXS__FAULT_SHORT, true } };
+    for (size_t f = 0; f < sizeof(faults) / sizeof(faults[0]); f++)
+        for (uint64_t nth = 1; nth <= 8; nth += 3) {
+            ctxs_session *s = create("s", CTXS_DTYPE_Q8, 256, 4, 0, 0);
+            append_layers(s, 40, 0, CTXS_DTYPE_F32);
+            ctxs__write_path_force = 2;
+            ctxs_reservation r;
+            cr_assert_eq(ctxs_session_reserve(&r, s, 30), 0);
+            layer_form(g_k, g_v, r.first_pos, 30, 1, CTXS_DTYPE_F32);
+            ctxs__fault_arm(nth, faults[f].error, faults[f].persistent);
+            int rc = ctxs_session_write_layer(s, &r, 1, 0, 30, g_k, g_v, CTXS_DTYPE_F32);
+            ctxs__fault_disarm();
+            cr_assert_eq(ctxs__fault_failed(), 1 + (faults[f].persistent ? 1 : 0),
+                         "fault %zu, call %llu: not injected", f, (unsigned long long)nth);
+            int want = faults[f].error == ENOSPC ? CTXS_EFULL : -EIO;
+            cr_assert_eq(rc, want, "fault %zu, call %llu: %s", f, (unsigned long long)nth,
+                         ctxs_err_name(rc));
+            uint32_t ids[30];
+            for (uint32_t i = 0; i < 30; i++)
+                ids[i] = id_of(r.first_pos + i);
+            write_layers(s, &r, 0, 30, CTXS_DTYPE_F32);
+            cr_assert_eq(ctxs_session_commit(s, ids, 30), 0);
+            path_reset();
+            ctxs_session *a = create("a", CTXS_DTYPE_Q8, 256, 4, 0, 0);
+            append_tokens(a, 40, CTXS_DTYPE_F32);
+            append_tokens(a, 30, CTXS_DTYPE_F32);
+            same_bytes(a, s, CTXS_DTYPE_Q8, "after a failed write");
+            ctxs_session_close(a);
+            ctxs_session_close(s);
+            unlink(ts_path(ts_scratch, "a"));
+            unlink(ts_path(ts_scratch, "s"));
+        }
+}

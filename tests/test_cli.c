@@ -3924,3 +3924,77 @@ Test(cli, export_to_a_place_the_user_cannot_write_names_the_destination)
     contains(0, "(the destination)");
     cr_assert_not(strstr(R.err, "store directory"), "blames the store:\n%s", R.err);
 }
+
+Test(cli, a_file_that_cannot_be_adopted_is_listed_and_the_advice_ends_the_loop)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 0, 40);
+    ctxs_store_close(st);
+    /* A damaged session file the index does not know, as a crash of a
+     * disk or a person's copy leaves it. */
+    char stray[1200], sessions[1100];
+    snprintf(sessions, sizeof(sessions), "%s/sessions", S());
+    snprintf(stray, sizeof(stray), "%s/00000000000000f0.ctxs", sessions);
+    copy_file(file_of(S(), "chat"), stray);
+    flip(stray, offsetof(ctxs__disk_header, capacity), 0x10);
+
+    CLI_EXPECT(EX_OK, S(), "ls");
+    contains(1, "DAMAGED  sessions/00000000000000f0.ctxs");
+    contains(1, "1 session and 1 damaged file");
+    contains(1, "mkdir -p");
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(v->n, 2, "%s", R.out);
+    const jc_value *d = jc_at(v, 1);
+    cr_assert_str_eq(js(d, "file"), "00000000000000f0.ctxs");
+    cr_assert(jb(d, "unadoptable"));
+    cr_assert_gt(ju(d, "disk_bytes"), 0);
+    jc_free(v);
+
+    /* Neither verify nor reindex nor compact sends the user to the other. */
+    CLI_EXPECT(EX_DAMAGED, S(), "verify");
+    contains(1, "00000000000000f0.ctxs: a file the index does not know, which does not open");
+    contains(1, "damaged/");
+    cr_assert_not(strstr(R.out, "compact` adopts"), "%s", R.out);
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    contains(1, "left alone: sessions/00000000000000f0.ctxs");
+    contains(1, "damaged/");
+    cr_assert_not(strstr(R.out, "ctxstore verify"), "sends back to verify:\n%s", R.out);
+    CLI_EXPECT(EX_OK, S(), "compact");
+    contains(1, "left alone: sessions/00000000000000f0.ctxs");
+
+    /* The advice, followed, ends it. */
+    char aside[1100];
+    snprintf(aside, sizeof(aside), "%s/damaged", S());
+    cr_assert_eq(mkdir(aside, 0700), 0);
+    snprintf(aside, sizeof(aside), "%s/damaged/00000000000000f0.ctxs", S());
+    cr_assert_eq(rename(stray, aside), 0);
+    CLI_EXPECT(EX_OK, S(), "verify");
+    CLI_EXPECT(EX_OK, S(), "ls");
+    cr_assert_not(strstr(R.out, "DAMAGED"), "%s", R.out);
+}
+
+Test(cli, compact_names_the_sessions_it_adopted)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 0, 40);
+    ctxs_store_close(st);
+    char restored[1100];
+    snprintf(restored, sizeof(restored), "%s/sessions/00000000000000f1.ctxs", S());
+    copy_file(file_of(S(), "chat"), restored);
+    CLI_EXPECT(EX_OK, S(), "compact", "--json");
+    jc_value *v = json_out();
+    const jc_value *a = jget(v, "adopted");
+    cr_assert_eq(a->n, 1, "%s", R.out);
+    cr_assert_eq(ju(jc_at(a, 0), "id"), 0xf1);
+    jc_free(v);
+    /* Once adopted it is a session like any: no second adoption. */
+    CLI_EXPECT(EX_OK, S(), "compact");
+    cr_assert_not(strstr(R.out, "adopted"), "%s", R.out);
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 2, "%s", R.out);
+    jc_free(v);
+}

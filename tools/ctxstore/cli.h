@@ -170,6 +170,22 @@ int cli_report_end(int exit_code);
  * is kept already; prints nothing. */
 void cli_note_error(int rc, const char *message, const char *hint);
 
+/* A file in sessions/ that no index entry names and that does not open as
+ * a session (damaged, foreign, of a newer version): reindex, repair and
+ * compact leave it alone, so it stays until a person moves it. */
+typedef struct cli_stray {
+    char file[32];      /* "<id as 16 hex digits>.ctxs" */
+    uint64_t disk_bytes;
+    int status;         /* why it does not open */
+} cli_stray;
+/* The files of c's store that no entry of list (n entries) names and that
+ * cannot be adopted, into *out (free() it); returns how many, 0 on any
+ * failure to look. */
+size_t cli_strays(cli_stray **out, const cli *c, const ctxs_session_entry *list, size_t n);
+/* What to do with such a file, a way out of the loop: move it aside to
+ * <store>/damaged/, or delete it. */
+void cli_stray_hint(char *buf, size_t n, const cli *c, const char *file);
+
 /* The current record of a file report, or NULL when neither is valid. */
 const ctxs_record_report *cli_current_record(const ctxs_file_report *r);
 /* Tokens a record holds in slots (the sinks and the recent run). */

@@ -2,6 +2,7 @@
  * The helpers the subcommands share: errors with advice, exit codes,
  * human-readable values, the JSON writer and the progress bar.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -699,6 +700,59 @@ void cli_intents_json(json *j, const char *key, const cli *c, const ctxs_intent_
         json_object_end(j);
     }
     json_array_end(j);
+}
+
+size_t cli_strays(cli_stray **out, const cli *c, const ctxs_session_entry *list, size_t n)
+{
+    *out = NULL;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s/sessions", c->store_dir);
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    size_t count = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *nm = de->d_name;
+        char *end;
+        if (strlen(nm) != 21 || strcmp(nm + 16, ".ctxs") != 0)
+            continue;
+        uint64_t id = strtoull(nm, &end, 16);
+        int known = end != nm + 16;
+        for (size_t i = 0; i < n && !known; i++)
+            known = list[i].id == id;
+        char path[PATH_MAX];
+        ctxs_file_report rep;
+        struct stat sb;
+        if (known || snprintf(path, sizeof(path), "%s/%s", dir, nm) >= (int)sizeof(path) ||
+            lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        int rc = ctxs_file_inspect(&rep, path);
+        if (rc == 0 && rep.status == 0 && cli_current_record(&rep))
+            continue; /* adoptable: compact or reindex indexes it */
+        if (count == cap) {
+            cap = cap ? cap * 2 : 8;
+            cli_stray *grown = realloc(*out, cap * sizeof(**out));
+            if (!grown)
+                break;
+            *out = grown;
+        }
+        cli_stray *s = &(*out)[count++];
+        snprintf(s->file, sizeof(s->file), "%s", nm);
+        s->disk_bytes = (uint64_t)sb.st_blocks * 512u;
+        s->status = rc < 0 ? rc : rep.status < 0 ? rep.status : CTXS_ECORRUPT;
+    }
+    closedir(d);
+    return count;
+}
+
+void cli_stray_hint(char *buf, size_t n, const cli *c, const char *file)
+{
+    snprintf(buf, n,
+             "it cannot be adopted, so compact and reindex leave it: keep it aside with "
+             "`mkdir -p %s/damaged && mv %s/sessions/%s %s/damaged/`, or delete it with "
+             "`rm %s/sessions/%s`",
+             c->store_dir, c->store_dir, file, c->store_dir, c->store_dir, file);
 }
 
 const ctxs_record_report *cli_current_record(const ctxs_file_report *r)

@@ -261,11 +261,25 @@ static int unindexed_files(run *rn, const ctxs_session_entry *list, size_t n,
         if (known)
             continue;
         found++;
+        /* One that opens is adopted by compact; one that does not is left
+         * alone by compact and reindex alike: naming them would send the
+         * user in a circle. */
+        char path[PATH_MAX + 32];
+        ctxs_file_report rep;
+        snprintf(path, sizeof(path), "%s/%s", dir, nm);
+        int rc = ctxs_file_inspect(&rep, path);
+        int adoptable = rc == 0 && rep.status == 0 && cli_current_record(&rep);
         if (rn->c->json) {
             json_string(&rn->j, nm);
-        } else {
+        } else if (adoptable) {
             printf("DAMAGED  index: %s/%s is a session file the index does not know; "
-                   "run `ctxstore compact` (adopts it) or `ctxstore reindex`\n", dir, nm);
+                   "`ctxstore compact` adopts it\n", dir, nm);
+        } else {
+            char hint[PATH_MAX * 6];
+            cli_stray_hint(hint, sizeof(hint), rn->c, nm);
+            printf("DAMAGED  %s/%s: a file the index does not know, which does not open (%s);"
+                   " %s\n", dir, nm, ctxs_strerror(rc < 0 ? rc : rep.status ? rep.status
+                                                                   : CTXS_ECORRUPT), hint);
         }
     }
     closedir(d);

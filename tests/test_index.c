@@ -1633,7 +1633,7 @@ static void power_loss_reader(void)
     if (ctxs_prefix_find(&pm, st, m.model_hash, t, 70) != 0)
         _exit(255);
     ctxs_session *f;
-    if (ctxs_store_session_fork(&f, st, "fork", pm.session, pm.n_tokens, NULL) != 0)
+    if (ctxs_store_session_fork(&f, st, pm.session, "fork", pm.n_tokens, NULL) != 0)
         _exit(254);
     ctxs_session_close(f);
     ctxs_store_close(st);

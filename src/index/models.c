@@ -67,27 +67,63 @@ static int model_write(MDB_txn *txn, ctxs_store *st, const ctxs_model *model,
     return ctxs__mdb_error(ctxs__mdb_put(txn, st->models, &key, &val, 0));
 }
 
+static void hash_prefix(char out[17], const uint8_t hash[CTXS_HASH_BYTES])
+{
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 8; i++) {
+        out[2 * i] = hex[hash[i] >> 4];
+        out[2 * i + 1] = hex[hash[i] & 15];
+    }
+    out[16] = '\0';
+}
+
+int ctxs__model_differs(const ctxs__model_rec *rec, const uint8_t hash[CTXS_HASH_BYTES],
+                        const ctxs_model *model)
+{
+    ctxs_model known;
+    memset(&known, 0, sizeof(known));
+    known.geometry = rec->geometry;
+    memcpy(known.model_hash, hash, 16);
+    memcpy(known.tokenizer_hash, rec->tokenizer_hash, 16);
+    char diff[160], h[17];
+    ctxs__model_diff(diff, sizeof(diff), model, &known);
+    hash_prefix(h, hash);
+    return ctxs__error(CTXS_EMODEL, "the store registered model %s... with another shape: %s "
+                       "(here: the model given; there: the registered one)", h, diff);
+}
+
 int ctxs__model_check(MDB_txn *txn, ctxs_store *st, const ctxs_model *model)
 {
     ctxs__model_rec rec;
     int rc = model_read(txn, st, model->model_hash, &rec, NULL);
+    if (rc == CTXS_ENOTFOUND) {
+        char h[17];
+        hash_prefix(h, model->model_hash);
+        return ctxs__error(CTXS_ENOMODEL, "model %s... is not registered in this store: "
+                           "register it first (ctxs_model_register(), `ctxstore models "
+                           "register`)", h);
+    }
     if (rc < 0)
         return rc;
-    return same_model(&rec, model) ? 0 : CTXS_EMODEL;
+    return same_model(&rec, model) ? 0 : ctxs__model_differs(&rec, model->model_hash, model);
 }
 
 int ctxs__model_ensure(MDB_txn *txn, ctxs_store *st, const ctxs_model *model)
 {
     int rc = ctxs__model_check(txn, st, model);
-    if (rc == CTXS_ENOTFOUND)
+    if (rc == CTXS_ENOMODEL)
         rc = model_write(txn, st, model, "", 0, ctxs__now_ms());
     return rc;
 }
 
 int ctxs_model_register(ctxs_store *st, const ctxs_model *model, const char *name)
 {
-    if (!st || !model || !ctxs__model_geometry_valid(&model->geometry))
-        return CTXS_EINVAL;
+    ctxs__error_begin();
+    CTXS__STORE_CHECK(st);
+    if (!model)
+        return ctxs__error(CTXS_EINVAL, "model is NULL");
+    if (!ctxs__model_geometry_valid(&model->geometry))
+        return ctxs__error_more(CTXS_EINVAL, "the model's geometry");
     size_t name_len = 0;
     if (name && ctxs__name_check(name, &name_len) < 0)
         return CTXS_EINVAL;
@@ -101,7 +137,7 @@ int ctxs_model_register(ctxs_store *st, const ctxs_model *model, const char *nam
     if (rc == 0) {
         registered = rec.registered_unix_ms;
         if (!same_model(&rec, model))
-            rc = CTXS_EMODEL;
+            rc = ctxs__model_differs(&rec, model->model_hash, model);
     } else if (rc == CTXS_ENOTFOUND) {
         rc = 0;
     }
@@ -123,6 +159,7 @@ static void entry_fill(ctxs_model_entry *out, const uint8_t hash[CTXS_HASH_BYTES
 
 int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st, const uint8_t model_hash[CTXS_HASH_BYTES])
 {
+    ctxs__error_begin();
     if (!out || !st || !model_hash)
         return CTXS_EINVAL;
     MDB_txn *txn;
@@ -134,6 +171,11 @@ int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st, const uint8_t model_ha
     if ((rc = model_read(txn, st, model_hash, &rec, &name)) == 0)
         entry_fill(out, model_hash, &rec, name);
     mdb_txn_abort(txn);
+    if (rc == CTXS_ENOTFOUND) {
+        char h[17];
+        hash_prefix(h, model_hash);
+        return ctxs__error(rc, "model %s... is not registered in this store", h);
+    }
     return rc;
 }
 
@@ -149,6 +191,7 @@ static int model_entry_fill(void *entry, const MDB_val *key, const MDB_val *val)
 
 int ctxs_model_list(ctxs_model_entry **out, size_t *n_out, ctxs_store *st)
 {
+    ctxs__error_begin();
     if (!out || !n_out)
         return CTXS_EINVAL;
     *out = NULL;
@@ -284,17 +327,20 @@ static int hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *p
 
 int ctxs_model_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *path)
 {
+    ctxs__error_begin();
     return hash_file(out, st, path, 0);
 }
 
 int ctxs_tokenizer_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *path)
 {
+    ctxs__error_begin();
     return hash_file(out, st, path, 1);
 }
 
 int ctxs_tokenizer_hash_strings(uint8_t out[CTXS_HASH_BYTES], const char *const *tokens,
                                 const size_t *lengths, size_t n)
 {
+    ctxs__error_begin();
     if (!out || (!tokens && n))
         return CTXS_EINVAL;
     for (size_t i = 0; i < n; i++)

@@ -12,6 +12,7 @@
 
 #include "ctxstore.h"
 #include "format.h"
+#include "last_error.h"
 #include "session_iface.h"
 
 struct ctxs_session {
@@ -88,12 +89,22 @@ struct ctxs_session {
 };
 
 
-/* Argument checks at the API boundary, once (dav1d's validate.h). */
-#define CTXS__CHECK(cond)                                                       \
-    do {                                                                       \
-        if (!(cond))                                                           \
-            return CTXS_EINVAL;                                                \
-    } while (0)
+/* 0, or CTXS_EINVAL naming the index out of range, for a run of s. */
+static inline int ctxs__check_run(const ctxs_session *s, uint32_t layer, uint32_t kind,
+                                  uint32_t head)
+{
+    if (!s)
+        return ctxs__error(CTXS_EINVAL, "the session is NULL");
+    if (layer >= s->lay.n_layers)
+        return ctxs__error(CTXS_EINVAL, "layer %u is outside 0..%u", layer,
+                           s->lay.n_layers - 1);
+    if (kind > CTXS_V)
+        return ctxs__error(CTXS_EINVAL, "kind %u is neither CTXS_K (0) nor CTXS_V (1)", kind);
+    if (head >= s->lay.n_kv_heads)
+        return ctxs__error(CTXS_EINVAL, "head %u is outside 0..%u", head,
+                           s->lay.n_kv_heads - 1);
+    return 0;
+}
 
 static inline uint64_t ctxs__ring_len(const ctxs_session *s)
 {
@@ -155,6 +166,10 @@ static inline uint64_t *ctxs__sum_table(const ctxs_session *s)
 #define CTXS__SUM_BATCH 256u
 void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
                       uint64_t *out);
+
+/* CTXS_EEVICTED for position pos, which the ring overwrote, saying what
+ * the session holds (tokens.c). */
+int ctxs__evicted(const ctxs_session *s, uint64_t pos);
 
 /* Tokens st holds in slots. */
 uint64_t ctxs__held(const ctxs_session *s, const ctxs__state *st);

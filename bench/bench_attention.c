@@ -20,8 +20,8 @@
  *                 per dtype, all dtypes and methods interleaved in the same
  *                 rounds. GB/s counts K, V and q8's scales. bf16 and q8
  *                 rows carry speedup_vs_f16: the median of the per-round
- *                 ratios of f16's time to theirs, same method (target,
- *                 issue 14: q8 >= 1.6x at 8192 tokens; each dtype through
+ *                 ratios of f16's time to theirs, same method (target:
+ *                 q8 >= 1.6x at 8192 tokens; each dtype through
  *                 the mapping within 5% of anonymous).
  *   layer         each of those calls alone (the median over every layer
  *                 of every timed step).
@@ -80,7 +80,7 @@
  * now warm: each first step is paired with it, so that the ratio to a warm
  * step is not moved by what the machine did minutes before. The page
  * faults the timed thread took itself (getrusage RUSAGE_THREAD) show what
- * the background work spared it. The targets (issue 12): cold, think 0,
+ * the background work spared it. The targets: cold, think 0,
  * at 2048 and 8192 tokens, mapping within 1.2x read_file_cold (medians);
  * think 1000 ms at 2048 tokens, warm or cold, within 1.1x a warm step
  * (paired; at 8192: reported).
@@ -1116,8 +1116,8 @@ static void print_header(FILE *f, const options *o)
         " committed and synced, untimed); times in us\n"
         "decode_step and layer: a row per session dtype (f16, bf16, q8), all"
         " interleaved in the same rounds; vs_f16: bf16 and q8, the median of"
-        " the per-round ratios f16 time / theirs, same method (target, issue"
-        " 14: q8 >= 1.6x at 8192 tokens). first_step rows: f16.\n"
+        " the per-round ratios f16 time / theirs, same method (target:"
+        " q8 >= 1.6x at 8192 tokens). first_step rows: f16.\n"
         "decode_step: %d ctxs_attention calls, one per layer; layer: each"
         " call alone (median over all layers of all steps). Methods:"
         " mapping (the session's layout: the file's pages, MADV_RANDOM,"
@@ -1160,7 +1160,7 @@ static void print_header(FILE *f, const options *o)
         " ratios of each first step to the warm step right after it (wall"
         " time). GB/s: KV bytes read per second. faults: first_step, the page"
         " faults the timed thread took itself, minor/major (median; the"
-        " KV of 2048 tokens is %zu pages of 4 KiB). Targets (issue 12):"
+        " KV of 2048 tokens is %zu pages of 4 KiB). Targets:"
         " cold, think 0, mapping <= 1.2x read_file_cold at 2048 and 8192"
         " tokens (by medians); think %d, warm or cold, <= 1.1x a warm step at"
         " 2048 tokens (at 8192: reported), judged by paired; the ratio to"
@@ -1249,8 +1249,8 @@ static void print_table(void)
 }
 
 /* "1.040x (target <= 1.2x: met)"; target 0: the context has no target
- * (issue 12 names 2048 and 8192 tokens for the cold step, 2048 for the
- * think time), the ratio is reported. */
+ * (the targets name 2048 and 8192 tokens for the cold step, 2048 for
+ * the think time), the ratio is reported. */
 static const char *verdict(char *buf, size_t n, double x, double target)
 {
     if (target > 0)

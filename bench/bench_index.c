@@ -916,20 +916,20 @@ static double fork_once(const fork_bench *fb, int method, int check)
     double t0 = now_us(), t;
     switch (method) {
     case M_STORE_FORK:
-        check_ctxs(ctxs_store_session_fork(&s, fb->st, "fork-copy", "fork-source",
+        check_ctxs(ctxs_store_session_fork(&s, fb->st, "fork-source", "fork-copy",
                                            UINT64_MAX, &async_opts.open),
                    "ctxs_store_session_fork");
         t = now_us() - t0;
         in_store = 1;
         break;
     case M_SESSION_FORK:
-        check_ctxs(ctxs_session_fork(&s, fb->bare_path, fb->src, UINT64_MAX,
+        check_ctxs(ctxs_session_fork(&s, fb->src, fb->bare_path, UINT64_MAX,
                                      &async_opts.open),
                    "ctxs_session_fork");
         t = now_us() - t0;
         break;
     case M_STORE_FORK_FULL:
-        check_ctxs(ctxs_store_session_fork(&s, fb->st, "fork-copy", "fork-source",
+        check_ctxs(ctxs_store_session_fork(&s, fb->st, "fork-source", "fork-copy",
                                            UINT64_MAX, &full_opts.open),
                    "ctxs_store_session_fork");
         check_ctxs(ctxs_session_sync(s), "ctxs_session_sync");

@@ -176,7 +176,7 @@ static void decode(bench *b, const int32_t *t, uint32_t n, uint32_t from)
 static void check_llama(int rc, const char *what)
 {
     if (rc < 0)
-        die("%s: %s: %s", what, ctxs_strerror(rc), ctxs_llama_get_last_error());
+        die("%s: %s: %s", what, ctxs_strerror(rc), ctxs_get_last_error());
 }
 
 /* Drops a file's pages from the page cache (written back first). */

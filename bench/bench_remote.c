@@ -298,7 +298,7 @@ static void make_conversation(bench *b)
     ctxs_session_close(s);
     free(ids);
     /* The turn's base: the first 1984 tokens, the same chunks. */
-    check_ctxs(ctxs_store_session_fork(&s, b->st, "base", "conv", TOKENS - CHUNK, NULL), "fork");
+    check_ctxs(ctxs_store_session_fork(&s, b->st, "conv", "base", TOKENS - CHUNK, NULL), "fork");
     ctxs_session_close(s);
     ctxs_session_entry e;
     check_ctxs(ctxs_store_session_get(&e, b->st, "conv"), "session_get");

@@ -359,7 +359,7 @@ int fuzz_build_store(const char *dir)
         goto out;
     ctxs_session_close(s);
     s = NULL;
-    if ((rc = ctxs_store_session_fork(&s, st, "d", "a", 64, NULL)) < 0 || (rc = fuzz_append(s, 10)) < 0)
+    if ((rc = ctxs_store_session_fork(&s, st, "a", "d", 64, NULL)) < 0 || (rc = fuzz_append(s, 10)) < 0)
         goto out;
 out:
     ctxs_session_close(s);

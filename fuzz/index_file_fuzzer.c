@@ -113,7 +113,7 @@ static void use_store(unsigned ctl)
         ctxs_store_session_set_meta(st, "fz", "title", "x", 1);
         for (size_t i = 0; i < n && i < 4; i++)
             ctxs_store_session_set_meta(st, list[i].name, "k", "value", 5);
-        ctxs_store_session_fork(NULL, st, "fz2", "a", 64, NULL);
+        ctxs_store_session_fork(NULL, st, "a", "fz2", 64, NULL);
         ctxs_store_session_rename(st, "fz2", "fz3");
         ctxs_store_session_delete(st, "b");
         ctxs_gc_result gc;

@@ -300,16 +300,16 @@ static void run_ops(unsigned ops)
         fuzz_debug("index_records: compact: %s", ctxs_err_name(rc));
     }
     if (ops & OP_FORK) {
-        ctxs_store_session_fork(NULL, st, "fork1", "a", 64, NULL);
-        ctxs_store_session_fork(NULL, st, "fork2", "b", UINT64_MAX, NULL);
-        ctxs_store_session_fork_checkpoint(NULL, st, "fork3", "a", "cp0", NULL);
+        ctxs_store_session_fork(NULL, st, "a", "fork1", 64, NULL);
+        ctxs_store_session_fork(NULL, st, "b", "fork2", UINT64_MAX, NULL);
+        ctxs_store_session_fork_checkpoint(NULL, st, "a", "cp0", "fork3", NULL);
     }
     for (size_t i = 0; i < n && (ops & OP_FORK_CHECKPOINTS); i++) {
         ctxs_checkpoint_entry *cps;
         size_t n_cps;
         if (checkpoints_of(&cps, &n_cps, list[i].name) == 0) {
             for (size_t j = 0; j < n_cps && j < 4; j++)
-                ctxs_store_session_fork_checkpoint(NULL, st, "forked", list[i].name, cps[j].name, NULL);
+                ctxs_store_session_fork_checkpoint(NULL, st, list[i].name, cps[j].name, "forked", NULL);
             ctxs_free(cps);
         }
     }

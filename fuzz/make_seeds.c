@@ -100,7 +100,7 @@ static void records_claim(uint8_t *in, uint64_t n, uint64_t ring_start, uint64_t
     }
 }
 
-/* Bounded work (issue 16): commit records whose CRCs hold (the control
+/* Bounded work: commit records whose CRCs hold (the control
  * byte recomputes them) and whose claims are extreme, n_tokens at the top
  * of the range, ring_start and verified_from near it or past 2^64 - 2,
  * while what the file can hold is 16 slots. Every operation on them must
@@ -170,7 +170,7 @@ static void session_seeds(void)
     if ((rc = fuzz_append(s, 20)) < 0)
         die("append", rc);
     unlink(f);
-    if ((rc = ctxs_session_fork(&fk, f, s, 10, NULL)) < 0)
+    if ((rc = ctxs_session_fork(&fk, s, f, 10, NULL)) < 0)
         die("fork", rc);
     ctxs_session_close(fk);
     ctxs_session_close(s);

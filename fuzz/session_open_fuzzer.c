@@ -287,7 +287,7 @@ static void check_recovered(const ctxs_session *s)
 static void fork_it(ctxs_session *s, uint64_t n)
 {
     ctxs_session *f = NULL;
-    if (ctxs_session_fork(&f, fork_path, s, n, NULL) == 0) {
+    if (ctxs_session_fork(&f, s, fork_path, n, NULL) == 0) {
         uint64_t bad;
         ctxs_session_info fi;
         ctxs_session_get_info(&fi, f);

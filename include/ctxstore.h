@@ -175,7 +175,9 @@ extern "C" {
     XX(TOOBIG, -32016, "value or metadata above its size limit")           \
     XX(INDEX, -32017, "the store's index is damaged")                      \
     XX(REMOTE, -32018, "the remote store refused a request or holds damaged data") \
-    XX(ENGINE, -32019, "the inference engine refused a request or its state was not understood")
+    XX(ENGINE, -32019, "the inference engine refused a request or its state was not understood") \
+    XX(NOMODEL, -32020, "the model is not registered in the store")       \
+    XX(TAKEN, -32021, "the name is taken")
 
 typedef enum ctxs_error {
 #define CTXS_ERR_ENUM_(name, value, text) CTXS_E##name = (value),
@@ -193,6 +195,52 @@ CTXS_API const char *ctxs_strerror(int rc);
  * EAGAIN); "ERRNO" for a value in -4095..-1 that is no errno, "UNKNOWN"
  * for anything else. A static string. Thread-safe. */
 CTXS_API const char *ctxs_err_name(int rc);
+
+/*
+ * Why a call failed, in words.
+ *
+ * A code says what kind of failure it was; the calling thread's last
+ * error says why, in one sentence that names what was refused and the
+ * rule it broke, for a program to print beside ctxs_strerror():
+ *
+ *     int rc = ctxs_session_commit(s, ids, n);
+ *     if (rc < 0)
+ *         fprintf(stderr, "commit: %s: %s\n", ctxs_strerror(rc),
+ *                 ctxs_get_last_error());
+ *     // commit: invalid argument: commit of 3 tokens, but 0 are reserved:
+ *     // reserve them first (ctxs_session_reserve())
+ *
+ * Every call of this library (and of the libraries beside it: the
+ * llama.cpp adapter, the remote tier) clears it when it starts and sets it
+ * where it fails, so after a call that returned an error it is that
+ * call's reason, and never an older call's. Kept per thread, like errno,
+ * sqlite3_errmsg() and dlerror(): a failure on one thread is never read
+ * on another.
+ */
+
+/* The reason the calling thread's last call failed: one sentence without
+ * a final period, valid until the thread's next call into the library;
+ * "" when that call said nothing beyond its code (an -errno from the
+ * system that ctxs_strerror() says in full), or did not fail. Never NULL.
+ * Thread-safe (per thread). */
+CTXS_API const char *ctxs_get_last_error(void);
+
+/* The code that ctxs_get_last_error() explains: the return value of the
+ * call that failed; 0 when it is "". A program that reports codes from
+ * elsewhere too checks that it is the code at hand before printing the
+ * reason. Thread-safe (per thread). */
+CTXS_API int ctxs_get_last_error_code(void);
+
+/* Sets the calling thread's last error to rc with the reason fmt says
+ * (printf-style; rc 0 clears it), and returns rc: for a library built on
+ * this one whose calls fail in its own terms (the llama.cpp adapter does
+ * this), so that its callers read one ctxs_get_last_error(). A reason
+ * longer than 511 bytes is cut. Thread-safe (per thread). */
+CTXS_API int ctxs_set_last_error(int rc, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 /* ---------------------------------------------------------------------------
  * Models
@@ -449,8 +497,8 @@ CTXS_API void ctxs_session_close(ctxs_session *s);
  * that failed), CTXS_ECORRUPT (refreshing src found both its records
  * damaged), -EEXIST, CTXS_EFULL, CTXS_ENOMEM, -errno. *out is NULL on
  * failure. src is used as by any other call on it: one thread at a time. */
-CTXS_API int ctxs_session_fork(ctxs_session **out, const char *path,
-                               ctxs_session *src, uint64_t n_tokens,
+CTXS_API int ctxs_session_fork(ctxs_session **out, ctxs_session *src,
+                               const char *path, uint64_t n_tokens,
                                const ctxs_open_options *opts);
 
 /* --- Layout and zero-copy access ---------------------------------------- */
@@ -1177,7 +1225,7 @@ typedef struct ctxs_session_entry {
 
 /* Creates a session named name for model, which must be registered, and
  * opens it read-write. The file is created first and indexed second.
- * Errors: -EEXIST (the name is taken), CTXS_ENOTFOUND (model not
+ * Errors: CTXS_ETAKEN (the name is taken), CTXS_ENOMODEL (the model is not
  * registered), CTXS_EMODEL (registered with another geometry),
  * CTXS_EREADONLY, the errors of ctxs_session_create(). *out is NULL on
  * failure. Thread-safe. */
@@ -1215,7 +1263,7 @@ CTXS_API int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out,
                                      ctxs_store *st);
 
 /* Renames a session; open handles stay valid, and so does its pin.
- * Errors: CTXS_ENOTFOUND, -EEXIST (to is taken), CTXS_EINVAL,
+ * Errors: CTXS_ENOTFOUND, CTXS_ETAKEN (to is taken), CTXS_EINVAL,
  * CTXS_EREADONLY, -errno. */
 CTXS_API int ctxs_store_session_rename(ctxs_store *st, const char *from,
                                        const char *to);
@@ -1321,7 +1369,8 @@ typedef struct ctxs_checkpoint_entry {
  * Names the current token count of s. A checkpoint remembers the checksum
  * of its last token, so that a restore after the tokens were rolled back
  * and written differently is refused.
- * Errors: -EEXIST, CTXS_EINVAL (s not opened through a store, bad name),
+ * Errors: CTXS_ETAKEN (s has a checkpoint of that name), CTXS_EINVAL (s not
+ * opened through a store, bad name),
  * CTXS_EREADONLY (the store is read-only), -errno. */
 CTXS_API int ctxs_checkpoint_create(ctxs_session *s, const char *name);
 
@@ -1341,17 +1390,21 @@ CTXS_API int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out,
  * CTXS_EREADONLY (the store is read-only). */
 CTXS_API int ctxs_checkpoint_delete(const ctxs_session *s, const char *name);
 
-/* --- Forks ---------------------------------------------------------------- */
+/* --- Forks ----------------------------------------------------------------
+ *
+ * Every fork takes its source before the new session, as `cp SRC DST` and
+ * `ctxstore fork SRC DST` do (out, the handle, comes first as everywhere).
+ */
 
 /* Creates the session name holding the first n_tokens tokens of the session
  * src (UINT64_MAX: all it holds) and opens it read-write (out may be NULL
  * to leave it closed). See ctxs_session_fork() for how the bytes travel;
  * src may be open by a writer meanwhile.
- * Errors: -EEXIST, CTXS_ENOTFOUND, CTXS_EEVICTED, CTXS_ESTALE, CTXS_EBUSY (a
+ * Errors: CTXS_ETAKEN, CTXS_ENOTFOUND, CTXS_EEVICTED, CTXS_ESTALE, CTXS_EBUSY (a
  * gc, compact or delete is working on src), the errors of
  * ctxs_session_fork(). */
 CTXS_API int ctxs_store_session_fork(ctxs_session **out, ctxs_store *st,
-                                     const char *name, const char *src,
+                                     const char *src, const char *name,
                                      uint64_t n_tokens,
                                      const ctxs_open_options *opts);
 
@@ -1359,9 +1412,9 @@ CTXS_API int ctxs_store_session_fork(ctxs_session **out, ctxs_store *st,
  * CTXS_ESTALE and CTXS_EEVICTED for a stale checkpoint. */
 CTXS_API int ctxs_store_session_fork_checkpoint(ctxs_session **out,
                                                 ctxs_store *st,
-                                                const char *name,
                                                 const char *src,
                                                 const char *checkpoint,
+                                                const char *name,
                                                 const ctxs_open_options *opts);
 
 /* --- Shared prefixes -------------------------------------------------------
@@ -1466,8 +1519,10 @@ typedef struct ctxs_gc_result {
                                 budget, that gc would otherwise have deleted */
     ctxs_session_entry *sessions; /* the deleted sessions (a dry run: those
                                 it would delete), in the order gc took
-                                them: least recently used first; n_sessions
-                                == deleted; release with ctxs_free() */
+                                them: least recently used first, each
+                                with the disk_bytes gc counted for it;
+                                n_sessions == deleted; release with
+                                ctxs_free() */
     size_t n_sessions;
 } ctxs_gc_result;
 
@@ -1804,7 +1859,7 @@ CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
  * Errors: CTXS_EFOREIGN (not an export file, or not a regular file),
  * CTXS_EVERSION (a newer export format), CTXS_ECORRUPT (damaged or
  * truncated: nothing imported), CTXS_EMODEL (the store knows the model
- * hash with another geometry), -EEXIST (the name is taken), CTXS_EINVAL,
+ * hash with another geometry), CTXS_ETAKEN (the name is taken), CTXS_EINVAL,
  * CTXS_EFULL, CTXS_EREADONLY, CTXS_ENOMEM, -errno. */
 CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
                                        ctxs_store *st, const char *path,
@@ -1860,7 +1915,9 @@ CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
  * reply past its cap, or a listing past its
  * bounds, ends the call with CTXS_EREMOTE, and nothing local is touched
  * (a pull leaves no session, or a complete and verified one).
- * ctxs_remote_get_message() says which limit, and what the server sent.
+ * ctxs_get_last_error() says which limit, and what the server sent ("the
+ * SCAN reply holds an array of 2147483647 elements, above 4096", "no
+ * reply within the call's deadline of 2000 ms", ...).
  */
 typedef struct ctxs_remote ctxs_remote;
 
@@ -1909,13 +1966,6 @@ typedef struct ctxs_remote_options {
     { CTXS_REMOTE_OPTIONS_VERSION, CTXS_DEFAULT_REMOTE_TIMEOUT_MS,           \
       CTXS_DEFAULT_REMOTE_RETRIES, CTXS_DEFAULT_REMOTE_BACKOFF_MS,           \
       CTXS_DEFAULT_REMOTE_QUEUE_MAX, 1, 1, NULL, 0, { 0 } }
-
-/* What the last remote call of the calling thread that failed found, in
- * one sentence ("the SCAN reply holds an array of 2147483647 elements,
- * above 4096", "no reply within the call's deadline of 2000 ms", ...), or
- * "" when it said nothing more than its code. Per thread, until that
- * thread's next remote call; never NULL. Thread-safe. */
-CTXS_API const char *ctxs_remote_get_message(void);
 
 /* Connects st to the Redis server at url and starts its push thread.
  * url is "redis://[[user]:password@]host[:port][/db]" (port 6379, db 0;
@@ -2017,7 +2067,7 @@ typedef struct ctxs_remote_pull_result {
  * options (opts->open is not used). out (may be NULL: the
  * session is closed) gets it open read-write; res (may be NULL) what was
  * pulled and what is left to prefill. progress counts tokens.
- * Errors: CTXS_ENOTFOUND (no such remote session), -EEXIST (local_name is
+ * Errors: CTXS_ENOTFOUND (no such remote session), CTXS_ETAKEN (local_name is
  * taken), CTXS_EMODEL, CTXS_EREMOTE (a damaged record), CTXS_EFULL, the
  * network's errors, CTXS_EREADONLY, CTXS_EINVAL, CTXS_ENOMEM. */
 CTXS_API int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res,

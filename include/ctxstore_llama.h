@@ -68,8 +68,8 @@
  *   rollback; a sliding-window model whose window layers no longer hold what
  *   the rolled-back state needs is restored from the session.
  *
- * Errors are the library's codes (ctxstore.h); ctxs_llama_get_last_error()
- * says why in words. A handle is used by one thread at a time, as the
+ * Errors are the library's codes (ctxstore.h); ctxs_get_last_error() says
+ * why in words, as for every call of ctxstore. A handle is used by one thread at a time, as the
  * llama_context is.
  */
 #ifndef CTXSTORE_LLAMA_H
@@ -88,10 +88,6 @@ struct llama_context;
 struct llama_context_params;
 
 typedef struct ctxs_llama ctxs_llama;
-
-/* Why the calling thread's last failed call of this library failed, in
- * words ("" before any failure). Valid until the thread's next call. */
-CTXS_API const char *ctxs_llama_get_last_error(void);
 
 /* The identity of a GGUF model for sessions of a context made with cparams:
  * geometry from the model's metadata (llama_model_n_layer, n_head_kv, and

@@ -1,8 +1,96 @@
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "ctxstore.h"
+#include "last_error.h"
 #include "platform.h"
+
+/* The calling thread's last error (last_error.h). 512 bytes: a reason
+ * names a path or two and a rule. */
+static _Thread_local struct {
+    int code;
+    char text[512];
+} g_last;
+
+static int set_v(int rc, const char *fmt, va_list ap)
+{
+    g_last.code = rc;
+    if (rc == 0 || !fmt) {
+        g_last.text[0] = '\0';
+        return rc;
+    }
+    char text[sizeof(g_last.text)];
+    vsnprintf(text, sizeof(text), fmt, ap);
+    memcpy(g_last.text, text, sizeof(text));
+    return rc;
+}
+
+int ctxs__error(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    set_v(rc, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+void ctxs__error_begin(void)
+{
+    g_last.code = 0;
+    g_last.text[0] = '\0';
+}
+
+int ctxs__error_code(void)
+{
+    return g_last.code;
+}
+
+int ctxs__error_more(int rc, const char *fmt, ...)
+{
+    char inner[sizeof(g_last.text)] = "";
+    if (g_last.code != 0 && g_last.text[0])
+        memcpy(inner, g_last.text, sizeof(inner));
+    char text[sizeof(g_last.text)];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    if (inner[0])
+        return ctxs__error(rc, "%s: %s", text, inner);
+    return ctxs__error(rc, "%s", text);
+}
+
+int ctxs__error_default(int rc, const char *fmt, ...)
+{
+    if (g_last.code == rc && g_last.text[0])
+        return rc;
+    va_list ap;
+    va_start(ap, fmt);
+    set_v(rc, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+const char *ctxs_get_last_error(void)
+{
+    return g_last.text;
+}
+
+int ctxs_get_last_error_code(void)
+{
+    return g_last.code;
+}
+
+int ctxs_set_last_error(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    set_v(rc, fmt, ap);
+    va_end(ap);
+    return rc;
+}
 
 const char *ctxs_strerror(int rc)
 {

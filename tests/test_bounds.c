@@ -1,5 +1,5 @@
 /*
- * Work bounded by the file, whatever its records claim (issue 16): records
+ * Work bounded by the file, whatever its records claim: records
  * with extreme but CRC-valid fields (n_tokens near 2^62, a ring_start far
  * past the sinks with a small held range, verified_from 0) are opened,
  * verified (the library and `ctxstore verify`), forked, exported,
@@ -240,7 +240,7 @@ static void op_fork(const ctxs_model *m)
     ctxs_store *st;
     int rc = ctxs_store_open(&st, ts_store_dir(), 0, NULL);
     expect(rc == 0, "store open", rc);
-    rc = ctxs_store_session_fork(NULL, st, "f", "s", UINT64_MAX, NULL);
+    rc = ctxs_store_session_fork(NULL, st, "s", "f", UINT64_MAX, NULL);
     expect(rc == 0 || rc == CTXS_ECORRUPT, "fork", rc);
     ctxs_store_close(st);
 }

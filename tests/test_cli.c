@@ -50,7 +50,7 @@ enum {
 
 static const char *const k_commands[] = {
     "ls", "info", "verify", "compact", "gc", "rm", "rename", "fork",
-    "checkpoint", "meta", "models", "prefix", "reindex", "export", "import", "bench", "demo",
+    "checkpoint", "meta", "models", "prefix", "reindex", "export", "import", "bench", "demo", "create",
     "pin", "unpin", "remote",
 };
 enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };
@@ -1247,7 +1247,7 @@ Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)
     cr_assert_eq(ctxs_checkpoint_create(s, "cp1"), 0);
     ts_append_many(s, 50);
     ctxs_session_close(s);
-    cr_assert_eq(ctxs_store_session_fork(NULL, st, "child", "base", 80, NULL), 0);
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "base", "child", 80, NULL), 0);
     ctxs_session *ro = open_ro(st, "base");
     ctxs_window win;
     cr_assert_eq(ctxs_session_get_window(&win, ro), 0);
@@ -1970,7 +1970,7 @@ Test(cli, rename_says_what_it_did_and_why_it_refuses)
     cr_assert_str_eq(hint_of(v), "`ctxstore ls` lists the sessions");
     jc_free(v);
     CLI_EXPECT(EX_EXIST, S(), "rename", ODD_NAME, "other", "--json");
-    v = json_error_out(-EEXIST, "EEXIST");
+    v = json_error_out(CTXS_ETAKEN, "CTXS_ETAKEN");
     cr_assert(strstr(js(v, "error.message"), "to 'other'"), "%s", R.out);
     cr_assert(strstr(hint_of(v), "choose another NEW"), "%s", R.out);
     jc_free(v);
@@ -2489,8 +2489,8 @@ Test(cli, ls_shows_a_long_model_name_whole_and_aligned)
     line_with(head, sizeof(head), "NAME");
     line_with(a, sizeof(a), "short");
     line_with(b, sizeof(b), long_model);
-    /* The TOKENS column ends in the same place on every line. */
-    size_t end = (size_t)(strstr(head, "TOKENS") - head) + strlen("TOKENS");
+    /* The HELD column ends in the same place on every line. */
+    size_t end = (size_t)(strstr(head, "HELD") - head) + strlen("HELD");
     cr_assert(strstr(a, " 100 ") && (size_t)(strstr(a, " 100 ") - a) + 4 == end,
               "not aligned:\n%s", R.out);
     cr_assert(strstr(b, " 7 ") && (size_t)(strstr(b, " 7 ") - b) + 2 == end,
@@ -2794,7 +2794,7 @@ Test(cli, import_hints_fit_a_broken_file_and_a_name_taken)
 
     /* NAME taken: said once, not again in the hint. */
     CLI_EXPECT(EX_EXIST, S(), "import", file, "trip", "--json");
-    v = json_error_out(-EEXIST, "EEXIST");
+    v = json_error_out(CTXS_ETAKEN, "CTXS_ETAKEN");
     cr_assert_eq(count_of(js(v, "error.message"), "'trip'"), 1, "%s", R.out);
     cr_assert_eq(count_of(hint_of(v), "trip"), 0, "%s", R.out);
     cr_assert_eq(count_of(R.err, "trip'"), 1, "the name is said more than once:\n%s", R.err);
@@ -2961,12 +2961,25 @@ Test(cli, demo_quick_completes_on_a_fresh_directory_and_resumes_identically)
     const char *kept = dir_of("kept");
     CLI_EXPECT(EX_OK, kept, "demo", "--quick", "--keep", "--engine", "tinychat");
     contains(1, "identical");
+    /* Why its numbers are not the headline's. */
+    contains(1, "--quick is a test run: a tiny model (512 B a token");
+    contains(1, "kept: ctxstore --store");
     CLI_EXPECT(EX_OK, kept, "ls", "--json");
     v = json_out();
     cr_assert_eq(v->n, 1, "%s", R.out);
     cr_assert_gt(ju(jc_at(v, 0), "n_tokens"), 0);
     jc_free(v);
     CLI_EXPECT(EX_OK, kept, "verify");
+
+    /* In a store of the user's, without --keep, the demo deletes its
+     * session and says so, with how to keep it; the header said so too. */
+    CLI_EXPECT(EX_OK, kept, "demo", "--quick", "--engine", "synthetic");
+    contains(1, "the demo's session is deleted at the end; --keep keeps it");
+    contains(1, "deleted the demo's session");
+    CLI_EXPECT(EX_OK, kept, "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 1, "the first demo's session is still there, alone:\n%s", R.out);
+    jc_free(v);
 
     /* The synthetic engine has no model: the resumed K/V are compared with
      * what it recomputes. */
@@ -3425,7 +3438,7 @@ Test(cli, every_command_on_a_cut_index_exits_8_with_the_index_hint)
     free(before);
 }
 
-/* --- One verdict on a malformed index record (issue 16) --------------------- */
+/* --- One verdict on a malformed index record --------------------- */
 
 /* "chat" (id 1: 70 tokens, checkpoint "t1", metadata "title", pinned) and
  * "notes" (id 2), the store closed. */
@@ -3623,4 +3636,365 @@ Test(cli, a_store_given_as_a_symlink_works_and_a_dangling_one_is_refused_with_wh
                "--kv-heads", "2", "--head-dim", "16", "--dtype", "fp16");
     contains(0, "symbolic link to");
     cr_assert_not(ts_exists(nowhere), "a store was made at the end of a dangling link");
+}
+
+/* =============================================================================
+ * A session's life from the command line, and refusals that say why
+ * ========================================================================== */
+
+Test(cli, create_makes_an_empty_session_a_program_then_writes)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "create", "chat", "--model", MODEL_NAME);
+    contains(1, "created 'chat'");
+    contains(1, "2048 token slots");
+    CLI_EXPECT(EX_OK, S(), "create", "small", "--model", MODEL_NAME, "--capacity", "100",
+               "--dtype", "fp16", "--json");
+    jc_value *v = json_out();
+    cr_assert_str_eq(js(v, "name"), "small");
+    cr_assert_eq(ju(v, "capacity"), 100);
+    cr_assert_str_eq(js(v, "dtype"), "fp16");
+    cr_assert_str_eq(js(v, "model"), MODEL_NAME);
+    jc_free(v);
+    /* By its hash too, as `models` prints it. */
+    char hex[33];
+    ctxs_model m = model();
+    for (int i = 0; i < 16; i++)
+        snprintf(hex + 2 * i, 3, "%02x", m.model_hash[i]);
+    CLI_EXPECT(EX_OK, S(), "create", "by-hash", "--model", hex);
+
+    /* What it made is a session the library writes to. */
+    st = ts_store_open(S());
+    ctxs_session *s = open_rw(st, "small");
+    ts_append_many(s, 30);
+    cr_assert_eq(info_of(s).capacity, 100);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(ju(must_by_name(v, "chat"), "n_tokens"), 0);
+    cr_assert_eq(ju(must_by_name(v, "small"), "n_tokens"), 30);
+    jc_free(v);
+
+    /* Refusals, each with its reason, and nothing made. */
+    char *before = store_state(S());
+    CLI_EXPECT(EX_EXIST, S(), "create", "chat", "--model", MODEL_NAME, "--json");
+    v = json_error_out(CTXS_ETAKEN, "CTXS_ETAKEN");
+    cr_assert(strstr(js(v, "error.message"), "'chat'"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_DAMAGED, S(), "create", "q", "--model", MODEL_NAME, "--dtype", "q8");
+    contains(0, "the dtype is q8 here, fp16 there");
+    CLI_EXPECT(EX_USAGE, S(), "create", "tiny", "--model", MODEL_NAME, "--capacity", "3");
+    contains(0, "n_sink 4 is not below the capacity 3");
+    CLI_EXPECT(EX_USAGE, S(), "create", "huge", "--model", MODEL_NAME, "--capacity", "99999999");
+    contains(0, "capacity 99999999 is outside");
+    CLI_EXPECT(EX_NOTFOUND, S(), "create", "x", "--model", "nobody");
+    contains(0, "model 'nobody'");
+    CLI_EXPECT(EX_USAGE, S(), "create", "x");
+    contains(0, "create needs --model");
+    CLI_EXPECT(EX_USAGE, S(), "create", "a/b", "--model", MODEL_NAME);
+    contains(0, "contains '/'");
+    CLI_EXPECT(EX_USAGE, S(), "create", "x", "--model", MODEL_NAME, "--dtype", "f32");
+    contains(0, "--dtype takes fp16, bf16 or q8");
+    same_state(before, S(), "creates that were refused");
+    free(before);
+    /* No store is made by create: a model must be registered first. */
+    CLI_EXPECT(EX_NOTFOUND, dir_of("none"), "create", "x", "--model", MODEL_NAME);
+    cr_assert_not(ts_exists(dir_of("none")), "create made a store");
+}
+
+Test(cli, a_refusal_prints_the_library_reason)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "src", 256, 0, 150);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_USAGE, S(), "fork", "src", "x", "--at", "512");
+    contains(0, "512 tokens is more than the 150 the session holds");
+    cr_assert_not(strstr(R.err, "invalid argument"), "%s", R.err);
+    CLI_EXPECT(EX_NOTFOUND, S(), "meta", "src", "title", "--json");
+    jc_value *v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
+    cr_assert(strstr(js(v, "error.message"), "no metadata key 'title'"), "%s", R.out);
+    jc_free(v);
+}
+
+Test(cli, an_option_error_is_said_once_naming_the_option)
+{
+    CLI_EXPECT(EX_USAGE, S(), "ls", "--bogus");
+    cr_assert_eq(count_of(R.err, "--bogus"), 1, "said more than once:\n%s", R.err);
+    contains(0, "unknown option '--bogus'");
+    cr_assert_not(strstr(R.err, "unrecognized"), "getopt spoke too:\n%s", R.err);
+    CLI_EXPECT(EX_USAGE, S(), "--bogus", "ls");
+    cr_assert_eq(count_of(R.err, "--bogus"), 1, "said more than once:\n%s", R.err);
+    CLI_EXPECT(EX_USAGE, S(), "create", "x", "--model");
+    contains(0, "--model needs a value");
+    cr_assert_eq(count_of(R.err, "ctxstore:"), 1, "%s", R.err);
+    CLI_EXPECT(EX_USAGE, S(), "ls", "--json=yes");
+    contains(0, "--json takes no value");
+    CLI_EXPECT(EX_USAGE, S(), "gc", "-m");
+    contains(0, "-m needs a value");
+    CLI_EXPECT(EX_USAGE, S(), "ls", "-z");
+    contains(0, "unknown option '-z'");
+    cr_assert_eq(count_of(R.err, "-z"), 1, "%s", R.err);
+}
+
+Test(cli, version_speaks_json_when_asked)
+{
+    CLI_EXPECT(EX_OK, NULL, "--version");
+    contains(1, "ctxstore ");
+    const char *const orders[][2] = { { "--version", "--json" }, { "--json", "--version" } };
+    for (int i = 0; i < 2; i++) {
+        CLI_EXPECT(EX_OK, NULL, orders[i][0], orders[i][1]);
+        jc_value *v = json_out();
+        char want[32];
+        snprintf(want, sizeof(want), "%d.%d.%d", CTXS_VERSION_MAJOR, CTXS_VERSION_MINOR,
+                 CTXS_VERSION_PATCH);
+        cr_assert_str_eq(js(v, "version"), want);
+        cr_assert_eq(ju(v, "major"), CTXS_VERSION_MAJOR);
+        jc_free(v);
+    }
+}
+
+Test(cli, rename_and_gc_report_what_the_files_hold)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 0, 50);
+    mk(st, "old", 256, 0, 10);
+    mk(st, "ring", 64, 1, 150);
+    ctxs_store_close(st);
+    /* Written through its path: the index still says 50 tokens, and the
+     * disk space of a 10-token file. */
+    ctxs_model m = model();
+    const char *const grow[] = { "chat", "old" };
+    for (int i = 0; i < 2; i++) {
+        ctxs_session *s = NULL;
+        cr_assert_eq(ctxs_session_open(&s, file_of(S(), grow[i]), &m, 0, NULL), 0);
+        ts_append_many(s, 200);
+        ctxs_session_close(s);
+    }
+    CLI_EXPECT(EX_OK, S(), "rename", "chat", "talk");
+    contains(1, "renamed 'chat' to 'talk' (250 tokens)");
+    CLI_EXPECT(EX_OK, S(), "rename", "ring", "loop", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(ju(v, "n_tokens"), 150);
+    cr_assert_eq(ju(v, "held"), 64);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "rename", "loop", "ring");
+    contains(1, "(64 tokens held of 150 positions)");
+
+    CLI_EXPECT(EX_OK, S(), "gc", "--max-size", "0", "--dry-run", "--json");
+    v = json_out();
+    const jc_value *list = jget(v, "sessions");
+    uint64_t sum = 0;
+    for (size_t i = 0; i < list->n; i++)
+        sum += ju(jc_at(list, i), "disk_bytes");
+    cr_assert_eq(list->n, 3, "%s", R.out);
+    cr_assert_eq(sum, ju(v, "bytes_before") - ju(v, "bytes_after"),
+                 "the sessions' sizes do not add up to what gc frees:\n%s", R.out);
+    jc_free(v);
+}
+
+/* The terminal columns of the first n bytes of s: a CJK character (three
+ * bytes from 0xe3 to 0xe9) takes two, any other character one. */
+static size_t columns(const char *s, size_t n)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char b = (unsigned char)s[i];
+        if ((b & 0xc0) != 0x80)
+            w += b >= 0xe3 && b <= 0xe9 ? 2 : 1;
+    }
+    return w;
+}
+
+Test(cli, ls_aligns_wide_names_and_names_held_and_positions)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "abcd", 256, 0, 7);
+    mk(st, "caf\xc3\xa9", 256, 0, 8);          /* café: 4 columns, 5 bytes */
+    mk(st, "\xe4\xbc\x9a\xe8\xa9\xb1", 256, 0, 9); /* 会話: 4 columns, 6 bytes */
+    mk(st, "wrapped", 64, 1, 150);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "ls");
+    char head[1024], line[1024];
+    line_with(head, sizeof(head), "NAME");
+    cr_assert(strstr(head, "HELD") && strstr(head, "POSITIONS"), "%s", R.out);
+    size_t held_end = columns(head, (size_t)(strstr(head, "HELD") - head)) + 4;
+    const char *const names[] = { "abcd", "caf\xc3\xa9", "\xe4\xbc\x9a\xe8\xa9\xb1" };
+    const char *const counts[] = { " 7 ", " 8 ", " 9 " };
+    for (int i = 0; i < 3; i++) {
+        line_with(line, sizeof(line), names[i]);
+        const char *p = strstr(line, counts[i]);
+        cr_assert_not_null(p, "%s", R.out);
+        cr_assert_eq(columns(line, (size_t)(p - line)) + 2, held_end,
+                     "'%s' is not aligned with the header:\n%s", names[i], R.out);
+    }
+    /* A ring that wrapped: 64 held of 150 positions, each under its name. */
+    line_with(line, sizeof(line), "wrapped");
+    cr_assert(strstr(line, " 64       150 "), "held then positions:\n%s", R.out);
+}
+
+Test(cli, info_and_verify_read_a_session_file_by_its_path)
+{
+    /* A file made outside any store, as the README's first example does. */
+    const char *path = dir_of("chat.ctxs");
+    ctxs_model m = model();
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+    o.capacity = 256;
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
+    ts_append_many(s, 70);
+    ctxs_session_close(s);
+    const char *nowhere = dir_of("no-store");
+    CLI_EXPECT(EX_OK, nowhere, "info", path);
+    contains(1, "a session file, read by its path");
+    contains(1, "70 committed, 70 held");
+    CLI_EXPECT(EX_OK, nowhere, "info", path, "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(ju(v, "n_tokens"), 70);
+    cr_assert_str_eq(js(v, "path"), path);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, nowhere, "verify", path, "--json");
+    v = json_out();
+    cr_assert(jb(v, "ok"), "%s", R.out);
+    cr_assert_eq(ju(jc_at(jget(v, "sessions"), 0), "tokens_checked"), 70, "%s", R.out);
+    jc_free(v);
+    cr_assert_not(ts_exists(nowhere), "reading a file made a store");
+
+    /* Damage is found and named, with exit 5. */
+    flip(path, offsetof(ctxs__disk_header, capacity), 0x10);
+    CLI_EXPECT(EX_DAMAGED, nowhere, "verify", path);
+    contains(1, "DAMAGE FOUND");
+    contains(1, "header");
+    CLI_EXPECT(EX_OK, nowhere, "info", path); /* described from its bytes */
+    contains(1, "DOES NOT OPEN");
+    /* A path where nothing is: said as a path and as a name. */
+    CLI_EXPECT(EX_USAGE, nowhere, "info", dir_of("gone.ctxs"));
+    contains(0, "no session file at");
+    contains(0, "contains '/'");
+}
+
+Test(cli, a_store_that_is_a_file_empty_or_under_a_missing_parent_is_said_as_such)
+{
+    const char *file = dir_of("plain");
+    cr_assert_eq(ts_write_file(file, "x", 1), 0);
+    CLI_EXPECT(EX_NOTFOUND, file, "ls", "--json");
+    jc_value *v = json_error_out(-ENOTDIR, "ENOTDIR");
+    cr_assert(strstr(js(v, "error.message"), "it is a file, not a directory"), "%s", R.out);
+    cr_assert(strstr(hint_of(v), "`ctxstore info FILE`"), "%s", R.out);
+    jc_free(v);
+
+    CLI_EXPECT(EX_USAGE, NULL, "--store", "", "ls");
+    contains(0, "--store is empty");
+    cr_assert_not(strstr(R.err, "a name is"), "the session-name rule:\n%s", R.err);
+
+    /* A command that makes a store does not advise running itself. */
+    char w[1100], under[1100];
+    snprintf(w, sizeof(w), "%s", weights_file("w.bin", 4096, 3, (uint8_t[16]){0}));
+    snprintf(under, sizeof(under), "%s/sub", dir_of("missing"));
+    CLI_EXPECT(EX_NOTFOUND, under, "models", "register", w, "--name", "w", "--layers", "2",
+               "--kv-heads", "2", "--head-dim", "16");
+    contains(0, "its parent directory");
+    contains(0, "mkdir -p");
+    cr_assert_not(strstr(R.err, "models register` make"), "advises itself:\n%s", R.err);
+    cr_assert_not(ts_exists(under));
+}
+
+Test(cli, export_to_a_place_the_user_cannot_write_names_the_destination)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 0, 20);
+    ctxs_store_close(st);
+    cr_assert_eq(ts_make_unwritable(S()), 0); /* and readable by the user below */
+    const char *ro = dir_of("ro");
+    cr_assert_eq(mkdir(ro, 0555), 0);
+    cr_assert_eq(chmod(ro, 0555), 0);
+    char dest[1100];
+    snprintf(dest, sizeof(dest), "%s/chat.export", ro);
+    run_unprivileged = 1;
+    CLI(S(), "export", "chat", dest);
+    run_unprivileged = 0;
+    cr_assert_eq(R.code, EX_FAIL, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+    contains(0, ro);
+    contains(0, "(the destination)");
+    cr_assert_not(strstr(R.err, "store directory"), "blames the store:\n%s", R.err);
+}
+
+Test(cli, a_file_that_cannot_be_adopted_is_listed_and_the_advice_ends_the_loop)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 0, 40);
+    ctxs_store_close(st);
+    /* A damaged session file the index does not know, as a crash of a
+     * disk or a person's copy leaves it. */
+    char stray[1200], sessions[1100];
+    snprintf(sessions, sizeof(sessions), "%s/sessions", S());
+    snprintf(stray, sizeof(stray), "%s/00000000000000f0.ctxs", sessions);
+    copy_file(file_of(S(), "chat"), stray);
+    flip(stray, offsetof(ctxs__disk_header, capacity), 0x10);
+
+    CLI_EXPECT(EX_OK, S(), "ls");
+    contains(1, "DAMAGED  sessions/00000000000000f0.ctxs");
+    contains(1, "1 session and 1 damaged file");
+    contains(1, "mkdir -p");
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(v->n, 2, "%s", R.out);
+    const jc_value *d = jc_at(v, 1);
+    cr_assert_str_eq(js(d, "file"), "00000000000000f0.ctxs");
+    cr_assert(jb(d, "unadoptable"));
+    cr_assert_gt(ju(d, "disk_bytes"), 0);
+    jc_free(v);
+
+    /* Neither verify nor reindex nor compact sends the user to the other. */
+    CLI_EXPECT(EX_DAMAGED, S(), "verify");
+    contains(1, "00000000000000f0.ctxs: a file the index does not know, which does not open");
+    contains(1, "damaged/");
+    cr_assert_not(strstr(R.out, "compact` adopts"), "%s", R.out);
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    contains(1, "left alone: sessions/00000000000000f0.ctxs");
+    contains(1, "damaged/");
+    cr_assert_not(strstr(R.out, "ctxstore verify"), "sends back to verify:\n%s", R.out);
+    CLI_EXPECT(EX_OK, S(), "compact");
+    contains(1, "left alone: sessions/00000000000000f0.ctxs");
+
+    /* The advice, followed, ends it. */
+    char aside[1100];
+    snprintf(aside, sizeof(aside), "%s/damaged", S());
+    cr_assert_eq(mkdir(aside, 0700), 0);
+    snprintf(aside, sizeof(aside), "%s/damaged/00000000000000f0.ctxs", S());
+    cr_assert_eq(rename(stray, aside), 0);
+    CLI_EXPECT(EX_OK, S(), "verify");
+    CLI_EXPECT(EX_OK, S(), "ls");
+    cr_assert_not(strstr(R.out, "DAMAGED"), "%s", R.out);
+}
+
+Test(cli, compact_names_the_sessions_it_adopted)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 0, 40);
+    ctxs_store_close(st);
+    char restored[1100];
+    snprintf(restored, sizeof(restored), "%s/sessions/00000000000000f1.ctxs", S());
+    copy_file(file_of(S(), "chat"), restored);
+    CLI_EXPECT(EX_OK, S(), "compact", "--json");
+    jc_value *v = json_out();
+    const jc_value *a = jget(v, "adopted");
+    cr_assert_eq(a->n, 1, "%s", R.out);
+    cr_assert_eq(ju(jc_at(a, 0), "id"), 0xf1);
+    jc_free(v);
+    /* Once adopted it is a session like any: no second adoption. */
+    CLI_EXPECT(EX_OK, S(), "compact");
+    cr_assert_not(strstr(R.out, "adopted"), "%s", R.out);
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 2, "%s", R.out);
+    jc_free(v);
 }

@@ -452,7 +452,7 @@ static void worker_run(worker *w, const env *e)
             ctxs_session *f;
             char src[NAME_LEN];
             snprintf(src, sizeof(src), "P%d.%d", o->proc, o->thr);
-            rc = ctxs_store_session_fork(&f, st, name, src, UINT64_MAX, &dopt.open);
+            rc = ctxs_store_session_fork(&f, st, src, name, UINT64_MAX, &dopt.open);
             /* EBUSY: a compaction or a gc holds the source's exclusive
              * lock (undocumented for ctxs_store_session_fork). */
             if (rc == CTXS_ENOTFOUND || rc == CTXS_ESTALE || rc == CTXS_EBUSY) {

@@ -508,7 +508,7 @@ static void body_full_btrfs(const char *mnt)
     append_until_full(grow, 64, &n_grow, "growing on a full btrfs");
     ctxs_session_close(grow);
     ctxs_session *f = NULL;
-    rc = ctxs_store_session_fork(&f, st, "fork", "grow", UINT64_MAX, NULL);
+    rc = ctxs_store_session_fork(&f, st, "grow", "fork", UINT64_MAX, NULL);
     TS_CHECK(rc == CTXS_EFULL, "a fork on a full btrfs: %s, want CTXS_EFULL", ctxs_err_name(rc));
     ctxs_store_close(st);
 

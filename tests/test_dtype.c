@@ -392,7 +392,7 @@ Test(dtype, fork_keeps_every_dtype)
         for (int i = 0; i < 3; i++)
             cr_assert_eq(append_f32(s, 20), 0); /* 60 tokens in 32 slots */
         ctxs_session *f = NULL;
-        cr_assert_eq(ctxs_session_fork(&f, ts_path(ts_scratch, fork_name), s, 50, NULL), 0);
+        cr_assert_eq(ctxs_session_fork(&f, s, ts_path(ts_scratch, fork_name), 50, NULL), 0);
         ctxs_session_info info;
         cr_assert_eq(ctxs_session_get_info(&info, f), 0);
         cr_assert_eq(info.n_tokens, 50);

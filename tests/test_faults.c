@@ -311,7 +311,7 @@ static bool happened_checkpoint(world *w)
     ctxs_free(list);
     if (found) {
         ctxs_session *f = NULL;
-        int rc = ctxs_store_session_fork_checkpoint(&f, w->st, "from-cp", "a", "cp", NULL);
+        int rc = ctxs_store_session_fork_checkpoint(&f, w->st, "a", "cp", "from-cp", NULL);
         cr_assert_eq(rc, 0, "fork of the checkpoint: %s [%s]", ctxs_err_name(rc), run_context);
         cr_assert_eq(tokens_of(f), BASE_TOKENS, "[%s]", run_context);
         cr_assert_eq(ts_check_all(f), 0, "[%s]", run_context);
@@ -324,7 +324,7 @@ static bool happened_checkpoint(world *w)
 static int run_fork(world *w)
 {
     ctxs_session *f = NULL;
-    int rc = ctxs_store_session_fork(&f, w->st, "f", "a", FORK_TOKENS, NULL);
+    int rc = ctxs_store_session_fork(&f, w->st, "a", "f", FORK_TOKENS, NULL);
     ctxs_session_close(f);
     return rc;
 }

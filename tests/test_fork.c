@@ -188,7 +188,7 @@ static ctxs_session *fork_ok(ctxs_session *src, uint64_t n, const char *name,
                              const ctxs_create_options *o)
 {
     ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
-    int rc = ctxs_session_fork(&f, ts_path(ts_scratch, name), src, n, o ? &o->open : NULL);
+    int rc = ctxs_session_fork(&f, src, ts_path(ts_scratch, name), n, o ? &o->open : NULL);
     cr_assert_eq(rc, 0, "fork at %llu to %s: %s", (unsigned long long)n, name, ctxs_strerror(rc));
     cr_assert_not_null(f);
     return f;
@@ -197,7 +197,7 @@ static ctxs_session *fork_ok(ctxs_session *src, uint64_t n, const char *name,
 static void fork_fails(ctxs_session *src, uint64_t n, const char *name, int want)
 {
     ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
-    int rc = ctxs_session_fork(&f, ts_path(ts_scratch, name), src, n, NULL);
+    int rc = ctxs_session_fork(&f, src, ts_path(ts_scratch, name), n, NULL);
     cr_assert_eq(rc, want, "fork at %llu: %d (%s), want %s", (unsigned long long)n, rc,
                  ctxs_err_name(rc), ctxs_err_name(want));
     cr_assert_null(f, "a failed fork set *out");
@@ -406,7 +406,7 @@ Test(fork, a_fork_takes_the_state_rollback_would_give)
             cr_assert_eq(ctxs_session_open(&rb, ts_path(ts_scratch, "copy"), &m, 0, NULL), 0);
             int want = ctxs_session_rollback(rb, n);
             ctxs_session *f = NULL;
-            int rc = ctxs_session_fork(&f, ts_path(ts_scratch, "fork"), src, n, NULL);
+            int rc = ctxs_session_fork(&f, src, ts_path(ts_scratch, "fork"), n, NULL);
             cr_assert_eq(rc, want, "%llu tokens, fork at %llu: %s, rollback: %s",
                          (unsigned long long)cases[c].n_tokens, (unsigned long long)n,
                          ctxs_err_name(rc), ctxs_err_name(want));
@@ -672,7 +672,7 @@ Test(fork, a_path_that_exists_is_eexist_and_left_untouched)
     size_t len0, len1;
     uint8_t *before = ts_read_file(p, &len0);
     ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
-    cr_assert_eq(ctxs_session_fork(&f, p, src, 50, NULL), -EEXIST);
+    cr_assert_eq(ctxs_session_fork(&f, src, p, 50, NULL), -EEXIST);
     cr_assert_null(f);
     uint8_t *after = ts_read_file(p, &len1);
     cr_assert(len0 == len1 && memcmp(before, after, len0) == 0, "fork changed the file at its path");
@@ -681,13 +681,13 @@ Test(fork, a_path_that_exists_is_eexist_and_left_untouched)
 
     const char *t = ts_path(ts_scratch, "notes.txt");
     cr_assert_eq(ts_write_file(t, "keep me\n", 8), 0);
-    cr_assert_eq(ctxs_session_fork(&f, t, src, 50, NULL), -EEXIST);
+    cr_assert_eq(ctxs_session_fork(&f, src, t, 50, NULL), -EEXIST);
     const char *dangling = ts_path(ts_scratch, "dangling");
     cr_assert_eq(symlink(ts_path(ts_scratch, "nowhere"), dangling), 0);
-    cr_assert_eq(ctxs_session_fork(&f, dangling, src, 50, NULL), -EEXIST);
+    cr_assert_eq(ctxs_session_fork(&f, src, dangling, 50, NULL), -EEXIST);
     struct stat st;
     cr_assert_neq(lstat(ts_path(ts_scratch, "nowhere"), &st), 0, "fork followed a symlink");
-    cr_assert_eq(ctxs_session_fork(&f, ts_path(ts_scratch, "no/such/dir"), src, 50, NULL), -ENOENT);
+    cr_assert_eq(ctxs_session_fork(&f, src, ts_path(ts_scratch, "no/such/dir"), 50, NULL), -ENOENT);
     cr_assert_eq(scratch_entries(), 4, "a refused fork left files behind");
     ctxs_session_close(src);
 }
@@ -697,22 +697,22 @@ Test(fork, bad_arguments_are_einval)
     ctxs_session *src = source("src", small_geometry(), 256, 4, 1, 100);
     const char *p = ts_path(ts_scratch, "f");
     ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
-    cr_assert_eq(ctxs_session_fork(NULL, p, src, 10, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_session_fork(&f, p, NULL, 10, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_fork(NULL, src, p, 10, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_fork(&f, NULL, p, 10, NULL), CTXS_EINVAL);
     cr_assert_null(f);
     f = (ctxs_session *)(uintptr_t)0x1;
-    cr_assert_eq(ctxs_session_fork(&f, NULL, src, 10, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_fork(&f, src, NULL, 10, NULL), CTXS_EINVAL);
     cr_assert_null(f);
-    cr_assert_eq(ctxs_session_fork(&f, "", src, 10, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_fork(&f, src, "", 10, NULL), CTXS_EINVAL);
     ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.version = 0;
-    cr_assert_eq(ctxs_session_fork(&f, p, src, 10, &o), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_fork(&f, src, p, 10, &o), CTXS_EINVAL);
     o = (ctxs_open_options)CTXS_OPEN_OPTIONS_INIT;
     o.reserved[3] = 1;
-    cr_assert_eq(ctxs_session_fork(&f, p, src, 10, &o), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_fork(&f, src, p, 10, &o), CTXS_EINVAL);
     o = (ctxs_open_options)CTXS_OPEN_OPTIONS_INIT;
     o.durability = 9;
-    cr_assert_eq(ctxs_session_fork(&f, p, src, 10, &o), CTXS_EINVAL);
+    cr_assert_eq(ctxs_session_fork(&f, src, p, 10, &o), CTXS_EINVAL);
     cr_assert_null(f);
     cr_assert_eq(scratch_entries(), 1);
     ctxs_session_close(src);
@@ -859,7 +859,7 @@ Test(fork, a_source_changed_and_changed_back_during_the_copy_is_never_forked_wro
     hook_action[CTXS__FORK_TABLES_COPIED] = rewrite_gen1_from_100;
     hook_action[CTXS__FORK_KV_COPIED] = rewrite_gen0_from_100;
     ctxs_session *f = NULL;
-    int rc = ctxs_session_fork(&f, ts_path(ts_scratch, "f"), src, 200, NULL);
+    int rc = ctxs_session_fork(&f, src, ts_path(ts_scratch, "f"), 200, NULL);
     cr_assert(rc == 0 || rc == CTXS_ESTALE, "fork: %s", ctxs_err_name(rc));
     if (rc == 0) {
         cr_log_info("the fork was cloned before the source changed");
@@ -881,7 +881,7 @@ Test(fork, tokens_rewritten_before_the_copy_fork_as_rewritten_or_give_estale)
     ctxs_session *src = hooked_source();
     hook_action[CTXS__FORK_STARTED] = rewrite_gen1_from_100;
     ctxs_session *f = NULL;
-    int rc = ctxs_session_fork(&f, ts_path(ts_scratch, "f"), src, 200, NULL);
+    int rc = ctxs_session_fork(&f, src, ts_path(ts_scratch, "f"), 200, NULL);
     cr_assert(rc == 0 || rc == CTXS_ESTALE, "fork: %s", ctxs_err_name(rc));
     if (rc == 0) {
         cr_assert_eq(ctxs_session_verify(NULL, f), 0);
@@ -1056,7 +1056,7 @@ Test(fork, a_source_rolled_back_by_another_process_gives_estale_or_an_exact_fork
     int whole = 0, prefix = 0, stale = 0;
     for (int i = 0; i < 300; i++) {
         ctxs_session *f = NULL;
-        int rc = ctxs_session_fork(&f, ts_path(ts_scratch, "f"), src, UINT64_MAX, NULL);
+        int rc = ctxs_session_fork(&f, src, ts_path(ts_scratch, "f"), UINT64_MAX, NULL);
         if (rc == CTXS_ESTALE) {
             cr_assert_null(f);
             stale++;
@@ -1113,7 +1113,7 @@ static void body_full_disk(const char *mnt)
     uint64_t counts[] = { UINT64_MAX, 1000, 600 };
     for (int i = 0; i < 3; i++) {
         ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
-        int rc = ctxs_session_fork(&f, dst, i == 1 ? r : w, counts[i], NULL);
+        int rc = ctxs_session_fork(&f, i == 1 ? r : w, dst, counts[i], NULL);
         TS_CHECK(rc == CTXS_EFULL, "fork %d on a 2 MiB disk: %s, want CTXS_EFULL", i, ctxs_err_name(rc));
         TS_CHECK(f == NULL, "*out set on failure");
         TS_CHECK(ts_dir_entries(mnt) == 0, "a failed fork left %d files", ts_dir_entries(mnt));
@@ -1122,7 +1122,7 @@ static void body_full_disk(const char *mnt)
     /* What fits, forks; writing to it then fills the disk through
      * reserve, as in any session, never with a SIGBUS. */
     ctxs_session *f;
-    int rc = ctxs_session_fork(&f, dst, w, 200, NULL);
+    int rc = ctxs_session_fork(&f, w, dst, 200, NULL);
     TS_CHECK(rc == 0, "fork of 800 KiB on a 2 MiB disk: %s", ctxs_err_name(rc));
     TS_CHECK(wrong_gen(f, 0, 200, 0) == 0, "the fork does not read back");
     for (;;) {
@@ -1156,7 +1156,7 @@ static void body_no_room_for_tables(const char *mnt)
     TS_CHECK(append_gen(w, 10, 0) == 0, "append");
     snprintf(dst, sizeof(dst), "%s/f", mnt);
     ctxs_session *f = (ctxs_session *)(uintptr_t)0x1;
-    int rc = ctxs_session_fork(&f, dst, w, UINT64_MAX, NULL);
+    int rc = ctxs_session_fork(&f, w, dst, UINT64_MAX, NULL);
     TS_CHECK(rc == CTXS_EFULL, "fork: %s, want CTXS_EFULL", ctxs_err_name(rc));
     TS_CHECK(f == NULL && ts_dir_entries(mnt) == 0, "a failed fork left %d files", ts_dir_entries(mnt));
     ctxs_session_close(w);

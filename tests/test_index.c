@@ -398,8 +398,8 @@ Test(index, hostile_names_are_einval_everywhere)
         cr_assert_eq(ctxs_store_session_rename(st, "good", n), CTXS_EINVAL, "rename to bad[%zu]", i);
         cr_assert_eq(ctxs_store_session_rename(st, n, "other"), CTXS_EINVAL, "rename from bad[%zu]", i);
         cr_assert_eq(ctxs_checkpoint_create(s, n), CTXS_EINVAL, "checkpoint bad[%zu]", i);
-        cr_assert_eq(ctxs_store_session_fork(NULL, st, n, "good", 10, NULL), CTXS_EINVAL, "fork to bad[%zu]", i);
-        cr_assert_eq(ctxs_store_session_fork_checkpoint(NULL, st, "f", "good", n, NULL), CTXS_EINVAL,
+        cr_assert_eq(ctxs_store_session_fork(NULL, st, "good", n, 10, NULL), CTXS_EINVAL, "fork to bad[%zu]", i);
+        cr_assert_eq(ctxs_store_session_fork_checkpoint(NULL, st, "good", n, "f", NULL), CTXS_EINVAL,
                      "fork at checkpoint bad[%zu]", i);
         cr_assert_eq(ctxs_model_register(st, &m, n[0] ? n : "\x02"), CTXS_EINVAL,
                      "model name bad[%zu]", i);
@@ -637,7 +637,7 @@ Test(index, create_with_a_taken_name_is_eexist)
     ctxs_session_close(mk(st, "taken", &m, 256, 4, 5));
     ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s = (ctxs_session *)1;
-    cr_assert_eq(ctxs_store_session_create(&s, st, "taken", &m, &o), -EEXIST);
+    cr_assert_eq(ctxs_store_session_create(&s, st, "taken", &m, &o), CTXS_ETAKEN);
     cr_assert_null(s);
     cr_assert_eq(ts_session_entry(st, "taken").n_tokens, 5);
     cr_assert_eq(count_entries(st), 1);
@@ -739,7 +739,7 @@ Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
     cr_assert_eq(ts_checkpoint_list(&cps, &n, st, "after"), 0);
     cr_assert_eq(n, 1);
     ctxs_free(cps);
-    cr_assert_eq(ctxs_store_session_rename(st, "after", "other"), -EEXIST);
+    cr_assert_eq(ctxs_store_session_rename(st, "after", "other"), CTXS_ETAKEN);
     cr_assert_eq(ctxs_store_session_rename(st, "missing", "new"), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_rename(st, "after", "after"), 0);
     cr_assert_eq(ts_session_entry(st, "other").n_tokens, 1);
@@ -763,8 +763,8 @@ Test(index, open_of_a_missing_name_or_file_is_enotfound)
     cr_assert_eq(ctxs_store_session_open(&s, st, "gone", &m, 0, NULL), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_open(&s, st, "gone", NULL, CTXS_OPEN_RDONLY, NULL),
                  CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_store_session_fork(NULL, st, "child", "gone", 1, NULL), CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_store_session_fork(NULL, st, "child", "nobody", 1, NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "gone", "child", 1, NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "nobody", "child", 1, NULL), CTXS_ENOTFOUND);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "child"), CTXS_ENOTFOUND);
     ctxs_store_close(st);
@@ -818,13 +818,14 @@ Test(index, model_register_same_hash_other_geometry_is_emodel)
     ctxs_store_close(st);
 }
 
-Test(index, create_with_an_unregistered_model_is_enotfound)
+Test(index, create_with_an_unregistered_model_is_enomodel_not_enotfound)
 {
     ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
     ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s = (ctxs_session *)1;
-    cr_assert_eq(ctxs_store_session_create(&s, st, "s", &m, &o), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_create(&s, st, "s", &m, &o), CTXS_ENOMODEL);
+    cr_assert(strstr(ctxs_get_last_error(), "is not registered"), "%s", ctxs_get_last_error());
     cr_assert_null(s);
     cr_assert_eq(count_entries(st), 0);
     ctxs_model_entry *list;
@@ -1141,7 +1142,7 @@ Test(index, checkpoint_with_a_taken_name_is_eexist)
     ctxs_session *s = mk(st, "s", &m, 256, 4, 10);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     cr_assert_eq(ts_append(s, 10), 0);
-    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), -EEXIST);
+    cr_assert_eq(ctxs_checkpoint_create(s, "cp"), CTXS_ETAKEN);
     ctxs_checkpoint_entry *list;
     size_t n;
     cr_assert_eq(ts_checkpoint_list(&list, &n, st, "s"), 0);
@@ -1185,8 +1186,8 @@ Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
     cr_assert_eq(cp_find(list, n, "late")->stale, 1);
     cr_assert_eq(cp_find(list, n, "sink")->stale, 0);
     ctxs_free(list);
-    cr_assert_eq(ctxs_store_session_fork(NULL, st, "f", "s", 100, NULL), CTXS_EEVICTED);
-    cr_assert_eq(ctxs_store_session_fork_checkpoint(NULL, st, "f", "s", "late", NULL), CTXS_EEVICTED);
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "s", "f", 100, NULL), CTXS_EEVICTED);
+    cr_assert_eq(ctxs_store_session_fork_checkpoint(NULL, st, "s", "late", "f", NULL), CTXS_EEVICTED);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "f"), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_checkpoint_restore(s, "sink"), 0);
@@ -1226,7 +1227,7 @@ Test(index, checkpoint_rolled_back_and_rewritten_is_stale_and_listed_stale)
     cr_assert_eq(cp_find(list, n, "cp")->stale, 1);
     cr_assert_eq(cp_find(list, n, "early")->stale, 0);
     ctxs_free(list);
-    cr_assert_eq(ctxs_store_session_fork_checkpoint(NULL, st, "f", "s", "cp", NULL), CTXS_ESTALE);
+    cr_assert_eq(ctxs_store_session_fork_checkpoint(NULL, st, "s", "cp", "f", NULL), CTXS_ESTALE);
     cr_assert_eq(ctxs_checkpoint_restore(s, "early"), 0);
     cr_assert_eq(ts_n_tokens(s), 40);
     cr_assert_eq(ts_check_all(s), 0);
@@ -1253,15 +1254,15 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
         uint64_t want;
     } forks[] = {{"at130", 130}, {"at-cp", 200}, {"full", 300}, {"at0", 0}};
     ctxs_session *f;
-    int rc = ctxs_store_session_fork(&f, st, "at130", "src", 130, NULL);
+    int rc = ctxs_store_session_fork(&f, st, "src", "at130", 130, NULL);
     cr_assert_eq(rc, 0, "fork at 130: %s", ctxs_err_name(rc));
     ctxs_session_close(f);
-    rc = ctxs_store_session_fork_checkpoint(&f, st, "at-cp", "src", "cp", NULL);
+    rc = ctxs_store_session_fork_checkpoint(&f, st, "src", "cp", "at-cp", NULL);
     cr_assert_eq(rc, 0, "fork at cp: %s", ctxs_err_name(rc));
     ctxs_session_close(f);
-    rc = ctxs_store_session_fork(NULL, st, "full", "src", UINT64_MAX, NULL); /* left closed */
+    rc = ctxs_store_session_fork(NULL, st, "src", "full", UINT64_MAX, NULL); /* left closed */
     cr_assert_eq(rc, 0, "fork in full: %s", ctxs_err_name(rc));
-    rc = ctxs_store_session_fork(NULL, st, "at0", "src", 0, NULL);
+    rc = ctxs_store_session_fork(NULL, st, "src", "at0", 0, NULL);
     cr_assert_eq(rc, 0, "fork at 0: %s", ctxs_err_name(rc));
 
     ctxs_session_info si;
@@ -1305,11 +1306,11 @@ Test(index, fork_into_a_taken_name_is_eexist)
     ctxs_session_close(mk(st, "src", &m, 256, 4, 80));
     ctxs_session_close(mk(st, "taken", &m, 256, 4, 7));
     ctxs_session *f = (ctxs_session *)1;
-    cr_assert_eq(ctxs_store_session_fork(&f, st, "taken", "src", 50, NULL), -EEXIST);
+    cr_assert_eq(ctxs_store_session_fork(&f, st, "src", "taken", 50, NULL), CTXS_ETAKEN);
     cr_assert_null(f);
-    cr_assert_eq(ctxs_store_session_fork(&f, st, "src", "src", 50, NULL), -EEXIST);
-    cr_assert_eq(ctxs_store_session_fork(&f, st, "new", "src", 81, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_fork_checkpoint(&f, st, "new", "src", "nocp", NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_fork(&f, st, "src", "src", 50, NULL), CTXS_ETAKEN);
+    cr_assert_eq(ctxs_store_session_fork(&f, st, "src", "new", 81, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_fork_checkpoint(&f, st, "src", "nocp", "new", NULL), CTXS_ENOTFOUND);
     ctxs_session_entry e = ts_session_entry(st, "taken");
     cr_assert_eq(e.n_tokens, 7);
     cr_assert_eq(e.parent_id, 0);
@@ -1328,13 +1329,13 @@ Test(index, fork_from_a_session_open_by_a_writer_here)
     model_reg(st, &m);
     ctxs_session *w = mk(st, "live", &m, 512, 4, 100);
     ctxs_session *f;
-    cr_assert_eq(ctxs_store_session_fork(&f, st, "snap", "live", UINT64_MAX, NULL), 0);
+    cr_assert_eq(ctxs_store_session_fork(&f, st, "live", "snap", UINT64_MAX, NULL), 0);
     cr_assert_eq(ts_n_tokens(f), 100, "a fork takes what is committed");
     ts_same_tokens(w, f, 100, "source and fork");
     cr_assert_eq(ts_append(w, 50), 0);
     cr_assert_eq(ts_n_tokens(f), 100);
     ctxs_session_close(f);
-    cr_assert_eq(ctxs_store_session_fork(&f, st, "snap2", "live", 150, NULL), 0);
+    cr_assert_eq(ctxs_store_session_fork(&f, st, "live", "snap2", 150, NULL), 0);
     ts_same_tokens(w, f, 150, "source and fork");
     ctxs_session_close(f);
     ctxs_session_close(w);
@@ -1378,7 +1379,7 @@ Test(index, prefix_find_returns_whole_chunks_plus_the_matching_tail)
     t = prompt(300, want, 1);
     cr_assert_eq(find(&pm, st, &m, t, 300), 0);
     ctxs_session *f, *src = op(st, "held", &m, CTXS_OPEN_RDONLY);
-    cr_assert_eq(ctxs_store_session_fork(&f, st, "reuse", pm.session, pm.n_tokens, NULL), 0);
+    cr_assert_eq(ctxs_store_session_fork(&f, st, pm.session, "reuse", pm.n_tokens, NULL), 0);
     ts_same_tokens(src, f, want, "source and fork");
     ctxs_session_close(f);
     ctxs_session_close(src);
@@ -1550,11 +1551,11 @@ Test(index, prefix_find_after_the_ring_wraps_returns_only_what_is_held)
     /* The match can be forked: one token short of it, and all of it (the
      * header: "Fork the match (ctxs_store_session_fork() at out->n_tokens)"). */
     ctxs_session *f;
-    int rc = ctxs_store_session_fork(&f, st, "f-1", "sinks", pm.n_tokens - 1, NULL);
+    int rc = ctxs_store_session_fork(&f, st, "sinks", "f-1", pm.n_tokens - 1, NULL);
     cr_assert_eq(rc, 0, "fork inside the sinks: %s", ctxs_err_name(rc));
     cr_assert_eq(ts_check_all(f), 0);
     ctxs_session_close(f);
-    rc = ctxs_store_session_fork(&f, st, "f", "sinks", pm.n_tokens, NULL);
+    rc = ctxs_store_session_fork(&f, st, "sinks", "f", pm.n_tokens, NULL);
     cr_assert_eq(rc, 0, "fork of the held prefix: %s", ctxs_err_name(rc));
     cr_assert_eq(ts_n_tokens(f), 130);
     cr_assert_eq(ts_check_all(f), 0);
@@ -1632,7 +1633,7 @@ static void power_loss_reader(void)
     if (ctxs_prefix_find(&pm, st, m.model_hash, t, 70) != 0)
         _exit(255);
     ctxs_session *f;
-    if (ctxs_store_session_fork(&f, st, "fork", pm.session, pm.n_tokens, NULL) != 0)
+    if (ctxs_store_session_fork(&f, st, pm.session, "fork", pm.n_tokens, NULL) != 0)
         _exit(254);
     ctxs_session_close(f);
     ctxs_store_close(st);
@@ -1921,7 +1922,7 @@ Test(index, create_is_not_refused_by_a_stray_file_at_the_next_id)
     cr_assert_eq(rc, 0, "create of a free name beside a stray file: %s", ctxs_err_name(rc));
     cr_assert_neq(ts_session_entry(st, "second").id, first + 1);
     ctxs_session_close(s);
-    rc = ctxs_store_session_fork(NULL, st, "third", "first", 1, NULL);
+    rc = ctxs_store_session_fork(NULL, st, "first", "third", 1, NULL);
     cr_assert_eq(rc, 0, "fork to a free name beside a stray file: %s", ctxs_err_name(rc));
     cr_assert(ts_exists(stray_path));
     cr_assert_eq(ctxs_session_open(&stray, stray_path, &m, CTXS_OPEN_RDONLY, NULL), 0);
@@ -2230,7 +2231,7 @@ Test(index, reindex_after_the_index_is_deleted_restores_sessions_from_their_file
     ctxs_session_close(mk(st, "beta", &m2, 256, 4, 70));
     ctxs_session_close(mk(st, "gamma", &m1, 256, 4, 30));
     cr_assert_eq(ctxs_store_session_rename(st, "gamma", "delta"), 0);
-    cr_assert_eq(ctxs_store_session_fork(NULL, st, "fork", "alpha", 150, NULL), 0);
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "alpha", "fork", 150, NULL), 0);
     ctxs_session_entry before[4];
     const char *names[4] = {"alpha", "beta", "delta", "fork"};
     const uint64_t tokens[4] = {200, 70, 30, 150};
@@ -2818,7 +2819,7 @@ Test(index, metadata_goes_with_the_session)
     cr_assert_eq(ctxs_store_session_rename(st, "chat", "renamed"), 0);
     cr_assert_str_eq(meta_str(st, "renamed", "title", &rc), "first");
     /* A fork is a new conversation: none. */
-    cr_assert_eq(ctxs_store_session_fork(NULL, st, "fork", "renamed", 64, NULL), 0);
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "renamed", "fork", 64, NULL), 0);
     cr_assert_eq(meta_count(st, "fork"), 0);
     cr_assert_eq(meta_count(st, "renamed"), 1);
     /* A delete drops it, every key: a new session under the name starts
@@ -3114,8 +3115,8 @@ Test(index, a_read_only_store_reads_everything_and_refuses_every_write)
     cr_assert_eq(ctxs_store_session_open(&w, st, "a", &m, 0, NULL), CTXS_EREADONLY);
     cr_assert_null(w);
     cr_assert_eq(ctxs_store_session_create(&w, st, "new", &m, NULL), CTXS_EREADONLY);
-    cr_assert_eq(ctxs_store_session_fork(&w, st, "f", "a", 64, NULL), CTXS_EREADONLY);
-    cr_assert_eq(ctxs_store_session_fork_checkpoint(&w, st, "f", "a", "cp", NULL), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_session_fork(&w, st, "a", "f", 64, NULL), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_session_fork_checkpoint(&w, st, "a", "cp", "f", NULL), CTXS_EREADONLY);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp2"), CTXS_EREADONLY);
     cr_assert_eq(ctxs_checkpoint_delete(s, "cp"), CTXS_EREADONLY);
     cr_assert_eq(ctxs_store_session_rename(st, "a", "c"), CTXS_EREADONLY);
@@ -3399,7 +3400,7 @@ Test(index, an_index_from_before_pins_opens_read_only_and_read_write)
     ctxs_store_close(st);
 }
 
-/* --- Ids never repeat (issue 16) ----------------------------------------- */
+/* --- Ids never repeat ----------------------------------------- */
 
 static void raw_del(MDB_env *env, const char *db, const void *k, size_t kl)
 {
@@ -3458,7 +3459,7 @@ static void new_ids_are_fresh(const ctxs_model *m, uint64_t above)
 {
     ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_session_close(mk(st, "new", m, 64, 4, 2));
-    cr_assert_eq(ctxs_store_session_fork(NULL, st, "forked", "a", 3, NULL), 0);
+    cr_assert_eq(ctxs_store_session_fork(NULL, st, "a", "forked", 3, NULL), 0);
     uint64_t n1 = ts_session_entry(st, "new").id, n2 = ts_session_entry(st, "forked").id;
     cr_assert_gt(n1, above, "new id %llu", (unsigned long long)n1);
     cr_assert_gt(n2, above, "forked id %llu", (unsigned long long)n2);
@@ -3933,7 +3934,7 @@ Test(index, a_damaged_index_moved_aside_is_rebuilt_from_the_files)
     ctxs_store_close(st);
 }
 
-/* --- ctxs_store_check (issue 16) ------------------------------------------ */
+/* --- ctxs_store_check ------------------------------------------ */
 
 static int has_problem(const ctxs_store_check_result *r, const char *table, const char *key)
 {
@@ -4043,7 +4044,7 @@ Test(index, check_lists_the_first_problems_and_counts_them_all)
     ctxs_store_close(st);
 }
 
-/* --- A store reached through a symlink (issue 16) -------------------------- */
+/* --- A store reached through a symlink -------------------------- */
 
 Test(index, a_store_through_a_symlink_or_two_is_the_store_and_a_dangling_one_is_enoent)
 {

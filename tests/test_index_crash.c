@@ -354,7 +354,7 @@ static void duo_child(void *p)
                 ctxs_session_close(s);
                 char b = (char)i;
                 write_all(a->win_fd, &b, 1);
-            } else if (rc != -EEXIST) {
+            } else if (rc != CTXS_ETAKEN) {
                 child_fail(CHILD_ECREATE, name, rc);
             }
         }
@@ -363,13 +363,13 @@ static void duo_child(void *p)
         snprintf(other, sizeof(other), "p%d-%d", 1 - a->who, j);
         snprintf(dst, sizeof(dst), "f%d-%d", a->who, i);
         uint64_t at = ts_rng_next(&rng) % 3 == 0 ? UINT64_MAX : 20;
-        rc = ctxs_store_session_fork(NULL, st, dst, other, at, NULL);
+        rc = ctxs_store_session_fork(NULL, st, other, dst, at, NULL);
         /* EINVAL: the other has created it and not yet written 20 tokens. */
         if (rc != 0 && rc != CTXS_ENOTFOUND && rc != CTXS_EBUSY && !(rc == CTXS_EINVAL && at == 20))
             child_fail(CHILD_EFORK, other, rc);
         if (i % 4 == 1) {
-            rc = ctxs_store_session_fork_checkpoint(NULL, st, dst, other, "cp", NULL);
-            if (rc != 0 && rc != CTXS_ENOTFOUND && rc != CTXS_EBUSY && rc != -EEXIST)
+            rc = ctxs_store_session_fork_checkpoint(NULL, st, other, "cp", dst, NULL);
+            if (rc != 0 && rc != CTXS_ENOTFOUND && rc != CTXS_EBUSY && rc != CTXS_ETAKEN)
                 child_fail(CHILD_EFORK, "fork at checkpoint", rc);
         }
         /* Open the other's session read-only now and then. */
@@ -707,12 +707,12 @@ static void chaos_child(void *p)
             ctxs_session_close(s);
             break;
         case 4:
-            rc = ctxs_store_session_fork(NULL, st, name, pick, (r >> 16) % 2 ? UINT64_MAX : 0, NULL);
+            rc = ctxs_store_session_fork(NULL, st, pick, name, (r >> 16) % 2 ? UINT64_MAX : 0, NULL);
             if (rc != 0 && rc != CTXS_EEVICTED)
                 child_fail(CHILD_EFORK, pick, rc);
             break;
         case 5:
-            rc = ctxs_store_session_fork_checkpoint(NULL, st, name, pick, "cp", NULL);
+            rc = ctxs_store_session_fork_checkpoint(NULL, st, pick, "cp", name, NULL);
             if (rc != 0 && rc != CTXS_ENOTFOUND && rc != CTXS_EEVICTED && rc != CTXS_ESTALE)
                 child_fail(CHILD_EFORK, "fork at checkpoint", rc);
             break;
@@ -882,9 +882,9 @@ Test(index_crash, fork_from_a_session_another_process_is_writing)
         if (i % 3 == 1)
             want = 100;
         if (i % 3 == 2)
-            rc = ctxs_store_session_fork_checkpoint(&f, st, name, "live", "cp", NULL);
+            rc = ctxs_store_session_fork_checkpoint(&f, st, "live", "cp", name, NULL);
         else
-            rc = ctxs_store_session_fork(&f, st, name, "live", want, NULL);
+            rc = ctxs_store_session_fork(&f, st, "live", name, want, NULL);
         cr_assert_eq(rc, 0, "%s: fork: %s", name, ctxs_err_name(rc));
         uint64_t n = c_tokens(f);
         if (want == 100 || i % 3 == 2)

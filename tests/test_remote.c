@@ -298,9 +298,9 @@ Test(remote, a_shared_system_prompt_is_stored_once)
     /* The whole of x, its tail-less end exactly at 192. */
     cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "all", &m, whole, 192, NULL), 0);
     cr_assert_eq(res.n_tokens, 192);
-    /* Taken locally: -EEXIST, before any traffic. */
-    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "all", &m, whole, 192, NULL), -EEXIST);
-    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "x", "all", NULL, NULL, NULL), -EEXIST);
+    /* Taken locally: CTXS_ETAKEN, before any traffic. */
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "all", &m, whole, 192, NULL), CTXS_ETAKEN);
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "x", "all", NULL, NULL, NULL), CTXS_ETAKEN);
     /* Nothing shared: no session. */
     uint32_t other[64];
     for (int i = 0; i < 64; i++)

@@ -355,7 +355,7 @@ static ctxs_remote *remote_on(const fake *f)
     ctxs_remote *r = NULL;
     int rc = ctxs_remote_open(&r, dest, f->url, &o);
     cr_assert_eq(rc, 0, "open on the scripted server: %s (%s)", ctxs_err_name(rc),
-                 ctxs_remote_get_message());
+                 ctxs_get_last_error());
     return r;
 }
 
@@ -399,7 +399,7 @@ static int hostile_call(enum scenario sc, enum call call, const char *want_messa
         ctxs_remote_info info;
         rc = ctxs_remote_get_info(&info, r);
     }
-    const char *msg = ctxs_remote_get_message();
+    const char *msg = ctxs_get_last_error();
     uint64_t after = peak_bytes();
     cr_assert_lt(after - before, PEAK_MAX,
                  "the call's peak memory grew by %" PRIu64 " bytes (%s: %s)", after - before,
@@ -421,7 +421,7 @@ Test(remote_hostile, the_scripted_server_serves_a_pull_that_verifies)
     ctxs_remote *r = remote_on(&f);
     ctxs_remote_pull_result res;
     int rc = ctxs_remote_pull(NULL, &res, r, "chat", NULL, NULL, NULL, NULL);
-    cr_assert_eq(rc, 0, "pull: %s (%s)", ctxs_err_name(rc), ctxs_remote_get_message());
+    cr_assert_eq(rc, 0, "pull: %s (%s)", ctxs_err_name(rc), ctxs_get_last_error());
     uint64_t n = 0;
     cr_assert(chat_present(&n));
     cr_assert_eq(n, 150);

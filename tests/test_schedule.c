@@ -294,9 +294,9 @@ Test(schedule, fork_holds_the_windows_of_its_count)
         snprintf(fname, sizeof(fname), "fork-%zu.ctxs", d);
         ctxs_session *s = make(name, dtypes[d], CTXS_SYNC_ASYNC), *f = NULL;
         cr_assert_eq(append(s, 33), 0);
-        cr_assert_eq(ctxs_session_fork(&f, ts_path(ts_scratch, "x.ctxs"), s, 20, NULL),
+        cr_assert_eq(ctxs_session_fork(&f, s, ts_path(ts_scratch, "x.ctxs"), 20, NULL),
                      CTXS_EEVICTED);
-        cr_assert_eq(ctxs_session_fork(&f, ts_path(ts_scratch, fname), s, 31, NULL), 0);
+        cr_assert_eq(ctxs_session_fork(&f, s, ts_path(ts_scratch, fname), 31, NULL), 0);
         cr_assert_eq(ts_n_tokens(f), 31);
         check(f, dtypes[d]);
         cr_assert_eq(append(f, 7), 0);

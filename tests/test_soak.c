@@ -1013,7 +1013,7 @@ static void a_child(void *p)
             a_fork_path(fp, sizeof(fp), a->dir, forks);
             child_say(M_FORK, 0, gen, at, forks, NULL, NULL);
             ctxs_session *f;
-            rc = ctxs_session_fork(&f, fp, s, at, &o.open);
+            rc = ctxs_session_fork(&f, s, fp, at, &o.open);
             if (rc == 0)
                 ctxs_session_close(f);
             else if (rc != CTXS_EEVICTED)
@@ -1621,10 +1621,10 @@ static void b_child_main(void *p)
             ctxs_create_options o = b_opts(c);
             ctxs_session *f = NULL;
             if (via_cp)
-                rc = ctxs_store_session_fork_checkpoint(keep ? &f : NULL, c->st, nm, c->name[i], e.name, &o.open);
+                rc = ctxs_store_session_fork_checkpoint(keep ? &f : NULL, c->st, c->name[i], e.name, nm, &o.open);
             else
-                rc = ctxs_store_session_fork(keep ? &f : NULL, c->st, nm,
-                                             c->name[i], (r >> 20) % 2 ? at : UINT64_MAX, &o.open);
+                rc = ctxs_store_session_fork(keep ? &f : NULL, c->st, c->name[i],
+                                             nm, (r >> 20) % 2 ? at : UINT64_MAX, &o.open);
             if (rc != 0)
                 child_fail("fork", rc, at, have);
             b_add(c, nm, f);
@@ -2579,7 +2579,7 @@ static void held_body(void *p)
     if (a->what == 0)
         rc = ctxs_store_session_create(&s, st, "new", &m, NULL);
     else if (a->what == 1)
-        rc = ctxs_store_session_fork(&s, st, "new", "base", UINT64_MAX, NULL);
+        rc = ctxs_store_session_fork(&s, st, "base", "new", UINT64_MAX, NULL);
     else
         rc = ctxs_store_session_import(NULL, st, a->export_path, "new", NULL, NULL);
     kp_arm(0, 0);

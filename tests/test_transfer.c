@@ -461,9 +461,9 @@ Test(transfer, a_name_that_is_taken_is_eexist_and_changes_nothing)
     export_ok(a, "chat", path);
     snapshot before = snap(a, "a");
     char name[256] = "x";
-    cr_assert_eq(ctxs_store_session_import(name, a, path, NULL, NULL, NULL), -EEXIST);
+    cr_assert_eq(ctxs_store_session_import(name, a, path, NULL, NULL, NULL), CTXS_ETAKEN);
     cr_assert_str_eq(name, "");
-    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "other", NULL, NULL), -EEXIST);
+    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "other", NULL, NULL), CTXS_ETAKEN);
     unchanged(&before, a, "a", "name taken");
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, a, "other"), 0);

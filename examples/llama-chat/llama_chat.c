@@ -87,7 +87,7 @@ static void die(const char *fmt, ...)
 static void check(int rc, const char *what)
 {
     if (rc < 0) {
-        const char *why = ctxs_llama_get_last_error();
+        const char *why = ctxs_get_last_error();
         fprintf(stderr, "llama-chat: %s: %s%s%s\n", what, ctxs_strerror(rc), *why ? ": " : "", why);
         exit(1);
     }

@@ -162,8 +162,14 @@ class Model(_ModelFields):
     def __new__(cls, n_layers: int, n_kv_heads: int, head_dim: int,
                 dtype: Union[int, str] = 1, model_hash: bytes = bytes(16),
                 tokenizer_hash: bytes = bytes(16)) -> Model:
+        # Checked here, not when a session is made with it much later.
+        hashes = bytes(model_hash), bytes(tokenizer_hash)
+        for what, h in zip(("model_hash", "tokenizer_hash"), hashes):
+            if len(h) != 16:
+                raise ValueError(f"{what} is 16 bytes (XXH3-128, as Store.hash_file() "
+                                 f"gives), not {len(h)}")
         return super().__new__(cls, int(n_layers), int(n_kv_heads), int(head_dim),
-                               _dtype(dtype), bytes(model_hash), bytes(tokenizer_hash))
+                               _dtype(dtype), *hashes)
 
     @property
     def dtype_name(self) -> str:
@@ -619,6 +625,36 @@ class Session(_ctxstore.SessionBase):
         """The session's checkpoints, in name order, each marked stale or not."""
         return [Checkpoint(*c) for c in self._checkpoints()]
 
+    def write_token(self, reservation: Reservation, i: int, k: Any, v: Any) -> None:
+        """Write token ``i`` of ``reservation``: ``k`` and ``v`` are
+        [n_layers, n_kv_heads, head_dim] arrays (NumPy, or anything NumPy
+        converts) of float32 (any session; rounded to its dtype) or float16,
+        or torch.bfloat16 tensors on a bf16 session (copied as they are).
+        Releases the GIL."""
+        return super().write_token(reservation, i, self._token_in(k, "k"),
+                                   self._token_in(v, "v"))
+
+    def write_layer(self, reservation: Reservation, layer: int, i: int, k: Any,
+                    v: Any) -> None:
+        """Write one layer's K and V of tokens ``i`` onward of
+        ``reservation``: [n, n_kv_heads, head_dim] arrays, in the forms
+        ``write_token()`` takes (a torch.bfloat16 tensor on a bf16 session
+        included). Releases the GIL."""
+        return super().write_layer(reservation, layer, i, self._token_in(k, "k"),
+                                   self._token_in(v, "v"))
+
+    def _token_in(self, x: Any, what: str) -> Any:
+        # NumPy has no bfloat16, so torch's cannot become an array: it goes
+        # in as float32, which holds every bfloat16 exactly and which the
+        # library rounds back to the same bits.
+        if str(getattr(x, "dtype", "")) != "torch.bfloat16":
+            return x
+        if self.dtype != DTYPE_BF16:  # noqa: F821
+            raise TypeError(f"{what} is a bfloat16 tensor, and this session holds "
+                            f"{_DTYPE_NAMES.get(self.dtype, self.dtype)}: give float32 "
+                            f"(rounded to the session's dtype) or float16")
+        return x.detach().to("cpu").float().numpy()
+
     # PyTorch: the same memory as the NumPy views.
     def torch_k(self, layer: int):
         """``k(layer)`` as a torch.Tensor over the same memory (bf16 sessions
@@ -681,8 +717,8 @@ class Store(_ctxstore.StoreBase):
                        pressure_window: int = 0, durability: Union[str, int] = "async",
                        background: bool = True) -> Session:
         """Create the session ``name`` for a registered ``model`` and open it
-        read-write (options as ``Session.create()``). ``-EEXIST`` if the
-        name is taken, ``ENOTFOUND`` if the model is not registered."""
+        read-write (options as ``Session.create()``). ``ETAKEN`` if the
+        name is taken, ``ENOMODEL`` if the model is not registered."""
         s = Session.__new__(Session)
         self._session_create(s, name, tuple(model),
                              _create_opts(capacity, n_sink, ring, window=window,
@@ -703,15 +739,16 @@ class Store(_ctxstore.StoreBase):
                            _open_opts(window, pressure_window, durability, background))
         return s
 
-    def fork(self, name: str, src: str, n_tokens: Optional[int] = None,
+    def fork(self, src: str, name: str, n_tokens: Optional[int] = None,
              checkpoint: Optional[str] = None, *, open: bool = False,
              window: int = 0, pressure_window: int = 0,
              durability: Union[str, int] = "async",
              background: bool = True) -> Optional[Session]:
         """Create session ``name`` from the first ``n_tokens`` tokens of
-        ``src`` (None: all it holds), or from its ``checkpoint``. With
-        ``open=True`` returns the new session open read-write, else None.
-        Releases the GIL."""
+        ``src`` (None: all it holds), or from its ``checkpoint``: the source
+        first, as ``ctxstore fork SRC DST`` and ``ctxs_store_session_fork()``
+        take it. With ``open=True`` returns the new session open read-write,
+        else None. Releases the GIL."""
         if n_tokens is not None and checkpoint is not None:
             raise ValueError("fork: n_tokens or checkpoint, not both")
         s = Session.__new__(Session) if open else None
@@ -792,7 +829,7 @@ class Remote(_ctxstore.RemoteBase):
 
     Every call runs without the GIL and ends within the remote's deadline;
     a failure is ``Error`` with the library's code and, at the end of the
-    message, what it found (``ctxs_remote_get_message()``).
+    message, what it found (``ctxs_get_last_error()``).
     """
 
     __slots__ = ()

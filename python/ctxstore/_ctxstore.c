@@ -48,11 +48,15 @@ static PyObject *Error; /* ctxstore.Error */
 
 /* --- Errors --------------------------------------------------------------- */
 
-/* Raises ctxstore.Error for rc: message "<context>: <ctxs_strerror(rc)>",
- * with .code = rc and .name = ctxs_err_name(rc). Returns NULL. */
+/* Raises ctxstore.Error for rc: message "<context>: <ctxs_strerror(rc)>:
+ * <detail>", with .code = rc and .name = ctxs_err_name(rc). detail NULL:
+ * why the library's call failed (ctxs_get_last_error()), when it said so
+ * for this code. Returns NULL. */
 static PyObject *raise_rc_obj(int rc, PyObject *context, const char *detail)
 {
     PyObject *msg, *exc, *v;
+    if (!detail && ctxs_get_last_error_code() == rc)
+        detail = ctxs_get_last_error();
     const char *sep = detail && *detail ? ": " : "";
     if (!detail)
         detail = "";
@@ -820,7 +824,7 @@ static PyObject *Session__fork_to(SessionObject *self, PyObject *args)
         goto out;
     ctxs_session *s;
     int rc;
-    NOGIL(rc = ctxs_session_fork(&s, PyBytes_AS_STRING(path), self->s, n, &o));
+    NOGIL(rc = ctxs_session_fork(&s, self->s, PyBytes_AS_STRING(path), n, &o));
     sess_leave(self);
     if (rc < 0) {
         raise_rc(rc, "fork to '%s'", PyBytes_AS_STRING(path));
@@ -1263,18 +1267,25 @@ static PyObject *Session_slot(SessionObject *self, PyObject *arg)
  * head_dim], or its Q8 scales [kv_heads, capacity]; base = the Mapping. */
 static PyObject *sess_view(SessionObject *self, PyObject *arg, int kind, int scales)
 {
-    uint32_t layer;
-    if (!conv_u32(arg, &layer))
-        return NULL;
+    /* Any integer: a layer below 0 is out of range as one past the last
+     * is (an IndexError either way), not a conversion's ValueError. */
+    long long want = PyLong_AsLongLong(arg);
+    if (want == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();
+        want = LLONG_MAX;
+    }
     if (!self->map)
         return raise_closed("session");
     const ctxs_layout *L = &self->layout;
     const ctxs_geometry *g = &L->geometry;
-    if (layer >= g->n_layers) {
-        PyErr_Format(PyExc_IndexError, "layer %u out of range (the session has %u)",
-                     layer, g->n_layers);
+    if (want < 0 || want >= (long long)g->n_layers) {
+        PyErr_Format(PyExc_IndexError, "layer %R out of range: the session has %u layers, "
+                     "0 to %u", arg, g->n_layers, g->n_layers - 1);
         return NULL;
     }
+    uint32_t layer = (uint32_t)want;
     npy_intp dims[3], strides[3];
     int nd, type;
     char *data;
@@ -1727,8 +1738,8 @@ static PyObject *Store__fork(StoreObject *self, PyObject *args)
         return NULL;
     ctxs_session **out = sess ? &s : NULL;
     NOGIL(rc = checkpoint
-                   ? ctxs_store_session_fork_checkpoint(out, self->st, name, src, checkpoint, &o)
-                   : ctxs_store_session_fork(out, self->st, name, src, n, &o));
+                   ? ctxs_store_session_fork_checkpoint(out, self->st, src, checkpoint, name, &o)
+                   : ctxs_store_session_fork(out, self->st, src, name, n, &o));
     PyObject *ret;
     if (rc == CTXS_EINVAL && checkpoint && !ctxs_name_check(name) && !ctxs_name_check(src))
         ret = raise_names(rc, "fork", checkpoint, NULL);
@@ -2118,7 +2129,7 @@ static PyObject *raise_remote(int rc, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    raise_rc_v(rc, ctxs_remote_get_message(), fmt, ap);
+    raise_rc_v(rc, NULL, fmt, ap);
     va_end(ap);
     return NULL;
 }

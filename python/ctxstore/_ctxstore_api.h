@@ -21,7 +21,8 @@
 typedef struct ctxs_py_api {
     unsigned version; /* CTXS_PY_API_VERSION */
     /* Raises ctxstore.Error for rc: "<what>: <ctxs_strerror(rc)>[: <detail>]"
-     * (detail NULL or "" for none). Returns NULL. */
+     * (detail NULL: why the library said it failed, ctxs_get_last_error(),
+     * when it said so for rc; "" for none). Returns NULL. */
     PyObject *(*raise_rc)(int rc, const char *detail, const char *fmt, ...);
     /* The handle of an open ctxstore.Store with a use of it taken (the
      * store stays open until store_leave()); NULL with an exception set. */

@@ -24,7 +24,8 @@
 
 static const ctxs_py_api *api;
 
-/* ctxstore.Error for rc, the adapter's own words after the code's. */
+/* ctxstore.Error for rc, the adapter's own words after the code's
+ * (ctxs_get_last_error(), which raise_rc adds). */
 static PyObject *raise_llama(int rc, const char *fmt, ...)
 {
     char what[512];
@@ -32,7 +33,7 @@ static PyObject *raise_llama(int rc, const char *fmt, ...)
     va_start(ap, fmt);
     PyOS_vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return api->raise_rc(rc, ctxs_llama_get_last_error(), "%s", what);
+    return api->raise_rc(rc, NULL, "%s", what);
 }
 
 /* An address that llama-cpp-python holds (an int, or a ctypes pointer). */

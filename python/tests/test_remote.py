@@ -220,7 +220,7 @@ def test_errors_carry_the_library_codes(tmp_path, model, redis):
             ra.push("taken")
             with pytest.raises(ctxstore.Error) as e:
                 ra.pull("taken")  # the local name exists
-            assert e.value.code == -errno.EEXIST
+            assert e.value.code == ctxstore.ETAKEN
         assert ra.closed
         with pytest.raises(ctxstore.Error, match="closed"):
             ra.ls()

@@ -233,6 +233,32 @@ def test_durability_and_background(tmp_path, model, durability):
         ctxstore.Session.create(tmp_path / "e.ctxs", model, durability="sometimes")
 
 
+def test_write_token_takes_a_bf16_tensor_on_a_bf16_session(tmp_path, model):
+    torch = pytest.importorskip("torch")
+    m = ctxstore.Model(L, H, D, dtype="bf16")
+    k = torch.randn(L, H, D).to(torch.bfloat16)
+    v = torch.randn(L, H, D).to(torch.bfloat16)
+    with ctxstore.Session.create(tmp_path / "b.ctxs", m, capacity=16) as s:
+        r = s.reserve(1)
+        s.write_token(r, 0, k, v)
+        s.commit([7])
+        # The very bits: bf16 goes in as it is.
+        assert torch.equal(s.torch_k(1)[:, r.slot(0)], k[1])
+        assert torch.equal(s.torch_v(0)[:, r.slot(0)], v[0])
+        # A layer at a time too.
+        r = s.reserve(2)
+        kl = torch.randn(2, H, D).to(torch.bfloat16)
+        for layer in range(L):
+            s.write_layer(r, layer, 0, kl, kl)
+        s.commit([8, 9])
+        assert torch.equal(s.torch_k(L - 1)[:, r.slot(1)], kl[1])
+    # Another dtype's session says what it takes, in its own terms.
+    with ctxstore.Session.create(tmp_path / "f.ctxs", model, capacity=16) as s:
+        r = s.reserve(1)
+        with pytest.raises(TypeError, match="bfloat16 tensor, and this session holds f16"):
+            s.write_token(r, 0, k, v)
+
+
 def test_bf16_views(tmp_path):
     torch = pytest.importorskip("torch")
     m = ctxstore.Model(L, H, D, dtype="bf16")
@@ -289,10 +315,14 @@ def test_torch_views_share_memory(tmp_path, model):
 
 def test_views_index_and_write_errors(tmp_path, model):
     with ctxstore.Session.create(tmp_path / "x.ctxs", model, capacity=16) as s:
-        with pytest.raises(IndexError):
-            s.k(L)
-        with pytest.raises(ValueError):
-            s.v(-1)
+        # Below 0 and past the last alike: the layer, and the range.
+        for bad in (L, -1, 2**70):
+            for view in (s.k, s.v):
+                with pytest.raises(IndexError, match=f"layer {bad} out of range: the "
+                                                     f"session has {L} layers, 0 to {L - 1}"):
+                    view(bad)
+        with pytest.raises(TypeError):
+            s.k(1.5)
         k = s.k(0)
         with pytest.raises(ValueError):
             k[0, 0] = np.ones(D + 1)  # wrong shape into a view
@@ -358,9 +388,11 @@ def test_open_errors(tmp_path, model):
     assert e.value.code == ctxstore.EINVAL
     with pytest.raises(TypeError):
         ctxstore.Session()
-    with pytest.raises(ValueError, match="16 bytes"):
-        ctxstore.Session.create(tmp_path / "h.ctxs",
-                                ctxstore.Model(1, 1, 8, model_hash=b"short"))
+    # A hash of the wrong length is refused where it is given.
+    with pytest.raises(ValueError, match="model_hash is 16 bytes .*, not 5"):
+        ctxstore.Model(1, 1, 8, model_hash=b"short")
+    with pytest.raises(ValueError, match="tokenizer_hash is 16 bytes .*, not 17"):
+        ctxstore.Model(1, 1, 8, tokenizer_hash=bytes(17))
 
 
 def test_corrupt_header_is_ecorrupt(tmp_path, model):

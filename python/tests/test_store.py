@@ -69,10 +69,10 @@ def test_sessions_by_name(store, model):
         assert e.value.code == ctxstore.EBUSY
     with pytest.raises(ctxstore.Error) as e:
         store.create_session("chat", model)
-    assert e.value.code == -errno.EEXIST
+    assert e.value.code == ctxstore.ETAKEN
     with pytest.raises(ctxstore.Error) as e:
         store.create_session("x", model._replace(model_hash=b"z" * 16))
-    assert e.value.code == ctxstore.ENOTFOUND
+    assert e.value.code == ctxstore.ENOMODEL
     store.rename("chat", "chat 2")
     assert [e.name for e in store.sessions()] == ["chat 2"]
     with pytest.raises(ctxstore.Error) as e:
@@ -95,7 +95,7 @@ def test_bad_names_say_why(store, model):
         store.set_meta("ok", "bad\nkey", b"v")
     assert "control" in str(e.value)
     with pytest.raises(ctxstore.Error) as e:
-        store.fork("new", "ok", checkpoint="a/b")
+        store.fork("ok", "new", checkpoint="a/b")
     assert "'a/b'" in str(e.value)
     with pytest.raises(ValueError):
         store.delete("nul\0byte")
@@ -112,7 +112,7 @@ def test_checkpoints_and_forks(store, model):
                                                                 ("four", 4, False)]
         with pytest.raises(ctxstore.Error) as e:
             s.checkpoint("four")
-        assert e.value.code == -errno.EEXIST
+        assert e.value.code == ctxstore.ETAKEN
         s.restore("four")
         assert s.n_tokens == 4
         append(s, [40, 41])
@@ -124,18 +124,18 @@ def test_checkpoints_and_forks(store, model):
         with pytest.raises(ctxstore.Error) as e:
             s.delete_checkpoint("eight")
         assert e.value.code == ctxstore.ENOTFOUND
-    assert store.fork("f3", "base", 3) is None
-    store.fork("fcp", "base", checkpoint="four")
-    with store.fork("fall", "base", open=True) as f:
+    assert store.fork("base", "f3", 3) is None
+    store.fork("base", "fcp", checkpoint="four")
+    with store.fork("base", "fall", open=True) as f:
         assert f.tokens().tolist() == [0, 1, 2, 3, 40, 41]
         np.testing.assert_array_equal(f.read_token(5)[0], token_kv(5)[0])
     entries = {e.name: e for e in store.sessions()}
     assert entries["f3"].n_tokens == 3 and entries["f3"].fork_tokens == 3
     assert entries["fcp"].n_tokens == 4 and entries["fcp"].parent_id == entries["base"].id
     with pytest.raises(ValueError):
-        store.fork("x", "base", 2, checkpoint="four")
+        store.fork("base", "x", 2, checkpoint="four")
     with pytest.raises(ctxstore.Error) as e:
-        store.fork("x", "nope")
+        store.fork("nope", "x")
     assert e.value.code == ctxstore.ENOTFOUND
 
 
@@ -220,7 +220,7 @@ def test_export_import(store, model, tmp_path):
     assert e.value.code == ctxstore.ECORRUPT
     with pytest.raises(ctxstore.Error) as e:
         store.import_(tmp_path / "src.ctxe", name="src")
-    assert e.value.code == -errno.EEXIST
+    assert e.value.code == ctxstore.ETAKEN
 
 
 def test_metadata(store, model):

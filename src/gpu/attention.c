@@ -416,6 +416,7 @@ int ctxs_attention_check(float *scale_out, const ctxs_layout *kv,
                          const ctxs_attn_plan *plan, uint32_t layer,
                          const ctxs_attn_query *q)
 {
+    ctxs__error_begin();
     CTXS__CHECK(scale_out && kv && plan && q);
     int rc = layout_valid(kv, layer);
     if (rc < 0)
@@ -574,6 +575,7 @@ static void qblock_walk(qblock *qb, const pass *ps, uint32_t h, uint32_t g0, uin
 int ctxs_attention(float *out, const ctxs_layout *kv, const ctxs_attn_plan *plan,
                    uint32_t layer, const ctxs_attn_query *q)
 {
+    ctxs__error_begin();
     float scale;
     CTXS__CHECK(out && q && q->q);
     int rc = ctxs_attention_check(&scale, kv, plan, layer, q);

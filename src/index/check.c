@@ -319,6 +319,7 @@ static void walk_table(walk *w, const char *table, MDB_dbi dbi, judge_fn judge)
 
 int ctxs_store_check(ctxs_store_check_result *out, ctxs_store *st)
 {
+    ctxs__error_begin();
     if (!out)
         return CTXS_EINVAL;
     memset(out, 0, sizeof(*out));

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -42,11 +43,15 @@ int ctxs__checkpoint_check(const ctxs_session *s, const ctxs__checkpoint_rec *cp
     uint32_t slot;
     int rc = ctxs_session_get_slot(&slot, s, n - 1);
     if (rc == CTXS_ENOTFOUND)
-        return CTXS_ESTALE;
+        return ctxs__error(CTXS_ESTALE, "the checkpoint is at %" PRIu64 " tokens, and the "
+                           "session was rolled back below that", n);
     if (rc < 0)
         return rc;
     ctxs__session_tokens(NULL, &sum, s, n - 1, 1);
-    return sum == cp->last_sum ? 0 : CTXS_ESTALE;
+    return sum == cp->last_sum ? 0
+                               : ctxs__error(CTXS_ESTALE, "the session was rolled back past "
+                                             "the checkpoint (%" PRIu64 " tokens) and written "
+                                             "again since", n);
 }
 
 /* The store and id of s, and the length of name; NULL when s was not
@@ -54,12 +59,35 @@ int ctxs__checkpoint_check(const ctxs_session *s, const ctxs__checkpoint_rec *cp
 static ctxs_store *checkpoint_target(const ctxs_session *s, const char *name, size_t *len,
                                      uint64_t *id)
 {
-    ctxs_store *st = ctxs__session_store(s, id);
-    return st && ctxs__name_check(name, len) == 0 ? st : NULL;
+    ctxs_store *st = s ? ctxs__session_store(s, id) : NULL;
+    if (!st) {
+        ctxs__error(CTXS_EINVAL, s ? "the session was not opened through a store: "
+                                     "checkpoints are kept in a store's index"
+                                   : "the session is NULL");
+        return NULL;
+    }
+    return ctxs__name_check(name, len) == 0 ? st : NULL;
+}
+
+/* CTXS_ENOTFOUND for a checkpoint name the session has not, said so. */
+static int no_checkpoint(const char *name)
+{
+    char shown[80];
+    ctxs__name_shown(shown, name);
+    return ctxs__error(CTXS_ENOTFOUND, "the session has no checkpoint named '%s'", shown);
+}
+
+int ctxs__no_checkpoint(const char *session, const char *name)
+{
+    char shown[80], cp[80];
+    ctxs__name_shown(shown, session);
+    ctxs__name_shown(cp, name);
+    return ctxs__error(CTXS_ENOTFOUND, "session '%s' has no checkpoint named '%s'", shown, cp);
 }
 
 int ctxs_checkpoint_create(ctxs_session *s, const char *name)
 {
+    ctxs__error_begin();
     size_t len;
     uint64_t id;
     ctxs_store *st = checkpoint_target(s, name, &len, &id);
@@ -79,11 +107,18 @@ int ctxs_checkpoint_create(ctxs_session *s, const char *name)
     checkpoint_key(k, id, name, len);
     MDB_val key = {8 + len, k}, val = {sizeof(cp), &cp};
     rc = ctxs__mdb_error(ctxs__mdb_put(txn, st->checkpoints, &key, &val, MDB_NOOVERWRITE));
+    if (rc == -EEXIST) {
+        char shown[80];
+        ctxs__name_shown(shown, name);
+        rc = ctxs__error(CTXS_ETAKEN, "the session has a checkpoint named '%s' already: "
+                         "delete it first, or choose another name", shown);
+    }
     return ctxs__txn_finish(txn, rc);
 }
 
 int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
 {
+    ctxs__error_begin();
     size_t len;
     uint64_t id;
     ctxs_store *st = checkpoint_target(s, name, &len, &id);
@@ -92,7 +127,8 @@ int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
     ctxs_session_info info;
     ctxs_session_get_info(&info, s);
     if (info.flags & CTXS_INFO_READONLY)
-        return CTXS_EREADONLY;
+        return ctxs__error(CTXS_EREADONLY, "the session was opened read-only: a restore "
+                           "rolls it back, which needs a read-write handle");
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 1);
     if (rc < 0)
@@ -100,6 +136,8 @@ int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
     ctxs__checkpoint_rec cp;
     rc = ctxs__checkpoint_get(&cp, txn, st, id, name, len);
     mdb_txn_abort(txn);
+    if (rc == CTXS_ENOTFOUND)
+        rc = no_checkpoint(name);
     if (rc == 0)
         rc = ctxs__checkpoint_check(s, &cp);
     if (rc == 0)
@@ -109,6 +147,7 @@ int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
 
 int ctxs_checkpoint_delete(const ctxs_session *s, const char *name)
 {
+    ctxs__error_begin();
     size_t len;
     uint64_t id;
     ctxs_store *st = checkpoint_target(s, name, &len, &id);
@@ -122,19 +161,24 @@ int ctxs_checkpoint_delete(const ctxs_session *s, const char *name)
     checkpoint_key(k, id, name, len);
     MDB_val key = {8 + len, k};
     rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->checkpoints, &key, NULL));
+    if (rc == CTXS_ENOTFOUND)
+        rc = no_checkpoint(name);
     return ctxs__txn_finish(txn, rc);
 }
 
 int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, const ctxs_session *s)
 {
+    ctxs__error_begin();
     if (!out || !n_out)
         return CTXS_EINVAL;
     *out = NULL;
     *n_out = 0;
     uint64_t id;
-    ctxs_store *st = ctxs__session_store(s, &id);
+    ctxs_store *st = s ? ctxs__session_store(s, &id) : NULL;
     if (!st)
-        return CTXS_EINVAL;
+        return ctxs__error(CTXS_EINVAL, s ? "the session was not opened through a store: "
+                                            "checkpoints are kept in a store's index"
+                                          : "the session is NULL");
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 1);
     if (rc < 0)

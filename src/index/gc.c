@@ -46,6 +46,7 @@ static int would_delete(ctxs_store *st, uint64_t id)
 
 int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st, uint64_t budget_bytes, unsigned flags)
 {
+    ctxs__error_begin();
     ctxs_gc_result res;
     memset(&res, 0, sizeof(res));
     if (out)
@@ -54,7 +55,7 @@ int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st, uint64_t budget_bytes, un
         return CTXS_EINVAL;
     int dry = (flags & CTXS_GC_DRY_RUN) != 0;
     if (st->rdonly && !dry)
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     ctxs_session_entry *list;
     size_t n;
     int rc = ctxs_store_session_list(&list, &n, st);
@@ -97,8 +98,12 @@ int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st, uint64_t budget_bytes, un
         } else if (r == 0 || r == CTXS_ENOTFOUND) { /* or deleted meanwhile */
             if (r == 0) {
                 res.deleted++;
-                if (res.sessions)
-                    res.sessions[res.n_sessions++] = *e;
+                /* The size gc counted, not the index's older note of
+                 * it: the lines a caller prints add up to the total. */
+                if (res.sessions) {
+                    res.sessions[res.n_sessions] = *e;
+                    res.sessions[res.n_sessions++].disk_bytes = items[i].bytes;
+                }
             }
             res.bytes_after -= items[i].bytes;
         } else {

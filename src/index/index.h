@@ -20,6 +20,13 @@
 
 #include "ctxstore.h"
 #include "label.h"
+#include "last_error.h"
+
+/* CTXS_EREADONLY for a write through a read-only store, said so. */
+int ctxs__store_readonly(void);
+
+/* A NULL store handle is refused, said so. */
+#define CTXS__STORE_CHECK(st) CTXS__REQUIRE(st, "the store handle is NULL")
 
 #define CTXS__INDEX_MAGIC "CTXSINDX"
 /* 2.0: model records with a layer schedule, which a 1.x build takes for
@@ -290,8 +297,21 @@ int ctxs__pin_drop(MDB_txn *txn, ctxs_store *st, uint64_t id);
 /* --- names.c ---------------------------------------------------------- */
 
 /* Checks a user-given name: UTF-8, 1..255 bytes, no control character, no
- * '/', no "..". Sets *len. Returns 0 or CTXS_EINVAL. */
+ * '/', no "..". Sets *len. Returns 0 or CTXS_EINVAL, saying why. */
 int ctxs__name_check(const char *name, size_t *len);
+
+/* A name as a message shows it: control characters as '?', cut after 64
+ * bytes with "...". */
+void ctxs__name_shown(char out[80], const char *name);
+
+/* CTXS_ENOTFOUND: no session named name in the store, said so. */
+int ctxs__no_session(const char *name);
+
+/* CTXS_ENOTFOUND: session has no checkpoint named name, said so. */
+int ctxs__no_checkpoint(const char *session, const char *name);
+
+/* CTXS_ETAKEN: a session named name exists already, said so. */
+int ctxs__name_taken(const char *name);
 
 /* A fixed name field of a file or value (CTXS_NAME_MAX + 1 bytes): len
  * bytes that make a valid name (none if may_be_empty), then zeros; copied
@@ -382,8 +402,13 @@ int ctxs__session_name_of(char *name, ctxs_store *st, uint64_t id);
 /* --- models.c --------------------------------------------------------- */
 
 /* Checks that model is registered with the same geometry and tokenizer.
- * Errors: CTXS_ENOTFOUND, CTXS_EMODEL. */
+ * Errors: CTXS_ENOMODEL, CTXS_EMODEL (each said why). */
 int ctxs__model_check(MDB_txn *txn, ctxs_store *st, const ctxs_model *model);
+
+/* CTXS_EMODEL for model, whose hash the store registered as known (its
+ * model_hash the same) with another geometry or tokenizer, saying how they
+ * differ. */
+int ctxs__model_differs(const ctxs_model *known, const ctxs_model *model);
 
 /* Whether g is a geometry a session file can have. */
 int ctxs__model_geometry_valid(const ctxs_geometry *g);

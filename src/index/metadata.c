@@ -109,18 +109,30 @@ static int meta_target(MDB_txn *txn, ctxs_store *st, const char *name, uint64_t 
     int rc = ctxs__session_get(&rec, txn, st, name, len);
     if (rc == 0)
         *id = rec.id;
-    return rc;
+    return rc == CTXS_ENOTFOUND ? ctxs__no_session(name) : rc;
+}
+
+/* CTXS_ENOTFOUND for a key session name has not, said so. */
+static int no_key(const char *name, const char *key)
+{
+    char n[80], k[80];
+    ctxs__name_shown(n, name);
+    ctxs__name_shown(k, key);
+    return ctxs__error(CTXS_ENOTFOUND, "session '%s' has no metadata key '%s'", n, k);
 }
 
 int ctxs_store_session_set_meta(ctxs_store *st, const char *name, const char *key,
                                 const void *value, size_t value_bytes)
 {
+    ctxs__error_begin();
     size_t key_len;
-    if (!st || ctxs__name_check(name, &key_len) < 0 || ctxs__name_check(key, &key_len) < 0 ||
-        (!value && value_bytes))
+    CTXS__STORE_CHECK(st);
+    if (ctxs__name_check(name, &key_len) < 0 || ctxs__name_check(key, &key_len) < 0)
         return CTXS_EINVAL;
+    CTXS__REQUIRE(value || !value_bytes, "value is NULL with value_bytes %zu", value_bytes);
     if (value && value_bytes > CTXS_META_VALUE_MAX)
-        return CTXS_ETOOBIG;
+        return ctxs__error(CTXS_ETOOBIG, "a value of %zu bytes is above the %u a value may "
+                           "hold", value_bytes, CTXS_META_VALUE_MAX);
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 0);
     if (rc < 0)
@@ -132,11 +144,15 @@ int ctxs_store_session_set_meta(ctxs_store *st, const char *name, const char *ke
     MDB_val mkey = {meta_key(k, id, key, key_len), k};
     if (!value) {
         rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->metadata, &mkey, NULL));
+        if (rc == CTXS_ENOTFOUND)
+            rc = no_key(name, key);
         return ctxs__txn_finish(txn, rc);
     }
     total_arg t = {k, mkey.mv_size, key_len + value_bytes};
     if ((rc = each_row(txn, st, id, add_row, &t)) == 0 && t.bytes > CTXS_META_SESSION_MAX)
-        rc = CTXS_ETOOBIG;
+        rc = ctxs__error(CTXS_ETOOBIG, "the session's keys and values would take %zu bytes, "
+                         "above the %u a session may hold", (size_t)t.bytes,
+                         CTXS_META_SESSION_MAX);
     MDB_val val = {value_bytes, (void *)value};
     if (rc == 0)
         rc = ctxs__mdb_error(ctxs__mdb_put(txn, st->metadata, &mkey, &val, 0));
@@ -146,8 +162,11 @@ int ctxs_store_session_set_meta(ctxs_store *st, const char *name, const char *ke
 int ctxs_store_session_get_meta(void *out, size_t *value_bytes, ctxs_store *st, const char *name,
                                 const char *key)
 {
+    ctxs__error_begin();
     size_t key_len;
-    if (!value_bytes || !st || ctxs__name_check(key, &key_len) < 0)
+    CTXS__REQUIRE(value_bytes, "value_bytes is NULL");
+    CTXS__STORE_CHECK(st);
+    if (ctxs__name_check(key, &key_len) < 0)
         return CTXS_EINVAL;
     size_t cap = out ? *value_bytes : 0;
     MDB_txn *txn;
@@ -161,13 +180,16 @@ int ctxs_store_session_get_meta(void *out, size_t *value_bytes, ctxs_store *st, 
         MDB_val mkey = {meta_key(k, id, key, key_len), k};
         rc = st->metadata ? ctxs__mdb_error(mdb_get(txn, st->metadata, &mkey, &val))
                           : CTXS_ENOTFOUND;
+        if (rc == CTXS_ENOTFOUND)
+            rc = no_key(name, key);
     }
     if (rc == 0 && val.mv_size > CTXS_META_VALUE_MAX)
         rc = CTXS_EINDEX;
     if (rc == 0) {
         *value_bytes = val.mv_size;
         if (out && val.mv_size > cap)
-            rc = -ERANGE;
+            rc = ctxs__error(-ERANGE, "the value is %zu bytes, more than the buffer's %zu",
+                             (size_t)val.mv_size, cap);
         else if (out && val.mv_size)
             memcpy(out, val.mv_data, val.mv_size);
     }
@@ -205,6 +227,7 @@ static int list_row(void *arg, MDB_cursor *cur, const MDB_val *key, const MDB_va
 int ctxs_store_session_list_meta(ctxs_meta_entry **out, size_t *n_out, ctxs_store *st,
                                  const char *name)
 {
+    ctxs__error_begin();
     if (!out || !n_out)
         return CTXS_EINVAL;
     *out = NULL;

@@ -28,6 +28,17 @@ typedef struct model_row {
     ctxs_geometry geometry;
 } model_row;
 
+/* The registered model r stands for (hash is its key). */
+static ctxs_model row_model(const model_row *r, const uint8_t hash[CTXS_HASH_BYTES])
+{
+    ctxs_model m;
+    memset(&m, 0, sizeof(m));
+    m.geometry = r->geometry;
+    memcpy(m.model_hash, hash, 16);
+    memcpy(m.tokenizer_hash, r->rec.tokenizer_hash, 16);
+    return m;
+}
+
 static int same_model(const model_row *r, const ctxs_model *m)
 {
     const ctxs_geometry *a = &r->geometry, *b = &m->geometry;
@@ -103,27 +114,63 @@ static int model_write(MDB_txn *txn, ctxs_store *st, const ctxs_model *model,
     return ctxs__mdb_error(ctxs__mdb_put(txn, st->models, &key, &val, 0));
 }
 
+static void hash_prefix(char out[17], const uint8_t hash[CTXS_HASH_BYTES])
+{
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 8; i++) {
+        out[2 * i] = hex[hash[i] >> 4];
+        out[2 * i + 1] = hex[hash[i] & 15];
+    }
+    out[16] = '\0';
+}
+
+int ctxs__model_differs(const ctxs_model *known, const ctxs_model *model)
+{
+    char diff[160], h[17];
+    ctxs__model_diff(diff, sizeof(diff), model, known);
+    hash_prefix(h, known->model_hash);
+    return ctxs__error(CTXS_EMODEL, "the store registered model %s... with another shape: %s "
+                       "(here: the model given; there: the registered one)", h, diff);
+}
+
+static int model_differs_row(const model_row *r, const ctxs_model *model)
+{
+    ctxs_model known = row_model(r, model->model_hash);
+    return ctxs__model_differs(&known, model);
+}
+
 int ctxs__model_check(MDB_txn *txn, ctxs_store *st, const ctxs_model *model)
 {
     model_row rec;
     int rc = model_read(txn, st, model->model_hash, &rec, NULL);
+    if (rc == CTXS_ENOTFOUND) {
+        char h[17];
+        hash_prefix(h, model->model_hash);
+        return ctxs__error(CTXS_ENOMODEL, "model %s... is not registered in this store: "
+                           "register it first (ctxs_model_register(), `ctxstore models "
+                           "register`)", h);
+    }
     if (rc < 0)
         return rc;
-    return same_model(&rec, model) ? 0 : CTXS_EMODEL;
+    return same_model(&rec, model) ? 0 : model_differs_row(&rec, model);
 }
 
 int ctxs__model_ensure(MDB_txn *txn, ctxs_store *st, const ctxs_model *model)
 {
     int rc = ctxs__model_check(txn, st, model);
-    if (rc == CTXS_ENOTFOUND)
+    if (rc == CTXS_ENOMODEL)
         rc = model_write(txn, st, model, "", 0, ctxs__now_ms());
     return rc;
 }
 
 int ctxs_model_register(ctxs_store *st, const ctxs_model *model, const char *name)
 {
-    if (!st || !model || !ctxs__model_geometry_valid(&model->geometry))
-        return CTXS_EINVAL;
+    ctxs__error_begin();
+    CTXS__STORE_CHECK(st);
+    if (!model)
+        return ctxs__error(CTXS_EINVAL, "model is NULL");
+    if (!ctxs__model_geometry_valid(&model->geometry))
+        return ctxs__error_more(CTXS_EINVAL, "the model's geometry");
     size_t name_len = 0;
     if (name && ctxs__name_check(name, &name_len) < 0)
         return CTXS_EINVAL;
@@ -137,7 +184,7 @@ int ctxs_model_register(ctxs_store *st, const ctxs_model *model, const char *nam
     if (rc == 0) {
         registered = rec.rec.registered_unix_ms;
         if (!same_model(&rec, model))
-            rc = CTXS_EMODEL;
+            rc = model_differs_row(&rec, model);
     } else if (rc == CTXS_ENOTFOUND) {
         rc = 0;
     }
@@ -159,6 +206,7 @@ static void entry_fill(ctxs_model_entry *out, const uint8_t hash[CTXS_HASH_BYTES
 
 int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st, const uint8_t model_hash[CTXS_HASH_BYTES])
 {
+    ctxs__error_begin();
     if (!out || !st || !model_hash)
         return CTXS_EINVAL;
     MDB_txn *txn;
@@ -171,6 +219,11 @@ int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st, const uint8_t model_ha
     if ((rc = model_read(txn, st, model_hash, &rec, &name)) == 0)
         entry_fill(out, model_hash, &rec, name);
     mdb_txn_abort(txn);
+    if (rc == CTXS_ENOTFOUND) {
+        char h[17];
+        hash_prefix(h, model_hash);
+        return ctxs__error(rc, "model %s... is not registered in this store", h);
+    }
     return rc;
 }
 
@@ -187,6 +240,7 @@ static int model_entry_fill(void *entry, const MDB_val *key, const MDB_val *val)
 
 int ctxs_model_list(ctxs_model_entry **out, size_t *n_out, ctxs_store *st)
 {
+    ctxs__error_begin();
     if (!out || !n_out)
         return CTXS_EINVAL;
     *out = NULL;
@@ -322,17 +376,20 @@ static int hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *p
 
 int ctxs_model_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *path)
 {
+    ctxs__error_begin();
     return hash_file(out, st, path, 0);
 }
 
 int ctxs_tokenizer_hash_file(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *path)
 {
+    ctxs__error_begin();
     return hash_file(out, st, path, 1);
 }
 
 int ctxs_tokenizer_hash_strings(uint8_t out[CTXS_HASH_BYTES], const char *const *tokens,
                                 const size_t *lengths, size_t n)
 {
+    ctxs__error_begin();
     if (!out || (!tokens && n))
         return CTXS_EINVAL;
     for (size_t i = 0; i < n; i++)

@@ -66,9 +66,26 @@ static const char *name_fault(const char *name, size_t *len)
     return NULL;
 }
 
+void ctxs__name_shown(char out[80], const char *name)
+{
+    size_t i = 0;
+    for (; name && name[i] && i < 64; i++)
+        out[i] = (unsigned char)name[i] < 0x20 || name[i] == 0x7f ? '?' : name[i];
+    if (name && name[i])
+        memcpy(out + i, "...", 3), i += 3;
+    out[i] = '\0';
+}
+
 int ctxs__name_check(const char *name, size_t *len)
 {
-    return name_fault(name, len) ? CTXS_EINVAL : 0;
+    const char *why = name_fault(name, len);
+    if (!why)
+        return 0;
+    if (!name)
+        return ctxs__error(CTXS_EINVAL, "a name is missing (NULL)");
+    char shown[80];
+    ctxs__name_shown(shown, name);
+    return ctxs__error(CTXS_EINVAL, "the name '%s' %s: %s", shown, why, CTXS_NAME_RULE);
 }
 
 const char *ctxs_name_check(const char *name)

@@ -41,6 +41,7 @@ int ctxs__pin_drop(MDB_txn *txn, ctxs_store *st, uint64_t id)
 
 int ctxs_store_session_pin(ctxs_store *st, const char *name, int pinned)
 {
+    ctxs__error_begin();
     size_t len;
     if (!st || ctxs__name_check(name, &len) < 0 || (pinned != 0 && pinned != 1))
         return CTXS_EINVAL;

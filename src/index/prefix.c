@@ -277,6 +277,7 @@ static int best_at(MDB_txn *txn, ctxs_store *st, const uint8_t model_hash[CTXS_H
 int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st, const uint8_t model_hash[CTXS_HASH_BYTES],
                      const uint32_t *tokens, uint64_t n)
 {
+    ctxs__error_begin();
     if (!out)
         return CTXS_EINVAL;
     memset(out, 0, sizeof(*out));

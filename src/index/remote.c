@@ -216,7 +216,7 @@ static int reply_check(redisContext *c, redisReply *rep, int saved)
  * before it allocates. The caps come from what a valid value can be
  * (remote_format.h): a reply past one is no server of ours, and ends the
  * call with CTXS_EREMOTE before the memory is spent. Each violation is
- * said in words for ctxs_remote_get_message().
+ * said in words, as the call's reason (ctxs_get_last_error()).
  */
 
 /* What one command's reply may be. */
@@ -262,11 +262,23 @@ typedef struct conn_state {
     long long refused;      /* an array count the hook refused, or -1 */
 } conn_state;
 
+/* What the calling thread's remote call met, in words: the call's reason
+ * when it fails (said_end()). */
 static _Thread_local char message[256];
 
-const char *ctxs_remote_get_message(void)
+/* At the start of a public remote call. */
+static void said_begin(void)
 {
-    return message;
+    ctxs__error_begin();
+    message[0] = '\0';
+}
+
+/* At its end: a failure that met a limit says which. */
+static int said_end(int rc)
+{
+    if (rc < 0 && message[0])
+        return ctxs__error(rc, "%s", message);
+    return rc;
 }
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -1745,6 +1757,7 @@ static int remote_open_impl(ctxs_remote **out, ctxs_store *st, const char *url,
 
 int ctxs_remote_get_stats(ctxs_remote_stats *out, ctxs_remote *r)
 {
+    ctxs__error_begin();
     if (!out || !r)
         return CTXS_EINVAL;
     pthread_mutex_lock(&r->mu);
@@ -1756,6 +1769,7 @@ int ctxs_remote_get_stats(ctxs_remote_stats *out, ctxs_remote *r)
 
 int ctxs_remote_flush(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_ms)
 {
+    ctxs__error_begin();
     if (!r)
         return CTXS_EINVAL;
     struct timespec until = deadline_in(timeout_ms);
@@ -1776,6 +1790,7 @@ int ctxs_remote_flush(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_m
 
 int ctxs_remote_close(ctxs_remote_stats *out, ctxs_remote *r, uint32_t timeout_ms)
 {
+    ctxs__error_begin();
     if (!r)
         return 0;
     /* Detached first: hooks queue nothing more. */
@@ -2089,7 +2104,7 @@ static int local_name_free(ctxs_store *st, const char *name)
 {
     ctxs_session_entry e;
     int rc = ctxs_store_session_get(&e, st, name);
-    return rc == 0 ? -EEXIST : rc == CTXS_ENOTFOUND ? 0 : rc;
+    return rc == 0 ? ctxs__name_taken(name) : rc == CTXS_ENOTFOUND ? 0 : rc;
 }
 
 /* CTXS_EMODEL if st knows model's hash with another geometry or tokenizer:
@@ -2124,7 +2139,7 @@ static int remote_pull_impl(ctxs_session **out, ctxs_remote_pull_result *res, ct
         ctxs__name_check(local_name, &len) < 0)
         return CTXS_EINVAL;
     if (r->st->rdonly)
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     int rc = local_name_free(r->st, local_name);
     if (rc < 0)
         return rc;
@@ -2201,7 +2216,7 @@ static int remote_pull_prefix_impl(ctxs_session **out, ctxs_remote_pull_result *
         n > CTXS__REMOTE_MAX_TOKENS)
         return CTXS_EINVAL;
     if (r->st->rdonly)
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     ctxs__file_layout lay;
     if (ctxs__layout_compute(&lay, &model->geometry, CTXS_PREFIX_CHUNK, 0, 0) < 0)
         return CTXS_EINVAL;
@@ -2449,11 +2464,11 @@ int ctxs_remote_push(ctxs_remote_push_result *out, ctxs_remote *r, const char *n
                      ctxs_progress_fn progress, void *progress_arg)
 {
     sigpipe_guard g;
-    message[0] = '\0';
+    said_begin();
     sigpipe_block(&g);
     int rc = remote_push_impl(out, r, name, progress, progress_arg);
     sigpipe_restore(&g);
-    return rc;
+    return said_end(rc);
 }
 
 int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
@@ -2462,11 +2477,11 @@ int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remo
                      void *progress_arg)
 {
     sigpipe_guard g;
-    message[0] = '\0';
+    said_begin();
     sigpipe_block(&g);
     int rc = remote_pull_impl(out, res, r, remote_name, local_name, opts, progress, progress_arg);
     sigpipe_restore(&g);
-    return rc;
+    return said_end(rc);
 }
 
 int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
@@ -2474,42 +2489,42 @@ int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res, ct
                             const uint32_t *tokens, uint64_t n, const ctxs_create_options *opts)
 {
     sigpipe_guard g;
-    message[0] = '\0';
+    said_begin();
     sigpipe_block(&g);
     int rc = remote_pull_prefix_impl(out, res, r, local_name, model, tokens, n, opts);
     sigpipe_restore(&g);
-    return rc;
+    return said_end(rc);
 }
 
 int ctxs_remote_list(ctxs_remote_entry **out, size_t *n_out, ctxs_remote *r)
 {
     sigpipe_guard g;
-    message[0] = '\0';
+    said_begin();
     sigpipe_block(&g);
     int rc = remote_list_impl(out, n_out, r);
     sigpipe_restore(&g);
-    return rc;
+    return said_end(rc);
 }
 
 int ctxs_remote_get_info(ctxs_remote_info *out, ctxs_remote *r)
 {
     sigpipe_guard g;
-    message[0] = '\0';
+    said_begin();
     sigpipe_block(&g);
     int rc = remote_get_info_impl(out, r);
     sigpipe_restore(&g);
-    return rc;
+    return said_end(rc);
 }
 
 int ctxs_remote_open(ctxs_remote **out, ctxs_store *st, const char *url,
                      const ctxs_remote_options *opts)
 {
     sigpipe_guard g;
-    message[0] = '\0';
+    said_begin();
     sigpipe_block(&g);
     int rc = remote_open_impl(out, st, url, opts);
     sigpipe_restore(&g);
-    return rc;
+    return said_end(rc);
 }
 
 /* --- Pulling on an open's miss ------------------------------------------------ */
@@ -2526,7 +2541,7 @@ int ctxs__remote_pull_missing(ctxs_store *st, const char *name)
     if (!r)
         return CTXS_ENOTFOUND;
     int rc = ctxs_remote_pull(NULL, NULL, r, name, NULL, NULL, NULL, NULL);
-    if (rc < 0 && rc != CTXS_ENOTFOUND && rc != -EEXIST) {
+    if (rc < 0 && rc != CTXS_ENOTFOUND && rc != CTXS_ETAKEN) {
         pthread_mutex_lock(&r->mu);
         r->stats.last_error = rc;
         pthread_mutex_unlock(&r->mu);
@@ -2535,6 +2550,6 @@ int ctxs__remote_pull_missing(ctxs_store *st, const char *name)
     if (--r->users == 0)
         pthread_cond_broadcast(&users_done);
     pthread_mutex_unlock(&attach_lock);
-    /* -EEXIST: another thread pulled or created it meanwhile. */
-    return rc == 0 || rc == -EEXIST ? 0 : CTXS_ENOTFOUND;
+    /* CTXS_ETAKEN: another thread pulled or created it meanwhile. */
+    return rc == 0 || rc == CTXS_ETAKEN ? 0 : CTXS_ENOTFOUND;
 }

@@ -564,6 +564,7 @@ static int next_id_now(ctxs_store *st, uint64_t *out)
 
 int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
 {
+    ctxs__error_begin();
     ctxs_repair_result res;
     memset(&res, 0, sizeof(res));
     if (out)
@@ -571,7 +572,7 @@ int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
     if (!st)
         return CTXS_EINVAL;
     if (st->rdonly)
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     uint64_t *files = NULL, *ids = NULL;
     size_t n_files, n_ids;
     /* Ids first: a renumbered file is then adopted or refreshed below. */
@@ -678,6 +679,7 @@ static int reindex_one(MDB_txn *txn, ctxs_store *st, uint64_t id, const file_fac
 
 int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
 {
+    ctxs__error_begin();
     ctxs_reindex_result res;
     memset(&res, 0, sizeof(res));
     if (out)
@@ -685,7 +687,7 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
     if (!st)
         return CTXS_EINVAL;
     if (st->rdonly)
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     uint64_t *ids = NULL, removed = 0;
     size_t n = 0;
     /* A file named with id 0 (or past the range) is renumbered, then

@@ -607,8 +607,8 @@ static int models_apply(salvage *sv, MDB_txn *txn, ctxs_store *st)
                  ctxs__model_geometry_valid(&m.geometry);
         if (ok) {
             int have = ctxs__model_check(txn, st, &m);
-            ok = have == 0 || have == CTXS_ENOTFOUND;
-            if (have < 0 && have != CTXS_ENOTFOUND && have != CTXS_EMODEL)
+            ok = have == 0 || have == CTXS_ENOMODEL;
+            if (have < 0 && have != CTXS_ENOMODEL && have != CTXS_EMODEL)
                 rc = have;
         }
         if (rc == 0 && !ok) {
@@ -802,6 +802,7 @@ static int is_dir(const char *path)
 
 int ctxs_store_repair_index(ctxs_salvage_result *out, const char *dir, unsigned flags)
 {
+    ctxs__error_begin();
     ctxs_salvage_result res;
     memset(&res, 0, sizeof(res));
     if (out)

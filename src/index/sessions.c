@@ -122,6 +122,21 @@ int ctxs__session_name_of(char *name, ctxs_store *st, uint64_t id)
 }
 
 /* sessions[name], in a read transaction of its own. */
+int ctxs__no_session(const char *name)
+{
+    char shown[80];
+    ctxs__name_shown(shown, name);
+    return ctxs__error(CTXS_ENOTFOUND, "no session named '%s' in this store", shown);
+}
+
+int ctxs__name_taken(const char *name)
+{
+    char shown[80];
+    ctxs__name_shown(shown, name);
+    return ctxs__error(CTXS_ETAKEN, "a session named '%s' exists already: choose another "
+                       "name, or rename or delete that session first", shown);
+}
+
 static int session_lookup(ctxs__session_rec *out, ctxs_store *st, const char *name, size_t len)
 {
     MDB_txn *txn;
@@ -130,7 +145,7 @@ static int session_lookup(ctxs__session_rec *out, ctxs_store *st, const char *na
         return rc;
     rc = ctxs__session_get(out, txn, st, name, len);
     mdb_txn_abort(txn);
-    return rc;
+    return rc == CTXS_ENOTFOUND ? ctxs__no_session(name) : rc;
 }
 
 /* The ids this process is creating now (begin_create to adopt_new or
@@ -521,7 +536,7 @@ static int begin_create(ctxs_store *st, const char *name, size_t len,
         rc = ctxs__model_check(txn, st, model);
     if (rc == 0) {
         rc = ctxs__session_get(&rec, txn, st, name, len);
-        rc = rc == 0 ? -EEXIST : rc == CTXS_ENOTFOUND ? 0 : rc;
+        rc = rc == 0 ? ctxs__name_taken(name) : rc == CTXS_ENOTFOUND ? 0 : rc;
     }
     if (rc == 0)
         rc = ctxs__id_take(txn, st, id);
@@ -553,7 +568,7 @@ static int finish_create(ctxs_store *st, const char *name, size_t len,
         return rc;
     ctxs__session_rec other;
     rc = ctxs__session_get(&other, txn, st, name, len);
-    rc = rc == 0 ? -EEXIST : rc == CTXS_ENOTFOUND ? 0 : rc;
+    rc = rc == 0 ? ctxs__name_taken(name) : rc == CTXS_ENOTFOUND ? 0 : rc;
     const uint32_t *ids;
     uint64_t n_held = ctxs__session_prefix_held(&ids, s);
     if (rc == 0)
@@ -615,11 +630,13 @@ static int adopt_new(ctxs_store *st, const char *name, size_t len, ctxs__session
 int ctxs_store_session_create(ctxs_session **out, ctxs_store *st, const char *name,
                               const ctxs_model *model, const ctxs_create_options *opts)
 {
-    if (!out)
-        return CTXS_EINVAL;
+    ctxs__error_begin();
+    CTXS__REQUIRE(out, "out is NULL");
     *out = NULL;
     size_t len;
-    if (!st || !model || ctxs__name_check(name, &len) < 0)
+    CTXS__STORE_CHECK(st);
+    CTXS__REQUIRE(model, "model is NULL: a session is created for a registered model");
+    if (ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
     uint64_t id;
     int rc = begin_create(st, name, len, model, &id);
@@ -683,8 +700,9 @@ int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const 
     if (rc == 0 && (rc = ctxs_model_get(&known, st, model->model_hash)) == CTXS_ENOTFOUND)
         rc = ctxs_model_register(st, model, model_name && *model_name ? model_name : NULL);
     else if (rc == 0 && (memcmp(&known.model.geometry, &model->geometry, sizeof(model->geometry)) ||
-                         memcmp(known.model.tokenizer_hash, model->tokenizer_hash, 16)))
-        rc = CTXS_EMODEL;
+                         memcmp(known.model.tokenizer_hash, model->tokenizer_hash, 16))) {
+        rc = ctxs__model_differs(&known.model, model);
+    }
     if (rc < 0) {
         abandon_create(st, id, s);
         return rc;
@@ -710,9 +728,12 @@ static int open_file(ctxs_session **out, ctxs_store *st, uint64_t id,
     if (!path)
         return CTXS_ENOMEM;
     int rc = ctxs_session_open(out, path, model, flags, opts);
-    free(path);
     if (rc == -ENOENT)
-        return CTXS_ENOTFOUND;
+        rc = ctxs__error(CTXS_ENOTFOUND, "the session's file %s is gone (`ctxstore "
+                         "repair` drops its entry)", path);
+    free(path);
+    if (rc < 0)
+        return rc;
     struct stat sb;
     if (rc == 0 && ctxs__fstat(ctxs__session_fd(*out), &sb) == 0 && sb.st_nlink == 0) {
         ctxs_session_close(*out);
@@ -726,22 +747,28 @@ int ctxs_store_session_open(ctxs_session **out, ctxs_store *st, const char *name
                             const ctxs_model *model, unsigned flags,
                             const ctxs_open_options *opts)
 {
-    if (!out)
-        return CTXS_EINVAL;
+    ctxs__error_begin();
+    CTXS__REQUIRE(out, "out is NULL");
     *out = NULL;
     size_t len;
-    if (!st || ctxs__name_check(name, &len) < 0)
+    CTXS__STORE_CHECK(st);
+    if (ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
     if (st->rdonly && !(flags & CTXS_OPEN_RDONLY))
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     ctxs__session_rec rec;
     int rc = session_lookup(&rec, st, name, len);
-    if (rc == CTXS_ENOTFOUND && !st->rdonly && ctxs__remote_pull_missing(st, name) == 0)
-        rc = session_lookup(&rec, st, name, len);
+    if (rc == CTXS_ENOTFOUND && !st->rdonly)
+        rc = ctxs__remote_pull_missing(st, name) == 0 ? session_lookup(&rec, st, name, len)
+                                                      : ctxs__no_session(name);
     if (rc < 0)
         return rc;
-    if (model && memcmp(model->model_hash, rec.model_hash, 16) != 0)
-        return CTXS_EMODEL;
+    if (model && memcmp(model->model_hash, rec.model_hash, 16) != 0) {
+        char shown[80];
+        ctxs__name_shown(shown, name);
+        return ctxs__error(CTXS_EMODEL, "session '%s' belongs to another model (its model "
+                           "hash differs from the one given)", shown);
+    }
     ctxs_session *s;
     if ((rc = open_file(&s, st, rec.id, model, flags, opts)) < 0)
         return rc;
@@ -765,7 +792,8 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
     if (out)
         *out = NULL;
     size_t src_len, dst_len, cp_len = 0;
-    if (!st || ctxs__name_check(src, &src_len) < 0 || ctxs__name_check(dst, &dst_len) < 0 ||
+    CTXS__STORE_CHECK(st);
+    if (ctxs__name_check(src, &src_len) < 0 || ctxs__name_check(dst, &dst_len) < 0 ||
         (checkpoint && ctxs__name_check(checkpoint, &cp_len) < 0))
         return CTXS_EINVAL;
     MDB_txn *txn;
@@ -774,8 +802,12 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
         return rc;
     ctxs__session_rec src_rec = {0};
     ctxs__checkpoint_rec cp = {0};
-    if ((rc = ctxs__session_get(&src_rec, txn, st, src, src_len)) == 0 && checkpoint)
-        rc = ctxs__checkpoint_get(&cp, txn, st, src_rec.id, checkpoint, cp_len);
+    if ((rc = ctxs__session_get(&src_rec, txn, st, src, src_len)) == CTXS_ENOTFOUND)
+        rc = ctxs__no_session(src);
+    else if (rc == 0 && checkpoint &&
+             (rc = ctxs__checkpoint_get(&cp, txn, st, src_rec.id, checkpoint, cp_len)) ==
+                 CTXS_ENOTFOUND)
+        rc = ctxs__no_checkpoint(src, checkpoint);
     mdb_txn_abort(txn);
     if (rc < 0)
         return rc;
@@ -798,9 +830,14 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
     ctxs_session *s = NULL;
     ctxs__disk_label label;
     ctxs__label_make(&label, id, dst, dst_len);
-    rc = path ? ctxs__session_fork_labeled(&s, path, from, n_tokens, opts, &label) : CTXS_ENOMEM;
+    rc = path ? ctxs__session_fork_labeled(&s, from, path, n_tokens, opts, &label) : CTXS_ENOMEM;
     free(path);
     ctxs_session_close(from);
+    if (rc < 0 && ctxs__error_code() == rc) {
+        char shown[80];
+        ctxs__name_shown(shown, src);
+        ctxs__error_more(rc, "fork of '%s'", shown);
+    }
     /* The checkpoint was checked before the copy; the copy is checked
      * against it too, in case the source moved in between. */
     if (rc == 0 && checkpoint && ctxs__checkpoint_check(s, &cp) < 0)
@@ -834,18 +871,19 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
     return 0;
 }
 
-int ctxs_store_session_fork(ctxs_session **out, ctxs_store *st, const char *name,
-                            const char *src, uint64_t n_tokens, const ctxs_open_options *opts)
+int ctxs_store_session_fork(ctxs_session **out, ctxs_store *st, const char *src,
+                            const char *name, uint64_t n_tokens, const ctxs_open_options *opts)
 {
+    ctxs__error_begin();
     return fork_at(out, st, src, n_tokens, NULL, name, opts);
 }
 
-int ctxs_store_session_fork_checkpoint(ctxs_session **out, ctxs_store *st, const char *name,
-                                       const char *src, const char *checkpoint,
+int ctxs_store_session_fork_checkpoint(ctxs_session **out, ctxs_store *st, const char *src,
+                                       const char *checkpoint, const char *name,
                                        const ctxs_open_options *opts)
 {
-    if (!checkpoint)
-        return CTXS_EINVAL;
+    ctxs__error_begin();
+    CTXS__REQUIRE(checkpoint, "checkpoint is NULL");
     return fork_at(out, st, src, 0, checkpoint, name, opts);
 }
 
@@ -868,8 +906,11 @@ static void entry_fill(ctxs_session_entry *out, const char *name, size_t len,
 
 int ctxs_store_session_get(ctxs_session_entry *out, ctxs_store *st, const char *name)
 {
+    ctxs__error_begin();
     size_t len;
-    if (!out || !st || ctxs__name_check(name, &len) < 0)
+    CTXS__REQUIRE(out, "out is NULL");
+    CTXS__STORE_CHECK(st);
+    if (ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 1);
@@ -881,7 +922,7 @@ int ctxs_store_session_get(ctxs_session_entry *out, ctxs_store *st, const char *
         rc = ctxs__pins_fill(out, 1, txn, st);
     }
     mdb_txn_abort(txn);
-    return rc;
+    return rc == CTXS_ENOTFOUND ? ctxs__no_session(name) : rc;
 }
 
 static int session_entry_fill(void *entry, const MDB_val *key, const MDB_val *val)
@@ -896,6 +937,7 @@ static int session_entry_fill(void *entry, const MDB_val *key, const MDB_val *va
 
 int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out, ctxs_store *st)
 {
+    ctxs__error_begin();
     if (!out || !n_out)
         return CTXS_EINVAL;
     *out = NULL;
@@ -920,9 +962,13 @@ int ctxs_store_session_list(ctxs_session_entry **out, size_t *n_out, ctxs_store 
 
 int ctxs_store_session_rename(ctxs_store *st, const char *from, const char *to)
 {
+    ctxs__error_begin();
     size_t from_len, to_len;
-    if (!st || ctxs__name_check(from, &from_len) < 0 || ctxs__name_check(to, &to_len) < 0)
+    CTXS__STORE_CHECK(st);
+    if (ctxs__name_check(from, &from_len) < 0 || ctxs__name_check(to, &to_len) < 0)
         return CTXS_EINVAL;
+    if (st->rdonly)
+        return ctxs__store_readonly();
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 0);
     if (rc < 0)
@@ -930,7 +976,11 @@ int ctxs_store_session_rename(ctxs_store *st, const char *from, const char *to)
     ctxs__session_rec rec, other;
     if ((rc = ctxs__session_get(&rec, txn, st, from, from_len)) == 0) {
         rc = ctxs__session_get(&other, txn, st, to, to_len);
-        rc = rc == 0 ? (other.id == rec.id ? 1 : -EEXIST) : rc == CTXS_ENOTFOUND ? 0 : rc;
+        rc = rc == 0                ? (other.id == rec.id ? 1 : ctxs__name_taken(to))
+             : rc == CTXS_ENOTFOUND ? 0
+                                    : rc;
+    } else if (rc == CTXS_ENOTFOUND) {
+        rc = ctxs__no_session(from);
     }
     /* The file's label first, inside the transaction that serializes
      * renames: reindex takes names from the labels. */
@@ -1006,16 +1056,25 @@ int ctxs__session_delete_id(ctxs_store *st, uint64_t id, const char *expect_name
 
 int ctxs_store_session_delete(ctxs_store *st, const char *name)
 {
+    ctxs__error_begin();
     size_t len;
-    if (!st || ctxs__name_check(name, &len) < 0)
+    CTXS__STORE_CHECK(st);
+    if (ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
     if (st->rdonly)
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     ctxs__session_rec rec;
     int rc = session_lookup(&rec, st, name, len);
     if (rc < 0)
         return rc;
-    return ctxs__session_delete_id(st, rec.id, name, len, 0);
+    rc = ctxs__session_delete_id(st, rec.id, name, len, 0);
+    if (rc == CTXS_EBUSY) {
+        char shown[80];
+        ctxs__name_shown(shown, name);
+        return ctxs__error(rc, "session '%s' is open (a writer or a reader, in some "
+                           "process): close it first", shown);
+    }
+    return rc == CTXS_ENOTFOUND ? ctxs__no_session(name) : rc;
 }
 
 /* Removes the leftovers of interrupted creates of id: files written aside

@@ -98,18 +98,25 @@ int ctxs__mdb_error(int rc)
     }
 }
 
+int ctxs__store_readonly(void)
+{
+    return ctxs__error(CTXS_EREADONLY, "the store was opened read-only (CTXS_STORE_RDONLY): "
+                       "open it without that flag to change it");
+}
+
 int ctxs__txn_begin(MDB_txn **out, ctxs_store *st, int readonly)
 {
     if (!st->env) { /* a compaction could not reopen it */
         *out = NULL;
-        return CTXS_EFAILED;
+        return ctxs__error(CTXS_EFAILED, "the store's index was rewritten by a compaction "
+                           "but could not be opened again: close the store and open it anew");
     }
     /* Every write of the index begins here: a read-only store refuses them
      * all, whatever its environment would allow (a handle may share a
      * read-write one, see ctxs_store_open()). */
     if (!readonly && st->rdonly) {
         *out = NULL;
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     }
     int rc = ctxs__mdb_txn_begin(st->env, NULL, readonly ? MDB_RDONLY : 0, out);
     if (rc == MDB_MAP_RESIZED) {
@@ -795,19 +802,66 @@ static int view_new(ctxs_store **out, ctxs_store *owner)
     return 0;
 }
 
+static int store_open(ctxs_store **out, const char *dir, unsigned flags,
+                      const ctxs_store_options *opts);
+
+/* What a failed open of the store at dir means, where the failure said
+ * nothing itself. */
+static int open_failed(int rc, const char *dir, unsigned flags)
+{
+    switch (rc) {
+    case -ENOENT:
+        return ctxs__error_default(rc, "%s: no such store%s", dir,
+                                   flags & CTXS_STORE_CREATE
+                                       ? " (a symbolic link that leads nowhere, or a "
+                                         "missing parent directory)"
+                                       : " (CTXS_STORE_CREATE makes one)");
+    case -ENOTDIR:
+        return ctxs__error_default(rc, "%s is not a directory: a store is a directory "
+                                   "(index/ and sessions/)", dir);
+    case CTXS_EFOREIGN:
+        return ctxs__error_default(rc, "%s is a directory that is not a store: it has no "
+                                   "index/data.mdb%s", dir,
+                                   flags & CTXS_STORE_CREATE ? "" : " (CTXS_STORE_CREATE "
+                                                                    "makes a store there)");
+    case -EACCES:
+    case -EPERM:
+        return ctxs__error_default(rc, "%s: %s", dir, strerror(-rc));
+    case CTXS_EBUSY:
+        return ctxs__error_default(rc, "%s is open read-only in this process, whose "
+                                   "environment cannot write: close that handle first",
+                                   dir);
+    default:
+        return rc;
+    }
+}
+
 int ctxs_store_open(ctxs_store **out, const char *dir, unsigned flags,
                     const ctxs_store_options *opts)
 {
-    if (!out)
-        return CTXS_EINVAL;
+    ctxs__error_begin();
+    int rc = store_open(out, dir, flags, opts);
+    return rc < 0 && dir ? open_failed(rc, dir, flags) : rc;
+}
+
+static int store_open(ctxs_store **out, const char *dir, unsigned flags,
+                      const ctxs_store_options *opts)
+{
+    CTXS__REQUIRE(out, "out is NULL");
     *out = NULL;
-    if (!dir || !*dir || (flags & ~(CTXS_STORE_CREATE | CTXS_STORE_RDONLY)) ||
-        (flags & CTXS_STORE_CREATE && flags & CTXS_STORE_RDONLY))
-        return CTXS_EINVAL;
+    CTXS__REQUIRE(dir && *dir, "the store's directory is %s", dir ? "an empty string" : "NULL");
+    CTXS__REQUIRE(!(flags & ~(CTXS_STORE_CREATE | CTXS_STORE_RDONLY)),
+                  "flags 0x%x: only CTXS_STORE_CREATE and CTXS_STORE_RDONLY are known", flags);
+    CTXS__REQUIRE(!(flags & CTXS_STORE_CREATE && flags & CTXS_STORE_RDONLY),
+                  "CTXS_STORE_CREATE with CTXS_STORE_RDONLY: a read-only open makes nothing");
     ctxs_store_options o = CTXS_STORE_OPTIONS_INIT;
     if (opts) {
+        CTXS__REQUIRE(opts->version == CTXS_STORE_OPTIONS_VERSION,
+                      "store options: version is %u, not %u: start from "
+                      "CTXS_STORE_OPTIONS_INIT", opts->version, CTXS_STORE_OPTIONS_VERSION);
         if (!options_valid(opts))
-            return CTXS_EINVAL;
+            return ctxs__error(CTXS_EINVAL, "store options: max_readers or map_bytes out of "
+                               "range, or reserved bytes not zero");
         o = *opts;
     }
     pthread_once(&atfork_once, install_atfork);

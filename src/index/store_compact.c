@@ -380,6 +380,7 @@ static int compact_all(ctxs_compact_result *res, ctxs_store *st, ctxs_progress_f
 int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st, const char *name,
                        ctxs_progress_fn progress, void *progress_arg)
 {
+    ctxs__error_begin();
     ctxs_compact_result res;
     memset(&res, 0, sizeof(res));
     if (out)
@@ -388,7 +389,7 @@ int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st, const char *nam
     if (!st || (name && ctxs__name_check(name, &len) < 0))
         return CTXS_EINVAL;
     if (st->rdonly)
-        return CTXS_EREADONLY;
+        return ctxs__store_readonly();
     int rc;
     if (name) {
         ctxs_session_entry e;

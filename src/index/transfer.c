@@ -271,13 +271,14 @@ static int export_session(export_job *job, const ctxs_session_info *info, const 
 int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path,
                               ctxs_progress_fn progress, void *progress_arg)
 {
+    ctxs__error_begin();
     size_t len;
     if (!st || !path || !*path || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
     /* Saves a copy that link() would refuse; link() alone decides. */
     struct stat sb;
     if (lstat(path, &sb) == 0)
-        return -EEXIST;
+        return ctxs__error(-EEXIST, "%s exists: an export never replaces a file", path);
     ctxs_session *s;
     ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.background = 0; /* the export reads every held token in file order */
@@ -525,6 +526,7 @@ static int import_fill(int fd, const ctxs__disk_label *label, void *arg)
 int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1], ctxs_store *st, const char *path,
                               const char *name, ctxs_progress_fn progress, void *progress_arg)
 {
+    ctxs__error_begin();
     if (name_out)
         name_out[0] = '\0';
     size_t len = 0;
@@ -558,12 +560,13 @@ int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1], ctxs_store *st, 
     ctxs_session_entry other;
     if (rc == 0 && (rc = ctxs_model_get(&known, st, job.model.model_hash)) == 0 &&
         (memcmp(&known.model.geometry, &job.model.geometry, sizeof(known.model.geometry)) ||
-         memcmp(known.model.tokenizer_hash, job.model.tokenizer_hash, 16)))
-        rc = CTXS_EMODEL;
+         memcmp(known.model.tokenizer_hash, job.model.tokenizer_hash, 16))) {
+        rc = ctxs__model_differs(&known.model, &job.model);
+    }
     if (rc == CTXS_ENOTFOUND)
         rc = 0;
     if (rc == 0 && (rc = ctxs_store_session_get(&other, st, name)) == 0)
-        rc = -EEXIST;
+        rc = ctxs__name_taken(name);
     if (rc == CTXS_ENOTFOUND)
         rc = 0;
 

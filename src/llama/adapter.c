@@ -511,13 +511,13 @@ static int open_conversation(ctxs_session **s, uint32_t *how, char *from, ctxs_s
         /* The prompt's last token is decoded again: its logits start the
          * reply. */
         const uint64_t n = m.n_tokens < n_prompt ? m.n_tokens : n_prompt - 1u;
-        rc = ctxs_store_session_fork(s, st, name, m.session, n, NULL);
+        rc = ctxs_store_session_fork(s, st, m.session, name, n, NULL);
         if (rc == 0) {
             *how = CTXS_LLAMA_FORKED;
             memcpy(from, m.session, sizeof m.session);
             return 0;
         }
-        if (rc == -EEXIST)
+        if (rc == CTXS_ETAKEN)
             return ctxs__llama_fail(rc, "'%s' appeared meanwhile", name);
         /* A match that cannot be forked is no reason to fail: prefill. */
     }
@@ -531,7 +531,10 @@ static int open_conversation(ctxs_session **s, uint32_t *how, char *from, ctxs_s
     }
     *how = CTXS_LLAMA_CREATED;
     rc = ctxs_store_session_create(s, st, name, model, &co);
-    return rc < 0 ? ctxs__llama_fail(rc, "creating '%s': %s", name, ctxs_strerror(rc)) : 0;
+    return rc < 0 ? ctxs__llama_fail(rc, "creating '%s': %s", name,
+                                     *ctxs_get_last_error() ? ctxs_get_last_error()
+                                                            : ctxs_strerror(rc))
+                  : 0;
 }
 
 int ctxs_llama_start(ctxs_llama **out, ctxs_store *st, const char *name,

@@ -16,25 +16,22 @@
 _Static_assert(GGML_TYPE_F16 == CTXS__GGML_F16 && GGML_TYPE_BF16 == CTXS__GGML_BF16,
                "ggml's type numbers as seq_state.h states them");
 
-static _Thread_local char g_last_error[512];
-
+/* The adapter's failures are said through the library's last error
+ * (ctxs_get_last_error()), so that an app reads one reason whichever
+ * library refused. */
 int ctxs__llama_fail(int rc, const char *fmt, ...)
 {
+    char text[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_last_error, sizeof g_last_error, fmt, ap);
+    vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    return rc;
+    return ctxs_set_last_error(rc, "%s", text);
 }
 
 void ctxs__llama_clear_error(void)
 {
-    g_last_error[0] = '\0';
-}
-
-const char *ctxs_llama_get_last_error(void)
-{
-    return g_last_error;
+    ctxs_set_last_error(0, NULL);
 }
 
 /* The integer value of the GGUF key "<arch>.<suffix>"; -1 if absent or not

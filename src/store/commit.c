@@ -9,6 +9,7 @@
  * watermark are verified and positions below it were durable and untouched.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -143,15 +144,18 @@ int ctxs__fail(ctxs_session *s)
         ctxs__record_seal(&r, index);
         memcpy(at, &r, sizeof(r));
     }
-    return CTXS_EFAILED;
+    return ctxs__error(CTXS_EFAILED, "a write or sync of the session failed; what was "
+                       "committed before is safe: close the session and open it again");
 }
 
 int ctxs__writable(ctxs_session *s)
 {
     if (s->readonly)
-        return CTXS_EREADONLY;
+        return ctxs__error(CTXS_EREADONLY, "the session was opened read-only "
+                           "(CTXS_OPEN_RDONLY): open it without that flag to write");
     if (s->failed)
-        return CTXS_EFAILED;
+        return ctxs__error(CTXS_EFAILED, "an earlier write or sync of this handle failed: "
+                           "close the session and open it again");
     int rc = atomic_exchange(&s->writeback_error, 0);
     if (rc < 0)
         return ctxs__fail(s);
@@ -249,9 +253,11 @@ void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st)
 
 int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
 {
-    CTXS__CHECK(out);
+    ctxs__error_begin();
+    CTXS__REQUIRE(out, "out is NULL");
     memset(out, 0, sizeof(*out));
-    CTXS__CHECK(s && n > 0);
+    CTXS__REQUIRE(s, "the session is NULL");
+    CTXS__REQUIRE(n > 0, "n is 0: reserve at least one slot");
     int rc = ctxs__writable(s);
     if (rc < 0)
         return rc;
@@ -261,15 +267,26 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
     const uint64_t start = committed + s->n_reserved, end = start + n;
     if (!s->ring) {
         if (end > cap)
-            return CTXS_EFULL;
+            return ctxs__error(CTXS_EFULL,
+                               "%u more slots would reach position %" PRIu64 ", past the "
+                               "capacity of %" PRIu64 " (the session has no ring)",
+                               n, end, cap);
     } else if (end > ns && end - (committed > ns ? committed : ns) > ctxs__ring_len(s)) {
-        return CTXS_EINVAL; /* the reservation would overwrite itself */
+        /* the reservation would overwrite itself */
+        return ctxs__error(CTXS_EINVAL,
+                           "%u slots (with %u reserved before) are more than the ring "
+                           "holds: %" PRIu64 " slots after the %" PRIu64 " sinks",
+                           n, s->n_reserved, ctxs__ring_len(s), ns);
     }
     /* A windowed layer's ring has room for its window and the batch: more
      * uncommitted tokens would overwrite the window the current record
      * claims. */
     if (s->lay.n_groups && end - committed > s->lay.batch)
-        return CTXS_EINVAL;
+        return ctxs__error(CTXS_EINVAL,
+                           "%" PRIu64 " tokens reserved and not committed would be more than "
+                           "the batch of %u the windowed layers' rings keep beyond their "
+                           "windows: commit first, or create the session with a larger batch",
+                           end - committed, s->lay.batch);
 
     ctxs__span spans[2];
     out->n_spans = ctxs__slot_spans(spans, start, n, s->lay.capacity, s->lay.n_sink);
@@ -352,11 +369,16 @@ static void notify_committed(ctxs_session *s)
 
 int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
 {
-    CTXS__CHECK(s && token_ids && n > 0);
+    ctxs__error_begin();
+    CTXS__REQUIRE(s, "the session is NULL");
+    CTXS__REQUIRE(token_ids, "token_ids is NULL");
+    CTXS__REQUIRE(n > 0, "n is 0: commit at least one token");
     int rc = ctxs__writable(s);
     if (rc < 0)
         return rc;
-    CTXS__CHECK(n <= s->n_reserved);
+    CTXS__REQUIRE(n <= s->n_reserved,
+                  "a commit of %u tokens, but %u are reserved: reserve them first "
+                  "(ctxs_session_reserve())", n, s->n_reserved);
 
     const uint64_t first = s->st.n_tokens;
     uint32_t *tokens = ctxs__token_table(s);
@@ -411,6 +433,7 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
 
 int ctxs_session_sync(ctxs_session *s)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s);
     int rc = ctxs__writable(s);
     if (rc < 0)
@@ -433,10 +456,14 @@ int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n)
     const ctxs__state *st = &s->st;
     const uint64_t ns = s->lay.n_sink;
     if (n > st->n_tokens)
-        return CTXS_EINVAL;
+        return ctxs__error(CTXS_EINVAL, "%" PRIu64 " tokens is more than the %" PRIu64
+                           " the session holds", n, st->n_tokens);
     /* n == n_sink needs only the sinks, which the ring never evicts. */
     if (n > ns && n < ctxs__first_recent(s, st))
-        return CTXS_EEVICTED;
+        return ctxs__error(CTXS_EEVICTED,
+                           "the ring overwrote the tokens before position %" PRIu64
+                           ": a state of %" PRIu64 " tokens cannot be had again",
+                           ctxs__first_recent(s, st), n);
     /* A windowed ring must still hold the window of n: the positions it
      * claims now, and below them those its slots still keep, unless a
      * later position or a reservation took their slots (the entries name
@@ -444,8 +471,13 @@ int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n)
     for (uint32_t g = 0; g < s->lay.n_groups; g++) {
         uint64_t w = s->lay.groups[g].window, from = n > w ? n - w : 0;
         uint64_t claimed = ctxs__group_from(s, st, g), to = n < claimed ? n : claimed;
-        if (from < to && ctxs__group_first_bad(s, g, from, to) < to)
-            return CTXS_EEVICTED;
+        uint64_t bad;
+        if (from < to && (bad = ctxs__group_first_bad(s, g, from, to)) < to)
+            return ctxs__error(CTXS_EEVICTED,
+                               "the layers of window %" PRIu64 " no longer hold position %"
+                               PRIu64 ", which a state of %" PRIu64 " tokens reads: their "
+                               "ring of %u slots has overwritten it",
+                               w, bad, n, s->lay.groups[g].len);
     }
     *out = *st;
     out->n_tokens = n;
@@ -458,6 +490,7 @@ int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n)
 
 int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s);
     int rc = ctxs__writable(s);
     if (rc < 0)

@@ -404,16 +404,17 @@ static int fork_fill(int fd, void *arg)
     return sync_before_kv ? 0 : ctxs__sync_data(fd);
 }
 
-int ctxs_session_fork(ctxs_session **out, const char *path, ctxs_session *src,
+int ctxs_session_fork(ctxs_session **out, ctxs_session *src, const char *path,
                       uint64_t n_tokens, const ctxs_open_options *opts)
 {
-    int rc = ctxs__session_fork_labeled(out, path, src, n_tokens, opts, NULL);
+    ctxs__error_begin();
+    int rc = ctxs__session_fork_labeled(out, src, path, n_tokens, opts, NULL);
     if (rc == 0 && (*out)->durability == CTXS_SYNC_ASYNC)
         ctxs__writeback_request_all(*out);
     return rc;
 }
 
-int ctxs__session_fork_labeled(ctxs_session **out, const char *path, ctxs_session *src,
+int ctxs__session_fork_labeled(ctxs_session **out, ctxs_session *src, const char *path,
                                uint64_t n_tokens, const ctxs_open_options *opts,
                                const ctxs__disk_label *label)
 {

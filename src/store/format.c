@@ -4,10 +4,13 @@
  */
 #include "format.h"
 
+#include <inttypes.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <zlib.h>
 
+#include "last_error.h"
 #include "platform.h"
 
 static uint32_t crc_of(const void *p, size_t n)
@@ -36,17 +39,31 @@ static int round_page(uint64_t a, uint64_t *out)
 int ctxs__schedule_check(const ctxs_geometry *g)
 {
     if (g->period > CTXS_SCHEDULE_MAX)
-        return CTXS_EINVAL;
+        return ctxs__error(CTXS_EINVAL, "the schedule's period %u is above %u layers",
+                           g->period, CTXS_SCHEDULE_MAX);
     int windowed = 0;
     for (uint32_t j = 0; j < CTXS_SCHEDULE_MAX; j++) {
         if (j >= g->period && g->window[j])
-            return CTXS_EINVAL;
+            return ctxs__error(CTXS_EINVAL, "window[%u] is %u, past the schedule's period "
+                               "of %u layers: it must be 0", j, g->window[j], g->period);
         if (g->window[j] > CTXS__MAX_CAPACITY)
-            return CTXS_EINVAL;
+            return ctxs__error(CTXS_EINVAL, "window[%u] of %u tokens is above %u", j,
+                               g->window[j], CTXS__MAX_CAPACITY);
         windowed |= g->window[j] != 0;
     }
     /* One way to say "every layer global": period 0. */
-    return g->period && !windowed ? CTXS_EINVAL : 0;
+    if (g->period && !windowed)
+        return ctxs__error(CTXS_EINVAL, "a schedule of period %u has no windowed layer: "
+                           "every layer global is period 0", g->period);
+    return 0;
+}
+
+static int too_large(const ctxs_geometry *g, uint32_t capacity)
+{
+    return ctxs__error(CTXS_EINVAL,
+                       "%u layers x %u KV heads x %u head_dim x %u slots make a file too "
+                       "large to map in this address space",
+                       g->n_layers, g->n_kv_heads, g->head_dim, capacity);
 }
 
 int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
@@ -54,12 +71,34 @@ int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
 {
     memset(out, 0, sizeof(*out));
     uint32_t elem = ctxs__dtype_bytes(g->dtype);
-    if (!elem || g->n_layers == 0 || g->n_layers > CTXS__MAX_DIM ||
-        g->n_kv_heads == 0 || g->n_kv_heads > CTXS__MAX_DIM ||
-        g->head_dim == 0 || g->head_dim > CTXS__MAX_DIM ||
-        capacity < 2 || capacity > CTXS__MAX_CAPACITY || n_sink >= capacity ||
-        batch > CTXS__MAX_CAPACITY || ctxs__schedule_check(g) != 0)
-        return CTXS_EINVAL;
+    if (g->dtype == CTXS_DTYPE_F32)
+        return ctxs__error(CTXS_EINVAL, "dtype CTXS_DTYPE_F32 is a form K and V are handed "
+                           "over in, not a session's dtype: store them as CTXS_DTYPE_F16, "
+                           "BF16 or Q8");
+    if (!elem)
+        return ctxs__error(CTXS_EINVAL, "dtype %u is none of CTXS_DTYPE_F16, BF16 and Q8",
+                           g->dtype);
+    if (g->n_layers == 0 || g->n_layers > CTXS__MAX_DIM)
+        return ctxs__error(CTXS_EINVAL, "n_layers %u is outside 1..%u", g->n_layers,
+                           CTXS__MAX_DIM);
+    if (g->n_kv_heads == 0 || g->n_kv_heads > CTXS__MAX_DIM)
+        return ctxs__error(CTXS_EINVAL, "n_kv_heads %u is outside 1..%u", g->n_kv_heads,
+                           CTXS__MAX_DIM);
+    if (g->head_dim == 0 || g->head_dim > CTXS__MAX_DIM)
+        return ctxs__error(CTXS_EINVAL, "head_dim %u is outside 1..%u", g->head_dim,
+                           CTXS__MAX_DIM);
+    if (capacity < 2 || capacity > CTXS__MAX_CAPACITY)
+        return ctxs__error(CTXS_EINVAL, "capacity %u is outside 2..%u slots", capacity,
+                           CTXS__MAX_CAPACITY);
+    if (n_sink >= capacity)
+        return ctxs__error(CTXS_EINVAL, "n_sink %u is not below the capacity %u", n_sink,
+                           capacity);
+    if (batch > CTXS__MAX_CAPACITY)
+        return ctxs__error(CTXS_EINVAL, "batch %u is above %u tokens", batch,
+                           CTXS__MAX_CAPACITY);
+    int rc = ctxs__schedule_check(g);
+    if (rc < 0)
+        return rc;
 
     const uint32_t pat = g->period ? g->period : 1;
     out->batch = batch;
@@ -95,7 +134,7 @@ int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
         mul_u64(kv_stride, 2, &layer_stride) ||
         round_page((uint64_t)capacity * 4, &tokens_bytes) ||
         round_page((uint64_t)capacity * 8, &sums_bytes))
-        return CTXS_EINVAL;
+        return too_large(g, capacity);
     /* A pattern's layers, then as many patterns as the layers fill. */
     for (uint32_t j = 0; j < pat; j++) {
         uint64_t run_bytes, lb, sb;
@@ -104,19 +143,19 @@ int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
             add_u64(out->kv_prefix[j], lb, &out->kv_prefix[j + 1]) ||
             mul_u64((uint64_t)out->len[j] * 4, runs_per_layer, &sb) ||
             add_u64(out->sc_prefix[j], sb, &out->sc_prefix[j + 1]))
-            return CTXS_EINVAL;
+            return too_large(g, capacity);
     }
     uint64_t whole = g->n_layers / pat, part = g->n_layers % pat, sc_whole;
     if (mul_u64(whole, out->kv_prefix[pat], &kv_exact) ||
         add_u64(kv_exact, out->kv_prefix[part], &kv_exact) ||
         round_page(kv_exact, &kv_bytes) ||
         mul_u64(whole, out->sc_prefix[pat], &sc_whole))
-        return CTXS_EINVAL;
+        return too_large(g, capacity);
     if (ctxs__dtype_has_scales(g->dtype)) {
         scales_stride = (uint64_t)capacity * 4;
         if (add_u64(sc_whole, out->sc_prefix[part], &scales_exact) ||
             round_page(scales_exact, &scales_bytes))
-            return CTXS_EINVAL;
+            return too_large(g, capacity);
     }
 
     off = CTXS__PAGE;
@@ -126,12 +165,12 @@ int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
     out->sums_off = off;
     out->sums_bytes = sums_bytes;
     if (add_u64(off, sums_bytes, &off))
-        return CTXS_EINVAL;
+        return too_large(g, capacity);
     if (scales_bytes) {
         out->scales_off = off;
         out->scales_bytes = scales_bytes;
         if (add_u64(off, scales_bytes, &off))
-            return CTXS_EINVAL;
+            return too_large(g, capacity);
     }
     if (out->n_groups) {
         out->groups_off = off;
@@ -140,7 +179,7 @@ int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
             out->groups[k].table_off = off;
             if (round_page((uint64_t)out->groups[k].len * sizeof(ctxs__group_entry), &tb) ||
                 add_u64(off, tb, &off))
-                return CTXS_EINVAL;
+                return too_large(g, capacity);
         }
         out->groups_bytes = off - out->groups_off;
     }
@@ -150,7 +189,7 @@ int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
      * room for off_t arithmetic. */
     if (add_u64(off, kv_bytes, &file_bytes) || file_bytes > (uint64_t)INT64_MAX ||
         file_bytes > (uint64_t)SIZE_MAX - CTXS__MAP_ALIGN)
-        return CTXS_EINVAL;
+        return too_large(g, capacity);
     out->file_bytes = file_bytes;
 
     out->n_layers = g->n_layers;
@@ -221,47 +260,123 @@ void ctxs__header_model(ctxs_model *out, const ctxs__disk_header *h)
     memcpy(out->tokenizer_hash, h->tokenizer_hash, 16);
 }
 
+const char *ctxs__dtype_name(uint32_t dtype)
+{
+    switch (dtype) {
+    case CTXS_DTYPE_F16:
+        return "fp16";
+    case CTXS_DTYPE_BF16:
+        return "bf16";
+    case CTXS_DTYPE_Q8:
+        return "q8";
+    case CTXS_DTYPE_F32:
+        return "f32";
+    default:
+        return "unknown";
+    }
+}
+
+static void hash_hex(char out[17], const uint8_t *h)
+{
+    for (int i = 0; i < 8; i++)
+        snprintf(out + 2 * i, 3, "%02x", h[i]);
+}
+
+void ctxs__schedule_text(char *buf, size_t n, const ctxs_geometry *g)
+{
+    if (!g->period) {
+        snprintf(buf, n, "every layer global");
+        return;
+    }
+    size_t at = (size_t)snprintf(buf, n, "period %u:", g->period);
+    for (uint32_t j = 0; j < g->period && at < n; j++) {
+        if (g->window[j])
+            at += (size_t)snprintf(buf + at, n - at, " %u", g->window[j]);
+        else
+            at += (size_t)snprintf(buf + at, n - at, " global");
+    }
+}
+
+void ctxs__model_diff(char *buf, size_t n, const ctxs_model *a, const ctxs_model *b)
+{
+    const ctxs_geometry *x = &a->geometry, *y = &b->geometry;
+    char ha[17], hb[17];
+    if (x->n_layers != y->n_layers)
+        snprintf(buf, n, "n_layers is %u here, %u there", x->n_layers, y->n_layers);
+    else if (x->n_kv_heads != y->n_kv_heads)
+        snprintf(buf, n, "n_kv_heads is %u here, %u there", x->n_kv_heads, y->n_kv_heads);
+    else if (x->head_dim != y->head_dim)
+        snprintf(buf, n, "head_dim is %u here, %u there", x->head_dim, y->head_dim);
+    else if (x->dtype != y->dtype)
+        snprintf(buf, n, "the dtype is %s here, %s there", ctxs__dtype_name(x->dtype),
+                 ctxs__dtype_name(y->dtype));
+    else if (x->period != y->period || memcmp(x->window, y->window, sizeof(x->window)) != 0) {
+        char sa[96], sb[96];
+        ctxs__schedule_text(sa, sizeof(sa), x);
+        ctxs__schedule_text(sb, sizeof(sb), y);
+        snprintf(buf, n, "the layer schedule is %s here, %s there", sa, sb);
+    } else if (memcmp(a->model_hash, b->model_hash, CTXS_HASH_BYTES) != 0) {
+        hash_hex(ha, a->model_hash);
+        hash_hex(hb, b->model_hash);
+        snprintf(buf, n, "the model hash begins %s here, %s there", ha, hb);
+    } else if (memcmp(a->tokenizer_hash, b->tokenizer_hash, CTXS_HASH_BYTES) != 0) {
+        hash_hex(ha, a->tokenizer_hash);
+        hash_hex(hb, b->tokenizer_hash);
+        snprintf(buf, n, "the tokenizer hash begins %s here, %s there", ha, hb);
+    } else if (n) {
+        buf[0] = '\0';
+    }
+}
+
 int ctxs__header_check(const ctxs__disk_header *h, uint64_t file_size,
                        ctxs__file_layout *out)
 {
     if (memcmp(h->magic, CTXS__FILE_MAGIC, 8) != 0)
-        return CTXS_EFOREIGN;
+        return ctxs__error(CTXS_EFOREIGN, "not a session file: it does not begin with "
+                           "the magic \"" CTXS__FILE_MAGIC "\"");
     /* The version is read before the CRC: a future major version may have
      * moved or resized the CRC itself. */
     if (h->version_major > CTXS__FORMAT_MAJOR)
-        return CTXS_EVERSION;
+        return ctxs__error(CTXS_EVERSION, "written in format %u.%u; this library reads "
+                           "up to %u.x", h->version_major, h->version_minor,
+                           CTXS__FORMAT_MAJOR);
     if (h->version_major == 0)
-        return CTXS_ECORRUPT;
+        return ctxs__error(CTXS_ECORRUPT, "the header's format version is 0");
     /* 1.x knew fp16 alone; its scale fields were reserved, hence zero. */
     if (h->version_major == 1 && h->dtype != CTXS_DTYPE_F16)
-        return CTXS_ECORRUPT;
+        return ctxs__error(CTXS_ECORRUPT, "a format 1 header with dtype %u (1.x knew fp16 "
+                           "alone)", h->dtype);
     if (h->crc32 != crc_of(h, offsetof(ctxs__disk_header, crc32)))
-        return CTXS_ECORRUPT;
+        return ctxs__error(CTXS_ECORRUPT, "the header's CRC does not hold");
     if (h->header_bytes != CTXS__HEADER_BYTES || h->page_bytes != CTXS__PAGE ||
         h->record_bytes != CTXS__RECORD_BYTES ||
         h->record_off[0] != CTXS__RECORD0_OFF ||
         h->record_off[1] != CTXS__RECORD1_OFF ||
         (h->flags & ~CTXS__FLAG_RING) != 0 ||
         h->elem_bytes != ctxs__dtype_bytes(h->dtype))
-        return CTXS_ECORRUPT;
+        return ctxs__error(CTXS_ECORRUPT, "the header's sizes, offsets or flags are not "
+                           "those of this format");
 
     ctxs_model m;
     ctxs__header_model(&m, h);
     uint32_t batch = h->version_major >= 3 ? h->batch : 0;
     if (ctxs__layout_compute(out, &m.geometry, h->capacity, h->n_sink, batch) != 0)
-        return CTXS_ECORRUPT;
+        return ctxs__error_more(CTXS_ECORRUPT, "the header's geometry is out of range");
     uint64_t groups_off = h->version_major >= 3 ? h->groups_off : 0;
     uint64_t groups_bytes = h->version_major >= 3 ? h->groups_bytes : 0;
     if (groups_off != out->groups_off || groups_bytes != out->groups_bytes)
-        return CTXS_ECORRUPT;
+        return ctxs__error(CTXS_ECORRUPT, "the header's windowed checksum tables are not "
+                           "where its geometry puts them");
     if (h->tokens_off != out->tokens_off || h->tokens_bytes != out->tokens_bytes ||
         h->sums_off != out->sums_off || h->sums_bytes != out->sums_bytes ||
         h->scales_off != out->scales_off || h->scales_bytes != out->scales_bytes ||
         h->kv_off != out->kv_off || h->kv_bytes != out->kv_bytes ||
         h->file_bytes != out->file_bytes)
-        return CTXS_ECORRUPT;
+        return ctxs__error(CTXS_ECORRUPT, "the header's regions do not add up to its "
+                           "geometry");
     if (file_size < out->file_bytes)
-        return CTXS_ECORRUPT; /* truncated */
+        return ctxs__error(CTXS_ECORRUPT, "the file is %" PRIu64 " bytes, cut short of "
+                           "the %" PRIu64 " its header gives", file_size, out->file_bytes);
     return 0;
 }
 

@@ -304,6 +304,18 @@ int ctxs__header_check(const ctxs__disk_header *h, uint64_t file_size,
 /* The model a header describes: its geometry and hashes. */
 void ctxs__header_model(ctxs_model *out, const ctxs__disk_header *h);
 
+/* The first way model a differs from model b, in words, into buf: "n_layers
+ * is 36 here, 24 there", "the model hash is 0123abcd... here, 89ab... there",
+ * "" when they are the same. */
+void ctxs__model_diff(char *buf, size_t n, const ctxs_model *a, const ctxs_model *b);
+
+/* g's layer schedule in words ("every layer global", "period 6: 512 512
+ * 512 512 512 global"), into buf of n bytes. */
+void ctxs__schedule_text(char *buf, size_t n, const ctxs_geometry *g);
+
+/* A dtype's name ("fp16", "bf16", "q8", "f32"), or "unknown". */
+const char *ctxs__dtype_name(uint32_t dtype);
+
 /* Seals a record (sets magic, index and CRC). */
 void ctxs__record_seal(ctxs__disk_record *r, uint32_t index);
 

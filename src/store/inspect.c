@@ -78,6 +78,7 @@ static void report_records(ctxs_file_report *out, const uint8_t *page,
 
 int ctxs_file_inspect(ctxs_file_report *out, const char *path)
 {
+    ctxs__error_begin();
     CTXS__CHECK(out && path && *path);
     memset(out, 0, sizeof(*out));
     out->label_status = CTXS_ENOTFOUND;

@@ -12,6 +12,7 @@
 
 #include "ctxstore.h"
 #include "format.h"
+#include "last_error.h"
 #include "session_iface.h"
 
 struct ctxs_session {
@@ -92,12 +93,22 @@ struct ctxs_session {
 };
 
 
-/* Argument checks at the API boundary, once (dav1d's validate.h). */
-#define CTXS__CHECK(cond)                                                       \
-    do {                                                                       \
-        if (!(cond))                                                           \
-            return CTXS_EINVAL;                                                \
-    } while (0)
+/* 0, or CTXS_EINVAL naming the index out of range, for a run of s. */
+static inline int ctxs__check_run(const ctxs_session *s, uint32_t layer, uint32_t kind,
+                                  uint32_t head)
+{
+    if (!s)
+        return ctxs__error(CTXS_EINVAL, "the session is NULL");
+    if (layer >= s->lay.n_layers)
+        return ctxs__error(CTXS_EINVAL, "layer %u is outside 0..%u", layer,
+                           s->lay.n_layers - 1);
+    if (kind > CTXS_V)
+        return ctxs__error(CTXS_EINVAL, "kind %u is neither CTXS_K (0) nor CTXS_V (1)", kind);
+    if (head >= s->lay.n_kv_heads)
+        return ctxs__error(CTXS_EINVAL, "head %u is outside 0..%u", head,
+                           s->lay.n_kv_heads - 1);
+    return 0;
+}
 
 static inline uint64_t ctxs__ring_len(const ctxs_session *s)
 {
@@ -187,6 +198,10 @@ void ctxs__group_sums(const ctxs_session *s, uint32_t g, uint64_t first_pos, uin
  * names its position and its checksum holds. Returns the first that
  * fails, or to. */
 uint64_t ctxs__group_first_bad(const ctxs_session *s, uint32_t g, uint64_t from, uint64_t to);
+
+/* CTXS_EEVICTED for position pos, which the ring overwrote, saying what
+ * the session holds (tokens.c). */
+int ctxs__evicted(const ctxs_session *s, uint64_t pos);
 
 /* Tokens st holds in slots. */
 uint64_t ctxs__held(const ctxs_session *s, const ctxs__state *st);

@@ -52,15 +52,20 @@ uint32_t ctxs_geometry_get_window(const ctxs_geometry *g, uint32_t layer)
 
 int ctxs_dtype_encode(void *out, float *scale, const float *in, uint32_t n, uint32_t dtype)
 {
-    CTXS__CHECK(out && in && n && n <= CTXS__MAX_DIM && ctxs__dtype_bytes(dtype) &&
-               (scale || dtype != CTXS_DTYPE_Q8));
+    ctxs__error_begin();
+    CTXS__REQUIRE(out && in, "%s is NULL", out ? "in" : "out");
+    CTXS__REQUIRE(n && n <= CTXS__MAX_DIM, "n %u is outside 1..%u", n, CTXS__MAX_DIM);
+    CTXS__REQUIRE(ctxs__dtype_bytes(dtype), "dtype %u is none of CTXS_DTYPE_F16, BF16 and Q8",
+                  dtype);
+    CTXS__REQUIRE(scale || dtype != CTXS_DTYPE_Q8, "scale is NULL: Q8 needs somewhere to "
+                  "put the head's scale");
     if (dtype != CTXS_DTYPE_Q8) {
         ctxs__narrow(out, in, dtype, n);
         return 0;
     }
     float sc = ctxs__q8_quantize(out, in, n);
     if (sc < 0.0f)
-        return CTXS_EINVAL;
+        return ctxs__error(CTXS_EINVAL, "a value is not finite: Q8 cannot quantize it");
     *scale = sc;
     return 0;
 }
@@ -114,10 +119,15 @@ static void load_head(const ctxs_session *s, uint32_t layer, uint32_t kind, uint
 int ctxs_session_read_token(void *k, void *v, const ctxs_session *s, uint64_t pos,
                             uint32_t dtype)
 {
-    CTXS__CHECK(s && k && v);
+    ctxs__error_begin();
+    CTXS__REQUIRE(s, "the session is NULL");
+    CTXS__REQUIRE(k && v, "%s is NULL", k ? "v" : "k");
     const uint32_t stored = s->model.geometry.dtype;
-    CTXS__CHECK(dtype == stored || dtype == CTXS_DTYPE_F32 ||
-               (is_float_form(dtype) && stored != CTXS_DTYPE_Q8));
+    CTXS__REQUIRE(dtype == stored || dtype == CTXS_DTYPE_F32 ||
+                      (is_float_form(dtype) && stored != CTXS_DTYPE_Q8),
+                  "a session of %s gives K and V as CTXS_DTYPE_F32%s or its own dtype, "
+                  "not as %s", ctxs__dtype_name(stored),
+                  stored != CTXS_DTYPE_Q8 ? ", F16, BF16" : "", ctxs__dtype_name(dtype));
     uint32_t slot;
     int rc = ctxs_session_get_slot(&slot, s, pos);
     if (rc < 0)
@@ -154,10 +164,14 @@ int ctxs_session_read_token(void *k, void *v, const ctxs_session *s, uint64_t po
 int ctxs_session_get_scales(float **out, ctxs_session *s, uint32_t layer, uint32_t kind,
                             uint32_t head)
 {
-    CTXS__CHECK(out);
+    ctxs__error_begin();
+    CTXS__REQUIRE(out, "out is NULL");
     *out = NULL;
-    CTXS__CHECK(s && layer < s->lay.n_layers && kind <= CTXS_V && head < s->lay.n_kv_heads &&
-               s->lay.scales_bytes);
+    int rc = ctxs__check_run(s, layer, kind, head);
+    if (rc < 0)
+        return rc;
+    CTXS__REQUIRE(s->lay.scales_bytes, "a session of %s has no scales (only Q8 has)",
+                  ctxs__dtype_name(s->model.geometry.dtype));
     *out = ctxs__scales_run(s, layer, kind, head);
     return 0;
 }

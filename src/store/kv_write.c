@@ -33,6 +33,7 @@
  * so after such a write the layers it touched go through the file until
  * the worker maps them again (file_written, runway.c).
  */
+#include <inttypes.h>
 #include <stdlib.h>
 
 #include "dtype.h"
@@ -295,10 +296,19 @@ static int reserved_range(uint64_t *pos, const ctxs_session *s, const ctxs_reser
     if (n == 0 || i >= r->n_tokens || n > r->n_tokens - i || r->first_pos < committed ||
         r->first_pos - committed > s->n_reserved ||
         (uint64_t)i + n > s->n_reserved - (r->first_pos - committed))
-        return CTXS_EINVAL;
+        return ctxs__error(CTXS_EINVAL, "tokens %u to %" PRIu64 " of a reservation of %u at "
+                           "position %" PRIu64 " are not reserved now (reserved: %" PRIu32
+                           " from position %" PRIu64 "): the reservation was committed, "
+                           "rolled back or is another session's, or n is 0",
+                           i, (uint64_t)i + n, r->n_tokens, r->first_pos, s->n_reserved,
+                           committed);
     *pos = r->first_pos + i;
     return 0;
 }
+
+#define DTYPE_RULE \
+    "K and V handed over as dtype %u: a session takes CTXS_DTYPE_F32, F16, BF16 or its own " \
+    "dtype (%u)"
 
 /* Tokens [i, i + n) of r, layers [l0, l1), from the engine's
  * [l1 - l0][n][n_kv_heads][head_dim] in dtype (Q8: each array's scales
@@ -333,14 +343,21 @@ static int write_engine_kv(ctxs_session *s, const ctxs_reservation *r, uint32_t 
 int ctxs_session_write_layer(ctxs_session *s, const ctxs_reservation *r, uint32_t layer,
                              uint32_t i, uint32_t n, const void *k, const void *v, uint32_t dtype)
 {
-    CTXS__CHECK(s && r && k && v && layer < s->lay.n_layers &&
-                ctxs__src_dtype_ok(dtype, s->model.geometry.dtype));
+    ctxs__error_begin();
+    CTXS__CHECK(s && r && k && v);
+    CTXS__REQUIRE(layer < s->lay.n_layers, "layer %u of a session of %u layers", layer,
+                  s->lay.n_layers);
+    CTXS__REQUIRE(ctxs__src_dtype_ok(dtype, s->model.geometry.dtype), DTYPE_RULE, dtype,
+                  s->model.geometry.dtype);
     return write_engine_kv(s, r, i, n, layer, layer + 1, k, v, dtype);
 }
 
 int ctxs_session_write_token(ctxs_session *s, const ctxs_reservation *r, uint32_t i,
                              const void *k, const void *v, uint32_t dtype)
 {
-    CTXS__CHECK(s && r && k && v && ctxs__src_dtype_ok(dtype, s->model.geometry.dtype));
+    ctxs__error_begin();
+    CTXS__CHECK(s && r && k && v);
+    CTXS__REQUIRE(ctxs__src_dtype_ok(dtype, s->model.geometry.dtype), DTYPE_RULE, dtype,
+                  s->model.geometry.dtype);
     return write_engine_kv(s, r, i, 1, 0, s->lay.n_layers, k, v, dtype);
 }

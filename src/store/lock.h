@@ -12,6 +12,8 @@
 #ifndef CTXS_STORE_LOCK_H
 #define CTXS_STORE_LOCK_H
 
+#include <stddef.h>
+
 enum ctxs__lock_kind {
     CTXS__LOCK_WRITER,     /* byte 0 exclusive */
     CTXS__LOCK_READER,     /* byte 1 shared */
@@ -25,5 +27,17 @@ int ctxs__lock(int fd, enum ctxs__lock_kind kind);
  * CTXS__LOCK_WRITER) or a reader lock (CTXS__LOCK_READER), without taking
  * anything: 1 or 0, or -errno. */
 int ctxs__lock_probe(int fd, enum ctxs__lock_kind kind);
+
+/* The process that holds the lock of kind on the file open at fd (for
+ * CTXS__LOCK_WRITER the writer, for CTXS__LOCK_EXCLUSIVE a delete, gc or
+ * compact), where the system says: Linux, a process whose descriptors
+ * this one may read (the same user's); its name (comm) into name. 0 when
+ * none is found. Reads /proc: for messages, never on a fast path. */
+int ctxs__lock_holder(int fd, enum ctxs__lock_kind kind, char *name, size_t n);
+
+/* Says why a lock of the open at fd was refused (CTXS_EBUSY, the last
+ * error), with the holder when ctxs__lock_holder() finds it. what names
+ * the file. Returns CTXS_EBUSY. */
+int ctxs__lock_busy(int fd, const char *what, int readonly);
 
 #endif

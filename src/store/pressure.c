@@ -116,6 +116,7 @@ static void *watch_main(void *arg)
 
 int ctxs_watcher_start(const ctxs_watcher_options *opts)
 {
+    ctxs__error_begin();
     ctxs_watcher_options o;
     if (opts) {
         for (size_t i = 0; i < sizeof(opts->reserved); i++)

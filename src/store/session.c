@@ -3,6 +3,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,9 +33,19 @@ int ctxs__open_options_resolve(const ctxs_open_options *in, ctxs_open_options *o
         *out = defaults;
         return 0;
     }
-    if (in->version != CTXS_OPEN_OPTIONS_VERSION || in->durability > CTXS_SYNC_FULL ||
-        in->background > 1 || !reserved_zero(in->reserved, sizeof(in->reserved)))
-        return CTXS_EINVAL;
+    if (in->version != CTXS_OPEN_OPTIONS_VERSION)
+        return ctxs__error(CTXS_EINVAL,
+                           "open options: version is %u, not %u: start from "
+                           "CTXS_OPEN_OPTIONS_INIT", in->version, CTXS_OPEN_OPTIONS_VERSION);
+    if (in->durability > CTXS_SYNC_FULL)
+        return ctxs__error(CTXS_EINVAL,
+                           "open options: durability %u is none of CTXS_SYNC_NONE, "
+                           "CTXS_SYNC_ASYNC, CTXS_SYNC_FULL", in->durability);
+    if (in->background > 1)
+        return ctxs__error(CTXS_EINVAL, "open options: background is %u, not 0 or 1",
+                           in->background);
+    if (!reserved_zero(in->reserved, sizeof(in->reserved)))
+        return ctxs__error(CTXS_EINVAL, "open options: the reserved bytes must be zero");
     *out = *in;
     return 0;
 }
@@ -46,9 +57,14 @@ int ctxs__create_options_resolve(const ctxs_create_options *in, ctxs_create_opti
         *out = defaults;
         return 0;
     }
-    if (in->version != CTXS_CREATE_OPTIONS_VERSION || in->ring > 1 ||
-        !reserved_zero(in->reserved, sizeof(in->reserved)))
-        return CTXS_EINVAL;
+    if (in->version != CTXS_CREATE_OPTIONS_VERSION)
+        return ctxs__error(CTXS_EINVAL,
+                           "create options: version is %u, not %u: start from "
+                           "CTXS_CREATE_OPTIONS_INIT", in->version, CTXS_CREATE_OPTIONS_VERSION);
+    if (in->ring > 1)
+        return ctxs__error(CTXS_EINVAL, "create options: ring is %u, not 0 or 1", in->ring);
+    if (!reserved_zero(in->reserved, sizeof(in->reserved)))
+        return ctxs__error(CTXS_EINVAL, "create options: the reserved bytes must be zero");
     *out = *in;
     if (!out->batch)
         out->batch = CTXS_DEFAULT_BATCH;
@@ -118,6 +134,17 @@ static int needs_verify(const ctxs_session *s, const uint8_t record_boot[16])
     return s->verify_always || !ctxs__boot_vouches(record_boot);
 }
 
+/* CTXS_EMODEL for a model that is not the header's, saying how. */
+static int model_mismatch(const ctxs_model *model, const ctxs__disk_header *h)
+{
+    ctxs_model file;
+    char diff[160];
+    ctxs__header_model(&file, h);
+    ctxs__model_diff(diff, sizeof(diff), model, &file);
+    return ctxs__error(CTXS_EMODEL, "the session belongs to another model: %s (here: the "
+                       "model given; there: the file's)", diff);
+}
+
 /* The first bytes of a file too short for a header: a stub of ours is
  * corrupt, anything else is foreign. */
 static int short_file(int fd, off_t size)
@@ -138,8 +165,10 @@ static int attach_header(ctxs_session *s, const ctxs_model *model)
     struct stat st;
     if (ctxs__fstat(s->fd, &st) != 0)
         return -errno;
+    if (S_ISDIR(st.st_mode))
+        return ctxs__error(-EISDIR, "a directory, not a session file");
     if (!S_ISREG(st.st_mode))
-        return S_ISDIR(st.st_mode) ? -EISDIR : CTXS_EFOREIGN;
+        return ctxs__error(CTXS_EFOREIGN, "not a regular file, so not a session file");
 
     ctxs__disk_header h;
     int rc;
@@ -149,7 +178,7 @@ static int attach_header(ctxs_session *s, const ctxs_model *model)
         (rc = ctxs__header_check(&h, (uint64_t)st.st_size, &s->lay)) < 0)
         return rc;
     if (model && !same_model(model, &h))
-        return CTXS_EMODEL;
+        return model_mismatch(model, &h);
     ctxs__header_model(&s->model, &h);
     s->format_major = h.version_major;
     s->format_minor = h.version_minor;
@@ -374,6 +403,7 @@ int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *mo
 int ctxs_session_create(ctxs_session **out, const char *path,
                         const ctxs_model *model, const ctxs_create_options *opts)
 {
+    ctxs__error_begin();
     return ctxs__session_create_labeled(out, path, model, opts, NULL);
 }
 
@@ -381,9 +411,10 @@ int ctxs__session_create_labeled(ctxs_session **out, const char *path,
                                  const ctxs_model *model, const ctxs_create_options *opts,
                                  const ctxs__disk_label *label)
 {
-    CTXS__CHECK(out);
+    CTXS__REQUIRE(out, "out is NULL");
     *out = NULL;
-    CTXS__CHECK(path && *path && model);
+    CTXS__REQUIRE(path && *path, "path is %s", path ? "empty" : "NULL");
+    CTXS__REQUIRE(model, "model is NULL: a session is created for a model");
     ctxs_create_options o;
     int rc = ctxs__create_options_resolve(opts, &o);
     if (rc < 0)
@@ -401,11 +432,16 @@ int ctxs__session_create_labeled(ctxs_session **out, const char *path,
 int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *model,
                       unsigned flags, const ctxs_open_options *opts)
 {
-    CTXS__CHECK(out);
+    ctxs__error_begin();
+    CTXS__REQUIRE(out, "out is NULL");
     *out = NULL;
-    CTXS__CHECK(path && *path && (flags & ~(CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY)) == 0);
+    CTXS__REQUIRE(path && *path, "path is %s", path ? "empty" : "NULL");
+    CTXS__REQUIRE((flags & ~(CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY)) == 0,
+                  "flags 0x%x: only CTXS_OPEN_RDONLY and CTXS_OPEN_VERIFY are known", flags);
     int readonly = (flags & CTXS_OPEN_RDONLY) != 0;
-    CTXS__CHECK(model || readonly);
+    CTXS__REQUIRE(model || readonly,
+                  "model is NULL: a read-write open needs the session's model "
+                  "(only CTXS_OPEN_RDONLY opens a file of any model)");
     ctxs_open_options o;
     int rc = ctxs__open_options_resolve(opts, &o);
     if (rc < 0)
@@ -414,13 +450,22 @@ int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *mo
     /* O_NONBLOCK: a FIFO in place of the file must not hang the open; the
      * flag means nothing for the regular file that attach insists on. */
     int fd = ctxs__open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0)
-        return -errno;
+    if (fd < 0) {
+        rc = -errno;
+        return ctxs__error(rc, "%s: %s%s", path, strerror(-rc),
+                           rc == -ELOOP ? " (a symbolic link in place of the file is refused)"
+                                        : "");
+    }
     if ((rc = ctxs__lock(fd, readonly ? CTXS__LOCK_READER : CTXS__LOCK_WRITER)) < 0) {
+        if (rc == CTXS_EBUSY)
+            ctxs__lock_busy(fd, path, readonly);
         close(fd);
         return rc;
     }
-    return session_attach(out, fd, flags, model, &o);
+    rc = session_attach(out, fd, flags, model, &o);
+    if (rc < 0 && ctxs__error_code() == rc)
+        return ctxs__error_more(rc, "%s", path);
+    return rc;
 }
 
 void ctxs_session_close(ctxs_session *s)
@@ -436,6 +481,7 @@ void ctxs_session_close(ctxs_session *s)
 
 int ctxs_session_get_layout(ctxs_layout *out, const ctxs_session *s)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s && out);
     out->kv = s->map + s->lay.kv_off;
     out->kv_bytes = (size_t)s->lay.kv_bytes;
@@ -454,27 +500,32 @@ int ctxs_session_get_layout(ctxs_layout *out, const ctxs_session *s)
 
 int ctxs_session_get_kv(void **out, ctxs_session *s, uint32_t layer, uint32_t kind, uint32_t head)
 {
-    CTXS__CHECK(out);
+    ctxs__error_begin();
+    CTXS__REQUIRE(out, "out is NULL");
     *out = NULL;
-    CTXS__CHECK(s && layer < s->lay.n_layers && kind <= CTXS_V &&
-               head < s->lay.n_kv_heads);
+    int rc = ctxs__check_run(s, layer, kind, head);
+    if (rc < 0)
+        return rc;
     *out = ctxs__run(s, layer, kind, head);
     return 0;
 }
 
 int ctxs_session_get_slot(uint32_t *out, const ctxs_session *s, uint64_t pos)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s && out);
     if (pos >= s->st.n_tokens)
-        return CTXS_ENOTFOUND;
+        return ctxs__error(CTXS_ENOTFOUND, "position %" PRIu64 " is not committed: the "
+                           "session holds positions below %" PRIu64, pos, s->st.n_tokens);
     if (!ctxs__holds(s, &s->st, pos))
-        return CTXS_EEVICTED;
+        return ctxs__evicted(s, pos);
     *out = ctxs__slot(s, pos);
     return 0;
 }
 
 int ctxs_session_get_info(ctxs_session_info *out, const ctxs_session *s)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s && out);
     memset(out, 0, sizeof(*out));
     out->model = s->model;
@@ -513,6 +564,7 @@ int ctxs_session_get_info(ctxs_session_info *out, const ctxs_session *s)
 
 int ctxs_session_refresh(ctxs_session *s)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s);
     if (!s->readonly)
         return 0; /* a writer's state is always current */
@@ -541,13 +593,16 @@ int ctxs_session_refresh(ctxs_session *s)
 
 int ctxs_session_verify(uint64_t *bad_pos, const ctxs_session *s)
 {
+    ctxs__error_begin();
     return ctxs_session_verify_range(bad_pos, s, 0, UINT64_MAX);
 }
 
 int ctxs_session_verify_range(uint64_t *bad_pos, const ctxs_session *s, uint64_t from,
                               uint64_t to)
 {
-    CTXS__CHECK(s && from <= to);
+    ctxs__error_begin();
+    CTXS__CHECK(s);
+    CTXS__REQUIRE(from <= to, "from %" PRIu64 " is above to %" PRIu64, from, to);
     uint64_t n = s->st.n_tokens;
     if (to > n)
         to = n;
@@ -564,7 +619,9 @@ int ctxs_session_verify_range(uint64_t *bad_pos, const ctxs_session *s, uint64_t
         if (bad < hi) {
             if (bad_pos)
                 *bad_pos = bad;
-            return CTXS_ECORRUPT;
+            return ctxs__error(CTXS_ECORRUPT,
+                               "the token at position %" PRIu64 " does not match its checksum",
+                               bad);
         }
     }
     /* And the windowed layers' windows, over their own checksums. */

@@ -97,7 +97,7 @@ int ctxs__create_file(ctxs_session **out, const char *path, const ctxs_model *mo
 int ctxs__session_create_labeled(ctxs_session **out, const char *path,
                                  const ctxs_model *model, const ctxs_create_options *opts,
                                  const ctxs__disk_label *label);
-int ctxs__session_fork_labeled(ctxs_session **out, const char *path, ctxs_session *src,
+int ctxs__session_fork_labeled(ctxs_session **out, ctxs_session *src, const char *path,
                                uint64_t n_tokens, const ctxs_open_options *opts,
                                const ctxs__disk_label *label);
 

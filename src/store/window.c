@@ -63,6 +63,7 @@ void ctxs__window_spans(const ctxs_session *s, const ctxs__state *st, uint32_t w
 
 int ctxs_session_get_window(ctxs_window *out, const ctxs_session *s)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s && out);
     ctxs__window_spans(s, &s->st, ctxs__effective_window(s), out);
     return 0;
@@ -70,6 +71,7 @@ int ctxs_session_get_window(ctxs_window *out, const ctxs_session *s)
 
 int ctxs_session_set_window(ctxs_session *s, uint32_t window)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s);
     ctxs__registry_set_window(s, window ? window : s->lay.capacity);
     return 0;
@@ -204,6 +206,7 @@ int ctxs__warm_step(ctxs_session *s, const ctxs__state *st, uint32_t window)
 
 int ctxs_session_prefetch(const ctxs_session *s)
 {
+    ctxs__error_begin();
     CTXS__CHECK(s);
     ctxs_window w;
     ctxs__window_spans(s, &s->st, ctxs__effective_window(s), &w);
@@ -301,6 +304,7 @@ int ctxs_session_get_layer_attn(ctxs_layout *kv, ctxs_attn_plan *plan, const ctx
 int ctxs_session_get_attn_plan(ctxs_attn_plan *out, const ctxs_session *s,
                                uint32_t n_pending)
 {
+    ctxs__error_begin();
     CTXS__CHECK(out);
     memset(out, 0, sizeof(*out));
     CTXS__CHECK(s && n_pending <= s->n_reserved);

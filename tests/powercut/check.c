@@ -490,7 +490,7 @@ static void check_prefixes(ctx *x, ctxs_store *st, const ctxs_session_entry *lis
             char fork[32];
             snprintf(fork, sizeof(fork), "check-fork-%d", forks++);
             ctxs_session *f;
-            rc = ctxs_store_session_fork(&f, st, fork, m.session, m.n_tokens, NULL);
+            rc = ctxs_store_session_fork(&f, st, m.session, fork, m.n_tokens, NULL);
             if (rc != 0) {
                 violation("a prefix match (%s at %" PRIu64 " tokens) does not fork: %s",
                           m.session, m.n_tokens, ctxs_err_name(rc));

@@ -231,7 +231,7 @@ static int op_fork(work *k, wsess *src)
     name_of(from, src);
     ctxs_open_options o = open_opts(k);
     pc_rec r = begin(k, PC_OP_FORK, s->key, src->key, at, 0, 0);
-    int rc = ctxs_store_session_fork(&s->h, k->st, name, from, at, &o);
+    int rc = ctxs_store_session_fork(&s->h, k->st, from, name, at, &o);
     r.id = rc == 0 ? id_of(k, name) : 0;
     return end(k, &r, rc);
 }

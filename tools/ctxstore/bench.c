@@ -311,7 +311,6 @@ static int parse_options(cli *c, int argc, char **argv, bench_options *o)
         { NULL, 0, NULL, 0 },
     };
     int opt;
-    opterr = 0;
     while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         if (opt == CLI_OPT_HELP || opt == 'h') {
             cli_print_help("bench");
@@ -331,12 +330,8 @@ static int parse_options(cli *c, int argc, char **argv, bench_options *o)
         case OPT_DIR:
             o->dir = optarg;
             break;
-        case ':':
-            return cli_usage_error("bench", "%s needs a value",
-                                   argv[optind - 1]);
         default:
-            return cli_usage_error("bench", "unknown option %s",
-                                   argv[optind - 1]);
+            return cli_option_error("bench", opt, argv);
         }
     }
     if (optind < argc)

@@ -54,6 +54,11 @@ enum { CLI_OPT_STORE = 0x1000, CLI_OPT_JSON, CLI_OPT_HELP };
     { "help", no_argument, NULL, CLI_OPT_HELP }
 int cli_common_option(cli *c, int opt, const char *arg);
 
+/* The usage error for what getopt_long() refused (opt '?' or ':'):
+ * names the option, and says whether it is unknown, needs a value or
+ * takes none. getopt itself says nothing (main() clears opterr). */
+int cli_option_error(const char *command, int opt, char **argv);
+
 /* Parses argv (argv[0] the command) for a command that has only the common
  * options: returns -1 with *first set to the first positional argument, or
  * an exit code (after --help, or a usage error). */
@@ -62,6 +67,14 @@ int cli_parse_common(cli *c, int argc, char **argv, int *first);
 /* As cli_parse_common(), for a command that takes [SESSION | --all]:
  * *only is the session, or NULL for all. */
 int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only);
+
+/* Whether the argument arg names a session file by its path rather than a
+ * session of the store: it has a '/' (which no name has) or ends in
+ * ".ctxs", and a file is there. */
+int cli_is_session_path(const char *arg);
+/* As cli_check_name("session name", arg), for a command that also takes a
+ * session file's path: a name with a '/' is said to be neither. */
+int cli_check_session_or_path(const char *arg);
 
 /* The path of a session's file in c's store: <store>/sessions/<id>.ctxs. */
 void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id);
@@ -99,7 +112,12 @@ int cli_exit_code(int rc);
  * the remote tier returns those. */
 int cli_is_network_error(int rc);
 
-/* Reports rc to stderr: "ctxstore: <what>: <error text> (<NAME>)", then a
+/* Why the library's last call on this thread failed with rc
+ * (ctxs_get_last_error()), or NULL when it said nothing for rc. */
+const char *cli_reason(int rc);
+
+/* Reports rc to stderr: "ctxstore: <what>: <why> (<NAME>)" -- why is the
+ * library's reason (cli_reason()), else rc's text -- then a
  * line of advice, hint, or cli_advice(rc) when hint is NULL, none when it
  * is CLI_NO_HINT. what names the session or file. The first failure of a
  * run is also kept for its JSON error object (cli_report_end()). Returns
@@ -152,14 +170,46 @@ int cli_report_end(int exit_code);
  * is kept already; prints nothing. */
 void cli_note_error(int rc, const char *message, const char *hint);
 
+/* A file in sessions/ that no index entry names and that does not open as
+ * a session (damaged, foreign, of a newer version): reindex, repair and
+ * compact leave it alone, so it stays until a person moves it. */
+typedef struct cli_stray {
+    char file[32];      /* "<id as 16 hex digits>.ctxs" */
+    uint64_t disk_bytes;
+    int status;         /* why it does not open */
+} cli_stray;
+/* The files of c's store that no entry of list (n entries) names and that
+ * cannot be adopted, into *out (free() it); returns how many, 0 on any
+ * failure to look. */
+size_t cli_strays(cli_stray **out, const cli *c, const ctxs_session_entry *list, size_t n);
+/* What to do with such a file, a way out of the loop: move it aside to
+ * <store>/damaged/, or delete it. */
+void cli_stray_hint(char *buf, size_t n, const cli *c, const char *file);
+
 /* The current record of a file report, or NULL when neither is valid. */
 const ctxs_record_report *cli_current_record(const ctxs_file_report *r);
 /* Tokens a record holds in slots (the sinks and the recent run). */
 uint64_t cli_held(const ctxs_file_report *r, const ctxs_record_report *rec);
+/* A session's tokens now, from its file (the index's count may be older):
+ * *positions committed since its start, *held in its slots (fewer once a
+ * ring wrapped). Returns 0, or the library's code (nothing reported). */
+int cli_session_tokens(const cli *c, uint64_t id, uint64_t *positions, uint64_t *held);
+/* "N tokens" when every position is held, else "H tokens held of N
+ * positions", into buf. */
+const char *fmt_tokens(char buf[64], uint64_t positions, uint64_t held);
 /* The model's display name in st, or the first 8 hex digits of its hash. */
 const char *cli_model_name(char buf[CTXS_NAME_MAX + 1], ctxs_store *st, const uint8_t hash[CTXS_HASH_BYTES]);
 
+/* The hash of the model named by arg, its 32 hex digits or its display
+ * name, into out. Returns an exit code (reported). */
+int cli_model_resolve(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *arg);
+
 /* --- Human-readable values ----------------------------------------------- */
+
+/* The columns s takes on a terminal: UTF-8 decoded, East Asian wide and
+ * fullwidth characters 2, combining marks and zero-width ones 0, any other
+ * character (and a byte that is not UTF-8) 1. */
+int cli_display_width(const char *s);
 
 /* "0 B", "512 B", "1.5 KiB", "288 MiB", "1.2 GiB". */
 const char *fmt_size(char buf[32], uint64_t bytes);
@@ -273,6 +323,7 @@ void cli_meta_preview(char *buf, size_t cap, const void *value, size_t n);
 /* --- Subcommands ------------------------------------------------------------ */
 
 int cmd_ls(cli *c, int argc, char **argv);
+int cmd_create(cli *c, int argc, char **argv);
 int cmd_info(cli *c, int argc, char **argv);
 int cmd_verify(cli *c, int argc, char **argv);
 int cmd_compact(cli *c, int argc, char **argv);

@@ -1461,9 +1461,11 @@ static void print_header(const demo *d)
     printf("ctxstore demo: a chat saved turn by turn, closed, resumed and "
            "continued\n\n");
     printf("  store    %s%s\n", d->store_dir,
-           !d->store_temporary ? ""
+           !d->store_temporary ? (d->keep ? " (the demo's session is kept)"
+                                          : " (the demo's session is deleted at the end; "
+                                            "--keep keeps it)")
            : d->keep           ? " (temporary, kept)"
-                               : " (temporary)");
+                               : " (temporary, removed at the end; --keep keeps it)");
     printf("  model    %s: %u layers x %u KV heads\n"
            "           x %u dims, fp16 = %s a token\n",
            d->engine.model_name, g->n_layers, g->n_kv_heads, g->head_dim,
@@ -1475,6 +1477,14 @@ static void print_header(const demo *d)
         printf("  note     a memory file system (tmpfs): syncs cost nothing "
                "here, so the\n           state file and SQLite look cheaper "
                "than on a disk\n");
+    if (d->quick)
+        printf("  note     --quick is a test run: a tiny model (%s a token, where\n"
+               "           Qwen3-4B's geometry takes 144 KiB) and a short chat. At\n"
+               "           this size each save moves a few KiB, fixed costs (a\n"
+               "           commit record, the index) dominate, and ctxstore may\n"
+               "           look slower than a state file or SQLite; without\n"
+               "           --quick the demo measures the real geometry\n",
+               fmt_size(a, d->token_bytes));
     printf("\n");
 }
 
@@ -2024,6 +2034,11 @@ static void teardown(demo *d)
         int rc = ctxs_store_session_delete(d->st, d->name);
         if (rc < 0)
             cli_fail(rc, "deleting the demo session %s", d->name);
+        else if (!d->c->json && !g_signal)
+            printf("\ndeleted the demo's session '%s' from %s (--keep keeps it)\n", d->name,
+                   d->store_dir);
+    } else if (d->st && d->session_created && !d->store_temporary && !d->c->json) {
+        printf("\nkept: ctxstore --store %s info %s\n", d->store_dir, d->name);
     }
     ctxs_store_close(d->st);
     d->st = NULL;
@@ -2076,7 +2091,6 @@ static int parse_options(cli *c, int argc, char **argv, demo_options *o)
         { NULL, 0, NULL, 0 },
     };
     int opt;
-    opterr = 0;
     while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         if (opt == CLI_OPT_HELP || opt == 'h') {
             cli_print_help("demo");
@@ -2108,12 +2122,8 @@ static int parse_options(cli *c, int argc, char **argv, demo_options *o)
                                        "synthetic, not %s", optarg);
             }
             break;
-        case ':':
-            return cli_usage_error("demo", "%s needs a value",
-                                   argv[optind - 1]);
         default:
-            return cli_usage_error("demo", "unknown option %s",
-                                   argv[optind - 1]);
+            return cli_option_error("demo", opt, argv);
         }
     }
     if (optind < argc)

@@ -74,7 +74,7 @@ int cmd_fork(cli *c, int argc, char **argv)
             cli_print_help("fork");
             return CLI_OK;
         } else
-            return cli_usage_error("fork", "unknown option");
+            return cli_option_error("fork", opt, argv);
     }
     if (argc - optind != 2)
         return cli_usage_error("fork", "fork takes SRC and DST");
@@ -90,18 +90,18 @@ int cmd_fork(cli *c, int argc, char **argv)
     ex = cli_store_open(c, &st, CLI_STORE_WRITE);
     if (ex != CLI_OK)
         return ex;
-    int rc = checkpoint ? ctxs_store_session_fork_checkpoint(NULL, st, dst, src, checkpoint, NULL)
-                        : ctxs_store_session_fork(NULL, st, dst, src, at, NULL);
+    int rc = checkpoint ? ctxs_store_session_fork_checkpoint(NULL, st, src, checkpoint, dst, NULL)
+                        : ctxs_store_session_fork(NULL, st, src, dst, at, NULL);
     ctxs_session_entry e;
     if (rc == 0)
         rc = ctxs_store_session_get(&e, st, dst);
     if (rc == CTXS_ENOTFOUND && checkpoint)
         ex = checkpoint_fail(rc, st, src, checkpoint);
     else if (rc == CTXS_EINVAL && have_at) {
-        char hint[320];
-        snprintf(hint, sizeof(hint), "--at is at most the tokens SRC holds (`ctxstore info SRC`); %s",
-                 cli_name_rule);
-        ex = cli_fail_hint(rc, hint, "forking '%s' into '%s'", src, dst);
+        /* Both names were checked above: what the library refused is
+         * --at, and its reason says the count. */
+        ex = cli_fail_hint(rc, "--at is at most the tokens SRC holds (`ctxstore info SRC`)",
+                           "forking '%s' into '%s'", src, dst);
     } else if (rc < 0)
         ex = cli_fail(rc, "forking '%s' into '%s'", src, dst);
     ctxs_store_close(st);

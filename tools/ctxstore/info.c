@@ -3,6 +3,7 @@
  * session. The file is described from its bytes (ctxs_file_inspect), so a
  * damaged one is still shown; the window comes from a read-only open.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -191,8 +192,10 @@ static void print_text(const view *v, ctxs_store *st)
     const ctxs_file_report *r = &v->rep;
     const ctxs_geometry *g = &r->model.geometry;
     char a[32], b[32], hex[33], model[256];
-    printf("session      %s (id %" PRIu64 ")\n", v->e.name, v->e.id);
-    printf("file         %s\n", v->path);
+    /* Without a store (info FILE) the file is all there is. */
+    if (st)
+        printf("session      %s (id %" PRIu64 ")\n", v->e.name, v->e.id);
+    printf("file         %s%s\n", v->path, st ? "" : " (a session file, read by its path)");
     if (r->status != 0)
         printf("status       DOES NOT OPEN: %s (%s); run `ctxstore verify %s`\n",
                ctxs_strerror(r->status), ctxs_err_name(r->status), v->e.name);
@@ -248,8 +251,9 @@ static void print_text(const view *v, ctxs_store *st)
     printf("open by      %s%s\n", r->writer_open ? "a writer" : "no writer",
            r->reader_open ? ", readers" : "");
     printf("created      %s\n", fmt_time(a, v->e.created_unix_ms));
-    printf("last used    %s (%s)\n", fmt_time(a, v->e.last_used_unix_ms),
-           fmt_age(b, v->e.last_used_unix_ms));
+    if (st)
+        printf("last used    %s (%s)\n", fmt_time(a, v->e.last_used_unix_ms),
+               fmt_age(b, v->e.last_used_unix_ms));
     if (v->e.parent_id)
         printf("forked from  %s at %" PRIu64 " tokens\n",
                v->parent[0] ? v->parent : "(deleted session)", v->e.fork_tokens);
@@ -285,15 +289,58 @@ static void name_of(char out[256], ctxs_store *st, uint64_t id)
     ctxs_free(list);
 }
 
+/* info FILE: a standalone session file (what ctxs_session_create() makes
+ * outside a store), from its bytes and a read-only open; no index, so no
+ * name, last use, parent or metadata beyond what the file holds. */
+static int info_file(const cli *c, const char *path)
+{
+    view *v = calloc(1, sizeof(*v));
+    if (!v)
+        return cli_fail(CTXS_ENOMEM, "info");
+    snprintf(v->path, sizeof(v->path), "%s", path);
+    int rc = ctxs_file_inspect(&v->rep, path), ex;
+    if (rc < 0) {
+        ex = cli_fail_hint(rc, rc == -ENOENT ? "give the path of a session file, or a "
+                                               "session's name (`ctxstore ls` lists them)"
+                                             : NULL,
+                           "session file %s", path);
+        free(v);
+        return ex;
+    }
+    v->cur = v->rep.status == 0 ? cli_current_record(&v->rep) : NULL;
+    snprintf(v->e.name, sizeof(v->e.name), "%s", path);
+    v->e.id = v->rep.label_status == 0 ? v->rep.label_id : 0;
+    memcpy(v->e.model_hash, v->rep.model.model_hash, CTXS_HASH_BYTES);
+    v->e.created_unix_ms = v->rep.created_unix_ms;
+    ctxs_session *s = NULL;
+    ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
+    o.background = 0;
+    /* Checkpoints live in a store's index: a file alone has none. */
+    v->open_rc = ctxs_session_open(&s, path, NULL, CTXS_OPEN_RDONLY, &o);
+    if (v->open_rc == 0) {
+        ctxs_session_get_window(&v->win, s);
+        ctxs_session_get_info(&v->info, s);
+    }
+    ctxs_session_close(s);
+    if (c->json)
+        print_json(v, NULL), ex = CLI_OK;
+    else
+        print_text(v, NULL), ex = CLI_OK;
+    free(v);
+    return ex;
+}
+
 int cmd_info(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
     if (ex >= 0)
         return ex;
     if (argc - first != 1)
-        return cli_usage_error("info", "info takes one session name");
+        return cli_usage_error("info", "info takes one session name or session file");
     const char *name = argv[first];
-    if ((ex = cli_check_name("session name", name)) >= 0)
+    if (cli_is_session_path(name))
+        return info_file(c, name);
+    if ((ex = cli_check_session_or_path(name)) >= 0)
         return ex;
     ctxs_store *st;
     if ((ex = cli_store_open(c, &st, CLI_STORE_READ)) != CLI_OK)

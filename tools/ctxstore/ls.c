@@ -53,7 +53,8 @@ static void row_fill(row *r, const cli *c, ctxs_store *st, const ctxs_session_en
         snprintf(r->flags, sizeof(r->flags), "-");
 }
 
-static void print_json(json *j, const row *rows, size_t n)
+static void print_json(json *j, const row *rows, size_t n, const cli_stray *strays,
+                       size_t n_strays)
 {
     json_array_begin(j);
     for (size_t i = 0; i < n; i++) {
@@ -89,42 +90,84 @@ static void print_json(json *j, const row *rows, size_t n)
         json_array_end(j);
         json_object_end(j);
     }
+    /* Files no session owns that cannot be adopted: no name, their file. */
+    for (size_t i = 0; i < n_strays; i++) {
+        json_object_begin(j);
+        json_kv_string(j, "file", strays[i].file);
+        json_kv_bool(j, "unadoptable", 1);
+        json_kv_string(j, "error", ctxs_err_name(strays[i].status));
+        json_kv_u64(j, "disk_bytes", strays[i].disk_bytes);
+        json_object_end(j);
+    }
     json_array_end(j);
     json_finish(j);
 }
 
-static void print_table(const row *rows, size_t n)
+/* s, then spaces up to width columns of a terminal (as many as s takes
+ * already: none). */
+static void put_padded(const char *s, int width)
+{
+    fputs(s, stdout);
+    for (int w = cli_display_width(s); w < width; w++)
+        putchar(' ');
+}
+
+static void print_table(const cli *c, const row *rows, size_t n, const cli_stray *strays,
+                        size_t n_strays)
 {
     /* Model names are shown whole: two models whose names share their
      * first characters (a family's sizes, quantizations) must not look the
-     * same. Session names beyond 40 are whole too, only out of line. */
+     * same. Session names beyond 40 columns are whole too, only out of
+     * line. Widths are the terminal's columns, not bytes: a name in CJK
+     * takes two a character, an accent none. */
     int name_w = 4, model_w = 5;
     for (size_t i = 0; i < n; i++) {
-        int len = (int)strlen(rows[i].e->name);
+        int len = cli_display_width(rows[i].e->name);
         if (len > name_w)
             name_w = len > 40 ? 40 : len;
-        len = (int)strlen(rows[i].model);
+        len = cli_display_width(rows[i].model);
         if (len > model_w)
             model_w = len;
     }
-    printf("%-*s  %-*s %9s %9s %10s  %-12s %s\n", name_w, "NAME", model_w, "MODEL", "TOKENS",
-           "CAPACITY", "DISK", "LAST USED", "FLAGS");
+    /* HELD: tokens in the session's slots now; POSITIONS: tokens committed
+     * since its start, more than it holds once a ring has wrapped. */
+    put_padded("NAME", name_w);
+    fputs("  ", stdout);
+    put_padded("MODEL", model_w);
+    printf(" %9s %9s %9s %10s  %-12s %s\n", "HELD", "POSITIONS", "CAPACITY", "DISK",
+           "LAST USED", "FLAGS");
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
         const row *r = &rows[i];
-        char size[32], age[32], tokens[32] = "?", cap[32] = "?";
+        char size[32], age[32], held[32] = "?", positions[32] = "?", cap[32] = "?";
         if (r->cur) {
-            snprintf(tokens, sizeof(tokens), "%" PRIu64, r->cur->n_tokens);
+            snprintf(held, sizeof(held), "%" PRIu64, cli_held(&r->rep, r->cur));
+            snprintf(positions, sizeof(positions), "%" PRIu64, r->cur->n_tokens);
             snprintf(cap, sizeof(cap), "%" PRIu32, r->rep.capacity);
         }
         uint64_t disk = r->inspect_rc == 0 ? r->rep.disk_bytes : 0;
         total += disk;
-        printf("%-*s  %-*s %9s %9s %10s  %-12s %s\n", name_w, r->e->name, model_w, r->model,
-               tokens, cap, fmt_size(size, disk), fmt_age(age, r->e->last_used_unix_ms),
-               r->flags);
+        put_padded(r->e->name, name_w);
+        fputs("  ", stdout);
+        put_padded(r->model, model_w);
+        printf(" %9s %9s %9s %10s  %-12s %s\n", held, positions, cap, fmt_size(size, disk),
+               fmt_age(age, r->e->last_used_unix_ms), r->flags);
     }
     char size[32];
-    printf("%zu session%s, %s on disk\n", n, n == 1 ? "" : "s", fmt_size(size, total));
+    for (size_t i = 0; i < n_strays; i++) {
+        total += strays[i].disk_bytes;
+        printf("DAMAGED  sessions/%s: %s on disk, cannot be adopted (%s)\n", strays[i].file,
+               fmt_size(size, strays[i].disk_bytes), ctxs_strerror(strays[i].status));
+    }
+    printf("%zu session%s", n, n == 1 ? "" : "s");
+    if (n_strays)
+        printf(" and %zu damaged file%s", n_strays, n_strays == 1 ? "" : "s");
+    printf(", %s on disk\n", fmt_size(size, total));
+    if (n_strays) {
+        char hint[PATH_MAX * 6];
+        cli_stray_hint(hint, sizeof(hint), c, n_strays == 1 ? strays[0].file : "FILE");
+        printf("  hint: %s\n", hint);
+    }
 }
 
 /* Operations a crash interrupted, which a read-only open leaves as they
@@ -169,14 +212,17 @@ int cmd_ls(cli *c, int argc, char **argv)
     }
     for (size_t i = 0; i < n; i++)
         row_fill(&rows[i], c, st, &list[i]);
+    cli_stray *strays;
+    size_t n_strays = cli_strays(&strays, c, list, n);
     if (c->json) {
         json j;
         json_init(&j, stdout);
-        print_json(&j, rows, n);
+        print_json(&j, rows, n, strays, n_strays);
     } else {
-        print_table(rows, n);
+        print_table(c, rows, n, strays, n_strays);
         print_intents(c, st);
     }
+    free(strays);
     free(rows);
     ctxs_free(list);
     ctxs_store_close(st);

@@ -42,28 +42,40 @@ typedef struct command {
 static const command k_commands[] = {
     { "ls", cmd_ls, "list sessions",
       "ls [--json]\n\n"
-      "Lists the sessions: model, tokens held and committed, capacity, size on\n"
-      "disk, last used, and flags:\n"
+      "Lists the sessions: model, HELD (tokens in the session's slots now),\n"
+      "POSITIONS (tokens committed since its start: more than it holds once a\n"
+      "ring has wrapped), capacity (slots), size on disk, last used, and flags:\n"
       "  pinned    gc never deletes it (`ctxstore pin`)\n"
       "  ring      the session overwrites its oldest tokens once full\n"
       "  wrapped   the ring has overwritten tokens\n"
       "  rolled-back  the index remembers more tokens than the file holds\n"
       "  writer    a process has it open for writing now\n"
       "  failed    the file does not open (damaged, missing); see `verify`\n" },
+    { "create", cmd_create, "create an empty session for a registered model",
+      "create NAME --model MODEL [--capacity N] [--dtype fp16|bf16|q8] [--json]\n\n"
+      "Creates the session NAME for MODEL (a name or a 32-digit hash, as\n"
+      "`ctxstore models` lists them), empty, with N token slots (default 2048;\n"
+      "5 to 16777216). Once full it overwrites its oldest tokens after the\n"
+      "first 4 (a ring). The session holds K and V as the model was registered\n"
+      "(--dtype, when given, must be that one: a store keeps one form of a\n"
+      "model's KV). The store must exist (`ctxstore models register` makes\n"
+      "one). Refuses (exit 7) a NAME that another session has.\n" },
     { "info", cmd_info, "show a session in detail",
-      "info SESSION [--json]\n\n"
+      "info SESSION | FILE [--json]\n\n"
       "Shows a session's header, geometry, both commit records, durability\n"
       "watermark, attention window, checkpoints, metadata keys (values\n"
-      "shortened) and checksum state.\n" },
+      "shortened) and checksum state. FILE, a path with a '/' or ending in\n"
+      ".ctxs, is a session file read by its path (one made outside a store,\n"
+      "e.g. by ctxs_session_create()); no store is needed.\n" },
     { "verify", cmd_verify, "check sessions and the index",
-      "verify [SESSION | --all] [--json]\n\n"
+      "verify [SESSION | FILE | --all] [--json]\n\n"
       "Checks every held token's checksum, the header and commit record CRCs,\n"
       "and (with --all, the default) every record of the index and the index\n"
       "against the session files. Reads every KV byte. Exits 0 when nothing is\n"
       "wrong, 8 when a record of the index is malformed (each one named by\n"
       "table and key; the other commands refuse the same records with 8), 5\n"
       "when a session file is damaged, naming the session, the tokens and what\n"
-      "to do.\n" },
+      "to do. FILE (a path, as for info) checks that session file alone.\n" },
     { "compact", cmd_compact, "give back unused disk space",
       "compact [SESSION | --all] [--json]\n\n"
       "Punches out the KV blocks of slots that hold no token (after rollbacks\n"
@@ -220,8 +232,9 @@ static const command k_commands[] = {
       "attention reads the session, against a state file and a SQLite blob;\n"
       "--engine synthetic writes made-up K/V, with no model; --turns and\n"
       "--json are theirs. Without --store (or CTXSTORE_DIR) it works in a\n"
-      "temporary directory, removed at the end unless --keep; with --store\n"
-      "its session stays only with --keep.\n" },
+      "temporary directory, removed at the end unless --keep. With --store\n"
+      "it works in that store and deletes its session at the end unless\n"
+      "--keep (the store and its other sessions are left as they were).\n" },
 };
 
 enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };
@@ -333,11 +346,27 @@ static int run(cli *c, int argc, char **argv)
             print_main_help(stdout);
             return CLI_OK;
         case 'V':
-            printf("ctxstore %d.%d.%d\n", CTXS_VERSION_MAJOR, CTXS_VERSION_MINOR,
-                   CTXS_VERSION_PATCH);
+            /* --json may follow: getopt has not reached it yet. */
+            if (c->json || c->json_later) {
+                char v[32];
+                snprintf(v, sizeof(v), "%d.%d.%d", CTXS_VERSION_MAJOR, CTXS_VERSION_MINOR,
+                         CTXS_VERSION_PATCH);
+                json j;
+                json_init(&j, stdout);
+                json_object_begin(&j);
+                json_kv_string(&j, "version", v);
+                json_kv_u64(&j, "major", CTXS_VERSION_MAJOR);
+                json_kv_u64(&j, "minor", CTXS_VERSION_MINOR);
+                json_kv_u64(&j, "patch", CTXS_VERSION_PATCH);
+                json_object_end(&j);
+                json_finish(&j);
+            } else {
+                printf("ctxstore %d.%d.%d\n", CTXS_VERSION_MAJOR, CTXS_VERSION_MINOR,
+                       CTXS_VERSION_PATCH);
+            }
             return CLI_OK;
         default:
-            return cli_usage_error("", "unknown option");
+            return cli_option_error("", opt, argv);
         }
     }
     if (optind >= argc) {
@@ -375,5 +404,8 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
         c.json_later |= strcmp(argv[i], "--json") == 0;
     cli_report_begin(&c);
+    /* Each command says what is wrong with an option itself
+     * (cli_option_error()), once. */
+    opterr = 0;
     return cli_report_end(run(&c, argc, argv));
 }

@@ -7,9 +7,12 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+
+static void print_strays(const cli *c);
 
 int cmd_compact(cli *c, int argc, char **argv)
 {
@@ -22,18 +25,47 @@ int cmd_compact(cli *c, int argc, char **argv)
     ctxs_store *st;
     if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
         return ex;
+    /* The sessions before, to name those compact adopted (files the
+     * index did not know, indexed under their label's name). */
+    ctxs_session_entry *before = NULL, *after = NULL;
+    size_t n_before = 0, n_after = 0;
+    if (!only && ctxs_store_session_list(&before, &n_before, st) < 0)
+        before = NULL, n_before = 0;
     progress bar;
     progress_start(&bar, c, "compact", 0, 0);
     ctxs_compact_result res;
     int rc = ctxs_store_compact(&res, st, only, progress_callback, &bar);
     progress_end(&bar);
+    if (rc == 0 && !only && ctxs_store_session_list(&after, &n_after, st) < 0)
+        after = NULL, n_after = 0;
     ctxs_store_close(st);
-    if (rc < 0)
+    /* after[] entries whose id before[] lacks come first: the adopted. */
+    size_t n_adopted = 0;
+    for (size_t i = 0; i < n_after; i++) {
+        int known = 0;
+        for (size_t k = 0; k < n_before && !known; k++)
+            known = before[k].id == after[i].id;
+        if (!known)
+            after[n_adopted++] = after[i];
+    }
+    ctxs_free(before);
+    if (rc < 0) {
+        ctxs_free(after);
         return cli_fail(rc, only ? "compacting '%s'" : "compacting %s", only ? only : c->store_dir);
+    }
     if (c->json) {
         json j;
         json_init(&j, stdout);
         json_object_begin(&j);
+        json_key(&j, "adopted");
+        json_array_begin(&j);
+        for (size_t i = 0; i < n_adopted; i++) {
+            json_object_begin(&j);
+            json_kv_string(&j, "name", after[i].name);
+            json_kv_u64(&j, "id", after[i].id);
+            json_object_end(&j);
+        }
+        json_array_end(&j);
         json_kv_u64(&j, "sessions", res.sessions);
         json_kv_u64(&j, "skipped_busy", res.skipped_busy);
         json_kv_u64(&j, "bytes_before", res.bytes_before);
@@ -59,8 +91,13 @@ int cmd_compact(cli *c, int argc, char **argv)
             else if (res.index_busy)
                 printf("index     left as it is: another process has the store open\n");
             printf("orphans   %" PRIu64 " removed\n", res.orphans_removed);
+            for (size_t i = 0; i < n_adopted; i++)
+                printf("adopted   '%s' (sessions/%016" PRIx64 ".ctxs, a file the index did "
+                       "not know)\n", after[i].name, after[i].id);
+            print_strays(c);
         }
     }
+    ctxs_free(after);
     return res.skipped_busy && only ? CLI_EBUSY : CLI_OK;
 }
 
@@ -93,7 +130,7 @@ int cmd_gc(cli *c, int argc, char **argv)
     };
     int opt, have_budget = 0, dry = 0;
     uint64_t budget = 0;
-    while ((opt = getopt_long(argc, argv, "m:nh", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":m:nh", longopts, NULL)) != -1) {
         if (cli_common_option(c, opt, optarg))
             continue;
         if (opt == 'm') {
@@ -106,7 +143,7 @@ int cmd_gc(cli *c, int argc, char **argv)
             cli_print_help("gc");
             return CLI_OK;
         } else
-            return cli_usage_error("gc", "unknown option");
+            return cli_option_error("gc", opt, argv);
     }
     if (!have_budget || optind < argc)
         return cli_usage_error("gc", "gc takes --max-size SIZE and no arguments");
@@ -268,7 +305,7 @@ static int rename_fail(int rc, const char *from, const char *to)
 {
     if (rc == CTXS_ENOTFOUND)
         return cli_fail(rc, "session '%s'", from);
-    if (rc == -EEXIST)
+    if (rc == CTXS_ETAKEN)
         return cli_fail_hint(rc, "a session has that name; choose another NEW, or remove that "
                                  "session first with `ctxstore rm`",
                              "renaming '%s' to '%s'", from, to);
@@ -296,6 +333,10 @@ int cmd_rename(cli *c, int argc, char **argv)
     ctxs_store_close(st);
     if (rc < 0)
         return rename_fail(rc, from, to);
+    /* What the file holds now: the index's count is as of the session's
+     * last close, and a writer may be adding to it. */
+    uint64_t positions = e.n_tokens, held = e.n_tokens;
+    cli_session_tokens(c, e.id, &positions, &held);
     if (c->json) {
         json j;
         json_init(&j, stdout);
@@ -303,13 +344,40 @@ int cmd_rename(cli *c, int argc, char **argv)
         json_kv_string(&j, "name", e.name);
         json_kv_string(&j, "old_name", from);
         json_kv_u64(&j, "id", e.id);
-        json_kv_u64(&j, "n_tokens", e.n_tokens);
+        json_kv_u64(&j, "n_tokens", positions);
+        json_kv_u64(&j, "held", held);
         json_object_end(&j);
         json_finish(&j);
     } else {
-        printf("renamed '%s' to '%s' (%" PRIu64 " tokens)\n", from, e.name, e.n_tokens);
+        char t[64];
+        printf("renamed '%s' to '%s' (%s)\n", from, e.name, fmt_tokens(t, positions, held));
     }
     return CLI_OK;
+}
+
+/* The files a rebuild left alone, each with the way out: no command of
+ * the store will ever adopt them. */
+static void print_strays(const cli *c)
+{
+    ctxs_store *st;
+    ctxs_session_entry *list = NULL;
+    size_t n = 0;
+    if (ctxs_store_open(&st, c->store_dir, CTXS_STORE_RDONLY, NULL) != 0)
+        return;
+    if (ctxs_store_session_list(&list, &n, st) == 0) {
+        cli_stray *strays;
+        size_t k = cli_strays(&strays, c, list, n);
+        for (size_t i = 0; i < k; i++) {
+            char size[32], hint[PATH_MAX * 6];
+            cli_stray_hint(hint, sizeof(hint), c, strays[i].file);
+            printf("left alone: sessions/%s (%s on disk, %s); %s\n", strays[i].file,
+                   fmt_size(size, strays[i].disk_bytes), ctxs_strerror(strays[i].status),
+                   hint);
+        }
+        free(strays);
+    }
+    ctxs_free(list);
+    ctxs_store_close(st);
 }
 
 int cmd_reindex(cli *c, int argc, char **argv)
@@ -342,9 +410,10 @@ int cmd_reindex(cli *c, int argc, char **argv)
     } else {
         printf("indexed %" PRIu64 " session file%s", res.sessions, res.sessions == 1 ? "" : "s");
         if (res.skipped)
-            printf("; %" PRIu64 " file%s that do not open were left alone (see `ctxstore verify`)",
+            printf("; %" PRIu64 " file%s that do not open were left alone",
                    res.skipped, res.skipped == 1 ? "" : "s");
         printf("\n");
+        print_strays(c);
         if (res.files_renumbered)
             printf("renumbered %" PRIu64 " session file%s named with id 0 or past the range\n",
                    res.files_renumbered, res.files_renumbered == 1 ? "" : "s");
@@ -432,9 +501,9 @@ int cmd_repair_index(cli *c, int argc, char **argv)
             printf("damaged index moved to %s\n", res.moved_to);
         printf("indexed %" PRIu64 " session file%s", res.sessions, res.sessions == 1 ? "" : "s");
         if (res.skipped)
-            printf("; %" PRIu64 " that do not open left alone (see `ctxstore verify`)",
-                   res.skipped);
+            printf("; %" PRIu64 " that do not open left alone", res.skipped);
         printf("\n");
+        print_strays(c);
         if (res.moved_to && !res.meta_pages && !(special && strcmp(special, "data.mdb") == 0))
             printf("nothing of the damaged index could be read: both meta pages are lost\n");
     }

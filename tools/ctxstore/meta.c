@@ -203,7 +203,7 @@ int cmd_meta(cli *c, int argc, char **argv)
             cli_print_help("meta");
             return CLI_OK;
         } else
-            return cli_usage_error("meta", "unknown option");
+            return cli_option_error("meta", opt, argv);
     }
     int nargs = argc - optind;
     if (nargs < 1 || nargs > 3)

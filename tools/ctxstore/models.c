@@ -209,7 +209,7 @@ static int register_option(reg_args *a, int opt, const char *arg)
         a->have_tokenizer_hash = 1;
         return -1;
     default:
-        return cli_usage_error("models", "unknown option");
+        return -1; /* models_parse() took the rest */
     }
 }
 
@@ -236,6 +236,8 @@ static int models_parse(cli *c, int argc, char **argv, reg_args *a, int *first)
             cli_print_help("models");
             return CLI_OK;
         }
+        if (opt == '?' || opt == ':')
+            return cli_option_error("models", opt, argv);
         if ((ex = register_option(a, opt, optarg)) >= 0)
             return ex;
     }

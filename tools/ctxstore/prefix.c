@@ -136,9 +136,7 @@ static int tokens_read_file(tokens *t, const char *path)
     return ex;
 }
 
-/* The hash of the model named by arg, its 32 hex digits or its display
- * name, into out. Returns an exit code (reported). */
-static int model_resolve(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *arg)
+int cli_model_resolve(uint8_t out[CTXS_HASH_BYTES], ctxs_store *st, const char *arg)
 {
     static const char *const lists = "`ctxstore models` lists the models";
     ctxs_model_entry e, *list = NULL;
@@ -191,7 +189,7 @@ static void prefix_print(const cli *c, const ctxs_prefix_match *m, size_t n_prom
 static int prefix_find(const cli *c, ctxs_store *st, const char *model, const tokens *t)
 {
     uint8_t hash[CTXS_HASH_BYTES];
-    int ex = model_resolve(hash, st, model);
+    int ex = cli_model_resolve(hash, st, model);
     if (ex != CLI_OK)
         return ex;
     ctxs_prefix_match m;
@@ -237,7 +235,7 @@ static int prefix_parse(cli *c, int argc, char **argv, const char **model, const
             cli_print_help("prefix");
             return CLI_OK;
         } else
-            return cli_usage_error("prefix", "unknown option");
+            return cli_option_error("prefix", opt, argv);
     }
     *first = optind;
     if (!*model)

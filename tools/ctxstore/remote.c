@@ -72,16 +72,6 @@ typedef struct remote_run {
                                  one, removed at the end; "" otherwise */
 } remote_run;
 
-/* What the library said of the remote's last failure on this thread
- * (ctxs_remote_get_message()): ": <message>", or "" when nothing. */
-static const char *why(void)
-{
-    static char buf[300];
-    const char *m = ctxs_remote_get_message();
-    snprintf(buf, sizeof(buf), "%s%s", *m ? ": " : "", m);
-    return buf;
-}
-
 /* The network's errors and the password's, from ctxs_remote_open(), said
  * with the URL and what to check; returns the exit code. */
 static int fail_open(remote_run *rr, int rc)
@@ -99,13 +89,13 @@ static int fail_open(remote_run *rr, int rc)
         return CLI_EREMOTE_DOWN;
     case CTXS_EREMOTE:
         return cli_fail_hint(rc, "check the host and port: is it a Redis (or Valkey) server?",
-                             "remote %s answered, but not as Redis does%s", rr->shown, why());
+                             "remote %s answered, but not as Redis does", rr->shown);
     case CTXS_EBUSY:
         return cli_fail(rc, "remote %s", rr->shown);
     default:
         if (cli_is_network_error(rc))
-            return cli_fail(rc, "cannot reach remote %s%s", rr->shown, why());
-        return cli_fail(rc, "connecting to remote %s%s", rr->shown, why());
+            return cli_fail(rc, "cannot reach remote %s", rr->shown);
+        return cli_fail(rc, "connecting to remote %s", rr->shown);
     }
 }
 
@@ -216,7 +206,7 @@ static int remote_push(remote_run *rr, int n, char **names)
                                    "pushes; its ring has overwritten its first tokens",
                                    "pushing '%s' to %s", names[i], rr->shown);
             else
-                ex = cli_fail(rc, "pushing '%s' to %s%s", names[i], rr->shown, why());
+                ex = cli_fail(rc, "pushing '%s' to %s", names[i], rr->shown);
             break;
         }
         total.n_tokens += res.n_tokens;
@@ -299,7 +289,7 @@ static int remote_pull(remote_run *rr, const char *name)
         if (rc == CTXS_ENOTFOUND)
             return cli_fail_hint(rc, "`ctxstore remote ls` lists the remote sessions",
                                  "remote session '%s' on %s", name, rr->shown);
-        if (rc == -EEXIST)
+        if (rc == CTXS_ETAKEN)
             return cli_fail_hint(rc,
                                  "a local session has that name; pull it under another with "
                                  "--as LOCAL, or remove it with `ctxstore rm`",
@@ -308,8 +298,8 @@ static int remote_pull(remote_run *rr, const char *name)
             return cli_fail_hint(rc,
                                  "the remote record is damaged or the server refused a "
                                  "command; push the session again from a machine that has it",
-                                 "pulling '%s' from %s%s", name, rr->shown, why());
-        return cli_fail(rc, "pulling '%s' from %s%s", name, rr->shown, why());
+                                 "pulling '%s' from %s", name, rr->shown);
+        return cli_fail(rc, "pulling '%s' from %s", name, rr->shown);
     }
     const char *stopped = stop_reason(&res);
     char hex[33];
@@ -372,7 +362,7 @@ static int remote_ls(remote_run *rr)
     int rc = ctxs_remote_list(&e, &n, rr->r);
     if (rc < 0) {
         remote_end(rr);
-        return cli_fail(rc, "listing the sessions of %s%s", rr->shown, why());
+        return cli_fail(rc, "listing the sessions of %s", rr->shown);
     }
     char model[CTXS_NAME_MAX + 1], hex[33], when[32];
     if (c->json) {
@@ -434,7 +424,7 @@ static int remote_stat(remote_run *rr)
     int rc = ctxs_remote_get_info(&info, rr->r);
     remote_end(rr);
     if (rc < 0)
-        return cli_fail(rc, "asking %s about itself%s", rr->shown, why());
+        return cli_fail(rc, "asking %s about itself", rr->shown);
     /* What a fleet's operator should know: without a limit Redis grows
      * until the machine runs out; with noeviction a full Redis refuses
      * pushes where an LRU policy would make room (a pull that misses an
@@ -508,7 +498,7 @@ int cmd_remote(cli *c, int argc, char **argv)
             cli_print_help("remote");
             return CLI_OK;
         default:
-            return cli_usage_error("remote", "unknown option");
+            return cli_option_error("remote", opt, argv);
         }
     }
     int nargs = argc - optind;

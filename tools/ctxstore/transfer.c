@@ -3,7 +3,9 @@
  * [NAME]. The library does the work and the checking; this reports it.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "cli.h"
@@ -28,8 +30,21 @@ int cmd_export(cli *c, int argc, char **argv)
     double secs = cli_now_s() - t0;
     progress_end(&bar);
     ctxs_store_close(st);
-    if (rc < 0)
-        return cli_fail(rc, "exporting '%s' to %s", name, path);
+    if (rc < 0) {
+        /* The store was opened read-only and read: a refusal to write is
+         * the destination's. */
+        char hint[PATH_MAX + 128], parent[PATH_MAX];
+        snprintf(parent, sizeof(parent), "%s", path);
+        char *slash = strrchr(parent, '/');
+        if (!slash)
+            snprintf(parent, sizeof(parent), ".");
+        else
+            slash[slash == parent] = '\0';
+        snprintf(hint, sizeof(hint), "check that you may write to %s (the destination), or "
+                 "export to another place", parent);
+        int dest = rc == -EACCES || rc == -EPERM || rc == -EROFS;
+        return cli_fail_hint(rc, dest ? hint : NULL, "exporting '%s' to %s", name, path);
+    }
     struct stat sb;
     uint64_t bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     if (c->json) {
@@ -67,7 +82,7 @@ static const char *import_hint(char *buf, size_t n, int rc, int named)
     case CTXS_EINVAL:
         a = named ? cli_name_rule : "the file is not a valid ctxstore export";
         break;
-    case -EEXIST:
+    case CTXS_ETAKEN:
         a = named ? "a session has that name; choose another NAME, or remove it with `ctxstore rm`"
                   : "a session has the name it was exported under; give another: "
                     "`ctxstore import FILE NAME`";

@@ -2,6 +2,7 @@
  * The helpers the subcommands share: errors with advice, exit codes,
  * human-readable values, the JSON writer and the progress bar.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -25,6 +26,7 @@ int cli_exit_code(int rc)
     case 0:
         return CLI_OK;
     case CTXS_ENOTFOUND:
+    case CTXS_ENOMODEL:
     case -ENOENT:
         return CLI_ENOTFOUND;
     case CTXS_EBUSY:
@@ -42,6 +44,7 @@ int cli_exit_code(int rc)
     case -EDQUOT:
         return CLI_EFULL;
     case -EEXIST:
+    case CTXS_ETAKEN:
         return CLI_EEXIST;
     case CTXS_EINVAL:
     case CTXS_ETOOBIG:
@@ -131,7 +134,12 @@ const char *cli_advice(int rc)
     case -EPERM:
         return "check the permissions of the store directory";
     case -EEXIST:
-        return "choose another name, or remove the existing one first";
+        return "choose another path, or move the existing file away first";
+    case CTXS_ETAKEN:
+        return "choose another name, or rename or remove the session that has it";
+    case CTXS_ENOMODEL:
+        return "`ctxstore models` lists the registered models; `ctxstore models register` "
+               "adds one";
     case CTXS_EREMOTE:
         return "the server refused a command (full under maxmemory-policy noeviction? see "
                "`ctxstore remote stat`) or holds a damaged record";
@@ -282,6 +290,12 @@ static int report_failure(int rc, const char *hint, const char *message)
     return cli_exit_code(rc);
 }
 
+const char *cli_reason(int rc)
+{
+    const char *why = ctxs_get_last_error();
+    return rc != 0 && ctxs_get_last_error_code() == rc && why[0] ? why : NULL;
+}
+
 int cli_fail_hint(int rc, const char *hint, const char *fmt, ...)
 {
     char what[4480];
@@ -289,8 +303,19 @@ int cli_fail_hint(int rc, const char *hint, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
+    /* The library's reason says more than the code's text: it names the
+     * argument and the rule (a name's rule included, so the generic hint
+     * of CTXS_EINVAL would only repeat or mislead). */
+    const char *why = cli_reason(rc);
+    /* A taken name's reason names it and says what to do, which every
+     * caller here says already (the name in what, the way out in the
+     * hint): the code's text is enough. */
+    if (rc == CTXS_ETAKEN)
+        why = NULL;
+    if (why && rc == CTXS_EINVAL && !hint)
+        hint = CLI_NO_HINT;
     char message[sizeof(g_report.message)];
-    snprintf(message, sizeof(message), "%s: %s", what, ctxs_strerror(rc));
+    snprintf(message, sizeof(message), "%s: %s", what, why ? why : ctxs_strerror(rc));
     return report_failure(rc, hint, message);
 }
 
@@ -410,6 +435,19 @@ static int index_special_fail(int rc, const char *dir)
 int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
 {
     const char *dir = c->store_dir;
+    if (!dir[0])
+        return cli_fail_said(CTXS_EINVAL, "give the store's directory: --store DIR",
+                             "--store is empty: it takes the store's directory");
+    /* A file given as the store: most likely a session file meant for a
+     * command that reads one. */
+    struct stat fsb;
+    if (stat(dir, &fsb) == 0 && !S_ISDIR(fsb.st_mode)) {
+        cli_fail_said(-ENOTDIR, "--store takes the store's directory (index/ and sessions/); "
+                                "`ctxstore info FILE` and `ctxstore verify FILE` read a "
+                                "session file by its path",
+                      "no store at %s: it is a file, not a directory", dir);
+        return CLI_ENOTFOUND;
+    }
     int had_dir = store_has(dir, ".", 1);
     int had_index = store_has(dir, "index/data.mdb", 0);
     int had_sessions = store_has(dir, "sessions", 1);
@@ -440,6 +478,22 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
                                      "does not exist (a dangling link is never followed to "
                                      "make a store)",
                       dir, target);
+        return CLI_ENOTFOUND;
+    }
+    if (rc == -ENOENT && !had_dir && mode == CLI_STORE_CREATE) {
+        /* This command makes a store, but only in a directory that is
+         * there or whose parent is. */
+        char parent[PATH_MAX], hint[PATH_MAX + 128];
+        snprintf(parent, sizeof(parent), "%s", dir);
+        char *slash = strrchr(parent, '/');
+        while (slash && slash > parent && slash[1] == '\0') /* trailing '/' */
+            *slash = '\0', slash = strrchr(parent, '/');
+        if (slash)
+            slash[slash == parent] = '\0';
+        snprintf(hint, sizeof(hint), "make its parent first (`mkdir -p %s`), or give "
+                 "another --store", slash ? parent : ".");
+        cli_fail_said(rc, hint, "cannot make a store at %s: its parent directory %s does not "
+                      "exist", dir, slash ? parent : ".");
         return CLI_ENOTFOUND;
     }
     if (rc == -ENOENT && !had_dir) {
@@ -494,6 +548,22 @@ int cli_common_option(cli *c, int opt, const char *arg)
     }
 }
 
+int cli_option_error(const char *command, int opt, char **argv)
+{
+    const char *arg = optind > 0 ? argv[optind - 1] : "";
+    if (strncmp(arg, "--", 2) == 0) {
+        int n = (int)strcspn(arg, "=");
+        if (optopt != 0 && arg[n] == '=')
+            return cli_usage_error(command, "%.*s takes no value", n, arg);
+        if (optopt != 0 || opt == ':')
+            return cli_usage_error(command, "%.*s needs a value", n, arg);
+        return cli_usage_error(command, "unknown option '%.*s'", n, arg);
+    }
+    if (opt == ':')
+        return cli_usage_error(command, "-%c needs a value", optopt);
+    return cli_usage_error(command, "unknown option '-%c'", optopt ? optopt : '?');
+}
+
 int cli_parse_common(cli *c, int argc, char **argv, int *first)
 {
     static const struct option longopts[] = { CLI_COMMON_LONGOPTS, { NULL, 0, NULL, 0 } };
@@ -505,7 +575,7 @@ int cli_parse_common(cli *c, int argc, char **argv, int *first)
             cli_print_help(argv[0]);
             return CLI_OK;
         }
-        return cli_usage_error(argv[0], "unknown option");
+        return cli_option_error(argv[0], opt, argv);
     }
     *first = optind;
     return -1;
@@ -528,7 +598,7 @@ int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only)
             cli_print_help(argv[0]);
             return CLI_OK;
         } else
-            return cli_usage_error(argv[0], "unknown option");
+            return cli_option_error(argv[0], opt, argv);
     }
     if (argc - optind > 1 || (all && argc - optind == 1))
         return cli_usage_error(argv[0], "%s takes one session, or --all", argv[0]);
@@ -536,6 +606,28 @@ int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only)
     return -1;
 }
 
+
+int cli_is_session_path(const char *arg)
+{
+    size_t n = strlen(arg);
+    struct stat sb;
+    return (strchr(arg, '/') != NULL || (n > 5 && strcmp(arg + n - 5, ".ctxs") == 0)) &&
+           stat(arg, &sb) == 0 && !S_ISDIR(sb.st_mode);
+}
+
+int cli_check_session_or_path(const char *arg)
+{
+    const char *why = ctxs_name_check(arg);
+    if (!why || !strchr(arg, '/'))
+        return cli_check_name("session name", arg);
+    char shown[300];
+    snprintf(shown, sizeof(shown), "%s", arg);
+    for (char *p = shown; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            *p = '?';
+    return cli_fail_said(CTXS_EINVAL, NAME_RULE,
+                         "no session file at '%s', and as a session name it %s", shown, why);
+}
 
 void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id)
 {
@@ -610,6 +702,59 @@ void cli_intents_json(json *j, const char *key, const cli *c, const ctxs_intent_
     json_array_end(j);
 }
 
+size_t cli_strays(cli_stray **out, const cli *c, const ctxs_session_entry *list, size_t n)
+{
+    *out = NULL;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s/sessions", c->store_dir);
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    size_t count = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *nm = de->d_name;
+        char *end;
+        if (strlen(nm) != 21 || strcmp(nm + 16, ".ctxs") != 0)
+            continue;
+        uint64_t id = strtoull(nm, &end, 16);
+        int known = end != nm + 16;
+        for (size_t i = 0; i < n && !known; i++)
+            known = list[i].id == id;
+        char path[PATH_MAX];
+        ctxs_file_report rep;
+        struct stat sb;
+        if (known || snprintf(path, sizeof(path), "%s/%s", dir, nm) >= (int)sizeof(path) ||
+            lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        int rc = ctxs_file_inspect(&rep, path);
+        if (rc == 0 && rep.status == 0 && cli_current_record(&rep))
+            continue; /* adoptable: compact or reindex indexes it */
+        if (count == cap) {
+            cap = cap ? cap * 2 : 8;
+            cli_stray *grown = realloc(*out, cap * sizeof(**out));
+            if (!grown)
+                break;
+            *out = grown;
+        }
+        cli_stray *s = &(*out)[count++];
+        snprintf(s->file, sizeof(s->file), "%s", nm);
+        s->disk_bytes = (uint64_t)sb.st_blocks * 512u;
+        s->status = rc < 0 ? rc : rep.status < 0 ? rep.status : CTXS_ECORRUPT;
+    }
+    closedir(d);
+    return count;
+}
+
+void cli_stray_hint(char *buf, size_t n, const cli *c, const char *file)
+{
+    snprintf(buf, n,
+             "it cannot be adopted, so compact and reindex leave it: keep it aside with "
+             "`mkdir -p %s/damaged && mv %s/sessions/%s %s/damaged/`, or delete it with "
+             "`rm %s/sessions/%s`",
+             c->store_dir, c->store_dir, file, c->store_dir, c->store_dir, file);
+}
+
 const ctxs_record_report *cli_current_record(const ctxs_file_report *r)
 {
     for (int i = 0; i < 2; i++)
@@ -625,6 +770,29 @@ uint64_t cli_held(const ctxs_file_report *r, const ctxs_record_report *rec)
     return (n < ns ? n : ns) + (n > first ? n - first : 0);
 }
 
+int cli_session_tokens(const cli *c, uint64_t id, uint64_t *positions, uint64_t *held)
+{
+    char path[PATH_MAX];
+    ctxs_file_report rep;
+    cli_session_path(path, sizeof(path), c, id);
+    int rc = ctxs_file_inspect(&rep, path);
+    const ctxs_record_report *cur = rc == 0 && rep.status == 0 ? cli_current_record(&rep) : NULL;
+    if (!cur)
+        return rc < 0 ? rc : rep.status < 0 ? rep.status : CTXS_ECORRUPT;
+    *positions = cur->n_tokens;
+    *held = cli_held(&rep, cur);
+    return 0;
+}
+
+const char *fmt_tokens(char buf[64], uint64_t positions, uint64_t held)
+{
+    if (held == positions)
+        snprintf(buf, 64, "%" PRIu64 " token%s", held, held == 1 ? "" : "s");
+    else
+        snprintf(buf, 64, "%" PRIu64 " tokens held of %" PRIu64 " positions", held, positions);
+    return buf;
+}
+
 const char *cli_model_name(char buf[256], ctxs_store *st, const uint8_t hash[16])
 {
     ctxs_model_entry e;
@@ -638,6 +806,48 @@ const char *cli_model_name(char buf[256], ctxs_store *st, const uint8_t hash[16]
 }
 
 /* --- Human-readable values ------------------------------------------------- */
+
+/* Whether code point cp takes two columns: the East Asian Wide and
+ * Fullwidth blocks of Unicode's EastAsianWidth.txt, by block. */
+static int is_wide(uint32_t cp)
+{
+    return (cp >= 0x1100 && cp <= 0x115f) || (cp >= 0x2e80 && cp <= 0x303e) ||
+           (cp >= 0x3041 && cp <= 0x33ff) || (cp >= 0x3400 && cp <= 0x4dbf) ||
+           (cp >= 0x4e00 && cp <= 0x9fff) || (cp >= 0xa000 && cp <= 0xa4cf) ||
+           (cp >= 0xac00 && cp <= 0xd7a3) || (cp >= 0xf900 && cp <= 0xfaff) ||
+           (cp >= 0xfe30 && cp <= 0xfe4f) || (cp >= 0xff00 && cp <= 0xff60) ||
+           (cp >= 0xffe0 && cp <= 0xffe6) || (cp >= 0x1f300 && cp <= 0x1f64f) ||
+           (cp >= 0x1f900 && cp <= 0x1f9ff) || (cp >= 0x20000 && cp <= 0x3fffd);
+}
+
+/* Combining marks and zero-width characters: no column of their own. */
+static int is_zero_width(uint32_t cp)
+{
+    return (cp >= 0x0300 && cp <= 0x036f) || (cp >= 0x1ab0 && cp <= 0x1aff) ||
+           (cp >= 0x1dc0 && cp <= 0x1dff) || (cp >= 0x200b && cp <= 0x200f) ||
+           (cp >= 0x20d0 && cp <= 0x20ff) || (cp >= 0xfe00 && cp <= 0xfe0f) ||
+           (cp >= 0xfe20 && cp <= 0xfe2f);
+}
+
+int cli_display_width(const char *s)
+{
+    int w = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        uint32_t cp = *p;
+        size_t n = cp < 0x80 ? 1 : cp >= 0xf0 ? 4 : cp >= 0xe0 ? 3 : cp >= 0xc0 ? 2 : 0;
+        size_t k = 1;
+        if (n > 1) {
+            cp &= 0x3fu >> (n - 1);
+            for (; k < n && (p[k] & 0xc0) == 0x80; k++)
+                cp = cp << 6 | (p[k] & 0x3fu);
+        }
+        if (n == 0 || k < n) /* not UTF-8: a byte, a column */
+            w++, p += n == 0 ? 1 : k;
+        else
+            w += is_wide(cp) ? 2 : is_zero_width(cp) ? 0 : 1, p += n;
+    }
+    return w;
+}
 
 const char *fmt_size(char buf[32], uint64_t bytes)
 {

@@ -82,7 +82,7 @@ static void die(const char *fmt, ...)
 static void check(int rc, const char *what)
 {
     if (rc < 0)
-        die("%s: %s: %s", what, ctxs_strerror(rc), ctxs_llama_get_last_error());
+        die("%s: %s: %s", what, ctxs_strerror(rc), ctxs_get_last_error());
 }
 
 static double now_ms(void)
@@ -413,6 +413,7 @@ int main(int argc, char **argv)
     if (!d.keep && !d.tmp_dir[0]) { /* a store of the user's: leave it as it was */
         check(ctxs_store_session_delete(d.st, "paris"), "deleting the demo's session");
         unlink(d.state_path);
+        printf("deleted the demo's session 'paris' from %s (--keep keeps it)\n", d.store_dir);
     }
     ctxs_store_close(d.st);
     llama_free(d.ctx);

@@ -131,7 +131,9 @@ extern "C" {
 #define CTXS_HASH_BYTES 16
 
 /* The defaults of the _INIT macros. */
-#define CTXS_DEFAULT_CAPACITY 2048u        /* slots in a new session file */
+#define CTXS_DEFAULT_CAPACITY 2048u        /* slots in a new session file
+                                              whose model's context length
+                                              is not given */
 #define CTXS_DEFAULT_N_SINK 4u             /* slots never overwritten */
 #define CTXS_DEFAULT_WINDOW 0u             /* recent tokens attention reads:
                                               0 = the capacity (all held) */
@@ -396,23 +398,31 @@ typedef struct ctxs_open_options {
 
 typedef struct ctxs_create_options {
     uint32_t version;        /* CTXS_CREATE_OPTIONS_VERSION */
-    uint32_t capacity;       /* slots in the file: 2 .. 16 Mi, above n_sink */
+    uint32_t capacity;       /* slots in the file: 2 .. 16 Mi, above n_sink;
+                                0 = context_length, or CTXS_DEFAULT_CAPACITY
+                                where that is 0 too */
     uint32_t n_sink;         /* slots never overwritten */
     uint32_t ring;           /* 1 = once full, overwrite the oldest tokens
-                                after the sinks; 0 = reserve fails with
-                                CTXS_EFULL */
+                                after the sinks (they are lost); 0 (the
+                                default) = once full, reserve fails with
+                                CTXS_EFULL and nothing is lost: grow the
+                                session (ctxs_store_session_grow()) or
+                                fork it into a larger one */
     uint32_t batch;          /* the most tokens reserved and not yet
                                 committed at once in a session whose
                                 schedule has sliding-window layers: the
                                 slots such a layer keeps beyond its window;
                                 0 = CTXS_DEFAULT_BATCH */
-    uint8_t reserved[28];    /* must be zero */
+    uint32_t context_length; /* the model's context length (llama.cpp's
+                                n_ctx), the capacity when capacity is 0;
+                                0 = not known */
+    uint8_t reserved[24];    /* must be zero */
     ctxs_open_options open;  /* the handle create returns */
 } ctxs_create_options;
 
 #define CTXS_CREATE_OPTIONS_INIT                                               \
-    { CTXS_CREATE_OPTIONS_VERSION, CTXS_DEFAULT_CAPACITY, CTXS_DEFAULT_N_SINK, \
-      1, CTXS_DEFAULT_BATCH, { 0 }, CTXS_OPEN_OPTIONS_INIT }
+    { CTXS_CREATE_OPTIONS_VERSION, 0, CTXS_DEFAULT_N_SINK, 0,                  \
+      CTXS_DEFAULT_BATCH, 0, { 0 }, CTXS_OPEN_OPTIONS_INIT }
 
 /* Creates a session file at path for model and opens it read-write.
  * The file appears complete or not at all (written aside, then linked into
@@ -466,6 +476,12 @@ CTXS_API int ctxs_session_open(ctxs_session **out, const char *path,
  * to let go of s (see "Background work"), and joins the thread when s was
  * the last session using it. Accepts NULL. */
 CTXS_API void ctxs_session_close(ctxs_session *s);
+
+/* Gives the session file at path capacity slots, as
+ * ctxs_store_session_grow() does (the file keeps its name and label).
+ * Errors: as ctxs_store_session_grow(), with -ENOENT for no such file.
+ * Thread-safe. */
+CTXS_API int ctxs_session_grow(const char *path, uint32_t capacity);
 
 /* Creates a new session file at path that holds the first n_tokens tokens of
  * src (UINT64_MAX: all src holds) with src's model, capacity, sinks and
@@ -1822,6 +1838,21 @@ CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
                                 const char *name, ctxs_progress_fn progress,
                                 void *progress_arg);
 
+/* Gives the session name capacity slots, more than it has, keeping every
+ * token, checksum, checkpoint and its metadata: the way on for a session
+ * that is no ring once reserve says CTXS_EFULL. The file is rewritten
+ * into a new one written aside (blocks shared with the old file where the
+ * filesystem can, copy_file_range(); else copied at memory speed) and
+ * renamed over it once durable: a crash leaves the old file or the grown
+ * one, never less. A windowed layer's ring keeps its length. A session
+ * that a handle in any process has open is not touched (CTXS_EBUSY).
+ * Errors: CTXS_ENOTFOUND, CTXS_EBUSY, CTXS_EINVAL (capacity not above the
+ * session's, or above 16 Mi; a ring that has gone round, whose slots are no
+ * longer its positions: fork it; a capacity at which the windowed layers'
+ * rings would change length), CTXS_EFULL, CTXS_EREADONLY, -errno.
+ * Thread-safe. */
+CTXS_API int ctxs_store_session_grow(ctxs_store *st, const char *name, uint32_t capacity);
+
 /* --- Export and import ------------------------------------------------------
  *
  * An export file carries one session to another machine: its model (with
@@ -2060,10 +2091,10 @@ typedef struct ctxs_remote_pull_result {
  * (its header, its place in the chain, every token's checksum) before it
  * is written. The first chunk missing or refused ends the pull there. The
  * session appears complete or not at all, as an import does. The model is
- * registered if the store does not know it. opts NULL: the defaults, with
- * the capacity raised to hold the remote tokens (the next multiple of
- * CTXS_DEFAULT_CAPACITY above them); with opts, at most the whole chunks
- * that fit its capacity are pulled. The handle has the default open
+ * registered if the store does not know it. opts NULL, or a capacity and
+ * context length of 0: the capacity is raised to hold the remote tokens
+ * (the next multiple of CTXS_DEFAULT_CAPACITY above them); else at most
+ * the whole chunks that fit the capacity are pulled. The handle has the default open
  * options (opts->open is not used). out (may be NULL: the
  * session is closed) gets it open read-write; res (may be NULL) what was
  * pulled and what is left to prefill. progress counts tokens.

@@ -1240,7 +1240,40 @@ Test(format, create_rejects_bad_arguments)
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.capacity, 2048);
     cr_assert_eq(info.n_sink, 4);
-    cr_assert(info.flags & CTXS_INFO_RING);
+    cr_assert(!(info.flags & CTXS_INFO_RING), "a session is no ring unless asked");
+    ctxs_session_close(s);
+}
+
+/* Nothing is lost by default: the capacity is the model's context length
+ * where the app gives it, and a full session refuses more tokens, saying
+ * how to go on, with every token it held. */
+Test(format, the_default_capacity_is_the_context_length_and_nothing_is_overwritten)
+{
+    ctxs_model m = ts_model(1);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+    o.context_length = 8192;
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_create(&s, ts_path(ts_scratch, "ctx.ctxs"), &m, &o), 0);
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(info.capacity, 8192);
+    ctxs_session_close(s);
+    /* A capacity given wins. */
+    o.capacity = 64;
+    cr_assert_eq(ctxs_session_create(&s, ts_path(ts_scratch, "cap.ctxs"), &m, &o), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(info.capacity, 64);
+    cr_assert(!(info.flags & CTXS_INFO_RING));
+    cr_assert_eq(ts_append(s, 60), 0);
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 5), CTXS_EFULL);
+    cr_assert(strstr(ctxs_get_last_error(), "grow"), "%s", ctxs_get_last_error());
+    cr_assert(strstr(ctxs_get_last_error(), "capacity of 64"), "%s", ctxs_get_last_error());
+    cr_assert_eq(ctxs_session_reserve(&r, s, 4), 0);
+    ctxs_session_close(s);
+    cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "cap.ctxs"), &m, 0, NULL), 0);
+    cr_assert_eq(ts_n_tokens(s), 60);
+    cr_assert_eq(ctxs_session_verify(NULL, s), 0);
     ctxs_session_close(s);
 }
 

@@ -448,7 +448,7 @@ def _open_opts(window: int = 0, pressure_window: int = 0,
     return (window, pressure_window, _durability(durability), 1 if background else 0)
 
 
-def _create_opts(capacity: int = 2048, n_sink: int = 4, ring: bool = True,
+def _create_opts(capacity: int = 2048, n_sink: int = 4, ring: bool = False,
                  **open_kw: Any) -> Tuple[int, int, int, Tuple[int, int, int, int]]:
     return (capacity, n_sink, 1 if ring else 0, _open_opts(**open_kw))
 
@@ -500,7 +500,7 @@ class Session(_ctxstore.SessionBase):
 
     @classmethod
     def create(cls, path: PathLike, model: Model, *, capacity: int = 2048,
-               n_sink: int = 4, ring: bool = True, window: int = 0,
+               n_sink: int = 4, ring: bool = False, window: int = 0,
                pressure_window: int = 0, durability: Union[str, int] = "async",
                background: bool = True) -> Session:
         """Create a session file at ``path`` for ``model`` and open it read-write.
@@ -508,8 +508,9 @@ class Session(_ctxstore.SessionBase):
         Args:
             capacity: slots in the file (sparse on disk until reserved).
             n_sink: leading slots a ring never overwrites.
-            ring: when full, overwrite the oldest tokens after the sinks;
-                False: ``reserve()`` fails with ``EFULL``.
+            ring: True: when full, overwrite the oldest tokens after the
+                sinks (they are lost); False (the default): ``reserve()``
+                fails with ``EFULL`` and nothing is lost.
             window: recent tokens attention reads beside the sinks; 0 = all.
             pressure_window: the window under memory pressure; 0 = half.
             durability: "none", "async" (default) or "full" (survives power
@@ -713,7 +714,7 @@ class Store(_ctxstore.StoreBase):
         return [ModelEntry(Model(*m), name, ms) for m, name, ms in self._models()]
 
     def create_session(self, name: str, model: Model, *, capacity: int = 2048,
-                       n_sink: int = 4, ring: bool = True, window: int = 0,
+                       n_sink: int = 4, ring: bool = False, window: int = 0,
                        pressure_window: int = 0, durability: Union[str, int] = "async",
                        background: bool = True) -> Session:
         """Create the session ``name`` for a registered ``model`` and open it

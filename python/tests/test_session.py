@@ -49,7 +49,7 @@ def test_create_write_commit_reopen(tmp_path, model):
             np.testing.assert_array_equal(s.v(0)[:, slot].astype(np.float32), ev[0])
         info = s.info()
         assert info.n_tokens == 5 and info.capacity == 64 and info.model == model
-        assert info.durability == "async" and info.ring and not info.readonly
+        assert info.durability == "async" and not info.ring and not info.readonly
         s.verify()
         s.sync()
         s.refresh()
@@ -184,7 +184,8 @@ def test_rollback_and_errors(tmp_path, model):
 
 
 def test_window_attn_plan_and_ring(tmp_path, model):
-    with ctxstore.Session.create(tmp_path / "p.ctxs", model, capacity=16, n_sink=2) as s:
+    with ctxstore.Session.create(tmp_path / "p.ctxs", model, capacity=16, n_sink=2,
+                                 ring=True) as s:
         append(s, range(10))
         w = s.window()
         assert w.n_tokens == 10

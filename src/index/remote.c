@@ -2072,9 +2072,9 @@ static int pull_fill(int fd, const ctxs__disk_label *label, void *arg)
     return full_or(ctxs__sync_data(fd));
 }
 
-/* The slots of the new session: opts's, or the defaults with a capacity
- * raised to hold n tokens with room to go on. The pull takes at most
- * what fits. */
+/* The slots of the new session: opts's; where they leave the capacity 0
+ * and give no context length, one raised to hold n tokens with room to go
+ * on. The pull takes at most what fits. */
 static int pull_layout(pull_job *pj, const ctxs_create_options *opts, uint64_t n)
 {
     ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
@@ -2082,8 +2082,13 @@ static int pull_layout(pull_job *pj, const ctxs_create_options *opts, uint64_t n
         if (opts->version != CTXS_CREATE_OPTIONS_VERSION)
             return CTXS_EINVAL;
         o = *opts;
-    } else if (n >= o.capacity) {
-        uint64_t cap = (n / CTXS_DEFAULT_CAPACITY + 1) * CTXS_DEFAULT_CAPACITY;
+    }
+    if (!o.capacity && o.context_length) {
+        o.capacity = o.context_length;
+    } else if (!o.capacity) {
+        uint64_t cap = n < CTXS_DEFAULT_CAPACITY
+                           ? CTXS_DEFAULT_CAPACITY
+                           : (n / CTXS_DEFAULT_CAPACITY + 1) * CTXS_DEFAULT_CAPACITY;
         o.capacity = (uint32_t)(cap < CTXS__REMOTE_MAX_TOKENS ? cap : CTXS__REMOTE_MAX_TOKENS);
     }
     ctxs__file_layout lay;

@@ -269,7 +269,10 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
         if (end > cap)
             return ctxs__error(CTXS_EFULL,
                                "%u more slots would reach position %" PRIu64 ", past the "
-                               "capacity of %" PRIu64 " (the session has no ring)",
+                               "capacity of %" PRIu64 ", and the session is no ring (which "
+                               "would overwrite its oldest tokens): nothing was lost; grow it "
+                               "(ctxs_store_session_grow(), `ctxstore grow NAME --capacity "
+                               "N`) or fork it into a larger session",
                                n, end, cap);
     } else if (end > ns && end - (committed > ns ? committed : ns) > ctxs__ring_len(s)) {
         /* the reservation would overwrite itself */

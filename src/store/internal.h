@@ -404,6 +404,10 @@ void ctxs__release_outside_window(ctxs_session *s);
 int ctxs__open_options_resolve(const ctxs_open_options *in, ctxs_open_options *out);
 int ctxs__create_options_resolve(const ctxs_create_options *in, ctxs_create_options *out);
 
+/* o's capacity where it is 0: the context length, else
+ * CTXS_DEFAULT_CAPACITY. */
+void ctxs__create_capacity(ctxs_create_options *o);
+
 /* The state a rollback of s to n gives (commit.c; forks share it). Errors: CTXS_EINVAL (n above the count), CTXS_EEVICTED
  * (n_sink < n < the first recent position held). */
 int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n);
@@ -412,5 +416,9 @@ int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n);
  * under it. NULL in production. */
 enum { CTXS__FORK_STARTED = 1, CTXS__FORK_TABLES_COPIED, CTXS__FORK_KV_COPIED };
 extern void (*ctxs__fork_hook)(int step);
+
+/* Tests only: called at each step of a grow (grow.c). */
+enum { CTXS__GROW_COPIED = 1, CTXS__GROW_LINKED, CTXS__GROW_RENAMED };
+extern void (*ctxs__grow_hook)(int step);
 
 #endif

@@ -50,11 +50,18 @@ int ctxs__open_options_resolve(const ctxs_open_options *in, ctxs_open_options *o
     return 0;
 }
 
+void ctxs__create_capacity(ctxs_create_options *o)
+{
+    if (!o->capacity)
+        o->capacity = o->context_length ? o->context_length : CTXS_DEFAULT_CAPACITY;
+}
+
 int ctxs__create_options_resolve(const ctxs_create_options *in, ctxs_create_options *out)
 {
     static const ctxs_create_options defaults = CTXS_CREATE_OPTIONS_INIT;
     if (!in) {
         *out = defaults;
+        ctxs__create_capacity(out);
         return 0;
     }
     if (in->version != CTXS_CREATE_OPTIONS_VERSION)
@@ -68,6 +75,7 @@ int ctxs__create_options_resolve(const ctxs_create_options *in, ctxs_create_opti
     *out = *in;
     if (!out->batch)
         out->batch = CTXS_DEFAULT_BATCH;
+    ctxs__create_capacity(out);
     return ctxs__open_options_resolve(&in->open, &out->open);
 }
 

@@ -52,11 +52,13 @@ static const command k_commands[] = {
       "  writer    a process has it open for writing now\n"
       "  failed    the file does not open (damaged, missing); see `verify`\n" },
     { "create", cmd_create, "create an empty session for a registered model",
-      "create NAME --model MODEL [--capacity N] [--dtype fp16|bf16|q8] [--json]\n\n"
+      "create NAME --model MODEL [--capacity N] [--ring] [--dtype fp16|bf16|q8]\n"
+      "       [--json]\n\n"
       "Creates the session NAME for MODEL (a name or a 32-digit hash, as\n"
       "`ctxstore models` lists them), empty, with N token slots (default 2048;\n"
-      "5 to 16777216). Once full it overwrites its oldest tokens after the\n"
-      "first 4 (a ring). The session holds K and V as the model was registered\n"
+      "5 to 16777216). Once full it refuses more tokens, losing none (`ctxstore\n"
+      "grow` gives it more slots); with --ring it overwrites its oldest tokens\n"
+      "after the first 4 instead. The session holds K and V as the model was registered\n"
       "(--dtype, when given, must be that one: a store keeps one form of a\n"
       "model's KV). The store must exist (`ctxstore models register` makes\n"
       "one). Refuses (exit 7) a NAME that another session has.\n" },

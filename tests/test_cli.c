@@ -51,7 +51,7 @@ enum {
 static const char *const k_commands[] = {
     "ls", "info", "verify", "compact", "gc", "rm", "rename", "fork",
     "checkpoint", "meta", "models", "prefix", "reindex", "export", "import", "bench", "demo", "create",
-    "pin", "unpin", "remote",
+    "pin", "unpin", "remote", "grow",
 };
 enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };
 
@@ -3703,6 +3703,55 @@ Test(cli, create_makes_an_empty_session_a_program_then_writes)
     /* No store is made by create: a model must be registered first. */
     CLI_EXPECT(EX_NOTFOUND, dir_of("none"), "create", "x", "--model", MODEL_NAME);
     cr_assert_not(ts_exists(dir_of("none")), "create made a store");
+}
+
+/* A session is no ring unless asked: full, it refuses tokens, and grow
+ * gives it more slots with every token kept. */
+Test(cli, grow_gives_a_full_session_more_slots)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "create", "small", "--model", MODEL_NAME, "--capacity", "100");
+    cr_assert_not(strstr(R.out, "ring"), "%s", R.out);
+    CLI_EXPECT(EX_OK, S(), "create", "loop", "--model", MODEL_NAME, "--capacity", "100", "--ring");
+    contains(1, "a ring after the first 4");
+    st = ts_store_open(S());
+    ctxs_session *s = open_rw(st, "small");
+    ts_append_many(s, 100);
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 1), CTXS_EFULL);
+    /* Open: refused, and left as it is. */
+    CLI_EXPECT(EX_BUSY, S(), "grow", "small", "--capacity", "400");
+    contains(0, "close it");
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+
+    CLI_EXPECT(EX_OK, S(), "grow", "small", "--capacity", "400");
+    contains(1, "grew 'small' to 400 token slots, holding its 100 tokens");
+    st = ts_store_open(S());
+    s = open_rw(st, "small");
+    cr_assert_eq(info_of(s).capacity, 400);
+    cr_assert_eq(ts_check_all(s), 0);
+    ts_append_many(s, 200);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "grow", "small", "--capacity", "1000", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(ju(v, "capacity"), 1000);
+    cr_assert_eq(ju(v, "n_tokens"), 300);
+    jc_free(v);
+
+    char *before = store_state(S());
+    CLI_EXPECT(EX_USAGE, S(), "grow", "small", "--capacity", "500");
+    contains(0, "does not grow the session, which has 1000");
+    CLI_EXPECT(EX_USAGE, S(), "grow", "small");
+    contains(0, "grow needs --capacity");
+    CLI_EXPECT(EX_USAGE, S(), "grow", "small", "--capacity", "lots");
+    contains(0, "--capacity takes a count");
+    CLI_EXPECT(EX_NOTFOUND, S(), "grow", "nobody", "--capacity", "500");
+    same_state(before, S(), "grows that were refused");
+    free(before);
 }
 
 Test(cli, a_refusal_prints_the_library_reason)

@@ -481,3 +481,34 @@ Test(schedule, a_store_keeps_the_schedule_with_the_model)
     cr_assert(!ts_exists(x));
     ctxs_store_close(st);
 }
+
+/* A grown session keeps its windowed rings as they are and its global
+ * layers' every token, in every dtype, and takes tokens on past its old
+ * capacity. */
+Test(schedule, a_grown_session_keeps_its_rings_and_its_tokens)
+{
+    for (size_t d = 0; d < 3; d++) {
+        char name[32];
+        snprintf(name, sizeof(name), "grow-%zu.ctxs", d);
+        ctxs_session *s = make(name, dtypes[d], CTXS_SYNC_ASYNC);
+        cr_assert_eq(append(s, CAP - 3), 0);
+        cr_assert_eq(append(s, 4), CTXS_EFULL);
+        ctxs_session_close(s);
+        int rc = ctxs_session_grow(ts_path(ts_scratch, name), 4 * CAP);
+        cr_assert_eq(rc, 0, "grow: %s", ctxs_get_last_error());
+        ctxs_model m = sched_model(dtypes[d]);
+        cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, name), &m, CTXS_OPEN_VERIFY, NULL),
+                     0);
+        ctxs_session_info info;
+        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+        cr_assert_eq(info.capacity, 4 * CAP);
+        cr_assert_eq(info.n_tokens, CAP - 3);
+        check(s, dtypes[d]);
+        cr_assert_eq(append(s, 2 * CAP), 0);
+        check(s, dtypes[d]);
+        /* Within the rings, a rollback is exact as before. */
+        cr_assert_eq(ctxs_session_rollback(s, 3 * CAP - 5), 0);
+        check(s, dtypes[d]);
+        ctxs_session_close(s);
+    }
+}

@@ -110,4 +110,11 @@ int ctxs__session_fork_labeled(ctxs_session **out, ctxs_session *src, const char
  * -ENOENT, -ELOOP, the errors of ctxs_session_open(), CTXS_EFULL, -errno. */
 int ctxs__session_compact(const char *path, uint64_t *bytes_before, uint64_t *bytes_after);
 
+/* Rewrites the session file at path with capacity slots (grow.c), into a
+ * new file renamed over it; *disk_bytes gets the new file's. Errors:
+ * CTXS_EBUSY (a handle in any process has it open), CTXS_EINVAL (no
+ * larger capacity, a ring gone round, windowed rings that would change),
+ * -ENOENT, the errors of ctxs_session_open(), CTXS_EFULL, -errno. */
+int ctxs__session_grow(const char *path, uint32_t capacity, uint64_t *disk_bytes);
+
 #endif

@@ -324,6 +324,7 @@ void cli_meta_preview(char *buf, size_t cap, const void *value, size_t n);
 
 int cmd_ls(cli *c, int argc, char **argv);
 int cmd_create(cli *c, int argc, char **argv);
+int cmd_grow(cli *c, int argc, char **argv);
 int cmd_info(cli *c, int argc, char **argv);
 int cmd_verify(cli *c, int argc, char **argv);
 int cmd_compact(cli *c, int argc, char **argv);

@@ -78,6 +78,14 @@ static const command k_commands[] = {
       "table and key; the other commands refuse the same records with 8), 5\n"
       "when a session file is damaged, naming the session, the tokens and what\n"
       "to do. FILE (a path, as for info) checks that session file alone.\n" },
+    { "grow", cmd_grow, "give a session more token slots",
+      "grow NAME --capacity N [--json]\n\n"
+      "Gives the session NAME N token slots (more than it has: up to\n"
+      "16777216), keeping every token, checkpoint and metadata value: the way\n"
+      "on for a session that is full and refuses tokens. Its file is written\n"
+      "anew beside the old one and takes its place once complete; a crash\n"
+      "leaves one or the other, whole. Refuses (exit 4) a session that a\n"
+      "process has open, and a ring that has overwritten tokens (fork it).\n" },
     { "compact", cmd_compact, "give back unused disk space",
       "compact [SESSION | --all] [--json]\n\n"
       "Punches out the KV blocks of slots that hold no token (after rollbacks\n"

@@ -205,7 +205,8 @@ static void usage(FILE *f)
           "              resume_ready in bf16 and q8; all (default) is the three\n"
           "  --gemma3    Gemma 3's geometry (18 layers, 1 KV head x 256, 15\n"
           "              windowed at 512) against it with every layer global, at\n"
-          "              8192 and 32768 tokens: bytes on disk, save_turn and\n"
+          "              8192 and 32768 tokens (windowed with the default batch,\n"
+          "              512, and with one of 64): bytes on disk, save_turn and\n"
           "              resume_ready; nothing else\n"
           "  --json      one JSON object per measurement on stdout\n",
           f);
@@ -1280,13 +1281,21 @@ static void run_context_dtype(const options *o, uint32_t tokens, int iters,
  */
 enum { G3_LAYERS = 18, G3_HEAD_DIM = 256, G3_WINDOW = 512, G3_PERIOD = 6 };
 
+/* The three sessions compared: every layer global; windowed, with the
+ * default batch (512: each windowed layer keeps 512 + 512 slots); windowed
+ * with a batch of one turn (64: 512 + 64 slots), an engine that writes at
+ * most a turn at a time, prefill included. */
+enum { G3_GLOBAL, G3_WINDOWED, G3_WINDOWED_B64 };
+static const char *const k_g3_methods[] = { "gemma3_global", "gemma3_windowed",
+                                            "gemma3_windowed_b64" };
+
 typedef struct g3_file {
     uint32_t tokens;
     int windowed;
     uint64_t disk_bytes, readable_bytes;
 } g3_file;
 
-static g3_file g_g3_files[8];
+static g3_file g_g3_files[12];
 static size_t g_g3_n;
 
 static ctxs_model g3_model(int windowed)
@@ -1305,12 +1314,12 @@ static ctxs_model g3_model(int windowed)
 }
 
 /* Appends n tokens of K/V (k and v: one token's, fp16) in turns of at most
- * 512, each committed. */
-static void g3_append(ctxs_session *s, uint32_t n, const uint16_t *k, const uint16_t *v,
-                      uint32_t *ids)
+ * batch, each committed. */
+static void g3_append(ctxs_session *s, uint32_t n, uint32_t batch, const uint16_t *k,
+                      const uint16_t *v, uint32_t *ids)
 {
     while (n) {
-        uint32_t c = n < 512 ? n : 512;
+        uint32_t c = n < batch ? n : batch;
         ctxs_reservation r;
         check_ctxs(ctxs_session_reserve(&r, s, c), "ctxs_session_reserve");
         for (uint32_t i = 0; i < c; i++)
@@ -1342,7 +1351,8 @@ static uint64_t g3_touch(ctxs_session *s)
 
 static void g3_run(const options *o, uint32_t tokens, int windowed)
 {
-    const char *method = windowed ? "gemma3_windowed" : "gemma3_global";
+    const char *method = k_g3_methods[windowed];
+    const uint32_t batch = windowed == G3_WINDOWED_B64 ? TURN_TOKENS : 512;
     const int iters = o->quick ? 5 : 15;
     const size_t token_elems = (size_t)G3_LAYERS * G3_HEAD_DIM;
     uint16_t *k = xmalloc(token_elems * 2), *v = xmalloc(token_elems * 2);
@@ -1357,13 +1367,14 @@ static void g3_run(const options *o, uint32_t tokens, int windowed)
     ctxs_model m = g3_model(windowed);
     ctxs_create_options co = CTXS_CREATE_OPTIONS_INIT;
     co.capacity = tokens + (uint32_t)(iters + 1) * TURN_TOKENS;
+    co.batch = batch;
     co.open.durability = CTXS_SYNC_ASYNC;
     unlink(g_paths[F_SESSION]);
     ctxs_session *s;
     check_ctxs(ctxs_session_create(&s, g_paths[F_SESSION], &m, &co), "ctxs_session_create");
     if (o->progress)
         fprintf(stderr, "\r\033[K%s %u tokens: prefill", method, tokens);
-    g3_append(s, tokens, k, v, ids);
+    g3_append(s, tokens, batch, k, v, ids);
     check_ctxs(ctxs_session_sync(s), "ctxs_session_sync");
     struct stat sb;
     if (stat(g_paths[F_SESSION], &sb) != 0)
@@ -1384,7 +1395,7 @@ static void g3_run(const options *o, uint32_t tokens, int windowed)
     for (int i = 0; i <= iters; i++) {
         pause_ms(g_gap_ms);
         double t0 = now_us();
-        g3_append(s, TURN_TOKENS, k, v, ids);
+        g3_append(s, TURN_TOKENS, batch, k, v, ids);
         if (i > 0)
             samples_add(&sm, now_us() - t0);
     }
@@ -1419,13 +1430,13 @@ static void g3_print_files(FILE *f, int json)
             printf("{\"op\":\"file_bytes\",\"method\":\"%s\",\"tokens\":%u,"
                    "\"disk_bytes\":%" PRIu64 ",\"readable_bytes\":%" PRIu64
                    ",\"ratio\":%.3f}\n",
-                   g->windowed ? "gemma3_windowed" : "gemma3_global", g->tokens,
-                   g->disk_bytes, g->readable_bytes, ratio);
+                   k_g3_methods[g->windowed], g->tokens, g->disk_bytes, g->readable_bytes,
+                   ratio);
         else
-            fprintf(f, "%-16s %6u tokens: %10.1f MiB on disk, %10.1f MiB the layers can "
+            fprintf(f, "%-20s %6u tokens: %10.1f MiB on disk, %10.1f MiB the layers can "
                        "read (%.3fx)\n",
-                    g->windowed ? "gemma3_windowed" : "gemma3_global", g->tokens,
-                    g->disk_bytes / 1048576.0, g->readable_bytes / 1048576.0, ratio);
+                    k_g3_methods[g->windowed], g->tokens, g->disk_bytes / 1048576.0,
+                    g->readable_bytes / 1048576.0, ratio);
     }
 }
 
@@ -1679,9 +1690,10 @@ int main(int argc, char **argv)
     if (o.gemma3) {
         fprintf(o.json ? stderr : stdout,
                 "ctxstore bench_session --gemma3: Gemma 3's KV geometry (18 layers, 1 KV "
-                "head x 256, fp16, 15 layers windowed at 512) against it with every layer "
-                "global; save_turn: %d tokens written and committed (ASYNC) after a %u ms "
-                "pause; resume_ready: open and every page each layer's attention reads "
+                "head x 256, fp16, 15 layers windowed at 512, with a batch of 512 and of "
+                "64) against it with every layer global; save_turn: %d tokens written and "
+                "committed (ASYNC) after a %u ms pause; resume_ready: open and every page "
+                "each layer's attention reads "
                 "mapped in (warm page cache); files in %s\n\n",
                 TURN_TOKENS, g_gap_ms, g_dir);
         uint32_t g3_tokens[2] = { 8192, 32768 };
@@ -1689,8 +1701,8 @@ int main(int argc, char **argv)
         if (o.only_tokens)
             g3_tokens[0] = o.only_tokens;
         for (int i = 0; i < n_g3; i++)
-            for (int windowed = 1; windowed >= 0; windowed--)
-                g3_run(&o, g3_tokens[i], windowed);
+            for (int mode = G3_GLOBAL; mode <= G3_WINDOWED_B64; mode++)
+                g3_run(&o, g3_tokens[i], mode);
         if (o.progress)
             fputs("\r\033[K", stderr);
         qsort(g_result_rows, g_results.n, sizeof g_result_rows[0], cmp_rows);

@@ -1858,8 +1858,9 @@ CTXS_API int ctxs_store_session_grow(ctxs_store *st, const char *name, uint32_t 
  * An export file carries one session to another machine: its model (with
  * the display name), geometry, metadata, state and every held token's id,
  * checksum and KV, in zlib-compressed blocks that each carry a CRC-32
- * (export format 2.0; import also reads 1.0 files, which have no
- * metadata). See docs/FORMAT.md.
+ * (export format 3.0 for a session with a layer schedule, else 2.0;
+ * import also reads 1.0 files, which have no metadata). See
+ * docs/FORMAT.md.
  */
 
 /* Writes the committed tokens of the session named name to a new file at
@@ -1871,9 +1872,12 @@ CTXS_API int ctxs_store_session_grow(ctxs_store *st, const char *name, uint32_t 
  * Errors: CTXS_ENOTFOUND, CTXS_ESTALE, CTXS_EBUSY (a gc, compact or delete
  * is working on the session), CTXS_ECORRUPT (a held token does not match
  * its checksum, or both records are damaged), CTXS_EFULL, -EEXIST,
- * CTXS_EINVAL (bad argument, a geometry whose one token's KV is above
- * 64 MiB, or a session whose schedule has windowed layers: an export
- * carries every layer of each token), CTXS_ENOMEM, -errno. */
+ * CTXS_EINVAL (bad argument, or a geometry whose one token's KV is above
+ * 64 MiB), CTXS_ENOMEM, -errno. A session with a layer schedule is
+ * written as export format 3.0 (its windowed layers' K/V for the positions
+ * of their windows; an import of it holds the committed state, and
+ * refuses a rollback that needs positions below a window); any other as
+ * 2.0. */
 CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
                                        const char *path,
                                        ctxs_progress_fn progress,
@@ -2066,7 +2070,9 @@ typedef struct ctxs_remote_push_result {
  * Errors: CTXS_ENOTFOUND, CTXS_EEVICTED (a ring that wrapped: only a
  * session that holds every token from position 0 pushes), CTXS_ESTALE
  * (rolled back during the push), CTXS_ECORRUPT, the network's errors,
- * CTXS_EREMOTE, CTXS_ENOMEM. */
+ * CTXS_EREMOTE, CTXS_EINVAL (a session with a layer schedule: a chunk
+ * carries every layer of its tokens, which windowed layers no longer
+ * hold; export it instead), CTXS_ENOMEM. */
 CTXS_API int ctxs_remote_push(ctxs_remote_push_result *out, ctxs_remote *r, const char *name,
                               ctxs_progress_fn progress, void *progress_arg);
 

@@ -14,7 +14,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
 #include "ctxstore.h"
+#include "export_format.h"
 #include "internal.h"
 #include "support.h"
 
@@ -474,11 +477,162 @@ Test(schedule, a_store_keeps_the_schedule_with_the_model)
     cr_assert_eq(ctxs_store_session_open(&s, st, "chat", &m, 0, NULL), 0);
     check(s, CTXS_DTYPE_BF16);
     ctxs_session_close(s);
-    /* An export carries every layer of every token: refused, and nothing
-     * is left behind. */
+    ctxs_store_close(st);
+}
+
+/* Reads an export file's header. */
+static ctxs__export_header export_header(const char *path)
+{
+    ctxs__export_header h;
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fread(&h, sizeof(h), 1, f), 1);
+    fclose(f);
+    return h;
+}
+
+/* An export carries the global layers' every held token and each windowed
+ * group's window; the import holds the committed state the source held, in
+ * every dtype, through a session ring that wrapped, and goes on as the
+ * source would. */
+Test(schedule, export_and_import_keep_the_rings_in_every_dtype)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    for (size_t d = 0; d < 3; d++) {
+        ctxs_model m = sched_model(dtypes[d]);
+        m.model_hash[15] ^= (uint8_t)d; /* a store keeps one dtype per model */
+        char name[32], back[32], path[64];
+        snprintf(name, sizeof(name), "chat-%zu", d);
+        snprintf(back, sizeof(back), "back-%zu", d);
+        snprintf(path, sizeof(path), "chat-%zu.ctxx", d);
+        cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
+        ctxs_create_options o = ts_options(CAP, 4, d == 1, CTXS_SYNC_NONE);
+        o.batch = BATCH;
+        ctxs_session *s;
+        cr_assert_eq(ctxs_store_session_create(&s, st, name, &m, &o), 0);
+        /* The ring session (bf16) goes round: 150 tokens through 128 slots. */
+        cr_assert_eq(append(s, d == 1 ? 150 : 90), 0);
+        ctxs_session_close(s);
+        const char *x = ts_path(ts_scratch, path);
+        int rc = ctxs_store_session_export(st, name, x, NULL, NULL);
+        cr_assert_eq(rc, 0, "export: %s", ctxs_get_last_error());
+        ctxs__export_header h = export_header(x);
+        cr_assert_eq(h.version_major, 3);
+        cr_assert_eq(h.period, 3);
+        cr_assert_eq(h.window[2], 10);
+        cr_assert_eq(h.batch, BATCH);
+        char got[CTXS_NAME_MAX + 1];
+        rc = ctxs_store_session_import(got, st, x, back, NULL, NULL);
+        cr_assert_eq(rc, 0, "import: %s", ctxs_get_last_error());
+        cr_assert_eq(ctxs_store_session_open(&s, st, back, &m, CTXS_OPEN_VERIFY, NULL), 0);
+        ctxs_session_info info;
+        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+        cr_assert_eq(info.n_tokens, d == 1 ? 150 : 90);
+        cr_assert_eq(info.model.geometry.period, 3);
+        if (d != 1)
+            check(s, dtypes[d]);
+        cr_assert_eq(ctxs_session_verify(NULL, s), 0);
+        /* It holds the committed windows, not what the source's rings kept
+         * below them: a rollback that needs those is refused, and loses
+         * nothing. */
+        cr_assert_eq(ctxs_session_rollback(s, info.n_tokens - 3), CTXS_EEVICTED);
+        cr_assert(strstr(ctxs_get_last_error(), "window"), "%s", ctxs_get_last_error());
+        cr_assert_eq(ts_n_tokens(s), info.n_tokens);
+        if (d != 1)
+            check(s, dtypes[d]);
+        cr_assert_eq(append(s, 20), 0);
+        if (d != 1)
+            check(s, dtypes[d]);
+        ctxs_session_close(s);
+    }
+    ctxs_store_close(st);
+}
+
+/* A byte of a windowed layer's K/V changed in the file: the import refuses
+ * it and leaves no session. A session without windowed layers is still
+ * exported as 2.0, which readers of 2.0 read. */
+Test(schedule, a_damaged_ring_block_is_refused_and_plain_sessions_stay_2_0)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = sched_model(CTXS_DTYPE_F16);
+    cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
+    ctxs_create_options o = ts_options(CAP, 4, 0, CTXS_SYNC_NONE);
+    o.batch = BATCH;
+    ctxs_session *s;
+    cr_assert_eq(ctxs_store_session_create(&s, st, "chat", &m, &o), 0);
+    cr_assert_eq(append(s, 40), 0);
+    ctxs_session_close(s);
     const char *x = ts_path(ts_scratch, "chat.ctxx");
-    cr_assert_eq(ctxs_store_session_export(st, "chat", x, NULL, NULL), CTXS_EINVAL);
-    cr_assert(!ts_exists(x));
+    cr_assert_eq(ctxs_store_session_export(st, "chat", x, NULL, NULL), 0);
+    /* The last block is the window-10 group's: flip a bit of its zlib
+     * stream and mend every CRC, so that only the checksums can tell. */
+    FILE *f = fopen(x, "r+b");
+    cr_assert_not_null(f);
+    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+    long size = ftell(f);
+    uint8_t *b = malloc((size_t)size);
+    cr_assert_eq(fseek(f, 0, SEEK_SET), 0);
+    cr_assert_eq(fread(b, 1, (size_t)size, f), (size_t)size);
+    /* Find the last block header by walking the blocks. */
+    ctxs__export_header h;
+    memcpy(&h, b, sizeof(h));
+    size_t off = sizeof(h) + h.meta_bytes, last = 0;
+    for (uint64_t i = 0; i < h.n_blocks; i++) {
+        ctxs__export_block bh;
+        memcpy(&bh, b + off, sizeof(bh));
+        last = off;
+        off += sizeof(bh) + bh.comp_bytes;
+    }
+    ctxs__export_block bh;
+    memcpy(&bh, b + last, sizeof(bh));
+    uint8_t *raw = malloc(bh.raw_bytes);
+    uLongf rawn = bh.raw_bytes;
+    cr_assert_eq(uncompress(raw, &rawn, b + last + sizeof(bh), bh.comp_bytes), Z_OK);
+    raw[bh.raw_bytes - 1] ^= 0x40; /* the last run's last element */
+    uLongf compn = compressBound(bh.raw_bytes);
+    uint8_t *comp = malloc(compn);
+    cr_assert_eq(compress(comp, &compn, raw, rawn), Z_OK);
+    bh.comp_bytes = (uint32_t)compn;
+    bh.raw_crc32 = (uint32_t)crc32(0, raw, (uInt)rawn);
+    bh.data_crc32 = (uint32_t)crc32(0, comp, (uInt)compn);
+    bh.crc32 = (uint32_t)crc32(0, (const Bytef *)&bh, offsetof(ctxs__export_block, crc32));
+    size_t new_size = last + sizeof(bh) + compn + sizeof(ctxs__export_trailer);
+    uint8_t *nb = malloc(new_size);
+    memcpy(nb, b, last);
+    memcpy(nb + last, &bh, sizeof(bh));
+    memcpy(nb + last + sizeof(bh), comp, compn);
+    ctxs__export_trailer t;
+    memcpy(&t, b + size - sizeof(t), sizeof(t));
+    t.body_bytes = last + sizeof(bh) + compn;
+    t.body_crc32 = (uint32_t)crc32(0, nb, (uInt)t.body_bytes);
+    t.crc32 = (uint32_t)crc32(0, (const Bytef *)&t, offsetof(ctxs__export_trailer, crc32));
+    memcpy(nb + t.body_bytes, &t, sizeof(t));
+    fclose(f);
+    const char *y = ts_path(ts_scratch, "damaged.ctxx");
+    f = fopen(y, "wb");
+    cr_assert_eq(fwrite(nb, 1, new_size, f), new_size);
+    fclose(f);
+    cr_assert_eq(ctxs_store_session_import(NULL, st, y, "damaged", NULL, NULL), CTXS_ECORRUPT);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, st, "damaged"), CTXS_ENOTFOUND);
+    /* The file as exported imports. */
+    cr_assert_eq(ctxs_store_session_import(NULL, st, x, "whole", NULL, NULL), 0);
+    free(nb);
+    free(comp);
+    free(raw);
+    free(b);
+
+    ctxs_model plain = ts_model(8);
+    cr_assert_eq(ctxs_model_register(st, &plain, NULL), 0);
+    cr_assert_eq(ctxs_store_session_create(&s, st, "plain", &plain, &o), 0);
+    cr_assert_eq(ts_append(s, 10), 0);
+    ctxs_session_close(s);
+    const char *z = ts_path(ts_scratch, "plain.ctxx");
+    cr_assert_eq(ctxs_store_session_export(st, "plain", z, NULL, NULL), 0);
+    h = export_header(z);
+    cr_assert_eq(h.version_major, 2);
+    cr_assert_eq(h.period, 0);
+    cr_assert_eq(h.batch, 0);
     ctxs_store_close(st);
 }
 

@@ -1080,7 +1080,7 @@ static int snapshot_take(snapshot *sn, ctxs_session *s, uint64_t id)
     if (ctxs__session_prefix_held(NULL, s) != info.n_tokens)
         return CTXS_EEVICTED;
     sn->n = info.n_tokens;
-    if ((rc = ctxs__kv_plan_make(&sn->plan, &info.model.geometry, info.capacity, info.n_sink,
+    if ((rc = ctxs__kv_plan_make(&sn->plan, &info.model.geometry, info.capacity, info.n_sink, 0,
                                  (info.flags & CTXS_INFO_RING) != 0, info.n_tokens,
                                  info.ring_start, CTXS_PREFIX_CHUNK)) < 0)
         return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc; /* 64 tokens above 64 MiB */
@@ -1131,7 +1131,7 @@ static int chunk_value(uint8_t *v, snapshot *sn, uint64_t k)
     uint32_t count = (uint32_t)(sn->n - first < CTXS_PREFIX_CHUNK ? sn->n - first
                                                                    : CTXS_PREFIX_CHUNK);
     uint8_t *raw = v + CTXS__RCHUNK_HEADER_BYTES;
-    int rc = ctxs__kv_block_read(raw, &sn->plan, sn->s, first, count);
+    int rc = ctxs__kv_block_read(raw, &sn->plan, -1, sn->s, first, count);
     if (rc < 0)
         return rc;
     if (memcmp(ctxs__raw_ids(raw, count), sn->ids + first, (size_t)count * 4) ||
@@ -1940,7 +1940,7 @@ static int chunk_check(const pull_job *pj, const ctxs__kv_plan *p, uint8_t *v, u
     ctxs__prefix_chain_next(again, prev, ctxs__raw_ids(raw, count), count);
     if (memcmp(again, chain, 16) ||
         memcmp(ctxs__raw_ids(raw, count), pj->ids + first, (size_t)count * 4) ||
-        !ctxs__kv_raw_verifies(p, raw, first, count))
+        !ctxs__kv_raw_verifies(p, -1, raw, first, count))
         return 1;
     return 0;
 }
@@ -2021,7 +2021,7 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
                                             chains[i])) {
                 pj->refused = 1;
                 stopped = 1;
-            } else if ((rc = ctxs__kv_block_store(fd, p, value + CTXS__RCHUNK_HEADER_BYTES, first,
+            } else if ((rc = ctxs__kv_block_store(fd, p, -1, value + CTXS__RCHUNK_HEADER_BYTES, first,
                                                   cnt)) == 0) {
                 memcpy(prev, chains[i], 16);
                 pj->got = first + cnt;
@@ -2054,7 +2054,7 @@ static int pull_fill(int fd, const ctxs__disk_label *label, void *arg)
     ctxs__kv_plan p;
     /* The layout of every state the pull may end with is that of the
      * largest: the blocks are placed by it first. */
-    int rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, pj->ring,
+    int rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, 0, pj->ring,
                                 pj->n, 0, CTXS_PREFIX_CHUNK);
     if (rc < 0)
         return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc;
@@ -2065,7 +2065,7 @@ static int pull_fill(int fd, const ctxs__disk_label *label, void *arg)
         return rc;
     if (pj->got == 0 && pj->prefix)
         return CTXS_ENOTFOUND;
-    if ((rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, pj->ring,
+    if ((rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, 0, pj->ring,
                                  pj->got, 0, CTXS_PREFIX_CHUNK)) < 0 ||
         (rc = ctxs__kv_file_begin(fd, &p, &pj->model, pj->created_unix_ms, label)) < 0)
         return rc;

@@ -40,6 +40,15 @@ uint64_t ctxs__session_prefix_held(const uint32_t **ids, const ctxs_session *s);
 void ctxs__session_tokens(uint32_t *ids, uint64_t *sums, const ctxs_session *s, uint64_t first,
                           uint64_t n);
 
+/* The checksums of positions [first, first + n) over windowed group g's
+ * layers, from its table as it is now. CTXS_ESTALE where a slot's entry
+ * is another position's, or none: the ring no longer holds it. */
+int ctxs__session_group_sums(uint64_t *sums, const ctxs_session *s, uint32_t g, uint64_t first,
+                             uint64_t n);
+
+/* The batch s was created with (0 in a file from before 3.0). */
+uint32_t ctxs__session_batch(const ctxs_session *s);
+
 /* What the index learns from a session opened through a store. The store
  * only calls these; it knows nothing of LMDB. */
 typedef struct ctxs__session_hooks {

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -144,32 +144,44 @@ class _ModelFields(NamedTuple):
     dtype: int = 1
     model_hash: bytes = bytes(16)
     tokenizer_hash: bytes = bytes(16)
+    schedule: Tuple[int, ...] = ()
 
 
 class Model(_ModelFields):
-    """What a session's KV belongs to: geometry, dtype and two hashes.
+    """What a session's KV belongs to: geometry, dtype, two hashes and the
+    layer schedule.
 
     ``Model(n_layers, n_kv_heads, head_dim, dtype=DTYPE_F16,
-    model_hash=bytes(16), tokenizer_hash=bytes(16))``, a named tuple.
-    ``dtype`` is ``DTYPE_F16`` (default), ``DTYPE_BF16`` or ``DTYPE_Q8`` (or
-    "f16", "bf16", "q8"). ``model_hash`` is 16 bytes (``Store.hash_file()``
-    of the weights, or the app's own); ``tokenizer_hash`` likewise. A session
-    opened with another model fails with ``EMODEL``.
+    model_hash=bytes(16), tokenizer_hash=bytes(16), schedule=())``, a named
+    tuple. ``dtype`` is ``DTYPE_F16`` (default), ``DTYPE_BF16`` or
+    ``DTYPE_Q8`` (or "f16", "bf16", "q8"). ``model_hash`` is 16 bytes
+    (``Store.hash_file()`` of the weights, or the app's own);
+    ``tokenizer_hash`` likewise. ``schedule`` is the repeating pattern of
+    sliding windows, one per layer of the pattern, 0 for a global layer (at
+    most 8; layer ``l`` has ``schedule[l % len(schedule)]``): ``(512,) * 5 +
+    (0,)`` for Gemma 3; ``()`` (default) makes every layer global. A windowed
+    layer keeps a ring of its window plus the batch, and its views
+    (``k(layer)``, ``v(layer)``) are that ring's slots. A session opened with
+    another model fails with ``EMODEL``.
     """
 
     __slots__ = ()
 
     def __new__(cls, n_layers: int, n_kv_heads: int, head_dim: int,
                 dtype: Union[int, str] = 1, model_hash: bytes = bytes(16),
-                tokenizer_hash: bytes = bytes(16)) -> Model:
+                tokenizer_hash: bytes = bytes(16), schedule: Sequence[int] = ()) -> Model:
         # Checked here, not when a session is made with it much later.
         hashes = bytes(model_hash), bytes(tokenizer_hash)
         for what, h in zip(("model_hash", "tokenizer_hash"), hashes):
             if len(h) != 16:
                 raise ValueError(f"{what} is 16 bytes (XXH3-128, as Store.hash_file() "
                                  f"gives), not {len(h)}")
+        sched = tuple(int(w) for w in schedule)
+        if len(sched) > 8 or any(w < 0 for w in sched) or (sched and not any(sched)):
+            raise ValueError(f"a schedule is at most 8 windows, not below 0, at least one "
+                             f"not 0 (() makes every layer global), not {sched!r}")
         return super().__new__(cls, int(n_layers), int(n_kv_heads), int(head_dim),
-                               _dtype(dtype), *hashes)
+                               _dtype(dtype), *hashes, sched)
 
     @property
     def dtype_name(self) -> str:

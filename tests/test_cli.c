@@ -3720,6 +3720,30 @@ Test(cli, a_refusal_prints_the_library_reason)
     jc_free(v);
 }
 
+Test(cli, a_missing_checkpoint_is_named_by_fork_restore_and_rm)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "src", 256, 0, 150);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_NOTFOUND, S(), "fork", "src", "dst", "--checkpoint", "nocp");
+    contains(0, "session 'src' has no checkpoint named 'nocp'");
+    contains(0, "checkpoint ls src");
+    CLI_EXPECT(EX_NOTFOUND, S(), "checkpoint", "restore", "src", "nocp");
+    contains(0, "the session has no checkpoint named 'nocp'");
+    CLI_EXPECT(EX_NOTFOUND, S(), "checkpoint", "rm", "src", "nocp", "--json");
+    jc_value *v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
+    cr_assert(strstr(js(v, "error.message"), "no checkpoint named 'nocp'"), "%s", R.out);
+    jc_free(v);
+    /* A missing session is said as such, not as a missing checkpoint. */
+    CLI_EXPECT(EX_NOTFOUND, S(), "fork", "nobody", "dst", "--checkpoint", "nocp");
+    contains(0, "no session named 'nobody'");
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 1, "a refused fork made a session:\n%s", R.out);
+    jc_free(v);
+}
+
 Test(cli, an_option_error_is_said_once_naming_the_option)
 {
     CLI_EXPECT(EX_USAGE, S(), "ls", "--bogus");

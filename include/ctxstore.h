@@ -1437,10 +1437,17 @@ typedef struct ctxs_file_report {
     char label_name[CTXS_NAME_MAX + 1];  /* the name in the label, NUL-terminated */
     uint32_t writer_open;  /* 1: a writer holds the file now */
     uint32_t reader_open;  /* 1: a reader holds the file now */
+    int32_t writer_pid;    /* the process whose writer holds the file, where
+                              the system says (Linux, a process of the same
+                              user); 0 when none or not known */
+    char writer_command[16]; /* that process's command name (Linux: comm),
+                              NUL-terminated; "" when not known */
 } ctxs_file_report;
 
 /* Describes the session file at path: its header, both commit records, its
- * label, and whether a handle in any process has it open. Returns 0 when
+ * label, and whether a handle in any process has it open (and which
+ * process writes it: found by reading /proc, when a writer holds the
+ * file, so meant for tools, not a fast path). Returns 0 when
  * the file could be read, even if it is damaged (out->status says whether
  * it opens); -errno when it cannot be read at all (-ENOENT, -EACCES,
  * -ELOOP, -EISDIR); CTXS_EINVAL. Takes no lock and changes nothing. */

@@ -3720,6 +3720,40 @@ Test(cli, a_refusal_prints_the_library_reason)
     jc_free(v);
 }
 
+Test(cli, info_names_the_process_that_writes_a_session)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 0, 30);
+    CLI_EXPECT(EX_OK, S(), "info", "chat", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(jb(v, "writer_open"), 0, "%s", R.out);
+    cr_assert_null(jc_path(v, "writer_pid"), "no writer, yet a process is named:\n%s", R.out);
+    jc_free(v);
+
+    /* This test's own process holds the writer. */
+    ctxs_session *s = open_rw(st, "chat");
+    char comm[64] = "", want[96];
+    FILE *f = fopen("/proc/self/comm", "r");
+    cr_assert_not_null(f);
+    cr_assert_not_null(fgets(comm, sizeof(comm), f));
+    fclose(f);
+    comm[strcspn(comm, "\n")] = '\0';
+    snprintf(want, sizeof(want), "a writer (process %d, %s)", (int)getpid(), comm);
+    CLI_EXPECT(EX_OK, S(), "info", "chat");
+    contains(1, want);
+    CLI_EXPECT(EX_OK, S(), "info", file_of(S(), "chat"));
+    contains(1, want);
+    CLI_EXPECT(EX_OK, S(), "info", "chat", "--json");
+    v = json_out();
+    cr_assert_eq(jb(v, "writer_open"), 1, "%s", R.out);
+    cr_assert_eq(ju(v, "writer_pid"), (uint64_t)getpid(), "%s", R.out);
+    cr_assert_str_eq(js(v, "writer_command"), comm);
+    jc_free(v);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
 Test(cli, a_missing_checkpoint_is_named_by_fork_restore_and_rm)
 {
     ctxs_store *st = ts_store_open(S());

@@ -64,9 +64,10 @@ static const command k_commands[] = {
       "info SESSION | FILE [--json]\n\n"
       "Shows a session's header, geometry, both commit records, durability\n"
       "watermark, attention window, checkpoints, metadata keys (values\n"
-      "shortened) and checksum state. FILE, a path with a '/' or ending in\n"
-      ".ctxs, is a session file read by its path (one made outside a store,\n"
-      "e.g. by ctxs_session_create()); no store is needed.\n" },
+      "shortened), checksum state, and who has it open (a writer by its\n"
+      "process id and command name, where /proc tells). FILE, a path with a\n"
+      "'/' or ending in .ctxs, is a session file read by its path (one made\n"
+      "outside a store, e.g. by ctxs_session_create()); no store is needed.\n" },
     { "verify", cmd_verify, "check sessions and the index",
       "verify [SESSION | FILE | --all] [--json]\n\n"
       "Checks every held token's checksum, the header and commit record CRCs,\n"

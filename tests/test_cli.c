@@ -2409,7 +2409,7 @@ Test(cli, json_errors_name_the_code_the_message_and_the_hint)
         run_env(S(), NULL, cp_cmds[i]);
         cr_assert_eq(R.code, EX_NOTFOUND, "`%s` exited %d:\n%s", R.what, R.code, R.err);
         v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
-        cr_assert(strstr(js(v, "error.message"), "checkpoint 'nocp' of 'chat'"), "%s", R.out);
+        cr_assert(strstr(js(v, "error.message"), "no checkpoint named 'nocp'"), "%s", R.out);
         cr_assert_str_eq(hint_of(v), "`ctxstore checkpoint ls chat` lists its checkpoints");
         cr_assert_not(strstr(R.err, "`ctxstore ls`"), "`%s` points at ls:\n%s", R.what, R.err);
         jc_free(v);
@@ -4055,4 +4055,76 @@ Test(cli, compact_names_the_sessions_it_adopted)
     v = json_out();
     cr_assert_eq(v->n, 2, "%s", R.out);
     jc_free(v);
+}
+
+/* A session file copied in by hand under another id (a backup restored
+ * beside the store's own files) comes back under its label's name where
+ * that name is free, else as session-<id>, and the tool says which. */
+Test(cli, a_file_restored_under_another_id_gets_its_labels_name_when_free)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 0, 40);
+    ctxs_store_close(st);
+    const char *backup = dir_of("chat.backup");
+    copy_file(file_of(S(), "chat"), backup);
+    char restored[1100];
+
+    /* Beside the session it came from: its name is taken. */
+    snprintf(restored, sizeof(restored), "%s/sessions/00000000000000f1.ctxs", S());
+    copy_file(backup, restored);
+    CLI_EXPECT(EX_OK, S(), "compact");
+    contains(1, "adopted   'session-00000000000000f1'");
+    contains(1, "its label's name 'chat' is another session's");
+    /* The label now names the id it is indexed under: nothing to report. */
+    CLI_EXPECT(EX_OK, S(), "verify");
+
+    /* Its name is free once the session is gone. */
+    CLI_EXPECT(EX_OK, S(), "rm", "chat");
+    snprintf(restored, sizeof(restored), "%s/sessions/00000000000000f2.ctxs", S());
+    copy_file(backup, restored);
+    CLI_EXPECT(EX_OK, S(), "compact", "--json");
+    jc_value *v = json_out();
+    const jc_value *a = jget(v, "adopted");
+    cr_assert_eq(a->n, 1, "%s", R.out);
+    cr_assert_str_eq(js(jc_at(a, 0), "name"), "chat");
+    cr_assert_eq(ju(jc_at(a, 0), "id"), 0xf2);
+    cr_assert_str_eq(js(jc_at(a, 0), "label_name"), "chat");
+    cr_assert_eq(ju(jc_at(a, 0), "label_id"), 1);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "verify");
+    st = ts_store_open(S());
+    ctxs_session *s = open_ro(st, "chat");
+    cr_assert_eq(info_of(s).n_tokens, 40);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+
+    /* Its file deleted by hand and the backup put back under another id:
+     * the entry of the missing file does not keep the name from it. */
+    cr_assert_eq(unlink(restored), 0);
+    snprintf(restored, sizeof(restored), "%s/sessions/00000000000000f3.ctxs", S());
+    copy_file(backup, restored);
+    CLI_EXPECT(EX_OK, S(), "compact");
+    contains(1, "adopted   'chat' (sessions/00000000000000f3.ctxs");
+    contains(1, "under its label's name");
+
+    /* A rebuild: the file labelled with its own id keeps the name, though
+     * a copy with a lower id is read first. */
+    snprintf(restored, sizeof(restored), "%s/sessions/0000000000000010.ctxs", S());
+    copy_file(backup, restored);
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    contains(1, "adopted   'session-0000000000000010'");
+    contains(1, "its label's name 'chat' is another session's");
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 3, "%s", R.out);
+    cr_assert_eq(ju(must_by_name(v, "chat"), "id"), 0xf3, "%s", R.out);
+    cr_assert_not_null(by_name(v, "session-00000000000000f1"), "%s", R.out);
+    cr_assert_not_null(by_name(v, "session-0000000000000010"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "verify");
+    /* Once indexed, a file is no longer said to be adopted. */
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    cr_assert_not(strstr(R.out, "adopted"), "%s", R.out);
 }

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -3180,6 +3181,13 @@ Test(cli, bench_runs_bench_tinychat_and_passes_its_json_through, .timeout = 400)
     jc_value *v = json_out();
     cr_assert_eq(jget(v, "programs")->n, 1, "%s", R.out);
     cr_assert_str_eq(js(v, "programs[0].program"), "bench_tinychat");
+    /* The table's row: the ratio of the two medians it names. */
+    cr_assert_eq(jget(v, "comparisons")->n, 1, "%s", R.out);
+    cr_assert_str_eq(js(v, "comparisons[0].part"), "tinychat");
+    cr_assert_eq(ju(v, "comparisons[0].tokens"), 1024, "%s", R.out);
+    double cmp_want = jd(v, "comparisons[0].alternative_us") / jd(v, "comparisons[0].ctxstore_us");
+    cr_assert(fabs(jd(v, "comparisons[0].ratio") - cmp_want) <= cmp_want * 1e-3 + 1e-3, "%s",
+              R.out);
     cr_assert_str_eq(js(v, "programs[0].path"), want_path);
     cr_assert_eq(ju(v, "programs[0].exit_status"), 0);
     const jc_value *args = jget(v, "programs[0].args");
@@ -3227,6 +3235,69 @@ Test(cli, bench_runs_bench_tinychat_and_passes_its_json_through, .timeout = 400)
     free(want_path);
     cr_assert_eq(ts_dir_entries(dir), 0, "bench_tinychat left its scratch files:\n%s",
                  listing(dir));
+}
+
+/* What a newcomer reads: one line saying what is measured and about how
+ * long it takes, then a short table whose ratio is the two medians it
+ * shows; the programs' own notes stay back. */
+Test(cli, bench_says_what_it_times_and_prints_a_short_table_of_ratios, .timeout = 400)
+{
+    const char *dir = dir_of("bench");
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    run_env(S(), ARGS("CTXSTORE_BENCH_DIR="), ARGS("bench", "--only", "tinychat", "--quick",
+                                                   "--dir", dir));
+    if (is_memory_fs(dir)) {
+        cr_assert_neq(R.code, EX_OK, "bench_tinychat ran on a memory file system:\n%s", R.out);
+        return;
+    }
+    cr_assert_eq(R.code, EX_OK, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+    char first[512];
+    snprintf(first, sizeof(first), "%.*s", (int)strcspn(R.out, "\n"), R.out);
+    cr_assert(strstr(first, "Timing ctxstore") && strstr(first, "about "),
+              "the first line does not say what is timed and for how long:\n%s", R.out);
+    cr_assert_lt(count_of(R.out, "\n"), 12, "not a short table:\n%s", R.out);
+    contains(1, "CTXSTORE IS");
+    cr_assert_not(strstr(R.out, "note:") || strstr(R.err, "note:") || strstr(R.out, "NOT "),
+                  "the programs' notes or verdicts came through:\n%s\n%s", R.out, R.err);
+    /* The row: its two medians, then what their ratio says. */
+    char row[512];
+    line_with(row, sizeof(row), "next token after a reopen");
+    char a[32], aunit[8], b[32], bunit[8], word[16];
+    double x;
+    cr_assert_eq(sscanf(row, "next token after a reopen %*u %31s %7s recompute the prefill "
+                             "%31s %7s %lfx %15s", a, aunit, b, bunit, &x, word), 6,
+                 "the row does not read as STEP TOKENS TIME ALTERNATIVE TIME RATIO:\n%s", row);
+    double ctxs = strtod(a, NULL), alt = strtod(b, NULL);
+    double scale[2];
+    const char *units[2] = { aunit, bunit };
+    for (int i = 0; i < 2; i++)
+        scale[i] = !strcmp(units[i], "s") ? 1e6 : !strcmp(units[i], "ms") ? 1e3 : 1;
+    double want = alt * scale[1] / (ctxs * scale[0]);
+    if (!strcmp(word, "slower"))
+        want = 1 / want;
+    cr_assert(x > want * 0.95 - 0.1 && x < want * 1.05 + 0.1,
+              "%gx, but the medians shown give %g:\n%s", x, want, row);
+    cr_assert(!strcmp(word, "faster") || !strcmp(word, "slower"), "%s", row);
+    cr_assert_eq(ts_dir_entries(dir), 0, "bench_tinychat left its scratch files:\n%s",
+                 listing(dir));
+}
+
+Test(cli, bench_remote_without_a_redis_server_is_skipped_with_a_reason)
+{
+    run_env(S(), ARGS("REDIS_SERVER_BIN=/nonexistent/redis-server"),
+            ARGS("bench", "--only", "remote", "--quick"));
+    cr_assert_eq(R.code, EX_OK, "`%s` exited %d:\n%s\n%s", R.what, R.code, R.out, R.err);
+    contains(1, "remote: skipped: $REDIS_SERVER_BIN (/nonexistent/redis-server)");
+    run_env(S(), ARGS("REDIS_SERVER_BIN=/nonexistent/redis-server"),
+            ARGS("bench", "--only", "remote", "--quick", "--json"));
+    cr_assert_eq(R.code, EX_OK, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+    jc_value *v = json_out();
+    cr_assert_str_eq(js(v, "skipped[0].part"), "remote");
+    cr_assert(strstr(js(v, "skipped[0].why"), "REDIS_SERVER_BIN"), "%s", R.out);
+    cr_assert_eq(jget(v, "programs")->n, 0, "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_USAGE, S(), "bench", "--only", "nothing");
+    contains(0, "session, index, attention, tinychat or remote");
 }
 
 /* =============================================================================

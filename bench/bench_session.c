@@ -221,9 +221,10 @@ static options parse_options(int argc, char **argv)
                              &o.only_tokens))
             unknown_option(argv[i], usage);
     }
-    int known = !strcmp(dtype, "all");
+    const int all = !strcmp(dtype, "all");
+    int known = all;
     for (size_t i = 0; i < N_DTYPES; i++) {
-        o.dtypes[i] = known || !strcmp(dtype, k_dtype_names[i]);
+        o.dtypes[i] = all || !strcmp(dtype, k_dtype_names[i]);
         known |= o.dtypes[i];
     }
     if (!known) {

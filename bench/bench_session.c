@@ -1165,7 +1165,8 @@ static const uint32_t k_pauses_ms[] = { 50, 2500, 35000 };
  * for the run instead makes the flusher write back everything of every
  * process on the machine every second; on the shared 2-core VM that
  * scattered these timings 2-4x.) A note says how many pages of the file
- * were still dirty after each writeback (none, when the stand-in holds). */
+ * were dirty right after each writeback: the runway's, where the worker
+ * has already mapped it again. */
 #define LONG_PAUSE_MS 35000u
 #define STAND_IN_PAUSE_MS 2500u
 

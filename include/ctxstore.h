@@ -319,7 +319,11 @@ typedef enum ctxs_durability {
  *   the next slots are allocated and (at NONE and ASYNC) mapped writable (a
  *   "runway" of twice the largest recent reservation, at most 128 MiB), so
  *   that the next ctxs_session_reserve() costs microseconds and the next
- *   turn's K/V go straight into mapped pages;
+ *   turn's K/V go straight into mapped pages; for two minutes after the
+ *   commit, mapped writable again each time the kernel's flusher has
+ *   written it back (it does after 30 s), so that a user who reads for a
+ *   while is not made to wait for page faults (each time: about a turn's
+ *   page faults on the worker, and the runway's zeros written back again);
  * - after a reserve beyond the runway, or once writeback has cleaned it:
  *   the reserved slots are mapped, a layer at a time, while the engine
  *   computes; and ahead of an engine that writes a few tokens at a time

@@ -94,11 +94,16 @@ static void run_job(ctxs_session *s, unsigned job, const job_view *v)
 /* Under the mutex, with nothing to do: waits for a job, and while a
  * session keeps its runway, at most CTXS__RUNWAY_CHECK_MS, then asks for
  * the runway of each session that keeps one (ctxs__runway_prepare() maps
- * it again only if the flusher cleaned it). */
+ * it again only if the flusher cleaned it). Not under memory pressure:
+ * the pages are the system's to take back then. */
 static void wait_for_work(void)
 {
     const uint64_t now = ctxs__monotonic_ms();
     int keeping = 0;
+    if (ctxs_get_pressure()) {
+        pthread_cond_wait(&work_wanted, &ctxs__registry_mutex);
+        return;
+    }
     for (ctxs_session *s = ctxs__registry_head; s && !keeping; s = s->next)
         keeping = s->background && atomic_load(&s->runway_keep_until_ms) > now;
     if (!keeping) {

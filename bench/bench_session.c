@@ -13,8 +13,9 @@
  *                 handed over a layer at a time (ctxs_session_write_layer,
  *                 from [token][head][dim] as a forward pass makes them),
  *                 both after pauses of 50 ms, 2.5 s and 35 s (the last
- *                 stood for by the session file written back during the
- *                 pause, as the kernel's flusher does after 30 s);
+ *                 stood for by the session file written back at the start
+ *                 of a 2.5 s pause, as the kernel's flusher does after
+ *                 30 s);
  *                 rewriting the whole state with
  *                 write() + fdatasync (what llama.cpp state files do); the
  *                 whole state as one SQLite BLOB row; and two floors: the
@@ -228,9 +229,10 @@ static options parse_options(int argc, char **argv)
                              &o.only_tokens))
             unknown_option(argv[i], usage);
     }
-    int known = !strcmp(dtype, "all");
+    const int all = !strcmp(dtype, "all");
+    int known = all;
     for (size_t i = 0; i < N_DTYPES; i++) {
-        o.dtypes[i] = known || !strcmp(dtype, k_dtype_names[i]);
+        o.dtypes[i] = all || !strcmp(dtype, k_dtype_names[i]);
         known |= o.dtypes[i];
     }
     if (!known) {
@@ -634,12 +636,12 @@ static void measure_save_turn_ctxstore(const bench *b, uint32_t durability, int 
     long dirty_max = -1;
     double beside0 = cpu_us(CLOCK_PROCESS_CPUTIME_ID) - cpu_us(CLOCK_THREAD_CPUTIME_ID);
     for (int i = 0; i < b->iters; i++) {
-        think();
         if (g_pause_label_ms != g_pause_ms) {
             write_back_session();
             long d = dirty_pages(g_paths[F_SESSION]);
             dirty_max = d > dirty_max ? d : dirty_max;
         }
+        think();
         double t0 = now_us();
         if (layers)
             write_turn_layers(s, b);
@@ -657,7 +659,7 @@ static void measure_save_turn_ctxstore(const bench *b, uint32_t durability, int 
                  beside / b->iters);
     if (g_pause_label_ms != g_pause_ms && dirty_max >= 0)
         add_note("save_turn %s %s at %u tokens after %u ms (stood for): at most %ld dirty pages"
-                 " in the session file before a turn", method, dtype_name(b->dtype), b->tokens,
+                 " in the session file after its writeback", method, dtype_name(b->dtype), b->tokens,
                  g_pause_label_ms, dirty_max);
     record(b, "save_turn", method, &sm);
 }
@@ -1163,14 +1165,16 @@ static void verify_session(const bench *b)
  * the runway, and with it write-protects its pages. */
 static const uint32_t k_pauses_ms[] = { 50, 2500, 35000 };
 
-/* The last stands for its length: after a pause of 2.5 s the session file
- * is written back (fdatasync), as the kernel's flusher writes back a file
- * whose pages have been dirty for vm.dirty_expire_centisecs (30 s): every
- * page clean and write-protected, the runway's too. (Lowering that sysctl
+/* The last stands for its length: the session file is written back
+ * (fdatasync) and a pause of 2.5 s follows, as the kernel's flusher writes
+ * back a file whose pages have been dirty for vm.dirty_expire_centisecs
+ * (30 s), waking every 5 s: every page clean and write-protected, the
+ * runway's too, 0-5 s before the user's next turn. (Lowering that sysctl
  * for the run instead makes the flusher write back everything of every
  * process on the machine every second; on the shared 2-core VM that
  * scattered these timings 2-4x.) A note says how many pages of the file
- * were still dirty before each turn (none, when the stand-in holds). */
+ * were dirty right after each writeback: the runway's, where the worker
+ * has already mapped it again. */
 #define LONG_PAUSE_MS 35000u
 #define STAND_IN_PAUSE_MS 2500u
 
@@ -1518,8 +1522,8 @@ static void print_header(FILE *f, const char *dir)
         " ctxs_session_write_layer, a layer at a time from [token][head][dim]"
         " (the session's dtype; Q8's scales after the elements); it and"
         " ctxstore_async and memcpy_resident after pauses of 50, 2500 and 35000 ms (the"
-        " pause_ms column; 35000 stood for by a %u ms pause and an fdatasync"
-        " of the session file before the turn, untimed: every page written"
+        " pause_ms column; 35000 stood for by an fdatasync of the session file"
+        " and a %u ms pause before the turn, untimed: every page written"
         " back and write-protected, the runway's too, as the kernel's"
         " flusher leaves them after 30 s). floor: the same %d memcpys into a fresh"
         " contiguous region of a mapped file (ftruncate + fallocate"

@@ -350,7 +350,11 @@ typedef enum ctxs_durability {
  *   the next slots are allocated and (at NONE and ASYNC) mapped writable (a
  *   "runway" of twice the largest recent reservation, at most 128 MiB), so
  *   that the next ctxs_session_reserve() costs microseconds and the next
- *   turn's K/V go straight into mapped pages;
+ *   turn's K/V go straight into mapped pages; for two minutes after the
+ *   commit, mapped writable again each time the kernel's flusher has
+ *   written it back (it does after 30 s), so that a user who reads for a
+ *   while is not made to wait for page faults (each time: about a turn's
+ *   page faults on the worker, and the runway's zeros written back again);
  * - after a reserve beyond the runway, or once writeback has cleaned it:
  *   the reserved slots are mapped, a layer at a time, while the engine
  *   computes; and ahead of an engine that writes a few tokens at a time
@@ -1507,10 +1511,17 @@ typedef struct ctxs_file_report {
     char label_name[CTXS_NAME_MAX + 1];  /* the name in the label, NUL-terminated */
     uint32_t writer_open;  /* 1: a writer holds the file now */
     uint32_t reader_open;  /* 1: a reader holds the file now */
+    int32_t writer_pid;    /* the process whose writer holds the file, where
+                              the system says (Linux, a process of the same
+                              user); 0 when none or not known */
+    char writer_command[16]; /* that process's command name (Linux: comm),
+                              NUL-terminated; "" when not known */
 } ctxs_file_report;
 
 /* Describes the session file at path: its header, both commit records, its
- * label, and whether a handle in any process has it open. Returns 0 when
+ * label, and whether a handle in any process has it open (and which
+ * process writes it: found by reading /proc, when a writer holds the
+ * file, so meant for tools, not a fast path). Returns 0 when
  * the file could be read, even if it is damaged (out->status says whether
  * it opens); -errno when it cannot be read at all (-ENOENT, -EACCES,
  * -ELOOP, -EISDIR); CTXS_EINVAL. Takes no lock and changes nothing. */
@@ -1621,8 +1632,11 @@ typedef struct ctxs_repair_result {
 } ctxs_repair_result;
 
 /* Compares the whole index with the session files. A session file that no
- * entry names is indexed again (under the name in its label, or
- * "session-<id>"), never deleted; an entry whose file is gone is dropped;
+ * entry names is indexed again (under the name in its label where no other
+ * session has it, else "session-<id>"), never deleted; a file copied in
+ * under another id than its label's (a backup restored by hand) has its
+ * label rewritten to name the id and name it is indexed under. An entry
+ * whose file is gone is dropped;
  * files written aside by creates that died are removed (those of a process
  * still running are left: its create may be under way); prefix entries are
  * brought up to date. Files that are not sessions are left alone. Opening a
@@ -1649,7 +1663,10 @@ typedef struct ctxs_reindex_result {
 /* Rebuilds the index from the session files: names (each file keeps its
  * own), models, token counts and prefixes. Checkpoints and metadata of
  * sessions still present and models' display names are kept; sessions whose name is lost
- * or taken are named "session-<id>". Files that are not valid sessions
+ * or taken are named "session-<id>". A file whose label names another id
+ * (copied in by hand) gets its label's name when no file labelled with its
+ * own id claims it, and its label is rewritten to name its id and the name
+ * it got. Files that are not valid sessions
  * (foreign, damaged, of a newer version) are left alone and counted; a
  * file named with id 0 (or above 2^63 - 1) is given a new id first and
  * indexed as any other; a file that cannot be read (-EIO, -EACCES, ...)

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2446,7 +2447,7 @@ Test(cli, json_errors_name_the_code_the_message_and_the_hint)
         run_env(S(), NULL, cp_cmds[i]);
         cr_assert_eq(R.code, EX_NOTFOUND, "`%s` exited %d:\n%s", R.what, R.code, R.err);
         v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
-        cr_assert(strstr(js(v, "error.message"), "checkpoint 'nocp' of 'chat'"), "%s", R.out);
+        cr_assert(strstr(js(v, "error.message"), "no checkpoint named 'nocp'"), "%s", R.out);
         cr_assert_str_eq(hint_of(v), "`ctxstore checkpoint ls chat` lists its checkpoints");
         cr_assert_not(strstr(R.err, "`ctxstore ls`"), "`%s` points at ls:\n%s", R.what, R.err);
         jc_free(v);
@@ -3217,6 +3218,13 @@ Test(cli, bench_runs_bench_tinychat_and_passes_its_json_through, .timeout = 400)
     jc_value *v = json_out();
     cr_assert_eq(jget(v, "programs")->n, 1, "%s", R.out);
     cr_assert_str_eq(js(v, "programs[0].program"), "bench_tinychat");
+    /* The table's row: the ratio of the two medians it names. */
+    cr_assert_eq(jget(v, "comparisons")->n, 1, "%s", R.out);
+    cr_assert_str_eq(js(v, "comparisons[0].part"), "tinychat");
+    cr_assert_eq(ju(v, "comparisons[0].tokens"), 1024, "%s", R.out);
+    double cmp_want = jd(v, "comparisons[0].alternative_us") / jd(v, "comparisons[0].ctxstore_us");
+    cr_assert(fabs(jd(v, "comparisons[0].ratio") - cmp_want) <= cmp_want * 1e-3 + 1e-3, "%s",
+              R.out);
     cr_assert_str_eq(js(v, "programs[0].path"), want_path);
     cr_assert_eq(ju(v, "programs[0].exit_status"), 0);
     const jc_value *args = jget(v, "programs[0].args");
@@ -3264,6 +3272,69 @@ Test(cli, bench_runs_bench_tinychat_and_passes_its_json_through, .timeout = 400)
     free(want_path);
     cr_assert_eq(ts_dir_entries(dir), 0, "bench_tinychat left its scratch files:\n%s",
                  listing(dir));
+}
+
+/* What a newcomer reads: one line saying what is measured and about how
+ * long it takes, then a short table whose ratio is the two medians it
+ * shows; the programs' own notes stay back. */
+Test(cli, bench_says_what_it_times_and_prints_a_short_table_of_ratios, .timeout = 400)
+{
+    const char *dir = dir_of("bench");
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    run_env(S(), ARGS("CTXSTORE_BENCH_DIR="), ARGS("bench", "--only", "tinychat", "--quick",
+                                                   "--dir", dir));
+    if (is_memory_fs(dir)) {
+        cr_assert_neq(R.code, EX_OK, "bench_tinychat ran on a memory file system:\n%s", R.out);
+        return;
+    }
+    cr_assert_eq(R.code, EX_OK, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+    char first[512];
+    snprintf(first, sizeof(first), "%.*s", (int)strcspn(R.out, "\n"), R.out);
+    cr_assert(strstr(first, "Timing ctxstore") && strstr(first, "about "),
+              "the first line does not say what is timed and for how long:\n%s", R.out);
+    cr_assert_lt(count_of(R.out, "\n"), 12, "not a short table:\n%s", R.out);
+    contains(1, "CTXSTORE IS");
+    cr_assert_not(strstr(R.out, "note:") || strstr(R.err, "note:") || strstr(R.out, "NOT "),
+                  "the programs' notes or verdicts came through:\n%s\n%s", R.out, R.err);
+    /* The row: its two medians, then what their ratio says. */
+    char row[512];
+    line_with(row, sizeof(row), "next token after a reopen");
+    char a[32], aunit[8], b[32], bunit[8], word[16];
+    double x;
+    cr_assert_eq(sscanf(row, "next token after a reopen %*u %31s %7s recompute the prefill "
+                             "%31s %7s %lfx %15s", a, aunit, b, bunit, &x, word), 6,
+                 "the row does not read as STEP TOKENS TIME ALTERNATIVE TIME RATIO:\n%s", row);
+    double ctxs = strtod(a, NULL), alt = strtod(b, NULL);
+    double scale[2];
+    const char *units[2] = { aunit, bunit };
+    for (int i = 0; i < 2; i++)
+        scale[i] = !strcmp(units[i], "s") ? 1e6 : !strcmp(units[i], "ms") ? 1e3 : 1;
+    double want = alt * scale[1] / (ctxs * scale[0]);
+    if (!strcmp(word, "slower"))
+        want = 1 / want;
+    cr_assert(x > want * 0.95 - 0.1 && x < want * 1.05 + 0.1,
+              "%gx, but the medians shown give %g:\n%s", x, want, row);
+    cr_assert(!strcmp(word, "faster") || !strcmp(word, "slower"), "%s", row);
+    cr_assert_eq(ts_dir_entries(dir), 0, "bench_tinychat left its scratch files:\n%s",
+                 listing(dir));
+}
+
+Test(cli, bench_remote_without_a_redis_server_is_skipped_with_a_reason)
+{
+    run_env(S(), ARGS("REDIS_SERVER_BIN=/nonexistent/redis-server"),
+            ARGS("bench", "--only", "remote", "--quick"));
+    cr_assert_eq(R.code, EX_OK, "`%s` exited %d:\n%s\n%s", R.what, R.code, R.out, R.err);
+    contains(1, "remote: skipped: $REDIS_SERVER_BIN (/nonexistent/redis-server)");
+    run_env(S(), ARGS("REDIS_SERVER_BIN=/nonexistent/redis-server"),
+            ARGS("bench", "--only", "remote", "--quick", "--json"));
+    cr_assert_eq(R.code, EX_OK, "`%s` exited %d:\n%s", R.what, R.code, R.err);
+    jc_value *v = json_out();
+    cr_assert_str_eq(js(v, "skipped[0].part"), "remote");
+    cr_assert(strstr(js(v, "skipped[0].why"), "REDIS_SERVER_BIN"), "%s", R.out);
+    cr_assert_eq(jget(v, "programs")->n, 0, "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_USAGE, S(), "bench", "--only", "nothing");
+    contains(0, "session, index, attention, tinychat or remote");
 }
 
 /* =============================================================================
@@ -3806,6 +3877,64 @@ Test(cli, a_refusal_prints_the_library_reason)
     jc_free(v);
 }
 
+Test(cli, info_names_the_process_that_writes_a_session)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 0, 30);
+    CLI_EXPECT(EX_OK, S(), "info", "chat", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(jb(v, "writer_open"), 0, "%s", R.out);
+    cr_assert_null(jc_path(v, "writer_pid"), "no writer, yet a process is named:\n%s", R.out);
+    jc_free(v);
+
+    /* This test's own process holds the writer. */
+    ctxs_session *s = open_rw(st, "chat");
+    char comm[64] = "", want[96];
+    FILE *f = fopen("/proc/self/comm", "r");
+    cr_assert_not_null(f);
+    cr_assert_not_null(fgets(comm, sizeof(comm), f));
+    fclose(f);
+    comm[strcspn(comm, "\n")] = '\0';
+    snprintf(want, sizeof(want), "a writer (process %d, %s)", (int)getpid(), comm);
+    CLI_EXPECT(EX_OK, S(), "info", "chat");
+    contains(1, want);
+    CLI_EXPECT(EX_OK, S(), "info", file_of(S(), "chat"));
+    contains(1, want);
+    CLI_EXPECT(EX_OK, S(), "info", "chat", "--json");
+    v = json_out();
+    cr_assert_eq(jb(v, "writer_open"), 1, "%s", R.out);
+    cr_assert_eq(ju(v, "writer_pid"), (uint64_t)getpid(), "%s", R.out);
+    cr_assert_str_eq(js(v, "writer_command"), comm);
+    jc_free(v);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
+Test(cli, a_missing_checkpoint_is_named_by_fork_restore_and_rm)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "src", 256, 0, 150);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_NOTFOUND, S(), "fork", "src", "dst", "--checkpoint", "nocp");
+    contains(0, "session 'src' has no checkpoint named 'nocp'");
+    contains(0, "checkpoint ls src");
+    CLI_EXPECT(EX_NOTFOUND, S(), "checkpoint", "restore", "src", "nocp");
+    contains(0, "the session has no checkpoint named 'nocp'");
+    CLI_EXPECT(EX_NOTFOUND, S(), "checkpoint", "rm", "src", "nocp", "--json");
+    jc_value *v = json_error_out(CTXS_ENOTFOUND, "CTXS_ENOTFOUND");
+    cr_assert(strstr(js(v, "error.message"), "no checkpoint named 'nocp'"), "%s", R.out);
+    jc_free(v);
+    /* A missing session is said as such, not as a missing checkpoint. */
+    CLI_EXPECT(EX_NOTFOUND, S(), "fork", "nobody", "dst", "--checkpoint", "nocp");
+    contains(0, "no session named 'nobody'");
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 1, "a refused fork made a session:\n%s", R.out);
+    jc_free(v);
+}
+
 Test(cli, an_option_error_is_said_once_naming_the_option)
 {
     CLI_EXPECT(EX_USAGE, S(), "ls", "--bogus");
@@ -4083,4 +4212,76 @@ Test(cli, compact_names_the_sessions_it_adopted)
     v = json_out();
     cr_assert_eq(v->n, 2, "%s", R.out);
     jc_free(v);
+}
+
+/* A session file copied in by hand under another id (a backup restored
+ * beside the store's own files) comes back under its label's name where
+ * that name is free, else as session-<id>, and the tool says which. */
+Test(cli, a_file_restored_under_another_id_gets_its_labels_name_when_free)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    mk(st, "chat", 256, 0, 40);
+    ctxs_store_close(st);
+    const char *backup = dir_of("chat.backup");
+    copy_file(file_of(S(), "chat"), backup);
+    char restored[1100];
+
+    /* Beside the session it came from: its name is taken. */
+    snprintf(restored, sizeof(restored), "%s/sessions/00000000000000f1.ctxs", S());
+    copy_file(backup, restored);
+    CLI_EXPECT(EX_OK, S(), "compact");
+    contains(1, "adopted   'session-00000000000000f1'");
+    contains(1, "its label's name 'chat' is another session's");
+    /* The label now names the id it is indexed under: nothing to report. */
+    CLI_EXPECT(EX_OK, S(), "verify");
+
+    /* Its name is free once the session is gone. */
+    CLI_EXPECT(EX_OK, S(), "rm", "chat");
+    snprintf(restored, sizeof(restored), "%s/sessions/00000000000000f2.ctxs", S());
+    copy_file(backup, restored);
+    CLI_EXPECT(EX_OK, S(), "compact", "--json");
+    jc_value *v = json_out();
+    const jc_value *a = jget(v, "adopted");
+    cr_assert_eq(a->n, 1, "%s", R.out);
+    cr_assert_str_eq(js(jc_at(a, 0), "name"), "chat");
+    cr_assert_eq(ju(jc_at(a, 0), "id"), 0xf2);
+    cr_assert_str_eq(js(jc_at(a, 0), "label_name"), "chat");
+    cr_assert_eq(ju(jc_at(a, 0), "label_id"), 1);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "verify");
+    st = ts_store_open(S());
+    ctxs_session *s = open_ro(st, "chat");
+    cr_assert_eq(info_of(s).n_tokens, 40);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+
+    /* Its file deleted by hand and the backup put back under another id:
+     * the entry of the missing file does not keep the name from it. */
+    cr_assert_eq(unlink(restored), 0);
+    snprintf(restored, sizeof(restored), "%s/sessions/00000000000000f3.ctxs", S());
+    copy_file(backup, restored);
+    CLI_EXPECT(EX_OK, S(), "compact");
+    contains(1, "adopted   'chat' (sessions/00000000000000f3.ctxs");
+    contains(1, "under its label's name");
+
+    /* A rebuild: the file labelled with its own id keeps the name, though
+     * a copy with a lower id is read first. */
+    snprintf(restored, sizeof(restored), "%s/sessions/0000000000000010.ctxs", S());
+    copy_file(backup, restored);
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    contains(1, "adopted   'session-0000000000000010'");
+    contains(1, "its label's name 'chat' is another session's");
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(v->n, 3, "%s", R.out);
+    cr_assert_eq(ju(must_by_name(v, "chat"), "id"), 0xf3, "%s", R.out);
+    cr_assert_not_null(by_name(v, "session-00000000000000f1"), "%s", R.out);
+    cr_assert_not_null(by_name(v, "session-0000000000000010"), "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "verify");
+    /* Once indexed, a file is no longer said to be adopted. */
+    CLI_EXPECT(EX_OK, S(), "reindex");
+    cr_assert_not(strstr(R.out, "adopted"), "%s", R.out);
 }

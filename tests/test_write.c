@@ -8,6 +8,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include "ctxstore.h"
 #include "dtype.h"
 #include "internal.h"
+#include "platform.h"
 #include "support.h"
 #include "syscall.h"
 
@@ -470,6 +472,61 @@ Test(write, layer_takes_no_page_fault_on_the_callers_thread)
         ctxs_session_close(s);
         unlink(ts_path(ts_scratch, "big"));
     }
+#endif
+}
+
+/* Whether the pages of the runway's first run (layer 0, K, head 0) after
+ * position `from` are dirty: 1, 0, -1 where the page cache cannot tell. */
+static int runway_dirty(const ctxs_session *s, uint64_t from)
+{
+    return ctxs__range_dirty(s->fd, s->lay.kv_off + from * s->lay.slot_bytes,
+                             64 * s->lay.slot_bytes);
+}
+
+/* The kernel's flusher writes the runway back while the user reads (after
+ * 30 s) and write-protects it; the worker maps it writable again, so that
+ * the next turn's stores through the mapping take no page fault. The
+ * writeback is done here as the flusher does it, from outside the
+ * library. */
+Test(write, the_runway_is_mapped_again_after_the_flusher_cleans_it)
+{
+#ifndef RUSAGE_THREAD
+    cr_skip_test("no per-thread fault counts on this system");
+#else
+    static uint16_t kv[8 * 64 * 4 * 128];
+    for (size_t i = 0; i < sizeof(kv) / 2; i++)
+        kv[i] = (uint16_t)(0x3c00u | (ts_mix64(i) & 0x3ffu));
+    ctxs_session *s = create_big(1);
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+    big_turn_write(s, &r, kv, BY_LAYER);
+    big_commit(s, &r);
+    ctxs__background_wait_idle(); /* the runway after the commit */
+    int fd = open(ts_path(ts_scratch, "big"), O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fdatasync(fd), 0);
+    close(fd);
+    int dirty = runway_dirty(s, 64);
+    if (dirty < 0) {
+        ctxs_session_close(s);
+        cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
+    }
+    cr_assert_eq(dirty, 0, "the writeback left the runway dirty: the test measures nothing");
+    for (int i = 0; i < 600 && dirty == 0; i++) { /* 60 s at most */
+        usleep(100 * 1000);
+        dirty = runway_dirty(s, 64);
+    }
+    cr_assert_eq(dirty, 1, "the worker did not map the cleaned runway again");
+    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+    long before = thread_faults();
+    big_turn_write(s, &r, kv, THROUGH_MAPPING);
+    long faults = thread_faults() - before;
+    cr_expect_lt(faults, 32, "%ld page faults storing a turn into the runway mapped again",
+                 faults);
+    big_commit(s, &r);
+    uint64_t bad;
+    cr_assert_eq(ctxs_session_verify(&bad, s), 0);
+    ctxs_session_close(s);
 #endif
 }
 

@@ -374,12 +374,16 @@ class FileReport(NamedTuple):
     label_name: str
     writer_open: bool
     reader_open: bool
+    writer_pid: int
+    writer_command: str
 
 
 def inspect(path: PathLike) -> FileReport:
     """Describe the session file at ``path`` without opening it as a session
     (``ctxs_file_inspect``): its header, both commit records, its label, and
-    whether a handle in any process has it open now. Works on a file that
+    whether a handle in any process has it open now (``writer_pid`` and
+    ``writer_command`` name the writer's process where the system tells,
+    else 0 and ""). Works on a file that
     does not open; takes no lock. ``Error`` (``-ENOENT``, ``-EACCES``, ...)
     only when the file cannot be read at all."""
     d = _ctxstore.inspect(path)

@@ -2573,7 +2573,7 @@ static const field file_report_fields[] = {
     F(header_crc_ok, BOOL), F(capacity, U32), F(n_sink, U32), F(ring, BOOL),
     F(created_unix_ms, U64), F(file_bytes, U64), F(size_bytes, U64), F(disk_bytes, U64),
     F(label_status, I32), F(label_id, U64), F(label_name, STR), F(writer_open, BOOL),
-    F(reader_open, BOOL), FIELDS_END,
+    F(reader_open, BOOL), F(writer_pid, I32), F(writer_command, STR), FIELDS_END,
 };
 #undef T
 

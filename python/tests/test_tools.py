@@ -91,10 +91,14 @@ def test_inspect_a_good_a_damaged_and_a_missing_file(store, model, tmp_path):
         append(s, range(7))
         live = ctxstore.inspect(session_file(tmp_path, store, "chat"))
         assert live.writer_open and live.status == 0
+        assert live.writer_pid == os.getpid()
+        with open("/proc/self/comm") as f:
+            assert live.writer_command == f.read().strip()
     path = session_file(tmp_path, store, "chat")
     r = ctxstore.inspect(path)
     assert r.status == 0 and r.header_status == 0 and r.header_crc_ok
     assert r.model == model and r.capacity == 64 and not r.writer_open
+    assert r.writer_pid == 0 and r.writer_command == ""
     assert r.label_name == "chat" and r.label_status == 0
     cur = [rec for rec in r.records if rec.current]
     assert len(cur) == 1 and cur[0].n_tokens == 7 and cur[0].status == 0

@@ -185,7 +185,11 @@ static int drop_dangling(ctxs_store *st, uint64_t id, uint64_t *removed)
 struct file_facts {
     ctxs__peek p;
     char name[CTXS_NAME_MAX + 1];
-    int named;          /* the label holds a valid name for this id */
+    int named;          /* the label holds a valid name */
+    int own;            /* ... and this id: the file was not copied in
+                           under another id */
+    int moved;          /* the label names another id: rewritten when the
+                           file is indexed */
     uint32_t *ids;
     uint64_t n_ids;
 };
@@ -210,13 +214,19 @@ static int read_facts(ctxs_store *st, uint64_t id, file_facts *f)
     if (fd < 0)
         return -errno;
     int rc = ctxs__peek_fd(&f->p, fd);
-    uint64_t label_id;
-    if (rc == 0 && (rc = ctxs__label_read(fd, &label_id, f->name)) < 0 &&
-        (rc == CTXS_ENOTFOUND || rc == CTXS_ECORRUPT))
-        rc = 0; /* no label, or a damaged one: the file keeps no name */
+    uint64_t label_id = 0;
+    int labelled = 0;
+    if (rc == 0) {
+        rc = ctxs__label_read(fd, &label_id, f->name);
+        labelled = rc == 0;
+        if (rc == CTXS_ENOTFOUND || rc == CTXS_ECORRUPT)
+            rc = 0; /* no label, or a damaged one: the file keeps no name */
+    }
     if (rc == 0) {
         size_t len;
-        f->named = f->name[0] && label_id == id && ctxs__name_check(f->name, &len) == 0;
+        f->named = f->name[0] && ctxs__name_check(f->name, &len) == 0;
+        f->own = f->named && label_id == id;
+        f->moved = labelled && label_id != id;
         f->n_ids = ctxs__peek_prefix_held(&f->p);
         if (!(f->ids = ctxs__malloc(f->n_ids ? f->n_ids * 4 : 1)))
             rc = CTXS_ENOMEM;
@@ -581,8 +591,19 @@ int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
         rc = renumber_misnumbered(st, &res.files_renumbered);
     if (rc == 0)
         rc = list_files(st, &files, &n_files, 1, &res.files_removed);
-    if (rc < 0)
-        return rc;
+    /* Entries whose file is gone go before files are adopted: a file
+     * restored under another id then finds its name free. */
+    if (rc == 0)
+        rc = indexed_ids(st, &ids, &n_ids);
+    for (size_t i = 0; rc == 0 && i < n_ids; i++) {
+        char file[32];
+        struct stat sb;
+        ctxs__file_name(file, ids[i]);
+        if (ctxs__fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT)
+            rc = drop_dangling(st, ids[i], &res.entries_removed);
+    }
+    free(ids);
+    ids = NULL;
     for (size_t i = 0; rc == 0 && i < n_files; i++) {
         int indexed = 1;
         if ((rc = is_indexed(st, files[i], &indexed)) == 0 && !indexed)
@@ -644,7 +665,26 @@ static int cmp_id(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Indexes the file of id in txn (a rebuild in progress). */
+/* Makes the label of the file of id name id and name (len bytes). */
+static int relabel(ctxs_store *st, uint64_t id, const char *name, size_t len)
+{
+    char file[32];
+    ctxs__file_name(file, id);
+    int fd = ctxs__openat(st->sessions_fd, file, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return -errno;
+    int rc = ctxs__label_write(fd, id, name, len);
+    close(fd);
+    return rc;
+}
+
+/* Indexes the file of id in txn (a rebuild in progress), under the name
+ * its label gives when that name is free, else "session-<id>". A file
+ * copied in by hand under another id (a backup restored beside the
+ * session it came from, say) keeps its label's name where nothing else
+ * holds it; its label is rewritten to name the id and name it is indexed
+ * under, before the index names it, so that the label and the index agree
+ * (verify compares them) and a later rebuild finds the same name. */
 static int reindex_one(MDB_txn *txn, ctxs_store *st, uint64_t id, const file_facts *f)
 {
     char fallback[32];
@@ -663,7 +703,9 @@ static int reindex_one(MDB_txn *txn, ctxs_store *st, uint64_t id, const file_fac
     rec.disk_bytes = f->p.disk_bytes;
     rec.created_unix_ms = f->p.created_unix_ms;
     rec.last_used_unix_ms = f->p.written_unix_ms;
-    int rc = ctxs__model_ensure(txn, st, &f->p.model);
+    int rc = f->moved ? relabel(st, id, name, len) : 0;
+    if (rc == 0)
+        rc = ctxs__model_ensure(txn, st, &f->p.model);
     if (rc == CTXS_EMODEL)
         rc = 0; /* the registration stands; opening with the file's model fails */
     if (rc == 0)
@@ -729,8 +771,12 @@ int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
             rc = drop_rows_of_absent(txn, st->metadata, 1, ids, kept);
         if (rc == 0)
             rc = drop_rows_of_absent(txn, st->pins, 0, ids, kept);
-        for (size_t i = 0; rc == 0 && i < kept; i++)
-            rc = reindex_one(txn, st, ids[i], &facts[i]);
+        /* Files whose label names their own id first: a copy of one
+         * under another id must not take its name. */
+        for (int own = 1; own >= 0; own--)
+            for (size_t i = 0; rc == 0 && i < kept; i++)
+                if (facts[i].own == own)
+                    rc = reindex_one(txn, st, ids[i], &facts[i]);
         if (rc == 0)
             rc = raise_next_id_said(txn, st, kept ? ids[kept - 1] + 1 : 1, &res.next_id_was,
                                     &res.next_id_mended, &res.next_id);

@@ -11,7 +11,9 @@
  *              costs about as much as writing the turn did;
  *   runway     the next turn's slots allocated (fallocate) and mapped
  *              writable (page faults cost about as much as copying the
- *              page), so that reserve costs microseconds;
+ *              page), so that reserve costs microseconds; and mapped
+ *              again while the user reads, each time the flusher has
+ *              written them back (for a while after each commit);
  *   warm       after an open, the attention window read ahead from the disk
  *              and mapped, so that the first attention step waits only for
  *              what is not there yet (a fault on a page whose read is in
@@ -29,8 +31,10 @@
  * mutex, and its descriptor and mapping without it: close removes the
  * session from the registry, which waits until the worker is done with it.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #include "internal.h"
 #include "platform.h"
@@ -87,6 +91,42 @@ static void run_job(ctxs_session *s, unsigned job, const job_view *v)
         ctxs__runway_prepare(s, &v->st);
 }
 
+/* Under the mutex, with nothing to do: waits for a job, and while a
+ * session keeps its runway, at most CTXS__RUNWAY_CHECK_MS, then asks for
+ * the runway of each session that keeps one (ctxs__runway_prepare() maps
+ * it again only if the flusher cleaned it). Not under memory pressure:
+ * the pages are the system's to take back then. */
+static void wait_for_work(void)
+{
+    const uint64_t now = ctxs__monotonic_ms();
+    int keeping = 0;
+    if (ctxs_get_pressure()) {
+        pthread_cond_wait(&work_wanted, &ctxs__registry_mutex);
+        return;
+    }
+    for (ctxs_session *s = ctxs__registry_head; s && !keeping; s = s->next)
+        keeping = s->background && atomic_load(&s->runway_keep_until_ms) > now;
+    if (!keeping) {
+        pthread_cond_wait(&work_wanted, &ctxs__registry_mutex);
+        return;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += CTXS__RUNWAY_CHECK_MS / 1000u;
+    until.tv_nsec += (long)(CTXS__RUNWAY_CHECK_MS % 1000u) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    if (pthread_cond_timedwait(&work_wanted, &ctxs__registry_mutex, &until) != ETIMEDOUT)
+        return;
+    const uint64_t later = ctxs__monotonic_ms();
+    for (ctxs_session *s = ctxs__registry_head; s; s = s->next)
+        if (s->background && !atomic_load(&s->closing) &&
+            atomic_load(&s->runway_keep_until_ms) > later)
+            atomic_fetch_or(&s->jobs, CTXS__JOB_RUNWAY);
+}
+
 static void *worker_main(void *arg)
 {
     const uintptr_t mine = (uintptr_t)arg;
@@ -95,7 +135,7 @@ static void *worker_main(void *arg)
         unsigned job = 0;
         ctxs_session *s = next_job(&job);
         if (!s) {
-            pthread_cond_wait(&work_wanted, &ctxs__registry_mutex);
+            wait_for_work();
             continue;
         }
         job_view v = {.st = s->st, .window = ctxs__effective_window(s),
@@ -133,6 +173,9 @@ void ctxs__background_request(ctxs_session *s, unsigned jobs)
     if (!jobs)
         return;
     if (s->background) {
+        if (jobs & CTXS__JOB_RUNWAY) /* after a commit */
+            atomic_store(&s->runway_keep_until_ms,
+                         ctxs__monotonic_ms() + CTXS__RUNWAY_KEEP_MS);
         atomic_fetch_or(&s->jobs, jobs);
         pthread_mutex_lock(&ctxs__registry_mutex);
         if ((have_worker = worker_ensure()))

@@ -126,6 +126,13 @@ int ctxs_file_inspect(ctxs_file_report *out, const char *path)
         int r = ctxs__lock_probe(fd, CTXS__LOCK_READER);
         out->writer_open = w > 0;
         out->reader_open = r > 0;
+        if (out->writer_open)
+            out->writer_pid = ctxs__lock_holder(fd, CTXS__LOCK_WRITER, out->writer_command,
+                                                sizeof(out->writer_command));
+        /* A process names itself: what a terminal would act on is hidden. */
+        for (char *c = out->writer_command; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                *c = '?';
     }
     close(fd);
     return rc;

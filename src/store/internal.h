@@ -67,6 +67,8 @@ struct ctxs_session {
     uint32_t pop_layers;
     _Atomic uint64_t stamp;         /* counts passes and writes through the file */
     _Atomic uint64_t runway_at_ms;  /* when the last pass ended (monotonic) */
+    _Atomic uint64_t runway_keep_until_ms; /* the worker keeps the runway
+                                              writable until then */
     _Atomic uint32_t runway_tokens; /* how far ahead the runway reaches */
     uint64_t map_from, map_to;    /* CTXS__JOB_MAP's positions (mutex) */
     uint32_t recent_reserves[4];  /* owner: the last reservations' sizes */
@@ -334,6 +336,16 @@ extern int ctxs__write_path_force;
  * (vm.dirty_expire_centisecs, 30 s by default, less some margin): where
  * the page cache cannot be asked, its pages are mapped again. */
 #define CTXS__RUNWAY_FRESH_MS 25000u
+
+/* While the user reads a reply and types the next turn, the flusher
+ * writes the runway's pages back after 30 s and write-protects them: the
+ * worker looks every CTXS__RUNWAY_CHECK_MS whether it did, and maps them
+ * writable again, for CTXS__RUNWAY_KEEP_MS after each commit. Each time
+ * costs the worker about a turn's page faults, and the disk a runway of
+ * zeros written back again 30 s later; past the keep, the next turn writes
+ * through the file instead (kv_write.c). */
+#define CTXS__RUNWAY_CHECK_MS 500u
+#define CTXS__RUNWAY_KEEP_MS 120000u
 
 /* --- Background work (background.c) ------------------------------------ */
 

@@ -316,7 +316,7 @@ static int reserved_range(uint64_t *pos, const ctxs_session *s, const ctxs_reser
 static int write_engine_kv(ctxs_session *s, const ctxs_reservation *r, uint32_t i, uint32_t n,
                            uint32_t l0, uint32_t l1, const void *k, const void *v, uint32_t dtype)
 {
-    uint64_t pos;
+    uint64_t pos = 0;
     int rc = reserved_range(&pos, s, r, i, n);
     if (rc < 0)
         return rc;

@@ -100,6 +100,13 @@ uint64_t ctxs__now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+uint64_t ctxs__monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 static int space_error(int e)
 {
     return (e == ENOSPC || e == EDQUOT || e == EFBIG) ? CTXS_EFULL : -e;

@@ -27,6 +27,10 @@ int ctxs__boot_vouches(const uint8_t record_boot[16]);
  * *_unix_ms field, in the session files, the index and export files. */
 uint64_t ctxs__now_ms(void);
 
+/* Milliseconds of a clock that never steps back (CLOCK_MONOTONIC): for
+ * intervals within the process. */
+uint64_t ctxs__monotonic_ms(void);
+
 /* Allocates disk blocks for [off, off + len) of fd without changing its
  * size. Returns 0, CTXS_EFULL (no space, quota, file size limit) or -errno. */
 int ctxs__allocate(int fd, uint64_t off, uint64_t len);

@@ -26,7 +26,6 @@
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -39,13 +38,6 @@
  * (vm.dirty_writeback_centisecs); one that cleans the pages within this
  * costs the calls after it some page faults, never a wrong byte. */
 #define SEEN_MS 50u
-
-static uint64_t monotonic_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 void ctxs__populated_forget(ctxs_session *s)
 {
@@ -130,7 +122,7 @@ int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, 
     if (seen) {
         /* A commit since starts writeback, which cleans the page its last
          * slots share with the next ones. */
-        now = monotonic_ms();
+        now = ctxs__monotonic_ms();
         if (seen->stamp == stamp && seen->committed == s->st.n_tokens && seen->from <= from &&
             to <= seen->to && now - seen->at_ms < SEEN_MS)
             return 1;
@@ -149,7 +141,7 @@ int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, 
         int b = a == 1 && i < n_last ? run_dirty(s, last_run, last[i].slot, last[i].count) : a;
         if (b < 0)
             return (how & CTXS__ASK_BY_AGE) &&
-                   monotonic_ms() - atomic_load(&s->runway_at_ms) < CTXS__RUNWAY_FRESH_MS;
+                   ctxs__monotonic_ms() - atomic_load(&s->runway_at_ms) < CTXS__RUNWAY_FRESH_MS;
         if (b == 0)
             return 0;
     }
@@ -215,7 +207,7 @@ static void populate(ctxs_session *s, uint64_t from, uint64_t to)
         }
         pass_progress(s, stamp, layer + 1);
     }
-    atomic_store(&s->runway_at_ms, monotonic_ms());
+    atomic_store(&s->runway_at_ms, ctxs__monotonic_ms());
 #else
     (void)s, (void)from, (void)to;
 #endif

@@ -1,27 +1,32 @@
 /*
- * ctxstore bench — runs the benchmark programs, bench_session (saving a
- * turn and resuming, against a state file and SQLite), bench_index
- * (prefix lookup, fork, the index's share of a commit), bench_attention
- * (the attention kernel through the mapping against a copy in memory) and
- * bench_tinychat (resuming examples/tinychat's next token from the store
- * against recomputing the prefill), one after the other, and passes their
- * output through.
+ * ctxstore bench — runs the benchmark programs and prints what they found
+ * as a short table: for each step of a chat's life (saving a turn,
+ * resuming, finding a prompt's session, forking, the first token after a
+ * reopen, the next token of the example transformer, and with --remote
+ * pushing to and pulling from Redis), the time ctxstore took, the time of
+ * the usual alternative (a state file, a SQLite blob, a scan of the
+ * files, a recomputed prefill, raw SET/GET), and how many times faster or
+ * slower ctxstore was. Each program runs with --json; its own notes and
+ * headers (stderr) are kept back and shown only when it fails. Run a
+ * program by itself for its whole table and notes.
  *
  * The programs are looked for in $CTXSTORE_BENCH_DIR, then next to the tool
  * in a build tree (<build>/tools/ctxstore/ctxstore finds <build>/bench/),
  * then in the directory the build names as CTXS_LIBEXECDIR.
  *
- * With --json each program prints one JSON object per measurement on its
- * stdout; the tool collects them into one document:
+ * With --json the tool prints one document: the comparisons of the table,
+ * and every program's own rows:
  *
- *     {"programs": [
+ *     {"comparisons": [{"part": "session", "step": ..., "tokens": N,
+ *                       "ctxstore_us": M, "alternative": ...,
+ *                       "alternative_us": A, "ratio": A / M}, ...],
+ *      "skipped": [{"part": "remote", "why": ...}],
+ *      "programs": [
  *        {"program": "bench_session", "path": "...", "args": ["--quick"],
- *         "exit_status": 0, "results": [{"op": ..., ...}, ...]},
- *        {"program": "bench_index", ...}]}
+ *         "exit_status": 0, "results": [{"op": ..., ...}, ...]}, ...]}
  *
  * exit_status is the program's exit status, or 128 + the signal that
- * killed it. Their headers and notes go to stderr, as the programs write
- * them.
+ * killed it.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -45,8 +50,11 @@ typedef struct bench_program {
     char path[PATH_MAX];
     int found;
     int exit_status;    /* as documented above */
-    char *out;          /* --json: what it wrote to stdout */
+    char *out;          /* what it wrote to stdout: one JSON object a line */
     size_t out_len;
+    FILE *err;          /* what it wrote to stderr, kept back */
+    char *argv[16];     /* how it was run, NULL-terminated */
+    int argc;
 } bench_program;
 
 /* --- Finding the programs ------------------------------------------------- */
@@ -194,6 +202,8 @@ static int run_program(bench_program *p, char *const argv[], int capture)
         posix_spawn_file_actions_addclose(&fa, pipefd[0]);
         posix_spawn_file_actions_addclose(&fa, pipefd[1]);
     }
+    if (p->err)
+        posix_spawn_file_actions_adddup2(&fa, fileno(p->err), STDERR_FILENO);
 
     fflush(stdout);
     fflush(stderr);
@@ -226,6 +236,188 @@ static int run_program(bench_program *p, char *const argv[], int capture)
                      : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
                                            : 1;
     return 0;
+}
+
+/* --- What the table compares ------------------------------------------------ */
+
+/* One row of the table: the median of ctxstore's row against the median of
+ * the alternative's, both from the same program and of the same op (and the
+ * same tokens, the most both have). */
+typedef struct comparison {
+    const char *part;        /* the program's --only name */
+    const char *step;        /* what is timed, in words */
+    const char *op;          /* the rows' "op" */
+    const char *method;      /* ctxstore's row */
+    const char *alternative; /* the alternative's row */
+    const char *words;       /* the alternative, in words */
+    const char *where[2];    /* "key=value": fields both rows must hold, or NULL */
+    const char *slower_why;  /* said under the table when ctxstore is slower */
+} comparison;
+
+static const comparison k_comparisons[] = {
+    { "session", "save a turn of 64 tokens", "save_turn", "ctxstore_async", "rewrite_fdatasync",
+      "rewrite a state file + fdatasync", { "dtype=f16", "pause_ms=50" }, NULL },
+    { "session", "save a turn of 64 tokens", "save_turn", "ctxstore_async", "sqlite_blob",
+      "one SQLite BLOB row", { "dtype=f16", "pause_ms=50" }, NULL },
+    { "session", "resume, ready to attend", "resume_ready", "ctxstore_async", "read_file",
+      "read a state file", { "dtype=f16", NULL }, NULL },
+    { "session", "resume, ready to attend", "resume_ready", "ctxstore_async", "sqlite_select",
+      "SELECT the SQLite BLOB", { "dtype=f16", NULL }, NULL },
+    { "index", "find the session of a prompt", "full_hit", "ctxs_prefix_find", "naive_scan",
+      "read every session file", { NULL, NULL }, NULL },
+    { "index", "fork a session of 2048 tokens", "fork_2048", "ctxs_store_session_fork",
+      "state_fdatasync", "write a state file + fdatasync", { NULL, NULL }, NULL },
+    { "attention", "first token after a reopen, cold", "first_step", "mapping", "read_file_cold",
+      "read a state file, then the step", { "cache=cold", "think_ms=0" },
+      "the step right after a cold open waits for each page it reads;\n"
+      "  a second's pause before it (a user typing) lets the background read them first" },
+    { "attention", "first token after a reopen, warm", "first_step", "mapping", "read_file",
+      "read a state file, then the step", { "cache=warm", "think_ms=0" }, NULL },
+    { "tinychat", "next token after a reopen", "next_token", "resume", "recompute",
+      "recompute the prefill", { NULL, NULL }, NULL },
+    { "remote", "push a whole session to Redis", "push_session", "ctxstore", "raw_set",
+      "SET of the same bytes", { NULL, NULL }, NULL },
+    { "remote", "pull a session from Redis", "pull_session", "ctxstore", "raw_get_sync",
+      "GET, write + fdatasync", { NULL, NULL },
+      "a pull checks every token's checksum and writes each chunk's runs\n"
+      "  to their places in the session file; the raw GET keeps one blob" },
+    { "remote", "resume on another machine", "resume", "remote", "state_file",
+      "GET a state file + fdatasync", { NULL, NULL }, NULL },
+};
+enum { N_COMPARISONS = sizeof k_comparisons / sizeof k_comparisons[0] };
+
+/* The number after "key": in a row, or -1. */
+static double row_number(const char *row, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *at = strstr(row, pat);
+    if (!at)
+        return -1;
+    char *end;
+    double v = strtod(at + strlen(pat), &end);
+    return end == at + strlen(pat) ? -1 : v;
+}
+
+/* Whether the value of key in row (a string without its quotes, or a
+ * number as written) is value. */
+static int row_has(const char *row, const char *key, size_t key_len, const char *value)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%.*s\":", (int)key_len, key);
+    const char *at = strstr(row, pat);
+    if (!at)
+        return 0;
+    at += strlen(pat);
+    if (*at == '"')
+        at++;
+    size_t n = strcspn(at, "\",}");
+    return n == strlen(value) && strncmp(at, value, n) == 0;
+}
+
+/* Whether row is of op and method and holds where[]. */
+static int row_is(const char *row, const char *op, const char *method,
+                  const char *const where[2])
+{
+    if (!row_has(row, "op", 2, op) || !row_has(row, "method", 6, method))
+        return 0;
+    for (int i = 0; i < 2; i++)
+        if (where[i] && !row_has(row, where[i], strcspn(where[i], "="),
+                                 where[i] + strcspn(where[i], "=") + 1))
+            return 0;
+    return 1;
+}
+
+/* The median of the row of op and method with tokens (-1: the most tokens
+ * any such row has; *tokens gets them, 0 for rows without a count), or
+ * -1 when there is none. */
+static double find_median(const bench_program *p, const comparison *k, const char *method,
+                          double want_tokens, double *tokens)
+{
+    double best = -1, best_tokens = -1;
+    for (const char *line = p->out; line && *line;) {
+        const char *nl = strchr(line, '\n');
+        size_t n = nl ? (size_t)(nl - line) : strlen(line);
+        char row[2048];
+        if (n < sizeof row) {
+            memcpy(row, line, n);
+            row[n] = '\0';
+            if (row_is(row, k->op, method, k->where)) {
+                double t = row_number(row, "tokens"), m = row_number(row, "median_us");
+                if (t < 0)
+                    t = 0;
+                if (m > 0 && (want_tokens < 0 ? t > best_tokens : t == want_tokens))
+                    best = m, best_tokens = t;
+            }
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    *tokens = best_tokens;
+    return best;
+}
+
+typedef struct measured {
+    const comparison *k;
+    double tokens, ctxstore_us, alternative_us; /* -1: not measured */
+} measured;
+
+static int measure(measured *out, bench_program *const *run, int n_run)
+{
+    int n = 0;
+    for (size_t i = 0; i < N_COMPARISONS; i++) {
+        const comparison *k = &k_comparisons[i];
+        const bench_program *p = NULL;
+        for (int r = 0; r < n_run && !p; r++)
+            if (!strcmp(run[r]->option, k->part) && run[r]->exit_status == 0)
+                p = run[r];
+        if (!p)
+            continue;
+        measured *m = &out[n++];
+        m->k = k;
+        m->alternative_us = -1;
+        m->ctxstore_us = find_median(p, k, k->method, -1, &m->tokens);
+        if (m->ctxstore_us > 0) {
+            double t;
+            m->alternative_us = find_median(p, k, k->alternative, m->tokens, &t);
+        }
+    }
+    return n;
+}
+
+static void print_table(const measured *m, int n)
+{
+    if (n == 0)
+        return;
+    printf("\n%-34s %6s %10s   %-33s %10s  %s\n", "STEP", "TOKENS", "CTXSTORE", "ALTERNATIVE",
+           "ITS TIME", "CTXSTORE IS");
+    for (int i = 0; i < n; i++) {
+        char a[32], b[32], tok[16] = "-";
+        const measured *r = &m[i];
+        if (r->tokens > 0)
+            snprintf(tok, sizeof tok, "%.0f", r->tokens);
+        if (r->ctxstore_us <= 0 || r->alternative_us <= 0) {
+            printf("%-34s %6s %10s   %-33s %10s  not measured\n", r->k->step, tok, "-",
+                   r->k->words, "-");
+            continue;
+        }
+        double x = r->alternative_us / r->ctxstore_us;
+        char verdict[48];
+        if (x >= 1)
+            snprintf(verdict, sizeof verdict, "%.*fx faster", x < 10 ? 1 : 0, x);
+        else
+            snprintf(verdict, sizeof verdict, "%.*fx slower", 1 / x < 10 ? 1 : 0, 1 / x);
+        printf("%-34s %6s %10s   %-33s %10s  %s\n", r->k->step, tok,
+               fmt_duration(a, r->ctxstore_us / 1e6), r->k->words,
+               fmt_duration(b, r->alternative_us / 1e6), verdict);
+    }
+    putchar('\n');
+    for (int i = 0; i < n; i++)
+        if (m[i].k->slower_why && m[i].ctxstore_us > m[i].alternative_us &&
+            m[i].alternative_us > 0)
+            printf("%s: %s.\n", m[i].k->step, m[i].k->slower_why);
+    printf("Medians of several runs each; on a shared machine a run moves by tens of "
+           "percent.\n`ctxstore bench --json` gives every program's rows; a program run by "
+           "itself\n(bench_session, bench_index, ...) prints its whole table and notes.\n");
 }
 
 /* --- JSON ----------------------------------------------------------------- */
@@ -267,10 +459,50 @@ static void put_results(const bench_program *p)
     printf("%s]", first ? "" : "\n  ");
 }
 
-static void print_document(bench_program *const *run, int n_run,
-                           char *const *args, int n_args)
+static void put_number(double v)
 {
-    printf("{\"programs\": [");
+    if (v < 0)
+        printf("null");
+    else
+        printf("%.1f", v);
+}
+
+static void print_document(const measured *m, int n_measured, const char *skipped,
+                           const char *skipped_why, bench_program *const *run, int n_run)
+{
+    printf("{\"comparisons\": [");
+    for (int i = 0; i < n_measured; i++) {
+        const measured *r = &m[i];
+        printf("%s\n  {\"part\": ", i ? "," : "");
+        put_string(r->k->part);
+        printf(", \"step\": ");
+        put_string(r->k->step);
+        printf(", \"tokens\": %.0f, \"ctxstore\": ", r->tokens > 0 ? r->tokens : 0);
+        put_string(r->k->method);
+        printf(", \"ctxstore_us\": ");
+        put_number(r->ctxstore_us);
+        printf(", \"alternative\": ");
+        put_string(r->k->alternative);
+        printf(", \"alternative_words\": ");
+        put_string(r->k->words);
+        printf(", \"alternative_us\": ");
+        put_number(r->alternative_us);
+        printf(", \"ratio\": ");
+        if (r->ctxstore_us > 0 && r->alternative_us > 0)
+            printf("%.3f", r->alternative_us / r->ctxstore_us);
+        else
+            printf("null");
+        printf("}");
+    }
+    printf("],\n \"skipped\": [");
+    if (skipped) {
+        printf("{\"part\": ");
+        put_string(skipped);
+        printf(", \"why\": ");
+        put_string(skipped_why);
+        printf("}");
+    }
+    printf("],\n \"programs\": [");
     for (int i = 0; i < n_run; i++) {
         const bench_program *p = run[i];
         printf("%s\n {\"program\": ", i ? "," : "");
@@ -278,9 +510,9 @@ static void print_document(bench_program *const *run, int n_run,
         printf(", \"path\": ");
         put_string(p->path);
         printf(", \"args\": [");
-        for (int a = 0; a < n_args; a++) {
-            printf("%s", a ? ", " : "");
-            put_string(args[a]);
+        for (int a = 1; a < p->argc; a++) {
+            printf("%s", a > 1 ? ", " : "");
+            put_string(p->argv[a]);
         }
         printf("], \"exit_status\": %d,\n  \"results\": [", p->exit_status);
         put_results(p);
@@ -292,22 +524,32 @@ static void print_document(bench_program *const *run, int n_run,
 
 /* --- The command ---------------------------------------------------------- */
 
+typedef struct bench_part {
+    bench_program prog;
+    const char *what;       /* in words, for the line before it runs */
+    const char *quick_args[4]; /* more options with --quick, NULL-terminated */
+    int quick_s, full_s;    /* about how long it runs on the project's 2-core
+                               VM (measured), for the first line */
+} bench_part;
+
 typedef struct bench_options {
     const char *only; /* --only, or NULL for all */
     const char *dir;  /* --dir, or NULL */
     int quick;        /* --quick */
+    int remote;       /* --remote */
 } bench_options;
 
 /* Returns -1 with *o filled in to go on, or an exit code (after --help or
  * a usage error). */
 static int parse_options(cli *c, int argc, char **argv, bench_options *o)
 {
-    enum { OPT_QUICK = 0x100, OPT_ONLY, OPT_DIR };
+    enum { OPT_QUICK = 0x100, OPT_ONLY, OPT_DIR, OPT_REMOTE };
     static const struct option longopts[] = {
         CLI_COMMON_LONGOPTS,
         { "quick", no_argument, NULL, OPT_QUICK },
         { "only", required_argument, NULL, OPT_ONLY },
         { "dir", required_argument, NULL, OPT_DIR },
+        { "remote", no_argument, NULL, OPT_REMOTE },
         { NULL, 0, NULL, 0 },
     };
     int opt;
@@ -329,6 +571,9 @@ static int parse_options(cli *c, int argc, char **argv, bench_options *o)
             break;
         case OPT_DIR:
             o->dir = optarg;
+            break;
+        case OPT_REMOTE:
+            o->remote = 1;
             break;
         default:
             return cli_option_error("bench", opt, argv);
@@ -365,37 +610,85 @@ static int find_all(bench_program *const *run, int n_run)
     return CLI_ENOTFOUND;
 }
 
-/* The same options for every program, into args[8]; returns how many. */
-static int program_args(char *args[8], const bench_options *o, const cli *c)
+/* Whether a redis-server can be started, as bench_remote starts it:
+ * $REDIS_SERVER_BIN, else redis-server on $PATH. If not, why into why. */
+static int have_redis_server(char *why, size_t n)
 {
-    int n_args = 0;
-    if (o->quick)
-        args[n_args++] = "--quick";
-    if (c->json)
-        args[n_args++] = "--json";
-    if (o->dir) {
-        args[n_args++] = "--dir";
-        args[n_args++] = (char *)o->dir;
+    const char *bin = getenv("REDIS_SERVER_BIN");
+    if (bin && *bin) {
+        if (strchr(bin, '/') && is_executable(bin))
+            return 1;
+        snprintf(why, n, "$REDIS_SERVER_BIN (%s) is not the path of a program", bin);
+        return 0;
     }
-    return n_args;
+    snprintf(why, n, "no redis-server on $PATH (install it, e.g. the redis-server package, "
+                     "or name one with $REDIS_SERVER_BIN)");
+    const char *path = getenv("PATH");
+    if (!path)
+        return 0;
+    char dir[PATH_MAX], file[PATH_MAX + 16];
+    for (const char *p = path; *p;) {
+        size_t len = strcspn(p, ":");
+        if (len && len < sizeof dir) {
+            memcpy(dir, p, len);
+            dir[len] = '\0';
+            snprintf(file, sizeof file, "%s/redis-server", dir);
+            if (is_executable(file))
+                return 1;
+        }
+        p += len + (p[len] == ':');
+    }
+    return 0;
 }
 
-/* Runs the programs one after the other. Returns the exit code; a program
+/* p->argv: the program, --quick and quick_args, --json, --dir. */
+static void program_args(bench_part *part, const bench_options *o)
+{
+    bench_program *p = &part->prog;
+    p->argc = 0;
+    p->argv[p->argc++] = (char *)p->name;
+    if (o->quick) {
+        p->argv[p->argc++] = "--quick";
+        for (int k = 0; k < 4 && part->quick_args[k]; k++)
+            p->argv[p->argc++] = (char *)part->quick_args[k];
+    }
+    p->argv[p->argc++] = "--json";
+    if (o->dir) {
+        p->argv[p->argc++] = "--dir";
+        p->argv[p->argc++] = (char *)o->dir;
+    }
+    p->argv[p->argc] = NULL;
+}
+
+/* Shows the end of what p wrote to stderr: why it failed. */
+static void show_its_words(bench_program *p)
+{
+    if (!p->err || fseek(p->err, 0, SEEK_END) != 0)
+        return;
+    long size = ftell(p->err), from = size > 4096 ? size - 4096 : 0;
+    if (size <= 0 || fseek(p->err, from, SEEK_SET) != 0)
+        return;
+    char buf[4097];
+    size_t n = fread(buf, 1, sizeof buf - 1, p->err);
+    buf[n] = '\0';
+    const char *text = buf;
+    if (from > 0 && strchr(text, '\n'))
+        text = strchr(text, '\n') + 1;
+    fprintf(stderr, "%s said:\n%s%s", p->name, text, n && buf[n - 1] != '\n' ? "\n" : "");
+}
+
+/* Runs the parts one after the other. Returns the exit code; a program
  * killed by Ctrl-C cleaned up and died, and the rest are not run then
  * (*interrupted = 1). */
-static int run_all(const cli *c, bench_program *const *run, int n_run,
-                   char *const *args, int n_args, int *interrupted)
+static int run_all(const cli *c, bench_part *const *run, int n_run, int *interrupted)
 {
     int ec = CLI_OK;
     for (int i = 0; i < n_run; i++) {
-        bench_program *p = run[i];
-        char *argv_child[10];
-        argv_child[0] = (char *)p->name;
-        memcpy(argv_child + 1, args, (size_t)n_args * sizeof args[0]);
-        argv_child[n_args + 1] = NULL;
+        bench_program *p = &run[i]->prog;
         if (c->progress)
-            fprintf(stderr, "[%d/%d] %s\n", i + 1, n_run, p->name);
-        int rc = run_program(p, argv_child, c->json);
+            fprintf(stderr, "[%d/%d] %s: %s\n", i + 1, n_run, p->option, run[i]->what);
+        p->err = tmpfile();
+        int rc = run_program(p, p->argv, 1);
         if (rc < 0) {
             p->exit_status = 127;
             ec = cli_fail(rc, "running %s", p->path);
@@ -407,17 +700,24 @@ static int run_all(const cli *c, bench_program *const *run, int n_run,
         }
         if (p->exit_status != 0) {
             if (p->exit_status > 128)
-                cli_say("%s was killed by signal %d", p->name,
-                        p->exit_status - 128);
+                cli_say("%s was killed by signal %d", p->name, p->exit_status - 128);
             else
-                cli_say("%s failed (exit status %d)", p->name,
-                        p->exit_status);
+                cli_say("%s failed (exit status %d)", p->name, p->exit_status);
+            show_its_words(p);
             ec = CLI_EFAIL;
         }
-        if (!c->json && i + 1 < n_run)
-            putchar('\n');
     }
     return ec;
+}
+
+/* "40 s", "3 min": about how long, rounded. */
+static const char *about_time(char buf[32], int seconds)
+{
+    if (seconds < 90)
+        snprintf(buf, 32, "%d s", (seconds + 5) / 10 * 10);
+    else
+        snprintf(buf, 32, "%d min", (seconds + 30) / 60);
+    return buf;
 }
 
 int cmd_bench(cli *c, int argc, char **argv)
@@ -427,32 +727,85 @@ int cmd_bench(cli *c, int argc, char **argv)
     if (ec >= 0)
         return ec;
 
-    bench_program programs[] = {
-        { .name = "bench_session", .option = "session" },
-        { .name = "bench_index", .option = "index" },
-        { .name = "bench_attention", .option = "attention" },
-        { .name = "bench_tinychat", .option = "tinychat" },
+    /* quick_args keep each program's ratios and cut what the table does
+     * not show (bench_session's other contexts and dtypes). */
+    bench_part parts[] = {
+        { { .name = "bench_session", .option = "session" },
+          "saving a turn and resuming, against a state file and SQLite",
+          { "--tokens", "2048", "--dtype", "f16" }, 45, 600 },
+        { { .name = "bench_index", .option = "index" },
+          "finding a prompt's session and forking, against reading the files", { NULL }, 25, 180 },
+        { { .name = "bench_attention", .option = "attention" },
+          "the first token after a reopen, against reading a state file",
+          { "--tokens", "2048", "--dtype", "f16" }, 30, 300 },
+        { { .name = "bench_tinychat", .option = "tinychat" },
+          "the example transformer's next token, against recomputing the prefill", { NULL }, 30,
+          240 },
+        { { .name = "bench_remote", .option = "remote" },
+          "pushing to and pulling from Redis, against SET and GET of the same bytes", { NULL }, 60,
+          180 },
     };
-    enum { N_PROGRAMS = sizeof programs / sizeof programs[0] };
-    bench_program *run[N_PROGRAMS];
-    int n_run = 0;
-    for (int i = 0; i < N_PROGRAMS; i++)
-        if (!o.only || !strcmp(o.only, programs[i].option))
-            run[n_run++] = &programs[i];
-    if (n_run == 0)
-        return cli_usage_error("bench", "--only wants session, index, attention or "
-                               "tinychat, not %s", o.only);
-    if ((ec = find_all(run, n_run)) != CLI_OK)
+    enum { N_PARTS = sizeof parts / sizeof parts[0] };
+    bench_part *run[N_PARTS];
+    bench_program *progs[N_PARTS];
+    int n_run = 0, known = 0;
+    const char *skipped = NULL;
+    char skipped_why[PATH_MAX + 64] = "";
+    for (int i = 0; i < N_PARTS; i++) {
+        int remote = !strcmp(parts[i].prog.option, "remote");
+        int want = o.only ? !strcmp(o.only, parts[i].prog.option) : !remote || o.remote;
+        known |= want;
+        if (want && remote && !have_redis_server(skipped_why, sizeof skipped_why)) {
+            skipped = "remote";
+            continue;
+        }
+        if (want)
+            progs[n_run] = &parts[i].prog, run[n_run++] = &parts[i];
+    }
+    if (!known)
+        return cli_usage_error("bench", "--only wants session, index, attention, tinychat or "
+                               "remote, not %s", o.only);
+    if ((ec = find_all(progs, n_run)) != CLI_OK)
         return ec;
 
-    char *args[8];
-    int n_args = program_args(args, &o, c);
+    int quick_s = 0, full_s = 0;
+    for (int i = 0; i < n_run; i++) {
+        quick_s += run[i]->quick_s;
+        full_s += run[i]->full_s;
+        program_args(run[i], &o);
+    }
+    char about[32], about_quick[48] = "";
+    about_time(about, o.quick ? quick_s : full_s);
+    if (!o.quick) {
+        char q[32];
+        snprintf(about_quick, sizeof about_quick, " (--quick: %s)", about_time(q, quick_s));
+    }
+    FILE *say = c->json ? stderr : stdout;
+    if (n_run)
+        fprintf(say, "Timing ctxstore step by step against the usual ways to keep a KV cache "
+                 "(a state file, SQLite, reading every file, recomputing%s), on Qwen3-4B's "
+                 "KV geometry: about %s on 2 cores%s.\n",
+            o.remote || (o.only && !strcmp(o.only, "remote")) ? ", Redis SET/GET" : "", about,
+            about_quick);
+    if (skipped)
+        fprintf(say, "%s: skipped: %s\n", skipped, skipped_why);
+    fflush(say);
+
     int interrupted = 0;
-    ec = run_all(c, run, n_run, args, n_args, &interrupted);
-    if (c->json && !interrupted)
-        print_document(run, n_run, args, n_args);
-    for (int i = 0; i < n_run; i++)
-        free(run[i]->out);
+    ec = n_run ? run_all(c, run, n_run, &interrupted) : CLI_OK;
+    if (!interrupted) {
+        measured m[N_COMPARISONS];
+        int n_measured = measure(m, progs, n_run);
+        if (c->json)
+            print_document(m, n_measured, skipped, skipped_why, progs, n_run);
+        else
+            print_table(m, n_measured);
+    }
+    for (int i = 0; i < n_run; i++) {
+        free(progs[i]->out);
+        if (progs[i]->err)
+            fclose(progs[i]->err);
+    }
     if (interrupted) {
         /* Ctrl-C: the program cleaned up; stop here, as it did. */
         raise(SIGINT);

@@ -9,19 +9,31 @@
 
 #include "cli.h"
 
-/* Reports rc from an operation on the checkpoint name of session. The
+/* Reports rc from an operation on the checkpoint name of session, doing
+ * what the message begins with (NULL: the checkpoint and session). The
  * library answers CTXS_ENOTFOUND alike for a missing session and a missing
- * checkpoint; the advice differs, so the index is asked which it was. */
-static int checkpoint_fail(int rc, ctxs_store *st, const char *session, const char *name)
+ * checkpoint; the advice differs, so the index is asked which it was. That
+ * lookup starts a library call, which clears the reason rc came with: the
+ * reason is kept first. */
+static int checkpoint_fail(int rc, ctxs_store *st, const char *session, const char *name,
+                           const char *doing)
 {
     ctxs_session_entry e;
+    char what[320];
+    if (doing)
+        snprintf(what, sizeof(what), "%s", doing);
+    else
+        snprintf(what, sizeof(what), "checkpoint '%s' of '%s'", name, session);
     if (rc != CTXS_ENOTFOUND)
-        return cli_fail(rc, "checkpoint '%s' of '%s'", name, session);
+        return cli_fail(rc, "%s", what);
+    char why[512];
+    const char *reason = cli_reason(rc);
+    snprintf(why, sizeof(why), "%s", reason ? reason : ctxs_strerror(rc));
     if (ctxs_store_session_get(&e, st, session) == CTXS_ENOTFOUND)
         return cli_fail(rc, "session '%s'", session);
     char hint[320];
     snprintf(hint, sizeof(hint), "`ctxstore checkpoint ls %s` lists its checkpoints", session);
-    return cli_fail_hint(rc, hint, "checkpoint '%s' of '%s'", name, session);
+    return cli_fail_said(rc, hint, "%s: %s", what, why);
 }
 
 /* The checkpoint name of s, from the index. Errors: those of
@@ -46,6 +58,8 @@ static int checkpoint_get(ctxs_checkpoint_entry *out, ctxs_store *st, const ctxs
     ctxs_session_entry e;
     if (rc == CTXS_ENOTFOUND && ctxs_store_session_get(&e, st, name) == CTXS_EINVAL)
         rc = CTXS_EINVAL;
+    else if (rc == CTXS_ENOTFOUND)
+        rc = ctxs_set_last_error(rc, "the session has no checkpoint named '%s'", name);
     return rc;
 }
 
@@ -95,15 +109,17 @@ int cmd_fork(cli *c, int argc, char **argv)
     ctxs_session_entry e;
     if (rc == 0)
         rc = ctxs_store_session_get(&e, st, dst);
+    char doing[320];
+    snprintf(doing, sizeof(doing), "forking '%s' into '%s'", src, dst);
     if (rc == CTXS_ENOTFOUND && checkpoint)
-        ex = checkpoint_fail(rc, st, src, checkpoint);
+        ex = checkpoint_fail(rc, st, src, checkpoint, doing);
     else if (rc == CTXS_EINVAL && have_at) {
         /* Both names were checked above: what the library refused is
          * --at, and its reason says the count. */
         ex = cli_fail_hint(rc, "--at is at most the tokens SRC holds (`ctxstore info SRC`)",
-                           "forking '%s' into '%s'", src, dst);
+                           "%s", doing);
     } else if (rc < 0)
-        ex = cli_fail(rc, "forking '%s' into '%s'", src, dst);
+        ex = cli_fail(rc, "%s", doing);
     ctxs_store_close(st);
     if (rc < 0)
         return ex;
@@ -227,9 +243,11 @@ static int checkpoint_change(const cli *c, ctxs_store *st, const char *verb, con
     } else if (rc == 0 && (rc = ctxs_checkpoint_create(s, name)) == 0) {
         rc = checkpoint_get(&cp, st, s, name);
     }
+    /* Said before the close, which would clear the reason. */
+    int ex = rc < 0 ? checkpoint_fail(rc, st, session, name, NULL) : CLI_OK;
     ctxs_session_close(s);
     if (rc < 0)
-        return checkpoint_fail(rc, st, session, name);
+        return ex;
     checkpoint_print(c, verb, session, &cp, before);
     return CLI_OK;
 }

@@ -162,6 +162,10 @@ static void print_json(const view *v, ctxs_store *st)
     if (v->open_rc == 0)
         window_json(&j, &v->win);
     json_kv_bool(&j, "writer_open", r->writer_open);
+    if (r->writer_pid) {
+        json_kv_u64(&j, "writer_pid", (uint64_t)r->writer_pid);
+        json_kv_string(&j, "writer_command", r->writer_command);
+    }
     json_kv_bool(&j, "reader_open", r->reader_open);
     json_kv_u64(&j, "created_unix_ms", v->e.created_unix_ms);
     json_kv_u64(&j, "last_used_unix_ms", v->e.last_used_unix_ms);
@@ -248,8 +252,11 @@ static void print_text(const view *v, ctxs_store *st)
     }
     printf("checksums    one XXH3-64 per token over its id, position and KV; "
            "`ctxstore verify %s` checks them all\n", v->e.name);
-    printf("open by      %s%s\n", r->writer_open ? "a writer" : "no writer",
-           r->reader_open ? ", readers" : "");
+    printf("open by      %s", r->writer_open ? "a writer" : "no writer");
+    if (r->writer_pid)
+        printf(" (process %d%s%s)", (int)r->writer_pid, r->writer_command[0] ? ", " : "",
+               r->writer_command);
+    printf("%s\n", r->reader_open ? ", readers" : "");
     printf("created      %s\n", fmt_time(a, v->e.created_unix_ms));
     if (st)
         printf("last used    %s (%s)\n", fmt_time(a, v->e.last_used_unix_ms),

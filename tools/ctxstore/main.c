@@ -66,9 +66,10 @@ static const command k_commands[] = {
       "info SESSION | FILE [--json]\n\n"
       "Shows a session's header, geometry, both commit records, durability\n"
       "watermark, attention window, checkpoints, metadata keys (values\n"
-      "shortened) and checksum state. FILE, a path with a '/' or ending in\n"
-      ".ctxs, is a session file read by its path (one made outside a store,\n"
-      "e.g. by ctxs_session_create()); no store is needed.\n" },
+      "shortened), checksum state, and who has it open (a writer by its\n"
+      "process id and command name, where /proc tells). FILE, a path with a\n"
+      "'/' or ending in .ctxs, is a session file read by its path (one made\n"
+      "outside a store, e.g. by ctxs_session_create()); no store is needed.\n" },
     { "verify", cmd_verify, "check sessions and the index",
       "verify [SESSION | FILE | --all] [--json]\n\n"
       "Checks every held token's checksum, the header and commit record CRCs,\n"
@@ -217,18 +218,27 @@ static const command k_commands[] = {
       "chunk is there, when pushed. stat shows the server: version, memory used\n"
       "and maxmemory, eviction policy, keys evicted, keys held. Neither needs\n"
       "a local store.\n" },
-    { "bench", cmd_bench, "run the benchmark comparisons",
-      "bench [--quick] [--only session|index|attention|tinychat]\n"
+    { "bench", cmd_bench, "time ctxstore against the usual ways to keep a KV cache",
+      "bench [--quick] [--remote] [--only session|index|attention|tinychat|remote]\n"
       "      [--dir DIR] [--json]\n\n"
-      "Runs the benchmark programs (bench_session, bench_index,\n"
-      "bench_attention, bench_tinychat): ctxstore side by side with rewriting a\n"
-      "state file and a SQLite blob, the index against scanning files, the\n"
-      "attention kernel through the mapping against a copy in memory, and the\n"
-      "example transformer's next token resumed from the store against\n"
-      "recomputing its prefill. They work in DIR (default $TMPDIR, else\n"
+      "Times each step of a chat's life with ctxstore and with the usual\n"
+      "alternative, on Qwen3-4B's KV geometry, and prints one table: saving a\n"
+      "turn and resuming (against a state file and a SQLite blob), finding a\n"
+      "prompt's session and forking (against reading every file, writing a\n"
+      "state file), the first token after a reopen, the example transformer's\n"
+      "next token (against recomputing the prefill) and, with --remote, pushing\n"
+      "to and pulling from Redis (against SET and GET; it starts its own\n"
+      "redis-server, and is skipped, saying so, where there is none). The\n"
+      "first line says about how long it takes: --quick, about 2 min on 2\n"
+      "cores, measures what the table shows; without it, many minutes.\n"
+      "The programs (bench_session, bench_index, bench_attention,\n"
+      "bench_tinychat, bench_remote) work in DIR (default $TMPDIR, else\n"
       "/var/tmp) and are found in $CTXSTORE_BENCH_DIR, beside the tool in a\n"
-      "build tree, or where they are installed. With --json, one document:\n"
-      "{\"programs\": [{\"program\", \"exit_status\", \"results\": [...]}]}.\n" },
+      "build tree, or where they are installed; run one by itself for its\n"
+      "whole table and notes. With --json, one document: {\"comparisons\":\n"
+      "[{\"part\", \"step\", \"tokens\", \"ctxstore_us\", \"alternative_us\",\n"
+      "\"ratio\"}], \"skipped\": [...], \"programs\": [{\"program\", \"args\",\n"
+      "\"exit_status\", \"results\": [...]}]}.\n" },
     { "demo", cmd_demo, "play a chat, save each turn, resume it (the main job)",
       "demo [--store DIR] [--quick] [--keep] [--engine llama|tinychat|synthetic]\n"
       "     [--turns N] [--json]\n\n"

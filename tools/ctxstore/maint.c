@@ -2,6 +2,7 @@
  * Keeping a store healthy: compact, gc, rm, pin and unpin, rename, reindex,
  * repair-index.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -13,6 +14,95 @@
 #include "cli.h"
 
 static void print_strays(const cli *c);
+
+/* What the label of a session file said before compact or reindex
+ * indexed it, to say under which name it came in. */
+typedef struct label_seen {
+    uint64_t id;       /* the file's id */
+    uint64_t label_id; /* the id its label named */
+    char name[CTXS_NAME_MAX + 1]; /* the name its label gave, or "" */
+} label_seen;
+
+/* The labels of the session files that no entry of known[] names and
+ * whose label is readable; with moved_only, only those whose label names
+ * another id (a file copied in by hand under another id). The caller
+ * frees *out; returns how many. */
+static size_t labels_before(label_seen **out, const cli *c, const ctxs_session_entry *known,
+                            size_t n_known, int moved_only)
+{
+    *out = NULL;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s/sessions", c->store_dir);
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    size_t count = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *nm = de->d_name;
+        char *end, path[PATH_MAX];
+        if (strlen(nm) != 21 || strcmp(nm + 16, ".ctxs") != 0)
+            continue;
+        uint64_t id = strtoull(nm, &end, 16);
+        int skip = end != nm + 16;
+        for (size_t i = 0; i < n_known && !skip; i++)
+            skip = known[i].id == id;
+        ctxs_file_report rep;
+        if (skip || snprintf(path, sizeof(path), "%s/%s", dir, nm) >= (int)sizeof(path) ||
+            ctxs_file_inspect(&rep, path) < 0 || rep.label_status != 0 ||
+            (moved_only && rep.label_id == id))
+            continue;
+        if (count == cap) {
+            cap = cap ? cap * 2 : 8;
+            label_seen *grown = realloc(*out, cap * sizeof(**out));
+            if (!grown)
+                break;
+            *out = grown;
+        }
+        label_seen *l = &(*out)[count++];
+        l->id = id;
+        l->label_id = rep.label_id;
+        snprintf(l->name, sizeof(l->name), "%s", rep.label_name);
+    }
+    closedir(d);
+    return count;
+}
+
+static const label_seen *label_of(const label_seen *seen, size_t n, uint64_t id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (seen[i].id == id)
+            return &seen[i];
+    return NULL;
+}
+
+/* Says that the session e came in from a file the index did not name
+ * (how: "a file the index did not know"), and under which name: its
+ * label's, or another because that one was taken. */
+static void adopted_print(const cli *c, json *j, const ctxs_session_entry *e, const char *how,
+                          const label_seen *l)
+{
+    int own_name = l && strcmp(l->name, e->name) == 0;
+    if (c->json) {
+        json_object_begin(j);
+        json_kv_string(j, "name", e->name);
+        json_kv_u64(j, "id", e->id);
+        if (l) {
+            json_kv_string(j, "label_name", l->name);
+            json_kv_u64(j, "label_id", l->label_id);
+        }
+        json_object_end(j);
+        return;
+    }
+    printf("adopted   '%s' (sessions/%016" PRIx64 ".ctxs, %s)", e->name, e->id, how);
+    if (own_name)
+        printf(", under its label's name\n");
+    else if (l && l->name[0])
+        printf(": its label's name '%s' is another session's; `ctxstore rename %s NEW` "
+               "names it\n", l->name, e->name);
+    else
+        printf("\n");
+}
 
 int cmd_compact(cli *c, int argc, char **argv)
 {
@@ -31,6 +121,8 @@ int cmd_compact(cli *c, int argc, char **argv)
     size_t n_before = 0, n_after = 0;
     if (!only && ctxs_store_session_list(&before, &n_before, st) < 0)
         before = NULL, n_before = 0;
+    label_seen *seen = NULL;
+    size_t n_seen = only ? 0 : labels_before(&seen, c, before, n_before, 0);
     progress bar;
     progress_start(&bar, c, "compact", 0, 0);
     ctxs_compact_result res;
@@ -51,6 +143,7 @@ int cmd_compact(cli *c, int argc, char **argv)
     ctxs_free(before);
     if (rc < 0) {
         ctxs_free(after);
+        free(seen);
         return cli_fail(rc, only ? "compacting '%s'" : "compacting %s", only ? only : c->store_dir);
     }
     if (c->json) {
@@ -59,12 +152,8 @@ int cmd_compact(cli *c, int argc, char **argv)
         json_object_begin(&j);
         json_key(&j, "adopted");
         json_array_begin(&j);
-        for (size_t i = 0; i < n_adopted; i++) {
-            json_object_begin(&j);
-            json_kv_string(&j, "name", after[i].name);
-            json_kv_u64(&j, "id", after[i].id);
-            json_object_end(&j);
-        }
+        for (size_t i = 0; i < n_adopted; i++)
+            adopted_print(c, &j, &after[i], NULL, label_of(seen, n_seen, after[i].id));
         json_array_end(&j);
         json_kv_u64(&j, "sessions", res.sessions);
         json_kv_u64(&j, "skipped_busy", res.skipped_busy);
@@ -92,12 +181,13 @@ int cmd_compact(cli *c, int argc, char **argv)
                 printf("index     left as it is: another process has the store open\n");
             printf("orphans   %" PRIu64 " removed\n", res.orphans_removed);
             for (size_t i = 0; i < n_adopted; i++)
-                printf("adopted   '%s' (sessions/%016" PRIx64 ".ctxs, a file the index did "
-                       "not know)\n", after[i].name, after[i].id);
+                adopted_print(c, NULL, &after[i], "a file the index did not know",
+                              label_of(seen, n_seen, after[i].id));
             print_strays(c);
         }
     }
     ctxs_free(after);
+    free(seen);
     return res.skipped_busy && only ? CLI_EBUSY : CLI_OK;
 }
 
@@ -387,18 +477,37 @@ int cmd_reindex(cli *c, int argc, char **argv)
         return ex;
     if (first < argc)
         return cli_usage_error("reindex", "reindex takes no arguments");
+    /* Files copied in under another id: said with the name each got.
+     * Looked at before the store is opened, which rebuilds a missing
+     * index. */
+    label_seen *seen = NULL;
+    size_t n_seen = labels_before(&seen, c, NULL, 0, 1);
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st, CLI_STORE_REBUILD)) != CLI_OK)
+    if ((ex = cli_store_open(c, &st, CLI_STORE_REBUILD)) != CLI_OK) {
+        free(seen);
         return ex;
+    }
     ctxs_reindex_result res;
     int rc = ctxs_store_reindex(&res, st);
+    ctxs_session_entry *after = NULL;
+    size_t n_after = 0;
+    if (rc == 0 && n_seen && ctxs_store_session_list(&after, &n_after, st) < 0)
+        after = NULL, n_after = 0;
     ctxs_store_close(st);
-    if (rc < 0)
+    if (rc < 0) {
+        free(seen);
         return cli_fail(rc, "reindexing %s", c->store_dir);
+    }
     if (c->json) {
         json j;
         json_init(&j, stdout);
         json_object_begin(&j);
+        json_key(&j, "adopted");
+        json_array_begin(&j);
+        for (size_t i = 0; i < n_after; i++)
+            if (label_of(seen, n_seen, after[i].id))
+                adopted_print(c, &j, &after[i], NULL, label_of(seen, n_seen, after[i].id));
+        json_array_end(&j);
         json_kv_u64(&j, "sessions", res.sessions);
         json_kv_u64(&j, "skipped", res.skipped);
         json_kv_u64(&j, "files_renumbered", res.files_renumbered);
@@ -413,6 +522,10 @@ int cmd_reindex(cli *c, int argc, char **argv)
             printf("; %" PRIu64 " file%s that do not open were left alone",
                    res.skipped, res.skipped == 1 ? "" : "s");
         printf("\n");
+        for (size_t i = 0; i < n_after; i++)
+            if (label_of(seen, n_seen, after[i].id))
+                adopted_print(c, NULL, &after[i], "copied in under another id",
+                              label_of(seen, n_seen, after[i].id));
         print_strays(c);
         if (res.files_renumbered)
             printf("renumbered %" PRIu64 " session file%s named with id 0 or past the range\n",
@@ -421,6 +534,8 @@ int cmd_reindex(cli *c, int argc, char **argv)
             printf("mended the next session id: it was %" PRIu64 ", it is %" PRIu64 "\n",
                    res.next_id_was, res.next_id);
     }
+    ctxs_free(after);
+    free(seen);
     return CLI_OK;
 }
 

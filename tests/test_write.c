@@ -517,6 +517,7 @@ Test(write, the_runway_is_mapped_again_after_the_flusher_cleans_it)
         dirty = runway_dirty(s, 64);
     }
     cr_assert_eq(dirty, 1, "the worker did not map the cleaned runway again");
+    ctxs__background_wait_idle(); /* it maps the first layer first */
     cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
     long before = thread_faults();
     big_turn_write(s, &r, kv, THROUGH_MAPPING);

@@ -245,6 +245,12 @@ void ctxs__background_forget(void)
     worker_running = 0;
     worker_busy = NULL;
     generation++;
+    /* The parent's worker may have been inside a wait on them at the
+     * fork, and a condition variable counts its waiters: in the child,
+     * where that thread does not exist, a broadcast could wait for it to
+     * leave forever. Nothing else runs in the child yet. */
+    pthread_cond_init(&work_wanted, NULL);
+    pthread_cond_init(&worker_idle, NULL);
 }
 
 void ctxs__background_wait_idle(void)

@@ -522,8 +522,14 @@ Test(write, the_runway_is_mapped_again_after_the_flusher_cleans_it)
     long before = thread_faults();
     big_turn_write(s, &r, kv, THROUGH_MAPPING);
     long faults = thread_faults() - before;
+#ifndef __SANITIZE_ADDRESS__
+    /* (Under ASan the first stores into slots this thread never touched
+     * fault on their shadow memory, one page a run.) */
     cr_expect_lt(faults, 32, "%ld page faults storing a turn into the runway mapped again",
                  faults);
+#else
+    (void)faults;
+#endif
     big_commit(s, &r);
     uint64_t bad;
     cr_assert_eq(ctxs_session_verify(&bad, s), 0);

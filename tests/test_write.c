@@ -517,12 +517,19 @@ Test(write, the_runway_is_mapped_again_after_the_flusher_cleans_it)
         dirty = runway_dirty(s, 64);
     }
     cr_assert_eq(dirty, 1, "the worker did not map the cleaned runway again");
+    ctxs__background_wait_idle(); /* it maps the first layer first */
     cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
     long before = thread_faults();
     big_turn_write(s, &r, kv, THROUGH_MAPPING);
     long faults = thread_faults() - before;
+#ifndef __SANITIZE_ADDRESS__
+    /* (Under ASan the first stores into slots this thread never touched
+     * fault on their shadow memory, one page a run.) */
     cr_expect_lt(faults, 32, "%ld page faults storing a turn into the runway mapped again",
                  faults);
+#else
+    (void)faults;
+#endif
     big_commit(s, &r);
     uint64_t bad;
     cr_assert_eq(ctxs_session_verify(&bad, s), 0);

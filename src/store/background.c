@@ -62,7 +62,7 @@ typedef struct job_view {
  * job's bit; NULL when nothing is wanted. */
 static ctxs_session *next_job(unsigned *job)
 {
-    for (unsigned bit = CTXS__JOB_MAP; bit <= CTXS__JOB_WARM; bit <<= 1)
+    for (unsigned bit = CTXS__JOB_MAP; bit <= CTXS__JOB_KEEP; bit <<= 1)
         for (ctxs_session *s = ctxs__registry_head; s; s = s->next)
             if (atomic_load(&s->jobs) & bit) {
                 *job = bit;
@@ -87,14 +87,16 @@ static void run_job(ctxs_session *s, unsigned job, const job_view *v)
         return;
     else if (job == CTXS__JOB_MAP)
         ctxs__map_positions(s, v->map_from, v->map_to);
+    else if (job == CTXS__JOB_KEEP)
+        ctxs__runway_keep(s);
     else
         ctxs__runway_prepare(s, &v->st);
 }
 
 /* Under the mutex, with nothing to do: waits for a job, and while a
  * session keeps its runway, at most CTXS__RUNWAY_CHECK_MS, then asks for
- * the runway of each session that keeps one (ctxs__runway_prepare() maps
- * it again only if the flusher cleaned it). Not under memory pressure:
+ * the runway of each session that keeps one to be kept (ctxs__runway_keep()
+ * maps it again only if the flusher cleaned it). Not under memory pressure:
  * the pages are the system's to take back then. */
 static void wait_for_work(void)
 {
@@ -124,7 +126,7 @@ static void wait_for_work(void)
     for (ctxs_session *s = ctxs__registry_head; s; s = s->next)
         if (s->background && !atomic_load(&s->closing) &&
             atomic_load(&s->runway_keep_until_ms) > later)
-            atomic_fetch_or(&s->jobs, CTXS__JOB_RUNWAY);
+            atomic_fetch_or(&s->jobs, CTXS__JOB_KEEP);
 }
 
 static void *worker_main(void *arg)
@@ -173,7 +175,8 @@ void ctxs__background_request(ctxs_session *s, unsigned jobs)
     if (!jobs)
         return;
     if (s->background) {
-        if (jobs & CTXS__JOB_RUNWAY) /* after a commit */
+        /* After a commit; at FULL the runway is only allocated. */
+        if ((jobs & CTXS__JOB_RUNWAY) && s->durability != CTXS_SYNC_FULL)
             atomic_store(&s->runway_keep_until_ms,
                          ctxs__monotonic_ms() + CTXS__RUNWAY_KEEP_MS);
         atomic_fetch_or(&s->jobs, jobs);
@@ -242,6 +245,12 @@ void ctxs__background_forget(void)
     worker_running = 0;
     worker_busy = NULL;
     generation++;
+    /* The parent's worker may have been inside a wait on them at the
+     * fork, and a condition variable counts its waiters: in the child,
+     * where that thread does not exist, a broadcast could wait for it to
+     * leave forever. Nothing else runs in the child yet. */
+    pthread_cond_init(&work_wanted, NULL);
+    pthread_cond_init(&worker_idle, NULL);
 }
 
 void ctxs__background_wait_idle(void)

@@ -356,6 +356,7 @@ enum {
     CTXS__JOB_WRITEBACK = 1u << 1, /* start writeback of what was committed */
     CTXS__JOB_RUNWAY = 1u << 2,    /* allocate and map the next slots */
     CTXS__JOB_WARM = 1u << 3,      /* bring the attention window in */
+    CTXS__JOB_KEEP = 1u << 4,      /* map the runway again if it was cleaned */
 };
 
 /* The worker thread's name, as /proc and debuggers show it. */
@@ -370,6 +371,13 @@ void ctxs__background_request(ctxs_session *s, unsigned jobs);
  * engine's writes into them (CTXS__JOB_MAP). Returns 0 when the worker
  * will, -1 when the caller must (no worker). */
 int ctxs__background_map(ctxs_session *s, uint64_t from, uint64_t to);
+/* Maps the runway writable again if writeback cleaned it since it was
+ * mapped; nothing if it was forgotten (a sync, a rollback, pressure) or is
+ * still writable. Makes no system call that the fault hook counts, so
+ * that the fault suite's counts do not depend on when the worker wakes
+ * (runway.c). */
+void ctxs__runway_keep(ctxs_session *s);
+
 /* Maps positions [from, to) writable, and records it (runway.c). */
 void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to);
 

@@ -213,6 +213,17 @@ static void populate(ctxs_session *s, uint64_t from, uint64_t to)
 #endif
 }
 
+void ctxs__runway_keep(ctxs_session *s)
+{
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    const uint64_t from = s->pop_from, to = s->pop_to;
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+    if (s->readonly || !to ||
+        ctxs__kv_writable(s, from, to, 0, s->lay.n_layers, CTXS__ASK_BY_AGE, NULL))
+        return;
+    populate(s, from, to);
+}
+
 void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to)
 {
     populate(s, from, to);

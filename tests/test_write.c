@@ -371,6 +371,16 @@ static ctxs_session *create_big(uint32_t background)
     return s;
 }
 
+/* A turn of create_big()'s session, [layer][K|V][token][head][dim] fp16
+ * of values in [1, 2). */
+static const uint16_t *big_turn(void)
+{
+    static uint16_t kv[8 * 64 * 4 * 128];
+    for (size_t i = 0; i < sizeof(kv) / 2; i++)
+        kv[i] = (uint16_t)(0x3c00u | (ts_mix64(i) & 0x3ffu));
+    return kv;
+}
+
 /* How big_turn_write() writes a turn. */
 enum { BY_LAYER, BY_TOKEN, THROUGH_MAPPING };
 
@@ -424,9 +434,7 @@ Test(write, layer_takes_no_page_fault_on_the_callers_thread)
 #ifndef RUSAGE_THREAD
     cr_skip_test("no per-thread fault counts on this system");
 #else
-    static uint16_t kv[8 * 64 * 4 * 128];
-    for (size_t i = 0; i < sizeof(kv) / 2; i++)
-        kv[i] = (uint16_t)(0x3c00u | (ts_mix64(i) & 0x3ffu));
+    const uint16_t *kv = big_turn();
     for (uint32_t background = 0; background <= 1; background++) {
         ctxs_session *s = create_big(background);
         ctxs_reservation r;
@@ -493,9 +501,7 @@ Test(write, the_runway_is_mapped_again_after_the_flusher_cleans_it)
 #ifndef RUSAGE_THREAD
     cr_skip_test("no per-thread fault counts on this system");
 #else
-    static uint16_t kv[8 * 64 * 4 * 128];
-    for (size_t i = 0; i < sizeof(kv) / 2; i++)
-        kv[i] = (uint16_t)(0x3c00u | (ts_mix64(i) & 0x3ffu));
+    const uint16_t *kv = big_turn();
     ctxs_session *s = create_big(1);
     ctxs_reservation r;
     cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);

@@ -155,6 +155,15 @@ static int indexed_ids(ctxs_store *st, uint64_t **out, size_t *n_out)
     return ctxs__list((void **)out, n_out, st, st->ids, sizeof(**out), id_fill);
 }
 
+/* Whether the session file of id is gone from sessions/. */
+static int file_missing(const ctxs_store *st, uint64_t id)
+{
+    char file[32];
+    struct stat sb;
+    ctxs__file_name(file, id);
+    return ctxs__fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT;
+}
+
 static int drop_dangling(ctxs_store *st, uint64_t id, uint64_t *removed)
 {
     MDB_txn *txn;
@@ -595,13 +604,9 @@ int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
      * restored under another id then finds its name free. */
     if (rc == 0)
         rc = indexed_ids(st, &ids, &n_ids);
-    for (size_t i = 0; rc == 0 && i < n_ids; i++) {
-        char file[32];
-        struct stat sb;
-        ctxs__file_name(file, ids[i]);
-        if (ctxs__fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT)
+    for (size_t i = 0; rc == 0 && i < n_ids; i++)
+        if (file_missing(st, ids[i]))
             rc = drop_dangling(st, ids[i], &res.entries_removed);
-    }
     free(ids);
     ids = NULL;
     for (size_t i = 0; rc == 0 && i < n_files; i++) {
@@ -614,15 +619,9 @@ int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
         rc = indexed_ids(st, &ids, &n_ids);
     if (rc < 0)
         return rc;
-    for (size_t i = 0; rc == 0 && i < n_ids; i++) {
-        char file[32];
-        struct stat sb;
-        ctxs__file_name(file, ids[i]);
-        if (ctxs__fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT)
-            rc = drop_dangling(st, ids[i], &res.entries_removed);
-        else
-            rc = refresh_prefixes(st, ids[i], &res.prefixes_updated);
-    }
+    for (size_t i = 0; rc == 0 && i < n_ids; i++)
+        rc = file_missing(st, ids[i]) ? drop_dangling(st, ids[i], &res.entries_removed)
+                                      : refresh_prefixes(st, ids[i], &res.prefixes_updated);
     free(ids);
     if (rc == 0)
         rc = next_id_now(st, &res.next_id);

@@ -182,6 +182,15 @@ typedef struct cli_stray {
  * cannot be adopted, into *out (free() it); returns how many, 0 on any
  * failure to look. */
 size_t cli_strays(cli_stray **out, const cli *c, const ctxs_session_entry *list, size_t n);
+
+/* Called by cli_unindexed_files() with a file's name, its path and its
+ * id; nonzero stops the walk. */
+typedef int (*cli_file_fn)(const char *file, const char *path, uint64_t id, void *arg);
+
+/* Each session file under the store's sessions/ that no entry of known[]
+ * names, in directory order. */
+void cli_unindexed_files(const cli *c, const ctxs_session_entry *known, size_t n_known,
+                        cli_file_fn fn, void *arg);
 /* What to do with such a file, a way out of the loop: move it aside to
  * <store>/damaged/, or delete it. */
 void cli_stray_hint(char *buf, size_t n, const cli *c, const char *file);

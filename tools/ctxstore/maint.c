@@ -2,7 +2,6 @@
  * Keeping a store healthy: compact, gc, rm, pin and unpin, rename, reindex,
  * repair-index.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -23,6 +22,35 @@ typedef struct label_seen {
     char name[CTXS_NAME_MAX + 1]; /* the name its label gave, or "" */
 } label_seen;
 
+typedef struct labels_found {
+    label_seen *list;
+    size_t count, cap;
+    int moved_only;
+} labels_found;
+
+static int note_label(const char *file, const char *path, uint64_t id, void *arg)
+{
+    (void)file;
+    labels_found *f = arg;
+    ctxs_file_report rep;
+    if (ctxs_file_inspect(&rep, path) < 0 || rep.label_status != 0 ||
+        (f->moved_only && rep.label_id == id))
+        return 0;
+    if (f->count == f->cap) {
+        size_t cap = f->cap ? f->cap * 2 : 8;
+        label_seen *grown = realloc(f->list, cap * sizeof(*grown));
+        if (!grown)
+            return 1;
+        f->list = grown;
+        f->cap = cap;
+    }
+    label_seen *l = &f->list[f->count++];
+    l->id = id;
+    l->label_id = rep.label_id;
+    snprintf(l->name, sizeof(l->name), "%s", rep.label_name);
+    return 0;
+}
+
 /* The labels of the session files that no entry of known[] names and
  * whose label is readable; with moved_only, only those whose label names
  * another id (a file copied in by hand under another id). The caller
@@ -30,42 +58,10 @@ typedef struct label_seen {
 static size_t labels_before(label_seen **out, const cli *c, const ctxs_session_entry *known,
                             size_t n_known, int moved_only)
 {
-    *out = NULL;
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof(dir), "%s/sessions", c->store_dir);
-    DIR *d = opendir(dir);
-    if (!d)
-        return 0;
-    size_t count = 0, cap = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        const char *nm = de->d_name;
-        char *end, path[PATH_MAX];
-        if (strlen(nm) != 21 || strcmp(nm + 16, ".ctxs") != 0)
-            continue;
-        uint64_t id = strtoull(nm, &end, 16);
-        int skip = end != nm + 16;
-        for (size_t i = 0; i < n_known && !skip; i++)
-            skip = known[i].id == id;
-        ctxs_file_report rep;
-        if (skip || snprintf(path, sizeof(path), "%s/%s", dir, nm) >= (int)sizeof(path) ||
-            ctxs_file_inspect(&rep, path) < 0 || rep.label_status != 0 ||
-            (moved_only && rep.label_id == id))
-            continue;
-        if (count == cap) {
-            cap = cap ? cap * 2 : 8;
-            label_seen *grown = realloc(*out, cap * sizeof(**out));
-            if (!grown)
-                break;
-            *out = grown;
-        }
-        label_seen *l = &(*out)[count++];
-        l->id = id;
-        l->label_id = rep.label_id;
-        snprintf(l->name, sizeof(l->name), "%s", rep.label_name);
-    }
-    closedir(d);
-    return count;
+    labels_found f = {.moved_only = moved_only};
+    cli_unindexed_files(c, known, n_known, note_label, &f);
+    *out = f.list;
+    return f.count;
 }
 
 static const label_seen *label_of(const label_seen *seen, size_t n, uint64_t id)

@@ -702,48 +702,69 @@ void cli_intents_json(json *j, const char *key, const cli *c, const ctxs_intent_
     json_array_end(j);
 }
 
-size_t cli_strays(cli_stray **out, const cli *c, const ctxs_session_entry *list, size_t n)
+void cli_unindexed_files(const cli *c, const ctxs_session_entry *known, size_t n_known,
+                        cli_file_fn fn, void *arg)
 {
-    *out = NULL;
     char dir[PATH_MAX];
     snprintf(dir, sizeof(dir), "%s/sessions", c->store_dir);
     DIR *d = opendir(dir);
     if (!d)
-        return 0;
-    size_t count = 0, cap = 0;
+        return;
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         const char *nm = de->d_name;
-        char *end;
+        char *end, path[PATH_MAX];
         if (strlen(nm) != 21 || strcmp(nm + 16, ".ctxs") != 0)
             continue;
         uint64_t id = strtoull(nm, &end, 16);
-        int known = end != nm + 16;
-        for (size_t i = 0; i < n && !known; i++)
-            known = list[i].id == id;
-        char path[PATH_MAX];
-        ctxs_file_report rep;
-        struct stat sb;
-        if (known || snprintf(path, sizeof(path), "%s/%s", dir, nm) >= (int)sizeof(path) ||
-            lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        int skip = end != nm + 16;
+        for (size_t i = 0; i < n_known && !skip; i++)
+            skip = known[i].id == id;
+        if (skip || snprintf(path, sizeof(path), "%s/%s", dir, nm) >= (int)sizeof(path))
             continue;
-        int rc = ctxs_file_inspect(&rep, path);
-        if (rc == 0 && rep.status == 0 && cli_current_record(&rep))
-            continue; /* adoptable: compact or reindex indexes it */
-        if (count == cap) {
-            cap = cap ? cap * 2 : 8;
-            cli_stray *grown = realloc(*out, cap * sizeof(**out));
-            if (!grown)
-                break;
-            *out = grown;
-        }
-        cli_stray *s = &(*out)[count++];
-        snprintf(s->file, sizeof(s->file), "%s", nm);
-        s->disk_bytes = (uint64_t)sb.st_blocks * 512u;
-        s->status = rc < 0 ? rc : rep.status < 0 ? rep.status : CTXS_ECORRUPT;
+        if (fn(nm, path, id, arg) != 0)
+            break;
     }
     closedir(d);
-    return count;
+}
+
+typedef struct strays_found {
+    cli_stray *list;
+    size_t count, cap;
+} strays_found;
+
+static int note_stray(const char *file, const char *path, uint64_t id, void *arg)
+{
+    (void)id;
+    strays_found *f = arg;
+    ctxs_file_report rep;
+    struct stat sb;
+    if (lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return 0;
+    int rc = ctxs_file_inspect(&rep, path);
+    if (rc == 0 && rep.status == 0 && cli_current_record(&rep))
+        return 0; /* adoptable: compact or reindex indexes it */
+    if (f->count == f->cap) {
+        size_t cap = f->cap ? f->cap * 2 : 8;
+        cli_stray *grown = realloc(f->list, cap * sizeof(*grown));
+        if (!grown)
+            return 1;
+        f->list = grown;
+        f->cap = cap;
+    }
+    cli_stray *s = &f->list[f->count++];
+    snprintf(s->file, sizeof(s->file), "%s", file);
+    s->disk_bytes = (uint64_t)sb.st_blocks * 512u;
+    s->status = rc < 0 ? rc : rep.status < 0 ? rep.status : CTXS_ECORRUPT;
+    return 0;
+}
+
+size_t cli_strays(cli_stray **out, const cli *c, const ctxs_session_entry *list, size_t n)
+{
+    strays_found f = {0};
+    cli_unindexed_files(c, list, n, note_stray, &f);
+    *out = f.list;
+    return f.count;
 }
 
 void cli_stray_hint(char *buf, size_t n, const cli *c, const char *file)

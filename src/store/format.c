@@ -41,6 +41,9 @@ int ctxs__schedule_check(const ctxs_geometry *g)
     if (g->period > CTXS_SCHEDULE_MAX)
         return ctxs__error(CTXS_EINVAL, "the schedule's period %u is above %u layers",
                            g->period, CTXS_SCHEDULE_MAX);
+    if (g->period > g->n_layers)
+        return ctxs__error(CTXS_EINVAL, "the schedule's period %u is above the model's %u "
+                           "layers", g->period, g->n_layers);
     int windowed = 0;
     for (uint32_t j = 0; j < CTXS_SCHEDULE_MAX; j++) {
         if (j >= g->period && g->window[j])

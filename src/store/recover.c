@@ -240,12 +240,24 @@ static uint64_t group_best(const ctxs_session *s, uint32_t g, uint64_t y)
 {
     const ctxs__group_entry *table = ctxs__group_table(s, g);
     const uint32_t len = s->lay.groups[g].len, w = s->lay.groups[g].window;
-    /* No slot holds a position below the oldest its entries name: a window
-     * that reaches below it is there only if it is empty. */
-    uint64_t lowest = UINT64_MAX;
-    for (uint32_t i = 0; i < len; i++)
-        if (table[i].sum && table[i].pos < lowest)
-            lowest = table[i].pos;
+    /* No slot holds a position below the oldest its entries name, or above
+     * the newest; nor, as a ring of len slots, one len or more below the
+     * newest (a damaged table may name any): a window that reaches below
+     * them is there only if it is empty. This also bounds the walk below
+     * by len positions. */
+    uint64_t lowest = UINT64_MAX, highest = 0;
+    for (uint32_t i = 0; i < len; i++) {
+        if (!table[i].sum)
+            continue;
+        lowest = table[i].pos < lowest ? table[i].pos : lowest;
+        highest = table[i].pos > highest ? table[i].pos : highest;
+    }
+    if (lowest == UINT64_MAX)
+        return 0;
+    if (highest - lowest >= len)
+        lowest = highest - len + 1;
+    if (y > highest + 1)
+        y = highest + 1;
     while (y > 0) {
         uint64_t lo = y > w ? y - w : 0, p = y;
         if (y <= lowest)

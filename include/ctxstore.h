@@ -97,7 +97,7 @@ extern "C" {
 #endif
 
 #define CTXS_VERSION_MAJOR 0
-#define CTXS_VERSION_MINOR 1
+#define CTXS_VERSION_MINOR 2
 #define CTXS_VERSION_PATCH 0
 
 /* ---------------------------------------------------------------------------
@@ -410,8 +410,7 @@ typedef struct ctxs_create_options {
                                 after the sinks (they are lost); 0 (the
                                 default) = once full, reserve fails with
                                 CTXS_EFULL and nothing is lost: grow the
-                                session (ctxs_store_session_grow()) or
-                                fork it into a larger one */
+                                session (ctxs_store_session_grow()) */
     uint32_t batch;          /* the most tokens reserved and not yet
                                 committed at once in a session whose
                                 schedule has sliding-window layers: the
@@ -544,8 +543,9 @@ typedef struct ctxs_layout {
 /* The mapping's layout. Pointers are valid until ctxs_session_close(). In a
  * session whose schedule has windowed layers (geometry.period not 0) the
  * layers differ: take each with ctxs_session_get_kv(),
- * ctxs_session_get_scales() and ctxs_session_get_layer_attn(); the strides
- * below then describe its global layers only. Else the
+ * ctxs_session_get_scales(), ctxs_session_get_layer_slots() and
+ * ctxs_session_get_layer_attn(); the strides below then hold for no layer
+ * (only layer 0's K starts at kv). Else the
  * KV of (layer, kind, head, slot) lives at
  *     kv + layer*layer_stride + kind*kv_stride + head*head_stride
  *        + slot*slot_bytes,
@@ -554,13 +554,23 @@ typedef struct ctxs_layout {
  * Errors: CTXS_EINVAL. */
 CTXS_API int ctxs_session_get_layout(ctxs_layout *out, const ctxs_session *s);
 
-/* The [capacity][head_dim] run of one (layer, CTXS_K|CTXS_V, head), writable
- * for a read-write session (write only into reserved slots).
+/* The [slots][head_dim] run of one (layer, CTXS_K|CTXS_V, head), writable
+ * for a read-write session (write only into reserved slots), where slots is
+ * ctxs_session_get_layer_slots()'s: the capacity, and the session's slots
+ * are the reservation's spans and ctxs_session_get_slot()'s; or, for a
+ * windowed layer with a ring of its own, fewer, and position p lives in
+ * slot p % slots (ctxs_session_write_layer() takes care of both).
  * Errors: CTXS_EINVAL (index out of range). */
 CTXS_API int ctxs_session_get_kv(void **out, ctxs_session *s, uint32_t layer,
                                  uint32_t kind, uint32_t head);
 
-/* The [capacity] scales of one (layer, CTXS_K|CTXS_V, head) of a
+/* The slots of each run of layer: the session's capacity, or, for a
+ * windowed layer with a ring of its own, its window plus the session's
+ * batch (see ctxs_session_get_kv()). Errors: CTXS_EINVAL (layer out of
+ * range). */
+CTXS_API int ctxs_session_get_layer_slots(uint32_t *out, const ctxs_session *s, uint32_t layer);
+
+/* The [slots] scales of one (layer, CTXS_K|CTXS_V, head) of a
  * CTXS_DTYPE_Q8 session, writable as ctxs_session_get_kv()'s run is.
  * Errors: CTXS_EINVAL (index out of range, or a session of another dtype). */
 CTXS_API int ctxs_session_get_scales(float **out, ctxs_session *s, uint32_t layer,
@@ -602,7 +612,9 @@ typedef struct ctxs_reservation {
  * or hand them over: a layer of several tokens with
  * ctxs_session_write_layer(), the way a forward pass produces them, or one
  * token of every layer with ctxs_session_write_token(). The bytes are the
- * same either way; what differs is who pays for the pages.
+ * same either way; what differs is who pays for the pages. (Through the
+ * mapping, a windowed layer's ring takes position p at its slot p % slots,
+ * not at the reservation's: see ctxs_session_get_kv().)
  *
  * - Through the mapping, a store into a page that is not mapped writable
  *   takes a page fault on the engine's thread (about 3 us a 4 KiB page on
@@ -642,8 +654,8 @@ typedef struct ctxs_reservation {
  * by the background thread, layer after layer, from this call on (here,
  * for a session without one).
  *
- * Errors: CTXS_EINVAL (n == 0, or more than the ring holds),
- * CTXS_EFULL (no disk space, or the capacity is reached and the session has
+ * Errors: CTXS_EINVAL (n == 0, more than the ring holds, or, with windowed
+ * layers, more uncommitted tokens than the session's batch), CTXS_EFULL (no disk space, or the capacity is reached and the session has
  * no ring), CTXS_EREADONLY, CTXS_EFAILED, -errno. Nothing is reserved on
  * failure. */
 CTXS_API int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s,
@@ -698,8 +710,10 @@ CTXS_API int ctxs_session_write_layer(ctxs_session *s,
  * ctxs_session_write_token(), as dtype: CTXS_DTYPE_F32 (exact for every
  * session dtype; Q8 gives scale * q), the session's own dtype (the stored
  * bytes), or F16/BF16 from a session of F16 or BF16 (rounded to nearest
- * even). Errors: CTXS_EINVAL (NULL, a dtype not listed), CTXS_EEVICTED
- * (pos is no longer held), CTXS_ENOTFOUND (pos is not committed). */
+ * even). A windowed layer whose window no longer reaches pos reads as
+ * zeros (its ring kept only its last positions). Errors: CTXS_EINVAL
+ * (NULL, a dtype not listed), CTXS_EEVICTED (pos is no longer held),
+ * CTXS_ENOTFOUND (pos is not committed). */
 CTXS_API int ctxs_session_read_token(void *k, void *v,
                                      const ctxs_session *s, uint64_t pos,
                                      uint32_t dtype);
@@ -810,7 +824,9 @@ CTXS_API int ctxs_session_get_info(ctxs_session_info *out,
 /* --- Attention window ------------------------------------------------------
  *
  * Attention reads the sinks plus the last `window` tokens held, as at most
- * two contiguous slot spans; the spans are the same for every (layer, head).
+ * two contiguous slot spans; the spans are the same for every (layer, head)
+ * of the global layers (a windowed layer's own window and slots:
+ * ctxs_session_get_layer_attn()).
  */
 typedef struct ctxs_window {
     uint32_t n_spans; /* 0, 1 or 2 */
@@ -1465,7 +1481,10 @@ typedef struct ctxs_prefix_match {
  * loss, the tokens its newest record claims above its durability watermark
  * are verified against their checksums first, as the open that a fork
  * makes would (it reads their KV; once the session has been opened
- * read-write, its records vouch for them again and nothing is read).
+ * read-write, its records vouch for them again and nothing is read). With
+ * windowed layers a fork needs their windows at the match, which their
+ * rings keep only near the session's end: a fork of an earlier match fails
+ * with CTXS_EEVICTED.
  * Errors: CTXS_ENOTFOUND (no match), CTXS_EINVAL, CTXS_ENOMEM. Thread-safe. */
 CTXS_API int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st,
                               const uint8_t model_hash[CTXS_HASH_BYTES],
@@ -1865,8 +1884,9 @@ CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
  * that a handle in any process has open is not touched (CTXS_EBUSY).
  * Errors: CTXS_ENOTFOUND, CTXS_EBUSY, CTXS_EINVAL (capacity not above the
  * session's, or above 16 Mi; a ring that has gone round, whose slots are no
- * longer its positions: fork it; a capacity at which the windowed layers'
- * rings would change length), CTXS_EFULL, CTXS_EREADONLY, -errno.
+ * longer its positions; a capacity at which windowed layers laid out over
+ * every slot would get rings of their own: the error says how far it can
+ * grow), CTXS_EFULL, CTXS_EREADONLY, -errno.
  * Thread-safe. */
 CTXS_API int ctxs_store_session_grow(ctxs_store *st, const char *name, uint32_t capacity);
 
@@ -1894,7 +1914,10 @@ CTXS_API int ctxs_store_session_grow(ctxs_store *st, const char *name, uint32_t 
  * written as export format 3.0 (its windowed layers' K/V for the positions
  * of their windows; an import of it holds the committed state, and
  * refuses a rollback that needs positions below a window); any other as
- * 2.0. */
+ * 2.0. Those windows slide with each commit, and the writer's next turn
+ * may rewrite what slid out of them: such an export ends with CTXS_ESTALE
+ * if a writer commits before it has read the windowed layers' blocks
+ * (which come last); run it again. */
 CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
                                        const char *path,
                                        ctxs_progress_fn progress,

@@ -240,6 +240,48 @@ Test(schedule, windowed_layers_keep_only_their_ring)
     ctxs_session_close(b);
 }
 
+/* An engine that stores through the mapping finds each layer's slots from
+ * ctxs_session_get_layer_slots(): a windowed ring takes position p at slot
+ * p % slots, a global layer at the reservation's slot; what it stores
+ * reads back and verifies as ctxs_session_write_token()'s would. */
+Test(schedule, stores_through_the_mapping_go_where_each_layer_keeps_them)
+{
+    ctxs_session *s = make("mapped.ctxs", CTXS_DTYPE_F16, CTXS_SYNC_NONE);
+    cr_assert_eq(append(s, 30), 0); /* every ring has wrapped */
+    uint32_t slots[LAYERS];
+    for (uint32_t l = 0; l < LAYERS; l++)
+        cr_assert_eq(ctxs_session_get_layer_slots(&slots[l], s, l), 0);
+    cr_assert_eq(slots[0], CAP);
+    cr_assert_eq(slots[1], 6 + BATCH);
+    cr_assert_eq(slots[2], 10 + BATCH);
+    uint32_t none;
+    cr_assert_eq(ctxs_session_get_layer_slots(&none, s, LAYERS), CTXS_EINVAL);
+
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 2), 0);
+    float k[PER], v[PER];
+    uint32_t ids[2];
+    for (uint32_t i = 0; i < 2; i++) {
+        uint64_t pos = r.first_pos + i;
+        fill(k, v, pos);
+        ids[i] = token(pos);
+        for (uint32_t l = 0; l < LAYERS; l++) {
+            uint32_t slot = slots[l] < CAP ? (uint32_t)(pos % slots[l]) : r.spans[0].slot + i;
+            for (uint32_t kind = 0; kind < 2; kind++)
+                for (uint32_t h = 0; h < HEADS; h++) {
+                    void *run;
+                    cr_assert_eq(ctxs_session_get_kv(&run, s, l, kind, h), 0);
+                    const float *x = (kind ? v : k) + (l * HEADS + h) * DIM;
+                    cr_assert_eq(ctxs_dtype_encode((uint16_t *)run + (size_t)slot * DIM, NULL,
+                                                   x, DIM, CTXS_DTYPE_F16), 0);
+                }
+        }
+    }
+    cr_assert_eq(ctxs_session_commit(s, ids, 2), 0);
+    check(s, CTXS_DTYPE_F16);
+    ctxs_session_close(s);
+}
+
 Test(schedule, rollback_within_the_rings_is_exact_and_past_them_refused)
 {
     for (size_t d = 0; d < 3; d++) {
@@ -476,6 +518,42 @@ Test(schedule, a_store_keeps_the_schedule_with_the_model)
     cr_assert_eq(ctxs_store_session_open(&s, st, "chat", &other, 0, NULL), CTXS_EMODEL);
     cr_assert_eq(ctxs_store_session_open(&s, st, "chat", &m, 0, NULL), 0);
     check(s, CTXS_DTYPE_BF16);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
+/* A checkpoint whose windows the rings no longer hold is listed stale,
+ * and restoring it is refused; one they hold restores exactly. */
+Test(schedule, checkpoints_past_the_rings_are_stale)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = sched_model(CTXS_DTYPE_F16);
+    cr_assert_eq(ctxs_model_register(st, &m, "mixed"), 0);
+    ctxs_create_options o = ts_options(CAP, 4, 0, CTXS_SYNC_NONE);
+    o.batch = BATCH;
+    ctxs_session *s;
+    cr_assert_eq(ctxs_store_session_create(&s, st, "chat", &m, &o), 0);
+    cr_assert_eq(append(s, 12), 0);
+    cr_assert_eq(ctxs_checkpoint_create(s, "early"), 0);
+    cr_assert_eq(append(s, 20), 0); /* rings of 6 + 4 and 10 + 4 slots */
+    cr_assert_eq(ctxs_checkpoint_create(s, "late"), 0);
+    cr_assert_eq(append(s, 2), 0);
+
+    ctxs_checkpoint_entry *e;
+    size_t n;
+    cr_assert_eq(ctxs_checkpoint_list(&e, &n, s), 0);
+    cr_assert_eq(n, 2);
+    cr_assert_str_eq(e[0].name, "early");
+    cr_assert_eq(e[0].stale, 1, "the rings overwrote the window of 12 tokens");
+    cr_assert_str_eq(e[1].name, "late");
+    cr_assert_eq(e[1].stale, 0);
+    ctxs_free(e);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "early"), CTXS_EEVICTED);
+    cr_assert_eq(ctxs_checkpoint_restore(s, "late"), 0, "%s", ctxs_get_last_error());
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(info.n_tokens, 32);
+    check(s, CTXS_DTYPE_F16);
     ctxs_session_close(s);
     ctxs_store_close(st);
 }

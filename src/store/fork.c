@@ -322,9 +322,11 @@ static int same_sums(int fd, const ctxs_session *src, const ctxs__state *st)
     return 0;
 }
 
-/* CTXS_ESTALE unless every token st holds in the new file matches the
- * checksum the new file carries for it. */
-static int copy_verifies(int fd, const ctxs_session *src, const ctxs__state *st)
+/* CTXS_ESTALE unless every token st holds in the new file (or, with
+ * windows_only, in its windowed layers) matches the checksum the new file
+ * carries for it. */
+static int copy_verifies(int fd, const ctxs_session *src, const ctxs__state *st,
+                         int windows_only)
 {
     ctxs_session view;
     memset(&view, 0, sizeof(view));
@@ -335,7 +337,15 @@ static int copy_verifies(int fd, const ctxs_session *src, const ctxs__state *st)
     if (map == MAP_FAILED)
         return errno == ENOMEM ? CTXS_ENOMEM : -errno;
     view.map = map;
-    int rc = ctxs_session_verify(NULL, &view);
+    int rc = 0;
+    if (!windows_only)
+        rc = ctxs_session_verify(NULL, &view);
+    for (uint32_t g = 0; windows_only && g < view.lay.n_groups && rc == 0; g++) {
+        uint64_t from = ctxs__group_from(&view, st, g);
+        if (from < st->n_tokens &&
+            ctxs__group_first_bad(&view, g, from, st->n_tokens) < st->n_tokens)
+            rc = CTXS_ECORRUPT;
+    }
     munmap(map, (size_t)src->lay.file_bytes);
     return rc == CTXS_ECORRUPT ? CTXS_ESTALE : rc;
 }
@@ -351,7 +361,12 @@ static int check_still_held(int fd, const fork_job *job)
         return CTXS_ESTALE;
     if ((rc = same_sums(fd, src, &job->st)) < 0)
         return rc;
-    return src->st.seq == job->before.seq ? 0 : copy_verifies(fd, src, &job->st);
+    if (src->st.seq != job->before.seq)
+        return copy_verifies(fd, src, &job->st, 0);
+    /* A writer's turn rewrites the ring slots of positions below its
+     * windows before it commits anything: with no new record, the copy of
+     * a windowed layer may still be another position's. */
+    return src->lay.n_groups ? copy_verifies(fd, src, &job->st, 1) : 0;
 }
 
 /*

@@ -38,6 +38,10 @@ int ctxs__session_group_sums(uint64_t *sums, const ctxs_session *s, uint32_t g, 
 {
     const ctxs__group_entry *t = ctxs__group_table(s, g);
     const uint64_t len = s->lay.groups[g].len;
+    /* Below the window of the state now, a writer's turn may be rewriting
+     * the slots before it commits (and before their entries change). */
+    if (first < ctxs__group_from(s, &s->st, g))
+        return CTXS_ESTALE;
     for (uint64_t i = 0; i < n; i++) {
         const ctxs__group_entry *e = &t[(first + i) % len];
         if (e->pos != first + i || !e->sum)
@@ -45,6 +49,12 @@ int ctxs__session_group_sums(uint64_t *sums, const ctxs_session *s, uint32_t g, 
         sums[i] = e->sum;
     }
     return 0;
+}
+
+int ctxs__session_can_roll_back(const ctxs_session *s, uint64_t n)
+{
+    ctxs__state st;
+    return ctxs__rollback_state(&st, s, n);
 }
 
 uint32_t ctxs__session_batch(const ctxs_session *s)

@@ -42,9 +42,15 @@ void ctxs__session_tokens(uint32_t *ids, uint64_t *sums, const ctxs_session *s, 
 
 /* The checksums of positions [first, first + n) over windowed group g's
  * layers, from its table as it is now. CTXS_ESTALE where a slot's entry
- * is another position's, or none: the ring no longer holds it. */
+ * is another position's, or none (the ring no longer holds it), or below
+ * the window of s's state (a writer's next turn may be rewriting it). */
 int ctxs__session_group_sums(uint64_t *sums, const ctxs_session *s, uint32_t g, uint64_t first,
                              uint64_t n);
+
+/* 0 if s can roll back to n tokens (ctxs_session_rollback()'s rules,
+ * windowed rings included); else its error, CTXS_EEVICTED where a ring no
+ * longer holds what n needs. */
+int ctxs__session_can_roll_back(const ctxs_session *s, uint64_t n);
 
 /* The batch s was created with (0 in a file from before 3.0). */
 uint32_t ctxs__session_batch(const ctxs_session *s);

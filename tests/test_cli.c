@@ -594,7 +594,7 @@ Test(cli, help_for_every_command_exits_0_and_documents_the_exit_codes)
         says(1, want);
     }
     CLI_EXPECT(EX_OK, store, "--version");
-    contains(1, "ctxstore 0.1.0");
+    contains(1, "ctxstore 0.2.0");
     cr_assert_not(ts_exists(store), "--help created the store %s", store);
 }
 

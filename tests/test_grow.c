@@ -132,6 +132,39 @@ Test(grow, what_cannot_grow_is_refused_and_left_as_it_was)
     ctxs_store_close(st);
 }
 
+/* A windowed layer that its session lays out over every slot (its window
+ * and batch do not fit beside the sinks) would need a ring of its own in a
+ * larger file, which a grow does not build: refused, with how far it can
+ * grow, and a grow that far keeps every token. */
+Test(grow, windowed_layers_over_every_slot_grow_only_as_far_as_they_stay_so)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(5);
+    m.geometry.period = 2;
+    m.geometry.window[0] = 40;
+    cr_assert_eq(ctxs_model_register(st, &m, "w"), 0);
+    ctxs_create_options o = ts_options(32, 2, 0, CTXS_SYNC_ASYNC);
+    o.batch = 8;
+    ctxs_session *s;
+    cr_assert_eq(ctxs_store_session_create(&s, st, "w", &m, &o), 0);
+    cr_assert_eq(ts_append(s, 30), 0);
+    ctxs_session_close(s);
+
+    /* A ring of 40 + 8 slots fits beside 2 sinks from 50 slots on. */
+    cr_assert_eq(ctxs_store_session_grow(st, "w", 50), CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "at most 49 slots"), "%s", ctxs_get_last_error());
+    cr_assert_eq(ctxs_store_session_grow(st, "w", 49), 0, "%s", ctxs_get_last_error());
+    cr_assert_eq(ctxs_store_session_open(&s, st, "w", &m, 0, NULL), 0);
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(info.capacity, 49);
+    cr_assert_eq(info.n_tokens, 30);
+    cr_assert_eq(ctxs_session_verify(NULL, s), 0);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
 static void die(int step)
 {
     static int at;

@@ -1325,15 +1325,14 @@ static PyObject *sess_view(SessionObject *self, PyObject *arg, int kind, int sca
     uint32_t cap = L->capacity;
     float *run_scales = L->scales ? L->scales + (size_t)layer * 2 * g->n_kv_heads * cap : NULL;
     if (g->period) {
-        void *k0, *v0;
+        void *k0;
         int rc = ctxs_session_get_kv(&k0, self->s, layer, CTXS_K, 0);
         if (rc == 0)
-            rc = ctxs_session_get_kv(&v0, self->s, layer, CTXS_V, 0);
+            rc = ctxs_session_get_layer_slots(&cap, self->s, layer);
         if (rc < 0)
             return raise_rc(rc, "the runs of layer %u", layer);
         run_k = k0;
-        head_stride = (size_t)((char *)v0 - (char *)k0) / g->n_kv_heads;
-        cap = (uint32_t)(head_stride / L->slot_bytes);
+        head_stride = (size_t)cap * L->slot_bytes;
         if (L->scales && (rc = ctxs_session_get_scales(&run_scales, self->s, layer, CTXS_K, 0)) < 0)
             return raise_rc(rc, "the scales of layer %u", layer);
     }

@@ -272,7 +272,7 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
                                "capacity of %" PRIu64 ", and the session is no ring (which "
                                "would overwrite its oldest tokens): nothing was lost; grow it "
                                "(ctxs_store_session_grow(), `ctxstore grow NAME --capacity "
-                               "N`) or fork it into a larger session",
+                               "N`)",
                                n, end, cap);
     } else if (end > ns && end - (committed > ns ? committed : ns) > ctxs__ring_len(s)) {
         /* the reservation would overwrite itself */

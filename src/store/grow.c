@@ -9,8 +9,9 @@
  * name. What each step leaves:
  *
  * - Until the rename, the old file is the session, untouched: a process
- *   killed meanwhile leaves it, and at most a "<file>.tmp-<pid>-<n>" that
- *   a store's repair removes (none where the filesystem has O_TMPFILE).
+ *   killed meanwhile leaves it, and at most a "<file>.tmp-<pid>-<n>" (with
+ *   O_TMPFILE, a "<file>.tmp-<pid>-grow", the unnamed file linked just
+ *   before the rename) that a store's repair removes.
  * - The rename swaps one complete, synced file for another: a crash after
  *   it finds the grown file. The directory is synced before the call
  *   returns.
@@ -93,6 +94,21 @@ static int same_rings(const ctxs__file_layout *a, const ctxs__file_layout *b)
     return 1;
 }
 
+/* The largest capacity at which every windowed layer laid out over every
+ * slot stays so (ctxs__layout_compute()'s rule). */
+static uint64_t most_without_rings(const ctxs__file_layout *lay)
+{
+    uint64_t most = UINT64_MAX;
+    for (uint32_t j = 0; j < lay->pat; j++) {
+        if (!lay->window[j] || lay->group[j] >= 0 || !lay->batch)
+            continue;
+        uint64_t want = (uint64_t)lay->window[j] + lay->batch;
+        uint64_t last = want + lay->n_sink > want ? want + lay->n_sink - 1 : want;
+        most = last < most ? last : most;
+    }
+    return most;
+}
+
 static int write_new(int fd, const ctxs_session *s, const ctxs__file_layout *nl)
 {
     const ctxs__file_layout *ol = &s->lay;
@@ -155,7 +171,7 @@ static int replace(ctxs__aside *a, const char *path)
         a->tmp = tmp;
     }
     hook(CTXS__GROW_LINKED);
-    if (rename(a->tmp, path) != 0)
+    if (ctxs__rename(a->tmp, path) != 0)
         return -errno;
     free(a->tmp);
     a->tmp = NULL;
@@ -199,14 +215,14 @@ int ctxs__session_grow(const char *path, uint32_t capacity, uint64_t *disk_bytes
     if (rc == 0 && s->st.n_tokens > s->lay.capacity)
         rc = ctxs__error(CTXS_EINVAL, "the session's ring has gone round (%" PRIu64 " tokens "
                          "through %u slots): its slots are no longer its positions, and it "
-                         "cannot grow; fork it", s->st.n_tokens, s->lay.capacity);
+                         "cannot grow", s->st.n_tokens, s->lay.capacity);
     if (rc == 0 && (rc = ctxs__layout_compute(&nl, &s->model.geometry, capacity, s->lay.n_sink,
                                               s->lay.batch)) < 0)
         ctxs__error_more(rc, "growing to %u slots", capacity);
     if (rc == 0 && !same_rings(&s->lay, &nl))
-        rc = ctxs__error(CTXS_EINVAL, "at %u slots the windowed layers would keep rings of "
-                         "another length than at %u: grow it by a fork instead", capacity,
-                         s->lay.capacity);
+        rc = ctxs__error(CTXS_EINVAL, "at %u slots windowed layers laid out over every slot "
+                         "would get rings of their own, which a grow does not convert: grow "
+                         "to at most %" PRIu64 " slots", capacity, most_without_rings(&s->lay));
     if (rc == 0) {
         ctxs__aside a;
         if ((rc = ctxs__aside_open(&a, path, O_RDWR)) == 0) {

@@ -86,7 +86,7 @@ static const command k_commands[] = {
       "on for a session that is full and refuses tokens. Its file is written\n"
       "anew beside the old one and takes its place once complete; a crash\n"
       "leaves one or the other, whole. Refuses (exit 4) a session that a\n"
-      "process has open, and a ring that has overwritten tokens (fork it).\n" },
+      "process has open, and a ring that has overwritten tokens.\n" },
     { "compact", cmd_compact, "give back unused disk space",
       "compact [SESSION | --all] [--json]\n\n"
       "Punches out the KV blocks of slots that hold no token (after rollbacks\n"

@@ -1016,7 +1016,7 @@ static void run_context(const options *o, uint32_t tokens)
         *b = (bench){ .o = o, .tokens = tokens, .n = reps_for(o, tokens), .d = d,
                       .path = g_path[d] };
         b->model.geometry = (ctxs_geometry){ N_LAYERS, N_KV_HEADS, HEAD_DIM,
-                                             k_dtypes[d].dtype };
+                                             k_dtypes[d].dtype, 0, { 0 } };
         memcpy(b->model.model_hash, "bench-qwen3-4b!!", 16);
         memcpy(b->model.tokenizer_hash, "bench-tokenizer!", 16);
         /* what a step reads: K and V of every held token, and Q8's scales */

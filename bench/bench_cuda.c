@@ -505,7 +505,7 @@ static void run_context(const options *o, uint32_t tokens, uint32_t dtype)
     b.tokens = tokens;
     b.dtype = dtype;
     b.reps = o->quick ? 10 : 40;
-    b.model.geometry = (ctxs_geometry){N_LAYERS, N_KV_HEADS, HEAD_DIM, dtype};
+    b.model.geometry = (ctxs_geometry){N_LAYERS, N_KV_HEADS, HEAD_DIM, dtype, 0, {0}};
     memset(b.model.model_hash, 0xb5, 16);
     check_cuda(cudaSetDevice(0), "cudaSetDevice");
     check_cuda(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking), "cudaStreamCreate");

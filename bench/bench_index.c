@@ -694,7 +694,7 @@ static void run_find_prefix(ctxs_store *st, const options *o)
     prefix_bench pb = { .st = st, .n_sessions = o->sessions };
     pb.target = o->sessions / 2;
     pb.model.geometry = (ctxs_geometry){ FILLER_LAYERS, FILLER_HEADS,
-                                         FILLER_DIM, CTXS_DTYPE_F16 };
+                                         FILLER_DIM, CTXS_DTYPE_F16, 0, { 0 } };
     memcpy(pb.model.model_hash, "bench-tiny-model", 16);
     memcpy(pb.model.tokenizer_hash, "bench-tokenizer!", 16);
     check_ctxs(ctxs_model_register(st, &pb.model, "bench tiny (1x1x8)"),
@@ -993,7 +993,7 @@ static void run_fork(ctxs_store *st, const options *o)
 {
     fork_bench fb = { .st = st };
     fb.model.geometry = (ctxs_geometry){ N_LAYERS, N_KV_HEADS, HEAD_DIM,
-                                         CTXS_DTYPE_F16 };
+                                         CTXS_DTYPE_F16, 0, { 0 } };
     memcpy(fb.model.model_hash, "bench-qwen3-4b!!", 16);
     memcpy(fb.model.tokenizer_hash, "bench-tokenizer!", 16);
     check_ctxs(ctxs_model_register(st, &fb.model, "bench Qwen3-4B geometry"),

@@ -184,12 +184,14 @@ typedef struct options {
     uint32_t gap_ms;      /* untimed pause before each timed save */
     int dtypes[N_DTYPES]; /* 1: measure K/V of k_dtypes[i] */
     int save_only;        /* save_turn at every pause, nothing else */
+    int gemma3;           /* the Gemma-3-shaped comparison, nothing else */
 } options;
 
 static void usage(FILE *f)
 {
     fputs("usage: bench_session [--quick] [--tokens N] [--dir DIR] [--gap-ms N]\n"
-          "                     [--dtype f16|bf16|q8|all] [--save-only] [--json]\n"
+          "                     [--dtype f16|bf16|q8|all] [--save-only] [--gemma3]\n"
+          "                     [--json]\n"
           "  --quick     contexts 512 and 2048 only, fewer iterations, save_turn\n"
           "              after the --gap-ms pause only\n"
           "  --save-only save_turn after each pause (50 ms, 2.5 s, 35 s), per layer,\n"
@@ -202,6 +204,11 @@ static void usage(FILE *f)
           "              saves back to back, each meeting the last one's writeback)\n"
           "  --dtype D   the K/V's dtype: every measurement in f16, save_turn and\n"
           "              resume_ready in bf16 and q8; all (default) is the three\n"
+          "  --gemma3    Gemma 3's geometry (18 layers, 1 KV head x 256, 15\n"
+          "              windowed at 512) against it with every layer global, at\n"
+          "              8192 and 32768 tokens (windowed with the default batch,\n"
+          "              512, and with one of 64): bytes on disk, save_turn and\n"
+          "              resume_ready; nothing else\n"
           "  --json      one JSON object per measurement on stdout\n",
           f);
 }
@@ -215,6 +222,7 @@ static options parse_options(int argc, char **argv)
             && !string_option(argc, argv, &i, "--dtype", &dtype)
             && !flag_option(argv[i], "--quick", &o.quick)
             && !flag_option(argv[i], "--save-only", &o.save_only)
+            && !flag_option(argv[i], "--gemma3", &o.gemma3)
             && !count_option(argc, argv, &i, "--gap-ms", 0, 10000, &o.gap_ms)
             && !string_option(argc, argv, &i, "--dir", &o.dir)
             && !count_option(argc, argv, &i, "--tokens", TURN_TOKENS, MAX_TOKENS,
@@ -434,7 +442,7 @@ static void bench_init(bench *b, const options *o, uint32_t tokens, int iters,
         }
     }
 
-    b->model.geometry = (ctxs_geometry){ N_LAYERS, N_KV_HEADS, HEAD_DIM, dtype };
+    b->model.geometry = (ctxs_geometry){ N_LAYERS, N_KV_HEADS, HEAD_DIM, dtype, 0, { 0 } };
     memcpy(b->model.model_hash, "bench-qwen3-4b!!", 16);
     memcpy(b->model.tokenizer_hash, "bench-tokenizer!", 16);
 }
@@ -1266,6 +1274,176 @@ static void run_context_dtype(const options *o, uint32_t tokens, int iters,
     settle_disk();
 }
 
+/* --- Gemma-3-shaped sessions ------------------------------------------------ */
+
+/*
+ * Gemma 3's KV geometry (18 layers, 1 KV head x 256, fp16; 5 of every 6
+ * layers attend to the last 512 tokens only), against the same geometry
+ * with every layer global: the file's bytes on disk next to the bytes the
+ * model's layers can read, a turn's save, and a resume made ready (every
+ * page each layer's attention reads mapped in).
+ */
+enum { G3_LAYERS = 18, G3_HEAD_DIM = 256, G3_WINDOW = 512, G3_PERIOD = 6 };
+
+/* The three sessions compared: every layer global; windowed, with the
+ * default batch (512: each windowed layer keeps 512 + 512 slots); windowed
+ * with a batch of one turn (64: 512 + 64 slots), an engine that writes at
+ * most a turn at a time, prefill included. */
+enum { G3_GLOBAL, G3_WINDOWED, G3_WINDOWED_B64 };
+static const char *const k_g3_methods[] = { "gemma3_global", "gemma3_windowed",
+                                            "gemma3_windowed_b64" };
+
+typedef struct g3_file {
+    uint32_t tokens;
+    int windowed;
+    uint64_t disk_bytes, readable_bytes;
+} g3_file;
+
+static g3_file g_g3_files[12];
+static size_t g_g3_n;
+
+static ctxs_model g3_model(int windowed)
+{
+    ctxs_model m;
+    memset(&m, 0, sizeof m);
+    m.geometry = (ctxs_geometry){ G3_LAYERS, 1, G3_HEAD_DIM, CTXS_DTYPE_F16, 0, { 0 } };
+    if (windowed) {
+        m.geometry.period = G3_PERIOD;
+        for (uint32_t j = 0; j + 1 < G3_PERIOD; j++)
+            m.geometry.window[j] = G3_WINDOW;
+    }
+    memset(m.model_hash, 0x33, sizeof m.model_hash);
+    memset(m.tokenizer_hash, 0x44, sizeof m.tokenizer_hash);
+    return m;
+}
+
+/* Appends n tokens of K/V (k and v: one token's, fp16) in turns of at most
+ * batch, each committed. */
+static void g3_append(ctxs_session *s, uint32_t n, uint32_t batch, const uint16_t *k,
+                      const uint16_t *v, uint32_t *ids)
+{
+    while (n) {
+        uint32_t c = n < batch ? n : batch;
+        ctxs_reservation r;
+        check_ctxs(ctxs_session_reserve(&r, s, c), "ctxs_session_reserve");
+        for (uint32_t i = 0; i < c; i++)
+            check_ctxs(ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16),
+                       "ctxs_session_write_token");
+        check_ctxs(ctxs_session_commit(s, ids, c), "ctxs_session_commit");
+        n -= c;
+    }
+}
+
+/* Every page attention reads in every layer, as the first decode step. */
+static uint64_t g3_touch(ctxs_session *s)
+{
+    uint64_t acc = 0;
+    for (uint32_t l = 0; l < G3_LAYERS; l++) {
+        ctxs_layout lay;
+        ctxs_attn_plan plan;
+        check_ctxs(ctxs_session_get_layer_attn(&lay, &plan, s, l, 0),
+                   "ctxs_session_get_layer_attn");
+        for (uint32_t kind = 0; kind < 2; kind++) {
+            const uint8_t *base = (const uint8_t *)lay.kv + kind * lay.kv_stride;
+            for (uint32_t j = 0; j < plan.n_spans; j++)
+                acc += touch_pages(base + (size_t)plan.spans[j].slot * lay.slot_bytes,
+                                   (size_t)plan.spans[j].count * lay.slot_bytes, 4096);
+        }
+    }
+    return acc;
+}
+
+static void g3_run(const options *o, uint32_t tokens, int windowed)
+{
+    const char *method = k_g3_methods[windowed];
+    const uint32_t batch = windowed == G3_WINDOWED_B64 ? TURN_TOKENS : 512;
+    const int iters = o->quick ? 5 : 15;
+    const size_t token_elems = (size_t)G3_LAYERS * G3_HEAD_DIM;
+    uint16_t *k = xmalloc(token_elems * 2), *v = xmalloc(token_elems * 2);
+    uint64_t seed = 0x9e3779b97f4a7c15ull ^ tokens;
+    for (size_t i = 0; i < token_elems; i++) {
+        k[i] = (uint16_t)(0x3000 + (xorshift64(&seed) & 0x7ff)); /* small normals */
+        v[i] = (uint16_t)(0x3000 + (xorshift64(&seed) & 0x7ff));
+    }
+    uint32_t *ids = xmalloc(512 * sizeof *ids);
+    for (uint32_t i = 0; i < 512; i++)
+        ids[i] = i;
+    ctxs_model m = g3_model(windowed);
+    ctxs_create_options co = CTXS_CREATE_OPTIONS_INIT;
+    co.capacity = tokens + (uint32_t)(iters + 1) * TURN_TOKENS;
+    co.batch = batch;
+    co.open.durability = CTXS_SYNC_ASYNC;
+    unlink(g_paths[F_SESSION]);
+    ctxs_session *s;
+    check_ctxs(ctxs_session_create(&s, g_paths[F_SESSION], &m, &co), "ctxs_session_create");
+    if (o->progress)
+        fprintf(stderr, "\r\033[K%s %u tokens: prefill", method, tokens);
+    g3_append(s, tokens, batch, k, v, ids);
+    check_ctxs(ctxs_session_sync(s), "ctxs_session_sync");
+    struct stat sb;
+    if (stat(g_paths[F_SESSION], &sb) != 0)
+        die("stat %s: %s", g_paths[F_SESSION], strerror(errno));
+    /* What the layers can read: a global layer every token, a windowed one
+     * its window; K and V. */
+    uint64_t readable = 0;
+    for (uint32_t l = 0; l < G3_LAYERS; l++) {
+        uint32_t w = ctxs_geometry_get_window(&m.geometry, l);
+        readable += (uint64_t)(w && w < tokens ? w : tokens) * 2 * G3_HEAD_DIM * 2;
+    }
+    if (g_g3_n < sizeof g_g3_files / sizeof g_g3_files[0])
+        g_g3_files[g_g3_n++] = (g3_file){ tokens, windowed, (uint64_t)sb.st_blocks * 512,
+                                          readable };
+
+    /* A turn: TURN_TOKENS written and committed (ASYNC), after a pause. */
+    samples sm = { 0 };
+    for (int i = 0; i <= iters; i++) {
+        pause_ms(g_gap_ms);
+        double t0 = now_us();
+        g3_append(s, TURN_TOKENS, batch, k, v, ids);
+        if (i > 0)
+            samples_add(&sm, now_us() - t0);
+    }
+    add_row("save_turn", method, tokens, CTXS_DTYPE_F16, &sm);
+    samples_free(&sm);
+    check_ctxs(ctxs_session_sync(s), "ctxs_session_sync");
+    ctxs_session_close(s);
+
+    /* A resume: open, and every page the layers read mapped in. */
+    for (int i = 0; i <= iters; i++) {
+        double t0 = now_us();
+        check_ctxs(ctxs_session_open(&s, g_paths[F_SESSION], &m, 0, NULL), "ctxs_session_open");
+        g_sink += g3_touch(s);
+        ctxs_session_close(s);
+        if (i > 0)
+            samples_add(&sm, now_us() - t0);
+    }
+    add_row("resume_ready", method, tokens, CTXS_DTYPE_F16, &sm);
+    samples_free(&sm);
+    unlink(g_paths[F_SESSION]);
+    free(k);
+    free(v);
+    free(ids);
+}
+
+static void g3_print_files(FILE *f, int json)
+{
+    for (size_t i = 0; i < g_g3_n; i++) {
+        const g3_file *g = &g_g3_files[i];
+        double ratio = (double)g->disk_bytes / (double)g->readable_bytes;
+        if (json)
+            printf("{\"op\":\"file_bytes\",\"method\":\"%s\",\"tokens\":%u,"
+                   "\"disk_bytes\":%" PRIu64 ",\"readable_bytes\":%" PRIu64
+                   ",\"ratio\":%.3f}\n",
+                   k_g3_methods[g->windowed], g->tokens, g->disk_bytes, g->readable_bytes,
+                   ratio);
+        else
+            fprintf(f, "%-20s %6u tokens: %10.1f MiB on disk, %10.1f MiB the layers can "
+                       "read (%.3fx)\n",
+                    k_g3_methods[g->windowed], g->tokens, g->disk_bytes / 1048576.0,
+                    g->readable_bytes / 1048576.0, ratio);
+    }
+}
+
 /* --- Report ---------------------------------------------------------------- */
 
 /* What each op's ratio column divides by: a row of the same dtype and
@@ -1513,6 +1691,33 @@ int main(int argc, char **argv)
     int n_contexts = pick_contexts(contexts, o.quick ? 2 : 3, o.only_tokens);
     int iters = o.quick ? 7 : MAX_ITERS;
 
+    if (o.gemma3) {
+        fprintf(o.json ? stderr : stdout,
+                "ctxstore bench_session --gemma3: Gemma 3's KV geometry (18 layers, 1 KV "
+                "head x 256, fp16, 15 layers windowed at 512, with a batch of 512 and of "
+                "64) against it with every layer global; save_turn: %d tokens written and "
+                "committed (ASYNC) after a %u ms pause; resume_ready: open and every page "
+                "each layer's attention reads "
+                "mapped in (warm page cache); files in %s\n\n",
+                TURN_TOKENS, g_gap_ms, g_dir);
+        uint32_t g3_tokens[2] = { 8192, 32768 };
+        int n_g3 = o.only_tokens ? 1 : 2;
+        if (o.only_tokens)
+            g3_tokens[0] = o.only_tokens;
+        for (int i = 0; i < n_g3; i++)
+            for (int mode = G3_GLOBAL; mode <= G3_WINDOWED_B64; mode++)
+                g3_run(&o, g3_tokens[i], mode);
+        if (o.progress)
+            fputs("\r\033[K", stderr);
+        qsort(g_result_rows, g_results.n, sizeof g_result_rows[0], cmp_rows);
+        if (o.json)
+            print_json();
+        else
+            print_table();
+        g3_print_files(stdout, o.json);
+        cleanup();
+        return 0;
+    }
     /* With --json, stdout carries only the objects. */
     print_header(o.json ? stderr : stdout, g_dir);
     fflush(stdout);

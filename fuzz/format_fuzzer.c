@@ -87,9 +87,9 @@ static void geometry(const uint8_t *data, size_t size)
 {
     uint32_t v[6] = { 0 };
     memcpy(v, data, size < sizeof(v) ? size : sizeof(v));
-    ctxs_geometry g = { v[0], v[1], v[2], v[3] };
+    ctxs_geometry g = { v[0], v[1], v[2], v[3], 0, {0} };
     ctxs__file_layout lay;
-    if (ctxs__layout_compute(&lay, &g, v[4], v[5]) != 0)
+    if (ctxs__layout_compute(&lay, &g, v[4], v[5], 0) != 0)
         return;
     ctxs__disk_header h;
     ctxs_model m;

@@ -262,7 +262,7 @@ ctxs_model fuzz_model(unsigned i)
 {
     ctxs_model m;
     memset(&m, 0, sizeof(m));
-    m.geometry = (ctxs_geometry){ 1, 2, 4, CTXS_DTYPE_F16 };
+    m.geometry = (ctxs_geometry){ 1, 2, 4, CTXS_DTYPE_F16, 0, {0} };
     for (unsigned b = 0; b < 16; b++) {
         m.model_hash[b] = (uint8_t)(0x40 + i * 16 + b);
         m.tokenizer_hash[b] = (uint8_t)(0x90 + b);

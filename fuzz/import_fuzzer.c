@@ -292,7 +292,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if ((ctl & CLASH_MODEL) && o.n >= HEADER_BYTES) {
         ctxs_model m;
         memset(&m, 0, sizeof(m));
-        m.geometry = (ctxs_geometry){ 1 + (rd32(o.p + H_OFF(n_layers)) & 1), 1, 8, CTXS_DTYPE_F16 };
+        m.geometry = (ctxs_geometry){ 1 + (rd32(o.p + H_OFF(n_layers)) & 1), 1, 8, CTXS_DTYPE_F16, 0, {0} };
         memcpy(m.model_hash, o.p + H_OFF(model_hash), 16);
         memcpy(m.tokenizer_hash, o.p + H_OFF(tokenizer_hash), 16);
         ctxs_model_register(st, &m, "clash");

@@ -247,8 +247,8 @@ static void session_seeds(void)
     uint8_t *copy = malloc(len);
     ctxs__disk_header h;
     ctxs__file_layout lay;
-    static const ctxs_geometry huge[] = { { 4096, 4096, 4096, 1 }, { 64, 8, 128, 1 },
-                                          { 1, 1, 1, 1 } };
+    static const ctxs_geometry huge[] = { { 4096, 4096, 4096, 1, 0, {0} }, { 64, 8, 128, 1, 0, {0} },
+                                          { 1, 1, 1, 1, 0, {0} } };
     static const uint32_t caps[] = { 16777216, 131072, 2 };
     for (int i = 0; i < 3; i++) {
         memcpy(copy, buf, len);
@@ -258,7 +258,7 @@ static void session_seeds(void)
         m.geometry = huge[i];
         memcpy(m.model_hash, h.model_hash, 16);
         memcpy(m.tokenizer_hash, h.tokenizer_hash, 16);
-        if (ctxs__layout_compute(&lay, &huge[i], caps[i], 1) < 0) {
+        if (ctxs__layout_compute(&lay, &huge[i], caps[i], 1, 0) < 0) {
             /* Too big to be a file: claim it anyway, sizes wrapped. */
             h.n_layers = huge[i].n_layers;
             h.n_kv_heads = huge[i].n_kv_heads;

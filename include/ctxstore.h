@@ -97,7 +97,7 @@ extern "C" {
 #endif
 
 #define CTXS_VERSION_MAJOR 0
-#define CTXS_VERSION_MINOR 1
+#define CTXS_VERSION_MINOR 2
 #define CTXS_VERSION_PATCH 0
 
 /* ---------------------------------------------------------------------------
@@ -131,13 +131,16 @@ extern "C" {
 #define CTXS_HASH_BYTES 16
 
 /* The defaults of the _INIT macros. */
-#define CTXS_DEFAULT_CAPACITY 2048u        /* slots in a new session file */
+#define CTXS_DEFAULT_CAPACITY 2048u        /* slots in a new session file
+                                              whose model's context length
+                                              is not given */
 #define CTXS_DEFAULT_N_SINK 4u             /* slots never overwritten */
 #define CTXS_DEFAULT_WINDOW 0u             /* recent tokens attention reads:
                                               0 = the capacity (all held) */
 #define CTXS_DEFAULT_PRESSURE_WINDOW 0u    /* the window under pressure:
                                               0 = half the window */
 #define CTXS_DEFAULT_MAX_READERS 126u      /* concurrent index readers */
+#define CTXS_DEFAULT_BATCH 512u            /* ctxs_create_options.batch */
 #define CTXS_DEFAULT_MAP_BYTES (1ull << 30) /* most bytes the index grows to */
 #define CTXS_DEFAULT_POLL_MS 1000u         /* pressure watcher's period */
 #define CTXS_DEFAULT_MIN_AVAILABLE (512ull << 20) /* MemAvailable floor */
@@ -269,12 +272,40 @@ typedef enum ctxs_dtype {
                             a session's dtype */
 } ctxs_dtype;
 
+/* The most layers a layer schedule's pattern has (ctxs_geometry.period). */
+#define CTXS_SCHEDULE_MAX 8
+
+/*
+ * A model's KV geometry, and its layer schedule.
+ *
+ * The schedule says which layers attend to every token (global layers)
+ * and which to their last W positions only (sliding-window layers, as in
+ * Gemma 2 and 3, gpt-oss, Mistral 7B): layer l has the window
+ * window[l % period], 0 meaning global. period 0 (every window[] zero)
+ * means every layer is global, the only schedule before format 3.0; else
+ * period is 1..CTXS_SCHEDULE_MAX and at least one of window[0 .. period-1]
+ * is not 0, the rest of window[] zero. Each window is 1..16 Mi.
+ *
+ * A sliding-window layer keeps only what it can read: its own ring of
+ * window + batch slots (ctxs_create_options.batch), its oldest slots
+ * overwritten as tokens arrive, where that is smaller than the session's
+ * slots; else it is laid out as a global layer and its window bounds only
+ * what attention reads. The schedule is part of the model: a session of
+ * another schedule is refused (CTXS_EMODEL).
+ */
 typedef struct ctxs_geometry {
     uint32_t n_layers;   /* transformer layers, 1..4096 */
     uint32_t n_kv_heads; /* KV heads per layer (after GQA), 1..4096 */
     uint32_t head_dim;   /* elements per head, 1..4096 */
     uint32_t dtype;      /* ctxs_dtype */
+    uint32_t period;     /* layers in the schedule's pattern; 0: all global */
+    uint32_t window[CTXS_SCHEDULE_MAX]; /* per pattern layer: 0 = global,
+                                           else its sliding window */
 } ctxs_geometry;
+
+/* The window of layer `layer` under g's schedule: 0 for a global layer.
+ * Thread-safe. */
+CTXS_API uint32_t ctxs_geometry_get_window(const ctxs_geometry *g, uint32_t layer);
 
 /* Bytes of one token's K (or V) in the form ctxs_session_write_token() and
  * ctxs_session_read_token() take: [n_layers][n_kv_heads][head_dim] elements
@@ -371,18 +402,30 @@ typedef struct ctxs_open_options {
 
 typedef struct ctxs_create_options {
     uint32_t version;        /* CTXS_CREATE_OPTIONS_VERSION */
-    uint32_t capacity;       /* slots in the file: 2 .. 16 Mi, above n_sink */
+    uint32_t capacity;       /* slots in the file: 2 .. 16 Mi, above n_sink;
+                                0 = context_length, or CTXS_DEFAULT_CAPACITY
+                                where that is 0 too */
     uint32_t n_sink;         /* slots never overwritten */
     uint32_t ring;           /* 1 = once full, overwrite the oldest tokens
-                                after the sinks; 0 = reserve fails with
-                                CTXS_EFULL */
-    uint8_t reserved[32];    /* must be zero */
+                                after the sinks (they are lost); 0 (the
+                                default) = once full, reserve fails with
+                                CTXS_EFULL and nothing is lost: grow the
+                                session (ctxs_store_session_grow()) */
+    uint32_t batch;          /* the most tokens reserved and not yet
+                                committed at once in a session whose
+                                schedule has sliding-window layers: the
+                                slots such a layer keeps beyond its window;
+                                0 = CTXS_DEFAULT_BATCH */
+    uint32_t context_length; /* the model's context length (llama.cpp's
+                                n_ctx), the capacity when capacity is 0;
+                                0 = not known */
+    uint8_t reserved[24];    /* must be zero */
     ctxs_open_options open;  /* the handle create returns */
 } ctxs_create_options;
 
 #define CTXS_CREATE_OPTIONS_INIT                                               \
-    { CTXS_CREATE_OPTIONS_VERSION, CTXS_DEFAULT_CAPACITY, CTXS_DEFAULT_N_SINK, \
-      1, { 0 }, CTXS_OPEN_OPTIONS_INIT }
+    { CTXS_CREATE_OPTIONS_VERSION, 0, CTXS_DEFAULT_N_SINK, 0,                  \
+      CTXS_DEFAULT_BATCH, 0, { 0 }, CTXS_OPEN_OPTIONS_INIT }
 
 /* Creates a session file at path for model and opens it read-write.
  * The file appears complete or not at all (written aside, then linked into
@@ -436,6 +479,12 @@ CTXS_API int ctxs_session_open(ctxs_session **out, const char *path,
  * to let go of s (see "Background work"), and joins the thread when s was
  * the last session using it. Accepts NULL. */
 CTXS_API void ctxs_session_close(ctxs_session *s);
+
+/* Gives the session file at path capacity slots, as
+ * ctxs_store_session_grow() does (the file keeps its name and label).
+ * Errors: as ctxs_store_session_grow(), with -ENOENT for no such file.
+ * Thread-safe. */
+CTXS_API int ctxs_session_grow(const char *path, uint32_t capacity);
 
 /* Creates a new session file at path that holds the first n_tokens tokens of
  * src (UINT64_MAX: all src holds) with src's model, capacity, sinks and
@@ -491,7 +540,12 @@ typedef struct ctxs_layout {
     ctxs_geometry geometry;
 } ctxs_layout;
 
-/* The mapping's layout. Pointers are valid until ctxs_session_close(). The
+/* The mapping's layout. Pointers are valid until ctxs_session_close(). In a
+ * session whose schedule has windowed layers (geometry.period not 0) the
+ * layers differ: take each with ctxs_session_get_kv(),
+ * ctxs_session_get_scales(), ctxs_session_get_layer_slots() and
+ * ctxs_session_get_layer_attn(); the strides below then hold for no layer
+ * (only layer 0's K starts at kv). Else the
  * KV of (layer, kind, head, slot) lives at
  *     kv + layer*layer_stride + kind*kv_stride + head*head_stride
  *        + slot*slot_bytes,
@@ -500,13 +554,23 @@ typedef struct ctxs_layout {
  * Errors: CTXS_EINVAL. */
 CTXS_API int ctxs_session_get_layout(ctxs_layout *out, const ctxs_session *s);
 
-/* The [capacity][head_dim] run of one (layer, CTXS_K|CTXS_V, head), writable
- * for a read-write session (write only into reserved slots).
+/* The [slots][head_dim] run of one (layer, CTXS_K|CTXS_V, head), writable
+ * for a read-write session (write only into reserved slots), where slots is
+ * ctxs_session_get_layer_slots()'s: the capacity, and the session's slots
+ * are the reservation's spans and ctxs_session_get_slot()'s; or, for a
+ * windowed layer with a ring of its own, fewer, and position p lives in
+ * slot p % slots (ctxs_session_write_layer() takes care of both).
  * Errors: CTXS_EINVAL (index out of range). */
 CTXS_API int ctxs_session_get_kv(void **out, ctxs_session *s, uint32_t layer,
                                  uint32_t kind, uint32_t head);
 
-/* The [capacity] scales of one (layer, CTXS_K|CTXS_V, head) of a
+/* The slots of each run of layer: the session's capacity, or, for a
+ * windowed layer with a ring of its own, its window plus the session's
+ * batch (see ctxs_session_get_kv()). Errors: CTXS_EINVAL (layer out of
+ * range). */
+CTXS_API int ctxs_session_get_layer_slots(uint32_t *out, const ctxs_session *s, uint32_t layer);
+
+/* The [slots] scales of one (layer, CTXS_K|CTXS_V, head) of a
  * CTXS_DTYPE_Q8 session, writable as ctxs_session_get_kv()'s run is.
  * Errors: CTXS_EINVAL (index out of range, or a session of another dtype). */
 CTXS_API int ctxs_session_get_scales(float **out, ctxs_session *s, uint32_t layer,
@@ -548,7 +612,9 @@ typedef struct ctxs_reservation {
  * or hand them over: a layer of several tokens with
  * ctxs_session_write_layer(), the way a forward pass produces them, or one
  * token of every layer with ctxs_session_write_token(). The bytes are the
- * same either way; what differs is who pays for the pages.
+ * same either way; what differs is who pays for the pages. (Through the
+ * mapping, a windowed layer's ring takes position p at its slot p % slots,
+ * not at the reservation's: see ctxs_session_get_kv().)
  *
  * - Through the mapping, a store into a page that is not mapped writable
  *   takes a page fault on the engine's thread (about 3 us a 4 KiB page on
@@ -588,8 +654,8 @@ typedef struct ctxs_reservation {
  * by the background thread, layer after layer, from this call on (here,
  * for a session without one).
  *
- * Errors: CTXS_EINVAL (n == 0, or more than the ring holds),
- * CTXS_EFULL (no disk space, or the capacity is reached and the session has
+ * Errors: CTXS_EINVAL (n == 0, more than the ring holds, or, with windowed
+ * layers, more uncommitted tokens than the session's batch), CTXS_EFULL (no disk space, or the capacity is reached and the session has
  * no ring), CTXS_EREADONLY, CTXS_EFAILED, -errno. Nothing is reserved on
  * failure. */
 CTXS_API int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s,
@@ -644,8 +710,10 @@ CTXS_API int ctxs_session_write_layer(ctxs_session *s,
  * ctxs_session_write_token(), as dtype: CTXS_DTYPE_F32 (exact for every
  * session dtype; Q8 gives scale * q), the session's own dtype (the stored
  * bytes), or F16/BF16 from a session of F16 or BF16 (rounded to nearest
- * even). Errors: CTXS_EINVAL (NULL, a dtype not listed), CTXS_EEVICTED
- * (pos is no longer held), CTXS_ENOTFOUND (pos is not committed). */
+ * even). A windowed layer whose window no longer reaches pos reads as
+ * zeros (its ring kept only its last positions). Errors: CTXS_EINVAL
+ * (NULL, a dtype not listed), CTXS_EEVICTED (pos is no longer held),
+ * CTXS_ENOTFOUND (pos is not committed). */
 CTXS_API int ctxs_session_read_token(void *k, void *v,
                                      const ctxs_session *s, uint64_t pos,
                                      uint32_t dtype);
@@ -756,7 +824,9 @@ CTXS_API int ctxs_session_get_info(ctxs_session_info *out,
 /* --- Attention window ------------------------------------------------------
  *
  * Attention reads the sinks plus the last `window` tokens held, as at most
- * two contiguous slot spans; the spans are the same for every (layer, head).
+ * two contiguous slot spans; the spans are the same for every (layer, head)
+ * of the global layers (a windowed layer's own window and slots:
+ * ctxs_session_get_layer_attn()).
  */
 typedef struct ctxs_window {
     uint32_t n_spans; /* 0, 1 or 2 */
@@ -876,6 +946,20 @@ typedef struct ctxs_attn_plan {
 CTXS_API int ctxs_session_get_attn_plan(ctxs_attn_plan *out, const ctxs_session *s,
                                         uint32_t n_pending);
 
+/* What attention reads in one layer, for a session of any schedule: *kv
+ * gets the layer alone, as a one-layer layout (pass layer 0 to the
+ * kernels: its geometry has n_layers 1 and no schedule; its capacity and
+ * n_sink are the layer's slots, a windowed layer's own ring having no
+ * sinks; token_ids is NULL for such a ring, whose slots are not the
+ * token table's), and *plan the plan for it as ctxs_session_get_attn_plan()
+ * makes one: for a global layer that very plan; for a sliding-window
+ * layer its last min(window, the session's window) positions and no
+ * sinks. Valid as the plan is. Errors: CTXS_EINVAL (NULL, layer out of
+ * range, n_pending above what is reserved, no token at all). */
+CTXS_API int ctxs_session_get_layer_attn(ctxs_layout *kv, ctxs_attn_plan *plan,
+                                         const ctxs_session *s, uint32_t layer,
+                                         uint32_t n_pending);
+
 /* Queries of one attention pass. */
 typedef struct ctxs_attn_query {
     const float *q;   /* [n][n_heads][head_dim] float32 */
@@ -918,7 +1002,9 @@ typedef struct ctxs_attn_query {
  * Errors: CTXS_EINVAL (NULL, layer out of range, n == 0, n_heads not a
  * multiple of the KV heads, queries outside [first_query, n_tokens), a plan
  * whose spans fall outside the capacity, overlap or are not in ascending
- * positions, or whose n_keys is not the sum of its counts; a layout whose
+ * positions, or whose n_keys is not the sum of its counts; a layout of a
+ * session whose schedule has windowed layers (its layers differ: take
+ * each from ctxs_session_get_layer_attn()); a layout whose
  * slot_bytes is not head_dim times the element size, whose pointers or
  * strides are not aligned to the element (4 bytes for the scales), or whose
  * layer does not fit in kv_bytes (nor its scales in scales_bytes); a dtype
@@ -1395,7 +1481,10 @@ typedef struct ctxs_prefix_match {
  * loss, the tokens its newest record claims above its durability watermark
  * are verified against their checksums first, as the open that a fork
  * makes would (it reads their KV; once the session has been opened
- * read-write, its records vouch for them again and nothing is read).
+ * read-write, its records vouch for them again and nothing is read). With
+ * windowed layers a fork needs their windows at the match, which their
+ * rings keep only near the session's end: a fork of an earlier match fails
+ * with CTXS_EEVICTED.
  * Errors: CTXS_ENOTFOUND (no match), CTXS_EINVAL, CTXS_ENOMEM. Thread-safe. */
 CTXS_API int ctxs_prefix_find(ctxs_prefix_match *out, ctxs_store *st,
                               const uint8_t model_hash[CTXS_HASH_BYTES],
@@ -1785,13 +1874,30 @@ CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
                                 const char *name, ctxs_progress_fn progress,
                                 void *progress_arg);
 
+/* Gives the session name capacity slots, more than it has, keeping every
+ * token, checksum, checkpoint and its metadata: the way on for a session
+ * that is no ring once reserve says CTXS_EFULL. The file is rewritten
+ * into a new one written aside (blocks shared with the old file where the
+ * filesystem can, copy_file_range(); else copied at memory speed) and
+ * renamed over it once durable: a crash leaves the old file or the grown
+ * one, never less. A windowed layer's ring keeps its length. A session
+ * that a handle in any process has open is not touched (CTXS_EBUSY).
+ * Errors: CTXS_ENOTFOUND, CTXS_EBUSY, CTXS_EINVAL (capacity not above the
+ * session's, or above 16 Mi; a ring that has gone round, whose slots are no
+ * longer its positions; a capacity at which windowed layers laid out over
+ * every slot would get rings of their own: the error says how far it can
+ * grow), CTXS_EFULL, CTXS_EREADONLY, -errno.
+ * Thread-safe. */
+CTXS_API int ctxs_store_session_grow(ctxs_store *st, const char *name, uint32_t capacity);
+
 /* --- Export and import ------------------------------------------------------
  *
  * An export file carries one session to another machine: its model (with
  * the display name), geometry, metadata, state and every held token's id,
  * checksum and KV, in zlib-compressed blocks that each carry a CRC-32
- * (export format 2.0; import also reads 1.0 files, which have no
- * metadata). See docs/FORMAT.md.
+ * (export format 3.0 for a session with a layer schedule, else 2.0;
+ * import also reads 1.0 files, which have no metadata). See
+ * docs/FORMAT.md.
  */
 
 /* Writes the committed tokens of the session named name to a new file at
@@ -1804,7 +1910,14 @@ CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
  * is working on the session), CTXS_ECORRUPT (a held token does not match
  * its checksum, or both records are damaged), CTXS_EFULL, -EEXIST,
  * CTXS_EINVAL (bad argument, or a geometry whose one token's KV is above
- * 64 MiB), CTXS_ENOMEM, -errno. */
+ * 64 MiB), CTXS_ENOMEM, -errno. A session with a layer schedule is
+ * written as export format 3.0 (its windowed layers' K/V for the positions
+ * of their windows; an import of it holds the committed state, and
+ * refuses a rollback that needs positions below a window); any other as
+ * 2.0. Those windows slide with each commit, and the writer's next turn
+ * may rewrite what slid out of them: such an export ends with CTXS_ESTALE
+ * if a writer commits before it has read the windowed layers' blocks
+ * (which come last); run it again. */
 CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
                                        const char *path,
                                        ctxs_progress_fn progress,
@@ -1997,7 +2110,9 @@ typedef struct ctxs_remote_push_result {
  * Errors: CTXS_ENOTFOUND, CTXS_EEVICTED (a ring that wrapped: only a
  * session that holds every token from position 0 pushes), CTXS_ESTALE
  * (rolled back during the push), CTXS_ECORRUPT, the network's errors,
- * CTXS_EREMOTE, CTXS_ENOMEM. */
+ * CTXS_EREMOTE, CTXS_EINVAL (a session with a layer schedule: a chunk
+ * carries every layer of its tokens, which windowed layers no longer
+ * hold; export it instead), CTXS_ENOMEM. */
 CTXS_API int ctxs_remote_push(ctxs_remote_push_result *out, ctxs_remote *r, const char *name,
                               ctxs_progress_fn progress, void *progress_arg);
 
@@ -2022,10 +2137,10 @@ typedef struct ctxs_remote_pull_result {
  * (its header, its place in the chain, every token's checksum) before it
  * is written. The first chunk missing or refused ends the pull there. The
  * session appears complete or not at all, as an import does. The model is
- * registered if the store does not know it. opts NULL: the defaults, with
- * the capacity raised to hold the remote tokens (the next multiple of
- * CTXS_DEFAULT_CAPACITY above them); with opts, at most the whole chunks
- * that fit its capacity are pulled. The handle has the default open
+ * registered if the store does not know it. opts NULL, or a capacity and
+ * context length of 0: the capacity is raised to hold the remote tokens
+ * (the next multiple of CTXS_DEFAULT_CAPACITY above them); else at most
+ * the whole chunks that fit the capacity are pulled. The handle has the default open
  * options (opts->open is not used). out (may be NULL: the
  * session is closed) gets it open read-write; res (may be NULL) what was
  * pulled and what is left to prefill. progress counts tokens.

@@ -1535,7 +1535,7 @@ static hand_layout hand_build(uint32_t dt, uint32_t n_layers, uint32_t n_kv, uin
     hand_layout hl = {0};
     const size_t eb = elem_bytes(dt), slot = hd * eb;
     ctxs_layout *l = &hl.lay;
-    l->geometry = (ctxs_geometry){n_layers, n_kv, hd, dt};
+    l->geometry = (ctxs_geometry){n_layers, n_kv, hd, dt, 0, {0}};
     l->capacity = cap;
     l->slot_bytes = slot;
     l->head_stride = cap * slot + 6 * eb;       /* a gap after each head */

@@ -27,7 +27,7 @@ TestSuite(background, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout
 static ctxs_model big_model(void)
 {
     ctxs_model m = ts_model(7);
-    m.geometry = (ctxs_geometry){4, 4, 64, CTXS_DTYPE_F16};
+    m.geometry = (ctxs_geometry){4, 4, 64, CTXS_DTYPE_F16, 0, {0}};
     return m;
 }
 

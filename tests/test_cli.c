@@ -52,7 +52,7 @@ enum {
 static const char *const k_commands[] = {
     "ls", "info", "verify", "compact", "gc", "rm", "rename", "fork",
     "checkpoint", "meta", "models", "prefix", "reindex", "export", "import", "bench", "demo", "create",
-    "pin", "unpin", "remote",
+    "pin", "unpin", "remote", "grow",
 };
 enum { N_COMMANDS = sizeof(k_commands) / sizeof(k_commands[0]) };
 
@@ -594,7 +594,7 @@ Test(cli, help_for_every_command_exits_0_and_documents_the_exit_codes)
         says(1, want);
     }
     CLI_EXPECT(EX_OK, store, "--version");
-    contains(1, "ctxstore 0.1.0");
+    contains(1, "ctxstore 0.2.0");
     cr_assert_not(ts_exists(store), "--help created the store %s", store);
 }
 
@@ -2078,6 +2078,43 @@ Test(cli, models_lists_what_is_registered)
     cr_assert(strstr(line, MODEL_NAME) && strstr(line, " fp16 ") && strstr(line, " 16 ") &&
                   strstr(line, hex_of(m.tokenizer_hash)),
               "the model's line: %s", line);
+}
+
+/* A model with sliding-window layers: models, info and ls say its
+ * schedule, in words and in JSON. */
+Test(cli, models_info_and_ls_show_a_layer_schedule)
+{
+    ctxs_store *st = ts_store_open(S());
+    ctxs_model m = ts_model(12);
+    m.geometry.period = 3;
+    m.geometry.window[0] = 8;
+    m.geometry.window[1] = 8;
+    cr_assert_eq(ctxs_model_register(st, &m, "swa"), 0);
+    ctxs_create_options o = ts_options(256, 4, 0, CTXS_SYNC_NONE);
+    o.batch = 16;
+    ctxs_session *s;
+    cr_assert_eq(ctxs_store_session_create(&s, st, "chat", &m, &o), 0);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(ts_append(s, 10), 0);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+
+    CLI_EXPECT(EX_OK, S(), "models");
+    contains(1, "schedule: repeating every 3 layers: window 8, window 8, global");
+    CLI_EXPECT(EX_OK, S(), "models", "--json");
+    jc_value *v = json_out();
+    const jc_value *a = by_name(v, "swa");
+    cr_assert_not_null(a, "%s", R.out);
+    cr_assert_eq(ju(a, "geometry.schedule.period"), 3);
+    const jc_value *w = jget(a, "geometry.schedule.window");
+    cr_assert(w && w->type == JC_ARRAY && w->n == 3, "%s", R.out);
+    jc_free(v);
+    CLI_EXPECT(EX_OK, S(), "info", "chat");
+    contains(1, "repeating every 3 layers: window 8, window 8, global");
+    CLI_EXPECT(EX_OK, S(), "ls", "--json");
+    v = json_out();
+    cr_assert_eq(ju(must_by_name(v, "chat"), "schedule.period"), 3, "%s", R.out);
+    jc_free(v);
 }
 
 Test(cli, models_register_hashes_the_weights_and_refuses_another_geometry)
@@ -3774,6 +3811,55 @@ Test(cli, create_makes_an_empty_session_a_program_then_writes)
     /* No store is made by create: a model must be registered first. */
     CLI_EXPECT(EX_NOTFOUND, dir_of("none"), "create", "x", "--model", MODEL_NAME);
     cr_assert_not(ts_exists(dir_of("none")), "create made a store");
+}
+
+/* A session is no ring unless asked: full, it refuses tokens, and grow
+ * gives it more slots with every token kept. */
+Test(cli, grow_gives_a_full_session_more_slots)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "create", "small", "--model", MODEL_NAME, "--capacity", "100");
+    cr_assert_not(strstr(R.out, "ring"), "%s", R.out);
+    CLI_EXPECT(EX_OK, S(), "create", "loop", "--model", MODEL_NAME, "--capacity", "100", "--ring");
+    contains(1, "a ring after the first 4");
+    st = ts_store_open(S());
+    ctxs_session *s = open_rw(st, "small");
+    ts_append_many(s, 100);
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 1), CTXS_EFULL);
+    /* Open: refused, and left as it is. */
+    CLI_EXPECT(EX_BUSY, S(), "grow", "small", "--capacity", "400");
+    contains(0, "close it");
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+
+    CLI_EXPECT(EX_OK, S(), "grow", "small", "--capacity", "400");
+    contains(1, "grew 'small' to 400 token slots, holding its 100 tokens");
+    st = ts_store_open(S());
+    s = open_rw(st, "small");
+    cr_assert_eq(info_of(s).capacity, 400);
+    cr_assert_eq(ts_check_all(s), 0);
+    ts_append_many(s, 200);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+    CLI_EXPECT(EX_OK, S(), "grow", "small", "--capacity", "1000", "--json");
+    jc_value *v = json_out();
+    cr_assert_eq(ju(v, "capacity"), 1000);
+    cr_assert_eq(ju(v, "n_tokens"), 300);
+    jc_free(v);
+
+    char *before = store_state(S());
+    CLI_EXPECT(EX_USAGE, S(), "grow", "small", "--capacity", "500");
+    contains(0, "does not grow the session, which has 1000");
+    CLI_EXPECT(EX_USAGE, S(), "grow", "small");
+    contains(0, "grow needs --capacity");
+    CLI_EXPECT(EX_USAGE, S(), "grow", "small", "--capacity", "lots");
+    contains(0, "--capacity takes a count");
+    CLI_EXPECT(EX_NOTFOUND, S(), "grow", "nobody", "--capacity", "500");
+    same_state(before, S(), "grows that were refused");
+    free(before);
 }
 
 Test(cli, a_refusal_prints_the_library_reason)

@@ -151,7 +151,7 @@ static ctxs_model model_dt(uint32_t layers, uint32_t kv_heads, uint32_t head_dim
                            uint32_t dtype)
 {
     ctxs_model m = ts_model(7);
-    m.geometry = (ctxs_geometry){layers, kv_heads, head_dim, dtype};
+    m.geometry = (ctxs_geometry){layers, kv_heads, head_dim, dtype, 0, {0}};
     return m;
 }
 
@@ -338,6 +338,26 @@ Test(cuda, calls_check_their_arguments_before_cuda)
     cr_expect_eq(ctxs_cuda_get_layout(&l, NULL), CTXS_EINVAL);
     cr_expect_eq(ctxs_cuda_get_info(&info, NULL), CTXS_EINVAL);
     cr_expect_eq(ctxs_cuda_attention(out, NULL, &plan, 0, &q, NULL), CTXS_EINVAL);
+    ctxs_session_close(s);
+}
+
+/* A session with sliding-window layers has a ring per windowed layer,
+ * which the kernels (one stride for every layer) would read wrong:
+ * refused, with a reason, device or not. */
+Test(cuda, a_session_with_a_layer_schedule_is_refused)
+{
+    ctxs_model m = model_of(2, 2, 64);
+    m.geometry.period = 2;
+    m.geometry.window[0] = 8;
+    ctxs_create_options o = ts_options(256, 4, 0, CTXS_SYNC_NONE);
+    o.batch = 16;
+    ctxs_session *s = NULL;
+    CTXS_OK(ctxs_session_create(&s, ts_path(dir, "sched"), &m, &o));
+    ctxs_cuda_kv *kv = (ctxs_cuda_kv *)(uintptr_t)1;
+    cr_expect_eq(ctxs_cuda_attach(&kv, s, CTXS_CUDA_MAPPED, 0), CTXS_EINVAL);
+    cr_expect_null(kv);
+    cr_expect(strstr(ctxs_get_last_error(), "layer schedule") != NULL, "%s",
+              ctxs_get_last_error());
     ctxs_session_close(s);
 }
 

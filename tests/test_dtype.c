@@ -33,7 +33,7 @@ static const char *const dtype_names[] = { "f16", "bf16", "q8" };
 static ctxs_model model_of(uint32_t dtype)
 {
     ctxs_model m = ts_model(7);
-    m.geometry = (ctxs_geometry){ N_LAYERS, N_HEADS, HEAD_DIM, dtype };
+    m.geometry = (ctxs_geometry){ N_LAYERS, N_HEADS, HEAD_DIM, dtype, 0, {0} };
     return m;
 }
 
@@ -115,7 +115,7 @@ static ctxs_session *create(const char *name, uint32_t dtype, uint32_t capacity)
 
 Test(dtype, token_bytes_size_every_form)
 {
-    ctxs_geometry g = { N_LAYERS, N_HEADS, HEAD_DIM, CTXS_DTYPE_Q8 };
+    ctxs_geometry g = { N_LAYERS, N_HEADS, HEAD_DIM, CTXS_DTYPE_Q8, 0, {0} };
     cr_assert_eq(ctxs_geometry_get_token_bytes(&g, CTXS_DTYPE_F32), ELEMS * 4);
     cr_assert_eq(ctxs_geometry_get_token_bytes(&g, CTXS_DTYPE_F16), ELEMS * 2);
     cr_assert_eq(ctxs_geometry_get_token_bytes(&g, CTXS_DTYPE_BF16), ELEMS * 2);
@@ -186,7 +186,7 @@ Test(dtype, every_dtype_writes_commits_reopens_and_verifies)
         ctxs_session_info info;
         cr_assert_eq(ctxs_session_get_info(&info, s), 0);
         cr_assert_eq(info.model.geometry.dtype, dtypes[d]);
-        cr_assert_eq(info.format_major, 2);
+        cr_assert_eq(info.format_major, 3);
         ctxs_layout lay;
         cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
         cr_assert_eq(lay.slot_bytes, HEAD_DIM * ctxs__dtype_bytes(dtypes[d]));
@@ -321,7 +321,7 @@ Test(dtype, verify_sees_a_damaged_scale)
     const char *p = ts_path(ts_scratch, "scale.ctxs");
     ctxs__file_layout lay;
     ctxs_model m = model_of(CTXS_DTYPE_Q8);
-    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, 64, 4), 0);
+    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, 64, 4, 0), 0);
     size_t len;
     uint8_t *file = ts_read_file(p, &len);
     cr_assert_not_null(file);

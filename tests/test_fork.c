@@ -130,7 +130,7 @@ static ctxs_geometry small_geometry(void)
 /* 4 layers x 4 heads x 64: 4 KiB a token, so that a copy takes a while. */
 static ctxs_geometry big_geometry(void)
 {
-    return (ctxs_geometry){ 4, 4, 64, CTXS_DTYPE_F16 };
+    return (ctxs_geometry){ 4, 4, 64, CTXS_DTYPE_F16, 0, {0} };
 }
 
 static ctxs_model model_of(ctxs_geometry geo)

@@ -266,7 +266,7 @@ Test(format, created_file_matches_the_documented_layout)
         cr_assert_eq(h.reserved[i], 0, "reserved byte %zu not zero", i);
 
     ctxs__file_layout lay;
-    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK), 0);
+    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK, CTXS_DEFAULT_BATCH), 0);
     cr_assert_eq(h.tokens_off, lay.tokens_off);
     cr_assert_eq(h.tokens_bytes, lay.tokens_bytes);
     cr_assert_eq(h.sums_off, lay.sums_off);
@@ -318,7 +318,7 @@ Test(format, large_capacity_file_is_sparse)
 {
     const char *p = ts_path(ts_scratch, "big.ctxs");
     ctxs_model m = ts_model(2);
-    m.geometry = (ctxs_geometry){ 8, 8, 128, CTXS_DTYPE_F16 }; /* 128 MiB of KV */
+    m.geometry = (ctxs_geometry){ 8, 8, 128, CTXS_DTYPE_F16, 0, {0} }; /* 128 MiB of KV */
     ctxs_create_options o = opts_for(4096, 4, 1);
     ctxs_session *s = NULL;
     int rc = ctxs_session_create(&s, p, &m, &o);
@@ -503,7 +503,7 @@ Test(format, bad_header_crc_is_corrupt)
         hdr_read(p, &h);
         switch (which) {
         case 0: h.crc32 ^= 1; break;
-        case 1: h.reserved[40] ^= 0x80; break;
+        case 1: h.reserved[4] ^= 0x80; break;
         case 2: h.model_hash[3] ^= 1; break;     /* not EMODEL: CRC first */
         case 3: h.capacity = 2048; break;
         case 4: h.created_unix_ms++; break;
@@ -535,11 +535,11 @@ static const char *bad_edit(ctxs__disk_header *h, int which)
     case 7: {
         /* The largest geometry in range: 2^62 bytes of KV; the offsets agree
          * with it, the file does not. */
-        ctxs_geometry g = { CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS_DTYPE_F16 };
+        ctxs_geometry g = { CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS_DTYPE_F16, 0, {0} };
         ctxs__file_layout lay;
         h->n_layers = h->n_kv_heads = h->head_dim = CTXS__MAX_DIM;
         h->capacity = CTXS__MAX_CAPACITY;
-        if (ctxs__layout_compute(&lay, &g, CTXS__MAX_CAPACITY, h->n_sink) == 0) {
+        if (ctxs__layout_compute(&lay, &g, CTXS__MAX_CAPACITY, h->n_sink, 0) == 0) {
             h->tokens_off = lay.tokens_off;
             h->tokens_bytes = lay.tokens_bytes;
             h->sums_off = lay.sums_off;
@@ -645,7 +645,7 @@ Test(format, header_check_refuses_crafted_headers)
 {
     ctxs_model m = ts_model(1);
     ctxs__file_layout lay, out;
-    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK), 0);
+    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK, 0), 0);
     ctxs__disk_header h0;
     memset(&h0, 0x5a, sizeof(h0));
     ctxs__header_init(&h0, &lay, &m, CTXS__FLAG_RING, 1700000000000ull);
@@ -689,7 +689,7 @@ Test(format, header_check_survives_random_edits)
 {
     ctxs_model m = ts_model(1);
     ctxs__file_layout lay, out;
-    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK), 0);
+    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK, 0), 0);
     ctxs__disk_header h0;
     ctxs__header_init(&h0, &lay, &m, CTXS__FLAG_RING, 1700000000000ull);
     h0.crc32 = header_crc(&h0);
@@ -704,6 +704,12 @@ Test(format, header_check_survives_random_edits)
         must[i] = 1;
     for (size_t i = offsetof(ctxs__disk_header, tokens_off);
          i < offsetof(ctxs__disk_header, model_hash); i++)
+        must[i] = 1;
+    /* 3.0: the windowed rings' tables. (A schedule edited so that no
+     * layer's slots change reveals itself as the dtype does: a read-write
+     * open's model is another.) */
+    for (size_t i = offsetof(ctxs__disk_header, groups_off);
+         i < offsetof(ctxs__disk_header, reserved); i++)
         must[i] = 1;
 
     uint64_t seed = 0x1234567;
@@ -735,7 +741,10 @@ Test(format, header_check_survives_random_edits)
                               h.dtype == CTXS_DTYPE_BF16) &&
                             !(i >= offsetof(ctxs__disk_header, version_major) &&
                               i < offsetof(ctxs__disk_header, version_minor) &&
-                              h.version_major == 1);
+                              (h.version_major == 1 || h.version_major == 2)) &&
+                            !(i >= offsetof(ctxs__disk_header, batch) &&
+                              i < offsetof(ctxs__disk_header, reserved) &&
+                              h.version_major < 3); /* reserved before 3.0 */
         touched_must |= h.dtype != h0.dtype && h.dtype != CTXS_DTYPE_BF16;
         h.crc32 = header_crc(&h);
         uint64_t fsize = (iter % 5 == 0) ? (uint64_t)(seed >> 40) : lay.file_bytes;
@@ -927,7 +936,7 @@ Test(format, records_helpers_check_counters)
 {
     ctxs_model m = ts_model(1);
     ctxs__file_layout lay;
-    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK), 0);
+    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK, 0), 0);
     ctxs__disk_record r;
 
     memset(&r, 0, sizeof(r));
@@ -1231,7 +1240,40 @@ Test(format, create_rejects_bad_arguments)
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.capacity, 2048);
     cr_assert_eq(info.n_sink, 4);
-    cr_assert(info.flags & CTXS_INFO_RING);
+    cr_assert(!(info.flags & CTXS_INFO_RING), "a session is no ring unless asked");
+    ctxs_session_close(s);
+}
+
+/* Nothing is lost by default: the capacity is the model's context length
+ * where the app gives it, and a full session refuses more tokens, saying
+ * how to go on, with every token it held. */
+Test(format, the_default_capacity_is_the_context_length_and_nothing_is_overwritten)
+{
+    ctxs_model m = ts_model(1);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+    o.context_length = 8192;
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_create(&s, ts_path(ts_scratch, "ctx.ctxs"), &m, &o), 0);
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(info.capacity, 8192);
+    ctxs_session_close(s);
+    /* A capacity given wins. */
+    o.capacity = 64;
+    cr_assert_eq(ctxs_session_create(&s, ts_path(ts_scratch, "cap.ctxs"), &m, &o), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(info.capacity, 64);
+    cr_assert(!(info.flags & CTXS_INFO_RING));
+    cr_assert_eq(ts_append(s, 60), 0);
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 5), CTXS_EFULL);
+    cr_assert(strstr(ctxs_get_last_error(), "grow"), "%s", ctxs_get_last_error());
+    cr_assert(strstr(ctxs_get_last_error(), "capacity of 64"), "%s", ctxs_get_last_error());
+    cr_assert_eq(ctxs_session_reserve(&r, s, 4), 0);
+    ctxs_session_close(s);
+    cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "cap.ctxs"), &m, 0, NULL), 0);
+    cr_assert_eq(ts_n_tokens(s), 60);
+    cr_assert_eq(ctxs_session_verify(NULL, s), 0);
     ctxs_session_close(s);
 }
 
@@ -1302,7 +1344,7 @@ Test(format, error_strings_cover_every_code)
 
 Test(format, layout_compute_matches_the_format)
 {
-    ctxs_geometry g = { 2, 2, 8, CTXS_DTYPE_F16 };
+    ctxs_geometry g = { 2, 2, 8, CTXS_DTYPE_F16, 0, {0} };
     ctxs__file_layout lay;
     cr_assert_eq(ctxs__dtype_bytes(CTXS_DTYPE_F16), 2);
     cr_assert_eq(ctxs__dtype_bytes(0), 0);
@@ -1312,7 +1354,7 @@ Test(format, layout_compute_matches_the_format)
     cr_assert_eq(ctxs__dtype_bytes(5), 0);
     cr_assert_eq(ctxs__dtype_bytes(UINT32_MAX), 0);
 
-    cr_assert_eq(ctxs__layout_compute(&lay, &g, 1000, 4), 0);
+    cr_assert_eq(ctxs__layout_compute(&lay, &g, 1000, 4, 0), 0);
     cr_assert_eq(lay.slot_bytes, 16);
     cr_assert_eq(lay.head_stride, 16000);
     cr_assert_eq(lay.kv_stride, 32000);
@@ -1330,7 +1372,7 @@ Test(format, layout_compute_matches_the_format)
     cr_assert_eq(lay.elem_bytes, 2);
 
     /* Page-exact sizes are not rounded up a page further. */
-    cr_assert_eq(ctxs__layout_compute(&lay, &g, 4096, 4), 0);
+    cr_assert_eq(ctxs__layout_compute(&lay, &g, 4096, 4, 0), 0);
     cr_assert_eq(lay.tokens_bytes, CTXS__PAGE);
     cr_assert_eq(lay.sums_bytes, 2 * CTXS__PAGE);
     cr_assert_eq(lay.kv_bytes, 8 * 4096 * 16);
@@ -1344,32 +1386,32 @@ Test(format, layout_compute_rejects_out_of_range_and_overflow)
         uint32_t cap, sink;
         const char *what;
     } bad[] = {
-        { { 0, 2, 8, 1 }, 64, 4, "zero layers" },
-        { { 2, 0, 8, 1 }, 64, 4, "zero heads" },
-        { { 2, 2, 0, 1 }, 64, 4, "zero head_dim" },
-        { { 4097, 2, 8, 1 }, 64, 4, "4097 layers" },
-        { { 2, 4097, 8, 1 }, 64, 4, "4097 heads" },
-        { { 2, 2, 4097, 1 }, 64, 4, "head_dim 4097" },
-        { { 2, 2, 8, 0 }, 64, 4, "dtype 0" },
-        { { 2, 2, 8, 4 }, 64, 4, "dtype 4 (f32)" },
-        { { 2, 2, 8, 5 }, 64, 4, "dtype 5" },
-        { { 2, 2, 8, 1 }, 0, 0, "capacity 0" },
-        { { 2, 2, 8, 1 }, 4, 4, "capacity == n_sink" },
-        { { 2, 2, 8, 1 }, 3, 4, "capacity < n_sink" },
-        { { 2, 2, 8, 1 }, CTXS__MAX_CAPACITY + 1, 4, "capacity 16 Mi + 1" },
-        { { UINT32_MAX, UINT32_MAX, UINT32_MAX, 1 }, UINT32_MAX, 0, "everything 2^32-1" },
-        { { 1u << 16, 1u << 16, 1u << 16, 1 }, 1u << 30, 0, "products past 2^64" },
-        { { 1u << 31, 1, 1u << 31, 1 }, 1u << 31, 0, "slot bytes past 2^32" },
+        { { 0, 2, 8, 1, 0, {0} }, 64, 4, "zero layers" },
+        { { 2, 0, 8, 1, 0, {0} }, 64, 4, "zero heads" },
+        { { 2, 2, 0, 1, 0, {0} }, 64, 4, "zero head_dim" },
+        { { 4097, 2, 8, 1, 0, {0} }, 64, 4, "4097 layers" },
+        { { 2, 4097, 8, 1, 0, {0} }, 64, 4, "4097 heads" },
+        { { 2, 2, 4097, 1, 0, {0} }, 64, 4, "head_dim 4097" },
+        { { 2, 2, 8, 0, 0, {0} }, 64, 4, "dtype 0" },
+        { { 2, 2, 8, 4, 0, {0} }, 64, 4, "dtype 4 (f32)" },
+        { { 2, 2, 8, 5, 0, {0} }, 64, 4, "dtype 5" },
+        { { 2, 2, 8, 1, 0, {0} }, 0, 0, "capacity 0" },
+        { { 2, 2, 8, 1, 0, {0} }, 4, 4, "capacity == n_sink" },
+        { { 2, 2, 8, 1, 0, {0} }, 3, 4, "capacity < n_sink" },
+        { { 2, 2, 8, 1, 0, {0} }, CTXS__MAX_CAPACITY + 1, 4, "capacity 16 Mi + 1" },
+        { { UINT32_MAX, UINT32_MAX, UINT32_MAX, 1, 0, {0} }, UINT32_MAX, 0, "everything 2^32-1" },
+        { { 1u << 16, 1u << 16, 1u << 16, 1, 0, {0} }, 1u << 30, 0, "products past 2^64" },
+        { { 1u << 31, 1, 1u << 31, 1, 0, {0} }, 1u << 31, 0, "slot bytes past 2^32" },
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        int rc = ctxs__layout_compute(&lay, &bad[i].g, bad[i].cap, bad[i].sink);
+        int rc = ctxs__layout_compute(&lay, &bad[i].g, bad[i].cap, bad[i].sink, 0);
         cr_assert_eq(rc, CTXS_EINVAL, "%s: layout_compute returned %d", bad[i].what, rc);
     }
 
     /* The largest geometry in range: 2^62 bytes of KV, which fits a 64-bit
      * size_t and must be computed exactly, and must not fit a 32-bit one. */
-    ctxs_geometry big = { CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS_DTYPE_F16 };
-    int rc = ctxs__layout_compute(&lay, &big, CTXS__MAX_CAPACITY, 4);
+    ctxs_geometry big = { CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS__MAX_DIM, CTXS_DTYPE_F16, 0, {0} };
+    int rc = ctxs__layout_compute(&lay, &big, CTXS__MAX_CAPACITY, 4, 0);
     if (SIZE_MAX >= UINT64_MAX) {
         cr_assert_eq(rc, 0, "max geometry: %d", rc);
         cr_assert_eq(lay.slot_bytes, 8192);
@@ -1421,35 +1463,35 @@ static int label_of(const char *path, uint64_t *id, char name[256])
     return rc;
 }
 
-Test(format, new_file_says_version_2_0)
+Test(format, new_file_says_version_3_0)
 {
-    cr_assert_eq(CTXS__FORMAT_MAJOR, 2);
+    cr_assert_eq(CTXS__FORMAT_MAJOR, 3);
     cr_assert_eq(CTXS__FORMAT_MINOR, 0);
-    const char *p = make_pristine("v20.ctxs");
+    const char *p = make_pristine("v30.ctxs");
     ctxs__disk_header h;
     hdr_read(p, &h);
-    cr_assert_eq(h.version_major, 2);
+    cr_assert_eq(h.version_major, 3);
     cr_assert_eq(h.version_minor, 0);
     uint16_t raw[2];
     raw_read(p, 8, raw, sizeof(raw));
-    cr_assert(raw[0] == 2 && raw[1] == 0, "bytes 8..11 say %u.%u", raw[0], raw[1]);
+    cr_assert(raw[0] == 3 && raw[1] == 0, "bytes 8..11 say %u.%u", raw[0], raw[1]);
 
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_session_open(&s, p, NULL, CTXS_OPEN_RDONLY, NULL), 0);
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    cr_assert_eq(info.format_major, 2);
+    cr_assert_eq(info.format_major, 3);
     cr_assert_eq(info.format_minor, 0);
     ctxs_session_close(s);
 }
 
-Test(format, header_check_accepts_every_minor_of_majors_1_and_2)
+Test(format, header_check_accepts_every_minor_of_majors_1_to_3)
 {
     ctxs_model m = ts_model(1);
     ctxs__file_layout lay, out;
-    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK), 0);
+    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK, 0), 0);
     uint16_t minors[] = { 0, 1, 2, 0xffff };
-    for (uint16_t major = 1; major <= 3; major++) {
+    for (uint16_t major = 1; major <= 4; major++) {
         for (size_t i = 0; i < sizeof(minors) / sizeof(minors[0]); i++) {
             ctxs__disk_header h;
             ctxs__header_init(&h, &lay, &m, CTXS__FLAG_RING, 1700000000000ull);
@@ -1457,7 +1499,7 @@ Test(format, header_check_accepts_every_minor_of_majors_1_and_2)
             h.version_minor = minors[i];
             h.crc32 = header_crc(&h);
             int rc = ctxs__header_check(&h, lay.file_bytes, &out);
-            cr_assert_eq(rc, major == 3 ? CTXS_EVERSION : 0, "%u.%u: %s", major, minors[i],
+            cr_assert_eq(rc, major == 4 ? CTXS_EVERSION : 0, "%u.%u: %s", major, minors[i],
                          ctxs_err_name(rc));
         }
     }
@@ -1470,7 +1512,7 @@ Test(format, major_1_knew_fp16_alone)
         ctxs_model m = ts_model(1);
         m.geometry.dtype = dtypes[i];
         ctxs__file_layout lay, out;
-        cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK), 0);
+        cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, PRISTINE_CAP, PRISTINE_SINK, 0), 0);
         ctxs__disk_header h;
         ctxs__header_init(&h, &lay, &m, CTXS__FLAG_RING, 1700000000000ull);
         cr_assert_eq(ctxs__header_check(&h, lay.file_bytes, &out), 0);
@@ -1483,9 +1525,9 @@ Test(format, major_1_knew_fp16_alone)
 
 Test(format, q8_layout_has_a_scale_table_before_the_kv)
 {
-    ctxs_geometry g = { 3, 2, 8, CTXS_DTYPE_Q8 };
+    ctxs_geometry g = { 3, 2, 8, CTXS_DTYPE_Q8, 0, {0} };
     ctxs__file_layout lay;
-    cr_assert_eq(ctxs__layout_compute(&lay, &g, 1000, 4), 0);
+    cr_assert_eq(ctxs__layout_compute(&lay, &g, 1000, 4, 0), 0);
     cr_assert_eq(lay.slot_bytes, 8);
     cr_assert_eq(lay.scales_stride, 4000);
     cr_assert_eq(lay.scales_off, lay.sums_off + lay.sums_bytes);
@@ -1495,7 +1537,7 @@ Test(format, q8_layout_has_a_scale_table_before_the_kv)
     cr_assert_eq(lay.kv_off % CTXS__PAGE, 0);
 
     g.dtype = CTXS_DTYPE_BF16;
-    cr_assert_eq(ctxs__layout_compute(&lay, &g, 1000, 4), 0);
+    cr_assert_eq(ctxs__layout_compute(&lay, &g, 1000, 4, 0), 0);
     cr_assert_eq(lay.scales_off, 0);
     cr_assert_eq(lay.scales_bytes, 0);
     cr_assert_eq(lay.kv_off, lay.sums_off + lay.sums_bytes);
@@ -1848,6 +1890,85 @@ Test(format, version_1_1_wrapped_ring_opens_and_keeps_its_tokens)
     cr_assert_eq(ts_append(s, 10), 0);
     ctxs_session_close(s);
     expect_v1(1, p, 0, 0, 110, 50);
+}
+
+/* Opens path, a file make_v2_0.c wrote with dtype, and checks it against a
+ * file the running code makes the same way: the same held tokens, read
+ * back the same, and it verifies. */
+static void expect_v2(const char *path, uint32_t dtype, const uint32_t *commits, int n_commits,
+                      uint64_t n_tokens, uint64_t ring_start, unsigned flags)
+{
+    ctxs_model m = ts_model(1);
+    m.geometry.dtype = dtype;
+    ctxs_session *s = NULL, *fresh = NULL;
+    int rc = ctxs_session_open(&s, path, (flags & CTXS_OPEN_RDONLY) ? NULL : &m, flags, NULL);
+    cr_assert_eq(rc, 0, "open a 2.0 file: %s", ctxs_strerror(rc));
+    ctxs_create_options o = ts_options(64, 4, 1, CTXS_SYNC_NONE);
+    cr_assert_eq(ctxs_session_create(&fresh, ts_path(ts_scratch, "fresh-v2"), &m, &o), 0);
+    for (int i = 0; i < n_commits; i++)
+        cr_assert_eq(ts_append(fresh, commits[i]), 0);
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(info.format_major, 2);
+    cr_assert_eq(info.format_minor, 0);
+    cr_assert(memcmp(&info.model, &m, sizeof(m)) == 0, "the model");
+    cr_assert_eq(info.capacity, 64);
+    cr_assert_eq(info.n_tokens, n_tokens);
+    cr_assert_eq(info.ring_start, ring_start);
+    cr_assert_eq(info.flags & CTXS_INFO_RECOVERED, 0);
+    cr_assert_eq(ctxs_session_verify(NULL, s), 0);
+    float k[TS_KV_MAX], v[TS_KV_MAX], fk[TS_KV_MAX], fv[TS_KV_MAX];
+    for (uint64_t p = 0; p < n_tokens; p++) {
+        int a = ctxs_session_read_token(k, v, s, p, CTXS_DTYPE_F32);
+        int b = ctxs_session_read_token(fk, fv, fresh, p, CTXS_DTYPE_F32);
+        cr_assert_eq(a, b, "position %llu", (unsigned long long)p);
+        if (a == 0)
+            cr_assert(memcmp(k, fk, sizeof(k)) == 0 && memcmp(v, fv, sizeof(v)) == 0,
+                      "position %llu reads back otherwise", (unsigned long long)p);
+    }
+    uint32_t ids[100], fids[100];
+    uint64_t first = ring_start > 4 ? ring_start : 4;
+    cr_assert_eq(ctxs_session_get_tokens(ids, s, first, (uint32_t)(n_tokens - first)), 0);
+    cr_assert_eq(ctxs_session_get_tokens(fids, fresh, first, (uint32_t)(n_tokens - first)), 0);
+    cr_assert(memcmp(ids, fids, (n_tokens - first) * 4) == 0, "token ids");
+    ctxs_session_close(fresh);
+    ctxs_session_close(s);
+    unlink(ts_path(ts_scratch, "fresh-v2"));
+}
+
+Test(format, version_2_0_files_open_and_keep_their_tokens)
+{
+    static const uint32_t few[] = {5, 7, 8}, wrap[] = {30, 30, 40};
+    const char *p = old_file("v2_0_bf16.ctxs");
+    ctxs__disk_header h;
+    hdr_read(p, &h);
+    cr_assert(h.version_major == 2 && h.version_minor == 0, "the data file is not a 2.0 file");
+    uint64_t id = 0;
+    char name[256];
+    cr_assert_eq(label_of(p, &id, name), 0);
+    cr_assert_eq(id, 21);
+    cr_assert_str_eq(name, "made by 2.0");
+    expect_v2(p, CTXS_DTYPE_BF16, few, 3, 20, 0, CTXS_OPEN_RDONLY);
+    expect_v2(p, CTXS_DTYPE_BF16, few, 3, 20, 0, CTXS_OPEN_VERIFY);
+
+    const char *q = old_file("v2_0_q8.ctxs");
+    hdr_read(q, &h);
+    cr_assert(h.version_major == 2 && h.dtype == CTXS_DTYPE_Q8, "the data file is not 2.0 Q8");
+    expect_v2(q, CTXS_DTYPE_Q8, wrap, 3, 100, 40, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY);
+    expect_v2(q, CTXS_DTYPE_Q8, wrap, 3, 100, 40, CTXS_OPEN_VERIFY);
+
+    /* A writer goes on with it and never rewrites its header. */
+    ctxs_model m = ts_model(1);
+    m.geometry.dtype = CTXS_DTYPE_Q8;
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_open(&s, q, &m, 0, NULL), 0);
+    cr_assert_eq(ts_append(s, 10), 0);
+    ctxs_session_close(s);
+    static const uint32_t more[] = {30, 30, 40, 10};
+    expect_v2(q, CTXS_DTYPE_Q8, more, 4, 110, 50, CTXS_OPEN_VERIFY);
+    ctxs__disk_header after;
+    hdr_read(q, &after);
+    cr_assert(memcmp(&h, &after, sizeof(h)) == 0, "the 2.0 header was rewritten");
 }
 
 /* Every errno the system can return has its name, from the C library

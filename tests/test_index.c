@@ -1659,7 +1659,7 @@ Test(index, a_prefix_match_after_a_power_loss_counts_only_what_an_open_keeps)
      * KV of the last 6 did not. */
     ctxs_model m = ts_model(1);
     ctxs__file_layout lay;
-    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, 256, 4), 0);
+    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, 256, 4, 0), 0);
     int fd = open(ts_id_path(1), O_RDWR);
     cr_assert_geq(fd, 0);
     uint8_t zeros[64] = {0};
@@ -2431,6 +2431,83 @@ Test(index, an_index_of_a_newer_major_version_is_eversion)
     mdb_env_close(env);
     int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL);
     cr_assert_eq(rc, CTXS_EINDEX, "short format record: %s", ctxs_err_name(rc));
+}
+
+static ctxs__index_format raw_format(void)
+{
+    MDB_env *env = raw_env();
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    MDB_val key = {6, (void *)"format"}, val;
+    cr_assert_eq(mdb_get(txn, dbi, &key, &val), 0);
+    ctxs__index_format f;
+    cr_assert_eq(val.mv_size, sizeof(f));
+    memcpy(&f, val.mv_data, sizeof(f));
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    return f;
+}
+
+/* A 1.x build refuses a newer major and takes a model record with a
+ * schedule for damage: an index gets the major that says so with its first
+ * such record, and not before. */
+Test(index, a_model_with_a_layer_schedule_makes_an_old_index_version_2)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model plain = ts_model(1);
+    model_reg(st, &plain);
+    ctxs_session_close(mk(st, "chat", &plain, 256, 4, 70));
+    ctxs_store_close(st);
+    ctxs__index_format f = raw_format();
+    cr_assert_eq(f.major, 2, "a new index is 2.0");
+    cr_assert_eq(f.minor, 0);
+    /* As 1.2 wrote it. */
+    f.major = 1;
+    f.minor = 2;
+    MDB_env *env = raw_env();
+    raw_put(env, "meta", "format", 6, &f, sizeof(f));
+    mdb_env_close(env);
+
+    /* Opened and written without a schedule, it stays 1.2. */
+    st = ts_store_open(ts_store_dir());
+    ctxs_model other = ts_model(2);
+    model_reg(st, &other);
+    ctxs_session_close(mk(st, "other", &other, 256, 4, 10));
+    ctxs_store_close(st);
+    f = raw_format();
+    cr_assert(f.major == 1 && f.minor == 2, "index %u.%u", f.major, f.minor);
+
+    /* A model with a schedule whose registration fails leaves it so. */
+    ctxs_model sched = ts_model(3);
+    sched.geometry.period = 2;
+    sched.geometry.window[1] = 0xffffffffu;
+    st = ts_store_open(ts_store_dir());
+    cr_assert_eq(ctxs_model_register(st, &sched, "gemma"), CTXS_EINVAL);
+    ctxs_store_close(st);
+    f = raw_format();
+    cr_assert(f.major == 1 && f.minor == 2, "index %u.%u", f.major, f.minor);
+
+    /* The first record with a schedule makes it 2.0, in its transaction. */
+    sched.geometry.window[1] = 16;
+    st = ts_store_open(ts_store_dir());
+    model_reg(st, &sched);
+    ctxs_store_close(st);
+    f = raw_format();
+    cr_assert(f.major == 2 && f.minor == 0, "index %u.%u", f.major, f.minor);
+    cr_assert_eq(memcmp(f.magic, CTXS__INDEX_MAGIC, 8), 0);
+
+    /* And it keeps everything it held. */
+    st = ts_store_open(ts_store_dir());
+    ctxs_model_entry me;
+    cr_assert_eq(ctxs_model_get(&me, st, sched.model_hash), 0);
+    cr_assert_eq(me.model.geometry.period, 2);
+    cr_assert_eq(me.model.geometry.window[1], 16);
+    cr_assert_eq(ctxs_model_get(&me, st, plain.model_hash), 0);
+    cr_assert_eq(ts_session_entry(st, "chat").n_tokens, 70);
+    cr_assert_eq(ts_session_entry(st, "other").n_tokens, 10);
+    ctxs_store_close(st);
 }
 
 Test(index, a_foreign_lmdb_environment_is_eforeign)

@@ -202,7 +202,7 @@ static void compare(id<MTLDevice> dev, ctxs_session *s,
 
 static void check_decode(id<MTLDevice> dev, uint32_t dtype)
 {
-    const ctxs_geometry g = { 3, 2, 128, dtype };
+    const ctxs_geometry g = { 3, 2, 128, dtype, 0, {0} };
     ctxs_session *s = make_session(&g, 1024, 4, 2048);
     uint64_t seed = 42;
     append(s, &g, 700, 1, &seed); /* several blocks of 128 keys */
@@ -232,7 +232,7 @@ Test(metal, decode_matches_the_cpu_kernel)
 static void check_prefill(id<MTLDevice> dev, uint32_t dtype)
 {
     /* head_dim 80: not a multiple of the SIMD width; GQA 3:1. */
-    const ctxs_geometry g = { 2, 2, 80, dtype };
+    const ctxs_geometry g = { 2, 2, 80, dtype, 0, {0} };
     ctxs_session *s = make_session(&g, 64, 4, 24);
     uint64_t seed = 7;
     for (int i = 0; i < 3; i++)
@@ -275,7 +275,7 @@ typedef struct bad_pass {
 Test(metal, refuses_what_the_cpu_kernel_refuses)
 {
     id<MTLDevice> dev = device_or_skip();
-    const ctxs_geometry g = { 2, 2, 64, CTXS_DTYPE_F16 };
+    const ctxs_geometry g = { 2, 2, 64, CTXS_DTYPE_F16, 0, {0} };
     ctxs_session *s = make_session(&g, 32, 4, 2048);
     uint64_t seed = 3;
     append(s, &g, 10, 1, &seed);
@@ -338,7 +338,7 @@ Test(metal, refuses_what_the_cpu_kernel_refuses)
 
 Test(metal, attach_wants_whole_aligned_pages)
 {
-    const ctxs_geometry g = { 1, 1, 64, CTXS_DTYPE_F16 };
+    const ctxs_geometry g = { 1, 1, 64, CTXS_DTYPE_F16, 0, {0} };
     ctxs_session *s = make_session(&g, 256, 4, 2048);
     ctxs_layout lay;
     cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
@@ -363,7 +363,7 @@ Test(metal, attach_wants_whole_aligned_pages)
     ctxs_session_close(s);
 
     /* A Q8 session's scale table is wrapped too: whole pages, aligned. */
-    const ctxs_geometry g8 = { 1, 1, 64, CTXS_DTYPE_Q8 };
+    const ctxs_geometry g8 = { 1, 1, 64, CTXS_DTYPE_Q8, 0, {0} };
     s = make_session(&g8, 256, 4, 2048);
     cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     cr_assert_not_null(lay.scales);

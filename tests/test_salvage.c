@@ -550,7 +550,10 @@ Test(salvage, records_cut_and_lengthened)
     uint8_t model_val[sizeof(ctxs__model_rec) + 16] = {0};
     ctxs__model_rec mr;
     memset(&mr, 0, sizeof(mr));
-    mr.geometry = m.geometry;
+    mr.n_layers = m.geometry.n_layers;
+    mr.n_kv_heads = m.geometry.n_kv_heads;
+    mr.head_dim = m.geometry.head_dim;
+    mr.dtype = m.geometry.dtype;
     mr.name_len = 10;
     memcpy(model_val, &mr, sizeof(mr));
     memcpy(model_val + sizeof(mr), MODEL_NAME "xxxxxx", 16);

@@ -495,7 +495,7 @@ Test(session, a_process_of_another_test_boot_verifies_as_after_a_power_loss)
     /* The last token's KV as a power loss may leave it: never written. */
     ctxs_model m = ts_model(1);
     ctxs__file_layout lay;
-    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, 64, 4), 0);
+    cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, 64, 4, 0), 0);
     int fd = open(ts_path(ts_scratch, "a"), O_RDWR);
     cr_assert_geq(fd, 0);
     uint8_t junk[16];

@@ -962,3 +962,87 @@ Test(tinychat, program_continues_a_killed_run_in_q8)
 {
     program_continues(CTXS_DTYPE_Q8, "q8");
 }
+
+/* A model with sliding-window layers (--swa-every 2 --window 16: layers 0
+ * and 2 read the last 16 tokens from rings of their own): killed three
+ * times, the ring wrapping in between, and continued each time without
+ * the flags (the file's schedule), it prints the stream an uninterrupted
+ * run prints. */
+Test(tinychat, program_with_sliding_window_layers_continues_killed_runs, .timeout = 120)
+{
+    char path[4096], ref_path[4096];
+    snprintf(path, sizeof(path), "%s", ts_path(ts_scratch, "swa.ctxs"));
+    snprintf(ref_path, sizeof(ref_path), "%s", ts_path(ts_scratch, "swa-ref.ctxs"));
+    enum { MAX = 20000, MORE = 50 };
+    uint32_t *got = malloc((MAX + MORE) * sizeof(uint32_t));
+    cr_assert_not_null(got);
+
+    const char *first[] = {"--session", path, "--prompt", k_prompt, "--generate", "20000",
+                           "--swa-every", "2", "--window", "16", NULL};
+    const char *again[] = {"--session", path, "--generate", "20000", NULL};
+    /* Each kill a hundred tokens (the first, 30) past what the last run
+     * left: the ring (128 slots) wraps by the second. */
+    const int more_at[] = {N_PROMPT + 30, 100, 100};
+    /* Each run prints from the first token not yet committed; one that
+     * was committed and not printed before a kill is never printed. */
+    uint8_t *seen = calloc(MAX + MORE, 1);
+    cr_assert_not_null(seen);
+    uint32_t start = 0;
+    for (int k = 0; k < 3; k++) {
+        int kill_at = (k ? (int)(start + N_PROMPT) : 0) + more_at[k];
+        uint32_t printed = run_program(k ? again : first, got + start, MAX - start, kill_at,
+                                       path);
+        uint32_t now = (uint32_t)(committed(path) - N_PROMPT);
+        cr_assert_geq(now + N_PROMPT, (uint32_t)kill_at);
+        cr_assert(start + printed == now || start + printed + 1 == now,
+                  "kill %d: printed up to %u, committed %u", k, start + printed, now);
+        memset(seen + start, 1, printed);
+        say("tinychat program with sliding-window layers: kill %d after %u tokens", k, now);
+        start = now;
+    }
+    int64_t n = committed(path);
+    uint32_t total = (uint32_t)(n - N_PROMPT);
+    char more[16];
+    snprintf(more, sizeof(more), "%d", MORE);
+    const char *last[] = {"--session", path, "--generate", more, "--reopen-every", "11", NULL};
+    uint32_t tail = run_program(last, got + total, MORE, 0, path);
+    cr_assert_eq(tail, MORE);
+
+    /* The uninterrupted run. */
+    uint32_t *want = malloc((total + MORE) * sizeof(uint32_t));
+    cr_assert_not_null(want);
+    char all[16];
+    snprintf(all, sizeof(all), "%u", total + MORE);
+    const char *ref[] = {"--session", ref_path, "--prompt", k_prompt, "--generate", all,
+                         "--swa-every", "2", "--window", "16", NULL};
+    cr_assert_eq(run_program(ref, want, total + MORE, 0, ref_path), total + MORE);
+    for (uint32_t i = 0; i < total; i++)
+        if (seen[i])
+            cr_assert_eq(got[i], want[i], "token %u, printed before a kill", i);
+    for (uint32_t i = total; i < total + MORE; i++)
+        cr_assert_eq(got[i], want[i], "token %u, after the last restart", i);
+    /* A run without the schedule differs: the windows are read. */
+    const char *plain[] = {"--session", ts_path(ts_scratch, "plain.ctxs"), "--prompt", k_prompt,
+                           "--generate", all, NULL};
+    uint32_t *global = malloc((total + MORE) * sizeof(uint32_t));
+    cr_assert_not_null(global);
+    cr_assert_eq(run_program(plain, global, total + MORE, 0, ts_path(ts_scratch, "plain.ctxs")),
+                 total + MORE);
+    cr_assert(memcmp(global, want, (total + MORE) * sizeof(uint32_t)) != 0,
+              "the sliding windows changed nothing");
+
+    /* Another window is another model: refused, the file untouched. */
+    const char *other[] = {"--session", path, "--generate", "1", "--swa-every", "2", "--window",
+                           "20", NULL};
+    cr_assert_eq(program_status(other), 1);
+    cr_assert_eq(committed(path), n + MORE);
+    ctxs_file_report rep;
+    cr_assert_eq(ctxs_file_inspect(&rep, path), 0);
+    cr_assert_eq(rep.model.geometry.period, 2);
+    cr_assert_eq(rep.model.geometry.window[0], 16);
+    cr_assert_eq(rep.model.geometry.window[1], 0);
+    free(global);
+    free(seen);
+    free(want);
+    free(got);
+}

@@ -1313,6 +1313,7 @@ Test(torn, tokens_a_sync_made_durable_survive_a_later_loss_in_a_ring)
     ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = 64;
     o.n_sink = N_SINK;
+    o.ring = 1;
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
     for (int i = 0; i < 25; i++)

@@ -39,6 +39,7 @@ static ctxs_session *create(const char *name, uint32_t capacity, uint32_t n_sink
     o.open.background = 0;
     o.capacity = capacity;
     o.n_sink = n_sink;
+    o.ring = 1;
     o.open.window = window;
     o.open.pressure_window = pressure_window;
     o.open.durability = CTXS_SYNC_NONE;

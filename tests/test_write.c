@@ -35,7 +35,7 @@ static const uint32_t dtypes[] = { CTXS_DTYPE_F16, CTXS_DTYPE_BF16, CTXS_DTYPE_Q
 static ctxs_model model_of(uint32_t dtype)
 {
     ctxs_model m = ts_model(11);
-    m.geometry = (ctxs_geometry){ N_LAYERS, N_HEADS, HEAD_DIM, dtype };
+    m.geometry = (ctxs_geometry){ N_LAYERS, N_HEADS, HEAD_DIM, dtype, 0, {0} };
     return m;
 }
 
@@ -363,7 +363,7 @@ static long thread_faults(void)
 static ctxs_session *create_big(uint32_t background)
 {
     ctxs_model m = ts_model(12);
-    m.geometry = (ctxs_geometry){ 4, 4, 128, CTXS_DTYPE_F16 };
+    m.geometry = (ctxs_geometry){ 4, 4, 128, CTXS_DTYPE_F16, 0, {0} };
     ctxs_create_options o = ts_options(1024, 4, 0, CTXS_SYNC_ASYNC);
     o.open.background = background;
     ctxs_session *s = NULL;

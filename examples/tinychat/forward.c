@@ -195,9 +195,9 @@ static int write_kv(tinychat_model *m, const ctxs_layout *lay, uint32_t l, uint3
  * greedy token after the last one, m->logits its logits. Returns 0,
  * CTXS_ECORRUPT (KV_CHECK found a difference), or the error of the write or
  * the kernel. */
-static int forward(tinychat_model *m, const ctxs_layout *lay, const ctxs_attn_plan *plan,
-                   uint64_t pos0, const uint32_t *ids, uint32_t n, const kv_dest *dest,
-                   uint32_t *next_id)
+static int forward(tinychat_model *m, const ctxs_session *s, const ctxs_layout *lay,
+                   const ctxs_attn_plan *plan, uint32_t n_pending, uint64_t pos0,
+                   const uint32_t *ids, uint32_t n, const kv_dest *dest, uint32_t *next_id)
 {
     const tinychat_config *c = &m->cfg;
     const uint32_t d = c->d_model, qd = m->q_dim, kvd = m->kv_dim, F = c->ffn;
@@ -224,12 +224,31 @@ static int forward(tinychat_model *m, const ctxs_layout *lay, const ctxs_attn_pl
         matmul(m->q, m->h, L->wq, n, d, qd);
         matmul(m->k, m->h, L->wk, n, d, kvd);
         matmul(m->v, m->h, L->wv, n, d, kvd);
+        /* A session with sliding-window layers: each layer's own layout
+         * and plan (a windowed layer reads its last window positions, from
+         * its own ring), as layer 0 of a one-layer layout. */
+        const ctxs_layout *ly = lay;
+        const ctxs_attn_plan *pl = plan;
+        uint32_t li = l;
+        ctxs_layout layer_lay;
+        ctxs_attn_plan layer_plan;
+        if (g->period) {
+            if ((rc = ctxs_session_get_layer_attn(&layer_lay, &layer_plan, s, l, n_pending)) < 0)
+                return rc;
+            ly = &layer_lay;
+            pl = &layer_plan;
+            li = 0;
+        }
         for (uint32_t t = 0; t < n; t++) {
             const float *cs = m->rope_cs + (size_t)t * hd;
             rope(m->q + (size_t)t * qd, c->n_heads, hd, cs);
             rope(m->k + (size_t)t * kvd, c->n_kv_heads, hd, cs);
             if (dest->mode == KV_CHECK) {
-                if ((rc = check_kv(m, lay, l, t, dest->slots[t])) < 0)
+                /* A windowed ring has no sinks: position p is in slot
+                 * p mod its length. */
+                uint32_t slot = ly->token_ids ? dest->slots[t]
+                                              : (uint32_t)((pos0 + t) % ly->capacity);
+                if ((rc = check_kv(m, ly, li, t, slot)) < 0)
                     return rc;
                 differ |= rc;
             }
@@ -239,7 +258,7 @@ static int forward(tinychat_model *m, const ctxs_layout *lay, const ctxs_attn_pl
         const ctxs_attn_query q = {
             .q = m->q, .pos = pos0, .n = n, .n_heads = c->n_heads, .scale = 0.0f,
         };
-        if ((rc = ctxs_attention(m->att, lay, plan, l, &q)) < 0)
+        if ((rc = ctxs_attention(m->att, ly, pl, li, &q)) < 0)
             return rc;
         matmul(m->o, m->att, L->wo, n, qd, d);
         add_rows(m->x, m->o, (size_t)n * d);
@@ -284,7 +303,8 @@ static uint32_t chunk_len(const ctxs_session_info *info, uint64_t a, uint64_t le
                 c = most;
         }
     }
-    return (uint32_t)(c < MAX_CHUNK ? c : MAX_CHUNK);
+    const uint32_t most = info->model.geometry.period ? TINYCHAT_SWA_BATCH : MAX_CHUNK;
+    return (uint32_t)(c < most ? c : most);
 }
 
 int tinychat_prefill(tinychat_model *m, ctxs_session *s, const uint32_t *ids, uint32_t n,
@@ -320,7 +340,7 @@ int tinychat_prefill(tinychat_model *m, ctxs_session *s, const uint32_t *ids, ui
             return rc;
         const kv_dest d = {KV_WRITE, s, &r, 0, NULL};
         if ((rc = ctxs_session_get_attn_plan(&plan, s, c)) < 0 ||
-            (rc = forward(m, &lay, &plan, pos, ids + done, c, &d, &next)) < 0 ||
+            (rc = forward(m, s, &lay, &plan, c, pos, ids + done, c, &d, &next)) < 0 ||
             (rc = ctxs_session_commit(s, ids + done, c)) < 0)
             return rc;
         done += c;
@@ -361,7 +381,7 @@ int tinychat_resume(tinychat_model *m, ctxs_session *s, uint32_t *next_id)
      * the query it recomputes. Its K and V are in the session already; the
      * pass recomputes them anyway and checks them against the stored ones. */
     const kv_dest d = {KV_CHECK, NULL, NULL, 0, &slot};
-    return forward(m, &lay, &plan, pos, &id, 1, &d, next_id);
+    return forward(m, s, &lay, &plan, 0, pos, &id, 1, &d, next_id);
 }
 
 int tinychat_write(tinychat_model *m, ctxs_session *s, const ctxs_reservation *r, uint32_t *ids,
@@ -409,14 +429,15 @@ int tinychat_write(tinychat_model *m, ctxs_session *s, const ctxs_reservation *r
                 rc = 0;
             }
         const kv_dest check = {KV_CHECK, NULL, NULL, 0, &prev_slot};
-        if (rc < 0 || (rc = forward(m, &lay, &plan, first - 1, &ids[first - 1], 1, &check,
-                                    &next)) < 0)
+        if (rc < 0 || (rc = forward(m, s, &lay, &plan, before, first - 1, &ids[first - 1], 1,
+                                    &check, &next)) < 0)
             return rc;
         for (uint32_t i = 0; i < r->n_tokens; i++) {
             ids[first + i] = next;
             const kv_dest d = {KV_WRITE, s, r, i, NULL};
             if ((rc = ctxs_session_get_attn_plan(&plan, s, before + i + 1)) < 0 ||
-                (rc = forward(m, &lay, &plan, first + i, &ids[first + i], 1, &d, &next)) < 0)
+                (rc = forward(m, s, &lay, &plan, before + i + 1, first + i, &ids[first + i], 1,
+                              &d, &next)) < 0)
                 return rc;
         }
     } else {
@@ -424,7 +445,8 @@ int tinychat_write(tinychat_model *m, ctxs_session *s, const ctxs_reservation *r
             const uint32_t c = r->n_tokens - done < MAX_CHUNK ? r->n_tokens - done : MAX_CHUNK;
             const kv_dest d = {KV_WRITE, s, r, done, NULL};
             if ((rc = ctxs_session_get_attn_plan(&plan, s, before + done + c)) < 0 ||
-                (rc = forward(m, &lay, &plan, first + done, &ids[first + done], c, &d, &next)) < 0)
+                (rc = forward(m, s, &lay, &plan, before + done + c, first + done,
+                              &ids[first + done], c, &d, &next)) < 0)
                 return rc;
             done += c;
         }

@@ -4,11 +4,16 @@
  *
  *   tinychat --session FILE [--prompt TEXT] [--generate N] [--reopen-every K]
  *            [--seed S] [--config default|qwen3-4b-kv] [--capacity N]
- *            [--window W] [--dtype f16|bf16|q8] [--sync none|async|full]
- *            [--text]
+ *            [--window W] [--swa-every N] [--dtype f16|bf16|q8]
+ *            [--sync none|async|full] [--text]
  *
  * A new FILE is created (a ring of --capacity slots, 128 by default, K/V
- * kept as --dtype, f16 by default) and needs --prompt. An existing FILE is
+ * kept as --dtype, f16 by default) and needs --prompt. --swa-every N gives
+ * the model sliding-window layers: of each N layers (2..8) the last is
+ * global and the others attend to the last W tokens only (--window W,
+ * which then sets that window, not the session's), each keeping a ring of
+ * W + 32 slots in the file. An existing FILE keeps the schedule it was
+ * created with unless --swa-every says otherwise. An existing FILE is
  * opened and continued, in the dtype it was created with (--dtype, if
  * given, must name it): with --prompt the prompt is appended, without it
  * the prediction after its last token is recomputed (tinychat_resume())
@@ -37,8 +42,8 @@
 static const char *const usage_text =
     "usage: tinychat --session FILE [--prompt TEXT] [--generate N]\n"
     "                [--reopen-every K] [--seed S] [--config default|qwen3-4b-kv]\n"
-    "                [--capacity N] [--window W] [--dtype f16|bf16|q8]\n"
-    "                [--sync none|async|full] [--text]\n";
+    "                [--capacity N] [--window W] [--swa-every N]\n"
+    "                [--dtype f16|bf16|q8] [--sync none|async|full] [--text]\n";
 
 #if defined(__GNUC__)
 __attribute__((format(printf, 1, 2)))
@@ -89,6 +94,7 @@ typedef struct options {
     uint32_t window;
     uint32_t sync;
     uint32_t dtype; /* 0: the file's, or f16 for a new one */
+    uint32_t swa_every; /* 0: the file's, or none for a new one */
     int text;
 } options;
 
@@ -107,7 +113,7 @@ static void parse(options *o, int argc, char **argv)
         }
         static const char *const with_value[] = {
             "--session", "--prompt", "--generate", "--reopen-every", "--seed",
-            "--config", "--capacity", "--window", "--sync", "--dtype",
+            "--config", "--capacity", "--window", "--sync", "--dtype", "--swa-every",
         };
         int known = 0;
         for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]); k++)
@@ -133,6 +139,8 @@ static void parse(options *o, int argc, char **argv)
             o->capacity = (uint32_t)parse_u64(v, a, 1u << 24);
         else if (!strcmp(a, "--window"))
             o->window = (uint32_t)parse_u64(v, a, UINT32_MAX);
+        else if (!strcmp(a, "--swa-every"))
+            o->swa_every = (uint32_t)parse_u64(v, a, CTXS_SCHEDULE_MAX);
         else if (!strcmp(a, "--dtype")) {
             if (!strcmp(v, "f16"))
                 o->dtype = CTXS_DTYPE_F16;
@@ -159,6 +167,17 @@ static void parse(options *o, int argc, char **argv)
         usage("--config takes default or qwen3-4b-kv, not %s", o->config);
     if (o->prompt && !o->prompt[0])
         usage("--prompt is empty");
+    if (o->swa_every == 1)
+        usage("--swa-every takes 2 to %d: with 1 every layer would be windowed", CTXS_SCHEDULE_MAX);
+    if (o->swa_every && !o->window)
+        usage("--swa-every needs --window W, the sliding window");
+}
+
+/* --window: the session's window, unless it is the sliding window of a
+ * schedule. */
+static uint32_t session_window(const options *o)
+{
+    return o->swa_every ? 0 : o->window;
 }
 
 /* Opens path read-write with the window the session was created for
@@ -166,20 +185,23 @@ static void parse(options *o, int argc, char **argv)
 static ctxs_session *open_session(const options *o, const ctxs_model *cm)
 {
     ctxs_create_options so;
-    tinychat_session_options(&so, o->capacity, o->window);
+    tinychat_session_options(&so, o->capacity, session_window(o));
     so.open.durability = o->sync;
     ctxs_session *s;
     int rc = ctxs_session_open(&s, o->path, cm, 0, &so.open);
     if (rc == CTXS_EMODEL)
         fail_hint(rc, "open", o->path,
-                  o->dtype ? "was it written with another --config, --seed or --dtype?"
-                           : "was it written with another --config or --seed?");
+                  o->dtype ? "was it written with another --config, --seed, --dtype or "
+                             "--swa-every/--window?"
+                           : "was it written with another --config, --seed or "
+                             "--swa-every/--window?");
     if (rc < 0)
         fail(rc, "open", o->path);
     ctxs_session_info info;
     if ((rc = ctxs_session_get_info(&info, s)) < 0)
         fail(rc, "info", o->path);
-    uint32_t w = o->window ? o->window : tinychat_window(info.capacity, info.n_sink);
+    uint32_t w = session_window(o) ? session_window(o)
+                                   : tinychat_window(info.capacity, info.n_sink);
     if ((rc = ctxs_session_set_window(s, w)) < 0)
         fail(rc, "set window", o->path);
     /* After a reboot the file is cold: start reading the window now, so
@@ -199,6 +221,21 @@ static uint32_t file_dtype(const char *path)
     if (rc < 0)
         fail(rc, "inspect", path);
     return rep.header_status == 0 ? rep.model.geometry.dtype : CTXS_DTYPE_F16;
+}
+
+/* The schedule an existing session file was created with, where it is one
+ * tinychat makes (else none: the open refuses the file as another model's). */
+static void file_schedule(tinychat_config *cfg, const char *path)
+{
+    ctxs_file_report rep;
+    if (ctxs_file_inspect(&rep, path) < 0 || rep.header_status != 0 || !rep.model.geometry.period)
+        return;
+    const ctxs_geometry *g = &rep.model.geometry;
+    for (uint32_t j = 0; j < g->period; j++)
+        if (g->window[j] != (j + 1 < g->period ? g->window[0] : 0))
+            return;
+    cfg->swa_every = g->period;
+    cfg->swa_window = g->window[0];
 }
 
 static void print_token(const options *o, uint32_t id)
@@ -227,6 +264,15 @@ int main(int argc, char **argv)
     if (!exists && errno != ENOENT)
         fail(-errno, "access", o.path);
     cfg.dtype = o.dtype ? o.dtype : exists ? file_dtype(o.path) : CTXS_DTYPE_F16;
+    if (o.swa_every) {
+        cfg.swa_every = o.swa_every;
+        cfg.swa_window = o.window;
+    } else if (exists) {
+        file_schedule(&cfg, o.path);
+        o.swa_every = cfg.swa_every; /* --window is not the session's then */
+        if (o.swa_every && !o.window)
+            o.window = cfg.swa_window;
+    }
     tinychat_model *m;
     int rc = tinychat_model_create(&m, &cfg);
     if (rc < 0)
@@ -240,7 +286,7 @@ int main(int argc, char **argv)
         if (!o.prompt)
             usage("%s does not exist: a new session needs --prompt", o.path);
         ctxs_create_options so;
-        tinychat_session_options(&so, o.capacity, o.window);
+        tinychat_session_options(&so, o.capacity, session_window(&o));
         so.open.durability = o.sync;
         if (so.open.window >= so.capacity - so.n_sink)
             fprintf(stderr, "tinychat: warning: a window of %u is not below the ring (%u "

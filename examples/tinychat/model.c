@@ -93,6 +93,11 @@ static int config_valid(const tinychat_config *c)
         return 0;
     if (c->dtype != CTXS_DTYPE_F16 && c->dtype != CTXS_DTYPE_BF16 && c->dtype != CTXS_DTYPE_Q8)
         return 0;
+    if (c->swa_every && (c->swa_every < 2 || c->swa_every > CTXS_SCHEDULE_MAX ||
+                         c->swa_window == 0 || c->swa_window > (1u << 24)))
+        return 0;
+    if (!c->swa_every && c->swa_window)
+        return 0;
     return 1;
 }
 
@@ -254,11 +259,16 @@ void tinychat_model_ctxs(ctxs_model *out, const tinychat_model *m)
 {
     const tinychat_config *c = &m->cfg;
     memset(out, 0, sizeof(*out));
-    out->geometry = (ctxs_geometry){c->n_layers, c->n_kv_heads, c->head_dim, c->dtype};
+    out->geometry = (ctxs_geometry){c->n_layers, c->n_kv_heads, c->head_dim, c->dtype, 0, {0}};
+    if (c->swa_every) {
+        out->geometry.period = c->swa_every;
+        for (uint32_t j = 0; j + 1 < c->swa_every; j++)
+            out->geometry.window[j] = c->swa_window;
+    }
 
     /* The fields one by one, little-endian: no padding, no host order. */
     static const char tag[] = "tinychat-model-v1";
-    uint8_t buf[sizeof(tag) + 11 * 4], *p = buf;
+    uint8_t buf[sizeof(tag) + 13 * 4], *p = buf;
     memcpy(p, tag, sizeof(tag));
     p += sizeof(tag);
     uint32_t theta_bits;
@@ -273,6 +283,11 @@ void tinychat_model_ctxs(ctxs_model *out, const tinychat_model *m)
      * before there were dtypes keep their model. */
     if (c->dtype != CTXS_DTYPE_F16)
         p = put32(p, c->dtype);
+    /* Likewise the schedule: none adds nothing. */
+    if (c->swa_every) {
+        p = put32(p, c->swa_every);
+        p = put32(p, c->swa_window);
+    }
     hash128(out->model_hash, buf, (size_t)(p - buf));
 
     static const char ttag[] = "tinychat-bytes-v1";
@@ -297,5 +312,6 @@ void tinychat_session_options(ctxs_create_options *opts, uint32_t capacity, uint
     opts->capacity = capacity;
     opts->n_sink = capacity >= 32 ? 4 : capacity / 8;
     opts->ring = 1;
+    opts->batch = TINYCHAT_SWA_BATCH;
     opts->open.window = window ? window : tinychat_window(capacity, opts->n_sink);
 }

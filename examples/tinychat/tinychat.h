@@ -96,7 +96,17 @@ typedef struct tinychat_config {
     uint64_t seed;       /* the weights */
     uint32_t dtype;      /* how the session keeps K/V: CTXS_DTYPE_F16,
                             BF16 or Q8 */
+    uint32_t swa_every;  /* 0: every layer global; 2..8: of each swa_every
+                            layers the last is global and the others
+                            attend to the last swa_window tokens only */
+    uint32_t swa_window; /* with swa_every: the sliding window, 1..16 Mi */
 } tinychat_config;
+
+/* The most tokens a pass computes at once in a session with sliding-window
+ * layers, and so the batch such a session is created with
+ * (ctxs_create_options.batch): a windowed layer keeps its window and this
+ * many slots more. */
+#define TINYCHAT_SWA_BATCH 32u
 
 typedef struct tinychat_model tinychat_model;
 
@@ -123,16 +133,19 @@ void tinychat_model_destroy(tinychat_model *m);
 const tinychat_config *tinychat_model_config(const tinychat_model *m);
 
 /* What a session of this model is: geometry {n_layers, n_kv_heads,
- * head_dim, cfg.dtype}; model_hash = XXH3-128 of "tinychat-model-v1" and
+ * head_dim, cfg.dtype} with the schedule of swa_every and swa_window;
+ * model_hash = XXH3-128 of "tinychat-model-v1" and
  * the config's fields (little-endian u32s, theta's bits, the u64 seed, then
- * the dtype unless it is F16), so two configs or seeds never share a
+ * the dtype unless it is F16, then swa_every and swa_window unless
+ * swa_every is 0), so two configs or seeds never share a
  * session, and each dtype is a model of its own in a store (whose registry
  * gives a hash one geometry), while fp16's hash is the one it had before
  * dtypes; tokenizer_hash = XXH3-128 of "tinychat-bytes-v1" and the vocab. */
 void tinychat_model_ctxs(ctxs_model *out, const tinychat_model *m);
 
 /* Options for a tinychat session: a ring of `capacity` slots (0: 128) with
- * 4 sinks (capacity / 8 below 32 slots), and the window
+ * 4 sinks (capacity / 8 below 32 slots), a batch of TINYCHAT_SWA_BATCH (the
+ * slots a sliding-window layer keeps beyond its window), and the window
  * tinychat_window(capacity, n_sink). window != 0 overrides it; it must stay
  * below capacity - n_sink for exact resumes. Pass the same window to create
  * and to every open (or ctxs_session_set_window() after it): ctxstore does

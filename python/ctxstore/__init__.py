@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -144,32 +144,44 @@ class _ModelFields(NamedTuple):
     dtype: int = 1
     model_hash: bytes = bytes(16)
     tokenizer_hash: bytes = bytes(16)
+    schedule: Tuple[int, ...] = ()
 
 
 class Model(_ModelFields):
-    """What a session's KV belongs to: geometry, dtype and two hashes.
+    """What a session's KV belongs to: geometry, dtype, two hashes and the
+    layer schedule.
 
     ``Model(n_layers, n_kv_heads, head_dim, dtype=DTYPE_F16,
-    model_hash=bytes(16), tokenizer_hash=bytes(16))``, a named tuple.
-    ``dtype`` is ``DTYPE_F16`` (default), ``DTYPE_BF16`` or ``DTYPE_Q8`` (or
-    "f16", "bf16", "q8"). ``model_hash`` is 16 bytes (``Store.hash_file()``
-    of the weights, or the app's own); ``tokenizer_hash`` likewise. A session
-    opened with another model fails with ``EMODEL``.
+    model_hash=bytes(16), tokenizer_hash=bytes(16), schedule=())``, a named
+    tuple. ``dtype`` is ``DTYPE_F16`` (default), ``DTYPE_BF16`` or
+    ``DTYPE_Q8`` (or "f16", "bf16", "q8"). ``model_hash`` is 16 bytes
+    (``Store.hash_file()`` of the weights, or the app's own);
+    ``tokenizer_hash`` likewise. ``schedule`` is the repeating pattern of
+    sliding windows, one per layer of the pattern, 0 for a global layer (at
+    most 8; layer ``l`` has ``schedule[l % len(schedule)]``): ``(512,) * 5 +
+    (0,)`` for Gemma 3; ``()`` (default) makes every layer global. A windowed
+    layer keeps a ring of its window plus the batch, and its views
+    (``k(layer)``, ``v(layer)``) are that ring's slots. A session opened with
+    another model fails with ``EMODEL``.
     """
 
     __slots__ = ()
 
     def __new__(cls, n_layers: int, n_kv_heads: int, head_dim: int,
                 dtype: Union[int, str] = 1, model_hash: bytes = bytes(16),
-                tokenizer_hash: bytes = bytes(16)) -> Model:
+                tokenizer_hash: bytes = bytes(16), schedule: Sequence[int] = ()) -> Model:
         # Checked here, not when a session is made with it much later.
         hashes = bytes(model_hash), bytes(tokenizer_hash)
         for what, h in zip(("model_hash", "tokenizer_hash"), hashes):
             if len(h) != 16:
                 raise ValueError(f"{what} is 16 bytes (XXH3-128, as Store.hash_file() "
                                  f"gives), not {len(h)}")
+        sched = tuple(int(w) for w in schedule)
+        if len(sched) > 8 or any(w < 0 for w in sched) or (sched and not any(sched)):
+            raise ValueError(f"a schedule is at most 8 windows, not below 0, at least one "
+                             f"not 0 (() makes every layer global), not {sched!r}")
         return super().__new__(cls, int(n_layers), int(n_kv_heads), int(head_dim),
-                               _dtype(dtype), *hashes)
+                               _dtype(dtype), *hashes, sched)
 
     @property
     def dtype_name(self) -> str:
@@ -452,7 +464,7 @@ def _open_opts(window: int = 0, pressure_window: int = 0,
     return (window, pressure_window, _durability(durability), 1 if background else 0)
 
 
-def _create_opts(capacity: int = 2048, n_sink: int = 4, ring: bool = True,
+def _create_opts(capacity: int = 2048, n_sink: int = 4, ring: bool = False,
                  **open_kw: Any) -> Tuple[int, int, int, Tuple[int, int, int, int]]:
     return (capacity, n_sink, 1 if ring else 0, _open_opts(**open_kw))
 
@@ -504,7 +516,7 @@ class Session(_ctxstore.SessionBase):
 
     @classmethod
     def create(cls, path: PathLike, model: Model, *, capacity: int = 2048,
-               n_sink: int = 4, ring: bool = True, window: int = 0,
+               n_sink: int = 4, ring: bool = False, window: int = 0,
                pressure_window: int = 0, durability: Union[str, int] = "async",
                background: bool = True) -> Session:
         """Create a session file at ``path`` for ``model`` and open it read-write.
@@ -512,8 +524,9 @@ class Session(_ctxstore.SessionBase):
         Args:
             capacity: slots in the file (sparse on disk until reserved).
             n_sink: leading slots a ring never overwrites.
-            ring: when full, overwrite the oldest tokens after the sinks;
-                False: ``reserve()`` fails with ``EFULL``.
+            ring: True: when full, overwrite the oldest tokens after the
+                sinks (they are lost); False (the default): ``reserve()``
+                fails with ``EFULL`` and nothing is lost.
             window: recent tokens attention reads beside the sinks; 0 = all.
             pressure_window: the window under memory pressure; 0 = half.
             durability: "none", "async" (default) or "full" (survives power
@@ -717,7 +730,7 @@ class Store(_ctxstore.StoreBase):
         return [ModelEntry(Model(*m), name, ms) for m, name, ms in self._models()]
 
     def create_session(self, name: str, model: Model, *, capacity: int = 2048,
-                       n_sink: int = 4, ring: bool = True, window: int = 0,
+                       n_sink: int = 4, ring: bool = False, window: int = 0,
                        pressure_window: int = 0, durability: Union[str, int] = "async",
                        background: bool = True) -> Session:
         """Create the session ``name`` for a registered ``model`` and open it

@@ -206,13 +206,29 @@ static int conv_hash(PyObject *o, void *out)
     return ok;
 }
 
+/* A layer schedule: a tuple of at most CTXS_SCHEDULE_MAX windows, one per
+ * layer of the pattern (0: global); () for every layer global. */
+static int conv_schedule(PyObject *o, ctxs_geometry *g)
+{
+    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) > CTXS_SCHEDULE_MAX) {
+        PyErr_Format(PyExc_ValueError, "a schedule is a tuple of at most %d windows, one per "
+                     "layer of its pattern (0: a global layer)", CTXS_SCHEDULE_MAX);
+        return 0;
+    }
+    g->period = (uint32_t)PyTuple_GET_SIZE(o);
+    for (uint32_t j = 0; j < g->period; j++)
+        if (!conv_u32(PyTuple_GET_ITEM(o, j), &g->window[j]))
+            return 0;
+    return 1;
+}
+
 /* A model: the tuple ctxstore.Model is, (n_layers, n_kv_heads, head_dim,
- * dtype, model_hash, tokenizer_hash). */
+ * dtype, model_hash, tokenizer_hash, schedule). */
 static int conv_model(PyObject *o, void *out)
 {
     ctxs_model *m = out;
     memset(m, 0, sizeof *m);
-    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 6) {
+    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) < 6 || PyTuple_GET_SIZE(o) > 7) {
         PyErr_SetString(PyExc_TypeError, "model must be a ctxstore.Model");
         return 0;
     }
@@ -221,7 +237,8 @@ static int conv_model(PyObject *o, void *out)
            conv_u32(PyTuple_GET_ITEM(o, 2), &m->geometry.head_dim) &&
            conv_u32(PyTuple_GET_ITEM(o, 3), &m->geometry.dtype) &&
            conv_hash(PyTuple_GET_ITEM(o, 4), m->model_hash) &&
-           conv_hash(PyTuple_GET_ITEM(o, 5), m->tokenizer_hash);
+           conv_hash(PyTuple_GET_ITEM(o, 5), m->tokenizer_hash) &&
+           (PyTuple_GET_SIZE(o) == 6 || conv_schedule(PyTuple_GET_ITEM(o, 6), &m->geometry));
 }
 
 /* A path: str, bytes or os.PathLike, to a PyBytes the caller releases. */
@@ -353,10 +370,21 @@ static int conv_model_or_none(PyObject *o, void *out)
 
 static PyObject *model_tuple(const ctxs_model *m)
 {
-    return Py_BuildValue("(IIIIy#y#)", m->geometry.n_layers, m->geometry.n_kv_heads,
+    PyObject *sched = PyTuple_New(m->geometry.period);
+    if (!sched)
+        return NULL;
+    for (uint32_t j = 0; j < m->geometry.period; j++) {
+        PyObject *w = PyLong_FromUnsignedLong(m->geometry.window[j]);
+        if (!w) {
+            Py_DECREF(sched);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(sched, j, w);
+    }
+    return Py_BuildValue("(IIIIy#y#N)", m->geometry.n_layers, m->geometry.n_kv_heads,
                          m->geometry.head_dim, m->geometry.dtype,
                          (const char *)m->model_hash, (Py_ssize_t)CTXS_HASH_BYTES,
-                         (const char *)m->tokenizer_hash, (Py_ssize_t)CTXS_HASH_BYTES);
+                         (const char *)m->tokenizer_hash, (Py_ssize_t)CTXS_HASH_BYTES, sched);
 }
 
 /* --- Structs as dicts ---------------------------------------------------------
@@ -1289,6 +1317,25 @@ static PyObject *sess_view(SessionObject *self, PyObject *arg, int kind, int sca
     npy_intp dims[3], strides[3];
     int nd, type;
     char *data;
+    /* With a layer schedule each layer has its own slots (a windowed
+     * layer's ring): the layout's strides are not its. Its runs, from the
+     * library: K's then V's, head after head. */
+    char *run_k = (char *)L->kv + (size_t)layer * L->layer_stride;
+    size_t head_stride = L->head_stride;
+    uint32_t cap = L->capacity;
+    float *run_scales = L->scales ? L->scales + (size_t)layer * 2 * g->n_kv_heads * cap : NULL;
+    if (g->period) {
+        void *k0;
+        int rc = ctxs_session_get_kv(&k0, self->s, layer, CTXS_K, 0);
+        if (rc == 0)
+            rc = ctxs_session_get_layer_slots(&cap, self->s, layer);
+        if (rc < 0)
+            return raise_rc(rc, "the runs of layer %u", layer);
+        run_k = k0;
+        head_stride = (size_t)cap * L->slot_bytes;
+        if (L->scales && (rc = ctxs_session_get_scales(&run_scales, self->s, layer, CTXS_K, 0)) < 0)
+            return raise_rc(rc, "the scales of layer %u", layer);
+    }
     if (scales) {
         if (g->dtype != CTXS_DTYPE_Q8 || !L->scales)
             return raise_rc(CTXS_EINVAL, "%s_scales(%u): only a Q8 session has scales",
@@ -1296,11 +1343,10 @@ static PyObject *sess_view(SessionObject *self, PyObject *arg, int kind, int sca
         nd = 2;
         type = NPY_FLOAT32;
         dims[0] = g->n_kv_heads;
-        dims[1] = L->capacity;
-        strides[0] = (npy_intp)L->capacity * 4;
+        dims[1] = cap;
+        strides[0] = (npy_intp)cap * 4;
         strides[1] = 4;
-        data = (char *)(L->scales +
-                        ((size_t)layer * 2 + (size_t)kind) * g->n_kv_heads * L->capacity);
+        data = (char *)(run_scales + (size_t)kind * g->n_kv_heads * cap);
     } else {
         switch (g->dtype) {
         case CTXS_DTYPE_F16: type = NPY_FLOAT16; break;
@@ -1310,13 +1356,12 @@ static PyObject *sess_view(SessionObject *self, PyObject *arg, int kind, int sca
         }
         nd = 3;
         dims[0] = g->n_kv_heads;
-        dims[1] = L->capacity;
+        dims[1] = cap;
         dims[2] = g->head_dim;
-        strides[0] = (npy_intp)L->head_stride;
+        strides[0] = (npy_intp)head_stride;
         strides[1] = (npy_intp)L->slot_bytes;
         strides[2] = (npy_intp)(L->slot_bytes / g->head_dim);
-        data = (char *)L->kv + (size_t)layer * L->layer_stride +
-               (size_t)kind * L->kv_stride;
+        data = run_k + (size_t)kind * g->n_kv_heads * head_stride;
     }
     int flags = NPY_ARRAY_ALIGNED | (self->readonly ? 0 : NPY_ARRAY_WRITEABLE);
     PyObject *a = PyArray_New(&PyArray_Type, nd, dims, type, strides, data, 0, flags,

@@ -49,7 +49,7 @@ def test_create_write_commit_reopen(tmp_path, model):
             np.testing.assert_array_equal(s.v(0)[:, slot].astype(np.float32), ev[0])
         info = s.info()
         assert info.n_tokens == 5 and info.capacity == 64 and info.model == model
-        assert info.durability == "async" and info.ring and not info.readonly
+        assert info.durability == "async" and not info.ring and not info.readonly
         s.verify()
         s.sync()
         s.refresh()
@@ -184,7 +184,8 @@ def test_rollback_and_errors(tmp_path, model):
 
 
 def test_window_attn_plan_and_ring(tmp_path, model):
-    with ctxstore.Session.create(tmp_path / "p.ctxs", model, capacity=16, n_sink=2) as s:
+    with ctxstore.Session.create(tmp_path / "p.ctxs", model, capacity=16, n_sink=2,
+                                 ring=True) as s:
         append(s, range(10))
         w = s.window()
         assert w.n_tokens == 10
@@ -480,3 +481,36 @@ def test_threads_share_a_session_safely(tmp_path, model):
             t.join()
         assert not errors
         assert s.n_tokens == 320
+
+
+def test_views_follow_the_layer_schedule(tmp_path):
+    # Layer 0 keeps a ring of its window (8) plus the batch (512); layer 1
+    # is global, at the capacity.
+    m = ctxstore.Model(L, H, D, model_hash=b"s" * 16, schedule=(8, 0))
+    assert m.schedule == (8, 0)
+    with ctxstore.Session.create(tmp_path / "s.ctxs", m, capacity=1024) as s:
+        for first in range(0, 600, 100):
+            append(s, range(first, first + 100))
+        n = s.n_tokens
+        assert s.info().model.schedule == (8, 0)
+        ring = 8 + 512
+        for layer in range(L):
+            k, v = s.k(layer), s.v(layer)
+            slots = ring if layer % 2 == 0 else 1024
+            assert k.shape == (H, slots, D) and v.shape == (H, slots, D)
+            # The last positions, each in its slot: p mod ring in a ring.
+            for p in range(n - 8, n):
+                slot = p % ring if layer % 2 == 0 else p
+                want_k, want_v = token_kv(p)
+                np.testing.assert_array_equal(k[:, slot, :].astype(np.float32), want_k[layer])
+                np.testing.assert_array_equal(v[:, slot, :].astype(np.float32), want_v[layer])
+            del k, v  # a view keeps the session's mapping, and so its lock
+    # The model comes back with its schedule, and another schedule is
+    # another model.
+    with ctxstore.Session.open(tmp_path / "s.ctxs", m) as s:
+        assert s.info().model == m
+    with pytest.raises(ctxstore.Error) as e:
+        ctxstore.Session.open(tmp_path / "s.ctxs", m._replace(schedule=(16, 0)))
+    assert e.value.code == ctxstore.EMODEL
+    with pytest.raises(ValueError):
+        ctxstore.Model(L, H, D, schedule=(0, 0))

@@ -331,6 +331,9 @@ static int layout_valid(const ctxs_layout *kv, uint32_t layer)
     const ctxs_geometry *g = &kv->geometry;
     const uint32_t eb = ctxs__dtype_bytes(g->dtype); /* 0: not a session dtype */
     CTXS__CHECK(kv->kv && eb > 0);
+    /* A scheduled session's layers each have their own slots: one layer at
+     * a time (ctxs_session_get_layer_attn()). */
+    CTXS__CHECK(g->period == 0);
     CTXS__CHECK(layer < g->n_layers && g->n_kv_heads > 0 && g->head_dim > 0);
     CTXS__CHECK(kv->slot_bytes == (size_t)g->head_dim * eb);
     /* Elements are read as their own type (uint16_t for fp16 and bf16):

@@ -211,10 +211,11 @@ static void judge_models(walk *w, const MDB_val *key, const MDB_val *val)
         return;
     }
     memcpy(&rec, val->mv_data, sizeof(rec));
-    if (rec.name_len > CTXS_NAME_MAX || val->mv_size != sizeof(rec) + rec.name_len)
+    ctxs_geometry g;
+    if (ctxs__model_decode(val->mv_data, val->mv_size, &rec, &g, NULL) < 0)
         problem(w, "models", key, 0,
-                "the record's name length %u does not fit its %zu bytes", rec.name_len,
-                val->mv_size);
+                "the record's name length %u and schedule do not fit its %zu bytes",
+                rec.name_len, val->mv_size);
 }
 
 static void judge_filehash(walk *w, const MDB_val *key, const MDB_val *val)

@@ -48,10 +48,11 @@ int ctxs__checkpoint_check(const ctxs_session *s, const ctxs__checkpoint_rec *cp
     if (rc < 0)
         return rc;
     ctxs__session_tokens(NULL, &sum, s, n - 1, 1);
-    return sum == cp->last_sum ? 0
-                               : ctxs__error(CTXS_ESTALE, "the session was rolled back past "
-                                             "the checkpoint (%" PRIu64 " tokens) and written "
-                                             "again since", n);
+    if (sum != cp->last_sum)
+        return ctxs__error(CTXS_ESTALE, "the session was rolled back past the checkpoint (%"
+                           PRIu64 " tokens) and written again since", n);
+    /* Windowed layers keep fewer positions than the session's own slots. */
+    return ctxs__session_can_roll_back(s, n);
 }
 
 /* The store and id of s, and the length of name; NULL when s was not

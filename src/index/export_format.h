@@ -1,5 +1,5 @@
 /*
- * The export file's layout, version 2.0: the one definition that
+ * The export file's layout, version 3.0: the one definition that
  * transfer.c writes and reads, and that the tests and the fuzzers craft
  * files with. docs/FORMAT.md, "Export file format", is the prose version;
  * the static asserts below pin every offset it gives, so the two cannot
@@ -22,7 +22,10 @@
 #include "ctxstore.h"
 
 #define CTXS__EXPORT_MAGIC "CTXSEXPT"   /* 8 bytes, no terminator on disk */
-#define CTXS__EXPORT_MAJOR 2
+/* 3.0: the layer schedule and the windowed rings' blocks. A session
+ * without windowed layers is still written as 2.0, which 2.0 readers
+ * read. */
+#define CTXS__EXPORT_MAJOR 3
 #define CTXS__EXPORT_MINOR 0
 #define CTXS__EXPORT_HEADER_BYTES 1024u
 #define CTXS__EXPORT_BLOCK_MAGIC "CXBK"
@@ -68,7 +71,11 @@ typedef struct ctxs__export_header {
     uint32_t meta_bytes;        /* 2.0: the metadata section's size */
     uint32_t meta_crc32;        /* 2.0: zlib crc32 of its meta_bytes */
     uint32_t meta_count;        /* 2.0: entries in it */
-    uint8_t reserved[360];      /* zero when written; ignored when read */
+    uint32_t period;            /* 3.0: the layer schedule, as in the */
+    uint32_t window[8];         /* session header; zero before 3.0 */
+    uint32_t batch;             /* 3.0: the slots a windowed layer keeps
+                                   beyond its window; zero before 3.0 */
+    uint8_t reserved[320];      /* zero when written; ignored when read */
     uint32_t crc32;             /* zlib crc32 of bytes 0..1019 */
 } ctxs__export_header;
 
@@ -100,7 +107,10 @@ static_assert(offsetof(ctxs__export_header, name) == 392, "export header layout"
 static_assert(offsetof(ctxs__export_header, meta_bytes) == 648, "export header layout");
 static_assert(offsetof(ctxs__export_header, meta_crc32) == 652, "export header layout");
 static_assert(offsetof(ctxs__export_header, meta_count) == 656, "export header layout");
-static_assert(offsetof(ctxs__export_header, reserved) == 660, "export header layout");
+static_assert(offsetof(ctxs__export_header, period) == 660, "export header layout");
+static_assert(offsetof(ctxs__export_header, window) == 664, "export header layout");
+static_assert(offsetof(ctxs__export_header, batch) == 696, "export header layout");
+static_assert(offsetof(ctxs__export_header, reserved) == 700, "export header layout");
 static_assert(offsetof(ctxs__export_header, crc32) == 1020, "export header layout");
 
 /*

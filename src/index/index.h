@@ -29,8 +29,11 @@ int ctxs__store_readonly(void);
 #define CTXS__STORE_CHECK(st) CTXS__REQUIRE(st, "the store handle is NULL")
 
 #define CTXS__INDEX_MAGIC "CTXSINDX"
-#define CTXS__INDEX_MAJOR 1
-#define CTXS__INDEX_MINOR 2
+/* 2.0: model records with a layer schedule, which a 1.x build takes for
+ * damage. New indexes are 2.0; a 1.x index stays 1.x until a model with a
+ * schedule is written into it (ctxs__index_format_raise()). */
+#define CTXS__INDEX_MAJOR 2
+#define CTXS__INDEX_MINOR 0
 
 /* Sessions whose first chunk completes are indexed at once; after that, every
  * this many new chunks (and at close). */
@@ -62,15 +65,30 @@ static_assert(sizeof(ctxs__session_rec) == 96, "session record");
 static_assert(offsetof(ctxs__session_rec, n_tokens) == 24, "session record");
 static_assert(offsetof(ctxs__session_rec, prefix_chain) == 80, "session record");
 
-/* models[model_hash]: this, then name_len bytes of display name. */
+/* models[model_hash]: this, then name_len bytes of display name, then
+ * (2.0, flags bit 0) the layer schedule: u32 period, u32 window[8]. */
 typedef struct ctxs__model_rec {
-    ctxs_geometry geometry;
+    uint32_t n_layers, n_kv_heads, head_dim, dtype;
     uint8_t tokenizer_hash[16];
     uint64_t registered_unix_ms;
     uint16_t name_len;
-    uint8_t reserved[6];
+    uint8_t flags;              /* bit 0: a schedule follows the name */
+    uint8_t reserved[5];
 } ctxs__model_rec;
 static_assert(sizeof(ctxs__model_rec) == 48, "model record");
+#define CTXS__MODEL_SCHEDULE 0x1u
+#define CTXS__MODEL_SCHEDULE_BYTES 36u
+
+/* Raises a 1.x index's format record to 2.0 (within txn), before a model
+ * record with a layer schedule is written into it, so that a 1.x build
+ * refuses the index as newer (CTXS_EVERSION) rather than take the record
+ * for damage. Returns 0 or a negative error. */
+int ctxs__index_format_raise(MDB_txn *txn, ctxs_store *st);
+
+/* Decodes a models value of len bytes: *rec, the geometry it gives (with
+ * its schedule) in *g, and *name (into val). Returns 0 or CTXS_EINDEX. */
+int ctxs__model_decode(const void *val, size_t len, ctxs__model_rec *rec, ctxs_geometry *g,
+                       const char **name);
 
 /* checkpoints[id BE || name] */
 typedef struct ctxs__checkpoint_rec {
@@ -387,10 +405,10 @@ int ctxs__session_name_of(char *name, ctxs_store *st, uint64_t id);
  * Errors: CTXS_ENOMODEL, CTXS_EMODEL (each said why). */
 int ctxs__model_check(MDB_txn *txn, ctxs_store *st, const ctxs_model *model);
 
-/* CTXS_EMODEL for model, whose hash the store registered as rec with
- * another geometry or tokenizer, saying how they differ. */
-int ctxs__model_differs(const ctxs__model_rec *rec, const uint8_t hash[CTXS_HASH_BYTES],
-                        const ctxs_model *model);
+/* CTXS_EMODEL for model, whose hash the store registered as known (its
+ * model_hash the same) with another geometry or tokenizer, saying how they
+ * differ. */
+int ctxs__model_differs(const ctxs_model *known, const ctxs_model *model);
 
 /* Whether g is a geometry a session file can have. */
 int ctxs__model_geometry_valid(const ctxs_geometry *g);

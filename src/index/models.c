@@ -19,51 +19,98 @@
 int ctxs__model_geometry_valid(const ctxs_geometry *g)
 {
     ctxs__file_layout lay;
-    return ctxs__layout_compute(&lay, g, 2, 0) == 0;
+    return ctxs__layout_compute(&lay, g, 2, 0, 0) == 0;
 }
 
-static int same_model(const ctxs__model_rec *r, const ctxs_model *m)
+/* A decoded models value: the record and the geometry it gives. */
+typedef struct model_row {
+    ctxs__model_rec rec;
+    ctxs_geometry geometry;
+} model_row;
+
+/* The registered model r stands for (hash is its key). */
+static ctxs_model row_model(const model_row *r, const uint8_t hash[CTXS_HASH_BYTES])
 {
-    return memcmp(&r->geometry, &m->geometry, sizeof(r->geometry)) == 0 &&
-           memcmp(r->tokenizer_hash, m->tokenizer_hash, 16) == 0;
+    ctxs_model m;
+    memset(&m, 0, sizeof(m));
+    m.geometry = r->geometry;
+    memcpy(m.model_hash, hash, 16);
+    memcpy(m.tokenizer_hash, r->rec.tokenizer_hash, 16);
+    return m;
 }
 
-/* Reads models[hash] into *rec; *name points into the transaction's pages. */
-static int model_parse(const MDB_val *val, ctxs__model_rec *rec, const char **name)
+static int same_model(const model_row *r, const ctxs_model *m)
 {
-    if (val->mv_size < sizeof(*rec))
+    const ctxs_geometry *a = &r->geometry, *b = &m->geometry;
+    return a->n_layers == b->n_layers && a->n_kv_heads == b->n_kv_heads &&
+           a->head_dim == b->head_dim && a->dtype == b->dtype && a->period == b->period &&
+           memcmp(a->window, b->window, sizeof(a->window)) == 0 &&
+           memcmp(r->rec.tokenizer_hash, m->tokenizer_hash, 16) == 0;
+}
+
+int ctxs__model_decode(const void *val, size_t len, ctxs__model_rec *rec, ctxs_geometry *g,
+                       const char **name)
+{
+    if (len < sizeof(*rec))
         return CTXS_EINDEX;
-    memcpy(rec, val->mv_data, sizeof(*rec));
-    if (rec->name_len > CTXS_NAME_MAX || val->mv_size != sizeof(*rec) + rec->name_len)
+    memcpy(rec, val, sizeof(*rec));
+    size_t sched = (rec->flags & CTXS__MODEL_SCHEDULE) ? CTXS__MODEL_SCHEDULE_BYTES : 0;
+    if (rec->name_len > CTXS_NAME_MAX || (rec->flags & ~CTXS__MODEL_SCHEDULE) ||
+        len != sizeof(*rec) + rec->name_len + sched)
         return CTXS_EINDEX;
+    memset(g, 0, sizeof(*g));
+    *g = (ctxs_geometry){rec->n_layers, rec->n_kv_heads, rec->head_dim, rec->dtype, 0, {0}};
+    if (sched) {
+        const uint8_t *at = (const uint8_t *)val + sizeof(*rec) + rec->name_len;
+        memcpy(&g->period, at, 4);
+        memcpy(g->window, at + 4, sizeof(g->window));
+        if (ctxs__schedule_check(g) < 0 || !g->period)
+            return CTXS_EINDEX;
+    }
     if (name)
-        *name = (const char *)val->mv_data + sizeof(*rec);
+        *name = (const char *)val + sizeof(*rec);
     return 0;
 }
 
+/* Reads models[hash] into *row; *name points into the transaction's
+ * pages. */
 static int model_read(MDB_txn *txn, ctxs_store *st, const uint8_t hash[CTXS_HASH_BYTES],
-                      ctxs__model_rec *rec, const char **name)
+                      model_row *row, const char **name)
 {
     MDB_val key = {16, (void *)hash}, val;
     int rc = mdb_get(txn, st->models, &key, &val);
     if (rc != 0)
         return ctxs__mdb_error(rc);
-    return model_parse(&val, rec, name);
+    return ctxs__model_decode(val.mv_data, val.mv_size, &row->rec, &row->geometry, name);
 }
 
 static int model_write(MDB_txn *txn, ctxs_store *st, const ctxs_model *model,
                        const char *name, size_t name_len, uint64_t registered)
 {
-    uint8_t buf[sizeof(ctxs__model_rec) + CTXS_NAME_MAX];
+    uint8_t buf[sizeof(ctxs__model_rec) + CTXS_NAME_MAX + CTXS__MODEL_SCHEDULE_BYTES];
     ctxs__model_rec rec;
+    const ctxs_geometry *g = &model->geometry;
     memset(&rec, 0, sizeof(rec));
-    rec.geometry = model->geometry;
+    rec.n_layers = g->n_layers;
+    rec.n_kv_heads = g->n_kv_heads;
+    rec.head_dim = g->head_dim;
+    rec.dtype = g->dtype;
     memcpy(rec.tokenizer_hash, model->tokenizer_hash, 16);
     rec.registered_unix_ms = registered;
     rec.name_len = (uint16_t)name_len;
+    rec.flags = g->period ? CTXS__MODEL_SCHEDULE : 0;
     memcpy(buf, &rec, sizeof(rec));
     memcpy(buf + sizeof(rec), name, name_len);
-    MDB_val key = {16, (void *)model->model_hash}, val = {sizeof(rec) + name_len, buf};
+    size_t len = sizeof(rec) + name_len;
+    if (g->period) {
+        int rc = ctxs__index_format_raise(txn, st);
+        if (rc < 0)
+            return rc;
+        memcpy(buf + len, &g->period, 4);
+        memcpy(buf + len + 4, g->window, sizeof(g->window));
+        len += CTXS__MODEL_SCHEDULE_BYTES;
+    }
+    MDB_val key = {16, (void *)model->model_hash}, val = {len, buf};
     return ctxs__mdb_error(ctxs__mdb_put(txn, st->models, &key, &val, 0));
 }
 
@@ -77,24 +124,24 @@ static void hash_prefix(char out[17], const uint8_t hash[CTXS_HASH_BYTES])
     out[16] = '\0';
 }
 
-int ctxs__model_differs(const ctxs__model_rec *rec, const uint8_t hash[CTXS_HASH_BYTES],
-                        const ctxs_model *model)
+int ctxs__model_differs(const ctxs_model *known, const ctxs_model *model)
 {
-    ctxs_model known;
-    memset(&known, 0, sizeof(known));
-    known.geometry = rec->geometry;
-    memcpy(known.model_hash, hash, 16);
-    memcpy(known.tokenizer_hash, rec->tokenizer_hash, 16);
     char diff[160], h[17];
-    ctxs__model_diff(diff, sizeof(diff), model, &known);
-    hash_prefix(h, hash);
+    ctxs__model_diff(diff, sizeof(diff), model, known);
+    hash_prefix(h, known->model_hash);
     return ctxs__error(CTXS_EMODEL, "the store registered model %s... with another shape: %s "
                        "(here: the model given; there: the registered one)", h, diff);
 }
 
+static int model_differs_row(const model_row *r, const ctxs_model *model)
+{
+    ctxs_model known = row_model(r, model->model_hash);
+    return ctxs__model_differs(&known, model);
+}
+
 int ctxs__model_check(MDB_txn *txn, ctxs_store *st, const ctxs_model *model)
 {
-    ctxs__model_rec rec;
+    model_row rec;
     int rc = model_read(txn, st, model->model_hash, &rec, NULL);
     if (rc == CTXS_ENOTFOUND) {
         char h[17];
@@ -105,7 +152,7 @@ int ctxs__model_check(MDB_txn *txn, ctxs_store *st, const ctxs_model *model)
     }
     if (rc < 0)
         return rc;
-    return same_model(&rec, model) ? 0 : ctxs__model_differs(&rec, model->model_hash, model);
+    return same_model(&rec, model) ? 0 : model_differs_row(&rec, model);
 }
 
 int ctxs__model_ensure(MDB_txn *txn, ctxs_store *st, const ctxs_model *model)
@@ -131,13 +178,13 @@ int ctxs_model_register(ctxs_store *st, const ctxs_model *model, const char *nam
     int rc = ctxs__txn_begin(&txn, st, 0);
     if (rc < 0)
         return rc;
-    ctxs__model_rec rec;
+    model_row rec;
     uint64_t registered = ctxs__now_ms();
     rc = model_read(txn, st, model->model_hash, &rec, NULL);
     if (rc == 0) {
-        registered = rec.registered_unix_ms;
+        registered = rec.rec.registered_unix_ms;
         if (!same_model(&rec, model))
-            rc = ctxs__model_differs(&rec, model->model_hash, model);
+            rc = model_differs_row(&rec, model);
     } else if (rc == CTXS_ENOTFOUND) {
         rc = 0;
     }
@@ -147,14 +194,14 @@ int ctxs_model_register(ctxs_store *st, const ctxs_model *model, const char *nam
 }
 
 static void entry_fill(ctxs_model_entry *out, const uint8_t hash[CTXS_HASH_BYTES],
-                       const ctxs__model_rec *rec, const char *name)
+                       const model_row *row, const char *name)
 {
     memset(out, 0, sizeof(*out));
-    out->model.geometry = rec->geometry;
+    out->model.geometry = row->geometry;
     memcpy(out->model.model_hash, hash, 16);
-    memcpy(out->model.tokenizer_hash, rec->tokenizer_hash, 16);
-    memcpy(out->name, name, rec->name_len);
-    out->registered_unix_ms = rec->registered_unix_ms;
+    memcpy(out->model.tokenizer_hash, row->rec.tokenizer_hash, 16);
+    memcpy(out->name, name, row->rec.name_len);
+    out->registered_unix_ms = row->rec.registered_unix_ms;
 }
 
 int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st, const uint8_t model_hash[CTXS_HASH_BYTES])
@@ -166,7 +213,8 @@ int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st, const uint8_t model_ha
     int rc = ctxs__txn_begin(&txn, st, 1);
     if (rc < 0)
         return rc;
-    ctxs__model_rec rec = {0};
+    model_row rec;
+    memset(&rec, 0, sizeof(rec));
     const char *name = "";
     if ((rc = model_read(txn, st, model_hash, &rec, &name)) == 0)
         entry_fill(out, model_hash, &rec, name);
@@ -181,9 +229,10 @@ int ctxs_model_get(ctxs_model_entry *out, ctxs_store *st, const uint8_t model_ha
 
 static int model_entry_fill(void *entry, const MDB_val *key, const MDB_val *val)
 {
-    ctxs__model_rec rec;
+    model_row rec;
     const char *name;
-    if (key->mv_size != 16 || model_parse(val, &rec, &name) < 0)
+    if (key->mv_size != 16 ||
+        ctxs__model_decode(val->mv_data, val->mv_size, &rec.rec, &rec.geometry, &name) < 0)
         return CTXS_EINDEX;
     entry_fill(entry, key->mv_data, &rec, name);
     return 0;

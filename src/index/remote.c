@@ -1080,7 +1080,7 @@ static int snapshot_take(snapshot *sn, ctxs_session *s, uint64_t id)
     if (ctxs__session_prefix_held(NULL, s) != info.n_tokens)
         return CTXS_EEVICTED;
     sn->n = info.n_tokens;
-    if ((rc = ctxs__kv_plan_make(&sn->plan, &info.model.geometry, info.capacity, info.n_sink,
+    if ((rc = ctxs__kv_plan_make(&sn->plan, &info.model.geometry, info.capacity, info.n_sink, 0,
                                  (info.flags & CTXS_INFO_RING) != 0, info.n_tokens,
                                  info.ring_start, CTXS_PREFIX_CHUNK)) < 0)
         return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc; /* 64 tokens above 64 MiB */
@@ -1131,7 +1131,7 @@ static int chunk_value(uint8_t *v, snapshot *sn, uint64_t k)
     uint32_t count = (uint32_t)(sn->n - first < CTXS_PREFIX_CHUNK ? sn->n - first
                                                                    : CTXS_PREFIX_CHUNK);
     uint8_t *raw = v + CTXS__RCHUNK_HEADER_BYTES;
-    int rc = ctxs__kv_block_read(raw, &sn->plan, sn->s, first, count);
+    int rc = ctxs__kv_block_read(raw, &sn->plan, -1, sn->s, first, count);
     if (rc < 0)
         return rc;
     if (memcmp(ctxs__raw_ids(raw, count), sn->ids + first, (size_t)count * 4) ||
@@ -1854,13 +1854,13 @@ static int record_header_check(ctxs__rsession_header *h, const void *v, size_t l
         return CTXS_EREMOTE;
     memcpy(h, v, sizeof(*h));
     char name[CTXS_NAME_MAX + 1];
-    ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
+    ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype, 0, {0}};
     ctxs__file_layout lay;
     if (memcmp(h->magic, CTXS__RSESSION_MAGIC, 8) || h->version_major != CTXS__REMOTE_MAJOR ||
         h->header_bytes != sizeof(*h) ||
         h->crc32 != crc_of(h, offsetof(ctxs__rsession_header, crc32)) ||
         (h->flags & ~CTXS__RSESSION_FLAG_TAIL) || h->n_tokens > CTXS__REMOTE_MAX_TOKENS ||
-        ctxs__layout_compute(&lay, &g, CTXS_PREFIX_CHUNK, 0) < 0 ||
+        ctxs__layout_compute(&lay, &g, CTXS_PREFIX_CHUNK, 0, 0) < 0 ||
         ctxs__name_field(name, h->name, h->name_len, 0) < 0 ||
         ctxs__name_field(name, h->model_name, h->model_name_len, 1) < 0)
         return CTXS_EREMOTE;
@@ -1879,7 +1879,7 @@ static int record_parse(record *rec, const void *v, size_t len, const char *name
         crc_of(body, len - sizeof(*h)) != h->body_crc32 || h->name_len != strlen(name) ||
         memcmp(h->name, name, h->name_len))
         return CTXS_EREMOTE;
-    rec->model.geometry = (ctxs_geometry){h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
+    rec->model.geometry = (ctxs_geometry){h->n_layers, h->n_kv_heads, h->head_dim, h->dtype, 0, {0}};
     memcpy(rec->model.model_hash, h->model_hash, 16);
     memcpy(rec->model.tokenizer_hash, h->tokenizer_hash, 16);
     memcpy(rec->model_name, h->model_name, h->model_name_len);
@@ -1940,7 +1940,7 @@ static int chunk_check(const pull_job *pj, const ctxs__kv_plan *p, uint8_t *v, u
     ctxs__prefix_chain_next(again, prev, ctxs__raw_ids(raw, count), count);
     if (memcmp(again, chain, 16) ||
         memcmp(ctxs__raw_ids(raw, count), pj->ids + first, (size_t)count * 4) ||
-        !ctxs__kv_raw_verifies(p, raw, first, count))
+        !ctxs__kv_raw_verifies(p, -1, raw, first, count))
         return 1;
     return 0;
 }
@@ -2021,7 +2021,7 @@ static int pull_chunks(pull_job *pj, const ctxs__kv_plan *p, int fd)
                                             chains[i])) {
                 pj->refused = 1;
                 stopped = 1;
-            } else if ((rc = ctxs__kv_block_store(fd, p, value + CTXS__RCHUNK_HEADER_BYTES, first,
+            } else if ((rc = ctxs__kv_block_store(fd, p, -1, value + CTXS__RCHUNK_HEADER_BYTES, first,
                                                   cnt)) == 0) {
                 memcpy(prev, chains[i], 16);
                 pj->got = first + cnt;
@@ -2054,7 +2054,7 @@ static int pull_fill(int fd, const ctxs__disk_label *label, void *arg)
     ctxs__kv_plan p;
     /* The layout of every state the pull may end with is that of the
      * largest: the blocks are placed by it first. */
-    int rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, pj->ring,
+    int rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, 0, pj->ring,
                                 pj->n, 0, CTXS_PREFIX_CHUNK);
     if (rc < 0)
         return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc;
@@ -2065,16 +2065,16 @@ static int pull_fill(int fd, const ctxs__disk_label *label, void *arg)
         return rc;
     if (pj->got == 0 && pj->prefix)
         return CTXS_ENOTFOUND;
-    if ((rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, pj->ring,
+    if ((rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, 0, pj->ring,
                                  pj->got, 0, CTXS_PREFIX_CHUNK)) < 0 ||
         (rc = ctxs__kv_file_begin(fd, &p, &pj->model, pj->created_unix_ms, label)) < 0)
         return rc;
     return full_or(ctxs__sync_data(fd));
 }
 
-/* The slots of the new session: opts's, or the defaults with a capacity
- * raised to hold n tokens with room to go on. The pull takes at most
- * what fits. */
+/* The slots of the new session: opts's; where they leave the capacity 0
+ * and give no context length, one raised to hold n tokens with room to go
+ * on. The pull takes at most what fits. */
 static int pull_layout(pull_job *pj, const ctxs_create_options *opts, uint64_t n)
 {
     ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
@@ -2082,12 +2082,17 @@ static int pull_layout(pull_job *pj, const ctxs_create_options *opts, uint64_t n
         if (opts->version != CTXS_CREATE_OPTIONS_VERSION)
             return CTXS_EINVAL;
         o = *opts;
-    } else if (n >= o.capacity) {
-        uint64_t cap = (n / CTXS_DEFAULT_CAPACITY + 1) * CTXS_DEFAULT_CAPACITY;
+    }
+    if (!o.capacity && o.context_length) {
+        o.capacity = o.context_length;
+    } else if (!o.capacity) {
+        uint64_t cap = n < CTXS_DEFAULT_CAPACITY
+                           ? CTXS_DEFAULT_CAPACITY
+                           : (n / CTXS_DEFAULT_CAPACITY + 1) * CTXS_DEFAULT_CAPACITY;
         o.capacity = (uint32_t)(cap < CTXS__REMOTE_MAX_TOKENS ? cap : CTXS__REMOTE_MAX_TOKENS);
     }
     ctxs__file_layout lay;
-    if (ctxs__layout_compute(&lay, &pj->model.geometry, o.capacity, o.n_sink) < 0 || o.ring > 1)
+    if (ctxs__layout_compute(&lay, &pj->model.geometry, o.capacity, o.n_sink, 0) < 0 || o.ring > 1)
         return CTXS_EINVAL;
     pj->capacity = o.capacity;
     pj->n_sink = o.n_sink;
@@ -2218,7 +2223,7 @@ static int remote_pull_prefix_impl(ctxs_session **out, ctxs_remote_pull_result *
     if (r->st->rdonly)
         return ctxs__store_readonly();
     ctxs__file_layout lay;
-    if (ctxs__layout_compute(&lay, &model->geometry, CTXS_PREFIX_CHUNK, 0) < 0)
+    if (ctxs__layout_compute(&lay, &model->geometry, CTXS_PREFIX_CHUNK, 0, 0) < 0)
         return CTXS_EINVAL;
     int rc = local_name_free(r->st, local_name);
     if (rc == 0)

@@ -597,13 +597,12 @@ static int models_apply(salvage *sv, MDB_txn *txn, ctxs_store *st)
             c->dropped++;
             continue;
         }
-        memcpy(&rec, r->val, sizeof(rec));
         ctxs_model m;
         memset(&m, 0, sizeof(m));
-        m.geometry = rec.geometry;
+        int decoded = ctxs__model_decode(r->val, r->vlen, &rec, &m.geometry, NULL) == 0;
         memcpy(m.model_hash, r->key, 16);
         memcpy(m.tokenizer_hash, rec.tokenizer_hash, 16);
-        int ok = rec.name_len <= CTXS_NAME_MAX && r->vlen == sizeof(rec) + rec.name_len &&
+        int ok = decoded &&
                  (rec.name_len == 0 || name_ok(name, r->val + sizeof(rec), rec.name_len)) &&
                  ctxs__model_geometry_valid(&m.geometry);
         if (ok) {

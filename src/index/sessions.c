@@ -701,9 +701,7 @@ int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const 
         rc = ctxs_model_register(st, model, model_name && *model_name ? model_name : NULL);
     else if (rc == 0 && (memcmp(&known.model.geometry, &model->geometry, sizeof(model->geometry)) ||
                          memcmp(known.model.tokenizer_hash, model->tokenizer_hash, 16))) {
-        ctxs__model_rec krec = {.geometry = known.model.geometry};
-        memcpy(krec.tokenizer_hash, known.model.tokenizer_hash, 16);
-        rc = ctxs__model_differs(&krec, model->model_hash, model);
+        rc = ctxs__model_differs(&known.model, model);
     }
     if (rc < 0) {
         abandon_create(st, id, s);

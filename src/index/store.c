@@ -323,6 +323,21 @@ static int write_format(MDB_txn *txn, ctxs_store *st)
     return ctxs__mdb_error(ctxs__mdb_put(txn, st->meta, &key, &val, 0));
 }
 
+int ctxs__index_format_raise(MDB_txn *txn, ctxs_store *st)
+{
+    MDB_val key = {6, (void *)"format"}, val;
+    int rc = mdb_get(txn, st->meta, &key, &val);
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
+    ctxs__index_format f;
+    if (val.mv_size != sizeof(f))
+        return CTXS_EINDEX;
+    memcpy(&f, val.mv_data, sizeof(f));
+    if (f.major >= CTXS__INDEX_MAJOR)
+        return 0;
+    return write_format(txn, st);
+}
+
 /* Opens (creating where missing) every table, in one transaction whose
  * handles then serve every later one. A read-only store creates nothing:
  * an index from before 1.2 has no pins and no metadata (st->pins and

@@ -1,6 +1,7 @@
 /*
  * ctxs_store_compact: compaction of a whole store, or of one session by
- * name. Each session file is compacted by src/store/compact.c (the KV
+ * name; and ctxs_store_session_grow, which rewrites a session's file the
+ * same way (src/store/grow.c) and notes its size. Each session file is compacted by src/store/compact.c (the KV
  * blocks of slots it does not hold punched out); here the index's rows
  * that nothing owns go, repair runs, and the index itself is rewritten
  * compacted.
@@ -49,6 +50,31 @@ static int compact_one(ctxs_compact_result *res, ctxs_store *st, uint64_t id, co
     res->bytes_before += before;
     res->bytes_after += after;
     return note_disk_bytes(st, id, name, len, after);
+}
+
+int ctxs_store_session_grow(ctxs_store *st, const char *name, uint32_t capacity)
+{
+    ctxs__error_begin();
+    CTXS__STORE_CHECK(st);
+    size_t len;
+    CTXS__REQUIRE(name && ctxs__name_check(name, &len) == 0, "the session name is not one: %s",
+                  CTXS_NAME_RULE);
+    if (st->rdonly)
+        return ctxs__error(CTXS_EREADONLY, "the store is open read-only");
+    ctxs_session_entry e;
+    int rc = ctxs_store_session_get(&e, st, name);
+    if (rc < 0)
+        return rc;
+    char *path = ctxs__file_path(st, e.id);
+    if (!path)
+        return CTXS_ENOMEM;
+    uint64_t after;
+    rc = ctxs__session_grow(path, capacity, &after);
+    free(path);
+    if (rc < 0)
+        return rc == -ENOENT ? ctxs__error(CTXS_ENOTFOUND, "the file of '%s' is gone", name)
+                             : rc;
+    return note_disk_bytes(st, e.id, name, len, after);
 }
 
 /* Sessions (id, model) that own rows in the other tables, sorted by id. */

@@ -101,13 +101,14 @@ static int put(export_job *job, const void *p, size_t n)
 }
 
 /* Copies, checks, compresses and writes one block. */
-static int export_block(export_job *job, uint32_t index, uint64_t first, uint32_t count)
+static int export_block(export_job *job, uint32_t index, int32_t part, uint64_t first,
+                        uint32_t count)
 {
     const ctxs__kv_plan *p = &job->plan;
     int rc;
-    if ((rc = ctxs__kv_block_read(job->raw, p, job->s, first, count)) < 0)
+    if ((rc = ctxs__kv_block_read(job->raw, p, part, job->s, first, count)) < 0)
         return rc;
-    size_t raw_bytes = (size_t)(count * p->token_raw);
+    size_t raw_bytes = (size_t)ctxs__kv_raw_bytes(p, part, count);
     uLongf bound = compressBound((uLong)raw_bytes), comp = bound;
     z_stream *zs = &job->zs;
     deflateReset(zs);
@@ -153,10 +154,14 @@ static int export_still_held(export_job *job)
         return rc;
     uint64_t h = 0, first, sums[CTXS__KV_BLOCK_MAX_TOKENS];
     uint32_t count;
+    int32_t part;
     ctxs__kv_walk w;
     ctxs__kv_walk_init(p, &w);
-    while (ctxs__kv_walk_next(p, &w, &first, &count)) {
-        ctxs__session_tokens(NULL, sums, job->s, first, count);
+    while (ctxs__kv_walk_next(p, &w, &part, &first, &count)) {
+        if (part < 0)
+            ctxs__session_tokens(NULL, sums, job->s, first, count);
+        else if ((rc = ctxs__session_group_sums(sums, job->s, (uint32_t)part, first, count)) < 0)
+            return rc;
         h = XXH3_64bits_withSeed(sums, (size_t)count * 8, h);
     }
     return h == job->sums_hash ? 0 : CTXS_ESTALE;
@@ -170,11 +175,12 @@ static int export_write(export_job *job, const ctxs__export_header *h)
         rc = put(job, job->meta, job->meta_bytes);
     uint64_t first, done = 0;
     uint32_t count, index = 0;
+    int32_t part;
     ctxs__kv_walk w;
     ctxs__kv_walk_init(p, &w);
-    while (rc == 0 && ctxs__kv_walk_next(p, &w, &first, &count)) {
-        rc = export_block(job, index++, first, count);
-        done += count;
+    while (rc == 0 && ctxs__kv_walk_next(p, &w, &part, &first, &count)) {
+        rc = export_block(job, index++, part, first, count);
+        done += part < 0 ? count : 0;
         if (rc == 0)
             progress_call(job->progress, job->progress_arg, done, p->n_held);
     }
@@ -200,16 +206,22 @@ static int export_session(export_job *job, const ctxs_session_info *info, const 
 {
     ctxs__kv_plan *p = &job->plan;
     int ring = (info->flags & CTXS_INFO_RING) != 0;
-    int rc = ctxs__kv_plan_make(p, &info->model.geometry, info->capacity, info->n_sink, ring,
-                       info->n_tokens, info->ring_start, 0);
+    const ctxs_geometry *g = &info->model.geometry;
+    int rc = ctxs__kv_plan_make(p, g, info->capacity, info->n_sink,
+                                g->period ? ctxs__session_batch(job->s) : 0, ring, info->n_tokens,
+                                info->ring_start, 0);
     if (rc < 0)
         return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc; /* cannot be: the session opened */
 
     ctxs__export_header h;
     memset(&h, 0, sizeof(h));
     memcpy(h.magic, CTXS__EXPORT_MAGIC, 8);
-    h.version_major = CTXS__EXPORT_MAJOR;
+    /* Without windowed layers, the file 2.0 readers read. */
+    h.version_major = g->period ? CTXS__EXPORT_MAJOR : 2;
     h.version_minor = CTXS__EXPORT_MINOR;
+    h.period = g->period;
+    memcpy(h.window, g->window, sizeof(h.window));
+    h.batch = g->period ? p->lay.batch : 0;
     h.header_bytes = CTXS__EXPORT_HEADER_BYTES;
     h.flags = ring ? CTXS__EXPORT_FLAG_RING : 0;
     h.dtype = info->model.geometry.dtype;
@@ -238,6 +250,9 @@ static int export_session(export_job *job, const ctxs_session_info *info, const 
     h.crc32 = crc_of(&h, offsetof(ctxs__export_header, crc32));
 
     size_t raw_max = (size_t)(p->block_tokens * p->token_raw);
+    for (uint32_t gi = 0; gi < p->lay.n_groups; gi++)
+        if (p->block_tokens * p->group_raw[gi] > raw_max)
+            raw_max = (size_t)(p->block_tokens * p->group_raw[gi]);
     job->out_cap = sizeof(ctxs__export_block) + compressBound((uLong)raw_max);
     job->raw = ctxs__malloc(raw_max);
     job->out = ctxs__malloc(job->out_cap);
@@ -365,10 +380,21 @@ static int header_read(import_job *job)
     /* 1.x knew fp16 alone. */
     if (major == 1 && h->dtype != CTXS_DTYPE_F16)
         return CTXS_ECORRUPT;
-    ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
-    if ((rc = ctxs__kv_plan_make(&job->plan, &g, h->capacity, h->n_sink,
-                        (h->flags & CTXS__EXPORT_FLAG_RING) != 0, h->n_tokens, h->ring_start,
-                        h->block_tokens)) < 0)
+    ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype, 0, {0}};
+    uint32_t batch = 0;
+    /* 3.0: the schedule. A 3.0 file without one is as good as a 2.0 one;
+     * the fields lie in bytes that 2.0 reserved, and are read as zero
+     * there. */
+    if (major >= 3) {
+        g.period = h->period;
+        memcpy(g.window, h->window, sizeof(g.window));
+        batch = h->batch;
+        if (!g.period && batch)
+            return CTXS_ECORRUPT;
+    }
+    if ((rc = ctxs__kv_plan_make(&job->plan, &g, h->capacity, h->n_sink, batch,
+                                 (h->flags & CTXS__EXPORT_FLAG_RING) != 0, h->n_tokens,
+                                 h->ring_start, h->block_tokens)) < 0)
         return CTXS_ECORRUPT;
     if (h->block_tokens == 0 || h->n_held != job->plan.n_held ||
         h->n_blocks != job->plan.n_blocks)
@@ -430,6 +456,7 @@ static int blocks_read(import_job *job)
     uint64_t progress_base = job->pass == 2 ? size : 0;
     uint32_t body_crc = crc_of(&job->h, sizeof(job->h));
     uint32_t count, index = 0;
+    int32_t part;
     ctxs__kv_walk w;
     ctxs__kv_walk_init(p, &w);
     int rc;
@@ -443,13 +470,13 @@ static int blocks_read(import_job *job)
     }
     if (job->meta_bytes) /* crc32() of a NULL buffer is its initial value */
         body_crc = crc_more(body_crc, job->meta, job->meta_bytes);
-    while (ctxs__kv_walk_next(p, &w, &first, &count)) {
+    while (ctxs__kv_walk_next(p, &w, &part, &first, &count)) {
         ctxs__export_block b;
         if (size - off < sizeof(b))
             return CTXS_ECORRUPT;
         if ((rc = ctxs__read_exact(job->fd, &b, sizeof(b), (off_t)off)) < 0)
             return rc;
-        uint64_t raw_bytes = count * p->token_raw; /* <= CTXS__EXPORT_MAX_RAW */
+        uint64_t raw_bytes = ctxs__kv_raw_bytes(p, part, count); /* <= CTXS__EXPORT_MAX_RAW */
         if (memcmp(b.magic, CTXS__EXPORT_BLOCK_MAGIC, 4) != 0 ||
             b.crc32 != crc_of(&b, offsetof(ctxs__export_block, crc32)) || b.index != index ||
             b.first_pos != first || b.count != count || b.raw_bytes != raw_bytes ||
@@ -470,10 +497,10 @@ static int blocks_read(import_job *job)
         uLong used = b.comp_bytes;
         if (uncompress2(job->raw, &got, job->comp, &used) != Z_OK || got != raw_bytes ||
             used != b.comp_bytes || crc_of(job->raw, (size_t)raw_bytes) != b.raw_crc32 ||
-            !ctxs__kv_raw_verifies(p, job->raw, first, count))
+            !ctxs__kv_raw_verifies(p, part, job->raw, first, count))
             return CTXS_ECORRUPT;
         if (job->pass == 2 &&
-            (rc = ctxs__kv_block_store(job->out_fd, p, job->raw, first, count)) < 0)
+            (rc = ctxs__kv_block_store(job->out_fd, p, part, job->raw, first, count)) < 0)
             return rc;
         body_crc = crc_more(body_crc, &b, sizeof(b));
         body_crc = crc_more(body_crc, job->comp, b.comp_bytes);
@@ -561,9 +588,7 @@ int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1], ctxs_store *st, 
     if (rc == 0 && (rc = ctxs_model_get(&known, st, job.model.model_hash)) == 0 &&
         (memcmp(&known.model.geometry, &job.model.geometry, sizeof(known.model.geometry)) ||
          memcmp(known.model.tokenizer_hash, job.model.tokenizer_hash, 16))) {
-        ctxs__model_rec krec = {.geometry = known.model.geometry};
-        memcpy(krec.tokenizer_hash, known.model.tokenizer_hash, 16);
-        rc = ctxs__model_differs(&krec, job.model.model_hash, &job.model);
+        rc = ctxs__model_differs(&known.model, &job.model);
     }
     if (rc == CTXS_ENOTFOUND)
         rc = 0;

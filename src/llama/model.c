@@ -174,7 +174,7 @@ int ctxs_llama_model_init(ctxs_model *out, ctxs_store *st, const char *gguf_path
     if (n_layer <= 0 || n_layer > CTXS__SEQ_MAX_LAYERS || n_head_kv <= 0 || n_head_kv > 4096)
         return ctxs__llama_fail(CTXS_EINVAL, "the model has %d layers of %d KV heads", n_layer,
                                 n_head_kv);
-    out->geometry = (ctxs_geometry){(uint32_t)n_layer, (uint32_t)n_head_kv, k_dim, dtype};
+    out->geometry = (ctxs_geometry){(uint32_t)n_layer, (uint32_t)n_head_kv, k_dim, dtype, 0, {0}};
     ctxs__llama_shape shape;
     if ((rc = ctxs__llama_shape_of(&shape, model, &out->geometry)) < 0)
         return rc;

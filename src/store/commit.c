@@ -98,13 +98,32 @@ static int forget_held_from(ctxs_session *s, const ctxs__state *st, uint64_t fro
     return forget_sums(s, from > first ? from : first, n) | changed;
 }
 
+/* Zeroes the entries of windowed groups' slots last committed for a
+ * position at or above n: a commit that died before its record, or
+ * positions a rollback dropped. The positions below n that a ring still
+ * holds keep theirs: a rollback into them is exact. */
+static int forget_groups_from(ctxs_session *s, uint64_t n)
+{
+    int changed = 0;
+    for (uint32_t g = 0; g < s->lay.n_groups; g++) {
+        ctxs__group_entry *t = ctxs__group_table(s, g);
+        for (uint32_t i = 0; i < s->lay.groups[g].len; i++)
+            if (t[i].sum && t[i].pos >= n) {
+                t[i] = (ctxs__group_entry){0, 0};
+                changed = 1;
+            }
+    }
+    return changed;
+}
+
 int ctxs__forget_unheld(ctxs_session *s)
 {
     /* The slots the next positions will take, up to a full ring: as many as
      * the state leaves free, from the next position on (below the capacity
      * positions are their own slots, sinks included). */
     uint64_t n = s->st.n_tokens;
-    return forget_sums(s, n, n + s->lay.capacity - ctxs__held(s, &s->st));
+    int changed = forget_sums(s, n, n + s->lay.capacity - ctxs__held(s, &s->st));
+    return forget_groups_from(s, n) | changed;
 }
 
 int ctxs__fail(ctxs_session *s)
@@ -143,13 +162,19 @@ int ctxs__writable(ctxs_session *s)
     return 0;
 }
 
+/* Slots [from, to) of every run; a windowed group's ring, shorter, up to
+ * its length. */
 static int allocate_range(ctxs_session *s, uint64_t from, uint64_t to)
 {
     const ctxs__file_layout *lay = &s->lay;
-    uint64_t len = (to - from) * lay->slot_bytes;
-    for (uint32_t run = 0; run < 2 * lay->n_layers * lay->n_kv_heads; run++) {
-        uint64_t off = lay->kv_off + (uint64_t)run * lay->head_stride + from * lay->slot_bytes;
-        int rc = ctxs__allocate(s->fd, off, len);
+    const uint32_t per = 2 * lay->n_kv_heads;
+    for (uint32_t run = 0; run < lay->n_layers * per; run++) {
+        uint64_t cap = ctxs__layer_cap(lay, run / per);
+        uint64_t a = from < cap ? from : cap, b = to < cap ? to : cap;
+        if (a == b)
+            continue;
+        uint64_t off = lay->kv_off + ctxs__run_off(lay, run) + a * lay->slot_bytes;
+        int rc = ctxs__allocate(s->fd, off, (b - a) * lay->slot_bytes);
         if (rc < 0)
             return rc;
     }
@@ -210,14 +235,16 @@ void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st)
         if (rc == 0)
             rc = ctxs__writeback_start(s->fd, s->map, lay->kv_off, lay->kv_bytes);
     } else if (to > from) {
-        ctxs__span spans[2];
-        uint32_t n_spans = ctxs__slot_spans(spans, from, to - from, lay->capacity, lay->n_sink);
-        for (uint32_t run = 0; rc == 0 && run < 2 * lay->n_layers * lay->n_kv_heads; run++)
+        const uint32_t per = 2 * lay->n_kv_heads;
+        for (uint32_t run = 0; rc == 0 && run < lay->n_layers * per; run++) {
+            ctxs__span spans[2];
+            uint32_t n_spans = ctxs__layer_spans(spans, lay, run / per, from, to - from);
             for (uint32_t i = 0; rc == 0 && i < n_spans; i++)
                 rc = ctxs__writeback_start(s->fd, s->map,
-                                           lay->kv_off + (uint64_t)run * lay->head_stride +
+                                           lay->kv_off + ctxs__run_off(lay, run) +
                                                (uint64_t)spans[i].slot * lay->slot_bytes,
                                            (uint64_t)spans[i].count * lay->slot_bytes);
+        }
     }
     if (rc < 0)
         atomic_store(&s->writeback_error, rc);
@@ -242,7 +269,10 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
         if (end > cap)
             return ctxs__error(CTXS_EFULL,
                                "%u more slots would reach position %" PRIu64 ", past the "
-                               "capacity of %" PRIu64 " (the session has no ring)",
+                               "capacity of %" PRIu64 ", and the session is no ring (which "
+                               "would overwrite its oldest tokens): nothing was lost; grow it "
+                               "(ctxs_store_session_grow(), `ctxstore grow NAME --capacity "
+                               "N`)",
                                n, end, cap);
     } else if (end > ns && end - (committed > ns ? committed : ns) > ctxs__ring_len(s)) {
         /* the reservation would overwrite itself */
@@ -251,6 +281,15 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
                            "holds: %" PRIu64 " slots after the %" PRIu64 " sinks",
                            n, s->n_reserved, ctxs__ring_len(s), ns);
     }
+    /* A windowed layer's ring has room for its window and the batch: more
+     * uncommitted tokens would overwrite the window the current record
+     * claims. */
+    if (s->lay.n_groups && end - committed > s->lay.batch)
+        return ctxs__error(CTXS_EINVAL,
+                           "%" PRIu64 " tokens reserved and not committed would be more than "
+                           "the batch of %u the windowed layers' rings keep beyond their "
+                           "windows: commit first, or create the session with a larger batch",
+                           end - committed, s->lay.batch);
 
     ctxs__span spans[2];
     out->n_spans = ctxs__slot_spans(spans, start, n, s->lay.capacity, s->lay.n_sink);
@@ -273,6 +312,30 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
         ctxs__background_map(s, start, end) < 0)
         ctxs__map_positions(s, start, end);
     ctxs__runway_adapt(s, n);
+
+    /* The windowed rings' slots handed out held positions [end - len,
+     * ...): a record that may survive a power loss, of at least
+     * claim_floor tokens, claims the window below its count. Where such a
+     * claim below the watermark (never verified) meets those slots, both
+     * records take the current state, durably, first: its window lies
+     * above them. */
+    for (uint32_t g = 0; g < s->lay.n_groups; g++) {
+        const ctxs__group *gr = &s->lay.groups[g];
+        if (end <= gr->len)
+            continue;
+        uint64_t a = start > gr->len ? start - gr->len : 0;
+        uint64_t b = end - gr->len;
+        uint64_t claim = s->claim_floor > gr->window ? s->claim_floor - gr->window : 0;
+        if (a < s->st.verified_from && b > claim) {
+            if ((rc = ctxs__record_write_both(s, &s->st)) == 0 && (rc = ctxs__sync_meta(s)) == 0)
+                s->claim_floor = s->st.n_tokens;
+            if (rc < 0) {
+                memset(out, 0, sizeof(*out));
+                return ctxs__fail(s);
+            }
+            break;
+        }
+    }
 
     /* Evict, and commit the eviction, before the engine may overwrite. */
     uint64_t first = ctxs__first_recent(s, &s->st);
@@ -331,6 +394,13 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
         ctxs__token_sums(s, first + done, batch, sums);
         for (uint32_t i = 0; i < batch; i++)
             table[ctxs__slot(s, first + done + i)] = sums[i];
+        for (uint32_t g = 0; g < s->lay.n_groups; g++) {
+            ctxs__group_entry *t = ctxs__group_table(s, g);
+            uint32_t len = s->lay.groups[g].len;
+            ctxs__group_sums(s, g, first + done, batch, sums);
+            for (uint32_t i = 0; i < batch; i++)
+                t[(first + done + i) % len] = (ctxs__group_entry){first + done + i, sums[i]};
+        }
     }
     s->n_reserved = 0;
 
@@ -343,6 +413,7 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
         next.verified_from = next.n_tokens;
         if ((rc = ctxs__record_write(s, &next)) < 0 || (rc = ctxs__sync_data(s->fd)) < 0)
             return ctxs__fail(s);
+        s->claim_floor = next.n_tokens;
         break;
     case CTXS_SYNC_ASYNC:
         if ((rc = ctxs__record_write(s, &next)) < 0)
@@ -379,6 +450,7 @@ int ctxs_session_sync(ctxs_session *s)
     next.verified_from = next.n_tokens;
     if ((rc = ctxs__record_write(s, &next)) < 0 || (rc = ctxs__sync_data(s->fd)) < 0)
         return ctxs__fail(s);
+    s->claim_floor = next.n_tokens;
     return 0;
 }
 
@@ -395,6 +467,21 @@ int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n)
                            "the ring overwrote the tokens before position %" PRIu64
                            ": a state of %" PRIu64 " tokens cannot be had again",
                            ctxs__first_recent(s, st), n);
+    /* A windowed ring must still hold the window of n: the positions it
+     * claims now, and below them those its slots still keep, unless a
+     * later position or a reservation took their slots (the entries name
+     * the position, the checksum finds a slot rewritten since). */
+    for (uint32_t g = 0; g < s->lay.n_groups; g++) {
+        uint64_t w = s->lay.groups[g].window, from = n > w ? n - w : 0;
+        uint64_t claimed = ctxs__group_from(s, st, g), to = n < claimed ? n : claimed;
+        uint64_t bad;
+        if (from < to && (bad = ctxs__group_first_bad(s, g, from, to)) < to)
+            return ctxs__error(CTXS_EEVICTED,
+                               "the layers of window %" PRIu64 " no longer hold position %"
+                               PRIu64 ", which a state of %" PRIu64 " tokens reads: their "
+                               "ring of %u slots has overwritten it",
+                               w, bad, n, s->lay.groups[g].len);
+    }
     *out = *st;
     out->n_tokens = n;
     if (n <= ns)
@@ -438,7 +525,9 @@ int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
     ctxs__state dropped = s->st;
     if ((rc = ctxs__record_write_both(s, &next)) < 0 || (rc = ctxs__sync_meta(s)) < 0)
         return ctxs__fail(s);
-    if (forget_held_from(s, &dropped, n_tokens) && (rc = ctxs__sync_meta(s)) < 0)
+    s->claim_floor = n_tokens;
+    if ((forget_held_from(s, &dropped, n_tokens) | forget_groups_from(s, n_tokens)) &&
+        (rc = ctxs__sync_meta(s)) < 0)
         return ctxs__fail(s);
     if (s->hooks)
         s->hooks->rolled_back(s, n_tokens, s->hooks_arg);

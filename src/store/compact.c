@@ -63,11 +63,18 @@ static int punch_unheld(const ctxs_session *s, uint32_t from)
     const uint64_t end = lay->kv_off + lay->kv_bytes;
     uint64_t at = 0, len = 0; /* the range gathered so far */
     for (uint64_t run = 0; run < runs; run++) {
-        uint64_t base = lay->kv_off + run * lay->head_stride;
-        uint64_t lo = base + (uint64_t)from * lay->slot_bytes;
-        uint64_t hi = base + lay->head_stride;
+        /* A windowed layer's ring keeps its window and what a rollback may
+         * still take: none of it is punched. */
+        uint32_t l = (uint32_t)(run / (2ull * lay->n_kv_heads));
+        uint64_t base = lay->kv_off + ctxs__run_off(lay, (uint32_t)run);
+        uint64_t run_bytes = (uint64_t)ctxs__layer_cap(lay, l) * lay->slot_bytes;
+        uint64_t lo = base + (ctxs__layer_group(lay, l) >= 0 ? run_bytes
+                                                            : (uint64_t)from * lay->slot_bytes);
+        uint64_t hi = base + run_bytes;
         if (run == runs - 1)
             hi = end;
+        if (lo >= hi)
+            continue;
         if (len && at + len == lo) {
             len += hi - lo;
             continue;

@@ -170,9 +170,11 @@ static int write_tables(int fd, const ctxs_session *src, const ctxs__state *st, 
             (rc = ctxs__write_exact(fd, ctxs__sum_table(src) + slot, count * 8,
                                     (off_t)(lay->sums_off + slot * 8))) < 0)
             return rc;
-        for (uint64_t run = 0; lay->scales_bytes && run < 2ull * lay->n_layers * lay->n_kv_heads;
+        for (uint32_t run = 0; lay->scales_bytes && run < 2u * lay->n_layers * lay->n_kv_heads;
              run++) {
-            uint64_t off = lay->scales_off + run * lay->scales_stride + slot * 4;
+            if (ctxs__layer_group(lay, run / (2 * lay->n_kv_heads)) >= 0)
+                continue; /* a ring of its own: write_rings() */
+            uint64_t off = lay->scales_off + ctxs__run_scales_off(lay, run) + slot * 4;
             if ((rc = ctxs__write_exact(fd, src->map + off, count * 4, (off_t)off)) < 0)
                 return rc;
         }
@@ -183,11 +185,51 @@ static int write_tables(int fd, const ctxs_session *src, const ctxs__state *st, 
         if ((rc = write_zeros(fd, lay->tokens_off + slot * 4, count * 4)) < 0 ||
             (rc = write_zeros(fd, lay->sums_off + slot * 8, count * 8)) < 0)
             return rc;
-        for (uint64_t run = 0; lay->scales_bytes && run < 2ull * lay->n_layers * lay->n_kv_heads;
+        for (uint32_t run = 0; lay->scales_bytes && run < 2u * lay->n_layers * lay->n_kv_heads;
              run++)
-            if ((rc = write_zeros(fd, lay->scales_off + run * lay->scales_stride + slot * 4,
+            if (ctxs__layer_group(lay, run / (2 * lay->n_kv_heads)) < 0 &&
+                (rc = write_zeros(fd, lay->scales_off + ctxs__run_scales_off(lay, run) + slot * 4,
                                   count * 4)) < 0)
                 return rc;
+    }
+    return 0;
+}
+
+/* The windowed layers' rings, whole (their window and what they still keep
+ * below it, for a rollback: a window and a batch, small), with their
+ * scales, unless cloned; and their checksum tables, without the entries
+ * of positions the fork does not have. */
+static int write_rings(int fd, const ctxs_session *src, const ctxs__state *st, int cloned)
+{
+    const ctxs__file_layout *lay = &src->lay;
+    const uint32_t per = 2 * lay->n_kv_heads;
+    int rc;
+    for (uint32_t run = 0; !cloned && run < lay->n_layers * per; run++) {
+        if (ctxs__layer_group(lay, run / per) < 0)
+            continue;
+        uint64_t len = ctxs__layer_cap(lay, run / per);
+        uint64_t off = lay->kv_off + ctxs__run_off(lay, run);
+        posix_fadvise(src->fd, (off_t)off, (off_t)(len * lay->slot_bytes), POSIX_FADV_WILLNEED);
+        if ((rc = ctxs__write_exact(fd, src->map + off, (size_t)(len * lay->slot_bytes),
+                                    (off_t)off)) < 0)
+            return rc;
+        off = lay->scales_off + ctxs__run_scales_off(lay, run);
+        if (lay->scales_bytes &&
+            (rc = ctxs__write_exact(fd, src->map + off, (size_t)len * 4, (off_t)off)) < 0)
+            return rc;
+    }
+    ctxs__group_entry buf[256];
+    for (uint32_t g = 0; g < lay->n_groups; g++) {
+        const ctxs__group_entry *t = ctxs__group_table(src, g);
+        for (uint32_t i = 0; i < lay->groups[g].len;) {
+            uint32_t n = lay->groups[g].len - i < 256 ? lay->groups[g].len - i : 256;
+            for (uint32_t j = 0; j < n; j++)
+                buf[j] = t[i + j].pos < st->n_tokens ? t[i + j] : (ctxs__group_entry){0, 0};
+            if ((rc = ctxs__write_exact(fd, buf, n * sizeof(*buf),
+                                        (off_t)(lay->groups[g].table_off + i * sizeof(*buf)))) < 0)
+                return rc;
+            i += n;
+        }
     }
     return 0;
 }
@@ -206,7 +248,9 @@ static int copy_kv(int fd, const ctxs_session *src, const ctxs__state *st)
     uint64_t alloc = st->n_tokens < lay->capacity ? st->n_tokens : lay->capacity;
     uint32_t runs = 2 * lay->n_layers * lay->n_kv_heads;
     for (uint32_t run = 0; run < runs; run++) {
-        uint64_t base = lay->kv_off + (uint64_t)run * lay->head_stride;
+        if (ctxs__layer_group(lay, run / (2 * lay->n_kv_heads)) >= 0)
+            continue; /* write_rings() */
+        uint64_t base = lay->kv_off + ctxs__run_off(lay, run);
         int rc = alloc ? ctxs__allocate(fd, base, alloc * lay->slot_bytes) : 0;
         if (rc < 0)
             return rc;
@@ -239,7 +283,9 @@ static int punch_tail(int fd, const ctxs__file_layout *lay, const ctxs__state *s
     uint64_t len = (uint64_t)lay->head_stride - from;
     uint32_t runs = 2 * lay->n_layers * lay->n_kv_heads;
     for (uint32_t run = 0; run < runs; run++) {
-        off_t off = (off_t)(lay->kv_off + (uint64_t)run * lay->head_stride + from);
+        if (ctxs__layer_group(lay, run / (2 * lay->n_kv_heads)) >= 0)
+            continue; /* a ring keeps what it holds below the window */
+        off_t off = (off_t)(lay->kv_off + ctxs__run_off(lay, run) + from);
         if (ctxs__fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, (off_t)len) != 0) {
             if (errno == EOPNOTSUPP)
                 return 0; /* nothing carried over is ever read */
@@ -276,9 +322,11 @@ static int same_sums(int fd, const ctxs_session *src, const ctxs__state *st)
     return 0;
 }
 
-/* CTXS_ESTALE unless every token st holds in the new file matches the
- * checksum the new file carries for it. */
-static int copy_verifies(int fd, const ctxs_session *src, const ctxs__state *st)
+/* CTXS_ESTALE unless every token st holds in the new file (or, with
+ * windows_only, in its windowed layers) matches the checksum the new file
+ * carries for it. */
+static int copy_verifies(int fd, const ctxs_session *src, const ctxs__state *st,
+                         int windows_only)
 {
     ctxs_session view;
     memset(&view, 0, sizeof(view));
@@ -289,7 +337,15 @@ static int copy_verifies(int fd, const ctxs_session *src, const ctxs__state *st)
     if (map == MAP_FAILED)
         return errno == ENOMEM ? CTXS_ENOMEM : -errno;
     view.map = map;
-    int rc = ctxs_session_verify(NULL, &view);
+    int rc = 0;
+    if (!windows_only)
+        rc = ctxs_session_verify(NULL, &view);
+    for (uint32_t g = 0; windows_only && g < view.lay.n_groups && rc == 0; g++) {
+        uint64_t from = ctxs__group_from(&view, st, g);
+        if (from < st->n_tokens &&
+            ctxs__group_first_bad(&view, g, from, st->n_tokens) < st->n_tokens)
+            rc = CTXS_ECORRUPT;
+    }
     munmap(map, (size_t)src->lay.file_bytes);
     return rc == CTXS_ECORRUPT ? CTXS_ESTALE : rc;
 }
@@ -305,7 +361,12 @@ static int check_still_held(int fd, const fork_job *job)
         return CTXS_ESTALE;
     if ((rc = same_sums(fd, src, &job->st)) < 0)
         return rc;
-    return src->st.seq == job->before.seq ? 0 : copy_verifies(fd, src, &job->st);
+    if (src->st.seq != job->before.seq)
+        return copy_verifies(fd, src, &job->st, 0);
+    /* A writer's turn rewrites the ring slots of positions below its
+     * windows before it commits anything: with no new record, the copy of
+     * a windowed layer may still be another position's. */
+    return src->lay.n_groups ? copy_verifies(fd, src, &job->st, 1) : 0;
 }
 
 /*
@@ -344,7 +405,8 @@ static int fork_fill(int fd, void *arg)
     hook(CTXS__FORK_STARTED);
     if ((rc = ctxs__new_file_size(fd, &src->lay)) < 0 ||
         (rc = write_first_page(fd, job)) < 0 ||
-        (rc = write_tables(fd, src, &job->st, cloned)) < 0)
+        (rc = write_tables(fd, src, &job->st, cloned)) < 0 ||
+        (rc = write_rings(fd, src, &job->st, cloned)) < 0)
         return rc;
     hook(CTXS__FORK_TABLES_COPIED);
     if (sync_before_kv && (rc = ctxs__sync_data(fd)) < 0)

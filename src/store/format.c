@@ -36,6 +36,31 @@ static int round_page(uint64_t a, uint64_t *out)
     return 0;
 }
 
+int ctxs__schedule_check(const ctxs_geometry *g)
+{
+    if (g->period > CTXS_SCHEDULE_MAX)
+        return ctxs__error(CTXS_EINVAL, "the schedule's period %u is above %u layers",
+                           g->period, CTXS_SCHEDULE_MAX);
+    if (g->period > g->n_layers)
+        return ctxs__error(CTXS_EINVAL, "the schedule's period %u is above the model's %u "
+                           "layers", g->period, g->n_layers);
+    int windowed = 0;
+    for (uint32_t j = 0; j < CTXS_SCHEDULE_MAX; j++) {
+        if (j >= g->period && g->window[j])
+            return ctxs__error(CTXS_EINVAL, "window[%u] is %u, past the schedule's period "
+                               "of %u layers: it must be 0", j, g->window[j], g->period);
+        if (g->window[j] > CTXS__MAX_CAPACITY)
+            return ctxs__error(CTXS_EINVAL, "window[%u] of %u tokens is above %u", j,
+                               g->window[j], CTXS__MAX_CAPACITY);
+        windowed |= g->window[j] != 0;
+    }
+    /* One way to say "every layer global": period 0. */
+    if (g->period && !windowed)
+        return ctxs__error(CTXS_EINVAL, "a schedule of period %u has no windowed layer: "
+                           "every layer global is period 0", g->period);
+    return 0;
+}
+
 static int too_large(const ctxs_geometry *g, uint32_t capacity)
 {
     return ctxs__error(CTXS_EINVAL,
@@ -45,7 +70,7 @@ static int too_large(const ctxs_geometry *g, uint32_t capacity)
 }
 
 int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
-                         uint32_t capacity, uint32_t n_sink)
+                         uint32_t capacity, uint32_t n_sink, uint32_t batch)
 {
     memset(out, 0, sizeof(*out));
     uint32_t elem = ctxs__dtype_bytes(g->dtype);
@@ -71,23 +96,67 @@ int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
     if (n_sink >= capacity)
         return ctxs__error(CTXS_EINVAL, "n_sink %u is not below the capacity %u", n_sink,
                            capacity);
+    if (batch > CTXS__MAX_CAPACITY)
+        return ctxs__error(CTXS_EINVAL, "batch %u is above %u tokens", batch,
+                           CTXS__MAX_CAPACITY);
+    int rc = ctxs__schedule_check(g);
+    if (rc < 0)
+        return rc;
+
+    const uint32_t pat = g->period ? g->period : 1;
+    out->batch = batch;
+    out->period = g->period;
+    out->pat = pat;
+    memcpy(out->window, g->window, sizeof(out->window));
+    /* A windowed layer gets a ring of its own where window + batch is
+     * smaller than the slots the session's ring can reuse; else it is laid
+     * out as a global layer and its window bounds only what attention
+     * reads. Layers of one window share a group and its checksum table. */
+    for (uint32_t j = 0; j < pat; j++) {
+        uint64_t want = (uint64_t)g->window[j] + batch;
+        out->len[j] = capacity;
+        out->group[j] = -1;
+        if (!g->window[j] || !batch || want > (uint64_t)capacity - n_sink || want >= capacity)
+            continue;
+        out->len[j] = (uint32_t)want;
+        uint32_t k = 0;
+        while (k < out->n_groups && out->groups[k].window != g->window[j])
+            k++;
+        if (k == out->n_groups)
+            out->groups[out->n_groups++] = (ctxs__group){g->window[j], (uint32_t)want, 0};
+        out->group[j] = (int32_t)k;
+    }
 
     uint64_t slot_bytes = (uint64_t)g->head_dim * elem;
     uint64_t head_stride, kv_stride, layer_stride, kv_exact, kv_bytes;
     uint64_t tokens_bytes, sums_bytes, off, file_bytes;
     uint64_t scales_stride = 0, scales_exact = 0, scales_bytes = 0;
-    uint64_t n_runs = 2ull * g->n_layers * g->n_kv_heads; /* < 2^25 */
+    uint64_t runs_per_layer = 2ull * g->n_kv_heads;
     if (mul_u64(slot_bytes, capacity, &head_stride) ||
         mul_u64(head_stride, g->n_kv_heads, &kv_stride) ||
         mul_u64(kv_stride, 2, &layer_stride) ||
-        mul_u64(layer_stride, g->n_layers, &kv_exact) ||
-        round_page(kv_exact, &kv_bytes) ||
         round_page((uint64_t)capacity * 4, &tokens_bytes) ||
         round_page((uint64_t)capacity * 8, &sums_bytes))
         return too_large(g, capacity);
+    /* A pattern's layers, then as many patterns as the layers fill. */
+    for (uint32_t j = 0; j < pat; j++) {
+        uint64_t run_bytes, lb, sb;
+        if (mul_u64(slot_bytes, out->len[j], &run_bytes) ||
+            mul_u64(run_bytes, runs_per_layer, &lb) ||
+            add_u64(out->kv_prefix[j], lb, &out->kv_prefix[j + 1]) ||
+            mul_u64((uint64_t)out->len[j] * 4, runs_per_layer, &sb) ||
+            add_u64(out->sc_prefix[j], sb, &out->sc_prefix[j + 1]))
+            return too_large(g, capacity);
+    }
+    uint64_t whole = g->n_layers / pat, part = g->n_layers % pat, sc_whole;
+    if (mul_u64(whole, out->kv_prefix[pat], &kv_exact) ||
+        add_u64(kv_exact, out->kv_prefix[part], &kv_exact) ||
+        round_page(kv_exact, &kv_bytes) ||
+        mul_u64(whole, out->sc_prefix[pat], &sc_whole))
+        return too_large(g, capacity);
     if (ctxs__dtype_has_scales(g->dtype)) {
         scales_stride = (uint64_t)capacity * 4;
-        if (mul_u64(scales_stride, n_runs, &scales_exact) ||
+        if (add_u64(sc_whole, out->sc_prefix[part], &scales_exact) ||
             round_page(scales_exact, &scales_bytes))
             return too_large(g, capacity);
     }
@@ -105,6 +174,17 @@ int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
         out->scales_bytes = scales_bytes;
         if (add_u64(off, scales_bytes, &off))
             return too_large(g, capacity);
+    }
+    if (out->n_groups) {
+        out->groups_off = off;
+        for (uint32_t k = 0; k < out->n_groups; k++) {
+            uint64_t tb;
+            out->groups[k].table_off = off;
+            if (round_page((uint64_t)out->groups[k].len * sizeof(ctxs__group_entry), &tb) ||
+                add_u64(off, tb, &off))
+                return too_large(g, capacity);
+        }
+        out->groups_bytes = off - out->groups_off;
     }
     out->kv_off = off;
     out->kv_bytes = kv_bytes;
@@ -156,6 +236,11 @@ void ctxs__header_init(ctxs__disk_header *h, const ctxs__file_layout *lay,
     h->sums_bytes = lay->sums_bytes;
     h->scales_off = lay->scales_off;
     h->scales_bytes = lay->scales_bytes;
+    h->batch = lay->batch;
+    h->period = lay->period;
+    memcpy(h->window, lay->window, sizeof(h->window));
+    h->groups_off = lay->groups_off;
+    h->groups_bytes = lay->groups_bytes;
     h->kv_off = lay->kv_off;
     h->kv_bytes = lay->kv_bytes;
     h->file_bytes = lay->file_bytes;
@@ -168,7 +253,12 @@ void ctxs__header_init(ctxs__disk_header *h, const ctxs__file_layout *lay,
 void ctxs__header_model(ctxs_model *out, const ctxs__disk_header *h)
 {
     memset(out, 0, sizeof(*out));
-    out->geometry = (ctxs_geometry){h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
+    out->geometry = (ctxs_geometry){h->n_layers, h->n_kv_heads, h->head_dim, h->dtype, 0, {0}};
+    /* Before 3.0 the schedule's bytes were reserved: every layer global. */
+    if (h->version_major >= 3) {
+        out->geometry.period = h->period;
+        memcpy(out->geometry.window, h->window, sizeof(out->geometry.window));
+    }
     memcpy(out->model_hash, h->model_hash, 16);
     memcpy(out->tokenizer_hash, h->tokenizer_hash, 16);
 }
@@ -195,6 +285,21 @@ static void hash_hex(char out[17], const uint8_t *h)
         snprintf(out + 2 * i, 3, "%02x", h[i]);
 }
 
+void ctxs__schedule_text(char *buf, size_t n, const ctxs_geometry *g)
+{
+    if (!g->period) {
+        snprintf(buf, n, "every layer global");
+        return;
+    }
+    size_t at = (size_t)snprintf(buf, n, "period %u:", g->period);
+    for (uint32_t j = 0; j < g->period && at < n; j++) {
+        if (g->window[j])
+            at += (size_t)snprintf(buf + at, n - at, " %u", g->window[j]);
+        else
+            at += (size_t)snprintf(buf + at, n - at, " global");
+    }
+}
+
 void ctxs__model_diff(char *buf, size_t n, const ctxs_model *a, const ctxs_model *b)
 {
     const ctxs_geometry *x = &a->geometry, *y = &b->geometry;
@@ -208,7 +313,12 @@ void ctxs__model_diff(char *buf, size_t n, const ctxs_model *a, const ctxs_model
     else if (x->dtype != y->dtype)
         snprintf(buf, n, "the dtype is %s here, %s there", ctxs__dtype_name(x->dtype),
                  ctxs__dtype_name(y->dtype));
-    else if (memcmp(a->model_hash, b->model_hash, CTXS_HASH_BYTES) != 0) {
+    else if (x->period != y->period || memcmp(x->window, y->window, sizeof(x->window)) != 0) {
+        char sa[96], sb[96];
+        ctxs__schedule_text(sa, sizeof(sa), x);
+        ctxs__schedule_text(sb, sizeof(sb), y);
+        snprintf(buf, n, "the layer schedule is %s here, %s there", sa, sb);
+    } else if (memcmp(a->model_hash, b->model_hash, CTXS_HASH_BYTES) != 0) {
         hash_hex(ha, a->model_hash);
         hash_hex(hb, b->model_hash);
         snprintf(buf, n, "the model hash begins %s here, %s there", ha, hb);
@@ -250,9 +360,16 @@ int ctxs__header_check(const ctxs__disk_header *h, uint64_t file_size,
         return ctxs__error(CTXS_ECORRUPT, "the header's sizes, offsets or flags are not "
                            "those of this format");
 
-    ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype};
-    if (ctxs__layout_compute(out, &g, h->capacity, h->n_sink) != 0)
+    ctxs_model m;
+    ctxs__header_model(&m, h);
+    uint32_t batch = h->version_major >= 3 ? h->batch : 0;
+    if (ctxs__layout_compute(out, &m.geometry, h->capacity, h->n_sink, batch) != 0)
         return ctxs__error_more(CTXS_ECORRUPT, "the header's geometry is out of range");
+    uint64_t groups_off = h->version_major >= 3 ? h->groups_off : 0;
+    uint64_t groups_bytes = h->version_major >= 3 ? h->groups_bytes : 0;
+    if (groups_off != out->groups_off || groups_bytes != out->groups_bytes)
+        return ctxs__error(CTXS_ECORRUPT, "the header's windowed checksum tables are not "
+                           "where its geometry puts them");
     if (h->tokens_off != out->tokens_off || h->tokens_bytes != out->tokens_bytes ||
         h->sums_off != out->sums_off || h->sums_bytes != out->sums_bytes ||
         h->scales_off != out->scales_off || h->scales_bytes != out->scales_bytes ||

@@ -17,8 +17,9 @@
 #include "dtype.h"
 
 #define CTXS__FILE_MAGIC "CTXSSESS"   /* 8 bytes, no terminator on disk */
-#define CTXS__FORMAT_MAJOR 2           /* 2.0: bf16 and Q8, the scale table */
-#define CTXS__FORMAT_MINOR 0           /* (1.1 added the label page) */
+#define CTXS__FORMAT_MAJOR 3           /* 3.0: the layer schedule */
+#define CTXS__FORMAT_MINOR 0           /* (1.1 added the label page; 2.0
+                                          bf16, Q8 and the scale table) */
 
 /* Every region starts on a 16 KiB boundary: Apple Silicon's page size, which
  * Metal's no-copy buffers need, and a multiple of the 4 KiB pages elsewhere. */
@@ -80,9 +81,17 @@ typedef struct ctxs__disk_header {
     uint64_t created_unix_ms;
     uint64_t scales_off;      /* 2.0, Q8 only: the scale table, f32 per
                                  (layer, kind, head, slot); else 0 */
-    uint64_t scales_bytes;    /* capacity * runs * 4, rounded up to
+    uint64_t scales_bytes;    /* 4 per slot of every run, rounded up to
                                  CTXS__PAGE; 0 without a table */
-    uint8_t reserved[68];     /* zero when written; ignored when read */
+    uint32_t batch;           /* 3.0: slots a windowed layer keeps beyond
+                                 its window (zero, ignored, before 3.0) */
+    uint32_t period;          /* 3.0: the schedule's pattern, as in
+                                 ctxs_geometry (zero before 3.0) */
+    uint32_t window[8];       /* 3.0: its windows; 0 = global */
+    uint64_t groups_off;      /* 3.0: the windowed layers' checksum tables;
+                                 0 without a windowed ring */
+    uint64_t groups_bytes;
+    uint8_t reserved[12];     /* zero when written; ignored when read */
     uint32_t crc32;           /* zlib crc32 of bytes 0..251 */
 } ctxs__disk_header;
 
@@ -90,7 +99,11 @@ static_assert(sizeof(ctxs__disk_header) == CTXS__HEADER_BYTES, "header size");
 static_assert(offsetof(ctxs__disk_header, record_off) == 56, "header layout");
 static_assert(offsetof(ctxs__disk_header, model_hash) == 128, "header layout");
 static_assert(offsetof(ctxs__disk_header, scales_off) == 168, "header layout");
-static_assert(offsetof(ctxs__disk_header, reserved) == 184, "header layout");
+static_assert(offsetof(ctxs__disk_header, batch) == 184, "header layout");
+static_assert(offsetof(ctxs__disk_header, window) == 192, "header layout");
+static_assert(offsetof(ctxs__disk_header, groups_off) == 224, "header layout");
+static_assert(offsetof(ctxs__disk_header, reserved) == 240, "header layout");
+static_assert(CTXS_SCHEDULE_MAX == 8, "the header holds 8 windows");
 static_assert(offsetof(ctxs__disk_header, crc32) == 252, "header layout");
 
 /*
@@ -175,28 +188,108 @@ static_assert(offsetof(ctxs__disk_label, reserved) == 272, "label layout");
 static_assert(offsetof(ctxs__disk_label, crc32) == 508, "label layout");
 static_assert(CTXS__LABEL_OFF + CTXS__LABEL_BYTES <= CTXS__PAGE, "label page");
 
+/*
+ * A windowed group's checksum table entry (3.0): the layers of one window
+ * laid out as a ring keep, per slot of that ring, the position the slot
+ * was last committed for and the checksum of that position over the
+ * group's layers (docs/FORMAT.md "Checksums"). sum 0: none.
+ */
+typedef struct ctxs__group_entry {
+    uint64_t pos;
+    uint64_t sum;
+} ctxs__group_entry;
+
+static_assert(sizeof(ctxs__group_entry) == 16, "group entry");
+
+/* A group of layers that share a window and are laid out as a ring of
+ * len = window + batch slots. */
+typedef struct ctxs__group {
+    uint32_t window, len;
+    uint64_t table_off;    /* its ctxs__group_entry[len] in the file */
+} ctxs__group;
+
 /* The geometry and region offsets of a file, derived from a header whose
- * fields were range-checked; every product here was overflow-checked. */
+ * fields were range-checked; every product here was overflow-checked.
+ *
+ * Layer l is pattern layer j = l % pat (pat = max(period, 1)). Its runs
+ * hold len[j] slots each: the capacity for a layer laid out as the
+ * session's slots (a global layer, or a windowed one whose ring would not
+ * be smaller: group[j] < 0), else its group's ring. */
 typedef struct ctxs__file_layout {
     uint32_t n_layers, n_kv_heads, head_dim, elem_bytes;
     uint32_t capacity, n_sink;
+    uint32_t batch, period, pat;
+    uint32_t window[8];    /* per pattern layer; 0 = global */
+    uint32_t len[8];       /* slots of each run of a pattern layer */
+    int32_t group[8];      /* its group, or -1: the session's slots */
+    uint32_t n_groups;
+    ctxs__group groups[8];
+    uint64_t kv_prefix[9]; /* bytes from a pattern's first layer to layer j */
+    uint64_t sc_prefix[9]; /* the same in the scale table */
     size_t slot_bytes;     /* head_dim * elem_bytes */
-    size_t head_stride;    /* capacity * slot_bytes */
+    size_t head_stride;    /* capacity * slot_bytes: a global run */
     size_t kv_stride;      /* n_kv_heads * head_stride */
     size_t layer_stride;   /* 2 * kv_stride */
-    size_t scales_stride;  /* bytes from one run's scales to the next:
-                              capacity * 4, or 0 without a table */
+    size_t scales_stride;  /* bytes from one global run's scales to the
+                              next: capacity * 4, or 0 without a table */
     uint64_t tokens_off, tokens_bytes;
     uint64_t sums_off, sums_bytes;
     uint64_t scales_off, scales_bytes; /* 0, 0 without a table */
+    uint64_t groups_off, groups_bytes; /* 0, 0 without a windowed ring */
     uint64_t kv_off, kv_bytes;
     uint64_t file_bytes;
 } ctxs__file_layout;
 
-/* Computes the layout for a geometry and capacity. Returns 0, or CTXS_EINVAL
- * when a field is out of range or a size overflows. */
+/* Checks a schedule (period, windows) as ctxs_geometry documents it.
+ * Returns 0 or CTXS_EINVAL. */
+int ctxs__schedule_check(const ctxs_geometry *g);
+
+/* Computes the layout for a geometry, capacity, sinks and batch. Returns
+ * 0, or CTXS_EINVAL when a field is out of range or a size overflows. */
 int ctxs__layout_compute(ctxs__file_layout *out, const ctxs_geometry *g,
-                         uint32_t capacity, uint32_t n_sink);
+                         uint32_t capacity, uint32_t n_sink, uint32_t batch);
+
+/* Pattern layer of layer l. */
+static inline uint32_t ctxs__pat_of(const ctxs__file_layout *lay, uint32_t l)
+{
+    return l % lay->pat;
+}
+
+/* Slots of each run of layer l, and the sinks of that slot space: the
+ * session's (capacity, n_sink), or a group's ring (len, 0). */
+static inline uint32_t ctxs__layer_cap(const ctxs__file_layout *lay, uint32_t l)
+{
+    return lay->len[ctxs__pat_of(lay, l)];
+}
+static inline uint32_t ctxs__layer_sinks(const ctxs__file_layout *lay, uint32_t l)
+{
+    return lay->group[ctxs__pat_of(lay, l)] < 0 ? lay->n_sink : 0;
+}
+static inline int32_t ctxs__layer_group(const ctxs__file_layout *lay, uint32_t l)
+{
+    return lay->group[ctxs__pat_of(lay, l)];
+}
+
+/* Bytes from kv_off to run `run` (file order: (layer * 2 + kind) *
+ * n_kv_heads + head), and from scales_off to its scales. */
+static inline uint64_t ctxs__run_off(const ctxs__file_layout *lay, uint32_t run)
+{
+    uint32_t per = 2 * lay->n_kv_heads, l = run / per, j = l % lay->pat;
+    return (uint64_t)(l / lay->pat) * lay->kv_prefix[lay->pat] + lay->kv_prefix[j] +
+           (uint64_t)(run % per) * lay->len[j] * lay->slot_bytes;
+}
+static inline uint64_t ctxs__run_scales_off(const ctxs__file_layout *lay, uint32_t run)
+{
+    uint32_t per = 2 * lay->n_kv_heads, l = run / per, j = l % lay->pat;
+    return (uint64_t)(l / lay->pat) * lay->sc_prefix[lay->pat] + lay->sc_prefix[j] +
+           (uint64_t)(run % per) * lay->len[j] * 4;
+}
+
+/* The window of layer l (0: global). */
+static inline uint32_t ctxs__layer_window(const ctxs__file_layout *lay, uint32_t l)
+{
+    return lay->window[ctxs__pat_of(lay, l)];
+}
 
 /* Fills a header for a new file. */
 void ctxs__header_init(ctxs__disk_header *h, const ctxs__file_layout *lay,
@@ -215,6 +308,10 @@ void ctxs__header_model(ctxs_model *out, const ctxs__disk_header *h);
  * is 36 here, 24 there", "the model hash is 0123abcd... here, 89ab... there",
  * "" when they are the same. */
 void ctxs__model_diff(char *buf, size_t n, const ctxs_model *a, const ctxs_model *b);
+
+/* g's layer schedule in words ("every layer global", "period 6: 512 512
+ * 512 512 512 global"), into buf of n bytes. */
+void ctxs__schedule_text(char *buf, size_t n, const ctxs_geometry *g);
 
 /* A dtype's name ("fp16", "bf16", "q8", "f32"), or "unknown". */
 const char *ctxs__dtype_name(uint32_t dtype);
@@ -281,6 +378,12 @@ static inline uint32_t ctxs__slot_of(uint64_t p, uint32_t capacity,
     return n_sink + (uint32_t)((p - n_sink) % (capacity - n_sink));
 }
 
+/* The slot of position p in layer l (p must be held there). */
+static inline uint32_t ctxs__layer_slot(const ctxs__file_layout *lay, uint32_t l, uint64_t p)
+{
+    return ctxs__slot_of(p, ctxs__layer_cap(lay, l), ctxs__layer_sinks(lay, l));
+}
+
 /* A run of consecutive slots. */
 typedef struct ctxs__span {
     uint32_t slot;
@@ -309,6 +412,20 @@ static inline uint32_t ctxs__slot_spans(ctxs__span out[2], uint64_t first,
         n -= count;
     }
     return k;
+}
+
+/* The slots in layer l of positions [first, first + n), as
+ * ctxs__slot_spans() gives them; in a group's ring only the last `len` of
+ * them, the slots of the earlier ones having been taken by later ones. */
+static inline uint32_t ctxs__layer_spans(ctxs__span out[2], const ctxs__file_layout *lay,
+                                         uint32_t l, uint64_t first, uint64_t n)
+{
+    uint32_t cap = ctxs__layer_cap(lay, l);
+    if (ctxs__layer_group(lay, l) >= 0 && n > cap) {
+        first += n - cap;
+        n = cap;
+    }
+    return ctxs__slot_spans(out, first, n, cap, ctxs__layer_sinks(lay, l));
 }
 
 #endif

@@ -33,6 +33,10 @@ struct ctxs_session {
     uint32_t cur_record;  /* 0 or 1: the current record; commits write the other */
 
     uint32_t n_reserved;  /* positions st.n_tokens .. + n_reserved are reserved */
+    /* A writer's: no record with fewer tokens can survive a power loss
+     * (the count of the last record made durable, or at open the smaller
+     * of the two). What the windowed rings' slots may reuse (commit.c). */
+    uint64_t claim_floor;
     /* Slots [0, alloc_end) have disk blocks. Raised by reserve and by the
      * runway (background.c), never lowered while the handle is open. */
     _Atomic uint32_t alloc_end;
@@ -135,19 +139,37 @@ static inline uint32_t ctxs__slot(const ctxs_session *s, uint64_t p)
     return ctxs__slot_of(p, s->lay.capacity, s->lay.n_sink);
 }
 
+/* The [slots][head_dim] run of (layer, kind, head): capacity slots, or a
+ * windowed group's ring (ctxs__layer_cap()). */
 static inline uint8_t *ctxs__run(const ctxs_session *s, uint32_t layer,
                                  uint32_t kind, uint32_t head)
 {
-    return s->map + s->lay.kv_off + (size_t)layer * s->lay.layer_stride +
-           (size_t)kind * s->lay.kv_stride + (size_t)head * s->lay.head_stride;
+    uint32_t run = (layer * 2 + kind) * s->lay.n_kv_heads + head;
+    return s->map + s->lay.kv_off + ctxs__run_off(&s->lay, run);
 }
 
-/* The [capacity] scales of a run, for a session with a scale table. */
+/* The [slots] scales of a run, for a session with a scale table. */
 static inline float *ctxs__scales_run(const ctxs_session *s, uint32_t layer,
                                       uint32_t kind, uint32_t head)
 {
-    size_t run = ((size_t)layer * 2 + kind) * s->lay.n_kv_heads + head;
-    return (float *)(void *)(s->map + s->lay.scales_off + run * s->lay.scales_stride);
+    uint32_t run = (layer * 2 + kind) * s->lay.n_kv_heads + head;
+    return (float *)(void *)(s->map + s->lay.scales_off + ctxs__run_scales_off(&s->lay, run));
+}
+
+/* A windowed group's checksum table: ctxs__group_entry per slot of its
+ * ring. */
+static inline ctxs__group_entry *ctxs__group_table(const ctxs_session *s, uint32_t g)
+{
+    return (ctxs__group_entry *)(void *)(s->map + s->lay.groups[g].table_off);
+}
+
+/* The positions st's windowed group g holds: the last `window` positions,
+ * [ctxs__group_from(), n_tokens). */
+static inline uint64_t ctxs__group_from(const ctxs_session *s, const ctxs__state *st,
+                                        uint32_t g)
+{
+    uint64_t w = s->lay.groups[g].window;
+    return st->n_tokens > w ? st->n_tokens - w : 0;
 }
 
 static inline uint32_t *ctxs__token_table(const ctxs_session *s)
@@ -168,6 +190,16 @@ static inline uint64_t *ctxs__sum_table(const ctxs_session *s)
 #define CTXS__SUM_BATCH 256u
 void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
                       uint64_t *out);
+
+/* The checksums of positions [first_pos, first_pos + n) over windowed
+ * group g's layers (n <= CTXS__SUM_BATCH), from their slots in its ring. */
+void ctxs__group_sums(const ctxs_session *s, uint32_t g, uint64_t first_pos, uint32_t n,
+                      uint64_t *out);
+
+/* Verifies positions [from, to) of windowed group g: each slot's entry
+ * names its position and its checksum holds. Returns the first that
+ * fails, or to. */
+uint64_t ctxs__group_first_bad(const ctxs_session *s, uint32_t g, uint64_t from, uint64_t to);
 
 /* CTXS_EEVICTED for position pos, which the ring overwrote, saying what
  * the session holds (tokens.c). */
@@ -392,6 +424,10 @@ void ctxs__release_outside_window(ctxs_session *s);
 int ctxs__open_options_resolve(const ctxs_open_options *in, ctxs_open_options *out);
 int ctxs__create_options_resolve(const ctxs_create_options *in, ctxs_create_options *out);
 
+/* o's capacity where it is 0: the context length, else
+ * CTXS_DEFAULT_CAPACITY. */
+void ctxs__create_capacity(ctxs_create_options *o);
+
 /* The state a rollback of s to n gives (commit.c; forks share it). Errors: CTXS_EINVAL (n above the count), CTXS_EEVICTED
  * (n_sink < n < the first recent position held). */
 int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n);
@@ -400,5 +436,9 @@ int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n);
  * under it. NULL in production. */
 enum { CTXS__FORK_STARTED = 1, CTXS__FORK_TABLES_COPIED, CTXS__FORK_KV_COPIED };
 extern void (*ctxs__fork_hook)(int step);
+
+/* Tests only: called at each step of a grow (grow.c). */
+enum { CTXS__GROW_COPIED = 1, CTXS__GROW_LINKED, CTXS__GROW_RENAMED };
+extern void (*ctxs__grow_hook)(int step);
 
 #endif

@@ -43,6 +43,13 @@ size_t ctxs_geometry_get_token_bytes(const ctxs_geometry *g, uint32_t dtype)
     return ctxs__dtype_has_scales(dtype) ? bytes + heads * 4 : bytes;
 }
 
+uint32_t ctxs_geometry_get_window(const ctxs_geometry *g, uint32_t layer)
+{
+    if (!g || !g->period || g->period > CTXS_SCHEDULE_MAX)
+        return 0;
+    return g->window[layer % g->period];
+}
+
 int ctxs_dtype_encode(void *out, float *scale, const float *in, uint32_t n, uint32_t dtype)
 {
     ctxs__error_begin();
@@ -127,11 +134,30 @@ int ctxs_session_read_token(void *k, void *v, const ctxs_session *s, uint64_t po
         return rc;
     const ctxs__file_layout *lay = &s->lay;
     for (uint32_t l = 0; l < lay->n_layers; l++) {
+        int32_t g = ctxs__layer_group(lay, l);
+        /* A windowed layer keeps the window only: older positions read as
+         * zeros there (their scales too). */
+        if (g >= 0 && pos < ctxs__group_from(s, &s->st, (uint32_t)g)) {
+            size_t elem = dtype == CTXS_DTYPE_F32 ? 4 : ctxs__dtype_bytes(dtype);
+            for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
+                engine_head ek = engine_head_at(k, lay, dtype, l, h);
+                engine_head ev = engine_head_at(v, lay, dtype, l, h);
+                memset(ek.elems, 0, lay->head_dim * elem);
+                memset(ev.elems, 0, lay->head_dim * elem);
+                if (ctxs__dtype_has_scales(dtype)) {
+                    memset(ek.scale, 0, 4);
+                    memset(ev.scale, 0, 4);
+                }
+            }
+            continue;
+        }
+        uint32_t ls = ctxs__layer_slot(lay, l, pos);
         for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
-            load_head(s, l, CTXS_K, h, slot, engine_head_at(k, lay, dtype, l, h), dtype);
-            load_head(s, l, CTXS_V, h, slot, engine_head_at(v, lay, dtype, l, h), dtype);
+            load_head(s, l, CTXS_K, h, ls, engine_head_at(k, lay, dtype, l, h), dtype);
+            load_head(s, l, CTXS_V, h, ls, engine_head_at(v, lay, dtype, l, h), dtype);
         }
     }
+    (void)slot;
     return 0;
 }
 

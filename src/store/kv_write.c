@@ -126,23 +126,40 @@ static int put_tokens(const ctxs_session *s, const ctxs__kv_src *src, uint32_t k
     return 0;
 }
 
+/* The slots of positions [pos, pos + n) in layer l (a windowed layer's
+ * ring, or the session's slots), and in *t0 the first of the call's
+ * tokens they hold. */
+static uint32_t layer_spans(ctxs__span spans[2], uint32_t *t0, const ctxs_session *s, uint32_t l,
+                            uint64_t pos, uint32_t n)
+{
+    uint32_t k = ctxs__layer_spans(spans, &s->lay, l, pos, n), got = 0;
+    for (uint32_t i = 0; i < k; i++)
+        got += spans[i].count;
+    *t0 = n - got;
+    return k;
+}
+
 /* Straight into the mapping. */
-static int put_mapped(ctxs_session *s, const ctxs__span *spans, uint32_t n_spans, uint32_t l0,
-                      uint32_t l1, const ctxs__kv_src *src)
+static int put_mapped(ctxs_session *s, uint64_t pos, uint32_t n, uint32_t l0, uint32_t l1,
+                      const ctxs__kv_src *src)
 {
     const ctxs__file_layout *lay = &s->lay;
-    for (uint32_t l = l0; l < l1; l++)
+    for (uint32_t l = l0; l < l1; l++) {
+        ctxs__span spans[2];
+        uint32_t t0, n_spans = layer_spans(spans, &t0, s, l, pos, n);
+        const size_t cap = ctxs__layer_cap(lay, l);
         for (uint32_t kind = 0; kind < 2; kind++)
-            for (uint32_t i = 0, t = 0; i < n_spans; t += spans[i++].count) {
+            for (uint32_t i = 0, t = t0; i < n_spans; t += spans[i++].count) {
                 const uint32_t slot = spans[i].slot;
                 slots_dst d = {ctxs__run(s, l, kind, 0) + (size_t)slot * lay->slot_bytes,
-                               lay->head_stride, NULL, lay->scales_stride / 4};
+                               cap * lay->slot_bytes, NULL, lay->scales_bytes ? cap : 0};
                 if (lay->scales_bytes)
                     d.scales = ctxs__scales_run(s, l, kind, 0) + slot;
                 int rc = put_tokens(s, src, kind, l - l0, t, spans[i].count, &d);
                 if (rc < 0)
                     return rc;
             }
+    }
     return 0;
 }
 
@@ -188,13 +205,14 @@ static int put_chunk(ctxs_session *s, const ctxs__kv_src *src, uint32_t kind, ui
         const void *elems = direct ? (const void *)src_head(s, src, kind, rel, t, h)
                                    : (const void *)(d.base + h * d.stride);
         int rc = ctxs__write_exact(s->fd, elems, c * sb,
-                                   (off_t)(lay->kv_off + run * lay->head_stride +
+                                   (off_t)(lay->kv_off + ctxs__run_off(lay, (uint32_t)run) +
                                            (uint64_t)slot * sb));
         if (rc == 0 && d.scales) {
             const void *sc = direct ? (const void *)src_scale(src, kind, rel, t, h)
                                     : (const void *)(d.scales + h * d.scale_stride);
             rc = ctxs__write_exact(s->fd, sc, c * 4u,
-                                   (off_t)(lay->scales_off + run * lay->scales_stride +
+                                   (off_t)(lay->scales_off +
+                                           ctxs__run_scales_off(lay, (uint32_t)run) +
                                            (uint64_t)slot * 4u));
         }
         if (rc < 0)
@@ -206,8 +224,8 @@ static int put_chunk(ctxs_session *s, const ctxs__kv_src *src, uint32_t kind, ui
 /* Through the file: a (layer, kind) at a time, in chunks of the staging
  * buffer, one pwrite per head and chunk. pending: the stamp of a pass under
  * way that will map these layers after this write, or 0. */
-static int put_through_file(ctxs_session *s, const ctxs__span *spans, uint32_t n_spans,
-                            uint32_t l0, uint32_t l1, const ctxs__kv_src *src, uint64_t pending)
+static int put_through_file(ctxs_session *s, uint64_t pos, uint32_t n, uint32_t l0, uint32_t l1,
+                            const ctxs__kv_src *src, uint64_t pending)
 {
     int rc = file_path_ready(s);
     if (rc < 0)
@@ -220,9 +238,11 @@ static int put_through_file(ctxs_session *s, const ctxs__span *spans, uint32_t n
     for (uint32_t l = l0; l < l1; l++)
         if (stamp > atomic_load_explicit(&s->file_written[l], memory_order_relaxed))
             atomic_store_explicit(&s->file_written[l], stamp, memory_order_relaxed);
-    for (uint32_t l = l0; l < l1; l++)
+    for (uint32_t l = l0; l < l1; l++) {
+        ctxs__span spans[2];
+        uint32_t t0, n_spans = layer_spans(spans, &t0, s, l, pos, n);
         for (uint32_t kind = 0; kind < 2; kind++)
-            for (uint32_t i = 0, t = 0; i < n_spans; i++)
+            for (uint32_t i = 0, t = t0; i < n_spans; i++)
                 for (uint32_t done = 0; done < spans[i].count;) {
                     uint32_t c = spans[i].count - done < chunk ? spans[i].count - done : chunk;
                     if ((rc = put_chunk(s, src, kind, l, l - l0, t, spans[i].slot + done, c)) < 0)
@@ -230,20 +250,19 @@ static int put_through_file(ctxs_session *s, const ctxs__span *spans, uint32_t n
                     done += c;
                     t += c;
                 }
+    }
     return 0;
 }
 
 int ctxs__kv_put(ctxs_session *s, uint64_t pos, uint32_t n, uint32_t l0, uint32_t l1,
                  const ctxs__kv_src *src)
 {
-    ctxs__span spans[2];
-    uint32_t n_spans = ctxs__slot_spans(spans, pos, n, s->lay.capacity, s->lay.n_sink);
     uint64_t pending = 0;
     int mapped = ctxs__write_path_force ? ctxs__write_path_force == 1
                                         : ctxs__kv_writable(s, pos, pos + n, l0, l1,
                                                             CTXS__ASK_OWNER, &pending);
     if (mapped)
-        return put_mapped(s, spans, n_spans, l0, l1, src);
+        return put_mapped(s, pos, n, l0, l1, src);
     const uint64_t end = s->st.n_tokens + s->n_reserved;
     /* Written through the file, these layers are dirty without being
      * mapped writable. When more of the reservation will be written later,
@@ -253,7 +272,7 @@ int ctxs__kv_put(ctxs_session *s, uint64_t pos, uint32_t n, uint32_t l0, uint32_
      * only slows those down (a 64-token turn of Qwen3-4B written a layer at
      * a time cost 11.5-13 ms beside the worker's pass, 4.6-6.7 ms alone, on
      * 2 cores). */
-    int rc = put_through_file(s, spans, n_spans, l0, l1, src, pos + n < end ? pending : 0);
+    int rc = put_through_file(s, pos, n, l0, l1, src, pos + n < end ? pending : 0);
     /* More tokens of this reservation to come, as when a reply is decoded
      * a token at a time: the worker maps the slots of the next ones, so
      * that the next calls store into them while the engine computes. A

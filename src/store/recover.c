@@ -51,6 +51,55 @@ void ctxs__sums_chain(uint64_t *out, uint64_t first_pos, uint32_t n, const uint3
     }
 }
 
+/* The chain of n consecutive positions over the layers of `group` (-1:
+ * those laid out as the session's slots), each layer's token i at
+ * slots[i] of its runs: as ctxs__sums_chain() over those runs, in file
+ * order, then their scales. */
+static void chain_layers(const ctxs_session *s, int32_t group, uint64_t first_pos, uint32_t n,
+                         const uint32_t *ids, const uint32_t *slots, uint64_t *out)
+{
+    const ctxs__file_layout *lay = &s->lay;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t pos = first_pos + i;
+        uint8_t head[12];
+        memcpy(head, &pos, 8);
+        memcpy(head + 8, &ids[i], 4);
+        out[i] = XXH3_64bits_withSeed(head, sizeof(head), CTXS__TOKEN_SEED);
+    }
+    const uint32_t per = 2 * lay->n_kv_heads, n_runs = lay->n_layers * per;
+    for (uint32_t r = 0; r < n_runs; r++) {
+        if (ctxs__layer_group(lay, r / per) != group)
+            continue;
+        const uint8_t *run = s->map + lay->kv_off + ctxs__run_off(lay, r);
+        for (uint32_t i = 0; i < n; i++)
+            out[i] = XXH3_64bits_withSeed(run + (size_t)slots[i] * lay->slot_bytes,
+                                          lay->slot_bytes, out[i]);
+    }
+    if (!lay->scales_bytes)
+        return;
+    /* Then a token's scales, one per run in file order, as one input, as
+     * ctxs__sums_chain() gathers them. */
+    XXH3_state_t state;
+    XXH3_INITSTATE(&state);
+    uint8_t piece[4096];
+    const uint8_t *scales = s->map + lay->scales_off;
+    for (uint32_t i = 0; i < n; i++) {
+        XXH3_64bits_reset_withSeed(&state, out[i]);
+        for (uint32_t r = 0; r < n_runs;) {
+            size_t len = 0;
+            for (; r < n_runs && len < sizeof(piece); r++) {
+                if (ctxs__layer_group(lay, r / per) != group)
+                    continue;
+                memcpy(piece + len, scales + ctxs__run_scales_off(lay, r) + (size_t)slots[i] * 4,
+                       4);
+                len += 4;
+            }
+            XXH3_64bits_update(&state, piece, len);
+        }
+        out[i] = XXH3_64bits_digest(&state);
+    }
+}
+
 void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
                       uint64_t *out)
 {
@@ -61,6 +110,10 @@ void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
     for (uint32_t i = 0; i < n; i++) {
         slots[i] = ctxs__slot(s, first_pos + i);
         ids[i] = tokens[slots[i]];
+    }
+    if (lay->n_groups) {
+        chain_layers(s, -1, first_pos, n, ids, slots, out);
+        return;
     }
     /* Run r of the mapping, (layer, kind, head) in file order, starts
      * r * head_stride into the KV region, its scales r * scales_stride into
@@ -75,6 +128,41 @@ void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,
         .at = slots,
     };
     ctxs__sums_chain(out, first_pos, n, ids, &tb);
+}
+
+void ctxs__group_sums(const ctxs_session *s, uint32_t g, uint64_t first_pos, uint32_t n,
+                      uint64_t *out)
+{
+    const uint32_t *tokens = ctxs__token_table(s);
+    uint32_t ids[CTXS__SUM_BATCH];
+    uint32_t slots[CTXS__SUM_BATCH];
+    for (uint32_t i = 0; i < n; i++) {
+        ids[i] = tokens[ctxs__slot(s, first_pos + i)];
+        slots[i] = (uint32_t)((first_pos + i) % s->lay.groups[g].len);
+    }
+    chain_layers(s, (int32_t)g, first_pos, n, ids, slots, out);
+}
+
+uint64_t ctxs__group_first_bad(const ctxs_session *s, uint32_t g, uint64_t from, uint64_t to)
+{
+    const ctxs__group_entry *table = ctxs__group_table(s, g);
+    const uint32_t len = s->lay.groups[g].len;
+    uint64_t sums[CTXS__SUM_BATCH];
+    for (uint64_t p = from; p < to; p += CTXS__SUM_BATCH) {
+        uint32_t n = (uint32_t)(to - p < CTXS__SUM_BATCH ? to - p : CTXS__SUM_BATCH);
+        /* The entry names its position: a slot reused by a later one, or
+         * never written, fails without reading its KV. */
+        for (uint32_t i = 0; i < n; i++) {
+            const ctxs__group_entry *e = &table[(p + i) % len];
+            if (e->pos != p + i || !e->sum)
+                return p + i;
+        }
+        ctxs__group_sums(s, g, p, n, sums);
+        for (uint32_t i = 0; i < n; i++)
+            if (sums[i] != table[(p + i) % len].sum)
+                return p + i;
+    }
+    return to;
 }
 
 int ctxs__records_read(const ctxs_session *s, ctxs__state *st, uint32_t *index,
@@ -134,6 +222,84 @@ uint64_t ctxs__held(const ctxs_session *s, const ctxs__state *st)
     return (n < ns ? n : ns) + (n > first ? n - first : 0);
 }
 
+/* Cuts st to its first n positions. */
+static void cut(const ctxs_session *s, ctxs__state *st, uint64_t n)
+{
+    st->n_tokens = n;
+    if (n <= s->lay.n_sink)
+        st->ring_start = 0;
+    else if (st->ring_start > n)
+        st->ring_start = n;
+    if (st->verified_from > n)
+        st->verified_from = n;
+}
+
+/* The largest n <= y such that windowed group g holds every position of
+ * the window a state of n tokens claims, [n - window, n). */
+static uint64_t group_best(const ctxs_session *s, uint32_t g, uint64_t y)
+{
+    const ctxs__group_entry *table = ctxs__group_table(s, g);
+    const uint32_t len = s->lay.groups[g].len, w = s->lay.groups[g].window;
+    /* No slot holds a position below the oldest its entries name, or above
+     * the newest; nor, as a ring of len slots, one len or more below the
+     * newest (a damaged table may name any): a window that reaches below
+     * them is there only if it is empty. This also bounds the walk below
+     * by len positions. */
+    uint64_t lowest = UINT64_MAX, highest = 0;
+    for (uint32_t i = 0; i < len; i++) {
+        if (!table[i].sum)
+            continue;
+        lowest = table[i].pos < lowest ? table[i].pos : lowest;
+        highest = table[i].pos > highest ? table[i].pos : highest;
+    }
+    if (lowest == UINT64_MAX)
+        return 0;
+    if (highest - lowest >= len)
+        lowest = highest - len + 1;
+    if (y > highest + 1)
+        y = highest + 1;
+    while (y > 0) {
+        uint64_t lo = y > w ? y - w : 0, p = y;
+        if (y <= lowest)
+            return 0;
+        uint64_t floor = lo > lowest ? lo : lowest;
+        while (p > floor && ctxs__group_first_bad(s, g, p - 1, p) == p)
+            p--;
+        if (p > floor) {
+            y = p - 1; /* the window of any state past p - 1 needs it */
+            continue;
+        }
+        return lo < lowest ? 0 : y;
+    }
+    return 0;
+}
+
+/* After the session's own layers were recovered to st: the largest count
+ * at most st's whose windows every windowed group still holds. The
+ * windows of st are checked from the watermark vf (below it they were
+ * durable and untouched: reserve keeps slots a surviving record claims);
+ * a count below st's claims windows no record vouched for, checked
+ * whole. */
+static uint64_t groups_recover(const ctxs_session *s, const ctxs__state *st, uint64_t vf)
+{
+    uint64_t n = st->n_tokens;
+    int whole = 1;
+    for (uint32_t g = 0; g < s->lay.n_groups; g++) {
+        uint64_t from = ctxs__group_from(s, st, g);
+        from = from > vf ? from : vf;
+        if (from < n && ctxs__group_first_bad(s, g, from, n) < n)
+            whole = 0;
+    }
+    if (whole)
+        return n;
+    for (uint64_t y = n;; n = y) {
+        for (uint32_t g = 0; g < s->lay.n_groups; g++)
+            y = group_best(s, g, y);
+        if (y == n)
+            return n;
+    }
+}
+
 uint64_t ctxs__recover(const ctxs_session *s, ctxs__state *st)
 {
     const uint64_t ns = s->lay.n_sink, vf = st->verified_from, n = st->n_tokens;
@@ -173,12 +339,8 @@ uint64_t ctxs__recover(const ctxs_session *s, ctxs__state *st)
 
     /* The longest prefix that verifies: everything before `bad` is held and
      * checked (or durable below the watermark). */
-    st->n_tokens = bad;
-    if (bad <= ns)
-        st->ring_start = 0;
-    else if (st->ring_start > bad)
-        st->ring_start = bad;
-    if (st->verified_from > bad)
-        st->verified_from = bad;
+    cut(s, st, bad);
+    if (s->lay.n_groups)
+        cut(s, st, groups_recover(s, st, vf));
     return held_before - ctxs__held(s, st);
 }

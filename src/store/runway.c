@@ -76,13 +76,13 @@ static int run_dirty(const ctxs_session *s, uint32_t run, uint32_t slot, uint32_
 {
     const ctxs__file_layout *lay = &s->lay;
     int d = ctxs__range_dirty(s->fd,
-                              lay->kv_off + (uint64_t)run * lay->head_stride +
+                              lay->kv_off + ctxs__run_off(lay, run) +
                                   (uint64_t)slot * lay->slot_bytes,
                               (uint64_t)count * lay->slot_bytes);
     if (d != 1 || !lay->scales_bytes)
         return d;
     return ctxs__range_dirty(s->fd,
-                             lay->scales_off + (uint64_t)run * lay->scales_stride +
+                             lay->scales_off + ctxs__run_scales_off(lay, run) +
                                  (uint64_t)slot * 4,
                              (uint64_t)count * 4);
 }
@@ -133,11 +133,12 @@ int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, 
      * with it costs some faults, never a wrong byte). */
     const uint32_t heads = s->lay.n_kv_heads;
     const uint32_t first_run = l0 * 2 * heads, last_run = l1 * 2 * heads - 1;
-    ctxs__span spans[2];
-    uint32_t n_spans = ctxs__slot_spans(spans, from, to - from, s->lay.capacity, s->lay.n_sink);
-    for (uint32_t i = 0; i < n_spans; i++) {
-        int a = run_dirty(s, first_run, spans[i].slot, spans[i].count);
-        int b = a == 1 ? run_dirty(s, last_run, spans[i].slot, spans[i].count) : a;
+    ctxs__span spans[2], last[2];
+    uint32_t n_spans = ctxs__layer_spans(spans, &s->lay, l0, from, to - from);
+    uint32_t n_last = ctxs__layer_spans(last, &s->lay, l1 - 1, from, to - from);
+    for (uint32_t i = 0; i < n_spans || i < n_last; i++) {
+        int a = i < n_spans ? run_dirty(s, first_run, spans[i].slot, spans[i].count) : 1;
+        int b = a == 1 && i < n_last ? run_dirty(s, last_run, last[i].slot, last[i].count) : a;
         if (b < 0)
             return (how & CTXS__ASK_BY_AGE) &&
                    ctxs__monotonic_ms() - atomic_load(&s->runway_at_ms) < CTXS__RUNWAY_FRESH_MS;
@@ -165,11 +166,13 @@ static void populate(ctxs_session *s, uint64_t from, uint64_t to)
     const ctxs__file_layout *lay = &s->lay;
     const uint32_t runs_per_layer = 2 * lay->n_kv_heads;
     ctxs__span spans[2];
-    uint32_t n_spans = ctxs__slot_spans(spans, from, to - from, lay->capacity, lay->n_sink);
+    uint32_t n_spans;
     for (uint32_t run = 0; run < lay->n_layers * runs_per_layer; run++)
-        for (uint32_t i = 0; i < n_spans; i++)
+        for (uint32_t i = 0,
+                      k = ctxs__layer_spans(spans, lay, run / runs_per_layer, from, to - from);
+             i < k; i++)
             posix_fadvise(s->fd,
-                          (off_t)(lay->kv_off + (uint64_t)run * lay->head_stride +
+                          (off_t)(lay->kv_off + ctxs__run_off(lay, run) +
                                   (uint64_t)spans[i].slot * lay->slot_bytes),
                           (off_t)((uint64_t)spans[i].count * lay->slot_bytes), POSIX_FADV_WILLNEED);
     const uint64_t stamp = pass_begin(s, from, to);
@@ -181,8 +184,9 @@ static void populate(ctxs_session *s, uint64_t from, uint64_t to)
             pass_progress(s, stamp, layer + 1);
             continue;
         }
+        n_spans = ctxs__layer_spans(spans, lay, layer, from, to - from);
         for (uint32_t run = layer * runs_per_layer; run < (layer + 1) * runs_per_layer; run++) {
-            uintptr_t base = (uintptr_t)(s->map + lay->kv_off + (size_t)run * lay->head_stride);
+            uintptr_t base = (uintptr_t)(s->map + lay->kv_off + ctxs__run_off(lay, run));
             for (uint32_t i = 0; i < n_spans; i++) {
                 uintptr_t a = (base + (uintptr_t)spans[i].slot * lay->slot_bytes) & ~(page - 1);
                 uintptr_t b = base + (uintptr_t)(spans[i].slot + spans[i].count) * lay->slot_bytes;
@@ -193,7 +197,7 @@ static void populate(ctxs_session *s, uint64_t from, uint64_t to)
              * table, which would otherwise cost a write fault per run in
              * the turn (the table was allocated at create, and is read
              * ahead with the window). */
-            base = (uintptr_t)(s->map + lay->scales_off + (size_t)run * lay->scales_stride);
+            base = (uintptr_t)(s->map + lay->scales_off + ctxs__run_scales_off(lay, run));
             for (uint32_t i = 0; lay->scales_bytes && i < n_spans; i++) {
                 uintptr_t a = (base + (uintptr_t)spans[i].slot * 4) & ~(page - 1);
                 uintptr_t b = base + (uintptr_t)(spans[i].slot + spans[i].count) * 4;

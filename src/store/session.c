@@ -50,11 +50,18 @@ int ctxs__open_options_resolve(const ctxs_open_options *in, ctxs_open_options *o
     return 0;
 }
 
+void ctxs__create_capacity(ctxs_create_options *o)
+{
+    if (!o->capacity)
+        o->capacity = o->context_length ? o->context_length : CTXS_DEFAULT_CAPACITY;
+}
+
 int ctxs__create_options_resolve(const ctxs_create_options *in, ctxs_create_options *out)
 {
     static const ctxs_create_options defaults = CTXS_CREATE_OPTIONS_INIT;
     if (!in) {
         *out = defaults;
+        ctxs__create_capacity(out);
         return 0;
     }
     if (in->version != CTXS_CREATE_OPTIONS_VERSION)
@@ -66,14 +73,22 @@ int ctxs__create_options_resolve(const ctxs_create_options *in, ctxs_create_opti
     if (!reserved_zero(in->reserved, sizeof(in->reserved)))
         return ctxs__error(CTXS_EINVAL, "create options: the reserved bytes must be zero");
     *out = *in;
+    if (!out->batch)
+        out->batch = CTXS_DEFAULT_BATCH;
+    ctxs__create_capacity(out);
     return ctxs__open_options_resolve(&in->open, &out->open);
 }
 
+/* The schedule is the model's too: a session of another one holds other
+ * layers' tokens. */
 static int same_model(const ctxs_model *m, const ctxs__disk_header *h)
 {
-    return m->geometry.n_layers == h->n_layers &&
-           m->geometry.n_kv_heads == h->n_kv_heads &&
-           m->geometry.head_dim == h->head_dim && m->geometry.dtype == h->dtype &&
+    ctxs_model file;
+    ctxs__header_model(&file, h);
+    const ctxs_geometry *a = &m->geometry, *b = &file.geometry;
+    return a->n_layers == b->n_layers && a->n_kv_heads == b->n_kv_heads &&
+           a->head_dim == b->head_dim && a->dtype == b->dtype && a->period == b->period &&
+           memcmp(a->window, b->window, sizeof(a->window)) == 0 &&
            memcmp(m->model_hash, h->model_hash, 16) == 0 &&
            memcmp(m->tokenizer_hash, h->tokenizer_hash, 16) == 0;
 }
@@ -238,9 +253,20 @@ static int attach_settle(ctxs_session *s)
     } else if (stale) {
         rc = ctxs__sync_meta(s);
     }
-    if (rc < 0)
+    if (rc < 0) {
         ctxs__fail(s); /* this boot's id must not vouch for it */
-    return rc;
+        return rc;
+    }
+    /* Either record may be what a power loss leaves: the smaller count. */
+    ctxs__records recs;
+    s->claim_floor = 0;
+    if (ctxs__records_from_map(&recs, s->map, &s->lay, s->ring) == 0) {
+        s->claim_floor = s->st.n_tokens;
+        for (uint32_t i = 0; i < 2; i++)
+            if (recs.valid[i] && recs.r[i].n_tokens < s->claim_floor)
+                s->claim_floor = recs.r[i].n_tokens;
+    }
+    return 0;
 }
 
 /*
@@ -403,12 +429,56 @@ int ctxs__session_create_labeled(ctxs_session **out, const char *path,
         return rc;
 
     ctxs__file_layout lay;
-    if ((rc = ctxs__layout_compute(&lay, &model->geometry, o.capacity, o.n_sink)) < 0)
+    if ((rc = ctxs__layout_compute(&lay, &model->geometry, o.capacity, o.n_sink, o.batch)) < 0)
         return rc;
     ctxs__disk_header h;
     ctxs__header_init(&h, &lay, model, o.ring ? CTXS__FLAG_RING : 0, ctxs__now_ms());
     new_file nf = { &lay, &h, label };
     return ctxs__create_file(out, path, model, &o.open, write_new_file, &nf);
+}
+
+/* Opens and locks the file at path. A compaction or a grow renames a new
+ * file over the path and then lets go of the old one: an open that found
+ * the old file before the rename and locked it after would hold a file
+ * nobody finds again, and lose every commit it makes. So the lock is kept
+ * only on the file the path still names. */
+static int open_locked(const char *path, int readonly, int *out_fd)
+{
+    for (int tries = 0; tries < 8; tries++) {
+        /* O_NONBLOCK: a FIFO in place of the file must not hang the open;
+         * the flag means nothing for the regular file attach insists on. */
+        int fd = ctxs__open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NOFOLLOW |
+                                      O_NONBLOCK);
+        if (fd < 0) {
+            int rc = -errno;
+            return ctxs__error(rc, "%s: %s%s", path, strerror(-rc),
+                               rc == -ELOOP ? " (a symbolic link in place of the file is refused)"
+                                            : "");
+        }
+        int rc = ctxs__lock(fd, readonly ? CTXS__LOCK_READER : CTXS__LOCK_WRITER);
+        if (rc < 0) {
+            if (rc == CTXS_EBUSY)
+                ctxs__lock_busy(fd, path, readonly);
+            close(fd);
+            return rc;
+        }
+        struct stat held, named;
+        if (ctxs__fstat(fd, &held) < 0 ||
+            ctxs__fstatat(AT_FDCWD, path, &named, AT_SYMLINK_NOFOLLOW) < 0) {
+            rc = -errno;
+            close(fd);
+            if (rc == -ENOENT)
+                continue; /* renamed away, or removed: the path decides */
+            return ctxs__error(rc, "%s: %s", path, strerror(-rc));
+        }
+        if (held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
+            *out_fd = fd;
+            return 0;
+        }
+        close(fd);
+    }
+    return ctxs__error(CTXS_EBUSY, "%s: replaced by another process at each of 8 opens "
+                       "(a compaction or grow in a loop?)", path);
 }
 
 int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *model,
@@ -429,21 +499,9 @@ int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *mo
     if (rc < 0)
         return rc;
 
-    /* O_NONBLOCK: a FIFO in place of the file must not hang the open; the
-     * flag means nothing for the regular file that attach insists on. */
-    int fd = ctxs__open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0) {
-        rc = -errno;
-        return ctxs__error(rc, "%s: %s%s", path, strerror(-rc),
-                           rc == -ELOOP ? " (a symbolic link in place of the file is refused)"
-                                        : "");
-    }
-    if ((rc = ctxs__lock(fd, readonly ? CTXS__LOCK_READER : CTXS__LOCK_WRITER)) < 0) {
-        if (rc == CTXS_EBUSY)
-            ctxs__lock_busy(fd, path, readonly);
-        close(fd);
+    int fd = -1;
+    if ((rc = open_locked(path, readonly, &fd)) < 0)
         return rc;
-    }
     rc = session_attach(out, fd, flags, model, &o);
     if (rc < 0 && ctxs__error_code() == rc)
         return ctxs__error_more(rc, "%s", path);
@@ -477,6 +535,18 @@ int ctxs_session_get_layout(ctxs_layout *out, const ctxs_session *s)
     out->capacity = s->lay.capacity;
     out->n_sink = s->lay.n_sink;
     out->geometry = s->model.geometry;
+    return 0;
+}
+
+int ctxs_session_get_layer_slots(uint32_t *out, const ctxs_session *s, uint32_t layer)
+{
+    ctxs__error_begin();
+    CTXS__REQUIRE(out, "out is NULL");
+    *out = 0;
+    int rc = ctxs__check_run(s, layer, CTXS_K, 0);
+    if (rc < 0)
+        return rc;
+    *out = ctxs__layer_cap(&s->lay, layer);
     return 0;
 }
 
@@ -593,18 +663,33 @@ int ctxs_session_verify_range(uint64_t *bad_pos, const ctxs_session *s, uint64_t
     uint64_t first = ctxs__first_recent(s, &s->st);
     uint64_t runs[2][2] = { { from, sink_end < to ? sink_end : to },
                             { from > first ? from : first, to } };
-    for (int i = 0; i < 2; i++) {
+    uint64_t worst = UINT64_MAX;
+    for (int i = 0; i < 2 && worst == UINT64_MAX; i++) {
         uint64_t lo = runs[i][0], hi = runs[i][1];
-        if (lo >= hi)
-            continue;
-        uint64_t bad = ctxs__first_bad(s, lo, hi);
-        if (bad < hi) {
-            if (bad_pos)
-                *bad_pos = bad;
-            return ctxs__error(CTXS_ECORRUPT,
-                               "the token at position %" PRIu64 " does not match its checksum",
-                               bad);
+        uint64_t bad = lo < hi ? ctxs__first_bad(s, lo, hi) : hi;
+        if (bad < hi)
+            worst = bad;
+    }
+    /* And the windowed layers' windows, over their own checksums. */
+    uint32_t worst_window = 0;
+    for (uint32_t g = 0; g < s->lay.n_groups; g++) {
+        uint64_t lo = ctxs__group_from(s, &s->st, g);
+        lo = lo > from ? lo : from;
+        uint64_t bad = lo < to ? ctxs__group_first_bad(s, g, lo, to) : to;
+        if (bad < to && bad < worst) {
+            worst = bad;
+            worst_window = s->lay.groups[g].window;
         }
     }
-    return 0;
+    if (worst == UINT64_MAX)
+        return 0;
+    if (bad_pos)
+        *bad_pos = worst;
+    if (worst_window)
+        return ctxs__error(CTXS_ECORRUPT,
+                           "the token at position %" PRIu64 " does not match its checksum "
+                           "in the layers of window %u",
+                           worst, worst_window);
+    return ctxs__error(CTXS_ECORRUPT,
+                       "the token at position %" PRIu64 " does not match its checksum", worst);
 }

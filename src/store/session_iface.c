@@ -33,6 +33,35 @@ void ctxs__session_tokens(uint32_t *ids, uint64_t *sums, const ctxs_session *s, 
     }
 }
 
+int ctxs__session_group_sums(uint64_t *sums, const ctxs_session *s, uint32_t g, uint64_t first,
+                             uint64_t n)
+{
+    const ctxs__group_entry *t = ctxs__group_table(s, g);
+    const uint64_t len = s->lay.groups[g].len;
+    /* Below the window of the state now, a writer's turn may be rewriting
+     * the slots before it commits (and before their entries change). */
+    if (first < ctxs__group_from(s, &s->st, g))
+        return CTXS_ESTALE;
+    for (uint64_t i = 0; i < n; i++) {
+        const ctxs__group_entry *e = &t[(first + i) % len];
+        if (e->pos != first + i || !e->sum)
+            return CTXS_ESTALE;
+        sums[i] = e->sum;
+    }
+    return 0;
+}
+
+int ctxs__session_can_roll_back(const ctxs_session *s, uint64_t n)
+{
+    ctxs__state st;
+    return ctxs__rollback_state(&st, s, n);
+}
+
+uint32_t ctxs__session_batch(const ctxs_session *s)
+{
+    return s->lay.batch;
+}
+
 void ctxs__session_set_hooks(ctxs_session *s, const ctxs__session_hooks *hooks, void *arg)
 {
     s->hooks = hooks;

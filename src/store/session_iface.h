@@ -40,6 +40,21 @@ uint64_t ctxs__session_prefix_held(const uint32_t **ids, const ctxs_session *s);
 void ctxs__session_tokens(uint32_t *ids, uint64_t *sums, const ctxs_session *s, uint64_t first,
                           uint64_t n);
 
+/* The checksums of positions [first, first + n) over windowed group g's
+ * layers, from its table as it is now. CTXS_ESTALE where a slot's entry
+ * is another position's, or none (the ring no longer holds it), or below
+ * the window of s's state (a writer's next turn may be rewriting it). */
+int ctxs__session_group_sums(uint64_t *sums, const ctxs_session *s, uint32_t g, uint64_t first,
+                             uint64_t n);
+
+/* 0 if s can roll back to n tokens (ctxs_session_rollback()'s rules,
+ * windowed rings included); else its error, CTXS_EEVICTED where a ring no
+ * longer holds what n needs. */
+int ctxs__session_can_roll_back(const ctxs_session *s, uint64_t n);
+
+/* The batch s was created with (0 in a file from before 3.0). */
+uint32_t ctxs__session_batch(const ctxs_session *s);
+
 /* What the index learns from a session opened through a store. The store
  * only calls these; it knows nothing of LMDB. */
 typedef struct ctxs__session_hooks {
@@ -109,5 +124,12 @@ int ctxs__session_fork_labeled(ctxs_session **out, ctxs_session *src, const char
  * returned. Errors: CTXS_EBUSY (a handle in any process has it open),
  * -ENOENT, -ELOOP, the errors of ctxs_session_open(), CTXS_EFULL, -errno. */
 int ctxs__session_compact(const char *path, uint64_t *bytes_before, uint64_t *bytes_after);
+
+/* Rewrites the session file at path with capacity slots (grow.c), into a
+ * new file renamed over it; *disk_bytes gets the new file's. Errors:
+ * CTXS_EBUSY (a handle in any process has it open), CTXS_EINVAL (no
+ * larger capacity, a ring gone round, windowed rings that would change),
+ * -ENOENT, the errors of ctxs_session_open(), CTXS_EFULL, -errno. */
+int ctxs__session_grow(const char *path, uint32_t capacity, uint64_t *disk_bytes);
 
 #endif

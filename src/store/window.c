@@ -105,13 +105,31 @@ static uint32_t run_count(const ctxs_session *s)
     return 2 * s->lay.n_layers * s->lay.n_kv_heads;
 }
 
-static void advise_runs(const ctxs_session *s, const ctxs_window *w, uint32_t from,
+/* The window's spans in run `run`: the session's window, or for a layer
+ * with a ring of its own, all of that ring (the window and the batch:
+ * small, and all of it read or rewritten within a turn). */
+static const ctxs_window *run_window(const ctxs_session *s, const ctxs_window *w, uint32_t run,
+                                     ctxs_window *ring)
+{
+    uint32_t l = run / (2 * s->lay.n_kv_heads);
+    if (ctxs__layer_group(&s->lay, l) < 0)
+        return w;
+    memset(ring, 0, sizeof(*ring));
+    ring->n_spans = 1;
+    ring->spans[0].slot = 0;
+    ring->spans[0].count = ctxs__layer_cap(&s->lay, l);
+    return ring;
+}
+
+static void advise_runs(const ctxs_session *s, const ctxs_window *win, uint32_t from,
                         uint32_t to)
 {
     const ctxs__file_layout *lay = &s->lay;
     for (uint32_t run = from; run < to; run++) {
+        ctxs_window ring;
+        const ctxs_window *w = run_window(s, win, run, &ring);
         for (uint32_t i = 0; i < w->n_spans; i++) {
-            off_t at = (off_t)(lay->kv_off + (uint64_t)run * lay->head_stride +
+            off_t at = (off_t)(lay->kv_off + ctxs__run_off(lay, run) +
                                (uint64_t)w->spans[i].slot * lay->slot_bytes);
             off_t len = (off_t)((uint64_t)w->spans[i].count * lay->slot_bytes);
             posix_fadvise(s->fd, at, len, POSIX_FADV_WILLNEED);
@@ -122,7 +140,7 @@ static void advise_runs(const ctxs_session *s, const ctxs_window *w, uint32_t fr
 /* Returns the run it stopped before: to, or an earlier one when the
  * session is closing (the worker's bring-in looks between runs, so that
  * close waits for one run's pages at most). */
-static uint32_t map_runs(const ctxs_session *s, const ctxs_window *w, uint32_t from,
+static uint32_t map_runs(const ctxs_session *s, const ctxs_window *win, uint32_t from,
                          uint32_t to)
 {
 #ifdef MADV_POPULATE_READ
@@ -131,7 +149,9 @@ static uint32_t map_runs(const ctxs_session *s, const ctxs_window *w, uint32_t f
     for (uint32_t run = from; run < to; run++) {
         if (atomic_load(&s->closing))
             return run;
-        uintptr_t base = (uintptr_t)(s->map + lay->kv_off + (size_t)run * lay->head_stride);
+        ctxs_window ring;
+        const ctxs_window *w = run_window(s, win, run, &ring);
+        uintptr_t base = (uintptr_t)(s->map + lay->kv_off + ctxs__run_off(lay, run));
         for (uint32_t i = 0; i < w->n_spans; i++) {
             uintptr_t a = (base + (uintptr_t)w->spans[i].slot * lay->slot_bytes) & ~(page - 1);
             uintptr_t b = base + (uintptr_t)(w->spans[i].slot + w->spans[i].count) * lay->slot_bytes;
@@ -141,7 +161,7 @@ static uint32_t map_runs(const ctxs_session *s, const ctxs_window *w, uint32_t f
         }
     }
 #else
-    (void)s, (void)w, (void)from;
+    (void)s, (void)win, (void)from;
 #endif
     return to;
 }
@@ -196,14 +216,14 @@ int ctxs_session_prefetch(const ctxs_session *s)
     return 0;
 }
 
-/* Appends the run of positions [lo, hi) to plan, as slot runs, merging with
- * the last span where both slots and positions continue it. */
-static void plan_add(ctxs_attn_plan *plan, const ctxs_session *s, uint64_t lo,
-                     uint64_t hi)
+/* Appends the run of positions [lo, hi) to plan, as slot runs of a slot
+ * space of cap slots after ns sinks, merging with the last span where both
+ * slots and positions continue it. */
+static void plan_add(ctxs_attn_plan *plan, uint32_t cap, uint32_t ns, uint64_t lo, uint64_t hi)
 {
     while (lo < hi) {
-        uint32_t slot = ctxs__slot(s, lo);
-        uint64_t room = (uint64_t)s->lay.capacity - slot;
+        uint32_t slot = ctxs__slot_of(lo, cap, ns);
+        uint64_t room = (uint64_t)cap - slot;
         uint32_t count = (uint32_t)(hi - lo < room ? hi - lo : room);
         ctxs_attn_span *last = plan->n_spans ? &plan->spans[plan->n_spans - 1] : NULL;
         if (last && last->pos + last->count == lo && last->slot + last->count == slot) {
@@ -217,6 +237,68 @@ static void plan_add(ctxs_attn_plan *plan, const ctxs_session *s, uint64_t lo,
         plan->n_keys += count;
         lo += count;
     }
+}
+
+/* The plan of layer l: the session's sinks and window for a global
+ * layer; the layer's own window, without sinks, for a windowed one, in
+ * its ring where it has one. */
+static int layer_plan(ctxs_attn_plan *out, const ctxs_session *s, uint32_t l, uint32_t n_pending)
+{
+    memset(out, 0, sizeof(*out));
+    CTXS__CHECK(n_pending <= s->n_reserved);
+    const uint64_t n = s->st.n_tokens + n_pending;
+    CTXS__CHECK(n > 0);
+    const uint32_t lw = ctxs__layer_window(&s->lay, l);
+    if (lw) {
+        uint32_t w = ctxs__effective_window(s);
+        w = w < lw ? w : lw;
+        const uint64_t first_query = n_pending ? s->st.n_tokens : n - 1;
+        uint64_t lo = first_query + 1 > w ? first_query + 1 - w : 0;
+        /* In a session's slots, never below what its ring still holds. */
+        if (ctxs__layer_group(&s->lay, l) < 0) {
+            uint64_t first = ctxs__first_recent(s, &s->st);
+            lo = lo < first && lo >= s->lay.n_sink ? first : lo;
+            if (lo < s->lay.n_sink && first > s->lay.n_sink)
+                lo = first;
+        }
+        out->n_tokens = n;
+        out->first_query = first_query;
+        out->n_sink = 0;
+        out->window = w;
+        plan_add(out, ctxs__layer_cap(&s->lay, l), ctxs__layer_sinks(&s->lay, l), lo, n);
+        return 0;
+    }
+    return ctxs_session_get_attn_plan(out, s, n_pending);
+}
+
+int ctxs_session_get_layer_attn(ctxs_layout *kv, ctxs_attn_plan *plan, const ctxs_session *s,
+                                uint32_t layer, uint32_t n_pending)
+{
+    CTXS__CHECK(kv && plan);
+    memset(kv, 0, sizeof(*kv));
+    memset(plan, 0, sizeof(*plan));
+    CTXS__CHECK(s && layer < s->lay.n_layers);
+    const ctxs__file_layout *lay = &s->lay;
+    const uint32_t cap = ctxs__layer_cap(lay, layer);
+    const uint32_t run = layer * 2 * lay->n_kv_heads;
+    kv->kv = s->map + lay->kv_off + ctxs__run_off(lay, run);
+    kv->slot_bytes = lay->slot_bytes;
+    kv->head_stride = (size_t)cap * lay->slot_bytes;
+    kv->kv_stride = lay->n_kv_heads * kv->head_stride;
+    kv->layer_stride = 2 * kv->kv_stride;
+    kv->kv_bytes = kv->layer_stride;
+    if (lay->scales_bytes) {
+        kv->scales = (float *)(void *)(s->map + lay->scales_off + ctxs__run_scales_off(lay, run));
+        kv->scales_bytes = (size_t)2 * lay->n_kv_heads * cap * 4;
+    }
+    kv->token_ids = ctxs__layer_group(lay, layer) < 0 ? ctxs__token_table(s) : NULL;
+    kv->capacity = cap;
+    kv->n_sink = ctxs__layer_sinks(lay, layer);
+    kv->geometry = s->model.geometry;
+    kv->geometry.n_layers = 1;
+    kv->geometry.period = 0;
+    memset(kv->geometry.window, 0, sizeof(kv->geometry.window));
+    return layer_plan(plan, s, layer, n_pending);
 }
 
 int ctxs_session_get_attn_plan(ctxs_attn_plan *out, const ctxs_session *s,
@@ -245,9 +327,9 @@ int ctxs_session_get_attn_plan(ctxs_attn_plan *out, const ctxs_session *s,
     out->window = w;
     /* Sinks, then the recent run: at most three spans, since the recent run
      * is shorter than the ring and so wraps at most once. */
-    plan_add(out, s, 0, n < ns ? n : ns);
+    plan_add(out, s->lay.capacity, s->lay.n_sink, 0, n < ns ? n : ns);
     if (lo < n)
-        plan_add(out, s, lo, n);
+        plan_add(out, s->lay.capacity, s->lay.n_sink, lo, n);
     return 0;
 }
 
@@ -257,8 +339,11 @@ static void release_slots(const ctxs_session *s, uint32_t lo, uint32_t hi)
 {
     const ctxs__file_layout *lay = &s->lay;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    for (uint32_t run = 0; run < 2 * lay->n_layers * lay->n_kv_heads; run++) {
-        uintptr_t base = (uintptr_t)(s->map + lay->kv_off + (size_t)run * lay->head_stride);
+    const uint32_t per = 2 * lay->n_kv_heads;
+    for (uint32_t run = 0; run < lay->n_layers * per; run++) {
+        if (ctxs__layer_group(lay, run / per) >= 0)
+            continue; /* a ring of its own: its window and batch, all read */
+        uintptr_t base = (uintptr_t)(s->map + lay->kv_off + ctxs__run_off(lay, run));
         uintptr_t a = (base + (uintptr_t)lo * lay->slot_bytes + page - 1) & ~(page - 1);
         uintptr_t b = (base + (uintptr_t)hi * lay->slot_bytes) & ~(page - 1);
         if (a < b)

@@ -232,6 +232,10 @@ const char *fmt_time(char buf[32], uint64_t unix_ms);
 
 /* A dtype as the tool names it: "fp16", "bf16", "q8", or "unknown". */
 const char *fmt_dtype(uint32_t dtype);
+/* The layer schedule in words ("every layer global", "repeating every 6
+ * layers: window 512, ..., global") into buf; and as a JSON "schedule"
+ * key: {"period": P, "window": [...]}. */
+const char *fmt_schedule(char *buf, size_t size, const ctxs_geometry *g);
 
 /* "fp16" (or "f16"), "bf16" or "q8" into a ctxs_dtype; -1 for anything
  * else. */
@@ -284,6 +288,7 @@ void json_error(json *j);
 /* key + value in one call. */
 void json_kv_string(json *j, const char *key, const char *s);
 void json_kv_u64(json *j, const char *key, uint64_t v);
+void json_schedule(json *j, const ctxs_geometry *g);
 void json_kv_i64(json *j, const char *key, int64_t v);
 void json_kv_double(json *j, const char *key, double v);
 void json_kv_bool(json *j, const char *key, int v);
@@ -328,6 +333,7 @@ void cli_meta_preview(char *buf, size_t cap, const void *value, size_t n);
 
 int cmd_ls(cli *c, int argc, char **argv);
 int cmd_create(cli *c, int argc, char **argv);
+int cmd_grow(cli *c, int argc, char **argv);
 int cmd_info(cli *c, int argc, char **argv);
 int cmd_verify(cli *c, int argc, char **argv);
 int cmd_compact(cli *c, int argc, char **argv);

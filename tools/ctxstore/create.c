@@ -17,11 +17,12 @@ int cmd_create(cli *c, int argc, char **argv)
         { "model", required_argument, NULL, 'm' },
         { "capacity", required_argument, NULL, 'c' },
         { "dtype", required_argument, NULL, 'd' },
+        { "ring", no_argument, NULL, 'r' },
         { NULL, 0, NULL, 0 },
     };
     const char *model = NULL, *dtype_arg = NULL;
-    uint64_t capacity = CTXS_DEFAULT_CAPACITY;
-    uint32_t dtype = 0;
+    uint64_t capacity = 0; /* the library's default */
+    uint32_t dtype = 0, ring = 0;
     int opt;
     while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         if (cli_common_option(c, opt, optarg))
@@ -31,7 +32,7 @@ int cmd_create(cli *c, int argc, char **argv)
             model = optarg;
             break;
         case 'c':
-            if (parse_u64(optarg, &capacity) != 0 || capacity > UINT32_MAX)
+            if (parse_u64(optarg, &capacity) != 0 || capacity == 0 || capacity > UINT32_MAX)
                 return cli_usage_error("create", "--capacity takes a count of token slots, "
                                                  "not '%s'", optarg);
             break;
@@ -40,6 +41,9 @@ int cmd_create(cli *c, int argc, char **argv)
                 return cli_usage_error("create", "--dtype takes fp16, bf16 or q8, not '%s'",
                                        optarg);
             dtype_arg = optarg;
+            break;
+        case 'r':
+            ring = 1;
             break;
         case 'h':
         case CLI_OPT_HELP:
@@ -75,6 +79,7 @@ int cmd_create(cli *c, int argc, char **argv)
         m.geometry.dtype = dtype;
     ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = (uint32_t)capacity;
+    o.ring = ring;
     o.open.background = 0; /* closed at once */
     ctxs_session *s = NULL;
     if (rc == 0)
@@ -119,9 +124,12 @@ int cmd_create(cli *c, int argc, char **argv)
         json_finish(&j);
     } else {
         char size[32];
-        printf("created '%s': model %s, %s, %" PRIu32 " token slots (a ring after the first %"
-               PRIu32 "), %s on disk\n",
-               e.name, model_name, fmt_dtype(m.geometry.dtype), info.capacity, info.n_sink,
+        char ring_text[64] = "";
+        if (info.flags & CTXS_INFO_RING)
+            snprintf(ring_text, sizeof(ring_text), " (a ring after the first %" PRIu32 ")",
+                     info.n_sink);
+        printf("created '%s': model %s, %s, %" PRIu32 " token slots%s, %s on disk\n",
+               e.name, model_name, fmt_dtype(m.geometry.dtype), info.capacity, ring_text,
                fmt_size(size, e.disk_bytes));
     }
     return CLI_OK;

@@ -62,6 +62,7 @@ static void header_json(json *j, const ctxs_file_report *r)
     json_kv_u64(j, "n_kv_heads", r->model.geometry.n_kv_heads);
     json_kv_u64(j, "head_dim", r->model.geometry.head_dim);
     json_kv_string(j, "dtype", fmt_dtype(r->model.geometry.dtype));
+    json_schedule(j, &r->model.geometry);
     json_object_end(j);
     json_kv_u64(j, "capacity", r->capacity);
     json_kv_u64(j, "n_sink", r->n_sink);
@@ -212,6 +213,8 @@ static void print_text(const view *v, ctxs_store *st)
                " dims, %s: %s per token\n",
                g->n_layers, g->n_kv_heads, g->head_dim, fmt_dtype(g->dtype),
                fmt_size(a, per_token));
+        char sched[160];
+        printf("schedule     %s\n", fmt_schedule(sched, sizeof(sched), g));
         printf("capacity     %" PRIu32 " slots, %" PRIu32 " sinks, %s\n", r->capacity,
                r->n_sink, r->ring ? "ring (overwrites the oldest tokens once full)"
                                   : "no ring (full at capacity)");

@@ -43,6 +43,7 @@ static void row_fill(row *r, const cli *c, ctxs_store *st, const ctxs_session_en
     } while (0)
     FLAG(e->pinned, "pinned");
     FLAG(r->cur && r->rep.ring, "ring");
+    FLAG(r->inspect_rc == 0 && r->rep.model.geometry.period, "windowed");
     FLAG(r->cur && r->cur->ring_start > r->rep.n_sink, "wrapped");
     FLAG(r->cur && r->cur->n_tokens < e->n_tokens, "rolled-back");
     FLAG(r->rep.writer_open, "writer");
@@ -64,6 +65,8 @@ static void print_json(json *j, const row *rows, size_t n, const cli_stray *stra
         json_key(j, "model_hash");
         json_hex(j, r->e->model_hash, 16);
         json_kv_string(j, "model", r->model);
+        if (r->inspect_rc == 0)
+            json_schedule(j, &r->rep.model.geometry);
         if (r->cur) {
             json_kv_u64(j, "n_tokens", r->cur->n_tokens);
             json_kv_u64(j, "held", cli_held(&r->rep, r->cur));

@@ -52,11 +52,13 @@ static const command k_commands[] = {
       "  writer    a process has it open for writing now\n"
       "  failed    the file does not open (damaged, missing); see `verify`\n" },
     { "create", cmd_create, "create an empty session for a registered model",
-      "create NAME --model MODEL [--capacity N] [--dtype fp16|bf16|q8] [--json]\n\n"
+      "create NAME --model MODEL [--capacity N] [--ring] [--dtype fp16|bf16|q8]\n"
+      "       [--json]\n\n"
       "Creates the session NAME for MODEL (a name or a 32-digit hash, as\n"
       "`ctxstore models` lists them), empty, with N token slots (default 2048;\n"
-      "5 to 16777216). Once full it overwrites its oldest tokens after the\n"
-      "first 4 (a ring). The session holds K and V as the model was registered\n"
+      "5 to 16777216). Once full it refuses more tokens, losing none (`ctxstore\n"
+      "grow` gives it more slots); with --ring it overwrites its oldest tokens\n"
+      "after the first 4 instead. The session holds K and V as the model was registered\n"
       "(--dtype, when given, must be that one: a store keeps one form of a\n"
       "model's KV). The store must exist (`ctxstore models register` makes\n"
       "one). Refuses (exit 7) a NAME that another session has.\n" },
@@ -77,6 +79,14 @@ static const command k_commands[] = {
       "table and key; the other commands refuse the same records with 8), 5\n"
       "when a session file is damaged, naming the session, the tokens and what\n"
       "to do. FILE (a path, as for info) checks that session file alone.\n" },
+    { "grow", cmd_grow, "give a session more token slots",
+      "grow NAME --capacity N [--json]\n\n"
+      "Gives the session NAME N token slots (more than it has: up to\n"
+      "16777216), keeping every token, checkpoint and metadata value: the way\n"
+      "on for a session that is full and refuses tokens. Its file is written\n"
+      "anew beside the old one and takes its place once complete; a crash\n"
+      "leaves one or the other, whole. Refuses (exit 4) a session that a\n"
+      "process has open, and a ring that has overwritten tokens.\n" },
     { "compact", cmd_compact, "give back unused disk space",
       "compact [SESSION | --all] [--json]\n\n"
       "Punches out the KV blocks of slots that hold no token (after rollbacks\n"

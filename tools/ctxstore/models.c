@@ -45,6 +45,7 @@ static void model_json(json *j, const ctxs_model_entry *m)
     json_kv_u64(j, "n_kv_heads", g->n_kv_heads);
     json_kv_u64(j, "head_dim", g->head_dim);
     json_kv_string(j, "dtype", fmt_dtype(g->dtype));
+    json_schedule(j, g);
     json_object_end(j);
     json_key(j, "tokenizer_hash");
     json_hex(j, m->model.tokenizer_hash, CTXS_HASH_BYTES);
@@ -70,6 +71,9 @@ static void models_table(const ctxs_model_entry *list, size_t n)
                fmt_hash(hash, m->model.model_hash), name_w, m->name[0] ? m->name : "-",
                g->n_layers, g->n_kv_heads, g->head_dim, fmt_dtype(g->dtype),
                fmt_hash(tok, m->model.tokenizer_hash), fmt_time(t, m->registered_unix_ms));
+        char sched[160];
+        if (g->period) /* a line of its own: it does not fit a column */
+            printf("  schedule: %s\n", fmt_schedule(sched, sizeof(sched), g));
     }
     printf("%zu model%s\n", n, n == 1 ? "" : "s");
 }

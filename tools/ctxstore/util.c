@@ -925,6 +925,37 @@ const char *fmt_age(char buf[32], uint64_t unix_ms)
     return buf;
 }
 
+const char *fmt_schedule(char *buf, size_t size, const ctxs_geometry *g)
+{
+    if (!g->period) {
+        snprintf(buf, size, "every layer global");
+        return buf;
+    }
+    size_t at = (size_t)snprintf(buf, size, "repeating every %" PRIu32 " layer%s:", g->period,
+                                 g->period == 1 ? "" : "s");
+    for (uint32_t j = 0; j < g->period && j < CTXS_SCHEDULE_MAX && at < size; j++) {
+        if (g->window[j])
+            at += (size_t)snprintf(buf + at, size - at, "%s window %" PRIu32, j ? "," : "",
+                                   g->window[j]);
+        else
+            at += (size_t)snprintf(buf + at, size - at, "%s global", j ? "," : "");
+    }
+    return buf;
+}
+
+void json_schedule(json *j, const ctxs_geometry *g)
+{
+    json_key(j, "schedule");
+    json_object_begin(j);
+    json_kv_u64(j, "period", g->period);
+    json_key(j, "window");
+    json_array_begin(j);
+    for (uint32_t k = 0; k < g->period && k < CTXS_SCHEDULE_MAX; k++)
+        json_u64(j, g->window[k]);
+    json_array_end(j);
+    json_object_end(j);
+}
+
 const char *fmt_dtype(uint32_t dtype)
 {
     switch (dtype) {

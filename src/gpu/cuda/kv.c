@@ -331,6 +331,13 @@ int ctxs_cuda_attach(ctxs_cuda_kv **out, ctxs_session *s, int mode, int device)
     int rc = ctxs_session_get_layout(&host, s);
     if (rc < 0)
         return rc;
+    /* The kernels and the mirror take one stride for every layer; a
+     * windowed layer's ring has its own: refused before it is read wrong. */
+    if (host.geometry.period)
+        return ctxs_set_last_error(CTXS_EINVAL, "the session has a layer schedule (sliding-"
+                                   "window layers with rings of their own), which the CUDA "
+                                   "kernels do not read: use the CPU kernel, a layer at a time "
+                                   "(ctxs_session_get_layer_attn(), ctxs_attention())");
 
     int count = ctxs_cuda_get_device_count();
     if (count < 0)

@@ -226,6 +226,13 @@ int ctxs_metal_attach(ctxs_metal_kv **out, ctxs_session *s, void *mtl_device)
     int rc = ctxs_session_get_layout(&lay, s);
     if (rc < 0)
         return rc;
+    /* One stride for every layer in the kernel; a windowed layer's ring
+     * has its own: refused before it is read wrong. */
+    if (lay.geometry.period)
+        return ctxs_set_last_error(CTXS_EINVAL, "the session has a layer schedule (sliding-"
+                                   "window layers with rings of their own), which the Metal "
+                                   "kernel does not read: use the CPU kernel, a layer at a time "
+                                   "(ctxs_session_get_layer_attn(), ctxs_attention())");
     return ctxs_metal_attach_layout(out, &lay, mtl_device);
 }
 

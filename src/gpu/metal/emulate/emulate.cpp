@@ -326,7 +326,7 @@ static void run_cases(const char *dir, uint32_t dtype)
     };
 
     {
-        const ctxs_geometry g = {3, 2, 128, dtype};
+        const ctxs_geometry g = {3, 2, 128, dtype, 0, {0}};
         ctxs_session *s = make_session(dir, &g, 1024, 4, 2048);
         append(s, &g, 700, true);
         ctxs_attn_plan plan;
@@ -346,7 +346,7 @@ static void run_cases(const char *dir, uint32_t dtype)
         ctxs_session_close(s);
     }
     {
-        const ctxs_geometry g = {2, 2, 80, dtype};
+        const ctxs_geometry g = {2, 2, 80, dtype, 0, {0}};
         ctxs_session *s = make_session(dir, &g, 64, 4, 24);
         for (int i = 0; i < 3; i++)
             append(s, &g, 50, true); // the ring wraps
@@ -370,7 +370,7 @@ static void run_cases(const char *dir, uint32_t dtype)
         ctxs_session_close(s);
     }
     {
-        const ctxs_geometry g = {1, 1, 32, dtype};
+        const ctxs_geometry g = {1, 1, 32, dtype, 0, {0}};
         ctxs_session *s = make_session(dir, &g, 256, 4, 1);
         append(s, &g, 200, true);
         ctxs_attn_plan plan;

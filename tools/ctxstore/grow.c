@@ -1,0 +1,83 @@
+/*
+ * ctxstore grow: more token slots for a session, keeping all it holds, so
+ * that a session that is full (and no ring) takes tokens again.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "cli.h"
+
+int cmd_grow(cli *c, int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        CLI_COMMON_LONGOPTS,
+        { "capacity", required_argument, NULL, 'c' },
+        { NULL, 0, NULL, 0 },
+    };
+    uint64_t capacity = 0;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (cli_common_option(c, opt, optarg))
+            continue;
+        switch (opt) {
+        case 'c':
+            if (parse_u64(optarg, &capacity) != 0 || capacity == 0 || capacity > UINT32_MAX)
+                return cli_usage_error("grow", "--capacity takes a count of token slots, "
+                                               "not '%s'", optarg);
+            break;
+        case 'h':
+        case CLI_OPT_HELP:
+            cli_print_help("grow");
+            return CLI_OK;
+        default:
+            return cli_option_error("grow", opt, argv);
+        }
+    }
+    if (argc - optind != 1)
+        return cli_usage_error("grow", "grow takes one NAME");
+    if (!capacity)
+        return cli_usage_error("grow", "grow needs --capacity N, the session's new count of "
+                                       "token slots");
+    const char *name = argv[optind];
+    int ex;
+    if ((ex = cli_check_name("session name", name)) >= 0)
+        return ex;
+    ctxs_store *st;
+    if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
+        return ex;
+    ctxs_session_entry before, after;
+    int rc = ctxs_store_session_get(&before, st, name);
+    if (rc == 0)
+        rc = ctxs_store_session_grow(st, name, (uint32_t)capacity);
+    if (rc == 0)
+        rc = ctxs_store_session_get(&after, st, name);
+    if (rc < 0) {
+        ex = cli_fail_hint(rc, rc == CTXS_EBUSY ? "close the program that has it open, then "
+                                                  "grow it"
+                                                : NULL,
+                           "growing '%s'", name);
+        ctxs_store_close(st);
+        return ex;
+    }
+    ctxs_store_close(st);
+    if (c->json) {
+        json j;
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_kv_string(&j, "name", after.name);
+        json_kv_u64(&j, "capacity", capacity);
+        json_kv_u64(&j, "n_tokens", after.n_tokens);
+        json_kv_u64(&j, "disk_bytes_before", before.disk_bytes);
+        json_kv_u64(&j, "disk_bytes", after.disk_bytes);
+        json_object_end(&j);
+        json_finish(&j);
+    } else {
+        char a[32], b[32];
+        printf("grew '%s' to %" PRIu64 " token slots, holding its %" PRIu64 " tokens: %s -> %s "
+               "on disk\n",
+               after.name, capacity, after.n_tokens, fmt_size(a, before.disk_bytes),
+               fmt_size(b, after.disk_bytes));
+    }
+    return CLI_OK;
+}

@@ -480,6 +480,177 @@ Test(schedule, a_store_keeps_the_schedule_with_the_model)
     ctxs_store_close(st);
 }
 
+/* --- The file's bytes, read where docs/FORMAT.md puts them -------------- */
+
+#define FILE_PAGE 16384u
+
+static uint64_t page_up(uint64_t x)
+{
+    return (x + FILE_PAGE - 1) / FILE_PAGE * FILE_PAGE;
+}
+
+static uint64_t le(const uint8_t *b, uint64_t off, unsigned bytes)
+{
+    uint64_t x = 0;
+    for (unsigned i = bytes; i-- > 0;)
+        x = x << 8 | b[off + i];
+    return x;
+}
+
+/* Values written through the API lie in the file at the offsets the
+ * format's own formulas give, computed here from the header's fields and
+ * nothing of the library's: a layer's runs of `slots(layer)` (its ring of
+ * window + batch, or the capacity), the runs one after another in file
+ * order, Q8 scales as a prefix sum over the same runs, each group's table
+ * of (position, checksum) per ring slot. The rings have wrapped several
+ * times; a ring laid out shorter or longer, or any run misplaced, puts
+ * some value elsewhere. */
+Test(schedule, values_lie_where_the_format_says_through_wrapped_rings)
+{
+    static const uint32_t kinds[] = {CTXS_DTYPE_F16, CTXS_DTYPE_Q8};
+    enum { N = 45 };
+    for (size_t d = 0; d < 2; d++) {
+        const uint32_t dtype = kinds[d];
+        char name[32];
+        snprintf(name, sizeof(name), "layout-%zu.ctxs", d);
+        ctxs_session *s = make(name, dtype, CTXS_SYNC_NONE);
+        cr_assert_eq(append(s, N), 0);
+        ctxs_session_close(s);
+        size_t flen;
+        uint8_t *b = ts_read_file(ts_path(ts_scratch, name), &flen);
+
+        /* The header. */
+        cr_assert(memcmp(b, "CTXSSESS", 8) == 0);
+        cr_assert_eq(le(b, 8, 2), 3, "version_major");
+        const uint64_t cap = le(b, 44, 4), ns = le(b, 48, 4), batch = le(b, 184, 4);
+        const uint64_t period = le(b, 188, 4), elem = le(b, 28, 4);
+        cr_assert(cap == CAP && ns == 4 && batch == BATCH && period == 3);
+        cr_assert_eq(le(b, 24, 4), dtype);
+        cr_assert_eq(elem, dtype == CTXS_DTYPE_Q8 ? 1 : 2);
+        cr_assert(le(b, 32, 4) == LAYERS && le(b, 36, 4) == HEADS && le(b, 40, 4) == DIM);
+        uint64_t window[8];
+        for (int i = 0; i < 8; i++)
+            window[i] = le(b, 192 + 4 * (uint64_t)i, 4);
+        cr_assert(window[0] == 0 && window[1] == 6 && window[2] == 10 && window[3] == 0);
+        const uint64_t slot_bytes = DIM * elem;
+
+        /* slots(layer): a ring of window + batch where it fits, else the
+         * capacity; the groups, one per window, in the order of their
+         * first layer. */
+        uint64_t slots[LAYERS], total = 0, group_len[8], group_w[8];
+        unsigned n_groups = 0;
+        for (uint32_t l = 0; l < LAYERS; l++) {
+            uint64_t w = window[l % period], len = w + batch;
+            slots[l] = w && len <= cap - ns && len < cap ? len : cap;
+            if (slots[l] != cap) {
+                unsigned g = 0;
+                while (g < n_groups && group_w[g] != w)
+                    g++;
+                if (g == n_groups) {
+                    group_w[n_groups] = w;
+                    group_len[n_groups++] = len;
+                }
+            }
+            total += slots[l];
+        }
+        cr_assert(slots[0] == CAP && slots[1] == 10 && slots[2] == 14 && slots[3] == CAP &&
+                  slots[4] == 10 && slots[5] == 14 && n_groups == 2);
+
+        const uint64_t tokens_off = 16384, tokens_bytes = page_up(cap * 4);
+        const uint64_t sums_off = tokens_off + tokens_bytes, sums_bytes = page_up(cap * 8);
+        const int q8 = dtype == CTXS_DTYPE_Q8;
+        const uint64_t scales_off = q8 ? sums_off + sums_bytes : 0;
+        const uint64_t scales_bytes = q8 ? page_up(2 * HEADS * 4 * total) : 0;
+        const uint64_t groups_off = sums_off + sums_bytes + scales_bytes;
+        uint64_t table_off[8], groups_bytes = 0;
+        for (unsigned g = 0; g < n_groups; g++) {
+            table_off[g] = groups_off + groups_bytes;
+            groups_bytes += page_up(group_len[g] * 16);
+        }
+        const uint64_t kv_off = groups_off + groups_bytes;
+        const uint64_t kv_bytes = page_up(2 * HEADS * slot_bytes * total);
+        cr_assert_eq(le(b, 72, 8), tokens_off);
+        cr_assert_eq(le(b, 80, 8), tokens_bytes);
+        cr_assert_eq(le(b, 88, 8), sums_off);
+        cr_assert_eq(le(b, 96, 8), sums_bytes);
+        cr_assert_eq(le(b, 104, 8), kv_off, "kv_off %llu", (unsigned long long)le(b, 104, 8));
+        cr_assert_eq(le(b, 112, 8), kv_bytes, "kv_bytes %llu", (unsigned long long)le(b, 112, 8));
+        cr_assert_eq(le(b, 120, 8), kv_off + kv_bytes);
+        cr_assert_eq(le(b, 168, 8), scales_off);
+        cr_assert_eq(le(b, 176, 8), scales_bytes);
+        cr_assert_eq(le(b, 224, 8), groups_off);
+        cr_assert_eq(le(b, 232, 8), groups_bytes);
+        cr_assert_eq(flen, kv_off + kv_bytes);
+
+        /* Each run's start: the runs before it, of their layers' slots. */
+        uint64_t run_off[2 * LAYERS * HEADS], scale_run_off[2 * LAYERS * HEADS];
+        for (uint32_t r = 0, at = 0, sat = 0; r < 2 * LAYERS * HEADS; r++) {
+            run_off[r] = at;
+            scale_run_off[r] = sat;
+            at += (uint32_t)(slots[r / (2 * HEADS)] * slot_bytes);
+            sat += (uint32_t)(slots[r / (2 * HEADS)] * 4);
+        }
+
+        unsigned checked = 0, ring_checked = 0;
+        for (uint64_t p = 0; p < N; p++) {
+            /* No ring in the session: position p is slot p. */
+            cr_assert_eq(le(b, tokens_off + p * 4, 4), token(p), "token id of %llu",
+                         (unsigned long long)p);
+            cr_assert_neq(le(b, sums_off + p * 8, 8), 0);
+            float kv[2][PER];
+            fill(kv[0], kv[1], p);
+            for (uint32_t l = 0; l < LAYERS; l++) {
+                /* A ring keeps its last slots(layer) positions. */
+                if (slots[l] != cap && p + slots[l] < N)
+                    continue;
+                uint64_t slot = slots[l] == cap ? p : p % slots[l];
+                for (uint32_t kind = 0; kind < 2; kind++)
+                    for (uint32_t h = 0; h < HEADS; h++) {
+                        uint32_t r = (l * 2 + kind) * HEADS + h;
+                        uint8_t enc[DIM * 2];
+                        float scale = 0;
+                        const float *x = kv[kind] + (l * HEADS + h) * DIM;
+                        cr_assert_eq(ctxs_dtype_encode(enc, &scale, x, DIM, dtype), 0);
+                        uint64_t at = kv_off + run_off[r] + slot * slot_bytes;
+                        cr_assert(memcmp(b + at, enc, slot_bytes) == 0,
+                                  "%s: position %llu layer %u kind %u head %u: not at byte %llu "
+                                  "(slot %llu of %llu)",
+                                  name, (unsigned long long)p, l, kind, h,
+                                  (unsigned long long)at, (unsigned long long)slot,
+                                  (unsigned long long)slots[l]);
+                        if (q8) {
+                            float got;
+                            uint64_t sat = scales_off + scale_run_off[r] + slot * 4;
+                            memcpy(&got, b + sat, 4);
+                            cr_assert(got == scale,
+                                      "%s: position %llu layer %u kind %u head %u: scale %g at "
+                                      "byte %llu, written %g",
+                                      name, (unsigned long long)p, l, kind, h, (double)got,
+                                      (unsigned long long)sat, (double)scale);
+                        }
+                        checked++;
+                        ring_checked += slots[l] != cap;
+                    }
+            }
+        }
+        cr_assert_eq(ring_checked, 2 * HEADS * 2 * (10 + 14));
+        cr_assert_gt(checked, ring_checked);
+
+        /* Each group's table: the position its slot was last committed
+         * for, and a checksum. */
+        for (unsigned g = 0; g < n_groups; g++)
+            for (uint64_t p = N - group_len[g]; p < N; p++) {
+                uint64_t e = table_off[g] + (p % group_len[g]) * 16;
+                cr_assert_eq(le(b, e, 8), p, "%s: group %u (window %llu) slot %llu names %llu",
+                             name, g, (unsigned long long)group_w[g],
+                             (unsigned long long)(p % group_len[g]),
+                             (unsigned long long)le(b, e, 8));
+                cr_assert_neq(le(b, e + 8, 8), 0);
+            }
+        free(b);
+    }
+}
+
 /* Reads an export file's header. */
 static ctxs__export_header export_header(const char *path)
 {

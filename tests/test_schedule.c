@@ -837,3 +837,148 @@ Test(schedule, a_grown_session_keeps_its_rings_and_its_tokens)
         ctxs_session_close(s);
     }
 }
+
+/* A writer in another process appends to a windowed session, its rings
+ * going round, while this process forks it from a read-only handle and
+ * exports it: a fork holds exactly what the writer had committed (every
+ * token's K/V, the windows of the rings) or is refused with CTXS_ESTALE;
+ * an export of the healthy session succeeds, whole, or is refused with
+ * CTXS_ESTALE, never taken for damage. (With a batch of 4 the rings keep
+ * a window for one more turn only, so most exports beside the writer are
+ * stale; the one after it stops must succeed.) */
+static void beside_a_live_writer(ctxs_store *st, uint32_t dtype)
+{
+    enum { LIVE_CAP = 2048 };
+    ctxs_model m = sched_model(dtype);
+    m.model_hash[15] ^= (uint8_t)dtype; /* a store keeps one dtype per model */
+    cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
+    ctxs_create_options o = ts_options(LIVE_CAP, 4, 0, CTXS_SYNC_NONE);
+    o.batch = BATCH;
+    char live[32];
+    snprintf(live, sizeof(live), "live-%u", dtype);
+    ctxs_session *s;
+    cr_assert_eq(ctxs_store_session_create(&s, st, live, &m, &o), 0);
+    cr_assert_eq(append(s, 40), 0);
+    ctxs_session_close(s);
+
+    int pipefd[2];
+    cr_assert_eq(pipe(pipefd), 0);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        /* No criterion call in the child. */
+        close(pipefd[0]);
+        ctxs_store *cs;
+        ctxs_session *w;
+        if (ctxs_store_open(&cs, ts_store_dir(), 0, NULL) != 0 ||
+            ctxs_store_session_open(&w, cs, live, &m, 0, NULL) != 0)
+            _exit(2);
+        if (write(pipefd[1], "x", 1) != 1)
+            _exit(3);
+        /* As an engine does: reserve a turn, write it, compute a while,
+         * commit. Between write and commit the ring's slots hold the
+         * turn's K/V, their entries still the older positions'. */
+        float k[PER], v[PER];
+        for (uint64_t n = 40; n + BATCH <= LIVE_CAP; n += BATCH) {
+            ctxs_reservation r;
+            uint32_t ids[BATCH];
+            if (ctxs_session_reserve(&r, w, BATCH) != 0)
+                _exit(4);
+            for (uint32_t i = 0; i < BATCH; i++) {
+                fill(k, v, r.first_pos + i);
+                ids[i] = token(r.first_pos + i);
+                if (ctxs_session_write_token(w, &r, i, k, v, CTXS_DTYPE_F32) != 0)
+                    _exit(5);
+            }
+            ts_sleep_us(2000);
+            if (ctxs_session_commit(w, ids, BATCH) != 0)
+                _exit(6);
+        }
+        ctxs_session_close(w);
+        ctxs_store_close(cs);
+        _exit(0);
+    }
+    close(pipefd[1]);
+    char c;
+    cr_assert_eq(read(pipefd[0], &c, 1), 1);
+    close(pipefd[0]);
+
+    cr_assert_eq(ctxs_store_session_open(&s, st, live, &m, CTXS_OPEN_RDONLY, NULL), 0);
+    unsigned forks = 0, fork_stale = 0, exports = 0, export_stale = 0, round = 0;
+    int status = 0, running = 1;
+    for (; round < 400 && running; round++) {
+        char path[64];
+        snprintf(path, sizeof(path), "fork-%u.ctxs", round);
+        ctxs_session *fk = NULL;
+        int rc = ctxs_session_fork(&fk, s, ts_path(ts_scratch, path), UINT64_MAX, NULL);
+        cr_assert(rc == 0 || rc == CTXS_ESTALE, "%s: fork %u beside the writer: %s (%s)",
+                  ctxs__dtype_name(dtype), round, ctxs_err_name(rc), ctxs_get_last_error());
+        if (rc == 0) {
+            check(fk, dtype);
+            ctxs_session_close(fk);
+            cr_assert_eq(ctxs_session_open(&fk, ts_path(ts_scratch, path), &m,
+                                           CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
+            check(fk, dtype);
+            ctxs_session_close(fk);
+            forks++;
+        } else {
+            fork_stale++;
+        }
+        unlink(ts_path(ts_scratch, path));
+
+        snprintf(path, sizeof(path), "live-%u.ctxx", round);
+        const char *x = ts_path(ts_scratch, path);
+        rc = ctxs_store_session_export(st, live, x, NULL, NULL);
+        cr_assert(rc == 0 || rc == CTXS_ESTALE, "%s: export %u beside the writer: %s (%s)",
+                  ctxs__dtype_name(dtype), round, ctxs_err_name(rc), ctxs_get_last_error());
+        if (rc == 0 && exports % 4 == 0) {
+            char got[CTXS_NAME_MAX + 1], back[32];
+            snprintf(back, sizeof(back), "back-%u", round);
+            rc = ctxs_store_session_import(got, st, x, back, NULL, NULL);
+            cr_assert_eq(rc, 0, "import of export %u: %s", round, ctxs_get_last_error());
+            ctxs_session *b;
+            cr_assert_eq(ctxs_store_session_open(&b, st, back, &m, CTXS_OPEN_VERIFY, NULL), 0);
+            check(b, dtype);
+            ctxs_session_close(b);
+            cr_assert_eq(ctxs_store_session_delete(st, back), 0);
+        }
+        exports += rc == 0;
+        export_stale += rc == CTXS_ESTALE;
+        unlink(x);
+        running = waitpid(pid, &status, WNOHANG) == 0;
+    }
+    if (running) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    } else {
+        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the writer failed: %d",
+                  status);
+    }
+    ctxs_session_close(s);
+    fprintf(stderr, "%s beside a live writer: %u rounds, %u forks (%u stale), %u exports "
+            "(%u stale)\n", ctxs__dtype_name(dtype), round, forks, fork_stale, exports,
+            export_stale);
+    cr_assert_gt(forks, 0, "no fork beside the writer succeeded");
+
+    /* The writer gone, the export holds what it committed. */
+    const char *x = ts_path(ts_scratch, "live-final.ctxx");
+    int rc = ctxs_store_session_export(st, live, x, NULL, NULL);
+    cr_assert_eq(rc, 0, "%s: export after the writer: %s (%s)", ctxs__dtype_name(dtype),
+                 ctxs_err_name(rc), ctxs_get_last_error());
+    char got[CTXS_NAME_MAX + 1];
+    cr_assert_eq(ctxs_store_session_import(got, st, x, "back-final", NULL, NULL), 0);
+    ctxs_session *b;
+    cr_assert_eq(ctxs_store_session_open(&b, st, "back-final", &m, CTXS_OPEN_VERIFY, NULL), 0);
+    check(b, dtype);
+    ctxs_session_close(b);
+    cr_assert_eq(ctxs_store_session_delete(st, "back-final"), 0);
+    unlink(x);
+}
+
+Test(schedule, fork_and_export_beside_a_live_writer_are_exact_or_stale)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    beside_a_live_writer(st, CTXS_DTYPE_F16);
+    beside_a_live_writer(st, CTXS_DTYPE_Q8);
+    ctxs_store_close(st);
+}

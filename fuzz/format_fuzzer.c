@@ -5,7 +5,9 @@
  *
  * Input: the first byte picks the decoder (modulo 4); the rest is what it
  * reads. Besides not crashing, it checks what the callers rely on: a
- * header that passes describes regions that lie in order inside the file;
+ * header that passes describes regions that lie in order inside the file,
+ * its runs (a windowed layer's of its ring) one after another inside the
+ * KV region, and its rings' tables inside theirs;
  * a record that passes holds no more tokens than there are slots, in
  * slots below the capacity; a name that passes is 1..255 bytes of UTF-8
  * with no control character, '/' or "..".
@@ -27,6 +29,69 @@ static void fail(const char *what)
     abort();
 }
 
+/* What a layout that passed promises (docs/FORMAT.md): the regions in
+ * order, each right after the one before; every run of its layer's slots
+ * (the capacity, or a windowed group's ring of window + batch), right
+ * after the run before, inside the KV region, its scales likewise; each
+ * group's table inside the groups' region. Runs are checked over the
+ * first two periods of layers and at the end, not all 2^25 of them. */
+static void check_layout(const ctxs__file_layout *lay, uint64_t file_size)
+{
+    const uint64_t after_sums = lay->sums_off + lay->sums_bytes;
+    if (lay->tokens_off != CTXS__PAGE || lay->sums_off != lay->tokens_off + lay->tokens_bytes ||
+        (lay->scales_bytes ? lay->scales_off != after_sums : lay->scales_off != 0) ||
+        (lay->groups_bytes ? lay->groups_off != after_sums + lay->scales_bytes
+                           : lay->groups_off != 0 || lay->n_groups != 0) ||
+        lay->kv_off != after_sums + lay->scales_bytes + lay->groups_bytes ||
+        lay->file_bytes != lay->kv_off + lay->kv_bytes || lay->file_bytes > file_size ||
+        lay->kv_off % CTXS__PAGE || lay->kv_bytes % CTXS__PAGE)
+        fail("a header that passed describes regions out of order");
+    if ((uint64_t)lay->capacity * 4 > lay->tokens_bytes ||
+        (uint64_t)lay->capacity * 8 > lay->sums_bytes ||
+        lay->head_stride != (size_t)lay->capacity * lay->slot_bytes)
+        fail("a header that passed has tables too small");
+
+    uint64_t table_end = lay->groups_off;
+    for (uint32_t g = 0; g < lay->n_groups; g++) {
+        const ctxs__group *gr = &lay->groups[g];
+        if (!gr->window || gr->len != (uint64_t)gr->window + lay->batch ||
+            gr->len >= lay->capacity || gr->len > lay->capacity - lay->n_sink)
+            fail("a windowed group's ring breaks the rules");
+        if (gr->table_off < table_end || gr->table_off % CTXS__PAGE ||
+            gr->table_off + (uint64_t)gr->len * 16 > lay->groups_off + lay->groups_bytes)
+            fail("a windowed group's table lies outside its region");
+        table_end = gr->table_off + (uint64_t)gr->len * 16;
+    }
+    for (uint32_t j = 0; j < lay->pat; j++) {
+        if (lay->group[j] >= (int32_t)lay->n_groups)
+            fail("a pattern layer's group does not exist");
+        uint32_t want = lay->group[j] < 0 ? lay->capacity : lay->groups[lay->group[j]].len;
+        if (lay->len[j] != want)
+            fail("a pattern layer's slots are not its group's ring");
+    }
+
+    const uint64_t per = 2ull * lay->n_kv_heads, runs = per * lay->n_layers;
+    uint64_t check = 2 * per * lay->pat < runs ? 2 * per * lay->pat : runs;
+    for (uint64_t i = 0; i <= check; i++) {
+        uint64_t r = i < check ? i : runs - 1;
+        uint64_t slots = ctxs__layer_cap(lay, (uint32_t)(r / per));
+        uint64_t off = ctxs__run_off(lay, (uint32_t)r);
+        if (off + slots * lay->slot_bytes > lay->kv_bytes)
+            fail("a run ends past the KV region");
+        if (r + 1 < runs && i + 1 < check &&
+            ctxs__run_off(lay, (uint32_t)(r + 1)) != off + slots * lay->slot_bytes)
+            fail("a run does not start where the one before ends");
+        if (lay->scales_bytes) {
+            uint64_t soff = ctxs__run_scales_off(lay, (uint32_t)r);
+            if (soff + slots * 4 > lay->scales_bytes)
+                fail("a run's scales end past the scale table");
+            if (r + 1 < runs && i + 1 < check &&
+                ctxs__run_scales_off(lay, (uint32_t)(r + 1)) != soff + slots * 4)
+                fail("a run's scales do not start where the run before's end");
+        }
+    }
+}
+
 static void header(const uint8_t *data, size_t size)
 {
     ctxs__disk_header h;
@@ -38,14 +103,7 @@ static void header(const uint8_t *data, size_t size)
     ctxs__file_layout lay;
     if (ctxs__header_check(&h, file_size, &lay) != 0)
         return;
-    if (lay.tokens_off != CTXS__PAGE || lay.sums_off != lay.tokens_off + lay.tokens_bytes ||
-        lay.kv_off != lay.sums_off + lay.sums_bytes || lay.file_bytes != lay.kv_off + lay.kv_bytes ||
-        lay.file_bytes > file_size || lay.kv_off % CTXS__PAGE || lay.kv_bytes % CTXS__PAGE)
-        fail("a header that passed describes regions out of order");
-    if ((uint64_t)lay.capacity * 4 > lay.tokens_bytes || (uint64_t)lay.capacity * 8 > lay.sums_bytes ||
-        (uint64_t)lay.layer_stride * lay.n_layers > lay.kv_bytes ||
-        lay.head_stride != (size_t)lay.capacity * lay.slot_bytes)
-        fail("a header that passed has tables or KV too small");
+    check_layout(&lay, file_size);
 
     /* Its records, from the rest of the input. */
     const uint8_t *rec = data + sizeof(h) + 8;
@@ -83,14 +141,18 @@ static void header(const uint8_t *data, size_t size)
     }
 }
 
+/* Input: u32 n_layers, n_kv_heads, head_dim, dtype, capacity, n_sink,
+ * batch, period, window[8] (missing ones zero). */
 static void geometry(const uint8_t *data, size_t size)
 {
-    uint32_t v[6] = { 0 };
+    uint32_t v[16] = { 0 };
     memcpy(v, data, size < sizeof(v) ? size : sizeof(v));
-    ctxs_geometry g = { v[0], v[1], v[2], v[3], 0, {0} };
+    ctxs_geometry g = { v[0], v[1], v[2], v[3], v[7], {0} };
+    memcpy(g.window, v + 8, sizeof(g.window));
     ctxs__file_layout lay;
-    if (ctxs__layout_compute(&lay, &g, v[4], v[5], 0) != 0)
+    if (ctxs__layout_compute(&lay, &g, v[4], v[5], v[6]) != 0)
         return;
+    check_layout(&lay, lay.file_bytes);
     ctxs__disk_header h;
     ctxs_model m;
     memset(&m, 0, sizeof(m));

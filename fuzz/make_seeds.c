@@ -58,6 +58,37 @@ static uint8_t *slurp(const char *path, size_t *len)
     return buf;
 }
 
+/* A model with a layer schedule (format 3.0): 3 layers, pattern [global,
+ * window 3, window 5], so two windowed groups of rings beside the session's
+ * slots. */
+static ctxs_model schedule_model(uint32_t dtype)
+{
+    ctxs_model m = fuzz_model(2);
+    m.geometry = (ctxs_geometry){ 3, 2, 4, dtype, 3, { 0, 3, 5 } };
+    m.model_hash[15] ^= (uint8_t)dtype;
+    return m;
+}
+
+#define SCHEDULE_BATCH 4u
+
+/* Appends n tokens in turns of the batch, the most a windowed session
+ * takes between commits. */
+static void append_batches(ctxs_session *s, uint64_t n)
+{
+    for (uint64_t done = 0; done < n; done += SCHEDULE_BATCH) {
+        int rc = fuzz_append(s, n - done < SCHEDULE_BATCH ? n - done : SCHEDULE_BATCH);
+        if (rc < 0)
+            die("append to a windowed session", rc);
+    }
+}
+
+static ctxs_create_options schedule_options(uint32_t capacity, uint32_t n_sink, uint32_t ring)
+{
+    ctxs_create_options o = fuzz_options(capacity, n_sink, ring);
+    o.batch = SCHEDULE_BATCH;
+    return o;
+}
+
 /* --- session_open ------------------------------------------------------- */
 
 static void session_seed(const char *name, const char *path, uint8_t ctl)
@@ -216,6 +247,39 @@ static void session_seeds(void)
     session_seed("q8-wrapped", p, E | W);
     session_seed("q8-fix-sums", p, E | W | FUZZ_SESS_FIX_SUMS);
 
+    /* Layer schedules (3.0): rings of 7 and 9 slots that wrapped several
+     * times, in fp16 and Q8 (whose scale table has the rings' runs), one
+     * rolled back into its rings. */
+    ctxs_model sm = schedule_model(CTXS_DTYPE_F16);
+    ctxs_create_options so = schedule_options(32, 2, 0);
+    unlink(p);
+    if ((rc = ctxs_session_create(&s, p, &sm, &so)) < 0)
+        die("create windowed", rc);
+    append_batches(s, 30);
+    ctxs_session_close(s);
+    session_seed("schedule", p, E | W);
+    session_seed("schedule-fix-sums", p, E | W | FUZZ_SESS_FIX_SUMS);
+    session_seed("schedule-this-boot", p, E | W | FUZZ_SESS_THIS_BOOT);
+    sm = schedule_model(CTXS_DTYPE_Q8);
+    so = schedule_options(16, 2, 1);
+    unlink(p);
+    if ((rc = ctxs_session_create(&s, p, &sm, &so)) < 0)
+        die("create windowed q8", rc);
+    append_batches(s, 41);
+    ctxs_session_close(s);
+    session_seed("schedule-q8-ring", p, E | W);
+    sm = schedule_model(CTXS_DTYPE_F16);
+    so = schedule_options(64, 2, 0);
+    unlink(p);
+    if ((rc = ctxs_session_create(&s, p, &sm, &so)) < 0)
+        die("create windowed", rc);
+    append_batches(s, 20);
+    if ((rc = ctxs_session_rollback(s, 18)) < 0)
+        die("rollback windowed", rc);
+    append_batches(s, 3);
+    ctxs_session_close(s);
+    session_seed("schedule-rolled-back", p, E | W);
+
     /* A labeled file with two prefix chunks: the sample store's "a". */
     char *store = fuzz_join(work, "store");
     fuzz_rmtree(store);
@@ -306,6 +370,27 @@ static void session_seeds(void)
 
 /* --- import ------------------------------------------------------------- */
 
+/* The import target's input for session name of st: control byte 0, then
+ * its export file (*len bytes in all). */
+static uint8_t *export_input(ctxs_store *st, const char *name, size_t *len)
+{
+    char *path = fuzz_join(work, "x.exp");
+    unlink(path);
+    int rc = ctxs_store_session_export(st, name, path, NULL, NULL);
+    if (rc < 0)
+        die("export", rc);
+    size_t file_len;
+    uint8_t *file = slurp(path, &file_len);
+    uint8_t *in = malloc(file_len + 1);
+    in[0] = 0;
+    memcpy(in + 1, file, file_len);
+    *len = file_len + 1;
+    free(file);
+    unlink(path);
+    free(path);
+    return in;
+}
+
 static void import_seeds(void)
 {
     char *store = fuzz_join(work, "store");
@@ -318,27 +403,18 @@ static void import_seeds(void)
     uint8_t *a = NULL;
     size_t a_len = 0;
     for (int i = 0; i < 4; i++) {
-        char *path = fuzz_join(work, "x.exp");
-        unlink(path);
-        if ((rc = ctxs_store_session_export(st, names[i], path, NULL, NULL)) < 0)
-            die("export", rc);
         size_t len;
-        uint8_t *file = slurp(path, &len);
-        uint8_t *in = malloc(len + 1);
+        uint8_t *in = export_input(st, names[i], &len);
         in[0] = ctls[i];
-        memcpy(in + 1, file, len);
         char nm[32];
         snprintf(nm, sizeof(nm), "export-%s", names[i]);
-        seed("import", nm, in, len + 1);
+        seed("import", nm, in, len);
         if (i == 0) {
             a = in;
-            a_len = len + 1;
+            a_len = len;
         } else {
             free(in);
         }
-        free(file);
-        unlink(path);
-        free(path);
     }
     /* A Q8 session, whose blocks carry scales, from a store of its own
      * (the sample store stays as fuzz_common.c describes it). */
@@ -355,23 +431,53 @@ static void import_seeds(void)
         (rc = fuzz_append(s, 30)) < 0)
         die("q8 session", rc);
     ctxs_session_close(s);
-    char *path = fuzz_join(work, "q8.exp");
-    unlink(path);
-    if ((rc = ctxs_store_session_export(st8, "q8", path, NULL, NULL)) < 0)
-        die("export q8", rc);
+    size_t q8_len;
+    uint8_t *q8_in = export_input(st8, "q8", &q8_len);
     ctxs_store_close(st8);
     fuzz_rmtree(q8_store);
     free(q8_store);
-    size_t q8_len;
-    uint8_t *q8_file = slurp(path, &q8_len);
-    uint8_t *q8_in = malloc(q8_len + 1);
-    q8_in[0] = 0;
-    memcpy(q8_in + 1, q8_file, q8_len);
-    seed("import", "export-q8", q8_in, q8_len + 1);
+    seed("import", "export-q8", q8_in, q8_len);
     free(q8_in);
-    free(q8_file);
-    unlink(path);
-    free(path);
+    /* Sessions with a layer schedule (export 3.0, with the rings' group
+     * blocks), fp16 and Q8, from a store of their own. */
+    static const uint32_t sched_dtypes[] = { CTXS_DTYPE_F16, CTXS_DTYPE_Q8 };
+    for (int i = 0; i < 2; i++) {
+        ctxs_model sm = schedule_model(sched_dtypes[i]);
+        ctxs_create_options so = schedule_options(32, 2, i);
+        char *sched_store = fuzz_join(work, "schedule-store");
+        fuzz_rmtree(sched_store);
+        ctxs_store *sts;
+        s = NULL;
+        if ((rc = ctxs_store_open(&sts, sched_store, CTXS_STORE_CREATE, NULL)) < 0 ||
+            (rc = ctxs_model_register(sts, &sm, "tiny-windowed")) < 0 ||
+            (rc = ctxs_store_session_create(&s, sts, "w", &sm, &so)) < 0)
+            die("windowed session", rc);
+        append_batches(s, i ? 45 : 27);
+        ctxs_session_close(s);
+        size_t w_len;
+        uint8_t *w_in = export_input(sts, "w", &w_len);
+        ctxs_store_close(sts);
+        fuzz_rmtree(sched_store);
+        free(sched_store);
+        seed("import", i ? "export-schedule-q8-ring" : "export-schedule", w_in, w_len);
+        if (i == 0) {
+            /* The last block (a group's) claims other positions, its CRCs
+             * fixed. */
+            size_t off = 1 + sizeof(ctxs__export_header), last = 0;
+            ctxs__export_block b;
+            while (off + sizeof(b) <= w_len && memcmp(w_in + off, "CXBK", 4) == 0) {
+                memcpy(&b, w_in + off, sizeof(b));
+                last = off;
+                off += sizeof(b) + b.comp_bytes;
+            }
+            if (!last)
+                die("export windowed: no block", CTXS_ECORRUPT);
+            w_in[0] = 0x01;
+            w_in[last + offsetof(ctxs__export_block, first_pos)] ^= 0x01;
+            seed("import", "hostile-schedule-block", w_in, w_len);
+        }
+        free(w_in);
+    }
     ctxs_store_close(st);
     free(store);
     /* Hostile: truncated, trailing bytes, a newer version, a damaged
@@ -541,6 +647,28 @@ static void index_seeds(void)
     rec_start(&r, reads | 0x200);
     rec_put(&r, T_MODELS, m0.model_hash, 16, m, model_len);
     seed("index_records", "model-geometry", r.b, r.n);
+
+    /* Model records with a layer schedule (flags bit 0, then u32 period,
+     * u32 window[8] after the name): one that holds, one whose schedule
+     * breaks the rules, and one whose flag promises bytes that are not
+     * there. */
+    uint8_t ms[64 + 255 + CTXS__MODEL_SCHEDULE_BYTES];
+    uint32_t sched[1 + 8] = { 1, 3 };
+    memcpy(ms, model_rec, model_len);
+    ms[offsetof(ctxs__model_rec, flags)] |= CTXS__MODEL_SCHEDULE;
+    memcpy(ms + model_len, sched, sizeof(sched));
+    rec_start(&r, reads | 0x200 | 0x1000);
+    rec_put(&r, T_MODELS, m0.model_hash, 16, ms, model_len + sizeof(sched));
+    seed("index_records", "model-schedule", r.b, r.n);
+    sched[0] = 9;
+    sched[8] = 7;
+    memcpy(ms + model_len, sched, sizeof(sched));
+    rec_start(&r, reads | 0x200 | 0x1000);
+    rec_put(&r, T_MODELS, m0.model_hash, 16, ms, model_len + sizeof(sched));
+    seed("index_records", "model-schedule-bad", r.b, r.n);
+    rec_start(&r, reads | 0x1000);
+    rec_put(&r, T_MODELS, m0.model_hash, 16, ms, model_len + 10);
+    seed("index_records", "model-schedule-short", r.b, r.n);
 
     uint8_t ck[8 + 3];
     memcpy(ck, id_key[0], 8);
@@ -778,6 +906,23 @@ static void index_file_seeds(void)
 
 /* --- format ----------------------------------------------------------------- */
 
+/* The format target's header input: the header, the file's size, both
+ * records. */
+static void format_header_seed(const char *name, const char *path)
+{
+    size_t len;
+    uint8_t *file = slurp(path, &len);
+    uint8_t in[1 + 256 + 8 + 256];
+    in[0] = 0;
+    memcpy(in + 1, file, 256);
+    uint64_t size = len;
+    memcpy(in + 1 + 256, &size, 8);
+    memcpy(in + 1 + 264, file + 4096, 128);
+    memcpy(in + 1 + 264 + 128, file + 8192, 128);
+    seed("format", name, in, sizeof(in));
+    free(file);
+}
+
 static void format_seeds(void)
 {
     char *p = fuzz_join(work, "s.ctxs");
@@ -786,21 +931,30 @@ static void format_seeds(void)
     if ((rc = fuzz_append(s, 20)) < 0)
         die("append", rc);
     ctxs_session_close(s);
-    size_t len;
-    uint8_t *file = slurp(p, &len);
-    uint8_t in[1 + 256 + 8 + 256];
-    in[0] = 0;
-    memcpy(in + 1, file, 256);
-    uint64_t size = len;
-    memcpy(in + 1 + 256, &size, 8);
-    memcpy(in + 1 + 264, file + 4096, 128);
-    memcpy(in + 1 + 264 + 128, file + 8192, 128);
-    seed("format", "header", in, sizeof(in));
-    uint32_t geo[6] = { 1, 2, 4, CTXS_DTYPE_F16, 64, 4 };
-    uint8_t g[1 + 24];
+    format_header_seed("header", p);
+    /* 3.0: a Q8 ring with a schedule, every region there. */
+    ctxs_model sm = schedule_model(CTXS_DTYPE_Q8);
+    ctxs_create_options so = schedule_options(16, 2, 1);
+    unlink(p);
+    if ((rc = ctxs_session_create(&s, p, &sm, &so)) < 0)
+        die("create windowed q8", rc);
+    append_batches(s, 23);
+    ctxs_session_close(s);
+    format_header_seed("header-schedule-q8", p);
+
+    /* Geometry: n_layers, n_kv_heads, head_dim, dtype, capacity, n_sink,
+     * then batch, period and the windows. */
+    uint32_t geo[16] = { 1, 2, 4, CTXS_DTYPE_F16, 64, 4 };
+    uint8_t g[1 + 64];
     g[0] = 1;
     memcpy(g + 1, geo, 24);
-    seed("format", "geometry", g, sizeof(g));
+    seed("format", "geometry", g, 1 + 24);
+    uint32_t geo_sched[16] = { 6, 2, 4, CTXS_DTYPE_Q8, 64, 4, 8, 3, 0, 16, 32 };
+    memcpy(g + 1, geo_sched, 64);
+    seed("format", "geometry-schedule", g, sizeof(g));
+    uint32_t geo_global[16] = { 4, 1, 8, CTXS_DTYPE_BF16, 32, 2, 4, 2, 0, 40 };
+    memcpy(g + 1, geo_global, 64); /* its ring would not fit: laid out global */
+    seed("format", "geometry-schedule-wide", g, sizeof(g));
     uint8_t l[1 + 512];
     l[0] = 2;
     ctxs__disk_label lab;
@@ -814,7 +968,6 @@ static void format_seeds(void)
         snprintf(nm, sizeof(nm), "name-%d", i);
         seed("format", nm, names[i], strlen(names[i]));
     }
-    free(file);
     free(p);
 }
 

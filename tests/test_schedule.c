@@ -558,6 +558,177 @@ Test(schedule, checkpoints_past_the_rings_are_stale)
     ctxs_store_close(st);
 }
 
+/* --- The file's bytes, read where docs/FORMAT.md puts them -------------- */
+
+#define FILE_PAGE 16384u
+
+static uint64_t page_up(uint64_t x)
+{
+    return (x + FILE_PAGE - 1) / FILE_PAGE * FILE_PAGE;
+}
+
+static uint64_t le(const uint8_t *b, uint64_t off, unsigned bytes)
+{
+    uint64_t x = 0;
+    for (unsigned i = bytes; i-- > 0;)
+        x = x << 8 | b[off + i];
+    return x;
+}
+
+/* Values written through the API lie in the file at the offsets the
+ * format's own formulas give, computed here from the header's fields and
+ * nothing of the library's: a layer's runs of `slots(layer)` (its ring of
+ * window + batch, or the capacity), the runs one after another in file
+ * order, Q8 scales as a prefix sum over the same runs, each group's table
+ * of (position, checksum) per ring slot. The rings have wrapped several
+ * times; a ring laid out shorter or longer, or any run misplaced, puts
+ * some value elsewhere. */
+Test(schedule, values_lie_where_the_format_says_through_wrapped_rings)
+{
+    static const uint32_t kinds[] = {CTXS_DTYPE_F16, CTXS_DTYPE_Q8};
+    enum { N = 45 };
+    for (size_t d = 0; d < 2; d++) {
+        const uint32_t dtype = kinds[d];
+        char name[32];
+        snprintf(name, sizeof(name), "layout-%zu.ctxs", d);
+        ctxs_session *s = make(name, dtype, CTXS_SYNC_NONE);
+        cr_assert_eq(append(s, N), 0);
+        ctxs_session_close(s);
+        size_t flen;
+        uint8_t *b = ts_read_file(ts_path(ts_scratch, name), &flen);
+
+        /* The header. */
+        cr_assert(memcmp(b, "CTXSSESS", 8) == 0);
+        cr_assert_eq(le(b, 8, 2), 3, "version_major");
+        const uint64_t cap = le(b, 44, 4), ns = le(b, 48, 4), batch = le(b, 184, 4);
+        const uint64_t period = le(b, 188, 4), elem = le(b, 28, 4);
+        cr_assert(cap == CAP && ns == 4 && batch == BATCH && period == 3);
+        cr_assert_eq(le(b, 24, 4), dtype);
+        cr_assert_eq(elem, dtype == CTXS_DTYPE_Q8 ? 1 : 2);
+        cr_assert(le(b, 32, 4) == LAYERS && le(b, 36, 4) == HEADS && le(b, 40, 4) == DIM);
+        uint64_t window[8];
+        for (int i = 0; i < 8; i++)
+            window[i] = le(b, 192 + 4 * (uint64_t)i, 4);
+        cr_assert(window[0] == 0 && window[1] == 6 && window[2] == 10 && window[3] == 0);
+        const uint64_t slot_bytes = DIM * elem;
+
+        /* slots(layer): a ring of window + batch where it fits, else the
+         * capacity; the groups, one per window, in the order of their
+         * first layer. */
+        uint64_t slots[LAYERS], total = 0, group_len[8], group_w[8];
+        unsigned n_groups = 0;
+        for (uint32_t l = 0; l < LAYERS; l++) {
+            uint64_t w = window[l % period], len = w + batch;
+            slots[l] = w && len <= cap - ns && len < cap ? len : cap;
+            if (slots[l] != cap) {
+                unsigned g = 0;
+                while (g < n_groups && group_w[g] != w)
+                    g++;
+                if (g == n_groups) {
+                    group_w[n_groups] = w;
+                    group_len[n_groups++] = len;
+                }
+            }
+            total += slots[l];
+        }
+        cr_assert(slots[0] == CAP && slots[1] == 10 && slots[2] == 14 && slots[3] == CAP &&
+                  slots[4] == 10 && slots[5] == 14 && n_groups == 2);
+
+        const uint64_t tokens_off = 16384, tokens_bytes = page_up(cap * 4);
+        const uint64_t sums_off = tokens_off + tokens_bytes, sums_bytes = page_up(cap * 8);
+        const int q8 = dtype == CTXS_DTYPE_Q8;
+        const uint64_t scales_off = q8 ? sums_off + sums_bytes : 0;
+        const uint64_t scales_bytes = q8 ? page_up(2 * HEADS * 4 * total) : 0;
+        const uint64_t groups_off = sums_off + sums_bytes + scales_bytes;
+        uint64_t table_off[8], groups_bytes = 0;
+        for (unsigned g = 0; g < n_groups; g++) {
+            table_off[g] = groups_off + groups_bytes;
+            groups_bytes += page_up(group_len[g] * 16);
+        }
+        const uint64_t kv_off = groups_off + groups_bytes;
+        const uint64_t kv_bytes = page_up(2 * HEADS * slot_bytes * total);
+        cr_assert_eq(le(b, 72, 8), tokens_off);
+        cr_assert_eq(le(b, 80, 8), tokens_bytes);
+        cr_assert_eq(le(b, 88, 8), sums_off);
+        cr_assert_eq(le(b, 96, 8), sums_bytes);
+        cr_assert_eq(le(b, 104, 8), kv_off, "kv_off %llu", (unsigned long long)le(b, 104, 8));
+        cr_assert_eq(le(b, 112, 8), kv_bytes, "kv_bytes %llu", (unsigned long long)le(b, 112, 8));
+        cr_assert_eq(le(b, 120, 8), kv_off + kv_bytes);
+        cr_assert_eq(le(b, 168, 8), scales_off);
+        cr_assert_eq(le(b, 176, 8), scales_bytes);
+        cr_assert_eq(le(b, 224, 8), groups_off);
+        cr_assert_eq(le(b, 232, 8), groups_bytes);
+        cr_assert_eq(flen, kv_off + kv_bytes);
+
+        /* Each run's start: the runs before it, of their layers' slots. */
+        uint64_t run_off[2 * LAYERS * HEADS], scale_run_off[2 * LAYERS * HEADS];
+        for (uint32_t r = 0, at = 0, sat = 0; r < 2 * LAYERS * HEADS; r++) {
+            run_off[r] = at;
+            scale_run_off[r] = sat;
+            at += (uint32_t)(slots[r / (2 * HEADS)] * slot_bytes);
+            sat += (uint32_t)(slots[r / (2 * HEADS)] * 4);
+        }
+
+        unsigned checked = 0, ring_checked = 0;
+        for (uint64_t p = 0; p < N; p++) {
+            /* No ring in the session: position p is slot p. */
+            cr_assert_eq(le(b, tokens_off + p * 4, 4), token(p), "token id of %llu",
+                         (unsigned long long)p);
+            cr_assert_neq(le(b, sums_off + p * 8, 8), 0);
+            float kv[2][PER];
+            fill(kv[0], kv[1], p);
+            for (uint32_t l = 0; l < LAYERS; l++) {
+                /* A ring keeps its last slots(layer) positions. */
+                if (slots[l] != cap && p + slots[l] < N)
+                    continue;
+                uint64_t slot = slots[l] == cap ? p : p % slots[l];
+                for (uint32_t kind = 0; kind < 2; kind++)
+                    for (uint32_t h = 0; h < HEADS; h++) {
+                        uint32_t r = (l * 2 + kind) * HEADS + h;
+                        uint8_t enc[DIM * 2];
+                        float scale = 0;
+                        const float *x = kv[kind] + (l * HEADS + h) * DIM;
+                        cr_assert_eq(ctxs_dtype_encode(enc, &scale, x, DIM, dtype), 0);
+                        uint64_t at = kv_off + run_off[r] + slot * slot_bytes;
+                        cr_assert(memcmp(b + at, enc, slot_bytes) == 0,
+                                  "%s: position %llu layer %u kind %u head %u: not at byte %llu "
+                                  "(slot %llu of %llu)",
+                                  name, (unsigned long long)p, l, kind, h,
+                                  (unsigned long long)at, (unsigned long long)slot,
+                                  (unsigned long long)slots[l]);
+                        if (q8) {
+                            float got;
+                            uint64_t sat = scales_off + scale_run_off[r] + slot * 4;
+                            memcpy(&got, b + sat, 4);
+                            cr_assert(got == scale,
+                                      "%s: position %llu layer %u kind %u head %u: scale %g at "
+                                      "byte %llu, written %g",
+                                      name, (unsigned long long)p, l, kind, h, (double)got,
+                                      (unsigned long long)sat, (double)scale);
+                        }
+                        checked++;
+                        ring_checked += slots[l] != cap;
+                    }
+            }
+        }
+        cr_assert_eq(ring_checked, 2 * HEADS * 2 * (10 + 14));
+        cr_assert_gt(checked, ring_checked);
+
+        /* Each group's table: the position its slot was last committed
+         * for, and a checksum. */
+        for (unsigned g = 0; g < n_groups; g++)
+            for (uint64_t p = N - group_len[g]; p < N; p++) {
+                uint64_t e = table_off[g] + (p % group_len[g]) * 16;
+                cr_assert_eq(le(b, e, 8), p, "%s: group %u (window %llu) slot %llu names %llu",
+                             name, g, (unsigned long long)group_w[g],
+                             (unsigned long long)(p % group_len[g]),
+                             (unsigned long long)le(b, e, 8));
+                cr_assert_neq(le(b, e + 8, 8), 0);
+            }
+        free(b);
+    }
+}
+
 /* Reads an export file's header. */
 static ctxs__export_header export_header(const char *path)
 {
@@ -743,4 +914,149 @@ Test(schedule, a_grown_session_keeps_its_rings_and_its_tokens)
         check(s, dtypes[d]);
         ctxs_session_close(s);
     }
+}
+
+/* A writer in another process appends to a windowed session, its rings
+ * going round, while this process forks it from a read-only handle and
+ * exports it: a fork holds exactly what the writer had committed (every
+ * token's K/V, the windows of the rings) or is refused with CTXS_ESTALE;
+ * an export of the healthy session succeeds, whole, or is refused with
+ * CTXS_ESTALE, never taken for damage. (With a batch of 4 the rings keep
+ * a window for one more turn only, so most exports beside the writer are
+ * stale; the one after it stops must succeed.) */
+static void beside_a_live_writer(ctxs_store *st, uint32_t dtype)
+{
+    enum { LIVE_CAP = 2048 };
+    ctxs_model m = sched_model(dtype);
+    m.model_hash[15] ^= (uint8_t)dtype; /* a store keeps one dtype per model */
+    cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
+    ctxs_create_options o = ts_options(LIVE_CAP, 4, 0, CTXS_SYNC_NONE);
+    o.batch = BATCH;
+    char live[32];
+    snprintf(live, sizeof(live), "live-%u", dtype);
+    ctxs_session *s;
+    cr_assert_eq(ctxs_store_session_create(&s, st, live, &m, &o), 0);
+    cr_assert_eq(append(s, 40), 0);
+    ctxs_session_close(s);
+
+    int pipefd[2];
+    cr_assert_eq(pipe(pipefd), 0);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        /* No criterion call in the child. */
+        close(pipefd[0]);
+        ctxs_store *cs;
+        ctxs_session *w;
+        if (ctxs_store_open(&cs, ts_store_dir(), 0, NULL) != 0 ||
+            ctxs_store_session_open(&w, cs, live, &m, 0, NULL) != 0)
+            _exit(2);
+        if (write(pipefd[1], "x", 1) != 1)
+            _exit(3);
+        /* As an engine does: reserve a turn, write it, compute a while,
+         * commit. Between write and commit the ring's slots hold the
+         * turn's K/V, their entries still the older positions'. */
+        float k[PER], v[PER];
+        for (uint64_t n = 40; n + BATCH <= LIVE_CAP; n += BATCH) {
+            ctxs_reservation r;
+            uint32_t ids[BATCH];
+            if (ctxs_session_reserve(&r, w, BATCH) != 0)
+                _exit(4);
+            for (uint32_t i = 0; i < BATCH; i++) {
+                fill(k, v, r.first_pos + i);
+                ids[i] = token(r.first_pos + i);
+                if (ctxs_session_write_token(w, &r, i, k, v, CTXS_DTYPE_F32) != 0)
+                    _exit(5);
+            }
+            ts_sleep_us(2000);
+            if (ctxs_session_commit(w, ids, BATCH) != 0)
+                _exit(6);
+        }
+        ctxs_session_close(w);
+        ctxs_store_close(cs);
+        _exit(0);
+    }
+    close(pipefd[1]);
+    char c;
+    cr_assert_eq(read(pipefd[0], &c, 1), 1);
+    close(pipefd[0]);
+
+    cr_assert_eq(ctxs_store_session_open(&s, st, live, &m, CTXS_OPEN_RDONLY, NULL), 0);
+    unsigned forks = 0, fork_stale = 0, exports = 0, export_stale = 0, round = 0;
+    int status = 0, running = 1;
+    for (; round < 400 && running; round++) {
+        char path[64];
+        snprintf(path, sizeof(path), "fork-%u.ctxs", round);
+        ctxs_session *fk = NULL;
+        int rc = ctxs_session_fork(&fk, s, ts_path(ts_scratch, path), UINT64_MAX, NULL);
+        cr_assert(rc == 0 || rc == CTXS_ESTALE, "%s: fork %u beside the writer: %s (%s)",
+                  ctxs__dtype_name(dtype), round, ctxs_err_name(rc), ctxs_get_last_error());
+        if (rc == 0) {
+            check(fk, dtype);
+            ctxs_session_close(fk);
+            cr_assert_eq(ctxs_session_open(&fk, ts_path(ts_scratch, path), &m,
+                                           CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
+            check(fk, dtype);
+            ctxs_session_close(fk);
+            forks++;
+        } else {
+            fork_stale++;
+        }
+        unlink(ts_path(ts_scratch, path));
+
+        snprintf(path, sizeof(path), "live-%u.ctxx", round);
+        const char *x = ts_path(ts_scratch, path);
+        rc = ctxs_store_session_export(st, live, x, NULL, NULL);
+        cr_assert(rc == 0 || rc == CTXS_ESTALE, "%s: export %u beside the writer: %s (%s)",
+                  ctxs__dtype_name(dtype), round, ctxs_err_name(rc), ctxs_get_last_error());
+        if (rc == 0 && exports % 4 == 0) {
+            char got[CTXS_NAME_MAX + 1], back[32];
+            snprintf(back, sizeof(back), "back-%u", round);
+            rc = ctxs_store_session_import(got, st, x, back, NULL, NULL);
+            cr_assert_eq(rc, 0, "import of export %u: %s", round, ctxs_get_last_error());
+            ctxs_session *b;
+            cr_assert_eq(ctxs_store_session_open(&b, st, back, &m, CTXS_OPEN_VERIFY, NULL), 0);
+            check(b, dtype);
+            ctxs_session_close(b);
+            cr_assert_eq(ctxs_store_session_delete(st, back), 0);
+        }
+        exports += rc == 0;
+        export_stale += rc == CTXS_ESTALE;
+        unlink(x);
+        running = waitpid(pid, &status, WNOHANG) == 0;
+    }
+    if (running) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    } else {
+        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the writer failed: %d",
+                  status);
+    }
+    ctxs_session_close(s);
+    fprintf(stderr, "%s beside a live writer: %u rounds, %u forks (%u stale), %u exports "
+            "(%u stale)\n", ctxs__dtype_name(dtype), round, forks, fork_stale, exports,
+            export_stale);
+    cr_assert_gt(forks, 0, "no fork beside the writer succeeded");
+
+    /* The writer gone, the export holds what it committed. */
+    const char *x = ts_path(ts_scratch, "live-final.ctxx");
+    int rc = ctxs_store_session_export(st, live, x, NULL, NULL);
+    cr_assert_eq(rc, 0, "%s: export after the writer: %s (%s)", ctxs__dtype_name(dtype),
+                 ctxs_err_name(rc), ctxs_get_last_error());
+    char got[CTXS_NAME_MAX + 1];
+    cr_assert_eq(ctxs_store_session_import(got, st, x, "back-final", NULL, NULL), 0);
+    ctxs_session *b;
+    cr_assert_eq(ctxs_store_session_open(&b, st, "back-final", &m, CTXS_OPEN_VERIFY, NULL), 0);
+    check(b, dtype);
+    ctxs_session_close(b);
+    cr_assert_eq(ctxs_store_session_delete(st, "back-final"), 0);
+    unlink(x);
+}
+
+Test(schedule, fork_and_export_beside_a_live_writer_are_exact_or_stale)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    beside_a_live_writer(st, CTXS_DTYPE_F16);
+    beside_a_live_writer(st, CTXS_DTYPE_Q8);
+    ctxs_store_close(st);
 }

@@ -1,11 +1,12 @@
 /*
  * Simulated power loss. A scenario runs real commits (NONE, ASYNC, FULL,
- * syncs, rollbacks, ring wraps) on a session and copies the file after every
- * call: snapshot 0 is a durable point (a sync), and the library's own
- * promises say which later snapshots are durable too (a FULL commit or a
- * sync: all of the file; a reserve that hands out a slot whose position a
- * durable record still claims below its verified_from: that record's page,
- * which the format requires to be made durable first).
+ * syncs, rollbacks, ring wraps) on a session, with or without a layer
+ * schedule whose windowed layer keeps a ring of its own, and copies the
+ * file after every call: snapshot 0 is a durable point (a sync), and the
+ * library's own promises say which later snapshots are durable too (a FULL
+ * commit or a sync: all of the file; a reserve that hands out a slot whose
+ * position a durable record still claims below its verified_from: that
+ * record's page, which the format requires to be made durable first).
  *
  * A crash image is what a disk may hold after the power fails during call
  * t+1: each 4 KiB page holds one of the versions it had between its last
@@ -58,6 +59,20 @@
 static uint64_t vpos(uint64_t pos, uint32_t gen)
 {
     return pos + ((uint64_t)gen << 40);
+}
+
+/* What read_token gives for position p of generation gen in a state of n
+ * tokens: with a schedule, layer 1 keeps its window only and reads as
+ * zeros below it. */
+static void expect_kv(const ctxs_geometry *g, uint32_t window, uint64_t n, uint64_t p,
+                      uint32_t gen, uint16_t *k, uint16_t *v)
+{
+    ts_fill_kv(g, vpos(p, gen), k, v);
+    if (window && p + window < n) {
+        size_t per_layer = (size_t)g->n_kv_heads * g->head_dim;
+        memset(k + per_layer, 0, per_layer * sizeof(*k));
+        memset(v + per_layer, 0, per_layer * sizeof(*v));
+    }
 }
 
 /* Seeds and counts go to stderr: Criterion shows cr_log_info() only with
@@ -139,6 +154,9 @@ typedef struct scen {
     ctxs_session *s;
     ctxs_model model;
     uint32_t level, capacity;
+    uint32_t window, batch; /* layer 1's window and the batch (0: no schedule) */
+    uint32_t max_turn;      /* the most tokens one append reserves */
+    uint64_t ring_last[64]; /* the windowed ring: the position last written to each slot + 1 */
     size_t file_len;
     uint8_t first_page[PG];
     size_t kv_off; /* pages before it are metadata: records and tables */
@@ -154,6 +172,8 @@ typedef struct scen {
     /* what the crash images did */
     uint64_t images, dirty_pages, torn_pages, truncated, lost, rw, auto_boot;
     uint64_t evictions_needing_sync;
+    uint64_t ring_claim_syncs; /* reserves that made a record durable over
+                                  a windowed ring's claimed slots */
 } scen;
 
 static void gen_set(scen *sc, uint64_t p, uint32_t g)
@@ -251,6 +271,16 @@ static void op_append(scen *sc, uint32_t k)
     cr_assert_eq(ctxs_session_get_info(&cur, sc->s), 0);
     state cs = {cur.n_tokens, cur.ring_start, cur.verified_from};
     int need = 0;
+    /* With windowed rings, a reserve whose slots held positions a record
+     * that may survive claims below its watermark writes both records and
+     * makes them durable first: two records (seq up by two or more) are
+     * what that leaves, and from here on those pages are durable. The
+     * harness takes the library at its word only where it did write them:
+     * where it did not, the crash images may keep the older record. */
+    if (sc->window && cur.seq >= before.seq + 2) {
+        need = 1;
+        sc->ring_claim_syncs++;
+    }
     for (uint32_t i = 0; i < k; i++) {
         uint64_t p = r.first_pos + i;
         uint32_t slot = ctxs__slot_of(p, sc->capacity, N_SINK);
@@ -269,7 +299,7 @@ static void op_append(scen *sc, uint32_t k)
 
     uint16_t kk[TS_KV_MAX], vv[TS_KV_MAX];
     uint32_t ids[MAX_TURN];
-    cr_assert(k <= MAX_TURN);
+    cr_assert(k <= sc->max_turn);
     for (uint32_t i = 0; i < k; i++) {
         uint64_t p = r.first_pos + i;
         gen_set(sc, p, sc->cur_gen);
@@ -277,6 +307,8 @@ static void op_append(scen *sc, uint32_t k)
         ids[i] = ts_token(vpos(p, sc->cur_gen));
         cr_assert_eq(ctxs_session_write_token(sc->s, &r, i, kk, vv, CTXS_DTYPE_F16), 0);
     }
+    for (uint32_t i = 0; sc->window && i < k; i++)
+        sc->ring_last[(r.first_pos + i) % (sc->window + sc->batch)] = r.first_pos + i + 1;
     note_state(sc, "write", 0, 0);
 
     rc = ctxs_session_commit(sc->s, ids, k);
@@ -303,8 +335,15 @@ static void op_rollback(scen *sc, uint64_t target)
     int rc = ctxs_session_rollback(sc->s, target);
     cr_assert_eq(ctxs_session_get_info(&after, sc->s), 0);
     if (rc == CTXS_EEVICTED) {
-        cr_assert_gt(before.ring_start, N_SINK, "%s: rollback to %llu refused in a ring that never "
-                     "evicted", sc->name, (unsigned long long)target);
+        /* The main ring evicted, or the windowed ring no longer holds the
+         * window of target: a later position took one of its slots. */
+        int taken = 0;
+        for (uint64_t q = target > sc->window ? target - sc->window : 0; sc->window && q < target;
+             q++)
+            taken |= sc->ring_last[q % (sc->window + sc->batch)] != q + 1;
+        cr_assert(before.ring_start > N_SINK || taken,
+                  "%s: rollback from %llu to %llu refused, but no ring overwrote what it needs",
+                  sc->name, (unsigned long long)before.n_tokens, (unsigned long long)target);
         cr_assert_eq(after.n_tokens, before.n_tokens);
         return;
     }
@@ -329,14 +368,23 @@ static void op_sync(scen *sc)
     note_state(sc, "sync", 1, 0);
 }
 
-static void scen_init(scen *sc, const char *name, uint32_t level, uint32_t capacity, uint64_t seed)
+static void scen_init_schedule(scen *sc, const char *name, uint32_t level, uint32_t capacity,
+                               uint64_t seed, uint32_t window, uint32_t batch)
 {
     memset(sc, 0, sizeof(*sc));
     sc->name = name;
     sc->level = level;
     sc->capacity = capacity;
     sc->rng = seed;
+    sc->window = window;
+    sc->batch = batch;
+    sc->max_turn = window ? batch : MAX_TURN;
+    cr_assert(sc->max_turn <= MAX_TURN && window + batch <= 64);
     sc->model = ts_model(MODEL_SEED);
+    if (window) { /* layer 0 global, layer 1 windowed */
+        sc->model.geometry.period = 2;
+        sc->model.geometry.window[1] = window;
+    }
     sc->dir = ts_mkdtemp();
     snprintf(sc->path, sizeof(sc->path), "%s/live.ctxs", sc->dir);
     snprintf(sc->img_path, sizeof(sc->img_path), "%s/image.ctxs", sc->dir);
@@ -346,6 +394,8 @@ static void scen_init(scen *sc, const char *name, uint32_t level, uint32_t capac
     o.n_sink = N_SINK;
     o.ring = 1;
     o.open.durability = level;
+    if (window)
+        o.batch = batch;
     int rc = ctxs_session_create(&sc->s, sc->path, &sc->model, &o);
     cr_assert_eq(rc, 0, "create: %s", ctxs_err_name(rc));
     uint8_t *img = ts_read_file(sc->path, &sc->file_len);
@@ -353,6 +403,16 @@ static void scen_init(scen *sc, const char *name, uint32_t level, uint32_t capac
     memcpy(sc->first_page, img, PG);
     sc->kv_off = (size_t)((const ctxs__disk_header *)(const void *)img)->kv_off;
     free(img);
+    if (window) {
+        cr_assert_eq(sc->s->lay.n_groups, 1, "%s: the windowed layer has no ring of its own",
+                     name);
+        cr_assert_eq(sc->s->lay.groups[0].len, window + batch);
+    }
+}
+
+static void scen_init(scen *sc, const char *name, uint32_t level, uint32_t capacity, uint64_t seed)
+{
+    scen_init_schedule(sc, name, level, capacity, seed, 0, 0);
 }
 
 static void scen_free(scen *sc)
@@ -518,7 +578,7 @@ static uint32_t actual_gen(const scen *sc, const window *w, const ctxs_session *
             continue;
         if (n_tried < 8)
             tried[n_tried++] = gen;
-        ts_fill_kv(g, vpos(p, gen), ek, ev);
+        expect_kv(g, sc->window, info->n_tokens, p, gen, ek, ev);
         if (!memcmp(k, ek, per * 2) && !memcmp(v, ev, per * 2) &&
             lay->token_ids[slot] == ts_token(vpos(p, gen)))
             return gen;
@@ -588,7 +648,7 @@ static size_t check_prefix(const scen *sc, const window *w, const ctxs_session *
     int rc = ctxs_session_verify(&bad_pos, s);
     cr_assert_eq(rc, 0, "%s: verify: %s at %llu", tag, ctxs_err_name(rc),
                  (unsigned long long)bad_pos);
-    if (sc->cur_gen == 0)
+    if (sc->cur_gen == 0 && !sc->window)
         cr_assert_eq(ts_check_all(s), 0, "%s: ts_check_all", tag);
     return match;
 }
@@ -614,7 +674,7 @@ static void check_exact(const scen *sc, const ctxs_session *s, const uint32_t *e
                      ctxs_err_name(rc));
         uint32_t slot;
         cr_assert_eq(ctxs_session_get_slot(&slot, s, p), 0);
-        ts_fill_kv(g, vpos(p, exp[p]), ek, ev);
+        expect_kv(g, sc->window, info.n_tokens, p, exp[p], ek, ev);
         cr_assert(!memcmp(k, ek, per * 2) && !memcmp(v, ev, per * 2) &&
                       lay.token_ids[slot] == ts_token(vpos(p, exp[p])),
                   "%s: position %llu (gen %u) reads back wrong", tag, (unsigned long long)p,
@@ -647,7 +707,8 @@ static void check_read_write(scen *sc, const window *w, const uint8_t *img,
     check_prefix(sc, w, s, tag);
 
     uint64_t n0 = info.n_tokens;
-    uint32_t more = 1 + (uint32_t)(ts_rng_next(&sc->rng) % 12);
+    uint32_t most = sc->max_turn < 12 ? sc->max_turn : 12;
+    uint32_t more = 1 + (uint32_t)(ts_rng_next(&sc->rng) % most);
     uint32_t *exp = malloc((size_t)(n0 + more) * sizeof(*exp));
     cr_assert_not_null(exp);
     for (uint64_t p = 0; p < n0; p++)
@@ -739,6 +800,15 @@ static void check_image(scen *sc, const window *w, uint8_t *img, unsigned c)
     }
     if (evicted && sc->level != CTXS_SYNC_FULL)
         lb = 0;
+    /* Likewise windowed rings without a sync: a reserve reuses the slots
+     * of positions below the current record's window (a record that may
+     * survive keeps its own window), so a count cut below the record's,
+     * whose window reaches lower, may find its oldest slots taken by newer
+     * tokens whose pages reached the disk while others did not. No count
+     * from the watermark up is then whole, and recovery goes below it. */
+    int window_floor = !(sc->window && sc->level != CTXS_SYNC_FULL);
+    if (!window_floor)
+        lb = 0;
 
     cr_assert_eq(ts_write_file(sc->img_path, img, sc->file_len), 0);
     int rc;
@@ -748,7 +818,9 @@ static void check_image(scen *sc, const window *w, uint8_t *img, unsigned c)
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     uint64_t n = info.n_tokens;
-    cr_assert(n <= R.n_tokens && n >= (R.verified_from < R.n_tokens ? R.verified_from : R.n_tokens),
+    cr_assert(n <= R.n_tokens &&
+                  (!window_floor ||
+                   n >= (R.verified_from < R.n_tokens ? R.verified_from : R.n_tokens)),
               "%s: recovered %llu tokens from the newest valid record (seq %llu, n %llu, "
               "verified_from %llu)",
               tag, (unsigned long long)n, (unsigned long long)R.seq,
@@ -799,6 +871,7 @@ static void crash_images(scen *sc, unsigned count)
 
 typedef struct script {
     uint32_t level, capacity, initial;
+    uint32_t window, batch; /* a schedule: layer 1's window (0: none) */
     unsigned ops, pct_rollback, pct_sync, max_back;
     int rollback_first; /* the first call after the durable point rolls back below it */
     int must_wrap;
@@ -807,19 +880,20 @@ typedef struct script {
 
 typedef struct totals {
     uint64_t images, snaps, dirty, torn, truncated, lost, rw, auto_boot, sync_evictions;
+    uint64_t ring_claim_syncs;
 } totals;
 
 static void run_script(const char *name, const script *d, uint64_t seed, totals *tot)
 {
     scen sc;
-    scen_init(&sc, name, d->level, d->capacity, seed);
+    scen_init_schedule(&sc, name, d->level, d->capacity, seed, d->window, d->batch);
     ctxs_session_info info;
     for (;;) {
         cr_assert_eq(ctxs_session_get_info(&info, sc.s), 0);
         if (info.n_tokens >= d->initial)
             break;
         uint64_t left = d->initial - info.n_tokens;
-        op_append(&sc, (uint32_t)(left < MAX_TURN ? left : MAX_TURN));
+        op_append(&sc, (uint32_t)(left < sc.max_turn ? left : sc.max_turn));
     }
     sc.recording = 1;
     op_sync(&sc); /* snapshot 0: the durable point */
@@ -833,7 +907,7 @@ static void run_script(const char *name, const script *d, uint64_t seed, totals 
         } else if (r < d->pct_rollback + d->pct_sync) {
             op_sync(&sc);
         } else {
-            op_append(&sc, 1 + (uint32_t)(ts_rng_next(&sc.rng) % MAX_TURN));
+            op_append(&sc, 1 + (uint32_t)(ts_rng_next(&sc.rng) % sc.max_turn));
         }
     }
     cr_assert_eq(ctxs_session_get_info(&info, sc.s), 0);
@@ -858,6 +932,7 @@ static void run_script(const char *name, const script *d, uint64_t seed, totals 
     tot->rw += sc.rw;
     tot->auto_boot += sc.auto_boot;
     tot->sync_evictions += sc.evictions_needing_sync;
+    tot->ring_claim_syncs += sc.ring_claim_syncs;
     scen_free(&sc);
 }
 
@@ -928,6 +1003,33 @@ Test(torn, power_loss_around_rollbacks_keeps_a_verified_prefix, .timeout = 300)
         run_script(name, &d, seed + level, &t);
     }
     log_totals("rollback", &t);
+}
+
+/* A schedule of a global and a windowed layer (window 16, batch 8: a ring
+ * of 24 slots that wraps every few turns, in a session that never does).
+ * The windowed ring reuses slots of positions the durable record claims
+ * below its watermark, which recovery trusts unread: reserve must make a
+ * record that does not claim them durable first, or an image with the old
+ * record and the new slot's page holds a wrong window. A writer that opens
+ * after a commit that died before its record must likewise zero the dead
+ * positions' group entries durably (tested below). */
+Test(torn, power_loss_over_windowed_rings_keeps_a_verified_prefix, .timeout = 300)
+{
+    totals t = {0};
+    uint64_t seed = ts_seed("torn windowed");
+    for (uint32_t level = CTXS_SYNC_NONE; level <= CTXS_SYNC_FULL; level++) {
+        char name[40];
+        snprintf(name, sizeof(name), "torn windowed %s", level_name(level));
+        script d = {.level = level, .capacity = 1024, .initial = 60, .window = 16, .batch = 8,
+                    .ops = 40, .pct_rollback = 10, .pct_sync = 8, .max_back = 12,
+                    .images = 400};
+        run_script(name, &d, seed + level, &t);
+    }
+    log_totals("windowed", &t);
+    say("windowed: %llu reserves made a record durable over the ring's claimed slots",
+        (unsigned long long)t.ring_claim_syncs);
+    cr_assert_gt(t.ring_claim_syncs, 0,
+                 "no reserve reused a slot a durable record claims: the test lost its point");
 }
 
 /* The crash image a rollback most exposes: every data page written back
@@ -1220,6 +1322,105 @@ Test(torn, a_commit_that_died_before_its_record_leaves_nothing_to_splice)
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_expect_eq(info.n_tokens, 100, "recovered %llu tokens", (unsigned long long)info.n_tokens);
     cr_expect_eq(ts_check_all(s), 0, "a wrong state was accepted");
+    ctxs_session_close(s);
+    free(dead);
+    free(opened);
+    free(img);
+    ts_rmtree(dir);
+    free(dir);
+}
+
+/* The same with a windowed layer, whose positions its group's entries
+ * vouch for rather than the session's checksums. The retry commits the
+ * same token ids with other K/V, as an engine would that recomputed the
+ * turn. Power loss: the new record, token ids, checksums and global
+ * layer's K/V reached the disk, the group's table as the open made it
+ * durable, the windowed layer's K/V as the dead attempt left it. Had the
+ * open kept the dead entries, they would vouch for the dead K/V under the
+ * new record. */
+Test(torn, a_commit_that_died_before_its_record_leaves_no_group_entry_to_splice)
+{
+    enum { W = 16, BATCH = 16, DEAD = 10, PER = 2 * 2 * 8 };
+    char *dir = ts_mkdtemp();
+    const char *path = ts_path(dir, "dead-window.ctxs");
+    ctxs_model m = ts_model(1);
+    m.geometry.period = 2; /* layer 0 global, layer 1 windowed */
+    m.geometry.window[1] = W;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+    o.capacity = 256;
+    o.n_sink = N_SINK;
+    o.batch = BATCH;
+    o.open.durability = CTXS_SYNC_NONE;
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
+    cr_assert_eq(s->lay.n_groups, 1);
+    const uint32_t len = s->lay.groups[0].len;
+    cr_assert_eq(len, W + BATCH);
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(ts_append(s, 10), 0);
+    cr_assert_eq(ctxs_session_sync(s), 0);
+
+    /* The dead attempt: positions 100..109 with the K/V of 1100.., their
+     * token ids, checksums and group entries stored, no record. */
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, DEAD), 0);
+    uint16_t k[PER], v[PER];
+    for (uint32_t i = 0; i < DEAD; i++) {
+        ts_fill_kv(&m.geometry, 1100 + i, k, v);
+        cr_assert_eq(ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16), 0);
+        ctxs__token_table(s)[100 + i] = ts_token(100 + i);
+    }
+    uint64_t sums[DEAD];
+    ctxs__token_sums(s, 100, DEAD, sums);
+    memcpy(ctxs__sum_table(s) + 100, sums, sizeof(sums));
+    ctxs__group_sums(s, 0, 100, DEAD, sums);
+    for (uint32_t i = 0; i < DEAD; i++)
+        ctxs__group_table(s, 0)[(100 + i) % len] = (ctxs__group_entry){100 + i, sums[i]};
+    /* The windowed layer's runs: layer 1's, after layer 0's. */
+    const uint64_t wkv_from = s->lay.kv_off + ctxs__run_off(&s->lay, 2 * 2);
+    const uint64_t wkv_to = wkv_from + 2 * 2 * (uint64_t)len * s->lay.slot_bytes;
+    const uint64_t table_off = s->lay.groups[0].table_off;
+    const uint64_t table_bytes = (uint64_t)len * sizeof(ctxs__group_entry);
+    ctxs_session_close(s);
+    size_t flen;
+    uint8_t *dead = ts_read_file(path, &flen); /* as if all written back */
+    cr_assert_leq(wkv_to, flen);
+
+    /* The next writer retries 5 of them at NONE. */
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &o.open), 0);
+    for (uint32_t i = 0; i < DEAD; i++) {
+        const ctxs__group_entry *e = &ctxs__group_table(s, 0)[(100 + i) % len];
+        cr_expect(e->sum == 0 && e->pos == 0,
+                  "open left the group entry of position %u (pos %llu, sum %016llx)", 100 + i,
+                  (unsigned long long)e->pos, (unsigned long long)e->sum);
+    }
+    uint8_t *opened = ts_read_file(path, &flen); /* its tables were synced */
+    cr_assert_eq(ts_append(s, 5), 0);
+    ctxs_session_close(s);
+    uint8_t *img = ts_read_file(path, &flen);
+
+    memcpy(img + table_off, opened + table_off, table_bytes);
+    memcpy(img + wkv_from, dead + wkv_from, wkv_to - wkv_from);
+    const char *image = ts_path(dir, "image.ctxs");
+    cr_assert_eq(ts_write_file(image, img, flen), 0);
+    cr_assert_eq(ctxs_session_open(&s, image, &m, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_expect_eq(info.n_tokens, 100,
+                 "recovered %llu tokens: the windowed layer's positions from 100 hold the dead "
+                 "attempt's K/V, and its group entries vouched for them",
+                 (unsigned long long)info.n_tokens);
+    /* Whatever was kept reads back as written: the windowed layer over the
+     * window, the global layer everywhere. */
+    uint16_t rk[PER], rv[PER];
+    for (uint64_t p = 0; p < info.n_tokens; p++) {
+        cr_assert_eq(ctxs_session_read_token(rk, rv, s, p, CTXS_DTYPE_F16), 0);
+        expect_kv(&m.geometry, W, info.n_tokens, p, 0, k, v);
+        cr_expect(!memcmp(rk, k, sizeof(k)) && !memcmp(rv, v, sizeof(v)),
+                  "position %llu of %llu reads back other K/V than was committed",
+                  (unsigned long long)p, (unsigned long long)info.n_tokens);
+    }
+    cr_expect_eq(ctxs_session_verify(NULL, s), 0);
     ctxs_session_close(s);
     free(dead);
     free(opened);

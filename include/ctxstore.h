@@ -331,7 +331,10 @@ typedef struct ctxs_session ctxs_session;
 /* How much a commit waits for the disk. */
 typedef enum ctxs_durability {
     CTXS_SYNC_NONE = 0,  /* nothing: survives a process crash */
-    CTXS_SYNC_ASYNC = 1, /* start writeback, do not wait (default) */
+    CTXS_SYNC_ASYNC = 1, /* start writeback, do not wait (default); with
+                            windowed layers, reserve syncs as
+                            ctxs_session_sync() before a ring reuses a
+                            slot of the watermark's window */
     CTXS_SYNC_FULL = 2,  /* data durable, then the record, then the record
                             durable: survives power loss */
 } ctxs_durability;

@@ -800,13 +800,15 @@ static void check_image(scen *sc, const window *w, uint8_t *img, unsigned c)
     }
     if (evicted && sc->level != CTXS_SYNC_FULL)
         lb = 0;
-    /* Likewise windowed rings without a sync: a reserve reuses the slots
-     * of positions below the current record's window (a record that may
-     * survive keeps its own window), so a count cut below the record's,
-     * whose window reaches lower, may find its oldest slots taken by newer
-     * tokens whose pages reached the disk while others did not. No count
-     * from the watermark up is then whole, and recovery goes below it. */
-    int window_floor = !(sc->window && sc->level != CTXS_SYNC_FULL);
+    /* Likewise windowed rings at NONE, which never syncs: a reserve reuses
+     * the slots of positions below the current record's window (a record
+     * that may survive keeps its own window), so a count cut below the
+     * record's, whose window reaches lower, may find its oldest slots taken
+     * by newer tokens whose pages reached the disk while others did not.
+     * No count from the watermark up is then whole, and recovery goes below
+     * it. ASYNC syncs before a reserve reuses a slot of the watermark's
+     * window, and keeps the watermark. */
+    int window_floor = !(sc->window && sc->level == CTXS_SYNC_NONE);
     if (!window_floor)
         lb = 0;
 

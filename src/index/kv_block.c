@@ -11,8 +11,10 @@
 #include "kv_block.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <string.h>
 
+#include "last_error.h"
 #include "platform.h"
 #include "session_iface.h"
 #include "syscall.h"
@@ -289,7 +291,9 @@ int ctxs__kv_block_read(uint8_t *raw, const ctxs__kv_plan *p, int32_t part, ctxs
         if ((rc = block_still_held(raw, p, part, s, first, count)) < 0)
             return rc;
         if (attempt == 1)
-            return CTXS_ECORRUPT;
+            return ctxs__error(CTXS_ECORRUPT, "the K/V of positions %" PRIu64 "..%" PRIu64
+                               " do not match their checksums, read twice",
+                               first, first + count - 1);
     }
 }
 

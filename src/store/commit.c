@@ -301,6 +301,24 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
         memset(out, 0, sizeof(*out));
         return rc;
     }
+    /* At ASYNC an open after a power loss keeps every token up to the
+     * watermark, and so needs the window of every count from there on:
+     * where the windowed rings' slots handed out held a position of the
+     * watermark's window, the turns so far are made durable first
+     * (ctxs_session_sync()), raising the watermark to the count, whose
+     * window lies above those slots. Before the mapping: the sync
+     * write-protects what it writes. */
+    for (uint32_t g = 0; s->durability == CTXS_SYNC_ASYNC && g < s->lay.n_groups; g++) {
+        const ctxs__group *gr = &s->lay.groups[g];
+        uint64_t vf = s->st.verified_from, kept = vf > gr->window ? vf - gr->window : 0;
+        if (end > gr->len && end - gr->len > kept && vf < s->st.n_tokens) {
+            if ((rc = ctxs__sync_turns(s)) < 0) {
+                memset(out, 0, sizeof(*out));
+                return rc;
+            }
+            break;
+        }
+    }
     /* The runway has them mapped already, unless a writeback or the
      * flusher has cleaned its pages since. Else the worker maps them, layer
      * after layer, the order an engine writes them in: its faults then land
@@ -441,6 +459,12 @@ int ctxs_session_sync(ctxs_session *s)
     int rc = ctxs__writable(s);
     if (rc < 0)
         return rc;
+    return ctxs__sync_turns(s);
+}
+
+int ctxs__sync_turns(ctxs_session *s)
+{
+    int rc;
     if (s->st.verified_from == s->st.n_tokens)
         return 0;
     ctxs__populated_forget(s); /* the sync write-protects its pages */

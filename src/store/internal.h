@@ -432,6 +432,10 @@ void ctxs__create_capacity(ctxs_create_options *o);
  * (n_sink < n < the first recent position held). */
 int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n);
 
+/* ctxs_session_sync() of a writable s: the committed turns made durable and
+ * the watermark raised to them. */
+int ctxs__sync_turns(ctxs_session *s);
+
 /* Tests only: called at the named steps of a fork, to change the source
  * under it. NULL in production. */
 enum { CTXS__FORK_STARTED = 1, CTXS__FORK_TABLES_COPIED, CTXS__FORK_KV_COPIED };

@@ -274,19 +274,23 @@ static uint64_t group_best(const ctxs_session *s, uint32_t g, uint64_t y)
     return 0;
 }
 
-/* After the session's own layers were recovered to st: the largest count
- * at most st's whose windows every windowed group still holds. The
- * windows of st are checked from the watermark vf (below it they were
- * durable and untouched: reserve keeps slots a surviving record claims);
- * a count below st's claims windows no record vouched for, checked
- * whole. */
-static uint64_t groups_recover(const ctxs_session *s, const ctxs__state *st, uint64_t vf)
+/* After the session's own layers were recovered to st from the record rec:
+ * the largest count at most st's whose windows every windowed group still
+ * holds. A window of st within rec's is checked from rec's watermark (below
+ * it the slots were durable and untouched: reserve keeps the slots of the
+ * window a surviving record claims); where st was cut below rec, the part
+ * of its window below rec's was never vouched for and reserve may have
+ * given its slots to later positions: checked whole, as are the windows of
+ * every count below st's. */
+static uint64_t groups_recover(const ctxs_session *s, const ctxs__state *st,
+                               const ctxs__state *rec)
 {
-    uint64_t n = st->n_tokens;
+    uint64_t n = st->n_tokens, vf = rec->verified_from;
     int whole = 1;
     for (uint32_t g = 0; g < s->lay.n_groups; g++) {
         uint64_t from = ctxs__group_from(s, st, g);
-        from = from > vf ? from : vf;
+        if (from >= ctxs__group_from(s, rec, g))
+            from = from > vf ? from : vf;
         if (from < n && ctxs__group_first_bad(s, g, from, n) < n)
             whole = 0;
     }
@@ -304,6 +308,7 @@ uint64_t ctxs__recover(const ctxs_session *s, ctxs__state *st)
 {
     const uint64_t ns = s->lay.n_sink, vf = st->verified_from, n = st->n_tokens;
     const uint64_t held_before = ctxs__held(s, st);
+    const ctxs__state rec = *st;
     uint64_t sink_end = n < ns ? n : ns;
     uint64_t bad = n;
 
@@ -341,6 +346,6 @@ uint64_t ctxs__recover(const ctxs_session *s, ctxs__state *st)
      * checked (or durable below the watermark). */
     cut(s, st, bad);
     if (s->lay.n_groups)
-        cut(s, st, groups_recover(s, st, vf));
+        cut(s, st, groups_recover(s, st, &rec));
     return held_before - ctxs__held(s, st);
 }

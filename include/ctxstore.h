@@ -1965,6 +1965,16 @@ CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
  * partial chunk (the tail) was pushed. docs/FORMAT.md, "Remote values",
  * gives the bytes.
  *
+ * A session with a layer schedule (ctxs_geometry.period) travels too: its
+ * chunks hold its global layers, and its windowed layers' state at the
+ * record's count (each window's last tokens) is one more value, pushed
+ * with the record (ctxs_remote_push(), or the background push at a close
+ * after commits: such a session's record is not sent at its commits). A
+ * pull holds a count only with its windows: a session longer than a
+ * window whose window value is missing or damaged pulls no token. The
+ * remote tier takes such a session only where every windowed layer keeps
+ * its own ring (ctxs_create_options.batch): see ctxs_remote_push().
+ *
  * Pushing is off the user's path: with push_on_commit, a background thread
  * pushes the chunks a commit completed (pipelined, a bounded queue, retries
  * with backoff), and a session's tail and record when it is closed. It
@@ -2065,7 +2075,8 @@ CTXS_API int ctxs_remote_open(ctxs_remote **out, ctxs_store *st, const char *url
                               const ctxs_remote_options *opts);
 
 typedef struct ctxs_remote_stats {
-    uint64_t chunks_pushed;   /* chunk values SET */
+    uint64_t chunks_pushed;   /* chunk values SET (a window value counts
+                                 one) */
     uint64_t chunks_present;  /* found in Redis already, not sent again */
     uint64_t bytes_pushed;    /* value bytes SET, chunks and records */
     uint64_t records_pushed;  /* session records SET */
@@ -2112,10 +2123,15 @@ typedef struct ctxs_remote_push_result {
  * progress counts tokens. out may be NULL.
  * Errors: CTXS_ENOTFOUND, CTXS_EEVICTED (a ring that wrapped: only a
  * session that holds every token from position 0 pushes), CTXS_ESTALE
- * (rolled back during the push), CTXS_ECORRUPT, the network's errors,
- * CTXS_EREMOTE, CTXS_EINVAL (a session with a layer schedule: a chunk
- * carries every layer of its tokens, which windowed layers no longer
- * hold; export it instead), CTXS_ENOMEM. */
+ * (rolled back during the push; with a layer schedule, also a writer that
+ * committed more than the batch past the push's count before its windows
+ * were copied: push again), CTXS_ECORRUPT, the network's errors,
+ * CTXS_EREMOTE, CTXS_EINVAL (a session with a layer schedule whose slots
+ * lay a windowed layer out without its ring, its window + batch not
+ * fitting them: export it instead; or whose windowed layers' state is
+ * above 512 MiB, a Redis value's limit), CTXS_ENOMEM. A session with a
+ * layer schedule also sends the window value of its count (counted in
+ * chunks_sent or chunks_present). */
 CTXS_API int ctxs_remote_push(ctxs_remote_push_result *out, ctxs_remote *r, const char *name,
                               ctxs_progress_fn progress, void *progress_arg);
 
@@ -2147,9 +2163,19 @@ typedef struct ctxs_remote_pull_result {
  * options (opts->open is not used). out (may be NULL: the
  * session is closed) gets it open read-write; res (may be NULL) what was
  * pulled and what is left to prefill. progress counts tokens.
+ * A session with a layer schedule also takes the window value of the
+ * record's count (counted in chunks_pulled, or as the chunk missing or
+ * refused), after the chunks reached that count (or the count is within
+ * every window: then as many tokens as the chunks gave), else no token;
+ * its new session has opts's batch (0: CTXS_DEFAULT_BATCH), and with no
+ * capacity or context length asked for, slots enough for every windowed
+ * layer's ring.
  * Errors: CTXS_ENOTFOUND (no such remote session), CTXS_ETAKEN (local_name is
- * taken), CTXS_EMODEL, CTXS_EREMOTE (a damaged record), CTXS_EFULL, the
- * network's errors, CTXS_EREADONLY, CTXS_EINVAL, CTXS_ENOMEM. */
+ * taken), CTXS_EMODEL (the store knows the model with another geometry,
+ * tokenizer or layer schedule), CTXS_EREMOTE (a damaged record), CTXS_EFULL, the
+ * network's errors, CTXS_EREADONLY, CTXS_EINVAL (bad options; with a layer
+ * schedule, a capacity that lays a windowed layer out without its ring),
+ * CTXS_ENOMEM. */
 CTXS_API int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res,
                               ctxs_remote *r, const char *remote_name,
                               const char *local_name, const ctxs_create_options *opts,
@@ -2158,8 +2184,11 @@ CTXS_API int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res,
 /* Pulls the longest prefix of tokens[0..n) that Redis holds for model
  * into a new local session local_name, as ctxs_remote_pull() does: its
  * whole chunks, and a tail chunk that ends exactly at n when one does.
- * Errors: CTXS_ENOTFOUND (not even the first chunk), as
- * ctxs_remote_pull(). */
+ * With a layer schedule it ends where a window value is: at the end of
+ * what the chunks gave, or the largest chunk boundary below it with one
+ * (the first found must verify).
+ * Errors: CTXS_ENOTFOUND (not even the first chunk; with a layer schedule,
+ * no window value found), as ctxs_remote_pull(). */
 CTXS_API int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res,
                                      ctxs_remote *r, const char *local_name,
                                      const ctxs_model *model, const uint32_t *tokens,

@@ -24,9 +24,7 @@ int ctxs__kv_plan_make(ctxs__kv_plan *p, const ctxs_geometry *g, uint32_t capaci
                        uint64_t ring_start, uint32_t block_tokens)
 {
     memset(p, 0, sizeof(*p));
-    /* Without the batch, a windowed layer's ring has no known length: the
-     * remote tier's chunks carry every layer of each token, which such a
-     * session no longer has beyond its windows. */
+    /* Without the batch, a windowed layer's ring has no known length. */
     if (g->period && !batch)
         return CTXS_EINVAL;
     if (ctxs__layout_compute(&p->lay, g, capacity, n_sink, batch) < 0)

@@ -56,8 +56,7 @@ typedef struct ctxs__kv_plan {
 
 /* Fills *p for a geometry, slots, batch and state; block_tokens 0 picks the
  * most that fit. A geometry with windowed layers needs the session's batch
- * (0: refused, CTXS_EINVAL, as by the remote tier, whose chunks carry every
- * layer). Errors: CTXS_ECORRUPT (fields out of range or inconsistent, or
+ * (0: refused, CTXS_EINVAL: it sets the rings' lengths). Errors: CTXS_ECORRUPT (fields out of range or inconsistent, or
  * block_tokens tokens above CTXS__KV_BLOCK_MAX_RAW), CTXS_EINVAL
  * (block_tokens 0 and not even one token fits a block; windowed layers
  * without a batch). */

@@ -235,11 +235,12 @@ static const reply_cap CAP_INFO = {"INFO reply", 1u << 20, (1u << 20) + 64, 0};
 /* The first 640 bytes of a record (GETRANGE). */
 static const reply_cap CAP_RECORD_HEAD = {"record header", CTXS__RSESSION_HEADER_BYTES,
                                           CTXS__RSESSION_HEADER_BYTES + 64, 0};
-/* A session record: its header, 4 bytes an id for at most
+/* A session record: its header, (2.0) its schedule, 4 bytes an id for at most
  * CTXS__REMOTE_MAX_TOKENS ids, a metadata section of at most 9 x 256 KiB
  * (docs/FORMAT.md, "Metadata section"). */
-#define RECORD_MAX \
-    ((uint64_t)CTXS__RSESSION_HEADER_BYTES + 4ull * CTXS__REMOTE_MAX_TOKENS + 9ull * CTXS_META_SESSION_MAX)
+#define RECORD_MAX                                                                   \
+    ((uint64_t)CTXS__RSESSION_HEADER_BYTES + CTXS__RSCHEDULE_BYTES +                 \
+     4ull * CTXS__REMOTE_MAX_TOKENS + 9ull * CTXS_META_SESSION_MAX)
 static const reply_cap CAP_RECORD = {"session record", RECORD_MAX, RECORD_MAX + 64, 0};
 /* A SCAN reply: the cursor and at most SCAN_KEYS_MAX keys (COUNT asks
  * for 100; Redis returns about as many, more for a bucket's chain). */
@@ -731,17 +732,54 @@ static void hex32(char out[33], const uint8_t b[16])
     out[32] = '\0';
 }
 
-/* "<prefix>:chunk:<model hash>:<form>:<chain>" into key[CHUNK_KEY_MAX],
- * the form "<dtype>-<layers>x<kv heads>x<head dim>" ("f16-32x8x128").
- * The model hash names the weights, not the form of their KV: an fp16
- * and a Q8 store of one model compute the same chain for the same ids,
- * and without the form in the key each would find the other's chunks
- * "present" and refuse them at every pull, for good. */
-#define CHUNK_KEY_MAX (CTXS_NAME_MAX + 128)
-static void chunk_key(char *key, const ctxs_remote *r, const ctxs_model *model,
+/* The schedule as it travels: u32 period, u32 window[8] (36 bytes). */
+static void schedule_bytes(uint8_t out[CTXS__RSCHEDULE_BYTES], const ctxs_geometry *g)
+{
+    memcpy(out, &g->period, 4);
+    memcpy(out + 4, g->window, 32);
+}
+
+static uint32_t schedule_crc(const ctxs_geometry *g)
+{
+    uint8_t b[CTXS__RSCHEDULE_BYTES];
+    schedule_bytes(b, g);
+    return crc_of(b, sizeof(b));
+}
+
+/* The major version of the values of a model: 2.0 with a layer schedule. */
+static uint16_t major_of(const ctxs_model *m)
+{
+    return m->geometry.period ? CTXS__REMOTE_MAJOR_SCHED : CTXS__REMOTE_MAJOR;
+}
+
+/* The schedule's distinct windows: the groups of a layout in which every
+ * windowed layer keeps its ring. */
+static uint32_t n_windows(const ctxs_geometry *g)
+{
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < g->period; j++) {
+        int seen = !g->window[j];
+        for (uint32_t i = 0; i < j && !seen; i++)
+            seen = g->window[i] == g->window[j];
+        n += !seen;
+    }
+    return n;
+}
+
+/* "<prefix>:<kind>:<model hash>:<form>:<chain>" into key[CHUNK_KEY_MAX],
+ * kind "chunk" or "window", the form "<dtype>-<layers>x<kv heads>x<head
+ * dim>" ("f16-32x8x128"), and with a layer schedule "-w" and the
+ * pattern's windows joined by '.' ("f16-6x2x16-w0.6.10"). The model hash
+ * names the weights, not the form of their KV: an fp16 and a Q8 store of
+ * one model compute the same chain for the same ids, and without the form
+ * in the key each would find the other's chunks "present" and refuse
+ * them at every pull, for good. The schedule is in it for the same
+ * reason: a chunk of a scheduled session carries its global layers only. */
+#define CHUNK_KEY_MAX (CTXS_NAME_MAX + 256)
+static void value_key(char *key, const ctxs_remote *r, const char *kind, const ctxs_model *model,
                       const uint8_t chain[16])
 {
-    char m[33], c[33];
+    char m[33], c[33], sched[96] = "";
     hex32(m, model->model_hash);
     hex32(c, chain);
     const ctxs_geometry *g = &model->geometry;
@@ -749,8 +787,17 @@ static void chunk_key(char *key, const ctxs_remote *r, const ctxs_model *model,
                      : g->dtype == CTXS_DTYPE_BF16 ? "bf16"
                      : g->dtype == CTXS_DTYPE_Q8   ? "q8"
                                                    : "dtype?"; /* refused before */
-    snprintf(key, CHUNK_KEY_MAX, "%s:chunk:%s:%s-%" PRIu32 "x%" PRIu32 "x%" PRIu32 ":%s",
-             r->prefix, m, dt, g->n_layers, g->n_kv_heads, g->head_dim, c);
+    for (uint32_t j = 0, at = 0; j < g->period && j < CTXS_SCHEDULE_MAX; j++)
+        at += (uint32_t)snprintf(sched + at, sizeof(sched) - at, "%s%" PRIu32, j ? "." : "-w",
+                                 g->window[j]);
+    snprintf(key, CHUNK_KEY_MAX, "%s:%s:%s:%s-%" PRIu32 "x%" PRIu32 "x%" PRIu32 "%s:%s",
+             r->prefix, kind, m, dt, g->n_layers, g->n_kv_heads, g->head_dim, sched, c);
+}
+
+static void chunk_key(char *key, const ctxs_remote *r, const ctxs_model *model,
+                      const uint8_t chain[16])
+{
+    value_key(key, r, "chunk", model, chain);
 }
 
 #define SESSION_KEY_MAX (2 * CTXS_NAME_MAX + 16)
@@ -1080,10 +1127,21 @@ static int snapshot_take(snapshot *sn, ctxs_session *s, uint64_t id)
     if (ctxs__session_prefix_held(NULL, s) != info.n_tokens)
         return CTXS_EEVICTED;
     sn->n = info.n_tokens;
-    if ((rc = ctxs__kv_plan_make(&sn->plan, &info.model.geometry, info.capacity, info.n_sink, 0,
+    const ctxs_geometry *g = &info.model.geometry;
+    if ((rc = ctxs__kv_plan_make(&sn->plan, g, info.capacity, info.n_sink,
+                                 g->period ? ctxs__session_batch(s) : 0,
                                  (info.flags & CTXS_INFO_RING) != 0, info.n_tokens,
                                  info.ring_start, CTXS_PREFIX_CHUNK)) < 0)
         return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc; /* 64 tokens above 64 MiB */
+    /* A chunk carries the global layers, the window value each window's
+     * layers from their rings: a windowed layer laid out in the session's
+     * slots (its ring would not be smaller) is neither. */
+    if (sn->plan.lay.n_groups != n_windows(g)) {
+        say("the session's %" PRIu32 " slots (batch %" PRIu32 ") lay out a windowed layer "
+            "without its ring; the remote tier needs every windowed layer's ring (export "
+            "the session instead)", info.capacity, ctxs__session_batch(s));
+        return CTXS_EINVAL;
+    }
     uint64_t n_chunks = sn->n / CTXS_PREFIX_CHUNK;
     if (!(sn->ids = ctxs__malloc(sn->n * 4 + 4)) || !(sn->sums = ctxs__malloc(sn->n * 8 + 8)) ||
         !(sn->chain = ctxs__malloc((n_chunks + 1) * 16)))
@@ -1140,7 +1198,9 @@ static int chunk_value(uint8_t *v, snapshot *sn, uint64_t k)
     ctxs__rchunk_header h;
     memset(&h, 0, sizeof(h));
     memcpy(h.magic, CTXS__RCHUNK_MAGIC, 8);
-    h.version_major = CTXS__REMOTE_MAJOR;
+    h.version_major = major_of(&sn->model);
+    if (sn->model.geometry.period)
+        h.schedule_crc32 = schedule_crc(&sn->model.geometry);
     h.version_minor = CTXS__REMOTE_MINOR;
     h.header_bytes = CTXS__RCHUNK_HEADER_BYTES;
     h.dtype = sn->model.geometry.dtype;
@@ -1162,6 +1222,137 @@ static int chunk_value(uint8_t *v, snapshot *sn, uint64_t k)
 typedef struct push_counts {
     uint64_t sent, present, bytes, dropped;
 } push_counts;
+
+/* --- The windowed layers' state (2.0) --------------------------------------- */
+
+/* A Redis string holds at most 512 MiB. */
+#define WINDOW_VALUE_MAX (512ull << 20)
+
+/* The positions of group gi's window at n tokens. */
+static ctxs__kv_range window_of(const ctxs__kv_plan *p, uint32_t gi, uint64_t n)
+{
+    uint64_t w = p->lay.groups[gi].window;
+    return (ctxs__kv_range){n > w ? n - w : 0, n};
+}
+
+/* The raw bytes of a window value at n tokens. */
+static uint64_t window_raw_bytes(const ctxs__kv_plan *p, uint64_t n)
+{
+    uint64_t sum = 0;
+    for (uint32_t gi = 0; gi < p->lay.n_groups; gi++) {
+        ctxs__kv_range w = window_of(p, gi, n);
+        sum += (w.end - w.start) * p->group_raw[gi];
+    }
+    return sum;
+}
+
+/* The chain at the snapshot's count: its last chunk's, whole or tail. */
+static const uint8_t *chain_at_end(const snapshot *sn)
+{
+    return sn->chain[(sn->n - 1) / CTXS_PREFIX_CHUNK];
+}
+
+/* Builds the window value of a scheduled snapshot (n > 0) into *out
+ * (malloc'd, *len bytes): each group's blocks copied from its ring and
+ * checked against the group's table, their ids against the snapshot's,
+ * and the session against the snapshot once all are copied. */
+static int window_value(uint8_t **out, size_t *len, snapshot *sn)
+{
+    *out = NULL;
+    const ctxs__kv_plan *p = &sn->plan;
+    uint64_t raw_bytes = window_raw_bytes(p, sn->n);
+    if (CTXS__RWINDOW_HEADER_BYTES + raw_bytes > WINDOW_VALUE_MAX) {
+        say("the windowed layers' state of %" PRIu64 " tokens takes %" PRIu64
+            " bytes, above the 512 MiB a Redis value holds", sn->n, raw_bytes);
+        return CTXS_EINVAL;
+    }
+    uint8_t *v = ctxs__malloc(CTXS__RWINDOW_HEADER_BYTES + raw_bytes);
+    if (!v)
+        return CTXS_ENOMEM;
+    int rc = snapshot_hold(sn);
+    uint8_t *at = v + CTXS__RWINDOW_HEADER_BYTES;
+    for (uint32_t gi = 0; rc == 0 && gi < p->lay.n_groups; gi++) {
+        ctxs__kv_range w = window_of(p, gi, sn->n);
+        for (uint64_t first = w.start; rc == 0 && first < w.end;) {
+            uint32_t cnt = (uint32_t)(w.end - first < CTXS_PREFIX_CHUNK ? w.end - first
+                                                                         : CTXS_PREFIX_CHUNK);
+            rc = ctxs__kv_block_read(at, p, (int32_t)gi, sn->s, first, cnt);
+            if (rc == 0 && memcmp(ctxs__raw_ids(at, cnt), sn->ids + first, (size_t)cnt * 4))
+                rc = CTXS_ESTALE;
+            at += ctxs__kv_raw_bytes(p, (int32_t)gi, cnt);
+            first += cnt;
+        }
+    }
+    if (rc == 0)
+        rc = snapshot_still_held(sn);
+    snapshot_release(sn);
+    if (rc < 0) {
+        free(v);
+        return rc;
+    }
+    ctxs__rwindow_header h;
+    memset(&h, 0, sizeof(h));
+    memcpy(h.magic, CTXS__RWINDOW_MAGIC, 8);
+    h.version_major = CTXS__REMOTE_MAJOR_SCHED;
+    h.version_minor = CTXS__REMOTE_MINOR;
+    h.header_bytes = CTXS__RWINDOW_HEADER_BYTES;
+    h.dtype = sn->model.geometry.dtype;
+    h.n_layers = sn->model.geometry.n_layers;
+    h.n_kv_heads = sn->model.geometry.n_kv_heads;
+    h.head_dim = sn->model.geometry.head_dim;
+    h.schedule_crc32 = schedule_crc(&sn->model.geometry);
+    h.n_groups = p->lay.n_groups;
+    h.n_tokens = sn->n;
+    memcpy(h.model_hash, sn->model.model_hash, 16);
+    memcpy(h.chain, chain_at_end(sn), 16);
+    h.raw_bytes = raw_bytes;
+    h.crc32 = crc_of(&h, offsetof(ctxs__rwindow_header, crc32));
+    memcpy(v, &h, sizeof(h));
+    *out = v;
+    *len = (size_t)(CTXS__RWINDOW_HEADER_BYTES + raw_bytes);
+    return 0;
+}
+
+/* Pushes the window value of a scheduled snapshot unless Redis has it
+ * (content-addressed, like a chunk: the same key never takes other
+ * bytes). Counted as one more chunk. Nothing for a session without a
+ * schedule, or without tokens. */
+static int push_window(redisContext *c, ctxs_remote *r, snapshot *sn, push_counts *pc)
+{
+    if (!sn->model.geometry.period || sn->n == 0)
+        return 0;
+    char key[CHUNK_KEY_MAX];
+    value_key(key, r, "window", &sn->model, chain_at_end(sn));
+    const char *argv[] = {"EXISTS", key};
+    redisReply *rep;
+    int rc = command(&rep, c, &CAP_SMALL, 2, argv, NULL);
+    if (rc == 0 && (rc = reply_check(c, rep, 0)) == 0 && rep->type != REDIS_REPLY_INTEGER)
+        rc = CTXS_EREMOTE;
+    int have = rc == 0 && rep->integer != 0;
+    if (rep)
+        freeReplyObject(rep);
+    if (rc < 0)
+        return rc;
+    if (have) {
+        pc->present++;
+        return 0;
+    }
+    uint8_t *v;
+    size_t len;
+    if ((rc = window_value(&v, &len, sn)) < 0)
+        return rc;
+    rc = send_set(c, key, v, len);
+    free(v);
+    if (rc == 0 && (rc = reply_next(&rep, c)) == 0) {
+        rc = reply_check(c, rep, 0);
+        freeReplyObject(rep);
+    }
+    if (rc == 0) {
+        pc->sent++;
+        pc->bytes += len;
+    }
+    return rc;
+}
 
 /* Pushes chunks [from, to) of the snapshot (to = n / 64 + 1: the tail
  * too) that Redis lacks, a pipeline of at most PIPELINE_BYTES of values
@@ -1300,7 +1491,7 @@ static int record_make(uint8_t **out, size_t *len, ctxs_remote *r, snapshot *sn,
     ctxs__rsession_header h;
     memset(&h, 0, sizeof(h));
     memcpy(h.magic, CTXS__RSESSION_MAGIC, 8);
-    h.version_major = CTXS__REMOTE_MAJOR;
+    h.version_major = major_of(&sn->model);
     h.version_minor = CTXS__REMOTE_MINOR;
     h.header_bytes = CTXS__RSESSION_HEADER_BYTES;
     h.dtype = sn->model.geometry.dtype;
@@ -1318,15 +1509,18 @@ static int record_make(uint8_t **out, size_t *len, ctxs_remote *r, snapshot *sn,
     memcpy(h.model_name, me.name, h.model_name_len);
     h.meta_bytes = meta_bytes;
     h.meta_count = meta_count;
-    size_t total = sizeof(h) + (size_t)sn->n * 4 + meta_bytes;
+    size_t sched = sn->model.geometry.period ? CTXS__RSCHEDULE_BYTES : 0;
+    size_t total = sizeof(h) + sched + (size_t)sn->n * 4 + meta_bytes;
     uint8_t *v = ctxs__malloc(total);
     if (!v) {
         free(section);
         return CTXS_ENOMEM;
     }
-    memcpy(v + sizeof(h), sn->ids, (size_t)sn->n * 4);
+    if (sched)
+        schedule_bytes(v + sizeof(h), &sn->model.geometry);
+    memcpy(v + sizeof(h) + sched, sn->ids, (size_t)sn->n * 4);
     if (meta_bytes)
-        memcpy(v + sizeof(h) + sn->n * 4, section, meta_bytes);
+        memcpy(v + sizeof(h) + sched + sn->n * 4, section, meta_bytes);
     free(section);
     h.body_crc32 = crc_of(v + sizeof(h), total - sizeof(h));
     h.crc32 = crc_of(&h, offsetof(ctxs__rsession_header, crc32));
@@ -1407,7 +1601,8 @@ static int remote_push_impl(ctxs_remote_push_result *out, ctxs_remote *r, const 
     redisContext *c = NULL;
     if ((rc = snapshot_take(&sn, s, id)) == 0 && (rc = conn_open(&c, r)) == 0) {
         uint64_t to = sn.n / CTXS_PREFIX_CHUNK + (sn.n % CTXS_PREFIX_CHUNK != 0);
-        if ((rc = push_chunks(c, r, &sn, 0, to, &pc, progress, progress_arg)) == 0)
+        if ((rc = push_chunks(c, r, &sn, 0, to, &pc, progress, progress_arg)) == 0 &&
+            (rc = push_window(c, r, &sn, &pc)) == 0)
             rc = record_push(c, r, &sn, name, 1, &pc);
     }
     if (c)
@@ -1590,10 +1785,18 @@ static int run_job(worker *w, const job *j)
         call_begin(w->c); /* a job is a call: its own deadline */
     if (rc == 0 && j->kind == JOB_CHUNKS) {
         rc = push_chunks(w->c, r, &sn, j->from, j->to, &pc, NULL, NULL);
-    } else if (rc == 0) {
+    } else if (rc == 0 && (j->tail || !sn.model.geometry.period)) {
+        /* A session with a layer schedule sends its record only with its
+         * tail and its windowed layers' state at the count the record
+         * names (a close after commits): a record sent at a commit would
+         * name a count whose windows Redis does not hold, and a pull of it
+         * would get nothing (the window value of every count a commit
+         * reaches would cost the windows' bytes again and again). */
         uint64_t whole = sn.n / CTXS_PREFIX_CHUNK;
         if (j->tail && sn.n % CTXS_PREFIX_CHUNK)
             rc = push_chunks(w->c, r, &sn, whole, whole + 1, &pc, NULL, NULL);
+        if (rc == 0)
+            rc = push_window(w->c, r, &sn, &pc);
         if (rc == 0)
             rc = record_push(w->c, r, &sn, name, j->tail, &pc);
     }
@@ -1856,7 +2059,8 @@ static int record_header_check(ctxs__rsession_header *h, const void *v, size_t l
     char name[CTXS_NAME_MAX + 1];
     ctxs_geometry g = {h->n_layers, h->n_kv_heads, h->head_dim, h->dtype, 0, {0}};
     ctxs__file_layout lay;
-    if (memcmp(h->magic, CTXS__RSESSION_MAGIC, 8) || h->version_major != CTXS__REMOTE_MAJOR ||
+    if (memcmp(h->magic, CTXS__RSESSION_MAGIC, 8) ||
+        (h->version_major != CTXS__REMOTE_MAJOR && h->version_major != CTXS__REMOTE_MAJOR_SCHED) ||
         h->header_bytes != sizeof(*h) ||
         h->crc32 != crc_of(h, offsetof(ctxs__rsession_header, crc32)) ||
         (h->flags & ~CTXS__RSESSION_FLAG_TAIL) || h->n_tokens > CTXS__REMOTE_MAX_TOKENS ||
@@ -1875,11 +2079,23 @@ static int record_parse(record *rec, const void *v, size_t len, const char *name
     if (rc < 0)
         return rc;
     const uint8_t *body = (const uint8_t *)v + sizeof(*h);
-    if (len != sizeof(*h) + h->n_tokens * 4 + h->meta_bytes ||
+    size_t sched = h->version_major == CTXS__REMOTE_MAJOR_SCHED ? CTXS__RSCHEDULE_BYTES : 0;
+    if (len != sizeof(*h) + sched + h->n_tokens * 4 + h->meta_bytes ||
         crc_of(body, len - sizeof(*h)) != h->body_crc32 || h->name_len != strlen(name) ||
         memcmp(h->name, name, h->name_len))
         return CTXS_EREMOTE;
     rec->model.geometry = (ctxs_geometry){h->n_layers, h->n_kv_heads, h->head_dim, h->dtype, 0, {0}};
+    if (sched) {
+        /* A 2.0 record is a scheduled session's: a schedule of period 0
+         * would be 1.0's, and one that breaks the rules is damage. */
+        memcpy(&rec->model.geometry.period, body, 4);
+        memcpy(rec->model.geometry.window, body + 4, 32);
+        if (!rec->model.geometry.period || ctxs__schedule_check(&rec->model.geometry) < 0) {
+            say("the session record's layer schedule is damaged");
+            return CTXS_EREMOTE;
+        }
+        body += sched;
+    }
     memcpy(rec->model.model_hash, h->model_hash, 16);
     memcpy(rec->model.tokenizer_hash, h->tokenizer_hash, 16);
     memcpy(rec->model_name, h->model_name, h->model_name_len);
@@ -1902,9 +2118,11 @@ typedef struct pull_job {
     ctxs_model model;
     const uint32_t *ids;
     uint64_t n;                 /* ids the pull may take */
+    uint64_t n_ids;             /* ids: the record's count, or the prompt's */
     int try_tail;               /* also a tail chunk ending at n */
     int prefix;                 /* pull_prefix: no good chunk is ENOTFOUND */
     uint32_t capacity, n_sink;
+    uint32_t batch;             /* with a layer schedule: the rings' batch */
     int ring;
     uint64_t created_unix_ms;
     /* results */
@@ -1928,8 +2146,10 @@ static int chunk_check(const pull_job *pj, const ctxs__kv_plan *p, uint8_t *v, u
     uint8_t *raw = v + sizeof(h);
     const ctxs_geometry *g = &pj->model.geometry;
     static const uint8_t zero[sizeof(h.reserved)];
+    uint32_t sched = g->period ? schedule_crc(g) : 0;
     if (h.crc32 != crc_of(&h, offsetof(ctxs__rchunk_header, crc32)) ||
-        memcmp(h.magic, CTXS__RCHUNK_MAGIC, 8) || h.version_major != CTXS__REMOTE_MAJOR ||
+        memcmp(h.magic, CTXS__RCHUNK_MAGIC, 8) || h.version_major != major_of(&pj->model) ||
+        h.schedule_crc32 != sched ||
         h.header_bytes != sizeof(h) || h.dtype != g->dtype || h.n_layers != g->n_layers ||
         h.n_kv_heads != g->n_kv_heads || h.head_dim != g->head_dim || h.count != count ||
         h.first_pos != first || h.raw_bytes != want - sizeof(h) ||
@@ -2046,6 +2266,229 @@ static int full_or(int rc)
     return rc == -ENOSPC || rc == -EDQUOT || rc == -EFBIG ? CTXS_EFULL : rc;
 }
 
+/* The chain of ids[0..at): its last chunk's, whole or tail (at > 0). */
+static int chain_of(uint8_t out[16], const uint32_t *ids, uint64_t at)
+{
+    static const uint8_t zero[16];
+    uint64_t whole = at / CTXS_PREFIX_CHUNK;
+    uint8_t(*c)[16] = ctxs__malloc((size_t)whole * 16 + 16);
+    if (!c)
+        return CTXS_ENOMEM;
+    ctxs__prefix_chains(c, ids, whole);
+    const uint8_t *prev = whole ? c[whole - 1] : zero;
+    if (at % CTXS_PREFIX_CHUNK)
+        ctxs__prefix_chain_next(out, prev, ids + whole * CTXS_PREFIX_CHUNK,
+                                (uint32_t)(at % CTXS_PREFIX_CHUNK));
+    else
+        memcpy(out, prev, 16);
+    free(c);
+    return 0;
+}
+
+/* 0 if v (len bytes) is the window value at `at` tokens of pj's ids,
+ * whose chain is chain: its header, and every token of every group's
+ * blocks (its id the record's, its checksum recomputed from its position,
+ * id and bytes); 1: refused. */
+static int window_check(const pull_job *pj, const ctxs__kv_plan *p, uint8_t *v, uint64_t len,
+                        uint64_t at, const uint8_t chain[16])
+{
+    ctxs__rwindow_header h;
+    if (len < sizeof(h))
+        return 1;
+    memcpy(&h, v, sizeof(h));
+    const ctxs_geometry *g = &pj->model.geometry;
+    static const uint8_t zero[sizeof(h.reserved)];
+    if (len != sizeof(h) + window_raw_bytes(p, at) ||
+        h.crc32 != crc_of(&h, offsetof(ctxs__rwindow_header, crc32)) ||
+        memcmp(h.magic, CTXS__RWINDOW_MAGIC, 8) || h.version_major != CTXS__REMOTE_MAJOR_SCHED ||
+        h.header_bytes != sizeof(h) || h.dtype != g->dtype || h.n_layers != g->n_layers ||
+        h.n_kv_heads != g->n_kv_heads || h.head_dim != g->head_dim ||
+        h.schedule_crc32 != schedule_crc(g) || h.n_groups != p->lay.n_groups ||
+        h.n_tokens != at || memcmp(h.model_hash, pj->model.model_hash, 16) ||
+        memcmp(h.chain, chain, 16) || h.raw_bytes != len - sizeof(h) ||
+        memcmp(h.reserved, zero, sizeof(zero)))
+        return 1;
+    uint8_t *raw = v + sizeof(h);
+    for (uint32_t gi = 0; gi < p->lay.n_groups; gi++) {
+        ctxs__kv_range w = window_of(p, gi, at);
+        for (uint64_t first = w.start; first < w.end;) {
+            uint32_t cnt = (uint32_t)(w.end - first < CTXS_PREFIX_CHUNK ? w.end - first
+                                                                         : CTXS_PREFIX_CHUNK);
+            if (memcmp(ctxs__raw_ids(raw, cnt), pj->ids + first, (size_t)cnt * 4) ||
+                !ctxs__kv_raw_verifies(p, (int32_t)gi, raw, first, cnt))
+                return 1;
+            raw += ctxs__kv_raw_bytes(p, (int32_t)gi, cnt);
+            first += cnt;
+        }
+    }
+    return 0;
+}
+
+/* Fetches the window value at `at` tokens (> 0) into *out (malloc'd) and
+ * checks it: 0 good, 1 refused, 2 missing, or an error (the network's,
+ * the server's). */
+static int window_get(uint8_t **out, pull_job *pj, const ctxs__kv_plan *p, uint64_t at)
+{
+    *out = NULL;
+    uint8_t chain[16];
+    uint64_t want = CTXS__RWINDOW_HEADER_BYTES + window_raw_bytes(p, at);
+    int rc = chain_of(chain, pj->ids, at);
+    if (rc < 0)
+        return rc;
+    if (want > WINDOW_VALUE_MAX)
+        return 2; /* never pushed */
+    char key[CHUNK_KEY_MAX];
+    value_key(key, pj->r, "window", &pj->model, chain);
+    uint8_t *v = NULL;
+    bulk_in *in = ctxs__malloc(sizeof(*in));
+    reply_cap cap = {"window reply", want, 4096, 0};
+    cap_set(pj->c, &cap);
+    const char *argv[] = {"GET", key};
+    if (!in)
+        rc = CTXS_ENOMEM;
+    else if (redisAppendCommandArgv(pj->c, 2, argv, NULL) != REDIS_OK)
+        rc = context_error(pj->c, errno);
+    else if ((rc = obuf_flush(pj->c)) == 0)
+        rc = bulk_begin(in, pj->c);
+    int64_t len = -1;
+    int err = 0, got = 2;
+    if (rc == 0 && (rc = bulk_head(in, &len, &err)) == 0 && len >= 0) {
+        /* A value of another length is read and dropped: the connection
+         * stays in step. */
+        int take = len == (int64_t)want;
+        if (take && !(v = ctxs__malloc((size_t)want)))
+            rc = CTXS_ENOMEM; /* the connection is dropped with the call */
+        else if ((rc = bulk_body(in, take ? v : NULL, len)) == 0)
+            got = take && window_check(pj, p, v, (uint64_t)len, at, chain) == 0 ? 0 : 1;
+    }
+    if (rc == 0)
+        rc = bulk_end(in);
+    if (rc == 0 && err == WRONGTYPE)
+        got = 1;
+    else if (rc == 0 && err < 0)
+        rc = err;
+    free(in);
+    if (rc < 0 || got) {
+        free(v);
+        return rc < 0 ? rc : got;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Copies tokens [from, from + keep) of a raw block of count tokens of
+ * part into dst, as a raw block of keep tokens. */
+static void raw_trim(uint8_t *dst, const uint8_t *src, const ctxs__kv_plan *p, int32_t part,
+                     uint32_t count, uint32_t from, uint32_t keep)
+{
+    uint32_t runs = part < 0 ? p->n_runs : p->group_runs[part];
+    size_t sb = p->lay.slot_bytes, scb = p->scale_bytes;
+    memcpy(dst, src + (size_t)from * 8, (size_t)keep * 8);
+    memcpy(dst + (size_t)keep * 8, src + (size_t)count * 8 + (size_t)from * 4, (size_t)keep * 4);
+    const uint8_t *skv = src + (size_t)count * 12;
+    uint8_t *dkv = dst + (size_t)keep * 12;
+    for (uint32_t r = 0; r < runs; r++)
+        memcpy(dkv + (size_t)r * keep * sb, skv + ((size_t)r * count + from) * sb,
+               (size_t)keep * sb);
+    const uint8_t *ssc = skv + (size_t)runs * count * sb;
+    uint8_t *dsc = dkv + (size_t)runs * keep * sb;
+    for (uint32_t r = 0; scb && r < runs; r++)
+        memcpy(dsc + (size_t)r * keep * scb, ssc + ((size_t)r * count + from) * scb,
+               (size_t)keep * scb);
+}
+
+/* Writes the blocks of the window value v at `at` tokens that the state
+ * of m tokens claims (each group's [max(m - window, 0), m)) into the new
+ * file, after the chunks (a group's ids are checked against theirs). */
+static int window_store(int fd, const ctxs__kv_plan *p, uint8_t *v, uint64_t at, uint64_t m)
+{
+    uint8_t *raw = v + CTXS__RWINDOW_HEADER_BYTES, *trim = NULL;
+    int rc = 0;
+    for (uint32_t gi = 0; rc == 0 && gi < p->lay.n_groups; gi++) {
+        ctxs__kv_range w = window_of(p, gi, at), keep = window_of(p, gi, m);
+        for (uint64_t first = w.start; rc == 0 && first < w.end;) {
+            uint32_t cnt = (uint32_t)(w.end - first < CTXS_PREFIX_CHUNK ? w.end - first
+                                                                         : CTXS_PREFIX_CHUNK);
+            uint64_t a = first > keep.start ? first : keep.start;
+            uint64_t b = first + cnt < keep.end ? first + cnt : keep.end;
+            if (a == first && b == first + cnt) {
+                rc = ctxs__kv_block_store(fd, p, (int32_t)gi, raw, first, cnt);
+            } else if (a < b) {
+                if (!trim && !(trim = ctxs__malloc((size_t)ctxs__kv_raw_bytes(p, (int32_t)gi,
+                                                                                CTXS_PREFIX_CHUNK))))
+                    rc = CTXS_ENOMEM;
+                if (rc == 0) {
+                    raw_trim(trim, raw, p, (int32_t)gi, cnt, (uint32_t)(a - first),
+                             (uint32_t)(b - a));
+                    rc = ctxs__kv_block_store(fd, p, (int32_t)gi, trim, a, (uint32_t)(b - a));
+                }
+            }
+            raw += ctxs__kv_raw_bytes(p, (int32_t)gi, cnt);
+            first += cnt;
+        }
+    }
+    free(trim);
+    return rc;
+}
+
+/* With a layer schedule, after the chunks: the count the new session
+ * holds, and its windowed rings. A state of m tokens needs each group's
+ * window at m, which Redis holds as the window value of a count at: the
+ * value's positions [max(at - window, 0), at) cover [max(m - window, 0),
+ * m) when m = at, or when at is within every window (m at most at: the
+ * value holds every position from 0). A pull looks at the record's count
+ * only; a prefix pull at each chunk boundary it pulled, the largest first,
+ * and takes the first value there. No good value: no tokens. */
+static int pull_windows(pull_job *pj, const ctxs__kv_plan *p, int fd)
+{
+    uint64_t g = pj->got, m = 0;
+    uint32_t wmin = UINT32_MAX;
+    for (uint32_t gi = 0; gi < p->lay.n_groups; gi++)
+        wmin = p->lay.groups[gi].window < wmin ? p->lay.groups[gi].window : wmin;
+    uint8_t *v = NULL;
+    uint64_t at = 0;
+    int rc = 0;
+    if (!pj->prefix) {
+        at = pj->n_ids;
+        if (g > 0 && (g == at || at <= wmin)) {
+            if ((rc = window_get(&v, pj, p, at)) == 1)
+                pj->refused = 1;
+            else if (rc == 2)
+                pj->missing = 1;
+            else if (rc == 0)
+                m = g;
+        }
+    } else {
+        /* The counts a prefix pull can end at, the largest first: g
+         * itself where a tail ends it, then each chunk boundary. */
+        for (uint64_t k = g / CTXS_PREFIX_CHUNK + (g % CTXS_PREFIX_CHUNK != 0); k > 0 && !v; k--) {
+            at = k * CTXS_PREFIX_CHUNK < g ? k * CTXS_PREFIX_CHUNK : g;
+            if ((rc = window_get(&v, pj, p, at)) < 0)
+                break;
+            if (rc == 1) {
+                pj->refused = 1;
+                break;
+            }
+            if (rc == 0)
+                m = at;
+        }
+        if (rc == 2)
+            pj->missing = 1;
+    }
+    if (rc >= 0 && m)
+        rc = window_store(fd, p, v, at, m);
+    free(v);
+    if (rc < 0)
+        return rc;
+    if (m < g) {
+        pj->chunks = m ? (m + CTXS_PREFIX_CHUNK - 1) / CTXS_PREFIX_CHUNK : 0;
+        pj->got = m;
+    }
+    if (m)
+        pj->chunks++; /* the window value */
+    return 0;
+}
+
 /* The new session file's fill: the verified chunks, then the first page
  * holding as many tokens as verified, then a sync. */
 static int pull_fill(int fd, const ctxs__disk_label *label, void *arg)
@@ -2054,8 +2497,8 @@ static int pull_fill(int fd, const ctxs__disk_label *label, void *arg)
     ctxs__kv_plan p;
     /* The layout of every state the pull may end with is that of the
      * largest: the blocks are placed by it first. */
-    int rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, 0, pj->ring,
-                                pj->n, 0, CTXS_PREFIX_CHUNK);
+    int rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, pj->batch,
+                                pj->ring, pj->n, 0, CTXS_PREFIX_CHUNK);
     if (rc < 0)
         return rc == CTXS_ECORRUPT ? CTXS_EINVAL : rc;
     /* A block written into the new file may find the disk full: the
@@ -2063,10 +2506,12 @@ static int pull_fill(int fd, const ctxs__disk_label *label, void *arg)
     if ((rc = full_or(ctxs__new_file_size(fd, &p.lay))) < 0 ||
         (rc = full_or(pull_chunks(pj, &p, fd))) < 0)
         return rc;
+    if (pj->model.geometry.period && pj->got && (rc = full_or(pull_windows(pj, &p, fd))) < 0)
+        return rc;
     if (pj->got == 0 && pj->prefix)
         return CTXS_ENOTFOUND;
-    if ((rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, 0, pj->ring,
-                                 pj->got, 0, CTXS_PREFIX_CHUNK)) < 0 ||
+    if ((rc = ctxs__kv_plan_make(&p, &pj->model.geometry, pj->capacity, pj->n_sink, pj->batch,
+                                 pj->ring, pj->got, 0, CTXS_PREFIX_CHUNK)) < 0 ||
         (rc = ctxs__kv_file_begin(fd, &p, &pj->model, pj->created_unix_ms, label)) < 0)
         return rc;
     return full_or(ctxs__sync_data(fd));
@@ -2083,6 +2528,7 @@ static int pull_layout(pull_job *pj, const ctxs_create_options *opts, uint64_t n
             return CTXS_EINVAL;
         o = *opts;
     }
+    int chosen = !o.capacity && !o.context_length; /* the pull picks the slots */
     if (!o.capacity && o.context_length) {
         o.capacity = o.context_length;
     } else if (!o.capacity) {
@@ -2091,9 +2537,30 @@ static int pull_layout(pull_job *pj, const ctxs_create_options *opts, uint64_t n
                            : (n / CTXS_DEFAULT_CAPACITY + 1) * CTXS_DEFAULT_CAPACITY;
         o.capacity = (uint32_t)(cap < CTXS__REMOTE_MAX_TOKENS ? cap : CTXS__REMOTE_MAX_TOKENS);
     }
+    const ctxs_geometry *g = &pj->model.geometry;
+    uint32_t batch = g->period ? (o.batch ? o.batch : CTXS_DEFAULT_BATCH) : 0;
+    if (g->period && chosen) {
+        /* Slots enough for every windowed layer's ring: the window values
+         * fill rings, and a layer laid out in the session's slots would
+         * need every position's K/V, which no chunk carries. */
+        uint64_t need = (uint64_t)batch + (o.n_sink ? o.n_sink : 1);
+        uint32_t wmax = 0;
+        for (uint32_t j = 0; j < g->period; j++)
+            wmax = g->window[j] > wmax ? g->window[j] : wmax;
+        need += wmax;
+        if (need > o.capacity && need <= CTXS__REMOTE_MAX_TOKENS)
+            o.capacity = (uint32_t)need;
+    }
     ctxs__file_layout lay;
-    if (ctxs__layout_compute(&lay, &pj->model.geometry, o.capacity, o.n_sink, 0) < 0 || o.ring > 1)
+    if (ctxs__layout_compute(&lay, g, o.capacity, o.n_sink, batch) < 0 || o.ring > 1)
         return CTXS_EINVAL;
+    if (lay.n_groups != n_windows(g)) {
+        say("%" PRIu32 " slots with a batch of %" PRIu32 " lay out a windowed layer without "
+            "its ring: a pull fills the rings from the windowed layers' state; ask for more "
+            "slots", o.capacity, batch);
+        return CTXS_EINVAL;
+    }
+    pj->batch = batch;
     pj->capacity = o.capacity;
     pj->n_sink = o.n_sink;
     pj->ring = (int)o.ring;
@@ -2165,7 +2632,7 @@ static int remote_pull_impl(ctxs_session **out, ctxs_remote_pull_result *res, ct
     if (rep)
         freeReplyObject(rep);
     pull_job pj = {.r = r, .c = c, .model = rec.model, .ids = rec.ids, .n = rec.h.n_tokens,
-                   .try_tail = (rec.h.flags & CTXS__RSESSION_FLAG_TAIL) != 0,
+                   .n_ids = rec.h.n_tokens, .try_tail = (rec.h.flags & CTXS__RSESSION_FLAG_TAIL) != 0,
                    .created_unix_ms = ctxs__now_ms(), .progress = progress,
                    .progress_arg = progress_arg};
     if (rc == 0)
@@ -2235,7 +2702,8 @@ static int remote_pull_prefix_impl(ctxs_session **out, ctxs_remote_pull_result *
     redisContext *c;
     if ((rc = conn_open(&c, r)) < 0)
         return rc;
-    pull_job pj = {.r = r, .c = c, .model = *model, .ids = tokens, .n = n, .try_tail = 1,
+    pull_job pj = {.r = r, .c = c, .model = *model, .ids = tokens, .n = n, .n_ids = n,
+                   .try_tail = 1,
                    .prefix = 1, .created_unix_ms = ctxs__now_ms()};
     rc = pull_layout(&pj, opts, n);
     ctxs_session *s = NULL;

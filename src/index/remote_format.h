@@ -1,5 +1,5 @@
 /*
- * The values the remote tier keeps in Redis, version 1.0: the one
+ * The values the remote tier keeps in Redis, versions 1.0 and 2.0: the one
  * definition remote.c writes and reads and the tests craft values with.
  * docs/FORMAT.md, "Remote values", is the prose version; the static
  * asserts pin every offset it gives.
@@ -15,9 +15,18 @@
  *       a chunk: ctxs__rchunk_header, then raw_bytes of raw block
  *       (kv_block.h) holding count tokens from first_pos.
  *   <prefix>:session:<name>
- *       a session record: ctxs__rsession_header, then u32 token ids
- *       [n_tokens], then the metadata section (meta_bytes, FORMAT.md
- *       "Metadata section").
+ *       a session record: ctxs__rsession_header, then (2.0) the layer
+ *       schedule, then u32 token ids [n_tokens], then the metadata section
+ *       (meta_bytes, FORMAT.md "Metadata section").
+ *   <prefix>:window:<model hash>:<form>:<chain at n, 32 hex>   (2.0)
+ *       the windowed layers' state at n tokens: ctxs__rwindow_header, then
+ *       each windowed group's raw blocks over its layers, for the positions
+ *       of its window at n.
+ *
+ * A session with a layer schedule (geometry.period above 0) writes 2.0
+ * values, its form "<dtype>-<L>x<H>x<D>-w<window[0]>.<window[1]>..." and
+ * its chunks carrying its global layers only; any other writes 1.0 values,
+ * as before 2.0. A 1.0 reader refuses 2.0 values (another major).
  */
 #ifndef CTXS_INDEX_REMOTE_FORMAT_H
 #define CTXS_INDEX_REMOTE_FORMAT_H
@@ -30,10 +39,15 @@
 
 #define CTXS__RCHUNK_MAGIC "CTXSRCHK"
 #define CTXS__RSESSION_MAGIC "CTXSRSES"
-#define CTXS__REMOTE_MAJOR 1
+#define CTXS__RWINDOW_MAGIC "CTXSRWIN"
+#define CTXS__REMOTE_MAJOR 1       /* values of sessions without a schedule */
+#define CTXS__REMOTE_MAJOR_SCHED 2 /* values of sessions with one */
 #define CTXS__REMOTE_MINOR 0
 #define CTXS__RCHUNK_HEADER_BYTES 128u
 #define CTXS__RSESSION_HEADER_BYTES 640u
+#define CTXS__RWINDOW_HEADER_BYTES 128u
+/* A 2.0 record's schedule, after its header: u32 period, u32 window[8]. */
+#define CTXS__RSCHEDULE_BYTES 36u
 
 /* A record lists at most this many tokens (the largest capacity): a
  * damaged record never makes a reader allocate more than 64 MiB of ids. */
@@ -61,7 +75,9 @@ typedef struct ctxs__rchunk_header {
     uint8_t model_hash[16];
     uint8_t prev_chain[16];
     uint8_t chain[16];          /* also in the key */
-    uint8_t reserved[28];       /* zero */
+    uint32_t schedule_crc32;    /* 2.0: crc32 of the schedule's 36 bytes
+                                   (u32 period, u32 window[8]); 1.0: zero */
+    uint8_t reserved[24];       /* zero */
     uint32_t crc32;             /* of bytes 0..123 */
 } ctxs__rchunk_header;
 
@@ -79,7 +95,8 @@ static_assert(offsetof(ctxs__rchunk_header, first_pos) == 40, "chunk header layo
 static_assert(offsetof(ctxs__rchunk_header, model_hash) == 48, "chunk header layout");
 static_assert(offsetof(ctxs__rchunk_header, prev_chain) == 64, "chunk header layout");
 static_assert(offsetof(ctxs__rchunk_header, chain) == 80, "chunk header layout");
-static_assert(offsetof(ctxs__rchunk_header, reserved) == 96, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, schedule_crc32) == 96, "chunk header layout");
+static_assert(offsetof(ctxs__rchunk_header, reserved) == 100, "chunk header layout");
 static_assert(offsetof(ctxs__rchunk_header, crc32) == 124, "chunk header layout");
 
 /* A session record's header. Names are UTF-8 without NUL, zero padded. */
@@ -130,5 +147,43 @@ static_assert(offsetof(ctxs__rsession_header, model_name) == 352, "record layout
 static_assert(offsetof(ctxs__rsession_header, body_crc32) == 608, "record layout");
 static_assert(offsetof(ctxs__rsession_header, reserved) == 612, "record layout");
 static_assert(offsetof(ctxs__rsession_header, crc32) == 636, "record layout");
+
+/* A windowed state's header (2.0). Then, for each windowed group (the
+ * layers of one window, numbered in the order of their first layer), the
+ * positions [max(n_tokens - window, 0), n_tokens) cut into blocks of at
+ * most CTXS_PREFIX_CHUNK from the first, each a raw block over the
+ * group's layers; raw_bytes in all. */
+typedef struct ctxs__rwindow_header {
+    char magic[8];              /* CTXS__RWINDOW_MAGIC */
+    uint16_t version_major;     /* CTXS__REMOTE_MAJOR_SCHED */
+    uint16_t version_minor;
+    uint32_t header_bytes;      /* CTXS__RWINDOW_HEADER_BYTES */
+    uint32_t dtype;             /* the model's geometry */
+    uint32_t n_layers;
+    uint32_t n_kv_heads;
+    uint32_t head_dim;
+    uint32_t schedule_crc32;    /* as in a 2.0 chunk */
+    uint32_t n_groups;          /* the schedule's distinct windows */
+    uint64_t n_tokens;          /* the state's count */
+    uint8_t model_hash[16];
+    uint8_t chain[16];          /* the chain at n_tokens, also in the key */
+    uint64_t raw_bytes;         /* the blocks, all groups together */
+    uint8_t reserved[36];       /* zero */
+    uint32_t crc32;             /* of bytes 0..123 */
+} ctxs__rwindow_header;
+
+static_assert(sizeof(ctxs__rwindow_header) == CTXS__RWINDOW_HEADER_BYTES, "window header size");
+static_assert(offsetof(ctxs__rwindow_header, version_major) == 8, "window header layout");
+static_assert(offsetof(ctxs__rwindow_header, header_bytes) == 12, "window header layout");
+static_assert(offsetof(ctxs__rwindow_header, dtype) == 16, "window header layout");
+static_assert(offsetof(ctxs__rwindow_header, head_dim) == 28, "window header layout");
+static_assert(offsetof(ctxs__rwindow_header, schedule_crc32) == 32, "window header layout");
+static_assert(offsetof(ctxs__rwindow_header, n_groups) == 36, "window header layout");
+static_assert(offsetof(ctxs__rwindow_header, n_tokens) == 40, "window header layout");
+static_assert(offsetof(ctxs__rwindow_header, model_hash) == 48, "window header layout");
+static_assert(offsetof(ctxs__rwindow_header, chain) == 64, "window header layout");
+static_assert(offsetof(ctxs__rwindow_header, raw_bytes) == 80, "window header layout");
+static_assert(offsetof(ctxs__rwindow_header, reserved) == 88, "window header layout");
+static_assert(offsetof(ctxs__rwindow_header, crc32) == 124, "window header layout");
 
 #endif

@@ -9,11 +9,13 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "ctxstore.h"
 #include "dtype.h"
@@ -536,6 +538,78 @@ Test(write, the_runway_is_mapped_again_after_the_flusher_cleans_it)
 #else
     (void)faults;
 #endif
+    big_commit(s, &r);
+    uint64_t bad;
+    cr_assert_eq(ctxs_session_verify(&bad, s), 0);
+    ctxs_session_close(s);
+#endif
+}
+
+/* A reply decoded a token at a time, each token taking longer than the
+ * write path trusts what it last learnt of a layer (as when attention
+ * reads a long context between the writes): the first layer of a token
+ * asks the page cache whether the mapped slots are still writable, for all
+ * the token's layers, and the others ask nothing. Every store still goes
+ * into the mapping (no fault), and the turn commits and verifies. */
+Test(write, a_tokens_layers_ask_the_page_cache_once)
+{
+#ifndef RUSAGE_THREAD
+    cr_skip_test("no per-thread fault counts on this system");
+#else
+    enum { TOKENS = 12 };
+    const uint16_t *kv = big_turn();
+    const size_t per_kind = 64 * 4 * 128;
+    ctxs_session *s = create_big(1);
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+    big_turn_write(s, &r, kv, BY_LAYER);
+    big_commit(s, &r);
+    ctxs__background_wait_idle(); /* the runway after the commit */
+    if (runway_dirty(s, 64) < 0) {
+        ctxs_session_close(s);
+        cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
+    }
+    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+    ctxs__background_wait_idle();
+    uint64_t asks = atomic_load(&ctxs__write_path_asks);
+    long faults = 0;
+    for (uint32_t t = 0; t < TOKENS; t++) {
+        usleep(80 * 1000); /* the engine's compute, longer than a layer is trusted */
+        long before = thread_faults();
+        for (uint32_t l = 0; l < 4; l++) {
+            const uint16_t *k = kv + 2 * l * per_kind + t * 4 * 128;
+            cr_assert_eq(ctxs_session_write_layer(s, &r, l, t, 1, k, k + per_kind,
+                                                  CTXS_DTYPE_F16),
+                         0);
+        }
+        faults += thread_faults() - before;
+    }
+    asks = atomic_load(&ctxs__write_path_asks) - asks;
+    /* One question a token, and a few of the worker's, which looks at the
+     * runway twice a second. */
+    cr_expect_leq(asks, TOKENS + 4, "%" PRIu64 " questions to the page cache for %d tokens "
+                  "of 4 layers", asks, TOKENS);
+#ifndef __SANITIZE_ADDRESS__
+    cr_expect_eq(faults, 0, "%ld page faults in write_layer", faults);
+#else
+    (void)faults; /* ASan's shadow of slots this thread never touched faults */
+#endif
+    for (uint32_t t = TOKENS; t < 64; t++)
+        for (uint32_t l = 0; l < 4; l++) {
+            const uint16_t *k = kv + 2 * l * per_kind + t * 4 * 128;
+            cr_assert_eq(ctxs_session_write_layer(s, &r, l, t, 1, k, k + per_kind,
+                                                  CTXS_DTYPE_F16),
+                         0);
+        }
+    ctxs_layout lay;
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    for (uint32_t run = 0; run < 32; run++) /* (layer, K|V, head) */
+        for (uint32_t t = 0; t < 64; t++)
+            cr_assert_eq(memcmp((const uint8_t *)lay.kv + run * lay.head_stride +
+                                    (r.spans[0].slot + t) * lay.slot_bytes,
+                                kv + ((run / 4) * 64 + t) * 4 * 128 + (run % 4) * 128,
+                                lay.slot_bytes),
+                         0, "run %u, token %u differs in the mapping", run, t);
     big_commit(s, &r);
     uint64_t bad;
     cr_assert_eq(ctxs_session_verify(&bad, s), 0);

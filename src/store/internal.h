@@ -332,6 +332,10 @@ void ctxs__populated_forget(ctxs_session *s);
  * 0 (production) lets ctxs__kv_writable() choose (kv_write.c). */
 extern int ctxs__write_path_force;
 
+/* Tests only: the questions ctxs__kv_writable() has asked the page cache,
+ * process-wide (runway.c). */
+extern _Atomic uint64_t ctxs__write_path_asks;
+
 /* A pass older than this may have been cleaned by the flusher
  * (vm.dirty_expire_centisecs, 30 s by default, less some margin): where
  * the page cache cannot be asked, its pages are mapped again. */

@@ -48,6 +48,11 @@
 /* Tokens the worker maps ahead of an engine that writes a few at a time. */
 #define MAP_AHEAD 64u
 
+/* A call of at most this many tokens asks for its slots' cache lines
+ * before it stores (prefetch_slots()); a longer one's stores run along
+ * each run, where the processor's own prefetching serves them. */
+#define PREFETCH_TOKENS 4u
+
 int ctxs__write_path_force;
 
 static uint32_t src_elem_bytes(uint32_t dtype)
@@ -139,6 +144,32 @@ static uint32_t layer_spans(ctxs__span spans[2], uint32_t *t0, const ctxs_sessio
     return k;
 }
 
+/* Asks for the cache lines of the spans' slots in each run of layer l
+ * (and their scales), to be written, before the first store into them. A
+ * token's layer is 2 * n_kv_heads slots, each in a page of its own, and
+ * when the engine's attention has read the rest of the context since the
+ * last token, neither the pages' translations nor the lines are cached:
+ * stored one after the other, each waits for its own (1.9 us a call for
+ * Qwen3-4B's 16 slots of 256 bytes, with attention's reads between the
+ * calls); asked for first, they arrive together (1.6 us). */
+static void prefetch_slots(const ctxs_session *s, uint32_t l, const ctxs__span *spans,
+                           uint32_t n_spans)
+{
+    const ctxs__file_layout *lay = &s->lay;
+    const size_t cap = ctxs__layer_cap(lay, l);
+    for (uint32_t kind = 0; kind < 2; kind++)
+        for (uint32_t i = 0; i < n_spans; i++) {
+            const uint8_t *p = ctxs__run(s, l, kind, 0) + (size_t)spans[i].slot * lay->slot_bytes;
+            const size_t bytes = (size_t)spans[i].count * lay->slot_bytes;
+            for (uint32_t h = 0; h < lay->n_kv_heads; h++, p += cap * lay->slot_bytes) {
+                for (size_t o = 0; o < bytes; o += 64)
+                    __builtin_prefetch(p + o, 1);
+                if (lay->scales_bytes)
+                    __builtin_prefetch(ctxs__scales_run(s, l, kind, h) + spans[i].slot, 1);
+            }
+        }
+}
+
 /* Straight into the mapping. */
 static int put_mapped(ctxs_session *s, uint64_t pos, uint32_t n, uint32_t l0, uint32_t l1,
                       const ctxs__kv_src *src)
@@ -148,6 +179,8 @@ static int put_mapped(ctxs_session *s, uint64_t pos, uint32_t n, uint32_t l0, ui
         ctxs__span spans[2];
         uint32_t t0, n_spans = layer_spans(spans, &t0, s, l, pos, n);
         const size_t cap = ctxs__layer_cap(lay, l);
+        if (n <= PREFETCH_TOKENS)
+            prefetch_slots(s, l, spans, n_spans);
         for (uint32_t kind = 0; kind < 2; kind++)
             for (uint32_t i = 0, t = t0; i < n_spans; t += spans[i++].count) {
                 const uint32_t slot = spans[i].slot;

@@ -39,6 +39,8 @@
  * costs the calls after it some page faults, never a wrong byte. */
 #define SEEN_MS 50u
 
+_Atomic uint64_t ctxs__write_path_asks;
+
 void ctxs__populated_forget(ctxs_session *s)
 {
     pthread_mutex_lock(&ctxs__registry_mutex);
@@ -87,6 +89,29 @@ static int run_dirty(const ctxs_session *s, uint32_t run, uint32_t slot, uint32_
                              (uint64_t)count * 4);
 }
 
+/* Whether every page holding positions [from, to) of layers [l0, l1) is
+ * dirty: 1, 0, or -1 when the system cannot tell. The flusher cleans the
+ * pages of an inode in file order, so the first and the last run of the
+ * range tell for the runs between (a race with it costs some faults, never
+ * a wrong byte). */
+static int layers_dirty(const ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0,
+                        uint32_t l1)
+{
+    atomic_fetch_add_explicit(&ctxs__write_path_asks, 1, memory_order_relaxed);
+    const uint32_t heads = s->lay.n_kv_heads;
+    const uint32_t first_run = l0 * 2 * heads, last_run = l1 * 2 * heads - 1;
+    ctxs__span spans[2], last[2];
+    uint32_t n_spans = ctxs__layer_spans(spans, &s->lay, l0, from, to - from);
+    uint32_t n_last = ctxs__layer_spans(last, &s->lay, l1 - 1, from, to - from);
+    for (uint32_t i = 0; i < n_spans || i < n_last; i++) {
+        int a = i < n_spans ? run_dirty(s, first_run, spans[i].slot, spans[i].count) : 1;
+        int b = a == 1 && i < n_last ? run_dirty(s, last_run, last[i].slot, last[i].count) : a;
+        if (b != 1)
+            return b;
+    }
+    return 1;
+}
+
 int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, uint32_t l1,
                       unsigned how, uint64_t *pending)
 {
@@ -115,7 +140,15 @@ int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, 
      * the page cache was asked about then: a reply decoded a token at a
      * time asks 2 * n_layers times a token, and two cachestat calls each
      * would cost more than its copies. What the page cache is asked about
-     * is the rest of what the pass mapped, where the next calls fall. */
+     * is the rest of what the pass mapped, where the next calls fall, in
+     * this layer and in the mapped layers after it that the owner has not
+     * written through the file since: the next layers of the same token.
+     * A token takes longer than SEEN_MS once attention reads a long
+     * context (tinychat, 36 layers over 1,000 tokens: 30-60 ms), and a
+     * question per layer then cost each token 72 cachestat calls of 2-5 us
+     * with the caches cold from attention (7-12 ms of a 170-token reply's
+     * 25 ms of write_layer in the demo); one for the token's layers costs
+     * it two. */
     ctxs__layer_seen *seen =
         (how & CTXS__ASK_OWNER) && s->seen && l1 == l0 + 1 ? &s->seen[l0] : NULL;
     uint64_t now = 0;
@@ -127,26 +160,23 @@ int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, 
             to <= seen->to && now - seen->at_ms < SEEN_MS)
             return 1;
         to = pop_to;
+        while (l1 < layers && l1 < s->lay.n_layers &&
+               !(s->file_written &&
+                 atomic_load_explicit(&s->file_written[l1], memory_order_relaxed) > stamp))
+            l1++;
     }
-    /* The flusher cleans the pages of an inode in file order, so the first
-     * and the last run of the range tell for the runs between (a race
-     * with it costs some faults, never a wrong byte). */
-    const uint32_t heads = s->lay.n_kv_heads;
-    const uint32_t first_run = l0 * 2 * heads, last_run = l1 * 2 * heads - 1;
-    ctxs__span spans[2], last[2];
-    uint32_t n_spans = ctxs__layer_spans(spans, &s->lay, l0, from, to - from);
-    uint32_t n_last = ctxs__layer_spans(last, &s->lay, l1 - 1, from, to - from);
-    for (uint32_t i = 0; i < n_spans || i < n_last; i++) {
-        int a = i < n_spans ? run_dirty(s, first_run, spans[i].slot, spans[i].count) : 1;
-        int b = a == 1 && i < n_last ? run_dirty(s, last_run, last[i].slot, last[i].count) : a;
-        if (b < 0)
-            return (how & CTXS__ASK_BY_AGE) &&
-                   ctxs__monotonic_ms() - atomic_load(&s->runway_at_ms) < CTXS__RUNWAY_FRESH_MS;
-        if (b == 0)
-            return 0;
-    }
-    if (seen)
-        *seen = (ctxs__layer_seen){stamp, s->st.n_tokens, from, to, now};
+    int d = layers_dirty(s, from, to, l0, l1);
+    /* Some pages after this layer cleaned: the flusher may be on its way
+     * through the file; this layer alone may still be writable. */
+    if (d == 0 && l1 > l0 + 1)
+        d = layers_dirty(s, from, to, l0, l1 = l0 + 1);
+    if (d < 0)
+        return (how & CTXS__ASK_BY_AGE) &&
+               ctxs__monotonic_ms() - atomic_load(&s->runway_at_ms) < CTXS__RUNWAY_FRESH_MS;
+    if (d == 0)
+        return 0;
+    for (uint32_t l = l0; seen && l < l1; l++)
+        s->seen[l] = (ctxs__layer_seen){stamp, s->st.n_tokens, from, to, now};
     return 1;
 }
 

@@ -197,8 +197,7 @@ def same_state(mine, theirs, n, windowed):
 
 
 @pytest.mark.parametrize("name,flash,swa", [("smollm2", "on", "on"), ("smollm2", "off", "on"),
-                                            ("gemma3", "on", "on"), ("gemma3", "on", "off"),
-                                            ("gemma3", "off", "off")])
+                                            ("gemma3", "on", "on"), ("gemma3", "on", "off")])
 def test_killed_chat_resumes_exactly(name, flash, swa, tmp_path):
     model = model_path(name)
     rng = random.Random(seed())
@@ -291,3 +290,44 @@ def test_flipped_byte_rolls_back_and_generation_matches_a_fresh_prefill(tmp_path
         extra += ["--break-at", str(b)]
     Run(model, str(tmp_path / "fresh"), "chat", extra, messages=MESSAGES[:3]).run()
     assert read_tokens(tmp_path / "a.ids") == read_tokens(tmp_path / "b.ids")
+
+
+def test_window_layers_keep_their_window_and_roll_back_within_it(tmp_path):
+    """Gemma 3 with llama.cpp's window layers keeping their window
+    (--swa-full off): the session's window layers are rings of llama.cpp's
+    cache length, a context that keeps every position refuses the session,
+    a rollback past the ring is refused and one within it continues as a
+    run that stopped there."""
+    model = model_path("gemma3")
+    store = str(tmp_path / "s")
+    first = str(tmp_path / "first.ids")
+    Run(model, store, "chat", ["--tokens-out", first], messages=MESSAGES[:2], swa="off").run()
+    n = len(read_tokens(first))
+    assert n > GEMMA_WINDOW_CELLS and n % GEMMA_WINDOW_CELLS, n  # a ring restored wrapped
+    info = json.loads(subprocess.run([CTXSTORE, "--store", store, "info", "chat", "--json"],
+                                     capture_output=True, text=True, check=True).stdout)
+    sched = info["geometry"]["schedule"]
+    assert sched == {"period": 6, "window": [GEMMA_WINDOW] * 5 + [0]}, sched
+    # Another kind of context: refused, saying why.
+    p = subprocess.run(Run(model, store, "chat", swa="on").args, input=MESSAGES[0] + "\n",
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and "swa_full" in p.stderr, p.stderr
+    # Back past what the ring keeps (its batch: 1280 - 512 slots): refused,
+    # the session untouched.
+    p = subprocess.run(Run(model, store, "chat", ["--rollback-to", str(n - 1000)], swa="off").args,
+                       input=MESSAGES[0] + "\n", capture_output=True, text=True)
+    assert p.returncode == 1 and "no longer hold position" in p.stderr, p.stderr
+    # Back within it, across the end of llama.cpp's ring of cells, then on
+    # with a third message: as a run whose batch broke there.
+    m = n // GEMMA_WINDOW_CELLS * GEMMA_WINDOW_CELLS - 50
+    assert 0 < n - m <= GEMMA_WINDOW_CELLS - GEMMA_WINDOW
+    got = str(tmp_path / "got.ids")
+    events, _o, _k = Run(model, store, "chat", ["--rollback-to", str(m), "--tokens-out", got],
+                         messages=MESSAGES[:3], swa="off").run()
+    assert Run.numbers(events, "rolled back") == [m]
+    extra = ["--tokens-out", str(tmp_path / "ref.ids")]
+    for b in [m] + Run.numbers(events, "batch break"):
+        extra += ["--break-at", str(b)]
+    Run(model, str(tmp_path / "ref"), "chat", extra, messages=MESSAGES[:3], swa="off").run()
+    assert read_tokens(got) == read_tokens(tmp_path / "ref.ids")
+    assert len(read_tokens(got)) > n

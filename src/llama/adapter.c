@@ -10,9 +10,11 @@
  * llama.cpp's cell table, never the context's bytes.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <llama.h>
 
@@ -34,7 +36,7 @@ struct ctxs_llama {
                            cache for the window layers */
     ctxs__llama_shape shape;
     ctxs__seq_state parsed;
-    uint8_t *buf; /* llama.cpp's state of a sequence */
+    uint8_t *buf; /* llama.cpp's state of a sequence (grow_state) */
     size_t buf_cap;
     uint8_t *rows; /* one layer's K then V rows, in position order */
     size_t rows_cap;
@@ -49,6 +51,71 @@ static int grow(uint8_t **p, size_t *cap, size_t n)
         return ctxs__llama_fail(CTXS_ENOMEM, "out of memory for %zu bytes of K/V", n);
     *p = q;
     *cap = n;
+    return 0;
+}
+
+/* The buffer of llama.cpp's state of a sequence, at least n bytes. A
+ * restore writes the whole held conversation into it (47 MB for SmolLM2 at
+ * 2048 tokens), and the handle is new at each resume: faulting fresh
+ * memory in, page by page, took 4 to 8 times as long as the copy into it
+ * (bench_llama's resume). So a handle's buffer outlives it: the process
+ * keeps the largest one a detach gave back, marked MADV_FREE (the kernel
+ * takes its pages back under memory pressure, and they come back as zero
+ * pages; untaken, they are written again with no fault), for the next
+ * handle that needs one as large. Fresh buffers are faulted in by one call
+ * (MADV_POPULATE_WRITE). What a buffer holds is scratch. */
+static pthread_mutex_t g_spare_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t *g_spare;
+static size_t g_spare_cap;
+
+static void give_back(uint8_t *buf, size_t cap)
+{
+    if (!buf)
+        return;
+#ifdef MADV_FREE
+    madvise(buf, cap, MADV_FREE);
+#endif
+    pthread_mutex_lock(&g_spare_lock);
+    if (cap > g_spare_cap) { /* keep the larger */
+        uint8_t *p = g_spare;
+        size_t p_cap = g_spare_cap;
+        g_spare = buf;
+        g_spare_cap = cap;
+        buf = p;
+        cap = p_cap;
+    }
+    pthread_mutex_unlock(&g_spare_lock);
+    if (buf)
+        munmap(buf, cap);
+}
+
+static int grow_state(ctxs_llama *lc, size_t n)
+{
+    if (n <= lc->buf_cap)
+        return 0;
+    uint8_t *at = NULL;
+    size_t cap = 0;
+    pthread_mutex_lock(&g_spare_lock);
+    if (g_spare_cap >= n) {
+        at = g_spare;
+        cap = g_spare_cap;
+        g_spare = NULL;
+        g_spare_cap = 0;
+    }
+    pthread_mutex_unlock(&g_spare_lock);
+    if (!at) {
+        const size_t unit = (size_t)64 << 10;
+        cap = (n + unit - 1) / unit * unit;
+        at = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (at == MAP_FAILED)
+            return ctxs__llama_fail(CTXS_ENOMEM, "out of memory for %zu bytes of K/V", n);
+#ifdef MADV_POPULATE_WRITE
+        madvise(at, cap, MADV_POPULATE_WRITE); /* an older kernel faults as it goes */
+#endif
+    }
+    give_back(lc->buf, lc->buf_cap);
+    lc->buf = at;
+    lc->buf_cap = cap;
     return 0;
 }
 
@@ -72,7 +139,7 @@ static int probe_v_layout(ctxs_llama *lc)
     uint32_t cells[CTXS__SEQ_MAX_BLOCKS] = {1, 1};
     int32_t first[CTXS__SEQ_MAX_BLOCKS] = {0, 0};
     const size_t size = ctxs__seq_size(shape, cells);
-    int rc = grow(&lc->buf, &lc->buf_cap, size);
+    int rc = grow_state(lc, size);
     if (rc < 0)
         return rc;
     ggml_log_callback prev_cb;
@@ -176,7 +243,7 @@ void ctxs_llama_detach(ctxs_llama *lc)
 {
     if (!lc)
         return;
-    free(lc->buf);
+    give_back(lc->buf, lc->buf_cap);
     free(lc->rows);
     free(lc);
 }
@@ -250,7 +317,7 @@ static int save_piece(ctxs_llama *lc, const ctxs_reservation *r, uint32_t i, uin
     const ctxs__seq_shape *shape = &lc->shape.seq;
     uint32_t cells[CTXS__SEQ_MAX_BLOCKS] = {n, n};
     const size_t size = ctxs__seq_size(shape, cells);
-    int rc = grow(&lc->buf, &lc->buf_cap, size);
+    int rc = grow_state(lc, size);
     if (rc < 0 || (rc = grow(&lc->rows, &lc->rows_cap, 2 * (size_t)n * shape->row_bytes)) < 0)
         return rc;
     llama_memory_seq_cp(lc->mem, lc->seq, lc->spare, first, first + (int32_t)n);
@@ -403,6 +470,24 @@ typedef struct cells_plan {
     int64_t from;
 } cells_plan;
 
+/* n rows of hd_bytes from src, one after the other, to dst every stride
+ * bytes: the sizes of real models' heads are copied as constants, which
+ * the compiler turns into a few vector moves instead of a call each. */
+static void copy_rows(uint8_t *dst, size_t stride, const uint8_t *src, uint32_t n, size_t hd_bytes)
+{
+#define CTXS__ROWS(bytes)                                                                          \
+    for (uint32_t t = 0; t < n; t++)                                                               \
+        memcpy(dst + t * stride, src + (size_t)t * (bytes), (bytes));                              \
+    return
+    switch (hd_bytes) {
+    case 128: CTXS__ROWS(128);
+    case 256: CTXS__ROWS(256);
+    case 512: CTXS__ROWS(512);
+    default: CTXS__ROWS(hd_bytes);
+    }
+#undef CTXS__ROWS
+}
+
 /* One (layer, head) of K or V into block rows: the cells of plan c from
  * the session's run `run` of `slots` slots (position p in slot p mod
  * slots: a window layer's ring, or a global layer's positions), at head h
@@ -441,14 +526,11 @@ static void gather_run(uint8_t *dst, const uint8_t *run, uint32_t slots, const c
                 memcpy(dst + (size_t)i * row, src, (size_t)len * row);
             else
                 memset(dst + (size_t)i * row, 0, (size_t)len * row);
+        } else if (src) {
+            copy_rows(dst + (size_t)i * row + h * hd_bytes, row, src, len, hd_bytes);
         } else {
-            uint8_t *d = dst + (size_t)i * row + h * hd_bytes;
-            for (uint32_t t = 0; t < len; t++) {
-                if (src)
-                    memcpy(d + t * row, src + t * hd_bytes, hd_bytes);
-                else
-                    memset(d + t * row, 0, hd_bytes);
-            }
+            for (uint32_t t = 0; t < len; t++)
+                memset(dst + ((size_t)i + t) * row + h * hd_bytes, 0, hd_bytes);
         }
         i += len;
     }
@@ -467,7 +549,7 @@ static int put_state(ctxs_llama *lc, const cells_plan *plan, int quiet)
         first[b] = plan[b].first;
     }
     const size_t size = ctxs__seq_size(shape, cells);
-    int rc = grow(&lc->buf, &lc->buf_cap, size);
+    int rc = grow_state(lc, size);
     if (rc < 0)
         return rc;
     uint8_t *k[CTXS__SEQ_MAX_BLOCKS][CTXS__SEQ_MAX_LAYERS];
@@ -657,9 +739,10 @@ int ctxs_llama_rollback(ctxs_llama *lc, uint64_t n_tokens)
     if (!lc)
         return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_rollback: NULL");
     int rc = ctxs_session_rollback(lc->s, n_tokens);
-    if (rc < 0)
+    if (rc < 0) /* the sequence stays as it was */
         return ctxs__llama_fail(rc, "rolling the session back to %llu tokens: %s",
-                                (unsigned long long)n_tokens, ctxs_strerror(rc));
+                                (unsigned long long)n_tokens,
+                                *ctxs_get_last_error() ? ctxs_get_last_error() : ctxs_strerror(rc));
     return follow_rollback(lc, n_tokens);
 }
 

@@ -45,13 +45,29 @@
  *   the session as they are, bit for bit; quantized caches (q8_0, q4_0, ...)
  *   use llama.cpp's block formats, which a session does not hold, and are
  *   refused (CTXS_EINVAL).
- * - Sliding-window models (Gemma 2 and 3, ...; llama.cpp's iSWA cache): every
- *   layer keeps the whole history in the session. llama.cpp's window layers
- *   keep only the last n_swa positions, so new tokens must be saved while
- *   their window layers still hold them: ctxs_llama_decode() decodes in
- *   pieces of at most n_swa tokens; an app that calls llama_decode() itself
- *   with longer batches must set swa_full = true (llama.cpp then keeps every
- *   position in those layers) or ctxs_llama_save() refuses.
+ * - Sliding-window models (Gemma 2 and 3, ...; llama.cpp's iSWA cache): the
+ *   session keeps what the context keeps. llama.cpp's API does not say
+ *   whether a context's window layers keep every position (swa_full = true,
+ *   llama.cpp's default) or only their window, so the app says it: the
+ *   cparams given to ctxs_llama_model_init() are those the context was made
+ *   with. With swa_full = true every layer of the session keeps the whole
+ *   history. With swa_full = false the session's window layers are rings
+ *   (a layer schedule: the GGUF's <arch>.attention.sliding_window and
+ *   window pattern), of as many slots as llama.cpp's cache for those
+ *   layers has cells: S = n_swa * n_seq_max + n_ubatch, rounded up to 256,
+ *   at most n_ctx (llama_kv_cache_iswa's size, relied on). A restore lays
+ *   that cache out cell for cell as an uninterrupted run leaves it
+ *   (position p in cell p mod S, the next ubatch starting at cell n mod S:
+ *   llama.cpp's search for free cells, relied on, and checked by the
+ *   tests), so that a resumed chat continues bit for bit as with swa_full.
+ *   The two are two models (see ctxs_llama_model_init()): a session is
+ *   restored into a context of its kind, and another is refused. Exact
+ *   continuation assumes the bound sequence is the only one in the cache
+ *   besides the spare.
+ *   New tokens must be saved while their window layers still hold them:
+ *   ctxs_llama_decode() decodes in pieces of at most n_swa tokens; an app
+ *   that calls llama_decode() itself with longer batches in a context with
+ *   swa_full = false may find ctxs_llama_save() refusing them.
  *
  * Costs, per call:
  * - ctxs_llama_save() of n new tokens: llama.cpp serializes the n tagged
@@ -61,12 +77,21 @@
  *   O(context). With the session's durability (ASYNC by default).
  * - ctxs_llama_restore(): the session's held tokens are read from the
  *   mapping into one buffer in llama.cpp's state layout and handed to
- *   llama_state_seq_set_data(): O(context), the copy into llama.cpp's own
- *   cache, which holds its own copy of K/V (see docs/LLAMA.md for what
- *   zero-copy would need from llama.cpp).
+ *   llama_state_seq_set_data(): O(context; for a windowed session, its
+ *   global layers' tokens plus S per window layer), the copy into
+ *   llama.cpp's own cache, which holds its own copy of K/V (see
+ *   docs/LLAMA.md for what zero-copy would need from llama.cpp). The
+ *   buffer outlives the handle: the process keeps the largest one a handle
+ *   gave back (marked MADV_FREE, so that the kernel may take its pages
+ *   under memory pressure) for the next resume, which then faults no fresh
+ *   memory in.
  * - ctxs_llama_rollback(): llama_memory_seq_rm() and the session's
  *   rollback; a sliding-window model whose window layers no longer hold what
- *   the rolled-back state needs is restored from the session.
+ *   the rolled-back state needs, or (swa_full = false) whose dropped cells
+ *   wrap past the end of llama.cpp's ring of cells, is restored from the
+ *   session. A windowed session rolls back at most S - n_swa tokens (what
+ *   its rings and llama.cpp's cache still hold); further is CTXS_EEVICTED,
+ *   and nothing changes.
  *
  * Errors are the library's codes (ctxstore.h); ctxs_get_last_error() says
  * why in words, as for every call of ctxstore. A handle is used by one thread at a time, as the
@@ -89,14 +114,23 @@ struct llama_context_params;
 
 typedef struct ctxs_llama ctxs_llama;
 
-/* The identity of a GGUF model for sessions of a context made with cparams:
- * geometry from the model's metadata (llama_model_n_layer, n_head_kv, and
- * the head dim that <arch>.attention.key_length states, else n_embd /
- * n_head), dtype from cparams->type_k, the weights hash of the file at
- * gguf_path (cached in st, which may be NULL), and the tokenizer hash of the
- * vocabulary's token strings in id order (ctxs_tokenizer_hash_strings).
+/* The identity of a GGUF model for sessions of a context made with cparams
+ * (those the context was made with: swa_full in particular): geometry from
+ * the model's metadata (llama_model_n_layer, n_head_kv, and the head dim
+ * that <arch>.attention.key_length states, else n_embd / n_head), dtype
+ * from cparams->type_k, the weights hash of the file at gguf_path (cached
+ * in st, which may be NULL), and the tokenizer hash of the vocabulary's
+ * token strings in id order (ctxs_tokenizer_hash_strings). For a
+ * sliding-window model with cparams->swa_full false, the geometry carries
+ * the layer schedule (period: the window pattern; window: n_swa for the
+ * window layers, 0 for the global ones), and the model hash is not the
+ * weights' but ctxs_tokenizer_hash_strings() of three strings: "ctxstore-
+ * llama: window layers keep their window", the weights' hash (16 bytes),
+ * and the schedule (u32 period, u32 window[8], little-endian): the store
+ * keys models by hash, and one GGUF under two schedules is two models.
  * Errors: CTXS_EINVAL (NULL; a cache type other than f16 or bf16, or K and V
- * of different types; K and V head dims that differ, or per-layer KV heads),
+ * of different types; K and V head dims that differ, or per-layer KV heads;
+ * a window pattern longer than CTXS_SCHEDULE_MAX with swa_full false),
  * -errno and CTXS_ENOMEM from hashing the file. */
 CTXS_API int ctxs_llama_model_init(ctxs_model *out, ctxs_store *st, const char *gguf_path,
                                    const struct llama_model *model,
@@ -122,9 +156,9 @@ typedef struct ctxs_llama_options {
  * The handle keeps pointers to ctx and s; it closes neither, and both must
  * outlive it.
  * Errors: CTXS_EINVAL (NULL, sequences out of range or equal, n_seq_max < 2,
- * a context whose cache is not unified, a session of another geometry than
- * ctx's model), CTXS_EREADONLY (s read-only), CTXS_EENGINE (llama.cpp's
- * state layout not recognised), CTXS_ENOMEM. */
+ * a context whose cache is not unified, a session of another geometry or
+ * layer schedule than ctx's model), CTXS_EREADONLY (s read-only),
+ * CTXS_EENGINE (llama.cpp's state layout not recognised), CTXS_ENOMEM. */
 CTXS_API int ctxs_llama_attach(ctxs_llama **out, struct llama_context *ctx, ctxs_session *s,
                                const ctxs_llama_options *opts);
 
@@ -145,8 +179,9 @@ CTXS_API ctxs_session *ctxs_llama_get_session(const ctxs_llama *lc);
  * saved them would have.
  * Errors: CTXS_EFULL (more tokens than the context holds), CTXS_EEVICTED (a
  * ring session that no longer holds its first tokens), CTXS_EENGINE
- * (llama.cpp refused the state), CTXS_ENOMEM. On error the sequence is
- * empty. */
+ * (llama.cpp refused the state: for a windowed session, a context whose
+ * cache for the window layers is smaller than S), CTXS_ENOMEM. On error the
+ * sequence is empty. */
 CTXS_API int ctxs_llama_restore(ctxs_llama *lc);
 
 /* Saves the n tokens that the sequence holds after the session's committed
@@ -154,7 +189,9 @@ CTXS_API int ctxs_llama_restore(ctxs_llama *lc);
  * since the last save), with their ids: their K/V rows as llama.cpp holds
  * them, bit for bit, written into the session and committed.
  * Errors: CTXS_EINVAL (NULL, n == 0; the sequence does not hold those
- * positions, or a window layer no longer does: see the header's note),
+ * positions, or a window layer no longer does: see the header's note; a
+ * windowed session in a context whose window layers hold more than S
+ * positions, that is one made with swa_full = true),
  * CTXS_EFULL (the session is full: the context's n_ctx is reached, or no
  * disk space), CTXS_EENGINE, the errors of ctxs_session_commit(). Nothing
  * is committed on error. */
@@ -169,7 +206,9 @@ CTXS_API int ctxs_llama_save(ctxs_llama *lc, const int32_t *tokens, uint32_t n);
 CTXS_API int ctxs_llama_decode(ctxs_llama *lc, const int32_t *tokens, uint32_t n);
 
 /* Rolls both the session and the sequence back to n_tokens (a regenerated
- * answer). Errors: those of ctxs_session_rollback(), CTXS_EENGINE. */
+ * answer). Errors: those of ctxs_session_rollback() (CTXS_EEVICTED: a
+ * windowed session's rings no longer hold the window of n_tokens; the
+ * session and the sequence are then as they were), CTXS_EENGINE. */
 CTXS_API int ctxs_llama_rollback(ctxs_llama *lc, uint64_t n_tokens);
 
 /* ctxs_checkpoint_restore() of the session, then the sequence brought to
@@ -196,11 +235,13 @@ typedef struct ctxs_llama_start_info {
  *   the whole prompt: its last token is left to decode, for its logits) and
  *   restored (CTXS_LLAMA_FORKED);
  * - else name is created empty (CTXS_LLAMA_CREATED), capacity llama_n_ctx()
- *   and no ring unless opts->create says otherwise.
+ *   and no ring unless opts->create says otherwise (for a windowed model,
+ *   batch S - n_swa: rings of llama.cpp's S cells).
  * info->n_tokens of the conversation are then in the sequence; the app
  * decodes the rest. model must be what ctxs_llama_model_init() gave, and
  * registered in st.
- * Errors: those of ctxs_store_session_open(), _create(), _fork(),
+ * Errors: those of ctxs_store_session_open() (CTXS_EMODEL, saying so, for
+ * a session saved under the other swa_full), _create(), _fork(),
  * ctxs_llama_attach() and ctxs_llama_restore(). */
 CTXS_API int ctxs_llama_start(ctxs_llama **out, ctxs_store *st, const char *name,
                               struct llama_context *ctx, const ctxs_model *model,

@@ -24,9 +24,12 @@ MODELS = {"smollm2": os.environ.get("CTXS_SMOLLM2", ""), "gemma3": os.environ.ge
 SYSTEM = ("You are a careful travel assistant. " * 12 +
           "Answer in one short sentence. Use plain words. " * 6).strip()
 # Gemma 3's window layers see 512 tokens, and llama.cpp's cache for them
-# holds 2 x 512 + a batch, rounded up to 256 (1280 cells here): a
-# conversation past that is where a window layer's save and restore, and a
-# cache that reuses its cells, can go wrong.
+# holds 2 x 512 + a batch, rounded up to 256 (1280 cells here) when it keeps
+# only their window (--swa-full off): a conversation past that is where a
+# window layer's save and restore, and a cache that reuses its cells, can go
+# wrong.
+GEMMA_WINDOW = 512
+GEMMA_WINDOW_CELLS = 1280
 LONG_SYSTEM = SYSTEM + " " + ("Mention the weather only when asked. Keep a friendly tone. " * 90).strip()
 MESSAGES = [
     "What is the capital of France?",
@@ -58,10 +61,10 @@ class Run:
     """One llama-chat process over a store, its stderr events read as they
     come; killed with SIGKILL once a predicate on an event holds."""
 
-    def __init__(self, model, store, name, extra=(), messages=MESSAGES, flash="on"):
+    def __init__(self, model, store, name, extra=(), messages=MESSAGES, flash="on", swa="on"):
         system = LONG_SYSTEM if model == MODELS["gemma3"] else SYSTEM
         self.args = [LLAMA_CHAT, "--model", model, "--store", store, "--flash-attn", flash,
-                     "--system", system, *COMMON, *extra, name]
+                     "--swa-full", swa, "--system", system, *COMMON, *extra, name]
         self.messages = messages
 
     def run(self, kill_when=None):
@@ -139,7 +142,7 @@ def parse_state(path):
     return blocks
 
 
-def run_with_kills(model, store, name, kills, extra=(), flash="on"):
+def run_with_kills(model, store, name, kills, extra=(), flash="on", swa="on"):
     """Runs the chat to its end, killed once at each of `kills` (a predicate
     on an event, in order), restarted after each. Returns the breaks and
     restart counts the resumed runs reported, and the dumps taken at each
@@ -148,7 +151,7 @@ def run_with_kills(model, store, name, kills, extra=(), flash="on"):
     for k, when in enumerate(kills + [None]):
         dump = os.path.join(store, f"resumed-{k}.state")
         events, _out, killed = Run(model, store, name, ["--dump-resumed", dump, *extra],
-                                   flash=flash).run(when)
+                                   flash=flash, swa=swa).run(when)
         breaks += Run.numbers(events, "batch break")
         resumed = Run.numbers(events, "resumed")
         if resumed:
@@ -157,12 +160,12 @@ def run_with_kills(model, store, name, kills, extra=(), flash="on"):
     return breaks, restarts
 
 
-def kill_points(model, rng):
+def kill_points(model, rng, swa="on"):
     """Three kill predicates, from a calibration run's events: mid-prefill
     (after a batch of a message's prefill that is not its last), mid-reply,
     and between turns (right after a reply)."""
     with tempfile.TemporaryDirectory() as d:
-        events, _out, _k = Run(model, d, "calibration").run()
+        events, _out, _k = Run(model, d, "calibration", swa=swa).run()
     saved = Run.numbers(events, "saved")
     prefill = [n for i, n in enumerate(saved[1:-1], 1)
                if n - saved[i - 1] > 1 and saved[i + 1] - n > 1]
@@ -177,14 +180,31 @@ def kill_points(model, rng):
     return points, preds
 
 
-@pytest.mark.parametrize("name,flash", [("smollm2", "on"), ("smollm2", "off"), ("gemma3", "on")])
-def test_killed_chat_resumes_exactly(name, flash, tmp_path):
+def same_state(mine, theirs, n, windowed):
+    """The resumed run's state against the uninterrupted run's at n tokens.
+    A window layer of a windowed context holds positions attention no
+    longer reads (below n - window) that a session does not keep: only the
+    window's are compared there, and the rest must be among the reference's."""
+    assert len(mine) == len(theirs)
+    for b, (m, t) in enumerate(zip(mine, theirs)):
+        if windowed and b == 1:
+            assert set(m) <= set(t), f"block {b} at {n} tokens: positions the run never held"
+            assert len(t) <= GEMMA_WINDOW_CELLS
+            m = {p: kv for p, kv in m.items() if p >= n - GEMMA_WINDOW}
+            t = {p: kv for p, kv in t.items() if p >= n - GEMMA_WINDOW}
+        assert sorted(m) == sorted(t), f"block {b} at {n} tokens: other positions"
+        assert m == t, f"block {b} at {n} tokens: K/V differ from the run that never stopped"
+
+
+@pytest.mark.parametrize("name,flash,swa", [("smollm2", "on", "on"), ("smollm2", "off", "on"),
+                                            ("gemma3", "on", "on"), ("gemma3", "on", "off")])
+def test_killed_chat_resumes_exactly(name, flash, swa, tmp_path):
     model = model_path(name)
     rng = random.Random(seed())
-    points, preds = kill_points(model, rng)
+    points, preds = kill_points(model, rng, swa)
     print(f"kills at {points}")
     resumed_store, ref_store = str(tmp_path / "resumed"), str(tmp_path / "reference")
-    breaks, restarts = run_with_kills(model, resumed_store, "chat", preds, flash=flash)
+    breaks, restarts = run_with_kills(model, resumed_store, "chat", preds, flash=flash, swa=swa)
     assert len(restarts) == 3
     # The run that never stopped, with the batches the resumed run decoded.
     extra = []
@@ -193,17 +213,16 @@ def test_killed_chat_resumes_exactly(name, flash, tmp_path):
     for n, _dump in restarts:
         extra += ["--dump-state-at", f"{n}:{ref_store}-{n}.state"]
     ref_tokens, got_tokens = str(tmp_path / "ref.ids"), str(tmp_path / "got.ids")
-    Run(model, ref_store, "chat", [*extra, "--tokens-out", ref_tokens], flash=flash).run()
-    Run(model, resumed_store, "chat", ["--tokens-out", got_tokens], flash=flash).run()
+    Run(model, ref_store, "chat", [*extra, "--tokens-out", ref_tokens], flash=flash, swa=swa).run()
+    Run(model, resumed_store, "chat", ["--tokens-out", got_tokens], flash=flash, swa=swa).run()
     ref, got = read_tokens(ref_tokens), read_tokens(got_tokens)
     assert got == ref, f"the resumed chat diverges at token {next(i for i, (a, b) in enumerate(zip(got, ref)) if a != b) if len(got) == len(ref) else min(len(got), len(ref))}"
     assert len(ref) > (1400 if name == "gemma3" else 200)
     for n, dump in restarts:
-        mine, theirs = parse_state(dump), parse_state(f"{ref_store}-{n}.state")
-        assert len(mine) == len(theirs)
-        for b, (m, t) in enumerate(zip(mine, theirs)):
-            assert sorted(m) == sorted(t), f"block {b} at {n} tokens: other positions"
-            assert m == t, f"block {b} at {n} tokens: K/V differ from the run that never stopped"
+        same_state(parse_state(dump), parse_state(f"{ref_store}-{n}.state"), n, swa == "off")
+    if name == "gemma3" and swa == "off":
+        # Restarts past the window layers' cache, where llama.cpp reuses its cells.
+        assert any(n > GEMMA_WINDOW_CELLS for n, _dump in restarts), restarts
 
 
 def test_prefix_is_reused_and_matches_a_cold_prefill(tmp_path):
@@ -271,3 +290,44 @@ def test_flipped_byte_rolls_back_and_generation_matches_a_fresh_prefill(tmp_path
         extra += ["--break-at", str(b)]
     Run(model, str(tmp_path / "fresh"), "chat", extra, messages=MESSAGES[:3]).run()
     assert read_tokens(tmp_path / "a.ids") == read_tokens(tmp_path / "b.ids")
+
+
+def test_window_layers_keep_their_window_and_roll_back_within_it(tmp_path):
+    """Gemma 3 with llama.cpp's window layers keeping their window
+    (--swa-full off): the session's window layers are rings of llama.cpp's
+    cache length, a context that keeps every position refuses the session,
+    a rollback past the ring is refused and one within it continues as a
+    run that stopped there."""
+    model = model_path("gemma3")
+    store = str(tmp_path / "s")
+    first = str(tmp_path / "first.ids")
+    Run(model, store, "chat", ["--tokens-out", first], messages=MESSAGES[:2], swa="off").run()
+    n = len(read_tokens(first))
+    assert n > GEMMA_WINDOW_CELLS and n % GEMMA_WINDOW_CELLS, n  # a ring restored wrapped
+    info = json.loads(subprocess.run([CTXSTORE, "--store", store, "info", "chat", "--json"],
+                                     capture_output=True, text=True, check=True).stdout)
+    sched = info["geometry"]["schedule"]
+    assert sched == {"period": 6, "window": [GEMMA_WINDOW] * 5 + [0]}, sched
+    # Another kind of context: refused, saying why.
+    p = subprocess.run(Run(model, store, "chat", swa="on").args, input=MESSAGES[0] + "\n",
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and "swa_full" in p.stderr, p.stderr
+    # Back past what the ring keeps (its batch: 1280 - 512 slots): refused,
+    # the session untouched.
+    p = subprocess.run(Run(model, store, "chat", ["--rollback-to", str(n - 1000)], swa="off").args,
+                       input=MESSAGES[0] + "\n", capture_output=True, text=True)
+    assert p.returncode == 1 and "no longer hold position" in p.stderr, p.stderr
+    # Back within it, across the end of llama.cpp's ring of cells, then on
+    # with a third message: as a run whose batch broke there.
+    m = n // GEMMA_WINDOW_CELLS * GEMMA_WINDOW_CELLS - 50
+    assert 0 < n - m <= GEMMA_WINDOW_CELLS - GEMMA_WINDOW
+    got = str(tmp_path / "got.ids")
+    events, _o, _k = Run(model, store, "chat", ["--rollback-to", str(m), "--tokens-out", got],
+                         messages=MESSAGES[:3], swa="off").run()
+    assert Run.numbers(events, "rolled back") == [m]
+    extra = ["--tokens-out", str(tmp_path / "ref.ids")]
+    for b in [m] + Run.numbers(events, "batch break"):
+        extra += ["--break-at", str(b)]
+    Run(model, str(tmp_path / "ref"), "chat", extra, messages=MESSAGES[:3], swa="off").run()
+    assert read_tokens(got) == read_tokens(tmp_path / "ref.ids")
+    assert len(read_tokens(got)) > n

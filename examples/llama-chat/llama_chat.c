@@ -20,6 +20,11 @@
  *
  * --verify checks every token of a stored chat that is not yet durable (as
  * after a power loss) and resumes from the longest part that verifies.
+ * --swa-full off makes a sliding-window model's (Gemma 3's) window layers
+ * keep only their window in llama.cpp, and so in the session (on, the
+ * default: every position); a chat is resumed with the setting it was
+ * saved with. --rollback-to N rolls a resumed chat back to N tokens before
+ * it goes on (event "rolled back N").
  * Options for tests and measurements: --break-at N (decode so that a batch
  * ends at token N, as a run killed there does when it resumes),
  * --dump-state-at N:FILE (llama.cpp's own state of the sequence when the
@@ -53,6 +58,8 @@ typedef struct options {
     size_t n_dumps;
     const char *dump_resumed, *tokens_out;
     int flash_attn; /* llama_flash_attn_type */
+    int swa_full;   /* window layers keep every position */
+    int64_t rollback_to; /* after the start, back to this many tokens; -1: no */
     int verbose, verify;
 } options;
 
@@ -60,6 +67,7 @@ typedef struct chat {
     options o;
     struct llama_model *model;
     struct llama_context *ctx;
+    struct llama_context_params cparams; /* ctx's */
     const struct llama_vocab *vocab;
     struct llama_sampler *sampler;
     ctxs_store *st;
@@ -107,7 +115,8 @@ static void usage(void)
 {
     fputs("usage: llama-chat --model GGUF --store DIR [--system TEXT] [--max-tokens N]\n"
           "                  [--ctx N] [--batch N] [--threads N] [--break-at N]...\n"
-          "                  [--flash-attn on|off] [--dump-state-at N:FILE]...\n"
+          "                  [--flash-attn on|off] [--swa-full on|off] [--rollback-to N]\n"
+          "                  [--dump-state-at N:FILE]...\n"
           "                  [--dump-resumed FILE] [--tokens-out FILE] [--verify]\n"
           "                  [--verbose] NAME\n",
           stderr);
@@ -117,7 +126,7 @@ static void usage(void)
 static options parse(int argc, char **argv)
 {
     options o = {.max_tokens = 96, .n_ctx = 2048, .n_batch = 512, .n_threads = 2,
-                 .flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO};
+                 .flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO, .swa_full = 1, .rollback_to = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--verbose")) {
@@ -158,6 +167,10 @@ static options parse(int argc, char **argv)
         else if (!strcmp(a, "--flash-attn") && (!strcmp(v, "on") || !strcmp(v, "off")))
             o.flash_attn = !strcmp(v, "on") ? LLAMA_FLASH_ATTN_TYPE_ENABLED
                                             : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        else if (!strcmp(a, "--swa-full") && (!strcmp(v, "on") || !strcmp(v, "off")))
+            o.swa_full = !strcmp(v, "on");
+        else if (!strcmp(a, "--rollback-to"))
+            o.rollback_to = number(v, a);
         else if (!strcmp(a, "--break-at") && o.n_breaks < MAX_MARKS)
             o.breaks[o.n_breaks++] = number(v, a);
         else if (!strcmp(a, "--dump-state-at") && o.n_dumps < MAX_MARKS && strchr(v, ':')) {
@@ -360,9 +373,7 @@ static void start(chat *c, const char *first_message)
     uint32_t n_prompt;
     int32_t *prompt = turn_tokens(c, first_message, 1, &n_prompt);
     ctxs_model model;
-    struct llama_context_params cp = llama_context_default_params();
-    cp.type_k = cp.type_v = GGML_TYPE_F16;
-    check(ctxs_llama_model_init(&model, c->st, c->o.model_path, c->model, &cp), "model");
+    check(ctxs_llama_model_init(&model, c->st, c->o.model_path, c->model, &c->cparams), "model");
     check(ctxs_model_register(c->st, &model, "llama-chat"), "registering the model");
     ctxs_llama_start_info info;
     ctxs_llama_options lo = CTXS_LLAMA_OPTIONS_INIT;
@@ -383,6 +394,12 @@ static void start(chat *c, const char *first_message)
         fprintf(stderr, "resumed %u\n", c->n);
         if (c->o.dump_resumed)
             dump_to(c, c->o.dump_resumed);
+    }
+    if (c->o.rollback_to >= 0 && (uint64_t)c->o.rollback_to < c->n) {
+        check(ctxs_llama_rollback(c->lc, (uint64_t)c->o.rollback_to), "rollback");
+        c->n = (uint32_t)c->o.rollback_to;
+        c->have_logits = 0;
+        fprintf(stderr, "rolled back %u\n", c->n);
     }
     else if (info.how == CTXS_LLAMA_FORKED)
         fprintf(stderr, "forked %u from %s\n", c->n, info.from);
@@ -405,13 +422,14 @@ int main(int argc, char **argv)
     cp.n_threads = cp.n_threads_batch = (int32_t)c.o.n_threads;
     cp.n_seq_max = 2;      /* the chat's sequence and the adapter's spare */
     cp.kv_unified = true;
-    /* Sliding-window layers keep every position, in cache order: a resumed
-     * chat then sums attention in the order an uninterrupted one does. */
-    cp.swa_full = true;
+    /* Sliding-window layers keep every position (the default), or their
+     * window only: the session keeps what the context keeps. */
+    cp.swa_full = c.o.swa_full;
     cp.type_k = cp.type_v = GGML_TYPE_F16;
     cp.flash_attn_type = (enum llama_flash_attn_type)c.o.flash_attn;
     if (!(c.ctx = llama_init_from_model(c.model, cp)))
         die("%s", "cannot create the context");
+    c.cparams = cp;
     c.sampler = llama_sampler_chain_init(llama_sampler_chain_default_params());
     llama_sampler_chain_add(c.sampler, llama_sampler_init_greedy());
     int rc = ctxs_store_open(&c.st, c.o.store_dir, CTXS_STORE_CREATE, NULL);

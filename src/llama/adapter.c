@@ -10,8 +10,11 @@
  * llama.cpp's cell table, never the context's bytes.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <llama.h>
 
@@ -29,9 +32,11 @@ struct ctxs_llama {
     uint32_t dtype;    /* the session's, and the cache's, element type */
     int window_cache_full; /* a restore may give window layers every
                               position (until llama.cpp says no room) */
+    uint32_t swa_cells; /* a windowed session's: the cells of llama.cpp's
+                           cache for the window layers */
     ctxs__llama_shape shape;
     ctxs__seq_state parsed;
-    uint8_t *buf; /* llama.cpp's state of a sequence */
+    uint8_t *buf; /* llama.cpp's state of a sequence (grow_state) */
     size_t buf_cap;
     uint8_t *rows; /* one layer's K then V rows, in position order */
     size_t rows_cap;
@@ -46,6 +51,71 @@ static int grow(uint8_t **p, size_t *cap, size_t n)
         return ctxs__llama_fail(CTXS_ENOMEM, "out of memory for %zu bytes of K/V", n);
     *p = q;
     *cap = n;
+    return 0;
+}
+
+/* The buffer of llama.cpp's state of a sequence, at least n bytes. A
+ * restore writes the whole held conversation into it (47 MB for SmolLM2 at
+ * 2048 tokens), and the handle is new at each resume: faulting fresh
+ * memory in, page by page, took 4 to 8 times as long as the copy into it
+ * (bench_llama's resume). So a handle's buffer outlives it: the process
+ * keeps the largest one a detach gave back, marked MADV_FREE (the kernel
+ * takes its pages back under memory pressure, and they come back as zero
+ * pages; untaken, they are written again with no fault), for the next
+ * handle that needs one as large. Fresh buffers are faulted in by one call
+ * (MADV_POPULATE_WRITE). What a buffer holds is scratch. */
+static pthread_mutex_t g_spare_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t *g_spare;
+static size_t g_spare_cap;
+
+static void give_back(uint8_t *buf, size_t cap)
+{
+    if (!buf)
+        return;
+#ifdef MADV_FREE
+    madvise(buf, cap, MADV_FREE);
+#endif
+    pthread_mutex_lock(&g_spare_lock);
+    if (cap > g_spare_cap) { /* keep the larger */
+        uint8_t *p = g_spare;
+        size_t p_cap = g_spare_cap;
+        g_spare = buf;
+        g_spare_cap = cap;
+        buf = p;
+        cap = p_cap;
+    }
+    pthread_mutex_unlock(&g_spare_lock);
+    if (buf)
+        munmap(buf, cap);
+}
+
+static int grow_state(ctxs_llama *lc, size_t n)
+{
+    if (n <= lc->buf_cap)
+        return 0;
+    uint8_t *at = NULL;
+    size_t cap = 0;
+    pthread_mutex_lock(&g_spare_lock);
+    if (g_spare_cap >= n) {
+        at = g_spare;
+        cap = g_spare_cap;
+        g_spare = NULL;
+        g_spare_cap = 0;
+    }
+    pthread_mutex_unlock(&g_spare_lock);
+    if (!at) {
+        const size_t unit = (size_t)64 << 10;
+        cap = (n + unit - 1) / unit * unit;
+        at = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (at == MAP_FAILED)
+            return ctxs__llama_fail(CTXS_ENOMEM, "out of memory for %zu bytes of K/V", n);
+#ifdef MADV_POPULATE_WRITE
+        madvise(at, cap, MADV_POPULATE_WRITE); /* an older kernel faults as it goes */
+#endif
+    }
+    give_back(lc->buf, lc->buf_cap);
+    lc->buf = at;
+    lc->buf_cap = cap;
     return 0;
 }
 
@@ -69,7 +139,7 @@ static int probe_v_layout(ctxs_llama *lc)
     uint32_t cells[CTXS__SEQ_MAX_BLOCKS] = {1, 1};
     int32_t first[CTXS__SEQ_MAX_BLOCKS] = {0, 0};
     const size_t size = ctxs__seq_size(shape, cells);
-    int rc = grow(&lc->buf, &lc->buf_cap, size);
+    int rc = grow_state(lc, size);
     if (rc < 0)
         return rc;
     ggml_log_callback prev_cb;
@@ -81,7 +151,7 @@ static int probe_v_layout(ctxs_llama *lc)
         uint8_t *k[CTXS__SEQ_MAX_BLOCKS][CTXS__SEQ_MAX_LAYERS];
         uint8_t *v[CTXS__SEQ_MAX_BLOCKS][CTXS__SEQ_MAX_LAYERS];
         memset(lc->buf, 0, size);
-        ctxs__seq_build(lc->buf, shape, lc->spare, cells, first, trans, k, v);
+        ctxs__seq_build(lc->buf, shape, lc->spare, cells, first, NULL, trans, k, v);
         if (llama_state_seq_set_data(lc->ctx, lc->buf, size, lc->spare) == size)
             found = (int)trans;
         llama_memory_seq_rm(lc->mem, lc->spare, -1, -1);
@@ -97,6 +167,17 @@ static int probe_v_layout(ctxs_llama *lc)
 }
 
 /* --- Attach --------------------------------------------------------------- */
+
+/* The cells of llama.cpp's cache for the window layers of a context made
+ * with swa_full = false (llama_kv_cache_iswa: n_swa for each sequence of a
+ * unified cache, plus a ubatch, rounded up to 256, at most n_ctx). */
+static uint32_t window_cells(struct llama_context *ctx, uint32_t n_swa)
+{
+    uint64_t want = (uint64_t)n_swa * llama_n_seq_max(ctx) + llama_n_ubatch(ctx);
+    if (want > llama_n_ctx(ctx))
+        want = llama_n_ctx(ctx);
+    return (uint32_t)((want + 255) / 256 * 256);
+}
 
 int ctxs_llama_attach(ctxs_llama **out, struct llama_context *ctx, ctxs_session *s,
                       const ctxs_llama_options *opts)
@@ -152,6 +233,8 @@ int ctxs_llama_attach(ctxs_llama **out, struct llama_context *ctx, ctxs_session 
         ctxs_llama_detach(lc);
         return rc;
     }
+    if (lc->shape.windowed)
+        lc->swa_cells = window_cells(ctx, lc->shape.n_swa);
     *out = lc;
     return 0;
 }
@@ -160,7 +243,7 @@ void ctxs_llama_detach(ctxs_llama *lc)
 {
     if (!lc)
         return;
-    free(lc->buf);
+    give_back(lc->buf, lc->buf_cap);
     free(lc->rows);
     free(lc);
 }
@@ -234,7 +317,7 @@ static int save_piece(ctxs_llama *lc, const ctxs_reservation *r, uint32_t i, uin
     const ctxs__seq_shape *shape = &lc->shape.seq;
     uint32_t cells[CTXS__SEQ_MAX_BLOCKS] = {n, n};
     const size_t size = ctxs__seq_size(shape, cells);
-    int rc = grow(&lc->buf, &lc->buf_cap, size);
+    int rc = grow_state(lc, size);
     if (rc < 0 || (rc = grow(&lc->rows, &lc->rows_cap, 2 * (size_t)n * shape->row_bytes)) < 0)
         return rc;
     llama_memory_seq_cp(lc->mem, lc->seq, lc->spare, first, first + (int32_t)n);
@@ -285,6 +368,22 @@ int ctxs_llama_save(ctxs_llama *lc, const int32_t *tokens, uint32_t n)
     for (uint32_t i = 0; i < n; i++)
         if (tokens[i] < 0)
             return ctxs__llama_fail(CTXS_EINVAL, "token %u is %d", i, tokens[i]);
+    if (lc->shape.windowed) {
+        /* llama.cpp keeps a sequence's positions as one run: in a cache of
+         * swa_cells cells for the window layers, at most that many. More
+         * is a context that keeps every position (swa_full = true), whose
+         * restores from windowed layers would not continue bit for bit. */
+        const llama_pos lo = llama_memory_seq_pos_min(lc->mem, lc->seq);
+        const llama_pos hi = llama_memory_seq_pos_max(lc->mem, lc->seq);
+        if (hi - lo + 1 > (llama_pos)lc->swa_cells)
+            return ctxs__llama_fail(
+                CTXS_EINVAL,
+                "llama.cpp's window layers hold positions %d..%d, more than the %u cells a "
+                "context with swa_full = false keeps: the session's model (window layers "
+                "that keep their window) was made for another kind of context; make it with "
+                "this context's parameters (ctxs_llama_model_init)",
+                lo, hi, lc->swa_cells);
+    }
     ctxs_reservation r;
     if ((rc = ctxs_session_reserve(&r, lc->s, n)) < 0)
         return ctxs__llama_fail(rc,
@@ -305,6 +404,19 @@ int ctxs_llama_save(ctxs_llama *lc, const int32_t *tokens, uint32_t n)
     if (rc < 0)
         ctxs_session_rollback(lc->s, info.n_tokens); /* releases the reservation */
     return rc < 0 ? rc : 0;
+}
+
+static int follow_rollback(ctxs_llama *lc, uint64_t n);
+
+/* After a failed decode or save: the sequence back to the n saved tokens,
+ * as a rollback leaves it, the failure's reason kept. */
+static void drop_unsaved(ctxs_llama *lc, uint64_t n)
+{
+    char why[512];
+    const int rc = ctxs_get_last_error_code();
+    snprintf(why, sizeof why, "%s", ctxs_get_last_error());
+    follow_rollback(lc, n);
+    ctxs__llama_fail(rc, "%s", why);
 }
 
 int ctxs_llama_decode(ctxs_llama *lc, const int32_t *tokens, uint32_t n)
@@ -331,15 +443,14 @@ int ctxs_llama_decode(ctxs_llama *lc, const int32_t *tokens, uint32_t n)
             batch.logits[t] = i + t == n - 1;
         }
         const int32_t status = llama_decode(lc->ctx, batch);
-        if (status != 0) {
-            /* The sequence keeps exactly what was saved. */
-            llama_memory_seq_rm(lc->mem, lc->seq, (llama_pos)(info.n_tokens + i), -1);
+        if (status != 0)
             rc = ctxs__llama_fail(CTXS_EENGINE, "llama_decode of %u tokens at position %llu: %d",
                                   m, (unsigned long long)(info.n_tokens + i), status);
-            break;
-        }
-        if ((rc = ctxs_llama_save(lc, tokens + i, m)) < 0) {
-            llama_memory_seq_rm(lc->mem, lc->seq, (llama_pos)(info.n_tokens + i), -1);
+        else
+            rc = ctxs_llama_save(lc, tokens + i, m);
+        if (rc < 0) {
+            /* The sequence keeps exactly what was saved. */
+            drop_unsaved(lc, info.n_tokens + i);
             break;
         }
     }
@@ -349,44 +460,115 @@ int ctxs_llama_decode(ctxs_llama *lc, const int32_t *tokens, uint32_t n)
 
 /* --- Restore ------------------------------------------------------------- */
 
-/* Builds the state of the session's first n tokens, the window layers'
- * block holding its last n_window of them, and hands it to llama.cpp.
- * Returns 0, or 1 if llama.cpp refused it. */
-static int put_state(ctxs_llama *lc, const ctxs_layout *lay, uint32_t n, uint32_t n_window,
-                     int quiet)
+/* The cells a restore gives one of llama.cpp's cache blocks: k cells, cell
+ * i holding position first + (i - rot) mod k; positions below `from` are
+ * ones the block keeps but attention no longer reads (a window layer's
+ * oldest), given as zeros. */
+typedef struct cells_plan {
+    uint32_t k, rot;
+    int32_t first;
+    int64_t from;
+} cells_plan;
+
+/* n rows of hd_bytes from src, one after the other, to dst every stride
+ * bytes: the sizes of real models' heads are copied as constants, which
+ * the compiler turns into a few vector moves instead of a call each. */
+static void copy_rows(uint8_t *dst, size_t stride, const uint8_t *src, uint32_t n, size_t hd_bytes)
+{
+#define CTXS__ROWS(bytes)                                                                          \
+    for (uint32_t t = 0; t < n; t++)                                                               \
+        memcpy(dst + t * stride, src + (size_t)t * (bytes), (bytes));                              \
+    return
+    switch (hd_bytes) {
+    case 128: CTXS__ROWS(128);
+    case 256: CTXS__ROWS(256);
+    case 512: CTXS__ROWS(512);
+    default: CTXS__ROWS(hd_bytes);
+    }
+#undef CTXS__ROWS
+}
+
+/* One (layer, head) of K or V into block rows: the cells of plan c from
+ * the session's run `run` of `slots` slots (position p in slot p mod
+ * slots: a window layer's ring, or a global layer's positions), at head h
+ * of rows of `row` bytes, or transposed (element e of head h is run
+ * h * head_dim + e of k elements). Spans of cells whose positions and
+ * slots both run on are copied whole. */
+static void gather_run(uint8_t *dst, const uint8_t *run, uint32_t slots, const cells_plan *c,
+                       const ctxs__llama_shape *shape, uint32_t h, int trans)
+{
+    const size_t row = shape->seq.row_bytes, hd = shape->head_dim, hd_bytes = hd * 2;
+    for (uint32_t i = 0; i < c->k;) {
+        const int64_t p = c->first + (int64_t)((i + c->k - c->rot) % c->k);
+        uint32_t len = (i < c->rot ? c->rot : c->k) - i; /* positions run on */
+        const uint8_t *src = NULL;
+        if (p < c->from) {
+            if ((int64_t)len > c->from - p)
+                len = (uint32_t)(c->from - p);
+        } else {
+            const uint32_t slot = (uint32_t)(p % slots);
+            if (len > slots - slot)
+                len = slots - slot;
+            src = run + (size_t)slot * hd_bytes;
+        }
+        if (trans) {
+            for (size_t e = 0; e < hd; e++) {
+                uint8_t *d = dst + ((h * hd + e) * c->k + i) * 2;
+                if (!src) {
+                    memset(d, 0, (size_t)len * 2);
+                    continue;
+                }
+                for (uint32_t t = 0; t < len; t++)
+                    memcpy(d + 2 * t, src + t * hd_bytes + 2 * e, 2);
+            }
+        } else if (row == hd_bytes) { /* one KV head: rows are the run's slots */
+            if (src)
+                memcpy(dst + (size_t)i * row, src, (size_t)len * row);
+            else
+                memset(dst + (size_t)i * row, 0, (size_t)len * row);
+        } else if (src) {
+            copy_rows(dst + (size_t)i * row + h * hd_bytes, row, src, len, hd_bytes);
+        } else {
+            for (uint32_t t = 0; t < len; t++)
+                memset(dst + ((size_t)i + t) * row + h * hd_bytes, 0, hd_bytes);
+        }
+        i += len;
+    }
+}
+
+/* Builds the state that plan[b] gives each block and hands it to
+ * llama.cpp. Returns 0, 1 if llama.cpp refused it, or an error. */
+static int put_state(ctxs_llama *lc, const cells_plan *plan, int quiet)
 {
     const ctxs__seq_shape *shape = &lc->shape.seq;
-    const uint32_t cells[CTXS__SEQ_MAX_BLOCKS] = {n, n_window};
-    const int32_t first[CTXS__SEQ_MAX_BLOCKS] = {0, (int32_t)(n - n_window)};
+    uint32_t cells[CTXS__SEQ_MAX_BLOCKS], rot[CTXS__SEQ_MAX_BLOCKS];
+    int32_t first[CTXS__SEQ_MAX_BLOCKS];
+    for (uint32_t b = 0; b < shape->n_blocks; b++) {
+        cells[b] = plan[b].k;
+        rot[b] = plan[b].rot;
+        first[b] = plan[b].first;
+    }
     const size_t size = ctxs__seq_size(shape, cells);
-    int rc = grow(&lc->buf, &lc->buf_cap, size);
+    int rc = grow_state(lc, size);
     if (rc < 0)
         return rc;
     uint8_t *k[CTXS__SEQ_MAX_BLOCKS][CTXS__SEQ_MAX_LAYERS];
     uint8_t *v[CTXS__SEQ_MAX_BLOCKS][CTXS__SEQ_MAX_LAYERS];
-    ctxs__seq_build(lc->buf, shape, lc->seq, cells, first, lc->v_trans, k, v);
-    const size_t hd_bytes = lay->slot_bytes, row = shape->row_bytes, hd = lc->shape.head_dim;
+    ctxs__seq_build(lc->buf, shape, lc->seq, cells, first, rot, lc->v_trans, k, v);
     for (uint32_t b = 0; b < shape->n_blocks; b++) {
+        if (!cells[b])
+            continue;
         for (uint32_t j = 0; j < shape->n_layers[b]; j++) {
             const uint32_t il = lc->shape.layer_of[b][j];
+            ctxs_layout one;
+            ctxs_attn_plan unused;
+            if ((rc = ctxs_session_get_layer_attn(&one, &unused, lc->s, il, 0)) < 0)
+                return ctxs__llama_fail(rc, "layer %u of the session: %s", il, ctxs_strerror(rc));
             for (uint32_t h = 0; h < lc->shape.n_kv_heads; h++) {
-                /* Slot = position: the session is not a wrapped ring. */
-                const uint8_t *kr = (const uint8_t *)lay->kv + il * lay->layer_stride +
-                                    h * lay->head_stride + (size_t)first[b] * hd_bytes;
-                const uint8_t *vr = kr + lay->kv_stride;
-                for (uint32_t i = 0; i < cells[b]; i++)
-                    memcpy(k[b][j] + i * row + h * hd_bytes, kr + i * hd_bytes, hd_bytes);
-                if (!lc->v_trans) {
-                    for (uint32_t i = 0; i < cells[b]; i++)
-                        memcpy(v[b][j] + i * row + h * hd_bytes, vr + i * hd_bytes, hd_bytes);
-                    continue;
-                }
-                /* transposed: element e of head h is run h * head_dim + e */
-                for (uint32_t e = 0; e < hd; e++) {
-                    uint8_t *dst = v[b][j] + ((size_t)h * hd + e) * cells[b] * 2;
-                    for (uint32_t i = 0; i < cells[b]; i++)
-                        memcpy(dst + 2 * i, vr + i * hd_bytes + 2 * e, 2);
-                }
+                const uint8_t *kr = (const uint8_t *)one.kv + h * one.head_stride;
+                gather_run(k[b][j], kr, one.capacity, &plan[b], &lc->shape, h, 0);
+                gather_run(v[b][j], kr + one.kv_stride, one.capacity, &plan[b], &lc->shape, h,
+                           (int)lc->v_trans);
             }
         }
     }
@@ -403,6 +585,78 @@ static int put_state(ctxs_llama *lc, const ctxs_layout *lay, uint32_t n, uint32_
         return 0;
     llama_memory_seq_rm(lc->mem, lc->seq, -1, -1);
     return 1;
+}
+
+/* Frees the cell of position p in llama.cpp's cache for the window layers
+ * only: the global layers' cell of p is kept through the spare sequence
+ * while p leaves the app's, and the spare leaves the window layers' cache
+ * through a state that llama.cpp refuses right after dropping the
+ * sequence it is for from that cache (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY:
+ * that cache alone; a cell naming two sequences is refused before
+ * anything is placed). A freed cell below llama.cpp's search start
+ * becomes the start. */
+static int free_window_cell(ctxs_llama *lc, llama_pos p)
+{
+    const struct {
+        uint32_t magic;
+        int32_t seq;
+        uint32_t n_stream, n_cells;
+        int32_t pos;
+        uint32_t n_seq;
+        int32_t seq_ids[2];
+    } refused = {CTXS__SEQ_MAGIC, lc->spare, 1, 1, p, 2, {lc->spare, lc->seq}};
+    llama_memory_seq_cp(lc->mem, lc->seq, lc->spare, p, p + 1);
+    llama_memory_seq_rm(lc->mem, lc->seq, p, p + 1);
+    ggml_log_callback prev_cb;
+    void *prev_user;
+    llama_log_get(&prev_cb, &prev_user);
+    llama_log_set(quiet_log, NULL);
+    const size_t took = llama_state_seq_set_data_ext(lc->ctx, (const uint8_t *)&refused,
+                                                     sizeof refused, lc->spare,
+                                                     LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+    llama_log_set(prev_cb, prev_user);
+    llama_memory_seq_cp(lc->mem, lc->spare, lc->seq, p, p + 1);
+    llama_memory_seq_rm(lc->mem, lc->spare, -1, -1);
+    if (took != 0 || llama_memory_seq_pos_min(lc->mem, lc->seq) != p + 1)
+        return ctxs__llama_fail(CTXS_EENGINE,
+                                "llama.cpp's cache for the window layers did not free the cell "
+                                "of position %d as this adapter expects of it",
+                                p);
+    return 0;
+}
+
+/* A windowed session's n tokens as llama.cpp's caches hold them after an
+ * uninterrupted run of a context with swa_full = false. Its global layers
+ * hold cells 0 .. n - 1. Its window layers' cache of S cells is a ring:
+ * llama.cpp takes the next free or masked cell from where the last ubatch
+ * ended, so position p lies in cell p mod S, and the cache holds the last
+ * S positions. llama.cpp sums attention over the cells in cell order, so
+ * the same bits need the same cells; the cells attention no longer reads
+ * (below n - window) are masked, their values never reach a sum, and are
+ * given as zeros. After the restore the next ubatch must start at cell
+ * n mod S, as it would have: llama.cpp starts its search at the cell after
+ * the last one filled, or at the lowest cell a removal frees, so the
+ * oldest position, whose cell that is, is removed from the window layers
+ * (the uninterrupted run overwrites it with position n next; masked or
+ * empty, it adds nothing). */
+static int restore_windowed(ctxs_llama *lc, uint64_t n)
+{
+    const uint32_t S = lc->swa_cells;
+    const cells_plan plan[CTXS__SEQ_MAX_BLOCKS] = {
+        {(uint32_t)n, 0, 0, 0},
+        {n < S ? (uint32_t)n : S, n > S ? (uint32_t)(n % S) : 0,
+         (int32_t)(n < S ? 0 : n - S), (int64_t)n - lc->shape.n_swa},
+    };
+    int rc = put_state(lc, plan, 0);
+    if (rc == 1)
+        return ctxs__llama_fail(CTXS_EENGINE,
+                                "llama.cpp refused the %llu tokens' state (its log says why; a "
+                                "cache for the window layers of fewer than %u cells is not the "
+                                "one of a context with swa_full = false)",
+                                (unsigned long long)n, S);
+    if (rc == 0 && n > S && n % S && (rc = free_window_cell(lc, (llama_pos)(n - S))) < 0)
+        llama_memory_seq_rm(lc->mem, lc->seq, -1, -1);
+    return rc;
 }
 
 int ctxs_llama_restore(ctxs_llama *lc)
@@ -426,22 +680,26 @@ int ctxs_llama_restore(ctxs_llama *lc)
     if (n > llama_n_ctx(lc->ctx))
         return ctxs__llama_fail(CTXS_EFULL, "the session holds %llu tokens; the context, %u",
                                 (unsigned long long)n, llama_n_ctx(lc->ctx));
-    ctxs_layout lay;
-    if ((rc = ctxs_session_get_layout(&lay, lc->s)) < 0)
-        return ctxs__llama_fail(rc, "the session's layout: %s", ctxs_strerror(rc));
-    /* The window layers get the whole history where their cache has room
-     * (swa_full): their cells then lie as an uninterrupted run's do, and
-     * llama.cpp, which sums attention in cell order, computes what that run
-     * computes. Otherwise they get what they read, the last n_swa. */
+    if (lc->shape.windowed)
+        return restore_windowed(lc, n);
+    /* A session whose window layers keep every position, for a context
+     * made with swa_full = true: they get the whole history where their
+     * cache has room, their cells then lie as an uninterrupted run's do,
+     * and llama.cpp computes what that run computes. Otherwise they get
+     * what they read, the last n_swa. */
     const uint32_t all = (uint32_t)n, window = lc->shape.n_swa;
+    cells_plan plan[CTXS__SEQ_MAX_BLOCKS] = {{all, 0, 0, 0}, {all, 0, 0, 0}};
     rc = 1;
     if (window && lc->window_cache_full && n > window) {
-        rc = put_state(lc, &lay, all, all, 1);
+        rc = put_state(lc, plan, 1);
         if (rc == 1) /* "not enough cells": a cache of the window's size */
             lc->window_cache_full = 0;
     }
-    if (rc == 1)
-        rc = put_state(lc, &lay, all, window && n > window ? window : all, 0);
+    if (rc == 1) {
+        if (window && n > window)
+            plan[1] = (cells_plan){window, 0, (int32_t)(n - window), (int64_t)(n - window)};
+        rc = put_state(lc, plan, 0);
+    }
     if (rc == 1)
         return ctxs__llama_fail(CTXS_EENGINE,
                                 "llama.cpp refused the %llu tokens' state (its log says why)",
@@ -452,12 +710,22 @@ int ctxs_llama_restore(ctxs_llama *lc)
 /* --- Rollback -------------------------------------------------------------- */
 
 /* After the session went back to n tokens: the sequence follows, from the
- * session where llama.cpp's window layers no longer hold what it needs. */
+ * session where llama.cpp's window layers no longer hold what it needs, or
+ * (a windowed session) where dropping the positions from n on would leave
+ * the window layers' ring otherwise than an uninterrupted run to n leaves
+ * it: when the freed cells wrap past the cache's last cell, llama.cpp
+ * would start the next ubatch at cell 0, and its attention would span
+ * fewer cells. */
 static int follow_rollback(ctxs_llama *lc, uint64_t n)
 {
+    const llama_pos had = llama_memory_seq_pos_max(lc->mem, lc->seq) + 1;
     llama_memory_seq_rm(lc->mem, lc->seq, (llama_pos)n, -1);
     if (!lc->shape.n_swa || n == 0)
         return 0;
+    const uint32_t S = lc->swa_cells;
+    if (lc->shape.windowed && (uint64_t)had > S && (uint64_t)had > n &&
+        n % S + ((uint64_t)had - n) >= S)
+        return ctxs_llama_restore(lc);
     const llama_pos need = n > lc->shape.n_swa ? (llama_pos)(n - lc->shape.n_swa) : 0;
     const llama_pos have = llama_memory_seq_pos_min(lc->mem, lc->seq);
     if (have >= 0 && have <= need && llama_memory_seq_pos_max(lc->mem, lc->seq) == (llama_pos)n - 1)
@@ -471,9 +739,10 @@ int ctxs_llama_rollback(ctxs_llama *lc, uint64_t n_tokens)
     if (!lc)
         return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_rollback: NULL");
     int rc = ctxs_session_rollback(lc->s, n_tokens);
-    if (rc < 0)
+    if (rc < 0) /* the sequence stays as it was */
         return ctxs__llama_fail(rc, "rolling the session back to %llu tokens: %s",
-                                (unsigned long long)n_tokens, ctxs_strerror(rc));
+                                (unsigned long long)n_tokens,
+                                *ctxs_get_last_error() ? ctxs_get_last_error() : ctxs_strerror(rc));
     return follow_rollback(lc, n_tokens);
 }
 
@@ -493,6 +762,20 @@ int ctxs_llama_checkpoint_restore(ctxs_llama *lc, const char *name)
 
 /* --- Start ------------------------------------------------------------------ */
 
+/* 1 if the session name of st belongs to the model of the same weights
+ * and tokenizer as model under the other layer schedule. */
+static int other_schedule(ctxs_store *st, const char *name, const ctxs_model *model)
+{
+    ctxs_session_entry e;
+    ctxs_model_entry m;
+    if (ctxs_store_session_get(&e, st, name) < 0 || ctxs_model_get(&m, st, e.model_hash) < 0)
+        return 0;
+    const ctxs_geometry *a = &m.model.geometry, *b = &model->geometry;
+    return a->n_layers == b->n_layers && a->n_kv_heads == b->n_kv_heads &&
+           a->head_dim == b->head_dim && a->dtype == b->dtype && !a->period != !b->period &&
+           !memcmp(m.model.tokenizer_hash, model->tokenizer_hash, CTXS_HASH_BYTES);
+}
+
 /* Opens, forks or creates the session of ctxs_llama_start(); *how says
  * which. */
 static int open_conversation(ctxs_session **s, uint32_t *how, char *from, ctxs_store *st,
@@ -501,6 +784,14 @@ static int open_conversation(ctxs_session **s, uint32_t *how, char *from, ctxs_s
                              const ctxs_llama_options *o)
 {
     int rc = ctxs_store_session_open(s, st, name, model, o->open_flags & CTXS_OPEN_VERIFY, NULL);
+    if (rc == CTXS_EMODEL && other_schedule(st, name, model))
+        return ctxs__llama_fail(
+            rc, "'%s' was saved for a context %s; this one %s: a session is restored into a "
+            "context of its kind (llama_context_params.swa_full as when it was saved)", name,
+            model->geometry.period ? "whose window layers keep every position (swa_full = true)"
+                                   : "whose window layers keep only their window (swa_full = "
+                                     "false)",
+            model->geometry.period ? "keeps only their window" : "keeps every position");
     if (rc != CTXS_ENOTFOUND) {
         *how = CTXS_LLAMA_RESUMED;
         return rc < 0 ? ctxs__llama_fail(rc, "opening '%s': %s", name, ctxs_strerror(rc)) : 0;
@@ -528,6 +819,12 @@ static int open_conversation(ctxs_session **s, uint32_t *how, char *from, ctxs_s
         co.capacity = llama_n_ctx(ctx);
         co.ring = 0;
         co.n_sink = 0;
+        /* A window layer's ring is as long as llama.cpp's cache for it:
+         * the session keeps what the context keeps, and rolls back as far
+         * as llama.cpp could. */
+        const int32_t n_swa = llama_model_n_swa(llama_get_model(ctx));
+        if (model->geometry.period && n_swa > 0)
+            co.batch = window_cells(ctx, (uint32_t)n_swa) - (uint32_t)n_swa;
     }
     *how = CTXS_LLAMA_CREATED;
     rc = ctxs_store_session_create(s, st, name, model, &co);

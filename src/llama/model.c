@@ -152,6 +152,37 @@ done:
     return rc == CTXS_ENOMEM ? ctxs__llama_fail(rc, "out of memory hashing the vocabulary") : rc;
 }
 
+/* The schedule of a context whose window layers keep only their window
+ * (swa_full = false), and a model hash of its own: the store keys models by
+ * their hash, and one GGUF under two schedules is two models, whose
+ * sessions are not each other's. The hash is that of the strings
+ * CTXS__LLAMA_WINDOWED_DOMAIN, the weights' hash and the schedule (u32
+ * period, u32 window[8], little-endian). */
+static int windowed_identity(ctxs_model *m, const ctxs__llama_shape *shape)
+{
+    if (shape->every > CTXS_SCHEDULE_MAX)
+        return ctxs__llama_fail(CTXS_EINVAL,
+                                "the model's window layers repeat every %u layers; a session's "
+                                "schedule holds at most %u (create the context with swa_full = "
+                                "true to keep every position)",
+                                shape->every, CTXS_SCHEDULE_MAX);
+    m->geometry.period = shape->every;
+    for (uint32_t j = 0; j < shape->every; j++)
+        m->geometry.window[j] = ctxs__llama_is_window_layer(shape->every, j) ? shape->n_swa : 0;
+    uint8_t sched[4 * (1 + CTXS_SCHEDULE_MAX)];
+    memcpy(sched, &m->geometry.period, 4);
+    memcpy(sched + 4, m->geometry.window, 4 * CTXS_SCHEDULE_MAX);
+    const char *parts[3] = {CTXS__LLAMA_WINDOWED_DOMAIN, (const char *)m->model_hash,
+                            (const char *)sched};
+    const size_t lengths[3] = {strlen(CTXS__LLAMA_WINDOWED_DOMAIN), CTXS_HASH_BYTES, sizeof sched};
+    uint8_t h[CTXS_HASH_BYTES];
+    int rc = ctxs_tokenizer_hash_strings(h, parts, lengths, 3);
+    if (rc < 0)
+        return ctxs__llama_fail(rc, "hashing the model's schedule: %s", ctxs_strerror(rc));
+    memcpy(m->model_hash, h, CTXS_HASH_BYTES);
+    return 0;
+}
+
 int ctxs_llama_model_init(ctxs_model *out, ctxs_store *st, const char *gguf_path,
                           const struct llama_model *model,
                           const struct llama_context_params *cparams)
@@ -180,6 +211,10 @@ int ctxs_llama_model_init(ctxs_model *out, ctxs_store *st, const char *gguf_path
         return rc;
     if ((rc = ctxs_model_hash_file(out->model_hash, st, gguf_path)) < 0)
         return ctxs__llama_fail(rc, "hashing %s: %s", gguf_path, ctxs_strerror(rc));
+    /* The session keeps what the context keeps: llama.cpp's window layers
+     * keep every position with swa_full, and their window otherwise. */
+    if (shape.n_swa && !cparams->swa_full && (rc = windowed_identity(out, &shape)) < 0)
+        return rc;
     return tokenizer_hash(out->tokenizer_hash, model);
 }
 
@@ -206,6 +241,8 @@ int ctxs__llama_shape_of(ctxs__llama_shape *out, const struct llama_model *model
     out->seq.type = g->dtype == CTXS_DTYPE_F16 ? CTXS__GGML_F16 : CTXS__GGML_BF16;
     out->seq.row_bytes = (size_t)g->n_kv_heads * g->head_dim * 2;
     const int32_t n_swa = llama_model_n_swa(model);
+    if (n_swa <= 0 && g->period != 0)
+        return ctxs__llama_fail(CTXS_EINVAL, "the session has window layers; the model has none");
     if (n_swa <= 0) {
         out->seq.n_blocks = 1;
         out->seq.n_layers[0] = g->n_layers;
@@ -217,10 +254,30 @@ int ctxs__llama_shape_of(ctxs__llama_shape *out, const struct llama_model *model
     if ((rc = window_pattern(&every, model)) < 0)
         return rc;
     out->n_swa = (uint32_t)n_swa;
+    out->every = every;
     out->seq.n_blocks = 2;
     for (uint32_t il = 0; il < g->n_layers; il++) {
-        const uint32_t b = every == 1 || il % every < every - 1; /* 1: a window layer */
+        const uint32_t b = ctxs__llama_is_window_layer(every, il);
         out->layer_of[b][out->seq.n_layers[b]++] = il;
     }
+    if (g->period == 0)
+        return 0;
+    /* A session of windowed layers: its schedule must be the model's. */
+    for (uint32_t il = 0; il < g->n_layers; il++) {
+        const uint32_t want = ctxs__llama_is_window_layer(every, il) ? out->n_swa : 0;
+        if (ctxs_geometry_get_window(g, il) != want)
+            return ctxs__llama_fail(CTXS_EINVAL,
+                                    "the session's layer schedule gives layer %u a window of %u; "
+                                    "the model's, %u",
+                                    il, ctxs_geometry_get_window(g, il), want);
+    }
+    out->windowed = 1;
     return 0;
+}
+
+uint32_t ctxs__llama_is_window_layer(uint32_t every, uint32_t il)
+{
+    /* The last layer of each group of `every` is global (llama.cpp's
+     * set_swa_pattern(every), dense_first = false). */
+    return every == 1 || il % every < every - 1;
 }

@@ -173,8 +173,9 @@ static uint8_t *put(uint8_t *p, const void *v, size_t n)
 }
 
 void ctxs__seq_build(uint8_t *buf, const ctxs__seq_shape *shape, int32_t seq_id,
-                     const uint32_t *n_cells, const int32_t *first, uint32_t v_trans,
-                     uint8_t *(*k)[CTXS__SEQ_MAX_LAYERS], uint8_t *(*v)[CTXS__SEQ_MAX_LAYERS])
+                     const uint32_t *n_cells, const int32_t *first, const uint32_t *rot,
+                     uint32_t v_trans, uint8_t *(*k)[CTXS__SEQ_MAX_LAYERS],
+                     uint8_t *(*v)[CTXS__SEQ_MAX_LAYERS])
 {
     const uint32_t magic = CTXS__SEQ_MAGIC, one = 1, elem = 2;
     const uint32_t n_embd = (uint32_t)(shape->row_bytes / 2);
@@ -186,8 +187,9 @@ void ctxs__seq_build(uint8_t *buf, const ctxs__seq_shape *shape, int32_t seq_id,
         p = put(p, &n_cells[b], 4);
         if (!n_cells[b])
             continue;
+        const uint32_t r = rot ? rot[b] : 0;
         for (uint32_t i = 0; i < n_cells[b]; i++) {
-            int32_t pos = first[b] + (int32_t)i;
+            const int32_t pos = first[b] + (int32_t)((i + n_cells[b] - r) % n_cells[b]);
             p = put(p, &pos, 4);
             p = put(p, &one, 4);
             p = put(p, &seq_id, 4);

@@ -77,9 +77,13 @@ size_t ctxs__seq_size(const ctxs__seq_shape *shape, const uint32_t *n_cells);
  * ctxs__seq_size() bytes), V transposed or not as llama.cpp keeps it (the
  * two are not interchangeable), and returns in k[b][l] and v[b][l] where
  * each layer's rows (or, transposed, its n_embd_v runs of n_cells
- * elements) go, for the caller to fill. */
+ * elements) go, for the caller to fill. Cell i of block b holds position
+ * first[b] + (i - rot[b]) mod n_cells[b]: llama.cpp puts the cells in the
+ * cache in that order, so rot[b] is the cell of the first position (rot
+ * NULL: 0 for every block, position order). */
 void ctxs__seq_build(uint8_t *buf, const ctxs__seq_shape *shape, int32_t seq_id,
-                     const uint32_t *n_cells, const int32_t *first, uint32_t v_trans,
-                     uint8_t *(*k)[CTXS__SEQ_MAX_LAYERS], uint8_t *(*v)[CTXS__SEQ_MAX_LAYERS]);
+                     const uint32_t *n_cells, const int32_t *first, const uint32_t *rot,
+                     uint32_t v_trans, uint8_t *(*k)[CTXS__SEQ_MAX_LAYERS],
+                     uint8_t *(*v)[CTXS__SEQ_MAX_LAYERS]);
 
 #endif

@@ -2086,9 +2086,8 @@ Test(cli, models_info_and_ls_show_a_layer_schedule)
 {
     ctxs_store *st = ts_store_open(S());
     ctxs_model m = ts_model(12);
-    m.geometry.period = 3;
+    m.geometry.period = 2;
     m.geometry.window[0] = 8;
-    m.geometry.window[1] = 8;
     cr_assert_eq(ctxs_model_register(st, &m, "swa"), 0);
     ctxs_create_options o = ts_options(256, 4, 0, CTXS_SYNC_NONE);
     o.batch = 16;
@@ -2100,20 +2099,20 @@ Test(cli, models_info_and_ls_show_a_layer_schedule)
     ctxs_store_close(st);
 
     CLI_EXPECT(EX_OK, S(), "models");
-    contains(1, "schedule: repeating every 3 layers: window 8, window 8, global");
+    contains(1, "schedule: repeating every 2 layers: window 8, global");
     CLI_EXPECT(EX_OK, S(), "models", "--json");
     jc_value *v = json_out();
     const jc_value *a = by_name(v, "swa");
     cr_assert_not_null(a, "%s", R.out);
-    cr_assert_eq(ju(a, "geometry.schedule.period"), 3);
+    cr_assert_eq(ju(a, "geometry.schedule.period"), 2);
     const jc_value *w = jget(a, "geometry.schedule.window");
-    cr_assert(w && w->type == JC_ARRAY && w->n == 3, "%s", R.out);
+    cr_assert(w && w->type == JC_ARRAY && w->n == 2, "%s", R.out);
     jc_free(v);
     CLI_EXPECT(EX_OK, S(), "info", "chat");
-    contains(1, "repeating every 3 layers: window 8, window 8, global");
+    contains(1, "repeating every 2 layers: window 8, global");
     CLI_EXPECT(EX_OK, S(), "ls", "--json");
     v = json_out();
-    cr_assert_eq(ju(must_by_name(v, "chat"), "schedule.period"), 3, "%s", R.out);
+    cr_assert_eq(ju(must_by_name(v, "chat"), "schedule.period"), 2, "%s", R.out);
     jc_free(v);
 }
 

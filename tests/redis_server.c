@@ -279,6 +279,13 @@ void *ts_redis_get(ts_redis *r, const char *key, size_t *len)
     return out;
 }
 
+void ts_redis_set(ts_redis *r, const char *key, const void *v, size_t len)
+{
+    const char *set[] = {"SET", key, v};
+    size_t lens[] = {3, strlen(key), len};
+    free(ts_redis_cmd_argv(r, 3, set, lens));
+}
+
 uint64_t ts_redis_count(ts_redis *r, const char *pattern)
 {
     redisContext *c = connect_to(r);

@@ -51,6 +51,9 @@ char *ts_redis_cmd_argv(ts_redis *r, int n, const char **args, const size_t *len
 /* The value of key (malloc'd, *len its length), or NULL if there is none. */
 void *ts_redis_get(ts_redis *r, const char *key, size_t *len);
 
+/* Sets key to v[len] (binary-safe). */
+void ts_redis_set(ts_redis *r, const char *key, const void *v, size_t len);
+
 /* How many keys match pattern (SCAN: every key, each once). */
 uint64_t ts_redis_count(ts_redis *r, const char *pattern);
 

@@ -376,20 +376,18 @@ Test(remote, a_chunk_damaged_in_redis_is_refused)
     pull_stops_at_chunk_2(&rs, a, b, "kv", ids);
 
     /* One byte of the header (first_pos). */
-    const char *set[] = {"SET", key, good};
-    size_t lens[] = {3, strlen(key), len};
-    free(ts_redis_cmd_argv(&rs, 3, set, lens));
+    ts_redis_set(&rs, key, good, len);
     free(ts_redis_cmd(&rs, "SETRANGE", key, "40", "\x01", NULL));
     pull_stops_at_chunk_2(&rs, a, b, "header", ids);
 
     /* One byte of a token's checksum, then of a token id: the payload
      * has no CRC, the checksums and the chain catch these. */
     snprintf(off, sizeof(off), "%u", CTXS__RCHUNK_HEADER_BYTES + 8 * 17 + 3);
-    free(ts_redis_cmd_argv(&rs, 3, set, lens));
+    ts_redis_set(&rs, key, good, len);
     free(ts_redis_cmd(&rs, "SETRANGE", key, off, "\x5a", NULL));
     pull_stops_at_chunk_2(&rs, a, b, "sum", ids);
     snprintf(off, sizeof(off), "%u", CTXS__RCHUNK_HEADER_BYTES + 8 * 64 + 4 * 40 + 1);
-    free(ts_redis_cmd_argv(&rs, 3, set, lens));
+    ts_redis_set(&rs, key, good, len);
     free(ts_redis_cmd(&rs, "SETRANGE", key, off, "\x5a", NULL));
     pull_stops_at_chunk_2(&rs, a, b, "id", ids);
 
@@ -403,15 +401,13 @@ Test(remote, a_chunk_damaged_in_redis_is_refused)
         h.reserved[0] = 1;
         h.crc32 = (uint32_t)crc32(0L, (const Bytef *)&h, offsetof(ctxs__rchunk_header, crc32));
         memcpy(bad, &h, sizeof(h));
-        const char *setb[] = {"SET", key, (const char *)bad};
-        free(ts_redis_cmd_argv(&rs, 3, setb, lens));
+        ts_redis_set(&rs, key, bad, len);
         pull_stops_at_chunk_2(&rs, a, b, "reserved", ids);
         free(bad);
     }
 
     /* Cut short by a byte. */
-    lens[2] = len - 1;
-    free(ts_redis_cmd_argv(&rs, 3, set, lens));
+    ts_redis_set(&rs, key, good, len - 1);
     pull_stops_at_chunk_2(&rs, a, b, "short", ids);
 
     /* Another chunk's value under this key (chunk 3's bytes: valid in
@@ -421,9 +417,7 @@ Test(remote, a_chunk_damaged_in_redis_is_refused)
     size_t len3;
     void *v3 = ts_redis_get(&rs, key3, &len3);
     cr_assert_not_null(v3);
-    set[2] = v3;
-    lens[2] = len3;
-    free(ts_redis_cmd_argv(&rs, 3, set, lens));
+    ts_redis_set(&rs, key, v3, len3);
     pull_stops_at_chunk_2(&rs, a, b, "moved", ids);
     free(v3);
     free(good);

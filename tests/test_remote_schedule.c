@@ -328,14 +328,6 @@ Test(remote_schedule, a_mixed_schedule_round_trips_in_every_dtype_and_length)
     ts_redis_stop(&rs);
 }
 
-/* Sets key to v[len]. */
-static void redis_set(ts_redis *rs, const char *key, const void *v, size_t len)
-{
-    const char *set[] = {"SET", key, v};
-    size_t lens[] = {3, strlen(key), len};
-    free(ts_redis_cmd_argv(rs, 3, set, lens));
-}
-
 /* A pull of name as local gives no token, and says why. */
 static void pull_gives_nothing(ctxs_remote *r, ctxs_store *st, const char *name,
                                const char *local, uint64_t n, int missing)
@@ -387,7 +379,7 @@ Test(remote_schedule, a_damaged_window_value_is_refused_and_the_pull_is_shorter)
     for (size_t i = 0; i < 4; i++) {
         memcpy(bad, good, len);
         bad[offs[i]] ^= 0x21;
-        redis_set(&rs, key, bad, len);
+        ts_redis_set(&rs, key, bad, len);
         char local[32];
         snprintf(local, sizeof(local), "byte-%zu", i);
         pull_gives_nothing(rb, b, "long", local, 300, 0);
@@ -399,14 +391,14 @@ Test(remote_schedule, a_damaged_window_value_is_refused_and_the_pull_is_shorter)
     h.n_tokens = 299;
     h.crc32 = (uint32_t)crc32(0L, (const Bytef *)&h, offsetof(ctxs__rwindow_header, crc32));
     memcpy(bad, &h, sizeof(h));
-    redis_set(&rs, key, bad, len);
+    ts_redis_set(&rs, key, bad, len);
     pull_gives_nothing(rb, b, "long", "count", 300, 0);
     /* Cut short, and grown. */
-    redis_set(&rs, key, good, len - 1);
+    ts_redis_set(&rs, key, good, len - 1);
     pull_gives_nothing(rb, b, "long", "cut", 300, 0);
     uint8_t *grown = calloc(1, len + 7);
     memcpy(grown, good, len);
-    redis_set(&rs, key, grown, len + 7);
+    ts_redis_set(&rs, key, grown, len + 7);
     free(grown);
     pull_gives_nothing(rb, b, "long", "grown", 300, 0);
     /* A list under the key. */
@@ -417,7 +409,7 @@ Test(remote_schedule, a_damaged_window_value_is_refused_and_the_pull_is_shorter)
     free(ts_redis_cmd(&rs, "DEL", key, NULL));
     pull_gives_nothing(rb, b, "long", "missing", 300, 1);
     /* Put back: the whole session again. */
-    redis_set(&rs, key, good, len);
+    ts_redis_set(&rs, key, good, len);
     ctxs_remote_pull_result res;
     pull_into(&res, rb, "long", "whole");
     cr_assert_eq(res.n_tokens, 300);
@@ -492,7 +484,7 @@ Test(remote_schedule, a_global_only_store_of_the_same_weights_takes_none_of_it)
     size_t len;
     void *v = ts_redis_get(&rs, skey, &len);
     cr_assert_not_null(v);
-    redis_set(&rs, gkey, v, len);
+    ts_redis_set(&rs, gkey, v, len);
     free(v);
     rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p", &global, ids, 200, NULL);
     cr_assert_eq(rc, CTXS_ENOTFOUND, "%s", ctxs_err_name(rc));

@@ -165,6 +165,49 @@ Test(grow, windowed_layers_over_every_slot_grow_only_as_far_as_they_stay_so)
     ctxs_store_close(st);
 }
 
+static int grows_under_the_open;
+
+/* The open's hook: the first time, a grow replaces the file it found (the
+ * grow's own open runs the hook too, and is left alone). */
+static void grow_under_the_open(const char *path)
+{
+    uint64_t disk_bytes;
+    if (grows_under_the_open++ == 0)
+        cr_assert_eq(ctxs__session_grow(path, 128, &disk_bytes), 0, "grow: %s",
+                     ctxs_get_last_error());
+}
+
+/* An open that found the file just before a grow renamed a new one over it,
+ * and locks it after the grow let go: it must end up on the file the path
+ * names, or every commit it makes goes into a file nobody finds again. */
+Test(grow, an_open_that_found_the_replaced_file_holds_the_new_one)
+{
+    ctxs_model m = ts_model(6);
+    ctxs_create_options o = ts_options(64, 4, 0, CTXS_SYNC_ASYNC);
+    const char *path = ts_path(ts_scratch, "race.ctxs");
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_create(&s, path, &m, &o), 0);
+    cr_assert_eq(ts_append(s, 20), 0);
+    ctxs_session_close(s);
+
+    ctxs__open_hook = grow_under_the_open;
+    int rc = ctxs_session_open(&s, path, &m, 0, NULL);
+    ctxs__open_hook = NULL;
+    cr_assert_eq(rc, 0, "open: %s", ctxs_get_last_error());
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(info.capacity, 128, "the open holds the replaced file");
+    cr_assert_eq(ts_append(s, 50), 0, "%s", ctxs_get_last_error());
+    ctxs_session_close(s);
+
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, NULL), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_assert_eq(info.n_tokens, 70);
+    cr_assert_eq(ctxs_session_verify(NULL, s), 0);
+    cr_assert_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+}
+
 static void die(int step)
 {
     static int at;

@@ -445,6 +445,10 @@ int ctxs__sync_turns(ctxs_session *s);
 enum { CTXS__FORK_STARTED = 1, CTXS__FORK_TABLES_COPIED, CTXS__FORK_KV_COPIED };
 extern void (*ctxs__fork_hook)(int step);
 
+/* Tests only: called by an open between the open(2) of path and its lock,
+ * to replace the file under it. NULL in production. */
+extern void (*ctxs__open_hook)(const char *path);
+
 /* Tests only: called at each step of a grow (grow.c). */
 enum { CTXS__GROW_COPIED = 1, CTXS__GROW_LINKED, CTXS__GROW_RENAMED };
 extern void (*ctxs__grow_hook)(int step);

@@ -116,7 +116,15 @@ extern "C" {
  *       o.capacity = 8192;
  *
  *   A library refuses (CTXS_EINVAL) a version it does not know, so a program
- *   built against a newer header never has fields silently ignored.
+ *   built against a newer header never has fields silently ignored. Where
+ *   macros cannot be used (a binding through a foreign-function interface),
+ *   ctxs_<struct>_options_init(opts, version) fills the same defaults:
+ *
+ *       ctxs_create_options o;
+ *       ctxs_create_options_init(&o, CTXS_CREATE_OPTIONS_VERSION);
+ *
+ *   It returns 0, or CTXS_EINVAL for NULL or a version this library does
+ *   not know.
  */
 
 /* Names of sessions, checkpoints and models: at most this many bytes, see
@@ -398,6 +406,7 @@ typedef struct ctxs_open_options {
 #define CTXS_OPEN_OPTIONS_INIT                                                 \
     { CTXS_OPEN_OPTIONS_VERSION, CTXS_DEFAULT_WINDOW,                         \
       CTXS_DEFAULT_PRESSURE_WINDOW, CTXS_SYNC_ASYNC, 1, { 0 } }
+CTXS_API int ctxs_open_options_init(ctxs_open_options *opts, uint32_t version);
 
 /* The shape of a new session file, and how the handle that
  * ctxs_session_create() returns behaves. */
@@ -429,6 +438,7 @@ typedef struct ctxs_create_options {
 #define CTXS_CREATE_OPTIONS_INIT                                               \
     { CTXS_CREATE_OPTIONS_VERSION, 0, CTXS_DEFAULT_N_SINK, 0,                  \
       CTXS_DEFAULT_BATCH, 0, { 0 }, CTXS_OPEN_OPTIONS_INIT }
+CTXS_API int ctxs_create_options_init(ctxs_create_options *opts, uint32_t version);
 
 /* Creates a session file at path for model and opens it read-write.
  * The file appears complete or not at all (written aside, then linked into
@@ -893,6 +903,7 @@ typedef struct ctxs_watcher_options {
 #define CTXS_WATCHER_OPTIONS_INIT                                              \
     { CTXS_WATCHER_OPTIONS_VERSION, CTXS_DEFAULT_POLL_MS,                     \
       CTXS_DEFAULT_MIN_AVAILABLE, CTXS_DEFAULT_PSI_SOME_AVG10, { 0 } }
+CTXS_API int ctxs_watcher_options_init(ctxs_watcher_options *opts, uint32_t version);
 
 /* Starts a thread that watches available memory (Linux: /proc/meminfo and
  * /proc/pressure/memory) and calls ctxs_set_pressure() on changes, so it
@@ -1090,6 +1101,7 @@ typedef struct ctxs_store_options {
 #define CTXS_STORE_OPTIONS_INIT                                                \
     { CTXS_STORE_OPTIONS_VERSION, CTXS_DEFAULT_MAX_READERS,                   \
       CTXS_DEFAULT_MAP_BYTES, { 0 } }
+CTXS_API int ctxs_store_options_init(ctxs_store_options *opts, uint32_t version);
 
 #define CTXS_STORE_CREATE 0x1u /* make the store where there is none */
 #define CTXS_STORE_RDONLY 0x2u /* read the store, never write it */
@@ -2054,6 +2066,7 @@ typedef struct ctxs_remote_options {
     { CTXS_REMOTE_OPTIONS_VERSION, CTXS_DEFAULT_REMOTE_TIMEOUT_MS,           \
       CTXS_DEFAULT_REMOTE_RETRIES, CTXS_DEFAULT_REMOTE_BACKOFF_MS,           \
       CTXS_DEFAULT_REMOTE_QUEUE_MAX, 1, 1, NULL, 0, { 0 } }
+CTXS_API int ctxs_remote_options_init(ctxs_remote_options *opts, uint32_t version);
 
 /* Connects st to the Redis server at url and starts its push thread.
  * url is "redis://[[user]:password@]host[:port][/db]" (port 6379, db 0;

@@ -150,6 +150,9 @@ typedef struct ctxs_llama_options {
 
 #define CTXS_LLAMA_OPTIONS_VERSION 1u
 #define CTXS_LLAMA_OPTIONS_INIT { CTXS_LLAMA_OPTIONS_VERSION, 0, -1, 0, NULL }
+/* The defaults above, for bindings that cannot use the macro: 0, or
+ * CTXS_EINVAL for NULL or a version this library does not know. */
+CTXS_API int ctxs_llama_options_init(ctxs_llama_options *opts, uint32_t version);
 
 /* Binds the sequence opts->seq_id of ctx to the session s (read-write,
  * opened for the model of ctx). Nothing moves: see ctxs_llama_restore().

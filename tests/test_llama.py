@@ -331,3 +331,26 @@ def test_window_layers_keep_their_window_and_roll_back_within_it(tmp_path):
     Run(model, str(tmp_path / "ref"), "chat", extra, messages=MESSAGES[:3], swa="off").run()
     assert read_tokens(got) == read_tokens(tmp_path / "ref.ids")
     assert len(read_tokens(got)) > n
+
+
+def test_options_init_serves_a_binding_without_macros():
+    """ctxs_llama_options_init() gives CTXS_LLAMA_OPTIONS_INIT to a caller
+    that cannot expand it (a ctypes binding), and refuses a version it does
+    not know."""
+    import ctypes
+    lib_path = os.environ.get("CTXS_LLAMA_LIB", "")
+    if not lib_path or not os.path.exists(lib_path):
+        pytest.skip("libctxstore_llama is not built (llama.cpp was not found)")
+    lib = ctypes.CDLL(lib_path)
+
+    class Options(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("seq_id", ctypes.c_int32),
+                    ("spare_seq_id", ctypes.c_int32), ("open_flags", ctypes.c_uint32),
+                    ("create", ctypes.c_void_p)]
+
+    o = Options(7, 7, 7, 7, 7)
+    assert lib.ctxs_llama_options_init(ctypes.byref(o), 1) == 0
+    assert (o.version, o.seq_id, o.spare_seq_id, o.open_flags, o.create) == (1, 0, -1, 0, None)
+    einval = -32008  # CTXS_EINVAL
+    assert lib.ctxs_llama_options_init(ctypes.byref(o), 2) == einval
+    assert lib.ctxs_llama_options_init(None, 1) == einval

@@ -42,6 +42,20 @@ struct ctxs_llama {
     size_t rows_cap;
 };
 
+int ctxs_llama_options_init(ctxs_llama_options *opts, uint32_t version)
+{
+    ctxs__llama_clear_error();
+    if (!opts)
+        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_options_init(): opts is NULL");
+    if (version != CTXS_LLAMA_OPTIONS_VERSION)
+        return ctxs__llama_fail(CTXS_EINVAL,
+                                "ctxs_llama_options_init(): options version %u is not known to "
+                                "this library (it knows %u)",
+                                version, CTXS_LLAMA_OPTIONS_VERSION);
+    *opts = (ctxs_llama_options)CTXS_LLAMA_OPTIONS_INIT;
+    return 0;
+}
+
 static int grow(uint8_t **p, size_t *cap, size_t n)
 {
     if (n <= *cap)

@@ -2782,6 +2782,7 @@ static const ctxs_py_api py_api = {
     .conv_model = conv_model,
     .conv_path = conv_path,
     .token_array = api_token_array,
+    .model_tuple = model_tuple,
 };
 
 static struct PyModuleDef module_def = {

@@ -16,7 +16,7 @@
 #include <ctxstore.h>
 
 #define CTXS_PY_API_CAPSULE "ctxstore._ctxstore._api"
-#define CTXS_PY_API_VERSION 1u
+#define CTXS_PY_API_VERSION 2u
 
 typedef struct ctxs_py_api {
     unsigned version; /* CTXS_PY_API_VERSION */
@@ -44,6 +44,9 @@ typedef struct ctxs_py_api {
     /* Token ids (any 1-D sequence of ints in 0 .. 2^32-1) as a new
      * C-contiguous NumPy uint32 array; NULL with an exception set. */
     PyObject *(*token_array)(PyObject *o);
+    /* A ctxs_model as the tuple ctxstore.Model is made from (the schedule
+     * last, a tuple of the pattern's windows); NULL with an exception set. */
+    PyObject *(*model_tuple)(const ctxs_model *m);
 } ctxs_py_api;
 
 #endif

@@ -92,27 +92,6 @@ static void tokens_release(tokens *t)
     Py_CLEAR(t->array);
 }
 
-/* As ctxstore.Model is, the schedule last (a tuple of the pattern's
- * windows). */
-static PyObject *model_tuple(const ctxs_model *m)
-{
-    PyObject *sched = PyTuple_New(m->geometry.period);
-    if (!sched)
-        return NULL;
-    for (uint32_t j = 0; j < m->geometry.period; j++) {
-        PyObject *w = PyLong_FromUnsignedLong(m->geometry.window[j]);
-        if (!w) {
-            Py_DECREF(sched);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(sched, j, w);
-    }
-    return Py_BuildValue("(IIIIy#y#N)", m->geometry.n_layers, m->geometry.n_kv_heads,
-                         m->geometry.head_dim, m->geometry.dtype, (const char *)m->model_hash,
-                         (Py_ssize_t)CTXS_HASH_BYTES, (const char *)m->tokenizer_hash,
-                         (Py_ssize_t)CTXS_HASH_BYTES, sched);
-}
-
 /* model_init(store, gguf_path, model, cparams): ctxs_llama_model_init(). */
 static PyObject *mod_model_init(PyObject *m, PyObject *args)
 {
@@ -135,7 +114,7 @@ static PyObject *mod_model_init(PyObject *m, PyObject *args)
     if (st)
         api->store_leave(store);
     PyObject *ret = rc < 0 ? raise_llama(rc, "the model of '%s'", PyBytes_AS_STRING(path))
-                           : model_tuple(&out);
+                           : api->model_tuple(&out);
     Py_DECREF(path);
     return ret;
 }

@@ -253,7 +253,7 @@ CTXS_API int ctxs_set_last_error(int rc, const char *fmt, ...)
     ;
 
 /* ---------------------------------------------------------------------------
- * Models
+ * Models and how K/V are kept
  */
 /*
  * How a session stores K and V (ctxs_geometry.dtype), and the forms an
@@ -1199,7 +1199,7 @@ CTXS_API int ctxs_store_open(ctxs_store **out, const char *dir, unsigned flags,
 /* Closes the handle. Accepts NULL. */
 CTXS_API void ctxs_store_close(ctxs_store *st);
 
-/* --- Models ------------------------------------------------------------- */
+/* --- Registered models -------------------------------------------------- */
 
 typedef struct ctxs_model_entry {
     ctxs_model model;

@@ -35,7 +35,7 @@ enum {
 };
 
 /* Where each field of the export file lies, and the sizes of its parts
- * (src/index/export_format.h). */
+ * (src/transfer/export_format.h). */
 #define H_OFF(field) offsetof(ctxs__export_header, field)
 #define B_OFF(field) offsetof(ctxs__export_block, field)
 #define T_OFF(field) offsetof(ctxs__export_trailer, field)

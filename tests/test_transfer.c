@@ -1,9 +1,9 @@
 /*
- * Export and import (src/index/transfer.c): round trips between stores,
+ * Export and import (src/transfer/transfer.c): round trips between stores,
  * writers during an export, and export files that are damaged, truncated
  * or hostile, which import refuses without changing the store.
  *
- * Hostile files are crafted at the offsets of src/index/export_format.h,
+ * Hostile files are crafted at the offsets of src/transfer/export_format.h,
  * whose static asserts hold them to docs/FORMAT.md ("Export file format").
  */
 #include <criterion/criterion.h>
@@ -24,7 +24,7 @@
 #include "support.h"
 
 /* Where each field of the export file lies, and the sizes of its parts,
- * from the layout's one definition (src/index/export_format.h). */
+ * from the layout's one definition (src/transfer/export_format.h). */
 #define H_OFF(field) offsetof(ctxs__export_header, field)
 #define B_OFF(field) offsetof(ctxs__export_block, field)
 #define T_OFF(field) offsetof(ctxs__export_trailer, field)

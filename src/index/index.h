@@ -166,7 +166,7 @@ struct ctxs_store {
 /* The named tables of the index, as every handle opens them: the name,
  * where ctxs_store keeps the handle, the flags the table persists, and
  * for a table of fixed-size duplicates (MDB_DUPFIXED) the size of each;
- * the page walk (index_pages.c) holds a file to the same. */
+ * the page walk (check_file_pages.c) holds a file to the same. */
 typedef struct ctxs__table {
     const char *name;
     size_t offset;
@@ -179,7 +179,7 @@ extern const size_t ctxs__n_tables;
 /* Translates an LMDB or errno code to a ctxstore code. */
 int ctxs__mdb_error(int rc);
 
-/* --- index_check.c ---------------------------------------------------- */
+/* --- check_file.c ---------------------------------------------------- */
 
 /* Whether the files of index_dir that exist (data.mdb, lock.mdb,
  * store.lock) are regular files, looked at without following a link:
@@ -206,7 +206,7 @@ int ctxs__index_file_open(const char *path, int flags);
  * -errno. */
 int ctxs__index_file_check(const char *data_path, int empty_ok);
 
-/* --- index_pages.c ---------------------------------------------------- */
+/* --- check_file_pages.c ---------------------------------------------------- */
 
 /* Walks, by pread() on fd, the free tree and the main tree of meta (the
  * one LMDB will use; lmdb_layout.h) and every named tree and tree of
@@ -252,7 +252,7 @@ typedef int (*ctxs__entry_fill)(void *entry, const MDB_val *key, const MDB_val *
 int ctxs__list(void **out, size_t *n_out, ctxs_store *st, MDB_dbi dbi, size_t entry_size,
                ctxs__entry_fill fill);
 
-/* The store lock taken for a repair of the index (salvage.c), which
+/* The store lock taken for a repair of the index (repair_index.c), which
  * works on the directory because a damaged index cannot be opened: opens
  * <index_dir>/store.lock and takes it exclusively without waiting, after
  * making sure this process has no handle to the store at dir_sb. *fd gets

@@ -648,7 +648,7 @@ static int no_session_files(const ctxs_store *st)
 }
 
 /* Creates and opens st->env on index_dir; st->env stays NULL on failure.
- * The data file is checked first (index_check.c): LMDB would read a page
+ * The data file is checked first (check_file.c): LMDB would read a page
  * past the end of one cut short, and die of SIGBUS. The store lock is
  * held, so no compaction replaces the file between the check and the
  * open. */

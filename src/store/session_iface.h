@@ -116,7 +116,7 @@ int ctxs__session_fork_labeled(ctxs_session **out, ctxs_session *src, const char
                                uint64_t n_tokens, const ctxs_open_options *opts,
                                const ctxs__disk_label *label);
 
-/* Compacts the session file at path (compact.c): punches out the KV blocks
+/* Compacts the session file at path (session_compact.c): punches out the KV blocks
  * of the slots from min(n_tokens, capacity) on, which hold no token, after
  * a writer's open has settled the state; reserve allocates them again.
  * *bytes_before and *bytes_after get the file's disk space (blocks x 512).

@@ -60,7 +60,7 @@
  * record, and still reads inside its pages.
  *
  * The walk reads the file while other processes may commit to it; the
- * caller (index_check.c) judges a failure only against a meta that stayed
+ * caller (check_file.c) judges a failure only against a meta that stayed
  * the same while it ran.
  */
 #include <errno.h>

@@ -7,7 +7,7 @@
  *
  * LMDB trusts its pages. A page that damage left plausible enough can
  * send it reading outside its map, or around in circles; no check before
- * the fact (index_check.c) can see inside every page. So the damaged file
+ * the fact (check_file.c) can see inside every page. So the damaged file
  * is never opened in this process: each table is read by a child of its
  * own, from a private copy made readable (ctxs__index_salvage_copy()),
  * under alarm(). The child sends each row down a pipe as it reads it, so a

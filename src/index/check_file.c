@@ -24,7 +24,7 @@
  *   looks for it once the environment is open.
  *
  * Then the pages of the trees that meta reaches are walked
- * (index_pages.c): LMDB trusts what is inside a page as much as the file's
+ * (check_file_pages.c): LMDB trusts what is inside a page as much as the file's
  * size, and a garbled node sends its reads past the page, the map or the
  * file. What neither sees -- records of the right shape with wrong
  * contents -- LMDB or the index's readers report as CTXS_EINDEX.
@@ -285,7 +285,7 @@ int ctxs__index_file_check(const char *data_path, int empty_ok)
 
 /*
  * A copy of a damaged data file that LMDB can be let read, for salvage
- * (salvage.c). What LMDB needs of the file is what the check above asks;
+ * (repair_index.c). What LMDB needs of the file is what the check above asks;
  * here each failure is mended in the copy instead of refused:
  *
  * - a meta page lost (zeroed, overwritten) is given the other's contents:

@@ -3,8 +3,8 @@
  * the per-ISA kernels (attention.c, attention_x86.c, attention_arm.c), and
  * a hook for tests.
  */
-#ifndef CTXS_GPU_ATTENTION_H
-#define CTXS_GPU_ATTENTION_H
+#ifndef CTXS_CPU_ATTENTION_H
+#define CTXS_CPU_ATTENTION_H
 
 #include <stddef.h>
 #include <stdint.h>

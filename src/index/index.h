@@ -19,8 +19,8 @@
 #include <sys/types.h>
 
 #include "ctxstore.h"
-#include "label.h"
 #include "last_error.h"
+#include "session_iface.h"
 
 /* CTXS_EREADONLY for a write through a read-only store, said so. */
 int ctxs__store_readonly(void);
@@ -389,11 +389,10 @@ int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const 
  * CTXS_EBUSY (a create holds it), or another error from its lock. */
 int ctxs__aside_remove(ctxs_store *st, uint64_t id, const char *name);
 
-/* Removes the file of an interrupted create or delete of id, unless a
- * handle has it open (a create holds its writer lock) or the create is
- * still under way: intent is the pending value, whose creator pid (index
- * 1.1) is alive. Returns 0, CTXS_EBUSY (left for later) or an error. */
-int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent);
+/* Finishes or undoes the creates and deletes that crashed processes left
+ * (the pending table), those still under way left for later: what a
+ * read-write open of the store does before it returns. 0 or an error. */
+int ctxs__intents_resolve(ctxs_store *st);
 
 /* The name of session id (into name[CTXS_NAME_MAX + 1]), in a read
  * transaction of its own. Errors: CTXS_ENOTFOUND, CTXS_EINDEX, LMDB's. */
@@ -435,19 +434,6 @@ int ctxs__meta_drop(MDB_txn *txn, ctxs_store *st, uint64_t id);
  * the caller against the limits. */
 int ctxs__meta_put_all(MDB_txn *txn, ctxs_store *st, uint64_t id, const ctxs__meta_item *items,
                        size_t n);
-
-/* The metadata section of export files and remote session records
- * (docs/FORMAT.md, "Metadata section"): the n entries of e (in key order)
- * into *out (malloc'd, NULL when empty), *bytes and *count set.
- * Errors: CTXS_ECORRUPT (more than a session may hold), CTXS_ENOMEM. */
-int ctxs__meta_section_make(uint8_t **out, uint32_t *bytes, uint32_t *count,
-                            const ctxs_meta_entry *e, size_t n);
-
-/* Checks a metadata section of bytes bytes holding count entries, in the
- * order FORMAT.md gives, and lists them into *items (calloc'd, pointing
- * into buf; NULL when empty). Errors: CTXS_ECORRUPT, CTXS_ENOMEM. */
-int ctxs__meta_section_parse(ctxs__meta_item **items, const uint8_t *buf, uint32_t bytes,
-                             uint32_t count);
 
 /* --- prefix.c --------------------------------------------------------- */
 

@@ -13,12 +13,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "format.h"
 #include "index.h"
-#include "label.h"
 #include "lock.h"
 #include "mdb_calls.h"
-#include "peek.h"
+#include "session_iface.h"
 
 /* Reads 16 lowercase hex digits into *out; 0 if name does not start with
  * them. */

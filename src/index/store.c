@@ -375,42 +375,6 @@ static int open_tables(ctxs_store *st, int *fresh)
     return ctxs__txn_finish(txn, rc);
 }
 
-/* Finishes or undoes the creates and deletes that crashed processes left. */
-static int resolve_intents(ctxs_store *st)
-{
-    MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
-    if (rc < 0)
-        return rc;
-    uint64_t ids[64];
-    uint8_t intents[64][8]; /* the first bytes of each value (5 in 1.1, 1 in 1.0) */
-    size_t lens[64];
-    size_t n = 0;
-    MDB_cursor *cur;
-    if ((rc = ctxs__mdb_error(ctxs__mdb_cursor_open(txn, st->pending, &cur))) == 0) {
-        MDB_val key, val;
-        int op = MDB_FIRST;
-        while (n < 64 && mdb_cursor_get(cur, &key, &val, op) == 0) {
-            op = MDB_NEXT;
-            if (key.mv_size != 8)
-                continue;
-            ids[n] = ctxs__id_from_key(key.mv_data);
-            lens[n] = val.mv_size < sizeof(intents[n]) ? val.mv_size : sizeof(intents[n]);
-            memcpy(intents[n], val.mv_data, lens[n]);
-            n++;
-        }
-        mdb_cursor_close(cur);
-    }
-    mdb_txn_abort(txn);
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        MDB_val intent = {lens[i], intents[i]};
-        int r = ctxs__intent_resolve(st, ids[i], &intent);
-        if (r < 0 && r != CTXS_EBUSY)
-            rc = r;
-    }
-    return rc;
-}
-
 /*
  * The store lock. Compaction replaces data.mdb with a compacted copy; a
  * process that kept the old environment open would go on reading and
@@ -766,7 +730,7 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
     /* What crashes left, and the index of a new store beside session files
      * (the old one was lost): only a store that may write mends. */
     if (rc == 0 && !st->rdonly)
-        rc = resolve_intents(st);
+        rc = ctxs__intents_resolve(st);
     if (rc == 0 && fresh)
         rc = ctxs_store_reindex(NULL, st);
     return rc;
@@ -937,11 +901,6 @@ void ctxs_store_close(ctxs_store *st)
 {
     if (st)
         ctxs__store_unref(st);
-}
-
-void ctxs_free(void *p)
-{
-    free(p);
 }
 
 /* --- Compaction ----------------------------------------------------------- */

@@ -7,7 +7,12 @@
  * ctxs_session_get_slot: whether a position is held; refresh, rollback)
  * and this header for the rest: the file's descriptor, the token tables,
  * the hooks through which it learns of commits and closes, and the
- * store's calls that make new session files.
+ * store's calls that make new session files. It brings with it the
+ * declarations of the session files' bytes that the index reads and
+ * writes without a session open: the layout (format.h), the label
+ * (label.h) and the cheap look at a file's newest record (peek.h). Code
+ * outside src/store includes this header, never those three: the
+ * build's include check (tests/check_includes.sh) holds it to that.
  *
  * Calls on a handle follow the public API's rule (one thread at a time per
  * handle) and see the handle's state when called: a reader's as of its
@@ -20,6 +25,8 @@
 
 #include "ctxstore.h"
 #include "format.h"
+#include "label.h"
+#include "peek.h"
 
 /* --- Asking an open session (session_iface.c) ---------------------------- */
 

@@ -13,6 +13,7 @@
 
 #include "index.h"
 #include "mdb_calls.h"
+#include "progress.h"
 #include "session_iface.h"
 
 /* Sets the index's disk_bytes of session id (named name) to bytes. A
@@ -404,13 +405,19 @@ static int compact_all(ctxs_compact_result *res, ctxs_store *st, ctxs_progress_f
 }
 
 int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st, const char *name,
-                       ctxs_progress_fn progress, void *progress_arg)
+                       const ctxs_store_compact_options *opts)
 {
     ctxs__error_begin();
     ctxs_compact_result res;
     memset(&res, 0, sizeof(res));
     if (out)
         *out = res;
+    ctxs__progress pr;
+    int rc_opts = CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_COMPACT_OPTIONS_VERSION, "compact options");
+    if (rc_opts < 0)
+        return rc_opts;
+    ctxs_progress_fn progress = pr.fn;
+    void *progress_arg = pr.arg;
     size_t len = 0;
     if (!st || (name && ctxs__name_check(name, &len) < 0))
         return CTXS_EINVAL;

@@ -40,6 +40,7 @@
 #include "kv_block.h"
 #include "session_iface.h"
 #include "platform.h"
+#include "progress.h"
 #include "syscall.h"
 
 /* Export blocks are kv_block.h's raw blocks, bounded alike. */
@@ -284,9 +285,15 @@ static int export_session(export_job *job, const ctxs_session_info *info, const 
 }
 
 int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path,
-                              ctxs_progress_fn progress, void *progress_arg)
+                              const ctxs_store_session_export_options *opts)
 {
     ctxs__error_begin();
+    ctxs__progress pr;
+    int rc_opts = CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_SESSION_EXPORT_OPTIONS_VERSION, "export options");
+    if (rc_opts < 0)
+        return rc_opts;
+    ctxs_progress_fn progress = pr.fn;
+    void *progress_arg = pr.arg;
     size_t len;
     if (!st || !path || !*path || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
@@ -551,11 +558,17 @@ static int import_fill(int fd, const ctxs__disk_label *label, void *arg)
 }
 
 int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1], ctxs_store *st, const char *path,
-                              const char *name, ctxs_progress_fn progress, void *progress_arg)
+                              const char *name, const ctxs_store_session_import_options *opts)
 {
     ctxs__error_begin();
     if (name_out)
         name_out[0] = '\0';
+    ctxs__progress pr;
+    int rc_opts = CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_SESSION_IMPORT_OPTIONS_VERSION, "import options");
+    if (rc_opts < 0)
+        return rc_opts;
+    ctxs_progress_fn progress = pr.fn;
+    void *progress_arg = pr.arg;
     size_t len = 0;
     if (!st || !path || !*path || (name && ctxs__name_check(name, &len) < 0))
         return CTXS_EINVAL;

@@ -413,24 +413,22 @@ int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st, const char *nam
     if (out)
         *out = res;
     ctxs__progress pr;
-    int rc_opts = CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_COMPACT_OPTIONS_VERSION, "compact options");
-    if (rc_opts < 0)
-        return rc_opts;
-    ctxs_progress_fn progress = pr.fn;
-    void *progress_arg = pr.arg;
+    int rc = CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_COMPACT_OPTIONS_VERSION,
+                                 "compact options");
+    if (rc < 0)
+        return rc;
     size_t len = 0;
     if (!st || (name && ctxs__name_check(name, &len) < 0))
         return CTXS_EINVAL;
     if (st->rdonly)
         return ctxs__store_readonly();
-    int rc;
     if (name) {
         ctxs_session_entry e;
         if ((rc = ctxs_store_session_get(&e, st, name)) == 0 &&
             (rc = compact_one(&res, st, e.id, name, len)) == 0)
-            report(progress, progress_arg, 1, 1);
+            report(pr.fn, pr.arg, 1, 1);
     } else {
-        rc = compact_all(&res, st, progress, progress_arg);
+        rc = compact_all(&res, st, pr.fn, pr.arg);
     }
     if (out)
         *out = res;

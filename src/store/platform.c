@@ -116,16 +116,8 @@ static int space_error(int e)
  * range is reserved and not yet written by the engine, so nothing is lost. */
 static int allocate_by_writing(int fd, uint64_t off, uint64_t len)
 {
-    static const uint8_t zeros[16384];
-    while (len) {
-        size_t n = len < sizeof(zeros) ? (size_t)len : sizeof(zeros);
-        ssize_t w = ctxs__pwrite(fd, zeros, n, (off_t)off);
-        if (w < 0)
-            return space_error(errno);
-        off += (uint64_t)w;
-        len -= (uint64_t)w;
-    }
-    return 0;
+    int rc = ctxs__write_zeros(fd, off, len);
+    return rc == -EFBIG ? CTXS_EFULL : rc;
 }
 
 int ctxs__allocate(int fd, uint64_t off, uint64_t len)
@@ -304,6 +296,20 @@ int ctxs__write_exact(int fd, const void *buf, size_t len, off_t off)
         p += w;
         len -= (size_t)w;
         off += w;
+    }
+    return 0;
+}
+
+int ctxs__write_zeros(int fd, uint64_t off, uint64_t len)
+{
+    static const uint8_t zeros[16384];
+    while (len) {
+        size_t n = len < sizeof(zeros) ? (size_t)len : sizeof(zeros);
+        int rc = ctxs__write_exact(fd, zeros, n, (off_t)off);
+        if (rc < 0)
+            return rc;
+        off += n;
+        len -= n;
     }
     return 0;
 }

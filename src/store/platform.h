@@ -76,6 +76,8 @@ int ctxs__range_dirty(int fd, uint64_t off, uint64_t len);
  * than its header says); writing into a full disk is CTXS_EFULL. */
 int ctxs__read_exact(int fd, void *buf, size_t len, off_t off);
 int ctxs__write_exact(int fd, const void *buf, size_t len, off_t off);
+/* len zero bytes at off, through ctxs__write_exact() (its errors). */
+int ctxs__write_zeros(int fd, uint64_t off, uint64_t len);
 
 /* The name of errno value e ("ENOENT") from a table of every name this
  * platform defines, or NULL: ctxs_err_name()'s where the C library cannot

@@ -289,11 +289,10 @@ int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path
 {
     ctxs__error_begin();
     ctxs__progress pr;
-    int rc_opts = CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_SESSION_EXPORT_OPTIONS_VERSION, "export options");
-    if (rc_opts < 0)
-        return rc_opts;
-    ctxs_progress_fn progress = pr.fn;
-    void *progress_arg = pr.arg;
+    int rc = CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_SESSION_EXPORT_OPTIONS_VERSION,
+                                 "export options");
+    if (rc < 0)
+        return rc;
     size_t len;
     if (!st || !path || !*path || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
@@ -304,7 +303,7 @@ int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path
     ctxs_session *s;
     ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.background = 0; /* the export reads every held token in file order */
-    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
+    rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
     if (rc < 0)
         return rc;
     ctxs_session_info info;
@@ -314,7 +313,7 @@ int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path
         model.name[0] = '\0';
         rc = 0;
     }
-    export_job job = {.s = s, .fd = -1, .progress = progress, .progress_arg = progress_arg};
+    export_job job = {.s = s, .fd = -1, .progress = pr.fn, .progress_arg = pr.arg};
     ctxs_meta_entry *meta = NULL;
     size_t n_meta = 0;
     if (rc == 0 && (rc = ctxs_store_session_list_meta(&meta, &n_meta, st, name)) == 0)
@@ -329,8 +328,8 @@ int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path
     free(job.raw);
     free(job.out);
     ctxs_session_close(s);
-    if (rc == 0 && progress)
-        progress(progress_arg, job.plan.n_held, job.plan.n_held);
+    if (rc == 0 && pr.fn)
+        pr.fn(pr.arg, job.plan.n_held, job.plan.n_held);
     return rc;
 }
 
@@ -564,22 +563,21 @@ int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1], ctxs_store *st, 
     if (name_out)
         name_out[0] = '\0';
     ctxs__progress pr;
-    int rc_opts = CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_SESSION_IMPORT_OPTIONS_VERSION, "import options");
-    if (rc_opts < 0)
-        return rc_opts;
-    ctxs_progress_fn progress = pr.fn;
-    void *progress_arg = pr.arg;
+    int rc = CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_SESSION_IMPORT_OPTIONS_VERSION,
+                                 "import options");
+    if (rc < 0)
+        return rc;
     size_t len = 0;
     if (!st || !path || !*path || (name && ctxs__name_check(name, &len) < 0))
         return CTXS_EINVAL;
     /* O_NONBLOCK: a FIFO in place of the file must not hang the open. */
-    import_job job = {.fd = -1, .out_fd = -1, .pass = 1, .progress = progress,
-                      .progress_arg = progress_arg};
+    import_job job = {.fd = -1, .out_fd = -1, .pass = 1, .progress = pr.fn,
+                      .progress_arg = pr.arg};
     job.fd = ctxs__open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (job.fd < 0)
         return -errno;
     struct stat sb;
-    int rc = 0;
+    rc = 0;
     if (ctxs__fstat(job.fd, &sb) != 0)
         rc = -errno;
     else if (!S_ISREG(sb.st_mode))
@@ -626,7 +624,7 @@ int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1], ctxs_store *st, 
         return rc;
     if (name_out)
         memcpy(name_out, name, len + 1);
-    if (progress)
-        progress(progress_arg, 2 * job.size, 2 * job.size);
+    if (pr.fn)
+        pr.fn(pr.arg, 2 * job.size, 2 * job.size);
     return 0;
 }

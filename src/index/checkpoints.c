@@ -57,17 +57,20 @@ int ctxs__checkpoint_check(const ctxs_session *s, const ctxs__checkpoint_rec *cp
 
 /* The store and id of s, and the length of name; NULL when s was not
  * opened through a store or name breaks the rule. */
-static ctxs_store *checkpoint_target(const ctxs_session *s, const char *name, size_t *len,
-                                     uint64_t *id)
+static int checkpoint_target(ctxs_store **st, ctxs_session_info *info, const ctxs_session *s,
+                             const char *name, size_t *len, uint64_t *id)
 {
-    ctxs_store *st = s ? ctxs__session_store(s, id) : NULL;
-    if (!st) {
-        ctxs__error(CTXS_EINVAL, s ? "the session was not opened through a store: "
-                                     "checkpoints are kept in a store's index"
-                                   : "the session is NULL");
-        return NULL;
-    }
-    return ctxs__name_check(name, len) == 0 ? st : NULL;
+    ctxs__error_begin();
+    *st = s ? ctxs__session_store(s, id) : NULL;
+    if (!*st)
+        return ctxs__error(CTXS_EINVAL, s ? "the session was not opened through a store: "
+                                            "checkpoints are kept in a store's index"
+                                          : "the session is NULL");
+    if (name && ctxs__name_check(name, len) < 0)
+        return CTXS_EINVAL;
+    if (info)
+        ctxs_session_get_info(info, s);
+    return 0;
 }
 
 /* CTXS_ENOTFOUND for a checkpoint name the session has not, said so. */
@@ -88,21 +91,19 @@ int ctxs__no_checkpoint(const char *session, const char *name)
 
 int ctxs_checkpoint_create(ctxs_session *s, const char *name)
 {
-    ctxs__error_begin();
     size_t len;
     uint64_t id;
-    ctxs_store *st = checkpoint_target(s, name, &len, &id);
-    if (!st)
-        return CTXS_EINVAL;
+    ctxs_store *st;
     ctxs_session_info info;
-    ctxs_session_get_info(&info, s);
+    int rc = checkpoint_target(&st, &info, s, name, &len, &id);
+    if (rc < 0)
+        return rc;
     ctxs__checkpoint_rec cp = {.n_tokens = info.n_tokens,
                                .created_unix_ms = ctxs__now_ms()};
     if (cp.n_tokens > 0)
         ctxs__session_tokens(NULL, &cp.last_sum, s, cp.n_tokens - 1, 1);
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 0);
-    if (rc < 0)
+    if ((rc = ctxs__txn_begin(&txn, st, 0)) < 0)
         return rc;
     uint8_t k[8 + CTXS_NAME_MAX];
     checkpoint_key(k, id, name, len);
@@ -119,20 +120,18 @@ int ctxs_checkpoint_create(ctxs_session *s, const char *name)
 
 int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
 {
-    ctxs__error_begin();
     size_t len;
     uint64_t id;
-    ctxs_store *st = checkpoint_target(s, name, &len, &id);
-    if (!st)
-        return CTXS_EINVAL;
+    ctxs_store *st;
     ctxs_session_info info;
-    ctxs_session_get_info(&info, s);
+    int rc = checkpoint_target(&st, &info, s, name, &len, &id);
+    if (rc < 0)
+        return rc;
     if (info.flags & CTXS_INFO_READONLY)
         return ctxs__error(CTXS_EREADONLY, "the session was opened read-only: a restore "
                            "rolls it back, which needs a read-write handle");
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
-    if (rc < 0)
+    if ((rc = ctxs__txn_begin(&txn, st, 1)) < 0)
         return rc;
     ctxs__checkpoint_rec cp;
     rc = ctxs__checkpoint_get(&cp, txn, st, id, name, len);
@@ -148,15 +147,12 @@ int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
 
 int ctxs_checkpoint_delete(const ctxs_session *s, const char *name)
 {
-    ctxs__error_begin();
     size_t len;
     uint64_t id;
-    ctxs_store *st = checkpoint_target(s, name, &len, &id);
-    if (!st)
-        return CTXS_EINVAL;
+    ctxs_store *st;
+    int rc = checkpoint_target(&st, NULL, s, name, &len, &id);
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 0);
-    if (rc < 0)
+    if (rc < 0 || (rc = ctxs__txn_begin(&txn, st, 0)) < 0)
         return rc;
     uint8_t k[8 + CTXS_NAME_MAX];
     checkpoint_key(k, id, name, len);
@@ -175,14 +171,10 @@ int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, const ctxs_
     *out = NULL;
     *n_out = 0;
     uint64_t id;
-    ctxs_store *st = s ? ctxs__session_store(s, &id) : NULL;
-    if (!st)
-        return ctxs__error(CTXS_EINVAL, s ? "the session was not opened through a store: "
-                                            "checkpoints are kept in a store's index"
-                                          : "the session is NULL");
+    ctxs_store *st;
+    int rc = checkpoint_target(&st, NULL, s, NULL, NULL, &id);
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
-    if (rc < 0)
+    if (rc < 0 || (rc = ctxs__txn_begin(&txn, st, 1)) < 0)
         return rc;
     ctxs_checkpoint_entry *list = NULL;
     size_t n = 0, cap = 0;
@@ -221,11 +213,5 @@ int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, const ctxs_
         mdb_cursor_close(cur);
     }
     mdb_txn_abort(txn);
-    if (rc < 0) {
-        free(list);
-        return rc;
-    }
-    *out = list;
-    *n_out = n;
-    return 0;
+    return ctxs__list_out((void **)out, n_out, list, n, rc);
 }

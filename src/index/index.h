@@ -252,6 +252,15 @@ typedef int (*ctxs__entry_fill)(void *entry, const MDB_val *key, const MDB_val *
 int ctxs__list(void **out, size_t *n_out, ctxs_store *st, MDB_dbi dbi, size_t entry_size,
                ctxs__entry_fill fill);
 
+/* The start of a public list call: out and n_out checked, *out = NULL and
+ * *n_out = 0, st checked, then a read transaction begun into *txn.
+ * Errors: CTXS_EINVAL, those of ctxs__txn_begin(). */
+int ctxs__list_begin(MDB_txn **txn, void **out, size_t *n_out, ctxs_store *st);
+
+/* The end of a list call: *out and *n_out get list and its n entries when
+ * rc is 0; otherwise list is freed. Returns rc. */
+int ctxs__list_out(void **out, size_t *n_out, void *list, size_t n, int rc);
+
 /* The store lock taken for a repair of the index (repair_index.c), which
  * works on the directory because a damaged index cannot be opened: opens
  * <index_dir>/store.lock and takes it exclusively without waiting, after

@@ -227,14 +227,8 @@ int ctxs_store_session_list_meta(ctxs_meta_entry **out, size_t *n_out, ctxs_stor
                                  const char *name)
 {
     ctxs__error_begin();
-    if (!out || !n_out)
-        return CTXS_EINVAL;
-    *out = NULL;
-    *n_out = 0;
-    if (!st)
-        return CTXS_EINVAL;
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
+    int rc = ctxs__list_begin(&txn, (void **)out, n_out, st);
     if (rc < 0)
         return rc;
     uint64_t id = 0;
@@ -255,11 +249,5 @@ int ctxs_store_session_list_meta(ctxs_meta_entry **out, size_t *n_out, ctxs_stor
         rc = each_row(txn, st, id, list_row, &l); /* the same snapshot */
     }
     mdb_txn_abort(txn);
-    if (rc < 0) {
-        free(l.entries);
-        return rc;
-    }
-    *out = l.entries;
-    *n_out = n;
-    return 0;
+    return ctxs__list_out((void **)out, n_out, l.entries, n, rc);
 }

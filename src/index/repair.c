@@ -579,23 +579,34 @@ static int next_id_now(ctxs_store *st, uint64_t *out)
     return rc;
 }
 
-int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
+/* How repair and reindex start: their result zeroed (*out too, if given,
+ * so that it says nothing on failure), the store checked writable, then
+ * the ids mended: next_id above every file's, a file named with id 0 (or
+ * past the range) renumbered, so that it is then adopted, refreshed or
+ * indexed as any other; skipped, it would stay a file that verify names
+ * and nothing adopts. */
+static int begin(void *res, void *out, size_t size, ctxs_store *st, uint64_t *next_id_was,
+                 uint64_t *next_id_mended, uint64_t *next_id, uint64_t *renumbered)
 {
     ctxs__error_begin();
-    ctxs_repair_result res;
-    memset(&res, 0, sizeof(res));
+    memset(res, 0, size);
     if (out)
-        *out = res;
+        memset(out, 0, size);
     if (!st)
         return CTXS_EINVAL;
     if (st->rdonly)
         return ctxs__store_readonly();
+    int rc = mend_next_id(st, next_id_was, next_id_mended, next_id);
+    return rc == 0 ? renumber_misnumbered(st, renumbered) : rc;
+}
+
+int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
+{
+    ctxs_repair_result res;
     uint64_t *files = NULL, *ids = NULL;
     size_t n_files, n_ids;
-    /* Ids first: a renumbered file is then adopted or refreshed below. */
-    int rc = mend_next_id(st, &res.next_id_was, &res.next_id_mended, &res.next_id);
-    if (rc == 0)
-        rc = renumber_misnumbered(st, &res.files_renumbered);
+    int rc = begin(&res, out, sizeof(res), st, &res.next_id_was, &res.next_id_mended,
+                   &res.next_id, &res.files_renumbered);
     if (rc == 0)
         rc = list_files(st, &files, &n_files, 1, &res.files_removed);
     /* Entries whose file is gone go before files are adopted: a file
@@ -718,23 +729,11 @@ static int reindex_one(MDB_txn *txn, ctxs_store *st, uint64_t id, const file_fac
 
 int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
 {
-    ctxs__error_begin();
     ctxs_reindex_result res;
-    memset(&res, 0, sizeof(res));
-    if (out)
-        *out = res;
-    if (!st)
-        return CTXS_EINVAL;
-    if (st->rdonly)
-        return ctxs__store_readonly();
     uint64_t *ids = NULL, removed = 0;
     size_t n = 0;
-    /* A file named with id 0 (or past the range) is renumbered, then
-     * indexed as any other: skipped, it would stay a file that verify
-     * names and nothing adopts. */
-    int rc = mend_next_id(st, &res.next_id_was, &res.next_id_mended, &res.next_id);
-    if (rc == 0)
-        rc = renumber_misnumbered(st, &res.files_renumbered);
+    int rc = begin(&res, out, sizeof(res), st, &res.next_id_was, &res.next_id_mended,
+                   &res.next_id, &res.files_renumbered);
     if (rc == 0)
         rc = list_files(st, &ids, &n, 0, &removed);
     if (rc < 0)

@@ -1254,14 +1254,8 @@ static void intent_judge(ctxs_intent_entry *e, ctxs_store *st, MDB_txn *txn, uin
 
 int ctxs_store_intent_list(ctxs_intent_entry **out, size_t *n_out, ctxs_store *st)
 {
-    if (!out || !n_out)
-        return CTXS_EINVAL;
-    *out = NULL;
-    *n_out = 0;
-    if (!st)
-        return CTXS_EINVAL;
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
+    int rc = ctxs__list_begin(&txn, (void **)out, n_out, st);
     if (rc < 0)
         return rc;
     MDB_cursor *cur;
@@ -1293,11 +1287,5 @@ int ctxs_store_intent_list(ctxs_intent_entry **out, size_t *n_out, ctxs_store *s
         mdb_cursor_close(cur);
     }
     mdb_txn_abort(txn);
-    if (rc < 0 || n == 0) {
-        free(list);
-        return rc;
-    }
-    *out = list;
-    *n_out = n;
-    return 0;
+    return ctxs__list_out((void **)out, n_out, list, n, rc);
 }

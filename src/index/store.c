@@ -169,6 +169,22 @@ int ctxs__list(void **out, size_t *n_out, ctxs_store *st, MDB_dbi dbi, size_t en
     if (cur)
         mdb_cursor_close(cur);
     mdb_txn_abort(txn);
+    return ctxs__list_out(out, n_out, list, n, rc);
+}
+
+int ctxs__list_begin(MDB_txn **txn, void **out, size_t *n_out, ctxs_store *st)
+{
+    if (!out || !n_out)
+        return CTXS_EINVAL;
+    *out = NULL;
+    *n_out = 0;
+    if (!st)
+        return CTXS_EINVAL;
+    return ctxs__txn_begin(txn, st, 1);
+}
+
+int ctxs__list_out(void **out, size_t *n_out, void *list, size_t n, int rc)
+{
     if (rc < 0) {
         free(list);
         return rc;

@@ -270,20 +270,24 @@ int ctxs__range_dirty(int fd, uint64_t off, uint64_t len)
 #endif
 }
 
+ssize_t ctxs__read_upto(int fd, void *buf, size_t len, off_t off)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = ctxs__pread(fd, (char *)buf + done, len - done, off + (off_t)done);
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            break;
+        done += (size_t)n;
+    }
+    return (ssize_t)done;
+}
+
 int ctxs__read_exact(int fd, void *buf, size_t len, off_t off)
 {
-    uint8_t *p = buf;
-    while (len) {
-        ssize_t r = ctxs__pread(fd, p, len, off);
-        if (r < 0)
-            return -errno;
-        if (r == 0)
-            return CTXS_ECORRUPT;
-        p += r;
-        len -= (size_t)r;
-        off += r;
-    }
-    return 0;
+    ssize_t n = ctxs__read_upto(fd, buf, len, off);
+    return n < 0 ? (int)n : (size_t)n < len ? CTXS_ECORRUPT : 0;
 }
 
 int ctxs__write_exact(int fd, const void *buf, size_t len, off_t off)

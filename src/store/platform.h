@@ -75,6 +75,9 @@ int ctxs__range_dirty(int fd, uint64_t off, uint64_t len);
  * transfers. Reading past the end is CTXS_ECORRUPT (the file is shorter
  * than its header says); writing into a full disk is CTXS_EFULL. */
 int ctxs__read_exact(int fd, void *buf, size_t len, off_t off);
+/* Reads up to len bytes at off, stopping early only at the end of the
+ * file: the count read, or -errno. */
+ssize_t ctxs__read_upto(int fd, void *buf, size_t len, off_t off);
 int ctxs__write_exact(int fd, const void *buf, size_t len, off_t off);
 /* len zero bytes at off, through ctxs__write_exact() (its errors). */
 int ctxs__write_zeros(int fd, uint64_t off, uint64_t len);

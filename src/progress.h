@@ -27,13 +27,19 @@ int ctxs__progress_options(ctxs__progress *out, const char *what, const char *in
                            void *arg);
 
 /* *out from opts, a pointer to one of those structs (NULL: the defaults,
- * no progress); VERSION its version macro. */
+ * no progress), VERSION its version macro; returns the error from the
+ * calling function when they do not hold. */
 #define CTXS__PROGRESS_FROM(out, opts, VERSION, what)                                     \
-    ((opts) ? ctxs__progress_options((out), (what), #VERSION, (opts)->version, (VERSION),  \
-                                     (opts)->reserved0, (opts)->reserved,                 \
-                                     sizeof((opts)->reserved), (opts)->progress,          \
-                                     (opts)->progress_arg)                                \
-            : ((out)->fn = NULL, (out)->arg = NULL, 0))
+    do {                                                                                  \
+        int rc_ = (opts) ? ctxs__progress_options((out), (what), #VERSION, (opts)->version, \
+                                                  (VERSION), (opts)->reserved0,          \
+                                                  (opts)->reserved,                      \
+                                                  sizeof((opts)->reserved),              \
+                                                  (opts)->progress, (opts)->progress_arg) \
+                         : ((out)->fn = NULL, (out)->arg = NULL, 0);                     \
+        if (rc_ < 0)                                                                      \
+            return rc_;                                                                   \
+    } while (0)
 
 /* The body of an _options_init() function: the defaults of version into
  * *opts (size bytes, the version its first member). Errors: CTXS_EINVAL. */

@@ -111,6 +111,18 @@ static int meta_target(MDB_txn *txn, ctxs_store *st, const char *name, uint64_t 
     return rc == CTXS_ENOTFOUND ? ctxs__no_session(name) : rc;
 }
 
+/* Begins a transaction (read-only or not) and looks session name up in
+ * it, as meta_target(). On error nothing is left open. */
+static int meta_begin(MDB_txn **txn, uint64_t *id, ctxs_store *st, const char *name,
+                      int readonly)
+{
+    *id = 0;
+    int rc = ctxs__txn_begin(txn, st, readonly);
+    if (rc == 0 && (rc = meta_target(*txn, st, name, id)) < 0)
+        mdb_txn_abort(*txn);
+    return rc;
+}
+
 /* CTXS_ENOTFOUND for a key session name has not, said so. */
 static int no_key(const char *name, const char *key)
 {
@@ -133,13 +145,11 @@ int ctxs_store_session_set_meta(ctxs_store *st, const char *name, const char *ke
         return ctxs__error(CTXS_ETOOBIG, "a value of %zu bytes is above the %u a value may "
                            "hold", value_bytes, CTXS_META_VALUE_MAX);
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 0);
+    uint64_t id;
+    int rc = meta_begin(&txn, &id, st, name, 0);
     if (rc < 0)
         return rc;
-    uint64_t id = 0;
     uint8_t k[8 + CTXS_NAME_MAX];
-    if ((rc = meta_target(txn, st, name, &id)) < 0)
-        return ctxs__txn_finish(txn, rc);
     MDB_val mkey = {meta_key(k, id, key, key_len), k};
     if (!value) {
         rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->metadata, &mkey, NULL));
@@ -169,19 +179,15 @@ int ctxs_store_session_get_meta(void *out, size_t *value_bytes, ctxs_store *st, 
         return CTXS_EINVAL;
     size_t cap = out ? *value_bytes : 0;
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
+    uint64_t id;
+    int rc = meta_begin(&txn, &id, st, name, 1);
     if (rc < 0)
         return rc;
-    uint64_t id = 0;
     uint8_t k[8 + CTXS_NAME_MAX];
-    MDB_val val;
-    if ((rc = meta_target(txn, st, name, &id)) == 0) {
-        MDB_val mkey = {meta_key(k, id, key, key_len), k};
-        rc = st->metadata ? ctxs__mdb_error(mdb_get(txn, st->metadata, &mkey, &val))
-                          : CTXS_ENOTFOUND;
-        if (rc == CTXS_ENOTFOUND)
-            rc = no_key(name, key);
-    }
+    MDB_val mkey = {meta_key(k, id, key, key_len), k}, val;
+    rc = st->metadata ? ctxs__mdb_error(mdb_get(txn, st->metadata, &mkey, &val)) : CTXS_ENOTFOUND;
+    if (rc == CTXS_ENOTFOUND)
+        rc = no_key(name, key);
     if (rc == 0 && val.mv_size > CTXS_META_VALUE_MAX)
         rc = CTXS_EINDEX;
     if (rc == 0) {

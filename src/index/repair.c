@@ -85,16 +85,8 @@ static int list_files(ctxs_store *st, uint64_t **out, size_t *n_out, int remove_
                 *removed += ctxs__aside_remove(st, hex16(de->d_name), de->d_name) == 1;
             continue;
         }
-        if (n == cap) {
-            size_t grown = cap ? cap * 2 : 64;
-            uint64_t *bigger = ctxs__realloc(ids, grown * sizeof(*ids));
-            if (!bigger) {
-                rc = CTXS_ENOMEM;
-                break;
-            }
-            ids = bigger;
-            cap = grown;
-        }
+        if ((rc = ctxs__array_room((void **)&ids, &cap, n, sizeof(*ids), 64)) < 0)
+            break;
         ids[n++] = id;
     }
     if (rc == 0 && errno != 0)
@@ -346,15 +338,8 @@ static int move_rows(MDB_txn *txn, MDB_dbi dbi, uint64_t from, uint64_t to)
          rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
         if (key.mv_size < 8 || ctxs__id_from_key(key.mv_data) != from)
             break;
-        if (n == cap) {
-            size_t grown = cap ? cap * 2 : 16;
-            row *bigger = ctxs__realloc(rows, grown * sizeof(*rows));
-            if (!bigger) {
-                rc = CTXS_ENOMEM;
-                break;
-            }
-            rows = bigger, cap = grown;
-        }
+        if ((rc = ctxs__array_room((void **)&rows, &cap, n, sizeof(*rows), 16)) < 0)
+            break;
         uint8_t *copy = ctxs__malloc(key.mv_size + val.mv_size + 1);
         if (!copy) {
             rc = CTXS_ENOMEM;

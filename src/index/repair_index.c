@@ -36,6 +36,7 @@
 
 #include "index.h"
 #include "mdb_calls.h"
+#include "platform.h"
 #include "syscall.h"
 
 #define SALVAGE_SECONDS 60            /* one table's reader, at most */
@@ -183,14 +184,8 @@ static void table_free(table *t)
 
 static int table_add(table *t, const msg *m, int fd, int *eof)
 {
-    if (t->n == t->cap) {
-        size_t grown = t->cap ? t->cap * 2 : 64;
-        row *bigger = ctxs__realloc(t->rows, grown * sizeof(*bigger));
-        if (!bigger)
-            return CTXS_ENOMEM;
-        t->rows = bigger;
-        t->cap = grown;
-    }
+    if (ctxs__array_room((void **)&t->rows, &t->cap, t->n, sizeof(*t->rows), 64) < 0)
+        return CTXS_ENOMEM;
     row r = {ctxs__malloc((size_t)m->klen + m->vlen + 1), NULL, m->klen, m->vlen};
     if (!r.key)
         return CTXS_ENOMEM;
@@ -709,16 +704,6 @@ static char *join(const char *a, const char *b)
     return p;
 }
 
-static int sync_dir(const char *path)
-{
-    int fd = ctxs__open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = ctxs__fsync(fd) == 0 ? 0 : -errno;
-    close(fd);
-    return rc;
-}
-
 /* Moves index/data.mdb and index/lock.mdb into a new
  * <dir>/index.damaged-<unix seconds>[-n]; *moved_to gets its path. */
 static int move_aside(char **moved_to, const char *dir, const char *index_dir)
@@ -747,8 +732,8 @@ static int move_aside(char **moved_to, const char *dir, const char *index_dir)
         free(from);
         free(to);
     }
-    if (rc == 0 && (rc = sync_dir(aside)) == 0 && (rc = sync_dir(index_dir)) == 0)
-        rc = sync_dir(dir);
+    if (rc == 0 && (rc = ctxs__sync_dir(aside)) == 0 && (rc = ctxs__sync_dir(index_dir)) == 0)
+        rc = ctxs__sync_dir(dir);
     if (rc < 0 && rc != -EEXIST) {
         /* Put back what moved: the store stays as it was. */
         for (size_t i = 0; aside && i < 2; i++) {

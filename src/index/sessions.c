@@ -1271,15 +1271,8 @@ int ctxs_store_intent_list(ctxs_intent_entry **out, size_t *n_out, ctxs_store *s
             if (key.mv_size != 8 || val.mv_size == 0 ||
                 (v[0] != CTXS__INTENT_CREATE && v[0] != CTXS__INTENT_DELETE))
                 continue;
-            if (n == cap) {
-                size_t grown = cap ? 2 * cap : 8;
-                ctxs_intent_entry *more = ctxs__realloc(list, grown * sizeof(*list));
-                if (!more) {
-                    rc = CTXS_ENOMEM;
-                    break;
-                }
-                list = more, cap = grown;
-            }
+            if ((rc = ctxs__array_room((void **)&list, &cap, n, sizeof(*list), 8)) < 0)
+                break;
             intent_judge(&list[n++], st, txn, ctxs__id_from_key(key.mv_data), &val);
         }
         if (rc == 0 && r != 0 && r != MDB_NOTFOUND)

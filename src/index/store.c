@@ -146,10 +146,8 @@ int ctxs__txn_finish(MDB_txn *txn, int rc)
 int ctxs__list(void **out, size_t *n_out, ctxs_store *st, MDB_dbi dbi, size_t entry_size,
                ctxs__entry_fill fill)
 {
-    *out = NULL;
-    *n_out = 0;
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
+    int rc = ctxs__list_begin(&txn, out, n_out, st);
     if (rc < 0)
         return rc;
     MDB_stat ms;
@@ -262,8 +260,6 @@ static int make_store_dir(const char *path)
     return S_ISDIR(sb.st_mode) ? 0 : -ENOTDIR;
 }
 
-static int sync_dir(const char *path); /* fsync of a directory (compaction's) */
-
 static char *join(const char *a, const char *b)
 {
     size_t len = strlen(a) + 1 + strlen(b) + 1;
@@ -305,10 +301,26 @@ const size_t ctxs__n_tables = sizeof(ctxs__tables) / sizeof(ctxs__tables[0]);
  * newer. An LMDB environment of someone else's is foreign (open_tables()
  * tells it by its tables); in ours, a format record that is missing beside
  * sessions, of another size, or without our magic is a damaged index. */
-static int check_format(MDB_txn *txn, ctxs_store *st, int *fresh)
+/* The index's format record into *f: 0, MDB_NOTFOUND (there is none),
+ * CTXS_EINDEX (not the size of one), or another error. */
+static int format_get(ctxs__index_format *f, MDB_txn *txn, ctxs_store *st)
 {
     MDB_val key = {6, (void *)"format"}, val;
     int rc = mdb_get(txn, st->meta, &key, &val);
+    if (rc == MDB_NOTFOUND)
+        return rc;
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
+    if (val.mv_size != sizeof(*f))
+        return CTXS_EINDEX;
+    memcpy(f, val.mv_data, sizeof(*f));
+    return 0;
+}
+
+static int check_format(MDB_txn *txn, ctxs_store *st, int *fresh)
+{
+    ctxs__index_format f;
+    int rc = format_get(&f, txn, st);
     if (rc == MDB_NOTFOUND) {
         MDB_stat ms;
         if ((rc = mdb_stat(txn, st->sessions, &ms)) != 0)
@@ -319,11 +331,7 @@ static int check_format(MDB_txn *txn, ctxs_store *st, int *fresh)
         return 0;
     }
     if (rc != 0)
-        return ctxs__mdb_error(rc);
-    ctxs__index_format f;
-    if (val.mv_size != sizeof(f))
-        return CTXS_EINDEX;
-    memcpy(&f, val.mv_data, sizeof(f));
+        return rc;
     if (memcmp(f.magic, CTXS__INDEX_MAGIC, 8) != 0)
         return CTXS_EINDEX;
     if (f.major > CTXS__INDEX_MAJOR)
@@ -341,14 +349,10 @@ static int write_format(MDB_txn *txn, ctxs_store *st)
 
 int ctxs__index_format_raise(MDB_txn *txn, ctxs_store *st)
 {
-    MDB_val key = {6, (void *)"format"}, val;
-    int rc = mdb_get(txn, st->meta, &key, &val);
-    if (rc != 0)
-        return ctxs__mdb_error(rc);
     ctxs__index_format f;
-    if (val.mv_size != sizeof(f))
-        return CTXS_EINDEX;
-    memcpy(&f, val.mv_data, sizeof(f));
+    int rc = format_get(&f, txn, st);
+    if (rc != 0)
+        return rc == MDB_NOTFOUND ? ctxs__mdb_error(rc) : rc;
     if (f.major >= CTXS__INDEX_MAJOR)
         return 0;
     return write_format(txn, st);
@@ -734,7 +738,7 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
     if (rc == 0 && !st->rdonly && (rc = make_dir(st->sessions_dir)) > 0)
         made |= 2, rc = 0;
     if (rc == 0 && (made & 2))
-        rc = sync_dir(st->dir);
+        rc = ctxs__sync_dir(st->dir);
     if (rc == 0 && (made & 1))
         rc = ctxs__sync_parent_dir(st->dir);
     if (rc == 0) {
@@ -927,16 +931,6 @@ static uint64_t file_disk_bytes(const char *path)
     return ctxs__stat(path, &sb) == 0 ? (uint64_t)sb.st_blocks * 512u : 0;
 }
 
-static int sync_dir(const char *path)
-{
-    int fd = ctxs__open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = ctxs__fsync(fd) == 0 ? 0 : -errno;
-    close(fd);
-    return rc;
-}
-
 /* 0 if the copy at path opens as an environment whose tables hold as many
  * entries as st's (which nobody changes meanwhile), else -EIO. */
 static int copy_matches(ctxs_store *st, const char *path, size_t map_bytes)
@@ -1014,7 +1008,7 @@ static int index_swap(ctxs_store *st, const char *index_dir, const char *data,
          * will; a fresh one makes sure of it even if a program that
          * ignores the store lock (mdb_stat) has the old one open. */
         ctxs__unlink(lock_mdb);
-        rc = sync_dir(index_dir);
+        rc = ctxs__sync_dir(index_dir);
     }
     int fresh = 0, r = env_open(st, index_dir, readers, info.me_mapsize);
     if (r == 0 && (r = open_tables(st, &fresh)) < 0) {

@@ -320,13 +320,13 @@ static int drop_stale_filehash(MDB_txn *txn, ctxs_store *st, uint64_t *removed)
  * one and no session row yet. */
 static int remove_orphan_rows(ctxs_store *st, uint64_t *removed)
 {
+    owner *own = NULL;
+    size_t n = 0;
+    uint64_t count = 0;
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 0);
     if (rc < 0)
         return rc;
-    owner *own = NULL;
-    size_t n = 0;
-    uint64_t count = 0;
     if ((rc = mend_names(txn, st, &own, &n, &count)) == 0 &&
         (rc = drop_unowned(txn, st->checkpoints, SIZE_MAX, own, n, &count)) == 0 &&
         (rc = drop_unowned(txn, st->metadata, SIZE_MAX, own, n, &count)) == 0 &&
@@ -413,10 +413,8 @@ int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st, const char *nam
     if (out)
         *out = res;
     ctxs__progress pr;
-    int rc = CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_COMPACT_OPTIONS_VERSION,
-                                 "compact options");
-    if (rc < 0)
-        return rc;
+    CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_COMPACT_OPTIONS_VERSION, "compact options");
+    int rc;
     size_t len = 0;
     if (!st || (name && ctxs__name_check(name, &len) < 0))
         return CTXS_EINVAL;

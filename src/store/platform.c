@@ -318,16 +318,22 @@ int ctxs__write_zeros(int fd, uint64_t off, uint64_t len)
     return 0;
 }
 
+int ctxs__sync_dir(const char *path)
+{
+    int fd = ctxs__open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = ctxs__fsync(fd) == 0 ? 0 : -errno;
+    close(fd);
+    return rc;
+}
+
 int ctxs__sync_parent_dir(const char *path)
 {
     char *copy = ctxs__strdup(path);
     if (!copy)
         return CTXS_ENOMEM;
-    int dfd = ctxs__open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = ctxs__sync_dir(dirname(copy));
     free(copy);
-    if (dfd < 0)
-        return -errno;
-    int rc = ctxs__fsync(dfd) == 0 ? 0 : -errno;
-    close(dfd);
     return rc;
 }

@@ -52,6 +52,8 @@ int ctxs__sync_data(int fd);
  * Returns 0 or -errno. */
 int ctxs__sync_range(int fd, uint64_t off, uint64_t len);
 
+/* fsync() of the directory at path: 0 or -errno. */
+int ctxs__sync_dir(const char *path);
 /* fsync()s the directory that holds path, so that a name just linked or
  * renamed there is durable. Returns 0, CTXS_ENOMEM or -errno. */
 int ctxs__sync_parent_dir(const char *path);

@@ -111,15 +111,25 @@ static int meta_target(MDB_txn *txn, ctxs_store *st, const char *name, uint64_t 
     return rc == CTXS_ENOTFOUND ? ctxs__no_session(name) : rc;
 }
 
-/* Begins a transaction (read-only or not) and looks session name up in
- * it, as meta_target(). On error nothing is left open. */
-static int meta_begin(MDB_txn **txn, uint64_t *id, ctxs_store *st, const char *name,
+/* A metadata call's transaction and the row key of its session's key. */
+typedef struct meta_at {
+    MDB_txn *txn;
+    uint64_t id;
+    MDB_val key;
+    uint8_t k[8 + CTXS_NAME_MAX];
+} meta_at;
+
+/* Begins a transaction (read-only or not), looks session name up in it
+ * (meta_target()) and makes the row key of key (len bytes). On error
+ * nothing is left open. */
+static int meta_begin(meta_at *m, ctxs_store *st, const char *name, const char *key, size_t len,
                       int readonly)
 {
-    *id = 0;
-    int rc = ctxs__txn_begin(txn, st, readonly);
-    if (rc == 0 && (rc = meta_target(*txn, st, name, id)) < 0)
-        mdb_txn_abort(*txn);
+    m->id = 0;
+    int rc = ctxs__txn_begin(&m->txn, st, readonly);
+    if (rc == 0 && (rc = meta_target(m->txn, st, name, &m->id)) < 0)
+        mdb_txn_abort(m->txn);
+    m->key = (MDB_val){meta_key(m->k, m->id, key, len), m->k};
     return rc;
 }
 
@@ -144,28 +154,25 @@ int ctxs_store_session_set_meta(ctxs_store *st, const char *name, const char *ke
     if (value && value_bytes > CTXS_META_VALUE_MAX)
         return ctxs__error(CTXS_ETOOBIG, "a value of %zu bytes is above the %u a value may "
                            "hold", value_bytes, CTXS_META_VALUE_MAX);
-    MDB_txn *txn;
-    uint64_t id;
-    int rc = meta_begin(&txn, &id, st, name, 0);
+    meta_at m;
+    int rc = meta_begin(&m, st, name, key, key_len, 0);
     if (rc < 0)
         return rc;
-    uint8_t k[8 + CTXS_NAME_MAX];
-    MDB_val mkey = {meta_key(k, id, key, key_len), k};
     if (!value) {
-        rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->metadata, &mkey, NULL));
+        rc = ctxs__mdb_error(ctxs__mdb_del(m.txn, st->metadata, &m.key, NULL));
         if (rc == CTXS_ENOTFOUND)
             rc = no_key(name, key);
-        return ctxs__txn_finish(txn, rc);
+        return ctxs__txn_finish(m.txn, rc);
     }
-    total_arg t = {k, mkey.mv_size, key_len + value_bytes};
-    if ((rc = each_row(txn, st, id, add_row, &t)) == 0 && t.bytes > CTXS_META_SESSION_MAX)
+    total_arg t = {m.k, m.key.mv_size, key_len + value_bytes};
+    if ((rc = each_row(m.txn, st, m.id, add_row, &t)) == 0 && t.bytes > CTXS_META_SESSION_MAX)
         rc = ctxs__error(CTXS_ETOOBIG, "the session's keys and values would take %zu bytes, "
                          "above the %u a session may hold", (size_t)t.bytes,
                          CTXS_META_SESSION_MAX);
     MDB_val val = {value_bytes, (void *)value};
     if (rc == 0)
-        rc = ctxs__mdb_error(ctxs__mdb_put(txn, st->metadata, &mkey, &val, 0));
-    return ctxs__txn_finish(txn, rc);
+        rc = ctxs__mdb_error(ctxs__mdb_put(m.txn, st->metadata, &m.key, &val, 0));
+    return ctxs__txn_finish(m.txn, rc);
 }
 
 int ctxs_store_session_get_meta(void *out, size_t *value_bytes, ctxs_store *st, const char *name,
@@ -178,14 +185,12 @@ int ctxs_store_session_get_meta(void *out, size_t *value_bytes, ctxs_store *st, 
     if (ctxs__name_check(key, &key_len) < 0)
         return CTXS_EINVAL;
     size_t cap = out ? *value_bytes : 0;
-    MDB_txn *txn;
-    uint64_t id;
-    int rc = meta_begin(&txn, &id, st, name, 1);
+    meta_at m;
+    int rc = meta_begin(&m, st, name, key, key_len, 1);
     if (rc < 0)
         return rc;
-    uint8_t k[8 + CTXS_NAME_MAX];
-    MDB_val mkey = {meta_key(k, id, key, key_len), k}, val;
-    rc = st->metadata ? ctxs__mdb_error(mdb_get(txn, st->metadata, &mkey, &val)) : CTXS_ENOTFOUND;
+    MDB_val val;
+    rc = st->metadata ? ctxs__mdb_error(mdb_get(m.txn, st->metadata, &m.key, &val)) : CTXS_ENOTFOUND;
     if (rc == CTXS_ENOTFOUND)
         rc = no_key(name, key);
     if (rc == 0 && val.mv_size > CTXS_META_VALUE_MAX)
@@ -198,7 +203,7 @@ int ctxs_store_session_get_meta(void *out, size_t *value_bytes, ctxs_store *st, 
         else if (out && val.mv_size)
             memcpy(out, val.mv_data, val.mv_size);
     }
-    mdb_txn_abort(txn);
+    mdb_txn_abort(m.txn);
     return rc;
 }
 

@@ -162,10 +162,7 @@ static int drop_dangling(ctxs_store *st, uint64_t id, uint64_t *removed)
         return rc;
     /* Look again inside the transaction: the file may have been created
      * between the stat and now only by a create, which indexes after. */
-    char file[32];
-    struct stat sb;
-    ctxs__file_name(file, id);
-    if (ctxs__fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) {
+    if (!file_missing(st, id)) {
         mdb_txn_abort(txn);
         return 0;
     }

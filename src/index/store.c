@@ -260,15 +260,6 @@ static int make_store_dir(const char *path)
     return S_ISDIR(sb.st_mode) ? 0 : -ENOTDIR;
 }
 
-static char *join(const char *a, const char *b)
-{
-    size_t len = strlen(a) + 1 + strlen(b) + 1;
-    char *p = ctxs__malloc(len);
-    if (p)
-        snprintf(p, len, "%s/%s", a, b);
-    return p;
-}
-
 static void store_free(ctxs_store *st)
 {
     if (st->env && !st->owner) /* a view's belongs to its owner */
@@ -431,7 +422,8 @@ static int open_tables(ctxs_store *st, int *fresh)
 
 /* Sets the lock on byte 0 to type (F_RDLCK, F_WRLCK), waiting for it or
  * not. Returns 0, CTXS_EBUSY (not waiting), or -errno. */
-static int store_lock(int fd, short type, int wait)
+/* A lock of type on byte 0, for fcntl(). */
+static struct flock byte0(short type)
 {
     struct flock fl;
     memset(&fl, 0, sizeof(fl));
@@ -439,6 +431,12 @@ static int store_lock(int fd, short type, int wait)
     fl.l_whence = SEEK_SET;
     fl.l_start = 0;
     fl.l_len = 1;
+    return fl;
+}
+
+static int store_lock(int fd, short type, int wait)
+{
+    struct flock fl = byte0(type);
     if (ctxs__fcntl_lock(fd, wait ? STORE_SETLKW : STORE_SETLK, &fl) == 0)
         return 0;
     return (errno == EAGAIN || errno == EACCES) ? CTXS_EBUSY : -errno;
@@ -453,7 +451,7 @@ int ctxs__store_lock_exclusive(int *fd, const char *index_dir, const struct stat
         if (st->dev == dir_sb->st_dev && st->ino == dir_sb->st_ino)
             rc = CTXS_EBUSY;
     pthread_mutex_unlock(&stores_mutex);
-    char *path = rc == 0 ? join(index_dir, STORE_LOCK_FILE) : NULL;
+    char *path = rc == 0 ? ctxs__path_join(index_dir, STORE_LOCK_FILE) : NULL;
     if (rc == 0 && !path)
         rc = CTXS_ENOMEM;
     if (rc == 0 && (rc = ctxs__index_file_open(path, O_RDWR | O_CREAT)) >= 0) {
@@ -479,7 +477,7 @@ void ctxs__store_lock_share(int fd)
  * it), so none can be compacting it: st->lock_fd stays -1. */
 static int store_lock_take(ctxs_store *st, const char *index_dir)
 {
-    char *path = join(index_dir, STORE_LOCK_FILE);
+    char *path = ctxs__path_join(index_dir, STORE_LOCK_FILE);
     if (!path)
         return CTXS_ENOMEM;
     int fd = ctxs__index_file_open(path, st->rdonly ? O_RDONLY : O_RDWR | O_CREAT);
@@ -496,12 +494,7 @@ static int store_in_use(const ctxs_store *st)
 {
     if (st->lock_fd < 0)
         return 0;
-    struct flock fl;
-    memset(&fl, 0, sizeof(fl));
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = 0;
-    fl.l_len = 1;
+    struct flock fl = byte0(F_WRLCK);
 #ifdef F_OFD_GETLK
     int cmd = F_OFD_GETLK;
 #else
@@ -516,7 +509,7 @@ static int store_in_use(const ctxs_store *st)
  * lock, no compaction is in progress. */
 static int remove_compact_tmp(const char *index_dir)
 {
-    char *tmp = join(index_dir, COMPACT_TMP_FILE);
+    char *tmp = ctxs__path_join(index_dir, COMPACT_TMP_FILE);
     if (!tmp)
         return CTXS_ENOMEM;
     int rc = ctxs__unlink(tmp) == 0 || errno == ENOENT ? 0 : -errno;
@@ -537,7 +530,7 @@ static int remove_compact_tmp(const char *index_dir)
  */
 static int lock_file_prepare(const char *index_dir, unsigned max_readers)
 {
-    char *path = join(index_dir, "lock.mdb");
+    char *path = ctxs__path_join(index_dir, "lock.mdb");
     if (!path)
         return CTXS_ENOMEM;
     int fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -639,7 +632,7 @@ static int no_session_files(const ctxs_store *st)
 static int env_open(ctxs_store *st, const char *index_dir, unsigned max_readers,
                     size_t map_bytes)
 {
-    char *data = join(index_dir, "data.mdb");
+    char *data = ctxs__path_join(index_dir, "data.mdb");
     if (!data)
         return CTXS_ENOMEM;
     int rc = no_session_files(st);
@@ -675,7 +668,7 @@ static int is_file(const char *path)
  * and it is also what a lost index leaves; see ctxs_store_open()). */
 static int check_is_store(const char *index_dir)
 {
-    char *data = join(index_dir, "data.mdb");
+    char *data = ctxs__path_join(index_dir, "data.mdb");
     if (!data)
         return CTXS_ENOMEM;
     int rc = is_file(data);
@@ -716,8 +709,8 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
         return -errno;
     if (!S_ISDIR(sb.st_mode))
         return -ENOTDIR;
-    if (!(st->sessions_dir = join(st->dir, "sessions")) ||
-        !(index_dir = join(st->dir, "index")))
+    if (!(st->sessions_dir = ctxs__path_join(st->dir, "sessions")) ||
+        !(index_dir = ctxs__path_join(st->dir, "index")))
         rc = CTXS_ENOMEM;
     else if ((rc = ctxs__index_dir_check(index_dir)) == 0)
         rc = create ? make_dir(index_dir) : check_is_store(index_dir);
@@ -1020,10 +1013,10 @@ static int index_swap(ctxs_store *st, const char *index_dir, const char *data,
 
 int ctxs__index_compact(ctxs_store *st, uint64_t *bytes_before, uint64_t *bytes_after)
 {
-    char *index_dir = join(st->dir, "index");
-    char *data = index_dir ? join(index_dir, "data.mdb") : NULL;
-    char *lock_mdb = index_dir ? join(index_dir, "lock.mdb") : NULL;
-    char *tmp = index_dir ? join(index_dir, COMPACT_TMP_FILE) : NULL;
+    char *index_dir = ctxs__path_join(st->dir, "index");
+    char *data = index_dir ? ctxs__path_join(index_dir, "data.mdb") : NULL;
+    char *lock_mdb = index_dir ? ctxs__path_join(index_dir, "lock.mdb") : NULL;
+    char *tmp = index_dir ? ctxs__path_join(index_dir, COMPACT_TMP_FILE) : NULL;
     int rc = index_dir && data && lock_mdb && tmp ? 0 : CTXS_ENOMEM;
     *bytes_before = *bytes_after = rc == 0 ? file_disk_bytes(data) : 0;
 

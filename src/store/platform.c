@@ -318,6 +318,15 @@ int ctxs__write_zeros(int fd, uint64_t off, uint64_t len)
     return 0;
 }
 
+char *ctxs__path_join(const char *a, const char *b)
+{
+    size_t len = strlen(a) + 1 + strlen(b) + 1;
+    char *p = ctxs__malloc(len);
+    if (p)
+        snprintf(p, len, "%s/%s", a, b);
+    return p;
+}
+
 int ctxs__sync_dir(const char *path)
 {
     int fd = ctxs__open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -52,6 +52,9 @@ int ctxs__sync_data(int fd);
  * Returns 0 or -errno. */
 int ctxs__sync_range(int fd, uint64_t off, uint64_t len);
 
+/* "a/b", malloc'd; NULL when out of memory. */
+char *ctxs__path_join(const char *a, const char *b);
+
 /* fsync() of the directory at path: 0 or -errno. */
 int ctxs__sync_dir(const char *path);
 /* fsync()s the directory that holds path, so that a name just linked or

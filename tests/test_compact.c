@@ -375,13 +375,10 @@ Test(compact, bad_arguments_and_unknown_names)
  * reserved byte set, is CTXS_EINVAL, named, and nothing is compacted. */
 Test(compact, options_with_an_unknown_version_or_reserved_bytes_are_einval)
 {
+    TS_OPTIONS_INIT_CHECK(ctxs_store_compact_options, ctxs_store_compact_options_init,
+                          CTXS_STORE_COMPACT_OPTIONS_INIT, CTXS_STORE_COMPACT_OPTIONS_VERSION);
     ctxs_store_compact_options co;
-    memset(&co, 0xa5, sizeof(co));
     cr_assert_eq(ctxs_store_compact_options_init(&co, CTXS_STORE_COMPACT_OPTIONS_VERSION), 0);
-    const ctxs_store_compact_options def = CTXS_STORE_COMPACT_OPTIONS_INIT;
-    cr_assert(memcmp(&co, &def, sizeof(co)) == 0, "init fills what _INIT holds");
-    cr_assert_eq(ctxs_store_compact_options_init(&co, 2), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_compact_options_init(NULL, 1), CTXS_EINVAL);
 
     ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(5);

@@ -484,20 +484,16 @@ Test(transfer, a_name_that_is_taken_is_eexist_and_changes_nothing)
  * or a reserved byte set, is CTXS_EINVAL, named, and touches nothing. */
 Test(transfer, options_with_an_unknown_version_or_reserved_bytes_are_einval)
 {
-    ctxs_store_session_export_options xo;
-    memset(&xo, 0xa5, sizeof(xo));
-    cr_assert_eq(ctxs_store_session_export_options_init(&xo, CTXS_STORE_SESSION_EXPORT_OPTIONS_VERSION), 0);
-    const ctxs_store_session_export_options xdef = CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT;
-    cr_assert(memcmp(&xo, &xdef, sizeof(xo)) == 0, "init fills what _INIT holds");
-    cr_assert_eq(ctxs_store_session_export_options_init(&xo, 2), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_export_options_init(NULL, 1), CTXS_EINVAL);
-    ctxs_store_session_import_options io;
-    memset(&io, 0xa5, sizeof(io));
-    cr_assert_eq(ctxs_store_session_import_options_init(&io, CTXS_STORE_SESSION_IMPORT_OPTIONS_VERSION), 0);
-    const ctxs_store_session_import_options idef = CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT;
-    cr_assert(memcmp(&io, &idef, sizeof(io)) == 0, "init fills what _INIT holds");
-    cr_assert_eq(ctxs_store_session_import_options_init(&io, 0), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_import_options_init(NULL, 1), CTXS_EINVAL);
+    TS_OPTIONS_INIT_CHECK(ctxs_store_session_export_options,
+                          ctxs_store_session_export_options_init,
+                          CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT,
+                          CTXS_STORE_SESSION_EXPORT_OPTIONS_VERSION);
+    TS_OPTIONS_INIT_CHECK(ctxs_store_session_import_options,
+                          ctxs_store_session_import_options_init,
+                          CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT,
+                          CTXS_STORE_SESSION_IMPORT_OPTIONS_VERSION);
+    ctxs_store_session_export_options xo = CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT;
+    ctxs_store_session_import_options io = CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT;
 
     ctxs_store *a = store_at("a");
     ctxs_model m = ts_model(1);

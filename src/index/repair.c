@@ -237,6 +237,24 @@ static int read_facts(ctxs_store *st, uint64_t id, file_facts *f)
     return rc;
 }
 
+/* The name under which the index holds session id (ids[id], whose
+ * session row names id back): its length, the name NUL-terminated into
+ * name and the row into *rec; 0, name untouched, when it holds none. */
+static size_t indexed_name(char name[CTXS_NAME_MAX + 1], ctxs__session_rec *rec, MDB_txn *txn,
+                           ctxs_store *st, uint64_t id)
+{
+    uint8_t idk[8];
+    ctxs__id_key(idk, id);
+    MDB_val key = {8, idk}, val;
+    if (mdb_get(txn, st->ids, &key, &val) != 0 || val.mv_size < 1 ||
+        val.mv_size > CTXS_NAME_MAX ||
+        ctxs__session_get(rec, txn, st, val.mv_data, val.mv_size) != 0 || rec->id != id)
+        return 0;
+    memcpy(name, val.mv_data, val.mv_size);
+    name[val.mv_size] = '\0';
+    return val.mv_size;
+}
+
 /* Brings the prefix entries of one session up to its file. */
 static int refresh_prefixes(ctxs_store *st, uint64_t id, uint64_t *updated)
 {
@@ -250,16 +268,11 @@ static int refresh_prefixes(ctxs_store *st, uint64_t id, uint64_t *updated)
         free(f.ids);
         return rc;
     }
-    uint8_t idk[8];
-    ctxs__id_key(idk, id);
-    MDB_val key = {8, idk}, val;
     ctxs__session_rec rec;
+    char name[CTXS_NAME_MAX + 1];
+    size_t len = indexed_name(name, &rec, txn, st, id);
     int changed = 0;
-    if (mdb_get(txn, st->ids, &key, &val) == 0 && val.mv_size <= CTXS_NAME_MAX &&
-        ctxs__session_get(&rec, txn, st, val.mv_data, val.mv_size) == 0 && rec.id == id) {
-        char name[CTXS_NAME_MAX + 1];
-        size_t len = val.mv_size;
-        memcpy(name, val.mv_data, len);
+    if (len) {
         ctxs__session_rec before = rec;
         MDB_val skey = {len, name}, sval = {sizeof(rec), &rec};
         if ((rc = ctxs__prefix_update(txn, st, id, &rec, f.ids, f.n_ids)) == 0 &&
@@ -397,17 +410,12 @@ static int renumber_one(ctxs_store *st, const char *fname, uint64_t old, int *do
     /* The index's entry under the old id, if any: its name wins. */
     uint8_t idk[8];
     ctxs__id_key(idk, old);
-    MDB_val key = {8, idk}, val;
+    MDB_val key = {8, idk};
     ctxs__session_rec rec;
-    int indexed = 0;
-    if (mdb_get(txn, st->ids, &key, &val) == 0 && val.mv_size >= 1 &&
-        val.mv_size <= CTXS_NAME_MAX &&
-        ctxs__session_get(&rec, txn, st, val.mv_data, val.mv_size) == 0 && rec.id == old) {
-        indexed = 1;
-        memcpy(name, val.mv_data, val.mv_size);
-        name[val.mv_size] = '\0';
-        len = val.mv_size;
-    }
+    size_t got = indexed_name(name, &rec, txn, st, old);
+    int indexed = got > 0;
+    if (indexed)
+        len = got;
     uint64_t to = 0;
     char to_name[32];
     struct stat there;

@@ -27,11 +27,11 @@ int ctxs__progress_options(ctxs__progress *out, const char *what, const char *in
                            void *arg);
 
 /* *out from opts, a pointer to one of those structs (NULL: the defaults,
- * no progress), VERSION its version macro; returns the error from the
+ * no progress), VERSION and INIT its macros; returns the error from the
  * calling function when they do not hold. */
-#define CTXS__PROGRESS_FROM(out, opts, VERSION, what)                                     \
+#define CTXS__PROGRESS_FROM(out, opts, VERSION, INIT, what)                               \
     do {                                                                                  \
-        int rc_ = (opts) ? ctxs__progress_options((out), (what), #VERSION, (opts)->version, \
+        int rc_ = (opts) ? ctxs__progress_options((out), (what), #INIT, (opts)->version,   \
                                                   (VERSION), (opts)->reserved0,          \
                                                   (opts)->reserved,                      \
                                                   sizeof((opts)->reserved),              \

@@ -390,7 +390,9 @@ Test(compact, options_with_an_unknown_version_or_reserved_bytes_are_einval)
     ctxs_compact_result res;
     co.version = 7;
     cr_assert_eq(ctxs_store_compact(&res, st, NULL, &co), CTXS_EINVAL);
-    cr_assert(strstr(ctxs_get_last_error(), "version"), "%s", ctxs_get_last_error());
+    cr_assert(strstr(ctxs_get_last_error(), "version is 7") &&
+                  strstr(ctxs_get_last_error(), "CTXS_STORE_COMPACT_OPTIONS_INIT"),
+              "%s", ctxs_get_last_error());
     co.version = CTXS_STORE_COMPACT_OPTIONS_VERSION;
     co.reserved[16] = 1;
     cr_assert_eq(ctxs_store_compact(&res, st, "a", &co), CTXS_EINVAL);

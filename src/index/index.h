@@ -179,7 +179,7 @@ extern const size_t ctxs__n_tables;
 /* Translates an LMDB or errno code to a ctxstore code. */
 int ctxs__mdb_error(int rc);
 
-/* --- check_file.c ---------------------------------------------------- */
+/* --- check_file.c ----------------------------------------------------- */
 
 /* Whether the files of index_dir that exist (data.mdb, lock.mdb,
  * store.lock) are regular files, looked at without following a link:
@@ -206,7 +206,7 @@ int ctxs__index_file_open(const char *path, int flags);
  * -errno. */
 int ctxs__index_file_check(const char *data_path, int empty_ok);
 
-/* --- check_file_pages.c ---------------------------------------------------- */
+/* --- check_file_pages.c ----------------------------------------------- */
 
 /* Walks, by pread() on fd, the free tree and the main tree of meta (the
  * one LMDB will use; lmdb_layout.h) and every named tree and tree of

@@ -413,7 +413,8 @@ int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st, const char *nam
     if (out)
         *out = res;
     ctxs__progress pr;
-    CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_COMPACT_OPTIONS_VERSION, "compact options");
+    CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_COMPACT_OPTIONS_VERSION,
+                        CTXS_STORE_COMPACT_OPTIONS_INIT, "compact options");
     int rc;
     size_t len = 0;
     if (!st || (name && ctxs__name_check(name, &len) < 0))

@@ -289,7 +289,8 @@ int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path
 {
     ctxs__error_begin();
     ctxs__progress pr;
-    CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_SESSION_EXPORT_OPTIONS_VERSION, "export options");
+    CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_SESSION_EXPORT_OPTIONS_VERSION,
+                        CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT, "export options");
     int rc;
     size_t len;
     if (!st || !path || !*path || ctxs__name_check(name, &len) < 0)
@@ -561,7 +562,8 @@ int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1], ctxs_store *st, 
     if (name_out)
         name_out[0] = '\0';
     ctxs__progress pr;
-    CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_SESSION_IMPORT_OPTIONS_VERSION, "import options");
+    CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_SESSION_IMPORT_OPTIONS_VERSION,
+                        CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT, "import options");
     int rc;
     size_t len = 0;
     if (!st || !path || !*path || (name && ctxs__name_check(name, &len) < 0))

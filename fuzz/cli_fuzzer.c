@@ -69,7 +69,7 @@ static void init(void)
         fail("building the sample store", rc);
     ctxs_store *st;
     if ((rc = ctxs_store_open(&st, store, CTXS_STORE_CREATE, NULL)) < 0 ||
-        (rc = ctxs_store_session_export(st, "b", exp, NULL, NULL)) < 0)
+        (rc = ctxs_store_session_export(st, "b", exp, NULL)) < 0)
         fail("exporting a sample session", rc);
     ctxs_store_close(st);
     if (fuzz_write_file(junk, "not an export\n", 14) < 0)

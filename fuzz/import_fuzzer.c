@@ -35,7 +35,7 @@ enum {
 };
 
 /* Where each field of the export file lies, and the sizes of its parts
- * (src/index/export_format.h). */
+ * (src/transfer/export_format.h). */
 #define H_OFF(field) offsetof(ctxs__export_header, field)
 #define B_OFF(field) offsetof(ctxs__export_block, field)
 #define T_OFF(field) offsetof(ctxs__export_trailer, field)
@@ -257,10 +257,10 @@ static void check_imported(const char *name, const uint8_t *file, size_t size)
     ctxs_session_close(s);
 
     unlink(export_path);
-    if ((rc = ctxs_store_session_export(st, name, export_path, NULL, NULL)) < 0)
+    if ((rc = ctxs_store_session_export(st, name, export_path, NULL)) < 0)
         fail("an imported session does not export", rc);
     char again[256];
-    if ((rc = ctxs_store_session_import(again, st, export_path, "reimported", NULL, NULL)) < 0)
+    if ((rc = ctxs_store_session_import(again, st, export_path, "reimported", NULL)) < 0)
         fail("an export of an import does not import", rc);
     ctxs_store_session_delete(st, "reimported");
     unlink(export_path);
@@ -301,8 +301,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *name = (ctl & NAME_FROM_FILE) ? NULL : (ctl & CLASH_NAME) ? "a" : "imp";
     char got[256];
     uint64_t last = 0;
-    int rc = ctxs_store_session_import(got, st, file_path, name,
-                                       (ctl & PROGRESS) ? progress_fn : NULL, &last);
+    ctxs_store_session_import_options io = CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT;
+    io.progress = (ctl & PROGRESS) ? progress_fn : NULL;
+    io.progress_arg = &last;
+    int rc = ctxs_store_session_import(got, st, file_path, name, &io);
     fuzz_debug("import: %zu bytes, control 0x%02x: %s", o.n, ctl, ctxs_err_name(rc));
     if (rc == 0) {
         if (name && strcmp(got, name) != 0)

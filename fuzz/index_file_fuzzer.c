@@ -2,7 +2,7 @@
  * index_file: the input becomes the store's index/data.mdb, beside the
  * sample store's session files, and the store is then used as an app
  * would: opened, read, written. The check before LMDB maps the file
- * (index_check.c, index_pages.c) runs here, in this process, where the
+ * (check_file.c, check_file_pages.c) runs here, in this process, where the
  * fuzzer sees its coverage; everything after it runs in a child, under
  * alarm(), because what the check lets through is handed to LMDB, which
  * trusts it: a child killed by a signal (LMDB's assertions abort, a page

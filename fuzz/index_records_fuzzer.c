@@ -295,8 +295,8 @@ static void run_ops(unsigned ops)
     }
     if (ops & OP_COMPACT) {
         ctxs_compact_result r;
-        ctxs_store_compact(&r, st, "a", NULL, NULL);
-        int rc = ctxs_store_compact(&r, st, NULL, NULL, NULL);
+        ctxs_store_compact(&r, st, "a", NULL);
+        int rc = ctxs_store_compact(&r, st, NULL, NULL);
         fuzz_debug("index_records: compact: %s", ctxs_err_name(rc));
     }
     if (ops & OP_FORK) {
@@ -327,7 +327,7 @@ static void run_ops(unsigned ops)
     if (ops & OP_EXPORT) {
         for (size_t i = 0; i < n && i < 4; i++) {
             unlink(export_path);
-            ctxs_store_session_export(st, list[i].name, export_path, NULL, NULL);
+            ctxs_store_session_export(st, list[i].name, export_path, NULL);
         }
         unlink(export_path);
     }

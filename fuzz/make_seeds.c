@@ -376,7 +376,7 @@ static uint8_t *export_input(ctxs_store *st, const char *name, size_t *len)
 {
     char *path = fuzz_join(work, "x.exp");
     unlink(path);
-    int rc = ctxs_store_session_export(st, name, path, NULL, NULL);
+    int rc = ctxs_store_session_export(st, name, path, NULL);
     if (rc < 0)
         die("export", rc);
     size_t file_len;

@@ -1569,6 +1569,13 @@ CTXS_API int ctxs_file_inspect(ctxs_file_report *out, const char *path);
  */
 typedef void (*ctxs_progress_fn)(void *arg, uint64_t done, uint64_t total);
 
+/* The options of a long operation that reports progress, one struct per
+ * call (ctxs_store_compact_options, ctxs_store_session_export_options,
+ * ctxs_store_session_import_options), each laid out as this one. Start
+ * from its _INIT macro or its _options_init() function; a NULL options
+ * pointer is the defaults (no progress). A version the library does not
+ * know or a reserved byte that is not zero: CTXS_EINVAL. */
+
 /* --- Maintenance -------------------------------------------------------- */
 
 typedef struct ctxs_gc_result {
@@ -1866,6 +1873,22 @@ typedef struct ctxs_compact_result {
     uint64_t orphans_removed;   /* index rows and files that nothing owned */
 } ctxs_compact_result;
 
+#define CTXS_STORE_COMPACT_OPTIONS_VERSION 1
+typedef struct ctxs_store_compact_options {
+    uint32_t version;          /* CTXS_STORE_COMPACT_OPTIONS_VERSION */
+    uint32_t reserved0;        /* must be zero */
+    ctxs_progress_fn progress; /* called now and then with the sessions done; NULL = none */
+    void *progress_arg;        /* passed to progress */
+    uint8_t reserved[32];      /* must be zero */
+} ctxs_store_compact_options;
+#define CTXS_STORE_COMPACT_OPTIONS_INIT \
+    { CTXS_STORE_COMPACT_OPTIONS_VERSION, 0, NULL, NULL, { 0 } }
+
+/* Fills *opts with the defaults of version. Errors: CTXS_EINVAL (opts
+ * NULL, or a version this library does not know). Thread-safe. */
+CTXS_API int ctxs_store_compact_options_init(ctxs_store_compact_options *opts,
+                                             uint32_t version);
+
 /* Gives back the disk space a session does not use: the KV blocks of the
  * slots from min(n_tokens, capacity) on, which hold no token (after a
  * rollback, a recovery, or reservations never committed), are punched out;
@@ -1879,15 +1902,16 @@ typedef struct ctxs_compact_result {
  * and no session opened through st is open (other processes' opens wait
  * meanwhile). A session that a handle in any process has open is not
  * touched: CTXS_EBUSY for name, counted in skipped_busy for all; files that
- * do not open as sessions are left alone. progress counts sessions. out may
+ * do not open as sessions are left alone. opts (NULL: the defaults) holds a
+ * progress callback, which counts sessions. out may
  * be NULL; it holds what was done, also on failure. With name == NULL no
  * other thread may use st during the call.
  * Errors: CTXS_ENOTFOUND, CTXS_EBUSY, CTXS_EINVAL, CTXS_EFULL, CTXS_EREADONLY,
  * CTXS_EFAILED (the index was rewritten but could not be reopened: close
  * st), -errno. */
 CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
-                                const char *name, ctxs_progress_fn progress,
-                                void *progress_arg);
+                                const char *name,
+                                const ctxs_store_compact_options *opts);
 
 /* Gives the session name capacity slots, more than it has, keeping every
  * token, checksum, checkpoint and its metadata: the way on for a session
@@ -1915,12 +1939,29 @@ CTXS_API int ctxs_store_session_grow(ctxs_store *st, const char *name, uint32_t 
  * docs/FORMAT.md.
  */
 
+#define CTXS_STORE_SESSION_EXPORT_OPTIONS_VERSION 1
+typedef struct ctxs_store_session_export_options {
+    uint32_t version;          /* CTXS_STORE_SESSION_EXPORT_OPTIONS_VERSION */
+    uint32_t reserved0;        /* must be zero */
+    ctxs_progress_fn progress; /* called now and then with the tokens done; NULL = none */
+    void *progress_arg;        /* passed to progress */
+    uint8_t reserved[32];      /* must be zero */
+} ctxs_store_session_export_options;
+#define CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT \
+    { CTXS_STORE_SESSION_EXPORT_OPTIONS_VERSION, 0, NULL, NULL, { 0 } }
+
+/* Fills *opts with the defaults of version. Errors: CTXS_EINVAL (opts
+ * NULL, or a version this library does not know). Thread-safe. */
+CTXS_API int ctxs_store_session_export_options_init(ctxs_store_session_export_options *opts,
+                                                    uint32_t version);
+
 /* Writes the committed tokens of the session named name to a new file at
  * path (written aside, then linked into place, as ctxs_session_create()
  * does; -EEXIST if path exists). A writer may keep appending meanwhile;
  * what it had committed when the export began is exported, and
  * CTXS_ESTALE if it rolled back or its ring overwrote those tokens during
- * the export. progress counts tokens.
+ * the export. opts (NULL: the defaults) holds a progress callback, which
+ * counts tokens.
  * Errors: CTXS_ENOTFOUND, CTXS_ESTALE, CTXS_EBUSY (a gc, compact or delete
  * is working on the session), CTXS_ECORRUPT (a held token does not match
  * its checksum, or both records are damaged), CTXS_EFULL, -EEXIST,
@@ -1935,8 +1976,23 @@ CTXS_API int ctxs_store_session_grow(ctxs_store *st, const char *name, uint32_t 
  * (which come last); run it again. */
 CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
                                        const char *path,
-                                       ctxs_progress_fn progress,
-                                       void *progress_arg);
+                                       const ctxs_store_session_export_options *opts);
+
+#define CTXS_STORE_SESSION_IMPORT_OPTIONS_VERSION 1
+typedef struct ctxs_store_session_import_options {
+    uint32_t version;          /* CTXS_STORE_SESSION_IMPORT_OPTIONS_VERSION */
+    uint32_t reserved0;        /* must be zero */
+    ctxs_progress_fn progress; /* called now and then with the bytes done; NULL = none */
+    void *progress_arg;        /* passed to progress */
+    uint8_t reserved[32];      /* must be zero */
+} ctxs_store_session_import_options;
+#define CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT \
+    { CTXS_STORE_SESSION_IMPORT_OPTIONS_VERSION, 0, NULL, NULL, { 0 } }
+
+/* Fills *opts with the defaults of version. Errors: CTXS_EINVAL (opts
+ * NULL, or a version this library does not know). Thread-safe. */
+CTXS_API int ctxs_store_session_import_options_init(ctxs_store_session_import_options *opts,
+                                                    uint32_t version);
 
 /* Reads the export file at path and checks all of it (every block's CRC,
  * every token's checksum, the model and geometry, the metadata) before the
@@ -1944,8 +2000,9 @@ CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
  * (NULL: the name the file carries), registering the model if the store
  * does not know it. The
  * session appears complete or not at all. name_out (may be NULL) receives
- * the name used. progress counts bytes of the file, over both passes
- * (total is twice the file's size).
+ * the name used. opts (NULL: the defaults) holds a progress callback,
+ * which counts bytes of the file, over both passes (total is twice the
+ * file's size).
  * Errors: CTXS_EFOREIGN (not an export file, or not a regular file),
  * CTXS_EVERSION (a newer export format), CTXS_ECORRUPT (damaged or
  * truncated: nothing imported), CTXS_EMODEL (the store knows the model
@@ -1954,8 +2011,7 @@ CTXS_API int ctxs_store_session_export(ctxs_store *st, const char *name,
 CTXS_API int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1],
                                        ctxs_store *st, const char *path,
                                        const char *name,
-                                       ctxs_progress_fn progress,
-                                       void *progress_arg);
+                                       const ctxs_store_session_import_options *opts);
 
 /* ---------------------------------------------------------------------------
  * Remote tier (Redis)

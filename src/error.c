@@ -1,6 +1,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ctxstore.h"
@@ -90,6 +91,13 @@ int ctxs_set_last_error(int rc, const char *fmt, ...)
     set_v(rc, fmt, ap);
     va_end(ap);
     return rc;
+}
+
+/* Whatever the library allocated for the caller (lists, reports), from
+ * any part of it: one allocator, so one release. */
+void ctxs_free(void *p)
+{
+    free(p);
 }
 
 const char *ctxs_strerror(int rc)

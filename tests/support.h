@@ -122,6 +122,21 @@ void ts_raw_put(const char *dir, const char *db, const void *key, size_t key_len
 /* The entries of a directory, "." and ".." aside; -1 if it cannot be read. */
 int ts_dir_entries(const char *dir);
 
+/* An options struct's _options_init() (in a Criterion test): it fills what
+ * the _INIT macro holds, and refuses a version it does not know and NULL. */
+#define TS_OPTIONS_INIT_CHECK(type, init_fn, INIT, VERSION)                                       \
+    do {                                                                                           \
+        type got_, want_;                                                                          \
+        memset(&want_, 0, sizeof(want_)); /* padding as _init leaves it: zero */                   \
+        want_ = (type)INIT;                                                                        \
+        memset(&got_, 0xa5, sizeof(got_));                                                         \
+        cr_assert_eq(init_fn(&got_, VERSION), 0);                                                  \
+        cr_assert(memcmp(&got_, &want_, sizeof(got_)) == 0, #init_fn " fills what " #INIT " holds"); \
+        cr_assert_eq(init_fn(&got_, (VERSION) + 1), CTXS_EINVAL);                                  \
+        cr_assert_eq(init_fn(&got_, 0), CTXS_EINVAL);                                              \
+        cr_assert_eq(init_fn(NULL, VERSION), CTXS_EINVAL);                                         \
+    } while (0)
+
 /* --- Scenarios in a child process --------------------------------------
  *
  * Work that must not touch the test process (a private mount namespace, a

@@ -253,11 +253,11 @@ static void op_export_import(const ctxs_model *m)
     expect(rc == 0, "store open", rc);
     const char *path = ts_path(ts_store_dir(), "../s.export");
     unlink(path);
-    rc = ctxs_store_session_export(st, "s", path, NULL, NULL);
+    rc = ctxs_store_session_export(st, "s", path, NULL);
     expect(rc == 0 || rc == CTXS_ECORRUPT, "export", rc);
     if (rc == 0) {
         char name[CTXS_NAME_MAX + 1];
-        rc = ctxs_store_session_import(name, st, path, "imported", NULL, NULL);
+        rc = ctxs_store_session_import(name, st, path, "imported", NULL);
         expect(rc == 0, "import", rc);
     }
     ctxs_store_close(st);
@@ -270,7 +270,7 @@ static void op_compact_repair(const ctxs_model *m)
     int rc = ctxs_store_open(&st, ts_store_dir(), 0, NULL);
     expect(rc == 0, "store open", rc);
     ctxs_compact_result cres;
-    rc = ctxs_store_compact(&cres, st, "s", NULL, NULL);
+    rc = ctxs_store_compact(&cres, st, "s", NULL);
     expect(rc == 0, "compact", rc);
     ctxs_repair_result rres;
     rc = ctxs_store_repair(&rres, st);

@@ -131,7 +131,7 @@ static void assert_unchanged(const char *path, snapshot *before)
 static ctxs_compact_result compact(ctxs_store *st, const char *name, int want)
 {
     ctxs_compact_result res;
-    int rc = ctxs_store_compact(&res, st, name, NULL, NULL);
+    int rc = ctxs_store_compact(&res, st, name, NULL);
     cr_assert_eq(rc, want, "compact %s: %s", name ? name : "(all)", ctxs_err_name(rc));
     return res;
 }
@@ -356,18 +356,53 @@ Test(compact, bad_arguments_and_unknown_names)
     ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_compact_result res;
     memset(&res, 0xff, sizeof(res));
-    cr_assert_eq(ctxs_store_compact(&res, st, "nobody", NULL, NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_compact(&res, st, "nobody", NULL), CTXS_ENOTFOUND);
     cr_assert_eq(res.sessions, 0, "out is zeroed on failure");
-    cr_assert_eq(ctxs_store_compact(NULL, NULL, NULL, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_compact(NULL, st, "a/b", NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_compact(NULL, st, "", NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_compact(NULL, NULL, NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_compact(NULL, st, "a/b", NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_compact(NULL, st, "", NULL), CTXS_EINVAL);
 
     /* A name whose file is gone. */
     ctxs_model m = ts_model(5);
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     ctxs_session_close(mk(st, "lost", &m, 256, 10, 10));
     cr_assert_eq(unlink(session_path(st, "lost")), 0);
-    cr_assert_eq(ctxs_store_compact(NULL, st, "lost", NULL, NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_compact(NULL, st, "lost", NULL), CTXS_ENOTFOUND);
+    ctxs_store_close(st);
+}
+
+/* The options of compact: a version the library does not know, or a
+ * reserved byte set, is CTXS_EINVAL, named, and nothing is compacted. */
+Test(compact, options_with_an_unknown_version_or_reserved_bytes_are_einval)
+{
+    TS_OPTIONS_INIT_CHECK(ctxs_store_compact_options, ctxs_store_compact_options_init,
+                          CTXS_STORE_COMPACT_OPTIONS_INIT, CTXS_STORE_COMPACT_OPTIONS_VERSION);
+    ctxs_store_compact_options co;
+    cr_assert_eq(ctxs_store_compact_options_init(&co, CTXS_STORE_COMPACT_OPTIONS_VERSION), 0);
+
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(5);
+    cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
+    ctxs_session_close(mk(st, "a", &m, 256, 10, 10));
+    progress_log p = {0};
+    co.progress = on_progress;
+    co.progress_arg = &p;
+    ctxs_compact_result res;
+    co.version = 7;
+    cr_assert_eq(ctxs_store_compact(&res, st, NULL, &co), CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "version is 7") &&
+                  strstr(ctxs_get_last_error(), "CTXS_STORE_COMPACT_OPTIONS_INIT"),
+              "%s", ctxs_get_last_error());
+    co.version = CTXS_STORE_COMPACT_OPTIONS_VERSION;
+    co.reserved[16] = 1;
+    cr_assert_eq(ctxs_store_compact(&res, st, "a", &co), CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "reserved"), "%s", ctxs_get_last_error());
+    cr_assert_eq(res.sessions, 0);
+    cr_assert_eq(p.calls, 0);
+    co.reserved[16] = 0;
+    cr_assert_eq(ctxs_store_compact(&res, st, "a", &co), 0);
+    cr_assert_eq(res.sessions, 1);
+    cr_assert_eq(p.calls, 1);
     ctxs_store_close(st);
 }
 
@@ -389,7 +424,10 @@ Test(compact, all_skips_busy_sessions_and_compacts_the_rest)
 
     progress_log p = {0};
     ctxs_compact_result res;
-    int rc = ctxs_store_compact(&res, st, NULL, on_progress, &p);
+    ctxs_store_compact_options co = CTXS_STORE_COMPACT_OPTIONS_INIT;
+    co.progress = on_progress;
+    co.progress_arg = &p;
+    int rc = ctxs_store_compact(&res, st, NULL, &co);
     cr_assert_eq(rc, 0, "%s", ctxs_err_name(rc));
     cr_assert_eq(res.sessions, 2);
     cr_assert_eq(res.skipped_busy, 1);
@@ -442,7 +480,7 @@ Test(compact, all_skips_busy_sessions_and_compacts_the_rest)
     for (int i = 0; i < 3; i++)
         cr_assert_eq(ctxs_store_session_delete(st, names[i]), 0);
     memset(&p, 0, sizeof(p));
-    cr_assert_eq(ctxs_store_compact(&res, st, NULL, on_progress, &p), 0);
+    cr_assert_eq(ctxs_store_compact(&res, st, NULL, &co), 0);
     cr_assert_eq(p.calls, 1);
     cr_assert_eq(p.last_total, 0);
     ctxs_store_close(st);

@@ -532,7 +532,7 @@ static void worker_run(worker *w, const env *e)
         }
         case OP_COMPACT: {
             disp_rec *d = disp_pick(w, r >> 8);
-            rc = ctxs_store_compact(NULL, st, d ? d->name : w->own, NULL, NULL);
+            rc = ctxs_store_compact(NULL, st, d ? d->name : w->own, NULL);
             if (rc == CTXS_ENOTFOUND && d)
                 d->state = DISP_GONE;
             else if (rc != 0 && rc != CTXS_EBUSY)
@@ -547,7 +547,7 @@ static void worker_run(worker *w, const env *e)
                 break;
             snprintf(path, sizeof(path), "%s/x%d.%d.%u.ctxx", e->scratch, w->proc, w->thr,
                      w->counter++);
-            rc = ctxs_store_session_export(st, d->name, path, NULL, NULL);
+            rc = ctxs_store_session_export(st, d->name, path, NULL);
             if (rc == CTXS_ENOTFOUND) {
                 d->state = DISP_GONE;
                 break;
@@ -561,7 +561,7 @@ static void worker_run(worker *w, const env *e)
             uint64_t n = d->n;
             snprintf(name, sizeof(name), "i%d.%d.%u", w->proc, w->thr, w->counter++);
             char got[256];
-            if ((rc = ctxs_store_session_import(got, st, path, name, NULL, NULL)) != 0) {
+            if ((rc = ctxs_store_session_import(got, st, path, name, NULL)) != 0) {
                 WFAIL(w, "import %s as %s: %s", path, name, ctxs_err_name(rc));
             } else
                 disp_add(w, name, n);
@@ -692,7 +692,7 @@ static void maint_run(maint_args *a)
         }
         case 1: {
             ctxs_compact_result cr;
-            if ((rc = ctxs_store_compact(&cr, st, NULL, NULL, NULL)) != 0)
+            if ((rc = ctxs_store_compact(&cr, st, NULL, NULL)) != 0)
                 w_fail(&m->failures, m->failure, sizeof(m->failure), "compact: %s",
                        ctxs_err_name(rc));
             m->compacts++;

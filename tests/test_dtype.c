@@ -423,9 +423,9 @@ Test(dtype, export_and_import_carry_every_dtype)
         char file[32];
         snprintf(file, sizeof(file), "%s.ctxx", dtype_names[d]);
         const char *path = ts_path(ts_scratch, file);
-        rc = ctxs_store_session_export(a, dtype_names[d], path, NULL, NULL);
+        rc = ctxs_store_session_export(a, dtype_names[d], path, NULL);
         cr_assert_eq(rc, 0, "export %s: %s", dtype_names[d], ctxs_err_name(rc));
-        rc = ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL);
+        rc = ctxs_store_session_import(NULL, b, path, NULL, NULL);
         cr_assert_eq(rc, 0, "import %s: %s", dtype_names[d], ctxs_err_name(rc));
 
         ctxs_session *x = NULL, *y = NULL;

@@ -379,7 +379,7 @@ static int run_compact(world *w)
     ctxs_session_close(w->a);
     w->a = NULL;
     ctxs_compact_result r;
-    return ctxs_store_compact(&r, w->st, NULL, NULL, NULL);
+    return ctxs_store_compact(&r, w->st, NULL, NULL);
 }
 
 static bool happened_compact(world *w)
@@ -390,13 +390,13 @@ static bool happened_compact(world *w)
 
 static void prepare_import(world *w)
 {
-    cr_assert_eq(ctxs_store_session_export(w->st, "a", w->export_path, NULL, NULL), 0, "[%s]", run_context);
+    cr_assert_eq(ctxs_store_session_export(w->st, "a", w->export_path, NULL), 0, "[%s]", run_context);
 }
 
 static int run_import(world *w)
 {
     char name[256];
-    return ctxs_store_session_import(name, w->st, w->export_path, "imported", NULL, NULL);
+    return ctxs_store_session_import(name, w->st, w->export_path, "imported", NULL);
 }
 
 static bool happened_import(world *w)
@@ -422,7 +422,7 @@ static bool happened_open(world *w)
 
 static int run_export(world *w)
 {
-    return ctxs_store_session_export(w->st, "a", w->export_path, NULL, NULL);
+    return ctxs_store_session_export(w->st, "a", w->export_path, NULL);
 }
 
 static bool happened_export(world *w)
@@ -431,7 +431,7 @@ static bool happened_export(world *w)
     if (access(w->export_path, F_OK) != 0)
         return false;
     char name[256];
-    int rc = ctxs_store_session_import(name, w->st, w->export_path, "exported", NULL, NULL);
+    int rc = ctxs_store_session_import(name, w->st, w->export_path, "exported", NULL);
     cr_assert_eq(rc, 0, "the export does not import: %s [%s]", ctxs_err_name(rc), run_context);
     cr_assert_eq(check_session(w, "exported"), BASE_TOKENS, "[%s]", run_context);
     cr_assert_eq(ctxs_store_session_delete(w->st, "exported"), 0, "[%s]", run_context);

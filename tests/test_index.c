@@ -3106,7 +3106,7 @@ Test(index, a_read_only_store_reads_everything_and_refuses_every_write)
     ctxs_prefix_match pm;
     cr_assert_eq(ctxs_prefix_find(&pm, st, m.model_hash, prompt, 64), 0);
     const char *exported = ts_path(ts_scratch, "a.export");
-    cr_assert_eq(ctxs_store_session_export(st, "a", exported, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_export(st, "a", exported, NULL), 0);
     uint8_t hash[CTXS_HASH_BYTES];
     cr_assert_eq(ctxs_model_hash_file(hash, st, exported), 0); /* not cached */
 
@@ -3129,10 +3129,10 @@ Test(index, a_read_only_store_reads_everything_and_refuses_every_write)
     cr_assert_eq(ctxs_store_gc(&g, st, 0, 0), CTXS_EREADONLY);
     cr_assert_eq(ctxs_store_repair(NULL, st), CTXS_EREADONLY);
     cr_assert_eq(ctxs_store_reindex(NULL, st), CTXS_EREADONLY);
-    cr_assert_eq(ctxs_store_compact(NULL, st, NULL, NULL, NULL), CTXS_EREADONLY);
-    cr_assert_eq(ctxs_store_compact(NULL, st, "a", NULL, NULL), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_compact(NULL, st, NULL, NULL), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_compact(NULL, st, "a", NULL), CTXS_EREADONLY);
     char used[CTXS_NAME_MAX + 1];
-    cr_assert_eq(ctxs_store_session_import(used, st, exported, "imported", NULL, NULL),
+    cr_assert_eq(ctxs_store_session_import(used, st, exported, "imported", NULL),
                  CTXS_EREADONLY);
     ctxs_session_close(s);
     ctxs_store_close(st);
@@ -3216,7 +3216,7 @@ static void read_unwritable_store(const char *out_dir)
     rc = ctxs_session_verify(&bad, s);
     TS_CHECK(rc == 0, "verify: %s", ctxs_err_name(rc));
     ctxs_session_close(s);
-    rc = ctxs_store_session_export(st, "a", ts_path(out_dir, "a.export"), NULL, NULL);
+    rc = ctxs_store_session_export(st, "a", ts_path(out_dir, "a.export"), NULL);
     TS_CHECK(rc == 0, "export: %s", ctxs_err_name(rc));
     rc = ctxs_store_session_pin(st, "a", 1);
     TS_CHECK(rc == CTXS_EREADONLY, "pin: %s", ctxs_err_name(rc));
@@ -3337,7 +3337,7 @@ Test(index, a_pin_outlives_a_reindex_and_a_compaction_and_goes_with_its_session)
     cr_assert(ts_session_entry(st, "p").pinned);
     cr_assert_not(ts_session_entry(st, "q").pinned);
     ctxs_compact_result cr;
-    cr_assert_eq(ctxs_store_compact(&cr, st, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_compact(&cr, st, NULL, NULL), 0);
     cr_assert(ts_session_entry(st, "p").pinned);
     /* Deleted by name, pinned or not; a session made later with the name
      * is not pinned. */

@@ -1,5 +1,5 @@
 /*
- * The index's tree pages checked before LMDB maps them (index_pages.c):
+ * The index's tree pages checked before LMDB maps them (check_file_pages.c):
  * single fields of a real index file edited -- a node's key or data size,
  * an overflow node's page and an overflow run's page count, a branch
  * child, a table's root, a page's bounds, a sub-page's header, a tree of
@@ -451,7 +451,7 @@ Test(index_pages, sub_page_headers_edited)
 /* --- what a writer acts on ------------------------------------------------ */
 
 /* Damage that reads fine and breaks a writer: the check before LMDB maps
- * the file (index_check.c) must be what refuses it, since nothing an
+ * the file (check_file.c) must be what refuses it, since nothing an
  * ordinary open reads would; then as damaged_case(). */
 static void writer_case(const uint8_t *bytes, size_t len, const char *what)
 {

@@ -496,7 +496,7 @@ Test(salvage, lost_meta_pages)
 }
 
 /* Garbage over each page in turn: refused cleanly before the repair
- * (never a signal: the open walks every tree page first, index_pages.c),
+ * (never a signal: the open walks every tree page first, check_file_pages.c),
  * and the repair ends and keeps the rest. A page no tree of the current
  * snapshot reaches (free, or the older snapshot's) may be garbage: LMDB
  * never reads it, so the store opens. */

@@ -765,7 +765,7 @@ Test(schedule, export_and_import_keep_the_rings_in_every_dtype)
         cr_assert_eq(append(s, d == 1 ? 150 : 90), 0);
         ctxs_session_close(s);
         const char *x = ts_path(ts_scratch, path);
-        int rc = ctxs_store_session_export(st, name, x, NULL, NULL);
+        int rc = ctxs_store_session_export(st, name, x, NULL);
         cr_assert_eq(rc, 0, "export: %s", ctxs_get_last_error());
         ctxs__export_header h = export_header(x);
         cr_assert_eq(h.version_major, 3);
@@ -773,7 +773,7 @@ Test(schedule, export_and_import_keep_the_rings_in_every_dtype)
         cr_assert_eq(h.window[2], 10);
         cr_assert_eq(h.batch, BATCH);
         char got[CTXS_NAME_MAX + 1];
-        rc = ctxs_store_session_import(got, st, x, back, NULL, NULL);
+        rc = ctxs_store_session_import(got, st, x, back, NULL);
         cr_assert_eq(rc, 0, "import: %s", ctxs_get_last_error());
         cr_assert_eq(ctxs_store_session_open(&s, st, back, &m, CTXS_OPEN_VERIFY, NULL), 0);
         ctxs_session_info info;
@@ -814,7 +814,7 @@ Test(schedule, a_damaged_ring_block_is_refused_and_plain_sessions_stay_2_0)
     cr_assert_eq(append(s, 40), 0);
     ctxs_session_close(s);
     const char *x = ts_path(ts_scratch, "chat.ctxx");
-    cr_assert_eq(ctxs_store_session_export(st, "chat", x, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_export(st, "chat", x, NULL), 0);
     /* The last block is the window-10 group's: flip a bit of its zlib
      * stream and mend every CRC, so that only the checksums can tell. */
     FILE *f = fopen(x, "r+b");
@@ -863,11 +863,11 @@ Test(schedule, a_damaged_ring_block_is_refused_and_plain_sessions_stay_2_0)
     f = fopen(y, "wb");
     cr_assert_eq(fwrite(nb, 1, new_size, f), new_size);
     fclose(f);
-    cr_assert_eq(ctxs_store_session_import(NULL, st, y, "damaged", NULL, NULL), CTXS_ECORRUPT);
+    cr_assert_eq(ctxs_store_session_import(NULL, st, y, "damaged", NULL), CTXS_ECORRUPT);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "damaged"), CTXS_ENOTFOUND);
     /* The file as exported imports. */
-    cr_assert_eq(ctxs_store_session_import(NULL, st, x, "whole", NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, st, x, "whole", NULL), 0);
     free(nb);
     free(comp);
     free(raw);
@@ -879,7 +879,7 @@ Test(schedule, a_damaged_ring_block_is_refused_and_plain_sessions_stay_2_0)
     cr_assert_eq(ts_append(s, 10), 0);
     ctxs_session_close(s);
     const char *z = ts_path(ts_scratch, "plain.ctxx");
-    cr_assert_eq(ctxs_store_session_export(st, "plain", z, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_export(st, "plain", z, NULL), 0);
     h = export_header(z);
     cr_assert_eq(h.version_major, 2);
     cr_assert_eq(h.period, 0);
@@ -1008,13 +1008,13 @@ static void beside_a_live_writer(ctxs_store *st, uint32_t dtype)
 
         snprintf(path, sizeof(path), "live-%u.ctxx", round);
         const char *x = ts_path(ts_scratch, path);
-        rc = ctxs_store_session_export(st, live, x, NULL, NULL);
+        rc = ctxs_store_session_export(st, live, x, NULL);
         cr_assert(rc == 0 || rc == CTXS_ESTALE, "%s: export %u beside the writer: %s (%s)",
                   ctxs__dtype_name(dtype), round, ctxs_err_name(rc), ctxs_get_last_error());
         if (rc == 0 && exports % 4 == 0) {
             char got[CTXS_NAME_MAX + 1], back[32];
             snprintf(back, sizeof(back), "back-%u", round);
-            rc = ctxs_store_session_import(got, st, x, back, NULL, NULL);
+            rc = ctxs_store_session_import(got, st, x, back, NULL);
             cr_assert_eq(rc, 0, "import of export %u: %s", round, ctxs_get_last_error());
             ctxs_session *b;
             cr_assert_eq(ctxs_store_session_open(&b, st, back, &m, CTXS_OPEN_VERIFY, NULL), 0);
@@ -1042,11 +1042,11 @@ static void beside_a_live_writer(ctxs_store *st, uint32_t dtype)
 
     /* The writer gone, the export holds what it committed. */
     const char *x = ts_path(ts_scratch, "live-final.ctxx");
-    int rc = ctxs_store_session_export(st, live, x, NULL, NULL);
+    int rc = ctxs_store_session_export(st, live, x, NULL);
     cr_assert_eq(rc, 0, "%s: export after the writer: %s (%s)", ctxs__dtype_name(dtype),
                  ctxs_err_name(rc), ctxs_get_last_error());
     char got[CTXS_NAME_MAX + 1];
-    cr_assert_eq(ctxs_store_session_import(got, st, x, "back-final", NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(got, st, x, "back-final", NULL), 0);
     ctxs_session *b;
     cr_assert_eq(ctxs_store_session_open(&b, st, "back-final", &m, CTXS_OPEN_VERIFY, NULL), 0);
     check(b, dtype);

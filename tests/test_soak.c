@@ -1675,7 +1675,7 @@ static void b_child_main(void *p)
             if ((r >> 16) % 2)
                 b_close(c, i);
             child_say(B_COMPACT, 0, 0, 0, 0, c->name[i], NULL);
-            rc = ctxs_store_compact(NULL, c->st, c->name[i], NULL, NULL);
+            rc = ctxs_store_compact(NULL, c->st, c->name[i], NULL);
             if (rc != 0 && rc != CTXS_EBUSY)
                 child_fail("compact", rc, 0, 0);
             b_ack(rc, 0, 0);
@@ -1685,7 +1685,7 @@ static void b_child_main(void *p)
                     b_close(c, j);
             child_say(B_COMPACT, 0, 0, 0, 0, NULL, NULL);
             ctxs_compact_result cr;
-            if ((rc = ctxs_store_compact(&cr, c->st, NULL, NULL, NULL)) != 0)
+            if ((rc = ctxs_store_compact(&cr, c->st, NULL, NULL)) != 0)
                 child_fail("compact all", rc, 0, 0);
             b_ack(0, cr.index_compacted, cr.orphans_removed);
         } else if (op < 83) {
@@ -1694,7 +1694,7 @@ static void b_child_main(void *p)
             b_new_name(c, 'x', nm);
             snprintf(path, sizeof(path), "%s/%s.ctxx", a->exports, nm);
             child_say(B_EXPORT, 0, 0, have, 0, c->name[i], nm);
-            if ((rc = ctxs_store_session_export(c->st, c->name[i], path, NULL, NULL)) != 0)
+            if ((rc = ctxs_store_session_export(c->st, c->name[i], path, NULL)) != 0)
                 child_fail("export", rc, have, 0);
             b_ack(0, 0, 0);
         } else if (op < 86) {
@@ -1719,7 +1719,7 @@ static void b_child_main(void *p)
             b_new_name(c, 's', nm);
             snprintf(path, sizeof(path), "%s/%s.ctxx", a->exports, nm2);
             child_say(B_IMPORT, 0, 0, 0, 0, nm, nm2);
-            rc = ctxs_store_session_import(NULL, c->st, path, nm, NULL, NULL);
+            rc = ctxs_store_session_import(NULL, c->st, path, nm, NULL);
             if (rc != 0)
                 child_fail("import", rc, 0, 0);
             b_add(c, nm, NULL);
@@ -2581,7 +2581,7 @@ static void held_body(void *p)
     else if (a->what == 1)
         rc = ctxs_store_session_fork(&s, st, "base", "new", UINT64_MAX, NULL);
     else
-        rc = ctxs_store_session_import(NULL, st, a->export_path, "new", NULL, NULL);
+        rc = ctxs_store_session_import(NULL, st, a->export_path, "new", NULL);
     kp_arm(0, 0);
     child_say(M_ACK, rc, 0, 0, 0, NULL, NULL);
     ctxs_session_close(s);
@@ -2700,7 +2700,7 @@ static void intent_of_a_create_in_progress_as(int what, int after, int then, boo
     cr_assert_eq(ctxs_store_session_create(&s, st, "base", &m, NULL), 0);
     cr_assert_eq(ts_pat_append(s, 100, 1, NULL), 0);
     ctxs_session_close(s);
-    cr_assert_eq(ctxs_store_session_export(st, "base", export_path, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_export(st, "base", export_path, NULL), 0);
     ctxs_store_close(st);
 
     held_args a = {store_dir, what, export_path, KP_LINK, after, named};

@@ -1,9 +1,9 @@
 /*
- * Export and import (src/index/transfer.c): round trips between stores,
+ * Export and import (src/transfer/transfer.c): round trips between stores,
  * writers during an export, and export files that are damaged, truncated
  * or hostile, which import refuses without changing the store.
  *
- * Hostile files are crafted at the offsets of src/index/export_format.h,
+ * Hostile files are crafted at the offsets of src/transfer/export_format.h,
  * whose static asserts hold them to docs/FORMAT.md ("Export file format").
  */
 #include <criterion/criterion.h>
@@ -24,7 +24,7 @@
 #include "support.h"
 
 /* Where each field of the export file lies, and the sizes of its parts,
- * from the layout's one definition (src/index/export_format.h). */
+ * from the layout's one definition (src/transfer/export_format.h). */
 #define H_OFF(field) offsetof(ctxs__export_header, field)
 #define B_OFF(field) offsetof(ctxs__export_block, field)
 #define T_OFF(field) offsetof(ctxs__export_trailer, field)
@@ -66,7 +66,7 @@ static ctxs_session *op(ctxs_store *st, const char *name)
 
 static void export_ok(ctxs_store *st, const char *name, const char *path)
 {
-    int rc = ctxs_store_session_export(st, name, path, NULL, NULL);
+    int rc = ctxs_store_session_export(st, name, path, NULL);
     cr_assert_eq(rc, 0, "export %s: %s", name, ctxs_err_name(rc));
 }
 
@@ -213,7 +213,7 @@ static int import_bytes(ctxs_store *st, const uint8_t *data, size_t len, const c
 {
     const char *path = ts_path(ts_scratch, "hostile.ctxx");
     cr_assert_eq(ts_write_file(path, data, len), 0);
-    return ctxs_store_session_import(NULL, st, path, name, NULL, NULL);
+    return ctxs_store_session_import(NULL, st, path, name, NULL);
 }
 
 /* A store "src" with the session "chat" (capacity 256, 4 sinks, 200
@@ -262,7 +262,10 @@ Test(transfer, a_session_round_trips_into_another_store)
     ctxs_session *s = mk(a, "chat", &m, 512, 4, 1, 300);
     const char *path = ts_path(ts_scratch, "chat.ctxx");
     progress_log pe = {0};
-    int rc = ctxs_store_session_export(a, "chat", path, on_progress, &pe);
+    ctxs_store_session_export_options xo = CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT;
+    xo.progress = on_progress;
+    xo.progress_arg = &pe;
+    int rc = ctxs_store_session_export(a, "chat", path, &xo);
     cr_assert_eq(rc, 0, "export: %s", ctxs_err_name(rc));
     cr_assert(pe.calls >= 2 && !pe.backwards && pe.finals == 1, "export progress");
     cr_assert_eq(pe.last_done, 300);
@@ -273,7 +276,10 @@ Test(transfer, a_session_round_trips_into_another_store)
 
     progress_log pi = {0};
     char name[256] = "garbage";
-    rc = ctxs_store_session_import(name, b, path, NULL, on_progress, &pi);
+    ctxs_store_session_import_options io = CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT;
+    io.progress = on_progress;
+    io.progress_arg = &pi;
+    rc = ctxs_store_session_import(name, b, path, NULL, &io);
     cr_assert_eq(rc, 0, "import: %s", ctxs_err_name(rc));
     cr_assert_str_eq(name, "chat");
     cr_assert(pi.calls >= 2 && !pi.backwards && pi.finals == 1, "import progress");
@@ -321,7 +327,7 @@ Test(transfer, an_imported_session_reopens_after_the_store_closes)
     ctxs_session *s = mk(a, "chat", &m, 128, 2, 0, 100);
     export_ok(a, "chat", ts_path(ts_scratch, "x"));
     ctxs_store *b = store_at("b");
-    cr_assert_eq(ctxs_store_session_import(NULL, b, ts_path(ts_scratch, "x"), NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, b, ts_path(ts_scratch, "x"), NULL, NULL), 0);
     ctxs_store_close(b);
     b = store_at("b");
     ctxs_create_options o = ts_options(128, 2, 0, CTXS_SYNC_NONE);
@@ -353,7 +359,7 @@ Test(transfer, a_wrapped_ring_round_trips)
     cr_assert_gt(info.ring_start, 4);
     const char *path = ts_path(ts_scratch, "ring.ctxx");
     export_ok(a, "ring", path);
-    cr_assert_eq(ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, b, path, NULL, NULL), 0);
     ctxs_session *t = op(b, "ring");
     cr_assert_eq(ts_check_all(t), 0);
     same_session(s, t);
@@ -385,7 +391,7 @@ Test(transfer, a_ring_wrapped_by_less_than_a_block_and_sinkless_rings_round_trip
             cr_assert_eq(ts_append(s, 1), 0);
         const char *path = ts_path(ts_scratch, name);
         export_ok(a, name, path);
-        int rc = ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL);
+        int rc = ctxs_store_session_import(NULL, b, path, NULL, NULL);
         cr_assert_eq(rc, 0, "import %s: %s", name, ctxs_err_name(rc));
         ctxs_session *t = op(b, name);
         same_session(s, t);
@@ -403,10 +409,13 @@ Test(transfer, an_empty_session_round_trips)
     ctxs_session *s = mk(a, "empty", &m, 64, 4, 1, 0);
     const char *path = ts_path(ts_scratch, "e");
     progress_log p = {0};
-    cr_assert_eq(ctxs_store_session_export(a, "empty", path, on_progress, &p), 0);
+    ctxs_store_session_export_options xo = CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT;
+    xo.progress = on_progress;
+    xo.progress_arg = &p;
+    cr_assert_eq(ctxs_store_session_export(a, "empty", path, &xo), 0);
     cr_assert_eq(p.calls, 1);
     cr_assert_eq(p.last_total, 0);
-    cr_assert_eq(ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, b, path, NULL, NULL), 0);
     ctxs_session *t = op(b, "empty");
     same_session(s, t);
     ctxs_session_close(t);
@@ -423,7 +432,7 @@ Test(transfer, import_under_another_name_and_into_the_same_store)
     const char *path = ts_path(ts_scratch, "chat.ctxx");
     export_ok(a, "chat", path);
     char name[256];
-    int rc = ctxs_store_session_import(name, a, path, "chat copy", NULL, NULL);
+    int rc = ctxs_store_session_import(name, a, path, "chat copy", NULL);
     cr_assert_eq(rc, 0, "import: %s", ctxs_err_name(rc));
     cr_assert_str_eq(name, "chat copy");
     ctxs_session *t = op(a, "chat copy");
@@ -446,7 +455,7 @@ Test(transfer, import_under_another_name_and_into_the_same_store)
 
     /* Gone and imported back, by the name in the file. */
     cr_assert_eq(ctxs_store_session_delete(a, "chat"), 0);
-    cr_assert_eq(ctxs_store_session_import(name, a, path, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(name, a, path, NULL, NULL), 0);
     cr_assert_str_eq(name, "chat");
     ctxs_store_close(a);
 }
@@ -461,13 +470,69 @@ Test(transfer, a_name_that_is_taken_is_eexist_and_changes_nothing)
     export_ok(a, "chat", path);
     snapshot before = snap(a, "a");
     char name[256] = "x";
-    cr_assert_eq(ctxs_store_session_import(name, a, path, NULL, NULL, NULL), CTXS_ETAKEN);
+    cr_assert_eq(ctxs_store_session_import(name, a, path, NULL, NULL), CTXS_ETAKEN);
     cr_assert_str_eq(name, "");
-    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "other", NULL, NULL), CTXS_ETAKEN);
+    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "other", NULL), CTXS_ETAKEN);
     unchanged(&before, a, "a", "name taken");
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, a, "other"), 0);
     cr_assert_eq(e.n_tokens, 10);
+    ctxs_store_close(a);
+}
+
+/* The options of export and import: a version the library does not know,
+ * or a reserved byte set, is CTXS_EINVAL, named, and touches nothing. */
+Test(transfer, options_with_an_unknown_version_or_reserved_bytes_are_einval)
+{
+    TS_OPTIONS_INIT_CHECK(ctxs_store_session_export_options,
+                          ctxs_store_session_export_options_init,
+                          CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT,
+                          CTXS_STORE_SESSION_EXPORT_OPTIONS_VERSION);
+    TS_OPTIONS_INIT_CHECK(ctxs_store_session_import_options,
+                          ctxs_store_session_import_options_init,
+                          CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT,
+                          CTXS_STORE_SESSION_IMPORT_OPTIONS_VERSION);
+    ctxs_store_session_export_options xo = CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT;
+    ctxs_store_session_import_options io = CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT;
+
+    ctxs_store *a = store_at("a");
+    ctxs_model m = ts_model(1);
+    ctxs_session_close(mk(a, "chat", &m, 64, 4, 1, 10));
+    const char *path = ts_path(ts_scratch, "chat.ctxx");
+    progress_log p = {0};
+    xo.progress = on_progress;
+    xo.progress_arg = &p;
+    xo.version = 2;
+    cr_assert_eq(ctxs_store_session_export(a, "chat", path, &xo), CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "version"), "%s", ctxs_get_last_error());
+    xo.version = CTXS_STORE_SESSION_EXPORT_OPTIONS_VERSION;
+    xo.reserved[31] = 1;
+    cr_assert_eq(ctxs_store_session_export(a, "chat", path, &xo), CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "reserved"), "%s", ctxs_get_last_error());
+    xo.reserved[31] = 0;
+    xo.reserved0 = 1;
+    cr_assert_eq(ctxs_store_session_export(a, "chat", path, &xo), CTXS_EINVAL);
+    cr_assert(!ts_exists(path));
+    cr_assert_eq(p.calls, 0);
+    xo.reserved0 = 0;
+    cr_assert_eq(ctxs_store_session_export(a, "chat", path, &xo), 0);
+    cr_assert(p.calls >= 1 && p.finals == 1, "export progress");
+
+    memset(&p, 0, sizeof(p));
+    io.progress = on_progress;
+    io.progress_arg = &p;
+    io.version = 0;
+    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "copy", &io), CTXS_EINVAL);
+    io.version = CTXS_STORE_SESSION_IMPORT_OPTIONS_VERSION;
+    io.reserved[0] = 1;
+    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "copy", &io), CTXS_EINVAL);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, a, "copy"), CTXS_ENOTFOUND);
+    cr_assert_eq(p.calls, 0);
+    io.reserved[0] = 0;
+    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "copy", &io), 0);
+    cr_assert(p.calls >= 1 && p.finals == 1, "import progress");
+    cr_assert_eq(ctxs_store_session_get(&e, a, "copy"), 0);
     ctxs_store_close(a);
 }
 
@@ -477,21 +542,21 @@ Test(transfer, bad_arguments_are_einval)
     ctxs_model m = ts_model(1);
     ctxs_session_close(mk(a, "chat", &m, 64, 4, 1, 10));
     const char *path = ts_path(ts_scratch, "chat.ctxx");
-    cr_assert_eq(ctxs_store_session_export(NULL, "chat", path, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_export(a, NULL, path, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_export(a, "chat", NULL, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_export(a, "chat", "", NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_export(a, "a/b", path, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_export(a, "nobody", path, NULL, NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_export(NULL, "chat", path, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_export(a, NULL, path, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_export(a, "chat", NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_export(a, "chat", "", NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_export(a, "a/b", path, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_export(a, "nobody", path, NULL), CTXS_ENOTFOUND);
     cr_assert(!ts_exists(path));
     export_ok(a, "chat", path);
-    cr_assert_eq(ctxs_store_session_import(NULL, NULL, path, NULL, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_import(NULL, a, NULL, NULL, NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "..", NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "", NULL, NULL), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_import(NULL, a, ts_path(ts_scratch, "none"), "n", NULL, NULL),
+    cr_assert_eq(ctxs_store_session_import(NULL, NULL, path, NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_import(NULL, a, NULL, NULL, NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "..", NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_import(NULL, a, path, "", NULL), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_import(NULL, a, ts_path(ts_scratch, "none"), "n", NULL),
                  -ENOENT);
-    cr_assert_eq(ctxs_store_session_import(NULL, a, ts_scratch, "n", NULL, NULL), CTXS_EFOREIGN);
+    cr_assert_eq(ctxs_store_session_import(NULL, a, ts_scratch, "n", NULL), CTXS_EFOREIGN);
     ctxs_store_close(a);
 }
 
@@ -507,19 +572,19 @@ Test(transfer, a_model_registered_with_another_geometry_is_emodel)
     other.geometry.head_dim = 16;
     cr_assert_eq(ctxs_model_register(b, &other, "same hash, other model"), 0);
     snapshot before = snap(b, "b");
-    cr_assert_eq(ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL), CTXS_EMODEL);
+    cr_assert_eq(ctxs_store_session_import(NULL, b, path, NULL, NULL), CTXS_EMODEL);
     unchanged(&before, b, "b", "another geometry");
 
     ctxs_store *c = store_at("c");
     other = m;
     other.tokenizer_hash[0] ^= 1;
     cr_assert_eq(ctxs_model_register(c, &other, NULL), 0);
-    cr_assert_eq(ctxs_store_session_import(NULL, c, path, NULL, NULL, NULL), CTXS_EMODEL);
+    cr_assert_eq(ctxs_store_session_import(NULL, c, path, NULL, NULL), CTXS_EMODEL);
 
     /* A store that knows the model under another display name keeps it. */
     ctxs_store *d = store_at("d");
     cr_assert_eq(ctxs_model_register(d, &m, "my name"), 0);
-    cr_assert_eq(ctxs_store_session_import(NULL, d, path, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, d, path, NULL, NULL), 0);
     ctxs_model_entry e;
     cr_assert_eq(ctxs_model_get(&e, d, m.model_hash), 0);
     cr_assert_str_eq(e.name, "my name");
@@ -536,13 +601,13 @@ Test(transfer, an_export_path_that_exists_is_eexist_and_left_untouched)
     ctxs_session_close(mk(a, "chat", &m, 64, 4, 1, 10));
     const char *path = ts_path(ts_scratch, "taken");
     cr_assert_eq(ts_write_file(path, "mine", 4), 0);
-    cr_assert_eq(ctxs_store_session_export(a, "chat", path, NULL, NULL), -EEXIST);
+    cr_assert_eq(ctxs_store_session_export(a, "chat", path, NULL), -EEXIST);
     size_t len;
     uint8_t *got = ts_read_file(path, &len);
     cr_assert(len == 4 && memcmp(got, "mine", 4) == 0);
     free(got);
     cr_assert_eq(symlink("nowhere", ts_path(ts_scratch, "link")), 0);
-    cr_assert_eq(ctxs_store_session_export(a, "chat", ts_path(ts_scratch, "link"), NULL, NULL), -EEXIST);
+    cr_assert_eq(ctxs_store_session_export(a, "chat", ts_path(ts_scratch, "link"), NULL), -EEXIST);
     cr_assert_eq(ts_dir_entries(ts_scratch), 3); /* a, taken, link */
     ctxs_store_close(a);
 }
@@ -590,15 +655,18 @@ Test(transfer, export_while_a_writer_holds_the_session)
     cr_assert_eq(ctxs_session_reserve(&r, w, 10), 0);
     const char *one = ts_path(ts_scratch, "one"), *two = ts_path(ts_scratch, "two");
     export_ok(a, "chat", one);
-    cr_assert_eq(ctxs_store_session_import(NULL, b, one, "one", NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, b, one, "one", NULL), 0);
     ctxs_session_close(w);
     /* Appends during the export leave it exact: the state it began with. */
     cr_assert_eq(ctxs_store_session_open(&w, a, "chat", &m, 0, NULL), 0);
     writer_job j = {w, 0, 0};
-    int rc = ctxs_store_session_export(a, "chat", two, on_export_block, &j);
+    ctxs_store_session_export_options xo = CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT;
+    xo.progress = on_export_block;
+    xo.progress_arg = &j;
+    int rc = ctxs_store_session_export(a, "chat", two, &xo);
     cr_assert_eq(rc, 0, "export: %s", ctxs_err_name(rc));
     cr_assert_eq(j.calls, 3);
-    cr_assert_eq(ctxs_store_session_import(NULL, b, two, "two", NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, b, two, "two", NULL), 0);
     const char *names[] = {"one", "two"};
     for (int i = 0; i < 2; i++) {
         ctxs_session *t = op(b, names[i]);
@@ -627,13 +695,16 @@ Test(transfer, a_writer_rolling_back_or_wrapping_during_the_export_gives_estale)
         ctxs_session *w = mk(a, name, &m, what == 3 ? 300 : 512, 4, 1, 200);
         const char *path = ts_path(ts_scratch, name);
         writer_job j = {w, 0, what};
-        int rc = ctxs_store_session_export(a, name, path, on_export_block, &j);
+        ctxs_store_session_export_options xo = CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT;
+        xo.progress = on_export_block;
+        xo.progress_arg = &j;
+        int rc = ctxs_store_session_export(a, name, path, &xo);
         if (what == 2) {
             /* The same tokens written again: exact, or refused. */
             cr_assert(rc == 0 || rc == CTXS_ESTALE, "%s", ctxs_err_name(rc));
             if (rc == 0) {
                 ctxs_store *b = store_at("b");
-                cr_assert_eq(ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL), 0);
+                cr_assert_eq(ctxs_store_session_import(NULL, b, path, NULL, NULL), 0);
                 ctxs_session *t = op(b, name);
                 same_session(w, t);
                 ctxs_session_close(t);
@@ -660,7 +731,7 @@ Test(transfer, a_damaged_session_is_not_exported)
     cr_assert_eq(ctxs_session_get_kv(&run, w, 1, CTXS_V, 1), 0);
     ((uint8_t *)run)[70 * 16] ^= 1; /* position 70, outside any reservation */
     const char *path = ts_path(ts_scratch, "x");
-    cr_assert_eq(ctxs_store_session_export(a, "chat", path, NULL, NULL), CTXS_ECORRUPT);
+    cr_assert_eq(ctxs_store_session_export(a, "chat", path, NULL), CTXS_ECORRUPT);
     cr_assert(!ts_exists(path));
     ctxs_session_close(w);
     ctxs_store_close(a);
@@ -782,9 +853,9 @@ Test(transfer, foreign_and_future_files_are_refused)
     const char *spath = ts_path(ts_scratch, "plain.ctxs");
     cr_assert_eq(ctxs_session_create(&s, spath, &m, NULL), 0);
     ctxs_session_close(s);
-    cr_assert_eq(ctxs_store_session_import(NULL, dst, spath, "x", NULL, NULL), CTXS_EFOREIGN);
+    cr_assert_eq(ctxs_store_session_import(NULL, dst, spath, "x", NULL), CTXS_EFOREIGN);
     cr_assert_eq(mkfifo(ts_path(ts_scratch, "fifo"), 0600), 0);
-    cr_assert_eq(ctxs_store_session_import(NULL, dst, ts_path(ts_scratch, "fifo"), "x", NULL, NULL),
+    cr_assert_eq(ctxs_store_session_import(NULL, dst, ts_path(ts_scratch, "fifo"), "x", NULL),
                  CTXS_EFOREIGN);
     snapshot after = snap(dst, "dst");
     cr_assert_eq(after.n, before.n + 1); /* "minor 7" */
@@ -1043,7 +1114,10 @@ Test(transfer, a_file_changed_between_the_passes_is_refused_and_leaves_nothing)
     const char *path = ts_path(ts_scratch, "changing.ctxx");
     cr_assert_eq(ts_write_file(path, f, len), 0);
     damage_job j = {path, len, 0};
-    int rc = ctxs_store_session_import(NULL, other, path, NULL, damage_after_pass_one, &j);
+    ctxs_store_session_import_options io = CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT;
+    io.progress = damage_after_pass_one;
+    io.progress_arg = &j;
+    int rc = ctxs_store_session_import(NULL, other, path, NULL, &io);
     cr_assert(j.done, "the file was not damaged between the passes");
     cr_assert_eq(rc, CTXS_ECORRUPT, "%s", ctxs_err_name(rc));
     unchanged(&other_before, other, "other", "changed between passes");
@@ -1084,7 +1158,10 @@ static void import_killed_in_pass_two(bool named)
         ctxs_store *st;
         if (ctxs_store_open(&st, ts_path(ts_scratch, "dst"), CTXS_STORE_CREATE, NULL) != 0)
             _exit(2);
-        ctxs_store_session_import(NULL, st, path, NULL, die_in_pass_two, NULL);
+        ctxs_store_session_import_options io = CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT;
+        io.progress = die_in_pass_two;
+        io.progress_arg = NULL;
+        ctxs_store_session_import(NULL, st, path, NULL, &io);
         _exit(3); /* the import finished: it was not killed in pass 2 */
     }
     int status;
@@ -1100,7 +1177,7 @@ static void import_killed_in_pass_two(bool named)
     cr_assert_eq(now.files, 0, "%d files left in sessions/", now.files);
     cr_assert_eq(now.n_models, 0);
     /* And the same import goes through. */
-    cr_assert_eq(ctxs_store_session_import(NULL, dst, path, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, dst, path, NULL, NULL), 0);
     ctxs_session *t = op(dst, "chat");
     cr_assert_eq(ts_check_all(t), 0);
     ctxs_session_close(t);
@@ -1139,7 +1216,10 @@ static void export_killed_halfway(bool named)
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         ctxs__aside_force_named(named);
-        ctxs_store_session_export(src, "chat", ts_path(dir, "chat.ctxx"), die_halfway, NULL);
+        ctxs_store_session_export_options xo = CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT;
+        xo.progress = die_halfway;
+        xo.progress_arg = NULL;
+        ctxs_store_session_export(src, "chat", ts_path(dir, "chat.ctxx"), &xo);
         _exit(3); /* the export finished: it was not stopped halfway */
     }
     int status;
@@ -1150,7 +1230,7 @@ static void export_killed_halfway(bool named)
     /* The export goes through afterwards, and imports. */
     export_ok(src, "chat", ts_path(dir, "chat.ctxx"));
     ctxs_store *dst = store_at("dst");
-    cr_assert_eq(ctxs_store_session_import(NULL, dst, ts_path(dir, "chat.ctxx"), NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(NULL, dst, ts_path(dir, "chat.ctxx"), NULL, NULL), 0);
     ctxs_session *t = op(dst, "chat");
     cr_assert_eq(ts_check_all(t), 0);
     ctxs_session_close(t);
@@ -1185,7 +1265,7 @@ static void body_export_full(const char *mnt)
     for (int i = 0; i < 20; i++)
         TS_CHECK(ts_append(s, 100) == 0, "append");
     snprintf(out, sizeof(out), "%s/chat.ctxx", mnt);
-    int rc = ctxs_store_session_export(a, "chat", out, NULL, NULL);
+    int rc = ctxs_store_session_export(a, "chat", out, NULL);
     TS_CHECK(rc == CTXS_EFULL, "export of 256 KiB to 64 KiB: %s", ctxs_err_name(rc));
     TS_CHECK(ts_dir_entries(mnt) == 0, "a failed export left %d files", ts_dir_entries(mnt));
     ctxs_session_close(s);
@@ -1215,10 +1295,10 @@ static void body_import_full(const char *mnt)
     for (int i = 0; i < 100; i++)
         TS_CHECK(ts_append(s, 100) == 0, "append");
     ctxs_session_close(s);
-    TS_CHECK(ctxs_store_session_export(a, "chat", path, NULL, NULL) == 0, "export");
+    TS_CHECK(ctxs_store_session_export(a, "chat", path, NULL) == 0, "export");
     snprintf(dir, sizeof(dir), "%s/store", mnt);
     TS_CHECK(ctxs_store_open(&b, dir, CTXS_STORE_CREATE, NULL) == 0, "store b");
-    int rc = ctxs_store_session_import(NULL, b, path, NULL, NULL, NULL);
+    int rc = ctxs_store_session_import(NULL, b, path, NULL, NULL);
     TS_CHECK(rc == CTXS_EFULL, "import of 1.3 MiB of KV into 1 MiB: %s", ctxs_err_name(rc));
     ctxs_session_entry *list;
     size_t n;
@@ -1254,7 +1334,7 @@ Test(transfer, an_export_file_of_format_1_0_imports)
 {
     ctxs_store *st = store_at("dst");
     char name[CTXS_NAME_MAX + 1];
-    int rc = ctxs_store_session_import(name, st, old_export("export_v1_0.ctxx"), NULL, NULL, NULL);
+    int rc = ctxs_store_session_import(name, st, old_export("export_v1_0.ctxx"), NULL, NULL);
     cr_assert_eq(rc, 0, "import a 1.0 export: %s", ctxs_err_name(rc));
     cr_assert_str_eq(name, "old chat");
     ctxs_model m = ts_model(1);
@@ -1324,10 +1404,10 @@ Test(transfer, metadata_round_trips_with_the_session)
     cr_assert_eq(f[H_OFF(version_major)], 2);
     free(f);
     char name[CTXS_NAME_MAX + 1];
-    cr_assert_eq(ctxs_store_session_import(name, dst, path, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(name, dst, path, NULL, NULL), 0);
     same_meta(src, "chat", dst, "chat", 5);
     /* Under another name, in the same store. */
-    cr_assert_eq(ctxs_store_session_import(name, src, path, "copy", NULL, NULL), 0);
+    cr_assert_eq(ctxs_store_session_import(name, src, path, "copy", NULL), 0);
     same_meta(src, "chat", src, "copy", 5);
     ctxs_session *a = op(src, "chat"), *b = op(dst, "chat");
     same_session(a, b);

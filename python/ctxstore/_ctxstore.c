@@ -1884,7 +1884,10 @@ static PyObject *Store__compact(StoreObject *self, PyObject *args)
         store_enter(self) < 0)
         return NULL;
     progress_begin(&prog);
-    rc = ctxs_store_compact(&r, self->st, name, PROGRESS_FN(&prog), &prog);
+    ctxs_store_compact_options co = CTXS_STORE_COMPACT_OPTIONS_INIT;
+    co.progress = PROGRESS_FN(&prog);
+    co.progress_arg = &prog;
+    rc = ctxs_store_compact(&r, self->st, name, &co);
     int raised = progress_end(&prog);
     store_leave(self);
     if (raised)
@@ -1938,8 +1941,10 @@ static PyObject *Store_export(StoreObject *self, PyObject *args, PyObject *kw)
     if (store_enter(self) < 0)
         goto out;
     progress_begin(&prog);
-    rc = ctxs_store_session_export(self->st, name, PyBytes_AS_STRING(path), PROGRESS_FN(&prog),
-                                   &prog);
+    ctxs_store_session_export_options xo = CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT;
+    xo.progress = PROGRESS_FN(&prog);
+    xo.progress_arg = &prog;
+    rc = ctxs_store_session_export(self->st, name, PyBytes_AS_STRING(path), &xo);
     int raised = progress_end(&prog);
     store_leave(self);
     if (raised)
@@ -1968,8 +1973,10 @@ static PyObject *Store_import_(StoreObject *self, PyObject *args, PyObject *kw)
     if (store_enter(self) < 0)
         goto out;
     progress_begin(&prog);
-    rc = ctxs_store_session_import(out, self->st, PyBytes_AS_STRING(path), name,
-                                   PROGRESS_FN(&prog), &prog);
+    ctxs_store_session_import_options io = CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT;
+    io.progress = PROGRESS_FN(&prog);
+    io.progress_arg = &prog;
+    rc = ctxs_store_session_import(out, self->st, PyBytes_AS_STRING(path), name, &io);
     int raised = progress_end(&prog);
     store_leave(self);
     if (raised)

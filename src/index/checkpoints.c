@@ -57,17 +57,27 @@ int ctxs__checkpoint_check(const ctxs_session *s, const ctxs__checkpoint_rec *cp
 
 /* The store and id of s, and the length of name; NULL when s was not
  * opened through a store or name breaks the rule. */
-static ctxs_store *checkpoint_target(const ctxs_session *s, const char *name, size_t *len,
-                                     uint64_t *id)
+/* What a checkpoint call works on: the session's store and id, the
+ * checkpoint name's length, and the session's info. */
+typedef struct target {
+    ctxs_store *st;
+    uint64_t id;
+    size_t len;
+    ctxs_session_info info;
+} target;
+
+static int checkpoint_target(target *t, const ctxs_session *s, const char *name)
 {
-    ctxs_store *st = s ? ctxs__session_store(s, id) : NULL;
-    if (!st) {
-        ctxs__error(CTXS_EINVAL, s ? "the session was not opened through a store: "
-                                     "checkpoints are kept in a store's index"
-                                   : "the session is NULL");
-        return NULL;
-    }
-    return ctxs__name_check(name, len) == 0 ? st : NULL;
+    ctxs__error_begin();
+    t->st = s ? ctxs__session_store(s, &t->id) : NULL;
+    if (!t->st)
+        return ctxs__error(CTXS_EINVAL, s ? "the session was not opened through a store: "
+                                            "checkpoints are kept in a store's index"
+                                          : "the session is NULL");
+    if (name && ctxs__name_check(name, &t->len) < 0)
+        return CTXS_EINVAL;
+    ctxs_session_get_info(&t->info, s);
+    return 0;
 }
 
 /* CTXS_ENOTFOUND for a checkpoint name the session has not, said so. */
@@ -88,26 +98,21 @@ int ctxs__no_checkpoint(const char *session, const char *name)
 
 int ctxs_checkpoint_create(ctxs_session *s, const char *name)
 {
-    ctxs__error_begin();
-    size_t len;
-    uint64_t id;
-    ctxs_store *st = checkpoint_target(s, name, &len, &id);
-    if (!st)
-        return CTXS_EINVAL;
-    ctxs_session_info info;
-    ctxs_session_get_info(&info, s);
-    ctxs__checkpoint_rec cp = {.n_tokens = info.n_tokens,
+    target t;
+    int rc = checkpoint_target(&t, s, name);
+    if (rc < 0)
+        return rc;
+    ctxs__checkpoint_rec cp = {.n_tokens = t.info.n_tokens,
                                .created_unix_ms = ctxs__now_ms()};
     if (cp.n_tokens > 0)
         ctxs__session_tokens(NULL, &cp.last_sum, s, cp.n_tokens - 1, 1);
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 0);
-    if (rc < 0)
+    if ((rc = ctxs__txn_begin(&txn, t.st, 0)) < 0)
         return rc;
     uint8_t k[8 + CTXS_NAME_MAX];
-    checkpoint_key(k, id, name, len);
-    MDB_val key = {8 + len, k}, val = {sizeof(cp), &cp};
-    rc = ctxs__mdb_error(ctxs__mdb_put(txn, st->checkpoints, &key, &val, MDB_NOOVERWRITE));
+    checkpoint_key(k, t.id, name, t.len);
+    MDB_val key = {8 + t.len, k}, val = {sizeof(cp), &cp};
+    rc = ctxs__mdb_error(ctxs__mdb_put(txn, t.st->checkpoints, &key, &val, MDB_NOOVERWRITE));
     if (rc == -EEXIST) {
         char shown[80];
         ctxs__name_shown(shown, name);
@@ -119,23 +124,18 @@ int ctxs_checkpoint_create(ctxs_session *s, const char *name)
 
 int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
 {
-    ctxs__error_begin();
-    size_t len;
-    uint64_t id;
-    ctxs_store *st = checkpoint_target(s, name, &len, &id);
-    if (!st)
-        return CTXS_EINVAL;
-    ctxs_session_info info;
-    ctxs_session_get_info(&info, s);
-    if (info.flags & CTXS_INFO_READONLY)
+    target t;
+    int rc = checkpoint_target(&t, s, name);
+    if (rc < 0)
+        return rc;
+    if (t.info.flags & CTXS_INFO_READONLY)
         return ctxs__error(CTXS_EREADONLY, "the session was opened read-only: a restore "
                            "rolls it back, which needs a read-write handle");
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
-    if (rc < 0)
+    if ((rc = ctxs__txn_begin(&txn, t.st, 1)) < 0)
         return rc;
     ctxs__checkpoint_rec cp;
-    rc = ctxs__checkpoint_get(&cp, txn, st, id, name, len);
+    rc = ctxs__checkpoint_get(&cp, txn, t.st, t.id, name, t.len);
     mdb_txn_abort(txn);
     if (rc == CTXS_ENOTFOUND)
         rc = no_checkpoint(name);
@@ -148,20 +148,15 @@ int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
 
 int ctxs_checkpoint_delete(const ctxs_session *s, const char *name)
 {
-    ctxs__error_begin();
-    size_t len;
-    uint64_t id;
-    ctxs_store *st = checkpoint_target(s, name, &len, &id);
-    if (!st)
-        return CTXS_EINVAL;
+    target t;
+    int rc = checkpoint_target(&t, s, name);
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 0);
-    if (rc < 0)
+    if (rc < 0 || (rc = ctxs__txn_begin(&txn, t.st, 0)) < 0)
         return rc;
     uint8_t k[8 + CTXS_NAME_MAX];
-    checkpoint_key(k, id, name, len);
-    MDB_val key = {8 + len, k};
-    rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->checkpoints, &key, NULL));
+    checkpoint_key(k, t.id, name, t.len);
+    MDB_val key = {8 + t.len, k};
+    rc = ctxs__mdb_error(ctxs__mdb_del(txn, t.st->checkpoints, &key, NULL));
     if (rc == CTXS_ENOTFOUND)
         rc = no_checkpoint(name);
     return ctxs__txn_finish(txn, rc);
@@ -174,22 +169,17 @@ int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, const ctxs_
         return CTXS_EINVAL;
     *out = NULL;
     *n_out = 0;
-    uint64_t id;
-    ctxs_store *st = s ? ctxs__session_store(s, &id) : NULL;
-    if (!st)
-        return ctxs__error(CTXS_EINVAL, s ? "the session was not opened through a store: "
-                                            "checkpoints are kept in a store's index"
-                                          : "the session is NULL");
+    target t;
+    int rc = checkpoint_target(&t, s, NULL);
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
-    if (rc < 0)
+    if (rc < 0 || (rc = ctxs__txn_begin(&txn, t.st, 1)) < 0)
         return rc;
     ctxs_checkpoint_entry *list = NULL;
     size_t n = 0, cap = 0;
     MDB_cursor *cur;
     uint8_t idk[8];
-    ctxs__id_key(idk, id);
-    if ((rc = ctxs__mdb_error(ctxs__mdb_cursor_open(txn, st->checkpoints, &cur))) == 0) {
+    ctxs__id_key(idk, t.id);
+    if ((rc = ctxs__mdb_error(ctxs__mdb_cursor_open(txn, t.st->checkpoints, &cur))) == 0) {
         MDB_val key = {8, idk}, val;
         for (int r = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); r == 0 && rc == 0;
              r = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
@@ -199,16 +189,8 @@ int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, const ctxs_
                 rc = CTXS_EINDEX;
                 break;
             }
-            if (n == cap) {
-                size_t grown = cap ? cap * 2 : 8;
-                ctxs_checkpoint_entry *bigger = ctxs__realloc(list, grown * sizeof(*list));
-                if (!bigger) {
-                    rc = CTXS_ENOMEM;
-                    break;
-                }
-                list = bigger;
-                cap = grown;
-            }
+            if ((rc = ctxs__array_room((void **)&list, &cap, n, sizeof(*list), 8)) < 0)
+                break;
             ctxs__checkpoint_rec cp;
             memcpy(&cp, val.mv_data, sizeof(cp));
             ctxs_checkpoint_entry *e = &list[n++];
@@ -221,11 +203,5 @@ int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, const ctxs_
         mdb_cursor_close(cur);
     }
     mdb_txn_abort(txn);
-    if (rc < 0) {
-        free(list);
-        return rc;
-    }
-    *out = list;
-    *n_out = n;
-    return 0;
+    return ctxs__list_out((void **)out, n_out, list, n, rc);
 }

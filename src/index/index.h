@@ -19,8 +19,8 @@
 #include <sys/types.h>
 
 #include "ctxstore.h"
-#include "label.h"
 #include "last_error.h"
+#include "session_iface.h"
 
 /* CTXS_EREADONLY for a write through a read-only store, said so. */
 int ctxs__store_readonly(void);
@@ -166,7 +166,7 @@ struct ctxs_store {
 /* The named tables of the index, as every handle opens them: the name,
  * where ctxs_store keeps the handle, the flags the table persists, and
  * for a table of fixed-size duplicates (MDB_DUPFIXED) the size of each;
- * the page walk (index_pages.c) holds a file to the same. */
+ * the page walk (check_file_pages.c) holds a file to the same. */
 typedef struct ctxs__table {
     const char *name;
     size_t offset;
@@ -179,7 +179,7 @@ extern const size_t ctxs__n_tables;
 /* Translates an LMDB or errno code to a ctxstore code. */
 int ctxs__mdb_error(int rc);
 
-/* --- index_check.c ---------------------------------------------------- */
+/* --- check_file.c ----------------------------------------------------- */
 
 /* Whether the files of index_dir that exist (data.mdb, lock.mdb,
  * store.lock) are regular files, looked at without following a link:
@@ -206,7 +206,7 @@ int ctxs__index_file_open(const char *path, int flags);
  * -errno. */
 int ctxs__index_file_check(const char *data_path, int empty_ok);
 
-/* --- index_pages.c ---------------------------------------------------- */
+/* --- check_file_pages.c ----------------------------------------------- */
 
 /* Walks, by pread() on fd, the free tree and the main tree of meta (the
  * one LMDB will use; lmdb_layout.h) and every named tree and tree of
@@ -252,7 +252,16 @@ typedef int (*ctxs__entry_fill)(void *entry, const MDB_val *key, const MDB_val *
 int ctxs__list(void **out, size_t *n_out, ctxs_store *st, MDB_dbi dbi, size_t entry_size,
                ctxs__entry_fill fill);
 
-/* The store lock taken for a repair of the index (salvage.c), which
+/* The start of a public list call: out and n_out checked, *out = NULL and
+ * *n_out = 0, st checked, then a read transaction begun into *txn.
+ * Errors: CTXS_EINVAL, those of ctxs__txn_begin(). */
+int ctxs__list_begin(MDB_txn **txn, void **out, size_t *n_out, ctxs_store *st);
+
+/* The end of a list call: *out and *n_out get list and its n entries when
+ * rc is 0; otherwise list is freed. Returns rc. */
+int ctxs__list_out(void **out, size_t *n_out, void *list, size_t n, int rc);
+
+/* The store lock taken for a repair of the index (repair_index.c), which
  * works on the directory because a damaged index cannot be opened: opens
  * <index_dir>/store.lock and takes it exclusively without waiting, after
  * making sure this process has no handle to the store at dir_sb. *fd gets
@@ -389,11 +398,10 @@ int ctxs__store_session_create_filled(ctxs_session **out, ctxs_store *st, const 
  * CTXS_EBUSY (a create holds it), or another error from its lock. */
 int ctxs__aside_remove(ctxs_store *st, uint64_t id, const char *name);
 
-/* Removes the file of an interrupted create or delete of id, unless a
- * handle has it open (a create holds its writer lock) or the create is
- * still under way: intent is the pending value, whose creator pid (index
- * 1.1) is alive. Returns 0, CTXS_EBUSY (left for later) or an error. */
-int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent);
+/* Finishes or undoes the creates and deletes that crashed processes left
+ * (the pending table), those still under way left for later: what a
+ * read-write open of the store does before it returns. 0 or an error. */
+int ctxs__intents_resolve(ctxs_store *st);
 
 /* The name of session id (into name[CTXS_NAME_MAX + 1]), in a read
  * transaction of its own. Errors: CTXS_ENOTFOUND, CTXS_EINDEX, LMDB's. */
@@ -435,19 +443,6 @@ int ctxs__meta_drop(MDB_txn *txn, ctxs_store *st, uint64_t id);
  * the caller against the limits. */
 int ctxs__meta_put_all(MDB_txn *txn, ctxs_store *st, uint64_t id, const ctxs__meta_item *items,
                        size_t n);
-
-/* The metadata section of export files and remote session records
- * (docs/FORMAT.md, "Metadata section"): the n entries of e (in key order)
- * into *out (malloc'd, NULL when empty), *bytes and *count set.
- * Errors: CTXS_ECORRUPT (more than a session may hold), CTXS_ENOMEM. */
-int ctxs__meta_section_make(uint8_t **out, uint32_t *bytes, uint32_t *count,
-                            const ctxs_meta_entry *e, size_t n);
-
-/* Checks a metadata section of bytes bytes holding count entries, in the
- * order FORMAT.md gives, and lists them into *items (calloc'd, pointing
- * into buf; NULL when empty). Errors: CTXS_ECORRUPT, CTXS_ENOMEM. */
-int ctxs__meta_section_parse(ctxs__meta_item **items, const uint8_t *buf, uint32_t bytes,
-                             uint32_t count);
 
 /* --- prefix.c --------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /*
  * LMDB 0.9's on-disk layout, as mdb.c defines it (MDB_page, MDB_node,
  * MDB_db, MDB_meta), for the checks that read index/data.mdb with pread()
- * before LMDB maps it (index_check.c, index_pages.c). Mirrored with the
+ * before LMDB maps it (check_file.c, check_file_pages.c). Mirrored with the
  * platform's word size and byte order, as LMDB writes them: an LMDB file
  * is not portable between word sizes or byte orders anyway.
  */

@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "export_format.h"
 #include "index.h"
 #include "mdb_calls.h"
 #include "syscall.h"
@@ -112,6 +111,28 @@ static int meta_target(MDB_txn *txn, ctxs_store *st, const char *name, uint64_t 
     return rc == CTXS_ENOTFOUND ? ctxs__no_session(name) : rc;
 }
 
+/* A metadata call's transaction and the row key of its session's key. */
+typedef struct meta_at {
+    MDB_txn *txn;
+    uint64_t id;
+    MDB_val key;
+    uint8_t k[8 + CTXS_NAME_MAX];
+} meta_at;
+
+/* Begins a transaction (read-only or not), looks session name up in it
+ * (meta_target()) and makes the row key of key (len bytes). On error
+ * nothing is left open. */
+static int meta_begin(meta_at *m, ctxs_store *st, const char *name, const char *key, size_t len,
+                      int readonly)
+{
+    m->id = 0;
+    int rc = ctxs__txn_begin(&m->txn, st, readonly);
+    if (rc == 0 && (rc = meta_target(m->txn, st, name, &m->id)) < 0)
+        mdb_txn_abort(m->txn);
+    m->key = (MDB_val){meta_key(m->k, m->id, key, len), m->k};
+    return rc;
+}
+
 /* CTXS_ENOTFOUND for a key session name has not, said so. */
 static int no_key(const char *name, const char *key)
 {
@@ -133,30 +154,25 @@ int ctxs_store_session_set_meta(ctxs_store *st, const char *name, const char *ke
     if (value && value_bytes > CTXS_META_VALUE_MAX)
         return ctxs__error(CTXS_ETOOBIG, "a value of %zu bytes is above the %u a value may "
                            "hold", value_bytes, CTXS_META_VALUE_MAX);
-    MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 0);
+    meta_at m;
+    int rc = meta_begin(&m, st, name, key, key_len, 0);
     if (rc < 0)
         return rc;
-    uint64_t id = 0;
-    uint8_t k[8 + CTXS_NAME_MAX];
-    if ((rc = meta_target(txn, st, name, &id)) < 0)
-        return ctxs__txn_finish(txn, rc);
-    MDB_val mkey = {meta_key(k, id, key, key_len), k};
     if (!value) {
-        rc = ctxs__mdb_error(ctxs__mdb_del(txn, st->metadata, &mkey, NULL));
+        rc = ctxs__mdb_error(ctxs__mdb_del(m.txn, st->metadata, &m.key, NULL));
         if (rc == CTXS_ENOTFOUND)
             rc = no_key(name, key);
-        return ctxs__txn_finish(txn, rc);
+        return ctxs__txn_finish(m.txn, rc);
     }
-    total_arg t = {k, mkey.mv_size, key_len + value_bytes};
-    if ((rc = each_row(txn, st, id, add_row, &t)) == 0 && t.bytes > CTXS_META_SESSION_MAX)
+    total_arg t = {m.k, m.key.mv_size, key_len + value_bytes};
+    if ((rc = each_row(m.txn, st, m.id, add_row, &t)) == 0 && t.bytes > CTXS_META_SESSION_MAX)
         rc = ctxs__error(CTXS_ETOOBIG, "the session's keys and values would take %zu bytes, "
                          "above the %u a session may hold", (size_t)t.bytes,
                          CTXS_META_SESSION_MAX);
     MDB_val val = {value_bytes, (void *)value};
     if (rc == 0)
-        rc = ctxs__mdb_error(ctxs__mdb_put(txn, st->metadata, &mkey, &val, 0));
-    return ctxs__txn_finish(txn, rc);
+        rc = ctxs__mdb_error(ctxs__mdb_put(m.txn, st->metadata, &m.key, &val, 0));
+    return ctxs__txn_finish(m.txn, rc);
 }
 
 int ctxs_store_session_get_meta(void *out, size_t *value_bytes, ctxs_store *st, const char *name,
@@ -169,20 +185,14 @@ int ctxs_store_session_get_meta(void *out, size_t *value_bytes, ctxs_store *st, 
     if (ctxs__name_check(key, &key_len) < 0)
         return CTXS_EINVAL;
     size_t cap = out ? *value_bytes : 0;
-    MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
+    meta_at m;
+    int rc = meta_begin(&m, st, name, key, key_len, 1);
     if (rc < 0)
         return rc;
-    uint64_t id = 0;
-    uint8_t k[8 + CTXS_NAME_MAX];
     MDB_val val;
-    if ((rc = meta_target(txn, st, name, &id)) == 0) {
-        MDB_val mkey = {meta_key(k, id, key, key_len), k};
-        rc = st->metadata ? ctxs__mdb_error(mdb_get(txn, st->metadata, &mkey, &val))
-                          : CTXS_ENOTFOUND;
-        if (rc == CTXS_ENOTFOUND)
-            rc = no_key(name, key);
-    }
+    rc = st->metadata ? ctxs__mdb_error(mdb_get(m.txn, st->metadata, &m.key, &val)) : CTXS_ENOTFOUND;
+    if (rc == CTXS_ENOTFOUND)
+        rc = no_key(name, key);
     if (rc == 0 && val.mv_size > CTXS_META_VALUE_MAX)
         rc = CTXS_EINDEX;
     if (rc == 0) {
@@ -193,7 +203,7 @@ int ctxs_store_session_get_meta(void *out, size_t *value_bytes, ctxs_store *st, 
         else if (out && val.mv_size)
             memcpy(out, val.mv_data, val.mv_size);
     }
-    mdb_txn_abort(txn);
+    mdb_txn_abort(m.txn);
     return rc;
 }
 
@@ -228,14 +238,8 @@ int ctxs_store_session_list_meta(ctxs_meta_entry **out, size_t *n_out, ctxs_stor
                                  const char *name)
 {
     ctxs__error_begin();
-    if (!out || !n_out)
-        return CTXS_EINVAL;
-    *out = NULL;
-    *n_out = 0;
-    if (!st)
-        return CTXS_EINVAL;
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
+    int rc = ctxs__list_begin(&txn, (void **)out, n_out, st);
     if (rc < 0)
         return rc;
     uint64_t id = 0;
@@ -256,89 +260,5 @@ int ctxs_store_session_list_meta(ctxs_meta_entry **out, size_t *n_out, ctxs_stor
         rc = each_row(txn, st, id, list_row, &l); /* the same snapshot */
     }
     mdb_txn_abort(txn);
-    if (rc < 0) {
-        free(l.entries);
-        return rc;
-    }
-    *out = l.entries;
-    *n_out = n;
-    return 0;
-}
-
-/* --- The metadata section of exports and remote records ------------------ */
-
-int ctxs__meta_section_make(uint8_t **out, uint32_t *bytes_out, uint32_t *count,
-                            const ctxs_meta_entry *e, size_t n)
-{
-    *out = NULL;
-    *bytes_out = *count = 0;
-    size_t bytes = 0;
-    for (size_t i = 0; i < n; i++)
-        bytes += sizeof(ctxs__export_meta) + strlen(e[i].key) + e[i].value_bytes;
-    if (bytes > CTXS__EXPORT_MAX_META)
-        return CTXS_ECORRUPT; /* the index holds more than a set allows */
-    uint8_t *at = NULL;
-    if (bytes && !(at = *out = ctxs__malloc(bytes)))
-        return CTXS_ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-        ctxs__export_meta m = {(uint16_t)strlen(e[i].key), 0, (uint32_t)e[i].value_bytes};
-        memcpy(at, &m, sizeof(m));
-        memcpy(at + sizeof(m), e[i].key, m.key_len);
-        if (m.value_bytes)
-            memcpy(at + sizeof(m) + m.key_len, e[i].value, m.value_bytes);
-        at += sizeof(m) + m.key_len + m.value_bytes;
-    }
-    *bytes_out = (uint32_t)bytes;
-    *count = (uint32_t)n;
-    return 0;
-}
-
-/* Bytewise order, a key before the longer keys it starts: LMDB's. */
-static int key_cmp(const char *a, size_t a_len, const char *b, size_t b_len)
-{
-    int c = memcmp(a, b, a_len < b_len ? a_len : b_len);
-    return c ? c : (a_len > b_len) - (a_len < b_len);
-}
-
-int ctxs__meta_section_parse(ctxs__meta_item **items_out, const uint8_t *buf, uint32_t bytes,
-                             uint32_t count)
-{
-    *items_out = NULL;
-    if (bytes > CTXS__EXPORT_MAX_META || count > bytes / (sizeof(ctxs__export_meta) + 1) ||
-        (bytes == 0) != (count == 0))
-        return CTXS_ECORRUPT;
-    if (bytes == 0)
-        return 0;
-    ctxs__meta_item *items = ctxs__calloc(count, sizeof(*items));
-    if (!items)
-        return CTXS_ENOMEM;
-    *items_out = items;
-    size_t at = 0, total = 0;
-    for (uint32_t i = 0; i < count; i++) {
-        ctxs__export_meta m;
-        if (bytes - at < sizeof(m))
-            return CTXS_ECORRUPT;
-        memcpy(&m, buf + at, sizeof(m));
-        at += sizeof(m);
-        if (m.reserved0 != 0 || m.key_len == 0 || m.key_len > CTXS_NAME_MAX ||
-            m.value_bytes > CTXS_META_VALUE_MAX || bytes - at < (size_t)m.key_len + m.value_bytes)
-            return CTXS_ECORRUPT;
-        char key[CTXS_NAME_MAX + 1];
-        size_t got;
-        memcpy(key, buf + at, m.key_len);
-        key[m.key_len] = '\0';
-        if (ctxs__name_check(key, &got) < 0 || got != m.key_len)
-            return CTXS_ECORRUPT;
-        ctxs__meta_item *it = &items[i];
-        *it = (ctxs__meta_item){(const char *)buf + at, m.key_len, buf + at + m.key_len,
-                                m.value_bytes};
-        /* Ascending: no key twice. */
-        if (i && key_cmp(it[-1].key, it[-1].key_len, it->key, it->key_len) >= 0)
-            return CTXS_ECORRUPT;
-        total += (size_t)m.key_len + m.value_bytes;
-        at += (size_t)m.key_len + m.value_bytes;
-    }
-    if (at != bytes || total > CTXS_META_SESSION_MAX)
-        return CTXS_ECORRUPT;
-    return 0;
+    return ctxs__list_out((void **)out, n_out, l.entries, n, rc);
 }

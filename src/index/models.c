@@ -11,7 +11,6 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "format.h"
 #include "index.h"
 #include "mdb_calls.h"
 #include "platform.h"

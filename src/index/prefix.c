@@ -31,7 +31,7 @@
 
 #include "index.h"
 #include "mdb_calls.h"
-#include "peek.h"
+#include "session_iface.h"
 
 /* Candidates checked at one chunk count before looking at shorter ones. */
 #define MAX_CANDIDATES 8

@@ -13,12 +13,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "format.h"
 #include "index.h"
-#include "label.h"
 #include "lock.h"
 #include "mdb_calls.h"
-#include "peek.h"
+#include "session_iface.h"
 
 /* Reads 16 lowercase hex digits into *out; 0 if name does not start with
  * them. */
@@ -87,16 +85,8 @@ static int list_files(ctxs_store *st, uint64_t **out, size_t *n_out, int remove_
                 *removed += ctxs__aside_remove(st, hex16(de->d_name), de->d_name) == 1;
             continue;
         }
-        if (n == cap) {
-            size_t grown = cap ? cap * 2 : 64;
-            uint64_t *bigger = ctxs__realloc(ids, grown * sizeof(*ids));
-            if (!bigger) {
-                rc = CTXS_ENOMEM;
-                break;
-            }
-            ids = bigger;
-            cap = grown;
-        }
+        if ((rc = ctxs__array_room((void **)&ids, &cap, n, sizeof(*ids), 64)) < 0)
+            break;
         ids[n++] = id;
     }
     if (rc == 0 && errno != 0)
@@ -172,10 +162,7 @@ static int drop_dangling(ctxs_store *st, uint64_t id, uint64_t *removed)
         return rc;
     /* Look again inside the transaction: the file may have been created
      * between the stat and now only by a create, which indexes after. */
-    char file[32];
-    struct stat sb;
-    ctxs__file_name(file, id);
-    if (ctxs__fstatat(st->sessions_fd, file, &sb, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) {
+    if (!file_missing(st, id)) {
         mdb_txn_abort(txn);
         return 0;
     }
@@ -250,6 +237,24 @@ static int read_facts(ctxs_store *st, uint64_t id, file_facts *f)
     return rc;
 }
 
+/* The name under which the index holds session id (ids[id], whose
+ * session row names id back): its length, the name NUL-terminated into
+ * name and the row into *rec; 0, name untouched, when it holds none. */
+static size_t indexed_name(char name[CTXS_NAME_MAX + 1], ctxs__session_rec *rec, MDB_txn *txn,
+                           ctxs_store *st, uint64_t id)
+{
+    uint8_t idk[8];
+    ctxs__id_key(idk, id);
+    MDB_val key = {8, idk}, val;
+    if (mdb_get(txn, st->ids, &key, &val) != 0 || val.mv_size < 1 ||
+        val.mv_size > CTXS_NAME_MAX ||
+        ctxs__session_get(rec, txn, st, val.mv_data, val.mv_size) != 0 || rec->id != id)
+        return 0;
+    memcpy(name, val.mv_data, val.mv_size);
+    name[val.mv_size] = '\0';
+    return val.mv_size;
+}
+
 /* Brings the prefix entries of one session up to its file. */
 static int refresh_prefixes(ctxs_store *st, uint64_t id, uint64_t *updated)
 {
@@ -263,16 +268,11 @@ static int refresh_prefixes(ctxs_store *st, uint64_t id, uint64_t *updated)
         free(f.ids);
         return rc;
     }
-    uint8_t idk[8];
-    ctxs__id_key(idk, id);
-    MDB_val key = {8, idk}, val;
     ctxs__session_rec rec;
+    char name[CTXS_NAME_MAX + 1];
+    size_t len = indexed_name(name, &rec, txn, st, id);
     int changed = 0;
-    if (mdb_get(txn, st->ids, &key, &val) == 0 && val.mv_size <= CTXS_NAME_MAX &&
-        ctxs__session_get(&rec, txn, st, val.mv_data, val.mv_size) == 0 && rec.id == id) {
-        char name[CTXS_NAME_MAX + 1];
-        size_t len = val.mv_size;
-        memcpy(name, val.mv_data, len);
+    if (len) {
         ctxs__session_rec before = rec;
         MDB_val skey = {len, name}, sval = {sizeof(rec), &rec};
         if ((rc = ctxs__prefix_update(txn, st, id, &rec, f.ids, f.n_ids)) == 0 &&
@@ -348,15 +348,8 @@ static int move_rows(MDB_txn *txn, MDB_dbi dbi, uint64_t from, uint64_t to)
          rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
         if (key.mv_size < 8 || ctxs__id_from_key(key.mv_data) != from)
             break;
-        if (n == cap) {
-            size_t grown = cap ? cap * 2 : 16;
-            row *bigger = ctxs__realloc(rows, grown * sizeof(*rows));
-            if (!bigger) {
-                rc = CTXS_ENOMEM;
-                break;
-            }
-            rows = bigger, cap = grown;
-        }
+        if ((rc = ctxs__array_room((void **)&rows, &cap, n, sizeof(*rows), 16)) < 0)
+            break;
         uint8_t *copy = ctxs__malloc(key.mv_size + val.mv_size + 1);
         if (!copy) {
             rc = CTXS_ENOMEM;
@@ -417,17 +410,12 @@ static int renumber_one(ctxs_store *st, const char *fname, uint64_t old, int *do
     /* The index's entry under the old id, if any: its name wins. */
     uint8_t idk[8];
     ctxs__id_key(idk, old);
-    MDB_val key = {8, idk}, val;
+    MDB_val key = {8, idk};
     ctxs__session_rec rec;
-    int indexed = 0;
-    if (mdb_get(txn, st->ids, &key, &val) == 0 && val.mv_size >= 1 &&
-        val.mv_size <= CTXS_NAME_MAX &&
-        ctxs__session_get(&rec, txn, st, val.mv_data, val.mv_size) == 0 && rec.id == old) {
-        indexed = 1;
-        memcpy(name, val.mv_data, val.mv_size);
-        name[val.mv_size] = '\0';
-        len = val.mv_size;
-    }
+    size_t got = indexed_name(name, &rec, txn, st, old);
+    int indexed = got > 0;
+    if (indexed)
+        len = got;
     uint64_t to = 0;
     char to_name[32];
     struct stat there;
@@ -581,23 +569,34 @@ static int next_id_now(ctxs_store *st, uint64_t *out)
     return rc;
 }
 
-int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
+/* How repair and reindex start: their result zeroed (*out too, if given,
+ * so that it says nothing on failure), the store checked writable, then
+ * the ids mended: next_id above every file's, a file named with id 0 (or
+ * past the range) renumbered, so that it is then adopted, refreshed or
+ * indexed as any other; skipped, it would stay a file that verify names
+ * and nothing adopts. */
+static int begin(void *res, void *out, size_t size, ctxs_store *st, uint64_t *next_id_was,
+                 uint64_t *next_id_mended, uint64_t *next_id, uint64_t *renumbered)
 {
     ctxs__error_begin();
-    ctxs_repair_result res;
-    memset(&res, 0, sizeof(res));
+    memset(res, 0, size);
     if (out)
-        *out = res;
+        memset(out, 0, size);
     if (!st)
         return CTXS_EINVAL;
     if (st->rdonly)
         return ctxs__store_readonly();
+    int rc = mend_next_id(st, next_id_was, next_id_mended, next_id);
+    return rc == 0 ? renumber_misnumbered(st, renumbered) : rc;
+}
+
+int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
+{
+    ctxs_repair_result res;
     uint64_t *files = NULL, *ids = NULL;
     size_t n_files, n_ids;
-    /* Ids first: a renumbered file is then adopted or refreshed below. */
-    int rc = mend_next_id(st, &res.next_id_was, &res.next_id_mended, &res.next_id);
-    if (rc == 0)
-        rc = renumber_misnumbered(st, &res.files_renumbered);
+    int rc = begin(&res, out, sizeof(res), st, &res.next_id_was, &res.next_id_mended,
+                   &res.next_id, &res.files_renumbered);
     if (rc == 0)
         rc = list_files(st, &files, &n_files, 1, &res.files_removed);
     /* Entries whose file is gone go before files are adopted: a file
@@ -720,23 +719,11 @@ static int reindex_one(MDB_txn *txn, ctxs_store *st, uint64_t id, const file_fac
 
 int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
 {
-    ctxs__error_begin();
     ctxs_reindex_result res;
-    memset(&res, 0, sizeof(res));
-    if (out)
-        *out = res;
-    if (!st)
-        return CTXS_EINVAL;
-    if (st->rdonly)
-        return ctxs__store_readonly();
     uint64_t *ids = NULL, removed = 0;
     size_t n = 0;
-    /* A file named with id 0 (or past the range) is renumbered, then
-     * indexed as any other: skipped, it would stay a file that verify
-     * names and nothing adopts. */
-    int rc = mend_next_id(st, &res.next_id_was, &res.next_id_mended, &res.next_id);
-    if (rc == 0)
-        rc = renumber_misnumbered(st, &res.files_renumbered);
+    int rc = begin(&res, out, sizeof(res), st, &res.next_id_was, &res.next_id_mended,
+                   &res.next_id, &res.files_renumbered);
     if (rc == 0)
         rc = list_files(st, &ids, &n, 0, &removed);
     if (rc < 0)

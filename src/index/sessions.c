@@ -7,7 +7,7 @@
  * writes the file, then indexes it and drops the intent in one transaction.
  * A delete drops the entries and records its intent in one transaction, then
  * unlinks the file, then drops the intent. Opening a store resolves what
- * intents remain (ctxs__intent_resolve): a file with no entry goes.
+ * intents remain (ctxs__intents_resolve): a file with no entry goes.
  *
  * An intent is dropped only once what it stands for is durable: an unlink
  * is a change to sessions/, which a power loss undoes until the directory
@@ -1110,7 +1110,11 @@ static uint32_t intent_pid(const MDB_val *intent)
                                 : 0;
 }
 
-int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent)
+/* Removes the file of an interrupted create or delete of id, unless a
+ * handle has it open (a create holds its writer lock) or the create is
+ * still under way: intent is the pending value, whose creator pid (index
+ * 1.1) is alive. Returns 0, CTXS_EBUSY (left for later) or an error. */
+static int intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent)
 {
     const uint8_t *v = intent->mv_data;
     uint32_t pid = intent_pid(intent);
@@ -1152,6 +1156,41 @@ int ctxs__intent_resolve(ctxs_store *st, uint64_t id, const MDB_val *intent)
     return rc;
 }
 
+int ctxs__intents_resolve(ctxs_store *st)
+{
+    MDB_txn *txn;
+    int rc = ctxs__txn_begin(&txn, st, 1);
+    if (rc < 0)
+        return rc;
+    uint64_t ids[64];
+    uint8_t intents[64][8]; /* the first bytes of each value (5 in 1.1, 1 in 1.0) */
+    size_t lens[64];
+    size_t n = 0;
+    MDB_cursor *cur;
+    if ((rc = ctxs__mdb_error(ctxs__mdb_cursor_open(txn, st->pending, &cur))) == 0) {
+        MDB_val key, val;
+        int op = MDB_FIRST;
+        while (n < 64 && mdb_cursor_get(cur, &key, &val, op) == 0) {
+            op = MDB_NEXT;
+            if (key.mv_size != 8)
+                continue;
+            ids[n] = ctxs__id_from_key(key.mv_data);
+            lens[n] = val.mv_size < sizeof(intents[n]) ? val.mv_size : sizeof(intents[n]);
+            memcpy(intents[n], val.mv_data, lens[n]);
+            n++;
+        }
+        mdb_cursor_close(cur);
+    }
+    mdb_txn_abort(txn);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        MDB_val intent = {lens[i], intents[i]};
+        int r = intent_resolve(st, ids[i], &intent);
+        if (r < 0 && r != CTXS_EBUSY)
+            rc = r;
+    }
+    return rc;
+}
+
 /* --- Listing intents (what a read-write open would do) --------------------- */
 
 /* Whether a file written aside for id is held by a create that may be under
@@ -1181,7 +1220,7 @@ static int aside_held(ctxs_store *st, uint64_t id)
     return held;
 }
 
-/* Fills e with what ctxs__intent_resolve() would do with the intent of id
+/* Fills e with what intent_resolve() would do with the intent of id
  * now, taking nothing and changing nothing. */
 static void intent_judge(ctxs_intent_entry *e, ctxs_store *st, MDB_txn *txn, uint64_t id,
                          const MDB_val *intent)
@@ -1215,14 +1254,8 @@ static void intent_judge(ctxs_intent_entry *e, ctxs_store *st, MDB_txn *txn, uin
 
 int ctxs_store_intent_list(ctxs_intent_entry **out, size_t *n_out, ctxs_store *st)
 {
-    if (!out || !n_out)
-        return CTXS_EINVAL;
-    *out = NULL;
-    *n_out = 0;
-    if (!st)
-        return CTXS_EINVAL;
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
+    int rc = ctxs__list_begin(&txn, (void **)out, n_out, st);
     if (rc < 0)
         return rc;
     MDB_cursor *cur;
@@ -1238,15 +1271,8 @@ int ctxs_store_intent_list(ctxs_intent_entry **out, size_t *n_out, ctxs_store *s
             if (key.mv_size != 8 || val.mv_size == 0 ||
                 (v[0] != CTXS__INTENT_CREATE && v[0] != CTXS__INTENT_DELETE))
                 continue;
-            if (n == cap) {
-                size_t grown = cap ? 2 * cap : 8;
-                ctxs_intent_entry *more = ctxs__realloc(list, grown * sizeof(*list));
-                if (!more) {
-                    rc = CTXS_ENOMEM;
-                    break;
-                }
-                list = more, cap = grown;
-            }
+            if ((rc = ctxs__array_room((void **)&list, &cap, n, sizeof(*list), 8)) < 0)
+                break;
             intent_judge(&list[n++], st, txn, ctxs__id_from_key(key.mv_data), &val);
         }
         if (rc == 0 && r != 0 && r != MDB_NOTFOUND)
@@ -1254,11 +1280,5 @@ int ctxs_store_intent_list(ctxs_intent_entry **out, size_t *n_out, ctxs_store *s
         mdb_cursor_close(cur);
     }
     mdb_txn_abort(txn);
-    if (rc < 0 || n == 0) {
-        free(list);
-        return rc;
-    }
-    *out = list;
-    *n_out = n;
-    return 0;
+    return ctxs__list_out((void **)out, n_out, list, n, rc);
 }

@@ -146,10 +146,8 @@ int ctxs__txn_finish(MDB_txn *txn, int rc)
 int ctxs__list(void **out, size_t *n_out, ctxs_store *st, MDB_dbi dbi, size_t entry_size,
                ctxs__entry_fill fill)
 {
-    *out = NULL;
-    *n_out = 0;
     MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
+    int rc = ctxs__list_begin(&txn, out, n_out, st);
     if (rc < 0)
         return rc;
     MDB_stat ms;
@@ -169,6 +167,22 @@ int ctxs__list(void **out, size_t *n_out, ctxs_store *st, MDB_dbi dbi, size_t en
     if (cur)
         mdb_cursor_close(cur);
     mdb_txn_abort(txn);
+    return ctxs__list_out(out, n_out, list, n, rc);
+}
+
+int ctxs__list_begin(MDB_txn **txn, void **out, size_t *n_out, ctxs_store *st)
+{
+    if (!out || !n_out)
+        return CTXS_EINVAL;
+    *out = NULL;
+    *n_out = 0;
+    if (!st)
+        return CTXS_EINVAL;
+    return ctxs__txn_begin(txn, st, 1);
+}
+
+int ctxs__list_out(void **out, size_t *n_out, void *list, size_t n, int rc)
+{
     if (rc < 0) {
         free(list);
         return rc;
@@ -246,17 +260,6 @@ static int make_store_dir(const char *path)
     return S_ISDIR(sb.st_mode) ? 0 : -ENOTDIR;
 }
 
-static int sync_dir(const char *path); /* fsync of a directory (compaction's) */
-
-static char *join(const char *a, const char *b)
-{
-    size_t len = strlen(a) + 1 + strlen(b) + 1;
-    char *p = ctxs__malloc(len);
-    if (p)
-        snprintf(p, len, "%s/%s", a, b);
-    return p;
-}
-
 static void store_free(ctxs_store *st)
 {
     if (st->env && !st->owner) /* a view's belongs to its owner */
@@ -289,10 +292,26 @@ const size_t ctxs__n_tables = sizeof(ctxs__tables) / sizeof(ctxs__tables[0]);
  * newer. An LMDB environment of someone else's is foreign (open_tables()
  * tells it by its tables); in ours, a format record that is missing beside
  * sessions, of another size, or without our magic is a damaged index. */
-static int check_format(MDB_txn *txn, ctxs_store *st, int *fresh)
+/* The index's format record into *f: 0, MDB_NOTFOUND (there is none),
+ * CTXS_EINDEX (not the size of one), or another error. */
+static int format_get(ctxs__index_format *f, MDB_txn *txn, ctxs_store *st)
 {
     MDB_val key = {6, (void *)"format"}, val;
     int rc = mdb_get(txn, st->meta, &key, &val);
+    if (rc == MDB_NOTFOUND)
+        return rc;
+    if (rc != 0)
+        return ctxs__mdb_error(rc);
+    if (val.mv_size != sizeof(*f))
+        return CTXS_EINDEX;
+    memcpy(f, val.mv_data, sizeof(*f));
+    return 0;
+}
+
+static int check_format(MDB_txn *txn, ctxs_store *st, int *fresh)
+{
+    ctxs__index_format f;
+    int rc = format_get(&f, txn, st);
     if (rc == MDB_NOTFOUND) {
         MDB_stat ms;
         if ((rc = mdb_stat(txn, st->sessions, &ms)) != 0)
@@ -303,11 +322,7 @@ static int check_format(MDB_txn *txn, ctxs_store *st, int *fresh)
         return 0;
     }
     if (rc != 0)
-        return ctxs__mdb_error(rc);
-    ctxs__index_format f;
-    if (val.mv_size != sizeof(f))
-        return CTXS_EINDEX;
-    memcpy(&f, val.mv_data, sizeof(f));
+        return rc;
     if (memcmp(f.magic, CTXS__INDEX_MAGIC, 8) != 0)
         return CTXS_EINDEX;
     if (f.major > CTXS__INDEX_MAJOR)
@@ -325,14 +340,10 @@ static int write_format(MDB_txn *txn, ctxs_store *st)
 
 int ctxs__index_format_raise(MDB_txn *txn, ctxs_store *st)
 {
-    MDB_val key = {6, (void *)"format"}, val;
-    int rc = mdb_get(txn, st->meta, &key, &val);
-    if (rc != 0)
-        return ctxs__mdb_error(rc);
     ctxs__index_format f;
-    if (val.mv_size != sizeof(f))
-        return CTXS_EINDEX;
-    memcpy(&f, val.mv_data, sizeof(f));
+    int rc = format_get(&f, txn, st);
+    if (rc != 0)
+        return rc == MDB_NOTFOUND ? ctxs__mdb_error(rc) : rc;
     if (f.major >= CTXS__INDEX_MAJOR)
         return 0;
     return write_format(txn, st);
@@ -375,42 +386,6 @@ static int open_tables(ctxs_store *st, int *fresh)
     return ctxs__txn_finish(txn, rc);
 }
 
-/* Finishes or undoes the creates and deletes that crashed processes left. */
-static int resolve_intents(ctxs_store *st)
-{
-    MDB_txn *txn;
-    int rc = ctxs__txn_begin(&txn, st, 1);
-    if (rc < 0)
-        return rc;
-    uint64_t ids[64];
-    uint8_t intents[64][8]; /* the first bytes of each value (5 in 1.1, 1 in 1.0) */
-    size_t lens[64];
-    size_t n = 0;
-    MDB_cursor *cur;
-    if ((rc = ctxs__mdb_error(ctxs__mdb_cursor_open(txn, st->pending, &cur))) == 0) {
-        MDB_val key, val;
-        int op = MDB_FIRST;
-        while (n < 64 && mdb_cursor_get(cur, &key, &val, op) == 0) {
-            op = MDB_NEXT;
-            if (key.mv_size != 8)
-                continue;
-            ids[n] = ctxs__id_from_key(key.mv_data);
-            lens[n] = val.mv_size < sizeof(intents[n]) ? val.mv_size : sizeof(intents[n]);
-            memcpy(intents[n], val.mv_data, lens[n]);
-            n++;
-        }
-        mdb_cursor_close(cur);
-    }
-    mdb_txn_abort(txn);
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        MDB_val intent = {lens[i], intents[i]};
-        int r = ctxs__intent_resolve(st, ids[i], &intent);
-        if (r < 0 && r != CTXS_EBUSY)
-            rc = r;
-    }
-    return rc;
-}
-
 /*
  * The store lock. Compaction replaces data.mdb with a compacted copy; a
  * process that kept the old environment open would go on reading and
@@ -447,7 +422,8 @@ static int resolve_intents(ctxs_store *st)
 
 /* Sets the lock on byte 0 to type (F_RDLCK, F_WRLCK), waiting for it or
  * not. Returns 0, CTXS_EBUSY (not waiting), or -errno. */
-static int store_lock(int fd, short type, int wait)
+/* A lock of type on byte 0, for fcntl(). */
+static struct flock byte0(short type)
 {
     struct flock fl;
     memset(&fl, 0, sizeof(fl));
@@ -455,6 +431,12 @@ static int store_lock(int fd, short type, int wait)
     fl.l_whence = SEEK_SET;
     fl.l_start = 0;
     fl.l_len = 1;
+    return fl;
+}
+
+static int store_lock(int fd, short type, int wait)
+{
+    struct flock fl = byte0(type);
     if (ctxs__fcntl_lock(fd, wait ? STORE_SETLKW : STORE_SETLK, &fl) == 0)
         return 0;
     return (errno == EAGAIN || errno == EACCES) ? CTXS_EBUSY : -errno;
@@ -469,7 +451,7 @@ int ctxs__store_lock_exclusive(int *fd, const char *index_dir, const struct stat
         if (st->dev == dir_sb->st_dev && st->ino == dir_sb->st_ino)
             rc = CTXS_EBUSY;
     pthread_mutex_unlock(&stores_mutex);
-    char *path = rc == 0 ? join(index_dir, STORE_LOCK_FILE) : NULL;
+    char *path = rc == 0 ? ctxs__path_join(index_dir, STORE_LOCK_FILE) : NULL;
     if (rc == 0 && !path)
         rc = CTXS_ENOMEM;
     if (rc == 0 && (rc = ctxs__index_file_open(path, O_RDWR | O_CREAT)) >= 0) {
@@ -495,7 +477,7 @@ void ctxs__store_lock_share(int fd)
  * it), so none can be compacting it: st->lock_fd stays -1. */
 static int store_lock_take(ctxs_store *st, const char *index_dir)
 {
-    char *path = join(index_dir, STORE_LOCK_FILE);
+    char *path = ctxs__path_join(index_dir, STORE_LOCK_FILE);
     if (!path)
         return CTXS_ENOMEM;
     int fd = ctxs__index_file_open(path, st->rdonly ? O_RDONLY : O_RDWR | O_CREAT);
@@ -512,12 +494,7 @@ static int store_in_use(const ctxs_store *st)
 {
     if (st->lock_fd < 0)
         return 0;
-    struct flock fl;
-    memset(&fl, 0, sizeof(fl));
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = 0;
-    fl.l_len = 1;
+    struct flock fl = byte0(F_WRLCK);
 #ifdef F_OFD_GETLK
     int cmd = F_OFD_GETLK;
 #else
@@ -532,7 +509,7 @@ static int store_in_use(const ctxs_store *st)
  * lock, no compaction is in progress. */
 static int remove_compact_tmp(const char *index_dir)
 {
-    char *tmp = join(index_dir, COMPACT_TMP_FILE);
+    char *tmp = ctxs__path_join(index_dir, COMPACT_TMP_FILE);
     if (!tmp)
         return CTXS_ENOMEM;
     int rc = ctxs__unlink(tmp) == 0 || errno == ENOENT ? 0 : -errno;
@@ -553,7 +530,7 @@ static int remove_compact_tmp(const char *index_dir)
  */
 static int lock_file_prepare(const char *index_dir, unsigned max_readers)
 {
-    char *path = join(index_dir, "lock.mdb");
+    char *path = ctxs__path_join(index_dir, "lock.mdb");
     if (!path)
         return CTXS_ENOMEM;
     int fd = ctxs__open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -648,14 +625,14 @@ static int no_session_files(const ctxs_store *st)
 }
 
 /* Creates and opens st->env on index_dir; st->env stays NULL on failure.
- * The data file is checked first (index_check.c): LMDB would read a page
+ * The data file is checked first (check_file.c): LMDB would read a page
  * past the end of one cut short, and die of SIGBUS. The store lock is
  * held, so no compaction replaces the file between the check and the
  * open. */
 static int env_open(ctxs_store *st, const char *index_dir, unsigned max_readers,
                     size_t map_bytes)
 {
-    char *data = join(index_dir, "data.mdb");
+    char *data = ctxs__path_join(index_dir, "data.mdb");
     if (!data)
         return CTXS_ENOMEM;
     int rc = no_session_files(st);
@@ -691,7 +668,7 @@ static int is_file(const char *path)
  * and it is also what a lost index leaves; see ctxs_store_open()). */
 static int check_is_store(const char *index_dir)
 {
-    char *data = join(index_dir, "data.mdb");
+    char *data = ctxs__path_join(index_dir, "data.mdb");
     if (!data)
         return CTXS_ENOMEM;
     int rc = is_file(data);
@@ -732,8 +709,8 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
         return -errno;
     if (!S_ISDIR(sb.st_mode))
         return -ENOTDIR;
-    if (!(st->sessions_dir = join(st->dir, "sessions")) ||
-        !(index_dir = join(st->dir, "index")))
+    if (!(st->sessions_dir = ctxs__path_join(st->dir, "sessions")) ||
+        !(index_dir = ctxs__path_join(st->dir, "index")))
         rc = CTXS_ENOMEM;
     else if ((rc = ctxs__index_dir_check(index_dir)) == 0)
         rc = create ? make_dir(index_dir) : check_is_store(index_dir);
@@ -754,7 +731,7 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
     if (rc == 0 && !st->rdonly && (rc = make_dir(st->sessions_dir)) > 0)
         made |= 2, rc = 0;
     if (rc == 0 && (made & 2))
-        rc = sync_dir(st->dir);
+        rc = ctxs__sync_dir(st->dir);
     if (rc == 0 && (made & 1))
         rc = ctxs__sync_parent_dir(st->dir);
     if (rc == 0) {
@@ -766,7 +743,7 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
     /* What crashes left, and the index of a new store beside session files
      * (the old one was lost): only a store that may write mends. */
     if (rc == 0 && !st->rdonly)
-        rc = resolve_intents(st);
+        rc = ctxs__intents_resolve(st);
     if (rc == 0 && fresh)
         rc = ctxs_store_reindex(NULL, st);
     return rc;
@@ -939,27 +916,12 @@ void ctxs_store_close(ctxs_store *st)
         ctxs__store_unref(st);
 }
 
-void ctxs_free(void *p)
-{
-    free(p);
-}
-
 /* --- Compaction ----------------------------------------------------------- */
 
 static uint64_t file_disk_bytes(const char *path)
 {
     struct stat sb;
     return ctxs__stat(path, &sb) == 0 ? (uint64_t)sb.st_blocks * 512u : 0;
-}
-
-static int sync_dir(const char *path)
-{
-    int fd = ctxs__open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = ctxs__fsync(fd) == 0 ? 0 : -errno;
-    close(fd);
-    return rc;
 }
 
 /* 0 if the copy at path opens as an environment whose tables hold as many
@@ -1039,7 +1001,7 @@ static int index_swap(ctxs_store *st, const char *index_dir, const char *data,
          * will; a fresh one makes sure of it even if a program that
          * ignores the store lock (mdb_stat) has the old one open. */
         ctxs__unlink(lock_mdb);
-        rc = sync_dir(index_dir);
+        rc = ctxs__sync_dir(index_dir);
     }
     int fresh = 0, r = env_open(st, index_dir, readers, info.me_mapsize);
     if (r == 0 && (r = open_tables(st, &fresh)) < 0) {
@@ -1051,10 +1013,10 @@ static int index_swap(ctxs_store *st, const char *index_dir, const char *data,
 
 int ctxs__index_compact(ctxs_store *st, uint64_t *bytes_before, uint64_t *bytes_after)
 {
-    char *index_dir = join(st->dir, "index");
-    char *data = index_dir ? join(index_dir, "data.mdb") : NULL;
-    char *lock_mdb = index_dir ? join(index_dir, "lock.mdb") : NULL;
-    char *tmp = index_dir ? join(index_dir, COMPACT_TMP_FILE) : NULL;
+    char *index_dir = ctxs__path_join(st->dir, "index");
+    char *data = index_dir ? ctxs__path_join(index_dir, "data.mdb") : NULL;
+    char *lock_mdb = index_dir ? ctxs__path_join(index_dir, "lock.mdb") : NULL;
+    char *tmp = index_dir ? ctxs__path_join(index_dir, COMPACT_TMP_FILE) : NULL;
     int rc = index_dir && data && lock_mdb && tmp ? 0 : CTXS_ENOMEM;
     *bytes_before = *bytes_after = rc == 0 ? file_disk_bytes(data) : 0;
 

@@ -1,7 +1,7 @@
 /*
  * ctxs_store_compact: compaction of a whole store, or of one session by
  * name; and ctxs_store_session_grow, which rewrites a session's file the
- * same way (src/store/grow.c) and notes its size. Each session file is compacted by src/store/compact.c (the KV
+ * same way (src/store/grow.c) and notes its size. Each session file is compacted by src/store/session_compact.c (the KV
  * blocks of slots it does not hold punched out); here the index's rows
  * that nothing owns go, repair runs, and the index itself is rewritten
  * compacted.
@@ -13,6 +13,7 @@
 
 #include "index.h"
 #include "mdb_calls.h"
+#include "progress.h"
 #include "session_iface.h"
 
 /* Sets the index's disk_bytes of session id (named name) to bytes. A
@@ -319,13 +320,13 @@ static int drop_stale_filehash(MDB_txn *txn, ctxs_store *st, uint64_t *removed)
  * one and no session row yet. */
 static int remove_orphan_rows(ctxs_store *st, uint64_t *removed)
 {
+    owner *own = NULL;
+    size_t n = 0;
+    uint64_t count = 0;
     MDB_txn *txn;
     int rc = ctxs__txn_begin(&txn, st, 0);
     if (rc < 0)
         return rc;
-    owner *own = NULL;
-    size_t n = 0;
-    uint64_t count = 0;
     if ((rc = mend_names(txn, st, &own, &n, &count)) == 0 &&
         (rc = drop_unowned(txn, st->checkpoints, SIZE_MAX, own, n, &count)) == 0 &&
         (rc = drop_unowned(txn, st->metadata, SIZE_MAX, own, n, &count)) == 0 &&
@@ -404,26 +405,29 @@ static int compact_all(ctxs_compact_result *res, ctxs_store *st, ctxs_progress_f
 }
 
 int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st, const char *name,
-                       ctxs_progress_fn progress, void *progress_arg)
+                       const ctxs_store_compact_options *opts)
 {
     ctxs__error_begin();
     ctxs_compact_result res;
     memset(&res, 0, sizeof(res));
     if (out)
         *out = res;
+    ctxs__progress pr;
+    CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_COMPACT_OPTIONS_VERSION,
+                        CTXS_STORE_COMPACT_OPTIONS_INIT, "compact options");
+    int rc;
     size_t len = 0;
     if (!st || (name && ctxs__name_check(name, &len) < 0))
         return CTXS_EINVAL;
     if (st->rdonly)
         return ctxs__store_readonly();
-    int rc;
     if (name) {
         ctxs_session_entry e;
         if ((rc = ctxs_store_session_get(&e, st, name)) == 0 &&
             (rc = compact_one(&res, st, e.id, name, len)) == 0)
-            report(progress, progress_arg, 1, 1);
+            report(pr.fn, pr.arg, 1, 1);
     } else {
-        rc = compact_all(&res, st, progress, progress_arg);
+        rc = compact_all(&res, st, pr.fn, pr.arg);
     }
     if (out)
         *out = res;

@@ -135,20 +135,6 @@ static int write_first_page(int fd, const fork_job *job)
     return ctxs__new_file_first_page(fd, &h, &job->st, &label);
 }
 
-static int write_zeros(int fd, uint64_t off, uint64_t len)
-{
-    static const uint8_t zeros[16384];
-    while (len) {
-        size_t n = len < sizeof(zeros) ? (size_t)len : sizeof(zeros);
-        int rc = ctxs__write_exact(fd, zeros, n, (off_t)off);
-        if (rc < 0)
-            return rc;
-        off += n;
-        len -= n;
-    }
-    return 0;
-}
-
 /* Token ids, checksums and (Q8) scales of the held slots, from src's
  * mapping. After a clone, the other slots' entries are zeroed too: the
  * clone brought src's checksums of slots the fork does not hold, which must
@@ -182,13 +168,13 @@ static int write_tables(int fd, const ctxs_session *src, const ctxs__state *st, 
     uint32_t n_unheld = cloned ? unheld_spans(unheld, src, st) : 0;
     for (uint32_t i = 0; i < n_unheld; i++) {
         uint64_t slot = unheld[i].slot, count = unheld[i].count;
-        if ((rc = write_zeros(fd, lay->tokens_off + slot * 4, count * 4)) < 0 ||
-            (rc = write_zeros(fd, lay->sums_off + slot * 8, count * 8)) < 0)
+        if ((rc = ctxs__write_zeros(fd, lay->tokens_off + slot * 4, count * 4)) < 0 ||
+            (rc = ctxs__write_zeros(fd, lay->sums_off + slot * 8, count * 8)) < 0)
             return rc;
         for (uint32_t run = 0; lay->scales_bytes && run < 2u * lay->n_layers * lay->n_kv_heads;
              run++)
             if (ctxs__layer_group(lay, run / (2 * lay->n_kv_heads)) < 0 &&
-                (rc = write_zeros(fd, lay->scales_off + ctxs__run_scales_off(lay, run) + slot * 4,
+                (rc = ctxs__write_zeros(fd, lay->scales_off + ctxs__run_scales_off(lay, run) + slot * 4,
                                   count * 4)) < 0)
                 return rc;
     }

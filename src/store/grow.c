@@ -184,28 +184,14 @@ int ctxs__session_grow(const char *path, uint32_t capacity, uint64_t *disk_bytes
     *disk_bytes = 0;
     /* As a compaction: a look that changes nothing, then a writer's open
      * (recovery, if the file needs it), then everyone kept out. */
-    int fd = ctxs__open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0)
-        return -errno;
-    ctxs__peek p;
-    int rc = ctxs__lock(fd, CTXS__LOCK_EXCLUSIVE);
-    if (rc == 0)
-        rc = ctxs__peek_fd(&p, fd);
-    close(fd);
-    if (rc == CTXS_EBUSY)
+    ctxs_session *s;
+    int rc = ctxs__session_open_alone(&s, path);
+    if (!s && rc == CTXS_EBUSY)
         return ctxs__error(rc, "the session is open (a handle in this or another process): "
                            "close it before growing it");
-    if (rc < 0)
-        return rc;
-    ctxs_session *s;
-    ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
-    o.background = 0;
-    if ((rc = ctxs_session_open(&s, path, &p.model, 0, &o)) < 0)
+    if (!s)
         return rc;
     struct stat sb;
-    if ((rc = ctxs__lock(s->fd, CTXS__LOCK_EXCLUSIVE)) == 0 && ctxs__fstat(s->fd, &sb) == 0 &&
-        sb.st_nlink == 0)
-        rc = -ENOENT; /* deleted meanwhile */
     if (rc == CTXS_EBUSY)
         rc = ctxs__error(rc, "a reader has the session open: close it before growing it");
     ctxs__file_layout nl;

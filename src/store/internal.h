@@ -449,6 +449,15 @@ extern void (*ctxs__fork_hook)(int step);
  * to replace the file under it. NULL in production. */
 extern void (*ctxs__open_hook)(const char *path);
 
+/* Opens the session file at path as a writer that no other handle, in any
+ * process, has open (session_compact.c, for compact and grow): a look
+ * under the file's exclusive lock that changes nothing, then a writer's
+ * open (recovery, if the file needs it), then the exclusive lock again.
+ * *out is the open session (the caller closes it) from the open on, also
+ * when the lock after it fails (CTXS_EBUSY: a reader) or the file was
+ * deleted meanwhile (-ENOENT); NULL when nothing is open. */
+int ctxs__session_open_alone(ctxs_session **out, const char *path);
+
 /* Tests only: called at each step of a grow (grow.c). */
 enum { CTXS__GROW_COPIED = 1, CTXS__GROW_LINKED, CTXS__GROW_RENAMED };
 extern void (*ctxs__grow_hook)(int step);

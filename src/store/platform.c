@@ -116,16 +116,8 @@ static int space_error(int e)
  * range is reserved and not yet written by the engine, so nothing is lost. */
 static int allocate_by_writing(int fd, uint64_t off, uint64_t len)
 {
-    static const uint8_t zeros[16384];
-    while (len) {
-        size_t n = len < sizeof(zeros) ? (size_t)len : sizeof(zeros);
-        ssize_t w = ctxs__pwrite(fd, zeros, n, (off_t)off);
-        if (w < 0)
-            return space_error(errno);
-        off += (uint64_t)w;
-        len -= (uint64_t)w;
-    }
-    return 0;
+    int rc = ctxs__write_zeros(fd, off, len);
+    return rc == -EFBIG ? CTXS_EFULL : rc;
 }
 
 int ctxs__allocate(int fd, uint64_t off, uint64_t len)
@@ -278,20 +270,24 @@ int ctxs__range_dirty(int fd, uint64_t off, uint64_t len)
 #endif
 }
 
+ssize_t ctxs__read_upto(int fd, void *buf, size_t len, off_t off)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = ctxs__pread(fd, (char *)buf + done, len - done, off + (off_t)done);
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            break;
+        done += (size_t)n;
+    }
+    return (ssize_t)done;
+}
+
 int ctxs__read_exact(int fd, void *buf, size_t len, off_t off)
 {
-    uint8_t *p = buf;
-    while (len) {
-        ssize_t r = ctxs__pread(fd, p, len, off);
-        if (r < 0)
-            return -errno;
-        if (r == 0)
-            return CTXS_ECORRUPT;
-        p += r;
-        len -= (size_t)r;
-        off += r;
-    }
-    return 0;
+    ssize_t n = ctxs__read_upto(fd, buf, len, off);
+    return n < 0 ? (int)n : (size_t)n < len ? CTXS_ECORRUPT : 0;
 }
 
 int ctxs__write_exact(int fd, const void *buf, size_t len, off_t off)
@@ -308,16 +304,45 @@ int ctxs__write_exact(int fd, const void *buf, size_t len, off_t off)
     return 0;
 }
 
+int ctxs__write_zeros(int fd, uint64_t off, uint64_t len)
+{
+    static const uint8_t zeros[16384];
+    while (len) {
+        size_t n = len < sizeof(zeros) ? (size_t)len : sizeof(zeros);
+        int rc = ctxs__write_exact(fd, zeros, n, (off_t)off);
+        if (rc < 0)
+            return rc;
+        off += n;
+        len -= n;
+    }
+    return 0;
+}
+
+char *ctxs__path_join(const char *a, const char *b)
+{
+    size_t len = strlen(a) + 1 + strlen(b) + 1;
+    char *p = ctxs__malloc(len);
+    if (p)
+        snprintf(p, len, "%s/%s", a, b);
+    return p;
+}
+
+int ctxs__sync_dir(const char *path)
+{
+    int fd = ctxs__open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = ctxs__fsync(fd) == 0 ? 0 : -errno;
+    close(fd);
+    return rc;
+}
+
 int ctxs__sync_parent_dir(const char *path)
 {
     char *copy = ctxs__strdup(path);
     if (!copy)
         return CTXS_ENOMEM;
-    int dfd = ctxs__open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = ctxs__sync_dir(dirname(copy));
     free(copy);
-    if (dfd < 0)
-        return -errno;
-    int rc = ctxs__fsync(dfd) == 0 ? 0 : -errno;
-    close(dfd);
     return rc;
 }

@@ -52,6 +52,11 @@ int ctxs__sync_data(int fd);
  * Returns 0 or -errno. */
 int ctxs__sync_range(int fd, uint64_t off, uint64_t len);
 
+/* "a/b", malloc'd; NULL when out of memory. */
+char *ctxs__path_join(const char *a, const char *b);
+
+/* fsync() of the directory at path: 0 or -errno. */
+int ctxs__sync_dir(const char *path);
 /* fsync()s the directory that holds path, so that a name just linked or
  * renamed there is durable. Returns 0, CTXS_ENOMEM or -errno. */
 int ctxs__sync_parent_dir(const char *path);
@@ -75,7 +80,12 @@ int ctxs__range_dirty(int fd, uint64_t off, uint64_t len);
  * transfers. Reading past the end is CTXS_ECORRUPT (the file is shorter
  * than its header says); writing into a full disk is CTXS_EFULL. */
 int ctxs__read_exact(int fd, void *buf, size_t len, off_t off);
+/* Reads up to len bytes at off, stopping early only at the end of the
+ * file: the count read, or -errno. */
+ssize_t ctxs__read_upto(int fd, void *buf, size_t len, off_t off);
 int ctxs__write_exact(int fd, const void *buf, size_t len, off_t off);
+/* len zero bytes at off, through ctxs__write_exact() (its errors). */
+int ctxs__write_zeros(int fd, uint64_t off, uint64_t len);
 
 /* The name of errno value e ("ENOENT") from a table of every name this
  * platform defines, or NULL: ctxs_err_name()'s where the C library cannot

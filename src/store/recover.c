@@ -12,8 +12,8 @@
 
 #include "internal.h"
 
-void ctxs__sums_chain(uint64_t *out, uint64_t first_pos, uint32_t n, const uint32_t *ids,
-                      const ctxs__token_bytes *tb)
+/* The start of each token's checksum chain: its position and its id. */
+static void sums_begin(uint64_t *out, uint64_t first_pos, uint32_t n, const uint32_t *ids)
 {
     for (uint32_t i = 0; i < n; i++) {
         uint64_t pos = first_pos + i;
@@ -22,6 +22,12 @@ void ctxs__sums_chain(uint64_t *out, uint64_t first_pos, uint32_t n, const uint3
         memcpy(head + 8, &ids[i], 4);
         out[i] = XXH3_64bits_withSeed(head, sizeof(head), CTXS__TOKEN_SEED);
     }
+}
+
+void ctxs__sums_chain(uint64_t *out, uint64_t first_pos, uint32_t n, const uint32_t *ids,
+                      const ctxs__token_bytes *tb)
+{
+    sums_begin(out, first_pos, n, ids);
     /* Run by run: a run's slots for consecutive positions are contiguous
      * (two stretches where the ring wraps), so the KV is read sequentially. */
     for (uint32_t r = 0; r < tb->n_runs; r++) {
@@ -59,13 +65,7 @@ static void chain_layers(const ctxs_session *s, int32_t group, uint64_t first_po
                          const uint32_t *ids, const uint32_t *slots, uint64_t *out)
 {
     const ctxs__file_layout *lay = &s->lay;
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t pos = first_pos + i;
-        uint8_t head[12];
-        memcpy(head, &pos, 8);
-        memcpy(head + 8, &ids[i], 4);
-        out[i] = XXH3_64bits_withSeed(head, sizeof(head), CTXS__TOKEN_SEED);
-    }
+    sums_begin(out, first_pos, n, ids);
     const uint32_t per = 2 * lay->n_kv_heads, n_runs = lay->n_layers * per;
     for (uint32_t r = 0; r < n_runs; r++) {
         if (ctxs__layer_group(lay, r / per) != group)

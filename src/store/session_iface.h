@@ -7,7 +7,12 @@
  * ctxs_session_get_slot: whether a position is held; refresh, rollback)
  * and this header for the rest: the file's descriptor, the token tables,
  * the hooks through which it learns of commits and closes, and the
- * store's calls that make new session files.
+ * store's calls that make new session files. It brings with it the
+ * declarations of the session files' bytes that the index reads and
+ * writes without a session open: the layout (format.h), the label
+ * (label.h) and the cheap look at a file's newest record (peek.h). Code
+ * outside src/store includes this header, never those three: the
+ * build's include check (tests/check_includes.sh) holds it to that.
  *
  * Calls on a handle follow the public API's rule (one thread at a time per
  * handle) and see the handle's state when called: a reader's as of its
@@ -20,6 +25,8 @@
 
 #include "ctxstore.h"
 #include "format.h"
+#include "label.h"
+#include "peek.h"
 
 /* --- Asking an open session (session_iface.c) ---------------------------- */
 
@@ -116,7 +123,7 @@ int ctxs__session_fork_labeled(ctxs_session **out, ctxs_session *src, const char
                                uint64_t n_tokens, const ctxs_open_options *opts,
                                const ctxs__disk_label *label);
 
-/* Compacts the session file at path (compact.c): punches out the KV blocks
+/* Compacts the session file at path (session_compact.c): punches out the KV blocks
  * of the slots from min(n_tokens, capacity) on, which hold no token, after
  * a writer's open has settled the state; reserve allocates them again.
  * *bytes_before and *bytes_after get the file's disk space (blocks x 512).

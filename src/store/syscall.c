@@ -17,6 +17,8 @@
 #include <linux/fs.h>
 #endif
 
+#include "ctxstore.h"
+
 static atomic_int armed_error; /* 0: disarmed */
 static atomic_bool armed_persistent;
 static atomic_uint_fast64_t armed_nth;
@@ -419,6 +421,20 @@ void *ctxs__sys_realloc(CTXS__SITE_PARAMS, void *p, size_t size)
         return NULL;
     }
     return realloc(p, size);
+}
+
+int ctxs__sys_array_room(CTXS__SITE_PARAMS, void **items, size_t *cap, size_t n, size_t size,
+                         size_t first)
+{
+    if (n < *cap)
+        return 0;
+    size_t grown = *cap ? *cap * 2 : first;
+    void *bigger = ctxs__sys_realloc(site_file, site_line, *items, grown * size);
+    if (!bigger)
+        return CTXS_ENOMEM;
+    *items = bigger;
+    *cap = grown;
+    return 0;
 }
 
 char *ctxs__sys_strdup(CTXS__SITE_PARAMS, const char *s)

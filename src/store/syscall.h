@@ -113,6 +113,14 @@ char *ctxs__sys_strdup(CTXS__SITE_PARAMS, const char *s);
 #define ctxs__realloc(p, size) ctxs__sys_realloc(CTXS__SITE, p, size)
 #define ctxs__strdup(s) ctxs__sys_strdup(CTXS__SITE, s)
 
+/* Room for one more item in a growing array: when n has reached *cap,
+ * *items (of size bytes each) is reallocated to twice *cap (first when
+ * *cap is 0). 0, or CTXS_ENOMEM with *items as it was. */
+int ctxs__sys_array_room(CTXS__SITE_PARAMS, void **items, size_t *cap, size_t n, size_t size,
+                         size_t first);
+#define ctxs__array_room(items, cap, n, size, first)                                    \
+    ctxs__sys_array_room(CTXS__SITE, items, cap, n, size, first)
+
 /* What a call can fail with, for ctxs__fault(). */
 enum {
     CTXS__CAN_EIO = 1u << 0,

@@ -48,7 +48,7 @@ int main(int argc, char **argv)
         rc = ts_append(s, commits[i]);
     ctxs_session_close(s);
     if (rc == 0)
-        rc = ctxs_store_session_export(st, "old chat", out, NULL, NULL);
+        rc = ctxs_store_session_export(st, "old chat", out, NULL);
     ctxs_store_close(st);
     ts_rmtree(tmp);
     free(tmp);

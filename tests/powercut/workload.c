@@ -270,7 +270,7 @@ static int op_import(work *k, wsess *src)
     name_of(from, src);
     snprintf(path, sizeof(path), "%s/../export-%u.ctxe", k->w->store, k->next_key);
     unlink(path);
-    int rc = ctxs_store_session_export(k->st, from, path, NULL, NULL);
+    int rc = ctxs_store_session_export(k->st, from, path, NULL);
     if (rc != 0) {
         pc_rec r = begin(k, PC_OP_IMPORT, k->next_key, src->key, src->n, 0, 0);
         return end(k, &r, rc);
@@ -279,7 +279,7 @@ static int op_import(work *k, wsess *src)
     char name[32], got[CTXS_NAME_MAX + 1];
     name_of(name, s);
     pc_rec r = begin(k, PC_OP_IMPORT, s->key, src->key, src->n, 0, 0);
-    rc = ctxs_store_session_import(got, k->st, path, name, NULL, NULL);
+    rc = ctxs_store_session_import(got, k->st, path, name, NULL);
     r.id = rc == 0 ? id_of(k, name) : 0;
     unlink(path);
     rc = end(k, &r, rc);

@@ -122,7 +122,10 @@ int cmd_compact(cli *c, int argc, char **argv)
     progress bar;
     progress_start(&bar, c, "compact", 0, 0);
     ctxs_compact_result res;
-    int rc = ctxs_store_compact(&res, st, only, progress_callback, &bar);
+    ctxs_store_compact_options co = CTXS_STORE_COMPACT_OPTIONS_INIT;
+    co.progress = progress_callback;
+    co.progress_arg = &bar;
+    int rc = ctxs_store_compact(&res, st, only, &co);
     progress_end(&bar);
     if (rc == 0 && !only && ctxs_store_session_list(&after, &n_after, st) < 0)
         after = NULL, n_after = 0;

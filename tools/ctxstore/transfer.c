@@ -26,7 +26,10 @@ int cmd_export(cli *c, int argc, char **argv)
     progress bar;
     progress_start(&bar, c, "export", 0, 0);
     double t0 = cli_now_s();
-    int rc = ctxs_store_session_export(st, name, path, progress_callback, &bar);
+    ctxs_store_session_export_options xo = CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT;
+    xo.progress = progress_callback;
+    xo.progress_arg = &bar;
+    int rc = ctxs_store_session_export(st, name, path, &xo);
     double secs = cli_now_s() - t0;
     progress_end(&bar);
     ctxs_store_close(st);
@@ -111,7 +114,10 @@ int cmd_import(cli *c, int argc, char **argv)
     progress_start(&bar, c, "import", 0, 1);
     char used[256] = "";
     double t0 = cli_now_s();
-    int rc = ctxs_store_session_import(used, st, path, name, progress_callback, &bar);
+    ctxs_store_session_import_options io = CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT;
+    io.progress = progress_callback;
+    io.progress_arg = &bar;
+    int rc = ctxs_store_session_import(used, st, path, name, &io);
     double secs = cli_now_s() - t0;
     progress_end(&bar);
     ctxs_session_entry e;

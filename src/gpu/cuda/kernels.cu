@@ -174,15 +174,15 @@ template <uint32_t DT, int DPL> struct stage {
     float scale;
 };
 
-template <uint32_t DT, int DPL>
-__device__ __forceinline__ void stage_load(stage<DT, DPL> &st, const ctxs__cuda_attn &a,
-                                           const tile_at &tl, uint32_t g, uint32_t tid)
+/* Calls f(i, kind, row, col) for each of thread tid's DPL pieces that the
+ * tile holds: its i-th, of K (kind 0) or V (1), row of the tile, col-th
+ * piece of 8 elements. stage_load() and stage_store() walk the same pieces,
+ * so that each thread stores the registers it loaded. */
+template <int DPL, typename F>
+__device__ __forceinline__ void each_piece(const ctxs__cuda_attn &a, const tile_at &tl,
+                                           uint32_t tid, F f)
 {
-    constexpr uint32_t EB = elem_bytes(DT);
     const uint32_t per_row = a.dim_pad / 8, per_kind = TILE * per_row;
-    const size_t slot_bytes = (size_t)a.head_dim * EB;
-    if (DT == CTXS_DTYPE_Q8 && tid < 2 * TILE)
-        st.scale = scale_of(a, tl, g, tid / TILE, tid % TILE);
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         const uint32_t pc = tid + (uint32_t)i * THREADS;
@@ -190,13 +190,25 @@ __device__ __forceinline__ void stage_load(stage<DT, DPL> &st, const ctxs__cuda_
             break;
         const uint32_t kind = pc >= per_kind, rem = pc - kind * per_kind;
         const uint32_t row = rem / per_row, col = rem % per_row;
-        if (!((tl.rows >> row) & 1u))
-            continue;
+        if ((tl.rows >> row) & 1u)
+            f(i, kind, row, col);
+    }
+}
+
+template <uint32_t DT, int DPL>
+__device__ __forceinline__ void stage_load(stage<DT, DPL> &st, const ctxs__cuda_attn &a,
+                                           const tile_at &tl, uint32_t g, uint32_t tid)
+{
+    constexpr uint32_t EB = elem_bytes(DT);
+    const size_t slot_bytes = (size_t)a.head_dim * EB;
+    if (DT == CTXS_DTYPE_Q8 && tid < 2 * TILE)
+        st.scale = scale_of(a, tl, g, tid / TILE, tid % TILE);
+    each_piece<DPL>(a, tl, tid, [&](int i, uint32_t kind, uint32_t row, uint32_t col) {
         const uint64_t slot = (uint64_t)plan_slot(a, tl.pos + row);
         const uint8_t *src = (kind ? a.v : a.k) + (size_t)g * a.head_stride +
                              slot * slot_bytes + (size_t)col * 8 * EB;
         st.r[i] = *reinterpret_cast<const piece_t<DT> *>(src);
-    }
+    });
 }
 
 template <uint32_t DT, int DPL>
@@ -206,21 +218,12 @@ __device__ __forceinline__ void stage_store(const stage<DT, DPL> &st, const ctxs
                                             uint32_t vp_bytes)
 {
     constexpr uint32_t EB = elem_bytes(DT);
-    const uint32_t per_row = a.dim_pad / 8, per_kind = TILE * per_row;
     if (DT == CTXS_DTYPE_Q8 && tid < 2 * TILE)
         ss[tid] = st.scale;
-#pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        const uint32_t pc = tid + (uint32_t)i * THREADS;
-        if (pc >= 2 * per_kind)
-            break;
-        const uint32_t kind = pc >= per_kind, rem = pc - kind * per_kind;
-        const uint32_t row = rem / per_row, col = rem % per_row;
-        if (!((tl.rows >> row) & 1u))
-            continue;
+    each_piece<DPL>(a, tl, tid, [&](int i, uint32_t kind, uint32_t row, uint32_t col) {
         uint8_t *dst = kind ? vs + row * vp_bytes : ks + row * kp_bytes;
         *reinterpret_cast<piece_t<DT> *>(dst + col * 8 * EB) = st.r[i];
-    }
+    });
 }
 
 /* A head_dim that is not a multiple of 8 leaves rows unaligned for piece

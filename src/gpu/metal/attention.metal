@@ -1,6 +1,6 @@
 /*
  * Decode attention over a ctxstore KV region, with the semantics of
- * ctxs_attention() (include/ctxstore.h, src/gpu/attention.c).
+ * ctxs_attention() (include/ctxstore.h, src/cpu/attention.c).
  *
  * One threadgroup per (query head, query). Its threads walk the keys the
  * query reads as one sequence in position order, one block of nt keys at a

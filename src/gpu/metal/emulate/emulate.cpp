@@ -151,6 +151,22 @@ static float random_float(float amp)
     return amp * (float)((double)(next_random() >> 11) / 0x1p52 - 1.0);
 }
 
+// n queries of n_heads heads of head_dim random floats in qv, each at most
+// amp, the first at the plan's first query.
+static ctxs_attn_query random_query(std::vector<float> &qv, float amp, const ctxs_attn_plan &plan,
+                                    uint32_t n, uint32_t n_heads, uint32_t head_dim)
+{
+    qv.resize((size_t)n * n_heads * head_dim);
+    for (float &x : qv)
+        x = random_float(amp);
+    ctxs_attn_query q{};
+    q.q = qv.data();
+    q.pos = plan.first_query;
+    q.n = n;
+    q.n_heads = n_heads;
+    return q;
+}
+
 static void check(int rc, const char *what)
 {
     if (rc != 0) {
@@ -268,6 +284,7 @@ static ctxs_session *make_session(const char *dir, const ctxs_geometry *g,
     ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = capacity;
     o.n_sink = n_sink;
+    o.ring = 1;
     o.open.window = window;
     o.open.durability = CTXS_SYNC_NONE;
     char path[4096];
@@ -331,14 +348,8 @@ static void run_cases(const char *dir, uint32_t dtype)
         append(s, &g, 700, true);
         ctxs_attn_plan plan;
         check(ctxs_session_get_attn_plan(&plan, s, 0), "plan");
-        std::vector<float> qv(8 * 128);
-        for (float &x : qv)
-            x = random_float(2.0f);
-        ctxs_attn_query q{};
-        q.q = qv.data();
-        q.pos = plan.first_query;
-        q.n = 1;
-        q.n_heads = 8; // GQA 4:1
+        std::vector<float> qv;
+        ctxs_attn_query q = random_query(qv, 2.0f, plan, 1, 8, 128); // GQA 4:1
         for (const auto &c : configs)
             compare(s, &plan, 1, &q, c[0], c[1], "decode, 700 keys, GQA 4:1");
         q.scale = 0.25f;
@@ -353,14 +364,8 @@ static void run_cases(const char *dir, uint32_t dtype)
         append(s, &g, 9, false);     // a prefill of 9, pending
         ctxs_attn_plan plan;
         check(ctxs_session_get_attn_plan(&plan, s, 9), "plan");
-        std::vector<float> qv(9 * 6 * 80);
-        for (float &x : qv)
-            x = random_float(1.0f);
-        ctxs_attn_query q{};
-        q.q = qv.data();
-        q.pos = plan.first_query;
-        q.n = 9;
-        q.n_heads = 6; // GQA 3:1, head_dim 80
+        std::vector<float> qv;
+        ctxs_attn_query q = random_query(qv, 1.0f, plan, 9, 6, 80); // GQA 3:1, head_dim 80
         for (const auto &c : configs)
             compare(s, &plan, 1, &q, c[0], c[1], "prefill of 9, wrapped ring");
         q.pos += 7;

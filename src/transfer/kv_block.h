@@ -10,13 +10,13 @@
  * tokens in this form: copied from a live session race-free, checked
  * against the tokens' own checksums, and written into a new file.
  */
-#ifndef CTXS_INDEX_KV_BLOCK_H
-#define CTXS_INDEX_KV_BLOCK_H
+#ifndef CTXS_TRANSFER_KV_BLOCK_H
+#define CTXS_TRANSFER_KV_BLOCK_H
 
 #include <stdint.h>
 
 #include "ctxstore.h"
-#include "format.h"
+#include "session_iface.h"
 
 /* Tokens per block at most, and raw bytes per block at most: no block
  * makes a reader allocate more than about 64 MiB. */
@@ -128,5 +128,22 @@ int ctxs__kv_block_store(int fd, const ctxs__kv_plan *p, int32_t part, uint8_t *
  * Errors: CTXS_EFULL, CTXS_ENOMEM, -errno. */
 int ctxs__kv_file_begin(int fd, const ctxs__kv_plan *p, const ctxs_model *model,
                         uint64_t created_unix_ms, const ctxs__disk_label *label);
+
+/* --- meta_section.c ---------------------------------------------------- */
+
+struct ctxs__meta_item; /* index.h */
+
+/* The metadata section of export files and remote session records
+ * (docs/FORMAT.md, "Metadata section"): the n entries of e (in key order)
+ * into *out (malloc'd, NULL when empty), *bytes and *count set.
+ * Errors: CTXS_ECORRUPT (more than a session may hold), CTXS_ENOMEM. */
+int ctxs__meta_section_make(uint8_t **out, uint32_t *bytes, uint32_t *count,
+                            const ctxs_meta_entry *e, size_t n);
+
+/* Checks a metadata section of bytes bytes holding count entries, in the
+ * order FORMAT.md gives, and lists them into *items (calloc'd, pointing
+ * into buf; NULL when empty). Errors: CTXS_ECORRUPT, CTXS_ENOMEM. */
+int ctxs__meta_section_parse(struct ctxs__meta_item **items, const uint8_t *buf, uint32_t bytes,
+                             uint32_t count);
 
 #endif

@@ -3,8 +3,8 @@
  * the per-ISA kernels (attention.c, attention_x86.c, attention_arm.c), and
  * a hook for tests.
  */
-#ifndef CTXS_GPU_ATTENTION_H
-#define CTXS_GPU_ATTENTION_H
+#ifndef CTXS_CPU_ATTENTION_H
+#define CTXS_CPU_ATTENTION_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -198,7 +198,11 @@ int ctxs__attention_force_isa(const char *name);
  *                        loadn, store, storen, half, bf16, i8, add, mul, fma,
  *                        max, hmax, floor, pow2i, keep_ge, reduce,
  *                        reduce_chains, lane0)
+ *   CTXS__SIMD_LOADN_COPY  defined where the ISA has no masked load and store:
+ *                        loadn and storen are then made here, through a
+ *                        16-float buffer
  *
+ * The header undefines all of these at its end, ready for the next.
  * It follows ctxs__attn_portable() step by step, with fused multiply-adds;
  * see the notes at the top of attention.c on why every step is where it is.
  * The element type is a constant argument (DT) of every function below, so
@@ -208,6 +212,22 @@ int ctxs__attention_force_isa(const char *name);
 #ifdef CTXS__SIMD_FN
 
 #define CTXS__SIMD_INLINE static inline __attribute__((always_inline)) CTXS__SIMD_ATTR
+
+#ifdef CTXS__SIMD_LOADN_COPY
+/* n < 16 elements; the rest of the lanes are zero. */
+CTXS__SIMD_INLINE v16 V(loadn)(const float *p, uint32_t n)
+{
+    float t[16] = {0};
+    memcpy(t, p, n * sizeof(float));
+    return V(load)(t);
+}
+CTXS__SIMD_INLINE void V(storen)(float *p, v16 a, uint32_t n)
+{
+    float t[16];
+    V(store)(t, a);
+    memcpy(p, t, n * sizeof(float));
+}
+#endif
 
 /* The same steps as exp_le0() in attention.c, lane by lane. */
 CTXS__SIMD_INLINE v16 V(exp)(v16 x)
@@ -475,4 +495,11 @@ CTXS__SIMD_ATTR void CTXS__SIMD_FN(ctxs__attn_row *rows, uint32_t n_q,
 }
 
 #undef CTXS__SIMD_INLINE
+#undef CTXS__SIMD_LOADN_COPY
+#undef v16
+#undef V
+#undef CTXS__SIMD_ATTR
+#undef CTXS__SIMD_FN
+#undef CTXS__SIMD_TILE
+#undef CTXS__SIMD_CHAINS
 #endif /* CTXS__SIMD_FN */

@@ -12,8 +12,8 @@
  * stream), then the trailer. A 1.0 file has no metadata section: its
  * meta_* fields lie in bytes 1.0 reserved, and are read as zero.
  */
-#ifndef CTXS_INDEX_EXPORT_FORMAT_H
-#define CTXS_INDEX_EXPORT_FORMAT_H
+#ifndef CTXS_TRANSFER_EXPORT_FORMAT_H
+#define CTXS_TRANSFER_EXPORT_FORMAT_H
 
 #include <assert.h>
 #include <stddef.h>

@@ -40,6 +40,7 @@
 #include "kv_block.h"
 #include "session_iface.h"
 #include "platform.h"
+#include "progress.h"
 #include "syscall.h"
 
 /* Export blocks are kv_block.h's raw blocks, bounded alike. */
@@ -284,9 +285,13 @@ static int export_session(export_job *job, const ctxs_session_info *info, const 
 }
 
 int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path,
-                              ctxs_progress_fn progress, void *progress_arg)
+                              const ctxs_store_session_export_options *opts)
 {
     ctxs__error_begin();
+    ctxs__progress pr;
+    CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_SESSION_EXPORT_OPTIONS_VERSION,
+                        CTXS_STORE_SESSION_EXPORT_OPTIONS_INIT, "export options");
+    int rc;
     size_t len;
     if (!st || !path || !*path || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
@@ -297,7 +302,7 @@ int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path
     ctxs_session *s;
     ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.background = 0; /* the export reads every held token in file order */
-    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
+    rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
     if (rc < 0)
         return rc;
     ctxs_session_info info;
@@ -307,7 +312,7 @@ int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path
         model.name[0] = '\0';
         rc = 0;
     }
-    export_job job = {.s = s, .fd = -1, .progress = progress, .progress_arg = progress_arg};
+    export_job job = {.s = s, .fd = -1, .progress = pr.fn, .progress_arg = pr.arg};
     ctxs_meta_entry *meta = NULL;
     size_t n_meta = 0;
     if (rc == 0 && (rc = ctxs_store_session_list_meta(&meta, &n_meta, st, name)) == 0)
@@ -322,8 +327,8 @@ int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path
     free(job.raw);
     free(job.out);
     ctxs_session_close(s);
-    if (rc == 0 && progress)
-        progress(progress_arg, job.plan.n_held, job.plan.n_held);
+    if (rc == 0 && pr.fn)
+        pr.fn(pr.arg, job.plan.n_held, job.plan.n_held);
     return rc;
 }
 
@@ -551,22 +556,26 @@ static int import_fill(int fd, const ctxs__disk_label *label, void *arg)
 }
 
 int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1], ctxs_store *st, const char *path,
-                              const char *name, ctxs_progress_fn progress, void *progress_arg)
+                              const char *name, const ctxs_store_session_import_options *opts)
 {
     ctxs__error_begin();
     if (name_out)
         name_out[0] = '\0';
+    ctxs__progress pr;
+    CTXS__PROGRESS_FROM(&pr, opts, CTXS_STORE_SESSION_IMPORT_OPTIONS_VERSION,
+                        CTXS_STORE_SESSION_IMPORT_OPTIONS_INIT, "import options");
+    int rc;
     size_t len = 0;
     if (!st || !path || !*path || (name && ctxs__name_check(name, &len) < 0))
         return CTXS_EINVAL;
     /* O_NONBLOCK: a FIFO in place of the file must not hang the open. */
-    import_job job = {.fd = -1, .out_fd = -1, .pass = 1, .progress = progress,
-                      .progress_arg = progress_arg};
+    import_job job = {.fd = -1, .out_fd = -1, .pass = 1, .progress = pr.fn,
+                      .progress_arg = pr.arg};
     job.fd = ctxs__open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (job.fd < 0)
         return -errno;
     struct stat sb;
-    int rc = 0;
+    rc = 0;
     if (ctxs__fstat(job.fd, &sb) != 0)
         rc = -errno;
     else if (!S_ISREG(sb.st_mode))
@@ -613,7 +622,7 @@ int ctxs_store_session_import(char name_out[CTXS_NAME_MAX + 1], ctxs_store *st, 
         return rc;
     if (name_out)
         memcpy(name_out, name, len + 1);
-    if (progress)
-        progress(progress_arg, 2 * job.size, 2 * job.size);
+    if (pr.fn)
+        pr.fn(pr.arg, 2 * job.size, 2 * job.size);
     return 0;
 }

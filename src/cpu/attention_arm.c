@@ -46,18 +46,6 @@ AN void neon_store(float *p, neon_v16 a)
     for (int i = 0; i < 4; i++)
         vst1q_f32(p + 4 * i, a.v[i]);
 }
-AN neon_v16 neon_loadn(const float *p, uint32_t n)
-{
-    float t[16] = {0};
-    memcpy(t, p, n * sizeof(float));
-    return neon_load(t);
-}
-AN void neon_storen(float *p, neon_v16 a, uint32_t n)
-{
-    float t[16];
-    neon_store(t, a);
-    memcpy(p, t, n * sizeof(float));
-}
 AN neon_v16 neon_half(const uint16_t *p)
 {
     neon_v16 r;
@@ -160,6 +148,7 @@ AN float neon_lane0(neon_v16 a)
 #define V(op) neon_##op
 #define CTXS__SIMD_ATTR
 #define CTXS__SIMD_FN ctxs__attn_neon
+#define CTXS__SIMD_LOADN_COPY
 /* 4 heads x 4 q accumulators + a row: 20 of the 32 q registers. */
 #define CTXS__SIMD_TILE 4
 #define CTXS__SIMD_CHAINS 4

@@ -45,7 +45,7 @@
 
 #include "attention.h"
 #include "dtype.h"
-#include "internal.h"
+#include "last_error.h"
 
 /* --- Portable kernel ------------------------------------------------------ */
 

@@ -7,7 +7,7 @@
  *
  * LMDB trusts its pages. A page that damage left plausible enough can
  * send it reading outside its map, or around in circles; no check before
- * the fact (index_check.c) can see inside every page. So the damaged file
+ * the fact (check_file.c) can see inside every page. So the damaged file
  * is never opened in this process: each table is read by a child of its
  * own, from a private copy made readable (ctxs__index_salvage_copy()),
  * under alarm(). The child sends each row down a pipe as it reads it, so a
@@ -36,6 +36,7 @@
 
 #include "index.h"
 #include "mdb_calls.h"
+#include "platform.h"
 #include "syscall.h"
 
 #define SALVAGE_SECONDS 60            /* one table's reader, at most */
@@ -183,14 +184,8 @@ static void table_free(table *t)
 
 static int table_add(table *t, const msg *m, int fd, int *eof)
 {
-    if (t->n == t->cap) {
-        size_t grown = t->cap ? t->cap * 2 : 64;
-        row *bigger = ctxs__realloc(t->rows, grown * sizeof(*bigger));
-        if (!bigger)
-            return CTXS_ENOMEM;
-        t->rows = bigger;
-        t->cap = grown;
-    }
+    if (ctxs__array_room((void **)&t->rows, &t->cap, t->n, sizeof(*t->rows), 64) < 0)
+        return CTXS_ENOMEM;
     row r = {ctxs__malloc((size_t)m->klen + m->vlen + 1), NULL, m->klen, m->vlen};
     if (!r.key)
         return CTXS_ENOMEM;
@@ -700,25 +695,6 @@ static int salvage_apply(salvage *sv, ctxs_store *st)
 
 /* --- the directory -------------------------------------------------------- */
 
-static char *join(const char *a, const char *b)
-{
-    size_t len = strlen(a) + 1 + strlen(b) + 1;
-    char *p = ctxs__malloc(len);
-    if (p)
-        snprintf(p, len, "%s/%s", a, b);
-    return p;
-}
-
-static int sync_dir(const char *path)
-{
-    int fd = ctxs__open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = ctxs__fsync(fd) == 0 ? 0 : -errno;
-    close(fd);
-    return rc;
-}
-
 /* Moves index/data.mdb and index/lock.mdb into a new
  * <dir>/index.damaged-<unix seconds>[-n]; *moved_to gets its path. */
 static int move_aside(char **moved_to, const char *dir, const char *index_dir)
@@ -733,13 +709,13 @@ static int move_aside(char **moved_to, const char *dir, const char *index_dir)
         else
             snprintf(name, sizeof(name), "index.damaged-%lld-%d", now, n);
         free(aside);
-        if (!(aside = join(dir, name)))
+        if (!(aside = ctxs__path_join(dir, name)))
             return CTXS_ENOMEM;
         rc = ctxs__mkdir(aside, 0700) == 0 ? 0 : -errno;
     }
     const char *files[] = {"data.mdb", "lock.mdb"};
     for (size_t i = 0; rc == 0 && i < 2; i++) {
-        char *from = join(index_dir, files[i]), *to = join(aside, files[i]);
+        char *from = ctxs__path_join(index_dir, files[i]), *to = ctxs__path_join(aside, files[i]);
         if (!from || !to)
             rc = CTXS_ENOMEM;
         else if (ctxs__rename(from, to) != 0 && errno != ENOENT)
@@ -747,12 +723,12 @@ static int move_aside(char **moved_to, const char *dir, const char *index_dir)
         free(from);
         free(to);
     }
-    if (rc == 0 && (rc = sync_dir(aside)) == 0 && (rc = sync_dir(index_dir)) == 0)
-        rc = sync_dir(dir);
+    if (rc == 0 && (rc = ctxs__sync_dir(aside)) == 0 && (rc = ctxs__sync_dir(index_dir)) == 0)
+        rc = ctxs__sync_dir(dir);
     if (rc < 0 && rc != -EEXIST) {
         /* Put back what moved: the store stays as it was. */
         for (size_t i = 0; aside && i < 2; i++) {
-            char *from = join(aside, files[i]), *to = join(index_dir, files[i]);
+            char *from = ctxs__path_join(aside, files[i]), *to = ctxs__path_join(index_dir, files[i]);
             if (from && to)
                 rename(from, to);
             free(from);
@@ -776,7 +752,7 @@ static int move_aside(char **moved_to, const char *dir, const char *index_dir)
  * (a directory that is not empty: left for the user), -errno. */
 static int special_remove(const char *index_dir, const char *name)
 {
-    char *path = join(index_dir, name);
+    char *path = ctxs__path_join(index_dir, name);
     if (!path)
         return CTXS_ENOMEM;
     struct stat sb;
@@ -821,8 +797,8 @@ int ctxs_store_repair_index(ctxs_salvage_result *out, const char *dir, unsigned 
         rc = -errno;
     if (rc == 0 && !S_ISDIR(sb.st_mode))
         rc = -ENOTDIR;
-    if (rc == 0 && (!(index_dir = join(abs, "index")) || !(data = join(index_dir, "data.mdb")) ||
-                    !(copy = join(index_dir, SALVAGE_COPY))))
+    if (rc == 0 && (!(index_dir = ctxs__path_join(abs, "index")) || !(data = ctxs__path_join(index_dir, "data.mdb")) ||
+                    !(copy = ctxs__path_join(index_dir, SALVAGE_COPY))))
         rc = CTXS_ENOMEM;
     /* A store has index/ (made first), or at least sessions/ (an index
      * removed by hand): anything else is not ours to make an index in. */
@@ -830,7 +806,7 @@ int ctxs_store_repair_index(ctxs_salvage_result *out, const char *dir, unsigned 
     if (has_index < 0)
         rc = has_index;
     if (rc == 0 && !has_index) {
-        char *sessions = join(abs, "sessions");
+        char *sessions = ctxs__path_join(abs, "sessions");
         int has_sessions = sessions ? is_dir(sessions) : CTXS_ENOMEM;
         free(sessions);
         if (has_sessions < 0)

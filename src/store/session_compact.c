@@ -90,9 +90,9 @@ static int punch_unheld(const ctxs_session *s, uint32_t from)
     return len ? punch(s->fd, at, len) : 0;
 }
 
-int ctxs__session_compact(const char *path, uint64_t *bytes_before, uint64_t *bytes_after)
+int ctxs__session_open_alone(ctxs_session **out, const char *path)
 {
-    *bytes_before = *bytes_after = 0;
+    *out = NULL;
     /* A look that changes nothing first: a file any handle has open is
      * left exactly as it is. The header gives the model to open with. */
     int fd = ctxs__open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
@@ -113,15 +113,27 @@ int ctxs__session_compact(const char *path, uint64_t *bytes_before, uint64_t *by
      * both records and makes them durable before it returns). */
     ctxs_session *s;
     ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
-    o.background = 0; /* nothing is read, nothing is written: no window */
+    o.background = 0; /* the caller's work alone: no window brought in */
     if ((rc = ctxs_session_open(&s, path, &p.model, 0, &o)) < 0)
         return rc;
+    *out = s;
     /* Readers are kept out too, as by a delete: a reader that opened since
-     * the look would see the punched slots of a record it read earlier. */
+     * the look would see, say, the punched slots of a record it read
+     * earlier. */
     struct stat sb;
     if ((rc = ctxs__lock(s->fd, CTXS__LOCK_EXCLUSIVE)) == 0 && ctxs__fstat(s->fd, &sb) == 0 &&
         sb.st_nlink == 0)
         rc = -ENOENT; /* deleted meanwhile */
+    return rc;
+}
+
+int ctxs__session_compact(const char *path, uint64_t *bytes_before, uint64_t *bytes_after)
+{
+    *bytes_before = *bytes_after = 0;
+    ctxs_session *s;
+    int rc = ctxs__session_open_alone(&s, path);
+    if (!s)
+        return rc;
     if (rc == 0) {
         *bytes_before = disk_bytes(s->fd);
         uint64_t n = s->st.n_tokens;

@@ -193,6 +193,46 @@ int ctxs__kv_raw_verifies(const ctxs__kv_plan *p, int32_t part, uint8_t *raw, ui
     return 1;
 }
 
+/* pread (write 0) or pwrite (write 1) of exactly len bytes. */
+static int exact_io(int fd, int write, uint8_t *buf, size_t len, uint64_t off)
+{
+    return write ? ctxs__write_exact(fd, buf, len, (off_t)off)
+                 : ctxs__read_exact(fd, buf, len, (off_t)off);
+}
+
+/* Moves the KV and Q8 scales of a block's runs between raw and the file
+ * at fd, run by run, in the slots of sp[0..n_sp): read from the file
+ * (write 0) or written into it (write 1). */
+static int runs_io(int fd, int write, uint8_t *raw, const ctxs__kv_plan *p, int32_t part,
+                   const ctxs__span *sp, uint32_t n_sp, uint32_t count)
+{
+    size_t sb = p->lay.slot_bytes, run_bytes = (size_t)count * sb;
+    size_t scb = p->scale_bytes, scale_run_bytes = (size_t)count * scb;
+    uint8_t *kv = raw_kv(raw, count), *scales = raw_scales(p, part, raw, count);
+    const uint32_t runs = 2 * p->lay.n_layers * p->lay.n_kv_heads;
+    for (uint32_t run = 0, r = 0; run < runs; run++) {
+        if (!run_in(p, part, run))
+            continue;
+        uint64_t base = p->lay.kv_off + ctxs__run_off(&p->lay, run);
+        uint64_t scale_base = p->lay.scales_off + ctxs__run_scales_off(&p->lay, run);
+        size_t at = 0, scale_at = 0;
+        for (uint32_t j = 0; j < n_sp; j++) {
+            size_t len = (size_t)sp[j].count * sb, scale_len = (size_t)sp[j].count * scb;
+            int rc = exact_io(fd, write, kv + (size_t)r * run_bytes + at, len,
+                              base + (uint64_t)sp[j].slot * sb);
+            if (rc == 0 && scb)
+                rc = exact_io(fd, write, scales + (size_t)r * scale_run_bytes + scale_at,
+                              scale_len, scale_base + (uint64_t)sp[j].slot * scb);
+            if (rc < 0)
+                return rc;
+            at += len;
+            scale_at += scale_len;
+        }
+        r++;
+    }
+    return 0;
+}
+
 /* Copies the ids, checksums and KV of a block's tokens from the session. */
 static int block_copy(uint8_t *raw, const ctxs__kv_plan *p, int32_t part, const ctxs_session *s,
                       uint64_t first, uint32_t count)
@@ -207,33 +247,7 @@ static int block_copy(uint8_t *raw, const ctxs__kv_plan *p, int32_t part, const 
      * (MADV_RANDOM), and an I/O error is an error here, not a SIGBUS. */
     ctxs__span sp[2];
     uint32_t n_sp = block_spans(sp, p, part, first, count);
-    size_t sb = p->lay.slot_bytes, run_bytes = (size_t)count * sb;
-    size_t scb = p->scale_bytes, scale_run_bytes = (size_t)count * scb;
-    uint8_t *kv = raw_kv(raw, count), *scales = raw_scales(p, part, raw, count);
-    const uint32_t runs = 2 * p->lay.n_layers * p->lay.n_kv_heads;
-    for (uint32_t run = 0, r = 0; run < runs; run++) {
-        if (!run_in(p, part, run))
-            continue;
-        uint64_t base = p->lay.kv_off + ctxs__run_off(&p->lay, run);
-        uint64_t scale_base = p->lay.scales_off + ctxs__run_scales_off(&p->lay, run);
-        size_t at = 0, scale_at = 0;
-        for (uint32_t j = 0; j < n_sp; j++) {
-            size_t len = (size_t)sp[j].count * sb;
-            rc = ctxs__read_exact(ctxs__session_fd(s), kv + (size_t)r * run_bytes + at, len,
-                                  (off_t)(base + (uint64_t)sp[j].slot * sb));
-            if (rc == 0 && scb)
-                rc = ctxs__read_exact(ctxs__session_fd(s),
-                                      scales + (size_t)r * scale_run_bytes + scale_at,
-                                      (size_t)sp[j].count * scb,
-                                      (off_t)(scale_base + (uint64_t)sp[j].slot * scb));
-            if (rc < 0)
-                return rc;
-            at += len;
-            scale_at += (size_t)sp[j].count * scb;
-        }
-        r++;
-    }
-    return 0;
+    return runs_io(ctxs__session_fd(s), 0, raw, p, part, sp, n_sp, count);
 }
 
 /* 1 if now holds every position want holds (fork.c's rule). */
@@ -300,9 +314,6 @@ int ctxs__kv_block_store(int fd, const ctxs__kv_plan *p, int32_t part, uint8_t *
 {
     ctxs__span sp[2];
     uint32_t n_sp = block_spans(sp, p, part, first, count);
-    size_t sb = p->lay.slot_bytes, run_bytes = (size_t)count * sb;
-    size_t scb = p->scale_bytes, scale_run_bytes = (size_t)count * scb;
-    const uint8_t *kv = raw_kv(raw, count), *scales = raw_scales(p, part, raw, count);
     size_t at = 0;
     int rc;
     if (part < 0) {
@@ -337,29 +348,7 @@ int ctxs__kv_block_store(int fd, const ctxs__kv_plan *p, int32_t part, uint8_t *
                 return rc;
         }
     }
-    const uint32_t runs = 2 * p->lay.n_layers * p->lay.n_kv_heads;
-    for (uint32_t run = 0, r = 0; run < runs; run++) {
-        if (!run_in(p, part, run))
-            continue;
-        uint64_t base = p->lay.kv_off + ctxs__run_off(&p->lay, run);
-        uint64_t scale_base = p->lay.scales_off + ctxs__run_scales_off(&p->lay, run);
-        at = 0;
-        size_t scale_at = 0;
-        for (uint32_t j = 0; j < n_sp; j++) {
-            size_t len = (size_t)sp[j].count * sb;
-            if ((rc = ctxs__write_exact(fd, kv + (size_t)r * run_bytes + at, len,
-                                        (off_t)(base + (uint64_t)sp[j].slot * sb))) < 0)
-                return rc;
-            if (scb && (rc = ctxs__write_exact(fd, scales + (size_t)r * scale_run_bytes + scale_at,
-                                               (size_t)sp[j].count * scb,
-                                               (off_t)(scale_base + (uint64_t)sp[j].slot * scb))) < 0)
-                return rc;
-            at += len;
-            scale_at += (size_t)sp[j].count * scb;
-        }
-        r++;
-    }
-    return 0;
+    return runs_io(fd, 1, raw, p, part, sp, n_sp, count);
 }
 
 static int full_or(int rc)

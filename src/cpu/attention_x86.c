@@ -40,19 +40,6 @@ A2 void avx2_store(float *p, avx2_v16 v)
     _mm256_storeu_ps(p, v.lo);
     _mm256_storeu_ps(p + 8, v.hi);
 }
-/* n < 16 elements; the rest of the lanes are zero. */
-A2 avx2_v16 avx2_loadn(const float *p, uint32_t n)
-{
-    float t[16] = {0};
-    memcpy(t, p, n * sizeof(float));
-    return avx2_load(t);
-}
-A2 void avx2_storen(float *p, avx2_v16 v, uint32_t n)
-{
-    float t[16];
-    avx2_store(t, v);
-    memcpy(p, t, n * sizeof(float));
-}
 A2 avx2_v16 avx2_half(const uint16_t *p)
 {
     return (avx2_v16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)),
@@ -158,16 +145,11 @@ A2 float avx2_lane0(avx2_v16 v)
 #define V(op) avx2_##op
 #define CTXS__SIMD_ATTR __attribute__((target("avx2,fma,f16c")))
 #define CTXS__SIMD_FN ctxs__attn_avx2
+#define CTXS__SIMD_LOADN_COPY
 /* 4 heads x 2 ymm accumulators + a converted row fit the 16 ymm registers. */
 #define CTXS__SIMD_TILE 4
 #define CTXS__SIMD_CHAINS 4
 #include "attention.h"
-#undef v16
-#undef V
-#undef CTXS__SIMD_ATTR
-#undef CTXS__SIMD_FN
-#undef CTXS__SIMD_TILE
-#undef CTXS__SIMD_CHAINS
 
 /* --- AVX-512F (+ F16C, FMA): a 16-lane vector is one zmm ----------------- */
 
@@ -293,12 +275,6 @@ A5 float avx512_lane0(__m512 v)
 #define CTXS__SIMD_TILE 8
 #define CTXS__SIMD_CHAINS 8
 #include "attention.h"
-#undef v16
-#undef V
-#undef CTXS__SIMD_ATTR
-#undef CTXS__SIMD_FN
-#undef CTXS__SIMD_TILE
-#undef CTXS__SIMD_CHAINS
 
 #else
 /* ISO C forbids an empty translation unit. */

@@ -24,7 +24,7 @@
  *   looks for it once the environment is open.
  *
  * Then the pages of the trees that meta reaches are walked
- * (index_pages.c): LMDB trusts what is inside a page as much as the file's
+ * (check_file_pages.c): LMDB trusts what is inside a page as much as the file's
  * size, and a garbled node sends its reads past the page, the map or the
  * file. What neither sees -- records of the right shape with wrong
  * contents -- LMDB or the index's readers report as CTXS_EINDEX.
@@ -44,6 +44,7 @@
 
 #include "index.h"
 #include "lmdb_layout.h"
+#include "platform.h"
 #include "syscall.h"
 
 /*
@@ -96,21 +97,6 @@ int ctxs__index_dir_check(const char *index_dir)
     return rc;
 }
 
-/* Reads up to len bytes at off; the count read, or -errno. */
-static ssize_t read_at(int fd, void *buf, size_t len, off_t off)
-{
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = ctxs__pread(fd, (char *)buf + done, len - done, off + (off_t)done);
-        if (n < 0)
-            return -errno;
-        if (n == 0)
-            break;
-        done += (size_t)n;
-    }
-    return (ssize_t)done;
-}
-
 static int psize_valid(uint32_t psize)
 {
     return psize >= LMDB_MIN_PSIZE && psize <= LMDB_MAX_PSIZE && (psize & (psize - 1)) == 0;
@@ -130,7 +116,7 @@ static int meta_page_ok(const lmdb_meta_page *p, ssize_t n, size_t pgno)
 static int tree_page_at(int fd, uint32_t psize)
 {
     lmdb_page_head h;
-    if (read_at(fd, &h, sizeof(h), (off_t)2 * psize) != (ssize_t)sizeof(h))
+    if (ctxs__read_upto(fd, &h, sizeof(h), (off_t)2 * psize) != (ssize_t)sizeof(h))
         return 0;
     return h.pgno == 2 && !(h.flags & LMDB_P_META) &&
            (h.flags & (LMDB_P_BRANCH | LMDB_P_LEAF | LMDB_P_OVERFLOW));
@@ -163,7 +149,7 @@ static int check_once(int fd, int empty_ok, lmdb_meta_page m[2], uint32_t *p1_at
         rc = empty_ok ? 0 : CTXS_EINDEX;
         goto leave;
     }
-    if ((n[0] = read_at(fd, &m[0], sizeof(m[0]), 0)) < 0) {
+    if ((n[0] = ctxs__read_upto(fd, &m[0], sizeof(m[0]), 0)) < 0) {
         rc = (int)n[0];
         goto leave;
     }
@@ -178,7 +164,7 @@ static int check_once(int fd, int empty_ok, lmdb_meta_page m[2], uint32_t *p1_at
             continue;
         memset(&m[1], 0, sizeof(m[1]));
         *p1_at = ps;
-        if ((n[1] = read_at(fd, &m[1], sizeof(m[1]), (off_t)ps)) < 0) {
+        if ((n[1] = ctxs__read_upto(fd, &m[1], sizeof(m[1]), (off_t)ps)) < 0) {
             rc = (int)n[1];
             goto leave;
         }
@@ -264,8 +250,8 @@ int ctxs__index_file_check(const char *data_path, int empty_ok)
     int rc = check_once(fd, empty_ok, m, &p1_at);
     for (int pass = 1; rc == CTXS_EINDEX; pass++) {
         memset(again, 0, sizeof(again));
-        ssize_t n0 = read_at(fd, &again[0], sizeof(again[0]), 0);
-        ssize_t n1 = p1_at ? read_at(fd, &again[1], sizeof(again[1]), (off_t)p1_at) : 0;
+        ssize_t n0 = ctxs__read_upto(fd, &again[0], sizeof(again[0]), 0);
+        ssize_t n1 = p1_at ? ctxs__read_upto(fd, &again[1], sizeof(again[1]), (off_t)p1_at) : 0;
         if (n0 < 0 || n1 < 0) {
             rc = (int)(n0 < 0 ? n0 : n1);
             break;
@@ -285,7 +271,7 @@ int ctxs__index_file_check(const char *data_path, int empty_ok)
 
 /*
  * A copy of a damaged data file that LMDB can be let read, for salvage
- * (salvage.c). What LMDB needs of the file is what the check above asks;
+ * (repair_index.c). What LMDB needs of the file is what the check above asks;
  * here each failure is mended in the copy instead of refused:
  *
  * - a meta page lost (zeroed, overwritten) is given the other's contents:
@@ -327,7 +313,7 @@ static int copy_bytes(int in, int out, uint64_t size)
     int rc = 0;
     for (uint64_t off = 0; rc == 0 && off < size; off += SALVAGE_COPY_BLOCK) {
         size_t want = size - off < SALVAGE_COPY_BLOCK ? (size_t)(size - off) : SALVAGE_COPY_BLOCK;
-        ssize_t got = read_at(in, buf, want, (off_t)off);
+        ssize_t got = ctxs__read_upto(in, buf, want, (off_t)off);
         if (got == -EIO)
             got = 0; /* unreadable: zeros, as a lost page */
         if (got < 0) {
@@ -365,7 +351,7 @@ int ctxs__index_salvage_copy(const char *data_path, const char *copy_path, uint6
     }
     uint64_t size = (uint64_t)sb.st_size;
     memset(m, 0, sizeof(m));
-    if ((n[0] = read_at(in, &m[0], sizeof(m[0]), 0)) < 0)
+    if ((n[0] = ctxs__read_upto(in, &m[0], sizeof(m[0]), 0)) < 0)
         n[0] = 0;
     /* The page size: page 0's, else whichever page 1 is found at. */
     uint32_t psize = 0;
@@ -373,7 +359,7 @@ int ctxs__index_salvage_copy(const char *data_path, const char *copy_path, uint6
     for (uint32_t ps = LMDB_MIN_PSIZE; ps <= LMDB_MAX_PSIZE && !psize; ps *= 2) {
         if (meta_page_ok(&m[0], n[0], 0) && ps != m[0].meta.dbs[0].pad)
             continue;
-        if ((n[1] = read_at(in, &m[1], sizeof(m[1]), (off_t)ps)) < 0)
+        if ((n[1] = ctxs__read_upto(in, &m[1], sizeof(m[1]), (off_t)ps)) < 0)
             n[1] = 0;
         ok[0] = meta_usable(&m[0], n[0], 0, ps);
         ok[1] = meta_usable(&m[1], n[1], 1, ps);

@@ -60,7 +60,7 @@
  * record, and still reads inside its pages.
  *
  * The walk reads the file while other processes may commit to it; the
- * caller (index_check.c) judges a failure only against a meta that stayed
+ * caller (check_file.c) judges a failure only against a meta that stayed
  * the same while it ran.
  */
 #include <errno.h>
@@ -69,6 +69,7 @@
 
 #include "index.h"
 #include "lmdb_layout.h"
+#include "platform.h"
 #include "syscall.h"
 
 /* Nesting of page buffers: the main tree, a named tree below one of its
@@ -99,20 +100,6 @@ typedef struct tree {
 
 #define DAMAGED CTXS_EINDEX
 
-static ssize_t read_at(int fd, void *buf, size_t len, uint64_t off)
-{
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = ctxs__pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
-        if (n < 0)
-            return -errno;
-        if (n == 0)
-            break;
-        done += (size_t)n;
-    }
-    return (ssize_t)done;
-}
-
 /* Marks pages [pgno, pgno + n) as reached; DAMAGED when one is outside
  * the snapshot's pages or was reached before. */
 static int claim(walker *w, uint64_t pgno, uint64_t n)
@@ -138,7 +125,7 @@ static int page_read(walker *w, uint64_t pgno, unsigned nest, uint8_t **out)
         return rc;
     if (!w->buf[nest] && !(w->buf[nest] = ctxs__malloc(w->psize)))
         return CTXS_ENOMEM;
-    ssize_t n = read_at(w->fd, w->buf[nest], w->psize, pgno * w->psize);
+    ssize_t n = ctxs__read_upto(w->fd, w->buf[nest], w->psize, pgno * w->psize);
     if (n < 0)
         return (int)n;
     if ((size_t)n != w->psize)
@@ -227,7 +214,7 @@ static int overflow_check(walker *w, uint64_t pgno, uint32_t dsize)
     if (pgno < 2 || pgno > w->last_pg)
         return DAMAGED;
     lmdb_page_head h;
-    ssize_t n = read_at(w->fd, &h, sizeof(h), pgno * w->psize);
+    ssize_t n = ctxs__read_upto(w->fd, &h, sizeof(h), pgno * w->psize);
     if (n < 0)
         return (int)n;
     uint64_t need = ((uint64_t)LMDB_PAGE_HEAD - 1 + dsize) / w->psize + 1; /* OVPAGES */
@@ -252,7 +239,7 @@ static int free_list_check(walker *w, const uint8_t *data, uint64_t pgno, uint32
     if (data) {
         memcpy(ids, data, dsize);
     } else {
-        ssize_t n = read_at(w->fd, ids, dsize, pgno * w->psize + LMDB_PAGE_HEAD);
+        ssize_t n = ctxs__read_upto(w->fd, ids, dsize, pgno * w->psize + LMDB_PAGE_HEAD);
         rc = n < 0 ? (int)n : (size_t)n != dsize ? DAMAGED : 0;
     }
     size_t count = dsize / sizeof(size_t) - 1;

@@ -173,7 +173,7 @@ static void round_trip(uint32_t dtype)
     ctxs_remote *rb = remote_open(b, rs.url, 0);
     ctxs_remote_pull_result res;
     ctxs_session *got = NULL;
-    int rc = ctxs_remote_pull(&got, &res, rb, "chat", NULL, NULL, NULL, NULL);
+    int rc = ctxs_remote_pull(&got, &res, rb, "chat", NULL, NULL, NULL);
     cr_assert_eq(rc, 0, "pull: %s", ctxs_err_name(rc));
     cr_assert_eq(res.n_tokens, 200);
     cr_assert_eq(res.remote_tokens, 200);
@@ -215,18 +215,18 @@ Test(remote, a_session_made_before_the_remote_pushes_on_demand)
     cr_assert_eq(ctxs_store_session_set_meta(a, "old", "title", "hello", 5), 0);
     ctxs_remote *ra = remote_open(a, rs.url, 0);
     ctxs_remote_push_result pr;
-    cr_assert_eq(ctxs_remote_push(&pr, ra, "old", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, ra, "old", NULL), 0);
     cr_assert_eq(pr.n_tokens, 150);
     cr_assert_eq(pr.chunks_sent, 3);
     cr_assert_eq(pr.chunks_present, 0);
     /* Again: everything is there already. */
-    cr_assert_eq(ctxs_remote_push(&pr, ra, "old", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, ra, "old", NULL), 0);
     cr_assert_eq(pr.chunks_sent, 0);
     cr_assert_eq(pr.chunks_present, 3);
 
     ctxs_remote *rb = remote_open(b, rs.url, 0);
     ctxs_remote_pull_result res;
-    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "old", "new", NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "old", "new", NULL, NULL), 0);
     cr_assert_eq(res.n_tokens, 150);
     ctxs_session *src = open_ro(a, "old"), *got = open_ro(b, "new");
     assert_same_tokens(src, got, 150);
@@ -269,9 +269,9 @@ Test(remote, a_shared_system_prompt_is_stored_once)
     ctxs_session_close(make_session(a, "y", &m, 192, 64, 128, 2));
     ctxs_remote *ra = remote_open(a, rs.url, 0);
     ctxs_remote_push_result pr;
-    cr_assert_eq(ctxs_remote_push(&pr, ra, "x", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, ra, "x", NULL), 0);
     cr_assert_eq(pr.chunks_sent, 3);
-    cr_assert_eq(ctxs_remote_push(&pr, ra, "y", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, ra, "y", NULL), 0);
     cr_assert_eq(pr.chunks_sent, 1);
     cr_assert_eq(pr.chunks_present, 2);
     cr_assert_eq(ts_redis_count(&rs, "ctxs:chunk:*"), 4);
@@ -288,7 +288,7 @@ Test(remote, a_shared_system_prompt_is_stored_once)
     ctxs_remote *rb = remote_open(b, rs.url, 0);
     ctxs_remote_pull_result res;
     ctxs_session *got;
-    cr_assert_eq(ctxs_remote_pull_prefix(&got, &res, rb, "hit", &m, prompt, 300, NULL), 0);
+    cr_assert_eq(ctxs_remote_pull_prefix(&got, &res, rb, "hit", &m, prompt, 300, NULL, NULL), 0);
     cr_assert_eq(res.n_tokens, 128);
     cr_assert_eq(res.remote_tokens, 300);
     cr_assert_eq(res.chunks_pulled, 2);
@@ -296,20 +296,21 @@ Test(remote, a_shared_system_prompt_is_stored_once)
     assert_same_tokens(x, got, 128);
     ctxs_session_close(got);
     /* The whole of x, its tail-less end exactly at 192. */
-    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "all", &m, whole, 192, NULL), 0);
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "all", &m, whole, 192, NULL, NULL), 0);
     cr_assert_eq(res.n_tokens, 192);
     /* Taken locally: CTXS_ETAKEN, before any traffic. */
-    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "all", &m, whole, 192, NULL), CTXS_ETAKEN);
-    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "x", "all", NULL, NULL, NULL), CTXS_ETAKEN);
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "all", &m, whole, 192, NULL, NULL),
+                 CTXS_ETAKEN);
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "x", "all", NULL, NULL), CTXS_ETAKEN);
     /* Nothing shared: no session. */
     uint32_t other[64];
     for (int i = 0; i < 64; i++)
         other[i] = 9000000u + (uint32_t)i;
-    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "none", &m, other, 64, NULL),
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "none", &m, other, 64, NULL, NULL),
                  CTXS_ENOTFOUND);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, b, "none"), CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "nobody", NULL, NULL, NULL, NULL),
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "nobody", NULL, NULL, NULL),
                  CTXS_ENOTFOUND);
     ctxs_session_close(x);
     ctxs_remote_close(NULL, ra, FLUSH_MS);
@@ -324,7 +325,7 @@ static uint32_t *pushed_session(ts_redis *rs, ctxs_store *a, const ctxs_model *m
 {
     ctxs_session_close(make_session(a, "c", m, 320, 320, 0, 0));
     ctxs_remote *ra = remote_open(a, rs->url, 0);
-    cr_assert_eq(ctxs_remote_push(NULL, ra, "c", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(NULL, ra, "c", NULL), 0);
     ctxs_remote_close(NULL, ra, FLUSH_MS);
     ctxs_session *s = open_ro(a, "c");
     uint32_t *ids = ids_of(s, 320);
@@ -339,7 +340,7 @@ static void pull_stops_at_chunk_2(ts_redis *rs, ctxs_store *a, ctxs_store *b, co
     ctxs_remote *rb = remote_open(b, rs->url, 0);
     ctxs_remote_pull_result res;
     ctxs_session *got;
-    int rc = ctxs_remote_pull(&got, &res, rb, "c", local, NULL, NULL, NULL);
+    int rc = ctxs_remote_pull(&got, &res, rb, "c", local, NULL, NULL);
     cr_assert_eq(rc, 0, "pull: %s", ctxs_err_name(rc));
     cr_assert_eq(res.n_tokens, 128);
     cr_assert_eq(res.chunks_pulled, 2);
@@ -440,7 +441,7 @@ Test(remote, a_damaged_session_record_is_eremote)
     for (int i = 0; i < 2; i++) {
         free(ts_redis_cmd(&rs, "SETRANGE", "ctxs:session:c", offs[i], "\x55", NULL));
         ctxs_remote_pull_result res;
-        cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "c", NULL, NULL, NULL, NULL), CTXS_EREMOTE);
+        cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "c", NULL, NULL, NULL), CTXS_EREMOTE);
         ctxs_session_entry e;
         cr_assert_eq(ctxs_store_session_get(&e, b, "c"), CTXS_ENOTFOUND);
     }
@@ -459,10 +460,10 @@ Test(remote, a_damaged_session_record_is_eremote)
     cr_assert_eq(e[0].status, CTXS_EREMOTE);
     cr_assert_str_eq(e[1].name, "c");
     ctxs_free(e);
-    cr_assert_eq(ctxs_remote_pull(NULL, NULL, rb, "a list", NULL, NULL, NULL, NULL), CTXS_EREMOTE);
+    cr_assert_eq(ctxs_remote_pull(NULL, NULL, rb, "a list", NULL, NULL, NULL), CTXS_EREMOTE);
     /* Cut to a few bytes: still a clear error, no allocation from it. */
     free(ts_redis_cmd(&rs, "SET", "ctxs:session:c", "CTXSRSES", NULL));
-    cr_assert_eq(ctxs_remote_pull(NULL, NULL, rb, "c", NULL, NULL, NULL, NULL), CTXS_EREMOTE);
+    cr_assert_eq(ctxs_remote_pull(NULL, NULL, rb, "c", NULL, NULL, NULL), CTXS_EREMOTE);
     ctxs_remote_close(NULL, rb, FLUSH_MS);
     ctxs_store_close(a);
     ctxs_store_close(b);
@@ -497,7 +498,7 @@ Test(remote, redis_killed_mid_push_loses_nothing_locally_and_never_a_partial_chu
     ctxs_remote *rb = remote_open(b, rs.url, 0);
     ctxs_remote_pull_result res;
     ctxs_session *got = NULL;
-    int rc = ctxs_remote_pull(&got, &res, rb, "big", NULL, NULL, NULL, NULL);
+    int rc = ctxs_remote_pull(&got, &res, rb, "big", NULL, NULL, NULL);
     cr_assert(rc == 0 || rc == CTXS_ENOTFOUND, "pull: %s", ctxs_err_name(rc));
     ctxs_session *src = open_ro(a, "big");
     if (rc == 0) {
@@ -511,9 +512,9 @@ Test(remote, redis_killed_mid_push_loses_nothing_locally_and_never_a_partial_chu
     }
     /* A push completes it. */
     ctxs_remote_push_result pr;
-    cr_assert_eq(ctxs_remote_push(&pr, ra, "big", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, ra, "big", NULL), 0);
     cr_assert_eq(pr.chunks_sent + pr.chunks_present, 48);
-    cr_assert_eq(ctxs_remote_pull(&got, &res, rb, "big", NULL, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_pull(&got, &res, rb, "big", NULL, NULL, NULL), 0);
     cr_assert_eq(res.n_tokens, 3072);
     assert_same_tokens(src, got, 3072);
     ctxs_session_close(got);
@@ -568,7 +569,7 @@ Test(remote, eviction_gives_a_shorter_prefix_not_an_error)
     free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru", NULL));
     ctxs_remote *ra = remote_open(a, rs.url, 0);
     /* 64 chunks of 132 KiB: twice what fits. Redis evicts as it goes. */
-    int rc = ctxs_remote_push(NULL, ra, "e", NULL, NULL);
+    int rc = ctxs_remote_push(NULL, ra, "e", NULL);
     cr_assert_eq(rc, 0, "push: %s", ctxs_err_name(rc));
     ctxs_remote_info info;
     cr_assert_eq(ctxs_remote_get_info(&info, ra), 0);
@@ -582,7 +583,7 @@ Test(remote, eviction_gives_a_shorter_prefix_not_an_error)
     ctxs_session *got = NULL;
     /* The record (written last) may survive or not; either way, no
      * error beyond "not found", and never a wrong token. */
-    rc = ctxs_remote_pull(&got, &res, rb, "e", NULL, NULL, NULL, NULL);
+    rc = ctxs_remote_pull(&got, &res, rb, "e", NULL, NULL, NULL);
     cr_assert(rc == 0 || rc == CTXS_ENOTFOUND, "pull: %s", ctxs_err_name(rc));
     if (rc == 0) {
         cr_assert_lt(res.n_tokens, 4096);
@@ -592,7 +593,7 @@ Test(remote, eviction_gives_a_shorter_prefix_not_an_error)
         ctxs_free(res.rest_ids);
         ctxs_session_close(got);
     }
-    rc = ctxs_remote_pull_prefix(&got, &res, rb, "p", &m, ids, 4096, NULL);
+    rc = ctxs_remote_pull_prefix(&got, &res, rb, "p", &m, ids, 4096, NULL, NULL);
     cr_assert(rc == 0 || rc == CTXS_ENOTFOUND, "pull_prefix: %s", ctxs_err_name(rc));
     if (rc == 0) {
         cr_assert_lt(res.n_tokens, 4096);
@@ -728,7 +729,7 @@ static void assert_pulls_whole(ctxs_remote *rb, ctxs_store *a, const char *name,
 {
     ctxs_remote_pull_result res;
     ctxs_session *got = NULL;
-    int rc = ctxs_remote_pull(&got, &res, rb, name, local, NULL, NULL, NULL);
+    int rc = ctxs_remote_pull(&got, &res, rb, name, local, NULL, NULL);
     cr_assert_eq(rc, 0, "pull %s: %s", name, ctxs_err_name(rc));
     cr_assert_eq(res.n_tokens, n, "pull %s: %llu of %llu tokens (missing %llu, refused %llu)",
                  name, (unsigned long long)res.n_tokens, (unsigned long long)n,
@@ -819,9 +820,9 @@ Test(remote, one_model_in_two_dtypes_keeps_two_sets_of_chunks)
     ctxs_session_close(make_session(c, "as-q8", &q8, 200, 50, 0, 0));
     ctxs_remote *ra = remote_open(a, rs.url, 0), *rc_ = remote_open(c, rs.url, 0);
     ctxs_remote_push_result pr;
-    cr_assert_eq(ctxs_remote_push(&pr, ra, "as-f16", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, ra, "as-f16", NULL), 0);
     cr_assert_eq(pr.chunks_sent, 4);
-    cr_assert_eq(ctxs_remote_push(&pr, rc_, "as-q8", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, rc_, "as-q8", NULL), 0);
     cr_assert_eq(pr.chunks_sent, 4, "Q8 chunks taken for present: %llu sent",
                  (unsigned long long)pr.chunks_sent);
     cr_assert_eq(ts_redis_count(&rs, "ctxs:chunk:*"), 8);
@@ -928,7 +929,10 @@ Test(remote, connections_are_close_on_exec)
     ctxs_session_close(make_session(a, "fd", &m, 128, 128, 0, 0));
     ctxs_remote *ra = remote_open(a, rs.url, 0);
     int counts[2] = {0, 0};
-    cr_assert_eq(ctxs_remote_push(NULL, ra, "fd", count_sockets, counts), 0);
+    ctxs_remote_push_options po = CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    po.progress = count_sockets;
+    po.progress_arg = counts;
+    cr_assert_eq(ctxs_remote_push(NULL, ra, "fd", &po), 0);
     cr_assert_gt(counts[0], 0, "no socket open during the push");
     cr_assert_eq(counts[1], 0, "%d of %d sockets without FD_CLOEXEC", counts[1], counts[0]);
     ctxs_remote_close(NULL, ra, FLUSH_MS);
@@ -967,7 +971,7 @@ Test(remote, a_key_prefix_with_glob_characters_lists_only_its_own)
         st[i] = store_at(dir);
         r[i] = remote_open_prefixed(st[i], rs.url, prefixes[i]);
         ctxs_session_close(make_session(st[i], name, &m, 64, 64, 0, 0));
-        int rc = ctxs_remote_push(NULL, r[i], name, NULL, NULL);
+        int rc = ctxs_remote_push(NULL, r[i], name, NULL);
         cr_assert_eq(rc, 0, "push %s: %s", name, ctxs_err_name(rc));
     }
     for (int i = 0; i < N; i++) {
@@ -1144,7 +1148,7 @@ Test(remote, a_pull_into_a_store_with_another_form_of_the_model_is_emodel)
     ctxs_remote *rb = remote_open(b, rs.url, 0);
     ctxs_remote_pull_result res;
     uint64_t sent_before = net_output_bytes(&rs);
-    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "c", NULL, NULL, NULL, NULL), CTXS_EMODEL);
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "c", NULL, NULL, NULL), CTXS_EMODEL);
     /* The record (and an INFO reply) only: less than one chunk's KV. */
     uint64_t sent = net_output_bytes(&rs) - sent_before;
     uint64_t chunk_kv = 2 * CTXS_PREFIX_CHUNK * ctxs_geometry_get_token_bytes(&m.geometry,
@@ -1155,11 +1159,156 @@ Test(remote, a_pull_into_a_store_with_another_form_of_the_model_is_emodel)
     ctxs_session *src = open_ro(a, "c");
     ids = ids_of(src, 128);
     ctxs_session_close(src);
-    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "p", &m, ids, 128, NULL), CTXS_EMODEL);
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "p", &m, ids, 128, NULL, NULL),
+                 CTXS_EMODEL);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, b, "c"), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_get(&e, b, "p"), CTXS_ENOTFOUND);
     free(ids);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+/* What the progress callbacks of push and pull were told. */
+typedef struct progress_log {
+    int calls;
+    int backwards;              /* done fell, or rose above total */
+    uint64_t done, total;       /* the last call's */
+} progress_log;
+
+static void progress_note(void *arg, uint64_t done, uint64_t total)
+{
+    progress_log *l = arg;
+    if ((l->calls && done < l->done) || done > total)
+        l->backwards = 1;
+    l->calls++;
+    l->done = done;
+    l->total = total;
+}
+
+/* Options of another version, or with a reserved byte set, are refused
+ * with CTXS_EINVAL and a reason before anything moves: nothing pushed,
+ * no local session made. */
+Test(remote, push_and_pull_options_of_another_version_or_reserved_bytes_are_refused)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(21);
+    ctxs_session *s = make_session(a, "c", &m, 130, 65, 0, 0);
+    uint32_t *ids = ids_of(s, 130);
+    ctxs_session_close(s);
+    ctxs_remote *ra = remote_open(a, rs.url, 0);
+
+    ctxs_remote_push_options po = CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    po.version = CTXS_REMOTE_PUSH_OPTIONS_VERSION + 1;
+    cr_assert_eq(ctxs_remote_push(NULL, ra, "c", &po), CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "version"), "%s", ctxs_get_last_error());
+    po = (ctxs_remote_push_options)CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    po.reserved0 = 1;
+    cr_assert_eq(ctxs_remote_push(NULL, ra, "c", &po), CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "reserved"), "%s", ctxs_get_last_error());
+    po = (ctxs_remote_push_options)CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    po.reserved[31] = 1;
+    cr_assert_eq(ctxs_remote_push(NULL, ra, "c", &po), CTXS_EINVAL);
+    cr_assert_eq(ts_redis_count(&rs, "ctxs:*"), 0);
+
+    cr_assert_eq(ctxs_remote_push_options_init(NULL, CTXS_REMOTE_PUSH_OPTIONS_VERSION),
+                 CTXS_EINVAL);
+    cr_assert_eq(ctxs_remote_push_options_init(&po, CTXS_REMOTE_PUSH_OPTIONS_VERSION + 1),
+                 CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "version"), "%s", ctxs_get_last_error());
+    memset(&po, 0xa5, sizeof(po));
+    cr_assert_eq(ctxs_remote_push_options_init(&po, CTXS_REMOTE_PUSH_OPTIONS_VERSION), 0);
+    const ctxs_remote_push_options push_init = CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    cr_assert(memcmp(&po, &push_init, sizeof(po)) == 0);
+    cr_assert_eq(ctxs_remote_push(NULL, ra, "c", &po), 0);
+
+    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    ctxs_remote_pull_options lo = CTXS_REMOTE_PULL_OPTIONS_INIT;
+    lo.version = 0;
+    cr_assert_eq(ctxs_remote_pull(NULL, NULL, rb, "c", NULL, NULL, &lo), CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "version"), "%s", ctxs_get_last_error());
+    lo = (ctxs_remote_pull_options)CTXS_REMOTE_PULL_OPTIONS_INIT;
+    lo.reserved[0] = 1;
+    cr_assert_eq(ctxs_remote_pull(NULL, NULL, rb, "c", NULL, NULL, &lo), CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "reserved"), "%s", ctxs_get_last_error());
+    lo = (ctxs_remote_pull_options)CTXS_REMOTE_PULL_OPTIONS_INIT;
+    lo.reserved0 = 7;
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, NULL, rb, "p", &m, ids, 130, NULL, &lo),
+                 CTXS_EINVAL);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, b, "c"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_get(&e, b, "p"), CTXS_ENOTFOUND);
+
+    cr_assert_eq(ctxs_remote_pull_options_init(NULL, CTXS_REMOTE_PULL_OPTIONS_VERSION),
+                 CTXS_EINVAL);
+    cr_assert_eq(ctxs_remote_pull_options_init(&lo, 0), CTXS_EINVAL);
+    memset(&lo, 0x5a, sizeof(lo));
+    cr_assert_eq(ctxs_remote_pull_options_init(&lo, CTXS_REMOTE_PULL_OPTIONS_VERSION), 0);
+    const ctxs_remote_pull_options pull_init = CTXS_REMOTE_PULL_OPTIONS_INIT;
+    cr_assert(memcmp(&lo, &pull_init, sizeof(lo)) == 0);
+    cr_assert_eq(ctxs_remote_pull(NULL, NULL, rb, "c", NULL, NULL, &lo), 0);
+    cr_assert_eq(ctxs_store_session_get(&e, b, "c"), 0);
+    cr_assert_eq(e.n_tokens, 130);
+
+    free(ids);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
+    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_store_close(a);
+    ctxs_store_close(b);
+    ts_redis_stop(&rs);
+}
+
+/* The progress callbacks in the options: push, pull and pull_prefix
+ * count tokens up to the session's, never backwards. */
+Test(remote, push_pull_and_pull_prefix_report_progress_through_their_options)
+{
+    ts_redis rs;
+    ts_redis_start(&rs, NULL, 0);
+    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ctxs_model m = ts_model(22);
+    ctxs_session *s = make_session(a, "c", &m, 200, 50, 0, 0);
+    uint32_t *ids = ids_of(s, 200);
+    ctxs_session_close(s);
+    ctxs_remote *ra = remote_open(a, rs.url, 0);
+
+    progress_log pushed = {0};
+    ctxs_remote_push_options po = CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    po.progress = progress_note;
+    po.progress_arg = &pushed;
+    cr_assert_eq(ctxs_remote_push(NULL, ra, "c", &po), 0);
+    cr_assert_geq(pushed.calls, 1);
+    cr_assert_eq(pushed.backwards, 0);
+    cr_assert_eq(pushed.done, 200);
+    cr_assert_eq(pushed.total, 200);
+
+    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    progress_log pulled = {0};
+    ctxs_remote_pull_options lo = CTXS_REMOTE_PULL_OPTIONS_INIT;
+    lo.progress = progress_note;
+    lo.progress_arg = &pulled;
+    ctxs_remote_pull_result res;
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "c", NULL, NULL, &lo), 0);
+    cr_assert_eq(res.chunks_pulled, 4);
+    cr_assert_eq(pulled.calls, 4, "one call a chunk: %d", pulled.calls);
+    cr_assert_eq(pulled.backwards, 0);
+    cr_assert_eq(pulled.done, 200);
+    cr_assert_eq(pulled.total, 200);
+
+    progress_log prefixed = {0};
+    lo.progress_arg = &prefixed;
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "p", &m, ids, 200, NULL, &lo), 0);
+    cr_assert_eq(res.n_tokens, 200);
+    cr_assert_eq(prefixed.calls, 4, "one call a chunk: %d", prefixed.calls);
+    cr_assert_eq(prefixed.backwards, 0);
+    cr_assert_eq(prefixed.done, 200);
+    cr_assert_eq(prefixed.total, 200);
+
+    free(ids);
+    ctxs_remote_close(NULL, ra, FLUSH_MS);
     ctxs_remote_close(NULL, rb, FLUSH_MS);
     ctxs_store_close(a);
     ctxs_store_close(b);

@@ -120,7 +120,7 @@ static ctxs_session *make_session(ctxs_store *st, const char *name, const ctxs_m
 static void push(ctxs_remote *r, const char *name, uint64_t n)
 {
     ctxs_remote_push_result pr;
-    int rc = ctxs_remote_push(&pr, r, name, NULL, NULL);
+    int rc = ctxs_remote_push(&pr, r, name, NULL);
     cr_assert_eq(rc, 0, "push %s: %s", name, ctxs_get_last_error());
     cr_assert_eq(pr.n_tokens, n);
 }
@@ -245,7 +245,7 @@ static uint32_t *ids_upto(uint64_t n)
 static void pull_into(ctxs_remote_pull_result *res, ctxs_remote *r, const char *remote,
                       const char *local)
 {
-    int rc = ctxs_remote_pull(NULL, res, r, remote, local, NULL, NULL, NULL);
+    int rc = ctxs_remote_pull(NULL, res, r, remote, local, NULL, NULL);
     cr_assert_eq(rc, 0, "pull %s as %s: %s", remote, local, ctxs_get_last_error());
 }
 
@@ -468,11 +468,11 @@ Test(remote_schedule, a_global_only_store_of_the_same_weights_takes_none_of_it)
     global.geometry.period = 0;
     memset(global.geometry.window, 0, sizeof(global.geometry.window));
     cr_assert_eq(ctxs_model_register(b, &global, NULL), 0);
-    int rc = ctxs_remote_pull(NULL, NULL, rb, "chat", NULL, NULL, NULL, NULL);
+    int rc = ctxs_remote_pull(NULL, NULL, rb, "chat", NULL, NULL, NULL);
     cr_assert_eq(rc, CTXS_EMODEL, "%s", ctxs_err_name(rc));
     uint32_t *ids = ids_upto(200);
     ctxs_remote_pull_result res;
-    rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p", &global, ids, 200, NULL);
+    rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p", &global, ids, 200, NULL, NULL);
     cr_assert_eq(rc, CTXS_ENOTFOUND, "%s", ctxs_err_name(rc));
 
     /* The scheduled chunk 0 copied under the global-only key: refused (a
@@ -486,7 +486,7 @@ Test(remote_schedule, a_global_only_store_of_the_same_weights_takes_none_of_it)
     cr_assert_not_null(v);
     ts_redis_set(&rs, gkey, v, len);
     free(v);
-    rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p", &global, ids, 200, NULL);
+    rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p", &global, ids, 200, NULL, NULL);
     cr_assert_eq(rc, CTXS_ENOTFOUND, "%s", ctxs_err_name(rc));
     cr_assert_eq(ts_redis_count(&rs, "ctxs:chunk:*"), 5, "4 chunks, and the one copied");
     free(ids);
@@ -560,16 +560,16 @@ Test(remote_schedule, a_prefix_pull_ends_where_a_window_value_is)
     push(ra, "long", 300);
     uint32_t *ids = ids_upto(300);
     ctxs_remote_pull_result res;
-    int rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p300", &m, ids, 300, NULL);
+    int rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p300", &m, ids, 300, NULL, NULL);
     cr_assert_eq(rc, 0, "%s", ctxs_get_last_error());
     cr_assert_eq(res.n_tokens, 300);
     assert_same(s, b, "p300", 300);
-    rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p250", &m, ids, 250, NULL);
+    rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p250", &m, ids, 250, NULL, NULL);
     cr_assert_eq(rc, CTXS_ENOTFOUND, "no window value below 300: %s", ctxs_err_name(rc));
 
     ctxs_session *t = make_session(a, "mid", &m, 192, CAP);
     push(ra, "mid", 192);
-    rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p250", &m, ids, 250, NULL);
+    rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p250", &m, ids, 250, NULL, NULL);
     cr_assert_eq(rc, 0, "%s", ctxs_get_last_error());
     cr_assert_eq(res.n_tokens, 192);
     cr_assert_eq(res.chunks_pulled, 4, "3 chunks and the window value");
@@ -596,7 +596,7 @@ Test(remote_schedule, slots_without_a_ring_are_refused_with_a_reason)
     ctxs_model m = sched_model(CTXS_DTYPE_F16);
     /* 160 slots: the 150 window's ring (158) would not fit beside the sinks. */
     ctxs_session *s = make_session(a, "narrow", &m, 100, 160);
-    int rc = ctxs_remote_push(NULL, ra, "narrow", NULL, NULL);
+    int rc = ctxs_remote_push(NULL, ra, "narrow", NULL);
     cr_assert_eq(rc, CTXS_EINVAL, "%s", ctxs_err_name(rc));
     cr_assert(strstr(ctxs_get_last_error(), "ring"), "%s", ctxs_get_last_error());
     ctxs_session_close(s);
@@ -606,7 +606,7 @@ Test(remote_schedule, slots_without_a_ring_are_refused_with_a_reason)
     ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = 160;
     o.batch = BATCH;
-    rc = ctxs_remote_pull(NULL, NULL, rb, "chat", "narrow", &o, NULL, NULL);
+    rc = ctxs_remote_pull(NULL, NULL, rb, "chat", "narrow", &o, NULL);
     cr_assert_eq(rc, CTXS_EINVAL, "%s", ctxs_err_name(rc));
     cr_assert(strstr(ctxs_get_last_error(), "ring"), "%s", ctxs_get_last_error());
     ctxs_session_entry e;

@@ -492,10 +492,24 @@ static int local_model_fits(ctxs_store *st, const ctxs_model *model)
                : 0;
 }
 
+/* opts, or the defaults where NULL: CTXS_EINVAL, said, for another
+ * version or reserved bytes set. */
+static int pull_options(const ctxs_remote_pull_options **opts)
+{
+    static const ctxs_remote_pull_options defaults = CTXS_REMOTE_PULL_OPTIONS_INIT;
+    const ctxs_remote_pull_options *o = *opts;
+    if (!o) {
+        *opts = &defaults;
+        return 0;
+    }
+    return ctxs__ropts_check("remote pull", "CTXS_REMOTE_PULL_OPTIONS_INIT", o->version,
+                             CTXS_REMOTE_PULL_OPTIONS_VERSION, o->reserved0, o->reserved,
+                             sizeof(o->reserved));
+}
+
 static int remote_pull_impl(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
-                             const char *remote_name, const char *local_name,
-                             const ctxs_create_options *opts, ctxs_progress_fn progress,
-                             void *progress_arg)
+                            const char *remote_name, const char *local_name,
+                            const ctxs_create_options *create, const ctxs_remote_pull_options *opts)
 {
     if (out)
         *out = NULL;
@@ -505,7 +519,7 @@ static int remote_pull_impl(ctxs_session **out, ctxs_remote_pull_result *res, ct
     if (!local_name)
         local_name = remote_name;
     if (!r || !remote_name || ctxs__name_check(remote_name, &rlen) < 0 ||
-        ctxs__name_check(local_name, &len) < 0)
+        ctxs__name_check(local_name, &len) < 0 || pull_options(&opts) < 0)
         return CTXS_EINVAL;
     if (r->st->rdonly)
         return ctxs__store_readonly();
@@ -530,12 +544,12 @@ static int remote_pull_impl(ctxs_session **out, ctxs_remote_pull_result *res, ct
         freeReplyObject(rep);
     pull_job pj = {.r = r, .c = c, .model = rec.model, .ids = rec.ids, .n = rec.h.n_tokens,
                    .n_ids = rec.h.n_tokens, .try_tail = (rec.h.flags & CTXS__RSESSION_FLAG_TAIL) != 0,
-                   .created_unix_ms = ctxs__now_ms(), .progress = progress,
-                   .progress_arg = progress_arg};
+                   .created_unix_ms = ctxs__now_ms(), .progress = opts->progress,
+                   .progress_arg = opts->progress_arg};
     if (rc == 0)
         rc = local_model_fits(r->st, &rec.model);
     if (rc == 0)
-        rc = pull_layout(&pj, opts, rec.h.n_tokens);
+        rc = pull_layout(&pj, create, rec.h.n_tokens);
     ctxs_session *s = NULL;
     if (rc == 0)
         rc = ctxs__store_session_create_filled(&s, r->st, local_name, len, &rec.model,
@@ -574,7 +588,8 @@ static int remote_pull_impl(ctxs_session **out, ctxs_remote_pull_result *res, ct
 static int remote_pull_prefix_impl(ctxs_session **out, ctxs_remote_pull_result *res,
                                    ctxs_remote *r, const char *local_name,
                                    const ctxs_model *model, const uint32_t *tokens, uint64_t n,
-                                   const ctxs_create_options *opts)
+                                   const ctxs_create_options *create,
+                                   const ctxs_remote_pull_options *opts)
 {
     if (out)
         *out = NULL;
@@ -582,7 +597,7 @@ static int remote_pull_prefix_impl(ctxs_session **out, ctxs_remote_pull_result *
         memset(res, 0, sizeof(*res));
     size_t len;
     if (!r || !model || (!tokens && n) || !local_name || ctxs__name_check(local_name, &len) < 0 ||
-        n > CTXS__REMOTE_MAX_TOKENS)
+        n > CTXS__REMOTE_MAX_TOKENS || pull_options(&opts) < 0)
         return CTXS_EINVAL;
     if (r->st->rdonly)
         return ctxs__store_readonly();
@@ -600,9 +615,9 @@ static int remote_pull_prefix_impl(ctxs_session **out, ctxs_remote_pull_result *
     if ((rc = ctxs__redis_open(&c, r)) < 0)
         return rc;
     pull_job pj = {.r = r, .c = c, .model = *model, .ids = tokens, .n = n, .n_ids = n,
-                   .try_tail = 1,
-                   .prefix = 1, .created_unix_ms = ctxs__now_ms()};
-    rc = pull_layout(&pj, opts, n);
+                   .try_tail = 1, .prefix = 1, .created_unix_ms = ctxs__now_ms(),
+                   .progress = opts->progress, .progress_arg = opts->progress_arg};
+    rc = pull_layout(&pj, create, n);
     ctxs_session *s = NULL;
     if (rc == 0)
         rc = ctxs__store_session_create_filled(&s, r->st, local_name, len, model, NULL, NULL, 0,
@@ -627,23 +642,29 @@ static int remote_pull_prefix_impl(ctxs_session **out, ctxs_remote_pull_result *
 
 int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
                      const char *remote_name, const char *local_name,
-                     const ctxs_create_options *opts, ctxs_progress_fn progress,
-                     void *progress_arg)
+                     const ctxs_create_options *create, const ctxs_remote_pull_options *opts)
 {
     ctxs__remote_call call;
     ctxs__remote_enter(&call);
-    int rc = remote_pull_impl(out, res, r, remote_name, local_name, opts, progress, progress_arg);
+    int rc = remote_pull_impl(out, res, r, remote_name, local_name, create, opts);
     return ctxs__remote_leave(&call, rc);
 }
 
 int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
                             const char *local_name, const ctxs_model *model,
-                            const uint32_t *tokens, uint64_t n, const ctxs_create_options *opts)
+                            const uint32_t *tokens, uint64_t n, const ctxs_create_options *create,
+                            const ctxs_remote_pull_options *opts)
 {
     ctxs__remote_call call;
     ctxs__remote_enter(&call);
-    int rc = remote_pull_prefix_impl(out, res, r, local_name, model, tokens, n, opts);
+    int rc = remote_pull_prefix_impl(out, res, r, local_name, model, tokens, n, create, opts);
     return ctxs__remote_leave(&call, rc);
+}
+
+int ctxs_remote_pull_options_init(ctxs_remote_pull_options *opts, uint32_t version)
+{
+    static const ctxs_remote_pull_options v1 = CTXS_REMOTE_PULL_OPTIONS_INIT;
+    return ctxs__ropts_init(opts, &v1, sizeof(v1), version, "remote pull");
 }
 
 /* --- Pulling on an open's miss ------------------------------------------------ */
@@ -651,7 +672,7 @@ int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res, ct
 int ctxs__remote_pull_missing(void *arg, const char *name)
 {
     ctxs_remote *r = arg;
-    int rc = ctxs_remote_pull(NULL, NULL, r, name, NULL, NULL, NULL, NULL);
+    int rc = ctxs_remote_pull(NULL, NULL, r, name, NULL, NULL, NULL);
     if (rc < 0 && rc != CTXS_ENOTFOUND && rc != CTXS_ETAKEN) {
         pthread_mutex_lock(&r->mu);
         r->stats.last_error = rc;

@@ -277,6 +277,36 @@ static int push_window(redisContext *c, ctxs_remote *r, snapshot *sn, push_count
     return rc;
 }
 
+/* Reads the replies to n pipelined commands: every one, also after an
+ * error reply, since a connection left out of step would hand the next
+ * job this one's replies. Only an I/O error (no reply) ends the reading,
+ * and the caller then drops the connection. With missing, the commands
+ * were EXISTS: missing[i] says whether the i-th key is absent, and
+ * *n_missing counts those. rc if it is an error already, else the first
+ * error met. */
+static int replies_read(redisContext *c, uint64_t n, uint8_t *missing, uint64_t *n_missing, int rc)
+{
+    int io = 0;
+    for (uint64_t i = 0; i < n && !io; i++) {
+        redisReply *rep;
+        int r1 = ctxs__reply_next(&rep, c);
+        io = r1 < 0;
+        if (r1 == 0)
+            r1 = ctxs__reply_check(c, rep, 0);
+        if (missing) {
+            if (r1 == 0 && rep->type != REDIS_REPLY_INTEGER)
+                r1 = CTXS_EREMOTE;
+            missing[i] = r1 == 0 && rep->integer == 0;
+            *n_missing += missing[i];
+        }
+        if (rc == 0)
+            rc = r1;
+        if (rep)
+            freeReplyObject(rep);
+    }
+    return rc;
+}
+
 /* Pushes chunks [from, to) of the snapshot (to = n / 64 + 1: the tail
  * too) that Redis lacks, a pipeline of at most CTXS__PIPELINE_BYTES of values
  * at a time: EXISTS for the batch, then a SET of each one missing. Each
@@ -307,10 +337,7 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
             break;
         }
         uint64_t nb = to - b0 < batch ? to - b0 : batch;
-        /* Every reply to what was appended is read, also after an error
-         * reply: a connection left out of step would hand the next job
-         * this one's replies. Only an I/O error (no reply) ends the
-         * reading, and the caller then drops the connection. */
+        /* Every reply to what was appended is read (replies_read()). */
         uint64_t appended = 0;
         ctxs__redis_cap_set(c, &ctxs__cap_small);
         for (uint64_t i = 0; i < nb && rc == 0; i++) {
@@ -322,22 +349,7 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
                 appended++;
         }
         uint64_t n_missing = 0;
-        int io = 0;
-        for (uint64_t i = 0; i < appended && !io; i++) {
-            redisReply *rep;
-            int r1 = ctxs__reply_next(&rep, c);
-            io = r1 < 0;
-            if (r1 == 0)
-                r1 = ctxs__reply_check(c, rep, 0);
-            if (r1 == 0 && rep->type != REDIS_REPLY_INTEGER)
-                r1 = CTXS_EREMOTE;
-            missing[i] = r1 == 0 && rep->integer == 0;
-            n_missing += missing[i];
-            if (rc == 0)
-                rc = r1;
-            if (rep)
-                freeReplyObject(rep);
-        }
+        rc = replies_read(c, appended, missing, &n_missing, rc);
         if (rc == 0 && n_missing && !value && !(value = ctxs__malloc((size_t)vbytes)))
             rc = CTXS_ENOMEM;
         /* Each value: copied and checked with the session file held, which
@@ -359,19 +371,8 @@ static int push_chunks(redisContext *c, ctxs_remote *r, snapshot *sn, uint64_t f
                 sent_bytes += len;
             }
         }
-        /* As above: every SET's reply, an error reply (OOM) included. */
-        io = 0;
-        for (uint64_t i = 0; i < sent && !io; i++) {
-            redisReply *rep;
-            int r1 = ctxs__reply_next(&rep, c);
-            io = r1 < 0;
-            if (r1 == 0)
-                r1 = ctxs__reply_check(c, rep, 0);
-            if (rc == 0)
-                rc = r1;
-            if (rep)
-                freeReplyObject(rep);
-        }
+        /* Every SET's reply, an error reply (OOM) included. */
+        rc = replies_read(c, sent, NULL, NULL, rc);
         if (rc == 0) {
             pc->sent += n_missing;
             pc->present += nb - n_missing;
@@ -486,13 +487,22 @@ static int open_id(ctxs_session **out, ctxs_store *st, uint64_t id)
 }
 
 static int remote_push_impl(ctxs_remote_push_result *out, ctxs_remote *r, const char *name,
-                             ctxs_progress_fn progress, void *progress_arg)
+                            const ctxs_remote_push_options *opts)
 {
     if (out)
         memset(out, 0, sizeof(*out));
     size_t len;
     if (!r || !name || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
+    static const ctxs_remote_push_options defaults = CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    if (!opts)
+        opts = &defaults;
+    else if (ctxs__ropts_check("remote push", "CTXS_REMOTE_PUSH_OPTIONS_INIT", opts->version,
+                               CTXS_REMOTE_PUSH_OPTIONS_VERSION, opts->reserved0, opts->reserved,
+                               sizeof(opts->reserved)) < 0)
+        return CTXS_EINVAL;
+    ctxs_progress_fn progress = opts->progress;
+    void *progress_arg = opts->progress_arg;
     ctxs_session *s;
     ctxs_open_options o = push_open_options();
     int rc = ctxs_store_session_open(&s, r->st, name, NULL, CTXS_OPEN_RDONLY, &o);
@@ -526,14 +536,19 @@ static int remote_push_impl(ctxs_remote_push_result *out, ctxs_remote *r, const 
 }
 
 int ctxs_remote_push(ctxs_remote_push_result *out, ctxs_remote *r, const char *name,
-                     ctxs_progress_fn progress, void *progress_arg)
+                     const ctxs_remote_push_options *opts)
 {
     ctxs__remote_call call;
     ctxs__remote_enter(&call);
-    int rc = remote_push_impl(out, r, name, progress, progress_arg);
+    int rc = remote_push_impl(out, r, name, opts);
     return ctxs__remote_leave(&call, rc);
 }
 
+int ctxs_remote_push_options_init(ctxs_remote_push_options *opts, uint32_t version)
+{
+    static const ctxs_remote_push_options v1 = CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    return ctxs__ropts_init(opts, &v1, sizeof(v1), version, "remote push");
+}
 
 /* --- The push thread's jobs ----------------------------------------------- */
 

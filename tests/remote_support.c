@@ -2,6 +2,7 @@
  * The remote suites' shared fixtures (remote_support.h).
  */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "remote_support.h"
@@ -42,6 +43,33 @@ ctxs_remote *ts_remote_open_tuned(ctxs_store *st, const char *url, uint32_t time
     o.backoff_ms = backoff_ms;
     o.queue_max = queue_max;
     return remote_open(st, url, &o);
+}
+
+void ts_assert_same_stored(const ctxs_session *a, const ctxs_session *b, uint64_t n, int kv)
+{
+    ctxs_session_info ia;
+    cr_assert_eq(ctxs_session_get_info(&ia, a), 0);
+    uint32_t dt = ia.model.geometry.dtype;
+    size_t tb = ctxs_geometry_get_token_bytes(&ia.model.geometry, dt);
+    cr_assert(tb > 0);
+    uint8_t *ka = malloc(tb), *va = malloc(tb), *kb = malloc(tb), *vb = malloc(tb);
+    cr_assert(ka && va && kb && vb);
+    for (uint64_t p = 0; p < n; p++) {
+        uint32_t ida, idb;
+        cr_assert_eq(ctxs_session_get_tokens(&ida, a, p, 1), 0);
+        cr_assert_eq(ctxs_session_get_tokens(&idb, b, p, 1), 0);
+        cr_assert_eq(ida, idb, "id at %llu", (unsigned long long)p);
+        if (!kv)
+            continue;
+        cr_assert_eq(ctxs_session_read_token(ka, va, a, p, dt), 0);
+        cr_assert_eq(ctxs_session_read_token(kb, vb, b, p, dt), 0);
+        cr_assert(memcmp(ka, kb, tb) == 0 && memcmp(va, vb, tb) == 0, "KV at %llu of %llu",
+                  (unsigned long long)p, (unsigned long long)n);
+    }
+    free(ka);
+    free(va);
+    free(kb);
+    free(vb);
 }
 
 void ts_fleet_start(ts_fleet *f, int remotes, uint32_t pull_on_open)

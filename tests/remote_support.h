@@ -32,6 +32,10 @@ ctxs_remote *ts_remote_open(ctxs_store *st, const char *url, uint32_t push_on_co
 ctxs_remote *ts_remote_open_tuned(ctxs_store *st, const char *url, uint32_t timeout_ms,
                                   uint32_t retries, uint32_t backoff_ms, uint32_t queue_max);
 
+/* Positions [0, n) of a and b: the same ids and, with kv, the same
+ * stored bytes in a's dtype (scales included for Q8). */
+void ts_assert_same_stored(const ctxs_session *a, const ctxs_session *b, uint64_t n, int kv);
+
 typedef struct ts_fleet {
     ts_redis rs;
     ctxs_store *a, *b;          /* <scratch>/a and <scratch>/b */

@@ -56,32 +56,6 @@ static ctxs_session *make_session(ctxs_store *st, const char *name, const ctxs_m
     return s;
 }
 
-/* Positions [0, n) of a and b: the same ids, and the same stored bytes in
- * the sessions' dtype (scales included for Q8). */
-static void assert_same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n)
-{
-    ctxs_session_info ia;
-    cr_assert_eq(ctxs_session_get_info(&ia, a), 0);
-    size_t tb = ctxs_geometry_get_token_bytes(&ia.model.geometry, ia.model.geometry.dtype);
-    cr_assert(tb > 0);
-    uint8_t *ka = malloc(tb), *va = malloc(tb), *kb = malloc(tb), *vb = malloc(tb);
-    cr_assert(ka && va && kb && vb);
-    for (uint64_t p = 0; p < n; p++) {
-        uint32_t ida, idb;
-        cr_assert_eq(ctxs_session_get_tokens(&ida, a, p, 1), 0);
-        cr_assert_eq(ctxs_session_get_tokens(&idb, b, p, 1), 0);
-        cr_assert_eq(ida, idb, "id at %llu", (unsigned long long)p);
-        cr_assert_eq(ctxs_session_read_token(ka, va, a, p, ia.model.geometry.dtype), 0);
-        cr_assert_eq(ctxs_session_read_token(kb, vb, b, p, ia.model.geometry.dtype), 0);
-        cr_assert(memcmp(ka, kb, tb) == 0 && memcmp(va, vb, tb) == 0, "KV at %llu",
-                  (unsigned long long)p);
-    }
-    free(ka);
-    free(va);
-    free(kb);
-    free(vb);
-}
-
 static ctxs_session *open_ro(ctxs_store *st, const char *name)
 {
     ctxs_session *s = NULL;
@@ -147,7 +121,7 @@ static void round_trip(uint32_t dtype)
     cr_assert(memcmp(&res.model, &m, sizeof(m)) == 0);
     cr_assert_eq(ts_n_tokens(got), 200);
     ctxs_session *src = open_ro(f.a, "chat");
-    assert_same_tokens(src, got, 200);
+    ts_assert_same_stored(src, got, 200, 1);
     if (dtype == CTXS_DTYPE_F16)
         cr_assert_eq(ts_check_all(got), 0);
     ctxs_session_close(src);
@@ -189,7 +163,7 @@ Test(remote, a_session_made_before_the_remote_pushes_on_demand)
     cr_assert_eq(ctxs_remote_pull(NULL, &res, f.rb, "old", "new", NULL, NULL), 0);
     cr_assert_eq(res.n_tokens, 150);
     ctxs_session *src = open_ro(f.a, "old"), *got = open_ro(f.b, "new");
-    assert_same_tokens(src, got, 150);
+    ts_assert_same_stored(src, got, 150, 1);
     static char value[CTXS_META_VALUE_MAX];
     size_t vlen = sizeof(value);
     cr_assert_eq(ctxs_store_session_get_meta(value, &vlen, f.b, "new", "title"), 0);
@@ -247,7 +221,7 @@ Test(remote, a_shared_system_prompt_is_stored_once)
     cr_assert_eq(res.remote_tokens, 300);
     cr_assert_eq(res.chunks_pulled, 2);
     cr_assert_eq(res.chunks_missing, 1);
-    assert_same_tokens(x, got, 128);
+    ts_assert_same_stored(x, got, 128, 1);
     ctxs_session_close(got);
     /* The whole of x, its tail-less end exactly at 192. */
     cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, f.rb, "all", &m, whole, 192, NULL, NULL), 0);
@@ -300,7 +274,7 @@ static void pull_stops_at_chunk_2(ts_fleet *f, const char *local, const uint32_t
     ctxs_free(res.rest_ids);
     cr_assert_eq(ts_n_tokens(got), 128);
     ctxs_session *src = open_ro(f->a, "c");
-    assert_same_tokens(src, got, 128);
+    ts_assert_same_stored(src, got, 128, 1);
     ctxs_session_close(src);
     ctxs_session_close(got);
     ctxs_remote_close(NULL, rb, TS_FLUSH_MS);
@@ -441,7 +415,7 @@ Test(remote, redis_killed_mid_push_loses_nothing_locally_and_never_a_partial_chu
         cr_assert_eq(res.chunks_refused, 0);
         cr_assert_eq(res.n_tokens + res.n_rest, 3072);
         cr_assert_eq(ts_n_tokens(got), res.n_tokens);
-        assert_same_tokens(src, got, res.n_tokens);
+        ts_assert_same_stored(src, got, res.n_tokens, 1);
         ctxs_free(res.rest_ids);
         ctxs_session_close(got);
         cr_assert_eq(ctxs_store_session_delete(f.b, "big"), 0);
@@ -452,7 +426,7 @@ Test(remote, redis_killed_mid_push_loses_nothing_locally_and_never_a_partial_chu
     cr_assert_eq(pr.chunks_sent + pr.chunks_present, 48);
     cr_assert_eq(ctxs_remote_pull(&got, &res, f.rb, "big", NULL, NULL, NULL), 0);
     cr_assert_eq(res.n_tokens, 3072);
-    assert_same_tokens(src, got, 3072);
+    ts_assert_same_stored(src, got, 3072, 1);
     ctxs_session_close(got);
     ctxs_session_close(src);
     ts_fleet_stop(&f);
@@ -514,7 +488,7 @@ Test(remote, eviction_gives_a_shorter_prefix_not_an_error)
         cr_assert_lt(res.n_tokens, 4096);
         cr_assert_eq(res.chunks_missing, 1);
         cr_assert_eq(res.chunks_refused, 0);
-        assert_same_tokens(src, got, res.n_tokens);
+        ts_assert_same_stored(src, got, res.n_tokens, 1);
         ctxs_free(res.rest_ids);
         ctxs_session_close(got);
     }
@@ -522,7 +496,7 @@ Test(remote, eviction_gives_a_shorter_prefix_not_an_error)
     cr_assert(rc == 0 || rc == CTXS_ENOTFOUND, "pull_prefix: %s", ctxs_err_name(rc));
     if (rc == 0) {
         cr_assert_lt(res.n_tokens, 4096);
-        assert_same_tokens(src, got, res.n_tokens);
+        ts_assert_same_stored(src, got, res.n_tokens, 1);
         ctxs_session_close(got);
     }
     free(ids);
@@ -630,7 +604,7 @@ Test(remote, an_open_of_a_name_the_store_lacks_pulls_it)
     cr_assert_eq(rc, 0, "open pulling: %s", ctxs_err_name(rc));
     cr_assert_eq(ts_n_tokens(got), 150);
     ctxs_session *src = open_ro(f.a, "chat");
-    assert_same_tokens(src, got, 150);
+    ts_assert_same_stored(src, got, 150, 1);
     ctxs_session_close(src);
     /* The pulled session is local now: it goes on as any other. */
     append_seeded(got, 10, 10, 0, 0);
@@ -655,7 +629,7 @@ static void assert_pulls_whole(ctxs_remote *rb, ctxs_store *a, const char *name,
                  (unsigned long long)res.chunks_missing, (unsigned long long)res.chunks_refused);
     cr_assert_eq(res.remote_tokens, n);
     ctxs_session *src = open_ro(a, name);
-    assert_same_tokens(src, got, n);
+    ts_assert_same_stored(src, got, n, 1);
     ctxs_session_close(src);
     ctxs_session_close(got);
 }

@@ -72,16 +72,18 @@ void ts_assert_same_stored(const ctxs_session *a, const ctxs_session *b, uint64_
     free(vb);
 }
 
-void ts_fleet_start(ts_fleet *f, int remotes, uint32_t pull_on_open)
+ts_fleet ts_fleet_start(int remotes, uint32_t pull_on_open)
 {
-    memset(f, 0, sizeof(*f));
-    ts_redis_start(&f->rs, NULL, 0);
-    f->a = ts_store_at("a");
-    f->b = ts_store_at("b");
+    ts_fleet f;
+    memset(&f, 0, sizeof(f));
+    ts_redis_start(&f.rs, NULL, 0);
+    f.a = ts_store_at("a");
+    f.b = ts_store_at("b");
     if (remotes) {
-        f->ra = ts_remote_open(f->a, f->rs.url, 0, pull_on_open);
-        f->rb = ts_remote_open(f->b, f->rs.url, 0, pull_on_open);
+        f.ra = ts_remote_open(f.a, f.rs.url, 0, pull_on_open);
+        f.rb = ts_remote_open(f.b, f.rs.url, 0, pull_on_open);
     }
+    return f;
 }
 
 void ts_fleet_stop(ts_fleet *f)

@@ -42,10 +42,10 @@ typedef struct ts_fleet {
     ctxs_remote *ra, *rb;       /* their remotes, or NULL */
 } ts_fleet;
 
-/* Starts a server without a password or memory limit and opens both
- * stores; with remotes, both remotes too (push_on_commit 0, pull_on_open
+/* A server started without a password or memory limit, both stores
+ * opened; with remotes, both remotes too (push_on_commit 0, pull_on_open
  * as given), else none. */
-void ts_fleet_start(ts_fleet *f, int remotes, uint32_t pull_on_open);
+ts_fleet ts_fleet_start(int remotes, uint32_t pull_on_open);
 
 /* Closes the remotes still set (each flushed first, TS_FLUSH_MS at most),
  * both stores, and the server. A test that closes a remote itself sets

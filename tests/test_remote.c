@@ -92,8 +92,7 @@ static uint32_t *ids_of(const ctxs_session *s, uint64_t n)
  * bit-identical in store B, tail included. */
 static void round_trip(uint32_t dtype)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(1);
     m.geometry.dtype = dtype;
     f.ra = ts_remote_open(f.a, f.rs.url, 1, 1);
@@ -141,8 +140,7 @@ Test(remote, a_session_pushed_on_commit_resumes_bit_identical_elsewhere_q8)
 
 Test(remote, a_session_made_before_the_remote_pushes_on_demand)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(2);
     m.geometry.dtype = CTXS_DTYPE_BF16;
     ctxs_session_close(make_session(f.a, "old", &m, 150, 150, 0, 0));
@@ -191,8 +189,7 @@ Test(remote, a_session_made_before_the_remote_pushes_on_demand)
 
 Test(remote, a_shared_system_prompt_is_stored_once)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(3);
     ctxs_session_close(make_session(f.a, "x", &m, 192, 64, 128, 1));
     ctxs_session_close(make_session(f.a, "y", &m, 192, 64, 128, 2));
@@ -282,8 +279,7 @@ static void pull_stops_at_chunk_2(ts_fleet *f, const char *local, const uint32_t
 
 Test(remote, a_chunk_damaged_in_redis_is_refused)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(4);
     uint32_t *ids = pushed_session(&f, &m);
     char key[256];
@@ -350,8 +346,7 @@ Test(remote, a_chunk_damaged_in_redis_is_refused)
 
 Test(remote, a_damaged_session_record_is_eremote)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(5);
     free(pushed_session(&f, &m));
     f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
@@ -388,8 +383,7 @@ Test(remote, a_damaged_session_record_is_eremote)
 
 Test(remote, redis_killed_mid_push_loses_nothing_locally_and_never_a_partial_chunk)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(6);
     m.geometry.head_dim = 128; /* chunks of 132 KiB */
     f.ra = ts_remote_open_tuned(f.a, f.rs.url, 500, 2, 1, CTXS_DEFAULT_REMOTE_QUEUE_MAX);
@@ -434,8 +428,7 @@ Test(remote, redis_killed_mid_push_loses_nothing_locally_and_never_a_partial_chu
 
 Test(remote, commits_while_redis_is_down_succeed_and_count_what_was_dropped)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(7);
     f.ra = ts_remote_open_tuned(f.a, f.rs.url, 200, 2, 1, CTXS_DEFAULT_REMOTE_QUEUE_MAX);
     ts_redis_kill(&f.rs);
@@ -459,8 +452,7 @@ Test(remote, commits_while_redis_is_down_succeed_and_count_what_was_dropped)
 
 Test(remote, eviction_gives_a_shorter_prefix_not_an_error)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(8);
     m.geometry.head_dim = 128;
     ctxs_session_close(make_session(f.a, "e", &m, 4096, 512, 0, 0));
@@ -530,8 +522,7 @@ Test(remote, a_wrong_or_missing_password_is_eacces)
  * without any password configured for the default user"). */
 Test(remote, a_password_for_a_server_without_one_is_eacces)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_remote *r = NULL;
     char url[200];
     snprintf(url, sizeof(url), "redis://:unneeded@127.0.0.1:%d", f.rs.port);
@@ -579,8 +570,7 @@ Test(remote, the_fixture_starts_and_restarts_a_server)
  * a remote, and nothing is made. */
 Test(remote, an_open_of_a_name_the_store_lacks_pulls_it)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(1);
     f.ra = ts_remote_open(f.a, f.rs.url, 1, 1);
     ctxs_session_close(make_session(f.a, "chat", &m, 150, 40, 0, 0));
@@ -640,8 +630,7 @@ static void assert_pulls_whole(ctxs_remote *rb, ctxs_store *a, const char *name,
  * and fail, or take an old reply as their answer, for good. */
 Test(remote, error_replies_leave_the_push_thread_in_step)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(9);
     free(ts_redis_cmd(&f.rs, "CONFIG", "SET", "maxmemory-policy", "noeviction", NULL));
     free(ts_redis_cmd(&f.rs, "CONFIG", "SET", "maxmemory", "1", NULL));
@@ -669,8 +658,7 @@ Test(remote, error_replies_leave_the_push_thread_in_step)
  * remote copy is the session as it now is, not cut at the rollback. */
 Test(remote, a_rollback_and_rewrite_is_pushed_whole)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(10);
     f.ra = ts_remote_open(f.a, f.rs.url, 1, 1);
     ctxs_session *s = make_session(f.a, "rw", &m, 640, 64, 0, 0);
@@ -694,8 +682,7 @@ Test(remote, a_rollback_and_rewrite_is_pushed_whole)
  * "present" and every pull of it refuses them. */
 Test(remote, one_model_in_two_dtypes_keeps_two_sets_of_chunks)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_store *c = ts_store_at("c");
     ctxs_model f16 = ts_model(11), q8 = f16;
     q8.geometry.dtype = CTXS_DTYPE_Q8;
@@ -739,8 +726,7 @@ Test(remote, one_model_in_two_dtypes_keeps_two_sets_of_chunks)
  * delete was CTXS_EBUSY until the job gave up. */
 Test(remote, a_slow_redis_does_not_hold_up_a_local_delete)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(12);
     f.ra = ts_remote_open_tuned(f.a, f.rs.url, 5000, 1, CTXS_DEFAULT_REMOTE_BACKOFF_MS,
                                 CTXS_DEFAULT_REMOTE_QUEUE_MAX);
@@ -798,8 +784,7 @@ static void count_sockets(void *arg, uint64_t done, uint64_t total)
  * progress callback runs while the push's connection is open. */
 Test(remote, connections_are_close_on_exec)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(13);
     ctxs_session_close(make_session(f.a, "fd", &m, 128, 128, 0, 0));
     f.ra = ts_remote_open(f.a, f.rs.url, 0, 1);
@@ -872,8 +857,7 @@ Test(remote, a_key_prefix_with_glob_characters_lists_only_its_own)
  * whole. */
 Test(remote, a_chunk_key_of_another_type_is_refused)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(15);
     uint32_t *ids = pushed_session(&f, &m);
     char key[256];
@@ -893,8 +877,7 @@ Test(remote, a_chunk_key_of_another_type_is_refused)
  * server give up within a few seconds: well inside the flush's bound. */
 Test(remote, every_backoff_wait_is_capped_at_two_seconds)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(16);
     f.ra = ts_remote_open_tuned(f.a, f.rs.url, 200, 2, UINT32_MAX, CTXS_DEFAULT_REMOTE_QUEUE_MAX);
     ts_redis_kill(&f.rs);
@@ -918,8 +901,7 @@ Test(remote, every_backoff_wait_is_capped_at_two_seconds)
  * drop at least two values here (see the cases below). */
 Test(remote, a_record_dropped_for_a_full_queue_is_counted)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(17);
     /* 20 s timeouts: the thread's first job waits on Redis throughout. */
     f.ra = ts_remote_open_tuned(f.a, f.rs.url, 20000, 1, CTXS_DEFAULT_REMOTE_BACKOFF_MS, 1);
@@ -945,8 +927,7 @@ Test(remote, a_record_dropped_for_a_full_queue_is_counted)
  * the server is gone. */
 Test(remote, connected_follows_the_push_threads_connection)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(18);
     f.ra = ts_remote_open_tuned(f.a, f.rs.url, 1000, 2, 1, CTXS_DEFAULT_REMOTE_QUEUE_MAX);
     ctxs_remote_stats st;
@@ -983,8 +964,7 @@ static uint64_t net_output_bytes(ts_redis *rs)
  * before any chunk is fetched, and makes nothing. */
 Test(remote, a_pull_into_a_store_with_another_form_of_the_model_is_emodel)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(21);
     m.geometry.dtype = CTXS_DTYPE_Q8;
     f.ra = ts_remote_open(f.a, f.rs.url, 1, 1);
@@ -1040,8 +1020,7 @@ static void progress_note(void *arg, uint64_t done, uint64_t total)
  * no local session made. */
 Test(remote, push_and_pull_options_of_another_version_or_reserved_bytes_are_refused)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(21);
     ctxs_session *s = make_session(f.a, "c", &m, 130, 65, 0, 0);
     uint32_t *ids = ids_of(s, 130);
@@ -1108,8 +1087,7 @@ Test(remote, push_and_pull_options_of_another_version_or_reserved_bytes_are_refu
  * count tokens up to the session's, never backwards. */
 Test(remote, push_pull_and_pull_prefix_report_progress_through_their_options)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 1);
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(22);
     ctxs_session *s = make_session(f.a, "c", &m, 200, 50, 0, 0);
     uint32_t *ids = ids_of(s, 200);

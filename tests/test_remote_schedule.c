@@ -215,8 +215,7 @@ static void pull_into(ctxs_remote_pull_result *res, ctxs_remote *r, const char *
  * in f16, bf16 and q8; the pulled session goes on committing. */
 Test(remote_schedule, a_mixed_schedule_round_trips_in_every_dtype_and_length)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 1, 0);
+    ts_fleet f = ts_fleet_start(1, 0);
     static const uint64_t lengths[] = {70, 120, 300};
     for (size_t d = 0; d < 3; d++) {
         ctxs_model m = sched_model(dtypes[d]);
@@ -310,8 +309,7 @@ static void pull_gives_nothing(ctxs_remote *r, ctxs_store *st, const char *name,
  * the value's first positions. */
 Test(remote_schedule, a_damaged_window_value_is_refused_and_the_pull_is_shorter)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 1, 0);
+    ts_fleet f = ts_fleet_start(1, 0);
     ctxs_model m = sched_model(CTXS_DTYPE_Q8);
     ctxs_session *s = make_session(f.a, "long", &m, 300, CAP);
     push(f.ra, "long", 300);
@@ -404,8 +402,7 @@ Test(remote_schedule, a_damaged_window_value_is_refused_and_the_pull_is_shorter)
  * chunk put under its key is refused. */
 Test(remote_schedule, a_global_only_store_of_the_same_weights_takes_none_of_it)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 1, 0);
+    ts_fleet f = ts_fleet_start(1, 0);
     ctxs_model m = sched_model(CTXS_DTYPE_F16);
     ctxs_session *s = make_session(f.a, "chat", &m, 200, CAP);
     push(f.ra, "chat", 200);
@@ -445,8 +442,7 @@ Test(remote_schedule, a_global_only_store_of_the_same_weights_takes_none_of_it)
  * of its count: no record names a count whose windows Redis lacks. */
 Test(remote_schedule, the_background_push_sends_the_record_with_its_windows_at_close)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 0);
+    ts_fleet f = ts_fleet_start(0, 0);
     f.ra = ts_remote_open(f.a, f.rs.url, 1, 0);
     ctxs_model m = sched_model(CTXS_DTYPE_BF16);
     ctxs_session *s = make_session(f.a, "chat", &m, 250, CAP);
@@ -489,8 +485,7 @@ Test(remote_schedule, the_background_push_sends_the_record_with_its_windows_at_c
  * that has one, else nowhere (CTXS_ENOTFOUND). */
 Test(remote_schedule, a_prefix_pull_ends_where_a_window_value_is)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 1, 0);
+    ts_fleet f = ts_fleet_start(1, 0);
     ctxs_model m = sched_model(CTXS_DTYPE_F16);
     ctxs_session *s = make_session(f.a, "long", &m, 300, CAP);
     push(f.ra, "long", 300);
@@ -521,8 +516,7 @@ Test(remote_schedule, a_prefix_pull_ends_where_a_window_value_is)
  * that picks its own slots makes them hold every ring. */
 Test(remote_schedule, slots_without_a_ring_are_refused_with_a_reason)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 1, 0);
+    ts_fleet f = ts_fleet_start(1, 0);
     ctxs_model m = sched_model(CTXS_DTYPE_F16);
     /* 160 slots: the 150 window's ring (158) would not fit beside the sinks. */
     ctxs_session *s = make_session(f.a, "narrow", &m, 100, 160);
@@ -554,8 +548,7 @@ Test(remote_schedule, slots_without_a_ring_are_refused_with_a_reason)
  * old fleets read them. */
 Test(remote_schedule, a_session_without_a_schedule_writes_1_0_values)
 {
-    ts_fleet f;
-    ts_fleet_start(&f, 0, 0);
+    ts_fleet f = ts_fleet_start(0, 0);
     f.ra = ts_remote_open(f.a, f.rs.url, 0, 0);
     ctxs_model m = sched_model(CTXS_DTYPE_F16);
     m.geometry.period = 0;

@@ -1015,6 +1015,17 @@ static void progress_note(void *arg, uint64_t done, uint64_t total)
     l->total = total;
 }
 
+/* Makes "c" in f's store a (n tokens, in commits of step), opens a's
+ * remote (push_on_commit 0), and returns c's ids. */
+static uint32_t *session_c(ts_fleet *f, const ctxs_model *m, uint64_t n, uint32_t step)
+{
+    ctxs_session *s = make_session(f->a, "c", m, n, step, 0, 0);
+    uint32_t *ids = ids_of(s, n);
+    ctxs_session_close(s);
+    f->ra = ts_remote_open(f->a, f->rs.url, 0, 1);
+    return ids;
+}
+
 /* Options of another version, or with a reserved byte set, are refused
  * with CTXS_EINVAL and a reason before anything moves: nothing pushed,
  * no local session made. */
@@ -1022,10 +1033,7 @@ Test(remote, push_and_pull_options_of_another_version_or_reserved_bytes_are_refu
 {
     ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(21);
-    ctxs_session *s = make_session(f.a, "c", &m, 130, 65, 0, 0);
-    uint32_t *ids = ids_of(s, 130);
-    ctxs_session_close(s);
-    f.ra = ts_remote_open(f.a, f.rs.url, 0, 1);
+    uint32_t *ids = session_c(&f, &m, 130, 65);
 
     ctxs_remote_push_options po = CTXS_REMOTE_PUSH_OPTIONS_INIT;
     po.version = CTXS_REMOTE_PUSH_OPTIONS_VERSION + 1;
@@ -1089,10 +1097,7 @@ Test(remote, push_pull_and_pull_prefix_report_progress_through_their_options)
 {
     ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(22);
-    ctxs_session *s = make_session(f.a, "c", &m, 200, 50, 0, 0);
-    uint32_t *ids = ids_of(s, 200);
-    ctxs_session_close(s);
-    f.ra = ts_remote_open(f.a, f.rs.url, 0, 1);
+    uint32_t *ids = session_c(&f, &m, 200, 50);
 
     progress_log pushed = {0};
     ctxs_remote_push_options po = CTXS_REMOTE_PUSH_OPTIONS_INIT;

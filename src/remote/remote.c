@@ -368,7 +368,6 @@ int ctxs_remote_open(ctxs_remote **out, ctxs_store *st, const char *url,
     return ctxs__remote_leave(&call, rc);
 }
 
-
 int ctxs_remote_get_stats(ctxs_remote_stats *out, ctxs_remote *r)
 {
     ctxs__error_begin();

@@ -96,7 +96,6 @@ void ctxs__rsession_key(char *key, const ctxs_remote *r, const char *name)
     snprintf(key, CTXS__RSESSION_KEY_MAX, "%s:session:%s", r->prefix, name);
 }
 
-
 uint64_t ctxs__rchunk_bytes(const ctxs__kv_plan *p, uint32_t count)
 {
     return CTXS__RCHUNK_HEADER_BYTES + count * p->token_raw;
@@ -306,7 +305,6 @@ int ctxs__record_parse(ctxs__record *rec, const void *v, size_t len, const char 
     rc = ctxs__meta_section_parse(&rec->items, rec->meta, h->meta_bytes, h->meta_count);
     return rc == CTXS_ECORRUPT ? CTXS_EREMOTE : rc;
 }
-
 
 void ctxs__record_free(ctxs__record *rec)
 {

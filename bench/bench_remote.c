@@ -316,7 +316,7 @@ static double time_push(bench *b, const char *name, uint64_t want_sent)
 {
     ctxs_remote_push_result res;
     double t0 = now_us();
-    check_ctxs(ctxs_remote_push(&res, b->r, name, NULL, NULL), "ctxs_remote_push");
+    check_ctxs(ctxs_remote_push(&res, b->r, name, NULL), "ctxs_remote_push");
     double t = now_us() - t0;
     if (res.chunks_sent < want_sent)
         die("push of %s sent %" PRIu64 " chunks, expected %" PRIu64, name, res.chunks_sent,
@@ -495,8 +495,7 @@ static double time_pull(bench *b, int keep_open)
     ctxs_session *s = NULL;
     ctxs_remote_pull_result res;
     double t0 = now_us();
-    check_ctxs(ctxs_remote_pull(keep_open ? &s : NULL, &res, b->r, "conv", "pulled", NULL, NULL,
-                                NULL),
+    check_ctxs(ctxs_remote_pull(keep_open ? &s : NULL, &res, b->r, "conv", "pulled", NULL, NULL),
                "ctxs_remote_pull");
     double t = now_us() - t0;
     if (res.n_tokens != TOKENS)

@@ -2185,24 +2185,46 @@ typedef struct ctxs_remote_push_result {
     uint64_t bytes_sent;
 } ctxs_remote_push_result;
 
+#define CTXS_REMOTE_PUSH_OPTIONS_VERSION 1
+
+/* How ctxs_remote_push() runs. Start from CTXS_REMOTE_PUSH_OPTIONS_INIT or
+ * ctxs_remote_push_options_init(). */
+typedef struct ctxs_remote_push_options {
+    uint32_t version;          /* CTXS_REMOTE_PUSH_OPTIONS_VERSION */
+    uint32_t reserved0;        /* must be zero */
+    ctxs_progress_fn progress; /* called now and then with the tokens
+                                  pushed; NULL = none */
+    void *progress_arg;        /* passed to progress */
+    uint8_t reserved[32];      /* must be zero */
+} ctxs_remote_push_options;
+
+#define CTXS_REMOTE_PUSH_OPTIONS_INIT { CTXS_REMOTE_PUSH_OPTIONS_VERSION, 0, NULL, NULL, { 0 } }
+
+/* Fills *opts with the defaults of version (CTXS_REMOTE_PUSH_OPTIONS_INIT
+ * for version 1). Errors: CTXS_EINVAL (opts NULL, or a version this
+ * library does not know). */
+CTXS_API int ctxs_remote_push_options_init(ctxs_remote_push_options *opts, uint32_t version);
+
 /* Pushes the local session name now, on the calling thread: every chunk
  * Redis lacks, the tail (its last n_tokens % CTXS_PREFIX_CHUNK tokens, as
  * a partial chunk), then its record. A writer may keep appending
  * meanwhile; what it had committed when the push began is pushed.
- * progress counts tokens. out may be NULL.
+ * opts may be NULL for CTXS_REMOTE_PUSH_OPTIONS_INIT; its progress counts
+ * tokens. out may be NULL.
  * Errors: CTXS_ENOTFOUND, CTXS_EEVICTED (a ring that wrapped: only a
  * session that holds every token from position 0 pushes), CTXS_ESTALE
  * (rolled back during the push; with a layer schedule, also a writer that
  * committed more than the batch past the push's count before its windows
  * were copied: push again), CTXS_ECORRUPT, the network's errors,
- * CTXS_EREMOTE, CTXS_EINVAL (a session with a layer schedule whose slots
+ * CTXS_EREMOTE, CTXS_EINVAL (opts of another version or with reserved
+ * bytes set; a session with a layer schedule whose slots
  * lay a windowed layer out without its ring, its window + batch not
  * fitting them: export it instead; or whose windowed layers' state is
  * above 512 MiB, a Redis value's limit), CTXS_ENOMEM. A session with a
  * layer schedule also sends the window value of its count (counted in
  * chunks_sent or chunks_present). */
 CTXS_API int ctxs_remote_push(ctxs_remote_push_result *out, ctxs_remote *r, const char *name,
-                              ctxs_progress_fn progress, void *progress_arg);
+                              const ctxs_remote_push_options *opts);
 
 typedef struct ctxs_remote_pull_result {
     uint64_t n_tokens;        /* tokens now in the local session */
@@ -2220,48 +2242,74 @@ typedef struct ctxs_remote_pull_result {
     ctxs_model model;         /* the remote session's model */
 } ctxs_remote_pull_result;
 
+#define CTXS_REMOTE_PULL_OPTIONS_VERSION 1
+
+/* How ctxs_remote_pull() and ctxs_remote_pull_prefix() run (the new
+ * session's slots are their create options'). Start from
+ * CTXS_REMOTE_PULL_OPTIONS_INIT or ctxs_remote_pull_options_init(). */
+typedef struct ctxs_remote_pull_options {
+    uint32_t version;          /* CTXS_REMOTE_PULL_OPTIONS_VERSION */
+    uint32_t reserved0;        /* must be zero */
+    ctxs_progress_fn progress; /* called after each chunk written with the
+                                  tokens pulled and those asked for; NULL =
+                                  none */
+    void *progress_arg;        /* passed to progress */
+    uint8_t reserved[32];      /* must be zero */
+} ctxs_remote_pull_options;
+
+#define CTXS_REMOTE_PULL_OPTIONS_INIT { CTXS_REMOTE_PULL_OPTIONS_VERSION, 0, NULL, NULL, { 0 } }
+
+/* Fills *opts with the defaults of version (CTXS_REMOTE_PULL_OPTIONS_INIT
+ * for version 1). Errors: CTXS_EINVAL (opts NULL, or a version this
+ * library does not know). */
+CTXS_API int ctxs_remote_pull_options_init(ctxs_remote_pull_options *opts, uint32_t version);
+
 /* Creates the local session local_name (NULL: remote_name) from the remote
  * session remote_name: its record, then its chunks in order, each verified
  * (its header, its place in the chain, every token's checksum) before it
  * is written. The first chunk missing or refused ends the pull there. The
  * session appears complete or not at all, as an import does. The model is
- * registered if the store does not know it. opts NULL, or a capacity and
+ * registered if the store does not know it. create NULL, or a capacity and
  * context length of 0: the capacity is raised to hold the remote tokens
  * (the next multiple of CTXS_DEFAULT_CAPACITY above them); else at most
  * the whole chunks that fit the capacity are pulled. The handle has the default open
- * options (opts->open is not used). out (may be NULL: the
+ * options (create->open is not used). out (may be NULL: the
  * session is closed) gets it open read-write; res (may be NULL) what was
- * pulled and what is left to prefill. progress counts tokens.
+ * pulled and what is left to prefill. opts may be NULL for
+ * CTXS_REMOTE_PULL_OPTIONS_INIT; its progress counts tokens.
  * A session with a layer schedule also takes the window value of the
  * record's count (counted in chunks_pulled, or as the chunk missing or
  * refused), after the chunks reached that count (or the count is within
  * every window: then as many tokens as the chunks gave), else no token;
- * its new session has opts's batch (0: CTXS_DEFAULT_BATCH), and with no
+ * its new session has create's batch (0: CTXS_DEFAULT_BATCH), and with no
  * capacity or context length asked for, slots enough for every windowed
  * layer's ring.
  * Errors: CTXS_ENOTFOUND (no such remote session), CTXS_ETAKEN (local_name is
  * taken), CTXS_EMODEL (the store knows the model with another geometry,
  * tokenizer or layer schedule), CTXS_EREMOTE (a damaged record), CTXS_EFULL, the
- * network's errors, CTXS_EREADONLY, CTXS_EINVAL (bad options; with a layer
+ * network's errors, CTXS_EREADONLY, CTXS_EINVAL (bad create options; opts
+ * of another version or with reserved bytes set; with a layer
  * schedule, a capacity that lays a windowed layer out without its ring),
  * CTXS_ENOMEM. */
 CTXS_API int ctxs_remote_pull(ctxs_session **out, ctxs_remote_pull_result *res,
                               ctxs_remote *r, const char *remote_name,
-                              const char *local_name, const ctxs_create_options *opts,
-                              ctxs_progress_fn progress, void *progress_arg);
+                              const char *local_name, const ctxs_create_options *create,
+                              const ctxs_remote_pull_options *opts);
 
 /* Pulls the longest prefix of tokens[0..n) that Redis holds for model
  * into a new local session local_name, as ctxs_remote_pull() does: its
  * whole chunks, and a tail chunk that ends exactly at n when one does.
  * With a layer schedule it ends where a window value is: at the end of
  * what the chunks gave, or the largest chunk boundary below it with one
- * (the first found must verify).
+ * (the first found must verify). create and opts as for ctxs_remote_pull();
+ * progress counts tokens of the prompt.
  * Errors: CTXS_ENOTFOUND (not even the first chunk; with a layer schedule,
  * no window value found), as ctxs_remote_pull(). */
 CTXS_API int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res,
                                      ctxs_remote *r, const char *local_name,
                                      const ctxs_model *model, const uint32_t *tokens,
-                                     uint64_t n, const ctxs_create_options *opts);
+                                     uint64_t n, const ctxs_create_options *create,
+                                     const ctxs_remote_pull_options *opts);
 
 typedef struct ctxs_remote_entry {
     char name[CTXS_NAME_MAX + 1];

@@ -39,11 +39,6 @@ allowed() {
     esac
 }
 
-# Includes the rule above does not allow, "file header" a line: the remote
-# tier while it sits in src/index (it may include these from src/remote).
-exceptions="index/remote.c store/label.h
-index/remote.c transfer/kv_block.h"
-
 bad=0
 for file in $(find . -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.m' -o -name '*.cpp' |
               sed 's|^\./||' | sort); do
@@ -64,7 +59,6 @@ for file in $(find . -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.m' -
         for a in $(allowed "$folder"); do
             [ "$a" = "$owner" ] && ok=1
         done
-        printf '%s\n' "$exceptions" | grep -qx "$file $owner" && ok=1
         if [ "$ok" = 0 ]; then
             echo "src/$file includes $owner, which src/$folder may not (tests/check_includes.sh)" >&2
             bad=1

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cli_run.h"
+#include "json_check.h"
 #include "support.h"
 
 extern char **environ;
@@ -184,4 +185,55 @@ int cli_run(cli_result *r, const char *path, const char *store, const char *cons
     R.code = WEXITSTATUS(st);
     *r = R;
     return R.code;
+}
+
+void cli_expect_exit(const cli_result *r, int got, int code)
+{
+    cr_assert_eq(got, code, "`%s` exited %d, expected %d.\nstdout:\n%s\nstderr:\n%s", r->what,
+                 got, code, r->out, r->err);
+}
+
+void cli_contains(const cli_result *r, int out, const char *s)
+{
+    const char *text = out ? r->out : r->err;
+    cr_assert(strstr(text, s) != NULL, "`%s`: %s does not say \"%s\". It says:\n%s", r->what,
+              out ? "stdout" : "stderr", s, text);
+}
+
+jc_value *cli_json(const cli_result *r)
+{
+    char err[256];
+    jc_value *v = jc_parse(r->out, r->out_len, err, sizeof(err));
+    cr_assert_not_null(v, "`%s` --json output does not parse: %s\n%s", r->what, err, r->out);
+    cr_assert(r->out_len > 0 && r->out[r->out_len - 1] == '\n',
+              "`%s`: the JSON document does not end with a newline", r->what);
+    return v;
+}
+
+const jc_value *cli_jget(const cli_result *r, const jc_value *v, const char *path)
+{
+    const jc_value *x = jc_path(v, path);
+    cr_assert_not_null(x, "`%s`: no \"%s\" in the JSON output:\n%s", r->what, path, r->out);
+    return x;
+}
+
+uint64_t cli_ju(const cli_result *r, const jc_value *v, const char *path)
+{
+    uint64_t u;
+    cr_assert_eq(jc_u64(cli_jget(r, v, path), &u), 0, "`%s`: \"%s\" is not a count:\n%s", r->what,
+                 path, r->out);
+    return u;
+}
+
+const char *cli_js(const cli_result *r, const jc_value *v, const char *path)
+{
+    const char *s = jc_str(cli_jget(r, v, path));
+    cr_assert_not_null(s, "`%s`: \"%s\" is not a string:\n%s", r->what, path, r->out);
+    return s;
+}
+
+void cli_hex(char out[33], const uint8_t hash[16])
+{
+    for (int i = 0; i < 16; i++)
+        snprintf(out + 2 * i, 3, "%02x", hash[i]);
 }

@@ -8,6 +8,22 @@
 #define CTXS_TEST_CLI_RUN_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+/* Exit codes, as tools/ctxstore/cli.h and `ctxstore --help` document them. */
+enum {
+    EX_OK = 0,
+    EX_FAIL = 1,
+    EX_USAGE = 2,
+    EX_NOTFOUND = 3,
+    EX_BUSY = 4,
+    EX_DAMAGED = 5,
+    EX_FULL = 6,
+    EX_EXIST = 7,
+    EX_INDEX = 8,
+    EX_REMOTE_DOWN = 9,
+    EX_REMOTE = 10,
+};
 
 typedef struct cli_result {
     int code;
@@ -35,5 +51,28 @@ int cli_run(cli_result *r, const char *path, const char *store, const char *cons
  * (SIGKILL) and fails the test as one that would never have ended: for
  * the runs whose failure would be to block forever. 0 by default. */
 extern unsigned cli_run_limit_s;
+
+/* --- What a run said, checked: each fails the test, naming the command
+ * and showing its output, where the run said otherwise. -------------- */
+
+struct jc_value;
+
+/* A 16-byte hash as the tool shows it: 32 lowercase hex digits. */
+void cli_hex(char out[33], const uint8_t hash[16]);
+
+/* That r exited with code (got, what the run returned). */
+void cli_expect_exit(const cli_result *r, int got, int code);
+
+/* That r's stdout (out = 1) or stderr contains s. */
+void cli_contains(const cli_result *r, int out, const char *s);
+
+/* r's stdout parsed as JSON (release with jc_free()), a document that
+ * ends with a newline. */
+struct jc_value *cli_json(const cli_result *r);
+
+/* The value at path in v (jc_path()), a count there, a string there. */
+const struct jc_value *cli_jget(const cli_result *r, const struct jc_value *v, const char *path);
+uint64_t cli_ju(const cli_result *r, const struct jc_value *v, const char *path);
+const char *cli_js(const cli_result *r, const struct jc_value *v, const char *path);
 
 #endif

@@ -33,21 +33,7 @@
 #include "json_check.h"
 #include "support.h"
 
-
 TestSuite(cli, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 120);
-
-/* Exit codes, as tools/ctxstore/cli.h and `ctxstore --help` document them. */
-enum {
-    EX_OK = 0,
-    EX_FAIL = 1,
-    EX_USAGE = 2,
-    EX_NOTFOUND = 3,
-    EX_BUSY = 4,
-    EX_DAMAGED = 5,
-    EX_FULL = 6,
-    EX_EXIST = 7,
-    EX_INDEX = 8,
-};
 
 static const char *const k_commands[] = {
     "ls", "info", "verify", "compact", "gc", "rm", "rename", "fork",
@@ -80,20 +66,10 @@ static int run_env(const char *store, const char *const *env, const char *const 
 /* Runs the binary on store with the arguments that follow. */
 #define CLI(store, ...) run_env((store), NULL, ARGS(__VA_ARGS__))
 /* As CLI, and fails the test unless it exits with code. */
-#define CLI_EXPECT(code, store, ...)                                                               \
-    do {                                                                                           \
-        int got_ = CLI((store), __VA_ARGS__);                                                      \
-        cr_assert_eq(got_, (code), "`%s` exited %d, expected %d.\nstdout:\n%s\nstderr:\n%s",       \
-                     R.what, got_, (code), R.out, R.err);                                          \
-    } while (0)
+#define CLI_EXPECT(code, store, ...) cli_expect_exit(&R, CLI((store), __VA_ARGS__), (code))
 
 /* Asserts that the last run's stdout (out = 1) or stderr contains s. */
-static void contains(int out, const char *s)
-{
-    const char *text = out ? R.out : R.err;
-    cr_assert(strstr(text, s) != NULL, "`%s`: %s does not say \"%s\". It says:\n%s", R.what,
-              out ? "stdout" : "stderr", s, text);
-}
+#define contains(out, s) cli_contains(&R, (out), (s))
 
 /* As contains(), but marks the test failed and goes on. */
 static void says(int out, const char *s)
@@ -103,39 +79,13 @@ static void says(int out, const char *s)
               out ? "stdout" : "stderr", s, text);
 }
 
-/* The last run's stdout parsed as JSON (release with jc_free()). */
-static jc_value *json_out(void)
-{
-    char err[256];
-    jc_value *v = jc_parse(R.out, R.out_len, err, sizeof(err));
-    cr_assert_not_null(v, "`%s` --json output does not parse: %s\n%s", R.what, err, R.out);
-    cr_assert(R.out_len > 0 && R.out[R.out_len - 1] == '\n',
-              "`%s`: the JSON document does not end with a newline", R.what);
-    return v;
-}
-
-/* Checked accessors: fail the test, naming the path, when absent. */
-static const jc_value *jget(const jc_value *v, const char *path)
-{
-    const jc_value *x = jc_path(v, path);
-    cr_assert_not_null(x, "`%s`: no \"%s\" in the JSON output:\n%s", R.what, path, R.out);
-    return x;
-}
-
-static uint64_t ju(const jc_value *v, const char *path)
-{
-    uint64_t u;
-    cr_assert_eq(jc_u64(jget(v, path), &u), 0, "`%s`: \"%s\" is not a count:\n%s", R.what, path,
-                 R.out);
-    return u;
-}
-
-static const char *js(const jc_value *v, const char *path)
-{
-    const char *s = jc_str(jget(v, path));
-    cr_assert_not_null(s, "`%s`: \"%s\" is not a string:\n%s", R.what, path, R.out);
-    return s;
-}
+/* The last run's stdout parsed as JSON (release with jc_free()), and
+ * checked accessors into it: each fails the test, naming the path, when
+ * the value is absent or of another kind (cli_run.h). */
+#define json_out() cli_json(&R)
+#define jget(v, path) cli_jget(&R, (v), (path))
+#define ju(v, path) cli_ju(&R, (v), (path))
+#define js(v, path) cli_js(&R, (v), (path))
 
 static int jb(const jc_value *v, const char *path)
 {
@@ -745,8 +695,7 @@ Test(cli, ls_lists_names_tokens_capacity_and_flags)
     cr_assert_str_eq(js(a, "model"), MODEL_NAME);
     char hex[33];
     ctxs_model m = model();
-    for (int i = 0; i < 16; i++)
-        snprintf(hex + 2 * i, 3, "%02x", m.model_hash[i]);
+    cli_hex(hex, m.model_hash);
     cr_assert_str_eq(js(a, "model_hash"), hex);
     cr_assert_gt(ju(a, "disk_bytes"), 0);
     cr_assert_gt(ju(a, "last_used_unix_ms"), 0);

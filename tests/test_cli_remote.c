@@ -36,18 +36,6 @@
 #include "support.h"
 #include "tinychat.h"
 
-
-/* Exit codes, as tools/ctxstore/cli.h and `ctxstore --help` document them. */
-enum {
-    EX_OK = 0,
-    EX_USAGE = 2,
-    EX_NOTFOUND = 3,
-    EX_DAMAGED = 5,
-    EX_EXIST = 7,
-    EX_REMOTE_DOWN = 9,
-    EX_REMOTE = 10,
-};
-
 static ts_redis g_redis;
 
 static void suite_init(void)
@@ -79,18 +67,8 @@ static int run(const char *store, const char *remote_env, const char *const *arg
 
 #define ARGS(...) ((const char *const[]){ __VA_ARGS__, NULL })
 #define EXPECT(code, store, env, ...)                                                              \
-    do {                                                                                           \
-        int got_ = run((store), (env), ARGS(__VA_ARGS__));                                         \
-        cr_assert_eq(got_, (code), "`%s` exited %d, expected %d.\nstdout:\n%s\nstderr:\n%s",       \
-                     R.what, got_, (code), R.out, R.err);                                          \
-    } while (0)
-
-static void contains(int out, const char *s)
-{
-    const char *text = out ? R.out : R.err;
-    cr_assert(strstr(text, s) != NULL, "`%s`: %s does not say \"%s\". It says:\n%s", R.what,
-              out ? "stdout" : "stderr", s, text);
-}
+    cli_expect_exit(&R, run((store), (env), ARGS(__VA_ARGS__)), (code))
+#define contains(out, s) cli_contains(&R, (out), (s))
 
 static void lacks(const char *s)
 {
@@ -98,35 +76,11 @@ static void lacks(const char *s)
               "`%s` shows \"%s\".\nstdout:\n%s\nstderr:\n%s", R.what, s, R.out, R.err);
 }
 
-static jc_value *json_out(void)
-{
-    char err[256];
-    jc_value *v = jc_parse(R.out, R.out_len, err, sizeof(err));
-    cr_assert_not_null(v, "`%s` --json output does not parse: %s\n%s", R.what, err, R.out);
-    return v;
-}
-
-static const jc_value *jget(const jc_value *v, const char *path)
-{
-    const jc_value *x = jc_path(v, path);
-    cr_assert_not_null(x, "`%s`: no \"%s\" in the JSON output:\n%s", R.what, path, R.out);
-    return x;
-}
-
-static uint64_t ju(const jc_value *v, const char *path)
-{
-    uint64_t u;
-    cr_assert_eq(jc_u64(jget(v, path), &u), 0, "`%s`: \"%s\" is not a count:\n%s", R.what, path,
-                 R.out);
-    return u;
-}
-
-static const char *js(const jc_value *v, const char *path)
-{
-    const char *s = jc_str(jget(v, path));
-    cr_assert_not_null(s, "`%s`: \"%s\" is not a string:\n%s", R.what, path, R.out);
-    return s;
-}
+/* The last run's --json output, and checked accessors into it (cli_run.h). */
+#define json_out() cli_json(&R)
+#define jget(v, path) cli_jget(&R, (v), (path))
+#define ju(v, path) cli_ju(&R, (v), (path))
+#define js(v, path) cli_js(&R, (v), (path))
 
 /* --- Stores ------------------------------------------------------------------ */
 
@@ -380,8 +334,7 @@ Test(cli_remote, ls_and_stat)
     cr_assert_eq(jget(v, "sessions[1].error")->type, JC_NULL);
     char hex[33];
     ctxs_model m = model();
-    for (int i = 0; i < 16; i++)
-        snprintf(hex + 2 * i, 3, "%02x", m.model_hash[i]);
+    cli_hex(hex, m.model_hash);
     cr_assert_str_eq(js(v, "sessions[1].model_hash"), hex);
     cr_assert_gt(ju(v, "sessions[1].updated_unix_ms"), 0);
     jc_free(v);

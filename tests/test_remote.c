@@ -17,66 +17,29 @@
 
 #include "ctxstore.h"
 #include "index.h"
-#include "redis_server.h"
 #include "remote_format.h"
+#include "remote_support.h"
 #include "support.h"
 
 TestSuite(remote, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 120);
 
-#define FLUSH_MS 20000u
-
-static ctxs_store *store_at(const char *name)
-{
-    return ts_store_open(ts_path(ts_scratch, name));
-}
-
-static ctxs_remote *remote_open(ctxs_store *st, const char *url, uint32_t push_on_commit)
-{
-    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
-    o.push_on_commit = push_on_commit;
-    o.timeout_ms = 1000;
-    o.retries = 3;
-    o.backoff_ms = 5;
-    ctxs_remote *r = NULL;
-    int rc = ctxs_remote_open(&r, st, url, &o);
-    cr_assert_eq(rc, 0, "ctxs_remote_open(%s): %s", url, ctxs_err_name(rc));
-    return r;
-}
-
-/* Commits n tokens from the session's end in commits of step; tokens at
- * positions >= fork_at differ by seed (ids and K/V), so that sessions
- * built with another seed share exactly their first fork_at tokens. */
+/* Commits n tokens from the session's end in commits of step: those of
+ * ts_append() below fork_at, and from fork_at on, where seed is set,
+ * ts_pat_append()'s of generation seed (other ids and K/V), so that
+ * sessions built with another seed share exactly their first fork_at
+ * tokens. */
 static void append_seeded(ctxs_session *s, uint64_t n, uint32_t step, uint64_t fork_at,
                           uint32_t seed)
 {
-    ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    const ctxs_geometry *g = &info.model.geometry;
-    size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
-    uint16_t *k = malloc(per * 2), *v = malloc(per * 2);
-    uint32_t *ids = malloc((size_t)step * 4);
-    cr_assert(k && v && ids);
     for (uint64_t done = 0; done < n;) {
+        uint64_t pos = ts_n_tokens(s);
         uint32_t m = (uint32_t)(n - done < step ? n - done : step);
-        ctxs_reservation res;
-        cr_assert_eq(ctxs_session_reserve(&res, s, m), 0);
-        for (uint32_t i = 0; i < m; i++) {
-            uint64_t pos = res.first_pos + i;
-            ts_fill_kv(g, pos, k, v);
-            ids[i] = ts_token(pos);
-            if (pos >= fork_at && seed) {
-                ids[i] ^= seed * 0x9e3779b9u;
-                k[0] = (uint16_t)(0x3c00 + (seed & 0xff));
-            }
-            cr_assert_eq(ctxs_session_write_token(s, &res, i, k, v, CTXS_DTYPE_F16), 0);
-        }
-        int rc = ctxs_session_commit(s, ids, m);
+        if (seed && pos < fork_at && pos + m > fork_at)
+            m = (uint32_t)(fork_at - pos); /* one kind of token a commit */
+        int rc = seed && pos >= fork_at ? ts_pat_append(s, m, seed, NULL) : ts_append(s, m);
         cr_assert_eq(rc, 0, "commit: %s", ctxs_err_name(rc));
         done += m;
     }
-    free(k);
-    free(v);
-    free(ids);
 }
 
 static ctxs_session *make_session(ctxs_store *st, const char *name, const ctxs_model *m,
@@ -91,32 +54,6 @@ static ctxs_session *make_session(ctxs_store *st, const char *name, const ctxs_m
     cr_assert_eq(rc, 0, "create %s: %s", name, ctxs_err_name(rc));
     append_seeded(s, n, step, fork_at, seed);
     return s;
-}
-
-/* Positions [0, n) of a and b: the same ids, and the same stored bytes in
- * the sessions' dtype (scales included for Q8). */
-static void assert_same_tokens(const ctxs_session *a, const ctxs_session *b, uint64_t n)
-{
-    ctxs_session_info ia;
-    cr_assert_eq(ctxs_session_get_info(&ia, a), 0);
-    size_t tb = ctxs_geometry_get_token_bytes(&ia.model.geometry, ia.model.geometry.dtype);
-    cr_assert(tb > 0);
-    uint8_t *ka = malloc(tb), *va = malloc(tb), *kb = malloc(tb), *vb = malloc(tb);
-    cr_assert(ka && va && kb && vb);
-    for (uint64_t p = 0; p < n; p++) {
-        uint32_t ida, idb;
-        cr_assert_eq(ctxs_session_get_tokens(&ida, a, p, 1), 0);
-        cr_assert_eq(ctxs_session_get_tokens(&idb, b, p, 1), 0);
-        cr_assert_eq(ida, idb, "id at %llu", (unsigned long long)p);
-        cr_assert_eq(ctxs_session_read_token(ka, va, a, p, ia.model.geometry.dtype), 0);
-        cr_assert_eq(ctxs_session_read_token(kb, vb, b, p, ia.model.geometry.dtype), 0);
-        cr_assert(memcmp(ka, kb, tb) == 0 && memcmp(va, vb, tb) == 0, "KV at %llu",
-                  (unsigned long long)p);
-    }
-    free(ka);
-    free(va);
-    free(kb);
-    free(vb);
 }
 
 static ctxs_session *open_ro(ctxs_store *st, const char *name)
@@ -155,25 +92,25 @@ static uint32_t *ids_of(const ctxs_session *s, uint64_t n)
  * bit-identical in store B, tail included. */
 static void round_trip(uint32_t dtype)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(1);
     m.geometry.dtype = dtype;
-    ctxs_remote *ra = remote_open(a, rs.url, 1);
-    ctxs_session *s = make_session(a, "chat", &m, 200, 50, 0, 0);
+    f.ra = ts_remote_open(f.a, f.rs.url, 1, 1);
+    ctxs_session *s = make_session(f.a, "chat", &m, 200, 50, 0, 0);
     ctxs_session_close(s);
     ctxs_remote_stats stats;
-    cr_assert_eq(ctxs_remote_close(&stats, ra, FLUSH_MS), 0);
+    cr_assert_eq(ctxs_remote_close(&stats, f.ra, TS_FLUSH_MS), 0);
+    f.ra = NULL;
+    f.ra = NULL;
     cr_assert_eq(stats.chunks_dropped, 0);
     cr_assert_eq(stats.chunks_pushed, 4, "3 whole chunks and the tail: %llu",
                  (unsigned long long)stats.chunks_pushed);
     cr_assert_geq(stats.records_pushed, 1);
 
-    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
     ctxs_remote_pull_result res;
     ctxs_session *got = NULL;
-    int rc = ctxs_remote_pull(&got, &res, rb, "chat", NULL, NULL, NULL, NULL);
+    int rc = ctxs_remote_pull(&got, &res, f.rb, "chat", NULL, NULL, NULL);
     cr_assert_eq(rc, 0, "pull: %s", ctxs_err_name(rc));
     cr_assert_eq(res.n_tokens, 200);
     cr_assert_eq(res.remote_tokens, 200);
@@ -182,16 +119,13 @@ static void round_trip(uint32_t dtype)
     cr_assert_null(res.rest_ids);
     cr_assert(memcmp(&res.model, &m, sizeof(m)) == 0);
     cr_assert_eq(ts_n_tokens(got), 200);
-    ctxs_session *src = open_ro(a, "chat");
-    assert_same_tokens(src, got, 200);
+    ctxs_session *src = open_ro(f.a, "chat");
+    ts_assert_same_stored(src, got, 200, 1);
     if (dtype == CTXS_DTYPE_F16)
         cr_assert_eq(ts_check_all(got), 0);
     ctxs_session_close(src);
     ctxs_session_close(got);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 Test(remote, a_session_pushed_on_commit_resumes_bit_identical_elsewhere_f16)
@@ -206,33 +140,31 @@ Test(remote, a_session_pushed_on_commit_resumes_bit_identical_elsewhere_q8)
 
 Test(remote, a_session_made_before_the_remote_pushes_on_demand)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(2);
     m.geometry.dtype = CTXS_DTYPE_BF16;
-    ctxs_session_close(make_session(a, "old", &m, 150, 150, 0, 0));
-    cr_assert_eq(ctxs_store_session_set_meta(a, "old", "title", "hello", 5), 0);
-    ctxs_remote *ra = remote_open(a, rs.url, 0);
+    ctxs_session_close(make_session(f.a, "old", &m, 150, 150, 0, 0));
+    cr_assert_eq(ctxs_store_session_set_meta(f.a, "old", "title", "hello", 5), 0);
+    f.ra = ts_remote_open(f.a, f.rs.url, 0, 1);
     ctxs_remote_push_result pr;
-    cr_assert_eq(ctxs_remote_push(&pr, ra, "old", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, f.ra, "old", NULL), 0);
     cr_assert_eq(pr.n_tokens, 150);
     cr_assert_eq(pr.chunks_sent, 3);
     cr_assert_eq(pr.chunks_present, 0);
     /* Again: everything is there already. */
-    cr_assert_eq(ctxs_remote_push(&pr, ra, "old", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, f.ra, "old", NULL), 0);
     cr_assert_eq(pr.chunks_sent, 0);
     cr_assert_eq(pr.chunks_present, 3);
 
-    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
     ctxs_remote_pull_result res;
-    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "old", "new", NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, f.rb, "old", "new", NULL, NULL), 0);
     cr_assert_eq(res.n_tokens, 150);
-    ctxs_session *src = open_ro(a, "old"), *got = open_ro(b, "new");
-    assert_same_tokens(src, got, 150);
+    ctxs_session *src = open_ro(f.a, "old"), *got = open_ro(f.b, "new");
+    ts_assert_same_stored(src, got, 150, 1);
     static char value[CTXS_META_VALUE_MAX];
     size_t vlen = sizeof(value);
-    cr_assert_eq(ctxs_store_session_get_meta(value, &vlen, b, "new", "title"), 0);
+    cr_assert_eq(ctxs_store_session_get_meta(value, &vlen, f.b, "new", "title"), 0);
     cr_assert_eq(vlen, 5);
     cr_assert(memcmp(value, "hello", 5) == 0);
     ctxs_session_close(src);
@@ -240,7 +172,7 @@ Test(remote, a_session_made_before_the_remote_pushes_on_demand)
 
     ctxs_remote_entry *e;
     size_t n;
-    cr_assert_eq(ctxs_remote_list(&e, &n, rb), 0);
+    cr_assert_eq(ctxs_remote_list(&e, &n, f.rb), 0);
     cr_assert_eq(n, 1);
     cr_assert_str_eq(e[0].name, "old");
     cr_assert_eq(e[0].n_tokens, 150);
@@ -248,98 +180,87 @@ Test(remote, a_session_made_before_the_remote_pushes_on_demand)
     cr_assert_eq(e[0].status, 0);
     ctxs_free(e);
     ctxs_remote_info info;
-    cr_assert_eq(ctxs_remote_get_info(&info, rb), 0);
+    cr_assert_eq(ctxs_remote_get_info(&info, f.rb), 0);
     cr_assert_eq(info.keys, 4); /* 2 chunks, a tail, a record */
     cr_assert(info.server_version[0]);
 
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 Test(remote, a_shared_system_prompt_is_stored_once)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(3);
-    ctxs_session_close(make_session(a, "x", &m, 192, 64, 128, 1));
-    ctxs_session_close(make_session(a, "y", &m, 192, 64, 128, 2));
-    ctxs_remote *ra = remote_open(a, rs.url, 0);
+    ctxs_session_close(make_session(f.a, "x", &m, 192, 64, 128, 1));
+    ctxs_session_close(make_session(f.a, "y", &m, 192, 64, 128, 2));
+    f.ra = ts_remote_open(f.a, f.rs.url, 0, 1);
     ctxs_remote_push_result pr;
-    cr_assert_eq(ctxs_remote_push(&pr, ra, "x", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, f.ra, "x", NULL), 0);
     cr_assert_eq(pr.chunks_sent, 3);
-    cr_assert_eq(ctxs_remote_push(&pr, ra, "y", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, f.ra, "y", NULL), 0);
     cr_assert_eq(pr.chunks_sent, 1);
     cr_assert_eq(pr.chunks_present, 2);
-    cr_assert_eq(ts_redis_count(&rs, "ctxs:chunk:*"), 4);
-    cr_assert_eq(ts_redis_count(&rs, "ctxs:session:*"), 2);
+    cr_assert_eq(ts_redis_count(&f.rs, "ctxs:chunk:*"), 4);
+    cr_assert_eq(ts_redis_count(&f.rs, "ctxs:session:*"), 2);
 
     /* A prompt that shares the 2 chunks, then goes its own way. */
-    ctxs_session *x = open_ro(a, "x");
+    ctxs_session *x = open_ro(f.a, "x");
     uint32_t whole[192], prompt[300];
     cr_assert_eq(ctxs_session_get_tokens(whole, x, 0, 192), 0);
     memcpy(prompt, whole, 128 * 4);
     for (int i = 128; i < 300; i++)
         prompt[i] = 7000000u + (uint32_t)i;
-    ctxs_store *b = store_at("b");
-    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
     ctxs_remote_pull_result res;
     ctxs_session *got;
-    cr_assert_eq(ctxs_remote_pull_prefix(&got, &res, rb, "hit", &m, prompt, 300, NULL), 0);
+    cr_assert_eq(ctxs_remote_pull_prefix(&got, &res, f.rb, "hit", &m, prompt, 300, NULL, NULL), 0);
     cr_assert_eq(res.n_tokens, 128);
     cr_assert_eq(res.remote_tokens, 300);
     cr_assert_eq(res.chunks_pulled, 2);
     cr_assert_eq(res.chunks_missing, 1);
-    assert_same_tokens(x, got, 128);
+    ts_assert_same_stored(x, got, 128, 1);
     ctxs_session_close(got);
     /* The whole of x, its tail-less end exactly at 192. */
-    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "all", &m, whole, 192, NULL), 0);
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, f.rb, "all", &m, whole, 192, NULL, NULL), 0);
     cr_assert_eq(res.n_tokens, 192);
     /* Taken locally: CTXS_ETAKEN, before any traffic. */
-    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "all", &m, whole, 192, NULL), CTXS_ETAKEN);
-    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "x", "all", NULL, NULL, NULL), CTXS_ETAKEN);
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, f.rb, "all", &m, whole, 192, NULL, NULL),
+                 CTXS_ETAKEN);
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, f.rb, "x", "all", NULL, NULL), CTXS_ETAKEN);
     /* Nothing shared: no session. */
     uint32_t other[64];
     for (int i = 0; i < 64; i++)
         other[i] = 9000000u + (uint32_t)i;
-    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "none", &m, other, 64, NULL),
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, f.rb, "none", &m, other, 64, NULL, NULL),
                  CTXS_ENOTFOUND);
     ctxs_session_entry e;
-    cr_assert_eq(ctxs_store_session_get(&e, b, "none"), CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "nobody", NULL, NULL, NULL, NULL),
+    cr_assert_eq(ctxs_store_session_get(&e, f.b, "none"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, f.rb, "nobody", NULL, NULL, NULL),
                  CTXS_ENOTFOUND);
     ctxs_session_close(x);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 /* Pushes "c" (320 tokens: 5 chunks) and returns its ids. */
-static uint32_t *pushed_session(ts_redis *rs, ctxs_store *a, const ctxs_model *m)
+static uint32_t *pushed_session(ts_fleet *f, const ctxs_model *m)
 {
-    ctxs_session_close(make_session(a, "c", m, 320, 320, 0, 0));
-    ctxs_remote *ra = remote_open(a, rs->url, 0);
-    cr_assert_eq(ctxs_remote_push(NULL, ra, "c", NULL, NULL), 0);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_session *s = open_ro(a, "c");
+    ctxs_session_close(make_session(f->a, "c", m, 320, 320, 0, 0));
+    ctxs_remote *ra = ts_remote_open(f->a, f->rs.url, 0, 1);
+    cr_assert_eq(ctxs_remote_push(NULL, ra, "c", NULL), 0);
+    ctxs_remote_close(NULL, ra, TS_FLUSH_MS);
+    ctxs_session *s = open_ro(f->a, "c");
     uint32_t *ids = ids_of(s, 320);
     ctxs_session_close(s);
     return ids;
 }
 
 /* Pulls "c" as local, expecting it to stop before chunk 2 (refused). */
-static void pull_stops_at_chunk_2(ts_redis *rs, ctxs_store *a, ctxs_store *b, const char *local,
-                                  const uint32_t *ids)
+static void pull_stops_at_chunk_2(ts_fleet *f, const char *local, const uint32_t *ids)
 {
-    ctxs_remote *rb = remote_open(b, rs->url, 0);
+    ctxs_remote *rb = ts_remote_open(f->b, f->rs.url, 0, 1);
     ctxs_remote_pull_result res;
     ctxs_session *got;
-    int rc = ctxs_remote_pull(&got, &res, rb, "c", local, NULL, NULL, NULL);
+    int rc = ctxs_remote_pull(&got, &res, rb, "c", local, NULL, NULL);
     cr_assert_eq(rc, 0, "pull: %s", ctxs_err_name(rc));
     cr_assert_eq(res.n_tokens, 128);
     cr_assert_eq(res.chunks_pulled, 2);
@@ -349,47 +270,45 @@ static void pull_stops_at_chunk_2(ts_redis *rs, ctxs_store *a, ctxs_store *b, co
     cr_assert(memcmp(res.rest_ids, ids + 128, (320 - 128) * 4) == 0);
     ctxs_free(res.rest_ids);
     cr_assert_eq(ts_n_tokens(got), 128);
-    ctxs_session *src = open_ro(a, "c");
-    assert_same_tokens(src, got, 128);
+    ctxs_session *src = open_ro(f->a, "c");
+    ts_assert_same_stored(src, got, 128, 1);
     ctxs_session_close(src);
     ctxs_session_close(got);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
+    ctxs_remote_close(NULL, rb, TS_FLUSH_MS);
 }
 
 Test(remote, a_chunk_damaged_in_redis_is_refused)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(4);
-    uint32_t *ids = pushed_session(&rs, a, &m);
+    uint32_t *ids = pushed_session(&f, &m);
     char key[256];
     key_of_chunk(key, sizeof(key), &m, ids, 2);
     size_t len;
-    void *good = ts_redis_get(&rs, key, &len);
+    void *good = ts_redis_get(&f.rs, key, &len);
     cr_assert_not_null(good, "chunk 2 is not in Redis");
 
     /* One byte of the KV. */
     char off[16];
     snprintf(off, sizeof(off), "%u", CTXS__RCHUNK_HEADER_BYTES + 12 * 64 + 5);
-    free(ts_redis_cmd(&rs, "SETRANGE", key, off, "\x7f", NULL));
-    pull_stops_at_chunk_2(&rs, a, b, "kv", ids);
+    free(ts_redis_cmd(&f.rs, "SETRANGE", key, off, "\x7f", NULL));
+    pull_stops_at_chunk_2(&f, "kv", ids);
 
     /* One byte of the header (first_pos). */
-    ts_redis_set(&rs, key, good, len);
-    free(ts_redis_cmd(&rs, "SETRANGE", key, "40", "\x01", NULL));
-    pull_stops_at_chunk_2(&rs, a, b, "header", ids);
+    ts_redis_set(&f.rs, key, good, len);
+    free(ts_redis_cmd(&f.rs, "SETRANGE", key, "40", "\x01", NULL));
+    pull_stops_at_chunk_2(&f, "header", ids);
 
     /* One byte of a token's checksum, then of a token id: the payload
      * has no CRC, the checksums and the chain catch these. */
     snprintf(off, sizeof(off), "%u", CTXS__RCHUNK_HEADER_BYTES + 8 * 17 + 3);
-    ts_redis_set(&rs, key, good, len);
-    free(ts_redis_cmd(&rs, "SETRANGE", key, off, "\x5a", NULL));
-    pull_stops_at_chunk_2(&rs, a, b, "sum", ids);
+    ts_redis_set(&f.rs, key, good, len);
+    free(ts_redis_cmd(&f.rs, "SETRANGE", key, off, "\x5a", NULL));
+    pull_stops_at_chunk_2(&f, "sum", ids);
     snprintf(off, sizeof(off), "%u", CTXS__RCHUNK_HEADER_BYTES + 8 * 64 + 4 * 40 + 1);
-    ts_redis_set(&rs, key, good, len);
-    free(ts_redis_cmd(&rs, "SETRANGE", key, off, "\x5a", NULL));
-    pull_stops_at_chunk_2(&rs, a, b, "id", ids);
+    ts_redis_set(&f.rs, key, good, len);
+    free(ts_redis_cmd(&f.rs, "SETRANGE", key, off, "\x5a", NULL));
+    pull_stops_at_chunk_2(&f, "id", ids);
 
     /* A reserved byte of the header, its CRC made good again. */
     {
@@ -401,218 +320,187 @@ Test(remote, a_chunk_damaged_in_redis_is_refused)
         h.reserved[0] = 1;
         h.crc32 = (uint32_t)crc32(0L, (const Bytef *)&h, offsetof(ctxs__rchunk_header, crc32));
         memcpy(bad, &h, sizeof(h));
-        ts_redis_set(&rs, key, bad, len);
-        pull_stops_at_chunk_2(&rs, a, b, "reserved", ids);
+        ts_redis_set(&f.rs, key, bad, len);
+        pull_stops_at_chunk_2(&f, "reserved", ids);
         free(bad);
     }
 
     /* Cut short by a byte. */
-    ts_redis_set(&rs, key, good, len - 1);
-    pull_stops_at_chunk_2(&rs, a, b, "short", ids);
+    ts_redis_set(&f.rs, key, good, len - 1);
+    pull_stops_at_chunk_2(&f, "short", ids);
 
     /* Another chunk's value under this key (chunk 3's bytes: valid in
      * themselves, in the wrong place). */
     char key3[256];
     key_of_chunk(key3, sizeof(key3), &m, ids, 3);
     size_t len3;
-    void *v3 = ts_redis_get(&rs, key3, &len3);
+    void *v3 = ts_redis_get(&f.rs, key3, &len3);
     cr_assert_not_null(v3);
-    ts_redis_set(&rs, key, v3, len3);
-    pull_stops_at_chunk_2(&rs, a, b, "moved", ids);
+    ts_redis_set(&f.rs, key, v3, len3);
+    pull_stops_at_chunk_2(&f, "moved", ids);
     free(v3);
     free(good);
     free(ids);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 Test(remote, a_damaged_session_record_is_eremote)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(5);
-    free(pushed_session(&rs, a, &m));
-    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    free(pushed_session(&f, &m));
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
     /* In the ids (body CRC), then in the header (header CRC). */
     const char *offs[] = {"700", "70"};
     for (int i = 0; i < 2; i++) {
-        free(ts_redis_cmd(&rs, "SETRANGE", "ctxs:session:c", offs[i], "\x55", NULL));
+        free(ts_redis_cmd(&f.rs, "SETRANGE", "ctxs:session:c", offs[i], "\x55", NULL));
         ctxs_remote_pull_result res;
-        cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "c", NULL, NULL, NULL, NULL), CTXS_EREMOTE);
+        cr_assert_eq(ctxs_remote_pull(NULL, &res, f.rb, "c", NULL, NULL, NULL), CTXS_EREMOTE);
         ctxs_session_entry e;
-        cr_assert_eq(ctxs_store_session_get(&e, b, "c"), CTXS_ENOTFOUND);
+        cr_assert_eq(ctxs_store_session_get(&e, f.b, "c"), CTXS_ENOTFOUND);
     }
     ctxs_remote_entry *e;
     size_t n;
-    cr_assert_eq(ctxs_remote_list(&e, &n, rb), 0);
+    cr_assert_eq(ctxs_remote_list(&e, &n, f.rb), 0);
     cr_assert_eq(n, 1);
     cr_assert_eq(e[0].status, CTXS_EREMOTE);
     ctxs_free(e);
     /* A key of another type under the prefix: listed as damaged, beside
      * the others, and its pull is a clear error. */
-    free(ts_redis_cmd(&rs, "RPUSH", "ctxs:session:a list", "x", NULL));
-    cr_assert_eq(ctxs_remote_list(&e, &n, rb), 0);
+    free(ts_redis_cmd(&f.rs, "RPUSH", "ctxs:session:a list", "x", NULL));
+    cr_assert_eq(ctxs_remote_list(&e, &n, f.rb), 0);
     cr_assert_eq(n, 2);
     cr_assert_str_eq(e[0].name, "a list");
     cr_assert_eq(e[0].status, CTXS_EREMOTE);
     cr_assert_str_eq(e[1].name, "c");
     ctxs_free(e);
-    cr_assert_eq(ctxs_remote_pull(NULL, NULL, rb, "a list", NULL, NULL, NULL, NULL), CTXS_EREMOTE);
+    cr_assert_eq(ctxs_remote_pull(NULL, NULL, f.rb, "a list", NULL, NULL, NULL), CTXS_EREMOTE);
     /* Cut to a few bytes: still a clear error, no allocation from it. */
-    free(ts_redis_cmd(&rs, "SET", "ctxs:session:c", "CTXSRSES", NULL));
-    cr_assert_eq(ctxs_remote_pull(NULL, NULL, rb, "c", NULL, NULL, NULL, NULL), CTXS_EREMOTE);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    free(ts_redis_cmd(&f.rs, "SET", "ctxs:session:c", "CTXSRSES", NULL));
+    cr_assert_eq(ctxs_remote_pull(NULL, NULL, f.rb, "c", NULL, NULL, NULL), CTXS_EREMOTE);
+    ts_fleet_stop(&f);
 }
 
 Test(remote, redis_killed_mid_push_loses_nothing_locally_and_never_a_partial_chunk)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(6);
     m.geometry.head_dim = 128; /* chunks of 132 KiB */
-    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
-    o.timeout_ms = 500;
-    o.retries = 2;
-    o.backoff_ms = 1;
-    ctxs_remote *ra;
-    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
-    ctxs_session *s = make_session(a, "big", &m, 1024, 64, 0, 0);
-    ts_redis_kill(&rs); /* the queue is likely still pushing */
+    f.ra = ts_remote_open_tuned(f.a, f.rs.url, 500, 2, 1, CTXS_DEFAULT_REMOTE_QUEUE_MAX);
+    ctxs_session *s = make_session(f.a, "big", &m, 1024, 64, 0, 0);
+    ts_redis_kill(&f.rs); /* the queue is likely still pushing */
     append_seeded(s, 1024, 64, 0, 0); /* commits succeed all the same */
-    ts_redis_restart(&rs);
+    ts_redis_restart(&f.rs);
     append_seeded(s, 1024, 64, 0, 0);
     cr_assert_eq(ts_check_all(s), 0);
     cr_assert_eq(ts_n_tokens(s), 3072);
     ctxs_session_close(s);
     ctxs_remote_stats st;
-    ctxs_remote_flush(&st, ra, FLUSH_MS);
+    ctxs_remote_flush(&st, f.ra, TS_FLUSH_MS);
 
     /* Whatever Redis holds now pulls as a verified prefix. */
-    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
     ctxs_remote_pull_result res;
     ctxs_session *got = NULL;
-    int rc = ctxs_remote_pull(&got, &res, rb, "big", NULL, NULL, NULL, NULL);
+    int rc = ctxs_remote_pull(&got, &res, f.rb, "big", NULL, NULL, NULL);
     cr_assert(rc == 0 || rc == CTXS_ENOTFOUND, "pull: %s", ctxs_err_name(rc));
-    ctxs_session *src = open_ro(a, "big");
+    ctxs_session *src = open_ro(f.a, "big");
     if (rc == 0) {
         cr_assert_eq(res.chunks_refused, 0);
         cr_assert_eq(res.n_tokens + res.n_rest, 3072);
         cr_assert_eq(ts_n_tokens(got), res.n_tokens);
-        assert_same_tokens(src, got, res.n_tokens);
+        ts_assert_same_stored(src, got, res.n_tokens, 1);
         ctxs_free(res.rest_ids);
         ctxs_session_close(got);
-        cr_assert_eq(ctxs_store_session_delete(b, "big"), 0);
+        cr_assert_eq(ctxs_store_session_delete(f.b, "big"), 0);
     }
     /* A push completes it. */
     ctxs_remote_push_result pr;
-    cr_assert_eq(ctxs_remote_push(&pr, ra, "big", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, f.ra, "big", NULL), 0);
     cr_assert_eq(pr.chunks_sent + pr.chunks_present, 48);
-    cr_assert_eq(ctxs_remote_pull(&got, &res, rb, "big", NULL, NULL, NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_pull(&got, &res, f.rb, "big", NULL, NULL, NULL), 0);
     cr_assert_eq(res.n_tokens, 3072);
-    assert_same_tokens(src, got, 3072);
+    ts_assert_same_stored(src, got, 3072, 1);
     ctxs_session_close(got);
     ctxs_session_close(src);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 Test(remote, commits_while_redis_is_down_succeed_and_count_what_was_dropped)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(7);
-    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
-    o.timeout_ms = 200;
-    o.retries = 2;
-    o.backoff_ms = 1;
-    ctxs_remote *ra;
-    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
-    ts_redis_kill(&rs);
-    ctxs_session *s = make_session(a, "down", &m, 640, 64, 0, 0);
+    f.ra = ts_remote_open_tuned(f.a, f.rs.url, 200, 2, 1, CTXS_DEFAULT_REMOTE_QUEUE_MAX);
+    ts_redis_kill(&f.rs);
+    ctxs_session *s = make_session(f.a, "down", &m, 640, 64, 0, 0);
     ctxs_session_close(s);
     ctxs_remote_stats st;
-    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(ctxs_remote_flush(&st, f.ra, TS_FLUSH_MS), 0);
     cr_assert_gt(st.chunks_dropped, 0);
     cr_assert_gt(st.retries, 0);
     cr_assert_neq(st.last_error, 0);
     cr_assert_eq(st.chunks_pushed, 0);
     cr_assert_eq(st.connected, 0);
-    s = open_ro(a, "down");
+    s = open_ro(f.a, "down");
     cr_assert_eq(ts_check_all(s), 0);
     cr_assert_eq(ts_n_tokens(s), 640);
     ctxs_session_close(s);
-    cr_assert_eq(ctxs_remote_close(&st, ra, FLUSH_MS), 0);
-    ctxs_store_close(a);
-    ts_redis_stop(&rs);
+    cr_assert_eq(ctxs_remote_close(&st, f.ra, TS_FLUSH_MS), 0);
+    f.ra = NULL;
+    ts_fleet_stop(&f);
 }
 
 Test(remote, eviction_gives_a_shorter_prefix_not_an_error)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(8);
     m.geometry.head_dim = 128;
-    ctxs_session_close(make_session(a, "e", &m, 4096, 512, 0, 0));
-    free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory", "4mb", NULL));
-    free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru", NULL));
-    ctxs_remote *ra = remote_open(a, rs.url, 0);
+    ctxs_session_close(make_session(f.a, "e", &m, 4096, 512, 0, 0));
+    free(ts_redis_cmd(&f.rs, "CONFIG", "SET", "maxmemory", "4mb", NULL));
+    free(ts_redis_cmd(&f.rs, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru", NULL));
+    f.ra = ts_remote_open(f.a, f.rs.url, 0, 1);
     /* 64 chunks of 132 KiB: twice what fits. Redis evicts as it goes. */
-    int rc = ctxs_remote_push(NULL, ra, "e", NULL, NULL);
+    int rc = ctxs_remote_push(NULL, f.ra, "e", NULL);
     cr_assert_eq(rc, 0, "push: %s", ctxs_err_name(rc));
     ctxs_remote_info info;
-    cr_assert_eq(ctxs_remote_get_info(&info, ra), 0);
+    cr_assert_eq(ctxs_remote_get_info(&info, f.ra), 0);
     cr_assert_gt(info.evicted_keys, 0);
     cr_assert_str_eq(info.maxmemory_policy, "allkeys-lru");
 
-    ctxs_session *src = open_ro(a, "e");
+    ctxs_session *src = open_ro(f.a, "e");
     uint32_t *ids = ids_of(src, 4096);
-    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
     ctxs_remote_pull_result res;
     ctxs_session *got = NULL;
     /* The record (written last) may survive or not; either way, no
      * error beyond "not found", and never a wrong token. */
-    rc = ctxs_remote_pull(&got, &res, rb, "e", NULL, NULL, NULL, NULL);
+    rc = ctxs_remote_pull(&got, &res, f.rb, "e", NULL, NULL, NULL);
     cr_assert(rc == 0 || rc == CTXS_ENOTFOUND, "pull: %s", ctxs_err_name(rc));
     if (rc == 0) {
         cr_assert_lt(res.n_tokens, 4096);
         cr_assert_eq(res.chunks_missing, 1);
         cr_assert_eq(res.chunks_refused, 0);
-        assert_same_tokens(src, got, res.n_tokens);
+        ts_assert_same_stored(src, got, res.n_tokens, 1);
         ctxs_free(res.rest_ids);
         ctxs_session_close(got);
     }
-    rc = ctxs_remote_pull_prefix(&got, &res, rb, "p", &m, ids, 4096, NULL);
+    rc = ctxs_remote_pull_prefix(&got, &res, f.rb, "p", &m, ids, 4096, NULL, NULL);
     cr_assert(rc == 0 || rc == CTXS_ENOTFOUND, "pull_prefix: %s", ctxs_err_name(rc));
     if (rc == 0) {
         cr_assert_lt(res.n_tokens, 4096);
-        assert_same_tokens(src, got, res.n_tokens);
+        ts_assert_same_stored(src, got, res.n_tokens, 1);
         ctxs_session_close(got);
     }
     free(ids);
     ctxs_session_close(src);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 Test(remote, a_wrong_or_missing_password_is_eacces)
 {
     ts_redis rs;
     ts_redis_start(&rs, "s3cret", 0);
-    ctxs_store *a = store_at("a");
+    ctxs_store *a = ts_store_at("a");
     ctxs_remote *r = NULL;
     char url[200];
     snprintf(url, sizeof(url), "redis://:wrong@127.0.0.1:%d", rs.port);
@@ -624,7 +512,7 @@ Test(remote, a_wrong_or_missing_password_is_eacces)
     cr_assert_eq(ctxs_remote_open(&r, a, url, NULL), 0);
     ctxs_remote *again;
     cr_assert_eq(ctxs_remote_open(&again, a, rs.url, NULL), CTXS_EBUSY);
-    ctxs_remote_close(NULL, r, FLUSH_MS);
+    ctxs_remote_close(NULL, r, TS_FLUSH_MS);
     ctxs_store_close(a);
     ts_redis_stop(&rs);
 }
@@ -634,16 +522,13 @@ Test(remote, a_wrong_or_missing_password_is_eacces)
  * without any password configured for the default user"). */
 Test(remote, a_password_for_a_server_without_one_is_eacces)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_remote *r = NULL;
     char url[200];
-    snprintf(url, sizeof(url), "redis://:unneeded@127.0.0.1:%d", rs.port);
-    cr_assert_eq(ctxs_remote_open(&r, a, url, NULL), -EACCES);
+    snprintf(url, sizeof(url), "redis://:unneeded@127.0.0.1:%d", f.rs.port);
+    cr_assert_eq(ctxs_remote_open(&r, f.a, url, NULL), -EACCES);
     cr_assert_null(r);
-    ctxs_store_close(a);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 Test(remote, an_unreachable_server_and_bad_urls_are_clear_errors)
@@ -651,7 +536,7 @@ Test(remote, an_unreachable_server_and_bad_urls_are_clear_errors)
     ts_redis rs;
     ts_redis_start(&rs, NULL, 0);
     ts_redis_kill(&rs); /* its port: nobody listens there now */
-    ctxs_store *a = store_at("a");
+    ctxs_store *a = ts_store_at("a");
     ctxs_remote *r = NULL;
     cr_assert_eq(ctxs_remote_open(&r, a, rs.url, NULL), -ECONNREFUSED);
     const char *bad[] = {"rediss://127.0.0.1:6379", "http://x", "redis://", "redis://h:0",
@@ -685,40 +570,39 @@ Test(remote, the_fixture_starts_and_restarts_a_server)
  * a remote, and nothing is made. */
 Test(remote, an_open_of_a_name_the_store_lacks_pulls_it)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(1);
-    ctxs_remote *ra = remote_open(a, rs.url, 1);
-    ctxs_session_close(make_session(a, "chat", &m, 150, 40, 0, 0));
-    cr_assert_eq(ctxs_remote_close(NULL, ra, FLUSH_MS), 0);
+    f.ra = ts_remote_open(f.a, f.rs.url, 1, 1);
+    ctxs_session_close(make_session(f.a, "chat", &m, 150, 40, 0, 0));
+    cr_assert_eq(ctxs_remote_close(NULL, f.ra, TS_FLUSH_MS), 0);
+    f.ra = NULL;
 
     ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
     o.pull_on_open = 0;
-    ctxs_remote *rb = NULL;
-    cr_assert_eq(ctxs_remote_open(&rb, b, rs.url, &o), 0);
+    f.rb = NULL;
+    cr_assert_eq(ctxs_remote_open(&f.rb, f.b, f.rs.url, &o), 0);
     ctxs_session *got = NULL;
-    cr_assert_eq(ctxs_store_session_open(&got, b, "chat", &m, 0, NULL), CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_remote_close(NULL, rb, FLUSH_MS), 0);
+    cr_assert_eq(ctxs_store_session_open(&got, f.b, "chat", &m, 0, NULL), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_remote_close(NULL, f.rb, TS_FLUSH_MS), 0);
+    f.rb = NULL;
 
-    rb = remote_open(b, rs.url, 0);
-    cr_assert_eq(ctxs_store_session_open(&got, b, "no such chat", &m, 0, NULL), CTXS_ENOTFOUND);
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
+    cr_assert_eq(ctxs_store_session_open(&got, f.b, "no such chat", &m, 0, NULL), CTXS_ENOTFOUND);
     ctxs_session_entry e;
-    cr_assert_eq(ctxs_store_session_get(&e, b, "no such chat"), CTXS_ENOTFOUND);
-    int rc = ctxs_store_session_open(&got, b, "chat", &m, 0, NULL);
+    cr_assert_eq(ctxs_store_session_get(&e, f.b, "no such chat"), CTXS_ENOTFOUND);
+    int rc = ctxs_store_session_open(&got, f.b, "chat", &m, 0, NULL);
     cr_assert_eq(rc, 0, "open pulling: %s", ctxs_err_name(rc));
     cr_assert_eq(ts_n_tokens(got), 150);
-    ctxs_session *src = open_ro(a, "chat");
-    assert_same_tokens(src, got, 150);
+    ctxs_session *src = open_ro(f.a, "chat");
+    ts_assert_same_stored(src, got, 150, 1);
     ctxs_session_close(src);
     /* The pulled session is local now: it goes on as any other. */
     append_seeded(got, 10, 10, 0, 0);
     cr_assert_eq(ts_n_tokens(got), 160);
     ctxs_session_close(got);
-    cr_assert_eq(ctxs_remote_close(NULL, rb, FLUSH_MS), 0);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    cr_assert_eq(ctxs_remote_close(NULL, f.rb, TS_FLUSH_MS), 0);
+    f.rb = NULL;
+    ts_fleet_stop(&f);
 }
 
 /* Pulls remote name from b's remote rb as local and checks it is the
@@ -728,14 +612,14 @@ static void assert_pulls_whole(ctxs_remote *rb, ctxs_store *a, const char *name,
 {
     ctxs_remote_pull_result res;
     ctxs_session *got = NULL;
-    int rc = ctxs_remote_pull(&got, &res, rb, name, local, NULL, NULL, NULL);
+    int rc = ctxs_remote_pull(&got, &res, rb, name, local, NULL, NULL);
     cr_assert_eq(rc, 0, "pull %s: %s", name, ctxs_err_name(rc));
     cr_assert_eq(res.n_tokens, n, "pull %s: %llu of %llu tokens (missing %llu, refused %llu)",
                  name, (unsigned long long)res.n_tokens, (unsigned long long)n,
                  (unsigned long long)res.chunks_missing, (unsigned long long)res.chunks_refused);
     cr_assert_eq(res.remote_tokens, n);
     ctxs_session *src = open_ro(a, name);
-    assert_same_tokens(src, got, n);
+    ts_assert_same_stored(src, got, n, 1);
     ctxs_session_close(src);
     ctxs_session_close(got);
 }
@@ -746,33 +630,27 @@ static void assert_pulls_whole(ctxs_remote *rb, ctxs_store *a, const char *name,
  * and fail, or take an old reply as their answer, for good. */
 Test(remote, error_replies_leave_the_push_thread_in_step)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(9);
-    free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory-policy", "noeviction", NULL));
-    free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory", "1", NULL));
-    ctxs_remote *ra = remote_open(a, rs.url, 1);
-    ctxs_session_close(make_session(a, "oom", &m, 512, 512, 0, 0));
+    free(ts_redis_cmd(&f.rs, "CONFIG", "SET", "maxmemory-policy", "noeviction", NULL));
+    free(ts_redis_cmd(&f.rs, "CONFIG", "SET", "maxmemory", "1", NULL));
+    f.ra = ts_remote_open(f.a, f.rs.url, 1, 1);
+    ctxs_session_close(make_session(f.a, "oom", &m, 512, 512, 0, 0));
     ctxs_remote_stats st;
-    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(ctxs_remote_flush(&st, f.ra, TS_FLUSH_MS), 0);
     cr_assert_eq(st.chunks_pushed, 0);
     cr_assert_geq(st.chunks_dropped, 8, "dropped: %llu", (unsigned long long)st.chunks_dropped);
     cr_assert_eq(st.last_error, CTXS_EREMOTE);
-    free(ts_redis_cmd(&rs, "CONFIG", "SET", "maxmemory", "0", NULL));
+    free(ts_redis_cmd(&f.rs, "CONFIG", "SET", "maxmemory", "0", NULL));
 
-    ctxs_session_close(make_session(a, "after", &m, 256, 64, 0, 7));
+    ctxs_session_close(make_session(f.a, "after", &m, 256, 64, 0, 7));
     uint64_t dropped = st.chunks_dropped;
-    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(ctxs_remote_flush(&st, f.ra, TS_FLUSH_MS), 0);
     cr_assert_eq(st.chunks_dropped, dropped, "the new session's chunks were dropped too");
     cr_assert_eq(st.chunks_pushed, 4);
-    ctxs_remote *rb = remote_open(b, rs.url, 0);
-    assert_pulls_whole(rb, a, "after", NULL, 256);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
+    assert_pulls_whole(f.rb, f.a, "after", NULL, 256);
+    ts_fleet_stop(&f);
 }
 
 /* A rollback into a pushed chunk, then commits of other tokens that
@@ -780,28 +658,22 @@ Test(remote, error_replies_leave_the_push_thread_in_step)
  * remote copy is the session as it now is, not cut at the rollback. */
 Test(remote, a_rollback_and_rewrite_is_pushed_whole)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(10);
-    ctxs_remote *ra = remote_open(a, rs.url, 1);
-    ctxs_session *s = make_session(a, "rw", &m, 640, 64, 0, 0);
+    f.ra = ts_remote_open(f.a, f.rs.url, 1, 1);
+    ctxs_session *s = make_session(f.a, "rw", &m, 640, 64, 0, 0);
     ctxs_remote_stats st;
-    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(ctxs_remote_flush(&st, f.ra, TS_FLUSH_MS), 0);
     cr_assert_eq(st.chunks_pushed, 10);
     cr_assert_eq(ctxs_session_rollback(s, 600), 0);
     append_seeded(s, 200, 50, 600, 3);
     cr_assert_eq(ts_n_tokens(s), 800);
     ctxs_session_close(s);
-    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(ctxs_remote_flush(&st, f.ra, TS_FLUSH_MS), 0);
     cr_assert_eq(st.chunks_dropped, 0);
-    ctxs_remote *rb = remote_open(b, rs.url, 0);
-    assert_pulls_whole(rb, a, "rw", NULL, 800);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
+    assert_pulls_whole(f.rb, f.a, "rw", NULL, 800);
+    ts_fleet_stop(&f);
 }
 
 /* One model (one model hash) kept as fp16 in one store and as Q8 in
@@ -810,44 +682,41 @@ Test(remote, a_rollback_and_rewrite_is_pushed_whole)
  * "present" and every pull of it refuses them. */
 Test(remote, one_model_in_two_dtypes_keeps_two_sets_of_chunks)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *c = store_at("c"), *b = store_at("b");
+    ts_fleet f = ts_fleet_start(0, 1);
+    ctxs_store *c = ts_store_at("c");
     ctxs_model f16 = ts_model(11), q8 = f16;
     q8.geometry.dtype = CTXS_DTYPE_Q8;
-    ctxs_session_close(make_session(a, "as-f16", &f16, 200, 50, 0, 0));
+    ctxs_session_close(make_session(f.a, "as-f16", &f16, 200, 50, 0, 0));
     ctxs_session_close(make_session(c, "as-q8", &q8, 200, 50, 0, 0));
-    ctxs_remote *ra = remote_open(a, rs.url, 0), *rc_ = remote_open(c, rs.url, 0);
+    f.ra = ts_remote_open(f.a, f.rs.url, 0, 1);
+    ctxs_remote *rc_ = ts_remote_open(c, f.rs.url, 0, 1);
     ctxs_remote_push_result pr;
-    cr_assert_eq(ctxs_remote_push(&pr, ra, "as-f16", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, f.ra, "as-f16", NULL), 0);
     cr_assert_eq(pr.chunks_sent, 4);
-    cr_assert_eq(ctxs_remote_push(&pr, rc_, "as-q8", NULL, NULL), 0);
+    cr_assert_eq(ctxs_remote_push(&pr, rc_, "as-q8", NULL), 0);
     cr_assert_eq(pr.chunks_sent, 4, "Q8 chunks taken for present: %llu sent",
                  (unsigned long long)pr.chunks_sent);
-    cr_assert_eq(ts_redis_count(&rs, "ctxs:chunk:*"), 8);
+    cr_assert_eq(ts_redis_count(&f.rs, "ctxs:chunk:*"), 8);
     char key[256];
     ctxs_session *s = open_ro(c, "as-q8");
     uint32_t *ids = ids_of(s, 200);
     ctxs_session_close(s);
     key_of_chunk(key, sizeof(key), &q8, ids, 1);
-    char *exists = ts_redis_cmd(&rs, "EXISTS", key, NULL);
+    char *exists = ts_redis_cmd(&f.rs, "EXISTS", key, NULL);
     cr_assert_str_eq(exists, "1", "%s", key);
     free(exists);
     free(ids);
     /* Two pulling stores: a store registers a model hash with one form. */
-    ctxs_store *d = store_at("d");
-    ctxs_remote *rb = remote_open(b, rs.url, 0), *rd = remote_open(d, rs.url, 0);
-    assert_pulls_whole(rb, a, "as-f16", NULL, 200);
+    ctxs_store *d = ts_store_at("d");
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
+    ctxs_remote *rd = ts_remote_open(d, f.rs.url, 0, 1);
+    assert_pulls_whole(f.rb, f.a, "as-f16", NULL, 200);
     assert_pulls_whole(rd, c, "as-q8", NULL, 200);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_remote_close(NULL, rc_, FLUSH_MS);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_remote_close(NULL, rd, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
+    ctxs_remote_close(NULL, rc_, TS_FLUSH_MS);
+    ctxs_remote_close(NULL, rd, TS_FLUSH_MS);
     ctxs_store_close(c);
     ctxs_store_close(d);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 /* Redis stopped (SIGSTOP: connections hang rather than fail): the push
@@ -857,37 +726,31 @@ Test(remote, one_model_in_two_dtypes_keeps_two_sets_of_chunks)
  * delete was CTXS_EBUSY until the job gave up. */
 Test(remote, a_slow_redis_does_not_hold_up_a_local_delete)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(12);
-    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
-    o.push_on_commit = 1;
-    o.timeout_ms = 5000;
-    o.retries = 1;
-    ctxs_remote *ra;
-    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
-    cr_assert_eq(kill(rs.pid, SIGSTOP), 0);
-    ctxs_session_close(make_session(a, "gone", &m, 256, 64, 0, 0));
+    f.ra = ts_remote_open_tuned(f.a, f.rs.url, 5000, 1, CTXS_DEFAULT_REMOTE_BACKOFF_MS,
+                                CTXS_DEFAULT_REMOTE_QUEUE_MAX);
+    cr_assert_eq(kill(f.rs.pid, SIGSTOP), 0);
+    ctxs_session_close(make_session(f.a, "gone", &m, 256, 64, 0, 0));
     /* Until the thread has taken its snapshot the file is open: the
      * delete may be CTXS_EBUSY, but not for as long as the job runs. */
     int rc;
     for (;;) {
         ctxs_remote_stats st;
-        cr_assert_eq(ctxs_remote_get_stats(&st, ra), 0);
+        cr_assert_eq(ctxs_remote_get_stats(&st, f.ra), 0);
         cr_assert_gt(st.jobs_queued, 0, "the jobs ended before the delete could run");
-        if ((rc = ctxs_store_session_delete(a, "gone")) != CTXS_EBUSY)
+        if ((rc = ctxs_store_session_delete(f.a, "gone")) != CTXS_EBUSY)
             break;
         usleep(1000);
     }
     cr_assert_eq(rc, 0, "delete: %s", ctxs_err_name(rc));
-    cr_assert_eq(kill(rs.pid, SIGCONT), 0);
+    cr_assert_eq(kill(f.rs.pid, SIGCONT), 0);
     ctxs_remote_stats st;
-    cr_assert_eq(ctxs_remote_close(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(ctxs_remote_close(&st, f.ra, TS_FLUSH_MS), 0);
+    f.ra = NULL;
     ctxs_session_entry e;
-    cr_assert_eq(ctxs_store_session_get(&e, a, "gone"), CTXS_ENOTFOUND);
-    ctxs_store_close(a);
-    ts_redis_stop(&rs);
+    cr_assert_eq(ctxs_store_session_get(&e, f.a, "gone"), CTXS_ENOTFOUND);
+    ts_fleet_stop(&f);
 }
 
 /* Counts the sockets this process has open and those among them without
@@ -921,19 +784,18 @@ static void count_sockets(void *arg, uint64_t done, uint64_t total)
  * progress callback runs while the push's connection is open. */
 Test(remote, connections_are_close_on_exec)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(13);
-    ctxs_session_close(make_session(a, "fd", &m, 128, 128, 0, 0));
-    ctxs_remote *ra = remote_open(a, rs.url, 0);
+    ctxs_session_close(make_session(f.a, "fd", &m, 128, 128, 0, 0));
+    f.ra = ts_remote_open(f.a, f.rs.url, 0, 1);
     int counts[2] = {0, 0};
-    cr_assert_eq(ctxs_remote_push(NULL, ra, "fd", count_sockets, counts), 0);
+    ctxs_remote_push_options po = CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    po.progress = count_sockets;
+    po.progress_arg = counts;
+    cr_assert_eq(ctxs_remote_push(NULL, f.ra, "fd", &po), 0);
     cr_assert_gt(counts[0], 0, "no socket open during the push");
     cr_assert_eq(counts[1], 0, "%d of %d sockets without FD_CLOEXEC", counts[1], counts[0]);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_store_close(a);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 static ctxs_remote *remote_open_prefixed(ctxs_store *st, const char *url, const char *prefix)
@@ -964,10 +826,10 @@ Test(remote, a_key_prefix_with_glob_characters_lists_only_its_own)
         char dir[8], name[8];
         snprintf(dir, sizeof(dir), "s%d", i);
         snprintf(name, sizeof(name), "n%d", i);
-        st[i] = store_at(dir);
+        st[i] = ts_store_at(dir);
         r[i] = remote_open_prefixed(st[i], rs.url, prefixes[i]);
         ctxs_session_close(make_session(st[i], name, &m, 64, 64, 0, 0));
-        int rc = ctxs_remote_push(NULL, r[i], name, NULL, NULL);
+        int rc = ctxs_remote_push(NULL, r[i], name, NULL);
         cr_assert_eq(rc, 0, "push %s: %s", name, ctxs_err_name(rc));
     }
     for (int i = 0; i < N; i++) {
@@ -983,7 +845,7 @@ Test(remote, a_key_prefix_with_glob_characters_lists_only_its_own)
         ctxs_free(e);
     }
     for (int i = 0; i < N; i++) {
-        ctxs_remote_close(NULL, r[i], FLUSH_MS);
+        ctxs_remote_close(NULL, r[i], TS_FLUSH_MS);
         ctxs_store_close(st[i]);
     }
     ts_redis_stop(&rs);
@@ -995,22 +857,18 @@ Test(remote, a_key_prefix_with_glob_characters_lists_only_its_own)
  * whole. */
 Test(remote, a_chunk_key_of_another_type_is_refused)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(15);
-    uint32_t *ids = pushed_session(&rs, a, &m);
+    uint32_t *ids = pushed_session(&f, &m);
     char key[256];
     key_of_chunk(key, sizeof(key), &m, ids, 2);
-    free(ts_redis_cmd(&rs, "DEL", key, NULL));
-    char *n = ts_redis_cmd(&rs, "RPUSH", key, "x", NULL);
+    free(ts_redis_cmd(&f.rs, "DEL", key, NULL));
+    char *n = ts_redis_cmd(&f.rs, "RPUSH", key, "x", NULL);
     cr_assert_str_eq(n, "1");
     free(n);
-    pull_stops_at_chunk_2(&rs, a, b, "list", ids);
+    pull_stops_at_chunk_2(&f, "list", ids);
     free(ids);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 /* The header promises waits "doubled each time up to 2 s": a first wait
@@ -1019,27 +877,20 @@ Test(remote, a_chunk_key_of_another_type_is_refused)
  * server give up within a few seconds: well inside the flush's bound. */
 Test(remote, every_backoff_wait_is_capped_at_two_seconds)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(16);
-    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
-    o.timeout_ms = 200;
-    o.retries = 2;
-    o.backoff_ms = UINT32_MAX;
-    ctxs_remote *ra;
-    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
-    ts_redis_kill(&rs);
-    ctxs_session *s = make_session(a, "wait", &m, 64, 64, 0, 0);
+    f.ra = ts_remote_open_tuned(f.a, f.rs.url, 200, 2, UINT32_MAX, CTXS_DEFAULT_REMOTE_QUEUE_MAX);
+    ts_redis_kill(&f.rs);
+    ctxs_session *s = make_session(f.a, "wait", &m, 64, 64, 0, 0);
     ctxs_remote_stats st;
-    int rc = ctxs_remote_flush(&st, ra, FLUSH_MS);
+    int rc = ctxs_remote_flush(&st, f.ra, TS_FLUSH_MS);
     cr_assert_eq(rc, 0, "flush: %s (a wait was not capped)", ctxs_err_name(rc));
     cr_assert_gt(st.retries, 0);
     cr_assert_gt(st.chunks_dropped, 0);
     ctxs_session_close(s);
-    ctxs_remote_close(NULL, ra, 0);
-    ctxs_store_close(a);
-    ts_redis_stop(&rs);
+    ctxs_remote_close(NULL, f.ra, 0);
+    f.ra = NULL;
+    ts_fleet_stop(&f);
 }
 
 /* With room for one job, a commit's record job finds the queue full
@@ -1050,34 +901,25 @@ Test(remote, every_backoff_wait_is_capped_at_two_seconds)
  * drop at least two values here (see the cases below). */
 Test(remote, a_record_dropped_for_a_full_queue_is_counted)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(17);
-    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
-    o.push_on_commit = 1;
-    o.timeout_ms = 20000; /* the thread's first job waits on Redis throughout */
-    o.retries = 1;
-    o.queue_max = 1;
-    ctxs_remote *ra;
-    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
-    cr_assert_eq(kill(rs.pid, SIGSTOP), 0);
+    /* 20 s timeouts: the thread's first job waits on Redis throughout. */
+    f.ra = ts_remote_open_tuned(f.a, f.rs.url, 20000, 1, CTXS_DEFAULT_REMOTE_BACKOFF_MS, 1);
+    cr_assert_eq(kill(f.rs.pid, SIGSTOP), 0);
     /* Each commit queues [chunks 0..1) then the record. x's record is
      * dropped behind x's chunks unless the thread took them first; then
      * x's record waits in the queue and y's chunks are dropped behind
      * it. y's record is dropped in every case. */
-    ctxs_session *x = make_session(a, "x", &m, 64, 64, 0, 0);
-    ctxs_session *y = make_session(a, "y", &m, 64, 64, 0, 1);
+    ctxs_session *x = make_session(f.a, "x", &m, 64, 64, 0, 0);
+    ctxs_session *y = make_session(f.a, "y", &m, 64, 64, 0, 1);
     ctxs_remote_stats st;
-    cr_assert_eq(ctxs_remote_get_stats(&st, ra), 0);
+    cr_assert_eq(ctxs_remote_get_stats(&st, f.ra), 0);
     cr_assert_geq(st.chunks_dropped, 2, "dropped: %llu", (unsigned long long)st.chunks_dropped);
     cr_assert_eq(st.last_error, -ENOBUFS, "last_error: %s", ctxs_err_name(st.last_error));
-    cr_assert_eq(kill(rs.pid, SIGCONT), 0);
+    cr_assert_eq(kill(f.rs.pid, SIGCONT), 0);
     ctxs_session_close(x);
     ctxs_session_close(y);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_store_close(a);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 /* connected says whether the push thread holds a connection: none until
@@ -1085,33 +927,26 @@ Test(remote, a_record_dropped_for_a_full_queue_is_counted)
  * the server is gone. */
 Test(remote, connected_follows_the_push_threads_connection)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(18);
-    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
-    o.timeout_ms = 1000;
-    o.retries = 2;
-    o.backoff_ms = 1;
-    ctxs_remote *ra;
-    cr_assert_eq(ctxs_remote_open(&ra, a, rs.url, &o), 0);
+    f.ra = ts_remote_open_tuned(f.a, f.rs.url, 1000, 2, 1, CTXS_DEFAULT_REMOTE_QUEUE_MAX);
     ctxs_remote_stats st;
-    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(ctxs_remote_flush(&st, f.ra, TS_FLUSH_MS), 0);
     cr_assert_eq(st.connected, 0, "connected before the thread connected");
-    ctxs_session *s = make_session(a, "up", &m, 64, 64, 0, 0);
-    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    ctxs_session *s = make_session(f.a, "up", &m, 64, 64, 0, 0);
+    cr_assert_eq(ctxs_remote_flush(&st, f.ra, TS_FLUSH_MS), 0);
     cr_assert_eq(st.chunks_pushed, 1);
     cr_assert_eq(st.connected, 1);
-    ts_redis_kill(&rs);
+    ts_redis_kill(&f.rs);
     append_seeded(s, 64, 64, 0, 0);
-    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(ctxs_remote_flush(&st, f.ra, TS_FLUSH_MS), 0);
     cr_assert_gt(st.chunks_dropped, 0);
     cr_assert_eq(st.connected, 0);
     ctxs_session_close(s);
-    ctxs_remote_close(&st, ra, 0);
+    ctxs_remote_close(&st, f.ra, 0);
+    f.ra = NULL;
     cr_assert_eq(st.connected, 0);
-    ctxs_store_close(a);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 /* The bytes the server has sent to its clients so far (INFO stats). */
@@ -1129,39 +964,173 @@ static uint64_t net_output_bytes(ts_redis *rs)
  * before any chunk is fetched, and makes nothing. */
 Test(remote, a_pull_into_a_store_with_another_form_of_the_model_is_emodel)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
+    ts_fleet f = ts_fleet_start(0, 1);
     ctxs_model m = ts_model(21);
     m.geometry.dtype = CTXS_DTYPE_Q8;
-    ctxs_remote *ra = remote_open(a, rs.url, 1);
-    ctxs_session_close(make_session(a, "c", &m, 130, 65, 0, 0));
-    cr_assert_eq(ctxs_remote_close(NULL, ra, FLUSH_MS), 0);
+    f.ra = ts_remote_open(f.a, f.rs.url, 1, 1);
+    ctxs_session_close(make_session(f.a, "c", &m, 130, 65, 0, 0));
+    cr_assert_eq(ctxs_remote_close(NULL, f.ra, TS_FLUSH_MS), 0);
+    f.ra = NULL;
 
     ctxs_model other = m;
     other.geometry.dtype = CTXS_DTYPE_F16;
-    cr_assert_eq(ctxs_model_register(b, &other, NULL), 0);
-    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    cr_assert_eq(ctxs_model_register(f.b, &other, NULL), 0);
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
     ctxs_remote_pull_result res;
-    uint64_t sent_before = net_output_bytes(&rs);
-    cr_assert_eq(ctxs_remote_pull(NULL, &res, rb, "c", NULL, NULL, NULL, NULL), CTXS_EMODEL);
+    uint64_t sent_before = net_output_bytes(&f.rs);
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, f.rb, "c", NULL, NULL, NULL), CTXS_EMODEL);
     /* The record (and an INFO reply) only: less than one chunk's KV. */
-    uint64_t sent = net_output_bytes(&rs) - sent_before;
+    uint64_t sent = net_output_bytes(&f.rs) - sent_before;
     uint64_t chunk_kv = 2 * CTXS_PREFIX_CHUNK * ctxs_geometry_get_token_bytes(&m.geometry,
                                                                              CTXS_DTYPE_Q8);
     cr_assert_lt(sent, chunk_kv, "%llu bytes sent, a chunk's KV is %llu",
                  (unsigned long long)sent, (unsigned long long)chunk_kv);
     uint32_t *ids = NULL;
-    ctxs_session *src = open_ro(a, "c");
+    ctxs_session *src = open_ro(f.a, "c");
     ids = ids_of(src, 128);
     ctxs_session_close(src);
-    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, rb, "p", &m, ids, 128, NULL), CTXS_EMODEL);
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, f.rb, "p", &m, ids, 128, NULL, NULL),
+                 CTXS_EMODEL);
     ctxs_session_entry e;
-    cr_assert_eq(ctxs_store_session_get(&e, b, "c"), CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_store_session_get(&e, b, "p"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_get(&e, f.b, "c"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_get(&e, f.b, "p"), CTXS_ENOTFOUND);
     free(ids);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
+}
+
+/* What the progress callbacks of push and pull were told. */
+typedef struct progress_log {
+    int calls;
+    int backwards;              /* done fell, or rose above total */
+    uint64_t done, total;       /* the last call's */
+} progress_log;
+
+static void progress_note(void *arg, uint64_t done, uint64_t total)
+{
+    progress_log *l = arg;
+    if ((l->calls && done < l->done) || done > total)
+        l->backwards = 1;
+    l->calls++;
+    l->done = done;
+    l->total = total;
+}
+
+/* Makes "c" in f's store a (n tokens, in commits of step), opens a's
+ * remote (push_on_commit 0), and returns c's ids. */
+static uint32_t *session_c(ts_fleet *f, const ctxs_model *m, uint64_t n, uint32_t step)
+{
+    ctxs_session *s = make_session(f->a, "c", m, n, step, 0, 0);
+    uint32_t *ids = ids_of(s, n);
+    ctxs_session_close(s);
+    f->ra = ts_remote_open(f->a, f->rs.url, 0, 1);
+    return ids;
+}
+
+/* Options of another version, or with a reserved byte set, are refused
+ * with CTXS_EINVAL and a reason before anything moves: nothing pushed,
+ * no local session made. */
+Test(remote, push_and_pull_options_of_another_version_or_reserved_bytes_are_refused)
+{
+    ts_fleet f = ts_fleet_start(0, 1);
+    ctxs_model m = ts_model(21);
+    uint32_t *ids = session_c(&f, &m, 130, 65);
+
+    ctxs_remote_push_options po = CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    po.version = CTXS_REMOTE_PUSH_OPTIONS_VERSION + 1;
+    cr_assert_eq(ctxs_remote_push(NULL, f.ra, "c", &po), CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "version"), "%s", ctxs_get_last_error());
+    po = (ctxs_remote_push_options)CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    po.reserved0 = 1;
+    cr_assert_eq(ctxs_remote_push(NULL, f.ra, "c", &po), CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "reserved"), "%s", ctxs_get_last_error());
+    po = (ctxs_remote_push_options)CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    po.reserved[31] = 1;
+    cr_assert_eq(ctxs_remote_push(NULL, f.ra, "c", &po), CTXS_EINVAL);
+    cr_assert_eq(ts_redis_count(&f.rs, "ctxs:*"), 0);
+
+    cr_assert_eq(ctxs_remote_push_options_init(NULL, CTXS_REMOTE_PUSH_OPTIONS_VERSION),
+                 CTXS_EINVAL);
+    cr_assert_eq(ctxs_remote_push_options_init(&po, CTXS_REMOTE_PUSH_OPTIONS_VERSION + 1),
+                 CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "version"), "%s", ctxs_get_last_error());
+    memset(&po, 0xa5, sizeof(po));
+    cr_assert_eq(ctxs_remote_push_options_init(&po, CTXS_REMOTE_PUSH_OPTIONS_VERSION), 0);
+    const ctxs_remote_push_options push_init = CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    cr_assert(memcmp(&po, &push_init, sizeof(po)) == 0);
+    cr_assert_eq(ctxs_remote_push(NULL, f.ra, "c", &po), 0);
+
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
+    ctxs_remote_pull_options lo = CTXS_REMOTE_PULL_OPTIONS_INIT;
+    lo.version = 0;
+    cr_assert_eq(ctxs_remote_pull(NULL, NULL, f.rb, "c", NULL, NULL, &lo), CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "version"), "%s", ctxs_get_last_error());
+    lo = (ctxs_remote_pull_options)CTXS_REMOTE_PULL_OPTIONS_INIT;
+    lo.reserved[0] = 1;
+    cr_assert_eq(ctxs_remote_pull(NULL, NULL, f.rb, "c", NULL, NULL, &lo), CTXS_EINVAL);
+    cr_assert(strstr(ctxs_get_last_error(), "reserved"), "%s", ctxs_get_last_error());
+    lo = (ctxs_remote_pull_options)CTXS_REMOTE_PULL_OPTIONS_INIT;
+    lo.reserved0 = 7;
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, NULL, f.rb, "p", &m, ids, 130, NULL, &lo),
+                 CTXS_EINVAL);
+    ctxs_session_entry e;
+    cr_assert_eq(ctxs_store_session_get(&e, f.b, "c"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_get(&e, f.b, "p"), CTXS_ENOTFOUND);
+
+    cr_assert_eq(ctxs_remote_pull_options_init(NULL, CTXS_REMOTE_PULL_OPTIONS_VERSION),
+                 CTXS_EINVAL);
+    cr_assert_eq(ctxs_remote_pull_options_init(&lo, 0), CTXS_EINVAL);
+    memset(&lo, 0x5a, sizeof(lo));
+    cr_assert_eq(ctxs_remote_pull_options_init(&lo, CTXS_REMOTE_PULL_OPTIONS_VERSION), 0);
+    const ctxs_remote_pull_options pull_init = CTXS_REMOTE_PULL_OPTIONS_INIT;
+    cr_assert(memcmp(&lo, &pull_init, sizeof(lo)) == 0);
+    cr_assert_eq(ctxs_remote_pull(NULL, NULL, f.rb, "c", NULL, NULL, &lo), 0);
+    cr_assert_eq(ctxs_store_session_get(&e, f.b, "c"), 0);
+    cr_assert_eq(e.n_tokens, 130);
+
+    free(ids);
+    ts_fleet_stop(&f);
+}
+
+/* The progress callbacks in the options: push, pull and pull_prefix
+ * count tokens up to the session's, never backwards. */
+Test(remote, push_pull_and_pull_prefix_report_progress_through_their_options)
+{
+    ts_fleet f = ts_fleet_start(0, 1);
+    ctxs_model m = ts_model(22);
+    uint32_t *ids = session_c(&f, &m, 200, 50);
+
+    progress_log pushed = {0};
+    ctxs_remote_push_options po = CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    po.progress = progress_note;
+    po.progress_arg = &pushed;
+    cr_assert_eq(ctxs_remote_push(NULL, f.ra, "c", &po), 0);
+    cr_assert_geq(pushed.calls, 1);
+    cr_assert_eq(pushed.backwards, 0);
+    cr_assert_eq(pushed.done, 200);
+    cr_assert_eq(pushed.total, 200);
+
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 1);
+    progress_log pulled = {0};
+    ctxs_remote_pull_options lo = CTXS_REMOTE_PULL_OPTIONS_INIT;
+    lo.progress = progress_note;
+    lo.progress_arg = &pulled;
+    ctxs_remote_pull_result res;
+    cr_assert_eq(ctxs_remote_pull(NULL, &res, f.rb, "c", NULL, NULL, &lo), 0);
+    cr_assert_eq(res.chunks_pulled, 4);
+    cr_assert_eq(pulled.calls, 4, "one call a chunk: %d", pulled.calls);
+    cr_assert_eq(pulled.backwards, 0);
+    cr_assert_eq(pulled.done, 200);
+    cr_assert_eq(pulled.total, 200);
+
+    progress_log prefixed = {0};
+    lo.progress_arg = &prefixed;
+    cr_assert_eq(ctxs_remote_pull_prefix(NULL, &res, f.rb, "p", &m, ids, 200, NULL, &lo), 0);
+    cr_assert_eq(res.n_tokens, 200);
+    cr_assert_eq(prefixed.calls, 4, "one call a chunk: %d", prefixed.calls);
+    cr_assert_eq(prefixed.backwards, 0);
+    cr_assert_eq(prefixed.done, 200);
+    cr_assert_eq(prefixed.total, 200);
+
+    free(ids);
+    ts_fleet_stop(&f);
 }

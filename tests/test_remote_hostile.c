@@ -315,7 +315,7 @@ static void values_from_a_real_push(void)
     ctxs_remote *r = NULL;
     cr_assert_eq(ctxs_remote_open(&r, st, rs.url, &ro), 0);
     ctxs_remote_push_result pr;
-    int rc = ctxs_remote_push(&pr, r, "chat", NULL, NULL);
+    int rc = ctxs_remote_push(&pr, r, "chat", NULL);
     cr_assert_eq(rc, 0, "push: %s", ctxs_err_name(rc));
     ctxs_remote_close(NULL, r, 10000);
     ctxs_store_close(st);
@@ -389,7 +389,7 @@ static int hostile_call(enum scenario sc, enum call call, const char *want_messa
     int rc;
     if (call == C_PULL) {
         ctxs_remote_pull_result res;
-        rc = ctxs_remote_pull(NULL, &res, r, "chat", NULL, NULL, NULL, NULL);
+        rc = ctxs_remote_pull(NULL, &res, r, "chat", NULL, NULL, NULL);
     } else if (call == C_LIST) {
         ctxs_remote_entry *list = NULL;
         size_t n = 0;
@@ -420,7 +420,7 @@ Test(remote_hostile, the_scripted_server_serves_a_pull_that_verifies)
     fake f = fake_start(S_REDIS);
     ctxs_remote *r = remote_on(&f);
     ctxs_remote_pull_result res;
-    int rc = ctxs_remote_pull(NULL, &res, r, "chat", NULL, NULL, NULL, NULL);
+    int rc = ctxs_remote_pull(NULL, &res, r, "chat", NULL, NULL, NULL);
     cr_assert_eq(rc, 0, "pull: %s (%s)", ctxs_err_name(rc), ctxs_get_last_error());
     uint64_t n = 0;
     cr_assert(chat_present(&n));

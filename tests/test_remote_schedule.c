@@ -17,13 +17,11 @@
 
 #include "ctxstore.h"
 #include "index.h"
-#include "redis_server.h"
 #include "remote_format.h"
+#include "remote_support.h"
 #include "support.h"
 
 TestSuite(remote_schedule, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 240);
-
-#define FLUSH_MS 20000u
 
 /* 6 layers, pattern [global, window 80, window 150]: layers 0 and 3
  * global, 1 and 4 windowed at 80, 2 and 5 at 150. */
@@ -54,25 +52,6 @@ static float value(uint64_t pos, uint32_t l, uint32_t kind, uint32_t h, uint32_t
 static uint32_t token(uint64_t pos)
 {
     return ts_token(pos) ^ 0x77u;
-}
-
-static ctxs_store *store_at(const char *name)
-{
-    return ts_store_open(ts_path(ts_scratch, name));
-}
-
-static ctxs_remote *remote_open(ctxs_store *st, const char *url, uint32_t push_on_commit)
-{
-    ctxs_remote_options o = CTXS_REMOTE_OPTIONS_INIT;
-    o.push_on_commit = push_on_commit;
-    o.pull_on_open = 0;
-    o.timeout_ms = 2000;
-    o.retries = 3;
-    o.backoff_ms = 5;
-    ctxs_remote *r = NULL;
-    int rc = ctxs_remote_open(&r, st, url, &o);
-    cr_assert_eq(rc, 0, "ctxs_remote_open(%s): %s", url, ctxs_err_name(rc));
-    return r;
 }
 
 /* Appends n tokens, in commits of at most the batch. */
@@ -120,7 +99,7 @@ static ctxs_session *make_session(ctxs_store *st, const char *name, const ctxs_m
 static void push(ctxs_remote *r, const char *name, uint64_t n)
 {
     ctxs_remote_push_result pr;
-    int rc = ctxs_remote_push(&pr, r, name, NULL, NULL);
+    int rc = ctxs_remote_push(&pr, r, name, NULL);
     cr_assert_eq(rc, 0, "push %s: %s", name, ctxs_get_last_error());
     cr_assert_eq(pr.n_tokens, n);
 }
@@ -144,26 +123,8 @@ static void assert_same(ctxs_session *a, ctxs_store *bst, const char *bname, uin
     uint64_t bad = 0;
     rc = ctxs_session_verify(&bad, b);
     cr_assert_eq(rc, 0, "verify: %s at %llu", ctxs_err_name(rc), (unsigned long long)bad);
-    uint32_t dt = ia.model.geometry.dtype;
-    size_t tb = ctxs_geometry_get_token_bytes(&ia.model.geometry, dt);
-    uint8_t *ka = malloc(tb), *va = malloc(tb), *kb = malloc(tb), *vb = malloc(tb);
-    cr_assert(ka && va && kb && vb);
-    for (uint64_t p = 0; p < n; p++) {
-        uint32_t ida, idb;
-        cr_assert_eq(ctxs_session_get_tokens(&ida, a, p, 1), 0);
-        cr_assert_eq(ctxs_session_get_tokens(&idb, b, p, 1), 0);
-        cr_assert_eq(ida, idb, "id at %llu", (unsigned long long)p);
-        if (n < ia.n_tokens)
-            continue; /* a's windows are those of its own count */
-        cr_assert_eq(ctxs_session_read_token(ka, va, a, p, dt), 0);
-        cr_assert_eq(ctxs_session_read_token(kb, vb, b, p, dt), 0);
-        cr_assert(memcmp(ka, kb, tb) == 0 && memcmp(va, vb, tb) == 0, "KV at %llu of %llu",
-                  (unsigned long long)p, (unsigned long long)n);
-    }
-    free(ka);
-    free(va);
-    free(kb);
-    free(vb);
+    /* a's windows are those of its own count: at another, the ids only. */
+    ts_assert_same_stored(a, b, n, n >= ia.n_tokens);
     if (n == ia.n_tokens && n > 0) {
         enum { n_heads = 2 * HEADS };
         float q[n_heads * DIM], oa[n_heads * DIM], ob[n_heads * DIM];
@@ -245,7 +206,7 @@ static uint32_t *ids_upto(uint64_t n)
 static void pull_into(ctxs_remote_pull_result *res, ctxs_remote *r, const char *remote,
                       const char *local)
 {
-    int rc = ctxs_remote_pull(NULL, res, r, remote, local, NULL, NULL, NULL);
+    int rc = ctxs_remote_pull(NULL, res, r, remote, local, NULL, NULL);
     cr_assert_eq(rc, 0, "pull %s as %s: %s", remote, local, ctxs_get_last_error());
 }
 
@@ -254,10 +215,7 @@ static void pull_into(ctxs_remote_pull_result *res, ctxs_remote *r, const char *
  * in f16, bf16 and q8; the pulled session goes on committing. */
 Test(remote_schedule, a_mixed_schedule_round_trips_in_every_dtype_and_length)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
-    ctxs_remote *ra = remote_open(a, rs.url, 0), *rb = remote_open(b, rs.url, 0);
+    ts_fleet f = ts_fleet_start(1, 0);
     static const uint64_t lengths[] = {70, 120, 300};
     for (size_t d = 0; d < 3; d++) {
         ctxs_model m = sched_model(dtypes[d]);
@@ -269,16 +227,16 @@ Test(remote_schedule, a_mixed_schedule_round_trips_in_every_dtype_and_length)
             /* Each length its own model hash: no chunk shared between them. */
             m.model_hash[14] = (uint8_t)i;
             m.model_hash[13] = (uint8_t)d; /* a store keeps one dtype per model */
-            ctxs_session *s = make_session(a, name, &m, n, CAP);
-            push(ra, name, n);
+            ctxs_session *s = make_session(f.a, name, &m, n, CAP);
+            push(f.ra, name, n);
             ctxs_remote_pull_result res;
-            pull_into(&res, rb, name, back);
+            pull_into(&res, f.rb, name, back);
             cr_assert_eq(res.n_tokens, n, "%s: %llu", name, (unsigned long long)res.n_tokens);
             cr_assert_eq(res.chunks_missing + res.chunks_refused + res.n_rest, 0);
             /* The whole chunks, the tail, and the window value. */
             cr_assert_eq(res.chunks_pulled, (n + 63) / 64 + 1);
             cr_assert(memcmp(&res.model, &m, sizeof(m)) == 0);
-            assert_same(s, b, back, n);
+            assert_same(s, f.b, back, n);
 
             /* The keys name the schedule; a chunk is a 2.0 value carrying
              * the global layers (2 of 6) only. */
@@ -287,7 +245,7 @@ Test(remote_schedule, a_mixed_schedule_round_trips_in_every_dtype_and_length)
             key_of(key, sizeof(key), "chunk", &m, ids, n < 64 ? n : 64);
             cr_assert(strstr(key, FORM_SCHED), "%s", key);
             size_t len;
-            uint8_t *v = ts_redis_get(&rs, key, &len);
+            uint8_t *v = ts_redis_get(&f.rs, key, &len);
             cr_assert_not_null(v, "%s", key);
             ctxs__rchunk_header h;
             memcpy(&h, v, sizeof(h));
@@ -298,7 +256,7 @@ Test(remote_schedule, a_mixed_schedule_round_trips_in_every_dtype_and_length)
             cr_assert_eq(h.raw_bytes, h.count * (12 + 2 * 2 * HEADS * slot));
             free(v);
             key_of(key, sizeof(key), "window", &m, ids, n);
-            v = ts_redis_get(&rs, key, &len);
+            v = ts_redis_get(&f.rs, key, &len);
             cr_assert_not_null(v, "%s", key);
             ctxs__rwindow_header wh;
             memcpy(&wh, v, sizeof(wh));
@@ -312,20 +270,16 @@ Test(remote_schedule, a_mixed_schedule_round_trips_in_every_dtype_and_length)
 
             /* The pulled session goes on: its rings turn as the source's. */
             ctxs_session *t = NULL;
-            cr_assert_eq(ctxs_store_session_open(&t, b, back, &m, 0, NULL), 0);
+            cr_assert_eq(ctxs_store_session_open(&t, f.b, back, &m, 0, NULL), 0);
             append(t, 90);
             append(s, 90);
             ctxs_session_close(t);
-            assert_same(s, b, back, n + 90);
+            assert_same(s, f.b, back, n + 90);
             ctxs_session_close(s);
         }
     }
     cli_verify(ts_path(ts_scratch, "b"));
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 /* A pull of name as local gives no token, and says why. */
@@ -355,18 +309,15 @@ static void pull_gives_nothing(ctxs_remote *r, ctxs_store *st, const char *name,
  * the value's first positions. */
 Test(remote_schedule, a_damaged_window_value_is_refused_and_the_pull_is_shorter)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
-    ctxs_remote *ra = remote_open(a, rs.url, 0), *rb = remote_open(b, rs.url, 0);
+    ts_fleet f = ts_fleet_start(1, 0);
     ctxs_model m = sched_model(CTXS_DTYPE_Q8);
-    ctxs_session *s = make_session(a, "long", &m, 300, CAP);
-    push(ra, "long", 300);
+    ctxs_session *s = make_session(f.a, "long", &m, 300, CAP);
+    push(f.ra, "long", 300);
     uint32_t *ids = ids_upto(300);
     char key[512];
     key_of(key, sizeof(key), "window", &m, ids, 300);
     size_t len;
-    uint8_t *good = ts_redis_get(&rs, key, &len);
+    uint8_t *good = ts_redis_get(&f.rs, key, &len);
     cr_assert_not_null(good);
     uint8_t *bad = malloc(len);
     cr_assert_not_null(bad);
@@ -379,10 +330,10 @@ Test(remote_schedule, a_damaged_window_value_is_refused_and_the_pull_is_shorter)
     for (size_t i = 0; i < 4; i++) {
         memcpy(bad, good, len);
         bad[offs[i]] ^= 0x21;
-        ts_redis_set(&rs, key, bad, len);
+        ts_redis_set(&f.rs, key, bad, len);
         char local[32];
         snprintf(local, sizeof(local), "byte-%zu", i);
-        pull_gives_nothing(rb, b, "long", local, 300, 0);
+        pull_gives_nothing(f.rb, f.b, "long", local, 300, 0);
     }
     /* The header's count, its CRC made good. */
     memcpy(bad, good, len);
@@ -391,62 +342,58 @@ Test(remote_schedule, a_damaged_window_value_is_refused_and_the_pull_is_shorter)
     h.n_tokens = 299;
     h.crc32 = (uint32_t)crc32(0L, (const Bytef *)&h, offsetof(ctxs__rwindow_header, crc32));
     memcpy(bad, &h, sizeof(h));
-    ts_redis_set(&rs, key, bad, len);
-    pull_gives_nothing(rb, b, "long", "count", 300, 0);
+    ts_redis_set(&f.rs, key, bad, len);
+    pull_gives_nothing(f.rb, f.b, "long", "count", 300, 0);
     /* Cut short, and grown. */
-    ts_redis_set(&rs, key, good, len - 1);
-    pull_gives_nothing(rb, b, "long", "cut", 300, 0);
+    ts_redis_set(&f.rs, key, good, len - 1);
+    pull_gives_nothing(f.rb, f.b, "long", "cut", 300, 0);
     uint8_t *grown = calloc(1, len + 7);
     memcpy(grown, good, len);
-    ts_redis_set(&rs, key, grown, len + 7);
+    ts_redis_set(&f.rs, key, grown, len + 7);
     free(grown);
-    pull_gives_nothing(rb, b, "long", "grown", 300, 0);
+    pull_gives_nothing(f.rb, f.b, "long", "grown", 300, 0);
     /* A list under the key. */
-    free(ts_redis_cmd(&rs, "DEL", key, NULL));
-    free(ts_redis_cmd(&rs, "RPUSH", key, "x", NULL));
-    pull_gives_nothing(rb, b, "long", "list", 300, 0);
+    free(ts_redis_cmd(&f.rs, "DEL", key, NULL));
+    free(ts_redis_cmd(&f.rs, "RPUSH", key, "x", NULL));
+    pull_gives_nothing(f.rb, f.b, "long", "list", 300, 0);
     /* None at all (evicted). */
-    free(ts_redis_cmd(&rs, "DEL", key, NULL));
-    pull_gives_nothing(rb, b, "long", "missing", 300, 1);
+    free(ts_redis_cmd(&f.rs, "DEL", key, NULL));
+    pull_gives_nothing(f.rb, f.b, "long", "missing", 300, 1);
     /* Put back: the whole session again. */
-    ts_redis_set(&rs, key, good, len);
+    ts_redis_set(&f.rs, key, good, len);
     ctxs_remote_pull_result res;
-    pull_into(&res, rb, "long", "whole");
+    pull_into(&res, f.rb, "long", "whole");
     cr_assert_eq(res.n_tokens, 300);
-    assert_same(s, b, "whole", 300);
+    assert_same(s, f.b, "whole", 300);
     ctxs_session_close(s);
 
     /* Within both windows (70 < 80): the tail chunk gone, the pull keeps
      * the first whole chunk, its windows from the value's first 64
      * positions. */
     m.model_hash[14] ^= 1;
-    s = make_session(a, "short", &m, 70, CAP);
-    push(ra, "short", 70);
+    s = make_session(f.a, "short", &m, 70, CAP);
+    push(f.ra, "short", 70);
     key_of(key, sizeof(key), "chunk", &m, ids, 70);
-    free(ts_redis_cmd(&rs, "DEL", key, NULL));
-    pull_into(&res, rb, "short", "short");
+    free(ts_redis_cmd(&f.rs, "DEL", key, NULL));
+    pull_into(&res, f.rb, "short", "short");
     cr_assert_eq(res.n_tokens, 64);
     cr_assert_eq(res.chunks_missing, 1);
     cr_assert_eq(res.n_rest, 6);
     ctxs_free(res.rest_ids);
-    assert_same(s, b, "short", 64);
+    assert_same(s, f.b, "short", 64);
     /* The pulled session is 64 tokens of that schedule: the rest prefilled,
      * it holds the source's. */
     ctxs_session *t = NULL;
-    cr_assert_eq(ctxs_store_session_open(&t, b, "short", &m, 0, NULL), 0);
+    cr_assert_eq(ctxs_store_session_open(&t, f.b, "short", &m, 0, NULL), 0);
     append(t, 6);
     ctxs_session_close(t);
-    assert_same(s, b, "short", 70);
+    assert_same(s, f.b, "short", 70);
     ctxs_session_close(s);
 
     free(bad);
     free(good);
     free(ids);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 /* A store that keeps the same weights with every layer global never takes
@@ -455,24 +402,21 @@ Test(remote_schedule, a_damaged_window_value_is_refused_and_the_pull_is_shorter)
  * chunk put under its key is refused. */
 Test(remote_schedule, a_global_only_store_of_the_same_weights_takes_none_of_it)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
-    ctxs_remote *ra = remote_open(a, rs.url, 0), *rb = remote_open(b, rs.url, 0);
+    ts_fleet f = ts_fleet_start(1, 0);
     ctxs_model m = sched_model(CTXS_DTYPE_F16);
-    ctxs_session *s = make_session(a, "chat", &m, 200, CAP);
-    push(ra, "chat", 200);
+    ctxs_session *s = make_session(f.a, "chat", &m, 200, CAP);
+    push(f.ra, "chat", 200);
     ctxs_session_close(s);
 
     ctxs_model global = m;
     global.geometry.period = 0;
     memset(global.geometry.window, 0, sizeof(global.geometry.window));
-    cr_assert_eq(ctxs_model_register(b, &global, NULL), 0);
-    int rc = ctxs_remote_pull(NULL, NULL, rb, "chat", NULL, NULL, NULL, NULL);
+    cr_assert_eq(ctxs_model_register(f.b, &global, NULL), 0);
+    int rc = ctxs_remote_pull(NULL, NULL, f.rb, "chat", NULL, NULL, NULL);
     cr_assert_eq(rc, CTXS_EMODEL, "%s", ctxs_err_name(rc));
     uint32_t *ids = ids_upto(200);
     ctxs_remote_pull_result res;
-    rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p", &global, ids, 200, NULL);
+    rc = ctxs_remote_pull_prefix(NULL, &res, f.rb, "p", &global, ids, 200, NULL, NULL);
     cr_assert_eq(rc, CTXS_ENOTFOUND, "%s", ctxs_err_name(rc));
 
     /* The scheduled chunk 0 copied under the global-only key: refused (a
@@ -482,19 +426,15 @@ Test(remote_schedule, a_global_only_store_of_the_same_weights_takes_none_of_it)
     key_of(gkey, sizeof(gkey), "chunk", &global, ids, 64);
     cr_assert_str_neq(skey, gkey);
     size_t len;
-    void *v = ts_redis_get(&rs, skey, &len);
+    void *v = ts_redis_get(&f.rs, skey, &len);
     cr_assert_not_null(v);
-    ts_redis_set(&rs, gkey, v, len);
+    ts_redis_set(&f.rs, gkey, v, len);
     free(v);
-    rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p", &global, ids, 200, NULL);
+    rc = ctxs_remote_pull_prefix(NULL, &res, f.rb, "p", &global, ids, 200, NULL, NULL);
     cr_assert_eq(rc, CTXS_ENOTFOUND, "%s", ctxs_err_name(rc));
-    cr_assert_eq(ts_redis_count(&rs, "ctxs:chunk:*"), 5, "4 chunks, and the one copied");
+    cr_assert_eq(ts_redis_count(&f.rs, "ctxs:chunk:*"), 5, "4 chunks, and the one copied");
     free(ids);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 /* The background push: chunks as commits complete them (global layers),
@@ -502,48 +442,42 @@ Test(remote_schedule, a_global_only_store_of_the_same_weights_takes_none_of_it)
  * of its count: no record names a count whose windows Redis lacks. */
 Test(remote_schedule, the_background_push_sends_the_record_with_its_windows_at_close)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
-    ctxs_remote *ra = remote_open(a, rs.url, 1);
+    ts_fleet f = ts_fleet_start(0, 0);
+    f.ra = ts_remote_open(f.a, f.rs.url, 1, 0);
     ctxs_model m = sched_model(CTXS_DTYPE_BF16);
-    ctxs_session *s = make_session(a, "chat", &m, 250, CAP);
+    ctxs_session *s = make_session(f.a, "chat", &m, 250, CAP);
     ctxs_remote_stats st;
-    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(ctxs_remote_flush(&st, f.ra, TS_FLUSH_MS), 0);
     cr_assert_eq(st.last_error, 0, "%s", ctxs_err_name(st.last_error));
-    cr_assert_eq(ts_redis_count(&rs, "ctxs:chunk:*"), 3, "the whole chunks");
-    cr_assert_eq(ts_redis_count(&rs, "ctxs:session:*"), 0, "no record before the close");
-    cr_assert_eq(ts_redis_count(&rs, "ctxs:window:*"), 0);
+    cr_assert_eq(ts_redis_count(&f.rs, "ctxs:chunk:*"), 3, "the whole chunks");
+    cr_assert_eq(ts_redis_count(&f.rs, "ctxs:session:*"), 0, "no record before the close");
+    cr_assert_eq(ts_redis_count(&f.rs, "ctxs:window:*"), 0);
     ctxs_session_close(s);
-    cr_assert_eq(ctxs_remote_flush(&st, ra, FLUSH_MS), 0);
+    cr_assert_eq(ctxs_remote_flush(&st, f.ra, TS_FLUSH_MS), 0);
     cr_assert_eq(st.last_error, 0, "%s", ctxs_err_name(st.last_error));
     cr_assert_eq(st.chunks_dropped, 0);
-    cr_assert_eq(ts_redis_count(&rs, "ctxs:chunk:*"), 4, "and the tail");
-    cr_assert_eq(ts_redis_count(&rs, "ctxs:window:*"), 1);
-    cr_assert_eq(ts_redis_count(&rs, "ctxs:session:*"), 1);
+    cr_assert_eq(ts_redis_count(&f.rs, "ctxs:chunk:*"), 4, "and the tail");
+    cr_assert_eq(ts_redis_count(&f.rs, "ctxs:window:*"), 1);
+    cr_assert_eq(ts_redis_count(&f.rs, "ctxs:session:*"), 1);
 
-    ctxs_remote *rb = remote_open(b, rs.url, 0);
+    f.rb = ts_remote_open(f.b, f.rs.url, 0, 0);
     ctxs_remote_pull_result res;
-    pull_into(&res, rb, "chat", "chat");
+    pull_into(&res, f.rb, "chat", "chat");
     cr_assert_eq(res.n_tokens, 250);
     s = NULL;
-    cr_assert_eq(ctxs_store_session_open(&s, a, "chat", NULL, CTXS_OPEN_RDONLY, NULL), 0);
-    assert_same(s, b, "chat", 250);
+    cr_assert_eq(ctxs_store_session_open(&s, f.a, "chat", NULL, CTXS_OPEN_RDONLY, NULL), 0);
+    assert_same(s, f.b, "chat", 250);
 
     /* Listed as any record. */
     ctxs_remote_entry *e = NULL;
     size_t n_e = 0;
-    cr_assert_eq(ctxs_remote_list(&e, &n_e, rb), 0);
+    cr_assert_eq(ctxs_remote_list(&e, &n_e, f.rb), 0);
     cr_assert_eq(n_e, 1);
     cr_assert_eq(e[0].status, 0);
     cr_assert_eq(e[0].n_tokens, 250);
     ctxs_free(e);
     ctxs_session_close(s);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 /* A prefix pull ends where a window value is: at the prompt's end when a
@@ -551,37 +485,30 @@ Test(remote_schedule, the_background_push_sends_the_record_with_its_windows_at_c
  * that has one, else nowhere (CTXS_ENOTFOUND). */
 Test(remote_schedule, a_prefix_pull_ends_where_a_window_value_is)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
-    ctxs_remote *ra = remote_open(a, rs.url, 0), *rb = remote_open(b, rs.url, 0);
+    ts_fleet f = ts_fleet_start(1, 0);
     ctxs_model m = sched_model(CTXS_DTYPE_F16);
-    ctxs_session *s = make_session(a, "long", &m, 300, CAP);
-    push(ra, "long", 300);
+    ctxs_session *s = make_session(f.a, "long", &m, 300, CAP);
+    push(f.ra, "long", 300);
     uint32_t *ids = ids_upto(300);
     ctxs_remote_pull_result res;
-    int rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p300", &m, ids, 300, NULL);
+    int rc = ctxs_remote_pull_prefix(NULL, &res, f.rb, "p300", &m, ids, 300, NULL, NULL);
     cr_assert_eq(rc, 0, "%s", ctxs_get_last_error());
     cr_assert_eq(res.n_tokens, 300);
-    assert_same(s, b, "p300", 300);
-    rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p250", &m, ids, 250, NULL);
+    assert_same(s, f.b, "p300", 300);
+    rc = ctxs_remote_pull_prefix(NULL, &res, f.rb, "p250", &m, ids, 250, NULL, NULL);
     cr_assert_eq(rc, CTXS_ENOTFOUND, "no window value below 300: %s", ctxs_err_name(rc));
 
-    ctxs_session *t = make_session(a, "mid", &m, 192, CAP);
-    push(ra, "mid", 192);
-    rc = ctxs_remote_pull_prefix(NULL, &res, rb, "p250", &m, ids, 250, NULL);
+    ctxs_session *t = make_session(f.a, "mid", &m, 192, CAP);
+    push(f.ra, "mid", 192);
+    rc = ctxs_remote_pull_prefix(NULL, &res, f.rb, "p250", &m, ids, 250, NULL, NULL);
     cr_assert_eq(rc, 0, "%s", ctxs_get_last_error());
     cr_assert_eq(res.n_tokens, 192);
     cr_assert_eq(res.chunks_pulled, 4, "3 chunks and the window value");
-    assert_same(t, b, "p250", 192);
+    assert_same(t, f.b, "p250", 192);
     ctxs_session_close(t);
     ctxs_session_close(s);
     free(ids);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 /* Slots that lay a windowed layer out without its ring: a push of such a
@@ -589,61 +516,52 @@ Test(remote_schedule, a_prefix_pull_ends_where_a_window_value_is)
  * that picks its own slots makes them hold every ring. */
 Test(remote_schedule, slots_without_a_ring_are_refused_with_a_reason)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a"), *b = store_at("b");
-    ctxs_remote *ra = remote_open(a, rs.url, 0), *rb = remote_open(b, rs.url, 0);
+    ts_fleet f = ts_fleet_start(1, 0);
     ctxs_model m = sched_model(CTXS_DTYPE_F16);
     /* 160 slots: the 150 window's ring (158) would not fit beside the sinks. */
-    ctxs_session *s = make_session(a, "narrow", &m, 100, 160);
-    int rc = ctxs_remote_push(NULL, ra, "narrow", NULL, NULL);
+    ctxs_session *s = make_session(f.a, "narrow", &m, 100, 160);
+    int rc = ctxs_remote_push(NULL, f.ra, "narrow", NULL);
     cr_assert_eq(rc, CTXS_EINVAL, "%s", ctxs_err_name(rc));
     cr_assert(strstr(ctxs_get_last_error(), "ring"), "%s", ctxs_get_last_error());
     ctxs_session_close(s);
 
-    s = make_session(a, "chat", &m, 100, CAP);
-    push(ra, "chat", 100);
+    s = make_session(f.a, "chat", &m, 100, CAP);
+    push(f.ra, "chat", 100);
     ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
     o.capacity = 160;
     o.batch = BATCH;
-    rc = ctxs_remote_pull(NULL, NULL, rb, "chat", "narrow", &o, NULL, NULL);
+    rc = ctxs_remote_pull(NULL, NULL, f.rb, "chat", "narrow", &o, NULL);
     cr_assert_eq(rc, CTXS_EINVAL, "%s", ctxs_err_name(rc));
     cr_assert(strstr(ctxs_get_last_error(), "ring"), "%s", ctxs_get_last_error());
     ctxs_session_entry e;
-    cr_assert_eq(ctxs_store_session_get(&e, b, "narrow"), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_get(&e, f.b, "narrow"), CTXS_ENOTFOUND);
     /* Asked for nothing: the default slots and batch, raised for the rings. */
     ctxs_remote_pull_result res;
-    pull_into(&res, rb, "chat", "chat");
+    pull_into(&res, f.rb, "chat", "chat");
     cr_assert_eq(res.n_tokens, 100);
-    assert_same(s, b, "chat", 100);
+    assert_same(s, f.b, "chat", 100);
     ctxs_session_close(s);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_remote_close(NULL, rb, FLUSH_MS);
-    ctxs_store_close(a);
-    ctxs_store_close(b);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }
 
 /* A session without a schedule writes the values of 1.0, as before 2.0:
  * old fleets read them. */
 Test(remote_schedule, a_session_without_a_schedule_writes_1_0_values)
 {
-    ts_redis rs;
-    ts_redis_start(&rs, NULL, 0);
-    ctxs_store *a = store_at("a");
-    ctxs_remote *ra = remote_open(a, rs.url, 0);
+    ts_fleet f = ts_fleet_start(0, 0);
+    f.ra = ts_remote_open(f.a, f.rs.url, 0, 0);
     ctxs_model m = sched_model(CTXS_DTYPE_F16);
     m.geometry.period = 0;
     memset(m.geometry.window, 0, sizeof(m.geometry.window));
-    ctxs_session *s = make_session(a, "plain", &m, 100, CAP);
-    push(ra, "plain", 100);
+    ctxs_session *s = make_session(f.a, "plain", &m, 100, CAP);
+    push(f.ra, "plain", 100);
     ctxs_session_close(s);
     uint32_t *ids = ids_upto(100);
     char key[512];
     key_of(key, sizeof(key), "chunk", &m, ids, 64);
     cr_assert(strstr(key, ":f16-6x2x16:"), "%s", key);
     size_t len;
-    uint8_t *v = ts_redis_get(&rs, key, &len);
+    uint8_t *v = ts_redis_get(&f.rs, key, &len);
     cr_assert_not_null(v, "%s", key);
     ctxs__rchunk_header h;
     memcpy(&h, v, sizeof(h));
@@ -651,16 +569,14 @@ Test(remote_schedule, a_session_without_a_schedule_writes_1_0_values)
     cr_assert_eq(h.schedule_crc32, 0);
     cr_assert_eq(h.raw_bytes, 64 * (12 + 2 * LAYERS * HEADS * DIM * 2));
     free(v);
-    v = ts_redis_get(&rs, "ctxs:session:plain", &len);
+    v = ts_redis_get(&f.rs, "ctxs:session:plain", &len);
     cr_assert_not_null(v);
     ctxs__rsession_header rh;
     memcpy(&rh, v, sizeof(rh));
     cr_assert_eq(rh.version_major, 1);
     cr_assert_eq(len, sizeof(rh) + 100 * 4 + rh.meta_bytes);
     free(v);
-    cr_assert_eq(ts_redis_count(&rs, "ctxs:window:*"), 0);
+    cr_assert_eq(ts_redis_count(&f.rs, "ctxs:window:*"), 0);
     free(ids);
-    ctxs_remote_close(NULL, ra, FLUSH_MS);
-    ctxs_store_close(a);
-    ts_redis_stop(&rs);
+    ts_fleet_stop(&f);
 }

@@ -2336,8 +2336,11 @@ static PyObject *Remote_push(RemoteObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:push", kwlist, &name, &prog_o) ||
         !conv_progress(prog_o, &prog) || remote_enter(self) < 0)
         return NULL;
+    ctxs_remote_push_options po = CTXS_REMOTE_PUSH_OPTIONS_INIT;
+    po.progress = PROGRESS_FN(&prog);
+    po.progress_arg = &prog;
     progress_begin(&prog);
-    rc = ctxs_remote_push(&res, self->r, name, PROGRESS_FN(&prog), &prog);
+    rc = ctxs_remote_push(&res, self->r, name, &po);
     int raised = progress_end(&prog);
     remote_leave(self);
     if (raised)
@@ -2401,9 +2404,11 @@ static PyObject *Remote__pull(RemoteObject *self, PyObject *args)
                           &local_name, conv_create_opts_or_none, &cop, conv_progress, &prog) ||
         remote_enter(self) < 0)
         return NULL;
+    ctxs_remote_pull_options po = CTXS_REMOTE_PULL_OPTIONS_INIT;
+    po.progress = PROGRESS_FN(&prog);
+    po.progress_arg = &prog;
     progress_begin(&prog);
-    rc = ctxs_remote_pull(&s, &res, self->r, remote_name, local_name, cop, PROGRESS_FN(&prog),
-                          &prog);
+    rc = ctxs_remote_pull(&s, &res, self->r, remote_name, local_name, cop, &po);
     int raised = progress_end(&prog);
     PyObject *ret;
     if (rc < 0) {
@@ -2442,7 +2447,8 @@ static PyObject *Remote__pull_prefix(RemoteObject *self, PyObject *args)
     static const uint32_t none[1];
     npy_intp n = PyArray_SIZE(t);
     const uint32_t *p = n ? PyArray_DATA(t) : none;
-    NOGIL(rc = ctxs_remote_pull_prefix(&s, &res, self->r, local_name, &m, p, (uint64_t)n, cop));
+    NOGIL(rc = ctxs_remote_pull_prefix(&s, &res, self->r, local_name, &m, p, (uint64_t)n, cop,
+                                       NULL));
     Py_DECREF(t);
     PyObject *ret = rc < 0 ? raise_remote(rc, "pull_prefix into '%s'", local_name)
                            : pulled(self, sess, s, &res);

@@ -135,6 +135,29 @@ typedef struct ctxs__meta_item {
 /* pending[id BE]: a file being created or deleted (ctxs__intent). */
 enum ctxs__intent { CTXS__INTENT_CREATE = 'C', CTXS__INTENT_DELETE = 'D' };
 
+/* What a read-write session opened through a store tells its hooks. */
+enum ctxs__store_event {
+    CTXS__EVENT_COMMIT,             /* a commit succeeded */
+    CTXS__EVENT_CLOSE_CHANGED,      /* closing, after commits */
+    CTXS__EVENT_CLOSE_UNCHANGED,    /* closing, no commit since the open */
+};
+
+/* What one subscriber hears of a store: the index calls these without
+ * knowing who listens. A NULL member hears nothing. */
+typedef struct ctxs__store_hooks {
+    /* Session id holds n_held leading tokens, at event (an enum
+     * ctxs__store_event). *told is the handle's count of the whole chunks
+     * the hook was told of since the open: 0 at first, set by the hook,
+     * and lowered by the index to the chunks a rollback left whole (the
+     * chunks after it will hold other tokens). Called under the hooks'
+     * lock, on the committing thread: it must not wait for anything slow. */
+    void (*session)(void *arg, uint64_t id, uint64_t n_held, int event, uint64_t *told);
+    /* Session name is not in the store: 0 when the store now has it
+     * (brought in here, or by another thread meanwhile), else
+     * CTXS_ENOTFOUND. Called without the lock; a detach waits for it. */
+    int (*missing)(void *arg, const char *name);
+} ctxs__store_hooks;
+
 struct ctxs_store {
     MDB_env *env;
     MDB_dbi meta, sessions, ids, models, filehash, checkpoints, prefixes,
@@ -154,10 +177,12 @@ struct ctxs_store {
     int refs;                   /* ctxs_store_open()s plus open sessions */
     int lock_fd;                /* index/store.lock, read-locked while env
                                    is open (store.c, "The store lock") */
-    struct ctxs_remote *remote; /* remote.c: the attached remote, or NULL;
-                                   written under its lock with atomic
-                                   stores, read under it or with an
-                                   atomic load (ctxs__remote_note()) */
+    const ctxs__store_hooks *hooks; /* hooks.c: what subscribed, or NULL;
+                                   written under the hooks' lock with
+                                   atomic stores, read under it or with
+                                   an atomic load (ctxs__store_hooks_session()) */
+    void *hooks_arg;            /* passed to them */
+    int hooks_users;            /* missing() calls under way (hooks' lock) */
     struct ctxs_store *next;
 };
 
@@ -466,31 +491,24 @@ int ctxs__prefix_update(MDB_txn *txn, ctxs_store *st, uint64_t id,
 int ctxs__prefix_drop(MDB_txn *txn, ctxs_store *st, uint64_t id,
                       const uint8_t model_hash[16]);
 
-/* --- remote.c ---------------------------------------------------------- */
+/* --- hooks.c ---------------------------------------------------------- */
 
-/* What a read-write session opened through a store tells its remote. */
-enum ctxs__remote_event {
-    CTXS__REMOTE_COMMIT,            /* a commit succeeded */
-    CTXS__REMOTE_CLOSE_CHANGED,     /* closing, after commits */
-    CTXS__REMOTE_CLOSE_UNCHANGED,   /* closing, no commit since the open */
-};
+/* Attaches hooks h (which outlive the attach) with arg to st: CTXS_EBUSY
+ * when st has hooks already. */
+int ctxs__store_hooks_attach(ctxs_store *st, const ctxs__store_hooks *h, void *arg);
 
-/* Tells st's remote, if one is attached with push_on_commit, that session
- * id holds n_held leading tokens, at event: the chunks not queued yet are
- * queued, and at a commit that completed a chunk or a close after
- * commits, the record (at close with the tail). *noted is the caller's
- * count of the chunks queued for id since the handle opened (0 at first:
- * the first note reconciles every chunk), which the caller lowers to
- * the chunks a rollback left whole. Takes a mutex and queues small
- * descriptors: never waits for the network. */
-void ctxs__remote_note(ctxs_store *st, uint64_t id, uint64_t n_held, int event,
-                       uint64_t *noted);
+/* Detaches h from st if attached, then waits until no missing() call is
+ * under way: after it no hook of h runs, and its arg may be freed. */
+void ctxs__store_hooks_detach(ctxs_store *st, const ctxs__store_hooks *h);
 
-/* Pulls the session name from st's remote when one is attached with
- * pull_on_open: 0 when the store now has it (pulled here, or by another
- * thread meanwhile), else CTXS_ENOTFOUND (no remote, no such remote
- * session, or Redis out of reach: its error is kept in the remote's
- * last_error). */
-int ctxs__remote_pull_missing(ctxs_store *st, const char *name);
+/* Tells st's hooks, if any, that session id holds n_held leading tokens
+ * at event (ctxs__store_hooks.session). Takes no lock when st has none. */
+void ctxs__store_hooks_session(ctxs_store *st, uint64_t id, uint64_t n_held, int event,
+                               uint64_t *told);
+
+/* Asks st's hooks, if any, to bring in the missing session name
+ * (ctxs__store_hooks.missing): 0 when the store now has it, else
+ * CTXS_ENOTFOUND. */
+int ctxs__store_hooks_missing(ctxs_store *st, const char *name);
 
 #endif

@@ -38,7 +38,7 @@ typedef struct store_link {
     ctxs_store *st;
     uint64_t id;
     uint64_t indexed_chunks; /* prefix chunks as of the last index update */
-    uint64_t remote_chunks;  /* chunks queued for the remote (remote.c) */
+    uint64_t hook_chunks;    /* whole chunks the store's hooks were told of */
     int committed;           /* a commit since the open */
 } store_link;
 
@@ -451,21 +451,21 @@ static void on_commit(ctxs_session *s, void *arg)
     if (chunks < had || (chunks > had && (had == 0 || chunks - had >= CTXS__PREFIX_FLUSH_CHUNKS)))
         index_update(link, s, 0);
     link->committed = 1;
-    ctxs__remote_note(link->st, link->id, ctxs__session_prefix_held(NULL, s), CTXS__REMOTE_COMMIT,
-                      &link->remote_chunks);
+    ctxs__store_hooks_session(link->st, link->id, ctxs__session_prefix_held(NULL, s),
+                              CTXS__EVENT_COMMIT, &link->hook_chunks);
 }
 
 /* The chunks from the rollback point on will hold other tokens: the
- * remote's count of chunks queued comes down to it, so that the next
- * commit queues the rewritten chunks (and a record) again. Without it a
- * commit that only regains the chunk count queues nothing, and the
- * remote copy stays cut at the rollback. */
+ * count of chunks the hooks were told of comes down to it, so that the
+ * next commit tells them of the rewritten chunks again. Without it a
+ * commit that only regains the chunk count tells them nothing new, and
+ * a copy they keep (the remote tier's) stays cut at the rollback. */
 static void on_rollback(ctxs_session *s, uint64_t n_tokens, void *arg)
 {
     (void)s;
     store_link *link = arg;
-    if (link->remote_chunks > n_tokens / CTXS_PREFIX_CHUNK)
-        link->remote_chunks = n_tokens / CTXS_PREFIX_CHUNK;
+    if (link->hook_chunks > n_tokens / CTXS_PREFIX_CHUNK)
+        link->hook_chunks = n_tokens / CTXS_PREFIX_CHUNK;
 }
 
 static void on_close(ctxs_session *s, void *arg)
@@ -475,10 +475,10 @@ static void on_close(ctxs_session *s, void *arg)
     ctxs_session_get_info(&info, s);
     if (!(info.flags & (CTXS_INFO_READONLY | CTXS_INFO_FAILED))) {
         index_update(link, s, 1);
-        ctxs__remote_note(link->st, link->id, ctxs__session_prefix_held(NULL, s),
-                          link->committed ? CTXS__REMOTE_CLOSE_CHANGED
-                                          : CTXS__REMOTE_CLOSE_UNCHANGED,
-                          &link->remote_chunks);
+        ctxs__store_hooks_session(link->st, link->id, ctxs__session_prefix_held(NULL, s),
+                                  link->committed ? CTXS__EVENT_CLOSE_CHANGED
+                                                  : CTXS__EVENT_CLOSE_UNCHANGED,
+                                  &link->hook_chunks);
     }
     ctxs__session_set_hooks(s, NULL, NULL);
     link_free(link);
@@ -759,7 +759,7 @@ int ctxs_store_session_open(ctxs_session **out, ctxs_store *st, const char *name
     ctxs__session_rec rec;
     int rc = session_lookup(&rec, st, name, len);
     if (rc == CTXS_ENOTFOUND && !st->rdonly)
-        rc = ctxs__remote_pull_missing(st, name) == 0 ? session_lookup(&rec, st, name, len)
+        rc = ctxs__store_hooks_missing(st, name) == 0 ? session_lookup(&rec, st, name, len)
                                                       : ctxs__no_session(name);
     if (rc < 0)
         return rc;

@@ -761,7 +761,9 @@ static int view_new(ctxs_store **out, ctxs_store *owner)
     v->dir = v->sessions_dir = NULL;
     v->lock_fd = -1;
     v->next = NULL;
-    v->remote = NULL;
+    v->hooks = NULL;
+    v->hooks_arg = NULL;
+    v->hooks_users = 0;
     v->refs = 1;
     v->rdonly = 1;
     v->owner = owner;

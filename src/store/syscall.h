@@ -93,7 +93,7 @@ int ctxs__sys_msync(CTXS__SITE_PARAMS, void *addr, size_t len, int flags);
 #define ctxs__msync(addr, len, flags) ctxs__sys_msync(CTXS__SITE, addr, len, flags)
 
 /* Sockets: the remote tier's large values, which it moves itself rather
- * than through hiredis's buffers (src/index/remote.c). */
+ * than through hiredis's buffers (src/remote/bulk.c). */
 struct iovec;
 ssize_t ctxs__sys_recv(CTXS__SITE_PARAMS, int fd, void *buf, size_t len);
 ssize_t ctxs__sys_sendv(CTXS__SITE_PARAMS, int fd, const struct iovec *iov, int n);

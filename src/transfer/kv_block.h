@@ -6,7 +6,7 @@
  * run by run ((layer, K|V, head) in file order, each run count *
  * slot_bytes), then for Q8 the scales run by run (count * 4 each).
  *
- * Export and import (transfer.c) and the remote tier (remote.c) move
+ * Export and import (transfer.c) and the remote tier (src/remote) move
  * tokens in this form: copied from a live session race-free, checked
  * against the tokens' own checksums, and written into a new file.
  */

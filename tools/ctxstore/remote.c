@@ -196,7 +196,10 @@ static int remote_push(remote_run *rr, int n, char **names)
         progress_start(&bar, c, label, 0, 0);
         ctxs_remote_push_result res;
         double t0 = cli_now_s();
-        int rc = ctxs_remote_push(&res, rr->r, names[i], progress_callback, &bar);
+        ctxs_remote_push_options po = CTXS_REMOTE_PUSH_OPTIONS_INIT;
+        po.progress = progress_callback;
+        po.progress_arg = &bar;
+        int rc = ctxs_remote_push(&res, rr->r, names[i], &po);
         double secs = cli_now_s() - t0;
         progress_end(&bar);
         if (rc < 0) {
@@ -279,7 +282,10 @@ static int remote_pull(remote_run *rr, const char *name)
     ctxs_remote_pull_result res;
     memset(&res, 0, sizeof(res));
     double t0 = cli_now_s();
-    int rc = ctxs_remote_pull(NULL, &res, rr->r, name, local, NULL, progress_callback, &bar);
+    ctxs_remote_pull_options po = CTXS_REMOTE_PULL_OPTIONS_INIT;
+    po.progress = progress_callback;
+    po.progress_arg = &bar;
+    int rc = ctxs_remote_pull(NULL, &res, rr->r, name, local, NULL, &po);
     double secs = cli_now_s() - t0;
     progress_end(&bar);
     remote_end(rr);

@@ -1,6 +1,6 @@
 /*
  * The values the remote tier keeps in Redis, versions 1.0 and 2.0: the one
- * definition remote.c writes and reads and the tests craft values with.
+ * definition values.c stamps and checks and the tests craft values with.
  * docs/FORMAT.md, "Remote values", is the prose version; the static
  * asserts pin every offset it gives.
  *
@@ -28,8 +28,8 @@
  * its chunks carrying its global layers only; any other writes 1.0 values,
  * as before 2.0. A 1.0 reader refuses 2.0 values (another major).
  */
-#ifndef CTXS_INDEX_REMOTE_FORMAT_H
-#define CTXS_INDEX_REMOTE_FORMAT_H
+#ifndef CTXS_REMOTE_FORMAT_H
+#define CTXS_REMOTE_FORMAT_H
 
 #include <assert.h>
 #include <stddef.h>

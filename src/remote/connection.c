@@ -477,33 +477,6 @@ int ctxs__remote_leave(ctxs__remote_call *g, int rc)
     return rc;
 }
 
-int ctxs__ropts_check(const char *what, const char *init, uint32_t version, uint32_t known,
-                      uint32_t reserved0, const uint8_t *reserved, size_t n_reserved)
-{
-    if (version != known) {
-        ctxs__rsay("%s options: version is %u, not %u: start from %s", what, version, known, init);
-        return CTXS_EINVAL;
-    }
-    int set = reserved0 != 0;
-    for (size_t i = 0; i < n_reserved; i++)
-        set |= reserved[i] != 0;
-    if (set) {
-        ctxs__rsay("%s options: reserved bytes are not zero", what);
-        return CTXS_EINVAL;
-    }
-    return 0;
-}
-
-int ctxs__ropts_init(void *opts, const void *v1, size_t size, uint32_t version, const char *what)
-{
-    ctxs__error_begin();
-    CTXS__REQUIRE(opts, "%s options: opts is NULL", what);
-    CTXS__REQUIRE(version == 1, "%s options: version %u is unknown; this library knows 1", what,
-                  version);
-    memcpy(opts, v1, size);
-    return 0;
-}
-
 /* One command with a status or integer reply expected. */
 static int simple_cmd(redisContext *c, int argc, const char **argv)
 {

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "platform.h"
+#include "progress.h"
 #include "remote.h"
 #include "session_iface.h"
 #include "syscall.h"
@@ -502,9 +503,10 @@ static int pull_options(const ctxs_remote_pull_options **opts)
         *opts = &defaults;
         return 0;
     }
-    return ctxs__ropts_check("remote pull", "CTXS_REMOTE_PULL_OPTIONS_INIT", o->version,
-                             CTXS_REMOTE_PULL_OPTIONS_VERSION, o->reserved0, o->reserved,
-                             sizeof(o->reserved));
+    ctxs__progress checked;
+    return ctxs__progress_options(&checked, "remote pull options", "CTXS_REMOTE_PULL_OPTIONS_INIT",
+                                  o->version, CTXS_REMOTE_PULL_OPTIONS_VERSION, o->reserved0,
+                                  o->reserved, sizeof(o->reserved), o->progress, o->progress_arg);
 }
 
 static int remote_pull_impl(ctxs_session **out, ctxs_remote_pull_result *res, ctxs_remote *r,
@@ -659,12 +661,6 @@ int ctxs_remote_pull_prefix(ctxs_session **out, ctxs_remote_pull_result *res, ct
     ctxs__remote_enter(&call);
     int rc = remote_pull_prefix_impl(out, res, r, local_name, model, tokens, n, create, opts);
     return ctxs__remote_leave(&call, rc);
-}
-
-int ctxs_remote_pull_options_init(ctxs_remote_pull_options *opts, uint32_t version)
-{
-    static const ctxs_remote_pull_options v1 = CTXS_REMOTE_PULL_OPTIONS_INIT;
-    return ctxs__ropts_init(opts, &v1, sizeof(v1), version, "remote pull");
 }
 
 /* --- Pulling on an open's miss ------------------------------------------------ */

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "platform.h"
+#include "progress.h"
 #include "remote.h"
 #include "session_iface.h"
 #include "syscall.h"
@@ -494,15 +495,11 @@ static int remote_push_impl(ctxs_remote_push_result *out, ctxs_remote *r, const 
     size_t len;
     if (!r || !name || ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
-    static const ctxs_remote_push_options defaults = CTXS_REMOTE_PUSH_OPTIONS_INIT;
-    if (!opts)
-        opts = &defaults;
-    else if (ctxs__ropts_check("remote push", "CTXS_REMOTE_PUSH_OPTIONS_INIT", opts->version,
-                               CTXS_REMOTE_PUSH_OPTIONS_VERSION, opts->reserved0, opts->reserved,
-                               sizeof(opts->reserved)) < 0)
-        return CTXS_EINVAL;
-    ctxs_progress_fn progress = opts->progress;
-    void *progress_arg = opts->progress_arg;
+    ctxs__progress p;
+    CTXS__PROGRESS_FROM(&p, opts, CTXS_REMOTE_PUSH_OPTIONS_VERSION, CTXS_REMOTE_PUSH_OPTIONS_INIT,
+                        "remote push options");
+    ctxs_progress_fn progress = p.fn;
+    void *progress_arg = p.arg;
     ctxs_session *s;
     ctxs_open_options o = push_open_options();
     int rc = ctxs_store_session_open(&s, r->st, name, NULL, CTXS_OPEN_RDONLY, &o);
@@ -542,12 +539,6 @@ int ctxs_remote_push(ctxs_remote_push_result *out, ctxs_remote *r, const char *n
     ctxs__remote_enter(&call);
     int rc = remote_push_impl(out, r, name, opts);
     return ctxs__remote_leave(&call, rc);
-}
-
-int ctxs_remote_push_options_init(ctxs_remote_push_options *opts, uint32_t version)
-{
-    static const ctxs_remote_push_options v1 = CTXS_REMOTE_PUSH_OPTIONS_INIT;
-    return ctxs__ropts_init(opts, &v1, sizeof(v1), version, "remote push");
 }
 
 /* --- The push thread's jobs ----------------------------------------------- */

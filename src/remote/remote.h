@@ -115,17 +115,6 @@ typedef struct ctxs__remote_call {
 void ctxs__remote_enter(ctxs__remote_call *call);
 int ctxs__remote_leave(ctxs__remote_call *call, int rc);
 
-/* The options of a call that takes a progress callback (version, reserved0,
- * progress, progress_arg, reserved[32]): CTXS_EINVAL, said, unless of
- * version known with their reserved bytes zero. what names them ("remote
- * push"), init their _INIT macro. */
-int ctxs__ropts_check(const char *what, const char *init, uint32_t version, uint32_t known,
-                      uint32_t reserved0, const uint8_t *reserved, size_t n_reserved);
-
-/* A ctxs_*_options_init(): *opts = *v1 for version 1, else CTXS_EINVAL
- * (opts NULL too), said; clears the last error first. */
-int ctxs__ropts_init(void *opts, const void *v1, size_t size, uint32_t version, const char *what);
-
 /* What the calling thread's call met, in words: its reason when it fails
  * (ctxs_get_last_error()). */
 void ctxs__rsay(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -81,16 +81,10 @@ void *xmalloc(size_t n)
  * syncs (and the index, whose every write transaction syncs twice). */
 int is_memory_fs(const char *dir)
 {
-#ifdef __linux__
-    struct statfs sf;
-    if (statfs(dir, &sf) < 0)
-        die("statfs %s failed: %s", dir, strerror(errno));
-    return (unsigned long)sf.f_type == 0x01021994ul    /* TMPFS_MAGIC */
-           || (unsigned long)sf.f_type == 0x858458f6ul; /* RAMFS_MAGIC */
-#else
-    (void)dir;
-    return 0;
-#endif
+    int rc = memory_fs(dir);
+    if (rc < 0)
+        die("statfs %s failed: %s", dir, strerror(-rc));
+    return rc;
 }
 
 const char *pick_parent_dir(const char *dir_option)
@@ -242,15 +236,9 @@ void settle_disk(void)
 
 void write_all(int fd, const uint8_t *p, size_t n, const char *what)
 {
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            die("write %s failed: %s", what, w < 0 ? strerror(errno) : "short");
-        p += w;
-        n -= (size_t)w;
-    }
+    ssize_t w = write_full(fd, p, n);
+    if (w < 0 || (size_t)w < n)
+        die("write %s failed: %s", what, w < 0 ? strerror((int)-w) : "short");
 }
 
 double now_us(void)
@@ -258,12 +246,6 @@ double now_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 void pause_ms(unsigned ms)
@@ -419,15 +401,6 @@ void json_result_begin(const bench_result *r)
     printf("{\"op\":\"%s\",\"method\":\"%s\",\"tokens\":%u,"
            "\"median_us\":%.1f,\"min_us\":%.1f,\"max_us\":%.1f",
            r->op, r->method, r->tokens, r->median_us, r->min_us, r->max_us);
-}
-
-uint64_t xorshift64(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *state = x;
 }
 
 /* Valid fp16 values in [1, 2), four halves per 64-bit draw; n a multiple

@@ -11,7 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
+#include "bench_shared.h"
 #include "ctxstore.h"
 
 /* Each benchmark defines its name, for messages. */
@@ -42,6 +44,7 @@ void *xmalloc(size_t n);
 /* Where the scratch directory goes: --dir if given, else $TMPDIR, else
  * /var/tmp; never a memory file system, where fdatasync costs nothing. */
 const char *pick_parent_dir(const char *dir_option);
+/* memory_fs(), or die() when statfs fails. */
 int is_memory_fs(const char *dir);
 
 /* Creates g_dir, <parent>/<prefix>.XXXXXX under pick_parent_dir(dir_option),
@@ -102,10 +105,10 @@ uint32_t parse_count(const char *value, const char *option, uint32_t lo,
  * page cache and pays only for its own writeback. */
 void settle_disk(void);
 
+/* write_full(), or die() naming what. */
 void write_all(int fd, const uint8_t *p, size_t n, const char *what);
 
 double now_us(void);
-int cmp_double(const void *a, const void *b);
 
 /* Sleeps ms milliseconds, through interruptions by signals. */
 void pause_ms(unsigned ms);
@@ -189,7 +192,6 @@ void json_result_begin(const bench_result *r);
 
 /* --- K/V-like data --------------------------------------------------------- */
 
-uint64_t xorshift64(uint64_t *state);
 /* Valid fp16 values in [1, 2), random mantissas; n is a multiple of 8. */
 void fill_fp16(uint8_t *p, size_t n, uint64_t *seed);
 /* Valid fp16 values of either sign in [0.5, 1), random mantissas; n is a

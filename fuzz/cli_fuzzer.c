@@ -1,12 +1,12 @@
 /*
  * cli: what a user hands the ctxstore tool. The input is its command line,
  * split on NUL bytes, and the tool's own code (tools/ctxstore, compiled in
- * with its main renamed) runs it against a real small store (the sample
+ * without its main) runs it against a real small store (the sample
  * store of fuzz.h, with an export file and a file that is not one beside
  * it) in a scratch directory that is copied fresh for every input. Output
- * goes to /dev/null. `demo` and `bench` are left out (slow; they run
- * other programs), and `remote` (it would connect to whatever host an
- * input names).
+ * goes to /dev/null. `demo` and `bench` are left out (programs of their
+ * own, slow), and `remote` (it would connect to whatever host an input
+ * names).
  *
  * Arguments are confined to the scratch directory: an absolute path, or
  * one that climbs with "..", is turned into a name inside it.
@@ -22,26 +22,15 @@
 #include "cli.h"
 #include "fuzz.h"
 
-int ctxs_cli_main(int argc, char **argv);
-
-/* The table in main.c names them; the fuzzer never runs them. */
-int cmd_bench(cli *c, int argc, char **argv)
-{
-    (void)c, (void)argc, (void)argv;
-    return CLI_OK;
-}
-
-int cmd_demo(cli *c, int argc, char **argv)
-{
-    (void)c, (void)argc, (void)argv;
-    return CLI_OK;
-}
-
-int cmd_remote(cli *c, int argc, char **argv)
-{
-    (void)c, (void)argc, (void)argv;
-    return CLI_OK;
-}
+/* The tool's commands but demo and bench (programs of their own, slow)
+ * and remote (it would connect to whatever host an input names). */
+static const cli_command *const k_commands[] = {
+    &cli_cmd_ls,      &cli_cmd_create,  &cli_cmd_info,         &cli_cmd_verify,
+    &cli_cmd_grow,    &cli_cmd_compact, &cli_cmd_gc,           &cli_cmd_pin,
+    &cli_cmd_unpin,   &cli_cmd_rm,      &cli_cmd_rename,       &cli_cmd_fork,
+    &cli_cmd_checkpoint, &cli_cmd_meta, &cli_cmd_models,       &cli_cmd_prefix,
+    &cli_cmd_reindex, &cli_cmd_repair_index, &cli_cmd_export,  &cli_cmd_import,
+};
 
 #define MAX_ARGS 24
 
@@ -142,7 +131,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fail("entering the work directory", 0);
     optind = 0; /* a fresh getopt scan */
     fuzz_silence();
-    int rc = ctxs_cli_main(argc, argv);
+    int rc = cli_main(k_commands, sizeof(k_commands) / sizeof(k_commands[0]), argc, argv);
     fuzz_unsilence();
     if (fchdir(home_fd) != 0)
         fail("leaving the work directory", 0);

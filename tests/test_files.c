@@ -65,7 +65,9 @@ Test(files, session_path_refuses_what_does_not_fit)
     cr_assert_str_eq(path, "");
     cr_assert_eq(ctxs_store_session_path(NULL, 10, "d", 1), CTXS_EINVAL);
     cr_assert_eq(ctxs_store_session_path(path, 0, "d", 1), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_path(path, sizeof(path), NULL, 1), CTXS_EINVAL);
+    /* Without dir: the path inside the store. */
+    cr_assert_eq(ctxs_store_session_path(path, sizeof(path), NULL, 0x1f), 0);
+    cr_assert_str_eq(path, "sessions/000000000000001f.ctxs");
 }
 
 Test(files, lists_only_what_the_index_does_not_name)

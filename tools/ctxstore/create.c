@@ -10,6 +10,23 @@
 
 #include "cli.h"
 
+const cli_command cli_cmd_create = {
+    .name = "create",
+    .run = cmd_create,
+    .summary = "create an empty session for a registered model",
+    .help =
+        "create NAME --model MODEL [--capacity N] [--ring] [--dtype fp16|bf16|q8]\n"
+        "       [--json]\n\n"
+        "Creates the session NAME for MODEL (a name or a 32-digit hash, as\n"
+        "`ctxstore models` lists them), empty, with N token slots (default 2048;\n"
+        "5 to 16777216). Once full it refuses more tokens, losing none (`ctxstore\n"
+        "grow` gives it more slots); with --ring it overwrites its oldest tokens\n"
+        "after the first 4 instead. The session holds K and V as the model was registered\n"
+        "(--dtype, when given, must be that one: a store keeps one form of a\n"
+        "model's KV). The store must exist (`ctxstore models register` makes\n"
+        "one). Refuses (exit 7) a NAME that another session has.\n",
+};
+
 int cmd_create(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -23,11 +40,11 @@ int cmd_create(cli *c, int argc, char **argv)
     const char *model = NULL, *dtype_arg = NULL;
     uint64_t capacity = 0; /* the library's default */
     uint32_t dtype = 0, ring = 0;
-    int opt;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (cli_common_option(c, opt, optarg))
-            continue;
+    int opt, ex;
+    while ((opt = cli_getopt(c, argc, argv, "h", longopts, &ex)) != -1) {
         switch (opt) {
+        case CLI_GETOPT_EXIT:
+            return ex;
         case 'm':
             model = optarg;
             break;
@@ -42,15 +59,9 @@ int cmd_create(cli *c, int argc, char **argv)
                                        optarg);
             dtype_arg = optarg;
             break;
-        case 'r':
+        default: /* 'r' */
             ring = 1;
             break;
-        case 'h':
-        case CLI_OPT_HELP:
-            cli_print_help("create");
-            return CLI_OK;
-        default:
-            return cli_option_error("create", opt, argv);
         }
     }
     if (argc - optind != 1)
@@ -59,7 +70,6 @@ int cmd_create(cli *c, int argc, char **argv)
         return cli_usage_error("create", "create needs --model MODEL (`ctxstore models` lists "
                                          "them)");
     const char *name = argv[optind];
-    int ex;
     if ((ex = cli_check_name("session name", name)) >= 0)
         return ex;
     ctxs_store *st;

@@ -182,6 +182,25 @@ static int meta_set(const cli *c, ctxs_store *st, const char *name, const char *
     return CLI_OK;
 }
 
+const cli_command cli_cmd_meta = {
+    .name = "meta",
+    .run = cmd_meta,
+    .summary = "show or change what an app keeps with a session",
+    .help =
+        "meta SESSION [--json]\n"
+        "       ctxstore meta SESSION KEY [--json]\n"
+        "       ctxstore meta SESSION KEY VALUE | --file FILE [--json]\n"
+        "       ctxstore meta SESSION KEY --delete [--json]\n\n"
+        "A session's metadata: what an app keeps beside its tokens (a title, the\n"
+        "chat template, sampler settings, its own JSON), as keys (named like\n"
+        "sessions) and values (any bytes). With SESSION alone, lists the keys and\n"
+        "the start of each value; with KEY, prints its value as it is; with VALUE,\n"
+        "or the bytes of FILE (- for standard input), sets it; --delete removes\n"
+        "it. A value holds at most 64 KiB, a session's keys and values together\n"
+        "256 KiB (exit 2 past either). Renames keep it, deletes take it, forks\n"
+        "start without it, export and import carry it.\n",
+};
+
 int cmd_meta(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -191,19 +210,14 @@ int cmd_meta(cli *c, int argc, char **argv)
         { NULL, 0, NULL, 0 },
     };
     const char *file = NULL;
-    int opt, del = 0;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (cli_common_option(c, opt, optarg))
-            continue;
+    int opt, del = 0, ex;
+    while ((opt = cli_getopt(c, argc, argv, "h", longopts, &ex)) != -1) {
+        if (opt == CLI_GETOPT_EXIT)
+            return ex;
         if (opt == 'f')
             file = optarg;
-        else if (opt == 'd')
+        else /* 'd' */
             del = 1;
-        else if (opt == 'h' || opt == CLI_OPT_HELP) {
-            cli_print_help("meta");
-            return CLI_OK;
-        } else
-            return cli_option_error("meta", opt, argv);
     }
     int nargs = argc - optind;
     if (nargs < 1 || nargs > 3)
@@ -216,7 +230,6 @@ int cmd_meta(cli *c, int argc, char **argv)
         return cli_usage_error("meta", "--file and --delete exclude each other");
     if (value && (file || del))
         return cli_usage_error("meta", "give a VALUE, --file or --delete, not two");
-    int ex;
     if ((ex = cli_check_name("session name", name)) >= 0 ||
         (key && (ex = cli_check_name("key", key)) >= 0))
         return ex;

@@ -1559,9 +1559,10 @@ CTXS_API int ctxs_file_inspect(ctxs_file_report *out, const char *path);
 /* The path of the file of the session with store id id (a
  * ctxs_session_entry's id) in the store at dir, as dir is given (not
  * resolved): dir/sessions/<id as 16 hex digits>.ctxs, into buf of size
- * bytes, NUL-terminated. Needs no open store and touches no file.
- * Errors: CTXS_EINVAL (NULL, size 0), -ENAMETOOLONG (the path does not fit
- * in size bytes; buf then holds "").  Thread-safe. */
+ * bytes, NUL-terminated; with dir NULL, the path inside the store
+ * (sessions/<id>.ctxs). Needs no open store and touches no file.
+ * Errors: CTXS_EINVAL (buf NULL, size 0), -ENAMETOOLONG (the path does not
+ * fit in size bytes; buf then holds ""). Thread-safe. */
 CTXS_API int ctxs_store_session_path(char *buf, size_t size, const char *dir, uint64_t id);
 
 /* A file in a store's sessions/ named like a session file. */

@@ -18,11 +18,11 @@
 int ctxs_store_session_path(char *buf, size_t size, const char *dir, uint64_t id)
 {
     ctxs__error_begin();
-    if (!buf || !size || !dir)
+    if (!buf || !size)
         return CTXS_EINVAL;
     char name[32];
     ctxs__file_name(name, id);
-    int n = snprintf(buf, size, "%s/sessions/%s", dir, name);
+    int n = snprintf(buf, size, "%s%ssessions/%s", dir ? dir : "", dir ? "/" : "", name);
     if (n < 0 || (size_t)n >= size) {
         buf[0] = '\0';
         return -ENAMETOOLONG;

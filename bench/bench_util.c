@@ -335,12 +335,23 @@ void *results_find(const result_table *t, const char *op,
     return NULL;
 }
 
-static size_t index_of(const char *const *list, size_t n, const char *name)
+size_t list_rank(const char *const *list, size_t n, const char *name)
 {
     for (size_t i = 0; i < n; i++)
         if (!strcmp(list[i], name))
             return i;
     return n;
+}
+
+int order_rank(const char *const *list, size_t n, const char *a, const char *b)
+{
+    size_t x = list_rank(list, n, a), y = list_rank(list, n, b);
+    return (x > y) - (x < y);
+}
+
+int order_u64(uint64_t a, uint64_t b)
+{
+    return (a > b) - (a < b);
 }
 
 /* The order of the sort in progress: qsort passes its comparison no
@@ -351,17 +362,12 @@ static size_t g_sort_n_ops, g_sort_n_methods;
 static int cmp_result(const void *pa, const void *pb)
 {
     const bench_result *a = pa, *b = pb;
-    size_t x = index_of(g_sort_ops, g_sort_n_ops, a->op);
-    size_t y = index_of(g_sort_ops, g_sort_n_ops, b->op);
-    if (x != y)
-        return x < y ? -1 : 1;
-    if (a->tokens != b->tokens)
-        return a->tokens < b->tokens ? -1 : 1;
+    int d = order_rank(g_sort_ops, g_sort_n_ops, a->op, b->op);
+    if (d || (d = order_u64(a->tokens, b->tokens)))
+        return d;
     if (!g_sort_methods)
         return strcmp(a->method, b->method);
-    x = index_of(g_sort_methods, g_sort_n_methods, a->method);
-    y = index_of(g_sort_methods, g_sort_n_methods, b->method);
-    return (x > y) - (x < y);
+    return order_rank(g_sort_methods, g_sort_n_methods, a->method, b->method);
 }
 
 void results_sort(result_table *t, const char *const *ops, size_t n_ops,
@@ -438,4 +444,20 @@ void get_layout(ctxs_layout *out, ctxs_session *s, size_t slot_bytes)
     if (out->slot_bytes != slot_bytes)
         die("ctxs_session_get_layout: slot_bytes %zu, expected %zu",
             out->slot_bytes, slot_bytes);
+}
+
+int finish_run(const run_end *e)
+{
+    if (e->progress)
+        fputs("\r\033[K", stderr);
+    qsort(e->rows, e->n, e->size, e->cmp);
+    if (e->json) {
+        e->print_json();
+        print_notes(stderr);
+    } else {
+        e->print_text(e->contexts, e->n_contexts);
+        printf("total run time: %.1f s\n", (now_us() - e->t0) / 1e6);
+    }
+    cleanup();
+    return 0;
 }

@@ -171,6 +171,13 @@ void *results_find(const result_table *t, const char *op,
 /* Sorts the rows by op in the order of ops, then by tokens, then by method
  * in the order of methods (by name where methods is NULL); a name not
  * listed goes after those listed. */
+/* name's place in list (n when it is not there), and the order of a and b
+ * by their places (-1, 0, 1); the order of two counts. For qsort()
+ * comparisons of rows by several keys. */
+size_t list_rank(const char *const *list, size_t n, const char *name);
+int order_rank(const char *const *list, size_t n, const char *a, const char *b);
+int order_u64(uint64_t a, uint64_t b);
+
 void results_sort(result_table *t, const char *const *ops, size_t n_ops,
                   const char *const *methods, size_t n_methods);
 
@@ -206,5 +213,25 @@ uint8_t *kv_run(const ctxs_layout *lay, uint32_t n_kv_heads, uint32_t run);
 /* ctxs_session_get_layout(), or die; dies also unless its slots are slot_bytes
  * wide (the geometry the program was written for). */
 void get_layout(ctxs_layout *out, ctxs_session *s, size_t slot_bytes);
+
+/* --- The end of a run ----------------------------------------------------- */
+
+typedef struct run_end {
+    int progress, json;
+    void *rows;           /* n rows of size bytes, in cmp's order once sorted */
+    size_t n, size;
+    int (*cmp)(const void *a, const void *b);
+    void (*print_json)(void);
+    void (*print_text)(const uint32_t *contexts, int n_contexts);
+    const uint32_t *contexts;
+    int n_contexts;
+    double t0;            /* now_us() when the measurements began */
+} run_end;
+
+/* The end of main(): the progress line cleared (e->progress), the rows
+ * sorted, then printed as JSON lines with the notes on stderr (e->json),
+ * or as text with the total run time; the scratch files removed. Returns
+ * main's exit status, 0. */
+int finish_run(const run_end *e);
 
 #endif

@@ -107,6 +107,10 @@ int cli_parse_common(cli *c, int argc, char **argv, int *first);
  * *only is the session, or NULL for all. */
 int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only);
 
+/* The directory of the running program (/proc/self/exe), into buf: 1, or
+ * 0 where the system does not say. */
+int cli_exe_dir(char *buf, size_t n);
+
 /* Whether the argument arg names a session file by its path rather than a
  * session of the store: it has a '/' (which no name has) or ends in
  * ".ctxs", and a file is there. */

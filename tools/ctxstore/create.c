@@ -10,23 +10,6 @@
 
 #include "cli.h"
 
-const cli_command cli_cmd_create = {
-    .name = "create",
-    .run = cmd_create,
-    .summary = "create an empty session for a registered model",
-    .help =
-        "create NAME --model MODEL [--capacity N] [--ring] [--dtype fp16|bf16|q8]\n"
-        "       [--json]\n\n"
-        "Creates the session NAME for MODEL (a name or a 32-digit hash, as\n"
-        "`ctxstore models` lists them), empty, with N token slots (default 2048;\n"
-        "5 to 16777216). Once full it refuses more tokens, losing none (`ctxstore\n"
-        "grow` gives it more slots); with --ring it overwrites its oldest tokens\n"
-        "after the first 4 instead. The session holds K and V as the model was registered\n"
-        "(--dtype, when given, must be that one: a store keeps one form of a\n"
-        "model's KV). The store must exist (`ctxstore models register` makes\n"
-        "one). Refuses (exit 7) a NAME that another session has.\n",
-};
-
 int cmd_create(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -41,10 +24,8 @@ int cmd_create(cli *c, int argc, char **argv)
     uint64_t capacity = 0; /* the library's default */
     uint32_t dtype = 0, ring = 0;
     int opt, ex;
-    while ((opt = cli_getopt(c, argc, argv, "h", longopts, &ex)) != -1) {
+    while ((opt = cli_getopt(c, argc, argv, "h", longopts, &ex)) > 0) {
         switch (opt) {
-        case CLI_GETOPT_EXIT:
-            return ex;
         case 'm':
             model = optarg;
             break;
@@ -64,6 +45,8 @@ int cmd_create(cli *c, int argc, char **argv)
             break;
         }
     }
+    if (opt == CLI_GETOPT_EXIT)
+        return ex;
     if (argc - optind != 1)
         return cli_usage_error("create", "create takes one NAME");
     if (!model)
@@ -144,3 +127,20 @@ int cmd_create(cli *c, int argc, char **argv)
     }
     return CLI_OK;
 }
+
+const cli_command cli_cmd_create = {
+    .name = "create",
+    .run = cmd_create,
+    .summary = "create an empty session for a registered model",
+    .help =
+        "create NAME --model MODEL [--capacity N] [--ring] [--dtype fp16|bf16|q8]\n"
+        "       [--json]\n\n"
+        "Creates the session NAME for MODEL (a name or a 32-digit hash, as\n"
+        "`ctxstore models` lists them), empty, with N token slots (default 2048;\n"
+        "5 to 16777216). Once full it refuses more tokens, losing none (`ctxstore\n"
+        "grow` gives it more slots); with --ring it overwrites its oldest tokens\n"
+        "after the first 4 instead. The session holds K and V as the model was registered\n"
+        "(--dtype, when given, must be that one: a store keeps one form of a\n"
+        "model's KV). The store must exist (`ctxstore models register` makes\n"
+        "one). Refuses (exit 7) a NAME that another session has.\n",
+};

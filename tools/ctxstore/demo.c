@@ -2047,10 +2047,8 @@ static int parse_options(cli *c, int argc, char **argv, demo_options *o)
         { NULL, 0, NULL, 0 },
     };
     int opt, ex;
-    while ((opt = cli_getopt(c, argc, argv, ":h", longopts, &ex)) != -1) {
+    while ((opt = cli_getopt(c, argc, argv, ":h", longopts, &ex)) > 0) {
         switch (opt) {
-        case CLI_GETOPT_EXIT:
-            return ex;
         case OPT_TURNS:
             if (parse_u64(optarg, &o->turns) < 0 || o->turns < 1
                 || o->turns > MAX_TURNS)
@@ -2076,6 +2074,8 @@ static int parse_options(cli *c, int argc, char **argv, demo_options *o)
             break;
         }
     }
+    if (opt == CLI_GETOPT_EXIT)
+        return ex;
     if (optind < argc)
         return cli_usage_error("demo", "unexpected argument %s", argv[optind]);
     return -1;
@@ -2086,24 +2086,10 @@ static int parse_options(cli *c, int argc, char **argv, demo_options *o)
  * build tree (where scripts/build-llama.sh put llama.cpp and the model). */
 static int find_llama_demo(char *out, size_t len)
 {
-#ifdef __linux__
     char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
-        return 0;
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (!slash)
-        return 0;
-    *slash = '\0';
-    if (snprintf(out, len, "%s/../demo-llama/ctxstore-demo-llama", exe) >= (int)len)
-        return 0;
-    return access(out, X_OK) == 0;
-#else
-    (void)out;
-    (void)len;
-    return 0;
-#endif
+    return cli_exe_dir(exe, sizeof exe) &&
+           snprintf(out, len, "%s/../demo-llama/ctxstore-demo-llama", exe) < (int)len &&
+           access(out, X_OK) == 0;
 }
 
 /* Runs the llama.cpp demo in this process's place. */
@@ -2125,28 +2111,6 @@ static int exec_llama_demo(cli *c, const demo_options *o, const char *path)
     execv(path, args);
     return cli_fail(-errno, "%s", path);
 }
-
-const cli_command cli_cmd_demo = {
-    .name = "demo",
-    .run = cmd_demo,
-    .summary = CLI_DEMO_SUMMARY,
-    .help =
-        "demo [--store DIR] [--quick] [--keep] [--engine llama|tinychat|synthetic]\n"
-        "     [--turns N] [--json]\n\n"
-        "Plays a chat of several turns, saving each turn into a session, quits,\n"
-        "resumes and continues, and prints each save and the resume beside what\n"
-        "the ways people save a KV cache today cost on the same conversation.\n"
-        "The engine is llama.cpp with SmolLM2-135M where scripts/bootstrap.sh\n"
-        "built them (the default there): the model's real replies, against\n"
-        "llama.cpp's own state files and a re-prefill. --engine tinychat is a\n"
-        "tiny transformer with random weights and Qwen3-4B's KV geometry whose\n"
-        "attention reads the session, against a state file and a SQLite blob;\n"
-        "--engine synthetic writes made-up K/V, with no model; --turns and\n"
-        "--json are theirs. Without --store (or CTXSTORE_DIR) it works in a\n"
-        "temporary directory, removed at the end unless --keep. With --store\n"
-        "it works in that store and deletes its session at the end unless\n"
-        "--keep (the store and its other sessions are left as they were).\n",
-};
 
 int cmd_demo(cli *c, int argc, char **argv)
 {
@@ -2204,6 +2168,28 @@ int cmd_demo(cli *c, int argc, char **argv)
     }
     return ec;
 }
+
+const cli_command cli_cmd_demo = {
+    .name = "demo",
+    .run = cmd_demo,
+    .summary = CLI_DEMO_SUMMARY,
+    .help =
+        "demo [--store DIR] [--quick] [--keep] [--engine llama|tinychat|synthetic]\n"
+        "     [--turns N] [--json]\n\n"
+        "Plays a chat of several turns, saving each turn into a session, quits,\n"
+        "resumes and continues, and prints each save and the resume beside what\n"
+        "the ways people save a KV cache today cost on the same conversation.\n"
+        "The engine is llama.cpp with SmolLM2-135M where scripts/bootstrap.sh\n"
+        "built them (the default there): the model's real replies, against\n"
+        "llama.cpp's own state files and a re-prefill. --engine tinychat is a\n"
+        "tiny transformer with random weights and Qwen3-4B's KV geometry whose\n"
+        "attention reads the session, against a state file and a SQLite blob;\n"
+        "--engine synthetic writes made-up K/V, with no model; --turns and\n"
+        "--json are theirs. Without --store (or CTXSTORE_DIR) it works in a\n"
+        "temporary directory, removed at the end unless --keep. With --store\n"
+        "it works in that store and deletes its session at the end unless\n"
+        "--keep (the store and its other sessions are left as they were).\n",
+};
 
 /* The program ctxstore-demo, which `ctxstore demo` runs in its place with the
  * tool's own argv (dispatch.c). */

@@ -134,17 +134,10 @@ static int exec_program(const cli_command *cmd, char **argv)
 {
     char tried[2][PATH_MAX];
     int n = 0;
-#ifdef __linux__
     char exe[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len > 0) {
-        exe[len] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash && snprintf(tried[n], PATH_MAX, "%.*s/%s", (int)(slash - exe), exe,
-                              cmd->program) < PATH_MAX)
-            n++;
-    }
-#endif
+    if (cli_exe_dir(exe, sizeof exe) &&
+        snprintf(tried[n], PATH_MAX, "%s/%s", exe, cmd->program) < PATH_MAX)
+        n++;
 #ifdef CTXS_LIBEXECDIR
     if (snprintf(tried[n], PATH_MAX, "%s/%s", CTXS_LIBEXECDIR, cmd->program) < PATH_MAX)
         n++;

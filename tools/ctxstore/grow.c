@@ -8,20 +8,6 @@
 
 #include "cli.h"
 
-const cli_command cli_cmd_grow = {
-    .name = "grow",
-    .run = cmd_grow,
-    .summary = "give a session more token slots",
-    .help =
-        "grow NAME --capacity N [--json]\n\n"
-        "Gives the session NAME N token slots (more than it has: up to\n"
-        "16777216), keeping every token, checkpoint and metadata value: the way\n"
-        "on for a session that is full and refuses tokens. Its file is written\n"
-        "anew beside the old one and takes its place once complete; a crash\n"
-        "leaves one or the other, whole. Refuses (exit 4) a session that a\n"
-        "process has open, and a ring that has overwritten tokens.\n",
-};
-
 int cmd_grow(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -31,14 +17,14 @@ int cmd_grow(cli *c, int argc, char **argv)
     };
     uint64_t capacity = 0;
     int opt, ex;
-    while ((opt = cli_getopt(c, argc, argv, "h", longopts, &ex)) != -1) {
-        if (opt == CLI_GETOPT_EXIT)
-            return ex;
+    while ((opt = cli_getopt(c, argc, argv, "h", longopts, &ex)) > 0) {
         /* 'c', the one option of its own */
         if (parse_u64(optarg, &capacity) != 0 || capacity == 0 || capacity > UINT32_MAX)
             return cli_usage_error("grow", "--capacity takes a count of token slots, "
                                            "not '%s'", optarg);
     }
+    if (opt == CLI_GETOPT_EXIT)
+        return ex;
     if (argc - optind != 1)
         return cli_usage_error("grow", "grow takes one NAME");
     if (!capacity)
@@ -85,3 +71,17 @@ int cmd_grow(cli *c, int argc, char **argv)
     }
     return CLI_OK;
 }
+
+const cli_command cli_cmd_grow = {
+    .name = "grow",
+    .run = cmd_grow,
+    .summary = "give a session more token slots",
+    .help =
+        "grow NAME --capacity N [--json]\n\n"
+        "Gives the session NAME N token slots (more than it has: up to\n"
+        "16777216), keeping every token, checkpoint and metadata value: the way\n"
+        "on for a session that is full and refuses tokens. Its file is written\n"
+        "anew beside the old one and takes its place once complete; a crash\n"
+        "leaves one or the other, whole. Refuses (exit 4) a session that a\n"
+        "process has open, and a ring that has overwritten tokens.\n",
+};

@@ -91,19 +91,6 @@ static void adopted_print(const cli *c, json *j, const ctxs_session_entry *e, co
         printf("\n");
 }
 
-const cli_command cli_cmd_compact = {
-    .name = "compact",
-    .run = cmd_compact,
-    .summary = "give back unused disk space",
-    .help =
-        "compact [SESSION | --all] [--json]\n\n"
-        "Punches out the KV blocks of slots that hold no token (after rollbacks\n"
-        "and recoveries). With --all (the default), every session, then removes\n"
-        "orphaned index rows and leftover files, and rewrites the index\n"
-        "compacted when no other process has the store open. Refuses (exit 4) a\n"
-        "session that a process has open.\n",
-};
-
 int cmd_compact(cli *c, int argc, char **argv)
 {
     const char *only = NULL;
@@ -192,6 +179,19 @@ int cmd_compact(cli *c, int argc, char **argv)
     return res.skipped_busy && only ? CLI_EBUSY : CLI_OK;
 }
 
+const cli_command cli_cmd_compact = {
+    .name = "compact",
+    .run = cmd_compact,
+    .summary = "give back unused disk space",
+    .help =
+        "compact [SESSION | --all] [--json]\n\n"
+        "Punches out the KV blocks of slots that hold no token (after rollbacks\n"
+        "and recoveries). With --all (the default), every session, then removes\n"
+        "orphaned index rows and leftover files, and rewrites the index\n"
+        "compacted when no other process has the store open. Refuses (exit 4) a\n"
+        "session that a process has open.\n",
+};
+
 /* One session gc deleted, or would delete. */
 static void gc_session_print(const cli *c, json *j, const ctxs_session_entry *e, int dry)
 {
@@ -211,19 +211,6 @@ static void gc_session_print(const cli *c, json *j, const ctxs_session_entry *e,
     }
 }
 
-const cli_command cli_cmd_gc = {
-    .name = "gc",
-    .run = cmd_gc,
-    .summary = "delete least recently used sessions",
-    .help =
-        "gc --max-size SIZE [--dry-run] [--json]\n\n"
-        "Deletes sessions, least recently used first, until the session files\n"
-        "take at most SIZE on disk (e.g. 10G, 512MiB), and names each session it\n"
-        "deleted. Pinned sessions (`ctxstore pin`) and those that a process has\n"
-        "open are kept. With --dry-run nothing is deleted: it names the sessions\n"
-        "gc would delete now (and works on a store you cannot write).\n",
-};
-
 int cmd_gc(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -234,9 +221,7 @@ int cmd_gc(cli *c, int argc, char **argv)
     };
     int opt, have_budget = 0, dry = 0, ex;
     uint64_t budget = 0;
-    while ((opt = cli_getopt(c, argc, argv, ":m:nh", longopts, &ex)) != -1) {
-        if (opt == CLI_GETOPT_EXIT)
-            return ex;
+    while ((opt = cli_getopt(c, argc, argv, ":m:nh", longopts, &ex)) > 0) {
         if (opt == 'm') {
             if (parse_size(optarg, &budget) != 0)
                 return cli_usage_error("gc", "'%s' is not a size (e.g. 10G, 512MiB)", optarg);
@@ -245,6 +230,8 @@ int cmd_gc(cli *c, int argc, char **argv)
             dry = 1;
         }
     }
+    if (opt == CLI_GETOPT_EXIT)
+        return ex;
     if (!have_budget || optind < argc)
         return cli_usage_error("gc", "gc takes --max-size SIZE and no arguments");
     ctxs_store *st;
@@ -296,6 +283,19 @@ int cmd_gc(cli *c, int argc, char **argv)
     return ex;
 }
 
+const cli_command cli_cmd_gc = {
+    .name = "gc",
+    .run = cmd_gc,
+    .summary = "delete least recently used sessions",
+    .help =
+        "gc --max-size SIZE [--dry-run] [--json]\n\n"
+        "Deletes sessions, least recently used first, until the session files\n"
+        "take at most SIZE on disk (e.g. 10G, 512MiB), and names each session it\n"
+        "deleted. Pinned sessions (`ctxstore pin`) and those that a process has\n"
+        "open are kept. With --dry-run nothing is deleted: it names the sessions\n"
+        "gc would delete now (and works on a store you cannot write).\n",
+};
+
 /* Deletes the session name. Returns 0 with what it held in *e, or the
  * library's code (reported). */
 static int rm_one(ctxs_session_entry *e, ctxs_store *st, const char *name)
@@ -307,16 +307,6 @@ static int rm_one(ctxs_session_entry *e, ctxs_store *st, const char *name)
         cli_fail(rc, "session '%s'", name);
     return rc;
 }
-
-const cli_command cli_cmd_rm = {
-    .name = "rm",
-    .run = cmd_rm,
-    .summary = "delete sessions",
-    .help =
-        "rm SESSION... [--json]\n\n"
-        "Deletes sessions with their checkpoints and prefixes, and names each\n"
-        "with its tokens. Refuses (exit 4) a session that a process has open.\n",
-};
 
 int cmd_rm(cli *c, int argc, char **argv)
 {
@@ -367,24 +357,14 @@ int cmd_rm(cli *c, int argc, char **argv)
     return ex;
 }
 
-const cli_command cli_cmd_pin = {
-    .name = "pin",
-    .run = cmd_pin,
-    .summary = "keep sessions from gc",
+const cli_command cli_cmd_rm = {
+    .name = "rm",
+    .run = cmd_rm,
+    .summary = "delete sessions",
     .help =
-        "pin SESSION... [--json]\n\n"
-        "Pins sessions: gc never deletes a pinned session. The pin stays when the\n"
-        "session is renamed; `ctxstore rm` still deletes it. `ctxstore ls` shows\n"
-        "pins.\n",
-};
-
-const cli_command cli_cmd_unpin = {
-    .name = "unpin",
-    .run = cmd_pin,
-    .summary = "let gc delete sessions again",
-    .help =
-        "unpin SESSION... [--json]\n\n"
-        "Takes the pin off sessions, so that gc may delete them again.\n",
+        "rm SESSION... [--json]\n\n"
+        "Deletes sessions with their checkpoints and prefixes, and names each\n"
+        "with its tokens. Refuses (exit 4) a session that a process has open.\n",
 };
 
 int cmd_pin(cli *c, int argc, char **argv)
@@ -428,6 +408,26 @@ int cmd_pin(cli *c, int argc, char **argv)
     return ex;
 }
 
+const cli_command cli_cmd_pin = {
+    .name = "pin",
+    .run = cmd_pin,
+    .summary = "keep sessions from gc",
+    .help =
+        "pin SESSION... [--json]\n\n"
+        "Pins sessions: gc never deletes a pinned session. The pin stays when the\n"
+        "session is renamed; `ctxstore rm` still deletes it. `ctxstore ls` shows\n"
+        "pins.\n",
+};
+
+const cli_command cli_cmd_unpin = {
+    .name = "unpin",
+    .run = cmd_pin,
+    .summary = "let gc delete sessions again",
+    .help =
+        "unpin SESSION... [--json]\n\n"
+        "Takes the pin off sessions, so that gc may delete them again.\n",
+};
+
 /* Reports a refused rename. The library answers CTXS_EINVAL for either
  * name and CTXS_ENOTFOUND only for from; the advice for a taken name says
  * what to do about it without repeating it. */
@@ -441,17 +441,6 @@ static int rename_fail(int rc, const char *from, const char *to)
                              "renaming '%s' to '%s'", from, to);
     return cli_fail(rc, "renaming '%s' to '%s'", from, to);
 }
-
-const cli_command cli_cmd_rename = {
-    .name = "rename",
-    .run = cmd_rename,
-    .summary = "rename a session",
-    .help =
-        "rename OLD NEW [--json]\n\n"
-        "Renames the session OLD to NEW. Its file, tokens and checkpoints stay as\n"
-        "they are, and a process that has it open keeps using it. Refuses (exit 7)\n"
-        "a NEW that another session has.\n",
-};
 
 int cmd_rename(cli *c, int argc, char **argv)
 {
@@ -496,6 +485,17 @@ int cmd_rename(cli *c, int argc, char **argv)
     return CLI_OK;
 }
 
+const cli_command cli_cmd_rename = {
+    .name = "rename",
+    .run = cmd_rename,
+    .summary = "rename a session",
+    .help =
+        "rename OLD NEW [--json]\n\n"
+        "Renames the session OLD to NEW. Its file, tokens and checkpoints stay as\n"
+        "they are, and a process that has it open keeps using it. Refuses (exit 7)\n"
+        "a NEW that another session has.\n",
+};
+
 /* The files a rebuild left alone, each with the way out: no command of
  * the store will ever adopt them. */
 static void print_strays(const cli *c)
@@ -516,16 +516,6 @@ static void print_strays(const cli *c)
     ctxs_free(strays);
     ctxs_store_close(st);
 }
-
-const cli_command cli_cmd_reindex = {
-    .name = "reindex",
-    .run = cmd_reindex,
-    .summary = "rebuild the index from the session files",
-    .help =
-        "reindex [--json]\n\n"
-        "Rebuilds the index from the session files: names, models, token counts\n"
-        "and prefixes. Checkpoints and model names are kept.\n",
-};
 
 int cmd_reindex(cli *c, int argc, char **argv)
 {
@@ -596,6 +586,16 @@ int cmd_reindex(cli *c, int argc, char **argv)
     return CLI_OK;
 }
 
+const cli_command cli_cmd_reindex = {
+    .name = "reindex",
+    .run = cmd_reindex,
+    .summary = "rebuild the index from the session files",
+    .help =
+        "reindex [--json]\n\n"
+        "Rebuilds the index from the session files: names, models, token counts\n"
+        "and prefixes. Checkpoints and model names are kept.\n",
+};
+
 static void salvage_count_print(const cli *c, json *j, const char *kind,
                                 const ctxs_salvage_count *n)
 {
@@ -618,23 +618,6 @@ static void salvage_count_print(const cli *c, json *j, const char *kind,
         printf("\n");
     }
 }
-
-const cli_command cli_cmd_repair_index = {
-    .name = "repair-index",
-    .run = cmd_repair_index,
-    .summary = "repair a damaged index, keeping what still reads",
-    .help =
-        "repair-index [--json]\n\n"
-        "The way out when the index is damaged (exit 8). Moves index/data.mdb to\n"
-        "index.damaged-TIME/ (never deletes it), rebuilds the index from the\n"
-        "session files, and puts back what of the damaged one still reads:\n"
-        "sessions' names, checkpoints, metadata, pins and models' display names.\n"
-        "The damaged index is read in child processes, so damage that would crash\n"
-        "a reader costs what it holds, never the repair. Prints, kind by kind,\n"
-        "what was kept, dropped (malformed, or of a session whose file is gone)\n"
-        "and lost to the damage, and the sessions that came back under another\n"
-        "name. Refused (exit 4) while any process has the store open.\n",
-};
 
 int cmd_repair_index(cli *c, int argc, char **argv)
 {
@@ -725,3 +708,20 @@ int cmd_repair_index(cli *c, int argc, char **argv)
     ctxs_free(res.renamed);
     return CLI_OK;
 }
+
+const cli_command cli_cmd_repair_index = {
+    .name = "repair-index",
+    .run = cmd_repair_index,
+    .summary = "repair a damaged index, keeping what still reads",
+    .help =
+        "repair-index [--json]\n\n"
+        "The way out when the index is damaged (exit 8). Moves index/data.mdb to\n"
+        "index.damaged-TIME/ (never deletes it), rebuilds the index from the\n"
+        "session files, and puts back what of the damaged one still reads:\n"
+        "sessions' names, checkpoints, metadata, pins and models' display names.\n"
+        "The damaged index is read in child processes, so damage that would crash\n"
+        "a reader costs what it holds, never the repair. Prints, kind by kind,\n"
+        "what was kept, dropped (malformed, or of a session whose file is gone)\n"
+        "and lost to the damage, and the sessions that came back under another\n"
+        "name. Refused (exit 4) while any process has the store open.\n",
+};

@@ -615,6 +615,23 @@ int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only)
 }
 
 
+int cli_exe_dir(char *buf, size_t n)
+{
+#ifdef __linux__
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0)
+        return 0;
+    exe[len] = '\0';
+    char *slash = strrchr(exe, '/');
+    return slash && snprintf(buf, n, "%.*s", (int)(slash - exe), exe) < (int)n;
+#else
+    (void)buf;
+    (void)n;
+    return 0;
+#endif
+}
+
 int cli_is_session_path(const char *arg)
 {
     size_t n = strlen(arg);

@@ -103,6 +103,13 @@ int cli_getopt(cli *c, int argc, char **argv, const char *shortopts,
  * an exit code (after --help, or a usage error). */
 int cli_parse_common(cli *c, int argc, char **argv, int *first);
 
+/* For a command on the one session NAME that argv holds after its options
+ * (argv[optind]): a usage error unless there is exactly one, then missing
+ * (an option the command needs and lacks, in words) as one unless NULL,
+ * then the name checked, then c's store opened for writing into *st.
+ * Returns CLI_OK, or the exit code (reported). */
+int cli_one_session(cli *c, int argc, char **argv, const char *missing, ctxs_store **st);
+
 /* As cli_parse_common(), for a command that takes [SESSION | --all]:
  * *only is the session, or NULL for all. */
 int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only);
@@ -312,6 +319,8 @@ void json_double(json *j, double v);
 void json_bool(json *j, int v);
 void json_null(json *j);
 void json_hex(json *j, const uint8_t *p, size_t n);
+/* A document on stdout, an object whose first member is "name": name. */
+void json_begin_named(json *j, const char *name);
 /* Ends the document with a newline. */
 void json_finish(json *j);
 /* "error": {code, name, message, hint} of the run's first failure, as a

@@ -47,17 +47,13 @@ int cmd_create(cli *c, int argc, char **argv)
     }
     if (opt == CLI_GETOPT_EXIT)
         return ex;
-    if (argc - optind != 1)
-        return cli_usage_error("create", "create takes one NAME");
-    if (!model)
-        return cli_usage_error("create", "create needs --model MODEL (`ctxstore models` lists "
-                                         "them)");
-    const char *name = argv[optind];
-    if ((ex = cli_check_name("session name", name)) >= 0)
-        return ex;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
+    if ((ex = cli_one_session(c, argc, argv,
+                              model ? NULL
+                                    : "create needs --model MODEL (`ctxstore models` lists them)",
+                              &st)) != CLI_OK)
         return ex;
+    const char *name = argv[optind];
     uint8_t hash[CTXS_HASH_BYTES];
     ctxs_model_entry known;
     if ((ex = cli_model_resolve(hash, st, model)) != CLI_OK) {
@@ -101,9 +97,7 @@ int cmd_create(cli *c, int argc, char **argv)
     ctxs_store_close(st);
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", e.name);
+        json_begin_named(&j, e.name);
         json_kv_u64(&j, "id", e.id);
         json_kv_string(&j, "model", model_name);
         json_key(&j, "model_hash");

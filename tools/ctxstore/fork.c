@@ -120,9 +120,7 @@ int cmd_fork(cli *c, int argc, char **argv)
         return ex;
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", e.name);
+        json_begin_named(&j, e.name);
         json_kv_u64(&j, "id", e.id);
         json_kv_u64(&j, "n_tokens", e.fork_tokens);
         json_object_end(&j);

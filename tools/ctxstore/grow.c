@@ -25,17 +25,14 @@ int cmd_grow(cli *c, int argc, char **argv)
     }
     if (opt == CLI_GETOPT_EXIT)
         return ex;
-    if (argc - optind != 1)
-        return cli_usage_error("grow", "grow takes one NAME");
-    if (!capacity)
-        return cli_usage_error("grow", "grow needs --capacity N, the session's new count of "
-                                       "token slots");
-    const char *name = argv[optind];
-    if ((ex = cli_check_name("session name", name)) >= 0)
-        return ex;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
+    if ((ex = cli_one_session(c, argc, argv,
+                              capacity ? NULL
+                                       : "grow needs --capacity N, the session's new count of "
+                                         "token slots",
+                              &st)) != CLI_OK)
         return ex;
+    const char *name = argv[optind];
     ctxs_session_entry before, after;
     int rc = ctxs_store_session_get(&before, st, name);
     if (rc == 0)
@@ -53,9 +50,7 @@ int cmd_grow(cli *c, int argc, char **argv)
     ctxs_store_close(st);
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", after.name);
+        json_begin_named(&j, after.name);
         json_kv_u64(&j, "capacity", capacity);
         json_kv_u64(&j, "n_tokens", after.n_tokens);
         json_kv_u64(&j, "disk_bytes_before", before.disk_bytes);

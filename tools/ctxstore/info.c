@@ -135,9 +135,7 @@ static void print_json(const view *v, ctxs_store *st)
 {
     const ctxs_file_report *r = &v->rep;
     json j;
-    json_init(&j, stdout);
-    json_object_begin(&j);
-    json_kv_string(&j, "name", v->e.name);
+    json_begin_named(&j, v->e.name);
     json_kv_u64(&j, "id", v->e.id);
     json_kv_string(&j, "path", v->path);
     json_kv_string(&j, "status", ctxs_err_name(r->status));

@@ -296,15 +296,62 @@ const cli_command cli_cmd_gc = {
         "gc would delete now (and works on a store you cannot write).\n",
 };
 
-/* Deletes the session name. Returns 0 with what it held in *e, or the
- * library's code (reported). */
-static int rm_one(ctxs_session_entry *e, ctxs_store *st, const char *name)
+/* Does one's work on each session named in argv[first..], through c's
+ * store opened for writing: one(c, j, st, name, arg) reports what it did
+ * (into the array j with --json) and returns 0, or the library's code
+ * (reported). Every name is tried; the first failure decides the exit
+ * code, and the result still lists what was done before and after it:
+ * with --json one document, {key: [...], "error": ...}. */
+static int each_session(cli *c, int argc, char **argv, int first, const char *key,
+                        int (*one)(const cli *c, json *j, ctxs_store *st, const char *name,
+                                   void *arg),
+                        void *arg)
 {
-    int rc = ctxs_store_session_get(e, st, name);
+    ctxs_store *st;
+    int ex = cli_store_open(c, &st, CLI_STORE_WRITE);
+    if (ex != CLI_OK)
+        return ex;
+    json j;
+    if (c->json) {
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_key(&j, key);
+        json_array_begin(&j);
+    }
+    for (int i = first; i < argc; i++) {
+        int rc = one(c, &j, st, argv[i], arg);
+        if (rc < 0 && ex == CLI_OK)
+            ex = cli_exit_code(rc);
+    }
+    ctxs_store_close(st);
+    if (c->json) {
+        json_array_end(&j);
+        json_error(&j);
+        json_object_end(&j);
+        json_finish(&j);
+    }
+    return ex;
+}
+
+/* Deletes the session name, and says so. */
+static int rm_one(const cli *c, json *j, ctxs_store *st, const char *name, void *arg)
+{
+    (void)arg;
+    ctxs_session_entry e;
+    int rc = ctxs_store_session_get(&e, st, name);
     if (rc == 0)
         rc = ctxs_store_session_delete(st, name);
-    if (rc < 0)
+    if (rc < 0) {
         cli_fail(rc, "session '%s'", name);
+    } else if (c->json) {
+        json_object_begin(j);
+        json_kv_string(j, "name", e.name);
+        json_kv_u64(j, "id", e.id);
+        json_kv_u64(j, "n_tokens", e.n_tokens);
+        json_object_end(j);
+    } else {
+        printf("removed '%s' (%" PRIu64 " tokens)\n", e.name, e.n_tokens);
+    }
     return rc;
 }
 
@@ -319,42 +366,7 @@ int cmd_rm(cli *c, int argc, char **argv)
     for (int i = first; i < argc; i++)
         if ((ex = cli_check_name("session name", argv[i])) >= 0)
             return ex;
-    ctxs_store *st;
-    if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
-        return ex;
-    json j;
-    if (c->json) {
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_key(&j, "removed");
-        json_array_begin(&j);
-    }
-    /* Every name is tried; the first failure decides the exit code, and
-     * the result still lists what was removed before and after it. */
-    for (int i = first; i < argc; i++) {
-        ctxs_session_entry e;
-        int rc = rm_one(&e, st, argv[i]);
-        if (rc < 0) {
-            if (ex == CLI_OK)
-                ex = cli_exit_code(rc);
-        } else if (c->json) {
-            json_object_begin(&j);
-            json_kv_string(&j, "name", e.name);
-            json_kv_u64(&j, "id", e.id);
-            json_kv_u64(&j, "n_tokens", e.n_tokens);
-            json_object_end(&j);
-        } else {
-            printf("removed '%s' (%" PRIu64 " tokens)\n", e.name, e.n_tokens);
-        }
-    }
-    ctxs_store_close(st);
-    if (c->json) {
-        json_array_end(&j);
-        json_error(&j);
-        json_object_end(&j);
-        json_finish(&j);
-    }
-    return ex;
+    return each_session(c, argc, argv, first, "removed", rm_one, NULL);
 }
 
 const cli_command cli_cmd_rm = {
@@ -367,6 +379,20 @@ const cli_command cli_cmd_rm = {
         "with its tokens. Refuses (exit 4) a session that a process has open.\n",
 };
 
+/* Pins (*pinned) or unpins the session name, and says so. */
+static int pin_one(const cli *c, json *j, ctxs_store *st, const char *name, void *arg)
+{
+    int pinned = *(const int *)arg;
+    int rc = ctxs_store_session_pin(st, name, pinned);
+    if (rc < 0)
+        cli_fail(rc, "session '%s'", name);
+    else if (c->json)
+        json_string(j, name);
+    else
+        printf("%s '%s'\n", pinned ? "pinned" : "unpinned", name);
+    return rc;
+}
+
 int cmd_pin(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
@@ -375,37 +401,7 @@ int cmd_pin(cli *c, int argc, char **argv)
     int pinned = strcmp(argv[0], "pin") == 0;
     if (first >= argc)
         return cli_usage_error(argv[0], "%s takes one or more session names", argv[0]);
-    ctxs_store *st;
-    if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
-        return ex;
-    json j;
-    if (c->json) {
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_key(&j, pinned ? "pinned" : "unpinned");
-        json_array_begin(&j);
-    }
-    /* As rm: every name is tried, the first failure decides the exit code. */
-    for (int i = first; i < argc; i++) {
-        int rc = ctxs_store_session_pin(st, argv[i], pinned);
-        if (rc < 0) {
-            int code = cli_fail(rc, "session '%s'", argv[i]);
-            if (ex == CLI_OK)
-                ex = code;
-        } else if (c->json) {
-            json_string(&j, argv[i]);
-        } else {
-            printf("%s '%s'\n", pinned ? "pinned" : "unpinned", argv[i]);
-        }
-    }
-    ctxs_store_close(st);
-    if (c->json) {
-        json_array_end(&j);
-        json_error(&j);
-        json_object_end(&j);
-        json_finish(&j);
-    }
-    return ex;
+    return each_session(c, argc, argv, first, pinned ? "pinned" : "unpinned", pin_one, &pinned);
 }
 
 const cli_command cli_cmd_pin = {
@@ -469,9 +465,7 @@ int cmd_rename(cli *c, int argc, char **argv)
     cli_session_tokens(c, e.id, &positions, &held);
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", e.name);
+        json_begin_named(&j, e.name);
         json_kv_string(&j, "old_name", from);
         json_kv_u64(&j, "id", e.id);
         json_kv_u64(&j, "n_tokens", positions);

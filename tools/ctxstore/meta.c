@@ -67,9 +67,7 @@ static int meta_list(const cli *c, ctxs_store *st, const char *name)
         return cli_fail(rc, "metadata of '%s'", name);
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", name);
+        json_begin_named(&j, name);
         json_key(&j, "meta");
         json_array_begin(&j);
         for (size_t i = 0; i < n; i++) {
@@ -109,9 +107,7 @@ static int meta_get(const cli *c, ctxs_store *st, const char *name, const char *
     buf[n] = '\0';
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", name);
+        json_begin_named(&j, name);
         json_kv_string(&j, "key", key);
         value_json(&j, buf, n);
         json_object_end(&j);
@@ -165,9 +161,7 @@ static int meta_set(const cli *c, ctxs_store *st, const char *name, const char *
         return cli_fail(rc, "%s key '%s' of session '%s'", del ? "deleting" : "setting", key, name);
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", name);
+        json_begin_named(&j, name);
         json_kv_string(&j, "key", key);
         json_kv_string(&j, "action", del ? "deleted" : "set");
         if (!del)

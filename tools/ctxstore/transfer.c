@@ -49,9 +49,7 @@ int cmd_export(cli *c, int argc, char **argv)
     uint64_t bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", name);
+        json_begin_named(&j, name);
         json_kv_string(&j, "file", path);
         json_kv_u64(&j, "bytes", bytes);
         json_kv_double(&j, "seconds", secs);
@@ -139,9 +137,7 @@ int cmd_import(cli *c, int argc, char **argv)
     }
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", used);
+        json_begin_named(&j, used);
         json_kv_u64(&j, "id", e.id);
         json_kv_u64(&j, "n_tokens", e.n_tokens);
         json_kv_double(&j, "seconds", secs);

@@ -595,6 +595,16 @@ int cli_parse_common(cli *c, int argc, char **argv, int *first)
     return -1;
 }
 
+int cli_one_session(cli *c, int argc, char **argv, const char *missing, ctxs_store **st)
+{
+    if (argc - optind != 1)
+        return cli_usage_error(argv[0], "%s takes one NAME", argv[0]);
+    if (missing)
+        return cli_usage_error(argv[0], "%s", missing);
+    int ex = cli_check_name("session name", argv[optind]);
+    return ex >= 0 ? ex : cli_store_open(c, st, CLI_STORE_WRITE);
+}
+
 int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only)
 {
     static const struct option longopts[] = {
@@ -1209,6 +1219,13 @@ void json_hex(json *j, const uint8_t *p, size_t n)
     for (size_t i = 0; i < n; i++)
         fprintf(j->f, "%02x", p[i]);
     fputc('"', j->f);
+}
+
+void json_begin_named(json *j, const char *name)
+{
+    json_init(j, stdout);
+    json_object_begin(j);
+    json_kv_string(j, "name", name);
 }
 
 void json_finish(json *j)

@@ -91,6 +91,25 @@ static void adopted_print(const cli *c, json *j, const ctxs_session_entry *e, co
         printf("\n");
 }
 
+/* The sessions of after[0..n) that came in from files (with
+ * labelled_only, only those whose label was seen), each said as
+ * adopted_print() says it: a JSON array into j, else lines (how: from
+ * where). */
+static void adopted_list(const cli *c, json *j, const ctxs_session_entry *after, size_t n,
+                         const label_seen *seen, size_t n_seen, int labelled_only,
+                         const char *how)
+{
+    if (j)
+        json_array_begin(j);
+    for (size_t i = 0; i < n; i++) {
+        const label_seen *l = label_of(seen, n_seen, after[i].id);
+        if (l || !labelled_only)
+            adopted_print(c, j, &after[i], how, l);
+    }
+    if (j)
+        json_array_end(j);
+}
+
 int cmd_compact(cli *c, int argc, char **argv)
 {
     const char *only = NULL;
@@ -139,10 +158,7 @@ int cmd_compact(cli *c, int argc, char **argv)
         json_init(&j, stdout);
         json_object_begin(&j);
         json_key(&j, "adopted");
-        json_array_begin(&j);
-        for (size_t i = 0; i < n_adopted; i++)
-            adopted_print(c, &j, &after[i], NULL, label_of(seen, n_seen, after[i].id));
-        json_array_end(&j);
+        adopted_list(c, &j, after, n_adopted, seen, n_seen, 0, NULL);
         json_kv_u64(&j, "sessions", res.sessions);
         json_kv_u64(&j, "skipped_busy", res.skipped_busy);
         json_kv_u64(&j, "bytes_before", res.bytes_before);
@@ -168,9 +184,8 @@ int cmd_compact(cli *c, int argc, char **argv)
             else if (res.index_busy)
                 printf("index     left as it is: another process has the store open\n");
             printf("orphans   %" PRIu64 " removed\n", res.orphans_removed);
-            for (size_t i = 0; i < n_adopted; i++)
-                adopted_print(c, NULL, &after[i], "a file the index did not know",
-                              label_of(seen, n_seen, after[i].id));
+            adopted_list(c, NULL, after, n_adopted, seen, n_seen, 0,
+                         "a file the index did not know");
             print_strays(c);
         }
     }
@@ -544,11 +559,7 @@ int cmd_reindex(cli *c, int argc, char **argv)
         json_init(&j, stdout);
         json_object_begin(&j);
         json_key(&j, "adopted");
-        json_array_begin(&j);
-        for (size_t i = 0; i < n_after; i++)
-            if (label_of(seen, n_seen, after[i].id))
-                adopted_print(c, &j, &after[i], NULL, label_of(seen, n_seen, after[i].id));
-        json_array_end(&j);
+        adopted_list(c, &j, after, n_after, seen, n_seen, 1, NULL);
         json_kv_u64(&j, "sessions", res.sessions);
         json_kv_u64(&j, "skipped", res.skipped);
         json_kv_u64(&j, "files_renumbered", res.files_renumbered);
@@ -563,10 +574,7 @@ int cmd_reindex(cli *c, int argc, char **argv)
             printf("; %" PRIu64 " file%s that do not open were left alone",
                    res.skipped, res.skipped == 1 ? "" : "s");
         printf("\n");
-        for (size_t i = 0; i < n_after; i++)
-            if (label_of(seen, n_seen, after[i].id))
-                adopted_print(c, NULL, &after[i], "copied in under another id",
-                              label_of(seen, n_seen, after[i].id));
+        adopted_list(c, NULL, after, n_after, seen, n_seen, 1, "copied in under another id");
         print_strays(c);
         if (res.files_renumbered)
             printf("renumbered %" PRIu64 " session file%s named with id 0 or past the range\n",

@@ -704,6 +704,33 @@ static const char *about_time(char buf[32], int seconds)
     return buf;
 }
 
+const cli_command cli_cmd_bench = {
+    .name = "bench",
+    .run = cmd_bench,
+    .summary = CLI_BENCH_SUMMARY,
+    .help =
+        "bench [--quick] [--remote] [--only session|index|attention|tinychat|remote]\n"
+        "      [--dir DIR] [--json]\n\n"
+        "Times each step of a chat's life with ctxstore and with the usual\n"
+        "alternative, on Qwen3-4B's KV geometry, and prints one table: saving a\n"
+        "turn and resuming (against a state file and a SQLite blob), finding a\n"
+        "prompt's session and forking (against reading every file, writing a\n"
+        "state file), the first token after a reopen, the example transformer's\n"
+        "next token (against recomputing the prefill) and, with --remote, pushing\n"
+        "to and pulling from Redis (against SET and GET; it starts its own\n"
+        "redis-server, and is skipped, saying so, where there is none). The\n"
+        "first line says about how long it takes: --quick, about 2 min on 2\n"
+        "cores, measures what the table shows; without it, many minutes.\n"
+        "The programs (bench_session, bench_index, bench_attention,\n"
+        "bench_tinychat, bench_remote) work in DIR (default $TMPDIR, else\n"
+        "/var/tmp) and are found in $CTXSTORE_BENCH_DIR, beside the tool in a\n"
+        "build tree, or where they are installed; run one by itself for its\n"
+        "whole table and notes. With --json, one document: {\"comparisons\":\n"
+        "[{\"part\", \"step\", \"tokens\", \"ctxstore_us\", \"alternative_us\",\n"
+        "\"ratio\"}], \"skipped\": [...], \"programs\": [{\"program\", \"args\",\n"
+        "\"exit_status\", \"results\": [...]}]}.\n",
+};
+
 int cmd_bench(cli *c, int argc, char **argv)
 {
     bench_options o = { 0 };
@@ -797,33 +824,6 @@ int cmd_bench(cli *c, int argc, char **argv)
     }
     return ec;
 }
-
-const cli_command cli_cmd_bench = {
-    .name = "bench",
-    .run = cmd_bench,
-    .summary = CLI_BENCH_SUMMARY,
-    .help =
-        "bench [--quick] [--remote] [--only session|index|attention|tinychat|remote]\n"
-        "      [--dir DIR] [--json]\n\n"
-        "Times each step of a chat's life with ctxstore and with the usual\n"
-        "alternative, on Qwen3-4B's KV geometry, and prints one table: saving a\n"
-        "turn and resuming (against a state file and a SQLite blob), finding a\n"
-        "prompt's session and forking (against reading every file, writing a\n"
-        "state file), the first token after a reopen, the example transformer's\n"
-        "next token (against recomputing the prefill) and, with --remote, pushing\n"
-        "to and pulling from Redis (against SET and GET; it starts its own\n"
-        "redis-server, and is skipped, saying so, where there is none). The\n"
-        "first line says about how long it takes: --quick, about 2 min on 2\n"
-        "cores, measures what the table shows; without it, many minutes.\n"
-        "The programs (bench_session, bench_index, bench_attention,\n"
-        "bench_tinychat, bench_remote) work in DIR (default $TMPDIR, else\n"
-        "/var/tmp) and are found in $CTXSTORE_BENCH_DIR, beside the tool in a\n"
-        "build tree, or where they are installed; run one by itself for its\n"
-        "whole table and notes. With --json, one document: {\"comparisons\":\n"
-        "[{\"part\", \"step\", \"tokens\", \"ctxstore_us\", \"alternative_us\",\n"
-        "\"ratio\"}], \"skipped\": [...], \"programs\": [{\"program\", \"args\",\n"
-        "\"exit_status\", \"results\": [...]}]}.\n",
-};
 
 /* The program ctxstore-bench, which `ctxstore bench` runs in its place with the
  * tool's own argv (dispatch.c). */

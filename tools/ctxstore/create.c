@@ -10,6 +10,23 @@
 
 #include "cli.h"
 
+const cli_command cli_cmd_create = {
+    .name = "create",
+    .run = cmd_create,
+    .summary = "create an empty session for a registered model",
+    .help =
+        "create NAME --model MODEL [--capacity N] [--ring] [--dtype fp16|bf16|q8]\n"
+        "       [--json]\n\n"
+        "Creates the session NAME for MODEL (a name or a 32-digit hash, as\n"
+        "`ctxstore models` lists them), empty, with N token slots (default 2048;\n"
+        "5 to 16777216). Once full it refuses more tokens, losing none (`ctxstore\n"
+        "grow` gives it more slots); with --ring it overwrites its oldest tokens\n"
+        "after the first 4 instead. The session holds K and V as the model was registered\n"
+        "(--dtype, when given, must be that one: a store keeps one form of a\n"
+        "model's KV). The store must exist (`ctxstore models register` makes\n"
+        "one). Refuses (exit 7) a NAME that another session has.\n",
+};
+
 int cmd_create(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -121,20 +138,3 @@ int cmd_create(cli *c, int argc, char **argv)
     }
     return CLI_OK;
 }
-
-const cli_command cli_cmd_create = {
-    .name = "create",
-    .run = cmd_create,
-    .summary = "create an empty session for a registered model",
-    .help =
-        "create NAME --model MODEL [--capacity N] [--ring] [--dtype fp16|bf16|q8]\n"
-        "       [--json]\n\n"
-        "Creates the session NAME for MODEL (a name or a 32-digit hash, as\n"
-        "`ctxstore models` lists them), empty, with N token slots (default 2048;\n"
-        "5 to 16777216). Once full it refuses more tokens, losing none (`ctxstore\n"
-        "grow` gives it more slots); with --ring it overwrites its oldest tokens\n"
-        "after the first 4 instead. The session holds K and V as the model was registered\n"
-        "(--dtype, when given, must be that one: a store keeps one form of a\n"
-        "model's KV). The store must exist (`ctxstore models register` makes\n"
-        "one). Refuses (exit 7) a NAME that another session has.\n",
-};

@@ -2112,6 +2112,28 @@ static int exec_llama_demo(cli *c, const demo_options *o, const char *path)
     return cli_fail(-errno, "%s", path);
 }
 
+const cli_command cli_cmd_demo = {
+    .name = "demo",
+    .run = cmd_demo,
+    .summary = CLI_DEMO_SUMMARY,
+    .help =
+        "demo [--store DIR] [--quick] [--keep] [--engine llama|tinychat|synthetic]\n"
+        "     [--turns N] [--json]\n\n"
+        "Plays a chat of several turns, saving each turn into a session, quits,\n"
+        "resumes and continues, and prints each save and the resume beside what\n"
+        "the ways people save a KV cache today cost on the same conversation.\n"
+        "The engine is llama.cpp with SmolLM2-135M where scripts/bootstrap.sh\n"
+        "built them (the default there): the model's real replies, against\n"
+        "llama.cpp's own state files and a re-prefill. --engine tinychat is a\n"
+        "tiny transformer with random weights and Qwen3-4B's KV geometry whose\n"
+        "attention reads the session, against a state file and a SQLite blob;\n"
+        "--engine synthetic writes made-up K/V, with no model; --turns and\n"
+        "--json are theirs. Without --store (or CTXSTORE_DIR) it works in a\n"
+        "temporary directory, removed at the end unless --keep. With --store\n"
+        "it works in that store and deletes its session at the end unless\n"
+        "--keep (the store and its other sessions are left as they were).\n",
+};
+
 int cmd_demo(cli *c, int argc, char **argv)
 {
     demo_options o = { 0 };
@@ -2168,28 +2190,6 @@ int cmd_demo(cli *c, int argc, char **argv)
     }
     return ec;
 }
-
-const cli_command cli_cmd_demo = {
-    .name = "demo",
-    .run = cmd_demo,
-    .summary = CLI_DEMO_SUMMARY,
-    .help =
-        "demo [--store DIR] [--quick] [--keep] [--engine llama|tinychat|synthetic]\n"
-        "     [--turns N] [--json]\n\n"
-        "Plays a chat of several turns, saving each turn into a session, quits,\n"
-        "resumes and continues, and prints each save and the resume beside what\n"
-        "the ways people save a KV cache today cost on the same conversation.\n"
-        "The engine is llama.cpp with SmolLM2-135M where scripts/bootstrap.sh\n"
-        "built them (the default there): the model's real replies, against\n"
-        "llama.cpp's own state files and a re-prefill. --engine tinychat is a\n"
-        "tiny transformer with random weights and Qwen3-4B's KV geometry whose\n"
-        "attention reads the session, against a state file and a SQLite blob;\n"
-        "--engine synthetic writes made-up K/V, with no model; --turns and\n"
-        "--json are theirs. Without --store (or CTXSTORE_DIR) it works in a\n"
-        "temporary directory, removed at the end unless --keep. With --store\n"
-        "it works in that store and deletes its session at the end unless\n"
-        "--keep (the store and its other sessions are left as they were).\n",
-};
 
 /* The program ctxstore-demo, which `ctxstore demo` runs in its place with the
  * tool's own argv (dispatch.c). */

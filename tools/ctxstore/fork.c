@@ -63,6 +63,17 @@ static int checkpoint_get(ctxs_checkpoint_entry *out, ctxs_store *st, const ctxs
     return rc;
 }
 
+const cli_command cli_cmd_fork = {
+    .name = "fork",
+    .run = cmd_fork,
+    .summary = "copy a session's first tokens into a new session",
+    .help =
+        "fork SRC DST [--at N | --checkpoint NAME]\n\n"
+        "Creates DST holding the first N tokens of SRC (all of them by\n"
+        "default), or those of SRC's checkpoint NAME. Shares blocks where the\n"
+        "file system can (Btrfs, XFS).\n",
+};
+
 int cmd_fork(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -130,17 +141,6 @@ int cmd_fork(cli *c, int argc, char **argv)
     }
     return CLI_OK;
 }
-
-const cli_command cli_cmd_fork = {
-    .name = "fork",
-    .run = cmd_fork,
-    .summary = "copy a session's first tokens into a new session",
-    .help =
-        "fork SRC DST [--at N | --checkpoint NAME]\n\n"
-        "Creates DST holding the first N tokens of SRC (all of them by\n"
-        "default), or those of SRC's checkpoint NAME. Shares blocks where the\n"
-        "file system can (Btrfs, XFS).\n",
-};
 
 /* Opens the session name through st, read-write with its model or
  * read-only. */
@@ -256,6 +256,19 @@ static int checkpoint_change(const cli *c, ctxs_store *st, const char *verb, con
     return CLI_OK;
 }
 
+const cli_command cli_cmd_checkpoint = {
+    .name = "checkpoint",
+    .run = cmd_checkpoint,
+    .summary = "create, list, restore or remove checkpoints",
+    .help =
+        "checkpoint create SESSION NAME [--json]\n"
+        "       ctxstore checkpoint ls SESSION [--json]\n"
+        "       ctxstore checkpoint restore SESSION NAME [--json]\n"
+        "       ctxstore checkpoint rm SESSION NAME [--json]\n\n"
+        "A checkpoint names a session's current token count; restore rolls the\n"
+        "session back to it (the session must not be open by a writer).\n",
+};
+
 int cmd_checkpoint(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
@@ -281,16 +294,3 @@ int cmd_checkpoint(cli *c, int argc, char **argv)
     ctxs_store_close(st);
     return ex;
 }
-
-const cli_command cli_cmd_checkpoint = {
-    .name = "checkpoint",
-    .run = cmd_checkpoint,
-    .summary = "create, list, restore or remove checkpoints",
-    .help =
-        "checkpoint create SESSION NAME [--json]\n"
-        "       ctxstore checkpoint ls SESSION [--json]\n"
-        "       ctxstore checkpoint restore SESSION NAME [--json]\n"
-        "       ctxstore checkpoint rm SESSION NAME [--json]\n\n"
-        "A checkpoint names a session's current token count; restore rolls the\n"
-        "session back to it (the session must not be open by a writer).\n",
-};

@@ -8,6 +8,20 @@
 
 #include "cli.h"
 
+const cli_command cli_cmd_grow = {
+    .name = "grow",
+    .run = cmd_grow,
+    .summary = "give a session more token slots",
+    .help =
+        "grow NAME --capacity N [--json]\n\n"
+        "Gives the session NAME N token slots (more than it has: up to\n"
+        "16777216), keeping every token, checkpoint and metadata value: the way\n"
+        "on for a session that is full and refuses tokens. Its file is written\n"
+        "anew beside the old one and takes its place once complete; a crash\n"
+        "leaves one or the other, whole. Refuses (exit 4) a session that a\n"
+        "process has open, and a ring that has overwritten tokens.\n",
+};
+
 int cmd_grow(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -66,17 +80,3 @@ int cmd_grow(cli *c, int argc, char **argv)
     }
     return CLI_OK;
 }
-
-const cli_command cli_cmd_grow = {
-    .name = "grow",
-    .run = cmd_grow,
-    .summary = "give a session more token slots",
-    .help =
-        "grow NAME --capacity N [--json]\n\n"
-        "Gives the session NAME N token slots (more than it has: up to\n"
-        "16777216), keeping every token, checkpoint and metadata value: the way\n"
-        "on for a session that is full and refuses tokens. Its file is written\n"
-        "anew beside the old one and takes its place once complete; a crash\n"
-        "leaves one or the other, whole. Refuses (exit 4) a session that a\n"
-        "process has open, and a ring that has overwritten tokens.\n",
-};

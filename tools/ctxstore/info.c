@@ -335,6 +335,20 @@ static int info_file(const cli *c, const char *path)
     return ex;
 }
 
+const cli_command cli_cmd_info = {
+    .name = "info",
+    .run = cmd_info,
+    .summary = "show a session in detail",
+    .help =
+        "info SESSION | FILE [--json]\n\n"
+        "Shows a session's header, geometry, both commit records, durability\n"
+        "watermark, attention window, checkpoints, metadata keys (values\n"
+        "shortened), checksum state, and who has it open (a writer by its\n"
+        "process id and command name, where /proc tells). FILE, a path with a\n"
+        "'/' or ending in .ctxs, is a session file read by its path (one made\n"
+        "outside a store, e.g. by ctxs_session_create()); no store is needed.\n",
+};
+
 int cmd_info(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
@@ -395,17 +409,3 @@ out:
     ctxs_store_close(st);
     return ex;
 }
-
-const cli_command cli_cmd_info = {
-    .name = "info",
-    .run = cmd_info,
-    .summary = "show a session in detail",
-    .help =
-        "info SESSION | FILE [--json]\n\n"
-        "Shows a session's header, geometry, both commit records, durability\n"
-        "watermark, attention window, checkpoints, metadata keys (values\n"
-        "shortened), checksum state, and who has it open (a writer by its\n"
-        "process id and command name, where /proc tells). FILE, a path with a\n"
-        "'/' or ending in .ctxs, is a session file read by its path (one made\n"
-        "outside a store, e.g. by ctxs_session_create()); no store is needed.\n",
-};

@@ -188,6 +188,23 @@ static void print_intents(const cli *c, ctxs_store *st)
     ctxs_free(list);
 }
 
+const cli_command cli_cmd_ls = {
+    .name = "ls",
+    .run = cmd_ls,
+    .summary = "list sessions",
+    .help =
+        "ls [--json]\n\n"
+        "Lists the sessions: model, HELD (tokens in the session's slots now),\n"
+        "POSITIONS (tokens committed since its start: more than it holds once a\n"
+        "ring has wrapped), capacity (slots), size on disk, last used, and flags:\n"
+        "  pinned    gc never deletes it (`ctxstore pin`)\n"
+        "  ring      the session overwrites its oldest tokens once full\n"
+        "  wrapped   the ring has overwritten tokens\n"
+        "  rolled-back  the index remembers more tokens than the file holds\n"
+        "  writer    a process has it open for writing now\n"
+        "  failed    the file does not open (damaged, missing); see `verify`\n",
+};
+
 int cmd_ls(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
@@ -229,20 +246,3 @@ int cmd_ls(cli *c, int argc, char **argv)
     ctxs_store_close(st);
     return CLI_OK;
 }
-
-const cli_command cli_cmd_ls = {
-    .name = "ls",
-    .run = cmd_ls,
-    .summary = "list sessions",
-    .help =
-        "ls [--json]\n\n"
-        "Lists the sessions: model, HELD (tokens in the session's slots now),\n"
-        "POSITIONS (tokens committed since its start: more than it holds once a\n"
-        "ring has wrapped), capacity (slots), size on disk, last used, and flags:\n"
-        "  pinned    gc never deletes it (`ctxstore pin`)\n"
-        "  ring      the session overwrites its oldest tokens once full\n"
-        "  wrapped   the ring has overwritten tokens\n"
-        "  rolled-back  the index remembers more tokens than the file holds\n"
-        "  writer    a process has it open for writing now\n"
-        "  failed    the file does not open (damaged, missing); see `verify`\n",
-};

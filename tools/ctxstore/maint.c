@@ -110,6 +110,19 @@ static void adopted_list(const cli *c, json *j, const ctxs_session_entry *after,
         json_array_end(j);
 }
 
+const cli_command cli_cmd_compact = {
+    .name = "compact",
+    .run = cmd_compact,
+    .summary = "give back unused disk space",
+    .help =
+        "compact [SESSION | --all] [--json]\n\n"
+        "Punches out the KV blocks of slots that hold no token (after rollbacks\n"
+        "and recoveries). With --all (the default), every session, then removes\n"
+        "orphaned index rows and leftover files, and rewrites the index\n"
+        "compacted when no other process has the store open. Refuses (exit 4) a\n"
+        "session that a process has open.\n",
+};
+
 int cmd_compact(cli *c, int argc, char **argv)
 {
     const char *only = NULL;
@@ -194,19 +207,6 @@ int cmd_compact(cli *c, int argc, char **argv)
     return res.skipped_busy && only ? CLI_EBUSY : CLI_OK;
 }
 
-const cli_command cli_cmd_compact = {
-    .name = "compact",
-    .run = cmd_compact,
-    .summary = "give back unused disk space",
-    .help =
-        "compact [SESSION | --all] [--json]\n\n"
-        "Punches out the KV blocks of slots that hold no token (after rollbacks\n"
-        "and recoveries). With --all (the default), every session, then removes\n"
-        "orphaned index rows and leftover files, and rewrites the index\n"
-        "compacted when no other process has the store open. Refuses (exit 4) a\n"
-        "session that a process has open.\n",
-};
-
 /* One session gc deleted, or would delete. */
 static void gc_session_print(const cli *c, json *j, const ctxs_session_entry *e, int dry)
 {
@@ -225,6 +225,19 @@ static void gc_session_print(const cli *c, json *j, const ctxs_session_entry *e,
                fmt_size(size, e->disk_bytes), fmt_age(age, e->last_used_unix_ms));
     }
 }
+
+const cli_command cli_cmd_gc = {
+    .name = "gc",
+    .run = cmd_gc,
+    .summary = "delete least recently used sessions",
+    .help =
+        "gc --max-size SIZE [--dry-run] [--json]\n\n"
+        "Deletes sessions, least recently used first, until the session files\n"
+        "take at most SIZE on disk (e.g. 10G, 512MiB), and names each session it\n"
+        "deleted. Pinned sessions (`ctxstore pin`) and those that a process has\n"
+        "open are kept. With --dry-run nothing is deleted: it names the sessions\n"
+        "gc would delete now (and works on a store you cannot write).\n",
+};
 
 int cmd_gc(cli *c, int argc, char **argv)
 {
@@ -298,19 +311,6 @@ int cmd_gc(cli *c, int argc, char **argv)
     return ex;
 }
 
-const cli_command cli_cmd_gc = {
-    .name = "gc",
-    .run = cmd_gc,
-    .summary = "delete least recently used sessions",
-    .help =
-        "gc --max-size SIZE [--dry-run] [--json]\n\n"
-        "Deletes sessions, least recently used first, until the session files\n"
-        "take at most SIZE on disk (e.g. 10G, 512MiB), and names each session it\n"
-        "deleted. Pinned sessions (`ctxstore pin`) and those that a process has\n"
-        "open are kept. With --dry-run nothing is deleted: it names the sessions\n"
-        "gc would delete now (and works on a store you cannot write).\n",
-};
-
 /* Does one's work on each session named in argv[first..], through c's
  * store opened for writing: one(c, j, st, name, arg) reports what it did
  * (into the array j with --json) and returns 0, or the library's code
@@ -370,6 +370,16 @@ static int rm_one(const cli *c, json *j, ctxs_store *st, const char *name, void 
     return rc;
 }
 
+const cli_command cli_cmd_rm = {
+    .name = "rm",
+    .run = cmd_rm,
+    .summary = "delete sessions",
+    .help =
+        "rm SESSION... [--json]\n\n"
+        "Deletes sessions with their checkpoints and prefixes, and names each\n"
+        "with its tokens. Refuses (exit 4) a session that a process has open.\n",
+};
+
 int cmd_rm(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
@@ -384,16 +394,6 @@ int cmd_rm(cli *c, int argc, char **argv)
     return each_session(c, argc, argv, first, "removed", rm_one, NULL);
 }
 
-const cli_command cli_cmd_rm = {
-    .name = "rm",
-    .run = cmd_rm,
-    .summary = "delete sessions",
-    .help =
-        "rm SESSION... [--json]\n\n"
-        "Deletes sessions with their checkpoints and prefixes, and names each\n"
-        "with its tokens. Refuses (exit 4) a session that a process has open.\n",
-};
-
 /* Pins (*pinned) or unpins the session name, and says so. */
 static int pin_one(const cli *c, json *j, ctxs_store *st, const char *name, void *arg)
 {
@@ -406,17 +406,6 @@ static int pin_one(const cli *c, json *j, ctxs_store *st, const char *name, void
     else
         printf("%s '%s'\n", pinned ? "pinned" : "unpinned", name);
     return rc;
-}
-
-int cmd_pin(cli *c, int argc, char **argv)
-{
-    int first, ex = cli_parse_common(c, argc, argv, &first);
-    if (ex >= 0)
-        return ex;
-    int pinned = strcmp(argv[0], "pin") == 0;
-    if (first >= argc)
-        return cli_usage_error(argv[0], "%s takes one or more session names", argv[0]);
-    return each_session(c, argc, argv, first, pinned ? "pinned" : "unpinned", pin_one, &pinned);
 }
 
 const cli_command cli_cmd_pin = {
@@ -439,6 +428,17 @@ const cli_command cli_cmd_unpin = {
         "Takes the pin off sessions, so that gc may delete them again.\n",
 };
 
+int cmd_pin(cli *c, int argc, char **argv)
+{
+    int first, ex = cli_parse_common(c, argc, argv, &first);
+    if (ex >= 0)
+        return ex;
+    int pinned = strcmp(argv[0], "pin") == 0;
+    if (first >= argc)
+        return cli_usage_error(argv[0], "%s takes one or more session names", argv[0]);
+    return each_session(c, argc, argv, first, pinned ? "pinned" : "unpinned", pin_one, &pinned);
+}
+
 /* Reports a refused rename. The library answers CTXS_EINVAL for either
  * name and CTXS_ENOTFOUND only for from; the advice for a taken name says
  * what to do about it without repeating it. */
@@ -452,6 +452,17 @@ static int rename_fail(int rc, const char *from, const char *to)
                              "renaming '%s' to '%s'", from, to);
     return cli_fail(rc, "renaming '%s' to '%s'", from, to);
 }
+
+const cli_command cli_cmd_rename = {
+    .name = "rename",
+    .run = cmd_rename,
+    .summary = "rename a session",
+    .help =
+        "rename OLD NEW [--json]\n\n"
+        "Renames the session OLD to NEW. Its file, tokens and checkpoints stay as\n"
+        "they are, and a process that has it open keeps using it. Refuses (exit 7)\n"
+        "a NEW that another session has.\n",
+};
 
 int cmd_rename(cli *c, int argc, char **argv)
 {
@@ -494,17 +505,6 @@ int cmd_rename(cli *c, int argc, char **argv)
     return CLI_OK;
 }
 
-const cli_command cli_cmd_rename = {
-    .name = "rename",
-    .run = cmd_rename,
-    .summary = "rename a session",
-    .help =
-        "rename OLD NEW [--json]\n\n"
-        "Renames the session OLD to NEW. Its file, tokens and checkpoints stay as\n"
-        "they are, and a process that has it open keeps using it. Refuses (exit 7)\n"
-        "a NEW that another session has.\n",
-};
-
 /* The files a rebuild left alone, each with the way out: no command of
  * the store will ever adopt them. */
 static void print_strays(const cli *c)
@@ -525,6 +525,16 @@ static void print_strays(const cli *c)
     ctxs_free(strays);
     ctxs_store_close(st);
 }
+
+const cli_command cli_cmd_reindex = {
+    .name = "reindex",
+    .run = cmd_reindex,
+    .summary = "rebuild the index from the session files",
+    .help =
+        "reindex [--json]\n\n"
+        "Rebuilds the index from the session files: names, models, token counts\n"
+        "and prefixes. Checkpoints and model names are kept.\n",
+};
 
 int cmd_reindex(cli *c, int argc, char **argv)
 {
@@ -588,16 +598,6 @@ int cmd_reindex(cli *c, int argc, char **argv)
     return CLI_OK;
 }
 
-const cli_command cli_cmd_reindex = {
-    .name = "reindex",
-    .run = cmd_reindex,
-    .summary = "rebuild the index from the session files",
-    .help =
-        "reindex [--json]\n\n"
-        "Rebuilds the index from the session files: names, models, token counts\n"
-        "and prefixes. Checkpoints and model names are kept.\n",
-};
-
 static void salvage_count_print(const cli *c, json *j, const char *kind,
                                 const ctxs_salvage_count *n)
 {
@@ -620,6 +620,23 @@ static void salvage_count_print(const cli *c, json *j, const char *kind,
         printf("\n");
     }
 }
+
+const cli_command cli_cmd_repair_index = {
+    .name = "repair-index",
+    .run = cmd_repair_index,
+    .summary = "repair a damaged index, keeping what still reads",
+    .help =
+        "repair-index [--json]\n\n"
+        "The way out when the index is damaged (exit 8). Moves index/data.mdb to\n"
+        "index.damaged-TIME/ (never deletes it), rebuilds the index from the\n"
+        "session files, and puts back what of the damaged one still reads:\n"
+        "sessions' names, checkpoints, metadata, pins and models' display names.\n"
+        "The damaged index is read in child processes, so damage that would crash\n"
+        "a reader costs what it holds, never the repair. Prints, kind by kind,\n"
+        "what was kept, dropped (malformed, or of a session whose file is gone)\n"
+        "and lost to the damage, and the sessions that came back under another\n"
+        "name. Refused (exit 4) while any process has the store open.\n",
+};
 
 int cmd_repair_index(cli *c, int argc, char **argv)
 {
@@ -710,20 +727,3 @@ int cmd_repair_index(cli *c, int argc, char **argv)
     ctxs_free(res.renamed);
     return CLI_OK;
 }
-
-const cli_command cli_cmd_repair_index = {
-    .name = "repair-index",
-    .run = cmd_repair_index,
-    .summary = "repair a damaged index, keeping what still reads",
-    .help =
-        "repair-index [--json]\n\n"
-        "The way out when the index is damaged (exit 8). Moves index/data.mdb to\n"
-        "index.damaged-TIME/ (never deletes it), rebuilds the index from the\n"
-        "session files, and puts back what of the damaged one still reads:\n"
-        "sessions' names, checkpoints, metadata, pins and models' display names.\n"
-        "The damaged index is read in child processes, so damage that would crash\n"
-        "a reader costs what it holds, never the repair. Prints, kind by kind,\n"
-        "what was kept, dropped (malformed, or of a session whose file is gone)\n"
-        "and lost to the damage, and the sessions that came back under another\n"
-        "name. Refused (exit 4) while any process has the store open.\n",
-};

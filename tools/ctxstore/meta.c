@@ -176,6 +176,25 @@ static int meta_set(const cli *c, ctxs_store *st, const char *name, const char *
     return CLI_OK;
 }
 
+const cli_command cli_cmd_meta = {
+    .name = "meta",
+    .run = cmd_meta,
+    .summary = "show or change what an app keeps with a session",
+    .help =
+        "meta SESSION [--json]\n"
+        "       ctxstore meta SESSION KEY [--json]\n"
+        "       ctxstore meta SESSION KEY VALUE | --file FILE [--json]\n"
+        "       ctxstore meta SESSION KEY --delete [--json]\n\n"
+        "A session's metadata: what an app keeps beside its tokens (a title, the\n"
+        "chat template, sampler settings, its own JSON), as keys (named like\n"
+        "sessions) and values (any bytes). With SESSION alone, lists the keys and\n"
+        "the start of each value; with KEY, prints its value as it is; with VALUE,\n"
+        "or the bytes of FILE (- for standard input), sets it; --delete removes\n"
+        "it. A value holds at most 64 KiB, a session's keys and values together\n"
+        "256 KiB (exit 2 past either). Renames keep it, deletes take it, forks\n"
+        "start without it, export and import carry it.\n",
+};
+
 int cmd_meta(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -221,22 +240,3 @@ int cmd_meta(cli *c, int argc, char **argv)
     ctxs_store_close(st);
     return ex;
 }
-
-const cli_command cli_cmd_meta = {
-    .name = "meta",
-    .run = cmd_meta,
-    .summary = "show or change what an app keeps with a session",
-    .help =
-        "meta SESSION [--json]\n"
-        "       ctxstore meta SESSION KEY [--json]\n"
-        "       ctxstore meta SESSION KEY VALUE | --file FILE [--json]\n"
-        "       ctxstore meta SESSION KEY --delete [--json]\n\n"
-        "A session's metadata: what an app keeps beside its tokens (a title, the\n"
-        "chat template, sampler settings, its own JSON), as keys (named like\n"
-        "sessions) and values (any bytes). With SESSION alone, lists the keys and\n"
-        "the start of each value; with KEY, prints its value as it is; with VALUE,\n"
-        "or the bytes of FILE (- for standard input), sets it; --delete removes\n"
-        "it. A value holds at most 64 KiB, a session's keys and values together\n"
-        "256 KiB (exit 2 past either). Renames keep it, deletes take it, forks\n"
-        "start without it, export and import carry it.\n",
-};

@@ -260,6 +260,27 @@ static int register_check(const reg_args *a, int nargs)
     return -1;
 }
 
+const cli_command cli_cmd_models = {
+    .name = "models",
+    .run = cmd_models,
+    .summary = "list the models, or register one",
+    .help =
+        "models [ls] [--json]\n"
+        "       ctxstore models register FILE --name NAME --layers L --kv-heads H\n"
+        "                --head-dim D [--dtype fp16|bf16|q8]\n"
+        "                [--tokenizer TFILE | --tokenizer-hash HEX] [--json]\n\n"
+        "Lists the registered models: hash, display name, geometry, dtype,\n"
+        "tokenizer hash and when each was registered. A session can be created\n"
+        "only for a registered model.\n\n"
+        "register hashes the weights file FILE (XXH3-128; the store remembers the\n"
+        "hash of a file that has not changed) and registers that hash with the\n"
+        "geometry of its KV cache: layers, KV heads per layer (after GQA) and\n"
+        "elements per head, each 1 to 4096. The tokenizer hash is TFILE's (the\n"
+        "vocabulary file: tokenizer.json, tokenizer.model; hashed apart from\n"
+        "weights), or HEX (32 hex digits), or zero. Registering a hash again changes its name; with\n"
+        "another geometry or tokenizer it is refused (exit 5). Prints the hash.\n",
+};
+
 int cmd_models(cli *c, int argc, char **argv)
 {
     reg_args a;
@@ -287,24 +308,3 @@ int cmd_models(cli *c, int argc, char **argv)
         cli_store_made(c, ex == CLI_OK);
     return ex;
 }
-
-const cli_command cli_cmd_models = {
-    .name = "models",
-    .run = cmd_models,
-    .summary = "list the models, or register one",
-    .help =
-        "models [ls] [--json]\n"
-        "       ctxstore models register FILE --name NAME --layers L --kv-heads H\n"
-        "                --head-dim D [--dtype fp16|bf16|q8]\n"
-        "                [--tokenizer TFILE | --tokenizer-hash HEX] [--json]\n\n"
-        "Lists the registered models: hash, display name, geometry, dtype,\n"
-        "tokenizer hash and when each was registered. A session can be created\n"
-        "only for a registered model.\n\n"
-        "register hashes the weights file FILE (XXH3-128; the store remembers the\n"
-        "hash of a file that has not changed) and registers that hash with the\n"
-        "geometry of its KV cache: layers, KV heads per layer (after GQA) and\n"
-        "elements per head, each 1 to 4096. The tokenizer hash is TFILE's (the\n"
-        "vocabulary file: tokenizer.json, tokenizer.model; hashed apart from\n"
-        "weights), or HEX (32 hex digits), or zero. Registering a hash again changes its name; with\n"
-        "another geometry or tokenizer it is refused (exit 5). Prints the hash.\n",
-};

@@ -257,6 +257,23 @@ static int tokens_from_args(tokens *t, int argc, char **argv, int first)
     return -1;
 }
 
+const cli_command cli_cmd_prefix = {
+    .name = "prefix",
+    .run = cmd_prefix,
+    .summary = "find the session holding a prompt's first tokens",
+    .help =
+        "prefix --model MODEL TOKEN... [--json]\n"
+        "       ctxstore prefix --model MODEL --tokens-file FILE [--json]\n\n"
+        "Finds the session of MODEL (a name or a 32-digit hash, as `models`\n"
+        "lists them) that holds the longest start of a prompt, and prints it\n"
+        "with how many of the prompt's tokens it holds: fork it there (`ctxstore\n"
+        "fork SESSION NEW --at N`) and prefill only the rest. The prompt is its\n"
+        "token ids in decimal, separated by whitespace, in the arguments (one may\n"
+        "hold several) or in FILE (- for standard input). Prefixes match in whole\n"
+        "chunks of 64 tokens and are indexed every 1024 tokens a session commits\n"
+        "and when it is closed. Exits 3 when no session holds the first 64.\n",
+};
+
 int cmd_prefix(cli *c, int argc, char **argv)
 {
     const char *model = NULL, *file = NULL;
@@ -285,20 +302,3 @@ int cmd_prefix(cli *c, int argc, char **argv)
     free(t.v);
     return ex;
 }
-
-const cli_command cli_cmd_prefix = {
-    .name = "prefix",
-    .run = cmd_prefix,
-    .summary = "find the session holding a prompt's first tokens",
-    .help =
-        "prefix --model MODEL TOKEN... [--json]\n"
-        "       ctxstore prefix --model MODEL --tokens-file FILE [--json]\n\n"
-        "Finds the session of MODEL (a name or a 32-digit hash, as `models`\n"
-        "lists them) that holds the longest start of a prompt, and prints it\n"
-        "with how many of the prompt's tokens it holds: fork it there (`ctxstore\n"
-        "fork SESSION NEW --at N`) and prefill only the rest. The prompt is its\n"
-        "token ids in decimal, separated by whitespace, in the arguments (one may\n"
-        "hold several) or in FILE (- for standard input). Prefixes match in whole\n"
-        "chunks of 64 tokens and are indexed every 1024 tokens a session commits\n"
-        "and when it is closed. Exits 3 when no session holds the first 64.\n",
-};

@@ -10,6 +10,17 @@
 
 #include "cli.h"
 
+const cli_command cli_cmd_export = {
+    .name = "export",
+    .run = cmd_export,
+    .summary = "write a session to a portable file",
+    .help =
+        "export SESSION FILE\n\n"
+        "Writes SESSION's committed tokens to FILE: a self-checking file\n"
+        "(zlib-compressed blocks, each with a CRC-32) with the model and\n"
+        "geometry, to carry the session to another machine.\n",
+};
+
 int cmd_export(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
@@ -63,17 +74,6 @@ int cmd_export(cli *c, int argc, char **argv)
     return CLI_OK;
 }
 
-const cli_command cli_cmd_export = {
-    .name = "export",
-    .run = cmd_export,
-    .summary = "write a session to a portable file",
-    .help =
-        "export SESSION FILE\n\n"
-        "Writes SESSION's committed tokens to FILE: a self-checking file\n"
-        "(zlib-compressed blocks, each with a CRC-32) with the model and\n"
-        "geometry, to carry the session to another machine.\n",
-};
-
 /* The advice for a failed import. The file is named in the message and a
  * NAME given there too, so neither is repeated here; a broken file is no
  * session to verify or remove, and a store left as it was is worth
@@ -102,6 +102,17 @@ static const char *import_hint(char *buf, size_t n, int rc, int named)
     snprintf(buf, n, "%s%snothing was imported", a ? a : "", a ? "; " : "");
     return buf;
 }
+
+const cli_command cli_cmd_import = {
+    .name = "import",
+    .run = cmd_import,
+    .summary = "read a session from an export file",
+    .help =
+        "import FILE [NAME] [--json]\n\n"
+        "Checks all of FILE, then creates the session NAME (by default the name\n"
+        "it was exported under). A damaged, truncated or foreign file is refused\n"
+        "(exit 5) and the store is left unchanged.\n",
+};
 
 int cmd_import(cli *c, int argc, char **argv)
 {
@@ -150,14 +161,3 @@ int cmd_import(cli *c, int argc, char **argv)
     }
     return CLI_OK;
 }
-
-const cli_command cli_cmd_import = {
-    .name = "import",
-    .run = cmd_import,
-    .summary = "read a session from an export file",
-    .help =
-        "import FILE [NAME] [--json]\n\n"
-        "Checks all of FILE, then creates the session NAME (by default the name\n"
-        "it was exported under). A damaged, truncated or foreign file is refused\n"
-        "(exit 5) and the store is left unchanged.\n",
-};

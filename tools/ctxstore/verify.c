@@ -377,6 +377,21 @@ static int verify_file(const cli *c, const char *path)
     return ex;
 }
 
+const cli_command cli_cmd_verify = {
+    .name = "verify",
+    .run = cmd_verify,
+    .summary = "check sessions and the index",
+    .help =
+        "verify [SESSION | FILE | --all] [--json]\n\n"
+        "Checks every held token's checksum, the header and commit record CRCs,\n"
+        "and (with --all, the default) every record of the index and the index\n"
+        "against the session files. Reads every KV byte. Exits 0 when nothing is\n"
+        "wrong, 8 when a record of the index is malformed (each one named by\n"
+        "table and key; the other commands refuse the same records with 8), 5\n"
+        "when a session file is damaged, naming the session, the tokens and what\n"
+        "to do. FILE (a path, as for info) checks that session file alone.\n",
+};
+
 int cmd_verify(cli *c, int argc, char **argv)
 {
     const char *only = NULL;
@@ -508,18 +523,3 @@ int cmd_verify(cli *c, int argc, char **argv)
     ctxs_store_close(st);
     return ex;
 }
-
-const cli_command cli_cmd_verify = {
-    .name = "verify",
-    .run = cmd_verify,
-    .summary = "check sessions and the index",
-    .help =
-        "verify [SESSION | FILE | --all] [--json]\n\n"
-        "Checks every held token's checksum, the header and commit record CRCs,\n"
-        "and (with --all, the default) every record of the index and the index\n"
-        "against the session files. Reads every KV byte. Exits 0 when nothing is\n"
-        "wrong, 8 when a record of the index is malformed (each one named by\n"
-        "table and key; the other commands refuse the same records with 8), 5\n"
-        "when a session file is damaged, naming the session, the tokens and what\n"
-        "to do. FILE (a path, as for info) checks that session file alone.\n",
-};

@@ -151,7 +151,7 @@ static void remove_tmp_store(const char *dir)
     }
     snprintf(path, sizeof(path), "%s/index", dir);
     rmdir(path);
-    snprintf(path, sizeof(path), "%s/sessions", dir);
+    cli_sessions_dir(path, sizeof(path), dir);
     rmdir(path);
     rmdir(dir);
 }

@@ -450,7 +450,9 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
     }
     int had_dir = store_has(dir, ".", 1);
     int had_index = store_has(dir, "index/data.mdb", 0);
-    int had_sessions = store_has(dir, "sessions", 1);
+    char sessions[64];
+    cli_sessions_dir(sessions, sizeof(sessions), NULL);
+    int had_sessions = store_has(dir, sessions, 1);
     g_made = 0;
     unsigned flags = 0;
     if (mode == CLI_STORE_READ)

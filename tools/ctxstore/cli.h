@@ -373,6 +373,10 @@ void cli_meta_preview(char *buf, size_t cap, const void *value, size_t n);
 
 /* --- Subcommands ------------------------------------------------------------ */
 
+/* The tool's commands (commands.c), in the order its help lists them. */
+extern const cli_command *const cli_tool_commands[];
+extern const size_t cli_n_tool_commands;
+
 /* Each beside its cmd_* function. */
 extern const cli_command cli_cmd_ls, cli_cmd_create, cli_cmd_grow, cli_cmd_info, cli_cmd_verify,
     cli_cmd_compact, cli_cmd_gc, cli_cmd_rm, cli_cmd_rename, cli_cmd_pin, cli_cmd_unpin,

@@ -223,14 +223,6 @@ static const result *find(const char *op, const char *method,
     return NULL;
 }
 
-static size_t rank(const char *const *list, size_t n, const char *name)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!strcmp(list[i], name))
-            return i;
-    return n;
-}
-
 /* results_sort()'s order (op, tokens, method) with the dtype and the cache
  * (warm first) after tokens and the think time after the method, so that
  * each context's warm first steps come together, then its cold ones. */
@@ -239,25 +231,14 @@ static int cmp_rows(const void *pa, const void *pb)
     const result *a = pa, *b = pb;
     const size_t n_ops = sizeof k_ops / sizeof k_ops[0];
     const size_t n_methods = sizeof k_all_methods / sizeof k_all_methods[0];
-    size_t x = rank(k_ops, n_ops, a->base.op);
-    size_t y = rank(k_ops, n_ops, b->base.op);
-    if (x != y)
-        return x < y ? -1 : 1;
-    if (a->base.tokens != b->base.tokens)
-        return a->base.tokens < b->base.tokens ? -1 : 1;
-    x = rank(k_dtype_names, N_DTYPES, a->dtype);
-    y = rank(k_dtype_names, N_DTYPES, b->dtype);
-    if (x != y)
-        return x < y ? -1 : 1;
     int ca = a->cache && !strcmp(a->cache, "cold");
     int cb = b->cache && !strcmp(b->cache, "cold");
-    if (ca != cb)
-        return ca - cb;
-    x = rank(k_all_methods, n_methods, a->base.method);
-    y = rank(k_all_methods, n_methods, b->base.method);
-    if (x != y)
-        return x < y ? -1 : 1;
-    return (a->think_ms > b->think_ms) - (a->think_ms < b->think_ms);
+    int d = order_rank(k_ops, n_ops, a->base.op, b->base.op);
+    if (d || (d = order_u64(a->base.tokens, b->base.tokens)) ||
+        (d = order_rank(k_dtype_names, N_DTYPES, a->dtype, b->dtype)) || (d = ca - cb) ||
+        (d = order_rank(k_all_methods, n_methods, a->base.method, b->base.method)))
+        return d;
+    return order_u64(a->think_ms, b->think_ms);
 }
 
 /* The ratios a[i] / b[i] of samples taken side by side: their median and
@@ -1585,6 +1566,13 @@ static void measure_errors(const options *o)
     measure_errors_at(o, 1);
 }
 
+/* The rows as a table, then the headlines. */
+static void print_text(const uint32_t *contexts, int n)
+{
+    print_table();
+    print_headlines(contexts, n);
+}
+
 int main(int argc, char **argv)
 {
     options o = parse_options(argc, argv);
@@ -1611,18 +1599,7 @@ int main(int argc, char **argv)
     double t0 = now_us();
     for (int i = 0; i < n_contexts; i++)
         run_context(&o, contexts[i]);
-    if (o.progress)
-        fputs("\r\033[K", stderr);
-
-    qsort(g_result_rows, g_results.n, sizeof g_result_rows[0], cmp_rows);
-    if (o.json) {
-        print_json();
-        print_notes(stderr);
-    } else {
-        print_table();
-        print_headlines(contexts, n_contexts);
-        printf("total run time: %.1f s\n", (now_us() - t0) / 1e6);
-    }
-    cleanup();
-    return 0;
+    return finish_run(&(run_end){ o.progress, o.json, g_result_rows, g_results.n,
+                                  sizeof g_result_rows[0], cmp_rows, print_json, print_text,
+                                  contexts, n_contexts, t0 });
 }

@@ -370,6 +370,21 @@ typedef struct add_samples {
     samples create, commit, close;
 } add_samples;
 
+/* After a create of s that began at a (us): fills it with session i's
+ * tokens and closes it, adding the create's, the fill's and the close's
+ * times to t. */
+static void fill_timed(ctxs_session *s, uint32_t i, uint32_t *ids, double a, add_samples *t)
+{
+    double b = now_us();
+    fill_filler(s, i, ids);
+    double c = now_us();
+    ctxs_session_close(s);
+    double d = now_us();
+    samples_add(&t->create, b - a);
+    samples_add(&t->commit, c - b);
+    samples_add(&t->close, d - c);
+}
+
 /* Builds the store as a restore from files would, which is fast: all but
  * the last n_api sessions are written as files into sessions/ (named from
  * ids 1, 2, ...) with ctxs_session_create, and one ctxs_store_reindex
@@ -401,14 +416,7 @@ static void build_prefix_store(prefix_bench *pb, uint32_t n_api)
         double a = now_us();
         check_ctxs(ctxs_session_create(&s, path, &pb->model, &o),
                    "ctxs_session_create");
-        double b = now_us();
-        fill_filler(s, i, ids);
-        double c = now_us();
-        ctxs_session_close(s);
-        double d = now_us();
-        samples_add(&bare.create, b - a);
-        samples_add(&bare.commit, c - b);
-        samples_add(&bare.close, d - c);
+        fill_timed(s, i, ids, a, &bare);
     }
     double files_us = now_us() - t0;
 
@@ -432,14 +440,7 @@ static void build_prefix_store(prefix_bench *pb, uint32_t n_api)
         double a = now_us();
         check_ctxs(ctxs_store_session_create(&s, pb->st, name, &pb->model, &o),
                    "ctxs_store_session_create");
-        double b = now_us();
-        fill_filler(s, i, ids);
-        double c = now_us();
-        ctxs_session_close(s);
-        double d = now_us();
-        samples_add(&store.create, b - a);
-        samples_add(&store.commit, c - b);
-        samples_add(&store.close, d - c);
+        fill_timed(s, i, ids, a, &store);
     }
     free(ids);
 
@@ -508,41 +509,34 @@ static void list_session_files(prefix_bench *pb)
     check_sys(pb->sessions_fd, "open sessions directory");
 }
 
+/* Case c: the target's first keep tokens, then new ones from seed after a
+ * token no session has; listed sessions hold that start. */
+static void make_case(prefix_case *c, const char *name, const prefix_bench *pb, uint32_t keep,
+                      uint64_t seed, uint32_t listed)
+{
+    c->name = name;
+    session_prompt(c->prompt, pb->target);
+    if (keep < PROMPT_TOKENS) {
+        random_ids(c->prompt + keep, PROMPT_TOKENS - keep, seed);
+        c->prompt[keep] = DIVERGE;
+    }
+    c->expect = keep;
+    c->indexed_chunks = keep / CTXS_PREFIX_CHUNK;
+    c->listed = listed;
+}
+
 static void make_cases(prefix_case *c, const prefix_bench *pb)
 {
     uint32_t per_sys = pb->n_sessions / N_SYS
                        + (pb->target % N_SYS < pb->n_sessions % N_SYS);
     /* full: all 4096 tokens of the target. */
-    c[0].name = "full_hit";
-    session_prompt(c[0].prompt, pb->target);
-    c[0].expect = PROMPT_TOKENS;
-    c[0].indexed_chunks = PROMPT_TOKENS / CTXS_PREFIX_CHUNK;
-    c[0].listed = 1;
+    make_case(&c[0], "full_hit", pb, PROMPT_TOKENS, 0, 1);
     /* partial: the target's first 2024 tokens, then new ones. */
-    c[1].name = "partial_hit";
-    session_prompt(c[1].prompt, pb->target);
-    random_ids(c[1].prompt + PARTIAL_TOKENS, PROMPT_TOKENS - PARTIAL_TOKENS,
-               0xbadc0ffeeull);
-    c[1].prompt[PARTIAL_TOKENS] = DIVERGE;
-    c[1].expect = PARTIAL_TOKENS;
-    c[1].indexed_chunks = PARTIAL_TOKENS / CTXS_PREFIX_CHUNK;
-    c[1].listed = 1;
+    make_case(&c[1], "partial_hit", pb, PARTIAL_TOKENS, 0xbadc0ffeeull, 1);
     /* a new conversation after a known system prompt. */
-    c[2].name = "sysprompt_hit";
-    session_prompt(c[2].prompt, pb->target);
-    random_ids(c[2].prompt + SYS_TOKENS, PROMPT_TOKENS - SYS_TOKENS,
-               0xfeedfaceull);
-    c[2].prompt[SYS_TOKENS] = DIVERGE;
-    c[2].expect = SYS_TOKENS;
-    c[2].indexed_chunks = SYS_TOKENS / CTXS_PREFIX_CHUNK;
-    c[2].listed = per_sys;
+    make_case(&c[2], "sysprompt_hit", pb, SYS_TOKENS, 0xfeedfaceull, per_sys);
     /* a miss: the first chunk is unknown. */
-    c[3].name = "miss";
-    random_ids(c[3].prompt, PROMPT_TOKENS, 0xdeadbeefull);
-    c[3].prompt[0] = DIVERGE;
-    c[3].expect = 0;
-    c[3].indexed_chunks = 0;
-    c[3].listed = 0;
+    make_case(&c[3], "miss", pb, 0, 0xdeadbeefull, 0);
 }
 
 /* The mdb_get calls of the binary search in ctxs_prefix_find for a prompt
@@ -768,6 +762,16 @@ static void session_options(ctxs_create_options *o, uint32_t capacity,
     o->open.durability = durability;
 }
 
+/* FORK_TOKENS reserved in s, from slot 0, and its layout in *lay. */
+static void reserve_fork_tokens(ctxs_layout *lay, ctxs_session *s)
+{
+    get_layout(lay, s, SLOT_BYTES);
+    ctxs_reservation r;
+    check_ctxs(ctxs_session_reserve(&r, s, FORK_TOKENS), "ctxs_session_reserve");
+    if (r.n_spans != 1 || r.spans[0].slot != 0)
+        die("ctxs_session_reserve: unexpected spans");
+}
+
 /* The source: 2048 tokens of random K/V, committed, synced, and an
  * untimed read-only handle that the file-level methods copy from. */
 static void make_fork_source(fork_bench *fb)
@@ -779,11 +783,7 @@ static void make_fork_source(fork_bench *fb)
     check_ctxs(ctxs_store_session_create(&s, fb->st, "fork-source", &fb->model, &o),
                "ctxs_store_session_create");
     ctxs_layout lay;
-    get_layout(&lay, s, SLOT_BYTES);
-    ctxs_reservation r;
-    check_ctxs(ctxs_session_reserve(&r, s, FORK_TOKENS), "ctxs_session_reserve");
-    if (r.n_spans != 1 || r.spans[0].slot != 0)
-        die("ctxs_session_reserve: unexpected spans");
+    reserve_fork_tokens(&lay, s);
     uint64_t seed = 0x5eed5eed5eedull;
     for (uint32_t run = 0; run < N_RUNS; run++)
         fill_fp16(kv_run(&lay, N_KV_HEADS, run), (size_t)FORK_TOKENS * SLOT_BYTES, &seed);
@@ -891,11 +891,7 @@ static void copy_sparse(const char *from, const char *to)
 static void rewrite_into(const fork_bench *fb, ctxs_session *s)
 {
     ctxs_layout lay;
-    get_layout(&lay, s, SLOT_BYTES);
-    ctxs_reservation r;
-    check_ctxs(ctxs_session_reserve(&r, s, FORK_TOKENS), "ctxs_session_reserve");
-    if (r.n_spans != 1 || r.spans[0].slot != 0)
-        die("ctxs_session_reserve: unexpected spans");
+    reserve_fork_tokens(&lay, s);
     for (uint32_t run = 0; run < N_RUNS; run++)
         memcpy(kv_run(&lay, N_KV_HEADS, run), kv_run(&fb->src_lay, N_KV_HEADS, run),
                (size_t)FORK_TOKENS * SLOT_BYTES);
@@ -1292,33 +1288,30 @@ static void print_header(FILE *f, const options *o)
         o->quick ? 1 : 3);
 }
 
+/* The rows of section in microseconds, each with its ratio (decimals
+ * digits) to the row of its op by method base. */
+static void print_section_us(int section, const char *base, int decimals)
+{
+    for (int i = 0; i < g_n_results; i++) {
+        const result *r = &g_results[i];
+        if (r->section != section)
+            continue;
+        printf("%-15s %-17s %11.1f %11.1f %11.1f %11.1f %5zu %8.*fx  %s\n", r->op, r->method,
+               r->median_us, r->p99_us, r->min_us, r->max_us, r->n, decimals,
+               ratio_of(r, find_result(section, r->op, base)), r->info);
+    }
+}
+
 static void print_tables(void)
 {
     printf("%-15s %-17s %11s %11s %11s %11s %5s %9s  %s\n", "add a session",
            "how", "median_us", "p99_us", "min_us", "max_us", "n", "vs bare",
            "");
-    for (int i = 0; i < g_n_results; i++) {
-        const result *r = &g_results[i];
-        if (r->section != SEC_BUILD)
-            continue;
-        const result *base = find_result(SEC_BUILD, r->op, "bare");
-        printf("%-15s %-17s %11.1f %11.1f %11.1f %11.1f %5zu %8.2fx  %s\n",
-               r->op, r->method, r->median_us, r->p99_us, r->min_us,
-               r->max_us, r->n, ratio_of(r, base), r->info);
-    }
+    print_section_us(SEC_BUILD, "bare", 2);
     printf("\n%-15s %-17s %11s %11s %11s %11s %5s %9s  %s\n", "find_prefix",
            "method", "median_us", "p99_us", "min_us", "max_us", "n", "ratio",
            "index reads / files");
-    for (int i = 0; i < g_n_results; i++) {
-        const result *r = &g_results[i];
-        if (r->section != SEC_PREFIX)
-            continue;
-        const result *base = find_result(SEC_PREFIX, r->op, "ctxs_prefix_find");
-        double ratio = ratio_of(r, base);
-        printf("%-15s %-17s %11.1f %11.1f %11.1f %11.1f %5zu %8.0fx  %s\n",
-               r->op, r->method, r->median_us, r->p99_us, r->min_us,
-               r->max_us, r->n, ratio, r->info);
-    }
+    print_section_us(SEC_PREFIX, "ctxs_prefix_find", 0);
     printf("\n%-15s %-17s %11s %11s %11s %5s %9s  %s\n", "fork 2048 tok",
            "method", "median_ms", "min_ms", "max_ms", "n", "ratio", "syncs");
     const result *rewrite = find_result(SEC_FORK, "fork_2048", "rewrite_store");

@@ -324,6 +324,17 @@ static double time_push(bench *b, const char *name, uint64_t want_sent)
     return t;
 }
 
+/* The replies of n pipelined SETs, each checked. */
+static void read_set_replies(bench *b, int n)
+{
+    for (int c = 0; c < n; c++) {
+        redisReply *r;
+        if (redisGetReply(b->raw, (void **)&r) != REDIS_OK)
+            die("SET: %s", b->raw->errstr);
+        raw_ok(r, "SET");
+    }
+}
+
 /* n SETs of CHUNK_BYTES, pipelined. */
 static double time_raw_set(bench *b, int n)
 {
@@ -334,12 +345,7 @@ static double time_raw_set(bench *b, int n)
         redisAppendCommand(b->raw, "SET %s %b", key, b->chunks + (size_t)(N_CHUNKS - n + c) *
                                                           CHUNK_BYTES, CHUNK_BYTES);
     }
-    for (int c = 0; c < n; c++) {
-        redisReply *r;
-        if (redisGetReply(b->raw, (void **)&r) != REDIS_OK)
-            die("SET: %s", b->raw->errstr);
-        raw_ok(r, "SET");
-    }
+    read_set_replies(b, n);
     return now_us() - t0;
 }
 
@@ -398,12 +404,7 @@ static double time_raw_set_direct(bench *b, int n)
         };
         send_all(b->raw->fd, iov, 3);
     }
-    for (int c = 0; c < n; c++) {
-        redisReply *r;
-        if (redisGetReply(b->raw, (void **)&r) != REDIS_OK)
-            die("SET: %s", b->raw->errstr);
-        raw_ok(r, "SET");
-    }
+    read_set_replies(b, n);
     return now_us() - t0;
 }
 
@@ -570,6 +571,37 @@ static void print_row(const options *o, const bench_result *r, size_t bytes,
     fflush(stdout);
 }
 
+/* op: the push of the last n chunks of the session "conv" (after those
+ * before them, in "base", which shares them), beside as many raw SETs
+ * through hiredis and written directly to the socket, alternating run by
+ * run, iters times after a warm-up; their rows of bytes, printed. */
+static void time_pushes(bench *b, const options *o, int iters, const char *op, int n,
+                        size_t bytes)
+{
+    samples s = { 0 }, s2 = { 0 }, s3 = { 0 };
+    for (int i = 0; i < iters + 1; i++) {
+        flushall(b->raw);
+        if (n < N_CHUNKS)
+            (void)time_push(b, "base", N_CHUNKS - n);
+        double t = time_push(b, "conv", (uint64_t)n);
+        flushall(b->raw);
+        double t2 = time_raw_set(b, n);
+        flushall(b->raw);
+        double t3 = time_raw_set_direct(b, n);
+        if (i > 0) { /* the first is a warm-up */
+            samples_add(&s, t);
+            samples_add(&s2, t2);
+            samples_add(&s3, t3);
+        }
+    }
+    bench_result *r = add(op, "ctxstore", &s);
+    bench_result *raw = add(op, "raw_set", &s2);
+    bench_result *direct = add(op, "raw_set_direct", &s3);
+    print_row(o, raw, bytes, NULL, NULL);
+    print_row(o, direct, bytes, NULL, NULL);
+    print_row(o, r, bytes, raw, direct);
+}
+
 int main(int argc, char **argv)
 {
     bench b = { 0 };
@@ -615,47 +647,10 @@ int main(int argc, char **argv)
      * spell of a shared machine falls on both columns alike. */
     /* (a) a turn: one chunk. */
     samples s2 = { 0 }, s3 = { 0 }, s4 = { 0 }, s5 = { 0 };
-    for (int i = 0; i < iters + 1; i++) {
-        flushall(b.raw);
-        (void)time_push(&b, "base", N_CHUNKS - 1);
-        double t = time_push(&b, "conv", 1);
-        flushall(b.raw);
-        double t2 = time_raw_set(&b, 1);
-        flushall(b.raw);
-        double t3 = time_raw_set_direct(&b, 1);
-        if (i > 0) { /* the first is a warm-up */
-            samples_add(&s, t);
-            samples_add(&s2, t2);
-            samples_add(&s3, t3);
-        }
-    }
-    bench_result *turn = add("push_turn", "ctxstore", &s);
-    bench_result *turn_raw = add("push_turn", "raw_set", &s2);
-    bench_result *turn_direct = add("push_turn", "raw_set_direct", &s3);
-    print_row(o, turn_raw, CHUNK_BYTES, NULL, NULL);
-    print_row(o, turn_direct, CHUNK_BYTES, NULL, NULL);
-    print_row(o, turn, CHUNK_BYTES, turn_raw, turn_direct);
+    time_pushes(&b, o, iters, "push_turn", 1, CHUNK_BYTES);
 
     /* (b) the whole session. */
-    for (int i = 0; i < iters + 1; i++) {
-        flushall(b.raw);
-        double t = time_push(&b, "conv", N_CHUNKS);
-        flushall(b.raw);
-        double t2 = time_raw_set(&b, N_CHUNKS);
-        flushall(b.raw);
-        double t3 = time_raw_set_direct(&b, N_CHUNKS);
-        if (i > 0) {
-            samples_add(&s, t);
-            samples_add(&s2, t2);
-            samples_add(&s3, t3);
-        }
-    }
-    bench_result *push = add("push_session", "ctxstore", &s);
-    bench_result *push_raw = add("push_session", "raw_set", &s2);
-    bench_result *push_direct = add("push_session", "raw_set_direct", &s3);
-    print_row(o, push_raw, STATE_BYTES, NULL, NULL);
-    print_row(o, push_direct, STATE_BYTES, NULL, NULL);
-    print_row(o, push, STATE_BYTES, push_raw, push_direct);
+    time_pushes(&b, o, iters, "push_session", N_CHUNKS, STATE_BYTES);
 
     /* (c) pull of the whole session; Redis holds both copies now. */
     (void)time_push(&b, "conv", 0);

@@ -612,6 +612,16 @@ static long dirty_pages(const char *path)
 #endif
 }
 
+/* A turn written and committed through s (a warm-up), then the disk
+ * settled; *lay the layout of s. */
+static void warm_up(ctxs_session *s, ctxs_layout *lay, const bench *b)
+{
+    get_layout(lay, s, b->slot_bytes);
+    write_turn(s, lay, b);
+    commit_turn(s, b);
+    settle_disk();
+}
+
 /* Each iteration appends a turn into never-written slots; the context grows
  * by one turn per iteration (commit cost does not depend on it). A turn is
  * stored through the mapping (one memcpy per run), or with layers, handed
@@ -628,10 +638,7 @@ static void measure_save_turn_ctxstore(const bench *b, uint32_t durability, int 
     progress(b, "save_turn", method);
     ctxs_session *s = open_session(b, durability, background);
     ctxs_layout lay;
-    get_layout(&lay, s, b->slot_bytes);
-    write_turn(s, &lay, b); /* warm-up */
-    commit_turn(s, b);
-    settle_disk();
+    warm_up(s, &lay, b);
     samples sm = { 0 };
     long dirty_max = -1;
     double beside0 = cpu_us(CLOCK_PROCESS_CPUTIME_ID) - cpu_us(CLOCK_THREAD_CPUTIME_ID);
@@ -670,10 +677,7 @@ static void measure_commit_ctxstore(const bench *b, uint32_t durability)
     progress(b, "commit", method);
     ctxs_session *s = open_session(b, durability, 1);
     ctxs_layout lay;
-    get_layout(&lay, s, b->slot_bytes);
-    write_turn(s, &lay, b); /* warm-up */
-    commit_turn(s, b);
-    settle_disk();
+    warm_up(s, &lay, b);
     samples sm = { 0 };
     for (int i = 0; i < b->iters; i++) {
         write_turn(s, &lay, b);
@@ -871,22 +875,32 @@ static void upsert_blob(sqlite3 *db, sqlite3_stmt *st, const uint8_t *p,
     check_sqlite(db, sqlite3_reset(st), SQLITE_OK, "sqlite3_reset");
 }
 
+/* The database open for writing with its upsert statement in *st, or
+ * NULL (closed) when a row of n bytes does not fit (blob_fits()). */
+static sqlite3 *open_upsert(sqlite3_stmt **st, size_t n, const char *op, uint32_t tokens)
+{
+    sqlite3 *db = open_db_for_writing();
+    if (!blob_fits(db, n, op, tokens)) {
+        sqlite3_close(db);
+        return NULL;
+    }
+    check_sqlite(db,
+                 sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO sessions"
+                                        "(id, kv) VALUES (1, ?1)",
+                                    -1, st, NULL),
+                 SQLITE_OK, "sqlite3_prepare_v2");
+    return db;
+}
+
 /* Stores n bytes of the state as the session's row; untimed when called
  * outside a measurement. Returns 0 when the blob does not fit. */
 static int store_blob(const uint8_t *p, size_t n, const char *op,
                       uint32_t tokens)
 {
-    sqlite3 *db = open_db_for_writing();
-    if (!blob_fits(db, n, op, tokens)) {
-        sqlite3_close(db);
-        return 0;
-    }
     sqlite3_stmt *st;
-    check_sqlite(db,
-                 sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO sessions"
-                                        "(id, kv) VALUES (1, ?1)",
-                                    -1, &st, NULL),
-                 SQLITE_OK, "sqlite3_prepare_v2");
+    sqlite3 *db = open_upsert(&st, n, op, tokens);
+    if (!db)
+        return 0;
     upsert_blob(db, st, p, n);
     sqlite3_finalize(st);
     check_sqlite(db, sqlite3_close(db), SQLITE_OK, "sqlite3_close");
@@ -899,17 +913,10 @@ static int store_blob(const uint8_t *p, size_t n, const char *op,
 static void measure_sqlite_blob(const bench *b)
 {
     progress(b, "save_turn", "sqlite_blob");
-    sqlite3 *db = open_db_for_writing();
-    if (!blob_fits(db, b->state_bytes, "save_turn", b->tokens)) {
-        sqlite3_close(db);
-        return;
-    }
     sqlite3_stmt *st;
-    check_sqlite(db,
-                 sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO sessions"
-                                        "(id, kv) VALUES (1, ?1)",
-                                    -1, &st, NULL),
-                 SQLITE_OK, "sqlite3_prepare_v2");
+    sqlite3 *db = open_upsert(&st, b->state_bytes, "save_turn", b->tokens);
+    if (!db)
+        return;
     int iters = iters_for_bytes(b, b->state_bytes);
     /* No warm-up of its own: run_context() calls this right after
      * measure_sqlite_select(), whose row of nearly the same size leaves the
@@ -961,19 +968,29 @@ static void check_info(ctxs_session *s, const bench *b)
             info.n_tokens, b->tokens);
 }
 
-static void measure_resume_open(const bench *b)
+/* op with ctxstore: the open of the session (ASYNC) and use(s, b) on it,
+ * then its close, timed b->iters times after a warm-up. */
+static void measure_resume(const bench *b, const char *op,
+                           uint64_t (*use)(ctxs_session *s, const bench *b))
 {
-    progress(b, "resume_open", "ctxstore_async");
+    progress(b, op, "ctxstore_async");
     samples sm = { 0 };
     for (int i = 0; i <= b->iters; i++) {
         double t0 = now_us();
         ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC, 1);
-        check_info(s, b);
+        g_sink += use(s, b);
         ctxs_session_close(s);
         if (i > 0) /* the first is the warm-up */
             samples_add(&sm, now_us() - t0);
     }
-    record(b, "resume_open", "ctxstore_async", &sm);
+    record(b, op, "ctxstore_async", &sm);
+}
+
+/* resume_open's use: the session's info, checked. */
+static uint64_t info_checked(ctxs_session *s, const bench *b)
+{
+    check_info(s, b);
+    return 0;
 }
 
 /* Ready for attention: every page of the window's spans, in every run, is
@@ -1000,20 +1017,6 @@ static uint64_t touch_window(ctxs_session *s, const bench *b)
     return acc;
 }
 
-static void measure_resume_ready(const bench *b)
-{
-    progress(b, "resume_ready", "ctxstore_async");
-    samples sm = { 0 };
-    for (int i = 0; i <= b->iters; i++) {
-        double t0 = now_us();
-        ctxs_session *s = open_session(b, CTXS_SYNC_ASYNC, 1);
-        g_sink += touch_window(s, b);
-        ctxs_session_close(s);
-        if (i > 0)
-            samples_add(&sm, now_us() - t0);
-    }
-    record(b, "resume_ready", "ctxstore_async", &sm);
-}
 
 static uint8_t *read_whole_file(const char *path, size_t *n)
 {
@@ -1229,8 +1232,8 @@ static void run_context(const options *o, uint32_t tokens, int iters)
         return;
     }
     prefill_session(&b);
-    measure_resume_open(&b);
-    measure_resume_ready(&b);
+    measure_resume(&b, "resume_open", info_checked);
+    measure_resume(&b, "resume_ready", touch_window);
     measure_scan(&b);
     remove_session();
     measure_read_file(&b);
@@ -1266,7 +1269,7 @@ static void run_context_dtype(const options *o, uint32_t tokens, int iters,
     bench_init(&b, o, tokens, iters, dtype);
     if (!o->save_only) {
         prefill_session(&b);
-        measure_resume_ready(&b);
+        measure_resume(&b, "resume_ready", touch_window);
         remove_session();
     }
     measure_pauses(&b);
@@ -1461,14 +1464,6 @@ static const bench_result *baseline_of(const session_row *r)
     return base ? &base->r : NULL;
 }
 
-static size_t index_in(const char *const *list, size_t n, const char *name)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!strcmp(list[i], name))
-            return i;
-    return n;
-}
-
 /* Rows by op, tokens, method, then dtype, in the orders of k_ops,
  * k_methods and k_dtype_names. */
 static int cmp_rows(const void *pa, const void *pb)
@@ -1476,20 +1471,12 @@ static int cmp_rows(const void *pa, const void *pb)
     const session_row *a = pa, *b = pb;
     const size_t n_ops = sizeof k_ops / sizeof k_ops[0];
     const size_t n_methods = sizeof k_methods / sizeof k_methods[0];
-    size_t x = index_in(k_ops, n_ops, a->r.op), y = index_in(k_ops, n_ops, b->r.op);
-    if (x != y)
-        return x < y ? -1 : 1;
-    if (a->r.tokens != b->r.tokens)
-        return a->r.tokens < b->r.tokens ? -1 : 1;
-    x = index_in(k_methods, n_methods, a->r.method);
-    y = index_in(k_methods, n_methods, b->r.method);
-    if (x != y)
-        return x < y ? -1 : 1;
-    x = index_in(k_dtype_names, N_DTYPES, a->dtype);
-    y = index_in(k_dtype_names, N_DTYPES, b->dtype);
-    if (x != y)
-        return x < y ? -1 : 1;
-    return (a->pause_ms > b->pause_ms) - (a->pause_ms < b->pause_ms);
+    int d = order_rank(k_ops, n_ops, a->r.op, b->r.op);
+    if (d || (d = order_u64(a->r.tokens, b->r.tokens)) ||
+        (d = order_rank(k_methods, n_methods, a->r.method, b->r.method)) ||
+        (d = order_rank(k_dtype_names, N_DTYPES, a->dtype, b->dtype)))
+        return d;
+    return order_u64(a->pause_ms, b->pause_ms);
 }
 
 static void print_json(void)
@@ -1678,6 +1665,13 @@ static void print_headlines(const uint32_t *contexts, int n)
     }
 }
 
+/* The rows as a table, then the headlines. */
+static void print_text(const uint32_t *contexts, int n)
+{
+    print_table();
+    print_headlines(contexts, n);
+}
+
 int main(int argc, char **argv)
 {
     options o = parse_options(argc, argv);
@@ -1729,18 +1723,7 @@ int main(int argc, char **argv)
             if (o.dtypes[d])
                 run_context_dtype(&o, contexts[i], iters, k_dtypes[d]);
     }
-    if (o.progress)
-        fputs("\r\033[K", stderr);
-
-    qsort(g_result_rows, g_results.n, sizeof g_result_rows[0], cmp_rows);
-    if (o.json) {
-        print_json();
-        print_notes(stderr);
-    } else {
-        print_table();
-        print_headlines(contexts, n_contexts);
-        printf("total run time: %.1f s\n", (now_us() - t0) / 1e6);
-    }
-    cleanup();
-    return 0;
+    return finish_run(&(run_end){ o.progress, o.json, g_result_rows, g_results.n,
+                                  sizeof g_result_rows[0], cmp_rows, print_json, print_text,
+                                  contexts, n_contexts, t0 });
 }

@@ -81,16 +81,10 @@ void *xmalloc(size_t n)
  * syncs (and the index, whose every write transaction syncs twice). */
 int is_memory_fs(const char *dir)
 {
-#ifdef __linux__
-    struct statfs sf;
-    if (statfs(dir, &sf) < 0)
-        die("statfs %s failed: %s", dir, strerror(errno));
-    return (unsigned long)sf.f_type == 0x01021994ul    /* TMPFS_MAGIC */
-           || (unsigned long)sf.f_type == 0x858458f6ul; /* RAMFS_MAGIC */
-#else
-    (void)dir;
-    return 0;
-#endif
+    int rc = memory_fs(dir);
+    if (rc < 0)
+        die("statfs %s failed: %s", dir, strerror(-rc));
+    return rc;
 }
 
 const char *pick_parent_dir(const char *dir_option)
@@ -242,15 +236,9 @@ void settle_disk(void)
 
 void write_all(int fd, const uint8_t *p, size_t n, const char *what)
 {
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            die("write %s failed: %s", what, w < 0 ? strerror(errno) : "short");
-        p += w;
-        n -= (size_t)w;
-    }
+    ssize_t w = write_full(fd, p, n);
+    if (w < 0 || (size_t)w < n)
+        die("write %s failed: %s", what, w < 0 ? strerror((int)-w) : "short");
 }
 
 double now_us(void)
@@ -258,12 +246,6 @@ double now_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 void pause_ms(unsigned ms)
@@ -353,12 +335,23 @@ void *results_find(const result_table *t, const char *op,
     return NULL;
 }
 
-static size_t index_of(const char *const *list, size_t n, const char *name)
+size_t list_rank(const char *const *list, size_t n, const char *name)
 {
     for (size_t i = 0; i < n; i++)
         if (!strcmp(list[i], name))
             return i;
     return n;
+}
+
+int order_rank(const char *const *list, size_t n, const char *a, const char *b)
+{
+    size_t x = list_rank(list, n, a), y = list_rank(list, n, b);
+    return (x > y) - (x < y);
+}
+
+int order_u64(uint64_t a, uint64_t b)
+{
+    return (a > b) - (a < b);
 }
 
 /* The order of the sort in progress: qsort passes its comparison no
@@ -369,17 +362,12 @@ static size_t g_sort_n_ops, g_sort_n_methods;
 static int cmp_result(const void *pa, const void *pb)
 {
     const bench_result *a = pa, *b = pb;
-    size_t x = index_of(g_sort_ops, g_sort_n_ops, a->op);
-    size_t y = index_of(g_sort_ops, g_sort_n_ops, b->op);
-    if (x != y)
-        return x < y ? -1 : 1;
-    if (a->tokens != b->tokens)
-        return a->tokens < b->tokens ? -1 : 1;
+    int d = order_rank(g_sort_ops, g_sort_n_ops, a->op, b->op);
+    if (d || (d = order_u64(a->tokens, b->tokens)))
+        return d;
     if (!g_sort_methods)
         return strcmp(a->method, b->method);
-    x = index_of(g_sort_methods, g_sort_n_methods, a->method);
-    y = index_of(g_sort_methods, g_sort_n_methods, b->method);
-    return (x > y) - (x < y);
+    return order_rank(g_sort_methods, g_sort_n_methods, a->method, b->method);
 }
 
 void results_sort(result_table *t, const char *const *ops, size_t n_ops,
@@ -421,15 +409,6 @@ void json_result_begin(const bench_result *r)
            r->op, r->method, r->tokens, r->median_us, r->min_us, r->max_us);
 }
 
-uint64_t xorshift64(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *state = x;
-}
-
 /* Valid fp16 values in [1, 2), four halves per 64-bit draw; n a multiple
  * of 8. */
 void fill_fp16(uint8_t *p, size_t n, uint64_t *seed)
@@ -465,4 +444,20 @@ void get_layout(ctxs_layout *out, ctxs_session *s, size_t slot_bytes)
     if (out->slot_bytes != slot_bytes)
         die("ctxs_session_get_layout: slot_bytes %zu, expected %zu",
             out->slot_bytes, slot_bytes);
+}
+
+int finish_run(const run_end *e)
+{
+    if (e->progress)
+        fputs("\r\033[K", stderr);
+    qsort(e->rows, e->n, e->size, e->cmp);
+    if (e->json) {
+        e->print_json();
+        print_notes(stderr);
+    } else {
+        e->print_text(e->contexts, e->n_contexts);
+        printf("total run time: %.1f s\n", (now_us() - e->t0) / 1e6);
+    }
+    cleanup();
+    return 0;
 }

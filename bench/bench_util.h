@@ -11,7 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
+#include "bench_shared.h"
 #include "ctxstore.h"
 
 /* Each benchmark defines its name, for messages. */
@@ -42,6 +44,7 @@ void *xmalloc(size_t n);
 /* Where the scratch directory goes: --dir if given, else $TMPDIR, else
  * /var/tmp; never a memory file system, where fdatasync costs nothing. */
 const char *pick_parent_dir(const char *dir_option);
+/* memory_fs(), or die() when statfs fails. */
 int is_memory_fs(const char *dir);
 
 /* Creates g_dir, <parent>/<prefix>.XXXXXX under pick_parent_dir(dir_option),
@@ -102,10 +105,10 @@ uint32_t parse_count(const char *value, const char *option, uint32_t lo,
  * page cache and pays only for its own writeback. */
 void settle_disk(void);
 
+/* write_full(), or die() naming what. */
 void write_all(int fd, const uint8_t *p, size_t n, const char *what);
 
 double now_us(void);
-int cmp_double(const void *a, const void *b);
 
 /* Sleeps ms milliseconds, through interruptions by signals. */
 void pause_ms(unsigned ms);
@@ -168,6 +171,13 @@ void *results_find(const result_table *t, const char *op,
 /* Sorts the rows by op in the order of ops, then by tokens, then by method
  * in the order of methods (by name where methods is NULL); a name not
  * listed goes after those listed. */
+/* name's place in list (n when it is not there), and the order of a and b
+ * by their places (-1, 0, 1); the order of two counts. For qsort()
+ * comparisons of rows by several keys. */
+size_t list_rank(const char *const *list, size_t n, const char *name);
+int order_rank(const char *const *list, size_t n, const char *a, const char *b);
+int order_u64(uint64_t a, uint64_t b);
+
 void results_sort(result_table *t, const char *const *ops, size_t n_ops,
                   const char *const *methods, size_t n_methods);
 
@@ -189,7 +199,6 @@ void json_result_begin(const bench_result *r);
 
 /* --- K/V-like data --------------------------------------------------------- */
 
-uint64_t xorshift64(uint64_t *state);
 /* Valid fp16 values in [1, 2), random mantissas; n is a multiple of 8. */
 void fill_fp16(uint8_t *p, size_t n, uint64_t *seed);
 /* Valid fp16 values of either sign in [0.5, 1), random mantissas; n is a
@@ -204,5 +213,25 @@ uint8_t *kv_run(const ctxs_layout *lay, uint32_t n_kv_heads, uint32_t run);
 /* ctxs_session_get_layout(), or die; dies also unless its slots are slot_bytes
  * wide (the geometry the program was written for). */
 void get_layout(ctxs_layout *out, ctxs_session *s, size_t slot_bytes);
+
+/* --- The end of a run ----------------------------------------------------- */
+
+typedef struct run_end {
+    int progress, json;
+    void *rows;           /* n rows of size bytes, in cmp's order once sorted */
+    size_t n, size;
+    int (*cmp)(const void *a, const void *b);
+    void (*print_json)(void);
+    void (*print_text)(const uint32_t *contexts, int n_contexts);
+    const uint32_t *contexts;
+    int n_contexts;
+    double t0;            /* now_us() when the measurements began */
+} run_end;
+
+/* The end of main(): the progress line cleared (e->progress), the rows
+ * sorted, then printed as JSON lines with the notes on stderr (e->json),
+ * or as text with the total run time; the scratch files removed. Returns
+ * main's exit status, 0. */
+int finish_run(const run_end *e);
 
 #endif

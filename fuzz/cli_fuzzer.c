@@ -1,12 +1,12 @@
 /*
  * cli: what a user hands the ctxstore tool. The input is its command line,
  * split on NUL bytes, and the tool's own code (tools/ctxstore, compiled in
- * with its main renamed) runs it against a real small store (the sample
+ * without its main) runs it against a real small store (the sample
  * store of fuzz.h, with an export file and a file that is not one beside
  * it) in a scratch directory that is copied fresh for every input. Output
- * goes to /dev/null. `demo` and `bench` are left out (slow; they run
- * other programs), and `remote` (it would connect to whatever host an
- * input names).
+ * goes to /dev/null. `demo` and `bench` are left out (programs of their
+ * own, slow), and `remote` (it would connect to whatever host an input
+ * names).
  *
  * Arguments are confined to the scratch directory: an absolute path, or
  * one that climbs with "..", is turned into a name inside it.
@@ -22,26 +22,11 @@
 #include "cli.h"
 #include "fuzz.h"
 
-int ctxs_cli_main(int argc, char **argv);
-
-/* The table in main.c names them; the fuzzer never runs them. */
-int cmd_bench(cli *c, int argc, char **argv)
-{
-    (void)c, (void)argc, (void)argv;
-    return CLI_OK;
-}
-
-int cmd_demo(cli *c, int argc, char **argv)
-{
-    (void)c, (void)argc, (void)argv;
-    return CLI_OK;
-}
-
-int cmd_remote(cli *c, int argc, char **argv)
-{
-    (void)c, (void)argc, (void)argv;
-    return CLI_OK;
-}
+/* The tool's commands (cli_tool_commands) but demo and bench (programs of
+ * their own, slow) and remote (it would connect to whatever host an input
+ * names). */
+static const cli_command *k_commands[32];
+static size_t k_n_commands;
 
 #define MAX_ARGS 24
 
@@ -56,6 +41,12 @@ static void fail(const char *what, int rc)
 
 static void init(void)
 {
+    for (size_t i = 0; i < cli_n_tool_commands; i++) {
+        const cli_command *cmd = cli_tool_commands[i];
+        if (cmd->run && strcmp(cmd->name, "remote") != 0 &&
+            k_n_commands < sizeof(k_commands) / sizeof(k_commands[0]))
+            k_commands[k_n_commands++] = cmd;
+    }
     const char *dir = fuzz_scratch("cli");
     template_dir = fuzz_join(dir, "template");
     work_dir = fuzz_join(dir, "w");
@@ -142,7 +133,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fail("entering the work directory", 0);
     optind = 0; /* a fresh getopt scan */
     fuzz_silence();
-    int rc = ctxs_cli_main(argc, argv);
+    int rc = cli_main(k_commands, k_n_commands, argc, argv);
     fuzz_unsilence();
     if (fchdir(home_fd) != 0)
         fail("leaving the work directory", 0);

@@ -1561,6 +1561,50 @@ typedef struct ctxs_file_report {
  * -ELOOP, -EISDIR); CTXS_EINVAL. Takes no lock and changes nothing. */
 CTXS_API int ctxs_file_inspect(ctxs_file_report *out, const char *path);
 
+/* --- The store's files -----------------------------------------------------
+ *
+ * For tools: where a session's file is, and which files of a store's
+ * sessions/ no index entry names, named by path rather than opened, so
+ * that a tool need not know how a store lays out its directory.
+ */
+
+/* The path of the file of the session with store id id (a
+ * ctxs_session_entry's id) in the store at dir, as dir is given (not
+ * resolved): dir/sessions/<id as 16 hex digits>.ctxs, into buf of size
+ * bytes, NUL-terminated; with dir NULL, the path inside the store
+ * (sessions/<id>.ctxs). Needs no open store and touches no file.
+ * Errors: CTXS_EINVAL (buf NULL, size 0), -ENAMETOOLONG (the path does not
+ * fit in size bytes; buf then holds ""). Thread-safe. */
+CTXS_API int ctxs_store_session_path(char *buf, size_t size, const char *dir, uint64_t id);
+
+/* A file in a store's sessions/ named like a session file. */
+typedef struct ctxs_store_file {
+    char file[32];         /* its name: "<id as 16 hex digits>.ctxs" */
+    uint64_t id;           /* the store id its name gives */
+    uint64_t disk_bytes;   /* blocks it takes on disk; 0 when not regular */
+    int32_t status;        /* 0: a session file that opens, with a valid
+                              current record, so that ctxs_store_reindex()
+                              and ctxs_store_compact() adopt it; else why
+                              it cannot be adopted: CTXS_ECORRUPT,
+                              CTXS_EFOREIGN, CTXS_EVERSION, -errno (as
+                              ctxs_file_inspect() says) */
+    uint32_t regular;      /* 1: a regular file; 0: a link, a directory, a
+                              FIFO, ... (which never opens as a session) */
+} ctxs_store_file;
+
+/* The files of the store at dir (as given, not resolved) that are named
+ * like session files, in the order the directory lists them: those that
+ * no index entry of st names, with st the store at dir, open; every one
+ * with st NULL (a look before an open that may rebuild the index). An
+ * array to release with ctxs_free() (NULL when there are none). Each file
+ * is inspected (ctxs_file_inspect()) to fill in its status, so this costs
+ * a read of each file's header; it changes nothing and takes no lock.
+ * A store without sessions/ has none. Errors: CTXS_EINVAL, CTXS_ENOMEM,
+ * CTXS_EINDEX and the errors of ctxs_store_session_list(), -errno (of
+ * reading the directory). Thread-safe. */
+CTXS_API int ctxs_store_file_list(ctxs_store_file **out, size_t *n_out, const char *dir,
+                                  ctxs_store *st);
+
 /* --- Progress ----------------------------------------------------------------
  *
  * Long operations call progress (when not NULL) now and then on the calling

@@ -75,7 +75,8 @@ prepare() {
     done
     # What a rebuild on the GPU machine needs besides the source tree.
     mkdir -p "$out/obj" "$out/include"
-    cp "$build"/tests/libctxs_test_support.a.p/*.o "$build/bench/bench_cuda.p/bench_util.c.o" "$out/obj/"
+    cp "$build"/tests/libctxs_test_support.a.p/*.o "$build/bench/bench_cuda.p/bench_util.c.o" \
+       "$build/bench/bench_cuda.p/bench_shared.c.o" "$out/obj/"
     cp -r /usr/include/criterion "$out/include/"
     nvcc --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p' >"$out/cuda-built"
     # The newest glibc symbol version the programs and their libraries need.
@@ -148,7 +149,8 @@ rebuild_here() {
     cc -pthread -o "$dir/bin/test_cuda" "$tmp/test_cuda.o" "$dir/obj/support.c.o" "$dir/obj/redis_server.c.o" \
         "$dir/lib/libcriterion.so.3" "$dir/lib/liblmdb.so.0" "$dir/lib/libhiredis.so.0.14" "${libs[@]}" \
         -Wl,--allow-shlib-undefined
-    cc -pthread -o "$dir/bin/bench_cuda" "$tmp/bench_cuda.o" "$dir/obj/bench_util.c.o" "${libs[@]}"
+    cc -pthread -o "$dir/bin/bench_cuda" "$tmp/bench_cuda.o" "$dir/obj/bench_util.c.o" \
+        "$dir/obj/bench_shared.c.o" "${libs[@]}"
 }
 
 run() {

@@ -3043,13 +3043,29 @@ Test(cli, demo_without_a_store_works_in_a_temporary_directory_and_removes_it)
     cr_assert_eq(ts_dir_entries(ts_path(ts_scratch, "home")), 0, "the demo wrote to $HOME");
 }
 
-/* A copy of the binary at <scratch>/copy/bin/ctxstore, so that nothing is
- * "beside the tool" (bench looks in <tool>/../../bench, which in a build
- * tree holds the real benchmarks). Sets ld_path to "LD_LIBRARY_PATH=<dir>",
- * where the loader found libctxstore for the original, when it links it
- * dynamically (through an rpath relative to itself, as meson's build tree
- * does); else to "". */
-static const char *copy_binary(char *ld_path, size_t n)
+/* Copies the program name from beside the tool to <scratch>/copy/bin. */
+static void copy_program(const char *name)
+{
+    char from[1100], to[1100];
+    const char *bin = cli_bin(), *slash = strrchr(bin, '/');
+    snprintf(from, sizeof(from), "%.*s%s", slash ? (int)(slash - bin + 1) : 0, bin, name);
+    snprintf(to, sizeof(to), "%s/copy/bin/%s", ts_scratch, name);
+    size_t len;
+    uint8_t *data = ts_read_file(from, &len);
+    cr_assert_not_null(data, "no %s beside the tool", from);
+    cr_assert_eq(ts_write_file(to, data, len), 0);
+    free(data);
+    cr_assert_eq(chmod(to, 0700), 0);
+}
+
+/* A copy of the binary at <scratch>/copy/bin/ctxstore, with ctxstore-bench
+ * beside it when with_bench, so that nothing else is "beside the tool"
+ * (bench looks in <tool>/../../bench, which in a build tree holds the
+ * real benchmarks). Sets ld_path to "LD_LIBRARY_PATH=<dir>", where the
+ * loader found libctxstore for the original, when it links it dynamically
+ * (through an rpath relative to itself, as meson's build tree does); else
+ * to "". */
+static const char *copy_binary(char *ld_path, size_t n, int with_bench)
 {
     ld_path[0] = '\0';
     run_env(S(), ARGS("LD_TRACE_LOADED_OBJECTS=1"), ARGS("--version"));
@@ -3067,20 +3083,45 @@ static const char *copy_binary(char *ld_path, size_t n)
     cr_assert_eq(mkdir(copy, 0700), 0);
     snprintf(copy, sizeof(copy), "%s/copy/bin", ts_scratch);
     cr_assert_eq(mkdir(copy, 0700), 0);
+    copy_program("ctxstore");
+    if (with_bench)
+        copy_program("ctxstore-bench");
     snprintf(copy, sizeof(copy), "%s/copy/bin/ctxstore", ts_scratch);
-    size_t len;
-    uint8_t *data = ts_read_file(cli_bin(), &len);
-    cr_assert_eq(ts_write_file(copy, data, len), 0);
-    free(data);
-    cr_assert_eq(chmod(copy, 0700), 0);
     cr_assert_not(ts_exists(ts_path(ts_scratch, "bench")));
     return copy;
+}
+
+/* demo and bench are programs of their own beside the tool: without them
+ * the tool says which program it looked for, and where. */
+Test(cli, demo_and_bench_without_their_programs_name_them)
+{
+    char ld_path[1200], want[1200];
+    bin_override = copy_binary(ld_path, sizeof(ld_path), 0);
+    const char *envs[2] = { ld_path[0] ? ld_path : NULL, NULL };
+    run_env(S(), envs, ARGS("--version"));
+    cr_assert_eq(R.code, EX_OK, "the copy runs: %s", R.err);
+    const char *const programs[][2] = { { "demo", "ctxstore-demo" },
+                                        { "bench", "ctxstore-bench" } };
+    for (int i = 0; i < 2; i++) {
+        snprintf(want, sizeof(want), "%s/copy/bin/%s", ts_scratch, programs[i][1]);
+        run_env(S(), envs, ARGS(programs[i][0], "--quick"));
+        cr_assert_eq(R.code, EX_NOTFOUND, "%s without its program: %d\n%s", programs[i][0],
+                     R.code, R.err);
+        contains(0, want);
+        contains(0, "ENOENT");
+        run_env(S(), envs, ARGS("help", programs[i][0], "--json"));
+        cr_assert_eq(R.code, EX_NOTFOUND, "%s", R.err);
+        jc_value *v = json_error_out(-ENOENT, "ENOENT");
+        cr_assert(strstr(js(v, "error.message"), want), "%s", R.out);
+        jc_free(v);
+    }
+    bin_override = NULL;
 }
 
 Test(cli, bench_without_its_programs_fails_with_a_clear_error)
 {
     char ld_path[1200], env[1100];
-    bin_override = copy_binary(ld_path, sizeof(ld_path));
+    bin_override = copy_binary(ld_path, sizeof(ld_path), 1);
     const char *envs[3] = { env, ld_path[0] ? ld_path : NULL, NULL };
     const char *empty = dir_of("no-bench");
     cr_assert_eq(mkdir(empty, 0700), 0);

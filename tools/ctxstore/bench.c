@@ -77,19 +77,9 @@ static void bench_dirs(char dirs[N_PLACES][PATH_MAX])
     const char *env = getenv("CTXSTORE_BENCH_DIR");
     if (env && *env)
         snprintf(dirs[0], PATH_MAX, "%s", env);
-#ifdef __linux__
     char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = '\0';
-            if (snprintf(dirs[1], PATH_MAX, "%s/../../bench", exe) >= PATH_MAX)
-                dirs[1][0] = '\0';
-        }
-    }
-#endif
+    if (cli_exe_dir(exe, sizeof exe) && snprintf(dirs[1], PATH_MAX, "%s/../../bench", exe) >= PATH_MAX)
+        dirs[1][0] = '\0';
 #ifdef CTXS_LIBEXECDIR
     snprintf(dirs[2], PATH_MAX, "%s", CTXS_LIBEXECDIR);
 #endif
@@ -552,16 +542,10 @@ static int parse_options(cli *c, int argc, char **argv, bench_options *o)
         { "remote", no_argument, NULL, OPT_REMOTE },
         { NULL, 0, NULL, 0 },
     };
-    int opt;
-    while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-        if (opt == CLI_OPT_HELP || opt == 'h') {
-            cli_print_help("bench");
-            return CLI_OK;
-        }
-        /* --store is accepted and means nothing here: the programs make
-         * their own scratch stores (--dir says where). */
-        if (cli_common_option(c, opt, optarg))
-            continue;
+    /* --store is accepted and means nothing here: the programs make their
+     * own scratch stores (--dir says where). */
+    int opt, ex;
+    while ((opt = cli_getopt(c, argc, argv, ":h", longopts, &ex)) > 0) {
         switch (opt) {
         case OPT_QUICK:
             o->quick = 1;
@@ -572,13 +556,13 @@ static int parse_options(cli *c, int argc, char **argv, bench_options *o)
         case OPT_DIR:
             o->dir = optarg;
             break;
-        case OPT_REMOTE:
+        default: /* OPT_REMOTE */
             o->remote = 1;
             break;
-        default:
-            return cli_option_error("bench", opt, argv);
         }
     }
+    if (opt == CLI_GETOPT_EXIT)
+        return ex;
     if (optind < argc)
         return cli_usage_error("bench", "unexpected argument %s", argv[optind]);
     return -1;
@@ -720,6 +704,33 @@ static const char *about_time(char buf[32], int seconds)
     return buf;
 }
 
+const cli_command cli_cmd_bench = {
+    .name = "bench",
+    .run = cmd_bench,
+    .summary = CLI_BENCH_SUMMARY,
+    .help =
+        "bench [--quick] [--remote] [--only session|index|attention|tinychat|remote]\n"
+        "      [--dir DIR] [--json]\n\n"
+        "Times each step of a chat's life with ctxstore and with the usual\n"
+        "alternative, on Qwen3-4B's KV geometry, and prints one table: saving a\n"
+        "turn and resuming (against a state file and a SQLite blob), finding a\n"
+        "prompt's session and forking (against reading every file, writing a\n"
+        "state file), the first token after a reopen, the example transformer's\n"
+        "next token (against recomputing the prefill) and, with --remote, pushing\n"
+        "to and pulling from Redis (against SET and GET; it starts its own\n"
+        "redis-server, and is skipped, saying so, where there is none). The\n"
+        "first line says about how long it takes: --quick, about 2 min on 2\n"
+        "cores, measures what the table shows; without it, many minutes.\n"
+        "The programs (bench_session, bench_index, bench_attention,\n"
+        "bench_tinychat, bench_remote) work in DIR (default $TMPDIR, else\n"
+        "/var/tmp) and are found in $CTXSTORE_BENCH_DIR, beside the tool in a\n"
+        "build tree, or where they are installed; run one by itself for its\n"
+        "whole table and notes. With --json, one document: {\"comparisons\":\n"
+        "[{\"part\", \"step\", \"tokens\", \"ctxstore_us\", \"alternative_us\",\n"
+        "\"ratio\"}], \"skipped\": [...], \"programs\": [{\"program\", \"args\",\n"
+        "\"exit_status\", \"results\": [...]}]}.\n",
+};
+
 int cmd_bench(cli *c, int argc, char **argv)
 {
     bench_options o = { 0 };
@@ -812,4 +823,12 @@ int cmd_bench(cli *c, int argc, char **argv)
         return CLI_EFAIL;
     }
     return ec;
+}
+
+/* The program ctxstore-bench, which `ctxstore bench` runs in its place with the
+ * tool's own argv (dispatch.c). */
+int main(int argc, char **argv)
+{
+    static const cli_command *const commands[] = { &cli_cmd_bench };
+    return cli_main(commands, 1, argc, argv);
 }

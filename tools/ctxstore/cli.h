@@ -6,6 +6,7 @@
 #ifndef CTXS_CLI_H
 #define CTXS_CLI_H
 
+#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -44,6 +45,34 @@ typedef struct cli {
 /* A subcommand: argv[0] is its name. Returns an exit code. */
 typedef int (*cli_command_fn)(cli *c, int argc, char **argv);
 
+/* A command as the dispatcher knows it: each is defined beside its cmd_*
+ * function, with its help. */
+typedef struct cli_command {
+    const char *name;
+    cli_command_fn run;  /* NULL: a program of its own runs it (program) */
+    const char *summary; /* one line, for `ctxstore --help` */
+    const char *help;    /* usage and what it does, after "usage: ctxstore ";
+                            NULL with run NULL (the program has it) */
+    const char *program; /* with run NULL: the program's file name, looked
+                            for beside the running program, then in the
+                            install's libexecdir/ctxstore */
+} cli_command;
+
+/* The main() of a program of the tool: sets c up from the environment
+ * ($CTXSTORE_DIR, ...), parses the options before the command, and runs
+ * the command named, one of commands[0..n-1] ("help COMMAND" prints its
+ * help); a command run by a program of its own is exec'd with the same
+ * argv. Returns the exit code. commands stays the dispatcher's for help
+ * and usage errors: one run per process, as the report state. */
+int cli_main(const cli_command *const *commands, size_t n, int argc, char **argv);
+
+/* demo and bench are programs of their own (they link an example engine
+ * and run other programs): the tool names them, they run them. */
+#define CLI_DEMO_PROGRAM "ctxstore-demo"
+#define CLI_DEMO_SUMMARY "play a chat, save each turn, resume it (the main job)"
+#define CLI_BENCH_PROGRAM "ctxstore-bench"
+#define CLI_BENCH_SUMMARY "time ctxstore against the usual ways to keep a KV cache"
+
 /* Options every subcommand accepts besides its own: --store DIR, --json,
  * --help. Put CLI_COMMON_LONGOPTS first in a getopt_long table and pass
  * each option to cli_common_option(), which returns 1 if it took it. */
@@ -59,14 +88,35 @@ int cli_common_option(cli *c, int opt, const char *arg);
  * takes none. getopt itself says nothing (main() clears opterr). */
 int cli_option_error(const char *command, int opt, char **argv);
 
+/* The next option of argv (argv[0] the command, as getopt_long() with
+ * shortopts and longopts, which start with CLI_COMMON_LONGOPTS) that is
+ * the command's own: the common options are taken (cli_common_option()),
+ * -h and --help print the command's help, and an option getopt refused
+ * is a usage error (cli_option_error()); both return CLI_GETOPT_EXIT with
+ * *ex the exit code. -1 at the end (optind at the first argument). */
+enum { CLI_GETOPT_EXIT = -2 };
+int cli_getopt(cli *c, int argc, char **argv, const char *shortopts,
+               const struct option *longopts, int *ex);
+
 /* Parses argv (argv[0] the command) for a command that has only the common
  * options: returns -1 with *first set to the first positional argument, or
  * an exit code (after --help, or a usage error). */
 int cli_parse_common(cli *c, int argc, char **argv, int *first);
 
+/* For a command on the one session NAME that argv holds after its options
+ * (argv[optind]): a usage error unless there is exactly one, then missing
+ * (an option the command needs and lacks, in words) as one unless NULL,
+ * then the name checked, then c's store opened for writing into *st.
+ * Returns CLI_OK, or the exit code (reported). */
+int cli_one_session(cli *c, int argc, char **argv, const char *missing, ctxs_store **st);
+
 /* As cli_parse_common(), for a command that takes [SESSION | --all]:
  * *only is the session, or NULL for all. */
 int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only);
+
+/* The directory of the running program (/proc/self/exe), into buf: 1, or
+ * 0 where the system does not say. */
+int cli_exe_dir(char *buf, size_t n);
 
 /* Whether the argument arg names a session file by its path rather than a
  * session of the store: it has a '/' (which no name has) or ends in
@@ -76,11 +126,15 @@ int cli_is_session_path(const char *arg);
  * session file's path: a name with a '/' is said to be neither. */
 int cli_check_session_or_path(const char *arg);
 
-/* The path of a session's file in c's store: <store>/sessions/<id>.ctxs. */
+/* The path of a session's file in c's store (ctxs_store_session_path()). */
 void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id);
+/* The directory of the session files of the store at store_dir, or with
+ * store_dir NULL that directory's path inside the store ("sessions"). */
+void cli_sessions_dir(char *buf, size_t n, const char *store_dir);
 
-/* Prints usage (the command's help text) to stdout for --help, or a short
- * hint to stderr after a usage error. */
+/* Prints usage (the command's help text, from the commands cli_main() was
+ * given) to stdout for --help, or a short hint to stderr after a usage
+ * error. */
 int cli_usage_error(const char *command, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void cli_print_help(const char *command);
@@ -170,27 +224,13 @@ int cli_report_end(int exit_code);
  * is kept already; prints nothing. */
 void cli_note_error(int rc, const char *message, const char *hint);
 
-/* A file in sessions/ that no index entry names and that does not open as
- * a session (damaged, foreign, of a newer version): reindex, repair and
- * compact leave it alone, so it stays until a person moves it. */
-typedef struct cli_stray {
-    char file[32];      /* "<id as 16 hex digits>.ctxs" */
-    uint64_t disk_bytes;
-    int status;         /* why it does not open */
-} cli_stray;
-/* The files of c's store that no entry of list (n entries) names and that
- * cannot be adopted, into *out (free() it); returns how many, 0 on any
- * failure to look. */
-size_t cli_strays(cli_stray **out, const cli *c, const ctxs_session_entry *list, size_t n);
+/* The files of c's store that no index entry of st names (every one with
+ * st NULL) and that cannot be adopted (damaged, foreign, of a newer
+ * version: ctxs_store_file_list()): reindex, repair and compact leave them
+ * alone, so they stay until a person moves them. Into *out (ctxs_free()
+ * it); returns how many, 0 on any failure to look. */
+size_t cli_strays(ctxs_store_file **out, const cli *c, ctxs_store *st);
 
-/* Called by cli_unindexed_files() with a file's name, its path and its
- * id; nonzero stops the walk. */
-typedef int (*cli_file_fn)(const char *file, const char *path, uint64_t id, void *arg);
-
-/* Each session file under the store's sessions/ that no entry of known[]
- * names, in directory order. */
-void cli_unindexed_files(const cli *c, const ctxs_session_entry *known, size_t n_known,
-                        cli_file_fn fn, void *arg);
 /* What to do with such a file, a way out of the loop: move it aside to
  * <store>/damaged/, or delete it. */
 void cli_stray_hint(char *buf, size_t n, const cli *c, const char *file);
@@ -279,6 +319,8 @@ void json_double(json *j, double v);
 void json_bool(json *j, int v);
 void json_null(json *j);
 void json_hex(json *j, const uint8_t *p, size_t n);
+/* A document on stdout, an object whose first member is "name": name. */
+void json_begin_named(json *j, const char *name);
 /* Ends the document with a newline. */
 void json_finish(json *j);
 /* "error": {code, name, message, hint} of the run's first failure, as a
@@ -330,6 +372,18 @@ void progress_callback(void *arg, uint64_t done, uint64_t total);
 void cli_meta_preview(char *buf, size_t cap, const void *value, size_t n);
 
 /* --- Subcommands ------------------------------------------------------------ */
+
+/* The tool's commands (commands.c), in the order its help lists them. */
+extern const cli_command *const cli_tool_commands[];
+extern const size_t cli_n_tool_commands;
+
+/* Each beside its cmd_* function. */
+extern const cli_command cli_cmd_ls, cli_cmd_create, cli_cmd_grow, cli_cmd_info, cli_cmd_verify,
+    cli_cmd_compact, cli_cmd_gc, cli_cmd_rm, cli_cmd_rename, cli_cmd_pin, cli_cmd_unpin,
+    cli_cmd_fork, cli_cmd_checkpoint, cli_cmd_meta, cli_cmd_models, cli_cmd_prefix,
+    cli_cmd_reindex, cli_cmd_repair_index, cli_cmd_export, cli_cmd_import, cli_cmd_remote,
+    cli_cmd_bench, cli_cmd_demo;
+
 
 int cmd_ls(cli *c, int argc, char **argv);
 int cmd_create(cli *c, int argc, char **argv);

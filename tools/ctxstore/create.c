@@ -10,6 +10,23 @@
 
 #include "cli.h"
 
+const cli_command cli_cmd_create = {
+    .name = "create",
+    .run = cmd_create,
+    .summary = "create an empty session for a registered model",
+    .help =
+        "create NAME --model MODEL [--capacity N] [--ring] [--dtype fp16|bf16|q8]\n"
+        "       [--json]\n\n"
+        "Creates the session NAME for MODEL (a name or a 32-digit hash, as\n"
+        "`ctxstore models` lists them), empty, with N token slots (default 2048;\n"
+        "5 to 16777216). Once full it refuses more tokens, losing none (`ctxstore\n"
+        "grow` gives it more slots); with --ring it overwrites its oldest tokens\n"
+        "after the first 4 instead. The session holds K and V as the model was registered\n"
+        "(--dtype, when given, must be that one: a store keeps one form of a\n"
+        "model's KV). The store must exist (`ctxstore models register` makes\n"
+        "one). Refuses (exit 7) a NAME that another session has.\n",
+};
+
 int cmd_create(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -23,10 +40,8 @@ int cmd_create(cli *c, int argc, char **argv)
     const char *model = NULL, *dtype_arg = NULL;
     uint64_t capacity = 0; /* the library's default */
     uint32_t dtype = 0, ring = 0;
-    int opt;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (cli_common_option(c, opt, optarg))
-            continue;
+    int opt, ex;
+    while ((opt = cli_getopt(c, argc, argv, "h", longopts, &ex)) > 0) {
         switch (opt) {
         case 'm':
             model = optarg;
@@ -42,29 +57,20 @@ int cmd_create(cli *c, int argc, char **argv)
                                        optarg);
             dtype_arg = optarg;
             break;
-        case 'r':
+        default: /* 'r' */
             ring = 1;
             break;
-        case 'h':
-        case CLI_OPT_HELP:
-            cli_print_help("create");
-            return CLI_OK;
-        default:
-            return cli_option_error("create", opt, argv);
         }
     }
-    if (argc - optind != 1)
-        return cli_usage_error("create", "create takes one NAME");
-    if (!model)
-        return cli_usage_error("create", "create needs --model MODEL (`ctxstore models` lists "
-                                         "them)");
-    const char *name = argv[optind];
-    int ex;
-    if ((ex = cli_check_name("session name", name)) >= 0)
+    if (opt == CLI_GETOPT_EXIT)
         return ex;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
+    if ((ex = cli_one_session(c, argc, argv,
+                              model ? NULL
+                                    : "create needs --model MODEL (`ctxstore models` lists them)",
+                              &st)) != CLI_OK)
         return ex;
+    const char *name = argv[optind];
     uint8_t hash[CTXS_HASH_BYTES];
     ctxs_model_entry known;
     if ((ex = cli_model_resolve(hash, st, model)) != CLI_OK) {
@@ -108,9 +114,7 @@ int cmd_create(cli *c, int argc, char **argv)
     ctxs_store_close(st);
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", e.name);
+        json_begin_named(&j, e.name);
         json_kv_u64(&j, "id", e.id);
         json_kv_string(&j, "model", model_name);
         json_key(&j, "model_hash");

@@ -52,6 +52,7 @@
 #include <sqlite3.h>
 #endif
 
+#include "bench_shared.h"
 #include "cli.h"
 #include "tinychat.h"
 
@@ -117,15 +118,6 @@ static uint64_t splitmix64(uint64_t x)
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
-}
-
-static uint64_t xorshift64(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *state = x;
 }
 
 /* The token ids of the prompts (system prompt, user messages): the text a
@@ -518,29 +510,15 @@ static void remove_tree(const char *dir)
     nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-static int is_memory_fs(const char *dir)
-{
-#ifdef __linux__
-    struct statfs sf;
-    if (statfs(dir, &sf) < 0)
-        return 0;
-    return (unsigned long)sf.f_type == 0x01021994ul    /* TMPFS_MAGIC */
-           || (unsigned long)sf.f_type == 0x858458f6ul; /* RAMFS_MAGIC */
-#else
-    (void)dir;
-    return 0;
-#endif
-}
-
 /* As the benchmarks choose (bench/bench_util.c): $TMPDIR, else /var/tmp,
  * never a memory file system, where fdatasync costs nothing and the state
  * file and SQLite would look as cheap as a mapping. NULL when both are. */
 static const char *temp_parent(void)
 {
     const char *tmp = getenv("TMPDIR");
-    if (tmp && *tmp && !is_memory_fs(tmp))
+    if (tmp && *tmp && memory_fs(tmp) <= 0)
         return tmp;
-    return is_memory_fs("/var/tmp") ? NULL : "/var/tmp";
+    return memory_fs("/var/tmp") > 0 ? NULL : "/var/tmp";
 }
 
 static int join(char *out, const char *dir, const char *name)
@@ -587,7 +565,7 @@ static int demo_setup_dirs(demo *d)
         || (ec = join(d->state_tmp, d->base, "state.bin.tmp"))
         || (ec = join(d->db_path, d->base, "kv.sqlite")))
         return ec;
-    d->memory_fs = is_memory_fs(d->base);
+    d->memory_fs = memory_fs(d->base) > 0;
     if (!d->c->store_given) {
         d->store_temporary = 1;
         if ((ec = join(d->store_dir, d->base, "store")))
@@ -603,7 +581,7 @@ static int demo_setup_dirs(demo *d)
  * own writeback (bench_session does the same). --quick does without: its
  * numbers mean nothing, and a sync of a file system others are writing
  * could take longer than the whole demo. */
-static void settle_disk(const demo *d)
+static void settle_dir(const demo *d)
 {
     if (d->quick)
         return;
@@ -612,22 +590,6 @@ static void settle_disk(const demo *d)
 #else
     sync();
 #endif
-}
-
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -errno;
-        if (w == 0)
-            return -EIO;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
 }
 
 /* --- The comparisons ------------------------------------------------------ */
@@ -662,7 +624,8 @@ static int save_state_file(demo *d, size_t bytes, double *secs)
     int fd = open(d->state_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return cli_fail(-errno, "%s", d->state_tmp);
-    int rc = write_all(fd, d->state, bytes);
+    ssize_t w = write_full(fd, d->state, bytes);
+    int rc = w < 0 ? (int)w : (size_t)w < bytes ? -EIO : 0;
     if (rc == 0 && fdatasync(fd) < 0)
         rc = -errno;
     if (close(fd) < 0 && rc == 0)
@@ -928,7 +891,7 @@ static int play_turn(demo *d, uint32_t t, int resumed)
     int ec;
 
     /* Writeback of the previous turn's comparisons is not this turn's. */
-    settle_disk(d);
+    settle_dir(d);
     if (t == 0) {
         if ((ec = append_message(d, d->cfg.system_tokens, 0, res)))
             return ec;
@@ -962,14 +925,14 @@ static int play_turn(demo *d, uint32_t t, int resumed)
     if ((ec = pack_state(d, info.n_held, &bytes)))
         return ec;
     res->state_bytes = bytes;
-    settle_disk(d);
+    settle_dir(d);
     if ((ec = save_state_file(d, bytes, &res->state_file_s)))
         return ec;
 #ifdef CTXS_HAVE_SQLITE
     /* Seconds a turn at full size, growing with the conversation: measured
      * before the resume only, to keep the demo short. */
     if (!resumed) {
-        settle_disk(d);
+        settle_dir(d);
         if ((ec = save_sqlite(d, bytes, &res->sqlite_s)))
             return ec;
     }
@@ -1203,8 +1166,7 @@ static void drop_caches(demo *d)
     resume_result *res = &d->resume;
     char path[PATH_MAX + 64];
     res->ctxstore_cached = res->state_cached = 0;
-    snprintf(path, sizeof path, "%s/sessions/%016" PRIx64 ".ctxs",
-             d->store_dir, d->session_id);
+    ctxs_store_session_path(path, sizeof path, d->store_dir, d->session_id);
     int rc = drop_file(path, &res->ctxstore_cached);
     snprintf(path, sizeof path, "%s/index/data.mdb", d->store_dir);
     int rc2 = drop_file(path, &res->ctxstore_cached);
@@ -1295,7 +1257,7 @@ static int restart(demo *d)
     ctxs_session_info info;
     int ec = close_all(d);
     if (ec == CLI_OK) {
-        settle_disk(d);
+        settle_dir(d);
         ec = resume_warm(d, &info);
     }
     if (ec == CLI_OK)
@@ -1606,12 +1568,6 @@ static void print_sizes(const demo *d)
     }
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* The median of one field over the turns that measured it; -1 if none. */
 static double median_of(const demo *d, size_t offset)
 {
@@ -1672,7 +1628,7 @@ static const turn_result *resumed_turn(const demo *d)
 }
 
 /* What each figure counts. */
-static void print_notes(const demo *d)
+static void print_demo_notes(const demo *d)
 {
     const resume_result *r = &d->resume;
     char a[32], b[32], c[32];
@@ -1749,7 +1705,7 @@ static void print_summary(const demo *d)
                r->dropped ? "" : " (The cold figures are partly warm: the "
                "page cache could not be dropped.)");
     printf("\n");
-    print_notes(d);
+    print_demo_notes(d);
 }
 
 static void json_secs(json *j, const char *key, double secs)
@@ -2090,14 +2046,8 @@ static int parse_options(cli *c, int argc, char **argv, demo_options *o)
         { "keep", no_argument, NULL, OPT_KEEP },
         { NULL, 0, NULL, 0 },
     };
-    int opt;
-    while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-        if (opt == CLI_OPT_HELP || opt == 'h') {
-            cli_print_help("demo");
-            return CLI_OK;
-        }
-        if (cli_common_option(c, opt, optarg))
-            continue;
+    int opt, ex;
+    while ((opt = cli_getopt(c, argc, argv, ":h", longopts, &ex)) > 0) {
         switch (opt) {
         case OPT_TURNS:
             if (parse_u64(optarg, &o->turns) < 0 || o->turns < 1
@@ -2111,7 +2061,7 @@ static int parse_options(cli *c, int argc, char **argv, demo_options *o)
         case OPT_KEEP:
             o->keep = 1;
             break;
-        case OPT_ENGINE:
+        default: /* OPT_ENGINE */
             o->engine = 1;
             if (!strcmp(optarg, "synthetic") || !strcmp(optarg, "tinychat") ||
                 !strcmp(optarg, "llama")) {
@@ -2122,10 +2072,10 @@ static int parse_options(cli *c, int argc, char **argv, demo_options *o)
                                        "synthetic, not %s", optarg);
             }
             break;
-        default:
-            return cli_option_error("demo", opt, argv);
         }
     }
+    if (opt == CLI_GETOPT_EXIT)
+        return ex;
     if (optind < argc)
         return cli_usage_error("demo", "unexpected argument %s", argv[optind]);
     return -1;
@@ -2136,24 +2086,10 @@ static int parse_options(cli *c, int argc, char **argv, demo_options *o)
  * build tree (where scripts/build-llama.sh put llama.cpp and the model). */
 static int find_llama_demo(char *out, size_t len)
 {
-#ifdef __linux__
     char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
-        return 0;
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (!slash)
-        return 0;
-    *slash = '\0';
-    if (snprintf(out, len, "%s/../demo-llama/ctxstore-demo-llama", exe) >= (int)len)
-        return 0;
-    return access(out, X_OK) == 0;
-#else
-    (void)out;
-    (void)len;
-    return 0;
-#endif
+    return cli_exe_dir(exe, sizeof exe) &&
+           snprintf(out, len, "%s/../demo-llama/ctxstore-demo-llama", exe) < (int)len &&
+           access(out, X_OK) == 0;
 }
 
 /* Runs the llama.cpp demo in this process's place. */
@@ -2175,6 +2111,28 @@ static int exec_llama_demo(cli *c, const demo_options *o, const char *path)
     execv(path, args);
     return cli_fail(-errno, "%s", path);
 }
+
+const cli_command cli_cmd_demo = {
+    .name = "demo",
+    .run = cmd_demo,
+    .summary = CLI_DEMO_SUMMARY,
+    .help =
+        "demo [--store DIR] [--quick] [--keep] [--engine llama|tinychat|synthetic]\n"
+        "     [--turns N] [--json]\n\n"
+        "Plays a chat of several turns, saving each turn into a session, quits,\n"
+        "resumes and continues, and prints each save and the resume beside what\n"
+        "the ways people save a KV cache today cost on the same conversation.\n"
+        "The engine is llama.cpp with SmolLM2-135M where scripts/bootstrap.sh\n"
+        "built them (the default there): the model's real replies, against\n"
+        "llama.cpp's own state files and a re-prefill. --engine tinychat is a\n"
+        "tiny transformer with random weights and Qwen3-4B's KV geometry whose\n"
+        "attention reads the session, against a state file and a SQLite blob;\n"
+        "--engine synthetic writes made-up K/V, with no model; --turns and\n"
+        "--json are theirs. Without --store (or CTXSTORE_DIR) it works in a\n"
+        "temporary directory, removed at the end unless --keep. With --store\n"
+        "it works in that store and deletes its session at the end unless\n"
+        "--keep (the store and its other sessions are left as they were).\n",
+};
 
 int cmd_demo(cli *c, int argc, char **argv)
 {
@@ -2231,4 +2189,12 @@ int cmd_demo(cli *c, int argc, char **argv)
         return CLI_EFAIL;
     }
     return ec;
+}
+
+/* The program ctxstore-demo, which `ctxstore demo` runs in its place with the
+ * tool's own argv (dispatch.c). */
+int main(int argc, char **argv)
+{
+    static const cli_command *const commands[] = { &cli_cmd_demo };
+    return cli_main(commands, 1, argc, argv);
 }

@@ -63,6 +63,17 @@ static int checkpoint_get(ctxs_checkpoint_entry *out, ctxs_store *st, const ctxs
     return rc;
 }
 
+const cli_command cli_cmd_fork = {
+    .name = "fork",
+    .run = cmd_fork,
+    .summary = "copy a session's first tokens into a new session",
+    .help =
+        "fork SRC DST [--at N | --checkpoint NAME]\n\n"
+        "Creates DST holding the first N tokens of SRC (all of them by\n"
+        "default), or those of SRC's checkpoint NAME. Shares blocks where the\n"
+        "file system can (Btrfs, XFS).\n",
+};
+
 int cmd_fork(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -71,31 +82,26 @@ int cmd_fork(cli *c, int argc, char **argv)
         { "checkpoint", required_argument, NULL, 'k' },
         { NULL, 0, NULL, 0 },
     };
-    int opt, have_at = 0;
+    int opt, have_at = 0, ex;
     uint64_t at = UINT64_MAX;
     const char *checkpoint = NULL;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (cli_common_option(c, opt, optarg))
-            continue;
+    while ((opt = cli_getopt(c, argc, argv, "h", longopts, &ex)) > 0) {
         if (opt == 'n') {
             /* UINT64_MAX means "all" to the library; no session holds it. */
             if (parse_u64(optarg, &at) != 0 || at == UINT64_MAX)
                 return cli_usage_error("fork", "--at takes a token count, not '%s'", optarg);
             have_at = 1;
-        } else if (opt == 'k') {
+        } else { /* 'k' */
             checkpoint = optarg;
-        } else if (opt == 'h' || opt == CLI_OPT_HELP) {
-            cli_print_help("fork");
-            return CLI_OK;
-        } else
-            return cli_option_error("fork", opt, argv);
+        }
     }
+    if (opt == CLI_GETOPT_EXIT)
+        return ex;
     if (argc - optind != 2)
         return cli_usage_error("fork", "fork takes SRC and DST");
     if (checkpoint && have_at)
         return cli_usage_error("fork", "--at and --checkpoint exclude each other");
     const char *src = argv[optind], *dst = argv[optind + 1];
-    int ex;
     if ((ex = cli_check_name("session name", src)) >= 0 ||
         (ex = cli_check_name("new session name", dst)) >= 0 ||
         (checkpoint && (ex = cli_check_name("checkpoint name", checkpoint)) >= 0))
@@ -125,9 +131,7 @@ int cmd_fork(cli *c, int argc, char **argv)
         return ex;
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", e.name);
+        json_begin_named(&j, e.name);
         json_kv_u64(&j, "id", e.id);
         json_kv_u64(&j, "n_tokens", e.fork_tokens);
         json_object_end(&j);
@@ -251,6 +255,19 @@ static int checkpoint_change(const cli *c, ctxs_store *st, const char *verb, con
     checkpoint_print(c, verb, session, &cp, before);
     return CLI_OK;
 }
+
+const cli_command cli_cmd_checkpoint = {
+    .name = "checkpoint",
+    .run = cmd_checkpoint,
+    .summary = "create, list, restore or remove checkpoints",
+    .help =
+        "checkpoint create SESSION NAME [--json]\n"
+        "       ctxstore checkpoint ls SESSION [--json]\n"
+        "       ctxstore checkpoint restore SESSION NAME [--json]\n"
+        "       ctxstore checkpoint rm SESSION NAME [--json]\n\n"
+        "A checkpoint names a session's current token count; restore rolls the\n"
+        "session back to it (the session must not be open by a writer).\n",
+};
 
 int cmd_checkpoint(cli *c, int argc, char **argv)
 {

@@ -8,6 +8,20 @@
 
 #include "cli.h"
 
+const cli_command cli_cmd_grow = {
+    .name = "grow",
+    .run = cmd_grow,
+    .summary = "give a session more token slots",
+    .help =
+        "grow NAME --capacity N [--json]\n\n"
+        "Gives the session NAME N token slots (more than it has: up to\n"
+        "16777216), keeping every token, checkpoint and metadata value: the way\n"
+        "on for a session that is full and refuses tokens. Its file is written\n"
+        "anew beside the old one and takes its place once complete; a crash\n"
+        "leaves one or the other, whole. Refuses (exit 4) a session that a\n"
+        "process has open, and a ring that has overwritten tokens.\n",
+};
+
 int cmd_grow(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -16,36 +30,23 @@ int cmd_grow(cli *c, int argc, char **argv)
         { NULL, 0, NULL, 0 },
     };
     uint64_t capacity = 0;
-    int opt;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (cli_common_option(c, opt, optarg))
-            continue;
-        switch (opt) {
-        case 'c':
-            if (parse_u64(optarg, &capacity) != 0 || capacity == 0 || capacity > UINT32_MAX)
-                return cli_usage_error("grow", "--capacity takes a count of token slots, "
-                                               "not '%s'", optarg);
-            break;
-        case 'h':
-        case CLI_OPT_HELP:
-            cli_print_help("grow");
-            return CLI_OK;
-        default:
-            return cli_option_error("grow", opt, argv);
-        }
+    int opt, ex;
+    while ((opt = cli_getopt(c, argc, argv, "h", longopts, &ex)) > 0) {
+        /* 'c', the one option of its own */
+        if (parse_u64(optarg, &capacity) != 0 || capacity == 0 || capacity > UINT32_MAX)
+            return cli_usage_error("grow", "--capacity takes a count of token slots, "
+                                           "not '%s'", optarg);
     }
-    if (argc - optind != 1)
-        return cli_usage_error("grow", "grow takes one NAME");
-    if (!capacity)
-        return cli_usage_error("grow", "grow needs --capacity N, the session's new count of "
-                                       "token slots");
-    const char *name = argv[optind];
-    int ex;
-    if ((ex = cli_check_name("session name", name)) >= 0)
+    if (opt == CLI_GETOPT_EXIT)
         return ex;
     ctxs_store *st;
-    if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
+    if ((ex = cli_one_session(c, argc, argv,
+                              capacity ? NULL
+                                       : "grow needs --capacity N, the session's new count of "
+                                         "token slots",
+                              &st)) != CLI_OK)
         return ex;
+    const char *name = argv[optind];
     ctxs_session_entry before, after;
     int rc = ctxs_store_session_get(&before, st, name);
     if (rc == 0)
@@ -63,9 +64,7 @@ int cmd_grow(cli *c, int argc, char **argv)
     ctxs_store_close(st);
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", after.name);
+        json_begin_named(&j, after.name);
         json_kv_u64(&j, "capacity", capacity);
         json_kv_u64(&j, "n_tokens", after.n_tokens);
         json_kv_u64(&j, "disk_bytes_before", before.disk_bytes);

@@ -135,9 +135,7 @@ static void print_json(const view *v, ctxs_store *st)
 {
     const ctxs_file_report *r = &v->rep;
     json j;
-    json_init(&j, stdout);
-    json_object_begin(&j);
-    json_kv_string(&j, "name", v->e.name);
+    json_begin_named(&j, v->e.name);
     json_kv_u64(&j, "id", v->e.id);
     json_kv_string(&j, "path", v->path);
     json_kv_string(&j, "status", ctxs_err_name(r->status));
@@ -336,6 +334,20 @@ static int info_file(const cli *c, const char *path)
     free(v);
     return ex;
 }
+
+const cli_command cli_cmd_info = {
+    .name = "info",
+    .run = cmd_info,
+    .summary = "show a session in detail",
+    .help =
+        "info SESSION | FILE [--json]\n\n"
+        "Shows a session's header, geometry, both commit records, durability\n"
+        "watermark, attention window, checkpoints, metadata keys (values\n"
+        "shortened), checksum state, and who has it open (a writer by its\n"
+        "process id and command name, where /proc tells). FILE, a path with a\n"
+        "'/' or ending in .ctxs, is a session file read by its path (one made\n"
+        "outside a store, e.g. by ctxs_session_create()); no store is needed.\n",
+};
 
 int cmd_info(cli *c, int argc, char **argv)
 {

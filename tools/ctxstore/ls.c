@@ -53,7 +53,7 @@ static void row_fill(row *r, const cli *c, ctxs_store *st, const ctxs_session_en
         snprintf(r->flags, sizeof(r->flags), "-");
 }
 
-static void print_json(json *j, const row *rows, size_t n, const cli_stray *strays,
+static void print_json(json *j, const row *rows, size_t n, const ctxs_store_file *strays,
                        size_t n_strays)
 {
     json_array_begin(j);
@@ -112,7 +112,7 @@ static void put_padded(const char *s, int width)
         putchar(' ');
 }
 
-static void print_table(const cli *c, const row *rows, size_t n, const cli_stray *strays,
+static void print_table(const cli *c, const row *rows, size_t n, const ctxs_store_file *strays,
                         size_t n_strays)
 {
     /* Model names are shown whole: two models whose names share their
@@ -153,10 +153,11 @@ static void print_table(const cli *c, const row *rows, size_t n, const cli_stray
         printf(" %9s %9s %9s %10s  %-12s %s\n", held, positions, cap, fmt_size(size, disk),
                fmt_age(age, r->e->last_used_unix_ms), r->flags);
     }
-    char size[32];
+    char size[32], dir[PATH_MAX];
+    cli_sessions_dir(dir, sizeof(dir), NULL);
     for (size_t i = 0; i < n_strays; i++) {
         total += strays[i].disk_bytes;
-        printf("DAMAGED  sessions/%s: %s on disk, cannot be adopted (%s)\n", strays[i].file,
+        printf("DAMAGED  %s/%s: %s on disk, cannot be adopted (%s)\n", dir, strays[i].file,
                fmt_size(size, strays[i].disk_bytes), ctxs_strerror(strays[i].status));
     }
     printf("%zu session%s", n, n == 1 ? "" : "s");
@@ -187,6 +188,23 @@ static void print_intents(const cli *c, ctxs_store *st)
     ctxs_free(list);
 }
 
+const cli_command cli_cmd_ls = {
+    .name = "ls",
+    .run = cmd_ls,
+    .summary = "list sessions",
+    .help =
+        "ls [--json]\n\n"
+        "Lists the sessions: model, HELD (tokens in the session's slots now),\n"
+        "POSITIONS (tokens committed since its start: more than it holds once a\n"
+        "ring has wrapped), capacity (slots), size on disk, last used, and flags:\n"
+        "  pinned    gc never deletes it (`ctxstore pin`)\n"
+        "  ring      the session overwrites its oldest tokens once full\n"
+        "  wrapped   the ring has overwritten tokens\n"
+        "  rolled-back  the index remembers more tokens than the file holds\n"
+        "  writer    a process has it open for writing now\n"
+        "  failed    the file does not open (damaged, missing); see `verify`\n",
+};
+
 int cmd_ls(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
@@ -212,8 +230,8 @@ int cmd_ls(cli *c, int argc, char **argv)
     }
     for (size_t i = 0; i < n; i++)
         row_fill(&rows[i], c, st, &list[i]);
-    cli_stray *strays;
-    size_t n_strays = cli_strays(&strays, c, list, n);
+    ctxs_store_file *strays;
+    size_t n_strays = cli_strays(&strays, c, st);
     if (c->json) {
         json j;
         json_init(&j, stdout);
@@ -222,7 +240,7 @@ int cmd_ls(cli *c, int argc, char **argv)
         print_table(c, rows, n, strays, n_strays);
         print_intents(c, st);
     }
-    free(strays);
+    ctxs_free(strays);
     free(rows);
     ctxs_free(list);
     ctxs_store_close(st);

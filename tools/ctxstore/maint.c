@@ -22,46 +22,35 @@ typedef struct label_seen {
     char name[CTXS_NAME_MAX + 1]; /* the name its label gave, or "" */
 } label_seen;
 
-typedef struct labels_found {
-    label_seen *list;
-    size_t count, cap;
-    int moved_only;
-} labels_found;
-
-static int note_label(const char *file, const char *path, uint64_t id, void *arg)
+/* The labels of the session files that no entry of st's index names
+ * (every one with st NULL) and whose label is readable; with moved_only,
+ * only those whose label names another id (a file copied in by hand under
+ * another id). The caller frees *out; returns how many. */
+static size_t labels_before(label_seen **out, const cli *c, ctxs_store *st, int moved_only)
 {
-    (void)file;
-    labels_found *f = arg;
-    ctxs_file_report rep;
-    if (ctxs_file_inspect(&rep, path) < 0 || rep.label_status != 0 ||
-        (f->moved_only && rep.label_id == id))
-        return 0;
-    if (f->count == f->cap) {
-        size_t cap = f->cap ? f->cap * 2 : 8;
-        label_seen *grown = realloc(f->list, cap * sizeof(*grown));
-        if (!grown)
-            return 1;
-        f->list = grown;
-        f->cap = cap;
+    ctxs_store_file *files = NULL;
+    size_t n = 0, count = 0;
+    label_seen *list = NULL;
+    char dir[PATH_MAX];
+    cli_sessions_dir(dir, sizeof(dir), c->store_dir);
+    if (ctxs_store_file_list(&files, &n, c->store_dir, st) < 0 ||
+        (n && !(list = calloc(n, sizeof(*list)))))
+        n = 0;
+    for (size_t i = 0; i < n; i++) {
+        char path[PATH_MAX + 32];
+        ctxs_file_report rep;
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i].file);
+        if (ctxs_file_inspect(&rep, path) < 0 || rep.label_status != 0 ||
+            (moved_only && rep.label_id == files[i].id))
+            continue;
+        label_seen *l = &list[count++];
+        l->id = files[i].id;
+        l->label_id = rep.label_id;
+        snprintf(l->name, sizeof(l->name), "%s", rep.label_name);
     }
-    label_seen *l = &f->list[f->count++];
-    l->id = id;
-    l->label_id = rep.label_id;
-    snprintf(l->name, sizeof(l->name), "%s", rep.label_name);
-    return 0;
-}
-
-/* The labels of the session files that no entry of known[] names and
- * whose label is readable; with moved_only, only those whose label names
- * another id (a file copied in by hand under another id). The caller
- * frees *out; returns how many. */
-static size_t labels_before(label_seen **out, const cli *c, const ctxs_session_entry *known,
-                            size_t n_known, int moved_only)
-{
-    labels_found f = {.moved_only = moved_only};
-    cli_unindexed_files(c, known, n_known, note_label, &f);
-    *out = f.list;
-    return f.count;
+    ctxs_free(files);
+    *out = list;
+    return count;
 }
 
 static const label_seen *label_of(const label_seen *seen, size_t n, uint64_t id)
@@ -90,7 +79,9 @@ static void adopted_print(const cli *c, json *j, const ctxs_session_entry *e, co
         json_object_end(j);
         return;
     }
-    printf("adopted   '%s' (sessions/%016" PRIx64 ".ctxs, %s)", e->name, e->id, how);
+    char file[64];
+    ctxs_store_session_path(file, sizeof(file), NULL, e->id);
+    printf("adopted   '%s' (%s, %s)", e->name, file, how);
     if (own_name)
         printf(", under its label's name\n");
     else if (l && l->name[0])
@@ -99,6 +90,38 @@ static void adopted_print(const cli *c, json *j, const ctxs_session_entry *e, co
     else
         printf("\n");
 }
+
+/* The sessions of after[0..n) that came in from files (with
+ * labelled_only, only those whose label was seen), each said as
+ * adopted_print() says it: a JSON array into j, else lines (how: from
+ * where). */
+static void adopted_list(const cli *c, json *j, const ctxs_session_entry *after, size_t n,
+                         const label_seen *seen, size_t n_seen, int labelled_only,
+                         const char *how)
+{
+    if (j)
+        json_array_begin(j);
+    for (size_t i = 0; i < n; i++) {
+        const label_seen *l = label_of(seen, n_seen, after[i].id);
+        if (l || !labelled_only)
+            adopted_print(c, j, &after[i], how, l);
+    }
+    if (j)
+        json_array_end(j);
+}
+
+const cli_command cli_cmd_compact = {
+    .name = "compact",
+    .run = cmd_compact,
+    .summary = "give back unused disk space",
+    .help =
+        "compact [SESSION | --all] [--json]\n\n"
+        "Punches out the KV blocks of slots that hold no token (after rollbacks\n"
+        "and recoveries). With --all (the default), every session, then removes\n"
+        "orphaned index rows and leftover files, and rewrites the index\n"
+        "compacted when no other process has the store open. Refuses (exit 4) a\n"
+        "session that a process has open.\n",
+};
 
 int cmd_compact(cli *c, int argc, char **argv)
 {
@@ -115,10 +138,11 @@ int cmd_compact(cli *c, int argc, char **argv)
      * index did not know, indexed under their label's name). */
     ctxs_session_entry *before = NULL, *after = NULL;
     size_t n_before = 0, n_after = 0;
-    if (!only && ctxs_store_session_list(&before, &n_before, st) < 0)
+    int listed = !only && ctxs_store_session_list(&before, &n_before, st) == 0;
+    if (!listed)
         before = NULL, n_before = 0;
     label_seen *seen = NULL;
-    size_t n_seen = only ? 0 : labels_before(&seen, c, before, n_before, 0);
+    size_t n_seen = only ? 0 : labels_before(&seen, c, listed ? st : NULL, 0);
     progress bar;
     progress_start(&bar, c, "compact", 0, 0);
     ctxs_compact_result res;
@@ -150,10 +174,7 @@ int cmd_compact(cli *c, int argc, char **argv)
         json_init(&j, stdout);
         json_object_begin(&j);
         json_key(&j, "adopted");
-        json_array_begin(&j);
-        for (size_t i = 0; i < n_adopted; i++)
-            adopted_print(c, &j, &after[i], NULL, label_of(seen, n_seen, after[i].id));
-        json_array_end(&j);
+        adopted_list(c, &j, after, n_adopted, seen, n_seen, 0, NULL);
         json_kv_u64(&j, "sessions", res.sessions);
         json_kv_u64(&j, "skipped_busy", res.skipped_busy);
         json_kv_u64(&j, "bytes_before", res.bytes_before);
@@ -179,9 +200,8 @@ int cmd_compact(cli *c, int argc, char **argv)
             else if (res.index_busy)
                 printf("index     left as it is: another process has the store open\n");
             printf("orphans   %" PRIu64 " removed\n", res.orphans_removed);
-            for (size_t i = 0; i < n_adopted; i++)
-                adopted_print(c, NULL, &after[i], "a file the index did not know",
-                              label_of(seen, n_seen, after[i].id));
+            adopted_list(c, NULL, after, n_adopted, seen, n_seen, 0,
+                         "a file the index did not know");
             print_strays(c);
         }
     }
@@ -209,6 +229,19 @@ static void gc_session_print(const cli *c, json *j, const ctxs_session_entry *e,
     }
 }
 
+const cli_command cli_cmd_gc = {
+    .name = "gc",
+    .run = cmd_gc,
+    .summary = "delete least recently used sessions",
+    .help =
+        "gc --max-size SIZE [--dry-run] [--json]\n\n"
+        "Deletes sessions, least recently used first, until the session files\n"
+        "take at most SIZE on disk (e.g. 10G, 512MiB), and names each session it\n"
+        "deleted. Pinned sessions (`ctxstore pin`) and those that a process has\n"
+        "open are kept. With --dry-run nothing is deleted: it names the sessions\n"
+        "gc would delete now (and works on a store you cannot write).\n",
+};
+
 int cmd_gc(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -217,27 +250,23 @@ int cmd_gc(cli *c, int argc, char **argv)
         { "dry-run", no_argument, NULL, 'n' },
         { NULL, 0, NULL, 0 },
     };
-    int opt, have_budget = 0, dry = 0;
+    int opt, have_budget = 0, dry = 0, ex;
     uint64_t budget = 0;
-    while ((opt = getopt_long(argc, argv, ":m:nh", longopts, NULL)) != -1) {
-        if (cli_common_option(c, opt, optarg))
-            continue;
+    while ((opt = cli_getopt(c, argc, argv, ":m:nh", longopts, &ex)) > 0) {
         if (opt == 'm') {
             if (parse_size(optarg, &budget) != 0)
                 return cli_usage_error("gc", "'%s' is not a size (e.g. 10G, 512MiB)", optarg);
             have_budget = 1;
-        } else if (opt == 'n') {
+        } else { /* 'n' */
             dry = 1;
-        } else if (opt == 'h' || opt == CLI_OPT_HELP) {
-            cli_print_help("gc");
-            return CLI_OK;
-        } else
-            return cli_option_error("gc", opt, argv);
+        }
     }
+    if (opt == CLI_GETOPT_EXIT)
+        return ex;
     if (!have_budget || optind < argc)
         return cli_usage_error("gc", "gc takes --max-size SIZE and no arguments");
     ctxs_store *st;
-    int ex = cli_store_open(c, &st, dry ? CLI_STORE_READ : CLI_STORE_WRITE);
+    ex = cli_store_open(c, &st, dry ? CLI_STORE_READ : CLI_STORE_WRITE);
     if (ex != CLI_OK)
         return ex;
     ctxs_gc_result res;
@@ -285,17 +314,74 @@ int cmd_gc(cli *c, int argc, char **argv)
     return ex;
 }
 
-/* Deletes the session name. Returns 0 with what it held in *e, or the
- * library's code (reported). */
-static int rm_one(ctxs_session_entry *e, ctxs_store *st, const char *name)
+/* Does one's work on each session named in argv[first..], through c's
+ * store opened for writing: one(c, j, st, name, arg) reports what it did
+ * (into the array j with --json) and returns 0, or the library's code
+ * (reported). Every name is tried; the first failure decides the exit
+ * code, and the result still lists what was done before and after it:
+ * with --json one document, {key: [...], "error": ...}. */
+static int each_session(cli *c, int argc, char **argv, int first, const char *key,
+                        int (*one)(const cli *c, json *j, ctxs_store *st, const char *name,
+                                   void *arg),
+                        void *arg)
 {
-    int rc = ctxs_store_session_get(e, st, name);
+    ctxs_store *st;
+    int ex = cli_store_open(c, &st, CLI_STORE_WRITE);
+    if (ex != CLI_OK)
+        return ex;
+    json j;
+    if (c->json) {
+        json_init(&j, stdout);
+        json_object_begin(&j);
+        json_key(&j, key);
+        json_array_begin(&j);
+    }
+    for (int i = first; i < argc; i++) {
+        int rc = one(c, &j, st, argv[i], arg);
+        if (rc < 0 && ex == CLI_OK)
+            ex = cli_exit_code(rc);
+    }
+    ctxs_store_close(st);
+    if (c->json) {
+        json_array_end(&j);
+        json_error(&j);
+        json_object_end(&j);
+        json_finish(&j);
+    }
+    return ex;
+}
+
+/* Deletes the session name, and says so. */
+static int rm_one(const cli *c, json *j, ctxs_store *st, const char *name, void *arg)
+{
+    (void)arg;
+    ctxs_session_entry e;
+    int rc = ctxs_store_session_get(&e, st, name);
     if (rc == 0)
         rc = ctxs_store_session_delete(st, name);
-    if (rc < 0)
+    if (rc < 0) {
         cli_fail(rc, "session '%s'", name);
+    } else if (c->json) {
+        json_object_begin(j);
+        json_kv_string(j, "name", e.name);
+        json_kv_u64(j, "id", e.id);
+        json_kv_u64(j, "n_tokens", e.n_tokens);
+        json_object_end(j);
+    } else {
+        printf("removed '%s' (%" PRIu64 " tokens)\n", e.name, e.n_tokens);
+    }
     return rc;
 }
+
+const cli_command cli_cmd_rm = {
+    .name = "rm",
+    .run = cmd_rm,
+    .summary = "delete sessions",
+    .help =
+        "rm SESSION... [--json]\n\n"
+        "Deletes sessions with their checkpoints and prefixes, and names each\n"
+        "with its tokens. Refuses (exit 4) a session that a process has open.\n",
+};
 
 int cmd_rm(cli *c, int argc, char **argv)
 {
@@ -308,43 +394,42 @@ int cmd_rm(cli *c, int argc, char **argv)
     for (int i = first; i < argc; i++)
         if ((ex = cli_check_name("session name", argv[i])) >= 0)
             return ex;
-    ctxs_store *st;
-    if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
-        return ex;
-    json j;
-    if (c->json) {
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_key(&j, "removed");
-        json_array_begin(&j);
-    }
-    /* Every name is tried; the first failure decides the exit code, and
-     * the result still lists what was removed before and after it. */
-    for (int i = first; i < argc; i++) {
-        ctxs_session_entry e;
-        int rc = rm_one(&e, st, argv[i]);
-        if (rc < 0) {
-            if (ex == CLI_OK)
-                ex = cli_exit_code(rc);
-        } else if (c->json) {
-            json_object_begin(&j);
-            json_kv_string(&j, "name", e.name);
-            json_kv_u64(&j, "id", e.id);
-            json_kv_u64(&j, "n_tokens", e.n_tokens);
-            json_object_end(&j);
-        } else {
-            printf("removed '%s' (%" PRIu64 " tokens)\n", e.name, e.n_tokens);
-        }
-    }
-    ctxs_store_close(st);
-    if (c->json) {
-        json_array_end(&j);
-        json_error(&j);
-        json_object_end(&j);
-        json_finish(&j);
-    }
-    return ex;
+    return each_session(c, argc, argv, first, "removed", rm_one, NULL);
 }
+
+/* Pins (*pinned) or unpins the session name, and says so. */
+static int pin_one(const cli *c, json *j, ctxs_store *st, const char *name, void *arg)
+{
+    int pinned = *(const int *)arg;
+    int rc = ctxs_store_session_pin(st, name, pinned);
+    if (rc < 0)
+        cli_fail(rc, "session '%s'", name);
+    else if (c->json)
+        json_string(j, name);
+    else
+        printf("%s '%s'\n", pinned ? "pinned" : "unpinned", name);
+    return rc;
+}
+
+const cli_command cli_cmd_pin = {
+    .name = "pin",
+    .run = cmd_pin,
+    .summary = "keep sessions from gc",
+    .help =
+        "pin SESSION... [--json]\n\n"
+        "Pins sessions: gc never deletes a pinned session. The pin stays when the\n"
+        "session is renamed; `ctxstore rm` still deletes it. `ctxstore ls` shows\n"
+        "pins.\n",
+};
+
+const cli_command cli_cmd_unpin = {
+    .name = "unpin",
+    .run = cmd_pin,
+    .summary = "let gc delete sessions again",
+    .help =
+        "unpin SESSION... [--json]\n\n"
+        "Takes the pin off sessions, so that gc may delete them again.\n",
+};
 
 int cmd_pin(cli *c, int argc, char **argv)
 {
@@ -354,37 +439,7 @@ int cmd_pin(cli *c, int argc, char **argv)
     int pinned = strcmp(argv[0], "pin") == 0;
     if (first >= argc)
         return cli_usage_error(argv[0], "%s takes one or more session names", argv[0]);
-    ctxs_store *st;
-    if ((ex = cli_store_open(c, &st, CLI_STORE_WRITE)) != CLI_OK)
-        return ex;
-    json j;
-    if (c->json) {
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_key(&j, pinned ? "pinned" : "unpinned");
-        json_array_begin(&j);
-    }
-    /* As rm: every name is tried, the first failure decides the exit code. */
-    for (int i = first; i < argc; i++) {
-        int rc = ctxs_store_session_pin(st, argv[i], pinned);
-        if (rc < 0) {
-            int code = cli_fail(rc, "session '%s'", argv[i]);
-            if (ex == CLI_OK)
-                ex = code;
-        } else if (c->json) {
-            json_string(&j, argv[i]);
-        } else {
-            printf("%s '%s'\n", pinned ? "pinned" : "unpinned", argv[i]);
-        }
-    }
-    ctxs_store_close(st);
-    if (c->json) {
-        json_array_end(&j);
-        json_error(&j);
-        json_object_end(&j);
-        json_finish(&j);
-    }
-    return ex;
+    return each_session(c, argc, argv, first, pinned ? "pinned" : "unpinned", pin_one, &pinned);
 }
 
 /* Reports a refused rename. The library answers CTXS_EINVAL for either
@@ -400,6 +455,17 @@ static int rename_fail(int rc, const char *from, const char *to)
                              "renaming '%s' to '%s'", from, to);
     return cli_fail(rc, "renaming '%s' to '%s'", from, to);
 }
+
+const cli_command cli_cmd_rename = {
+    .name = "rename",
+    .run = cmd_rename,
+    .summary = "rename a session",
+    .help =
+        "rename OLD NEW [--json]\n\n"
+        "Renames the session OLD to NEW. Its file, tokens and checkpoints stay as\n"
+        "they are, and a process that has it open keeps using it. Refuses (exit 7)\n"
+        "a NEW that another session has.\n",
+};
 
 int cmd_rename(cli *c, int argc, char **argv)
 {
@@ -428,9 +494,7 @@ int cmd_rename(cli *c, int argc, char **argv)
     cli_session_tokens(c, e.id, &positions, &held);
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", e.name);
+        json_begin_named(&j, e.name);
         json_kv_string(&j, "old_name", from);
         json_kv_u64(&j, "id", e.id);
         json_kv_u64(&j, "n_tokens", positions);
@@ -449,25 +513,31 @@ int cmd_rename(cli *c, int argc, char **argv)
 static void print_strays(const cli *c)
 {
     ctxs_store *st;
-    ctxs_session_entry *list = NULL;
-    size_t n = 0;
     if (ctxs_store_open(&st, c->store_dir, CTXS_STORE_RDONLY, NULL) != 0)
         return;
-    if (ctxs_store_session_list(&list, &n, st) == 0) {
-        cli_stray *strays;
-        size_t k = cli_strays(&strays, c, list, n);
-        for (size_t i = 0; i < k; i++) {
-            char size[32], hint[PATH_MAX * 6];
-            cli_stray_hint(hint, sizeof(hint), c, strays[i].file);
-            printf("left alone: sessions/%s (%s on disk, %s); %s\n", strays[i].file,
-                   fmt_size(size, strays[i].disk_bytes), ctxs_strerror(strays[i].status),
-                   hint);
-        }
-        free(strays);
+    ctxs_store_file *strays;
+    size_t k = cli_strays(&strays, c, st);
+    char dir[PATH_MAX];
+    cli_sessions_dir(dir, sizeof(dir), NULL);
+    for (size_t i = 0; i < k; i++) {
+        char size[32], hint[PATH_MAX * 6];
+        cli_stray_hint(hint, sizeof(hint), c, strays[i].file);
+        printf("left alone: %s/%s (%s on disk, %s); %s\n", dir, strays[i].file,
+               fmt_size(size, strays[i].disk_bytes), ctxs_strerror(strays[i].status), hint);
     }
-    ctxs_free(list);
+    ctxs_free(strays);
     ctxs_store_close(st);
 }
+
+const cli_command cli_cmd_reindex = {
+    .name = "reindex",
+    .run = cmd_reindex,
+    .summary = "rebuild the index from the session files",
+    .help =
+        "reindex [--json]\n\n"
+        "Rebuilds the index from the session files: names, models, token counts\n"
+        "and prefixes. Checkpoints and model names are kept.\n",
+};
 
 int cmd_reindex(cli *c, int argc, char **argv)
 {
@@ -480,7 +550,7 @@ int cmd_reindex(cli *c, int argc, char **argv)
      * Looked at before the store is opened, which rebuilds a missing
      * index. */
     label_seen *seen = NULL;
-    size_t n_seen = labels_before(&seen, c, NULL, 0, 1);
+    size_t n_seen = labels_before(&seen, c, NULL, 1);
     ctxs_store *st;
     if ((ex = cli_store_open(c, &st, CLI_STORE_REBUILD)) != CLI_OK) {
         free(seen);
@@ -502,11 +572,7 @@ int cmd_reindex(cli *c, int argc, char **argv)
         json_init(&j, stdout);
         json_object_begin(&j);
         json_key(&j, "adopted");
-        json_array_begin(&j);
-        for (size_t i = 0; i < n_after; i++)
-            if (label_of(seen, n_seen, after[i].id))
-                adopted_print(c, &j, &after[i], NULL, label_of(seen, n_seen, after[i].id));
-        json_array_end(&j);
+        adopted_list(c, &j, after, n_after, seen, n_seen, 1, NULL);
         json_kv_u64(&j, "sessions", res.sessions);
         json_kv_u64(&j, "skipped", res.skipped);
         json_kv_u64(&j, "files_renumbered", res.files_renumbered);
@@ -521,10 +587,7 @@ int cmd_reindex(cli *c, int argc, char **argv)
             printf("; %" PRIu64 " file%s that do not open were left alone",
                    res.skipped, res.skipped == 1 ? "" : "s");
         printf("\n");
-        for (size_t i = 0; i < n_after; i++)
-            if (label_of(seen, n_seen, after[i].id))
-                adopted_print(c, NULL, &after[i], "copied in under another id",
-                              label_of(seen, n_seen, after[i].id));
+        adopted_list(c, NULL, after, n_after, seen, n_seen, 1, "copied in under another id");
         print_strays(c);
         if (res.files_renumbered)
             printf("renumbered %" PRIu64 " session file%s named with id 0 or past the range\n",
@@ -560,6 +623,23 @@ static void salvage_count_print(const cli *c, json *j, const char *kind,
         printf("\n");
     }
 }
+
+const cli_command cli_cmd_repair_index = {
+    .name = "repair-index",
+    .run = cmd_repair_index,
+    .summary = "repair a damaged index, keeping what still reads",
+    .help =
+        "repair-index [--json]\n\n"
+        "The way out when the index is damaged (exit 8). Moves index/data.mdb to\n"
+        "index.damaged-TIME/ (never deletes it), rebuilds the index from the\n"
+        "session files, and puts back what of the damaged one still reads:\n"
+        "sessions' names, checkpoints, metadata, pins and models' display names.\n"
+        "The damaged index is read in child processes, so damage that would crash\n"
+        "a reader costs what it holds, never the repair. Prints, kind by kind,\n"
+        "what was kept, dropped (malformed, or of a session whose file is gone)\n"
+        "and lost to the damage, and the sessions that came back under another\n"
+        "name. Refused (exit 4) while any process has the store open.\n",
+};
 
 int cmd_repair_index(cli *c, int argc, char **argv)
 {

@@ -67,9 +67,7 @@ static int meta_list(const cli *c, ctxs_store *st, const char *name)
         return cli_fail(rc, "metadata of '%s'", name);
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", name);
+        json_begin_named(&j, name);
         json_key(&j, "meta");
         json_array_begin(&j);
         for (size_t i = 0; i < n; i++) {
@@ -109,9 +107,7 @@ static int meta_get(const cli *c, ctxs_store *st, const char *name, const char *
     buf[n] = '\0';
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", name);
+        json_begin_named(&j, name);
         json_kv_string(&j, "key", key);
         value_json(&j, buf, n);
         json_object_end(&j);
@@ -165,9 +161,7 @@ static int meta_set(const cli *c, ctxs_store *st, const char *name, const char *
         return cli_fail(rc, "%s key '%s' of session '%s'", del ? "deleting" : "setting", key, name);
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", name);
+        json_begin_named(&j, name);
         json_kv_string(&j, "key", key);
         json_kv_string(&j, "action", del ? "deleted" : "set");
         if (!del)
@@ -182,6 +176,25 @@ static int meta_set(const cli *c, ctxs_store *st, const char *name, const char *
     return CLI_OK;
 }
 
+const cli_command cli_cmd_meta = {
+    .name = "meta",
+    .run = cmd_meta,
+    .summary = "show or change what an app keeps with a session",
+    .help =
+        "meta SESSION [--json]\n"
+        "       ctxstore meta SESSION KEY [--json]\n"
+        "       ctxstore meta SESSION KEY VALUE | --file FILE [--json]\n"
+        "       ctxstore meta SESSION KEY --delete [--json]\n\n"
+        "A session's metadata: what an app keeps beside its tokens (a title, the\n"
+        "chat template, sampler settings, its own JSON), as keys (named like\n"
+        "sessions) and values (any bytes). With SESSION alone, lists the keys and\n"
+        "the start of each value; with KEY, prints its value as it is; with VALUE,\n"
+        "or the bytes of FILE (- for standard input), sets it; --delete removes\n"
+        "it. A value holds at most 64 KiB, a session's keys and values together\n"
+        "256 KiB (exit 2 past either). Renames keep it, deletes take it, forks\n"
+        "start without it, export and import carry it.\n",
+};
+
 int cmd_meta(cli *c, int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -191,20 +204,15 @@ int cmd_meta(cli *c, int argc, char **argv)
         { NULL, 0, NULL, 0 },
     };
     const char *file = NULL;
-    int opt, del = 0;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (cli_common_option(c, opt, optarg))
-            continue;
+    int opt, del = 0, ex;
+    while ((opt = cli_getopt(c, argc, argv, "h", longopts, &ex)) > 0) {
         if (opt == 'f')
             file = optarg;
-        else if (opt == 'd')
+        else /* 'd' */
             del = 1;
-        else if (opt == 'h' || opt == CLI_OPT_HELP) {
-            cli_print_help("meta");
-            return CLI_OK;
-        } else
-            return cli_option_error("meta", opt, argv);
     }
+    if (opt == CLI_GETOPT_EXIT)
+        return ex;
     int nargs = argc - optind;
     if (nargs < 1 || nargs > 3)
         return cli_usage_error("meta", "meta takes SESSION, then KEY and VALUE as needed");
@@ -216,7 +224,6 @@ int cmd_meta(cli *c, int argc, char **argv)
         return cli_usage_error("meta", "--file and --delete exclude each other");
     if (value && (file || del))
         return cli_usage_error("meta", "give a VALUE, --file or --delete, not two");
-    int ex;
     if ((ex = cli_check_name("session name", name)) >= 0 ||
         (key && (ex = cli_check_name("key", key)) >= 0))
         return ex;

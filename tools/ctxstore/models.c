@@ -233,16 +233,8 @@ static int models_parse(cli *c, int argc, char **argv, reg_args *a, int *first)
         { NULL, 0, NULL, 0 },
     };
     int opt, ex;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (cli_common_option(c, opt, optarg))
-            continue;
-        if (opt == 'h' || opt == CLI_OPT_HELP) {
-            cli_print_help("models");
-            return CLI_OK;
-        }
-        if (opt == '?' || opt == ':')
-            return cli_option_error("models", opt, argv);
-        if ((ex = register_option(a, opt, optarg)) >= 0)
+    while ((opt = cli_getopt(c, argc, argv, "h", longopts, &ex)) != -1) {
+        if (opt == CLI_GETOPT_EXIT || (ex = register_option(a, opt, optarg)) >= 0)
             return ex;
     }
     *first = optind;
@@ -267,6 +259,27 @@ static int register_check(const reg_args *a, int nargs)
         return cli_usage_error("models", "--tokenizer and --tokenizer-hash exclude each other");
     return -1;
 }
+
+const cli_command cli_cmd_models = {
+    .name = "models",
+    .run = cmd_models,
+    .summary = "list the models, or register one",
+    .help =
+        "models [ls] [--json]\n"
+        "       ctxstore models register FILE --name NAME --layers L --kv-heads H\n"
+        "                --head-dim D [--dtype fp16|bf16|q8]\n"
+        "                [--tokenizer TFILE | --tokenizer-hash HEX] [--json]\n\n"
+        "Lists the registered models: hash, display name, geometry, dtype,\n"
+        "tokenizer hash and when each was registered. A session can be created\n"
+        "only for a registered model.\n\n"
+        "register hashes the weights file FILE (XXH3-128; the store remembers the\n"
+        "hash of a file that has not changed) and registers that hash with the\n"
+        "geometry of its KV cache: layers, KV heads per layer (after GQA) and\n"
+        "elements per head, each 1 to 4096. The tokenizer hash is TFILE's (the\n"
+        "vocabulary file: tokenizer.json, tokenizer.model; hashed apart from\n"
+        "weights), or HEX (32 hex digits), or zero. Registering a hash again changes its name; with\n"
+        "another geometry or tokenizer it is refused (exit 5). Prints the hash.\n",
+};
 
 int cmd_models(cli *c, int argc, char **argv)
 {

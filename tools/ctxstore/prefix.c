@@ -223,20 +223,15 @@ static int prefix_parse(cli *c, int argc, char **argv, const char **model, const
         { "tokens-file", required_argument, NULL, 'f' },
         { NULL, 0, NULL, 0 },
     };
-    int opt;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (cli_common_option(c, opt, optarg))
-            continue;
+    int opt, ex;
+    while ((opt = cli_getopt(c, argc, argv, "h", longopts, &ex)) > 0) {
         if (opt == 'm')
             *model = optarg;
-        else if (opt == 'f')
+        else /* 'f' */
             *file = optarg;
-        else if (opt == 'h' || opt == CLI_OPT_HELP) {
-            cli_print_help("prefix");
-            return CLI_OK;
-        } else
-            return cli_option_error("prefix", opt, argv);
     }
+    if (opt == CLI_GETOPT_EXIT)
+        return ex;
     *first = optind;
     if (!*model)
         return cli_usage_error("prefix", "prefix needs --model MODEL");
@@ -261,6 +256,23 @@ static int tokens_from_args(tokens *t, int argc, char **argv, int first)
     }
     return -1;
 }
+
+const cli_command cli_cmd_prefix = {
+    .name = "prefix",
+    .run = cmd_prefix,
+    .summary = "find the session holding a prompt's first tokens",
+    .help =
+        "prefix --model MODEL TOKEN... [--json]\n"
+        "       ctxstore prefix --model MODEL --tokens-file FILE [--json]\n\n"
+        "Finds the session of MODEL (a name or a 32-digit hash, as `models`\n"
+        "lists them) that holds the longest start of a prompt, and prints it\n"
+        "with how many of the prompt's tokens it holds: fork it there (`ctxstore\n"
+        "fork SESSION NEW --at N`) and prefill only the rest. The prompt is its\n"
+        "token ids in decimal, separated by whitespace, in the arguments (one may\n"
+        "hold several) or in FILE (- for standard input). Prefixes match in whole\n"
+        "chunks of 64 tokens and are indexed every 1024 tokens a session commits\n"
+        "and when it is closed. Exits 3 when no session holds the first 64.\n",
+};
 
 int cmd_prefix(cli *c, int argc, char **argv)
 {

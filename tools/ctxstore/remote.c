@@ -151,7 +151,7 @@ static void remove_tmp_store(const char *dir)
     }
     snprintf(path, sizeof(path), "%s/index", dir);
     rmdir(path);
-    snprintf(path, sizeof(path), "%s/sessions", dir);
+    cli_sessions_dir(path, sizeof(path), dir);
     rmdir(path);
     rmdir(dir);
 }
@@ -475,6 +475,36 @@ static int remote_stat(remote_run *rr)
     return CLI_OK;
 }
 
+const cli_command cli_cmd_remote = {
+    .name = "remote",
+    .run = cmd_remote,
+    .summary = "push sessions to Redis, pull them back, list them",
+    .help =
+        "remote push SESSION... [--remote URL] [--json]\n"
+        "       ctxstore remote pull SESSION [--as LOCAL] [--remote URL] [--json]\n"
+        "       ctxstore remote ls [--remote URL] [--json]\n"
+        "       ctxstore remote stat [--remote URL] [--json]\n\n"
+        "The remote tier: a Redis server that the machines of a fleet share, so\n"
+        "that a conversation saved on one resumes on another. URL is\n"
+        "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] or\n"
+        "unix:///PATH/TO/redis.sock[?db=N]; without --remote, $CTXSTORE_REMOTE.\n"
+        "Messages show it without its password.\n\n"
+        "push sends each session's chunks of 64 tokens that Redis lacks (chunks\n"
+        "are keyed by their content: shared prefixes are stored once), its last\n"
+        "partial chunk and its record, and says how many chunks it sent, how many\n"
+        "were there already and the bytes. It only reads the store. A ring that\n"
+        "has overwritten its first tokens is refused (exit 5).\n\n"
+        "pull creates the local session LOCAL (default: SESSION) from the remote\n"
+        "one, every chunk verified before it is written. Redis may have evicted\n"
+        "a chunk: the pull then stops there, and says how many tokens it pulled\n"
+        "and how many are left to prefill (in JSON, their ids). It makes the\n"
+        "store if there is none.\n\n"
+        "ls lists the remote sessions: model, tokens, whether the partial last\n"
+        "chunk is there, when pushed. stat shows the server: version, memory used\n"
+        "and maxmemory, eviction policy, keys evicted, keys held. Neither needs\n"
+        "a local store.\n",
+};
+
 /* --- The command ------------------------------------------------------------ */
 
 int cmd_remote(cli *c, int argc, char **argv)
@@ -488,25 +518,15 @@ int cmd_remote(cli *c, int argc, char **argv)
     remote_run rr;
     memset(&rr, 0, sizeof(rr));
     rr.c = c;
-    int opt;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (cli_common_option(c, opt, optarg))
-            continue;
-        switch (opt) {
-        case 'r':
+    int opt, ex;
+    while ((opt = cli_getopt(c, argc, argv, "h", longopts, &ex)) > 0) {
+        if (opt == 'r')
             rr.url = optarg;
-            break;
-        case 'a':
+        else /* 'a' */
             rr.as = optarg;
-            break;
-        case 'h':
-        case CLI_OPT_HELP:
-            cli_print_help("remote");
-            return CLI_OK;
-        default:
-            return cli_option_error("remote", opt, argv);
-        }
     }
+    if (opt == CLI_GETOPT_EXIT)
+        return ex;
     int nargs = argc - optind;
     char **args = argv + optind;
     rr.verb = nargs > 0 ? args[0] : "";

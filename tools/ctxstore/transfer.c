@@ -10,6 +10,17 @@
 
 #include "cli.h"
 
+const cli_command cli_cmd_export = {
+    .name = "export",
+    .run = cmd_export,
+    .summary = "write a session to a portable file",
+    .help =
+        "export SESSION FILE\n\n"
+        "Writes SESSION's committed tokens to FILE: a self-checking file\n"
+        "(zlib-compressed blocks, each with a CRC-32) with the model and\n"
+        "geometry, to carry the session to another machine.\n",
+};
+
 int cmd_export(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
@@ -52,9 +63,7 @@ int cmd_export(cli *c, int argc, char **argv)
     uint64_t bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", name);
+        json_begin_named(&j, name);
         json_kv_string(&j, "file", path);
         json_kv_u64(&j, "bytes", bytes);
         json_kv_double(&j, "seconds", secs);
@@ -97,6 +106,17 @@ static const char *import_hint(char *buf, size_t n, int rc, int named)
     return buf;
 }
 
+const cli_command cli_cmd_import = {
+    .name = "import",
+    .run = cmd_import,
+    .summary = "read a session from an export file",
+    .help =
+        "import FILE [NAME] [--json]\n\n"
+        "Checks all of FILE, then creates the session NAME (by default the name\n"
+        "it was exported under). A damaged, truncated or foreign file is refused\n"
+        "(exit 5) and the store is left unchanged.\n",
+};
+
 int cmd_import(cli *c, int argc, char **argv)
 {
     int first, ex = cli_parse_common(c, argc, argv, &first);
@@ -134,9 +154,7 @@ int cmd_import(cli *c, int argc, char **argv)
     }
     if (c->json) {
         json j;
-        json_init(&j, stdout);
-        json_object_begin(&j);
-        json_kv_string(&j, "name", used);
+        json_begin_named(&j, used);
         json_kv_u64(&j, "id", e.id);
         json_kv_u64(&j, "n_tokens", e.n_tokens);
         json_kv_double(&j, "seconds", secs);

@@ -450,7 +450,9 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
     }
     int had_dir = store_has(dir, ".", 1);
     int had_index = store_has(dir, "index/data.mdb", 0);
-    int had_sessions = store_has(dir, "sessions", 1);
+    char sessions[64];
+    cli_sessions_dir(sessions, sizeof(sessions), NULL);
+    int had_sessions = store_has(dir, sessions, 1);
     g_made = 0;
     unsigned flags = 0;
     if (mode == CLI_STORE_READ)
@@ -564,21 +566,45 @@ int cli_option_error(const char *command, int opt, char **argv)
     return cli_usage_error(command, "unknown option '-%c'", optopt ? optopt : '?');
 }
 
-int cli_parse_common(cli *c, int argc, char **argv, int *first)
+int cli_getopt(cli *c, int argc, char **argv, const char *shortopts,
+               const struct option *longopts, int *ex)
 {
-    static const struct option longopts[] = { CLI_COMMON_LONGOPTS, { NULL, 0, NULL, 0 } };
     int opt;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
         if (cli_common_option(c, opt, optarg))
             continue;
         if (opt == 'h' || opt == CLI_OPT_HELP) {
             cli_print_help(argv[0]);
-            return CLI_OK;
+            *ex = CLI_OK;
+            return CLI_GETOPT_EXIT;
         }
-        return cli_option_error(argv[0], opt, argv);
+        if (opt == '?' || opt == ':') {
+            *ex = cli_option_error(argv[0], opt, argv);
+            return CLI_GETOPT_EXIT;
+        }
+        return opt;
     }
+    return -1;
+}
+
+int cli_parse_common(cli *c, int argc, char **argv, int *first)
+{
+    static const struct option longopts[] = { CLI_COMMON_LONGOPTS, { NULL, 0, NULL, 0 } };
+    int ex;
+    if (cli_getopt(c, argc, argv, "h", longopts, &ex) == CLI_GETOPT_EXIT)
+        return ex;
     *first = optind;
     return -1;
+}
+
+int cli_one_session(cli *c, int argc, char **argv, const char *missing, ctxs_store **st)
+{
+    if (argc - optind != 1)
+        return cli_usage_error(argv[0], "%s takes one NAME", argv[0]);
+    if (missing)
+        return cli_usage_error(argv[0], "%s", missing);
+    int ex = cli_check_name("session name", argv[optind]);
+    return ex >= 0 ? ex : cli_store_open(c, st, CLI_STORE_WRITE);
 }
 
 int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only)
@@ -588,17 +614,11 @@ int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only)
         { "all", no_argument, NULL, 'a' },
         { NULL, 0, NULL, 0 },
     };
-    int opt, all = 0;
-    while ((opt = getopt_long(argc, argv, "ah", longopts, NULL)) != -1) {
-        if (cli_common_option(c, opt, optarg))
-            continue;
-        if (opt == 'a')
-            all = 1;
-        else if (opt == 'h' || opt == CLI_OPT_HELP) {
-            cli_print_help(argv[0]);
-            return CLI_OK;
-        } else
-            return cli_option_error(argv[0], opt, argv);
+    int opt, all = 0, ex;
+    while ((opt = cli_getopt(c, argc, argv, "ah", longopts, &ex)) != -1) {
+        if (opt == CLI_GETOPT_EXIT)
+            return ex;
+        all = 1; /* 'a', the one option of its own */
     }
     if (argc - optind > 1 || (all && argc - optind == 1))
         return cli_usage_error(argv[0], "%s takes one session, or --all", argv[0]);
@@ -606,6 +626,23 @@ int cli_parse_one_or_all(cli *c, int argc, char **argv, const char **only)
     return -1;
 }
 
+
+int cli_exe_dir(char *buf, size_t n)
+{
+#ifdef __linux__
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0)
+        return 0;
+    exe[len] = '\0';
+    char *slash = strrchr(exe, '/');
+    return slash && snprintf(buf, n, "%.*s", (int)(slash - exe), exe) < (int)n;
+#else
+    (void)buf;
+    (void)n;
+    return 0;
+#endif
+}
 
 int cli_is_session_path(const char *arg)
 {
@@ -631,7 +668,15 @@ int cli_check_session_or_path(const char *arg)
 
 void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id)
 {
-    snprintf(buf, n, "%s/sessions/%016" PRIx64 ".ctxs", c->store_dir, id);
+    ctxs_store_session_path(buf, n, c->store_dir, id);
+}
+
+void cli_sessions_dir(char *buf, size_t n, const char *store_dir)
+{
+    ctxs_store_session_path(buf, n, store_dir, 0);
+    char *slash = strrchr(buf, '/');
+    if (slash)
+        *slash = '\0';
 }
 
 const char *cli_intent_kind(const ctxs_intent_entry *e)
@@ -702,78 +747,28 @@ void cli_intents_json(json *j, const char *key, const cli *c, const ctxs_intent_
     json_array_end(j);
 }
 
-void cli_unindexed_files(const cli *c, const ctxs_session_entry *known, size_t n_known,
-                        cli_file_fn fn, void *arg)
+size_t cli_strays(ctxs_store_file **out, const cli *c, ctxs_store *st)
 {
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof(dir), "%s/sessions", c->store_dir);
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        const char *nm = de->d_name;
-        char *end, path[PATH_MAX];
-        if (strlen(nm) != 21 || strcmp(nm + 16, ".ctxs") != 0)
-            continue;
-        uint64_t id = strtoull(nm, &end, 16);
-        int skip = end != nm + 16;
-        for (size_t i = 0; i < n_known && !skip; i++)
-            skip = known[i].id == id;
-        if (skip || snprintf(path, sizeof(path), "%s/%s", dir, nm) >= (int)sizeof(path))
-            continue;
-        if (fn(nm, path, id, arg) != 0)
-            break;
-    }
-    closedir(d);
-}
-
-typedef struct strays_found {
-    cli_stray *list;
-    size_t count, cap;
-} strays_found;
-
-static int note_stray(const char *file, const char *path, uint64_t id, void *arg)
-{
-    (void)id;
-    strays_found *f = arg;
-    ctxs_file_report rep;
-    struct stat sb;
-    if (lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
-        return 0;
-    int rc = ctxs_file_inspect(&rep, path);
-    if (rc == 0 && rep.status == 0 && cli_current_record(&rep))
-        return 0; /* adoptable: compact or reindex indexes it */
-    if (f->count == f->cap) {
-        size_t cap = f->cap ? f->cap * 2 : 8;
-        cli_stray *grown = realloc(f->list, cap * sizeof(*grown));
-        if (!grown)
-            return 1;
-        f->list = grown;
-        f->cap = cap;
-    }
-    cli_stray *s = &f->list[f->count++];
-    snprintf(s->file, sizeof(s->file), "%s", file);
-    s->disk_bytes = (uint64_t)sb.st_blocks * 512u;
-    s->status = rc < 0 ? rc : rep.status < 0 ? rep.status : CTXS_ECORRUPT;
-    return 0;
-}
-
-size_t cli_strays(cli_stray **out, const cli *c, const ctxs_session_entry *list, size_t n)
-{
-    strays_found f = {0};
-    cli_unindexed_files(c, list, n, note_stray, &f);
-    *out = f.list;
-    return f.count;
+    ctxs_store_file *files = NULL;
+    size_t n = 0, k = 0;
+    if (ctxs_store_file_list(&files, &n, c->store_dir, st) < 0)
+        n = 0;
+    for (size_t i = 0; i < n; i++)
+        if (files[i].regular && files[i].status != 0) /* else adopted */
+            files[k++] = files[i];
+    *out = files;
+    return k;
 }
 
 void cli_stray_hint(char *buf, size_t n, const cli *c, const char *file)
 {
+    char dir[PATH_MAX];
+    cli_sessions_dir(dir, sizeof(dir), c->store_dir);
     snprintf(buf, n,
              "it cannot be adopted, so compact and reindex leave it: keep it aside with "
-             "`mkdir -p %s/damaged && mv %s/sessions/%s %s/damaged/`, or delete it with "
-             "`rm %s/sessions/%s`",
-             c->store_dir, c->store_dir, file, c->store_dir, c->store_dir, file);
+             "`mkdir -p %s/damaged && mv %s/%s %s/damaged/`, or delete it with "
+             "`rm %s/%s`",
+             c->store_dir, dir, file, c->store_dir, dir, file);
 }
 
 const ctxs_record_report *cli_current_record(const ctxs_file_report *r)
@@ -1226,6 +1221,13 @@ void json_hex(json *j, const uint8_t *p, size_t n)
     for (size_t i = 0; i < n; i++)
         fprintf(j->f, "%02x", p[i]);
     fputc('"', j->f);
+}
+
+void json_begin_named(json *j, const char *name)
+{
+    json_init(j, stdout);
+    json_object_begin(j);
+    json_kv_string(j, "name", name);
 }
 
 void json_finish(json *j)

@@ -253,6 +253,7 @@ void ctxs__background_forget(void)
     pthread_cond_init(&worker_idle, NULL);
 }
 
+#ifdef CTXS_TEST_HOOKS
 void ctxs__background_wait_idle(void)
 {
     pthread_mutex_lock(&ctxs__registry_mutex);
@@ -264,3 +265,4 @@ void ctxs__background_wait_idle(void)
     }
     pthread_mutex_unlock(&ctxs__registry_mutex);
 }
+#endif

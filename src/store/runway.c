@@ -39,7 +39,9 @@
  * costs the calls after it some page faults, never a wrong byte. */
 #define SEEN_MS 50u
 
+#ifdef CTXS_TEST_HOOKS
 _Atomic uint64_t ctxs__write_path_asks;
+#endif
 
 void ctxs__populated_forget(ctxs_session *s)
 {
@@ -97,7 +99,7 @@ static int run_dirty(const ctxs_session *s, uint32_t run, uint32_t slot, uint32_
 static int layers_dirty(const ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0,
                         uint32_t l1)
 {
-    atomic_fetch_add_explicit(&ctxs__write_path_asks, 1, memory_order_relaxed);
+    CTXS__COUNT_WRITE_PATH_ASK();
     const uint32_t heads = s->lay.n_kv_heads;
     const uint32_t first_run = l0 * 2 * heads, last_run = l1 * 2 * heads - 1;
     ctxs__span spans[2], last[2];

@@ -71,6 +71,13 @@ void ts_fill_kv(const ctxs_geometry *g, uint64_t pos, uint16_t *k,
  * reserve, a write or the commit), or 0. */
 int ts_append(ctxs_session *s, uint32_t n);
 
+/* ts_append() without Criterion, for children and for tests that must know
+ * which step failed: *stage (may be NULL) gets TS_AT_RESERVE, TS_AT_WRITE
+ * or TS_AT_COMMIT, the step of the error returned (0 before the first:
+ * ctxs_session_get_info() or an allocation, CTXS_ENOMEM). */
+enum { TS_AT_RESERVE = 1, TS_AT_WRITE, TS_AT_COMMIT };
+int ts_try_append(ctxs_session *s, uint32_t n, int *stage);
+
 /* ts_append() with the K/V handed over a layer at a time
  * (ctxs_session_write_layer()): the same contents, the same ids. */
 int ts_append_layers(ctxs_session *s, uint32_t n);
@@ -155,6 +162,23 @@ void ts_enter_small_disk(const char *mnt, const char *size);
  * directory) and judges its exit: a signal or a 1 fails the test with the
  * child's log, 77 skips it loudly. */
 void ts_run_child(void (*body)(const char *mnt), const char *what);
+
+/* Forks with a pipe from the child to the parent (stdio flushed first).
+ * Returns 0 in the child, where *fd is the pipe's write end, and the
+ * child's pid in the parent, where *fd is its read end; the other end is
+ * closed on each side. Asserts that pipe() and fork() succeed. */
+pid_t ts_fork_pipe(int *fd);
+
+/* Runs body(arg) in a forked child and returns the int it returned, sent
+ * through a pipe; body uses no Criterion assertion. A child killed by a
+ * signal, or that exits without sending its result (ASan reports a fault
+ * and exits 1), fails the test, naming what. */
+int ts_in_child(int (*body)(void *arg), void *arg, const char *what);
+
+/* For a child: opens the store ts_store_dir() with flags, lists its
+ * sessions and, when deep, each one's metadata, and closes it. Returns the
+ * first error, or 0. */
+int ts_store_read(unsigned flags, int deep);
 
 /* A store (or any tree) the user may read but not write: everything under
  * dir becomes 0555 (directories) or 0444 (files), and ts_scratch 0755 so

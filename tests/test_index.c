@@ -3717,43 +3717,17 @@ static uint64_t sessions_digest(void)
     return sum;
 }
 
-/* Opens the store with flags in a child and lists its sessions, checkpoints
- * and metadata there: the first error, or 0. A signal (SIGBUS from a page
+/* Opens the store with flags in a child and lists its sessions and their
+ * metadata there: the first error, or 0. A signal (SIGBUS from a page
  * past the end of the file) fails the test instead of killing the suite. */
+static int read_store(void *flags)
+{
+    return ts_store_read(*(const unsigned *)flags, 1);
+}
+
 static int open_in_child(unsigned flags, const char *what)
 {
-    int pfd[2];
-    cr_assert_eq(pipe(pfd), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        close(pfd[0]);
-        ctxs_store *st = NULL;
-        int rc = ctxs_store_open(&st, ts_store_dir(), flags, NULL);
-        ctxs_session_entry *list = NULL;
-        size_t n = 0;
-        if (rc == 0)
-            rc = ctxs_store_session_list(&list, &n, st);
-        for (size_t i = 0; rc == 0 && i < n; i++) {
-            ctxs_meta_entry *meta = NULL;
-            size_t n_meta = 0;
-            rc = ctxs_store_session_list_meta(&meta, &n_meta, st, list[i].name);
-            ctxs_free(meta);
-        }
-        ctxs_free(list);
-        ctxs_store_close(st);
-        ssize_t w = write(pfd[1], &rc, sizeof(rc));
-        _exit(w == (ssize_t)sizeof(rc) ? 0 : 1);
-    }
-    close(pfd[1]);
-    int status, rc = 1;
-    cr_assert_eq(waitpid(pid, &status, 0), pid);
-    cr_assert(WIFEXITED(status), "%s: the open was killed by signal %d", what,
-              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    cr_assert_eq(WEXITSTATUS(status), 0, "%s", what);
-    cr_assert_eq(read(pfd[0], &rc, sizeof(rc)), (ssize_t)sizeof(rc));
-    close(pfd[0]);
-    return rc;
+    return ts_in_child(read_store, &flags, what);
 }
 
 /* A store with sessions, checkpoints and metadata over a few dozen pages;

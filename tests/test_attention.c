@@ -70,6 +70,17 @@ static const uint32_t all_dtypes[] = {CTXS_DTYPE_F16, CTXS_DTYPE_BF16, CTXS_DTYP
 #define FOR_EACH_DTYPE                                                          \
     for (size_t dti_ = 0; dti_ < N_DTYPES && (g_dtype = all_dtypes[dti_], 1); dti_++)
 
+/* Test(attention, name) for every dtype: the body that follows the macro
+ * runs once with g_dtype set to each. */
+#define DTYPE_TEST(name)                                                                           \
+    static void name##_in(void);                                                                   \
+    Test(attention, name)                                                                          \
+    {                                                                                              \
+        FOR_EACH_DTYPE                                                                             \
+            name##_in();                                                                           \
+    }                                                                                              \
+    static void name##_in(void)
+
 static const char *dtype_name(uint32_t dt)
 {
     return dt == CTXS_DTYPE_F16 ? "f16" : dt == CTXS_DTYPE_BF16 ? "bf16" : dt == CTXS_DTYPE_Q8 ? "q8" : "?";
@@ -493,16 +504,7 @@ static void expect_plan_sane(const ctxs_attn_plan *p)
 
 /* --- Decode ---------------------------------------------------------------- */
 
-static void decode_matches_the_reference_for_every_head_dim_and_gqa_ratio_in(void);
-
-/* For every dtype. */
-Test(attention, decode_matches_the_reference_for_every_head_dim_and_gqa_ratio)
-{
-    FOR_EACH_DTYPE
-        decode_matches_the_reference_for_every_head_dim_and_gqa_ratio_in();
-}
-
-static void decode_matches_the_reference_for_every_head_dim_and_gqa_ratio_in(void)
+DTYPE_TEST(decode_matches_the_reference_for_every_head_dim_and_gqa_ratio)
 {
     rng = ts_seed("decode_matches_the_reference");
     static const uint32_t dims[] = {1, 40, 64, 128, 256};
@@ -540,16 +542,7 @@ static void decode_matches_the_reference_for_every_head_dim_and_gqa_ratio_in(voi
     }
 }
 
-static void one_kv_head_per_query_head_and_an_explicit_scale_in(void);
-
-/* For every dtype. */
-Test(attention, one_kv_head_per_query_head_and_an_explicit_scale)
-{
-    FOR_EACH_DTYPE
-        one_kv_head_per_query_head_and_an_explicit_scale_in();
-}
-
-static void one_kv_head_per_query_head_and_an_explicit_scale_in(void)
+DTYPE_TEST(one_kv_head_per_query_head_and_an_explicit_scale)
 {
     rng = ts_seed("explicit_scale");
     ctxs_session *s = create_plain("a", 3, 4, 72);
@@ -580,16 +573,7 @@ static void one_kv_head_per_query_head_and_an_explicit_scale_in(void)
 
 /* --- Windows, sinks, rings, pressure ------------------------------------- */
 
-static void sinks_and_a_small_window_skip_the_keys_between_in(void);
-
-/* For every dtype. */
-Test(attention, sinks_and_a_small_window_skip_the_keys_between)
-{
-    FOR_EACH_DTYPE
-        sinks_and_a_small_window_skip_the_keys_between_in();
-}
-
-static void sinks_and_a_small_window_skip_the_keys_between_in(void)
+DTYPE_TEST(sinks_and_a_small_window_skip_the_keys_between)
 {
     rng = ts_seed("small_window");
     ctxs_session *s = create_plain("a", 2, 2, 64);
@@ -630,16 +614,7 @@ static void sinks_and_a_small_window_skip_the_keys_between_in(void)
     ctxs_session_close(s);
 }
 
-static void a_wrapped_ring_reads_its_spans_in_position_order_in(void);
-
-/* For every dtype. */
-Test(attention, a_wrapped_ring_reads_its_spans_in_position_order)
-{
-    FOR_EACH_DTYPE
-        a_wrapped_ring_reads_its_spans_in_position_order_in();
-}
-
-static void a_wrapped_ring_reads_its_spans_in_position_order_in(void)
+DTYPE_TEST(a_wrapped_ring_reads_its_spans_in_position_order)
 {
     rng = ts_seed("wrapped_ring");
     ctxs_session *s = create("a", 2, 2, 48, ts_options(128, 4, 1, CTXS_SYNC_NONE));
@@ -678,16 +653,7 @@ static void a_wrapped_ring_reads_its_spans_in_position_order_in(void)
     ctxs_session_close(s);
 }
 
-static void memory_pressure_shrinks_the_plan_and_the_keys_read_in(void);
-
-/* For every dtype. */
-Test(attention, memory_pressure_shrinks_the_plan_and_the_keys_read)
-{
-    FOR_EACH_DTYPE
-        memory_pressure_shrinks_the_plan_and_the_keys_read_in();
-}
-
-static void memory_pressure_shrinks_the_plan_and_the_keys_read_in(void)
+DTYPE_TEST(memory_pressure_shrinks_the_plan_and_the_keys_read)
 {
     rng = ts_seed("pressure");
     ctxs_create_options o = ts_options(1024, 4, 1, CTXS_SYNC_NONE);
@@ -812,16 +778,7 @@ static void prefill_case(uint32_t capacity, uint32_t n_sink, uint32_t window,
     cr_assert_eq(remove(dtype_path("a")), 0);
 }
 
-static void prefill_matches_the_reference_and_each_decode_bit_for_bit_in(void);
-
-/* For every dtype. */
-Test(attention, prefill_matches_the_reference_and_each_decode_bit_for_bit)
-{
-    FOR_EACH_DTYPE
-        prefill_matches_the_reference_and_each_decode_bit_for_bit_in();
-}
-
-static void prefill_matches_the_reference_and_each_decode_bit_for_bit_in(void)
+DTYPE_TEST(prefill_matches_the_reference_and_each_decode_bit_for_bit)
 {
     rng = ts_seed("prefill");
     /* 200 committed, 70 pending, window 150: the first query reads keys
@@ -830,16 +787,7 @@ static void prefill_matches_the_reference_and_each_decode_bit_for_bit_in(void)
     prefill_case(1024, 4, 150, 200, 70, 2, 4, 64);
 }
 
-static void prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic_in(void);
-
-/* For every dtype. */
-Test(attention, prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic)
-{
-    FOR_EACH_DTYPE
-        prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic_in();
-}
-
-static void prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic_in(void)
+DTYPE_TEST(prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic)
 {
     rng = ts_seed("prefill_ring");
     /* The pending tokens wrap the ring; head_dim and the group size are not
@@ -852,16 +800,7 @@ static void prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic_in(void)
  * groups wider than a tile, windows that cut every query's keys (each
  * query walks alone, its blocks offset from its neighbour's) or only the
  * later queries' (the switch inside a block of queries), a wrapped ring. */
-static void blocked_prefill_of_many_queries_equals_each_decode_in(void);
-
-/* For every dtype. */
-Test(attention, blocked_prefill_of_many_queries_equals_each_decode)
-{
-    FOR_EACH_DTYPE
-        blocked_prefill_of_many_queries_equals_each_decode_in();
-}
-
-static void blocked_prefill_of_many_queries_equals_each_decode_in(void)
+DTYPE_TEST(blocked_prefill_of_many_queries_equals_each_decode)
 {
     rng = ts_seed("blocked_prefill");
     const uint32_t QB = CTXS__ATTN_QBLOCK, T = CTXS__ATTN_TILE;
@@ -874,16 +813,7 @@ static void blocked_prefill_of_many_queries_equals_each_decode_in(void)
     prefill_case(1024, 4, 64, 30, 4 * QB + 7, 2, 3, 16);
 }
 
-static void blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode_in(void);
-
-/* For every dtype. */
-Test(attention, blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode)
-{
-    FOR_EACH_DTYPE
-        blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode_in();
-}
-
-static void blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode_in(void)
+DTYPE_TEST(blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode)
 {
     rng = ts_seed("blocked_prefill_ring");
     /* The pending tokens wrap the ring; the plan's spans are the sinks and
@@ -941,16 +871,7 @@ Test(attention, keys_after_a_query_never_touch_its_output_in_a_prefill)
     ctxs_session_close(s);
 }
 
-static void splitting_a_span_does_not_change_a_bit_in(void);
-
-/* For every dtype. */
-Test(attention, splitting_a_span_does_not_change_a_bit)
-{
-    FOR_EACH_DTYPE
-        splitting_a_span_does_not_change_a_bit_in();
-}
-
-static void splitting_a_span_does_not_change_a_bit_in(void)
+DTYPE_TEST(splitting_a_span_does_not_change_a_bit)
 {
     rng = ts_seed("split");
     ctxs_session *s = create_plain("a", 1, 2, 64);
@@ -983,16 +904,7 @@ static void splitting_a_span_does_not_change_a_bit_in(void)
     ctxs_session_close(s);
 }
 
-static void a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits_in(void);
-
-/* For every dtype. */
-Test(attention, a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits)
-{
-    FOR_EACH_DTYPE
-        a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits_in();
-}
-
-static void a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits_in(void)
+DTYPE_TEST(a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits)
 {
     rng = ts_seed("anon_copy");
     ctxs_session *s = create_plain("a", 2, 2, 40);
@@ -1050,16 +962,7 @@ static void a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits_in(v
     ctxs_session_close(s);
 }
 
-static void the_kernels_of_different_isas_agree_closely_in(void);
-
-/* For every dtype. */
-Test(attention, the_kernels_of_different_isas_agree_closely)
-{
-    FOR_EACH_DTYPE
-        the_kernels_of_different_isas_agree_closely_in();
-}
-
-static void the_kernels_of_different_isas_agree_closely_in(void)
+DTYPE_TEST(the_kernels_of_different_isas_agree_closely)
 {
     rng = ts_seed("isas_agree");
     ctxs_session *s = create_plain("a", 1, 2, 128);
@@ -1088,16 +991,7 @@ static void the_kernels_of_different_isas_agree_closely_in(void)
     ctxs_session_close(s);
 }
 
-static void avx2_and_avx512_give_the_same_bits_in(void);
-
-/* For every dtype. */
-Test(attention, avx2_and_avx512_give_the_same_bits)
-{
-    FOR_EACH_DTYPE
-        avx2_and_avx512_give_the_same_bits_in();
-}
-
-static void avx2_and_avx512_give_the_same_bits_in(void)
+DTYPE_TEST(avx2_and_avx512_give_the_same_bits)
 {
     /* Not promised by the header, but by design: both sum each dot product
      * in 16 lanes with one tree and take the same exp() steps, so a
@@ -1151,16 +1045,7 @@ static void *run_pass(void *arg)
     return NULL;
 }
 
-static void threads_may_run_passes_over_one_mapping_at_once_in(void);
-
-/* For every dtype. */
-Test(attention, threads_may_run_passes_over_one_mapping_at_once)
-{
-    FOR_EACH_DTYPE
-        threads_may_run_passes_over_one_mapping_at_once_in();
-}
-
-static void threads_may_run_passes_over_one_mapping_at_once_in(void)
+DTYPE_TEST(threads_may_run_passes_over_one_mapping_at_once)
 {
     rng = ts_seed("threads");
     ctxs_session *s = create_plain("a", 1, 2, 64);

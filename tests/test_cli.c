@@ -289,6 +289,22 @@ static void mk(ctxs_store *st, const char *name, uint32_t capacity, int ring, ui
     ctxs_session_close(mk_open(st, name, capacity, ring, n));
 }
 
+/* The store S(), open, with the model registered. */
+static ctxs_store *store_with_model(void)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    return st;
+}
+
+/* The store S() with one session, name, of n tokens (mk()); closed. */
+static void store_with_session(const char *name, uint32_t capacity, int ring, uint64_t n)
+{
+    ctxs_store *st = store_with_model();
+    mk(st, name, capacity, ring, n);
+    ctxs_store_close(st);
+}
+
 static ctxs_session *open_rw(ctxs_store *st, const char *name)
 {
     ctxs_model m = model();
@@ -716,8 +732,7 @@ Test(cli, usage_errors_of_rename_models_and_prefix_exit_2_and_create_nothing)
 
 Test(cli, ls_lists_names_tokens_capacity_and_flags)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "alpha", 256, 0, 100);           /* no ring */
     mk(st, "beta", 256, 1, 300);            /* a ring that wrapped */
     mk(st, "damaged", 256, 1, 40);          /* its header gets a flipped byte */
@@ -822,10 +837,7 @@ static void forget_boot_id(const char *path)
 
 Test(cli, ls_flags_failed_only_for_a_file_that_does_not_open)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "no-boot-id", 256, 1, 70);
-    ctxs_store_close(st);
+    store_with_session("no-boot-id", 256, 1, 70);
     forget_boot_id(file_of(S(), "no-boot-id"));
 
     /* It opens, and every token verifies... */
@@ -847,8 +859,7 @@ Test(cli, ls_flags_failed_only_for_a_file_that_does_not_open)
 
 Test(cli, ls_flags_rolled_back_while_the_index_remembers_more_tokens)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "undo", 256, 1, 150);
     ctxs_session *s = open_rw(st, "undo");
     cr_assert_eq(ctxs_session_rollback(s, 50), 0);
@@ -934,10 +945,7 @@ Test(cli, commands_make_no_store_where_there_is_none_and_say_why)
 
 Test(cli, import_and_models_register_make_a_store_and_say_so)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "carried", 256, 1, 70);
-    ctxs_store_close(st);
+    store_with_session("carried", 256, 1, 70);
     const char *file = dir_of("carried.export");
     CLI_EXPECT(EX_OK, S(), "export", "carried", file);
 
@@ -976,10 +984,7 @@ Test(cli, import_and_models_register_make_a_store_and_say_so)
 
 Test(cli, reindex_rebuilds_a_lost_index_beside_the_session_files)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "survivor", 256, 1, 70);
-    ctxs_store_close(st);
+    store_with_session("survivor", 256, 1, 70);
     ts_rmtree(ts_path(S(), "index"));
     CLI_EXPECT(EX_NOTFOUND, S(), "ls", "--json");
     jc_value *v = json_error_out(CTXS_EFOREIGN, "CTXS_EFOREIGN");
@@ -1006,8 +1011,7 @@ static int is_regular(const char *path)
  * otherwise) -- and so whether an index came back whole shows. */
 static void special_store(void)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "first", 256, 1, 70);
     cr_assert_eq(ctxs_store_session_rename(st, "first", "chat"), 0);
     ctxs_store_close(st);
@@ -1140,8 +1144,7 @@ Test(cli, special_files_in_the_index_are_refused_in_bounded_time_and_repair_inde
 
 Test(cli, read_commands_work_on_a_store_the_user_cannot_write)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "kept", 256, 1, 130);
     mk(st, "other", 256, 1, 70);
     cr_assert_eq(ctxs_store_session_pin(st, "kept", 1), 0);
@@ -1182,8 +1185,7 @@ Test(cli, read_commands_work_on_a_store_the_user_cannot_write)
 
 Test(cli, pin_keeps_a_session_from_gc_and_gc_names_what_it_deletes)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     static const char *const names[] = { "oldest", "older", "newer" };
     for (int i = 0; i < 3; i++) {
         mk(st, names[i], 256, 1, 100);
@@ -1242,8 +1244,7 @@ Test(cli, pin_keeps_a_session_from_gc_and_gc_names_what_it_deletes)
 
 Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_session *s = mk_open(st, "base", 256, 1, 100);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp1"), 0);
     ts_append_many(s, 50);
@@ -1363,8 +1364,7 @@ static uint64_t leave_interrupted(ctxs_store *st, const char *name, char kind)
  * file removed as the leftover it is). */
 Test(cli, a_crash_leftover_is_an_interrupted_operation_not_damage)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "kept", 256, 1, 30);
     uint64_t created = leave_interrupted(st, "half-made", 'C');
     uint64_t deleted = leave_interrupted(st, "half-gone", 'D');
@@ -1413,8 +1413,7 @@ Test(cli, a_crash_leftover_is_an_interrupted_operation_not_damage)
 /* A file no entry names and no intent explains is damage, as before. */
 Test(cli, an_unindexed_file_without_an_intent_is_damage)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     uint64_t id = leave_interrupted(st, "orphan", 'C');
     ctxs_store_close(st);
     /* The intent gone (by hand), the file stays: nobody owns it. */
@@ -1428,8 +1427,7 @@ Test(cli, an_unindexed_file_without_an_intent_is_damage)
 
 Test(cli, verify_of_a_clean_store_exits_0)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "one", 256, 1, 130);
     mk(st, "two", 256, 1, 400); /* wrapped */
     mk(st, "three", 256, 0, 1);
@@ -1457,8 +1455,7 @@ Test(cli, verify_of_a_clean_store_exits_0)
 
 Test(cli, verify_names_the_session_chunks_and_tokens_of_flipped_kv_bytes)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "victim", 256, 1, 200);
     mk(st, "bystander", 256, 1, 200);
     mk(st, "wrapped", 256, 1, 400);
@@ -1518,10 +1515,7 @@ Test(cli, verify_names_the_session_chunks_and_tokens_of_flipped_kv_bytes)
 
 Test(cli, verify_names_the_tokens_an_open_after_a_reboot_would_drop)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "reboot", 256, 1, 70);
-    ctxs_store_close(st);
+    store_with_session("reboot", 256, 1, 70);
     const char *f = file_of(S(), "reboot");
     ctxs_file_report rep;
     cr_assert_eq(ctxs_file_inspect(&rep, f), 0);
@@ -1552,10 +1546,7 @@ Test(cli, verify_names_the_tokens_an_open_after_a_reboot_would_drop)
 
 Test(cli, verify_reports_a_damaged_commit_record)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "rec", 256, 1, 120);
-    ctxs_store_close(st);
+    store_with_session("rec", 256, 1, 120);
     const char *f = file_of(S(), "rec");
     ctxs_file_report rep;
     cr_assert_eq(ctxs_file_inspect(&rep, f), 0);
@@ -1587,8 +1578,7 @@ Test(cli, verify_reports_a_damaged_commit_record)
 
 Test(cli, verify_reports_a_header_with_a_flipped_byte)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "hdr", 256, 1, 50);
     mk(st, "fine", 256, 1, 50);
     ctxs_store_close(st);
@@ -1618,8 +1608,7 @@ Test(cli, verify_reports_a_header_with_a_flipped_byte)
 
 Test(cli, verify_reports_a_session_file_deleted_behind_the_index)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "gone", 256, 1, 50);
     mk(st, "here", 256, 1, 50);
     ctxs_store_close(st);
@@ -1643,10 +1632,7 @@ Test(cli, verify_reports_a_session_file_deleted_behind_the_index)
 
 Test(cli, verify_reports_a_session_file_the_index_does_not_know)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "known", 256, 1, 50);
-    ctxs_store_close(st);
+    store_with_session("known", 256, 1, 50);
     size_t len;
     uint8_t *data = ts_read_file(file_of(S(), "known"), &len);
     cr_assert_eq(ts_write_file(ts_path(S(), "sessions/00000000deadbeef.ctxs"), data, len), 0);
@@ -1671,8 +1657,7 @@ Test(cli, verify_reports_a_session_file_the_index_does_not_know)
 
 Test(cli, gc_deletes_least_recently_used_first_and_keeps_open_ones)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     static const char *const names[] = { "oldest", "older", "newer", "newest" };
     for (int i = 0; i < 4; i++) {
         mk(st, names[i], 256, 1, 100);
@@ -1725,8 +1710,7 @@ Test(cli, gc_deletes_least_recently_used_first_and_keeps_open_ones)
 
 Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     static const char *const names[] = { "a", "b", "c", "d", "e" };
     for (int i = 0; i < 5; i++)
         mk(st, names[i], 256, 1, 20);
@@ -1781,8 +1765,7 @@ Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
 
 Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_session *s = mk_open(st, "src", 256, 1, 120);
     cr_assert_eq(ctxs_checkpoint_create(s, "mid"), 0);
     ts_append_many(s, 30);
@@ -1831,15 +1814,12 @@ Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
 
 Test(cli, checkpoint_create_ls_restore_and_rm)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 1, 100);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 1, 100);
 
     CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "turn1");
     contains(1, "created checkpoint 'turn1' of 'chat' at 100 tokens");
     CLI_EXPECT(EX_EXIST, S(), "checkpoint", "create", "chat", "turn1");
-    st = ts_store_open(S());
+    ctxs_store *st = ts_store_open(S());
     ctxs_session *s = open_rw(st, "chat");
     ts_append_many(s, 40);
     ctxs_session_close(s);
@@ -1931,8 +1911,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
 
 Test(cli, rename_says_what_it_did_and_why_it_refuses)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_session *s = mk_open(st, "chat", 256, 1, 50);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
@@ -2047,8 +2026,7 @@ static ctxs_model_entry model_of(const uint8_t h[16])
 
 Test(cli, models_lists_what_is_registered)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_model unnamed = ts_model(9);
     cr_assert_eq(ctxs_model_register(st, &unnamed, NULL), 0);
     ctxs_store_close(st);
@@ -2278,8 +2256,7 @@ static void prefix_says(const char *session, uint64_t n_tokens, uint64_t prompt)
  * finds chat holds. */
 static uint64_t prefix_store(uint32_t prompt[200])
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "chat", 256, 1, 150);
     mk(st, "short", 256, 1, 40);
     for (uint64_t i = 0; i < 200; i++)
@@ -2420,10 +2397,7 @@ Test(cli, prefix_finds_nothing_for_other_tokens_and_says_why)
 
 Test(cli, json_errors_name_the_code_the_message_and_the_hint)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 1, 50);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 1, 50);
 
     /* A missing session. */
     CLI_EXPECT(EX_NOTFOUND, S(), "info", "nobody", "--json");
@@ -2494,7 +2468,7 @@ Test(cli, json_errors_name_the_code_the_message_and_the_hint)
     cr_assert_eq(R.out_len, 0, "%s", R.out);
 
     /* A busy session: the code and exit code of the library's error. */
-    st = ts_store_open(S());
+    ctxs_store *st = ts_store_open(S());
     ctxs_session *held = open_rw(st, "chat");
     CLI_EXPECT(EX_BUSY, S(), "checkpoint", "restore", "chat", "x", "--json");
     jc_free(json_error_out(CTXS_EBUSY, "CTXS_EBUSY"));
@@ -2506,8 +2480,7 @@ Test(cli, ls_shows_a_long_model_name_whole_and_aligned)
 {
     static const char long_model[] =
         "Qwen3-4B-Instruct-2507-Q4_K_M-with-a-rather-long-quantization-suffix";
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_model m = ts_model(9);
     m.geometry.head_dim = 16;
     cr_assert_eq(ctxs_model_register(st, &m, long_model), 0);
@@ -2544,8 +2517,7 @@ Test(cli, ls_shows_a_long_model_name_whole_and_aligned)
 
 Test(cli, reindex_after_the_index_is_deleted_brings_the_names_back)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "first", 256, 1, 64);
     mk(st, "second", 256, 1, 300);
     mk(st, ODD_NAME, 256, 0, 5);
@@ -2572,8 +2544,7 @@ Test(cli, reindex_after_the_index_is_deleted_brings_the_names_back)
 
 Test(cli, compact_gives_back_a_rolled_back_sessions_blocks_and_refuses_an_open_one)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_session *s = mk_open(st, "shrunk", 1024, 1, 900);
     cr_assert_eq(ctxs_session_rollback(s, 20), 0);
     ctxs_session_close(s);
@@ -2623,10 +2594,7 @@ Test(cli, compact_gives_back_a_rolled_back_sessions_blocks_and_refuses_an_open_o
  * path. */
 static const char *make_export(void)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "trip", 256, 1, 333);
-    ctxs_store_close(st);
+    store_with_session("trip", 256, 1, 333);
     const char *file = dir_of("trip.ctxx");
     CLI_EXPECT(EX_OK, S(), "export", "trip", file, "--json");
     jc_value *v = json_out();
@@ -2852,10 +2820,7 @@ Test(cli, import_hints_fit_a_broken_file_and_a_name_taken)
 
 Test(cli, hostile_names_exit_2_and_create_nothing)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "base", 256, 1, 30);
-    ctxs_store_close(st);
+    store_with_session("base", 256, 1, 30);
     const char *file = dir_of("base.ctxx");
     CLI_EXPECT(EX_OK, S(), "export", "base", file);
     char *before = store_state(S());
@@ -3342,10 +3307,7 @@ Test(cli, bench_remote_without_a_redis_server_is_skipped_with_a_reason)
 
 Test(cli, meta_sets_prints_lists_and_deletes_what_an_app_keeps)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 1, 30);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 1, 30);
     CLI_EXPECT(EX_OK, S(), "meta", "chat", "title", "Trip to Lisbon");
     contains(1, "set key 'title' of 'chat' (14 bytes)");
     const char *f = text_file("template.jinja", "{% for m in messages %}\n{{ m }}\n{% endfor %}\n");
@@ -3360,7 +3322,7 @@ Test(cli, meta_sets_prints_lists_and_deletes_what_an_app_keeps)
     CLI_EXPECT(EX_OK, S(), "meta", "chat", "chat_template");
     cr_assert_str_eq(R.out, "{% for m in messages %}\n{{ m }}\n{% endfor %}\n");
     /* The library agrees. */
-    st = ts_store_open(S());
+    ctxs_store *st = ts_store_open(S());
     char buf[64];
     size_t n = sizeof(buf);
     cr_assert_eq(ctxs_store_session_get_meta(buf, &n, st, "chat", "title"), 0);
@@ -3406,10 +3368,7 @@ Test(cli, meta_sets_prints_lists_and_deletes_what_an_app_keeps)
 
 Test(cli, meta_past_its_limit_exits_2_says_the_limit_and_changes_nothing)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 1, 0);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 1, 0);
     CLI_EXPECT(EX_OK, S(), "meta", "chat", "title", "kept");
     char *big = malloc(CTXS_META_VALUE_MAX + 2);
     memset(big, 'x', CTXS_META_VALUE_MAX + 1);
@@ -3429,10 +3388,7 @@ Test(cli, meta_past_its_limit_exits_2_says_the_limit_and_changes_nothing)
 
 Test(cli, export_and_import_carry_the_metadata)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 1, 100);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 1, 100);
     CLI_EXPECT(EX_OK, S(), "meta", "chat", "title", "Trip to Lisbon");
     CLI_EXPECT(EX_OK, S(), "meta", "chat", "app", "{\"pinned\":true}");
     const char *file = dir_of("chat.ctxx");
@@ -3453,8 +3409,7 @@ Test(cli, export_and_import_carry_the_metadata)
 
 Test(cli, every_command_on_a_cut_index_exits_8_with_the_index_hint)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "chat", 256, 1, 150);
     mk(st, "notes", 256, 1, 80);
     ctxs_store_close(st);
@@ -3693,8 +3648,7 @@ Test(cli, info_ls_checkpoint_ls_meta_and_verify_agree_on_each_malformed_record)
 
 Test(cli, reindex_says_it_mended_next_id_and_renumbered_nothing)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "a", 64, 0, 2);
     mk(st, "b", 64, 0, 2);
     ctxs_store_close(st);
@@ -3717,10 +3671,7 @@ Test(cli, reindex_says_it_mended_next_id_and_renumbered_nothing)
 
 Test(cli, a_store_given_as_a_symlink_works_and_a_dangling_one_is_refused_with_why)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 64, 0, 5);
-    ctxs_store_close(st);
+    store_with_session("chat", 64, 0, 5);
     const char *l1 = dir_of("link"), *l2 = dir_of("link2"), *dang = dir_of("dangling");
     const char *nowhere = dir_of("nowhere");
     cr_assert_eq(symlink(S(), l1), 0);
@@ -3751,8 +3702,7 @@ Test(cli, a_store_given_as_a_symlink_works_and_a_dangling_one_is_refused_with_wh
 
 Test(cli, create_makes_an_empty_session_a_program_then_writes)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_store_close(st);
     CLI_EXPECT(EX_OK, S(), "create", "chat", "--model", MODEL_NAME);
     contains(1, "created 'chat'");
@@ -3816,8 +3766,7 @@ Test(cli, create_makes_an_empty_session_a_program_then_writes)
  * gives it more slots with every token kept. */
 Test(cli, grow_gives_a_full_session_more_slots)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_store_close(st);
     CLI_EXPECT(EX_OK, S(), "create", "small", "--model", MODEL_NAME, "--capacity", "100");
     cr_assert_not(strstr(R.out, "ring"), "%s", R.out);
@@ -3863,10 +3812,7 @@ Test(cli, grow_gives_a_full_session_more_slots)
 
 Test(cli, a_refusal_prints_the_library_reason)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "src", 256, 0, 150);
-    ctxs_store_close(st);
+    store_with_session("src", 256, 0, 150);
     CLI_EXPECT(EX_USAGE, S(), "fork", "src", "x", "--at", "512");
     contains(0, "512 tokens is more than the 150 the session holds");
     cr_assert_not(strstr(R.err, "invalid argument"), "%s", R.err);
@@ -3878,8 +3824,7 @@ Test(cli, a_refusal_prints_the_library_reason)
 
 Test(cli, info_names_the_process_that_writes_a_session)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "chat", 256, 0, 30);
     CLI_EXPECT(EX_OK, S(), "info", "chat", "--json");
     jc_value *v = json_out();
@@ -3912,10 +3857,7 @@ Test(cli, info_names_the_process_that_writes_a_session)
 
 Test(cli, a_missing_checkpoint_is_named_by_fork_restore_and_rm)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "src", 256, 0, 150);
-    ctxs_store_close(st);
+    store_with_session("src", 256, 0, 150);
     CLI_EXPECT(EX_NOTFOUND, S(), "fork", "src", "dst", "--checkpoint", "nocp");
     contains(0, "session 'src' has no checkpoint named 'nocp'");
     contains(0, "checkpoint ls src");
@@ -3973,8 +3915,7 @@ Test(cli, version_speaks_json_when_asked)
 
 Test(cli, rename_and_gc_report_what_the_files_hold)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "chat", 256, 0, 50);
     mk(st, "old", 256, 0, 10);
     mk(st, "ring", 64, 1, 150);
@@ -4026,8 +3967,7 @@ static size_t columns(const char *s, size_t n)
 
 Test(cli, ls_aligns_wide_names_and_names_held_and_positions)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "abcd", 256, 0, 7);
     mk(st, "caf\xc3\xa9", 256, 0, 8);          /* café: 4 columns, 5 bytes */
     mk(st, "\xe4\xbc\x9a\xe8\xa9\xb1", 256, 0, 9); /* 会話: 4 columns, 6 bytes */
@@ -4120,10 +4060,7 @@ Test(cli, a_store_that_is_a_file_empty_or_under_a_missing_parent_is_said_as_such
 
 Test(cli, export_to_a_place_the_user_cannot_write_names_the_destination)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 0, 20);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 0, 20);
     cr_assert_eq(ts_make_unwritable(S()), 0); /* and readable by the user below */
     const char *ro = dir_of("ro");
     cr_assert_eq(mkdir(ro, 0555), 0);
@@ -4141,10 +4078,7 @@ Test(cli, export_to_a_place_the_user_cannot_write_names_the_destination)
 
 Test(cli, a_file_that_cannot_be_adopted_is_listed_and_the_advice_ends_the_loop)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 0, 40);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 0, 40);
     /* A damaged session file the index does not know, as a crash of a
      * disk or a person's copy leaves it. */
     char stray[1200], sessions[1100];
@@ -4191,10 +4125,7 @@ Test(cli, a_file_that_cannot_be_adopted_is_listed_and_the_advice_ends_the_loop)
 
 Test(cli, compact_names_the_sessions_it_adopted)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 0, 40);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 0, 40);
     char restored[1100];
     snprintf(restored, sizeof(restored), "%s/sessions/00000000000000f1.ctxs", S());
     copy_file(file_of(S(), "chat"), restored);
@@ -4218,10 +4149,7 @@ Test(cli, compact_names_the_sessions_it_adopted)
  * that name is free, else as session-<id>, and the tool says which. */
 Test(cli, a_file_restored_under_another_id_gets_its_labels_name_when_free)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 0, 40);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 0, 40);
     const char *backup = dir_of("chat.backup");
     copy_file(file_of(S(), "chat"), backup);
     char restored[1100];
@@ -4249,7 +4177,7 @@ Test(cli, a_file_restored_under_another_id_gets_its_labels_name_when_free)
     cr_assert_eq(ju(jc_at(a, 0), "label_id"), 1);
     jc_free(v);
     CLI_EXPECT(EX_OK, S(), "verify");
-    st = ts_store_open(S());
+    ctxs_store *st = ts_store_open(S());
     ctxs_session *s = open_ro(st, "chat");
     cr_assert_eq(info_of(s).n_tokens, 40);
     cr_assert_eq(ts_check_all(s), 0);

@@ -148,11 +148,16 @@ ctxs_session_entry ts_session_entry(ctxs_store *st, const char *name)
     return e;
 }
 
-uint64_t ts_n_tokens(const ctxs_session *s)
+ctxs_session_info ts_info(const ctxs_session *s)
 {
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    return info.n_tokens;
+    return info;
+}
+
+uint64_t ts_n_tokens(const ctxs_session *s)
+{
+    return ts_info(s).n_tokens;
 }
 
 uint64_t ts_mix64(uint64_t x)

@@ -43,6 +43,9 @@ const char *ts_id_path(uint64_t id);
 /* ctxs_store_session_get() of name, asserting that it succeeds. */
 ctxs_session_entry ts_session_entry(ctxs_store *st, const char *name);
 
+/* ctxs_session_get_info() of s, asserted. */
+ctxs_session_info ts_info(const ctxs_session *s);
+
 /* The committed token count of s (ctxs_session_get_info(), asserted). */
 uint64_t ts_n_tokens(const ctxs_session *s);
 

@@ -322,13 +322,6 @@ static ctxs_session *open_ro(ctxs_store *st, const char *name)
     return s;
 }
 
-static ctxs_session_info info_of(const ctxs_session *s)
-{
-    ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    return info;
-}
-
 /* The file of session name in the store at dir. */
 static const char *file_of(const char *dir, const char *name)
 {
@@ -473,7 +466,7 @@ static void same_state(const char *before, const char *dir, const char *after_wh
  * they hold the same positions. */
 static void same_tokens(const ctxs_session *a, const ctxs_session *b)
 {
-    ctxs_session_info ia = info_of(a), ib = info_of(b);
+    ctxs_session_info ia = ts_info(a), ib = ts_info(b);
     cr_assert_eq(ia.n_tokens, ib.n_tokens);
     cr_assert_eq(ia.n_held, ib.n_held);
     cr_assert_eq(ia.ring_start, ib.ring_start);
@@ -739,7 +732,7 @@ Test(cli, ls_lists_names_tokens_capacity_and_flags)
     mk(st, ODD_NAME, 512, 1, 7);            /* JSON escapes */
     ctxs_session *held = mk_open(st, "delta", 256, 1, 60); /* a writer holds it */
     ctxs_session *beta = open_ro(st, "beta");
-    ctxs_session_info bi = info_of(beta);
+    ctxs_session_info bi = ts_info(beta);
     ctxs_session_close(beta);
     cr_assert(bi.flags & CTXS_INFO_WRAPPED, "the test's ring did not wrap");
     flip(file_of(S(), "damaged"), offsetof(ctxs__disk_header, capacity), 0x10);
@@ -1790,7 +1783,7 @@ Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
     } want[] = { { "at50", 50 }, { "atcp", 120 }, { "empty", 0 }, { "all", 150 } };
     for (size_t i = 0; i < 4; i++) {
         ctxs_session *f = open_ro(st, want[i].name);
-        cr_assert_eq(info_of(f).n_tokens, want[i].n, "%s", want[i].name);
+        cr_assert_eq(ts_info(f).n_tokens, want[i].n, "%s", want[i].name);
         cr_assert_eq(ts_check_all(f), 0, "%s does not hold src's tokens", want[i].name);
         ctxs_session_close(f);
     }
@@ -1848,7 +1841,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     st = ts_store_open(S());
     s = open_rw(st, "chat");
     CLI_EXPECT(EX_BUSY, S(), "checkpoint", "restore", "chat", "turn1");
-    cr_assert_eq(info_of(s).n_tokens, 140);
+    cr_assert_eq(ts_info(s).n_tokens, 140);
     ctxs_session_close(s);
     ctxs_store_close(st);
 
@@ -1883,7 +1876,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     contains(1, "removed checkpoint 'live' of 'chat' at 110 tokens");
     st = ts_store_open(S());
     s = open_ro(st, "chat");
-    cr_assert_eq(info_of(s).n_tokens, 100);
+    cr_assert_eq(ts_info(s).n_tokens, 100);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
     ctxs_store_close(st);
@@ -1974,7 +1967,7 @@ Test(cli, rename_says_what_it_did_and_why_it_refuses)
     ts_append_many(s, 10);
     ctxs_session_close(s);
     s = open_ro(st, "renamed");
-    cr_assert_eq(info_of(s).n_tokens, 30);
+    cr_assert_eq(ts_info(s).n_tokens, 30);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
     ctxs_store_close(st);
@@ -2628,7 +2621,7 @@ Test(cli, export_then_import_into_another_store_keeps_every_token)
         ctxs_session *dst = open_ro(b, names[i]);
         same_tokens(src, dst);
         cr_assert_eq(ts_check_all(dst), 0);
-        cr_assert(info_of(dst).flags & CTXS_INFO_WRAPPED);
+        cr_assert(ts_info(dst).flags & CTXS_INFO_WRAPPED);
         ctxs_session_close(dst);
     }
     ctxs_session_close(src);
@@ -3726,7 +3719,7 @@ Test(cli, create_makes_an_empty_session_a_program_then_writes)
     st = ts_store_open(S());
     ctxs_session *s = open_rw(st, "small");
     ts_append_many(s, 30);
-    cr_assert_eq(info_of(s).capacity, 100);
+    cr_assert_eq(ts_info(s).capacity, 100);
     ctxs_session_close(s);
     ctxs_store_close(st);
     CLI_EXPECT(EX_OK, S(), "ls", "--json");
@@ -3787,7 +3780,7 @@ Test(cli, grow_gives_a_full_session_more_slots)
     contains(1, "grew 'small' to 400 token slots, holding its 100 tokens");
     st = ts_store_open(S());
     s = open_rw(st, "small");
-    cr_assert_eq(info_of(s).capacity, 400);
+    cr_assert_eq(ts_info(s).capacity, 400);
     cr_assert_eq(ts_check_all(s), 0);
     ts_append_many(s, 200);
     ctxs_session_close(s);
@@ -4179,7 +4172,7 @@ Test(cli, a_file_restored_under_another_id_gets_its_labels_name_when_free)
     CLI_EXPECT(EX_OK, S(), "verify");
     ctxs_store *st = ts_store_open(S());
     ctxs_session *s = open_ro(st, "chat");
-    cr_assert_eq(info_of(s).n_tokens, 40);
+    cr_assert_eq(ts_info(s).n_tokens, 40);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
     ctxs_store_close(st);

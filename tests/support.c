@@ -765,19 +765,39 @@ size_t ts_pending_intents(ctxs_store *st)
     return ms.ms_entries;
 }
 
-void ts_raw_put(const char *dir, const char *db, const void *key, size_t key_len,
-                const void *val, size_t val_len)
+MDB_env *ts_raw_env(const char *dir, unsigned flags)
 {
     MDB_env *env;
-    MDB_txn *txn;
-    MDB_dbi dbi;
     cr_assert_eq(mdb_env_create(&env), 0);
     cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
     cr_assert_eq(mdb_env_set_mapsize(env, (size_t)1 << 30), 0);
-    int rc = mdb_env_open(env, ts_path(dir, "index"), 0, 0600);
+    int rc = mdb_env_open(env, ts_path(dir, "index"), flags, 0600);
     cr_assert_eq(rc, 0, "mdb_env_open: %s", mdb_strerror(rc));
+    return env;
+}
+
+size_t ts_raw_entries(const char *dir, const char *db)
+{
+    MDB_env *env = ts_raw_env(dir, MDB_RDONLY);
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_stat ms;
+    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, db, 0, &dbi), 0, "no table %s", db);
+    cr_assert_eq(mdb_stat(txn, dbi, &ms), 0);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    return ms.ms_entries;
+}
+
+void ts_raw_put(const char *dir, const char *db, const void *key, size_t key_len,
+                const void *val, size_t val_len)
+{
+    MDB_env *env = ts_raw_env(dir, 0);
+    MDB_txn *txn;
+    MDB_dbi dbi;
     cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
-    rc = mdb_dbi_open(txn, db, MDB_CREATE, &dbi);
+    int rc = mdb_dbi_open(txn, db, MDB_CREATE, &dbi);
     cr_assert_eq(rc, 0, "mdb_dbi_open(%s): %s", db, mdb_strerror(rc));
     MDB_val k = {key_len, (void *)key}, v = {val_len, (void *)val};
     rc = val ? mdb_put(txn, dbi, &k, &v, 0) : mdb_del(txn, dbi, &k, NULL);

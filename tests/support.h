@@ -122,6 +122,17 @@ uint64_t ts_mix64(uint64_t x);
  * with raw LMDB. */
 size_t ts_pending_intents(ctxs_store *st);
 
+/* The LMDB environment of the index of the store at dir, opened with raw
+ * LMDB (flags: 0 or MDB_RDONLY; 16 tables, a map of 1 GiB), asserted; the
+ * caller closes it (mdb_env_close()). The store must not be open in this
+ * process: LMDB forbids two opens of one environment in a process. */
+typedef struct MDB_env MDB_env;
+MDB_env *ts_raw_env(const char *dir, unsigned flags);
+
+/* The entries of table db in the index of the store at dir (raw LMDB, as
+ * ts_raw_env()), asserting that the table exists. */
+size_t ts_raw_entries(const char *dir, const char *db);
+
 /* Writes db[key] = val straight into the index of the store at dir with
  * raw LMDB (what another program, or damage, could leave), creating the
  * table if needed; val NULL deletes the key. The store must not be open in

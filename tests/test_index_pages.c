@@ -86,10 +86,7 @@ static void compact_index(void)
     char tmp[4096];
     snprintf(tmp, sizeof(tmp), "%s/compact-copy", ts_store_dir());
     cr_assert_eq(mkdir(tmp, 0700), 0);
-    MDB_env *env;
-    cr_assert_eq(mdb_env_create(&env), 0);
-    cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
-    cr_assert_eq(mdb_env_open(env, index, MDB_RDONLY, 0600), 0);
+    MDB_env *env = ts_raw_env(ts_store_dir(), MDB_RDONLY);
     cr_assert_eq(mdb_env_copy2(env, tmp, MDB_CP_COMPACT), 0);
     mdb_env_close(env);
     char from[4200], to[4200];

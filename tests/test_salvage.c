@@ -118,11 +118,8 @@ static uint8_t *fixture(size_t *len, size_t *psize)
         }
     }
     ctxs_store_close(st);
-    MDB_env *env;
+    MDB_env *env = ts_raw_env(ts_store_dir(), MDB_RDONLY);
     MDB_stat ms;
-    cr_assert_eq(mdb_env_create(&env), 0);
-    cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
-    cr_assert_eq(mdb_env_open(env, ts_path(ts_store_dir(), "index"), MDB_RDONLY, 0600), 0);
     cr_assert_eq(mdb_env_stat(env, &ms), 0);
     mdb_env_close(env);
     *psize = ms.ms_psize;
@@ -139,12 +136,9 @@ static void put_index(const uint8_t *bytes, size_t len)
 /* Raw LMDB writes, for records of the wrong shape (the store is closed). */
 static void raw_put(const char *db, const void *k, size_t kl, const void *v, size_t vl)
 {
-    MDB_env *env;
+    MDB_env *env = ts_raw_env(ts_store_dir(), 0);
     MDB_txn *txn;
     MDB_dbi dbi;
-    cr_assert_eq(mdb_env_create(&env), 0);
-    cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
-    cr_assert_eq(mdb_env_open(env, ts_path(ts_store_dir(), "index"), 0, 0600), 0);
     cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
     cr_assert_eq(mdb_dbi_open(txn, db, 0, &dbi), 0);
     MDB_val key = {kl, (void *)k}, val = {vl, (void *)v};
@@ -165,9 +159,7 @@ static size_t tree_pages(void)
     MDB_stat ms;
     MDB_val key, val;
     size_t n = 0;
-    cr_assert_eq(mdb_env_create(&env), 0);
-    cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
-    cr_assert_eq(mdb_env_open(env, ts_path(ts_store_dir(), "index"), MDB_RDONLY, 0600), 0);
+    env = ts_raw_env(ts_store_dir(), MDB_RDONLY);
     cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
     for (MDB_dbi dbi = 0; dbi < 2; dbi++) {
         cr_assert_eq(mdb_stat(txn, dbi, &ms), 0);

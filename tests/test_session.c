@@ -41,6 +41,15 @@ static ctxs_session *reopen(const char *name, unsigned flags)
     return s;
 }
 
+/* name opens again read-write with n tokens, each reading back. */
+static void expect_reopens_whole(const char *name, uint64_t n)
+{
+    ctxs_session *s = reopen(name, 0);
+    cr_expect_eq(ts_info(s).n_tokens, n);
+    cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+}
+
 Test(session, a_new_session_is_empty_sparse_and_private)
 {
     ctxs_session *s = create("a", 2048, 4, 1, CTXS_SYNC_ASYNC);
@@ -135,10 +144,7 @@ Test(session, another_process_reads_what_was_committed)
     cr_assert_eq(waitpid(child, &status, 0), child);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
 
-    s = reopen("a", 0);
-    cr_expect_eq(ts_info(s).n_tokens, 150);
-    cr_expect_eq(ts_check_all(s), 0);
-    ctxs_session_close(s);
+    expect_reopens_whole("a", 150);
 }
 
 Test(session, the_ring_keeps_sinks_and_the_newest_tokens)
@@ -227,10 +233,7 @@ Test(session, rollback_returns_to_an_earlier_count)
     cr_assert_eq(ts_append(s, 5), 0);
     ctxs_session_close(s);
 
-    s = reopen("a", 0);
-    cr_expect_eq(ts_info(s).n_tokens, 25);
-    cr_expect_eq(ts_check_all(s), 0);
-    ctxs_session_close(s);
+    expect_reopens_whole("a", 25);
 }
 
 Test(session, rollback_respects_the_ring)

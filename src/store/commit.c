@@ -16,7 +16,10 @@
  *   (its watermark and ring start at most its count, its held runs within
  *   the capacity), in the slot that does not hold the current record and
  *   with the next sequence number, so that the current record stays whole
- *   until a newer one is.
+ *   until a newer one is. The exception: a count or a sequence number at
+ *   the limit a reader takes (at_a_limit()), which only a file that
+ *   already claimed about as much reaches; the reader then keeps the
+ *   record before it.
  * Invariant C3: a rollback makes both records claim the new count durably
  *   before it zeroes a dropped position's checksum: zeroed checksums under
  *   a surviving older record would fail tokens its watermark vouches for.
@@ -38,6 +41,16 @@
  * each (layer, K|V, head) run, to keep the fallocate calls per token low. */
 #define ALLOC_STEP_BYTES 65536u
 
+/* A record past what a reader takes: a count of CTXS__MAX_POSITION, or a
+ * sequence number that follows prev_seq at UINT64_MAX or wraps. Only a
+ * file that claimed about as much already (a damaged or hostile one) leads
+ * a writer there, and such a record is written as before (C2's
+ * exception). */
+static int at_a_limit(const ctxs__disk_record *r, uint64_t prev_seq)
+{
+    return r->n_tokens >= CTXS__MAX_POSITION || prev_seq >= UINT64_MAX - 1;
+}
+
 int ctxs__record_write(ctxs_session *s, const ctxs__state *next)
 {
     uint32_t index = s->cur_record ^ 1u;
@@ -50,7 +63,8 @@ int ctxs__record_write(ctxs_session *s, const ctxs__state *next)
     ctxs__boot_id(r.boot_id);
     r.written_unix_ms = ctxs__now_ms();
     ctxs__record_seal(&r, index);
-    CTXS__INVARIANT("C2", ctxs__record_valid(&r, index, &s->lay, s->ring) && r.seq > s->st.seq);
+    CTXS__INVARIANT("C2", at_a_limit(&r, s->st.seq) ||
+                              (ctxs__record_valid(&r, index, &s->lay, s->ring) && r.seq > s->st.seq));
 
     /* Everything written before (K/V, token ids, checksums) must reach the
      * page cache, and other processes, before the record that claims it.
@@ -580,7 +594,9 @@ int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
     ctxs__state dropped = s->st;
     if ((rc = ctxs__record_write_both(s, &next)) < 0 || (rc = ctxs__sync_meta(s)) < 0)
         return ctxs__fail(s);
-    CTXS__INVARIANT("C3", records_claim(s, n_tokens));
+    /* (Two records written from a sequence number at the limit: C2's
+     * exception.) */
+    CTXS__INVARIANT("C3", dropped.seq >= UINT64_MAX - 2 || records_claim(s, n_tokens));
     s->claim_floor = n_tokens;
     if ((forget_held_from(s, &dropped, n_tokens) | forget_groups_from(s, n_tokens)) &&
         (rc = ctxs__sync_meta(s)) < 0)

@@ -127,6 +127,38 @@ extern "C" {
  *   not know.
  */
 
+/* ---------------------------------------------------------------------------
+ * Process-wide state
+ *
+ * The library keeps, per process and out of any handle:
+ * - the open sessions (for the pressure state and the background worker),
+ *   under one mutex, with a pthread_atfork() handler registered at the
+ *   first open: the mutex is held across fork(), and the child forgets the
+ *   worker (it starts one at its next open or commit that needs it);
+ * - the background worker thread while a session with the background
+ *   option is open ("Background work");
+ * - the open stores, so that two opens of one store share one LMDB
+ *   environment, with a pthread_atfork() handler registered at the first
+ *   store open: the child starts with none (its parent's are leaked, never
+ *   closed, as LMDB requires), so a store it opens is its own;
+ * - the sessions this process is creating through a store (between the
+ *   intent and the index entry), so that a store open does not take them
+ *   for a crashed creator's; a child inherits the list as it was;
+ * - the pressure state (ctxs_set_pressure()) and the pressure watcher's
+ *   thread, which a child does not inherit;
+ * - the machine's boot id and the CPU kernel's instruction set, each found
+ *   once, at first use, and inherited by a child;
+ * - the last error, per thread (ctxs_get_last_error()).
+ * Each is thread-safe. A child of fork() uses none of its parent's handles
+ * (see "Stores") and may open its own. The atfork handlers above make the
+ * locks of the open sessions and of the open stores safe across fork();
+ * the others (the sessions being created, the pressure watcher's, the
+ * remote tier's) are held for a few instructions at a time, but a fork
+ * made while another thread holds one leaves it held in the child: a
+ * threaded program whose child calls the library forks where no other
+ * thread is inside a create, a watcher start or stop, or a remote call.
+ */
+
 /* Names of sessions, checkpoints and models: at most this many bytes, see
  * "Stores" for the rule. Buffers that receive one are CTXS_NAME_MAX + 1. */
 #define CTXS_NAME_MAX 255

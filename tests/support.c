@@ -148,11 +148,16 @@ ctxs_session_entry ts_session_entry(ctxs_store *st, const char *name)
     return e;
 }
 
-uint64_t ts_n_tokens(const ctxs_session *s)
+ctxs_session_info ts_info(const ctxs_session *s)
 {
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    return info.n_tokens;
+    return info;
+}
+
+uint64_t ts_n_tokens(const ctxs_session *s)
+{
+    return ts_info(s).n_tokens;
 }
 
 uint64_t ts_mix64(uint64_t x)
@@ -195,27 +200,51 @@ void ts_fill_kv(const ctxs_geometry *g, uint64_t pos, uint16_t *k, uint16_t *v)
     }
 }
 
-int ts_append(ctxs_session *s, uint32_t n)
+int ts_try_append(ctxs_session *s, uint32_t n, int *stage)
 {
+    int at = 0;
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    int rc = ctxs_session_get_info(&info, s);
+    if (stage)
+        *stage = 0;
+    if (rc)
+        return rc;
     const ctxs_geometry *g = &info.model.geometry;
     size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     uint16_t *k = malloc(per * 2), *v = malloc(per * 2);
     uint32_t *ids = malloc((size_t)n * 4);
-    cr_assert(k && v && ids);
     ctxs_reservation r;
-    int rc = ctxs_session_reserve(&r, s, n);
+    if (!k || !v || !ids) {
+        rc = CTXS_ENOMEM;
+    } else {
+        at = TS_AT_RESERVE;
+        rc = ctxs_session_reserve(&r, s, n);
+    }
+    if (rc == 0)
+        at = TS_AT_WRITE;
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
         ts_fill_kv(g, r.first_pos + i, k, v);
         ids[i] = ts_token(r.first_pos + i);
         rc = ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16);
     }
-    if (rc == 0)
+    if (rc == 0) {
+        at = TS_AT_COMMIT;
         rc = ctxs_session_commit(s, ids, n);
+    }
     free(k);
     free(v);
     free(ids);
+    if (stage)
+        *stage = at;
+    return rc;
+}
+
+int ts_append(ctxs_session *s, uint32_t n)
+{
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    int stage, rc = ts_try_append(s, n, &stage);
+    cr_assert(rc == 0 || stage != 0, "ts_append: out of memory");
     return rc;
 }
 
@@ -423,25 +452,77 @@ void ts_enter_small_disk(const char *mnt, const char *size)
     _exit(77);
 }
 
+pid_t ts_fork_pipe(int *fd)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    close(fds[pid == 0 ? 0 : 1]);
+    *fd = fds[pid == 0 ? 1 : 0];
+    return pid;
+}
+
+int ts_in_child(int (*body)(void *arg), void *arg, const char *what)
+{
+    int fd;
+    pid_t pid = ts_fork_pipe(&fd);
+    if (pid == 0) {
+        int rc = body(arg);
+        ssize_t w = write(fd, &rc, sizeof(rc));
+        _exit(w == (ssize_t)sizeof(rc) ? 0 : 1);
+    }
+    int rc = 0;
+    ssize_t got;
+    do
+        got = read(fd, &rc, sizeof(rc));
+    while (got < 0 && errno == EINTR);
+    close(fd);
+    int status = ts_wait(pid);
+    cr_assert(!WIFSIGNALED(status), "%s: the child was killed by signal %d (%s)", what,
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0,
+              WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "?");
+    cr_assert_eq(WEXITSTATUS(status), 0, "%s: the child exited %d (a fault under ASan?)", what,
+                 WEXITSTATUS(status));
+    cr_assert_eq(got, (ssize_t)sizeof(rc), "%s: the child sent no result", what);
+    return rc;
+}
+
+int ts_store_read(unsigned flags, int deep)
+{
+    ctxs_store *st = NULL;
+    int rc = ctxs_store_open(&st, ts_store_dir(), flags, NULL);
+    ctxs_session_entry *list = NULL;
+    size_t n = 0;
+    if (rc == 0)
+        rc = ctxs_store_session_list(&list, &n, st);
+    for (size_t i = 0; deep && rc == 0 && i < n; i++) {
+        ctxs_meta_entry *meta = NULL;
+        size_t n_meta = 0;
+        rc = ctxs_store_session_list_meta(&meta, &n_meta, st, list[i].name);
+        ctxs_free(meta);
+    }
+    ctxs_free(list);
+    ctxs_store_close(st);
+    return rc;
+}
+
 void ts_run_child(void (*body)(const char *mnt), const char *what)
 {
     const char *mnt = ts_path(ts_scratch, "mnt");
     cr_assert_eq(mkdir(mnt, 0700), 0);
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
+    int fd;
+    pid_t pid = ts_fork_pipe(&fd);
     if (pid == 0) {
-        close(fds[0]);
-        ts_child_log_fd = fds[1];
+        ts_child_log_fd = fd;
         body(mnt);
         _exit(1);
     }
-    close(fds[1]);
     static char msg[16384];
     size_t len = 0;
     for (;;) {
-        ssize_t r = read(fds[0], msg + len, sizeof(msg) - 1 - len);
+        ssize_t r = read(fd, msg + len, sizeof(msg) - 1 - len);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
@@ -451,9 +532,8 @@ void ts_run_child(void (*body)(const char *mnt), const char *what)
             break;
     }
     msg[len] = '\0';
-    close(fds[0]);
-    int st;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    close(fd);
+    int st = ts_wait(pid);
     if (WIFSIGNALED(st))
         cr_assert_fail("%s: the child died of signal %d (%s). Its log:\n%s", what, WTERMSIG(st),
                        strsignal(WTERMSIG(st)), msg);
@@ -685,19 +765,39 @@ size_t ts_pending_intents(ctxs_store *st)
     return ms.ms_entries;
 }
 
-void ts_raw_put(const char *dir, const char *db, const void *key, size_t key_len,
-                const void *val, size_t val_len)
+MDB_env *ts_raw_env(const char *dir, unsigned flags)
 {
     MDB_env *env;
-    MDB_txn *txn;
-    MDB_dbi dbi;
     cr_assert_eq(mdb_env_create(&env), 0);
     cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
     cr_assert_eq(mdb_env_set_mapsize(env, (size_t)1 << 30), 0);
-    int rc = mdb_env_open(env, ts_path(dir, "index"), 0, 0600);
+    int rc = mdb_env_open(env, ts_path(dir, "index"), flags, 0600);
     cr_assert_eq(rc, 0, "mdb_env_open: %s", mdb_strerror(rc));
+    return env;
+}
+
+size_t ts_raw_entries(const char *dir, const char *db)
+{
+    MDB_env *env = ts_raw_env(dir, MDB_RDONLY);
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_stat ms;
+    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, db, 0, &dbi), 0, "no table %s", db);
+    cr_assert_eq(mdb_stat(txn, dbi, &ms), 0);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    return ms.ms_entries;
+}
+
+void ts_raw_put(const char *dir, const char *db, const void *key, size_t key_len,
+                const void *val, size_t val_len)
+{
+    MDB_env *env = ts_raw_env(dir, 0);
+    MDB_txn *txn;
+    MDB_dbi dbi;
     cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
-    rc = mdb_dbi_open(txn, db, MDB_CREATE, &dbi);
+    int rc = mdb_dbi_open(txn, db, MDB_CREATE, &dbi);
     cr_assert_eq(rc, 0, "mdb_dbi_open(%s): %s", db, mdb_strerror(rc));
     MDB_val k = {key_len, (void *)key}, v = {val_len, (void *)val};
     rc = val ? mdb_put(txn, dbi, &k, &v, 0) : mdb_del(txn, dbi, &k, NULL);

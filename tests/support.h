@@ -43,6 +43,9 @@ const char *ts_id_path(uint64_t id);
 /* ctxs_store_session_get() of name, asserting that it succeeds. */
 ctxs_session_entry ts_session_entry(ctxs_store *st, const char *name);
 
+/* ctxs_session_get_info() of s, asserted. */
+ctxs_session_info ts_info(const ctxs_session *s);
+
 /* The committed token count of s (ctxs_session_get_info(), asserted). */
 uint64_t ts_n_tokens(const ctxs_session *s);
 
@@ -70,6 +73,13 @@ void ts_fill_kv(const ctxs_geometry *g, uint64_t pos, uint16_t *k,
  * ts_fill_kv contents and ts_token ids. Returns the first error (of the
  * reserve, a write or the commit), or 0. */
 int ts_append(ctxs_session *s, uint32_t n);
+
+/* ts_append() without Criterion, for children and for tests that must know
+ * which step failed: *stage (may be NULL) gets TS_AT_RESERVE, TS_AT_WRITE
+ * or TS_AT_COMMIT, the step of the error returned (0 before the first:
+ * ctxs_session_get_info() or an allocation, CTXS_ENOMEM). */
+enum { TS_AT_RESERVE = 1, TS_AT_WRITE, TS_AT_COMMIT };
+int ts_try_append(ctxs_session *s, uint32_t n, int *stage);
 
 /* ts_append() with the K/V handed over a layer at a time
  * (ctxs_session_write_layer()): the same contents, the same ids. */
@@ -111,6 +121,17 @@ uint64_t ts_mix64(uint64_t x);
 /* The intents (create or delete under way) in the store's index, read
  * with raw LMDB. */
 size_t ts_pending_intents(ctxs_store *st);
+
+/* The LMDB environment of the index of the store at dir, opened with raw
+ * LMDB (flags: 0 or MDB_RDONLY; 16 tables, a map of 1 GiB), asserted; the
+ * caller closes it (mdb_env_close()). The store must not be open in this
+ * process: LMDB forbids two opens of one environment in a process. */
+typedef struct MDB_env MDB_env;
+MDB_env *ts_raw_env(const char *dir, unsigned flags);
+
+/* The entries of table db in the index of the store at dir (raw LMDB, as
+ * ts_raw_env()), asserting that the table exists. */
+size_t ts_raw_entries(const char *dir, const char *db);
 
 /* Writes db[key] = val straight into the index of the store at dir with
  * raw LMDB (what another program, or damage, could leave), creating the
@@ -170,6 +191,23 @@ void ts_enter_small_disk(const char *mnt, const char *size);
  * directory) and judges its exit: a signal or a 1 fails the test with the
  * child's log, 77 skips it loudly. */
 void ts_run_child(void (*body)(const char *mnt), const char *what);
+
+/* Forks with a pipe from the child to the parent (stdio flushed first).
+ * Returns 0 in the child, where *fd is the pipe's write end, and the
+ * child's pid in the parent, where *fd is its read end; the other end is
+ * closed on each side. Asserts that pipe() and fork() succeed. */
+pid_t ts_fork_pipe(int *fd);
+
+/* Runs body(arg) in a forked child and returns the int it returned, sent
+ * through a pipe; body uses no Criterion assertion. A child killed by a
+ * signal, or that exits without sending its result (ASan reports a fault
+ * and exits 1), fails the test, naming what. */
+int ts_in_child(int (*body)(void *arg), void *arg, const char *what);
+
+/* For a child: opens the store ts_store_dir() with flags, lists its
+ * sessions and, when deep, each one's metadata, and closes it. Returns the
+ * first error, or 0. */
+int ts_store_read(unsigned flags, int deep);
 
 /* A store (or any tree) the user may read but not write: everything under
  * dir becomes 0555 (directories) or 0444 (files), and ts_scratch 0755 so

@@ -70,6 +70,17 @@ static const uint32_t all_dtypes[] = {CTXS_DTYPE_F16, CTXS_DTYPE_BF16, CTXS_DTYP
 #define FOR_EACH_DTYPE                                                          \
     for (size_t dti_ = 0; dti_ < N_DTYPES && (g_dtype = all_dtypes[dti_], 1); dti_++)
 
+/* Test(attention, name) for every dtype: the body that follows the macro
+ * runs once with g_dtype set to each. */
+#define DTYPE_TEST(name)                                                                           \
+    static void name##_in(void);                                                                   \
+    Test(attention, name)                                                                          \
+    {                                                                                              \
+        FOR_EACH_DTYPE                                                                             \
+            name##_in();                                                                           \
+    }                                                                                              \
+    static void name##_in(void)
+
 static const char *dtype_name(uint32_t dt)
 {
     return dt == CTXS_DTYPE_F16 ? "f16" : dt == CTXS_DTYPE_BF16 ? "bf16" : dt == CTXS_DTYPE_Q8 ? "q8" : "?";
@@ -121,6 +132,13 @@ static ctxs_session *create(const char *name, uint32_t n_layers, uint32_t n_kv,
     return s;
 }
 
+static ctxs_layout layout_of(const ctxs_session *s)
+{
+    ctxs_layout lay;
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    return lay;
+}
+
 static ctxs_session *create_plain(const char *name, uint32_t n_layers, uint32_t n_kv,
                                   uint32_t head_dim)
 {
@@ -131,8 +149,7 @@ static ctxs_session *create_plain(const char *name, uint32_t n_layers, uint32_t 
  * (and their scales through ctxs_session_get_scales for Q8). */
 static ctxs_reservation reserve_random(ctxs_session *s, uint32_t n)
 {
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     const ctxs_geometry *g = &lay.geometry;
     ctxs_reservation r;
     int rc = ctxs_session_reserve(&r, s, n);
@@ -177,6 +194,15 @@ static void append_random(ctxs_session *s, uint64_t n)
         commit(s, &r, k);
         n -= k;
     }
+}
+
+/* create_plain() with n random tokens committed. */
+static ctxs_session *plain_of(const char *name, uint32_t n_layers, uint32_t n_kv, uint32_t head_dim,
+                              uint64_t n)
+{
+    ctxs_session *s = create_plain(name, n_layers, n_kv, head_dim);
+    append_random(s, n);
+    return s;
 }
 
 static float *rand_q(uint32_t n, uint32_t n_heads, uint32_t hd, float amp)
@@ -317,8 +343,7 @@ static int slot_of(uint32_t *slot, const ctxs_session *s, const ctxs_reservation
 static keyset visible(const ctxs_session *s, const ctxs_reservation *pend, uint32_t layer,
                       uint64_t p, uint32_t window, uint32_t n_sink, int via_read_token)
 {
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     const ctxs_geometry *g = &lay.geometry;
     keyset ks = {0, g->n_kv_heads, g->head_dim, NULL, NULL};
     size_t row = (size_t)g->n_kv_heads * g->head_dim;
@@ -493,16 +518,7 @@ static void expect_plan_sane(const ctxs_attn_plan *p)
 
 /* --- Decode ---------------------------------------------------------------- */
 
-static void decode_matches_the_reference_for_every_head_dim_and_gqa_ratio_in(void);
-
-/* For every dtype. */
-Test(attention, decode_matches_the_reference_for_every_head_dim_and_gqa_ratio)
-{
-    FOR_EACH_DTYPE
-        decode_matches_the_reference_for_every_head_dim_and_gqa_ratio_in();
-}
-
-static void decode_matches_the_reference_for_every_head_dim_and_gqa_ratio_in(void)
+DTYPE_TEST(decode_matches_the_reference_for_every_head_dim_and_gqa_ratio)
 {
     rng = ts_seed("decode_matches_the_reference");
     static const uint32_t dims[] = {1, 40, 64, 128, 256};
@@ -516,8 +532,7 @@ static void decode_matches_the_reference_for_every_head_dim_and_gqa_ratio_in(voi
          * sum are rescaled between blocks. */
         append_random(s, 200);
         ctxs_attn_plan plan = plan_of(s, 0);
-        ctxs_layout lay;
-        cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+        ctxs_layout lay = layout_of(s);
         for (size_t ri = 0; ri < sizeof(ratios) / sizeof(ratios[0]); ri++) {
             const uint32_t n_heads = n_kv * ratios[ri];
             float *q = rand_q(1, n_heads, hd, 2.0f);
@@ -540,23 +555,12 @@ static void decode_matches_the_reference_for_every_head_dim_and_gqa_ratio_in(voi
     }
 }
 
-static void one_kv_head_per_query_head_and_an_explicit_scale_in(void);
-
-/* For every dtype. */
-Test(attention, one_kv_head_per_query_head_and_an_explicit_scale)
-{
-    FOR_EACH_DTYPE
-        one_kv_head_per_query_head_and_an_explicit_scale_in();
-}
-
-static void one_kv_head_per_query_head_and_an_explicit_scale_in(void)
+DTYPE_TEST(one_kv_head_per_query_head_and_an_explicit_scale)
 {
     rng = ts_seed("explicit_scale");
-    ctxs_session *s = create_plain("a", 3, 4, 72);
-    append_random(s, 130);
+    ctxs_session *s = plain_of("a", 3, 4, 72, 130);
     ctxs_attn_plan plan = plan_of(s, 0);
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     float *q = rand_q(1, 4, 72, 1.0f);
     float *out = alloc_out(4 * 72), *out0 = alloc_out(4 * 72);
     FOR_EACH_ISA(isa)
@@ -580,16 +584,7 @@ static void one_kv_head_per_query_head_and_an_explicit_scale_in(void)
 
 /* --- Windows, sinks, rings, pressure ------------------------------------- */
 
-static void sinks_and_a_small_window_skip_the_keys_between_in(void);
-
-/* For every dtype. */
-Test(attention, sinks_and_a_small_window_skip_the_keys_between)
-{
-    FOR_EACH_DTYPE
-        sinks_and_a_small_window_skip_the_keys_between_in();
-}
-
-static void sinks_and_a_small_window_skip_the_keys_between_in(void)
+DTYPE_TEST(sinks_and_a_small_window_skip_the_keys_between)
 {
     rng = ts_seed("small_window");
     ctxs_session *s = create_plain("a", 2, 2, 64);
@@ -603,8 +598,7 @@ static void sinks_and_a_small_window_skip_the_keys_between_in(void)
     cr_expect_eq(plan.spans[1].count, 100);
     cr_expect_eq(plan.window, 100);
     expect_plan_sane(&plan);
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     float *q = rand_q(1, 8, 64, 2.0f);
     float *out = alloc_out(8 * 64);
     FOR_EACH_ISA(isa)
@@ -630,16 +624,7 @@ static void sinks_and_a_small_window_skip_the_keys_between_in(void)
     ctxs_session_close(s);
 }
 
-static void a_wrapped_ring_reads_its_spans_in_position_order_in(void);
-
-/* For every dtype. */
-Test(attention, a_wrapped_ring_reads_its_spans_in_position_order)
-{
-    FOR_EACH_DTYPE
-        a_wrapped_ring_reads_its_spans_in_position_order_in();
-}
-
-static void a_wrapped_ring_reads_its_spans_in_position_order_in(void)
+DTYPE_TEST(a_wrapped_ring_reads_its_spans_in_position_order)
 {
     rng = ts_seed("wrapped_ring");
     ctxs_session *s = create("a", 2, 2, 48, ts_options(128, 4, 1, CTXS_SYNC_NONE));
@@ -651,8 +636,7 @@ static void a_wrapped_ring_reads_its_spans_in_position_order_in(void)
     cr_expect(plan.n_spans >= 2 && plan.n_spans <= 3, "%u spans", plan.n_spans);
     cr_expect_eq(plan.n_keys, 128);
     expect_plan_sane(&plan);
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     float *q = rand_q(1, 4, 48, 2.0f);
     float *out = alloc_out(4 * 48);
     FOR_EACH_ISA(isa)
@@ -678,16 +662,7 @@ static void a_wrapped_ring_reads_its_spans_in_position_order_in(void)
     ctxs_session_close(s);
 }
 
-static void memory_pressure_shrinks_the_plan_and_the_keys_read_in(void);
-
-/* For every dtype. */
-Test(attention, memory_pressure_shrinks_the_plan_and_the_keys_read)
-{
-    FOR_EACH_DTYPE
-        memory_pressure_shrinks_the_plan_and_the_keys_read_in();
-}
-
-static void memory_pressure_shrinks_the_plan_and_the_keys_read_in(void)
+DTYPE_TEST(memory_pressure_shrinks_the_plan_and_the_keys_read)
 {
     rng = ts_seed("pressure");
     ctxs_create_options o = ts_options(1024, 4, 1, CTXS_SYNC_NONE);
@@ -702,8 +677,7 @@ static void memory_pressure_shrinks_the_plan_and_the_keys_read_in(void)
     cr_expect_eq(plan.window, 80);
     cr_expect_eq(plan.n_keys, 84);
     expect_plan_sane(&plan);
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     float *q = rand_q(1, 4, 64, 2.0f);
     float *out = alloc_out(4 * 64);
     FOR_EACH_ISA(isa)
@@ -736,8 +710,7 @@ static void prefill_case(uint32_t capacity, uint32_t n_sink, uint32_t window,
     cr_expect_eq(plan.first_query, committed);
     cr_expect_eq(plan.n_tokens, (uint64_t)committed + n);
     expect_plan_sane(&plan);
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
 
     const uint32_t n_heads = n_kv * group;
     const size_t row = (size_t)n_heads * hd;
@@ -812,16 +785,7 @@ static void prefill_case(uint32_t capacity, uint32_t n_sink, uint32_t window,
     cr_assert_eq(remove(dtype_path("a")), 0);
 }
 
-static void prefill_matches_the_reference_and_each_decode_bit_for_bit_in(void);
-
-/* For every dtype. */
-Test(attention, prefill_matches_the_reference_and_each_decode_bit_for_bit)
-{
-    FOR_EACH_DTYPE
-        prefill_matches_the_reference_and_each_decode_bit_for_bit_in();
-}
-
-static void prefill_matches_the_reference_and_each_decode_bit_for_bit_in(void)
+DTYPE_TEST(prefill_matches_the_reference_and_each_decode_bit_for_bit)
 {
     rng = ts_seed("prefill");
     /* 200 committed, 70 pending, window 150: the first query reads keys
@@ -830,16 +794,7 @@ static void prefill_matches_the_reference_and_each_decode_bit_for_bit_in(void)
     prefill_case(1024, 4, 150, 200, 70, 2, 4, 64);
 }
 
-static void prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic_in(void);
-
-/* For every dtype. */
-Test(attention, prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic)
-{
-    FOR_EACH_DTYPE
-        prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic_in();
-}
-
-static void prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic_in(void)
+DTYPE_TEST(prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic)
 {
     rng = ts_seed("prefill_ring");
     /* The pending tokens wrap the ring; head_dim and the group size are not
@@ -852,16 +807,7 @@ static void prefill_in_a_wrapped_ring_with_odd_sizes_is_deterministic_in(void)
  * groups wider than a tile, windows that cut every query's keys (each
  * query walks alone, its blocks offset from its neighbour's) or only the
  * later queries' (the switch inside a block of queries), a wrapped ring. */
-static void blocked_prefill_of_many_queries_equals_each_decode_in(void);
-
-/* For every dtype. */
-Test(attention, blocked_prefill_of_many_queries_equals_each_decode)
-{
-    FOR_EACH_DTYPE
-        blocked_prefill_of_many_queries_equals_each_decode_in();
-}
-
-static void blocked_prefill_of_many_queries_equals_each_decode_in(void)
+DTYPE_TEST(blocked_prefill_of_many_queries_equals_each_decode)
 {
     rng = ts_seed("blocked_prefill");
     const uint32_t QB = CTXS__ATTN_QBLOCK, T = CTXS__ATTN_TILE;
@@ -874,16 +820,7 @@ static void blocked_prefill_of_many_queries_equals_each_decode_in(void)
     prefill_case(1024, 4, 64, 30, 4 * QB + 7, 2, 3, 16);
 }
 
-static void blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode_in(void);
-
-/* For every dtype. */
-Test(attention, blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode)
-{
-    FOR_EACH_DTYPE
-        blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode_in();
-}
-
-static void blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode_in(void)
+DTYPE_TEST(blocked_prefill_in_a_wrapped_ring_with_sinks_equals_each_decode)
 {
     rng = ts_seed("blocked_prefill_ring");
     /* The pending tokens wrap the ring; the plan's spans are the sinks and
@@ -898,8 +835,7 @@ Test(attention, keys_after_a_query_never_touch_its_output_in_a_prefill)
 {
     rng = ts_seed("later_keys");
     const uint32_t hd = 32, n_heads = 4, n = 2 * CTXS__ATTN_QBLOCK + 5;
-    ctxs_session *s = create_plain("a", 1, 2, hd);
-    append_random(s, 90);
+    ctxs_session *s = plain_of("a", 1, 2, hd, 90);
     ctxs_reservation r = reserve_random(s, n);
     /* The last pending token: K that would win every softmax, V inf and
      * NaN. Only the last query reads it. */
@@ -915,8 +851,7 @@ Test(attention, keys_after_a_query_never_touch_its_output_in_a_prefill)
         }
     }
     ctxs_attn_plan plan = plan_of(s, n);
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     const size_t row = (size_t)n_heads * hd;
     float *q = rand_q(n, n_heads, hd, 1.0f);
     float *pre = alloc_out(n * row), *one = alloc_out(row);
@@ -941,20 +876,10 @@ Test(attention, keys_after_a_query_never_touch_its_output_in_a_prefill)
     ctxs_session_close(s);
 }
 
-static void splitting_a_span_does_not_change_a_bit_in(void);
-
-/* For every dtype. */
-Test(attention, splitting_a_span_does_not_change_a_bit)
-{
-    FOR_EACH_DTYPE
-        splitting_a_span_does_not_change_a_bit_in();
-}
-
-static void splitting_a_span_does_not_change_a_bit_in(void)
+DTYPE_TEST(splitting_a_span_does_not_change_a_bit)
 {
     rng = ts_seed("split");
-    ctxs_session *s = create_plain("a", 1, 2, 64);
-    append_random(s, 250);
+    ctxs_session *s = plain_of("a", 1, 2, 64, 250);
     ctxs_attn_plan plan = plan_of(s, 0);
     cr_assert_eq(plan.n_spans, 1);
     /* The same keys as four spans, cut off the 64-key block boundaries. */
@@ -966,8 +891,7 @@ static void splitting_a_span_does_not_change_a_bit_in(void)
         cut.spans[i].slot = plan.spans[0].slot + at[i];
         cut.spans[i].count = at[i + 1] - at[i];
     }
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     float *q = rand_q(1, 8, 64, 2.0f);
     float *a = alloc_out(8 * 64), *b = alloc_out(8 * 64);
     FOR_EACH_ISA(isa)
@@ -983,23 +907,12 @@ static void splitting_a_span_does_not_change_a_bit_in(void)
     ctxs_session_close(s);
 }
 
-static void a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits_in(void);
-
-/* For every dtype. */
-Test(attention, a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits)
-{
-    FOR_EACH_DTYPE
-        a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits_in();
-}
-
-static void a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits_in(void)
+DTYPE_TEST(a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits)
 {
     rng = ts_seed("anon_copy");
-    ctxs_session *s = create_plain("a", 2, 2, 40);
-    append_random(s, 120);
+    ctxs_session *s = plain_of("a", 2, 2, 40, 120);
     ctxs_attn_plan plan = plan_of(s, 0);
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     void *anon = mmap(NULL, lay.kv_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                       -1, 0);
     cr_assert_neq(anon, MAP_FAILED);
@@ -1050,23 +963,12 @@ static void a_copy_of_the_kv_region_in_anonymous_memory_gives_the_same_bits_in(v
     ctxs_session_close(s);
 }
 
-static void the_kernels_of_different_isas_agree_closely_in(void);
-
-/* For every dtype. */
-Test(attention, the_kernels_of_different_isas_agree_closely)
-{
-    FOR_EACH_DTYPE
-        the_kernels_of_different_isas_agree_closely_in();
-}
-
-static void the_kernels_of_different_isas_agree_closely_in(void)
+DTYPE_TEST(the_kernels_of_different_isas_agree_closely)
 {
     rng = ts_seed("isas_agree");
-    ctxs_session *s = create_plain("a", 1, 2, 128);
-    append_random(s, 400);
+    ctxs_session *s = plain_of("a", 1, 2, 128, 400);
     ctxs_attn_plan plan = plan_of(s, 0);
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     float *q = rand_q(1, 8, 128, 2.0f);
     float *first = alloc_out(8 * 128), *out = alloc_out(8 * 128);
     int have = 0;
@@ -1088,16 +990,7 @@ static void the_kernels_of_different_isas_agree_closely_in(void)
     ctxs_session_close(s);
 }
 
-static void avx2_and_avx512_give_the_same_bits_in(void);
-
-/* For every dtype. */
-Test(attention, avx2_and_avx512_give_the_same_bits)
-{
-    FOR_EACH_DTYPE
-        avx2_and_avx512_give_the_same_bits_in();
-}
-
-static void avx2_and_avx512_give_the_same_bits_in(void)
+DTYPE_TEST(avx2_and_avx512_give_the_same_bits)
 {
     /* Not promised by the header, but by design: both sum each dot product
      * in 16 lanes with one tree and take the same exp() steps, so a
@@ -1111,11 +1004,9 @@ static void avx2_and_avx512_give_the_same_bits_in(void)
     for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++) {
         char name[16];
         snprintf(name, sizeof(name), "d%u", dims[di]);
-        ctxs_session *s = create_plain(name, 1, 2, dims[di]);
-        append_random(s, 150);
+        ctxs_session *s = plain_of(name, 1, 2, dims[di], 150);
         ctxs_attn_plan plan = plan_of(s, 0);
-        ctxs_layout lay;
-        cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+        ctxs_layout lay = layout_of(s);
         for (uint32_t group = 1; group <= 12; group++) {
             const size_t len = (size_t)2 * group * dims[di];
             float *q = rand_q(1, 2 * group, dims[di], 2.0f);
@@ -1151,23 +1042,12 @@ static void *run_pass(void *arg)
     return NULL;
 }
 
-static void threads_may_run_passes_over_one_mapping_at_once_in(void);
-
-/* For every dtype. */
-Test(attention, threads_may_run_passes_over_one_mapping_at_once)
-{
-    FOR_EACH_DTYPE
-        threads_may_run_passes_over_one_mapping_at_once_in();
-}
-
-static void threads_may_run_passes_over_one_mapping_at_once_in(void)
+DTYPE_TEST(threads_may_run_passes_over_one_mapping_at_once)
 {
     rng = ts_seed("threads");
-    ctxs_session *s = create_plain("a", 1, 2, 64);
-    append_random(s, 300);
+    ctxs_session *s = plain_of("a", 1, 2, 64, 300);
     ctxs_attn_plan plan = plan_of(s, 0);
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     float *q = rand_q(1, 8, 64, 2.0f);
     float *want = alloc_out(8 * 64);
     ctxs_attn_query qq = {q, 299, 1, 8, 0.0f};
@@ -1227,8 +1107,7 @@ Test(attention, scores_near_plus_minus_6e4_stay_finite_and_match)
     }
     commit(s, &r, 150);
     ctxs_attn_plan plan = plan_of(s, 0);
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     float *out = alloc_out(n_heads * hd);
     FOR_EACH_ISA(isa)
     {
@@ -1267,8 +1146,7 @@ Test(attention, scores_near_plus_minus_6e4_stay_finite_and_match)
 static void append_floats(ctxs_session *s, float *ok, float *ov, uint32_t n, uint32_t outliers,
                           float outlier_gain)
 {
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     const ctxs_geometry *g = &lay.geometry;
     const size_t tok = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
     for (uint32_t done = 0; done < n;) {
@@ -1403,8 +1281,7 @@ Test(attention, bf16_written_as_float32_matches_the_reference_of_its_rounding)
     append_floats(s, ok, ov, n, 4, 20.0f);
 
     /* What the session holds is each float rounded to nearest even. */
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     for (uint32_t p = 0; p < n; p++)
         for (uint32_t l = 0; l < n_layers; l++)
             for (uint32_t h = 0; h < n_kv; h++) {
@@ -1472,8 +1349,7 @@ Test(attention, q8_written_as_float32_stays_within_the_derived_bound)
         float *ov = malloc((committed + n) * tok * sizeof(float));
         cr_assert(ok && ov);
         append_floats(s, ok, ov, committed + n, cases[ci].outliers, cases[ci].gain);
-        ctxs_layout lay;
-        cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+        ctxs_layout lay = layout_of(s);
         /* Every query of the last n as one prefill (the plan of the
          * committed state serves the last query only, so a hand-made plan
          * with first_query lowered: the same single span). */
@@ -1699,11 +1575,9 @@ Test(attention, q8_and_bf16_layouts_are_checked_for_their_elements_and_scales)
     rng = ts_seed("dtype_einval");
     for (size_t di = 1; di < N_DTYPES; di++) {
         g_dtype = all_dtypes[di];
-        ctxs_session *s = create_plain("a", 2, 2, 16);
-        append_random(s, 50);
+        ctxs_session *s = plain_of("a", 2, 2, 16, 50);
         ctxs_attn_plan plan = plan_of(s, 0);
-        ctxs_layout lay;
-        cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+        ctxs_layout lay = layout_of(s);
         float *q = rand_q(1, 4, 16, 1.0f);
         float *out = alloc_out(4 * 16);
         const ctxs_attn_query good = {q, 49, 1, 4, 0.0f};
@@ -1758,11 +1632,9 @@ Test(attention, q8_and_bf16_layouts_are_checked_for_their_elements_and_scales)
 Test(attention, bad_arguments_are_einval_and_leave_out_alone)
 {
     rng = ts_seed("einval");
-    ctxs_session *s = create_plain("a", 2, 2, 16);
-    append_random(s, 50);
+    ctxs_session *s = plain_of("a", 2, 2, 16, 50);
     ctxs_attn_plan plan = plan_of(s, 0);
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     float *q = rand_q(4, 4, 16, 1.0f);
     float *out = alloc_out(4 * 4 * 16);
     const ctxs_attn_query good = {q, 49, 1, 4, 0.0f};
@@ -1870,11 +1742,9 @@ Test(attention, the_shared_check_agrees_with_the_kernel_and_gives_its_scale)
 {
     /* ctxs_attention_check() is what the CUDA and Metal kernels call. */
     rng = ts_seed("check");
-    ctxs_session *s = create_plain("a", 2, 2, 16);
-    append_random(s, 50);
+    ctxs_session *s = plain_of("a", 2, 2, 16, 50);
     ctxs_attn_plan plan = plan_of(s, 0);
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_layout lay = layout_of(s);
     float *q = rand_q(1, 4, 16, 1.0f);
     float *out = alloc_out(4 * 16);
     float scale = -1.0f;
@@ -1914,10 +1784,8 @@ Test(attention, the_shared_check_agrees_with_the_kernel_and_gives_its_scale)
 Test(attention, a_query_that_sees_no_key_gets_zeros_not_nan)
 {
     rng = ts_seed("no_key");
-    ctxs_session *s = create_plain("a", 1, 1, 16);
-    append_random(s, 30);
-    ctxs_layout lay;
-    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    ctxs_session *s = plain_of("a", 1, 1, 16, 30);
+    ctxs_layout lay = layout_of(s);
     /* A hand-built plan without sinks, a window of 1, and keys that stop
      * before the query: nothing is visible to it. */
     ctxs_attn_plan p = {0};

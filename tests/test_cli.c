@@ -239,6 +239,22 @@ static void mk(ctxs_store *st, const char *name, uint32_t capacity, int ring, ui
     ctxs_session_close(mk_open(st, name, capacity, ring, n));
 }
 
+/* The store S(), open, with the model registered. */
+static ctxs_store *store_with_model(void)
+{
+    ctxs_store *st = ts_store_open(S());
+    register_model(st);
+    return st;
+}
+
+/* The store S() with one session, name, of n tokens (mk()); closed. */
+static void store_with_session(const char *name, uint32_t capacity, int ring, uint64_t n)
+{
+    ctxs_store *st = store_with_model();
+    mk(st, name, capacity, ring, n);
+    ctxs_store_close(st);
+}
+
 static ctxs_session *open_rw(ctxs_store *st, const char *name)
 {
     ctxs_model m = model();
@@ -254,13 +270,6 @@ static ctxs_session *open_ro(ctxs_store *st, const char *name)
     int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
     cr_assert_eq(rc, 0, "open '%s' read-only: %s", name, ctxs_err_name(rc));
     return s;
-}
-
-static ctxs_session_info info_of(const ctxs_session *s)
-{
-    ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    return info;
 }
 
 /* The file of session name in the store at dir. */
@@ -407,7 +416,7 @@ static void same_state(const char *before, const char *dir, const char *after_wh
  * they hold the same positions. */
 static void same_tokens(const ctxs_session *a, const ctxs_session *b)
 {
-    ctxs_session_info ia = info_of(a), ib = info_of(b);
+    ctxs_session_info ia = ts_info(a), ib = ts_info(b);
     cr_assert_eq(ia.n_tokens, ib.n_tokens);
     cr_assert_eq(ia.n_held, ib.n_held);
     cr_assert_eq(ia.ring_start, ib.ring_start);
@@ -666,15 +675,14 @@ Test(cli, usage_errors_of_rename_models_and_prefix_exit_2_and_create_nothing)
 
 Test(cli, ls_lists_names_tokens_capacity_and_flags)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "alpha", 256, 0, 100);           /* no ring */
     mk(st, "beta", 256, 1, 300);            /* a ring that wrapped */
     mk(st, "damaged", 256, 1, 40);          /* its header gets a flipped byte */
     mk(st, ODD_NAME, 512, 1, 7);            /* JSON escapes */
     ctxs_session *held = mk_open(st, "delta", 256, 1, 60); /* a writer holds it */
     ctxs_session *beta = open_ro(st, "beta");
-    ctxs_session_info bi = info_of(beta);
+    ctxs_session_info bi = ts_info(beta);
     ctxs_session_close(beta);
     cr_assert(bi.flags & CTXS_INFO_WRAPPED, "the test's ring did not wrap");
     flip(file_of(S(), "damaged"), offsetof(ctxs__disk_header, capacity), 0x10);
@@ -771,10 +779,7 @@ static void forget_boot_id(const char *path)
 
 Test(cli, ls_flags_failed_only_for_a_file_that_does_not_open)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "no-boot-id", 256, 1, 70);
-    ctxs_store_close(st);
+    store_with_session("no-boot-id", 256, 1, 70);
     forget_boot_id(file_of(S(), "no-boot-id"));
 
     /* It opens, and every token verifies... */
@@ -796,8 +801,7 @@ Test(cli, ls_flags_failed_only_for_a_file_that_does_not_open)
 
 Test(cli, ls_flags_rolled_back_while_the_index_remembers_more_tokens)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "undo", 256, 1, 150);
     ctxs_session *s = open_rw(st, "undo");
     cr_assert_eq(ctxs_session_rollback(s, 50), 0);
@@ -883,10 +887,7 @@ Test(cli, commands_make_no_store_where_there_is_none_and_say_why)
 
 Test(cli, import_and_models_register_make_a_store_and_say_so)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "carried", 256, 1, 70);
-    ctxs_store_close(st);
+    store_with_session("carried", 256, 1, 70);
     const char *file = dir_of("carried.export");
     CLI_EXPECT(EX_OK, S(), "export", "carried", file);
 
@@ -925,10 +926,7 @@ Test(cli, import_and_models_register_make_a_store_and_say_so)
 
 Test(cli, reindex_rebuilds_a_lost_index_beside_the_session_files)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "survivor", 256, 1, 70);
-    ctxs_store_close(st);
+    store_with_session("survivor", 256, 1, 70);
     ts_rmtree(ts_path(S(), "index"));
     CLI_EXPECT(EX_NOTFOUND, S(), "ls", "--json");
     jc_value *v = json_error_out(CTXS_EFOREIGN, "CTXS_EFOREIGN");
@@ -955,8 +953,7 @@ static int is_regular(const char *path)
  * otherwise) -- and so whether an index came back whole shows. */
 static void special_store(void)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "first", 256, 1, 70);
     cr_assert_eq(ctxs_store_session_rename(st, "first", "chat"), 0);
     ctxs_store_close(st);
@@ -1089,8 +1086,7 @@ Test(cli, special_files_in_the_index_are_refused_in_bounded_time_and_repair_inde
 
 Test(cli, read_commands_work_on_a_store_the_user_cannot_write)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "kept", 256, 1, 130);
     mk(st, "other", 256, 1, 70);
     cr_assert_eq(ctxs_store_session_pin(st, "kept", 1), 0);
@@ -1131,8 +1127,7 @@ Test(cli, read_commands_work_on_a_store_the_user_cannot_write)
 
 Test(cli, pin_keeps_a_session_from_gc_and_gc_names_what_it_deletes)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     static const char *const names[] = { "oldest", "older", "newer" };
     for (int i = 0; i < 3; i++) {
         mk(st, names[i], 256, 1, 100);
@@ -1191,8 +1186,7 @@ Test(cli, pin_keeps_a_session_from_gc_and_gc_names_what_it_deletes)
 
 Test(cli, info_reports_geometry_records_window_checkpoints_and_parent)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_session *s = mk_open(st, "base", 256, 1, 100);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp1"), 0);
     ts_append_many(s, 50);
@@ -1312,8 +1306,7 @@ static uint64_t leave_interrupted(ctxs_store *st, const char *name, char kind)
  * file removed as the leftover it is). */
 Test(cli, a_crash_leftover_is_an_interrupted_operation_not_damage)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "kept", 256, 1, 30);
     uint64_t created = leave_interrupted(st, "half-made", 'C');
     uint64_t deleted = leave_interrupted(st, "half-gone", 'D');
@@ -1362,8 +1355,7 @@ Test(cli, a_crash_leftover_is_an_interrupted_operation_not_damage)
 /* A file no entry names and no intent explains is damage, as before. */
 Test(cli, an_unindexed_file_without_an_intent_is_damage)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     uint64_t id = leave_interrupted(st, "orphan", 'C');
     ctxs_store_close(st);
     /* The intent gone (by hand), the file stays: nobody owns it. */
@@ -1377,8 +1369,7 @@ Test(cli, an_unindexed_file_without_an_intent_is_damage)
 
 Test(cli, verify_of_a_clean_store_exits_0)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "one", 256, 1, 130);
     mk(st, "two", 256, 1, 400); /* wrapped */
     mk(st, "three", 256, 0, 1);
@@ -1406,8 +1397,7 @@ Test(cli, verify_of_a_clean_store_exits_0)
 
 Test(cli, verify_names_the_session_chunks_and_tokens_of_flipped_kv_bytes)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "victim", 256, 1, 200);
     mk(st, "bystander", 256, 1, 200);
     mk(st, "wrapped", 256, 1, 400);
@@ -1467,10 +1457,7 @@ Test(cli, verify_names_the_session_chunks_and_tokens_of_flipped_kv_bytes)
 
 Test(cli, verify_names_the_tokens_an_open_after_a_reboot_would_drop)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "reboot", 256, 1, 70);
-    ctxs_store_close(st);
+    store_with_session("reboot", 256, 1, 70);
     const char *f = file_of(S(), "reboot");
     ctxs_file_report rep;
     cr_assert_eq(ctxs_file_inspect(&rep, f), 0);
@@ -1501,10 +1488,7 @@ Test(cli, verify_names_the_tokens_an_open_after_a_reboot_would_drop)
 
 Test(cli, verify_reports_a_damaged_commit_record)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "rec", 256, 1, 120);
-    ctxs_store_close(st);
+    store_with_session("rec", 256, 1, 120);
     const char *f = file_of(S(), "rec");
     ctxs_file_report rep;
     cr_assert_eq(ctxs_file_inspect(&rep, f), 0);
@@ -1536,8 +1520,7 @@ Test(cli, verify_reports_a_damaged_commit_record)
 
 Test(cli, verify_reports_a_header_with_a_flipped_byte)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "hdr", 256, 1, 50);
     mk(st, "fine", 256, 1, 50);
     ctxs_store_close(st);
@@ -1567,8 +1550,7 @@ Test(cli, verify_reports_a_header_with_a_flipped_byte)
 
 Test(cli, verify_reports_a_session_file_deleted_behind_the_index)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "gone", 256, 1, 50);
     mk(st, "here", 256, 1, 50);
     ctxs_store_close(st);
@@ -1592,10 +1574,7 @@ Test(cli, verify_reports_a_session_file_deleted_behind_the_index)
 
 Test(cli, verify_reports_a_session_file_the_index_does_not_know)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "known", 256, 1, 50);
-    ctxs_store_close(st);
+    store_with_session("known", 256, 1, 50);
     size_t len;
     uint8_t *data = ts_read_file(file_of(S(), "known"), &len);
     cr_assert_eq(ts_write_file(ts_path(S(), "sessions/00000000deadbeef.ctxs"), data, len), 0);
@@ -1620,8 +1599,7 @@ Test(cli, verify_reports_a_session_file_the_index_does_not_know)
 
 Test(cli, gc_deletes_least_recently_used_first_and_keeps_open_ones)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     static const char *const names[] = { "oldest", "older", "newer", "newest" };
     for (int i = 0; i < 4; i++) {
         mk(st, names[i], 256, 1, 100);
@@ -1674,8 +1652,7 @@ Test(cli, gc_deletes_least_recently_used_first_and_keeps_open_ones)
 
 Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     static const char *const names[] = { "a", "b", "c", "d", "e" };
     for (int i = 0; i < 5; i++)
         mk(st, names[i], 256, 1, 20);
@@ -1730,8 +1707,7 @@ Test(cli, rm_deletes_one_or_several_and_refuses_missing_and_open_sessions)
 
 Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_session *s = mk_open(st, "src", 256, 1, 120);
     cr_assert_eq(ctxs_checkpoint_create(s, "mid"), 0);
     ts_append_many(s, 30);
@@ -1756,7 +1732,7 @@ Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
     } want[] = { { "at50", 50 }, { "atcp", 120 }, { "empty", 0 }, { "all", 150 } };
     for (size_t i = 0; i < 4; i++) {
         ctxs_session *f = open_ro(st, want[i].name);
-        cr_assert_eq(info_of(f).n_tokens, want[i].n, "%s", want[i].name);
+        cr_assert_eq(ts_info(f).n_tokens, want[i].n, "%s", want[i].name);
         cr_assert_eq(ts_check_all(f), 0, "%s does not hold src's tokens", want[i].name);
         ctxs_session_close(f);
     }
@@ -1780,15 +1756,12 @@ Test(cli, fork_at_a_count_at_a_checkpoint_and_in_full)
 
 Test(cli, checkpoint_create_ls_restore_and_rm)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 1, 100);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 1, 100);
 
     CLI_EXPECT(EX_OK, S(), "checkpoint", "create", "chat", "turn1");
     contains(1, "created checkpoint 'turn1' of 'chat' at 100 tokens");
     CLI_EXPECT(EX_EXIST, S(), "checkpoint", "create", "chat", "turn1");
-    st = ts_store_open(S());
+    ctxs_store *st = ts_store_open(S());
     ctxs_session *s = open_rw(st, "chat");
     ts_append_many(s, 40);
     ctxs_session_close(s);
@@ -1817,7 +1790,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     st = ts_store_open(S());
     s = open_rw(st, "chat");
     CLI_EXPECT(EX_BUSY, S(), "checkpoint", "restore", "chat", "turn1");
-    cr_assert_eq(info_of(s).n_tokens, 140);
+    cr_assert_eq(ts_info(s).n_tokens, 140);
     ctxs_session_close(s);
     ctxs_store_close(st);
 
@@ -1852,7 +1825,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
     contains(1, "removed checkpoint 'live' of 'chat' at 110 tokens");
     st = ts_store_open(S());
     s = open_ro(st, "chat");
-    cr_assert_eq(info_of(s).n_tokens, 100);
+    cr_assert_eq(ts_info(s).n_tokens, 100);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
     ctxs_store_close(st);
@@ -1880,8 +1853,7 @@ Test(cli, checkpoint_create_ls_restore_and_rm)
 
 Test(cli, rename_says_what_it_did_and_why_it_refuses)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_session *s = mk_open(st, "chat", 256, 1, 50);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
@@ -1944,7 +1916,7 @@ Test(cli, rename_says_what_it_did_and_why_it_refuses)
     ts_append_many(s, 10);
     ctxs_session_close(s);
     s = open_ro(st, "renamed");
-    cr_assert_eq(info_of(s).n_tokens, 30);
+    cr_assert_eq(ts_info(s).n_tokens, 30);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
     ctxs_store_close(st);
@@ -1996,8 +1968,7 @@ static ctxs_model_entry model_of(const uint8_t h[16])
 
 Test(cli, models_lists_what_is_registered)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_model unnamed = ts_model(9);
     cr_assert_eq(ctxs_model_register(st, &unnamed, NULL), 0);
     ctxs_store_close(st);
@@ -2227,8 +2198,7 @@ static void prefix_says(const char *session, uint64_t n_tokens, uint64_t prompt)
  * finds chat holds. */
 static uint64_t prefix_store(uint32_t prompt[200])
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "chat", 256, 1, 150);
     mk(st, "short", 256, 1, 40);
     for (uint64_t i = 0; i < 200; i++)
@@ -2369,10 +2339,7 @@ Test(cli, prefix_finds_nothing_for_other_tokens_and_says_why)
 
 Test(cli, json_errors_name_the_code_the_message_and_the_hint)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 1, 50);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 1, 50);
 
     /* A missing session. */
     CLI_EXPECT(EX_NOTFOUND, S(), "info", "nobody", "--json");
@@ -2443,7 +2410,7 @@ Test(cli, json_errors_name_the_code_the_message_and_the_hint)
     cr_assert_eq(R.out_len, 0, "%s", R.out);
 
     /* A busy session: the code and exit code of the library's error. */
-    st = ts_store_open(S());
+    ctxs_store *st = ts_store_open(S());
     ctxs_session *held = open_rw(st, "chat");
     CLI_EXPECT(EX_BUSY, S(), "checkpoint", "restore", "chat", "x", "--json");
     jc_free(json_error_out(CTXS_EBUSY, "CTXS_EBUSY"));
@@ -2455,8 +2422,7 @@ Test(cli, ls_shows_a_long_model_name_whole_and_aligned)
 {
     static const char long_model[] =
         "Qwen3-4B-Instruct-2507-Q4_K_M-with-a-rather-long-quantization-suffix";
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_model m = ts_model(9);
     m.geometry.head_dim = 16;
     cr_assert_eq(ctxs_model_register(st, &m, long_model), 0);
@@ -2493,8 +2459,7 @@ Test(cli, ls_shows_a_long_model_name_whole_and_aligned)
 
 Test(cli, reindex_after_the_index_is_deleted_brings_the_names_back)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "first", 256, 1, 64);
     mk(st, "second", 256, 1, 300);
     mk(st, ODD_NAME, 256, 0, 5);
@@ -2521,8 +2486,7 @@ Test(cli, reindex_after_the_index_is_deleted_brings_the_names_back)
 
 Test(cli, compact_gives_back_a_rolled_back_sessions_blocks_and_refuses_an_open_one)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_session *s = mk_open(st, "shrunk", 1024, 1, 900);
     cr_assert_eq(ctxs_session_rollback(s, 20), 0);
     ctxs_session_close(s);
@@ -2572,10 +2536,7 @@ Test(cli, compact_gives_back_a_rolled_back_sessions_blocks_and_refuses_an_open_o
  * path. */
 static const char *make_export(void)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "trip", 256, 1, 333);
-    ctxs_store_close(st);
+    store_with_session("trip", 256, 1, 333);
     const char *file = dir_of("trip.ctxx");
     CLI_EXPECT(EX_OK, S(), "export", "trip", file, "--json");
     jc_value *v = json_out();
@@ -2609,7 +2570,7 @@ Test(cli, export_then_import_into_another_store_keeps_every_token)
         ctxs_session *dst = open_ro(b, names[i]);
         same_tokens(src, dst);
         cr_assert_eq(ts_check_all(dst), 0);
-        cr_assert(info_of(dst).flags & CTXS_INFO_WRAPPED);
+        cr_assert(ts_info(dst).flags & CTXS_INFO_WRAPPED);
         ctxs_session_close(dst);
     }
     ctxs_session_close(src);
@@ -2801,10 +2762,7 @@ Test(cli, import_hints_fit_a_broken_file_and_a_name_taken)
 
 Test(cli, hostile_names_exit_2_and_create_nothing)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "base", 256, 1, 30);
-    ctxs_store_close(st);
+    store_with_session("base", 256, 1, 30);
     const char *file = dir_of("base.ctxx");
     CLI_EXPECT(EX_OK, S(), "export", "base", file);
     char *before = store_state(S());
@@ -3332,10 +3290,7 @@ Test(cli, bench_remote_without_a_redis_server_is_skipped_with_a_reason)
 
 Test(cli, meta_sets_prints_lists_and_deletes_what_an_app_keeps)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 1, 30);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 1, 30);
     CLI_EXPECT(EX_OK, S(), "meta", "chat", "title", "Trip to Lisbon");
     contains(1, "set key 'title' of 'chat' (14 bytes)");
     const char *f = text_file("template.jinja", "{% for m in messages %}\n{{ m }}\n{% endfor %}\n");
@@ -3350,7 +3305,7 @@ Test(cli, meta_sets_prints_lists_and_deletes_what_an_app_keeps)
     CLI_EXPECT(EX_OK, S(), "meta", "chat", "chat_template");
     cr_assert_str_eq(R.out, "{% for m in messages %}\n{{ m }}\n{% endfor %}\n");
     /* The library agrees. */
-    st = ts_store_open(S());
+    ctxs_store *st = ts_store_open(S());
     char buf[64];
     size_t n = sizeof(buf);
     cr_assert_eq(ctxs_store_session_get_meta(buf, &n, st, "chat", "title"), 0);
@@ -3396,10 +3351,7 @@ Test(cli, meta_sets_prints_lists_and_deletes_what_an_app_keeps)
 
 Test(cli, meta_past_its_limit_exits_2_says_the_limit_and_changes_nothing)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 1, 0);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 1, 0);
     CLI_EXPECT(EX_OK, S(), "meta", "chat", "title", "kept");
     char *big = malloc(CTXS_META_VALUE_MAX + 2);
     memset(big, 'x', CTXS_META_VALUE_MAX + 1);
@@ -3419,10 +3371,7 @@ Test(cli, meta_past_its_limit_exits_2_says_the_limit_and_changes_nothing)
 
 Test(cli, export_and_import_carry_the_metadata)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 1, 100);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 1, 100);
     CLI_EXPECT(EX_OK, S(), "meta", "chat", "title", "Trip to Lisbon");
     CLI_EXPECT(EX_OK, S(), "meta", "chat", "app", "{\"pinned\":true}");
     const char *file = dir_of("chat.ctxx");
@@ -3443,8 +3392,7 @@ Test(cli, export_and_import_carry_the_metadata)
 
 Test(cli, every_command_on_a_cut_index_exits_8_with_the_index_hint)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "chat", 256, 1, 150);
     mk(st, "notes", 256, 1, 80);
     ctxs_store_close(st);
@@ -3683,8 +3631,7 @@ Test(cli, info_ls_checkpoint_ls_meta_and_verify_agree_on_each_malformed_record)
 
 Test(cli, reindex_says_it_mended_next_id_and_renumbered_nothing)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "a", 64, 0, 2);
     mk(st, "b", 64, 0, 2);
     ctxs_store_close(st);
@@ -3707,10 +3654,7 @@ Test(cli, reindex_says_it_mended_next_id_and_renumbered_nothing)
 
 Test(cli, a_store_given_as_a_symlink_works_and_a_dangling_one_is_refused_with_why)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 64, 0, 5);
-    ctxs_store_close(st);
+    store_with_session("chat", 64, 0, 5);
     const char *l1 = dir_of("link"), *l2 = dir_of("link2"), *dang = dir_of("dangling");
     const char *nowhere = dir_of("nowhere");
     cr_assert_eq(symlink(S(), l1), 0);
@@ -3741,8 +3685,7 @@ Test(cli, a_store_given_as_a_symlink_works_and_a_dangling_one_is_refused_with_wh
 
 Test(cli, create_makes_an_empty_session_a_program_then_writes)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_store_close(st);
     CLI_EXPECT(EX_OK, S(), "create", "chat", "--model", MODEL_NAME);
     contains(1, "created 'chat'");
@@ -3766,7 +3709,7 @@ Test(cli, create_makes_an_empty_session_a_program_then_writes)
     st = ts_store_open(S());
     ctxs_session *s = open_rw(st, "small");
     ts_append_many(s, 30);
-    cr_assert_eq(info_of(s).capacity, 100);
+    cr_assert_eq(ts_info(s).capacity, 100);
     ctxs_session_close(s);
     ctxs_store_close(st);
     CLI_EXPECT(EX_OK, S(), "ls", "--json");
@@ -3806,8 +3749,7 @@ Test(cli, create_makes_an_empty_session_a_program_then_writes)
  * gives it more slots with every token kept. */
 Test(cli, grow_gives_a_full_session_more_slots)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     ctxs_store_close(st);
     CLI_EXPECT(EX_OK, S(), "create", "small", "--model", MODEL_NAME, "--capacity", "100");
     cr_assert_not(strstr(R.out, "ring"), "%s", R.out);
@@ -3828,7 +3770,7 @@ Test(cli, grow_gives_a_full_session_more_slots)
     contains(1, "grew 'small' to 400 token slots, holding its 100 tokens");
     st = ts_store_open(S());
     s = open_rw(st, "small");
-    cr_assert_eq(info_of(s).capacity, 400);
+    cr_assert_eq(ts_info(s).capacity, 400);
     cr_assert_eq(ts_check_all(s), 0);
     ts_append_many(s, 200);
     ctxs_session_close(s);
@@ -3853,10 +3795,7 @@ Test(cli, grow_gives_a_full_session_more_slots)
 
 Test(cli, a_refusal_prints_the_library_reason)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "src", 256, 0, 150);
-    ctxs_store_close(st);
+    store_with_session("src", 256, 0, 150);
     CLI_EXPECT(EX_USAGE, S(), "fork", "src", "x", "--at", "512");
     contains(0, "512 tokens is more than the 150 the session holds");
     cr_assert_not(strstr(R.err, "invalid argument"), "%s", R.err);
@@ -3868,8 +3807,7 @@ Test(cli, a_refusal_prints_the_library_reason)
 
 Test(cli, info_names_the_process_that_writes_a_session)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "chat", 256, 0, 30);
     CLI_EXPECT(EX_OK, S(), "info", "chat", "--json");
     jc_value *v = json_out();
@@ -3902,10 +3840,7 @@ Test(cli, info_names_the_process_that_writes_a_session)
 
 Test(cli, a_missing_checkpoint_is_named_by_fork_restore_and_rm)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "src", 256, 0, 150);
-    ctxs_store_close(st);
+    store_with_session("src", 256, 0, 150);
     CLI_EXPECT(EX_NOTFOUND, S(), "fork", "src", "dst", "--checkpoint", "nocp");
     contains(0, "session 'src' has no checkpoint named 'nocp'");
     contains(0, "checkpoint ls src");
@@ -3963,8 +3898,7 @@ Test(cli, version_speaks_json_when_asked)
 
 Test(cli, rename_and_gc_report_what_the_files_hold)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "chat", 256, 0, 50);
     mk(st, "old", 256, 0, 10);
     mk(st, "ring", 64, 1, 150);
@@ -4016,8 +3950,7 @@ static size_t columns(const char *s, size_t n)
 
 Test(cli, ls_aligns_wide_names_and_names_held_and_positions)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
+    ctxs_store *st = store_with_model();
     mk(st, "abcd", 256, 0, 7);
     mk(st, "caf\xc3\xa9", 256, 0, 8);          /* café: 4 columns, 5 bytes */
     mk(st, "\xe4\xbc\x9a\xe8\xa9\xb1", 256, 0, 9); /* 会話: 4 columns, 6 bytes */
@@ -4110,10 +4043,7 @@ Test(cli, a_store_that_is_a_file_empty_or_under_a_missing_parent_is_said_as_such
 
 Test(cli, export_to_a_place_the_user_cannot_write_names_the_destination)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 0, 20);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 0, 20);
     cr_assert_eq(ts_make_unwritable(S()), 0); /* and readable by the user below */
     const char *ro = dir_of("ro");
     cr_assert_eq(mkdir(ro, 0555), 0);
@@ -4131,10 +4061,7 @@ Test(cli, export_to_a_place_the_user_cannot_write_names_the_destination)
 
 Test(cli, a_file_that_cannot_be_adopted_is_listed_and_the_advice_ends_the_loop)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 0, 40);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 0, 40);
     /* A damaged session file the index does not know, as a crash of a
      * disk or a person's copy leaves it. */
     char stray[1200], sessions[1100];
@@ -4181,10 +4108,7 @@ Test(cli, a_file_that_cannot_be_adopted_is_listed_and_the_advice_ends_the_loop)
 
 Test(cli, compact_names_the_sessions_it_adopted)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 0, 40);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 0, 40);
     char restored[1100];
     snprintf(restored, sizeof(restored), "%s/sessions/00000000000000f1.ctxs", S());
     copy_file(file_of(S(), "chat"), restored);
@@ -4208,10 +4132,7 @@ Test(cli, compact_names_the_sessions_it_adopted)
  * that name is free, else as session-<id>, and the tool says which. */
 Test(cli, a_file_restored_under_another_id_gets_its_labels_name_when_free)
 {
-    ctxs_store *st = ts_store_open(S());
-    register_model(st);
-    mk(st, "chat", 256, 0, 40);
-    ctxs_store_close(st);
+    store_with_session("chat", 256, 0, 40);
     const char *backup = dir_of("chat.backup");
     copy_file(file_of(S(), "chat"), backup);
     char restored[1100];
@@ -4239,9 +4160,9 @@ Test(cli, a_file_restored_under_another_id_gets_its_labels_name_when_free)
     cr_assert_eq(ju(jc_at(a, 0), "label_id"), 1);
     jc_free(v);
     CLI_EXPECT(EX_OK, S(), "verify");
-    st = ts_store_open(S());
+    ctxs_store *st = ts_store_open(S());
     ctxs_session *s = open_ro(st, "chat");
-    cr_assert_eq(info_of(s).n_tokens, 40);
+    cr_assert_eq(ts_info(s).n_tokens, 40);
     cr_assert_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
     ctxs_store_close(st);

@@ -50,43 +50,7 @@ static int soft_failed;
         }                                                                                          \
     } while (0)
 
-enum { AT_RESERVE = 1, AT_WRITE, AT_COMMIT };
 static const char *const stage_name[] = { "?", "reserve", "write_token", "commit" };
-
-/* ts_append without Criterion: *stage says which call failed. */
-static int append_n(ctxs_session *s, uint32_t n, int *stage)
-{
-    ctxs_session_info info;
-    *stage = 0;
-    int rc = ctxs_session_get_info(&info, s);
-    if (rc)
-        return rc;
-    const ctxs_geometry *g = &info.model.geometry;
-    size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
-    uint16_t *k = malloc(per * 2), *v = malloc(per * 2);
-    uint32_t *ids = malloc((size_t)n * 4);
-    if (!k || !v || !ids)
-        return CTXS_ENOMEM;
-    ctxs_reservation r;
-    *stage = AT_RESERVE;
-    rc = ctxs_session_reserve(&r, s, n);
-    if (rc == 0) {
-        *stage = AT_WRITE;
-        for (uint32_t i = 0; rc == 0 && i < n; i++) {
-            ts_fill_kv(g, r.first_pos + i, k, v);
-            ids[i] = ts_token(r.first_pos + i);
-            rc = ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16);
-        }
-    }
-    if (rc == 0) {
-        *stage = AT_COMMIT;
-        rc = ctxs_session_commit(s, ids, n);
-    }
-    free(k);
-    free(v);
-    free(ids);
-    return rc;
-}
 
 /* Appends steps of n until the disk is full, which must show as CTXS_EFULL
  * from reserve (blocks the library allocated ahead may take a few more
@@ -96,14 +60,14 @@ static void append_until_full(ctxs_session *s, uint32_t n, uint64_t *committed, 
     int stage = 0, rc = 0;
     int i;
     for (i = 0; i < 100000; i++) {
-        rc = append_n(s, n, &stage);
+        rc = ts_try_append(s, n, &stage);
         if (rc)
             break;
         *committed += n;
     }
     TS_CHECK(rc != 0, "%s: committed %llu tokens and never ran out of space", when,
           (unsigned long long)*committed);
-    TS_CHECK(stage == AT_RESERVE, "%s: the full disk surfaced in %s (%s), want reserve", when,
+    TS_CHECK(stage == TS_AT_RESERVE, "%s: the full disk surfaced in %s (%s), want reserve", when,
           stage_name[stage], ctxs_err_name(rc));
     TS_CHECK(rc == CTXS_EFULL, "%s: reserve on a full disk returned %d (%s), want CTXS_EFULL", when,
           rc, ctxs_err_name(rc));
@@ -237,7 +201,7 @@ static void body_fill_through_reserve(const char *mnt)
     uint64_t free_bytes = (uint64_t)vfs.f_bavail * vfs.f_frsize;
     ts_say("%llu bytes free after EFULL\n", (unsigned long long)free_bytes);
     if (free_bytes >= 8 * 4096) {
-        rc = append_n(s, 1, &stage);
+        rc = ts_try_append(s, 1, &stage);
         SOFT_CHECK(rc == 0,
                    "reserve(1) gave %s although %llu bytes are free and one token needs 8 pages "
                    "of 4 KiB: reserve allocates whole steps ahead and does not fall back to what "
@@ -250,19 +214,19 @@ static void body_fill_through_reserve(const char *mnt)
 
     /* EFULL again, and no leak of reserved slots across failures. */
     for (int i = 0; i < 3; i++) {
-        rc = append_n(s, step, &stage);
-        TS_CHECK(rc == CTXS_EFULL && stage == AT_RESERVE, "retry %d: %s in %s", i, ctxs_err_name(rc),
+        rc = ts_try_append(s, step, &stage);
+        TS_CHECK(rc == CTXS_EFULL && stage == TS_AT_RESERVE, "retry %d: %s in %s", i, ctxs_err_name(rc),
               stage_name[stage]);
     }
 
     /* A smaller reserve: fits in what is left or is EFULL too. */
     for (uint32_t n = 16; n >= 1; n /= 2) {
-        rc = append_n(s, n, &stage);
+        rc = ts_try_append(s, n, &stage);
         if (rc == 0) {
             committed += n;
             ts_say("a later reserve of %u fitted\n", n);
         } else {
-            TS_CHECK(rc == CTXS_EFULL && stage == AT_RESERVE, "reserve(%u) after EFULL: %s in %s", n,
+            TS_CHECK(rc == CTXS_EFULL && stage == TS_AT_RESERVE, "reserve(%u) after EFULL: %s in %s", n,
                   ctxs_err_name(rc), stage_name[stage]);
         }
     }
@@ -276,7 +240,7 @@ static void body_fill_through_reserve(const char *mnt)
     committed = back;
     expect_state(s, committed, "after rollback");
     for (int i = 0; i < 3; i++) {
-        rc = append_n(s, step, &stage);
+        rc = ts_try_append(s, step, &stage);
         TS_CHECK(rc == 0, "re-reserving rolled-back slots (%d of 3) on a full disk: %s in %s", i + 1,
               ctxs_err_name(rc), stage_name[stage]);
         committed += step;
@@ -324,7 +288,7 @@ static void body_commit_after_disk_fills(const char *mnt)
     ctxs_session *s = create_in(path, 131072, 1);
 
     int stage = 0;
-    int rc = append_n(s, 1000, &stage);
+    int rc = ts_try_append(s, 1000, &stage);
     TS_CHECK(rc == 0, "append 1000: %s in %s", ctxs_err_name(rc), stage_name[stage]);
 
     ctxs_session_info info;
@@ -474,7 +438,7 @@ static void body_full_btrfs(const char *mnt)
     int stage;
     uint64_t n_ring = 0, n_grow = 0;
     for (int i = 0; i < 80; i++, n_ring += 64) /* 5120 > 4096: wrapped */
-        TS_CHECK(append_n(ring, 64, &stage) == 0, "ring append %d", i);
+        TS_CHECK(ts_try_append(ring, 64, &stage) == 0, "ring append %d", i);
     ctxs_session_close(ring);
 
     uint64_t filled = fill_disk(filler);
@@ -490,7 +454,7 @@ static void body_full_btrfs(const char *mnt)
         rc = ctxs_store_session_open(&ring, st, "ring", &m, CTXS_OPEN_VERIFY, NULL);
         TS_CHECK(rc == 0, "round %d: open as after a reboot: %s", round, ctxs_strerror(rc));
         for (int i = 0; i < 6; i++, n_ring += 64) {
-            rc = append_n(ring, 64, &stage);
+            rc = ts_try_append(ring, 64, &stage);
             TS_CHECK(rc == 0, "round %d: ring turn %d on a full disk: %s in %s", round, i,
                      ctxs_err_name(rc), stage_name[stage]);
             if (i % 3 == 2)
@@ -500,7 +464,7 @@ static void body_full_btrfs(const char *mnt)
         n_ring -= 100;
         clean_pages(mnt);
         for (int i = 0; i < 2; i++, n_ring += 50)
-            TS_CHECK(append_n(ring, 50, &stage) == 0, "round %d: a turn after the rollback", round);
+            TS_CHECK(ts_try_append(ring, 50, &stage) == 0, "round %d: a turn after the rollback", round);
         TS_CHECK(ctxs_session_sync(ring) == 0, "round %d: sync", round);
         ctxs_session_close(ring);
         clean_pages(mnt);
@@ -621,60 +585,39 @@ Test(disk_full, capacity_reached_without_ring_is_efull)
 }
 
 /* A file size limit (RLIMIT_FSIZE) below the session's size: create fails
- * cleanly (with SIGXFSZ ignored, as the caller must), leaving nothing. */
+ * cleanly (with SIGXFSZ ignored, as the caller must), leaving nothing. In a
+ * child: the limit is the process's. */
+static void create_beyond_the_file_size_limit(const char *d)
+{
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = { 1u << 20, 1u << 20 };
+    TS_CHECK(setrlimit(RLIMIT_FSIZE, &rl) == 0, "setrlimit: %s", strerror(errno));
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/big.ctxs", d);
+    ctxs_model m = ts_model(1);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+    o.capacity = 65536; /* 8 MiB of KV */
+    ctxs_session *s = (ctxs_session *)(uintptr_t)0x1;
+    int rc = ctxs_session_create(&s, path, &m, &o);
+    TS_CHECK(rc < 0, "create of an 8 MiB file under a 1 MiB RLIMIT_FSIZE succeeded");
+    TS_CHECK(s == NULL, "*out set on failure");
+    ts_say("create: %s\n", ctxs_err_name(rc));
+    TS_CHECK(rc == -EFBIG || rc == CTXS_EFULL, "create returned %d (%s), want -EFBIG or CTXS_EFULL",
+          rc, ctxs_err_name(rc));
+    TS_CHECK(ts_dir_entries(d) == 0, "the failed create left %d files", ts_dir_entries(d));
+    /* A session that fits still works under the limit. */
+    o.capacity = 1024;
+    rc = ctxs_session_create(&s, path, &m, &o);
+    TS_CHECK(rc == 0, "create of a small session: %s", ctxs_strerror(rc));
+    int stage;
+    rc = ts_try_append(s, 500, &stage);
+    TS_CHECK(rc == 0, "append: %s in %s", ctxs_err_name(rc), stage_name[stage]);
+    expect_state(s, 500, "small session under RLIMIT_FSIZE");
+    ctxs_session_close(s);
+    _exit(0);
+}
+
 Test(disk_full, create_beyond_the_file_size_limit_fails_cleanly)
 {
-    const char *d = ts_path(ts_scratch, "fsize");
-    cr_assert_eq(mkdir(d, 0700), 0);
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        close(fds[0]);
-        ts_child_log_fd = fds[1];
-        signal(SIGXFSZ, SIG_IGN);
-        struct rlimit rl = { 1u << 20, 1u << 20 };
-        TS_CHECK(setrlimit(RLIMIT_FSIZE, &rl) == 0, "setrlimit: %s", strerror(errno));
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/big.ctxs", d);
-        ctxs_model m = ts_model(1);
-        ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
-        o.capacity = 65536; /* 8 MiB of KV */
-        ctxs_session *s = (ctxs_session *)(uintptr_t)0x1;
-        int rc = ctxs_session_create(&s, path, &m, &o);
-        TS_CHECK(rc < 0, "create of an 8 MiB file under a 1 MiB RLIMIT_FSIZE succeeded");
-        TS_CHECK(s == NULL, "*out set on failure");
-        ts_say("create: %s\n", ctxs_err_name(rc));
-        TS_CHECK(rc == -EFBIG || rc == CTXS_EFULL, "create returned %d (%s), want -EFBIG or CTXS_EFULL",
-              rc, ctxs_err_name(rc));
-        TS_CHECK(ts_dir_entries(d) == 0, "the failed create left %d files", ts_dir_entries(d));
-        /* A session that fits still works under the limit. */
-        o.capacity = 1024;
-        rc = ctxs_session_create(&s, path, &m, &o);
-        TS_CHECK(rc == 0, "create of a small session: %s", ctxs_strerror(rc));
-        int stage;
-        rc = append_n(s, 500, &stage);
-        TS_CHECK(rc == 0, "append: %s in %s", ctxs_err_name(rc), stage_name[stage]);
-        expect_state(s, 500, "small session under RLIMIT_FSIZE");
-        ctxs_session_close(s);
-        _exit(0);
-    }
-    close(fds[1]);
-    char msg[4096];
-    size_t len = 0;
-    for (;;) {
-        ssize_t r = read(fds[0], msg + len, sizeof(msg) - 1 - len);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0 || (len += (size_t)r) == sizeof(msg) - 1)
-            break;
-    }
-    msg[len] = '\0';
-    close(fds[0]);
-    int st;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    cr_assert(!WIFSIGNALED(st), "child died of signal %d (%s): %s", WIFSIGNALED(st) ? WTERMSIG(st) : 0,
-              WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "", msg);
-    cr_assert_eq(WEXITSTATUS(st), 0, "%s", msg);
+    ts_run_child(create_beyond_the_file_size_limit, "a create beyond RLIMIT_FSIZE");
 }

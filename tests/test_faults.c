@@ -266,12 +266,19 @@ static int run_write_layer(world *w)
     return ts_append_layers(w->a, MORE_TOKENS);
 }
 
-static bool happened_commit(world *w)
+/* Whether "a" holds the MORE_TOKENS past BASE_TOKENS; it holds one or the
+ * other, never something between. */
+static bool holds_more(world *w)
 {
     uint64_t n = tokens_of(w->a);
     cr_assert(n == BASE_TOKENS || n == BASE_TOKENS + MORE_TOKENS, "\"a\" holds %llu tokens [%s]",
               (unsigned long long)n, run_context);
     return n == BASE_TOKENS + MORE_TOKENS;
+}
+
+static bool happened_commit(world *w)
+{
+    return holds_more(w);
 }
 
 /* The tokens past BASE_TOKENS are the ones the rollback is asked to drop:
@@ -288,10 +295,7 @@ static int run_rollback(world *w)
 
 static bool happened_rollback(world *w)
 {
-    uint64_t n = tokens_of(w->a);
-    cr_assert(n == BASE_TOKENS || n == BASE_TOKENS + MORE_TOKENS, "\"a\" holds %llu tokens [%s]",
-              (unsigned long long)n, run_context);
-    return n == BASE_TOKENS;
+    return !holds_more(w);
 }
 
 static int run_checkpoint(world *w)

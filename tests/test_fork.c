@@ -177,13 +177,6 @@ static ctxs_session *open_at(const char *name, ctxs_geometry geo, unsigned flags
     return s;
 }
 
-static ctxs_session_info info_of(const ctxs_session *s)
-{
-    ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    return info;
-}
-
 static ctxs_session *fork_ok(ctxs_session *src, uint64_t n, const char *name,
                              const ctxs_create_options *o)
 {
@@ -243,7 +236,7 @@ static void expect_unheld_zero(const ctxs_session *s)
  * verifying, with nothing else. */
 static void expect_fork(const ctxs_session *f, uint64_t n_tokens, uint64_t ring_start)
 {
-    ctxs_session_info info = info_of(f);
+    ctxs_session_info info = ts_info(f);
     cr_assert_eq(info.n_tokens, n_tokens, "n_tokens %llu, want %llu",
                  (unsigned long long)info.n_tokens, (unsigned long long)n_tokens);
     cr_assert_eq(info.ring_start, ring_start, "ring_start %llu, want %llu",
@@ -275,7 +268,7 @@ Test(fork, a_full_fork_holds_every_token)
     ctxs_session *src = source("src", small_geometry(), 2048, 4, 1, 100);
     ctxs_session *f = fork_ok(src, UINT64_MAX, "all", NULL);
     expect_fork(f, 100, 0);
-    ctxs_session_info si = info_of(src), fi = info_of(f);
+    ctxs_session_info si = ts_info(src), fi = ts_info(f);
     cr_assert(memcmp(&si.model, &fi.model, sizeof(si.model)) == 0, "model");
     cr_assert_eq(fi.capacity, 2048);
     cr_assert_eq(fi.n_sink, 4);
@@ -302,7 +295,7 @@ Test(fork, a_full_fork_holds_every_token)
     src = source("noring", small_geometry(), 64, 4, 0, 64);
     f = fork_ok(src, 60, "noring_f", NULL);
     expect_fork(f, 60, 0);
-    cr_assert_eq(info_of(f).flags & CTXS_INFO_RING, 0);
+    cr_assert_eq(ts_info(f).flags & CTXS_INFO_RING, 0);
     cr_assert_eq(ts_append(f, 4), 0);
     cr_assert_eq(ts_append(f, 1), CTXS_EFULL);
     ctxs_session_close(f);
@@ -329,7 +322,7 @@ Test(fork, a_fork_at_zero_is_an_empty_session)
     ctxs_session *src = source("src", small_geometry(), 256, 4, 1, 100);
     ctxs_session *f = fork_ok(src, 0, "empty", NULL);
     expect_fork(f, 0, 0);
-    cr_assert_eq(info_of(f).n_held, 0);
+    cr_assert_eq(ts_info(f).n_held, 0);
     cr_assert_eq(ts_append(f, 20), 0);
     cr_assert_eq(ts_check_all(f), 0);
     ctxs_session_close(f);
@@ -411,7 +404,7 @@ Test(fork, a_fork_takes_the_state_rollback_would_give)
                          (unsigned long long)cases[c].n_tokens, (unsigned long long)n,
                          ctxs_err_name(rc), ctxs_err_name(want));
             if (rc == 0) {
-                ctxs_session_info a = info_of(f), b = info_of(rb);
+                ctxs_session_info a = ts_info(f), b = ts_info(rb);
                 cr_assert_eq(a.n_tokens, b.n_tokens);
                 cr_assert_eq(a.ring_start, b.ring_start, "fork at %llu: ring_start %llu vs %llu",
                              (unsigned long long)n, (unsigned long long)a.ring_start,
@@ -439,12 +432,12 @@ Test(fork, a_wrapped_ring_forked_at_its_count)
     ctxs_session *src = source("src", small_geometry(), 64, 4, 1, 150);
     ctxs_session *f = fork_ok(src, UINT64_MAX, "f", NULL);
     expect_fork(f, 150, 90);
-    cr_assert_eq(info_of(f).n_held, 64);
-    cr_assert(info_of(f).flags & CTXS_INFO_WRAPPED);
+    cr_assert_eq(ts_info(f).n_held, 64);
+    cr_assert(ts_info(f).flags & CTXS_INFO_WRAPPED);
     /* The fork's ring goes on as its own. */
     cr_assert_eq(append_gen(f, 40, 0), 0);
     cr_assert_eq(ts_check_all(f), 0);
-    cr_assert_eq(info_of(f).ring_start, 130);
+    cr_assert_eq(ts_info(f).ring_start, 130);
     cr_assert_eq(ts_check_all(src), 0);
     ctxs_session_close(f);
     ctxs_session_close(src);
@@ -459,14 +452,14 @@ Test(fork, a_wrapped_ring_forked_inside_the_held_ring)
         snprintf(name, sizeof(name), "f%zu", i);
         ctxs_session *f = fork_ok(src, counts[i], name, NULL);
         expect_fork(f, counts[i], 90);
-        cr_assert_eq(info_of(f).n_held, 4 + counts[i] - 90);
+        cr_assert_eq(ts_info(f).n_held, 4 + counts[i] - 90);
         /* Writing on fills the slots the fork dropped, then evicts. */
         cr_assert_eq(append_gen(f, 50, 0), 0);
         cr_assert_eq(ts_check_all(f), 0);
         cr_assert_eq(ctxs_session_verify(NULL, f), 0);
         ctxs_session_close(f);
         f = open_at(name, small_geometry(), CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY);
-        cr_assert_eq(info_of(f).n_tokens, counts[i] + 50);
+        cr_assert_eq(ts_info(f).n_tokens, counts[i] + 50);
         cr_assert_eq(ts_check_all(f), 0);
         ctxs_session_close(f);
     }
@@ -481,7 +474,7 @@ Test(fork, a_wrapped_ring_forked_inside_the_sinks)
         snprintf(name, sizeof(name), "f%llu", (unsigned long long)n);
         ctxs_session *f = fork_ok(src, n, name, NULL);
         expect_fork(f, n, 0);
-        cr_assert_eq(info_of(f).flags & CTXS_INFO_WRAPPED, 0);
+        cr_assert_eq(ts_info(f).flags & CTXS_INFO_WRAPPED, 0);
         cr_assert_eq(append_gen(f, 50, 0), 0);
         cr_assert_eq(append_gen(f, 50, 0), 0);
         cr_assert_eq(ts_check_all(f), 0);
@@ -511,12 +504,12 @@ Test(fork, writing_to_the_fork_leaves_the_source_alone_and_back)
     cr_assert_eq(append_gen(f, 30, 1), 0);
     cr_assert_eq(wrong_gen(f, 0, 50, 0), 0);
     cr_assert_eq(wrong_gen(f, 50, 80, 1), 0);
-    cr_assert_eq(info_of(src).n_tokens, 100);
+    cr_assert_eq(ts_info(src).n_tokens, 100);
     cr_assert_eq(wrong_gen(src, 0, 100, 0), 0, "writing the fork changed the source");
 
     cr_assert_eq(rewrite(src, 40, 90, 2), 0);
     cr_assert_eq(wrong_gen(src, 40, 90, 2), 0);
-    cr_assert_eq(info_of(f).n_tokens, 80);
+    cr_assert_eq(ts_info(f).n_tokens, 80);
     cr_assert_eq(wrong_gen(f, 0, 50, 0), 0, "writing the source changed the fork");
     cr_assert_eq(wrong_gen(f, 50, 80, 1), 0);
     ctxs_session_close(f);
@@ -524,8 +517,8 @@ Test(fork, writing_to_the_fork_leaves_the_source_alone_and_back)
 
     src = open_at("src", small_geometry(), CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY);
     f = open_at("f", small_geometry(), CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY);
-    cr_assert_eq(info_of(src).n_tokens, 90);
-    cr_assert_eq(info_of(f).n_tokens, 80);
+    cr_assert_eq(ts_info(src).n_tokens, 90);
+    cr_assert_eq(ts_info(f).n_tokens, 80);
     cr_assert_eq(wrong_gen(src, 0, 40, 0) + wrong_gen(src, 40, 90, 2), 0);
     cr_assert_eq(wrong_gen(f, 0, 50, 0) + wrong_gen(f, 50, 80, 1), 0);
     ctxs_session_close(f);
@@ -559,14 +552,27 @@ Test(fork, a_writer_source_does_not_copy_its_reservations)
     for (uint32_t i = 0; i < 10; i++)
         ids[i] = gen_token(100 + i, 0);
     cr_assert_eq(ctxs_session_commit(src, ids, 10), 0);
-    cr_assert_eq(info_of(src).n_tokens, 110);
+    cr_assert_eq(ts_info(src).n_tokens, 110);
     cr_assert_eq(ts_check_all(src), 0);
-    cr_assert_eq(info_of(f).n_tokens, 100);
+    cr_assert_eq(ts_info(f).n_tokens, 100);
     ctxs_session_close(f);
     ctxs_session_close(src);
 }
 
 /* --- durability and reopening ------------------------------------------ */
+
+/* f's open verified its tokens and kept n of them, lost_tokens lost
+ * (recovered: some were); every kept token reads back. Closes f. */
+static void expect_verified_and_close(ctxs_session *f, int recovered, uint64_t n, uint64_t lost)
+{
+    ctxs_session_info info = ts_info(f);
+    cr_assert(info.flags & CTXS_INFO_VERIFIED);
+    cr_assert_eq((info.flags & CTXS_INFO_RECOVERED) != 0, recovered != 0);
+    cr_assert_eq(info.n_tokens, n);
+    cr_assert_eq(info.lost_tokens, lost);
+    cr_assert_eq(ts_check_all(f), 0);
+    ctxs_session_close(f);
+}
 
 Test(fork, a_reopened_fork_holds_every_token)
 {
@@ -582,14 +588,8 @@ Test(fork, a_reopened_fork_holds_every_token)
     /* verified_from is 0: a verifying open checks every token, keeps them
      * all, and a writer then vouches for them. */
     f = open_at("f", small_geometry(), 0, CTXS_OPEN_VERIFY);
-    ctxs_session_info info = info_of(f);
-    cr_assert(info.flags & CTXS_INFO_VERIFIED);
-    cr_assert_eq(info.flags & CTXS_INFO_RECOVERED, 0);
-    cr_assert_eq(info.lost_tokens, 0);
-    cr_assert_eq(info.n_tokens, 120);
-    cr_assert_eq(info.verified_from, 120);
-    cr_assert_eq(ts_check_all(f), 0);
-    ctxs_session_close(f);
+    cr_assert_eq(ts_info(f).verified_from, 120);
+    expect_verified_and_close(f, 0, 120, 0);
 }
 
 /* What a power loss before the copied KV reached the disk leaves: pages of
@@ -625,13 +625,7 @@ Test(fork, a_fork_whose_kv_was_lost_keeps_its_longest_verifying_prefix)
     close(fd);
 
     f = open_at("f", small_geometry(), 0, 0);
-    ctxs_session_info info = info_of(f);
-    cr_assert(info.flags & CTXS_INFO_VERIFIED);
-    cr_assert(info.flags & CTXS_INFO_RECOVERED);
-    cr_assert_eq(info.n_tokens, 60);
-    cr_assert_eq(info.lost_tokens, 40);
-    cr_assert_eq(ts_check_all(f), 0);
-    ctxs_session_close(f);
+    expect_verified_and_close(f, 1, 60, 40);
 }
 
 Test(fork, a_full_durability_fork)
@@ -642,15 +636,15 @@ Test(fork, a_full_durability_fork)
     o.open.window = 16;
     ctxs_session *f = fork_ok(src, 130, "f", &o);
     expect_fork(f, 130, 90);
-    ctxs_session_info info = info_of(f);
+    ctxs_session_info info = ts_info(f);
     cr_assert_eq(info.durability, CTXS_SYNC_FULL);
     cr_assert_eq(info.window, 16);
     /* Its first commit makes it all durable and says so. */
     cr_assert_eq(append_gen(f, 5, 0), 0);
-    cr_assert_eq(info_of(f).verified_from, 135);
+    cr_assert_eq(ts_info(f).verified_from, 135);
     ctxs_session_close(f);
     f = open_at("f", small_geometry(), CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY);
-    cr_assert_eq(info_of(f).n_tokens, 135);
+    cr_assert_eq(ts_info(f).n_tokens, 135);
     cr_assert_eq(ts_check_all(f), 0);
     ctxs_session_close(f);
 
@@ -746,7 +740,7 @@ Test(fork, a_fork_is_a_new_file_with_its_sources_label)
     cr_assert_eq(ts_write_file(ts_path(ts_scratch, "old"), old, len), 0);
     free(old);
     src = open_at("old", small_geometry(), CTXS_OPEN_RDONLY, 0);
-    cr_assert_eq(info_of(src).format_minor, 0);
+    cr_assert_eq(ts_info(src).format_minor, 0);
     f = fork_ok(src, UINT64_MAX, "from_old", NULL);
     expect_fork(f, 100, 40);
     fd = open(ts_path(ts_scratch, "from_old"), O_RDONLY | O_CLOEXEC);
@@ -842,7 +836,7 @@ Test(fork, appends_during_the_copy_fork_exactly)
     hook_action[CTXS__FORK_KV_COPIED] = append_50;
     ctxs_session *f = fork_ok(src, UINT64_MAX, "f", NULL);
     expect_fork(f, 200, 0);
-    cr_assert_eq(info_of(src).n_tokens, 300);
+    cr_assert_eq(ts_info(src).n_tokens, 300);
     ctxs_session_close(f);
     ctxs_session_close(src);
     ctxs_session_close(hook_writer);
@@ -933,7 +927,7 @@ Test(fork, tokens_evicted_but_not_yet_overwritten_during_the_copy_give_estale)
     ctxs_session *src = open_at("src", small_geometry(), CTXS_OPEN_RDONLY, 0);
     hook_action[CTXS__FORK_KV_COPIED] = reserve_10;
     fork_fails(src, 100, "f", CTXS_ESTALE);
-    cr_assert_eq(info_of(src).ring_start, 50);
+    cr_assert_eq(ts_info(src).ring_start, 50);
     ctxs_session_close(src);
     ctxs_session_close(hook_writer);
 }
@@ -1030,7 +1024,7 @@ Test(fork, a_read_only_source_forks_exactly_while_another_process_commits)
     uint64_t last = 0;
     for (int i = 0; i < 40; i++) {
         ctxs_session *f = fork_ok(src, UINT64_MAX, "f", NULL);
-        uint64_t n = info_of(f).n_tokens;
+        uint64_t n = ts_info(f).n_tokens;
         cr_assert_geq(n, last, "a later fork holds fewer tokens");
         last = n;
         expect_fork(f, n, 0);
@@ -1065,7 +1059,7 @@ Test(fork, a_source_rolled_back_by_another_process_gives_estale_or_an_exact_fork
         cr_assert_eq(rc, 0, "fork: %s", ctxs_err_name(rc));
         /* 100 tokens (forked between a rollback and its commit), or 200
          * with one generation throughout 100..200, as a commit left it. */
-        uint64_t n = info_of(f).n_tokens;
+        uint64_t n = ts_info(f).n_tokens;
         cr_assert(n == 100 || n == 200, "a fork of %llu tokens", (unsigned long long)n);
         ctxs_layout lay;
         cr_assert_eq(ctxs_session_get_layout(&lay, f), 0);

@@ -41,6 +41,14 @@ static void model_reg(ctxs_store *st, const ctxs_model *m)
 }
 
 /* Creates name (capacity, n_sink) with n ts_append tokens; returns it open. */
+/* The store of ts_store_dir(), open, with m registered. */
+static ctxs_store *store_with(const ctxs_model *m)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    model_reg(st, m);
+    return st;
+}
+
 static ctxs_session *mk(ctxs_store *st, const char *name, const ctxs_model *m, uint32_t capacity,
                         uint32_t n_sink, uint32_t n)
 {
@@ -134,13 +142,7 @@ static uint64_t file_bytes(const char *path)
  * process. */
 static MDB_env *raw_env(void)
 {
-    MDB_env *env;
-    cr_assert_eq(mdb_env_create(&env), 0);
-    cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
-    cr_assert_eq(mdb_env_set_mapsize(env, (size_t)1 << 30), 0);
-    int rc = mdb_env_open(env, ts_path(ts_store_dir(), "index"), 0, 0600);
-    cr_assert_eq(rc, 0, "mdb_env_open: %s", mdb_strerror(rc));
-    return env;
+    return ts_raw_env(ts_store_dir(), 0);
 }
 
 static void raw_put(MDB_env *env, const char *db, const void *k, size_t kl, const void *v, size_t vl)
@@ -153,6 +155,26 @@ static void raw_put(MDB_env *env, const char *db, const void *k, size_t kl, cons
     MDB_val key = {kl, (void *)k}, val = {vl, (void *)v};
     cr_assert_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
     cr_assert_eq(mdb_txn_commit(txn), 0);
+}
+
+/* The index's format record written as major.minor, after dropping table
+ * drop (NULL: none): the index as an older version wrote it. */
+static void raw_set_format(MDB_env *env, uint16_t major, uint16_t minor, const char *drop)
+{
+    if (drop) {
+        MDB_txn *txn;
+        MDB_dbi dbi;
+        cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+        cr_assert_eq(mdb_dbi_open(txn, drop, 0, &dbi), 0);
+        cr_assert_eq(mdb_drop(txn, dbi, 1), 0);
+        cr_assert_eq(mdb_txn_commit(txn), 0);
+    }
+    ctxs__index_format f;
+    memset(&f, 0, sizeof(f));
+    memcpy(f.magic, CTXS__INDEX_MAGIC, 8);
+    f.major = major;
+    f.minor = minor;
+    raw_put(env, "meta", "format", 6, &f, sizeof(f));
 }
 
 /* --- The store ------------------------------------------------------------- */
@@ -320,9 +342,8 @@ Test(index, one_store_by_two_paths_is_one_handle_and_two_stores_are_two)
 
 Test(index, two_threads_of_one_process_use_one_store)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     thread_arg args[2] = {{st, 0, 0, ""}, {st, 1, 0, ""}};
     pthread_t th[2];
     for (int i = 0; i < 2; i++)
@@ -350,9 +371,8 @@ Test(index, two_threads_of_one_process_use_one_store)
 
 Test(index, hostile_names_are_einval_everywhere)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *s = mk(st, "good", &m, 256, 4, 70);
     char long_name[300];
     memset(long_name, 'a', 256);
@@ -426,9 +446,8 @@ Test(index, hostile_names_are_einval_everywhere)
 
 Test(index, utf8_names_up_to_255_bytes_are_accepted)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     char max_ascii[256], max_utf8[256];
     memset(max_ascii, 'a', 255);
     max_ascii[255] = '\0';
@@ -503,9 +522,8 @@ Test(index, names_with_two_dots_anywhere_are_einval)
     /* The rule is "no '..' in a name", not only "not the name ..": tools
      * print and export names, and none of them should look like a step up
      * a path. Single dots are fine. */
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     const char *bad[] = {"wait...", "v1..v2", "..hidden", "trailing..", "..."};
     ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -531,9 +549,8 @@ Test(index, names_with_two_dots_anywhere_are_einval)
 
 Test(index, a_name_is_never_a_path)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     /* Names that look like the store's own files. */
     const char *names[] = {"0000000000000002.ctxs", "0000000000000001.ctxs", "index", "sessions",
                            "data.mdb", "0000000000000001.ctxs.tmp-1-0"};
@@ -631,9 +648,8 @@ Test(index, create_open_list_report_model_tokens_size_and_last_use)
 
 Test(index, create_with_a_taken_name_is_eexist)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "taken", &m, 256, 4, 5));
     ctxs_create_options o = ts_options(256, 4, 1, CTXS_SYNC_NONE);
     ctxs_session *s = (ctxs_session *)1;
@@ -654,9 +670,8 @@ Test(index, create_with_a_taken_name_is_eexist)
 
 Test(index, a_second_writer_is_ebusy_and_readers_coexist)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *w = mk(st, "one", &m, 256, 4, 20);
     ctxs_session *x = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_open(&x, st, "one", &m, 0, NULL), CTXS_EBUSY);
@@ -676,9 +691,8 @@ Test(index, a_second_writer_is_ebusy_and_readers_coexist)
 
 Test(index, delete_of_an_open_session_is_ebusy)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *w = mk(st, "doomed", &m, 256, 4, 70);
     cr_assert_eq(ctxs_checkpoint_create(w, "cp"), 0);
     uint64_t id = ts_session_entry(st, "doomed").id;
@@ -712,9 +726,8 @@ Test(index, delete_of_an_open_session_is_ebusy)
 
 Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *s = mk(st, "before", &m, 256, 4, 70);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(mk(st, "other", &m, 256, 4, 1));
@@ -752,9 +765,8 @@ Test(index, rename_moves_the_entry_and_open_handles_stay_valid)
 
 Test(index, open_of_a_missing_name_or_file_is_enotfound)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *s = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_open(&s, st, "nobody", &m, 0, NULL), CTXS_ENOTFOUND);
     cr_assert_null(s);
@@ -1064,9 +1076,8 @@ static ctxs_checkpoint_entry *cp_find(ctxs_checkpoint_entry *list, size_t n, con
 
 Test(index, checkpoint_create_list_restore_delete)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *s = mk(st, "s", &m, 512, 4, 40);
     cr_assert_eq(ctxs_checkpoint_create(s, "at40"), 0);
     cr_assert_eq(ts_append(s, 60), 0);
@@ -1136,9 +1147,8 @@ Test(index, checkpoint_create_list_restore_delete)
 
 Test(index, checkpoint_with_a_taken_name_is_eexist)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *s = mk(st, "s", &m, 256, 4, 10);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     cr_assert_eq(ts_append(s, 10), 0);
@@ -1155,9 +1165,8 @@ Test(index, checkpoint_with_a_taken_name_is_eexist)
 
 Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *s = mk(st, "s", &m, 128, 4, 100);
     cr_assert_eq(ctxs_checkpoint_create(s, "early"), 0);
     cr_assert_eq(ctxs_checkpoint_create(s, "sink"), 0);
@@ -1201,9 +1210,8 @@ Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
 
 Test(index, checkpoint_rolled_back_and_rewritten_is_stale_and_listed_stale)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *s = mk(st, "s", &m, 256, 4, 100);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
@@ -1239,9 +1247,8 @@ Test(index, checkpoint_rolled_back_and_rewritten_is_stale_and_listed_stale)
 
 Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *src = mk(st, "src", &m, 512, 4, 200);
     cr_assert_eq(ctxs_checkpoint_create(src, "cp"), 0);
     cr_assert_eq(ts_append(src, 100), 0);
@@ -1300,9 +1307,8 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
 
 Test(index, fork_into_a_taken_name_is_eexist)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "src", &m, 256, 4, 80));
     ctxs_session_close(mk(st, "taken", &m, 256, 4, 7));
     ctxs_session *f = (ctxs_session *)1;
@@ -1324,9 +1330,8 @@ Test(index, fork_into_a_taken_name_is_eexist)
 
 Test(index, fork_from_a_session_open_by_a_writer_here)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *w = mk(st, "live", &m, 512, 4, 100);
     ctxs_session *f;
     cr_assert_eq(ctxs_store_session_fork(&f, st, "live", "snap", UINT64_MAX, NULL), 0);
@@ -1346,9 +1351,8 @@ Test(index, fork_from_a_session_open_by_a_writer_here)
 
 Test(index, prefix_find_returns_whole_chunks_plus_the_matching_tail)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "held", &m, 512, 4, 250));
     const uint64_t want = 3 * CTXS_PREFIX_CHUNK + 10;
     uint32_t *t = prompt(300, want, 1); /* diverges at 202 */
@@ -1419,9 +1423,8 @@ Test(index, prefix_find_shorter_than_a_chunk_or_of_another_model_is_enotfound)
 
 Test(index, prefix_find_picks_the_longest_of_several_sessions)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     /* Sessions sharing the first chunk, then going their own ways. */
     const uint32_t lens[] = {70, 300, 140, 200};
     for (int i = 0; i < 4; i++) {
@@ -1447,9 +1450,8 @@ Test(index, prefix_find_picks_the_longest_of_several_sessions)
 
 Test(index, prefix_find_after_a_rollback_never_returns_the_old_longer_prefix)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *s = mk(st, "s", &m, 512, 4, 250);
     ctxs_session_close(s);
     uint32_t *old = prompt(250, 250, 0), *fresh = prompt(250, 100, 1);
@@ -1496,9 +1498,8 @@ Test(index, prefix_find_after_a_rollback_never_returns_the_old_longer_prefix)
 
 Test(index, prefix_find_after_delete_never_returns_the_session)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "s", &m, 512, 4, 250));
     uint32_t *t = prompt(250, 250, 0);
     ctxs_prefix_match pm;
@@ -1516,9 +1517,8 @@ Test(index, prefix_find_after_delete_never_returns_the_session)
 
 Test(index, prefix_find_after_the_ring_wraps_returns_only_what_is_held)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     uint32_t *t = prompt(400, 400, 0);
     ctxs_prefix_match pm;
 
@@ -1566,9 +1566,8 @@ Test(index, prefix_find_after_the_ring_wraps_returns_only_what_is_held)
 
 Test(index, prefix_entries_are_written_at_the_first_chunk_while_the_writer_has_it_open)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     uint32_t *t = prompt(2000, 2000, 0);
     ctxs_prefix_match pm;
     ctxs_session *s = mk(st, "w", &m, 2048, 4, 63);
@@ -1680,9 +1679,8 @@ Test(index, a_prefix_match_after_a_power_loss_counts_only_what_an_open_keeps)
 
 Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     /* Closed in order s0..s4; then s0 used again: s1 s2 s3 s4 s0. */
     ctxs_session *s[5];
     char names[5][8];
@@ -1756,9 +1754,8 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
 
 Test(index, gc_stops_at_the_budget_in_last_use_order)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     /* Created in one order, last used in another. */
     const int order[4] = {2, 0, 3, 1};
     ctxs_session *s[4];
@@ -1797,9 +1794,8 @@ Test(index, gc_stops_at_the_budget_in_last_use_order)
 
 Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "kept", &m, 256, 4, 70));
     ctxs_session_close(mk(st, "lost", &m, 256, 4, 70));
     ctxs_session *open_one = mk(st, "busy", &m, 256, 4, 10);
@@ -1905,9 +1901,8 @@ Test(index, create_is_not_refused_by_a_stray_file_at_the_next_id)
      * adopt because it was open) under the id the store would hand out
      * next: creating an unrelated, free name must still work (-EEXIST
      * means "the name is taken"), and the stray must stay as it was. */
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "first", &m, 256, 4, 1));
     uint64_t first = ts_session_entry(st, "first").id;
     ctxs_session *stray;
@@ -1933,9 +1928,8 @@ Test(index, create_is_not_refused_by_a_stray_file_at_the_next_id)
 
 Test(index, repair_drops_every_entry_of_a_session_whose_file_is_gone)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *s = mk(st, "lost", &m, 256, 4, 200);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
@@ -2005,9 +1999,8 @@ static pid_t gone_pid(void)
 
 Test(index, store_open_removes_the_file_of_an_interrupted_create)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "a", &m, 256, 4, 70));
     uint64_t a = ts_session_entry(st, "a").id;
     /* A create that died after its file was linked, before its entry. */
@@ -2059,9 +2052,8 @@ static void create_left_aside(ctxs_store *st, uint64_t id, pid_t creator, char *
 
 Test(index, store_open_leaves_the_intent_of_a_live_creator)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "a", &m, 256, 4, 10));
     uint64_t a = ts_session_entry(st, "a").id;
     /* A create whose intent is committed and whose file does not exist
@@ -2095,9 +2087,8 @@ static pid_t zombie_pid(void)
 
 Test(index, store_open_resolves_the_intent_of_a_creator_that_exited_unreaped)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "a", &m, 256, 4, 10));
     const uint64_t id = ts_session_entry(st, "a").id + 100;
     pid_t zombie = zombie_pid();
@@ -2115,9 +2106,8 @@ Test(index, store_open_resolves_the_intent_of_a_creator_that_exited_unreaped)
 
 Test(index, store_open_finishes_an_interrupted_delete)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *s = mk(st, "d", &m, 256, 4, 130);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
@@ -2346,9 +2336,8 @@ Test(index, reindex_keeps_checkpoints_and_skips_files_that_are_not_sessions)
 
 Test(index, reindex_names_a_session_whose_label_is_taken_or_lost_by_its_id)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "p", &m, 256, 4, 10));
     ctxs_session_close(mk(st, "q", &m, 256, 4, 20));
     ctxs_session_close(mk(st, "r", &m, 256, 4, 30));
@@ -2394,25 +2383,18 @@ Test(index, reindex_names_a_session_whose_label_is_taken_or_lost_by_its_id)
 
 Test(index, an_index_of_a_newer_major_version_is_eversion)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_store_close(st);
     MDB_env *env = raw_env();
-    ctxs__index_format f;
-    memset(&f, 0, sizeof(f));
-    memcpy(f.magic, CTXS__INDEX_MAGIC, 8);
-    f.major = CTXS__INDEX_MAJOR + 1;
-    raw_put(env, "meta", "format", 6, &f, sizeof(f));
+    raw_set_format(env, CTXS__INDEX_MAJOR + 1, 0, NULL);
     mdb_env_close(env);
     st = (ctxs_store *)1;
     cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL), CTXS_EVERSION);
     cr_assert_null(st);
     /* A newer minor is fine. */
     env = raw_env();
-    f.major = CTXS__INDEX_MAJOR;
-    f.minor = CTXS__INDEX_MINOR + 5;
-    raw_put(env, "meta", "format", 6, &f, sizeof(f));
+    raw_set_format(env, CTXS__INDEX_MAJOR, CTXS__INDEX_MINOR + 5, NULL);
     mdb_env_close(env);
     st = ts_store_open(ts_store_dir());
     ctxs_model_entry me;
@@ -2420,7 +2402,11 @@ Test(index, an_index_of_a_newer_major_version_is_eversion)
     ctxs_store_close(st);
     /* Someone else's magic in our record. */
     env = raw_env();
+    ctxs__index_format f;
+    memset(&f, 0, sizeof(f));
     memcpy(f.magic, "NOTCTXS!", 8);
+    f.major = CTXS__INDEX_MAJOR;
+    f.minor = CTXS__INDEX_MINOR + 5;
     raw_put(env, "meta", "format", 6, &f, sizeof(f));
     mdb_env_close(env);
     /* In our own tables, the record is damaged: the index is. */
@@ -2686,9 +2672,8 @@ static size_t meta_count(ctxs_store *st, const char *name)
 
 Test(index, metadata_is_set_read_listed_and_deleted)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *s = mk(st, "chat", &m, 256, 4, 10);
     /* Set while a writer has the session open. */
     meta_set(st, "chat", "title", "Trip to Lisbon");
@@ -2748,9 +2733,8 @@ Test(index, metadata_is_set_read_listed_and_deleted)
 
 Test(index, metadata_refuses_bad_arguments_and_changes_nothing)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "chat", &m, 256, 4, 0));
     meta_set(st, "chat", "title", "t");
     const char *bad[] = {"", ".", "a/b", "x..y", "new\nline", "\xff", NULL};
@@ -2775,9 +2759,8 @@ Test(index, metadata_refuses_bad_arguments_and_changes_nothing)
 
 Test(index, metadata_past_its_limits_is_etoobig_and_changes_nothing)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "chat", &m, 256, 4, 0));
     uint8_t *big = calloc(1, CTXS_META_VALUE_MAX + 1);
     memset(big, 'x', CTXS_META_VALUE_MAX + 1);
@@ -2809,9 +2792,8 @@ Test(index, metadata_past_its_limits_is_etoobig_and_changes_nothing)
 
 Test(index, metadata_goes_with_the_session)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "chat", &m, 256, 4, 70));
     meta_set(st, "chat", "title", "first");
     int rc;
@@ -2839,24 +2821,15 @@ Test(index, metadata_goes_with_the_session)
     ctxs_free(res.sessions);
     ctxs_store_close(st);
     /* No row is left behind under the ids that are gone. */
-    MDB_env *env = raw_env();
-    MDB_txn *txn;
-    MDB_dbi dbi;
-    MDB_stat ms;
-    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
-    cr_assert_eq(mdb_dbi_open(txn, "metadata", 0, &dbi), 0);
-    cr_assert_eq(mdb_stat(txn, dbi, &ms), 0);
-    cr_assert_eq(ms.ms_entries, 0, "%zu metadata rows left (fork id %llu)", ms.ms_entries,
+    size_t rows = ts_raw_entries(ts_store_dir(), "metadata");
+    cr_assert_eq(rows, 0, "%zu metadata rows left (fork id %llu)", rows,
                  (unsigned long long)fork_e.id);
-    mdb_txn_abort(txn);
-    mdb_env_close(env);
 }
 
 Test(index, reindex_and_repair_keep_metadata_of_sessions_still_present)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "keep", &m, 256, 4, 70));
     ctxs_session_close(mk(st, "lost", &m, 256, 4, 10));
     ctxs_session_close(mk(st, "gone", &m, 256, 4, 10));
@@ -2892,25 +2865,15 @@ Test(index, reindex_and_repair_keep_metadata_of_sessions_still_present)
 
 Test(index, an_index_from_before_metadata_opens_and_takes_it)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "chat", &m, 256, 4, 70));
     ctxs_store_close(st);
     /* As index 1.1 wrote it: no metadata table, minor 1. */
     MDB_env *env = raw_env();
+    raw_set_format(env, 1, 1, "metadata");
     MDB_txn *txn;
     MDB_dbi dbi;
-    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
-    cr_assert_eq(mdb_dbi_open(txn, "metadata", 0, &dbi), 0);
-    cr_assert_eq(mdb_drop(txn, dbi, 1), 0);
-    cr_assert_eq(mdb_txn_commit(txn), 0);
-    ctxs__index_format f;
-    memset(&f, 0, sizeof(f));
-    memcpy(f.magic, CTXS__INDEX_MAGIC, 8);
-    f.major = 1;
-    f.minor = 1;
-    raw_put(env, "meta", "format", 6, &f, sizeof(f));
     cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
     cr_assert_eq(mdb_dbi_open(txn, "metadata", 0, &dbi), MDB_NOTFOUND);
     mdb_txn_abort(txn);
@@ -2998,9 +2961,8 @@ Test(index, a_half_made_store_is_completed_by_a_read_write_open_only)
 
 Test(index, a_lost_index_is_rebuilt_only_when_asked_to_create)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "kept", &m, 256, 4, 70));
     ctxs_store_close(st);
     ts_rmtree(ts_path(ts_store_dir(), "index"));
@@ -3057,9 +3019,8 @@ static char *store_snapshot(void)
 /* A store with two sessions (one pinned, one with a checkpoint), closed. */
 static ctxs_model protect_store(void)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *s = mk(st, "a", &m, 256, 4, 130);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
@@ -3262,9 +3223,8 @@ Test(index, a_store_the_user_cannot_write_is_not_read_beside_a_process_using_it)
 
 Test(index, gc_never_deletes_a_pinned_session_and_names_what_it_deleted)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     static const char *const names[] = {"old", "pinned", "mid", "new"};
     for (int i = 0; i < 4; i++) {
         ctxs_session_close(mk(st, names[i], &m, 256, 4, 40));
@@ -3327,9 +3287,8 @@ Test(index, gc_never_deletes_a_pinned_session_and_names_what_it_deleted)
 
 Test(index, a_pin_outlives_a_reindex_and_a_compaction_and_goes_with_its_session)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "p", &m, 256, 4, 40));
     ctxs_session_close(mk(st, "q", &m, 256, 4, 40));
     cr_assert_eq(ctxs_store_session_pin(st, "p", 1), 0);
@@ -3363,18 +3322,7 @@ Test(index, an_index_from_before_pins_opens_read_only_and_read_write)
     ctxs_model m = protect_store();
     /* Index 1.1: no pins table, minor 1. */
     MDB_env *env = raw_env();
-    MDB_txn *txn;
-    MDB_dbi dbi;
-    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
-    cr_assert_eq(mdb_dbi_open(txn, "pins", 0, &dbi), 0);
-    cr_assert_eq(mdb_drop(txn, dbi, 1), 0);
-    cr_assert_eq(mdb_txn_commit(txn), 0);
-    ctxs__index_format f;
-    memset(&f, 0, sizeof(f));
-    memcpy(f.magic, CTXS__INDEX_MAGIC, 8);
-    f.major = 1;
-    f.minor = 1;
-    raw_put(env, "meta", "format", 6, &f, sizeof(f));
+    raw_set_format(env, 1, 1, "pins");
     mdb_env_close(env);
 
     ctxs_store *st;
@@ -3440,9 +3388,8 @@ static void be_key(uint8_t out[8], uint64_t id)
  * (size bytes of it) with the store closed. */
 static ctxs_model three_then_next_id(const void *value, size_t size)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     const char *names[] = {"a", "b", "c"};
     for (int i = 0; i < 3; i++)
         ctxs_session_close(mk(st, names[i], &m, 64, 4, 5));
@@ -3603,9 +3550,8 @@ static void move_to_id_0(const char *name, uint64_t id)
 /* b: 40 tokens and a checkpoint "cp" at 30, then moved to id 0. */
 static ctxs_model b_at_id_0(void)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "a", &m, 64, 4, 5));
     ctxs_session *s = mk(st, "b", &m, 256, 4, 30);
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
@@ -3667,9 +3613,8 @@ Test(index, reindex_adopts_a_file_named_with_id_0_under_a_new_id)
 
 Test(index, reindex_adopts_a_file_named_past_the_largest_id)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "a", &m, 64, 4, 5));
     ctxs_session_close(mk(st, "b", &m, 64, 4, 7));
     uint64_t id = ts_session_entry(st, "b").id;
@@ -3717,43 +3662,17 @@ static uint64_t sessions_digest(void)
     return sum;
 }
 
-/* Opens the store with flags in a child and lists its sessions, checkpoints
- * and metadata there: the first error, or 0. A signal (SIGBUS from a page
+/* Opens the store with flags in a child and lists its sessions and their
+ * metadata there: the first error, or 0. A signal (SIGBUS from a page
  * past the end of the file) fails the test instead of killing the suite. */
+static int read_store(void *flags)
+{
+    return ts_store_read(*(const unsigned *)flags, 1);
+}
+
 static int open_in_child(unsigned flags, const char *what)
 {
-    int pfd[2];
-    cr_assert_eq(pipe(pfd), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        close(pfd[0]);
-        ctxs_store *st = NULL;
-        int rc = ctxs_store_open(&st, ts_store_dir(), flags, NULL);
-        ctxs_session_entry *list = NULL;
-        size_t n = 0;
-        if (rc == 0)
-            rc = ctxs_store_session_list(&list, &n, st);
-        for (size_t i = 0; rc == 0 && i < n; i++) {
-            ctxs_meta_entry *meta = NULL;
-            size_t n_meta = 0;
-            rc = ctxs_store_session_list_meta(&meta, &n_meta, st, list[i].name);
-            ctxs_free(meta);
-        }
-        ctxs_free(list);
-        ctxs_store_close(st);
-        ssize_t w = write(pfd[1], &rc, sizeof(rc));
-        _exit(w == (ssize_t)sizeof(rc) ? 0 : 1);
-    }
-    close(pfd[1]);
-    int status, rc = 1;
-    cr_assert_eq(waitpid(pid, &status, 0), pid);
-    cr_assert(WIFEXITED(status), "%s: the open was killed by signal %d", what,
-              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    cr_assert_eq(WEXITSTATUS(status), 0, "%s", what);
-    cr_assert_eq(read(pfd[0], &rc, sizeof(rc)), (ssize_t)sizeof(rc));
-    close(pfd[0]);
-    return rc;
+    return ts_in_child(read_store, &flags, what);
 }
 
 /* A store with sessions, checkpoints and metadata over a few dozen pages;
@@ -3761,9 +3680,8 @@ static int open_in_child(unsigned flags, const char *what)
  * claims (LMDB's own word, through mdb_env_info). */
 static uint8_t *damage_fixture(size_t *len, size_t *psize, size_t *needed)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     for (int i = 0; i < 6; i++) {
         char name[32];
         snprintf(name, sizeof(name), "chat-%d", i);
@@ -3946,9 +3864,8 @@ static int has_problem(const ctxs_store_check_result *r, const char *table, cons
 
 Test(index, check_reports_every_malformed_record_of_every_table_and_goes_on)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
     ctxs_model m = ts_model(1);
-    model_reg(st, &m);
+    ctxs_store *st = store_with(&m);
     ctxs_session *s = mk(st, "chat", &m, 256, 4, 70);
     cr_assert_eq(ctxs_checkpoint_create(s, "t1"), 0);
     ctxs_session_close(s);

@@ -86,10 +86,7 @@ static void compact_index(void)
     char tmp[4096];
     snprintf(tmp, sizeof(tmp), "%s/compact-copy", ts_store_dir());
     cr_assert_eq(mkdir(tmp, 0700), 0);
-    MDB_env *env;
-    cr_assert_eq(mdb_env_create(&env), 0);
-    cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
-    cr_assert_eq(mdb_env_open(env, index, MDB_RDONLY, 0600), 0);
+    MDB_env *env = ts_raw_env(ts_store_dir(), MDB_RDONLY);
     cr_assert_eq(mdb_env_copy2(env, tmp, MDB_CP_COMPACT), 0);
     mdb_env_close(env);
     char from[4200], to[4200];
@@ -182,43 +179,16 @@ static size_t last_pg(const uint8_t *bytes)
 
 /* --- the open, in a child ------------------------------------------------ */
 
-/* Opens the store in a child and lists every session and its metadata:
- * the first error, or 0. A signal fails the test. */
+/* Opens the store in a child and lists every session and (deep) its
+ * metadata: the first error, or 0. A signal fails the test. */
+static int read_store(void *deep)
+{
+    return ts_store_read(0, *(const int *)deep);
+}
+
 static int open_in_child_ex(const char *what, int deep)
 {
-    int pfd[2];
-    cr_assert_eq(pipe(pfd), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        close(pfd[0]);
-        ctxs_store *st = NULL;
-        int rc = ctxs_store_open(&st, ts_store_dir(), 0, NULL);
-        ctxs_session_entry *list = NULL;
-        size_t n = 0;
-        if (rc == 0)
-            rc = ctxs_store_session_list(&list, &n, st);
-        for (size_t i = 0; deep && rc == 0 && i < n; i++) {
-            ctxs_meta_entry *meta = NULL;
-            size_t k;
-            rc = ctxs_store_session_list_meta(&meta, &k, st, list[i].name);
-            ctxs_free(meta);
-        }
-        ctxs_free(list);
-        ctxs_store_close(st);
-        ssize_t w = write(pfd[1], &rc, sizeof(rc));
-        _exit(w == (ssize_t)sizeof(rc) ? 0 : 1);
-    }
-    close(pfd[1]);
-    int status, rc = 1;
-    cr_assert_eq(waitpid(pid, &status, 0), pid);
-    cr_assert(WIFEXITED(status), "%s: the open was killed by signal %d", what,
-              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    cr_assert_eq(WEXITSTATUS(status), 0, "%s: the child failed (a fault under ASan?)", what);
-    cr_assert_eq(read(pfd[0], &rc, sizeof(rc)), (ssize_t)sizeof(rc));
-    close(pfd[0]);
-    return rc;
+    return ts_in_child(read_store, &deep, what);
 }
 
 static int open_in_child(const char *what)

@@ -69,34 +69,6 @@ static int open_rc(unsigned flags)
     return rc;
 }
 
-/* ts_append for children: no Criterion, errors returned. */
-static int child_append(ctxs_session *s, uint32_t n)
-{
-    ctxs_session_info info;
-    int rc = ctxs_session_get_info(&info, s);
-    if (rc)
-        return rc;
-    const ctxs_geometry *g = &info.model.geometry;
-    size_t per = (size_t)g->n_layers * g->n_kv_heads * g->head_dim;
-    uint16_t *k = malloc(per * 2), *v = malloc(per * 2);
-    uint32_t *ids = malloc((size_t)n * 4);
-    if (!k || !v || !ids)
-        return CTXS_ENOMEM;
-    ctxs_reservation r;
-    rc = ctxs_session_reserve(&r, s, n);
-    for (uint32_t i = 0; rc == 0 && i < n; i++) {
-        ts_fill_kv(g, r.first_pos + i, k, v);
-        ids[i] = ts_token(r.first_pos + i);
-        rc = ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16);
-    }
-    if (rc == 0)
-        rc = ctxs_session_commit(s, ids, n);
-    free(k);
-    free(v);
-    free(ids);
-    return rc;
-}
-
 static int read_full(int fd, void *buf, size_t n)
 {
     uint8_t *p = buf;
@@ -127,29 +99,6 @@ static void expect_clean_exit(pid_t pid)
     cr_assert_eq(WEXITSTATUS(st), 0, "child exited %d", WEXITSTATUS(st));
 }
 
-typedef int (*child_fn)(void *arg);
-
-/* Runs fn in a forked child and returns the int it returned. */
-static int in_child(child_fn fn, void *arg)
-{
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        close(fds[0]);
-        write_int(fds[1], fn(arg));
-        _exit(0);
-    }
-    close(fds[1]);
-    int result = 0;
-    int got = read_full(fds[0], &result, sizeof(result));
-    close(fds[0]);
-    expect_clean_exit(pid);
-    cr_assert_eq(got, 0, "child sent no result");
-    return result;
-}
-
 static int child_open(void *arg)
 {
     unsigned flags = *(unsigned *)arg;
@@ -169,7 +118,7 @@ static int child_open_and_append(void *arg)
     int rc = ctxs_session_open(&s, session_path(), &m, 0, NULL);
     if (rc)
         return rc;
-    rc = child_append(s, n);
+    rc = ts_try_append(s, n, NULL);
     ctxs_session_close(s);
     return rc;
 }
@@ -223,14 +172,17 @@ Test(lock, second_writer_in_another_process_is_busy)
     make_session(256, 7);
     ctxs_session *w = open_or_die(RW);
     unsigned flags = RW;
-    cr_assert_eq(in_child(child_open, &flags), CTXS_EBUSY, "writer in a child while parent writes");
+    cr_assert_eq(ts_in_child(child_open, &flags, "child_open"),
+                 CTXS_EBUSY, "writer in a child while parent writes");
     flags = RO;
-    cr_assert_eq(in_child(child_open, &flags), 0, "reader in a child while parent writes");
+    cr_assert_eq(ts_in_child(child_open, &flags, "child_open"),
+                 0, "reader in a child while parent writes");
     cr_assert_eq(ts_append(w, 3), 0);
     ctxs_session_close(w);
 
     uint32_t n = 4;
-    cr_assert_eq(in_child(child_open_and_append, &n), 0, "writer in a child after parent closed");
+    cr_assert_eq(ts_in_child(child_open_and_append, &n, "child_open_and_append"),
+                 0, "writer in a child after parent closed");
     w = open_or_die(RW);
     cr_assert_eq(ts_n_tokens(w), 14);
     cr_assert_eq(ts_check_all(w), 0);
@@ -252,7 +204,7 @@ Test(lock, writer_lock_is_released_when_its_process_dies)
         ctxs_session *s = NULL;
         int rc = ctxs_session_open(&s, session_path(), &m, 0, NULL);
         if (rc == 0)
-            rc = child_append(s, 6);
+            rc = ts_try_append(s, 6, NULL);
         ctxs_reservation r;
         if (rc == 0)
             rc = ctxs_session_reserve(&r, s, 9);
@@ -302,12 +254,15 @@ Test(lock, readers_coexist_with_the_writer_and_each_other)
     /* Readers first, then a writer joins them. */
     ctxs_session *r1 = open_or_die(RO);
     ctxs_session *r2 = open_or_die(RO);
-    cr_assert_eq(in_child(child_reader_count, NULL), 8, "reader in a child beside two readers");
+    cr_assert_eq(ts_in_child(child_reader_count, NULL, "child_reader_count"),
+                 8, "reader in a child beside two readers");
     ctxs_session *w = open_or_die(RW);
     ctxs_session *r3 = open_or_die(RO);
-    cr_assert_eq(in_child(child_reader_count, NULL), 8, "reader in a child beside a writer");
+    cr_assert_eq(ts_in_child(child_reader_count, NULL, "child_reader_count"),
+                 8, "reader in a child beside a writer");
     unsigned flags = RW;
-    cr_assert_eq(in_child(child_open, &flags), CTXS_EBUSY, "readers do not hide the writer");
+    cr_assert_eq(ts_in_child(child_open, &flags, "child_open"),
+                 CTXS_EBUSY, "readers do not hide the writer");
 
     cr_assert_eq(ts_append(w, 12), 0);
     ctxs_session *readers[] = { r1, r2, r3 };
@@ -316,14 +271,14 @@ Test(lock, readers_coexist_with_the_writer_and_each_other)
         cr_assert_eq(ts_n_tokens(readers[i]), 20, "reader %d after refresh", i);
         cr_assert_eq(ts_check_all(readers[i]), 0);
     }
-    cr_assert_eq(in_child(child_reader_count, NULL), 20);
+    cr_assert_eq(ts_in_child(child_reader_count, NULL, "child_reader_count"), 20);
 
     /* A reservation is invisible to readers. */
     ctxs_reservation res;
     cr_assert_eq(ctxs_session_reserve(&res, w, 4), 0);
     cr_assert_eq(ctxs_session_refresh(r1), 0);
     cr_assert_eq(ts_n_tokens(r1), 20);
-    cr_assert_eq(in_child(child_reader_count, NULL), 20);
+    cr_assert_eq(ts_in_child(child_reader_count, NULL, "child_reader_count"), 20);
 
     /* Readers see a rollback too (closing drops the reservation). */
     ctxs_session_close(w);
@@ -421,7 +376,7 @@ Test(lock, reader_in_another_process_sees_only_committed_tokens, .timeout = 300)
             _exit(1);
         }
         for (int i = 0; i < FOLLOW_COMMITS; i++) {
-            rc = child_append(s, batch_of(i));
+            rc = ts_try_append(s, batch_of(i), NULL);
             if (rc) {
                 write_int(acks[1], rc);
                 _exit(1);

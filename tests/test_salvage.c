@@ -118,11 +118,8 @@ static uint8_t *fixture(size_t *len, size_t *psize)
         }
     }
     ctxs_store_close(st);
-    MDB_env *env;
+    MDB_env *env = ts_raw_env(ts_store_dir(), MDB_RDONLY);
     MDB_stat ms;
-    cr_assert_eq(mdb_env_create(&env), 0);
-    cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
-    cr_assert_eq(mdb_env_open(env, ts_path(ts_store_dir(), "index"), MDB_RDONLY, 0600), 0);
     cr_assert_eq(mdb_env_stat(env, &ms), 0);
     mdb_env_close(env);
     *psize = ms.ms_psize;
@@ -139,12 +136,9 @@ static void put_index(const uint8_t *bytes, size_t len)
 /* Raw LMDB writes, for records of the wrong shape (the store is closed). */
 static void raw_put(const char *db, const void *k, size_t kl, const void *v, size_t vl)
 {
-    MDB_env *env;
+    MDB_env *env = ts_raw_env(ts_store_dir(), 0);
     MDB_txn *txn;
     MDB_dbi dbi;
-    cr_assert_eq(mdb_env_create(&env), 0);
-    cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
-    cr_assert_eq(mdb_env_open(env, ts_path(ts_store_dir(), "index"), 0, 0600), 0);
     cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
     cr_assert_eq(mdb_dbi_open(txn, db, 0, &dbi), 0);
     MDB_val key = {kl, (void *)k}, val = {vl, (void *)v};
@@ -165,9 +159,7 @@ static size_t tree_pages(void)
     MDB_stat ms;
     MDB_val key, val;
     size_t n = 0;
-    cr_assert_eq(mdb_env_create(&env), 0);
-    cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
-    cr_assert_eq(mdb_env_open(env, ts_path(ts_store_dir(), "index"), MDB_RDONLY, 0600), 0);
+    env = ts_raw_env(ts_store_dir(), MDB_RDONLY);
     cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
     for (MDB_dbi dbi = 0; dbi < 2; dbi++) {
         cr_assert_eq(mdb_stat(txn, dbi, &ms), 0);
@@ -192,65 +184,43 @@ static size_t tree_pages(void)
 
 /* --- before the repair: refused, never a signal --------------------------- */
 
-/* Opens the store in a child and reads everything through it: the first
- * error, or 0. */
-#define KILLED 1 /* read_all_in_child(): the child died of a signal */
-
-static int read_all_in_child_ex(const char *what, int allow_signal)
+/* Opens the store and reads everything through it: the first error, or 0.
+ * In a child (read_all_in_child()). */
+static int read_all(void *arg)
 {
-    int pfd[2];
-    cr_assert_eq(pipe(pfd), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        close(pfd[0]);
-        ctxs_store *st = NULL;
-        int rc = ctxs_store_open(&st, ts_store_dir(), 0, NULL);
-        ctxs_session_entry *list = NULL;
-        size_t n = 0;
-        if (rc == 0)
-            rc = ctxs_store_session_list(&list, &n, st);
-        ctxs_model m = ts_model(1);
-        for (size_t i = 0; rc == 0 && i < n; i++) {
-            ctxs_meta_entry *meta = NULL;
-            ctxs_checkpoint_entry *cps = NULL;
-            size_t k;
-            if ((rc = ctxs_store_session_list_meta(&meta, &k, st, list[i].name)) == 0)
-                rc = ts_checkpoint_list(&cps, &k, st, list[i].name);
-            ctxs_session *s = NULL;
-            if (rc == 0 && (rc = ctxs_store_session_open(&s, st, list[i].name, &m, 0, NULL)) == 0)
-                ctxs_session_close(s);
-            ctxs_free(meta);
-            ctxs_free(cps);
-        }
-        ctxs_model_entry *models = NULL;
-        if (rc == 0)
-            rc = ctxs_model_list(&models, &n, st);
-        ctxs_free(models);
-        ctxs_free(list);
-        ctxs_store_close(st);
-        ssize_t w = write(pfd[1], &rc, sizeof(rc));
-        _exit(w == (ssize_t)sizeof(rc) ? 0 : 1);
+    (void)arg;
+    ctxs_store *st = NULL;
+    int rc = ctxs_store_open(&st, ts_store_dir(), 0, NULL);
+    ctxs_session_entry *list = NULL;
+    size_t n = 0;
+    if (rc == 0)
+        rc = ctxs_store_session_list(&list, &n, st);
+    ctxs_model m = ts_model(1);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        ctxs_meta_entry *meta = NULL;
+        ctxs_checkpoint_entry *cps = NULL;
+        size_t k;
+        if ((rc = ctxs_store_session_list_meta(&meta, &k, st, list[i].name)) == 0)
+            rc = ts_checkpoint_list(&cps, &k, st, list[i].name);
+        ctxs_session *s = NULL;
+        if (rc == 0 && (rc = ctxs_store_session_open(&s, st, list[i].name, &m, 0, NULL)) == 0)
+            ctxs_session_close(s);
+        ctxs_free(meta);
+        ctxs_free(cps);
     }
-    close(pfd[1]);
-    int status, rc = 1;
-    cr_assert_eq(waitpid(pid, &status, 0), pid);
-    /* Under ASan a fault is reported and the child exits 1 instead. */
-    if (allow_signal && (WIFSIGNALED(status) || WEXITSTATUS(status) != 0)) {
-        close(pfd[0]);
-        return KILLED;
-    }
-    cr_assert(WIFEXITED(status), "%s: the store was killed by signal %d", what,
-              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    cr_assert_eq(WEXITSTATUS(status), 0, "%s", what);
-    cr_assert_eq(read(pfd[0], &rc, sizeof(rc)), (ssize_t)sizeof(rc));
-    close(pfd[0]);
+    ctxs_model_entry *models = NULL;
+    if (rc == 0)
+        rc = ctxs_model_list(&models, &n, st);
+    ctxs_free(models);
+    ctxs_free(list);
+    ctxs_store_close(st);
     return rc;
 }
 
+/* read_all() in a child: a signal fails the test. */
 static int read_all_in_child(const char *what)
 {
-    return read_all_in_child_ex(what, 0);
+    return ts_in_child(read_all, NULL, what);
 }
 
 /* --- the repair and what it must leave ------------------------------------ */

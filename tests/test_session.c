@@ -41,17 +41,19 @@ static ctxs_session *reopen(const char *name, unsigned flags)
     return s;
 }
 
-static ctxs_session_info info_of(const ctxs_session *s)
+/* name opens again read-write with n tokens, each reading back. */
+static void expect_reopens_whole(const char *name, uint64_t n)
 {
-    ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    return info;
+    ctxs_session *s = reopen(name, 0);
+    cr_expect_eq(ts_info(s).n_tokens, n);
+    cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
 }
 
 Test(session, a_new_session_is_empty_sparse_and_private)
 {
     ctxs_session *s = create("a", 2048, 4, 1, CTXS_SYNC_ASYNC);
-    ctxs_session_info info = info_of(s);
+    ctxs_session_info info = ts_info(s);
     cr_expect_eq(info.n_tokens, 0);
     cr_expect_eq(info.n_held, 0);
     cr_expect_eq(info.capacity, 2048);
@@ -77,7 +79,7 @@ Test(session, tokens_survive_close_and_reopen)
     ctxs_session_close(s);
 
     s = reopen("a", 0);
-    ctxs_session_info info = info_of(s);
+    ctxs_session_info info = ts_info(s);
     cr_expect_eq(info.n_tokens, 185);
     cr_expect_eq(info.flags & (CTXS_INFO_RECOVERED | CTXS_INFO_VERIFIED), 0,
                  "a clean reopen in the same boot verifies nothing");
@@ -87,7 +89,7 @@ Test(session, tokens_survive_close_and_reopen)
     ctxs_session_close(s);
 
     s = reopen("a", CTXS_OPEN_RDONLY);
-    cr_expect_eq(info_of(s).n_tokens, 195);
+    cr_expect_eq(ts_info(s).n_tokens, 195);
     cr_expect_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
 }
@@ -101,17 +103,17 @@ Test(session, every_durability_level_round_trips)
         ctxs_session *s = create(name, 256, 4, 1, levels[i]);
         cr_assert_eq(ts_append(s, 20), 0);
         cr_assert_eq(ts_append(s, 1), 0);
-        ctxs_session_info info = info_of(s);
+        ctxs_session_info info = ts_info(s);
         if (levels[i] == CTXS_SYNC_FULL)
             cr_expect_eq(info.verified_from, 21, "FULL moves the watermark");
         else
             cr_expect_eq(info.verified_from, 0, "only FULL and sync move it");
         ctxs_session_close(s);
         s = reopen(name, 0);
-        cr_expect_eq(info_of(s).n_tokens, 21);
+        cr_expect_eq(ts_info(s).n_tokens, 21);
         cr_expect_eq(ts_check_all(s), 0);
         cr_expect_eq(ctxs_session_sync(s), 0);
-        cr_expect_eq(info_of(s).verified_from, 21);
+        cr_expect_eq(ts_info(s).verified_from, 21);
         ctxs_session_close(s);
     }
 }
@@ -142,10 +144,7 @@ Test(session, another_process_reads_what_was_committed)
     cr_assert_eq(waitpid(child, &status, 0), child);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
 
-    s = reopen("a", 0);
-    cr_expect_eq(info_of(s).n_tokens, 150);
-    cr_expect_eq(ts_check_all(s), 0);
-    ctxs_session_close(s);
+    expect_reopens_whole("a", 150);
 }
 
 Test(session, the_ring_keeps_sinks_and_the_newest_tokens)
@@ -153,7 +152,7 @@ Test(session, the_ring_keeps_sinks_and_the_newest_tokens)
     ctxs_session *s = create("a", 64, 4, 1, CTXS_SYNC_ASYNC);
     for (int turn = 0; turn < 20; turn++)
         cr_assert_eq(ts_append(s, 7), 0);
-    ctxs_session_info info = info_of(s);
+    ctxs_session_info info = ts_info(s);
     cr_expect_eq(info.n_tokens, 140);
     cr_expect_eq(info.n_held, 64);
     cr_expect_eq(info.ring_start, 140 - 60);
@@ -171,7 +170,7 @@ Test(session, the_ring_keeps_sinks_and_the_newest_tokens)
     ctxs_session_close(s);
 
     s = reopen("a", 0);
-    cr_expect_eq(info_of(s).ring_start, 80);
+    cr_expect_eq(ts_info(s).ring_start, 80);
     cr_expect_eq(ts_check_all(s), 0);
     cr_expect_eq(ctxs_session_verify(NULL, s), 0);
     ctxs_session_close(s);
@@ -190,7 +189,7 @@ Test(session, a_reservation_wraps_in_two_spans)
     cr_expect_eq(r.spans[1].slot, 2);
     cr_expect_eq(r.spans[1].count, 6);
     /* The eviction is committed before the slots are handed out. */
-    ctxs_session_info info = info_of(s);
+    ctxs_session_info info = ts_info(s);
     cr_expect_eq(info.ring_start, 8);
     cr_expect_eq(info.n_reserved, 10);
     cr_expect_eq(ctxs_session_commit(s, (uint32_t[10]){0}, 11), CTXS_EINVAL,
@@ -217,7 +216,7 @@ Test(session, without_a_ring_a_full_session_says_full)
     cr_assert_eq(ts_append(s, 40), 0);
     ctxs_reservation r;
     cr_expect_eq(ctxs_session_reserve(&r, s, 1), CTXS_EFULL);
-    cr_expect_eq(info_of(s).n_tokens, 40);
+    cr_expect_eq(ts_info(s).n_tokens, 40);
     cr_expect_eq(ts_check_all(s), 0);
     cr_assert_eq(ctxs_session_rollback(s, 30), 0);
     cr_expect_eq(ts_append(s, 10), 0);
@@ -229,15 +228,12 @@ Test(session, rollback_returns_to_an_earlier_count)
     ctxs_session *s = create("a", 128, 4, 1, CTXS_SYNC_ASYNC);
     cr_assert_eq(ts_append(s, 50), 0);
     cr_assert_eq(ctxs_session_rollback(s, 20), 0);
-    cr_expect_eq(info_of(s).n_tokens, 20);
+    cr_expect_eq(ts_info(s).n_tokens, 20);
     cr_expect_eq(ctxs_session_rollback(s, 21), CTXS_EINVAL);
     cr_assert_eq(ts_append(s, 5), 0);
     ctxs_session_close(s);
 
-    s = reopen("a", 0);
-    cr_expect_eq(info_of(s).n_tokens, 25);
-    cr_expect_eq(ts_check_all(s), 0);
-    ctxs_session_close(s);
+    expect_reopens_whole("a", 25);
 }
 
 Test(session, rollback_respects_the_ring)
@@ -245,13 +241,13 @@ Test(session, rollback_respects_the_ring)
     ctxs_session *s = create("a", 32, 4, 1, CTXS_SYNC_NONE);
     for (int i = 0; i < 5; i++)
         cr_assert_eq(ts_append(s, 10), 0);
-    ctxs_session_info info = info_of(s);
+    ctxs_session_info info = ts_info(s);
     cr_assert_eq(info.ring_start, 22);
     cr_expect_eq(ctxs_session_rollback(s, 21), CTXS_EEVICTED);
     cr_expect_eq(ctxs_session_rollback(s, 30), 0);
     cr_expect_eq(ts_check_all(s), 0);
     cr_expect_eq(ctxs_session_rollback(s, 3), 0, "back into the sinks");
-    info = info_of(s);
+    info = ts_info(s);
     cr_expect_eq(info.n_tokens, 3);
     cr_expect_eq(info.n_held, 3);
     cr_expect_eq(ts_append(s, 40), CTXS_EINVAL, "more than the ring holds");
@@ -263,7 +259,7 @@ Test(session, rollback_respects_the_ring)
 Test(session, write_token_and_read_token_use_the_engine_layout)
 {
     ctxs_session *s = create("a", 64, 4, 1, CTXS_SYNC_NONE);
-    ctxs_session_info info = info_of(s);
+    ctxs_session_info info = ts_info(s);
     const ctxs_geometry *g = &info.model.geometry;
     enum { PER = 2 * 2 * 8 }; /* ts_model: layers * heads * head_dim */
     cr_assert_eq((size_t)g->n_layers * g->n_kv_heads * g->head_dim, PER);
@@ -312,7 +308,7 @@ Test(session, a_bad_byte_in_the_kv_is_found_by_verify)
 
     /* After a reboot (forced here) recovery keeps the tokens before it. */
     cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "a"), &m, CTXS_OPEN_VERIFY, NULL), 0);
-    ctxs_session_info info = info_of(s);
+    ctxs_session_info info = ts_info(s);
     cr_expect_eq(info.n_tokens, 17, "n_tokens %llu", (unsigned long long)info.n_tokens);
     cr_expect_eq(info.lost_tokens, 13, "lost %llu", (unsigned long long)info.lost_tokens);
     cr_expect(info.flags & CTXS_INFO_RECOVERED);
@@ -322,7 +318,7 @@ Test(session, a_bad_byte_in_the_kv_is_found_by_verify)
 
     /* The recovered state was written back: the next open is clean. */
     s = reopen("a", 0);
-    info = info_of(s);
+    info = ts_info(s);
     cr_expect_eq(info.n_tokens, 17);
     cr_expect_eq(info.flags & CTXS_INFO_RECOVERED, 0);
     ctxs_session_close(s);
@@ -340,7 +336,7 @@ Test(session, read_only_sessions_refuse_writes)
     cr_expect_eq(ctxs_session_commit(r, (uint32_t[]){1}, 1), CTXS_EREADONLY);
     cr_expect_eq(ctxs_session_rollback(r, 1), CTXS_EREADONLY);
     cr_expect_eq(ctxs_session_sync(r), CTXS_EREADONLY);
-    cr_expect(info_of(r).flags & CTXS_INFO_READONLY);
+    cr_expect(ts_info(r).flags & CTXS_INFO_READONLY);
     ctxs_session_close(r);
 }
 
@@ -369,7 +365,7 @@ Test(session, null_and_bad_arguments_are_invalid)
  * count; out untouched on error. */
 static void check_token_ranges(const ctxs_session *s, uint64_t n_sink, uint64_t first_recent)
 {
-    uint64_t count = info_of(s).n_tokens;
+    uint64_t count = ts_info(s).n_tokens;
     uint32_t out[128];
     for (uint64_t from = 0; from <= count + 1; from++) {
         for (uint64_t n = 0; n <= count + 1 - from && n <= 128; n++) {

@@ -1450,13 +1450,6 @@ static void lose_slot(const char *path, uint32_t slot)
     close(fd);
 }
 
-static ctxs_session_info info_now(const ctxs_session *s)
-{
-    ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    return info;
-}
-
 /* A reader that verified at open must not take back, at refresh, the tokens
  * its recovery dropped: a new record that no writer of this boot wrote is
  * verified like one found at open. */
@@ -1475,9 +1468,9 @@ Test(torn, a_reader_refresh_verifies_like_its_open)
         lose_slot(path, slot);
 
     cr_assert_eq(ctxs_session_open(&s, path, NULL, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
-    cr_expect_eq(info_now(s).n_tokens, 60);
+    cr_expect_eq(ts_info(s).n_tokens, 60);
     cr_assert_eq(ctxs_session_refresh(s), 0);
-    cr_expect_eq(info_now(s).n_tokens, 60, "refresh of the same record");
+    cr_expect_eq(ts_info(s).n_tokens, 60, "refresh of the same record");
 
     /* A newer record (as a writer of another boot would leave). */
     int fd = open(path, O_RDWR);
@@ -1494,7 +1487,7 @@ Test(torn, a_reader_refresh_verifies_like_its_open)
     close(fd);
 
     cr_assert_eq(ctxs_session_refresh(s), 0);
-    ctxs_session_info info = info_now(s);
+    ctxs_session_info info = ts_info(s);
     cr_expect_eq(info.n_tokens, 60, "refresh took back %llu unverified tokens",
                  (unsigned long long)info.n_tokens);
     cr_expect(info.flags & CTXS_INFO_RECOVERED);
@@ -1529,7 +1522,7 @@ Test(torn, tokens_a_sync_made_durable_survive_a_later_loss_in_a_ring)
         lose_slot(path, ctxs__slot_of(p, 64, N_SINK));
 
     cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_VERIFY, NULL), 0);
-    ctxs_session_info info = info_now(s);
+    ctxs_session_info info = ts_info(s);
     cr_expect_eq(info.n_tokens, 104, "recovered %llu", (unsigned long long)info.n_tokens);
     uint32_t slot;
     cr_expect_eq(ctxs_session_get_slot(&slot, s, 99), 0, "a synced token was dropped");

@@ -111,6 +111,26 @@ static void same_session(const ctxs_session *a, const ctxs_session *b)
     cr_assert_eq(ctxs_session_verify(NULL, b), 0);
 }
 
+/* Session name of st reads back as written, the same as s. */
+static void expect_same_in(ctxs_store *st, const char *name, const ctxs_session *s)
+{
+    ctxs_session *t = op(st, name);
+    cr_assert_eq(ts_check_all(t), 0);
+    same_session(s, t);
+    ctxs_session_close(t);
+}
+
+/* Session name of st opened read-write, n more tokens appended and every
+ * token checked; the handle is the caller's. */
+static ctxs_session *append_in(ctxs_store *st, const char *name, const ctxs_model *m, uint64_t n)
+{
+    ctxs_session *w = NULL;
+    cr_assert_eq(ctxs_store_session_open(&w, st, name, m, 0, NULL), 0);
+    ts_append_many(w, n);
+    cr_assert_eq(ts_check_all(w), 0);
+    return w;
+}
+
 /* What a store shows: its sessions by name and id, and its files. */
 typedef struct snapshot {
     size_t n;
@@ -296,17 +316,11 @@ Test(transfer, a_session_round_trips_into_another_store)
     cr_assert_eq(se.n_tokens, 300);
     cr_assert(memcmp(se.model_hash, m.model_hash, 16) == 0);
 
-    ctxs_session *t = op(b, "chat");
-    cr_assert_eq(ts_check_all(t), 0);
-    same_session(s, t);
-    ctxs_session_close(t);
+    expect_same_in(b, "chat", s);
 
     /* The import is an ordinary session: it takes more tokens, and the
      * prefix index knows it. */
-    ctxs_session *w = NULL;
-    cr_assert_eq(ctxs_store_session_open(&w, b, "chat", &m, 0, NULL), 0);
-    ts_append_many(w, 20);
-    cr_assert_eq(ts_check_all(w), 0);
+    ctxs_session *w = append_in(b, "chat", &m, 20);
     ctxs_session_close(w);
     uint32_t ids[128];
     for (uint32_t i = 0; i < 128; i++)
@@ -360,15 +374,9 @@ Test(transfer, a_wrapped_ring_round_trips)
     const char *path = ts_path(ts_scratch, "ring.ctxx");
     export_ok(a, "ring", path);
     cr_assert_eq(ctxs_store_session_import(NULL, b, path, NULL, NULL), 0);
-    ctxs_session *t = op(b, "ring");
-    cr_assert_eq(ts_check_all(t), 0);
-    same_session(s, t);
-    ctxs_session_close(t);
+    expect_same_in(b, "ring", s);
     /* And goes on wrapping. */
-    ctxs_session *w = NULL;
-    cr_assert_eq(ctxs_store_session_open(&w, b, "ring", &m, 0, NULL), 0);
-    ts_append_many(w, 150);
-    cr_assert_eq(ts_check_all(w), 0);
+    ctxs_session *w = append_in(b, "ring", &m, 150);
     cr_assert_eq(ctxs_session_verify(NULL, w), 0);
     ctxs_session_close(w);
     ctxs_session_close(s);

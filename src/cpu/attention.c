@@ -280,6 +280,7 @@ static const isa *isa_current(void)
     return atomic_load(&isa_auto);
 }
 
+#ifdef CTXS_TEST_HOOKS
 int ctxs__attention_force_isa(const char *name)
 {
     if (!name) {
@@ -296,6 +297,7 @@ int ctxs__attention_force_isa(const char *name)
     }
     return CTXS_EINVAL;
 }
+#endif
 
 const char *ctxs_attention_get_isa(void)
 {

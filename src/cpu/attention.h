@@ -175,11 +175,13 @@ static inline float ctxs__attn_score(float dot, const float *ks, uint32_t j, flo
 
 /* Forces the kernel of one instruction set ("portable", "avx2", "avx512",
  * "neon"), or back to the automatic choice with NULL; ctxs_attention_get_isa()
- * then names it. For tests and benchmarks: it changes what every thread's
- * next call uses (atomically; a call in flight finishes with its kernel).
- * Errors: CTXS_EINVAL (unknown, or not supported by this CPU or this
- * build). */
+ * then names it. In the test build only (CTXS_TEST_HOOKS): it changes what
+ * every thread's next call uses (atomically; a call in flight finishes
+ * with its kernel). Errors: CTXS_EINVAL (unknown, or not supported by this
+ * CPU or this build). */
+#ifdef CTXS_TEST_HOOKS
 int ctxs__attention_force_isa(const char *name);
+#endif
 
 #endif
 

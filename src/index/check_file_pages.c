@@ -62,12 +62,27 @@
  * The walk reads the file while other processes may commit to it; the
  * caller (check_file.c) judges a failure only against a meta that stayed
  * the same while it ran.
+ *
+ * What the walk itself relies on, whatever the file holds:
+ *
+ * Invariant P1: a tree is descended at most its depth (level <= md_depth,
+ *   which db_plausible() holds to LMDB_MAX_DEPTH): the recursion is
+ *   bounded before any page is read.
+ * Invariant P2: a page is read into the buffer of its nesting level (its
+ *   level, plus a tree's levels for each tree above it: at most three
+ *   trees deep, the main tree, a named table, its duplicates), so that
+ *   the page whose nodes are being walked is never overwritten below it,
+ *   and nest < MAX_NEST.
+ * Invariant P3: a page is claimed (marked reached) before it is read, and
+ *   a page reached twice is damage: the walk reads each page once, so its
+ *   cost is bounded by the file's pages.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "index.h"
+#include "invariant.h"
 #include "lmdb_layout.h"
 #include "platform.h"
 #include "syscall.h"
@@ -118,11 +133,13 @@ static int claim(walker *w, uint64_t pgno, uint64_t n)
 /* Reads page pgno into the buffer of nesting level nest. */
 static int page_read(walker *w, uint64_t pgno, unsigned nest, uint8_t **out)
 {
+    CTXS__INVARIANT("P2", nest < MAX_NEST);
     if (nest >= MAX_NEST)
         return DAMAGED;
-    int rc = claim(w, pgno, 1);
+    int rc = claim(w, pgno, 1); /* P3 */
     if (rc < 0)
         return rc;
+    CTXS__INVARIANT("P3", w->seen[pgno >> 3] & (1u << (pgno & 7)));
     if (!w->buf[nest] && !(w->buf[nest] = ctxs__malloc(w->psize)))
         return CTXS_ENOMEM;
     ssize_t n = ctxs__read_upto(w->fd, w->buf[nest], w->psize, pgno * w->psize);
@@ -399,8 +416,9 @@ static int leaf_check(walker *w, const tree *t, const uint8_t *p, unsigned n, un
 /* Page pgno of tree t at level (1: the root), its buffers at nest. */
 static int page_walk(walker *w, const tree *t, uint64_t pgno, unsigned level, unsigned nest)
 {
+    CTXS__INVARIANT("P1", level >= 1 && level <= t->depth && t->depth <= LMDB_MAX_DEPTH);
     uint8_t *p;
-    int rc = page_read(w, pgno, nest, &p);
+    int rc = page_read(w, pgno, nest, &p); /* P2 */
     if (rc < 0)
         return rc;
     lmdb_page_head h;

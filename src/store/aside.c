@@ -14,12 +14,17 @@
 #include "lock.h"
 #include "syscall.h"
 
+#ifdef CTXS_TEST_HOOKS
 static atomic_bool force_named;
 
 void ctxs__aside_force_named(bool on)
 {
     atomic_store(&force_named, on);
 }
+#define FORCE_NAMED atomic_load(&force_named)
+#else
+#define FORCE_NAMED false
+#endif
 
 #ifdef O_TMPFILE
 /* Whether an unnamed file can be linked by its descriptor: linkat() with
@@ -39,7 +44,7 @@ static bool proc_fd_available(void)
  * kernel has no O_TMPFILE (the caller names one instead), or -errno. */
 static int open_unnamed(ctxs__aside *a, const char *path, int access_mode)
 {
-    if (atomic_load(&force_named) || !proc_fd_available())
+    if (FORCE_NAMED || !proc_fd_available())
         return 1;
     char *copy = ctxs__strdup(path);
     if (!copy)

@@ -35,8 +35,10 @@ int ctxs__aside_link(ctxs__aside *a, const char *path);
  * or not. The descriptor stays open: it is the caller's to close. */
 void ctxs__aside_unname(ctxs__aside *a);
 
+#ifdef CTXS_TEST_HOOKS
 /* Tests only: true makes every new file take a temporary name, the way it
  * does where O_TMPFILE is missing. */
 void ctxs__aside_force_named(bool on);
+#endif
 
 #endif

@@ -37,7 +37,24 @@
 #include <time.h>
 
 #include "internal.h"
+#include "invariant.h"
 #include "platform.h"
+
+/*
+ * Invariant W1: jobs are taken most urgent first, and their bits are
+ *   numbered in that order (CTXS__JOB_*): next_job() takes the lowest bit
+ *   set on any session, one bit at a time.
+ * Invariant W2: a commit's writeback is taken before its runway: the runway
+ *   maps pages writable that a writeback started after it would
+ *   write-protect again, and the commit's writeback must not wait behind
+ *   the runway's page faults.
+ * Invariant W3: the worker touches a session only while it is worker_busy,
+ *   and close (ctxs__background_leave()) returns only once it is not: no
+ *   job runs on a session that close has freed.
+ */
+_Static_assert(CTXS__JOB_MAP < CTXS__JOB_WRITEBACK && CTXS__JOB_WRITEBACK < CTXS__JOB_RUNWAY &&
+                   CTXS__JOB_RUNWAY < CTXS__JOB_WARM && CTXS__JOB_WARM < CTXS__JOB_KEEP,
+               "W1, W2: the job bits in order of urgency");
 
 /* Under the registry mutex: */
 static pthread_t worker;
@@ -140,6 +157,7 @@ static void *worker_main(void *arg)
             wait_for_work();
             continue;
         }
+        CTXS__INVARIANT("W1", job && (job & (job - 1)) == 0 && (atomic_load(&s->jobs) & job));
         job_view v = {.st = s->st, .window = ctxs__effective_window(s),
                       .map_from = s->map_from, .map_to = s->map_to};
         if (job != CTXS__JOB_WARM) /* taken; a warm stays until it is done */
@@ -227,6 +245,7 @@ void ctxs__background_leave(ctxs_session *s)
     pthread_mutex_lock(&ctxs__registry_mutex);
     while (worker_busy == s)
         pthread_cond_wait(&worker_idle, &ctxs__registry_mutex);
+    CTXS__INVARIANT("W3", worker_busy != s && atomic_load(&s->closing));
     atomic_store(&s->jobs, 0);
     pthread_t done = worker;
     int join = --members == 0 && worker_running;
@@ -253,6 +272,7 @@ void ctxs__background_forget(void)
     pthread_cond_init(&worker_idle, NULL);
 }
 
+#ifdef CTXS_TEST_HOOKS
 void ctxs__background_wait_idle(void)
 {
     pthread_mutex_lock(&ctxs__registry_mutex);
@@ -264,3 +284,4 @@ void ctxs__background_wait_idle(void)
     }
     pthread_mutex_unlock(&ctxs__registry_mutex);
 }
+#endif

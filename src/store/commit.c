@@ -1,12 +1,28 @@
 /*
  * The write path: reserve, write in place, commit; rollback and sync.
  *
- * The one invariant everything here keeps (see verified_from in format.h):
- * a slot whose position some surviving record may still claim below its
- * watermark is never rewritten until a durable record stops claiming it.
- * Within one boot the page cache makes every record consistent with the
- * data written before it; across a power loss, positions at or above the
- * watermark are verified and positions below it were durable and untouched.
+ * The invariants of the commit records, which recovery (recover.c) relies
+ * on, checked where they must hold (CTXS__INVARIANT, invariant.h):
+ *
+ * Invariant C1: a slot whose position some surviving record may still
+ *   claim below its watermark is never rewritten until a durable record
+ *   stops claiming it (see verified_from in format.h). Within one boot the
+ *   page cache makes every record consistent with the data written before
+ *   it; across a power loss, positions at or above the watermark are
+ *   verified and positions below it were durable and untouched. Checked
+ *   at the end of reserve: the current state claims none of the slots
+ *   handed out.
+ * Invariant C2: every record written is one ctxs__record_valid() accepts
+ *   (its watermark and ring start at most its count, its held runs within
+ *   the capacity), in the slot that does not hold the current record and
+ *   with the next sequence number, so that the current record stays whole
+ *   until a newer one is. The exception: a count or a sequence number at
+ *   the limit a reader takes (at_a_limit()), which only a file that
+ *   already claimed about as much reaches; the reader then keeps the
+ *   record before it.
+ * Invariant C3: a rollback makes both records claim the new count durably
+ *   before it zeroes a dropped position's checksum: zeroed checksums under
+ *   a surviving older record would fail tokens its watermark vouches for.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -17,12 +33,23 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "invariant.h"
 #include "platform.h"
 #include "syscall.h"
 
 /* Disk blocks are allocated ahead in steps of at least this many bytes of
  * each (layer, K|V, head) run, to keep the fallocate calls per token low. */
 #define ALLOC_STEP_BYTES 65536u
+
+/* A record past what a reader takes: a count of CTXS__MAX_POSITION, or a
+ * sequence number that follows prev_seq at UINT64_MAX or wraps. Only a
+ * file that claimed about as much already (a damaged or hostile one) leads
+ * a writer there, and such a record is written as before (C2's
+ * exception). */
+static int at_a_limit(const ctxs__disk_record *r, uint64_t prev_seq)
+{
+    return r->n_tokens >= CTXS__MAX_POSITION || prev_seq >= UINT64_MAX - 1;
+}
 
 int ctxs__record_write(ctxs_session *s, const ctxs__state *next)
 {
@@ -36,6 +63,8 @@ int ctxs__record_write(ctxs_session *s, const ctxs__state *next)
     ctxs__boot_id(r.boot_id);
     r.written_unix_ms = ctxs__now_ms();
     ctxs__record_seal(&r, index);
+    CTXS__INVARIANT("C2", at_a_limit(&r, s->st.seq) ||
+                              (ctxs__record_valid(&r, index, &s->lay, s->ring) && r.seq > s->st.seq));
 
     /* Everything written before (K/V, token ids, checksums) must reach the
      * page cache, and other processes, before the record that claims it.
@@ -376,6 +405,10 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
         }
     }
 
+    /* C1: in a ring, the positions whose slots were handed out are no
+     * longer held; without one they are above the count. */
+    CTXS__INVARIANT("C1", !s->ring || end <= cap ||
+                              ctxs__first_recent(s, &s->st) >= end - ctxs__ring_len(s));
     out->first_pos = start;
     out->n_tokens = n;
     s->n_reserved += n;
@@ -515,6 +548,18 @@ int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n)
     return 0;
 }
 
+/* Whether both records of s's mapping are valid and claim n tokens (C3). */
+static int records_claim(const ctxs_session *s, uint64_t n)
+{
+    for (uint32_t index = 0; index < 2; index++) {
+        ctxs__disk_record r;
+        memcpy(&r, s->map + (index == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF), sizeof(r));
+        if (!ctxs__record_valid(&r, index, &s->lay, s->ring) || r.n_tokens != n)
+            return 0;
+    }
+    return 1;
+}
+
 int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
 {
     ctxs__error_begin();
@@ -549,6 +594,9 @@ int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
     ctxs__state dropped = s->st;
     if ((rc = ctxs__record_write_both(s, &next)) < 0 || (rc = ctxs__sync_meta(s)) < 0)
         return ctxs__fail(s);
+    /* (Two records written from a sequence number at the limit: C2's
+     * exception.) */
+    CTXS__INVARIANT("C3", dropped.seq >= UINT64_MAX - 2 || records_claim(s, n_tokens));
     s->claim_floor = n_tokens;
     if ((forget_held_from(s, &dropped, n_tokens) | forget_groups_from(s, n_tokens)) &&
         (rc = ctxs__sync_meta(s)) < 0)

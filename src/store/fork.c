@@ -38,12 +38,13 @@
 #include "platform.h"
 #include "syscall.h"
 
+#ifdef CTXS_TEST_HOOKS
 void (*ctxs__fork_hook)(int step);
+#endif
 
 static void hook(int step)
 {
-    if (ctxs__fork_hook)
-        ctxs__fork_hook(step);
+    CTXS__TEST_HOOK(ctxs__fork_hook, step);
 }
 
 typedef struct fork_job {

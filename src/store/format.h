@@ -121,7 +121,8 @@ static_assert(offsetof(ctxs__disk_header, crc32) == 252, "header layout");
  * was durable on disk when a record carrying it was made durable, and its
  * slot has not been written since. Recovery after a power loss verifies only
  * held positions at or above it. Any operation that would rewrite the slot
- * of a position below it first lowers it in a record that is made durable.
+ * of a position below it first lowers it in a record that is made durable
+ * (Invariants C1-C3, commit.c).
  */
 typedef struct ctxs__disk_record {
     char magic[4];            /* CTXS__RECORD_MAGIC */

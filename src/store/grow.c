@@ -43,12 +43,13 @@
 #include "session_iface.h"
 #include "syscall.h"
 
+#ifdef CTXS_TEST_HOOKS
 void (*ctxs__grow_hook)(int step);
+#endif
 
 static void hook(int step)
 {
-    if (ctxs__grow_hook)
-        ctxs__grow_hook(step);
+    CTXS__TEST_HOOK(ctxs__grow_hook, step);
 }
 
 /* Copies len bytes at off_in of s's file to off_out of fd: in the kernel

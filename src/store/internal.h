@@ -328,13 +328,21 @@ int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, 
  * page, or a rollback moves positions back. */
 void ctxs__populated_forget(ctxs_session *s);
 
+#ifdef CTXS_TEST_HOOKS
 /* Tests only: 1 makes every write take the mapped way, 2 the file's;
- * 0 (production) lets ctxs__kv_writable() choose (kv_write.c). */
+ * 0 lets ctxs__kv_writable() choose (kv_write.c). */
 extern int ctxs__write_path_force;
+#define CTXS__WRITE_PATH_FORCE ctxs__write_path_force
 
 /* Tests only: the questions ctxs__kv_writable() has asked the page cache,
  * process-wide (runway.c). */
 extern _Atomic uint64_t ctxs__write_path_asks;
+#define CTXS__COUNT_WRITE_PATH_ASK()                                                               \
+    atomic_fetch_add_explicit(&ctxs__write_path_asks, 1, memory_order_relaxed)
+#else
+#define CTXS__WRITE_PATH_FORCE 0
+#define CTXS__COUNT_WRITE_PATH_ASK() ((void)0)
+#endif
 
 /* A pass older than this may have been cleaned by the flusher
  * (vm.dirty_expire_centisecs, 30 s by default, less some margin): where
@@ -391,8 +399,10 @@ void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to);
 void ctxs__background_join(ctxs_session *s);
 void ctxs__background_leave(ctxs_session *s);
 
+#ifdef CTXS_TEST_HOOKS
 /* Tests only: returns once the worker has nothing left to do. */
 void ctxs__background_wait_idle(void);
+#endif
 
 /* fork(): the child has no worker; forget it (registry.c's handler). */
 void ctxs__background_forget(void);
@@ -440,14 +450,28 @@ int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n);
  * the watermark raised to them. */
 int ctxs__sync_turns(ctxs_session *s);
 
+/* The hooks below exist only in the test build of the library
+ * (CTXS_TEST_HOOKS, src/meson.build); CTXS__TEST_HOOK(hook, arg) calls one
+ * where a test has set it, and is nothing in the library that is
+ * installed. */
+#ifdef CTXS_TEST_HOOKS
+#define CTXS__TEST_HOOK(hook, arg) ((hook) ? (hook)(arg) : (void)0)
+#else
+#define CTXS__TEST_HOOK(hook, arg) ((void)(arg))
+#endif
+
 /* Tests only: called at the named steps of a fork, to change the source
- * under it. NULL in production. */
+ * under it. */
 enum { CTXS__FORK_STARTED = 1, CTXS__FORK_TABLES_COPIED, CTXS__FORK_KV_COPIED };
+#ifdef CTXS_TEST_HOOKS
 extern void (*ctxs__fork_hook)(int step);
+#endif
 
 /* Tests only: called by an open between the open(2) of path and its lock,
- * to replace the file under it. NULL in production. */
+ * to replace the file under it. */
+#ifdef CTXS_TEST_HOOKS
 extern void (*ctxs__open_hook)(const char *path);
+#endif
 
 /* Opens the session file at path as a writer that no other handle, in any
  * process, has open (session_compact.c, for compact and grow): a look
@@ -460,6 +484,8 @@ int ctxs__session_open_alone(ctxs_session **out, const char *path);
 
 /* Tests only: called at each step of a grow (grow.c). */
 enum { CTXS__GROW_COPIED = 1, CTXS__GROW_LINKED, CTXS__GROW_RENAMED };
+#ifdef CTXS_TEST_HOOKS
 extern void (*ctxs__grow_hook)(int step);
+#endif
 
 #endif

@@ -53,7 +53,9 @@
  * each run, where the processor's own prefetching serves them. */
 #define PREFETCH_TOKENS 4u
 
+#ifdef CTXS_TEST_HOOKS
 int ctxs__write_path_force;
+#endif
 
 static uint32_t src_elem_bytes(uint32_t dtype)
 {
@@ -291,7 +293,7 @@ int ctxs__kv_put(ctxs_session *s, uint64_t pos, uint32_t n, uint32_t l0, uint32_
                  const ctxs__kv_src *src)
 {
     uint64_t pending = 0;
-    int mapped = ctxs__write_path_force ? ctxs__write_path_force == 1
+    int mapped = CTXS__WRITE_PATH_FORCE ? CTXS__WRITE_PATH_FORCE == 1
                                         : ctxs__kv_writable(s, pos, pos + n, l0, l1,
                                                             CTXS__ASK_OWNER, &pending);
     if (mapped)
@@ -313,7 +315,7 @@ int ctxs__kv_put(ctxs_session *s, uint64_t pos, uint32_t n, uint32_t l0, uint32_
      * about 0.85 ms for Qwen3-4B, against 0.1 ms of faults through the
      * mapping. A bounded stretch, so that the next tokens find all their
      * layers mapped soon; the call that reaches its end asks for more. */
-    if (rc == 0 && !pending && pos + n < end && !ctxs__write_path_force) {
+    if (rc == 0 && !pending && pos + n < end && !CTXS__WRITE_PATH_FORCE) {
         uint64_t ahead = end - (pos + n) < MAP_AHEAD ? end : pos + n + MAP_AHEAD;
         ctxs__background_map(s, pos + n, ahead);
     }

@@ -313,7 +313,8 @@ uint64_t ctxs__recover(const ctxs_session *s, ctxs__state *st)
     uint64_t bad = n;
 
     /* Held positions at or above the watermark, in increasing order: the
-     * sinks first, then the recent run. */
+     * sinks first, then the recent run. Those below it are trusted as they
+     * are (Invariant C1, commit.c). */
     if (vf < sink_end && (bad = ctxs__first_bad(s, vf, sink_end)) == sink_end)
         bad = n;
     if (bad == n) {

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "invariant.h"
 #include "platform.h"
 
 /* --- What was mapped -------------------------------------------------------- */
@@ -39,7 +40,9 @@
  * costs the calls after it some page faults, never a wrong byte. */
 #define SEEN_MS 50u
 
+#ifdef CTXS_TEST_HOOKS
 _Atomic uint64_t ctxs__write_path_asks;
+#endif
 
 void ctxs__populated_forget(ctxs_session *s)
 {
@@ -97,7 +100,7 @@ static int run_dirty(const ctxs_session *s, uint32_t run, uint32_t slot, uint32_
 static int layers_dirty(const ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0,
                         uint32_t l1)
 {
-    atomic_fetch_add_explicit(&ctxs__write_path_asks, 1, memory_order_relaxed);
+    CTXS__COUNT_WRITE_PATH_ASK();
     const uint32_t heads = s->lay.n_kv_heads;
     const uint32_t first_run = l0 * 2 * heads, last_run = l1 * 2 * heads - 1;
     ctxs__span spans[2], last[2];
@@ -254,8 +257,21 @@ void ctxs__runway_keep(ctxs_session *s)
     populate(s, from, to);
 }
 
+/* Whether every slot of positions [from, to) has disk blocks (R1). */
+static int slots_allocated(ctxs_session *s, uint64_t from, uint64_t to)
+{
+    ctxs__span spans[2];
+    uint32_t k = ctxs__slot_spans(spans, from, to - from, s->lay.capacity, s->lay.n_sink);
+    uint32_t have = atomic_load(&s->alloc_end);
+    for (uint32_t i = 0; i < k; i++)
+        if (spans[i].slot + (uint64_t)spans[i].count > have)
+            return 0;
+    return 1;
+}
+
 void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to)
 {
+    CTXS__INVARIANT("R1", slots_allocated(s, from, to));
     populate(s, from, to);
 }
 
@@ -271,6 +287,14 @@ void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to)
  * worker's writeback covers committed slots only (not the runway's zeros),
  * and at FULL, whose fdatasync would write those zeros on the commit's
  * path, the runway only allocates.
+ *
+ * Invariant R1: a slot is mapped writable ahead of the engine (the runway,
+ *   a reservation's map job, ctxs__map_positions()) only once it has disk
+ *   blocks (below alloc_end): a store into it then never needs new blocks,
+ *   where a full disk would be a SIGBUS instead of CTXS_EFULL from reserve.
+ * Invariant R2: the runway covers positions from the count on, at most
+ *   the capacity without a ring and at most the ring's length with one, so
+ *   that it never maps a slot that a held position still uses.
  */
 #define RUNWAY_MIN_TOKENS 64u
 #define RUNWAY_MAX_BYTES (128u << 20)
@@ -308,11 +332,14 @@ void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
     if (first >= end ||
         ctxs__kv_writable(s, first, end, 0, s->lay.n_layers, CTXS__ASK_BY_AGE, NULL))
         return;
+    CTXS__INVARIANT("R2", end - first <= (s->ring ? ctxs__ring_len(s) : s->lay.capacity) &&
+                              (s->ring || end <= s->lay.capacity));
     ctxs__span spans[2];
     ctxs__slot_spans(spans, first, end - first, s->lay.capacity, s->lay.n_sink);
     if (ctxs__allocate_slots(s, spans[0].slot + spans[0].count) < 0)
         return;
     if (s->durability == CTXS_SYNC_FULL)
         return;
+    CTXS__INVARIANT("R1", slots_allocated(s, first, end));
     populate(s, first, end);
 }

@@ -442,7 +442,9 @@ int ctxs__session_create_labeled(ctxs_session **out, const char *path,
  * the old file before the rename and locked it after would hold a file
  * nobody finds again, and lose every commit it makes. So the lock is kept
  * only on the file the path still names. */
+#ifdef CTXS_TEST_HOOKS
 void (*ctxs__open_hook)(const char *path);
+#endif
 
 static int open_locked(const char *path, int readonly, int *out_fd)
 {
@@ -457,8 +459,7 @@ static int open_locked(const char *path, int readonly, int *out_fd)
                                rc == -ELOOP ? " (a symbolic link in place of the file is refused)"
                                             : "");
         }
-        if (ctxs__open_hook)
-            ctxs__open_hook(path);
+        CTXS__TEST_HOOK(ctxs__open_hook, path);
         int rc = ctxs__lock(fd, readonly ? CTXS__LOCK_READER : CTXS__LOCK_WRITER);
         if (rc < 0) {
             if (rc == CTXS_EBUSY)

@@ -19,6 +19,7 @@
 
 #include "ctxstore.h"
 
+#ifdef CTXS_TEST_HOOKS
 static atomic_int armed_error; /* 0: disarmed */
 static atomic_bool armed_persistent;
 static atomic_uint_fast64_t armed_nth;
@@ -128,6 +129,7 @@ int ctxs__fault(const char *file, int line, const char *call, unsigned can_fail)
     note_site(file, line, call, fail);
     return fail ? error : 0;
 }
+#endif /* CTXS_TEST_HOOKS */
 
 /* The body of a wrapper for a call that returns -1 and sets errno:
  * fails it when the hook says so, retries it across EINTR. */

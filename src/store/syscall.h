@@ -10,6 +10,11 @@
  * The wrappers are macros that add the call site (file, line), which the
  * fault hook records.
  *
+ * The fault hook exists only in the test build of the library (compiled
+ * with CTXS_TEST_HOOKS, src/meson.build), which the tests and fuzzers
+ * link; in the library that is installed ctxs__fault() is the constant 0
+ * and no call fails on purpose.
+ *
  * Releases (close, munmap, free, mdb_txn_abort, mdb_cursor_close) and hints
  * whose failure is ignored (madvise, posix_fadvise) are not wrapped: they
  * have no failure a caller could handle.
@@ -136,6 +141,7 @@ enum {
  * do once a disk has given out partway. */
 #define CTXS__FAULT_SHORT 0x7fff
 
+#ifdef CTXS_TEST_HOOKS
 /* For a wrapper: the error the call at this site must fail with, or 0 to
  * make it. can_fail: the CTXS__CAN_ errors it can fail with. One relaxed
  * load when the hook is disarmed. */
@@ -174,5 +180,10 @@ const struct ctxs__fault_site *ctxs__fault_last_failed(void);
  * returns their number (at most CTXS__FAULT_MAX_SITES). */
 #define CTXS__FAULT_MAX_SITES 1024
 size_t ctxs__fault_sites(const struct ctxs__fault_site **sites);
+#else
+/* The release library: every call is made. */
+#define ctxs__fault(site_file, site_line, call, can_fail)                                          \
+    ((void)(site_file), (void)(site_line), (void)(call), (void)(can_fail), 0)
+#endif
 
 #endif

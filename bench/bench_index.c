@@ -633,7 +633,7 @@ static uint64_t naive_open_scan(const prefix_bench *pb, const uint32_t *prompt,
                      pb->files[i]) >= (int)sizeof path)
             die("--dir path too long");
         ctxs_session *s;
-        check_ctxs(ctxs_session_open(&s, path, NULL, CTXS_OPEN_RDONLY, NULL),
+        check_ctxs(ctxs_session_open(&s, path, NULL, CTXS_RDONLY, NULL),
                    "ctxs_session_open");
         ctxs_session_info info;
         ctxs_layout lay;
@@ -801,7 +801,7 @@ static void make_fork_source(fork_bench *fb)
                  g_store_dir, e.id) >= PATH_MAX)
         die("--dir path too long");
     check_ctxs(ctxs_session_open(&fb->src, fb->src_path, &fb->model,
-                                 CTXS_OPEN_RDONLY, NULL),
+                                 CTXS_RDONLY, NULL),
                "ctxs_session_open");
     get_layout(&fb->src_lay, fb->src, SLOT_BYTES);
     /* The engine's copy, as a state file is written from. */
@@ -966,7 +966,7 @@ static double fork_once(const fork_bench *fb, int method, int check)
         if (check) {
             ctxs_session *c;
             check_ctxs(ctxs_session_open(&c, fb->copy_path, &fb->model,
-                                         CTXS_OPEN_RDONLY, NULL),
+                                         CTXS_RDONLY, NULL),
                        "ctxs_session_open (copy)");
             check_copy(fb, c, "copy_file_range copy");
             ctxs_session_close(c);

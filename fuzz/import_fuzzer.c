@@ -241,7 +241,7 @@ static void forget_new_models(void)
 static void check_imported(const char *name, const uint8_t *file, size_t size)
 {
     ctxs_session *s = NULL;
-    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY,
+    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_RDONLY | CTXS_OPEN_VERIFY,
                                      NULL);
     if (rc < 0)
         fail("an imported session does not open", rc);

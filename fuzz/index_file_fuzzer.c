@@ -64,7 +64,7 @@ static void use_store(unsigned ctl)
 {
     int writes = (ctl & FUZZ_INDEX_WRITE) && !(ctl & FUZZ_INDEX_RDONLY);
     ctxs_store *st = NULL;
-    int rc = ctxs_store_open(&st, store_dir, ctl & FUZZ_INDEX_RDONLY ? CTXS_STORE_RDONLY : 0,
+    int rc = ctxs_store_open(&st, store_dir, ctl & FUZZ_INDEX_RDONLY ? CTXS_RDONLY : 0,
                              NULL);
     fuzz_debug("index_file: open: %s", ctxs_err_name(rc));
     if (rc < 0)
@@ -78,7 +78,7 @@ static void use_store(unsigned ctl)
         if (ctxs_store_session_list_meta(&meta, &k, st, list[i].name) == 0)
             ctxs_free(meta);
         ctxs_session *s = NULL;
-        if (ctxs_store_session_open(&s, st, list[i].name, NULL, CTXS_OPEN_RDONLY, NULL) == 0) {
+        if (ctxs_store_session_open(&s, st, list[i].name, NULL, CTXS_RDONLY, NULL) == 0) {
             ctxs_checkpoint_entry *cps = NULL;
             size_t n_cps;
             if (ctxs_checkpoint_list(&cps, &n_cps, s) == 0)

@@ -209,7 +209,7 @@ static void prefix_lookups(void)
                 /* The name an inconsistent index gives need not be the
                  * file that was checked, so only open it. */
                 ctxs_session *s = NULL;
-                if (ctxs_store_session_open(&s, st, match.session, NULL, CTXS_OPEN_RDONLY,
+                if (ctxs_store_session_open(&s, st, match.session, NULL, CTXS_RDONLY,
                                             NULL) == 0)
                     ctxs_session_close(s);
             }
@@ -222,7 +222,7 @@ static void prefix_lookups(void)
 static int checkpoints_of(ctxs_checkpoint_entry **out, size_t *n_out, const char *name)
 {
     ctxs_session *s = NULL;
-    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_RDONLY, NULL);
     if (rc == 0) {
         rc = ctxs_checkpoint_list(out, n_out, s);
         ctxs_session_close(s);
@@ -262,7 +262,7 @@ static void run_ops(unsigned ops)
         int have_model = ctxs_model_get(&m, st, list[i].model_hash) == 0;
         ctxs_session *s = NULL;
         if ((ops & OP_OPEN_RO) &&
-            ctxs_store_session_open(&s, st, list[i].name, NULL, CTXS_OPEN_RDONLY, NULL) == 0) {
+            ctxs_store_session_open(&s, st, list[i].name, NULL, CTXS_RDONLY, NULL) == 0) {
             uint64_t bad;
             ctxs_session_verify(&bad, s);
             ctxs_session_close(s);

@@ -299,7 +299,7 @@ static void fork_it(ctxs_session *s, uint64_t n)
         ctxs_file_report rep;
         ctxs_file_inspect(&rep, fork_path);
         ctxs_session *again = NULL;
-        if (ctxs_session_open(&again, fork_path, NULL, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY,
+        if (ctxs_session_open(&again, fork_path, NULL, CTXS_RDONLY | CTXS_OPEN_VERIFY,
                               NULL) == 0) {
             check_recovered(again);
             ctxs_session_close(again);
@@ -416,7 +416,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int verify = 0; verify < 2; verify++) {
         ctxs_session *s = NULL;
         int rc = ctxs_session_open(&s, path, NULL,
-                                   CTXS_OPEN_RDONLY | (verify ? CTXS_OPEN_VERIFY : 0), NULL);
+                                   CTXS_RDONLY | (verify ? CTXS_OPEN_VERIFY : 0), NULL);
         fuzz_debug("session_open: read-only open%s: %s", verify ? " (verify)" : "",
                    ctxs_err_name(rc));
         if (rc < 0)
@@ -461,7 +461,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
             /* What the writer left opens and verifies. */
             ctxs_session *s = NULL;
-            if (ctxs_session_open(&s, path, NULL, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL) == 0) {
+            if (ctxs_session_open(&s, path, NULL, CTXS_RDONLY | CTXS_OPEN_VERIFY, NULL) == 0) {
                 check_recovered(s);
                 ctxs_session_close(s);
             }

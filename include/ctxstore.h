@@ -487,7 +487,10 @@ CTXS_API int ctxs_session_create(ctxs_session **out, const char *path,
                                  const ctxs_model *model,
                                  const ctxs_create_options *opts);
 
-#define CTXS_OPEN_RDONLY 0x1u /* read-only: shared lock, no writes */
+/* The flags of a session's open. CTXS_RDONLY is one value for every open
+ * that takes flags: a session's, a store's (ctxs_store_open()) and a
+ * session's through a store. */
+#define CTXS_RDONLY 0x1u      /* read-only: shared lock, no writes */
 #define CTXS_OPEN_VERIFY 0x2u /* verify the tokens since the last durable
                                  point always, as after a power loss */
 
@@ -506,7 +509,7 @@ CTXS_API int ctxs_session_create(ctxs_session **out, const char *path,
  * (CTXS_INFO_RECOVERED). A read-write open writes the recovered state back.
  * A symbolic link in place of the file is refused (-ELOOP).
  *
- * flags: CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY. opts may be NULL for
+ * flags: CTXS_RDONLY, CTXS_OPEN_VERIFY. opts may be NULL for
  * CTXS_OPEN_OPTIONS_INIT.
  *
  * Errors: -ENOENT, -ELOOP, -EACCES, CTXS_EFOREIGN (not a session file),
@@ -1104,7 +1107,7 @@ CTXS_API const char *ctxs_attention_get_isa(void);
  *   page or record of the index is damaged (ctxs_store_open() says how to
  *   get out); the lists of errors below leave it out. CTXS_ECORRUPT is
  *   always about a session file.
- * - Through a store opened with CTXS_STORE_RDONLY, every call below that
+ * - Through a store opened with CTXS_RDONLY, every call below that
  *   would write the index or a session file fails with CTXS_EREADONLY and
  *   changes nothing: creates, read-write opens, forks, imports, renames,
  *   deletes, pins, model registrations, checkpoint creates, restores and
@@ -1135,8 +1138,9 @@ typedef struct ctxs_store_options {
       CTXS_DEFAULT_MAP_BYTES, { 0 } }
 CTXS_API int ctxs_store_options_init(ctxs_store_options *opts, uint32_t version);
 
-#define CTXS_STORE_CREATE 0x1u /* make the store where there is none */
-#define CTXS_STORE_RDONLY 0x2u /* read the store, never write it */
+/* The flags of ctxs_store_open(), besides CTXS_RDONLY (read the store,
+ * never write it). */
+#define CTXS_STORE_CREATE 0x2u /* make the store where there is none */
 
 /* Opens the store in directory dir. A store is a directory holding index/
  * with a ctxstore index (an LMDB environment: index/data.mdb) and
@@ -1170,10 +1174,10 @@ CTXS_API int ctxs_store_options_init(ctxs_store_options *opts, uint32_t version)
  * index but not yet deleted (ctxs_store_intent_list() says what it would
  * do). The directories it makes are durable when it returns.
  *
- * With CTXS_STORE_RDONLY (not with CTXS_STORE_CREATE) the store is only
+ * With CTXS_RDONLY (not with CTXS_STORE_CREATE) the store is only
  * read: the index is opened read-only, what crashes left is left as it is,
  * and every call that would write the index or a session file fails with
- * CTXS_EREADONLY (sessions are opened with CTXS_OPEN_RDONLY only; gc runs
+ * CTXS_EREADONLY (sessions are opened with CTXS_RDONLY only; gc runs
  * only with CTXS_GC_DRY_RUN; ctxs_model_hash_file() does not cache). It
  * needs read access alone: where LMDB's lock file (index/lock.mdb) cannot
  * be opened for writing, on a read-only filesystem the index is read
@@ -1302,7 +1306,7 @@ typedef struct ctxs_session_entry {
                                   through a store, or last fork from it */
     uint64_t parent_id;        /* the session it was forked from, or 0 */
     uint64_t fork_tokens;      /* tokens taken from the parent */
-    uint32_t pinned;           /* 1: gc never deletes it (ctxs_store_session_pin()) */
+    uint32_t pinned;           /* 1: gc never deletes it (ctxs_store_session_set_pinned()) */
     uint32_t reserved_;
 } ctxs_session_entry;
 
@@ -1318,7 +1322,7 @@ CTXS_API int ctxs_store_session_create(ctxs_session **out, ctxs_store *st,
                                        const ctxs_create_options *opts);
 
 /* Opens the session named name, as ctxs_session_open() does (model may be
- * NULL only with CTXS_OPEN_RDONLY). A read-write open indexes the prefixes
+ * NULL only with CTXS_RDONLY). A read-write open indexes the prefixes
  * of tokens committed after the last index update (after a crash).
  * With a remote attached (ctxs_remote_open(), pull_on_open) to a store
  * that is not read-only, a name the store lacks is pulled from Redis
@@ -1329,7 +1333,7 @@ CTXS_API int ctxs_store_session_create(ctxs_session **out, ctxs_store *st,
  * cannot be reached, the open fails with CTXS_ENOTFOUND as without a
  * remote (the remote's stats keep the network error in last_error).
  * Errors: CTXS_ENOTFOUND (no such name, or its file is gone), CTXS_EMODEL,
- * CTXS_EREADONLY (a read-only store, without CTXS_OPEN_RDONLY), the
+ * CTXS_EREADONLY (a read-only store, without CTXS_RDONLY), the
  * errors of ctxs_session_open(). *out is NULL on failure. */
 CTXS_API int ctxs_store_session_open(ctxs_session **out, ctxs_store *st,
                                      const char *name, const ctxs_model *model,
@@ -1364,7 +1368,7 @@ CTXS_API int ctxs_store_session_delete(ctxs_store *st, const char *name);
  * is not, changes nothing and returns 0.
  * Errors: CTXS_ENOTFOUND, CTXS_EINVAL (bad name, pinned neither 0 nor 1),
  * CTXS_EREADONLY, CTXS_EFULL, -errno. Thread-safe. */
-CTXS_API int ctxs_store_session_pin(ctxs_store *st, const char *name, int pinned);
+CTXS_API int ctxs_store_session_set_pinned(ctxs_store *st, const char *name, int pinned);
 
 /* --- Metadata ----------------------------------------------------------------
  *
@@ -1471,7 +1475,7 @@ CTXS_API int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out,
 
 /* Deletes a checkpoint of s. Errors: CTXS_ENOTFOUND, CTXS_EINVAL,
  * CTXS_EREADONLY (the store is read-only). */
-CTXS_API int ctxs_checkpoint_delete(const ctxs_session *s, const char *name);
+CTXS_API int ctxs_checkpoint_delete(ctxs_session *s, const char *name);
 
 /* --- Forks ----------------------------------------------------------------
  *
@@ -1674,7 +1678,7 @@ typedef struct ctxs_gc_result {
 
 /* Deletes sessions, least recently used first, until the session files take
  * at most budget_bytes of disk, never one that is pinned
- * (ctxs_store_session_pin()) or that a handle has open. out receives what
+ * (ctxs_store_session_set_pinned()) or that a handle has open. out receives what
  * was deleted, also when a later delete fails (out->sessions is then NULL
  * or the sessions deleted before it); out may be NULL.
  *
@@ -1793,7 +1797,7 @@ typedef struct ctxs_reindex_result {
 CTXS_API int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st);
 
 /* What a repair of the index kept of one kind of row of the damaged one. */
-typedef struct ctxs_salvage_count {
+typedef struct ctxs_repair_index_count {
     uint64_t kept;      /* in the new index */
     uint64_t dropped;   /* read, but not kept: malformed, beyond a limit, or
                            of a session whose file is gone */
@@ -1802,36 +1806,41 @@ typedef struct ctxs_salvage_count {
                            whose name in the index could not be read) */
     uint32_t whole;     /* 1: the damaged table was read to its end */
     uint32_t reserved_;
-} ctxs_salvage_count;
+} ctxs_repair_index_count;
 
 /* A session that did not get back the name the damaged index gave it. */
-typedef struct ctxs_salvage_name {
+typedef struct ctxs_repair_index_renamed {
     uint64_t id;                    /* its file: sessions/<id, 16 hex>.ctxs */
     char name[CTXS_NAME_MAX + 1];   /* the name it has now: its label's, or
                                        "session-<id>" */
-} ctxs_salvage_name;
+} ctxs_repair_index_renamed;
 
-typedef struct ctxs_salvage_result {
-    uint64_t sessions;            /* session files indexed */
-    uint64_t skipped;             /* files that are not readable sessions,
-                                     left alone (see ctxs_store_reindex()) */
-    ctxs_salvage_count names;     /* sessions' names */
-    ctxs_salvage_count checkpoints;
-    ctxs_salvage_count metadata;  /* metadata rows (one key's value) */
-    ctxs_salvage_count pins;
-    ctxs_salvage_count models;    /* registrations with their display names */
-    uint32_t meta_pages;          /* intact meta pages the salvage could
-                                     read through (0: none; nothing of the
-                                     damaged index could be read) */
-    uint32_t tables_failed;       /* tables whose reader stopped early: a
-                                     fault, damage LMDB found, or time */
-    char *moved_to;               /* where the damaged index/data.mdb now
-                                     is (absolute; NULL when there was none);
-                                     release with ctxs_free() */
-    ctxs_salvage_name *renamed;   /* the sessions counted in names.unread,
-                                     by id; release with ctxs_free() */
+typedef struct ctxs_repair_index_result {
+    uint64_t sessions;                 /* session files indexed */
+    uint64_t skipped;                  /* files that are not readable
+                                          sessions, left alone (see
+                                          ctxs_store_reindex()) */
+    ctxs_repair_index_count names;     /* sessions' names */
+    ctxs_repair_index_count checkpoints;
+    ctxs_repair_index_count metadata;  /* metadata rows (one key's value) */
+    ctxs_repair_index_count pins;
+    ctxs_repair_index_count models;    /* registrations with their display
+                                          names */
+    uint32_t meta_pages;               /* intact meta pages the repair could
+                                          read through (0: none; nothing of
+                                          the damaged index could be read) */
+    uint32_t tables_failed;            /* tables whose reader stopped early:
+                                          a fault, damage LMDB found, or
+                                          time */
+    char *moved_to;                    /* where the damaged index/data.mdb
+                                          now is (absolute; NULL when there
+                                          was none); release with
+                                          ctxs_free() */
+    ctxs_repair_index_renamed *renamed; /* the sessions counted in
+                                          names.unread, by id; release with
+                                          ctxs_free() */
     size_t n_renamed;
-} ctxs_salvage_result;
+} ctxs_repair_index_result;
 
 /* Repairs the damaged index of the store in directory dir, keeping what
  * it can: the way out of CTXS_EINDEX. It works from the directory, since
@@ -1886,7 +1895,7 @@ typedef struct ctxs_salvage_result {
  * major version: nothing is changed), CTXS_EINVAL, -ENOENT, CTXS_ENOMEM,
  * CTXS_EFULL, -errno; and those of ctxs_store_reindex(). Thread-safe as
  * far as it goes: it refuses a store open in this process. */
-CTXS_API int ctxs_store_repair_index(ctxs_salvage_result *out, const char *dir,
+CTXS_API int ctxs_store_repair_index(ctxs_repair_index_result *out, const char *dir,
                                      unsigned flags);
 /* One malformed record of the index, as ctxs_store_check() reports it. */
 typedef struct ctxs_index_problem {

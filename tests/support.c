@@ -563,7 +563,7 @@ static int with_session(ctxs_store *st, const char *session,
                         int (*fn)(const ctxs_session *s, void *arg), void *arg)
 {
     ctxs_session *s = NULL;
-    int rc = ctxs_store_session_open(&s, st, session, NULL, CTXS_OPEN_RDONLY, NULL);
+    int rc = ctxs_store_session_open(&s, st, session, NULL, CTXS_RDONLY, NULL);
     if (rc == 0) {
         rc = fn(s, arg);
         ctxs_session_close(s);

@@ -119,7 +119,7 @@ Test(background, lives_while_a_session_uses_it_and_is_joined_by_the_last_close)
     cr_assert_eq(ctxs_session_create(&a, ts_path(ts_scratch, "a.ctxs"), &m, &on), 0);
     cr_assert_eq(ts_append(a, 100), 0);
     cr_assert_eq(thread_count(), base + 1, "the worker does not run after a commit");
-    cr_assert_eq(ctxs_session_open(&b, ts_path(ts_scratch, "a.ctxs"), NULL, CTXS_OPEN_RDONLY, &on.open), 0);
+    cr_assert_eq(ctxs_session_open(&b, ts_path(ts_scratch, "a.ctxs"), NULL, CTXS_RDONLY, &on.open), 0);
     cr_assert_eq(thread_count(), base + 1, "a second session started a second worker");
     ctxs_session_close(a);
     cr_assert_eq(thread_count(), base + 1, "the worker stopped while a session used it");
@@ -230,7 +230,7 @@ Test(background, brings_in_the_window_and_no_more)
     ctxs_session *s;
     ctxs_layout lay;
 
-    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, &o.open), 0);
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, &o.open), 0);
     cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     if (resident(&lay, 2048, 6144) > 0.5)
         cr_skip_test("the page cache kept the file after POSIX_FADV_DONTNEED");
@@ -243,7 +243,7 @@ Test(background, brings_in_the_window_and_no_more)
     /* Under memory pressure: the pressure window, however big the window. */
     cold_session(&m);
     ctxs_set_pressure(1);
-    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, &o.open), 0);
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, &o.open), 0);
     cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     ctxs__background_wait_idle();
     ctxs_set_pressure(0);
@@ -254,7 +254,7 @@ Test(background, brings_in_the_window_and_no_more)
     /* Without the worker nothing comes in until asked; prefetch waits. */
     cold_session(&m);
     o.open.background = 0;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, &o.open), 0);
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, &o.open), 0);
     cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
     cr_assert_lt(resident(&lay, 8192 - 1024, 8192), 0.1, "pages came in with background 0");
     cr_assert_eq(ctxs_session_prefetch(s), 0);
@@ -270,7 +270,7 @@ Test(background, close_during_the_bring_in_is_safe)
         const char *path = cold_session(&m);
         ctxs_create_options o = options(8192, 1);
         ctxs_session *s;
-        cr_assert_eq(ctxs_session_open(&s, path, &m, i % 2 ? CTXS_OPEN_RDONLY : 0, &o.open), 0);
+        cr_assert_eq(ctxs_session_open(&s, path, &m, i % 2 ? CTXS_RDONLY : 0, &o.open), 0);
         if (i % 4 == 3)
             ts_sleep_us(1000u * (uint64_t)i); /* somewhere in the middle */
         ctxs_session_close(s);
@@ -293,7 +293,7 @@ Test(background, survives_fork)
     ctxs_create_options o = options(2048, 1);
     ctxs_session *w, *r;
     cr_assert_eq(ctxs_session_create(&w, ts_path(ts_scratch, "w.ctxs"), &m, &o), 0);
-    cr_assert_eq(ctxs_session_open(&r, cold, &m, CTXS_OPEN_RDONLY, &o.open), 0);
+    cr_assert_eq(ctxs_session_open(&r, cold, &m, CTXS_RDONLY, &o.open), 0);
     cr_assert_eq(ts_append(w, 300), 0);
     const int base = thread_count();
 

@@ -180,7 +180,7 @@ static void op_open_verify(const ctxs_model *m)
     for (int flags = 0; flags < 2; flags++) {
         ctxs_session *s;
         rc = ctxs_store_session_open(&s, st, "s", m,
-                                     CTXS_OPEN_RDONLY | (flags ? CTXS_OPEN_VERIFY : 0), NULL);
+                                     CTXS_RDONLY | (flags ? CTXS_OPEN_VERIFY : 0), NULL);
         expect(rc == 0, "open", rc);
         ctxs_session_info info;
         ctxs_session_get_info(&info, s);

@@ -267,7 +267,7 @@ static ctxs_session *open_rw(ctxs_store *st, const char *name)
 static ctxs_session *open_ro(ctxs_store *st, const char *name)
 {
     ctxs_session *s = NULL;
-    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_RDONLY, NULL);
     cr_assert_eq(rc, 0, "open '%s' read-only: %s", name, ctxs_err_name(rc));
     return s;
 }
@@ -1089,7 +1089,7 @@ Test(cli, read_commands_work_on_a_store_the_user_cannot_write)
     ctxs_store *st = store_with_model();
     mk(st, "kept", 256, 1, 130);
     mk(st, "other", 256, 1, 70);
-    cr_assert_eq(ctxs_store_session_pin(st, "kept", 1), 0);
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "kept", 1), 0);
     ctxs_store_close(st);
     const char *out = dir_of("out");
     cr_assert_eq(mkdir(out, 0777), 0);
@@ -3498,7 +3498,7 @@ static void verdict_store(void)
     ctxs_session_close(s);
     mk(st, "notes", 256, 0, 3);
     cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "title", "hello", 5), 0);
-    cr_assert_eq(ctxs_store_session_pin(st, "chat", 1), 0);
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "chat", 1), 0);
     ctxs_store_close(st);
 }
 

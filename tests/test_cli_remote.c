@@ -122,11 +122,11 @@ static void mk(ctxs_store *st, const char *name, uint32_t capacity, int ring, ui
 static void check_pulled(const char *dir, const char *name, uint64_t n)
 {
     ctxs_store *st = NULL;
-    int rc = ctxs_store_open(&st, dir, CTXS_STORE_RDONLY, NULL);
+    int rc = ctxs_store_open(&st, dir, CTXS_RDONLY, NULL);
     cr_assert_eq(rc, 0, "store %s: %s", dir, ctxs_err_name(rc));
     ctxs_model m = model();
     ctxs_session *s = NULL;
-    rc = ctxs_store_session_open(&s, st, name, &m, CTXS_OPEN_RDONLY, NULL);
+    rc = ctxs_store_session_open(&s, st, name, &m, CTXS_RDONLY, NULL);
     cr_assert_eq(rc, 0, "open pulled '%s': %s", name, ctxs_err_name(rc));
     cr_assert_eq(ts_n_tokens(s), n, "'%s' holds %llu tokens, expected %llu", name,
                  (unsigned long long)ts_n_tokens(s), (unsigned long long)n);

@@ -304,7 +304,7 @@ Test(compact, a_session_open_anywhere_is_ebusy_and_left_unchanged)
     ctxs_session_close(s);
 
     /* A reader, and a writer opened by path, in this process. */
-    const unsigned flags[2] = {CTXS_OPEN_RDONLY, 0};
+    const unsigned flags[2] = {CTXS_RDONLY, 0};
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(ctxs_session_open(&s, path, &m, flags[i], NULL), 0);
         sn = snap(path);
@@ -321,7 +321,7 @@ Test(compact, a_session_open_anywhere_is_ebusy_and_left_unchanged)
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         ctxs_session *r = NULL;
-        char c = ctxs_session_open(&r, path, NULL, CTXS_OPEN_RDONLY, NULL) == 0 ? 'r' : 'x';
+        char c = ctxs_session_open(&r, path, NULL, CTXS_RDONLY, NULL) == 0 ? 'r' : 'x';
         if (write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) < 0)
             _exit(1);
         ctxs_session_close(r);
@@ -453,7 +453,7 @@ Test(compact, all_skips_busy_sessions_and_compacts_the_rest)
     /* A session open through the store shares the index: skipped, and the
      * index is left as it is. */
     ctxs_session *r;
-    cr_assert_eq(ctxs_store_session_open(&r, st, "a", NULL, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_session_open(&r, st, "a", NULL, CTXS_RDONLY, NULL), 0);
     const char *data = ts_path(ts_store_dir(), "index/data.mdb");
     struct stat sb_before, sb_after;
     cr_assert_eq(stat(data, &sb_before), 0);

@@ -224,7 +224,7 @@ static disp_rec *disp_pick(worker *w, uint64_t r)
 static void read_check(worker *w, ctxs_store *st, const char *name, uint64_t *rng)
 {
     ctxs_session *s;
-    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_RDONLY, NULL);
     if (rc == CTXS_ENOTFOUND || rc == CTXS_EBUSY)
         return;
     if (rc != 0) {
@@ -273,7 +273,7 @@ static void prefix_check(worker *w, ctxs_store *st, const ctxs_model *m)
         return;
     }
     ctxs_session *s;
-    rc = ctxs_store_session_open(&s, st, pm.session, NULL, CTXS_OPEN_RDONLY, NULL);
+    rc = ctxs_store_session_open(&s, st, pm.session, NULL, CTXS_RDONLY, NULL);
     if (rc == CTXS_ENOTFOUND || rc == CTXS_EBUSY)
         return; /* deleted or collected since */
     if (rc != 0) {
@@ -585,7 +585,7 @@ static void worker_run(worker *w, const env *e)
         case OP_REOPEN: {
             /* A read-only handle keeps gc off it while it is closed. */
             ctxs_session *guard;
-            if ((rc = ctxs_store_session_open(&guard, st, w->own, NULL, CTXS_OPEN_RDONLY,
+            if ((rc = ctxs_store_session_open(&guard, st, w->own, NULL, CTXS_RDONLY,
                                               NULL)) != 0) {
                 WFAIL(w, "read-only open of %s: %s", w->own, ctxs_err_name(rc));
                 break;
@@ -856,7 +856,7 @@ static final_counts check_store(const char *store_dir, const worker *all, int n_
                           "prefix_find(%s, %llu tokens) matched %llu in %s", w->own,
                           (unsigned long long)w->n, (unsigned long long)pm.n_tokens, pm.session);
             ctxs_session *s;
-            cr_assert_eq(ctxs_store_session_open(&s, st, pm.session, NULL, CTXS_OPEN_RDONLY, NULL),
+            cr_assert_eq(ctxs_store_session_open(&s, st, pm.session, NULL, CTXS_RDONLY, NULL),
                          0);
             ctxs_layout lay;
             cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);

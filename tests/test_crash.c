@@ -362,7 +362,7 @@ static ctxs_session *open_checked(const char *path, unsigned flags, uint32_t rec
     ctxs_model m = ts_model(MODEL_SEED);
     ctxs_session *s = NULL;
     int rc = ctxs_session_open(&s, path, &m, flags | recovery, NULL);
-    cr_assert_eq(rc, 0, "%s: open(%s, %s): %s", what, flags & CTXS_OPEN_RDONLY ? "ro" : "rw",
+    cr_assert_eq(rc, 0, "%s: open(%s, %s): %s", what, flags & CTXS_RDONLY ? "ro" : "rw",
                  recovery == CTXS_OPEN_VERIFY ? "VERIFY" : "AUTO", ctxs_err_name(rc));
     cr_assert_eq(ctxs_session_get_info(info, s), 0);
     return s;
@@ -379,7 +379,7 @@ static uint64_t reopen_check(const char *path, uint64_t lo, uint64_t hi, const t
     uint64_t bad_pos = 0;
     int rc;
 
-    ctxs_session *s = open_checked(path, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, &a, what);
+    ctxs_session *s = open_checked(path, CTXS_RDONLY, CTXS_OPEN_VERIFY, &a, what);
     cr_assert(a.n_tokens == lo || a.n_tokens == hi,
               "%s: reopened with %llu tokens; the child left %llu or %llu", what,
               (unsigned long long)a.n_tokens, (unsigned long long)lo, (unsigned long long)hi);
@@ -423,7 +423,7 @@ static void create_session(const char *path, uint32_t level)
 static void check_all_ro(const char *path, const char *what)
 {
     ctxs_session_info info;
-    ctxs_session *s = open_checked(path, CTXS_OPEN_RDONLY, 0, &info, what);
+    ctxs_session *s = open_checked(path, CTXS_RDONLY, 0, &info, what);
     cr_assert_eq(ts_check_all(s), 0, "%s: ts_check_all", what);
     ctxs_session_close(s);
 }
@@ -575,7 +575,7 @@ static loop_stats kill_loop(const char *test, const uint32_t *levels, unsigned n
         st.in_flight += o.lo != o.hi;
     }
     ctxs_session_info info;
-    ctxs_session *s = open_checked(path_copy, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, &info, test);
+    ctxs_session *s = open_checked(path_copy, CTXS_RDONLY, CTXS_OPEN_VERIFY, &info, test);
     st.n_end = info.n_tokens;
     st.ring_start_end = info.ring_start;
     ctxs_session_close(s);

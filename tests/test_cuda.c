@@ -787,7 +787,7 @@ Test(cuda, read_only_sessions_attach)
     ctxs_session *w = create("a", &m, 512, 4, 0);
     append(w, 300, &rng);
     ctxs_session *s = NULL;
-    CTXS_OK(ctxs_session_open(&s, ts_path(dir, "a"), &m, CTXS_OPEN_RDONLY, NULL));
+    CTXS_OK(ctxs_session_open(&s, ts_path(dir, "a"), &m, CTXS_RDONLY, NULL));
     check_decode(s, 8, "read-only");
 
     ctxs_cuda_kv *kv = attach(s, CTXS_CUDA_MIRROR);

@@ -258,7 +258,7 @@ static void body_fill_through_reserve(const char *mnt)
     expect_state(s, committed, "reopened read-write on a full disk");
     append_until_full(s, step, &committed, "after reopen");
     ctxs_session_close(s);
-    s = reopen(path, CTXS_OPEN_RDONLY);
+    s = reopen(path, CTXS_RDONLY);
     expect_state(s, committed, "reopened read-only");
     ctxs_session_close(s);
 
@@ -577,7 +577,7 @@ Test(disk_full, capacity_reached_without_ring_is_efull)
     cr_assert_eq(ctxs_session_reserve(&r2, s, 1), 0);
     cr_assert_eq(r2.first_pos, 63);
     ctxs_session_close(s); /* drops both */
-    cr_assert_eq(ctxs_session_open(&s, p, &m, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_session_open(&s, p, &m, CTXS_RDONLY, NULL), 0);
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.n_tokens, 60);
     cr_assert_eq(ts_check_all(s), 0);

@@ -429,7 +429,7 @@ Test(dtype, export_and_import_carry_every_dtype)
         cr_assert_eq(rc, 0, "import %s: %s", dtype_names[d], ctxs_err_name(rc));
 
         ctxs_session *x = NULL, *y = NULL;
-        cr_assert_eq(ctxs_store_session_open(&x, a, dtype_names[d], NULL, CTXS_OPEN_RDONLY, NULL),
+        cr_assert_eq(ctxs_store_session_open(&x, a, dtype_names[d], NULL, CTXS_RDONLY, NULL),
                      0);
         cr_assert_eq(ctxs_store_session_open(&y, b, dtype_names[d], &m, CTXS_OPEN_VERIFY, NULL),
                      0);

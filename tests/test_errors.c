@@ -76,7 +76,7 @@ Test(errors, a_read_write_open_without_a_model_says_it_needs_one)
     ctxs_session_close(create_session(64, 0));
     ctxs_session *s;
     EXPECT_WHY(ctxs_session_open(&s, session_path(), NULL, 0, NULL), CTXS_EINVAL,
-               "model is NULL", "CTXS_OPEN_RDONLY");
+               "model is NULL", "CTXS_RDONLY");
 }
 
 Test(errors, f32_as_a_session_dtype_says_what_a_session_stores)
@@ -124,7 +124,7 @@ Test(errors, a_read_only_handle_says_so_where_it_is_written)
 {
     ctxs_session_close(create_session(64, 2));
     ctxs_session *s;
-    cr_assert_eq(ctxs_session_open(&s, session_path(), NULL, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_session_open(&s, session_path(), NULL, CTXS_RDONLY, NULL), 0);
     ctxs_reservation r;
     EXPECT_WHY(ctxs_session_reserve(&r, s, 1), CTXS_EREADONLY, "read-only");
     void *kv;
@@ -140,7 +140,7 @@ Test(errors, another_model_says_what_differs)
     ctxs_model m = ts_model(1);
     m.geometry.head_dim = 16;
     ctxs_session *s;
-    EXPECT_WHY(ctxs_session_open(&s, session_path(), &m, CTXS_OPEN_RDONLY, NULL), CTXS_EMODEL,
+    EXPECT_WHY(ctxs_session_open(&s, session_path(), &m, CTXS_RDONLY, NULL), CTXS_EMODEL,
                "head_dim is 16 here, 8 there", "s.ctxs");
 }
 

@@ -180,7 +180,7 @@ static void world_make(world *w, const fault_op *op)
 static uint64_t check_session(world *w, const char *name)
 {
     ctxs_session *s = NULL;
-    int rc = open_session(&s, w, name, CTXS_OPEN_RDONLY);
+    int rc = open_session(&s, w, name, CTXS_RDONLY);
     cr_assert_eq(rc, 0, "open \"%s\": %s [%s]", name, ctxs_err_name(rc), run_context);
     uint64_t bad = 0;
     rc = ctxs_session_verify(&bad, s);

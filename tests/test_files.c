@@ -47,7 +47,7 @@ Test(files, session_path_is_the_file_the_session_lives_in)
     cr_assert_eq(ctxs_store_session_path(path, sizeof(path), ts_store_dir(), id), 0);
     cr_assert_str_eq(path, ts_id_path(id));
     ctxs_session *s = NULL;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY, NULL), 0,
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, NULL), 0,
                  "the path opens as the session");
     cr_assert_eq(ts_n_tokens(s), 10);
     ctxs_session_close(s);

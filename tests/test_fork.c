@@ -389,7 +389,7 @@ Test(fork, a_fork_takes_the_state_rollback_would_give)
         ctxs_session *w = source(src_name, small_geometry(), cases[c].capacity, 4, 1,
                                  cases[c].n_tokens);
         ctxs_session_close(w);
-        ctxs_session *src = open_at(src_name, small_geometry(), CTXS_OPEN_RDONLY, 0);
+        ctxs_session *src = open_at(src_name, small_geometry(), CTXS_RDONLY, 0);
         size_t len;
         uint8_t *bytes = ts_read_file(ts_path(ts_scratch, src_name), &len);
         for (int i = 0; i < cases[c].n_counts; i++) {
@@ -458,7 +458,7 @@ Test(fork, a_wrapped_ring_forked_inside_the_held_ring)
         cr_assert_eq(ts_check_all(f), 0);
         cr_assert_eq(ctxs_session_verify(NULL, f), 0);
         ctxs_session_close(f);
-        f = open_at(name, small_geometry(), CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY);
+        f = open_at(name, small_geometry(), CTXS_RDONLY, CTXS_OPEN_VERIFY);
         cr_assert_eq(ts_info(f).n_tokens, counts[i] + 50);
         cr_assert_eq(ts_check_all(f), 0);
         ctxs_session_close(f);
@@ -515,8 +515,8 @@ Test(fork, writing_to_the_fork_leaves_the_source_alone_and_back)
     ctxs_session_close(f);
     ctxs_session_close(src);
 
-    src = open_at("src", small_geometry(), CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY);
-    f = open_at("f", small_geometry(), CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY);
+    src = open_at("src", small_geometry(), CTXS_RDONLY, CTXS_OPEN_VERIFY);
+    f = open_at("f", small_geometry(), CTXS_RDONLY, CTXS_OPEN_VERIFY);
     cr_assert_eq(ts_info(src).n_tokens, 90);
     cr_assert_eq(ts_info(f).n_tokens, 80);
     cr_assert_eq(wrong_gen(src, 0, 40, 0) + wrong_gen(src, 40, 90, 2), 0);
@@ -581,7 +581,7 @@ Test(fork, a_reopened_fork_holds_every_token)
     ctxs_session_close(f);
     ctxs_session_close(src);
 
-    f = open_at("f", small_geometry(), CTXS_OPEN_RDONLY, 0);
+    f = open_at("f", small_geometry(), CTXS_RDONLY, 0);
     expect_fork(f, 120, 90);
     ctxs_session_close(f);
 
@@ -643,7 +643,7 @@ Test(fork, a_full_durability_fork)
     cr_assert_eq(append_gen(f, 5, 0), 0);
     cr_assert_eq(ts_info(f).verified_from, 135);
     ctxs_session_close(f);
-    f = open_at("f", small_geometry(), CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY);
+    f = open_at("f", small_geometry(), CTXS_RDONLY, CTXS_OPEN_VERIFY);
     cr_assert_eq(ts_info(f).n_tokens, 135);
     cr_assert_eq(ts_check_all(f), 0);
     ctxs_session_close(f);
@@ -739,7 +739,7 @@ Test(fork, a_fork_is_a_new_file_with_its_sources_label)
     uint8_t *old = ts_read_file(ts_path(dir, "v1_0_ring.ctxs"), &len);
     cr_assert_eq(ts_write_file(ts_path(ts_scratch, "old"), old, len), 0);
     free(old);
-    src = open_at("old", small_geometry(), CTXS_OPEN_RDONLY, 0);
+    src = open_at("old", small_geometry(), CTXS_RDONLY, 0);
     cr_assert_eq(ts_info(src).format_minor, 0);
     f = fork_ok(src, UINT64_MAX, "from_old", NULL);
     expect_fork(f, 100, 40);
@@ -767,7 +767,7 @@ static ctxs_session *hooked_source(void)
 {
     hook_writer = source("src", big_geometry(), 4096, 4, 1, 200);
     ctxs__fork_hook = run_hook;
-    return open_at("src", big_geometry(), CTXS_OPEN_RDONLY, 0);
+    return open_at("src", big_geometry(), CTXS_RDONLY, 0);
 }
 
 static void rewrite_gen1_from_100(void)
@@ -900,7 +900,7 @@ Test(fork, ring_eviction_during_the_copy_gives_estale)
 {
     hook_writer = source("src", small_geometry(), 64, 4, 1, 100); /* 0..3, 40..99 */
     ctxs__fork_hook = run_hook;
-    ctxs_session *src = open_at("src", small_geometry(), CTXS_OPEN_RDONLY, 0);
+    ctxs_session *src = open_at("src", small_geometry(), CTXS_RDONLY, 0);
     hook_action[CTXS__FORK_KV_COPIED] = evict_10;
     fork_fails(src, 100, "f", CTXS_ESTALE);
     /* A fork that needs none of the evicted tokens stands. */
@@ -924,7 +924,7 @@ Test(fork, tokens_evicted_but_not_yet_overwritten_during_the_copy_give_estale)
 {
     hook_writer = source("src", small_geometry(), 64, 4, 1, 100);
     ctxs__fork_hook = run_hook;
-    ctxs_session *src = open_at("src", small_geometry(), CTXS_OPEN_RDONLY, 0);
+    ctxs_session *src = open_at("src", small_geometry(), CTXS_RDONLY, 0);
     hook_action[CTXS__FORK_KV_COPIED] = reserve_10;
     fork_fails(src, 100, "f", CTXS_ESTALE);
     cr_assert_eq(ts_info(src).ring_start, 50);
@@ -1020,7 +1020,7 @@ Test(fork, a_read_only_source_forks_exactly_while_another_process_commits)
     ctxs_session *w = source("src", big_geometry(), 4096, 4, 1, 100);
     ctxs_session_close(w);
     child c = start_child(child_appends, ts_path(ts_scratch, "src"));
-    ctxs_session *src = open_at("src", big_geometry(), CTXS_OPEN_RDONLY, 0);
+    ctxs_session *src = open_at("src", big_geometry(), CTXS_RDONLY, 0);
     uint64_t last = 0;
     for (int i = 0; i < 40; i++) {
         ctxs_session *f = fork_ok(src, UINT64_MAX, "f", NULL);
@@ -1046,7 +1046,7 @@ Test(fork, a_source_rolled_back_by_another_process_gives_estale_or_an_exact_fork
     ctxs_session *w = source("src", big_geometry(), 4096, 4, 1, 200);
     ctxs_session_close(w);
     child c = start_child(child_rewrites, ts_path(ts_scratch, "src"));
-    ctxs_session *src = open_at("src", big_geometry(), CTXS_OPEN_RDONLY, 0);
+    ctxs_session *src = open_at("src", big_geometry(), CTXS_RDONLY, 0);
     int whole = 0, prefix = 0, stale = 0;
     for (int i = 0; i < 300; i++) {
         ctxs_session *f = NULL;

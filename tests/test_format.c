@@ -182,8 +182,8 @@ static void expect_refused_any(const char *path, const char *what, const int *al
         unsigned flags;
         const char *mode;
     } modes[] = {
-        { NULL, CTXS_OPEN_RDONLY, "read-only, no model" },
-        { &m, CTXS_OPEN_RDONLY, "read-only" },
+        { NULL, CTXS_RDONLY, "read-only, no model" },
+        { &m, CTXS_RDONLY, "read-only" },
         { &m, 0, "read-write" },
     };
     for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
@@ -211,7 +211,7 @@ static void expect_refused(const char *path, const char *what, int want)
 static void expect_opens(const char *path, const char *what, uint64_t n_tokens)
 {
     ctxs_model m = ts_model(1);
-    unsigned flags[] = { CTXS_OPEN_RDONLY, 0 };
+    unsigned flags[] = { CTXS_RDONLY, 0 };
     for (int i = 0; i < 2; i++) {
         ctxs_session *s = NULL;
         int rc = ctxs_session_open(&s, path, &m, flags[i], NULL);
@@ -818,7 +818,7 @@ Test(format, damaged_newer_record_falls_back_to_the_older)
         /* A read-only open first: a read-write one may write the state back. */
         ctxs_model m = ts_model(1);
         ctxs_session *s = NULL;
-        int rc = ctxs_session_open(&s, p, &m, CTXS_OPEN_RDONLY, NULL);
+        int rc = ctxs_session_open(&s, p, &m, CTXS_RDONLY, NULL);
         cr_assert_eq(rc, 0, "newer record: %s: open: %s", what, ctxs_strerror(rc));
         ctxs_session_info info;
         cr_assert_eq(ctxs_session_get_info(&info, s), 0);
@@ -855,7 +855,7 @@ Test(format, forged_record_is_rolled_back_by_verification)
         ctxs__disk_record x = r[newer];
         x.n_tokens = 500;
         x.verified_from = 0;
-        unsigned flags = which == 2 ? 0 : CTXS_OPEN_RDONLY;
+        unsigned flags = which == 2 ? 0 : CTXS_RDONLY;
         if (which == 1)
             memset(x.boot_id, 0x42, 16); /* another boot: verified without asking */
         else
@@ -916,7 +916,7 @@ Test(format, refresh_with_both_records_damaged_is_corrupt)
     rec_read(p, 0, &r[0]);
     rec_read(p, 1, &r[1]);
     ctxs_session *s = NULL;
-    cr_assert_eq(ctxs_session_open(&s, p, NULL, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_session_open(&s, p, NULL, CTXS_RDONLY, NULL), 0);
     for (int i = 0; i < 2; i++) {
         bad[i] = r[i];
         bad[i].crc32 ^= 0x5a5a;
@@ -1032,9 +1032,9 @@ Test(format, directory_is_refused)
     const char *d = ts_path(ts_scratch, "adir.ctxs");
     cr_assert_eq(mkdir(d, 0700), 0);
     ctxs_model m = ts_model(1);
-    int rc = try_open(d, NULL, CTXS_OPEN_RDONLY);
+    int rc = try_open(d, NULL, CTXS_RDONLY);
     cr_assert_lt(rc, 0, "a directory opened read-only");
-    rc = try_open(d, &m, CTXS_OPEN_RDONLY);
+    rc = try_open(d, &m, CTXS_RDONLY);
     cr_assert_lt(rc, 0, "a directory opened read-only");
     rc = try_open(d, &m, 0);
     cr_assert_lt(rc, 0, "a directory opened read-write");
@@ -1056,17 +1056,17 @@ Test(format, fifo_is_refused_without_blocking, .timeout = 5)
     ctxs_model m = ts_model(1);
     int rc = try_open(p, &m, 0);
     cr_assert_lt(rc, 0, "a FIFO opened read-write");
-    rc = try_open(p, NULL, CTXS_OPEN_RDONLY);
+    rc = try_open(p, NULL, CTXS_RDONLY);
     cr_assert_lt(rc, 0, "a FIFO opened read-only");
-    rc = try_open(p, &m, CTXS_OPEN_RDONLY);
+    rc = try_open(p, &m, CTXS_RDONLY);
     cr_assert_lt(rc, 0, "a FIFO opened read-only");
 }
 
 Test(format, device_file_is_refused)
 {
     ctxs_model m = ts_model(1);
-    cr_assert_lt(try_open("/dev/null", NULL, CTXS_OPEN_RDONLY), 0, "/dev/null opened read-only");
-    cr_assert_lt(try_open("/dev/zero", &m, CTXS_OPEN_RDONLY), 0, "/dev/zero opened read-only");
+    cr_assert_lt(try_open("/dev/null", NULL, CTXS_RDONLY), 0, "/dev/null opened read-only");
+    cr_assert_lt(try_open("/dev/zero", &m, CTXS_RDONLY), 0, "/dev/zero opened read-only");
 }
 
 Test(format, missing_file_is_enoent)
@@ -1074,7 +1074,7 @@ Test(format, missing_file_is_enoent)
     ctxs_model m = ts_model(1);
     const char *p = ts_path(ts_scratch, "missing.ctxs");
     cr_assert_eq(try_open(p, &m, 0), -ENOENT);
-    cr_assert_eq(try_open(p, NULL, CTXS_OPEN_RDONLY), -ENOENT);
+    cr_assert_eq(try_open(p, NULL, CTXS_RDONLY), -ENOENT);
     cr_assert_eq(try_open(ts_path(ts_scratch, "no/such/dir.ctxs"), &m, 0), -ENOENT);
     struct stat st;
     cr_assert_neq(stat(p, &st), 0, "open created the file");
@@ -1101,7 +1101,7 @@ Test(format, wrong_model_is_refused)
         uint8_t *before = ts_read_file(p, &len0);
         int rc = try_open(p, &m, 0);
         cr_assert_eq(rc, CTXS_EMODEL, "read-write, other %s: %d (%s)", what, rc, ctxs_err_name(rc));
-        rc = try_open(p, &m, CTXS_OPEN_RDONLY);
+        rc = try_open(p, &m, CTXS_RDONLY);
         cr_assert_eq(rc, CTXS_EMODEL, "read-only, other %s: %d (%s)", what, rc, ctxs_err_name(rc));
         uint8_t *after = ts_read_file(p, &len1);
         cr_assert(len0 == len1 && memcmp(before, after, len0) == 0, "EMODEL changed the file");
@@ -1116,7 +1116,7 @@ Test(format, wrong_model_is_refused)
 
     /* Read-only with no model inspects any file and reports its model. */
     ctxs_session *s = NULL;
-    cr_assert_eq(ctxs_session_open(&s, p, NULL, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_session_open(&s, p, NULL, CTXS_RDONLY, NULL), 0);
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert(memcmp(&info.model, &good, sizeof(good)) == 0, "info.model is not the file's model");
@@ -1477,7 +1477,7 @@ Test(format, new_file_says_version_3_0)
     cr_assert(raw[0] == 3 && raw[1] == 0, "bytes 8..11 say %u.%u", raw[0], raw[1]);
 
     ctxs_session *s = NULL;
-    cr_assert_eq(ctxs_session_open(&s, p, NULL, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_session_open(&s, p, NULL, CTXS_RDONLY, NULL), 0);
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert_eq(info.format_major, 3);
@@ -1745,7 +1745,7 @@ static void expect_v1(uint32_t minor, const char *path, unsigned flags, uint32_t
 {
     ctxs_model m = ts_model(1);
     ctxs_session *s = NULL;
-    int rc = ctxs_session_open(&s, path, (flags & CTXS_OPEN_RDONLY) ? NULL : &m, flags | recovery,
+    int rc = ctxs_session_open(&s, path, (flags & CTXS_RDONLY) ? NULL : &m, flags | recovery,
                                NULL);
     cr_assert_eq(rc, 0, "open a 1.%u file: %s", minor, ctxs_strerror(rc));
     ctxs_session_info info;
@@ -1791,8 +1791,8 @@ Test(format, version_1_0_file_opens_and_keeps_its_tokens)
     char name[256];
     cr_assert_eq(label_of(p, &id, name), CTXS_ENOTFOUND);
 
-    expect_v1(0, p, CTXS_OPEN_RDONLY, 0, 20, 0);
-    expect_v1(0, p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 20, 0);
+    expect_v1(0, p, CTXS_RDONLY, 0, 20, 0);
+    expect_v1(0, p, CTXS_RDONLY, CTXS_OPEN_VERIFY, 20, 0);
     expect_v1(0, p, 0, CTXS_OPEN_VERIFY, 20, 0);
     expect_v1(0, p, 0, 0, 20, 0);
 
@@ -1803,7 +1803,7 @@ Test(format, version_1_0_file_opens_and_keeps_its_tokens)
     cr_assert_eq(ctxs_session_open(&s, p, &m, 0, NULL), 0);
     cr_assert_eq(ts_append(s, 30), 0);
     ctxs_session_close(s);
-    expect_v1(0, p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 50, 0);
+    expect_v1(0, p, CTXS_RDONLY, CTXS_OPEN_VERIFY, 50, 0);
     ctxs__disk_header after;
     hdr_read(p, &after);
     cr_assert(memcmp(&h, &after, sizeof(h)) == 0, "the 1.0 header was rewritten");
@@ -1826,8 +1826,8 @@ Test(format, version_1_0_wrapped_ring_opens_and_keeps_its_tokens)
     uint64_t id;
     char name[256];
     cr_assert_eq(label_of(p, &id, name), CTXS_ENOTFOUND);
-    expect_v1(0, p, CTXS_OPEN_RDONLY, 0, 100, 40);
-    expect_v1(0, p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 100, 40);
+    expect_v1(0, p, CTXS_RDONLY, 0, 100, 40);
+    expect_v1(0, p, CTXS_RDONLY, CTXS_OPEN_VERIFY, 100, 40);
     expect_v1(0, p, 0, CTXS_OPEN_VERIFY, 100, 40);
 
     ctxs_model m = ts_model(1);
@@ -1851,8 +1851,8 @@ Test(format, version_1_1_file_opens_and_keeps_its_tokens)
     cr_assert_eq(id, 11);
     cr_assert_str_eq(name, "made by 1.1");
 
-    expect_v1(1, p, CTXS_OPEN_RDONLY, 0, 20, 0);
-    expect_v1(1, p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 20, 0);
+    expect_v1(1, p, CTXS_RDONLY, 0, 20, 0);
+    expect_v1(1, p, CTXS_RDONLY, CTXS_OPEN_VERIFY, 20, 0);
     expect_v1(1, p, 0, CTXS_OPEN_VERIFY, 20, 0);
 
     /* A writer of this version goes on with it, as fp16, and keeps its
@@ -1869,7 +1869,7 @@ Test(format, version_1_1_file_opens_and_keeps_its_tokens)
     for (size_t i = 0; i < n; i++)
         cr_assert(k[i] == ctxs__f16_to_f32(ek[i]) && v[i] == ctxs__f16_to_f32(ev[i]), "element %zu", i);
     ctxs_session_close(s);
-    expect_v1(1, p, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, 50, 0);
+    expect_v1(1, p, CTXS_RDONLY, CTXS_OPEN_VERIFY, 50, 0);
     ctxs__disk_header after;
     hdr_read(p, &after);
     cr_assert(memcmp(&h, &after, sizeof(h)) == 0, "the 1.1 header was rewritten");
@@ -1881,7 +1881,7 @@ Test(format, version_1_1_wrapped_ring_opens_and_keeps_its_tokens)
     ctxs__disk_header h;
     hdr_read(p, &h);
     cr_assert_eq(h.version_minor, 1, "the data file is not a 1.1 file");
-    expect_v1(1, p, CTXS_OPEN_RDONLY, 0, 100, 40);
+    expect_v1(1, p, CTXS_RDONLY, 0, 100, 40);
     expect_v1(1, p, 0, CTXS_OPEN_VERIFY, 100, 40);
 
     ctxs_model m = ts_model(1);
@@ -1901,7 +1901,7 @@ static void expect_v2(const char *path, uint32_t dtype, const uint32_t *commits,
     ctxs_model m = ts_model(1);
     m.geometry.dtype = dtype;
     ctxs_session *s = NULL, *fresh = NULL;
-    int rc = ctxs_session_open(&s, path, (flags & CTXS_OPEN_RDONLY) ? NULL : &m, flags, NULL);
+    int rc = ctxs_session_open(&s, path, (flags & CTXS_RDONLY) ? NULL : &m, flags, NULL);
     cr_assert_eq(rc, 0, "open a 2.0 file: %s", ctxs_strerror(rc));
     ctxs_create_options o = ts_options(64, 4, 1, CTXS_SYNC_NONE);
     cr_assert_eq(ctxs_session_create(&fresh, ts_path(ts_scratch, "fresh-v2"), &m, &o), 0);
@@ -1948,13 +1948,13 @@ Test(format, version_2_0_files_open_and_keep_their_tokens)
     cr_assert_eq(label_of(p, &id, name), 0);
     cr_assert_eq(id, 21);
     cr_assert_str_eq(name, "made by 2.0");
-    expect_v2(p, CTXS_DTYPE_BF16, few, 3, 20, 0, CTXS_OPEN_RDONLY);
+    expect_v2(p, CTXS_DTYPE_BF16, few, 3, 20, 0, CTXS_RDONLY);
     expect_v2(p, CTXS_DTYPE_BF16, few, 3, 20, 0, CTXS_OPEN_VERIFY);
 
     const char *q = old_file("v2_0_q8.ctxs");
     hdr_read(q, &h);
     cr_assert(h.version_major == 2 && h.dtype == CTXS_DTYPE_Q8, "the data file is not 2.0 Q8");
-    expect_v2(q, CTXS_DTYPE_Q8, wrap, 3, 100, 40, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY);
+    expect_v2(q, CTXS_DTYPE_Q8, wrap, 3, 100, 40, CTXS_RDONLY | CTXS_OPEN_VERIFY);
     expect_v2(q, CTXS_DTYPE_Q8, wrap, 3, 100, 40, CTXS_OPEN_VERIFY);
 
     /* A writer goes on with it and never rewrites its header. */

@@ -96,7 +96,7 @@ Test(grow, what_cannot_grow_is_refused_and_left_as_it_was)
     cr_assert_eq(ctxs_store_session_grow(st, "chat", (16u << 20) + 1), CTXS_EINVAL);
     cr_assert_eq(ctxs_store_session_grow(st, "nothing", 128), CTXS_ENOTFOUND);
     ctxs_session *s;
-    cr_assert_eq(ctxs_store_session_open(&s, st, "chat", &m, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_session_open(&s, st, "chat", &m, CTXS_RDONLY, NULL), 0);
     cr_assert_eq(ctxs_store_session_grow(st, "chat", 128), CTXS_EBUSY);
     ctxs_session_close(s);
     cr_assert_eq(ctxs_store_session_open(&s, st, "chat", &m, 0, NULL), 0);
@@ -127,7 +127,7 @@ Test(grow, what_cannot_grow_is_refused_and_left_as_it_was)
     ctxs_session_close(s);
     ctxs_store_close(st);
 
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_RDONLY, NULL), 0);
     cr_assert_eq(ctxs_store_session_grow(st, "chat", 128), CTXS_EREADONLY);
     ctxs_store_close(st);
 }

@@ -568,7 +568,7 @@ Test(index, a_name_is_never_a_path)
         cr_assert_eq(e.n_tokens, 10 + i, "%s: %llu tokens", names[i], (unsigned long long)e.n_tokens);
         for (size_t j = 0; j < i; j++)
             cr_assert_neq(ids[i], ids[j]);
-        ctxs_session *s = op(st, names[i], &m, CTXS_OPEN_RDONLY);
+        ctxs_session *s = op(st, names[i], &m, CTXS_RDONLY);
         cr_assert_eq(ts_n_tokens(s), 10 + i);
         ctxs_session_close(s);
     }
@@ -630,7 +630,7 @@ Test(index, create_open_list_report_model_tokens_size_and_last_use)
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_store_session_open(&s, st, "bravo", NULL, 0, NULL), CTXS_EINVAL);
     cr_assert_null(s);
-    s = op(st, "bravo", NULL, CTXS_OPEN_RDONLY);
+    s = op(st, "bravo", NULL, CTXS_RDONLY);
     cr_assert_eq(ts_check_all(s), 0);
     cr_assert_eq(ts_n_tokens(s), 120);
     ctxs_session_close(s);
@@ -676,8 +676,8 @@ Test(index, a_second_writer_is_ebusy_and_readers_coexist)
     ctxs_session *x = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_open(&x, st, "one", &m, 0, NULL), CTXS_EBUSY);
     cr_assert_null(x);
-    ctxs_session *r1 = op(st, "one", &m, CTXS_OPEN_RDONLY);
-    ctxs_session *r2 = op(st, "one", NULL, CTXS_OPEN_RDONLY);
+    ctxs_session *r1 = op(st, "one", &m, CTXS_RDONLY);
+    ctxs_session *r2 = op(st, "one", NULL, CTXS_RDONLY);
     cr_assert_eq(ts_append(w, 10), 0);
     cr_assert_eq(ctxs_session_refresh(r1), 0);
     cr_assert_eq(ts_n_tokens(r1), 30);
@@ -698,7 +698,7 @@ Test(index, delete_of_an_open_session_is_ebusy)
     uint64_t id = ts_session_entry(st, "doomed").id;
     cr_assert_eq(ctxs_store_session_delete(st, "doomed"), CTXS_EBUSY, "open by a writer");
     ctxs_session_close(w);
-    ctxs_session *r = op(st, "doomed", NULL, CTXS_OPEN_RDONLY);
+    ctxs_session *r = op(st, "doomed", NULL, CTXS_RDONLY);
     cr_assert_eq(ctxs_store_session_delete(st, "doomed"), CTXS_EBUSY, "open by a reader");
     /* Still intact after the refusals. */
     cr_assert_eq(ts_check_all(r), 0);
@@ -773,7 +773,7 @@ Test(index, open_of_a_missing_name_or_file_is_enotfound)
     ctxs_session_close(mk(st, "gone", &m, 256, 4, 5));
     cr_assert_eq(unlink(ts_id_path(ts_session_entry(st, "gone").id)), 0);
     cr_assert_eq(ctxs_store_session_open(&s, st, "gone", &m, 0, NULL), CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_store_session_open(&s, st, "gone", NULL, CTXS_OPEN_RDONLY, NULL),
+    cr_assert_eq(ctxs_store_session_open(&s, st, "gone", NULL, CTXS_RDONLY, NULL),
                  CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_fork(NULL, st, "gone", "child", 1, NULL), CTXS_ENOTFOUND);
     cr_assert_eq(ctxs_store_session_fork(NULL, st, "nobody", "child", 1, NULL), CTXS_ENOTFOUND);
@@ -858,7 +858,7 @@ Test(index, open_with_another_models_hash_is_emodel)
     ctxs_session *s = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_open(&s, st, "s", &m2, 0, NULL), CTXS_EMODEL);
     cr_assert_null(s);
-    cr_assert_eq(ctxs_store_session_open(&s, st, "s", &m2, CTXS_OPEN_RDONLY, NULL), CTXS_EMODEL);
+    cr_assert_eq(ctxs_store_session_open(&s, st, "s", &m2, CTXS_RDONLY, NULL), CTXS_EMODEL);
     /* Same hash, other tokenizer: the file refuses it. */
     ctxs_model m3 = m1;
     m3.tokenizer_hash[5] ^= 0x40;
@@ -1125,7 +1125,7 @@ Test(index, checkpoint_create_list_restore_delete)
     /* A read-only handle cannot restore; a handle not from this store cannot
      * checkpoint. */
     ctxs_session_close(s);
-    s = op(st, "s", &m, CTXS_OPEN_RDONLY);
+    s = op(st, "s", &m, CTXS_RDONLY);
     cr_assert_eq(ctxs_checkpoint_restore(s, "at40"), CTXS_EREADONLY);
     ctxs_session_close(s);
     ctxs_session *plain;
@@ -1253,7 +1253,7 @@ Test(index, fork_at_a_count_at_a_checkpoint_and_in_full)
     cr_assert_eq(ctxs_checkpoint_create(src, "cp"), 0);
     cr_assert_eq(ts_append(src, 100), 0);
     ctxs_session_close(src);
-    src = op(st, "src", &m, CTXS_OPEN_RDONLY);
+    src = op(st, "src", &m, CTXS_RDONLY);
     uint64_t src_id = ts_session_entry(st, "src").id;
 
     struct {
@@ -1382,7 +1382,7 @@ Test(index, prefix_find_returns_whole_chunks_plus_the_matching_tail)
     /* The fork the match suggests holds exactly those tokens. */
     t = prompt(300, want, 1);
     cr_assert_eq(find(&pm, st, &m, t, 300), 0);
-    ctxs_session *f, *src = op(st, "held", &m, CTXS_OPEN_RDONLY);
+    ctxs_session *f, *src = op(st, "held", &m, CTXS_RDONLY);
     cr_assert_eq(ctxs_store_session_fork(&f, st, pm.session, "reuse", pm.n_tokens, NULL), 0);
     ts_same_tokens(src, f, want, "source and fork");
     ctxs_session_close(f);
@@ -1708,7 +1708,7 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
                  ts_session_entry(st, "s0").last_used_unix_ms);
 
     /* s1 open by a writer, s2 by a reader: gc passes them over. */
-    ctxs_session *w = op(st, "s1", &m, 0), *r = op(st, "s2", NULL, CTXS_OPEN_RDONLY);
+    ctxs_session *w = op(st, "s1", &m, 0), *r = op(st, "s2", NULL, CTXS_RDONLY);
     ctxs_gc_result g;
     cr_assert_eq(ctxs_store_gc(&g, st, total - bytes[3], 0), 0);
     cr_assert_eq(g.bytes_before, total);
@@ -1920,7 +1920,7 @@ Test(index, create_is_not_refused_by_a_stray_file_at_the_next_id)
     rc = ctxs_store_session_fork(NULL, st, "first", "third", 1, NULL);
     cr_assert_eq(rc, 0, "fork to a free name beside a stray file: %s", ctxs_err_name(rc));
     cr_assert(ts_exists(stray_path));
-    cr_assert_eq(ctxs_session_open(&stray, stray_path, &m, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_session_open(&stray, stray_path, &m, CTXS_RDONLY, NULL), 0);
     cr_assert_eq(ts_n_tokens(stray), 9, "the stray was touched");
     ctxs_session_close(stray);
     ctxs_store_close(st);
@@ -2193,7 +2193,7 @@ Test(index, an_intent_stays_until_the_unlink_it_stands_for_is_durable)
             if (failed_the_directory_sync()) {
                 found_resolve = 1;
                 cr_assert(!ts_exists(ts_id_path(id)), "the open unlinked the file");
-                cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+                cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_RDONLY, NULL), 0);
                 cr_assert_eq(ts_pending_intents(st), 1,
                              "the intent must stay while the unlink is not durable");
                 ctxs_store_close(st);
@@ -2631,7 +2631,7 @@ Test(index, a_full_index_is_efull_and_loses_nothing)
     cr_assert_eq(ts_dir_entries(ts_path(ts_store_dir(), "sessions")), made);
     for (size_t i = 0; i < n; i++) {
         ctxs_session *s = NULL;
-        cr_assert_eq(ctxs_store_session_open(&s, st, list[i].name, &m, CTXS_OPEN_RDONLY, NULL), 0);
+        cr_assert_eq(ctxs_store_session_open(&s, st, list[i].name, &m, CTXS_RDONLY, NULL), 0);
         cr_assert_eq(ts_check_all(s), 0);
         ctxs_session_close(s);
     }
@@ -2880,7 +2880,7 @@ Test(index, an_index_from_before_metadata_opens_and_takes_it)
     mdb_env_close(env);
     /* Read-only, the index stays as it is and reads as one without
      * metadata. */
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_RDONLY, NULL), 0);
     ctxs_meta_entry *none = NULL;
     size_t n_none = 1;
     cr_assert_eq(ctxs_store_session_list_meta(&none, &n_none, st, "chat"), 0);
@@ -2906,7 +2906,7 @@ Test(index, open_without_create_makes_nothing_where_no_store_is)
     const char *missing = ts_path(ts_scratch, "missing");
     cr_assert_eq(ctxs_store_open(&st, missing, 0, NULL), -ENOENT);
     cr_assert_null(st);
-    cr_assert_eq(ctxs_store_open(&st, missing, CTXS_STORE_RDONLY, NULL), -ENOENT);
+    cr_assert_eq(ctxs_store_open(&st, missing, CTXS_RDONLY, NULL), -ENOENT);
     cr_assert(!ts_exists(missing));
 
     /* A directory of someone else's, read-write or read-only. */
@@ -2914,7 +2914,7 @@ Test(index, open_without_create_makes_nothing_where_no_store_is)
     cr_assert_eq(mkdir(other, 0755), 0);
     cr_assert_eq(ts_write_file(ts_path(other, "notes.txt"), "hi", 2), 0);
     cr_assert_eq(ctxs_store_open(&st, other, 0, NULL), CTXS_EFOREIGN);
-    cr_assert_eq(ctxs_store_open(&st, other, CTXS_STORE_RDONLY, NULL), CTXS_EFOREIGN);
+    cr_assert_eq(ctxs_store_open(&st, other, CTXS_RDONLY, NULL), CTXS_EFOREIGN);
     cr_assert_eq(ts_dir_entries(other), 1, "something was made in a directory that is no store");
     cr_assert_str_eq(ctxs_strerror(CTXS_EFOREIGN), "not a ctxstore file or store");
 
@@ -2927,7 +2927,7 @@ Test(index, open_without_create_makes_nothing_where_no_store_is)
     cr_assert_eq(ctxs_store_open(&st, ts_path(other, "notes.txt"), 0, NULL), -ENOTDIR);
 
     /* Bad flags. */
-    cr_assert_eq(ctxs_store_open(&st, other, CTXS_STORE_CREATE | CTXS_STORE_RDONLY, NULL),
+    cr_assert_eq(ctxs_store_open(&st, other, CTXS_STORE_CREATE | CTXS_RDONLY, NULL),
                  CTXS_EINVAL);
     cr_assert_eq(ctxs_store_open(&st, other, 0x80, NULL), CTXS_EINVAL);
     cr_assert_null(st);
@@ -2939,7 +2939,7 @@ Test(index, open_without_create_makes_nothing_where_no_store_is)
     cr_assert(ts_exists(ts_path(other, "notes.txt")));
     cr_assert_eq(ctxs_store_open(&st, other, 0, NULL), 0);
     ctxs_store_close(st);
-    cr_assert_eq(ctxs_store_open(&st, other, CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, other, CTXS_RDONLY, NULL), 0);
     ctxs_store_close(st);
 }
 
@@ -2949,7 +2949,7 @@ Test(index, a_half_made_store_is_completed_by_a_read_write_open_only)
     ctxs_store_close(st);
     /* What a create that died after the index leaves. */
     cr_assert_eq(rmdir(ts_path(ts_store_dir(), "sessions")), 0);
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), -ENOENT);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_RDONLY, NULL), -ENOENT);
     cr_assert(!ts_exists(ts_path(ts_store_dir(), "sessions")));
     cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), 0, NULL), 0);
     ctxs_store_close(st);
@@ -2968,10 +2968,10 @@ Test(index, a_lost_index_is_rebuilt_only_when_asked_to_create)
     ts_rmtree(ts_path(ts_store_dir(), "index"));
 
     cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), 0, NULL), CTXS_EFOREIGN);
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), CTXS_EFOREIGN);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_RDONLY, NULL), CTXS_EFOREIGN);
     cr_assert(!ts_exists(ts_path(ts_store_dir(), "index")));
     cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_CREATE, NULL), 0);
-    ctxs_session *s = op(st, "kept", &m, CTXS_OPEN_RDONLY);
+    ctxs_session *s = op(st, "kept", &m, CTXS_RDONLY);
     cr_assert_eq(ts_n_tokens(s), 70);
     ctxs_session_close(s);
     ctxs_store_close(st);
@@ -3025,7 +3025,7 @@ static ctxs_model protect_store(void)
     cr_assert_eq(ctxs_checkpoint_create(s, "cp"), 0);
     ctxs_session_close(s);
     ctxs_session_close(mk(st, "b", &m, 256, 4, 70));
-    cr_assert_eq(ctxs_store_session_pin(st, "b", 1), 0);
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "b", 1), 0);
     ctxs_store_close(st);
     return m;
 }
@@ -3035,7 +3035,7 @@ Test(index, a_read_only_store_reads_everything_and_refuses_every_write)
     ctxs_model m = protect_store();
     char *before = store_snapshot();
     ctxs_store *st;
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_RDONLY, NULL), 0);
 
     /* Reads. */
     ctxs_session_entry *list;
@@ -3054,7 +3054,7 @@ Test(index, a_read_only_store_reads_everything_and_refuses_every_write)
     cr_assert_eq(g.n_sessions, 1);
     cr_assert_str_eq(g.sessions[0].name, "a");
     ctxs_free(g.sessions);
-    ctxs_session *s = op(st, "a", NULL, CTXS_OPEN_RDONLY);
+    ctxs_session *s = op(st, "a", NULL, CTXS_RDONLY);
     cr_assert_eq(ts_check_all(s), 0);
     cr_assert_eq(ctxs_session_verify(NULL, s), 0);
     ctxs_checkpoint_entry *cps;
@@ -3082,8 +3082,8 @@ Test(index, a_read_only_store_reads_everything_and_refuses_every_write)
     cr_assert_eq(ctxs_checkpoint_delete(s, "cp"), CTXS_EREADONLY);
     cr_assert_eq(ctxs_store_session_rename(st, "a", "c"), CTXS_EREADONLY);
     cr_assert_eq(ctxs_store_session_delete(st, "a"), CTXS_EREADONLY);
-    cr_assert_eq(ctxs_store_session_pin(st, "a", 1), CTXS_EREADONLY);
-    cr_assert_eq(ctxs_store_session_pin(st, "b", 0), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "a", 1), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "b", 0), CTXS_EREADONLY);
     ctxs_model other = ts_model(2);
     cr_assert_eq(ctxs_model_register(st, &other, "other"), CTXS_EREADONLY);
     cr_assert_eq(ctxs_model_register(st, &m, "renamed"), CTXS_EREADONLY);
@@ -3115,7 +3115,7 @@ Test(index, a_read_only_open_leaves_a_crashed_create_for_a_writer)
     mdb_env_close(env);
     cr_assert_eq(ts_write_file(ts_id_path(99), "left by a crash", 15), 0);
     ctxs_store *st;
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_RDONLY, NULL), 0);
     ctxs_store_close(st);
     cr_assert(ts_exists(ts_id_path(99)), "a read-only open removed a file");
     st = ts_store_open(ts_store_dir());
@@ -3127,16 +3127,16 @@ Test(index, a_read_only_handle_beside_a_read_write_one_shares_it_and_still_refus
 {
     ctxs_model m = protect_store();
     ctxs_store *rw = ts_store_open(ts_store_dir()), *ro;
-    cr_assert_eq(ctxs_store_open(&ro, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&ro, ts_store_dir(), CTXS_RDONLY, NULL), 0);
     cr_assert_neq(ro, rw);
     ctxs_session_close(mk(rw, "c", &m, 256, 4, 10));
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, ro, "c"), 0, "the read-only handle sees the writes");
     cr_assert_eq(ctxs_store_session_delete(ro, "c"), CTXS_EREADONLY);
-    cr_assert_eq(ctxs_store_session_pin(ro, "c", 1), CTXS_EREADONLY);
+    cr_assert_eq(ctxs_store_session_set_pinned(ro, "c", 1), CTXS_EREADONLY);
     ctxs_session *s = (ctxs_session *)1;
     cr_assert_eq(ctxs_store_session_open(&s, ro, "c", &m, 0, NULL), CTXS_EREADONLY);
-    s = op(ro, "c", NULL, CTXS_OPEN_RDONLY);
+    s = op(ro, "c", NULL, CTXS_RDONLY);
     /* Either handle closes first. */
     ctxs_store_close(rw);
     cr_assert_eq(ts_n_tokens(s), 10);
@@ -3145,10 +3145,10 @@ Test(index, a_read_only_handle_beside_a_read_write_one_shares_it_and_still_refus
 
     /* Open read-only alone, the environment cannot write: a read-write
      * open in the same process is refused until it is closed. */
-    cr_assert_eq(ctxs_store_open(&ro, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&ro, ts_store_dir(), CTXS_RDONLY, NULL), 0);
     cr_assert_eq(ctxs_store_open(&rw, ts_store_dir(), 0, NULL), CTXS_EBUSY);
     ctxs_store *ro2;
-    cr_assert_eq(ctxs_store_open(&ro2, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&ro2, ts_store_dir(), CTXS_RDONLY, NULL), 0);
     ctxs_store_close(ro2);
     ctxs_store_close(ro);
     rw = ts_store_open(ts_store_dir());
@@ -3163,7 +3163,7 @@ static void read_unwritable_store(const char *out_dir)
     ctxs_store *st = NULL;
     int rc = ctxs_store_open(&st, ts_store_dir(), 0, NULL);
     TS_CHECK(rc == -EACCES, "a read-write open: %s", ctxs_err_name(rc));
-    rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL);
+    rc = ctxs_store_open(&st, ts_store_dir(), CTXS_RDONLY, NULL);
     TS_CHECK(rc == 0, "a read-only open: %s", ctxs_err_name(rc));
     ctxs_session_entry *list;
     size_t n;
@@ -3171,7 +3171,7 @@ static void read_unwritable_store(const char *out_dir)
     TS_CHECK(rc == 0 && n == 2 && list[1].pinned, "list: %s, %zu", ctxs_err_name(rc), n);
     ctxs_free(list);
     ctxs_session *s = NULL;
-    rc = ctxs_store_session_open(&s, st, "a", NULL, CTXS_OPEN_RDONLY, NULL);
+    rc = ctxs_store_session_open(&s, st, "a", NULL, CTXS_RDONLY, NULL);
     TS_CHECK(rc == 0, "session open: %s", ctxs_err_name(rc));
     uint64_t bad = 0;
     rc = ctxs_session_verify(&bad, s);
@@ -3179,7 +3179,7 @@ static void read_unwritable_store(const char *out_dir)
     ctxs_session_close(s);
     rc = ctxs_store_session_export(st, "a", ts_path(out_dir, "a.export"), NULL);
     TS_CHECK(rc == 0, "export: %s", ctxs_err_name(rc));
-    rc = ctxs_store_session_pin(st, "a", 1);
+    rc = ctxs_store_session_set_pinned(st, "a", 1);
     TS_CHECK(rc == CTXS_EREADONLY, "pin: %s", ctxs_err_name(rc));
     ctxs_store_close(st);
     _exit(0);
@@ -3203,7 +3203,7 @@ static void open_unwritable_store_in_use(const char *unused)
     (void)unused;
     TS_CHECK(ts_drop_privileges() == 0, "cannot drop privileges: %s", strerror(errno));
     ctxs_store *st = NULL;
-    int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL);
+    int rc = ctxs_store_open(&st, ts_store_dir(), CTXS_RDONLY, NULL);
     TS_CHECK(rc == CTXS_EBUSY, "read without LMDB's locks beside a writer: %s",
              ctxs_err_name(rc));
     _exit(0);
@@ -3230,13 +3230,13 @@ Test(index, gc_never_deletes_a_pinned_session_and_names_what_it_deleted)
         ctxs_session_close(mk(st, names[i], &m, 256, 4, 40));
         ts_sleep_us(3000); /* distinct last-use times */
     }
-    cr_assert_eq(ctxs_store_session_pin(st, "pinned", 1), 0);
-    cr_assert_eq(ctxs_store_session_pin(st, "pinned", 1), 0, "pinning twice is no error");
-    cr_assert_eq(ctxs_store_session_pin(st, "new", 0), 0, "unpinning the unpinned is none");
-    cr_assert_eq(ctxs_store_session_pin(st, "none", 1), CTXS_ENOTFOUND);
-    cr_assert_eq(ctxs_store_session_pin(st, "old", 2), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_pin(st, "bad/name", 1), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_pin(NULL, "old", 1), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "pinned", 1), 0);
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "pinned", 1), 0, "pinning twice is no error");
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "new", 0), 0, "unpinning the unpinned is none");
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "none", 1), CTXS_ENOTFOUND);
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "old", 2), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "bad/name", 1), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_set_pinned(NULL, "old", 1), CTXS_EINVAL);
     cr_assert(ts_session_entry(st, "pinned").pinned);
     cr_assert_not(ts_session_entry(st, "old").pinned);
     uint64_t pinned_id = ts_session_entry(st, "pinned").id;
@@ -3257,7 +3257,7 @@ Test(index, gc_never_deletes_a_pinned_session_and_names_what_it_deleted)
     cr_assert_eq(ctxs_store_gc(&g, st, 0, 0x4), CTXS_EINVAL);
 
     /* The dry run counts an open session as gc would. */
-    ctxs_session *held = op(st, "mid", NULL, CTXS_OPEN_RDONLY);
+    ctxs_session *held = op(st, "mid", NULL, CTXS_RDONLY);
     cr_assert_eq(ctxs_store_gc(&g, st, 0, CTXS_GC_DRY_RUN), 0);
     cr_assert_eq(g.deleted, 2);
     cr_assert_eq(g.skipped_open, 1);
@@ -3278,7 +3278,7 @@ Test(index, gc_never_deletes_a_pinned_session_and_names_what_it_deleted)
     cr_assert(ts_exists(ts_id_path(pinned_id)));
 
     /* Unpinned, it goes; with out NULL too. */
-    cr_assert_eq(ctxs_store_session_pin(st, "kept", 0), 0);
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "kept", 0), 0);
     cr_assert_eq(ctxs_store_gc(NULL, st, 0, 0), 0);
     cr_assert_eq(count_entries(st), 0);
     cr_assert(!ts_exists(ts_id_path(pinned_id)));
@@ -3291,7 +3291,7 @@ Test(index, a_pin_outlives_a_reindex_and_a_compaction_and_goes_with_its_session)
     ctxs_store *st = store_with(&m);
     ctxs_session_close(mk(st, "p", &m, 256, 4, 40));
     ctxs_session_close(mk(st, "q", &m, 256, 4, 40));
-    cr_assert_eq(ctxs_store_session_pin(st, "p", 1), 0);
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "p", 1), 0);
     cr_assert_eq(ctxs_store_reindex(NULL, st), 0);
     cr_assert(ts_session_entry(st, "p").pinned);
     cr_assert_not(ts_session_entry(st, "q").pinned);
@@ -3326,7 +3326,7 @@ Test(index, an_index_from_before_pins_opens_read_only_and_read_write)
     mdb_env_close(env);
 
     ctxs_store *st;
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_RDONLY, NULL), 0);
     ctxs_session_entry *list;
     size_t n;
     cr_assert_eq(ctxs_store_session_list(&list, &n, st), 0);
@@ -3340,7 +3340,7 @@ Test(index, an_index_from_before_pins_opens_read_only_and_read_write)
     ctxs_store_close(st);
 
     st = ts_store_open(ts_store_dir());
-    cr_assert_eq(ctxs_store_session_pin(st, "a", 1), 0);
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "a", 1), 0);
     cr_assert(ts_session_entry(st, "a").pinned);
     ctxs_session *s = op(st, "a", &m, 0);
     cr_assert_eq(ts_n_tokens(s), 130);
@@ -3423,7 +3423,7 @@ static void new_ids_are_fresh(const ctxs_model *m, uint64_t above)
                           list[j].name);
     }
     ctxs_free(list);
-    ctxs_session *s = op(st, "a", m, CTXS_OPEN_RDONLY);
+    ctxs_session *s = op(st, "a", m, CTXS_RDONLY);
     cr_assert_eq(ts_n_tokens(s), 5, "a new session took a's file");
     ctxs_session_close(s);
     ctxs_store_close(st);
@@ -3630,7 +3630,7 @@ Test(index, reindex_adopts_a_file_named_past_the_largest_id)
     ctxs_session_entry e = ts_session_entry(st, "b");
     cr_assert(e.id > 0 && e.id <= (uint64_t)INT64_MAX);
     cr_assert_not(ts_exists(to));
-    ctxs_session *s = op(st, "b", &m, CTXS_OPEN_RDONLY);
+    ctxs_session *s = op(st, "b", &m, CTXS_RDONLY);
     cr_assert_eq(ts_n_tokens(s), 7);
     ctxs_session_close(s);
     /* And new sessions go on from there. */
@@ -3732,7 +3732,7 @@ Test(index, a_truncated_index_is_eindex_at_every_size_never_a_signal)
         /* Cut before LMDB's magic (20 bytes in), nothing says the file was
          * ever an LMDB environment: someone else's. */
         int want = cut < 20 ? CTXS_EFOREIGN : CTXS_EINDEX;
-        const unsigned flags[] = {0, CTXS_STORE_RDONLY, CTXS_STORE_CREATE};
+        const unsigned flags[] = {0, CTXS_RDONLY, CTXS_STORE_CREATE};
         for (size_t k = 0; k < 3; k++) {
             int rc = open_in_child(flags[k], what);
             cr_assert_eq(rc, want, "%s (flags %u): %s", what, flags[k], ctxs_err_name(rc));
@@ -3744,7 +3744,7 @@ Test(index, a_truncated_index_is_eindex_at_every_size_never_a_signal)
      * checkpoints and metadata without a word. */
     put_index(bytes, 0);
     cr_assert_eq(open_in_child(0, "cut to 0"), CTXS_EINDEX);
-    cr_assert_eq(open_in_child(CTXS_STORE_RDONLY, "cut to 0, read-only"), CTXS_EINDEX);
+    cr_assert_eq(open_in_child(CTXS_RDONLY, "cut to 0, read-only"), CTXS_EINDEX);
     cr_assert_eq(sessions_digest(), before);
     /* Whole again (longer is fine too: LMDB never shrinks its file). */
     put_index(bytes, len);
@@ -3752,7 +3752,7 @@ Test(index, a_truncated_index_is_eindex_at_every_size_never_a_signal)
     uint8_t *longer = calloc(1, len + 3 * psize);
     memcpy(longer, bytes, len);
     put_index(longer, len + 3 * psize);
-    cr_assert_eq(open_in_child(CTXS_STORE_RDONLY, "longer"), 0);
+    cr_assert_eq(open_in_child(CTXS_RDONLY, "longer"), 0);
     free(longer);
     free(bytes);
 }
@@ -3784,7 +3784,7 @@ Test(index, a_lost_meta_page_is_eindex_and_sessions_are_untouched)
         }
         put_index(copy, len);
         for (int rd = 0; rd < 2; rd++) {
-            int rc = open_in_child(rd ? CTXS_STORE_RDONLY : 0, cases[c]);
+            int rc = open_in_child(rd ? CTXS_RDONLY : 0, cases[c]);
             cr_assert_eq(rc, CTXS_EINDEX, "%s%s: %s", cases[c], rd ? ", read-only" : "",
                          ctxs_err_name(rc));
         }
@@ -3808,7 +3808,7 @@ Test(index, a_damaged_format_record_is_eindex)
     raw_put(env, "meta", "format", 6, &f, sizeof(f));
     mdb_env_close(env);
     cr_assert_eq(open_in_child(0, "magic"), CTXS_EINDEX);
-    cr_assert_eq(open_in_child(CTXS_STORE_RDONLY, "magic, read-only"), CTXS_EINDEX);
+    cr_assert_eq(open_in_child(CTXS_RDONLY, "magic, read-only"), CTXS_EINDEX);
     env = raw_env();
     raw_put(env, "meta", "format", 6, longer, sizeof(longer));
     mdb_env_close(env);
@@ -3871,7 +3871,7 @@ Test(index, check_reports_every_malformed_record_of_every_table_and_goes_on)
     ctxs_session_close(s);
     ctxs_session_close(mk(st, "notes", &m, 256, 4, 3));
     cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "title", "hi", 2), 0);
-    cr_assert_eq(ctxs_store_session_pin(st, "chat", 1), 0);
+    cr_assert_eq(ctxs_store_session_set_pinned(st, "chat", 1), 0);
 
     ctxs_store_check_result r;
     cr_assert_eq(ctxs_store_check(&r, st), 0);
@@ -3904,7 +3904,7 @@ Test(index, check_reports_every_malformed_record_of_every_table_and_goes_on)
     raw_put(env, "meta", "next_id", 7, &zero, 8);
     mdb_env_close(env);
 
-    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_STORE_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_open(&st, ts_store_dir(), CTXS_RDONLY, NULL), 0);
     cr_assert_eq(ctxs_store_check(&r, st), CTXS_EINDEX);
     const char *want[][2] = {
         {"sessions", "'chat'"}, {"sessions", "'a/b'"}, {"ids", "id 9"},
@@ -4017,7 +4017,7 @@ Test(index, a_store_through_a_symlink_or_two_is_the_store_and_a_dangling_one_is_
     cr_assert_eq(ctxs_store_open(&b, dang, 0, NULL), -ENOENT);
     cr_assert_null(b);
     cr_assert_eq(ctxs_store_open(&b, dang, CTXS_STORE_CREATE, NULL), -ENOENT);
-    cr_assert_eq(ctxs_store_open(&b, dang, CTXS_STORE_RDONLY, NULL), -ENOENT);
+    cr_assert_eq(ctxs_store_open(&b, dang, CTXS_RDONLY, NULL), -ENOENT);
     cr_assert_not(ts_exists(target), "a store was made at the end of a dangling link");
     /* A loop: -ELOOP. */
     cr_assert_eq(ctxs_store_open(&b, loop, 0, NULL), -ELOOP);

@@ -233,7 +233,7 @@ static void check_prefix_honest(ctxs_store *st, const ctxs_model *m, const uint3
     cr_assert(pm.n_tokens >= CTXS_PREFIX_CHUNK && pm.n_tokens <= n, "%s: match of %llu", what,
               (unsigned long long)pm.n_tokens);
     ctxs_session *s;
-    rc = ctxs_store_session_open(&s, st, pm.session, NULL, CTXS_OPEN_RDONLY, NULL);
+    rc = ctxs_store_session_open(&s, st, pm.session, NULL, CTXS_RDONLY, NULL);
     cr_assert_eq(rc, 0, "%s: the match %s does not open: %s", what, pm.session, ctxs_err_name(rc));
     ctxs_layout lay;
     cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
@@ -373,7 +373,7 @@ static void duo_child(void *p)
                 child_fail(CHILD_EFORK, "fork at checkpoint", rc);
         }
         /* Open the other's session read-only now and then. */
-        rc = ctxs_store_session_open(&s, st, other, NULL, CTXS_OPEN_RDONLY, NULL);
+        rc = ctxs_store_session_open(&s, st, other, NULL, CTXS_RDONLY, NULL);
         if (rc == 0)
             ctxs_session_close(s);
         else if (rc != CTXS_ENOTFOUND && rc != CTXS_EBUSY)
@@ -450,7 +450,7 @@ Test(index_crash, two_processes_create_fork_and_delete_at_once)
         forks++;
         cr_assert_neq(list[i].parent_id, 0, "%s has no parent", list[i].name);
         ctxs_session *s;
-        cr_assert_eq(ctxs_store_session_open(&s, st, list[i].name, NULL, CTXS_OPEN_RDONLY, NULL), 0);
+        cr_assert_eq(ctxs_store_session_open(&s, st, list[i].name, NULL, CTXS_RDONLY, NULL), 0);
         ctxs_session_info info;
         cr_assert_eq(ctxs_session_get_info(&info, s), 0);
         cr_assert_eq(info.n_tokens, list[i].fork_tokens, "%s: %llu tokens, fork_tokens %llu",
@@ -883,7 +883,7 @@ Test(index_crash, fork_from_a_session_another_process_is_writing)
         cr_assert_eq(ctxs_session_verify(NULL, f), 0, "%s does not verify", name);
         cr_assert_eq(ts_check_all(f), 0, "%s reads back wrong", name);
         ctxs_session *src;
-        cr_assert_eq(ctxs_store_session_open(&src, st, "live", NULL, CTXS_OPEN_RDONLY, NULL), 0);
+        cr_assert_eq(ctxs_store_session_open(&src, st, "live", NULL, CTXS_RDONLY, NULL), 0);
         cr_assert_geq(c_tokens(src), n);
         ts_same_tokens(src, f, n, name);
         ctxs_session_close(src);

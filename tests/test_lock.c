@@ -128,7 +128,7 @@ static int child_reader_count(void *arg)
 {
     (void)arg;
     ctxs_session *s = NULL;
-    int rc = ctxs_session_open(&s, session_path(), NULL, CTXS_OPEN_RDONLY, NULL);
+    int rc = ctxs_session_open(&s, session_path(), NULL, CTXS_RDONLY, NULL);
     if (rc)
         return rc;
     ctxs_session_info info;
@@ -137,7 +137,7 @@ static int child_reader_count(void *arg)
     return rc ? rc : (int)info.n_tokens;
 }
 
-static const unsigned RW = 0, RO = CTXS_OPEN_RDONLY;
+static const unsigned RW = 0, RO = CTXS_RDONLY;
 
 /* --- writers ---------------------------------------------------------- */
 
@@ -310,7 +310,7 @@ Test(lock, reader_in_a_child_does_not_block_a_writer)
         close(ready[0]);
         close(go[1]);
         ctxs_session *s = NULL;
-        int rc = ctxs_session_open(&s, session_path(), NULL, CTXS_OPEN_RDONLY, NULL);
+        int rc = ctxs_session_open(&s, session_path(), NULL, CTXS_RDONLY, NULL);
         write_int(ready[1], rc);
         int dummy;
         (void)read_full(go[0], &dummy, sizeof(dummy)); /* wait for the parent */

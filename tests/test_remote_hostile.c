@@ -363,7 +363,7 @@ static ctxs_remote *remote_on(const fake *f)
 static int chat_present(uint64_t *n_tokens)
 {
     ctxs_session *s = NULL;
-    int rc = ctxs_store_session_open(&s, dest, "chat", NULL, CTXS_OPEN_RDONLY, NULL);
+    int rc = ctxs_store_session_open(&s, dest, "chat", NULL, CTXS_RDONLY, NULL);
     if (rc == CTXS_ENOTFOUND)
         return 0;
     cr_assert_eq(rc, 0, "open of the pulled session: %s", ctxs_err_name(rc));

@@ -112,7 +112,7 @@ static void push(ctxs_remote *r, const char *name, uint64_t n)
 static void assert_same(ctxs_session *a, ctxs_store *bst, const char *bname, uint64_t n)
 {
     ctxs_session *b = NULL;
-    int rc = ctxs_store_session_open(&b, bst, bname, NULL, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL);
+    int rc = ctxs_store_session_open(&b, bst, bname, NULL, CTXS_RDONLY | CTXS_OPEN_VERIFY, NULL);
     cr_assert_eq(rc, 0, "open %s: %s", bname, ctxs_get_last_error());
     ctxs_session_info ia, ib;
     cr_assert_eq(ctxs_session_get_info(&ia, a), 0);
@@ -295,7 +295,7 @@ static void pull_gives_nothing(ctxs_remote *r, ctxs_store *st, const char *name,
     cr_assert_eq(res.rest_ids[0], token(0));
     ctxs_free(res.rest_ids);
     ctxs_session *s = NULL;
-    cr_assert_eq(ctxs_store_session_open(&s, st, local, NULL, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
+    cr_assert_eq(ctxs_store_session_open(&s, st, local, NULL, CTXS_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
     cr_assert_eq(ts_n_tokens(s), 0);
     cr_assert_eq(ctxs_session_verify(NULL, s), 0);
     ctxs_session_close(s);
@@ -465,7 +465,7 @@ Test(remote_schedule, the_background_push_sends_the_record_with_its_windows_at_c
     pull_into(&res, f.rb, "chat", "chat");
     cr_assert_eq(res.n_tokens, 250);
     s = NULL;
-    cr_assert_eq(ctxs_store_session_open(&s, f.a, "chat", NULL, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_session_open(&s, f.a, "chat", NULL, CTXS_RDONLY, NULL), 0);
     assert_same(s, f.b, "chat", 250);
 
     /* Listed as any record. */

@@ -983,7 +983,7 @@ static void beside_a_live_writer(ctxs_store *st, uint32_t dtype)
     cr_assert_eq(read(pipefd[0], &c, 1), 1);
     close(pipefd[0]);
 
-    cr_assert_eq(ctxs_store_session_open(&s, st, live, &m, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_store_session_open(&s, st, live, &m, CTXS_RDONLY, NULL), 0);
     unsigned forks = 0, fork_stale = 0, exports = 0, export_stale = 0, round = 0;
     int status = 0, running = 1;
     for (; round < 400 && running; round++) {
@@ -997,7 +997,7 @@ static void beside_a_live_writer(ctxs_store *st, uint32_t dtype)
             check(fk, dtype);
             ctxs_session_close(fk);
             cr_assert_eq(ctxs_session_open(&fk, ts_path(ts_scratch, path), &m,
-                                           CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
+                                           CTXS_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
             check(fk, dtype);
             ctxs_session_close(fk);
             forks++;

@@ -88,7 +88,7 @@ Test(session, tokens_survive_close_and_reopen)
     cr_assert_eq(ts_append(s, 10), 0);
     ctxs_session_close(s);
 
-    s = reopen("a", CTXS_OPEN_RDONLY);
+    s = reopen("a", CTXS_RDONLY);
     cr_expect_eq(ts_info(s).n_tokens, 195);
     cr_expect_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
@@ -330,7 +330,7 @@ Test(session, read_only_sessions_refuse_writes)
     cr_assert_eq(ts_append(s, 5), 0);
     ctxs_session_close(s);
     ctxs_session *r;
-    cr_assert_eq(ctxs_session_open(&r, ts_path(ts_scratch, "a"), NULL, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_session_open(&r, ts_path(ts_scratch, "a"), NULL, CTXS_RDONLY, NULL), 0);
     ctxs_reservation res;
     cr_expect_eq(ctxs_session_reserve(&res, r, 1), CTXS_EREADONLY);
     cr_expect_eq(ctxs_session_commit(r, (uint32_t[]){1}, 1), CTXS_EREADONLY);
@@ -405,7 +405,7 @@ Test(session, token_ids_by_position_follow_the_ring)
     check_token_ranges(s, 4, 88);
     ctxs_session_close(s);
     /* A reader sees the same. */
-    s = reopen("a", CTXS_OPEN_RDONLY);
+    s = reopen("a", CTXS_RDONLY);
     check_token_ranges(s, 4, 88);
     uint32_t id;
     cr_assert_eq(ctxs_session_get_tokens(&id, NULL, 0, 1), CTXS_EINVAL);
@@ -446,7 +446,7 @@ static int tokens_seen_as_boot(const char *boot, int same_boot_as_writer)
         else
             unsetenv("CTXS_TEST_BOOT");
         ctxs_session *c;
-        if (ctxs_session_open(&c, ts_path(ts_scratch, "a"), NULL, CTXS_OPEN_RDONLY, NULL) != 0)
+        if (ctxs_session_open(&c, ts_path(ts_scratch, "a"), NULL, CTXS_RDONLY, NULL) != 0)
             _exit(255);
         ctxs_session_info info;
         ctxs_session_get_info(&info, c);

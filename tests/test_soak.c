@@ -659,7 +659,7 @@ static void reader_file(const reader_args *a)
     while (!atomic_load(a->stop)) {
         unsigned verify = ts_rng_next(&rng) % 4 == 0 ? CTXS_OPEN_VERIFY : 0;
         ctxs_session *s;
-        int rc = ctxs_session_open(&s, a->path, &m, CTXS_OPEN_RDONLY | verify, NULL);
+        int rc = ctxs_session_open(&s, a->path, &m, CTXS_RDONLY | verify, NULL);
         atomic_fetch_add(&a->slot->opens, 1);
         if (rc != 0) {
             reader_violation(a->slot, "reader %d: read-only open: %s", a->idx, ctxs_err_name(rc));
@@ -703,7 +703,7 @@ static void reader_store(const reader_args *a)
             snprintf(name, sizeof(name), "%s", list[ts_rng_next(&rng) % n].name);
             ctxs_free(list);
             ctxs_session *s;
-            rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+            rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_RDONLY, NULL);
             if (rc == CTXS_ENOTFOUND || rc == CTXS_EBUSY) {
                 atomic_fetch_add(&a->slot->refused, 1);
                 continue;
@@ -1172,7 +1172,7 @@ static uint64_t a_check_image(const char *path, const a_ctx *c, uint32_t recover
     ctxs_session *s;
     ctxs_session_info a, b;
     uint64_t bad_pos = 0;
-    int rc = ctxs_session_open(&s, path, &m, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL);
+    int rc = ctxs_session_open(&s, path, &m, CTXS_RDONLY | CTXS_OPEN_VERIFY, NULL);
     cr_assert_eq(rc, 0, "%s: read-only open: %s", what, ctxs_err_name(rc));
     cr_assert_eq(ctxs_session_get_info(&a, s), 0);
     st->images++;
@@ -1226,7 +1226,7 @@ static uint64_t a_check_forks(const char *dir, a_ctx *c, soak_stats *st, const c
         char fp[4096];
         a_fork_path(fp, sizeof(fp), dir, f->serial);
         ctxs_session *s;
-        int rc = ctxs_session_open(&s, fp, &m, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL);
+        int rc = ctxs_session_open(&s, fp, &m, CTXS_RDONLY | CTXS_OPEN_VERIFY, NULL);
         if (rc == -ENOENT) {
             if (f->acked)
                 soak_fail(st, "%s: acknowledged fork %llu is missing", what,
@@ -2123,7 +2123,7 @@ static void b_check_prefix(ctxs_store *st, const b_sess *s, int caught_up, soak_
         soak_fail(sst, "%s: prefix_find(%s) matched %llu tokens in %s; it holds %llu", what,
                   s->name, (unsigned long long)pm.n_tokens, pm.session, (unsigned long long)s->n);
     ctxs_session *h;
-    rc = ctxs_store_session_open(&h, st, pm.session, NULL, CTXS_OPEN_RDONLY, NULL);
+    rc = ctxs_store_session_open(&h, st, pm.session, NULL, CTXS_RDONLY, NULL);
     if (rc != 0) {
         soak_fail(sst, "%s: the match %s of %s does not open: %s", what, pm.session, s->name,
                   ctxs_err_name(rc));
@@ -2338,7 +2338,7 @@ static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, 
         }
         /* Read-only first: what the writer left, before anyone writes. */
         ctxs_session *h;
-        rc = ctxs_store_session_open(&h, st, s->name, &m, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL);
+        rc = ctxs_store_session_open(&h, st, s->name, &m, CTXS_RDONLY | CTXS_OPEN_VERIFY, NULL);
         if (rc != 0) {
             soak_fail(sst, "%s: %s does not open read-only: %s", what, s->name, ctxs_err_name(rc));
             continue;

@@ -272,7 +272,7 @@ Test(tinychat, a_session_opens_only_with_its_dtype)
             cr_assert_eq(rc, CTXS_EMODEL, "a %s session opened as %s: %s",
                          dtype_name(k_dtypes[d]), dtype_name(k_dtypes[e]), ctxs_err_name(rc));
             /* Read-only without a model it opens; tinychat refuses it. */
-            cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, name), NULL, CTXS_OPEN_RDONLY,
+            cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, name), NULL, CTXS_RDONLY,
                                            NULL), 0);
             rc = tinychat_resume(other, s, &next);
             cr_assert_eq(rc, CTXS_EMODEL, "a %s session resumed as %s: %s",
@@ -315,7 +315,7 @@ Test(tinychat, resume_refuses_a_session_it_cannot_reproduce)
     tinychat_model *m = model_new(MODEL_SEED);
     ctxs_session *s;
     uint32_t next;
-    cr_assert_eq(session_open(&s, m, path, CTXS_OPEN_RDONLY, 0), 0);
+    cr_assert_eq(session_open(&s, m, path, CTXS_RDONLY, 0), 0);
     cr_assert_eq(tinychat_resume(m, s, &next), 0, "a read-only handle resumes");
     ctxs_session_close(s);
 

@@ -729,7 +729,7 @@ static void check_read_write(scen *sc, const window *w, const uint8_t *img,
     cr_assert_eq(rc, 0, "%s: commit after recovery: %s", tag, ctxs_err_name(rc));
     ctxs_session_close(s);
 
-    s = open_image(sc->rw_path, &sc->model, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, sc->level, &rc);
+    s = open_image(sc->rw_path, &sc->model, CTXS_RDONLY, CTXS_OPEN_VERIFY, sc->level, &rc);
     cr_assert_eq(rc, 0, "%s: reopen after recovery and commit: %s", tag, ctxs_err_name(rc));
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_assert(info.n_tokens == n0 + more && info.lost_tokens == 0,
@@ -758,7 +758,7 @@ static void check_foreign_boot(scen *sc, const window *w, uint8_t *img,
     }
     cr_assert_eq(ts_write_file(sc->img_path, img, sc->file_len), 0);
     int rc;
-    ctxs_session *s = open_image(sc->img_path, &sc->model, CTXS_OPEN_RDONLY, 0,
+    ctxs_session *s = open_image(sc->img_path, &sc->model, CTXS_RDONLY, 0,
                                  sc->level, &rc);
     cr_assert_eq(rc, 0, "%s: AUTO open of another boot's file: %s", tag, ctxs_err_name(rc));
     ctxs_session_info info;
@@ -814,7 +814,7 @@ static void check_image(scen *sc, const window *w, uint8_t *img, unsigned c)
 
     cr_assert_eq(ts_write_file(sc->img_path, img, sc->file_len), 0);
     int rc;
-    ctxs_session *s = open_image(sc->img_path, &sc->model, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY,
+    ctxs_session *s = open_image(sc->img_path, &sc->model, CTXS_RDONLY, CTXS_OPEN_VERIFY,
                                  sc->level, &rc);
     cr_assert_eq(rc, 0, "%s: open: %s", tag, ctxs_err_name(rc));
     ctxs_session_info info;
@@ -1136,7 +1136,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
 
     for (size_t bit = 0; bit < CTXS__HEADER_BYTES * 8; bit++) {
         flip_bit(fd, bit);
-        s = open_image(path, NULL, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
+        s = open_image(path, NULL, CTXS_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
         cr_assert(rc == CTXS_ECORRUPT || rc == CTXS_EFOREIGN || rc == CTXS_EVERSION,
                   "header byte %zu bit %zu flipped: open gives %s", bit / 8, bit % 8,
                   ctxs_err_name(rc));
@@ -1151,7 +1151,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
         size_t base = (size_t)(i ? CTXS__RECORD1_OFF : CTXS__RECORD0_OFF) * 8;
         for (size_t b = 0; b < CTXS__RECORD_BYTES * 8; b++) {
             flip_bit(fd, base + b);
-            s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
+            s = open_image(path, &m, CTXS_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
             cr_assert_eq(rc, 0, "record %u byte %zu bit %zu flipped: open gives %s", i, b / 8,
                          b % 8, ctxs_err_name(rc));
             ctxs_session_info info;
@@ -1192,7 +1192,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
                 cr_assert_eq(a.n_tokens, other->n_tokens + 5);
                 cr_assert_eq(c.n_tokens, other->n_tokens);
                 free(copy);
-                s = open_image(rw_path, &m, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY,
+                s = open_image(rw_path, &m, CTXS_RDONLY, CTXS_OPEN_VERIFY,
                                CTXS_SYNC_ASYNC, &rc);
                 cr_assert_eq(rc, 0);
                 cr_assert_eq(ctxs_session_get_info(&info, s), 0);
@@ -1210,7 +1210,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
         size_t b1 = (size_t)CTXS__RECORD1_OFF * 8 + ts_rng_next(&rng) % (CTXS__RECORD_BYTES * 8);
         flip_bit(fd, b0);
         flip_bit(fd, b1);
-        s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
+        s = open_image(path, &m, CTXS_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
         cr_assert_eq(rc, CTXS_ECORRUPT, "both records flipped (bits %zu, %zu): open gives %s",
                      b0, b1, ctxs_err_name(rc));
         flip_bit(fd, b0);
@@ -1229,7 +1229,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
         const size_t *g = gaps[gap_flips % 3];
         size_t bit = g[0] * 8 + ts_rng_next(&rng) % ((g[1] - g[0]) * 8);
         flip_bit(fd, bit);
-        s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
+        s = open_image(path, &m, CTXS_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
         cr_assert(rc == 0 || rc == CTXS_ECORRUPT, "unused byte %zu flipped: open gives %s",
                   bit / 8, ctxs_err_name(rc));
         if (rc == 0) {
@@ -1246,7 +1246,7 @@ Test(torn, every_bit_flip_in_the_header_or_a_record_is_caught_or_falls_back, .ti
     close(fd);
 
     /* Untouched, the file still opens to the newer state. */
-    s = open_image(path, &m, CTXS_OPEN_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
+    s = open_image(path, &m, CTXS_RDONLY, CTXS_OPEN_VERIFY, CTXS_SYNC_ASYNC, &rc);
     cr_assert_eq(rc, 0);
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
@@ -1319,7 +1319,7 @@ Test(torn, a_commit_that_died_before_its_record_leaves_nothing_to_splice)
     memcpy(img + kv_off, dead + kv_off, len - kv_off);
     const char *image = ts_path(dir, "image.ctxs");
     cr_assert_eq(ts_write_file(image, img, len), 0);
-    cr_assert_eq(ctxs_session_open(&s, image, &m, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
+    cr_assert_eq(ctxs_session_open(&s, image, &m, CTXS_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_expect_eq(info.n_tokens, 100, "recovered %llu tokens", (unsigned long long)info.n_tokens);
@@ -1405,7 +1405,7 @@ Test(torn, a_commit_that_died_before_its_record_leaves_no_group_entry_to_splice)
     memcpy(img + wkv_from, dead + wkv_from, wkv_to - wkv_from);
     const char *image = ts_path(dir, "image.ctxs");
     cr_assert_eq(ts_write_file(image, img, flen), 0);
-    cr_assert_eq(ctxs_session_open(&s, image, &m, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
+    cr_assert_eq(ctxs_session_open(&s, image, &m, CTXS_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
     ctxs_session_info info;
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
     cr_expect_eq(info.n_tokens, 100,
@@ -1467,7 +1467,7 @@ Test(torn, a_reader_refresh_verifies_like_its_open)
     for (uint32_t slot = 60; slot < 64; slot++)
         lose_slot(path, slot);
 
-    cr_assert_eq(ctxs_session_open(&s, path, NULL, CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
+    cr_assert_eq(ctxs_session_open(&s, path, NULL, CTXS_RDONLY | CTXS_OPEN_VERIFY, NULL), 0);
     cr_expect_eq(ts_info(s).n_tokens, 60);
     cr_assert_eq(ctxs_session_refresh(s), 0);
     cr_expect_eq(ts_info(s).n_tokens, 60, "refresh of the same record");

@@ -59,7 +59,7 @@ static ctxs_session *mk(ctxs_store *st, const char *name, const ctxs_model *m,
 static ctxs_session *op(ctxs_store *st, const char *name)
 {
     ctxs_session *s = NULL;
-    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+    int rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_RDONLY, NULL);
     cr_assert_eq(rc, 0, "open %s: %s", name, ctxs_err_name(rc));
     return s;
 }

@@ -345,7 +345,7 @@ Test(write, layer_refuses_what_it_cannot_store)
     ctxs_session_close(s);
 
     ctxs_model m = model_of(CTXS_DTYPE_Q8);
-    cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "s"), &m, CTXS_OPEN_RDONLY, NULL), 0);
+    cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "s"), &m, CTXS_RDONLY, NULL), 0);
     cr_expect_eq(ctxs_session_write_layer(s, &r, 0, 0, 8, g_k, g_v, CTXS_DTYPE_F32), CTXS_EINVAL,
                  "a reader has no reservation");
     ctxs_session_close(s);

@@ -555,7 +555,7 @@ class Session(_ctxstore.SessionBase):
         and accepts ``model=None``. ``verify=True`` checks the tokens since
         the last durable point as after a power loss. Other options as for
         ``create()``."""
-        flags = (OPEN_RDONLY if readonly else 0) | (OPEN_VERIFY if verify else 0)  # noqa: F821
+        flags = (RDONLY if readonly else 0) | (OPEN_VERIFY if verify else 0)  # noqa: F821
         self = cls.__new__(cls)
         self._file(path, model, flags, None,
                    _open_opts(window, pressure_window, durability, background))
@@ -713,7 +713,7 @@ class Store(_ctxstore.StoreBase):
 
     def __init__(self, path: PathLike, *, create: bool = False,
                  readonly: bool = False) -> None:
-        flags = (STORE_CREATE if create else 0) | (STORE_RDONLY if readonly else 0)  # noqa: F821
+        flags = (STORE_CREATE if create else 0) | (RDONLY if readonly else 0)  # noqa: F821
         self._open(path, flags)
 
     def __enter__(self) -> Store:
@@ -750,7 +750,7 @@ class Store(_ctxstore.StoreBase):
                      background: bool = True) -> Session:
         """Open the session ``name`` (as ``Session.open()``; ``model`` may be
         None only with ``readonly=True``). ``ENOTFOUND`` if there is none."""
-        flags = (OPEN_RDONLY if readonly else 0) | (OPEN_VERIFY if verify else 0)  # noqa: F821
+        flags = (RDONLY if readonly else 0) | (OPEN_VERIFY if verify else 0)  # noqa: F821
         s = Session.__new__(Session)
         self._session_open(s, name, None if model is None else tuple(model), flags,
                            _open_opts(window, pressure_window, durability, background))

@@ -1627,7 +1627,7 @@ static int op_delete(ctxs_store *st, const char *a, const char *b, int f)
 static int op_pin(ctxs_store *st, const char *a, const char *b, int f)
 {
     (void)b;
-    return ctxs_store_session_pin(st, a, f);
+    return ctxs_store_session_set_pinned(st, a, f);
 }
 
 static int op_delete_meta(ctxs_store *st, const char *a, const char *b, int f)
@@ -2836,8 +2836,8 @@ PyMODINIT_FUNC PyInit__ctxstore(void)
         {"DTYPE_Q8", CTXS_DTYPE_Q8}, {"DTYPE_F32", CTXS_DTYPE_F32},
         {"SYNC_NONE", CTXS_SYNC_NONE}, {"SYNC_ASYNC", CTXS_SYNC_ASYNC},
         {"SYNC_FULL", CTXS_SYNC_FULL},
-        {"OPEN_RDONLY", CTXS_OPEN_RDONLY}, {"OPEN_VERIFY", CTXS_OPEN_VERIFY},
-        {"STORE_CREATE", CTXS_STORE_CREATE}, {"STORE_RDONLY", CTXS_STORE_RDONLY},
+        {"RDONLY", CTXS_RDONLY}, {"OPEN_VERIFY", CTXS_OPEN_VERIFY},
+        {"STORE_CREATE", CTXS_STORE_CREATE},
         {"INFO_READONLY", CTXS_INFO_READONLY}, {"INFO_WRAPPED", CTXS_INFO_WRAPPED},
         {"INFO_RECOVERED", CTXS_INFO_RECOVERED}, {"INFO_VERIFIED", CTXS_INFO_VERIFIED},
         {"INFO_FAILED", CTXS_INFO_FAILED}, {"INFO_PRESSURE", CTXS_INFO_PRESSURE},

@@ -146,7 +146,7 @@ int ctxs_checkpoint_restore(ctxs_session *s, const char *name)
     return rc;
 }
 
-int ctxs_checkpoint_delete(const ctxs_session *s, const char *name)
+int ctxs_checkpoint_delete(ctxs_session *s, const char *name)
 {
     target t;
     int rc = checkpoint_target(&t, s, name);

@@ -165,7 +165,7 @@ struct ctxs_store {
     MDB_dbi metadata;           /* index 1.2 */
     MDB_dbi pins;               /* 0 in a read-only handle to an index from
                                    before 1.2, which has no such table */
-    int rdonly;                 /* CTXS_STORE_RDONLY: every write refused */
+    int rdonly;                 /* CTXS_RDONLY: every write refused */
     struct ctxs_store *owner;   /* a read-only handle sharing the environment
                                    of owner, which this process has open
                                    read-write (ctxs_store_open()); NULL */

@@ -39,7 +39,7 @@ int ctxs__pin_drop(MDB_txn *txn, ctxs_store *st, uint64_t id)
     return rc == MDB_NOTFOUND ? 0 : ctxs__mdb_error(rc);
 }
 
-int ctxs_store_session_pin(ctxs_store *st, const char *name, int pinned)
+int ctxs_store_session_set_pinned(ctxs_store *st, const char *name, int pinned)
 {
     ctxs__error_begin();
     size_t len;

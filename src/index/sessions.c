@@ -754,7 +754,7 @@ int ctxs_store_session_open(ctxs_session **out, ctxs_store *st, const char *name
     CTXS__STORE_CHECK(st);
     if (ctxs__name_check(name, &len) < 0)
         return CTXS_EINVAL;
-    if (st->rdonly && !(flags & CTXS_OPEN_RDONLY))
+    if (st->rdonly && !(flags & CTXS_RDONLY))
         return ctxs__store_readonly();
     ctxs__session_rec rec;
     int rc = session_lookup(&rec, st, name, len);
@@ -815,7 +815,7 @@ static int fork_at(ctxs_session **out, ctxs_store *st, const char *src, uint64_t
         n_tokens = cp.n_tokens;
 
     ctxs_session *from;
-    if ((rc = open_file(&from, st, src_rec.id, NULL, CTXS_OPEN_RDONLY, NULL)) < 0)
+    if ((rc = open_file(&from, st, src_rec.id, NULL, CTXS_RDONLY, NULL)) < 0)
         return rc;
     if (checkpoint && (rc = ctxs__checkpoint_check(from, &cp)) < 0) {
         ctxs_session_close(from);

@@ -100,7 +100,7 @@ int ctxs__mdb_error(int rc)
 
 int ctxs__store_readonly(void)
 {
-    return ctxs__error(CTXS_EREADONLY, "the store was opened read-only (CTXS_STORE_RDONLY): "
+    return ctxs__error(CTXS_EREADONLY, "the store was opened read-only (CTXS_RDONLY): "
                        "open it without that flag to change it");
 }
 
@@ -683,7 +683,7 @@ static int store_init(ctxs_store *st, const char *dir, unsigned flags,
 {
     int rc, create = (flags & CTXS_STORE_CREATE) != 0;
     char *index_dir = NULL;
-    st->rdonly = (flags & CTXS_STORE_RDONLY) != 0;
+    st->rdonly = (flags & CTXS_RDONLY) != 0;
     /* The store directory may be a symlink (or a chain of them) to one:
      * it is followed here, once, and the handle knows the store by the
      * real path and by the target's device and inode, so two paths to one
@@ -829,10 +829,10 @@ static int store_open(ctxs_store **out, const char *dir, unsigned flags,
     CTXS__REQUIRE(out, "out is NULL");
     *out = NULL;
     CTXS__REQUIRE(dir && *dir, "the store's directory is %s", dir ? "an empty string" : "NULL");
-    CTXS__REQUIRE(!(flags & ~(CTXS_STORE_CREATE | CTXS_STORE_RDONLY)),
-                  "flags 0x%x: only CTXS_STORE_CREATE and CTXS_STORE_RDONLY are known", flags);
-    CTXS__REQUIRE(!(flags & CTXS_STORE_CREATE && flags & CTXS_STORE_RDONLY),
-                  "CTXS_STORE_CREATE with CTXS_STORE_RDONLY: a read-only open makes nothing");
+    CTXS__REQUIRE(!(flags & ~(CTXS_STORE_CREATE | CTXS_RDONLY)),
+                  "flags 0x%x: only CTXS_STORE_CREATE and CTXS_RDONLY are known", flags);
+    CTXS__REQUIRE(!(flags & CTXS_STORE_CREATE && flags & CTXS_RDONLY),
+                  "CTXS_STORE_CREATE with CTXS_RDONLY: a read-only open makes nothing");
     ctxs_store_options o = CTXS_STORE_OPTIONS_INIT;
     if (opts) {
         CTXS__REQUIRE(opts->version == CTXS_STORE_OPTIONS_VERSION,
@@ -845,7 +845,7 @@ static int store_open(ctxs_store **out, const char *dir, unsigned flags,
     }
     pthread_once(&atfork_once, install_atfork);
 
-    int rdonly = (flags & CTXS_STORE_RDONLY) != 0;
+    int rdonly = (flags & CTXS_RDONLY) != 0;
     pthread_mutex_lock(&stores_mutex);
     struct stat sb;
     if (ctxs__stat(dir, &sb) == 0) {

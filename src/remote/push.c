@@ -476,7 +476,7 @@ static int open_id(ctxs_session **out, ctxs_store *st, uint64_t id)
     if (!path)
         return CTXS_ENOMEM;
     ctxs_open_options o = push_open_options();
-    int rc = ctxs_session_open(out, path, NULL, CTXS_OPEN_RDONLY, &o);
+    int rc = ctxs_session_open(out, path, NULL, CTXS_RDONLY, &o);
     free(path);
     struct stat sb;
     if (rc == 0 && ctxs__fstat(ctxs__session_fd(*out), &sb) == 0 && sb.st_nlink == 0) {
@@ -502,7 +502,7 @@ static int remote_push_impl(ctxs_remote_push_result *out, ctxs_remote *r, const 
     void *progress_arg = p.arg;
     ctxs_session *s;
     ctxs_open_options o = push_open_options();
-    int rc = ctxs_store_session_open(&s, r->st, name, NULL, CTXS_OPEN_RDONLY, &o);
+    int rc = ctxs_store_session_open(&s, r->st, name, NULL, CTXS_RDONLY, &o);
     if (rc < 0)
         return rc;
     uint64_t id = 0;

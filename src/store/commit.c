@@ -181,7 +181,7 @@ int ctxs__writable(ctxs_session *s)
 {
     if (s->readonly)
         return ctxs__error(CTXS_EREADONLY, "the session was opened read-only "
-                           "(CTXS_OPEN_RDONLY): open it without that flag to write");
+                           "(CTXS_RDONLY): open it without that flag to write");
     if (s->failed)
         return ctxs__error(CTXS_EFAILED, "an earlier write or sync of this handle failed: "
                            "close the session and open it again");

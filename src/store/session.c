@@ -282,7 +282,7 @@ static int session_attach(ctxs_session **out, int fd, unsigned flags,
         return CTXS_ENOMEM;
     }
     s->fd = fd;
-    s->readonly = (flags & CTXS_OPEN_RDONLY) != 0;
+    s->readonly = (flags & CTXS_RDONLY) != 0;
 
     int rc;
     if ((rc = attach_header(s, model)) < 0 || (rc = attach_map(s)) < 0 ||
@@ -493,12 +493,12 @@ int ctxs_session_open(ctxs_session **out, const char *path, const ctxs_model *mo
     CTXS__REQUIRE(out, "out is NULL");
     *out = NULL;
     CTXS__REQUIRE(path && *path, "path is %s", path ? "empty" : "NULL");
-    CTXS__REQUIRE((flags & ~(CTXS_OPEN_RDONLY | CTXS_OPEN_VERIFY)) == 0,
-                  "flags 0x%x: only CTXS_OPEN_RDONLY and CTXS_OPEN_VERIFY are known", flags);
-    int readonly = (flags & CTXS_OPEN_RDONLY) != 0;
+    CTXS__REQUIRE((flags & ~(CTXS_RDONLY | CTXS_OPEN_VERIFY)) == 0,
+                  "flags 0x%x: only CTXS_RDONLY and CTXS_OPEN_VERIFY are known", flags);
+    int readonly = (flags & CTXS_RDONLY) != 0;
     CTXS__REQUIRE(model || readonly,
                   "model is NULL: a read-write open needs the session's model "
-                  "(only CTXS_OPEN_RDONLY opens a file of any model)");
+                  "(only CTXS_RDONLY opens a file of any model)");
     ctxs_open_options o;
     int rc = ctxs__open_options_resolve(opts, &o);
     if (rc < 0)

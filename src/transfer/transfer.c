@@ -302,7 +302,7 @@ int ctxs_store_session_export(ctxs_store *st, const char *name, const char *path
     ctxs_session *s;
     ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.background = 0; /* the export reads every held token in file order */
-    rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
+    rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_RDONLY, &o);
     if (rc < 0)
         return rc;
     ctxs_session_info info;

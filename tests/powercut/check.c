@@ -361,7 +361,7 @@ static size_t candidates(const csess *s, const state **out, size_t max)
 static int64_t check_tokens(ctx *x, ctxs_store *st, const char *name, const csess *s)
 {
     ctxs_session *h;
-    int rc = ctxs_store_session_open(&h, st, name, NULL, CTXS_OPEN_RDONLY, NULL);
+    int rc = ctxs_store_session_open(&h, st, name, NULL, CTXS_RDONLY, NULL);
     if (rc != 0) {
         violation("%s does not open: %s", name, ctxs_err_name(rc));
         return -1;
@@ -424,7 +424,7 @@ static size_t session_files(const char *store, uint64_t *ids, size_t max)
 static void check_read_only(ctx *x)
 {
     ctxs_store *st;
-    int rc = ctxs_store_open(&st, x->c->store, CTXS_STORE_RDONLY, NULL);
+    int rc = ctxs_store_open(&st, x->c->store, CTXS_RDONLY, NULL);
     if (rc != 0) {
         violation("the store does not open read-only: %s", ctxs_err_name(rc));
         return;

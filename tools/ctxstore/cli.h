@@ -142,7 +142,7 @@ void cli_print_help(const char *command);
 /* How a command opens the store: only a command that adds to a store
  * makes one where there is none. */
 enum cli_store_mode {
-    CLI_STORE_READ,    /* read-only (CTXS_STORE_RDONLY): reads a store the
+    CLI_STORE_READ,    /* read-only (CTXS_RDONLY): reads a store the
                           user cannot write, and never changes one */
     CLI_STORE_WRITE,   /* read-write; no store is made */
     CLI_STORE_CREATE,  /* read-write; a store is made where there is none,

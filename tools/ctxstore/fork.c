@@ -149,7 +149,7 @@ static int open_session(ctxs_session **out, ctxs_store *st, const char *name, in
     ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.background = 0; /* a command's handle attends to nothing */
     if (!writable)
-        return ctxs_store_session_open(out, st, name, NULL, CTXS_OPEN_RDONLY, &o);
+        return ctxs_store_session_open(out, st, name, NULL, CTXS_RDONLY, &o);
     ctxs_session_entry e;
     ctxs_model_entry m;
     int rc;

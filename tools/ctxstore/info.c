@@ -321,7 +321,7 @@ static int info_file(const cli *c, const char *path)
     ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.background = 0;
     /* Checkpoints live in a store's index: a file alone has none. */
-    v->open_rc = ctxs_session_open(&s, path, NULL, CTXS_OPEN_RDONLY, &o);
+    v->open_rc = ctxs_session_open(&s, path, NULL, CTXS_RDONLY, &o);
     if (v->open_rc == 0) {
         ctxs_session_get_window(&v->win, s);
         ctxs_session_get_info(&v->info, s);
@@ -380,7 +380,7 @@ int cmd_info(cli *c, int argc, char **argv)
     ctxs_session *s = NULL;
     ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.background = 0; /* opened for its window, not to attend */
-    v->open_rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_OPEN_RDONLY, &o);
+    v->open_rc = ctxs_store_session_open(&s, st, name, NULL, CTXS_RDONLY, &o);
     if (v->open_rc == 0) {
         ctxs_session_get_window(&v->win, s);
         ctxs_session_get_info(&v->info, s);

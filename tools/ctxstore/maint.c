@@ -401,7 +401,7 @@ int cmd_rm(cli *c, int argc, char **argv)
 static int pin_one(const cli *c, json *j, ctxs_store *st, const char *name, void *arg)
 {
     int pinned = *(const int *)arg;
-    int rc = ctxs_store_session_pin(st, name, pinned);
+    int rc = ctxs_store_session_set_pinned(st, name, pinned);
     if (rc < 0)
         cli_fail(rc, "session '%s'", name);
     else if (c->json)
@@ -513,7 +513,7 @@ int cmd_rename(cli *c, int argc, char **argv)
 static void print_strays(const cli *c)
 {
     ctxs_store *st;
-    if (ctxs_store_open(&st, c->store_dir, CTXS_STORE_RDONLY, NULL) != 0)
+    if (ctxs_store_open(&st, c->store_dir, CTXS_RDONLY, NULL) != 0)
         return;
     ctxs_store_file *strays;
     size_t k = cli_strays(&strays, c, st);
@@ -602,7 +602,7 @@ int cmd_reindex(cli *c, int argc, char **argv)
 }
 
 static void salvage_count_print(const cli *c, json *j, const char *kind,
-                                const ctxs_salvage_count *n)
+                                const ctxs_repair_index_count *n)
 {
     if (c->json) {
         json_key(j, kind);
@@ -653,7 +653,7 @@ int cmd_repair_index(cli *c, int argc, char **argv)
     char what[PATH_MAX + 64];
     if (!cli_index_special(c->store_dir, &special, what, sizeof(what)))
         special = NULL;
-    ctxs_salvage_result res;
+    ctxs_repair_index_result res;
     int rc = ctxs_store_repair_index(&res, c->store_dir, 0);
     if (rc == CTXS_EINDEX && cli_index_special(c->store_dir, &special, what, sizeof(what))) {
         ctxs_free(res.moved_to);

@@ -456,7 +456,7 @@ int cli_store_open(const cli *c, ctxs_store **out, enum cli_store_mode mode)
     g_made = 0;
     unsigned flags = 0;
     if (mode == CLI_STORE_READ)
-        flags = CTXS_STORE_RDONLY;
+        flags = CTXS_RDONLY;
     else if (mode == CLI_STORE_CREATE || (mode == CLI_STORE_REBUILD && had_sessions))
         flags = CTXS_STORE_CREATE;
     int rc = ctxs_store_open(out, dir, flags, NULL);

@@ -208,7 +208,7 @@ static void verify_one(run *rn, ctxs_store *st, const ctxs_session_entry *e, res
      * below. */
     ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
     o.background = 0; /* verify reads every token itself, in order */
-    if ((rc = ctxs_store_session_open(&s, st, e->name, NULL, CTXS_OPEN_RDONLY, &o)) < 0) {
+    if ((rc = ctxs_store_session_open(&s, st, e->name, NULL, CTXS_RDONLY, &o)) < 0) {
         r->status = rc;
         if (!r->problem[0])
             snprintf(r->problem, sizeof(r->problem), "%s does not open: %s", path,
@@ -345,7 +345,7 @@ static int verify_file(const cli *c, const char *path)
     o.background = 0;
     if (rep.status != 0)
         r->status = rep.status;
-    else if ((rc = ctxs_session_open(&s, path, NULL, CTXS_OPEN_RDONLY, &o)) < 0) {
+    else if ((rc = ctxs_session_open(&s, path, NULL, CTXS_RDONLY, &o)) < 0) {
         r->status = rc;
         if (!r->problem[0])
             snprintf(r->problem, sizeof(r->problem), "%s does not open: %s", path,

@@ -294,7 +294,7 @@ static void session_file(demo *d, char *out, size_t len)
 {
     ctxs_store *st;
     ctxs_session_entry e;
-    check(ctxs_store_open(&st, d->store_dir, CTXS_STORE_RDONLY, NULL), "the store");
+    check(ctxs_store_open(&st, d->store_dir, CTXS_RDONLY, NULL), "the store");
     check(ctxs_store_session_get(&e, st, "paris"), "the session");
     ctxs_store_close(st);
     snprintf(out, len, "%s/sessions/%016llx.ctxs", d->store_dir, (unsigned long long)e.id);

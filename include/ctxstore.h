@@ -1651,10 +1651,12 @@ typedef void (*ctxs_progress_fn)(void *arg, uint64_t done, uint64_t total);
 
 /* The options of a long operation that reports progress, one struct per
  * call (ctxs_store_compact_options, ctxs_store_session_export_options,
- * ctxs_store_session_import_options), each laid out as this one. Start
- * from its _INIT macro or its _options_init() function; a NULL options
- * pointer is the defaults (no progress). A version the library does not
- * know or a reserved byte that is not zero: CTXS_EINVAL. */
+ * ctxs_store_session_import_options, ctxs_remote_push_options,
+ * ctxs_remote_pull_options), each laid out alike: version, reserved0,
+ * progress, progress_arg, reserved[32]. Start from its _INIT macro or its
+ * _options_init() function; a NULL options pointer is the defaults (no
+ * progress). A version the library does not know or a reserved byte that
+ * is not zero: CTXS_EINVAL. */
 
 /* --- Maintenance -------------------------------------------------------- */
 

@@ -144,8 +144,8 @@ extern "C" {
  * - the sessions this process is creating through a store (between the
  *   intent and the index entry), so that a store open does not take them
  *   for a crashed creator's; a child inherits the list as it was;
- * - the pressure state (ctxs_set_pressure()) and the pressure watcher's
- *   thread, which a child does not inherit;
+ * - the pressure state (ctxs_set_pressure()), which a child inherits, and
+ *   the pressure watcher's thread, which it does not;
  * - the machine's boot id and the CPU kernel's instruction set, each found
  *   once, at first use, and inherited by a child;
  * - the last error, per thread (ctxs_get_last_error()).

@@ -144,8 +144,8 @@ extern "C" {
  * - the sessions this process is creating through a store (between the
  *   intent and the index entry), so that a store open does not take them
  *   for a crashed creator's; a child inherits the list as it was;
- * - the pressure state (ctxs_set_pressure()) and the pressure watcher's
- *   thread, which a child does not inherit;
+ * - the pressure state (ctxs_set_pressure()), which a child inherits, and
+ *   the pressure watcher's thread, which it does not;
  * - the machine's boot id and the CPU kernel's instruction set, each found
  *   once, at first use, and inherited by a child;
  * - the last error, per thread (ctxs_get_last_error()).
@@ -438,6 +438,9 @@ typedef struct ctxs_open_options {
 #define CTXS_OPEN_OPTIONS_INIT                                                 \
     { CTXS_OPEN_OPTIONS_VERSION, CTXS_DEFAULT_WINDOW,                         \
       CTXS_DEFAULT_PRESSURE_WINDOW, CTXS_SYNC_ASYNC, 1, { 0 } }
+/* Fills *opts with the defaults of version (CTXS_OPEN_OPTIONS_INIT for
+ * version 1). Errors: CTXS_EINVAL (opts NULL, or a version this library
+ * does not know). Thread-safe. */
 CTXS_API int ctxs_open_options_init(ctxs_open_options *opts, uint32_t version);
 
 /* The shape of a new session file, and how the handle that
@@ -470,6 +473,9 @@ typedef struct ctxs_create_options {
 #define CTXS_CREATE_OPTIONS_INIT                                               \
     { CTXS_CREATE_OPTIONS_VERSION, 0, CTXS_DEFAULT_N_SINK, 0,                  \
       CTXS_DEFAULT_BATCH, 0, { 0 }, CTXS_OPEN_OPTIONS_INIT }
+/* Fills *opts with the defaults of version (CTXS_CREATE_OPTIONS_INIT for
+ * version 1). Errors: CTXS_EINVAL (opts NULL, or a version this library
+ * does not know). Thread-safe. */
 CTXS_API int ctxs_create_options_init(ctxs_create_options *opts, uint32_t version);
 
 /* Creates a session file at path for model and opens it read-write.
@@ -938,6 +944,9 @@ typedef struct ctxs_watcher_options {
 #define CTXS_WATCHER_OPTIONS_INIT                                              \
     { CTXS_WATCHER_OPTIONS_VERSION, CTXS_DEFAULT_POLL_MS,                     \
       CTXS_DEFAULT_MIN_AVAILABLE, CTXS_DEFAULT_PSI_SOME_AVG10, { 0 } }
+/* Fills *opts with the defaults of version (CTXS_WATCHER_OPTIONS_INIT for
+ * version 1). Errors: CTXS_EINVAL (opts NULL, or a version this library
+ * does not know). Thread-safe. */
 CTXS_API int ctxs_watcher_options_init(ctxs_watcher_options *opts, uint32_t version);
 
 /* Starts a thread that watches available memory (Linux: /proc/meminfo and
@@ -1136,6 +1145,9 @@ typedef struct ctxs_store_options {
 #define CTXS_STORE_OPTIONS_INIT                                                \
     { CTXS_STORE_OPTIONS_VERSION, CTXS_DEFAULT_MAX_READERS,                   \
       CTXS_DEFAULT_MAP_BYTES, { 0 } }
+/* Fills *opts with the defaults of version (CTXS_STORE_OPTIONS_INIT for
+ * version 1). Errors: CTXS_EINVAL (opts NULL, or a version this library
+ * does not know). Thread-safe. */
 CTXS_API int ctxs_store_options_init(ctxs_store_options *opts, uint32_t version);
 
 /* The flags of ctxs_store_open(), besides CTXS_RDONLY (read the store,
@@ -1651,10 +1663,12 @@ typedef void (*ctxs_progress_fn)(void *arg, uint64_t done, uint64_t total);
 
 /* The options of a long operation that reports progress, one struct per
  * call (ctxs_store_compact_options, ctxs_store_session_export_options,
- * ctxs_store_session_import_options), each laid out as this one. Start
- * from its _INIT macro or its _options_init() function; a NULL options
- * pointer is the defaults (no progress). A version the library does not
- * know or a reserved byte that is not zero: CTXS_EINVAL. */
+ * ctxs_store_session_import_options, ctxs_remote_push_options,
+ * ctxs_remote_pull_options), each laid out alike: version, reserved0,
+ * progress, progress_arg, reserved[32]. Start from its _INIT macro or its
+ * _options_init() function; a NULL options pointer is the defaults (no
+ * progress). A version the library does not know or a reserved byte that
+ * is not zero: CTXS_EINVAL. */
 
 /* --- Maintenance -------------------------------------------------------- */
 
@@ -2207,6 +2221,9 @@ typedef struct ctxs_remote_options {
     { CTXS_REMOTE_OPTIONS_VERSION, CTXS_DEFAULT_REMOTE_TIMEOUT_MS,           \
       CTXS_DEFAULT_REMOTE_RETRIES, CTXS_DEFAULT_REMOTE_BACKOFF_MS,           \
       CTXS_DEFAULT_REMOTE_QUEUE_MAX, 1, 1, NULL, 0, { 0 } }
+/* Fills *opts with the defaults of version (CTXS_REMOTE_OPTIONS_INIT for
+ * version 1). Errors: CTXS_EINVAL (opts NULL, or a version this library
+ * does not know). Thread-safe. */
 CTXS_API int ctxs_remote_options_init(ctxs_remote_options *opts, uint32_t version);
 
 /* Connects st to the Redis server at url and starts its push thread.
@@ -2287,7 +2304,7 @@ typedef struct ctxs_remote_push_options {
 
 /* Fills *opts with the defaults of version (CTXS_REMOTE_PUSH_OPTIONS_INIT
  * for version 1). Errors: CTXS_EINVAL (opts NULL, or a version this
- * library does not know). */
+ * library does not know). Thread-safe. */
 CTXS_API int ctxs_remote_push_options_init(ctxs_remote_push_options *opts, uint32_t version);
 
 /* Pushes the local session name now, on the calling thread: every chunk
@@ -2346,7 +2363,7 @@ typedef struct ctxs_remote_pull_options {
 
 /* Fills *opts with the defaults of version (CTXS_REMOTE_PULL_OPTIONS_INIT
  * for version 1). Errors: CTXS_EINVAL (opts NULL, or a version this
- * library does not know). */
+ * library does not know). Thread-safe. */
 CTXS_API int ctxs_remote_pull_options_init(ctxs_remote_pull_options *opts, uint32_t version);
 
 /* Creates the local session local_name (NULL: remote_name) from the remote

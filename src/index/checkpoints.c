@@ -55,8 +55,6 @@ int ctxs__checkpoint_check(const ctxs_session *s, const ctxs__checkpoint_rec *cp
     return ctxs__session_can_roll_back(s, n);
 }
 
-/* The store and id of s, and the length of name; NULL when s was not
- * opened through a store or name breaks the rule. */
 /* What a checkpoint call works on: the session's store and id, the
  * checkpoint name's length, and the session's info. */
 typedef struct target {
@@ -66,6 +64,8 @@ typedef struct target {
     ctxs_session_info info;
 } target;
 
+/* Fills *t for s and name (NULL: no name to check). CTXS_EINVAL, said
+ * so, when s was not opened through a store or name breaks the rule. */
 static int checkpoint_target(target *t, const ctxs_session *s, const char *name)
 {
     ctxs__error_begin();

@@ -288,10 +288,6 @@ const ctxs__table ctxs__tables[] = {
 };
 const size_t ctxs__n_tables = sizeof(ctxs__tables) / sizeof(ctxs__tables[0]);
 
-/* A new index gets its format record; an existing one must be ours and not
- * newer. An LMDB environment of someone else's is foreign (open_tables()
- * tells it by its tables); in ours, a format record that is missing beside
- * sessions, of another size, or without our magic is a damaged index. */
 /* The index's format record into *f: 0, MDB_NOTFOUND (there is none),
  * CTXS_EINDEX (not the size of one), or another error. */
 static int format_get(ctxs__index_format *f, MDB_txn *txn, ctxs_store *st)
@@ -308,6 +304,10 @@ static int format_get(ctxs__index_format *f, MDB_txn *txn, ctxs_store *st)
     return 0;
 }
 
+/* A new index gets its format record; an existing one must be ours and not
+ * newer. An LMDB environment of someone else's is foreign (open_tables()
+ * tells it by its tables); in ours, a format record that is missing beside
+ * sessions, of another size, or without our magic is a damaged index. */
 static int check_format(MDB_txn *txn, ctxs_store *st, int *fresh)
 {
     ctxs__index_format f;
@@ -420,8 +420,6 @@ static int open_tables(ctxs_store *st, int *fresh)
 #define STORE_SETLKW F_SETLKW
 #endif
 
-/* Sets the lock on byte 0 to type (F_RDLCK, F_WRLCK), waiting for it or
- * not. Returns 0, CTXS_EBUSY (not waiting), or -errno. */
 /* A lock of type on byte 0, for fcntl(). */
 static struct flock byte0(short type)
 {
@@ -434,6 +432,8 @@ static struct flock byte0(short type)
     return fl;
 }
 
+/* Sets the lock on byte 0 to type (F_RDLCK, F_WRLCK), waiting for it or
+ * not. Returns 0, CTXS_EBUSY (not waiting), or -errno. */
 static int store_lock(int fd, short type, int wait)
 {
     struct flock fl = byte0(type);

@@ -1,10 +1,10 @@
 /*
  * ctxs_store_compact: compaction of a whole store, or of one session by
  * name; and ctxs_store_session_grow, which rewrites a session's file the
- * same way (src/store/grow.c) and notes its size. Each session file is compacted by src/store/session_compact.c (the KV
- * blocks of slots it does not hold punched out); here the index's rows
- * that nothing owns go, repair runs, and the index itself is rewritten
- * compacted.
+ * same way (src/store/grow.c) and notes its size. Each session file is
+ * compacted by src/store/session_compact.c (the KV blocks of slots it
+ * does not hold punched out); here the index's rows that nothing owns go,
+ * repair runs, and the index itself is rewritten compacted.
  */
 #include <errno.h>
 #include <stddef.h>

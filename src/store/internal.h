@@ -442,8 +442,9 @@ int ctxs__create_options_resolve(const ctxs_create_options *in, ctxs_create_opti
  * CTXS_DEFAULT_CAPACITY. */
 void ctxs__create_capacity(ctxs_create_options *o);
 
-/* The state a rollback of s to n gives (commit.c; forks share it). Errors: CTXS_EINVAL (n above the count), CTXS_EEVICTED
- * (n_sink < n < the first recent position held). */
+/* The state a rollback of s to n gives (commit.c; forks share it).
+ * Errors: CTXS_EINVAL (n above the count), CTXS_EEVICTED (n_sink < n <
+ * the first recent position held). */
 int ctxs__rollback_state(ctxs__state *out, const ctxs_session *s, uint64_t n);
 
 /* ctxs_session_sync() of a writable s: the committed turns made durable and

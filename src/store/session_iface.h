@@ -10,9 +10,10 @@
  * store's calls that make new session files. It brings with it the
  * declarations of the session files' bytes that the index reads and
  * writes without a session open: the layout (format.h), the label
- * (label.h) and the cheap look at a file's newest record (peek.h). Code
- * outside src/store includes this header, never those three: the
- * build's include check (tests/check_includes.sh) holds it to that.
+ * (label.h) and the cheap look at a file's newest record (peek.h).
+ * src/index, src/transfer and src/remote include this header, never those
+ * three (src/gpu takes format.h alone): the build's include check
+ * (tests/check_includes.sh) holds it to that.
  *
  * Calls on a handle follow the public API's rule (one thread at a time per
  * handle) and see the handle's state when called: a reader's as of its

@@ -560,7 +560,7 @@ ctxs_create_options ts_options(uint32_t capacity, uint32_t n_sink, uint32_t ring
 /* Opens the session named session read-only, lets fn use the handle, and
  * closes it. */
 static int with_session(ctxs_store *st, const char *session,
-                        int (*fn)(const ctxs_session *s, void *arg), void *arg)
+                        int (*fn)(ctxs_session *s, void *arg), void *arg)
 {
     ctxs_session *s = NULL;
     int rc = ctxs_store_session_open(&s, st, session, NULL, CTXS_RDONLY, NULL);
@@ -576,7 +576,7 @@ typedef struct listing {
     size_t *n_out;
 } listing;
 
-static int list_of(const ctxs_session *s, void *arg)
+static int list_of(ctxs_session *s, void *arg)
 {
     listing *l = arg;
     return ctxs_checkpoint_list(l->out, l->n_out, s);
@@ -591,7 +591,7 @@ int ts_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, ctxs_store *s
     return with_session(st, session, list_of, &l);
 }
 
-static int delete_of(const ctxs_session *s, void *arg)
+static int delete_of(ctxs_session *s, void *arg)
 {
     return ctxs_checkpoint_delete(s, arg);
 }

@@ -233,6 +233,28 @@ Test(errors, a_fork_past_the_end_says_how_many_the_source_holds)
     ctxs_store_close(st);
 }
 
+Test(errors, a_checkpoint_call_without_a_name_is_refused)
+{
+    ctxs_store *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    cr_assert_eq(ctxs_model_register(st, &m, "tiny"), 0);
+    ctxs_create_options o = ts_options(64, 4, 0, CTXS_SYNC_NONE);
+    ctxs_session *s;
+    cr_assert_eq(ctxs_store_session_create(&s, st, "chat", &m, &o), 0);
+    cr_assert_eq(ts_append(s, 10), 0);
+    EXPECT_WHY(ctxs_checkpoint_create(s, NULL), CTXS_EINVAL, "missing (NULL)");
+    EXPECT_WHY(ctxs_checkpoint_restore(s, NULL), CTXS_EINVAL, "missing (NULL)");
+    EXPECT_WHY(ctxs_checkpoint_delete(s, NULL), CTXS_EINVAL, "missing (NULL)");
+    /* The list takes no name. */
+    ctxs_checkpoint_entry *cps = NULL;
+    size_t n = 1;
+    cr_assert_eq(ctxs_checkpoint_list(&cps, &n, s), 0, "%s", ctxs_get_last_error());
+    cr_assert_eq(n, 0);
+    ctxs_free(cps);
+    ctxs_session_close(s);
+    ctxs_store_close(st);
+}
+
 Test(errors, a_missing_metadata_key_is_named)
 {
     ctxs_store *st = ts_store_open(ts_store_dir());

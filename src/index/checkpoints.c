@@ -64,9 +64,9 @@ typedef struct target {
     ctxs_session_info info;
 } target;
 
-/* Fills *t for s and name (NULL: no name to check). CTXS_EINVAL, said
- * so, when s was not opened through a store or name breaks the rule. */
-static int checkpoint_target(target *t, const ctxs_session *s, const char *name)
+/* Fills *t for s. CTXS_EINVAL, said so, when s was not opened through a
+ * store. */
+static int checkpoint_session(target *t, const ctxs_session *s)
 {
     ctxs__error_begin();
     t->st = s ? ctxs__session_store(s, &t->id) : NULL;
@@ -74,10 +74,18 @@ static int checkpoint_target(target *t, const ctxs_session *s, const char *name)
         return ctxs__error(CTXS_EINVAL, s ? "the session was not opened through a store: "
                                             "checkpoints are kept in a store's index"
                                           : "the session is NULL");
-    if (name && ctxs__name_check(name, &t->len) < 0)
-        return CTXS_EINVAL;
     ctxs_session_get_info(&t->info, s);
     return 0;
+}
+
+/* checkpoint_session(), and name checked against the rule (a NULL name
+ * breaks it). */
+static int checkpoint_target(target *t, const ctxs_session *s, const char *name)
+{
+    int rc = checkpoint_session(t, s);
+    if (rc < 0)
+        return rc;
+    return ctxs__name_check(name, &t->len) < 0 ? CTXS_EINVAL : 0;
 }
 
 /* CTXS_ENOTFOUND for a checkpoint name the session has not, said so. */
@@ -170,7 +178,7 @@ int ctxs_checkpoint_list(ctxs_checkpoint_entry **out, size_t *n_out, const ctxs_
     *out = NULL;
     *n_out = 0;
     target t;
-    int rc = checkpoint_target(&t, s, NULL);
+    int rc = checkpoint_session(&t, s);
     MDB_txn *txn;
     if (rc < 0 || (rc = ctxs__txn_begin(&txn, t.st, 1)) < 0)
         return rc;

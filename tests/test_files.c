@@ -44,7 +44,7 @@ Test(files, session_path_is_the_file_the_session_lives_in)
     cr_assert_eq(ctxs_model_register(st, &m, NULL), 0);
     uint64_t id = mk(st, "chat", &m, 10);
     char path[4096];
-    cr_assert_eq(ctxs_store_session_path(path, sizeof(path), ts_store_dir(), id), 0);
+    cr_assert_eq(ctxs_store_session_get_path(path, sizeof(path), ts_store_dir(), id), 0);
     cr_assert_str_eq(path, ts_id_path(id));
     ctxs_session *s = NULL;
     cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, NULL), 0,
@@ -52,7 +52,7 @@ Test(files, session_path_is_the_file_the_session_lives_in)
     cr_assert_eq(ts_n_tokens(s), 10);
     ctxs_session_close(s);
     /* As dir is given: a relative dir stays relative. */
-    cr_assert_eq(ctxs_store_session_path(path, sizeof(path), "rel/store", 0xabcULL), 0);
+    cr_assert_eq(ctxs_store_session_get_path(path, sizeof(path), "rel/store", 0xabcULL), 0);
     cr_assert_str_eq(path, "rel/store/sessions/0000000000000abc.ctxs");
     ctxs_store_close(st);
 }
@@ -60,13 +60,13 @@ Test(files, session_path_is_the_file_the_session_lives_in)
 Test(files, session_path_refuses_what_does_not_fit)
 {
     char path[40];
-    cr_assert_eq(ctxs_store_session_path(path, sizeof(path), "/a/store/that/is/long", 1),
+    cr_assert_eq(ctxs_store_session_get_path(path, sizeof(path), "/a/store/that/is/long", 1),
                  -ENAMETOOLONG);
     cr_assert_str_eq(path, "");
-    cr_assert_eq(ctxs_store_session_path(NULL, 10, "d", 1), CTXS_EINVAL);
-    cr_assert_eq(ctxs_store_session_path(path, 0, "d", 1), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_get_path(NULL, 10, "d", 1), CTXS_EINVAL);
+    cr_assert_eq(ctxs_store_session_get_path(path, 0, "d", 1), CTXS_EINVAL);
     /* Without dir: the path inside the store. */
-    cr_assert_eq(ctxs_store_session_path(path, sizeof(path), NULL, 0x1f), 0);
+    cr_assert_eq(ctxs_store_session_get_path(path, sizeof(path), NULL, 0x1f), 0);
     cr_assert_str_eq(path, "sessions/000000000000001f.ctxs");
 }
 
@@ -111,6 +111,12 @@ Test(files, lists_only_what_the_index_does_not_name)
     cr_assert_eq(mkdir(ts_id_path(0x1ff), 0700), 0);
     cr_assert_eq(ts_write_file(ts_path(ts_store_dir(), "sessions/notes.txt"), "x", 1), 0);
     cr_assert_eq(ts_write_file(ts_path(ts_store_dir(), "sessions/00000000000000zz.ctxs"), "x", 1),
+                 0);
+    /* Upper-case hex, or a sign: a name the store never writes, and no
+     * repair adopts. */
+    cr_assert_eq(ts_write_file(ts_path(ts_store_dir(), "sessions/00000000000000AB.ctxs"), "x", 1),
+                 0);
+    cr_assert_eq(ts_write_file(ts_path(ts_store_dir(), "sessions/+00000000000000a.ctxs"), "x", 1),
                  0);
 
     cr_assert_eq(ctxs_store_file_list(&l, &n, ts_store_dir(), st), 0);

@@ -13,9 +13,10 @@
 #include <unistd.h>
 
 #include "index.h"
+#include "platform.h"
 #include "syscall.h"
 
-int ctxs_store_session_path(char *buf, size_t size, const char *dir, uint64_t id)
+int ctxs_store_session_get_path(char *buf, size_t size, const char *dir, uint64_t id)
 {
     ctxs__error_begin();
     if (!buf || !size)
@@ -28,17 +29,6 @@ int ctxs_store_session_path(char *buf, size_t size, const char *dir, uint64_t id
         return -ENAMETOOLONG;
     }
     return 0;
-}
-
-/* The id a session file's name gives ("<16 hex digits>.ctxs"); 0 for a
- * name that is not one. */
-static int file_name_id(const char *name, uint64_t *id)
-{
-    if (strlen(name) != 21 || strcmp(name + 16, ".ctxs") != 0)
-        return 0;
-    char *end;
-    *id = strtoull(name, &end, 16);
-    return end == name + 16;
 }
 
 static int indexed(const ctxs_session_entry *known, size_t n, uint64_t id)
@@ -57,7 +47,7 @@ static void file_fill(ctxs_store_file *f, const char *name, uint64_t id, const c
     snprintf(f->file, sizeof(f->file), "%s", name);
     f->id = id;
     struct stat sb;
-    if (lstat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+    if (ctxs__fstatat(AT_FDCWD, path, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode)) {
         f->regular = 1;
         f->disk_bytes = (uint64_t)sb.st_blocks * 512u;
     }
@@ -85,13 +75,11 @@ int ctxs_store_file_list(ctxs_store_file **out, size_t *n_out, const char *dir, 
         if (rc < 0)
             return rc;
     }
-    size_t len = strlen(dir) + sizeof("/sessions");
-    char *sessions = ctxs__malloc(len);
+    char *sessions = ctxs__path_join(dir, "sessions");
     if (!sessions) {
         free(known);
         return CTXS_ENOMEM;
     }
-    snprintf(sessions, len, "%s/sessions", dir);
     int fd = ctxs__open(sessions, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d = fd >= 0 ? ctxs__fdopendir(fd) : NULL;
     int rc = 0;
@@ -108,24 +96,15 @@ int ctxs_store_file_list(ctxs_store_file **out, size_t *n_out, const char *dir, 
     struct dirent *de;
     while (rc == 0 && (errno = 0, de = ctxs__readdir(d))) {
         uint64_t id;
-        if (!file_name_id(de->d_name, &id) || indexed(known, n_known, id))
+        if (!ctxs__file_name_id(de->d_name, &id) || indexed(known, n_known, id))
             continue;
-        if (n == cap) {
-            size_t grown_cap = cap ? cap * 2 : 8;
-            ctxs_store_file *grown = realloc(list, grown_cap * sizeof(*grown));
-            if (!grown) {
-                rc = CTXS_ENOMEM;
-                break;
-            }
-            list = grown;
-            cap = grown_cap;
-        }
-        char *path = ctxs__malloc(len + 1 + strlen(de->d_name));
+        if ((rc = ctxs__array_room((void **)&list, &cap, n, sizeof(*list), 8)) < 0)
+            break;
+        char *path = ctxs__path_join(sessions, de->d_name);
         if (!path) {
             rc = CTXS_ENOMEM;
             break;
         }
-        sprintf(path, "%s/%s", sessions, de->d_name);
         file_fill(&list[n++], de->d_name, id, path);
         free(path);
     }

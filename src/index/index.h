@@ -305,6 +305,10 @@ void ctxs__store_unref(ctxs_store *st);
 void ctxs__file_name(char buf[32], uint64_t id);
 char *ctxs__file_path(const ctxs_store *st, uint64_t id);
 
+/* 1 when name is a session file's name as ctxs__file_name() writes it
+ * ("<16 lowercase hex digits>.ctxs"), its id in *id; else 0. */
+int ctxs__file_name_id(const char *name, uint64_t *id);
+
 /* An id key: big-endian, so that keys sort by id. */
 void ctxs__id_key(uint8_t out[8], uint64_t id);
 uint64_t ctxs__id_from_key(const void *key);

@@ -49,13 +49,17 @@ static uint64_t file_id(const char *name)
     return id && id <= CTXS__ID_MAX && strcmp(name + 16, ".ctxs") == 0 ? id : 0;
 }
 
+int ctxs__file_name_id(const char *name, uint64_t *id)
+{
+    return hex16_ok(name, id) && strcmp(name + 16, ".ctxs") == 0;
+}
+
 /* 1 if name is a session file's name with an id no store hands out: 0
  * (an index whose next_id was 0 handed it out) or above CTXS__ID_MAX (one
  * that wrapped, or a file named by hand). *id gets it. */
 static int misnumbered(const char *name, uint64_t *id)
 {
-    return hex16_ok(name, id) && strcmp(name + 16, ".ctxs") == 0 &&
-           (*id == 0 || *id > CTXS__ID_MAX);
+    return ctxs__file_name_id(name, id) && (*id == 0 || *id > CTXS__ID_MAX);
 }
 
 /* 1 if name is a file written aside by a create or fork. */
@@ -590,9 +594,9 @@ static int begin(void *res, void *out, size_t size, ctxs_store *st, uint64_t *ne
     return rc == 0 ? renumber_misnumbered(st, renumbered) : rc;
 }
 
-int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st)
+int ctxs_store_repair(ctxs_store_repair_result *out, ctxs_store *st)
 {
-    ctxs_repair_result res;
+    ctxs_store_repair_result res;
     uint64_t *files = NULL, *ids = NULL;
     size_t n_files, n_ids;
     int rc = begin(&res, out, sizeof(res), st, &res.next_id_was, &res.next_id_mended,
@@ -717,9 +721,9 @@ static int reindex_one(MDB_txn *txn, ctxs_store *st, uint64_t id, const file_fac
     return rc > 0 ? ctxs__mdb_error(rc) : rc;
 }
 
-int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st)
+int ctxs_store_reindex(ctxs_store_reindex_result *out, ctxs_store *st)
 {
-    ctxs_reindex_result res;
+    ctxs_store_reindex_result res;
     uint64_t *ids = NULL, removed = 0;
     size_t n = 0;
     int rc = begin(&res, out, sizeof(res), st, &res.next_id_was, &res.next_id_mended,

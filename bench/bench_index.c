@@ -422,7 +422,7 @@ static void build_prefix_store(prefix_bench *pb, uint32_t n_api)
 
     progress("find_prefix: ctxs_store_reindex of %u files", pb->n_files);
     settle_disk();
-    ctxs_reindex_result res;
+    ctxs_store_reindex_result res;
     t0 = now_us();
     check_ctxs(ctxs_store_reindex(&res, pb->st), "ctxs_store_reindex");
     double reindex_us = now_us() - t0;

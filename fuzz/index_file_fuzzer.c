@@ -116,7 +116,7 @@ static void use_store(unsigned ctl)
         ctxs_store_session_fork(NULL, st, "a", "fz2", 64, NULL);
         ctxs_store_session_rename(st, "fz2", "fz3");
         ctxs_store_session_delete(st, "b");
-        ctxs_gc_result gc;
+        ctxs_store_gc_result gc;
         if (ctxs_store_gc(&gc, st, 0, CTXS_GC_DRY_RUN) == 0)
             ctxs_free(gc.sessions);
     }

@@ -276,7 +276,7 @@ static void run_ops(unsigned ops)
     }
     if (ops & OP_PREFIX)
         prefix_lookups();
-    ctxs_gc_result gc;
+    ctxs_store_gc_result gc;
     if (ops & OP_GC_DRY) {
         ctxs_store_gc(&gc, st, 0, CTXS_GC_DRY_RUN);
         ctxs_free(gc.sessions);
@@ -286,15 +286,15 @@ static void run_ops(unsigned ops)
         ctxs_free(gc.sessions);
     }
     if (ops & OP_REPAIR) {
-        ctxs_repair_result r;
+        ctxs_store_repair_result r;
         ctxs_store_repair(&r, st);
     }
     if (ops & OP_REINDEX) {
-        ctxs_reindex_result r;
+        ctxs_store_reindex_result r;
         ctxs_store_reindex(&r, st);
     }
     if (ops & OP_COMPACT) {
-        ctxs_compact_result r;
+        ctxs_store_compact_result r;
         ctxs_store_compact(&r, st, "a", NULL);
         int rc = ctxs_store_compact(&r, st, NULL, NULL);
         fuzz_debug("index_records: compact: %s", ctxs_err_name(rc));

@@ -1623,7 +1623,8 @@ CTXS_API int ctxs_file_inspect(ctxs_file_report *out, const char *path);
  * (sessions/<id>.ctxs). Needs no open store and touches no file.
  * Errors: CTXS_EINVAL (buf NULL, size 0), -ENAMETOOLONG (the path does not
  * fit in size bytes; buf then holds ""). Thread-safe. */
-CTXS_API int ctxs_store_session_path(char *buf, size_t size, const char *dir, uint64_t id);
+CTXS_API int ctxs_store_session_get_path(char *buf, size_t size, const char *dir,
+                                         uint64_t id);
 
 /* A file in a store's sessions/ named like a session file. */
 typedef struct ctxs_store_file {
@@ -1672,7 +1673,7 @@ typedef void (*ctxs_progress_fn)(void *arg, uint64_t done, uint64_t total);
 
 /* --- Maintenance -------------------------------------------------------- */
 
-typedef struct ctxs_gc_result {
+typedef struct ctxs_store_gc_result {
     uint64_t bytes_before;   /* disk space of the session files */
     uint64_t bytes_after;    /* after the deletes (a dry run: had it deleted) */
     uint64_t deleted;        /* sessions deleted (would be, in a dry run) */
@@ -1686,7 +1687,7 @@ typedef struct ctxs_gc_result {
                                 n_sessions == deleted; release with
                                 ctxs_free() */
     size_t n_sessions;
-} ctxs_gc_result;
+} ctxs_store_gc_result;
 
 #define CTXS_GC_DRY_RUN 0x1u /* delete nothing; report what would go */
 
@@ -1703,7 +1704,7 @@ typedef struct ctxs_gc_result {
  * Errors: CTXS_EINVAL (unknown flags), CTXS_EREADONLY (a read-only store,
  * without CTXS_GC_DRY_RUN), CTXS_ENOMEM, -errno (also where a session's
  * size cannot be read). */
-CTXS_API int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st,
+CTXS_API int ctxs_store_gc(ctxs_store_gc_result *out, ctxs_store *st,
                            uint64_t budget_bytes, unsigned flags);
 
 /* An operation a crash (of the process, or of the machine) interrupted:
@@ -1750,7 +1751,7 @@ typedef struct ctxs_intent_entry {
 CTXS_API int ctxs_store_intent_list(ctxs_intent_entry **out, size_t *n_out,
                                     ctxs_store *st);
 
-typedef struct ctxs_repair_result {
+typedef struct ctxs_store_repair_result {
     uint64_t files_adopted;    /* session files no entry named, now indexed */
     uint64_t files_removed;    /* leftovers of interrupted creates */
     uint64_t entries_removed;  /* index entries whose file was gone */
@@ -1764,7 +1765,7 @@ typedef struct ctxs_repair_result {
     uint64_t next_id_was;      /* the damaged value (0 for one of another
                                   size) when next_id_mended, else 0 */
     uint64_t next_id;          /* the next session id after the repair */
-} ctxs_repair_result;
+} ctxs_store_repair_result;
 
 /* Compares the whole index with the session files. A session file that no
  * entry names is indexed again (under the name in its label where no other
@@ -1783,17 +1784,17 @@ typedef struct ctxs_repair_result {
  * -EACCES, ...) stops the repair with its error; what was mended before it
  * stays mended. out may be NULL. Errors: CTXS_EREADONLY, -errno,
  * CTXS_ENOMEM, CTXS_EFULL (no id left: a file of id 2^63 - 1 exists). */
-CTXS_API int ctxs_store_repair(ctxs_repair_result *out, ctxs_store *st);
+CTXS_API int ctxs_store_repair(ctxs_store_repair_result *out, ctxs_store *st);
 
-typedef struct ctxs_reindex_result {
+typedef struct ctxs_store_reindex_result {
     uint64_t sessions;         /* files indexed */
     uint64_t skipped;          /* files that are not readable sessions */
-    uint64_t files_renumbered; /* as in ctxs_repair_result */
+    uint64_t files_renumbered; /* as in ctxs_store_repair_result */
     uint64_t next_id_mended;   /* 1: next id was damaged, or not above the
                                   id of a file indexed, and was set right */
     uint64_t next_id_was;      /* the value before, when next_id_mended */
     uint64_t next_id;          /* the next session id after the rebuild */
-} ctxs_reindex_result;
+} ctxs_store_reindex_result;
 
 /* Rebuilds the index from the session files: names (each file keeps its
  * own), models, token counts and prefixes. Checkpoints and metadata of
@@ -1808,10 +1809,10 @@ typedef struct ctxs_reindex_result {
  * stops the rebuild before the index changes, and its error is returned.
  * out may be NULL. Errors: CTXS_EREADONLY, -errno, CTXS_ENOMEM,
  * CTXS_EFULL (no id left). */
-CTXS_API int ctxs_store_reindex(ctxs_reindex_result *out, ctxs_store *st);
+CTXS_API int ctxs_store_reindex(ctxs_store_reindex_result *out, ctxs_store *st);
 
 /* What a repair of the index kept of one kind of row of the damaged one. */
-typedef struct ctxs_repair_index_count {
+typedef struct ctxs_store_repair_index_count {
     uint64_t kept;      /* in the new index */
     uint64_t dropped;   /* read, but not kept: malformed, beyond a limit, or
                            of a session whose file is gone */
@@ -1820,41 +1821,40 @@ typedef struct ctxs_repair_index_count {
                            whose name in the index could not be read) */
     uint32_t whole;     /* 1: the damaged table was read to its end */
     uint32_t reserved_;
-} ctxs_repair_index_count;
+} ctxs_store_repair_index_count;
 
 /* A session that did not get back the name the damaged index gave it. */
-typedef struct ctxs_repair_index_renamed {
+typedef struct ctxs_store_repair_index_renamed {
     uint64_t id;                    /* its file: sessions/<id, 16 hex>.ctxs */
     char name[CTXS_NAME_MAX + 1];   /* the name it has now: its label's, or
                                        "session-<id>" */
-} ctxs_repair_index_renamed;
+} ctxs_store_repair_index_renamed;
 
-typedef struct ctxs_repair_index_result {
-    uint64_t sessions;                 /* session files indexed */
-    uint64_t skipped;                  /* files that are not readable
-                                          sessions, left alone (see
-                                          ctxs_store_reindex()) */
-    ctxs_repair_index_count names;     /* sessions' names */
-    ctxs_repair_index_count checkpoints;
-    ctxs_repair_index_count metadata;  /* metadata rows (one key's value) */
-    ctxs_repair_index_count pins;
-    ctxs_repair_index_count models;    /* registrations with their display
-                                          names */
-    uint32_t meta_pages;               /* intact meta pages the repair could
-                                          read through (0: none; nothing of
-                                          the damaged index could be read) */
-    uint32_t tables_failed;            /* tables whose reader stopped early:
-                                          a fault, damage LMDB found, or
-                                          time */
-    char *moved_to;                    /* where the damaged index/data.mdb
-                                          now is (absolute; NULL when there
-                                          was none); release with
-                                          ctxs_free() */
-    ctxs_repair_index_renamed *renamed; /* the sessions counted in
-                                          names.unread, by id; release with
-                                          ctxs_free() */
+typedef struct ctxs_store_repair_index_result {
+    uint64_t sessions;   /* session files indexed */
+    uint64_t skipped;    /* files that are not readable sessions, left
+                            alone (see ctxs_store_reindex()) */
+    /* What was kept of each kind of row: */
+    ctxs_store_repair_index_count names; /* sessions' names */
+    ctxs_store_repair_index_count checkpoints;
+    ctxs_store_repair_index_count metadata; /* metadata rows (one key's
+                                               value) */
+    ctxs_store_repair_index_count pins;
+    ctxs_store_repair_index_count models; /* registrations with their display
+                                             names */
+    uint32_t meta_pages;    /* intact meta pages the repair could read
+                               through (0: none; nothing of the damaged
+                               index could be read) */
+    uint32_t tables_failed; /* tables whose reader stopped early: a fault,
+                               damage LMDB found, or time */
+    char *moved_to;         /* where the damaged index/data.mdb now is
+                               (absolute; NULL when there was none);
+                               release with ctxs_free() */
+    ctxs_store_repair_index_renamed *renamed; /* the sessions counted in
+                                                 names.unread, by id;
+                                                 release with ctxs_free() */
     size_t n_renamed;
-} ctxs_repair_index_result;
+} ctxs_store_repair_index_result;
 
 /* Repairs the damaged index of the store in directory dir, keeping what
  * it can: the way out of CTXS_EINDEX. It works from the directory, since
@@ -1909,8 +1909,9 @@ typedef struct ctxs_repair_index_result {
  * major version: nothing is changed), CTXS_EINVAL, -ENOENT, CTXS_ENOMEM,
  * CTXS_EFULL, -errno; and those of ctxs_store_reindex(). Thread-safe as
  * far as it goes: it refuses a store open in this process. */
-CTXS_API int ctxs_store_repair_index(ctxs_repair_index_result *out, const char *dir,
-                                     unsigned flags);
+CTXS_API int ctxs_store_repair_index(ctxs_store_repair_index_result *out,
+                                     const char *dir, unsigned flags);
+
 /* One malformed record of the index, as ctxs_store_check() reports it. */
 typedef struct ctxs_index_problem {
     char table[16];   /* the index's table: "meta", "sessions", "ids",
@@ -1957,7 +1958,7 @@ typedef struct ctxs_store_check_result {
  * Errors: CTXS_EINVAL (NULL out or st), CTXS_ENOMEM, -errno. Thread-safe. */
 CTXS_API int ctxs_store_check(ctxs_store_check_result *out, ctxs_store *st);
 
-typedef struct ctxs_compact_result {
+typedef struct ctxs_store_compact_result {
     uint64_t sessions;          /* session files compacted */
     uint64_t skipped_busy;      /* sessions skipped: a handle had them open */
     uint64_t bytes_before;      /* disk space of those session files */
@@ -1970,7 +1971,7 @@ typedef struct ctxs_compact_result {
                                    or a session opened through st), so the
                                    index was left as it was */
     uint64_t orphans_removed;   /* index rows and files that nothing owned */
-} ctxs_compact_result;
+} ctxs_store_compact_result;
 
 #define CTXS_STORE_COMPACT_OPTIONS_VERSION 1
 typedef struct ctxs_store_compact_options {
@@ -2008,7 +2009,7 @@ CTXS_API int ctxs_store_compact_options_init(ctxs_store_compact_options *opts,
  * Errors: CTXS_ENOTFOUND, CTXS_EBUSY, CTXS_EINVAL, CTXS_EFULL, CTXS_EREADONLY,
  * CTXS_EFAILED (the index was rewritten but could not be reopened: close
  * st), -errno. */
-CTXS_API int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st,
+CTXS_API int ctxs_store_compact(ctxs_store_compact_result *out, ctxs_store *st,
                                 const char *name,
                                 const ctxs_store_compact_options *opts);
 

@@ -269,13 +269,13 @@ static void op_compact_repair(const ctxs_model *m)
     ctxs_store *st;
     int rc = ctxs_store_open(&st, ts_store_dir(), 0, NULL);
     expect(rc == 0, "store open", rc);
-    ctxs_compact_result cres;
+    ctxs_store_compact_result cres;
     rc = ctxs_store_compact(&cres, st, "s", NULL);
     expect(rc == 0, "compact", rc);
-    ctxs_repair_result rres;
+    ctxs_store_repair_result rres;
     rc = ctxs_store_repair(&rres, st);
     expect(rc == 0, "repair", rc);
-    ctxs_reindex_result ires;
+    ctxs_store_reindex_result ires;
     rc = ctxs_store_reindex(&ires, st);
     expect(rc == 0, "reindex", rc);
     ctxs_store_close(st);

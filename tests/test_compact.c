@@ -128,9 +128,9 @@ static void assert_unchanged(const char *path, snapshot *before)
     free(before->bytes);
 }
 
-static ctxs_compact_result compact(ctxs_store *st, const char *name, int want)
+static ctxs_store_compact_result compact(ctxs_store *st, const char *name, int want)
 {
-    ctxs_compact_result res;
+    ctxs_store_compact_result res;
     int rc = ctxs_store_compact(&res, st, name, NULL);
     cr_assert_eq(rc, want, "compact %s: %s", name ? name : "(all)", ctxs_err_name(rc));
     return res;
@@ -164,7 +164,7 @@ Test(compact, a_rolled_back_session_gives_back_its_blocks_and_keeps_its_tokens)
     const char *path = session_path(st, "chat");
     uint64_t before = disk_bytes(path);
 
-    ctxs_compact_result res = compact(st, "chat", 0);
+    ctxs_store_compact_result res = compact(st, "chat", 0);
     cr_assert_eq(res.sessions, 1);
     cr_assert_eq(res.skipped_busy, 0);
     cr_assert_eq(res.bytes_before, before);
@@ -298,7 +298,7 @@ Test(compact, a_session_open_anywhere_is_ebusy_and_left_unchanged)
 
     /* A writer through the store. */
     snapshot sn = snap(path);
-    ctxs_compact_result res = compact(st, "busy", CTXS_EBUSY);
+    ctxs_store_compact_result res = compact(st, "busy", CTXS_EBUSY);
     cr_assert_eq(res.sessions, 0);
     assert_unchanged(path, &sn);
     ctxs_session_close(s);
@@ -354,7 +354,7 @@ Test(compact, a_session_open_anywhere_is_ebusy_and_left_unchanged)
 Test(compact, bad_arguments_and_unknown_names)
 {
     ctxs_store *st = ts_store_open(ts_store_dir());
-    ctxs_compact_result res;
+    ctxs_store_compact_result res;
     memset(&res, 0xff, sizeof(res));
     cr_assert_eq(ctxs_store_compact(&res, st, "nobody", NULL), CTXS_ENOTFOUND);
     cr_assert_eq(res.sessions, 0, "out is zeroed on failure");
@@ -387,7 +387,7 @@ Test(compact, options_with_an_unknown_version_or_reserved_bytes_are_einval)
     progress_log p = {0};
     co.progress = on_progress;
     co.progress_arg = &p;
-    ctxs_compact_result res;
+    ctxs_store_compact_result res;
     co.version = 7;
     cr_assert_eq(ctxs_store_compact(&res, st, NULL, &co), CTXS_EINVAL);
     cr_assert(strstr(ctxs_get_last_error(), "version is 7") &&
@@ -423,7 +423,7 @@ Test(compact, all_skips_busy_sessions_and_compacts_the_rest)
     snapshot sn = snap(busy);
 
     progress_log p = {0};
-    ctxs_compact_result res;
+    ctxs_store_compact_result res;
     ctxs_store_compact_options co = CTXS_STORE_COMPACT_OPTIONS_INIT;
     co.progress = on_progress;
     co.progress_arg = &p;
@@ -599,7 +599,7 @@ Test(compact, rows_and_files_that_nothing_owns_are_removed)
     put_raw(st, st->filehash, &tk_a, sizeof(tk_a), v, 16);
     put_raw(st, st->filehash, &tk_b, sizeof(tk_b), v, 16);
 
-    ctxs_compact_result res = compact(st, NULL, 0);
+    ctxs_store_compact_result res = compact(st, NULL, 0);
     /* gone's entries, the leftover, a checkpoint, a chunk, two prefix
      * entries, the ghost id, a metadata row, three stale hashes. */
     cr_assert_eq(res.orphans_removed, 11, "removed %llu", (unsigned long long)res.orphans_removed);
@@ -667,7 +667,7 @@ Test(compact, the_index_shrinks_after_many_sessions_are_deleted)
     const char *data = ts_path(ts_store_dir(), "index/data.mdb");
     uint64_t size_before = file_size(data);
 
-    ctxs_compact_result res = compact(st, NULL, 0);
+    ctxs_store_compact_result res = compact(st, NULL, 0);
     cr_assert_eq(res.index_compacted, 1);
     cr_assert_eq(res.index_busy, 0);
     cr_assert_lt(res.index_bytes_after, res.index_bytes_before);
@@ -753,7 +753,7 @@ Test(compact, the_index_is_left_alone_while_another_process_has_the_store_open)
     struct stat sb_before, sb_after;
     cr_assert_eq(stat(data, &sb_before), 0);
 
-    ctxs_compact_result res = compact(st, NULL, 0);
+    ctxs_store_compact_result res = compact(st, NULL, 0);
     cr_assert_eq(res.index_busy, 1);
     cr_assert_eq(res.index_compacted, 0);
     cr_assert_eq(res.index_bytes_after, res.index_bytes_before);
@@ -839,7 +839,7 @@ Test(compact, a_copy_left_by_a_crash_is_removed_and_never_read)
     /* Another one, garbage, while the store is open: compaction clears it
      * before writing its own. */
     cr_assert_eq(ts_write_file(tmp, "garbage", 7), 0);
-    ctxs_compact_result res = compact(st, NULL, 0);
+    ctxs_store_compact_result res = compact(st, NULL, 0);
     cr_assert_eq(res.index_compacted, 1);
     cr_assert_not(ts_exists(tmp));
     ctxs_store_close(st);

@@ -517,7 +517,7 @@ static void worker_run(worker *w, const env *e)
             break;
         }
         case OP_GC: {
-            ctxs_gc_result g;
+            ctxs_store_gc_result g;
             uint64_t budget = (r >> 8) % (4u << 20);
             if ((rc = ctxs_store_gc(&g, st, budget, 0)) != 0) {
                 WFAIL(w, "gc: %s", ctxs_err_name(rc));
@@ -666,7 +666,7 @@ static void maint_run(maint_args *a)
         uint64_t r = ts_rng_next(&rng);
         switch (r % 4) {
         case 0: {
-            ctxs_repair_result rr;
+            ctxs_store_repair_result rr;
             if ((rc = ctxs_store_repair(&rr, st)) != 0)
                 w_fail(&m->failures, m->failure, sizeof(m->failure), "repair: %s",
                        ctxs_err_name(rc));
@@ -691,7 +691,7 @@ static void maint_run(maint_args *a)
             break;
         }
         case 1: {
-            ctxs_compact_result cr;
+            ctxs_store_compact_result cr;
             if ((rc = ctxs_store_compact(&cr, st, NULL, NULL)) != 0)
                 w_fail(&m->failures, m->failure, sizeof(m->failure), "compact: %s",
                        ctxs_err_name(rc));
@@ -699,7 +699,7 @@ static void maint_run(maint_args *a)
             break;
         }
         case 2: {
-            ctxs_gc_result g;
+            ctxs_store_gc_result g;
             if ((rc = ctxs_store_gc(&g, st, (r >> 8) % (6u << 20), 0)) != 0)
                 w_fail(&m->failures, m->failure, sizeof(m->failure), "gc: %s",
                        ctxs_err_name(rc));
@@ -870,7 +870,7 @@ static final_counts check_store(const char *store_dir, const worker *all, int n_
         }
     }
     ctxs_free(l);
-    ctxs_repair_result rr;
+    ctxs_store_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert(rr.files_adopted == 0 && rr.files_removed == 0 && rr.entries_removed == 0,
               "repair afterwards: %llu adopted, %llu removed, %llu entries removed",

@@ -229,7 +229,7 @@ static void check_store(world *w)
     closedir(dir);
     cr_assert_eq(files - aside, n, "%zu session files for %zu sessions [%s]", files - aside, n,
                  run_context);
-    ctxs_repair_result repaired;
+    ctxs_store_repair_result repaired;
     cr_assert_eq(ctxs_store_repair(&repaired, w->st), 0, "[%s]", run_context);
     cr_assert_eq(repaired.files_removed, aside, "[%s]", run_context);
     cr_assert_eq(repaired.files_adopted + repaired.entries_removed, 0,
@@ -356,7 +356,7 @@ static void prepare_gc(world *w)
 
 static int run_gc(world *w)
 {
-    ctxs_gc_result r;
+    ctxs_store_gc_result r;
     int rc = ctxs_store_gc(&r, w->st, 0, 0);
     ctxs_free(r.sessions);
     return rc;
@@ -382,7 +382,7 @@ static int run_compact(world *w)
     /* With no session open through the store, the index is rewritten too. */
     ctxs_session_close(w->a);
     w->a = NULL;
-    ctxs_compact_result r;
+    ctxs_store_compact_result r;
     return ctxs_store_compact(&r, w->st, NULL, NULL);
 }
 
@@ -547,13 +547,13 @@ static int run_reindex(world *w)
 {
     ctxs_session_close(w->a);
     w->a = NULL;
-    ctxs_reindex_result r;
+    ctxs_store_reindex_result r;
     return ctxs_store_reindex(&r, w->st);
 }
 
 static int run_repair(world *w)
 {
-    ctxs_repair_result r;
+    ctxs_store_repair_result r;
     return ctxs_store_repair(&r, w->st);
 }
 

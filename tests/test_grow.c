@@ -260,7 +260,7 @@ Test(grow, a_grow_killed_at_any_step_loses_nothing)
                   steps[i], status);
         st = ts_store_open(ts_store_dir());
         holds_chat(st, &m, steps[i] == CTXS__GROW_RENAMED ? 512 : 64);
-        ctxs_repair_result rr;
+        ctxs_store_repair_result rr;
         cr_assert_eq(ctxs_store_repair(&rr, st), 0);
         cr_assert_eq(leftovers(), 0, "step %d", steps[i]);
         int rc = ctxs_store_session_grow(st, "chat", 1024);

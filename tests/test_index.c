@@ -577,7 +577,7 @@ Test(index, a_name_is_never_a_path)
     cr_assert(!ts_exists(ts_path(ts_store_dir(), "sessions/index")));
     cr_assert(!ts_exists(ts_path(ts_store_dir(), "sessions/0000000000000001.ctxs.tmp-1-0")));
     /* A repair must not take those names for leftovers. */
-    ctxs_repair_result rr;
+    ctxs_store_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.files_removed, 0);
     cr_assert_eq(rr.files_adopted, 0);
@@ -662,7 +662,7 @@ Test(index, create_with_a_taken_name_is_eexist)
     cr_assert_eq(ctxs_store_session_create(&s, st, "free", &m, &o), CTXS_EINVAL);
     ctxs_session_entry e;
     cr_assert_eq(ctxs_store_session_get(&e, st, "free"), CTXS_ENOTFOUND);
-    ctxs_repair_result rr;
+    ctxs_store_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.files_removed + rr.files_adopted, 0, "a failed create left a file");
     ctxs_store_close(st);
@@ -1202,7 +1202,7 @@ Test(index, checkpoint_overwritten_by_the_ring_is_evicted_and_listed_stale)
     cr_assert_eq(ctxs_checkpoint_restore(s, "sink"), 0);
     cr_assert_eq(ts_n_tokens(s), 3);
     ctxs_session_close(s);
-    ctxs_repair_result rr;
+    ctxs_store_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.files_removed + rr.files_adopted, 0, "a refused fork left a file");
     ctxs_store_close(st);
@@ -1322,7 +1322,7 @@ Test(index, fork_into_a_taken_name_is_eexist)
     cr_assert_eq(e.parent_id, 0);
     cr_assert_eq(ctxs_store_session_get(&e, st, "new"), CTXS_ENOTFOUND);
     cr_assert_eq(count_entries(st), 2);
-    ctxs_repair_result rr;
+    ctxs_store_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.files_removed + rr.files_adopted, 0, "a refused fork left a file");
     ctxs_store_close(st);
@@ -1709,7 +1709,7 @@ Test(index, gc_deletes_least_recently_used_first_and_never_an_open_session)
 
     /* s1 open by a writer, s2 by a reader: gc passes them over. */
     ctxs_session *w = op(st, "s1", &m, 0), *r = op(st, "s2", NULL, CTXS_RDONLY);
-    ctxs_gc_result g;
+    ctxs_store_gc_result g;
     cr_assert_eq(ctxs_store_gc(&g, st, total - bytes[3], 0), 0);
     cr_assert_eq(g.bytes_before, total);
     cr_assert_eq(g.deleted, 1);
@@ -1771,7 +1771,7 @@ Test(index, gc_stops_at_the_budget_in_last_use_order)
     uint64_t b[4], total = 0;
     for (int i = 0; i < 4; i++)
         total += b[i] = file_bytes(ts_id_path(ts_session_entry(st, names[i]).id));
-    ctxs_gc_result g;
+    ctxs_store_gc_result g;
     /* Room for two: the two used first go (n2, then n0). */
     cr_assert_eq(ctxs_store_gc(&g, st, b[3] + b[1], 0), 0);
     cr_assert_eq(g.deleted, 2);
@@ -1843,7 +1843,7 @@ Test(index, repair_adopts_strays_removes_leftovers_and_keeps_everything_else)
     /* An entry whose file was deleted by hand. */
     cr_assert_eq(unlink(ts_id_path(lost)), 0);
 
-    ctxs_repair_result rr;
+    ctxs_store_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.files_adopted, 1, "adopted %llu", (unsigned long long)rr.files_adopted);
     cr_assert_eq(rr.files_removed, 2, "2 tmp: %llu", (unsigned long long)rr.files_removed);
@@ -1935,7 +1935,7 @@ Test(index, repair_drops_every_entry_of_a_session_whose_file_is_gone)
     ctxs_session_close(s);
     uint64_t id = ts_session_entry(st, "lost").id;
     cr_assert_eq(unlink(ts_id_path(id)), 0);
-    ctxs_repair_result rr;
+    ctxs_store_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.entries_removed, 1);
     cr_assert_eq(count_entries(st), 0);
@@ -2237,7 +2237,7 @@ Test(index, reindex_after_the_index_is_deleted_restores_sessions_from_their_file
     /* And an explicit reindex does the same. */
     ts_rmtree(ts_path(ts_store_dir(), "index"));
     st = ts_store_open(ts_store_dir());
-    ctxs_reindex_result rr;
+    ctxs_store_reindex_result rr;
     int rc = ctxs_store_reindex(&rr, st);
     cr_assert_eq(rc, 0, "reindex: %s", ctxs_err_name(rc));
     cr_assert_eq(rr.sessions, 4);
@@ -2304,7 +2304,7 @@ Test(index, reindex_keeps_checkpoints_and_skips_files_that_are_not_sessions)
     /* b's file deleted by hand: it is not indexed again. */
     cr_assert_eq(unlink(ts_id_path(ts_session_entry(st, "b").id)), 0);
 
-    ctxs_reindex_result rr;
+    ctxs_store_reindex_result rr;
     cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
     cr_assert_eq(rr.sessions, 1);
     cr_assert_eq(rr.skipped, 1);
@@ -2356,7 +2356,7 @@ Test(index, reindex_names_a_session_whose_label_is_taken_or_lost_by_its_id)
     close(fd);
     ts_rmtree(ts_path(ts_store_dir(), "index"));
     st = ts_store_open(ts_store_dir());
-    ctxs_reindex_result rr;
+    ctxs_store_reindex_result rr;
     cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
     cr_assert_eq(rr.sessions, 3);
     cr_assert_eq(rr.skipped, 0);
@@ -2815,7 +2815,7 @@ Test(index, metadata_goes_with_the_session)
     meta_set(st, "fork", "title", "fork's");
     meta_set(st, "fork", "app", "{}");
     ctxs_session_entry fork_e = ts_session_entry(st, "fork");
-    ctxs_gc_result res;
+    ctxs_store_gc_result res;
     cr_assert_eq(ctxs_store_gc(&res, st, 0, 0), 0);
     cr_assert_eq(res.deleted, 2);
     ctxs_free(res.sessions);
@@ -2838,7 +2838,7 @@ Test(index, reindex_and_repair_keep_metadata_of_sessions_still_present)
     meta_set(st, "gone", "title", "gone");
     ctxs_session_entry lost = ts_session_entry(st, "lost"), gone = ts_session_entry(st, "gone");
     cr_assert_eq(unlink(ts_id_path(lost.id)), 0);
-    ctxs_reindex_result rr;
+    ctxs_store_reindex_result rr;
     cr_assert_eq(ctxs_store_reindex(&rr, st), 0);
     cr_assert_eq(rr.sessions, 2);
     int rc;
@@ -2846,7 +2846,7 @@ Test(index, reindex_and_repair_keep_metadata_of_sessions_still_present)
     cr_assert_str_eq(meta_str(st, "gone", "title", &rc), "gone");
     /* Repair drops an entry whose file is gone, with its metadata. */
     cr_assert_eq(unlink(ts_id_path(gone.id)), 0);
-    ctxs_repair_result pr;
+    ctxs_store_repair_result pr;
     cr_assert_eq(ctxs_store_repair(&pr, st), 0);
     cr_assert_eq(pr.entries_removed, 1);
     cr_assert_str_eq(meta_str(st, "keep", "title", &rc), "kept");
@@ -3047,7 +3047,7 @@ Test(index, a_read_only_store_reads_everything_and_refuses_every_write)
     ctxs_free(list);
     ctxs_model_entry me;
     cr_assert_eq(ctxs_model_get(&me, st, m.model_hash), 0);
-    ctxs_gc_result g;
+    ctxs_store_gc_result g;
     cr_assert_eq(ctxs_store_gc(&g, st, 0, CTXS_GC_DRY_RUN), 0);
     cr_assert_eq(g.deleted, 1);
     cr_assert_eq(g.skipped_pinned, 1);
@@ -3243,7 +3243,7 @@ Test(index, gc_never_deletes_a_pinned_session_and_names_what_it_deleted)
 
     /* A dry run names what would go, least recently used first, and
      * deletes nothing. */
-    ctxs_gc_result g;
+    ctxs_store_gc_result g;
     cr_assert_eq(ctxs_store_gc(&g, st, 0, CTXS_GC_DRY_RUN), 0);
     cr_assert_eq(g.deleted, 3);
     cr_assert_eq(g.n_sessions, 3);
@@ -3295,7 +3295,7 @@ Test(index, a_pin_outlives_a_reindex_and_a_compaction_and_goes_with_its_session)
     cr_assert_eq(ctxs_store_reindex(NULL, st), 0);
     cr_assert(ts_session_entry(st, "p").pinned);
     cr_assert_not(ts_session_entry(st, "q").pinned);
-    ctxs_compact_result cr;
+    ctxs_store_compact_result cr;
     cr_assert_eq(ctxs_store_compact(&cr, st, NULL, NULL), 0);
     cr_assert(ts_session_entry(st, "p").pinned);
     /* Deleted by name, pinned or not; a session made later with the name
@@ -3333,7 +3333,7 @@ Test(index, an_index_from_before_pins_opens_read_only_and_read_write)
     cr_assert_eq(n, 2);
     cr_assert(!list[0].pinned && !list[1].pinned);
     ctxs_free(list);
-    ctxs_gc_result g;
+    ctxs_store_gc_result g;
     cr_assert_eq(ctxs_store_gc(&g, st, 0, CTXS_GC_DRY_RUN), 0);
     cr_assert_eq(g.deleted, 2);
     ctxs_free(g.sessions);
@@ -3481,7 +3481,7 @@ Test(index, repair_mends_next_id)
     uint64_t zero = 0;
     three_then_next_id(&zero, 8);
     ctxs_store *st = ts_store_open(ts_store_dir());
-    ctxs_repair_result r;
+    ctxs_store_repair_result r;
     cr_assert_eq(ctxs_store_repair(&r, st), 0);
     cr_assert_eq(r.next_id_mended, 1);
     cr_assert_eq(r.next_id_was, 0);
@@ -3505,7 +3505,7 @@ Test(index, reindex_says_it_mended_next_id)
     uint64_t one = 1; /* at or below ids 1..3 in use */
     three_then_next_id(&one, 8);
     ctxs_store *st = ts_store_open(ts_store_dir());
-    ctxs_reindex_result r;
+    ctxs_store_reindex_result r;
     cr_assert_eq(ctxs_store_reindex(&r, st), 0);
     cr_assert_eq(r.sessions, 3);
     cr_assert_eq(r.next_id_mended, 1);
@@ -3587,7 +3587,7 @@ Test(index, repair_gives_a_session_filed_under_id_0_an_id_of_its_own)
 {
     ctxs_model m = b_at_id_0();
     ctxs_store *st = ts_store_open(ts_store_dir());
-    ctxs_repair_result r;
+    ctxs_store_repair_result r;
     cr_assert_eq(ctxs_store_repair(&r, st), 0);
     cr_assert_eq(r.files_renumbered, 1);
     cr_assert_eq(r.next_id_mended, 0);
@@ -3602,7 +3602,7 @@ Test(index, reindex_adopts_a_file_named_with_id_0_under_a_new_id)
      * moved to id 0 moves with the file. */
     ctxs_model m = b_at_id_0();
     ctxs_store *st = ts_store_open(ts_store_dir());
-    ctxs_reindex_result r;
+    ctxs_store_reindex_result r;
     cr_assert_eq(ctxs_store_reindex(&r, st), 0);
     cr_assert_eq(r.sessions, 2);
     cr_assert_eq(r.skipped, 0);
@@ -3624,7 +3624,7 @@ Test(index, reindex_adopts_a_file_named_past_the_largest_id)
     snprintf(to, sizeof(to), "%s", ts_id_path(UINT64_MAX));
     cr_assert_eq(rename(from, to), 0);
     st = ts_store_open(ts_store_dir());
-    ctxs_reindex_result r;
+    ctxs_store_reindex_result r;
     cr_assert_eq(ctxs_store_reindex(&r, st), 0);
     cr_assert_eq(r.sessions, 2);
     ctxs_session_entry e = ts_session_entry(st, "b");

@@ -282,7 +282,7 @@ static size_t check_store_as(const ctxs_model *m, const char *what, int gen0)
     check_prefix_honest(st, m, prompt, 100, what);
     free(prompt);
     ctxs_free(list);
-    ctxs_repair_result rr;
+    ctxs_store_repair_result rr;
     int rc = ctxs_store_repair(&rr, st);
     cr_assert_eq(rc, 0, "%s: repair: %s", what, ctxs_err_name(rc));
     cr_assert_eq(rr.files_removed, 0, "%s: repair removed %llu files the open left", what,
@@ -843,7 +843,7 @@ Test(index_crash, fork_from_a_session_another_process_is_writing)
     ctxs_session *x;
     cr_assert_eq(ctxs_store_session_open(&x, st, "live", &m, 0, NULL), CTXS_EBUSY);
     /* gc never takes a session another process has open. */
-    ctxs_gc_result g;
+    ctxs_store_gc_result g;
     cr_assert_eq(ctxs_store_gc(&g, st, 0, 0), 0);
     cr_assert_eq(g.deleted, 0);
     cr_assert_eq(g.skipped_open, 1);
@@ -1044,7 +1044,7 @@ Test(index_crash, repair_after_a_kill_also_catches_up_prefixes)
     close(p[0]);
     kill_and_reap(pid);
     ctxs_store *st = ts_store_open(ts_store_dir());
-    ctxs_repair_result rr;
+    ctxs_store_repair_result rr;
     cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     cr_assert_eq(rr.prefixes_updated, 1);
     cr_assert_eq(rr.files_removed + rr.files_adopted + rr.entries_removed, 0);

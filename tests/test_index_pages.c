@@ -203,7 +203,7 @@ static void damaged_case(const uint8_t *bytes, size_t len, const char *what)
     put_index(bytes, len);
     int rc = open_in_child(what);
     cr_assert_eq(rc, CTXS_EINDEX, "%s: %s", what, ctxs_err_name(rc));
-    ctxs_repair_index_result res;
+    ctxs_store_repair_index_result res;
     memset(&res, 0, sizeof(res));
     rc = ctxs_store_repair_index(&res, ts_store_dir(), 0);
     cr_assert_eq(rc, 0, "%s: repair: %s", what, ctxs_err_name(rc));

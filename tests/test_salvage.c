@@ -225,7 +225,7 @@ static int read_all_in_child(const char *what)
 
 /* --- the repair and what it must leave ------------------------------------ */
 
-static int is_kept(const ctxs_repair_index_count *c, size_t total)
+static int is_kept(const ctxs_store_repair_index_count *c, size_t total)
 {
     return c->kept == total && c->dropped == 0 && c->unread == 0 && c->whole;
 }
@@ -234,7 +234,7 @@ static int is_kept(const ctxs_repair_index_count *c, size_t total)
  * session verifies, every name, checkpoint, metadata row, pin and model
  * name the result counts as kept is there and right, and nothing is there
  * that was not. */
-static void check_repaired(const ctxs_repair_index_result *res, const char *what)
+static void check_repaired(const ctxs_store_repair_index_result *res, const char *what)
 {
     cr_assert_eq(res->sessions, N_WANT, "%s: %llu sessions", what,
                  (unsigned long long)res->sessions);
@@ -347,7 +347,7 @@ static void check_repaired(const ctxs_repair_index_result *res, const char *what
     ctxs_store_close(st);
 }
 
-static void result_free(ctxs_repair_index_result *res)
+static void result_free(ctxs_store_repair_index_result *res)
 {
     if (res->moved_to)
         ts_rmtree(res->moved_to);
@@ -358,7 +358,7 @@ static void result_free(ctxs_repair_index_result *res)
 
 /* Repairs the store (here: the repair must not fault), checks it, and
  * leaves res for the caller's own checks. */
-static void repair_and_check(ctxs_repair_index_result *res, const char *what)
+static void repair_and_check(ctxs_store_repair_index_result *res, const char *what)
 {
     int rc = ctxs_store_repair_index(res, ts_store_dir(), 0);
     cr_assert_eq(rc, 0, "%s: repair: %s", what, ctxs_err_name(rc));
@@ -367,7 +367,7 @@ static void repair_and_check(ctxs_repair_index_result *res, const char *what)
 
 /* The damaged bytes in place: refused before, whole after. */
 static void damaged_case(const uint8_t *bytes, size_t len, const char *what,
-                         ctxs_repair_index_result *res)
+                         ctxs_store_repair_index_result *res)
 {
     put_index(bytes, len);
     int rc = read_all_in_child(what);
@@ -381,7 +381,7 @@ Test(salvage, an_intact_index_comes_back_whole)
 {
     size_t len, psize;
     free(fixture(&len, &psize));
-    ctxs_repair_index_result res;
+    ctxs_store_repair_index_result res;
     repair_and_check(&res, "intact");
     cr_assert_eq(res.meta_pages, 2);
     cr_assert_eq(res.tables_failed, 0);
@@ -412,7 +412,7 @@ Test(salvage, a_truncated_index_at_every_page_boundary)
     for (size_t k = 0; k < pages; k++) {
         char what[64];
         snprintf(what, sizeof(what), "cut to %zu of %zu pages", k, pages);
-        ctxs_repair_index_result res;
+        ctxs_store_repair_index_result res;
         damaged_case(bytes, k * psize, what, &res);
         if (k < 2)
             cr_assert_eq(res.meta_pages, k, "%s", what);
@@ -430,7 +430,7 @@ Test(salvage, lost_meta_pages)
         memcpy(copy, bytes, len);
         memset(copy + (c == 1 ? psize : 0), 0, c == 2 ? 2 * psize : psize);
         const char *what = c == 0 ? "meta 0 zeroed" : c == 1 ? "meta 1 zeroed" : "both zeroed";
-        ctxs_repair_index_result res;
+        ctxs_store_repair_index_result res;
         damaged_case(copy, len, what, &res);
         cr_log_info("%s: cp %llu/%llu/%llu/%u meta %llu/%llu/%llu/%u", what,
                     (unsigned long long)res.checkpoints.kept, (unsigned long long)res.checkpoints.dropped,
@@ -491,7 +491,7 @@ Test(salvage, garbage_over_each_page)
         int rc = read_all_in_child(what);
         cr_assert(rc == 0 || rc == CTXS_EINDEX, "%s: %s", what, ctxs_err_name(rc));
         refused += rc == CTXS_EINDEX;
-        ctxs_repair_index_result res;
+        ctxs_store_repair_index_result res;
         repair_and_check(&res, what);
         result_free(&res);
     }
@@ -549,7 +549,7 @@ Test(salvage, records_cut_and_lengthened)
         int rc = read_all_in_child(cases[c].what);
         cr_assert_eq(rc, CTXS_EINDEX, "%s: before repair: %s", cases[c].what,
                      ctxs_err_name(rc));
-        ctxs_repair_index_result res;
+        ctxs_store_repair_index_result res;
         repair_and_check(&res, cases[c].what);
         /* The one record is dropped, everything else kept. */
         uint64_t dropped = res.names.dropped + res.checkpoints.dropped + res.metadata.dropped +
@@ -576,7 +576,7 @@ Test(salvage, rows_of_no_session_are_dropped)
     cp[8] = 'c';
     uint8_t rec[24] = {0};
     raw_put("checkpoints", cp, sizeof(cp), rec, sizeof(rec));
-    ctxs_repair_index_result res;
+    ctxs_store_repair_index_result res;
     repair_and_check(&res, "rows of no session");
     cr_assert_eq(res.pins.kept, want_pins());
     cr_assert_eq(res.pins.dropped, 2);
@@ -605,7 +605,7 @@ Test(salvage, a_checkpoint_node_edited_in_the_file)
         memcpy(copy + node, &sizes[c], 2);
         char what[64];
         snprintf(what, sizeof(what), "checkpoint node's size %u", sizes[c]);
-        ctxs_repair_index_result res;
+        ctxs_store_repair_index_result res;
         damaged_case(copy, len, what, &res);
         cr_assert_eq(res.checkpoints.kept, want_checkpoints() - 1, "%s", what);
         cr_assert_eq(res.checkpoints.dropped, 1, "%s", what);
@@ -620,7 +620,7 @@ static void next_id_case(uint64_t value, const char *what)
     size_t len, psize;
     free(fixture(&len, &psize));
     raw_put("meta", "next_id", 7, &value, 8);
-    ctxs_repair_index_result res;
+    ctxs_store_repair_index_result res;
     repair_and_check(&res, what);
     cr_assert(is_kept(&res.checkpoints, want_checkpoints()), "%s", what);
     result_free(&res);
@@ -640,7 +640,7 @@ Test(salvage, refused_while_the_store_is_open)
 {
     size_t len, psize;
     free(fixture(&len, &psize));
-    ctxs_repair_index_result res;
+    ctxs_store_repair_index_result res;
     ctxs_store *st = ts_store_open(ts_store_dir());
     cr_assert_eq(ctxs_store_repair_index(&res, ts_store_dir(), 0), CTXS_EBUSY);
     ctxs_store_close(st);
@@ -675,7 +675,7 @@ Test(salvage, refused_while_the_store_is_open)
 
 Test(salvage, refuses_what_is_no_store)
 {
-    ctxs_repair_index_result res;
+    ctxs_store_repair_index_result res;
     cr_assert_eq(ctxs_store_repair_index(&res, ts_scratch, 0), CTXS_EFOREIGN);
     cr_assert_eq(ctxs_store_repair_index(&res, ts_path(ts_scratch, "nothing"), 0), -ENOENT);
     cr_assert_eq(ctxs_store_repair_index(&res, ts_scratch, 1), CTXS_EINVAL);
@@ -689,7 +689,7 @@ Test(salvage, no_index_at_all)
     size_t len, psize;
     free(fixture(&len, &psize));
     ts_rmtree(ts_path(ts_store_dir(), "index"));
-    ctxs_repair_index_result res;
+    ctxs_store_repair_index_result res;
     repair_and_check(&res, "no index");
     cr_assert_null(res.moved_to);
     cr_assert_eq(res.n_renamed, N_WANT);
@@ -711,7 +711,7 @@ Test(salvage, an_empty_metadata_value_is_kept)
     cr_assert_eq(ctxs_store_session_set_meta(st, "chat", "title", "hello", 5), 0);
     ctxs_store_close(st);
 
-    ctxs_repair_index_result res;
+    ctxs_store_repair_index_result res;
     cr_assert_eq(ctxs_store_repair_index(&res, ts_store_dir(), 0), 0);
     cr_assert_eq(res.metadata.kept, 2, "kept %llu, dropped %llu",
                  (unsigned long long)res.metadata.kept, (unsigned long long)res.metadata.dropped);

@@ -1652,7 +1652,7 @@ static void b_child_main(void *p)
         } else if (op < 76) {
             uint64_t budget = (r >> 16) % (3u << 20);
             child_say(B_GC, 0, 0, budget, 0, NULL, NULL);
-            ctxs_gc_result g;
+            ctxs_store_gc_result g;
             if ((rc = ctxs_store_gc(&g, c->st, budget, 0)) != 0)
                 child_fail("gc", rc, budget, 0);
             ctxs_free(g.sessions);
@@ -1684,7 +1684,7 @@ static void b_child_main(void *p)
                 for (int j = 0; j < c->n; j++)
                     b_close(c, j);
             child_say(B_COMPACT, 0, 0, 0, 0, NULL, NULL);
-            ctxs_compact_result cr;
+            ctxs_store_compact_result cr;
             if ((rc = ctxs_store_compact(&cr, c->st, NULL, NULL)) != 0)
                 child_fail("compact all", rc, 0, 0);
             b_ack(0, cr.index_compacted, cr.orphans_removed);
@@ -1726,7 +1726,7 @@ static void b_child_main(void *p)
             b_ack(0, 0, 0);
         } else if (op < 87) {
             child_say(B_REPAIR, 0, 0, 0, 0, NULL, NULL);
-            ctxs_repair_result rr;
+            ctxs_store_repair_result rr;
             if ((rc = ctxs_store_repair(&rr, c->st)) != 0)
                 child_fail("repair", rc, 0, 0);
             b_ack(0, rr.files_adopted + rr.files_removed + rr.entries_removed,
@@ -2433,7 +2433,7 @@ static void b_check_store(b_ctx *c, const char *store_dir, const char *exports, 
     }
     ctxs_free(l);
     if (iter % 10 == 9) {
-        ctxs_repair_result rr;
+        ctxs_store_repair_result rr;
         cr_assert_eq(ctxs_store_repair(&rr, st), 0);
         tot->repairs++;
         if (rr.files_adopted || rr.files_removed || rr.entries_removed)
@@ -2722,7 +2722,7 @@ static void intent_of_a_create_in_progress_as(int what, int after, int then, boo
     ctxs_store_close(st);
     char first[256];
     int files = sessions_dir_entries(store_dir, first, sizeof(first));
-    ctxs_repair_result rr = {0};
+    ctxs_store_repair_result rr = {0};
     if ((size_t)files != n) {
         cr_assert_eq(ctxs_store_open(&st, store_dir, CTXS_STORE_CREATE, NULL), 0);
         cr_assert_eq(ctxs_store_repair(&rr, st), 0);
@@ -2793,7 +2793,7 @@ static void create_file_removed_before_its_lock(int by_repair)
     /* Only a file with a name can be found before its lock. */
     held_args a = {store_dir, 0, NULL, KP_OPEN_TMP, 1, true};
     held h = held_start(&a); /* its file is open, not yet locked */
-    ctxs_repair_result rr = {0};
+    ctxs_store_repair_result rr = {0};
     if (by_repair)
         cr_assert_eq(ctxs_store_repair(&rr, st), 0);
     else

@@ -322,7 +322,7 @@ class GcResult(NamedTuple):
 
 
 class CompactResult(NamedTuple):
-    """``ctxs_compact_result``."""
+    """``ctxs_store_compact_result``."""
     sessions: int
     skipped_busy: int
     bytes_before: int

@@ -1843,7 +1843,7 @@ static PyObject *Store_prefix_find(StoreObject *self, PyObject *args, PyObject *
     return Py_BuildValue("(sK)", m.session, (unsigned long long)m.n_tokens);
 }
 
-#define T ctxs_gc_result
+#define T ctxs_store_gc_result
 static const field gc_fields[] = {
     F(bytes_before, U64), F(bytes_after, U64), F(skipped_open, U64), F(skipped_pinned, U64),
     FIELDS_END,
@@ -1854,7 +1854,7 @@ static PyObject *Store__gc(StoreObject *self, PyObject *args)
 {
     uint64_t budget;
     int dry = 0, rc;
-    ctxs_gc_result r;
+    ctxs_store_gc_result r;
     memset(&r, 0, sizeof r);
     if (!PyArg_ParseTuple(args, "O&p:_gc", conv_u64, &budget, &dry))
         return NULL;
@@ -1865,7 +1865,7 @@ static PyObject *Store__gc(StoreObject *self, PyObject *args)
     return with_item(d, "sessions", l);
 }
 
-#define T ctxs_compact_result
+#define T ctxs_store_compact_result
 static const field compact_fields[] = {
     F(sessions, U64), F(skipped_busy, U64), F(bytes_before, U64), F(bytes_after, U64),
     F(index_bytes_before, U64), F(index_bytes_after, U64), F(index_compacted, BOOL),
@@ -1876,7 +1876,7 @@ static const field compact_fields[] = {
 static PyObject *Store__compact(StoreObject *self, PyObject *args)
 {
     const char *name = NULL;
-    ctxs_compact_result r;
+    ctxs_store_compact_result r;
     progress prog = {0};
     int rc;
     memset(&r, 0, sizeof r);
@@ -1895,14 +1895,14 @@ static PyObject *Store__compact(StoreObject *self, PyObject *args)
     return rc < 0 ? raise_names(rc, "compact", name, NULL) : struct_dict(&r, compact_fields);
 }
 
-#define T ctxs_repair_result
+#define T ctxs_store_repair_result
 static const field repair_fields[] = {
     F(files_adopted, U64), F(files_removed, U64), F(entries_removed, U64),
     F(prefixes_updated, U64), FIELDS_END,
 };
 #undef T
 
-#define T ctxs_reindex_result
+#define T ctxs_store_reindex_result
 static const field reindex_fields[] = {
     F(sessions, U64), F(skipped, U64), FIELDS_END,
 };
@@ -1911,7 +1911,7 @@ static const field reindex_fields[] = {
 static PyObject *Store_repair(StoreObject *self, PyObject *unused)
 {
     (void)unused;
-    ctxs_repair_result r;
+    ctxs_store_repair_result r;
     int rc;
     memset(&r, 0, sizeof r);
     STORE_CALL(self, rc = ctxs_store_repair(&r, self->st));
@@ -1921,7 +1921,7 @@ static PyObject *Store_repair(StoreObject *self, PyObject *unused)
 static PyObject *Store_reindex(StoreObject *self, PyObject *unused)
 {
     (void)unused;
-    ctxs_reindex_result r;
+    ctxs_store_reindex_result r;
     int rc;
     memset(&r, 0, sizeof r);
     STORE_CALL(self, rc = ctxs_store_reindex(&r, self->st));

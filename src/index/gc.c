@@ -44,10 +44,10 @@ static int would_delete(ctxs_store *st, uint64_t id)
     return rc > 0 ? CTXS_EBUSY : rc;
 }
 
-int ctxs_store_gc(ctxs_gc_result *out, ctxs_store *st, uint64_t budget_bytes, unsigned flags)
+int ctxs_store_gc(ctxs_store_gc_result *out, ctxs_store *st, uint64_t budget_bytes, unsigned flags)
 {
     ctxs__error_begin();
-    ctxs_gc_result res;
+    ctxs_store_gc_result res;
     memset(&res, 0, sizeof(res));
     if (out)
         *out = res;

@@ -359,7 +359,7 @@ typedef struct salvage {
     table t[N_TABLES];
     salvaged_name *names;
     size_t n_names;
-    ctxs_repair_index_result *res;
+    ctxs_store_repair_index_result *res;
 } salvage;
 
 /* The names the damaged index gave, at most one per session and one
@@ -438,7 +438,7 @@ static int put(MDB_txn *txn, MDB_dbi dbi, const void *k, size_t kl, const void *
  * MDB_NOOVERWRITE: LMDB is the set of names taken. */
 static int names_apply(salvage *sv, MDB_txn *txn, ctxs_store *st, live *l, size_t n)
 {
-    ctxs_repair_index_result *res = sv->res;
+    ctxs_store_repair_index_result *res = sv->res;
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < n; i++) {
         MDB_val key = {strlen(l[i].name), l[i].name};
@@ -499,7 +499,7 @@ static int names_apply(salvage *sv, MDB_txn *txn, ctxs_store *st, live *l, size_
         if (rc == 0)
             rc = put(txn, st->ids, idk, 8, name, strlen(name), 0);
         if (rc == 0) {
-            ctxs_repair_index_renamed *r = &res->renamed[res->n_renamed++];
+            ctxs_store_repair_index_renamed *r = &res->renamed[res->n_renamed++];
             r->id = l[i].id;
             snprintf(r->name, sizeof(r->name), "%s", name);
             res->names.unread++;
@@ -515,7 +515,7 @@ static int names_apply(salvage *sv, MDB_txn *txn, ctxs_store *st, live *l, size_
 static int checkpoints_apply(salvage *sv, MDB_txn *txn, ctxs_store *st, const live *l, size_t n)
 {
     const table *t = &sv->t[T_CHECKPOINTS];
-    ctxs_repair_index_count *c = &sv->res->checkpoints;
+    ctxs_store_repair_index_count *c = &sv->res->checkpoints;
     char name[CTXS_NAME_MAX + 1];
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < t->n; i++) {
@@ -535,7 +535,7 @@ static int checkpoints_apply(salvage *sv, MDB_txn *txn, ctxs_store *st, const li
 static int metadata_apply(salvage *sv, MDB_txn *txn, ctxs_store *st, const live *l, size_t n)
 {
     const table *t = &sv->t[T_METADATA];
-    ctxs_repair_index_count *c = &sv->res->metadata;
+    ctxs_store_repair_index_count *c = &sv->res->metadata;
     char key[CTXS_NAME_MAX + 1];
     uint64_t id_at = 0, total = 0;
     int rc = 0;
@@ -562,7 +562,7 @@ static int metadata_apply(salvage *sv, MDB_txn *txn, ctxs_store *st, const live 
 static int pins_apply(salvage *sv, MDB_txn *txn, ctxs_store *st, const live *l, size_t n)
 {
     const table *t = &sv->t[T_PINS];
-    ctxs_repair_index_count *c = &sv->res->pins;
+    ctxs_store_repair_index_count *c = &sv->res->pins;
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < t->n; i++) {
         const row *r = &t->rows[i];
@@ -582,7 +582,7 @@ static int pins_apply(salvage *sv, MDB_txn *txn, ctxs_store *st, const live *l, 
 static int models_apply(salvage *sv, MDB_txn *txn, ctxs_store *st)
 {
     const table *t = &sv->t[T_MODELS];
-    ctxs_repair_index_count *c = &sv->res->models;
+    ctxs_store_repair_index_count *c = &sv->res->models;
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < t->n; i++) {
         const row *r = &t->rows[i];
@@ -651,7 +651,7 @@ static int format_check(const salvage *sv)
 
 static void counts_finish(salvage *sv)
 {
-    struct { int t; ctxs_repair_index_count *c; } kinds[] = {
+    struct { int t; ctxs_store_repair_index_count *c; } kinds[] = {
         {T_CHECKPOINTS, &sv->res->checkpoints},
         {T_METADATA, &sv->res->metadata},
         {T_PINS, &sv->res->pins},
@@ -776,10 +776,10 @@ static int is_dir(const char *path)
     return errno == ENOENT ? 0 : -errno;
 }
 
-int ctxs_store_repair_index(ctxs_repair_index_result *out, const char *dir, unsigned flags)
+int ctxs_store_repair_index(ctxs_store_repair_index_result *out, const char *dir, unsigned flags)
 {
     ctxs__error_begin();
-    ctxs_repair_index_result res;
+    ctxs_store_repair_index_result res;
     memset(&res, 0, sizeof(res));
     if (out)
         *out = res;
@@ -855,7 +855,7 @@ int ctxs_store_repair_index(ctxs_repair_index_result *out, const char *dir, unsi
         ctxs__store_lock_share(lock_fd);
         rc = ctxs_store_open(&st, abs, CTXS_STORE_CREATE, NULL);
     }
-    ctxs_reindex_result rr;
+    ctxs_store_reindex_result rr;
     if (rc == 0 && (rc = ctxs_store_reindex(&rr, st)) == 0) {
         res.sessions = rr.sessions;
         res.skipped = rr.skipped;

@@ -36,7 +36,7 @@ static int note_disk_bytes(ctxs_store *st, uint64_t id, const char *name, size_t
 }
 
 /* Compacts the file of session id and notes its new size. */
-static int compact_one(ctxs_compact_result *res, ctxs_store *st, uint64_t id, const char *name,
+static int compact_one(ctxs_store_compact_result *res, ctxs_store *st, uint64_t id, const char *name,
                        size_t len)
 {
     char *path = ctxs__file_path(st, id);
@@ -351,7 +351,7 @@ static void report(ctxs_progress_fn progress, void *arg, uint64_t done, uint64_t
 }
 
 /* Every session, then the orphans, then the index. */
-static int compact_all(ctxs_compact_result *res, ctxs_store *st, ctxs_progress_fn progress,
+static int compact_all(ctxs_store_compact_result *res, ctxs_store *st, ctxs_progress_fn progress,
                        void *arg)
 {
     ctxs_session_entry *list;
@@ -391,7 +391,7 @@ static int compact_all(ctxs_compact_result *res, ctxs_store *st, ctxs_progress_f
      * repair would take its file for one that no entry names. */
     if ((rc = remove_orphan_rows(st, &res->orphans_removed)) < 0)
         return rc;
-    ctxs_repair_result rr;
+    ctxs_store_repair_result rr;
     if ((rc = ctxs_store_repair(&rr, st)) < 0)
         return rc;
     res->orphans_removed += rr.files_removed + rr.entries_removed;
@@ -404,11 +404,11 @@ static int compact_all(ctxs_compact_result *res, ctxs_store *st, ctxs_progress_f
     return rc == CTXS_EBUSY ? 0 : rc;
 }
 
-int ctxs_store_compact(ctxs_compact_result *out, ctxs_store *st, const char *name,
+int ctxs_store_compact(ctxs_store_compact_result *out, ctxs_store *st, const char *name,
                        const ctxs_store_compact_options *opts)
 {
     ctxs__error_begin();
-    ctxs_compact_result res;
+    ctxs_store_compact_result res;
     memset(&res, 0, sizeof(res));
     if (out)
         *out = res;

@@ -126,7 +126,7 @@ int cli_is_session_path(const char *arg);
  * session file's path: a name with a '/' is said to be neither. */
 int cli_check_session_or_path(const char *arg);
 
-/* The path of a session's file in c's store (ctxs_store_session_path()). */
+/* The path of a session's file in c's store (ctxs_store_session_get_path()). */
 void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id);
 /* The directory of the session files of the store at store_dir, or with
  * store_dir NULL that directory's path inside the store ("sessions"). */

@@ -1166,7 +1166,7 @@ static void drop_caches(demo *d)
     resume_result *res = &d->resume;
     char path[PATH_MAX + 64];
     res->ctxstore_cached = res->state_cached = 0;
-    ctxs_store_session_path(path, sizeof path, d->store_dir, d->session_id);
+    ctxs_store_session_get_path(path, sizeof path, d->store_dir, d->session_id);
     int rc = drop_file(path, &res->ctxstore_cached);
     snprintf(path, sizeof path, "%s/index/data.mdb", d->store_dir);
     int rc2 = drop_file(path, &res->ctxstore_cached);

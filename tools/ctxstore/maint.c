@@ -80,7 +80,7 @@ static void adopted_print(const cli *c, json *j, const ctxs_session_entry *e, co
         return;
     }
     char file[64];
-    ctxs_store_session_path(file, sizeof(file), NULL, e->id);
+    ctxs_store_session_get_path(file, sizeof(file), NULL, e->id);
     printf("adopted   '%s' (%s, %s)", e->name, file, how);
     if (own_name)
         printf(", under its label's name\n");
@@ -145,7 +145,7 @@ int cmd_compact(cli *c, int argc, char **argv)
     size_t n_seen = only ? 0 : labels_before(&seen, c, listed ? st : NULL, 0);
     progress bar;
     progress_start(&bar, c, "compact", 0, 0);
-    ctxs_compact_result res;
+    ctxs_store_compact_result res;
     ctxs_store_compact_options co = CTXS_STORE_COMPACT_OPTIONS_INIT;
     co.progress = progress_callback;
     co.progress_arg = &bar;
@@ -269,7 +269,7 @@ int cmd_gc(cli *c, int argc, char **argv)
     ex = cli_store_open(c, &st, dry ? CLI_STORE_READ : CLI_STORE_WRITE);
     if (ex != CLI_OK)
         return ex;
-    ctxs_gc_result res;
+    ctxs_store_gc_result res;
     int rc = ctxs_store_gc(&res, st, budget, dry ? CTXS_GC_DRY_RUN : 0);
     ctxs_store_close(st);
     /* What was deleted before a failure is said too: it is gone. */
@@ -556,7 +556,7 @@ int cmd_reindex(cli *c, int argc, char **argv)
         free(seen);
         return ex;
     }
-    ctxs_reindex_result res;
+    ctxs_store_reindex_result res;
     int rc = ctxs_store_reindex(&res, st);
     ctxs_session_entry *after = NULL;
     size_t n_after = 0;
@@ -602,7 +602,7 @@ int cmd_reindex(cli *c, int argc, char **argv)
 }
 
 static void salvage_count_print(const cli *c, json *j, const char *kind,
-                                const ctxs_repair_index_count *n)
+                                const ctxs_store_repair_index_count *n)
 {
     if (c->json) {
         json_key(j, kind);
@@ -653,7 +653,7 @@ int cmd_repair_index(cli *c, int argc, char **argv)
     char what[PATH_MAX + 64];
     if (!cli_index_special(c->store_dir, &special, what, sizeof(what)))
         special = NULL;
-    ctxs_repair_index_result res;
+    ctxs_store_repair_index_result res;
     int rc = ctxs_store_repair_index(&res, c->store_dir, 0);
     if (rc == CTXS_EINDEX && cli_index_special(c->store_dir, &special, what, sizeof(what))) {
         ctxs_free(res.moved_to);

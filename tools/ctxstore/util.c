@@ -668,12 +668,12 @@ int cli_check_session_or_path(const char *arg)
 
 void cli_session_path(char *buf, size_t n, const cli *c, uint64_t id)
 {
-    ctxs_store_session_path(buf, n, c->store_dir, id);
+    ctxs_store_session_get_path(buf, n, c->store_dir, id);
 }
 
 void cli_sessions_dir(char *buf, size_t n, const char *store_dir)
 {
-    ctxs_store_session_path(buf, n, store_dir, 0);
+    ctxs_store_session_get_path(buf, n, store_dir, 0);
     char *slash = strrchr(buf, '/');
     if (slash)
         *slash = '\0';

@@ -340,7 +340,8 @@ def test_options_init_serves_a_binding_without_macros():
     import ctypes
     lib_path = os.environ.get("CTXS_LLAMA_LIB", "")
     if not lib_path or not os.path.exists(lib_path):
-        pytest.skip("libctxstore_llama is not built (llama.cpp was not found)")
+        pytest.skip("CTXS_LLAMA_LIB is not set: libctxstore_llama is not built (llama.cpp was "
+                    "not found), or built with sanitizers, which a plain python cannot load")
     lib = ctypes.CDLL(lib_path)
 
     class Options(ctypes.Structure):

@@ -709,9 +709,10 @@ typedef struct ctxs_reservation {
  * for a session without one).
  *
  * Errors: CTXS_EINVAL (n == 0, more than the ring holds, or, with windowed
- * layers, more uncommitted tokens than the session's batch), CTXS_EFULL (no disk space, or the capacity is reached and the session has
- * no ring), CTXS_EREADONLY, CTXS_EFAILED, -errno. Nothing is reserved on
- * failure. */
+ * layers, more uncommitted tokens than the session's batch), CTXS_EFULL
+ * (no disk space, the capacity is reached and the session has no ring, or
+ * the positions would pass 2^62 - 1, the most a file counts),
+ * CTXS_EREADONLY, CTXS_EFAILED, -errno. Nothing is reserved on failure. */
 CTXS_API int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s,
                                   uint32_t n);
 

@@ -219,7 +219,18 @@ static void op_write_open(const ctxs_model *m)
         rc = ctxs_session_rollback(s, info.n_tokens - 3); /* room for 3 */
         expect(rc == 0, "rollback", rc);
     }
+    ctxs_session_get_info(&info, s);
     rc = ts_append(s, 3);
+    if (info.n_tokens + 3 >= CTXS__MAX_POSITION) {
+        /* Past the most a file counts: refused, nothing lost. */
+        expect(rc == CTXS_EFULL, "append past the position limit", rc);
+        ctxs_session_info after;
+        ctxs_session_get_info(&after, s);
+        expect(after.n_tokens == info.n_tokens, "the count kept", 0);
+        ctxs_session_close(s);
+        ctxs_store_close(st);
+        return;
+    }
     expect(rc == 0, "append", rc);
     /* The new tokens verify; the old ones do where the claim had their
      * checksums right (a watermark at the top vouches for bytes that do

@@ -16,10 +16,10 @@
  *   (its watermark and ring start at most its count, its held runs within
  *   the capacity), in the slot that does not hold the current record and
  *   with the next sequence number, so that the current record stays whole
- *   until a newer one is. The exception: a count or a sequence number at
- *   the limit a reader takes (at_a_limit()), which only a file that
- *   already claimed about as much reaches; the reader then keeps the
- *   record before it.
+ *   until a newer one is (reserve keeps the count below the reader's
+ *   limit). The exception: a sequence number at the limit a reader takes
+ *   (at_a_limit()), which only a file that already claimed about as much
+ *   reaches; the reader then keeps the record before it.
  * Invariant C3: a rollback makes both records claim the new count durably
  *   before it zeroes a dropped position's checksum: zeroed checksums under
  *   a surviving older record would fail tokens its watermark vouches for.
@@ -41,14 +41,14 @@
  * each (layer, K|V, head) run, to keep the fallocate calls per token low. */
 #define ALLOC_STEP_BYTES 65536u
 
-/* A record past what a reader takes: a count of CTXS__MAX_POSITION, or a
- * sequence number that follows prev_seq at UINT64_MAX or wraps. Only a
- * file that claimed about as much already (a damaged or hostile one) leads
- * a writer there, and such a record is written as before (C2's
- * exception). */
-static int at_a_limit(const ctxs__disk_record *r, uint64_t prev_seq)
+/* A record past what a reader takes: a sequence number that follows
+ * prev_seq at UINT64_MAX or wraps. Only a file that claimed about as much
+ * already (a damaged or hostile one) leads a writer there, and such a
+ * record is written as before (C2's exception). A count is held below the
+ * reader's limit by reserve. */
+static int at_a_limit(uint64_t prev_seq)
 {
-    return r->n_tokens >= CTXS__MAX_POSITION || prev_seq >= UINT64_MAX - 1;
+    return prev_seq >= UINT64_MAX - 1;
 }
 
 int ctxs__record_write(ctxs_session *s, const ctxs__state *next)
@@ -63,7 +63,7 @@ int ctxs__record_write(ctxs_session *s, const ctxs__state *next)
     ctxs__boot_id(r.boot_id);
     r.written_unix_ms = ctxs__now_ms();
     ctxs__record_seal(&r, index);
-    CTXS__INVARIANT("C2", at_a_limit(&r, s->st.seq) ||
+    CTXS__INVARIANT("C2", at_a_limit(s->st.seq) ||
                               (ctxs__record_valid(&r, index, &s->lay, s->ring) && r.seq > s->st.seq));
 
     /* Everything written before (K/V, token ids, checksums) must reach the
@@ -294,6 +294,11 @@ int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
     const uint64_t cap = s->lay.capacity, ns = s->lay.n_sink;
     const uint64_t committed = s->st.n_tokens;
     const uint64_t start = committed + s->n_reserved, end = start + n;
+    if (end >= CTXS__MAX_POSITION) /* only a file that claims about as much */
+        return ctxs__error(CTXS_EFULL,
+                           "%u more tokens would reach position %" PRIu64 ", past the most "
+                           "a session file counts (2^62 - 1): nothing was lost",
+                           n, end);
     if (!s->ring) {
         if (end > cap)
             return ctxs__error(CTXS_EFULL,

@@ -213,16 +213,24 @@ Test(errors, a_taken_name_is_etaken_and_names_it)
     ctxs_store_close(st);
 }
 
+/* A store (*st) with model "tiny" and a session "chat" of capacity slots
+ * holding n tokens, open read-write. */
+static ctxs_session *stored_chat(ctxs_store **st, uint32_t capacity, uint32_t n)
+{
+    *st = ts_store_open(ts_store_dir());
+    ctxs_model m = ts_model(1);
+    cr_assert_eq(ctxs_model_register(*st, &m, "tiny"), 0);
+    ctxs_create_options o = ts_options(capacity, 4, 0, CTXS_SYNC_NONE);
+    ctxs_session *s;
+    cr_assert_eq(ctxs_store_session_create(&s, *st, "chat", &m, &o), 0);
+    cr_assert_eq(ts_append(s, n), 0);
+    return s;
+}
+
 Test(errors, a_fork_past_the_end_says_how_many_the_source_holds)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
-    ctxs_model m = ts_model(1);
-    cr_assert_eq(ctxs_model_register(st, &m, "tiny"), 0);
-    ctxs_create_options o = ts_options(256, 4, 0, CTXS_SYNC_NONE);
-    ctxs_session *s;
-    cr_assert_eq(ctxs_store_session_create(&s, st, "chat", &m, &o), 0);
-    cr_assert_eq(ts_append(s, 156), 0);
-    ctxs_session_close(s);
+    ctxs_store *st;
+    ctxs_session_close(stored_chat(&st, 256, 156));
     EXPECT_WHY(ctxs_store_session_fork(NULL, st, "chat", "retry", 512, NULL), CTXS_EINVAL,
                "fork of 'chat'", "512 tokens", "156 the session holds");
     EXPECT_WHY(ctxs_store_session_fork_checkpoint(NULL, st, "chat", "nope", "retry", NULL),
@@ -235,13 +243,8 @@ Test(errors, a_fork_past_the_end_says_how_many_the_source_holds)
 
 Test(errors, a_checkpoint_call_without_a_name_is_refused)
 {
-    ctxs_store *st = ts_store_open(ts_store_dir());
-    ctxs_model m = ts_model(1);
-    cr_assert_eq(ctxs_model_register(st, &m, "tiny"), 0);
-    ctxs_create_options o = ts_options(64, 4, 0, CTXS_SYNC_NONE);
-    ctxs_session *s;
-    cr_assert_eq(ctxs_store_session_create(&s, st, "chat", &m, &o), 0);
-    cr_assert_eq(ts_append(s, 10), 0);
+    ctxs_store *st;
+    ctxs_session *s = stored_chat(&st, 64, 10);
     EXPECT_WHY(ctxs_checkpoint_create(s, NULL), CTXS_EINVAL, "missing (NULL)");
     EXPECT_WHY(ctxs_checkpoint_restore(s, NULL), CTXS_EINVAL, "missing (NULL)");
     EXPECT_WHY(ctxs_checkpoint_delete(s, NULL), CTXS_EINVAL, "missing (NULL)");

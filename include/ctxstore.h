@@ -371,10 +371,14 @@ typedef struct ctxs_session ctxs_session;
 /* How much a commit waits for the disk. */
 typedef enum ctxs_durability {
     CTXS_SYNC_NONE = 0,  /* nothing: survives a process crash */
-    CTXS_SYNC_ASYNC = 1, /* start writeback, do not wait (default); with
-                            windowed layers, reserve syncs as
-                            ctxs_session_sync() before a ring reuses a
-                            slot of the watermark's window */
+    CTXS_SYNC_ASYNC = 1, /* start writeback, do not wait (default): of
+                            the K/V pages a commit filled at once, of the
+                            rest (the page each K/V run is still filling,
+                            the records and tables) once commits pause
+                            for a second, or at close; with windowed
+                            layers, reserve syncs as ctxs_session_sync()
+                            before a ring reuses a slot of the
+                            watermark's window */
     CTXS_SYNC_FULL = 2,  /* data durable, then the record, then the record
                             durable: survives power loss */
 } ctxs_durability;
@@ -389,7 +393,11 @@ typedef enum ctxs_durability {
  *   mapped (never more than the window in force, so memory pressure shrinks
  *   it too); an attention pass right after the open waits only for the
  *   pages not yet in, and one after a pause finds them all in;
- * - after a commit: at ASYNC, writeback of the committed tokens is started;
+ * - after a commit: at ASYNC, writeback of the committed tokens is started
+ *   (of the pages they filled; the page each run is still filling, and the
+ *   records and tables, once commits pause for a second: a reply decoded
+ *   token by token would otherwise have the same pages written back, and
+ *   faulted on and waited for, at each token);
  *   the next slots are allocated and (at NONE and ASYNC) mapped writable (a
  *   "runway" of twice the largest recent reservation, at most 128 MiB), so
  *   that the next ctxs_session_reserve() costs microseconds and the next
@@ -529,7 +537,8 @@ CTXS_API int ctxs_session_open(ctxs_session **out, const char *path,
                                const ctxs_open_options *opts);
 
 /* Unmaps and closes. Uncommitted reservations are dropped. At ASYNC the
- * writeback started by commits continues. Waits for the background thread
+ * writeback started by commits continues, and that of what they left for
+ * later (see CTXS_SYNC_ASYNC) is started. Waits for the background thread
  * to let go of s (see "Background work"), and joins the thread when s was
  * the last session using it. Accepts NULL. */
 CTXS_API void ctxs_session_close(ctxs_session *s);

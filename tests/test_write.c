@@ -362,10 +362,16 @@ static long thread_faults(void)
 
 /* Geometry large enough that a turn spans many pages: 4 layers x 4 heads
  * x 128 dims of fp16, a 64-token run 16 KiB. */
-static ctxs_session *create_big(uint32_t background)
+static ctxs_model big_model(void)
 {
     ctxs_model m = ts_model(12);
     m.geometry = (ctxs_geometry){ 4, 4, 128, CTXS_DTYPE_F16, 0, {0} };
+    return m;
+}
+
+static ctxs_session *create_big(uint32_t background)
+{
+    ctxs_model m = big_model();
     ctxs_create_options o = ts_options(1024, 4, 0, CTXS_SYNC_ASYNC);
     o.open.background = background;
     ctxs_session *s = NULL;
@@ -615,6 +621,104 @@ Test(write, a_tokens_layers_ask_the_page_cache_once)
     cr_assert_eq(ctxs_session_verify(&bad, s), 0);
     ctxs_session_close(s);
 #endif
+}
+
+/* Bytes this process has dirtied in the page cache so far (a page counts
+ * each time it goes from clean to dirty); -1 where the kernel does not say. */
+static long long dirtied_bytes(void)
+{
+    FILE *f = fopen("/proc/self/io", "r");
+    if (!f)
+        return -1;
+    char line[128];
+    long long bytes = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "write_bytes: %lld", &bytes) == 1)
+            break;
+    fclose(f);
+    return bytes;
+}
+
+/* A reply decoded and committed a token at a time at ASYNC: the writeback
+ * after each commit leaves out the page each run is still filling and the
+ * records and tables, which the next token writes again; it would
+ * otherwise write-protect them and the next token would dirty them anew
+ * (32 runs' pages a token). Once commits pause they are written back too,
+ * and a close starts the writeback of everything. */
+Test(write, a_reply_decoded_token_by_token_is_written_back_once)
+{
+    enum { TOKENS = 48 };
+    const uint16_t *kv = big_turn();
+    const size_t per_kind = 64 * 4 * 128;
+    ctxs_session *s = create_big(1);
+    const uint8_t *tokens_page = (const uint8_t *)ctxs__token_table(s);
+    const uint64_t tokens_off = (uint64_t)(tokens_page - s->map) & ~(uint64_t)4095;
+    long long dirtied = 0;
+    for (uint32_t t = 0; t < TOKENS; t++) {
+        if (t == 16) /* the runway has reached its size */
+            dirtied = dirtied_bytes();
+        ctxs_reservation r;
+        cr_assert_eq(ctxs_session_reserve(&r, s, 1), 0);
+        for (uint32_t l = 0; l < 4; l++) {
+            const uint16_t *k = kv + 2 * l * per_kind + t * 4 * 128;
+            cr_assert_eq(ctxs_session_write_layer(s, &r, l, 0, 1, k, k + per_kind,
+                                                  CTXS_DTYPE_F16),
+                         0);
+        }
+        uint32_t id = id_of(t);
+        cr_assert_eq(ctxs_session_commit(s, &id, 1), 0);
+        ctxs__background_wait_idle(); /* this token's writeback started */
+    }
+    if (dirtied < 0) {
+        ctxs_session_close(s);
+        cr_skip_test("the kernel does not count the bytes a process dirties (/proc/self/io)");
+    }
+    dirtied = dirtied_bytes() - dirtied;
+    /* 32 tokens of 256 bytes fill two pages of each of the 32 runs, and a
+     * third begun: 96 pages, and the runway's few; rewritten each token,
+     * about 1000. */
+    cr_expect_lt(dirtied, 200 * 4096, "%lld bytes dirtied by %d tokens", dirtied, TOKENS - 16);
+    /* Run 0's filled pages are under writeback or written; the one it
+     * fills, and the token table, wait for commits to pause. */
+    const int filled = ctxs__range_dirty(s->fd, s->lay.kv_off, 2 * 4096);
+    if (filled < 0) {
+        ctxs_session_close(s);
+        cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
+    }
+    cr_expect_eq(filled, 0, "the pages the tokens filled were not written back");
+    cr_expect_eq(ctxs__range_dirty(s->fd, tokens_off, 4096), 1,
+                 "the token table was written back while commits went on");
+    int table_dirty = 1;
+    for (int i = 0; i < 100 && table_dirty; i++) { /* 10 s at most */
+        usleep(100 * 1000);
+        table_dirty = ctxs__range_dirty(s->fd, tokens_off, 4096);
+    }
+    cr_expect_eq(table_dirty, 0, "the token table was not written back once commits paused");
+    /* One more token, then a close right away. */
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 1), 0);
+    for (uint32_t l = 0; l < 4; l++) {
+        const uint16_t *k = kv + 2 * l * per_kind + TOKENS * 4 * 128;
+        cr_assert_eq(ctxs_session_write_layer(s, &r, l, 0, 1, k, k + per_kind, CTXS_DTYPE_F16),
+                     0);
+    }
+    uint32_t id = id_of(TOKENS);
+    cr_assert_eq(ctxs_session_commit(s, &id, 1), 0);
+    const uint64_t filling = s->lay.kv_off + (TOKENS * 256 / 4096) * 4096;
+    int fd = open(ts_path(ts_scratch, "big"), O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    ctxs_session_close(s);
+    cr_expect_eq(ctxs__range_dirty(fd, tokens_off, 4096), 0,
+                 "the close left the token table dirty");
+    cr_expect_eq(ctxs__range_dirty(fd, filling, 4096), 0,
+                 "the close left the page run 0 was filling dirty");
+    close(fd);
+    ctxs_model m = big_model();
+    cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "big"), &m, CTXS_OPEN_VERIFY, NULL), 0);
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_expect_eq(info.n_tokens, TOKENS + 1);
+    ctxs_session_close(s);
 }
 
 /* A write into the file that fails partway (an error, or a short write and

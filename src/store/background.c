@@ -100,7 +100,7 @@ static void run_job(ctxs_session *s, unsigned job, const job_view *v)
         return;
     }
     if (job == CTXS__JOB_WRITEBACK)
-        ctxs__writeback_committed(s, &v->st);
+        ctxs__writeback_committed(s, &v->st, atomic_exchange(&s->writeback_whole, 0));
     else if (atomic_load(&s->closing))
         return;
     else if (job == CTXS__JOB_MAP)
@@ -111,37 +111,60 @@ static void run_job(ctxs_session *s, unsigned job, const job_view *v)
         ctxs__runway_prepare(s, &v->st);
 }
 
-/* Under the mutex, with nothing to do: waits for a job, and while a
- * session keeps its runway, at most CTXS__RUNWAY_CHECK_MS, then asks for
- * the runway of each session that keeps one to be kept (ctxs__runway_keep()
- * maps it again only if the flusher cleaned it). Not under memory pressure:
- * the pages are the system's to take back then. */
+/* Under the mutex: asks for the whole writeback of each session whose
+ * commits have paused until its settle time. */
+static void settle_writeback(uint64_t now)
+{
+    for (ctxs_session *s = ctxs__registry_head; s; s = s->next) {
+        uint64_t settle = atomic_load(&s->writeback_settle_ms);
+        if (settle && settle <= now && !atomic_load(&s->closing) &&
+            atomic_compare_exchange_strong(&s->writeback_settle_ms, &settle, 0)) {
+            atomic_store(&s->writeback_whole, 1);
+            atomic_fetch_or(&s->jobs, CTXS__JOB_WRITEBACK);
+        }
+    }
+}
+
+/* Under the mutex, with nothing to do: waits for a job, or until the
+ * earliest settle time of a session's writeback, and while a session keeps
+ * its runway, at most CTXS__RUNWAY_CHECK_MS, after which it asks for the
+ * runway of each session that keeps one to be kept (ctxs__runway_keep()
+ * maps it again only if the flusher cleaned it). Not under memory
+ * pressure: the pages are the system's to take back then. */
 static void wait_for_work(void)
 {
     const uint64_t now = ctxs__monotonic_ms();
+    const int pressure = ctxs_get_pressure();
+    uint64_t wake = UINT64_MAX;
     int keeping = 0;
-    if (ctxs_get_pressure()) {
+    for (ctxs_session *s = ctxs__registry_head; s; s = s->next) {
+        uint64_t settle = atomic_load(&s->writeback_settle_ms);
+        if (settle && settle < wake)
+            wake = settle;
+        keeping |= !pressure && s->background && atomic_load(&s->runway_keep_until_ms) > now;
+    }
+    if (keeping && now + CTXS__RUNWAY_CHECK_MS < wake)
+        wake = now + CTXS__RUNWAY_CHECK_MS;
+    if (wake == UINT64_MAX) {
         pthread_cond_wait(&work_wanted, &ctxs__registry_mutex);
         return;
     }
-    for (ctxs_session *s = ctxs__registry_head; s && !keeping; s = s->next)
-        keeping = s->background && atomic_load(&s->runway_keep_until_ms) > now;
-    if (!keeping) {
-        pthread_cond_wait(&work_wanted, &ctxs__registry_mutex);
-        return;
+    if (wake > now) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        const uint64_t ms = wake - now;
+        until.tv_sec += (time_t)(ms / 1000u);
+        until.tv_nsec += (long)(ms % 1000u) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        if (pthread_cond_timedwait(&work_wanted, &ctxs__registry_mutex, &until) != ETIMEDOUT)
+            return;
     }
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += CTXS__RUNWAY_CHECK_MS / 1000u;
-    until.tv_nsec += (long)(CTXS__RUNWAY_CHECK_MS % 1000u) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
-    if (pthread_cond_timedwait(&work_wanted, &ctxs__registry_mutex, &until) != ETIMEDOUT)
-        return;
     const uint64_t later = ctxs__monotonic_ms();
-    for (ctxs_session *s = ctxs__registry_head; s; s = s->next)
+    settle_writeback(later);
+    for (ctxs_session *s = ctxs__registry_head; keeping && s; s = s->next)
         if (s->background && !atomic_load(&s->closing) &&
             atomic_load(&s->runway_keep_until_ms) > later)
             atomic_fetch_or(&s->jobs, CTXS__JOB_KEEP);
@@ -205,9 +228,11 @@ void ctxs__background_request(ctxs_session *s, unsigned jobs)
         pthread_mutex_unlock(&ctxs__registry_mutex);
     }
     if (!have_worker && (jobs & CTXS__JOB_WRITEBACK)) {
-        /* No worker: start the writeback here, the slow way. */
+        /* No worker: start the writeback here, the slow way, all of it. */
         atomic_fetch_and(&s->jobs, ~(unsigned)CTXS__JOB_WRITEBACK);
-        ctxs__writeback_committed(s, &s->st);
+        atomic_store(&s->writeback_settle_ms, 0);
+        atomic_store(&s->writeback_whole, 0);
+        ctxs__writeback_committed(s, &s->st, 1);
     }
 }
 
@@ -246,6 +271,9 @@ void ctxs__background_leave(ctxs_session *s)
     pthread_mutex_lock(&ctxs__registry_mutex);
     while (worker_busy == s)
         pthread_cond_wait(&worker_idle, &ctxs__registry_mutex);
+    /* What the writeback left for later is started now. */
+    const int settle = atomic_exchange(&s->writeback_settle_ms, 0) != 0 ||
+                       (atomic_load(&s->jobs) & CTXS__JOB_WRITEBACK);
     atomic_store(&s->jobs, 0);
     pthread_t done = worker;
     int join = --members == 0 && worker_running;
@@ -257,6 +285,8 @@ void ctxs__background_leave(ctxs_session *s)
     pthread_mutex_unlock(&ctxs__registry_mutex);
     if (join)
         pthread_join(done, NULL);
+    if (settle) /* without waiting for the last: no one is left to tell */
+        (void)ctxs__writeback_start(s->fd, s->map, 0, s->map_bytes);
 }
 
 void ctxs__background_forget(void)

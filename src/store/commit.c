@@ -241,24 +241,43 @@ int ctxs__allocate_slots(ctxs_session *s, uint32_t end_slot)
 void ctxs__writeback_request_all(ctxs_session *s)
 {
     atomic_store(&s->writeback_rewind, 0);
+    atomic_store(&s->writeback_whole, 1);
     ctxs__background_request(s, CTXS__JOB_WRITEBACK);
 }
 
-void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st)
+/* The end of span sp of layer l's run at off, trimmed to the last whole
+ * page when the span ends inside the ring with slots still to be filled:
+ * that page is written again by the next tokens. */
+static uint64_t span_end(const ctxs__file_layout *lay, uint32_t l, uint64_t off,
+                         const ctxs__span *sp, uint64_t page)
 {
-    /* Writeback write-protects the pages it starts on: the committed
-     * slots, the page each run's next slots share with them, and (Q8) the
-     * scale table. The record of what was mapped stays: ctxs__kv_writable()
-     * finds those pages clean, and the runway maps them again. Where it
-     * cannot ask the page cache it judges by age: say the runway is old. */
-    atomic_store(&s->runway_at_ms, 0);
+    uint64_t end = off + ((uint64_t)sp->slot + sp->count) * lay->slot_bytes;
+    if (sp->slot + sp->count < ctxs__layer_cap(lay, l))
+        end &= ~(page - 1);
+    return end;
+}
+
+void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st, int whole)
+{
+    /* Whole: everything committed, the records and tables too, and the
+     * page each run's next slots share with the last ones; writeback
+     * write-protects them (ctxs__kv_writable() then finds them clean, and
+     * the runway maps them again; where it cannot ask the page cache it
+     * judges by age: say the runway is old). Otherwise only the K/V pages
+     * the committed tokens have filled: the next commits write the rest
+     * again, and a page under writeback is one that the next store into
+     * it faults on and, where pages must stay stable while written, waits
+     * for. */
+    if (whole)
+        atomic_store(&s->runway_at_ms, 0);
     int rc = ctxs__writeback_wait(s->fd);
     const ctxs__file_layout *lay = &s->lay;
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     uint64_t from = s->written_back_to, to = st->n_tokens;
     uint64_t rewind = atomic_exchange(&s->writeback_rewind, UINT64_MAX);
     from = rewind < from ? rewind : from;
     from = from > to ? to : from;
-    if (rc == 0)
+    if (rc == 0 && whole)
         rc = ctxs__writeback_start(s->fd, s->map, 0, lay->kv_off);
     if (to - from > ctxs__ring_len(s)) { /* the ring went round: all of it */
         if (rc == 0)
@@ -267,17 +286,24 @@ void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st)
         const uint32_t per = 2 * lay->n_kv_heads;
         for (uint32_t run = 0; rc == 0 && run < lay->n_layers * per; run++) {
             ctxs__span spans[2];
-            uint32_t n_spans = ctxs__layer_spans(spans, lay, run / per, from, to - from);
-            for (uint32_t i = 0; rc == 0 && i < n_spans; i++)
-                rc = ctxs__writeback_start(s->fd, s->map,
-                                           lay->kv_off + ctxs__run_off(lay, run) +
-                                               (uint64_t)spans[i].slot * lay->slot_bytes,
-                                           (uint64_t)spans[i].count * lay->slot_bytes);
+            const uint32_t l = run / per;
+            const uint64_t off = lay->kv_off + ctxs__run_off(lay, run);
+            uint32_t n_spans = ctxs__layer_spans(spans, lay, l, from, to - from);
+            for (uint32_t i = 0; rc == 0 && i < n_spans; i++) {
+                uint64_t a = off + (uint64_t)spans[i].slot * lay->slot_bytes;
+                uint64_t b = whole ? off + ((uint64_t)spans[i].slot + spans[i].count) *
+                                               lay->slot_bytes
+                                   : span_end(lay, l, off, &spans[i], page);
+                if (b > a)
+                    rc = ctxs__writeback_start(s->fd, s->map, a, b - a);
+            }
         }
     }
     if (rc < 0)
         atomic_store(&s->writeback_error, rc);
-    s->written_back_to = to;
+    /* Held back: the tokens that may share a page with the next ones. */
+    const uint64_t held = whole ? 0 : page / lay->slot_bytes + 1;
+    s->written_back_to = to - from > held ? to - held : from;
 }
 
 int ctxs_session_reserve(ctxs_reservation *out, ctxs_session *s, uint32_t n)
@@ -478,6 +504,9 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
          * syncs would otherwise queue behind the turn's writeback
          * (measured: 0.9 ms alone, 3.2 ms behind a 9 MiB turn). */
         notify_committed(s);
+        if (s->background)
+            atomic_store(&s->writeback_settle_ms,
+                         ctxs__monotonic_ms() + CTXS__WRITEBACK_SETTLE_MS);
         ctxs__background_request(s, CTXS__JOB_WRITEBACK | CTXS__JOB_RUNWAY);
         return 0;
     default:

@@ -33,19 +33,23 @@ static void teardown(void)
 {
     ts_rmtree(dir);
     free(dir);
+    dir = NULL;
 }
 
 TestSuite(cuda, .init = setup, .fini = teardown);
 
-/* Skips the calling test, loudly, where CUDA has no device to offer. */
+/* Skips the calling test, loudly, where CUDA has no device to offer. A
+ * skipped test's fini does not run: its directory goes first. */
 static void need_device(void)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess && n > 0)
+        return;
+    teardown();
     if (e != cudaSuccess)
         cr_skip_test("no CUDA device: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
-    if (n == 0)
-        cr_skip_test("no CUDA device: cudaGetDeviceCount() found none");
+    cr_skip_test("no CUDA device: cudaGetDeviceCount() found none");
 }
 
 /* Set by the report hook: tests skipped here because there is no device. */

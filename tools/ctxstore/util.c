@@ -874,26 +874,33 @@ const char *fmt_size(char buf[32], uint64_t bytes)
     }
     double v = (double)bytes;
     int u = 0;
-    while (v >= 1024 && u < 6)
+    while (v >= 1023.5 && u < 6) /* as rounded: not "1024 KiB" */
         v /= 1024, u++;
-    snprintf(buf, 32, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, units[u]);
+    snprintf(buf, 32, v < 9.995 ? "%.2f %s" : v < 99.95 ? "%.1f %s" : "%.0f %s", v, units[u]);
     return buf;
 }
 
 const char *fmt_duration(char buf[32], double s)
 {
+    /* Three digits in the smallest unit that holds the value below 1000
+     * once rounded: 0.9996 s is "1 s", not "1e+03 ms". */
+    static const struct {
+        double scale;
+        const char *name;
+    } units[] = {{1e-9, "ns"}, {1e-6, "us"}, {1e-3, "ms"}, {1, "s"}};
     if (s < 0)
         s = 0;
-    if (s < 1e-6)
-        snprintf(buf, 32, "%.0f ns", s * 1e9);
-    else if (s < 1e-3)
-        snprintf(buf, 32, "%.3g us", s * 1e6);
-    else if (s < 1)
-        snprintf(buf, 32, "%.3g ms", s * 1e3);
-    else if (s < 60)
-        snprintf(buf, 32, "%.3g s", s);
-    else
+    if (s >= 60) {
         snprintf(buf, 32, "%d min %d s", (int)(s / 60), (int)fmod(s, 60));
+        return buf;
+    }
+    uint32_t u = 0;
+    while (u < 3 && s / units[u].scale >= 999.5)
+        u++;
+    if (u == 0)
+        snprintf(buf, 32, "%.0f ns", s * 1e9);
+    else
+        snprintf(buf, 32, "%.3g %s", s / units[u].scale, units[u].name);
     return buf;
 }
 

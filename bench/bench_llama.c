@@ -39,7 +39,7 @@
 
 const char *const bench_program = "bench_llama";
 
-enum { TURN = 64, GEN = 32, MAX_ROWS = 256 };
+enum { TURN = 64, GEN = 32, DECODE_ROUNDS = 12, MAX_ROWS = 256 };
 
 static const struct {
     const char *name, *file;
@@ -322,7 +322,8 @@ static void reprefill(bench *b)
 }
 
 /* GEN tokens generated one at a time after the conversation, with and
- * without the adapter saving each; the two alternate, four times. */
+ * without the adapter saving each; the two alternate, DECODE_ROUNDS times
+ * (the difference is a few percent, and a round's time moves by more). */
 static void decode_rate(bench *b)
 {
     samples plain = {0}, saved = {0};
@@ -330,7 +331,7 @@ static void decode_rate(bench *b)
     check_llama(ctxs_llama_restore(lc), "restore");
     const uint32_t at = b->n + TURN;
     const int32_t *gen = b->tokens + at;
-    for (int round = 0; round < 4; round++) {
+    for (int round = 0; round < DECODE_ROUNDS; round++) {
         double t0 = now_us();
         for (uint32_t i = 0; i < GEN; i++)
             decode(b, gen + i, 1, at + i);

@@ -372,10 +372,10 @@ typedef struct ctxs_session ctxs_session;
 typedef enum ctxs_durability {
     CTXS_SYNC_NONE = 0,  /* nothing: survives a process crash */
     CTXS_SYNC_ASYNC = 1, /* start writeback, do not wait (default): of
-                            the K/V pages a commit filled at once, of the
-                            rest (the page each K/V run is still filling,
-                            the records and tables) once commits pause
-                            for a second, or at close; with windowed
+                            the K/V pages commits fill as each run fills
+                            one, of the rest (the page each run is still
+                            filling, the records and tables) once commits
+                            pause for a second, or at close; with windowed
                             layers, reserve syncs as ctxs_session_sync()
                             before a ring reuses a slot of the
                             watermark's window */
@@ -394,10 +394,11 @@ typedef enum ctxs_durability {
  *   it too); an attention pass right after the open waits only for the
  *   pages not yet in, and one after a pause finds them all in;
  * - after a commit: at ASYNC, writeback of the committed tokens is started
- *   (of the pages they filled; the page each run is still filling, and the
- *   records and tables, once commits pause for a second: a reply decoded
- *   token by token would otherwise have the same pages written back, and
- *   faulted on and waited for, at each token);
+ *   (of the pages they filled, once they fill a page of every run; the
+ *   page each run is still filling, and the records and tables, once
+ *   commits pause for a second: a reply decoded token by token would
+ *   otherwise have the same pages written back, and faulted on and waited
+ *   for, at each token);
  *   the next slots are allocated and (at NONE and ASYNC) mapped writable (a
  *   "runway" of twice the largest recent reservation, at most 128 MiB), so
  *   that the next ctxs_session_reserve() costs microseconds and the next

@@ -667,7 +667,7 @@ Test(write, a_reply_decoded_token_by_token_is_written_back_once)
         }
         uint32_t id = id_of(t);
         cr_assert_eq(ctxs_session_commit(s, &id, 1), 0);
-        ctxs__background_wait_idle(); /* this token's writeback started */
+        ctxs__background_wait_idle(); /* what this commit asked of the worker */
     }
     if (dirtied < 0) {
         ctxs_session_close(s);

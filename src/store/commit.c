@@ -452,6 +452,15 @@ static void notify_committed(ctxs_session *s)
         s->hooks->committed(s, s->hooks_arg);
 }
 
+/* Tokens that fill a page of each K/V run, and at most half the least
+ * runway. */
+static uint64_t worker_stride(const ctxs_session *s)
+{
+    const uint64_t per_page = (uint64_t)sysconf(_SC_PAGESIZE) / s->lay.slot_bytes;
+    return per_page < 1 ? 1 : per_page > CTXS__RUNWAY_MIN_TOKENS / 2 ? CTXS__RUNWAY_MIN_TOKENS / 2
+                                                                       : per_page;
+}
+
 int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
 {
     ctxs__error_begin();
@@ -504,10 +513,21 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
          * syncs would otherwise queue behind the turn's writeback
          * (measured: 0.9 ms alone, 3.2 ms behind a 9 MiB turn). */
         notify_committed(s);
-        if (s->background)
-            atomic_store(&s->writeback_settle_ms,
-                         ctxs__monotonic_ms() + CTXS__WRITEBACK_SETTLE_MS);
-        ctxs__background_request(s, CTXS__JOB_WRITEBACK | CTXS__JOB_RUNWAY);
+        if (!s->background) {
+            ctxs__background_request(s, CTXS__JOB_WRITEBACK);
+            return 0;
+        }
+        /* The worker is woken when the commits since it last was have
+         * filled a page of each run (the runway reaches further), or when
+         * it has no settle time to wake for: a token at a time, a wake-up
+         * for each is a context switch away from the engine's threads. */
+        const uint64_t settled = atomic_exchange(&s->writeback_settle_ms,
+                                                 ctxs__monotonic_ms() + CTXS__WRITEBACK_SETTLE_MS);
+        if (settled == 0 || next.n_tokens < s->worker_woken_at ||
+            next.n_tokens - s->worker_woken_at >= worker_stride(s)) {
+            s->worker_woken_at = next.n_tokens;
+            ctxs__background_request(s, CTXS__JOB_WRITEBACK | CTXS__JOB_RUNWAY);
+        }
         return 0;
     default:
         if ((rc = ctxs__record_write(s, &next)) < 0)

@@ -77,6 +77,8 @@ struct ctxs_session {
     _Atomic uint32_t runway_tokens; /* how far ahead the runway reaches */
     uint64_t map_from, map_to;    /* CTXS__JOB_MAP's positions (mutex) */
     uint32_t recent_reserves[4];  /* owner: the last reservations' sizes */
+    uint64_t worker_woken_at;     /* owner: tokens at the last ASYNC commit
+                                     that woke the worker */
     uint32_t recent_next;
     /* Per layer, the stamp of the write path's last write through the file
      * (kv_write.c): set by the owner, read by the worker's passes, which
@@ -372,6 +374,10 @@ extern _Atomic uint64_t ctxs__write_path_asks;
  * token each 16 ms, 6 ms more per token saved). They follow once commits
  * pause this long, or at close or ctxs_session_sync(). */
 #define CTXS__WRITEBACK_SETTLE_MS 1000u
+
+/* The runway's least length in tokens (runway.c). An ASYNC commit wakes
+ * the worker at most every half of it (commit.c). */
+#define CTXS__RUNWAY_MIN_TOKENS 64u
 
 /* --- Background work (background.c) ------------------------------------ */
 

@@ -279,8 +279,8 @@ void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to)
  *
  * After each commit the worker allocates and maps writable the slots of the
  * next positions, as many as twice the largest of the last reservations
- * (at least RUNWAY_MIN_TOKENS, at most RUNWAY_MAX_BYTES of KV), so that the
- * next reserve finds them ready and costs microseconds. A reserve beyond
+ * (at least CTXS__RUNWAY_MIN_TOKENS, at most RUNWAY_MAX_BYTES of KV), so
+ * that the next reserve finds them ready and costs microseconds. A reserve beyond
  * the runway does the work itself, as it always did, and a full disk is
  * still CTXS_EFULL from reserve: the runway gives up quietly and maps only
  * slots that have blocks. Mapping a page writable dirties it, so the
@@ -296,7 +296,6 @@ void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to)
  *   the capacity without a ring and at most the ring's length with one, so
  *   that it never maps a slot that a held position still uses.
  */
-#define RUNWAY_MIN_TOKENS 64u
 #define RUNWAY_MAX_BYTES (128u << 20)
 
 /* want tokens, within the bounds above. */
@@ -304,7 +303,7 @@ static uint32_t runway_clamp(const ctxs_session *s, uint64_t want)
 {
     const ctxs__file_layout *lay = &s->lay;
     uint64_t most = RUNWAY_MAX_BYTES / ((uint64_t)lay->slot_bytes * 2 * lay->n_layers * lay->n_kv_heads);
-    want = want < RUNWAY_MIN_TOKENS ? RUNWAY_MIN_TOKENS : want;
+    want = want < CTXS__RUNWAY_MIN_TOKENS ? CTXS__RUNWAY_MIN_TOKENS : want;
     want = want > most ? most : want;
     /* Never more than a ring can hold without overwriting itself. */
     uint64_t room = s->ring ? ctxs__ring_len(s) : lay->capacity;

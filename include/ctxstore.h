@@ -375,10 +375,11 @@ typedef enum ctxs_durability {
                             the K/V pages commits fill as each run fills
                             one, of the rest (the page each run is still
                             filling, the records and tables) once commits
-                            pause for a second, or at close; with windowed
-                            layers, reserve syncs as ctxs_session_sync()
-                            before a ring reuses a slot of the
-                            watermark's window */
+                            pause for a second (without the background
+                            thread: at the next commit), or at close;
+                            with windowed layers, reserve syncs as
+                            ctxs_session_sync() before a ring reuses a
+                            slot of the watermark's window */
     CTXS_SYNC_FULL = 2,  /* data durable, then the record, then the record
                             durable: survives power loss */
 } ctxs_durability;
@@ -424,8 +425,10 @@ typedef enum ctxs_durability {
  *
  * With background = 0 the library starts no thread for the session: the
  * window comes in as attention faults it (or ctxs_session_prefetch()), an
- * ASYNC commit starts its writeback on the caller's thread, and reserve
- * allocates and maps the slots it hands out itself.
+ * ASYNC commit starts its writeback on the caller's thread (of the pages
+ * it filled; of what the commits before it left, the first commit after a
+ * pause of a second, and close), and reserve allocates and maps the slots
+ * it hands out itself.
  */
 
 /* How a handle behaves: for ctxs_session_open(), ctxs_session_fork(), and

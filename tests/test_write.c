@@ -639,24 +639,13 @@ static long long dirtied_bytes(void)
     return bytes;
 }
 
-/* A reply decoded and committed a token at a time at ASYNC: the writeback
- * after each commit leaves out the page each run is still filling and the
- * records and tables, which the next token writes again; it would
- * otherwise write-protect them and the next token would dirty them anew
- * (32 runs' pages a token). Once commits pause they are written back too,
- * and a close starts the writeback of everything. */
-Test(write, a_reply_decoded_token_by_token_is_written_back_once)
+/* Tokens [from, to) of big_turn()'s, written and committed one at a time
+ * (a reply decoded token by token). */
+static void decode_tokens(ctxs_session *s, uint32_t from, uint32_t to)
 {
-    enum { TOKENS = 48 };
     const uint16_t *kv = big_turn();
     const size_t per_kind = 64 * 4 * 128;
-    ctxs_session *s = create_big(1);
-    const uint8_t *tokens_page = (const uint8_t *)ctxs__token_table(s);
-    const uint64_t tokens_off = (uint64_t)(tokens_page - s->map) & ~(uint64_t)4095;
-    long long dirtied = 0;
-    for (uint32_t t = 0; t < TOKENS; t++) {
-        if (t == 16) /* the runway has reached its size */
-            dirtied = dirtied_bytes();
+    for (uint32_t t = from; t < to; t++) {
         ctxs_reservation r;
         cr_assert_eq(ctxs_session_reserve(&r, s, 1), 0);
         for (uint32_t l = 0; l < 4; l++) {
@@ -669,56 +658,87 @@ Test(write, a_reply_decoded_token_by_token_is_written_back_once)
         cr_assert_eq(ctxs_session_commit(s, &id, 1), 0);
         ctxs__background_wait_idle(); /* what this commit asked of the worker */
     }
-    if (dirtied < 0) {
+}
+
+/* A reply decoded and committed a token at a time at ASYNC: the writeback
+ * after the commits leaves out the page each run is still filling and the
+ * records and tables, which the next token writes again; it would
+ * otherwise write-protect them and the next token would dirty them anew
+ * (32 runs' pages a token). Once commits pause they are written back too:
+ * by the worker, or without one by the next commit; and a close starts the
+ * writeback of everything. */
+Test(write, a_reply_decoded_token_by_token_is_written_back_once)
+{
+    enum { TOKENS = 48 };
+    for (uint32_t background = 0; background <= 1; background++) {
+        ctxs_session *s = create_big(background);
+        const uint8_t *tokens_page = (const uint8_t *)ctxs__token_table(s);
+        const uint64_t tokens_off = (uint64_t)(tokens_page - s->map) & ~(uint64_t)4095;
+        decode_tokens(s, 0, 16); /* the runway has reached its size */
+        long long dirtied = dirtied_bytes();
+        decode_tokens(s, 16, TOKENS);
+        if (dirtied < 0) {
+            ctxs_session_close(s);
+            cr_skip_test("the kernel does not count the bytes a process dirties "
+                         "(/proc/self/io)");
+        }
+        dirtied = dirtied_bytes() - dirtied;
+        /* 32 tokens of 256 bytes fill two pages of each of the 32 runs, and
+         * a third begun: 96 pages, and the runway's few; rewritten each
+         * token, about 1000. */
+        cr_expect_lt(dirtied, 200 * 4096, "background %u: %lld bytes dirtied by %d tokens",
+                     background, dirtied, TOKENS - 16);
+        /* Run 0's filled pages are under writeback or written; the one it
+         * fills, and the token table, wait for commits to pause. */
+        const int filled = ctxs__range_dirty(s->fd, s->lay.kv_off, 2 * 4096);
+        if (filled < 0) {
+            ctxs_session_close(s);
+            cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
+        }
+        cr_expect_eq(filled, 0, "background %u: the pages the tokens filled were not written "
+                     "back", background);
+        cr_expect_eq(ctxs__range_dirty(s->fd, tokens_off, 4096), 1,
+                     "background %u: the token table was written back while commits went on",
+                     background);
+        int table_dirty = 1;
+        if (background) {
+            for (int i = 0; i < 100 && table_dirty; i++) { /* 10 s at most */
+                usleep(100 * 1000);
+                table_dirty = ctxs__range_dirty(s->fd, tokens_off, 4096);
+            }
+            decode_tokens(s, TOKENS, TOKENS + 1);
+        } else {
+            usleep((CTXS__WRITEBACK_SETTLE_MS + 100) * 1000);
+            decode_tokens(s, TOKENS, TOKENS + 1); /* the first after a pause */
+            table_dirty = ctxs__range_dirty(s->fd, tokens_off, 4096);
+        }
+        cr_expect_eq(table_dirty, 0, "background %u: the token table was not written back "
+                     "once commits paused", background);
+        /* One more token, then a close right away. */
+        decode_tokens(s, TOKENS + 1, TOKENS + 2);
+        const uint64_t filling = s->lay.kv_off + ((TOKENS + 1) * 256 / 4096) * 4096;
+        int fd = open(ts_path(ts_scratch, "big"), O_RDONLY | O_CLOEXEC);
+        cr_assert_geq(fd, 0);
+        cr_expect_eq(ctxs__range_dirty(fd, filling, 4096), 1,
+                     "background %u: the page run 0 fills was written back at once",
+                     background);
         ctxs_session_close(s);
-        cr_skip_test("the kernel does not count the bytes a process dirties (/proc/self/io)");
-    }
-    dirtied = dirtied_bytes() - dirtied;
-    /* 32 tokens of 256 bytes fill two pages of each of the 32 runs, and a
-     * third begun: 96 pages, and the runway's few; rewritten each token,
-     * about 1000. */
-    cr_expect_lt(dirtied, 200 * 4096, "%lld bytes dirtied by %d tokens", dirtied, TOKENS - 16);
-    /* Run 0's filled pages are under writeback or written; the one it
-     * fills, and the token table, wait for commits to pause. */
-    const int filled = ctxs__range_dirty(s->fd, s->lay.kv_off, 2 * 4096);
-    if (filled < 0) {
-        ctxs_session_close(s);
-        cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
-    }
-    cr_expect_eq(filled, 0, "the pages the tokens filled were not written back");
-    cr_expect_eq(ctxs__range_dirty(s->fd, tokens_off, 4096), 1,
-                 "the token table was written back while commits went on");
-    int table_dirty = 1;
-    for (int i = 0; i < 100 && table_dirty; i++) { /* 10 s at most */
-        usleep(100 * 1000);
-        table_dirty = ctxs__range_dirty(s->fd, tokens_off, 4096);
-    }
-    cr_expect_eq(table_dirty, 0, "the token table was not written back once commits paused");
-    /* One more token, then a close right away. */
-    ctxs_reservation r;
-    cr_assert_eq(ctxs_session_reserve(&r, s, 1), 0);
-    for (uint32_t l = 0; l < 4; l++) {
-        const uint16_t *k = kv + 2 * l * per_kind + TOKENS * 4 * 128;
-        cr_assert_eq(ctxs_session_write_layer(s, &r, l, 0, 1, k, k + per_kind, CTXS_DTYPE_F16),
+        cr_expect_eq(ctxs__range_dirty(fd, tokens_off, 4096), 0,
+                     "background %u: the close left the token table dirty", background);
+        cr_expect_eq(ctxs__range_dirty(fd, filling, 4096), 0,
+                     "background %u: the close left the page run 0 was filling dirty",
+                     background);
+        close(fd);
+        ctxs_model m = big_model();
+        cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "big"), &m, CTXS_OPEN_VERIFY,
+                                       NULL),
                      0);
+        ctxs_session_info info;
+        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+        cr_expect_eq(info.n_tokens, TOKENS + 2);
+        ctxs_session_close(s);
+        unlink(ts_path(ts_scratch, "big"));
     }
-    uint32_t id = id_of(TOKENS);
-    cr_assert_eq(ctxs_session_commit(s, &id, 1), 0);
-    const uint64_t filling = s->lay.kv_off + (TOKENS * 256 / 4096) * 4096;
-    int fd = open(ts_path(ts_scratch, "big"), O_RDONLY | O_CLOEXEC);
-    cr_assert_geq(fd, 0);
-    ctxs_session_close(s);
-    cr_expect_eq(ctxs__range_dirty(fd, tokens_off, 4096), 0,
-                 "the close left the token table dirty");
-    cr_expect_eq(ctxs__range_dirty(fd, filling, 4096), 0,
-                 "the close left the page run 0 was filling dirty");
-    close(fd);
-    ctxs_model m = big_model();
-    cr_assert_eq(ctxs_session_open(&s, ts_path(ts_scratch, "big"), &m, CTXS_OPEN_VERIFY, NULL), 0);
-    ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    cr_expect_eq(info.n_tokens, TOKENS + 1);
-    ctxs_session_close(s);
 }
 
 /* A write into the file that fails partway (an error, or a short write and

@@ -228,11 +228,9 @@ void ctxs__background_request(ctxs_session *s, unsigned jobs)
         pthread_mutex_unlock(&ctxs__registry_mutex);
     }
     if (!have_worker && (jobs & CTXS__JOB_WRITEBACK)) {
-        /* No worker: start the writeback here, the slow way, all of it. */
+        /* No worker: start the writeback here, as far as asked. */
         atomic_fetch_and(&s->jobs, ~(unsigned)CTXS__JOB_WRITEBACK);
-        atomic_store(&s->writeback_settle_ms, 0);
-        atomic_store(&s->writeback_whole, 0);
-        ctxs__writeback_committed(s, &s->st, 1);
+        ctxs__writeback_committed(s, &s->st, atomic_exchange(&s->writeback_whole, 0));
     }
 }
 
@@ -265,8 +263,11 @@ void ctxs__background_join(ctxs_session *s)
 
 void ctxs__background_leave(ctxs_session *s)
 {
-    if (!s->background)
+    if (!s->background) {
+        if (atomic_exchange(&s->writeback_settle_ms, 0) != 0) /* as below */
+            (void)ctxs__writeback_start(s->fd, s->map, 0, s->map_bytes);
         return;
+    }
     atomic_store(&s->closing, 1);
     pthread_mutex_lock(&ctxs__registry_mutex);
     while (worker_busy == s)

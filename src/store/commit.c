@@ -513,7 +513,13 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
          * syncs would otherwise queue behind the turn's writeback
          * (measured: 0.9 ms alone, 3.2 ms behind a 9 MiB turn). */
         notify_committed(s);
+        const uint64_t now = ctxs__monotonic_ms();
+        const uint64_t settled =
+            atomic_exchange(&s->writeback_settle_ms, now + CTXS__WRITEBACK_SETTLE_MS);
         if (!s->background) {
+            /* Here, without a timer: the pages this commit filled, and
+             * after a pause what the commits before it left. */
+            atomic_store(&s->writeback_whole, settled != 0 && settled <= now);
             ctxs__background_request(s, CTXS__JOB_WRITEBACK);
             return 0;
         }
@@ -521,8 +527,6 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
          * filled a page of each run (the runway reaches further), or when
          * it has no settle time to wake for: a token at a time, a wake-up
          * for each is a context switch away from the engine's threads. */
-        const uint64_t settled = atomic_exchange(&s->writeback_settle_ms,
-                                                 ctxs__monotonic_ms() + CTXS__WRITEBACK_SETTLE_MS);
         if (settled == 0 || next.n_tokens < s->worker_woken_at ||
             next.n_tokens - s->worker_woken_at >= worker_stride(s)) {
             s->worker_woken_at = next.n_tokens;

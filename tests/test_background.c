@@ -278,6 +278,32 @@ Test(background, close_during_the_bring_in_is_safe)
     }
 }
 
+/* A session without the option, beside one with it: the worker never
+ * touches it, not even to write back what its commits left once they
+ * pause (it does that itself at its next commit and close), so that its
+ * close need not wait for the worker. */
+Test(background, leaves_a_session_without_the_option_alone)
+{
+    ctxs_model m = ts_model(7);
+    ctxs_create_options with = options(256, 1), without = options(256, 0);
+    ctxs_session *a, *b;
+    cr_assert_eq(ctxs_session_create(&a, ts_path(ts_scratch, "with"), &m, &with), 0);
+    cr_assert_eq(ctxs_session_create(&b, ts_path(ts_scratch, "without"), &m, &without), 0);
+    cr_assert_eq(ts_append(a, 3), 0);
+    cr_assert_eq(ts_append(b, 5), 0);
+    cr_assert_neq(atomic_load(&b->writeback_settle_ms), 0, "b's commit left nothing for later: "
+                  "the test checks nothing");
+    /* Past the settle time of both: the worker settles a's, not b's. */
+    ts_sleep_us((CTXS__WRITEBACK_SETTLE_MS + 300) * 1000u);
+    ctxs__background_wait_idle();
+    cr_expect_eq(atomic_load(&a->writeback_settle_ms), 0, "the worker did not settle a");
+    cr_expect_neq(atomic_load(&b->writeback_settle_ms), 0, "the worker settled b");
+    cr_expect_eq(atomic_load(&b->jobs), 0u, "the worker was asked to work on b");
+    ctxs_session_close(b);
+    cr_assert_eq(ts_append(a, 1), 0);
+    ctxs_session_close(a);
+}
+
 /* The child forked while the worker brings a session in and another one's
  * runway is prepared: the child can still open, write and close sessions,
  * its own worker comes and goes, and the parent goes on undisturbed. */

@@ -111,13 +111,14 @@ static void run_job(ctxs_session *s, unsigned job, const job_view *v)
         ctxs__runway_prepare(s, &v->st);
 }
 
-/* Under the mutex: asks for the whole writeback of each session whose
- * commits have paused until its settle time. */
+/* Under the mutex: asks for the whole writeback of each session in the
+ * worker's care whose commits have paused until its settle time (one
+ * without the option settles its own, at its next commit). */
 static void settle_writeback(uint64_t now)
 {
     for (ctxs_session *s = ctxs__registry_head; s; s = s->next) {
         uint64_t settle = atomic_load(&s->writeback_settle_ms);
-        if (settle && settle <= now && !atomic_load(&s->closing) &&
+        if (s->background && settle && settle <= now && !atomic_load(&s->closing) &&
             atomic_compare_exchange_strong(&s->writeback_settle_ms, &settle, 0)) {
             atomic_store(&s->writeback_whole, 1);
             atomic_fetch_or(&s->jobs, CTXS__JOB_WRITEBACK);
@@ -138,7 +139,7 @@ static void wait_for_work(void)
     uint64_t wake = UINT64_MAX;
     int keeping = 0;
     for (ctxs_session *s = ctxs__registry_head; s; s = s->next) {
-        uint64_t settle = atomic_load(&s->writeback_settle_ms);
+        uint64_t settle = s->background ? atomic_load(&s->writeback_settle_ms) : 0;
         if (settle && settle < wake)
             wake = settle;
         keeping |= !pressure && s->background && atomic_load(&s->runway_keep_until_ms) > now;

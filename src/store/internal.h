@@ -55,9 +55,10 @@ struct ctxs_session {
     atomic_int writeback_error;   /* -errno the worker met, for the owner */
     _Atomic uint64_t writeback_rewind; /* a rollback's point: write back from
                                           there (UINT64_MAX: none) */
-    /* At ASYNC the worker writes back only the pages commits have filled;
-     * the rest once commits have paused until this (monotonic ms; 0: none
-     * held back), or when asked (writeback_whole) or at close. */
+    /* At ASYNC a commit's writeback (the worker's, or the commit's own
+     * without one) covers only the pages commits have filled; the rest
+     * once commits have paused until this (monotonic ms; 0: nothing held
+     * back), or when asked (writeback_whole), or at close. */
     _Atomic uint64_t writeback_settle_ms;
     atomic_int writeback_whole;
     /* What this handle has mapped writable (runway.c's passes: the runway,

@@ -280,10 +280,10 @@ void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to)
  * After each commit the worker allocates and maps writable the slots of the
  * next positions, as many as twice the largest of the last reservations
  * (at least CTXS__RUNWAY_MIN_TOKENS, at most RUNWAY_MAX_BYTES of KV), so
- * that the next reserve finds them ready and costs microseconds. A reserve beyond
- * the runway does the work itself, as it always did, and a full disk is
- * still CTXS_EFULL from reserve: the runway gives up quietly and maps only
- * slots that have blocks. Mapping a page writable dirties it, so the
+ * that the next reserve finds them ready and costs microseconds. A reserve
+ * beyond the runway does the work itself, as it always did, and a full
+ * disk is still CTXS_EFULL from reserve: the runway gives up quietly and
+ * maps only slots that have blocks. Mapping a page writable dirties it, so the
  * worker's writeback covers committed slots only (not the runway's zeros),
  * and at FULL, whose fdatasync would write those zeros on the commit's
  * path, the runway only allocates.

@@ -10,7 +10,7 @@
  * llama.cpp's cell table, never the context's bytes.
  */
 #include <errno.h>
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,29 +78,45 @@ static int grow(uint8_t **p, size_t *cap, size_t n)
  * pages; untaken, they are written again with no fault), for the next
  * handle that needs one as large. Fresh buffers are faulted in by one call
  * (MADV_POPULATE_WRITE). What a buffer holds is scratch. */
-static pthread_mutex_t g_spare_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint8_t *g_spare;
-static size_t g_spare_cap;
+typedef struct spare_buffer {
+    uint8_t *buf;
+    size_t cap;
+} spare_buffer;
+
+/* Taken and given by exchange, with no lock for a fork to catch held. */
+static _Atomic(spare_buffer *) g_spare;
+
+static void spare_free(spare_buffer *p)
+{
+    if (p) {
+        munmap(p->buf, p->cap);
+        free(p);
+    }
+}
+
+/* Makes mine the spare unless the one there is larger; frees the other. */
+static void keep_larger(spare_buffer *mine)
+{
+    spare_buffer *old = atomic_exchange(&g_spare, mine);
+    if (old && old->cap > mine->cap)
+        old = atomic_exchange(&g_spare, old); /* mine, or what came since */
+    spare_free(old);
+}
 
 static void give_back(uint8_t *buf, size_t cap)
 {
     if (!buf)
         return;
+    spare_buffer *mine = malloc(sizeof *mine);
+    if (!mine) {
+        munmap(buf, cap);
+        return;
+    }
 #ifdef MADV_FREE
     madvise(buf, cap, MADV_FREE);
 #endif
-    pthread_mutex_lock(&g_spare_lock);
-    if (cap > g_spare_cap) { /* keep the larger */
-        uint8_t *p = g_spare;
-        size_t p_cap = g_spare_cap;
-        g_spare = buf;
-        g_spare_cap = cap;
-        buf = p;
-        cap = p_cap;
-    }
-    pthread_mutex_unlock(&g_spare_lock);
-    if (buf)
-        munmap(buf, cap);
+    *mine = (spare_buffer){buf, cap};
+    keep_larger(mine);
 }
 
 static int grow_state(ctxs_llama *lc, size_t n)
@@ -109,14 +125,14 @@ static int grow_state(ctxs_llama *lc, size_t n)
         return 0;
     uint8_t *at = NULL;
     size_t cap = 0;
-    pthread_mutex_lock(&g_spare_lock);
-    if (g_spare_cap >= n) {
-        at = g_spare;
-        cap = g_spare_cap;
-        g_spare = NULL;
-        g_spare_cap = 0;
+    spare_buffer *spare = atomic_exchange(&g_spare, NULL);
+    if (spare && spare->cap >= n) {
+        at = spare->buf;
+        cap = spare->cap;
+        free(spare);
+    } else if (spare) {
+        keep_larger(spare); /* too small for this one: for the next */
     }
-    pthread_mutex_unlock(&g_spare_lock);
     if (!at) {
         const size_t unit = (size_t)64 << 10;
         cap = (n + unit - 1) / unit * unit;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -301,6 +302,41 @@ Test(background, leaves_a_session_without_the_option_alone)
     cr_expect_eq(atomic_load(&b->jobs), 0u, "the worker was asked to work on b");
     ctxs_session_close(b);
     cr_assert_eq(ts_append(a, 1), 0);
+    ctxs_session_close(a);
+}
+
+/* CPU time of the whole process, in ms. */
+static double process_cpu_ms(void)
+{
+    struct rusage u;
+    cr_assert_eq(getrusage(RUSAGE_SELF, &u), 0);
+    return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+           (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
+}
+
+/* A session being closed while its writeback's settle time is due: the
+ * worker leaves it to the close, and waits for work instead of coming
+ * back to it at every pass (it spun, holding the registry mutex, and the
+ * close waited for it forever). The close's state is set by hand, as a
+ * close that finds the worker in a job on the session leaves it. */
+Test(background, a_due_settle_of_a_closing_session_does_not_spin_the_worker)
+{
+    ctxs_model m = ts_model(7);
+    ctxs_create_options o = options(256, 1);
+    ctxs_session *a, *b;
+    cr_assert_eq(ctxs_session_create(&a, ts_path(ts_scratch, "a"), &m, &o), 0);
+    cr_assert_eq(ctxs_session_create(&b, ts_path(ts_scratch, "b"), &m, &o), 0);
+    cr_assert_eq(ts_append(a, 2), 0);
+    ctxs__background_wait_idle();
+    atomic_store(&a->closing, 1);
+    atomic_store(&a->writeback_settle_ms, 1); /* long due */
+    cr_assert_eq(ts_append(b, 1), 0); /* the worker wakes */
+    const double before = process_cpu_ms();
+    ts_sleep_us(500 * 1000);
+    const double spent = process_cpu_ms() - before;
+    atomic_store(&a->closing, 0); /* a spinning worker now settles a, and stops */
+    cr_expect_lt(spent, 250, "%.0f ms of CPU in 500 ms of sleep: the worker spins", spent);
+    ctxs_session_close(b);
     ctxs_session_close(a);
 }
 

@@ -139,7 +139,12 @@ static void wait_for_work(void)
     uint64_t wake = UINT64_MAX;
     int keeping = 0;
     for (ctxs_session *s = ctxs__registry_head; s; s = s->next) {
-        uint64_t settle = s->background ? atomic_load(&s->writeback_settle_ms) : 0;
+        /* Only the settle times settle_writeback() acts on: one it skips
+         * (a session being closed, whose close starts that writeback)
+         * would be due at every pass, and the worker would spin. */
+        uint64_t settle = s->background && !atomic_load(&s->closing)
+                              ? atomic_load(&s->writeback_settle_ms)
+                              : 0;
         if (settle && settle < wake)
             wake = settle;
         keeping |= !pressure && s->background && atomic_load(&s->runway_keep_until_ms) > now;

@@ -12,7 +12,9 @@
  *                of the next token (one more token decoded): ctxstore (open
  *                the session, attach, restore) vs llama_state_seq_load_file
  *                vs re-prefilling every token; with the file in the page
- *                cache (warm) and dropped from it (cold).
+ *                cache (warm) and dropped from it (cold); and cold with the
+ *                session opened without the library's background thread
+ *                (ctxstore_cold_nobg: the restore reads ahead itself).
  *   decode       generating 32 tokens one at a time: llama_decode alone vs
  *                ctxs_llama_decode (each token decoded and saved): tokens/s.
  *
@@ -192,10 +194,12 @@ static void drop_cache(const char *path)
 
 /* --- Measurements ---------------------------------------------------------- */
 
-static ctxs_llama *open_session(bench *b, const char *name)
+static ctxs_llama *open_session(bench *b, const char *name, uint32_t background)
 {
     ctxs_session *s;
-    check_ctxs(ctxs_store_session_open(&s, b->st, name, &b->cm, 0, NULL), "open the session");
+    ctxs_open_options oo = CTXS_OPEN_OPTIONS_INIT;
+    oo.background = background;
+    check_ctxs(ctxs_store_session_open(&s, b->st, name, &b->cm, 0, &oo), "open the session");
     ctxs_llama *lc;
     check_llama(ctxs_llama_attach(&lc, b->ctx, s, NULL), "attach");
     return lc;
@@ -229,7 +233,7 @@ static void prepare(bench *b)
 static void save_turn(bench *b)
 {
     samples store = {0}, file = {0}, file_sync = {0};
-    ctxs_llama *lc = open_session(b, "chat");
+    ctxs_llama *lc = open_session(b, "chat", 1);
     const int32_t *turn = b->tokens + b->n;
     for (int i = -1; i < b->reps; i++) {
         decode(b, turn, TURN, b->n);
@@ -269,7 +273,7 @@ static void first_token(bench *b)
         die("no logits");
 }
 
-static void resume(bench *b, int cold)
+static void resume(bench *b, int cold, uint32_t background)
 {
     samples store = {0}, file = {0};
     ctxs_session_entry e;
@@ -283,11 +287,16 @@ static void resume(bench *b, int cold)
         if (cold)
             drop_cache(session_path);
         double t0 = now_us();
-        ctxs_llama *lc = open_session(b, "chat");
+        ctxs_llama *lc = open_session(b, "chat", background);
         check_llama(ctxs_llama_restore(lc), "restore");
         first_token(b);
         double t1 = now_us();
         close_session(lc);
+        if (!background) {
+            if (i >= 0)
+                samples_add(&store, t1 - t0);
+            continue;
+        }
         llama_memory_clear(b->mem, true);
         if (cold)
             drop_cache(b->state_path);
@@ -303,6 +312,11 @@ static void resume(bench *b, int cold)
         }
     }
     free(ids);
+    if (!background) {
+        record("resume", "ctxstore_cold_nobg", b->n, &store);
+        samples_free(&file);
+        return;
+    }
     record("resume", cold ? "ctxstore_cold" : "ctxstore_warm", b->n, &store);
     record("resume", cold ? "state_file_cold" : "state_file_warm", b->n, &file);
 }
@@ -327,7 +341,7 @@ static void reprefill(bench *b)
 static void decode_rate(bench *b)
 {
     samples plain = {0}, saved = {0};
-    ctxs_llama *lc = open_session(b, "chat");
+    ctxs_llama *lc = open_session(b, "chat", 1);
     check_llama(ctxs_llama_restore(lc), "restore");
     const uint32_t at = b->n + TURN;
     const int32_t *gen = b->tokens + at;
@@ -374,8 +388,9 @@ static void run_context(bench *b, const options *o, uint32_t n)
     fprintf(stderr, "%s, %u tokens: save a turn\n", g_model_name, n);
     save_turn(b);
     fprintf(stderr, "%s, %u tokens: resume\n", g_model_name, n);
-    resume(b, 0);
-    resume(b, 1);
+    resume(b, 0, 1);
+    resume(b, 1, 1);
+    resume(b, 1, 0);
     reprefill(b);
     fprintf(stderr, "%s, %u tokens: decode\n", g_model_name, n);
     decode_rate(b);
@@ -421,6 +436,12 @@ static void print_ratios(const char *model, uint32_t n)
                    model, n, cold ? "cold" : "warm", rs->base.median_us / 1e3,
                    rf->base.median_us / rs->base.median_us, rp->base.median_us / rs->base.median_us);
     }
+    const result *rn = find(model, "resume", "ctxstore_cold_nobg", n),
+                 *rf = find(model, "resume", "state_file_cold", n);
+    if (rn && rf)
+        printf("%s, %u tokens: resume (cold, no background thread) %.1f ms; the state file %.1fx "
+               "that\n",
+               model, n, rn->base.median_us / 1e3, rf->base.median_us / rn->base.median_us);
     const result *dp = find(model, "decode_token", "llama_decode", n),
                  *ds = find(model, "decode_token", "ctxs_llama_decode", n);
     if (dp && ds)

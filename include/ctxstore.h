@@ -862,6 +862,11 @@ CTXS_API int ctxs_session_get_tokens(uint32_t *out, const ctxs_session *s,
 #define CTXS_INFO_PARTIAL_WINDOW 0x80u /* the window is smaller than what
                                      the session holds: attention does not
                                      read every held token */
+#define CTXS_INFO_BACKGROUND 0x100u /* the handle has the background option:
+                                     the library's thread reads the window
+                                     ahead after the open (see "Background
+                                     work"); without it, whatever reads the
+                                     K/V first pays for bringing them in */
 
 typedef struct ctxs_session_info {
     ctxs_model model;

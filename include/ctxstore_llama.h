@@ -84,7 +84,11 @@
  *   buffer outlives the handle: the process keeps the largest one a handle
  *   gave back (marked MADV_FREE, so that the kernel may take its pages
  *   under memory pressure) for the next resume, which then faults no fresh
- *   memory in.
+ *   memory in. The K/V come from the disk as the library's thread reads the
+ *   window ahead after the open; where it does not (a session opened with
+ *   background = 0, or a window smaller than what it holds), the restore
+ *   asks the kernel to read every held token ahead first (MADV_WILLNEED),
+ *   instead of faulting them in a page at a time.
  * - ctxs_llama_rollback(): llama_memory_seq_rm() and the session's
  *   rollback; a sliding-window model whose window layers no longer hold what
  *   the rolled-back state needs, or (swa_full = false) whose dropped cells
@@ -146,12 +150,18 @@ typedef struct ctxs_llama_options {
                                durable, as after a power loss */
     const ctxs_create_options *create; /* for new sessions (ctxs_llama_start);
                                NULL: capacity llama_n_ctx(), no ring */
+    /* Version 2: */
+    const ctxs_open_options *open; /* the handle ctxs_llama_start() opens,
+                               forks or (without `create`) creates:
+                               durability, background; NULL: the defaults */
 } ctxs_llama_options;
 
-#define CTXS_LLAMA_OPTIONS_VERSION 1u
-#define CTXS_LLAMA_OPTIONS_INIT { CTXS_LLAMA_OPTIONS_VERSION, 0, -1, 0, NULL }
+#define CTXS_LLAMA_OPTIONS_VERSION 2u
+#define CTXS_LLAMA_OPTIONS_INIT { CTXS_LLAMA_OPTIONS_VERSION, 0, -1, 0, NULL, NULL }
 /* The defaults above, for bindings that cannot use the macro: 0, or
- * CTXS_EINVAL for NULL or a version this library does not know. */
+ * CTXS_EINVAL for NULL or a version this library does not know. Version 1
+ * (without `open`) is still taken here and by the calls below, and only
+ * its fields are read and written. */
 CTXS_API int ctxs_llama_options_init(ctxs_llama_options *opts, uint32_t version);
 
 /* Binds the sequence opts->seq_id of ctx to the session s (read-write,

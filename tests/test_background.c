@@ -290,6 +290,8 @@ Test(background, leaves_a_session_without_the_option_alone)
     ctxs_session *a, *b;
     cr_assert_eq(ctxs_session_create(&a, ts_path(ts_scratch, "with"), &m, &with), 0);
     cr_assert_eq(ctxs_session_create(&b, ts_path(ts_scratch, "without"), &m, &without), 0);
+    cr_expect(ts_info(a).flags & CTXS_INFO_BACKGROUND, "info does not say a has the option");
+    cr_expect_eq(ts_info(b).flags & CTXS_INFO_BACKGROUND, 0, "info says b has the option");
     cr_assert_eq(ts_append(a, 3), 0);
     cr_assert_eq(ts_append(b, 5), 0);
     cr_assert_neq(atomic_load(&b->writeback_settle_ms), 0, "b's commit left nothing for later: "

@@ -292,6 +292,40 @@ def test_flipped_byte_rolls_back_and_generation_matches_a_fresh_prefill(tmp_path
     assert read_tokens(tmp_path / "a.ids") == read_tokens(tmp_path / "b.ids")
 
 
+def drop_from_page_cache(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_a_cold_resume_without_the_background_thread_reads_the_session_ahead(tmp_path):
+    """A session opened without the library's thread (background off) is
+    restored from a cold page cache by reads ahead of the gather, not one
+    4 KiB fault and disk read at a time (the KV is mapped for random
+    access): the resumed process's major faults are a small part of the
+    session's pages, and it resumes the same tokens."""
+    import resource
+    model = model_path("smollm2")
+    store = str(tmp_path / "s")
+    Run(model, store, "chat", messages=MESSAGES[:3]).run()
+    info = json.loads(subprocess.run([CTXSTORE, "--store", store, "info", "chat", "--json"],
+                                     capture_output=True, text=True, check=True).stdout)
+    n, path = info["n_tokens"], info["path"]
+    g = info["geometry"]
+    kv_pages = n * g["n_layers"] * 2 * g["n_kv_heads"] * g["head_dim"] * 2 // 4096
+    drop_from_page_cache(path)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_majflt
+    events, _o, _k = Run(model, store, "chat", ["--background", "off"],
+                         messages=MESSAGES[:3]).run()
+    faults = resource.getrusage(resource.RUSAGE_CHILDREN).ru_majflt - before
+    print(f"{n} tokens, {kv_pages} pages of K/V: {faults} major faults in the resumed process")
+    assert Run.numbers(events, "resumed") == [n]
+    assert faults < kv_pages // 8, f"{faults} major faults for {kv_pages} pages of K/V"
+
+
 def test_window_layers_keep_their_window_and_roll_back_within_it(tmp_path):
     """Gemma 3 with llama.cpp's window layers keeping their window
     (--swa-full off): the session's window layers are rings of llama.cpp's
@@ -335,8 +369,8 @@ def test_window_layers_keep_their_window_and_roll_back_within_it(tmp_path):
 
 def test_options_init_serves_a_binding_without_macros():
     """ctxs_llama_options_init() gives CTXS_LLAMA_OPTIONS_INIT to a caller
-    that cannot expand it (a ctypes binding), and refuses a version it does
-    not know."""
+    that cannot expand it (a ctypes binding), writes only the fields of the
+    version it is asked for, and refuses a version it does not know."""
     import ctypes
     lib_path = os.environ.get("CTXS_LLAMA_LIB", "")
     if not lib_path or not os.path.exists(lib_path):
@@ -347,11 +381,19 @@ def test_options_init_serves_a_binding_without_macros():
     class Options(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("seq_id", ctypes.c_int32),
                     ("spare_seq_id", ctypes.c_int32), ("open_flags", ctypes.c_uint32),
-                    ("create", ctypes.c_void_p)]
+                    ("create", ctypes.c_void_p), ("open", ctypes.c_void_p)]
 
-    o = Options(7, 7, 7, 7, 7)
+    def fields(o):
+        return (o.version, o.seq_id, o.spare_seq_id, o.open_flags, o.create, o.open)
+
+    o = Options(7, 7, 7, 7, 7, 7)
+    assert lib.ctxs_llama_options_init(ctypes.byref(o), 2) == 0
+    assert fields(o) == (2, 0, -1, 0, None, None)
+    # A caller built against version 1 has no `open`: nothing is written there.
+    o = Options(7, 7, 7, 7, 7, 7)
     assert lib.ctxs_llama_options_init(ctypes.byref(o), 1) == 0
-    assert (o.version, o.seq_id, o.spare_seq_id, o.open_flags, o.create) == (1, 0, -1, 0, None)
+    assert fields(o) == (1, 0, -1, 0, None, 7)
     einval = -32008  # CTXS_EINVAL
-    assert lib.ctxs_llama_options_init(ctypes.byref(o), 2) == einval
-    assert lib.ctxs_llama_options_init(None, 1) == einval
+    assert lib.ctxs_llama_options_init(ctypes.byref(o), 3) == einval
+    assert lib.ctxs_llama_options_init(ctypes.byref(o), 0) == einval
+    assert lib.ctxs_llama_options_init(None, 2) == einval

@@ -24,7 +24,8 @@
  * keep only their window in llama.cpp, and so in the session (on, the
  * default: every position); a chat is resumed with the setting it was
  * saved with. --rollback-to N rolls a resumed chat back to N tokens before
- * it goes on (event "rolled back N").
+ * it goes on (event "rolled back N"). --background off opens the session
+ * without the library's thread (see ctxstore.h, "Background work").
  * Options for tests and measurements: --break-at N (decode so that a batch
  * ends at token N, as a run killed there does when it resumes),
  * --dump-state-at N:FILE (llama.cpp's own state of the sequence when the
@@ -59,6 +60,7 @@ typedef struct options {
     const char *dump_resumed, *tokens_out;
     int flash_attn; /* llama_flash_attn_type */
     int swa_full;   /* window layers keep every position */
+    int background; /* the session's background option */
     int64_t rollback_to; /* after the start, back to this many tokens; -1: no */
     int verbose, verify;
 } options;
@@ -116,6 +118,7 @@ static void usage(void)
     fputs("usage: llama-chat --model GGUF --store DIR [--system TEXT] [--max-tokens N]\n"
           "                  [--ctx N] [--batch N] [--threads N] [--break-at N]...\n"
           "                  [--flash-attn on|off] [--swa-full on|off] [--rollback-to N]\n"
+          "                  [--background on|off]\n"
           "                  [--dump-state-at N:FILE]...\n"
           "                  [--dump-resumed FILE] [--tokens-out FILE] [--verify]\n"
           "                  [--verbose] NAME\n",
@@ -126,7 +129,8 @@ static void usage(void)
 static options parse(int argc, char **argv)
 {
     options o = {.max_tokens = 96, .n_ctx = 2048, .n_batch = 512, .n_threads = 2,
-                 .flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO, .swa_full = 1, .rollback_to = -1};
+                 .flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO, .swa_full = 1, .background = 1,
+                 .rollback_to = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--verbose")) {
@@ -169,6 +173,8 @@ static options parse(int argc, char **argv)
                                             : LLAMA_FLASH_ATTN_TYPE_DISABLED;
         else if (!strcmp(a, "--swa-full") && (!strcmp(v, "on") || !strcmp(v, "off")))
             o.swa_full = !strcmp(v, "on");
+        else if (!strcmp(a, "--background") && (!strcmp(v, "on") || !strcmp(v, "off")))
+            o.background = !strcmp(v, "on");
         else if (!strcmp(a, "--rollback-to"))
             o.rollback_to = number(v, a);
         else if (!strcmp(a, "--break-at") && o.n_breaks < MAX_MARKS)
@@ -378,6 +384,9 @@ static void start(chat *c, const char *first_message)
     ctxs_llama_start_info info;
     ctxs_llama_options lo = CTXS_LLAMA_OPTIONS_INIT;
     lo.open_flags = c->o.verify ? CTXS_OPEN_VERIFY : 0;
+    ctxs_open_options open = CTXS_OPEN_OPTIONS_INIT;
+    open.background = (uint32_t)c->o.background;
+    lo.open = &open;
     check(ctxs_llama_start(&c->lc, c->st, c->o.name, c->ctx, &model, prompt, n_prompt, &lo,
                            &info),
           c->o.name);

@@ -276,6 +276,8 @@ class SessionInfo:
                     doc="The session has a ring.")
     partial_window = property(lambda self: bool(self.flags & INFO_PARTIAL_WINDOW),  # noqa: F821
                               doc="Attention reads fewer tokens than are held.")
+    background = property(lambda self: bool(self.flags & INFO_BACKGROUND),  # noqa: F821
+                          doc="The library's thread reads the window ahead after an open.")
 
 
 class Checkpoint(NamedTuple):

@@ -230,6 +230,9 @@ def test_durability_and_background(tmp_path, model, durability):
                                  durability=durability, background=False) as s:
         append(s, [1, 2])
         assert s.info().durability in ("none", "async", "full")
+        assert not s.info().background
+    with ctxstore.Session.open(tmp_path / "d.ctxs", model) as s:
+        assert s.info().background
     with pytest.raises(ValueError):
         ctxstore.Session.create(tmp_path / "e.ctxs", model, durability="sometimes")
 

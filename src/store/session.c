@@ -612,6 +612,8 @@ int ctxs_session_get_info(ctxs_session_info *out, const ctxs_session *s)
         out->flags |= CTXS_INFO_PRESSURE;
     if (s->ring)
         out->flags |= CTXS_INFO_RING;
+    if (s->background)
+        out->flags |= CTXS_INFO_BACKGROUND;
     ctxs_window w;
     ctxs__window_spans(s, &s->st, out->window, &w);
     if (w.n_tokens < out->n_held)

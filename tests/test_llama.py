@@ -301,6 +301,31 @@ def drop_from_page_cache(path):
         os.close(fd)
 
 
+def resident_pages(path):
+    """How many of the file's pages are in the page cache (mincore)."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        try:
+            vec = (ctypes.c_ubyte * ((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE))()
+            assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+            return sum(v & 1 for v in vec)
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
 def test_a_cold_resume_without_the_background_thread_reads_the_session_ahead(tmp_path):
     """A session opened without the library's thread (background off) is
     restored from a cold page cache by reads ahead of the gather, not one
@@ -317,6 +342,9 @@ def test_a_cold_resume_without_the_background_thread_reads_the_session_ahead(tmp
     g = info["geometry"]
     kv_pages = n * g["n_layers"] * 2 * g["n_kv_heads"] * g["head_dim"] * 2 // 4096
     drop_from_page_cache(path)
+    if resident_pages(path) > kv_pages // 8:
+        pytest.skip(f"{path}: its pages stay in the page cache after POSIX_FADV_DONTNEED "
+                    "(tmpfs?): a cold resume cannot be made here")
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_majflt
     events, _o, _k = Run(model, store, "chat", ["--background", "off"],
                          messages=MESSAGES[:3]).run()

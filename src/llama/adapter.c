@@ -649,7 +649,7 @@ static int put_state(ctxs_llama *lc, const cells_plan *plan, int quiet)
  * bring them in after the open (no background option, or a window smaller
  * than what the session holds). The KV is mapped for random access, so
  * the gather would otherwise fault them in a page at a time: a cold
- * restore of SmolLM2's 2048 tokens took 0.7 s that way, and 58-67 ms read
+ * restore of SmolLM2's 2048 tokens took 0.7 s that way, and 53-67 ms read
  * ahead (the state file: 34-38 ms). Where the thread reads the window,
  * asking again only slows the restore (55 ms against 41). */
 static void read_ahead(ctxs_llama *lc, uint64_t n)

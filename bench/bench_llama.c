@@ -313,7 +313,7 @@ static void resume(bench *b, int cold, uint32_t background)
     }
     free(ids);
     if (!background) {
-        record("resume", "ctxstore_cold_nobg", b->n, &store);
+        record("resume", cold ? "ctxstore_cold_nobg" : "ctxstore_warm_nobg", b->n, &store);
         samples_free(&file);
         return;
     }

@@ -168,7 +168,8 @@ CTXS_API int ctxs_llama_options_init(ctxs_llama_options *opts, uint32_t version)
  * opened for the model of ctx). Nothing moves: see ctxs_llama_restore().
  * The handle keeps pointers to ctx and s; it closes neither, and both must
  * outlive it.
- * Errors: CTXS_EINVAL (NULL, sequences out of range or equal, n_seq_max < 2,
+ * Errors: CTXS_EINVAL (NULL, an options version this library does not know,
+ * sequences out of range or equal, n_seq_max < 2,
  * a context whose cache is not unified, a session of another geometry or
  * layer schedule than ctx's model), CTXS_EREADONLY (s read-only),
  * CTXS_EENGINE (llama.cpp's state layout not recognised), CTXS_ENOMEM. */

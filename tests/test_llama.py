@@ -398,7 +398,8 @@ def test_window_layers_keep_their_window_and_roll_back_within_it(tmp_path):
 def test_options_init_serves_a_binding_without_macros():
     """ctxs_llama_options_init() gives CTXS_LLAMA_OPTIONS_INIT to a caller
     that cannot expand it (a ctypes binding), writes only the fields of the
-    version it is asked for, and refuses a version it does not know."""
+    version it is asked for, and refuses a version it does not know, as
+    attach and start do."""
     import ctypes
     lib_path = os.environ.get("CTXS_LLAMA_LIB", "")
     if not lib_path or not os.path.exists(lib_path):
@@ -425,3 +426,17 @@ def test_options_init_serves_a_binding_without_macros():
     assert lib.ctxs_llama_options_init(ctypes.byref(o), 3) == einval
     assert lib.ctxs_llama_options_init(ctypes.byref(o), 0) == einval
     assert lib.ctxs_llama_options_init(None, 2) == einval
+    # attach and start refuse options of an unknown version, saying so, and
+    # take version 1's (to their next check: here, the NULL context).
+    lib.ctxs_get_last_error.restype = ctypes.c_char_p
+    out = ctypes.c_void_p(7)
+    for version, refused in ((3, True), (1, False), (2, False)):
+        o = Options(version, 0, -1, 0, None, None)
+        assert lib.ctxs_llama_attach(ctypes.byref(out), None, None, ctypes.byref(o)) == einval
+        assert out.value is None
+        said = lib.ctxs_get_last_error().decode()
+        assert ("version is 3" in said) == refused, said
+        assert lib.ctxs_llama_start(ctypes.byref(out), None, None, None, None, None, 0,
+                                    ctypes.byref(o), None) == einval
+        said = lib.ctxs_get_last_error().decode()
+        assert ("version is 3" in said) == refused, said

@@ -384,9 +384,9 @@ static void start(chat *c, const char *first_message)
     ctxs_llama_start_info info;
     ctxs_llama_options lo = CTXS_LLAMA_OPTIONS_INIT;
     lo.open_flags = c->o.verify ? CTXS_OPEN_VERIFY : 0;
-    ctxs_open_options open = CTXS_OPEN_OPTIONS_INIT;
-    open.background = (uint32_t)c->o.background;
-    lo.open = &open;
+    ctxs_open_options open_options = CTXS_OPEN_OPTIONS_INIT;
+    open_options.background = (uint32_t)c->o.background;
+    lo.open = &open_options;
     check(ctxs_llama_start(&c->lc, c->st, c->o.name, c->ctx, &model, prompt, n_prompt, &lo,
                            &info),
           c->o.name);

@@ -246,12 +246,12 @@ int ctxs_llama_attach(ctxs_llama **out, struct llama_context *ctx, ctxs_session 
     if (!out)
         return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_attach: out is NULL");
     *out = NULL;
-    if (!ctx || !s)
-        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_attach: a NULL context or session");
     ctxs_llama_options o;
     int rc = take_options(&o, opts, "ctxs_llama_attach");
     if (rc < 0)
         return rc;
+    if (!ctx || !s)
+        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_attach: a NULL context or session");
     const int32_t n_seq = (int32_t)llama_n_seq_max(ctx);
     if (o.spare_seq_id < 0)
         o.spare_seq_id = n_seq - 1;
@@ -933,12 +933,12 @@ int ctxs_llama_start(ctxs_llama **out, ctxs_store *st, const char *name,
     if (!out)
         return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_start: out is NULL");
     *out = NULL;
-    if (!st || !name || !ctx || !model || (!prompt && n_prompt))
-        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_start: a NULL argument");
     ctxs_llama_options o;
     int rc = take_options(&o, opts, "ctxs_llama_start");
     if (rc < 0)
         return rc;
+    if (!st || !name || !ctx || !model || (!prompt && n_prompt))
+        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_start: a NULL argument");
     ctxs_llama_start_info local;
     if (!info)
         info = &local;

@@ -111,14 +111,21 @@ static void run_job(ctxs_session *s, unsigned job, const job_view *v)
         ctxs__runway_prepare(s, &v->st);
 }
 
+/* The settle time the worker acts on for s, or 0: none for a session
+ * without the option (it settles its own, at its next commit) or one being
+ * closed (its close starts that writeback). */
+static uint64_t worker_settle_ms(ctxs_session *s)
+{
+    return s->background && !atomic_load(&s->closing) ? atomic_load(&s->writeback_settle_ms) : 0;
+}
+
 /* Under the mutex: asks for the whole writeback of each session in the
- * worker's care whose commits have paused until its settle time (one
- * without the option settles its own, at its next commit). */
+ * worker's care whose commits have paused until its settle time. */
 static void settle_writeback(uint64_t now)
 {
     for (ctxs_session *s = ctxs__registry_head; s; s = s->next) {
-        uint64_t settle = atomic_load(&s->writeback_settle_ms);
-        if (s->background && settle && settle <= now && !atomic_load(&s->closing) &&
+        uint64_t settle = worker_settle_ms(s);
+        if (settle && settle <= now &&
             atomic_compare_exchange_strong(&s->writeback_settle_ms, &settle, 0)) {
             atomic_store(&s->writeback_whole, 1);
             atomic_fetch_or(&s->jobs, CTXS__JOB_WRITEBACK);
@@ -140,11 +147,8 @@ static void wait_for_work(void)
     int keeping = 0;
     for (ctxs_session *s = ctxs__registry_head; s; s = s->next) {
         /* Only the settle times settle_writeback() acts on: one it skips
-         * (a session being closed, whose close starts that writeback)
          * would be due at every pass, and the worker would spin. */
-        uint64_t settle = s->background && !atomic_load(&s->closing)
-                              ? atomic_load(&s->writeback_settle_ms)
-                              : 0;
+        const uint64_t settle = worker_settle_ms(s);
         if (settle && settle < wake)
             wake = settle;
         keeping |= !pressure && s->background && atomic_load(&s->runway_keep_until_ms) > now;

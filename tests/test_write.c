@@ -741,6 +741,40 @@ Test(write, a_reply_decoded_token_by_token_is_written_back_once)
     }
 }
 
+/* A regenerated reply: the session rolled back to the end of the prompt,
+ * and the reply decoded again a token at a time. The rollback forgets what
+ * was mapped (a writeback may have write-protected it since); the worker
+ * maps the slots after it again, so that the new reply's tokens find theirs
+ * mapped instead of each asking the worker for its own. */
+Test(write, a_rollback_leaves_the_next_slots_mapped)
+{
+    const uint16_t *kv = big_turn();
+    ctxs_session *s = create_big(1);
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+    big_turn_write(s, &r, kv, BY_LAYER);
+    big_commit(s, &r);
+    decode_tokens(s, 0, 16); /* the first reply */
+    cr_assert_eq(ctxs_session_rollback(s, 64), 0);
+    ctxs__background_wait_idle();
+    if (runway_dirty(s, 64) < 0) {
+        ctxs_session_close(s);
+        cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
+    }
+    for (uint64_t pos = 64; pos < 80; pos++)
+        cr_expect_eq(ctxs__kv_writable(s, pos, pos + 1, 0, s->lay.n_layers, CTXS__ASK_OWNER,
+                                       NULL),
+                     1, "position %" PRIu64 " after the rollback is not mapped writable", pos);
+    decode_tokens(s, 16, 32); /* the reply again, other K/V */
+    uint64_t bad;
+    cr_assert_eq(ctxs_session_verify(&bad, s), 0);
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_expect_eq(info.n_tokens, 80);
+    ctxs_session_close(s);
+    unlink(ts_path(ts_scratch, "big"));
+}
+
 /* A write into the file that fails partway (an error, or a short write and
  * then an error) is reported; the slots are written again by the next call,
  * and nothing committed changes. */

@@ -661,5 +661,10 @@ int ctxs_session_rollback(ctxs_session *s, uint64_t n_tokens)
         return ctxs__fail(s);
     if (s->hooks)
         s->hooks->rolled_back(s, n_tokens, s->hooks_arg);
+    /* The runway was forgotten above: without a new one, each reservation
+     * of the turn that follows (a regenerated reply, a token at a time)
+     * would find its slots unmapped and ask the worker for them, a wake-up
+     * and a pass of 2 * n_layers * n_kv_heads calls a token. */
+    ctxs__background_request(s, CTXS__JOB_RUNWAY);
     return 0;
 }

@@ -395,8 +395,8 @@ typedef enum ctxs_durability {
  *   it too); an attention pass right after the open waits only for the
  *   pages not yet in, and one after a pause finds them all in;
  * - after a commit: at ASYNC, writeback of the committed tokens is started
- *   (of the pages they filled, once they fill a page of every run; the
- *   page each run is still filling, and the records and tables, once
+ *   (of the pages they filled, every 32 tokens; the page each run is
+ *   still filling, and the records and tables, once
  *   commits pause for a second: a reply decoded token by token would
  *   otherwise have the same pages written back, and faulted on and waited
  *   for, at each token);
@@ -415,7 +415,9 @@ typedef enum ctxs_durability {
  *
  * The thread is started by the first open or create with the option in the
  * process, and stopped and joined by the close of the last such session; a
- * process with none open has no thread of ctxstore's. Close of any session
+ * process with none open has no thread of ctxstore's. On Linux it runs
+ * SCHED_BATCH: waking it (a commit, a reserve) never preempts the thread
+ * that woke it, and it still gets its fair share of the processor. Close of any session
  * waits for the thread to let go of it (at most one chunk of a few MiB).
  * None of this changes a result: attention reads the same bytes, and a
  * commit is as durable as its level says once it returns. The library

@@ -452,14 +452,16 @@ static void notify_committed(ctxs_session *s)
         s->hooks->committed(s, s->hooks_arg);
 }
 
-/* Tokens that fill a page of each K/V run, and at most half the least
- * runway. */
-static uint64_t worker_stride(const ctxs_session *s)
-{
-    const uint64_t per_page = (uint64_t)sysconf(_SC_PAGESIZE) / s->lay.slot_bytes;
-    return per_page < 1 ? 1 : per_page > CTXS__RUNWAY_MIN_TOKENS / 2 ? CTXS__RUNWAY_MIN_TOKENS / 2
-                                                                       : per_page;
-}
+/* ASYNC commits between two wake-ups of the worker: half the least
+ * runway, so that the runway each wake-up extends stays ahead of a reply
+ * decoded a token at a time. Each wake-up starts the writeback of the
+ * pages filled since, one sync_file_range() per K/V run, whose cost is
+ * mostly per call: Gemma 3 270M decoding a token at a time (36 runs of
+ * 512-byte slots) cost the worker 0.96 ms a wake-up when it was woken at
+ * each page of slots (8 tokens), 2.5-3 ms every 32 tokens; and the
+ * committing thread half as much (69 us a token against 137, where
+ * llama.cpp's threads kept the other core busy). */
+#define WORKER_STRIDE (CTXS__RUNWAY_MIN_TOKENS / 2)
 
 int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
 {
@@ -523,12 +525,12 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
             ctxs__background_request(s, CTXS__JOB_WRITEBACK);
             return 0;
         }
-        /* The worker is woken when the commits since it last was have
-         * filled a page of each run (the runway reaches further), or when
-         * it has no settle time to wake for: a token at a time, a wake-up
-         * for each is a context switch away from the engine's threads. */
+        /* The worker is woken every WORKER_STRIDE tokens (the runway
+         * reaches further), or when it has no settle time to wake for: a
+         * token at a time, a wake-up for each is a context switch away
+         * from the engine's threads. */
         if (settled == 0 || next.n_tokens < s->worker_woken_at ||
-            next.n_tokens - s->worker_woken_at >= worker_stride(s)) {
+            next.n_tokens - s->worker_woken_at >= WORKER_STRIDE) {
             s->worker_woken_at = next.n_tokens;
             ctxs__background_request(s, CTXS__JOB_WRITEBACK | CTXS__JOB_RUNWAY);
         }

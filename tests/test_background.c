@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,8 +34,8 @@ static ctxs_model big_model(void)
 }
 
 /* The threads of this process that are ctxstore's worker (by name, so that
- * a sanitizer's own threads do not count). */
-static int thread_count(void)
+ * a sanitizer's own threads do not count), and in *tid one's thread id. */
+static int worker_threads(pid_t *tid)
 {
     DIR *d = opendir("/proc/self/task");
     cr_assert_not_null(d);
@@ -45,13 +46,22 @@ static int thread_count(void)
         char path[300], name[32] = "";
         snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
         FILE *f = fopen(path, "r");
-        if (f && fgets(name, sizeof name, f))
-            n += strncmp(name, CTXS__WORKER_NAME "\n", sizeof CTXS__WORKER_NAME) == 0;
+        if (f && fgets(name, sizeof name, f) &&
+            strncmp(name, CTXS__WORKER_NAME "\n", sizeof CTXS__WORKER_NAME) == 0) {
+            n++;
+            if (tid)
+                *tid = (pid_t)atol(e->d_name);
+        }
         if (f)
             fclose(f);
     }
     closedir(d);
     return n;
+}
+
+static int thread_count(void)
+{
+    return worker_threads(NULL);
 }
 
 /* thread_count() once it has settled: a joined thread's task can stay in
@@ -133,6 +143,28 @@ Test(background, lives_while_a_session_uses_it_and_is_joined_by_the_last_close)
     cr_assert_eq(thread_count(), base + 1);
     ctxs_session_close(a);
     cr_assert_eq(settled_thread_count(base), base);
+}
+
+/* Woken after a commit, the worker must not take the committing thread's
+ * core from it: it runs as a batch thread, which a wake-up never lets
+ * preempt another. */
+Test(background, runs_as_a_batch_thread)
+{
+#ifndef SCHED_BATCH
+    cr_skip_test("no SCHED_BATCH on this system");
+#else
+    ctxs_model m = big_model();
+    ctxs_create_options on = options(512, 1);
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_create(&s, ts_path(ts_scratch, "a.ctxs"), &m, &on), 0);
+    cr_assert_eq(ts_append(s, 100), 0);
+    ctxs__background_wait_idle(); /* it has run */
+    pid_t tid = 0;
+    cr_assert_eq(worker_threads(&tid), 1);
+    cr_expect_eq(sched_getscheduler(tid), SCHED_BATCH, "the worker's policy is %d",
+                 sched_getscheduler(tid));
+    ctxs_session_close(s);
+#endif
 }
 
 /* Two sessions given the same turns, one with the background work and one

@@ -395,11 +395,10 @@ typedef enum ctxs_durability {
  *   it too); an attention pass right after the open waits only for the
  *   pages not yet in, and one after a pause finds them all in;
  * - after a commit: at ASYNC, writeback of the committed tokens is started
- *   (of the pages they filled, every 32 tokens; the page each run is
- *   still filling, and the records and tables, once
- *   commits pause for a second: a reply decoded token by token would
- *   otherwise have the same pages written back, and faulted on and waited
- *   for, at each token);
+ *   (of the pages they filled, every 32 tokens; the page each run is still
+ *   filling, and the records and tables, once commits pause for a second:
+ *   a reply decoded token by token would otherwise have the same pages
+ *   written back, and faulted on and waited for, at each token);
  *   the next slots are allocated and (at NONE and ASYNC) mapped writable (a
  *   "runway" of twice the largest recent reservation, at most 128 MiB), so
  *   that the next ctxs_session_reserve() costs microseconds and the next
@@ -411,14 +410,17 @@ typedef enum ctxs_durability {
  * - after a reserve beyond the runway, or once writeback has cleaned it:
  *   the reserved slots are mapped, a layer at a time, while the engine
  *   computes; and ahead of an engine that writes a few tokens at a time
- *   through ctxs_session_write_layer() (a reply decoded token by token).
+ *   through ctxs_session_write_layer() (a reply decoded token by token);
+ * - after a rollback: the runway again, from the new count (a regenerated
+ *   reply finds its slots mapped).
  *
  * The thread is started by the first open or create with the option in the
  * process, and stopped and joined by the close of the last such session; a
  * process with none open has no thread of ctxstore's. On Linux it runs
  * SCHED_BATCH: waking it (a commit, a reserve) never preempts the thread
- * that woke it, and it still gets its fair share of the processor. Close of any session
- * waits for the thread to let go of it (at most one chunk of a few MiB).
+ * that woke it, and it still gets its fair share of the processor. Close
+ * of any session waits for the thread to let go of it (at most one chunk
+ * of a few MiB).
  * None of this changes a result: attention reads the same bytes, and a
  * commit is as durable as its level says once it returns. The library
  * registers a pthread_atfork() handler (at the first open) so that a child

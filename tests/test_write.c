@@ -432,6 +432,19 @@ static void big_commit(ctxs_session *s, const ctxs_reservation *r)
     cr_assert_eq(ctxs_session_commit(s, ids, 64), 0);
 }
 
+/* create_big()'s session with the background work and a first turn,
+ * written a layer at a time and committed (the worker may still be making
+ * the runway after it). */
+static ctxs_session *big_with_a_turn(void)
+{
+    ctxs_session *s = create_big(1);
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+    big_turn_write(s, &r, big_turn(), BY_LAYER);
+    big_commit(s, &r);
+    return s;
+}
+
 /* After a writeback cleaned every page (as the kernel's flusher does after
  * a pause of half a minute), stores through the mapping fault on the
  * caller's thread; write_layer takes none, there or after a short pause,
@@ -510,11 +523,8 @@ Test(write, the_runway_is_mapped_again_after_the_flusher_cleans_it)
     cr_skip_test("no per-thread fault counts on this system");
 #else
     const uint16_t *kv = big_turn();
-    ctxs_session *s = create_big(1);
+    ctxs_session *s = big_with_a_turn();
     ctxs_reservation r;
-    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
-    big_turn_write(s, &r, kv, BY_LAYER);
-    big_commit(s, &r);
     ctxs__background_wait_idle(); /* the runway after the commit */
     int fd = open(ts_path(ts_scratch, "big"), O_RDONLY | O_CLOEXEC);
     cr_assert_geq(fd, 0);
@@ -565,11 +575,8 @@ Test(write, a_tokens_layers_ask_the_page_cache_once)
     enum { TOKENS = 12 };
     const uint16_t *kv = big_turn();
     const size_t per_kind = 64 * 4 * 128;
-    ctxs_session *s = create_big(1);
+    ctxs_session *s = big_with_a_turn();
     ctxs_reservation r;
-    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
-    big_turn_write(s, &r, kv, BY_LAYER);
-    big_commit(s, &r);
     ctxs__background_wait_idle(); /* the runway after the commit */
     if (runway_dirty(s, 64) < 0) {
         ctxs_session_close(s);
@@ -748,12 +755,7 @@ Test(write, a_reply_decoded_token_by_token_is_written_back_once)
  * mapped instead of each asking the worker for its own. */
 Test(write, a_rollback_leaves_the_next_slots_mapped)
 {
-    const uint16_t *kv = big_turn();
-    ctxs_session *s = create_big(1);
-    ctxs_reservation r;
-    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
-    big_turn_write(s, &r, kv, BY_LAYER);
-    big_commit(s, &r);
+    ctxs_session *s = big_with_a_turn();
     decode_tokens(s, 0, 16); /* the first reply */
     cr_assert_eq(ctxs_session_rollback(s, 64), 0);
     ctxs__background_wait_idle();

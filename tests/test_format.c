@@ -20,12 +20,14 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
+#include <xxhash.h>
 #include <zlib.h>
 
 #include "format.h"
 #include "label.h"
 #include "platform.h"
 #include "support.h"
+#include "xxh3_lanes.h"
 
 
 TestSuite(format, .init = ts_scratch_init, .fini = ts_scratch_fini, .timeout = 120);
@@ -2012,4 +2014,117 @@ Test(format, err_name_names_every_errno_and_every_code)
 #undef CODE_NAMED_
     cr_assert_str_eq(ctxs_err_name(-4096), "UNKNOWN");
     cr_assert_str_eq(ctxs_err_name(1), "UNKNOWN");
+}
+
+/* --- checksums ---------------------------------------------------------- */
+
+/* The four-input XXH3 kernels give xxHash's own values for every length
+ * they take, any seed, and inputs at any alignment. */
+Test(format, xxh3_lanes_equal_xxhash)
+{
+    static const char *const isas[] = {"avx512", "avx2"};
+    static const uint64_t seeds[] = {0, 1, 0x637478732d6b7631ull, UINT64_MAX};
+    const size_t span = CTXS__XXH3_LANES_MAX + 64;
+    uint8_t *buf = malloc(4 * span);
+    cr_assert_not_null(buf);
+    for (size_t i = 0; i < 4 * span; i++)
+        buf[i] = (uint8_t)ts_mix64(i);
+    int ran = 0;
+    for (size_t k = 0; k < sizeof(isas) / sizeof(isas[0]); k++) {
+        ctxs__xxh3_lanes_fn lanes = ctxs__xxh3_lanes_named(isas[k]);
+        if (!lanes) {
+            cr_log_warn("this CPU has no %s: its XXH3 kernel is not tested here", isas[k]);
+            continue;
+        }
+        ran++;
+        for (size_t len = CTXS__XXH3_LANES_MIN; len <= CTXS__XXH3_LANES_MAX; len++) {
+            uint64_t h[4], want[4];
+            const uint8_t *in[4];
+            for (int j = 0; j < 4; j++) {
+                in[j] = buf + (size_t)j * span + (len + (size_t)j) % 61;
+                h[j] = seeds[(len + (size_t)j) % 4] ^ ts_mix64(len * 4 + (size_t)j) * (len % 3 == 0);
+                want[j] = XXH3_64bits_withSeed(in[j], len, h[j]);
+            }
+            lanes(h, in, len);
+            for (int j = 0; j < 4; j++)
+                cr_assert_eq(h[j], want[j], "%s: lane %d of %zu bytes: %016llx, xxHash %016llx",
+                             isas[k], j, len, (unsigned long long)h[j],
+                             (unsigned long long)want[j]);
+        }
+    }
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2"))
+        cr_assert_not_null(ctxs__xxh3_lanes(), "a CPU with AVX2 gets no kernel");
+#endif
+    cr_log_info("XXH3 kernels checked: %d", ran);
+    free(buf);
+}
+
+/* A session's checksums are the chain docs/FORMAT.md gives, computed here
+ * with xxHash's own calls from the file's bytes: for slots the four-input
+ * kernels hash (256 and 512 bytes, 1 KiB), for smaller and larger ones, and
+ * for Q8's scales; 13 tokens, so that some chains are hashed one at a time. */
+Test(format, checksums_are_the_chain_the_format_gives)
+{
+    static const struct {
+        uint32_t dtype, head_dim;
+    } cases[] = {{CTXS_DTYPE_F16, 8},    {CTXS_DTYPE_F16, 128},  {CTXS_DTYPE_BF16, 256},
+                 {CTXS_DTYPE_Q8, 256},   {CTXS_DTYPE_F16, 512},  {CTXS_DTYPE_F16, 1024},
+                 {CTXS_DTYPE_Q8, 128}};
+    const uint32_t n = 13;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        char name[64];
+        snprintf(name, sizeof(name), "chain-%zu.ctxs", c);
+        const char *p = ts_path(ts_scratch, name);
+        ctxs_model m = ts_model(7);
+        m.geometry.dtype = cases[c].dtype;
+        m.geometry.head_dim = cases[c].head_dim;
+        ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+        o.capacity = 64;
+        o.ring = 0;
+        ctxs_session *s;
+        cr_assert_eq(ctxs_session_create(&s, p, &m, &o), 0, "%s", ctxs_get_last_error());
+        cr_assert_eq(ts_append(s, n), 0, "%s", ctxs_get_last_error());
+        ctxs_session_close(s);
+
+        ctxs__file_layout lay;
+        cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, 64, o.n_sink, 0), 0);
+        uint8_t *file = malloc(lay.file_bytes);
+        cr_assert_not_null(file);
+        raw_read(p, 0, file, lay.file_bytes);
+        const uint32_t n_runs = 2 * lay.n_layers * lay.n_kv_heads;
+        for (uint64_t pos = 0; pos < n; pos++) {
+            uint32_t id;
+            uint64_t stored;
+            memcpy(&id, file + lay.tokens_off + pos * 4, 4);
+            memcpy(&stored, file + lay.sums_off + pos * 8, 8);
+            uint8_t head[12];
+            memcpy(head, &pos, 8);
+            memcpy(head + 8, &id, 4);
+            uint64_t h = XXH3_64bits_withSeed(head, 12, 0x637478732d6b7631ull);
+            for (uint32_t r = 0; r < n_runs; r++)
+                h = XXH3_64bits_withSeed(file + lay.kv_off + ctxs__run_off(&lay, r) +
+                                             pos * lay.slot_bytes,
+                                         lay.slot_bytes, h);
+            if (lay.scales_bytes) {
+                uint8_t scales[4 * 64];
+                cr_assert_leq(n_runs * 4, sizeof(scales));
+                for (uint32_t r = 0; r < n_runs; r++)
+                    memcpy(scales + 4 * r,
+                           file + lay.scales_off + ctxs__run_scales_off(&lay, r) + pos * 4, 4);
+                h = XXH3_64bits_withSeed(scales, (size_t)n_runs * 4, h);
+            }
+            cr_assert_eq(stored, h, "dtype %u, %u dims: position %llu's checksum %016llx, "
+                                    "the format's chain %016llx",
+                         cases[c].dtype, cases[c].head_dim, (unsigned long long)pos,
+                         (unsigned long long)stored, (unsigned long long)h);
+        }
+        free(file);
+        /* And it opens verified, all its tokens held. */
+        cr_assert_eq(ctxs_session_open(&s, p, &m, CTXS_RDONLY, NULL), 0, "%s", ctxs_get_last_error());
+        ctxs_session_info info;
+        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+        cr_assert_eq(info.n_tokens, n);
+        ctxs_session_close(s);
+    }
 }

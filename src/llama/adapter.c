@@ -527,14 +527,46 @@ typedef struct cells_plan {
     int64_t from;
 } cells_plan;
 
-/* n rows of hd_bytes from src, one after the other, to dst every stride
- * bytes: the sizes of real models' heads are copied as constants, which
- * the compiler turns into a few vector moves instead of a call each. */
-static void copy_rows(uint8_t *dst, size_t stride, const uint8_t *src, uint32_t n, size_t hd_bytes)
+/* A stretch of a plan's cells, from cell i on, whose positions and slots
+ * both run on: len cells from slot `slot` of a run of `slots` slots, or,
+ * if zeros, cells attention no longer reads. */
+typedef struct cells_span {
+    uint32_t len, slot;
+    int zeros;
+} cells_span;
+
+static cells_span span_at(const cells_plan *c, uint32_t i, uint32_t slots)
+{
+    const int64_t p = c->first + (int64_t)((i + c->k - c->rot) % c->k);
+    cells_span sp = {(i < c->rot ? c->rot : c->k) - i, 0, p < c->from};
+    if (sp.zeros) {
+        if ((int64_t)sp.len > c->from - p)
+            sp.len = (uint32_t)(c->from - p);
+    } else {
+        sp.slot = (uint32_t)(p % slots);
+        if (sp.len > slots - sp.slot)
+            sp.len = slots - sp.slot;
+    }
+    return sp;
+}
+
+/* n rows of K or V, every head of each: row t's head h from the slot t of
+ * run h (runs head_stride apart, slots hd_bytes), each row written whole
+ * before the next, so that the rows are stored once, in order, while the
+ * runs are read along. Copied head by head, a row's lines were written n
+ * heads times apart; token by token the gather of SmolLM2's 2048 tokens
+ * (3 heads of 128 bytes) took 3.4-3.7 ms against 5.0, and against 7.3 in
+ * a buffer the kernel may free lazily (MADV_FREE: each page's first store
+ * marks it dirty again). The sizes of real models' heads are copied as
+ * constants, which the compiler turns into a few vector moves. */
+static void copy_rows(uint8_t *dst, const uint8_t *run, size_t head_stride, uint32_t n_heads,
+                      uint32_t n, size_t hd_bytes)
 {
 #define CTXS__ROWS(bytes)                                                                          \
     for (uint32_t t = 0; t < n; t++)                                                               \
-        memcpy(dst + t * stride, src + (size_t)t * (bytes), (bytes));                              \
+        for (uint32_t h = 0; h < n_heads; h++)                                                     \
+            memcpy(dst + ((size_t)t * n_heads + h) * (bytes),                                      \
+                   run + h * head_stride + (size_t)t * (bytes), (bytes));                          \
     return
     switch (hd_bytes) {
     case 128: CTXS__ROWS(128);
@@ -545,51 +577,44 @@ static void copy_rows(uint8_t *dst, size_t stride, const uint8_t *src, uint32_t 
 #undef CTXS__ROWS
 }
 
-/* One (layer, head) of K or V into block rows: the cells of plan c from
- * the session's run `run` of `slots` slots (position p in slot p mod
- * slots: a window layer's ring, or a global layer's positions), at head h
- * of rows of `row` bytes, or transposed (element e of head h is run
- * h * head_dim + e of k elements). Spans of cells whose positions and
- * slots both run on are copied whole. */
-static void gather_run(uint8_t *dst, const uint8_t *run, uint32_t slots, const cells_plan *c,
-                       const ctxs__llama_shape *shape, uint32_t h, int trans)
+/* One layer's K, or V, into block rows: the cells of plan c from the
+ * session's runs of the layer's heads at `run` (head h at h *
+ * head_stride; `slots` slots each, position p in slot p mod slots: a
+ * window layer's ring, or a global layer's positions). Rows of all heads
+ * (row_bytes = n_kv_heads x head_dim elements), or transposed (element e
+ * of head h is row h * head_dim + e of k elements, as llama.cpp keeps V
+ * without flash attention). */
+static void gather_session_layer(uint8_t *dst, const uint8_t *run, size_t head_stride, uint32_t slots,
+                         const cells_plan *c, const ctxs__llama_shape *shape, int trans)
 {
     const size_t row = shape->seq.row_bytes, hd = shape->head_dim, hd_bytes = hd * 2;
+    const uint32_t n_heads = shape->n_kv_heads;
     for (uint32_t i = 0; i < c->k;) {
-        const int64_t p = c->first + (int64_t)((i + c->k - c->rot) % c->k);
-        uint32_t len = (i < c->rot ? c->rot : c->k) - i; /* positions run on */
-        const uint8_t *src = NULL;
-        if (p < c->from) {
-            if ((int64_t)len > c->from - p)
-                len = (uint32_t)(c->from - p);
-        } else {
-            const uint32_t slot = (uint32_t)(p % slots);
-            if (len > slots - slot)
-                len = slots - slot;
-            src = run + (size_t)slot * hd_bytes;
+        const cells_span sp = span_at(c, i, slots);
+        if (!trans) {
+            if (sp.zeros)
+                memset(dst + (size_t)i * row, 0, (size_t)sp.len * row);
+            else if (n_heads == 1) /* the rows are the run's slots */
+                memcpy(dst + (size_t)i * row, run + (size_t)sp.slot * row, (size_t)sp.len * row);
+            else
+                copy_rows(dst + (size_t)i * row, run + (size_t)sp.slot * hd_bytes, head_stride,
+                          n_heads, sp.len, hd_bytes);
+            i += sp.len;
+            continue;
         }
-        if (trans) {
+        for (uint32_t h = 0; h < n_heads; h++) {
+            const uint8_t *src = run + h * head_stride + (size_t)sp.slot * hd_bytes;
             for (size_t e = 0; e < hd; e++) {
                 uint8_t *d = dst + ((h * hd + e) * c->k + i) * 2;
-                if (!src) {
-                    memset(d, 0, (size_t)len * 2);
+                if (sp.zeros) {
+                    memset(d, 0, (size_t)sp.len * 2);
                     continue;
                 }
-                for (uint32_t t = 0; t < len; t++)
+                for (uint32_t t = 0; t < sp.len; t++)
                     memcpy(d + 2 * t, src + t * hd_bytes + 2 * e, 2);
             }
-        } else if (row == hd_bytes) { /* one KV head: rows are the run's slots */
-            if (src)
-                memcpy(dst + (size_t)i * row, src, (size_t)len * row);
-            else
-                memset(dst + (size_t)i * row, 0, (size_t)len * row);
-        } else if (src) {
-            copy_rows(dst + (size_t)i * row + h * hd_bytes, row, src, len, hd_bytes);
-        } else {
-            for (uint32_t t = 0; t < len; t++)
-                memset(dst + ((size_t)i + t) * row + h * hd_bytes, 0, hd_bytes);
         }
-        i += len;
+        i += sp.len;
     }
 }
 
@@ -621,12 +646,11 @@ static int put_state(ctxs_llama *lc, const cells_plan *plan, int quiet)
             ctxs_attn_plan unused;
             if ((rc = ctxs_session_get_layer_attn(&one, &unused, lc->s, il, 0)) < 0)
                 return ctxs__llama_fail(rc, "layer %u of the session: %s", il, ctxs_strerror(rc));
-            for (uint32_t h = 0; h < lc->shape.n_kv_heads; h++) {
-                const uint8_t *kr = (const uint8_t *)one.kv + h * one.head_stride;
-                gather_run(k[b][j], kr, one.capacity, &plan[b], &lc->shape, h, 0);
-                gather_run(v[b][j], kr + one.kv_stride, one.capacity, &plan[b], &lc->shape, h,
-                           (int)lc->v_trans);
-            }
+            const uint8_t *kr = (const uint8_t *)one.kv;
+            gather_session_layer(k[b][j], kr, one.head_stride, one.capacity, &plan[b], &lc->shape,
+                                 0);
+            gather_session_layer(v[b][j], kr + one.kv_stride, one.head_stride, one.capacity,
+                                 &plan[b], &lc->shape, (int)lc->v_trans);
         }
     }
     ggml_log_callback prev_cb = NULL;

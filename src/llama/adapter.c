@@ -550,14 +550,14 @@ static cells_span span_at(const cells_plan *c, uint32_t i, uint32_t slots)
     return sp;
 }
 
-/* n rows of K or V, every head of each: row t's head h from the slot t of
- * run h (runs head_stride apart, slots hd_bytes), each row written whole
- * before the next, so that the rows are stored once, in order, while the
- * runs are read along. Copied head by head, a row's lines were written n
- * heads times apart; token by token the gather of SmolLM2's 2048 tokens
- * (3 heads of 128 bytes) took 3.4-3.7 ms against 5.0, and against 7.3 in
- * a buffer the kernel may free lazily (MADV_FREE: each page's first store
- * marks it dirty again). The sizes of real models' heads are copied as
+/* n rows of K or V, every head of each: row t's head h from slot t of run
+ * h (runs head_stride apart, slots hd_bytes), each row written whole before
+ * the next, so that the rows are stored once, in order, while the runs are
+ * read along. Copied head by head, a row's lines were stored once per head,
+ * far apart: in a program of its own, the gather of SmolLM2's 2048 tokens
+ * (3 heads of 128 bytes) took 3.4-3.7 ms token by token against 5.0 head
+ * by head, and 3.6 against 7.3 into a buffer marked MADV_FREE, as the
+ * state buffer is kept. The sizes of real models' heads are copied as
  * constants, which the compiler turns into a few vector moves. */
 static void copy_rows(uint8_t *dst, const uint8_t *run, size_t head_stride, uint32_t n_heads,
                       uint32_t n, size_t hd_bytes)
@@ -584,8 +584,9 @@ static void copy_rows(uint8_t *dst, const uint8_t *run, size_t head_stride, uint
  * (row_bytes = n_kv_heads x head_dim elements), or transposed (element e
  * of head h is row h * head_dim + e of k elements, as llama.cpp keeps V
  * without flash attention). */
-static void gather_session_layer(uint8_t *dst, const uint8_t *run, size_t head_stride, uint32_t slots,
-                         const cells_plan *c, const ctxs__llama_shape *shape, int trans)
+static void gather_session_layer(uint8_t *dst, const uint8_t *run, size_t head_stride,
+                                 uint32_t slots, const cells_plan *c,
+                                 const ctxs__llama_shape *shape, int trans)
 {
     const size_t row = shape->seq.row_bytes, hd = shape->head_dim, hd_bytes = hd * 2;
     const uint32_t n_heads = shape->n_kv_heads;

@@ -561,6 +561,72 @@ Test(write, the_runway_is_mapped_again_after_the_flusher_cleans_it)
 #endif
 }
 
+/* Whether the pages of the runway's last run (the last layer's V, last
+ * head) after position `from` are dirty: 1, 0, -1 where the page cache
+ * cannot tell. */
+static int runway_end_dirty(const ctxs_session *s, uint64_t from)
+{
+    const uint32_t last_run = 2 * s->lay.n_layers * s->lay.n_kv_heads - 1;
+    return ctxs__range_dirty(s->fd,
+                             s->lay.kv_off + ctxs__run_off(&s->lay, last_run) +
+                                 from * s->lay.slot_bytes,
+                             64 * s->lay.slot_bytes);
+}
+
+/* The flusher writes an inode back in chunks, each from where the last one
+ * stopped, so a pass may clean the runway's later layers and leave its
+ * first one dirty. The worker asks about every layer before it decides
+ * that the runway is still mapped, and maps it again; the next turn's
+ * stores through the mapping take no page fault. */
+Test(write, a_runway_cleaned_after_its_first_layer_is_mapped_again)
+{
+#ifndef RUSAGE_THREAD
+    cr_skip_test("no per-thread fault counts on this system");
+#else
+    const uint16_t *kv = big_turn();
+    ctxs_session *s = big_with_a_turn();
+    ctxs_reservation r;
+    ctxs__background_wait_idle(); /* the runway after the commit */
+    if (runway_dirty(s, 64) < 0) {
+        ctxs_session_close(s);
+        cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
+    }
+    cr_assert_eq(runway_dirty(s, 64), 1, "the runway is not mapped: the test measures nothing");
+    const uint64_t layer_bytes = 2 * s->lay.n_kv_heads * s->lay.head_stride;
+    int fd = open(ts_path(ts_scratch, "big"), O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(sync_file_range(fd, (off_t)(s->lay.kv_off + layer_bytes),
+                                 (off_t)((s->lay.n_layers - 1) * layer_bytes),
+                                 SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                     SYNC_FILE_RANGE_WAIT_AFTER),
+                 0, "sync_file_range: %s", strerror(errno));
+    close(fd);
+    int dirty = runway_end_dirty(s, 64);
+    cr_assert_eq(runway_dirty(s, 64), 1, "the first layer's runway was cleaned too");
+    cr_assert_eq(dirty, 0, "the writeback left the last layer's runway dirty");
+    for (int i = 0; i < 100 && dirty == 0; i++) { /* 10 s at most: 20 of the worker's looks */
+        usleep(100 * 1000);
+        dirty = runway_end_dirty(s, 64);
+    }
+    cr_assert_eq(dirty, 1, "the worker did not map the runway's cleaned layers again");
+    ctxs__background_wait_idle();
+    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+    long before = thread_faults();
+    big_turn_write(s, &r, kv, THROUGH_MAPPING);
+    long faults = thread_faults() - before;
+#ifndef __SANITIZE_ADDRESS__
+    cr_expect_lt(faults, 32, "%ld page faults storing a turn into the runway mapped again",
+                 faults);
+#else
+    (void)faults; /* the first stores fault on ASan's shadow memory */
+#endif
+    big_commit(s, &r);
+    uint64_t bad;
+    cr_assert_eq(ctxs_session_verify(&bad, s), 0);
+    ctxs_session_close(s);
+#endif
+}
+
 /* A reply decoded a token at a time, each token taking longer than the
  * write path trusts what it last learnt of a layer (as when attention
  * reads a long context between the writes): the first layer of a token

@@ -182,10 +182,10 @@ int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, 
          * stretch of the layers. Asked about the first and last layer,
          * then the first alone, it left a runway cleaned after its first
          * layer unmapped for good, and every later turn went through the
-         * file or faulted (bench_session: every turn of one cell in 18,
-         * 10-16 ms against 2). Two cachestat calls a layer, on its own
-         * thread, after a commit and twice a second while it keeps the
-         * runway. */
+         * file or faulted (the slow path that every turn of one cell in 18
+         * of bench_session took, 10-16 ms against 2). Two cachestat calls
+         * a layer, on its own thread, after a commit and twice a second
+         * while it keeps the runway. */
         for (uint32_t l = l0; d == 1 && l < l1; l++)
             d = layers_dirty(s, from, to, l, l + 1);
     }

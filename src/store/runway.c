@@ -171,9 +171,11 @@ int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, 
     int d = 1;
     if (how & CTXS__ASK_OWNER) {
         d = layers_dirty(s, from, to, l0, l1);
-        /* Some pages after this layer cleaned: the flusher may be on its
-         * way through the file; this layer alone may still be writable. */
-        if (d == 0 && l1 > l0 + 1)
+        /* A question widened above to the token's next layers, some of
+         * them cleaned: the flusher may be on its way through the file;
+         * the layer asked about may still be writable. A question about
+         * several layers is answered for all of them. */
+        if (d == 0 && seen && l1 > l0 + 1)
             d = layers_dirty(s, from, to, l0, l1 = l0 + 1);
     } else {
         /* The worker, deciding whether to map the runway again, asks

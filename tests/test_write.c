@@ -504,12 +504,53 @@ Test(write, layer_takes_no_page_fault_on_the_callers_thread)
 #endif
 }
 
-/* Whether the pages of the runway's first run (layer 0, K, head 0) after
- * position `from` are dirty: 1, 0, -1 where the page cache cannot tell. */
+/* Whether the pages of 64 runway slots after position `from` in run `run`
+ * are dirty: 1, 0, -1 where the page cache cannot tell. */
+static int run_dirty(const ctxs_session *s, uint32_t run, uint64_t from)
+{
+    return ctxs__range_dirty(s->fd,
+                             s->lay.kv_off + ctxs__run_off(&s->lay, run) +
+                                 from * s->lay.slot_bytes,
+                             64 * s->lay.slot_bytes);
+}
+
+/* The runway's first run (layer 0, K, head 0). */
 static int runway_dirty(const ctxs_session *s, uint64_t from)
 {
-    return ctxs__range_dirty(s->fd, s->lay.kv_off + from * s->lay.slot_bytes,
-                             64 * s->lay.slot_bytes);
+    return run_dirty(s, 0, from);
+}
+
+/* Waits at most `seconds` for the worker to map run `run` of the runway
+ * after position 64 writable again (its pages dirty), then stores a turn
+ * there through the mapping: no page fault, and it commits and verifies.
+ * Closes s. */
+static void expect_runway_mapped_again(ctxs_session *s, uint32_t run, int seconds,
+                                       const char *what)
+{
+    int dirty = run_dirty(s, run, 64);
+    for (int i = 0; i < seconds * 10 && dirty == 0; i++) {
+        usleep(100 * 1000);
+        dirty = run_dirty(s, run, 64);
+    }
+    cr_assert_eq(dirty, 1, "the worker did not map %s again", what);
+    ctxs__background_wait_idle(); /* it maps the first layer first */
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+    long before = thread_faults();
+    big_turn_write(s, &r, big_turn(), THROUGH_MAPPING);
+    long faults = thread_faults() - before;
+#ifndef __SANITIZE_ADDRESS__
+    /* (Under ASan the first stores into slots this thread never touched
+     * fault on their shadow memory, one page a run.) */
+    cr_expect_lt(faults, 32, "%ld page faults storing a turn into %s mapped again", faults,
+                 what);
+#else
+    (void)faults;
+#endif
+    big_commit(s, &r);
+    uint64_t bad;
+    cr_assert_eq(ctxs_session_verify(&bad, s), 0);
+    ctxs_session_close(s);
 }
 
 /* The kernel's flusher writes the runway back while the user reads (after
@@ -522,9 +563,7 @@ Test(write, the_runway_is_mapped_again_after_the_flusher_cleans_it)
 #ifndef RUSAGE_THREAD
     cr_skip_test("no per-thread fault counts on this system");
 #else
-    const uint16_t *kv = big_turn();
     ctxs_session *s = big_with_a_turn();
-    ctxs_reservation r;
     ctxs__background_wait_idle(); /* the runway after the commit */
     int fd = open(ts_path(ts_scratch, "big"), O_RDONLY | O_CLOEXEC);
     cr_assert_geq(fd, 0);
@@ -536,41 +575,53 @@ Test(write, the_runway_is_mapped_again_after_the_flusher_cleans_it)
         cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
     }
     cr_assert_eq(dirty, 0, "the writeback left the runway dirty: the test measures nothing");
-    for (int i = 0; i < 600 && dirty == 0; i++) { /* 60 s at most */
-        usleep(100 * 1000);
-        dirty = runway_dirty(s, 64);
-    }
-    cr_assert_eq(dirty, 1, "the worker did not map the cleaned runway again");
-    ctxs__background_wait_idle(); /* it maps the first layer first */
-    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
-    long before = thread_faults();
-    big_turn_write(s, &r, kv, THROUGH_MAPPING);
-    long faults = thread_faults() - before;
-#ifndef __SANITIZE_ADDRESS__
-    /* (Under ASan the first stores into slots this thread never touched
-     * fault on their shadow memory, one page a run.) */
-    cr_expect_lt(faults, 32, "%ld page faults storing a turn into the runway mapped again",
-                 faults);
-#else
-    (void)faults;
+    expect_runway_mapped_again(s, 0, 60, "the cleaned runway");
 #endif
+}
+
+/* Writes back every layer of create_big()'s session after the first, as a
+ * pass of the flusher that stopped short does (writeback write-protects
+ * each page it cleans). */
+static void clean_after_the_first_layer(const ctxs_session *s)
+{
+    const uint64_t layer_bytes = 2 * s->lay.n_kv_heads * s->lay.head_stride;
+    int fd = open(ts_path(ts_scratch, "big"), O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(sync_file_range(fd, (off_t)(s->lay.kv_off + layer_bytes),
+                                 (off_t)((s->lay.n_layers - 1) * layer_bytes),
+                                 SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                     SYNC_FILE_RANGE_WAIT_AFTER),
+                 0, "sync_file_range: %s", strerror(errno));
+    close(fd);
+}
+
+/* Asked on the engine's thread about several layers, the write path
+ * answers for all of them: with the layers after the first cleaned, the
+ * slots are not writable as a whole (they go through the file), while the
+ * first layer alone still is. No worker: the reservation maps its slots
+ * on the caller's thread. The turn still commits and verifies. */
+Test(write, a_question_about_several_layers_is_answered_for_all)
+{
+    ctxs_session *s = create_big(0);
+    const uint32_t layers = s->lay.n_layers;
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+    if (run_dirty(s, 0, 0) < 0) {
+        ctxs_session_close(s);
+        cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
+    }
+    cr_assert_eq(ctxs__kv_writable(s, 0, 64, 0, layers, CTXS__ASK_OWNER, NULL), 1,
+                 "the reservation is not mapped: the test measures nothing");
+    clean_after_the_first_layer(s);
+    cr_expect_eq(ctxs__kv_writable(s, 0, 64, 0, 1, CTXS__ASK_OWNER, NULL), 1,
+                 "the first layer, still dirty, is not found writable");
+    cr_expect_eq(ctxs__kv_writable(s, 0, 64, 0, layers, CTXS__ASK_OWNER, NULL), 0,
+                 "all the layers are found writable, the cleaned ones too");
+    big_turn_write(s, &r, big_turn(), BY_TOKEN);
     big_commit(s, &r);
     uint64_t bad;
     cr_assert_eq(ctxs_session_verify(&bad, s), 0);
     ctxs_session_close(s);
-#endif
-}
-
-/* Whether the pages of the runway's last run (the last layer's V, last
- * head) after position `from` are dirty: 1, 0, -1 where the page cache
- * cannot tell. */
-static int runway_end_dirty(const ctxs_session *s, uint64_t from)
-{
-    const uint32_t last_run = 2 * s->lay.n_layers * s->lay.n_kv_heads - 1;
-    return ctxs__range_dirty(s->fd,
-                             s->lay.kv_off + ctxs__run_off(&s->lay, last_run) +
-                                 from * s->lay.slot_bytes,
-                             64 * s->lay.slot_bytes);
 }
 
 /* The flusher writes an inode back in chunks, each from where the last one
@@ -583,47 +634,20 @@ Test(write, a_runway_cleaned_after_its_first_layer_is_mapped_again)
 #ifndef RUSAGE_THREAD
     cr_skip_test("no per-thread fault counts on this system");
 #else
-    const uint16_t *kv = big_turn();
     ctxs_session *s = big_with_a_turn();
-    ctxs_reservation r;
     ctxs__background_wait_idle(); /* the runway after the commit */
     if (runway_dirty(s, 64) < 0) {
         ctxs_session_close(s);
         cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
     }
     cr_assert_eq(runway_dirty(s, 64), 1, "the runway is not mapped: the test measures nothing");
-    const uint64_t layer_bytes = 2 * s->lay.n_kv_heads * s->lay.head_stride;
-    int fd = open(ts_path(ts_scratch, "big"), O_RDONLY | O_CLOEXEC);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(sync_file_range(fd, (off_t)(s->lay.kv_off + layer_bytes),
-                                 (off_t)((s->lay.n_layers - 1) * layer_bytes),
-                                 SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
-                                     SYNC_FILE_RANGE_WAIT_AFTER),
-                 0, "sync_file_range: %s", strerror(errno));
-    close(fd);
-    int dirty = runway_end_dirty(s, 64);
+    clean_after_the_first_layer(s);
+    const uint32_t last_run = 2 * s->lay.n_layers * s->lay.n_kv_heads - 1;
     cr_assert_eq(runway_dirty(s, 64), 1, "the first layer's runway was cleaned too");
-    cr_assert_eq(dirty, 0, "the writeback left the last layer's runway dirty");
-    for (int i = 0; i < 100 && dirty == 0; i++) { /* 10 s at most: 20 of the worker's looks */
-        usleep(100 * 1000);
-        dirty = runway_end_dirty(s, 64);
-    }
-    cr_assert_eq(dirty, 1, "the worker did not map the runway's cleaned layers again");
-    ctxs__background_wait_idle();
-    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
-    long before = thread_faults();
-    big_turn_write(s, &r, kv, THROUGH_MAPPING);
-    long faults = thread_faults() - before;
-#ifndef __SANITIZE_ADDRESS__
-    cr_expect_lt(faults, 32, "%ld page faults storing a turn into the runway mapped again",
-                 faults);
-#else
-    (void)faults; /* the first stores fault on ASan's shadow memory */
-#endif
-    big_commit(s, &r);
-    uint64_t bad;
-    cr_assert_eq(ctxs_session_verify(&bad, s), 0);
-    ctxs_session_close(s);
+    cr_assert_eq(run_dirty(s, last_run, 64), 0,
+                 "the writeback left the last layer's runway dirty");
+    /* 10 s at most: 20 of the worker's looks. */
+    expect_runway_mapped_again(s, last_run, 10, "the runway's cleaned layers");
 #endif
 }
 

@@ -99,8 +99,9 @@ static int grow(uint8_t **p, size_t *cap, size_t n)
 }
 
 /* The buffer of llama.cpp's state of a sequence, at least n bytes. A
- * restore writes the whole held conversation into it (47 MB for SmolLM2 at
- * 2048 tokens), and the handle is new at each resume: faulting fresh
+ * restore of K/V still on the disk writes the whole held conversation into
+ * it (47 MB for SmolLM2 at 2048 tokens; one in memory, pieces of 2 MiB),
+ * and the handle is new at each resume: faulting fresh
  * memory in, page by page, took 4 to 8 times as long as the copy into it
  * (bench_llama's resume). So a handle's buffer outlives it: the process
  * keeps the largest one a detach gave back, marked MADV_FREE (the kernel
@@ -619,25 +620,73 @@ static void gather_session_layer(uint8_t *dst, const uint8_t *run, size_t head_s
     }
 }
 
-/* Builds the state that plan[b] gives each block and hands it to
- * llama.cpp. Returns 0, 1 if llama.cpp refused it, or an error. */
-static int put_state(ctxs_llama *lc, const cells_plan *plan, int quiet)
+/* Bytes of llama.cpp's state handed over per call of a restore whose K/V
+ * are in memory. Handed over whole, the held conversation was gathered
+ * into a buffer larger than the processor's caches (47 MB for SmolLM2 at
+ * 2048 tokens), written out to memory, and read back from it by
+ * llama.cpp's copy into its cache; a piece of this size stays cached
+ * between the two, as llama.cpp's own load of a state file reads a layer
+ * at a time into a buffer it reuses. Inside a warm resume of SmolLM2 at
+ * 2048 tokens (bench_llama): the restore took 16-17.5 ms in pieces
+ * against 18-28 whole, llama.cpp's copy 7-9 ms of it either way. A second
+ * thread gathering the next piece while llama.cpp copied one gained
+ * nothing measurable (14-18.7 ms) beside the library's thread bringing the
+ * session in on the other core. */
+#define RESTORE_PIECE_BYTES ((size_t)2 << 20)
+
+/* The next piece of plan c from its cell `done` on: at most `most` cells,
+ * never across the cell of the first position, so that the piece's
+ * positions run on from its first cell. */
+static cells_plan next_piece(const cells_plan *c, uint32_t done, uint32_t most)
+{
+    if (done >= c->k)
+        return (cells_plan){0, 0, 0, c->from};
+    const uint32_t end = done < c->rot ? c->rot : c->k;
+    const uint32_t len = end - done < most ? end - done : most;
+    const int32_t first = c->first + (int32_t)((done + c->k - c->rot) % c->k);
+    return (cells_plan){len, 0, first, c->from};
+}
+
+/* Whether the session's K/V for positions 0 .. n - 1 are in memory, asked
+ * of the first page of the first layer and the page of the last position
+ * in the last run of the last layer: the library's thread brings a session
+ * in run after run, in file order, and a dropped cache loses both. */
+static int held_in_memory(ctxs_llama *lc, uint64_t n)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uint32_t layers[2] = {0, lc->shape.n_layers - 1};
+    for (uint32_t i = 0; i < 2; i++) {
+        ctxs_layout one;
+        ctxs_attn_plan unused;
+        if (ctxs_session_get_layer_attn(&one, &unused, lc->s, layers[i], 0) < 0)
+            return 0;
+        const uint64_t last = (n < one.capacity ? n : one.capacity) - 1;
+        const uint8_t *ends[2] = {one.kv, (const uint8_t *)one.kv + one.layer_stride -
+                                              (one.capacity - last) * one.slot_bytes};
+        for (uint32_t e = 0; e < 2; e++) {
+            unsigned char in = 0;
+            if (mincore((void *)((uintptr_t)ends[e] & ~(page - 1)), 1, &in) != 0 || !(in & 1))
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* Builds into buf the state that piece[b] gives each block, for the spare
+ * sequence, from the session's K/V, and returns its size in *size. */
+static int gather_piece(ctxs_llama *lc, const cells_plan *piece, uint8_t *buf, size_t *size)
 {
     const ctxs__seq_shape *shape = &lc->shape.seq;
-    uint32_t cells[CTXS__SEQ_MAX_BLOCKS], rot[CTXS__SEQ_MAX_BLOCKS];
+    uint32_t cells[CTXS__SEQ_MAX_BLOCKS];
     int32_t first[CTXS__SEQ_MAX_BLOCKS];
     for (uint32_t b = 0; b < shape->n_blocks; b++) {
-        cells[b] = plan[b].k;
-        rot[b] = plan[b].rot;
-        first[b] = plan[b].first;
+        cells[b] = piece[b].k;
+        first[b] = piece[b].first;
     }
-    const size_t size = ctxs__seq_size(shape, cells);
-    int rc = grow_state(lc, size);
-    if (rc < 0)
-        return rc;
+    *size = ctxs__seq_size(shape, cells);
     uint8_t *k[CTXS__SEQ_MAX_BLOCKS][CTXS__SEQ_MAX_LAYERS];
     uint8_t *v[CTXS__SEQ_MAX_BLOCKS][CTXS__SEQ_MAX_LAYERS];
-    ctxs__seq_build(lc->buf, shape, lc->seq, cells, first, rot, lc->v_trans, k, v);
+    ctxs__seq_build(buf, shape, lc->spare, cells, first, NULL, lc->v_trans, k, v);
     for (uint32_t b = 0; b < shape->n_blocks; b++) {
         if (!cells[b])
             continue;
@@ -645,28 +694,94 @@ static int put_state(ctxs_llama *lc, const cells_plan *plan, int quiet)
             const uint32_t il = lc->shape.layer_of[b][j];
             ctxs_layout one;
             ctxs_attn_plan unused;
-            if ((rc = ctxs_session_get_layer_attn(&one, &unused, lc->s, il, 0)) < 0)
+            int rc = ctxs_session_get_layer_attn(&one, &unused, lc->s, il, 0);
+            if (rc < 0)
                 return ctxs__llama_fail(rc, "layer %u of the session: %s", il, ctxs_strerror(rc));
             const uint8_t *kr = (const uint8_t *)one.kv;
-            gather_session_layer(k[b][j], kr, one.head_stride, one.capacity, &plan[b], &lc->shape,
-                                 0);
+            gather_session_layer(k[b][j], kr, one.head_stride, one.capacity, &piece[b],
+                                 &lc->shape, 0);
             gather_session_layer(v[b][j], kr + one.kv_stride, one.head_stride, one.capacity,
-                                 &plan[b], &lc->shape, (int)lc->v_trans);
+                                 &piece[b], &lc->shape, (int)lc->v_trans);
         }
     }
+    return 0;
+}
+
+/* Hands a gathered piece to llama.cpp for the spare sequence, then tags
+ * its cells with the bound sequence too (llama_memory_seq_cp: no copy).
+ * Returns 0, or 1 if llama.cpp refused it. */
+static int hand_piece(ctxs_llama *lc, const uint8_t *buf, size_t size, int quiet)
+{
     ggml_log_callback prev_cb = NULL;
     void *prev_user = NULL;
     if (quiet) {
         llama_log_get(&prev_cb, &prev_user);
         llama_log_set(quiet_log, NULL);
     }
-    const size_t got = llama_state_seq_set_data(lc->ctx, lc->buf, size, lc->seq);
+    const size_t got = llama_state_seq_set_data(lc->ctx, buf, size, lc->spare);
     if (quiet)
         llama_log_set(prev_cb, prev_user);
-    if (got == size)
-        return 0;
+    if (got != size)
+        return 1;
+    llama_memory_seq_cp(lc->mem, lc->spare, lc->seq, -1, -1);
+    return 0;
+}
+
+/* Gives the sequence the cells plan[b] gives each block. The state goes to
+ * llama.cpp in pieces, each restored into the spare sequence (llama.cpp
+ * empties the sequence a state is for before it places it, where the
+ * bound sequence would lose what the pieces before gave it) and then
+ * tagged with the bound sequence. llama.cpp places each piece from the
+ * cell after the last one filled, so the cells lie as one state of them
+ * all would lie. Where the K/V are in memory, pieces of about
+ * RESTORE_PIECE_BYTES; where they are still coming from the disk, one
+ * piece of them all, gathered layer after layer as the library's thread
+ * reads them in (pieces across every layer would wait for most of the file
+ * first: 39-42 ms against 33-37 cold, SmolLM2 at 2048 tokens). Returns 0, 1 if llama.cpp refused a piece or placed the
+ * cells otherwise than the plan (its cache for the window layers reuses
+ * the cells of positions its window has passed, where one state of them
+ * all is refused), or an error; on 1 or an error the sequence holds
+ * nothing. */
+static int put_state(ctxs_llama *lc, const cells_plan *plan, uint64_t n, int quiet)
+{
+    const ctxs__seq_shape *shape = &lc->shape.seq;
+    const uint32_t blocks = shape->n_blocks;
+    uint32_t most = UINT32_MAX;
+    if (held_in_memory(lc, n)) {
+        size_t cell_bytes = 0;
+        for (uint32_t b = 0; b < blocks; b++)
+            cell_bytes += 2 * (size_t)shape->n_layers[b] * shape->row_bytes;
+        const size_t cells = RESTORE_PIECE_BYTES / cell_bytes;
+        most = cells < 64 ? 64 : cells > UINT32_MAX ? UINT32_MAX : (uint32_t)cells;
+    }
+    uint32_t largest[CTXS__SEQ_MAX_BLOCKS], done[CTXS__SEQ_MAX_BLOCKS] = {0};
+    for (uint32_t b = 0; b < blocks; b++)
+        largest[b] = plan[b].k < most ? plan[b].k : most;
+    int rc = grow_state(lc, ctxs__seq_size(shape, largest));
+    if (rc < 0)
+        return rc;
     llama_memory_seq_rm(lc->mem, lc->seq, -1, -1);
-    return 1;
+    llama_memory_seq_rm(lc->mem, lc->spare, -1, -1);
+    for (;;) {
+        cells_plan piece[CTXS__SEQ_MAX_BLOCKS];
+        uint32_t any = 0;
+        for (uint32_t b = 0; b < blocks; b++) {
+            piece[b] = next_piece(&plan[b], done[b], most);
+            done[b] += piece[b].k;
+            any |= piece[b].k;
+        }
+        size_t size = 0;
+        if (!any || (rc = gather_piece(lc, piece, lc->buf, &size)) != 0 ||
+            (rc = hand_piece(lc, lc->buf, size, quiet)) != 0)
+            break;
+    }
+    llama_memory_seq_rm(lc->mem, lc->spare, -1, -1);
+    const cells_plan *last = &plan[blocks - 1];
+    if (rc == 0 && last->k && llama_memory_seq_pos_min(lc->mem, lc->seq) != last->first)
+        rc = 1;
+    if (rc != 0)
+        llama_memory_seq_rm(lc->mem, lc->seq, -1, -1);
+    return rc;
 }
 
 /* Asks the kernel to read the slots of positions 0 .. n - 1 of every run
@@ -757,7 +872,7 @@ static int restore_windowed(ctxs_llama *lc, uint64_t n)
         {n < S ? (uint32_t)n : S, n > S ? (uint32_t)(n % S) : 0,
          (int32_t)(n < S ? 0 : n - S), (int64_t)n - lc->shape.n_swa},
     };
-    int rc = put_state(lc, plan, 0);
+    int rc = put_state(lc, plan, n, 0);
     if (rc == 1)
         return ctxs__llama_fail(CTXS_EENGINE,
                                 "llama.cpp refused the %llu tokens' state (its log says why; a "
@@ -803,14 +918,14 @@ int ctxs_llama_restore(ctxs_llama *lc)
     cells_plan plan[CTXS__SEQ_MAX_BLOCKS] = {{all, 0, 0, 0}, {all, 0, 0, 0}};
     rc = 1;
     if (window && lc->window_cache_full && n > window) {
-        rc = put_state(lc, plan, 1);
+        rc = put_state(lc, plan, n, 1);
         if (rc == 1) /* "not enough cells": a cache of the window's size */
             lc->window_cache_full = 0;
     }
     if (rc == 1) {
         if (window && n > window)
             plan[1] = (cells_plan){window, 0, (int32_t)(n - window), (int64_t)(n - window)};
-        rc = put_state(lc, plan, 0);
+        rc = put_state(lc, plan, n, 0);
     }
     if (rc == 1)
         return ctxs__llama_fail(CTXS_EENGINE,

@@ -76,14 +76,20 @@
  *   faults on the caller's thread) and committed with their ids: O(n), not
  *   O(context). With the session's durability (ASYNC by default).
  * - ctxs_llama_restore(): the session's held tokens are read from the
- *   mapping into one buffer in llama.cpp's state layout and handed to
+ *   mapping in llama.cpp's state layout and handed to
  *   llama_state_seq_set_data(): O(context; for a windowed session, its
  *   global layers' tokens plus S per window layer), the copy into
  *   llama.cpp's own cache, which holds its own copy of K/V (see
- *   docs/LLAMA.md for what zero-copy would need from llama.cpp). The
- *   buffer outlives the handle: the process keeps the largest one a handle
- *   gave back (marked MADV_FREE, so that the kernel may take its pages
- *   under memory pressure) for the next resume, which then faults no fresh
+ *   docs/LLAMA.md for what zero-copy would need from llama.cpp). Where
+ *   the K/V are in memory, in pieces of about 2 MiB that stay in the
+ *   processor's cache between the two copies, each restored into the spare
+ *   sequence and then tagged with the bound one (relied on: llama.cpp
+ *   places each piece from the cell after the last one it filled, so the
+ *   cells lie as one state's would); where they are on the disk, in one
+ *   buffer, gathered layer after layer as they come in. That buffer
+ *   outlives the handle: the process keeps the largest one a handle gave
+ *   back (marked MADV_FREE, so that the kernel may take its pages under
+ *   memory pressure) for the next resume, which then faults no fresh
  *   memory in. The K/V come from the disk as the library's thread reads the
  *   window ahead after the open; where it does not (a session opened with
  *   background = 0, or a window smaller than what it holds), the restore
@@ -91,7 +97,9 @@
  *   instead of faulting them in a page at a time.
  * - ctxs_llama_rollback(): llama_memory_seq_rm() and the session's
  *   rollback; a sliding-window model whose window layers no longer hold what
- *   the rolled-back state needs, or (swa_full = false) whose dropped cells
+ *   the rolled-back state needs (a restore gives them zeros for the
+ *   positions attention no longer reads then, which a rollback may bring
+ *   back into the window), or (swa_full = false) whose dropped cells
  *   wrap past the end of llama.cpp's ring of cells, is restored from the
  *   session. A windowed session rolls back at most S - n_swa tokens (what
  *   its rings and llama.cpp's cache still hold); further is CTXS_EEVICTED,

@@ -395,6 +395,47 @@ def test_window_layers_keep_their_window_and_roll_back_within_it(tmp_path):
     assert len(read_tokens(got)) > n
 
 
+@pytest.mark.parametrize("swa", ["on", "off"])
+def test_a_resumed_chat_rolled_back_continues_as_a_run_that_stopped_there(swa, tmp_path):
+    """Gemma 3 resumed (a restore, which gives the window layers zeros for
+    the positions attention no longer reads), then rolled back within its
+    window layers' cells without crossing the end of llama.cpp's ring:
+    attention then reads positions below the restore's window again, which
+    must be the session's K/V, not the zeros."""
+    model = model_path("gemma3")
+    store = str(tmp_path / "s")
+    first = str(tmp_path / "first.ids")
+    events, _o, _k = Run(model, store, "chat", ["--tokens-out", first], messages=MESSAGES[:2],
+                         swa=swa).run()
+    n = len(read_tokens(first))
+    # Back into the last reply, whose tokens were decoded one at a time, so
+    # that the run that stops there decodes every kept token as this one
+    # did (llama.cpp's bits depend on the batch); never across the end of
+    # the windowed cache's ring, which restores from the session anyway.
+    saved = Run.numbers(events, "saved")
+    reply = [b for a, b in zip(saved, saved[1:]) if b - a == 1]
+    most = min(n % GEMMA_WINDOW_CELLS, 100) if swa == "off" else 100
+    m = min(x for x in reply + [n] if n - x <= most)
+    assert n > GEMMA_WINDOW + 100 and n - m >= 20, (n, m)
+    # llama.cpp's state 30 tokens on: their K/V came from attention over
+    # the window, which reaches below the restore's window.
+    later = m + 30
+    got, got_state = str(tmp_path / "got.ids"), str(tmp_path / "got.state")
+    events, _o, _k = Run(model, store, "chat",
+                         ["--rollback-to", str(m), "--tokens-out", got,
+                          "--dump-state-at", f"{later}:{got_state}"],
+                         messages=MESSAGES[:3], swa=swa).run()
+    assert Run.numbers(events, "resumed") and Run.numbers(events, "rolled back") == [m]
+    ref_state = str(tmp_path / "ref.state")
+    extra = ["--tokens-out", str(tmp_path / "ref.ids"), "--dump-state-at", f"{later}:{ref_state}"]
+    for b in [m] + Run.numbers(events, "batch break"):
+        extra += ["--break-at", str(b)]
+    Run(model, str(tmp_path / "ref"), "chat", extra, messages=MESSAGES[:3], swa=swa).run()
+    same_state(parse_state(got_state), parse_state(ref_state), later, swa == "off")
+    assert read_tokens(got) == read_tokens(tmp_path / "ref.ids")
+    assert len(read_tokens(got)) > later
+
+
 def test_options_init_serves_a_binding_without_macros():
     """ctxs_llama_options_init() gives CTXS_LLAMA_OPTIONS_INIT to a caller
     that cannot expand it (a ctypes binding), writes only the fields of the

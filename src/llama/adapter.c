@@ -103,9 +103,9 @@ static int grow(uint8_t **p, size_t *cap, size_t n)
 
 /* The buffer of llama.cpp's state of a sequence, at least n bytes. A
  * restore of K/V still on the disk writes the whole held conversation into
- * it (47 MB for SmolLM2 at 2048 tokens; one in memory, pieces of 2 MiB),
- * and the handle is new at each resume: faulting fresh
- * memory in, page by page, took 4 to 8 times as long as the copy into it
+ * it (47 MB for SmolLM2 at 2048 tokens; of K/V in memory, 2 MiB at a
+ * time), and the handle is new at each resume: faulting fresh memory in,
+ * page by page, took 4 to 8 times as long as the copy into it
  * (bench_llama's resume). So a handle's buffer outlives it: the process
  * keeps the largest one a detach gave back, marked MADV_FREE (the kernel
  * takes its pages back under memory pressure, and they come back as zero
@@ -630,8 +630,9 @@ static void gather_session_layer(uint8_t *dst, const uint8_t *run, size_t head_s
  * llama.cpp's copy into its cache; a piece of this size stays cached
  * between the two, as llama.cpp's own load of a state file reads a layer
  * at a time into a buffer it reuses. Inside a warm resume of SmolLM2 at
- * 2048 tokens (bench_llama): the restore took 16-17.5 ms in pieces
- * against 18-28 whole, llama.cpp's copy 7-9 ms of it either way. A second
+ * 2048 tokens (bench_llama, the two taking turns): the restore took
+ * 15-17.5 ms in pieces (median 16.3) against 18-29 whole (median 20),
+ * llama.cpp's copy 7-9 ms of it either way. A second
  * thread gathering the next piece while llama.cpp copied one gained
  * nothing measurable (14-18.7 ms) beside the library's thread bringing the
  * session in on the other core. */
@@ -740,11 +741,11 @@ static int hand_piece(ctxs_llama *lc, const uint8_t *buf, size_t size, int quiet
  * RESTORE_PIECE_BYTES; where they are still coming from the disk, one
  * piece of them all, gathered layer after layer as the library's thread
  * reads them in (pieces across every layer would wait for most of the file
- * first: 39-42 ms against 33-37 cold, SmolLM2 at 2048 tokens). Returns 0, 1 if llama.cpp refused a piece or placed the
- * cells otherwise than the plan (its cache for the window layers reuses
- * the cells of positions its window has passed, where one state of them
- * all is refused), or an error; on 1 or an error the sequence holds
- * nothing. */
+ * first: 39-42 ms against 33-37 cold, SmolLM2 at 2048 tokens). Returns 0,
+ * 1 if llama.cpp refused a piece or placed the cells otherwise than the
+ * plan (its cache for the window layers reuses the cells of positions its
+ * window has passed, where one state of them all is refused), or an error;
+ * on 1 or an error the sequence holds nothing. */
 static int put_state(ctxs_llama *lc, const cells_plan *plan, uint64_t n, int quiet)
 {
     const ctxs__seq_shape *shape = &lc->shape.seq;

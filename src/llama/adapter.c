@@ -788,31 +788,50 @@ static int put_state(ctxs_llama *lc, const cells_plan *plan, uint64_t n, int qui
     return rc;
 }
 
-/* Asks the kernel to read the slots of positions 0 .. n - 1 of every run
+/* Asks the kernel to read `count` slots from `slot` on in every run of
+ * a layer (runs of its K and V heads at kv, one.kv_stride and
+ * one.head_stride apart). */
+static void advise_slots(const ctxs_layout *one, uint32_t n_heads, uint64_t slot, uint64_t count)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (uint32_t kind = 0; kind < 2; kind++)
+        for (uint32_t h = 0; h < n_heads; h++) {
+            const uintptr_t at = (uintptr_t)one->kv + kind * one->kv_stride +
+                                 h * one->head_stride + slot * one->slot_bytes;
+            const uintptr_t from = at & ~(page - 1);
+            madvise((void *)from, at + count * one->slot_bytes - from, MADV_WILLNEED);
+        }
+}
+
+/* Asks the kernel to read the slots of the positions the restore reads
  * from the disk, ahead of the gather, where the library's thread does not
  * bring them in after the open (no background option, or a window smaller
- * than what the session holds). The KV is mapped for random access, so
- * the gather would otherwise fault them in a page at a time: a cold
- * restore of SmolLM2's 2048 tokens took 0.7 s that way, and 53-67 ms read
- * ahead (the state file: 34-38 ms). Where the thread reads the window,
- * asking again only slows the restore (55 ms against 41). */
-static void read_ahead(ctxs_llama *lc, uint64_t n)
+ * than what the session holds): positions 0 .. n - 1 of the global
+ * layers, and of the window layers those from window_from on (below, a
+ * restore gives zeros; a ring's slots are positions mod its capacity).
+ * The KV is mapped for random access, so the gather would otherwise fault
+ * them in a page at a time: a cold restore of SmolLM2's 2048 tokens took
+ * 0.7 s that way, and 53-67 ms read ahead (the state file: 34-38 ms).
+ * Where the thread reads the window, asking again only slows the restore
+ * (55 ms against 41). */
+static void read_ahead(ctxs_llama *lc, uint64_t n, uint64_t window_from)
 {
-    const long page = sysconf(_SC_PAGESIZE);
     for (uint32_t b = 0; b < lc->shape.seq.n_blocks; b++)
         for (uint32_t j = 0; j < lc->shape.seq.n_layers[b]; j++) {
             ctxs_layout one;
             ctxs_attn_plan unused;
             if (ctxs_session_get_layer_attn(&one, &unused, lc->s, lc->shape.layer_of[b][j], 0) < 0)
                 return; /* the gather reports it */
-            const size_t bytes = (size_t)(n < one.capacity ? n : one.capacity) * one.slot_bytes;
-            for (uint32_t kind = 0; kind < 2; kind++)
-                for (uint32_t h = 0; h < lc->shape.n_kv_heads; h++) {
-                    const uintptr_t at = (uintptr_t)one.kv + kind * one.kv_stride +
-                                         h * one.head_stride;
-                    const uintptr_t from = at & ~(uintptr_t)(page - 1);
-                    madvise((void *)from, at + bytes - from, MADV_WILLNEED);
-                }
+            const uint64_t from = b == 1 && window_from < n ? window_from : 0;
+            const uint64_t count = n - from, cap = one.capacity;
+            if (count >= cap) {
+                advise_slots(&one, lc->shape.n_kv_heads, 0, cap);
+            } else {
+                const uint64_t slot = from % cap, run_on = cap - slot;
+                advise_slots(&one, lc->shape.n_kv_heads, slot, count < run_on ? count : run_on);
+                if (count > run_on)
+                    advise_slots(&one, lc->shape.n_kv_heads, 0, count - run_on);
+            }
         }
 }
 
@@ -913,7 +932,7 @@ int ctxs_llama_restore(ctxs_llama *lc)
         return ctxs__llama_fail(CTXS_EFULL, "the session holds %llu tokens; the context, %u",
                                 (unsigned long long)n, llama_n_ctx(lc->ctx));
     if (!(info.flags & CTXS_INFO_BACKGROUND) || (info.flags & CTXS_INFO_PARTIAL_WINDOW))
-        read_ahead(lc, n);
+        read_ahead(lc, n, lc->shape.n_swa && n > lc->shape.n_swa ? n - lc->shape.n_swa : 0);
     if (lc->shape.windowed)
         return restore_windowed(lc, n);
     /* A session whose window layers keep every position, for a context

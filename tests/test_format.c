@@ -2032,8 +2032,8 @@ Test(format, xxh3_lanes_equal_xxhash)
     int ran = 0;
     for (size_t k = 0; k < sizeof(isas) / sizeof(isas[0]); k++) {
         ctxs__xxh3_lanes_fn lanes = ctxs__xxh3_lanes_named(isas[k]);
-        if (!lanes) {
-            cr_log_warn("this CPU has no %s: its XXH3 kernel is not tested here", isas[k]);
+        if (!lanes) { /* info, not a warning: Criterion exits non-zero after any warning */
+            cr_log_info("this CPU has no %s: its XXH3 kernel is not tested here", isas[k]);
             continue;
         }
         ran++;

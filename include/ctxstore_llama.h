@@ -93,8 +93,9 @@
  *   memory in. The K/V come from the disk as the library's thread reads the
  *   window ahead after the open; where it does not (a session opened with
  *   background = 0, or a window smaller than what it holds), the restore
- *   asks the kernel to read every held token ahead first (MADV_WILLNEED),
- *   instead of faulting them in a page at a time.
+ *   asks the kernel to read what it gathers ahead first (MADV_WILLNEED;
+ *   every held token, but only the window of the window layers), instead
+ *   of faulting them in a page at a time.
  * - ctxs_llama_rollback(): llama_memory_seq_rm() and the session's
  *   rollback; a sliding-window model whose window layers no longer hold what
  *   the rolled-back state needs (a restore gives them zeros for the

@@ -654,7 +654,8 @@ static cells_plan next_piece(const cells_plan *c, uint32_t done, uint32_t most)
 /* Whether the session's K/V for positions 0 .. n - 1 are in memory, asked
  * of the first page of the first layer and the page of the last position
  * in the last run of the last layer: the library's thread brings a session
- * in run after run, in file order, and a dropped cache loses both. */
+ * in run after run, in file order, and a dropped cache loses both. (A
+ * ring's slots are positions mod its capacity.) */
 static int held_in_memory(ctxs_llama *lc, uint64_t n)
 {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
@@ -664,7 +665,7 @@ static int held_in_memory(ctxs_llama *lc, uint64_t n)
         ctxs_attn_plan unused;
         if (ctxs_session_get_layer_attn(&one, &unused, lc->s, layers[i], 0) < 0)
             return 0;
-        const uint64_t last = (n < one.capacity ? n : one.capacity) - 1;
+        const uint64_t last = (n - 1) % one.capacity;
         const uint8_t *ends[2] = {one.kv, (const uint8_t *)one.kv + one.layer_stride -
                                               (one.capacity - last) * one.slot_bytes};
         for (uint32_t e = 0; e < 2; e++) {
@@ -745,7 +746,8 @@ static int hand_piece(ctxs_llama *lc, const uint8_t *buf, size_t size, int quiet
  * 1 if llama.cpp refused a piece or placed the cells otherwise than the
  * plan (its cache for the window layers reuses the cells of positions its
  * window has passed, where one state of them all is refused), or an error;
- * on 1 or an error the sequence holds nothing. */
+ * on 1 or an error the sequence holds nothing. Records where the zeros the
+ * plan gives end (lc->zeros_below). */
 static int put_state(ctxs_llama *lc, const cells_plan *plan, uint64_t n, int quiet)
 {
     const ctxs__seq_shape *shape = &lc->shape.seq;
@@ -785,6 +787,10 @@ static int put_state(ctxs_llama *lc, const cells_plan *plan, uint64_t n, int qui
         rc = 1;
     if (rc != 0)
         llama_memory_seq_rm(lc->mem, lc->seq, -1, -1);
+    lc->zeros_below = 0;
+    for (uint32_t b = 0; rc == 0 && b < blocks; b++)
+        if (plan[b].from > lc->zeros_below)
+            lc->zeros_below = plan[b].from;
     return rc;
 }
 
@@ -896,8 +902,6 @@ static int restore_windowed(ctxs_llama *lc, uint64_t n)
          (int32_t)(n < S ? 0 : n - S), (int64_t)n - lc->shape.n_swa},
     };
     int rc = put_state(lc, plan, n, 0);
-    if (rc == 0)
-        lc->zeros_below = plan[1].from;
     if (rc == 1)
         return ctxs__llama_fail(CTXS_EENGINE,
                                 "llama.cpp refused the %llu tokens' state (its log says why; a "
@@ -931,8 +935,10 @@ int ctxs_llama_restore(ctxs_llama *lc)
     if (n > llama_n_ctx(lc->ctx))
         return ctxs__llama_fail(CTXS_EFULL, "the session holds %llu tokens; the context, %u",
                                 (unsigned long long)n, llama_n_ctx(lc->ctx));
+    const uint32_t window = lc->shape.n_swa;
+    const int64_t read_from = window && n > window ? (int64_t)(n - window) : 0;
     if (!(info.flags & CTXS_INFO_BACKGROUND) || (info.flags & CTXS_INFO_PARTIAL_WINDOW))
-        read_ahead(lc, n, lc->shape.n_swa && n > lc->shape.n_swa ? n - lc->shape.n_swa : 0);
+        read_ahead(lc, n, (uint64_t)read_from);
     if (lc->shape.windowed)
         return restore_windowed(lc, n);
     /* A session whose window layers keep every position, for a context
@@ -944,8 +950,7 @@ int ctxs_llama_restore(ctxs_llama *lc)
      * (Gemma 3 at 2048 tokens: 15 of its 18 layers are window layers, and
      * three quarters of their positions lie below). Otherwise they get
      * what they read, the last n_swa. */
-    const uint32_t all = (uint32_t)n, window = lc->shape.n_swa;
-    const int64_t read_from = window && n > window ? (int64_t)(n - window) : 0;
+    const uint32_t all = (uint32_t)n;
     cells_plan plan[CTXS__SEQ_MAX_BLOCKS] = {{all, 0, 0, 0}, {all, 0, 0, read_from}};
     rc = 1;
     if (window && lc->window_cache_full && n > window) {
@@ -962,8 +967,6 @@ int ctxs_llama_restore(ctxs_llama *lc)
         return ctxs__llama_fail(CTXS_EENGINE,
                                 "llama.cpp refused the %llu tokens' state (its log says why)",
                                 (unsigned long long)n);
-    if (rc == 0)
-        lc->zeros_below = plan[1].from;
     return rc;
 }
 

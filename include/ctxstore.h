@@ -708,6 +708,14 @@ typedef struct ctxs_reservation {
  *   2 * n_layers * n_kv_heads system calls a token when it goes through
  *   the file. Use it for a token at a time, write_layer for more.
  *
+ * - A file another program has read with read() (a backup, cp) is cached
+ *   in folios of up to 2 MiB (ext4 since Linux 6.16), which the kernel
+ *   writes back whole: a turn's 16 KiB of a run would write 2 MiB. The
+ *   first commit after such a read finds them (asking the page cache, at
+ *   most once a second, about pages past the slots the handle allocated),
+ *   syncs the file and punches the slots past the held positions, which
+ *   splits them; that commit costs a sync, the next ones cost as before.
+ *
  * So an engine that has a layer's K/V in its own memory before attention
  * reads them (every CPU forward pass; a GPU engine that copies K/V back to
  * the host) calls ctxs_session_write_layer() for each layer; one whose

@@ -867,6 +867,84 @@ Test(write, a_rollback_leaves_the_next_slots_mapped)
     unlink(ts_path(ts_scratch, "big"));
 }
 
+/* The bytes a turn of 64 tokens of big_model()'s (its K/V: 512 KiB)
+ * dirties, written a layer at a time and committed; -1 where the kernel
+ * does not count them. */
+static long long turn_dirtied(ctxs_session *s)
+{
+    long long before = dirtied_bytes();
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+    big_turn_write(s, &r, big_turn(), BY_LAYER);
+    big_commit(s, &r);
+    ctxs__background_wait_idle();
+    return before < 0 ? -1 : dirtied_bytes() - before;
+}
+
+/* A session file read with read() by another program (a backup, cp) has
+ * its pages, the empty slots' included, cached in folios of up to 2 MiB,
+ * which the kernel dirties and writes back whole: each turn after that
+ * writes every run's folio (a run of this session is 2 MiB). The first
+ * commit after such a read splits the folios over the slots to come; the
+ * turns after it dirty their own pages and the runway's, at ASYNC and at
+ * FULL, and every turn is kept. */
+Test(write, a_file_read_by_another_program_costs_the_next_turns_only_their_pages)
+{
+    const uint32_t levels[2] = {CTXS_SYNC_ASYNC, CTXS_SYNC_FULL};
+    const char *path = ts_path(ts_scratch, "read");
+    ctxs_model m = big_model();
+    for (uint32_t i = 0; i < 2; i++) {
+        ctxs_create_options co = ts_options(8192, 4, 0, levels[i]);
+        ctxs_session *s;
+        cr_assert_eq(ctxs_session_create(&s, path, &m, &co), 0);
+        for (int t = 0; t < 4; t++)
+            turn_dirtied(s);
+        ctxs_session_close(s);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(fdatasync(fd), 0);
+        cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+        static char buf[1 << 20];
+        ssize_t got;
+        while ((got = read(fd, buf, sizeof buf)) > 0)
+            ;
+        cr_assert_eq(got, 0);
+        close(fd);
+
+        cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+        const long long first = turn_dirtied(s);
+        if (first < 0) {
+            ctxs_session_close(s);
+            cr_skip_test("the kernel does not count the bytes a process dirties "
+                         "(/proc/self/io)");
+        }
+        if (i == 0 && first < 8 * 512 * 1024) {
+            ctxs_session_close(s);
+            cr_skip_test("a read() left this file's pages in small folios here (%lld bytes "
+                         "dirtied by a turn of 512 KiB): nothing to split", first);
+        }
+        cr_expect_geq(first, 8 * 512 * 1024,
+                      "durability %u: the first turn after the read dirtied %lld bytes only",
+                      levels[i], first);
+        for (int t = 0; t < 3; t++) {
+            const long long dirtied = turn_dirtied(s);
+            /* The turn's pages, the runway's, the tables' and records'. */
+            cr_expect_lt(dirtied, 3 * 512 * 1024,
+                         "durability %u: turn %d after the read dirtied %lld bytes (the first "
+                         "%lld)", levels[i], t + 2, dirtied, first);
+        }
+        ctxs_session_close(s);
+        cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_VERIFY, &co.open), 0);
+        ctxs_session_info info;
+        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+        cr_expect_eq(info.n_tokens, 8 * 64);
+        uint64_t bad = 0;
+        cr_expect_eq(ctxs_session_verify(&bad, s), 0, "position %" PRIu64 " fails", bad);
+        ctxs_session_close(s);
+        unlink(path);
+    }
+}
+
 /* A write into the file that fails partway (an error, or a short write and
  * then an error) is reported; the slots are written again by the next call,
  * and nothing committed changes. */

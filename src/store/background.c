@@ -78,12 +78,12 @@ typedef struct job_view {
 } job_view;
 
 /* The session whose most urgent job is the most urgent of all, and that
- * job's bit; NULL when nothing is wanted. */
+ * job's bit; NULL when nothing is wanted. A held session's jobs wait. */
 static ctxs_session *next_job(unsigned *job)
 {
     for (unsigned bit = CTXS__JOB_MAP; bit <= CTXS__JOB_KEEP; bit <<= 1)
         for (ctxs_session *s = ctxs__registry_head; s; s = s->next)
-            if (atomic_load(&s->jobs) & bit) {
+            if (!s->held && (atomic_load(&s->jobs) & bit)) {
                 *job = bit;
                 return s;
             }
@@ -308,6 +308,27 @@ void ctxs__background_leave(ctxs_session *s)
         pthread_join(done, NULL);
     if (settle) /* without waiting for the last: no one is left to tell */
         (void)ctxs__writeback_start(s->fd, s->map, 0, s->map_bytes);
+}
+
+void ctxs__background_hold(ctxs_session *s)
+{
+    if (!s->background)
+        return;
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    s->held = 1;
+    while (worker_busy == s)
+        pthread_cond_wait(&worker_idle, &ctxs__registry_mutex);
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+}
+
+void ctxs__background_release(ctxs_session *s)
+{
+    if (!s->background)
+        return;
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    s->held = 0;
+    pthread_cond_broadcast(&work_wanted);
+    pthread_mutex_unlock(&ctxs__registry_mutex);
 }
 
 void ctxs__background_forget(void)

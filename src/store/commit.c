@@ -496,6 +496,9 @@ int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids, uint32_t n)
         }
     }
     s->n_reserved = 0;
+    /* Before the sync that would clean what it looks for. */
+    if ((rc = ctxs__future_folios_check(s, first + n)) < 0)
+        return ctxs__fail(s);
 
     ctxs__state next = s->st;
     next.n_tokens = first + n;

@@ -38,7 +38,9 @@ struct ctxs_session {
      * of the two). What the windowed rings' slots may reuse (commit.c). */
     uint64_t claim_floor;
     /* Slots [0, alloc_end) have disk blocks. Raised by reserve and by the
-     * runway (background.c), never lowered while the handle is open. */
+     * runway (background.c); lowered only by the owner, with the worker
+     * held off, when it punches the slots past the held positions
+     * (ctxs__future_folios_check()). */
     _Atomic uint32_t alloc_end;
 
     uint32_t window;
@@ -52,6 +54,8 @@ struct ctxs_session {
     uint32_t background;          /* the option: 0 = no worker, ever */
     atomic_uint jobs;             /* CTXS__JOB_* asked for, not yet taken */
     atomic_int closing;           /* close waits: stop at the next chunk */
+    int held;                     /* the owner keeps the worker off the
+                                     session (registry mutex) */
     atomic_int writeback_error;   /* -errno the worker met, for the owner */
     _Atomic uint64_t writeback_rewind; /* a rollback's point: write back from
                                           there (UINT64_MAX: none) */
@@ -78,6 +82,7 @@ struct ctxs_session {
     _Atomic uint32_t runway_tokens; /* how far ahead the runway reaches */
     uint64_t map_from, map_to;    /* CTXS__JOB_MAP's positions (mutex) */
     uint32_t recent_reserves[4];  /* owner: the last reservations' sizes */
+    uint64_t folios_checked_ms;   /* owner: ctxs__future_folios_check() */
     uint64_t worker_woken_at;     /* owner: tokens at the last ASYNC commit
                                      that woke the worker */
     uint32_t recent_next;
@@ -420,6 +425,11 @@ void ctxs__map_positions(ctxs_session *s, uint64_t from, uint64_t to);
 void ctxs__background_join(ctxs_session *s);
 void ctxs__background_leave(ctxs_session *s);
 
+/* The owner keeps the worker off s: hold() returns once the worker is not
+ * working on s, and s's jobs wait (none is lost) until release(). */
+void ctxs__background_hold(ctxs_session *s);
+void ctxs__background_release(ctxs_session *s);
+
 #ifdef CTXS_TEST_HOOKS
 /* Tests only: returns once the worker has nothing left to do. */
 void ctxs__background_wait_idle(void);
@@ -438,6 +448,18 @@ void ctxs__runway_adapt(ctxs_session *s, uint32_t n);
 /* Starts writeback of what st commits beyond the last pass: whole = 0,
  * only the K/V pages it fills (CTXS__WRITEBACK_SETTLE_MS). */
 void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st, int whole);
+
+/* Punches slots [from, capacity) of every global layer's runs, and the
+ * padding after the last run (session_compact.c). The caller holds the
+ * slots unheld: no record claims them and nothing reserved writes them.
+ * Returns 0, 1 where the filesystem cannot punch holes, or an error. */
+int ctxs__punch_unheld(const ctxs_session *s, uint32_t from);
+
+/* In a commit of the positions below n, before its sync (owner): splits
+ * the page cache's large folios over the slots from n on, where a reader
+ * left some (runway.c). Returns 0, or -errno of the sync that this takes
+ * first (the commit has then failed). */
+int ctxs__future_folios_check(ctxs_session *s, uint64_t n);
 
 /* Allocates disk blocks so that slots [0, end_slot) are all backed.
  * Thread-safe against the worker. Errors: CTXS_EFULL, -errno. */

@@ -51,10 +51,9 @@ static int punch(int fd, uint64_t off, uint64_t len)
 #endif
 }
 
-/* Punches slots [from, capacity) of every (layer, K|V, head) run, and the
- * padding after the last run; ranges that touch are punched as one (all of
- * the KV region when from is 0). Returns 0, 1 (cannot punch), or an error. */
-static int punch_unheld(const ctxs_session *s, uint32_t from)
+/* Ranges that touch are punched as one (all of the KV region when from is
+ * 0). */
+int ctxs__punch_unheld(const ctxs_session *s, uint32_t from)
 {
     const ctxs__file_layout *lay = &s->lay;
     if (from >= lay->capacity)
@@ -138,7 +137,7 @@ int ctxs__session_compact(const char *path, uint64_t *bytes_before, uint64_t *by
         *bytes_before = disk_bytes(s->fd);
         uint64_t n = s->st.n_tokens;
         uint32_t from = n < s->lay.capacity ? (uint32_t)n : s->lay.capacity;
-        rc = punch_unheld(s, from);
+        rc = ctxs__punch_unheld(s, from);
         /* A punch lost to a power loss costs space, nothing else: those
          * slots are unheld and their checksums already zero. */
         if (rc == 0)

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -943,6 +944,49 @@ Test(write, a_file_read_by_another_program_costs_the_next_turns_only_their_pages
         ctxs_session_close(s);
         unlink(path);
     }
+}
+
+/* After a cold open, nothing brings the slots still to be written into
+ * the page cache ahead of the writes: a fault on the token table (the
+ * commit stores its ids there) read around itself, as far as the device's
+ * read-ahead, into the first runs' empty slots, in large folios that the
+ * next turns then dirtied whole. */
+Test(write, a_cold_open_reads_no_slot_ahead_of_the_writes)
+{
+    const char *path = ts_path(ts_scratch, "big");
+    ctxs_model m = big_model();
+    ctxs_create_options co = ts_options(2048, 4, 0, CTXS_SYNC_FULL);
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_create(&s, path, &m, &co), 0);
+    for (int t = 0; t < 16; t++)
+        turn_dirtied(s);
+    ctxs_session_close(s);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fdatasync(fd), 0);
+    cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+    ctxs__background_wait_idle(); /* the window brought in */
+    turn_dirtied(s);
+    /* Run 0's pages past the slots allocated, which nothing has written. */
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t run = (uintptr_t)(s->map + s->lay.kv_off);
+    const uintptr_t from = (run + (uintptr_t)atomic_load(&s->alloc_end) * 256 + page - 1) &
+                           ~(uintptr_t)(page - 1);
+    const uintptr_t to = run + (uintptr_t)s->lay.capacity * 256;
+    cr_assert_lt(from, to);
+    unsigned char in[256];
+    const size_t pages = (to - from) / page;
+    cr_assert_leq(pages, sizeof in);
+    cr_assert_eq(mincore((void *)from, to - from, in), 0, "mincore: %s", strerror(errno));
+    size_t cached = 0;
+    for (size_t i = 0; i < pages; i++)
+        cached += in[i] & 1;
+    cr_expect_eq(cached, 0, "%zu of the %zu pages of run 0 past the allocated slots were "
+                 "brought in", cached, pages);
+    ctxs_session_close(s);
+    unlink(path);
 }
 
 /* A write into the file that fails partway (an error, or a short write and

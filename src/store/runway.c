@@ -381,11 +381,11 @@ void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
  * pages and splits each folio that reaches into them, and later turns
  * write into pages of their own size (the same turns then dirtied 9 MiB
  * each; the punch took 72 ms for the 576 runs). A commit asks, at most
- * once a second, whether any page well past the slots this handle
- * allocated (twice the runway past them) is dirty or being written back,
+ * once a second, whether any page past the slots this handle allocated
+ * (where nothing of its own can be dirty) is dirty or being written back,
  * in the first and the last global run, before the commit's sync: only a
- * folio that reaches there from the turn's slots is. Where the system cannot tell (no cachestat),
- * nothing is done.
+ * folio that reaches there from the turn's slots is. Where the system
+ * cannot tell (no cachestat), nothing is done.
  */
 
 /* How often a commit asks, at most (ms). */
@@ -420,29 +420,25 @@ int ctxs__future_folios_check(ctxs_session *s, uint64_t n)
     const uint32_t heads = lay->n_kv_heads, alloc_end = atomic_load(&s->alloc_end);
     const uint32_t runs[2] = {first * 2 * heads, (last * 2 + 2) * heads - 1};
     int64_t written = 0;
-    /* Past twice the runway too: after the reopen of a session, pages of
-     * the next turn's size were found dirty just past the slots allocated
-     * (cause not found yet); a folio reaches much further. */
-    const uint64_t past = (uint64_t)alloc_end + 2ull * atomic_load(&s->runway_tokens);
-    if (past >= lay->capacity)
-        return 0;
     for (uint32_t i = 0; i < 2 && written == 0; i++)
-        written = written_past(s, runs[i], (uint32_t)past);
+        written = written_past(s, runs[i], alloc_end);
     if (written <= 0)
         return 0;
-    /* A folio splits only once it is clean (ext4 cannot release the
-     * buffers of a dirty one), so the pages written so far go to the disk
-     * first, as they would have soon. */
-    int rc = ctxs__sync_data(s->fd);
-    if (rc < 0)
-        return rc;
-    /* The commit has released what it does not commit, and no record
-     * claims a slot from n on: the runs' slots from there are unheld. The
-     * worker is held off meanwhile, since its runway allocates and maps
-     * them. A failed punch leaves the folios as they were; whatever it
-     * punched is allocated again by the next reserve. */
-    const uint32_t from = (uint32_t)n;
+    /* The worker is held off from here: its runway allocates and maps
+     * (dirties) the slots about to be punched. A folio splits only once it
+     * is clean (ext4 cannot release the buffers of a dirty one), so the
+     * pages written so far go to the disk first, as they would have soon.
+     * The commit has released what it does not commit, and no record
+     * claims a slot from n on: the runs' slots from there are unheld. A
+     * failed punch leaves the folios as they were; whatever it punched is
+     * allocated again by the next reserve. */
     ctxs__background_hold(s);
+    int rc = ctxs__sync_data(s->fd);
+    if (rc < 0) {
+        ctxs__background_release(s);
+        return rc;
+    }
+    const uint32_t from = (uint32_t)n;
     (void)ctxs__punch_unheld(s, from);
     atomic_store(&s->alloc_end, from < alloc_end ? from : alloc_end);
     ctxs__populated_forget(s);

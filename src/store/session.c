@@ -202,12 +202,23 @@ static int attach_map(ctxs_session *s)
     if (map == MAP_FAILED)
         return errno == ENOMEM ? CTXS_ENOMEM : -errno;
     s->map = map;
-    /* No readahead on the KV: it fills the page cache with large folios, and
-     * a write fault dirties a whole folio, so that writeback of a 9.4 MB turn
-     * was measured writing 386 MB (Linux 6.18, ext4), and the first turn of
-     * a new 8k-token session read in its whole file. Attention reads spans
-     * it knows; it gains nothing from readahead's guesses. */
-    madvise(s->map + s->lay.kv_off, (size_t)s->lay.kv_bytes, MADV_RANDOM);
+    /* No readahead anywhere in the mapping: it fills the page cache with
+     * large folios, and a write fault dirties a whole folio, so that
+     * writeback of a 9.4 MB turn was measured writing 386 MB (Linux 6.18,
+     * ext4), and the first turn of a new 8k-token session read in its
+     * whole file. Attention reads spans it knows; it gains nothing from
+     * readahead's guesses. Not the KV alone: a fault on the tables reads
+     * around itself, as far as the device's read-ahead (8 MiB on this
+     * project's VM), into the KV's slots still to be written (a commit's
+     * store of its token ids, after a cold open, brought in the next
+     * turn's pages of the first runs in folios of 64 KiB). The tables are
+     * asked for instead, in pages, without waiting. */
+    madvise(s->map, s->map_bytes, MADV_RANDOM);
+    const ctxs__file_layout *lay = &s->lay;
+    posix_fadvise(s->fd, 0, (off_t)(lay->sums_off + lay->sums_bytes), POSIX_FADV_WILLNEED);
+    if (lay->groups_bytes)
+        posix_fadvise(s->fd, (off_t)lay->groups_off, (off_t)lay->groups_bytes,
+                      POSIX_FADV_WILLNEED);
     return 0;
 }
 

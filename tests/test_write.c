@@ -888,14 +888,23 @@ static long long turn_dirtied(ctxs_session *s)
  * writes every run's folio (a run of this session is 2 MiB). The first
  * commit after such a read splits the folios over the slots to come; the
  * turns after it dirty their own pages and the runway's, at ASYNC and at
- * FULL, and every turn is kept. */
+ * FULL, in f16 and in Q8, and every turn is kept. */
 Test(write, a_file_read_by_another_program_costs_the_next_turns_only_their_pages)
 {
-    const uint32_t levels[2] = {CTXS_SYNC_ASYNC, CTXS_SYNC_FULL};
+    static const struct {
+        uint32_t dtype, durability;
+        long long turn_bytes; /* the K/V of a turn, Q8's scales included */
+    } cases[] = {
+        {CTXS_DTYPE_F16, CTXS_SYNC_ASYNC, 64 * 32 * 256},
+        {CTXS_DTYPE_F16, CTXS_SYNC_FULL, 64 * 32 * 256},
+        {CTXS_DTYPE_Q8, CTXS_SYNC_ASYNC, 64 * 32 * (128 + 4)},
+    };
     const char *path = ts_path(ts_scratch, "read");
-    ctxs_model m = big_model();
-    for (uint32_t i = 0; i < 2; i++) {
-        ctxs_create_options co = ts_options(8192, 4, 0, levels[i]);
+    for (uint32_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ctxs_model m = big_model();
+        m.geometry.dtype = cases[i].dtype;
+        const long long turn = cases[i].turn_bytes;
+        ctxs_create_options co = ts_options(8192, 4, 0, cases[i].durability);
         ctxs_session *s;
         cr_assert_eq(ctxs_session_create(&s, path, &m, &co), 0);
         for (int t = 0; t < 4; t++)
@@ -919,20 +928,19 @@ Test(write, a_file_read_by_another_program_costs_the_next_turns_only_their_pages
             cr_skip_test("the kernel does not count the bytes a process dirties "
                          "(/proc/self/io)");
         }
-        if (i == 0 && first < 8 * 512 * 1024) {
+        if (i == 0 && first < 8 * turn) {
             ctxs_session_close(s);
             cr_skip_test("a read() left this file's pages in small folios here (%lld bytes "
-                         "dirtied by a turn of 512 KiB): nothing to split", first);
+                         "dirtied by a turn of %lld): nothing to split", first, turn);
         }
-        cr_expect_geq(first, 8 * 512 * 1024,
-                      "durability %u: the first turn after the read dirtied %lld bytes only",
-                      levels[i], first);
+        cr_expect_geq(first, 8 * turn, "case %u: the first turn after the read dirtied %lld "
+                      "bytes only", i, first);
         for (int t = 0; t < 3; t++) {
             const long long dirtied = turn_dirtied(s);
             /* The turn's pages, the runway's, the tables' and records'. */
-            cr_expect_lt(dirtied, 3 * 512 * 1024,
-                         "durability %u: turn %d after the read dirtied %lld bytes (the first "
-                         "%lld)", levels[i], t + 2, dirtied, first);
+            cr_expect_lt(dirtied, 3 * turn,
+                         "case %u: turn %d after the read dirtied %lld bytes (the first %lld, "
+                         "a turn's K/V %lld)", i, t + 2, dirtied, first, turn);
         }
         ctxs_session_close(s);
         cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_VERIFY, &co.open), 0);
@@ -940,7 +948,8 @@ Test(write, a_file_read_by_another_program_costs_the_next_turns_only_their_pages
         cr_assert_eq(ctxs_session_get_info(&info, s), 0);
         cr_expect_eq(info.n_tokens, 8 * 64);
         uint64_t bad = 0;
-        cr_expect_eq(ctxs_session_verify(&bad, s), 0, "position %" PRIu64 " fails", bad);
+        cr_expect_eq(ctxs_session_verify(&bad, s), 0, "case %u: position %" PRIu64 " fails", i,
+                     bad);
         ctxs_session_close(s);
         unlink(path);
     }

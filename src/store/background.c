@@ -281,10 +281,20 @@ void ctxs__background_join(ctxs_session *s)
     pthread_mutex_unlock(&ctxs__registry_mutex);
 }
 
+/* Whether this handle mapped slots writable ahead of the engine (their
+ * zeros are dirty until written back). */
+static int runway_mapped(ctxs_session *s)
+{
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    const int mapped = s->pop_to != 0;
+    pthread_mutex_unlock(&ctxs__registry_mutex);
+    return mapped;
+}
+
 void ctxs__background_leave(ctxs_session *s)
 {
     if (!s->background) {
-        if (atomic_exchange(&s->writeback_settle_ms, 0) != 0) /* as below */
+        if (atomic_exchange(&s->writeback_settle_ms, 0) != 0 || runway_mapped(s)) /* as below */
             (void)ctxs__writeback_start(s->fd, s->map, 0, s->map_bytes);
         return;
     }
@@ -306,7 +316,11 @@ void ctxs__background_leave(ctxs_session *s)
     pthread_mutex_unlock(&ctxs__registry_mutex);
     if (join)
         pthread_join(done, NULL);
-    if (settle) /* without waiting for the last: no one is left to tell */
+    /* Without waiting for the last: no one is left to tell. The runway's
+     * zeros too: left dirty past the count, the next handle's commits
+     * would take them for a large folio's (runway.c), and the flusher
+     * writes them within 30 s anyway. */
+    if (settle || runway_mapped(s))
         (void)ctxs__writeback_start(s->fd, s->map, 0, s->map_bytes);
 }
 

@@ -213,7 +213,8 @@ static int allocate_range(ctxs_session *s, uint64_t from, uint64_t to)
 /* Allocates disk blocks so that slots [0, end_slot) are all backed: a step
  * ahead when there is room, exactly what is needed when the disk is nearly
  * full. The owner (reserve) and the worker (the runway) may both call it:
- * allocating a range twice changes nothing, and alloc_end only grows. */
+ * allocating a range twice changes nothing, and here alloc_end only grows
+ * (the owner lowers it only with the worker held off, runway.c). */
 int ctxs__allocate_slots(ctxs_session *s, uint32_t end_slot)
 {
     uint32_t have = atomic_load(&s->alloc_end);

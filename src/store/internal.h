@@ -38,7 +38,7 @@ struct ctxs_session {
      * of the two). What the windowed rings' slots may reuse (commit.c). */
     uint64_t claim_floor;
     /* Slots [0, alloc_end) have disk blocks. Raised by reserve and by the
-     * runway (background.c); lowered only by the owner, with the worker
+     * runway (runway.c); lowered only by the owner, with the worker
      * held off, when it punches the slots past the held positions
      * (ctxs__future_folios_check()). */
     _Atomic uint32_t alloc_end;
@@ -83,6 +83,7 @@ struct ctxs_session {
     uint64_t map_from, map_to;    /* CTXS__JOB_MAP's positions (mutex) */
     uint32_t recent_reserves[4];  /* owner: the last reservations' sizes */
     uint64_t folios_checked_ms;   /* owner: ctxs__future_folios_check() */
+    int folios_given_up;          /* owner: a punch failed, no more checks */
     uint64_t worker_woken_at;     /* owner: tokens at the last ASYNC commit
                                      that woke the worker */
     uint32_t recent_next;
@@ -352,9 +353,16 @@ extern int ctxs__write_path_force;
 extern _Atomic uint64_t ctxs__write_path_asks;
 #define CTXS__COUNT_WRITE_PATH_ASK()                                                               \
     atomic_fetch_add_explicit(&ctxs__write_path_asks, 1, memory_order_relaxed)
+
+/* Tests only: the times a commit split large folios, process-wide
+ * (ctxs__future_folios_check()). */
+extern _Atomic uint64_t ctxs__folio_splits;
+#define CTXS__COUNT_FOLIO_SPLIT()                                                                  \
+    atomic_fetch_add_explicit(&ctxs__folio_splits, 1, memory_order_relaxed)
 #else
 #define CTXS__WRITE_PATH_FORCE 0
 #define CTXS__COUNT_WRITE_PATH_ASK() ((void)0)
+#define CTXS__COUNT_FOLIO_SPLIT() ((void)0)
 #endif
 
 /* A pass older than this may have been cleaned by the flusher
@@ -454,6 +462,10 @@ void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st, int whole
  * slots unheld: no record claims them and nothing reserved writes them.
  * Returns 0, 1 where the filesystem cannot punch holes, or an error. */
 int ctxs__punch_unheld(const ctxs_session *s, uint32_t from);
+
+/* How often a commit asks whether large folios need splitting, at most
+ * (ms). */
+#define CTXS__FOLIO_CHECK_MS 1000u
 
 /* In a commit of the positions below n, before its sync (owner): splits
  * the page cache's large folios over the slots from n on, where a reader

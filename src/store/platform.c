@@ -280,11 +280,10 @@ int ctxs__range_dirty(int fd, uint64_t off, uint64_t len)
     return cs.nr_dirty >= pages;
 }
 
-int64_t ctxs__range_pages_written(int fd, uint64_t off, uint64_t len)
+int64_t ctxs__range_pages_dirty(int fd, uint64_t off, uint64_t len)
 {
     page_counts cs;
-    return page_cache_counts(&cs, fd, off, len) == 0 ? (int64_t)(cs.nr_dirty + cs.nr_writeback)
-                                                     : -1;
+    return page_cache_counts(&cs, fd, off, len) == 0 ? (int64_t)cs.nr_dirty : -1;
 }
 
 ssize_t ctxs__read_upto(int fd, void *buf, size_t len, off_t off)

@@ -76,9 +76,9 @@ int ctxs__writeback_start(int fd, uint8_t *map, uint64_t off, uint64_t len);
  * A query, not an action: not a fault-hook site. Thread-safe. */
 int ctxs__range_dirty(int fd, uint64_t off, uint64_t len);
 
-/* Pages of [off, off + len) of fd that are dirty or being written back,
- * or -1 where the system cannot tell (as above). A query. Thread-safe. */
-int64_t ctxs__range_pages_written(int fd, uint64_t off, uint64_t len);
+/* Pages of [off, off + len) of fd that are dirty, or -1 where the system
+ * cannot tell (as above). A query. Thread-safe. */
+int64_t ctxs__range_pages_dirty(int fd, uint64_t off, uint64_t len);
 
 /* pread/pwrite of exactly len bytes, retried across EINTR and short
  * transfers. Reading past the end is CTXS_ECORRUPT (the file is shorter

@@ -31,6 +31,7 @@
 #include "internal.h"
 #include "invariant.h"
 #include "platform.h"
+#include "syscall.h"
 
 /* --- What was mapped -------------------------------------------------------- */
 
@@ -42,6 +43,7 @@
 
 #ifdef CTXS_TEST_HOOKS
 _Atomic uint64_t ctxs__write_path_asks;
+_Atomic uint64_t ctxs__folio_splits;
 #endif
 
 void ctxs__populated_forget(ctxs_session *s)
@@ -380,33 +382,59 @@ void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
  * and they hold nothing: punching them, as a compaction does, drops their
  * pages and splits each folio that reaches into them, and later turns
  * write into pages of their own size (the same turns then dirtied 9 MiB
- * each; the punch took 72 ms for the 576 runs). A commit asks, at most
- * once a second, whether any page past the slots this handle allocated
- * (where nothing of its own can be dirty) is dirty or being written back,
- * in the first and the last global run, before the commit's sync: only a
- * folio that reaches there from the turn's slots is. Where the system
- * cannot tell (no cachestat), nothing is done.
+ * each; the punch took 72 ms for the 576 runs). A Q8 session's scales of
+ * those slots are zeroed in place instead (FALLOC_FL_ZERO_RANGE, which
+ * splits the same way and keeps the blocks the table was created with).
+ *
+ * A commit asks, at most once a second, whether any page past the slots
+ * this handle allocated is dirty, in the first and the last global run,
+ * before the commit's sync: only a folio that reaches there from the
+ * turn's slots is. Nothing of this handle's own is dirty there (its
+ * runway maps only allocated slots, R1), and an earlier handle's runway
+ * past the count is written back at its close (background.c); a process
+ * that died with its runway dirty can cost its successor one needless
+ * sync and punch. Where the system cannot tell (no cachestat), or once a
+ * punch has failed, nothing is done.
  */
 
-/* How often a commit asks, at most (ms). */
-#define FOLIO_CHECK_MS 1000u
-
-/* Pages past slot `from` of run `run` dirty or under writeback, or -1. */
-static int64_t written_past(const ctxs_session *s, uint32_t run, uint32_t from)
+/* Dirty pages past slot `from` of run `run`, or -1. */
+static int64_t dirty_past(const ctxs_session *s, uint32_t run, uint32_t from)
 {
     const ctxs__file_layout *lay = &s->lay;
     const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     const uint64_t base = lay->kv_off + ctxs__run_off(lay, run);
     const uint64_t lo = (base + (uint64_t)from * lay->slot_bytes + page - 1) / page * page;
     const uint64_t hi = base + (uint64_t)lay->capacity * lay->slot_bytes;
-    return lo < hi ? ctxs__range_pages_written(s->fd, lo, hi - lo) : 0;
+    return lo < hi ? ctxs__range_pages_dirty(s->fd, lo, hi - lo) : 0;
+}
+
+/* Zeroes the scales of slots [from, capacity) of every global run in
+ * place. Returns 0, or nonzero where it could not. */
+static int zero_unheld_scales(const ctxs_session *s, uint32_t from)
+{
+#ifdef FALLOC_FL_ZERO_RANGE
+    const ctxs__file_layout *lay = &s->lay;
+    const uint32_t runs = 2 * lay->n_layers * lay->n_kv_heads;
+    for (uint32_t run = 0; run < runs; run++) {
+        if (ctxs__layer_group(lay, run / (2 * lay->n_kv_heads)) >= 0)
+            continue;
+        const uint64_t off = lay->scales_off + ctxs__run_scales_off(lay, run) + (uint64_t)from * 4;
+        if (ctxs__fallocate(s->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, (off_t)off,
+                            (off_t)((uint64_t)(lay->capacity - from) * 4)) != 0)
+            return 1;
+    }
+    return 0;
+#else
+    (void)s, (void)from;
+    return 1;
+#endif
 }
 
 int ctxs__future_folios_check(ctxs_session *s, uint64_t n)
 {
     const ctxs__file_layout *lay = &s->lay;
     const uint64_t now = ctxs__monotonic_ms();
-    if (n >= lay->capacity || now - s->folios_checked_ms < FOLIO_CHECK_MS)
+    if (s->folios_given_up || n >= lay->capacity || now - s->folios_checked_ms < CTXS__FOLIO_CHECK_MS)
         return 0;
     s->folios_checked_ms = now;
     uint32_t first = lay->n_layers, last = 0;
@@ -419,29 +447,41 @@ int ctxs__future_folios_check(ctxs_session *s, uint64_t n)
         return 0;
     const uint32_t heads = lay->n_kv_heads, alloc_end = atomic_load(&s->alloc_end);
     const uint32_t runs[2] = {first * 2 * heads, (last * 2 + 2) * heads - 1};
-    int64_t written = 0;
-    for (uint32_t i = 0; i < 2 && written == 0; i++)
-        written = written_past(s, runs[i], alloc_end);
-    if (written <= 0)
+    int64_t dirty = 0;
+    for (uint32_t i = 0; i < 2 && dirty == 0; i++)
+        dirty = dirty_past(s, runs[i], alloc_end);
+    if (dirty <= 0)
         return 0;
     /* The worker is held off from here: its runway allocates and maps
-     * (dirties) the slots about to be punched. A folio splits only once it
-     * is clean (ext4 cannot release the buffers of a dirty one), so the
-     * pages written so far go to the disk first, as they would have soon.
-     * The commit has released what it does not commit, and no record
-     * claims a slot from n on: the runs' slots from there are unheld. A
-     * failed punch leaves the folios as they were; whatever it punched is
-     * allocated again by the next reserve. */
+     * (dirties) the slots about to be punched, and a map job still queued
+     * for a reservation this commit released in part is cut at n. A folio
+     * splits only once it is clean (ext4 cannot release the buffers of a
+     * dirty one), so the pages written so far go to the disk first, as
+     * they would have soon. The commit has released what it does not
+     * commit, and no record claims a slot from n on: the runs' slots from
+     * there are unheld. Whatever was punched is allocated again by the
+     * next reserve. */
+    const uint32_t from = (uint32_t)n;
+    CTXS__COUNT_FOLIO_SPLIT();
     ctxs__background_hold(s);
+    pthread_mutex_lock(&ctxs__registry_mutex);
+    if (s->map_to > from)
+        s->map_to = from;
+    if (s->map_from >= s->map_to)
+        atomic_fetch_and(&s->jobs, ~(unsigned)CTXS__JOB_MAP);
+    pthread_mutex_unlock(&ctxs__registry_mutex);
     int rc = ctxs__sync_data(s->fd);
     if (rc < 0) {
         ctxs__background_release(s);
-        return rc;
+        /* At NONE nothing else would have synced, nor failed. */
+        return s->durability == CTXS_SYNC_NONE ? 0 : rc;
     }
-    const uint32_t from = (uint32_t)n;
-    (void)ctxs__punch_unheld(s, from);
+    int punched = ctxs__punch_unheld(s, from);
+    if (punched == 0 && lay->scales_bytes)
+        punched = zero_unheld_scales(s, from);
     atomic_store(&s->alloc_end, from < alloc_end ? from : alloc_end);
     ctxs__populated_forget(s);
     ctxs__background_release(s);
+    s->folios_given_up = punched != 0; /* it would fail, and sync, each second */
     return 0;
 }

@@ -882,6 +882,29 @@ static long long turn_dirtied(ctxs_session *s)
     return before < 0 ? -1 : dirtied_bytes() - before;
 }
 
+/* Creates the session at path with turns of 64 tokens, closes it, and has
+ * its file read as another program would after the page cache lost it:
+ * written back, dropped, then read() whole. With read_it 0, only dropped. */
+static void made_and_dropped(const char *path, const ctxs_model *m, const ctxs_create_options *co,
+                             int turns, int read_it)
+{
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_create(&s, path, m, co), 0);
+    for (int t = 0; t < turns; t++)
+        turn_dirtied(s);
+    ctxs_session_close(s);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fdatasync(fd), 0);
+    cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    static char buf[1 << 20];
+    ssize_t got = 0;
+    while (read_it && (got = read(fd, buf, sizeof buf)) > 0)
+        ;
+    cr_assert_eq(got, 0);
+    close(fd);
+}
+
 /* A session file read with read() by another program (a backup, cp) has
  * its pages, the empty slots' included, cached in folios of up to 2 MiB,
  * which the kernel dirties and writes back whole: each turn after that
@@ -908,22 +931,8 @@ Test(write, a_file_read_by_another_program_costs_the_next_turns_only_their_pages
         m.geometry.dtype = cases[i].dtype;
         const long long turn = cases[i].turn_bytes;
         ctxs_create_options co = ts_options(cases[i].capacity, 4, 0, cases[i].durability);
+        made_and_dropped(path, &m, &co, 4, 1);
         ctxs_session *s;
-        cr_assert_eq(ctxs_session_create(&s, path, &m, &co), 0);
-        for (int t = 0; t < 4; t++)
-            turn_dirtied(s);
-        ctxs_session_close(s);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        cr_assert_geq(fd, 0);
-        cr_assert_eq(fdatasync(fd), 0);
-        cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-        static char buf[1 << 20];
-        ssize_t got;
-        while ((got = read(fd, buf, sizeof buf)) > 0)
-            ;
-        cr_assert_eq(got, 0);
-        close(fd);
-
         cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
         const uint64_t splits = atomic_load(&ctxs__folio_splits);
         const long long first = turn_dirtied(s);
@@ -970,16 +979,8 @@ Test(write, a_cold_open_reads_no_slot_ahead_of_the_writes)
     const char *path = ts_path(ts_scratch, "big");
     ctxs_model m = big_model();
     ctxs_create_options co = ts_options(2048, 4, 0, CTXS_SYNC_FULL);
+    made_and_dropped(path, &m, &co, 16, 0);
     ctxs_session *s;
-    cr_assert_eq(ctxs_session_create(&s, path, &m, &co), 0);
-    for (int t = 0; t < 16; t++)
-        turn_dirtied(s);
-    ctxs_session_close(s);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(fdatasync(fd), 0);
-    cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-    close(fd);
     cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
     ctxs__background_wait_idle(); /* the window brought in */
     turn_dirtied(s);
@@ -1058,19 +1059,8 @@ Test(write, a_split_after_a_partial_commit_leaves_no_map_job_past_the_count)
     const char *path = ts_path(ts_scratch, "read");
     ctxs_model m = big_model();
     ctxs_create_options co = ts_options(8192, 4, 0, CTXS_SYNC_ASYNC);
+    made_and_dropped(path, &m, &co, 4, 1);
     ctxs_session *s;
-    cr_assert_eq(ctxs_session_create(&s, path, &m, &co), 0);
-    for (int t = 0; t < 4; t++)
-        turn_dirtied(s);
-    ctxs_session_close(s);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(fdatasync(fd), 0);
-    cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-    static char buf[1 << 20];
-    while (read(fd, buf, sizeof buf) > 0)
-        ;
-    close(fd);
     cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
     ctxs__background_wait_idle();
     const uint64_t splits = atomic_load(&ctxs__folio_splits);

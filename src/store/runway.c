@@ -434,7 +434,8 @@ int ctxs__future_folios_check(ctxs_session *s, uint64_t n)
 {
     const ctxs__file_layout *lay = &s->lay;
     const uint64_t now = ctxs__monotonic_ms();
-    if (s->folios_given_up || n >= lay->capacity || now - s->folios_checked_ms < CTXS__FOLIO_CHECK_MS)
+    if (s->folios_given_up || n >= lay->capacity ||
+        now - s->folios_checked_ms < CTXS__FOLIO_CHECK_MS)
         return 0;
     s->folios_checked_ms = now;
     uint32_t first = lay->n_layers, last = 0;
@@ -479,7 +480,7 @@ int ctxs__future_folios_check(ctxs_session *s, uint64_t n)
     int punched = ctxs__punch_unheld(s, from);
     if (punched == 0 && lay->scales_bytes)
         punched = zero_unheld_scales(s, from);
-    atomic_store(&s->alloc_end, from < alloc_end ? from : alloc_end);
+    atomic_store(&s->alloc_end, from); /* the committed slots have blocks */
     ctxs__populated_forget(s);
     ctxs__background_release(s);
     s->folios_given_up = punched != 0; /* it would fail, and sync, each second */

@@ -547,9 +547,9 @@ CTXS_API int ctxs_session_open(ctxs_session **out, const char *path,
 /* Unmaps and closes. Uncommitted reservations are dropped. At ASYNC the
  * writeback started by commits continues, and that of what they left for
  * later (see CTXS_SYNC_ASYNC) is started, as is that of the slots mapped
- * ahead for the next turn (their zeros), at any durability. Waits for the background thread
- * to let go of s (see "Background work"), and joins the thread when s was
- * the last session using it. Accepts NULL. */
+ * ahead for the next turn (their zeros), at any durability. Waits for the
+ * background thread to let go of s (see "Background work"), and joins the
+ * thread when s was the last session using it. Accepts NULL. */
 CTXS_API void ctxs_session_close(ctxs_session *s);
 
 /* Gives the session file at path capacity slots, as

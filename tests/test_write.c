@@ -905,6 +905,17 @@ static void made_and_dropped(const char *path, const ctxs_model *m, const ctxs_c
     close(fd);
 }
 
+/* s holds n tokens, each of them verified. */
+static void expect_kept(const ctxs_session *s, uint64_t n, const char *what)
+{
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_expect_eq(info.n_tokens, n, "%s: %" PRIu64 " tokens held, not %" PRIu64, what,
+                 info.n_tokens, n);
+    uint64_t bad = 0;
+    cr_expect_eq(ctxs_session_verify(&bad, s), 0, "%s: position %" PRIu64 " fails", what, bad);
+}
+
 /* A session file read with read() by another program (a backup, cp) has
  * its pages, the empty slots' included, cached in folios of up to 2 MiB,
  * which the kernel dirties and writes back whole: each turn after that
@@ -958,12 +969,7 @@ Test(write, a_file_read_by_another_program_costs_the_next_turns_only_their_pages
                      atomic_load(&ctxs__folio_splits) - splits);
         ctxs_session_close(s);
         cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_OPEN_VERIFY, &co.open), 0);
-        ctxs_session_info info;
-        cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-        cr_expect_eq(info.n_tokens, 8 * 64);
-        uint64_t bad = 0;
-        cr_expect_eq(ctxs_session_verify(&bad, s), 0, "case %u: position %" PRIu64 " fails", i,
-                     bad);
+        expect_kept(s, 8 * 64, "after the reads");
         ctxs_session_close(s);
         unlink(path);
     }
@@ -1082,11 +1088,81 @@ Test(write, a_split_after_a_partial_commit_leaves_no_map_job_past_the_count)
     cr_expect_leq(s->map_to, r.first_pos + 10, "the map job reaches position %" PRIu64,
                   s->map_to);
     turn_dirtied(s); /* the next turn, over the punched slots */
-    ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    cr_expect_eq(info.n_tokens, 4 * 64 + 10 + 64);
-    uint64_t bad = 0;
-    cr_expect_eq(ctxs_session_verify(&bad, s), 0, "position %" PRIu64 " fails", bad);
+    expect_kept(s, 4 * 64 + 10 + 64, "after the partial commit");
+    ctxs_session_close(s);
+    unlink(path);
+}
+
+/* A turn of big_model()'s written and committed with the fault hook armed
+ * to fail the nth call that can fail with EIO; returns the commit's
+ * result. The session has no background thread, so that the counts are
+ * the commit's own. */
+static int turn_with_a_fault(ctxs_session *s, uint64_t nth)
+{
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+    big_turn_write(s, &r, big_turn(), BY_LAYER);
+    uint32_t ids[64];
+    for (uint32_t i = 0; i < 64; i++)
+        ids[i] = id_of(r.first_pos + i);
+    ctxs__fault_arm(nth, EIO, false);
+    int rc = ctxs_session_commit(s, ids, 64);
+    ctxs__fault_disarm();
+    cr_assert_eq(ctxs__fault_failed(), 1, "call %llu was not failed", (unsigned long long)nth);
+    return rc;
+}
+
+/* The split's errors, after a read() left large folios. Its sync fails:
+ * the commit fails as a failed sync does (the session is to be reopened),
+ * except at NONE, which syncs nothing else and goes on; nothing committed
+ * is lost either way. Its punch fails: the commit succeeds, and the handle
+ * asks no more (each question would cost a sync). */
+Test(write, a_failed_split_loses_nothing)
+{
+    const char *path = ts_path(ts_scratch, "read");
+    ctxs_model m = big_model();
+    const uint32_t levels[2] = {CTXS_SYNC_ASYNC, CTXS_SYNC_NONE};
+    for (uint32_t i = 0; i < 2; i++) {
+        ctxs_create_options co = ts_options(8192, 4, 0, levels[i]);
+        co.open.background = 0;
+        made_and_dropped(path, &m, &co, 4, 1);
+        ctxs_session *s;
+        cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+        const uint64_t splits = atomic_load(&ctxs__folio_splits);
+        int rc = turn_with_a_fault(s, 1);
+        if (atomic_load(&ctxs__folio_splits) == splits) {
+            ctxs_session_close(s);
+            cr_skip_test("a read() left this file's pages in small folios here: nothing to "
+                         "split");
+        }
+        cr_expect_str_eq(ctxs__fault_last_failed()->call, "fdatasync");
+        if (levels[i] == CTXS_SYNC_ASYNC) {
+            cr_expect_eq(rc, CTXS_EFAILED, "the split's failed sync: %s", ctxs_err_name(rc));
+            ctxs_session_close(s);
+            cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+            expect_kept(s, 4 * 64, "after the failed sync");
+        } else {
+            cr_expect_eq(rc, 0, "the split's failed sync at NONE: %s", ctxs_err_name(rc));
+            expect_kept(s, 5 * 64, "after the failed sync at NONE");
+        }
+        ctxs_session_close(s);
+        unlink(path);
+    }
+
+    ctxs_create_options co = ts_options(8192, 4, 0, CTXS_SYNC_ASYNC);
+    co.open.background = 0;
+    made_and_dropped(path, &m, &co, 4, 1);
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+    const uint64_t splits = atomic_load(&ctxs__folio_splits);
+    cr_expect_eq(turn_with_a_fault(s, 2), 0); /* the sync, then the first punch */
+    cr_expect_str_eq(ctxs__fault_last_failed()->call, "fallocate");
+    cr_expect_eq(atomic_load(&ctxs__folio_splits), splits + 1);
+    usleep((CTXS__FOLIO_CHECK_MS + 100) * 1000);
+    turn_dirtied(s);
+    cr_expect_eq(atomic_load(&ctxs__folio_splits), splits + 1,
+                 "the handle asked again after its punch failed");
+    expect_kept(s, 6 * 64, "after the failed punch");
     ctxs_session_close(s);
     unlink(path);
 }

@@ -244,12 +244,7 @@ int ctxs__writeback_start(int fd, uint8_t *map, uint64_t off, uint64_t len)
 #endif
 #endif
 
-typedef struct page_counts {
-    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
-} page_counts;
-
-/* cachestat(2) of [off, off + len): 0, or -1 where the system cannot tell. */
-static int page_cache_counts(page_counts *out, int fd, uint64_t off, uint64_t len)
+int64_t ctxs__range_pages_dirty(int fd, uint64_t off, uint64_t len)
 {
 #if defined(__linux__) && defined(SYS_cachestat)
     static atomic_int refused; /* ENOSYS once is ENOSYS for good */
@@ -258,32 +253,29 @@ static int page_cache_counts(page_counts *out, int fd, uint64_t off, uint64_t le
     struct {
         uint64_t off, len;
     } range = {off, len};
-    if (syscall(SYS_cachestat, fd, &range, out, 0) != 0) {
+    struct {
+        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+    } cs;
+    if (syscall(SYS_cachestat, fd, &range, &cs, 0) != 0) {
         if (errno == ENOSYS || errno == EPERM)
             atomic_store_explicit(&refused, 1, memory_order_relaxed);
         return -1;
     }
-    return 0;
+    return (int64_t)cs.nr_dirty;
 #else
-    (void)out, (void)fd, (void)off, (void)len;
+    (void)fd, (void)off, (void)len;
     return -1;
 #endif
 }
 
 int ctxs__range_dirty(int fd, uint64_t off, uint64_t len)
 {
-    page_counts cs;
-    if (page_cache_counts(&cs, fd, off, len) != 0)
+    const int64_t dirty = ctxs__range_pages_dirty(fd, off, len);
+    if (dirty < 0)
         return -1;
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     uint64_t pages = (off + len + page - 1) / page - off / page;
-    return cs.nr_dirty >= pages;
-}
-
-int64_t ctxs__range_pages_dirty(int fd, uint64_t off, uint64_t len)
-{
-    page_counts cs;
-    return page_cache_counts(&cs, fd, off, len) == 0 ? (int64_t)cs.nr_dirty : -1;
+    return (uint64_t)dirty >= pages;
 }
 
 ssize_t ctxs__read_upto(int fd, void *buf, size_t len, off_t off)

@@ -528,9 +528,12 @@ void ctxs_session_close(ctxs_session *s)
 {
     if (!s)
         return;
+    /* The background work is stopped and the close's writeback started
+     * first: what the closing hook records of the file (its blocks, on a
+     * file system that allocates them at writeback) is then what stays. */
+    ctxs__background_leave(s);
     if (s->hooks)
         s->hooks->closing(s, s->hooks_arg);
-    ctxs__background_leave(s);
     ctxs__registry_remove(s);
     session_free(s);
 }

@@ -68,7 +68,8 @@ uint32_t ctxs__session_batch(const ctxs_session *s);
 typedef struct ctxs__session_hooks {
     /* After a commit succeeded, on the thread that committed. */
     void (*committed)(ctxs_session *s, void *arg);
-    /* At close, before anything is unmapped. */
+    /* At close, once the background work of s has stopped, before
+     * anything is unmapped. */
     void (*closing)(ctxs_session *s, void *arg);
     /* After a rollback to n_tokens succeeded (fewer than were held), on
      * the thread that rolled back: what was noted of the positions from

@@ -1055,6 +1055,31 @@ Test(write, a_reopened_session_splits_nothing_it_did_not_read)
     }
 }
 
+/* A capacity whose runs end inside a page (8,200 slots of 256 bytes): a
+ * run's last page is shared with the next run's first slots, which every
+ * turn writes; that page is no large folio over slots still to be
+ * written, and no commit splits anything for it. */
+Test(write, runs_that_end_inside_a_page_split_nothing)
+{
+    const char *path = ts_path(ts_scratch, "odd");
+    ctxs_model m = big_model();
+    ctxs_create_options co = ts_options(8200, 4, 0, CTXS_SYNC_ASYNC);
+    for (uint32_t background = 0; background <= 1; background++) {
+        co.open.background = background;
+        ctxs_session *s;
+        cr_assert_eq(ctxs_session_create(&s, path, &m, &co), 0);
+        const uint64_t splits = atomic_load(&ctxs__folio_splits);
+        turn_dirtied(s);
+        usleep((CTXS__FOLIO_CHECK_MS + 100) * 1000); /* each commit asks */
+        turn_dirtied(s);
+        cr_expect_eq(atomic_load(&ctxs__folio_splits), splits,
+                     "background %u: a commit split folios no read made", background);
+        expect_kept(s, 2 * 64, "after the turns");
+        ctxs_session_close(s);
+        unlink(path);
+    }
+}
+
 /* A commit of fewer tokens than reserved, while a map job for the whole
  * reservation still waits for the worker, after a read() left large
  * folios: the split punches the released slots, and the map job must not
@@ -1114,8 +1139,9 @@ static int turn_with_a_fault(ctxs_session *s, uint64_t nth)
 
 /* The split's errors, after a read() left large folios. Its sync fails:
  * the commit fails as a failed sync does (the session is to be reopened),
- * except at NONE, which syncs nothing else and goes on; nothing committed
- * is lost either way. Its punch fails: the commit succeeds, and the handle
+ * except at NONE, which syncs nothing else and goes on, and whose next
+ * call (a sync here) fails in its place; nothing committed is lost either
+ * way. Its punch fails: the commit succeeds, and the handle
  * asks no more (each question would cost a sync). */
 Test(write, a_failed_split_loses_nothing)
 {
@@ -1143,6 +1169,11 @@ Test(write, a_failed_split_loses_nothing)
             expect_kept(s, 4 * 64, "after the failed sync");
         } else {
             cr_expect_eq(rc, 0, "the split's failed sync at NONE: %s", ctxs_err_name(rc));
+            rc = ctxs_session_sync(s);
+            cr_expect_eq(rc, CTXS_EFAILED, "a sync after the split's failed one at NONE: %s",
+                         ctxs_err_name(rc));
+            ctxs_session_close(s);
+            cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
             expect_kept(s, 5 * 64, "after the failed sync at NONE");
         }
         ctxs_session_close(s);
@@ -1163,6 +1194,49 @@ Test(write, a_failed_split_loses_nothing)
     cr_expect_eq(atomic_load(&ctxs__folio_splits), splits + 1,
                  "the handle asked again after its punch failed");
     expect_kept(s, 6 * 64, "after the failed punch");
+    ctxs_session_close(s);
+    unlink(path);
+}
+
+/* A Q8 session's split zeroes the scales of the punched slots in place.
+ * Where that fails, the scales are allocated again (a file system may zero
+ * by freeing and allocating anew, and a hole there would be a SIGBUS to a
+ * store through the mapping on a full disk); where that fails too, the
+ * commit fails and loses nothing. */
+Test(write, a_split_that_cannot_keep_the_scales_allocated_fails_the_commit)
+{
+    const char *path = ts_path(ts_scratch, "read");
+    ctxs_model m = big_model();
+    m.geometry.dtype = CTXS_DTYPE_Q8;
+    ctxs_create_options co = ts_options(8192, 4, 0, CTXS_SYNC_ASYNC);
+    co.open.background = 0;
+    made_and_dropped(path, &m, &co, 4, 1);
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+    const uint64_t splits = atomic_load(&ctxs__folio_splits);
+    ctxs_reservation r;
+    cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+    big_turn_write(s, &r, big_turn(), BY_LAYER);
+    uint32_t ids[64];
+    for (uint32_t i = 0; i < 64; i++)
+        ids[i] = id_of(r.first_pos + i);
+    /* The sync, a punch for each of the 32 runs, then the first zeroing
+     * of scales and its allocation, both refused for want of space. */
+    ctxs__fault_arm(2 + 32, ENOSPC, true);
+    int rc = ctxs_session_commit(s, ids, 64);
+    ctxs__fault_disarm();
+    if (atomic_load(&ctxs__folio_splits) == splits) {
+        ctxs_session_close(s);
+        cr_skip_test("a read() left this file's pages in small folios here: nothing to split");
+    }
+    cr_expect_eq(ctxs__fault_failed(), 2, "the zeroing and the allocation were not both failed");
+    cr_expect_str_eq(ctxs__fault_last_failed()->call, "fallocate");
+    cr_expect_eq(rc, CTXS_EFAILED, "%s", ctxs_err_name(rc));
+    ctxs_session_close(s);
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+    expect_kept(s, 4 * 64, "after the failed split");
+    turn_dirtied(s);
+    expect_kept(s, 5 * 64, "after a turn that followed it");
     ctxs_session_close(s);
     unlink(path);
 }

@@ -384,7 +384,9 @@ void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
  * write into pages of their own size (the same turns then dirtied 9 MiB
  * each; the punch took 72 ms for the 576 runs). A Q8 session's scales of
  * those slots are zeroed in place instead (FALLOC_FL_ZERO_RANGE, which
- * splits the same way and keeps the blocks the table was created with).
+ * splits the same way and keeps the blocks the table was created with;
+ * where a file system zeroes by allocating anew and cannot, the commit
+ * fails rather than leave holes in the table).
  *
  * A commit asks, at most once a second, whether any page past the slots
  * this handle allocated is dirty, in the first and the last global run,
@@ -394,22 +396,41 @@ void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
  * past the count is written back at its close (background.c); a process
  * that died with its runway dirty can cost its successor one needless
  * sync and punch. Where the system cannot tell (no cachestat), or once a
- * punch has failed, nothing is done.
+ * punch has failed, nothing is done. The sync's error fails the commit,
+ * as the commit's own sync would; at NONE, which syncs nothing, it fails
+ * the next call instead (the kernel reports it to one sync only).
  */
 
-/* Dirty pages past slot `from` of run `run`, or -1. */
+/* Dirty pages past slot `from` of run `run`, or -1: the pages wholly in
+ * the run (a run that ends inside a page shares it with the next run's
+ * first slots, which the runway maps and writes). */
 static int64_t dirty_past(const ctxs_session *s, uint32_t run, uint32_t from)
 {
     const ctxs__file_layout *lay = &s->lay;
     const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     const uint64_t base = lay->kv_off + ctxs__run_off(lay, run);
     const uint64_t lo = (base + (uint64_t)from * lay->slot_bytes + page - 1) / page * page;
-    const uint64_t hi = base + (uint64_t)lay->capacity * lay->slot_bytes;
+    const uint64_t hi = (base + (uint64_t)lay->capacity * lay->slot_bytes) / page * page;
     return lo < hi ? ctxs__range_pages_dirty(s->fd, lo, hi - lo) : 0;
 }
 
+/* Dirty pages past what the handle allocated in the first or the last
+ * global run (runs[]), or 0 where none or the system cannot tell. */
+static int64_t future_dirty(const ctxs_session *s, const uint32_t runs[2])
+{
+    const uint32_t alloc_end = atomic_load(&s->alloc_end);
+    int64_t dirty = 0;
+    for (uint32_t i = 0; i < 2 && dirty == 0; i++)
+        dirty = dirty_past(s, runs[i], alloc_end);
+    return dirty > 0 ? dirty : 0;
+}
+
 /* Zeroes the scales of slots [from, capacity) of every global run in
- * place. Returns 0, or nonzero where it could not. */
+ * place. Returns 0, 1 where it could not (the scales keep their blocks),
+ * or the error of allocating again what a failed zeroing may have freed:
+ * a file system may zero by freeing the blocks and allocating new ones
+ * (XFS), and nothing else allocates the scale table, whose holes a store
+ * through the mapping on a full disk would meet as SIGBUS. */
 static int zero_unheld_scales(const ctxs_session *s, uint32_t from)
 {
 #ifdef FALLOC_FL_ZERO_RANGE
@@ -419,9 +440,12 @@ static int zero_unheld_scales(const ctxs_session *s, uint32_t from)
         if (ctxs__layer_group(lay, run / (2 * lay->n_kv_heads)) >= 0)
             continue;
         const uint64_t off = lay->scales_off + ctxs__run_scales_off(lay, run) + (uint64_t)from * 4;
+        const uint64_t len = (uint64_t)(lay->capacity - from) * 4;
         if (ctxs__fallocate(s->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, (off_t)off,
-                            (off_t)((uint64_t)(lay->capacity - from) * 4)) != 0)
-            return 1;
+                            (off_t)len) != 0) {
+            int rc = ctxs__allocate(s->fd, off, len);
+            return rc < 0 ? rc : 1;
+        }
     }
     return 0;
 #else
@@ -446,12 +470,9 @@ int ctxs__future_folios_check(ctxs_session *s, uint64_t n)
         }
     if (first == lay->n_layers)
         return 0;
-    const uint32_t heads = lay->n_kv_heads, alloc_end = atomic_load(&s->alloc_end);
+    const uint32_t heads = lay->n_kv_heads;
     const uint32_t runs[2] = {first * 2 * heads, (last * 2 + 2) * heads - 1};
-    int64_t dirty = 0;
-    for (uint32_t i = 0; i < 2 && dirty == 0; i++)
-        dirty = dirty_past(s, runs[i], alloc_end);
-    if (dirty <= 0)
+    if (!future_dirty(s, runs))
         return 0;
     /* The worker is held off from here: its runway allocates and maps
      * (dirties) the slots about to be punched, and a map job still queued
@@ -463,8 +484,14 @@ int ctxs__future_folios_check(ctxs_session *s, uint64_t n)
      * there are unheld. Whatever was punched is allocated again by the
      * next reserve. */
     const uint32_t from = (uint32_t)n;
-    CTXS__COUNT_FOLIO_SPLIT();
     ctxs__background_hold(s);
+    /* Asked again: the worker's runway may have allocated and mapped
+     * further meanwhile, its own zeros then dirty past what was read. */
+    if (!future_dirty(s, runs)) {
+        ctxs__background_release(s);
+        return 0;
+    }
+    CTXS__COUNT_FOLIO_SPLIT();
     pthread_mutex_lock(&ctxs__registry_mutex);
     if (s->map_to > from)
         s->map_to = from;
@@ -474,15 +501,23 @@ int ctxs__future_folios_check(ctxs_session *s, uint64_t n)
     int rc = ctxs__sync_data(s->fd);
     if (rc < 0) {
         ctxs__background_release(s);
-        /* At NONE nothing else would have synced, nor failed. */
-        return s->durability == CTXS_SYNC_NONE ? 0 : rc;
+        if (s->durability != CTXS_SYNC_NONE)
+            return rc;
+        /* At NONE this commit syncs nothing, so it does not fail; but the
+         * kernel reports a writeback error to one sync only, and this one
+         * took it: the next call fails instead (as for the worker's), so
+         * that a ctxs_session_sync() never vouches for pages the disk
+         * did not take. */
+        atomic_store(&s->writeback_error, rc);
+        return 0;
     }
-    int punched = ctxs__punch_unheld(s, from);
+    int punched = ctxs__punch_unheld(s, from), scales = 0;
     if (punched == 0 && lay->scales_bytes)
-        punched = zero_unheld_scales(s, from);
+        scales = zero_unheld_scales(s, from);
     atomic_store(&s->alloc_end, from); /* the committed slots have blocks */
     ctxs__populated_forget(s);
     ctxs__background_release(s);
-    s->folios_given_up = punched != 0; /* it would fail, and sync, each second */
-    return 0;
+    /* It would fail, and sync, each second. */
+    s->folios_given_up = punched != 0 || scales != 0;
+    return scales < 0 ? scales : 0;
 }

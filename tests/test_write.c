@@ -1198,6 +1198,49 @@ Test(write, a_failed_split_loses_nothing)
     unlink(path);
 }
 
+/* A writeback error that no call has reported when the handle closes (the
+ * split's failed sync at NONE, here) is not lost with it: the page cache
+ * no longer vouches for the file, so the next open verifies it, as after a
+ * power cut, where a clean close in the same boot is trusted as it is. */
+Test(write, a_writeback_error_unreported_at_close_makes_the_next_open_verify)
+{
+    if (access("/proc/sys/kernel/random/boot_id", R_OK) != 0)
+        cr_skip_test("no boot id here: every open verifies");
+    const char *path = ts_path(ts_scratch, "read");
+    ctxs_model m = big_model();
+    ctxs_create_options co = ts_options(8192, 4, 0, CTXS_SYNC_NONE);
+    co.open.background = 0;
+    made_and_dropped(path, &m, &co, 4, 1);
+    ctxs_session *s;
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+    turn_dirtied(s);
+    ctxs_session_close(s);
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_expect_eq(info.flags & CTXS_INFO_VERIFIED, 0, "a clean close in this boot was not trusted");
+    ctxs_session_close(s);
+    unlink(path);
+
+    made_and_dropped(path, &m, &co, 4, 1);
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+    const uint64_t splits = atomic_load(&ctxs__folio_splits);
+    cr_expect_eq(turn_with_a_fault(s, 1), 0); /* the split's sync, at NONE */
+    if (atomic_load(&ctxs__folio_splits) == splits) {
+        ctxs_session_close(s);
+        cr_skip_test("a read() left this file's pages in small folios here: nothing to split");
+    }
+    ctxs_session_close(s);
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_expect_neq(info.flags & CTXS_INFO_VERIFIED, 0,
+                  "the open after a close that held an unreported writeback error trusted "
+                  "the page cache");
+    expect_kept(s, 5 * 64, "after the close");
+    ctxs_session_close(s);
+    unlink(path);
+}
+
 /* A Q8 session's split zeroes the scales of the punched slots in place.
  * Where that fails, the scales are allocated again (a file system may zero
  * by freeing and allocating anew, and a hole there would be a SIGBUS to a

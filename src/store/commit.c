@@ -155,9 +155,8 @@ int ctxs__forget_unheld(ctxs_session *s)
     return forget_groups_from(s, n) | changed;
 }
 
-int ctxs__fail(ctxs_session *s)
+void ctxs__unvouch(ctxs_session *s)
 {
-    s->failed = 1;
     /* After a failed writeback Linux may have dropped the dirty pages and
      * marked them clean: the page cache no longer vouches for the records.
      * Clearing their boot id makes any later open verify, as after a power
@@ -173,6 +172,12 @@ int ctxs__fail(ctxs_session *s)
         ctxs__record_seal(&r, index);
         memcpy(at, &r, sizeof(r));
     }
+}
+
+int ctxs__fail(ctxs_session *s)
+{
+    s->failed = 1;
+    ctxs__unvouch(s);
     return ctxs__error(CTXS_EFAILED, "a write or sync of the session failed; what was "
                        "committed before is safe: close the session and open it again");
 }

@@ -265,6 +265,10 @@ int ctxs__forget_unheld(ctxs_session *s);
  * boot still verifies (the page cache can no longer be trusted). */
 int ctxs__fail(ctxs_session *s);
 
+/* The second half of ctxs__fail(): clears the records' boot id, so that
+ * any later open verifies. */
+void ctxs__unvouch(ctxs_session *s);
+
 /* The open sessions of this process (registry.c). Memory pressure walks
  * them under the mutex. */
 extern pthread_mutex_t ctxs__registry_mutex;

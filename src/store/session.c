@@ -532,6 +532,11 @@ void ctxs_session_close(ctxs_session *s)
      * first: what the closing hook records of the file (its blocks, on a
      * file system that allocates them at writeback) is then what stays. */
     ctxs__background_leave(s);
+    /* A writeback error no call has reported yet (the worker's, or a
+     * split's at NONE) is not lost with the handle: the page cache no
+     * longer vouches for the file, and the next open verifies it. */
+    if (!s->readonly && !s->failed && atomic_exchange(&s->writeback_error, 0) < 0)
+        ctxs__unvouch(s);
     if (s->hooks)
         s->hooks->closing(s, s->hooks_arg);
     ctxs__registry_remove(s);

@@ -160,17 +160,20 @@ void ctxs__unvouch(ctxs_session *s)
     /* After a failed writeback Linux may have dropped the dirty pages and
      * marked them clean: the page cache no longer vouches for the records.
      * Clearing their boot id makes any later open verify, as after a power
-     * loss. The non-current record first, so one stays valid throughout. */
+     * loss. The non-current record first, so one stays valid throughout.
+     * Written as a commit writes them (not torn by a kill), and by pwrite:
+     * after a writeback error the file system may refuse a store into the
+     * mapping, a SIGBUS, where a refused pwrite is only a failed attempt. */
     for (uint32_t k = 0; k < 2; k++) {
         uint32_t index = k == 0 ? s->cur_record ^ 1u : s->cur_record;
-        uint8_t *at = s->map + (index == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF);
+        const off_t off = index == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF;
         ctxs__disk_record r;
-        memcpy(&r, at, sizeof(r));
+        memcpy(&r, s->map + off, sizeof(r));
         if (!ctxs__record_valid(&r, index, &s->lay, s->ring))
             continue;
         memset(r.boot_id, 0, sizeof(r.boot_id));
         ctxs__record_seal(&r, index);
-        memcpy(at, &r, sizeof(r));
+        (void)ctxs__pwrite(s->fd, &r, sizeof(r), off);
     }
 }
 
@@ -197,7 +200,10 @@ int ctxs__writable(ctxs_session *s)
 }
 
 /* Slots [from, to) of every run; a windowed group's ring, shorter, up to
- * its length. */
+ * its length. A Q8 session's scales of those slots too: the table is
+ * allocated at create, but a split that failed to zero them in place may
+ * have left holes (runway.c), in this handle or an earlier one; where
+ * they are allocated, asking again changes nothing. */
 static int allocate_range(ctxs_session *s, uint64_t from, uint64_t to)
 {
     const ctxs__file_layout *lay = &s->lay;
@@ -209,6 +215,9 @@ static int allocate_range(ctxs_session *s, uint64_t from, uint64_t to)
             continue;
         uint64_t off = lay->kv_off + ctxs__run_off(lay, run) + a * lay->slot_bytes;
         int rc = ctxs__allocate(s->fd, off, (b - a) * lay->slot_bytes);
+        if (rc == 0 && lay->scales_bytes)
+            rc = ctxs__allocate(s->fd, lay->scales_off + ctxs__run_scales_off(lay, run) + a * 4,
+                                (b - a) * 4);
         if (rc < 0)
             return rc;
     }

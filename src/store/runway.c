@@ -385,8 +385,8 @@ void ctxs__runway_prepare(ctxs_session *s, const ctxs__state *st)
  * each; the punch took 72 ms for the 576 runs). A Q8 session's scales of
  * those slots are zeroed in place instead (FALLOC_FL_ZERO_RANGE, which
  * splits the same way and keeps the blocks the table was created with;
- * where a file system zeroes by allocating anew and cannot, the commit
- * fails rather than leave holes in the table).
+ * where a file system zeroes by allocating anew and cannot, the next
+ * reserve allocates them again before anything maps them).
  *
  * A commit asks, at most once a second, whether any page past the slots
  * this handle allocated is dirty, in the first and the last global run,
@@ -426,11 +426,11 @@ static int64_t future_dirty(const ctxs_session *s, const uint32_t runs[2])
 }
 
 /* Zeroes the scales of slots [from, capacity) of every global run in
- * place. Returns 0, 1 where it could not (the scales keep their blocks),
- * or the error of allocating again what a failed zeroing may have freed:
- * a file system may zero by freeing the blocks and allocating new ones
- * (XFS), and nothing else allocates the scale table, whose holes a store
- * through the mapping on a full disk would meet as SIGBUS. */
+ * place. Returns 0, or nonzero where it could not. A file system that
+ * zeroes by freeing the blocks and allocating new ones (XFS) may leave
+ * holes where that fails: alloc_end is set below them, and allocating
+ * slots allocates their scales too (commit.c), before anything maps them,
+ * in this handle or a later one. */
 static int zero_unheld_scales(const ctxs_session *s, uint32_t from)
 {
 #ifdef FALLOC_FL_ZERO_RANGE
@@ -442,10 +442,8 @@ static int zero_unheld_scales(const ctxs_session *s, uint32_t from)
         const uint64_t off = lay->scales_off + ctxs__run_scales_off(lay, run) + (uint64_t)from * 4;
         const uint64_t len = (uint64_t)(lay->capacity - from) * 4;
         if (ctxs__fallocate(s->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, (off_t)off,
-                            (off_t)len) != 0) {
-            int rc = ctxs__allocate(s->fd, off, len);
-            return rc < 0 ? rc : 1;
-        }
+                            (off_t)len) != 0)
+            return 1;
     }
     return 0;
 #else
@@ -511,13 +509,12 @@ int ctxs__future_folios_check(ctxs_session *s, uint64_t n)
         atomic_store(&s->writeback_error, rc);
         return 0;
     }
-    int punched = ctxs__punch_unheld(s, from), scales = 0;
+    int punched = ctxs__punch_unheld(s, from);
     if (punched == 0 && lay->scales_bytes)
-        scales = zero_unheld_scales(s, from);
+        punched = zero_unheld_scales(s, from);
     atomic_store(&s->alloc_end, from); /* the committed slots have blocks */
     ctxs__populated_forget(s);
     ctxs__background_release(s);
-    /* It would fail, and sync, each second. */
-    s->folios_given_up = punched != 0 || scales != 0;
-    return scales < 0 ? scales : 0;
+    s->folios_given_up = punched != 0; /* it would fail, and sync, each second */
+    return 0;
 }

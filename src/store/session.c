@@ -535,8 +535,10 @@ void ctxs_session_close(ctxs_session *s)
     /* A writeback error no call has reported yet (the worker's, or a
      * split's at NONE) is not lost with the handle: the page cache no
      * longer vouches for the file, and the next open verifies it. */
-    if (!s->readonly && !s->failed && atomic_exchange(&s->writeback_error, 0) < 0)
+    if (!s->readonly && !s->failed && atomic_exchange(&s->writeback_error, 0) < 0) {
+        s->failed = 1; /* the closing hook records nothing of a failed handle */
         ctxs__unvouch(s);
+    }
     if (s->hooks)
         s->hooks->closing(s, s->hooks_arg);
     ctxs__registry_remove(s);

@@ -1071,6 +1071,10 @@ Test(write, runs_that_end_inside_a_page_split_nothing)
         co.open.background = background;
         ctxs_session *s;
         cr_assert_eq(ctxs_session_create(&s, path, &m, &co), 0);
+        if (ctxs__range_pages_dirty(s->fd, 0, 4096) < 0) {
+            ctxs_session_close(s);
+            cr_skip_test("no cachestat here: no commit asks about folios");
+        }
         const uint64_t splits = atomic_load(&ctxs__folio_splits);
         turn_dirtied(s);
         usleep((CTXS__FOLIO_CHECK_MS + 100) * 1000); /* each commit asks */

@@ -885,11 +885,12 @@ static long long turn_dirtied(ctxs_session *s)
     return before < 0 ? -1 : dirtied_bytes() - before;
 }
 
-/* Creates the session at path with turns of 64 tokens, closes it, and has
- * its file read as another program would after the page cache lost it:
- * written back, dropped, then read() whole. With read_it 0, only dropped. */
-static void made_and_dropped(const char *path, const ctxs_model *m, const ctxs_create_options *co,
-                             int turns, int read_it)
+/* Creates the session at path with turns of 64 tokens, closes it, has its
+ * file read as another program would after the page cache lost it (written
+ * back, dropped, then read() whole; with read_it 0, only dropped), and
+ * opens it again with co's open options. */
+static ctxs_session *made_dropped_reopened(const char *path, const ctxs_model *m,
+                                      const ctxs_create_options *co, int turns, int read_it)
 {
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, path, m, co), 0);
@@ -906,6 +907,18 @@ static void made_and_dropped(const char *path, const ctxs_model *m, const ctxs_c
         ;
     cr_assert_eq(got, 0);
     close(fd);
+    cr_assert_eq(ctxs_session_open(&s, path, m, 0, &co->open), 0);
+    return s;
+}
+
+/* Ends the test, skipped, where no commit split folios since the count was
+ * `splits`: the read() left small ones on this kernel. */
+static void skip_unless_split(ctxs_session *s, uint64_t splits)
+{
+    if (atomic_load(&ctxs__folio_splits) != splits)
+        return;
+    ctxs_session_close(s);
+    cr_skip_test("a read() left this file's pages in small folios here: nothing to split");
 }
 
 /* s holds n tokens, each of them verified. */
@@ -945,9 +958,7 @@ Test(write, a_file_read_by_another_program_costs_the_next_turns_only_their_pages
         m.geometry.dtype = cases[i].dtype;
         const long long turn = cases[i].turn_bytes;
         ctxs_create_options co = ts_options(cases[i].capacity, 4, 0, cases[i].durability);
-        made_and_dropped(path, &m, &co, 4, 1);
-        ctxs_session *s;
-        cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+        ctxs_session *s = made_dropped_reopened(path, &m, &co, 4, 1);
         const uint64_t splits = atomic_load(&ctxs__folio_splits);
         const long long first = turn_dirtied(s);
         if (first < 0) {
@@ -988,9 +999,7 @@ Test(write, a_cold_open_reads_no_slot_ahead_of_the_writes)
     const char *path = ts_path(ts_scratch, "big");
     ctxs_model m = big_model();
     ctxs_create_options co = ts_options(2048, 4, 0, CTXS_SYNC_FULL);
-    made_and_dropped(path, &m, &co, 16, 0);
-    ctxs_session *s;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+    ctxs_session *s = made_dropped_reopened(path, &m, &co, 16, 0);
     ctxs__background_wait_idle(); /* the window brought in */
     turn_dirtied(s);
     /* Run 0's pages past the slots allocated, which nothing has written. */
@@ -1097,9 +1106,7 @@ Test(write, a_split_after_a_partial_commit_leaves_no_map_job_past_the_count)
     const char *path = ts_path(ts_scratch, "read");
     ctxs_model m = big_model();
     ctxs_create_options co = ts_options(8192, 4, 0, CTXS_SYNC_ASYNC);
-    made_and_dropped(path, &m, &co, 4, 1);
-    ctxs_session *s;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+    ctxs_session *s = made_dropped_reopened(path, &m, &co, 4, 1);
     ctxs__background_wait_idle();
     const uint64_t splits = atomic_load(&ctxs__folio_splits);
     /* The worker is kept off while the reservation's map job is queued. */
@@ -1113,10 +1120,7 @@ Test(write, a_split_after_a_partial_commit_leaves_no_map_job_past_the_count)
     cr_assert_eq(ctxs_session_commit(s, ids, 10), 0);
     ctxs__background_release(s);
     ctxs__background_wait_idle();
-    if (atomic_load(&ctxs__folio_splits) == splits) {
-        ctxs_session_close(s);
-        cr_skip_test("a read() left this file's pages in small folios here: nothing to split");
-    }
+    skip_unless_split(s, splits);
     cr_expect_leq(s->map_to, r.first_pos + 10, "the map job reaches position %" PRIu64,
                   s->map_to);
     turn_dirtied(s); /* the next turn, over the punched slots */
@@ -1158,16 +1162,10 @@ Test(write, a_failed_split_loses_nothing)
     for (uint32_t i = 0; i < 2; i++) {
         ctxs_create_options co = ts_options(8192, 4, 0, levels[i]);
         co.open.background = 0;
-        made_and_dropped(path, &m, &co, 4, 1);
-        ctxs_session *s;
-        cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+        ctxs_session *s = made_dropped_reopened(path, &m, &co, 4, 1);
         const uint64_t splits = atomic_load(&ctxs__folio_splits);
         int rc = turn_with_a_fault(s, 1);
-        if (atomic_load(&ctxs__folio_splits) == splits) {
-            ctxs_session_close(s);
-            cr_skip_test("a read() left this file's pages in small folios here: nothing to "
-                         "split");
-        }
+        skip_unless_split(s, splits);
         cr_expect_str_eq(ctxs__fault_last_failed()->call, "fdatasync");
         if (levels[i] == CTXS_SYNC_ASYNC) {
             cr_expect_eq(rc, CTXS_EFAILED, "the split's failed sync: %s", ctxs_err_name(rc));
@@ -1189,9 +1187,7 @@ Test(write, a_failed_split_loses_nothing)
 
     ctxs_create_options co = ts_options(8192, 4, 0, CTXS_SYNC_ASYNC);
     co.open.background = 0;
-    made_and_dropped(path, &m, &co, 4, 1);
-    ctxs_session *s;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+    ctxs_session *s = made_dropped_reopened(path, &m, &co, 4, 1);
     const uint64_t splits = atomic_load(&ctxs__folio_splits);
     cr_expect_eq(turn_with_a_fault(s, 2), 0); /* the sync, then the first punch */
     cr_expect_str_eq(ctxs__fault_last_failed()->call, "fallocate");
@@ -1217,10 +1213,8 @@ Test(write, a_writeback_error_unreported_at_close_makes_the_next_open_verify)
     ctxs_model m = big_model();
     ctxs_create_options co = ts_options(8192, 4, 0, CTXS_SYNC_NONE);
     co.open.background = 0;
-    made_and_dropped(path, &m, &co, 4, 1);
-    ctxs_session *s;
+    ctxs_session *s = made_dropped_reopened(path, &m, &co, 4, 1);
     ctxs_session_info info;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
     turn_dirtied(s);
     ctxs_session_close(s);
     cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
@@ -1229,14 +1223,10 @@ Test(write, a_writeback_error_unreported_at_close_makes_the_next_open_verify)
     ctxs_session_close(s);
     unlink(path);
 
-    made_and_dropped(path, &m, &co, 4, 1);
-    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+    s = made_dropped_reopened(path, &m, &co, 4, 1);
     const uint64_t splits = atomic_load(&ctxs__folio_splits);
     cr_expect_eq(turn_with_a_fault(s, 1), 0); /* the split's sync, at NONE */
-    if (atomic_load(&ctxs__folio_splits) == splits) {
-        ctxs_session_close(s);
-        cr_skip_test("a read() left this file's pages in small folios here: nothing to split");
-    }
+    skip_unless_split(s, splits);
     ctxs_session_close(s);
     cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
     cr_assert_eq(ctxs_session_get_info(&info, s), 0);
@@ -1296,16 +1286,11 @@ Test(write, allocating_slots_again_allocates_the_scales_a_failed_split_may_have_
     m.geometry.dtype = CTXS_DTYPE_Q8;
     ctxs_create_options co = ts_options(8192, 4, 0, CTXS_SYNC_ASYNC);
     co.open.background = 0;
-    made_and_dropped(path, &m, &co, 16, 1);
-    ctxs_session *s;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
+    ctxs_session *s = made_dropped_reopened(path, &m, &co, 16, 1);
     const uint64_t splits = atomic_load(&ctxs__folio_splits);
     /* The sync, a punch for each of the 32 runs, then the first zeroing. */
     cr_expect_eq(turn_with_a_fault(s, 2 + 32), 0);
-    if (atomic_load(&ctxs__folio_splits) == splits) {
-        ctxs_session_close(s);
-        cr_skip_test("a read() left this file's pages in small folios here: nothing to split");
-    }
+    skip_unless_split(s, splits);
     cr_expect_str_eq(ctxs__fault_last_failed()->call, "fallocate");
     cr_assert_eq(atomic_load(&ctxs__folio_splits), splits + 1);
     /* Run 0's scales from slot 2,048 on (a block of their own, past the

@@ -2061,18 +2061,51 @@ Test(format, xxh3_lanes_equal_xxhash)
     free(buf);
 }
 
+/* The chain of docs/FORMAT.md "Checksums" for position pos, computed with
+ * xxHash's own calls from a file's bytes: over the runs of the layers of
+ * `group` (-1: those laid out as the session's slots), each at `slot`, then
+ * their scales. */
+static uint64_t format_chain(const uint8_t *file, const ctxs__file_layout *lay, int32_t group,
+                             uint64_t pos, uint32_t id, uint32_t slot)
+{
+    uint8_t head[12];
+    memcpy(head, &pos, 8);
+    memcpy(head + 8, &id, 4);
+    uint64_t h = XXH3_64bits_withSeed(head, 12, 0x637478732d6b7631ull);
+    const uint32_t per = 2 * lay->n_kv_heads, n_runs = lay->n_layers * per;
+    static uint8_t scales[4 * 4096];
+    size_t scales_len = 0;
+    for (uint32_t r = 0; r < n_runs; r++) {
+        if (ctxs__layer_group(lay, r / per) != group)
+            continue;
+        h = XXH3_64bits_withSeed(file + lay->kv_off + ctxs__run_off(lay, r) +
+                                     (uint64_t)slot * lay->slot_bytes,
+                                 lay->slot_bytes, h);
+        if (lay->scales_bytes) {
+            cr_assert_leq(scales_len + 4, sizeof(scales));
+            memcpy(scales + scales_len,
+                   file + lay->scales_off + ctxs__run_scales_off(lay, r) + (uint64_t)slot * 4, 4);
+            scales_len += 4;
+        }
+    }
+    return lay->scales_bytes ? XXH3_64bits_withSeed(scales, scales_len, h) : h;
+}
+
 /* A session's checksums are the chain docs/FORMAT.md gives, computed here
  * with xxHash's own calls from the file's bytes: for slots the four-input
- * kernels hash (256 and 512 bytes, 1 KiB), for smaller and larger ones, and
- * for Q8's scales; 13 tokens, so that some chains are hashed one at a time. */
+ * kernels hash (256 and 512 bytes, 1 KiB), for smaller and larger ones,
+ * for Q8's scales (576 runs: hashed a piece at a time), and for a windowed
+ * group's table; 13 tokens, so that some chains are hashed one at a time. */
 Test(format, checksums_are_the_chain_the_format_gives)
 {
     static const struct {
-        uint32_t dtype, head_dim;
-    } cases[] = {{CTXS_DTYPE_F16, 8},    {CTXS_DTYPE_F16, 128},  {CTXS_DTYPE_BF16, 256},
-                 {CTXS_DTYPE_Q8, 256},   {CTXS_DTYPE_F16, 512},  {CTXS_DTYPE_F16, 1024},
-                 {CTXS_DTYPE_Q8, 128}};
-    const uint32_t n = 13;
+        uint32_t dtype, head_dim, n_layers, n_kv_heads, window;
+    } cases[] = {{CTXS_DTYPE_F16, 8, 2, 2, 0},     {CTXS_DTYPE_F16, 128, 2, 2, 0},
+                 {CTXS_DTYPE_BF16, 256, 2, 2, 0},  {CTXS_DTYPE_Q8, 256, 2, 2, 0},
+                 {CTXS_DTYPE_F16, 512, 2, 2, 0},   {CTXS_DTYPE_F16, 1024, 2, 2, 0},
+                 {CTXS_DTYPE_Q8, 128, 2, 2, 0},    {CTXS_DTYPE_Q8, 128, 36, 8, 0},
+                 {CTXS_DTYPE_Q8, 64, 6, 3, 2},     {CTXS_DTYPE_F16, 64, 6, 3, 2}};
+    const uint32_t n = 13, capacity = 64, batch = 9;
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         char name[64];
         snprintf(name, sizeof(name), "chain-%zu.ctxs", c);
@@ -2080,45 +2113,56 @@ Test(format, checksums_are_the_chain_the_format_gives)
         ctxs_model m = ts_model(7);
         m.geometry.dtype = cases[c].dtype;
         m.geometry.head_dim = cases[c].head_dim;
+        m.geometry.n_layers = cases[c].n_layers;
+        m.geometry.n_kv_heads = cases[c].n_kv_heads;
+        if (cases[c].window) { /* every second layer windowed: a group whose ring wraps */
+            m.geometry.period = 2;
+            m.geometry.window[1] = cases[c].window;
+        }
         ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
-        o.capacity = 64;
+        o.capacity = capacity;
+        o.batch = batch;
         o.ring = 0;
         ctxs_session *s;
         cr_assert_eq(ctxs_session_create(&s, p, &m, &o), 0, "%s", ctxs_get_last_error());
-        cr_assert_eq(ts_append(s, n), 0, "%s", ctxs_get_last_error());
+        /* In commits of at most the batch, which a windowed group's ring
+         * keeps beyond its window: 9 (eight chains at once, then one), then 4. */
+        for (uint32_t done = 0; done < n; done += batch)
+            cr_assert_eq(ts_append(s, n - done < batch ? n - done : batch), 0, "%s",
+                         ctxs_get_last_error());
         ctxs_session_close(s);
 
         ctxs__file_layout lay;
-        cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, 64, o.n_sink, 0), 0);
+        cr_assert_eq(ctxs__layout_compute(&lay, &m.geometry, capacity, o.n_sink, batch), 0);
+        cr_assert_eq(lay.n_groups, cases[c].window ? 1u : 0u);
         uint8_t *file = malloc(lay.file_bytes);
         cr_assert_not_null(file);
         raw_read(p, 0, file, lay.file_bytes);
-        const uint32_t n_runs = 2 * lay.n_layers * lay.n_kv_heads;
         for (uint64_t pos = 0; pos < n; pos++) {
             uint32_t id;
             uint64_t stored;
             memcpy(&id, file + lay.tokens_off + pos * 4, 4);
             memcpy(&stored, file + lay.sums_off + pos * 8, 8);
-            uint8_t head[12];
-            memcpy(head, &pos, 8);
-            memcpy(head + 8, &id, 4);
-            uint64_t h = XXH3_64bits_withSeed(head, 12, 0x637478732d6b7631ull);
-            for (uint32_t r = 0; r < n_runs; r++)
-                h = XXH3_64bits_withSeed(file + lay.kv_off + ctxs__run_off(&lay, r) +
-                                             pos * lay.slot_bytes,
-                                         lay.slot_bytes, h);
-            if (lay.scales_bytes) {
-                uint8_t scales[4 * 64];
-                cr_assert_leq(n_runs * 4, sizeof(scales));
-                for (uint32_t r = 0; r < n_runs; r++)
-                    memcpy(scales + 4 * r,
-                           file + lay.scales_off + ctxs__run_scales_off(&lay, r) + pos * 4, 4);
-                h = XXH3_64bits_withSeed(scales, (size_t)n_runs * 4, h);
-            }
+            const uint64_t h = format_chain(file, &lay, -1, pos, id, (uint32_t)pos);
             cr_assert_eq(stored, h, "dtype %u, %u dims: position %llu's checksum %016llx, "
                                     "the format's chain %016llx",
                          cases[c].dtype, cases[c].head_dim, (unsigned long long)pos,
                          (unsigned long long)stored, (unsigned long long)h);
+            if (!lay.n_groups)
+                continue;
+            /* The group's ring holds the positions of its last len slots. */
+            const uint32_t len = lay.groups[0].len;
+            cr_assert_lt(len, n, "the ring wraps");
+            if (pos + len < n)
+                continue;
+            ctxs__group_entry e;
+            memcpy(&e, file + lay.groups[0].table_off + (pos % len) * sizeof(e), sizeof(e));
+            const uint64_t gh = format_chain(file, &lay, 0, pos, id, (uint32_t)(pos % len));
+            cr_assert(e.pos == pos && e.sum == gh,
+                      "dtype %u: the group's entry for position %llu holds position %llu, "
+                      "checksum %016llx; the format's chain %016llx",
+                      cases[c].dtype, (unsigned long long)pos, (unsigned long long)e.pos,
+                      (unsigned long long)e.sum, (unsigned long long)gh);
         }
         free(file);
         /* And it opens verified, all its tokens held. */

@@ -74,6 +74,69 @@ static void chain_run(uint64_t *out, const uint8_t *run, const uint8_t *next_run
     }
 }
 
+/* The runs whose scales end a chain, in file order: every one of a table
+ * whose runs lie `stride` apart, or, with a layout, those of one group's
+ * layers (-1: the layers laid out as the session's slots), each at its
+ * place in the session's table. */
+typedef struct scale_runs {
+    const uint8_t *table;
+    size_t stride;
+    const ctxs__file_layout *lay;
+    int32_t group;
+    uint32_t n_runs;
+} scale_runs;
+
+/* Where run r's scales begin, or NULL where the chain leaves the run out. */
+static const uint8_t *scale_run(const scale_runs *sr, uint32_t r)
+{
+    if (!sr->lay)
+        return sr->table + (size_t)r * sr->stride;
+    if (ctxs__layer_group(sr->lay, r / (2 * sr->lay->n_kv_heads)) != sr->group)
+        return NULL;
+    return sr->table + ctxs__run_scales_off(sr->lay, r);
+}
+
+/* Tokens whose scales are gathered together, and the bytes of each
+ * token's scales hashed per call. The scales of consecutive slots share
+ * their run's lines, which gathered one token at a time are read once per
+ * token: the scales of a 64-token turn of Qwen3-4B (576 runs) took 110 us
+ * that way, in a program of its own, and 31-36 us eight tokens at a time
+ * (the whole chain: 380 us against 460). */
+#define SCALE_TOKENS 8u
+#define SCALE_PIECE 1024u
+
+/* The end of n chains: out[i] = XXH3-64 of token i's scales, one per run
+ * of sr, concatenated (the scale of slot at[i]), seeded with out[i]. One
+ * input, gathered a piece at a time: a hash call per 4-byte scale would
+ * cost more than the token's KV. */
+static void chain_scales(uint64_t *out, uint32_t n, const uint32_t *at, const scale_runs *sr)
+{
+    XXH3_state_t state[SCALE_TOKENS];
+    uint8_t piece[SCALE_TOKENS][SCALE_PIECE];
+    for (uint32_t first = 0; first < n; first += SCALE_TOKENS) {
+        const uint32_t t = n - first < SCALE_TOKENS ? n - first : SCALE_TOKENS;
+        for (uint32_t j = 0; j < t; j++) {
+            XXH3_INITSTATE(&state[j]); /* reset reads the seed it had */
+            XXH3_64bits_reset_withSeed(&state[j], out[first + j]);
+        }
+        for (uint32_t r = 0; r < sr->n_runs;) {
+            size_t len = 0;
+            for (; r < sr->n_runs && len < SCALE_PIECE; r++) {
+                const uint8_t *run = scale_run(sr, r);
+                if (!run)
+                    continue;
+                for (uint32_t j = 0; j < t; j++)
+                    memcpy(piece[j] + len, run + (size_t)at[first + j] * 4, 4);
+                len += 4;
+            }
+            for (uint32_t j = 0; j < t; j++)
+                XXH3_64bits_update(&state[j], piece[j], len);
+        }
+        for (uint32_t j = 0; j < t; j++)
+            out[first + j] = XXH3_64bits_digest(&state[j]);
+    }
+}
+
 void ctxs__sums_chain(uint64_t *out, uint64_t first_pos, uint32_t n, const uint32_t *ids,
                       const ctxs__token_bytes *tb)
 {
@@ -87,23 +150,8 @@ void ctxs__sums_chain(uint64_t *out, uint64_t first_pos, uint32_t n, const uint3
                   n, tb->slot_bytes, lanes);
     if (!tb->scales)
         return;
-    /* Then a token's scales, one per run in file order, as one input:
-     * gathered a piece at a time, since a hash call per 4-byte scale would
-     * cost more than the token's KV. */
-    XXH3_state_t state;
-    XXH3_INITSTATE(&state); /* reset reads the seed it had */
-    uint8_t piece[4096];
-    for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *scale = tb->scales + (size_t)tb->at[i] * 4;
-        XXH3_64bits_reset_withSeed(&state, out[i]);
-        for (uint32_t r = 0; r < tb->n_runs;) {
-            size_t len = 0;
-            for (; r < tb->n_runs && len < sizeof(piece); r++, len += 4)
-                memcpy(piece + len, scale + (size_t)r * tb->scales_stride, 4);
-            XXH3_64bits_update(&state, piece, len);
-        }
-        out[i] = XXH3_64bits_digest(&state);
-    }
+    const scale_runs sr = {tb->scales, tb->scales_stride, NULL, -1, tb->n_runs};
+    chain_scales(out, n, tb->at, &sr);
 }
 
 /* The chain of n consecutive positions over the layers of `group` (-1:
@@ -130,27 +178,8 @@ static void chain_layers(const ctxs_session *s, int32_t group, uint64_t first_po
     }
     if (!lay->scales_bytes)
         return;
-    /* Then a token's scales, one per run in file order, as one input, as
-     * ctxs__sums_chain() gathers them. */
-    XXH3_state_t state;
-    XXH3_INITSTATE(&state);
-    uint8_t piece[4096];
-    const uint8_t *scales = s->map + lay->scales_off;
-    for (uint32_t i = 0; i < n; i++) {
-        XXH3_64bits_reset_withSeed(&state, out[i]);
-        for (uint32_t r = 0; r < n_runs;) {
-            size_t len = 0;
-            for (; r < n_runs && len < sizeof(piece); r++) {
-                if (ctxs__layer_group(lay, r / per) != group)
-                    continue;
-                memcpy(piece + len, scales + ctxs__run_scales_off(lay, r) + (size_t)slots[i] * 4,
-                       4);
-                len += 4;
-            }
-            XXH3_64bits_update(&state, piece, len);
-        }
-        out[i] = XXH3_64bits_digest(&state);
-    }
+    const scale_runs sr = {s->map + lay->scales_off, 0, lay, group, n_runs};
+    chain_scales(out, n, slots, &sr);
 }
 
 void ctxs__token_sums(const ctxs_session *s, uint64_t first_pos, uint32_t n,

@@ -549,9 +549,11 @@ CTXS_API int ctxs_session_open(ctxs_session **out, const char *path,
  * later (see CTXS_SYNC_ASYNC) is started, as is that of the slots mapped
  * ahead for the next turn (their zeros), at any durability. Waits for the
  * background thread to let go of s (see "Background work"), and joins the
- * thread when s was the last session using it. A writeback error that no
- * call of s has reported yet, which close cannot return, makes the next
- * open verify the file, as after a power cut. Accepts NULL. */
+ * thread when s was the last session using it. A writeback error makes
+ * every later open verify the file, as after a power cut, from the moment
+ * it is met (by the background thread, or by a commit that does not
+ * report it): a process killed before a call of s reports it, or a close,
+ * which cannot return it, loses nothing to it. Accepts NULL. */
 CTXS_API void ctxs_session_close(ctxs_session *s);
 
 /* Gives the session file at path capacity slots, as

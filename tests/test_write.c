@@ -19,6 +19,8 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "ctxstore.h"
@@ -1234,6 +1236,155 @@ Test(write, a_writeback_error_unreported_at_close_makes_the_next_open_verify)
                   "the open after a close that held an unreported writeback error trusted "
                   "the page cache");
     expect_kept(s, 5 * 64, "after the close");
+    ctxs_session_close(s);
+    unlink(path);
+}
+
+/* Reserves and writes n tokens of ts_model()'s K/V, without Criterion (a
+ * child's). Returns the error of the reserve or a write, or 0. */
+static int reserve_and_write(ctxs_session *s, uint32_t n, uint64_t *first)
+{
+    ctxs_session_info info;
+    int rc = ctxs_session_get_info(&info, s);
+    ctxs_reservation r;
+    if (rc < 0 || (rc = ctxs_session_reserve(&r, s, n)) < 0)
+        return rc;
+    uint16_t k[TS_KV_MAX], v[TS_KV_MAX];
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        ts_fill_kv(&info.model.geometry, r.first_pos + i, k, v);
+        rc = ctxs_session_write_token(s, &r, i, k, v, CTXS_DTYPE_F16);
+    }
+    *first = r.first_pos;
+    return rc;
+}
+
+/* The commit of the n tokens written from first; with the fault hook armed
+ * to fail its nth call with EIO (0: none). Returns the commit's result and
+ * the calls the hook counted in *calls. */
+static int commit_with_the_hook(ctxs_session *s, uint64_t first, uint32_t n, uint64_t nth,
+                                uint64_t *calls)
+{
+    uint32_t ids[64];
+    for (uint32_t i = 0; i < n; i++)
+        ids[i] = ts_token(first + i);
+    ctxs__fault_arm(nth ? nth : UINT64_MAX, EIO, false);
+    int rc = ctxs_session_commit(s, ids, n);
+    *calls = ctxs__fault_calls();
+    ctxs__fault_disarm();
+    return rc;
+}
+
+/* Waits for a child of the tests below, which kills itself once it has
+ * done its part: fails the test where it exited instead, saying why, and
+ * skips it where the child found nothing to split (exit 7). */
+static void expect_killed(pid_t pid)
+{
+    static const char *const why[] = {
+        [1] = "it could not open the session",
+        [2] = "a turn's reserve or writes failed",
+        [3] = "a commit without a fault failed",
+        [4] = "the commit with a fault did not return 0",
+        [5] = "the armed call was not the writeback's sync_file_range",
+    };
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 7)
+        cr_skip_test("a read() left this file's pages in small folios here: nothing to split");
+    if (WIFEXITED(status)) {
+        const int code = WEXITSTATUS(status);
+        cr_assert_fail("the child exited (%d): %s", code,
+                       code > 0 && code < 6 ? why[code] : "it was not killed");
+    }
+    cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+}
+
+/* A writeback that fails after its commit wrote the record (the worker's;
+ * here, without one, the commit's own, which starts it last) unvouches the
+ * records there and then: a process killed before any call reports the
+ * error leaves a file that the next open in the same boot verifies, as
+ * after a power cut, rather than trusting pages the disk may not have
+ * taken. The injected failure dropped nothing, so every token verifies. */
+Test(write, a_writeback_error_no_call_reported_before_a_kill_makes_the_next_open_verify)
+{
+    if (access("/proc/sys/kernel/random/boot_id", R_OK) != 0)
+        cr_skip_test("no boot id here: every open verifies");
+    const char *path = ts_path(ts_scratch, "killed");
+    ctxs_model m = ts_model(3);
+    ctxs_create_options co = ts_options(256, 4, 0, CTXS_SYNC_ASYNC);
+    co.open.background = 0; /* the writeback in the commit: the hook's count is the same */
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_create(&s, path, &m, &co), 0, "%s", ctxs_get_last_error());
+    cr_assert_eq(ts_append(s, 64), 0, "%s", ctxs_get_last_error());
+    ctxs_session_close(s);
+
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        /* Two turns alike: the first counts the commit's calls, whose last
+         * is the writeback's, and the second fails that one. */
+        uint64_t first, calls, armed_calls;
+        if (ctxs_session_open(&s, path, &m, 0, &co.open) != 0)
+            _exit(1);
+        if (reserve_and_write(s, 16, &first) != 0)
+            _exit(2);
+        if (commit_with_the_hook(s, first, 16, 0, &calls) != 0)
+            _exit(3);
+        if (reserve_and_write(s, 16, &first) != 0)
+            _exit(2);
+        if (commit_with_the_hook(s, first, 16, calls, &armed_calls) != 0)
+            _exit(4);
+        const struct ctxs__fault_site *site = ctxs__fault_last_failed();
+        if (ctxs__fault_failed() != 1 || !site || strcmp(site->call, "sync_file_range") != 0)
+            _exit(5);
+        raise(SIGKILL);
+        _exit(6);
+    }
+    expect_killed(pid);
+
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0, "%s", ctxs_get_last_error());
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_expect_neq(info.flags & CTXS_INFO_VERIFIED, 0,
+                  "the open after a kill with a writeback error pending trusted the page cache");
+    cr_expect_eq(info.n_tokens, 96u, "%llu tokens kept of 96", (unsigned long long)info.n_tokens);
+    cr_expect_eq(ts_check_all(s), 0u);
+    ctxs_session_close(s);
+    unlink(path);
+}
+
+/* A writeback that fails before a commit writes its record (at NONE, the
+ * sync of a split, which the commit does not report) leaves that record
+ * vouching for nothing either: killed before any later call, the next open
+ * verifies. */
+Test(write, a_record_written_after_a_failed_writeback_vouches_for_nothing)
+{
+    if (access("/proc/sys/kernel/random/boot_id", R_OK) != 0)
+        cr_skip_test("no boot id here: every open verifies");
+    const char *path = ts_path(ts_scratch, "read");
+    ctxs_model m = big_model();
+    ctxs_create_options co = ts_options(8192, 4, 0, CTXS_SYNC_NONE);
+    co.open.background = 0;
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        ctxs_session *s = made_dropped_reopened(path, &m, &co, 4, 1);
+        const uint64_t splits = atomic_load(&ctxs__folio_splits);
+        const int rc = turn_with_a_fault(s, 1); /* the split's sync, before the record */
+        if (atomic_load(&ctxs__folio_splits) == splits)
+            _exit(7);
+        if (rc != 0)
+            _exit(4);
+        raise(SIGKILL);
+        _exit(6);
+    }
+    expect_killed(pid);
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0, "%s", ctxs_get_last_error());
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_expect_neq(info.flags & CTXS_INFO_VERIFIED, 0,
+                  "the record written after the failed writeback vouched for the page cache");
+    expect_kept(s, 5 * 64, "after the kill");
     ctxs_session_close(s);
     unlink(path);
 }

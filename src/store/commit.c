@@ -51,6 +51,42 @@ static int at_a_limit(uint64_t prev_seq)
     return prev_seq >= UINT64_MAX - 1;
 }
 
+/* ctxs__unvouch(), the record mutex held. */
+static void unvouch_records(ctxs_session *s)
+{
+    /* After a failed writeback Linux may have dropped the dirty pages and
+     * marked them clean: the page cache no longer vouches for the records.
+     * Clearing their boot id makes any later open verify, as after a power
+     * loss. The non-current record first, so one stays valid throughout.
+     * Written as a commit writes them (not torn by a kill), and by pwrite:
+     * after a writeback error the file system may refuse a store into the
+     * mapping, a SIGBUS, where a refused pwrite is only a failed attempt. */
+    for (uint32_t k = 0; k < 2; k++) {
+        uint32_t index = k == 0 ? s->cur_record ^ 1u : s->cur_record;
+        const off_t off = index == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF;
+        ctxs__disk_record r;
+        memcpy(&r, s->map + off, sizeof(r));
+        if (!ctxs__record_valid(&r, index, &s->lay, s->ring))
+            continue;
+        memset(r.boot_id, 0, sizeof(r.boot_id));
+        ctxs__record_seal(&r, index);
+        (void)ctxs__pwrite(s->fd, &r, sizeof(r), off);
+    }
+}
+
+void ctxs__unvouch(ctxs_session *s)
+{
+    pthread_mutex_lock(&s->record_mutex);
+    unvouch_records(s);
+    pthread_mutex_unlock(&s->record_mutex);
+}
+
+void ctxs__writeback_failed(ctxs_session *s, int rc)
+{
+    atomic_store(&s->writeback_error, rc);
+    ctxs__unvouch(s);
+}
+
 int ctxs__record_write(ctxs_session *s, const ctxs__state *next)
 {
     uint32_t index = s->cur_record ^ 1u;
@@ -73,13 +109,21 @@ int ctxs__record_write(ctxs_session *s, const ctxs__state *next)
      * back; a system call is not interrupted halfway. */
     atomic_thread_fence(memory_order_release);
     off_t off = index == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF;
+    pthread_mutex_lock(&s->record_mutex);
     ssize_t w = ctxs__pwrite(s->fd, &r, sizeof(r), off);
-    if (w != (ssize_t)sizeof(r))
-        return w < 0 ? -errno : -EIO;
-
+    if (w != (ssize_t)sizeof(r)) {
+        const int rc = w < 0 ? -errno : -EIO;
+        pthread_mutex_unlock(&s->record_mutex);
+        return rc;
+    }
     ctxs__state written = *next;
     written.seq = r.seq;
     ctxs__registry_set_state(s, &written, index);
+    /* A writeback failed before this record was written, where the
+     * records were unvouched without it: it vouches for nothing either. */
+    if (atomic_load(&s->writeback_error) < 0)
+        unvouch_records(s);
+    pthread_mutex_unlock(&s->record_mutex);
     return 0;
 }
 
@@ -153,28 +197,6 @@ int ctxs__forget_unheld(ctxs_session *s)
     uint64_t n = s->st.n_tokens;
     int changed = forget_sums(s, n, n + s->lay.capacity - ctxs__held(s, &s->st));
     return forget_groups_from(s, n) | changed;
-}
-
-void ctxs__unvouch(ctxs_session *s)
-{
-    /* After a failed writeback Linux may have dropped the dirty pages and
-     * marked them clean: the page cache no longer vouches for the records.
-     * Clearing their boot id makes any later open verify, as after a power
-     * loss. The non-current record first, so one stays valid throughout.
-     * Written as a commit writes them (not torn by a kill), and by pwrite:
-     * after a writeback error the file system may refuse a store into the
-     * mapping, a SIGBUS, where a refused pwrite is only a failed attempt. */
-    for (uint32_t k = 0; k < 2; k++) {
-        uint32_t index = k == 0 ? s->cur_record ^ 1u : s->cur_record;
-        const off_t off = index == 0 ? CTXS__RECORD0_OFF : CTXS__RECORD1_OFF;
-        ctxs__disk_record r;
-        memcpy(&r, s->map + off, sizeof(r));
-        if (!ctxs__record_valid(&r, index, &s->lay, s->ring))
-            continue;
-        memset(r.boot_id, 0, sizeof(r.boot_id));
-        ctxs__record_seal(&r, index);
-        (void)ctxs__pwrite(s->fd, &r, sizeof(r), off);
-    }
 }
 
 int ctxs__fail(ctxs_session *s)
@@ -315,7 +337,7 @@ void ctxs__writeback_committed(ctxs_session *s, const ctxs__state *st, int whole
         }
     }
     if (rc < 0)
-        atomic_store(&s->writeback_error, rc);
+        ctxs__writeback_failed(s, rc);
     /* Held back: the tokens that may share a page with the next ones. */
     const uint64_t held = whole ? 0 : page / lay->slot_bytes + 1;
     s->written_back_to = to - from > held ? to - held : from;

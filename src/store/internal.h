@@ -57,6 +57,8 @@ struct ctxs_session {
     int held;                     /* the owner keeps the worker off the
                                      session (registry mutex) */
     atomic_int writeback_error;   /* -errno the worker met, for the owner */
+    pthread_mutex_t record_mutex; /* a record written, or the records
+                                     unvouched (ctxs__writeback_failed()) */
     _Atomic uint64_t writeback_rewind; /* a rollback's point: write back from
                                           there (UINT64_MAX: none) */
     /* At ASYNC a commit's writeback (the worker's, or the commit's own
@@ -268,6 +270,13 @@ int ctxs__fail(ctxs_session *s);
 /* The second half of ctxs__fail(): clears the records' boot id, so that
  * any later open verifies. */
 void ctxs__unvouch(ctxs_session *s);
+
+/* A writeback of the session's pages failed with rc (-errno), on any
+ * thread: the owner's next call fails (ctxs__writable()), and the records
+ * are unvouched now, so that a process killed before that call leaves a
+ * file the next open verifies. A record written meanwhile is unvouched by
+ * its writer (ctxs__record_write()). */
+void ctxs__writeback_failed(ctxs_session *s, int rc);
 
 /* The open sessions of this process (registry.c). Memory pressure walks
  * them under the mutex. */

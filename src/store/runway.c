@@ -506,7 +506,7 @@ int ctxs__future_folios_check(ctxs_session *s, uint64_t n)
          * took it: the next call fails instead (as for the worker's), so
          * that a ctxs_session_sync() never vouches for pages the disk
          * did not take. */
-        atomic_store(&s->writeback_error, rc);
+        ctxs__writeback_failed(s, rc);
         return 0;
     }
     int punched = ctxs__punch_unheld(s, from);

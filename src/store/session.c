@@ -131,6 +131,7 @@ static void session_free(ctxs_session *s)
     free(s->bounce);
     free((void *)s->file_written);
     free(s->seen);
+    pthread_mutex_destroy(&s->record_mutex);
     free(s);
 }
 
@@ -294,6 +295,7 @@ static int session_attach(ctxs_session **out, int fd, unsigned flags,
     }
     s->fd = fd;
     s->readonly = (flags & CTXS_RDONLY) != 0;
+    pthread_mutex_init(&s->record_mutex, NULL);
 
     int rc;
     if ((rc = attach_header(s, model)) < 0 || (rc = attach_map(s)) < 0 ||

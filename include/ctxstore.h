@@ -819,7 +819,9 @@ CTXS_API int ctxs_session_commit(ctxs_session *s, const uint32_t *token_ids,
                                  uint32_t n);
 
 /* Makes everything committed durable (as a FULL commit does), so a later
- * recovery after a power loss verifies nothing before this point.
+ * recovery after a power loss verifies nothing before this point. The
+ * slots mapped ahead for the next turn are written back with the rest;
+ * the background thread maps them again.
  * Errors: CTXS_EINVAL, CTXS_EREADONLY, CTXS_EFAILED. */
 CTXS_API int ctxs_session_sync(ctxs_session *s);
 

@@ -585,6 +585,26 @@ Test(write, the_runway_is_mapped_again_after_the_flusher_cleans_it)
 #endif
 }
 
+/* ctxs_session_sync() writes the runway back with the turns (its zeros
+ * are dirty pages of the file) and write-protects it; the worker maps it
+ * writable again, as after the flusher. */
+Test(write, the_runway_is_mapped_again_after_a_sync)
+{
+#ifndef RUSAGE_THREAD
+    cr_skip_test("no per-thread fault counts on this system");
+#else
+    ctxs_session *s = big_with_a_turn();
+    ctxs__background_wait_idle(); /* the runway after the commit */
+    if (runway_dirty(s, 64) < 0) {
+        ctxs_session_close(s);
+        cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
+    }
+    cr_assert_eq(runway_dirty(s, 64), 1, "the runway is not mapped: the test measures nothing");
+    cr_assert_eq(ctxs_session_sync(s), 0, "%s", ctxs_get_last_error());
+    expect_runway_mapped_again(s, 0, 10, "the runway after a sync");
+#endif
+}
+
 /* Writes back every layer of create_big()'s session after the first, as a
  * pass of the flusher that stopped short does (writeback write-protects
  * each page it cleans). */

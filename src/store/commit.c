@@ -592,7 +592,14 @@ int ctxs_session_sync(ctxs_session *s)
     int rc = ctxs__writable(s);
     if (rc < 0)
         return rc;
-    return ctxs__sync_turns(s);
+    const int any = s->st.verified_from != s->st.n_tokens;
+    if ((rc = ctxs__sync_turns(s)) < 0)
+        return rc;
+    /* The sync wrote the runway's zeros back with the turns, and
+     * write-protected them: the worker maps them again. */
+    if (any)
+        ctxs__background_request(s, CTXS__JOB_RUNWAY);
+    return 0;
 }
 
 int ctxs__sync_turns(ctxs_session *s)

@@ -392,8 +392,10 @@ typedef enum ctxs_durability {
  *
  * - after an open: the attention window is read ahead from the disk and
  *   mapped (never more than the window in force, so memory pressure shrinks
- *   it too); an attention pass right after the open waits only for the
- *   pages not yet in, and one after a pause finds them all in;
+ *   it too; of a sliding-window layer, its own window where smaller, as
+ *   ctxs_session_get_layer_attn() plans); an attention pass right after
+ *   the open waits only for the pages not yet in, and one after a pause
+ *   finds them all in;
  * - after a commit: at ASYNC, writeback of the committed tokens is started
  *   (of the pages they filled, every 32 tokens; the page each run is still
  *   filling, and the records and tables, once commits pause for a second:
@@ -937,8 +939,9 @@ CTXS_API int ctxs_session_get_window(ctxs_window *out, const ctxs_session *s);
  * changed. Errors: CTXS_EINVAL. */
 CTXS_API int ctxs_session_set_window(ctxs_session *s, uint32_t window);
 
-/* Brings the current window's K/V (and a Q8 session's scale table) in and
- * maps it, and returns once it is in: every run of slots is read ahead first (POSIX_FADV_WILLNEED), then
+/* Brings the current window's K/V (of a sliding-window layer, its own
+ * window where smaller; and a Q8 session's scale table) in and maps it,
+ * and returns once it is in: every run of slots is read ahead first (POSIX_FADV_WILLNEED), then
  * mapped (MADV_POPULATE_READ), so that the disk reads sequentially instead
  * of one 4 KiB fault at a time (the KV region is mapped for random access,
  * so that writeback writes only what a turn wrote). The background thread

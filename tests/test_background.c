@@ -233,13 +233,16 @@ static double resident(const ctxs_layout *lay, uint32_t from, uint32_t to)
     return n ? (double)in / (double)n : 1.0;
 }
 
-/* A session of 8192 tokens (32 MiB) synced and dropped from the page cache. */
-static const char *cold_session(ctxs_model *m)
+/* A session of 8192 tokens (32 MiB) synced and dropped from the page
+ * cache; window layers get rings of their window and `batch`, or are laid
+ * out as the session's slots where those would not be smaller. */
+static const char *cold_session_batch(ctxs_model *m, uint32_t batch)
 {
     const char *path = ts_path(ts_scratch, "cold.ctxs");
     unlink(path);
     ctxs_create_options o = options(8192, 0);
     o.ring = 0;
+    o.batch = batch;
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, path, m, &o), 0);
     for (int i = 0; i < 8; i++)
@@ -251,6 +254,11 @@ static const char *cold_session(ctxs_model *m)
     cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
     close(fd);
     return path;
+}
+
+static const char *cold_session(ctxs_model *m)
+{
+    return cold_session_batch(m, CTXS_DEFAULT_BATCH);
 }
 
 Test(background, brings_in_the_window_and_no_more)
@@ -292,6 +300,47 @@ Test(background, brings_in_the_window_and_no_more)
     cr_assert_lt(resident(&lay, 8192 - 1024, 8192), 0.1, "pages came in with background 0");
     cr_assert_eq(ctxs_session_prefetch(s), 0);
     cr_assert_eq(resident(&lay, 8192 - 1024, 8192), 1.0, "prefetch returned before the window was in");
+    ctxs_session_close(s);
+}
+
+/* A window layer laid out as the session's slots (every position kept,
+ * as for llama.cpp's swa_full) is brought in as attention reads it: its
+ * own window, where that is smaller than the window in force. */
+Test(background, brings_in_a_window_layer_kept_whole_only_its_window)
+{
+    ctxs_model m = big_model();
+    m.geometry.period = 2;
+    m.geometry.window[1] = 256; /* layers 1 and 3 */
+    const char *path = cold_session_batch(&m, 8192);
+    ctxs_create_options o = options(8192, 1);
+    o.open.window = 2048;
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, &o.open), 0);
+    ctxs_layout global, windowed;
+    ctxs_attn_plan plan;
+    cr_assert_eq(ctxs_session_get_layer_attn(&global, &plan, s, 0, 0), 0);
+    cr_assert_eq(ctxs_session_get_layer_attn(&windowed, &plan, s, 1, 0), 0);
+    cr_assert_eq(windowed.capacity, 8192u, "the window layer has a ring: the test measures nothing");
+    if (resident(&windowed, 2048, 6144) > 0.5)
+        cr_skip_test("the page cache kept the file after POSIX_FADV_DONTNEED");
+    ctxs__background_wait_idle();
+    cr_assert_eq(resident(&global, 8192 - 2048, 8192), 1.0, "the global layer's window is not in");
+    cr_assert_eq(resident(&windowed, 8192 - 256, 8192), 1.0, "the window layer's window is not in");
+    cr_assert_lt(resident(&windowed, 8192 - 2048, 8192 - 256 - 16), 0.1,
+                 "the window layer brought in the session's window, not its own");
+    ctxs_session_close(s);
+
+    /* And prefetch, without the worker, the same. */
+    cold_session_batch(&m, 8192);
+    o.open.background = 0;
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, &o.open), 0);
+    cr_assert_eq(ctxs_session_get_layer_attn(&global, &plan, s, 0, 0), 0);
+    cr_assert_eq(ctxs_session_get_layer_attn(&windowed, &plan, s, 1, 0), 0);
+    cr_assert_eq(ctxs_session_prefetch(s), 0);
+    cr_assert_eq(resident(&global, 8192 - 2048, 8192), 1.0);
+    cr_assert_eq(resident(&windowed, 8192 - 256, 8192), 1.0);
+    cr_assert_lt(resident(&windowed, 8192 - 2048, 8192 - 256 - 16), 0.1,
+                 "prefetch brought in the session's window for the window layer");
     ctxs_session_close(s);
 }
 

@@ -651,28 +651,29 @@ static cells_plan next_piece(const cells_plan *c, uint32_t done, uint32_t most)
     return (cells_plan){len, 0, first, c->from};
 }
 
-/* Whether the session's K/V for positions 0 .. n - 1 are in memory, asked
- * of the first page of the first layer and the page of the last position
- * in the last run of the last layer: the library's thread brings a session
- * in run after run, in file order, and a dropped cache loses both. (A
- * ring's slots are positions mod its capacity.) */
-static int held_in_memory(ctxs_llama *lc, uint64_t n)
+/* Whether the session's K/V that a restore of n tokens reads are in
+ * memory, asked of the page of the first position attention reads in the
+ * first run of the first layer and of the last one in the last run of the
+ * last layer: the library's thread brings a session in run after run, in
+ * file order, each run's positions as attention plans them (a window
+ * layer's last n_swa), and a dropped cache loses both. */
+static int held_in_memory(ctxs_llama *lc)
 {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uint32_t layers[2] = {0, lc->shape.n_layers - 1};
     for (uint32_t i = 0; i < 2; i++) {
         ctxs_layout one;
-        ctxs_attn_plan unused;
-        if (ctxs_session_get_layer_attn(&one, &unused, lc->s, layers[i], 0) < 0)
+        ctxs_attn_plan plan;
+        if (ctxs_session_get_layer_attn(&one, &plan, lc->s, layers[i], 0) < 0 || !plan.n_spans)
             return 0;
-        const uint64_t last = (n - 1) % one.capacity;
-        const uint8_t *ends[2] = {one.kv, (const uint8_t *)one.kv + one.layer_stride -
-                                              (one.capacity - last) * one.slot_bytes};
-        for (uint32_t e = 0; e < 2; e++) {
-            unsigned char in = 0;
-            if (mincore((void *)((uintptr_t)ends[e] & ~(page - 1)), 1, &in) != 0 || !(in & 1))
-                return 0;
-        }
+        const ctxs_attn_span *first = &plan.spans[0], *last = &plan.spans[plan.n_spans - 1];
+        const uint8_t *at =
+            i == 0 ? (const uint8_t *)one.kv + (size_t)first->slot * one.slot_bytes
+                   : (const uint8_t *)one.kv + one.layer_stride -
+                         (size_t)(one.capacity - (last->slot + last->count - 1)) * one.slot_bytes;
+        unsigned char in = 0;
+        if (mincore((void *)((uintptr_t)at & ~(page - 1)), 1, &in) != 0 || !(in & 1))
+            return 0;
     }
     return 1;
 }
@@ -748,12 +749,12 @@ static int hand_piece(ctxs_llama *lc, const uint8_t *buf, size_t size, int quiet
  * window has passed, where one state of them all is refused), or an error;
  * on 1 or an error the sequence holds nothing. Records where the zeros the
  * plan gives end (lc->zeros_below). */
-static int put_state(ctxs_llama *lc, const cells_plan *plan, uint64_t n, int quiet)
+static int put_state(ctxs_llama *lc, const cells_plan *plan, int quiet)
 {
     const ctxs__seq_shape *shape = &lc->shape.seq;
     const uint32_t blocks = shape->n_blocks;
     uint32_t most = UINT32_MAX;
-    if (held_in_memory(lc, n)) {
+    if (held_in_memory(lc)) {
         size_t cell_bytes = 0;
         for (uint32_t b = 0; b < blocks; b++)
             cell_bytes += 2 * (size_t)shape->n_layers[b] * shape->row_bytes;
@@ -901,7 +902,7 @@ static int restore_windowed(ctxs_llama *lc, uint64_t n)
         {n < S ? (uint32_t)n : S, n > S ? (uint32_t)(n % S) : 0,
          (int32_t)(n < S ? 0 : n - S), (int64_t)n - lc->shape.n_swa},
     };
-    int rc = put_state(lc, plan, n, 0);
+    int rc = put_state(lc, plan, 0);
     if (rc == 1)
         return ctxs__llama_fail(CTXS_EENGINE,
                                 "llama.cpp refused the %llu tokens' state (its log says why; a "
@@ -954,14 +955,14 @@ int ctxs_llama_restore(ctxs_llama *lc)
     cells_plan plan[CTXS__SEQ_MAX_BLOCKS] = {{all, 0, 0, 0}, {all, 0, 0, read_from}};
     rc = 1;
     if (window && lc->window_cache_full && n > window) {
-        rc = put_state(lc, plan, n, 1);
+        rc = put_state(lc, plan, 1);
         if (rc == 1) /* "not enough cells": a cache of the window's size */
             lc->window_cache_full = 0;
     }
     if (rc == 1) {
         if (window && n > window)
             plan[1] = (cells_plan){window, 0, (int32_t)(n - window), (int64_t)(n - window)};
-        rc = put_state(lc, plan, n, 0);
+        rc = put_state(lc, plan, 0);
     }
     if (rc == 1)
         return ctxs__llama_fail(CTXS_EENGINE,

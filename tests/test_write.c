@@ -585,6 +585,20 @@ Test(write, the_runway_is_mapped_again_after_the_flusher_cleans_it)
 #endif
 }
 
+/* create_big()'s session with a turn, once the worker has mapped the
+ * runway after it; skips the test where the page cache cannot tell. */
+static ctxs_session *big_with_its_runway_mapped(void)
+{
+    ctxs_session *s = big_with_a_turn();
+    ctxs__background_wait_idle(); /* the runway after the commit */
+    if (runway_dirty(s, 64) < 0) {
+        ctxs_session_close(s);
+        cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
+    }
+    cr_assert_eq(runway_dirty(s, 64), 1, "the runway is not mapped: the test measures nothing");
+    return s;
+}
+
 /* ctxs_session_sync() writes the runway back with the turns (its zeros
  * are dirty pages of the file) and write-protects it; the worker maps it
  * writable again, as after the flusher. */
@@ -593,13 +607,7 @@ Test(write, the_runway_is_mapped_again_after_a_sync)
 #ifndef RUSAGE_THREAD
     cr_skip_test("no per-thread fault counts on this system");
 #else
-    ctxs_session *s = big_with_a_turn();
-    ctxs__background_wait_idle(); /* the runway after the commit */
-    if (runway_dirty(s, 64) < 0) {
-        ctxs_session_close(s);
-        cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
-    }
-    cr_assert_eq(runway_dirty(s, 64), 1, "the runway is not mapped: the test measures nothing");
+    ctxs_session *s = big_with_its_runway_mapped();
     cr_assert_eq(ctxs_session_sync(s), 0, "%s", ctxs_get_last_error());
     expect_runway_mapped_again(s, 0, 10, "the runway after a sync");
 #endif
@@ -660,13 +668,7 @@ Test(write, a_runway_cleaned_after_its_first_layer_is_mapped_again)
 #ifndef RUSAGE_THREAD
     cr_skip_test("no per-thread fault counts on this system");
 #else
-    ctxs_session *s = big_with_a_turn();
-    ctxs__background_wait_idle(); /* the runway after the commit */
-    if (runway_dirty(s, 64) < 0) {
-        ctxs_session_close(s);
-        cr_skip_test("the page cache cannot be asked which pages are dirty (cachestat)");
-    }
-    cr_assert_eq(runway_dirty(s, 64), 1, "the runway is not mapped: the test measures nothing");
+    ctxs_session *s = big_with_its_runway_mapped();
     clean_after_the_first_layer(s);
     const uint32_t last_run = 2 * s->lay.n_layers * s->lay.n_kv_heads - 1;
     cr_assert_eq(runway_dirty(s, 64), 1, "the first layer's runway was cleaned too");
@@ -954,6 +956,32 @@ static void expect_kept(const ctxs_session *s, uint64_t n, const char *what)
     cr_expect_eq(ctxs_session_verify(&bad, s), 0, "%s: position %" PRIu64 " fails", what, bad);
 }
 
+/* Opens the session at path again and expects that open to have verified
+ * it (the page cache vouching for nothing: what happened is `after`),
+ * keeping n tokens, each of which verifies; closes it and removes it. */
+static void expect_the_next_open_verifies(const char *path, const ctxs_model *m,
+                                          const ctxs_open_options *oo, uint64_t n,
+                                          const char *after)
+{
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_open(&s, path, m, 0, oo), 0, "%s", ctxs_get_last_error());
+    ctxs_session_info info;
+    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
+    cr_expect_neq(info.flags & CTXS_INFO_VERIFIED, 0, "the open %s trusted the page cache",
+                  after);
+    expect_kept(s, n, after);
+    ctxs_session_close(s);
+    unlink(path);
+}
+
+/* Ends the test, skipped, on a system without a boot id, where every open
+ * verifies. */
+static void skip_without_a_boot_id(void)
+{
+    if (access("/proc/sys/kernel/random/boot_id", R_OK) != 0)
+        cr_skip_test("no boot id here: every open verifies");
+}
+
 /* A session file read with read() by another program (a backup, cp) has
  * its pages, the empty slots' included, cached in folios of up to 2 MiB,
  * which the kernel dirties and writes back whole: each turn after that
@@ -1229,8 +1257,7 @@ Test(write, a_failed_split_loses_nothing)
  * power cut, where a clean close in the same boot is trusted as it is. */
 Test(write, a_writeback_error_unreported_at_close_makes_the_next_open_verify)
 {
-    if (access("/proc/sys/kernel/random/boot_id", R_OK) != 0)
-        cr_skip_test("no boot id here: every open verifies");
+    skip_without_a_boot_id();
     const char *path = ts_path(ts_scratch, "read");
     ctxs_model m = big_model();
     ctxs_create_options co = ts_options(8192, 4, 0, CTXS_SYNC_NONE);
@@ -1250,14 +1277,8 @@ Test(write, a_writeback_error_unreported_at_close_makes_the_next_open_verify)
     cr_expect_eq(turn_with_a_fault(s, 1), 0); /* the split's sync, at NONE */
     skip_unless_split(s, splits);
     ctxs_session_close(s);
-    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0);
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    cr_expect_neq(info.flags & CTXS_INFO_VERIFIED, 0,
-                  "the open after a close that held an unreported writeback error trusted "
-                  "the page cache");
-    expect_kept(s, 5 * 64, "after the close");
-    ctxs_session_close(s);
-    unlink(path);
+    expect_the_next_open_verifies(path, &m, &co.open, 5 * 64,
+                                  "after a close that held an unreported writeback error");
 }
 
 /* Reserves and writes n tokens of ts_model()'s K/V, without Criterion (a
@@ -1326,8 +1347,7 @@ static void expect_killed(pid_t pid)
  * taken. The injected failure dropped nothing, so every token verifies. */
 Test(write, a_writeback_error_no_call_reported_before_a_kill_makes_the_next_open_verify)
 {
-    if (access("/proc/sys/kernel/random/boot_id", R_OK) != 0)
-        cr_skip_test("no boot id here: every open verifies");
+    skip_without_a_boot_id();
     const char *path = ts_path(ts_scratch, "killed");
     ctxs_model m = ts_model(3);
     ctxs_create_options co = ts_options(256, 4, 0, CTXS_SYNC_ASYNC);
@@ -1360,16 +1380,8 @@ Test(write, a_writeback_error_no_call_reported_before_a_kill_makes_the_next_open
         _exit(6);
     }
     expect_killed(pid);
-
-    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0, "%s", ctxs_get_last_error());
-    ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    cr_expect_neq(info.flags & CTXS_INFO_VERIFIED, 0,
-                  "the open after a kill with a writeback error pending trusted the page cache");
-    cr_expect_eq(info.n_tokens, 96u, "%llu tokens kept of 96", (unsigned long long)info.n_tokens);
-    cr_expect_eq(ts_check_all(s), 0u);
-    ctxs_session_close(s);
-    unlink(path);
+    expect_the_next_open_verifies(path, &m, &co.open, 96,
+                                  "after a kill with a writeback error pending");
 }
 
 /* A writeback that fails before a commit writes its record (at NONE, the
@@ -1378,8 +1390,7 @@ Test(write, a_writeback_error_no_call_reported_before_a_kill_makes_the_next_open
  * verifies. */
 Test(write, a_record_written_after_a_failed_writeback_vouches_for_nothing)
 {
-    if (access("/proc/sys/kernel/random/boot_id", R_OK) != 0)
-        cr_skip_test("no boot id here: every open verifies");
+    skip_without_a_boot_id();
     const char *path = ts_path(ts_scratch, "read");
     ctxs_model m = big_model();
     ctxs_create_options co = ts_options(8192, 4, 0, CTXS_SYNC_NONE);
@@ -1398,15 +1409,8 @@ Test(write, a_record_written_after_a_failed_writeback_vouches_for_nothing)
         _exit(6);
     }
     expect_killed(pid);
-    ctxs_session *s;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, 0, &co.open), 0, "%s", ctxs_get_last_error());
-    ctxs_session_info info;
-    cr_assert_eq(ctxs_session_get_info(&info, s), 0);
-    cr_expect_neq(info.flags & CTXS_INFO_VERIFIED, 0,
-                  "the record written after the failed writeback vouched for the page cache");
-    expect_kept(s, 5 * 64, "after the kill");
-    ctxs_session_close(s);
-    unlink(path);
+    expect_the_next_open_verifies(path, &m, &co.open, 5 * 64,
+                                  "after a kill, its record written after a failed writeback");
 }
 
 /* The first byte of [off, off + len) of fd that no extent covers (written

@@ -651,7 +651,7 @@ static cells_plan next_piece(const cells_plan *c, uint32_t done, uint32_t most)
     return (cells_plan){len, 0, first, c->from};
 }
 
-/* Whether the session's K/V that a restore of n tokens reads are in
+/* Whether the session's K/V that a restore reads are in
  * memory, asked of the page of the first position attention reads in the
  * first run of the first layer and of the last one in the last run of the
  * last layer: the library's thread brings a session in run after run, in

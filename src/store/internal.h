@@ -267,8 +267,8 @@ int ctxs__forget_unheld(ctxs_session *s);
  * boot still verifies (the page cache can no longer be trusted). */
 int ctxs__fail(ctxs_session *s);
 
-/* The second half of ctxs__fail(): clears the records' boot id, so that
- * any later open verifies. */
+/* Clears the records' boot id, so that any later open verifies (ctxs__fail()
+ * and ctxs__writeback_failed()). */
 void ctxs__unvouch(ctxs_session *s);
 
 /* A writeback of the session's pages failed with rc (-errno), on any

@@ -535,12 +535,11 @@ void ctxs_session_close(ctxs_session *s)
      * file system that allocates them at writeback) is then what stays. */
     ctxs__background_leave(s);
     /* A writeback error no call has reported yet (the worker's, or a
-     * split's at NONE) is not lost with the handle: the page cache no
-     * longer vouches for the file, and the next open verifies it. */
-    if (!s->readonly && !s->failed && atomic_exchange(&s->writeback_error, 0) < 0) {
-        s->failed = 1; /* the closing hook records nothing of a failed handle */
-        ctxs__unvouch(s);
-    }
+     * split's at NONE) unvouched the records when it was met
+     * (ctxs__writeback_failed()), so the next open verifies the file; the
+     * closing hook records nothing of a handle it failed. */
+    if (atomic_exchange(&s->writeback_error, 0) < 0)
+        s->failed = 1;
     if (s->hooks)
         s->hooks->closing(s, s->hooks_arg);
     ctxs__registry_remove(s);

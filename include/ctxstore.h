@@ -439,8 +439,23 @@ typedef enum ctxs_durability {
 
 /* How a handle behaves: for ctxs_session_open(), ctxs_session_fork(), and
  * as the open part of ctxs_create_options. */
-#define CTXS_OPEN_OPTIONS_VERSION 1
+#define CTXS_OPEN_OPTIONS_VERSION 2
 
+/*
+ * Sliding windows that attention keeps to where the session keeps every
+ * position (open options version 2): the windows of layers that the
+ * session's schedule makes global, for an engine whose cache keeps its
+ * window layers whole (llama.cpp's swa_full, whose sessions have a
+ * schedule of period 0). Layer l then reads only its last attn_window
+ * positions, unless bit l % attn_period of attn_global_mask is set (a
+ * global layer), as ctxs_session_get_layer_attn() plans, and the window
+ * brought in after an open (and by ctxs_session_prefetch()) is that much
+ * smaller: Gemma 3's 15 window layers of 18 read 512 positions of
+ * thousands. Nothing is kept less: the file and every position in it are
+ * as without. attn_period 0 (with attn_window and attn_global_mask 0):
+ * none. Else attn_period is 1..CTXS_SCHEDULE_MAX, attn_window 1..16 Mi,
+ * and at least one layer of the pattern is not in attn_global_mask.
+ */
 typedef struct ctxs_open_options {
     uint32_t version;        /* CTXS_OPEN_OPTIONS_VERSION */
     uint32_t window;         /* recent tokens attention reads beside the
@@ -450,15 +465,20 @@ typedef struct ctxs_open_options {
     uint32_t durability;     /* ctxs_durability */
     uint32_t background;     /* 1 = work off the caller's thread, 0 = none;
                                 see "Background work" above */
-    uint8_t reserved[28];    /* must be zero */
+    /* Version 2 (reserved in version 1), see above: */
+    uint32_t attn_period;    /* layers in the windows' pattern; 0: none */
+    uint32_t attn_window;    /* the window of the pattern's window layers */
+    uint32_t attn_global_mask; /* bit j: pattern layer j is global */
+    uint8_t reserved[16];    /* must be zero */
 } ctxs_open_options;
 
 #define CTXS_OPEN_OPTIONS_INIT                                                 \
     { CTXS_OPEN_OPTIONS_VERSION, CTXS_DEFAULT_WINDOW,                         \
-      CTXS_DEFAULT_PRESSURE_WINDOW, CTXS_SYNC_ASYNC, 1, { 0 } }
-/* Fills *opts with the defaults of version (CTXS_OPEN_OPTIONS_INIT for
- * version 1). Errors: CTXS_EINVAL (opts NULL, or a version this library
- * does not know). Thread-safe. */
+      CTXS_DEFAULT_PRESSURE_WINDOW, CTXS_SYNC_ASYNC, 1, 0, 0, 0, { 0 } }
+/* Fills *opts with the defaults of version (CTXS_OPEN_OPTIONS_INIT; the
+ * same bytes for version 1, whose last 28 are reserved). Errors:
+ * CTXS_EINVAL (opts NULL, or a version this library does not know).
+ * Thread-safe. */
 CTXS_API int ctxs_open_options_init(ctxs_open_options *opts, uint32_t version);
 
 /* The shape of a new session file, and how the handle that
@@ -1052,8 +1072,8 @@ CTXS_API int ctxs_session_get_attn_plan(ctxs_attn_plan *out, const ctxs_session 
  * sinks; token_ids is NULL for such a ring, whose slots are not the
  * token table's), and *plan the plan for it as ctxs_session_get_attn_plan()
  * makes one: for a global layer that very plan; for a sliding-window
- * layer its last min(window, the session's window) positions and no
- * sinks. Valid as the plan is. Errors: CTXS_EINVAL (NULL, layer out of
+ * layer (of the schedule, or of the open options' attn_window) its last
+ * min(window, the session's window) positions and no sinks. Valid as the plan is. Errors: CTXS_EINVAL (NULL, layer out of
  * range, n_pending above what is reserved, no token at all). */
 CTXS_API int ctxs_session_get_layer_attn(ctxs_layout *kv, ctxs_attn_plan *plan,
                                          const ctxs_session *s, uint32_t layer,

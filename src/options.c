@@ -24,7 +24,20 @@
         return 0;                                                             \
     }
 
-CTXS__OPTIONS_INIT_FN(ctxs_open_options, CTXS_OPEN_OPTIONS)
+/* Version 1's bytes are version 2's, its last 28 reserved and zero. */
+int ctxs_open_options_init(ctxs_open_options *opts, uint32_t version)
+{
+    ctxs__error_begin();
+    CTXS__REQUIRE(opts, "%s(): opts is NULL", __func__);
+    CTXS__REQUIRE(version == 1 || version == CTXS_OPEN_OPTIONS_VERSION,
+                  "%s(): options version %u is not known to this library (it knows 1 and %u)",
+                  __func__, (unsigned)version, (unsigned)CTXS_OPEN_OPTIONS_VERSION);
+    memset(opts, 0, sizeof(*opts));
+    *opts = (ctxs_open_options)CTXS_OPEN_OPTIONS_INIT;
+    opts->version = version;
+    return 0;
+}
+
 CTXS__OPTIONS_INIT_FN(ctxs_create_options, CTXS_CREATE_OPTIONS)
 CTXS__OPTIONS_INIT_FN(ctxs_watcher_options, CTXS_WATCHER_OPTIONS)
 CTXS__OPTIONS_INIT_FN(ctxs_store_options, CTXS_STORE_OPTIONS)

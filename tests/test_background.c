@@ -344,6 +344,56 @@ Test(background, brings_in_a_window_layer_kept_whole_only_its_window)
     ctxs_session_close(s);
 }
 
+/* A session of period 0 (every layer global, every position kept, as
+ * for llama.cpp's swa_full) opened with the open options' attention
+ * windows: the window layers are brought in, and planned, as their last
+ * attn_window positions, without sinks; the global layer as before. */
+Test(background, brings_in_only_the_windows_that_the_open_options_give)
+{
+    ctxs_model m = big_model();
+    const char *path = cold_session(&m);
+    ctxs_create_options o = options(8192, 1);
+    o.open.window = 2048;
+    o.open.attn_period = 2;
+    o.open.attn_window = 256;
+    o.open.attn_global_mask = 0x1; /* layers 0 and 2 global, 1 and 3 windowed */
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, &o.open), 0);
+    ctxs_layout global, windowed;
+    ctxs_attn_plan global_plan, plan;
+    cr_assert_eq(ctxs_session_get_layer_attn(&global, &global_plan, s, 2, 0), 0);
+    cr_assert_eq(ctxs_session_get_layer_attn(&windowed, &plan, s, 3, 0), 0);
+    cr_assert_eq(global_plan.n_sink, 4u);
+    cr_assert_eq(global_plan.window, 2048u);
+    cr_assert_eq(plan.n_sink, 0u);
+    cr_assert_eq(plan.window, 256u);
+    cr_assert_eq(plan.n_spans, 1u);
+    cr_assert_eq(plan.spans[0].pos, 8192u - 256);
+    cr_assert_eq(plan.spans[0].slot, 8192u - 256);
+    cr_assert_eq(plan.spans[0].count, 256u);
+    if (resident(&windowed, 2048, 6144) > 0.5)
+        cr_skip_test("the page cache kept the file after POSIX_FADV_DONTNEED");
+    ctxs__background_wait_idle();
+    cr_assert_eq(resident(&global, 8192 - 2048, 8192), 1.0, "the global layer's window is not in");
+    cr_assert_eq(resident(&windowed, 8192 - 256, 8192), 1.0, "the window layer's window is not in");
+    cr_assert_lt(resident(&windowed, 8192 - 2048, 8192 - 256 - 16), 0.1,
+                 "the window layer brought in the session's window, not its own");
+    ctxs_session_close(s);
+
+    /* And prefetch, without the worker, the same. */
+    cold_session(&m);
+    o.open.background = 0;
+    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, &o.open), 0);
+    cr_assert_eq(ctxs_session_get_layer_attn(&global, &plan, s, 0, 0), 0);
+    cr_assert_eq(ctxs_session_get_layer_attn(&windowed, &plan, s, 1, 0), 0);
+    cr_assert_eq(ctxs_session_prefetch(s), 0);
+    cr_assert_eq(resident(&global, 8192 - 2048, 8192), 1.0);
+    cr_assert_eq(resident(&windowed, 8192 - 256, 8192), 1.0);
+    cr_assert_lt(resident(&windowed, 8192 - 2048, 8192 - 256 - 16), 0.1,
+                 "prefetch brought in the session's window for the window layer");
+    ctxs_session_close(s);
+}
+
 Test(background, close_during_the_bring_in_is_safe)
 {
     ctxs_model m = big_model();

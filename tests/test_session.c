@@ -359,6 +359,53 @@ Test(session, null_and_bad_arguments_are_invalid)
     ctxs_session_close(NULL);
 }
 
+/* The open options' attention windows are checked, each refusal saying
+ * why; version 1 options (whose last 28 bytes are reserved) still open. */
+Test(session, attention_windows_of_the_open_options_are_checked)
+{
+    ctxs_model m = ts_model(1);
+    const char *path = ts_path(ts_scratch, "attn");
+    ctxs_session *s;
+    cr_assert_eq(ctxs_session_create(&s, path, &m, NULL), 0);
+    ctxs_session_close(s);
+    static const struct {
+        uint32_t version, period, window, global;
+        const char *why;
+    } bad[] = {
+        {2, 0, 512, 0, "without attn_period"},
+        {2, 0, 0, 1, "without attn_period"},
+        {2, 9, 512, 1, "above 8"},
+        {2, 2, 0, 1, "not 1..16777216"},
+        {2, 2, (1u << 24) + 1, 1, "not 1..16777216"},
+        {2, 2, 512, 4, "past a pattern of 2"},
+        {2, 2, 512, 3, "every layer of the pattern global"},
+        {1, 2, 512, 1, "reserved bytes"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ctxs_open_options o = CTXS_OPEN_OPTIONS_INIT;
+        o.version = bad[i].version;
+        o.attn_period = bad[i].period;
+        o.attn_window = bad[i].window;
+        o.attn_global_mask = bad[i].global;
+        s = (ctxs_session *)1;
+        cr_expect_eq(ctxs_session_open(&s, path, &m, 0, &o), CTXS_EINVAL, "case %zu", i);
+        cr_expect_null(s);
+        cr_expect(strstr(ctxs_get_last_error(), bad[i].why), "case %zu: %s", i,
+                  ctxs_get_last_error());
+    }
+    ctxs_open_options o;
+    cr_assert_eq(ctxs_open_options_init(&o, 1), 0);
+    cr_expect_eq(o.version, 1u);
+    cr_expect_eq(ctxs_session_open(&s, path, &m, 0, &o), 0, "%s", ctxs_get_last_error());
+    ctxs_session_close(s);
+    o = (ctxs_open_options)CTXS_OPEN_OPTIONS_INIT;
+    o.attn_period = 6;
+    o.attn_window = 512;
+    o.attn_global_mask = 1u << 5;
+    cr_expect_eq(ctxs_session_open(&s, path, &m, 0, &o), 0, "%s", ctxs_get_last_error());
+    ctxs_session_close(s);
+}
+
 /* Every range [from, from + n) of s against what was committed: ids from
  * ts_token() where every position is held (sinks below n_sink, and from
  * first_recent on), CTXS_EEVICTED where one is not, CTXS_ENOTFOUND past the

@@ -45,6 +45,7 @@ struct ctxs_session {
 
     uint32_t window;
     uint32_t pressure_window; /* 0: half of window */
+    uint32_t attn_period, attn_window, attn_global_mask; /* ctxs_open_options */
     uint32_t durability;
     uint32_t open_flags;  /* CTXS_INFO_RECOVERED | CTXS_INFO_VERIFIED */
     uint64_t lost_tokens;
@@ -496,6 +497,10 @@ void ctxs__window_spans(const ctxs_session *s, const ctxs__state *st, uint32_t w
 
 /* The window in force for s now. */
 uint32_t ctxs__effective_window(const ctxs_session *s);
+
+/* The sliding window of layer l of s: its schedule's, else the open
+ * options' attn_window where they name l a window layer; 0: global. */
+uint32_t ctxs__attn_window(const ctxs_session *s, uint32_t l);
 
 /* Releases from memory the KV pages of s outside the window in force
  * (window.c; memory pressure calls it). */

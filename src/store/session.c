@@ -33,7 +33,7 @@ int ctxs__open_options_resolve(const ctxs_open_options *in, ctxs_open_options *o
         *out = defaults;
         return 0;
     }
-    if (in->version != CTXS_OPEN_OPTIONS_VERSION)
+    if (in->version != 1 && in->version != CTXS_OPEN_OPTIONS_VERSION)
         return ctxs__error(CTXS_EINVAL,
                            "open options: version is %u, not %u: start from "
                            "CTXS_OPEN_OPTIONS_INIT", in->version, CTXS_OPEN_OPTIONS_VERSION);
@@ -44,8 +44,27 @@ int ctxs__open_options_resolve(const ctxs_open_options *in, ctxs_open_options *o
     if (in->background > 1)
         return ctxs__error(CTXS_EINVAL, "open options: background is %u, not 0 or 1",
                            in->background);
-    if (!reserved_zero(in->reserved, sizeof(in->reserved)))
+    if (!reserved_zero(in->reserved, sizeof(in->reserved)) ||
+        (in->version == 1 && (in->attn_period || in->attn_window || in->attn_global_mask)))
         return ctxs__error(CTXS_EINVAL, "open options: the reserved bytes must be zero");
+    if (in->attn_period == 0 && (in->attn_window || in->attn_global_mask))
+        return ctxs__error(CTXS_EINVAL,
+                           "open options: attn_window or attn_global_mask without attn_period");
+    if (in->attn_period > CTXS_SCHEDULE_MAX)
+        return ctxs__error(CTXS_EINVAL, "open options: attn_period is %u, above %u",
+                           in->attn_period, CTXS_SCHEDULE_MAX);
+    if (in->attn_period && (in->attn_window == 0 || in->attn_window > CTXS__MAX_CAPACITY))
+        return ctxs__error(CTXS_EINVAL, "open options: attn_window is %u, not 1..%u",
+                           in->attn_window, CTXS__MAX_CAPACITY);
+    const uint32_t every_layer = in->attn_period ? (1u << in->attn_period) - 1 : 0;
+    if (in->attn_period && (in->attn_global_mask & ~every_layer))
+        return ctxs__error(CTXS_EINVAL,
+                           "open options: attn_global_mask 0x%x names layers past a pattern of %u",
+                           in->attn_global_mask, in->attn_period);
+    if (in->attn_period && in->attn_global_mask == every_layer)
+        return ctxs__error(CTXS_EINVAL,
+                           "open options: attn_global_mask makes every layer of the pattern "
+                           "global (attn_period 0 says that)");
     *out = *in;
     return 0;
 }
@@ -308,6 +327,9 @@ static int session_attach(ctxs_session **out, int fd, unsigned flags,
     atomic_store(&s->writeback_rewind, UINT64_MAX);
     s->window = opts->window ? opts->window : s->lay.capacity;
     s->pressure_window = opts->pressure_window; /* 0: half the window */
+    s->attn_period = opts->attn_period;
+    s->attn_window = opts->attn_window;
+    s->attn_global_mask = opts->attn_global_mask;
     s->alloc_end = s->st.n_tokens < s->lay.capacity ? (uint32_t)s->st.n_tokens
                                                     : s->lay.capacity;
     if (!s->readonly && (rc = attach_settle(s)) < 0)

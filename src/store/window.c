@@ -124,16 +124,17 @@ static void bring_in_init(bring_in *b, const ctxs_session *s, const ctxs__state 
 }
 
 /* The spans of run `run` to bring in: the window in force; for a window
- * layer, its own window where smaller (Gemma 3's 15 of 18 layers read 512
- * positions of thousands): in the session's slots where it is laid out
- * there (every position kept, as for llama.cpp's swa_full), else in its
+ * layer (ctxs__attn_window()), its own window where smaller (Gemma 3's 15
+ * of 18 layers read 512 positions of thousands): in the session's slots
+ * where it is laid out there (every position kept, as for llama.cpp's
+ * swa_full), else in its
  * ring, position p at slot p mod the ring's length (the rest of the ring,
  * the batch's slots, is written before it is read). */
 static const ctxs_window *run_window(const bring_in *b, uint32_t run, ctxs_window *own)
 {
     const ctxs_session *s = b->s;
     const uint32_t l = run / (2 * s->lay.n_kv_heads);
-    const uint32_t lw = ctxs__layer_window(&s->lay, l);
+    const uint32_t lw = ctxs__attn_window(s, l);
     if (!lw)
         return &b->w;
     const uint32_t w = lw < b->window ? lw : b->window;
@@ -255,6 +256,14 @@ int ctxs_session_prefetch(const ctxs_session *s)
     return 0;
 }
 
+uint32_t ctxs__attn_window(const ctxs_session *s, uint32_t l)
+{
+    const uint32_t lw = ctxs__layer_window(&s->lay, l);
+    if (lw || !s->attn_period || (s->attn_global_mask >> (l % s->attn_period) & 1))
+        return lw;
+    return s->attn_window;
+}
+
 /* Appends the run of positions [lo, hi) to plan, as slot runs of a slot
  * space of cap slots after ns sinks, merging with the last span where both
  * slots and positions continue it. */
@@ -287,7 +296,7 @@ static int layer_plan(ctxs_attn_plan *out, const ctxs_session *s, uint32_t l, ui
     CTXS__CHECK(n_pending <= s->n_reserved);
     const uint64_t n = s->st.n_tokens + n_pending;
     CTXS__CHECK(n > 0);
-    const uint32_t lw = ctxs__layer_window(&s->lay, l);
+    const uint32_t lw = ctxs__attn_window(s, l);
     if (lw) {
         uint32_t w = ctxs__effective_window(s);
         w = w < lw ? w : lw;

@@ -206,6 +206,7 @@ static ctxs_llama *open_session(bench *b, const char *name, uint32_t background)
     ctxs_session *s;
     ctxs_open_options oo = CTXS_OPEN_OPTIONS_INIT;
     oo.background = background;
+    check_llama(ctxs_llama_attention_windows(&oo, b->ctx), "attention windows");
     check_ctxs(ctxs_store_session_open(&s, b->st, name, &b->cm, 0, &oo), "open the session");
     ctxs_llama *lc;
     check_llama(ctxs_llama_attach(&lc, b->ctx, s, NULL), "attach");

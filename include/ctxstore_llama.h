@@ -250,6 +250,23 @@ typedef struct ctxs_llama_start_info {
 #define CTXS_LLAMA_FORKED 2u  /* a new session forked from a stored prompt */
 #define CTXS_LLAMA_CREATED 3u /* a new, empty session */
 
+/* Sets the attention windows of *opts (attn_period, attn_window,
+ * attn_global_mask; see ctxs_open_options) to those of ctx's model: its
+ * window layers read their last n_swa positions. A session kept with
+ * swa_full = true holds every position of every layer (a schedule of
+ * period 0); opened with these options, only what a restore reads of it is
+ * brought in after the open (of Gemma 3's 15 window layers of 18, their
+ * last 512 positions). ctxs_llama_start() sets them itself where its open
+ * options leave them zero; an app that opens the session itself and
+ * attaches it calls this first. A model without window layers, or whose
+ * pattern is longer than CTXS_SCHEDULE_MAX layers, gets none (zeros), and
+ * every position is brought in.
+ * Errors: CTXS_EINVAL (NULL, options of version 1, which have no such
+ * fields; a model with window layers that neither its GGUF nor the adapter
+ * places). */
+CTXS_API int ctxs_llama_attention_windows(ctxs_open_options *opts,
+                                          const struct llama_context *ctx);
+
 /* Opens the conversation name of store st in the bound sequence of ctx:
  * - if st has a session of that name, it is opened and restored
  *   (CTXS_LLAMA_RESUMED; prompt is not looked at);
@@ -260,6 +277,9 @@ typedef struct ctxs_llama_start_info {
  * - else name is created empty (CTXS_LLAMA_CREATED), capacity llama_n_ctx()
  *   and no ring unless opts->create says otherwise (for a windowed model,
  *   batch S - n_swa: rings of llama.cpp's S cells).
+ * The session is opened, forked or created with opts->open (or the
+ * defaults), its attention windows set by ctxs_llama_attention_windows()
+ * where they are zero.
  * info->n_tokens of the conversation are then in the sequence; the app
  * decodes the rest. model must be what ctxs_llama_model_init() gave, and
  * registered in st.

@@ -357,6 +357,39 @@ def test_a_cold_resume_without_the_background_thread_reads_the_session_ahead(nam
     assert faults < kv_pages // 8, f"{faults} major faults for {kv_pages} pages of K/V"
 
 
+def test_a_cold_resume_brings_in_only_what_the_window_layers_read(tmp_path):
+    """Gemma 3's session kept with swa_full = true holds every position of
+    every layer, and its window layers read only their last 512: resumed
+    from a cold page cache with the library's thread on, the session's
+    pages read in are those of the global layers' tokens and the window
+    layers' windows (ctxs_llama_start() opens it with the model's attention
+    windows), not the whole file, and the chat resumes."""
+    model = model_path("gemma3")
+    store = str(tmp_path / "s")
+    Run(model, store, "chat", messages=MESSAGES[:3]).run()
+    info = json.loads(subprocess.run([CTXSTORE, "--store", store, "info", "chat", "--json"],
+                                     capture_output=True, text=True, check=True).stdout)
+    n, path, g = info["n_tokens"], info["path"], info["geometry"]
+    assert n > 2 * GEMMA_WINDOW, f"{n} tokens: the window layers would be read whole"
+    token_pages = g["n_kv_heads"] * g["head_dim"] * 2 * 2 / 4096  # K and V of one layer
+    n_global = g["n_layers"] // 6  # every sixth layer
+    read = token_pages * (n_global * n + (g["n_layers"] - n_global) * GEMMA_WINDOW)
+    whole = token_pages * g["n_layers"] * n
+    drop_from_page_cache(path)
+    if resident_pages(path) > whole / 8:
+        pytest.skip(f"{path}: its pages stay in the page cache after POSIX_FADV_DONTNEED "
+                    "(tmpfs?): a cold resume cannot be made here")
+    events, _o, _k = Run(model, store, "chat", messages=MESSAGES[:4]).run()
+    assert Run.numbers(events, "resumed") == [n]
+    after = json.loads(subprocess.run([CTXSTORE, "--store", store, "info", "chat", "--json"],
+                                      capture_output=True, text=True, check=True).stdout)
+    written = token_pages * g["n_layers"] * (after["n_tokens"] - n)  # the new turn's
+    got = resident_pages(path)
+    print(f"{n} tokens: {got} pages in after the resume and a turn; the restore reads "
+          f"{read:.0f}, the turn writes {written:.0f}, the whole K/V is {whole:.0f}")
+    assert got < read + written + (whole - read) / 4, f"{got} pages in, {read:.0f} read"
+
+
 def test_window_layers_keep_their_window_and_roll_back_within_it(tmp_path):
     """Gemma 3 with llama.cpp's window layers keeping their window
     (--swa-full off): the session's window layers are rings of llama.cpp's

@@ -275,6 +275,37 @@ int ctxs__llama_shape_of(ctxs__llama_shape *out, const struct llama_model *model
     return 0;
 }
 
+int ctxs_llama_attention_windows(ctxs_open_options *opts, const struct llama_context *ctx)
+{
+    ctxs__llama_clear_error();
+    if (!opts || !ctx)
+        return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_attention_windows: a NULL argument");
+    if (opts->version != CTXS_OPEN_OPTIONS_VERSION)
+        return ctxs__llama_fail(CTXS_EINVAL,
+                                "open options of version %u have no attention windows (version "
+                                "%u has): start from CTXS_OPEN_OPTIONS_INIT",
+                                opts->version, CTXS_OPEN_OPTIONS_VERSION);
+    opts->attn_period = opts->attn_window = opts->attn_global_mask = 0;
+    const struct llama_model *model = llama_get_model(ctx);
+    const int32_t n_swa = llama_model_n_swa(model);
+    if (n_swa <= 0 || n_swa > (1 << 24))
+        return 0;
+    uint32_t every = 0;
+    int rc = window_pattern(&every, model);
+    if (rc < 0)
+        return rc;
+    if (every == 0 || every > CTXS_SCHEDULE_MAX)
+        return 0;
+    uint32_t global = 0;
+    for (uint32_t j = 0; j < every; j++)
+        if (!ctxs__llama_is_window_layer(every, j))
+            global |= 1u << j;
+    opts->attn_period = every;
+    opts->attn_window = (uint32_t)n_swa;
+    opts->attn_global_mask = global;
+    return 0;
+}
+
 uint32_t ctxs__llama_is_window_layer(uint32_t every, uint32_t il)
 {
     /* The last layer of each group of `every` is global (llama.cpp's

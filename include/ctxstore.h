@@ -1073,8 +1073,9 @@ CTXS_API int ctxs_session_get_attn_plan(ctxs_attn_plan *out, const ctxs_session 
  * token table's), and *plan the plan for it as ctxs_session_get_attn_plan()
  * makes one: for a global layer that very plan; for a sliding-window
  * layer (of the schedule, or of the open options' attn_window) its last
- * min(window, the session's window) positions and no sinks. Valid as the plan is. Errors: CTXS_EINVAL (NULL, layer out of
- * range, n_pending above what is reserved, no token at all). */
+ * min(window, the session's window) positions and no sinks. Valid as the
+ * plan is. Errors: CTXS_EINVAL (NULL, layer out of range, n_pending above
+ * what is reserved, no token at all). */
 CTXS_API int ctxs_session_get_layer_attn(ctxs_layout *kv, ctxs_attn_plan *plan,
                                          const ctxs_session *s, uint32_t layer,
                                          uint32_t n_pending);

@@ -127,9 +127,9 @@ static void bring_in_init(bring_in *b, const ctxs_session *s, const ctxs__state 
  * layer (ctxs__attn_window()), its own window where smaller (Gemma 3's 15
  * of 18 layers read 512 positions of thousands): in the session's slots
  * where it is laid out there (every position kept, as for llama.cpp's
- * swa_full), else in its
- * ring, position p at slot p mod the ring's length (the rest of the ring,
- * the batch's slots, is written before it is read). */
+ * swa_full), else in its ring, position p at slot p mod the ring's length
+ * (the rest of the ring, the batch's slots, is written before it is
+ * read). */
 static const ctxs_window *run_window(const bring_in *b, uint32_t run, ctxs_window *own)
 {
     const ctxs_session *s = b->s;

@@ -303,6 +303,52 @@ Test(background, brings_in_the_window_and_no_more)
     ctxs_session_close(s);
 }
 
+static const char *cold_session_kept_whole(ctxs_model *m)
+{
+    return cold_session_batch(m, 8192);
+}
+
+/* A session of m made cold by remake(), opened with `open` (window 2048),
+ * layer 0 global and layer 1 a window layer of 256 laid out as the
+ * session's slots: with the worker, and again with prefetch alone, the
+ * global layer's window is brought in, and of the window layer its own
+ * window only. */
+static void expect_the_window_layer_brought_in_alone(ctxs_model *m,
+                                                     const char *(*remake)(ctxs_model *),
+                                                     ctxs_open_options open)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        const uint32_t background = pass == 0;
+        const char *path = remake(m);
+        open.window = 2048;
+        open.background = background;
+        ctxs_session *s;
+        cr_assert_eq(ctxs_session_open(&s, path, m, CTXS_RDONLY, &open), 0);
+        ctxs_layout global, windowed;
+        ctxs_attn_plan plan;
+        cr_assert_eq(ctxs_session_get_layer_attn(&global, &plan, s, 0, 0), 0);
+        cr_assert_eq(ctxs_session_get_layer_attn(&windowed, &plan, s, 1, 0), 0);
+        cr_assert_eq(windowed.capacity, 8192u,
+                     "the window layer has a ring: the test measures nothing");
+        if (background) {
+            if (resident(&windowed, 2048, 6144) > 0.5)
+                cr_skip_test("the page cache kept the file after POSIX_FADV_DONTNEED");
+            ctxs__background_wait_idle();
+        } else {
+            cr_assert_eq(ctxs_session_prefetch(s), 0);
+        }
+        const char *by = background ? "the worker" : "prefetch";
+        cr_assert_eq(resident(&global, 8192 - 2048, 8192), 1.0,
+                     "%s: the global layer's window is not in", by);
+        cr_assert_eq(resident(&windowed, 8192 - 256, 8192), 1.0,
+                     "%s: the window layer's window is not in", by);
+        cr_assert_lt(resident(&windowed, 8192 - 2048, 8192 - 256 - 16), 0.1,
+                     "%s brought in the session's window for the window layer, not its own",
+                     by);
+        ctxs_session_close(s);
+    }
+}
+
 /* A window layer laid out as the session's slots (every position kept,
  * as for llama.cpp's swa_full) is brought in as attention reads it: its
  * own window, where that is smaller than the window in force. */
@@ -311,87 +357,39 @@ Test(background, brings_in_a_window_layer_kept_whole_only_its_window)
     ctxs_model m = big_model();
     m.geometry.period = 2;
     m.geometry.window[1] = 256; /* layers 1 and 3 */
-    const char *path = cold_session_batch(&m, 8192);
-    ctxs_create_options o = options(8192, 1);
-    o.open.window = 2048;
-    ctxs_session *s;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, &o.open), 0);
-    ctxs_layout global, windowed;
-    ctxs_attn_plan plan;
-    cr_assert_eq(ctxs_session_get_layer_attn(&global, &plan, s, 0, 0), 0);
-    cr_assert_eq(ctxs_session_get_layer_attn(&windowed, &plan, s, 1, 0), 0);
-    cr_assert_eq(windowed.capacity, 8192u, "the window layer has a ring: the test measures nothing");
-    if (resident(&windowed, 2048, 6144) > 0.5)
-        cr_skip_test("the page cache kept the file after POSIX_FADV_DONTNEED");
-    ctxs__background_wait_idle();
-    cr_assert_eq(resident(&global, 8192 - 2048, 8192), 1.0, "the global layer's window is not in");
-    cr_assert_eq(resident(&windowed, 8192 - 256, 8192), 1.0, "the window layer's window is not in");
-    cr_assert_lt(resident(&windowed, 8192 - 2048, 8192 - 256 - 16), 0.1,
-                 "the window layer brought in the session's window, not its own");
-    ctxs_session_close(s);
-
-    /* And prefetch, without the worker, the same. */
-    cold_session_batch(&m, 8192);
-    o.open.background = 0;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, &o.open), 0);
-    cr_assert_eq(ctxs_session_get_layer_attn(&global, &plan, s, 0, 0), 0);
-    cr_assert_eq(ctxs_session_get_layer_attn(&windowed, &plan, s, 1, 0), 0);
-    cr_assert_eq(ctxs_session_prefetch(s), 0);
-    cr_assert_eq(resident(&global, 8192 - 2048, 8192), 1.0);
-    cr_assert_eq(resident(&windowed, 8192 - 256, 8192), 1.0);
-    cr_assert_lt(resident(&windowed, 8192 - 2048, 8192 - 256 - 16), 0.1,
-                 "prefetch brought in the session's window for the window layer");
-    ctxs_session_close(s);
+    expect_the_window_layer_brought_in_alone(&m, cold_session_kept_whole,
+                                             (ctxs_open_options)CTXS_OPEN_OPTIONS_INIT);
 }
 
 /* A session of period 0 (every layer global, every position kept, as
  * for llama.cpp's swa_full) opened with the open options' attention
- * windows: the window layers are brought in, and planned, as their last
- * attn_window positions, without sinks; the global layer as before. */
+ * windows: the window layers are planned, and brought in, as their last
+ * attn_window positions, without sinks; the global layers as before. */
 Test(background, brings_in_only_the_windows_that_the_open_options_give)
 {
     ctxs_model m = big_model();
-    const char *path = cold_session(&m);
-    ctxs_create_options o = options(8192, 1);
-    o.open.window = 2048;
-    o.open.attn_period = 2;
-    o.open.attn_window = 256;
-    o.open.attn_global_mask = 0x1; /* layers 0 and 2 global, 1 and 3 windowed */
+    ctxs_open_options open = CTXS_OPEN_OPTIONS_INIT;
+    open.window = 2048;
+    open.background = 0;
+    open.attn_period = 2;
+    open.attn_window = 256;
+    open.attn_global_mask = 0x1; /* layers 0 and 2 global, 1 and 3 windowed */
     ctxs_session *s;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, &o.open), 0);
-    ctxs_layout global, windowed;
-    ctxs_attn_plan global_plan, plan;
-    cr_assert_eq(ctxs_session_get_layer_attn(&global, &global_plan, s, 2, 0), 0);
-    cr_assert_eq(ctxs_session_get_layer_attn(&windowed, &plan, s, 3, 0), 0);
-    cr_assert_eq(global_plan.n_sink, 4u);
-    cr_assert_eq(global_plan.window, 2048u);
+    cr_assert_eq(ctxs_session_open(&s, cold_session(&m), &m, CTXS_RDONLY, &open), 0);
+    ctxs_layout lay;
+    ctxs_attn_plan global, plan;
+    cr_assert_eq(ctxs_session_get_layer_attn(&lay, &global, s, 2, 0), 0);
+    cr_assert_eq(ctxs_session_get_layer_attn(&lay, &plan, s, 3, 0), 0);
+    ctxs_session_close(s);
+    cr_assert_eq(global.n_sink, 4u);
+    cr_assert_eq(global.window, 2048u);
     cr_assert_eq(plan.n_sink, 0u);
     cr_assert_eq(plan.window, 256u);
     cr_assert_eq(plan.n_spans, 1u);
     cr_assert_eq(plan.spans[0].pos, 8192u - 256);
     cr_assert_eq(plan.spans[0].slot, 8192u - 256);
     cr_assert_eq(plan.spans[0].count, 256u);
-    if (resident(&windowed, 2048, 6144) > 0.5)
-        cr_skip_test("the page cache kept the file after POSIX_FADV_DONTNEED");
-    ctxs__background_wait_idle();
-    cr_assert_eq(resident(&global, 8192 - 2048, 8192), 1.0, "the global layer's window is not in");
-    cr_assert_eq(resident(&windowed, 8192 - 256, 8192), 1.0, "the window layer's window is not in");
-    cr_assert_lt(resident(&windowed, 8192 - 2048, 8192 - 256 - 16), 0.1,
-                 "the window layer brought in the session's window, not its own");
-    ctxs_session_close(s);
-
-    /* And prefetch, without the worker, the same. */
-    cold_session(&m);
-    o.open.background = 0;
-    cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, &o.open), 0);
-    cr_assert_eq(ctxs_session_get_layer_attn(&global, &plan, s, 0, 0), 0);
-    cr_assert_eq(ctxs_session_get_layer_attn(&windowed, &plan, s, 1, 0), 0);
-    cr_assert_eq(ctxs_session_prefetch(s), 0);
-    cr_assert_eq(resident(&global, 8192 - 2048, 8192), 1.0);
-    cr_assert_eq(resident(&windowed, 8192 - 256, 8192), 1.0);
-    cr_assert_lt(resident(&windowed, 8192 - 2048, 8192 - 256 - 16), 0.1,
-                 "prefetch brought in the session's window for the window layer");
-    ctxs_session_close(s);
+    expect_the_window_layer_brought_in_alone(&m, cold_session, open);
 }
 
 Test(background, close_during_the_bring_in_is_safe)

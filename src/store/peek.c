@@ -80,6 +80,9 @@ int ctxs__peek_kept(uint64_t *out, int fd, const ctxs__peek *p, uint64_t n)
     uint8_t *map = ctxs__mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED)
         return errno == ENOMEM ? CTXS_ENOMEM : -errno;
+    /* Read as a session's own mapping reads (session.c): a page a fault,
+     * no large folios past what is read for a live writer to split. */
+    madvise(map, len, MADV_RANDOM);
     *out = ctxs__leading_kept(map, &p->lay, p->ring, &p->st, n);
     munmap(map, len);
     return 0;

@@ -137,16 +137,16 @@ static void Conv_dealloc(ConvObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* _start(session, store, name, ctx, model, prompt, capacity, verify) */
+/* _start(session, store, name, ctx, model, prompt, capacity, verify, background) */
 static PyObject *Conv__start(ConvObject *self, PyObject *args)
 {
     PyObject *session, *store, *prompt_o, *cap_o;
     const char *name;
     void *ctx;
     ctxs_model model;
-    int verify, rc;
-    if (!PyArg_ParseTuple(args, "OOsO&O&OOp:_start", &session, &store, &name, conv_ptr, &ctx,
-                          api->conv_model, &model, &prompt_o, &cap_o, &verify))
+    int verify, background, rc;
+    if (!PyArg_ParseTuple(args, "OOsO&O&OOpp:_start", &session, &store, &name, conv_ptr, &ctx,
+                          api->conv_model, &model, &prompt_o, &cap_o, &verify, &background))
         return NULL;
     if (self->lc) {
         PyErr_SetString(PyExc_RuntimeError, "the conversation is already started");
@@ -155,6 +155,9 @@ static PyObject *Conv__start(ConvObject *self, PyObject *args)
     ctxs_create_options co = CTXS_CREATE_OPTIONS_INIT;
     ctxs_llama_options lo = CTXS_LLAMA_OPTIONS_INIT;
     lo.open_flags = verify ? CTXS_OPEN_VERIFY : 0;
+    ctxs_open_options oo = CTXS_OPEN_OPTIONS_INIT;
+    oo.background = (uint32_t)background;
+    lo.open = &oo;
     if (cap_o != Py_None) {
         unsigned long cap = PyLong_AsUnsignedLong(cap_o);
         if (PyErr_Occurred() || cap > UINT32_MAX) {
@@ -164,6 +167,7 @@ static PyObject *Conv__start(ConvObject *self, PyObject *args)
         co.capacity = (uint32_t)cap;
         co.ring = 0;
         co.n_sink = 0;
+        co.open = oo;
         lo.create = &co;
     }
     tokens prompt;

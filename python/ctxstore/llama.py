@@ -157,7 +157,7 @@ class Conversation(_llama.ConversationBase):
     """The conversation ``name`` of ``store``, kept from ``llm``'s sequence.
 
     ``Conversation(llm, store, name, prompt=None, *, model_name=None,
-    capacity=None, verify=False)``:
+    capacity=None, verify=False, background=True)``:
 
     - ``store`` holds ``name``: it is opened and put back into ``llm``
       (``how == "resumed"``; ``prompt`` is not looked at);
@@ -175,8 +175,11 @@ class Conversation(_llama.ConversationBase):
     is decoded, until ``close()`` (or the ``with`` block's end), which
     leaves ``llm`` as it is and closes the session. ``verify=True`` opens a
     stored conversation as after a power loss (every token not yet durable
-    checked, the longest part that verifies kept). ``on_save(n_tokens)`` is
-    called after each batch is saved.
+    checked, the longest part that verifies kept). ``background=False``
+    opens the session without the library's thread (``Session.info()``'s
+    ``background``): the restore then reads ahead what it needs itself, and
+    saves and their writeback run on the caller's thread. ``on_save(n_tokens)``
+    is called after each batch is saved.
 
     ``session`` is the ``ctxstore.Session`` (read its ``tokens()``,
     ``info()``, checkpoints); write to it only through this object.
@@ -186,7 +189,7 @@ class Conversation(_llama.ConversationBase):
     def __init__(self, llm: "llama_cpp.Llama", store: Store, name: str,
                  prompt: Union[None, str, bytes, Sequence[int]] = None, *,
                  model_name: Optional[str] = None, capacity: Optional[int] = None,
-                 verify: bool = False,
+                 verify: bool = False, background: bool = True,
                  on_save: Optional[Callable[[int], Any]] = None) -> None:
         if getattr(llm, "_ctxstore_conversation", None) is not None:
             raise ValueError("this Llama already keeps a conversation: close() it first")
@@ -200,7 +203,7 @@ class Conversation(_llama.ConversationBase):
         store.register_model(self.model, model_name or os.path.basename(llm.model_path))
         self.session: Session = Session.__new__(Session)
         n, how, src = self._start(self.session, store, name, llm._ctx.ctx, tuple(self.model),
-                                  _token_ids(llm, prompt), capacity, verify)
+                                  _token_ids(llm, prompt), capacity, verify, background)
         self.how: str = how
         self.forked_from: Optional[str] = src or None
         self._eval = llm.eval  # the Llama's own, bound

@@ -209,6 +209,27 @@ def test_checkpoint_regenerates_and_a_new_prompt_rolls_back(llm, tmp_path):
             assert list(llm.input_ids[:llm.n_tokens]) == conv.tokens()
 
 
+def test_background_off_opens_the_session_without_the_thread_and_resumes(llm, tmp_path):
+    prompt = llm.tokenize(b"<|im_start|>user\nName a fruit.<|im_end|>\n"
+                          b"<|im_start|>assistant\n", special=True)
+    """background=False: the session is opened, created and forked without
+    the library's thread, and a chat resumed so continues as before."""
+    with ctxstore.Store(tmp_path / "s", create=True) as st:
+        with cl.Conversation(llm, st, "c", prompt, background=False) as conv:
+            assert not conv.session.info().background
+            first = reply(llm, prompt)
+            n = conv.n_tokens
+        with cl.Conversation(llm, st, "c", background=False) as conv:
+            assert conv.how == "resumed" and conv.n_tokens == n
+            assert not conv.session.info().background
+            assert list(llm.input_ids[:llm.n_tokens]) == conv.tokens()
+        with cl.Conversation(llm, st, "c") as conv:
+            assert conv.how == "resumed" and conv.session.info().background
+        with cl.Conversation(llm, st, "d", prompt, capacity=512, background=False) as conv:
+            assert not conv.session.info().background
+            assert reply(llm, prompt) == first
+
+
 def test_a_session_of_another_model_is_refused(tmp_path, llm):
     gemma = model_path("gemma3")
     with ctxstore.Store(tmp_path / "s", create=True) as st:

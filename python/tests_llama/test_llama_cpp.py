@@ -210,10 +210,11 @@ def test_checkpoint_regenerates_and_a_new_prompt_rolls_back(llm, tmp_path):
 
 
 def test_background_off_opens_the_session_without_the_thread_and_resumes(llm, tmp_path):
-    prompt = llm.tokenize(b"<|im_start|>user\nName a fruit.<|im_end|>\n"
-                          b"<|im_start|>assistant\n", special=True)
-    """background=False: the session is opened, created and forked without
+    """background=False: the session is created, opened and forked without
     the library's thread, and a chat resumed so continues as before."""
+    prompt = llm.tokenize(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"
+                          "Name a fruit.<|im_end|>\n<|im_start|>assistant\n".encode(),
+                          special=True)
     with ctxstore.Store(tmp_path / "s", create=True) as st:
         with cl.Conversation(llm, st, "c", prompt, background=False) as conv:
             assert not conv.session.info().background
@@ -226,7 +227,7 @@ def test_background_off_opens_the_session_without_the_thread_and_resumes(llm, tm
         with cl.Conversation(llm, st, "c") as conv:
             assert conv.how == "resumed" and conv.session.info().background
         with cl.Conversation(llm, st, "d", prompt, capacity=512, background=False) as conv:
-            assert not conv.session.info().background
+            assert conv.how == "forked" and not conv.session.info().background
             assert reply(llm, prompt) == first
 
 

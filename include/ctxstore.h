@@ -442,19 +442,19 @@ typedef enum ctxs_durability {
 #define CTXS_OPEN_OPTIONS_VERSION 2
 
 /*
- * Sliding windows that attention keeps to where the session keeps every
- * position (open options version 2): the windows of layers that the
- * session's schedule makes global, for an engine whose cache keeps its
- * window layers whole (llama.cpp's swa_full, whose sessions have a
- * schedule of period 0). Layer l then reads only its last attn_window
- * positions, unless bit l % attn_period of attn_global_mask is set (a
- * global layer), as ctxs_session_get_layer_attn() plans, and the window
- * brought in after an open (and by ctxs_session_prefetch()) is that much
- * smaller: Gemma 3's 15 window layers of 18 read 512 positions of
- * thousands. Nothing is kept less: the file and every position in it are
- * as without. attn_period 0 (with attn_window and attn_global_mask 0):
- * none. Else attn_period is 1..CTXS_SCHEDULE_MAX, attn_window 1..16 Mi,
- * and at least one layer of the pattern is not in attn_global_mask.
+ * Attention windows (open options version 2): the sliding windows of
+ * layers that the session's schedule makes global, for an engine whose
+ * cache keeps every position of its window layers (llama.cpp's swa_full,
+ * whose sessions have a schedule of period 0). Layer l reads only its
+ * last attn_window positions unless bit l % attn_period of
+ * attn_global_mask is set (a global layer): ctxs_session_get_layer_attn()
+ * plans it so, and the window brought in after an open (and by
+ * ctxs_session_prefetch()) is that much smaller: Gemma 3's 15 window
+ * layers of 18 read 512 positions of thousands. Nothing is kept less: the
+ * file and every position in it are as without. attn_period 0 (with
+ * attn_window and attn_global_mask 0): none. Else attn_period is
+ * 1..CTXS_SCHEDULE_MAX, attn_window 1..16 Mi, and at least one layer of
+ * the pattern is not in attn_global_mask.
  */
 typedef struct ctxs_open_options {
     uint32_t version;        /* CTXS_OPEN_OPTIONS_VERSION */

@@ -492,16 +492,17 @@ Test(write, layer_takes_no_page_fault_on_the_callers_thread)
             big_commit(s, &r);
         }
         /* The measure counts faults: stores through the mapping after the
-         * same writeback take them. */
-        ctxs__background_wait_idle();
-        cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
-        ctxs__background_wait_idle();
-        cr_assert_eq(ctxs_session_sync(s), 0);
-        long before = thread_faults();
-        big_turn_write(s, &r, kv, THROUGH_MAPPING);
-        cr_expect_geq(thread_faults() - before, 32, "stores through the mapping after a writeback"
-                      " took no fault: the count measures nothing");
-        big_commit(s, &r);
+         * same writeback take them. Without the worker only: with it, the
+         * sync has the runway mapped again, maybe before the stores. */
+        if (!background) {
+            cr_assert_eq(ctxs_session_reserve(&r, s, 64), 0);
+            cr_assert_eq(ctxs_session_sync(s), 0);
+            long before = thread_faults();
+            big_turn_write(s, &r, kv, THROUGH_MAPPING);
+            cr_expect_geq(thread_faults() - before, 32, "stores through the mapping after a "
+                          "writeback took no fault: the count measures nothing");
+            big_commit(s, &r);
+        }
         uint64_t bad;
         cr_assert_eq(ctxs_session_verify(&bad, s), 0);
         ctxs_session_close(s);

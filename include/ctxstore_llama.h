@@ -257,10 +257,10 @@ typedef struct ctxs_llama_start_info {
  * period 0); opened with these options, only what a restore reads of it is
  * brought in after the open (of Gemma 3's 15 window layers of 18, their
  * last 512 positions). ctxs_llama_start() sets them itself where its open
- * options leave them zero; an app that opens the session itself and
- * attaches it calls this first. A model without window layers, or whose
- * pattern is longer than CTXS_SCHEDULE_MAX layers, gets none (zeros), and
- * every position is brought in.
+ * options (of version 2) leave them zero; an app that opens the session
+ * itself and attaches it calls this first. A model without window
+ * layers, or whose pattern is longer than CTXS_SCHEDULE_MAX layers, gets
+ * none (zeros), and every position is brought in.
  * Errors: CTXS_EINVAL (NULL, options of version 1, which have no such
  * fields; a model with window layers that neither its GGUF nor the adapter
  * places). */
@@ -279,7 +279,7 @@ CTXS_API int ctxs_llama_attention_windows(ctxs_open_options *opts,
  *   batch S - n_swa: rings of llama.cpp's S cells).
  * The session is opened, forked or created with opts->open (or the
  * defaults), its attention windows set by ctxs_llama_attention_windows()
- * where they are zero.
+ * where those options (of version 2) leave them zero.
  * info->n_tokens of the conversation are then in the sequence; the app
  * decodes the rest. model must be what ctxs_llama_model_init() gave, and
  * registered in st.

@@ -245,8 +245,9 @@ static const char *cold_session_batch(ctxs_model *m, uint32_t batch)
     o.batch = batch;
     ctxs_session *s;
     cr_assert_eq(ctxs_session_create(&s, path, m, &o), 0);
-    for (int i = 0; i < 8; i++)
-        cr_assert_eq(ts_append(s, 1024), 0);
+    const uint32_t turn = batch < 1024 ? batch : 1024; /* at most a batch reserved */
+    for (uint32_t n = 0; n < 8192; n += turn)
+        cr_assert_eq(ts_append(s, 8192 - n < turn ? 8192 - n : turn), 0);
     cr_assert_eq(ctxs_session_sync(s), 0);
     ctxs_session_close(s);
     int fd = open(path, O_RDONLY);
@@ -390,6 +391,42 @@ Test(background, brings_in_only_the_windows_that_the_open_options_give)
     cr_assert_eq(plan.spans[0].slot, 8192u - 256);
     cr_assert_eq(plan.spans[0].count, 256u);
     expect_the_window_layer_brought_in_alone(&m, cold_session, open);
+}
+
+/* A window layer with a ring of its own that has wrapped: of the ring,
+ * the slots of its window are brought in (positions mod the ring's
+ * length, across its end), not the batch's slots between. */
+Test(background, brings_in_of_a_wrapped_ring_only_its_window)
+{
+    ctxs_model m = big_model();
+    m.geometry.period = 2;
+    m.geometry.window[1] = 256; /* layers 1 and 3 */
+    ctxs_open_options open = CTXS_OPEN_OPTIONS_INIT;
+    open.window = 2048;
+    for (int pass = 0; pass < 2; pass++) {
+        const char *path = cold_session_batch(&m, 192);
+        open.background = pass == 0;
+        ctxs_session *s;
+        cr_assert_eq(ctxs_session_open(&s, path, &m, CTXS_RDONLY, &open), 0);
+        ctxs_layout ring;
+        ctxs_attn_plan plan;
+        cr_assert_eq(ctxs_session_get_layer_attn(&ring, &plan, s, 1, 0), 0);
+        /* 448 slots; positions 7936 .. 8191 in slots 320 .. 447, 0 .. 127. */
+        cr_assert_eq(ring.capacity, 448u);
+        if (open.background) {
+            if (resident(&ring, 0, 448) > 0.5)
+                cr_skip_test("the page cache kept the file after POSIX_FADV_DONTNEED");
+            ctxs__background_wait_idle();
+        } else {
+            cr_assert_eq(ctxs_session_prefetch(s), 0);
+        }
+        const char *by = open.background ? "the worker" : "prefetch";
+        cr_assert_eq(resident(&ring, 320, 448), 1.0, "%s: the window's end is not in", by);
+        cr_assert_eq(resident(&ring, 0, 128), 1.0, "%s: the window's start is not in", by);
+        cr_assert_lt(resident(&ring, 128 + 32, 320 - 32), 0.1,
+                     "%s brought in the ring's batch slots", by);
+        ctxs_session_close(s);
+    }
 }
 
 Test(background, close_during_the_bring_in_is_safe)

@@ -231,6 +231,48 @@ def test_background_off_opens_the_session_without_the_thread_and_resumes(llm, tm
             assert reply(llm, prompt) == first
 
 
+def mapped_library(prefix):
+    """The file of a shared library the process has mapped, by name."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith(prefix):
+                return parts[5].strip()
+    pytest.fail(f"no {prefix}* mapped")
+
+
+def test_attention_windows_are_the_models(llm):
+    """ctxs_llama_attention_windows(): none for SmolLM2; Gemma 3's window
+    layers read 512 positions, every sixth layer global; version 1 options
+    and NULL refused."""
+    import ctypes
+    lib = ctypes.CDLL(mapped_library("libctxstore_llama."))
+    lib.ctxs_llama_attention_windows.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+
+    class OpenOptions(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("window", ctypes.c_uint32),
+                    ("pressure_window", ctypes.c_uint32), ("durability", ctypes.c_uint32),
+                    ("background", ctypes.c_uint32), ("attn_period", ctypes.c_uint32),
+                    ("attn_window", ctypes.c_uint32), ("attn_global_mask", ctypes.c_uint32),
+                    ("reserved", ctypes.c_uint8 * 16)]
+
+    def windows(ctx, version=2):
+        o = OpenOptions(version=version, attn_period=7, attn_window=7, attn_global_mask=7)
+        rc = lib.ctxs_llama_attention_windows(ctypes.byref(o), ctx)
+        return rc, (o.attn_period, o.attn_window, o.attn_global_mask)
+
+    assert ctypes.sizeof(OpenOptions) == 48
+    assert windows(llm._ctx.ctx) == (0, (0, 0, 0))
+    g = cl.load(model_path("gemma3"), n_ctx=1024, verbose=False)
+    try:
+        assert windows(g._ctx.ctx) == (0, (6, 512, 1 << 5))
+        einval = -32008  # CTXS_EINVAL
+        assert windows(g._ctx.ctx, version=1) == (einval, (7, 7, 7))
+        assert lib.ctxs_llama_attention_windows(None, g._ctx.ctx) == einval
+    finally:
+        g.close()
+
+
 def test_a_session_of_another_model_is_refused(tmp_path, llm):
     gemma = model_path("gemma3")
     with ctxstore.Store(tmp_path / "s", create=True) as st:

@@ -1117,13 +1117,8 @@ int ctxs_llama_start(ctxs_llama **out, ctxs_store *st, const char *name,
         return rc;
     if (!st || !name || !ctx || !model || (!prompt && n_prompt))
         return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_start: a NULL argument");
-    ctxs_open_options open_options = CTXS_OPEN_OPTIONS_INIT;
-    if (o.open) {
-        open_options = *o.open; /* version 1's bytes are version 2's */
-        if (open_options.version == 1 && !open_options.attn_period &&
-            !open_options.attn_window && !open_options.attn_global_mask)
-            open_options.version = CTXS_OPEN_OPTIONS_VERSION;
-    }
+    ctxs_open_options open_options =
+        o.open ? *o.open : (ctxs_open_options)CTXS_OPEN_OPTIONS_INIT;
     if (open_options.version == CTXS_OPEN_OPTIONS_VERSION && !open_options.attn_period &&
         (rc = ctxs_llama_attention_windows(&open_options, ctx)) < 0)
         return rc;

@@ -145,19 +145,13 @@ static const ctxs_window *run_window(const bring_in *b, uint32_t run, ctxs_windo
         return own;
     }
     const uint64_t n = b->st->n_tokens, lo = n > w ? n - w : 0;
-    const uint32_t len = ctxs__layer_cap(&s->lay, l), first = (uint32_t)(lo % len);
-    const uint32_t count = (uint32_t)(n - lo); /* at most w <= the window < len */
+    ctxs__span spans[2];
     memset(own, 0, sizeof(*own));
-    if (count == 0)
-        return own;
-    own->n_tokens = count;
-    own->spans[0].slot = first;
-    own->spans[0].count = count < len - first ? count : len - first;
-    own->n_spans = 1;
-    if (own->spans[0].count < count) {
-        own->spans[1].slot = 0;
-        own->spans[1].count = count - own->spans[0].count;
-        own->n_spans = 2;
+    own->n_tokens = (uint32_t)(n - lo);
+    own->n_spans = ctxs__layer_spans(spans, &s->lay, l, lo, n - lo);
+    for (uint32_t i = 0; i < own->n_spans; i++) {
+        own->spans[i].slot = spans[i].slot;
+        own->spans[i].count = spans[i].count;
     }
     return own;
 }

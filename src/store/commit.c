@@ -215,8 +215,10 @@ int ctxs__writable(ctxs_session *s)
     if (s->failed)
         return ctxs__error(CTXS_EFAILED, "an earlier write or sync of this handle failed: "
                            "close the session and open it again");
-    int rc = atomic_exchange(&s->writeback_error, 0);
-    if (rc < 0)
+    /* Loaded first: the write path asks at every call, and an exchange
+     * would take the line from the worker each time. */
+    if (atomic_load_explicit(&s->writeback_error, memory_order_relaxed) < 0 &&
+        atomic_exchange(&s->writeback_error, 0) < 0)
         return ctxs__fail(s);
     return 0;
 }

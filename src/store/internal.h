@@ -75,8 +75,11 @@ struct ctxs_session {
      * pop_to == 0: nothing known. Under the registry mutex; forgotten
      * (ctxs__populated_forget()) by a sync, a rollback and memory
      * pressure. The worker's writeback leaves it: the pages it cleans are
-     * found clean (ctxs__kv_writable()). */
-    uint64_t pop_from, pop_to, pop_stamp;
+     * found clean (ctxs__kv_writable()). pop_stamp is also read without
+     * the mutex: while it stays the same, so do pop_from and pop_to, and
+     * pop_layers only grows. */
+    uint64_t pop_from, pop_to;
+    _Atomic uint64_t pop_stamp;
     uint32_t pop_layers;
     _Atomic uint64_t stamp;         /* counts passes and writes through the file */
     _Atomic uint64_t runway_at_ms;  /* when the last pass ended (monotonic) */

@@ -38,8 +38,13 @@
 /* How long a layer found writable is taken to stay so without asking the
  * page cache again (ctxs__kv_writable()). The flusher wakes every 5 s
  * (vm.dirty_writeback_centisecs); one that cleans the pages within this
- * costs the calls after it some page faults, never a wrong byte. */
-#define SEEN_MS 50u
+ * costs the calls after it a page fault per page it cleaned, never a wrong
+ * byte. Each question costs two cachestat calls of 5-9 us once attention
+ * has evicted the kernel's lines too. In the demo's later turns, a token
+ * of the reply takes 30-60 ms: at 50 ms a turn asked 150-200 times, and
+ * the write path's checks took 3.1-3.4 ms of its writes (medians of three
+ * runs); at 250 ms 20-70 times, 2.1-2.8 ms. */
+#define SEEN_MS 250u
 
 #ifdef CTXS_TEST_HOOKS
 _Atomic uint64_t ctxs__write_path_asks;
@@ -49,7 +54,8 @@ _Atomic uint64_t ctxs__folio_splits;
 void ctxs__populated_forget(ctxs_session *s)
 {
     pthread_mutex_lock(&ctxs__registry_mutex);
-    s->pop_from = s->pop_to = s->pop_stamp = 0;
+    s->pop_from = s->pop_to = 0;
+    atomic_store_explicit(&s->pop_stamp, 0, memory_order_release);
     s->pop_layers = 0;
     pthread_mutex_unlock(&ctxs__registry_mutex);
 }
@@ -62,7 +68,7 @@ static uint64_t pass_begin(ctxs_session *s, uint64_t from, uint64_t to)
     s->pop_from = from;
     s->pop_to = to;
     s->pop_layers = 0;
-    s->pop_stamp = stamp;
+    atomic_store_explicit(&s->pop_stamp, stamp, memory_order_release);
     pthread_mutex_unlock(&ctxs__registry_mutex);
     return stamp;
 }
@@ -72,7 +78,7 @@ static uint64_t pass_begin(ctxs_session *s, uint64_t from, uint64_t to)
 static void pass_progress(ctxs_session *s, uint64_t stamp, uint32_t layers)
 {
     pthread_mutex_lock(&ctxs__registry_mutex);
-    if (s->pop_stamp == stamp)
+    if (atomic_load_explicit(&s->pop_stamp, memory_order_relaxed) == stamp)
         s->pop_layers = layers;
     pthread_mutex_unlock(&ctxs__registry_mutex);
 }
@@ -117,11 +123,45 @@ static int layers_dirty(const ctxs_session *s, uint64_t from, uint64_t to, uint3
     return 1;
 }
 
+/* Whether layer l's positions [from, to) were found writable less than
+ * SEEN_MS ago, by the pass still on record, with no commit and no write
+ * through the file since. Without the registry mutex: the write path asks
+ * this 2 * n_layers times a token, with its lines evicted by attention's
+ * reads since the last time. */
+static int seen_lately(const ctxs_session *s, const ctxs__layer_seen *seen, uint32_t l,
+                       uint64_t from, uint64_t to, uint64_t now)
+{
+    const uint64_t stamp = atomic_load_explicit(&s->pop_stamp, memory_order_acquire);
+    return stamp && seen->stamp == stamp && seen->committed == s->st.n_tokens &&
+           seen->from <= from && to <= seen->to && now - seen->at_ms < SEEN_MS &&
+           !(s->file_written &&
+             atomic_load_explicit(&s->file_written[l], memory_order_relaxed) > stamp);
+}
+
 int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, uint32_t l1,
                       unsigned how, uint64_t *pending)
 {
     if (pending)
         *pending = 0;
+    /* One layer asked again soon after it was found writable, within what
+     * the page cache was asked about then: a reply decoded a token at a
+     * time asks 2 * n_layers times a token, and two cachestat calls each
+     * would cost more than its copies. What the page cache is asked about
+     * is the rest of what the pass mapped, where the next calls fall, in
+     * this layer and in the mapped layers after it that the owner has not
+     * written through the file since: the next layers of the same token.
+     * A token takes longer than SEEN_MS once attention reads a long
+     * context (tinychat, 36 layers over 1,000 tokens: 30-60 ms), and a
+     * question per layer then cost each token 72 cachestat calls of 2-5 us
+     * with the caches cold from attention (7-12 ms of a 170-token reply's
+     * 25 ms of write_layer in the demo); one for the token's layers costs
+     * it two. A commit since starts writeback, which cleans the page its
+     * last slots share with the next ones. */
+    ctxs__layer_seen *seen =
+        (how & CTXS__ASK_OWNER) && s->seen && l1 == l0 + 1 ? &s->seen[l0] : NULL;
+    const uint64_t now = seen ? ctxs__monotonic_ms() : 0;
+    if (seen && seen_lately(s, seen, l0, from, to, now))
+        return 1;
     pthread_mutex_lock(&ctxs__registry_mutex);
     uint64_t pop_from = s->pop_from, pop_to = s->pop_to, stamp = s->pop_stamp;
     uint32_t layers = s->pop_layers;
@@ -141,29 +181,7 @@ int ctxs__kv_writable(ctxs_session *s, uint64_t from, uint64_t to, uint32_t l0, 
             *pending = stamp;
         return 0;
     }
-    /* One layer asked again soon after it was found writable, within what
-     * the page cache was asked about then: a reply decoded a token at a
-     * time asks 2 * n_layers times a token, and two cachestat calls each
-     * would cost more than its copies. What the page cache is asked about
-     * is the rest of what the pass mapped, where the next calls fall, in
-     * this layer and in the mapped layers after it that the owner has not
-     * written through the file since: the next layers of the same token.
-     * A token takes longer than SEEN_MS once attention reads a long
-     * context (tinychat, 36 layers over 1,000 tokens: 30-60 ms), and a
-     * question per layer then cost each token 72 cachestat calls of 2-5 us
-     * with the caches cold from attention (7-12 ms of a 170-token reply's
-     * 25 ms of write_layer in the demo); one for the token's layers costs
-     * it two. */
-    ctxs__layer_seen *seen =
-        (how & CTXS__ASK_OWNER) && s->seen && l1 == l0 + 1 ? &s->seen[l0] : NULL;
-    uint64_t now = 0;
     if (seen) {
-        /* A commit since starts writeback, which cleans the page its last
-         * slots share with the next ones. */
-        now = ctxs__monotonic_ms();
-        if (seen->stamp == stamp && seen->committed == s->st.n_tokens && seen->from <= from &&
-            to <= seen->to && now - seen->at_ms < SEEN_MS)
-            return 1;
         to = pop_to;
         while (l1 < layers && l1 < s->lay.n_layers &&
                !(s->file_written &&

@@ -402,7 +402,8 @@ void ctxs__release_outside_window(ctxs_session *s)
 {
     /* The reserved slots and the runway are outside too: their pages are
      * no longer mapped, writable or not. Under the registry mutex. */
-    s->pop_from = s->pop_to = s->pop_stamp = 0;
+    s->pop_from = s->pop_to = 0;
+    atomic_store_explicit(&s->pop_stamp, 0, memory_order_release);
     s->pop_layers = 0;
     ctxs_window w;
     ctxs__window_spans(s, &s->st, ctxs__effective_window(s), &w);

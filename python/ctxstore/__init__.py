@@ -65,6 +65,7 @@ from ._ctxstore import (
 
 __all__ = [
     "Error", "Model", "Reservation", "Span", "Window", "AttnSpan", "AttnPlan",
+    "AttentionWindows",
     "SessionInfo", "Session", "Store", "SessionEntry", "ModelEntry",
     "Checkpoint", "GcResult", "CompactResult", "Remote", "RemoteStats",
     "RemotePush", "RemotePull", "RemoteEntry", "RemoteInfo", "FileReport",
@@ -218,6 +219,19 @@ class Window(NamedTuple):
     """The attention window: ``n_tokens`` slots in at most two spans."""
     n_tokens: int
     spans: Tuple[Span, ...]
+
+
+class AttentionWindows(NamedTuple):
+    """The sliding windows of a session's layers, given at open
+    (``attention_windows=``) for a session whose file keeps every layer
+    whole (a model schedule of period 0, as llama.cpp's ``swa_full``):
+    layer ``l`` reads only its last ``window`` positions unless bit
+    ``l % period`` of ``global_mask`` is set. ``attn_plan(layer=l)``
+    plans it so, and the bring-in after an open reads only that. Nothing
+    is kept less (``ctxs_open_options``' ``attn_*``)."""
+    period: int
+    window: int
+    global_mask: int
 
 
 class AttnSpan(NamedTuple):
@@ -461,13 +475,15 @@ def _durability(d: Union[str, int]) -> int:
 
 
 def _open_opts(window: int = 0, pressure_window: int = 0,
-               durability: Union[str, int] = "async",
-               background: bool = True) -> Tuple[int, int, int, int]:
-    return (window, pressure_window, _durability(durability), 1 if background else 0)
+               durability: Union[str, int] = "async", background: bool = True,
+               attention_windows: Optional[AttentionWindows] = None) -> Tuple[int, ...]:
+    period, attn_window, mask = (0, 0, 0) if attention_windows is None else attention_windows
+    return (window, pressure_window, _durability(durability), 1 if background else 0,
+            period, attn_window, mask)
 
 
 def _create_opts(capacity: int = 2048, n_sink: int = 4, ring: bool = False,
-                 **open_kw: Any) -> Tuple[int, int, int, Tuple[int, int, int, int]]:
+                 **open_kw: Any) -> Tuple[int, int, int, Tuple[int, ...]]:
     return (capacity, n_sink, 1 if ring else 0, _open_opts(**open_kw))
 
 
@@ -520,7 +536,8 @@ class Session(_ctxstore.SessionBase):
     def create(cls, path: PathLike, model: Model, *, capacity: int = 2048,
                n_sink: int = 4, ring: bool = False, window: int = 0,
                pressure_window: int = 0, durability: Union[str, int] = "async",
-               background: bool = True) -> Session:
+               background: bool = True,
+               attention_windows: Optional[AttentionWindows] = None) -> Session:
         """Create a session file at ``path`` for ``model`` and open it read-write.
 
         Args:
@@ -535,6 +552,9 @@ class Session(_ctxstore.SessionBase):
                 loss), or ``SYNC_*``.
             background: let the library's thread read ahead and allocate the
                 next turn's slots off the caller's thread.
+            attention_windows: the layers' sliding windows
+                (``AttentionWindows``), for a session that keeps every layer
+                whole; None: none.
 
         Raises ``Error`` (``-EEXIST`` if the file exists, ``EINVAL``, ...).
         """
@@ -542,7 +562,8 @@ class Session(_ctxstore.SessionBase):
         self._file(path, model, 0,
                    _create_opts(capacity, n_sink, ring, window=window,
                                 pressure_window=pressure_window,
-                                durability=durability, background=background),
+                                durability=durability, background=background,
+                                attention_windows=attention_windows),
                    _open_opts())
         return self
 
@@ -550,7 +571,8 @@ class Session(_ctxstore.SessionBase):
     def open(cls, path: PathLike, model: Optional[Model] = None, *,
              readonly: bool = False, verify: bool = False, window: int = 0,
              pressure_window: int = 0, durability: Union[str, int] = "async",
-             background: bool = True) -> Session:
+             background: bool = True,
+             attention_windows: Optional[AttentionWindows] = None) -> Session:
         """Open a session file. A writer (default) takes the file's one
         writer lock (``EBUSY`` if another holds it) and needs ``model``
         (``EMODEL`` if it differs); ``readonly=True`` coexists with a writer
@@ -560,17 +582,20 @@ class Session(_ctxstore.SessionBase):
         flags = (RDONLY if readonly else 0) | (OPEN_VERIFY if verify else 0)  # noqa: F821
         self = cls.__new__(cls)
         self._file(path, model, flags, None,
-                   _open_opts(window, pressure_window, durability, background))
+                   _open_opts(window, pressure_window, durability, background,
+                              attention_windows))
         return self
 
     def fork(self, path: PathLike, n_tokens: Optional[int] = None, *,
              window: int = 0, pressure_window: int = 0,
-             durability: Union[str, int] = "async", background: bool = True) -> Session:
+             durability: Union[str, int] = "async", background: bool = True,
+             attention_windows: Optional[AttentionWindows] = None) -> Session:
         """A new session file at ``path`` holding this session's first
         ``n_tokens`` committed tokens (None: all), opened read-write."""
         new = type(self).__new__(type(self))
         self._fork_to(new, path, n_tokens,
-                      _open_opts(window, pressure_window, durability, background))
+                      _open_opts(window, pressure_window, durability, background,
+                                 attention_windows))
         return new
 
     def __enter__(self) -> Session:
@@ -632,11 +657,14 @@ class Session(_ctxstore.SessionBase):
         n, spans = self._window()
         return Window(n, tuple(Span(*s) for s in spans))
 
-    def attn_plan(self, n_pending: int = 0) -> AttnPlan:
+    def attn_plan(self, n_pending: int = 0, layer: Optional[int] = None) -> AttnPlan:
         """The plan of the next attention passes: committed tokens plus the
         first ``n_pending`` reserved (and written) ones, in position order.
-        Valid until the next reserve, commit, rollback or refresh."""
-        n, first, sink, window, n_keys, spans = self._attn_plan(n_pending)
+        With ``layer``, that layer's own (``ctxs_session_get_layer_attn``):
+        a sliding-window layer of the model's schedule or of the open's
+        ``attention_windows`` reads its last positions, no sinks. Valid
+        until the next reserve, commit, rollback or refresh."""
+        n, first, sink, window, n_keys, spans = self._attn_plan(n_pending, layer)
         return AttnPlan(n, first, sink, window, n_keys,
                         tuple(AttnSpan(*s) for s in spans))
 
@@ -734,7 +762,8 @@ class Store(_ctxstore.StoreBase):
     def create_session(self, name: str, model: Model, *, capacity: int = 2048,
                        n_sink: int = 4, ring: bool = False, window: int = 0,
                        pressure_window: int = 0, durability: Union[str, int] = "async",
-                       background: bool = True) -> Session:
+                       background: bool = True,
+                       attention_windows: Optional[AttentionWindows] = None) -> Session:
         """Create the session ``name`` for a registered ``model`` and open it
         read-write (options as ``Session.create()``). ``ETAKEN`` if the
         name is taken, ``ENOMODEL`` if the model is not registered."""
@@ -742,27 +771,30 @@ class Store(_ctxstore.StoreBase):
         self._session_create(s, name, tuple(model),
                              _create_opts(capacity, n_sink, ring, window=window,
                                           pressure_window=pressure_window,
-                                          durability=durability, background=background))
+                                          durability=durability, background=background,
+                                          attention_windows=attention_windows))
         return s
 
     def open_session(self, name: str, model: Optional[Model] = None,
                      readonly: bool = False, *, verify: bool = False,
                      window: int = 0, pressure_window: int = 0,
                      durability: Union[str, int] = "async",
-                     background: bool = True) -> Session:
+                     background: bool = True,
+                     attention_windows: Optional[AttentionWindows] = None) -> Session:
         """Open the session ``name`` (as ``Session.open()``; ``model`` may be
         None only with ``readonly=True``). ``ENOTFOUND`` if there is none."""
         flags = (RDONLY if readonly else 0) | (OPEN_VERIFY if verify else 0)  # noqa: F821
         s = Session.__new__(Session)
         self._session_open(s, name, None if model is None else tuple(model), flags,
-                           _open_opts(window, pressure_window, durability, background))
+                           _open_opts(window, pressure_window, durability, background,
+                                      attention_windows))
         return s
 
     def fork(self, src: str, name: str, n_tokens: Optional[int] = None,
              checkpoint: Optional[str] = None, *, open: bool = False,
              window: int = 0, pressure_window: int = 0,
-             durability: Union[str, int] = "async",
-             background: bool = True) -> Optional[Session]:
+             durability: Union[str, int] = "async", background: bool = True,
+             attention_windows: Optional[AttentionWindows] = None) -> Optional[Session]:
         """Create session ``name`` from the first ``n_tokens`` tokens of
         ``src`` (None: all it holds), or from its ``checkpoint``: the source
         first, as ``ctxstore fork SRC DST`` and ``ctxs_store_session_fork()``
@@ -772,7 +804,8 @@ class Store(_ctxstore.StoreBase):
             raise ValueError("fork: n_tokens or checkpoint, not both")
         s = Session.__new__(Session) if open else None
         self._fork(s, name, src, n_tokens, checkpoint,
-                   _open_opts(window, pressure_window, durability, background))
+                   _open_opts(window, pressure_window, durability, background,
+                              attention_windows))
         return s
 
     def sessions(self) -> List[SessionEntry]:

@@ -247,19 +247,23 @@ static int conv_path(PyObject *o, void *out)
     return PyUnicode_FSConverter(o, out);
 }
 
-/* The open options, as four ints: window, pressure_window, durability,
- * background. */
+/* The open options, as seven ints: window, pressure_window, durability,
+ * background, then the attention windows: attn_period, attn_window,
+ * attn_global_mask. */
 static int parse_open_opts(PyObject *t, ctxs_open_options *o)
 {
     *o = (ctxs_open_options)CTXS_OPEN_OPTIONS_INIT;
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
-        PyErr_SetString(PyExc_TypeError, "open options: a tuple of 4 ints");
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) {
+        PyErr_SetString(PyExc_TypeError, "open options: a tuple of 7 ints");
         return 0;
     }
     return conv_u32(PyTuple_GET_ITEM(t, 0), &o->window) &&
            conv_u32(PyTuple_GET_ITEM(t, 1), &o->pressure_window) &&
            conv_u32(PyTuple_GET_ITEM(t, 2), &o->durability) &&
-           conv_u32(PyTuple_GET_ITEM(t, 3), &o->background);
+           conv_u32(PyTuple_GET_ITEM(t, 3), &o->background) &&
+           conv_u32(PyTuple_GET_ITEM(t, 4), &o->attn_period) &&
+           conv_u32(PyTuple_GET_ITEM(t, 5), &o->attn_window) &&
+           conv_u32(PyTuple_GET_ITEM(t, 6), &o->attn_global_mask);
 }
 
 static int conv_open_opts(PyObject *t, void *out)
@@ -1193,16 +1197,27 @@ static PyObject *Session_set_window(SessionObject *self, PyObject *arg)
     return rc < 0 ? raise_rc(rc, "set_window(%u)", w) : Py_NewRef(Py_None);
 }
 
-static PyObject *Session__attn_plan(SessionObject *self, PyObject *arg)
+/* _attn_plan(n_pending, layer or None): the session's plan, or that of
+ * one layer (ctxs_session_get_layer_attn()). */
+static PyObject *Session__attn_plan(SessionObject *self, PyObject *args)
 {
-    uint32_t n_pending;
+    uint32_t n_pending, layer = 0;
+    PyObject *layer_or_none;
     ctxs_attn_plan p;
-    if (!conv_u32(arg, &n_pending))
+    if (!PyArg_ParseTuple(args, "O&O", conv_u32, &n_pending, &layer_or_none) ||
+        (layer_or_none != Py_None && !conv_u32(layer_or_none, &layer)))
         return NULL;
     int rc;
-    SESS_CALL(self, rc = ctxs_session_get_attn_plan(&p, self->s, n_pending));
+    if (layer_or_none == Py_None) {
+        SESS_CALL(self, rc = ctxs_session_get_attn_plan(&p, self->s, n_pending));
+    } else {
+        ctxs_layout unused;
+        SESS_CALL(self, rc = ctxs_session_get_layer_attn(&unused, &p, self->s, layer, n_pending));
+    }
     if (rc < 0)
-        return raise_rc(rc, "attn_plan(n_pending=%u)", n_pending);
+        return layer_or_none == Py_None
+                   ? raise_rc(rc, "attn_plan(n_pending=%u)", n_pending)
+                   : raise_rc(rc, "attn_plan(n_pending=%u, layer=%u)", n_pending, layer);
     return Py_BuildValue("(KKIIIN)", (unsigned long long)p.n_tokens,
                          (unsigned long long)p.first_query, p.n_sink, p.window, p.n_keys,
                          tuple_of(p.spans, p.n_spans, sizeof p.spans[0], attn_span));
@@ -1449,7 +1464,7 @@ static PyMethodDef Session_methods[] = {
     {"_reserve", ONEARG(Session__reserve), NULL},
     {"_info", NOARGS(Session__info), NULL},
     {"_window", NOARGS(Session__window), NULL},
-    {"_attn_plan", ONEARG(Session__attn_plan), NULL},
+    {"_attn_plan", (PyCFunction)Session__attn_plan, METH_VARARGS, NULL},
     {"_checkpoints", NOARGS(Session__checkpoints), NULL},
     {"close", NOARGS(Session_close),
      "close($self, /)\n--\n\n"

@@ -216,6 +216,38 @@ def test_window_attn_plan_and_ring(tmp_path, model):
         np.testing.assert_array_equal(s.read_token(20)[1], token_kv(20)[1])
 
 
+def test_attention_windows_of_the_open_plan_the_window_layers(tmp_path, model):
+    # Layer 0 slides over its last 4 positions, layer 1 is global; the file
+    # keeps both whole either way.
+    aw = ctxstore.AttentionWindows(period=2, window=4, global_mask=0b10)
+    with ctxstore.Session.create(tmp_path / "a.ctxs", model, capacity=32) as s:
+        append(s, range(10))
+        assert s.attn_plan(layer=0) == s.attn_plan()
+    with ctxstore.Session.open(tmp_path / "a.ctxs", model, attention_windows=aw) as s:
+        plan = s.attn_plan(layer=0)
+        assert plan.n_sink == 0 and plan.n_keys == 4
+        assert plan.slots().tolist() == [6, 7, 8, 9]
+        assert s.attn_plan(layer=1) == s.attn_plan()
+        assert s.attn_plan().slots().tolist() == list(range(10))
+        with pytest.raises(ctxstore.Error) as e:
+            s.attn_plan(layer=2)
+        assert e.value.code == ctxstore.EINVAL
+        np.testing.assert_array_equal(s.read_token(0)[0], token_kv(0)[0])
+        with s.fork(tmp_path / "f.ctxs", 6, attention_windows=aw) as f:
+            assert f.attn_plan(layer=0).slots().tolist() == [2, 3, 4, 5]
+    with ctxstore.Session.create(tmp_path / "c.ctxs", model, capacity=32,
+                                 attention_windows=aw) as s:
+        append(s, range(6))
+        assert s.attn_plan(layer=0).slots().tolist() == [2, 3, 4, 5]
+    for bad, field in [((0, 4, 0), "attn_window"), ((2, 0, 0), "attn_window"),
+                       ((2, 4, 0b11), "attn_global_mask"), ((2, 4, 0b100), "attn_global_mask"),
+                       ((9, 4, 0), "attn_period")]:
+        with pytest.raises(ctxstore.Error) as e:
+            ctxstore.Session.open(tmp_path / "a.ctxs", model,
+                                  attention_windows=ctxstore.AttentionWindows(*bad))
+        assert e.value.code == ctxstore.EINVAL and field in str(e.value), (bad, str(e.value))
+
+
 def test_no_ring_fills_up(tmp_path, model):
     with ctxstore.Session.create(tmp_path / "n.ctxs", model, capacity=8, ring=False) as s:
         append(s, range(8))

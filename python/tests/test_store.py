@@ -16,6 +16,19 @@ def store(tmp_path, model):
         yield st
 
 
+def test_store_sessions_take_attention_windows(store, model):
+    aw = ctxstore.AttentionWindows(2, 3, 0b10)
+    with store.create_session("a", model, capacity=16, attention_windows=aw) as s:
+        append(s, range(8))
+        assert s.attn_plan(layer=0).slots().tolist() == [5, 6, 7]
+    with store.open_session("a", model, attention_windows=aw) as s:
+        assert s.attn_plan(layer=0).slots().tolist() == [5, 6, 7]
+    with store.open_session("a", model) as s:
+        assert s.attn_plan(layer=0).slots().tolist() == list(range(8))
+    with store.fork("a", "b", 4, open=True, attention_windows=aw) as s:
+        assert s.attn_plan(layer=0).slots().tolist() == [1, 2, 3]
+
+
 def test_open_missing_and_foreign(tmp_path):
     with pytest.raises(ctxstore.Error) as e:
         ctxstore.Store(tmp_path / "nope")

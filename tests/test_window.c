@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -173,6 +174,68 @@ Test(window, pressure_shrinks_windows_and_loses_nothing)
     s = NULL;
     ctxs_model m = ts_model(3);
     cr_assert_eq(ctxs_session_open(&s, ts_path(dir, "a"), &m, 0, NULL), 0);
+    cr_expect_eq(ts_check_all(s), 0);
+    ctxs_session_close(s);
+}
+
+/* Whether the page holding p is mapped in this process: the present bit
+ * of its /proc/self/pagemap entry (mincore() would say whether the page
+ * cache holds it, which an unmapped page of a shared mapping still is). */
+static int mapped(const void *p)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    int fd = open("/proc/self/pagemap", O_RDONLY);
+    cr_assert_geq(fd, 0, "/proc/self/pagemap: %s", strerror(errno));
+    uint64_t entry = 0;
+    ssize_t n = pread(fd, &entry, sizeof(entry), (off_t)((uintptr_t)p / page * sizeof(entry)));
+    close(fd);
+    cr_assert_eq(n, (ssize_t)sizeof(entry));
+    return (int)(entry >> 63);
+}
+
+Test(window, pressure_releases_a_window_layer_down_to_its_own_window)
+{
+    /* Layer 0 reads its last 512 positions, layer 1 the session's window;
+     * both are laid out as the session's slots (no schedule). */
+    ctxs_model m = ts_model(3);
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+    o.capacity = 4096;
+    o.open.background = 0;
+    o.open.durability = CTXS_SYNC_NONE;
+    o.open.window = 2048;
+    o.open.pressure_window = 1024;
+    o.open.attn_period = 2;
+    o.open.attn_window = 512;
+    o.open.attn_global_mask = 1u << 1;
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_create(&s, ts_path(dir, "w.ctxs"), &m, &o), 0);
+    ts_append_many(s, 3000);
+    ctxs_layout lay;
+    cr_assert_eq(ctxs_session_get_layout(&lay, s), 0);
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (size_t off = 0; off < lay.kv_bytes; off += page)
+        (void)*(volatile const uint8_t *)((const uint8_t *)lay.kv + off);
+
+    /* Pressure: the window of 1024 for layer 1, 512 for layer 0. Every run
+     * of each layer is let go alike; one of each is looked at. */
+    ctxs_set_pressure(1);
+    const uint8_t *window_run = lay.kv, *global_run = (const uint8_t *)lay.kv + lay.layer_stride;
+    const uint32_t kept_by_both = 2900, kept_by_global = 2100, kept_by_none = 1000;
+    cr_assert_gt(kept_by_global * lay.slot_bytes / page,
+                 (3000 - 1024) * lay.slot_bytes / page, "a page wholly outside layer 0's window");
+    cr_assert_lt((kept_by_global + 1) * lay.slot_bytes / page,
+                 (3000 - 512) * lay.slot_bytes / page, "a page wholly outside layer 0's window");
+    cr_expect(mapped(global_run + kept_by_both * lay.slot_bytes));
+    cr_expect(mapped(window_run + kept_by_both * lay.slot_bytes));
+    cr_expect(mapped(global_run + kept_by_global * lay.slot_bytes),
+              "the global layer let go of its window");
+    cr_expect_not(mapped(window_run + kept_by_global * lay.slot_bytes),
+                  "the window layer kept the session's window");
+    cr_expect_not(mapped(global_run + kept_by_none * lay.slot_bytes));
+    cr_expect_not(mapped(window_run + kept_by_none * lay.slot_bytes));
+
+    /* Nothing is lost: the pages come back on access. */
+    ctxs_set_pressure(0);
     cr_expect_eq(ts_check_all(s), 0);
     ctxs_session_close(s);
 }

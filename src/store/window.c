@@ -375,25 +375,24 @@ int ctxs_session_get_attn_plan(ctxs_attn_plan *out, const ctxs_session *s,
     return 0;
 }
 
-/* Releases the pages of [lo, hi) slots in every run, rounded inward to
+/* Releases the pages of slots [lo, hi) of run `run`, rounded inward to
  * whole pages so that no byte of a neighbouring slot is affected. */
-static void release_slots(const ctxs_session *s, uint32_t lo, uint32_t hi)
+static void release_slots(const ctxs_session *s, uint32_t run, uint32_t lo, uint32_t hi)
 {
     const ctxs__file_layout *lay = &s->lay;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uint32_t per = 2 * lay->n_kv_heads;
-    for (uint32_t run = 0; run < lay->n_layers * per; run++) {
-        if (ctxs__layer_group(lay, run / per) >= 0)
-            continue; /* a ring of its own: its window and batch, all read */
-        uintptr_t base = (uintptr_t)(s->map + lay->kv_off + ctxs__run_off(lay, run));
-        uintptr_t a = (base + (uintptr_t)lo * lay->slot_bytes + page - 1) & ~(page - 1);
-        uintptr_t b = (base + (uintptr_t)hi * lay->slot_bytes) & ~(page - 1);
-        if (a < b)
-            madvise((void *)a, b - a, MADV_DONTNEED);
-    }
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t base = (uintptr_t)(s->map + lay->kv_off + ctxs__run_off(lay, run));
+    const uintptr_t a = (base + (uintptr_t)lo * lay->slot_bytes + page - 1) & ~(page - 1);
+    const uintptr_t b = (base + (uintptr_t)hi * lay->slot_bytes) & ~(page - 1);
+    if (a < b)
+        madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
-/* Releases the KV pages outside the current window. Pages of a shared file
+/* Releases the KV pages outside the current window: of each run, what the
+ * bring-in would not read (run_window()), so that a window layer laid out
+ * as the session's slots keeps only its own window (Gemma 3's 15 window
+ * layers of 18, kept whole as llama.cpp's swa_full keeps them, hold 512
+ * positions each instead of the session's window). Pages of a shared file
  * mapping keep their data: MADV_DONTNEED only unmaps them, and dirty pages
  * stay in the page cache until written back; they come back on access.
  * (No MADV_WILLNEED when the pressure ends: its readahead would bring back
@@ -405,12 +404,19 @@ void ctxs__release_outside_window(ctxs_session *s)
     s->pop_from = s->pop_to = 0;
     atomic_store_explicit(&s->pop_stamp, 0, memory_order_release);
     s->pop_layers = 0;
-    ctxs_window w;
-    ctxs__window_spans(s, &s->st, ctxs__effective_window(s), &w);
-    uint32_t at = 0;
-    for (uint32_t i = 0; i < w.n_spans; i++) {
-        release_slots(s, at, w.spans[i].slot);
-        at = w.spans[i].slot + w.spans[i].count;
+    bring_in b;
+    bring_in_init(&b, s, &s->st, ctxs__effective_window(s));
+    const uint32_t per = 2 * s->lay.n_kv_heads;
+    for (uint32_t run = 0; run < run_count(s); run++) {
+        if (ctxs__layer_group(&s->lay, run / per) >= 0)
+            continue; /* a ring of its own: its window and batch, all read */
+        ctxs_window own;
+        const ctxs_window *w = run_window(&b, run, &own);
+        uint32_t at = 0;
+        for (uint32_t i = 0; i < w->n_spans; i++) {
+            release_slots(s, run, at, w->spans[i].slot);
+            at = w->spans[i].slot + w->spans[i].count;
+        }
+        release_slots(s, run, at, s->lay.capacity);
     }
-    release_slots(s, at, s->lay.capacity);
 }

@@ -477,7 +477,11 @@ def _durability(d: Union[str, int]) -> int:
 def _open_opts(window: int = 0, pressure_window: int = 0,
                durability: Union[str, int] = "async", background: bool = True,
                attention_windows: Optional[AttentionWindows] = None) -> Tuple[int, ...]:
-    period, attn_window, mask = (0, 0, 0) if attention_windows is None else attention_windows
+    try:
+        period, attn_window, mask = (0, 0, 0) if attention_windows is None else attention_windows
+    except (TypeError, ValueError):
+        raise ValueError(f"attention_windows {attention_windows!r}: "
+                         "AttentionWindows(period, window, global_mask) or None") from None
     return (window, pressure_window, _durability(durability), 1 if background else 0,
             period, attn_window, mask)
 

@@ -246,6 +246,8 @@ def test_attention_windows_of_the_open_plan_the_window_layers(tmp_path, model):
             ctxstore.Session.open(tmp_path / "a.ctxs", model,
                                   attention_windows=ctxstore.AttentionWindows(*bad))
         assert e.value.code == ctxstore.EINVAL and field in str(e.value), (bad, str(e.value))
+    with pytest.raises(ValueError, match="AttentionWindows"):
+        ctxstore.Session.open(tmp_path / "a.ctxs", model, attention_windows=(2, 4))
 
 
 def test_no_ring_fills_up(tmp_path, model):

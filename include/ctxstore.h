@@ -450,9 +450,9 @@ typedef enum ctxs_durability {
  * attn_global_mask is set (a global layer): ctxs_session_get_layer_attn()
  * plans it so, and the window brought in after an open (and by
  * ctxs_session_prefetch()), or kept under memory pressure, is that much
- * smaller: Gemma 3's 15 window
- * layers of 18 read 512 positions of thousands. Nothing is kept less: the
- * file and every position in it are as without. attn_period 0 (with
+ * smaller: Gemma 3's 15 window layers of 18 read 512 positions of
+ * thousands. Nothing is kept less: the file and every position in it are
+ * as without. attn_period 0 (with
  * attn_window and attn_global_mask 0): none. Else attn_period is
  * 1..CTXS_SCHEDULE_MAX, attn_window 1..16 Mi, and at least one layer of
  * the pattern is not in attn_global_mask.
@@ -973,14 +973,13 @@ CTXS_API int ctxs_session_prefetch(const ctxs_session *s);
 
 /* --- Memory pressure -------------------------------------------------------
  *
- * Under pressure every open session uses its pressure window
- * (half its window unless its options say otherwise) and the KV
- * pages outside it are released from memory with madvise (of a sliding-window
- * layer, of the schedule or of the attention windows below, those outside
- * its own window where smaller); they stay in the file and come back on
- * the next access. When the pressure is gone the
- * windows grow back. New sessions opened under pressure start with the
- * small window. Nothing is deleted.
+ * Under pressure every open session uses its pressure window (half its
+ * window unless its options say otherwise) and the KV pages outside it are
+ * released from memory with madvise (of a sliding-window layer, of the
+ * schedule or of the attention windows above, those outside its own window
+ * where that is smaller); they stay in the file and come back on the next
+ * access. When the pressure is gone the windows grow back. New sessions
+ * opened under pressure start with the small window. Nothing is deleted.
  */
 
 /* Tells the library that the platform is (on != 0) or is no longer (on ==

@@ -256,11 +256,13 @@ typedef struct ctxs_llama_start_info {
  * swa_full = true holds every position of every layer (a schedule of
  * period 0); opened with these options, only what a restore reads of it is
  * brought in after the open (of Gemma 3's 15 window layers of 18, their
- * last 512 positions). ctxs_llama_start() sets them itself where its open
- * options (of version 2) leave them zero; an app that opens the session
- * itself and attaches it calls this first. A model without window
- * layers, or whose pattern is longer than CTXS_SCHEDULE_MAX layers, gets
- * none (zeros), and every position is brought in.
+ * last 512 positions), and under memory pressure only that is kept.
+ * ctxs_llama_start() sets them itself where its open options, or the open
+ * part of its create options, are of version 2 and leave them zero; an
+ * app that opens the session itself and attaches it calls this first. A
+ * model without window layers, or whose pattern is longer than
+ * CTXS_SCHEDULE_MAX layers, gets none (zeros), and every position is
+ * brought in.
  * Errors: CTXS_EINVAL (NULL, options of version 1, which have no such
  * fields; a model with window layers that neither its GGUF nor the adapter
  * places). */

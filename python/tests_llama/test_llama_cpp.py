@@ -273,6 +273,36 @@ def test_attention_windows_are_the_models(llm):
         g.close()
 
 
+def test_gemma_sessions_plan_their_window_layers_created_or_resumed(tmp_path):
+    """Gemma 3's window layers read their last 512 positions: its
+    conversation's session, created with the context's capacity or with
+    one of the app's (create options of its own), and resumed, plans them
+    so (ctxs_llama_start() gives the handle the model's attention
+    windows), and its global layers over every position."""
+    g = cl.load(model_path("gemma3"), n_ctx=1024, verbose=False)
+    try:
+        prompt = g.tokenize(b"one two three four five six seven " * 100)
+        assert 512 < len(prompt) < 1000
+
+        def expect_windows(s, n):
+            window, whole = s.attn_plan(layer=0), s.attn_plan(layer=5)
+            assert (window.n_keys, window.spans[0].pos) == (512, n - 512), window
+            assert (whole.n_keys, whole.spans[0].pos) == (n, 0), whole
+
+        with ctxstore.Store(tmp_path / "s", create=True) as st:
+            for name, capacity in [("a", None), ("b", 1000)]:
+                g.reset()
+                with cl.Conversation(g, st, name, capacity=capacity) as conv:
+                    assert conv.how == "created"
+                    g.eval(prompt)
+                    expect_windows(conv.session, len(prompt))
+            with cl.Conversation(g, st, "b") as conv:
+                assert conv.how == "resumed" and conv.n_tokens == len(prompt)
+                expect_windows(conv.session, len(prompt))
+    finally:
+        g.close()
+
+
 def test_a_session_of_another_model_is_refused(tmp_path, llm):
     gemma = model_path("gemma3")
     with ctxstore.Store(tmp_path / "s", create=True) as st:

@@ -1081,6 +1081,11 @@ static int open_conversation(ctxs_session **s, uint32_t *how, char *from, ctxs_s
     ctxs_create_options co = CTXS_CREATE_OPTIONS_INIT;
     if (o->create) {
         co = *o->create;
+        /* The app's own create options: the model's attention windows as
+         * for the open, where they leave them zero. */
+        if (co.open.version == CTXS_OPEN_OPTIONS_VERSION && !co.open.attn_period &&
+            (rc = ctxs_llama_attention_windows(&co.open, ctx)) < 0)
+            return rc;
     } else {
         co.capacity = llama_n_ctx(ctx);
         co.ring = 0;

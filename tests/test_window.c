@@ -240,6 +240,54 @@ Test(window, pressure_releases_a_window_layer_down_to_its_own_window)
     ctxs_session_close(s);
 }
 
+Test(window, pressure_releases_a_rings_batch)
+{
+    /* Layer 1 a window layer of 256 in a ring of its own (its window and
+     * a batch of 192: 448 slots of 256 bytes), layer 0 global. */
+    ctxs_model m = ts_model(4);
+    m.geometry.head_dim = 128;
+    m.geometry.period = 2;
+    m.geometry.window[1] = 256;
+    ctxs_create_options o = CTXS_CREATE_OPTIONS_INIT;
+    o.capacity = 4096;
+    o.ring = 0;
+    o.batch = 192;
+    o.open.background = 0;
+    o.open.durability = CTXS_SYNC_NONE;
+    o.open.window = 2048;
+    o.open.pressure_window = 1024;
+    ctxs_session *s = NULL;
+    cr_assert_eq(ctxs_session_create(&s, ts_path(dir, "r.ctxs"), &m, &o), 0);
+    for (uint32_t n = 0; n < 3000; n += 150) /* a turn at most a batch */
+        cr_assert_eq(ts_append(s, 150), 0);
+    ctxs_layout global, ring;
+    ctxs_attn_plan plan;
+    cr_assert_eq(ctxs_session_get_layer_attn(&global, &plan, s, 0, 0), 0);
+    cr_assert_eq(ctxs_session_get_layer_attn(&ring, &plan, s, 1, 0), 0);
+    cr_assert_eq(ring.capacity, 448u);
+    /* Positions 2744 .. 2999 in slots 56 .. 311. */
+    cr_assert_eq(plan.n_spans, 1u);
+    cr_assert_eq(plan.spans[0].slot, 56u);
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (const ctxs_layout *lay = &global; lay; lay = lay == &global ? &ring : NULL)
+        for (size_t off = 0; off < lay->layer_stride; off += page)
+            (void)*(volatile const uint8_t *)((const uint8_t *)lay->kv + off);
+
+    ctxs_set_pressure(1);
+    const uint8_t *r = ring.kv, *g = global.kv;
+    cr_expect(mapped(r + 100 * ring.slot_bytes), "the ring let go of its window");
+    cr_expect(mapped(r + 300 * ring.slot_bytes), "the ring let go of its window");
+    cr_expect_not(mapped(r + 400 * ring.slot_bytes), "the ring kept its batch's slots");
+    cr_expect_not(mapped(r + 16 * ring.slot_bytes), "the ring kept its batch's slots");
+    cr_expect(mapped(g + 2900 * global.slot_bytes));
+    cr_expect_not(mapped(g + 1000 * global.slot_bytes));
+
+    /* Nothing is lost: every checksum the session holds still matches. */
+    ctxs_set_pressure(0);
+    cr_expect_eq(ctxs_session_verify(NULL, s), 0);
+    ctxs_session_close(s);
+}
+
 Test(window, the_watcher_applies_pressure_from_meminfo)
 {
     ctxs_session *s = create("a", 4096, 4, 2048, 1024);

@@ -389,10 +389,12 @@ static void release_slots(const ctxs_session *s, uint32_t run, uint32_t lo, uint
 }
 
 /* Releases the KV pages outside the current window: of each run, what the
- * bring-in would not read (run_window()), so that a window layer laid out
- * as the session's slots keeps only its own window (Gemma 3's 15 window
- * layers of 18, kept whole as llama.cpp's swa_full keeps them, hold 512
- * positions each instead of the session's window). Pages of a shared file
+ * bring-in would not read (run_window()), so that a window layer keeps
+ * only its own window: laid out as the session's slots (Gemma 3's 15
+ * window layers of 18, kept whole as llama.cpp's swa_full keeps them, hold
+ * 512 positions each instead of the session's window), or in a ring of
+ * its own, whose batch's slots hold positions attention no longer reads
+ * until the next tokens take them. Pages of a shared file
  * mapping keep their data: MADV_DONTNEED only unmaps them, and dirty pages
  * stay in the page cache until written back; they come back on access.
  * (No MADV_WILLNEED when the pressure ends: its readahead would bring back
@@ -408,8 +410,6 @@ void ctxs__release_outside_window(ctxs_session *s)
     bring_in_init(&b, s, &s->st, ctxs__effective_window(s));
     const uint32_t per = 2 * s->lay.n_kv_heads;
     for (uint32_t run = 0; run < run_count(s); run++) {
-        if (ctxs__layer_group(&s->lay, run / per) >= 0)
-            continue; /* a ring of its own: its window and batch, all read */
         ctxs_window own;
         const ctxs_window *w = run_window(&b, run, &own);
         uint32_t at = 0;
@@ -417,6 +417,6 @@ void ctxs__release_outside_window(ctxs_session *s)
             release_slots(s, run, at, w->spans[i].slot);
             at = w->spans[i].slot + w->spans[i].count;
         }
-        release_slots(s, run, at, s->lay.capacity);
+        release_slots(s, run, at, ctxs__layer_cap(&s->lay, run / per));
     }
 }

@@ -1041,6 +1041,15 @@ static int other_schedule(ctxs_store *st, const char *name, const ctxs_model *mo
            !memcmp(m.model.tokenizer_hash, model->tokenizer_hash, CTXS_HASH_BYTES);
 }
 
+/* The model's attention windows, where options of version 2 leave them
+ * zero: the app's own choice stands, and version 1 has no such fields. */
+static int attention_windows_unless_set(ctxs_open_options *o, const struct llama_context *ctx)
+{
+    if (o->version != CTXS_OPEN_OPTIONS_VERSION || o->attn_period)
+        return 0;
+    return ctxs_llama_attention_windows(o, ctx);
+}
+
 /* Opens, forks or creates the session of ctxs_llama_start(); *how says
  * which. */
 static int open_conversation(ctxs_session **s, uint32_t *how, char *from, ctxs_store *st,
@@ -1081,10 +1090,7 @@ static int open_conversation(ctxs_session **s, uint32_t *how, char *from, ctxs_s
     ctxs_create_options co = CTXS_CREATE_OPTIONS_INIT;
     if (o->create) {
         co = *o->create;
-        /* The app's own create options: the model's attention windows as
-         * for the open, where they leave them zero. */
-        if (co.open.version == CTXS_OPEN_OPTIONS_VERSION && !co.open.attn_period &&
-            (rc = ctxs_llama_attention_windows(&co.open, ctx)) < 0)
+        if ((rc = attention_windows_unless_set(&co.open, ctx)) < 0)
             return rc;
     } else {
         co.capacity = llama_n_ctx(ctx);
@@ -1124,8 +1130,7 @@ int ctxs_llama_start(ctxs_llama **out, ctxs_store *st, const char *name,
         return ctxs__llama_fail(CTXS_EINVAL, "ctxs_llama_start: a NULL argument");
     ctxs_open_options open_options =
         o.open ? *o.open : (ctxs_open_options)CTXS_OPEN_OPTIONS_INIT;
-    if (open_options.version == CTXS_OPEN_OPTIONS_VERSION && !open_options.attn_period &&
-        (rc = ctxs_llama_attention_windows(&open_options, ctx)) < 0)
+    if ((rc = attention_windows_unless_set(&open_options, ctx)) < 0)
         return rc;
     o.open = &open_options;
     ctxs_llama_start_info local;
